@@ -1,0 +1,9 @@
+"""The one error type tvm-dsm raises for schedules it cannot lower correctly."""
+
+
+class ClusterError(ValueError):
+    """A cluster or DSM schedule that would launch or run incorrectly.
+
+    Raised instead of generating a kernel that silently computes the wrong answer: each message
+    names the limit or the unsupported construct.
+    """

@@ -1,0 +1,114 @@
+"""The tvm-dsm TIR pipeline: TVM 0.27's s_tir pipeline with the cluster/DSM phases inserted.
+
+TVM 0.27 has no hook to insert passes into its default pipeline, so tvm-dsm registers this one
+under ``"tvm_dsm"`` and as the ``"s_tir"`` pipeline that ``tvm.compile(..., tir_pipeline=
+"default")`` and MetaSchedule's builder use (the stock one stays available as ``"s_tir_stock"``).
+Without cluster bindings or DSM buffers the inserted passes change nothing; with them, the stock
+pipeline would silently launch too few CTAs or place DSM buffers in per-thread arrays.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.s_tir import pipeline as stock
+from tvm.tirx import compilation_pipeline
+
+from .transform import AttachClusterLaunch, CheckClusterSchedule, LowerCluster
+
+
+def _passes(config) -> list:
+    """The stock s_tir pass list (TVM 0.27.0) with tvm-dsm's passes marked ``# tvm-dsm``."""
+    passes = [
+        CheckClusterSchedule,  # tvm-dsm
+        s_tir.transform.CanonicalizeLoop(),
+        s_tir.transform.LowerCrossThreadReduction(),
+        s_tir.transform.LowerInitBlock(),
+        s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
+        s_tir.transform.ConvertBlocksToOpaque(),
+        s_tir.transform.LiftThreadBinding(),
+        s_tir.transform.ManifestSharedMemoryLocalStage(),
+        s_tir.transform.CompactBufferAllocation(),
+        s_tir.transform.LowerAutoCopy(),
+        s_tir.transform.UnifyThreadBinding(),
+        s_tir.transform.LowerMatchBuffer(),
+        s_tir.transform.StmtSimplify(),
+        s_tir.transform.InjectPermutedLayout(),
+        s_tir.transform.AnnotateIrregularLoop(),
+        s_tir.transform.InjectSoftwarePipeline(),
+        s_tir.transform.TransformMmaBufferLayout(),
+        s_tir.transform.LowerOpaqueBlock(),
+        LowerCluster,  # tvm-dsm
+        tirx.transform.FlattenBuffer(),
+        tirx.transform.BF16ComputeLegalize(),
+        tirx.transform.NarrowDataType(32),
+        s_tir.transform.LoopPartition(),
+        tirx.transform.VectorizeLoop(not bool(config.get("tirx.disable_vectorize", False))),
+        s_tir.transform.InjectVirtualThread(),
+        s_tir.transform.InjectDoubleBuffer(),
+    ]
+    if not bool(config.get("tirx.disable_storage_rewrite", False)):
+        passes.append(tirx.transform.StorageRewrite())
+    if config.get("tirx.use_async_copy", False):
+        passes.append(s_tir.transform.LowerAsyncDMA())
+    passes += [
+        s_tir.transform.HoistIfThenElse(),
+        tirx.transform.UnrollLoop(),
+        s_tir.transform.RenormalizeSplitPattern(),
+        tirx.transform.StmtSimplify(),
+        tirx.transform.RemoveNoOp(),
+        s_tir.transform.RewriteUnsafeSelect(),
+    ]
+    if bool(config.get("tirx.instrument_bound_checkers", False)):
+        passes.append(s_tir.transform.InstrumentBoundCheckers())
+    if bool(config.get("tirx.s_tir.ldg32", False)):
+        passes.append(s_tir.transform.InjectPTXLDG32(True))
+    if not bool(config.get("tirx.disable_cse_tir", False)):
+        passes.append(tirx.transform.CommonSubexprElim())
+    if bool(config.get("tirx.instrument_lwp", False)):
+        passes.append(s_tir.transform.InstrumentProfileIntrinsics())
+    passes += [
+        tirx.transform.FP8ComputeLegalize(),
+        s_tir.transform.VerifyVTCMLimit(),
+        s_tir.transform.LowerVtcmAlloc(),
+        tirx.transform.VerifyMemory(),
+        tirx.transform.AnnotateEntryFunc(),
+        s_tir.transform.ThreadSync("shared"),
+        s_tir.transform.ThreadSync("shared.dyn"),
+        s_tir.transform.ThreadSync("warp"),
+        s_tir.transform.InferFragment(),
+        s_tir.transform.LowerThreadAllreduce(),
+        AttachClusterLaunch,  # tvm-dsm
+    ]
+    if bool(config.get("tirx.use_async_copy", False)):
+        passes.append(s_tir.transform.InjectPTXAsyncCopy())
+    if bool(config.get("tirx.s_tir.ldg32", False)):
+        passes.append(s_tir.transform.InjectPTXLDG32())
+    passes += [
+        s_tir.transform.MergeSharedMemoryAllocations(),
+        tirx.transform.SplitHostDevice(),
+        tirx.transform.MakePackedAPI(),
+        tirx.transform.FP8StorageLegalize(),
+        tirx.transform.BF16StorageLegalize(),
+    ]
+    return passes
+
+
+def dsm_pipeline():
+    """Pipeline factory in TVM's protocol: (lowering pass, host finalizer, device finalizer)."""
+
+    @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.Pipeline")
+    def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        config = tvm.transform.PassContext.current().config
+        return tvm.ir.transform.Sequential(_passes(config))(mod)
+
+    return _pipeline, stock.finalize_host_passes, stock.finalize_device_passes
+
+
+def register_pipeline() -> None:
+    """Make the tvm-dsm pipeline TVM's default s_tir pipeline (idempotent)."""
+    table = compilation_pipeline.PIPELINE_MAP
+    if table.get("s_tir") is not dsm_pipeline:
+        table.setdefault("s_tir_stock", table["s_tir"])
+    table["s_tir"] = dsm_pipeline
+    table["tvm_dsm"] = dsm_pipeline

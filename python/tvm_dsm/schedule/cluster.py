@@ -1,0 +1,79 @@
+"""Bind schedule loops to thread-block clusters with CUDA's launch semantics.
+
+Stock s_tir accepts ``sch.bind(loop, "clusterCtaIdx.x")`` but TVM's runtime launches
+``blockIdx.x``'s extent as the *total* CTA count and the cluster extent only as the cluster shape,
+so a ``blockIdx.x(C) x clusterCtaIdx.x(S)`` nest runs C CTAs instead of C*S and leaves most of the
+output unwritten. :func:`bind_cluster` records the intent as an annotation; tvm-dsm's lowering
+(:mod:`tvm_dsm.transform.lower_cluster`) then launches C*S CTAs and derives the cluster index and
+the rank from ``blockIdx.x``.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir
+from tvm.s_tir.schedule import LoopRV
+
+from ..errors import ClusterError
+
+#: Loop annotation on the cluster-index loop: the number of CTAs per cluster.
+CLUSTER_SIZE_KEY = "tvm_dsm.cluster_size"
+#: Thread tag whose loop variable is a CTA's rank inside its cluster.
+RANK_TAG = "clusterCtaIdx.x"
+#: Hopper launches clusters of up to 16 CTAs; above 8 the size is non-portable (the TVM CUDA
+#: runtime then sets cudaFuncAttributeNonPortableClusterSizeAllowed itself).
+MAX_CLUSTER_SIZE = 16
+MAX_PORTABLE_CLUSTER_SIZE = 8
+
+
+def check_cluster_size(size: int) -> None:
+    """Raise :class:`ClusterError` unless ``size`` CTAs can form one cluster on Hopper."""
+    if not isinstance(size, int) or not 1 <= size <= MAX_CLUSTER_SIZE:
+        raise ClusterError(
+            f"cluster size {size!r} is out of range: Hopper clusters hold 1 to "
+            f"{MAX_CLUSTER_SIZE} CTAs (above {MAX_PORTABLE_CLUSTER_SIZE} is non-portable)"
+        )
+
+
+def _const_extent(sch: s_tir.Schedule, loop: LoopRV) -> int:
+    extent = sch.get(loop).extent
+    if not hasattr(extent, "value"):
+        raise ClusterError(f"cluster loops need a constant extent, got {extent}")
+    return int(extent.value)
+
+
+def bind_cluster(sch: s_tir.Schedule, loop: LoopRV, cluster_size: int) -> tuple[LoopRV, LoopRV]:
+    """Launch one CTA per iteration of ``loop``, grouped into clusters of ``cluster_size``.
+
+    ``loop`` iterates over all CTAs of the grid. It is split into ``(cluster, rank)``: the cluster
+    loop is bound to ``blockIdx.x`` and annotated with the cluster size, the rank loop to
+    ``clusterCtaIdx.x``. The rank loop's variable is the CTA's rank in its cluster; compute other
+    stages under the cluster loop and bind their rank loops with :func:`bind_rank`. Only
+    instructions MetaSchedule records (split, bind, annotate) are used, so traces replay.
+
+    Returns
+    -------
+    (cluster_loop, rank_loop)
+    """
+    check_cluster_size(cluster_size)
+    grid = _const_extent(sch, loop)
+    if grid % cluster_size:
+        raise ClusterError(
+            f"grid of {grid} CTAs is not divisible by cluster size {cluster_size}: every cluster "
+            "must be full"
+        )
+    cluster_loop, rank_loop = sch.split(loop, [grid // cluster_size, cluster_size])
+    sch.bind(cluster_loop, "blockIdx.x")
+    sch.annotate(cluster_loop, CLUSTER_SIZE_KEY, cluster_size)
+    sch.bind(rank_loop, RANK_TAG)
+    return cluster_loop, rank_loop
+
+
+def bind_rank(sch: s_tir.Schedule, loop: LoopRV) -> None:
+    """Bind another stage's loop over the cluster's CTAs (extent = cluster size) to the rank.
+
+    Use it for a producer computed at the cluster loop (``compute_at``) whose outer loop runs over
+    the ranks, the way a second stage's loop is bound to ``threadIdx.x``. The extent is checked
+    against the enclosing cluster when the function is lowered.
+    """
+    check_cluster_size(_const_extent(sch, loop))
+    sch.bind(loop, RANK_TAG)

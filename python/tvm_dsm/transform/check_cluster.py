@@ -1,0 +1,79 @@
+"""Reject cluster schedules that stock TVM would compile into wrong kernels, before lowering.
+
+Runs first on the s_tir form, where loops and their annotations are still visible.
+"""
+
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+
+from ..errors import ClusterError
+from ..schedule.cluster import CLUSTER_SIZE_KEY, MAX_CLUSTER_SIZE, RANK_TAG
+from ..schedule.dsm import DSM_SCOPE
+
+#: Shared-memory scopes TVM's CUDA codegen really places in shared memory. Any other "shared..."
+#: scope (e.g. "shared.cluster", "shared::cta") is silently lowered to a per-thread array by stock
+#: TVM 0.27, so it is rejected here.
+_SHARED_SCOPES = ("shared", "shared.dyn", DSM_SCOPE)
+
+
+def _thread_tag(loop: tirx.For) -> str | None:
+    if loop.kind != tirx.ForKind.THREAD_BINDING or loop.thread_binding is None:
+        return None
+    return str(loop.thread_binding.thread_tag)
+
+
+def check_function(func: tirx.PrimFunc) -> None:
+    """Raise :class:`ClusterError` for unsupported cluster bindings or storage scopes."""
+    cluster_stack: list[int | None] = []
+    errors: list[str] = []  # raised after the walk: exceptions do not cross the FFI callback
+
+    def visit_for(loop: tirx.For, visitor) -> None:
+        tag = _thread_tag(loop)
+        if tag is not None and tag.startswith("clusterCtaIdx") and tag != RANK_TAG:
+            errors.append(f"only 1-D clusters are supported; loop bound to {tag}")
+        if tag == "blockIdx.x":
+            size = loop.annotations.get(CLUSTER_SIZE_KEY)
+            cluster_stack.append(None if size is None else int(size))
+            visitor.default_visit(loop)
+            cluster_stack.pop()
+            return
+        if tag == RANK_TAG:
+            size = cluster_stack[-1] if cluster_stack else None
+            if size is None:
+                errors.append(
+                    f"loop {loop.loop_var} is bound to {RANK_TAG} without "
+                    "tvm_dsm.schedule.bind_cluster: TVM launches blockIdx.x's extent as the total "
+                    "CTA count, so this kernel would run only 1/cluster of its iterations"
+                )
+            elif not 1 <= size <= MAX_CLUSTER_SIZE:
+                errors.append(f"cluster size {size} is out of range 1..{MAX_CLUSTER_SIZE}")
+            elif int(loop.extent) != size:
+                errors.append(
+                    f"rank loop {loop.loop_var} has extent {loop.extent} but its cluster has "
+                    f"{size} CTAs"
+                )
+        visitor.default_visit(loop)
+
+    def visit_var(var: tirx.Var, _visitor) -> None:
+        if not isinstance(var.ty, tirx.BufferType):  # TVM 0.27: a buffer is a Var of BufferType
+            return
+        scope = str(var.ty.storage_scope)
+        if scope.startswith("shared") and scope not in _SHARED_SCOPES:
+            errors.append(
+                f"buffer {var.name} has storage scope {scope!r}, which TVM would lower to a "
+                f"per-thread array; use one of {_SHARED_SCOPES} (DSM: tvm_dsm.schedule.place_in_dsm)"
+            )
+
+    tvm_ffi.structural_visit(func.body, [(tirx.For, visit_for), (tirx.Var, visit_var)])
+    if errors:
+        raise ClusterError(errors[0])
+
+
+@tirx.transform.prim_func_pass(opt_level=0, name="tvm_dsm.CheckClusterSchedule")
+def CheckClusterSchedule(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx) -> tirx.PrimFunc:
+    """Pass form of :func:`check_function`; returns the function unchanged."""
+    check_function(func)
+    return func

@@ -1,0 +1,79 @@
+"""Give cluster kernels their launch dimension and check their shared memory fits one CTA.
+
+Runs after ``LowerThreadAllreduce`` (which rejects thread scopes of rank 2 such as
+``clusterCtaIdx``) and before ``SplitHostDevice``, which turns every ``thread_extent`` attribute
+into a launch parameter: ``clusterCtaIdx.x`` = S makes TVM's CUDA runtime launch with
+``cudaLaunchAttributeClusterDimension`` (and, above 8, allow non-portable cluster sizes).
+"""
+
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+from tvm.ir import Range
+
+from ..errors import ClusterError
+from ..schedule.cluster import RANK_TAG
+from .lower_cluster import CLUSTER_LAUNCH_KEY
+
+#: Hopper: 227 KB of shared memory per CTA (opt-in), 48 KB of it static (``__shared__``).
+MAX_SMEM_PER_CTA = 227 * 1024
+MAX_STATIC_SMEM = 48 * 1024
+
+
+def _shared_bytes(body, scope: str) -> int:
+    total = 0
+
+    def count(alloc):
+        nonlocal total
+        if str(alloc.buffer.ty.storage_scope) == scope:
+            elems = 1
+            for extent in alloc.buffer.ty.shape:
+                elems *= int(extent)
+            total += elems * tvm.DataType(str(alloc.buffer.ty.dtype)).bits // 8
+
+    tvm_ffi.structural_walk(body, [(tirx.AllocBuffer, count)])
+    return total
+
+
+def check_shared_memory(body, cluster_size: int) -> None:
+    """Raise :class:`ClusterError` if a cluster kernel's CTA needs more SMEM than Hopper has."""
+    static, dynamic = _shared_bytes(body, "shared"), _shared_bytes(body, "shared.dyn")
+    if static > MAX_STATIC_SMEM:
+        raise ClusterError(
+            f"cluster kernel (cluster {cluster_size}) uses {static} B of static shared memory per "
+            f"CTA; CUDA allows {MAX_STATIC_SMEM} B static: use scope 'shared.dyn' beyond that"
+        )
+    if static + dynamic > MAX_SMEM_PER_CTA:
+        raise ClusterError(
+            f"cluster kernel (cluster {cluster_size}) uses {static + dynamic} B of shared memory "
+            f"per CTA; an H100 CTA has at most {MAX_SMEM_PER_CTA} B"
+        )
+
+
+def attach_cluster_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """Replace each cluster marker with the ``clusterCtaIdx.x`` launch dimension."""
+    markers = []
+    tvm_ffi.structural_walk(
+        func.body,
+        [(tirx.AttrStmt, lambda a: markers.append(a) if a.attr_key == CLUSTER_LAUNCH_KEY else None)],
+    )
+    for marker in markers:  # checked outside the map callback: exceptions do not cross FFI
+        check_shared_memory(marker.body, int(marker.value))
+
+    def on_attr(attr):
+        if attr.attr_key != CLUSTER_LAUNCH_KEY:
+            return attr
+        size = int(attr.value)
+        rank = tirx.Var("cluster_rank", "int32")
+        node = tirx.IterVar(Range(0, size), rank, tirx.IterVar.ThreadIndex, RANK_TAG)
+        return tirx.AttrStmt(node, "thread_extent", size, attr.body)
+
+    return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.AttrStmt, on_attr)]))
+
+
+@tirx.transform.prim_func_pass(opt_level=0, name="tvm_dsm.AttachClusterLaunch")
+def AttachClusterLaunch(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx) -> tirx.PrimFunc:
+    """Pass form of :func:`attach_cluster_launch`."""
+    return attach_cluster_launch(func)
