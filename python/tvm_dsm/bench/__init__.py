@@ -1,0 +1,1 @@
+"""Benchmark harness: CUDA-graph timing (needs torch on a GPU) and the results schema."""

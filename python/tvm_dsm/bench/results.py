@@ -1,0 +1,96 @@
+"""Benchmark results: one JSON file per suite under bench/results/, a table, and a plot."""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+from datetime import date
+from pathlib import Path
+
+
+def relative_error(out, ref) -> float:
+    """``||out - ref|| / ||ref||`` in float64; NaN (an unwritten element) gives inf."""
+    out, ref = out.double(), ref.double()
+    err = (out - ref).norm().item() / max(ref.norm().item(), 1e-300)
+    return err if math.isfinite(err) else math.inf
+
+
+def new_suite(suite: str, device: str, versions: dict, timing: str) -> dict:
+    """The suite header of the results schema (see the project README)."""
+    return {
+        "suite": suite,
+        "device": device,
+        "date": date.today().isoformat(),
+        "host": platform.node(),
+        "versions": versions,
+        "timing": timing,
+        "rows": [],
+    }
+
+
+def write(results: dict, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1, sort_keys=False) + "\n")
+    return path
+
+
+def table(results: dict) -> str:
+    """A fixed-width table: ours vs each peer vs the floor, per row."""
+    rows = results["rows"]
+    peers = sorted({p for r in rows for p in r.get("peers", {})})
+    head = ["name", "ok", "rel_err", "ours_us", *[f"{p}_us" for p in peers], "floor_us"]
+    lines = ["  ".join(f"{h:>14}" for h in head)]
+    for r in rows:
+        cells = [r["name"], str(r["ok"]), f"{r['rel_err']:.1e}", _us(r.get("ours_us"))]
+        cells += [_us(r.get("peers", {}).get(p)) for p in peers]
+        cells.append(_us(r.get("floor_us")))
+        lines.append("  ".join(f"{c:>14}" for c in cells))
+    return "\n".join(lines)
+
+
+def _us(value) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def plot(results: dict, path: str | Path) -> Path:
+    """Bar chart of GPU time per row: ours, each peer and the floor (log scale)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in results["rows"] if r.get("ours_us") is not None]
+    peers = sorted({p for r in rows for p in r.get("peers", {})})
+    series = [("ours", [r["ours_us"] for r in rows])]
+    series += [(p, [r.get("peers", {}).get(p, float("nan")) for r in rows]) for p in peers]
+    series.append(("floor", [r.get("floor_us", float("nan")) for r in rows]))
+    width = 0.8 / len(series)
+    fig, ax = plt.subplots(figsize=(max(8, 0.45 * len(rows) * len(series)), 4.5))
+    for n, (label, values) in enumerate(series):
+        ax.bar([i + n * width for i in range(len(rows))], values, width, label=label)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))])
+    ax.set_xticklabels([r["name"] for r in rows], rotation=60, ha="right", fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("GPU time per call (us)")
+    ax.set_title(f"{results['suite']} on {results['device']} ({results['date']})")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m tvm_dsm.bench.results FILE.json``: print the table and write FILE.png."""
+    import sys
+
+    for name in argv if argv is not None else sys.argv[1:]:
+        results = json.loads(Path(name).read_text())
+        print(table(results))
+        print("plot:", plot(results, Path(name).with_suffix(".png")))
+
+
+if __name__ == "__main__":
+    main()

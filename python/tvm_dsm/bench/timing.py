@@ -1,0 +1,73 @@
+"""GPU timing the same way for every contender: CUDA events around CUDA-graph replays.
+
+Each call of a contender is captured ``n_sets`` times into one graph, cycling through input sets
+whose total size exceeds L2, so replays read from HBM rather than from the cache. The graph is
+replayed many times after warm-up and the median time per call is reported. Python-call latency
+(host time to issue one call, without the graph) is measured separately.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+try:  # TVM launches on tvm-ffi's current stream: point it at torch's (the capture stream).
+    from tvm_ffi import use_torch_stream
+except ImportError:  # pragma: no cover - tvm-ffi without torch integration
+    use_torch_stream = None
+
+L2_BYTES = 50 * 1024 * 1024
+
+
+def input_sets_for(bytes_per_call: int, *, cap: int = 64) -> int:
+    """How many input sets to rotate so that one graph replay overflows L2 twice."""
+    return max(2, min(cap, -(-2 * L2_BYTES // max(bytes_per_call, 1))))
+
+
+def _on_torch_stream(step: Callable[[int], None], i: int) -> None:
+    if use_torch_stream is None:
+        step(i)
+    else:
+        with use_torch_stream():
+            step(i)
+
+
+def graph_time_us(step: Callable[[int], None], n_sets: int, *, replays: int = 50) -> float:
+    """Median GPU time of ``step(i)`` (one call on input set i) under CUDA-graph replay, in us."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(n_sets):  # warm-up: module load, JIT, allocator, torch.compile
+            _on_torch_stream(step, i)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for i in range(n_sets):
+            _on_torch_stream(step, i)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(replays):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / n_sets)
+    return statistics.median(samples)
+
+
+def python_call_us(call: Callable[[], None], *, calls: int = 200) -> float:
+    """Host time to issue one call from Python (launch overhead), in us."""
+    call()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        call()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) * 1e6 / calls

@@ -1,0 +1,67 @@
+"""Build a suite's kernels here and export them for the device machine.
+
+``python -m tvm_dsm.gpu.export SUITE [--out .gpu/kernels]`` writes ``<out>/<SUITE>/`` with one
+shared library per kernel (CUDA source inside: TVM compiles it when the module is loaded) and a
+``manifest.json`` the device runner (:mod:`tvm_dsm.gpu.run`) reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+from pathlib import Path
+
+import tvm
+
+from .suites import SUITES
+
+TARGET = {"kind": "cuda", "arch": "sm_90a"}
+
+
+def _git_sha() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def export_suite(suite: str, out_dir: Path) -> Path:
+    target = tvm.target.Target(TARGET, host="llvm")
+    folder = out_dir / suite
+    folder.mkdir(parents=True, exist_ok=True)
+    kernels = []
+    for variant in SUITES[suite]():
+        executable = tvm.compile(variant.mod, target=target, tir_pipeline=variant.pipeline)
+        lib = f"{variant.name}.so"
+        executable.export_library(str(folder / lib))
+        kernels.append(
+            {
+                "name": variant.name,
+                "workload": variant.workload,
+                "lib": lib,
+                "args": variant.args,
+                "bytes": variant.bytes,
+                "flops": variant.flops,
+                "plan": variant.plan,
+                "pipeline": variant.pipeline,
+                "expect_correct": variant.expect_correct,
+            }
+        )
+        print(f"built {variant.name}")
+    manifest = {"suite": suite, "tvm": tvm.__version__, "tvm_dsm": _git_sha(), "kernels": kernels}
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    return folder
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("suite", choices=sorted(SUITES))
+    parser.add_argument("--out", type=Path, default=Path(".gpu/kernels"))
+    args = parser.parse_args()
+    print("exported to", export_suite(args.suite, args.out))
+
+
+if __name__ == "__main__":
+    main()

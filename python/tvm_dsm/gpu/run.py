@@ -1,0 +1,158 @@
+"""Check and time exported kernels on the GPU machine (runtime-only TVM + torch).
+
+``python -m tvm_dsm.gpu.run .gpu/kernels/SUITE --out bench/results/SUITE.json``
+
+For every kernel of the manifest: fresh random inputs, outputs poisoned with NaN, relative error
+against a float64 reference, then GPU time under CUDA-graph replay for tvm-dsm, torch eager and
+torch.compile, and the floor (bytes over the HBM bandwidth measured in the same run). Each kernel
+runs under a watchdog: a hang (e.g. a cluster barrier deadlock) ends the run, and the rows
+written so far remain in the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import json
+import subprocess
+from pathlib import Path
+
+import torch
+import tvm
+import tvm_ffi
+
+from ..bench import results as res
+from ..bench.timing import graph_time_us, input_sets_for, python_call_us
+from .references import REFERENCES
+
+TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 2e-3}
+
+
+def measure_hbm_bandwidth() -> float:
+    """Device-to-device copy of 1 GiB: bytes read + written per second."""
+    n = 1 << 28
+    src, dst = torch.randn(n, device="cuda"), torch.empty(n, device="cuda")
+    for _ in range(3):
+        dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(10):
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2 * n * 4 / sorted(times)[len(times) // 2]
+
+
+def _random_inputs(args: list[dict], n_sets: int) -> list[list[torch.Tensor]]:
+    sets = []
+    for _ in range(n_sets):
+        tensors = []
+        for a in args:
+            dtype = getattr(torch, a["dtype"])
+            if a["output"]:
+                tensors.append(torch.full(a["shape"], float("nan"), dtype=dtype, device="cuda"))
+            else:
+                tensors.append(torch.randn(a["shape"], dtype=dtype, device="cuda"))
+        sets.append(tensors)
+    return sets
+
+
+def _check(func, kernel: dict, trials: int = 2) -> tuple[float, float]:
+    """Worst relative error and smallest fraction of output elements written over fresh trials."""
+    ref = REFERENCES[kernel["workload"]]
+    worst, written = 0.0, 1.0
+    for _ in range(trials):
+        tensors = _random_inputs(kernel["args"], 1)[0]
+        out = tensors[-1]
+        out.fill_(float("nan"))  # poison: an unwritten element fails the check
+        func(*[tvm_ffi.from_dlpack(t) for t in tensors])
+        torch.cuda.synchronize()
+        expected = ref.float64(*tensors[:-1])
+        worst = max(worst, res.relative_error(out, expected))
+        written = min(written, torch.isfinite(out).float().mean().item())
+    return worst, written
+
+
+def _time_peers(kernel: dict, sets: list[list[torch.Tensor]]) -> dict[str, float]:
+    eager = REFERENCES[kernel["workload"]].torch_eager
+    compiled = torch.compile(eager)
+    peers = {}
+    for name, fn in (("torch_eager", eager), ("torch_compile", compiled)):
+        peers[name] = graph_time_us(lambda i, fn=fn: fn(*sets[i][:-1]), len(sets))
+    return peers
+
+
+def run_kernel(folder: Path, kernel: dict, peer_cache: dict, hbm_bw: float) -> dict:
+    func = tvm.runtime.load_module(str(folder / kernel["lib"]))["main"]
+    rel_err, written = _check(func, kernel)
+    dtype = next(a["dtype"] for a in kernel["args"] if not a["output"])
+    ok = rel_err < TOLERANCE[dtype] and written == 1.0
+    sets = _random_inputs(kernel["args"], input_sets_for(kernel["bytes"]))
+    wrapped = [[tvm_ffi.from_dlpack(t) for t in s] for s in sets]
+    ours = graph_time_us(lambda i: func(*wrapped[i]), len(sets))
+    key = (kernel["workload"], json.dumps(kernel["args"]))
+    if key not in peer_cache:
+        peer_cache[key] = _time_peers(kernel, sets)
+    return {
+        "name": kernel["name"],
+        "shape": [a["shape"] for a in kernel["args"]],
+        "dtype": dtype,
+        "ok": ok,
+        "expected_ok": kernel["expect_correct"],
+        "rel_err": rel_err,
+        "written_fraction": written,
+        "ours_us": ours,
+        "peers": peer_cache[key],
+        "floor_us": kernel["bytes"] / hbm_bw * 1e6,
+        "python_call_us": python_call_us(lambda: func(*wrapped[0])),
+        "plan": kernel["plan"],
+        "pipeline": kernel["pipeline"],
+    }
+
+
+def _cuda_version() -> str:
+    try:
+        out = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout
+        return out.strip().splitlines()[-1]
+    except OSError:
+        return "unknown"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--only", nargs="*", help="kernel names to run (default: all)")
+    parser.add_argument("--timeout", type=float, default=120.0, help="watchdog per kernel, s")
+    args = parser.parse_args()
+    manifest = json.loads((args.folder / "manifest.json").read_text())
+    kernels = [k for k in manifest["kernels"] if not args.only or k["name"] in args.only]
+    hbm_bw = measure_hbm_bandwidth()
+    versions = {
+        "tvm": manifest["tvm"],
+        "tvm_dsm": manifest["tvm_dsm"],
+        "torch": torch.__version__,
+        "cuda": _cuda_version(),
+        "hbm_copy_bytes_per_s": hbm_bw,
+    }
+    results = res.new_suite(
+        manifest["suite"],
+        torch.cuda.get_device_name(),
+        versions,
+        "CUDA events over CUDA-graph replays (inputs rotated past L2), median of 50",
+    )
+    peer_cache: dict = {}
+    for kernel in kernels:
+        faulthandler.dump_traceback_later(args.timeout, exit=True)
+        results["rows"].append(run_kernel(args.folder, kernel, peer_cache, hbm_bw))
+        faulthandler.cancel_dump_traceback_later()
+        res.write(results, args.out)
+        row = results["rows"][-1]
+        print(f"{row['name']}: ok={row['ok']} err={row['rel_err']:.1e} ours={row['ours_us']:.1f}us")
+    print(res.table(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""Kernel suites the GPU workflow builds here and runs on the device machine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import tvm
+from tvm import s_tir
+
+from ..rules import SplitKReductionConfig, schedule_split_k_reduction
+from ..schedule import bind_cluster
+from ..workloads import gemv, row_sum
+
+
+@dataclass
+class Variant:
+    """One kernel to build, check and time."""
+
+    name: str
+    workload: str  # key of tvm_dsm.gpu.references.REFERENCES
+    mod: tvm.IRModule
+    args: list[dict]  # {"name", "shape", "dtype", "output": bool} in call order
+    bytes: int  # fewest HBM bytes one call must move (each input read once, output written)
+    flops: int
+    plan: dict = field(default_factory=dict)
+    pipeline: str = "default"
+    expect_correct: bool = True  # False for kernels built to show a stock-TVM trap
+
+
+def _args(func) -> list[dict]:
+    n_out = 1
+    params = list(func.params)
+    return [
+        {
+            "name": p.name,
+            "shape": [int(d) for d in p.ty.shape],
+            "dtype": str(p.ty.dtype),
+            "output": i >= len(params) - n_out,
+        }
+        for i, p in enumerate(params)
+    ]
+
+
+def _nbytes(args: list[dict]) -> int:
+    total = 0
+    for a in args:
+        n = 1
+        for d in a["shape"]:
+            n *= d
+        total += n * tvm.DataType(a["dtype"]).bits // 8
+    return total
+
+
+SPLIT_K_SHAPES = [(1024, 4096), (4096, 4096), (256, 16384), (8192, 8192)]
+CLUSTER_SIZES = [1, 2, 4, 8, 16]
+
+
+def split_k() -> list[Variant]:
+    """Row sum and GEMV with K split over clusters of 1-16 CTAs, plus the stock-bind trap."""
+    variants = []
+    for workload, make in (("row_sum", row_sum), ("gemv", gemv)):
+        for m, k in SPLIT_K_SHAPES:
+            func = make(m, k)
+            args = _args(func)
+            for s in CLUSTER_SIZES:
+                config = SplitKReductionConfig(cluster_size=s, rows_per_cluster=max(16, s))
+                sch = schedule_split_k_reduction(func, config)
+                variants.append(
+                    Variant(
+                        name=f"{workload}_{m}x{k}_c{s}",
+                        workload=workload,
+                        mod=sch.mod,
+                        args=args,
+                        bytes=_nbytes(args),
+                        flops=2 * m * k,
+                        plan=vars(config),
+                    )
+                )
+    variants.append(stock_cluster_bind_trap())
+    return variants
+
+
+def stock_cluster_bind_trap(m: int = 4096, k: int = 1024, cluster: int = 4) -> Variant:
+    """A row sum bound the obvious way with stock TVM: ``bind(loop, "clusterCtaIdx.x")``.
+
+    Built with TVM's stock pipeline it launches ``m / cluster`` CTAs instead of ``m``, so most
+    rows stay unwritten; tvm-dsm's pipeline rejects it instead.
+    """
+    func = row_sum(m, k)
+    sch = s_tir.Schedule(func)
+    row, _ = sch.get_loops(sch.get_sblock("B"))
+    grid, rank, tx = sch.split(row, [None, cluster, 128])  # one row per thread
+    sch.bind(grid, "blockIdx.x")
+    sch.bind(rank, "clusterCtaIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    args = _args(func)
+    return Variant(
+        name=f"stock_bind_trap_{m}x{k}_c{cluster}",
+        workload="row_sum",
+        mod=sch.mod,
+        args=args,
+        bytes=_nbytes(args),
+        flops=2 * m * k,
+        plan={"cluster_size": cluster, "binding": "sch.bind(loop, 'clusterCtaIdx.x')"},
+        pipeline="s_tir_stock",
+        expect_correct=False,
+    )
+
+
+SUITES = {"split_k": split_k}

@@ -1,0 +1,86 @@
+"""Cluster split-K for a row reduction ``out[i] = sum_k f(i, k)`` (row sum, GEMV).
+
+Each cluster owns ``rows_per_cluster`` rows. The K axis is split over the cluster's CTAs: CTA r
+reduces columns ``[r*K/S, (r+1)*K/S)`` of every row of the tile into its slice of a DSM buffer
+(``rfactor`` over the rank, placed with :func:`~tvm_dsm.schedule.place_in_dsm`); after the cluster
+barrier, CTA r adds the S partials of its ``rows_per_cluster / S`` rows by reading its peers'
+slices. One kernel, no atomics, no second pass through global memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import s_tir, tirx
+
+from ..errors import ClusterError
+from ..schedule import bind_cluster, bind_rank, check_cluster_size, place_in_dsm
+
+
+@dataclass(frozen=True)
+class SplitKReductionConfig:
+    """Tunable knobs of the schedule (a point of its design space)."""
+
+    cluster_size: int
+    rows_per_cluster: int
+    threads: int = 128
+
+
+def _reduction_block(sch: s_tir.Schedule) -> tuple[s_tir.schedule.SBlockRV, int, int]:
+    """The function's single (rows, k) reduction block, with its two extents."""
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    if len(blocks) != 1:
+        raise ClusterError(
+            f"split-K reduction expects one block (inline elementwise producers first), got "
+            f"{len(blocks)}"
+        )
+    block = blocks[0]
+    iters = sch.get(block).iter_vars
+    kinds = [int(iv.iter_type) for iv in iters]
+    if kinds != [tirx.IterVar.DataPar, tirx.IterVar.CommReduce]:
+        raise ClusterError(
+            f"split-K reduction expects iterators (spatial rows, reduce k), got {kinds} "
+            f"in block {sch.get(block).name_hint}"
+        )
+    rows, depth = (int(iv.dom.extent) for iv in iters)
+    return block, rows, depth
+
+
+def check_config(rows: int, depth: int, config: SplitKReductionConfig) -> None:
+    """Raise :class:`ClusterError` naming the first constraint ``config`` breaks."""
+    s, mt = config.cluster_size, config.rows_per_cluster
+    check_cluster_size(s)
+    if depth % s:
+        raise ClusterError(f"K={depth} is not divisible by the cluster size {s}")
+    if mt % s:
+        raise ClusterError(f"rows_per_cluster={mt} is not divisible by the cluster size {s}")
+    if rows % mt:
+        raise ClusterError(f"M={rows} rows are not divisible by rows_per_cluster={mt}")
+    if not 32 <= config.threads <= 1024 or config.threads % 32:
+        raise ClusterError(f"threads={config.threads} must be a multiple of 32 in [32, 1024]")
+
+
+def schedule_split_k_reduction(
+    func: tirx.PrimFunc, config: SplitKReductionConfig
+) -> s_tir.Schedule:
+    """Schedule ``func`` (one row-reduction block) as a cluster split-K kernel."""
+    sch = s_tir.Schedule(func)
+    block, rows, depth = _reduction_block(sch)
+    check_config(rows, depth, config)
+    s, th = config.cluster_size, config.threads
+    row_loop, k_loop = sch.get_loops(block)
+    k_rank, _ = sch.split(k_loop, [s, None])
+    partial = sch.rfactor(k_rank, factor_axis=0)
+    row_loop, _ = sch.get_loops(block)
+    cta, row_in_cta = sch.split(row_loop, [None, config.rows_per_cluster // s])
+    cluster_loop, _ = bind_cluster(sch, cta, s)
+    # Before the consumer's thread split: compute_at's region ignores split predicates.
+    sch.compute_at(partial, cluster_loop, preserve_unit_loops=True)
+    _, row_thread = sch.split(row_in_cta, [None, th])
+    sch.bind(row_thread, "threadIdx.x")
+    rank_loop, _, k_in_cta = sch.get_loops(partial)[1:]
+    bind_rank(sch, rank_loop)
+    _, k_thread = sch.split(k_in_cta, [None, th])
+    sch.bind(k_thread, "threadIdx.x")
+    place_in_dsm(sch, partial, 0)
+    return sch

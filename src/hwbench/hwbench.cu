@@ -1,0 +1,229 @@
+// Hopper memory-hierarchy microbenchmark for tvm-dsm's hardware model.
+// Measures HBM, L2, shared memory (SMEM) and distributed shared memory (DSM, by cluster size)
+// bandwidth, and pointer-chase latency per level; prints one JSON object on stdout.
+// Build: nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -o hwbench hwbench.cu
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace cg = cooperative_groups;
+
+#define CHECK(x)                                                                            \
+  do {                                                                                      \
+    cudaError_t e_ = (x);                                                                   \
+    if (e_ != cudaSuccess) {                                                                \
+      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));  \
+      exit(1);                                                                              \
+    }                                                                                       \
+  } while (0)
+
+constexpr int kSmemFloat4 = 2048;  // 32 KiB of float4 per CTA for the SMEM/DSM kernels
+constexpr int kThreads = 512;
+
+__global__ void copy_kernel(const float4* __restrict__ src, float4* __restrict__ dst, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    dst[i] = src[i];
+}
+
+__global__ void l2_read_kernel(const float4* __restrict__ src, size_t n, int reps, float* sink) {
+  float acc = 0.f;
+  for (int r = 0; r < reps; ++r)
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+      float4 v = __ldcg(src + i);
+      acc += v.x + v.y + v.z + v.w;
+    }
+  if (acc == 1234.5f) *sink = acc;  // never true for the data used; keeps the loads alive
+}
+
+// Every CTA reads the SMEM of the CTA `offset` ranks away in its cluster (0 = its own SMEM).
+__global__ void dsm_read_kernel(int iters, int offset, float* sink) {
+  __shared__ float4 buf[kSmemFloat4];
+  cg::cluster_group cluster = cg::this_cluster();
+  for (int i = threadIdx.x; i < kSmemFloat4; i += blockDim.x) buf[i] = make_float4(i, 1, 2, 3);
+  cluster.sync();  // peers have started and initialised their buffers
+  unsigned peer = (cluster.block_rank() + offset) % cluster.num_blocks();
+  const float4* src = offset ? cluster.map_shared_rank(buf, peer) : buf;
+  float acc = 0.f;
+  for (int it = 0; it < iters; ++it)
+    for (int i = threadIdx.x; i < kSmemFloat4; i += blockDim.x) {
+      float4 v = src[(i + it) & (kSmemFloat4 - 1)];
+      acc += v.x + v.w;
+    }
+  cluster.sync();  // nobody exits while a peer still reads its SMEM
+  if (acc == 1234.5f) *sink = acc;
+}
+
+// One thread follows a chain of indices; returns clock cycles per hop.
+__global__ void chase_global(const unsigned* __restrict__ next, int hops, unsigned long long* cycles, unsigned* sink) {
+  unsigned j = 0;
+  for (int h = 0; h < 256; ++h) j = __ldcg(next + j);  // warm TLB / cache state
+  long long t0 = clock64();
+  for (int h = 0; h < hops; ++h) j = __ldcg(next + j);
+  long long t1 = clock64();
+  *cycles = (t1 - t0);
+  *sink = j;
+}
+
+constexpr int kChase = 4096;
+__global__ void chase_smem(int remote, int hops, unsigned long long* cycles, unsigned* sink) {
+  __shared__ unsigned next[kChase];
+  cg::cluster_group cluster = cg::this_cluster();
+  for (int i = threadIdx.x; i < kChase; i += blockDim.x) next[i] = (i * 1031 + 7) % kChase;
+  cluster.sync();
+  if (cluster.block_rank() == 0 && threadIdx.x == 0) {
+    const unsigned* chain = remote ? cluster.map_shared_rank(next, 1) : next;
+    unsigned j = 0;
+    for (int h = 0; h < 64; ++h) j = chain[j];
+    long long t0 = clock64();
+    for (int h = 0; h < hops; ++h) j = chain[j];
+    long long t1 = clock64();
+    *cycles = t1 - t0;
+    *sink = j;
+  }
+  cluster.sync();
+}
+
+static float elapsed_ms(cudaEvent_t a, cudaEvent_t b) {
+  float ms = 0;
+  CHECK(cudaEventElapsedTime(&ms, a, b));
+  return ms;
+}
+
+template <typename F>
+static double median_ms(F launch, int reps = 9) {
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  launch();  // warm-up
+  CHECK(cudaDeviceSynchronize());
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    CHECK(cudaEventRecord(a));
+    launch();
+    CHECK(cudaEventRecord(b));
+    CHECK(cudaEventSynchronize(b));
+    CHECK(cudaGetLastError());
+    t.push_back(elapsed_ms(a, b));
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+static cudaLaunchConfig_t cluster_config(int clusters, int size, cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(clusters * size);
+  cfg.blockDim = dim3(kThreads);
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = size;
+  attr->val.clusterDim.y = attr->val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
+int main() {
+  cudaDeviceProp p;
+  CHECK(cudaGetDeviceProperties(&p, 0));
+  int clock_khz = 0;
+  CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
+  float* sink;
+  unsigned* usink;
+  unsigned long long* cycles;
+  CHECK(cudaMalloc(&sink, 4));
+  CHECK(cudaMalloc(&usink, 4));
+  CHECK(cudaMalloc(&cycles, 8));
+  CHECK(cudaFuncSetAttribute(dsm_read_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  CHECK(cudaFuncSetAttribute(chase_smem, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+
+  // HBM: copy 1 GiB -> 1 GiB, bytes read + written.
+  size_t n = (size_t)1 << 26;  // float4 elements = 1 GiB
+  float4 *a, *b;
+  CHECK(cudaMalloc(&a, n * 16));
+  CHECK(cudaMalloc(&b, n * 16));
+  CHECK(cudaMemset(a, 0, n * 16));
+  double hbm_ms = median_ms([&] { copy_kernel<<<p.multiProcessorCount * 8, 512>>>(a, b, n); });
+  double hbm_bw = 2.0 * n * 16 / (hbm_ms * 1e-3);
+
+  // L2: 16 MiB read 20 times by every SM (fits the 50 MB L2).
+  size_t nl2 = ((size_t)16 << 20) / 16;
+  double l2_ms = median_ms([&] { l2_read_kernel<<<p.multiProcessorCount * 4, 512>>>(a, nl2, 20, sink); });
+  double l2_bw = 20.0 * nl2 * 16 / (l2_ms * 1e-3);
+
+  // SMEM (offset 0) and DSM (offset 1 = next rank) by cluster size, one full wave of clusters.
+  const int iters = 400;
+  std::string dsm_json, smem_json;
+  double smem_bw_best = 0;
+  for (int size : {1, 2, 4, 8, 16}) {
+    cudaLaunchAttribute attr;
+    cudaLaunchConfig_t cfg = cluster_config(1, size, &attr);
+    int max_clusters = 0;
+    CHECK(cudaOccupancyMaxActiveClusters(&max_clusters, (void*)dsm_read_kernel, &cfg));
+    if (max_clusters == 0) continue;
+    cfg = cluster_config(max_clusters, size, &attr);
+    double bytes = (double)max_clusters * size * kSmemFloat4 * 16.0 * iters;
+    for (int offset : {0, 1}) {
+      if (size == 1 && offset == 1) continue;
+      double ms = median_ms([&] { CHECK(cudaLaunchKernelEx(&cfg, dsm_read_kernel, iters, offset, sink)); });
+      double bw = bytes / (ms * 1e-3);
+      std::string entry = "\"" + std::to_string(size) + "\": {\"bytes_per_s\": " + std::to_string(bw) +
+                          ", \"active_clusters\": " + std::to_string(max_clusters) + "}";
+      std::string& dst = offset ? dsm_json : smem_json;
+      dst += (dst.empty() ? "" : ", ") + entry;
+      if (!offset) smem_bw_best = std::max(smem_bw_best, bw);
+    }
+  }
+
+  // Latency: one thread chasing pointers.
+  auto cyc = [&] {
+    unsigned long long c;
+    CHECK(cudaMemcpy(&c, cycles, 8, cudaMemcpyDeviceToHost));
+    return (double)c;
+  };
+  const int hops = 2000;
+  double lat_smem, lat_dsm;
+  {
+    cudaLaunchAttribute attr;
+    cudaLaunchConfig_t cfg = cluster_config(1, 2, &attr);
+    cfg.blockDim = dim3(128);
+    CHECK(cudaLaunchKernelEx(&cfg, chase_smem, 0, hops, cycles, usink));
+    CHECK(cudaDeviceSynchronize());
+    lat_smem = cyc() / hops;
+    CHECK(cudaLaunchKernelEx(&cfg, chase_smem, 1, hops, cycles, usink));
+    CHECK(cudaDeviceSynchronize());
+    lat_dsm = cyc() / hops;
+  }
+  auto chase = [&](size_t bytes) {
+    size_t m = bytes / 4, stride = 4096 / 4 + 1;  // > one page apart, no two hops in one line
+    std::vector<unsigned> host(m);
+    size_t count = m / stride;
+    std::vector<unsigned> order(count);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin() + 1, order.end(), std::mt19937(42));
+    for (size_t i = 0; i < count; ++i) host[order[i] * stride] = order[(i + 1) % count] * stride;
+    CHECK(cudaMemcpy(a, host.data(), m * 4, cudaMemcpyHostToDevice));
+    chase_global<<<1, 1>>>((const unsigned*)a, hops, cycles, usink);
+    CHECK(cudaDeviceSynchronize());
+    return cyc() / hops;
+  };
+  double lat_l2 = chase((size_t)8 << 20);
+  double lat_hbm = chase((size_t)1 << 30);
+
+  double ns = 1e6 / clock_khz;  // ns per cycle at the reported (boost) clock
+  printf("{\n \"device\": \"%s\",\n \"sm_count\": %d,\n \"cc\": \"%d.%d\",\n", p.name, p.multiProcessorCount, p.major, p.minor);
+  printf(" \"smem_per_cta_optin_bytes\": %zu,\n \"smem_per_sm_bytes\": %zu,\n", p.sharedMemPerBlockOptin, p.sharedMemPerMultiprocessor);
+  printf(" \"regs_per_sm\": %d,\n \"regs_per_cta\": %d,\n \"l2_bytes\": %d,\n \"clock_khz\": %d,\n", p.regsPerMultiprocessor, p.regsPerBlock, p.l2CacheSize, clock_khz);
+  printf(" \"max_cluster_size\": 16,\n \"max_portable_cluster_size\": 8,\n");
+  printf(" \"bandwidth_bytes_per_s\": {\"hbm_copy\": %.6g, \"l2_read\": %.6g, \"smem_read\": %.6g},\n", hbm_bw, l2_bw, smem_bw_best);
+  printf(" \"smem_read_by_cluster_size\": {%s},\n", smem_json.c_str());
+  printf(" \"dsm_read_by_cluster_size\": {%s},\n", dsm_json.c_str());
+  printf(" \"latency_cycles\": {\"smem\": %.1f, \"dsm\": %.1f, \"l2\": %.1f, \"hbm\": %.1f},\n", lat_smem, lat_dsm, lat_l2, lat_hbm);
+  printf(" \"latency_ns\": {\"smem\": %.1f, \"dsm\": %.1f, \"l2\": %.1f, \"hbm\": %.1f}\n}\n", lat_smem * ns, lat_dsm * ns, lat_l2 * ns, lat_hbm * ns);
+  return 0;
+}
