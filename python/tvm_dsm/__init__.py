@@ -7,17 +7,22 @@ runtime helpers (:mod:`tvm_dsm.bench`, :mod:`tvm_dsm.gpu`) are usable.
 
 from __future__ import annotations
 
-import tvm
-
 __version__ = "0.1.0"
-
-if not tvm.base._RUNTIME_ONLY:
-    from . import schedule, transform
-    from .errors import ClusterError
-    from .pipeline import register_pipeline
-
-    register_pipeline()
 
 
 def _autoload() -> None:
-    """``tvm.backends`` entry point: importing the package is the registration."""
+    """``tvm.backends`` entry point: importing the package registers it.
+
+    Defined before ``import tvm`` because ``import tvm`` runs the entry points, and may do so while
+    this module is only partially imported.
+    """
+
+
+import tvm  # noqa: E402
+
+if not tvm.base._RUNTIME_ONLY:
+    from . import schedule, transform  # noqa: F401
+    from .errors import ClusterError  # noqa: F401
+    from .pipeline import register_pipeline
+
+    register_pipeline()

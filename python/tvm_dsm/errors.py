@@ -1,6 +1,9 @@
 """The one error type tvm-dsm raises for schedules it cannot lower correctly."""
 
+import tvm_ffi
 
+
+@tvm_ffi.register_error  # keeps its type when raised inside a pass run by TVM's pass manager
 class ClusterError(ValueError):
     """A cluster or DSM schedule that would launch or run incorrectly.
 

@@ -23,7 +23,11 @@ class SplitKReductionConfig:
 
     cluster_size: int
     rows_per_cluster: int
-    threads: int = 128
+    warps: int = 4  # each warp reduces its own rows: lanes split K, a warp shuffle combines
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
 
 
 def _reduction_block(sch: s_tir.Schedule) -> tuple[s_tir.schedule.SBlockRV, int, int]:
@@ -56,8 +60,8 @@ def check_config(rows: int, depth: int, config: SplitKReductionConfig) -> None:
         raise ClusterError(f"rows_per_cluster={mt} is not divisible by the cluster size {s}")
     if rows % mt:
         raise ClusterError(f"M={rows} rows are not divisible by rows_per_cluster={mt}")
-    if not 32 <= config.threads <= 1024 or config.threads % 32:
-        raise ClusterError(f"threads={config.threads} must be a multiple of 32 in [32, 1024]")
+    if not 1 <= config.warps <= 32:
+        raise ClusterError(f"warps={config.warps} must be in [1, 32]")
 
 
 def schedule_split_k_reduction(
@@ -67,7 +71,7 @@ def schedule_split_k_reduction(
     sch = s_tir.Schedule(func)
     block, rows, depth = _reduction_block(sch)
     check_config(rows, depth, config)
-    s, th = config.cluster_size, config.threads
+    s, warps = config.cluster_size, config.warps
     row_loop, k_loop = sch.get_loops(block)
     k_rank, _ = sch.split(k_loop, [s, None])
     partial = sch.rfactor(k_rank, factor_axis=0)
@@ -76,11 +80,15 @@ def schedule_split_k_reduction(
     cluster_loop, _ = bind_cluster(sch, cta, s)
     # Before the consumer's thread split: compute_at's region ignores split predicates.
     sch.compute_at(partial, cluster_loop, preserve_unit_loops=True)
-    _, row_thread = sch.split(row_in_cta, [None, th])
-    sch.bind(row_thread, "threadIdx.x")
-    rank_loop, _, k_in_cta = sch.get_loops(partial)[1:]
+    # Both stages use the same (32, warps) thread shape: UnifyThreadBinding needs equal extents.
+    _, row_warp, row_lane = sch.split(row_in_cta, [None, warps, 32])
+    sch.bind(row_warp, "threadIdx.y")
+    sch.bind(row_lane, "threadIdx.x")
+    rank_loop, rows, k_in_cta = sch.get_loops(partial)[1:]
     bind_rank(sch, rank_loop)
-    _, k_thread = sch.split(k_in_cta, [None, th])
-    sch.bind(k_thread, "threadIdx.x")
+    _, row_warp = sch.split(rows, [None, warps])
+    sch.bind(row_warp, "threadIdx.y")
+    _, k_lane = sch.split(k_in_cta, [None, 32])
+    sch.bind(k_lane, "threadIdx.x")
     place_in_dsm(sch, partial, 0)
     return sch

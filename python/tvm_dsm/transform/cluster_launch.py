@@ -54,16 +54,26 @@ def check_shared_memory(body, cluster_size: int) -> None:
 
 def attach_cluster_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """Replace each cluster marker with the ``clusterCtaIdx.x`` launch dimension."""
-    markers = []
+    def is_marker(attr) -> bool:
+        return attr.attr_key == CLUSTER_LAUNCH_KEY
+
+    # Checked outside the map callback (exceptions do not cross FFI), on the whole kernel:
+    # StorageRewrite hoists shared allocations to the outermost thread_extent, above the marker.
+    kernels = []
     tvm_ffi.structural_walk(
         func.body,
-        [(tirx.AttrStmt, lambda a: markers.append(a) if a.attr_key == CLUSTER_LAUNCH_KEY else None)],
+        [(tirx.AttrStmt, lambda a: kernels.append(a) if a.attr_key == "thread_extent" else None)],
     )
-    for marker in markers:  # checked outside the map callback: exceptions do not cross FFI
-        check_shared_memory(marker.body, int(marker.value))
+    for kernel in kernels:
+        markers = []
+        tvm_ffi.structural_walk(
+            kernel.body, [(tirx.AttrStmt, lambda a: markers.append(a) if is_marker(a) else None)]
+        )
+        if markers:
+            check_shared_memory(kernel.body, int(markers[0].value))
 
     def on_attr(attr):
-        if attr.attr_key != CLUSTER_LAUNCH_KEY:
+        if not is_marker(attr):
             return attr
         size = int(attr.value)
         rank = tirx.Var("cluster_rank", "int32")

@@ -1,0 +1,66 @@
+"""Shared fixtures: the H100 target, nvcc assembly checks and the GPU marker."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import tvm
+
+import tvm_dsm  # noqa: F401  (registers the pipeline)
+
+TARGET = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}, host="llvm")
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_gpu():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def cuda_source(mod: tvm.IRModule, pipeline: str = "default") -> str:
+    """Compile ``mod`` for sm_90a and return the generated CUDA."""
+    return tvm.compile(mod, target=TARGET, tir_pipeline=pipeline).mod.imports[0].inspect_source()
+
+
+def host_launch(mod: tvm.IRModule, pipeline: str = "default") -> list[str]:
+    """The host-side kernel launch calls (``T.call_ffi_kernel(...)``) after lowering."""
+    from tvm.tirx.compilation_pipeline import get_tir_pipeline
+
+    lowered = get_tir_pipeline(pipeline)[0](tvm.tirx.transform.BindTarget(TARGET)(mod))
+    return [line.strip() for line in lowered["main"].script().splitlines() if "call_ffi_kernel" in line]
+
+
+@pytest.fixture(scope="session")
+def assemble(tmp_path_factory):
+    """Assemble CUDA source for sm_90a with nvcc; fails the test with nvcc's message."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed")
+    folder: Path = tmp_path_factory.mktemp("nvcc")
+
+    def run(source: str, name: str = "kernel") -> bytes:
+        cu, cubin = folder / f"{name}.cu", folder / f"{name}.cubin"
+        cu.write_text(source)
+        proc = subprocess.run(
+            ["nvcc", "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-o", str(cubin), str(cu)],
+            capture_output=True,
+            text=True,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return cubin.read_bytes()
+
+    return run

@@ -1,0 +1,32 @@
+"""The measured hardware description loads, and the planner ranks split-K configurations."""
+
+from __future__ import annotations
+
+import pytest
+
+from tvm_dsm.hardware import load_hardware
+from tvm_dsm.plan import plan_split_k_reduction
+
+
+def test_h100_description_is_measured():
+    hw = load_hardware()
+    assert hw.device.startswith("NVIDIA H100") and hw.sm_count == 132
+    assert 2.0e12 < hw.hbm_bw < 3.5e12  # bytes read + written by a device copy
+    assert hw.smem_per_cta == 232448
+    assert set(hw.dsm_bw_by_cluster) == {2, 4, 8, 16}
+    assert hw.latency_ns["smem"] < hw.latency_ns["dsm"] < hw.latency_ns["hbm"]
+
+
+def test_planner_prefers_more_ctas_for_a_few_long_rows():
+    hw = load_hardware()
+    best = plan_split_k_reduction(256, 16384, hw)[0]
+    assert best.config.cluster_size >= 8  # 256 rows alone cannot fill 132 SMs
+    assert best.bytes["hbm"] >= 256 * 16384 * 4
+    assert "predicted" in best.explain()
+
+
+def test_planner_reports_unfittable_shapes():
+    from tvm_dsm import ClusterError
+
+    with pytest.raises(ClusterError, match="no cluster split-K configuration"):
+        plan_split_k_reduction(250, 4095, load_hardware())
