@@ -42,20 +42,33 @@ __global__ void l2_read_kernel(const float4* __restrict__ src, size_t n, int rep
   if (acc == 1234.5f) *sink = acc;  // never true for the data used; keeps the loads alive
 }
 
-// Every CTA reads the SMEM of the CTA `offset` ranks away in its cluster (0 = its own SMEM).
+// Every CTA reads the SMEM of the CTA `offset` ranks away in its cluster (0 = its own SMEM), with
+// 16-byte loads: ld.shared::cluster.v4 through a mapa'd address for peers, ld.shared for itself.
+__device__ __forceinline__ float4 ld_dsm_v4(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
+  return v;
+}
+
 __global__ void dsm_read_kernel(int iters, int offset, float* sink) {
   __shared__ float4 buf[kSmemFloat4];
   cg::cluster_group cluster = cg::this_cluster();
   for (int i = threadIdx.x; i < kSmemFloat4; i += blockDim.x) buf[i] = make_float4(i, 1, 2, 3);
   cluster.sync();  // peers have started and initialised their buffers
   unsigned peer = (cluster.block_rank() + offset) % cluster.num_blocks();
-  const float4* src = offset ? cluster.map_shared_rank(buf, peer) : buf;
+  uint32_t base;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(base) : "r"((uint32_t)__cvta_generic_to_shared(buf)), "r"(peer));
   float acc = 0.f;
-  for (int it = 0; it < iters; ++it)
-    for (int i = threadIdx.x; i < kSmemFloat4; i += blockDim.x) {
-      float4 v = src[(i + it) & (kSmemFloat4 - 1)];
+  for (int it = 0; it < iters; ++it) {
+#pragma unroll
+    for (int i = threadIdx.x; i < kSmemFloat4; i += kThreads) {
+      int j = (i + it) & (kSmemFloat4 - 1);
+      float4 v = offset ? ld_dsm_v4(base + 16 * j) : buf[j];
       acc += v.x + v.w;
     }
+  }
   cluster.sync();  // nobody exits while a peer still reads its SMEM
   if (acc == 1234.5f) *sink = acc;
 }

@@ -88,7 +88,10 @@ def schedule_split_k_reduction(
     bind_rank(sch, rank_loop)
     _, row_warp = sch.split(rows, [None, warps])
     sch.bind(row_warp, "threadIdx.y")
-    _, k_lane = sch.split(k_in_cta, [None, 32])
+    # Unrolled: several independent loads per lane in flight ahead of the dependent adds.
+    unroll = max(1, min(8, depth // s // 32))
+    _, k_unrolled, k_lane = sch.split(k_in_cta, [None, unroll, 32])
     sch.bind(k_lane, "threadIdx.x")
+    sch.unroll(k_unrolled)
     place_in_dsm(sch, partial, 0)
     return sch
