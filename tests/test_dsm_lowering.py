@@ -19,7 +19,7 @@ def split_k_source(cluster: int = 4) -> str:
 
 def test_partials_live_in_a_per_cta_slice_read_through_dsm():
     source = split_k_source(4)
-    assert "__shared__ alignas(64) float B_rf_shared__cluster_slice_ptr[16]" in source
+    assert "extern __shared__ __align__(64) uchar buf_dyn_shmem_ptr[]" in source  # the slice
     assert "mapa_u32_shared__cluster" in source and "ld_shared__cluster_f32" in source
     # one barrier after the partials are written, one before any CTA exits
     assert source.count("tvm_builtin_cuda_cluster_sync();") == 2
@@ -65,9 +65,19 @@ def test_hand_written_dsm_buffer_lowers(assemble):
     assemble(source, "pairwise")
 
 
-def test_dsm_leading_axis_must_match_cluster():
-    with pytest.raises(ClusterError, match="leading axis .* must have extent 4"):
-        cuda_source(schedule_pairwise(cluster=4, producer_rank_tag="threadIdx.y").mod)
+def test_once_per_cluster_stage_runs_on_rank_0(assemble):
+    """X computed at the cluster loop but not over the ranks: s_tir runs it once per cluster."""
+    source = cuda_source(schedule_pairwise(cluster=4, producer_rank_tag="threadIdx.y").mod)
+    assert "if ((((int)blockIdx.x) % 4) == 0)" in source
+    assert "st_shared__cluster_f32" in source  # rank 0 fills rank 1's slice
+    # before the first remote store, between the stores and the reads, before exit
+    assert source.count("tvm_builtin_cuda_cluster_sync();") == 3
+    assemble(source, "root_only")
+
+
+def test_dsm_leading_axis_larger_than_cluster():
+    with pytest.raises(ClusterError, match="extent must be at most 1"):
+        cuda_source(schedule_pairwise(cluster=1, producer_rank_tag="threadIdx.y").mod)
 
 
 @T.prim_func(s_tir=True)

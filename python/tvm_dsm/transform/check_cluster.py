@@ -1,17 +1,25 @@
-"""Reject cluster schedules that stock TVM would compile into wrong kernels, before lowering.
+"""Check cluster schedules before lowering, and mark the stages that run once per cluster.
 
-Runs first on the s_tir form, where loops and their annotations are still visible.
+Runs first on the s_tir form, where loops, blocks and annotations are still visible. It rejects
+what stock TVM would compile into wrong kernels, and marks every block computed at a cluster loop
+but outside any rank loop that writes DSM: s_tir runs such a block once per cluster, while every
+CTA of the cluster would execute it on the GPU, so the lowering runs it on rank 0 only.
 """
 
 from __future__ import annotations
 
 import tvm
 import tvm_ffi
-from tvm import tirx
+from tvm import s_tir, tirx
+from tvm.s_tir import SBlock
 
 from ..errors import ClusterError
 from ..schedule.cluster import CLUSTER_SIZE_KEY, MAX_CLUSTER_SIZE, RANK_TAG
 from ..schedule.dsm import DSM_SCOPE
+
+#: Block annotation (a pragma, so it survives LowerOpaqueBlock as an attribute) on once-per-cluster
+#: stages; tvm_dsm.transform.lower_cluster runs them on rank 0 only.
+ROOT_ONLY_KEY = "pragma_tvm_dsm_root_only"
 
 #: Shared-memory scopes TVM's CUDA codegen really places in shared memory. Any other "shared..."
 #: scope (e.g. "shared.cluster", "shared::cta") is silently lowered to a per-thread array by stock
@@ -25,9 +33,12 @@ def _thread_tag(loop: tirx.For) -> str | None:
     return str(loop.thread_binding.thread_tag)
 
 
-def check_function(func: tirx.PrimFunc) -> None:
-    """Raise :class:`ClusterError` for unsupported cluster bindings or storage scopes."""
+def check_function(func: tirx.PrimFunc) -> list[str]:
+    """Raise :class:`ClusterError` for unsupported cluster bindings or storage scopes; return the
+    names of the blocks that run once per cluster and write DSM."""
     cluster_stack: list[int | None] = []
+    in_rank: list[bool] = []
+    root_only: list[str] = []
     errors: list[str] = []  # raised after the walk: exceptions do not cross the FFI callback
 
     def visit_for(loop: tirx.For, visitor) -> None:
@@ -41,6 +52,7 @@ def check_function(func: tirx.PrimFunc) -> None:
             cluster_stack.pop()
             return
         if tag == RANK_TAG:
+            in_rank.append(True)
             size = cluster_stack[-1] if cluster_stack else None
             if size is None:
                 errors.append(
@@ -55,7 +67,17 @@ def check_function(func: tirx.PrimFunc) -> None:
                     f"rank loop {loop.loop_var} has extent {loop.extent} but its cluster has "
                     f"{size} CTAs"
                 )
+            visitor.default_visit(loop)
+            in_rank.pop()
+            return
         visitor.default_visit(loop)
+
+    def visit_block(block, visitor) -> None:
+        in_cluster = bool(cluster_stack) and cluster_stack[-1] is not None
+        writes_dsm = any(str(w.source.ty.storage_scope) == DSM_SCOPE for w in block.writes)
+        if in_cluster and not in_rank and writes_dsm:
+            root_only.append(str(block.name_hint))
+        visitor.default_visit(block)
 
     def visit_var(var: tirx.Var, _visitor) -> None:
         if not isinstance(var.ty, tirx.BufferType):  # TVM 0.27: a buffer is a Var of BufferType
@@ -67,13 +89,21 @@ def check_function(func: tirx.PrimFunc) -> None:
                 f"per-thread array; use one of {_SHARED_SCOPES} (DSM: tvm_dsm.schedule.place_in_dsm)"
             )
 
-    tvm_ffi.structural_visit(func.body, [(tirx.For, visit_for), (tirx.Var, visit_var)])
+    tvm_ffi.structural_visit(
+        func.body, [(tirx.For, visit_for), (SBlock, visit_block), (tirx.Var, visit_var)]
+    )
     if errors:
         raise ClusterError(errors[0])
+    return root_only
 
 
 @tirx.transform.prim_func_pass(opt_level=0, name="tvm_dsm.CheckClusterSchedule")
 def CheckClusterSchedule(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx) -> tirx.PrimFunc:
-    """Pass form of :func:`check_function`; returns the function unchanged."""
-    check_function(func)
-    return func
+    """Pass form of :func:`check_function`; marks once-per-cluster DSM writers."""
+    root_only = check_function(func)
+    if not root_only:
+        return func
+    sch = s_tir.Schedule(func)
+    for name in root_only:
+        sch.annotate(sch.get_sblock(name), ROOT_ONLY_KEY, 1)
+    return sch.mod["main"]

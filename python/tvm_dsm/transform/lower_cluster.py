@@ -28,11 +28,17 @@ from tvm.sym import Analyzer
 
 from ..errors import ClusterError
 from ..schedule.cluster import RANK_TAG
+from ..schedule.collectives import ROTATE_PEERS_KEY
 from ..schedule.dsm import DSM_SCOPE
+from .check_cluster import ROOT_ONLY_KEY
 
 #: Attribute left around a cluster kernel's body; tvm_dsm.transform.cluster_launch turns it into
 #: the ``clusterCtaIdx.x`` launch dimension after LowerThreadAllreduce.
 CLUSTER_LAUNCH_KEY = "tvm_dsm.cluster_launch"
+# Markers around the PTX of one remote access (node: the slice), read by barrier placement and
+# removed before the pass returns.
+_REMOTE_LOAD = "tvm_dsm.remote_load"
+_REMOTE_STORE = "tvm_dsm.remote_store"
 
 # PTX type of a remote ld/st per element dtype. 16-bit floats move as raw b16 bits.
 _PTX_TYPES = {
@@ -78,70 +84,97 @@ def _cluster_barrier() -> tirx.Evaluate:
     return tirx.Evaluate(T.cuda.cluster_sync())
 
 
-def _is_remote_call(call) -> bool:
-    return (
-        call.op.name in ("tirx.ptx.ld", "tirx.ptx.st")
-        and any(isinstance(a, tvm.ir.StringImm) and a.value == DSM_SCOPE for a in call.args)
-    )
-
-
 class _DSMBuffer:
-    """One DSM buffer of a kernel: the per-CTA slice and how to reach a peer's copy of it."""
+    """One DSM buffer of a kernel: the per-CTA slice and how to reach a peer's copy of it.
+
+    Index r of the leading axis lives in the CTA of rank r. Buffer compaction may shorten the axis
+    (a buffer only rank 0 writes) or shift it; it shifts every access alike, so each element still
+    has one home CTA that writers and readers agree on.
+    """
 
     def __init__(self, buffer: tirx.Var, cluster_size: int):
         shape = list(buffer.ty.shape)
-        if not shape or not isinstance(shape[0], tirx.IntImm) or int(shape[0]) != cluster_size:
+        if not shape or not isinstance(shape[0], tirx.IntImm) or int(shape[0]) > cluster_size:
             raise ClusterError(
                 f"DSM buffer {buffer.name} has shape {shape}: its leading axis indexes the owning "
-                f"CTA and must have extent {cluster_size} (the cluster size)"
+                f"CTA, so its extent must be at most {cluster_size} (the cluster size)"
             )
         self.dtype = str(buffer.ty.dtype)
         if self.dtype not in _PTX_TYPES:
             raise ClusterError(f"DSM buffer {buffer.name}: dtype {self.dtype} is not supported")
         self.buffer = buffer
-        self.slice = tirx.decl_buffer(shape[1:], self.dtype, f"{buffer.name}_slice", scope="shared")
+        self.slice = tirx.decl_buffer(shape[1:], self.dtype, f"{buffer.name}_slice", scope="shared.dyn")
         self.strides = []
         stride = 1
         for extent in reversed(shape[1:]):
             self.strides.insert(0, stride)
             stride = stride * extent
 
-    def _peer_address(self, indices, rank, peer: tirx.Var) -> tirx.Evaluate:
+    def _peer_address(self, indices, rank, peer: tirx.Var, mask: str) -> tirx.Evaluate:
+        # ``mask`` tells ThreadSync whether the CTA's own slice is read or written here (it is
+        # neither; the peer's is), so loads do not get __syncthreads between iterations.
         offset = sum((i * s for i, s in zip(indices, self.strides)), tirx.const(0, "int32"))
-        local = T.cuda.cvta_generic_to_shared(self.slice.access_ptr("rw", offset=offset))
+        local = T.cuda.cvta_generic_to_shared(self.slice.access_ptr(mask, offset=offset))
         return tirx.Evaluate(
             T.ptx.mapa.shared__cluster.u32(peer[0], local, tirx.Cast("uint32", rank))
         )
 
-    def _ptx(self, op):
-        return getattr(getattr(op, "shared__cluster"), _PTX_TYPES[self.dtype])
+    def _ptx(self, op, lanes: int = 1):
+        """``op.shared::cluster[.vN].type`` moving ``lanes`` elements (16-bit ones as b32 pairs)."""
+        space = getattr(op, "shared__cluster")
+        if self.dtype in _BITS16 and lanes > 1:
+            words = lanes // 2
+            return getattr(getattr(space, f"v{words}"), "b32") if words > 1 else space.b32
+        if lanes > 1:
+            space = getattr(space, f"v{lanes}")
+        return getattr(space, _PTX_TYPES[self.dtype])
 
-    def remote_load(self, indices, rank) -> tuple[list, tvm.ir.PrimExpr]:
-        """Statements that load peer ``rank``'s element into a register, and that register."""
-        peer = tirx.decl_buffer((1,), "uint32", "dsm_peer_addr", scope="local")
+    def _registers(self, lanes: int) -> tuple[list, tirx.Var, list]:
+        """Local registers for ``lanes`` elements: (allocations, element view, PTX operands)."""
+        if self.dtype in _BITS16 and lanes > 1:
+            words = tirx.decl_buffer((lanes // 2,), "uint32", "dsm_words", scope="local")
+            view = tirx.decl_buffer((lanes,), self.dtype, "dsm_value", data=words.data, scope="local")
+            decl = tirx.DeclBuffer(view, data=words.data)
+            return [tirx.AllocBuffer(words), decl], view, [words[w] for w in range(lanes // 2)]
         raw = "uint16" if self.dtype in _BITS16 else self.dtype
-        value = tirx.decl_buffer((1,), raw, "dsm_value", scope="local")
-        stmts = [
-            tirx.AllocBuffer(peer),
-            tirx.AllocBuffer(value),
-            self._peer_address(indices, rank, peer),
-            tirx.Evaluate(self._ptx(T.ptx.ld)(value[0], peer[0])),
-        ]
-        loaded = value[0]
-        if raw != self.dtype:
-            loaded = tirx.call_intrin(self.dtype, "tirx.reinterpret", loaded)
-        return stmts, loaded
+        regs = tirx.decl_buffer((lanes,), raw, "dsm_value", scope="local")
+        return [tirx.AllocBuffer(regs)], regs, [regs[v] for v in range(lanes)]
 
-    def remote_store(self, indices, rank, value) -> list:
-        """Statements that store ``value`` into peer ``rank``'s element."""
+    def remote_load(self, indices, rank, lanes: int = 1) -> tuple[list, tirx.Var]:
+        """Statements loading ``lanes`` elements of peer ``rank`` from ``indices`` into registers,
+        and the registers (a ``lanes``-element local buffer of the element type)."""
         peer = tirx.decl_buffer((1,), "uint32", "dsm_peer_addr", scope="local")
-        if self.dtype in _BITS16:
-            value = tirx.call_intrin("uint16", "tirx.reinterpret", value)
-        return [
-            tirx.AllocBuffer(peer),
-            self._peer_address(indices, rank, peer),
-            tirx.Evaluate(self._ptx(T.ptx.st)(peer[0], value)),
-        ]
+        allocs, view, operands = self._registers(lanes)
+        access = [self._peer_address(indices, rank, peer, "r"),
+                  tirx.Evaluate(self._ptx(T.ptx.ld, lanes)(*operands, peer[0]))]
+        marked = tirx.AttrStmt(self.slice, _REMOTE_LOAD, 0, tirx.SeqStmt(access))
+        return [tirx.AllocBuffer(peer), *allocs, marked], view
+
+    def remote_load_scalar(self, indices, rank) -> tuple[list, tvm.ir.PrimExpr]:
+        stmts, regs = self.remote_load(indices, rank)
+        value = regs[0]
+        if str(regs.ty.dtype) != self.dtype:
+            value = tirx.call_intrin(self.dtype, "tirx.reinterpret", value)
+        return stmts, value
+
+    def remote_store(self, indices, rank, operands: list, lanes: int = 1) -> list:
+        """Statements storing ``lanes`` elements (PTX ``operands``) to peer ``rank``'s slice."""
+        peer = tirx.decl_buffer((1,), "uint32", "dsm_peer_addr", scope="local")
+        if lanes == 1 and self.dtype in _BITS16:
+            operands = [tirx.call_intrin("uint16", "tirx.reinterpret", operands[0])]
+        access = [self._peer_address(indices, rank, peer, "w"),
+                  tirx.Evaluate(self._ptx(T.ptx.st, lanes)(peer[0], *operands))]
+        marked = tirx.AttrStmt(self.slice, _REMOTE_STORE, 0, tirx.SeqStmt(access))
+        return [tirx.AllocBuffer(peer), marked]
+
+    def registers(self, lanes: int) -> tuple[list, tirx.Var, list]:
+        """Registers a vector loop fills before one vector remote store."""
+        return self._registers(lanes)
+
+    def vector_lanes(self, extent: int) -> int | None:
+        """Elements per remote vector access for a vectorized loop of ``extent``, if PTX has one."""
+        nbytes = extent * tvm.DataType(self.dtype).bits // 8
+        return extent if nbytes in (4, 8, 16) and extent > 1 else None
 
 
 class _KernelLowering:
@@ -158,12 +191,20 @@ class _KernelLowering:
         self.rank_vars = [a.node.var for a in rank_attrs]
         self.analyzer = Analyzer()
         self.dsm: list[_DSMBuffer] = []
+        self.errors: list[str] = []  # raised after each map: exceptions do not cross FFI
+        self.root_only = False  # rewriting a stage only rank 0 runs
 
     def _dsm_of(self, buffer) -> _DSMBuffer | None:
         return next((d for d in self.dsm if d.buffer.same_as(buffer)), None)
 
     def _is_local(self, rank) -> bool:
-        return self.analyzer.can_prove_equal(rank, self.rank)
+        if self.analyzer.can_prove_equal(rank, self.rank):
+            return True
+        return self.root_only and self.analyzer.can_prove_equal(rank, 0)
+
+    def _raise_errors(self) -> None:
+        if self.errors:
+            raise ClusterError(self.errors[0])
 
     def lower(self) -> tirx.AttrStmt:
         body = tvm_ffi.structural_map(
@@ -172,28 +213,138 @@ class _KernelLowering:
         )
         mapping = [(self.block_var, tirx.floordiv(self.block_var, self.size))]
         mapping += [(v, self.rank) for v in self.rank_vars]
-        body = _substitute(body, mapping)
+        body = self._rotate_peers(_substitute(body, mapping))
         self.dsm = [
             _DSMBuffer(a.buffer, self.size)
             for a in _find_all(
                 body, tirx.AllocBuffer, lambda a: str(a.buffer.ty.storage_scope) == DSM_SCOPE
             )
         ]
+        body = self._run_root_only_stages_on_rank_0(body)
         if self.dsm:
             body = self._rewrite_accesses(body)
             body = self._place_barriers(body)
+            body = tvm_ffi.structural_map(
+                body,
+                [(tirx.AttrStmt, lambda a: a.body if a.attr_key in (_REMOTE_LOAD, _REMOTE_STORE) else a)],
+            )
         grid = self.kernel.value * self.size
         node = tirx.IterVar(Range(0, grid), self.block_var, tirx.IterVar.ThreadIndex, "blockIdx.x")
         launch = tirx.AttrStmt(tvm.ir.StringImm("cluster"), CLUSTER_LAUNCH_KEY, self.size, body)
         return tirx.AttrStmt(node, "thread_extent", grid, launch)
 
-    # -- accesses -------------------------------------------------------------------------------
-    def _rewrite_accesses(self, body):
-        errors: list[str] = []
+    def _rotate_peers(self, body):
+        """Loops marked ROTATE_PEERS_KEY start CTA r's walk over the peers at peer r."""
 
+        def on_for(loop):
+            if ROTATE_PEERS_KEY not in loop.annotations:
+                return loop
+            rotated = tirx.floormod(loop.loop_var + self.rank, loop.extent)
+            annotations = {k: v for k, v in loop.annotations.items() if k != ROTATE_PEERS_KEY}
+            return tirx.For(
+                loop.loop_var, loop.min, loop.extent, loop.kind,
+                _substitute(loop.body, [(loop.loop_var, rotated)]),
+                loop.thread_binding, annotations,
+            )
+
+        return tvm_ffi.structural_map(body, [(tirx.For, on_for)])
+
+    def _run_root_only_stages_on_rank_0(self, body):
+        """Guard once-per-cluster stages (marked by CheckClusterSchedule) with ``rank == 0``."""
+        stages = _find_all(body, tirx.AttrStmt, lambda a: a.attr_key == ROOT_ONLY_KEY)
+        guarded = []
+        for stage in stages:
+            self.root_only = True
+            inner = self._rewrite_accesses(stage.body) if self.dsm else stage.body
+            self.root_only = False
+            guarded.append((stage, tirx.IfThenElse(tirx.EQ(self.rank, 0), inner, None)))
+
+        def swap(attr):
+            return next((new for old, new in guarded if old.same_as(attr)), attr)
+
+        return tvm_ffi.structural_map(body, [(tirx.AttrStmt, swap)], order="pre") if guarded else body
+
+    # -- accesses -------------------------------------------------------------------------------
+    def _remote_loads(self, expr) -> list:
+        return _find_all(
+            expr,
+            tvm.ir.TensorLoad,
+            lambda ld: self._dsm_of(ld.source) is not None and not self._is_local(ld.indices[0]),
+        )
+
+    def _vector_access(self, dsm: _DSMBuffer, indices, loop) -> tuple | None:
+        """(base indices, lanes) if ``indices`` walk the slice contiguously with ``loop``'s
+        variable at an aligned start; None if the access must stay scalar."""
+        lanes = dsm.vector_lanes(int(loop.extent))
+        *outer, last = indices
+        var = loop.loop_var
+        uses = lambda e: bool(_find_all(e, tirx.Var, lambda v: v.same_as(var)))  # noqa: E731
+        if lanes is None or any(uses(i) for i in outer):
+            return None
+        base = self.analyzer.simplify(_substitute(last, [(var, tirx.const(0, "int32"))]))
+        if not self.analyzer.can_prove_equal(last - base, var):
+            return None
+        if not self.analyzer.can_prove_equal(tirx.floormod(base, lanes), 0):
+            return None
+        return [*outer, base], lanes
+
+    def _lower_vector_loop(self, loop):
+        """One 4/8/16-byte ld/st.shared::cluster per vectorized loop and remote operand."""
+        store = loop.body
+        if not isinstance(store, tirx.BufferStore):
+            return None
+        pre, post, replaced = [], [], {}
+        for load in self._remote_loads(store.value):
+            dsm = self._dsm_of(load.source)
+            access = self._vector_access(dsm, list(load.indices[1:]), loop)
+            if access is None:
+                return None
+            stmts, regs = dsm.remote_load(access[0], load.indices[0], access[1])
+            pre.extend(stmts)
+            replaced[id(load)] = (load, tirx.BufferLoad(regs, [loop.loop_var]))
+
+        def swap(expr):
+            for old, new in replaced.values():
+                if expr.same_as(old):
+                    return new
+            return expr
+
+        value = tvm_ffi.structural_map(store.value, [(tvm.ir.TensorLoad, swap)])
+        dsm = self._dsm_of(store.buffer)
+        if dsm is not None and not self._is_local(store.indices[0]):
+            access = self._vector_access(dsm, list(store.indices[1:]), loop)
+            if access is None:
+                return None
+            allocs, regs, operands = dsm.registers(access[1])
+            pre.extend(allocs)
+            post = dsm.remote_store(access[0], store.indices[0], operands, access[1])
+            store = tirx.BufferStore(regs, value, [loop.loop_var])
+        else:
+            store = tirx.BufferStore(store.buffer, value, store.indices)
+        body = tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, store,
+                        loop.thread_binding, loop.annotations)
+        return tirx.SeqStmt([*pre, body, *post])
+
+    def _rewrite_accesses(self, body):
         def on_alloc(alloc):
             dsm = self._dsm_of(alloc.buffer)
             return alloc if dsm is None else tirx.AllocBuffer(dsm.slice)
+
+        def on_for(loop):
+            if loop.kind != tirx.ForKind.VECTORIZED:
+                return loop
+            remote = self._remote_loads(loop.body) or any(
+                self._dsm_of(s.buffer) is not None and not self._is_local(s.indices[0])
+                for s in _find_all(loop.body, tirx.BufferStore)
+            )
+            if not remote:
+                return loop
+            lowered = self._lower_vector_loop(loop)
+            if lowered is not None:
+                return lowered
+            # Not a contiguous aligned vector: keep it correct with scalar remote accesses.
+            return tirx.For(loop.loop_var, loop.min, loop.extent, tirx.ForKind.SERIAL, loop.body,
+                            None, loop.annotations)
 
         def on_store(store):
             pre: list = []
@@ -205,11 +356,11 @@ class _KernelLowering:
                 rank, *indices = load.indices
                 if self._is_local(rank):
                     return tirx.BufferLoad(dsm.slice, indices)
-                stmts, value = dsm.remote_load(indices, rank)
+                stmts, value = dsm.remote_load_scalar(indices, rank)
                 pre.extend(stmts)
                 return value
 
-            self._reject_guarded_remote_loads(store.value, errors)
+            self._reject_guarded_remote_loads(store.value)
             value = tvm_ffi.structural_map(store.value, [(tvm.ir.TensorLoad, on_load)])
             dsm = self._dsm_of(store.buffer)
             if dsm is None:
@@ -219,29 +370,30 @@ class _KernelLowering:
                 if self._is_local(rank):
                     stmts = [tirx.BufferStore(dsm.slice, value, indices)]
                 else:
-                    stmts = dsm.remote_store(indices, rank, value)
+                    stmts = dsm.remote_store(indices, rank, [value])
             return stmts[0] if not pre and len(stmts) == 1 else tirx.SeqStmt(pre + stmts)
 
         body = tvm_ffi.structural_map(
-            body, [(tirx.AllocBuffer, on_alloc), (tirx.BufferStore, on_store)], order="pre"
+            body,
+            [(tirx.AllocBuffer, on_alloc), (tirx.For, on_for), (tirx.BufferStore, on_store)],
+            order="pre",
         )
         leftover = _find_all(body, tvm.ir.TensorLoad, lambda ld: self._dsm_of(ld.source))
         if leftover:
-            errors.append(
+            self.errors.append(
                 f"DSM buffer {leftover[0].source.name} is read outside a store's value (e.g. in a "
                 "condition or loop bound); tvm-dsm lowers DSM reads only there"
             )
-        if errors:
-            raise ClusterError(errors[0])
+        self._raise_errors()
         return body
 
-    def _reject_guarded_remote_loads(self, value, errors: list[str]) -> None:
+    def _reject_guarded_remote_loads(self, value) -> None:
         """A hoisted remote load would run even where a select/if_then_else guards it off."""
 
         def guarded(node):
-            loads = _find_all(node, tvm.ir.TensorLoad, lambda ld: self._dsm_of(ld.source))
-            if any(not self._is_local(ld.indices[0]) for ld in loads):
-                errors.append(
+            loads = self._remote_loads(node)
+            if loads:
+                self.errors.append(
                     f"a read of a peer's slice of DSM buffer {loads[0].source.name} is guarded by "
                     "a select/if_then_else; tvm-dsm does not lower conditional remote reads"
                 )
@@ -251,47 +403,96 @@ class _KernelLowering:
             guarded(call)
 
     # -- barriers -------------------------------------------------------------------------------
-    def _touches(self, stmt) -> dict[str, bool]:
+    def _touches(self, stmt) -> dict[str, set[int]]:
+        """Per access kind, the indices (into self.dsm) of the DSM buffers ``stmt`` touches."""
         slices = [d.slice for d in self.dsm]
-        remote = _find_all(stmt, tvm.ir.Call, _is_remote_call)
-        return {
-            "remote_load": any(c.op.name == "tirx.ptx.ld" for c in remote),
-            "remote_store": any(c.op.name == "tirx.ptx.st" for c in remote),
-            "local_load": bool(
-                _find_all(stmt, tvm.ir.TensorLoad, lambda ld: any(ld.source.same_as(s) for s in slices))
-            ),
-            "local_store": bool(
-                _find_all(stmt, tirx.BufferStore, lambda st: any(st.buffer.same_as(s) for s in slices))
-            ),
-        }
 
-    def _place_barriers(self, stmt):
-        """Fence each stage that touches a peer's slice; stages are the children of the sequences
-        reached through attributes only, so every thread of the CTA executes the barriers."""
+        def which(buffer) -> set[int]:
+            return {n for n, s in enumerate(slices) if buffer.same_as(s)}
+
+        touched: dict[str, set[int]] = {k: set() for k in ("remote_load", "remote_store", "load", "store")}
+        for attr in _find_all(stmt, tirx.AttrStmt, lambda a: a.attr_key in (_REMOTE_LOAD, _REMOTE_STORE)):
+            touched["remote_load" if attr.attr_key == _REMOTE_LOAD else "remote_store"] |= which(attr.node)
+        for load in _find_all(stmt, tvm.ir.TensorLoad):
+            touched["load"] |= which(load.source)
+        for store in _find_all(stmt, tirx.BufferStore):
+            touched["store"] |= which(store.buffer)
+        return touched
+
+    def _place_barriers(self, stmt, state: "_BarrierState | None" = None):
+        """Insert ``barrier.cluster`` where the CTA-uniform stage sequence needs one.
+
+        Stages are the children of the sequences reached through attributes only, so every
+        thread of the CTA executes the barriers. A barrier goes before a stage that reads a peer's
+        slice of a buffer written since the last barrier (RAW), writes a buffer whose slices peers
+        read since then (WAR) or that was written remotely since then (WAW), before the first
+        remote access (peers must have started), and at the end if any remote access followed the
+        last one (no CTA exits while a peer reads its SMEM).
+        """
+        top = state is None
+        state = state or _BarrierState()
         if isinstance(stmt, tirx.AttrStmt):
-            return tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, self._place_barriers(stmt.body))
-        stages = list(stmt.seq) if isinstance(stmt, tirx.SeqStmt) else [stmt]
-        out: list = []
-        for stage in stages:
-            t = self._touches(stage)
-            remote = t["remote_load"] or t["remote_store"]
-            mixed = (t["remote_load"] and (t["local_store"] or t["remote_store"])) or (
-                t["remote_store"] and (t["local_load"] or t["local_store"])
-            )
-            if mixed and isinstance(stage, (tirx.AttrStmt, tirx.SeqStmt)):
-                stage, remote = self._place_barriers(stage), False
-            elif mixed:
-                raise ClusterError(
-                    "one stage both writes a DSM buffer and accesses a peer's slice (e.g. a loop "
-                    "over rounds); it needs barriers inside the loop, which tvm-dsm's DSM buffers "
-                    "do not place: split the stage or use a collective primitive"
+            body = self._place_barriers(stmt.body, state)
+            out = [tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, body)]
+        else:
+            out = []
+            for stage in list(stmt.seq) if isinstance(stmt, tirx.SeqStmt) else [stmt]:
+                t = self._touches(stage)
+                # A peer's slice read while the same buffer is written (or written while read) in
+                # one stage: only barriers inside the stage could order the two.
+                mixed = bool(t["remote_load"] & (t["store"] | t["remote_store"])) or bool(
+                    t["remote_store"] & (t["load"] | t["store"])
                 )
-            if remote and not (out and _is_barrier(out[-1])):
-                out.append(_cluster_barrier())
-            out.append(stage)
-            if remote:
-                out.append(_cluster_barrier())
+                if mixed and isinstance(stage, (tirx.AttrStmt, tirx.SeqStmt)):
+                    out.append(self._place_barriers(stage, state))
+                    continue
+                if mixed:
+                    raise ClusterError(
+                        "one stage both writes a DSM buffer and accesses a peer's slice of it "
+                        "(e.g. a loop over rounds); it needs barriers inside the loop, which "
+                        "tvm-dsm's DSM buffers do not place: split the stage or use a collective"
+                    )
+                if state.needs_barrier_before(t):
+                    out.append(_cluster_barrier())
+                    state.reset()
+                out.append(stage)
+                state.record(t)
+        if top and state.remote_since_barrier:
+            out.append(_cluster_barrier())
         return out[0] if len(out) == 1 else tirx.SeqStmt(out)
+
+
+class _BarrierState:
+    """What happened to each DSM buffer since the last cluster barrier."""
+
+    def __init__(self):
+        self.started = False  # a barrier has run: every CTA of the cluster has started
+        self.reset()
+
+    def reset(self) -> None:
+        if hasattr(self, "written"):
+            self.started = True
+        self.written: set[int] = set()
+        self.written_remotely: set[int] = set()
+        self.read_remotely: set[int] = set()
+        self.remote_since_barrier = False
+
+    def needs_barrier_before(self, t: dict[str, set[int]]) -> bool:
+        remote = bool(t["remote_load"] or t["remote_store"])
+        writes = t["store"] | t["remote_store"]
+        return bool(
+            (remote and not self.started)
+            or t["remote_load"] & (self.written | self.written_remotely)
+            or writes & self.read_remotely
+            or writes & self.written_remotely
+            or t["remote_store"] & self.written
+        )
+
+    def record(self, t: dict[str, set[int]]) -> None:
+        self.written |= t["store"]
+        self.written_remotely |= t["remote_store"]
+        self.read_remotely |= t["remote_load"]
+        self.remote_since_barrier |= bool(t["remote_load"] or t["remote_store"])
 
 
 def _is_barrier(stmt) -> bool:

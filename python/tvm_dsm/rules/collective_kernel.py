@@ -1,0 +1,51 @@
+"""Schedule the collective workloads (tvm_dsm.workloads.collectives) as one cluster kernel each.
+
+Stage X loads each CTA's tile into DSM, the collective block computes the CTA's result slice Y
+(with the matching primitive of tvm_dsm.schedule.collectives), stage O stores it. All three are
+computed at the cluster loop; loops over ranks are bound to the rank, element loops to 128 threads
+with 16-byte vectors.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+
+from ..schedule import bind_cluster, bind_rank, place_in_dsm
+from ..schedule import collectives as primitives
+
+THREADS = 128
+
+
+def _tile_stage(sch: s_tir.Schedule, block, vector_lanes: int) -> None:
+    """Rank loop (if it spans the cluster) to the rank, elements to threads x vectors."""
+    rank, *_, elements = sch.get_loops(block)[1:]
+    if int(sch.get(rank).extent) > 1:
+        bind_rank(sch, rank)
+    _, thread, vector = sch.split(elements, [None, THREADS, vector_lanes])
+    sch.bind(thread, "threadIdx.x")
+    sch.vectorize(vector)
+
+
+def schedule_collective_kernel(func: tirx.PrimFunc, kind: str, cluster_size: int) -> s_tir.Schedule:
+    """A cluster kernel for ``collective(kind, ...)``; ``copy`` is the no-exchange baseline."""
+    sch = s_tir.Schedule(func)
+    out = sch.get_sblock("O")
+    cluster_tile, _, elements = sch.get_loops(out)
+    out_dtype = str(sch.get(out).writes[0].source.ty.dtype)
+    out_lanes = 8 if out_dtype in ("float16", "bfloat16") else 4
+    cta = sch.fuse(cluster_tile, sch.get_loops(out)[1])
+    cluster, _ = bind_cluster(sch, cta, cluster_size)
+    _, thread, vector = sch.split(elements, [None, THREADS, out_lanes])
+    sch.bind(thread, "threadIdx.x")
+    sch.vectorize(vector)
+    for name in ("Y", "X"):
+        sch.compute_at(sch.get_sblock(name), cluster, preserve_unit_loops=True)
+    x, y = sch.get_sblock("X"), sch.get_sblock("Y")
+    place_in_dsm(sch, x, 0)
+    place_in_dsm(sch, y, 0)
+    _tile_stage(sch, x, out_lanes)
+    if kind == "copy":
+        _tile_stage(sch, y, 4)
+    else:
+        getattr(primitives, kind)(sch, y, threads=THREADS)
+    return sch

@@ -1,0 +1,120 @@
+"""DSM collectives as s_tir schedule primitives.
+
+A collective is a block that reads a DSM tile ``X[rank, ...]`` (one slice per CTA of the cluster)
+and writes the CTA's own slice of a result ``Y[rank, ...]``, computed at the cluster loop. Who
+sends what to whom follows from the block's indices; the primitive checks the pattern, then
+schedules the block for bandwidth with recorded instructions only (so traces replay):
+
+* ``all_exchange``   ``Y[r, i] = sum_p X[p, i]``: every CTA reads every peer's whole tile;
+* ``reduce_scatter`` ``Y[r, j] = sum_p X[p, r*m + j]``: CTA r reads part r of every peer's tile;
+* ``broadcast``      ``Y[r, i] = X[root, i]``: every CTA reads the root's tile;
+* ``shuffle``        ``Y[r, i] = f(X[(r + t) % S, i] for t in rounds)``: ring order, CTA r reads
+  the tile of rank r+t in round t, so each round every CTA reads a different peer.
+
+Scheduling: the rank loop is bound to the cluster rank, the element loop is split over threads
+with an innermost vector of 16 bytes (lowered to ``ld.shared::cluster.v4``/``.v2``), and the peer
+loop of an order-free sum is annotated so each CTA starts at its own rank (no hot peer).
+Remote reads are fenced by cluster barriers by the lowering (tvm_dsm.transform.lower_cluster).
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import s_tir, tirx
+
+from ..errors import ClusterError
+from .cluster import bind_rank
+from .dsm import DSM_SCOPE
+
+#: Loop annotation: the loop's iterations commute; start CTA r's walk at peer r (rotation).
+ROTATE_PEERS_KEY = "tvm_dsm.rotate_peers"
+
+
+def _dsm_reads(sch: s_tir.Schedule, block) -> list:
+    return [
+        region
+        for region in sch.get(block).reads
+        if str(region.source.ty.storage_scope) == DSM_SCOPE
+    ]
+
+
+def _check_reads_dsm(sch: s_tir.Schedule, block, collective: str) -> None:
+    if not _dsm_reads(sch, block):
+        raise ClusterError(
+            f"{collective}: block {sch.get(block).name_hint} reads no DSM buffer; place the tile "
+            "in DSM first (tvm_dsm.schedule.place_in_dsm)"
+        )
+
+
+def _element_bytes(sch: s_tir.Schedule, block) -> int:
+    """The wider of the DSM element and the result element: vectors of either stay <= 16 B
+    (TVM 0.27's CUDA codegen emits invalid code for wider ones, e.g. a float32x8 broadcast)."""
+    read = _dsm_reads(sch, block)[0].source
+    written = sch.get(block).writes[0].source
+    return max(tvm.DataType(str(b.ty.dtype)).bits // 8 for b in (read, written))
+
+
+def _schedule_elements(sch, block, element_loop, threads: int, vector_bytes: int, elem_bytes: int):
+    """Split the element loop over threads with a 16-byte (or smaller) innermost vector."""
+    if vector_bytes % elem_bytes or vector_bytes not in (4, 8, 16):
+        raise ClusterError(
+            f"vector of {vector_bytes} B: DSM vectors are 4, 8 or 16 B of {elem_bytes}-B elements"
+        )
+    extent = int(sch.get(element_loop).extent)
+    lanes = vector_bytes // elem_bytes
+    if extent % lanes:
+        raise ClusterError(
+            f"tile of {extent} elements per CTA is not a multiple of the {lanes}-element vector "
+            f"({vector_bytes} B): DSM slices move in whole vectors"
+        )
+    outer, thread, vector = sch.split(element_loop, [None, threads, lanes])
+    sch.bind(thread, "threadIdx.x")
+    return outer, thread, vector
+
+
+def _collective(sch, block, name: str, threads: int, vector_bytes: int, rotate: bool) -> None:
+    _check_reads_dsm(sch, block, name)
+    elem_bytes = _element_bytes(sch, block)
+    loops = sch.get_loops(block)
+    kinds = [int(iv.iter_type) for iv in sch.get(block).iter_vars]
+    reduce = kinds[-1] == tirx.IterVar.CommReduce
+    if len(loops) < 3:
+        raise ClusterError(f"{name}: compute the block at the cluster loop first (compute_at)")
+    rank, element = loops[1], loops[-2] if reduce else loops[-1]
+    bind_rank(sch, rank)
+    outer, thread, vector = _schedule_elements(
+        sch, block, element, threads, vector_bytes, elem_bytes
+    )
+    if not reduce:
+        sch.vectorize(vector)
+        return
+    peer = sch.get_loops(block)[-1]
+    sch.reorder(outer, thread, peer, vector)
+    # Accumulate in registers and write the CTA's result slice once.
+    result = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(result, thread)
+    sch.vectorize(sch.get_loops(result)[-1])
+    sch.vectorize(vector)  # before decompose_reduction: vectorize needs a reduction block
+    sch.decompose_reduction(block, peer)
+    if rotate:
+        sch.annotate(peer, ROTATE_PEERS_KEY, 1)
+
+
+def all_exchange(sch: s_tir.Schedule, block, *, threads: int = 128, vector_bytes: int = 16) -> None:
+    """Schedule ``Y[r, i] = combine_p X[p, i]``: each CTA reads all S-1 peers' tiles."""
+    _collective(sch, block, "all_exchange", threads, vector_bytes, rotate=True)
+
+
+def reduce_scatter(sch: s_tir.Schedule, block, *, threads: int = 128, vector_bytes: int = 16) -> None:
+    """Schedule ``Y[r, j] = sum_p X[p, r*m + j]``: CTA r reads part r of every peer's tile."""
+    _collective(sch, block, "reduce_scatter", threads, vector_bytes, rotate=True)
+
+
+def broadcast(sch: s_tir.Schedule, block, *, threads: int = 128, vector_bytes: int = 16) -> None:
+    """Schedule ``Y[r, i] = X[root, i]``: every CTA reads the root's tile."""
+    _collective(sch, block, "broadcast", threads, vector_bytes, rotate=False)
+
+
+def shuffle(sch: s_tir.Schedule, block, *, threads: int = 128, vector_bytes: int = 16) -> None:
+    """Schedule a ring pass ``Y[r, i] = f(X[(r + t) % S, i] for t)``: round t reads rank r+t."""
+    _collective(sch, block, "shuffle", threads, vector_bytes, rotate=False)

@@ -1,0 +1,48 @@
+"""Cluster collectives as TE computations over a DSM tile, for tests and bandwidth benchmarks.
+
+Each function returns a PrimFunc ``(A, O)``: cluster ``c``'s CTA ``r`` loads its tile
+``X[r, c, :] = A[c, r, :]`` (the owner-rank axis first, as DSM buffers require), the collective
+computes ``Y[r, c, :]`` from the cluster's tiles, and the CTA stores ``O[c, r, :] = Y[r, c, :]``.
+``kind="copy"`` (no exchange) is the baseline the benchmark subtracts.
+"""
+
+from __future__ import annotations
+
+from tvm import te, tirx
+
+KINDS = ("copy", "all_exchange", "reduce_scatter", "broadcast", "shuffle")
+
+
+def collective(kind: str, clusters: int, size: int, n: int, dtype: str = "float32") -> tirx.PrimFunc:
+    """The ``kind`` collective over tiles of ``n`` elements in clusters of ``size`` CTAs."""
+    a = te.placeholder((clusters, size, n), dtype, name="A")
+    x = te.compute((size, clusters, n), lambda r, c, i: a[c, r, i], name="X")
+    p = te.reduce_axis((0, size), name="p")
+    acc = "float32"  # reductions accumulate in fp32 (Y), the result is cast back on store (O)
+
+    def f32(value):
+        return value.astype(acc)
+
+    if kind == "copy":
+        y = te.compute((size, clusters, n), lambda r, c, i: x[r, c, i], name="Y")
+    elif kind == "all_exchange":  # every CTA: the sum of all tiles
+        y = te.compute((size, clusters, n), lambda r, c, i: te.sum(f32(x[p, c, i]), axis=p), name="Y")
+    elif kind == "reduce_scatter":  # CTA r: part r of the sum
+        m = n // size
+        y = te.compute(
+            (size, clusters, m), lambda r, c, j: te.sum(f32(x[p, c, r * m + j]), axis=p), name="Y"
+        )
+    elif kind == "broadcast":  # every CTA: rank 0's tile
+        y = te.compute((size, clusters, n), lambda r, c, i: x[0, c, i], name="Y")
+    elif kind == "shuffle":  # round t: CTA r consumes the tile of rank (r + t) % size
+        y = te.compute(
+            (size, clusters, n),
+            lambda r, c, i: te.sum(f32(x[(r + p) % size, c, i]) * f32(p + 1), axis=p),
+            name="Y",
+        )
+    else:
+        raise ValueError(f"unknown collective {kind!r}; one of {KINDS}")
+    o = te.compute(
+        (clusters, size, y.shape[2]), lambda c, r, i: y[r, c, i].astype(dtype), name="O"
+    )
+    return te.create_prim_func([a, o])
