@@ -19,7 +19,7 @@ def split_k_source(cluster: int = 4) -> str:
 
 def test_partials_live_in_a_per_cta_slice_read_through_dsm():
     source = split_k_source(4)
-    assert "extern __shared__ __align__(64) uchar buf_dyn_shmem_ptr[]" in source  # the slice
+    assert "extern __shared__ __align__(64) float B_rf_shared__cluster_slice_ptr[]" in source
     assert "mapa_u32_shared__cluster" in source and "ld_shared__cluster_f32" in source
     # one barrier after the partials are written, one before any CTA exits
     assert source.count("tvm_builtin_cuda_cluster_sync();") == 2
