@@ -47,6 +47,8 @@ def export_suite(suite: str, out_dir: Path) -> Path:
                 "plan": variant.plan,
                 "pipeline": variant.pipeline,
                 "expect_correct": variant.expect_correct,
+                "peers": list(variant.peers),
+                "extra": variant.extra,
             }
         )
         print(f"built {variant.name}")

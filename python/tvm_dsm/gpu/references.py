@@ -16,6 +16,26 @@ class Reference:
     torch_eager: Callable[..., torch.Tensor]
 
 
+def _shuffle(a: torch.Tensor) -> torch.Tensor:
+    size = a.shape[1]
+    rounds = [(t + 1) * torch.roll(a, shifts=-t, dims=1) for t in range(size)]
+    return torch.stack(rounds).sum(0)  # O[c, r] = sum_t (t + 1) A[c, (r + t) % S]
+
+
+def _reduce_scatter(a: torch.Tensor) -> torch.Tensor:
+    c, size, n = a.shape
+    return a.sum(1).reshape(c, size, n // size)  # O[c, r, j] = sum_p A[c, p, r m + j]
+
+
+# Collectives: A[c, r, :] is the tile of CTA r of cluster c (tvm_dsm.workloads.collectives).
+_COLLECTIVES = {
+    "copy": lambda a: a,
+    "all_exchange": lambda a: a.sum(1, keepdim=True).expand_as(a),
+    "reduce_scatter": _reduce_scatter,
+    "broadcast": lambda a: a[:, :1].expand_as(a),
+    "shuffle": _shuffle,
+}
+
 REFERENCES: dict[str, Reference] = {
     "row_sum": Reference(
         float64=lambda a: a.double().sum(1),
@@ -25,4 +45,11 @@ REFERENCES: dict[str, Reference] = {
         float64=lambda a, x: a.double() @ x.double(),
         torch_eager=lambda a, x: torch.mv(a, x).float(),
     ),
+    **{
+        f"collective_{kind}": Reference(
+            float64=lambda a, f=f: f(a.double()),
+            torch_eager=lambda a, f=f: f(a.float()).to(a.dtype).contiguous(),
+        )
+        for kind, f in _COLLECTIVES.items()
+    },
 }

@@ -77,11 +77,13 @@ def _check(func, kernel: dict, trials: int = 2) -> tuple[float, float]:
 
 def _time_peers(kernel: dict, sets: list[list[torch.Tensor]]) -> dict[str, float]:
     eager = REFERENCES[kernel["workload"]].torch_eager
-    compiled = torch.compile(eager)
-    peers = {}
-    for name, fn in (("torch_eager", eager), ("torch_compile", compiled)):
-        peers[name] = graph_time_us(lambda i, fn=fn: fn(*sets[i][:-1]), len(sets))
-    return peers
+    contenders = {"torch_eager": eager}
+    if "torch_compile" in kernel.get("peers", ["torch_compile"]):
+        contenders["torch_compile"] = torch.compile(eager)
+    return {
+        name: graph_time_us(lambda i, fn=fn: fn(*sets[i][:-1]), len(sets))
+        for name, fn in contenders.items()
+    }
 
 
 def run_kernel(folder: Path, kernel: dict, peer_cache: dict, hbm_bw: float) -> dict:
@@ -109,6 +111,7 @@ def run_kernel(folder: Path, kernel: dict, peer_cache: dict, hbm_bw: float) -> d
         "python_call_us": python_call_us(lambda: func(*wrapped[0])),
         "plan": kernel["plan"],
         "pipeline": kernel["pipeline"],
+        **kernel.get("extra", {}),
     }
 
 

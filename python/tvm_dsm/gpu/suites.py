@@ -8,8 +8,9 @@ import tvm
 from tvm import s_tir
 
 from ..rules import SplitKReductionConfig, schedule_split_k_reduction
-from ..schedule import bind_cluster
+from ..rules.collective_kernel import schedule_collective_kernel
 from ..workloads import gemv, row_sum
+from ..workloads.collectives import KINDS, collective
 
 
 @dataclass
@@ -25,6 +26,8 @@ class Variant:
     plan: dict = field(default_factory=dict)
     pipeline: str = "default"
     expect_correct: bool = True  # False for kernels built to show a stock-TVM trap
+    peers: tuple[str, ...] = ("torch_eager", "torch_compile")
+    extra: dict = field(default_factory=dict)  # copied into the result row
 
 
 def _args(func) -> list[dict]:
@@ -107,4 +110,38 @@ def stock_cluster_bind_trap(m: int = 4096, k: int = 1024, cluster: int = 4) -> V
     )
 
 
-SUITES = {"split_k": split_k}
+def collectives(tile_bytes: int = 64 * 1024) -> list[Variant]:
+    """Every collective x cluster size x dtype on tiles of ``tile_bytes`` per CTA (dynamic SMEM),
+    about two waves of clusters; ``copy`` (no exchange) is each configuration's baseline."""
+    variants = []
+    for dtype, elem in (("float32", 4), ("float16", 2)):
+        n = tile_bytes // elem
+        for size in (2, 4, 8, 16):
+            clusters = 2 * 132 // size
+            for kind in KINDS:
+                func = collective(kind, clusters, size, n, dtype)
+                args = _args(func)
+                remote_tiles = {"copy": 0, "all_exchange": size - 1, "shuffle": size - 1,
+                                "broadcast": 1 - 1 / size, "reduce_scatter": 1 - 1 / size}[kind]
+                variants.append(
+                    Variant(
+                        name=f"{kind}_c{size}_{dtype}",
+                        workload=f"collective_{kind}",
+                        mod=schedule_collective_kernel(func, kind, size).mod,
+                        args=args,
+                        bytes=_nbytes(args),
+                        flops=0,
+                        plan={"collective": kind, "cluster_size": size, "tile_elements": n},
+                        peers=("torch_eager",),
+                        extra={
+                            "collective": kind,
+                            "cluster_size": size,
+                            "dsm_bytes": int(clusters * size * remote_tiles * n * elem),
+                            "baseline": f"copy_c{size}_{dtype}",
+                        },
+                    )
+                )
+    return variants
+
+
+SUITES = {"split_k": split_k, "collectives": collectives}
