@@ -7,7 +7,7 @@ schedules the block for bandwidth with recorded instructions only (so traces rep
 
 * ``all_exchange``   ``Y[r, i] = sum_p X[p, i]``: every CTA reads every peer's whole tile;
 * ``reduce_scatter`` ``Y[r, j] = sum_p X[p, r*m + j]``: CTA r reads part r of every peer's tile;
-* ``broadcast``      ``Y[r, i] = X[root, i]``: every CTA reads the root's tile;
+* ``broadcast``      ``Y[r, i] = X[root, i]``: scatter from the root, then all-gather;
 * ``shuffle``        ``Y[r, i] = f(X[(r + t) % S, i] for t in rounds)``: ring order, CTA r reads
   the tile of rank r+t in round t, so each round every CTA reads a different peer.
 
@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import tvm
 from tvm import s_tir, tirx
+from tvm.tirx import IndexMap
 
 from ..errors import ClusterError
-from .cluster import bind_rank
+from .cluster import CLUSTER_SIZE_KEY, bind_rank
 from .dsm import DSM_SCOPE
 
 #: Loop annotation: the loop's iterations commute; start CTA r's walk at peer r (rotation).
@@ -72,8 +73,22 @@ def _schedule_elements(sch, block, element_loop, threads: int, vector_bytes: int
     return outer, thread, vector
 
 
+def _cluster_size(sch: s_tir.Schedule, block, collective: str) -> int:
+    loops = sch.get_loops(block)
+    size = sch.get(loops[0]).annotations.get(CLUSTER_SIZE_KEY) if loops else None
+    if size is None:
+        raise ClusterError(
+            f"{collective}: block {sch.get(block).name_hint} is not computed at a cluster loop "
+            "(tvm_dsm.schedule.bind_cluster, then compute_at)"
+        )
+    if int(size) < 2:
+        raise ClusterError(f"{collective} needs a cluster of at least 2 CTAs, got {int(size)}")
+    return int(size)
+
+
 def _collective(sch, block, name: str, threads: int, vector_bytes: int, rotate: bool) -> None:
     _check_reads_dsm(sch, block, name)
+    _cluster_size(sch, block, name)
     elem_bytes = _element_bytes(sch, block)
     loops = sch.get_loops(block)
     kinds = [int(iv.iter_type) for iv in sch.get(block).iter_vars]
@@ -111,7 +126,41 @@ def reduce_scatter(sch: s_tir.Schedule, block, *, threads: int = 128, vector_byt
 
 
 def broadcast(sch: s_tir.Schedule, block, *, threads: int = 128, vector_bytes: int = 16) -> None:
-    """Schedule ``Y[r, i] = X[root, i]``: every CTA reads the root's tile."""
+    """Schedule ``Y[r, i] = X[root, i]`` in two phases, so the root serves its tile once.
+
+    Scatter: a DSM copy of the root's tile (``cache_read``) is laid out with element i owned by
+    rank ``i // m`` (``transform_layout``, m = n / S), and CTA r pulls part r from the root.
+    All-gather: every CTA reads the S parts from their owners. The root sends n elements instead
+    of (S - 1) n, and each CTA's SMEM serves n (S - 1) / S.
+    """
+    _check_reads_dsm(sch, block, "broadcast")
+    size = _cluster_size(sch, block, "broadcast")
+    read_index = next(
+        n for n, region in enumerate(sch.get(block).reads)
+        if str(region.source.ty.storage_scope) == DSM_SCOPE
+    )
+    parts = sch.cache_read(block, read_index, DSM_SCOPE)
+    elements = sch.get_loops(parts)[-1]
+    n = int(sch.get(elements).extent)
+    lanes = vector_bytes // _element_bytes(sch, block)
+    if n % (size * lanes):
+        raise ClusterError(
+            f"broadcast: a tile of {n} elements does not split into {size} parts of whole "
+            f"{vector_bytes}-byte vectors"
+        )
+    m = n // size
+    ndim = len(sch.get(parts).writes[0].source.ty.shape)
+    sch.transform_layout(
+        parts,
+        ("write", 0),
+        IndexMap.from_func(
+            lambda *i: (i[-1] // m, *i[:-1], i[-1] % m), ndim=ndim, index_dtype="int32"
+        ),
+    )
+    owner, part = sch.split(elements, [size, m])
+    bind_rank(sch, owner)
+    _, _, vector = _schedule_elements(sch, parts, part, threads, vector_bytes, _element_bytes(sch, block))
+    sch.vectorize(vector)
     _collective(sch, block, "broadcast", threads, vector_bytes, rotate=False)
 
 

@@ -39,6 +39,7 @@ CLUSTER_LAUNCH_KEY = "tvm_dsm.cluster_launch"
 # removed before the pass returns.
 _REMOTE_LOAD = "tvm_dsm.remote_load"
 _REMOTE_STORE = "tvm_dsm.remote_store"
+_ANY_SLICE = -1  # stands for every DSM slice in the barrier analysis
 
 # PTX type of a remote ld/st per element dtype. 16-bit floats move as raw b16 bits.
 _PTX_TYPES = {
@@ -214,6 +215,10 @@ class _KernelLowering:
         mapping = [(self.block_var, tirx.floordiv(self.block_var, self.size))]
         mapping += [(v, self.rank) for v in self.rank_vars]
         body = self._rotate_peers(_substitute(body, mapping))
+        # Thread index ranges let the analyzer prove alignment and lane invariance.
+        self.analyzer.bind(self.block_var, Range(0, self.kernel.value * self.size))
+        for attr in _find_all(body, tirx.AttrStmt, lambda a: a.attr_key == "thread_extent"):
+            self.analyzer.bind(attr.node.var, Range(0, attr.value))
         self.dsm = [
             _DSMBuffer(a.buffer, self.size)
             for a in _find_all(
@@ -273,20 +278,48 @@ class _KernelLowering:
         )
 
     def _vector_access(self, dsm: _DSMBuffer, indices, loop) -> tuple | None:
-        """(base indices, lanes) if ``indices`` walk the slice contiguously with ``loop``'s
-        variable at an aligned start; None if the access must stay scalar."""
+        """(lane-0 indices, lanes) if ``indices`` (rank first) hold the rank and the outer slice
+        indices fixed across ``loop``'s lanes and walk the last one contiguously from an aligned
+        start; None if the access must stay scalar."""
         lanes = dsm.vector_lanes(int(loop.extent))
-        *outer, last = indices
+        if lanes is None:
+            return None
         var = loop.loop_var
-        uses = lambda e: bool(_find_all(e, tirx.Var, lambda v: v.same_as(var)))  # noqa: E731
-        if lanes is None or any(uses(i) for i in outer):
+        self.analyzer.bind(var, Range(0, lanes))
+
+        def at_lane_0(expr):
+            return _substitute(expr, [(var, tirx.const(0, "int32"))])
+
+        def uses_lane(expr) -> bool:
+            return bool(_find_all(expr, tirx.Var, lambda v: v.same_as(var)))
+
+        def invariant_divisions(expr):
+            """x % c as x - (x // c) * c, and every x // c that is constant across the lanes by
+            its lane-0 value: what is left of the lane is then plain arithmetic."""
+            expr = tvm_ffi.structural_map(
+                expr, [(tirx.FloorMod, lambda m: m.a - tirx.floordiv(m.a, m.b) * m.b)]
+            )
+
+            def fix(div):
+                zero = at_lane_0(div)
+                return zero if uses_lane(div) and self.analyzer.can_prove_equal(div, zero) else div
+
+            return tvm_ffi.structural_map(expr, [(tirx.FloorDiv, fix)])
+
+        *outer, last = indices
+        for index in outer:
+            if uses_lane(index) and not self.analyzer.can_prove_equal(
+                invariant_divisions(index), invariant_divisions(at_lane_0(index))
+            ):
+                return None
+        start = at_lane_0(last)
+        if not self.analyzer.can_prove_equal(
+            invariant_divisions(last) - invariant_divisions(start), var
+        ):
             return None
-        base = self.analyzer.simplify(_substitute(last, [(var, tirx.const(0, "int32"))]))
-        if not self.analyzer.can_prove_equal(last - base, var):
+        if not self.analyzer.can_prove_equal(tirx.floormod(start, lanes), 0):
             return None
-        if not self.analyzer.can_prove_equal(tirx.floormod(base, lanes), 0):
-            return None
-        return [*outer, base], lanes
+        return [self.analyzer.simplify(at_lane_0(i)) for i in indices], lanes
 
     def _lower_vector_loop(self, loop):
         """One 4/8/16-byte ld/st.shared::cluster per vectorized loop and remote operand."""
@@ -296,10 +329,11 @@ class _KernelLowering:
         pre, post, replaced = [], [], {}
         for load in self._remote_loads(store.value):
             dsm = self._dsm_of(load.source)
-            access = self._vector_access(dsm, list(load.indices[1:]), loop)
+            access = self._vector_access(dsm, list(load.indices), loop)
             if access is None:
                 return None
-            stmts, regs = dsm.remote_load(access[0], load.indices[0], access[1])
+            (rank, *indices), lanes = access
+            stmts, regs = dsm.remote_load(indices, rank, lanes)
             pre.extend(stmts)
             replaced[id(load)] = (load, tirx.BufferLoad(regs, [loop.loop_var]))
 
@@ -312,12 +346,13 @@ class _KernelLowering:
         value = tvm_ffi.structural_map(store.value, [(tvm.ir.TensorLoad, swap)])
         dsm = self._dsm_of(store.buffer)
         if dsm is not None and not self._is_local(store.indices[0]):
-            access = self._vector_access(dsm, list(store.indices[1:]), loop)
+            access = self._vector_access(dsm, list(store.indices), loop)
             if access is None:
                 return None
-            allocs, regs, operands = dsm.registers(access[1])
+            (rank, *indices), lanes = access
+            allocs, regs, operands = dsm.registers(lanes)
             pre.extend(allocs)
-            post = dsm.remote_store(access[0], store.indices[0], operands, access[1])
+            post = dsm.remote_store(indices, rank, operands, lanes)
             store = tirx.BufferStore(regs, value, [loop.loop_var])
         else:
             store = tirx.BufferStore(store.buffer, value, store.indices)
@@ -411,6 +446,10 @@ class _KernelLowering:
             return {n for n, s in enumerate(slices) if buffer.same_as(s)}
 
         touched: dict[str, set[int]] = {k: set() for k in ("remote_load", "remote_store", "load", "store")}
+        # MergeSharedMemoryAllocations may place any shared buffer over a dead DSM slice: a
+        # write to shared memory counts as a write to every slice (index -1) for WAR hazards.
+        if _find_all(stmt, tirx.BufferStore, lambda st: str(st.buffer.ty.storage_scope).startswith("shared")):
+            touched["store"].add(_ANY_SLICE)
         for attr in _find_all(stmt, tirx.AttrStmt, lambda a: a.attr_key in (_REMOTE_LOAD, _REMOTE_STORE)):
             touched["remote_load" if attr.attr_key == _REMOTE_LOAD else "remote_store"] |= which(attr.node)
         for load in _find_all(stmt, tvm.ir.TensorLoad):
@@ -484,6 +523,7 @@ class _BarrierState:
             (remote and not self.started)
             or t["remote_load"] & (self.written | self.written_remotely)
             or writes & self.read_remotely
+            or (_ANY_SLICE in writes and self.read_remotely)
             or writes & self.written_remotely
             or t["remote_store"] & self.written
         )
