@@ -26,8 +26,11 @@ def test_collective_assembles_with_vector_dsm_loads(kind, dtype, vector, cluster
 
 
 def test_all_exchange_starts_each_cta_at_its_own_rank():
+    """The unrolled peer walk of CTA r visits r, r+1, r+2, r+3 (mod 4): no peer is hot."""
     source = cuda_source(schedule_collective_kernel(collective("all_exchange", 4, 4, 4096), "all_exchange", 4).mod)
-    assert "((ax3 + (((int)blockIdx.x) & 3)) & 3)" in source  # peer p + rank, mod 4
+    assert "((uint)(((int)blockIdx.x) & 3))" in source
+    for step in (1, 2, 3):
+        assert f"((uint)(((((int)blockIdx.x) & 3) + {step}) & 3))" in source
 
 
 def test_broadcast_root_serves_one_tile():

@@ -56,7 +56,9 @@ def _element_bytes(sch: s_tir.Schedule, block) -> int:
 
 
 def _schedule_elements(sch, block, element_loop, threads: int, vector_bytes: int, elem_bytes: int):
-    """Split the element loop over threads with a 16-byte (or smaller) innermost vector."""
+    """Split the element loop into (outer, thread, chunk, vector): threads, a few unrolled chunks
+    per thread, and a 16-byte (or smaller) innermost vector. ``chunk`` is None when a thread
+    has a single chunk."""
     if vector_bytes % elem_bytes or vector_bytes not in (4, 8, 16):
         raise ClusterError(
             f"vector of {vector_bytes} B: DSM vectors are 4, 8 or 16 B of {elem_bytes}-B elements"
@@ -70,7 +72,15 @@ def _schedule_elements(sch, block, element_loop, threads: int, vector_bytes: int
         )
     outer, thread, vector = sch.split(element_loop, [None, threads, lanes])
     sch.bind(thread, "threadIdx.x")
-    return outer, thread, vector
+    # Several vectors per thread in flight: remote loads take ~180 cycles.
+    chunks = int(sch.get(outer).extent)
+    unrolled = next(f for f in (4, 2, 1) if chunks % f == 0)
+    if unrolled == 1:
+        return outer, thread, None, vector
+    outer, chunk = sch.split(outer, [None, unrolled])
+    sch.reorder(outer, thread, chunk)
+    sch.unroll(chunk)
+    return outer, thread, chunk, vector
 
 
 def _cluster_size(sch: s_tir.Schedule, block, collective: str) -> int:
@@ -97,17 +107,19 @@ def _collective(sch, block, name: str, threads: int, vector_bytes: int, rotate: 
         raise ClusterError(f"{name}: compute the block at the cluster loop first (compute_at)")
     rank, element = loops[1], loops[-2] if reduce else loops[-1]
     bind_rank(sch, rank)
-    outer, thread, vector = _schedule_elements(
+    _, thread, chunk, vector = _schedule_elements(
         sch, block, element, threads, vector_bytes, elem_bytes
     )
     if not reduce:
         sch.vectorize(vector)
         return
+    per_vector = chunk if chunk is not None else thread  # the loop right above the peers
     peer = sch.get_loops(block)[-1]
-    sch.reorder(outer, thread, peer, vector)
-    # Accumulate in registers and write the CTA's result slice once.
+    sch.reorder(per_vector, peer, vector)
+    sch.unroll(peer)  # every peer's vector requested before the first add waits
+    # Accumulate in registers and write the CTA's result slice once per vector.
     result = sch.cache_write(block, 0, "local")
-    sch.reverse_compute_at(result, thread)
+    sch.reverse_compute_at(result, per_vector)
     sch.vectorize(sch.get_loops(result)[-1])
     sch.vectorize(vector)  # before decompose_reduction: vectorize needs a reduction block
     sch.decompose_reduction(block, peer)
@@ -159,7 +171,7 @@ def broadcast(sch: s_tir.Schedule, block, *, threads: int = 128, vector_bytes: i
     )
     owner, part = sch.split(elements, [size, m])
     bind_rank(sch, owner)
-    _, _, vector = _schedule_elements(sch, parts, part, threads, vector_bytes, _element_bytes(sch, block))
+    *_, vector = _schedule_elements(sch, parts, part, threads, vector_bytes, _element_bytes(sch, block))
     sch.vectorize(vector)
     _collective(sch, block, "broadcast", threads, vector_bytes, rotate=False)
 

@@ -219,6 +219,8 @@ class _KernelLowering:
         self.analyzer.bind(self.block_var, Range(0, self.kernel.value * self.size))
         for attr in _find_all(body, tirx.AttrStmt, lambda a: a.attr_key == "thread_extent"):
             self.analyzer.bind(attr.node.var, Range(0, attr.value))
+        for loop in _find_all(body, tirx.For):
+            self.analyzer.bind(loop.loop_var, Range(loop.min, loop.min + loop.extent))
         self.dsm = [
             _DSMBuffer(a.buffer, self.size)
             for a in _find_all(
@@ -293,6 +295,19 @@ class _KernelLowering:
         def uses_lane(expr) -> bool:
             return bool(_find_all(expr, tirx.Var, lambda v: v.same_as(var)))
 
+        def lane_invariant(div, zero) -> bool:
+            """a // c is the same for every lane if the simplifier says so, or if a = a0 + lane
+            with a0 a multiple of the lane count, which divides c."""
+            if self.analyzer.can_prove_equal(div, zero):
+                return True
+            start = at_lane_0(div.a)
+            return (
+                isinstance(div.b, tirx.IntImm)
+                and int(div.b) % lanes == 0
+                and self.analyzer.can_prove_equal(div.a - start, var)
+                and self.analyzer.can_prove_equal(tirx.floormod(start, lanes), 0)
+            )
+
         def invariant_divisions(expr):
             """x % c as x - (x // c) * c, and every x // c that is constant across the lanes by
             its lane-0 value: what is left of the lane is then plain arithmetic."""
@@ -302,7 +317,7 @@ class _KernelLowering:
 
             def fix(div):
                 zero = at_lane_0(div)
-                return zero if uses_lane(div) and self.analyzer.can_prove_equal(div, zero) else div
+                return zero if uses_lane(div) and lane_invariant(div, zero) else div
 
             return tvm_ffi.structural_map(expr, [(tirx.FloorDiv, fix)])
 
