@@ -31,6 +31,7 @@ def _reduce_scatter(a: torch.Tensor) -> torch.Tensor:
 _COLLECTIVES = {
     "copy": lambda a: a,
     "all_exchange": lambda a: a.sum(1, keepdim=True).expand_as(a),
+    "all_exchange_rs_ag": lambda a: a.sum(1, keepdim=True).expand_as(a),
     "reduce_scatter": _reduce_scatter,
     "broadcast": lambda a: a[:, :1].expand_as(a),
     "shuffle": _shuffle,

@@ -110,19 +110,24 @@ def stock_cluster_bind_trap(m: int = 4096, k: int = 1024, cluster: int = 4) -> V
     )
 
 
-def collectives(tile_bytes: int = 64 * 1024) -> list[Variant]:
-    """Every collective x cluster size x dtype on tiles of ``tile_bytes`` per CTA (dynamic SMEM),
-    about two waves of clusters; ``copy`` (no exchange) is each configuration's baseline."""
+def collectives(n: int = 16384) -> list[Variant]:
+    """Every collective x cluster size x dtype on tiles of ``n`` elements per CTA (64 KB fp32;
+    with the fp32 result and partials up to 160 KB of dynamic SMEM), about two waves of
+    clusters; ``copy`` (no exchange) is each configuration's baseline."""
     variants = []
     for dtype, elem in (("float32", 4), ("float16", 2)):
-        n = tile_bytes // elem
         for size in (2, 4, 8, 16):
             clusters = 2 * 132 // size
             for kind in KINDS:
                 func = collective(kind, clusters, size, n, dtype)
                 args = _args(func)
-                remote_tiles = {"copy": 0, "all_exchange": size - 1, "shuffle": size - 1,
-                                "broadcast": 1 - 1 / size, "reduce_scatter": 1 - 1 / size}[kind]
+                # Tiles of n elements each CTA reads from peers; the all-gather of rs_ag reads
+                # fp32 partial sums, counted in bytes of the input element.
+                remote_tiles = {
+                    "copy": 0, "all_exchange": size - 1, "shuffle": size - 1,
+                    "broadcast": 2 * (1 - 1 / size), "reduce_scatter": 1 - 1 / size,
+                    "all_exchange_rs_ag": (1 - 1 / size) * (1 + 4 / elem),
+                }[kind]
                 variants.append(
                     Variant(
                         name=f"{kind}_c{size}_{dtype}",

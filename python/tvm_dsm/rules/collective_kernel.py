@@ -38,14 +38,17 @@ def schedule_collective_kernel(func: tirx.PrimFunc, kind: str, cluster_size: int
     _, thread, vector = sch.split(elements, [None, THREADS, out_lanes])
     sch.bind(thread, "threadIdx.x")
     sch.vectorize(vector)
-    for name in ("Y", "X"):
+    stages = ("Y", "Z", "X") if kind == "all_exchange_rs_ag" else ("Y", "X")
+    for name in stages:
         sch.compute_at(sch.get_sblock(name), cluster, preserve_unit_loops=True)
-    x, y = sch.get_sblock("X"), sch.get_sblock("Y")
-    place_in_dsm(sch, x, 0)
-    place_in_dsm(sch, y, 0)
-    _tile_stage(sch, x, out_lanes)
+        place_in_dsm(sch, sch.get_sblock(name), 0)
+    _tile_stage(sch, sch.get_sblock("X"), out_lanes)
+    y = sch.get_sblock("Y")
     if kind == "copy":
         _tile_stage(sch, y, 4)
+    elif kind == "all_exchange_rs_ag":
+        primitives.reduce_scatter(sch, sch.get_sblock("Z"), threads=THREADS)
+        primitives.all_gather(sch, y, threads=THREADS)
     else:
         getattr(primitives, kind)(sch, y, threads=THREADS)
     return sch

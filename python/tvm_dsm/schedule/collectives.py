@@ -7,6 +7,8 @@ schedules the block for bandwidth with recorded instructions only (so traces rep
 
 * ``all_exchange``   ``Y[r, i] = sum_p X[p, i]``: every CTA reads every peer's whole tile;
 * ``reduce_scatter`` ``Y[r, j] = sum_p X[p, r*m + j]``: CTA r reads part r of every peer's tile;
+* ``all_gather``     ``Y[r, i] = Z[i // m, i % m]``: every CTA reads part q from rank q; after a
+  ``reduce_scatter`` it completes an all-exchange with 2 (S - 1) / S of the traffic;
 * ``broadcast``      ``Y[r, i] = X[root, i]``: scatter from the root, then all-gather;
 * ``shuffle``        ``Y[r, i] = f(X[(r + t) % S, i] for t in rounds)``: ring order, CTA r reads
   the tile of rank r+t in round t, so each round every CTA reads a different peer.
@@ -135,6 +137,11 @@ def all_exchange(sch: s_tir.Schedule, block, *, threads: int = 128, vector_bytes
 def reduce_scatter(sch: s_tir.Schedule, block, *, threads: int = 128, vector_bytes: int = 16) -> None:
     """Schedule ``Y[r, j] = sum_p X[p, r*m + j]``: CTA r reads part r of every peer's tile."""
     _collective(sch, block, "reduce_scatter", threads, vector_bytes, rotate=True)
+
+
+def all_gather(sch: s_tir.Schedule, block, *, threads: int = 128, vector_bytes: int = 16) -> None:
+    """Schedule ``Y[r, i] = Z[i // m, i % m]``: CTA r reads part q of the tile from rank q."""
+    _collective(sch, block, "all_gather", threads, vector_bytes, rotate=False)
 
 
 def broadcast(sch: s_tir.Schedule, block, *, threads: int = 128, vector_bytes: int = 16) -> None:

@@ -3,14 +3,16 @@
 Each function returns a PrimFunc ``(A, O)``: cluster ``c``'s CTA ``r`` loads its tile
 ``X[r, c, :] = A[c, r, :]`` (the owner-rank axis first, as DSM buffers require), the collective
 computes ``Y[r, c, :]`` from the cluster's tiles, and the CTA stores ``O[c, r, :] = Y[r, c, :]``.
-``kind="copy"`` (no exchange) is the baseline the benchmark subtracts.
+``kind="copy"`` (no exchange) is the baseline the benchmark subtracts. ``all_exchange_rs_ag`` is
+all-exchange as reduce-scatter (stage Z) then all-gather (stage Y): 2 (S - 1) / S of a tile read
+per CTA instead of S - 1 tiles.
 """
 
 from __future__ import annotations
 
 from tvm import te, tirx
 
-KINDS = ("copy", "all_exchange", "reduce_scatter", "broadcast", "shuffle")
+KINDS = ("copy", "all_exchange", "all_exchange_rs_ag", "reduce_scatter", "broadcast", "shuffle")
 
 
 def collective(kind: str, clusters: int, size: int, n: int, dtype: str = "float32") -> tirx.PrimFunc:
@@ -32,6 +34,12 @@ def collective(kind: str, clusters: int, size: int, n: int, dtype: str = "float3
         y = te.compute(
             (size, clusters, m), lambda r, c, j: te.sum(f32(x[p, c, r * m + j]), axis=p), name="Y"
         )
+    elif kind == "all_exchange_rs_ag":  # the same result as all_exchange, in two phases
+        m = n // size
+        z = te.compute(
+            (size, clusters, m), lambda r, c, j: te.sum(f32(x[p, c, r * m + j]), axis=p), name="Z"
+        )
+        y = te.compute((size, clusters, n), lambda r, c, i: z[i // m, c, i % m], name="Y")
     elif kind == "broadcast":  # every CTA: rank 0's tile
         y = te.compute((size, clusters, n), lambda r, c, i: x[0, c, i], name="Y")
     elif kind == "shuffle":  # round t: CTA r consumes the tile of rank (r + t) % size
