@@ -114,3 +114,27 @@ def test_unknown_shared_scope_is_rejected(scope):
     sch.cache_read(blk, 0, scope)
     with pytest.raises(ClusterError, match=f"storage scope '{scope}'"):
         cuda_source(sch.mod)
+
+
+@T.prim_func(s_tir=True)
+def accumulate_per_cluster(A: T.Buffer((8, 64), "float32"), B: T.Buffer((8,), "float32"), C: T.Buffer((16,), "float32")):
+    for c in T.thread_binding(8, thread="blockIdx.x", annotations={"tvm_dsm.cluster_size": 2}):
+        for k in range(64):  # once per cluster in s_tir: a read-modify-write of global B
+            with T.sblock("B"):
+                vc, vk = T.axis.remap("SR", [c, k])
+                with T.init():
+                    B[vc] = T.float32(0)
+                B[vc] = B[vc] + A[vc, vk]
+        for r in T.thread_binding(2, thread="clusterCtaIdx.x"):
+            with T.sblock("C"):
+                vc, vr = T.axis.remap("SS", [c, r])
+                C[vc * 2 + vr] = T.float32(1)
+
+
+def test_once_per_cluster_global_accumulation_runs_on_rank_0():
+    import tvm
+
+    source = cuda_source(tvm.IRModule({"main": accumulate_per_cluster}))
+    body = source.split("accumulate_per_cluster_kernel(")[-1]
+    guard = body.index("if ((((int)blockIdx.x) % 2) == 0)")
+    assert guard < body.index("B_ptr[")  # every B update sits under the rank-0 guard

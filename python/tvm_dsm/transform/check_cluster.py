@@ -3,7 +3,10 @@
 Runs first on the s_tir form, where loops, blocks and annotations are still visible. It rejects
 what stock TVM would compile into wrong kernels, and marks every block computed at a cluster loop
 but outside any rank loop that writes DSM: s_tir runs such a block once per cluster, while every
-CTA of the cluster would execute it on the GPU, so the lowering runs it on rank 0 only.
+CTA of the cluster would execute it on the GPU, so the lowering runs it on rank 0 only. The
+same holds for such a block that writes global memory (a read-modify-write, e.g. an accumulation,
+would be applied once per CTA). Blocks writing CTA-local memory (shared, local) stay on every CTA:
+each CTA needs its own copy.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ def _thread_tag(loop: tirx.For) -> str | None:
 
 def check_function(func: tirx.PrimFunc) -> list[str]:
     """Raise :class:`ClusterError` for unsupported cluster bindings or storage scopes; return the
-    names of the blocks that run once per cluster and write DSM."""
+    names of the blocks that run once per cluster and write DSM or global memory."""
     cluster_stack: list[int | None] = []
     in_rank: list[bool] = []
     root_only: list[str] = []
@@ -74,8 +77,10 @@ def check_function(func: tirx.PrimFunc) -> list[str]:
 
     def visit_block(block, visitor) -> None:
         in_cluster = bool(cluster_stack) and cluster_stack[-1] is not None
-        writes_dsm = any(str(w.source.ty.storage_scope) == DSM_SCOPE for w in block.writes)
-        if in_cluster and not in_rank and writes_dsm:
+        writes_cluster_wide = any(
+            str(w.source.ty.storage_scope) in (DSM_SCOPE, "global") for w in block.writes
+        )
+        if in_cluster and not in_rank and writes_cluster_wide:
             root_only.append(str(block.name_hint))
         visitor.default_visit(block)
 
