@@ -70,3 +70,20 @@ def test_slice_must_move_in_whole_16_byte_vectors():
     sch, y = _unscheduled("all_exchange", 2, 4098)
     with pytest.raises(ClusterError, match="not a multiple of the 4-element vector"):
         collectives.all_exchange(sch, y)
+
+
+def test_inter_cluster_reduce_is_a_deterministic_second_kernel(assemble):
+    from tvm_dsm.rules.collective_kernel import schedule_split_sum
+    from tvm_dsm.workloads.collectives import split_sum
+
+    source = cuda_source(schedule_split_sum(split_sum(4, 8, 4, 8192), 4).mod)
+    assert "main_kernel_1(" in source and "main_kernel_2(" not in source  # two kernels
+    second = source.split("main_kernel_1(")[-1]
+    assert "for (int k = 0; k < 8; ++k)" in second and "atomic" not in second  # clusters in order
+    assemble(source, "split_sum")
+
+
+def test_inter_cluster_reduce_needs_global_partials():
+    sch = s_tir.Schedule(collective("all_exchange", 4, 2, 1024))
+    with pytest.raises(ClusterError, match="partials in global memory"):
+        collectives.inter_cluster_reduce(sch, sch.get_sblock("X"))

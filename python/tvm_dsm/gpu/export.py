@@ -49,6 +49,7 @@ def export_suite(suite: str, out_dir: Path) -> Path:
                 "expect_correct": variant.expect_correct,
                 "peers": list(variant.peers),
                 "extra": variant.extra,
+                "reference_kwargs": variant.reference_kwargs,
             }
         )
         print(f"built {variant.name}")

@@ -10,7 +10,8 @@ import torch
 
 @dataclass(frozen=True)
 class Reference:
-    """How to check and compete with one workload: ``inputs`` are the kernel's input tensors."""
+    """How to check and compete with one workload: called with the kernel's input tensors and
+    the manifest's ``reference_kwargs`` (sizes the tensors alone do not determine)."""
 
     float64: Callable[..., torch.Tensor]
     torch_eager: Callable[..., torch.Tensor]
@@ -37,6 +38,11 @@ _COLLECTIVES = {
     "shuffle": _shuffle,
 }
 
+def _split_sum(a: torch.Tensor, clusters_per_group: int) -> torch.Tensor:
+    k = clusters_per_group  # O[g] = sum of the tiles of the group's k clusters x S CTAs
+    return a.reshape(a.shape[0] // k, k * a.shape[1], a.shape[2]).sum(1)
+
+
 REFERENCES: dict[str, Reference] = {
     "row_sum": Reference(
         float64=lambda a: a.double().sum(1),
@@ -53,4 +59,8 @@ REFERENCES: dict[str, Reference] = {
         )
         for kind, f in _COLLECTIVES.items()
     },
+    "split_sum": Reference(
+        float64=lambda a, clusters_per_group: _split_sum(a.double(), clusters_per_group),
+        torch_eager=lambda a, clusters_per_group: _split_sum(a.float(), clusters_per_group),
+    ),
 }

@@ -62,6 +62,7 @@ def _random_inputs(args: list[dict], n_sets: int) -> list[list[torch.Tensor]]:
 def _check(func, kernel: dict, trials: int = 2) -> tuple[float, float]:
     """Worst relative error and smallest fraction of output elements written over fresh trials."""
     ref = REFERENCES[kernel["workload"]]
+    kwargs = kernel.get("reference_kwargs", {})
     worst, written = 0.0, 1.0
     for _ in range(trials):
         tensors = _random_inputs(kernel["args"], 1)[0]
@@ -69,14 +70,19 @@ def _check(func, kernel: dict, trials: int = 2) -> tuple[float, float]:
         out.fill_(float("nan"))  # poison: an unwritten element fails the check
         func(*[tvm_ffi.from_dlpack(t) for t in tensors])
         torch.cuda.synchronize()
-        expected = ref.float64(*tensors[:-1])
+        expected = ref.float64(*tensors[:-1], **kwargs)
         worst = max(worst, res.relative_error(out, expected))
         written = min(written, torch.isfinite(out).float().mean().item())
     return worst, written
 
 
 def _time_peers(kernel: dict, sets: list[list[torch.Tensor]]) -> dict[str, float]:
-    eager = REFERENCES[kernel["workload"]].torch_eager
+    kwargs = kernel.get("reference_kwargs", {})
+    reference = REFERENCES[kernel["workload"]].torch_eager
+
+    def eager(*inputs):
+        return reference(*inputs, **kwargs)
+
     contenders = {"torch_eager": eager}
     if "torch_compile" in kernel.get("peers", ["torch_compile"]):
         contenders["torch_compile"] = torch.compile(eager)

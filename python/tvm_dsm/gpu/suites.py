@@ -8,9 +8,9 @@ import tvm
 from tvm import s_tir
 
 from ..rules import SplitKReductionConfig, schedule_split_k_reduction
-from ..rules.collective_kernel import schedule_collective_kernel
+from ..rules.collective_kernel import schedule_collective_kernel, schedule_split_sum
 from ..workloads import gemv, row_sum
-from ..workloads.collectives import KINDS, collective
+from ..workloads.collectives import KINDS, collective, split_sum
 
 
 @dataclass
@@ -28,6 +28,7 @@ class Variant:
     expect_correct: bool = True  # False for kernels built to show a stock-TVM trap
     peers: tuple[str, ...] = ("torch_eager", "torch_compile")
     extra: dict = field(default_factory=dict)  # copied into the result row
+    reference_kwargs: dict = field(default_factory=dict)
 
 
 def _args(func) -> list[dict]:
@@ -146,6 +147,24 @@ def collectives(n: int = 16384) -> list[Variant]:
                         },
                     )
                 )
+    per_group = 4
+    for dtype in ("float32", "float16"):
+        for size in (2, 4, 8, 16):
+            func = split_sum(2 * 132 // size // per_group, per_group, size, n, dtype)
+            args = _args(func)
+            variants.append(
+                Variant(
+                    name=f"inter_cluster_reduce_c{size}_{dtype}",
+                    workload="split_sum",
+                    mod=schedule_split_sum(func, size).mod,
+                    args=args,
+                    bytes=_nbytes(args),
+                    flops=0,
+                    plan={"collective": "reduce_scatter + inter_cluster_reduce", "cluster_size": size},
+                    peers=("torch_eager",),
+                    reference_kwargs={"clusters_per_group": per_group},
+                )
+            )
     return variants
 
 

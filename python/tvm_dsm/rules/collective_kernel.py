@@ -52,3 +52,22 @@ def schedule_collective_kernel(func: tirx.PrimFunc, kind: str, cluster_size: int
     else:
         getattr(primitives, kind)(sch, y, threads=THREADS)
     return sch
+
+
+def schedule_split_sum(func: tirx.PrimFunc, cluster_size: int) -> s_tir.Schedule:
+    """``split_sum``: a reduce-scatter inside each cluster writes the cluster's partial to global
+    memory (stage P, under the rank), then ``inter_cluster_reduce`` sums the clusters'."""
+    sch = s_tir.Schedule(func)
+    partial = sch.get_sblock("P")
+    clusters, _, elements = sch.get_loops(partial)
+    cluster, _ = bind_cluster(sch, sch.fuse(clusters, sch.get_loops(partial)[1]), cluster_size)
+    _, thread, vector = sch.split(elements, [None, THREADS, 4])
+    sch.bind(thread, "threadIdx.x")
+    sch.vectorize(vector)
+    for name in ("Z", "X"):
+        sch.compute_at(sch.get_sblock(name), cluster, preserve_unit_loops=True)
+        place_in_dsm(sch, sch.get_sblock(name), 0)
+    _tile_stage(sch, sch.get_sblock("X"), 4)
+    primitives.reduce_scatter(sch, sch.get_sblock("Z"), threads=THREADS)
+    primitives.inter_cluster_reduce(sch, sch.get_sblock("O"), threads=THREADS)
+    return sch

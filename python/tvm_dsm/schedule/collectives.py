@@ -11,7 +11,10 @@ schedules the block for bandwidth with recorded instructions only (so traces rep
   ``reduce_scatter`` it completes an all-exchange with 2 (S - 1) / S of the traffic;
 * ``broadcast``      ``Y[r, i] = X[root, i]``: scatter from the root, then all-gather;
 * ``shuffle``        ``Y[r, i] = f(X[(r + t) % S, i] for t in rounds)``: ring order, CTA r reads
-  the tile of rank r+t in round t, so each round every CTA reads a different peer.
+  the tile of rank r+t in round t, so each round every CTA reads a different peer;
+* ``inter_cluster_reduce`` ``O[i] = sum_k P[k, i]`` over partials that clusters wrote to global
+  memory: a deterministic second kernel that adds them in cluster order (no atomics; a TMA
+  bulk reduce-add into global memory would be non-deterministic in its order).
 
 Scheduling: the rank loop is bound to the cluster rank, the element loop is split over threads
 with an innermost vector of 16 bytes (lowered to ``ld.shared::cluster.v4``/``.v2``), and the peer
@@ -186,3 +189,22 @@ def broadcast(sch: s_tir.Schedule, block, *, threads: int = 128, vector_bytes: i
 def shuffle(sch: s_tir.Schedule, block, *, threads: int = 128, vector_bytes: int = 16) -> None:
     """Schedule a ring pass ``Y[r, i] = f(X[(r + t) % S, i] for t)``: round t reads rank r+t."""
     _collective(sch, block, "shuffle", threads, vector_bytes, rotate=False)
+
+
+def inter_cluster_reduce(sch: s_tir.Schedule, block, *, threads: int = 128) -> None:
+    """Schedule ``O[i] = sum_k P[k, i]``, P being clusters' partials in global memory, as its own
+    kernel: one thread per output element, adding the partials in order (deterministic)."""
+    stmt = sch.get(block)
+    kinds = [int(iv.iter_type) for iv in stmt.iter_vars]
+    partials = [r.source for r in stmt.reads if str(r.source.ty.storage_scope) == "global"]
+    if kinds[-1] != tirx.IterVar.CommReduce or not partials:
+        raise ClusterError(
+            f"inter_cluster_reduce: block {stmt.name_hint} must reduce (last iterator) over "
+            "partials in global memory"
+        )
+    *spatial, _ = sch.get_loops(block)
+    grid, thread = sch.split(sch.fuse(*spatial), [None, threads])
+    sch.bind(grid, "blockIdx.x")
+    sch.bind(thread, "threadIdx.x")
+    result = sch.cache_write(block, 0, "local")  # accumulate in a register, store once
+    sch.reverse_compute_at(result, thread)

@@ -54,3 +54,31 @@ def collective(kind: str, clusters: int, size: int, n: int, dtype: str = "float3
         (clusters, size, y.shape[2]), lambda c, r, i: y[r, c, i].astype(dtype), name="O"
     )
     return te.create_prim_func([a, o])
+
+
+def split_sum(groups: int, clusters_per_group: int, size: int, n: int, dtype: str = "float32") -> tirx.PrimFunc:
+    """``O[g, i] = sum over the group's clusters k and their CTAs r of A[g, k, r, i]`` (fp32).
+
+    Inside each cluster a reduce-scatter (stage Z) leaves CTA r with part r of the cluster's sum,
+    which it writes to the global partial ``P[g, k, :]``; the inter-cluster reduce sums the
+    ``clusters_per_group`` partials of each group (stage O).
+    """
+    m = n // size
+    a = te.placeholder((groups * clusters_per_group, size, n), dtype, name="A")
+    x = te.compute((size, groups * clusters_per_group, n), lambda r, c, i: a[c, r, i], name="X")
+    p = te.reduce_axis((0, size), name="p")
+    z = te.compute(
+        (size, groups * clusters_per_group, m),
+        lambda r, c, j: te.sum(x[p, c, r * m + j].astype("float32"), axis=p),
+        name="Z",
+    )
+    partial = te.compute(
+        (groups * clusters_per_group, size, m), lambda c, r, j: z[r, c, j], name="P"
+    )
+    k = te.reduce_axis((0, clusters_per_group), name="k")
+    o = te.compute(
+        (groups, n),
+        lambda g, i: te.sum(partial[g * clusters_per_group + k, i // m, i % m], axis=k),
+        name="O",
+    )
+    return te.create_prim_func([a, o])
