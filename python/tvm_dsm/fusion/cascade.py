@@ -1,0 +1,269 @@
+"""Find cascaded reductions in an s_tir PrimFunc and prove that they fuse into one loop.
+
+A cascade is a chain of reduction blocks over the same reduction extent in which later levels
+read earlier levels' results (softmax: max, then sum of exp(x - max), then sum of exp(x - max)*v).
+Level j reduces F_j(x_k, Y) with Y its dependencies' results. It fuses into an incremental loop
+(RedFuser) when, as the dependencies move from Y_old to Y_new, the running value can be corrected
+without revisiting x:
+
+* sum:  F = G(x) * H(Y)      -> y = y * R + F(x_k, Y_new), R = H(Y_new) / H(Y_old)  ("rescale")
+        F = sum_a G_a(x) H_a(Y) -> one accumulator per G_a, combined with H_a at the end ("split")
+* max/min: F = G(x) + H(Y)   -> y = y + D (op) F(x_k, Y_new), D = H(Y_new) - H(Y_old) ("shift")
+           F = G(x) * H(Y), H > 0 -> y = y * R (op) F(x_k, Y_new)                      ("rescale")
+
+R and D are derived symbolically as F(x, Y_new) / F(x, Y_old) and F(x, Y_new) - F(x, Y_old)
+and must not depend on x: that is the separability test. Everything else is reported, not fused.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import sympy
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+
+from .symbolic import ToSympy, Unsupported
+
+_OPS = {tirx.Add: "sum", tirx.Max: "max", tirx.Min: "min"}
+_MAX_SPLIT_TERMS = 8
+
+
+@dataclass
+class Level:
+    """One reduction block of a cascade: ``output[spatial] = op_k value(spatial, k)``."""
+
+    block: str
+    op: str
+    output: tirx.Var
+    init: tvm.ir.PrimExpr
+    spatial: list
+    reduce_var: tirx.Var
+    extent: int
+    value: tvm.ir.PrimExpr
+    deps: list[int] = field(default_factory=list)
+    # filled by the proof
+    form: str = ""  # plain | rescale | shift | split
+    correction: sympy.Expr | None = None
+    terms: list[tuple[sympy.Expr, sympy.Expr]] = field(default_factory=list)  # split: (G, H)
+
+
+@dataclass
+class GroupReport:
+    """What the pass found for one cascade and why it did or did not fuse it."""
+
+    levels: list[str]
+    fusible: bool
+    reason: str
+    approximate: bool = False
+    details: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        state = "fusible" if self.fusible else "not fused"
+        extra = " (approximate: rounding casts)" if self.approximate else ""
+        lines = [f"cascade {' -> '.join(self.levels)}: {state}{extra}: {self.reason}"]
+        return "\n".join(lines + [f"  {d}" for d in self.details])
+
+
+def parse_reduction(block) -> Level | None:
+    """The block as a Level, or None if it is not a single-axis sum/max/min reduction."""
+    if block.init is None or not isinstance(block.body, tirx.BufferStore):
+        return None
+    kinds = [int(iv.iter_type) for iv in block.iter_vars]
+    if kinds.count(tirx.IterVar.CommReduce) != 1 or kinds[-1] != tirx.IterVar.CommReduce:
+        return None
+    store, value = block.body, block.body.value
+    op = next((name for node, name in _OPS.items() if isinstance(value, node)), None)
+    if op is None:
+        return None
+
+    def is_self(e) -> bool:
+        return isinstance(e, tvm.ir.TensorLoad) and e.source.same_as(store.buffer) and all(
+            a.same_as(b) for a, b in zip(e.indices, store.indices)
+        )
+
+    operand = value.b if is_self(value.a) else value.a if is_self(value.b) else None
+    if operand is None or not isinstance(block.init, tirx.BufferStore):
+        return None
+    *spatial, reduce = block.iter_vars
+    return Level(
+        block=str(block.name_hint),
+        op=op,
+        output=store.buffer,
+        init=block.init.value,
+        spatial=[iv.var for iv in spatial],
+        reduce_var=reduce.var,
+        extent=int(reduce.dom.extent),
+        value=operand,
+    )
+
+
+def _loads(expr) -> list:
+    found = []
+    tvm_ffi.structural_walk(expr, [(tvm.ir.TensorLoad, found.append)])
+    return found
+
+
+def _uses(expr, var) -> bool:
+    found = []
+    tvm_ffi.structural_walk(expr, [(tirx.Var, lambda v: found.append(v) if v.same_as(var) else None)])
+    return bool(found)
+
+
+def find_cascades(func: tirx.PrimFunc) -> list[list[Level]]:
+    """Chains of reduction blocks (program order) where each level after the first reads an
+    earlier level's output and all share the reduction extent."""
+    sch = s_tir.Schedule(func)
+    blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    levels = [lvl for lvl in map(parse_reduction, blocks) if lvl is not None]
+    groups: list[list[Level]] = []
+    for level in levels:
+        group = groups[-1] if groups else None
+        deps = []
+        if group and group[0].extent == level.extent:
+            deps = [n for n, prev in enumerate(group) if any(ld.source.same_as(prev.output) for ld in _loads(level.value))]
+        if deps:
+            level.deps = deps
+            group.append(level)
+        else:
+            groups.append([level])
+    return [g for g in groups if len(g) > 1]
+
+
+class _Symbols:
+    """Names the loads of a cascade: y<j> (level outputs), x<n> (reduced data), c<n> (other)."""
+
+    def __init__(self, group: list[Level], level: Level):
+        self.group, self.level = group, level
+        self.x: dict[str, sympy.Symbol] = {}
+        self.c: dict[str, sympy.Symbol] = {}
+        self.loads: dict[str, tvm.ir.TensorLoad] = {}
+
+    def __call__(self, load) -> sympy.Symbol:
+        for n, lvl in enumerate(self.group):
+            if load.source.same_as(lvl.output):
+                return sympy.Symbol(f"y{n}", real=True)
+        table = self.x if any(_uses(i, self.level.reduce_var) for i in load.indices) else self.c
+        key = str(load)
+        if key not in table:
+            prefix = "x" if table is self.x else "c"
+            table[key] = sympy.Symbol(f"{prefix}{len(table)}", real=True)
+            self.loads[table[key].name] = load
+        return table[key]
+
+
+def _state(n: int, which: str) -> sympy.Symbol:
+    return sympy.Symbol(f"y{n}_{which}", real=True)
+
+
+def prove(group: list[Level]) -> GroupReport:
+    """Decide each level's incremental form (filling Level.form/correction/terms)."""
+    names = [lvl.block for lvl in group]
+    approximate = False
+    details = []
+    rows = len(group[0].spatial)
+    for j, level in enumerate(group):
+        if len(level.spatial) < rows:
+            return GroupReport(names, False, f"level {level.block} has fewer spatial axes than {names[0]}")
+        for dep in level.deps:
+            if len(group[dep].spatial) > rows:
+                return GroupReport(
+                    names, False, f"level {group[dep].block} has extra spatial axes and is read by {level.block}"
+                )
+        symbols = _Symbols(group, level)
+        translate = ToSympy(symbols)
+        try:
+            f = translate(level.value)
+        except Unsupported as err:
+            return GroupReport(names, False, f"level {level.block}: unsupported {err}")
+        if translate.rounding_casts and level.deps:
+            approximate = True
+        xs = set(symbols.x.values())
+        ys = [sympy.Symbol(f"y{d}", real=True) for d in level.deps]
+        new = f.subs({y: _state(int(y.name[1:]), "new") for y in ys})
+        old = f.subs({y: _state(int(y.name[1:]), "old") for y in ys})
+        if not ys:
+            level.form = "plain"
+        elif level.op == "sum":
+            if not _try_rescale(level, new, old, xs) and not _try_split(level, f, xs, set(ys)):
+                return GroupReport(
+                    names, False,
+                    f"level {level.block} (sum): {f} is neither G(x)*H(y) nor a sum of such terms",
+                )
+        elif not _try_shift(level, new, old, xs) and not _try_rescale(level, new, old, xs, positive=True):
+            return GroupReport(
+                names, False,
+                f"level {level.block} ({level.op}): {f} is neither G(x) + H(y) nor G(x) * H(y) "
+                "with H provably positive (the correction would not commute with "
+                f"{level.op})",
+            )
+        details.append(f"{level.block} ({level.op}) F = {f}: {level.form}"
+                       + (f", correction {level.correction}" if level.correction is not None else ""))
+    return GroupReport(names, True, "every level is separable", approximate, details)
+
+
+def _free_of(expr: sympy.Expr, symbols: set) -> bool:
+    return not (expr.free_symbols & symbols)
+
+
+def _try_rescale(level: Level, new, old, xs: set, positive: bool = False) -> bool:
+    ratio = sympy.simplify(new / old)
+    if not _free_of(ratio, xs) or ratio.has(sympy.nan, sympy.zoo):
+        return False
+    if positive and not ratio.is_positive:
+        return False
+    level.form, level.correction = "rescale", ratio
+    return True
+
+
+def _try_shift(level: Level, new, old, xs: set) -> bool:
+    delta = sympy.simplify(new - old)
+    if not _free_of(delta, xs):
+        return False
+    level.form, level.correction = "shift", delta
+    return True
+
+
+def _try_split(level: Level, f, xs: set, ys: set) -> bool:
+    terms = sympy.Add.make_args(sympy.expand(f, power_exp=True))
+    if len(terms) > _MAX_SPLIT_TERMS:
+        return False
+    split = []
+    for term in terms:
+        h, g = term.as_independent(*xs, as_Add=False)
+        if not _free_of(g, ys) or not _free_of(h, xs):
+            return False
+        split.append((g, h))
+    # Merge terms with the same x part: one accumulator each.
+    merged: dict[sympy.Expr, sympy.Expr] = {}
+    for g, h in split:
+        merged[g] = merged.get(g, 0) + h
+    level.form, level.terms = "split", list(merged.items())
+    return True
+
+
+def analyze(func: tirx.PrimFunc) -> list[tuple[list[Level], GroupReport]]:
+    """Every cascade of ``func`` (after inlining element-wise producers) with its report."""
+    return [(group, prove(group)) for group in find_cascades(inline_elementwise(func))]
+
+
+def inline_elementwise(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """Inline every element-wise block that writes an intermediate buffer (not a parameter)."""
+    sch = s_tir.Schedule(func)
+    params = list(func.params)
+    for _ in itertools.count():
+        changed = False
+        for rv in reversed(sch.get_child_blocks(sch.get_sblock("root"))):
+            block = sch.get(rv)
+            if block.init is not None or any(w.source.same_as(p) for w in block.writes for p in params):
+                continue
+            try:
+                sch.compute_inline(rv)
+                changed = True
+            except tvm.error.TVMError:
+                continue
+        if not changed:
+            break
+    return sch.mod["main"]

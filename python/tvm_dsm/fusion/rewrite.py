@@ -1,0 +1,234 @@
+"""Rewrite a proven cascade into one s_tir block per row holding the incremental loop.
+
+For each row (the first level's spatial axes) the fused block keeps one running state per level
+(a vector over its extra axes for leaf levels such as the output of softmax(QK^T)V), walks the
+reduction axis once, and per element updates the levels in dependency order:
+
+    new_d = state_d (op) F_d(x_k, new_deps)                  levels others depend on
+    state_j = correct(state_j, new_deps, old_deps) (op) F_j(x_k, new_deps)
+    commit state_d = new_d
+
+``correct`` is the rescale/shift proven by :mod:`tvm_dsm.fusion.cascade`; a state still at its
+identity is left alone (0 * inf or -inf - -inf would otherwise produce NaN). Split levels keep one
+accumulator per x-term and combine them with the dependencies' final values after the loop.
+"""
+
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+from tvm.script.ir_builder import IRBuilder
+from tvm.tirx.script.builder import ir as T
+
+from tvm.ir import Range
+from tvm.s_tir import SBlock
+
+from .cascade import Level, _Symbols
+from .symbolic import ToSympy, ToTIR
+
+_COMBINE = {"sum": lambda a, b: a + b, "max": tirx.max, "min": tirx.min}
+
+
+def _substitute_vars(expr, mapping: list[tuple[tirx.Var, tvm.ir.PrimExpr]]):
+    def remap(var):
+        return next((new for old, new in mapping if var.same_as(old)), var)
+
+    return tvm_ffi.structural_map(expr, [(tirx.Var, remap)])
+
+
+class _FusedBlock:
+    """Builds the fused nest for one cascade (inside an IRBuilder context)."""
+
+    def __init__(self, group: list[Level]):
+        self.group = group
+        first = group[0]
+        self.rows = len(first.spatial)
+        self.row_extents = [int(_extent(first, a)) for a in range(self.rows)]
+        self.extent = first.extent
+        self.read_by_others = {d for lvl in group for d in lvl.deps}
+
+    def build(self) -> tirx.Stmt:
+        with IRBuilder() as ib:
+            with T.prim_func(s_tir=True):
+                self._nest([], 0)
+        return ib.get().body.block.body  # the nest, out of the builder's root block
+
+    def _nest(self, loop_vars: list, depth: int) -> None:
+        if depth < self.rows:
+            with T.serial(self.row_extents[depth]) as lv:
+                self._nest(loop_vars + [lv], depth + 1)
+            return
+        with T.sblock("fused_" + "_".join(lvl.block for lvl in self.group)):
+            rows = [T.axis.spatial(e, lv) for e, lv in zip(self.row_extents, loop_vars)]
+            T.reads(*self._read_regions())
+            T.writes(*[self._row_region(lvl, rows) for lvl in self.group])
+            self._body(rows)
+
+    def _read_regions(self) -> list:
+        """Whole buffers the levels read (other than the levels' own outputs)."""
+        outputs = [lvl.output for lvl in self.group]
+        seen: list = []
+        for lvl in self.group:
+            for load in _loads_of(lvl.value):
+                buf = load.source
+                if not any(buf.same_as(o) for o in outputs + seen):
+                    seen.append(buf)
+        return [tirx.BufferRegion(b, [Range(0, d) for d in b.ty.shape]) for b in seen]
+
+    def _row_region(self, lvl: Level, rows: list):
+        ranges = [Range.from_min_extent(r, 1) for r in rows]
+        ranges += [Range(0, e) for e in self._extra(lvl)]
+        return tirx.BufferRegion(lvl.output, ranges)
+
+    def _extra(self, level: Level) -> list[int]:
+        return [int(_extent(level, a)) for a in range(self.rows, len(level.spatial))]
+
+    def _body(self, rows: list) -> None:
+        group = self.group
+        state, new, accumulators = {}, {}, {}
+        for j, lvl in enumerate(group):
+            shape = self._extra(lvl) or [1]  # indexed by _slot
+            dtype = str(lvl.output.ty.dtype)
+            state[j] = T.sblock_alloc_buffer(shape, dtype, scope="local")
+            if j in self.read_by_others:
+                new[j] = T.sblock_alloc_buffer([1], dtype, scope="local")
+            if lvl.form == "split":
+                accumulators[j] = [T.sblock_alloc_buffer(shape, dtype, scope="local") for _ in lvl.terms]
+        for j, lvl in enumerate(group):
+            self._for_each(lvl, lambda e, j=j, lvl=lvl: self._store(state[j], lvl.init, e))
+            for acc in accumulators.get(j, []):
+                self._for_each(lvl, lambda e, acc=acc, lvl=lvl: self._store(acc, tirx.const(0, lvl.output.ty.dtype), e))
+        with T.serial(self.extent) as k:
+            for j, lvl in enumerate(group):
+                self._update(j, lvl, rows, k, state, new, accumulators.get(j, []))
+            for j in sorted(self.read_by_others):
+                T.buffer_store(state[j], new[j][0], [0])
+        for j, lvl in enumerate(group):
+            if lvl.form == "split":
+                self._combine_split(j, lvl, rows, state, accumulators[j])
+            self._for_each(
+                lvl, lambda e, j=j, lvl=lvl: T.buffer_store(lvl.output, tirx.BufferLoad(state[j], _slot(e)), rows + e)
+            )
+
+    def _for_each(self, lvl: Level, emit) -> None:
+        """Call ``emit(extra_indices)`` inside loops over the level's extra axes."""
+        extents = self._extra(lvl)
+
+        def nest(indices):
+            if len(indices) == len(extents):
+                emit(indices)
+                return
+            with T.serial(extents[len(indices)]) as e:
+                nest(indices + [e])
+
+        nest([])
+
+    @staticmethod
+    def _store(buf, value, extra) -> None:
+        T.buffer_store(buf, value, _slot(extra))
+
+    def _mapping(self, lvl: Level, rows: list, k, extra: list):
+        mapping = list(zip(lvl.spatial[: self.rows], rows))
+        mapping += list(zip(lvl.spatial[self.rows:], extra))
+        mapping.append((lvl.reduce_var, k))
+        return mapping
+
+    def _operand(self, lvl: Level, rows, k, extra, new):
+        """F_j(x_k, new deps) in the fused block's variables."""
+
+        def dep_to_new(load):
+            for d in lvl.deps:
+                if load.source.same_as(self.group[d].output):
+                    return new[d][0]
+            return load
+
+        value = tvm_ffi.structural_map(lvl.value, [(tvm.ir.TensorLoad, dep_to_new)])
+        return _substitute_vars(value, self._mapping(lvl, rows, k, extra))
+
+    def _symbols(self, lvl: Level, rows, k, extra, state, new) -> dict:
+        names = _Symbols(self.group, lvl)
+        ToSympy(names)(lvl.value)  # registers the x/c loads under their symbol names
+        table = {
+            name: _substitute_vars(load, self._mapping(lvl, rows, k, extra))
+            for name, load in names.loads.items()
+        }
+        for d in lvl.deps:
+            table[f"y{d}_new"] = new[d][0]
+            table[f"y{d}_old"] = state[d][0]
+            table[f"y{d}"] = state[d][0]
+        return table
+
+    def _update(self, j, lvl: Level, rows, k, state, new, accumulators) -> None:
+        dtype = str(lvl.output.ty.dtype)
+        combine = _COMBINE[lvl.op]
+
+        def emit(extra):
+            slot = _slot(extra)
+            current = tirx.BufferLoad(state[j], slot)
+            if lvl.form == "split":
+                table = self._symbols(lvl, rows, k, extra, state, new)
+                for acc, (g, _h) in zip(accumulators, lvl.terms):
+                    T.buffer_store(acc, tirx.BufferLoad(acc, slot) + ToTIR(table, dtype)(g), slot)
+                return
+            operand = self._operand(lvl, rows, k, extra, new)
+            if lvl.form in ("rescale", "shift"):
+                fix = ToTIR(self._symbols(lvl, rows, k, extra, state, new), dtype)(lvl.correction)
+                corrected = current * fix if lvl.form == "rescale" else current + fix
+                current = tirx.Select(current == lvl.init, current, corrected)
+            target = new[j] if j in self.read_by_others else state[j]
+            T.buffer_store(target, combine(current, operand), slot)
+
+        if j in self.read_by_others:
+            emit([])
+        else:
+            self._for_each(lvl, emit)
+
+    def _combine_split(self, j, lvl: Level, rows, state, accumulators) -> None:
+        dtype = str(lvl.output.ty.dtype)
+
+        def emit(extra):
+            slot = _slot(extra)
+            table = {f"y{d}": state[d][0] for d in lvl.deps}
+            total = tirx.const(0, dtype)
+            for acc, (_g, h) in zip(accumulators, lvl.terms):
+                total = total + ToTIR(table, dtype)(h) * tirx.BufferLoad(acc, slot)
+            T.buffer_store(state[j], total, slot)
+
+        self._for_each(lvl, emit)
+
+
+def _loads_of(expr) -> list:
+    found = []
+    tvm_ffi.structural_walk(expr, [(tvm.ir.TensorLoad, found.append)])
+    return found
+
+
+def _extent(level: Level, axis: int) -> int:
+    return int(level.output.ty.shape[axis])
+
+
+def _slot(extra: list) -> list:
+    """Index of a state buffer: the level's extra axes, or [0] for a scalar state."""
+    return list(extra) if extra else [0]
+
+
+def splice(func: tirx.PrimFunc, group: list[Level]) -> tirx.PrimFunc:
+    """``func`` with the group's loop nests replaced by the fused nest (where the last level was)."""
+    root = func.body.block
+    stages = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
+    names = {lvl.block for lvl in group}
+
+    def blocks_in(stmt) -> set[str]:
+        found = set()
+        tvm_ffi.structural_walk(stmt, [(SBlock, lambda b: found.add(str(b.name_hint)))])
+        return found
+
+    positions = [n for n, stage in enumerate(stages) if blocks_in(stage) & names]
+    fused = _FusedBlock(group).build()
+    kept = [s for n, s in enumerate(stages) if n not in positions[:-1]]
+    kept[kept.index(stages[positions[-1]])] = fused
+    body = kept[0] if len(kept) == 1 else tirx.SeqStmt(kept)
+    return func.with_body(
+        tvm_ffi.structural_map(func.body, [(tirx.SeqStmt, lambda s: body if s.same_as(root.body) else s)])
+    )

@@ -1,0 +1,49 @@
+"""FuseCascadedReductions: RedFuser's rewrite as a TVM pass over s_tir PrimFuncs.
+
+Each cascade (tvm_dsm.fusion.cascade) that is proven separable becomes one incremental loop
+(tvm_dsm.fusion.rewrite). A function with nothing it can fuse is returned unchanged (the same
+object); the reasons are logged on the ``tvm_dsm.fusion`` logger and returned by
+:func:`fuse_cascaded_reductions`. Rounding casts (fp16/fp8) inside a level make the fused result
+differ from the unfused one: such cascades are only rewritten with ``allow_approximate=True``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import tvm
+from tvm import tirx
+
+from ..fusion.cascade import GroupReport, find_cascades, inline_elementwise, prove
+from ..fusion.rewrite import splice
+
+LOG = logging.getLogger("tvm_dsm.fusion")
+
+
+def fuse_cascaded_reductions(
+    func: tirx.PrimFunc, *, allow_approximate: bool = False
+) -> tuple[tirx.PrimFunc, list[GroupReport]]:
+    """The rewritten function (or ``func`` itself) and one report per cascade found."""
+    inlined = inline_elementwise(func)
+    fused, reports = inlined, []
+    for group in find_cascades(inlined):
+        report = prove(group)
+        if report.fusible and report.approximate and not allow_approximate:
+            report.fusible = False
+            report.reason = "approximate: a rounding cast inside a level (pass allow_approximate=True)"
+        reports.append(report)
+        if report.fusible:
+            fused = splice(fused, group)
+    for report in reports:
+        LOG.info("%s", report)
+    return (fused if any(r.fusible for r in reports) else func), reports
+
+
+def FuseCascadedReductions(allow_approximate: bool = False) -> tvm.transform.Pass:  # noqa: N802
+    """The pass form (TVM naming): rewrite every fusible cascade of every PrimFunc."""
+
+    @tirx.transform.prim_func_pass(opt_level=0, name="tvm_dsm.FuseCascadedReductions")
+    def _pass(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx) -> tirx.PrimFunc:
+        return fuse_cascaded_reductions(func, allow_approximate=allow_approximate)[0]
+
+    return _pass
