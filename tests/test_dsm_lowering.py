@@ -138,3 +138,24 @@ def test_once_per_cluster_global_accumulation_runs_on_rank_0():
     body = source.split("accumulate_per_cluster_kernel(")[-1]
     guard = body.index("if ((((int)blockIdx.x) % 2) == 0)")
     assert guard < body.index("B_ptr[")  # every B update sits under the rank-0 guard
+
+
+@T.prim_func(s_tir=True)
+def guarded_peer_read(A: T.Buffer((64, 2, 128), "float32"), B: T.Buffer((64, 2, 128), "float32")):
+    X = T.sblock_alloc_buffer((2, 64, 128), scope="shared::cluster")
+    for c in T.thread_binding(64, thread="blockIdx.x", annotations={"tvm_dsm.cluster_size": 2}):
+        for r in T.thread_binding(2, thread="clusterCtaIdx.x"):
+            for t in T.thread_binding(128, thread="threadIdx.x"):
+                with T.sblock("X"):
+                    X[r, c, t] = A[c, r, t]
+            for t in T.thread_binding(128, thread="threadIdx.x"):
+                with T.sblock("B"):
+                    B[c, r, t] = T.if_then_else(t > 0, X[1 - r, c, t], T.float32(0))
+
+
+def test_guarded_peer_read_is_rejected():
+    """Hoisting the remote load out of the guard would read where the program says not to."""
+    import tvm
+
+    with pytest.raises(ClusterError, match="guarded by a select/if_then_else"):
+        cuda_source(tvm.IRModule({"main": guarded_peer_read}))

@@ -28,6 +28,7 @@ from .cascade import Level, _Symbols
 from .symbolic import ToSympy, ToTIR
 
 _COMBINE = {"sum": lambda a, b: a + b, "max": tirx.max, "min": tirx.min}
+_ACC = "float64"  # accumulators of split levels
 
 
 def _substitute_vars(expr, mapping: list[tuple[tirx.Var, tvm.ir.PrimExpr]]):
@@ -93,12 +94,12 @@ class _FusedBlock:
             state[j] = T.sblock_alloc_buffer(shape, dtype, scope="local")
             if j in self.read_by_others:
                 new[j] = T.sblock_alloc_buffer([1], dtype, scope="local")
-            if lvl.form == "split":
-                accumulators[j] = [T.sblock_alloc_buffer(shape, dtype, scope="local") for _ in lvl.terms]
+            if lvl.form == "split":  # float64: power sums cancel badly in fp32 (e.g. 3rd moment)
+                accumulators[j] = [T.sblock_alloc_buffer(shape, _ACC, scope="local") for _ in lvl.terms]
         for j, lvl in enumerate(group):
             self._for_each(lvl, lambda e, j=j, lvl=lvl: self._store(state[j], lvl.init, e))
             for acc in accumulators.get(j, []):
-                self._for_each(lvl, lambda e, acc=acc, lvl=lvl: self._store(acc, tirx.const(0, lvl.output.ty.dtype), e))
+                self._for_each(lvl, lambda e, acc=acc: self._store(acc, tirx.const(0, _ACC), e))
         with T.serial(self.extent) as k:
             for j, lvl in enumerate(group):
                 self._update(j, lvl, rows, k, state, new, accumulators.get(j, []))
@@ -167,9 +168,9 @@ class _FusedBlock:
             slot = _slot(extra)
             current = tirx.BufferLoad(state[j], slot)
             if lvl.form == "split":
-                table = self._symbols(lvl, rows, k, extra, state, new)
+                table = {n: tirx.Cast(_ACC, v) for n, v in self._symbols(lvl, rows, k, extra, state, new).items()}
                 for acc, (g, _h) in zip(accumulators, lvl.terms):
-                    T.buffer_store(acc, tirx.BufferLoad(acc, slot) + ToTIR(table, dtype)(g), slot)
+                    T.buffer_store(acc, tirx.BufferLoad(acc, slot) + ToTIR(table, _ACC)(g), slot)
                 return
             operand = self._operand(lvl, rows, k, extra, new)
             if lvl.form in ("rescale", "shift"):
@@ -189,11 +190,11 @@ class _FusedBlock:
 
         def emit(extra):
             slot = _slot(extra)
-            table = {f"y{d}": state[d][0] for d in lvl.deps}
-            total = tirx.const(0, dtype)
+            table = {f"y{d}": tirx.Cast(_ACC, state[d][0]) for d in lvl.deps}
+            total = tirx.const(0, _ACC)
             for acc, (_g, h) in zip(accumulators, lvl.terms):
-                total = total + ToTIR(table, dtype)(h) * tirx.BufferLoad(acc, slot)
-            T.buffer_store(state[j], total, slot)
+                total = total + ToTIR(table, _ACC)(h) * tirx.BufferLoad(acc, slot)
+            T.buffer_store(state[j], tirx.Cast(dtype, total), slot)
 
         self._for_each(lvl, emit)
 

@@ -449,7 +449,7 @@ class _KernelLowering:
                 )
 
         tvm_ffi.structural_walk(value, [(tirx.Select, guarded)])
-        for call in _find_all(value, tvm.ir.Call, lambda c: c.op.name == "tirx.if_then_else"):
+        for call in _find_all(value, tvm.ir.Call, lambda c: c.op.name.endswith("if_then_else")):
             guarded(call)
 
     # -- barriers -------------------------------------------------------------------------------

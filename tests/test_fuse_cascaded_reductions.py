@@ -1,0 +1,321 @@
+"""FuseCascadedReductions on 30 cascaded-reduction expressions (llvm): fusible ones are rewritten
+into one incremental loop and compute the same outputs as the unfused function on random inputs;
+the others come back as the same object with a reason."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+
+from tvm_dsm.transform import FuseCascadedReductions, fuse_cascaded_reductions
+
+M, K, J = 6, 48, 8
+
+
+def _x(name="x", shape=(M, K)):
+    return te.placeholder(shape, name=name)
+
+
+def _k(name):
+    return te.reduce_axis((0, K), name)
+
+
+def row_max(x, name="m"):
+    k = _k(name + "_k")
+    return te.compute((M,), lambda i: te.max(x[i, k], axis=k), name=name)
+
+
+def row_min(x, name="mn"):
+    k = _k(name + "_k")
+    return te.compute((M,), lambda i: te.min(x[i, k], axis=k), name=name)
+
+
+def row_sum(x, f, name):
+    k = _k(name + "_k")
+    return te.compute((M,), lambda i: te.sum(f(i, k), axis=k), name=name)
+
+
+def row_maxof(f, name):
+    k = _k(name + "_k")
+    return te.compute((M,), lambda i: te.max(f(i, k), axis=k), name=name)
+
+
+def func(inputs, outputs):
+    return te.create_prim_func(inputs + outputs)
+
+
+# -- fusible ------------------------------------------------------------------------------------
+def softmax_stats():
+    x = _x(); m = row_max(x)
+    return func([x], [m, row_sum(x, lambda i, k: te.exp(x[i, k] - m[i]), "l")])
+
+
+def softmax_pv():
+    x, v = _x(), _x("v", (K, J)); m = row_max(x)
+    l = row_sum(x, lambda i, k: te.exp(x[i, k] - m[i]), "l")
+    k = _k("o_k")
+    o = te.compute((M, J), lambda i, j: te.sum(te.exp(x[i, k] - m[i]) * v[k, j], axis=k), name="o")
+    return func([x, v], [m, l, o])
+
+
+def softmax_pv_inlined_producer():
+    x, v = _x(), _x("v", (K, J)); m = row_max(x)
+    p = te.compute((M, K), lambda i, k: te.exp(x[i, k] - m[i]), name="p")  # element-wise stage
+    l = row_sum(x, lambda i, k: p[i, k], "l")
+    k = _k("o_k")
+    o = te.compute((M, J), lambda i, j: te.sum(p[i, k] * v[k, j], axis=k), name="o")
+    return func([x, v], [m, l, o])
+
+
+def normalized_softmax_sum():
+    x = _x(); m = row_max(x)
+    l = row_sum(x, lambda i, k: te.exp(x[i, k] - m[i]), "l")
+    return func([x], [m, l, row_sum(x, lambda i, k: te.exp(x[i, k] - m[i]) / l[i], "n")])
+
+
+def logsumexp():
+    x = _x(); m = row_max(x)
+    l = row_sum(x, lambda i, k: te.exp(x[i, k] - m[i]), "l")
+    lse = te.compute((M,), lambda i: te.log(l[i]) + m[i], name="lse")
+    return func([x], [m, lse])
+
+
+def softmin():
+    x = _x(); mn = row_min(x)
+    return func([x], [mn, row_sum(x, lambda i, k: te.exp(mn[i] - x[i, k]), "l")])
+
+
+def second_moment_softmax():
+    x = _x(); m = row_max(x)
+    return func([x], [m, row_sum(x, lambda i, k: te.exp(2.0 * (x[i, k] - m[i])), "l2")])
+
+
+def variance():
+    x = _x(); mu = row_sum(x, lambda i, k: x[i, k] / K, "mu")
+    return func([x], [mu, row_sum(x, lambda i, k: (x[i, k] - mu[i]) * (x[i, k] - mu[i]) / K, "var")])
+
+
+def third_central_moment():
+    x = _x(); mu = row_sum(x, lambda i, k: x[i, k] / K, "mu")
+    d = lambda i, k: x[i, k] - mu[i]  # noqa: E731
+    return func([x], [mu, row_sum(x, lambda i, k: d(i, k) * d(i, k) * d(i, k), "m3")])
+
+
+def layernorm_gemv():
+    x, w = _x(), _x("w", (K,))
+    mu = row_sum(x, lambda i, k: x[i, k] / K, "mu")
+    return func([x, w], [mu, row_sum(x, lambda i, k: (x[i, k] - mu[i]) * w[k], "y")])
+
+
+def rmsnorm_gemv():
+    x, w = _x(), _x("w", (K,))
+    ss = row_sum(x, lambda i, k: x[i, k] * x[i, k], "ss")
+    return func([x, w], [ss, row_sum(x, lambda i, k: x[i, k] * w[k] / te.sqrt(ss[i] / K), "y")])
+
+
+def rmsnorm_gemm():
+    x, w = _x(), _x("w", (K, J))
+    ss = row_sum(x, lambda i, k: x[i, k] * x[i, k], "ss")
+    k = _k("y_k")
+    y = te.compute((M, J), lambda i, j: te.sum(x[i, k] * w[k, j] / te.sqrt(ss[i] / K), axis=k), name="y")
+    return func([x, w], [ss, y])
+
+
+def absmax_scaled_gemv():  # FP8-style per-token scale, without the rounding cast
+    x, w = _x(), _x("w", (K,))
+    a = row_maxof(lambda i, k: te.abs(x[i, k]), "amax")
+    return func([x, w], [a, row_sum(x, lambda i, k: x[i, k] * 448.0 / a[i] * w[k], "y")])
+
+
+def max_then_centered_sum():
+    x = _x(); m = row_max(x)
+    return func([x], [m, row_sum(x, lambda i, k: x[i, k] - m[i], "s")])
+
+
+def max_then_shifted_max():
+    x, b = _x(), _x("b")
+    m = row_max(x)
+    return func([x, b], [m, row_maxof(lambda i, k: b[i, k] - m[i], "z")])
+
+
+def max_then_exp_max():
+    x, b = _x(), _x("b")
+    m = row_max(x)
+    return func([x, b], [m, row_maxof(lambda i, k: te.exp(b[i, k] - m[i]), "z")])
+
+
+def sum_then_normalized_dot():
+    x, w = _x(), _x("w", (K,))
+    s = row_sum(x, lambda i, k: x[i, k], "s")
+    return func([x, w], [s, row_sum(x, lambda i, k: x[i, k] * w[k] / s[i], "y")])
+
+
+def sum_then_exp_weighted():
+    x = _x(); s = row_sum(x, lambda i, k: x[i, k], "s")
+    return func([x], [s, row_sum(x, lambda i, k: x[i, k] * te.exp(-s[i] / K), "y")])
+
+
+def min_then_variance_about_min():
+    x = _x(); mn = row_min(x)
+    return func([x], [mn, row_sum(x, lambda i, k: (x[i, k] - mn[i]) * (x[i, k] - mn[i]), "v")])
+
+
+def sum_then_shifted_max():
+    x = _x(); s = row_sum(x, lambda i, k: x[i, k], "s")
+    return func([x], [s, row_maxof(lambda i, k: x[i, k] - s[i], "z")])
+
+
+def four_level_chain():
+    x, v = _x(), _x("v", (K, J)); m = row_max(x)
+    l = row_sum(x, lambda i, k: te.exp(x[i, k] - m[i]), "l")
+    n = row_sum(x, lambda i, k: te.exp(x[i, k] - m[i]) / l[i], "n")
+    k = _k("o_k")
+    o = te.compute((M, J), lambda i, j: te.sum(te.exp(x[i, k] - m[i]) / l[i] * v[k, j], axis=k), name="o")
+    return func([x, v], [m, l, n, o])
+
+
+# -- not fusible --------------------------------------------------------------------------------
+def sin_of_centered():
+    x = _x(); m = row_max(x)
+    return func([x], [m, row_sum(x, lambda i, k: te.sin(x[i, k] - m[i]), "y")])
+
+
+def tanh_of_centered():
+    x = _x(); m = row_max(x)
+    return func([x], [m, row_sum(x, lambda i, k: te.tanh(x[i, k] - m[i]), "y")])
+
+
+def exp_of_product():
+    x = _x(); m = row_max(x)
+    return func([x], [m, row_sum(x, lambda i, k: te.exp(x[i, k] * m[i]), "y")])
+
+
+def reciprocal_of_centered():
+    x = _x(); m = row_max(x)
+    return func([x], [m, row_sum(x, lambda i, k: 1.0 / (x[i, k] - m[i] - 1.0), "y")])
+
+
+def log_of_centered():
+    x = _x(); m = row_max(x)
+    return func([x], [m, row_sum(x, lambda i, k: te.log(m[i] - x[i, k] + 1.0), "y")])
+
+
+def abs_deviation():
+    x = _x(); mu = row_sum(x, lambda i, k: x[i, k] / K, "mu")
+    return func([x], [mu, row_sum(x, lambda i, k: te.abs(x[i, k] - mu[i]), "mad")])
+
+
+def max_with_signed_scale():  # max_k x_k * m: the correction m_new / m_old may be negative
+    x, b = _x(), _x("b")
+    m = row_max(x)
+    return func([x, b], [m, row_maxof(lambda i, k: b[i, k] * m[i], "z")])
+
+
+def max_of_square_distance():
+    x, b = _x(), _x("b")
+    m = row_max(x)
+    return func([x, b], [m, row_maxof(lambda i, k: (b[i, k] - m[i]) * (b[i, k] - m[i]), "z")])
+
+
+def select_inside_level():
+    x = _x(); m = row_max(x)
+    y = row_sum(x, lambda i, k: te.if_then_else(x[i, k] > m[i] - 1.0, x[i, k], 0.0), "y")
+    return func([x], [m, y])
+
+
+def rounding_cast_in_level():  # FP8-style quantization: fused rounding differs -> approximate
+    x, w = _x(), _x("w", (K,))
+    a = row_maxof(lambda i, k: te.abs(x[i, k]), "amax")
+    q = lambda i, k: (x[i, k] * 448.0 / a[i]).astype("float16").astype("float32")  # noqa: E731
+    return func([x, w], [a, row_sum(x, lambda i, k: q(i, k) * w[k], "y")])
+
+
+@dataclass
+class Case:
+    build: object
+    reason: str | None = None  # None: fusible
+
+    @property
+    def name(self) -> str:
+        return self.build.__name__
+
+
+FUSIBLE = [Case(f) for f in (
+    softmax_stats, softmax_pv, softmax_pv_inlined_producer, normalized_softmax_sum, logsumexp,
+    softmin, second_moment_softmax, variance, third_central_moment, layernorm_gemv, rmsnorm_gemv,
+    rmsnorm_gemm, absmax_scaled_gemv, max_then_centered_sum, max_then_shifted_max, max_then_exp_max,
+    sum_then_normalized_dot, sum_then_exp_weighted, min_then_variance_about_min,
+    sum_then_shifted_max, four_level_chain,
+)]
+NOT_FUSIBLE = [
+    Case(sin_of_centered, "neither G\\(x\\)\\*H\\(y\\) nor a sum"),
+    Case(tanh_of_centered, "neither G\\(x\\)\\*H\\(y\\) nor a sum"),
+    Case(exp_of_product, "neither G\\(x\\)\\*H\\(y\\) nor a sum"),
+    Case(reciprocal_of_centered, "neither G\\(x\\)\\*H\\(y\\) nor a sum"),
+    Case(log_of_centered, "neither G\\(x\\)\\*H\\(y\\) nor a sum"),
+    Case(abs_deviation, "neither G\\(x\\)\\*H\\(y\\) nor a sum"),
+    Case(max_with_signed_scale, "with H provably positive"),
+    Case(max_of_square_distance, "neither G\\(x\\) \\+ H\\(y\\)"),
+    Case(select_inside_level, "unsupported call to .*if_then_else"),
+    Case(rounding_cast_in_level, "approximate: a rounding cast"),
+]
+
+
+def _run(f, seed: int) -> list[np.ndarray]:
+    """Outputs of ``f`` on random inputs in [0.5, 1.5) (positive: sqrt, log and 1/x stay defined)."""
+    ex = tvm.compile(tvm.IRModule({"main": f}), target="llvm")
+    rng = np.random.default_rng(seed)
+    n_in = len(f.params) - sum(1 for p in f.params if str(p.name) not in ("x", "v", "w", "b"))
+    args = []
+    for n, p in enumerate(f.params):
+        shape = [int(d) for d in p.ty.shape]
+        data = rng.uniform(0.5, 1.5, shape) if n < n_in else np.full(shape, np.nan)
+        args.append(tvm.runtime.tensor(data.astype("float32")))
+    ex["main"](*args)
+    return [a.numpy() for a in args[n_in:]]
+
+
+def test_at_least_25_expressions():
+    assert len(FUSIBLE) + len(NOT_FUSIBLE) >= 25
+
+
+@pytest.mark.parametrize("case", FUSIBLE, ids=lambda c: c.name)
+def test_fusible_cascade_is_rewritten_and_equal(case):
+    f = case.build()
+    fused, reports = fuse_cascaded_reductions(f)
+    assert reports and all(r.fusible for r in reports), [str(r) for r in reports]
+    assert "fused_" in fused.script()
+    for seed in (1, 2):
+        for got, want in zip(_run(fused, seed), _run(f, seed)):
+            assert np.isfinite(got).all()  # poisoned outputs: every element written
+            assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-5
+
+
+@pytest.mark.parametrize("case", NOT_FUSIBLE, ids=lambda c: c.name)
+def test_not_fusible_is_unchanged_with_a_reason(case):
+    f = case.build()
+    out, reports = fuse_cascaded_reductions(f)
+    assert out.same_as(f)
+    assert any(not r.fusible for r in reports)
+    reason = " ".join(r.reason for r in reports)
+    import re
+
+    assert re.search(case.reason, reason), reason
+
+
+def test_approximate_rewrite_on_request():
+    f = rounding_cast_in_level()
+    fused, reports = fuse_cascaded_reductions(f, allow_approximate=True)
+    assert reports[0].fusible and reports[0].approximate and "fused_" in fused.script()
+
+
+def test_pass_form_on_a_module():
+    mod = tvm.IRModule({"main": softmax_pv()})
+    out = FuseCascadedReductions()(mod)
+    assert "fused_m_l_o" in out["main"].script()
+    unchanged = tvm.IRModule({"main": sin_of_centered()})
+    assert FuseCascadedReductions()(unchanged)["main"].same_as(unchanged["main"])
