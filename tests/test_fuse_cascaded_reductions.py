@@ -295,6 +295,17 @@ def test_fusible_cascade_is_rewritten_and_equal(case):
             assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-5
 
 
+@pytest.mark.parametrize("case", FUSIBLE, ids=lambda c: c.name)
+def test_split_parts_merge_by_the_same_rule(case):
+    """8 strided parts per row, merged with the levels' corrections: same outputs."""
+    f = case.build()
+    fused, reports = fuse_cascaded_reductions(f, parts=8)
+    assert all(r.fusible for r in reports) and "_part" in fused.script()
+    for got, want in zip(_run(fused, 3), _run(f, 3)):
+        assert np.isfinite(got).all()
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-5
+
+
 @pytest.mark.parametrize("case", NOT_FUSIBLE, ids=lambda c: c.name)
 def test_not_fusible_is_unchanged_with_a_reason(case):
     f = case.build()

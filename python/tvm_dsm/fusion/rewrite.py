@@ -41,13 +41,15 @@ def _substitute_vars(expr, mapping: list[tuple[tirx.Var, tvm.ir.PrimExpr]]):
 class _FusedBlock:
     """Builds the fused nest for one cascade (inside an IRBuilder context)."""
 
-    def __init__(self, group: list[Level]):
+    def __init__(self, group: list[Level], parts: int = 1):
         self.group = group
         first = group[0]
         self.rows = len(first.spatial)
         self.row_extents = [int(_extent(first, a)) for a in range(self.rows)]
         self.extent = first.extent
+        self.parts = parts
         self.read_by_others = {d for lvl in group for d in lvl.deps}
+        self.name = "fused_" + "_".join(lvl.block for lvl in group)
 
     def build(self) -> tirx.Stmt:
         with IRBuilder() as ib:
@@ -60,11 +62,15 @@ class _FusedBlock:
             with T.serial(self.row_extents[depth]) as lv:
                 self._nest(loop_vars + [lv], depth + 1)
             return
-        with T.sblock("fused_" + "_".join(lvl.block for lvl in self.group)):
+        with T.sblock(self.name):
             rows = [T.axis.spatial(e, lv) for e, lv in zip(self.row_extents, loop_vars)]
             T.reads(*self._read_regions())
             T.writes(*[self._row_region(lvl, rows) for lvl in self.group])
-            self._body(rows)
+            if self.parts == 1:
+                state, accumulators = self._scan(rows, lambda t: t, self.extent)
+                self._finish(rows, state, accumulators)
+            else:
+                self._split_and_merge(rows)
 
     def _read_regions(self) -> list:
         """Whole buffers the levels read (other than the levels' own outputs)."""
@@ -85,32 +91,100 @@ class _FusedBlock:
     def _extra(self, level: Level) -> list[int]:
         return [int(_extent(level, a)) for a in range(self.rows, len(level.spatial))]
 
-    def _body(self, rows: list) -> None:
+    def _dtype(self, j: int) -> str:
+        return str(self.group[j].output.ty.dtype)
+
+    def _scan(self, rows: list, element, steps: int):
+        """Running states after ``steps`` elements ``element(t)`` of the reduction axis."""
         group = self.group
         state, new, accumulators = {}, {}, {}
         for j, lvl in enumerate(group):
             shape = self._extra(lvl) or [1]  # indexed by _slot
-            dtype = str(lvl.output.ty.dtype)
-            state[j] = T.sblock_alloc_buffer(shape, dtype, scope="local")
+            state[j] = T.sblock_alloc_buffer(shape, self._dtype(j), scope="local")
             if j in self.read_by_others:
-                new[j] = T.sblock_alloc_buffer([1], dtype, scope="local")
+                new[j] = T.sblock_alloc_buffer([1], self._dtype(j), scope="local")
             if lvl.form == "split":  # float64: power sums cancel badly in fp32 (e.g. 3rd moment)
                 accumulators[j] = [T.sblock_alloc_buffer(shape, _ACC, scope="local") for _ in lvl.terms]
         for j, lvl in enumerate(group):
             self._for_each(lvl, lambda e, j=j, lvl=lvl: self._store(state[j], lvl.init, e))
             for acc in accumulators.get(j, []):
                 self._for_each(lvl, lambda e, acc=acc: self._store(acc, tirx.const(0, _ACC), e))
-        with T.serial(self.extent) as k:
+        with T.serial(steps) as t:
+            k = element(t)
             for j, lvl in enumerate(group):
                 self._update(j, lvl, rows, k, state, new, accumulators.get(j, []))
             for j in sorted(self.read_by_others):
                 T.buffer_store(state[j], new[j][0], [0])
-        for j, lvl in enumerate(group):
+        return state, accumulators
+
+    def _finish(self, rows: list, state: dict, accumulators: dict) -> None:
+        """Combine split levels' accumulators and write every level's output row."""
+        for j, lvl in enumerate(self.group):
             if lvl.form == "split":
                 self._combine_split(j, lvl, rows, state, accumulators[j])
             self._for_each(
                 lvl, lambda e, j=j, lvl=lvl: T.buffer_store(lvl.output, tirx.BufferLoad(state[j], _slot(e)), rows + e)
             )
+
+    def _split_and_merge(self, rows: list) -> None:
+        """Part p scans elements p, p + P, ... (adjacent parts read adjacent elements) into
+        partial states; the row then merges the P partials with the levels' corrections."""
+        group, parts = self.group, self.parts
+        partial, partial_acc = {}, {}
+        for j, lvl in enumerate(group):
+            shape = [parts] + (self._extra(lvl) or [1])
+            partial[j] = T.sblock_alloc_buffer(shape, self._dtype(j), scope="local")
+            if lvl.form == "split":
+                partial_acc[j] = [T.sblock_alloc_buffer(shape, _ACC, scope="local") for _ in lvl.terms]
+        with T.serial(parts) as loop:
+            with T.sblock(self.name + "_part"):
+                p = T.axis.spatial(parts, loop)
+                T.reads(*self._read_regions())
+                T.writes(*[tirx.BufferRegion(b, [Range.from_min_extent(p, 1)] + [Range(0, d) for d in b.ty.shape[1:]])
+                           for b in list(partial.values()) + [a for accs in partial_acc.values() for a in accs]])
+                state, accumulators = self._scan(rows, lambda t: t * parts + p, self.extent // parts)
+                for j, lvl in enumerate(group):
+                    self._for_each(lvl, lambda e, j=j: T.buffer_store(partial[j], tirx.BufferLoad(state[j], _slot(e)), [p] + _slot(e)))
+                    for acc, part_acc in zip(accumulators.get(j, []), partial_acc.get(j, [])):
+                        self._for_each(lvl, lambda e, acc=acc, part_acc=part_acc: T.buffer_store(
+                            part_acc, tirx.BufferLoad(acc, _slot(e)), [p] + _slot(e)))
+        merged, merged_acc = {}, {}
+        for j, lvl in enumerate(group):
+            shape = self._extra(lvl) or [1]
+            merged[j] = T.sblock_alloc_buffer(shape, self._dtype(j), scope="local")
+            merged_acc[j] = [T.sblock_alloc_buffer(shape, _ACC, scope="local") for _ in lvl.terms] if lvl.form == "split" else []
+        for j, lvl in enumerate(group):
+            self._merge(j, lvl, rows, merged, merged_acc[j], partial, partial_acc.get(j, []))
+        self._finish(rows, merged, merged_acc)
+
+    def _merge(self, j, lvl: Level, rows, merged, merged_acc, partial, partial_acc) -> None:
+        """merged_j = op_p corrected(partial_j[p]); the dependencies are merged first, so the
+        correction moves each part from its own dependencies (old) to the merged ones (new)."""
+        dtype = self._dtype(j)
+        combine = _COMBINE[lvl.op]
+        self._for_each(lvl, lambda e: self._store(merged[j], lvl.init, e))
+        for acc in merged_acc:
+            self._for_each(lvl, lambda e, acc=acc: self._store(acc, tirx.const(0, _ACC), e))
+        with T.serial(self.parts) as p:
+
+            def emit(extra):
+                slot = _slot(extra)
+                if lvl.form == "split":
+                    for acc, part in zip(merged_acc, partial_acc):
+                        T.buffer_store(acc, tirx.BufferLoad(acc, slot) + tirx.BufferLoad(part, [p] + slot), slot)
+                    return
+                value = tirx.BufferLoad(partial[j], [p] + slot)
+                if lvl.form in ("rescale", "shift"):
+                    table = self._symbols(lvl, rows, tirx.const(0, "int32"), extra, {}, {})
+                    for d in lvl.deps:
+                        table[f"y{d}_new"] = merged[d][0]
+                        table[f"y{d}_old"] = tirx.BufferLoad(partial[d], [p, 0])
+                    fix = ToTIR(table, dtype)(lvl.correction)
+                    corrected = value * fix if lvl.form == "rescale" else value + fix
+                    value = tirx.Select(value == lvl.init, value, corrected)
+                T.buffer_store(merged[j], combine(tirx.BufferLoad(merged[j], slot), value), slot)
+
+            self._for_each(lvl, emit)
 
     def _for_each(self, lvl: Level, emit) -> None:
         """Call ``emit(extra_indices)`` inside loops over the level's extra axes."""
@@ -155,9 +229,11 @@ class _FusedBlock:
             for name, load in names.loads.items()
         }
         for d in lvl.deps:
-            table[f"y{d}_new"] = new[d][0]
-            table[f"y{d}_old"] = state[d][0]
-            table[f"y{d}"] = state[d][0]
+            if d in new:
+                table[f"y{d}_new"] = new[d][0]
+            if d in state:
+                table[f"y{d}_old"] = state[d][0]
+                table[f"y{d}"] = state[d][0]
         return table
 
     def _update(self, j, lvl: Level, rows, k, state, new, accumulators) -> None:
@@ -214,7 +290,7 @@ def _slot(extra: list) -> list:
     return list(extra) if extra else [0]
 
 
-def splice(func: tirx.PrimFunc, group: list[Level]) -> tirx.PrimFunc:
+def splice(func: tirx.PrimFunc, group: list[Level], parts: int = 1) -> tirx.PrimFunc:
     """``func`` with the group's loop nests replaced by the fused nest (where the last level was)."""
     root = func.body.block
     stages = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
@@ -226,7 +302,7 @@ def splice(func: tirx.PrimFunc, group: list[Level]) -> tirx.PrimFunc:
         return found
 
     positions = [n for n, stage in enumerate(stages) if blocks_in(stage) & names]
-    fused = _FusedBlock(group).build()
+    fused = _FusedBlock(group, parts).build()
     kept = [s for n, s in enumerate(stages) if n not in positions[:-1]]
     kept[kept.index(stages[positions[-1]])] = fused
     body = kept[0] if len(kept) == 1 else tirx.SeqStmt(kept)

@@ -38,6 +38,31 @@ _COLLECTIVES = {
     "shuffle": _shuffle,
 }
 
+def _softmax_stats(x):
+    m = x.max(1).values
+    return m, torch.exp(x - m[:, None]).sum(1)
+
+
+def _softmax_pv(x, v):
+    m = x.max(1).values
+    p = torch.exp(x - m[:, None])
+    return m, p.sum(1), p @ v
+
+
+def _rmsnorm_gemv(x, w):
+    ss = (x * x).sum(1)
+    return ss, (x @ w) / torch.sqrt(ss / x.shape[1])
+
+
+_CASCADES = {
+    "cascade_softmax_stats": _softmax_stats,
+    "cascade_logsumexp": lambda x: torch.logsumexp(x, 1),
+    "cascade_layernorm_stats": lambda x: tuple(reversed(torch.var_mean(x, 1, unbiased=False))),
+    "cascade_rmsnorm_gemv": _rmsnorm_gemv,
+    "cascade_softmax_pv": _softmax_pv,
+}
+
+
 def _split_sum(a: torch.Tensor, clusters_per_group: int) -> torch.Tensor:
     k = clusters_per_group  # O[g] = sum of the tiles of the group's k clusters x S CTAs
     return a.reshape(a.shape[0] // k, k * a.shape[1], a.shape[2]).sum(1)
@@ -58,6 +83,13 @@ REFERENCES: dict[str, Reference] = {
             torch_eager=lambda a, f=f: f(a.float()).to(a.dtype).contiguous(),
         )
         for kind, f in _COLLECTIVES.items()
+    },
+    **{
+        name: Reference(
+            float64=lambda *t, f=f: f(*[a.double() for a in t]),
+            torch_eager=f,
+        )
+        for name, f in _CASCADES.items()
     },
     "split_sum": Reference(
         float64=lambda a, clusters_per_group: _split_sum(a.double(), clusters_per_group),

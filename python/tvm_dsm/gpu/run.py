@@ -59,20 +59,27 @@ def _random_inputs(args: list[dict], n_sets: int) -> list[list[torch.Tensor]]:
     return sets
 
 
+def _split(kernel: dict, tensors: list) -> tuple[list, list]:
+    """(inputs, outputs) by the manifest's output flags."""
+    flags = [a["output"] for a in kernel["args"]]
+    return [t for t, o in zip(tensors, flags) if not o], [t for t, o in zip(tensors, flags) if o]
+
+
 def _check(func, kernel: dict, trials: int = 2) -> tuple[float, float]:
     """Worst relative error and smallest fraction of output elements written over fresh trials."""
     ref = REFERENCES[kernel["workload"]]
     kwargs = kernel.get("reference_kwargs", {})
     worst, written = 0.0, 1.0
     for _ in range(trials):
-        tensors = _random_inputs(kernel["args"], 1)[0]
-        out = tensors[-1]
-        out.fill_(float("nan"))  # poison: an unwritten element fails the check
+        tensors = _random_inputs(kernel["args"], 1)[0]  # outputs poisoned with NaN
+        inputs, outputs = _split(kernel, tensors)
         func(*[tvm_ffi.from_dlpack(t) for t in tensors])
         torch.cuda.synchronize()
-        expected = ref.float64(*tensors[:-1], **kwargs)
-        worst = max(worst, res.relative_error(out, expected))
-        written = min(written, torch.isfinite(out).float().mean().item())
+        expected = ref.float64(*inputs, **kwargs)
+        expected = expected if isinstance(expected, tuple) else (expected,)
+        for out, want in zip(outputs, expected):
+            worst = max(worst, res.relative_error(out, want))
+            written = min(written, torch.isfinite(out).float().mean().item())
     return worst, written
 
 
@@ -86,8 +93,9 @@ def _time_peers(kernel: dict, sets: list[list[torch.Tensor]]) -> dict[str, float
     contenders = {"torch_eager": eager}
     if "torch_compile" in kernel.get("peers", ["torch_compile"]):
         contenders["torch_compile"] = torch.compile(eager)
+    inputs = [_split(kernel, s)[0] for s in sets]
     return {
-        name: graph_time_us(lambda i, fn=fn: fn(*sets[i][:-1]), len(sets))
+        name: graph_time_us(lambda i, fn=fn: fn(*inputs[i]), len(sets))
         for name, fn in contenders.items()
     }
 

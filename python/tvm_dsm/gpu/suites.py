@@ -10,6 +10,9 @@ from tvm import s_tir
 from ..rules import SplitKReductionConfig, schedule_split_k_reduction
 from ..rules.collective_kernel import schedule_collective_kernel, schedule_split_sum
 from ..workloads import gemv, row_sum
+from ..rules.fused_rows import schedule_fused_rows
+from ..transform.fuse_cascaded_reductions import fuse_cascaded_reductions
+from ..workloads import cascades as cascade_workloads
 from ..workloads.collectives import KINDS, collective, split_sum
 
 
@@ -31,8 +34,7 @@ class Variant:
     reference_kwargs: dict = field(default_factory=dict)
 
 
-def _args(func) -> list[dict]:
-    n_out = 1
+def _args(func, n_out: int = 1) -> list[dict]:
     params = list(func.params)
     return [
         {
@@ -168,4 +170,38 @@ def collectives(n: int = 16384) -> list[Variant]:
     return variants
 
 
-SUITES = {"split_k": split_k, "collectives": collectives}
+def cascades(parts: int = 128) -> list[Variant]:
+    """Fused cascaded reductions (FuseCascadedReductions, split into ``parts`` per row and merged)
+    on shapes of softmax/MoE routing, cross-entropy, LayerNorm/RMSNorm and attention."""
+    shapes = {
+        "softmax_stats": [(4096, 4096), (16384, 1024), (2048, 16384)],
+        "logsumexp": [(4096, 4096), (8192, 32768 // 4)],
+        "layernorm_stats": [(4096, 4096), (16384, 1024)],
+        "rmsnorm_gemv": [(4096, 4096), (16384, 1024)],
+        "softmax_pv": [(2048, 512, 64), (512, 4096, 64)],
+    }
+    variants = []
+    for name, sizes in shapes.items():
+        for size in sizes:
+            func = getattr(cascade_workloads, name)(*size)
+            n_out = {"softmax_stats": 2, "logsumexp": 1, "layernorm_stats": 2, "rmsnorm_gemv": 2,
+                     "softmax_pv": 3}[name]
+            fused, reports = fuse_cascaded_reductions(func, parts=parts)
+            if not all(r.fusible for r in reports):
+                raise ValueError(f"{name}: {[str(r) for r in reports]}")
+            args = _args(func, n_out)
+            variants.append(
+                Variant(
+                    name=f"{name}_{'x'.join(map(str, size))}",
+                    workload=f"cascade_{name}",
+                    mod=schedule_fused_rows(fused).mod,
+                    args=args,
+                    bytes=_nbytes(args),
+                    flops=0,
+                    plan={"parts": parts, "levels": [r.levels for r in reports]},
+                )
+            )
+    return variants
+
+
+SUITES = {"split_k": split_k, "collectives": collectives, "cascades": cascades}

@@ -21,9 +21,14 @@ LOG = logging.getLogger("tvm_dsm.fusion")
 
 
 def fuse_cascaded_reductions(
-    func: tirx.PrimFunc, *, allow_approximate: bool = False
+    func: tirx.PrimFunc, *, allow_approximate: bool = False, parts: int = 1
 ) -> tuple[tirx.PrimFunc, list[GroupReport]]:
-    """The rewritten function (or ``func`` itself) and one report per cascade found."""
+    """The rewritten function (or ``func`` itself) and one report per cascade found.
+
+    ``parts`` > 1 splits each row's reduction axis into that many strided parts (a child block a
+    schedule binds to threads) whose partial states are merged by the same corrections; it must
+    divide the reduction extent.
+    """
     inlined = inline_elementwise(func)
     fused, reports = inlined, []
     for group in find_cascades(inlined):
@@ -31,19 +36,22 @@ def fuse_cascaded_reductions(
         if report.fusible and report.approximate and not allow_approximate:
             report.fusible = False
             report.reason = "approximate: a rounding cast inside a level (pass allow_approximate=True)"
+        if report.fusible and group[0].extent % parts:
+            report.fusible = False
+            report.reason = f"{parts} parts do not divide the reduction extent {group[0].extent}"
         reports.append(report)
         if report.fusible:
-            fused = splice(fused, group)
+            fused = splice(fused, group, parts)
     for report in reports:
         LOG.info("%s", report)
     return (fused if any(r.fusible for r in reports) else func), reports
 
 
-def FuseCascadedReductions(allow_approximate: bool = False) -> tvm.transform.Pass:  # noqa: N802
+def FuseCascadedReductions(allow_approximate: bool = False, parts: int = 1) -> tvm.transform.Pass:  # noqa: N802
     """The pass form (TVM naming): rewrite every fusible cascade of every PrimFunc."""
 
     @tirx.transform.prim_func_pass(opt_level=0, name="tvm_dsm.FuseCascadedReductions")
     def _pass(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx) -> tirx.PrimFunc:
-        return fuse_cascaded_reductions(func, allow_approximate=allow_approximate)[0]
+        return fuse_cascaded_reductions(func, allow_approximate=allow_approximate, parts=parts)[0]
 
     return _pass

@@ -1,0 +1,62 @@
+"""Cascaded reductions as a user writes them in TE (inputs first, then every output)."""
+
+from __future__ import annotations
+
+from tvm import te, tirx
+
+
+def _row_max(x, m: int, k: int):
+    r = te.reduce_axis((0, k), "mk")
+    return te.compute((m,), lambda i: te.max(x[i, r], axis=r), name="m")
+
+
+def softmax_stats(m: int, k: int) -> tirx.PrimFunc:
+    """Row max and sum of exp(x - max): the statistics of a softmax (MoE routing, sampling)."""
+    x = te.placeholder((m, k), name="x")
+    mx = _row_max(x, m, k)
+    r = te.reduce_axis((0, k), "lk")
+    l = te.compute((m,), lambda i: te.sum(te.exp(x[i, r] - mx[i]), axis=r), name="l")
+    return te.create_prim_func([x, mx, l])
+
+
+def logsumexp(m: int, k: int) -> tirx.PrimFunc:
+    """log(sum exp(x)) per row, the safe way (the cross-entropy normalizer)."""
+    x = te.placeholder((m, k), name="x")
+    mx = _row_max(x, m, k)
+    r = te.reduce_axis((0, k), "lk")
+    l = te.compute((m,), lambda i: te.sum(te.exp(x[i, r] - mx[i]), axis=r), name="l")
+    lse = te.compute((m,), lambda i: te.log(l[i]) + mx[i], name="lse")
+    return te.create_prim_func([x, lse])
+
+
+def layernorm_stats(m: int, k: int) -> tirx.PrimFunc:
+    """Mean and (two-pass) variance per row."""
+    x = te.placeholder((m, k), name="x")
+    r = te.reduce_axis((0, k), "uk")
+    mu = te.compute((m,), lambda i: te.sum(x[i, r] / k, axis=r), name="mu")
+    r2 = te.reduce_axis((0, k), "vk")
+    var = te.compute((m,), lambda i: te.sum((x[i, r2] - mu[i]) * (x[i, r2] - mu[i]) / k, axis=r2), name="var")
+    return te.create_prim_func([x, mu, var])
+
+
+def rmsnorm_gemv(m: int, k: int) -> tirx.PrimFunc:
+    """RMSNorm of each row followed by a dot with w: sum_k x w / sqrt(mean(x^2))."""
+    x = te.placeholder((m, k), name="x")
+    w = te.placeholder((k,), name="w")
+    r = te.reduce_axis((0, k), "sk")
+    ss = te.compute((m,), lambda i: te.sum(x[i, r] * x[i, r], axis=r), name="ss")
+    r2 = te.reduce_axis((0, k), "yk")
+    y = te.compute((m,), lambda i: te.sum(x[i, r2] * w[r2] / te.sqrt(ss[i] / k), axis=r2), name="y")
+    return te.create_prim_func([x, w, ss, y])
+
+
+def softmax_pv(m: int, k: int, j: int) -> tirx.PrimFunc:
+    """Row max, exp-sum and exp-weighted sum of V (unnormalized attention output)."""
+    x = te.placeholder((m, k), name="x")
+    v = te.placeholder((k, j), name="v")
+    mx = _row_max(x, m, k)
+    r = te.reduce_axis((0, k), "lk")
+    l = te.compute((m,), lambda i: te.sum(te.exp(x[i, r] - mx[i]), axis=r), name="l")
+    r2 = te.reduce_axis((0, k), "ok")
+    o = te.compute((m, j), lambda i, c: te.sum(te.exp(x[i, r2] - mx[i]) * v[r2, c], axis=r2), name="o")
+    return te.create_prim_func([x, v, mx, l, o])
