@@ -330,3 +330,17 @@ def test_pass_form_on_a_module():
     assert "fused_m_l_o" in out["main"].script()
     unchanged = tvm.IRModule({"main": sin_of_centered()})
     assert FuseCascadedReductions()(unchanged)["main"].same_as(unchanged["main"])
+
+
+@pytest.mark.parametrize("name", ["softmax_stats", "logsumexp", "layernorm_stats", "rmsnorm_gemv", "softmax_pv"])
+def test_fused_rows_schedule_assembles_for_sm90a(name, assemble):
+    from conftest import cuda_source
+
+    from tvm_dsm.rules.fused_rows import schedule_fused_rows
+    from tvm_dsm.workloads import cascades
+
+    shape = (64, 1024, 64) if name == "softmax_pv" else (64, 1024)
+    fused, _ = fuse_cascaded_reductions(getattr(cascades, name)(*shape), parts=128)
+    source = cuda_source(schedule_fused_rows(fused).mod)
+    assert "__launch_bounds__(128)" in source and "__syncthreads" in source
+    assemble(source, f"cascade_{name}")

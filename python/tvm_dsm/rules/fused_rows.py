@@ -28,6 +28,11 @@ def schedule_fused_rows(func: tirx.PrimFunc) -> s_tir.Schedule:
         sch.bind(sch.get_loops(part)[-1], "threadIdx.x")
         for index in range(len(sch.get(part).writes)):
             sch.set_scope(part, index, "shared")
+        # Intermediate results (not parameters) stay in the row's CTA for its epilogue.
+        params = list(func.params)
+        for index, region in enumerate(sch.get(fused).writes):
+            if not any(region.source.same_as(p) for p in params):
+                sch.set_scope(fused, index, "shared")
     # Element-wise stages after the cascade (e.g. log(l) + m) run in the row's CTA.
     fused_names = {sch.get(p).name_hint[: -len("_part")] for p in parts}
     for block in sch.get_child_blocks(sch.get_sblock("root")):
