@@ -344,3 +344,25 @@ def test_fused_rows_schedule_assembles_for_sm90a(name, assemble):
     source = cuda_source(schedule_fused_rows(fused).mod)
     assert "__launch_bounds__(128)" in source and "__syncthreads" in source
     assemble(source, f"cascade_{name}")
+
+
+def test_part_starting_at_zero_stays_finite():
+    """A part whose first element is 0 has a partial sum of squares of 0: an online rescale would
+    evaluate x * w / sqrt(0) = 0/0 there. The fused RMSNorm applies 1/sqrt(ss) once at the end."""
+    from tvm_dsm.workloads.cascades import rmsnorm_gemv
+
+    f = rmsnorm_gemv(4, 64)
+    fused, reports = fuse_cascaded_reductions(f, parts=8)
+    assert "split" in " ".join(reports[0].details)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 64)).astype("float32")
+    x[:, :8] = 0.0  # the first element of every part
+    w = rng.standard_normal(64).astype("float32")
+    results = []
+    for g in (fused, f):
+        ex = tvm.compile(tvm.IRModule({"main": g}), target="llvm")
+        ss, y = (tvm.runtime.tensor(np.full(4, np.nan, "float32")) for _ in range(2))
+        ex["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w), ss, y)
+        results.append(y.numpy())
+    assert np.isfinite(results[0]).all()
+    np.testing.assert_allclose(results[0], results[1], rtol=1e-5)

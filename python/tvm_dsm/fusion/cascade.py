@@ -6,8 +6,10 @@ Level j reduces F_j(x_k, Y) with Y its dependencies' results. It fuses into an i
 (RedFuser) when, as the dependencies move from Y_old to Y_new, the running value can be corrected
 without revisiting x:
 
-* sum:  F = G(x) * H(Y)      -> y = y * R + F(x_k, Y_new), R = H(Y_new) / H(Y_old)  ("rescale")
-        F = sum_a G_a(x) H_a(Y) -> one accumulator per G_a, combined with H_a at the end ("split")
+* sum:  F = sum_a G_a(x) H_a(Y) -> one accumulator per G_a, combined with H_a(Y_final) at the
+        end ("split"; also for a single product: exact, and no H(partial Y) singularity);
+        F = G(x) * H(Y) with an exp in G -> y = y * R + F(x_k, Y_new), R = H(Y_new) / H(Y_old)
+        ("rescale", the online form: it keeps exp(x) from overflowing)
 * max/min: F = G(x) + H(Y)   -> y = y + D (op) F(x_k, Y_new), D = H(Y_new) - H(Y_old) ("shift")
            F = G(x) * H(Y), H > 0 -> y = y * R (op) F(x_k, Y_new)                      ("rescale")
 
@@ -187,7 +189,12 @@ def prove(group: list[Level]) -> GroupReport:
         if not ys:
             level.form = "plain"
         elif level.op == "sum":
-            if not _try_rescale(level, new, old, xs) and not _try_split(level, f, xs, set(ys)):
+            # Prefer H applied once at the end (split): exact, and no H(partial Y) singularity
+            # (1/sqrt(0) when a part starts at x = 0). Keep the online rescale where G holds an
+            # exp, whose running correction is what keeps it from overflowing (softmax).
+            if _try_split(level, f, xs, set(ys)) and not any(g.has(sympy.exp) for g, _ in level.terms):
+                pass
+            elif not _try_rescale(level, new, old, xs) and not _try_split(level, f, xs, set(ys)):
                 return GroupReport(
                     names, False,
                     f"level {level.block} (sum): {f} is neither G(x)*H(y) nor a sum of such terms",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import tvm
@@ -170,9 +171,10 @@ def collectives(n: int = 16384) -> list[Variant]:
     return variants
 
 
-def cascades(parts: int = 128) -> list[Variant]:
-    """Fused cascaded reductions (FuseCascadedReductions, split into ``parts`` per row and merged)
-    on shapes of softmax/MoE routing, cross-entropy, LayerNorm/RMSNorm and attention."""
+def cascades() -> list[Variant]:
+    """Fused cascaded reductions (FuseCascadedReductions, split into parts per row and merged)
+    on shapes of softmax/MoE routing, cross-entropy, LayerNorm/RMSNorm and attention; two
+    part counts: 128 and 32 per row (one CTA per row)."""
     shapes = {
         "softmax_stats": [(4096, 4096), (16384, 1024), (2048, 16384)],
         "logsumexp": [(4096, 4096), (8192, 32768 // 4)],
@@ -182,7 +184,7 @@ def cascades(parts: int = 128) -> list[Variant]:
     }
     variants = []
     for name, sizes in shapes.items():
-        for size in sizes:
+        for size, parts in itertools.product(sizes, (128, 32)):
             func = getattr(cascade_workloads, name)(*size)
             n_out = {"softmax_stats": 2, "logsumexp": 1, "layernorm_stats": 2, "rmsnorm_gemv": 2,
                      "softmax_pv": 3}[name]
@@ -192,7 +194,7 @@ def cascades(parts: int = 128) -> list[Variant]:
             args = _args(func, n_out)
             variants.append(
                 Variant(
-                    name=f"{name}_{'x'.join(map(str, size))}",
+                    name=f"{name}_{'x'.join(map(str, size))}_p{parts}",
                     workload=f"cascade_{name}",
                     mod=schedule_fused_rows(fused).mod,
                     args=args,

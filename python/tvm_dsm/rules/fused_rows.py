@@ -2,7 +2,8 @@
 
 One CTA per row; its ``parts`` threads each scan a strided part of the reduction axis (adjacent
 threads read adjacent elements) into partial states in shared memory, which the row then merges
-with the cascade's corrections.
+with the cascade's corrections. (Several rows per CTA would need the partial buffers indexed by
+the row within the CTA: the fused block allocates them per row, so they would collide.)
 """
 
 from __future__ import annotations
