@@ -19,7 +19,8 @@ import tvm_dsm  # noqa: F401  (registers tvm-dsm's pipeline)
 from tvm_dsm.hardware import load_hardware
 from tvm_dsm.plan import plan_split_k_reduction
 from tvm_dsm.rules import schedule_split_k_reduction
-from tvm_dsm.workloads import gemv
+from tvm_dsm.transform import fuse_cascaded_reductions
+from tvm_dsm.workloads import cascades, gemv
 
 M, K = 256, 16384
 TARGET = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}, host="llvm")
@@ -89,6 +90,11 @@ def main() -> None:
                 capture_output=True, text=True,
             )
             print("nvcc sm_90a:", "assembles" if proc.returncode == 0 else proc.stderr)
+
+    section("RedFuser: cascaded reductions fused into one loop (tvm_dsm.transform)")
+    for name, func in (("softmax(x)V", cascades.softmax_pv(128, 512, 64)), ("RMSNorm+GEMV", cascades.rmsnorm_gemv(128, 4096))):
+        _, reports = fuse_cascaded_reductions(func, parts=32)
+        print(f"{name}:", *reports, sep="\n")
 
     section("run")
     if gpu_available():
