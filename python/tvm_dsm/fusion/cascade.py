@@ -102,7 +102,8 @@ def parse_reduction(block) -> Level | None:
     )
 
 
-def _loads(expr) -> list:
+def loads(expr) -> list:
+    """Every buffer load in ``expr``."""
     found = []
     tvm_ffi.structural_walk(expr, [(tvm.ir.TensorLoad, found.append)])
     return found
@@ -125,7 +126,7 @@ def find_cascades(func: tirx.PrimFunc) -> list[list[Level]]:
         group = groups[-1] if groups else None
         deps = []
         if group and group[0].extent == level.extent:
-            deps = [n for n, prev in enumerate(group) if any(ld.source.same_as(prev.output) for ld in _loads(level.value))]
+            deps = [n for n, prev in enumerate(group) if any(ld.source.same_as(prev.output) for ld in loads(level.value))]
         if deps:
             level.deps = deps
             group.append(level)

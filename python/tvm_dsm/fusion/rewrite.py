@@ -24,7 +24,7 @@ from tvm.tirx.script.builder import ir as T
 from tvm.ir import Range
 from tvm.s_tir import SBlock
 
-from .cascade import Level, _Symbols
+from .cascade import Level, _Symbols, loads
 from .symbolic import ToSympy, ToTIR
 
 _COMBINE = {"sum": lambda a, b: a + b, "max": tirx.max, "min": tirx.min}
@@ -77,7 +77,7 @@ class _FusedBlock:
         outputs = [lvl.output for lvl in self.group]
         seen: list = []
         for lvl in self.group:
-            for load in _loads_of(lvl.value):
+            for load in loads(lvl.value):
                 buf = load.source
                 if not any(buf.same_as(o) for o in outputs + seen):
                     seen.append(buf)
@@ -273,12 +273,6 @@ class _FusedBlock:
             T.buffer_store(state[j], tirx.Cast(dtype, total), slot)
 
         self._for_each(lvl, emit)
-
-
-def _loads_of(expr) -> list:
-    found = []
-    tvm_ffi.structural_walk(expr, [(tvm.ir.TensorLoad, found.append)])
-    return found
 
 
 def _extent(level: Level, axis: int) -> int:
