@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from tvm import s_tir, tirx
 
 from ..errors import ClusterError
+from tvm.s_tir.schedule import ExprRV
+
 from ..schedule import bind_cluster, bind_rank, check_cluster_size, place_in_dsm
 
 
@@ -38,7 +40,11 @@ def _reduction_block(sch: s_tir.Schedule) -> tuple[s_tir.schedule.SBlockRV, int,
             f"split-K reduction expects one block (inline elementwise producers first), got "
             f"{len(blocks)}"
         )
-    block = blocks[0]
+    return (blocks[0], *reduction_extents(sch, blocks[0]))
+
+
+def reduction_extents(sch: s_tir.Schedule, block) -> tuple[int, int]:
+    """(rows, K) of a (spatial rows, reduce k) block; ClusterError for any other block."""
     iters = sch.get(block).iter_vars
     kinds = [int(iv.iter_type) for iv in iters]
     if kinds != [tirx.IterVar.DataPar, tirx.IterVar.CommReduce]:
@@ -47,7 +53,28 @@ def _reduction_block(sch: s_tir.Schedule) -> tuple[s_tir.schedule.SBlockRV, int,
             f"in block {sch.get(block).name_hint}"
         )
     rows, depth = (int(iv.dom.extent) for iv in iters)
-    return block, rows, depth
+    return rows, depth
+
+
+CLUSTER_SIZES = (1, 2, 4, 8, 16)
+ROWS_PER_CTA = (1, 2, 4, 8, 16)
+
+
+def decision_candidates(rows: int, depth: int) -> tuple[list[int], list[int]]:
+    """(cluster sizes, rows per CTA) whose every combination is a valid configuration."""
+    sizes = [s for s in CLUSTER_SIZES if depth % s == 0]
+    largest = max(sizes, default=1)
+    per_cta = [r for r in ROWS_PER_CTA if rows % (largest * r) == 0]
+    return sizes, per_cta
+
+
+def candidate_configs(rows: int, depth: int) -> list[SplitKReductionConfig]:
+    """Every configuration the rule can sample for a rows x depth reduction."""
+    sizes, per_cta = decision_candidates(rows, depth)
+    configs = [SplitKReductionConfig(s, s * r) for s in sizes for r in per_cta]
+    for config in configs:
+        check_config(rows, depth, config)  # the pruning guarantees validity
+    return configs
 
 
 def check_config(rows: int, depth: int, config: SplitKReductionConfig) -> None:
@@ -70,14 +97,27 @@ def schedule_split_k_reduction(
     """Schedule ``func`` (one row-reduction block) as a cluster split-K kernel."""
     sch = s_tir.Schedule(func)
     block, rows, depth = _reduction_block(sch)
-    check_config(rows, depth, config)
-    s, warps = config.cluster_size, config.warps
+    check_config(rows, depth, config)  # before rows_per_cluster is divided among the ranks
+    s = config.cluster_size
+    apply_split_k_reduction(sch, block, s, config.rows_per_cluster // s, config.warps)
+    return sch
+
+
+def apply_split_k_reduction(
+    sch: s_tir.Schedule, block, cluster_size, rows_per_cta, warps: int = 4
+) -> None:
+    """Schedule ``block`` of ``sch`` in place. ``cluster_size`` and ``rows_per_cta`` may be
+    sampled ExprRVs (MetaSchedule decisions): they become the split factors and the cluster
+    annotation themselves, so replaying another decision reschedules accordingly."""
+    rows, depth = reduction_extents(sch, block)
+    s, per_cta = (int(sch.get(v)) if isinstance(v, ExprRV) else v for v in (cluster_size, rows_per_cta))
+    check_config(rows, depth, SplitKReductionConfig(s, s * per_cta, warps))
     row_loop, k_loop = sch.get_loops(block)
-    k_rank, _ = sch.split(k_loop, [s, None])
+    k_rank, _ = sch.split(k_loop, [cluster_size, None])
     partial = sch.rfactor(k_rank, factor_axis=0)
     row_loop, _ = sch.get_loops(block)
-    cta, row_in_cta = sch.split(row_loop, [None, config.rows_per_cluster // s])
-    cluster_loop, _ = bind_cluster(sch, cta, s)
+    cta, row_in_cta = sch.split(row_loop, [None, rows_per_cta])
+    cluster_loop, _ = bind_cluster(sch, cta, cluster_size)
     # Before the consumer's thread split: compute_at's region ignores split predicates.
     sch.compute_at(partial, cluster_loop, preserve_unit_loops=True)
     # Both stages use the same (32, warps) thread shape: UnifyThreadBinding needs equal extents.
@@ -88,10 +128,10 @@ def schedule_split_k_reduction(
     bind_rank(sch, rank_loop)
     _, row_warp = sch.split(rows, [None, warps])
     sch.bind(row_warp, "threadIdx.y")
-    # Unrolled: several independent loads per lane in flight ahead of the dependent adds.
+    # Unrolled: several independent loads per lane in flight ahead of the dependent adds
+    # (a non-dividing factor under another decision only adds a predicate).
     unroll = max(1, min(8, depth // s // 32))
     _, k_unrolled, k_lane = sch.split(k_in_cta, [None, unroll, 32])
     sch.bind(k_lane, "threadIdx.x")
     sch.unroll(k_unrolled)
     place_in_dsm(sch, partial, 0)
-    return sch

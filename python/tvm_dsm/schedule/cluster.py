@@ -11,7 +11,7 @@ the rank from ``blockIdx.x``.
 from __future__ import annotations
 
 from tvm import s_tir
-from tvm.s_tir.schedule import LoopRV
+from tvm.s_tir.schedule import ExprRV, LoopRV
 
 from ..errors import ClusterError
 
@@ -41,27 +41,31 @@ def _const_extent(sch: s_tir.Schedule, loop: LoopRV) -> int:
     return int(extent.value)
 
 
-def bind_cluster(sch: s_tir.Schedule, loop: LoopRV, cluster_size: int) -> tuple[LoopRV, LoopRV]:
+def bind_cluster(
+    sch: s_tir.Schedule, loop: LoopRV, cluster_size: int | ExprRV
+) -> tuple[LoopRV, LoopRV]:
     """Launch one CTA per iteration of ``loop``, grouped into clusters of ``cluster_size``.
 
     ``loop`` iterates over all CTAs of the grid. It is split into ``(cluster, rank)``: the cluster
     loop is bound to ``blockIdx.x`` and annotated with the cluster size, the rank loop to
     ``clusterCtaIdx.x``. The rank loop's variable is the CTA's rank in its cluster; compute other
     stages under the cluster loop and bind their rank loops with :func:`bind_rank`. Only
-    instructions MetaSchedule records (split, bind, annotate) are used, so traces replay.
+    instructions MetaSchedule records (split, bind, annotate) are used, so traces replay; a
+    sampled ``cluster_size`` (an ExprRV) stays a decision of the trace.
 
     Returns
     -------
     (cluster_loop, rank_loop)
     """
-    check_cluster_size(cluster_size)
+    size = int(sch.get(cluster_size)) if isinstance(cluster_size, ExprRV) else cluster_size
+    check_cluster_size(size)
     grid = _const_extent(sch, loop)
-    if grid % cluster_size:
+    if grid % size:
         raise ClusterError(
-            f"grid of {grid} CTAs is not divisible by cluster size {cluster_size}: every cluster "
+            f"grid of {grid} CTAs is not divisible by cluster size {size}: every cluster "
             "must be full"
         )
-    cluster_loop, rank_loop = sch.split(loop, [grid // cluster_size, cluster_size])
+    cluster_loop, rank_loop = sch.split(loop, [None, cluster_size])
     sch.bind(cluster_loop, "blockIdx.x")
     sch.annotate(cluster_loop, CLUSTER_SIZE_KEY, cluster_size)
     sch.bind(rank_loop, RANK_TAG)

@@ -1,0 +1,6 @@
+"""tvm-dsm's MetaSchedule plug-ins: schedule rules that emit the cluster/DSM design spaces as
+trace decisions, and cost models from the analytical model."""
+
+from .split_k_reduction import AnalyticalCostModel, SplitKReductionRule, candidate_configs
+
+__all__ = ["AnalyticalCostModel", "SplitKReductionRule", "candidate_configs"]

@@ -1,0 +1,103 @@
+"""The cluster split-K row-reduction family as a MetaSchedule design space and cost model.
+
+``SplitKReductionRule`` turns a (rows, k) reduction block into the split-K schedule with the
+cluster size and the rows per CTA as two recorded ``sample_categorical`` decisions, used directly
+as split factors and cluster annotation, so MetaSchedule's search strategies and mutators explore
+them and replays of other decisions reschedule. The candidate lists are pruned up front so that
+every combination is valid (K divisible by the cluster, rows by cluster x rows per CTA, at most
+16 CTAs per cluster): nothing invalid is ever built. ``AnalyticalCostModel`` scores candidates with the planner
+(:mod:`tvm_dsm.plan.split_k`) instead of XGBoost, whose feature extractor rejects cluster
+bindings.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
+
+from ..errors import ClusterError
+from ..hardware import Hardware, load_hardware
+from ..plan.split_k import predict
+from ..rules.split_k_reduction import (
+    SplitKReductionConfig,
+    apply_split_k_reduction,
+    candidate_configs,
+    decision_candidates,
+    reduction_extents,
+)
+from ..schedule.cluster import CLUSTER_SIZE_KEY
+
+@derived_object
+class SplitKReductionRule(ms.schedule_rule.PyScheduleRule):
+    """Schedule rule: one design-space point per sampled split-K configuration."""
+
+    def _initialize_with_tune_context(self, context) -> None:  # noqa: D401 - MetaSchedule hook
+        pass
+
+    def apply(self, sch: s_tir.Schedule, block) -> list[s_tir.Schedule]:
+        try:
+            rows, depth = reduction_extents(sch, block)
+        except ClusterError:
+            return [sch]  # not a row reduction: leave it to other rules
+        sizes, per_cta = decision_candidates(rows, depth)
+        if not sizes or not per_cta:
+            return [sch]
+        size = sch.sample_categorical(candidates=sizes, probs=[1.0 / len(sizes)] * len(sizes))
+        rows_per_cta = sch.sample_categorical(
+            candidates=per_cta, probs=[1.0 / len(per_cta)] * len(per_cta)
+        )
+        apply_split_k_reduction(sch, block, size, rows_per_cta)
+        return [sch]
+
+    def clone(self) -> "SplitKReductionRule":
+        return SplitKReductionRule()
+
+
+def config_of(mod: tvm.IRModule) -> tuple[SplitKReductionConfig, int, int, int, int]:
+    """(config, rows, depth, element bytes, other input bytes) of a scheduled split-K kernel."""
+    func = mod["main"]
+    cluster: list = []
+    tvm_ffi.structural_walk(
+        func.body, [(tirx.For, lambda f: cluster.append(f) if CLUSTER_SIZE_KEY in f.annotations else None)]
+    )
+    loop = cluster[0]
+    size = int(loop.annotations[CLUSTER_SIZE_KEY])
+    matrix = func.params[0]
+    rows, depth = (int(d) for d in matrix.ty.shape)
+    elem = tvm.DataType(str(matrix.ty.dtype)).bits // 8
+    other = sum(
+        int(np.prod([int(d) for d in p.ty.shape])) * tvm.DataType(str(p.ty.dtype)).bits // 8
+        for p in func.params[1:-1]
+    )
+    clusters = int(loop.extent)
+    return SplitKReductionConfig(size, rows // clusters), rows, depth, elem, other
+
+
+@derived_object
+class AnalyticalCostModel(ms.cost_model.PyCostModel):
+    """Scores candidates by 1 / predicted time of the analytical model (higher is better)."""
+
+    def __init__(self, hw: Hardware | None = None):
+        super().__init__()
+        self.hw = hw or load_hardware()
+
+    def load(self, path: str) -> None:
+        pass
+
+    def save(self, path: str) -> None:
+        pass
+
+    def update(self, context, candidates, results) -> None:
+        pass  # analytical: nothing to learn
+
+    def predict(self, context, candidates) -> np.ndarray:
+        scores = []
+        for candidate in candidates:
+            config, rows, depth, elem, other = config_of(candidate.sch.mod)
+            plan = predict(rows, depth, elem, other, config, self.hw)
+            scores.append(1.0 / plan.predicted_us)
+        return np.array(scores, dtype="float64")
