@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import tvm
 from tvm import s_tir, tirx
 
 from ..errors import ClusterError
@@ -128,10 +129,16 @@ def apply_split_k_reduction(
     bind_rank(sch, rank_loop)
     _, row_warp = sch.split(rows, [None, warps])
     sch.bind(row_warp, "threadIdx.y")
-    # Unrolled: several independent loads per lane in flight ahead of the dependent adds
-    # (a non-dividing factor under another decision only adds a predicate).
-    unroll = max(1, min(8, depth // s // 32))
-    _, k_unrolled, k_lane = sch.split(k_in_cta, [None, unroll, 32])
+    # Each lane loads 16 contiguous bytes of every operand (staged in registers), a few such
+    # vectors unrolled so that they are in flight ahead of the dependent adds (a non-dividing
+    # factor under another decision only adds a predicate).
+    lanes = 16 // max(tvm.DataType(str(r.source.ty.dtype)).bits // 8 for r in sch.get(partial).reads)
+    unroll = max(1, min(4, depth // s // (32 * lanes)))
+    _, k_unrolled, k_lane, _ = sch.split(k_in_cta, [None, unroll, 32, lanes])
     sch.bind(k_lane, "threadIdx.x")
     sch.unroll(k_unrolled)
+    for index in range(len(sch.get(partial).reads)):
+        staged = sch.cache_read(partial, index, "local")
+        sch.compute_at(staged, k_lane)
+        sch.vectorize(sch.get_loops(staged)[-1])
     place_in_dsm(sch, partial, 0)
