@@ -20,7 +20,7 @@ EXCHANGES = [k for k in KINDS if k != "copy"]
 def test_collective_assembles_with_vector_dsm_loads(kind, dtype, vector, cluster, assemble):
     sch = schedule_collective_kernel(collective(kind, 4, cluster, 16384, dtype), kind, cluster)
     source = cuda_source(sch.mod)
-    assert f"ld_vec_shared__cluster_v" in source and vector in source
+    assert "ld_vec_shared__cluster_v" in source and vector in source
     assert "tvm_builtin_ptx_ld_shared__cluster" not in source  # no scalar fallback
     assemble(source, f"{kind}_{dtype}_{cluster}")
 

@@ -7,14 +7,13 @@ import sys
 
 import pytest
 import tvm
-from conftest import TARGET, cuda_source
+from conftest import cuda_source
 from tvm import s_tir
 from tvm.script import tirx as T
 from tvm.tirx.compilation_pipeline import PIPELINE_MAP
 
 from tvm_dsm import ClusterError
 from tvm_dsm.pipeline import dsm_pipeline
-from tvm_dsm.schedule import bind_cluster
 
 
 def test_registered_as_default_s_tir_pipeline():

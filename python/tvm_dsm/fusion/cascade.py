@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 import sympy
 import tvm
-import tvm_ffi
 from tvm import s_tir, tirx
 
+from ..ir import loads, uses
 from .symbolic import ToSympy, Unsupported
 
 _OPS = {tirx.Add: "sum", tirx.Max: "max", tirx.Min: "min"}
@@ -102,19 +102,6 @@ def parse_reduction(block) -> Level | None:
     )
 
 
-def loads(expr) -> list:
-    """Every buffer load in ``expr``."""
-    found = []
-    tvm_ffi.structural_walk(expr, [(tvm.ir.TensorLoad, found.append)])
-    return found
-
-
-def _uses(expr, var) -> bool:
-    found = []
-    tvm_ffi.structural_walk(expr, [(tirx.Var, lambda v: found.append(v) if v.same_as(var) else None)])
-    return bool(found)
-
-
 def find_cascades(func: tirx.PrimFunc) -> list[list[Level]]:
     """Chains of reduction blocks (program order) where each level after the first reads an
     earlier level's output and all share the reduction extent."""
@@ -148,7 +135,7 @@ class _Symbols:
         for n, lvl in enumerate(self.group):
             if load.source.same_as(lvl.output):
                 return sympy.Symbol(f"y{n}", real=True)
-        table = self.x if any(_uses(i, self.level.reduce_var) for i in load.indices) else self.c
+        table = self.x if any(uses(i, self.level.reduce_var) for i in load.indices) else self.c
         key = str(load)
         if key not in table:
             prefix = "x" if table is self.x else "c"

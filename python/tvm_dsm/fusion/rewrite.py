@@ -24,18 +24,12 @@ from tvm.tirx.script.builder import ir as T
 from tvm.ir import Range
 from tvm.s_tir import SBlock
 
-from .cascade import Level, _Symbols, loads
+from ..ir import loads, replace_node, substitute
+from .cascade import Level, _Symbols
 from .symbolic import ToSympy, ToTIR
 
 _COMBINE = {"sum": lambda a, b: a + b, "max": tirx.max, "min": tirx.min}
 _ACC = "float64"  # accumulators of split levels
-
-
-def _substitute_vars(expr, mapping: list[tuple[tirx.Var, tvm.ir.PrimExpr]]):
-    def remap(var):
-        return next((new for old, new in mapping if var.same_as(old)), var)
-
-    return tvm_ffi.structural_map(expr, [(tirx.Var, remap)])
 
 
 class _FusedBlock:
@@ -219,13 +213,13 @@ class _FusedBlock:
             return load
 
         value = tvm_ffi.structural_map(lvl.value, [(tvm.ir.TensorLoad, dep_to_new)])
-        return _substitute_vars(value, self._mapping(lvl, rows, k, extra))
+        return substitute(value, self._mapping(lvl, rows, k, extra))
 
     def _symbols(self, lvl: Level, rows, k, extra, state, new) -> dict:
         names = _Symbols(self.group, lvl)
         ToSympy(names)(lvl.value)  # registers the x/c loads under their symbol names
         table = {
-            name: _substitute_vars(load, self._mapping(lvl, rows, k, extra))
+            name: substitute(load, self._mapping(lvl, rows, k, extra))
             for name, load in names.loads.items()
         }
         for d in lvl.deps:
@@ -300,6 +294,4 @@ def splice(func: tirx.PrimFunc, group: list[Level], parts: int = 1) -> tirx.Prim
     kept = [s for n, s in enumerate(stages) if n not in positions[:-1]]
     kept[kept.index(stages[positions[-1]])] = fused
     body = kept[0] if len(kept) == 1 else tirx.SeqStmt(kept)
-    return func.with_body(
-        tvm_ffi.structural_map(func.body, [(tirx.SeqStmt, lambda s: body if s.same_as(root.body) else s)])
-    )
+    return func.with_body(replace_node(func.body, root.body, body))

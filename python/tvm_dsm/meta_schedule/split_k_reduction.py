@@ -14,18 +14,17 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
-import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 from ..errors import ClusterError
 from ..hardware import Hardware, load_hardware
+from ..ir import find_all
 from ..plan.split_k import predict
 from ..rules.split_k_reduction import (
     SplitKReductionConfig,
     apply_split_k_reduction,
-    candidate_configs,
     decision_candidates,
     reduction_extents,
 )
@@ -60,11 +59,7 @@ class SplitKReductionRule(ms.schedule_rule.PyScheduleRule):
 def config_of(mod: tvm.IRModule) -> tuple[SplitKReductionConfig, int, int, int, int]:
     """(config, rows, depth, element bytes, other input bytes) of a scheduled split-K kernel."""
     func = mod["main"]
-    cluster: list = []
-    tvm_ffi.structural_walk(
-        func.body, [(tirx.For, lambda f: cluster.append(f) if CLUSTER_SIZE_KEY in f.annotations else None)]
-    )
-    loop = cluster[0]
+    loop = find_all(func.body, tirx.For, lambda f: CLUSTER_SIZE_KEY in f.annotations)[0]
     size = int(loop.annotations[CLUSTER_SIZE_KEY])
     matrix = func.params[0]
     rows, depth = (int(d) for d in matrix.ty.shape)

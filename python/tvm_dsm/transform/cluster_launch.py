@@ -14,6 +14,7 @@ from tvm import tirx
 from tvm.ir import Range
 
 from ..errors import ClusterError
+from ..ir import find_all
 from ..schedule.cluster import RANK_TAG
 from .lower_cluster import CLUSTER_LAUNCH_KEY
 
@@ -59,16 +60,8 @@ def attach_cluster_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
     # Checked outside the map callback (exceptions do not cross FFI), on the whole kernel:
     # StorageRewrite hoists shared allocations to the outermost thread_extent, above the marker.
-    kernels = []
-    tvm_ffi.structural_walk(
-        func.body,
-        [(tirx.AttrStmt, lambda a: kernels.append(a) if a.attr_key == "thread_extent" else None)],
-    )
-    for kernel in kernels:
-        markers = []
-        tvm_ffi.structural_walk(
-            kernel.body, [(tirx.AttrStmt, lambda a: markers.append(a) if is_marker(a) else None)]
-        )
+    for kernel in find_all(func.body, tirx.AttrStmt, lambda a: a.attr_key == "thread_extent"):
+        markers = find_all(kernel.body, tirx.AttrStmt, is_marker)
         if markers:
             check_shared_memory(kernel.body, int(markers[0].value))
 

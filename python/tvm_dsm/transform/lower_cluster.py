@@ -27,6 +27,7 @@ from tvm.script import tirx as T
 from tvm.sym import Analyzer
 
 from ..errors import ClusterError
+from ..ir import find_all, replace_node, substitute
 from ..schedule.cluster import RANK_TAG
 from ..schedule.collectives import ROTATE_PEERS_KEY
 from ..schedule.dsm import DSM_SCOPE
@@ -63,22 +64,6 @@ def _is_thread_extent(stmt, tag: str) -> bool:
         and stmt.attr_key == "thread_extent"
         and str(stmt.node.thread_tag) == tag
     )
-
-
-def _find_all(root, node_type, pred=lambda _n: True) -> list:
-    found = []
-    tvm_ffi.structural_walk(root, [(node_type, lambda n: found.append(n) if pred(n) else None)])
-    return found
-
-
-def _substitute(stmt, mapping: list[tuple[tirx.Var, tvm.ir.PrimExpr]]):
-    def remap(var):
-        for old, new in mapping:
-            if var.same_as(old):
-                return new
-        return var
-
-    return tvm_ffi.structural_map(stmt, [(tirx.Var, remap)])
 
 
 def _cluster_barrier() -> tirx.Evaluate:
@@ -214,16 +199,16 @@ class _KernelLowering:
         )
         mapping = [(self.block_var, tirx.floordiv(self.block_var, self.size))]
         mapping += [(v, self.rank) for v in self.rank_vars]
-        body = self._rotate_peers(_substitute(body, mapping))
+        body = self._rotate_peers(substitute(body, mapping))
         # Thread index ranges let the analyzer prove alignment and lane invariance.
         self.analyzer.bind(self.block_var, Range(0, self.kernel.value * self.size))
-        for attr in _find_all(body, tirx.AttrStmt, lambda a: a.attr_key == "thread_extent"):
+        for attr in find_all(body, tirx.AttrStmt, lambda a: a.attr_key == "thread_extent"):
             self.analyzer.bind(attr.node.var, Range(0, attr.value))
-        for loop in _find_all(body, tirx.For):
+        for loop in find_all(body, tirx.For):
             self.analyzer.bind(loop.loop_var, Range(loop.min, loop.min + loop.extent))
         self.dsm = [
             _DSMBuffer(a.buffer, self.size)
-            for a in _find_all(
+            for a in find_all(
                 body, tirx.AllocBuffer, lambda a: str(a.buffer.ty.storage_scope) == DSM_SCOPE
             )
         ]
@@ -250,7 +235,7 @@ class _KernelLowering:
             annotations = {k: v for k, v in loop.annotations.items() if k != ROTATE_PEERS_KEY}
             return tirx.For(
                 loop.loop_var, loop.min, loop.extent, loop.kind,
-                _substitute(loop.body, [(loop.loop_var, rotated)]),
+                substitute(loop.body, [(loop.loop_var, rotated)]),
                 loop.thread_binding, annotations,
             )
 
@@ -258,22 +243,17 @@ class _KernelLowering:
 
     def _run_root_only_stages_on_rank_0(self, body):
         """Guard once-per-cluster stages (marked by CheckClusterSchedule) with ``rank == 0``."""
-        stages = _find_all(body, tirx.AttrStmt, lambda a: a.attr_key == ROOT_ONLY_KEY)
-        guarded = []
+        stages = find_all(body, tirx.AttrStmt, lambda a: a.attr_key == ROOT_ONLY_KEY)
         for stage in stages:
             self.root_only = True
             inner = self._rewrite_accesses(stage.body) if self.dsm else stage.body
             self.root_only = False
-            guarded.append((stage, tirx.IfThenElse(tirx.EQ(self.rank, 0), inner, None)))
-
-        def swap(attr):
-            return next((new for old, new in guarded if old.same_as(attr)), attr)
-
-        return tvm_ffi.structural_map(body, [(tirx.AttrStmt, swap)], order="pre") if guarded else body
+            body = replace_node(body, stage, tirx.IfThenElse(tirx.EQ(self.rank, 0), inner, None))
+        return body
 
     # -- accesses -------------------------------------------------------------------------------
     def _remote_loads(self, expr) -> list:
-        return _find_all(
+        return find_all(
             expr,
             tvm.ir.TensorLoad,
             lambda ld: self._dsm_of(ld.source) is not None and not self._is_local(ld.indices[0]),
@@ -290,10 +270,10 @@ class _KernelLowering:
         self.analyzer.bind(var, Range(0, lanes))
 
         def at_lane_0(expr):
-            return _substitute(expr, [(var, tirx.const(0, "int32"))])
+            return substitute(expr, [(var, tirx.const(0, "int32"))])
 
         def uses_lane(expr) -> bool:
-            return bool(_find_all(expr, tirx.Var, lambda v: v.same_as(var)))
+            return bool(find_all(expr, tirx.Var, lambda v: v.same_as(var)))
 
         def lane_invariant(div, zero) -> bool:
             """a // c is the same for every lane if the simplifier says so, or if a = a0 + lane
@@ -385,7 +365,7 @@ class _KernelLowering:
                 return loop
             remote = self._remote_loads(loop.body) or any(
                 self._dsm_of(s.buffer) is not None and not self._is_local(s.indices[0])
-                for s in _find_all(loop.body, tirx.BufferStore)
+                for s in find_all(loop.body, tirx.BufferStore)
             )
             if not remote:
                 return loop
@@ -428,7 +408,7 @@ class _KernelLowering:
             [(tirx.AllocBuffer, on_alloc), (tirx.For, on_for), (tirx.BufferStore, on_store)],
             order="pre",
         )
-        leftover = _find_all(body, tvm.ir.TensorLoad, lambda ld: self._dsm_of(ld.source))
+        leftover = find_all(body, tvm.ir.TensorLoad, lambda ld: self._dsm_of(ld.source))
         if leftover:
             self.errors.append(
                 f"DSM buffer {leftover[0].source.name} is read outside a store's value (e.g. in a "
@@ -449,7 +429,7 @@ class _KernelLowering:
                 )
 
         tvm_ffi.structural_walk(value, [(tirx.Select, guarded)])
-        for call in _find_all(value, tvm.ir.Call, lambda c: c.op.name.endswith("if_then_else")):
+        for call in find_all(value, tvm.ir.Call, lambda c: c.op.name.endswith("if_then_else")):
             guarded(call)
 
     # -- barriers -------------------------------------------------------------------------------
@@ -463,13 +443,13 @@ class _KernelLowering:
         touched: dict[str, set[int]] = {k: set() for k in ("remote_load", "remote_store", "load", "store")}
         # MergeSharedMemoryAllocations may place any shared buffer over a dead DSM slice: a
         # write to shared memory counts as a write to every slice (index -1) for WAR hazards.
-        if _find_all(stmt, tirx.BufferStore, lambda st: str(st.buffer.ty.storage_scope).startswith("shared")):
+        if find_all(stmt, tirx.BufferStore, lambda st: str(st.buffer.ty.storage_scope).startswith("shared")):
             touched["store"].add(_ANY_SLICE)
-        for attr in _find_all(stmt, tirx.AttrStmt, lambda a: a.attr_key in (_REMOTE_LOAD, _REMOTE_STORE)):
+        for attr in find_all(stmt, tirx.AttrStmt, lambda a: a.attr_key in (_REMOTE_LOAD, _REMOTE_STORE)):
             touched["remote_load" if attr.attr_key == _REMOTE_LOAD else "remote_store"] |= which(attr.node)
-        for load in _find_all(stmt, tvm.ir.TensorLoad):
+        for load in find_all(stmt, tvm.ir.TensorLoad):
             touched["load"] |= which(load.source)
-        for store in _find_all(stmt, tirx.BufferStore):
+        for store in find_all(stmt, tirx.BufferStore):
             touched["store"] |= which(store.buffer)
         return touched
 
@@ -561,17 +541,12 @@ def _is_barrier(stmt) -> bool:
 def lower_cluster_function(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """Apply the lowering described in the module docstring to every cluster kernel of ``func``."""
 
-    lowered = []  # lowered outside the map callback: exceptions do not cross the FFI boundary
-    for kernel in _find_all(func.body, tirx.AttrStmt, lambda a: _is_thread_extent(a, "blockIdx.x")):
-        ranks = _find_all(kernel.body, tirx.AttrStmt, lambda a: _is_thread_extent(a, RANK_TAG))
+    body = func.body  # lowered outside map callbacks: exceptions do not cross the FFI boundary
+    for kernel in find_all(func.body, tirx.AttrStmt, lambda a: _is_thread_extent(a, "blockIdx.x")):
+        ranks = find_all(kernel.body, tirx.AttrStmt, lambda a: _is_thread_extent(a, RANK_TAG))
         if ranks:
-            lowered.append((kernel, _KernelLowering(kernel, ranks).lower()))
-
-    def on_attr(attr):
-        return next((new for old, new in lowered if old.same_as(attr)), attr)
-
-    body = tvm_ffi.structural_map(func.body, [(tirx.AttrStmt, on_attr)], order="pre")
-    stray = _find_all(
+            body = replace_node(body, kernel, _KernelLowering(kernel, ranks).lower())
+    stray = find_all(
         body, tirx.AllocBuffer, lambda a: str(a.buffer.ty.storage_scope) == DSM_SCOPE
     )
     if stray:

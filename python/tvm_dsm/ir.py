@@ -1,0 +1,40 @@
+"""Small IR helpers over TVM 0.27's tvm-ffi structural walkers (buffers are Vars there)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+
+
+def find_all(root, node_type, pred: Callable = lambda _node: True) -> list:
+    """Every node of ``node_type`` under ``root`` for which ``pred`` holds, in walk order."""
+    found: list = []
+    tvm_ffi.structural_walk(root, [(node_type, lambda n: found.append(n) if pred(n) else None)])
+    return found
+
+
+def loads(expr) -> list:
+    """Every buffer load in ``expr``."""
+    return find_all(expr, tvm.ir.TensorLoad)
+
+
+def uses(expr, var: tirx.Var) -> bool:
+    """Whether ``expr`` mentions ``var``."""
+    return bool(find_all(expr, tirx.Var, lambda v: v.same_as(var)))
+
+
+def substitute(node, mapping: list[tuple[tirx.Var, tvm.ir.PrimExpr]]):
+    """``node`` with each variable of ``mapping`` replaced (by identity, not by name)."""
+
+    def remap(var):
+        return next((new for old, new in mapping if var.same_as(old)), var)
+
+    return tvm_ffi.structural_map(node, [(tirx.Var, remap)])
+
+
+def replace_node(root, old, new):
+    """``root`` with the node ``old`` (by identity) replaced by ``new``."""
+    return tvm_ffi.structural_map(root, [(type(old), lambda n: new if n.same_as(old) else n)], order="pre")
