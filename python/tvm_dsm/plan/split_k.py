@@ -8,7 +8,7 @@ not promise absolute times.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from ..errors import ClusterError
 from ..hardware import Hardware
@@ -40,9 +40,6 @@ class SplitKPlan:
             lines.append(f"  {level:<6}  {nbytes:>12,}   {self.seconds[level] * 1e6:9.2f}")
         lines.append(f"  predicted: {self.predicted_us:.1f} us")
         return "\n".join(lines)
-
-    def to_json(self) -> dict:
-        return {**asdict(self), "config": asdict(self.config)}
 
 
 def predict(rows: int, depth: int, elem_bytes: int, extra_input_bytes: int,

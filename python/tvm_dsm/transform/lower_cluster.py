@@ -27,7 +27,7 @@ from tvm.script import tirx as T
 from tvm.sym import Analyzer
 
 from ..errors import ClusterError
-from ..ir import find_all, replace_node, substitute
+from ..ir import find_all, replace_node, substitute, uses
 from ..schedule.cluster import RANK_TAG
 from ..schedule.collectives import ROTATE_PEERS_KEY
 from ..schedule.dsm import DSM_SCOPE
@@ -115,7 +115,7 @@ class _DSMBuffer:
             space = getattr(space, f"v{lanes}")
         return getattr(space, _PTX_TYPES[self.dtype])
 
-    def _registers(self, lanes: int) -> tuple[list, tirx.Var, list]:
+    def registers(self, lanes: int) -> tuple[list, tirx.Var, list]:
         """Local registers for ``lanes`` elements: (allocations, element view, PTX operands)."""
         if self.dtype in _BITS16 and lanes > 1:
             words = tirx.decl_buffer((lanes // 2,), "uint32", "dsm_words", scope="local")
@@ -130,7 +130,7 @@ class _DSMBuffer:
         """Statements loading ``lanes`` elements of peer ``rank`` from ``indices`` into registers,
         and the registers (a ``lanes``-element local buffer of the element type)."""
         peer = tirx.decl_buffer((1,), "uint32", "dsm_peer_addr", scope="local")
-        allocs, view, operands = self._registers(lanes)
+        allocs, view, operands = self.registers(lanes)
         access = [self._peer_address(indices, rank, peer, "r"),
                   tirx.Evaluate(self._ptx(T.ptx.ld, lanes)(*operands, peer[0]))]
         marked = tirx.AttrStmt(self.slice, _REMOTE_LOAD, 0, tirx.SeqStmt(access))
@@ -152,10 +152,6 @@ class _DSMBuffer:
                   tirx.Evaluate(self._ptx(T.ptx.st, lanes)(peer[0], *operands))]
         marked = tirx.AttrStmt(self.slice, _REMOTE_STORE, 0, tirx.SeqStmt(access))
         return [tirx.AllocBuffer(peer), marked]
-
-    def registers(self, lanes: int) -> tuple[list, tirx.Var, list]:
-        """Registers a vector loop fills before one vector remote store."""
-        return self._registers(lanes)
 
     def vector_lanes(self, extent: int) -> int | None:
         """Elements per remote vector access for a vectorized loop of ``extent``, if PTX has one."""
@@ -272,9 +268,6 @@ class _KernelLowering:
         def at_lane_0(expr):
             return substitute(expr, [(var, tirx.const(0, "int32"))])
 
-        def uses_lane(expr) -> bool:
-            return bool(find_all(expr, tirx.Var, lambda v: v.same_as(var)))
-
         def lane_invariant(div, zero) -> bool:
             """a // c is the same for every lane if the simplifier says so, or if a = a0 + lane
             with a0 a multiple of the lane count, which divides c."""
@@ -297,13 +290,13 @@ class _KernelLowering:
 
             def fix(div):
                 zero = at_lane_0(div)
-                return zero if uses_lane(div) and lane_invariant(div, zero) else div
+                return zero if uses(div, var) and lane_invariant(div, zero) else div
 
             return tvm_ffi.structural_map(expr, [(tirx.FloorDiv, fix)])
 
         *outer, last = indices
         for index in outer:
-            if uses_lane(index) and not self.analyzer.can_prove_equal(
+            if uses(index, var) and not self.analyzer.can_prove_equal(
                 invariant_divisions(index), invariant_divisions(at_lane_0(index))
             ):
                 return None
@@ -321,7 +314,7 @@ class _KernelLowering:
         store = loop.body
         if not isinstance(store, tirx.BufferStore):
             return None
-        pre, post, replaced = [], [], {}
+        pre, post, value = [], [], store.value
         for load in self._remote_loads(store.value):
             dsm = self._dsm_of(load.source)
             access = self._vector_access(dsm, list(load.indices), loop)
@@ -330,15 +323,7 @@ class _KernelLowering:
             (rank, *indices), lanes = access
             stmts, regs = dsm.remote_load(indices, rank, lanes)
             pre.extend(stmts)
-            replaced[id(load)] = (load, tirx.BufferLoad(regs, [loop.loop_var]))
-
-        def swap(expr):
-            for old, new in replaced.values():
-                if expr.same_as(old):
-                    return new
-            return expr
-
-        value = tvm_ffi.structural_map(store.value, [(tvm.ir.TensorLoad, swap)])
+            value = replace_node(value, load, tirx.BufferLoad(regs, [loop.loop_var]))
         dsm = self._dsm_of(store.buffer)
         if dsm is not None and not self._is_local(store.indices[0]):
             access = self._vector_access(dsm, list(store.indices), loop)
@@ -501,11 +486,14 @@ class _BarrierState:
 
     def __init__(self):
         self.started = False  # a barrier has run: every CTA of the cluster has started
-        self.reset()
+        self._clear()
 
     def reset(self) -> None:
-        if hasattr(self, "written"):
-            self.started = True
+        """A barrier was placed."""
+        self.started = True
+        self._clear()
+
+    def _clear(self) -> None:
         self.written: set[int] = set()
         self.written_remotely: set[int] = set()
         self.read_remotely: set[int] = set()
@@ -528,14 +516,6 @@ class _BarrierState:
         self.written_remotely |= t["remote_store"]
         self.read_remotely |= t["remote_load"]
         self.remote_since_barrier |= bool(t["remote_load"] or t["remote_store"])
-
-
-def _is_barrier(stmt) -> bool:
-    return (
-        isinstance(stmt, tirx.Evaluate)
-        and isinstance(stmt.value, tvm.ir.Call)
-        and stmt.value.op.name == "tirx.cuda.cluster_sync"
-    )
 
 
 def lower_cluster_function(func: tirx.PrimFunc) -> tirx.PrimFunc:
