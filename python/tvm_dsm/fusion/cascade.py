@@ -122,7 +122,7 @@ def find_cascades(func: tirx.PrimFunc) -> list[list[Level]]:
     return [g for g in groups if len(g) > 1]
 
 
-class _Symbols:
+class LoadSymbols:
     """Names the loads of a cascade: y<j> (level outputs), x<n> (reduced data), c<n> (other)."""
 
     def __init__(self, group: list[Level], level: Level):
@@ -162,7 +162,7 @@ def prove(group: list[Level]) -> GroupReport:
                 return GroupReport(
                     names, False, f"level {group[dep].block} has extra spatial axes and is read by {level.block}"
                 )
-        symbols = _Symbols(group, level)
+        symbols = LoadSymbols(group, level)
         translate = ToSympy(symbols)
         try:
             f = translate(level.value)

@@ -24,8 +24,8 @@ from tvm.tirx.script.builder import ir as T
 from tvm.ir import Range
 from tvm.s_tir import SBlock
 
-from ..ir import loads, replace_node, substitute
-from .cascade import Level, _Symbols
+from ..ir import find_all, loads, replace_node, substitute
+from .cascade import Level, LoadSymbols
 from .symbolic import ToSympy, ToTIR
 
 _COMBINE = {"sum": lambda a, b: a + b, "max": tirx.max, "min": tirx.min}
@@ -216,7 +216,7 @@ class _FusedBlock:
         return substitute(value, self._mapping(lvl, rows, k, extra))
 
     def _symbols(self, lvl: Level, rows, k, extra, state, new) -> dict:
-        names = _Symbols(self.group, lvl)
+        names = LoadSymbols(self.group, lvl)
         ToSympy(names)(lvl.value)  # registers the x/c loads under their symbol names
         table = {
             name: substitute(load, self._mapping(lvl, rows, k, extra))
@@ -285,9 +285,7 @@ def splice(func: tirx.PrimFunc, group: list[Level], parts: int = 1) -> tirx.Prim
     names = {lvl.block for lvl in group}
 
     def blocks_in(stmt) -> set[str]:
-        found = set()
-        tvm_ffi.structural_walk(stmt, [(SBlock, lambda b: found.add(str(b.name_hint)))])
-        return found
+        return {str(b.name_hint) for b in find_all(stmt, SBlock)}
 
     positions = [n for n, stage in enumerate(stages) if blocks_in(stage) & names]
     fused = _FusedBlock(group, parts).build()

@@ -25,16 +25,11 @@ MAX_STATIC_SMEM = 48 * 1024
 
 def _shared_bytes(body, scope: str) -> int:
     total = 0
-
-    def count(alloc):
-        nonlocal total
-        if str(alloc.buffer.ty.storage_scope) == scope:
-            elems = 1
-            for extent in alloc.buffer.ty.shape:
-                elems *= int(extent)
-            total += elems * tvm.DataType(str(alloc.buffer.ty.dtype)).bits // 8
-
-    tvm_ffi.structural_walk(body, [(tirx.AllocBuffer, count)])
+    for alloc in find_all(body, tirx.AllocBuffer, lambda a: str(a.buffer.ty.storage_scope) == scope):
+        elems = 1
+        for extent in alloc.buffer.ty.shape:
+            elems *= int(extent)
+        total += elems * tvm.DataType(str(alloc.buffer.ty.dtype)).bits // 8
     return total
 
 

@@ -413,9 +413,10 @@ class _KernelLowering:
                     "a select/if_then_else; tvm-dsm does not lower conditional remote reads"
                 )
 
-        tvm_ffi.structural_walk(value, [(tirx.Select, guarded)])
-        for call in find_all(value, tvm.ir.Call, lambda c: c.op.name.endswith("if_then_else")):
-            guarded(call)
+        for node in find_all(value, tirx.Select) + find_all(
+            value, tvm.ir.Call, lambda c: c.op.name.endswith("if_then_else")
+        ):
+            guarded(node)
 
     # -- barriers -------------------------------------------------------------------------------
     def _touches(self, stmt) -> dict[str, set[int]]:
