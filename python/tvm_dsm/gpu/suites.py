@@ -12,7 +12,7 @@ from ..rules import SplitKReductionConfig, schedule_split_k_reduction
 from ..rules.collective_kernel import schedule_collective_kernel, schedule_split_sum
 from ..workloads import gemv, row_sum
 from ..rules.fused_rows import schedule_fused_rows
-from ..transform.fuse_cascaded_reductions import fuse_cascaded_reductions
+from ..transform.cascaded_reductions import fuse_cascaded_reductions
 from ..workloads import cascades as cascade_workloads
 from ..workloads.collectives import KINDS, collective, split_sum
 
