@@ -14,10 +14,24 @@ from tvm import s_tir, tirx
 from tvm.s_tir import pipeline as stock
 from tvm.tirx import compilation_pipeline
 
+from .ir import find_all
 from .transform import AttachClusterLaunch, CheckClusterSchedule, LowerCluster
 
+#: Loop annotation of s_tir's software pipeline listing its asynchronous stages.
+ASYNC_STAGES_KEY = "software_pipeline_async_stages"
 
-def _passes(config) -> list:
+
+def _requests_async_copy(mod: tvm.IRModule) -> bool:
+    """Whether a schedule pipelined a loop with asynchronous stages (cp.async): stock TVM only
+    emits them under the ``tirx.use_async_copy`` option, which a schedule cannot set."""
+    return any(
+        find_all(f.body, tirx.For, lambda loop: ASYNC_STAGES_KEY in loop.annotations)
+        for f in mod.functions.values()
+        if isinstance(f, tirx.PrimFunc)
+    )
+
+
+def _passes(config, async_copy: bool) -> list:
     """The stock s_tir pass list (TVM 0.27.0) with tvm-dsm's passes marked ``# tvm-dsm``."""
     passes = [
         CheckClusterSchedule,  # tvm-dsm
@@ -49,7 +63,7 @@ def _passes(config) -> list:
     ]
     if not bool(config.get("tirx.disable_storage_rewrite", False)):
         passes.append(tirx.transform.StorageRewrite())
-    if config.get("tirx.use_async_copy", False):
+    if async_copy:
         passes.append(s_tir.transform.LowerAsyncDMA())
     passes += [
         s_tir.transform.HoistIfThenElse(),
@@ -80,7 +94,7 @@ def _passes(config) -> list:
         s_tir.transform.LowerThreadAllreduce(),
         AttachClusterLaunch,  # tvm-dsm
     ]
-    if bool(config.get("tirx.use_async_copy", False)):
+    if async_copy:
         passes.append(s_tir.transform.InjectPTXAsyncCopy())
     if bool(config.get("tirx.s_tir.ldg32", False)):
         passes.append(s_tir.transform.InjectPTXLDG32())
@@ -100,7 +114,8 @@ def dsm_pipeline():
     @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.Pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         config = tvm.transform.PassContext.current().config
-        return tvm.ir.transform.Sequential(_passes(config))(mod)
+        async_copy = bool(config.get("tirx.use_async_copy", False)) or _requests_async_copy(mod)
+        return tvm.ir.transform.Sequential(_passes(config, async_copy))(mod)
 
     return _pipeline, stock.finalize_host_passes, stock.finalize_device_passes
 

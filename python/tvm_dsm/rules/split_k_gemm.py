@@ -1,0 +1,294 @@
+"""Cluster split-K GEMM on tensor cores: the main loop of every fused kernel.
+
+``Y = epilogue(X @ W)``, fp16 inputs, fp32 accumulation. Each cluster owns a ``block_m x block_n``
+tile of ``Y``; its ``S`` CTAs split K in S contiguous slices. A CTA streams its slices of ``X``
+and ``W`` through a ``stages``-deep ``cp.async`` pipeline into swizzle-free padded shared memory,
+loads fragments with ``ldmatrix`` and multiplies with ``mma.sync.m16n8k16`` (TVM's own tensor
+intrinsics), then stores its fp32 partial tile into its slice of a DSM buffer. After the cluster
+barrier, CTA r owns rows ``[r*block_m/S, (r+1)*block_m/S)`` of the tile (reduce-scatter): it adds
+the S partials with 16-byte ``ld.shared::cluster.v4`` loads, starting at its own rank, applies
+the epilogue (bias, activation, cast: the function's elementwise consumers) and writes ``Y``.
+One kernel, no atomics, deterministic.
+
+Why split K inside a cluster: at small M a GEMM has few output tiles (128 x 4096 in 128 x 128
+tiles is 32 CTAs for 132 SMs); splitting K over S CTAs fills the machine while the partial
+tiles stay on chip.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import s_tir, tirx
+from tvm.s_tir import TensorIntrin
+from tvm.s_tir.tensor_intrin import cuda as mma
+from tvm.s_tir.schedule import SBlockRV
+
+from ..errors import ClusterError
+from ..transform.cluster_launch import MAX_SMEM_PER_CTA
+from ..schedule import bind_cluster, bind_rank, check_cluster_size, place_in_dsm
+from ..schedule.collectives import ROTATE_PEERS_KEY
+from ..schedule.dsm import DSM_SCOPE
+
+#: Tensor intrinsic storing a 16x16 fp32 accumulator fragment into a DSM slice (plain stores,
+#: which tvm_dsm.transform.lower_cluster turns into the CTA's own shared-memory stores).
+MMA_STORE_F32_DSM = "tvm_dsm.mma_store_16x16_f32_dsm"
+TensorIntrin.register(MMA_STORE_F32_DSM, *mma.get_mma_store_intrin("float32", 8, DSM_SCOPE, False), override=True)
+
+_TILE = 16  # mma.sync m16n8k16, issued as 16x16x16 by TVM's intrinsics
+_VECTOR = 16  # bytes per cp.async and per DSM load
+_PAD = 8  # fp16 elements of padding per shared row: ldmatrix rows land in different banks
+
+
+@dataclass(frozen=True)
+class SplitKGemmConfig:
+    """A point of the schedule family's design space."""
+
+    cluster_size: int  # CTAs that split K (1: no split)
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 64
+    warps_m: int = 2
+    warps_n: int = 4
+    stages: int = 3
+
+    @property
+    def warps(self) -> int:
+        return self.warps_m * self.warps_n
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    def shared_bytes(self, elem_bytes: int = 2) -> int:
+        """Dynamic shared memory per CTA: the operand pipeline plus the fp32 partial tile."""
+        operands = (self.block_m + self.block_n) * (self.block_k + _PAD) * elem_bytes
+        return self.stages * operands + self.block_m * self.block_n * 4
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    """What the rule found in the function: ``m x n x k``, ``W`` stored ``[n, k]`` or ``[k, n]``."""
+
+    m: int
+    n: int
+    k: int
+    weight_nk: bool
+    dtype: str
+
+
+def _index_vars(region) -> list:
+    """The block variables indexing each dimension of ``region`` (None where not a plain var)."""
+    return [r.min if isinstance(r.min, tirx.Var) and int(r.extent) == 1 else None for r in region.region]
+
+
+def find_gemm(sch: s_tir.Schedule) -> tuple[SBlockRV, list[SBlockRV], GemmShape]:
+    """The function's matmul block, its elementwise consumers (epilogue) and its shape.
+
+    ClusterError names what does not fit: the rule needs one (i, j, k) reduction block reading
+    ``X[i, k]`` and ``W[j, k]`` or ``W[k, j]`` in float16, followed only by elementwise blocks.
+    """
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    reductions = [
+        b for b in blocks
+        if any(int(iv.iter_type) == tirx.IterVar.CommReduce for iv in sch.get(b).iter_vars)
+    ]
+    if len(reductions) != 1 or reductions[0] != blocks[0]:
+        raise ClusterError(
+            "split-K GEMM expects one matmul block first, then elementwise epilogue blocks; got "
+            f"{[sch.get(b).name_hint for b in blocks]}"
+        )
+    block = sch.get(blocks[0])
+    kinds = [int(iv.iter_type) for iv in block.iter_vars]
+    if kinds != [tirx.IterVar.DataPar, tirx.IterVar.DataPar, tirx.IterVar.CommReduce]:
+        raise ClusterError(f"split-K GEMM expects iterators (i, j, k), got {kinds} in {block.name_hint}")
+    i, j, k = (iv.var for iv in block.iter_vars)
+    m, n, depth = (int(iv.dom.extent) for iv in block.iter_vars)
+    operands = [r for r in block.reads if not r.source.same_as(block.writes[0].source)]
+    if len(operands) != 2 or str(block.writes[0].source.ty.dtype) != "float32":
+        raise ClusterError(f"{block.name_hint} is not an fp32-accumulated product of two operands")
+    x, w = operands
+    if [v.same_as(e) if v is not None else False for v, e in zip(_index_vars(x), (i, k))] != [True, True]:
+        raise ClusterError(f"{block.name_hint}: the first operand must be indexed [i, k]")
+    w_vars = _index_vars(w)
+    weight_nk = all(a is not None and a.same_as(b) for a, b in zip(w_vars, (j, k)))
+    if not weight_nk and not all(a is not None and a.same_as(b) for a, b in zip(w_vars, (k, j))):
+        raise ClusterError(f"{block.name_hint}: the second operand must be indexed [j, k] or [k, j]")
+    dtypes = {str(x.source.ty.dtype), str(w.source.ty.dtype)}
+    if dtypes != {"float16"}:
+        raise ClusterError(f"split-K GEMM supports float16 operands, got {sorted(dtypes)}")
+    return blocks[0], list(blocks[1:]), GemmShape(m, n, depth, weight_nk, "float16")
+
+
+def check_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
+    """Raise :class:`ClusterError` naming the first constraint ``config`` breaks for ``shape``."""
+    c, s = config, config.cluster_size
+    check_cluster_size(s)
+    for what, extent, tile in (("M", shape.m, c.block_m), ("N", shape.n, c.block_n)):
+        if extent % tile:
+            raise ClusterError(f"{what}={extent} is not a multiple of the {tile} tile")
+    if shape.k % (s * c.block_k):
+        raise ClusterError(f"K={shape.k} is not a multiple of cluster {s} x block_k {c.block_k}")
+    if c.block_m % (_TILE * c.warps_m) or c.block_n % (_TILE * c.warps_n) or c.block_k % _TILE:
+        raise ClusterError(f"tiles {c.block_m}x{c.block_n}x{c.block_k} do not split into 16x16 "
+                           f"fragments over {c.warps_m}x{c.warps_n} warps")
+    if c.block_m % s or (c.block_m // s * c.block_n) % (c.threads * 4):
+        raise ClusterError(f"the {c.block_m}x{c.block_n} tile does not scatter over {s} CTAs "
+                           f"in 16-byte vectors of {c.threads} threads")
+    lanes = _VECTOR // 2
+    for rows in (c.block_m, c.block_n):
+        if (rows * c.block_k) % (c.threads * lanes):
+            raise ClusterError(f"a {rows}x{c.block_k} operand tile is not a whole number of "
+                               f"16-byte copies for {c.threads} threads")
+    if c.stages < 2:
+        raise ClusterError(f"stages={c.stages}: the pipeline needs at least 2")
+    if c.shared_bytes() > MAX_SMEM_PER_CTA:
+        raise ClusterError(f"{c.shared_bytes()} B of shared memory per CTA exceeds the "
+                           f"{MAX_SMEM_PER_CTA} B an H100 CTA may use")
+
+
+def _fragment_map(i, j):
+    """Shared 16x16 tile -> (tile row, tile col, lane, register) of mma.sync's fragment layout."""
+    return (i // _TILE, j // _TILE, *mma.shared_16x16_to_ldmatrix_32x8_layout(i % _TILE, j % _TILE))
+
+
+def schedule_split_k_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig) -> s_tir.Schedule:
+    """Schedule ``func`` (a matmul block plus elementwise epilogue) as a cluster split-K GEMM."""
+    sch = s_tir.Schedule(func)
+    block, epilogue, shape = find_gemm(sch)
+    check_config(shape, config)
+    apply_split_k_gemm(sch, block, epilogue, shape, config)
+    return sch
+
+
+def apply_split_k_gemm(
+    sch: s_tir.Schedule,
+    block: SBlockRV,
+    epilogue: list[SBlockRV],
+    shape: GemmShape,
+    config: SplitKGemmConfig,
+) -> None:
+    """Schedule ``block`` (and its ``epilogue`` blocks) of ``sch`` in place."""
+    c, s = config, config.cluster_size
+    *inner_epilogue, output = epilogue
+    for stage in inner_epilogue:
+        sch.compute_inline(stage)
+
+    # Split K over the cluster: the rfactor block computes one partial tile per rank.
+    i, j, k = sch.get_loops(block)
+    k_rank, k = sch.split(k, [s, None])
+    partial = sch.rfactor(k_rank, factor_axis=0)
+
+    # The final stage: CTA r of a tile's cluster reduces rows r*block_m/S.. of the tile.
+    i, j, k_rank = sch.get_loops(block)
+    i_tile, i_in = sch.split(i, [None, c.block_m])
+    j_tile, j_in = sch.split(j, [None, c.block_n])
+    i_rank, i_row = sch.split(i_in, [s, None])
+    sch.reorder(i_tile, j_tile, i_rank, i_row, j_in, k_rank)
+    cluster, _ = bind_cluster(sch, sch.fuse(i_tile, j_tile, i_rank), s)
+
+    # The partial stage: 16x16x16 tensor-core blocks, tiled over warps and K steps.
+    p_i, p_j, p_rank, p_k = sch.get_loops(partial)
+    p_i, i_tc = sch.split(p_i, [None, _TILE])
+    p_j, j_tc = sch.split(p_j, [None, _TILE])
+    p_k, k_tc = sch.split(p_k, [None, _TILE])
+    sch.reorder(p_rank, p_i, p_j, p_k, i_tc, j_tc, k_tc)
+    fragment, fragment_name = partial, sch.get(partial).name_hint
+    partial = sch.blockize(i_tc)
+    sch.compute_at(partial, cluster, preserve_unit_loops=True)
+    _, p_rank, p_i, p_j, p_k = sch.get_loops(partial)
+    i_warp, i_frag = sch.split(p_i, [c.warps_m, None])
+    j_warp, j_frag = sch.split(p_j, [c.warps_n, None])
+    k_step, k_frag = sch.split(p_k, [None, c.block_k // _TILE])
+    sch.reorder(i_warp, j_warp, k_step, k_frag, i_frag, j_frag)
+    warp = sch.fuse(i_warp, j_warp)
+    sch.bind(warp, "threadIdx.y")
+
+    _stage_operands(sch, partial, k_step, shape, c)
+    bind_rank(sch, p_rank)  # after the operand caches: their region is one CTA's K slice
+
+    x_frag = sch.cache_read(partial, 0, "warp")
+    w_frag = sch.cache_read(partial, 1, "warp")
+    for cache in (x_frag, w_frag):
+        sch.compute_at(cache, k_frag)
+    accumulator = sch.cache_write(partial, 0, "warp")
+    sch.reverse_compute_at(accumulator, warp)
+    rows, cols = sch.get_loops(accumulator)[-2:]
+    rows, rows_in = sch.split(rows, [None, _TILE])
+    cols, cols_in = sch.split(cols, [None, _TILE])
+    sch.reorder(rows, cols, rows_in, cols_in)
+    sch.decompose_reduction(partial, k_step)
+
+    x_loop = _fragment_tile(sch, x_frag, _TILE, _TILE)
+    w_loop = _fragment_tile(sch, w_frag, *((_TILE, _TILE) if shape.weight_nk else (_TILE, _TILE)))
+    sch.transform_layout(x_frag, ("write", 0), _fragment_map)
+    sch.transform_layout(w_frag, ("write", 0), _fragment_map)
+    sch.transform_layout(accumulator, ("read", 0), lambda r, a, b: (r, *_fragment_map(a, b)))
+    sch.tensorize(x_loop, mma.LDMATRIX_f16_A_DYN_INTRIN)
+    if shape.weight_nk:
+        sch.tensorize(w_loop, mma.LDMATRIX_f16_B_TRANS_DYN_INTRIN)
+        sch.tensorize(sch.get_loops(fragment)[-3], mma.MMA_f16f16f32_TRANS_B_INTRIN)
+    else:
+        sch.tensorize(w_loop, mma.LDMATRIX_f16_B_DYN_INTRIN)
+        sch.tensorize(sch.get_loops(fragment)[-3], mma.MMA_f16f16f32_INTRIN)
+    sch.tensorize(sch.get_loops(sch.get_sblock(f"{fragment_name}_init"))[-2],
+                  mma.MMA_fill_16x16_f32_INTRIN)
+    place_in_dsm(sch, accumulator, 0)
+    sch.tensorize(sch.get_loops(accumulator)[-2], MMA_STORE_F32_DSM)
+
+    # Software pipeline: operand tiles stages-1 K steps ahead (cp.async), fragments one
+    # 16-wide K step ahead. The outer body is [X tile, W tile, then the inner pipeline's
+    # prologue, body and epilogue].
+    sch.annotate(k_step, "software_pipeline_stage", [0, 0, c.stages - 2, c.stages - 1, c.stages - 1])
+    sch.annotate(k_step, "software_pipeline_order", [0, 1, 3, 2, 4])
+    sch.annotate(k_step, "software_pipeline_async_stages", [0])
+    sch.annotate(k_frag, "software_pipeline_stage", [0, 0, 1])
+    sch.annotate(k_frag, "software_pipeline_order", [0, 1, 2])
+
+    _schedule_reduce_scatter(sch, block, output, c)
+
+
+def _stage_operands(sch, partial, k_step, shape: GemmShape, c: SplitKGemmConfig) -> None:
+    """Copy each K step's operand tiles to shared memory in 16-byte vectors (cp.async once the
+    loop is pipelined). The layout keeps only the K step (``k % block_k``), so a tile's shared
+    buffer holds one CTA's step whatever its rank, and pads rows against bank conflicts."""
+    for index, k_axis in ((0, 1), (1, 1 if shape.weight_nk else 0)):
+        cache = sch.cache_read(partial, index, "shared.dyn")
+        sch.compute_at(cache, k_step)
+        fused = sch.fuse(*sch.get_loops(cache)[-2:])
+        _, ty, tx, vector = sch.split(fused, [None, c.warps, 32, _VECTOR // 2])
+        sch.bind(tx, "threadIdx.x")
+        sch.bind(ty, "threadIdx.y")
+        sch.vectorize(vector)
+
+        step_local = (
+            (lambda a, b: (a, b % c.block_k)) if k_axis == 1 else (lambda a, b: (a % c.block_k, b))
+        )
+        sch.transform_layout(cache, ("write", 0), step_local, assume_injective_transform=True)
+        sch.storage_align(cache, 0, axis=-2, factor=32, offset=_PAD)
+
+
+def _fragment_tile(sch, cache, height: int, width: int):
+    rows, cols = sch.get_loops(cache)[-2:]
+    rows, rows_in = sch.split(rows, [None, height])
+    cols, cols_in = sch.split(cols, [None, width])
+    sch.reorder(rows, cols, rows_in, cols_in)
+    return rows_in
+
+
+def _schedule_reduce_scatter(sch, block, output, c: SplitKGemmConfig) -> None:
+    """Each thread sums 4 fp32 columns over the S partials (one ld.shared::cluster.v4 per peer,
+    all in flight), applies the epilogue in registers and stores the result vector."""
+    sch.set_scope(block, 0, "local")
+    _, _, rows, cols, peers = sch.get_loops(block)
+    # The same (32, warps) thread shape as the main loop: UnifyThreadBinding needs equal extents.
+    _, warp, thread, vector = sch.split(sch.fuse(rows, cols), [None, c.warps, 32, 4])
+    sch.reorder(warp, thread, peers, vector)
+    sch.bind(warp, "threadIdx.y")
+    sch.bind(thread, "threadIdx.x")
+    sch.annotate(peers, ROTATE_PEERS_KEY, 1)
+    sch.reverse_compute_at(output, thread)
+    sch.vectorize(sch.get_loops(output)[-1])
+    sch.vectorize(vector)  # before decompose_reduction: vectorize needs a reduction block
+    sch.unroll(peers)
+    sch.decompose_reduction(block, peers)
