@@ -26,3 +26,13 @@ if not tvm.base._RUNTIME_ONLY:
     from .pipeline import register_pipeline
 
     register_pipeline()
+
+
+def __getattr__(name: str):
+    """``tvm_dsm.schedule_dense`` loads on first use: it imports TVM's tensor intrinsics, which
+    take seconds to parse, and ``import tvm`` loads this package."""
+    if name == "schedule_dense":
+        from .plan.split_k_gemm import schedule_dense
+
+        return schedule_dense
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

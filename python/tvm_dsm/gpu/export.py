@@ -36,6 +36,8 @@ def export_suite(suite: str, out_dir: Path) -> Path:
         executable = tvm.compile(variant.mod, target=target, tir_pipeline=variant.pipeline)
         lib = f"{variant.name}.so"
         executable.export_library(str(folder / lib))
+        # The source again beside it: the device compiles every kernel in parallel up front.
+        (folder / f"{variant.name}.cu").write_text(executable.mod.imports[0].inspect_source())
         kernels.append(
             {
                 "name": variant.name,

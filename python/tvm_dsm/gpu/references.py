@@ -91,6 +91,14 @@ REFERENCES: dict[str, Reference] = {
         )
         for name, f in _CASCADES.items()
     },
+    "dense": Reference(
+        float64=lambda x, w: x.double() @ w.double().T,
+        torch_eager=torch.nn.functional.linear,
+    ),
+    "dense_bias_silu": Reference(
+        float64=lambda x, w, b: torch.nn.functional.silu(x.double() @ w.double().T + b.double()),
+        torch_eager=lambda x, w, b: torch.nn.functional.silu(torch.nn.functional.linear(x, w, b)),
+    ),
     "split_sum": Reference(
         float64=lambda a, clusters_per_group: _split_sum(a.double(), clusters_per_group),
         torch_eager=lambda a, clusters_per_group: _split_sum(a.float(), clusters_per_group),

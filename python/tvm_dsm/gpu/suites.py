@@ -8,7 +8,13 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import s_tir
 
+from tvm.s_tir import dlight as dl
+
+from ..hardware import load_hardware
+from ..plan.split_k_gemm import plan_split_k_gemm
 from ..rules import SplitKReductionConfig, schedule_split_k_reduction
+from ..rules.split_k_gemm import GemmShape, SplitKGemmConfig, schedule_split_k_gemm
+from ..workloads.dense import dense
 from ..rules.collective_kernel import schedule_collective_kernel, schedule_split_sum
 from ..workloads import gemv, row_sum
 from ..rules.fused_rows import schedule_fused_rows
@@ -206,4 +212,77 @@ def cascades() -> list[Variant]:
     return variants
 
 
-SUITES = {"split_k": split_k, "collectives": collectives, "cascades": cascades}
+#: Weight shapes (N, K) of the GEMM chains' and SwiGLU FFNs' layers (FlashFuser's G/S workloads).
+GEMM_SHAPES = {
+    "G5a": (16384, 4096), "G5b": (4096, 16384), "G8a": (8192, 2048), "G8b": (2048, 8192),
+    "G4a": (3072, 768), "G4b": (768, 3072), "S3a": (22016, 4096), "S3b": (4096, 11008),
+}
+_SWEEP = [(128, 128, 64, 2, 4, 3), (128, 64, 64, 2, 2, 4), (64, 128, 64, 2, 4, 4), (64, 256, 64, 2, 4, 3)]
+
+
+def _gemm_variant(label: str, m: int, n: int, k: int, config, plan_rank: int | None,
+                  predicted_us: float, epilogue: bool = False) -> Variant:
+    func = dense(m, n, k, bias=epilogue, activation="silu" if epilogue else "identity")
+    args = _args(func)
+    c = config
+    return Variant(
+        name=f"{label}_m{m}_c{c.cluster_size}_{c.block_m}x{c.block_n}x{c.block_k}_s{c.stages}"
+        + ("_bias_silu" if epilogue else ""),
+        workload="dense_bias_silu" if epilogue else "dense",
+        mod=schedule_split_k_gemm(func, config).mod,
+        args=args,
+        bytes=_nbytes(args),
+        flops=2 * m * n * k,
+        plan={**vars(config), "plan_rank": plan_rank, "predicted_us": predicted_us},
+        extra={"shape": label, "m": m, "n": n, "k": k},
+    )
+
+
+def _gemm_configs(shape: GemmShape, top: int) -> list:
+    """The planner's top picks, then a fixed sweep over cluster sizes (model check, ablation)."""
+    plans = plan_split_k_gemm(shape, load_hardware())
+    chosen = {p.config: (rank, p.predicted_us) for rank, p in enumerate(plans[:top])}
+    by_config = {p.config: (rank, p.predicted_us) for rank, p in enumerate(plans)}
+    for s in (1, 2, 4, 8, 16):
+        for bm, bn, bk, wm, wn, stages in _SWEEP:
+            config = SplitKGemmConfig(s, min(bm, shape.m), bn, bk, wm if shape.m >= 64 else 1, wn, stages)
+            if config in by_config:
+                chosen.setdefault(config, by_config[config])
+    return list(chosen.items())
+
+
+def _dlight_variant(label: str, m: int, n: int, k: int) -> Variant:
+    """TVM's stock dlight schedule for the same layer. dlight skips tensor cores when the arch
+    is "sm_90a" (it cannot parse the suffix), so it schedules for "sm_90"."""
+    func = dense(m, n, k)
+    args = _args(func)
+    with tvm.target.Target({"kind": "cuda", "arch": "sm_90"}):
+        mod = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Fallback())(
+            tvm.IRModule({"main": func})
+        )
+    return Variant(
+        name=f"{label}_m{m}_dlight", workload="dense", mod=mod, args=args, bytes=_nbytes(args),
+        flops=2 * m * n * k, plan={"schedule": "tvm.s_tir.dlight (stock)"},
+        peers=(), extra={"shape": label, "m": m, "n": n, "k": k, "stock": "dlight"},
+    )
+
+
+def gemm() -> list[Variant]:
+    """Cluster split-K GEMMs (fp16, fp32 accumulate) on the G/S layers at M = 128 (planner's top
+    picks, a cluster-size sweep, the pick with a fused bias + SiLU epilogue), an M sweep on
+    4096 x 4096, and stock dlight for each."""
+    variants = []
+    cases = [(label, 128, n, k) for label, (n, k) in GEMM_SHAPES.items()]
+    cases += [("sq4096", m, 4096, 4096) for m in (32, 64, 256, 1024, 4096)]
+    for label, m, n, k in cases:
+        shape = GemmShape(m, n, k, True, "float16")
+        for config, (rank, predicted) in _gemm_configs(shape, top=4 if m == 128 else 2):
+            variants.append(_gemm_variant(label, m, n, k, config, rank, predicted))
+        variants.append(_dlight_variant(label, m, n, k))
+        if m == 128:  # the planner's pick again with a fused bias + SiLU epilogue
+            config, (rank, predicted) = _gemm_configs(shape, top=1)[0]
+            variants.append(_gemm_variant(label, m, n, k, config, rank, predicted, epilogue=True))
+    return variants
+
+
+SUITES = {"split_k": split_k, "collectives": collectives, "cascades": cascades, "gemm": gemm}

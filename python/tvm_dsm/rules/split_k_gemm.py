@@ -26,7 +26,7 @@ from tvm.s_tir.schedule import SBlockRV
 
 from ..errors import ClusterError
 from ..transform.cluster_launch import MAX_SMEM_PER_CTA
-from ..schedule import bind_cluster, bind_rank, check_cluster_size, place_in_dsm
+from ..schedule import bind_cluster_nest, bind_rank, check_cluster_size, place_in_dsm
 from ..schedule.collectives import ROTATE_PEERS_KEY
 from ..schedule.dsm import DSM_SCOPE
 
@@ -124,6 +124,10 @@ def check_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
     """Raise :class:`ClusterError` naming the first constraint ``config`` breaks for ``shape``."""
     c, s = config, config.cluster_size
     check_cluster_size(s)
+    if shape.m < 2 * _TILE:
+        # One 16-row fragment leaves a unit loop that s_tir's compute_at cannot place (TVM 0.27).
+        raise ClusterError(f"M={shape.m}: the tensor-core GEMM needs M >= 32; pad the batch, or "
+                           "use the split-K GEMV (tvm_dsm.rules.split_k_reduction) for M=1")
     for what, extent, tile in (("M", shape.m, c.block_m), ("N", shape.n, c.block_n)):
         if extent % tile:
             raise ClusterError(f"{what}={extent} is not a multiple of the {tile} tile")
@@ -140,8 +144,12 @@ def check_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
         if (rows * c.block_k) % (c.threads * lanes):
             raise ClusterError(f"a {rows}x{c.block_k} operand tile is not a whole number of "
                                f"16-byte copies for {c.threads} threads")
-    if c.stages < 2:
-        raise ClusterError(f"stages={c.stages}: the pipeline needs at least 2")
+    if c.stages < 3:
+        # Two stages would need the fragment prologue and the copy in one stage; measured wrong.
+        raise ClusterError(f"stages={c.stages}: the pipeline needs at least 3")
+    if shape.k // (s * c.block_k) < c.stages:
+        raise ClusterError(f"a CTA's {shape.k // (s * c.block_k)} K steps cannot fill a "
+                           f"{c.stages}-stage pipeline")
     if c.shared_bytes() > MAX_SMEM_PER_CTA:
         raise ClusterError(f"{c.shared_bytes()} B of shared memory per CTA exceeds the "
                            f"{MAX_SMEM_PER_CTA} B an H100 CTA may use")
@@ -153,7 +161,8 @@ def _fragment_map(i, j):
 
 
 def schedule_split_k_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig) -> s_tir.Schedule:
-    """Schedule ``func`` (a matmul block plus elementwise epilogue) as a cluster split-K GEMM."""
+    """Schedule ``func`` (a matmul block plus elementwise epilogue) as a cluster split-K GEMM
+    with the given configuration (:func:`tvm_dsm.plan.split_k_gemm.schedule_dense` plans one)."""
     sch = s_tir.Schedule(func)
     block, epilogue, shape = find_gemm(sch)
     check_config(shape, config)
@@ -185,7 +194,8 @@ def apply_split_k_gemm(
     j_tile, j_in = sch.split(j, [None, c.block_n])
     i_rank, i_row = sch.split(i_in, [s, None])
     sch.reorder(i_tile, j_tile, i_rank, i_row, j_in, k_rank)
-    cluster, _ = bind_cluster(sch, sch.fuse(i_tile, j_tile, i_rank), s)
+    cluster = sch.fuse(i_tile, j_tile)
+    bind_cluster_nest(sch, cluster, i_rank)
 
     # The partial stage: 16x16x16 tensor-core blocks, tiled over warps and K steps.
     p_i, p_j, p_rank, p_k = sch.get_loops(partial)
@@ -282,7 +292,9 @@ def _schedule_reduce_scatter(sch, block, output, c: SplitKGemmConfig) -> None:
     sch.set_scope(block, 0, "local")
     _, _, rows, cols, peers = sch.get_loops(block)
     # The same (32, warps) thread shape as the main loop: UnifyThreadBinding needs equal extents.
-    _, warp, thread, vector = sch.split(sch.fuse(rows, cols), [None, c.warps, 32, 4])
+    # Vectors split off the columns first, so a vector never straddles two rows.
+    cols, vector = sch.split(cols, [None, 4])
+    _, warp, thread = sch.split(sch.fuse(rows, cols), [None, c.warps, 32])
     sch.reorder(warp, thread, peers, vector)
     sch.bind(warp, "threadIdx.y")
     sch.bind(thread, "threadIdx.x")

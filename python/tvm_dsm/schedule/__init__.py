@@ -5,6 +5,7 @@ from .cluster import (
     MAX_CLUSTER_SIZE,
     RANK_TAG,
     bind_cluster,
+    bind_cluster_nest,
     bind_rank,
     check_cluster_size,
 )
@@ -16,6 +17,7 @@ __all__ = [
     "MAX_CLUSTER_SIZE",
     "RANK_TAG",
     "bind_cluster",
+    "bind_cluster_nest",
     "bind_rank",
     "check_cluster_size",
     "place_in_dsm",

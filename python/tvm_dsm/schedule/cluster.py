@@ -72,6 +72,18 @@ def bind_cluster(
     return cluster_loop, rank_loop
 
 
+def bind_cluster_nest(sch: s_tir.Schedule, cluster_loop: LoopRV, rank_loop: LoopRV) -> None:
+    """Like :func:`bind_cluster` for a schedule that already has the two loops: ``cluster_loop``
+    over the clusters and, directly inside it, ``rank_loop`` over the CTAs of one (its extent is
+    the cluster size). Keeping them apart keeps the block bindings free of the ``// S`` and
+    ``% S`` a split of one fused loop leaves, which TVM's buffer compaction cannot bound."""
+    size = _const_extent(sch, rank_loop)
+    check_cluster_size(size)
+    sch.bind(cluster_loop, "blockIdx.x")
+    sch.annotate(cluster_loop, CLUSTER_SIZE_KEY, size)
+    sch.bind(rank_loop, RANK_TAG)
+
+
 def bind_rank(sch: s_tir.Schedule, loop: LoopRV) -> None:
     """Bind another stage's loop over the cluster's CTAs (extent = cluster size) to the rank.
 

@@ -1,0 +1,109 @@
+"""Summarise the GEMM suite: per layer shape the planner's pick, the measured best, stock TVM
+(dlight), torch eager (cuBLAS), torch.compile and the HBM floor; the model's rank correlation;
+the cluster-size ablation. ``python -m tvm_dsm.bench.gemm_summary bench/results/gemm.json``
+writes ``gemm_summary.json`` and ``gemm.png`` beside it and prints the table."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+
+def _spearman(xs: list[float], ys: list[float]) -> float:
+    def ranks(v):
+        order = sorted(range(len(v)), key=v.__getitem__)
+        r = [0.0] * len(v)
+        for rank, i in enumerate(order):
+            r[i] = rank
+        return r
+
+    rx, ry = ranks(xs), ranks(ys)
+    n = len(xs)
+    return 1 - 6 * sum((a - b) ** 2 for a, b in zip(rx, ry)) / (n * (n * n - 1)) if n > 2 else math.nan
+
+
+def summarise(results: dict) -> dict:
+    groups = defaultdict(list)
+    for row in results["rows"]:
+        groups[(row["shape"], row["m"])].append(row)
+    shapes = []
+    for (label, m), rows in groups.items():
+        ours = [r for r in rows if "predicted_us" in r["plan"] and "silu" not in r["name"]]
+        pick = next(r for r in ours if r["plan"]["plan_rank"] == 0)
+        best = min(ours, key=lambda r: r["ours_us"])
+        stock = next(r for r in rows if r.get("stock") == "dlight")
+        epilogue = [r for r in rows if "silu" in r["name"]]
+        peers = pick["peers"]
+        shapes.append({
+            "shape": label, "m": m, "n": pick["n"], "k": pick["k"],
+            "all_correct": all(r["ok"] for r in rows), "kernels": len(rows),
+            "planner_pick": pick["name"], "pick_us": pick["ours_us"],
+            "best": best["name"], "best_us": best["ours_us"],
+            "dlight_us": stock["ours_us"], "torch_eager_us": peers["torch_eager"],
+            "torch_compile_us": peers["torch_compile"], "floor_us": pick["floor_us"],
+            "pick_vs_cublas": peers["torch_eager"] / pick["ours_us"],
+            "best_vs_cublas": peers["torch_eager"] / best["ours_us"],
+            "pick_hbm_fraction": pick["floor_us"] / pick["ours_us"],
+            "model_spearman": _spearman([r["plan"]["predicted_us"] for r in ours],
+                                        [r["ours_us"] for r in ours]),
+            "bias_silu_us": epilogue[0]["ours_us"] if epilogue else None,
+            "bias_silu_peers": epilogue[0]["peers"] if epilogue else None,
+        })
+    small = [s for s in shapes if s["m"] <= 256]
+    ablation = sorted(
+        ((r["plan"]["cluster_size"], r["ours_us"]) for r in groups[("G5b", 128)]
+         if r["plan"].get("block_m") == 128 and r["plan"].get("block_n") == 128
+         and r["plan"].get("stages") == 3 and "silu" not in r["name"]),
+    )
+    return {
+        "device": results["device"], "date": results["date"], "source": "gemm.json",
+        "geomean_pick_vs_cublas_m_le_256": math.exp(sum(math.log(s["pick_vs_cublas"]) for s in small) / len(small)),
+        "geomean_best_vs_cublas_m_le_256": math.exp(sum(math.log(s["best_vs_cublas"]) for s in small) / len(small)),
+        "ablation_G5b_128x128x64_s3_cluster_us": dict(ablation),
+        "shapes": shapes,
+    }
+
+
+def plot(summary: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = summary["shapes"]
+    series = [("tvm-dsm (planner)", "pick_us"), ("tvm-dsm (best measured)", "best_us"),
+              ("TVM dlight", "dlight_us"), ("torch eager (cuBLAS)", "torch_eager_us"),
+              ("torch.compile", "torch_compile_us"), ("HBM floor", "floor_us")]
+    width = 0.8 / len(series)
+    fig, ax = plt.subplots(figsize=(14, 4.5))
+    for n, (label, key) in enumerate(series):
+        ax.bar([i + n * width for i in range(len(shapes))], [s[key] for s in shapes], width, label=label)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(shapes))])
+    ax.set_xticklabels([f"{s['shape']} {s['m']}x{s['n']}x{s['k']}" for s in shapes], rotation=30,
+                       ha="right", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("GPU time per call (us)")
+    ax.set_title(f"fp16 dense layers on {summary['device']} ({summary['date']})")
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    source = Path(sys.argv[1])
+    summary = summarise(json.loads(source.read_text()))
+    (source.parent / "gemm_summary.json").write_text(json.dumps(summary, indent=1))
+    plot(summary, source.parent / "gemm.png")
+    for s in summary["shapes"]:
+        print(f"{s['shape']:>6} {s['m']:>5}x{s['n']}x{s['k']}: pick {s['pick_us']:7.1f} best "
+              f"{s['best_us']:7.1f} dlight {s['dlight_us']:7.1f} cuBLAS {s['torch_eager_us']:6.1f} "
+              f"compile {s['torch_compile_us']:6.1f} floor {s['floor_us']:6.1f}  "
+              f"pick/cuBLAS {s['pick_vs_cublas']:.2f}x rho {s['model_spearman']:.2f}")
+    print({k: v for k, v in summary.items() if k.startswith(("geomean", "ablation"))})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""Choose a cluster split-K GEMM configuration without measuring.
+
+Per configuration the model counts the bytes each level moves -- HBM (each operand once, the
+output once), L2 (X re-read by every column of tiles, W by every row of tiles), DSM (the fp32
+partials of the reduce-scatter) -- and the tensor-core work, and divides by the level's measured
+bandwidth (:mod:`tvm_dsm.hardware`) or the mma.sync throughput. Two terms the roofline lacks
+decide most small-M choices: how many SMs the grid keeps streaming (a CTA alone cannot pull its
+share of HBM bandwidth: its pipeline holds ``stages - 1`` tiles in flight), and the wave tail
+when the grid is not a multiple of the resident CTAs. Each CTA also pays its pipeline fill and the
+two cluster barriers. It ranks configurations; it does not promise absolute times.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from tvm import s_tir, tirx
+
+from ..errors import ClusterError
+from ..hardware import Hardware, load_hardware
+from ..rules.split_k_gemm import (
+    GemmShape,
+    SplitKGemmConfig,
+    apply_split_k_gemm,
+    check_config,
+    find_gemm,
+)
+
+#: Dense fp16 mma.sync throughput of an H100 SXM (FLOP/s); wgmma's 990 T is out of its reach.
+MMA_SYNC_PEAK = 660e12
+#: Bytes in flight one SM needs to sustain its share of HBM bandwidth (Little's law with the
+#: measured ~700-cycle HBM latency at 2.8 TB/s over 132 SMs is ~15 KB; pipelines overlap less
+#: than ideally, so twice that).
+_BYTES_IN_FLIGHT_PER_SM = 32 * 1024
+_REGISTERS_PER_THREAD = 128  # what the mma main loop compiles to, roughly (fragments + addresses)
+_LAUNCH_S = 2.0e-6
+_STEP_S = 0.05e-6  # per K step of a CTA: the barrier and instruction issue around it
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    """A configuration with its predicted traffic (bytes per level) and time."""
+
+    config: SplitKGemmConfig
+    ctas: int
+    resident: int  # CTAs per SM
+    bytes: dict[str, int]
+    seconds: dict[str, float]
+    predicted_us: float
+
+    def explain(self) -> str:
+        c = self.config
+        lines = [
+            f"cluster split-K GEMM: {c.block_m}x{c.block_n}x{c.block_k} tiles, {c.stages}-stage "
+            f"cp.async pipeline, {c.warps_m}x{c.warps_n} warps; K split over clusters of "
+            f"{c.cluster_size} CTA(s), partials reduce-scattered through DSM; {self.ctas} CTAs, "
+            f"{self.resident} per SM, {c.shared_bytes()} B SMEM each",
+            "  level    bytes            time (us)",
+        ]
+        for level, nbytes in self.bytes.items():
+            lines.append(f"  {level:<7}  {nbytes:>14,}   {self.seconds[level] * 1e6:9.2f}")
+        for level in self.seconds.keys() - self.bytes.keys():
+            lines.append(f"  {level:<7}  {'':>14}   {self.seconds[level] * 1e6:9.2f}")
+        lines.append(f"  predicted: {self.predicted_us:.1f} us")
+        return "\n".join(lines)
+
+
+def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> GemmPlan:
+    """Bytes per level and predicted time of one (valid) configuration."""
+    c, s = config, config.cluster_size
+    tiles_m, tiles_n = shape.m // c.block_m, shape.n // c.block_n
+    ctas = tiles_m * tiles_n * s
+    resident = max(1, min(
+        hw.smem_per_sm // c.shared_bytes(),
+        hw.regs_per_sm // (c.threads * _REGISTERS_PER_THREAD),
+        32 // c.warps,
+    ))
+    slots = hw.sm_count * resident
+    waves = math.ceil(ctas / slots)
+    busy_sms = min(hw.sm_count, math.ceil(ctas / waves / resident) if waves == 1 else hw.sm_count)
+    # Bandwidth the busy SMs can pull: bytes in flight per SM over the HBM latency.
+    tile_bytes = (c.block_m + c.block_n) * c.block_k * 2
+    in_flight = min(resident * (c.stages - 1) * tile_bytes, _BYTES_IN_FLIGHT_PER_SM)
+    pull = busy_sms / hw.sm_count * in_flight / _BYTES_IN_FLIGHT_PER_SM
+    tail = waves / (ctas / slots) if ctas > slots else 1.0
+    traffic = {
+        "hbm": (shape.m * shape.k + shape.n * shape.k + shape.m * shape.n) * 2,
+        "l2": (tiles_n * shape.m * shape.k + tiles_m * shape.n * shape.k) * 2,
+        "dsm": ctas * c.block_m * c.block_n * 4 * (s - 1) // s if s > 1 else 0,
+    }
+    flops = 2 * shape.m * shape.n * shape.k
+    seconds = {
+        "hbm": traffic["hbm"] / (hw.hbm_bw * min(1.0, pull)) * tail,
+        "l2": traffic["l2"] / hw.l2_bw * tail,
+        "dsm": traffic["dsm"] / hw.dsm_bw(s) if s > 1 else 0.0,
+        "mma": flops / (MMA_SYNC_PEAK * min(1.0, busy_sms / hw.sm_count)) * tail,
+    }
+    k_steps = shape.k // s // c.block_k
+    fill = (c.stages - 1) * hw.latency_ns["hbm"] * 1e-9 * waves  # pipeline fill per wave
+    barriers = 2 * hw.latency_ns["dsm"] * 1e-9 if s > 1 else 0.0
+    steps = k_steps * waves * _STEP_S
+    seconds["latency"] = _LAUNCH_S + fill + barriers + steps
+    total = max(seconds["hbm"], seconds["l2"], seconds["mma"]) + seconds["dsm"] + seconds["latency"]
+    return GemmPlan(config, ctas, resident, traffic, seconds, total * 1e6)
+
+
+def candidate_configs(shape: GemmShape) -> list[SplitKGemmConfig]:
+    """Every configuration of the family that is valid for ``shape`` (the pruned design space)."""
+    configs = []
+    for s, bm, bn, bk, stages in itertools.product(
+        (1, 2, 4, 8, 16), (16, 32, 64, 128), (64, 128, 256), (32, 64), (3, 4)
+    ):
+        warps_m = 2 if bm >= 64 else 1
+        warps_n = 4 if bn >= 128 else 2
+        config = SplitKGemmConfig(s, bm, bn, bk, warps_m, warps_n, stages)
+        try:
+            check_config(shape, config)
+        except ClusterError:
+            continue
+        configs.append(config)
+    return configs
+
+
+def plan_split_k_gemm(shape: GemmShape, hw: Hardware) -> list[GemmPlan]:
+    """All valid configurations, best predicted first."""
+    plans = [predict(shape, c, hw) for c in candidate_configs(shape)]
+    if not plans:
+        raise ClusterError(
+            f"no cluster split-K GEMM configuration fits {shape.m}x{shape.n}x{shape.k} "
+            "(M must be a multiple of 16, N of 64, K of 32)"
+        )
+    return sorted(plans, key=lambda p: (p.predicted_us, p.config.cluster_size, -p.config.stages))
+
+
+def schedule_dense(func: tirx.PrimFunc, hw: Hardware | None = None,
+                   config: SplitKGemmConfig | None = None) -> tuple[s_tir.Schedule, GemmPlan]:
+    """Schedule a user's dense layer (a matmul PrimFunc with elementwise epilogue) as a cluster
+    split-K GEMM: the planner's best configuration unless ``config`` is given. Returns the
+    schedule and the plan; ``plan.explain()`` says why (tiles, cluster, bytes and time per
+    level). ClusterError names what the function or the configuration does not support."""
+    hw = hw or load_hardware()
+    sch = s_tir.Schedule(func)
+    block, epilogue, shape = find_gemm(sch)
+    if config is None:
+        plan = plan_split_k_gemm(shape, hw)[0]
+    else:
+        check_config(shape, config)
+        plan = predict(shape, config, hw)
+    apply_split_k_gemm(sch, block, epilogue, shape, plan.config)
+    return sch, plan
