@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ..errors import ClusterError
 from ..hardware import Hardware
+from .report import level_table
 from ..rules.split_k_reduction import SplitKReductionConfig, check_config
 
 #: CTAs per SM needed to keep enough loads in flight to saturate HBM (a row-reduction CTA of 128
@@ -31,15 +32,11 @@ class SplitKPlan:
 
     def explain(self) -> str:
         c = self.config
-        lines = [
+        return level_table(
             f"cluster split-K: {c.cluster_size} CTA(s) per cluster split K; each cluster owns "
             f"{c.rows_per_cluster} rows; {self.ctas} CTAs of {c.threads} threads",
-            "  level   bytes          time (us)",
-        ]
-        for level, nbytes in self.bytes.items():
-            lines.append(f"  {level:<6}  {nbytes:>12,}   {self.seconds[level] * 1e6:9.2f}")
-        lines.append(f"  predicted: {self.predicted_us:.1f} us")
-        return "\n".join(lines)
+            self.bytes, self.seconds, self.predicted_us,
+        )
 
 
 def predict(rows: int, depth: int, elem_bytes: int, extra_input_bytes: int,

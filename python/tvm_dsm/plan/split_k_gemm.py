@@ -20,6 +20,7 @@ from tvm import s_tir, tirx
 
 from ..errors import ClusterError
 from ..hardware import Hardware, load_hardware
+from .report import level_table
 from ..rules.split_k_gemm import (
     GemmShape,
     SplitKGemmConfig,
@@ -52,19 +53,13 @@ class GemmPlan:
 
     def explain(self) -> str:
         c = self.config
-        lines = [
+        return level_table(
             f"cluster split-K GEMM: {c.block_m}x{c.block_n}x{c.block_k} tiles, {c.stages}-stage "
             f"cp.async pipeline, {c.warps_m}x{c.warps_n} warps; K split over clusters of "
             f"{c.cluster_size} CTA(s), partials reduce-scattered through DSM; {self.ctas} CTAs, "
             f"{self.resident} per SM, {c.shared_bytes()} B SMEM each",
-            "  level    bytes            time (us)",
-        ]
-        for level, nbytes in self.bytes.items():
-            lines.append(f"  {level:<7}  {nbytes:>14,}   {self.seconds[level] * 1e6:9.2f}")
-        for level in self.seconds.keys() - self.bytes.keys():
-            lines.append(f"  {level:<7}  {'':>14}   {self.seconds[level] * 1e6:9.2f}")
-        lines.append(f"  predicted: {self.predicted_us:.1f} us")
-        return "\n".join(lines)
+            self.bytes, self.seconds, self.predicted_us,
+        )
 
 
 def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> GemmPlan:
