@@ -40,7 +40,6 @@ CLUSTER_LAUNCH_KEY = "tvm_dsm.cluster_launch"
 # removed before the pass returns.
 _REMOTE_LOAD = "tvm_dsm.remote_load"
 _REMOTE_STORE = "tvm_dsm.remote_store"
-_ADDRESS_OF = tvm.ir.Op.get("tirx.address_of")
 _ANY_SLICE = -1  # stands for every DSM slice in the barrier analysis
 
 # PTX type of a remote ld/st per element dtype. 16-bit floats move as raw b16 bits.
@@ -91,12 +90,17 @@ class _DSMBuffer:
             raise ClusterError(f"DSM buffer {buffer.name}: dtype {self.dtype} is not supported")
         self.buffer = buffer
         self.slice = tirx.decl_buffer(shape[1:], self.dtype, f"{buffer.name}_slice", scope="shared.dyn")
+        self.strides = []
+        stride = 1
+        for extent in reversed(shape[1:]):
+            self.strides.insert(0, stride)
+            stride = stride * extent
 
-    def _peer_address(self, indices, rank, peer: tirx.Var) -> tirx.Evaluate:
-        # address_of a load: ThreadSync does not count it as a read of the CTA's own slice (the
-        # peer's is read), and StorageRewrite retypes it when the slice reuses dead operand
-        # storage (a tvm_access_ptr would keep the slice's dtype on the reused buffer).
-        local = T.cuda.cvta_generic_to_shared(tirx.address_of(tirx.BufferLoad(self.slice, indices)))
+    def _peer_address(self, indices, rank, peer: tirx.Var, mask: str) -> tirx.Evaluate:
+        # ``mask`` tells ThreadSync whether the CTA's own slice is read or written here (it is
+        # neither; the peer's is), so loads do not get __syncthreads between iterations.
+        offset = sum((i * s for i, s in zip(indices, self.strides)), tirx.const(0, "int32"))
+        local = T.cuda.cvta_generic_to_shared(self.slice.access_ptr(mask, offset=offset))
         return tirx.Evaluate(
             T.ptx.mapa.shared__cluster.u32(peer[0], local, tirx.Cast("uint32", rank))
         )
@@ -127,7 +131,7 @@ class _DSMBuffer:
         and the registers (a ``lanes``-element local buffer of the element type)."""
         peer = tirx.decl_buffer((1,), "uint32", "dsm_peer_addr", scope="local")
         allocs, view, operands = self.registers(lanes)
-        access = [self._peer_address(indices, rank, peer),
+        access = [self._peer_address(indices, rank, peer, "r"),
                   tirx.Evaluate(self._ptx(T.ptx.ld, lanes)(*operands, peer[0]))]
         marked = tirx.AttrStmt(self.slice, _REMOTE_LOAD, 0, tirx.SeqStmt(access))
         return [tirx.AllocBuffer(peer), *allocs, marked], view
@@ -144,7 +148,7 @@ class _DSMBuffer:
         peer = tirx.decl_buffer((1,), "uint32", "dsm_peer_addr", scope="local")
         if lanes == 1 and self.dtype in _BITS16:
             operands = [tirx.call_intrin("uint16", "tirx.reinterpret", operands[0])]
-        access = [self._peer_address(indices, rank, peer),
+        access = [self._peer_address(indices, rank, peer, "w"),
                   tirx.Evaluate(self._ptx(T.ptx.st, lanes)(peer[0], *operands))]
         marked = tirx.AttrStmt(self.slice, _REMOTE_STORE, 0, tirx.SeqStmt(access))
         return [tirx.AllocBuffer(peer), marked]
@@ -212,10 +216,30 @@ class _KernelLowering:
                 body,
                 [(tirx.AttrStmt, lambda a: a.body if a.attr_key in (_REMOTE_LOAD, _REMOTE_STORE) else a)],
             )
+            body = self._keep_slices_from_kernel_start(body)
         grid = self.kernel.value * self.size
         node = tirx.IterVar(Range(0, grid), self.block_var, tirx.IterVar.ThreadIndex, "blockIdx.x")
         launch = tirx.AttrStmt(tvm.ir.StringImm("cluster"), CLUSTER_LAUNCH_KEY, self.size, body)
         return tirx.AttrStmt(node, "thread_extent", grid, launch)
+
+    def _keep_slices_from_kernel_start(self, body):
+        """Touch every slice right after its allocation. StorageRewrite would otherwise let a slice
+        first written late (a GEMM's partial tile) reuse the storage of a dead operand tile of
+        another dtype and leave the slice's typed ``tvm_access_ptr`` on it, which TVM rejects.
+        The touch is a pure expression: RemoveNoOp drops it after StorageRewrite, and
+        MergeSharedMemoryAllocations may still overlap the slice with dead buffers, correctly
+        typed."""
+        slices = [d.slice for d in self.dsm]
+
+        def on_seq(seq: tirx.SeqStmt) -> tirx.SeqStmt:
+            stmts = []
+            for stmt in seq.seq:
+                stmts.append(stmt)
+                if isinstance(stmt, tirx.AllocBuffer) and any(stmt.buffer.same_as(b) for b in slices):
+                    stmts.append(tirx.Evaluate(stmt.buffer.access_ptr("r")))
+            return tirx.SeqStmt(stmts)
+
+        return tvm_ffi.structural_map(body, [(tirx.SeqStmt, on_seq)])
 
     def _rotate_peers(self, body):
         """Loops marked ROTATE_PEERS_KEY start CTA r's walk over the peers at peer r."""
@@ -429,10 +453,8 @@ class _KernelLowering:
             touched["store"].add(_ANY_SLICE)
         for attr in find_all(stmt, tirx.AttrStmt, lambda a: a.attr_key in (_REMOTE_LOAD, _REMOTE_STORE)):
             touched["remote_load" if attr.attr_key == _REMOTE_LOAD else "remote_store"] |= which(attr.node)
-        addressed = [c.args[0] for c in find_all(stmt, tvm.ir.Call, lambda c: c.op.same_as(_ADDRESS_OF))]
         for load in find_all(stmt, tvm.ir.TensorLoad):
-            if not any(load.same_as(a) for a in addressed):  # an address is not a read
-                touched["load"] |= which(load.source)
+            touched["load"] |= which(load.source)
         for store in find_all(stmt, tirx.BufferStore):
             touched["store"] |= which(store.buffer)
         return touched
