@@ -238,9 +238,10 @@ def _gemm_variant(label: str, m: int, n: int, k: int, config, plan_rank: int | N
     )
 
 
-def _gemm_configs(shape: GemmShape, top: int) -> list:
-    """The planner's top picks, then a fixed sweep over cluster sizes (model check, ablation)."""
-    plans = plan_split_k_gemm(shape, load_hardware())
+def _gemm_configs(shape: GemmShape, top: int, hw) -> list:
+    """The planner's top picks (its best first), then a fixed sweep over cluster sizes (model
+    check, ablation)."""
+    plans = plan_split_k_gemm(shape, hw)
     chosen = {p.config: (rank, p.predicted_us) for rank, p in enumerate(plans[:top])}
     by_config = {p.config: (rank, p.predicted_us) for rank, p in enumerate(plans)}
     for s in (1, 2, 4, 8, 16):
@@ -272,15 +273,16 @@ def gemm() -> list[Variant]:
     picks, a cluster-size sweep, the pick with a fused bias + SiLU epilogue), an M sweep on
     4096 x 4096, and stock dlight for each."""
     variants = []
+    hw = load_hardware()
     cases = [(label, 128, n, k) for label, (n, k) in GEMM_SHAPES.items()]
     cases += [("sq4096", m, 4096, 4096) for m in (32, 64, 256, 1024, 4096)]
     for label, m, n, k in cases:
-        shape = GemmShape(m, n, k, True, "float16")
-        for config, (rank, predicted) in _gemm_configs(shape, top=4 if m == 128 else 2):
+        configs = _gemm_configs(GemmShape(m, n, k, True), 4 if m == 128 else 2, hw)
+        for config, (rank, predicted) in configs:
             variants.append(_gemm_variant(label, m, n, k, config, rank, predicted))
         variants.append(_dlight_variant(label, m, n, k))
         if m == 128:  # the planner's pick again with a fused bias + SiLU epilogue
-            config, (rank, predicted) = _gemm_configs(shape, top=1)[0]
+            config, (rank, predicted) = configs[0]
             variants.append(_gemm_variant(label, m, n, k, config, rank, predicted, epilogue=True))
     return variants
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from ..errors import ClusterError
 from ..hardware import Hardware
-from .report import level_table
 from ..rules.split_k_reduction import SplitKReductionConfig, check_config
+from .report import Plan
 
 #: CTAs per SM needed to keep enough loads in flight to saturate HBM (a row-reduction CTA of 128
 #: threads has little memory-level parallelism on its own).
@@ -21,21 +21,17 @@ _CTAS_PER_SM_FOR_FULL_BW = 4
 
 
 @dataclass(frozen=True)
-class SplitKPlan:
-    """A configuration with its predicted traffic (bytes per level) and time."""
+class SplitKPlan(Plan):
+    """A split-K reduction configuration with its prediction."""
 
     config: SplitKReductionConfig
     ctas: int
-    bytes: dict[str, int]
-    seconds: dict[str, float]
-    predicted_us: float
 
-    def explain(self) -> str:
+    def summary(self) -> str:
         c = self.config
-        return level_table(
+        return (
             f"cluster split-K: {c.cluster_size} CTA(s) per cluster split K; each cluster owns "
-            f"{c.rows_per_cluster} rows; {self.ctas} CTAs of {c.threads} threads",
-            self.bytes, self.seconds, self.predicted_us,
+            f"{c.rows_per_cluster} rows; {self.ctas} CTAs of {c.threads} threads"
         )
 
 
@@ -58,7 +54,8 @@ def predict(rows: int, depth: int, elem_bytes: int, extra_input_bytes: int,
     }
     barrier = 2 * hw.latency_ns["dsm"] * 1e-9 if s > 1 else 0.0
     total = max(seconds.values()) + barrier
-    return SplitKPlan(config, ctas, traffic, seconds, total * 1e6)
+    return SplitKPlan(bytes=traffic, seconds=seconds, predicted_us=total * 1e6, config=config,
+                      ctas=ctas)
 
 
 def plan_split_k_reduction(rows: int, depth: int, hw: Hardware, *, elem_bytes: int = 4,

@@ -20,7 +20,6 @@ from tvm import s_tir, tirx
 
 from ..errors import ClusterError
 from ..hardware import Hardware, load_hardware
-from .report import level_table
 from ..rules.split_k_gemm import (
     GemmShape,
     SplitKGemmConfig,
@@ -28,6 +27,7 @@ from ..rules.split_k_gemm import (
     check_config,
     find_gemm,
 )
+from .report import Plan
 
 #: Dense fp16 mma.sync throughput of an H100 SXM (FLOP/s); wgmma's 990 T is out of its reach.
 MMA_SYNC_PEAK = 660e12
@@ -41,24 +41,20 @@ _STEP_S = 0.05e-6  # per K step of a CTA: the barrier and instruction issue arou
 
 
 @dataclass(frozen=True)
-class GemmPlan:
-    """A configuration with its predicted traffic (bytes per level) and time."""
+class GemmPlan(Plan):
+    """A split-K GEMM configuration with its prediction."""
 
     config: SplitKGemmConfig
     ctas: int
     resident: int  # CTAs per SM
-    bytes: dict[str, int]
-    seconds: dict[str, float]
-    predicted_us: float
 
-    def explain(self) -> str:
+    def summary(self) -> str:
         c = self.config
-        return level_table(
+        return (
             f"cluster split-K GEMM: {c.block_m}x{c.block_n}x{c.block_k} tiles, {c.stages}-stage "
             f"cp.async pipeline, {c.warps_m}x{c.warps_n} warps; K split over clusters of "
             f"{c.cluster_size} CTA(s), partials reduce-scattered through DSM; {self.ctas} CTAs, "
-            f"{self.resident} per SM, {c.shared_bytes()} B SMEM each",
-            self.bytes, self.seconds, self.predicted_us,
+            f"{self.resident} per SM, {c.shared_bytes()} B SMEM each"
         )
 
 
@@ -98,7 +94,8 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> GemmPla
     steps = k_steps * waves * _STEP_S
     seconds["latency"] = _LAUNCH_S + fill + barriers + steps
     total = max(seconds["hbm"], seconds["l2"], seconds["mma"]) + seconds["dsm"] + seconds["latency"]
-    return GemmPlan(config, ctas, resident, traffic, seconds, total * 1e6)
+    return GemmPlan(bytes=traffic, seconds=seconds, predicted_us=total * 1e6, config=config,
+                    ctas=ctas, resident=resident)
 
 
 def candidate_configs(shape: GemmShape) -> list[SplitKGemmConfig]:
@@ -124,7 +121,7 @@ def plan_split_k_gemm(shape: GemmShape, hw: Hardware) -> list[GemmPlan]:
     if not plans:
         raise ClusterError(
             f"no cluster split-K GEMM configuration fits {shape.m}x{shape.n}x{shape.k} "
-            "(M must be a multiple of 16, N of 64, K of 32)"
+            "(M must be at least 32 and a multiple of 16, N a multiple of 64, K of 32)"
         )
     return sorted(plans, key=lambda p: (p.predicted_us, p.config.cluster_size, -p.config.stages))
 

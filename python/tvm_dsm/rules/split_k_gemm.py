@@ -25,6 +25,7 @@ from tvm.s_tir.tensor_intrin import cuda as mma
 from tvm.s_tir.schedule import SBlockRV
 
 from ..errors import ClusterError
+from ..pipeline import ASYNC_STAGES_KEY
 from ..transform.cluster_launch import MAX_SMEM_PER_CTA
 from ..schedule import bind_cluster_nest, bind_rank, check_cluster_size, place_in_dsm
 from ..schedule.collectives import ROTATE_PEERS_KEY
@@ -74,7 +75,6 @@ class GemmShape:
     n: int
     k: int
     weight_nk: bool
-    dtype: str
 
 
 def _index_vars(region) -> list:
@@ -117,7 +117,7 @@ def find_gemm(sch: s_tir.Schedule) -> tuple[SBlockRV, list[SBlockRV], GemmShape]
     dtypes = {str(x.source.ty.dtype), str(w.source.ty.dtype)}
     if dtypes != {"float16"}:
         raise ClusterError(f"split-K GEMM supports float16 operands, got {sorted(dtypes)}")
-    return blocks[0], list(blocks[1:]), GemmShape(m, n, depth, weight_nk, "float16")
+    return blocks[0], list(blocks[1:]), GemmShape(m, n, depth, weight_nk)
 
 
 def check_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
@@ -223,14 +223,11 @@ def apply_split_k_gemm(
         sch.compute_at(cache, k_frag)
     accumulator = sch.cache_write(partial, 0, "warp")
     sch.reverse_compute_at(accumulator, warp)
-    rows, cols = sch.get_loops(accumulator)[-2:]
-    rows, rows_in = sch.split(rows, [None, _TILE])
-    cols, cols_in = sch.split(cols, [None, _TILE])
-    sch.reorder(rows, cols, rows_in, cols_in)
+    accumulator_loop = _fragment_tile(sch, accumulator)
     sch.decompose_reduction(partial, k_step)
 
-    x_loop = _fragment_tile(sch, x_frag, _TILE, _TILE)
-    w_loop = _fragment_tile(sch, w_frag, *((_TILE, _TILE) if shape.weight_nk else (_TILE, _TILE)))
+    x_loop = _fragment_tile(sch, x_frag)
+    w_loop = _fragment_tile(sch, w_frag)
     sch.transform_layout(x_frag, ("write", 0), _fragment_map)
     sch.transform_layout(w_frag, ("write", 0), _fragment_map)
     sch.transform_layout(accumulator, ("read", 0), lambda r, a, b: (r, *_fragment_map(a, b)))
@@ -244,14 +241,14 @@ def apply_split_k_gemm(
     sch.tensorize(sch.get_loops(sch.get_sblock(f"{fragment_name}_init"))[-2],
                   mma.MMA_fill_16x16_f32_INTRIN)
     place_in_dsm(sch, accumulator, 0)
-    sch.tensorize(sch.get_loops(accumulator)[-2], MMA_STORE_F32_DSM)
+    sch.tensorize(accumulator_loop, MMA_STORE_F32_DSM)
 
     # Software pipeline: operand tiles stages-1 K steps ahead (cp.async), fragments one
     # 16-wide K step ahead. The outer body is [X tile, W tile, then the inner pipeline's
     # prologue, body and epilogue].
     sch.annotate(k_step, "software_pipeline_stage", [0, 0, c.stages - 2, c.stages - 1, c.stages - 1])
     sch.annotate(k_step, "software_pipeline_order", [0, 1, 3, 2, 4])
-    sch.annotate(k_step, "software_pipeline_async_stages", [0])
+    sch.annotate(k_step, ASYNC_STAGES_KEY, [0])
     sch.annotate(k_frag, "software_pipeline_stage", [0, 0, 1])
     sch.annotate(k_frag, "software_pipeline_order", [0, 1, 2])
 
@@ -278,10 +275,11 @@ def _stage_operands(sch, partial, k_step, shape: GemmShape, c: SplitKGemmConfig)
         sch.storage_align(cache, 0, axis=-2, factor=32, offset=_PAD)
 
 
-def _fragment_tile(sch, cache, height: int, width: int):
-    rows, cols = sch.get_loops(cache)[-2:]
-    rows, rows_in = sch.split(rows, [None, height])
-    cols, cols_in = sch.split(cols, [None, width])
+def _fragment_tile(sch, block):
+    """Tile the block's two innermost loops into 16x16 fragments; the fragment's row loop."""
+    rows, cols = sch.get_loops(block)[-2:]
+    rows, rows_in = sch.split(rows, [None, _TILE])
+    cols, cols_in = sch.split(cols, [None, _TILE])
     sch.reorder(rows, cols, rows_in, cols_in)
     return rows_in
 

@@ -66,9 +66,7 @@ def bind_cluster(
             "must be full"
         )
     cluster_loop, rank_loop = sch.split(loop, [None, cluster_size])
-    sch.bind(cluster_loop, "blockIdx.x")
-    sch.annotate(cluster_loop, CLUSTER_SIZE_KEY, cluster_size)
-    sch.bind(rank_loop, RANK_TAG)
+    _bind_nest(sch, cluster_loop, rank_loop, cluster_size)
     return cluster_loop, rank_loop
 
 
@@ -79,8 +77,12 @@ def bind_cluster_nest(sch: s_tir.Schedule, cluster_loop: LoopRV, rank_loop: Loop
     ``% S`` a split of one fused loop leaves, which TVM's buffer compaction cannot bound."""
     size = _const_extent(sch, rank_loop)
     check_cluster_size(size)
+    _bind_nest(sch, cluster_loop, rank_loop, size)
+
+
+def _bind_nest(sch, cluster_loop: LoopRV, rank_loop: LoopRV, size: int | ExprRV) -> None:
     sch.bind(cluster_loop, "blockIdx.x")
-    sch.annotate(cluster_loop, CLUSTER_SIZE_KEY, size)
+    sch.annotate(cluster_loop, CLUSTER_SIZE_KEY, size)  # an ExprRV stays a trace decision
     sch.bind(rank_loop, RANK_TAG)
 
 

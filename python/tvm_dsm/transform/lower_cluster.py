@@ -216,19 +216,19 @@ class _KernelLowering:
                 body,
                 [(tirx.AttrStmt, lambda a: a.body if a.attr_key in (_REMOTE_LOAD, _REMOTE_STORE) else a)],
             )
-            body = self._keep_slices_from_kernel_start(body)
+            body = self._keep_slices_allocated(body)
         grid = self.kernel.value * self.size
         node = tirx.IterVar(Range(0, grid), self.block_var, tirx.IterVar.ThreadIndex, "blockIdx.x")
         launch = tirx.AttrStmt(tvm.ir.StringImm("cluster"), CLUSTER_LAUNCH_KEY, self.size, body)
         return tirx.AttrStmt(node, "thread_extent", grid, launch)
 
-    def _keep_slices_from_kernel_start(self, body):
-        """Touch every slice right after its allocation. StorageRewrite would otherwise let a slice
-        first written late (a GEMM's partial tile) reuse the storage of a dead operand tile of
-        another dtype and leave the slice's typed ``tvm_access_ptr`` on it, which TVM rejects.
-        The touch is a pure expression: RemoveNoOp drops it after StorageRewrite, and
-        MergeSharedMemoryAllocations may still overlap the slice with dead buffers, correctly
-        typed."""
+    def _keep_slices_allocated(self, body):
+        """Touch every slice right after its allocation, so its lifetime starts there.
+        StorageRewrite would otherwise let a slice first written late (a GEMM's partial tile)
+        reuse the storage of a dead operand tile of another dtype and leave the slice's typed
+        ``tvm_access_ptr`` on it, which TVM rejects. The touch is an address expression that
+        survives as a no-op statement in the CUDA (ThreadSync may add one ``__syncthreads``
+        after it)."""
         slices = [d.slice for d in self.dsm]
 
         def on_seq(seq: tirx.SeqStmt) -> tirx.SeqStmt:
