@@ -10,6 +10,7 @@ pipeline would silently launch too few CTAs or place DSM buffers in per-thread a
 from __future__ import annotations
 
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import pipeline as stock
 from tvm.tirx import compilation_pipeline
@@ -77,6 +78,7 @@ def _passes(config, async_copy: bool) -> list:
         passes.append(s_tir.transform.InstrumentBoundCheckers())
     if bool(config.get("tirx.s_tir.ldg32", False)):
         passes.append(s_tir.transform.InjectPTXLDG32(True))
+    passes.append(LowerWarpAccumulators)  # tvm-dsm
     if not bool(config.get("tirx.disable_cse_tir", False)):
         passes.append(tirx.transform.CommonSubexprElim())
     if bool(config.get("tirx.instrument_lwp", False)):
@@ -117,7 +119,43 @@ def dsm_pipeline():
         async_copy = bool(config.get("tirx.use_async_copy", False)) or _requests_async_copy(mod)
         return tvm.ir.transform.Sequential(_passes(config, async_copy))(mod)
 
-    return _pipeline, stock.finalize_host_passes, stock.finalize_device_passes
+    return _pipeline, stock.finalize_host_passes, finalize_device_passes
+
+
+#: Warp-scope buffers (mma fragments) one kernel may hold.
+_MAX_WARP_BUFFERS = 32
+
+
+def _warp_accumulators(mod: tvm.IRModule) -> int:
+    return sum(
+        len(find_all(f.body, tirx.AllocBuffer, lambda a: str(a.buffer.ty.storage_scope) == "warp"
+                     and str(a.buffer.ty.dtype) == "float32"))
+        for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)
+    )
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvm_dsm.LowerWarpAccumulators")
+def LowerWarpAccumulators(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """TVM's LowerWarpMemory until no fp32 (accumulator) warp buffer is left. One run lowers
+    only the first warp-scope allocation of a scope (TVM 0.27); an accumulator left behind
+    keeps its mma.sync and store at 32 lanes' worth of per-thread memory while its fill is
+    lowered, and reads uninitialized registers (a fused kernel's second accumulator). fp16
+    operand fragments left behind are consistent, and lowering them was measured slower on
+    the H100 (0.82x geomean over the GEMM suite), so they stay. Runs before
+    CommonSubexprElim, whose temporaries hide the lane index the pass matches; the device
+    finalizer then skips it (:func:`finalize_device_passes`)."""
+    for _ in range(_MAX_WARP_BUFFERS):
+        if not _warp_accumulators(mod):
+            break
+        mod = tirx.transform.LowerWarpMemory()(mod)
+    return mod
+
+
+def finalize_device_passes() -> tvm.transform.Pass:
+    """TVM's device finalization without its LowerWarpMemory: :func:`LowerWarpAccumulators`
+    has lowered what must be, and a second attempt on the fp16 fragments fails on the lane
+    index that CommonSubexprElim has hidden."""
+    return tvm.ir.transform.Sequential([tirx.transform.StmtSimplify(), tirx.transform.LowerIntrin()])
 
 
 def register_pipeline() -> None:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,14 @@ REFERENCES: dict[str, Reference] = {
     "dense_bias_silu": Reference(
         float64=lambda x, w, b: torch.nn.functional.silu(x.double() @ w.double().T + b.double()),
         torch_eager=lambda x, w, b: torch.nn.functional.silu(torch.nn.functional.linear(x, w, b)),
+    ),
+    "gemm_chain_relu": Reference(
+        float64=lambda a, w1, w2: torch.relu(a.double() @ w1.double().T) @ w2.double().T,
+        torch_eager=lambda a, w1, w2: F.linear(torch.relu(F.linear(a, w1)), w2),
+    ),
+    "swiglu": Reference(
+        float64=lambda a, wg, wu, w2: (F.silu(a.double() @ wg.double().T) * (a.double() @ wu.double().T)) @ w2.double().T,
+        torch_eager=lambda a, wg, wu, w2: F.linear(F.silu(F.linear(a, wg)) * F.linear(a, wu), w2),
     ),
     "split_sum": Reference(
         float64=lambda a, clusters_per_group: _split_sum(a.double(), clusters_per_group),

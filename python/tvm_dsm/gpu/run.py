@@ -58,7 +58,8 @@ def _random_inputs(args: list[dict], n_sets: int) -> list[list[torch.Tensor]]:
             if a["output"]:
                 tensors.append(torch.full(a["shape"], float("nan"), dtype=dtype, device="cuda"))
             else:
-                tensors.append(torch.randn(a["shape"], dtype=dtype, device="cuda"))
+                # "scale" (a weight's 1/sqrt(fan_in)) keeps deep chains inside fp16's range.
+                tensors.append((torch.randn(a["shape"], device="cuda") * a.get("scale", 1.0)).to(dtype))
         sets.append(tensors)
     return sets
 

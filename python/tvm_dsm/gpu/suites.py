@@ -15,6 +15,10 @@ from ..plan.split_k_gemm import plan_split_k_gemm
 from ..rules import SplitKReductionConfig, schedule_split_k_reduction
 from ..rules.split_k_gemm import GemmShape, SplitKGemmConfig, schedule_split_k_gemm
 from ..workloads.dense import dense
+from ..errors import ClusterError
+from ..plan.fused_chain import plan_chain, schedule_chain
+from ..rules.fused_chain import find_chain
+from ..workloads.chains import gemm_chain, swiglu_ffn
 from ..rules.collective_kernel import schedule_collective_kernel, schedule_split_sum
 from ..workloads import gemv, row_sum
 from ..rules.fused_rows import schedule_fused_rows
@@ -287,4 +291,60 @@ def gemm() -> list[Variant]:
     return variants
 
 
-SUITES = {"split_k": split_k, "collectives": collectives, "cascades": cascades, "gemm": gemm}
+#: FlashFuser's GEMM chains (n, k, l) and SwiGLU FFNs (n, k, l), evaluated at M = 128.
+CHAINS = {
+    "G1": (512, 32, 256), "G2": (256, 512, 64), "G3": (512, 416, 256), "G4": (3072, 768, 768),
+    "G5": (16384, 4096, 4096), "G6": (4096, 1024, 1024), "G7": (768, 768, 768),
+    "G8": (8192, 2048, 2048), "G9": (2048, 512, 512), "G10": (1536, 384, 384),
+}
+SWIGLUS = {
+    "S1": (8192, 3072, 3072), "S2": (5632, 2048, 2048), "S3": (11008, 4096, 4096),
+    "S4": (8192, 2048, 2048), "S5": (11008, 2048, 2048), "S6": (8960, 1536, 1536),
+    "S7": (9728, 2560, 2560), "S8": (3072, 1024, 1024),
+}
+#: Workloads whose model check measures a random sample of the pruned space.
+_MODEL_CHECK = {"G4": 30, "G7": 30, "G9": 30, "S8": 30}
+
+
+def chains(m: int = 128) -> list[Variant]:
+    """Fused GEMM chains and SwiGLU FFNs: the planner's top 3 per workload, and a random sample
+    of valid configurations on four workloads (predicted vs measured rank)."""
+    import random
+
+    hw = load_hardware()
+    variants = []
+    for label, (n, k, l) in {**CHAINS, **SWIGLUS}.items():
+        gated = label.startswith("S")
+        func = swiglu_ffn(m, n, k, l) if gated else gemm_chain(m, n, k, l, "relu")
+        shape = find_chain(s_tir.Schedule(func))[1]
+        try:
+            plans = plan_chain(shape, hw)
+        except ClusterError as err:
+            print(f"{label}: {err}")
+            continue
+        picked = dict.fromkeys(range(min(3, len(plans))))
+        rng = random.Random(label)
+        for rank in rng.sample(range(len(plans)), min(_MODEL_CHECK.get(label, 0), len(plans))):
+            picked.setdefault(rank)
+        args = _args(func)
+        for a in args[1:-1]:  # weights, initialized like torch.nn.Linear
+            a["scale"] = a["shape"][1] ** -0.5
+        for rank in picked:
+            plan = plans[rank]
+            c = plan.config
+            variants.append(Variant(
+                name=f"{label}_m{m}_c{c.cluster_size}_{c.block_m}x{c.block_n}x{c.block_k}"
+                f"_n{c.n_steps}_w{c.warps_m}x{c.warps_n}_s{c.stages}",
+                workload="swiglu" if gated else "gemm_chain_relu",
+                mod=schedule_chain(func, hw, c)[0].mod,
+                args=args,
+                bytes=_nbytes(args),
+                flops=2 * m * n * (k * (2 if gated else 1) + l),
+                plan={**vars(c), "plan_rank": rank, "predicted_us": plan.predicted_us},
+                extra={"shape": label, "m": m, "n": n, "k": k, "l": l},
+            ))
+    return variants
+
+
+SUITES = {"split_k": split_k, "collectives": collectives, "cascades": cascades, "gemm": gemm,
+          "chains": chains}

@@ -20,25 +20,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tvm import s_tir, tirx
-from tvm.s_tir import TensorIntrin
-from tvm.s_tir.tensor_intrin import cuda as mma
-from tvm.s_tir.schedule import SBlockRV
+from tvm.s_tir.schedule import LoopRV, SBlockRV
 
 from ..errors import ClusterError
 from ..pipeline import ASYNC_STAGES_KEY
 from ..transform.cluster_launch import MAX_SMEM_PER_CTA
-from ..schedule import bind_cluster_nest, bind_rank, check_cluster_size, place_in_dsm
+from ..schedule import bind_cluster_nest, bind_rank, check_cluster_size
 from ..schedule.collectives import ROTATE_PEERS_KEY
-from ..schedule.dsm import DSM_SCOPE
-
-#: Tensor intrinsic storing a 16x16 fp32 accumulator fragment into a DSM slice (plain stores,
-#: which tvm_dsm.transform.lower_cluster turns into the CTA's own shared-memory stores).
-MMA_STORE_F32_DSM = "tvm_dsm.mma_store_16x16_f32_dsm"
-TensorIntrin.register(MMA_STORE_F32_DSM, *mma.get_mma_store_intrin("float32", 8, DSM_SCOPE, False), override=True)
-
-_TILE = 16  # mma.sync m16n8k16, issued as 16x16x16 by TVM's intrinsics
-_VECTOR = 16  # bytes per cp.async and per DSM load
-_PAD = 8  # fp16 elements of padding per shared row: ldmatrix rows land in different banks
+from .tensor_core import (
+    MMA_STORE_F32_DSM,
+    PAD,
+    TILE,
+    VECTOR,
+    blockize_fragments,
+    fragment_caches,
+    stage_in_shared,
+    tensorize_fragments,
+    warp_tile,
+)
 
 
 @dataclass(frozen=True)
@@ -63,7 +62,7 @@ class SplitKGemmConfig:
 
     def shared_bytes(self, elem_bytes: int = 2) -> int:
         """Dynamic shared memory per CTA: the operand pipeline plus the fp32 partial tile."""
-        operands = (self.block_m + self.block_n) * (self.block_k + _PAD) * elem_bytes
+        operands = (self.block_m + self.block_n) * (self.block_k + PAD) * elem_bytes
         return self.stages * operands + self.block_m * self.block_n * 4
 
 
@@ -98,7 +97,13 @@ def find_gemm(sch: s_tir.Schedule) -> tuple[SBlockRV, list[SBlockRV], GemmShape]
             "split-K GEMM expects one matmul block first, then elementwise epilogue blocks; got "
             f"{[sch.get(b).name_hint for b in blocks]}"
         )
-    block = sch.get(blocks[0])
+    shape, _ = find_gemm_operands(sch.get(blocks[0]))
+    return blocks[0], list(blocks[1:]), shape
+
+
+def find_gemm_operands(block: tirx.SBlock) -> tuple[GemmShape, tuple]:
+    """Shape and operand buffers ``(X, W)`` of a matmul block ``Y[i, j] += X[i, k] * W[j|k, k|j]``
+    in float16 with float32 accumulation; ClusterError names what differs."""
     kinds = [int(iv.iter_type) for iv in block.iter_vars]
     if kinds != [tirx.IterVar.DataPar, tirx.IterVar.DataPar, tirx.IterVar.CommReduce]:
         raise ClusterError(f"split-K GEMM expects iterators (i, j, k), got {kinds} in {block.name_hint}")
@@ -117,14 +122,14 @@ def find_gemm(sch: s_tir.Schedule) -> tuple[SBlockRV, list[SBlockRV], GemmShape]
     dtypes = {str(x.source.ty.dtype), str(w.source.ty.dtype)}
     if dtypes != {"float16"}:
         raise ClusterError(f"split-K GEMM supports float16 operands, got {sorted(dtypes)}")
-    return blocks[0], list(blocks[1:]), GemmShape(m, n, depth, weight_nk)
+    return GemmShape(m, n, depth, weight_nk), (x.source, w.source)
 
 
 def check_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
     """Raise :class:`ClusterError` naming the first constraint ``config`` breaks for ``shape``."""
     c, s = config, config.cluster_size
     check_cluster_size(s)
-    if shape.m < 2 * _TILE:
+    if shape.m < 2 * TILE:
         # One 16-row fragment leaves a unit loop that s_tir's compute_at cannot place (TVM 0.27).
         raise ClusterError(f"M={shape.m}: the tensor-core GEMM needs M >= 32; pad the batch, or "
                            "use the split-K GEMV (tvm_dsm.rules.split_k_reduction) for M=1")
@@ -133,13 +138,13 @@ def check_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
             raise ClusterError(f"{what}={extent} is not a multiple of the {tile} tile")
     if shape.k % (s * c.block_k):
         raise ClusterError(f"K={shape.k} is not a multiple of cluster {s} x block_k {c.block_k}")
-    if c.block_m % (_TILE * c.warps_m) or c.block_n % (_TILE * c.warps_n) or c.block_k % _TILE:
+    if c.block_m % (TILE * c.warps_m) or c.block_n % (TILE * c.warps_n) or c.block_k % TILE:
         raise ClusterError(f"tiles {c.block_m}x{c.block_n}x{c.block_k} do not split into 16x16 "
                            f"fragments over {c.warps_m}x{c.warps_n} warps")
     if c.block_m % s or (c.block_m // s * c.block_n) % (c.threads * 4):
         raise ClusterError(f"the {c.block_m}x{c.block_n} tile does not scatter over {s} CTAs "
                            f"in 16-byte vectors of {c.threads} threads")
-    lanes = _VECTOR // 2
+    lanes = VECTOR // 2
     for rows in (c.block_m, c.block_n):
         if (rows * c.block_k) % (c.threads * lanes):
             raise ClusterError(f"a {rows}x{c.block_k} operand tile is not a whole number of "
@@ -153,11 +158,6 @@ def check_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
     if c.shared_bytes() > MAX_SMEM_PER_CTA:
         raise ClusterError(f"{c.shared_bytes()} B of shared memory per CTA exceeds the "
                            f"{MAX_SMEM_PER_CTA} B an H100 CTA may use")
-
-
-def _fragment_map(i, j):
-    """Shared 16x16 tile -> (tile row, tile col, lane, register) of mma.sync's fragment layout."""
-    return (i // _TILE, j // _TILE, *mma.shared_16x16_to_ldmatrix_32x8_layout(i % _TILE, j % _TILE))
 
 
 def schedule_split_k_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig) -> s_tir.Schedule:
@@ -197,108 +197,74 @@ def apply_split_k_gemm(
     cluster = sch.fuse(i_tile, j_tile)
     bind_cluster_nest(sch, cluster, i_rank)
 
-    # The partial stage: 16x16x16 tensor-core blocks, tiled over warps and K steps.
+    # The partial stage: 16x16x16 tensor-core blocks over warps and K steps, at the cluster.
     p_i, p_j, p_rank, p_k = sch.get_loops(partial)
-    p_i, i_tc = sch.split(p_i, [None, _TILE])
-    p_j, j_tc = sch.split(p_j, [None, _TILE])
-    p_k, k_tc = sch.split(p_k, [None, _TILE])
-    sch.reorder(p_rank, p_i, p_j, p_k, i_tc, j_tc, k_tc)
-    fragment, fragment_name = partial, sch.get(partial).name_hint
-    partial = sch.blockize(i_tc)
+    partial, fragment = blockize_fragments(sch, partial, [p_rank], p_i, p_j, p_k)
     sch.compute_at(partial, cluster, preserve_unit_loops=True)
-    _, p_rank, p_i, p_j, p_k = sch.get_loops(partial)
-    i_warp, i_frag = sch.split(p_i, [c.warps_m, None])
-    j_warp, j_frag = sch.split(p_j, [c.warps_n, None])
-    k_step, k_frag = sch.split(p_k, [None, c.block_k // _TILE])
-    sch.reorder(i_warp, j_warp, k_step, k_frag, i_frag, j_frag)
-    warp = sch.fuse(i_warp, j_warp)
-    sch.bind(warp, "threadIdx.y")
-
-    _stage_operands(sch, partial, k_step, shape, c)
-    bind_rank(sch, p_rank)  # after the operand caches: their region is one CTA's K slice
-
-    x_frag = sch.cache_read(partial, 0, "warp")
-    w_frag = sch.cache_read(partial, 1, "warp")
-    for cache in (x_frag, w_frag):
-        sch.compute_at(cache, k_frag)
-    accumulator = sch.cache_write(partial, 0, "warp")
-    sch.reverse_compute_at(accumulator, warp)
-    accumulator_loop = _fragment_tile(sch, accumulator)
-    sch.decompose_reduction(partial, k_step)
-
-    x_loop = _fragment_tile(sch, x_frag)
-    w_loop = _fragment_tile(sch, w_frag)
-    sch.transform_layout(x_frag, ("write", 0), _fragment_map)
-    sch.transform_layout(w_frag, ("write", 0), _fragment_map)
-    sch.transform_layout(accumulator, ("read", 0), lambda r, a, b: (r, *_fragment_map(a, b)))
-    sch.tensorize(x_loop, mma.LDMATRIX_f16_A_DYN_INTRIN)
-    if shape.weight_nk:
-        sch.tensorize(w_loop, mma.LDMATRIX_f16_B_TRANS_DYN_INTRIN)
-        sch.tensorize(sch.get_loops(fragment)[-3], mma.MMA_f16f16f32_TRANS_B_INTRIN)
-    else:
-        sch.tensorize(w_loop, mma.LDMATRIX_f16_B_DYN_INTRIN)
-        sch.tensorize(sch.get_loops(fragment)[-3], mma.MMA_f16f16f32_INTRIN)
-    sch.tensorize(sch.get_loops(sch.get_sblock(f"{fragment_name}_init"))[-2],
-                  mma.MMA_fill_16x16_f32_INTRIN)
-    place_in_dsm(sch, accumulator, 0)
-    sch.tensorize(accumulator_loop, MMA_STORE_F32_DSM)
-
-    # Software pipeline: operand tiles stages-1 K steps ahead (cp.async), fragments one
-    # 16-wide K step ahead. The outer body is [X tile, W tile, then the inner pipeline's
-    # prologue, body and epilogue].
-    sch.annotate(k_step, "software_pipeline_stage", [0, 0, c.stages - 2, c.stages - 1, c.stages - 1])
-    sch.annotate(k_step, "software_pipeline_order", [0, 1, 3, 2, 4])
-    sch.annotate(k_step, ASYNC_STAGES_KEY, [0])
-    sch.annotate(k_frag, "software_pipeline_stage", [0, 0, 1])
-    sch.annotate(k_frag, "software_pipeline_order", [0, 1, 2])
-
+    split_k_main_loops(sch, [(partial, fragment, *sch.get_loops(partial)[-4:])], shape.weight_nk, c)
     _schedule_reduce_scatter(sch, block, output, c)
 
 
-def _stage_operands(sch, partial, k_step, shape: GemmShape, c: SplitKGemmConfig) -> None:
-    """Copy each K step's operand tiles to shared memory in 16-byte vectors (cp.async once the
-    loop is pipelined). The layout keeps only the K step (``k % block_k``), so a tile's shared
-    buffer holds one CTA's step whatever its rank, and pads rows against bank conflicts."""
-    for index, k_axis in ((0, 1), (1, 1 if shape.weight_nk else 0)):
-        cache = sch.cache_read(partial, index, "shared.dyn")
-        sch.compute_at(cache, k_step)
-        fused = sch.fuse(*sch.get_loops(cache)[-2:])
-        _, ty, tx, vector = sch.split(fused, [None, c.warps, 32, _VECTOR // 2])
-        sch.bind(tx, "threadIdx.x")
-        sch.bind(ty, "threadIdx.y")
-        sch.vectorize(vector)
-
-        step_local = (
-            (lambda a, b: (a, b % c.block_k)) if k_axis == 1 else (lambda a, b: (a % c.block_k, b))
-        )
-        sch.transform_layout(cache, ("write", 0), step_local, assume_injective_transform=True)
-        sch.storage_align(cache, 0, axis=-2, factor=32, offset=_PAD)
-
-
-def _fragment_tile(sch, block):
-    """Tile the block's two innermost loops into 16x16 fragments; the fragment's row loop."""
-    rows, cols = sch.get_loops(block)[-2:]
-    rows, rows_in = sch.split(rows, [None, _TILE])
-    cols, cols_in = sch.split(cols, [None, _TILE])
-    sch.reorder(rows, cols, rows_in, cols_in)
-    return rows_in
+def split_k_main_loops(sch: s_tir.Schedule, partials: list[tuple], weight_nk: bool,
+                      config: SplitKGemmConfig) -> None:
+    """Schedule blockized partial-product blocks, each given as ``(block, fragment name, rank,
+    i, j, k)`` (loops over the rank owning a K slice, then fragment rows, columns and depth), as
+    one CTA's pipelined tensor-core main loop over its K slice per block, each ending with its
+    fp32 partial tile stored into its DSM slice. Several blocks (a gated chain's gate and up
+    GEMMs) run one after the other; every operand cache is placed before any rank loop is bound,
+    because s_tir's compute_at rejects a scope with a rank-bound producer."""
+    c = config
+    loops = []
+    for partial, _, rank, i, j, k in partials:
+        k_step, k_frag = sch.split(k, [None, c.block_k // TILE])
+        warp, _, _ = warp_tile(sch, i, j, [k_step, k_frag], c.warps_m, c.warps_n)
+        for index, k_axis in ((0, 1), (1, 1 if weight_nk else 0)):
+            stage_in_shared(sch, partial, index, k_step, c.warps, k_axis, c.block_k)
+        loops.append((k_step, k_frag, fragment_caches(sch, partial, k_frag, warp)))
+    for (partial, fragment, rank, *_), (k_step, k_frag, caches) in zip(partials, loops):
+        bind_rank(sch, rank)  # after the operand caches: their region is one CTA's K slice
+        tensorize_fragments(sch, partial, fragment, caches, k_step, weight_nk, MMA_STORE_F32_DSM)
+        # Software pipeline: operand tiles stages-1 K steps ahead (cp.async), fragments one
+        # 16-wide K step ahead. The outer body is [X tile, W tile, then the inner pipeline's
+        # prologue, body and epilogue].
+        sch.annotate(k_step, "software_pipeline_stage", [0, 0, c.stages - 2, c.stages - 1, c.stages - 1])
+        sch.annotate(k_step, "software_pipeline_order", [0, 1, 3, 2, 4])
+        sch.annotate(k_step, ASYNC_STAGES_KEY, [0])
+        sch.annotate(k_frag, "software_pipeline_stage", [0, 0, 1])
+        sch.annotate(k_frag, "software_pipeline_order", [0, 1, 2])
 
 
 def _schedule_reduce_scatter(sch, block, output, c: SplitKGemmConfig) -> None:
-    """Each thread sums 4 fp32 columns over the S partials (one ld.shared::cluster.v4 per peer,
-    all in flight), applies the epilogue in registers and stores the result vector."""
-    sch.set_scope(block, 0, "local")
-    _, _, rows, cols, peers = sch.get_loops(block)
-    # The same (32, warps) thread shape as the main loop: UnifyThreadBinding needs equal extents.
-    # Vectors split off the columns first, so a vector never straddles two rows.
-    cols, vector = sch.split(cols, [None, 4])
-    _, warp, thread = sch.split(sch.fuse(rows, cols), [None, c.warps, 32])
-    sch.reorder(warp, thread, peers, vector)
+    """CTA r sums rows r*block_m/S.. of the tile over the S partials, applies the epilogue."""
+    sum_partials(sch, [block], output, [tuple(sch.get_loops(block)[-3:])], c.warps)
+
+
+def sum_partials(sch: s_tir.Schedule, blocks: list[SBlockRV], output: SBlockRV,
+                 loops: list[tuple[LoopRV, LoopRV, LoopRV]], warps: int) -> None:
+    """Schedule the blocks summing the cluster's partial tiles (each with its ``(rows, cols,
+    peers)`` loops) and ``output``, the epilogue reading the sums: each thread sums 4 fp32
+    columns over the peers (one ld.shared::cluster.v4 per peer, all in flight, starting at its
+    own rank) and computes ``output`` from the sums in registers. Several blocks (a gated
+    chain's gate and up) share their thread loops, so the epilogue sees all sums at once."""
+    threads, inner = [], []
+    for block, (rows, cols, peers) in zip(blocks, loops):
+        sch.set_scope(block, 0, "local")
+        # The (32, warps) thread shape of the main loop: UnifyThreadBinding needs equal
+        # extents. Vectors split off the columns first, so a vector never straddles two rows.
+        cols, vector = sch.split(cols, [None, 4])
+        outer, warp, thread = sch.split(sch.fuse(rows, cols), [None, warps, 32])
+        sch.reorder(outer, warp, thread, peers, vector)
+        threads.append(thread)
+        inner.append((peers, vector))
+    if len(threads) > 1:
+        sch.merge(*threads)
+    _, warp, thread = sch.get_loops(blocks[0])[-5:-2]  # (outer, warp, thread, peers, vector)
     sch.bind(warp, "threadIdx.y")
     sch.bind(thread, "threadIdx.x")
-    sch.annotate(peers, ROTATE_PEERS_KEY, 1)
     sch.reverse_compute_at(output, thread)
     sch.vectorize(sch.get_loops(output)[-1])
-    sch.vectorize(vector)  # before decompose_reduction: vectorize needs a reduction block
-    sch.unroll(peers)
-    sch.decompose_reduction(block, peers)
+    for block, (peers, vector) in zip(blocks, inner):
+        sch.annotate(peers, ROTATE_PEERS_KEY, 1)
+        sch.vectorize(vector)  # before decompose_reduction: vectorize needs a reduction block
+        sch.unroll(peers)
+        sch.decompose_reduction(block, peers)

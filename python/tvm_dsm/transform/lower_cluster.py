@@ -223,21 +223,23 @@ class _KernelLowering:
         return tirx.AttrStmt(node, "thread_extent", grid, launch)
 
     def _keep_slices_allocated(self, body):
-        """Touch every slice right after its allocation, so its lifetime starts there.
-        StorageRewrite would otherwise let a slice first written late (a GEMM's partial tile)
-        reuse the storage of a dead operand tile of another dtype and leave the slice's typed
-        ``tvm_access_ptr`` on it, which TVM rejects. The touch is an address expression that
-        survives as a no-op statement in the CUDA (ThreadSync may add one ``__syncthreads``
-        after it)."""
+        """Touch every slice right after its allocation and at the end of its scope, so it is
+        live for the whole kernel. StorageRewrite would otherwise let a slice reuse the dead
+        storage of a buffer of another dtype (a GEMM's operand tile), or let a later buffer (a
+        fused kernel's next tile) reuse a slice, and leave the typed ``tvm_access_ptr`` of one
+        on the other, which TVM rejects; peers also read a slice at times its own CTA's
+        liveness cannot see. The touches are address expressions that survive as no-op
+        statements in the CUDA (ThreadSync may add a ``__syncthreads`` after one)."""
         slices = [d.slice for d in self.dsm]
 
         def on_seq(seq: tirx.SeqStmt) -> tirx.SeqStmt:
-            stmts = []
+            stmts, touches = [], []
             for stmt in seq.seq:
                 stmts.append(stmt)
                 if isinstance(stmt, tirx.AllocBuffer) and any(stmt.buffer.same_as(b) for b in slices):
-                    stmts.append(tirx.Evaluate(stmt.buffer.access_ptr("r")))
-            return tirx.SeqStmt(stmts)
+                    touches.append(tirx.Evaluate(stmt.buffer.access_ptr("r")))
+                    stmts.append(touches[-1])
+            return tirx.SeqStmt(stmts + touches)
 
         return tvm_ffi.structural_map(body, [(tirx.SeqStmt, on_seq)])
 
@@ -486,6 +488,9 @@ class _KernelLowering:
                 if mixed and isinstance(stage, (tirx.AttrStmt, tirx.SeqStmt)):
                     out.append(self._place_barriers(stage, state))
                     continue
+                if mixed and self._is_uniform_loop(stage):
+                    out.append(self._place_loop_barriers(stage, state))
+                    continue
                 if mixed:
                     raise ClusterError(
                         "one stage both writes a DSM buffer and accesses a peer's slice of it "
@@ -500,6 +505,28 @@ class _KernelLowering:
         if top and state.remote_since_barrier:
             out.append(_cluster_barrier())
         return out[0] if len(out) == 1 else tirx.SeqStmt(out)
+
+    def _is_uniform_loop(self, stmt) -> bool:
+        """A sequential loop every thread of the CTA runs the same number of times."""
+        threads = [a.node.var for a in find_all(self.kernel.body, tirx.AttrStmt,
+                                                 lambda a: a.attr_key == "thread_extent")]
+        return (
+            isinstance(stmt, tirx.For)
+            and stmt.kind in (tirx.ForKind.SERIAL, tirx.ForKind.UNROLLED)
+            and not any(uses(e, v) for e in (stmt.min, stmt.extent) for v in threads)
+        )
+
+    def _place_loop_barriers(self, loop: tirx.For, state: "_BarrierState") -> tirx.For:
+        """Barriers inside a loop whose body writes DSM slices and reads peers' (a fused
+        kernel's steps). The body is placed from the state at loop entry, which covers the
+        first iteration; a barrier closes the body whenever anything is pending, so every later
+        iteration starts from a clean state, which needs no more barriers than the first."""
+        body = self._place_barriers(loop.body, state)
+        if state.pending():
+            body = tirx.SeqStmt([body, _cluster_barrier()])
+            state.reset()
+        return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body,
+                        loop.thread_binding, loop.annotations)
 
 
 class _BarrierState:
@@ -531,6 +558,10 @@ class _BarrierState:
             or writes & self.written_remotely
             or t["remote_store"] & self.written
         )
+
+    def pending(self) -> bool:
+        """Some access since the last barrier could conflict with a later stage."""
+        return bool(self.written or self.written_remotely or self.read_remotely)
 
     def record(self, t: dict[str, set[int]]) -> None:
         self.written |= t["store"]

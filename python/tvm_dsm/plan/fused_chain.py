@@ -1,0 +1,157 @@
+"""Plan a fused GEMM chain without measuring: FlashFuser's dataflow analysis and cost model.
+
+For each configuration of :mod:`tvm_dsm.rules.fused_chain` the analyzer counts the bytes every
+level moves:
+
+* HBM: each weight once, ``A`` once, the output once, and the clusters' fp32 partials of the
+  output (written by the fused kernel, read by the inter-cluster reduce) when they outgrow L2;
+* L2: ``A``'s slab re-read at every tile step of every cluster (``M*K*N/block_n``), each weight
+  re-read by every row of clusters, the partials;
+* DSM: the all-exchange, in which every CTA reads the fp32 partial tile of every peer
+  (``M * N * 4 * S^2`` per GEMM0 projection: the cost that grows fastest with the cluster);
+
+and divides by the level's measured bandwidth (:mod:`tvm_dsm.hardware`), next to the
+tensor-core roof. Terms the paper's model lacks decide small chains: the SMs the grid keeps
+busy, two launches, and the per-step latency chain of a CTA (pipeline fill, three cluster
+barriers, the W2 tile load), which no amount of bandwidth hides.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from tvm import s_tir, tirx
+
+from ..errors import ClusterError
+from ..hardware import Hardware, load_hardware
+from ..rules.fused_chain import (
+    ChainShape,
+    FusedChainConfig,
+    apply_fused_chain,
+    check_chain_config,
+    find_chain,
+)
+from .report import Plan
+from .split_k_gemm import MMA_SYNC_PEAK
+
+_LAUNCH_S = 2.0e-6
+_STEP_S = 0.05e-6  # per GEMM0 K step: the barrier and instruction issue around it
+_BARRIERS_PER_STEP = 3
+
+
+@dataclass(frozen=True)
+class ChainPlan(Plan):
+    """A fused chain configuration with its prediction."""
+
+    config: FusedChainConfig
+    shape: ChainShape
+    ctas: int
+
+    def summary(self) -> str:
+        c, s = self.config, self.shape
+        kind = "SwiGLU" if s.gated else "GEMM chain"
+        return (
+            f"fused {kind} {s.m}x{s.k} -> {s.n} -> {s.l}: clusters of {c.cluster_size} CTAs "
+            f"({self.ctas} CTAs), {c.block_m}x{c.block_n} tiles of H, {c.n_steps} step(s) per "
+            f"cluster, GEMM0 K split over the cluster in {c.block_k}-wide {c.stages}-stage steps, "
+            f"all-exchange of fp32 partials through DSM, {s.l // c.cluster_size} output columns "
+            f"per CTA, {self.groups} cluster column group(s) reduced by a second kernel; "
+            f"{c.shared_bytes(s)} B SMEM per CTA"
+        )
+
+    @property
+    def groups(self) -> int:
+        return self.shape.n // (self.config.block_n * self.config.n_steps)
+
+
+def predict(shape: ChainShape, config: FusedChainConfig, hw: Hardware) -> ChainPlan:
+    """Bytes per level and predicted time of one (valid) configuration."""
+    c, s, g = config, config.cluster_size, len(shape.gemm0)
+    groups = shape.n // (c.block_n * c.n_steps)
+    clusters = shape.m // c.block_m * groups
+    ctas = clusters * s
+    waves = math.ceil(ctas / hw.sm_count)  # one CTA per SM: the output slice fills the registers
+    busy = min(1.0, ctas / hw.sm_count)
+    partials = groups * shape.m * shape.l * 4
+    weights = (g * shape.n * shape.k + shape.l * shape.n) * 2
+    rows_of_clusters = shape.m // c.block_m
+    spill = partials if partials > hw.l2_bytes // 2 else 0
+    traffic = {
+        "hbm": weights + (shape.m * shape.k + shape.m * shape.l) * 2 + 2 * spill,
+        "l2": g * shape.m * shape.k * 2 * (shape.n // c.block_n) + weights * rows_of_clusters
+        + 2 * partials,
+        "dsm": g * shape.m * shape.n * 4 * s * s,
+    }
+    flops = 2 * shape.m * shape.n * (g * shape.k + shape.l)
+    seconds = {
+        "hbm": traffic["hbm"] / (hw.hbm_bw * busy),
+        "l2": traffic["l2"] / (hw.l2_bw * busy),
+        "dsm": traffic["dsm"] / (hw.dsm_bw(s) * busy),
+        "mma": flops / (MMA_SYNC_PEAK * busy),
+    }
+    k_steps = g * shape.k // (s * c.block_k)
+    per_step = ((c.stages - 1) * hw.latency_ns["hbm"] + hw.latency_ns["hbm"]
+                + _BARRIERS_PER_STEP * hw.latency_ns["dsm"]) * 1e-9 + k_steps * _STEP_S
+    seconds["latency"] = 2 * _LAUNCH_S + waves * c.n_steps * per_step
+    total = max(seconds["hbm"], seconds["l2"], seconds["mma"]) + seconds["dsm"] + seconds["latency"]
+    return ChainPlan(bytes=traffic, seconds=seconds, predicted_us=total * 1e6, config=config,
+                     shape=shape, ctas=ctas)
+
+
+#: The design space before pruning: cluster sizes, CTA tile (M, N), steps per cluster, GEMM0's
+#: K step, warp layout, pipeline depth.
+SPACE = {
+    "cluster_size": tuple(range(2, 17)),
+    "block_m": (32, 64, 128),
+    "block_n": (32, 64, 128),
+    "n_steps": (1, 2, 4, 8, 16),
+    "block_k": (16, 32, 64),
+    "warps": ((1, 2), (1, 4), (2, 2), (2, 4), (4, 2)),
+    "stages": (3, 4),
+}
+
+
+def candidate_configs(shape: ChainShape) -> tuple[list[FusedChainConfig], dict[str, int]]:
+    """The valid configurations for ``shape`` and how many the space held before pruning."""
+    configs = []
+    total = 0
+    for s, bm, bn, steps, bk, (wm, wn), stages in itertools.product(*SPACE.values()):
+        total += 1
+        config = FusedChainConfig(s, bm, bn, steps, bk, wm, wn, stages)
+        try:
+            check_chain_config(shape, config)
+        except ClusterError:
+            continue
+        configs.append(config)
+    return configs, {"space": total, "valid": len(configs)}
+
+
+def plan_chain(shape: ChainShape, hw: Hardware) -> list[ChainPlan]:
+    """All valid configurations, best predicted first."""
+    configs, _ = candidate_configs(shape)
+    if not configs:
+        raise ClusterError(
+            f"no fused chain configuration fits M={shape.m} K={shape.k} N={shape.n} L={shape.l}: "
+            "K must give each CTA of a cluster (>= 2) at least 3 steps of 16, L must split into "
+            "16-column fragments per warp, M must be at least 32"
+        )
+    plans = [predict(shape, c, hw) for c in configs]
+    return sorted(plans, key=lambda p: (p.predicted_us, p.config.cluster_size))
+
+
+def schedule_chain(func: tirx.PrimFunc, hw: Hardware | None = None,
+                   config: FusedChainConfig | None = None) -> tuple[s_tir.Schedule, ChainPlan]:
+    """Schedule a user's GEMM chain (FFN or SwiGLU PrimFunc) as one fused cluster kernel: the
+    planner's best configuration unless ``config`` is given. ``plan.explain()`` says why."""
+    hw = hw or load_hardware()
+    sch = s_tir.Schedule(func)
+    blocks, shape = find_chain(sch)
+    if config is None:
+        plan = plan_chain(shape, hw)[0]
+    else:
+        check_chain_config(shape, config)
+        plan = predict(shape, config, hw)
+    apply_fused_chain(sch, blocks, shape, plan.config)
+    return sch, plan

@@ -1,0 +1,279 @@
+"""FlashFuser's fused GEMM chain: ``Out = (act(A @ W1^T) @ W2^T)`` in one cluster kernel.
+
+The intermediate ``H = act(A @ W1^T)`` (``M x N``) never reaches global memory. A cluster of S
+CTAs owns a ``block_m``-row slab of the output and ``n_steps`` consecutive ``block_n``-wide column
+tiles of ``H``; per tile step, all S CTAs:
+
+1. compute a partial ``block_m x block_n`` tile of ``A @ W1^T`` over their own K slice (the
+   split-K main loop: cp.async pipeline, ldmatrix, mma.sync) into their DSM slice;
+2. **all-exchange**: after a cluster barrier every CTA sums the S partials (16-byte
+   ``ld.shared::cluster.v4`` loads), applies the activation (SwiGLU: ``silu(gate) * up`` from two
+   partial tiles) and keeps the fp16 tile of ``H`` in its own shared memory;
+3. multiply the tile by its own ``L / S`` columns of ``W2``, accumulating its slice of the output
+   in registers across the steps.
+
+Clusters that own different column ranges of ``H`` hold partial sums of the output: each writes
+its fp32 partial (the reduce over ``N`` across clusters) and a second kernel of the same function
+adds them in a fixed order and casts (the deterministic inter-cluster reduce).
+
+The pattern is found in any PrimFunc of this shape (:func:`find_chain`), not only in
+:mod:`tvm_dsm.workloads.chains`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import s_tir, tirx
+from tvm.s_tir.schedule import SBlockRV
+from tvm.s_tir.tensor_intrin import cuda as mma
+
+from ..errors import ClusterError
+from ..schedule import bind_cluster_nest, check_cluster_size
+from ..transform.cluster_launch import MAX_SMEM_PER_CTA
+from .split_k_gemm import GemmShape, SplitKGemmConfig, find_gemm_operands, split_k_main_loops, sum_partials
+from .tensor_core import (
+    PAD,
+    TILE,
+    VECTOR,
+    blockize_fragments,
+    fragment_caches,
+    stage_in_shared,
+    tensorize_fragments,
+    warp_tile,
+)
+
+_MAX_ACCUMULATOR_REGISTERS = 128  # fp32 output registers per thread, next to the main loop's
+
+
+@dataclass(frozen=True)
+class FusedChainConfig:
+    """A point of the fused chain's design space (FlashFuser's CTA tile and cluster tile)."""
+
+    cluster_size: int  # CTAs per cluster: split GEMM0's K and GEMM1's L columns
+    block_m: int = 128
+    block_n: int = 64  # width of one tile step of H
+    n_steps: int = 1  # consecutive tile steps a cluster owns (temporal N)
+    block_k: int = 32  # GEMM0's K step
+    warps_m: int = 2
+    warps_n: int = 4
+    stages: int = 3
+
+    @property
+    def warps(self) -> int:
+        return self.warps_m * self.warps_n
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    def main_loop(self) -> SplitKGemmConfig:
+        """GEMM0's configuration: a split-K GEMM of one ``block_m x block_n`` tile."""
+        return SplitKGemmConfig(self.cluster_size, self.block_m, self.block_n, self.block_k,
+                                self.warps_m, self.warps_n, self.stages)
+
+    def shared_bytes(self, shape: "ChainShape") -> int:
+        """Shared memory per CTA: GEMM0's pipeline and partial tile(s), H, one W2 tile."""
+        partials = len(shape.gemm0) * self.block_m * self.block_n * 4
+        operands = self.stages * (self.block_m + self.block_n) * (self.block_k + PAD) * 2
+        columns = shape.l // self.cluster_size
+        return operands + partials + (self.block_m + columns) * (self.block_n + PAD) * 2
+
+
+@dataclass(frozen=True)
+class ChainShape:
+    """``M x K -> N -> L``; ``gemm0`` names GEMM0's blocks (two for a gated chain)."""
+
+    m: int
+    n: int
+    k: int
+    l: int
+    gemm0: tuple[str, ...]
+
+    @property
+    def gated(self) -> bool:
+        return len(self.gemm0) == 2
+
+
+@dataclass
+class ChainBlocks:
+    gemm0: list[SBlockRV]  # the first GEMM(s): A @ W^T
+    combine: SBlockRV  # H = act(C) or silu(G) * U, rounded to fp16
+    gemm1: SBlockRV  # E = H @ W2^T
+    epilogue: list[SBlockRV]  # elementwise blocks after E; the last writes the output
+
+
+def find_chain(sch: s_tir.Schedule) -> tuple[ChainBlocks, ChainShape]:
+    """The chain's blocks and shape; ClusterError says which part of the pattern is missing.
+
+    Expected: one or two matmul blocks ``A[i, k] * W[j, k]`` over the same ``A``, one elementwise
+    block combining them into fp16 ``H``, a matmul ``H[i, j] * W2[l, j]``, then elementwise
+    blocks. All operands float16, accumulation float32.
+    """
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    reductions = [b for b in blocks if _is_reduction(sch, b)]
+    if len(reductions) not in (2, 3) or reductions != blocks[: len(reductions) - 1] + [reductions[-1]]:
+        raise ClusterError(
+            "a fused GEMM chain is one or two matmuls, one elementwise block, one matmul, then "
+            f"elementwise blocks; got {[sch.get(b).name_hint for b in blocks]}"
+        )
+    gemm0 = reductions[:-1]
+    combine = blocks[len(gemm0)]
+    gemm1 = reductions[-1]
+    if blocks.index(gemm1) != len(gemm0) + 1:
+        raise ClusterError("a fused GEMM chain has exactly one elementwise block between its GEMMs")
+    found = [find_gemm_operands(sch.get(b)) for b in gemm0]
+    shapes = [shape for shape, _ in found]
+    if len({(s.m, s.n, s.k) for s in shapes}) != 1 or len({x for _, (x, _) in found}) != 1:
+        raise ClusterError("the gate and up GEMMs of a gated chain must read the same input and "
+                           "have one shape")
+    if not all(s.weight_nk for s in shapes):
+        raise ClusterError("fused chains take weights stored [out_features, in_features]")
+    second, (h_read, _) = find_gemm_operands(sch.get(gemm1))
+    h = sch.get(combine).writes[0].source
+    if not h_read.same_as(h):
+        raise ClusterError("the second GEMM must read the elementwise block's output as its input")
+    if str(h.ty.dtype) != "float16" or not second.weight_nk or second.k != shapes[0].n:
+        raise ClusterError("the intermediate must be float16 [M, N] and W2 stored [L, N]")
+    shape = ChainShape(shapes[0].m, shapes[0].n, shapes[0].k, second.n,
+                       tuple(sch.get(b).name_hint for b in gemm0))
+    return ChainBlocks(gemm0, combine, gemm1, blocks[len(gemm0) + 2:]), shape
+
+
+def _is_reduction(sch, block) -> bool:
+    return any(int(iv.iter_type) == tirx.IterVar.CommReduce for iv in sch.get(block).iter_vars)
+
+
+def check_chain_config(shape: ChainShape, config: FusedChainConfig) -> None:
+    """Raise :class:`ClusterError` naming the first constraint ``config`` breaks for ``shape``."""
+    c, s = config, config.cluster_size
+    check_cluster_size(s)
+    if s < 2:
+        raise ClusterError("a fused chain spreads H over a cluster: cluster size must be >= 2")
+    if shape.m < 2 * TILE or shape.m % c.block_m:
+        raise ClusterError(f"M={shape.m} is not a multiple of the {c.block_m} tile (or below 32)")
+    if shape.n % (c.block_n * c.n_steps):
+        raise ClusterError(f"N={shape.n} is not a multiple of {c.n_steps} steps of {c.block_n}")
+    columns = shape.l // s
+    if shape.l % s or columns % (TILE * c.warps_n):
+        raise ClusterError(f"L={shape.l} does not split over {s} CTAs into 16-column fragments "
+                           f"of {c.warps_n} warps")
+    if c.block_n % (TILE * c.warps_n) or c.block_m % (TILE * c.warps_m) or c.block_k % TILE:
+        raise ClusterError(f"tiles {c.block_m}x{c.block_n}x{c.block_k} do not split into 16x16 "
+                           f"fragments over {c.warps_m}x{c.warps_n} warps")
+    if shape.k % (s * c.block_k) or shape.k // (s * c.block_k) < c.stages:
+        raise ClusterError(f"K={shape.k} does not give each of {s} CTAs {c.stages} steps of "
+                           f"{c.block_k}")
+    if c.stages < 3:
+        raise ClusterError(f"stages={c.stages}: the pipeline needs at least 3")
+    lanes = VECTOR // 2
+    for what, elements, per in (("a tile of H", c.block_m * c.block_n, 4),
+                                ("an A tile", c.block_m * c.block_k, lanes),
+                                ("a W1 tile", c.block_n * c.block_k, lanes),
+                                ("a W2 tile", columns * c.block_n, lanes)):
+        if elements % (c.threads * per):
+            raise ClusterError(f"{what} is not a whole number of 16-byte vectors for "
+                               f"{c.threads} threads")
+    registers = c.block_m // c.warps_m * columns // c.warps_n // 32
+    if registers > _MAX_ACCUMULATOR_REGISTERS:
+        raise ClusterError(f"the {c.block_m}x{columns} output slice needs {registers} fp32 "
+                           f"registers per thread (at most {_MAX_ACCUMULATOR_REGISTERS})")
+    if c.shared_bytes(shape) > MAX_SMEM_PER_CTA:
+        raise ClusterError(f"{c.shared_bytes(shape)} B of shared memory per CTA exceeds the "
+                           f"{MAX_SMEM_PER_CTA} B an H100 CTA may use")
+
+
+def schedule_fused_chain(func: tirx.PrimFunc, config: FusedChainConfig) -> s_tir.Schedule:
+    """Schedule ``func`` (a GEMM chain, see :func:`find_chain`) as one fused cluster kernel plus
+    the inter-cluster reduce (:func:`tvm_dsm.plan.fused_chain.plan_chain` picks the config)."""
+    sch = s_tir.Schedule(func)
+    blocks, shape = find_chain(sch)
+    check_chain_config(shape, config)
+    apply_fused_chain(sch, blocks, shape, config)
+    return sch
+
+
+def apply_fused_chain(sch: s_tir.Schedule, blocks: ChainBlocks, shape: ChainShape,
+                      config: FusedChainConfig) -> None:
+    """Schedule the chain's blocks of ``sch`` in place."""
+    c, s = config, config.cluster_size
+    groups = shape.n // (c.block_n * c.n_steps)
+
+    # GEMM0 splits K over the cluster: one partial tile per rank (per gate/up GEMM).
+    partials = []
+    for block in blocks.gemm0:
+        _, _, k = sch.get_loops(block)
+        k_rank, _ = sch.split(k, [s, None])
+        partials.append(sch.rfactor(k_rank, factor_axis=0))
+
+    # GEMM1 over N: clusters own column groups of H (rfactor: the inter-cluster partials).
+    _, _, j = sch.get_loops(blocks.gemm1)
+    j_group, _ = sch.split(j, [groups, None])
+    gemm1 = sch.rfactor(j_group, factor_axis=0)
+    i, p, j_group, j = sch.get_loops(gemm1)
+    i_tile, i = sch.split(i, [None, c.block_m])
+    p_rank, p = sch.split(p, [s, None])
+    step, j = sch.split(j, [c.n_steps, c.block_n])
+    sch.reorder(j_group, i_tile, p_rank, step, i, p, j)
+    cluster = sch.fuse(j_group, i_tile)
+    gemm1, fragment1 = blockize_fragments(sch, gemm1, [step], i, p, j)
+    _, _, _, i, p, j = sch.get_loops(gemm1)
+    warp_tile(sch, i, p, [j], c.warps_m, c.warps_n)
+    j_frag = j
+    # W2's tile before the rank is bound: s_tir relaxes rank-bound loops like threadIdx and
+    # would size (and copy) the tile for every rank's columns.
+    stage_in_shared(sch, gemm1, 1, step, c.warps, 1, c.block_n, rows=shape.l // s)
+    bind_cluster_nest(sch, cluster, p_rank)
+
+    # Per step: GEMM0's partials, the all-exchange into H, then GEMM1 on the H tile.
+    sch.compute_at(blocks.combine, step, preserve_unit_loops=True)
+    for block in blocks.gemm0:
+        sch.compute_at(block, step, preserve_unit_loops=True)
+    for partial in partials:
+        sch.compute_at(partial, step, preserve_unit_loops=True)
+    main_loops = []
+    for partial in partials:
+        rank, pi, pj, pk = sch.get_loops(partial)[-4:]
+        partial, fragment0 = blockize_fragments(sch, partial, [rank], pi, pj, pk)
+        main_loops.append((partial, fragment0, *sch.get_loops(partial)[-4:]))
+    split_k_main_loops(sch, main_loops, True, c.main_loop())
+    _schedule_all_exchange(sch, blocks, c)
+
+    caches = fragment_caches(sch, gemm1, j_frag, sch.get_loops(gemm1)[1])
+    rows, cols = sch.get_loops(caches[2])[-2:]
+    warp_tile(sch, rows, cols, [], c.warps_m, c.warps_n)
+    tensorize_fragments(sch, gemm1, fragment1, caches, step, True,
+                        mma.MMA_store_16x16_f32_global_INTRIN)
+    _schedule_inter_cluster_reduce(sch, blocks, c)
+
+
+def _schedule_all_exchange(sch: s_tir.Schedule, blocks: ChainBlocks, c: FusedChainConfig) -> None:
+    """Every CTA sums the cluster's partial tiles of GEMM0 and writes act(...) as fp16 H into
+    its own padded shared memory, where GEMM1's ldmatrix reads it."""
+    loops = []
+    for block in blocks.gemm0:
+        peers, rows, cols = sch.get_loops(block)[-3:]
+        loops.append((rows, cols, peers))
+    sum_partials(sch, blocks.gemm0, blocks.combine, loops, c.warps)
+    sch.set_scope(blocks.combine, 0, "shared.dyn")
+    sch.storage_align(blocks.combine, 0, axis=-2, factor=32, offset=PAD)
+
+
+def _schedule_inter_cluster_reduce(sch: s_tir.Schedule, blocks: ChainBlocks,
+                                   c: FusedChainConfig) -> None:
+    """The second kernel: each thread adds the column groups' fp32 partials of 4 outputs in
+    group order, then runs the epilogue (cast) on them."""
+    *inner, output = blocks.epilogue
+    for stage in inner:
+        sch.compute_inline(stage)
+    sch.set_scope(blocks.gemm1, 0, "local")
+    i, p, group = sch.get_loops(blocks.gemm1)
+    p, vector = sch.split(p, [None, 4])
+    cta, thread = sch.split(sch.fuse(i, p), [None, c.threads])
+    sch.reorder(cta, thread, group, vector)
+    sch.bind(cta, "blockIdx.x")
+    sch.bind(thread, "threadIdx.x")
+    sch.reverse_compute_at(output, thread)
+    sch.vectorize(sch.get_loops(output)[-1])
+    sch.vectorize(vector)
+    sch.decompose_reduction(blocks.gemm1, group)

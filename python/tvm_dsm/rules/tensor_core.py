@@ -1,0 +1,128 @@
+"""mma.sync building blocks shared by the GEMM-family rules (split-K GEMM, fused GEMM chains).
+
+Each helper is one step of scheduling a matmul block onto tensor cores with TVM's own intrinsics
+(ldmatrix, mma.sync m16n8k16 issued as 16x16x16, fragment stores): cut the block into 16x16x16
+fragments, spread them over warps, stage operand tiles in padded shared memory with 16-byte
+copies (cp.async once the loop is pipelined), and tensorize the fragment loads, the multiply,
+the accumulator fill and store. The rules compose them around their own data movement.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir
+from tvm.s_tir import TensorIntrin
+from tvm.s_tir.schedule import LoopRV, SBlockRV
+from tvm.s_tir.tensor_intrin import cuda as mma
+
+from ..schedule import place_in_dsm
+from ..schedule.dsm import DSM_SCOPE
+
+#: Tensor intrinsic storing a 16x16 fp32 accumulator fragment into a DSM slice (plain stores,
+#: which tvm_dsm.transform.lower_cluster turns into the CTA's own shared-memory stores).
+MMA_STORE_F32_DSM = "tvm_dsm.mma_store_16x16_f32_dsm"
+TensorIntrin.register(MMA_STORE_F32_DSM, *mma.get_mma_store_intrin("float32", 8, DSM_SCOPE, False), override=True)
+
+TILE = 16  # mma.sync m16n8k16, issued as 16x16x16 by TVM's intrinsics
+VECTOR = 16  # bytes per cp.async and per DSM load
+PAD = 8  # fp16 elements of padding per shared row: ldmatrix rows land in different banks
+
+
+def fragment_map(i, j):
+    """Shared 16x16 tile -> (tile row, tile col, lane, register) of mma.sync's fragment layout."""
+    return (i // TILE, j // TILE, *mma.shared_16x16_to_ldmatrix_32x8_layout(i % TILE, j % TILE))
+
+
+def fragment_tile(sch: s_tir.Schedule, block: SBlockRV) -> LoopRV:
+    """Tile the block's two innermost loops into 16x16 fragments; the fragment's row loop."""
+    rows, cols = sch.get_loops(block)[-2:]
+    rows, rows_in = sch.split(rows, [None, TILE])
+    cols, cols_in = sch.split(cols, [None, TILE])
+    sch.reorder(rows, cols, rows_in, cols_in)
+    return rows_in
+
+
+def blockize_fragments(sch: s_tir.Schedule, block: SBlockRV, outer: list[LoopRV],
+                       i: LoopRV, j: LoopRV, k: LoopRV) -> tuple[SBlockRV, str]:
+    """Cut the matmul loops ``i, j, k`` into 16x16x16 fragments (``outer`` loops stay outside).
+    Returns the block over fragments and the name of the per-fragment block inside it."""
+    i, i_tc = sch.split(i, [None, TILE])
+    j, j_tc = sch.split(j, [None, TILE])
+    k, k_tc = sch.split(k, [None, TILE])
+    sch.reorder(*outer, i, j, k, i_tc, j_tc, k_tc)
+    name = sch.get(block).name_hint
+    return sch.blockize(i_tc), name
+
+
+def warp_tile(sch: s_tir.Schedule, i: LoopRV, j: LoopRV, k_loops: list[LoopRV],
+              warps_m: int, warps_n: int) -> tuple[LoopRV, LoopRV, LoopRV]:
+    """Spread fragment rows and columns over ``warps_m x warps_n`` warps (``threadIdx.y``); each
+    warp then walks ``k_loops`` outside its own fragments. Returns (warp, rows, cols)."""
+    i_warp, i_frag = sch.split(i, [warps_m, None])
+    j_warp, j_frag = sch.split(j, [warps_n, None])
+    sch.reorder(i_warp, j_warp, *k_loops, i_frag, j_frag)
+    warp = sch.fuse(i_warp, j_warp)
+    sch.bind(warp, "threadIdx.y")
+    return warp, i_frag, j_frag
+
+
+def stage_in_shared(sch: s_tir.Schedule, block: SBlockRV, index: int, at: LoopRV, warps: int,
+                    k_axis: int, block_k: int, rows: int | None = None) -> SBlockRV:
+    """Copy the tile of operand ``index`` that ``at``'s body reads into shared memory in 16-byte
+    vectors. The layout keeps only ``k % block_k`` of axis ``k_axis`` (and ``% rows`` of the
+    other axis if given), so the buffer holds one tile whichever step or cluster rank reads it
+    (s_tir sizes buffers over all ranks otherwise), and pads rows against bank conflicts."""
+    cache = sch.cache_read(block, index, "shared.dyn", consumer_blocks=[block])
+    sch.compute_at(cache, at)
+    fused = sch.fuse(*sch.get_loops(cache)[-2:])
+    _, ty, tx, vector = sch.split(fused, [None, warps, 32, VECTOR // 2])
+    sch.bind(tx, "threadIdx.x")
+    sch.bind(ty, "threadIdx.y")
+    sch.vectorize(vector)
+    def tile_local(a, b):
+        a, b = (a, b) if k_axis == 1 else (b, a)
+        a, b = (a if rows is None else a % rows), b % block_k
+        return (a, b) if k_axis == 1 else (b, a)
+
+    sch.transform_layout(cache, ("write", 0), tile_local, assume_injective_transform=True)
+    sch.storage_align(cache, 0, axis=-2, factor=32, offset=PAD)
+    return cache
+
+
+def fragment_caches(sch: s_tir.Schedule, block: SBlockRV, k_frag: LoopRV,
+                    accumulate_at: LoopRV) -> tuple[SBlockRV, SBlockRV, SBlockRV]:
+    """Register fragments: both operands loaded per 16-wide K step, the accumulator held until
+    it is stored after ``accumulate_at``'s body. Returns (x, w, accumulator) cache blocks."""
+    x_frag = sch.cache_read(block, 0, "warp")
+    w_frag = sch.cache_read(block, 1, "warp")
+    for cache in (x_frag, w_frag):
+        sch.compute_at(cache, k_frag)
+    accumulator = sch.cache_write(block, 0, "warp")
+    sch.reverse_compute_at(accumulator, accumulate_at)
+    return x_frag, w_frag, accumulator
+
+
+def tensorize_fragments(sch: s_tir.Schedule, block: SBlockRV, fragment_name: str,
+                        caches: tuple[SBlockRV, SBlockRV, SBlockRV], init_at: LoopRV,
+                        weight_nk: bool, store_intrin: str) -> None:
+    """ldmatrix, mma.sync, the accumulator fill (before ``init_at``) and ``store_intrin`` for the
+    fragment caches; an accumulator stored to DSM is placed there."""
+    x_frag, w_frag, accumulator = caches
+    accumulator_loop = fragment_tile(sch, accumulator)
+    sch.decompose_reduction(block, init_at)
+    x_loop = fragment_tile(sch, x_frag)
+    w_loop = fragment_tile(sch, w_frag)
+    sch.transform_layout(x_frag, ("write", 0), fragment_map)
+    sch.transform_layout(w_frag, ("write", 0), fragment_map)
+    sch.transform_layout(accumulator, ("read", 0), lambda *idx: (*idx[:-2], *fragment_map(*idx[-2:])))
+    sch.tensorize(x_loop, mma.LDMATRIX_f16_A_DYN_INTRIN)
+    if weight_nk:
+        sch.tensorize(w_loop, mma.LDMATRIX_f16_B_TRANS_DYN_INTRIN)
+        sch.tensorize(sch.get_loops(sch.get_sblock(fragment_name))[-3], mma.MMA_f16f16f32_TRANS_B_INTRIN)
+    else:
+        sch.tensorize(w_loop, mma.LDMATRIX_f16_B_DYN_INTRIN)
+        sch.tensorize(sch.get_loops(sch.get_sblock(fragment_name))[-3], mma.MMA_f16f16f32_INTRIN)
+    sch.tensorize(sch.get_loops(sch.get_sblock(f"{fragment_name}_init"))[-2],
+                  mma.MMA_fill_16x16_f32_INTRIN)
+    if store_intrin == MMA_STORE_F32_DSM:
+        place_in_dsm(sch, accumulator, 0)
+    sch.tensorize(accumulator_loop, store_intrin)

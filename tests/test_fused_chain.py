@@ -1,0 +1,116 @@
+"""Fused GEMM chains (FlashFuser): pattern, generated CUDA, planner, errors."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import numpy as np
+import pytest
+from tvm import s_tir
+
+from conftest import TARGET, cuda_source
+from tvm_dsm.errors import ClusterError
+from tvm_dsm.hardware import load_hardware
+from tvm_dsm.plan.fused_chain import candidate_configs, plan_chain, schedule_chain
+from tvm_dsm.rules.fused_chain import FusedChainConfig, find_chain, schedule_fused_chain
+from tvm_dsm.workloads.chains import gemm_chain, swiglu_ffn
+from tvm_dsm.workloads.dense import dense
+
+SMALL = FusedChainConfig(cluster_size=2, block_m=128, block_n=64, n_steps=2, block_k=32)
+
+
+def test_fused_chain_cuda_has_both_gemms_the_all_exchange_and_the_reduce(assemble):
+    source = cuda_source(schedule_fused_chain(gemm_chain(128, 512, 256, 256, "gelu"), SMALL).mod)
+    assert source.count("__global__") == 4  # fused kernel + inter-cluster reduce, declared and defined
+    assert source.count("mma.sync.aligned.m16n8k16") >= 2  # GEMM0 and GEMM1 on tensor cores
+    for needle in ("ldmatrix", "cp.async.cg.shared.global", "mapa.shared::cluster",
+                   "ld.shared::cluster.v4.f32", "erff"):
+        assert needle in source, needle
+    # Both fp32 accumulators are per-lane registers (TVM alone lowers only the first one; the
+    # second then reads uninitialized registers, measured wrong on the H100).
+    accumulators = re.findall(r"float (\w+_rf_warp_ptr)\[(\d+)\]", source)
+    assert len(accumulators) == 2 and all(int(n) <= 128 for _, n in accumulators), accumulators
+    # Barriers inside the step loop: before the all-exchange and before the next step's writes.
+    step_loop = source[source.index("for (int k_E_1_0"):]
+    assert step_loop.count("cluster_sync()") >= 2
+    assemble(source, "fused_chain")
+
+
+def test_swiglu_runs_gate_and_up_and_combines_them(assemble):
+    source = cuda_source(schedule_fused_chain(swiglu_ffn(128, 512, 256, 256), SMALL).mod)
+    assert "Wg_ptr, " in source and "Wu_ptr, " in source  # both cp.async main loops
+    assert "expf" in source  # silu(gate)
+    assemble(source, "fused_swiglu")
+
+
+def test_pattern_is_found_in_any_function_of_the_chain_shape():
+    blocks, shape = find_chain(s_tir.Schedule(gemm_chain(64, 256, 128, 96, "silu")))
+    assert (shape.m, shape.n, shape.k, shape.l, shape.gated) == (64, 256, 128, 96, False)
+    assert len(blocks.gemm0) == 1 and len(blocks.epilogue) == 1
+    _, shape = find_chain(s_tir.Schedule(swiglu_ffn(64, 256, 128, 96)))
+    assert shape.gated and shape.gemm0 == ("G", "U")
+
+
+@pytest.mark.parametrize(
+    ("func", "config", "message"),
+    [
+        (dense(128, 256, 512), SMALL, "fused GEMM chain is one or two matmuls"),
+        (gemm_chain(128, 512, 256, 256), FusedChainConfig(1), "cluster size must be >= 2"),
+        (gemm_chain(128, 512, 256, 256), FusedChainConfig(2, n_steps=3), "not a multiple of 3 steps"),
+        (gemm_chain(128, 512, 256, 200), SMALL, "L=200 does not split"),
+        (gemm_chain(128, 512, 96, 256), SMALL, "K=96 does not give each of 2 CTAs 3 steps"),
+        (gemm_chain(128, 512, 4096, 4096), FusedChainConfig(2), "registers per thread"),
+        (gemm_chain(128, 512, 256, 256, dtype="float32"), SMALL, "float16"),
+    ],
+)
+def test_unsupported_inputs_get_clear_errors(func, config, message):
+    with pytest.raises(ClusterError, match=message):
+        schedule_fused_chain(func, config)
+
+
+def test_k_too_small_for_any_cluster_is_refused_by_the_planner():
+    with pytest.raises(ClusterError, match="no fused chain configuration fits M=128 K=32"):
+        schedule_chain(gemm_chain(128, 512, 32, 256))  # G1: nothing to split K over
+
+
+def test_planner_prunes_and_ranks_fast_and_explains():
+    hw = load_hardware()
+    _, shape = find_chain(s_tir.Schedule(gemm_chain(128, 16384, 4096, 4096)))  # G5
+    start = time.perf_counter()
+    plans = plan_chain(shape, hw)
+    assert time.perf_counter() - start < 5.0
+    configs, counts = candidate_configs(shape)
+    assert counts["space"] > counts["valid"] == len(configs) == len(plans) > 0
+    assert [p.predicted_us for p in plans] == sorted(p.predicted_us for p in plans)
+    text = plans[0].explain()
+    assert "all-exchange" in text and "dsm" in text and "predicted" in text
+    # The all-exchange's DSM bytes grow with the square of the cluster.
+    by_cluster = {p.config.cluster_size: p.bytes["dsm"] / p.config.cluster_size ** 2 for p in plans}
+    assert len(set(by_cluster.values())) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("config", [SMALL, FusedChainConfig(4, 64, 64, 1, 32, 2, 4, 3)])
+def test_gpu_matches_float64(gated, config):
+    import tvm
+
+    m, n, k, l = 128, 512, 512, 256
+    func = swiglu_ffn(m, n, k, l) if gated else gemm_chain(m, n, k, l, "relu")
+    lib = tvm.compile(schedule_fused_chain(func, config).mod, target=TARGET)
+    dev = tvm.cuda(0)
+    rng = np.random.default_rng()
+    a = rng.standard_normal((m, k)).astype(np.float16)
+    weights = [(rng.standard_normal(s) / np.sqrt(s[1])).astype(np.float16)
+               for s in ([(n, k)] * (2 if gated else 1) + [(l, n)])]
+    out = tvm.runtime.tensor(np.full((m, l), np.nan, np.float16), dev)
+    lib(*(tvm.runtime.tensor(x, dev) for x in (a, *weights)), out)
+    x = a.astype(np.float64)
+    if gated:
+        g, u = (x @ w.astype(np.float64).T for w in weights[:2])
+        h = g / (1 + np.exp(-g)) * u
+    else:
+        h = np.maximum(x @ weights[0].astype(np.float64).T, 0)
+    ref = h @ weights[-1].astype(np.float64).T
+    assert np.linalg.norm(out.numpy() - ref) / np.linalg.norm(ref) < 2e-3
