@@ -12,7 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 
 
-def _spearman(xs: list[float], ys: list[float]) -> float:
+def spearman(xs: list[float], ys: list[float]) -> float:
     def ranks(v):
         order = sorted(range(len(v)), key=v.__getitem__)
         r = [0.0] * len(v)
@@ -39,6 +39,7 @@ def summarise(results: dict) -> dict:
         peers = pick["peers"]
         shapes.append({
             "shape": label, "m": m, "n": pick["n"], "k": pick["k"],
+            "label": f"{label} {m}x{pick['n']}x{pick['k']}",
             "all_correct": all(r["ok"] for r in rows), "kernels": len(rows),
             "planner_pick": pick["name"], "pick_us": pick["ours_us"],
             "best": best["name"], "best_us": best["ours_us"],
@@ -47,7 +48,7 @@ def summarise(results: dict) -> dict:
             "pick_vs_cublas": peers["torch_eager"] / pick["ours_us"],
             "best_vs_cublas": peers["torch_eager"] / best["ours_us"],
             "pick_hbm_fraction": pick["floor_us"] / pick["ours_us"],
-            "model_spearman": _spearman([r["plan"]["predicted_us"] for r in ours],
+            "model_spearman": spearman([r["plan"]["predicted_us"] for r in ours],
                                         [r["ours_us"] for r in ours]),
             "bias_silu_us": epilogue[0]["ours_us"] if epilogue else None,
             "bias_silu_peers": epilogue[0]["peers"] if epilogue else None,
@@ -67,26 +68,30 @@ def summarise(results: dict) -> dict:
     }
 
 
-def plot(summary: dict, path: Path) -> None:
+#: (legend, key of a shape's summary) per bar series of the dense-layer plot.
+SERIES = [("tvm-dsm (planner)", "pick_us"), ("tvm-dsm (best measured)", "best_us"),
+          ("TVM dlight", "dlight_us"), ("torch eager (cuBLAS)", "torch_eager_us"),
+          ("torch.compile", "torch_compile_us"), ("HBM floor", "floor_us")]
+
+
+def plot(summary: dict, path: Path, series: list = SERIES, what: str = "fp16 dense layers") -> None:
+    """Bars per shape (log scale) of each series' GPU time, labelled by the shape's ``label``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     shapes = summary["shapes"]
-    series = [("tvm-dsm (planner)", "pick_us"), ("tvm-dsm (best measured)", "best_us"),
-              ("TVM dlight", "dlight_us"), ("torch eager (cuBLAS)", "torch_eager_us"),
-              ("torch.compile", "torch_compile_us"), ("HBM floor", "floor_us")]
     width = 0.8 / len(series)
     fig, ax = plt.subplots(figsize=(14, 4.5))
     for n, (label, key) in enumerate(series):
         ax.bar([i + n * width for i in range(len(shapes))], [s[key] for s in shapes], width, label=label)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(shapes))])
-    ax.set_xticklabels([f"{s['shape']} {s['m']}x{s['n']}x{s['k']}" for s in shapes], rotation=30,
+    ax.set_xticklabels([s["label"] for s in shapes], rotation=30,
                        ha="right", fontsize=8)
     ax.set_yscale("log")
     ax.set_ylabel("GPU time per call (us)")
-    ax.set_title(f"fp16 dense layers on {summary['device']} ({summary['date']})")
+    ax.set_title(f"{what} on {summary['device']} ({summary['date']})")
     ax.legend(fontsize=7, ncol=3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
