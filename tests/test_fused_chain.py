@@ -59,7 +59,8 @@ def test_pattern_is_found_in_any_function_of_the_chain_shape():
         (gemm_chain(128, 512, 256, 256), FusedChainConfig(1), "cluster size must be >= 2"),
         (gemm_chain(128, 512, 256, 256), FusedChainConfig(2, n_steps=3), "not a multiple of 3 steps"),
         (gemm_chain(128, 512, 256, 200), SMALL, "L=200 does not split"),
-        (gemm_chain(128, 512, 96, 256), SMALL, "K=96 does not give each of 2 CTAs 3 steps"),
+        (gemm_chain(128, 512, 96, 256), SMALL, "K=96 is not a multiple of 2 CTAs x 32"),
+        (gemm_chain(128, 512, 128, 256), SMALL, "K=128 does not give each of 2 CTAs 3 steps"),
         (gemm_chain(128, 512, 4096, 4096), FusedChainConfig(2), "registers per thread"),
         (gemm_chain(128, 512, 256, 256, dtype="float32"), SMALL, "float16"),
     ],
@@ -81,7 +82,9 @@ def test_planner_prunes_and_ranks_fast_and_explains():
     plans = plan_chain(shape, hw)
     assert time.perf_counter() - start < 5.0
     configs, counts = candidate_configs(shape)
-    assert counts["space"] > counts["valid"] == len(configs) == len(plans) > 0
+    assert list(counts) == ["space", "cluster", "divisible", "pipeline", "capacity"]
+    assert sorted(counts.values(), reverse=True) == list(counts.values())  # each rule prunes
+    assert counts["space"] > counts["capacity"] == len(configs) == len(plans) > 0
     assert [p.predicted_us for p in plans] == sorted(p.predicted_us for p in plans)
     text = plans[0].explain()
     assert "all-exchange" in text and "dsm" in text and "predicted" in text

@@ -27,6 +27,7 @@ from tvm import s_tir, tirx
 from ..errors import ClusterError
 from ..hardware import Hardware, load_hardware
 from ..rules.fused_chain import (
+    RULES,
     ChainShape,
     FusedChainConfig,
     apply_fused_chain,
@@ -114,18 +115,22 @@ SPACE = {
 
 
 def candidate_configs(shape: ChainShape) -> tuple[list[FusedChainConfig], dict[str, int]]:
-    """The valid configurations for ``shape`` and how many the space held before pruning."""
-    configs = []
-    total = 0
-    for s, bm, bn, steps, bk, (wm, wn), stages in itertools.product(*SPACE.values()):
-        total += 1
-        config = FusedChainConfig(s, bm, bn, steps, bk, wm, wn, stages)
-        try:
-            check_chain_config(shape, config)
-        except ClusterError:
-            continue
-        configs.append(config)
-    return configs, {"space": total, "valid": len(configs)}
+    """The valid configurations for ``shape`` and how many candidates remain after each pruning
+    rule (``space``: before any)."""
+    survivors = [FusedChainConfig(s, bm, bn, steps, bk, wm, wn, stages)
+                 for s, bm, bn, steps, bk, (wm, wn), stages in itertools.product(*SPACE.values())]
+    counts = {"space": len(survivors)}
+    for name, rule in RULES:
+        kept = []
+        for config in survivors:
+            try:
+                rule(shape, config)
+            except ClusterError:
+                continue
+            kept.append(config)
+        survivors = kept
+        counts[name] = len(survivors)
+    return survivors, counts
 
 
 def plan_chain(shape: ChainShape, hw: Hardware) -> list[ChainPlan]:

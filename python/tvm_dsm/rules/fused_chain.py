@@ -144,36 +144,46 @@ def _is_reduction(sch, block) -> bool:
     return any(int(iv.iter_type) == tirx.IterVar.CommReduce for iv in sch.get(block).iter_vars)
 
 
-def check_chain_config(shape: ChainShape, config: FusedChainConfig) -> None:
-    """Raise :class:`ClusterError` naming the first constraint ``config`` breaks for ``shape``."""
-    c, s = config, config.cluster_size
-    check_cluster_size(s)
-    if s < 2:
+def _check_cluster(shape: ChainShape, c: FusedChainConfig) -> None:
+    check_cluster_size(c.cluster_size)
+    if c.cluster_size < 2:
         raise ClusterError("a fused chain spreads H over a cluster: cluster size must be >= 2")
+
+
+def _check_divisible(shape: ChainShape, c: FusedChainConfig) -> None:
+    s = c.cluster_size
     if shape.m < 2 * TILE or shape.m % c.block_m:
         raise ClusterError(f"M={shape.m} is not a multiple of the {c.block_m} tile (or below 32)")
     if shape.n % (c.block_n * c.n_steps):
         raise ClusterError(f"N={shape.n} is not a multiple of {c.n_steps} steps of {c.block_n}")
-    columns = shape.l // s
-    if shape.l % s or columns % (TILE * c.warps_n):
+    if shape.l % s or shape.l // s % (TILE * c.warps_n):
         raise ClusterError(f"L={shape.l} does not split over {s} CTAs into 16-column fragments "
                            f"of {c.warps_n} warps")
     if c.block_n % (TILE * c.warps_n) or c.block_m % (TILE * c.warps_m) or c.block_k % TILE:
         raise ClusterError(f"tiles {c.block_m}x{c.block_n}x{c.block_k} do not split into 16x16 "
                            f"fragments over {c.warps_m}x{c.warps_n} warps")
-    if shape.k % (s * c.block_k) or shape.k // (s * c.block_k) < c.stages:
-        raise ClusterError(f"K={shape.k} does not give each of {s} CTAs {c.stages} steps of "
-                           f"{c.block_k}")
-    if c.stages < 3:
-        raise ClusterError(f"stages={c.stages}: the pipeline needs at least 3")
+    if shape.k % (s * c.block_k):
+        raise ClusterError(f"K={shape.k} is not a multiple of {s} CTAs x {c.block_k}")
     lanes = VECTOR // 2
     for what, elements, per in (("a tile of H", c.block_m * c.block_n, 4),
                                 ("an A tile", c.block_m * c.block_k, lanes),
                                 ("a W1 tile", c.block_n * c.block_k, lanes),
-                                ("a W2 tile", columns * c.block_n, lanes)):
+                                ("a W2 tile", shape.l // s * c.block_n, lanes)):
         if elements % (c.threads * per):
             raise ClusterError(f"{what} is not a whole number of 16-byte vectors for "
                                f"{c.threads} threads")
+
+
+def _check_pipeline(shape: ChainShape, c: FusedChainConfig) -> None:
+    if c.stages < 3:
+        raise ClusterError(f"stages={c.stages}: the pipeline needs at least 3")
+    if shape.k // (c.cluster_size * c.block_k) < c.stages:
+        raise ClusterError(f"K={shape.k} does not give each of {c.cluster_size} CTAs {c.stages} "
+                           f"steps of {c.block_k}")
+
+
+def _check_capacity(shape: ChainShape, c: FusedChainConfig) -> None:
+    columns = shape.l // c.cluster_size
     registers = c.block_m // c.warps_m * columns // c.warps_n // 32
     if registers > _MAX_ACCUMULATOR_REGISTERS:
         raise ClusterError(f"the {c.block_m}x{columns} output slice needs {registers} fp32 "
@@ -181,6 +191,19 @@ def check_chain_config(shape: ChainShape, config: FusedChainConfig) -> None:
     if c.shared_bytes(shape) > MAX_SMEM_PER_CTA:
         raise ClusterError(f"{c.shared_bytes(shape)} B of shared memory per CTA exceeds the "
                            f"{MAX_SMEM_PER_CTA} B an H100 CTA may use")
+
+
+#: The pruning rules in the order they apply (FlashFuser's: one cluster for both GEMMs of at
+#: most 16 CTAs; divisible tiles; no tensor above its level's capacity; plus the pipeline's
+#: depth). GEMM0's reduction innermost and L split only inside a cluster hold by construction.
+RULES = (("cluster", _check_cluster), ("divisible", _check_divisible),
+         ("pipeline", _check_pipeline), ("capacity", _check_capacity))
+
+
+def check_chain_config(shape: ChainShape, config: FusedChainConfig) -> None:
+    """Raise :class:`ClusterError` naming the first constraint ``config`` breaks for ``shape``."""
+    for _, rule in RULES:
+        rule(shape, config)
 
 
 def schedule_fused_chain(func: tirx.PrimFunc, config: FusedChainConfig) -> s_tir.Schedule:
