@@ -60,12 +60,8 @@ class FusedChainConfig:
     stages: int = 3
 
     @property
-    def warps(self) -> int:
-        return self.warps_m * self.warps_n
-
-    @property
     def threads(self) -> int:
-        return 32 * self.warps
+        return self.main_loop().threads
 
     def main_loop(self) -> SplitKGemmConfig:
         """GEMM0's configuration: a split-K GEMM of one ``block_m x block_n`` tile."""
@@ -245,7 +241,7 @@ def apply_fused_chain(sch: s_tir.Schedule, blocks: ChainBlocks, shape: ChainShap
     j_frag = j
     # W2's tile before the rank is bound: s_tir relaxes rank-bound loops like threadIdx and
     # would size (and copy) the tile for every rank's columns.
-    stage_in_shared(sch, gemm1, 1, step, c.warps, 1, c.block_n, rows=shape.l // s)
+    stage_in_shared(sch, gemm1, 1, step, c.main_loop().warps, 1, c.block_n, rows=shape.l // s)
     bind_cluster_nest(sch, cluster, p_rank)
 
     # Per step: GEMM0's partials, the all-exchange into H, then GEMM1 on the H tile.
@@ -277,7 +273,7 @@ def _schedule_all_exchange(sch: s_tir.Schedule, blocks: ChainBlocks, c: FusedCha
     for block in blocks.gemm0:
         peers, rows, cols = sch.get_loops(block)[-3:]
         loops.append((rows, cols, peers))
-    sum_partials(sch, blocks.gemm0, blocks.combine, loops, c.warps)
+    sum_partials(sch, blocks.gemm0, blocks.combine, loops, c.main_loop().warps)
     sch.set_scope(blocks.combine, 0, "shared.dyn")
     sch.storage_align(blocks.combine, 0, axis=-2, factor=32, offset=PAD)
 
