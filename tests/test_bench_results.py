@@ -27,3 +27,19 @@ def test_table_and_plot(tmp_path):
     assert "torch_eager_us" in text and "3.0" in text
     assert results.plot(suite, tmp_path / "p.png").stat().st_size > 1000
     assert results.write(suite, tmp_path / "r.json").exists()
+
+
+def test_chain_summary_reports_model_check_and_ablation_from_committed_results():
+    import json
+    from pathlib import Path
+
+    from tvm_dsm.bench.chain_summary import summarise
+
+    folder = Path(__file__).parent.parent / "bench" / "results"
+    summary = summarise(json.loads((folder / "chains.json").read_text()),
+                        json.loads((folder / "gemm_summary.json").read_text()))
+    assert all(s["all_correct"] for s in summary["shapes"])
+    checked = [s for s in summary["shapes"] if "model_spearman" in s]
+    assert len(checked) >= 4 and all(-1 <= s["model_spearman"] <= 1 for s in checked)
+    g4 = summary["ablation"]["G4"]
+    assert g4["dsm_fused_searched_plan_us"] < g4["dsm_fused_random_plan_us"]

@@ -1,8 +1,11 @@
 """Summarise a fused GEMM chain run: per workload the planner's pick, the best measured
 configuration, torch eager / torch.compile and the HBM floor, and the cost model's rank
 correlation where a random sample of the pruned space was measured.
-``python -m tvm_dsm.bench.chain_summary bench/results/chains.json`` writes ``chains_summary.json``
-and ``chains.png`` beside it and prints the table."""
+``python -m tvm_dsm.bench.chain_summary bench/results/chains.json [bench/results/gemm_summary.json]``
+writes ``chains_summary.json`` and ``chains.png`` beside it and prints the table. With the dense
+layer summary it adds the ablation for the chains whose two layers that suite measured: no fusion
+(the two cluster split-K GEMMs, planner's picks), DSM fusion with random plans (median of the
+sampled configurations) and with the searched plan (the planner's pick)."""
 
 from __future__ import annotations
 
@@ -19,7 +22,23 @@ _MODEL_CHECK_MIN = 30
 _TOP = 11  # FlashFuser measures the model's top 11
 
 
-def summarise(results: dict) -> dict:
+def ablation(shapes: list[dict], dense: dict) -> dict:
+    """Per chain with both layers in the dense suite (labels ``<chain>a``, ``<chain>b``)."""
+    layers = {s["shape"]: s for s in dense["shapes"] if s["m"] == 128}
+    table = {}
+    for s in shapes:
+        first, second = layers.get(f"{s['shape']}a"), layers.get(f"{s['shape']}b")
+        if first and second and "random_median_us" in s:
+            table[s["shape"]] = {
+                "no_fusion_split_k_gemms_us": first["pick_us"] + second["pick_us"],
+                "dsm_fused_random_plan_us": s["random_median_us"],
+                "dsm_fused_searched_plan_us": s["pick_us"],
+                "torch_better_peer_us": min(s["torch_eager_us"], s["torch_compile_us"]),
+            }
+    return table
+
+
+def summarise(results: dict, dense: dict | None = None) -> dict:
     groups = defaultdict(list)
     for row in results["rows"]:
         groups[row["shape"]].append(row)
@@ -42,6 +61,8 @@ def summarise(results: dict) -> dict:
             top = sorted(range(len(rows)), key=predicted.__getitem__)[:_TOP]
             entry["model_spearman"] = spearman(predicted, [r["ours_us"] for r in rows])
             entry["best_in_predicted_top_11"] = rows.index(best) in top
+            measured = sorted(r["ours_us"] for r in rows if r["plan"]["plan_rank"] >= 3)
+            entry["random_median_us"] = measured[len(measured) // 2]
         shapes.append(entry)
     chains = [s for s in shapes if s["shape"].startswith("G")]
     swiglus = [s for s in shapes if s["shape"].startswith("S")]
@@ -53,6 +74,7 @@ def summarise(results: dict) -> dict:
         "device": results["device"], "date": results["date"], "source": "chains.json",
         "geomean_best_vs_better_peer_gemm_chains": geomean(chains, "best_vs_better_peer"),
         "geomean_best_vs_better_peer_swiglu": geomean(swiglus, "best_vs_better_peer"),
+        "ablation": ablation(shapes, dense) if dense else {},
         "shapes": shapes,
     }
 
@@ -64,7 +86,8 @@ SERIES = [("tvm-dsm fused (planner)", "pick_us"), ("tvm-dsm fused (best measured
 
 def main() -> None:
     source = Path(sys.argv[1])
-    summary = summarise(json.loads(source.read_text()))
+    dense = json.loads(Path(sys.argv[2]).read_text()) if len(sys.argv) > 2 else None
+    summary = summarise(json.loads(source.read_text()), dense)
     (source.parent / "chains_summary.json").write_text(json.dumps(summary, indent=1))
     plot(summary, source.parent / "chains.png", SERIES, "fused fp16 GEMM chains, M=128")
     for s in summary["shapes"]:
@@ -73,7 +96,7 @@ def main() -> None:
         print(f"{s['label']:>24}: pick {s['pick_us']:7.1f} best {s['best_us']:7.1f} eager "
               f"{s['torch_eager_us']:6.1f} compile {s['torch_compile_us']:6.1f} floor "
               f"{s['floor_us']:6.1f}  best/peer {s['best_vs_better_peer']:.2f}x{model}")
-    print({k: v for k, v in summary.items() if k.startswith("geomean")})
+    print({k: v for k, v in summary.items() if k.startswith(("geomean", "ablation"))})
 
 
 if __name__ == "__main__":
