@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 if shutil.which("nvcc"):  # TVM compiles CUDA when a module loads; NVRTC needs cuda-bindings
     os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")
@@ -20,6 +17,7 @@ import numpy as np
 import tvm
 
 import tvm_dsm  # noqa: F401  (registers tvm-dsm's pipeline)
+from tvm_dsm.bench.demo import assemble, gpu_available, kernel_source, section
 from tvm_dsm.hardware import load_hardware
 from tvm_dsm.plan import plan_split_k_reduction
 from tvm_dsm.rules import schedule_split_k_reduction
@@ -28,19 +26,6 @@ from tvm_dsm.workloads import cascades, gemv
 
 M, K = 256, 16384
 TARGET = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}, host="llvm")
-
-
-def section(title: str) -> None:
-    print(f"\n=== {title} " + "=" * max(0, 70 - len(title)))
-
-
-def gpu_available() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available() and tvm.cuda(0).exist
-    except ImportError:
-        return False
 
 
 def run_on_gpu(executable) -> None:
@@ -84,16 +69,8 @@ def main() -> None:
     section("generated CUDA (TVM codegen, sm_90a)")
     executable = tvm.compile(sch.mod, target=TARGET)
     source = executable.mod.imports[0].inspect_source()
-    print(source[source.index('extern "C" __global__ void __launch_bounds__'):].split(";\n", 1)[1])
-    if shutil.which("nvcc"):
-        with tempfile.TemporaryDirectory() as tmp:
-            cu = Path(tmp) / "gemv.cu"
-            cu.write_text(source)
-            proc = subprocess.run(
-                ["nvcc", "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-o", str(cu.with_suffix(".cubin")), str(cu)],
-                capture_output=True, text=True,
-            )
-            print("nvcc sm_90a:", "assembles" if proc.returncode == 0 else proc.stderr)
+    print(kernel_source(source))
+    print("nvcc sm_90a:", assemble(source, "gemv"))
 
     section("RedFuser: cascaded reductions fused into one loop (tvm_dsm.transform)")
     for name, func in (("softmax(x)V", cascades.softmax_pv(128, 512, 64)), ("RMSNorm+GEMV", cascades.rmsnorm_gemv(128, 4096))):

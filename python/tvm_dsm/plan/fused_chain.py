@@ -55,7 +55,8 @@ class ChainPlan(Plan):
         kind = "SwiGLU" if s.gated else "GEMM chain"
         return (
             f"fused {kind} {s.m}x{s.k} -> {s.n} -> {s.l}: clusters of {c.cluster_size} CTAs "
-            f"({self.ctas} CTAs), {c.block_m}x{c.block_n} tiles of H, {c.n_steps} step(s) per "
+            f"({self.ctas} CTAs, {c.warps_m}x{c.warps_n} warps), {c.block_m}x{c.block_n} tiles of H, "
+            f"{c.n_steps} step(s) per "
             f"cluster, GEMM0 K split over the cluster in {c.block_k}-wide {c.stages}-stage steps, "
             f"all-exchange of fp32 partials through DSM, {s.l // c.cluster_size} output columns "
             f"per CTA, {self.groups} cluster column group(s) reduced by a second kernel; "
