@@ -117,3 +117,15 @@ def test_gpu_matches_float64(gated, config):
         h = np.maximum(x @ weights[0].astype(np.float64).T, 0)
     ref = h @ weights[-1].astype(np.float64).T
     assert np.linalg.norm(out.numpy() - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def test_fused_ffn_tutorial_shows_pruning_plan_and_assembled_cuda(capsys):
+    import runpy
+    from pathlib import Path
+
+    tutorial = Path(__file__).parent.parent / "tutorials" / "fused_ffn.py"
+    runpy.run_path(str(tutorial), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "candidates after each pruning rule" in out and "predicted:" in out
+    assert "main_kernel(" in out  # the generated kernel is printed
+    assert "nvcc sm_90a: assembles" in out or "skipped (no nvcc)" in out
