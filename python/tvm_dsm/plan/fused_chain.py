@@ -35,10 +35,8 @@ from ..rules.fused_chain import (
     find_chain,
 )
 from .report import Plan
-from .split_k_gemm import MMA_SYNC_PEAK
+from .split_k_gemm import LAUNCH_S, MMA_SYNC_PEAK, STEP_S
 
-_LAUNCH_S = 2.0e-6
-_STEP_S = 0.05e-6  # per GEMM0 K step: the barrier and instruction issue around it
 _BARRIERS_PER_STEP = 3
 
 
@@ -95,8 +93,8 @@ def predict(shape: ChainShape, config: FusedChainConfig, hw: Hardware) -> ChainP
     }
     k_steps = g * shape.k // (s * c.block_k)
     per_step = ((c.stages - 1) * hw.latency_ns["hbm"] + hw.latency_ns["hbm"]
-                + _BARRIERS_PER_STEP * hw.latency_ns["dsm"]) * 1e-9 + k_steps * _STEP_S
-    seconds["latency"] = 2 * _LAUNCH_S + waves * c.n_steps * per_step
+                + _BARRIERS_PER_STEP * hw.latency_ns["dsm"]) * 1e-9 + k_steps * STEP_S
+    seconds["latency"] = 2 * LAUNCH_S + waves * c.n_steps * per_step
     total = max(seconds["hbm"], seconds["l2"], seconds["mma"]) + seconds["dsm"] + seconds["latency"]
     return ChainPlan(bytes=traffic, seconds=seconds, predicted_us=total * 1e6, config=config,
                      shape=shape, ctas=ctas)

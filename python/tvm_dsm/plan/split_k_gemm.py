@@ -36,8 +36,10 @@ MMA_SYNC_PEAK = 660e12
 #: than ideally, so twice that).
 _BYTES_IN_FLIGHT_PER_SM = 32 * 1024
 _REGISTERS_PER_THREAD = 128  # what the mma main loop compiles to, roughly (fragments + addresses)
-_LAUNCH_S = 2.0e-6
-_STEP_S = 0.05e-6  # per K step of a CTA: the barrier and instruction issue around it
+#: A kernel launch and a CTA's per-K-step overhead (barrier, instruction issue); the chain
+#: planner uses the same terms.
+LAUNCH_S = 2.0e-6
+STEP_S = 0.05e-6  # per K step of a CTA: the barrier and instruction issue around it
 
 
 @dataclass(frozen=True)
@@ -91,8 +93,8 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> GemmPla
     k_steps = shape.k // s // c.block_k
     fill = (c.stages - 1) * hw.latency_ns["hbm"] * 1e-9 * waves  # pipeline fill per wave
     barriers = 2 * hw.latency_ns["dsm"] * 1e-9 if s > 1 else 0.0
-    steps = k_steps * waves * _STEP_S
-    seconds["latency"] = _LAUNCH_S + fill + barriers + steps
+    steps = k_steps * waves * STEP_S
+    seconds["latency"] = LAUNCH_S + fill + barriers + steps
     total = max(seconds["hbm"], seconds["l2"], seconds["mma"]) + seconds["dsm"] + seconds["latency"]
     return GemmPlan(bytes=traffic, seconds=seconds, predicted_us=total * 1e6, config=config,
                     ctas=ctas, resident=resident)

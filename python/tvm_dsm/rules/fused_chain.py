@@ -237,8 +237,7 @@ def apply_fused_chain(sch: s_tir.Schedule, blocks: ChainBlocks, shape: ChainShap
     cluster = sch.fuse(j_group, i_tile)
     gemm1, fragment1 = blockize_fragments(sch, gemm1, [step], i, p, j)
     _, _, _, i, p, j = sch.get_loops(gemm1)
-    warp_tile(sch, i, p, [j], c.warps_m, c.warps_n)
-    j_frag = j
+    warp_tile(sch, i, p, [j], c.warps_m, c.warps_n)  # j: GEMM1's 16-wide K steps in a step
     # W2's tile before the rank is bound: s_tir relaxes rank-bound loops like threadIdx and
     # would size (and copy) the tile for every rank's columns.
     stage_in_shared(sch, gemm1, 1, step, c.main_loop().warps, 1, c.block_n, rows=shape.l // s)
@@ -258,7 +257,7 @@ def apply_fused_chain(sch: s_tir.Schedule, blocks: ChainBlocks, shape: ChainShap
     split_k_main_loops(sch, main_loops, True, c.main_loop())
     _schedule_all_exchange(sch, blocks, c)
 
-    caches = fragment_caches(sch, gemm1, j_frag, sch.get_loops(gemm1)[1])
+    caches = fragment_caches(sch, gemm1, j, sch.get_loops(gemm1)[1])
     rows, cols = sch.get_loops(caches[2])[-2:]
     warp_tile(sch, rows, cols, [], c.warps_m, c.warps_n)
     tensorize_fragments(sch, gemm1, fragment1, caches, step, True,

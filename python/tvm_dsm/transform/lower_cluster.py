@@ -175,6 +175,7 @@ class _KernelLowering:
         self.dsm: list[_DSMBuffer] = []
         self.errors: list[str] = []  # raised after each map: exceptions do not cross FFI
         self.root_only = False  # rewriting a stage only rank 0 runs
+        self.thread_vars: list[tirx.Var] = []  # threadIdx.* of the kernel (set by lower)
 
     def _dsm_of(self, buffer) -> _DSMBuffer | None:
         return next((d for d in self.dsm if d.buffer.same_as(buffer)), None)
@@ -200,6 +201,7 @@ class _KernelLowering:
         self.analyzer.bind(self.block_var, Range(0, self.kernel.value * self.size))
         for attr in find_all(body, tirx.AttrStmt, lambda a: a.attr_key == "thread_extent"):
             self.analyzer.bind(attr.node.var, Range(0, attr.value))
+            self.thread_vars.append(attr.node.var)
         for loop in find_all(body, tirx.For):
             self.analyzer.bind(loop.loop_var, Range(loop.min, loop.min + loop.extent))
         self.dsm = [
@@ -508,12 +510,10 @@ class _KernelLowering:
 
     def _is_uniform_loop(self, stmt) -> bool:
         """A sequential loop every thread of the CTA runs the same number of times."""
-        threads = [a.node.var for a in find_all(self.kernel.body, tirx.AttrStmt,
-                                                 lambda a: a.attr_key == "thread_extent")]
         return (
             isinstance(stmt, tirx.For)
             and stmt.kind in (tirx.ForKind.SERIAL, tirx.ForKind.UNROLLED)
-            and not any(uses(e, v) for e in (stmt.min, stmt.extent) for v in threads)
+            and not any(uses(e, v) for e in (stmt.min, stmt.extent) for v in self.thread_vars)
         )
 
     def _place_loop_barriers(self, loop: tirx.For, state: "_BarrierState") -> tirx.For:
