@@ -12,7 +12,7 @@ from tvm import s_tir
 from conftest import TARGET, cuda_source
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.hardware import load_hardware
-from tvm_dsm.plan.fused_chain import candidate_configs, plan_chain, schedule_chain
+from tvm_dsm.planners.fused_chain import candidate_configs, plan_chain, schedule_chain
 from tvm_dsm.rules.fused_chain import FusedChainConfig, find_chain, schedule_fused_chain
 from tvm_dsm.workloads.chains import gemm_chain, swiglu_ffn
 from tvm_dsm.workloads.dense import dense

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tvm_dsm.hardware import load_hardware
-from tvm_dsm.plan import plan_split_k_reduction
+from tvm_dsm.planners import plan_split_k_reduction
 
 
 def test_h100_description_is_measured():

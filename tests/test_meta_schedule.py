@@ -11,7 +11,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm_dsm.hardware import load_hardware
 from tvm_dsm.meta_schedule import AnalyticalCostModel, SplitKReductionRule, candidate_configs
 from tvm_dsm.meta_schedule.split_k_reduction import config_of
-from tvm_dsm.plan.split_k import predict
+from tvm_dsm.planners.split_k import predict
 from tvm_dsm.workloads import gemv
 
 M, K = 256, 16384

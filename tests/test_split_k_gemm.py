@@ -10,7 +10,7 @@ import pytest
 from conftest import TARGET, cuda_source
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.hardware import load_hardware
-from tvm_dsm.plan.split_k_gemm import candidate_configs, plan_split_k_gemm, schedule_dense
+from tvm_dsm.planners.split_k_gemm import candidate_configs, plan_split_k_gemm, schedule_dense
 from tvm_dsm.rules.split_k_gemm import GemmShape, SplitKGemmConfig, schedule_split_k_gemm
 from tvm_dsm.workloads.dense import dense
 

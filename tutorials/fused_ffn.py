@@ -20,7 +20,7 @@ from tvm import s_tir
 import tvm_dsm  # noqa: F401  (registers tvm-dsm's pipeline)
 from tvm_dsm.bench.demo import assemble, gpu_available, kernel_source, section
 from tvm_dsm.hardware import load_hardware
-from tvm_dsm.plan.fused_chain import candidate_configs, plan_chain, schedule_chain
+from tvm_dsm.planners.fused_chain import candidate_configs, plan_chain, schedule_chain
 from tvm_dsm.rules.fused_chain import find_chain
 from tvm_dsm.workloads.chains import gemm_chain
 

@@ -19,7 +19,7 @@ import tvm
 import tvm_dsm  # noqa: F401  (registers tvm-dsm's pipeline)
 from tvm_dsm.bench.demo import assemble, gpu_available, kernel_source, section
 from tvm_dsm.hardware import load_hardware
-from tvm_dsm.plan import plan_split_k_reduction
+from tvm_dsm.planners import plan_split_k_reduction
 from tvm_dsm.rules import schedule_split_k_reduction
 from tvm_dsm.transform import fuse_cascaded_reductions
 from tvm_dsm.workloads import cascades, gemv

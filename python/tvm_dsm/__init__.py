@@ -29,10 +29,14 @@ if not tvm.base._RUNTIME_ONLY:
 
 
 def __getattr__(name: str):
-    """``tvm_dsm.schedule_dense`` loads on first use: it imports TVM's tensor intrinsics, which
-    take seconds to parse, and ``import tvm`` loads this package."""
+    """The user entry points load on first use: they import TVM's tensor intrinsics, which take
+    seconds to parse, and ``import tvm`` loads this package."""
+    if name in ("plan", "tune", "build"):
+        from . import driver
+
+        return getattr(driver, name)
     if name == "schedule_dense":
-        from .plan.split_k_gemm import schedule_dense
+        from .planners.split_k_gemm import schedule_dense
 
         return schedule_dense
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

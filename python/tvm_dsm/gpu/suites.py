@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 from dataclasses import dataclass, field
 
 import tvm
@@ -11,12 +12,12 @@ from tvm import s_tir
 from tvm.s_tir import dlight as dl
 
 from ..hardware import load_hardware
-from ..plan.split_k_gemm import plan_split_k_gemm
+from ..planners.split_k_gemm import plan_split_k_gemm
 from ..rules import SplitKReductionConfig, schedule_split_k_reduction
 from ..rules.split_k_gemm import GemmShape, SplitKGemmConfig, schedule_split_k_gemm
 from ..workloads.dense import dense
 from ..errors import ClusterError
-from ..plan.fused_chain import plan_chain, schedule_chain
+from ..planners.fused_chain import plan_chain, schedule_chain
 from ..rules.fused_chain import find_chain
 from ..workloads.chains import gemm_chain, swiglu_ffn
 from ..rules.collective_kernel import schedule_collective_kernel, schedule_split_sum
@@ -309,42 +310,57 @@ _MODEL_CHECK = {"G4": 30, "G7": 30, "G9": 30, "S8": 30}
 def chains(m: int = 128) -> list[Variant]:
     """Fused GEMM chains and SwiGLU FFNs: the planner's top 3 per workload, and a random sample
     of valid configurations on four workloads (predicted vs measured rank)."""
-    import random
-
-    hw = load_hardware()
     variants = []
-    for label, (n, k, l) in {**CHAINS, **SWIGLUS}.items():
-        gated = label.startswith("S")
-        func = swiglu_ffn(m, n, k, l) if gated else gemm_chain(m, n, k, l, "relu")
-        shape = find_chain(s_tir.Schedule(func))[1]
-        try:
-            plans = plan_chain(shape, hw)
-        except ClusterError as err:
-            print(f"{label}: {err}")
-            continue
-        picked = dict.fromkeys(range(min(3, len(plans))))
-        rng = random.Random(label)
-        for rank in rng.sample(range(len(plans)), min(_MODEL_CHECK.get(label, 0), len(plans))):
-            picked.setdefault(rank)
-        args = _args(func)
-        for a in args[1:-1]:  # weights, initialized like torch.nn.Linear
-            a["scale"] = a["shape"][1] ** -0.5
-        for rank in picked:
-            plan = plans[rank]
-            c = plan.config
-            variants.append(Variant(
-                name=f"{label}_m{m}_c{c.cluster_size}_{c.block_m}x{c.block_n}x{c.block_k}"
-                f"_n{c.n_steps}_w{c.warps_m}x{c.warps_n}_s{c.stages}",
-                workload="swiglu" if gated else "gemm_chain_relu",
-                mod=schedule_chain(func, hw, c)[0].mod,
-                args=args,
-                bytes=_nbytes(args),
-                flops=2 * m * n * (k * (2 if gated else 1) + l),
-                plan={**vars(c), "plan_rank": rank, "predicted_us": plan.predicted_us},
-                extra={"shape": label, "m": m, "n": n, "k": k, "l": l},
-            ))
+    for label in {**CHAINS, **SWIGLUS}:
+        variants += _chain_variants(label, m, _MODEL_CHECK.get(label, 0))
+    return variants
+
+
+#: The M sweep of the chain issue: other batch sizes on one FFN of each size class.
+_M_SWEEP = {"labels": ("G4", "G8", "S3"), "m": (16, 64, 256, 1024)}
+
+
+def chains_m() -> list[Variant]:
+    """The planner's top 3 for G4, G8 and S3 at M = 16, 64, 256, 1024."""
+    return [v for m in _M_SWEEP["m"] for label in _M_SWEEP["labels"] for v in _chain_variants(label, m, 0)]
+
+
+def _chain_variants(label: str, m: int, sample: int) -> list[Variant]:
+    """The planner's top 3 for one chain at batch ``m`` plus ``sample`` random valid configs."""
+    hw = load_hardware()
+    n, k, l = {**CHAINS, **SWIGLUS}[label]
+    gated = label.startswith("S")
+    func = swiglu_ffn(m, n, k, l) if gated else gemm_chain(m, n, k, l, "relu")
+    shape = find_chain(s_tir.Schedule(func))[1]
+    try:
+        plans = plan_chain(shape, hw)
+    except ClusterError as err:
+        print(f"{label}: {err}")
+        return []
+    picked = dict.fromkeys(range(min(3, len(plans))))
+    rng = random.Random(label)
+    for rank in rng.sample(range(len(plans)), min(sample, len(plans))):
+        picked.setdefault(rank)
+    args = _args(func)
+    for a in args[1:-1]:  # weights, initialized like torch.nn.Linear
+        a["scale"] = a["shape"][1] ** -0.5
+    variants = []
+    for rank in picked:
+        plan = plans[rank]
+        c = plan.config
+        variants.append(Variant(
+            name=f"{label}_m{m}_c{c.cluster_size}_{c.block_m}x{c.block_n}x{c.block_k}"
+            f"_n{c.n_steps}_w{c.warps_m}x{c.warps_n}_s{c.stages}",
+            workload="swiglu" if gated else "gemm_chain_relu",
+            mod=schedule_chain(func, hw, c)[0].mod,
+            args=args,
+            bytes=_nbytes(args),
+            flops=2 * m * n * (k * (2 if gated else 1) + l),
+            plan={**vars(c), "plan_rank": rank, "predicted_us": plan.predicted_us},
+            extra={"shape": label, "m": m, "n": n, "k": k, "l": l},
+        ))
     return variants
 
 
 SUITES = {"split_k": split_k, "collectives": collectives, "cascades": cascades, "gemm": gemm,
-          "chains": chains}
+          "chains": chains, "chains_m": chains_m}

@@ -6,7 +6,7 @@ as split factors and cluster annotation, so MetaSchedule's search strategies and
 them and replays of other decisions reschedule. The candidate lists are pruned up front so that
 every combination is valid (K divisible by the cluster, rows by cluster x rows per CTA, at most
 16 CTAs per cluster): nothing invalid is ever built. ``AnalyticalCostModel`` scores candidates with the planner
-(:mod:`tvm_dsm.plan.split_k`) instead of XGBoost, whose feature extractor rejects cluster
+(:mod:`tvm_dsm.planners.split_k`) instead of XGBoost, whose feature extractor rejects cluster
 bindings.
 """
 
@@ -21,7 +21,7 @@ from tvm.s_tir import meta_schedule as ms
 from ..errors import ClusterError
 from ..hardware import Hardware, load_hardware
 from ..ir import find_all
-from ..plan.split_k import predict
+from ..planners.split_k import predict
 from ..rules.split_k_reduction import (
     SplitKReductionConfig,
     apply_split_k_reduction,

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
-from tvm.s_tir.tensor_intrin import cuda as mma
 
 from ..errors import ClusterError
 from ..schedule import bind_cluster_nest, check_cluster_size
@@ -38,6 +37,7 @@ from .tensor_core import (
     VECTOR,
     blockize_fragments,
     fragment_caches,
+    mma,
     stage_in_shared,
     tensorize_fragments,
     warp_tile,
@@ -148,7 +148,7 @@ def _check_cluster(shape: ChainShape, c: FusedChainConfig) -> None:
 
 def _check_divisible(shape: ChainShape, c: FusedChainConfig) -> None:
     s = c.cluster_size
-    if shape.m < 2 * TILE or shape.m % c.block_m:
+    if shape.m < TILE or shape.m % c.block_m:
         raise ClusterError(f"M={shape.m} is not a multiple of the {c.block_m} tile (or below 32)")
     if shape.n % (c.block_n * c.n_steps):
         raise ClusterError(f"N={shape.n} is not a multiple of {c.n_steps} steps of {c.block_n}")
@@ -204,7 +204,7 @@ def check_chain_config(shape: ChainShape, config: FusedChainConfig) -> None:
 
 def schedule_fused_chain(func: tirx.PrimFunc, config: FusedChainConfig) -> s_tir.Schedule:
     """Schedule ``func`` (a GEMM chain, see :func:`find_chain`) as one fused cluster kernel plus
-    the inter-cluster reduce (:func:`tvm_dsm.plan.fused_chain.plan_chain` picks the config)."""
+    the inter-cluster reduce (:func:`tvm_dsm.planners.fused_chain.plan_chain` picks the config)."""
     sch = s_tir.Schedule(func)
     blocks, shape = find_chain(sch)
     check_chain_config(shape, config)

@@ -162,7 +162,7 @@ def check_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
 
 def schedule_split_k_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig) -> s_tir.Schedule:
     """Schedule ``func`` (a matmul block plus elementwise epilogue) as a cluster split-K GEMM
-    with the given configuration (:func:`tvm_dsm.plan.split_k_gemm.schedule_dense` plans one)."""
+    with the given configuration (:func:`tvm_dsm.planners.split_k_gemm.schedule_dense` plans one)."""
     sch = s_tir.Schedule(func)
     block, epilogue, shape = find_gemm(sch)
     check_config(shape, config)

@@ -9,13 +9,29 @@ the accumulator fill and store. The rules compose them around their own data mov
 
 from __future__ import annotations
 
+import importlib
+import threading
+
 from tvm import s_tir
 from tvm.s_tir import TensorIntrin
 from tvm.s_tir.schedule import LoopRV, SBlockRV
-from tvm.s_tir.tensor_intrin import cuda as mma
 
 from ..schedule import place_in_dsm
 from ..schedule.dsm import DSM_SCOPE
+
+
+
+def _import_shallow(name: str):
+    """Import ``name`` from a fresh thread. TVM registers its tensor intrinsics by parsing ~500
+    TVMScript functions, each calling ``inspect.stack()``, whose cost grows with the caller's
+    stack: from a deep one (a test runner, a lazy attribute) the import took 150 s instead of 11."""
+    thread = threading.Thread(target=importlib.import_module, args=(name,))
+    thread.start()
+    thread.join()
+    return importlib.import_module(name)
+
+
+mma = _import_shallow("tvm.s_tir.tensor_intrin.cuda")
 
 #: Tensor intrinsic storing a 16x16 fp32 accumulator fragment into a DSM slice (plain stores,
 #: which tvm_dsm.transform.lower_cluster turns into the CTA's own shared-memory stores).

@@ -104,7 +104,7 @@ def predict(shape: ChainShape, config: FusedChainConfig, hw: Hardware) -> ChainP
 #: K step, warp layout, pipeline depth.
 SPACE = {
     "cluster_size": tuple(range(2, 17)),
-    "block_m": (32, 64, 128),
+    "block_m": (16, 32, 64, 128),
     "block_n": (32, 64, 128),
     "n_steps": (1, 2, 4, 8, 16),
     "block_k": (16, 32, 64),
@@ -139,7 +139,7 @@ def plan_chain(shape: ChainShape, hw: Hardware) -> list[ChainPlan]:
         raise ClusterError(
             f"no fused chain configuration fits M={shape.m} K={shape.k} N={shape.n} L={shape.l}: "
             "K must give each CTA of a cluster (>= 2) at least 3 steps of 16, L must split into "
-            "16-column fragments per warp, M must be at least 32"
+            "16-column fragments per warp, M must be a multiple of 16"
         )
     plans = [predict(shape, c, hw) for c in configs]
     return sorted(plans, key=lambda p: (p.predicted_us, p.config.cluster_size))

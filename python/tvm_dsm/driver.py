@@ -1,0 +1,146 @@
+"""User entry points: ``plan`` (rank without measuring), ``tune`` (measure the top plans into a
+MetaSchedule database) and ``build`` (a runnable module from the best known schedule).
+
+Each takes an ordinary PrimFunc. The schedule family is found by pattern
+(:mod:`tvm_dsm.families`); a function no family fits is built with TVM's stock GPU schedules
+(dlight) and a logged reason, so ``build`` always returns a correct module.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.s_tir import meta_schedule as ms
+
+from .errors import ClusterError
+from .families import Family, match_family
+from .hardware import Hardware, load_hardware
+from .planners.report import Plan
+
+LOG = logging.getLogger("tvm_dsm.driver")
+
+#: An H100 SXM (sm_90a: the cluster and DSM instructions need the architecture-specific set).
+H100 = {"kind": "cuda", "arch": "sm_90a"}
+
+
+@dataclass
+class Ranking:
+    """The pruned design space of one function, best predicted first."""
+
+    family: Family
+    shape: Any
+    plans: list[Plan]
+    func: tirx.PrimFunc = field(repr=False)
+
+    @property
+    def best(self) -> Plan:
+        return self.plans[0]
+
+    def explain(self, alternatives: int = 3) -> str:
+        """The winner's tiles, cluster, bytes and time per level, then the runners-up."""
+        lines = [f"{self.family.name}: {len(self.plans)} valid configurations, best predicted:",
+                 self.best.explain()]
+        for rank, plan in enumerate(self.plans[1:1 + alternatives], start=2):
+            lines.append(f"  #{rank}: {plan.predicted_us:.1f} us  {plan.config}")
+        return "\n".join(lines)
+
+    def schedule(self, rank: int = 0) -> s_tir.Schedule:
+        """The schedule of the ``rank``-th best configuration."""
+        return self.family.schedule(self.func, self.plans[rank].config)
+
+
+def plan(func: tirx.PrimFunc, hw: Hardware | None = None) -> Ranking:
+    """Rank every valid configuration of the family ``func`` belongs to (ClusterError if none
+    applies, naming why each family does not)."""
+    family, shape = match_family(func)
+    return Ranking(family, shape, family.rank(shape, hw or load_hardware()), func)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One tuned candidate: its planner rank, prediction and measured median."""
+
+    rank: int
+    plan: Plan
+    measured_us: float | None  # None: failed to build or run (``error`` says why)
+    error: str = ""
+
+
+def tune(func: tirx.PrimFunc, work_dir: str, *, target=H100, top_k: int = 8,
+         hw: Hardware | None = None, builder: ms.Builder | None = None,
+         runner: ms.Runner | None = None) -> list[Measured]:
+    """Build and time the planner's ``top_k`` configurations with MetaSchedule's builder and
+    runner (on this machine's GPU unless a runner is given) and commit every measured one to the
+    JSON database in ``work_dir``; returns them fastest first (failures last)."""
+    ranking = plan(func, hw)
+    target = tvm.target.Target(target)
+    candidates = list(enumerate(ranking.plans[:top_k]))
+    schedules = [ranking.schedule(rank) for rank, _ in candidates]
+    builder = builder or ms.builder.LocalBuilder()
+    runner = runner or ms.runner.LocalRunner()
+    built = builder.build([ms.builder.BuilderInput(s.mod, target) for s in schedules])
+    args_info = ms.arg_info.ArgInfo.from_prim_func(func)
+    database = ms.database.JSONDatabase(work_dir=work_dir)
+    workload = database.commit_workload(_module(func))
+    results = []
+    to_run = [(i, b) for i, b in enumerate(built) if b.error_msg is None]
+    futures = runner.run([ms.runner.RunnerInput(b.artifact_path, target.kind.name, args_info)
+                          for _, b in to_run])
+    errors = {i: b.error_msg for i, b in enumerate(built) if b.error_msg is not None}
+    seconds = {}
+    for (i, _), future in zip(to_run, futures):
+        result = future.result()
+        if result.error_msg is not None:
+            errors[i] = result.error_msg
+            continue
+        seconds[i] = [float(s) for s in result.run_secs]
+        database.commit_tuning_record(ms.database.TuningRecord(
+            schedules[i].trace, workload, seconds[i], target, args_info))
+    for i, (rank, p) in enumerate(candidates):
+        if i in seconds:
+            times = sorted(seconds[i])
+            results.append(Measured(rank, p, times[len(times) // 2] * 1e6))
+        else:
+            results.append(Measured(rank, p, None, errors.get(i, "not run")))
+    return sorted(results, key=lambda m: (m.measured_us is None, m.measured_us or 0.0))
+
+
+def build(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None = None,
+          hw: Hardware | None = None) -> tvm.runtime.Module:
+    """A runnable module for ``func``: the fastest schedule ``database`` recorded for it, else
+    the planner's best, else (no family applies) TVM's stock GPU schedule."""
+    target = tvm.target.Target(target)
+    return tvm.compile(schedule(func, target, database=database, hw=hw).mod, target=target)
+
+
+def schedule(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None = None,
+             hw: Hardware | None = None) -> s_tir.Schedule:
+    """The schedule :func:`build` compiles (see there)."""
+    target = tvm.target.Target(target)
+    if database is not None:
+        recorded = database.query_schedule(_module(func), target, workload_name="main")
+        if recorded is not None:
+            return recorded
+    try:
+        return plan(func, hw).schedule()
+    except ClusterError as err:
+        LOG.warning("tvm-dsm falls back to TVM's stock schedule: %s", err)
+        return _stock_schedule(func, target)
+
+
+def _module(func: tirx.PrimFunc) -> tvm.IRModule:
+    return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+
+
+def _stock_schedule(func: tirx.PrimFunc, target: tvm.target.Target) -> s_tir.Schedule:
+    """dlight's GPU rules (the schedules ``tvm.compile`` users get without tvm-dsm)."""
+    from tvm.s_tir import dlight as dl
+
+    with target:
+        mod = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
+                                      dl.gpu.GeneralReduction(), dl.gpu.Fallback())(_module(func))
+    return s_tir.Schedule(mod)

@@ -1,0 +1,100 @@
+"""The schedule families tvm-dsm can apply to a PrimFunc, behind one interface.
+
+A family recognizes its pattern in a function (``match`` returns the shape the planner needs, or
+raises :class:`~tvm_dsm.errors.ClusterError` saying what is missing), ranks its pruned design
+space with the analytical model (``rank``), and schedules one point (``schedule``). The driver
+(:mod:`tvm_dsm.driver`) tries them most specific first, so a GEMM chain is fused rather than
+scheduled as its first GEMM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import tvm
+from tvm import s_tir, tirx
+
+from .errors import ClusterError
+from .hardware import Hardware
+from .planners.fused_chain import plan_chain
+from .planners.report import Plan
+from .planners.split_k import plan_split_k_reduction
+from .planners.split_k_gemm import plan_split_k_gemm
+from .rules.fused_chain import find_chain, schedule_fused_chain
+from .rules.split_k_gemm import find_gemm, schedule_split_k_gemm
+from .rules.split_k_reduction import reduction_extents, schedule_split_k_reduction
+
+
+@dataclass(frozen=True)
+class Family:
+    """One schedule family: pattern, planner and schedule."""
+
+    name: str
+    match: Callable[[tirx.PrimFunc], Any]
+    rank: Callable[[Any, Hardware], list[Plan]]
+    schedule: Callable[[tirx.PrimFunc, Any], s_tir.Schedule]
+
+
+@dataclass(frozen=True)
+class ReductionShape:
+    """A row reduction as its planner sees it: extents and the bytes besides the matrix."""
+
+    rows: int
+    depth: int
+    elem_bytes: int
+    extra_input_bytes: int
+
+
+def _chain_shape(func: tirx.PrimFunc):
+    return find_chain(s_tir.Schedule(func))[1]
+
+
+def _gemm_shape(func: tirx.PrimFunc):
+    return find_gemm(s_tir.Schedule(func))[2]
+
+
+def _reduction_shape(func: tirx.PrimFunc) -> ReductionShape:
+    sch = s_tir.Schedule(func)
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    if len(blocks) != 1:
+        raise ClusterError(f"a split-K row reduction is one block, got {len(blocks)}")
+    rows, depth = reduction_extents(sch, blocks[0])
+    reads = [r.source for r in sch.get(blocks[0]).reads]
+    matrix = next((b for b in reads if len(b.ty.shape) == 2), None)
+    if matrix is None:
+        raise ClusterError("a split-K row reduction reads a [rows, K] matrix")
+
+    def nbytes(buf) -> int:
+        size = 1
+        for dim in buf.ty.shape:
+            size *= int(dim)
+        return size * tvm.DataType(str(buf.ty.dtype)).bits // 8
+
+    return ReductionShape(rows, depth, tvm.DataType(str(matrix.ty.dtype)).bits // 8,
+                          sum(nbytes(b) for b in reads if not b.same_as(matrix)))
+
+
+def _rank_reductions(shape: ReductionShape, hw: Hardware) -> list[Plan]:
+    return plan_split_k_reduction(shape.rows, shape.depth, hw, elem_bytes=shape.elem_bytes,
+                                  extra_input_bytes=shape.extra_input_bytes)
+
+
+#: Most specific first.
+FAMILIES = (
+    Family("fused_chain", _chain_shape, plan_chain, schedule_fused_chain),
+    Family("split_k_gemm", _gemm_shape, plan_split_k_gemm, schedule_split_k_gemm),
+    Family("split_k_reduction", _reduction_shape, _rank_reductions, schedule_split_k_reduction),
+)
+
+
+def match_family(func: tirx.PrimFunc) -> tuple[Family, Any]:
+    """The first family whose pattern ``func`` holds, with its shape; ClusterError listing why
+    each family does not apply otherwise."""
+    reasons = []
+    for family in FAMILIES:
+        try:
+            return family, family.match(func)
+        except ClusterError as err:
+            reasons.append(f"{family.name}: {err}")
+    raise ClusterError("no tvm-dsm schedule family applies:\n  " + "\n  ".join(reasons))

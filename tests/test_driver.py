@@ -1,0 +1,103 @@
+"""tvm_dsm.plan / tune / build: family dispatch, the stock fallback, and the MetaSchedule database
+round trip (a scripted runner here; the real one on the GPU)."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import tvm
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
+
+import tvm_dsm
+from tvm_dsm.errors import ClusterError
+from tvm_dsm.workloads import cascades, gemv
+from tvm_dsm.workloads.chains import gemm_chain
+from tvm_dsm.workloads.dense import dense
+
+CHAIN = (64, 512, 256, 256)  # M, N, K, L: small enough to build a few configs quickly
+
+
+@pytest.mark.parametrize("func, family", [
+    (gemm_chain(*CHAIN, "relu"), "fused_chain"),
+    (dense(128, 1024, 1024), "split_k_gemm"),
+    (gemv(1024, 4096), "split_k_reduction"),
+])
+def test_plan_finds_the_family_and_explains_the_winner(func, family):
+    ranking = tvm_dsm.plan(func)
+    assert ranking.family.name == family
+    predicted = [p.predicted_us for p in ranking.plans]
+    assert predicted == sorted(predicted) and len(predicted) > 1
+    text = ranking.explain()
+    assert f"{family}: {len(predicted)} valid configurations" in text
+    assert "hbm" in text and "predicted:" in text and "#2:" in text
+
+
+def test_unsupported_function_gets_the_reasons_and_a_stock_build(caplog):
+    func = cascades.logsumexp(256, 1024)  # three blocks: no tvm-dsm family (RedFuser fuses it)
+    with pytest.raises(ClusterError) as err:
+        tvm_dsm.plan(func)
+    for family in ("fused_chain", "split_k_gemm", "split_k_reduction"):
+        assert family in str(err.value)
+    with caplog.at_level(logging.WARNING, logger="tvm_dsm.driver"):
+        sch = tvm_dsm.driver.schedule(func)
+    assert "falls back to TVM's stock schedule" in caplog.text
+    source = tvm.compile(sch.mod, target=tvm_dsm.driver.H100).mod.imports[0].inspect_source()
+    assert "__cluster_dims__" not in source and "mapa" not in source
+
+
+@derived_object
+class _ScriptedFuture(ms.runner.PyRunnerFuture):
+    def __init__(self, seconds: float):
+        super().__init__()
+        self.seconds = seconds
+
+    def done(self) -> bool:
+        return True
+
+    def result(self) -> ms.runner.RunnerResult:
+        return ms.runner.RunnerResult([self.seconds] * 3, None)
+
+
+@derived_object
+class _ScriptedRunner(ms.runner.PyRunner):
+    """Reports the later candidates as faster, so the database must overrule the planner."""
+
+    def run(self, runner_inputs):
+        return [_ScriptedFuture(1e-3 / (n + 1)) for n in range(len(runner_inputs))]
+
+
+def test_tune_records_measurements_and_build_uses_the_fastest(tmp_path):
+    func = gemm_chain(*CHAIN, "relu")
+    measured = tvm_dsm.tune(func, str(tmp_path), top_k=3, runner=_ScriptedRunner())
+    assert [m.rank for m in measured] == [2, 1, 0]
+    assert all(m.error == "" for m in measured)
+    assert measured[0].measured_us == pytest.approx(1e3 / 3)
+    database = ms.database.JSONDatabase(work_dir=str(tmp_path))
+    assert len(database) == 3
+    chosen = tvm_dsm.driver.schedule(func, database=database)
+    expected = tvm_dsm.plan(func).schedule(2)
+    tvm.ir.assert_structural_equal(chosen.mod, expected.mod)
+
+
+@pytest.mark.gpu
+def test_tune_on_the_gpu_then_build_is_correct(tmp_path):
+    m, n, k, l = CHAIN
+    func = gemm_chain(m, n, k, l, "relu")
+    measured = tvm_dsm.tune(func, str(tmp_path), top_k=3)
+    assert all(r.measured_us is not None for r in measured), [r.error for r in measured]
+    database = ms.database.JSONDatabase(work_dir=str(tmp_path))
+    lib = tvm_dsm.build(func, database=database)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((m, k)).astype("float16")
+    w1 = (rng.standard_normal((n, k)) / np.sqrt(k)).astype("float16")
+    w2 = (rng.standard_normal((l, n)) / np.sqrt(n)).astype("float16")
+    dev = tvm.cuda(0)
+    out = tvm.runtime.tensor(np.full((m, l), np.nan, "float16"), dev)
+    lib(*(tvm.runtime.tensor(x, dev) for x in (a, w1, w2)), out)
+    h = np.maximum(a.astype("float64") @ w1.astype("float64").T, 0).astype("float16")
+    ref = h.astype("float64") @ w2.astype("float64").T
+    got = out.numpy().astype("float64")
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
