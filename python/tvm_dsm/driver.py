@@ -23,6 +23,8 @@ from .planners.report import Plan
 
 LOG = logging.getLogger("tvm_dsm.driver")
 
+_BUILD_TIMEOUT_S = 300
+
 #: An H100 SXM (sm_90a: the cluster and DSM instructions need the architecture-specific set).
 H100 = {"kind": "cuda", "arch": "sm_90a"}
 
@@ -80,7 +82,9 @@ def tune(func: tirx.PrimFunc, work_dir: str, *, target=H100, top_k: int = 8,
     target = tvm.target.Target(target)
     candidates = list(enumerate(ranking.plans[:top_k]))
     schedules = [ranking.schedule(rank) for rank, _ in candidates]
-    builder = builder or ms.builder.LocalBuilder()
+    # A fresh worker imports TVM and its tensor intrinsics before building (MetaSchedule's 30 s
+    # default is too short for that on a cold machine).
+    builder = builder or ms.builder.LocalBuilder(timeout_sec=_BUILD_TIMEOUT_S)
     runner = runner or ms.runner.LocalRunner()
     built = builder.build([ms.builder.BuilderInput(s.mod, target) for s in schedules])
     args_info = ms.arg_info.ArgInfo.from_prim_func(func)
