@@ -2,7 +2,8 @@
 configuration, torch eager / torch.compile and the HBM floor, and the cost model's rank
 correlation where a random sample of the pruned space was measured.
 ``python -m tvm_dsm.bench.chain_summary bench/results/chains.json [bench/results/gemm_summary.json]``
-writes ``chains_summary.json`` and ``chains.png`` beside it and prints the table. With the dense
+writes ``chains_summary.json`` and ``chains.png`` beside it (``<run>_summary.json`` and
+``<run>.png`` for another run, e.g. the M sweep ``chains_m.json``) and prints the table. With the dense
 layer summary it adds the ablation for the chains whose two layers that suite measured: no fusion
 (the two cluster split-K GEMMs, planner's picks), DSM fusion with random plans (median of the
 sampled configurations) and with the searched plan (the planner's pick)."""
@@ -28,7 +29,7 @@ def ablation(shapes: list[dict], dense: dict) -> dict:
     table = {}
     for s in shapes:
         first, second = layers.get(f"{s['shape']}a"), layers.get(f"{s['shape']}b")
-        if first and second and "random_median_us" in s:
+        if first and second and s["m"] == 128 and "random_median_us" in s:
             table[s["shape"]] = {
                 "no_fusion_split_k_gemms_us": first["pick_us"] + second["pick_us"],
                 "dsm_fused_random_plan_us": s["random_median_us"],
@@ -38,17 +39,18 @@ def ablation(shapes: list[dict], dense: dict) -> dict:
     return table
 
 
-def summarise(results: dict, dense: dict | None = None) -> dict:
+def summarise(results: dict, dense: dict | None = None, source: str = "chains.json") -> dict:
     groups = defaultdict(list)
     for row in results["rows"]:
-        groups[row["shape"]].append(row)
+        groups[row["shape"], row["m"]].append(row)
     shapes = []
-    for label, rows in groups.items():
+    for (label, m), rows in groups.items():
         pick = next(r for r in rows if r["plan"]["plan_rank"] == 0)
         best = min(rows, key=lambda r: r["ours_us"])
         peer = min(pick["peers"].values())
         entry = {
-            "shape": label, "label": f"{label} n{pick['n']} k{pick['k']} l{pick['l']}",
+            "shape": label, "m": m,
+            "label": f"{label} m{m} n{pick['n']} k{pick['k']} l{pick['l']}",
             "all_correct": all(r["ok"] for r in rows), "kernels": len(rows),
             "planner_pick": pick["name"], "pick_us": pick["ours_us"],
             "best": best["name"], "best_us": best["ours_us"],
@@ -71,7 +73,7 @@ def summarise(results: dict, dense: dict | None = None) -> dict:
         return math.exp(sum(math.log(s[key]) for s in items) / len(items)) if items else None
 
     return {
-        "device": results["device"], "date": results["date"], "source": "chains.json",
+        "device": results["device"], "date": results["date"], "source": source,
         "geomean_best_vs_better_peer_gemm_chains": geomean(chains, "best_vs_better_peer"),
         "geomean_best_vs_better_peer_swiglu": geomean(swiglus, "best_vs_better_peer"),
         "ablation": ablation(shapes, dense) if dense else {},
@@ -87,13 +89,14 @@ SERIES = [("tvm-dsm fused (planner)", "pick_us"), ("tvm-dsm fused (best measured
 def main() -> None:
     source = Path(sys.argv[1])
     dense = json.loads(Path(sys.argv[2]).read_text()) if len(sys.argv) > 2 else None
-    summary = summarise(json.loads(source.read_text()), dense)
-    (source.parent / "chains_summary.json").write_text(json.dumps(summary, indent=1))
-    plot(summary, source.parent / "chains.png", SERIES, "fused fp16 GEMM chains, M=128")
+    summary = summarise(json.loads(source.read_text()), dense, source.name)
+    (source.parent / f"{source.stem}_summary.json").write_text(json.dumps(summary, indent=1))
+    batches = ", ".join(str(m) for m in sorted({s["m"] for s in summary["shapes"]}))
+    plot(summary, source.parent / f"{source.stem}.png", SERIES, f"fused fp16 GEMM chains, M={batches}")
     for s in summary["shapes"]:
         model = (f"  rho {s['model_spearman']:.2f} best in top-11 {s['best_in_predicted_top_11']}"
                  if "model_spearman" in s else "")
-        print(f"{s['label']:>24}: pick {s['pick_us']:7.1f} best {s['best_us']:7.1f} eager "
+        print(f"{s['label']:>30}: pick {s['pick_us']:7.1f} best {s['best_us']:7.1f} eager "
               f"{s['torch_eager_us']:6.1f} compile {s['torch_compile_us']:6.1f} floor "
               f"{s['floor_us']:6.1f}  best/peer {s['best_vs_better_peer']:.2f}x{model}")
     print({k: v for k, v in summary.items() if k.startswith(("geomean", "ablation"))})
