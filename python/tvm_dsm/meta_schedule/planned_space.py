@@ -1,0 +1,74 @@
+"""Any tvm-dsm schedule family inside MetaSchedule: its pruned space as design spaces, its
+analytical model as the cost model.
+
+``PlannedSpace`` gives a tuning task the planner's ``top`` configurations of the family the
+function belongs to (:mod:`tvm_dsm.families`), each a complete schedule whose trace records its
+tiles and cluster as concrete instructions and its predicted time as an annotation of the root
+block. ``PlanCostModel`` scores candidates by that prediction, so MetaSchedule's search measures
+the best-predicted first. (The chain and GEMM spaces are not per-parameter ``sample_*``
+decisions: their validity couples the parameters, e.g. shared memory, so a free product of
+decisions would build invalid kernels; the split-K reduction's, whose parameters are independent,
+is: :class:`~tvm_dsm.meta_schedule.SplitKReductionRule`.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import s_tir
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
+
+from ..driver import plan
+from ..hardware import Hardware, load_hardware
+
+#: Root-block annotation carrying the planner's predicted time (microseconds).
+PREDICTED_US_KEY = "tvm_dsm.predicted_us"
+
+
+@derived_object
+class PlannedSpace(ms.space_generator.PySpaceGenerator):
+    """Design spaces: the planner's ``top`` schedules (ClusterError if no family applies)."""
+
+    def __init__(self, top: int = 8, hw: Hardware | None = None):
+        super().__init__()
+        self.sch_rules, self.postprocs, self.mutator_probs = [], [], {}
+        self.top, self.hw = top, hw or load_hardware()
+
+    def _initialize_with_tune_context(self, context) -> None:  # noqa: D401 - MetaSchedule hook
+        pass
+
+    def generate_design_space(self, mod: tvm.IRModule) -> list[s_tir.Schedule]:
+        ranking = plan(mod["main"], self.hw)
+        spaces = []
+        for rank, candidate in enumerate(ranking.plans[: self.top]):
+            sch = ranking.schedule(rank)
+            sch.annotate(sch.get_sblock("root"), PREDICTED_US_KEY, float(candidate.predicted_us))
+            spaces.append(sch)
+        return spaces
+
+    def clone(self) -> "PlannedSpace":
+        return PlannedSpace(self.top, self.hw)
+
+
+def predicted_us(mod: tvm.IRModule) -> float:
+    """The prediction a :class:`PlannedSpace` schedule carries."""
+    root = mod["main"].body.block
+    return float(root.annotations[PREDICTED_US_KEY])
+
+
+@derived_object
+class PlanCostModel(ms.cost_model.PyCostModel):
+    """Scores candidates by 1 / the planner's predicted time (higher is better)."""
+
+    def load(self, path: str) -> None:
+        pass
+
+    def save(self, path: str) -> None:
+        pass
+
+    def update(self, context, candidates, results) -> None:
+        pass  # analytical: nothing to learn
+
+    def predict(self, context, candidates) -> np.ndarray:
+        return np.array([1.0 / predicted_us(c.sch.mod) for c in candidates], dtype="float64")
