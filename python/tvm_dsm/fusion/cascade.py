@@ -12,6 +12,11 @@ without revisiting x:
         ("rescale", the online form: it keeps exp(x) from overflowing)
 * max/min: F = G(x) + H(Y)   -> y = y + D (op) F(x_k, Y_new), D = H(Y_new) - H(Y_old) ("shift")
            F = G(x) * H(Y), H > 0 -> y = y * R (op) F(x_k, Y_new)                      ("rescale")
+* top-k (:mod:`tvm_dsm.fusion.top_k`) of a value free of earlier levels ("plain")
+
+Levels that read none of the group's results but reduce the same data over the same rows and
+axis (the top-k beside a softmax's max and sum in MoE routing) join the group as independent
+levels: one pass over the data serves them all.
 
 R and D are derived symbolically as F(x, Y_new) / F(x, Y_old) and F(x, Y_new) - F(x, Y_old)
 and must not depend on x: that is the separability test. Everything else is reported, not fused.
@@ -28,6 +33,7 @@ from tvm import s_tir, tirx
 
 from ..ir import loads, uses
 from .symbolic import ToSympy, Unsupported
+from .top_k import TopK, parse_top_k
 
 _OPS = {tirx.Add: "sum", tirx.Max: "max", tirx.Min: "min"}
 _MAX_SPLIT_TERMS = 8
@@ -46,6 +52,7 @@ class Level:
     extent: int
     value: tvm.ir.PrimExpr
     deps: list[int] = field(default_factory=list)
+    top_k: TopK | None = None  # op "top_k": its value and index outputs
     # filled by the proof
     form: str = ""  # plain | rescale | shift | split
     correction: sympy.Expr | None = None
@@ -70,11 +77,20 @@ class GroupReport:
 
 
 def parse_reduction(block) -> Level | None:
-    """The block as a Level, or None if it is not a single-axis sum/max/min reduction."""
-    if block.init is None or not isinstance(block.body, tirx.BufferStore):
+    """The block as a Level, or None if it is not a single-axis sum/max/min/top-k reduction."""
+    if block.init is None:
         return None
     kinds = [int(iv.iter_type) for iv in block.iter_vars]
     if kinds.count(tirx.IterVar.CommReduce) != 1 or kinds[-1] != tirx.IterVar.CommReduce:
+        return None
+    *spatial, reduce = block.iter_vars
+    top_k = parse_top_k(block)
+    if top_k is not None:
+        return Level(block=str(block.name_hint), op="top_k", output=top_k.values[0],
+                     init=tvm.te.min_value(str(top_k.value.ty.dtype)),
+                     spatial=[iv.var for iv in spatial], reduce_var=reduce.var,
+                     extent=int(reduce.dom.extent), value=top_k.value, top_k=top_k)
+    if not isinstance(block.body, tirx.BufferStore):
         return None
     store, value = block.body, block.body.value
     op = next((name for node, name in _OPS.items() if isinstance(value, node)), None)
@@ -89,7 +105,6 @@ def parse_reduction(block) -> Level | None:
     operand = value.b if is_self(value.a) else value.a if is_self(value.b) else None
     if operand is None or not isinstance(block.init, tirx.BufferStore):
         return None
-    *spatial, reduce = block.iter_vars
     return Level(
         block=str(block.name_hint),
         op=op,
@@ -103,18 +118,23 @@ def parse_reduction(block) -> Level | None:
 
 
 def find_cascades(func: tirx.PrimFunc) -> list[list[Level]]:
-    """Chains of reduction blocks (program order) where each level after the first reads an
-    earlier level's output and all share the reduction extent."""
+    """Groups of reduction blocks (program order) over one reduction extent and row shape in
+    which each level after the first reads an earlier level's output or, reading none, reduces
+    data the group already reads."""
     sch = s_tir.Schedule(func)
     blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
     levels = [lvl for lvl in map(parse_reduction, blocks) if lvl is not None]
     groups: list[list[Level]] = []
     for level in levels:
         group = groups[-1] if groups else None
-        deps = []
+        deps, sibling = [], False
         if group and group[0].extent == level.extent:
-            deps = [n for n, prev in enumerate(group) if any(ld.source.same_as(prev.output) for ld in loads(level.value))]
-        if deps:
+            reads = loads(level.value)
+            deps = [n for n, prev in enumerate(group) if any(ld.source.same_as(prev.output) for ld in reads)]
+            data = [ld.source for prev in group for ld in loads(prev.value)]
+            sibling = not deps and len(level.spatial) == len(group[0].spatial) and any(
+                ld.source.same_as(buf) for ld in reads for buf in data)
+        if deps or sibling:
             level.deps = deps
             group.append(level)
         else:
@@ -162,6 +182,13 @@ def prove(group: list[Level]) -> GroupReport:
                 return GroupReport(
                     names, False, f"level {group[dep].block} has extra spatial axes and is read by {level.block}"
                 )
+        if level.op == "top_k":
+            if level.deps:
+                return GroupReport(names, False, f"level {level.block} (top-k) reads earlier levels: "
+                                   "only a top-k of the data itself is fused")
+            level.form = "plain"
+            details.append(f"{level.block} (top-{level.top_k.k}): plain")
+            continue
         symbols = LoadSymbols(group, level)
         translate = ToSympy(symbols)
         try:

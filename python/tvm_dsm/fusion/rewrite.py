@@ -11,6 +11,8 @@ reduction axis once, and per element updates the levels in dependency order:
 ``correct`` is the rescale/shift proven by :mod:`tvm_dsm.fusion.cascade`; a state still at its
 identity is left alone (0 * inf or -inf - -inf would otherwise produce NaN). Split levels keep one
 accumulator per x-term and combine them with the dependencies' final values after the loop.
+Top-k levels keep k (value, index) pairs best first; an element (or a part's pair, when parts
+merge) is inserted only when it beats the last pair, which after the first few elements is rare.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from tvm.s_tir import SBlock
 from ..ir import find_all, loads, replace_node, substitute
 from .cascade import Level, LoadSymbols
 from .symbolic import ToSympy, ToTIR
+from .top_k import beats
 
 _COMBINE = {"sum": lambda a, b: a + b, "max": tirx.max, "min": tirx.min}
 _ACC = "float64"  # accumulators of split levels
@@ -59,7 +62,7 @@ class _FusedBlock:
         with T.sblock(self.name):
             rows = [T.axis.spatial(e, lv) for e, lv in zip(self.row_extents, loop_vars)]
             T.reads(*self._read_regions())
-            T.writes(*[self._row_region(lvl, rows) for lvl in self.group])
+            T.writes(*[r for lvl in self.group for r in self._row_regions(lvl, rows)])
             if self.parts == 1:
                 state, accumulators = self._scan(rows, lambda t: t, self.extent)
                 self._finish(rows, state, accumulators)
@@ -77,13 +80,37 @@ class _FusedBlock:
                     seen.append(buf)
         return [tirx.BufferRegion(b, [Range(0, d) for d in b.ty.shape]) for b in seen]
 
-    def _row_region(self, lvl: Level, rows: list):
+    def _row_regions(self, lvl: Level, rows: list) -> list:
         ranges = [Range.from_min_extent(r, 1) for r in rows]
+        if lvl.top_k:
+            return [tirx.BufferRegion(b, ranges) for b in lvl.top_k.values + lvl.top_k.indices]
         ranges += [Range(0, e) for e in self._extra(lvl)]
-        return tirx.BufferRegion(lvl.output, ranges)
+        return [tirx.BufferRegion(lvl.output, ranges)]
 
     def _extra(self, level: Level) -> list[int]:
+        """The state's axes besides the row: the level's extra output axes, or a top-k's k."""
+        if level.top_k:
+            return [level.top_k.k]
         return [int(_extent(level, a)) for a in range(self.rows, len(level.spatial))]
+
+    @staticmethod
+    def _side_state(level: Level) -> list[tuple[str, int]]:
+        """(dtype, initial value) of each state buffer a level keeps besides its running value:
+        a split level's per-term float64 sums (power sums cancel badly in fp32, e.g. the 3rd
+        moment), a top-k's indices."""
+        if level.form == "split":
+            return [(_ACC, 0)] * len(level.terms)
+        if level.top_k:
+            return [("int32", -1)]
+        return []
+
+    def _alloc_side_state(self, level: Level, shape: list) -> list:
+        return [T.sblock_alloc_buffer(shape, dtype, scope="local") for dtype, _ in self._side_state(level)]
+
+    def _init_state(self, level: Level, value, side: list) -> None:
+        self._for_each(level, lambda e: self._store(value, level.init, e))
+        for buf, (dtype, init) in zip(side, self._side_state(level)):
+            self._for_each(level, lambda e, buf=buf, dtype=dtype, init=init: self._store(buf, tirx.const(init, dtype), e))
 
     def _dtype(self, j: int) -> str:
         return str(self.group[j].output.ty.dtype)
@@ -97,12 +124,9 @@ class _FusedBlock:
             state[j] = T.sblock_alloc_buffer(shape, self._dtype(j), scope="local")
             if j in self.read_by_others:
                 new[j] = T.sblock_alloc_buffer([1], self._dtype(j), scope="local")
-            if lvl.form == "split":  # float64: power sums cancel badly in fp32 (e.g. 3rd moment)
-                accumulators[j] = [T.sblock_alloc_buffer(shape, _ACC, scope="local") for _ in lvl.terms]
+            accumulators[j] = self._alloc_side_state(lvl, shape)
         for j, lvl in enumerate(group):
-            self._for_each(lvl, lambda e, j=j, lvl=lvl: self._store(state[j], lvl.init, e))
-            for acc in accumulators.get(j, []):
-                self._for_each(lvl, lambda e, acc=acc: self._store(acc, tirx.const(0, _ACC), e))
+            self._init_state(lvl, state[j], accumulators[j])
         with T.serial(steps) as t:
             k = element(t)
             for j, lvl in enumerate(group):
@@ -114,6 +138,11 @@ class _FusedBlock:
     def _finish(self, rows: list, state: dict, accumulators: dict) -> None:
         """Combine split levels' accumulators and write every level's output row."""
         for j, lvl in enumerate(self.group):
+            if lvl.top_k:
+                for c in range(lvl.top_k.k):
+                    T.buffer_store(lvl.top_k.values[c], state[j][c], rows)
+                    T.buffer_store(lvl.top_k.indices[c], accumulators[j][0][c], rows)
+                continue
             if lvl.form == "split":
                 self._combine_split(j, lvl, rows, state, accumulators[j])
             self._for_each(
@@ -128,8 +157,7 @@ class _FusedBlock:
         for j, lvl in enumerate(group):
             shape = [parts] + (self._extra(lvl) or [1])
             partial[j] = T.sblock_alloc_buffer(shape, self._dtype(j), scope="local")
-            if lvl.form == "split":
-                partial_acc[j] = [T.sblock_alloc_buffer(shape, _ACC, scope="local") for _ in lvl.terms]
+            partial_acc[j] = self._alloc_side_state(lvl, shape)
         with T.serial(parts) as loop:
             with T.sblock(self.name + "_part"):
                 p = T.axis.spatial(parts, loop)
@@ -146,7 +174,7 @@ class _FusedBlock:
         for j, lvl in enumerate(group):
             shape = self._extra(lvl) or [1]
             merged[j] = T.sblock_alloc_buffer(shape, self._dtype(j), scope="local")
-            merged_acc[j] = [T.sblock_alloc_buffer(shape, _ACC, scope="local") for _ in lvl.terms] if lvl.form == "split" else []
+            merged_acc[j] = self._alloc_side_state(lvl, shape)
         for j, lvl in enumerate(group):
             self._merge(j, lvl, rows, merged, merged_acc[j], partial, partial_acc.get(j, []))
         self._finish(rows, merged, merged_acc)
@@ -154,11 +182,15 @@ class _FusedBlock:
     def _merge(self, j, lvl: Level, rows, merged, merged_acc, partial, partial_acc) -> None:
         """merged_j = op_p corrected(partial_j[p]); the dependencies are merged first, so the
         correction moves each part from its own dependencies (old) to the merged ones (new)."""
+        self._init_state(lvl, merged[j], merged_acc)
+        if lvl.top_k:  # each part's pairs are sorted: its first that does not beat the last stops
+            with T.serial(self.parts) as p:
+                for c in range(lvl.top_k.k):
+                    self._insert(merged[j], merged_acc[0], lvl.top_k.k,
+                                 tirx.BufferLoad(partial[j], [p, c]), tirx.BufferLoad(partial_acc[0], [p, c]))
+            return
         dtype = self._dtype(j)
         combine = _COMBINE[lvl.op]
-        self._for_each(lvl, lambda e: self._store(merged[j], lvl.init, e))
-        for acc in merged_acc:
-            self._for_each(lvl, lambda e, acc=acc: self._store(acc, tirx.const(0, _ACC), e))
         with T.serial(self.parts) as p:
 
             def emit(extra):
@@ -230,7 +262,34 @@ class _FusedBlock:
                 table[f"y{d}"] = state[d][0]
         return table
 
+    @staticmethod
+    def _insert(values, indices, k: int, value, index) -> None:
+        """Insert (value, index) into the sorted pairs if it beats the last: from the end, each
+        slot takes its predecessor (the new pair beats it), the new pair, or stays. The pair is
+        staged in registers first (TVM's ThreadSync rejects shared-memory reads in a condition,
+        and merged pairs come from shared memory)."""
+        new_value = T.sblock_alloc_buffer([1], str(values.ty.dtype), scope="local")
+        new_index = T.sblock_alloc_buffer([1], "int32", scope="local")
+        code = T.sblock_alloc_buffer([1], "int32", scope="local")
+        T.buffer_store(new_value, value, [0])
+        T.buffer_store(new_index, index, [0])
+        value, index = new_value[0], new_index[0]
+        with T.If(beats(value, index, values[k - 1], indices[k - 1])):
+            with T.Then():
+                for c in reversed(range(k)):
+                    shift = beats(value, index, values[c - 1], indices[c - 1]) if c else tirx.const(False, "bool")
+                    here = beats(value, index, values[c], indices[c])
+                    T.buffer_store(code, tirx.Select(shift, tirx.const(2, "int32"), tirx.Select(
+                        here, tirx.const(1, "int32"), tirx.const(0, "int32"))), [0])
+                    for buf, new in ((values, value), (indices, index)):
+                        previous = tirx.BufferLoad(buf, [c - 1]) if c else new
+                        T.buffer_store(buf, tirx.Select(code[0] == 2, previous, tirx.Select(
+                            code[0] == 1, new, tirx.BufferLoad(buf, [c]))), [c])
+
     def _update(self, j, lvl: Level, rows, k, state, new, accumulators) -> None:
+        if lvl.top_k:
+            self._insert(state[j], accumulators[0], lvl.top_k.k, self._operand(lvl, rows, k, [], new), k)
+            return
         dtype = str(lvl.output.ty.dtype)
         combine = _COMBINE[lvl.op]
 

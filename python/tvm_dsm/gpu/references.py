@@ -55,6 +55,18 @@ def _rmsnorm_gemv(x, w):
     return ss, (x @ w) / torch.sqrt(ss / x.shape[1])
 
 
+def _moe_routing(x, k):
+    """Softmax over all experts at the k best, best first, ties to the lower index (a stable
+    sort), indices int32; the same order tvm-dsm's top-k defines."""
+    order = torch.sort(x, dim=1, descending=True, stable=True).indices[:, :k]
+    return torch.softmax(x, 1).gather(1, order), order.int()
+
+
+def _moe_routing_eager(x, k):
+    weights, indices = torch.softmax(x.float(), 1).topk(k)
+    return weights, indices.int()
+
+
 _CASCADES = {
     "cascade_softmax_stats": _softmax_stats,
     "cascade_logsumexp": lambda x: torch.logsumexp(x, 1),
@@ -92,6 +104,10 @@ REFERENCES: dict[str, Reference] = {
         )
         for name, f in _CASCADES.items()
     },
+    "cascade_moe_routing": Reference(
+        float64=lambda x, k: _moe_routing(x.double(), k),
+        torch_eager=_moe_routing_eager,
+    ),
     "dense": Reference(
         float64=lambda x, w: x.double() @ w.double().T,
         torch_eager=torch.nn.functional.linear,

@@ -55,8 +55,9 @@ def _random_inputs(args: list[dict], n_sets: int) -> list[list[torch.Tensor]]:
         tensors = []
         for a in args:
             dtype = getattr(torch, a["dtype"])
-            if a["output"]:
-                tensors.append(torch.full(a["shape"], float("nan"), dtype=dtype, device="cuda"))
+            if a["output"]:  # poisoned: NaN, or the most negative integer (never an index)
+                poison = torch.iinfo(dtype).min if not dtype.is_floating_point else float("nan")
+                tensors.append(torch.full(a["shape"], poison, dtype=dtype, device="cuda"))
             else:
                 # "scale" (a weight's 1/sqrt(fan_in)) keeps deep chains inside fp16's range.
                 tensors.append((torch.randn(a["shape"], device="cuda") * a.get("scale", 1.0)).to(dtype))
@@ -83,8 +84,11 @@ def _check(func, kernel: dict, trials: int = 2) -> tuple[float, float]:
         expected = ref.float64(*inputs, **kwargs)
         expected = expected if isinstance(expected, tuple) else (expected,)
         for out, want in zip(outputs, expected):
-            worst = max(worst, res.relative_error(out, want))
-            written = min(written, torch.isfinite(out).float().mean().item())
+            if out.dtype.is_floating_point:
+                worst = max(worst, res.relative_error(out, want))
+                written = min(written, torch.isfinite(out).float().mean().item())
+            elif not torch.equal(out, want.to(out.dtype)):  # indices: exact or wrong
+                worst = float("inf")
     return worst, written
 
 

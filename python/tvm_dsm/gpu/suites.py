@@ -184,21 +184,22 @@ def collectives(n: int = 16384) -> list[Variant]:
 
 def cascades() -> list[Variant]:
     """Fused cascaded reductions (FuseCascadedReductions, split into parts per row and merged)
-    on shapes of softmax/MoE routing, cross-entropy, LayerNorm/RMSNorm and attention; two
-    part counts: 128 and 32 per row (one CTA per row)."""
+    on shapes of softmax statistics, MoE routing (softmax + top-k), cross-entropy,
+    LayerNorm/RMSNorm and attention; two part counts: 128 and 32 per row (one CTA per row)."""
     shapes = {
         "softmax_stats": [(4096, 4096), (16384, 1024), (2048, 16384)],
         "logsumexp": [(4096, 4096), (8192, 32768 // 4)],
         "layernorm_stats": [(4096, 4096), (16384, 1024)],
         "rmsnorm_gemv": [(4096, 4096), (16384, 1024)],
         "softmax_pv": [(2048, 512, 64), (512, 4096, 64)],
+        "moe_routing": [(4096, 4096, 8), (16384, 256, 8), (16384, 128, 8)],
     }
     variants = []
     for name, sizes in shapes.items():
         for size, parts in itertools.product(sizes, (128, 32)):
             func = getattr(cascade_workloads, name)(*size)
             n_out = {"softmax_stats": 2, "logsumexp": 1, "layernorm_stats": 2, "rmsnorm_gemv": 2,
-                     "softmax_pv": 3}[name]
+                     "softmax_pv": 3, "moe_routing": 2}[name]
             fused, reports = fuse_cascaded_reductions(func, parts=parts)
             if not all(r.fusible for r in reports):
                 raise ValueError(f"{name}: {[str(r) for r in reports]}")
@@ -212,6 +213,7 @@ def cascades() -> list[Variant]:
                     bytes=_nbytes(args),
                     flops=0,
                     plan={"parts": parts, "levels": [r.levels for r in reports]},
+                    reference_kwargs={"k": size[2]} if name == "moe_routing" else {},
                 )
             )
     return variants

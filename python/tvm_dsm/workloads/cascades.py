@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+
 from tvm import te, tirx
+
+from ..fusion.top_k import top_k
 
 
 def _row_max(x, m: int, k: int):
@@ -60,3 +64,28 @@ def softmax_pv(m: int, k: int, j: int) -> tirx.PrimFunc:
     r2 = te.reduce_axis((0, k), "ok")
     o = te.compute((m, j), lambda i, c: te.sum(te.exp(x[i, r2] - mx[i]) * v[r2, c], axis=r2), name="o")
     return te.create_prim_func([x, v, mx, l, o])
+
+
+def moe_routing(tokens: int, experts: int, k: int) -> tirx.PrimFunc:
+    """MoE router: the k best experts per token and their softmax probabilities (over all
+    experts, best first; ties go to the lower expert index). Outputs weights [tokens, k] fp32 and
+    indices [tokens, k] int32."""
+    x = te.placeholder((tokens, experts), "float16", name="x")
+
+    def logit(i, r):
+        return x[i, r].astype("float32")
+
+    r = te.reduce_axis((0, experts), "mk")
+    mx = te.compute((tokens,), lambda i: te.max(logit(i, r), axis=r), name="m")
+    r2 = te.reduce_axis((0, experts), "lk")
+    l = te.compute((tokens,), lambda i: te.sum(te.exp(logit(i, r2) - mx[i]), axis=r2), name="l")
+    best = top_k(logit, (tokens,), experts, k)
+
+    def pick(tensors, i, c):
+        return functools.reduce(lambda rest, n: tirx.Select(c == n, tensors[n][i], rest),
+                                range(k - 2, -1, -1), tensors[k - 1][i])
+
+    weights = te.compute((tokens, k), lambda i, c: te.exp(pick(best[:k], i, c) - mx[i]) / l[i],
+                         name="weights")
+    indices = te.compute((tokens, k), lambda i, c: pick(best[k:], i, c), name="indices")
+    return te.create_prim_func([x, weights, indices])

@@ -1,0 +1,115 @@
+"""Top-k as a cascade level (MoE routing: max, exp-sum and top-k of the same logits in one pass):
+recognized only when it is exactly tvm-dsm's top-k reduction, fused with the softmax statistics
+beside it, equal to the unfused function and to a stable-sort reference (ties included)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import s_tir, te, tirx
+
+from tvm_dsm.fusion.top_k import TOP_K_KEY, parse_top_k, top_k
+from tvm_dsm.transform import fuse_cascaded_reductions
+from tvm_dsm.workloads.cascades import moe_routing
+
+T, E, K = 24, 96, 8
+K_UNFUSED = 3  # compiling the unfused top-k takes minutes at k = 8 (see tvm_dsm.fusion.top_k)
+
+
+def _logits(seed: int) -> np.ndarray:
+    x = np.random.default_rng(seed).standard_normal((T, E)).astype("float16")
+    x[1, [7, 40, 41]] = 4.0  # ties inside the top-k: the lower index ranks first
+    x[2, :] = 0.5  # a row that is all ties
+    return x
+
+
+def _route(func, x: np.ndarray, k: int = K) -> tuple[np.ndarray, np.ndarray]:
+    ex = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
+    weights = tvm.runtime.tensor(np.full((T, k), np.nan, "float32"))
+    indices = tvm.runtime.tensor(np.full((T, k), np.iinfo("int32").min, "int32"))
+    ex["main"](tvm.runtime.tensor(x), weights, indices)
+    return weights.numpy(), indices.numpy()
+
+
+def _passes_over_x(func) -> int:
+    """Top-level blocks reading the logits."""
+    sch = s_tir.Schedule(func)
+    blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    return sum(any(str(r.source.name) == "x" for r in b.reads) for b in blocks)
+
+
+def _reference(x: np.ndarray, k: int = K) -> tuple[np.ndarray, np.ndarray]:
+    x64 = x.astype("float64")
+    p = np.exp(x64 - x64.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    order = np.argsort(-x64, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(p, order, 1), order
+
+
+@pytest.mark.parametrize("parts", [1, 4, 32])
+def test_moe_routing_fuses_into_one_pass_and_matches(parts):
+    func = moe_routing(T, E, K)
+    fused, reports = fuse_cascaded_reductions(func, parts=parts)
+    (report,) = reports
+    assert report.fusible and sorted(report.levels) == ["l", "m", "topk"], str(report)
+    assert "topk (top-8): plain" in report.details
+    assert _passes_over_x(fused) == 1 and _passes_over_x(func) == 3
+    for seed in (0, 1):
+        x = _logits(seed)
+        want_w, want_i = _reference(x)
+        got_w, got_i = _route(fused, x)
+        np.testing.assert_array_equal(got_i, want_i)
+        assert np.abs(got_w - want_w).max() / np.abs(want_w).max() < 1e-6
+
+
+def test_fused_equals_unfused():
+    """The unfused function (TVM lowers the top-k's own combine) agrees with the fused one."""
+    func = moe_routing(T, E, K_UNFUSED)
+    fused, _ = fuse_cascaded_reductions(func, parts=4)
+    x = _logits(2)
+    (unfused_w, unfused_i), (fused_w, fused_i) = (_route(f, x, K_UNFUSED) for f in (func, fused))
+    np.testing.assert_array_equal(fused_i, unfused_i)
+    np.testing.assert_array_equal(fused_i, _reference(x, K_UNFUSED)[1])
+    np.testing.assert_allclose(fused_w, unfused_w, rtol=1e-6)
+
+
+def test_top_k_of_a_dependent_value_is_not_fused():
+    """top-k of exp(x - max x) would need its pairs corrected as the max moves: refused."""
+    x = te.placeholder((T, E), name="x")
+    r = te.reduce_axis((0, E), "r")
+    m = te.compute((T,), lambda i: te.max(x[i, r], axis=r), name="m")
+    best = top_k(lambda i, k: te.exp(x[i, k] - m[i]), (T,), E, K)
+    func = te.create_prim_func([x, *best])
+    out, reports = fuse_cascaded_reductions(func)
+    assert out.same_as(func)
+    assert "only a top-k of the data itself" in reports[0].reason
+
+
+def test_an_annotated_block_that_is_not_a_top_k_is_not_recognized():
+    """The annotation alone does not make a top-k: a max reduction carrying it is rejected."""
+    x = te.placeholder((T, E), name="x")
+    r = te.reduce_axis((0, E), "r")
+    m = te.compute((T,), lambda i: te.max(x[i, r], axis=r), name="m", attrs={TOP_K_KEY: 1})
+    sch = s_tir.Schedule(te.create_prim_func([x, m]))
+    assert parse_top_k(sch.get(sch.get_sblock("m"))) is None
+
+
+def test_recognized_top_k_names_its_outputs_and_value():
+    x = te.placeholder((T, E), "float16", name="x")
+    best = top_k(lambda i, k: x[i, k].astype("float32"), (T,), E, 4)
+    sch = s_tir.Schedule(te.create_prim_func([x, *best]))
+    found = parse_top_k(sch.get(sch.get_sblock("topk")))
+    assert found.k == 4 and len(found.values) == len(found.indices) == 4
+    assert isinstance(found.value, tirx.Cast) and str(found.value.ty.dtype) == "float32"
+
+
+def test_moe_routing_kernel_assembles_for_sm90a(assemble):
+    from conftest import cuda_source
+
+    from tvm_dsm.rules.fused_rows import schedule_fused_rows
+
+    fused, _ = fuse_cascaded_reductions(moe_routing(64, 1024, 8), parts=128)
+    source = cuda_source(schedule_fused_rows(fused).mod)
+    assert "__launch_bounds__(128)" in source and "__syncthreads" in source
+    assemble(source, "moe_routing")
