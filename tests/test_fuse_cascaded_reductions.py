@@ -306,6 +306,17 @@ def test_split_parts_merge_by_the_same_rule(case):
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-5
 
 
+@pytest.mark.parametrize("case", FUSIBLE, ids=lambda c: c.name)
+def test_vectorized_chunks_merge_by_the_same_rule(case):
+    """4 parts of 4-element chunks, each row read whole staged by one vectorized copy."""
+    f = case.build()
+    fused, reports = fuse_cascaded_reductions(f, parts=4, vector=4)
+    assert all(r.fusible for r in reports) and "T.vectorized(4)" in fused.script()
+    for got, want in zip(_run(fused, 4), _run(f, 4)):
+        assert np.isfinite(got).all()
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-5
+
+
 @pytest.mark.parametrize("case", NOT_FUSIBLE, ids=lambda c: c.name)
 def test_not_fusible_is_unchanged_with_a_reason(case):
     f = case.build()
@@ -340,9 +351,10 @@ def test_fused_rows_schedule_assembles_for_sm90a(name, assemble):
     from tvm_dsm.workloads import cascades
 
     shape = (64, 1024, 64) if name == "softmax_pv" else (64, 1024)
-    fused, _ = fuse_cascaded_reductions(getattr(cascades, name)(*shape), parts=128)
+    fused, _ = fuse_cascaded_reductions(getattr(cascades, name)(*shape), parts=128, vector=4)
     source = cuda_source(schedule_fused_rows(fused).mod)
     assert "__launch_bounds__(128)" in source and "__syncthreads" in source
+    assert "*(float4*)(x_ptr" in source  # each thread loads 16 bytes of its row at a time
     assemble(source, f"cascade_{name}")
 
 

@@ -47,10 +47,10 @@ def _reference(x: np.ndarray, k: int = K) -> tuple[np.ndarray, np.ndarray]:
     return np.take_along_axis(p, order, 1), order
 
 
-@pytest.mark.parametrize("parts", [1, 4, 32])
-def test_moe_routing_fuses_into_one_pass_and_matches(parts):
+@pytest.mark.parametrize("parts, vector", [(1, 1), (4, 1), (32, 1), (4, 8)])
+def test_moe_routing_fuses_into_one_pass_and_matches(parts, vector):
     func = moe_routing(T, E, K)
-    fused, reports = fuse_cascaded_reductions(func, parts=parts)
+    fused, reports = fuse_cascaded_reductions(func, parts=parts, vector=vector)
     (report,) = reports
     assert report.fusible and sorted(report.levels) == ["l", "m", "topk"], str(report)
     assert "topk (top-8): plain" in report.details
@@ -109,7 +109,7 @@ def test_moe_routing_kernel_assembles_for_sm90a(assemble):
 
     from tvm_dsm.rules.fused_rows import schedule_fused_rows
 
-    fused, _ = fuse_cascaded_reductions(moe_routing(64, 1024, 8), parts=128)
+    fused, _ = fuse_cascaded_reductions(moe_routing(64, 1024, 8), parts=32, vector=8)
     source = cuda_source(schedule_fused_rows(fused).mod)
-    assert "__launch_bounds__(128)" in source and "__syncthreads" in source
+    assert "__launch_bounds__(32)" in source and "*(uint4*)(x_ptr" in source
     assemble(source, "moe_routing")

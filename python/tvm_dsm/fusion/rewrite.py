@@ -38,8 +38,10 @@ _ACC = "float64"  # accumulators of split levels
 class _FusedBlock:
     """Builds the fused nest for one cascade (inside an IRBuilder context)."""
 
-    def __init__(self, group: list[Level], parts: int = 1):
+    def __init__(self, group: list[Level], parts: int = 1, vector: int = 1):
         self.group = group
+        self.vector = vector
+        self.staged: dict = {}  # buffer of a row read whole -> (local copy, position in it)
         first = group[0]
         self.rows = len(first.spatial)
         self.row_extents = [int(_extent(first, a)) for a in range(self.rows)]
@@ -64,7 +66,8 @@ class _FusedBlock:
             T.reads(*self._read_regions())
             T.writes(*[r for lvl in self.group for r in self._row_regions(lvl, rows)])
             if self.parts == 1:
-                state, accumulators = self._scan(rows, lambda t: t, self.extent)
+                state, accumulators = self._scan(rows, lambda t, v: t * self.vector + v,
+                                                 self.extent // self.vector)
                 self._finish(rows, state, accumulators)
             else:
                 self._split_and_merge(rows)
@@ -116,7 +119,9 @@ class _FusedBlock:
         return str(self.group[j].output.ty.dtype)
 
     def _scan(self, rows: list, element, steps: int):
-        """Running states after ``steps`` elements ``element(t)`` of the reduction axis."""
+        """Running states after ``steps`` x ``vector`` elements ``element(t, v)`` of the
+        reduction axis; each step first copies the ``vector`` elements of every row the levels
+        read whole into registers with one vectorized load."""
         group = self.group
         state, new, accumulators = {}, {}, {}
         for j, lvl in enumerate(group):
@@ -128,12 +133,35 @@ class _FusedBlock:
         for j, lvl in enumerate(group):
             self._init_state(lvl, state[j], accumulators[j])
         with T.serial(steps) as t:
-            k = element(t)
-            for j, lvl in enumerate(group):
-                self._update(j, lvl, rows, k, state, new, accumulators.get(j, []))
-            for j in sorted(self.read_by_others):
-                T.buffer_store(state[j], new[j][0], [0])
+            self._stage(rows, element(t, 0))
+            for v in range(self.vector):
+                self.staged_at = v
+                k = element(t, v)
+                for j, lvl in enumerate(group):
+                    self._update(j, lvl, rows, k, state, new, accumulators.get(j, []))
+                for j in sorted(self.read_by_others):
+                    T.buffer_store(state[j], new[j][0], [0])
+        self.staged = {}
         return state, accumulators
+
+    def _stage(self, rows: list, first) -> None:
+        """Copy ``vector`` consecutive elements from ``first`` of each row read whole (a load
+        indexed by the row, then the reduction variable) into registers."""
+        self.staged = {}
+        if self.vector == 1:
+            return
+        for lvl in self.group:
+            for load in loads(lvl.value):
+                row = list(lvl.spatial[: self.rows]) + [lvl.reduce_var]
+                if len(load.indices) != len(row) or not all(
+                        isinstance(i, tirx.Var) and i.same_as(r) for i, r in zip(load.indices, row)):
+                    continue
+                if any(load.source.same_as(b) for b in self.staged):
+                    continue
+                local = T.sblock_alloc_buffer([self.vector], str(load.source.ty.dtype), scope="local")
+                with T.vectorized(self.vector) as v:
+                    T.buffer_store(local, tirx.BufferLoad(load.source, rows + [first + v]), [v])
+                self.staged[load.source] = local
 
     def _finish(self, rows: list, state: dict, accumulators: dict) -> None:
         """Combine split levels' accumulators and write every level's output row."""
@@ -150,8 +178,9 @@ class _FusedBlock:
             )
 
     def _split_and_merge(self, rows: list) -> None:
-        """Part p scans elements p, p + P, ... (adjacent parts read adjacent elements) into
-        partial states; the row then merges the P partials with the levels' corrections."""
+        """Part p scans the ``vector``-element chunks p, p + P, ... (adjacent parts read adjacent
+        chunks) into partial states; the row then merges the P partials with the levels'
+        corrections."""
         group, parts = self.group, self.parts
         partial, partial_acc = {}, {}
         for j, lvl in enumerate(group):
@@ -164,7 +193,9 @@ class _FusedBlock:
                 T.reads(*self._read_regions())
                 T.writes(*[tirx.BufferRegion(b, [Range.from_min_extent(p, 1)] + [Range(0, d) for d in b.ty.shape[1:]])
                            for b in list(partial.values()) + [a for accs in partial_acc.values() for a in accs]])
-                state, accumulators = self._scan(rows, lambda t: t * parts + p, self.extent // parts)
+                vec = self.vector
+                state, accumulators = self._scan(rows, lambda t, v: (t * parts + p) * vec + v,
+                                                 self.extent // (parts * vec))
                 for j, lvl in enumerate(group):
                     self._for_each(lvl, lambda e, j=j: T.buffer_store(partial[j], tirx.BufferLoad(state[j], _slot(e)), [p] + _slot(e)))
                     for acc, part_acc in zip(accumulators.get(j, []), partial_acc.get(j, [])):
@@ -235,6 +266,20 @@ class _FusedBlock:
         mapping.append((lvl.reduce_var, k))
         return mapping
 
+    def _bind(self, expr, lvl: Level, rows, k, extra):
+        """``expr`` in the fused block's variables, staged rows read from registers."""
+        bound = substitute(expr, self._mapping(lvl, rows, k, extra))
+        if not self.staged:
+            return bound
+
+        def from_registers(load):
+            for buf, local in self.staged.items():
+                if load.source.same_as(buf) and _is_row_load(load, rows, k):
+                    return tirx.BufferLoad(local, [self.staged_at])
+            return load
+
+        return tvm_ffi.structural_map(bound, [(tvm.ir.TensorLoad, from_registers)])
+
     def _operand(self, lvl: Level, rows, k, extra, new):
         """F_j(x_k, new deps) in the fused block's variables."""
 
@@ -245,13 +290,13 @@ class _FusedBlock:
             return load
 
         value = tvm_ffi.structural_map(lvl.value, [(tvm.ir.TensorLoad, dep_to_new)])
-        return substitute(value, self._mapping(lvl, rows, k, extra))
+        return self._bind(value, lvl, rows, k, extra)
 
     def _symbols(self, lvl: Level, rows, k, extra, state, new) -> dict:
         names = LoadSymbols(self.group, lvl)
         ToSympy(names)(lvl.value)  # registers the x/c loads under their symbol names
         table = {
-            name: substitute(load, self._mapping(lvl, rows, k, extra))
+            name: self._bind(load, lvl, rows, k, extra)
             for name, load in names.loads.items()
         }
         for d in lvl.deps:
@@ -263,32 +308,38 @@ class _FusedBlock:
         return table
 
     @staticmethod
-    def _insert(values, indices, k: int, value, index) -> None:
-        """Insert (value, index) into the sorted pairs if it beats the last: from the end, each
-        slot takes its predecessor (the new pair beats it), the new pair, or stays. The pair is
-        staged in registers first (TVM's ThreadSync rejects shared-memory reads in a condition,
-        and merged pairs come from shared memory)."""
+    def _insert(values, indices, k: int, value, index, later: bool = False) -> None:
+        """Insert (value, index) into the sorted pairs if it beats the last. From the end, slot c
+        takes its predecessor if the new pair beats that, else the new pair if it beat slot c
+        (the previous step's test), else stays. ``later``: the index exceeds every index held (a
+        part's own scan), so a tie never beats and one comparison decides. The pair is staged in
+        registers (TVM's ThreadSync rejects shared-memory reads in a condition, and merged pairs
+        come from shared memory)."""
         new_value = T.sblock_alloc_buffer([1], str(values.ty.dtype), scope="local")
         new_index = T.sblock_alloc_buffer([1], "int32", scope="local")
-        code = T.sblock_alloc_buffer([1], "int32", scope="local")
+        won, moves = (T.sblock_alloc_buffer([1], "int32", scope="local") for _ in range(2))
         T.buffer_store(new_value, value, [0])
         T.buffer_store(new_index, index, [0])
         value, index = new_value[0], new_index[0]
-        with T.If(beats(value, index, values[k - 1], indices[k - 1])):
+
+        def wins(c):
+            return value > values[c] if later else beats(value, index, values[c], indices[c])
+
+        with T.If(wins(k - 1)):
             with T.Then():
+                T.buffer_store(won, tirx.const(1, "int32"), [0])
                 for c in reversed(range(k)):
-                    shift = beats(value, index, values[c - 1], indices[c - 1]) if c else tirx.const(False, "bool")
-                    here = beats(value, index, values[c], indices[c])
-                    T.buffer_store(code, tirx.Select(shift, tirx.const(2, "int32"), tirx.Select(
-                        here, tirx.const(1, "int32"), tirx.const(0, "int32"))), [0])
+                    T.buffer_store(moves, tirx.Cast("int32", wins(c - 1)) if c else tirx.const(0, "int32"), [0])
                     for buf, new in ((values, value), (indices, index)):
-                        previous = tirx.BufferLoad(buf, [c - 1]) if c else new
-                        T.buffer_store(buf, tirx.Select(code[0] == 2, previous, tirx.Select(
-                            code[0] == 1, new, tirx.BufferLoad(buf, [c]))), [c])
+                        previous = buf[c - 1] if c else new
+                        T.buffer_store(buf, tirx.Select(moves[0] == 1, previous, tirx.Select(
+                            won[0] == 1, new, buf[c])), [c])
+                    T.buffer_store(won, moves[0], [0])
 
     def _update(self, j, lvl: Level, rows, k, state, new, accumulators) -> None:
         if lvl.top_k:
-            self._insert(state[j], accumulators[0], lvl.top_k.k, self._operand(lvl, rows, k, [], new), k)
+            self._insert(state[j], accumulators[0], lvl.top_k.k, self._operand(lvl, rows, k, [], new), k,
+                         later=True)
             return
         dtype = str(lvl.output.ty.dtype)
         combine = _COMBINE[lvl.op]
@@ -328,6 +379,11 @@ class _FusedBlock:
         self._for_each(lvl, emit)
 
 
+def _is_row_load(load, rows: list, k) -> bool:
+    return len(load.indices) == len(rows) + 1 and all(
+        tvm_ffi.structural_equal(i, r) for i, r in zip(load.indices, rows + [k]))
+
+
 def _extent(level: Level, axis: int) -> int:
     return int(level.output.ty.shape[axis])
 
@@ -337,7 +393,7 @@ def _slot(extra: list) -> list:
     return list(extra) if extra else [0]
 
 
-def splice(func: tirx.PrimFunc, group: list[Level], parts: int = 1) -> tirx.PrimFunc:
+def splice(func: tirx.PrimFunc, group: list[Level], parts: int = 1, vector: int = 1) -> tirx.PrimFunc:
     """``func`` with the group's loop nests replaced by the fused nest (where the last level was)."""
     root = func.body.block
     stages = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
@@ -347,7 +403,7 @@ def splice(func: tirx.PrimFunc, group: list[Level], parts: int = 1) -> tirx.Prim
         return {str(b.name_hint) for b in find_all(stmt, SBlock)}
 
     positions = [n for n, stage in enumerate(stages) if blocks_in(stage) & names]
-    fused = _FusedBlock(group, parts).build()
+    fused = _FusedBlock(group, parts, vector).build()
     kept = [s for n, s in enumerate(stages) if n not in positions[:-1]]
     kept[kept.index(stages[positions[-1]])] = fused
     body = kept[0] if len(kept) == 1 else tirx.SeqStmt(kept)

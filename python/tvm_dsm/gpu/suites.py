@@ -185,7 +185,8 @@ def collectives(n: int = 16384) -> list[Variant]:
 def cascades() -> list[Variant]:
     """Fused cascaded reductions (FuseCascadedReductions, split into parts per row and merged)
     on shapes of softmax statistics, MoE routing (softmax + top-k), cross-entropy,
-    LayerNorm/RMSNorm and attention; two part counts: 128 and 32 per row (one CTA per row)."""
+    LayerNorm/RMSNorm and attention; two part counts: 128 and 32 per row (one CTA per row), each
+    reading single elements or 16-byte chunks."""
     shapes = {
         "softmax_stats": [(4096, 4096), (16384, 1024), (2048, 16384)],
         "logsumexp": [(4096, 4096), (8192, 32768 // 4)],
@@ -196,23 +197,26 @@ def cascades() -> list[Variant]:
     }
     variants = []
     for name, sizes in shapes.items():
-        for size, parts in itertools.product(sizes, (128, 32)):
+        for size, parts, vectorized in itertools.product(sizes, (128, 32), (False, True)):
             func = getattr(cascade_workloads, name)(*size)
             n_out = {"softmax_stats": 2, "logsumexp": 1, "layernorm_stats": 2, "rmsnorm_gemv": 2,
                      "softmax_pv": 3, "moe_routing": 2}[name]
-            fused, reports = fuse_cascaded_reductions(func, parts=parts)
+            vector = 128 // tvm.DataType(str(func.params[0].ty.dtype)).bits if vectorized else 1
+            if size[1] % (parts * vector):
+                continue  # the row has fewer chunks than parts
+            fused, reports = fuse_cascaded_reductions(func, parts=parts, vector=vector)
             if not all(r.fusible for r in reports):
                 raise ValueError(f"{name}: {[str(r) for r in reports]}")
             args = _args(func, n_out)
             variants.append(
                 Variant(
-                    name=f"{name}_{'x'.join(map(str, size))}_p{parts}",
+                    name=f"{name}_{'x'.join(map(str, size))}_p{parts}_v{vector}",
                     workload=f"cascade_{name}",
                     mod=schedule_fused_rows(fused).mod,
                     args=args,
                     bytes=_nbytes(args),
                     flops=0,
-                    plan={"parts": parts, "levels": [r.levels for r in reports]},
+                    plan={"parts": parts, "vector": vector, "levels": [r.levels for r in reports]},
                     reference_kwargs={"k": size[2]} if name == "moe_routing" else {},
                 )
             )

@@ -21,12 +21,14 @@ LOG = logging.getLogger("tvm_dsm.fusion")
 
 
 def fuse_cascaded_reductions(
-    func: tirx.PrimFunc, *, allow_approximate: bool = False, parts: int = 1
+    func: tirx.PrimFunc, *, allow_approximate: bool = False, parts: int = 1, vector: int = 1
 ) -> tuple[tirx.PrimFunc, list[GroupReport]]:
     """The rewritten function (or ``func`` itself) and one report per cascade found.
 
     ``parts`` > 1 splits each row's reduction axis into that many strided parts (a child block a
-    schedule binds to threads) whose partial states are merged by the same corrections; it must
+    schedule binds to threads) whose partial states are merged by the same corrections. With
+    ``vector`` > 1 each part reads chunks of that many consecutive elements, every row read whole
+    loaded by one vectorized copy per chunk (16 bytes: 8 for fp16 data). ``parts * vector`` must
     divide the reduction extent.
     """
     inlined = inline_elementwise(func)
@@ -36,22 +38,24 @@ def fuse_cascaded_reductions(
         if report.fusible and report.approximate and not allow_approximate:
             report.fusible = False
             report.reason = "approximate: a rounding cast inside a level (pass allow_approximate=True)"
-        if report.fusible and group[0].extent % parts:
+        if report.fusible and group[0].extent % (parts * vector):
             report.fusible = False
-            report.reason = f"{parts} parts do not divide the reduction extent {group[0].extent}"
+            report.reason = (f"{parts} parts of {vector}-element chunks do not divide the "
+                             f"reduction extent {group[0].extent}")
         reports.append(report)
         if report.fusible:
-            fused = splice(fused, group, parts)
+            fused = splice(fused, group, parts, vector)
     for report in reports:
         LOG.info("%s", report)
     return (fused if any(r.fusible for r in reports) else func), reports
 
 
-def FuseCascadedReductions(allow_approximate: bool = False, parts: int = 1) -> tvm.transform.Pass:  # noqa: N802
+def FuseCascadedReductions(allow_approximate: bool = False, parts: int = 1, vector: int = 1) -> tvm.transform.Pass:  # noqa: N802
     """The pass form (TVM naming): rewrite every fusible cascade of every PrimFunc."""
 
     @tirx.transform.prim_func_pass(opt_level=0, name="tvm_dsm.FuseCascadedReductions")
     def _pass(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx) -> tirx.PrimFunc:
-        return fuse_cascaded_reductions(func, allow_approximate=allow_approximate, parts=parts)[0]
+        return fuse_cascaded_reductions(func, allow_approximate=allow_approximate, parts=parts,
+                                        vector=vector)[0]
 
     return _pass
