@@ -179,8 +179,10 @@ class _FusedBlock:
 
     def _split_and_merge(self, rows: list) -> None:
         """Part p scans the ``vector``-element chunks p, p + P, ... (adjacent parts read adjacent
-        chunks) into partial states; the row then merges the P partials with the levels'
-        corrections."""
+        chunks) into partial states, which then merge pairwise in a tree with the levels'
+        corrections: while n > 1 partials remain, part p < n/2 absorbs part p + n/2 into a new
+        buffer of n/2 partials (one ``*_merge`` block per round, a schedule binds it to threads;
+        a new buffer per round keeps every block a complete block, as s_tir's bind requires)."""
         group, parts = self.group, self.parts
         partial, partial_acc = {}, {}
         for j, lvl in enumerate(group):
@@ -201,30 +203,65 @@ class _FusedBlock:
                     for acc, part_acc in zip(accumulators.get(j, []), partial_acc.get(j, [])):
                         self._for_each(lvl, lambda e, acc=acc, part_acc=part_acc: T.buffer_store(
                             part_acc, tirx.BufferLoad(acc, _slot(e)), [p] + _slot(e)))
-        merged, merged_acc = {}, {}
+        remaining = parts
+        while remaining > 1:
+            half = remaining // 2
+            into, into_acc = {}, {}
+            for j, lvl in enumerate(group):
+                shape = [half] + (self._extra(lvl) or [1])
+                into[j] = T.sblock_alloc_buffer(shape, self._dtype(j), scope="local")
+                into_acc[j] = self._alloc_side_state(lvl, shape)
+            sources = list(partial.values()) + [a for accs in partial_acc.values() for a in accs]
+            targets = list(into.values()) + [a for accs in into_acc.values() for a in accs]
+            with T.serial(parts) as loop:  # every thread's loop, predicated: one thread extent
+                with T.sblock(f"{self.name}_merge{remaining}"):
+                    p = T.axis.spatial(parts, loop)
+                    T.where(loop < half)
+                    T.reads(*[tirx.BufferRegion(b, [Range.from_min_extent(i, 1)] + [Range(0, d) for d in b.ty.shape[1:]])
+                              for b in sources for i in (p, p + half)])
+                    T.writes(*[tirx.BufferRegion(b, [Range.from_min_extent(p, 1)] + [Range(0, d) for d in b.ty.shape[1:]])
+                               for b in targets])
+                    merged, merged_acc = self._merged_state()
+                    for j, lvl in enumerate(group):
+                        self._merge(j, lvl, rows, merged, merged_acc[j], partial, partial_acc[j], [p, p + half])
+                    for j, lvl in enumerate(group):
+                        for state, out in zip([merged[j]] + merged_acc[j], [into[j]] + into_acc[j]):
+                            self._for_each(lvl, lambda e, state=state, out=out: T.buffer_store(
+                                out, tirx.BufferLoad(state, _slot(e)), [p] + _slot(e)))
+            partial, partial_acc, remaining = into, into_acc, half
+        merged, merged_acc = self._merged_state()
         for j, lvl in enumerate(group):
+            self._merge(j, lvl, rows, merged, merged_acc[j], partial, partial_acc[j], [tirx.const(0, "int32")])
+        self._finish(rows, merged, merged_acc)
+
+    def _merged_state(self) -> tuple[dict, dict]:
+        merged, merged_acc = {}, {}
+        for j, lvl in enumerate(self.group):
             shape = self._extra(lvl) or [1]
             merged[j] = T.sblock_alloc_buffer(shape, self._dtype(j), scope="local")
             merged_acc[j] = self._alloc_side_state(lvl, shape)
-        for j, lvl in enumerate(group):
-            self._merge(j, lvl, rows, merged, merged_acc[j], partial, partial_acc.get(j, []))
-        self._finish(rows, merged, merged_acc)
+        return merged, merged_acc
 
-    def _merge(self, j, lvl: Level, rows, merged, merged_acc, partial, partial_acc) -> None:
-        """merged_j = op_p corrected(partial_j[p]); the dependencies are merged first, so the
-        correction moves each part from its own dependencies (old) to the merged ones (new)."""
-        self._init_state(lvl, merged[j], merged_acc)
-        if lvl.top_k:  # each part's pairs are sorted: its first that does not beat the last stops
-            with T.serial(self.parts) as p:
+    def _merge(self, j, lvl: Level, rows, merged, merged_acc, partial, partial_acc, sources) -> None:
+        """merged_j = op over the parts ``sources`` of corrected(partial_j[p]); the dependencies
+        are merged first, so the correction moves each part from its own dependencies (old) to
+        the merged ones (new)."""
+        if lvl.top_k:  # the first part's sorted pairs are the start; the others' are inserted
+            first, *rest = sources
+            for c in range(lvl.top_k.k):
+                T.buffer_store(merged[j], tirx.BufferLoad(partial[j], [first, c]), [c])
+                T.buffer_store(merged_acc[0], tirx.BufferLoad(partial_acc[0], [first, c]), [c])
+            for p in rest:
                 for c in range(lvl.top_k.k):
                     self._insert(merged[j], merged_acc[0], lvl.top_k.k,
                                  tirx.BufferLoad(partial[j], [p, c]), tirx.BufferLoad(partial_acc[0], [p, c]))
             return
+        self._init_state(lvl, merged[j], merged_acc)
         dtype = self._dtype(j)
         combine = _COMBINE[lvl.op]
-        with T.serial(self.parts) as p:
+        for p in sources:
 
-            def emit(extra):
+            def emit(extra, p=p):
                 slot = _slot(extra)
                 if lvl.form == "split":
                     for acc, part in zip(merged_acc, partial_acc):

@@ -1,8 +1,8 @@
 """Schedule a fused cascade (FuseCascadedReductions with ``parts`` > 1) on the GPU.
 
 One CTA per row; its ``parts`` threads each scan a strided part of the reduction axis (adjacent
-threads read adjacent elements) into partial states in shared memory, which the row then merges
-with the cascade's corrections. (Several rows per CTA would need the partial buffers indexed by
+threads read adjacent elements) into partial states in shared memory, which then merge pairwise
+in a tree (log2(parts) rounds, one thread per merge) with the cascade's corrections. (Several rows per CTA would need the partial buffers indexed by
 the row within the CTA: the fused block allocates them per row, so they would collide.)
 """
 
@@ -26,9 +26,12 @@ def schedule_fused_rows(func: tirx.PrimFunc) -> s_tir.Schedule:
         row = sch.fuse(*rows) if len(rows) > 1 else rows[0]
         sch.bind(row, "blockIdx.x")
         row_loops.append(row)
-        sch.bind(sch.get_loops(part)[-1], "threadIdx.x")
-        for index in range(len(sch.get(part).writes)):
-            sch.set_scope(part, index, "shared")
+        prefix = sch.get(part).name_hint[: -len("_part")] + "_merge"
+        merges = [rv for rv in _all_blocks(sch) if sch.get(rv).name_hint.startswith(prefix)]
+        for block in [part] + merges:  # partial states are exchanged between threads
+            sch.bind(sch.get_loops(block)[-1], "threadIdx.x")
+            for index in range(len(sch.get(block).writes)):
+                sch.set_scope(block, index, "shared")
         # Intermediate results (not parameters) stay in the row's CTA for its epilogue.
         params = list(func.params)
         for index, region in enumerate(sch.get(fused).writes):

@@ -38,6 +38,9 @@ def fuse_cascaded_reductions(
         if report.fusible and report.approximate and not allow_approximate:
             report.fusible = False
             report.reason = "approximate: a rounding cast inside a level (pass allow_approximate=True)"
+        if report.fusible and parts & (parts - 1):
+            report.fusible = False
+            report.reason = f"parts={parts}: the parts merge in a tree, so a power of two"
         if report.fusible and group[0].extent % (parts * vector):
             report.fusible = False
             report.reason = (f"{parts} parts of {vector}-element chunks do not divide the "
