@@ -13,7 +13,6 @@ is: :class:`~tvm_dsm.meta_schedule.SplitKReductionRule`.)
 
 from __future__ import annotations
 
-import numpy as np
 import tvm
 from tvm import s_tir
 from tvm.ir.utils import derived_object
@@ -21,6 +20,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from ..driver import plan
 from ..hardware import Hardware, load_hardware
+from .cost_model import AnalyticalScores
 
 #: Root-block annotation carrying the planner's predicted time (microseconds).
 PREDICTED_US_KEY = "tvm_dsm.predicted_us"
@@ -58,17 +58,8 @@ def predicted_us(mod: tvm.IRModule) -> float:
 
 
 @derived_object
-class PlanCostModel(ms.cost_model.PyCostModel):
-    """Scores candidates by 1 / the planner's predicted time (higher is better)."""
+class PlanCostModel(AnalyticalScores):
+    """Scores a :class:`PlannedSpace` candidate by the prediction it carries."""
 
-    def load(self, path: str) -> None:
-        pass
-
-    def save(self, path: str) -> None:
-        pass
-
-    def update(self, context, candidates, results) -> None:
-        pass  # analytical: nothing to learn
-
-    def predict(self, context, candidates) -> np.ndarray:
-        return np.array([1.0 / predicted_us(c.sch.mod) for c in candidates], dtype="float64")
+    def predicted_us(self, mod: tvm.IRModule) -> float:
+        return predicted_us(mod)

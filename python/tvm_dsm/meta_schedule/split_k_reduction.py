@@ -29,6 +29,7 @@ from ..rules.split_k_reduction import (
     reduction_extents,
 )
 from ..schedule.cluster import CLUSTER_SIZE_KEY
+from .cost_model import AnalyticalScores
 
 @derived_object
 class SplitKReductionRule(ms.schedule_rule.PyScheduleRule):
@@ -73,26 +74,13 @@ def config_of(mod: tvm.IRModule) -> tuple[SplitKReductionConfig, int, int, int, 
 
 
 @derived_object
-class AnalyticalCostModel(ms.cost_model.PyCostModel):
-    """Scores candidates by 1 / predicted time of the analytical model (higher is better)."""
+class AnalyticalCostModel(AnalyticalScores):
+    """Scores split-K candidates by the planner's model of their configuration."""
 
     def __init__(self, hw: Hardware | None = None):
         super().__init__()
         self.hw = hw or load_hardware()
 
-    def load(self, path: str) -> None:
-        pass
-
-    def save(self, path: str) -> None:
-        pass
-
-    def update(self, context, candidates, results) -> None:
-        pass  # analytical: nothing to learn
-
-    def predict(self, context, candidates) -> np.ndarray:
-        scores = []
-        for candidate in candidates:
-            config, rows, depth, elem, other = config_of(candidate.sch.mod)
-            plan = predict(rows, depth, elem, other, config, self.hw)
-            scores.append(1.0 / plan.predicted_us)
-        return np.array(scores, dtype="float64")
+    def predicted_us(self, mod: tvm.IRModule) -> float:
+        config, rows, depth, elem, other = config_of(mod)
+        return predict(rows, depth, elem, other, config, self.hw).predicted_us
