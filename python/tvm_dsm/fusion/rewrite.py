@@ -41,7 +41,8 @@ class _FusedBlock:
     def __init__(self, group: list[Level], parts: int = 1, vector: int = 1):
         self.group = group
         self.vector = vector
-        self.staged: dict = {}  # buffer of a row read whole -> (local copy, position in it)
+        self.staged: dict = {}  # buffer of a row read whole -> its chunk's register copy
+        self.staged_at = 0  # the element of the chunk being applied
         first = group[0]
         self.rows = len(first.spatial)
         self.row_extents = [int(_extent(first, a)) for a in range(self.rows)]
