@@ -73,7 +73,9 @@ def main() -> None:
     print("nvcc sm_90a:", assemble(source, "gemv"))
 
     section("RedFuser: cascaded reductions fused into one loop (tvm_dsm.transform)")
-    for name, func in (("softmax(x)V", cascades.softmax_pv(128, 512, 64)), ("RMSNorm+GEMV", cascades.rmsnorm_gemv(128, 4096))):
+    for name, func in (("softmax(x)V", cascades.softmax_pv(128, 512, 64)),
+                       ("RMSNorm+GEMV", cascades.rmsnorm_gemv(128, 4096)),
+                       ("MoE routing (softmax + top-8)", cascades.moe_routing(128, 4096, 8))):
         _, reports = fuse_cascaded_reductions(func, parts=32)
         print(f"{name}:", *reports, sep="\n")
 
