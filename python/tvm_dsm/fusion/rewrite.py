@@ -124,13 +124,8 @@ class _FusedBlock:
         reduction axis; each step first copies the ``vector`` elements of every row the levels
         read whole into registers with one vectorized load."""
         group = self.group
-        state, new, accumulators = {}, {}, {}
-        for j, lvl in enumerate(group):
-            shape = self._extra(lvl) or [1]  # indexed by _slot
-            state[j] = T.sblock_alloc_buffer(shape, self._dtype(j), scope="local")
-            if j in self.read_by_others:
-                new[j] = T.sblock_alloc_buffer([1], self._dtype(j), scope="local")
-            accumulators[j] = self._alloc_side_state(lvl, shape)
+        state, accumulators = self._alloc_states([])
+        new = {j: T.sblock_alloc_buffer([1], self._dtype(j), scope="local") for j in self.read_by_others}
         for j, lvl in enumerate(group):
             self._init_state(lvl, state[j], accumulators[j])
         with T.serial(steps) as t:
@@ -139,7 +134,7 @@ class _FusedBlock:
                 self.staged_at = v
                 k = element(t, v)
                 for j, lvl in enumerate(group):
-                    self._update(j, lvl, rows, k, state, new, accumulators.get(j, []))
+                    self._update(j, lvl, rows, k, state, new, accumulators[j])
                 for j in sorted(self.read_by_others):
                     T.buffer_store(state[j], new[j][0], [0])
         self.staged = {}
@@ -148,21 +143,23 @@ class _FusedBlock:
     def _stage(self, rows: list, first) -> None:
         """Copy ``vector`` consecutive elements from ``first`` of each row read whole (a load
         indexed by the row, then the reduction variable) into registers."""
-        self.staged = {}
         if self.vector == 1:
             return
         for lvl in self.group:
             for load in loads(lvl.value):
-                row = list(lvl.spatial[: self.rows]) + [lvl.reduce_var]
-                if len(load.indices) != len(row) or not all(
-                        isinstance(i, tirx.Var) and i.same_as(r) for i, r in zip(load.indices, row)):
-                    continue
-                if any(load.source.same_as(b) for b in self.staged):
+                if not self._reads_row(load, lvl) or any(load.source.same_as(b) for b in self.staged):
                     continue
                 local = T.sblock_alloc_buffer([self.vector], str(load.source.ty.dtype), scope="local")
                 with T.vectorized(self.vector) as v:
                     T.buffer_store(local, tirx.BufferLoad(load.source, rows + [first + v]), [v])
                 self.staged[load.source] = local
+
+    def _reads_row(self, load, lvl: Level) -> bool:
+        """``load`` reads a whole row: indexed by the level's row variables, then its reduction
+        variable."""
+        row = list(lvl.spatial[: self.rows]) + [lvl.reduce_var]
+        return len(load.indices) == len(row) and all(
+            isinstance(i, tirx.Var) and i.same_as(r) for i, r in zip(load.indices, row))
 
     def _finish(self, rows: list, state: dict, accumulators: dict) -> None:
         """Combine split levels' accumulators and write every level's output row."""
@@ -185,63 +182,52 @@ class _FusedBlock:
         buffer of n/2 partials (one ``*_merge`` block per round, a schedule binds it to threads;
         a new buffer per round keeps every block a complete block, as s_tir's bind requires)."""
         group, parts = self.group, self.parts
-        partial, partial_acc = {}, {}
-        for j, lvl in enumerate(group):
-            shape = [parts] + (self._extra(lvl) or [1])
-            partial[j] = T.sblock_alloc_buffer(shape, self._dtype(j), scope="local")
-            partial_acc[j] = self._alloc_side_state(lvl, shape)
+        partial, partial_acc = self._alloc_states([parts])
         with T.serial(parts) as loop:
             with T.sblock(self.name + "_part"):
                 p = T.axis.spatial(parts, loop)
                 T.reads(*self._read_regions())
-                T.writes(*[tirx.BufferRegion(b, [Range.from_min_extent(p, 1)] + [Range(0, d) for d in b.ty.shape[1:]])
-                           for b in list(partial.values()) + [a for accs in partial_acc.values() for a in accs]])
+                T.writes(*[_slot_region(b, p) for b in _buffers(partial, partial_acc)])
                 vec = self.vector
                 state, accumulators = self._scan(rows, lambda t, v: (t * parts + p) * vec + v,
                                                  self.extent // (parts * vec))
-                for j, lvl in enumerate(group):
-                    self._for_each(lvl, lambda e, j=j: T.buffer_store(partial[j], tirx.BufferLoad(state[j], _slot(e)), [p] + _slot(e)))
-                    for acc, part_acc in zip(accumulators.get(j, []), partial_acc.get(j, [])):
-                        self._for_each(lvl, lambda e, acc=acc, part_acc=part_acc: T.buffer_store(
-                            part_acc, tirx.BufferLoad(acc, _slot(e)), [p] + _slot(e)))
+                self._store_partial(state, accumulators, partial, partial_acc, p)
         remaining = parts
         while remaining > 1:
             half = remaining // 2
-            into, into_acc = {}, {}
-            for j, lvl in enumerate(group):
-                shape = [half] + (self._extra(lvl) or [1])
-                into[j] = T.sblock_alloc_buffer(shape, self._dtype(j), scope="local")
-                into_acc[j] = self._alloc_side_state(lvl, shape)
-            sources = list(partial.values()) + [a for accs in partial_acc.values() for a in accs]
-            targets = list(into.values()) + [a for accs in into_acc.values() for a in accs]
+            into, into_acc = self._alloc_states([half])
             with T.serial(parts) as loop:  # every thread's loop, predicated: one thread extent
                 with T.sblock(f"{self.name}_merge{remaining}"):
                     p = T.axis.spatial(parts, loop)
                     T.where(loop < half)
-                    T.reads(*[tirx.BufferRegion(b, [Range.from_min_extent(i, 1)] + [Range(0, d) for d in b.ty.shape[1:]])
-                              for b in sources for i in (p, p + half)])
-                    T.writes(*[tirx.BufferRegion(b, [Range.from_min_extent(p, 1)] + [Range(0, d) for d in b.ty.shape[1:]])
-                               for b in targets])
-                    merged, merged_acc = self._merged_state()
+                    T.reads(*[_slot_region(b, i) for b in _buffers(partial, partial_acc) for i in (p, p + half)])
+                    T.writes(*[_slot_region(b, p) for b in _buffers(into, into_acc)])
+                    merged, merged_acc = self._alloc_states([])
                     for j, lvl in enumerate(group):
                         self._merge(j, lvl, rows, merged, merged_acc[j], partial, partial_acc[j], [p, p + half])
-                    for j, lvl in enumerate(group):
-                        for state, out in zip([merged[j]] + merged_acc[j], [into[j]] + into_acc[j]):
-                            self._for_each(lvl, lambda e, state=state, out=out: T.buffer_store(
-                                out, tirx.BufferLoad(state, _slot(e)), [p] + _slot(e)))
+                    self._store_partial(merged, merged_acc, into, into_acc, p)
             partial, partial_acc, remaining = into, into_acc, half
-        merged, merged_acc = self._merged_state()
+        merged, merged_acc = self._alloc_states([])
         for j, lvl in enumerate(group):
             self._merge(j, lvl, rows, merged, merged_acc[j], partial, partial_acc[j], [tirx.const(0, "int32")])
         self._finish(rows, merged, merged_acc)
 
-    def _merged_state(self) -> tuple[dict, dict]:
-        merged, merged_acc = {}, {}
+    def _alloc_states(self, leading: list) -> tuple[dict, dict]:
+        """Per level, its running-value buffer and its side-state buffers, each shaped
+        ``leading`` + the state's axes (``leading`` = [n]: n partial states)."""
+        values, side = {}, {}
         for j, lvl in enumerate(self.group):
-            shape = self._extra(lvl) or [1]
-            merged[j] = T.sblock_alloc_buffer(shape, self._dtype(j), scope="local")
-            merged_acc[j] = self._alloc_side_state(lvl, shape)
-        return merged, merged_acc
+            shape = leading + (self._extra(lvl) or [1])  # indexed by _slot
+            values[j] = T.sblock_alloc_buffer(shape, self._dtype(j), scope="local")
+            side[j] = self._alloc_side_state(lvl, shape)
+        return values, side
+
+    def _store_partial(self, values: dict, side: dict, into: dict, into_side: dict, p) -> None:
+        """Copy every level's state (``values``, ``side``) into partial state ``p``."""
+        for j, lvl in enumerate(self.group):
+            for state, out in zip([values[j]] + side[j], [into[j]] + into_side[j]):
+                self._for_each(lvl, lambda e, state=state, out=out: T.buffer_store(
+                    out, tirx.BufferLoad(state, _slot(e)), [p] + _slot(e)))
 
     def _merge(self, j, lvl: Level, rows, merged, merged_acc, partial, partial_acc, sources) -> None:
         """merged_j = op over the parts ``sources`` of corrected(partial_j[p]); the dependencies
@@ -306,17 +292,17 @@ class _FusedBlock:
 
     def _bind(self, expr, lvl: Level, rows, k, extra):
         """``expr`` in the fused block's variables, staged rows read from registers."""
-        bound = substitute(expr, self._mapping(lvl, rows, k, extra))
-        if not self.staged:
-            return bound
 
         def from_registers(load):
-            for buf, local in self.staged.items():
-                if load.source.same_as(buf) and _is_row_load(load, rows, k):
-                    return tirx.BufferLoad(local, [self.staged_at])
+            if self._reads_row(load, lvl):
+                for buf, local in self.staged.items():
+                    if load.source.same_as(buf):
+                        return tirx.BufferLoad(local, [self.staged_at])
             return load
 
-        return tvm_ffi.structural_map(bound, [(tvm.ir.TensorLoad, from_registers)])
+        if self.staged:
+            expr = tvm_ffi.structural_map(expr, [(tvm.ir.TensorLoad, from_registers)])
+        return substitute(expr, self._mapping(lvl, rows, k, extra))
 
     def _operand(self, lvl: Level, rows, k, extra, new):
         """F_j(x_k, new deps) in the fused block's variables."""
@@ -417,9 +403,14 @@ class _FusedBlock:
         self._for_each(lvl, emit)
 
 
-def _is_row_load(load, rows: list, k) -> bool:
-    return len(load.indices) == len(rows) + 1 and all(
-        tvm_ffi.structural_equal(i, r) for i, r in zip(load.indices, rows + [k]))
+def _buffers(values: dict, side: dict) -> list:
+    """Every buffer of a set of states."""
+    return list(values.values()) + [b for bufs in side.values() for b in bufs]
+
+
+def _slot_region(buf, p):
+    """Partial state ``p`` of a buffer of partial states (leading axis: the part)."""
+    return tirx.BufferRegion(buf, [Range.from_min_extent(p, 1)] + [Range(0, d) for d in buf.ty.shape[1:]])
 
 
 def _extent(level: Level, axis: int) -> int:

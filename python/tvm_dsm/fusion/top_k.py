@@ -6,9 +6,9 @@ ties). :func:`top_k` builds it in TE with a ``comm_reducer`` whose combine is an
 two such lists (each element's rank in the union computed by counting, no nested merges), so the
 unfused function is correct under any schedule, including cross-thread reductions. Compiling the
 unfused function is slow for larger k (TVM's CompactBufferAllocation: 5 s at k = 4, 4.5 min at
-k = 8, in the region analysis of the combine's loads); the fused kernel never contains it. The block is
-annotated with :data:`TOP_K_KEY`; :func:`parse_top_k` recognizes it by rebuilding the expected
-body and comparing, so only this reduction is treated as top-k.
+k = 8, in the region analysis of the combine's loads); the fused kernel never contains it. The
+block is annotated with :data:`TOP_K_KEY`; :func:`parse_top_k` recognizes it by rebuilding the
+expected body and comparing, so only this reduction is treated as top-k.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def parse_top_k(block) -> TopK | None:
     if TOP_K_KEY not in block.annotations:
         return None
     k = int(block.annotations[TOP_K_KEY])
-    lets = [s for s in find_all(block.body, tirx.LetStmt)]
+    lets = find_all(block.body, tirx.LetStmt)
     stores = find_all(block.body, tirx.BufferStore)
     if len(stores) != 2 * k or len(lets) != 2 * k:
         return None
@@ -145,6 +145,6 @@ def _reads(e, buffers) -> bool:
 def _children(e) -> list:
     if isinstance(e, tirx.Select):
         return [e.condition, e.true_value, e.false_value]
-    if isinstance(e, (tirx.Not, tirx.Cast)):
-        return [e.a] if isinstance(e, tirx.Not) else [e.value]
+    if isinstance(e, tirx.Cast):
+        return [e.value]
     return [getattr(e, name) for name in ("a", "b") if hasattr(e, name)]

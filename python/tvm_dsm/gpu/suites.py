@@ -316,10 +316,8 @@ _MODEL_CHECK = {"G4": 30, "G7": 30, "G9": 30, "S8": 30}
 def chains(m: int = 128) -> list[Variant]:
     """Fused GEMM chains and SwiGLU FFNs: the planner's top 3 per workload, and a random sample
     of valid configurations on four workloads (predicted vs measured rank)."""
-    variants = []
-    for label in {**CHAINS, **SWIGLUS}:
-        variants += _chain_variants(label, m, _MODEL_CHECK.get(label, 0))
-    return variants
+    hw = load_hardware()
+    return [v for label in {**CHAINS, **SWIGLUS} for v in _chain_variants(label, m, _MODEL_CHECK.get(label, 0), hw)]
 
 
 #: The M sweep of the chain issue: other batch sizes on one FFN of each size class.
@@ -328,12 +326,12 @@ _M_SWEEP = {"labels": ("G4", "G8", "S3"), "m": (16, 64, 256, 1024)}
 
 def chains_m() -> list[Variant]:
     """The planner's top 3 for G4, G8 and S3 at M = 16, 64, 256, 1024."""
-    return [v for m in _M_SWEEP["m"] for label in _M_SWEEP["labels"] for v in _chain_variants(label, m, 0)]
-
-
-def _chain_variants(label: str, m: int, sample: int) -> list[Variant]:
-    """The planner's top 3 for one chain at batch ``m`` plus ``sample`` random valid configs."""
     hw = load_hardware()
+    return [v for m in _M_SWEEP["m"] for label in _M_SWEEP["labels"] for v in _chain_variants(label, m, 0, hw)]
+
+
+def _chain_variants(label: str, m: int, sample: int, hw) -> list[Variant]:
+    """The planner's top 3 for one chain at batch ``m`` plus ``sample`` random valid configs."""
     n, k, l = {**CHAINS, **SWIGLUS}[label]
     gated = label.startswith("S")
     func = swiglu_ffn(m, n, k, l) if gated else gemm_chain(m, n, k, l, "relu")

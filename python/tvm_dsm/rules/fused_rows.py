@@ -2,8 +2,9 @@
 
 One CTA per row; its ``parts`` threads each scan a strided part of the reduction axis (adjacent
 threads read adjacent elements) into partial states in shared memory, which then merge pairwise
-in a tree (log2(parts) rounds, one thread per merge) with the cascade's corrections. (Several rows per CTA would need the partial buffers indexed by
-the row within the CTA: the fused block allocates them per row, so they would collide.)
+in a tree (log2(parts) rounds, one thread per merge) with the cascade's corrections. (Several
+rows per CTA would need the partial buffers indexed by the row within the CTA: the fused block
+allocates them per row, so they would collide.)
 """
 
 from __future__ import annotations
