@@ -11,6 +11,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <time.h>
 #include <vector>
 
 namespace cg = cooperative_groups;
@@ -73,6 +74,68 @@ __global__ void dsm_read_kernel(int iters, int pattern, float* sink) {  // + unu
   }
   cluster.sync();  // nobody exits while a peer still reads its SMEM
   if (acc[0] + acc[1] + acc[2] + acc[3] == 1234.5f) *sink = acc[0];
+}
+
+// Peak DSM bandwidth, two ways (the ceiling the collectives are compared with). Each CTA moves
+// its kPeakBytes buffer `iters` times from/to its neighbour. Mode 0: every thread keeps 8
+// independent 16-byte ld.shared::cluster.v4 in flight before using any. Mode 1: the copy engine,
+// cp.async.bulk.shared::cluster pushes of 16 KiB to the previous rank, all completing on the
+// receiver's mbarrier in one phase armed before the cluster barrier (iters <= 15: the
+// transaction count stays below 2^20 bytes).
+constexpr int kPeakBytes = 64 * 1024;
+constexpr int kBulkChunk = 16 * 1024;
+
+__global__ void dsm_peak_kernel(int iters, int mode, float* sink) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  float4* src = reinterpret_cast<float4*>(smem);
+  unsigned char* dst = smem + kPeakBytes;
+  unsigned long long* bar = reinterpret_cast<unsigned long long*>(smem + 2 * kPeakBytes);
+  cg::cluster_group cluster = cg::this_cluster();
+  for (int i = threadIdx.x; i < kPeakBytes / 16; i += blockDim.x) src[i] = make_float4(i, 1, 2, 3);
+  const uint32_t bar_addr = (uint32_t)__cvta_generic_to_shared(bar);
+  if (threadIdx.x == 0 && mode == 1) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar_addr));
+    asm volatile("fence.mbarrier_init.release.cluster;");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar_addr), "r"(iters * kPeakBytes) : "memory");
+  }
+  asm volatile("fence.proxy.async.shared::cta;");
+  cluster.sync();
+  const unsigned size = cluster.num_blocks(), rank = cluster.block_rank();
+  float acc = 0.f;
+  if (mode == 0) {
+    uint32_t base;
+    asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(base) : "r"((uint32_t)__cvta_generic_to_shared(src)), "r"((rank + 1) % size));
+    constexpr int kInFlight = 8;
+    for (int it = 0; it < iters; ++it) {
+      for (int j0 = threadIdx.x; j0 < kPeakBytes / 16; j0 += kInFlight * blockDim.x) {
+        float4 v[kInFlight];
+#pragma unroll
+        for (int u = 0; u < kInFlight; ++u) {
+          int j = (j0 + u * blockDim.x + it * 16) & (kPeakBytes / 16 - 1);
+          asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                       : "=f"(v[u].x), "=f"(v[u].y), "=f"(v[u].z), "=f"(v[u].w) : "r"(base + 16 * j));
+        }
+#pragma unroll
+        for (int u = 0; u < kInFlight; ++u) acc += v[u].x + v[u].w;
+      }
+    }
+  } else {
+    const unsigned to = (rank + size - 1) % size;
+    const int pushes = iters * (kPeakBytes / kBulkChunk);
+    for (int k = threadIdx.x; k < pushes; k += blockDim.x) {
+      const uint32_t offset = (k % (kPeakBytes / kBulkChunk)) * kBulkChunk;
+      uint32_t remote_dst, remote_bar;
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_dst) : "r"((uint32_t)__cvta_generic_to_shared(dst) + offset), "r"(to));
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_bar) : "r"(bar_addr), "r"(to));
+      asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                   ::"r"(remote_dst), "r"((uint32_t)__cvta_generic_to_shared(src) + offset), "r"(kBulkChunk), "r"(remote_bar) : "memory");
+    }
+    asm volatile(
+        "{\n .reg .pred p;\n WAIT:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], 0;\n"
+        " @!p bra WAIT;\n}\n" ::"r"(bar_addr) : "memory");
+  }
+  cluster.sync();  // nobody exits while a peer still reads or writes its SMEM
+  if (acc == 1234.5f) *sink = acc;
 }
 
 // One thread follows a chain of indices; returns clock cycles per hop.
@@ -159,7 +222,10 @@ int main() {
   const int kOneCtaPerSm = 160 * 1024;
   CHECK(cudaFuncSetAttribute(dsm_read_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kOneCtaPerSm));
   CHECK(cudaFuncSetAttribute(chase_smem, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  CHECK(cudaFuncSetAttribute(dsm_peak_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  CHECK(cudaFuncSetAttribute(dsm_peak_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 2 * kPeakBytes + 16));
 
+  fprintf(stderr, "HBM: copy 1 GiB\n");
   // HBM: copy 1 GiB -> 1 GiB, bytes read + written.
   size_t n = (size_t)1 << 26;  // float4 elements = 1 GiB
   float4 *a, *b;
@@ -169,11 +235,13 @@ int main() {
   double hbm_ms = median_ms([&] { copy_kernel<<<p.multiProcessorCount * 8, 512>>>(a, b, n); });
   double hbm_bw = 2.0 * n * 16 / (hbm_ms * 1e-3);
 
+  fprintf(stderr, "L2: 16 MiB\n");
   // L2: 16 MiB read 20 times by every SM (fits the 50 MB L2).
   size_t nl2 = ((size_t)16 << 20) / 16;
   double l2_ms = median_ms([&] { l2_read_kernel<<<p.multiProcessorCount * 4, 512>>>(a, nl2, 20, sink); });
   double l2_bw = 20.0 * nl2 * 16 / (l2_ms * 1e-3);
 
+  fprintf(stderr, "SMEM (pattern 0) \n");
   // SMEM (pattern 0) and DSM (best of patterns 1 and 2) by cluster size, one wave of clusters.
   const int iters = 400;
   std::string dsm_json, smem_json;
@@ -216,6 +284,46 @@ int main() {
     dsm_json += (dsm_json.empty() ? "" : ", ") + entry(std::max(neighbour, round_robin), extra);
   }
 
+  // Peak DSM bandwidth by cluster size: best of register loads and bulk copies, one CTA per SM.
+  std::string peak_json;
+  for (int size : {2, 4, 8, 16}) {
+    fprintf(stderr, "dsm peak, cluster %d\n", size);
+    cudaLaunchAttribute attr;
+    const int dyn = 2 * kPeakBytes + 16;
+    cudaLaunchConfig_t cfg = cluster_config(1, size, &attr);
+    cfg.dynamicSmemBytes = dyn;
+    int max_clusters = 0;
+    CHECK(cudaOccupancyMaxActiveClusters(&max_clusters, (void*)dsm_peak_kernel, &cfg));
+    cfg = cluster_config(max_clusters, size, &attr);
+    cfg.dynamicSmemBytes = dyn;
+    // Bandwidth from the difference of a long and a short run (launch and barriers cancel).
+    const int long_iters[2] = {200, 15}, short_iters = 1;
+    double by_mode[2];
+    for (int mode : {0, 1}) {
+      auto run = [&](int iters) {
+        // A probe that hangs (a lost mbarrier completion) is reported, not waited on forever.
+        CHECK(cudaLaunchKernelEx(&cfg, dsm_peak_kernel, iters, mode, sink));
+        for (int ms = 0; cudaStreamQuery(0) == cudaErrorNotReady; ++ms) {
+          if (ms > 10000) {
+            fprintf(stderr, "dsm peak probe mode %d hangs at cluster %d\n", mode, size);
+            exit(2);
+          }
+          struct timespec t = {0, 1000000};
+          nanosleep(&t, nullptr);
+        }
+        return median_ms([&] { CHECK(cudaLaunchKernelEx(&cfg, dsm_peak_kernel, iters, mode, sink)); }, 21);
+      };
+      double ms = run(long_iters[mode]) - run(short_iters);
+      by_mode[mode] = (double)max_clusters * size * kPeakBytes * (long_iters[mode] - short_iters) / (ms * 1e-3);
+    }
+    peak_json += (peak_json.empty() ? "" : ", ") + std::string("\"") + std::to_string(size) +
+                 "\": {\"bytes_per_s\": " + std::to_string(std::max(by_mode[0], by_mode[1])) +
+                 ", \"active_clusters\": " + std::to_string(max_clusters) +
+                 ", \"loads_bytes_per_s\": " + std::to_string(by_mode[0]) +
+                 ", \"bulk_bytes_per_s\": " + std::to_string(by_mode[1]) + "}";
+  }
+
+  fprintf(stderr, "Latency: one thre\n");
   // Latency: one thread chasing pointers.
   auto cyc = [&] {
     unsigned long long c;
@@ -259,6 +367,7 @@ int main() {
   printf(" \"bandwidth_bytes_per_s\": {\"hbm_copy\": %.6g, \"l2_read\": %.6g, \"smem_read\": %.6g},\n", hbm_bw, l2_bw, smem_bw_best);
   printf(" \"smem_read_by_cluster_size\": {%s},\n", smem_json.c_str());
   printf(" \"dsm_read_by_cluster_size\": {%s},\n", dsm_json.c_str());
+  printf(" \"dsm_peak_by_cluster_size\": {%s},\n", peak_json.c_str());
   printf(" \"latency_cycles\": {\"smem\": %.1f, \"dsm\": %.1f, \"l2\": %.1f, \"hbm\": %.1f},\n", lat_smem, lat_dsm, lat_l2, lat_hbm);
   printf(" \"latency_ns\": {\"smem\": %.1f, \"dsm\": %.1f, \"l2\": %.1f, \"hbm\": %.1f}\n}\n", lat_smem * ns, lat_dsm * ns, lat_l2 * ns, lat_hbm * ns);
   return 0;

@@ -22,7 +22,7 @@ def bandwidth_rows(results: dict) -> list[dict]:
     for r in results["rows"]:
         if r.get("collective") in (None, "copy"):
             continue
-        raw = hw.dsm_bw(r["cluster_size"])
+        raw = hw.dsm_peak_bw(r["cluster_size"])
         phase_us = r["ours_us"] - times[r["baseline"]]
         whole = r["dsm_bytes"] / (r["ours_us"] * 1e-6)
         phase = r["dsm_bytes"] / (phase_us * 1e-6) if phase_us > 0 else None

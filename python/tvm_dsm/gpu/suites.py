@@ -20,7 +20,7 @@ from ..errors import ClusterError
 from ..planners.fused_chain import plan_chain, schedule_chain
 from ..rules.fused_chain import find_chain
 from ..workloads.chains import gemm_chain, swiglu_ffn
-from ..rules.collective_kernel import schedule_collective_kernel, schedule_split_sum
+from ..rules.collective_kernel import BULK_KINDS, schedule_collective_kernel, schedule_split_sum
 from ..workloads import gemv, row_sum
 from ..rules.fused_rows import schedule_fused_rows
 from ..transform.cascaded_reductions import fuse_cascaded_reductions
@@ -133,7 +133,7 @@ def collectives(n: int = 16384) -> list[Variant]:
     for dtype, elem in (("float32", 4), ("float16", 2)):
         for size in (2, 4, 8, 16):
             clusters = 2 * 132 // size
-            for kind in KINDS:
+            for kind, bulk in [(k, False) for k in KINDS] + [(k, True) for k in BULK_KINDS]:
                 func = collective(kind, clusters, size, n, dtype)
                 args = _args(func)
                 # Tiles of n elements each CTA reads from peers; the all-gather of rs_ag reads
@@ -143,18 +143,20 @@ def collectives(n: int = 16384) -> list[Variant]:
                     "broadcast": 2 * (1 - 1 / size), "reduce_scatter": 1 - 1 / size,
                     "all_exchange_rs_ag": (1 - 1 / size) * (1 + 4 / elem),
                 }[kind]
+                label = f"{kind}_bulk" if bulk else kind
                 variants.append(
                     Variant(
-                        name=f"{kind}_c{size}_{dtype}",
+                        name=f"{label}_c{size}_{dtype}",
                         workload=f"collective_{kind}",
-                        mod=schedule_collective_kernel(func, kind, size).mod,
+                        mod=schedule_collective_kernel(func, kind, size, bulk=bulk).mod,
                         args=args,
                         bytes=_nbytes(args),
                         flops=0,
-                        plan={"collective": kind, "cluster_size": size, "tile_elements": n},
+                        plan={"collective": kind, "cluster_size": size, "tile_elements": n,
+                              "transfer": "cp.async.bulk" if bulk else "ld.shared::cluster"},
                         peers=("torch_eager",),
                         extra={
-                            "collective": kind,
+                            "collective": label,
                             "cluster_size": size,
                             "dsm_bytes": int(clusters * size * remote_tiles * n * elem),
                             "baseline": f"copy_c{size}_{dtype}",

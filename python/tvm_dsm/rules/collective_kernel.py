@@ -26,8 +26,17 @@ def _tile_stage(sch: s_tir.Schedule, block, vector_lanes: int) -> None:
     sch.vectorize(vector)
 
 
-def schedule_collective_kernel(func: tirx.PrimFunc, kind: str, cluster_size: int) -> s_tir.Schedule:
-    """A cluster kernel for ``collective(kind, ...)``; ``copy`` is the no-exchange baseline."""
+#: Collectives whose data movement is a pure copy, which ``bulk=True`` sends by cp.async.bulk.
+BULK_KINDS = ("broadcast", "all_exchange_rs_ag")
+
+
+def schedule_collective_kernel(
+    func: tirx.PrimFunc, kind: str, cluster_size: int, bulk: bool = False
+) -> s_tir.Schedule:
+    """A cluster kernel for ``collective(kind, ...)``; ``copy`` is the no-exchange baseline.
+    ``bulk``: the copy phase of a collective in BULK_KINDS moves by cp.async.bulk."""
+    if bulk and kind not in BULK_KINDS:
+        raise ValueError(f"bulk transfer applies to the copy phases of {BULK_KINDS}, not {kind!r}")
     sch = s_tir.Schedule(func)
     out = sch.get_sblock("O")
     cluster_tile, _, elements = sch.get_loops(out)
@@ -48,7 +57,9 @@ def schedule_collective_kernel(func: tirx.PrimFunc, kind: str, cluster_size: int
         _tile_stage(sch, y, 4)
     elif kind == "all_exchange_rs_ag":
         primitives.reduce_scatter(sch, sch.get_sblock("Z"), threads=THREADS)
-        primitives.all_gather(sch, y, threads=THREADS)
+        primitives.all_gather(sch, y, threads=THREADS, bulk=bulk)
+    elif kind == "broadcast":
+        primitives.broadcast(sch, y, threads=THREADS, bulk=bulk)
     else:
         getattr(primitives, kind)(sch, y, threads=THREADS)
     return sch

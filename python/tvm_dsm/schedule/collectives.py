@@ -20,6 +20,11 @@ Scheduling: the rank loop is bound to the cluster rank, the element loop is spli
 with an innermost vector of 16 bytes (lowered to ``ld.shared::cluster.v4``/``.v2``), and the peer
 loop of an order-free sum is annotated so each CTA starts at its own rank (no hot peer).
 Remote reads are fenced by cluster barriers by the lowering (tvm_dsm.transform.lower_cluster).
+
+Pure copies (``all_gather``, ``broadcast``; any block through ``bulk_copy``) can instead move
+through the copy engine: ``bulk=True`` marks them for ``cp.async.bulk.shared::cluster`` pushes
+that complete on the receiver's mbarrier (tvm_dsm.transform.bulk_copy), so no thread loads or
+stores the data and each transfer is one instruction of up to the whole slice.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from .dsm import DSM_SCOPE
 
 #: Loop annotation: the loop's iterations commute; start CTA r's walk at peer r (rotation).
 ROTATE_PEERS_KEY = "tvm_dsm.rotate_peers"
+#: Loop annotation: this copy loop between DSM slices moves by cp.async.bulk pushes.
+BULK_COPY_KEY = "tvm_dsm.bulk_copy"
 
 
 def _dsm_reads(sch: s_tir.Schedule, block) -> list:
@@ -142,18 +149,50 @@ def reduce_scatter(sch: s_tir.Schedule, block, *, threads: int = 128, vector_byt
     _collective(sch, block, "reduce_scatter", threads, vector_bytes, rotate=True)
 
 
-def all_gather(sch: s_tir.Schedule, block, *, threads: int = 128, vector_bytes: int = 16) -> None:
-    """Schedule ``Y[r, i] = Z[i // m, i % m]``: CTA r reads part q of the tile from rank q."""
-    _collective(sch, block, "all_gather", threads, vector_bytes, rotate=False)
+def all_gather(
+    sch: s_tir.Schedule, block, *, threads: int = 128, vector_bytes: int = 16, bulk: bool = False
+) -> None:
+    """Schedule ``Y[r, i] = Z[i // m, i % m]``: CTA r reads part q of the tile from rank q
+    (``bulk``: rank q pushes its part to every CTA through the copy engine)."""
+    if bulk:
+        bulk_copy(sch, block)
+    else:
+        _collective(sch, block, "all_gather", threads, vector_bytes, rotate=False)
 
 
-def broadcast(sch: s_tir.Schedule, block, *, threads: int = 128, vector_bytes: int = 16) -> None:
+def bulk_copy(sch: s_tir.Schedule, block) -> None:
+    """Mark a copy ``Y[r, ...] = X[q, ...]`` between DSM buffers, computed at the cluster loop,
+    for bulk transfer: CTA q pushes each contiguous run to CTA r with one
+    ``cp.async.bulk.shared::cluster`` completing on r's mbarrier. Runs must be multiples of 16 B
+    (checked when lowering); the copy runs once per launch (not inside a loop)."""
+    _check_reads_dsm(sch, block, "bulk_copy")
+    _cluster_size(sch, block, "bulk_copy")
+    stmt = sch.get(block)
+    if len(stmt.reads) != 1 or str(stmt.writes[0].source.ty.storage_scope) != DSM_SCOPE:
+        raise ClusterError(
+            f"bulk_copy: block {stmt.name_hint} must copy one DSM buffer into a DSM buffer "
+            "(place the result in DSM with tvm_dsm.schedule.place_in_dsm)"
+        )
+    if any(int(iv.iter_type) == tirx.IterVar.CommReduce for iv in stmt.iter_vars):
+        raise ClusterError(f"bulk_copy: block {stmt.name_hint} reduces; only copies move in bulk")
+    loops = sch.get_loops(block)
+    if len(loops) < 3:
+        raise ClusterError("bulk_copy: compute the block at the cluster loop first (compute_at)")
+    rank, *elements = loops[1:]
+    bind_rank(sch, rank)
+    sch.annotate(sch.fuse(*elements) if len(elements) > 1 else elements[0], BULK_COPY_KEY, 1)
+
+
+def broadcast(
+    sch: s_tir.Schedule, block, *, threads: int = 128, vector_bytes: int = 16, bulk: bool = False
+) -> None:
     """Schedule ``Y[r, i] = X[root, i]`` in two phases, so the root serves its tile once.
 
     Scatter: a DSM copy of the root's tile (``cache_read``) is laid out with element i owned by
     rank ``i // m`` (``transform_layout``, m = n / S), and CTA r pulls part r from the root.
     All-gather: every CTA reads the S parts from their owners. The root sends n elements instead
-    of (S - 1) n, and each CTA's SMEM serves n (S - 1) / S.
+    of (S - 1) n, and each CTA's SMEM serves n (S - 1) / S. ``bulk``: both phases are
+    bulk pushes (the root's copy engine sends each part once).
     """
     _check_reads_dsm(sch, block, "broadcast")
     size = _cluster_size(sch, block, "broadcast")
@@ -180,6 +219,11 @@ def broadcast(sch: s_tir.Schedule, block, *, threads: int = 128, vector_bytes: i
         ),
     )
     owner, part = sch.split(elements, [size, m])
+    if bulk:
+        sch.reorder(owner, *sch.get_loops(parts)[1:-2])  # the owner loop is the rank loop
+        bulk_copy(sch, parts)
+        bulk_copy(sch, block)
+        return
     bind_rank(sch, owner)
     *_, vector = _schedule_elements(sch, parts, part, threads, vector_bytes, _element_bytes(sch, block))
     sch.vectorize(vector)

@@ -14,7 +14,9 @@ kernel whose ``blockIdx.x`` (extent C) encloses a ``clusterCtaIdx.x`` binding (e
   becomes ``mapa`` + ``ld/st.shared::cluster`` (TVM's own ``T.ptx`` intrinsics);
 * every stage (statement of the CTA-uniform sequence) that touches a peer's slice is fenced by
   ``barrier.cluster`` arrive/wait before (peers have written, and have started) and after (peers
-  have finished reading before anyone overwrites or exits).
+  have finished reading before anyone overwrites or exits);
+* a copy loop marked for bulk transfer becomes mbarrier-completed ``cp.async.bulk`` pushes
+  (:mod:`tvm_dsm.transform.bulk_copy`), always preceded by ``fence.proxy.async`` and a barrier.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from tvm.sym import Analyzer
 from ..errors import ClusterError
 from ..ir import find_all, replace_node, substitute, uses
 from ..schedule.cluster import RANK_TAG
-from ..schedule.collectives import ROTATE_PEERS_KEY
+from ..schedule.collectives import BULK_COPY_KEY, ROTATE_PEERS_KEY
 from ..schedule.dsm import DSM_SCOPE
+from .bulk_copy import BULK_DST, BULK_SRC, BulkCopy, fence_proxy_async
 from .check_cluster import ROOT_ONLY_KEY
 
 #: Attribute left around a cluster kernel's body; tvm_dsm.transform.cluster_launch turns it into
@@ -40,6 +43,7 @@ CLUSTER_LAUNCH_KEY = "tvm_dsm.cluster_launch"
 # removed before the pass returns.
 _REMOTE_LOAD = "tvm_dsm.remote_load"
 _REMOTE_STORE = "tvm_dsm.remote_store"
+_MARKERS = (_REMOTE_LOAD, _REMOTE_STORE, BULK_DST, BULK_SRC)
 _ANY_SLICE = -1  # stands for every DSM slice in the barrier analysis
 
 # PTX type of a remote ld/st per element dtype. 16-bit floats move as raw b16 bits.
@@ -175,12 +179,14 @@ class _KernelLowering:
         self.dsm: list[_DSMBuffer] = []
         self.errors: list[str] = []  # raised after each map: exceptions do not cross FFI
         self.root_only = False  # rewriting a stage only rank 0 runs
-        self.thread_vars: list[tirx.Var] = []  # threadIdx.* of the kernel (set by lower)
+        self.thread_attrs: list[tirx.AttrStmt] = []  # threadIdx.* bindings (set by lower)
+        self.thread_vars: list[tirx.Var] = []
+        self.bulk_copies: list[BulkCopy] = []
 
-    def _dsm_of(self, buffer) -> _DSMBuffer | None:
+    def dsm_of(self, buffer) -> _DSMBuffer | None:
         return next((d for d in self.dsm if d.buffer.same_as(buffer)), None)
 
-    def _is_local(self, rank) -> bool:
+    def is_local(self, rank) -> bool:
         if self.analyzer.can_prove_equal(rank, self.rank):
             return True
         return self.root_only and self.analyzer.can_prove_equal(rank, 0)
@@ -201,6 +207,7 @@ class _KernelLowering:
         self.analyzer.bind(self.block_var, Range(0, self.kernel.value * self.size))
         for attr in find_all(body, tirx.AttrStmt, lambda a: a.attr_key == "thread_extent"):
             self.analyzer.bind(attr.node.var, Range(0, attr.value))
+            self.thread_attrs.append(attr)
             self.thread_vars.append(attr.node.var)
         for loop in find_all(body, tirx.For):
             self.analyzer.bind(loop.loop_var, Range(loop.min, loop.min + loop.extent))
@@ -213,12 +220,15 @@ class _KernelLowering:
         body = self._run_root_only_stages_on_rank_0(body)
         if self.dsm:
             body = self._rewrite_accesses(body)
+            self._reject_bulk_copies_in_loops(body)
             body = self._place_barriers(body)
             body = tvm_ffi.structural_map(
                 body,
-                [(tirx.AttrStmt, lambda a: a.body if a.attr_key in (_REMOTE_LOAD, _REMOTE_STORE) else a)],
+                [(tirx.AttrStmt, lambda a: a.body if a.attr_key in _MARKERS else a)],
             )
             body = self._keep_slices_allocated(body)
+            inits = [stmt for copy in self.bulk_copies for stmt in copy.init()]
+            body = tirx.SeqStmt([*inits, body]) if inits else body
         grid = self.kernel.value * self.size
         node = tirx.IterVar(Range(0, grid), self.block_var, tirx.IterVar.ThreadIndex, "blockIdx.x")
         launch = tirx.AttrStmt(tvm.ir.StringImm("cluster"), CLUSTER_LAUNCH_KEY, self.size, body)
@@ -276,18 +286,23 @@ class _KernelLowering:
         return find_all(
             expr,
             tvm.ir.TensorLoad,
-            lambda ld: self._dsm_of(ld.source) is not None and not self._is_local(ld.indices[0]),
+            lambda ld: self.dsm_of(ld.source) is not None and not self.is_local(ld.indices[0]),
         )
 
     def _vector_access(self, dsm: _DSMBuffer, indices, loop) -> tuple | None:
-        """(lane-0 indices, lanes) if ``indices`` (rank first) hold the rank and the outer slice
-        indices fixed across ``loop``'s lanes and walk the last one contiguously from an aligned
-        start; None if the access must stay scalar."""
+        """(lane-0 indices, lanes) if a vectorized ``loop`` can move ``indices`` (rank first) as one
+        PTX vector access; None if the access must stay scalar."""
         lanes = dsm.vector_lanes(int(loop.extent))
         if lanes is None:
             return None
-        var = loop.loop_var
-        self.analyzer.bind(var, Range(0, lanes))
+        self.analyzer.bind(loop.loop_var, Range(0, lanes))
+        start = self.contiguous_run(indices, loop.loop_var, lanes)
+        return None if start is None else (start, lanes)
+
+    def contiguous_run(self, indices, var: tirx.Var, lanes: int) -> list | None:
+        """The indices at ``var = 0`` if ``indices`` (rank first) hold the rank and the outer slice
+        indices fixed while ``var`` (bound to [0, lanes)) runs, and walk the last one contiguously
+        from a start aligned to ``lanes``; None otherwise."""
 
         def at_lane_0(expr):
             return substitute(expr, [(var, tirx.const(0, "int32"))])
@@ -331,7 +346,7 @@ class _KernelLowering:
             return None
         if not self.analyzer.can_prove_equal(tirx.floormod(start, lanes), 0):
             return None
-        return [self.analyzer.simplify(at_lane_0(i)) for i in indices], lanes
+        return [self.analyzer.simplify(at_lane_0(i)) for i in indices]
 
     def _lower_vector_loop(self, loop):
         """One 4/8/16-byte ld/st.shared::cluster per vectorized loop and remote operand."""
@@ -340,7 +355,7 @@ class _KernelLowering:
             return None
         pre, post, value = [], [], store.value
         for load in self._remote_loads(store.value):
-            dsm = self._dsm_of(load.source)
+            dsm = self.dsm_of(load.source)
             access = self._vector_access(dsm, list(load.indices), loop)
             if access is None:
                 return None
@@ -348,8 +363,8 @@ class _KernelLowering:
             stmts, regs = dsm.remote_load(indices, rank, lanes)
             pre.extend(stmts)
             value = replace_node(value, load, tirx.BufferLoad(regs, [loop.loop_var]))
-        dsm = self._dsm_of(store.buffer)
-        if dsm is not None and not self._is_local(store.indices[0]):
+        dsm = self.dsm_of(store.buffer)
+        if dsm is not None and not self.is_local(store.indices[0]):
             access = self._vector_access(dsm, list(store.indices), loop)
             if access is None:
                 return None
@@ -366,14 +381,16 @@ class _KernelLowering:
 
     def _rewrite_accesses(self, body):
         def on_alloc(alloc):
-            dsm = self._dsm_of(alloc.buffer)
+            dsm = self.dsm_of(alloc.buffer)
             return alloc if dsm is None else tirx.AllocBuffer(dsm.slice)
 
         def on_for(loop):
+            if BULK_COPY_KEY in loop.annotations:
+                return self._lower_bulk_copy(loop)
             if loop.kind != tirx.ForKind.VECTORIZED:
                 return loop
             remote = self._remote_loads(loop.body) or any(
-                self._dsm_of(s.buffer) is not None and not self._is_local(s.indices[0])
+                self.dsm_of(s.buffer) is not None and not self.is_local(s.indices[0])
                 for s in find_all(loop.body, tirx.BufferStore)
             )
             if not remote:
@@ -389,11 +406,11 @@ class _KernelLowering:
             pre: list = []
 
             def on_load(load):
-                dsm = self._dsm_of(load.source)
+                dsm = self.dsm_of(load.source)
                 if dsm is None:
                     return load
                 rank, *indices = load.indices
-                if self._is_local(rank):
+                if self.is_local(rank):
                     return tirx.BufferLoad(dsm.slice, indices)
                 stmts, value = dsm.remote_load_scalar(indices, rank)
                 pre.extend(stmts)
@@ -401,12 +418,12 @@ class _KernelLowering:
 
             self._reject_guarded_remote_loads(store.value)
             value = tvm_ffi.structural_map(store.value, [(tvm.ir.TensorLoad, on_load)])
-            dsm = self._dsm_of(store.buffer)
+            dsm = self.dsm_of(store.buffer)
             if dsm is None:
                 stmts = [tirx.BufferStore(store.buffer, value, store.indices)]
             else:
                 rank, *indices = store.indices
-                if self._is_local(rank):
+                if self.is_local(rank):
                     stmts = [tirx.BufferStore(dsm.slice, value, indices)]
                 else:
                     stmts = dsm.remote_store(indices, rank, [value])
@@ -417,7 +434,7 @@ class _KernelLowering:
             [(tirx.AllocBuffer, on_alloc), (tirx.For, on_for), (tirx.BufferStore, on_store)],
             order="pre",
         )
-        leftover = find_all(body, tvm.ir.TensorLoad, lambda ld: self._dsm_of(ld.source))
+        leftover = find_all(body, tvm.ir.TensorLoad, lambda ld: self.dsm_of(ld.source))
         if leftover:
             self.errors.append(
                 f"DSM buffer {leftover[0].source.name} is read outside a store's value (e.g. in a "
@@ -425,6 +442,25 @@ class _KernelLowering:
             )
         self._raise_errors()
         return body
+
+    def _lower_bulk_copy(self, loop):
+        try:
+            copy = BulkCopy(self, loop)
+        except ClusterError as err:
+            self.errors.append(str(err))
+            return loop
+        self.bulk_copies.append(copy)
+        return copy.stage()
+
+    def _reject_bulk_copies_in_loops(self, body) -> None:
+        def is_bulk(a):
+            return a.attr_key == BULK_DST
+
+        if find_all(body, tirx.For, lambda loop: find_all(loop, tirx.AttrStmt, is_bulk)):
+            raise ClusterError(
+                "bulk_copy inside a loop: each bulk copy completes on one mbarrier phase per "
+                "launch; compute the copy at the cluster loop"
+            )
 
     def _reject_guarded_remote_loads(self, value) -> None:
         """A hoisted remote load would run even where a select/if_then_else guards it off."""
@@ -450,13 +486,16 @@ class _KernelLowering:
         def which(buffer) -> set[int]:
             return {n for n, s in enumerate(slices) if buffer.same_as(s)}
 
-        touched: dict[str, set[int]] = {k: set() for k in ("remote_load", "remote_store", "load", "store")}
+        kinds = ("remote_load", "remote_store", "load", "store", "bulk_load", "bulk_store")
+        touched: dict[str, set[int]] = {k: set() for k in kinds}
         # MergeSharedMemoryAllocations may place any shared buffer over a dead DSM slice: a
         # write to shared memory counts as a write to every slice (index -1) for WAR hazards.
         if find_all(stmt, tirx.BufferStore, lambda st: str(st.buffer.ty.storage_scope).startswith("shared")):
             touched["store"].add(_ANY_SLICE)
-        for attr in find_all(stmt, tirx.AttrStmt, lambda a: a.attr_key in (_REMOTE_LOAD, _REMOTE_STORE)):
-            touched["remote_load" if attr.attr_key == _REMOTE_LOAD else "remote_store"] |= which(attr.node)
+        marker_kind = {_REMOTE_LOAD: "remote_load", _REMOTE_STORE: "remote_store",
+                       BULK_SRC: "bulk_load", BULK_DST: "bulk_store"}
+        for attr in find_all(stmt, tirx.AttrStmt, lambda a: a.attr_key in marker_kind):
+            touched[marker_kind[attr.attr_key]] |= which(attr.node)
         for load in find_all(stmt, tvm.ir.TensorLoad):
             touched["load"] |= which(load.source)
         for store in find_all(stmt, tirx.BufferStore):
@@ -499,7 +538,10 @@ class _KernelLowering:
                         "(e.g. a loop over rounds); it needs barriers inside the loop, which "
                         "tvm-dsm's DSM buffers do not place: split the stage or use a collective"
                     )
-                if state.needs_barrier_before(t):
+                if t["bulk_store"]:
+                    out.extend([fence_proxy_async(), _cluster_barrier()])
+                    state.reset()
+                elif state.needs_barrier_before(t):
                     out.append(_cluster_barrier())
                     state.reset()
                 out.append(stage)
@@ -564,10 +606,13 @@ class _BarrierState:
         return bool(self.written or self.written_remotely or self.read_remotely)
 
     def record(self, t: dict[str, set[int]]) -> None:
-        self.written |= t["store"]
+        # A bulk copy's destination is complete once the receiver's mbarrier wait returns, as if
+        # written locally; its source is read by the sender's copy engine until every receiver
+        # has waited, as if read remotely.
+        self.written |= t["store"] | t["bulk_store"]
         self.written_remotely |= t["remote_store"]
-        self.read_remotely |= t["remote_load"]
-        self.remote_since_barrier |= bool(t["remote_load"] or t["remote_store"])
+        self.read_remotely |= t["remote_load"] | t["bulk_load"]
+        self.remote_since_barrier |= bool(t["remote_load"] or t["remote_store"] or t["bulk_store"])
 
 
 def lower_cluster_function(func: tirx.PrimFunc) -> tirx.PrimFunc:
