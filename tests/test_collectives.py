@@ -1,14 +1,17 @@
-"""DSM collectives: every primitive lowers to vector ld.shared::cluster and assembles; misuse is named."""
+"""DSM collectives: every primitive lowers to vector ld.shared::cluster (or, with bulk=True, to
+mbarrier-completed cp.async.bulk pushes) and assembles; misuse is named."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 from conftest import cuda_source
 from tvm import s_tir
 
 from tvm_dsm import ClusterError
-from tvm_dsm.rules.collective_kernel import schedule_collective_kernel
-from tvm_dsm.schedule import bind_cluster, collectives
+from tvm_dsm.rules.collective_kernel import BULK_KINDS, schedule_collective_kernel
+from tvm_dsm.schedule import bind_cluster, collectives, place_in_dsm
 from tvm_dsm.workloads.collectives import KINDS, collective
 
 EXCHANGES = [k for k in KINDS if k != "copy"]
@@ -41,8 +44,6 @@ def test_broadcast_root_serves_one_tile():
 
 
 def _unscheduled(kind: str, cluster: int, n: int, place: bool = True):
-    from tvm_dsm.schedule import place_in_dsm
-
     sch = s_tir.Schedule(collective(kind, 4, cluster, n))
     out = sch.get_sblock("O")
     ct, r, _ = sch.get_loops(out)
@@ -87,3 +88,73 @@ def test_inter_cluster_reduce_needs_global_partials():
     sch = s_tir.Schedule(collective("all_exchange", 4, 2, 1024))
     with pytest.raises(ClusterError, match="partials in global memory"):
         collectives.inter_cluster_reduce(sch, sch.get_sblock("X"))
+
+
+BULK_PTX = (
+    "cp_async_bulk_s2c_async_bulk_shared__cluster_shared__cta_mbarrier__complete_tx__bytes",
+    "mbarrier_init_init_shared__cta_b64",
+    "fence_mbarrier_init_mbarrier_init_release_cluster",
+    "mbarrier_arrive_expect_tx",
+    "tvm_builtin_cuda_mbarrier_wait",
+    "fence_proxy_proxy_async_shared__cta",
+)
+
+
+@pytest.mark.parametrize("kind", BULK_KINDS)
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("cluster", [2, 16])
+def test_bulk_collective_assembles_with_mbarrier_completed_pushes(kind, dtype, cluster, assemble):
+    sch = schedule_collective_kernel(collective(kind, 4, cluster, 16384, dtype), kind, cluster, bulk=True)
+    source = cuda_source(sch.mod)
+    for ptx in BULK_PTX:
+        assert ptx in source, ptx
+    assemble(source, f"{kind}_bulk_{dtype}_{cluster}")
+
+
+def _expected_tx(source: str) -> list[int]:
+    return [
+        int(re.search(r"\(uint\)(\d+)\);", line).group(1))
+        for line in source.splitlines()
+        if "mbarrier_arrive_expect_tx_arrive_expect_tx_shared__cta_b64(" in line and "__device__" not in line
+    ]
+
+
+def test_bulk_receivers_expect_exactly_the_bytes_they_receive():
+    """Reduce-scatter (S=4, n=16384 fp32): CTA r receives part r (4096 floats) from all 4 CTAs.
+    Broadcast (S=8, fp16): each CTA receives a 1/8 part, then the whole tile."""
+    rs = cuda_source(schedule_collective_kernel(
+        collective("reduce_scatter", 4, 4, 16384), "reduce_scatter", 4, bulk=True).mod)
+    assert _expected_tx(rs) == [4 * 4096 * 4]
+    assert rs.count("(uint)16384, bulk_addr_ptr[4]") == 1  # one 16 KB push per (receiver, peer)
+    bc = cuda_source(schedule_collective_kernel(
+        collective("broadcast", 4, 8, 16384, "float16"), "broadcast", 8, bulk=True).mod)
+    assert sorted(_expected_tx(bc)) == [16384 * 2 // 8, 16384 * 2]
+
+
+def test_bulk_chunks_must_be_whole_16_byte_units():
+    sch, y = _unscheduled("copy", 2, 6)
+    place_in_dsm(sch, y, 0)
+    collectives.bulk_copy(sch, y)
+    with pytest.raises(ClusterError, match="24 B, not a multiple of 16 B"):
+        cuda_source(sch.mod)
+
+
+def test_bulk_copy_rejects_a_reduction():
+    sch, y = _unscheduled("all_exchange", 4, 4096)
+    place_in_dsm(sch, y, 0)
+    with pytest.raises(ClusterError, match="only copies move in bulk"):
+        collectives.bulk_copy(sch, y)
+
+
+def test_bulk_copy_needs_a_dsm_destination():
+    sch, y = _unscheduled("broadcast", 4, 4096)
+    with pytest.raises(ClusterError, match="into a DSM buffer"):
+        collectives.bulk_copy(sch, y)
+
+
+def test_broadcast_parts_must_fill_the_threads():
+    """16 parts of a 2048-element tile are 128 elements: too few for 128 threads x 4 lanes."""
+    sch, y = _unscheduled("broadcast", 16, 2048)
+    place_in_dsm(sch, y, 0)
+    with pytest.raises(ClusterError, match="must fill 128 threads x 4-element vectors"):
+        collectives.broadcast(sch, y)

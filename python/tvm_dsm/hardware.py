@@ -35,8 +35,10 @@ class Hardware:
     smem_bw: float
     dsm_bw_by_cluster: dict[int, float]
     latency_ns: dict[str, float]
-    #: Best of 8-deep register loads and bulk copies (empty in descriptions measured before it).
+    #: Best of 8-deep register loads and bulk copies (empty in descriptions measured before it),
+    #: and how many clusters of 128 KB-SMEM CTAs were resident at once in that probe.
     dsm_peak_by_cluster: dict[int, float] = field(default_factory=dict)
+    dsm_peak_clusters: dict[int, int] = field(default_factory=dict)
 
     def dsm_bw(self, cluster_size: int) -> float:
         """Aggregate DSM read bandwidth with clusters of ``cluster_size`` CTAs."""
@@ -71,6 +73,10 @@ class Hardware:
             latency_ns=dict(raw["latency_ns"]),
             dsm_peak_by_cluster={
                 int(s): v["bytes_per_s"] for s, v in raw.get("dsm_peak_by_cluster_size", {}).items()
+            },
+            dsm_peak_clusters={
+                int(s): v["active_clusters"]
+                for s, v in raw.get("dsm_peak_by_cluster_size", {}).items()
             },
         )
 

@@ -39,6 +39,14 @@ _COLLECTIVES = {
     "shuffle": _shuffle,
 }
 
+
+
+def _resident(f: Callable, a: torch.Tensor, n: int) -> torch.Tensor:
+    """A resident collective: each tile repeats its pattern A[c, r, :] to n elements, and
+    O[c, r] is the sum of CTA r's result."""
+    return f(a.repeat(1, 1, n // a.shape[2])).sum(-1)
+
+
 def _softmax_stats(x):
     m = x.max(1).values
     return m, torch.exp(x - m[:, None]).sum(1)
@@ -94,6 +102,13 @@ REFERENCES: dict[str, Reference] = {
         f"collective_{kind}": Reference(
             float64=lambda a, f=f: f(a.double()),
             torch_eager=lambda a, f=f: f(a.float()).to(a.dtype).contiguous(),
+        )
+        for kind, f in _COLLECTIVES.items()
+    },
+    **{
+        f"collective_resident_{kind}": Reference(
+            float64=lambda a, n, f=f: _resident(f, a.double(), n),
+            torch_eager=lambda a, n, f=f: _resident(f, a.float(), n),
         )
         for kind, f in _COLLECTIVES.items()
     },

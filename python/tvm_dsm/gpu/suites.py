@@ -125,48 +125,73 @@ def stock_cluster_bind_trap(m: int = 4096, k: int = 1024, cluster: int = 4) -> V
     )
 
 
-def collectives(n: int = 16384) -> list[Variant]:
-    """Every collective x cluster size x dtype on tiles of ``n`` elements per CTA (64 KB fp32;
+TILE = 16384  # elements per CTA of the collectives suite
+
+
+def _collective_variant(kind, bulk, resident, clusters, size, n, dtype, elem) -> Variant:
+    func = collective(kind, clusters, size, n, dtype, resident=resident)
+    args = _args(func)
+    # Tiles of n elements each CTA reads from peers; the all-gather of rs_ag reads fp32 partial
+    # sums, counted in bytes of the input element.
+    remote_tiles = {
+        "copy": 0, "all_exchange": size - 1, "shuffle": size - 1,
+        "broadcast": 2 * (1 - 1 / size), "reduce_scatter": 1 - 1 / size,
+        "all_exchange_rs_ag": (1 - 1 / size) * (1 + 4 / elem),
+    }[kind]
+    prefix = "resident_" if resident else ""
+    label = f"{kind}_bulk" if bulk else kind
+    suffix = "" if n == TILE else f"_n{n}"
+    return Variant(
+        name=f"{prefix}{label}_c{size}_{dtype}{suffix}",
+        workload=f"collective_{prefix}{kind}",
+        mod=schedule_collective_kernel(func, kind, size, bulk=bulk).mod,
+        args=args,
+        bytes=_nbytes(args),
+        flops=0,
+        plan={"collective": kind, "cluster_size": size, "tile_elements": n, "resident": resident,
+              "transfer": "cp.async.bulk" if bulk else "ld.shared::cluster"},
+        peers=("torch_eager",),
+        reference_kwargs={"n": n} if resident else {},
+        extra={
+            "collective": label,
+            "cluster_size": size,
+            "resident": resident,
+            "dsm_bytes": int(clusters * size * remote_tiles * n * elem),
+            "baseline": f"{prefix}copy_c{size}_{dtype}{suffix}",
+        },
+    )
+
+
+def collectives() -> list[Variant]:
+    """Every collective x cluster size x dtype on tiles of TILE elements per CTA (64 KB fp32;
     with the fp32 result and partials up to 160 KB of dynamic SMEM), about two waves of
-    clusters; ``copy`` (no exchange) is each configuration's baseline."""
+    clusters; ``copy`` (no exchange) is each configuration's baseline. Each runs twice: loading
+    and storing whole tiles (the correctness table), and resident in SMEM with only a sum
+    written (``resident_*``, the bandwidth table: DSM traffic alone). Smaller tiles (4096
+    elements) at clusters 2 and 4 check other slice sizes."""
     variants = []
-    for dtype, elem in (("float32", 4), ("float16", 2)):
-        for size in (2, 4, 8, 16):
-            clusters = 2 * 132 // size
-            for kind, bulk in [(k, False) for k in KINDS] + [(k, True) for k in BULK_KINDS]:
-                func = collective(kind, clusters, size, n, dtype)
-                args = _args(func)
-                # Tiles of n elements each CTA reads from peers; the all-gather of rs_ag reads
-                # fp32 partial sums, counted in bytes of the input element.
-                remote_tiles = {
-                    "copy": 0, "all_exchange": size - 1, "shuffle": size - 1,
-                    "broadcast": 2 * (1 - 1 / size), "reduce_scatter": 1 - 1 / size,
-                    "all_exchange_rs_ag": (1 - 1 / size) * (1 + 4 / elem),
-                }[kind]
-                label = f"{kind}_bulk" if bulk else kind
-                variants.append(
-                    Variant(
-                        name=f"{label}_c{size}_{dtype}",
-                        workload=f"collective_{kind}",
-                        mod=schedule_collective_kernel(func, kind, size, bulk=bulk).mod,
-                        args=args,
-                        bytes=_nbytes(args),
-                        flops=0,
-                        plan={"collective": kind, "cluster_size": size, "tile_elements": n,
-                              "transfer": "cp.async.bulk" if bulk else "ld.shared::cluster"},
-                        peers=("torch_eager",),
-                        extra={
-                            "collective": label,
-                            "cluster_size": size,
-                            "dsm_bytes": int(clusters * size * remote_tiles * n * elem),
-                            "baseline": f"copy_c{size}_{dtype}",
-                        },
+    hw = load_hardware()
+    kinds = [(k, False) for k in KINDS] + [(k, True) for k in BULK_KINDS]
+    for resident in (False, True):
+        for dtype, elem in (("float32", 4), ("float16", 2)):
+            for size in (2, 4, 8, 16):
+                # Resident kernels (one 128 KB-SMEM CTA per SM) launch two whole waves of the
+                # clusters that fit at once, so the last wave is not a partial one.
+                clusters = 2 * hw.dsm_peak_clusters[size] if resident else 2 * 132 // size
+                for kind, bulk in kinds:
+                    variants.append(
+                        _collective_variant(kind, bulk, resident, clusters, size, TILE, dtype, elem)
                     )
+    for dtype, elem in (("float32", 4), ("float16", 2)):
+        for size in (2, 4):
+            for kind, bulk in kinds:
+                variants.append(
+                    _collective_variant(kind, bulk, False, 2 * 132 // size, size, 4096, dtype, elem)
                 )
     per_group = 4
     for dtype in ("float32", "float16"):
         for size in (2, 4, 8, 16):
-            func = split_sum(2 * 132 // size // per_group, per_group, size, n, dtype)
+            func = split_sum(2 * 132 // size // per_group, per_group, size, TILE, dtype)
             args = _args(func)
             variants.append(
                 Variant(

@@ -26,8 +26,9 @@ def _tile_stage(sch: s_tir.Schedule, block, vector_lanes: int) -> None:
     sch.vectorize(vector)
 
 
-#: Collectives whose data movement is a pure copy, which ``bulk=True`` sends by cp.async.bulk.
-BULK_KINDS = ("broadcast", "all_exchange_rs_ag")
+#: Collectives whose data movement ``bulk=True`` sends by cp.async.bulk (copies, and the copy
+#: half of a float reduce-scatter).
+BULK_KINDS = ("broadcast", "all_exchange_rs_ag", "reduce_scatter")
 
 
 def schedule_collective_kernel(
@@ -39,14 +40,17 @@ def schedule_collective_kernel(
         raise ValueError(f"bulk transfer applies to the copy phases of {BULK_KINDS}, not {kind!r}")
     sch = s_tir.Schedule(func)
     out = sch.get_sblock("O")
-    cluster_tile, _, elements = sch.get_loops(out)
-    out_dtype = str(sch.get(out).writes[0].source.ty.dtype)
-    out_lanes = 8 if out_dtype in ("float16", "bfloat16") else 4
-    cta = sch.fuse(cluster_tile, sch.get_loops(out)[1])
-    cluster, _ = bind_cluster(sch, cta, cluster_size)
-    _, thread, vector = sch.split(elements, [None, THREADS, out_lanes])
-    sch.bind(thread, "threadIdx.x")
-    sch.vectorize(vector)
+    cluster_tile, rank, elements = sch.get_loops(out)
+    tile_dtype = str(sch.get(sch.get_sblock("X")).writes[0].source.ty.dtype)
+    out_lanes = 8 if tile_dtype in ("float16", "bfloat16") else 4
+    cluster, _ = bind_cluster(sch, sch.fuse(cluster_tile, rank), cluster_size)
+    if len(sch.get(out).writes[0].source.ty.shape) == 2:  # resident: O is the CTA's sum
+        _, thread = sch.split(elements, [None, THREADS])
+        sch.bind(thread, "threadIdx.x")
+    else:
+        _, thread, vector = sch.split(elements, [None, THREADS, out_lanes])
+        sch.bind(thread, "threadIdx.x")
+        sch.vectorize(vector)
     stages = ("Y", "Z", "X") if kind == "all_exchange_rs_ag" else ("Y", "X")
     for name in stages:
         sch.compute_at(sch.get_sblock(name), cluster, preserve_unit_loops=True)
@@ -56,10 +60,10 @@ def schedule_collective_kernel(
     if kind == "copy":
         _tile_stage(sch, y, 4)
     elif kind == "all_exchange_rs_ag":
-        primitives.reduce_scatter(sch, sch.get_sblock("Z"), threads=THREADS)
+        primitives.reduce_scatter(sch, sch.get_sblock("Z"), threads=THREADS, bulk=bulk)
         primitives.all_gather(sch, y, threads=THREADS, bulk=bulk)
-    elif kind == "broadcast":
-        primitives.broadcast(sch, y, threads=THREADS, bulk=bulk)
+    elif kind in ("broadcast", "reduce_scatter"):
+        getattr(primitives, kind)(sch, y, threads=THREADS, bulk=bulk)
     else:
         getattr(primitives, kind)(sch, y, threads=THREADS)
     return sch

@@ -144,9 +144,39 @@ def all_exchange(sch: s_tir.Schedule, block, *, threads: int = 128, vector_bytes
     _collective(sch, block, "all_exchange", threads, vector_bytes, rotate=True)
 
 
-def reduce_scatter(sch: s_tir.Schedule, block, *, threads: int = 128, vector_bytes: int = 16) -> None:
-    """Schedule ``Y[r, j] = sum_p X[p, r*m + j]``: CTA r reads part r of every peer's tile."""
-    _collective(sch, block, "reduce_scatter", threads, vector_bytes, rotate=True)
+def reduce_scatter(
+    sch: s_tir.Schedule, block, *, threads: int = 128, vector_bytes: int = 16, bulk: bool = False
+) -> None:
+    """Schedule ``Y[r, j] = sum_p X[p, r*m + j]``: CTA r reads part r of every peer's tile.
+
+    ``bulk``: PTX's bulk reduction into shared::cluster is integer-only, so a float sum is a
+    copy and a local add: every CTA p pushes part r of its tile into CTA r's staging buffer
+    ``S[r, p, j]`` (``cache_read`` + ``transform_layout``, a bulk copy), and CTA r adds its
+    staging rows from its own SMEM.
+    """
+    if not bulk:
+        _collective(sch, block, "reduce_scatter", threads, vector_bytes, rotate=True)
+        return
+    _check_reads_dsm(sch, block, "reduce_scatter")
+    size = _cluster_size(sch, block, "reduce_scatter")
+    read_index = next(
+        n for n, region in enumerate(sch.get(block).reads)
+        if str(region.source.ty.storage_scope) == DSM_SCOPE
+    )
+    staging = sch.cache_read(block, read_index, DSM_SCOPE)
+    peer, *middle, elements = sch.get_loops(staging)[1:]
+    n = int(sch.get(elements).extent)
+    m = n // size
+    ndim = len(sch.get(staging).writes[0].source.ty.shape)
+    sch.transform_layout(
+        staging,
+        ("write", 0),
+        IndexMap.from_func(lambda p, *i: (i[-1] // m, p, *i[:-1], i[-1] % m), ndim=ndim, index_dtype="int32"),
+    )
+    owner, _ = sch.split(elements, [size, m])
+    sch.reorder(owner, peer, *middle)
+    bulk_copy(sch, staging)
+    _collective(sch, block, "reduce_scatter", threads, vector_bytes, rotate=False)
 
 
 def all_gather(
@@ -208,6 +238,11 @@ def broadcast(
         raise ClusterError(
             f"broadcast: a tile of {n} elements does not split into {size} parts of whole "
             f"{vector_bytes}-byte vectors"
+        )
+    if not bulk and n % (size * lanes * threads):
+        raise ClusterError(
+            f"broadcast: each of the {size} parts of a {n}-element tile must fill {threads} "
+            f"threads x {lanes}-element vectors (a larger tile, fewer CTAs, or bulk=True)"
         )
     m = n // size
     ndim = len(sch.get(parts).writes[0].source.ty.shape)

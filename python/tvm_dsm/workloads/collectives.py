@@ -6,6 +6,10 @@ computes ``Y[r, c, :]`` from the cluster's tiles, and the CTA stores ``O[c, r, :
 ``kind="copy"`` (no exchange) is the baseline the benchmark subtracts. ``all_exchange_rs_ag`` is
 all-exchange as reduce-scatter (stage Z) then all-gather (stage Y): 2 (S - 1) / S of a tile read
 per CTA instead of S - 1 tiles.
+
+``resident=True`` measures the exchange alone: the tile is made in SMEM from a small pattern
+(``X[r, c, i] = A[c, r, i % PATTERN]``) and each CTA writes only the fp32 sum of its result
+(``O[c, r] = sum_i Y[r, c, i]``), so HBM traffic is negligible next to the DSM traffic.
 """
 
 from __future__ import annotations
@@ -13,12 +17,20 @@ from __future__ import annotations
 from tvm import te, tirx
 
 KINDS = ("copy", "all_exchange", "all_exchange_rs_ag", "reduce_scatter", "broadcast", "shuffle")
+#: Elements of the pattern a resident tile repeats.
+PATTERN = 256
 
 
-def collective(kind: str, clusters: int, size: int, n: int, dtype: str = "float32") -> tirx.PrimFunc:
+def collective(
+    kind: str, clusters: int, size: int, n: int, dtype: str = "float32", resident: bool = False
+) -> tirx.PrimFunc:
     """The ``kind`` collective over tiles of ``n`` elements in clusters of ``size`` CTAs."""
-    a = te.placeholder((clusters, size, n), dtype, name="A")
-    x = te.compute((size, clusters, n), lambda r, c, i: a[c, r, i], name="X")
+    if resident:
+        a = te.placeholder((clusters, size, PATTERN), dtype, name="A")
+        x = te.compute((size, clusters, n), lambda r, c, i: a[c, r, i % PATTERN], name="X")
+    else:
+        a = te.placeholder((clusters, size, n), dtype, name="A")
+        x = te.compute((size, clusters, n), lambda r, c, i: a[c, r, i], name="X")
     p = te.reduce_axis((0, size), name="p")
     acc = "float32"  # reductions accumulate in fp32 (Y), the result is cast back on store (O)
 
@@ -50,9 +62,13 @@ def collective(kind: str, clusters: int, size: int, n: int, dtype: str = "float3
         )
     else:
         raise ValueError(f"unknown collective {kind!r}; one of {KINDS}")
-    o = te.compute(
-        (clusters, size, y.shape[2]), lambda c, r, i: y[r, c, i].astype(dtype), name="O"
-    )
+    if resident:
+        i = te.reduce_axis((0, y.shape[2]), name="i")
+        o = te.compute((clusters, size), lambda c, r: te.sum(f32(y[r, c, i]), axis=i), name="O")
+    else:
+        o = te.compute(
+            (clusters, size, y.shape[2]), lambda c, r, i: y[r, c, i].astype(dtype), name="O"
+        )
     return te.create_prim_func([a, o])
 
 
