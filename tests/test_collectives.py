@@ -55,24 +55,6 @@ def _unscheduled(kind: str, cluster: int, n: int, place: bool = True):
     return sch, sch.get_sblock("Y")
 
 
-def test_collective_needs_a_dsm_tile():
-    sch, y = _unscheduled("all_exchange", 4, 4096, place=False)
-    with pytest.raises(ClusterError, match="reads no DSM buffer"):
-        collectives.all_exchange(sch, y)
-
-
-def test_collective_needs_a_real_cluster():
-    sch, y = _unscheduled("all_exchange", 1, 4096)
-    with pytest.raises(ClusterError, match="at least 2 CTAs"):
-        collectives.all_exchange(sch, y)
-
-
-def test_slice_must_move_in_whole_16_byte_vectors():
-    sch, y = _unscheduled("all_exchange", 2, 4098)
-    with pytest.raises(ClusterError, match="not a multiple of the 4-element vector"):
-        collectives.all_exchange(sch, y)
-
-
 def test_inter_cluster_reduce_is_a_deterministic_second_kernel(assemble):
     from tvm_dsm.rules.collective_kernel import schedule_split_sum
     from tvm_dsm.workloads.collectives import split_sum
@@ -139,22 +121,22 @@ def test_bulk_chunks_must_be_whole_16_byte_units():
         cuda_source(sch.mod)
 
 
-def test_bulk_copy_rejects_a_reduction():
-    sch, y = _unscheduled("all_exchange", 4, 4096)
-    place_in_dsm(sch, y, 0)
-    with pytest.raises(ClusterError, match="only copies move in bulk"):
-        collectives.bulk_copy(sch, y)
+# (workload, cluster, tile, buffers placed in DSM, primitive, error): misuse gets a named error.
+MISUSE = [
+    ("all_exchange", 4, 4096, "", "all_exchange", "reads no DSM buffer"),
+    ("all_exchange", 1, 4096, "X", "all_exchange", "at least 2 CTAs"),
+    ("all_exchange", 2, 4098, "X", "all_exchange", "not a multiple of the 4-element vector"),
+    ("all_exchange", 4, 4096, "XY", "bulk_copy", "only copies move in bulk"),
+    ("broadcast", 4, 4096, "X", "bulk_copy", "into a DSM buffer"),
+    # 16 parts of a 2048-element tile are 128 elements: too few for 128 threads x 4 lanes.
+    ("broadcast", 16, 2048, "XY", "broadcast", "must fill 128 threads x 4-element vectors"),
+]
 
 
-def test_bulk_copy_needs_a_dsm_destination():
-    sch, y = _unscheduled("broadcast", 4, 4096)
-    with pytest.raises(ClusterError, match="into a DSM buffer"):
-        collectives.bulk_copy(sch, y)
-
-
-def test_broadcast_parts_must_fill_the_threads():
-    """16 parts of a 2048-element tile are 128 elements: too few for 128 threads x 4 lanes."""
-    sch, y = _unscheduled("broadcast", 16, 2048)
-    place_in_dsm(sch, y, 0)
-    with pytest.raises(ClusterError, match="must fill 128 threads x 4-element vectors"):
-        collectives.broadcast(sch, y)
+@pytest.mark.parametrize(("kind", "cluster", "n", "placed", "primitive", "error"), MISUSE)
+def test_misuse_is_named(kind, cluster, n, placed, primitive, error):
+    sch, y = _unscheduled(kind, cluster, n, place="X" in placed)
+    if "Y" in placed:
+        place_in_dsm(sch, y, 0)
+    with pytest.raises(ClusterError, match=error):
+        getattr(collectives, primitive)(sch, y)

@@ -108,6 +108,29 @@ def _cluster_size(sch: s_tir.Schedule, block, collective: str) -> int:
     return int(size)
 
 
+def _dsm_read_cache(sch: s_tir.Schedule, block, collective: str):
+    """(a DSM copy of the block's DSM operand, made by ``cache_read`` at the block, cluster size)."""
+    _check_reads_dsm(sch, block, collective)
+    size = _cluster_size(sch, block, collective)
+    read_index = next(
+        n for n, region in enumerate(sch.get(block).reads)
+        if str(region.source.ty.storage_scope) == DSM_SCOPE
+    )
+    return sch.cache_read(block, read_index, DSM_SCOPE), size
+
+
+def _own_parts_by_rank(sch: s_tir.Schedule, cache, m: int) -> None:
+    """Lay the cache out so that part ``i // m`` of its last axis lives in the CTA of that rank."""
+    ndim = len(sch.get(cache).writes[0].source.ty.shape)
+    sch.transform_layout(
+        cache,
+        ("write", 0),
+        IndexMap.from_func(
+            lambda *i: (i[-1] // m, *i[:-1], i[-1] % m), ndim=ndim, index_dtype="int32"
+        ),
+    )
+
+
 def _collective(sch, block, name: str, threads: int, vector_bytes: int, rotate: bool) -> None:
     _check_reads_dsm(sch, block, name)
     _cluster_size(sch, block, name)
@@ -157,22 +180,10 @@ def reduce_scatter(
     if not bulk:
         _collective(sch, block, "reduce_scatter", threads, vector_bytes, rotate=True)
         return
-    _check_reads_dsm(sch, block, "reduce_scatter")
-    size = _cluster_size(sch, block, "reduce_scatter")
-    read_index = next(
-        n for n, region in enumerate(sch.get(block).reads)
-        if str(region.source.ty.storage_scope) == DSM_SCOPE
-    )
-    staging = sch.cache_read(block, read_index, DSM_SCOPE)
+    staging, size = _dsm_read_cache(sch, block, "reduce_scatter")
     peer, *middle, elements = sch.get_loops(staging)[1:]
-    n = int(sch.get(elements).extent)
-    m = n // size
-    ndim = len(sch.get(staging).writes[0].source.ty.shape)
-    sch.transform_layout(
-        staging,
-        ("write", 0),
-        IndexMap.from_func(lambda p, *i: (i[-1] // m, p, *i[:-1], i[-1] % m), ndim=ndim, index_dtype="int32"),
-    )
+    m = int(sch.get(elements).extent) // size
+    _own_parts_by_rank(sch, staging, m)
     owner, _ = sch.split(elements, [size, m])
     sch.reorder(owner, peer, *middle)
     bulk_copy(sch, staging)
@@ -224,13 +235,7 @@ def broadcast(
     of (S - 1) n, and each CTA's SMEM serves n (S - 1) / S. ``bulk``: both phases are
     bulk pushes (the root's copy engine sends each part once).
     """
-    _check_reads_dsm(sch, block, "broadcast")
-    size = _cluster_size(sch, block, "broadcast")
-    read_index = next(
-        n for n, region in enumerate(sch.get(block).reads)
-        if str(region.source.ty.storage_scope) == DSM_SCOPE
-    )
-    parts = sch.cache_read(block, read_index, DSM_SCOPE)
+    parts, size = _dsm_read_cache(sch, block, "broadcast")
     elements = sch.get_loops(parts)[-1]
     n = int(sch.get(elements).extent)
     lanes = vector_bytes // _element_bytes(sch, block)
@@ -245,14 +250,7 @@ def broadcast(
             f"threads x {lanes}-element vectors (a larger tile, fewer CTAs, or bulk=True)"
         )
     m = n // size
-    ndim = len(sch.get(parts).writes[0].source.ty.shape)
-    sch.transform_layout(
-        parts,
-        ("write", 0),
-        IndexMap.from_func(
-            lambda *i: (i[-1] // m, *i[:-1], i[-1] % m), ndim=ndim, index_dtype="int32"
-        ),
-    )
+    _own_parts_by_rank(sch, parts, m)
     owner, part = sch.split(elements, [size, m])
     if bulk:
         sch.reorder(owner, *sch.get_loops(parts)[1:-2])  # the owner loop is the rank loop
