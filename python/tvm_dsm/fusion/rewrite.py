@@ -9,13 +9,17 @@ reduction axis once, and per element updates the levels in dependency order:
     commit state_d = new_d
 
 ``correct`` is the rescale/shift proven by :mod:`tvm_dsm.fusion.cascade`; a state still at its
-identity is left alone (0 * inf or -inf - -inf would otherwise produce NaN). Split levels keep one
-accumulator per x-term and combine them with the dependencies' final values after the loop.
-Top-k levels keep k (value, index) pairs best first; an element (or a part's pair, when parts
-merge) is inserted only when it beats the last pair, which after the first few elements is rare.
+identity is left alone (0 * inf or -inf - -inf would otherwise produce NaN), and so is a state
+whose dependencies did not move (the correction is exactly the identity then). Split levels keep
+one accumulator per x-term and combine them with the dependencies' final values after the loop.
+Top-k levels keep k (value, index) pairs best first; an element is inserted only when it beats
+the last pair, which after the first few elements is rare, and two parts' sorted pairs merge
+bitonically (k a power of two; else by insertion).
 """
 
 from __future__ import annotations
+
+import functools
 
 import tvm
 import tvm_ffi
@@ -233,14 +237,18 @@ class _FusedBlock:
         """merged_j = op over the parts ``sources`` of corrected(partial_j[p]); the dependencies
         are merged first, so the correction moves each part from its own dependencies (old) to
         the merged ones (new)."""
-        if lvl.top_k:  # the first part's sorted pairs are the start; the others' are inserted
+        if lvl.top_k:  # the first part's sorted pairs are the start; the others' merge in
+            k = lvl.top_k.k
             first, *rest = sources
-            for c in range(lvl.top_k.k):
+            for c in range(k):
                 T.buffer_store(merged[j], tirx.BufferLoad(partial[j], [first, c]), [c])
                 T.buffer_store(merged_acc[0], tirx.BufferLoad(partial_acc[0], [first, c]), [c])
             for p in rest:
-                for c in range(lvl.top_k.k):
-                    self._insert(merged[j], merged_acc[0], lvl.top_k.k,
+                if k & (k - 1) == 0:
+                    self._merge_sorted(merged[j], merged_acc[0], k, partial[j], partial_acc[0], p)
+                    continue
+                for c in range(k):
+                    self._insert(merged[j], merged_acc[0], k,
                                  tirx.BufferLoad(partial[j], [p, c]), tirx.BufferLoad(partial_acc[0], [p, c]))
             return
         self._init_state(lvl, merged[j], merged_acc)
@@ -360,6 +368,45 @@ class _FusedBlock:
                             won[0] == 1, new, buf[c])), [c])
                     T.buffer_store(won, moves[0], [0])
 
+    @staticmethod
+    def _merge_sorted(values, indices, k: int, other_values, other_indices, p) -> None:
+        """The best k of the sorted pairs held and part ``p``'s sorted pairs (k a power of two),
+        by a bitonic merge: the better of held[c] and other[k-1-c] for each c is the best k as a
+        bitonic sequence, which log2(k) rounds of compare-exchanges sort. 2k + (k/2) log2 k
+        independent comparisons instead of k insertions of k dependent ones; the other part's
+        pairs are first copied into registers (ThreadSync rejects shared reads in conditions)."""
+        dtype = str(values.ty.dtype)
+        theirs_v = T.sblock_alloc_buffer([k], dtype, scope="local")
+        theirs_i = T.sblock_alloc_buffer([k], "int32", scope="local")
+        held_v = T.sblock_alloc_buffer([1], dtype, scope="local")
+        held_i = T.sblock_alloc_buffer([1], "int32", scope="local")
+        swap = T.sblock_alloc_buffer([1], "int32", scope="local")
+        for c in range(k):
+            T.buffer_store(theirs_v, tirx.BufferLoad(other_values, [p, c]), [c])
+            T.buffer_store(theirs_i, tirx.BufferLoad(other_indices, [p, c]), [c])
+
+        def exchange(a: tuple, b: tuple, both: bool) -> None:
+            """Slot a = (values, indices, position) takes the better pair of a and b; with
+            ``both``, slot b takes the other."""
+            (a_v, a_i, x), (b_v, b_i, y) = a, b
+            T.buffer_store(swap, tirx.Cast("int32", beats(b_v[y], b_i[y], a_v[x], a_i[x])), [0])
+            T.buffer_store(held_v, a_v[x], [0])
+            T.buffer_store(held_i, a_i[x], [0])
+            take = swap[0] == 1
+            T.buffer_store(a_v, tirx.Select(take, b_v[y], held_v[0]), [x])
+            T.buffer_store(a_i, tirx.Select(take, b_i[y], held_i[0]), [x])
+            if both:
+                T.buffer_store(b_v, tirx.Select(take, held_v[0], b_v[y]), [y])
+                T.buffer_store(b_i, tirx.Select(take, held_i[0], b_i[y]), [y])
+
+        for c in range(k):
+            exchange((values, indices, c), (theirs_v, theirs_i, k - 1 - c), both=False)
+        stride = k // 2
+        while stride:
+            for c in (c for c in range(k) if not c & stride):
+                exchange((values, indices, c), (values, indices, c + stride), both=True)
+            stride //= 2
+
     def _update(self, j, lvl: Level, rows, k, state, new, accumulators) -> None:
         if lvl.top_k:
             self._insert(state[j], accumulators[0], lvl.top_k.k, self._operand(lvl, rows, k, [], new), k,
@@ -380,7 +427,10 @@ class _FusedBlock:
             if lvl.form in ("rescale", "shift"):
                 fix = ToTIR(self._symbols(lvl, rows, k, extra, state, new), dtype)(lvl.correction)
                 corrected = current * fix if lvl.form == "rescale" else current + fix
-                current = tirx.Select(current == lvl.init, current, corrected)
+                # The correction is exactly the identity while no dependency moves (exp(0) = 1),
+                # which after the first elements is nearly always: skip its exp then.
+                moved = functools.reduce(tirx.Or, [new[d][0] != state[d][0] for d in lvl.deps])
+                current = tirx.Select(tirx.And(current != lvl.init, moved), corrected, current)
             target = new[j] if j in self.read_by_others else state[j]
             T.buffer_store(target, combine(current, operand), slot)
 

@@ -1,7 +1,8 @@
 """Build a suite's kernels here and export them for the device machine.
 
-``python -m tvm_dsm.gpu.export SUITE [--out .gpu/kernels]`` writes ``<out>/<SUITE>/`` with one
-shared library per kernel (CUDA source inside: TVM compiles it when the module is loaded) and a
+``python -m tvm_dsm.gpu.export SUITE [--out .gpu/kernels] [--only NAME ...]`` writes
+``<out>/<SUITE>/`` with one shared library per kernel (those whose name contains one of the
+``--only`` strings, if given) (CUDA source inside: TVM compiles it when the module is loaded) and a
 ``manifest.json`` the device runner (:mod:`tvm_dsm.gpu.run`) reads.
 """
 
@@ -27,12 +28,14 @@ def _git_sha() -> str:
         return "unknown"
 
 
-def export_suite(suite: str, out_dir: Path) -> Path:
+def export_suite(suite: str, out_dir: Path, only: list[str] | None = None) -> Path:
     target = tvm.target.Target(TARGET, host="llvm")
     folder = out_dir / suite
     folder.mkdir(parents=True, exist_ok=True)
     kernels = []
     for variant in SUITES[suite]():
+        if only and not any(part in variant.name for part in only):
+            continue
         executable = tvm.compile(variant.mod, target=target, tir_pipeline=variant.pipeline)
         lib = f"{variant.name}.so"
         executable.export_library(str(folder / lib))
@@ -64,8 +67,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("suite", choices=sorted(SUITES))
     parser.add_argument("--out", type=Path, default=Path(".gpu/kernels"))
+    parser.add_argument("--only", nargs="*", help="export the kernels whose name contains one of these")
     args = parser.parse_args()
-    print("exported to", export_suite(args.suite, args.out))
+    print("exported to", export_suite(args.suite, args.out, args.only))
 
 
 if __name__ == "__main__":
