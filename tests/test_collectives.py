@@ -93,6 +93,25 @@ def test_bulk_collective_assembles_with_mbarrier_completed_pushes(kind, dtype, c
     assemble(source, f"{kind}_bulk_{dtype}_{cluster}")
 
 
+def test_bulk_copy_is_fenced_then_waited_on_its_own_mbarrier():
+    """The generic stores to the source are fenced for the copy engine before the cluster
+    barrier that precedes the pushes; after the wait on the CTA's own mbarrier the result is read
+    locally without another cluster barrier."""
+    source = cuda_source(schedule_collective_kernel(
+        collective("broadcast", 4, 4, 16384), "broadcast", 4, bulk=True).mod)
+    body = source[source.index("extern \"C\" __global__"):]
+    fence = "tvm_builtin_ptx_fence_proxy_proxy_async_shared__cta();"
+    barrier = "tvm_builtin_cuda_cluster_sync();"
+    push = "tvm_builtin_ptx_cp_async_bulk_s2c"
+    wait = "tvm_builtin_cuda_mbarrier_wait_raw_u32("
+    first = body.index(push)
+    assert body.rindex(fence, 0, first) < body.rindex(barrier, 0, first)
+    last_wait = body.rindex(wait)
+    store = body.index("O_ptr", last_wait)
+    assert barrier not in body[last_wait:store]
+    assert body.count("mbarrier_init_init_shared__cta_b64(") == 2  # scatter and all-gather
+
+
 def _expected_tx(source: str) -> list[int]:
     return [
         int(re.search(r"\(uint\)(\d+)\);", line).group(1))

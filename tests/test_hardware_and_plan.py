@@ -17,6 +17,16 @@ def test_h100_description_is_measured():
     assert hw.latency_ns["smem"] < hw.latency_ns["dsm"] < hw.latency_ns["hbm"]
 
 
+def test_dsm_peak_is_the_copy_engine_ceiling():
+    """The peak probe (bulk copies) is above the register-load probe at every cluster size, and
+    records how many 128 KB-SMEM clusters were resident (the resident bandwidth kernels launch
+    two such waves)."""
+    hw = load_hardware()
+    for size in (2, 4, 8, 16):
+        assert hw.dsm_peak_bw(size) > hw.dsm_bw(size)
+        assert 0 < hw.dsm_peak_clusters[size] * size <= hw.sm_count
+
+
 def test_planner_prefers_more_ctas_for_a_few_long_rows():
     hw = load_hardware()
     best = plan_split_k_reduction(256, 16384, hw)[0]
