@@ -43,17 +43,13 @@ BULK_SRC = "tvm_dsm.bulk_src"
 _ALIGN = 16  # cp.async.bulk moves multiples of 16 bytes between 16-byte aligned addresses
 
 
-def _flat(indices, strides) -> tvm.ir.PrimExpr:
-    return sum((i * s for i, s in zip(indices, strides)), tirx.const(0, "int32"))
-
-
 def _thread_extent(kernel: "_KernelLowering") -> int:
     extents = {int(a.value) for a in kernel.thread_attrs if str(a.node.thread_tag) == "threadIdx.x"}
     return max(extents, default=1)
 
 
 def _on_threads(kernel: "_KernelLowering", make_body) -> tirx.AttrStmt:
-    """``make_body(tx)`` under a fresh ``threadIdx.x`` binding of the kernel's extent."""
+    """``make_body(tx, extent)`` under a fresh ``threadIdx.x`` binding of the kernel's extent."""
     extent = _thread_extent(kernel)
     tx = tirx.Var("tx", "int32")
     node = tirx.IterVar(Range(0, extent), tx, tirx.IterVar.ThreadIndex, "threadIdx.x")
@@ -89,8 +85,8 @@ class BulkCopy:
                 "register path (all_gather/broadcast without bulk=True)"
             )
         (_, *dst_idx), (src_rank, *src_idx) = starts
-        self.dst_offset = _flat(dst_idx, dst.strides) * self.elem_bytes
-        self.src_offset = _flat(src_idx, src.strides) * self.elem_bytes
+        self.dst_offset = dst.offset(dst_idx) * self.elem_bytes
+        self.src_offset = src.offset(src_idx) * self.elem_bytes
         self.src_rank = src_rank
         for name, offset in (("destination", self.dst_offset), ("source", self.src_offset)):
             if not kernel.analyzer.can_prove_equal(tirx.floormod(offset, _ALIGN), 0):

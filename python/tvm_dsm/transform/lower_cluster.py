@@ -100,10 +100,14 @@ class _DSMBuffer:
             self.strides.insert(0, stride)
             stride = stride * extent
 
+    def offset(self, indices) -> tvm.ir.PrimExpr:
+        """The element offset of slice ``indices`` (without the rank) in the slice."""
+        return sum((i * s for i, s in zip(indices, self.strides)), tirx.const(0, "int32"))
+
     def _peer_address(self, indices, rank, peer: tirx.Var, mask: str) -> tirx.Evaluate:
         # ``mask`` tells ThreadSync whether the CTA's own slice is read or written here (it is
         # neither; the peer's is), so loads do not get __syncthreads between iterations.
-        offset = sum((i * s for i, s in zip(indices, self.strides)), tirx.const(0, "int32"))
+        offset = self.offset(indices)
         local = T.cuda.cvta_generic_to_shared(self.slice.access_ptr(mask, offset=offset))
         return tirx.Evaluate(
             T.ptx.mapa.shared__cluster.u32(peer[0], local, tirx.Cast("uint32", rank))
