@@ -7,6 +7,7 @@ import re
 
 import pytest
 from conftest import cuda_source
+import tvm
 from tvm import s_tir
 
 from tvm_dsm import ClusterError
@@ -159,3 +160,14 @@ def test_misuse_is_named(kind, cluster, n, placed, primitive, error):
         place_in_dsm(sch, y, 0)
     with pytest.raises(ClusterError, match=error):
         getattr(collectives, primitive)(sch, y)
+
+
+@pytest.mark.parametrize(("kind", "bulk"), [(k, False) for k in EXCHANGES] + [(k, True) for k in BULK_KINDS])
+def test_collective_schedule_replays_from_its_trace(kind, bulk):
+    """Every primitive is made of recorded instructions: the JSON trace rebuilds the schedule
+    (what MetaSchedule stores in its database and replays)."""
+    func = collective(kind, 4, 4, 4096)
+    sch = schedule_collective_kernel(func, kind, 4, bulk=bulk)
+    replay = s_tir.Schedule(func)
+    s_tir.schedule.Trace.apply_json_to_schedule(sch.trace.as_json(), replay)
+    tvm.ir.assert_structural_equal(replay.mod, sch.mod)
