@@ -74,6 +74,32 @@ def test_fused_equals_unfused():
     np.testing.assert_allclose(fused_w, unfused_w, rtol=1e-6)
 
 
+def test_packed_keys_rank_signed_zeros_infinities_and_nans_like_comparisons():
+    """fp16 values scan as packed integer keys (tvm_dsm.fusion.top_k_keys): -0 ties with +0
+    (lower index first), -inf and NaN never enter (as with the comparisons: they do not beat the
+    initial value), a row with fewer finite values than k keeps empty slots, and fp16 extremes
+    keep their order. The unfused function, whose combine compares values, is the reference."""
+    func = moe_routing(T, E, K_UNFUSED)
+    fused, _ = fuse_cascaded_reductions(func, parts=4)
+    x = _logits(3)
+    x[0, :] = np.where(np.arange(E) % 7 == 0, x[0, :], -np.inf)
+    x[0, [5, 9, 60]] = [np.float16(-0.0), np.float16(0.0), np.float16(-0.0)]
+    x[3, :] = -np.inf
+    x[3, [10, 70]] = [1.0, -65504.0]  # two finite values for k = 3
+    x[4, 11] = np.nan
+    x[4, 12] = 65504.0
+    x[5, :] = np.float16(-0.0)
+    x[5, ::2] = np.float16(0.0)
+    x[6, :] = -(np.arange(E) % 13 + 1) / 4  # negatives only: -0.25 at 0, 13, 26 ranks first
+    (unfused_w, unfused_i), (fused_w, fused_i) = (_route(f, x, K_UNFUSED) for f in (func, fused))
+    np.testing.assert_array_equal(fused_i, unfused_i)
+    np.testing.assert_array_equal(np.isnan(fused_w), np.isnan(unfused_w))
+    np.testing.assert_allclose(fused_w, unfused_w, rtol=1e-6)
+    assert list(fused_i[5]) == [0, 1, 2]  # all ties: +0 and -0 alike, by index
+    assert list(fused_i[3][:2]) == [10, 70]
+    assert list(fused_i[6]) == [0, 13, 26]
+
+
 def test_top_k_of_a_dependent_value_is_not_fused():
     """top-k of exp(x - max x) would need its pairs corrected as the max moves: refused."""
     x = te.placeholder((T, E), name="x")

@@ -33,6 +33,7 @@ from tvm.s_tir import SBlock
 from ..ir import find_all, loads, replace_node, substitute
 from .cascade import Level, LoadSymbols
 from .symbolic import ToSympy, ToTIR
+from . import top_k_keys
 from .top_k import beats
 
 _COMBINE = {"sum": lambda a, b: a + b, "max": tirx.max, "min": tirx.min}
@@ -54,6 +55,7 @@ class _FusedBlock:
         self.parts = parts
         self.read_by_others = {d for lvl in group for d in lvl.deps}
         self.name = "fused_" + "_".join(lvl.block for lvl in group)
+        self.keys: dict = {}  # during a scan: top-k level -> its packed keys (top_k_keys)
 
     def build(self) -> tirx.Stmt:
         with IRBuilder() as ib:
@@ -132,6 +134,13 @@ class _FusedBlock:
         new = {j: T.sblock_alloc_buffer([1], self._dtype(j), scope="local") for j in self.read_by_others}
         for j, lvl in enumerate(group):
             self._init_state(lvl, state[j], accumulators[j])
+        # Top-k levels of 16-bit floats scan as packed keys (tvm_dsm.fusion.top_k_keys).
+        self.keys = {}
+        for j, lvl in enumerate(group):
+            if lvl.top_k and top_k_keys.packable_value(lvl.value, lvl.extent) is not None:
+                self.keys[j] = T.sblock_alloc_buffer([lvl.top_k.k], "uint32", scope="local")
+                for c in range(lvl.top_k.k):
+                    T.buffer_store(self.keys[j], tirx.const(0, "uint32"), [c])
         with T.serial(steps) as t:
             self._stage(rows, element(t, 0))
             for v in range(self.vector):
@@ -141,7 +150,14 @@ class _FusedBlock:
                     self._update(j, lvl, rows, k, state, new, accumulators[j])
                 for j in sorted(self.read_by_others):
                     T.buffer_store(state[j], new[j][0], [0])
-        self.staged = {}
+        for j, keys in self.keys.items():
+            lvl = group[j]
+            source = str(top_k_keys.packable_value(lvl.value, lvl.extent).ty.dtype)
+            for c in range(lvl.top_k.k):
+                value, index = top_k_keys.unpack_pair(keys[c], source, self._dtype(j), lvl.init, -1)
+                T.buffer_store(state[j], value, [c])
+                T.buffer_store(accumulators[j][0], index, [c])
+        self.staged, self.keys = {}, {}
         return state, accumulators
 
     def _stage(self, rows: list, first) -> None:
@@ -408,6 +424,10 @@ class _FusedBlock:
             stride //= 2
 
     def _update(self, j, lvl: Level, rows, k, state, new, accumulators) -> None:
+        if lvl.top_k and j in self.keys:
+            raw = top_k_keys.packable_value(lvl.value, lvl.extent)
+            top_k_keys.insert(self.keys[j], self._bind(raw, lvl, rows, k, []), k, lvl.top_k.k)
+            return
         if lvl.top_k:
             self._insert(state[j], accumulators[0], lvl.top_k.k, self._operand(lvl, rows, k, [], new), k,
                          later=True)

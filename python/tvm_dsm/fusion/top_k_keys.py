@@ -1,0 +1,71 @@
+"""Top-k of 16-bit floats as one unsigned 32-bit key per (value, index) pair.
+
+A top-k scan compares pairs by value, then by index (lower first). When the value is a 16-bit
+float (or its exact fp32 cast) and indices fit 16 bits, ``key = order(value) << 16 | (0xFFFF -
+index)`` orders the pairs the same way as one unsigned integer, so inserting an element into the
+k best becomes a branch-free network of k max/min pairs instead of k comparisons with selects
+under a branch that some lane of a warp almost always takes. ``order`` maps the float's bits to an
+unsigned order (sign bit flipped for positives, all bits for negatives; -0 as +0, so they tie as
+floats do). Values that never beat the scan's initial value (NaN, -inf: not above the fp32 lowest)
+get key 0, the empty slot, so the result is the one the comparisons give.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import tirx
+from tvm.tirx.script.builder import ir as T
+
+_FLOAT16 = ("float16", "bfloat16")
+_U32 = "uint32"
+
+
+def _u32(value: int) -> tirx.IntImm:
+    return tirx.const(value, _U32)
+
+
+def packable_value(value: tvm.ir.PrimExpr, extent: int) -> tvm.ir.PrimExpr | None:
+    """The 16-bit float a top-k level's ``value`` is (exactly), if keys can order its pairs."""
+    if extent > 0xFFFF:
+        return None
+    if str(value.ty.dtype) in _FLOAT16:
+        return value
+    if isinstance(value, tirx.Cast) and str(value.ty.dtype) == "float32" \
+            and str(value.value.ty.dtype) in _FLOAT16:
+        return value.value
+    return None
+
+
+def insert(keys, raw: tvm.ir.PrimExpr, index: tvm.ir.PrimExpr, k: int) -> None:
+    """Insert the pair (``raw``, ``index``) into the ``k`` keys held best first (a local
+    buffer), dropping the least: slot c keeps the larger of itself and the carried key, the
+    smaller moves on. The key is built without branches (the sign selects an XOR mask)."""
+    bits = T.sblock_alloc_buffer([1], _U32, scope="local")
+    carry = T.sblock_alloc_buffer([1], _U32, scope="local")
+    held = T.sblock_alloc_buffer([1], _U32, scope="local")
+    T.buffer_store(bits, tirx.Cast(_U32, tirx.call_intrin("uint16", "tirx.reinterpret", raw)), [0])
+    b = bits[0]
+    T.buffer_store(bits, b * tirx.Cast(_U32, b != _u32(0x8000)), [0])  # -0 ties with +0
+    b = bits[0]
+    sign = tirx.shift_right(b, _u32(15))
+    order = tirx.bitwise_xor(b, tirx.bitwise_or(_u32(0x8000), sign * _u32(0x7FFF)))
+    key = tirx.bitwise_or(tirx.shift_left(order, _u32(16)), _u32(0xFFFF) - tirx.Cast(_U32, index))
+    beats_init = tirx.Cast(_U32, tirx.Cast("float32", raw) > tvm.te.min_value("float32"))
+    T.buffer_store(carry, key * beats_init, [0])
+    for c in range(k):
+        T.buffer_store(held, keys[c], [0])
+        T.buffer_store(keys, tirx.max(held[0], carry[0]), [c])
+        T.buffer_store(carry, tirx.min(held[0], carry[0]), [0])
+
+
+def unpack_pair(key: tvm.ir.PrimExpr, source: str, dtype: str, empty_value, empty_index: int):
+    """(value as ``dtype``, index) of a key made from a ``source``-typed (16-bit) value; key 0
+    (an empty slot) is ``(empty_value, empty_index)``."""
+    order = tirx.shift_right(key, _u32(16))
+    positive = tirx.bitwise_and(order, _u32(0x8000)) != _u32(0)
+    bits = tirx.Select(positive, tirx.bitwise_and(order, _u32(0x7FFF)), tirx.bitwise_xor(order, _u32(0xFFFF)))
+    raw = tirx.call_intrin(source, "tirx.reinterpret", tirx.Cast("uint16", bits))
+    value = raw if source == dtype else tirx.Cast(dtype, raw)
+    index = tirx.Cast("int32", _u32(0xFFFF) - tirx.bitwise_and(key, _u32(0xFFFF)))
+    empty = key == _u32(0)
+    return tirx.Select(empty, empty_value, value), tirx.Select(empty, tirx.const(empty_index, "int32"), index)
