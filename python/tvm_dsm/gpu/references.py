@@ -37,6 +37,7 @@ _COLLECTIVES = {
     "reduce_scatter": _reduce_scatter,
     "broadcast": lambda a: a[:, :1].expand_as(a),
     "shuffle": _shuffle,
+    "gated": lambda a: (F.silu(a[:, :1]) * a[:, 1:2]).expand_as(a),
 }
 
 

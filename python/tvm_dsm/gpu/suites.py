@@ -136,7 +136,7 @@ def _collective_variant(kind, bulk, resident, clusters, size, n, dtype, elem) ->
     remote_tiles = {
         "copy": 0, "all_exchange": size - 1, "shuffle": size - 1,
         "broadcast": 2 * (1 - 1 / size), "reduce_scatter": 1 - 1 / size,
-        "all_exchange_rs_ag": (1 - 1 / size) * (1 + 4 / elem),
+        "all_exchange_rs_ag": (1 - 1 / size) * (1 + 4 / elem), "gated": 2 * (size - 1) / size,
     }[kind]
     prefix = "resident_" if resident else ""
     label = f"{kind}_bulk" if bulk else kind
@@ -179,12 +179,16 @@ def collectives() -> list[Variant]:
                 # clusters that fit at once, so the last wave is not a partial one.
                 clusters = 2 * hw.dsm_peak_clusters[size] if resident else 2 * 132 // size
                 for kind, bulk in kinds:
+                    if kind == "gated" and size != 2:
+                        continue  # two halves: gate on rank 0, up on rank 1
                     variants.append(
                         _collective_variant(kind, bulk, resident, clusters, size, TILE, dtype, elem)
                     )
     for dtype, elem in (("float32", 4), ("float16", 2)):
         for size in (2, 4):
             for kind, bulk in kinds:
+                if kind == "gated" and size != 2:
+                    continue
                 variants.append(
                     _collective_variant(kind, bulk, False, 2 * 132 // size, size, 4096, dtype, elem)
                 )

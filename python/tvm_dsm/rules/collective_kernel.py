@@ -64,6 +64,8 @@ def schedule_collective_kernel(
         primitives.all_gather(sch, y, threads=THREADS, bulk=bulk)
     elif kind in ("broadcast", "reduce_scatter"):
         getattr(primitives, kind)(sch, y, threads=THREADS, bulk=bulk)
+    elif kind == "gated":  # an all-exchange whose combine is elementwise (no peer loop)
+        primitives.all_exchange(sch, y, threads=THREADS)
     else:
         getattr(primitives, kind)(sch, y, threads=THREADS)
     return sch

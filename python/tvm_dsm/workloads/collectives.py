@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from tvm import te, tirx
 
-KINDS = ("copy", "all_exchange", "all_exchange_rs_ag", "reduce_scatter", "broadcast", "shuffle")
+KINDS = ("copy", "all_exchange", "all_exchange_rs_ag", "reduce_scatter", "broadcast", "shuffle",
+         "gated")
 #: Elements of the pattern a resident tile repeats.
 PATTERN = 256
 
@@ -54,6 +55,12 @@ def collective(
         y = te.compute((size, clusters, n), lambda r, c, i: z[i // m, c, i % m], name="Y")
     elif kind == "broadcast":  # every CTA: rank 0's tile
         y = te.compute((size, clusters, n), lambda r, c, i: x[0, c, i], name="Y")
+    elif kind == "gated":  # every CTA: silu(rank 0's tile) * rank 1's tile (a SwiGLU's halves)
+        def gate(c, i):
+            g = f32(x[0, c, i])
+            return g / (1 + te.exp(-g)) * f32(x[1, c, i])
+
+        y = te.compute((size, clusters, n), lambda r, c, i: gate(c, i), name="Y")
     elif kind == "shuffle":  # round t: CTA r consumes the tile of rank (r + t) % size
         y = te.compute(
             (size, clusters, n),
