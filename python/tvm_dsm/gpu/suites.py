@@ -169,33 +169,26 @@ def collectives() -> list[Variant]:
     and storing whole tiles (the correctness table), and resident in SMEM with only a sum
     written (``resident_*``, the bandwidth table: DSM traffic alone). Smaller tiles (4096
     elements) at clusters 2 and 4 check other slice sizes."""
-    variants = []
     hw = load_hardware()
     kinds = [(k, False) for k in KINDS] + [(k, True) for k in BULK_KINDS]
-    for resident in (False, True):
-        for dtype, elem in (("float32", 4), ("float16", 2)):
-            for size in (2, 4, 8, 16):
-                # Resident kernels (one 128 KB-SMEM CTA per SM) launch two whole waves of the
-                # clusters that fit at once, so the last wave is not a partial one.
-                clusters = 2 * hw.dsm_peak_clusters[size] if resident else 2 * 132 // size
-                for kind, bulk in kinds:
-                    if kind == "gated" and size != 2:
-                        continue  # two halves: gate on rank 0, up on rank 1
-                    variants.append(
-                        _collective_variant(kind, bulk, resident, clusters, size, TILE, dtype, elem)
-                    )
-    for dtype, elem in (("float32", 4), ("float16", 2)):
-        for size in (2, 4):
-            for kind, bulk in kinds:
-                if kind == "gated" and size != 2:
-                    continue
-                variants.append(
-                    _collective_variant(kind, bulk, False, 2 * 132 // size, size, 4096, dtype, elem)
-                )
+    dtypes = (("float32", 4), ("float16", 2))
+    # (resident, tile elements, cluster size, dtype, element bytes)
+    configs = [(resident, TILE, size, *d) for resident in (False, True) for d in dtypes
+               for size in (2, 4, 8, 16)]
+    configs += [(False, 4096, size, *d) for d in dtypes for size in (2, 4)]
+    variants = []
+    for resident, n, size, dtype, elem in configs:
+        # Resident kernels (one 128 KB-SMEM CTA per SM) launch two whole waves of the clusters
+        # that fit at once, so the last wave is not a partial one.
+        clusters = 2 * hw.dsm_peak_clusters[size] if resident else 2 * hw.sm_count // size
+        for kind, bulk in kinds:
+            if kind == "gated" and size != 2:
+                continue  # two halves: gate on rank 0, up on rank 1
+            variants.append(_collective_variant(kind, bulk, resident, clusters, size, n, dtype, elem))
     per_group = 4
     for dtype in ("float32", "float16"):
         for size in (2, 4, 8, 16):
-            func = split_sum(2 * 132 // size // per_group, per_group, size, TILE, dtype)
+            func = split_sum(2 * hw.sm_count // size // per_group, per_group, size, TILE, dtype)
             args = _args(func)
             variants.append(
                 Variant(
