@@ -43,7 +43,9 @@ CLUSTER_LAUNCH_KEY = "tvm_dsm.cluster_launch"
 # removed before the pass returns.
 _REMOTE_LOAD = "tvm_dsm.remote_load"
 _REMOTE_STORE = "tvm_dsm.remote_store"
-_MARKERS = (_REMOTE_LOAD, _REMOTE_STORE, BULK_DST, BULK_SRC)
+# Each marker's access kind in the barrier analysis.
+_MARKER_KINDS = {_REMOTE_LOAD: "remote_load", _REMOTE_STORE: "remote_store",
+                 BULK_SRC: "bulk_load", BULK_DST: "bulk_store"}
 _ANY_SLICE = -1  # stands for every DSM slice in the barrier analysis
 
 # PTX type of a remote ld/st per element dtype. 16-bit floats move as raw b16 bits.
@@ -184,7 +186,6 @@ class _KernelLowering:
         self.errors: list[str] = []  # raised after each map: exceptions do not cross FFI
         self.root_only = False  # rewriting a stage only rank 0 runs
         self.thread_attrs: list[tirx.AttrStmt] = []  # threadIdx.* bindings (set by lower)
-        self.thread_vars: list[tirx.Var] = []
         self.bulk_copies: list[BulkCopy] = []
 
     def dsm_of(self, buffer) -> _DSMBuffer | None:
@@ -212,7 +213,6 @@ class _KernelLowering:
         for attr in find_all(body, tirx.AttrStmt, lambda a: a.attr_key == "thread_extent"):
             self.analyzer.bind(attr.node.var, Range(0, attr.value))
             self.thread_attrs.append(attr)
-            self.thread_vars.append(attr.node.var)
         for loop in find_all(body, tirx.For):
             self.analyzer.bind(loop.loop_var, Range(loop.min, loop.min + loop.extent))
         self.dsm = [
@@ -228,7 +228,7 @@ class _KernelLowering:
             body = self._place_barriers(body)
             body = tvm_ffi.structural_map(
                 body,
-                [(tirx.AttrStmt, lambda a: a.body if a.attr_key in _MARKERS else a)],
+                [(tirx.AttrStmt, lambda a: a.body if a.attr_key in _MARKER_KINDS else a)],
             )
             body = self._keep_slices_allocated(body)
             inits = [stmt for copy in self.bulk_copies for stmt in copy.init()]
@@ -490,16 +490,14 @@ class _KernelLowering:
         def which(buffer) -> set[int]:
             return {n for n, s in enumerate(slices) if buffer.same_as(s)}
 
-        kinds = ("remote_load", "remote_store", "load", "store", "bulk_load", "bulk_store")
+        kinds = ("load", "store", *_MARKER_KINDS.values())
         touched: dict[str, set[int]] = {k: set() for k in kinds}
         # MergeSharedMemoryAllocations may place any shared buffer over a dead DSM slice: a
         # write to shared memory counts as a write to every slice (index -1) for WAR hazards.
         if find_all(stmt, tirx.BufferStore, lambda st: str(st.buffer.ty.storage_scope).startswith("shared")):
             touched["store"].add(_ANY_SLICE)
-        marker_kind = {_REMOTE_LOAD: "remote_load", _REMOTE_STORE: "remote_store",
-                       BULK_SRC: "bulk_load", BULK_DST: "bulk_store"}
-        for attr in find_all(stmt, tirx.AttrStmt, lambda a: a.attr_key in marker_kind):
-            touched[marker_kind[attr.attr_key]] |= which(attr.node)
+        for attr in find_all(stmt, tirx.AttrStmt, lambda a: a.attr_key in _MARKER_KINDS):
+            touched[_MARKER_KINDS[attr.attr_key]] |= which(attr.node)
         for load in find_all(stmt, tvm.ir.TensorLoad):
             touched["load"] |= which(load.source)
         for store in find_all(stmt, tirx.BufferStore):
@@ -559,7 +557,7 @@ class _KernelLowering:
         return (
             isinstance(stmt, tirx.For)
             and stmt.kind in (tirx.ForKind.SERIAL, tirx.ForKind.UNROLLED)
-            and not any(uses(e, v) for e in (stmt.min, stmt.extent) for v in self.thread_vars)
+            and not any(uses(e, a.node.var) for e in (stmt.min, stmt.extent) for a in self.thread_attrs)
         )
 
     def _place_loop_barriers(self, loop: tirx.For, state: "_BarrierState") -> tirx.For:
