@@ -139,3 +139,32 @@ def test_moe_routing_kernel_assembles_for_sm90a(assemble):
     source = cuda_source(schedule_fused_rows(fused).mod)
     assert "__launch_bounds__(32)" in source and "*(uint4*)(x_ptr" in source
     assemble(source, "moe_routing")
+
+
+def test_packed_keys_of_a_16_bit_level_keep_its_own_initial_value():
+    """A top-k of fp16 values starts from the fp16 lowest (-65504): with comparisons that value
+    never enters, so it must not enter as a key either (the fp32 lowest is not the bound)."""
+    rows, extent, k = 4, 32, 3
+    x = te.placeholder((rows, extent), "float16", name="x")
+    r = te.reduce_axis((0, extent), "mk")
+    peak = te.compute((rows,), lambda i: te.max(x[i, r], axis=r), name="m")
+    best = top_k(lambda i, q: x[i, q] + tirx.const(0, "float16"), (rows,), extent, k)
+    order = te.compute((rows, k), lambda i, c: tirx.Select(
+        c == 0, best[k][i], tirx.Select(c == 1, best[k + 1][i], best[k + 2][i])), name="order")
+    func = te.create_prim_func([x, peak, order])
+    fused, (report,) = fuse_cascaded_reductions(func, parts=2)
+    assert report.fusible, str(report)
+    values = np.full((rows, extent), -65504.0, "float16")
+    values[0, 5] = 1.0
+    values[1, 7] = -65000.0
+
+    def run(f):
+        ex = tvm.compile(tvm.IRModule({"main": f}), target="llvm")
+        out = tvm.runtime.tensor(np.full((rows,), np.nan, "float16"))
+        got = tvm.runtime.tensor(np.full((rows, k), np.iinfo("int32").min, "int32"))
+        ex["main"](tvm.runtime.tensor(values), out, got)
+        return got.numpy()
+
+    unfused, got = run(func), run(fused)
+    np.testing.assert_array_equal(got, unfused)
+    assert list(got[0]) == [5, -1, -1] and list(got[1]) == [7, -1, -1]

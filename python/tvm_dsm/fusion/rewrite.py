@@ -13,8 +13,9 @@ identity is left alone (0 * inf or -inf - -inf would otherwise produce NaN), and
 whose dependencies did not move (the correction is exactly the identity then). Split levels keep
 one accumulator per x-term and combine them with the dependencies' final values after the loop.
 Top-k levels keep k (value, index) pairs best first; an element is inserted only when it beats
-the last pair, which after the first few elements is rare, and two parts' sorted pairs merge
-bitonically (k a power of two; else by insertion).
+the last pair (16-bit values: as packed integer keys through a branch-free network,
+tvm_dsm.fusion.top_k_keys), and two parts' sorted pairs merge bitonically (k a power of two;
+else by insertion).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class _FusedBlock:
         self.parts = parts
         self.read_by_others = {d for lvl in group for d in lvl.deps}
         self.name = "fused_" + "_".join(lvl.block for lvl in group)
-        self.keys: dict = {}  # during a scan: top-k level -> its packed keys (top_k_keys)
+        self.keys: dict = {}  # during a scan: top-k level -> (its packed keys, the 16-bit value)
 
     def build(self) -> tirx.Stmt:
         with IRBuilder() as ib:
@@ -137,10 +138,12 @@ class _FusedBlock:
         # Top-k levels of 16-bit floats scan as packed keys (tvm_dsm.fusion.top_k_keys).
         self.keys = {}
         for j, lvl in enumerate(group):
-            if lvl.top_k and top_k_keys.packable_value(lvl.value, lvl.extent) is not None:
-                self.keys[j] = T.sblock_alloc_buffer([lvl.top_k.k], "uint32", scope="local")
+            raw = top_k_keys.packable_value(lvl.value, lvl.extent) if lvl.top_k else None
+            if raw is not None:
+                keys = T.sblock_alloc_buffer([lvl.top_k.k], "uint32", scope="local")
                 for c in range(lvl.top_k.k):
-                    T.buffer_store(self.keys[j], tirx.const(0, "uint32"), [c])
+                    T.buffer_store(keys, tirx.const(0, "uint32"), [c])
+                self.keys[j] = keys, raw
         with T.serial(steps) as t:
             self._stage(rows, element(t, 0))
             for v in range(self.vector):
@@ -150,11 +153,12 @@ class _FusedBlock:
                     self._update(j, lvl, rows, k, state, new, accumulators[j])
                 for j in sorted(self.read_by_others):
                     T.buffer_store(state[j], new[j][0], [0])
-        for j, keys in self.keys.items():
+        for j, (keys, raw) in self.keys.items():
             lvl = group[j]
-            source = str(top_k_keys.packable_value(lvl.value, lvl.extent).ty.dtype)
+            (_, empty_index), = self._side_state(lvl)
             for c in range(lvl.top_k.k):
-                value, index = top_k_keys.unpack_pair(keys[c], source, self._dtype(j), lvl.init, -1)
+                value, index = top_k_keys.unpack_pair(keys[c], str(raw.ty.dtype), self._dtype(j),
+                                                      lvl.init, empty_index)
                 T.buffer_store(state[j], value, [c])
                 T.buffer_store(accumulators[j][0], index, [c])
         self.staged, self.keys = {}, {}
@@ -425,8 +429,8 @@ class _FusedBlock:
 
     def _update(self, j, lvl: Level, rows, k, state, new, accumulators) -> None:
         if lvl.top_k and j in self.keys:
-            raw = top_k_keys.packable_value(lvl.value, lvl.extent)
-            top_k_keys.insert(self.keys[j], self._bind(raw, lvl, rows, k, []), k, lvl.top_k.k)
+            keys, raw = self.keys[j]
+            top_k_keys.insert(keys, self._bind(raw, lvl, rows, k, []), k, lvl.top_k.k, lvl.init)
             return
         if lvl.top_k:
             self._insert(state[j], accumulators[0], lvl.top_k.k, self._operand(lvl, rows, k, [], new), k,

@@ -6,8 +6,8 @@ index)`` orders the pairs the same way as one unsigned integer, so inserting an 
 k best becomes a branch-free network of k max/min pairs instead of k comparisons with selects
 under a branch that some lane of a warp almost always takes. ``order`` maps the float's bits to an
 unsigned order (sign bit flipped for positives, all bits for negatives; -0 as +0, so they tie as
-floats do). Values that never beat the scan's initial value (NaN, -inf: not above the fp32 lowest)
-get key 0, the empty slot, so the result is the one the comparisons give.
+floats do). Values that never beat the level's initial value (NaN, -inf, and for a 16-bit level
+its lowest value) get key 0, the empty slot, so the result is the one the comparisons give.
 """
 
 from __future__ import annotations
@@ -36,10 +36,12 @@ def packable_value(value: tvm.ir.PrimExpr, extent: int) -> tvm.ir.PrimExpr | Non
     return None
 
 
-def insert(keys, raw: tvm.ir.PrimExpr, index: tvm.ir.PrimExpr, k: int) -> None:
+def insert(keys, raw: tvm.ir.PrimExpr, index: tvm.ir.PrimExpr, k: int, init: tvm.ir.PrimExpr) -> None:
     """Insert the pair (``raw``, ``index``) into the ``k`` keys held best first (a local
     buffer), dropping the least: slot c keeps the larger of itself and the carried key, the
-    smaller moves on. The key is built without branches (the sign selects an XOR mask)."""
+    smaller moves on. The key is built without branches (the sign selects an XOR mask). ``init``
+    is the level's initial value (in the level's type, which ``raw`` converts to exactly): a
+    value not above it never enters."""
     bits = T.sblock_alloc_buffer([1], _U32, scope="local")
     carry = T.sblock_alloc_buffer([1], _U32, scope="local")
     held = T.sblock_alloc_buffer([1], _U32, scope="local")
@@ -50,7 +52,7 @@ def insert(keys, raw: tvm.ir.PrimExpr, index: tvm.ir.PrimExpr, k: int) -> None:
     sign = tirx.shift_right(b, _u32(15))
     order = tirx.bitwise_xor(b, tirx.bitwise_or(_u32(0x8000), sign * _u32(0x7FFF)))
     key = tirx.bitwise_or(tirx.shift_left(order, _u32(16)), _u32(0xFFFF) - tirx.Cast(_U32, index))
-    beats_init = tirx.Cast(_U32, tirx.Cast("float32", raw) > tvm.te.min_value("float32"))
+    beats_init = tirx.Cast(_U32, tirx.Cast(str(init.ty.dtype), raw) > init)
     T.buffer_store(carry, key * beats_init, [0])
     for c in range(k):
         T.buffer_store(held, keys[c], [0])
