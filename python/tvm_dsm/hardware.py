@@ -56,6 +56,7 @@ class Hardware:
     @classmethod
     def from_json(cls, raw: dict) -> Hardware:
         bw = raw["bandwidth_bytes_per_s"]
+        peak = raw.get("dsm_peak_by_cluster_size", {})
         return cls(
             device=raw["device"],
             sm_count=raw["sm_count"],
@@ -71,13 +72,8 @@ class Hardware:
                 int(s): v["bytes_per_s"] for s, v in raw["dsm_read_by_cluster_size"].items()
             },
             latency_ns=dict(raw["latency_ns"]),
-            dsm_peak_by_cluster={
-                int(s): v["bytes_per_s"] for s, v in raw.get("dsm_peak_by_cluster_size", {}).items()
-            },
-            dsm_peak_clusters={
-                int(s): v["active_clusters"]
-                for s, v in raw.get("dsm_peak_by_cluster_size", {}).items()
-            },
+            dsm_peak_by_cluster={int(s): v["bytes_per_s"] for s, v in peak.items()},
+            dsm_peak_clusters={int(s): v["active_clusters"] for s, v in peak.items()},
         )
 
 

@@ -41,7 +41,6 @@ _COLLECTIVES = {
 }
 
 
-
 def _resident(f: Callable, a: torch.Tensor, n: int) -> torch.Tensor:
     """A resident collective: each tile repeats its pattern A[c, r, :] to n elements, and
     O[c, r] is the sum of CTA r's result."""
