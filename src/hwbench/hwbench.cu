@@ -225,7 +225,7 @@ int main() {
   CHECK(cudaFuncSetAttribute(dsm_peak_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   CHECK(cudaFuncSetAttribute(dsm_peak_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 2 * kPeakBytes + 16));
 
-  fprintf(stderr, "HBM: copy 1 GiB\n");
+  fprintf(stderr, "hwbench: HBM copy\n");  // progress, so a hang shows where
   // HBM: copy 1 GiB -> 1 GiB, bytes read + written.
   size_t n = (size_t)1 << 26;  // float4 elements = 1 GiB
   float4 *a, *b;
@@ -235,13 +235,13 @@ int main() {
   double hbm_ms = median_ms([&] { copy_kernel<<<p.multiProcessorCount * 8, 512>>>(a, b, n); });
   double hbm_bw = 2.0 * n * 16 / (hbm_ms * 1e-3);
 
-  fprintf(stderr, "L2: 16 MiB\n");
+  fprintf(stderr, "hwbench: L2 read\n");
   // L2: 16 MiB read 20 times by every SM (fits the 50 MB L2).
   size_t nl2 = ((size_t)16 << 20) / 16;
   double l2_ms = median_ms([&] { l2_read_kernel<<<p.multiProcessorCount * 4, 512>>>(a, nl2, 20, sink); });
   double l2_bw = 20.0 * nl2 * 16 / (l2_ms * 1e-3);
 
-  fprintf(stderr, "SMEM (pattern 0) \n");
+  fprintf(stderr, "hwbench: SMEM and DSM reads\n");
   // SMEM (pattern 0) and DSM (best of patterns 1 and 2) by cluster size, one wave of clusters.
   const int iters = 400;
   std::string dsm_json, smem_json;
@@ -287,7 +287,7 @@ int main() {
   // Peak DSM bandwidth by cluster size: best of register loads and bulk copies, one CTA per SM.
   std::string peak_json;
   for (int size : {2, 4, 8, 16}) {
-    fprintf(stderr, "dsm peak, cluster %d\n", size);
+    fprintf(stderr, "hwbench: DSM peak, cluster %d\n", size);
     cudaLaunchAttribute attr;
     const int dyn = 2 * kPeakBytes + 16;
     cudaLaunchConfig_t cfg = cluster_config(1, size, &attr);
@@ -323,7 +323,7 @@ int main() {
                  ", \"bulk_bytes_per_s\": " + std::to_string(by_mode[1]) + "}";
   }
 
-  fprintf(stderr, "Latency: one thre\n");
+  fprintf(stderr, "hwbench: latency\n");
   // Latency: one thread chasing pointers.
   auto cyc = [&] {
     unsigned long long c;
