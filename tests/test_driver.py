@@ -48,6 +48,14 @@ def test_unsupported_function_gets_the_reasons_and_a_stock_build(caplog):
     assert "__cluster_dims__" not in source and "mapa" not in source
 
 
+def test_stock_schedule_keeps_tensor_cores_on_sm_90a():
+    """dlight cannot parse "sm_90a" and would schedule a matmul on CUDA cores: the stock
+    fallback schedules it for "sm_90" and compiles it for the H100 target."""
+    sch = tvm_dsm.driver.stock_schedule(dense(128, 256, 256))
+    source = tvm.compile(sch.mod, target=tvm_dsm.driver.H100).mod.imports[0].inspect_source()
+    assert "wmma::mma_sync" in source
+
+
 @derived_object
 class _ScriptedFuture(ms.runner.PyRunnerFuture):
     def __init__(self, seconds: float):

@@ -133,17 +133,22 @@ def schedule(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None =
         return plan(func, hw).schedule()
     except ClusterError as err:
         LOG.warning("tvm-dsm falls back to TVM's stock schedule: %s", err)
-        return _stock_schedule(func, target)
+        return stock_schedule(func, target)
 
 
 def _module(func: tirx.PrimFunc) -> tvm.IRModule:
     return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
 
 
-def _stock_schedule(func: tirx.PrimFunc, target: tvm.target.Target) -> s_tir.Schedule:
-    """dlight's GPU rules (the schedules ``tvm.compile`` users get without tvm-dsm)."""
+def stock_schedule(func: tirx.PrimFunc, target=H100) -> s_tir.Schedule:
+    """dlight's GPU rules (the schedules ``tvm.compile`` users get without tvm-dsm). dlight
+    skips tensor cores when the arch is "sm_90a" (it cannot parse the suffix), so it schedules
+    for "sm_90"; the module still compiles for ``target``."""
     from tvm.s_tir import dlight as dl
 
+    target = tvm.target.Target(target)
+    if str(target.attrs.get("arch", "")) == "sm_90a":
+        target = tvm.target.Target({**dict(target.export()), "arch": "sm_90"})
     with target:
         mod = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
                                       dl.gpu.GeneralReduction(), dl.gpu.Fallback())(_module(func))

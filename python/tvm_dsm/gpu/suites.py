@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import s_tir
 
-from tvm.s_tir import dlight as dl
+from ..driver import stock_schedule
 
 from ..hardware import load_hardware
 from ..planners.split_k_gemm import plan_split_k_gemm
@@ -288,14 +288,10 @@ def _gemm_configs(shape: GemmShape, top: int, hw) -> list:
 
 
 def _dlight_variant(label: str, m: int, n: int, k: int) -> Variant:
-    """TVM's stock dlight schedule for the same layer. dlight skips tensor cores when the arch
-    is "sm_90a" (it cannot parse the suffix), so it schedules for "sm_90"."""
+    """TVM's stock dlight schedule for the same layer (tvm_dsm.driver.stock_schedule)."""
     func = dense(m, n, k)
     args = _args(func)
-    with tvm.target.Target({"kind": "cuda", "arch": "sm_90"}):
-        mod = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Fallback())(
-            tvm.IRModule({"main": func})
-        )
+    mod = stock_schedule(func).mod
     return Variant(
         name=f"{label}_m{m}_dlight", workload="dense", mod=mod, args=args, bytes=_nbytes(args),
         flops=2 * m * n * k, plan={"schedule": "tvm.s_tir.dlight (stock)"},
