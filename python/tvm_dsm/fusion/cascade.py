@@ -128,7 +128,9 @@ def find_cascades(func: tirx.PrimFunc) -> list[list[Level]]:
     for level in levels:
         group = groups[-1] if groups else None
         deps, sibling = [], False
-        if group and group[0].extent == level.extent:
+        # A level with fewer spatial axes reduces over an earlier level's other axis (the max
+        # over keys of per-key dot products): it starts a group, the earlier one is its producer.
+        if group and group[0].extent == level.extent and len(level.spatial) >= len(group[0].spatial):
             reads = loads(level.value)
             deps = [n for n, prev in enumerate(group) if any(ld.source.same_as(prev.output) for ld in reads)]
             data = [ld.source for prev in group for ld in loads(prev.value)]
@@ -264,6 +266,41 @@ def _try_split(level: Level, f, xs: set, ys: set) -> bool:
         merged[g] = merged.get(g, 0) + h
     level.form, level.terms = "split", list(merged.items())
     return True
+
+
+def element_producers(func: tirx.PrimFunc, group: list[Level]) -> dict:
+    """Sum reductions over another axis whose result the group reads one element at a time
+    (``s[row, k] = sum_d q[row, d] * key[row, k, d]``, the scores of decode attention): the
+    fused loop computes each such element when it reaches it instead of reading it from
+    memory. Returns {output buffer: the producer as a Level}; only producers of intermediates
+    (not parameters) indexed exactly by the group's rows and reduction variable qualify."""
+    params = list(func.params)
+    sch = s_tir.Schedule(func)
+    candidates = {}
+    for rv in sch.get_child_blocks(sch.get_sblock("root")):
+        level = parse_reduction(sch.get(rv))
+        if (level is not None and level.op == "sum" and not level.top_k
+                and not any(level.output.same_as(p) for p in params)):
+            candidates[level.output] = level
+    names = {lvl.block for lvl in group}
+    for rv in sch.get_child_blocks(sch.get_sblock("root")):  # read elsewhere: must stay
+        block = sch.get(rv)
+        if str(block.name_hint) not in names:
+            for region in block.reads:
+                candidates = {b: p for b, p in candidates.items() if not region.source.same_as(b)}
+    rows = len(group[0].spatial)
+    found = {}
+    for lvl in group:
+        row = list(lvl.spatial[:rows]) + [lvl.reduce_var]
+        for load in loads(lvl.value):
+            producer = next((p for b, p in candidates.items() if load.source.same_as(b)), None)
+            if producer is None:
+                continue
+            if len(producer.spatial) != rows + 1 or not all(
+                    isinstance(i, tirx.Var) and i.same_as(r) for i, r in zip(load.indices, row)):
+                continue
+            found[producer.output] = producer
+    return found
 
 
 def analyze(func: tirx.PrimFunc) -> list[tuple[list[Level], GroupReport]]:

@@ -20,6 +20,7 @@ else by insertion).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import tvm
@@ -31,7 +32,7 @@ from tvm.tirx.script.builder import ir as T
 from tvm.ir import Range
 from tvm.s_tir import SBlock
 
-from ..ir import find_all, loads, replace_node, substitute
+from ..ir import find_all, loads, replace_node, substitute, uses
 from .cascade import Level, LoadSymbols
 from .symbolic import ToSympy, ToTIR
 from . import top_k_keys
@@ -44,11 +45,18 @@ _ACC = "float64"  # accumulators of split levels
 class _FusedBlock:
     """Builds the fused nest for one cascade (inside an IRBuilder context)."""
 
-    def __init__(self, group: list[Level], parts: int = 1, vector: int = 1):
+    def __init__(self, group: list[Level], parts: int = 1, vector: int = 1, lanes: int = 1,
+                 ranks: int = 1, producers: dict | None = None):
         self.group = group
         self.vector = vector
+        self.lanes, self.ranks = lanes, ranks
+        self.producers = producers or {}  # intermediate -> its per-element sum (a Level)
         self.staged: dict = {}  # buffer of a row read whole -> its chunk's register copy
         self.staged_at = 0  # the element of the chunk being applied
+        self.slices: dict = {}  # buffer read by a lane's slice -> registers [vector * width]
+        self.produced: dict = {}  # producer output -> its values for the chunk's elements
+        self.lane = None  # inside a thread block: the lane variable
+        self.slice_at = 0  # inside a lane's slice loop: the position in the slice
         first = group[0]
         self.rows = len(first.spatial)
         self.row_extents = [int(_extent(first, a)) for a in range(self.rows)]
@@ -73,7 +81,7 @@ class _FusedBlock:
             rows = [T.axis.spatial(e, lv) for e, lv in zip(self.row_extents, loop_vars)]
             T.reads(*self._read_regions())
             T.writes(*[r for lvl in self.group for r in self._row_regions(lvl, rows)])
-            if self.parts == 1:
+            if self.parts == 1 and self.lanes == 1:
                 state, accumulators = self._scan(rows, lambda t, v: t * self.vector + v,
                                                  self.extent // self.vector)
                 self._finish(rows, state, accumulators)
@@ -82,10 +90,11 @@ class _FusedBlock:
 
     def _read_regions(self) -> list:
         """Whole buffers the levels read (other than the levels' own outputs)."""
-        outputs = [lvl.output for lvl in self.group]
+        outputs = [lvl.output for lvl in self.group] + list(self.producers)
+        values = [lvl.value for lvl in self.group] + [p.value for p in self.producers.values()]
         seen: list = []
-        for lvl in self.group:
-            for load in loads(lvl.value):
+        for value in values:
+            for load in loads(value):
                 buf = load.source
                 if not any(buf.same_as(o) for o in outputs + seen):
                     seen.append(buf)
@@ -144,8 +153,11 @@ class _FusedBlock:
                 for c in range(lvl.top_k.k):
                     T.buffer_store(keys, tirx.const(0, "uint32"), [c])
                 self.keys[j] = keys, raw
+        self._stage_slices(rows, None)
         with T.serial(steps) as t:
             self._stage(rows, element(t, 0))
+            self._stage_slices(rows, element(t, 0))
+            self._produce(rows, element(t, 0))
             for v in range(self.vector):
                 self.staged_at = v
                 k = element(t, v)
@@ -161,8 +173,95 @@ class _FusedBlock:
                                                       lvl.init, empty_index)
                 T.buffer_store(state[j], value, [c])
                 T.buffer_store(accumulators[j][0], index, [c])
-        self.staged, self.keys = {}, {}
+        self.staged, self.keys, self.slices, self.produced = {}, {}, {}, {}
         return state, accumulators
+
+    def _sliced_loads(self) -> list[tuple]:
+        """(load, owner level, width, per element) for every load that reads a lane's slice of
+        a contiguous axis: a producer's loads along its inner axis (the query row and the key
+        row of a dot product), and with ``lanes`` > 1 a leaf level's loads along its last extra
+        axis (the value row). ``per element``: the load moves with the reduction variable."""
+        found = []
+        for prod in self.producers.values():
+            key_var = prod.spatial[-1]
+            width = prod.extent // self.lanes
+            for load in loads(prod.value):
+                *prefix, last = load.indices
+                if last.same_as(prod.reduce_var) and not any(uses(i, prod.reduce_var) for i in prefix):
+                    found.append((load, prod, width, any(uses(i, key_var) for i in prefix)))
+        if self.lanes > 1:
+            for lvl in self.group:
+                extra = self._extra(lvl)
+                if lvl.top_k or not extra:
+                    continue
+                row = list(lvl.spatial[: self.rows]) + [lvl.reduce_var, lvl.spatial[-1]]
+                for load in loads(lvl.value):
+                    if len(load.indices) == len(row) and all(
+                            isinstance(i, tirx.Var) and i.same_as(r) for i, r in zip(load.indices, row)):
+                        found.append((load, lvl, extra[-1] // self.lanes, True))
+        return found
+
+    def _lane_start(self, width: int):
+        return self.lane * width if self.lanes > 1 else tirx.const(0, "int32")
+
+    def _stage_slices(self, rows: list, first) -> None:
+        """Copy this lane's slice of every sliced load into registers, 16 bytes per copy:
+        before the scan (``first`` None) those that do not move with the reduction variable,
+        per chunk the others (``vector`` slices each)."""
+        for load, owner, width, per_element in self._sliced_loads():
+            if per_element != (first is not None) or any(load.source.same_as(b) for b in self.slices):
+                continue
+            dtype = str(load.source.ty.dtype)
+            copies = self.vector if per_element else 1
+            local = T.sblock_alloc_buffer([copies * width], dtype, scope="local")
+            piece = max(1, min(width, 16 // tvm.DataType(dtype).itemsize))
+            piece = piece if width % piece == 0 else 1
+            for v in range(copies):
+                k = first + v if per_element else tirx.const(0, "int32")
+                mapping = (list(zip(owner.spatial, rows + [k])) if any(owner.output.same_as(b) for b in self.producers)
+                           else self._mapping(owner, rows, k, []))
+                prefix = [substitute(i, mapping) for i in load.indices[:-1]]
+                with T.serial(width // piece) as outer:
+                    with T.vectorized(piece) as inner:
+                        e = outer * piece + inner
+                        T.buffer_store(local, tirx.BufferLoad(load.source, prefix + [self._lane_start(width) + e]),
+                                       [v * width + e])
+            self.slices[load.source] = local, width, per_element
+
+    def _from_slices(self, expr, at):
+        """``expr`` with sliced loads read from their registers at slice position ``at``."""
+
+        def to_register(load):
+            for buf, (local, width, per_element) in self.slices.items():
+                if load.source.same_as(buf):
+                    return tirx.BufferLoad(local, [self.staged_at * width + at if per_element else at])
+            return load
+
+        return tvm_ffi.structural_map(expr, [(tvm.ir.TensorLoad, to_register)]) if self.slices else expr
+
+    def _produce(self, rows: list, first) -> None:
+        """Each producer's value for the chunk's elements: this lane's partial sum over its
+        slice of the inner axis, then summed over the lanes by warp shuffles (a butterfly, so
+        every lane holds the element's value)."""
+        self.produced = {}
+        for buf, prod in self.producers.items():
+            dtype = str(buf.ty.dtype)
+            width = prod.extent // self.lanes
+            values = T.sblock_alloc_buffer([self.vector], dtype, scope="local")
+            for v in range(self.vector):
+                self.staged_at = v
+                T.buffer_store(values, prod.init, [v])
+                with T.serial(width) as e:
+                    term = self._from_slices(prod.value, e)
+                    term = substitute(term, list(zip(prod.spatial, rows + [first + v]))
+                                      + [(prod.reduce_var, self._lane_start(width) + e)])
+                    T.buffer_store(values, values[v] + term, [v])
+                offset = self.lanes // 2
+                while offset:
+                    T.buffer_store(values, values[v] + tirx.op.tvm_warp_shuffle_xor(
+                        tirx.const(0xFFFFFFFF, "uint32"), values[v], offset, self.lanes, 32), [v])
+                    offset //= 2
+            self.produced[buf] = values
 
     def _stage(self, rows: list, first) -> None:
         """Copy ``vector`` consecutive elements from ``first`` of each row read whole (a load
@@ -171,7 +270,8 @@ class _FusedBlock:
             return
         for lvl in self.group:
             for load in loads(lvl.value):
-                if not self._reads_row(load, lvl) or any(load.source.same_as(b) for b in self.staged):
+                if not self._reads_row(load, lvl) or any(
+                        load.source.same_as(b) for b in list(self.staged) + list(self.producers)):
                     continue
                 local = T.sblock_alloc_buffer([self.vector], str(load.source.ty.dtype), scope="local")
                 with T.vectorized(self.vector) as v:
@@ -202,39 +302,61 @@ class _FusedBlock:
     def _split_and_merge(self, rows: list) -> None:
         """Part p scans the ``vector``-element chunks p, p + P, ... (adjacent parts read adjacent
         chunks) into partial states, which then merge pairwise in a tree with the levels'
-        corrections: while n > 1 partials remain, part p < n/2 absorbs part p + n/2 into a new
-        buffer of n/2 partials (one ``*_merge`` block per round, a schedule binds it to threads;
-        a new buffer per round keeps every block a complete block, as s_tir's bind requires)."""
+        corrections: while n > ``ranks`` partials remain, part p < n/2 absorbs part p + n/2 into
+        a new buffer of n/2 partials (one ``*_merge`` block per round, a schedule binds it to
+        threads; a new buffer per round keeps every block a complete block, as s_tir's bind
+        requires). The last ``ranks`` partials (one per CTA of a cluster when part p runs on
+        rank p % ranks) are merged by each of the first ``ranks`` parts in ``*_final``, which
+        writes the outputs. Each part is ``lanes`` threads sharing every element's work."""
         group, parts = self.group, self.parts
         partial, partial_acc = self._alloc_states([parts])
-        with T.serial(parts) as loop:
-            with T.sblock(self.name + "_part"):
-                p = T.axis.spatial(parts, loop)
-                T.reads(*self._read_regions())
-                T.writes(*[_slot_region(b, p) for b in _buffers(partial, partial_acc)])
-                vec = self.vector
-                state, accumulators = self._scan(rows, lambda t, v: (t * parts + p) * vec + v,
-                                                 self.extent // (parts * vec))
-                self._store_partial(state, accumulators, partial, partial_acc, p)
+        reads = self._read_regions()
+        with self._thread_block("_part", lambda p: reads,
+                                lambda p: [_slot_region(b, p) for b in _buffers(partial, partial_acc)]) as p:
+            vec = self.vector
+            state, accumulators = self._scan(rows, lambda t, v: (t * parts + p) * vec + v,
+                                             self.extent // (parts * vec))
+            self._store_partial(state, accumulators, partial, partial_acc, p)
         remaining = parts
-        while remaining > 1:
+        while remaining > self.ranks:
             half = remaining // 2
             into, into_acc = self._alloc_states([half])
-            with T.serial(parts) as loop:  # every thread's loop, predicated: one thread extent
-                with T.sblock(f"{self.name}_merge{remaining}"):
-                    p = T.axis.spatial(parts, loop)
-                    T.where(loop < half)
-                    T.reads(*[_slot_region(b, i) for b in _buffers(partial, partial_acc) for i in (p, p + half)])
-                    T.writes(*[_slot_region(b, p) for b in _buffers(into, into_acc)])
-                    merged, merged_acc = self._alloc_states([])
-                    for j, lvl in enumerate(group):
-                        self._merge(j, lvl, rows, merged, merged_acc[j], partial, partial_acc[j], [p, p + half])
-                    self._store_partial(merged, merged_acc, into, into_acc, p)
+            sources = _buffers(partial, partial_acc)
+            with self._thread_block(
+                    f"_merge{remaining}",
+                    lambda p, sources=sources, half=half: [_slot_region(b, i) for b in sources for i in (p, p + half)],
+                    lambda p, into=into, into_acc=into_acc: [_slot_region(b, p) for b in _buffers(into, into_acc)],
+                    active=half) as p:
+                merged, merged_acc = self._alloc_states([])
+                for j, lvl in enumerate(group):
+                    self._merge(j, lvl, rows, merged, merged_acc[j], partial, partial_acc[j], [p, p + half])
+                self._store_partial(merged, merged_acc, into, into_acc, p)
             partial, partial_acc, remaining = into, into_acc, half
-        merged, merged_acc = self._alloc_states([])
-        for j, lvl in enumerate(group):
-            self._merge(j, lvl, rows, merged, merged_acc[j], partial, partial_acc[j], [tirx.const(0, "int32")])
-        self._finish(rows, merged, merged_acc)
+        last = _buffers(partial, partial_acc)
+        with self._thread_block(
+                "_final", lambda p: [tirx.BufferRegion(b, [Range(0, d) for d in b.ty.shape]) for b in last],
+                lambda p: [r for lvl in group for r in self._row_regions(lvl, rows)], active=self.ranks):
+            merged, merged_acc = self._alloc_states([])
+            slots = [tirx.const(r, "int32") for r in range(self.ranks)]
+            for j, lvl in enumerate(group):
+                self._merge(j, lvl, rows, merged, merged_acc[j], partial, partial_acc[j], slots)
+            self._finish(rows, merged, merged_acc)
+
+    @contextlib.contextmanager
+    def _thread_block(self, suffix: str, reads, writes, active: int | None = None):
+        """A block over (part, lane) = the threads of a row (a schedule binds both loops),
+        predicated to the first ``active`` parts; yields the part variable."""
+        with T.serial(self.parts) as part_loop:
+            with T.serial(self.lanes) as lane_loop:
+                with T.sblock(self.name + suffix):
+                    p = T.axis.spatial(self.parts, part_loop)
+                    self.lane = T.axis.spatial(self.lanes, lane_loop)
+                    if active is not None:
+                        T.where(part_loop < active)
+                    T.reads(*reads(p))
+                    T.writes(*writes(p))
+                    yield p
+                    self.lane = None
 
     def _alloc_states(self, leading: list) -> tuple[dict, dict]:
         """Per level, its running-value buffer and its side-state buffers, each shaped
@@ -275,8 +397,15 @@ class _FusedBlock:
         dtype = self._dtype(j)
         combine = _COMBINE[lvl.op]
         for p in sources:
+            # The part's values come through registers: remote (DSM) reads are not lowered
+            # inside a select.
+            olds = {}
+            if lvl.form in ("rescale", "shift"):
+                for d in lvl.deps:
+                    olds[d] = T.sblock_alloc_buffer([1], self._dtype(d), scope="local")
+                    T.buffer_store(olds[d], tirx.BufferLoad(partial[d], [p, 0]), [0])
 
-            def emit(extra, p=p):
+            def emit(extra, p=p, olds=olds):
                 slot = _slot(extra)
                 if lvl.form == "split":
                     for acc, part in zip(merged_acc, partial_acc):
@@ -284,10 +413,13 @@ class _FusedBlock:
                     return
                 value = tirx.BufferLoad(partial[j], [p] + slot)
                 if lvl.form in ("rescale", "shift"):
+                    held = T.sblock_alloc_buffer([1], dtype, scope="local")
+                    T.buffer_store(held, value, [0])
+                    value = held[0]
                     table = self._symbols(lvl, rows, tirx.const(0, "int32"), extra, {}, {})
                     for d in lvl.deps:
                         table[f"y{d}_new"] = merged[d][0]
-                        table[f"y{d}_old"] = tirx.BufferLoad(partial[d], [p, 0])
+                        table[f"y{d}_old"] = olds[d][0]
                     fix = ToTIR(table, dtype)(lvl.correction)
                     corrected = value * fix if lvl.form == "rescale" else value + fix
                     value = tirx.Select(value == lvl.init, value, corrected)
@@ -296,12 +428,20 @@ class _FusedBlock:
             self._for_each(lvl, emit)
 
     def _for_each(self, lvl: Level, emit) -> None:
-        """Call ``emit(extra_indices)`` inside loops over the level's extra axes."""
+        """Call ``emit(extra_indices)`` inside loops over the level's extra axes; inside a
+        thread block with ``lanes`` > 1, over this lane's slice of the last one."""
         extents = self._extra(lvl)
+        sliced = self.lane is not None and self.lanes > 1 and not lvl.top_k and extents
 
         def nest(indices):
             if len(indices) == len(extents):
                 emit(indices)
+                return
+            if sliced and len(indices) == len(extents) - 1:
+                width = extents[-1] // self.lanes
+                with T.serial(width) as e:
+                    self.slice_at = e
+                    emit(indices + [self._lane_start(width) + e])
                 return
             with T.serial(extents[len(indices)]) as e:
                 nest(indices + [e])
@@ -323,13 +463,14 @@ class _FusedBlock:
 
         def from_registers(load):
             if self._reads_row(load, lvl):
-                for buf, local in self.staged.items():
+                for buf, local in list(self.staged.items()) + list(self.produced.items()):
                     if load.source.same_as(buf):
                         return tirx.BufferLoad(local, [self.staged_at])
             return load
 
-        if self.staged:
+        if self.staged or self.produced:
             expr = tvm_ffi.structural_map(expr, [(tvm.ir.TensorLoad, from_registers)])
+        expr = self._from_slices(expr, self.slice_at)
         return substitute(expr, self._mapping(lvl, rows, k, extra))
 
     def _operand(self, lvl: Level, rows, k, extra, new):
@@ -496,18 +637,24 @@ def _slot(extra: list) -> list:
     return list(extra) if extra else [0]
 
 
-def splice(func: tirx.PrimFunc, group: list[Level], parts: int = 1, vector: int = 1) -> tirx.PrimFunc:
-    """``func`` with the group's loop nests replaced by the fused nest (where the last level was)."""
+def splice(func: tirx.PrimFunc, group: list[Level], parts: int = 1, vector: int = 1, lanes: int = 1,
+           ranks: int = 1, producers: dict | None = None) -> tirx.PrimFunc:
+    """``func`` with the group's loop nests (and its element producers') replaced by the fused
+    nest (where the last level was)."""
     root = func.body.block
     stages = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
-    names = {lvl.block for lvl in group}
+    names = {lvl.block for lvl in group} | {p.block for p in (producers or {}).values()}
 
     def blocks_in(stmt) -> set[str]:
         return {str(b.name_hint) for b in find_all(stmt, SBlock)}
 
     positions = [n for n, stage in enumerate(stages) if blocks_in(stage) & names]
-    fused = _FusedBlock(group, parts, vector).build()
+    fused = _FusedBlock(group, parts, vector, lanes, ranks, producers).build()
     kept = [s for n, s in enumerate(stages) if n not in positions[:-1]]
     kept[kept.index(stages[positions[-1]])] = fused
     body = kept[0] if len(kept) == 1 else tirx.SeqStmt(kept)
-    return func.with_body(replace_node(func.body, root.body, body))
+    gone = list(producers or {})  # computed inside the loop: no longer stored
+    allocs = [b for b in root.alloc_buffers if not any(b.same_as(g) for g in gone)]
+    new_root = SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, body, root.init,
+                      allocs, root.match_buffers, root.annotations)
+    return func.with_body(replace_node(func.body, root, new_root))

@@ -16,6 +16,7 @@ class Reference:
 
     float64: Callable[..., torch.Tensor]
     torch_eager: Callable[..., torch.Tensor]
+    torch_sdpa: Callable[..., torch.Tensor] | None = None  # PyTorch's fused attention
 
 
 def _shuffle(a: torch.Tensor) -> torch.Tensor:
@@ -84,6 +85,20 @@ _CASCADES = {
 }
 
 
+def _decode_attention(q, k, v):
+    """softmax(q K^T / sqrt(d)) V per row, as a user writes it (the softmax in at least fp32)."""
+    scores = torch.einsum("rd,rtd->rt", q, k) / q.shape[1] ** 0.5
+    wide = torch.promote_types(scores.dtype, torch.float32)
+    p = torch.softmax(scores, 1, dtype=wide)
+    return torch.einsum("rt,rtd->rd", p.to(v.dtype), v).to(wide)
+
+
+def _decode_sdpa(q, k, v):
+    """The same through F.scaled_dot_product_attention: rows as heads of one sequence."""
+    out = F.scaled_dot_product_attention(q[None, :, None], k[None], v[None])
+    return out[0, :, 0].float()
+
+
 def _split_sum(a: torch.Tensor, clusters_per_group: int) -> torch.Tensor:
     k = clusters_per_group  # O[g] = sum of the tiles of the group's k clusters x S CTAs
     return a.reshape(a.shape[0] // k, k * a.shape[1], a.shape[2]).sum(1)
@@ -122,6 +137,11 @@ REFERENCES: dict[str, Reference] = {
     "cascade_moe_routing": Reference(
         float64=lambda x, k: _moe_routing(x.double(), k),
         torch_eager=_moe_routing_eager,
+    ),
+    "decode_attention": Reference(
+        float64=lambda q, k, v: _decode_attention(q.double(), k.double(), v.double()),
+        torch_eager=_decode_attention,
+        torch_sdpa=_decode_sdpa,
     ),
     "dense": Reference(
         float64=lambda x, w: x.double() @ w.double().T,

@@ -100,8 +100,11 @@ def _time_peers(kernel: dict, sets: list[list[torch.Tensor]]) -> dict[str, float
         return reference(*inputs, **kwargs)
 
     contenders = {"torch_eager": eager}
-    if "torch_compile" in kernel.get("peers", ["torch_compile"]):
+    peers = kernel.get("peers", ["torch_compile"])
+    if "torch_compile" in peers:
         contenders["torch_compile"] = torch.compile(eager)
+    if "torch_sdpa" in peers:
+        contenders["torch_sdpa"] = REFERENCES[kernel["workload"]].torch_sdpa
     inputs = [_split(kernel, s)[0] for s in sets]
     return {
         name: graph_time_us(lambda i, fn=fn: fn(*inputs[i]), len(sets))

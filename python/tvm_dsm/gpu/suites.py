@@ -247,6 +247,41 @@ def cascades() -> list[Variant]:
     return variants
 
 
+#: Decode attention (rows = batch x heads, cached keys, head dim): 32 heads of one sequence
+#: with a long cache, 8 and 32 sequences with shorter ones, a 64-wide head.
+DECODE_SHAPES = [(32, 16384, 128), (256, 4096, 128), (1024, 1024, 128), (64, 8192, 64)]
+
+
+def decode() -> list[Variant]:
+    """Decode attention fused by FuseCascadedReductions: scores computed per key inside the
+    loop (an element producer), each part ``lanes`` = dim/8 threads (16-byte loads of K and V
+    rows), ``groups`` parts per CTA, the row's parts spread over a cluster of ``ranks`` CTAs
+    whose last partials meet through DSM (split-KV, merged in fp32 by the cascade's rule)."""
+    variants = []
+    for (rows, keys, dim), ranks, groups, vector in itertools.product(
+            DECODE_SHAPES, (1, 2, 4, 8, 16), (8, 16, 32), (2, 4, 8)):
+        lanes = dim // 8
+        if keys % (ranks * groups * vector):
+            continue
+        func = cascade_workloads.decode_attention(rows, keys, dim)
+        fused, reports = fuse_cascaded_reductions(func, parts=groups * ranks, vector=vector,
+                                                  lanes=lanes, ranks=ranks)
+        if not all(r.fusible for r in reports):
+            raise ValueError(f"decode {rows}x{keys}x{dim}: {[str(r) for r in reports]}")
+        args = _args(func)
+        variants.append(Variant(
+            name=f"decode_{rows}x{keys}x{dim}_c{ranks}_g{groups}_v{vector}",
+            workload="decode_attention",
+            mod=schedule_fused_rows(fused).mod,
+            args=args,
+            bytes=_nbytes(args),
+            flops=4 * rows * keys * dim,
+            plan={"ranks": ranks, "groups": groups, "lanes": lanes, "vector": vector},
+            peers=("torch_eager", "torch_compile", "torch_sdpa"),
+        ))
+    return variants
+
+
 #: Weight shapes (N, K) of the GEMM chains' and SwiGLU FFNs' layers (FlashFuser's G/S workloads).
 GEMM_SHAPES = {
     "G5a": (16384, 4096), "G5b": (4096, 16384), "G8a": (8192, 2048), "G8b": (2048, 8192),
@@ -387,4 +422,4 @@ def _chain_variants(label: str, m: int, sample: int, hw) -> list[Variant]:
 
 
 SUITES = {"split_k": split_k, "collectives": collectives, "cascades": cascades, "gemm": gemm,
-          "chains": chains, "chains_m": chains_m}
+          "chains": chains, "chains_m": chains_m, "decode": decode}

@@ -1,10 +1,13 @@
-"""Schedule a fused cascade (FuseCascadedReductions with ``parts`` > 1) on the GPU.
+"""Schedule a fused cascade (FuseCascadedReductions with ``parts`` or ``lanes`` > 1) on the GPU.
 
-One CTA per row; its ``parts`` threads each scan a strided part of the reduction axis (adjacent
-threads read adjacent elements) into partial states in shared memory, which then merge pairwise
-in a tree (log2(parts) rounds, one thread per merge) with the cascade's corrections. (Several
-rows per CTA would need the partial buffers indexed by the row within the CTA: the fused block
-allocates them per row, so they would collide.)
+One CTA per row, or one cluster per row when the cascade was fused with ``ranks`` > 1. Every
+thread block of the fused nest (``*_part``, ``*_merge*``, ``*_final``) loops over (part, lane):
+parts go to ``threadIdx.y`` (and part p to rank p % ranks), lanes to ``threadIdx.x``, so the
+lanes of a part are adjacent threads of one warp (their shuffles stay inside it). Partial
+states live in shared memory; with ranks they are DSM buffers ``[ranks, ...]`` so that the
+final merge reads each CTA's last partial through DSM. (Several rows per CTA would need the
+partial buffers indexed by the row within the CTA: the fused block allocates them per row, so
+they would collide.)
 """
 
 from __future__ import annotations
@@ -12,33 +15,57 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 
 from ..errors import ClusterError
+from ..schedule.cluster import bind_clusters, bind_rank
+from ..schedule.dsm import DSM_SCOPE
+
+_THREAD_BLOCKS = ("_part", "_merge", "_final")
 
 
 def schedule_fused_rows(func: tirx.PrimFunc) -> s_tir.Schedule:
-    """Bind every ``fused_*`` block's rows to CTAs and its ``*_part`` child's parts to threads."""
+    """Bind every fused cascade's rows to CTAs (clusters) and its thread blocks to threads."""
     sch = s_tir.Schedule(func)
     parts = [rv for rv in _all_blocks(sch) if sch.get(rv).name_hint.endswith("_part")]
     if not parts:
         raise ClusterError("no split cascade: run FuseCascadedReductions(parts=P) with P > 1 first")
-    row_loops = []
+    row_loops, threads = [], None
     for part in parts:
-        fused = sch.get_sblock(sch.get(part).name_hint[: -len("_part")])
+        name = sch.get(part).name_hint[: -len("_part")]
+        fused = sch.get_sblock(name)
+        blocks = [rv for rv in _all_blocks(sch) if any(
+            sch.get(rv).name_hint.startswith(name + suffix) for suffix in _THREAD_BLOCKS)]
         rows = sch.get_loops(fused)
         row = sch.fuse(*rows) if len(rows) > 1 else rows[0]
-        sch.bind(row, "blockIdx.x")
+        n_parts = _extent(sch, sch.get_loops(part)[-2])
+        merges = sum(sch.get(rv).name_hint.startswith(name + "_merge") for rv in blocks)
+        ranks = n_parts >> merges  # the tree stops at one partial per rank
+        if ranks > 1:
+            bind_clusters(sch, row, ranks)
+        else:
+            sch.bind(row, "blockIdx.x")
         row_loops.append(row)
-        prefix = sch.get(part).name_hint[: -len("_part")] + "_merge"
-        merges = [rv for rv in _all_blocks(sch) if sch.get(rv).name_hint.startswith(prefix)]
-        for block in [part] + merges:  # partial states are exchanged between threads
-            sch.bind(sch.get_loops(block)[-1], "threadIdx.x")
-            for index in range(len(sch.get(block).writes)):
-                sch.set_scope(block, index, "shared")
+        for block in blocks:
+            part_loop, lane_loop = sch.get_loops(block)[-2:]
+            threads = (n_parts // ranks, _extent(sch, lane_loop))
+            if ranks > 1:
+                group, rank = sch.split(part_loop, [None, ranks])  # part p on rank p % ranks
+                sch.bind(group, "threadIdx.y")
+                bind_rank(sch, rank)
+            else:
+                sch.bind(part_loop, "threadIdx.y")
+            sch.bind(lane_loop, "threadIdx.x")
+            if sch.get(block).name_hint.endswith("_final"):
+                continue
+            for index in range(len(sch.get(block).writes)):  # partial states, between threads
+                if ranks > 1:
+                    sch.transform_layout(block, ("write", index),
+                                         lambda p, *rest: (p % ranks, p // ranks, *rest))
+                sch.set_scope(block, index, DSM_SCOPE if ranks > 1 else "shared")
         # Intermediate results (not parameters) stay in the row's CTA for its epilogue.
         params = list(func.params)
         for index, region in enumerate(sch.get(fused).writes):
             if not any(region.source.same_as(p) for p in params):
                 sch.set_scope(fused, index, "shared")
-    # Element-wise stages after the cascade (e.g. log(l) + m) run in the row's CTA.
+    # Element-wise stages after the cascade (e.g. o / l) run in the row's CTA, on its threads.
     fused_names = {sch.get(p).name_hint[: -len("_part")] for p in parts}
     for block in sch.get_child_blocks(sch.get_sblock("root")):
         if sch.get(block).name_hint in fused_names:
@@ -54,7 +81,17 @@ def schedule_fused_rows(func: tirx.PrimFunc) -> s_tir.Schedule:
                 f"stage {sch.get(block).name_hint} is not a per-row consumer of the fused "
                 "cascade; schedule it separately"
             )
+        loops = sch.get_loops(block)[1:]
+        if loops:
+            inner = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+            _, y, x = sch.split(inner, [None, *threads])
+            sch.bind(y, "threadIdx.y")
+            sch.bind(x, "threadIdx.x")
     return sch
+
+
+def _extent(sch: s_tir.Schedule, loop) -> int:
+    return int(sch.get(loop).extent)
 
 
 def _all_blocks(sch: s_tir.Schedule) -> list:

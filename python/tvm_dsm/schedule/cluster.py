@@ -81,9 +81,16 @@ def bind_cluster_nest(sch: s_tir.Schedule, cluster_loop: LoopRV, rank_loop: Loop
 
 
 def _bind_nest(sch, cluster_loop: LoopRV, rank_loop: LoopRV, size: int | ExprRV) -> None:
-    sch.bind(cluster_loop, "blockIdx.x")
-    sch.annotate(cluster_loop, CLUSTER_SIZE_KEY, size)  # an ExprRV stays a trace decision
+    bind_clusters(sch, cluster_loop, size)
     sch.bind(rank_loop, RANK_TAG)
+
+
+def bind_clusters(sch: s_tir.Schedule, loop: LoopRV, size: int | ExprRV) -> None:
+    """Launch one cluster of ``size`` CTAs per iteration of ``loop``, for stages whose rank
+    loops sit inside child blocks (bind each with :func:`bind_rank`)."""
+    check_cluster_size(int(sch.get(size)) if isinstance(size, ExprRV) else size)
+    sch.bind(loop, "blockIdx.x")
+    sch.annotate(loop, CLUSTER_SIZE_KEY, size)  # an ExprRV stays a trace decision
 
 
 def bind_rank(sch: s_tir.Schedule, loop: LoopRV) -> None:

@@ -14,14 +14,15 @@ import logging
 import tvm
 from tvm import tirx
 
-from ..fusion.cascade import GroupReport, find_cascades, inline_elementwise, prove
+from ..fusion.cascade import GroupReport, element_producers, find_cascades, inline_elementwise, prove
 from ..fusion.rewrite import splice
 
 LOG = logging.getLogger("tvm_dsm.fusion")
 
 
 def fuse_cascaded_reductions(
-    func: tirx.PrimFunc, *, allow_approximate: bool = False, parts: int = 1, vector: int = 1
+    func: tirx.PrimFunc, *, allow_approximate: bool = False, parts: int = 1, vector: int = 1,
+    lanes: int = 1, ranks: int = 1,
 ) -> tuple[tirx.PrimFunc, list[GroupReport]]:
     """The rewritten function (or ``func`` itself) and one report per cascade found.
 
@@ -30,6 +31,15 @@ def fuse_cascaded_reductions(
     ``vector`` > 1 each part reads chunks of that many consecutive elements, every row read whole
     loaded by one vectorized copy per chunk (16 bytes: 8 for fp16 data). ``parts * vector`` must
     divide the reduction extent.
+
+    A sum over another axis that a level reads one element at a time (decode attention's
+    scores, ``s[row, k] = sum_d q[row, d] key[row, k, d]``) is computed inside the loop as each
+    element is reached (an element producer), never stored. With ``lanes`` > 1 each part is that
+    many threads of one warp sharing every element: each lane sums its slice of the producer's
+    inner axis (then a warp-shuffle butterfly, so the function is CUDA-only) and keeps its slice
+    of each level's last extra axis (16-byte loads per lane). ``ranks`` > 1 stops the merge tree
+    at that many partials, which ``*_final`` merges: parts spread over the CTAs of a cluster
+    (part p on rank p % ranks) then meet once, through DSM (tvm_dsm.rules.fused_rows).
     """
     inlined = inline_elementwise(func)
     fused, reports = inlined, []
@@ -45,20 +55,46 @@ def fuse_cascaded_reductions(
             report.fusible = False
             report.reason = (f"{parts} parts of {vector}-element chunks do not divide the "
                              f"reduction extent {group[0].extent}")
+        producers = element_producers(inlined, group) if report.fusible else {}
+        problem = _check_split(group, producers, parts, lanes, ranks) if report.fusible else None
+        if problem:
+            report.fusible, report.reason = False, problem
+        if report.fusible and producers:
+            report.details += [f"{p.block}: computed per element inside the loop (sum over "
+                               f"{p.extent})" for p in producers.values()]
         reports.append(report)
         if report.fusible:
-            fused = splice(fused, group, parts, vector)
+            fused = splice(fused, group, parts, vector, lanes, ranks, producers)
     for report in reports:
         LOG.info("%s", report)
     return (fused if any(r.fusible for r in reports) else func), reports
 
 
-def FuseCascadedReductions(allow_approximate: bool = False, parts: int = 1, vector: int = 1) -> tvm.transform.Pass:  # noqa: N802
+def _check_split(group, producers: dict, parts: int, lanes: int, ranks: int) -> str | None:
+    """Why the lanes / ranks split cannot apply to this group, or None."""
+    if lanes & (lanes - 1) or not 1 <= lanes <= 32:
+        return f"lanes={lanes}: lanes share a warp through shuffles, so a power of two up to 32"
+    if ranks & (ranks - 1) or parts % ranks:
+        return f"ranks={ranks}: a power of two dividing parts={parts}"
+    if lanes > 1 and any(lvl.top_k for lvl in group):
+        return "lanes > 1 with a top-k level: a top-k keeps whole pairs per thread"
+    for lvl in group:
+        extra = [int(s) for s in lvl.output.ty.shape[len(group[0].spatial):]]
+        if lanes > 1 and not lvl.top_k and extra and extra[-1] % lanes:
+            return f"lanes={lanes} do not divide {lvl.block}'s last axis ({extra[-1]})"
+    for prod in producers.values():
+        if prod.extent % lanes:
+            return f"lanes={lanes} do not divide the inner axis of {prod.block} ({prod.extent})"
+    return None
+
+
+def FuseCascadedReductions(allow_approximate: bool = False, parts: int = 1, vector: int = 1,  # noqa: N802
+                           lanes: int = 1, ranks: int = 1) -> tvm.transform.Pass:
     """The pass form (TVM naming): rewrite every fusible cascade of every PrimFunc."""
 
     @tirx.transform.prim_func_pass(opt_level=0, name="tvm_dsm.FuseCascadedReductions")
     def _pass(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx) -> tirx.PrimFunc:
         return fuse_cascaded_reductions(func, allow_approximate=allow_approximate, parts=parts,
-                                        vector=vector)[0]
+                                        vector=vector, lanes=lanes, ranks=ranks)[0]
 
     return _pass

@@ -16,26 +16,15 @@ from tvm.ir import Range
 from ..errors import ClusterError
 from ..ir import find_all
 from ..schedule.cluster import RANK_TAG
-from .lower_cluster import CLUSTER_LAUNCH_KEY
+from .lower_cluster import CLUSTER_LAUNCH_KEY, MAX_STATIC_SMEM, shared_bytes
 
-#: Hopper: 227 KB of shared memory per CTA (opt-in), 48 KB of it static (``__shared__``).
+#: Hopper: 227 KB of shared memory per CTA (opt-in).
 MAX_SMEM_PER_CTA = 227 * 1024
-MAX_STATIC_SMEM = 48 * 1024
-
-
-def _shared_bytes(body, scope: str) -> int:
-    total = 0
-    for alloc in find_all(body, tirx.AllocBuffer, lambda a: str(a.buffer.ty.storage_scope) == scope):
-        elems = 1
-        for extent in alloc.buffer.ty.shape:
-            elems *= int(extent)
-        total += elems * tvm.DataType(str(alloc.buffer.ty.dtype)).bits // 8
-    return total
 
 
 def check_shared_memory(body, cluster_size: int) -> None:
     """Raise :class:`ClusterError` if a cluster kernel's CTA needs more SMEM than Hopper has."""
-    static, dynamic = _shared_bytes(body, "shared"), _shared_bytes(body, "shared.dyn")
+    static, dynamic = shared_bytes(body, "shared"), shared_bytes(body, "shared.dyn")
     if static > MAX_STATIC_SMEM:
         raise ClusterError(
             f"cluster kernel (cluster {cluster_size}) uses {static} B of static shared memory per "

@@ -72,6 +72,33 @@ def _is_thread_extent(stmt, tag: str) -> bool:
     )
 
 
+#: CUDA's limit on static (``__shared__``) shared memory per CTA.
+MAX_STATIC_SMEM = 48 * 1024
+
+
+def shared_bytes(body, scope: str) -> int:
+    """Bytes of the ``scope`` buffers allocated in ``body``."""
+    return sum(_bytes(a.buffer) for a in find_all(
+        body, tirx.AllocBuffer, lambda a: str(a.buffer.ty.storage_scope) == scope))
+
+
+def _bytes(buffer) -> int:
+    elems = 1
+    for extent in buffer.ty.shape:
+        elems *= int(extent)
+    return elems * tvm.DataType(str(buffer.ty.dtype)).bits // 8
+
+
+def _buffers_used(stmt) -> list:
+    return ([ld.source for ld in find_all(stmt, tvm.ir.TensorLoad)]
+            + [st.buffer for st in find_all(stmt, tirx.BufferStore)])
+
+
+def _passed_to_calls(body, buffer) -> bool:
+    """``buffer`` is an argument of an intrinsic (an access pointer of a tensor intrinsic)."""
+    return bool(find_all(body, tvm.ir.Call, lambda c: any(a.same_as(buffer) for a in c.args)))
+
+
 def _cluster_barrier() -> tirx.Evaluate:
     return tirx.Evaluate(T.cuda.cluster_sync())
 
@@ -84,7 +111,7 @@ class _DSMBuffer:
     has one home CTA that writers and readers agree on.
     """
 
-    def __init__(self, buffer: tirx.Var, cluster_size: int):
+    def __init__(self, buffer: tirx.Var, cluster_size: int, scope: str = "shared.dyn"):
         shape = list(buffer.ty.shape)
         if not shape or not isinstance(shape[0], tirx.IntImm) or int(shape[0]) > cluster_size:
             raise ClusterError(
@@ -95,7 +122,7 @@ class _DSMBuffer:
         if self.dtype not in _PTX_TYPES:
             raise ClusterError(f"DSM buffer {buffer.name}: dtype {self.dtype} is not supported")
         self.buffer = buffer
-        self.slice = tirx.decl_buffer(shape[1:], self.dtype, f"{buffer.name}_slice", scope="shared.dyn")
+        self.slice = tirx.decl_buffer(shape[1:], self.dtype, f"{buffer.name}_slice", scope=scope)
         self.strides = []
         stride = 1
         for extent in reversed(shape[1:]):
@@ -187,6 +214,32 @@ class _KernelLowering:
         self.root_only = False  # rewriting a stage only rank 0 runs
         self.thread_attrs: list[tirx.AttrStmt] = []  # threadIdx.* bindings (set by lower)
         self.bulk_copies: list[BulkCopy] = []
+        self.remote: list = []  # DSM buffers some peer touches (set by lower)
+
+    def _slices(self, body) -> list[_DSMBuffer]:
+        """The kernel's DSM buffers, as ``shared.dyn`` slices, or static ``shared`` ones when
+        slices no peer touches (a tree's intra-CTA partials) sit beside slices peers read (its
+        last partials) and all fit in static shared memory: TVM's ThreadSync treats all
+        ``shared.dyn`` buffers as one (they are merged), so a predicated merge round reading
+        one and writing another would need a barrier inside its condition, which it refuses.
+        (Mixing the two scopes in one kernel trips TVM's MergeSharedMemoryAllocations.)"""
+        allocs = find_all(body, tirx.AllocBuffer, lambda a: str(a.buffer.ty.storage_scope) == DSM_SCOPE)
+        self.remote = [a.buffer for a in allocs if not self._only_own_slice(body, a.buffer)]
+        sizes = sum(_bytes(a.buffer) // max(1, int(a.buffer.ty.shape[0])) for a in allocs)
+        static = (0 < len(self.remote) < len(allocs)
+                  and shared_bytes(body, "shared") + sizes <= MAX_STATIC_SMEM)
+        return [_DSMBuffer(a.buffer, self.size, "shared" if static else "shared.dyn") for a in allocs]
+
+    def _only_own_slice(self, body, buffer) -> bool:
+        """Every access of ``buffer`` is provably to this CTA's slice (no bulk copy, no
+        intrinsic taking its address)."""
+        bulk = [b for loop in find_all(body, tirx.For, lambda f: BULK_COPY_KEY in f.annotations)
+                for b in _buffers_used(loop)]
+        if any(buffer.same_as(b) for b in bulk) or _passed_to_calls(body, buffer):
+            return False
+        ranks = [ld.indices[0] for ld in find_all(body, tvm.ir.TensorLoad, lambda x: x.source.same_as(buffer))]
+        ranks += [st.indices[0] for st in find_all(body, tirx.BufferStore, lambda x: x.buffer.same_as(buffer))]
+        return all(self.analyzer.can_prove_equal(r, self.rank) for r in ranks)
 
     def dsm_of(self, buffer) -> _DSMBuffer | None:
         return next((d for d in self.dsm if d.buffer.same_as(buffer)), None)
@@ -215,12 +268,7 @@ class _KernelLowering:
             self.thread_attrs.append(attr)
         for loop in find_all(body, tirx.For):
             self.analyzer.bind(loop.loop_var, Range(loop.min, loop.min + loop.extent))
-        self.dsm = [
-            _DSMBuffer(a.buffer, self.size)
-            for a in find_all(
-                body, tirx.AllocBuffer, lambda a: str(a.buffer.ty.storage_scope) == DSM_SCOPE
-            )
-        ]
+        self.dsm = self._slices(body)
         body = self._run_root_only_stages_on_rank_0(body)
         if self.dsm:
             body = self._rewrite_accesses(body)
@@ -246,7 +294,9 @@ class _KernelLowering:
         on the other, which TVM rejects; peers also read a slice at times its own CTA's
         liveness cannot see. The touches are address expressions that survive as no-op
         statements in the CUDA (ThreadSync may add a ``__syncthreads`` after one)."""
-        slices = [d.slice for d in self.dsm]
+        # Static slices no peer touches keep TVM's own liveness.
+        slices = [d.slice for d in self.dsm if str(d.slice.ty.storage_scope) == "shared.dyn"
+                  or any(d.buffer.same_as(b) for b in self.remote)]
 
         def on_seq(seq: tirx.SeqStmt) -> tirx.SeqStmt:
             stmts, touches = [], []
@@ -545,6 +595,11 @@ class _KernelLowering:
                     state.reset()
                 elif state.needs_barrier_before(t):
                     out.append(_cluster_barrier())
+                    if isinstance(stage, tirx.IfThenElse):
+                        # TVM's ThreadSync does not know that barrier.cluster also orders the
+                        # CTA's shared memory: it would put its own barrier inside the
+                        # predicated stage, which it refuses to do.
+                        out.append(tirx.Evaluate(T.tvm_storage_sync("shared")))
                     state.reset()
                 out.append(stage)
                 state.record(t)

@@ -66,6 +66,28 @@ def softmax_pv(m: int, k: int, j: int) -> tirx.PrimFunc:
     return te.create_prim_func([x, v, mx, l, o])
 
 
+def decode_attention(rows: int, keys: int, dim: int) -> tirx.PrimFunc:
+    """One query per row (a (batch, head) pair) attending to ``keys`` cached keys and values:
+    softmax(q K^T / sqrt(dim)) V in fp32 from fp16 q [rows, dim], K and V [rows, keys, dim].
+    The scores are a sum over ``dim`` that the fused loop computes per key (an element
+    producer); output [rows, dim] fp32."""
+    q = te.placeholder((rows, dim), "float16", name="q")
+    k = te.placeholder((rows, keys, dim), "float16", name="k")
+    v = te.placeholder((rows, keys, dim), "float16", name="v")
+    scale = 1.0 / dim ** 0.5
+    d = te.reduce_axis((0, dim), "d")
+    s = te.compute((rows, keys), lambda i, t: te.sum(
+        q[i, d].astype("float32") * k[i, t, d].astype("float32") * scale, axis=d), name="s")
+    mx = _row_max(s, rows, keys)
+    r = te.reduce_axis((0, keys), "lk")
+    l = te.compute((rows,), lambda i: te.sum(te.exp(s[i, r] - mx[i]), axis=r), name="l")
+    r2 = te.reduce_axis((0, keys), "ok")
+    o = te.compute((rows, dim), lambda i, c: te.sum(
+        te.exp(s[i, r2] - mx[i]) * v[i, r2, c].astype("float32"), axis=r2), name="o")
+    out = te.compute((rows, dim), lambda i, c: o[i, c] / l[i], name="out")
+    return te.create_prim_func([q, k, v, out])
+
+
 def moe_routing(tokens: int, experts: int, k: int) -> tirx.PrimFunc:
     """MoE router: the k best experts per token and their softmax probabilities (over all
     experts, best first; ties go to the lower expert index). Outputs weights [tokens, k] fp32 and

@@ -1,0 +1,119 @@
+"""Choose how a fused cascade's rows are split over lanes, threads and a cluster, without
+measuring.
+
+A fused cascade reads each row once, so it runs at HBM speed exactly when enough loads are in
+flight: by Little's law the threads must together hold ``HBM bandwidth x loaded latency``
+bytes of outstanding loads. Each thread holds ``vector`` elements of every row it reads
+(16-byte loads; with an element producer, each lane a 16-byte slice of the key and value rows).
+The plan takes the fewest parts that reach that, adding threads per CTA up to ``groups`` 16 and
+then CTAs per row (``ranks``, a cluster whose last partials meet through DSM) before more
+threads: every rank costs cluster barriers and a DSM merge, large CTAs cost occupancy. The
+loaded latency is the measured unloaded one times a factor fitted on the decode suite
+(bench/results/decode.json).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import tvm
+from tvm import s_tir, tirx
+
+from ..errors import ClusterError
+from ..fusion.cascade import element_producers, find_cascades, inline_elementwise
+from ..hardware import Hardware, load_hardware
+from ..ir import loads
+
+#: Loaded / unloaded HBM latency under full-bandwidth streaming (fitted, see the module doc).
+_LOADED_LATENCY_FACTOR = 6.0
+_GROUPS = (8, 16, 32)
+_RANKS = (1, 2, 4, 8, 16)
+_LOAD_BYTES = 16
+
+
+@dataclass(frozen=True)
+class CascadeSplit:
+    """FuseCascadedReductions' split of each row and what the plan expects of it."""
+
+    rows: int
+    parts: int
+    vector: int
+    lanes: int
+    ranks: int
+    bytes_in_flight: int
+    bytes_needed: int
+
+    def kwargs(self) -> dict:
+        return {"parts": self.parts, "vector": self.vector, "lanes": self.lanes, "ranks": self.ranks}
+
+    def explain(self) -> str:
+        groups = self.parts // self.ranks
+        where = (f"a cluster of {self.ranks} CTAs per row (last partials merged through DSM)"
+                 if self.ranks > 1 else "one CTA per row")
+        return (f"{self.rows} rows, {where}; {groups} parts of {self.lanes} lane(s) per CTA "
+                f"({groups * self.lanes} threads), {self.vector} element(s) per load: "
+                f"{self.bytes_in_flight / 2**20:.1f} MiB of loads in flight, "
+                f"{self.bytes_needed / 2**20:.1f} MiB needed to cover HBM latency")
+
+
+def plan_cascade_split(func: tirx.PrimFunc, hw: Hardware | None = None) -> CascadeSplit:
+    """The split for the first cascade of ``func``; ClusterError if it has none."""
+    hw = hw or load_hardware()
+    inlined = inline_elementwise(func)
+    groups = find_cascades(inlined)
+    if not groups:
+        raise ClusterError("no cascaded reduction in this function")
+    group = groups[0]
+    first = group[0]
+    rows = math.prod(int(first.output.ty.shape[a]) for a in range(len(first.spatial)))
+    extent = first.extent
+    producers = element_producers(inlined, group)
+    if producers:  # lanes share an element: 16-byte slices of its inner axis
+        prod = next(iter(producers.values()))
+        width = _LOAD_BYTES // _elem_bytes(prod.value)
+        lanes = max(1, min(32, prod.extent // width))
+        vector = 4
+        per_thread = vector * _LOAD_BYTES * (1 + len([lvl for lvl in group if len(lvl.spatial) > len(first.spatial)]))
+    else:
+        lanes = 1
+        vector = _LOAD_BYTES // _elem_bytes(first.value)
+        per_thread = _LOAD_BYTES
+    needed = int(hw.hbm_bw * hw.latency_ns["hbm"] * 1e-9 * _LOADED_LATENCY_FACTOR)
+    candidates = [
+        (ranks, groups) for ranks, groups in itertools.product(_RANKS, _GROUPS)
+        if groups * lanes <= 1024 and extent % (ranks * groups * vector) == 0
+    ]
+    if not candidates:
+        raise ClusterError(f"reduction extent {extent} does not split into {min(_GROUPS)} parts "
+                           f"of {vector}-element chunks")
+
+    def in_flight(c) -> int:
+        ranks, groups = c
+        return rows * ranks * groups * lanes * per_thread
+
+    # Fewest ranks, then fewest threads per CTA beyond 16 parts, that cover the latency.
+    order = sorted(candidates, key=lambda c: (c[1] > 16, c[0], c[1]))
+    ranks, groups = next((c for c in order if in_flight(c) >= needed), max(candidates, key=in_flight))
+    return CascadeSplit(rows, ranks * groups, vector, lanes, ranks, in_flight((ranks, groups)), needed)
+
+
+def schedule_cascade(func: tirx.PrimFunc, hw: Hardware | None = None,
+                     split: CascadeSplit | None = None) -> tuple[s_tir.Schedule, CascadeSplit]:
+    """Fuse ``func``'s cascade (FuseCascadedReductions) with the planned split and schedule it
+    for the GPU; ClusterError with the pass's reason if it does not fuse."""
+    from ..rules.fused_rows import schedule_fused_rows
+    from ..transform.cascaded_reductions import fuse_cascaded_reductions
+
+    split = split or plan_cascade_split(func, hw)
+    fused, reports = fuse_cascaded_reductions(func, **split.kwargs())
+    if not reports or not all(r.fusible for r in reports):
+        raise ClusterError("; ".join(str(r) for r in reports) or "no cascaded reduction")
+    return schedule_fused_rows(fused), split
+
+
+def _elem_bytes(expr) -> int:
+    """Bytes of the narrowest buffer element the expression loads (what 16-byte loads carry)."""
+    sizes = [tvm.DataType(str(ld.source.ty.dtype)).bits // 8 for ld in loads(expr)]
+    return min(sizes) if sizes else 4

@@ -1,0 +1,101 @@
+"""Decode attention through FuseCascadedReductions: scores computed per key inside the fused
+loop (an element producer), lanes sharing each key through warp shuffles, a row's parts spread
+over a cluster whose last partials meet through DSM, and the planner's split."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from conftest import TARGET, cuda_source
+
+from tvm_dsm.errors import ClusterError
+from tvm_dsm.planners.cascade_split import plan_cascade_split, schedule_cascade
+from tvm_dsm.transform.cascaded_reductions import fuse_cascaded_reductions
+from tvm_dsm.workloads.cascades import decode_attention, moe_routing
+
+
+def _inputs(rows, keys, dim, rng):
+    return [rng.standard_normal(s).astype(np.float16) for s in ((rows, dim), (rows, keys, dim), (rows, keys, dim))]
+
+
+def _reference(q, k, v):
+    q, k, v = (a.astype(np.float64) for a in (q, k, v))
+    s = np.einsum("rd,rtd->rt", q, k) / np.sqrt(q.shape[1])
+    p = np.exp(s - s.max(1, keepdims=True))
+    return np.einsum("rt,rtd->rd", p, v) / p.sum(1)[:, None]
+
+
+def _run(func, inputs, target="llvm", dev=None):
+    dev = dev or tvm.cpu()
+    lib = tvm.compile(tvm.IRModule({"main": func}) if isinstance(func, tvm.tirx.PrimFunc) else func, target=target)
+    rows, dim = inputs[0].shape
+    out = tvm.runtime.tensor(np.full((rows, dim), np.nan, np.float32), dev)
+    lib["main"](*[tvm.runtime.tensor(a, dev) for a in inputs], out)
+    return out.numpy()
+
+
+@pytest.mark.parametrize("keys, dim, parts, vector", [(64, 16, 1, 1), (64, 16, 4, 2), (16, 16, 4, 1)])
+def test_scores_are_computed_inside_the_loop(keys, dim, parts, vector):
+    """Fused equals the unfused function and float64; the score buffer is gone. keys == dim
+    checks that the max over keys is not mistaken for a level over the scores' own axis."""
+    func = decode_attention(3, keys, dim)
+    fused, reports = fuse_cascaded_reductions(func, parts=parts, vector=vector)
+    assert reports[0].fusible, reports[0]
+    assert "s: computed per element inside the loop (sum over %d)" % dim in str(reports[0])
+    assert " s = T.sblock_alloc_buffer" not in fused.script()  # the scores are never stored
+    inputs = _inputs(3, keys, dim, np.random.default_rng(7))
+    ref = _reference(*inputs)
+    for f in (func, fused):
+        out = _run(f, inputs)
+        assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-5
+
+
+@pytest.mark.parametrize("kwargs, reason", [
+    ({"parts": 4, "lanes": 3}, "lanes=3"),
+    ({"parts": 4, "lanes": 32}, "do not divide"),
+    ({"parts": 4, "lanes": 4, "ranks": 3}, "ranks=3"),
+    ({"parts": 2, "lanes": 1, "ranks": 4}, "ranks=4"),
+])
+def test_unsupported_splits_are_refused_with_a_reason(kwargs, reason):
+    func = decode_attention(2, 64, 16)
+    fused, reports = fuse_cascaded_reductions(func, **kwargs)
+    assert fused.same_as(func) and not reports[0].fusible and reason in reports[0].reason
+
+
+def test_top_k_refuses_lanes():
+    _, reports = fuse_cascaded_reductions(moe_routing(4, 64, 2), parts=4, lanes=4)
+    assert not reports[0].fusible and "top-k" in reports[0].reason
+
+
+def test_planner_spreads_few_long_rows_over_a_cluster():
+    few = plan_cascade_split(decode_attention(32, 16384, 128))
+    many = plan_cascade_split(decode_attention(1024, 1024, 128))
+    assert few.ranks > 1 and many.ranks == 1 and few.lanes == many.lanes == 16
+    assert few.bytes_in_flight >= few.bytes_needed
+    assert "through DSM" in few.explain() and "one CTA per row" in many.explain()
+
+
+def test_cluster_decode_cuda(assemble):
+    """Lanes combine the scores by shuffles; the last partials are read from peers (mapa) between
+    cluster barriers; the intra-CTA partials are static shared memory (TVM's ThreadSync would
+    otherwise need barriers inside the predicated merge rounds)."""
+    sch, split = schedule_cascade(decode_attention(32, 4096, 128))
+    assert split.ranks > 1
+    source = cuda_source(sch.mod)
+    assert source.count("__shfl_xor_sync") == 4 * split.vector  # log2(16 lanes) per key
+    assert "mapa" in source and "barrier.cluster" in source
+    assert "extern __shared__" not in source
+    assert "*(uint4*)(_ptr" in source  # 16-byte loads of each lane's key/value slices
+    assemble(source, "decode_cluster")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(32, 4096, 128), (64, 2048, 64)])
+def test_gpu_matches_float64(shape):
+    sch, _ = schedule_cascade(decode_attention(*shape))
+    inputs = _inputs(*shape, np.random.default_rng())
+    lib = tvm.compile(sch.mod, target=TARGET)
+    out = _run(lib, inputs, dev=tvm.cuda(0))
+    ref = _reference(*inputs)
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-3
