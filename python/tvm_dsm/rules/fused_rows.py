@@ -12,11 +12,15 @@ they would collide.)
 
 from __future__ import annotations
 
+import math
+
+import tvm
 from tvm import s_tir, tirx
 
 from ..errors import ClusterError
 from ..schedule.cluster import bind_clusters, bind_rank
 from ..schedule.dsm import DSM_SCOPE
+from ..transform.lower_cluster import STATIC_SLICES_BUDGET
 
 _THREAD_BLOCKS = ("_part", "_merge", "_final")
 
@@ -43,6 +47,7 @@ def schedule_fused_rows(func: tirx.PrimFunc) -> s_tir.Schedule:
         else:
             sch.bind(row, "blockIdx.x")
         row_loops.append(row)
+        slices = 0
         for block in blocks:
             part_loop, lane_loop = sch.get_loops(block)[-2:]
             threads = (n_parts // ranks, _extent(sch, lane_loop))
@@ -57,9 +62,14 @@ def schedule_fused_rows(func: tirx.PrimFunc) -> s_tir.Schedule:
                 continue
             for index in range(len(sch.get(block).writes)):  # partial states, between threads
                 if ranks > 1:
+                    slices += _bytes(sch.get(block).writes[index].source) // ranks
                     sch.transform_layout(block, ("write", index),
                                          lambda p, *rest: (p % ranks, p // ranks, *rest))
                 sch.set_scope(block, index, DSM_SCOPE if ranks > 1 else "shared")
+        if slices > STATIC_SLICES_BUDGET:
+            raise ClusterError(
+                f"{name}: the partial states take {slices} B per CTA; a cluster merge keeps them "
+                f"in static shared memory ({STATIC_SLICES_BUDGET} B): use fewer parts per CTA")
         # Intermediate results (not parameters) stay in the row's CTA for its epilogue.
         params = list(func.params)
         for index, region in enumerate(sch.get(fused).writes):
@@ -88,6 +98,10 @@ def schedule_fused_rows(func: tirx.PrimFunc) -> s_tir.Schedule:
             sch.bind(y, "threadIdx.y")
             sch.bind(x, "threadIdx.x")
     return sch
+
+
+def _bytes(buffer) -> int:
+    return math.prod(int(d) for d in buffer.ty.shape) * tvm.DataType(str(buffer.ty.dtype)).bits // 8
 
 
 def _extent(sch: s_tir.Schedule, loop) -> int:
