@@ -76,6 +76,18 @@ def test_planner_spreads_few_long_rows_over_a_cluster():
     assert "through DSM" in few.explain() and "one CTA per row" in many.explain()
 
 
+def test_cluster_merge_over_the_static_budget_is_refused():
+    """64 parts per CTA of 130 fp32 states each: ~66 KB of partial states, over the static
+    shared memory a cluster merge keeps them in."""
+    from tvm_dsm.rules.fused_rows import schedule_fused_rows
+
+    fused, reports = fuse_cascaded_reductions(decode_attention(4, 4096, 128), parts=128, lanes=16,
+                                              ranks=2, vector=2)
+    assert reports[0].fusible
+    with pytest.raises(ClusterError, match="partial states take .* use fewer parts per CTA"):
+        schedule_fused_rows(fused)
+
+
 def test_cluster_decode_cuda(assemble):
     """Lanes combine the scores by shuffles; the last partials are read from peers (mapa) between
     cluster barriers; the intra-CTA partials are static shared memory (TVM's ThreadSync would

@@ -274,20 +274,16 @@ def element_producers(func: tirx.PrimFunc, group: list[Level]) -> dict:
     fused loop computes each such element when it reaches it instead of reading it from
     memory. Returns {output buffer: the producer as a Level}; only producers of intermediates
     (not parameters) indexed exactly by the group's rows and reduction variable qualify."""
-    params = list(func.params)
     sch = s_tir.Schedule(func)
-    candidates = {}
-    for rv in sch.get_child_blocks(sch.get_sblock("root")):
-        level = parse_reduction(sch.get(rv))
-        if (level is not None and level.op == "sum" and not level.top_k
-                and not any(level.output.same_as(p) for p in params)):
-            candidates[level.output] = level
+    blocks = [sch.get(rv) for rv in sch.get_child_blocks(sch.get_sblock("root"))]
     names = {lvl.block for lvl in group}
-    for rv in sch.get_child_blocks(sch.get_sblock("root")):  # read elsewhere: must stay
-        block = sch.get(rv)
-        if str(block.name_hint) not in names:
-            for region in block.reads:
-                candidates = {b: p for b, p in candidates.items() if not region.source.same_as(b)}
+    kept = list(func.params) + [  # parameters, and what blocks outside the group read, stay
+        region.source for block in blocks if str(block.name_hint) not in names for region in block.reads]
+    candidates = {}
+    for level in map(parse_reduction, blocks):
+        if (level is not None and level.op == "sum" and not level.top_k
+                and not any(level.output.same_as(b) for b in kept)):
+            candidates[level.output] = level
     rows = len(group[0].spatial)
     found = {}
     for lvl in group:

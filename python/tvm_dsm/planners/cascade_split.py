@@ -25,6 +25,8 @@ from ..errors import ClusterError
 from ..fusion.cascade import element_producers, find_cascades, inline_elementwise
 from ..hardware import Hardware, load_hardware
 from ..ir import loads
+from ..rules.fused_rows import schedule_fused_rows
+from ..transform.cascaded_reductions import fuse_cascaded_reductions
 
 #: Loaded / unloaded HBM latency under full-bandwidth streaming (fitted, see the module doc).
 _LOADED_LATENCY_FACTOR = 6.0
@@ -75,7 +77,8 @@ def plan_cascade_split(func: tirx.PrimFunc, hw: Hardware | None = None) -> Casca
         width = _LOAD_BYTES // _elem_bytes(prod.value)
         lanes = max(1, min(32, prod.extent // width))
         vector = 4
-        per_thread = vector * _LOAD_BYTES * (1 + len([lvl for lvl in group if len(lvl.spatial) > len(first.spatial)]))
+        # the key slice, and the value slice of each level with an output axis of its own
+        per_thread = vector * _LOAD_BYTES * (1 + sum(len(lvl.spatial) > len(first.spatial) for lvl in group))
     else:
         lanes = 1
         vector = _LOAD_BYTES // _elem_bytes(first.value)
@@ -103,9 +106,6 @@ def schedule_cascade(func: tirx.PrimFunc, hw: Hardware | None = None,
                      split: CascadeSplit | None = None) -> tuple[s_tir.Schedule, CascadeSplit]:
     """Fuse ``func``'s cascade (FuseCascadedReductions) with the planned split and schedule it
     for the GPU; ClusterError with the pass's reason if it does not fuse."""
-    from ..rules.fused_rows import schedule_fused_rows
-    from ..transform.cascaded_reductions import fuse_cascaded_reductions
-
     split = split or plan_cascade_split(func, hw)
     fused, reports = fuse_cascaded_reductions(func, **split.kwargs())
     if not reports or not all(r.fusible for r in reports):

@@ -12,15 +12,12 @@ they would collide.)
 
 from __future__ import annotations
 
-import math
-
-import tvm
 from tvm import s_tir, tirx
 
 from ..errors import ClusterError
 from ..schedule.cluster import bind_clusters, bind_rank
 from ..schedule.dsm import DSM_SCOPE
-from ..transform.lower_cluster import STATIC_SLICES_BUDGET
+from ..transform.lower_cluster import STATIC_SLICES_BUDGET, buffer_bytes
 
 _THREAD_BLOCKS = ("_part", "_merge", "_final")
 
@@ -62,7 +59,7 @@ def schedule_fused_rows(func: tirx.PrimFunc) -> s_tir.Schedule:
                 continue
             for index in range(len(sch.get(block).writes)):  # partial states, between threads
                 if ranks > 1:
-                    slices += _bytes(sch.get(block).writes[index].source) // ranks
+                    slices += buffer_bytes(sch.get(block).writes[index].source) // ranks
                     sch.transform_layout(block, ("write", index),
                                          lambda p, *rest: (p % ranks, p // ranks, *rest))
                 sch.set_scope(block, index, DSM_SCOPE if ranks > 1 else "shared")
@@ -98,10 +95,6 @@ def schedule_fused_rows(func: tirx.PrimFunc) -> s_tir.Schedule:
             sch.bind(y, "threadIdx.y")
             sch.bind(x, "threadIdx.x")
     return sch
-
-
-def _bytes(buffer) -> int:
-    return math.prod(int(d) for d in buffer.ty.shape) * tvm.DataType(str(buffer.ty.dtype)).bits // 8
 
 
 def _extent(sch: s_tir.Schedule, loop) -> int:

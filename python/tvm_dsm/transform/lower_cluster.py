@@ -21,6 +21,8 @@ kernel whose ``blockIdx.x`` (extent C) encloses a ``clusterCtaIdx.x`` binding (e
 
 from __future__ import annotations
 
+import math
+
 import tvm
 import tvm_ffi
 from tvm import tirx
@@ -79,15 +81,12 @@ STATIC_SLICES_BUDGET = 40 * 1024
 
 def shared_bytes(body, scope: str) -> int:
     """Bytes of the ``scope`` buffers allocated in ``body``."""
-    return sum(_bytes(a.buffer) for a in find_all(
+    return sum(buffer_bytes(a.buffer) for a in find_all(
         body, tirx.AllocBuffer, lambda a: str(a.buffer.ty.storage_scope) == scope))
 
 
-def _bytes(buffer) -> int:
-    elems = 1
-    for extent in buffer.ty.shape:
-        elems *= int(extent)
-    return elems * tvm.DataType(str(buffer.ty.dtype)).bits // 8
+def buffer_bytes(buffer) -> int:
+    return math.prod(int(d) for d in buffer.ty.shape) * tvm.DataType(str(buffer.ty.dtype)).bits // 8
 
 
 def _buffers_used(stmt) -> list:
@@ -226,17 +225,17 @@ class _KernelLowering:
         (Mixing the two scopes in one kernel trips TVM's MergeSharedMemoryAllocations.) Later
         passes add static buffers of their own, so the slices keep 8 KB of the limit free."""
         allocs = find_all(body, tirx.AllocBuffer, lambda a: str(a.buffer.ty.storage_scope) == DSM_SCOPE)
-        self.remote = [a.buffer for a in allocs if not self._only_own_slice(body, a.buffer)]
-        sizes = sum(_bytes(a.buffer) // max(1, int(a.buffer.ty.shape[0])) for a in allocs)
+        bulk = [b for loop in find_all(body, tirx.For, lambda f: BULK_COPY_KEY in f.annotations)
+                for b in _buffers_used(loop)]
+        self.remote = [a.buffer for a in allocs if not self._only_own_slice(body, a.buffer, bulk)]
+        sizes = sum(buffer_bytes(a.buffer) // max(1, int(a.buffer.ty.shape[0])) for a in allocs)
         static = (0 < len(self.remote) < len(allocs)
                   and shared_bytes(body, "shared") + sizes <= STATIC_SLICES_BUDGET)
         return [_DSMBuffer(a.buffer, self.size, "shared" if static else "shared.dyn") for a in allocs]
 
-    def _only_own_slice(self, body, buffer) -> bool:
-        """Every access of ``buffer`` is provably to this CTA's slice (no bulk copy, no
-        intrinsic taking its address)."""
-        bulk = [b for loop in find_all(body, tirx.For, lambda f: BULK_COPY_KEY in f.annotations)
-                for b in _buffers_used(loop)]
+    def _only_own_slice(self, body, buffer, bulk: list) -> bool:
+        """Every access of ``buffer`` is provably to this CTA's slice (it is not among the
+        ``bulk`` copies' buffers, no intrinsic takes its address)."""
         if any(buffer.same_as(b) for b in bulk) or _passed_to_calls(body, buffer):
             return False
         ranks = [ld.indices[0] for ld in find_all(body, tvm.ir.TensorLoad, lambda x: x.source.same_as(buffer))]
@@ -597,11 +596,6 @@ class _KernelLowering:
                     state.reset()
                 elif state.needs_barrier_before(t):
                     out.append(_cluster_barrier())
-                    if isinstance(stage, tirx.IfThenElse):
-                        # TVM's ThreadSync does not know that barrier.cluster also orders the
-                        # CTA's shared memory: it would put its own barrier inside the
-                        # predicated stage, which it refuses to do.
-                        out.append(tirx.Evaluate(T.tvm_storage_sync("shared")))
                     state.reset()
                 out.append(stage)
                 state.record(t)
