@@ -135,9 +135,15 @@ def test_moe_routing_kernel_assembles_for_sm90a(assemble):
 
     from tvm_dsm.rules.fused_rows import schedule_fused_rows
 
-    fused, _ = fuse_cascaded_reductions(moe_routing(64, 1024, 8), parts=32, vector=8)
+    fused, _ = fuse_cascaded_reductions(moe_routing(64, 1024, 8), parts=32, vector=8, shuffle=True)
     source = cuda_source(schedule_fused_rows(fused).mod)
-    assert "__launch_bounds__(32)" in source and "*(uint4*)(x_ptr" in source
+    assert "__launch_bounds__(32)" in source
+    # one 16-byte load before the loop, and in it the next chunk's (clamped to the last one)
+    assert source.count("*(uint4*)(x_ptr") == 2 and "min((" in source
+    # the 32 parts of a row are one warp: 5 shuffle rounds of the 8 packed keys, m and l, and
+    # no shared-memory merge round
+    assert source.count("__shfl_xor_sync") == 5 * (8 + 2)
+    assert "_merge" not in str(fused)
     assemble(source, "moe_routing")
 
 

@@ -38,6 +38,9 @@ from .symbolic import ToSympy, ToTIR
 from . import top_k_keys
 from .top_k import beats
 
+#: Annotation of the ``*_final`` block: the CTAs a row's parts span (part p on rank p % ranks).
+RANKS_ATTR = "tvm_dsm.ranks"
+
 _COMBINE = {"sum": lambda a, b: a + b, "max": tirx.max, "min": tirx.min}
 _ACC = "float64"  # accumulators of split levels
 
@@ -46,7 +49,7 @@ class _FusedBlock:
     """Builds the fused nest for one cascade (inside an IRBuilder context)."""
 
     def __init__(self, group: list[Level], parts: int = 1, vector: int = 1, lanes: int = 1,
-                 ranks: int = 1, producers: dict | None = None):
+                 ranks: int = 1, producers: dict | None = None, shuffle: bool = False):
         self.group = group
         self.vector = vector
         self.lanes, self.ranks = lanes, ranks
@@ -62,6 +65,10 @@ class _FusedBlock:
         self.row_extents = [int(_extent(first, a)) for a in range(self.rows)]
         self.extent = first.extent
         self.parts = parts
+        # Parts of one rank whose threads share a warp (thread of part p, lane l: (p // ranks)
+        # * lanes + l, as tvm_dsm.rules.fused_rows binds them): with ``shuffle`` they merge in
+        # registers before the shared-memory tree.
+        self.warp_parts = min(parts // ranks, 32 // lanes) if shuffle else 1
         self.read_by_others = {d for lvl in group for d in lvl.deps}
         self.name = "fused_" + "_".join(lvl.block for lvl in group)
         self.keys: dict = {}  # during a scan: top-k level -> (its packed keys, the 16-bit value)
@@ -153,18 +160,30 @@ class _FusedBlock:
                 for c in range(lvl.top_k.k):
                     T.buffer_store(keys, tirx.const(0, "uint32"), [c])
                 self.keys[j] = keys, raw
-        self._stage_slices(rows, None)
+        # Registers of the chunk being applied; each step loads the next chunk's first (its
+        # latency overlaps the step's work), the last step reloads its own.
+        self.slices = self._stage_slices(rows, None)
+        self.staged = self._stage(rows, element(0, 0))
+        self.slices.update(self._stage_slices(rows, element(0, 0)))
         with T.serial(steps) as t:
-            self._stage(rows, element(t, 0))
-            self._stage_slices(rows, element(t, 0))
+            ahead = element(tirx.min(t + 1, steps - 1), 0)
+            staged_next, slices_next = self._stage(rows, ahead), self._stage_slices(rows, ahead)
             self._produce(rows, element(t, 0))
-            for v in range(self.vector):
-                self.staged_at = v
-                k = element(t, v)
-                for j, lvl in enumerate(group):
-                    self._update(j, lvl, rows, k, state, new, accumulators[j])
-                for j in sorted(self.read_by_others):
-                    T.buffer_store(state[j], new[j][0], [0])
+            # Level by level over the chunk: a level's dependencies have their values after the
+            # whole chunk before it starts, so its correction is applied once per chunk.
+            for j, lvl in enumerate(group):
+                for v in range(self.vector):
+                    self.staged_at = v
+                    self._update(j, lvl, rows, element(t, v), state, new, accumulators[j], v == 0)
+            for j in sorted(self.read_by_others):
+                T.buffer_store(state[j], new[j][0], [0])
+            pending = [(self.staged[b], nxt) for b, nxt in staged_next.items()]
+            pending += [(self.slices[b][0], nxt) for b, (nxt, _, _) in slices_next.items()]
+            for current, nxt in pending:
+                for e in range(int(nxt.shape[0])):
+                    T.buffer_store(current, nxt[e], [e])
+        if self.warp_parts > 1:
+            state, accumulators = self._merge_in_warp(rows, state, accumulators)
         for j, (keys, raw) in self.keys.items():
             lvl = group[j]
             (_, empty_index), = self._side_state(lvl)
@@ -204,12 +223,13 @@ class _FusedBlock:
     def _lane_start(self, width: int):
         return self.lane * width if self.lanes > 1 else tirx.const(0, "int32")
 
-    def _stage_slices(self, rows: list, first) -> None:
-        """Copy this lane's slice of every sliced load into registers, 16 bytes per copy:
+    def _stage_slices(self, rows: list, first) -> dict:
+        """Copy this lane's slice of every sliced load into new registers, 16 bytes per copy:
         before the scan (``first`` None) those that do not move with the reduction variable,
-        per chunk the others (``vector`` slices each)."""
+        per chunk the others (``vector`` slices each); {source: (registers, width, moves)}."""
+        slices: dict = {}
         for load, owner, width, per_element in self._sliced_loads():
-            if per_element != (first is not None) or any(load.source.same_as(b) for b in self.slices):
+            if per_element != (first is not None) or any(load.source.same_as(b) for b in slices):
                 continue
             dtype = str(load.source.ty.dtype)
             copies = self.vector if per_element else 1
@@ -226,7 +246,8 @@ class _FusedBlock:
                         e = outer * piece + inner
                         T.buffer_store(local, tirx.BufferLoad(load.source, prefix + [self._lane_start(width) + e]),
                                        [v * width + e])
-            self.slices[load.source] = local, width, per_element
+            slices[load.source] = local, width, per_element
+        return slices
 
     def _from_slices(self, expr, at):
         """``expr`` with sliced loads read from their registers at slice position ``at``."""
@@ -263,20 +284,23 @@ class _FusedBlock:
                     offset //= 2
             self.produced[buf] = values
 
-    def _stage(self, rows: list, first) -> None:
+    def _stage(self, rows: list, first) -> dict:
         """Copy ``vector`` consecutive elements from ``first`` of each row read whole (a load
-        indexed by the row, then the reduction variable) into registers."""
+        indexed by the row, then the reduction variable) into new registers; {source:
+        registers}."""
+        staged: dict = {}
         if self.vector == 1:
-            return
+            return staged
         for lvl in self.group:
             for load in loads(lvl.value):
                 if not self._reads_row(load, lvl) or any(
-                        load.source.same_as(b) for b in list(self.staged) + list(self.producers)):
+                        load.source.same_as(b) for b in list(staged) + list(self.producers)):
                     continue
                 local = T.sblock_alloc_buffer([self.vector], str(load.source.ty.dtype), scope="local")
                 with T.vectorized(self.vector) as v:
                     T.buffer_store(local, tirx.BufferLoad(load.source, rows + [first + v]), [v])
-                self.staged[load.source] = local
+                staged[load.source] = local
+        return staged
 
     def _reads_row(self, load, lvl: Level) -> bool:
         """``load`` reads a whole row: indexed by the level's row variables, then its reduction
@@ -316,26 +340,38 @@ class _FusedBlock:
             vec = self.vector
             state, accumulators = self._scan(rows, lambda t, v: (t * parts + p) * vec + v,
                                              self.extent // (parts * vec))
-            self._store_partial(state, accumulators, partial, partial_acc, p)
-        remaining = parts
-        while remaining > self.ranks:
+            self._copy_states((state, accumulators), (partial, partial_acc), [p])
+        # After the warp merge, partial i of the tree is held by part at(i) (every
+        # ``warp_parts``-th part of each rank); the tree's own buffers hold them in order.
+        spread, ranks = self.warp_parts, self.ranks
+
+        def at(i):
+            return i if spread == 1 else (i // ranks) * spread * ranks + i % ranks
+
+        remaining = parts // spread
+        while remaining > ranks:
             half = remaining // 2
             into, into_acc = self._alloc_states([half])
             sources = _buffers(partial, partial_acc)
             with self._thread_block(
                     f"_merge{remaining}",
-                    lambda p, sources=sources, half=half: [_slot_region(b, i) for b in sources for i in (p, p + half)],
+                    lambda p, sources=sources, half=half, at=at: [
+                        _slot_region(b, at(i)) for b in sources for i in (p, p + half)],
                     lambda p, into=into, into_acc=into_acc: [_slot_region(b, p) for b in _buffers(into, into_acc)],
                     active=half) as p:
                 merged, merged_acc = self._alloc_states([])
                 for j, lvl in enumerate(group):
-                    self._merge(j, lvl, rows, merged, merged_acc[j], partial, partial_acc[j], [p, p + half])
-                self._store_partial(merged, merged_acc, into, into_acc, p)
+                    self._merge(j, lvl, rows, merged, merged_acc[j], partial, partial_acc[j], [at(p), at(p + half)])
+                self._copy_states((merged, merged_acc), (into, into_acc), [p])
             partial, partial_acc, remaining = into, into_acc, half
+
+            def at(i):
+                return i
         last = _buffers(partial, partial_acc)
         with self._thread_block(
                 "_final", lambda p: [tirx.BufferRegion(b, [Range(0, d) for d in b.ty.shape]) for b in last],
-                lambda p: [r for lvl in group for r in self._row_regions(lvl, rows)], active=self.ranks):
+                lambda p: [r for lvl in group for r in self._row_regions(lvl, rows)], active=self.ranks,
+                attrs={RANKS_ATTR: self.ranks}):
             merged, merged_acc = self._alloc_states([])
             slots = [tirx.const(r, "int32") for r in range(self.ranks)]
             for j, lvl in enumerate(group):
@@ -343,9 +379,10 @@ class _FusedBlock:
             self._finish(rows, merged, merged_acc)
 
     @contextlib.contextmanager
-    def _thread_block(self, suffix: str, reads, writes, active: int | None = None):
+    def _thread_block(self, suffix: str, reads, writes, active: int | None = None, attrs: dict | None = None):
         """A block over (part, lane) = the threads of a row (a schedule binds both loops),
-        predicated to the first ``active`` parts; yields the part variable."""
+        predicated to the first ``active`` parts, with annotations ``attrs``; yields the part
+        variable."""
         with T.serial(self.parts) as part_loop:
             with T.serial(self.lanes) as lane_loop:
                 with T.sblock(self.name + suffix):
@@ -353,6 +390,8 @@ class _FusedBlock:
                     self.lane = T.axis.spatial(self.lanes, lane_loop)
                     if active is not None:
                         T.where(part_loop < active)
+                    if attrs:
+                        T.sblock_attr(attrs)
                     T.reads(*reads(p))
                     T.writes(*writes(p))
                     yield p
@@ -368,12 +407,44 @@ class _FusedBlock:
             side[j] = self._alloc_side_state(lvl, shape)
         return values, side
 
-    def _store_partial(self, values: dict, side: dict, into: dict, into_side: dict, p) -> None:
-        """Copy every level's state (``values``, ``side``) into partial state ``p``."""
+    def _copy_states(self, source: tuple, into: tuple, at: list, through=None, skip=()) -> None:
+        """Copy every level's states (``source`` = (values, side), as _alloc_states makes
+        them) into ``into`` at leading indices ``at`` ([p]: partial state p; []: a state),
+        each value passed ``through`` a function if given; levels in ``skip`` are left out."""
+        (values, side), (into_values, into_side) = source, into
         for j, lvl in enumerate(self.group):
-            for state, out in zip([values[j]] + side[j], [into[j]] + into_side[j]):
+            if j in skip:
+                continue
+            for state, out in zip([values[j]] + side[j], [into_values[j]] + into_side[j]):
                 self._for_each(lvl, lambda e, state=state, out=out: T.buffer_store(
-                    out, tirx.BufferLoad(state, _slot(e)), [p] + _slot(e)))
+                    out, (through or (lambda v: v))(tirx.BufferLoad(state, _slot(e))), at + _slot(e)))
+
+    def _merge_in_warp(self, rows: list, state: dict, accumulators: dict) -> tuple[dict, dict]:
+        """Merge the states of the ``warp_parts`` parts of a warp by shuffles (a butterfly,
+        nearest parts first: every thread ends with the merge of all of them). Packed top-k
+        keys merge as keys; every other state goes through the levels' merge with the
+        partner's copy as the second partial."""
+        threads = self.warp_parts * self.lanes
+        mask = tirx.const(0xFFFFFFFF if threads == 32 else (1 << threads) - 1, "uint32")
+        offset = self.lanes
+        while offset < threads:
+            def partner(value, offset=offset):
+                return tirx.op.tvm_warp_shuffle_xor(mask, value, offset, threads, 32)
+
+            for j, (keys, _raw) in self.keys.items():
+                top_k_keys.merge_sorted(keys, partner, self.group[j].top_k.k)
+            pair, pair_acc = self._alloc_states([2])
+            self._copy_states((state, accumulators), (pair, pair_acc), [0], skip=self.keys)
+            self._copy_states((state, accumulators), (pair, pair_acc), [1], partner, skip=self.keys)
+            merged, merged_acc = self._alloc_states([])
+            for j, lvl in enumerate(self.group):
+                if j not in self.keys:
+                    self._merge(j, lvl, rows, merged, merged_acc[j], pair, pair_acc[j], [0, 1])
+            for j in self.keys:  # merged as keys: their value buffers are filled when unpacked
+                merged[j], merged_acc[j] = state[j], accumulators[j]
+            state, accumulators = merged, merged_acc
+            offset *= 2
+        return state, accumulators
 
     def _merge(self, j, lvl: Level, rows, merged, merged_acc, partial, partial_acc, sources) -> None:
         """merged_j = op over the parts ``sources`` of corrected(partial_j[p]); the dependencies
@@ -568,7 +639,10 @@ class _FusedBlock:
                 exchange((values, indices, c), (values, indices, c + stride), both=True)
             stride //= 2
 
-    def _update(self, j, lvl: Level, rows, k, state, new, accumulators) -> None:
+    def _update(self, j, lvl: Level, rows, k, state, new, accumulators, first: bool) -> None:
+        """Absorb element ``k`` into level j. ``first``: the chunk's first element, which
+        corrects the state for the dependencies' moves over the chunk (the later ones add to
+        the corrected state: the dependencies do not move within the chunk)."""
         if lvl.top_k and j in self.keys:
             keys, raw = self.keys[j]
             top_k_keys.insert(keys, self._bind(raw, lvl, rows, k, []), k, lvl.top_k.k, lvl.init)
@@ -580,23 +654,24 @@ class _FusedBlock:
         dtype = str(lvl.output.ty.dtype)
         combine = _COMBINE[lvl.op]
 
+        target = new[j] if j in self.read_by_others else state[j]
+
         def emit(extra):
             slot = _slot(extra)
-            current = tirx.BufferLoad(state[j], slot)
+            current = tirx.BufferLoad(state[j] if first else target, slot)
             if lvl.form == "split":
                 table = {n: tirx.Cast(_ACC, v) for n, v in self._symbols(lvl, rows, k, extra, state, new).items()}
                 for acc, (g, _h) in zip(accumulators, lvl.terms):
                     T.buffer_store(acc, tirx.BufferLoad(acc, slot) + ToTIR(table, _ACC)(g), slot)
                 return
             operand = self._operand(lvl, rows, k, extra, new)
-            if lvl.form in ("rescale", "shift"):
+            if first and lvl.form in ("rescale", "shift"):
                 fix = ToTIR(self._symbols(lvl, rows, k, extra, state, new), dtype)(lvl.correction)
                 corrected = current * fix if lvl.form == "rescale" else current + fix
                 # The correction is exactly the identity while no dependency moves (exp(0) = 1),
                 # which after the first elements is nearly always: skip its exp then.
                 moved = functools.reduce(tirx.Or, [new[d][0] != state[d][0] for d in lvl.deps])
                 current = tirx.Select(tirx.And(current != lvl.init, moved), corrected, current)
-            target = new[j] if j in self.read_by_others else state[j]
             T.buffer_store(target, combine(current, operand), slot)
 
         if j in self.read_by_others:
@@ -638,7 +713,7 @@ def _slot(extra: list) -> list:
 
 
 def splice(func: tirx.PrimFunc, group: list[Level], parts: int = 1, vector: int = 1, lanes: int = 1,
-           ranks: int = 1, producers: dict | None = None) -> tirx.PrimFunc:
+           ranks: int = 1, producers: dict | None = None, shuffle: bool = False) -> tirx.PrimFunc:
     """``func`` with the group's loop nests (and its element producers') replaced by the fused
     nest (where the last level was)."""
     root = func.body.block
@@ -649,7 +724,7 @@ def splice(func: tirx.PrimFunc, group: list[Level], parts: int = 1, vector: int 
         return {str(b.name_hint) for b in find_all(stmt, SBlock)}
 
     positions = [n for n, stage in enumerate(stages) if blocks_in(stage) & names]
-    fused = _FusedBlock(group, parts, vector, lanes, ranks, producers).build()
+    fused = _FusedBlock(group, parts, vector, lanes, ranks, producers, shuffle).build()
     kept = [s for n, s in enumerate(stages) if n not in positions[:-1]]
     kept[kept.index(stages[positions[-1]])] = fused
     body = kept[0] if len(kept) == 1 else tirx.SeqStmt(kept)

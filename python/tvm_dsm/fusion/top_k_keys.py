@@ -44,7 +44,6 @@ def insert(keys, raw: tvm.ir.PrimExpr, index: tvm.ir.PrimExpr, k: int, init: tvm
     value not above it never enters."""
     bits = T.sblock_alloc_buffer([1], _U32, scope="local")
     carry = T.sblock_alloc_buffer([1], _U32, scope="local")
-    held = T.sblock_alloc_buffer([1], _U32, scope="local")
     T.buffer_store(bits, tirx.Cast(_U32, tirx.call_intrin("uint16", "tirx.reinterpret", raw)), [0])
     b = bits[0]
     T.buffer_store(bits, b * tirx.Cast(_U32, b != _u32(0x8000)), [0])  # -0 ties with +0
@@ -54,10 +53,43 @@ def insert(keys, raw: tvm.ir.PrimExpr, index: tvm.ir.PrimExpr, k: int, init: tvm
     key = tirx.bitwise_or(tirx.shift_left(order, _u32(16)), _u32(0xFFFF) - tirx.Cast(_U32, index))
     beats_init = tirx.Cast(_U32, tirx.Cast(str(init.ty.dtype), raw) > init)
     T.buffer_store(carry, key * beats_init, [0])
+    _absorb(keys, carry, k)
+
+
+def _absorb(keys, carry, k: int) -> None:
+    """Insert the key held in ``carry`` into the ``k`` sorted keys: slot c keeps the larger of
+    itself and the carried key, the smaller moves on."""
+    held = T.sblock_alloc_buffer([1], _U32, scope="local")
     for c in range(k):
         T.buffer_store(held, keys[c], [0])
         T.buffer_store(keys, tirx.max(held[0], carry[0]), [c])
         T.buffer_store(carry, tirx.min(held[0], carry[0]), [0])
+
+
+def merge_sorted(keys, partner, k: int) -> None:
+    """The best ``k`` of the sorted keys held and another thread's (``partner(key)`` reads
+    its key in the same slot, e.g. a warp shuffle). k a power of two: bitonically (the larger
+    of keys[c] and theirs[k-1-c] are the best k as a bitonic sequence, log2 k rounds of max/min
+    sort them); else by k insertions."""
+    theirs = T.sblock_alloc_buffer([k], _U32, scope="local")
+    for c in range(k):
+        T.buffer_store(theirs, partner(keys[c]), [c])
+    if k & (k - 1):
+        carry = T.sblock_alloc_buffer([1], _U32, scope="local")
+        for c in range(k):
+            T.buffer_store(carry, theirs[c], [0])
+            _absorb(keys, carry, k)
+        return
+    for c in range(k):
+        T.buffer_store(keys, tirx.max(keys[c], theirs[k - 1 - c]), [c])
+    held = T.sblock_alloc_buffer([1], _U32, scope="local")
+    stride = k // 2
+    while stride:
+        for c in (c for c in range(k) if not c & stride):
+            T.buffer_store(held, keys[c], [0])
+            T.buffer_store(keys, tirx.max(held[0], keys[c + stride]), [c])
+            T.buffer_store(keys, tirx.min(held[0], keys[c + stride]), [c + stride])
+        stride //= 2
 
 
 def unpack_pair(key: tvm.ir.PrimExpr, source: str, dtype: str, empty_value, empty_index: int):

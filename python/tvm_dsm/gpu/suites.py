@@ -17,6 +17,7 @@ from ..rules import SplitKReductionConfig, schedule_split_k_reduction
 from ..rules.split_k_gemm import GemmShape, SplitKGemmConfig, schedule_split_k_gemm
 from ..workloads.dense import dense
 from ..errors import ClusterError
+from ..planners.cascade_split import plan_cascade_split
 from ..planners.fused_chain import plan_chain, schedule_chain
 from ..rules.fused_chain import find_chain
 from ..workloads.chains import gemm_chain, swiglu_ffn
@@ -209,8 +210,9 @@ def collectives() -> list[Variant]:
 def cascades() -> list[Variant]:
     """Fused cascaded reductions (FuseCascadedReductions, split into parts per row and merged)
     on shapes of softmax statistics, MoE routing (softmax + top-k), cross-entropy,
-    LayerNorm/RMSNorm and attention; two part counts: 128 and 32 per row (one CTA per row), each
-    reading single elements or 16-byte chunks."""
+    LayerNorm/RMSNorm and attention; 128, 64 and 32 parts per row (one CTA per row), each
+    reading single elements or 16-byte chunks, and the split tvm_dsm's planner picks
+    (``_plan`` in the name; the same kernel as a grid point where it is one)."""
     shapes = {
         "softmax_stats": [(4096, 4096), (16384, 1024), (2048, 16384)],
         "logsumexp": [(4096, 4096), (8192, 32768 // 4)],
@@ -219,31 +221,39 @@ def cascades() -> list[Variant]:
         "softmax_pv": [(2048, 512, 64), (512, 4096, 64)],
         "moe_routing": [(4096, 4096, 8), (16384, 256, 8), (16384, 128, 8)],
     }
+    n_out = {"softmax_stats": 2, "logsumexp": 1, "layernorm_stats": 2, "rmsnorm_gemv": 2,
+             "softmax_pv": 3, "moe_routing": 2}
     variants = []
     for name, sizes in shapes.items():
-        for size, parts, vectorized in itertools.product(sizes, (128, 32), (False, True)):
+        for size in sizes:
             func = getattr(cascade_workloads, name)(*size)
-            n_out = {"softmax_stats": 2, "logsumexp": 1, "layernorm_stats": 2, "rmsnorm_gemv": 2,
-                     "softmax_pv": 3, "moe_routing": 2}[name]
-            vector = 128 // tvm.DataType(str(func.params[0].ty.dtype)).bits if vectorized else 1
-            if size[1] % (parts * vector):
-                continue  # the row has fewer chunks than parts
-            fused, reports = fuse_cascaded_reductions(func, parts=parts, vector=vector)
-            if not all(r.fusible for r in reports):
-                raise ValueError(f"{name}: {[str(r) for r in reports]}")
-            args = _args(func, n_out)
-            variants.append(
-                Variant(
-                    name=f"{name}_{'x'.join(map(str, size))}_p{parts}_v{vector}",
-                    workload=f"cascade_{name}",
-                    mod=schedule_fused_rows(fused).mod,
-                    args=args,
-                    bytes=_nbytes(args),
-                    flops=0,
-                    plan={"parts": parts, "vector": vector, "levels": [r.levels for r in reports]},
-                    reference_kwargs={"k": size[2]} if name == "moe_routing" else {},
+            wide = 128 // tvm.DataType(str(func.params[0].ty.dtype)).bits  # 16-byte chunks
+            splits = [(parts, vector, 1) for parts, vector in itertools.product((128, 64, 32), (1, wide))
+                      if size[1] % (parts * vector) == 0]  # else the row has fewer chunks than parts
+            plan = plan_cascade_split(func)
+            planned = (plan.parts, plan.vector, plan.ranks)
+            splits += [] if planned in splits else [planned]
+            for parts, vector, ranks in splits:
+                tag = "_plan" if (parts, vector, ranks) == planned else ""
+                fused, reports = fuse_cascaded_reductions(func, parts=parts, vector=vector, ranks=ranks,
+                                                          shuffle=True)
+                if not all(r.fusible for r in reports):
+                    raise ValueError(f"{name}: {[str(r) for r in reports]}")
+                args = _args(func, n_out[name])
+                variants.append(
+                    Variant(
+                        name=f"{name}_{'x'.join(map(str, size))}_p{parts}_v{vector}"
+                        + (f"_c{ranks}" if ranks > 1 else "") + tag,
+                        workload=f"cascade_{name}",
+                        mod=schedule_fused_rows(fused).mod,
+                        args=args,
+                        bytes=_nbytes(args),
+                        flops=0,
+                        plan={"parts": parts, "vector": vector, "ranks": ranks, "planner": bool(tag),
+                              "levels": [r.levels for r in reports]},
+                        reference_kwargs={"k": size[2]} if name == "moe_routing" else {},
+                    )
                 )
-            )
     return variants
 
 
@@ -256,7 +266,8 @@ def decode() -> list[Variant]:
     """Decode attention fused by FuseCascadedReductions: scores computed per key inside the
     loop (an element producer), each part ``lanes`` = dim/8 threads (16-byte loads of K and V
     rows), ``groups`` parts per CTA, the row's parts spread over a cluster of ``ranks`` CTAs
-    whose last partials meet through DSM (split-KV, merged in fp32 by the cascade's rule)."""
+    whose last partials meet through DSM (split-KV, merged in fp32 by the cascade's rule);
+    ``planner`` in the plan marks the split tvm_dsm's planner picks."""
     variants = []
     for (rows, keys, dim), ranks, groups, vector in itertools.product(
             DECODE_SHAPES, (1, 2, 4, 8, 16), (8, 16, 32), (2, 4, 8)):
@@ -264,8 +275,9 @@ def decode() -> list[Variant]:
         if keys % (ranks * groups * vector):
             continue
         func = cascade_workloads.decode_attention(rows, keys, dim)
+        plan = plan_cascade_split(func)
         fused, reports = fuse_cascaded_reductions(func, parts=groups * ranks, vector=vector,
-                                                  lanes=lanes, ranks=ranks)
+                                                  lanes=lanes, ranks=ranks, shuffle=True)
         if not all(r.fusible for r in reports):
             raise ValueError(f"decode {rows}x{keys}x{dim}: {[str(r) for r in reports]}")
         args = _args(func)
@@ -276,7 +288,8 @@ def decode() -> list[Variant]:
             args=args,
             bytes=_nbytes(args),
             flops=4 * rows * keys * dim,
-            plan={"ranks": ranks, "groups": groups, "lanes": lanes, "vector": vector},
+            plan={"ranks": ranks, "groups": groups, "lanes": lanes, "vector": vector,
+                  "planner": (plan.ranks, plan.parts, plan.vector) == (ranks, groups * ranks, vector)},
             peers=("torch_eager", "torch_compile", "torch_sdpa"),
         ))
     return variants

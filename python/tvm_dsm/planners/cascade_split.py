@@ -4,12 +4,16 @@ measuring.
 A fused cascade reads each row once, so it runs at HBM speed exactly when enough loads are in
 flight: by Little's law the threads must together hold ``HBM bandwidth x loaded latency``
 bytes of outstanding loads. Each thread holds ``vector`` elements of every row it reads
-(16-byte loads; with an element producer, each lane a 16-byte slice of the key and value rows).
-The plan takes the fewest parts that reach that, adding threads per CTA up to ``groups`` 16 and
-then CTAs per row (``ranks``, a cluster whose last partials meet through DSM) before more
-threads: every rank costs cluster barriers and a DSM merge, large CTAs cost occupancy. The
-loaded latency is the measured unloaded one times a factor fitted on the decode suite
-(bench/results/decode.json).
+(16-byte loads; with an element producer, each lane a 16-byte slice of the key and value rows),
+twice: the fused loop loads the next chunk while it applies the current one.
+Only resident threads count: an SM holds at most 32 CTAs and 2048 threads (sm_90), so many
+small CTAs (many rows, few threads each) saturate before the loads do. The plan takes the
+fewest parts that reach that bytes in flight (or 90 % of the most any split reaches), adding
+threads per CTA up to ``groups`` 16 and then CTAs per row (``ranks``, a cluster whose last
+partials meet through DSM) before more threads: every rank costs cluster barriers and a DSM
+merge, large CTAs cost occupancy. The loaded latency is the measured unloaded one times a
+factor fitted on the suites (bench/results/decode.json, cascades.json): larger when a row
+spans a cluster, whose DSM merge and cluster barriers lie on every row's path.
 """
 
 from __future__ import annotations
@@ -28,9 +32,11 @@ from ..ir import loads
 from ..rules.fused_rows import schedule_fused_rows
 from ..transform.cascaded_reductions import fuse_cascaded_reductions
 
-#: Loaded / unloaded HBM latency under full-bandwidth streaming (fitted, see the module doc).
-_LOADED_LATENCY_FACTOR = 6.0
-_GROUPS = (8, 16, 32)
+#: Loaded / unloaded HBM latency under full-bandwidth streaming, for rows in one CTA and rows
+#: spanning a cluster (fitted, see the module doc).
+_LOADED_LATENCY_FACTOR, _CLUSTER_LATENCY_FACTOR = 4.0, 6.0
+_GROUPS = (8, 16, 32, 64, 128)
+_CTAS_PER_SM, _THREADS_PER_SM = 32, 2048  # sm_90 residency limits
 _RANKS = (1, 2, 4, 8, 16)
 _LOAD_BYTES = 16
 
@@ -48,7 +54,8 @@ class CascadeSplit:
     bytes_needed: int
 
     def kwargs(self) -> dict:
-        return {"parts": self.parts, "vector": self.vector, "lanes": self.lanes, "ranks": self.ranks}
+        return {"parts": self.parts, "vector": self.vector, "lanes": self.lanes, "ranks": self.ranks,
+                "shuffle": True}
 
     def explain(self) -> str:
         groups = self.parts // self.ranks
@@ -83,7 +90,12 @@ def plan_cascade_split(func: tirx.PrimFunc, hw: Hardware | None = None) -> Casca
         lanes = 1
         vector = _LOAD_BYTES // _elem_bytes(first.value)
         per_thread = _LOAD_BYTES
-    needed = int(hw.hbm_bw * hw.latency_ns["hbm"] * 1e-9 * _LOADED_LATENCY_FACTOR)
+    per_thread *= 2  # the next chunk in flight while the current one is applied
+
+    def needed(c) -> int:
+        factor = _CLUSTER_LATENCY_FACTOR if c[0] > 1 else _LOADED_LATENCY_FACTOR
+        return int(hw.hbm_bw * hw.latency_ns["hbm"] * 1e-9 * factor)
+
     candidates = [
         (ranks, groups) for ranks, groups in itertools.product(_RANKS, _GROUPS)
         if groups * lanes <= 1024 and extent % (ranks * groups * vector) == 0
@@ -94,12 +106,16 @@ def plan_cascade_split(func: tirx.PrimFunc, hw: Hardware | None = None) -> Casca
 
     def in_flight(c) -> int:
         ranks, groups = c
-        return rows * ranks * groups * lanes * per_thread
+        threads = groups * lanes
+        resident = hw.sm_count * min(_CTAS_PER_SM, _THREADS_PER_SM // threads)
+        return min(rows * ranks, resident) * threads * per_thread
 
     # Fewest ranks, then fewest threads per CTA beyond 16 parts, that cover the latency.
     order = sorted(candidates, key=lambda c: (c[1] > 16, c[0], c[1]))
-    ranks, groups = next((c for c in order if in_flight(c) >= needed), max(candidates, key=in_flight))
-    return CascadeSplit(rows, ranks * groups, vector, lanes, ranks, in_flight((ranks, groups)), needed)
+    most = max(in_flight(c) for c in candidates)
+    ranks, groups = next(c for c in order if in_flight(c) >= min(needed(c), 0.9 * most))
+    return CascadeSplit(rows, ranks * groups, vector, lanes, ranks, in_flight((ranks, groups)),
+                        needed((ranks, groups)))
 
 
 def schedule_cascade(func: tirx.PrimFunc, hw: Hardware | None = None,

@@ -15,6 +15,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 
 from ..errors import ClusterError
+from ..fusion.rewrite import RANKS_ATTR
 from ..schedule.cluster import bind_clusters, bind_rank
 from ..schedule.dsm import DSM_SCOPE
 from ..transform.lower_cluster import STATIC_SLICES_BUDGET, buffer_bytes
@@ -37,8 +38,7 @@ def schedule_fused_rows(func: tirx.PrimFunc) -> s_tir.Schedule:
         rows = sch.get_loops(fused)
         row = sch.fuse(*rows) if len(rows) > 1 else rows[0]
         n_parts = _extent(sch, sch.get_loops(part)[-2])
-        merges = sum(sch.get(rv).name_hint.startswith(name + "_merge") for rv in blocks)
-        ranks = n_parts >> merges  # the tree stops at one partial per rank
+        ranks = int(sch.get(sch.get_sblock(name + "_final")).annotations[RANKS_ATTR])
         if ranks > 1:
             bind_clusters(sch, row, ranks)
         else:

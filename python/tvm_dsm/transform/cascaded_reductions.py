@@ -22,7 +22,7 @@ LOG = logging.getLogger("tvm_dsm.fusion")
 
 def fuse_cascaded_reductions(
     func: tirx.PrimFunc, *, allow_approximate: bool = False, parts: int = 1, vector: int = 1,
-    lanes: int = 1, ranks: int = 1,
+    lanes: int = 1, ranks: int = 1, shuffle: bool = False,
 ) -> tuple[tirx.PrimFunc, list[GroupReport]]:
     """The rewritten function (or ``func`` itself) and one report per cascade found.
 
@@ -39,7 +39,9 @@ def fuse_cascaded_reductions(
     inner axis (then a warp-shuffle butterfly, so the function is CUDA-only) and keeps its slice
     of each level's last extra axis (16-byte loads per lane). ``ranks`` > 1 stops the merge tree
     at that many partials, which ``*_final`` merges: parts spread over the CTAs of a cluster
-    (part p on rank p % ranks) then meet once, through DSM (tvm_dsm.rules.fused_rows).
+    (part p on rank p % ranks) then meet once, through DSM (tvm_dsm.rules.fused_rows). With
+    ``shuffle`` the parts whose threads share a warp merge first by warp shuffles, in registers
+    (CUDA only; part p's threads are ``(p // ranks) * lanes`` + lane, as fused_rows binds them).
     """
     inlined = inline_elementwise(func)
     fused, reports = inlined, []
@@ -64,7 +66,7 @@ def fuse_cascaded_reductions(
                                f"{p.extent})" for p in producers.values()]
         reports.append(report)
         if report.fusible:
-            fused = splice(fused, group, parts, vector, lanes, ranks, producers)
+            fused = splice(fused, group, parts, vector, lanes, ranks, producers, shuffle)
     for report in reports:
         LOG.info("%s", report)
     return (fused if any(r.fusible for r in reports) else func), reports
@@ -89,12 +91,12 @@ def _check_split(group, producers: dict, parts: int, lanes: int, ranks: int) -> 
 
 
 def FuseCascadedReductions(allow_approximate: bool = False, parts: int = 1, vector: int = 1,  # noqa: N802
-                           lanes: int = 1, ranks: int = 1) -> tvm.transform.Pass:
+                           lanes: int = 1, ranks: int = 1, shuffle: bool = False) -> tvm.transform.Pass:
     """The pass form (TVM naming): rewrite every fusible cascade of every PrimFunc."""
 
     @tirx.transform.prim_func_pass(opt_level=0, name="tvm_dsm.FuseCascadedReductions")
     def _pass(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx) -> tirx.PrimFunc:
         return fuse_cascaded_reductions(func, allow_approximate=allow_approximate, parts=parts,
-                                        vector=vector, lanes=lanes, ranks=ranks)[0]
+                                        vector=vector, lanes=lanes, ranks=ranks, shuffle=shuffle)[0]
 
     return _pass

@@ -17,6 +17,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir import SBlock
 
 from ..errors import ClusterError
+from ..ir import find_all
 from ..schedule.cluster import CLUSTER_SIZE_KEY, MAX_CLUSTER_SIZE, RANK_TAG
 from ..schedule.dsm import DSM_SCOPE
 
@@ -80,7 +81,9 @@ def check_function(func: tirx.PrimFunc) -> list[str]:
         writes_cluster_wide = any(
             str(w.source.ty.storage_scope) in (DSM_SCOPE, "global") for w in block.writes
         )
-        if in_cluster and not in_rank and writes_cluster_wide:
+        # A block whose own body binds the rank (a fused cascade's row) leaves that to its children.
+        ranks_inside = find_all(block.body, tirx.For, lambda f: _thread_tag(f) == RANK_TAG)
+        if in_cluster and not in_rank and writes_cluster_wide and not ranks_inside:
             root_only.append(str(block.name_hint))
         visitor.default_visit(block)
 
