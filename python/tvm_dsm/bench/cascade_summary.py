@@ -1,6 +1,7 @@
-"""Summarise a fused-cascade run (the ``cascades`` or ``decode`` suite): per workload shape the
-planner's pick, the best measured split, the torch peers (eager, torch.compile, SDPA where the
-suite timed it) and the HBM floor.
+"""Summarise a run whose variants of one workload shape differ in their split or tiles (the
+``cascades``, ``decode`` and ``lm_head`` suites): per workload shape the planner's pick, the
+best measured variant, the torch peers (eager, torch.compile, SDPA where the suite timed it)
+and the HBM floor.
 ``python -m tvm_dsm.bench.cascade_summary bench/results/decode.json`` writes
 ``decode_summary.json`` and ``decode.png`` beside it and prints the table."""
 
@@ -8,29 +9,29 @@ from __future__ import annotations
 
 import json
 import math
-import re
+import os
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 from .gemm_summary import plot
 
-_SPLIT_TOKEN = re.compile(r"[pcgv]\d+|plan")
 _PEERS = {"torch_eager": "torch eager", "torch_compile": "torch.compile", "torch_sdpa": "torch SDPA"}
 
 
-def _label(row: dict) -> str:
-    """The workload and its shape: the variant name without its split (``p32``, ``c4``,
-    ``g16``, ``v8``) and planner tags."""
-    return "_".join(t for t in row["name"].split("_") if not _SPLIT_TOKEN.fullmatch(t))
+def _label(rows: list[dict]) -> str:
+    """The workload and its shape: what the variant names share, up to the split."""
+    common = os.path.commonprefix([r["name"] for r in rows])
+    return common[: common.rindex("_")] if len(rows) > 1 else common
 
 
 def summarise(results: dict, source: str) -> dict:
     groups = defaultdict(list)
     for row in results["rows"]:
-        groups[_label(row)].append(row)
+        groups[row["name"].split("_")[0], json.dumps(row["shape"])].append(row)
     shapes = []
-    for label, rows in groups.items():
+    for rows in groups.values():
+        label = _label(rows)
         pick = next(r for r in rows if r["plan"].get("planner"))
         best = min(rows, key=lambda r: r["ours_us"])
         entry = {"shape": label, "label": label, "all_correct": all(r["ok"] for r in rows),
@@ -56,7 +57,7 @@ def main() -> None:
     peers = [p for p in _PEERS if all(f"{p}_us" in s for s in summary["shapes"])]
     series = [("tvm-dsm (planner)", "pick_us"), ("tvm-dsm (best measured)", "best_us")]
     series += [(_PEERS[p], f"{p}_us") for p in peers] + [("HBM floor", "floor_us")]
-    plot(summary, source.parent / f"{stem}.png", series, what=f"fused cascades ({stem})")
+    plot(summary, source.parent / f"{stem}.png", series, what=stem)
     for s in summary["shapes"]:
         others = " ".join(f"{p.removeprefix('torch_')} {s[p + '_us']:7.1f}" for p in peers)
         print(f"{s['shape']:>34}: pick {s['pick_us']:7.1f} best {s['best_us']:7.1f} {others} "

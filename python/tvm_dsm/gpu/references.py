@@ -99,6 +99,12 @@ def _decode_sdpa(q, k, v):
     return out[0, :, 0].float()
 
 
+def _lm_head_max(h, w, b, seq):
+    """Sparton's term weights the way a PyTorch user writes them: the logits materialized."""
+    logits = F.linear(h, w, b)
+    return torch.log1p(torch.relu(logits)).view(-1, seq, w.shape[0]).amax(1).float()
+
+
 def _split_sum(a: torch.Tensor, clusters_per_group: int) -> torch.Tensor:
     k = clusters_per_group  # O[g] = sum of the tiles of the group's k clusters x S CTAs
     return a.reshape(a.shape[0] // k, k * a.shape[1], a.shape[2]).sum(1)
@@ -158,6 +164,10 @@ REFERENCES: dict[str, Reference] = {
     "swiglu": Reference(
         float64=lambda a, wg, wu, w2: (F.silu(a.double() @ wg.double().T) * (a.double() @ wu.double().T)) @ w2.double().T,
         torch_eager=lambda a, wg, wu, w2: F.linear(F.silu(F.linear(a, wg)) * F.linear(a, wu), w2),
+    ),
+    "lm_head_max": Reference(
+        float64=lambda h, w, b, seq: _lm_head_max(h.double(), w.double(), b.double(), seq),
+        torch_eager=_lm_head_max,
     ),
     "split_sum": Reference(
         float64=lambda a, clusters_per_group: _split_sum(a.double(), clusters_per_group),

@@ -19,6 +19,9 @@ from ..workloads.dense import dense
 from ..errors import ClusterError
 from ..planners.cascade_split import plan_cascade_split
 from ..planners.fused_chain import plan_chain, schedule_chain
+from ..planners.gemm_row_max import plan_gemm_row_max
+from ..rules.gemm_row_max import schedule_gemm_row_max
+from ..workloads.lm_head import lm_head_max
 from ..rules.fused_chain import find_chain
 from ..workloads.chains import gemm_chain, swiglu_ffn
 from ..rules.collective_kernel import BULK_KINDS, schedule_collective_kernel, schedule_split_sum
@@ -434,5 +437,32 @@ def _chain_variants(label: str, m: int, sample: int, hw) -> list[Variant]:
     return variants
 
 
+#: (batch, sequence, hidden, vocabulary): SPLADE/Sparton documents and queries over BERT's
+#: vocabulary padded to a multiple of 64 (30522 -> 30528), and a 32000-word vocabulary.
+LM_HEAD_SHAPES = [(1, 128, 768, 30528), (4, 128, 768, 30528), (32, 32, 768, 30528), (4, 64, 1024, 32000)]
+
+
+def lm_head() -> list[Variant]:
+    """Sparton's LM-head max (tvm_dsm.rules.gemm_row_max): the planner's top 4 per shape."""
+    variants = []
+    for batch, seq, hidden, vocab in LM_HEAD_SHAPES:
+        func = lm_head_max(batch, seq, hidden, vocab)
+        args = _args(func)
+        args[1]["scale"] = hidden ** -0.5  # W like nn.Linear: logits of unit scale
+        for rank, plan in enumerate(plan_gemm_row_max(func)[:4]):
+            c = plan.config
+            variants.append(Variant(
+                name=f"lm_head_{batch}x{seq}x{hidden}x{vocab}_{c.block_m}x{c.block_n}x{c.block_k}_s{c.stages}",
+                workload="lm_head_max",
+                mod=schedule_gemm_row_max(func, c).mod,
+                args=args,
+                bytes=_nbytes(args),
+                flops=2 * batch * seq * hidden * vocab,
+                plan={**vars(c), "planner": rank == 0, "predicted_us": plan.predicted_us},
+                reference_kwargs={"seq": seq},
+            ))
+    return variants
+
+
 SUITES = {"split_k": split_k, "collectives": collectives, "cascades": cascades, "gemm": gemm,
-          "chains": chains, "chains_m": chains_m, "decode": decode}
+          "chains": chains, "chains_m": chains_m, "decode": decode, "lm_head": lm_head}
