@@ -10,7 +10,6 @@ pipeline would silently launch too few CTAs or place DSM buffers in per-thread a
 from __future__ import annotations
 
 import tvm
-import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import pipeline as stock
 from tvm.tirx import compilation_pipeline

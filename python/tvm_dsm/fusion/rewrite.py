@@ -325,8 +325,9 @@ class _FusedBlock:
 
     def _split_and_merge(self, rows: list) -> None:
         """Part p scans the ``vector``-element chunks p, p + P, ... (adjacent parts read adjacent
-        chunks) into partial states, which then merge pairwise in a tree with the levels'
-        corrections: while n > ``ranks`` partials remain, part p < n/2 absorbs part p + n/2 into
+        chunks) into partial states; the parts of a warp merge them by shuffles (with
+        ``shuffle``), then the rest merge pairwise in a tree with the levels' corrections:
+        while n > ``ranks`` partials remain, part p < n/2 absorbs part p + n/2 into
         a new buffer of n/2 partials (one ``*_merge`` block per round, a schedule binds it to
         threads; a new buffer per round keeps every block a complete block, as s_tir's bind
         requires). The last ``ranks`` partials (one per CTA of a cluster when part p runs on
@@ -341,16 +342,16 @@ class _FusedBlock:
             state, accumulators = self._scan(rows, lambda t, v: (t * parts + p) * vec + v,
                                              self.extent // (parts * vec))
             self._copy_states((state, accumulators), (partial, partial_acc), [p])
-        # After the warp merge, partial i of the tree is held by part at(i) (every
-        # ``warp_parts``-th part of each rank); the tree's own buffers hold them in order.
         spread, ranks = self.warp_parts, self.ranks
-
-        def at(i):
-            return i if spread == 1 else (i // ranks) * spread * ranks + i % ranks
-
         remaining = parts // spread
         while remaining > ranks:
             half = remaining // 2
+
+            def at(i, spread=spread):
+                """The slot of the tree's partial i: after the warp merge every ``spread``-th
+                part of each rank holds one; the tree's own buffers hold them in order."""
+                return i if spread == 1 else (i // ranks) * spread * ranks + i % ranks
+
             into, into_acc = self._alloc_states([half])
             sources = _buffers(partial, partial_acc)
             with self._thread_block(
@@ -363,10 +364,7 @@ class _FusedBlock:
                 for j, lvl in enumerate(group):
                     self._merge(j, lvl, rows, merged, merged_acc[j], partial, partial_acc[j], [at(p), at(p + half)])
                 self._copy_states((merged, merged_acc), (into, into_acc), [p])
-            partial, partial_acc, remaining = into, into_acc, half
-
-            def at(i):
-                return i
+            partial, partial_acc, remaining, spread = into, into_acc, half, 1
         last = _buffers(partial, partial_acc)
         with self._thread_block(
                 "_final", lambda p: [tirx.BufferRegion(b, [Range(0, d) for d in b.ty.shape]) for b in last],

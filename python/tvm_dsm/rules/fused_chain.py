@@ -30,7 +30,7 @@ from tvm.s_tir.schedule import SBlockRV
 from ..errors import ClusterError
 from ..schedule import bind_cluster_nest, check_cluster_size
 from ..transform.cluster_launch import MAX_SMEM_PER_CTA
-from .split_k_gemm import GemmShape, SplitKGemmConfig, find_gemm_operands, split_k_main_loops, sum_partials
+from .split_k_gemm import SplitKGemmConfig, find_gemm_operands, split_k_main_loops, sum_partials
 from .tensor_core import (
     PAD,
     TILE,
