@@ -174,3 +174,25 @@ def test_packed_keys_of_a_16_bit_level_keep_its_own_initial_value():
     unfused, got = run(func), run(fused)
     np.testing.assert_array_equal(got, unfused)
     assert list(got[0]) == [5, -1, -1] and list(got[1]) == [7, -1, -1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows, experts", [(256, 1024), (4096, 256)])
+def test_gpu_planned_routing_matches_stable_sort(rows, experts):
+    """The user path on the GPU: planned split, warp-shuffle merges of packed keys, ties."""
+    from conftest import TARGET
+
+    from tvm_dsm.planners.cascade_split import schedule_cascade
+
+    sch, _ = schedule_cascade(moe_routing(rows, experts, K))
+    ex = tvm.compile(sch.mod, target=TARGET)
+    x = np.random.default_rng().standard_normal((rows, experts)).astype("float16")
+    x[1, [7, 40, 41]] = 4.0
+    x[2, :] = 0.5
+    dev = tvm.cuda(0)
+    weights = tvm.runtime.tensor(np.full((rows, K), np.nan, "float32"), dev)
+    indices = tvm.runtime.tensor(np.full((rows, K), np.iinfo("int32").min, "int32"), dev)
+    ex["main"](tvm.runtime.tensor(x, dev), weights, indices)
+    want_w, want_i = _reference(x)
+    np.testing.assert_array_equal(indices.numpy(), want_i)
+    assert np.abs(weights.numpy() - want_w).max() / np.abs(want_w).max() < 1e-6
