@@ -56,7 +56,7 @@ def test_pattern_is_found_in_any_function_of_the_chain_shape():
     ("func", "config", "message"),
     [
         (dense(128, 256, 512), SMALL, "fused GEMM chain is one or two matmuls"),
-        (gemm_chain(128, 512, 256, 256), FusedChainConfig(1), "cluster size must be >= 2"),
+        (gemm_chain(128, 512, 4096, 4096), FusedChainConfig(1), "registers per thread"),
         (gemm_chain(128, 512, 256, 256), FusedChainConfig(2, n_steps=3), "not a multiple of 3 steps"),
         (gemm_chain(128, 512, 256, 200), SMALL, "L=200 does not split"),
         (gemm_chain(128, 512, 96, 256), SMALL, "K=96 is not a multiple of 2 CTAs x 32"),
@@ -68,6 +68,22 @@ def test_pattern_is_found_in_any_function_of_the_chain_shape():
 def test_unsupported_inputs_get_clear_errors(func, config, message):
     with pytest.raises(ClusterError, match=message):
         schedule_fused_chain(func, config)
+
+
+def test_smem_only_fusion_fits_small_chains_only(assemble):
+    """Clusters of one CTA (SMEM-only fusion, the ablation's baseline): G4 (L = 768) fits, its
+    kernel has no cluster barrier or DSM access; G5 (L = 4096) does not fit any configuration."""
+    hw = load_hardware()
+    _, g4 = find_chain(s_tir.Schedule(gemm_chain(128, 3072, 768, 768)))
+    plans = plan_chain(g4, hw, smem_only=True)
+    assert plans and {p.config.cluster_size for p in plans} == {1}
+    assert min(p.config.cluster_size for p in plan_chain(g4, hw)) == 2  # the DSM space
+    source = cuda_source(schedule_fused_chain(gemm_chain(128, 3072, 768, 768), plans[0].config).mod)
+    assert "barrier.cluster" not in source and "mapa" not in source
+    assemble(source, "chain_smem_only")
+    _, g5 = find_chain(s_tir.Schedule(gemm_chain(128, 16384, 4096, 4096)))
+    with pytest.raises(ClusterError, match="no SMEM-only fused chain .*'capacity': 0"):
+        plan_chain(g5, hw, smem_only=True)
 
 
 def test_k_too_small_for_any_cluster_is_refused_by_the_planner():

@@ -5,7 +5,8 @@ correlation where a random sample of the pruned space was measured.
 writes ``chains_summary.json`` and ``chains.png`` beside it (``<run>_summary.json`` and
 ``<run>.png`` for another run, e.g. the M sweep ``chains_m.json``) and prints the table. With the dense
 layer summary it adds the ablation for the chains whose two layers that suite measured: no fusion
-(the two cluster split-K GEMMs, planner's picks), DSM fusion with random plans (median of the
+(the two cluster split-K GEMMs, planner's picks), SMEM-only fusion (the best planned one-CTA
+cluster, where one fits), DSM fusion with random plans (median of the
 sampled configurations) and with the searched plan (the planner's pick)."""
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def ablation(shapes: list[dict], dense: dict) -> dict:
         if first and second and s["m"] == 128 and "random_median_us" in s:
             table[s["shape"]] = {
                 "no_fusion_split_k_gemms_us": first["pick_us"] + second["pick_us"],
+                "smem_only_fusion_us": s["smem_only_us"],  # None: no one-CTA configuration fits
                 "dsm_fused_random_plan_us": s["random_median_us"],
                 "dsm_fused_searched_plan_us": s["pick_us"],
                 "torch_better_peer_us": min(s["torch_eager_us"], s["torch_compile_us"]),
@@ -44,7 +46,9 @@ def summarise(results: dict, dense: dict | None = None, source: str = "chains.js
     for row in results["rows"]:
         groups[row["shape"], row["m"]].append(row)
     shapes = []
-    for (label, m), rows in groups.items():
+    for (label, m), every in groups.items():
+        rows = [r for r in every if not r["plan"].get("smem_only")]  # the DSM space
+        smem = [r for r in every if r["plan"].get("smem_only")]
         pick = next(r for r in rows if r["plan"]["plan_rank"] == 0)
         best = min(rows, key=lambda r: r["ours_us"])
         peer = min(pick["peers"].values())
@@ -57,6 +61,8 @@ def summarise(results: dict, dense: dict | None = None, source: str = "chains.js
             "torch_eager_us": pick["peers"]["torch_eager"],
             "torch_compile_us": pick["peers"]["torch_compile"], "floor_us": pick["floor_us"],
             "best_vs_better_peer": peer / best["ours_us"], "pick_vs_better_peer": peer / pick["ours_us"],
+            # SMEM-only fusion (one-CTA clusters), where a configuration fits and was measured
+            "smem_only_us": smem[0]["ours_us"] if smem else None,
         }
         if len(rows) >= _MODEL_CHECK_MIN:
             predicted = [r["plan"]["predicted_us"] for r in rows]

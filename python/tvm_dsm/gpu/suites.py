@@ -402,7 +402,9 @@ def chains_m() -> list[Variant]:
 
 
 def _chain_variants(label: str, m: int, sample: int, hw) -> list[Variant]:
-    """The planner's top 3 for one chain at batch ``m`` plus ``sample`` random valid configs."""
+    """The planner's top 3 for one chain at batch ``m`` plus ``sample`` random valid configs,
+    and the best planned SMEM-only fusion (one-CTA clusters: ``_smem`` in the name) where one
+    fits."""
     n, k, l = {**CHAINS, **SWIGLUS}[label]
     gated = label.startswith("S")
     func = swiglu_ffn(m, n, k, l) if gated else gemm_chain(m, n, k, l, "relu")
@@ -412,26 +414,31 @@ def _chain_variants(label: str, m: int, sample: int, hw) -> list[Variant]:
     except ClusterError as err:
         print(f"{label}: {err}")
         return []
-    picked = dict.fromkeys(range(min(3, len(plans))))
+    picked = {rank: plans[rank] for rank in range(min(3, len(plans)))}
     rng = random.Random(label)
     for rank in rng.sample(range(len(plans)), min(sample, len(plans))):
-        picked.setdefault(rank)
+        picked.setdefault(rank, plans[rank])
+    try:
+        picked["smem"] = plan_chain(shape, hw, smem_only=True)[0]
+    except ClusterError:
+        pass  # the intermediate does not fit one CTA: the case DSM fusion exists for
     args = _args(func)
     for a in args[1:-1]:  # weights, initialized like torch.nn.Linear
         a["scale"] = a["shape"][1] ** -0.5
     variants = []
-    for rank in picked:
-        plan = plans[rank]
+    for rank, plan in picked.items():
         c = plan.config
+        smem = rank == "smem"
         variants.append(Variant(
-            name=f"{label}_m{m}_c{c.cluster_size}_{c.block_m}x{c.block_n}x{c.block_k}"
+            name=f"{label}_m{m}_{'smem' if smem else 'c'}{c.cluster_size}_{c.block_m}x{c.block_n}x{c.block_k}"
             f"_n{c.n_steps}_w{c.warps_m}x{c.warps_n}_s{c.stages}",
             workload="swiglu" if gated else "gemm_chain_relu",
             mod=schedule_chain(func, hw, c)[0].mod,
             args=args,
             bytes=_nbytes(args),
             flops=2 * m * n * (k * (2 if gated else 1) + l),
-            plan={**vars(c), "plan_rank": rank, "predicted_us": plan.predicted_us},
+            plan={**vars(c), "plan_rank": None if smem else rank, "smem_only": smem,
+                  "predicted_us": plan.predicted_us},
             extra={"shape": label, "m": m, "n": n, "k": k, "l": l},
         ))
     return variants

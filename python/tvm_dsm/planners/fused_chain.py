@@ -101,7 +101,8 @@ def predict(shape: ChainShape, config: FusedChainConfig, hw: Hardware) -> ChainP
 
 
 #: The design space before pruning: cluster sizes, CTA tile (M, N), steps per cluster, GEMM0's
-#: K step, warp layout, pipeline depth.
+#: K step, warp layout, pipeline depth. (Cluster size 1, SMEM-only fusion, is planned apart:
+#: plan_chain(..., smem_only=True).)
 SPACE = {
     "cluster_size": tuple(range(2, 17)),
     "block_m": (16, 32, 64, 128),
@@ -113,11 +114,12 @@ SPACE = {
 }
 
 
-def candidate_configs(shape: ChainShape) -> tuple[list[FusedChainConfig], dict[str, int]]:
+def candidate_configs(shape: ChainShape, smem_only: bool = False) -> tuple[list[FusedChainConfig], dict[str, int]]:
     """The valid configurations for ``shape`` and how many candidates remain after each pruning
-    rule (``space``: before any)."""
+    rule (``space``: before any); ``smem_only``: clusters of one CTA instead of the DSM space."""
+    space = {**SPACE, "cluster_size": (1,)} if smem_only else SPACE
     survivors = [FusedChainConfig(s, bm, bn, steps, bk, wm, wn, stages)
-                 for s, bm, bn, steps, bk, (wm, wn), stages in itertools.product(*SPACE.values())]
+                 for s, bm, bn, steps, bk, (wm, wn), stages in itertools.product(*space.values())]
     counts = {"space": len(survivors)}
     for name, rule in RULES:
         kept = []
@@ -132,14 +134,16 @@ def candidate_configs(shape: ChainShape) -> tuple[list[FusedChainConfig], dict[s
     return survivors, counts
 
 
-def plan_chain(shape: ChainShape, hw: Hardware) -> list[ChainPlan]:
-    """All valid configurations, best predicted first."""
-    configs, _ = candidate_configs(shape)
+def plan_chain(shape: ChainShape, hw: Hardware, smem_only: bool = False) -> list[ChainPlan]:
+    """All valid configurations, best predicted first (``smem_only``: of one-CTA clusters)."""
+    configs, counts = candidate_configs(shape, smem_only)
     if not configs:
         raise ClusterError(
-            f"no fused chain configuration fits M={shape.m} K={shape.k} N={shape.n} L={shape.l}: "
-            "K must give each CTA of a cluster (>= 2) at least 3 steps of 16, L must split into "
-            "16-column fragments per warp, M must be a multiple of 16"
+            f"no {'SMEM-only ' if smem_only else ''}fused chain configuration fits M={shape.m} "
+            f"K={shape.k} N={shape.n} L={shape.l} (candidates left after each rule: {counts}): "
+            "K must give each CTA of a cluster at least 3 steps of 16, L must split into "
+            "16-column fragments per warp, M must be a multiple of 16, and a CTA's tiles and "
+            "output accumulators must fit its SM"
         )
     plans = [predict(shape, c, hw) for c in configs]
     return sorted(plans, key=lambda p: (p.predicted_us, p.config.cluster_size))

@@ -16,6 +16,11 @@ Clusters that own different column ranges of ``H`` hold partial sums of the outp
 its fp32 partial (the reduce over ``N`` across clusters) and a second kernel of the same function
 adds them in a fixed order and casts (the deterministic inter-cluster reduce).
 
+With a cluster of one CTA the chain is fused the way SMEM-only compilers fuse it: each CTA
+computes its tiles of ``H`` alone (no split of K, no exchange) and must hold all ``L`` output
+columns of its rows in registers, which the capacity rule refuses once L is large (the
+paper's ablation point; the planner's DSM space starts at 2).
+
 The pattern is found in any PrimFunc of this shape (:func:`find_chain`), not only in
 :mod:`tvm_dsm.workloads.chains`.
 """
@@ -142,8 +147,6 @@ def _is_reduction(sch, block) -> bool:
 
 def _check_cluster(shape: ChainShape, c: FusedChainConfig) -> None:
     check_cluster_size(c.cluster_size)
-    if c.cluster_size < 2:
-        raise ClusterError("a fused chain spreads H over a cluster: cluster size must be >= 2")
 
 
 def _check_divisible(shape: ChainShape, c: FusedChainConfig) -> None:
