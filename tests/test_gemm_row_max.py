@@ -11,7 +11,7 @@ import tvm
 from conftest import TARGET, cuda_source
 
 from tvm_dsm.errors import ClusterError
-from tvm_dsm.planners.gemm_row_max import plan_gemm_row_max, schedule_row_max
+from tvm_dsm.planners.gemm_row_max import plan_gemm_row_max, row_max_shape, schedule_row_max
 from tvm_dsm.rules.gemm_row_max import schedule_gemm_row_max
 from tvm_dsm.rules.split_k_gemm import SplitKGemmConfig
 from tvm_dsm.workloads.dense import dense
@@ -73,7 +73,7 @@ def test_unsupported_inputs_are_refused_with_a_reason(func, config, reason):
 
 def test_planner_refuses_a_vocabulary_off_the_tile():
     with pytest.raises(ClusterError, match="multiple of 64"):
-        plan_gemm_row_max(lm_head_max(1, 128, 768, 30522))
+        plan_gemm_row_max(row_max_shape(lm_head_max(1, 128, 768, 30522)))
 
 
 @pytest.mark.gpu
@@ -91,3 +91,10 @@ def test_gpu_matches_float64(shape):
     func(*(tvm.runtime.tensor(a, dev) for a in (h, w, b)), y)
     ref = _reference(h, w, b, seq)
     assert np.linalg.norm(y.numpy() - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def test_user_entry_points_pick_the_row_max_family():
+    import tvm_dsm
+
+    ranking = tvm_dsm.plan(lm_head_max(1, 128, 768, 4096))
+    assert ranking.explain().startswith("gemm_row_max:")

@@ -18,10 +18,12 @@ from tvm import s_tir, tirx
 from .errors import ClusterError
 from .hardware import Hardware
 from .planners.fused_chain import plan_chain
+from .planners.gemm_row_max import plan_gemm_row_max, row_max_shape
 from .planners.report import Plan
 from .planners.split_k import plan_split_k_reduction
 from .planners.split_k_gemm import plan_split_k_gemm
 from .rules.fused_chain import find_chain, schedule_fused_chain
+from .rules.gemm_row_max import schedule_gemm_row_max
 from .rules.split_k_gemm import find_gemm, schedule_split_k_gemm
 from .rules.split_k_reduction import reduction_extents, schedule_split_k_reduction
 
@@ -83,6 +85,7 @@ def _rank_reductions(shape: ReductionShape, hw: Hardware) -> list[Plan]:
 #: Most specific first.
 FAMILIES = (
     Family("fused_chain", _chain_shape, plan_chain, schedule_fused_chain),
+    Family("gemm_row_max", row_max_shape, plan_gemm_row_max, schedule_gemm_row_max),
     Family("split_k_gemm", _gemm_shape, plan_split_k_gemm, schedule_split_k_gemm),
     Family("split_k_reduction", _reduction_shape, _rank_reductions, schedule_split_k_reduction),
 )

@@ -19,7 +19,7 @@ from ..workloads.dense import dense
 from ..errors import ClusterError
 from ..planners.cascade_split import plan_cascade_split
 from ..planners.fused_chain import plan_chain, schedule_chain
-from ..planners.gemm_row_max import plan_gemm_row_max
+from ..planners.gemm_row_max import plan_gemm_row_max, row_max_shape
 from ..rules.gemm_row_max import schedule_gemm_row_max
 from ..workloads.lm_head import lm_head_max
 from ..rules.fused_chain import find_chain
@@ -456,7 +456,7 @@ def lm_head() -> list[Variant]:
         func = lm_head_max(batch, seq, hidden, vocab)
         args = _args(func)
         args[1]["scale"] = hidden ** -0.5  # W like nn.Linear: logits of unit scale
-        for rank, plan in enumerate(plan_gemm_row_max(func)[:4]):
+        for rank, plan in enumerate(plan_gemm_row_max(row_max_shape(func))[:4]):
             c = plan.config
             variants.append(Variant(
                 name=f"lm_head_{batch}x{seq}x{hidden}x{vocab}_{c.block_m}x{c.block_n}x{c.block_k}_s{c.stages}",

@@ -5,30 +5,45 @@ row max never writes, the same for every candidate, so the ranking is unchanged)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tvm import s_tir, tirx
 
 from ..errors import ClusterError
 from ..hardware import Hardware, load_hardware
 from ..rules.gemm_row_max import check_row_max_config, find_gemm_row_max, schedule_gemm_row_max
-from ..rules.split_k_gemm import SplitKGemmConfig
+from ..rules.split_k_gemm import GemmShape, SplitKGemmConfig
 from .split_k_gemm import GemmPlan, candidate_configs, predict
 
 
-def plan_gemm_row_max(func: tirx.PrimFunc, hw: Hardware | None = None) -> list[GemmPlan]:
-    """Every valid configuration for ``func``, best predicted first."""
-    hw = hw or load_hardware()
+@dataclass(frozen=True)
+class RowMaxShape:
+    """The product's shape and the rows each max reduces (a sequence)."""
+
+    gemm: GemmShape
+    group: int
+
+
+def row_max_shape(func: tirx.PrimFunc) -> RowMaxShape:
     _, _, _, shape, group = find_gemm_row_max(s_tir.Schedule(func))
+    return RowMaxShape(shape, group)
+
+
+def plan_gemm_row_max(shape: RowMaxShape, hw: Hardware | None = None) -> list[GemmPlan]:
+    """Every valid configuration, best predicted first."""
+    hw = hw or load_hardware()
     plans = []
-    for config in candidate_configs(shape):
+    for config in candidate_configs(shape.gemm):
         try:
-            check_row_max_config(shape, group, config)
+            check_row_max_config(shape.gemm, shape.group, config)
         except ClusterError:
             continue
-        plans.append(predict(shape, config, hw))
+        plans.append(predict(shape.gemm, config, hw))
     if not plans:
-        raise ClusterError(f"no GEMM row max configuration fits {shape.m}x{shape.n}x{shape.k} with "
-                           f"groups of {group} rows (N must be a multiple of 64, a group at most "
-                           "128 rows dividing the tile)")
+        g = shape.gemm
+        raise ClusterError(f"no GEMM row max configuration fits {g.m}x{g.n}x{g.k} with groups of "
+                           f"{shape.group} rows (N must be a multiple of 64, a group at most 128 "
+                           "rows dividing the tile)")
     return sorted(plans, key=lambda p: (p.predicted_us, -p.config.stages))
 
 
@@ -37,8 +52,6 @@ def schedule_row_max(func: tirx.PrimFunc, hw: Hardware | None = None,
     """The schedule of ``func`` with the planner's best configuration (or ``config``) and the
     plan (``plan.explain()``)."""
     hw = hw or load_hardware()
-    plan = plan_gemm_row_max(func, hw)[0] if config is None else None
-    if plan is None:
-        _, _, _, shape, _ = find_gemm_row_max(s_tir.Schedule(func))
-        plan = predict(shape, config, hw)
+    shape = row_max_shape(func)
+    plan = plan_gemm_row_max(shape, hw)[0] if config is None else predict(shape.gemm, config, hw)
     return schedule_gemm_row_max(func, plan.config), plan
