@@ -129,10 +129,32 @@ def test_cluster_decode_cuda(assemble):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(32, 4096, 128), (64, 2048, 64)])
+@pytest.mark.parametrize("shape", [(32, 4096, 128), (64, 2048, 64), (1, 4096, 128), (8, 2048, 64)])
 def test_gpu_matches_float64(shape):
     sch, _ = schedule_cascade(decode_attention(*shape))
     inputs = _inputs(*shape, np.random.default_rng())
     out = _run(sch.mod, inputs, target=TARGET, dev=tvm.cuda(0))
     ref = _reference(*inputs)
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-3
+
+
+@pytest.mark.parametrize("name, shape", [("decode_attention", (1, 4096, 128)), ("decode_attention", (8, 2048, 64)),
+                                         ("layernorm_stats", (2, 16384)), ("rmsnorm_gemv", (1, 8192)),
+                                         ("moe_routing", (7, 2048, 2)), ("softmax_stats", (3, 8192))])
+def test_planned_split_of_few_rows_builds(name, shape):
+    """Few rows want clusters; the planner keeps only cluster splits that build (partial states
+    within the static budget of a cluster merge, no split level across CTAs)."""
+    from tvm_dsm.workloads import cascades
+
+    sch, split = schedule_cascade(getattr(cascades, name)(*shape))
+    assert "__global__" in cuda_source(sch.mod)
+    if name in ("layernorm_stats", "rmsnorm_gemv"):
+        assert split.ranks == 1
+
+
+def test_split_level_over_a_cluster_is_refused_with_a_reason():
+    from tvm_dsm.workloads.cascades import layernorm_stats
+
+    func = layernorm_stats(2, 1024)
+    fused, reports = fuse_cascaded_reductions(func, parts=8, ranks=2)
+    assert fused.same_as(func) and "split level" in reports[0].reason

@@ -110,12 +110,31 @@ def plan_cascade_split(func: tirx.PrimFunc, hw: Hardware | None = None) -> Casca
         resident = hw.sm_count * min(_CTAS_PER_SM, _THREADS_PER_SM // threads)
         return min(rows * ranks, resident) * threads * per_thread
 
-    # Fewest ranks, then fewest threads per CTA beyond 16 parts, that cover the latency.
+    def split(c) -> CascadeSplit:
+        ranks, groups = c
+        return CascadeSplit(rows, ranks * groups, vector, lanes, ranks, in_flight(c), needed(c))
+
+    # Fewest ranks, then fewest threads per CTA beyond 16 parts, that cover the latency; else
+    # the most in flight. A cluster split must also build: its partial states fit the static
+    # shared memory of a cluster merge, and every level merges across CTAs.
     order = sorted(candidates, key=lambda c: (c[1] > 16, c[0], c[1]))
     most = max(in_flight(c) for c in candidates)
-    ranks, groups = next(c for c in order if in_flight(c) >= min(needed(c), 0.9 * most))
-    return CascadeSplit(rows, ranks * groups, vector, lanes, ranks, in_flight((ranks, groups)),
-                        needed((ranks, groups)))
+    enough = [c for c in order if in_flight(c) >= min(needed(c), 0.9 * most)]
+    for c in enough + sorted(candidates, key=in_flight, reverse=True):
+        if c[0] == 1 or _cluster_builds(func, split(c)):
+            return split(c)
+    raise ClusterError("no split of this cascade builds")  # ranks 1 always does: unreachable
+
+
+def _cluster_builds(func: tirx.PrimFunc, split: CascadeSplit) -> bool:
+    fused, reports = fuse_cascaded_reductions(func, **split.kwargs())
+    if not reports or not all(r.fusible for r in reports):
+        return False
+    try:
+        schedule_fused_rows(fused)
+    except ClusterError:
+        return False
+    return True
 
 
 def schedule_cascade(func: tirx.PrimFunc, hw: Hardware | None = None,
