@@ -196,3 +196,15 @@ def test_gpu_planned_routing_matches_stable_sort(rows, experts):
     want_w, want_i = _reference(x)
     np.testing.assert_array_equal(indices.numpy(), want_i)
     assert np.abs(weights.numpy() - want_w).max() / np.abs(want_w).max() < 1e-6
+
+
+def test_moe_routing_tutorial_shows_fusion_plan_and_assembled_cuda(capsys):
+    import runpy
+    from pathlib import Path
+
+    tutorial = Path(__file__).parent.parent / "tutorials" / "moe_routing.py"
+    runpy.run_path(str(tutorial), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "cascade topk -> m -> l: fusible" in out and "one CTA per row; 32 parts" in out
+    assert "main_kernel(" in out and "warp shuffles merging the parts' states: 50" in out
+    assert "nvcc sm_90a: assembles" in out or "skipped (no nvcc)" in out
