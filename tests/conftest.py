@@ -37,6 +37,14 @@ def cuda_source(mod: tvm.IRModule, pipeline: str = "default") -> str:
     return tvm.compile(mod, target=TARGET, tir_pipeline=pipeline).mod.imports[0].inspect_source()
 
 
+def run_tutorial(name: str, capsys) -> str:
+    """Run ``tutorials/<name>.py`` as a script; what it printed."""
+    import runpy
+
+    runpy.run_path(str(Path(__file__).parent.parent / "tutorials" / f"{name}.py"), run_name="__main__")
+    return capsys.readouterr().out
+
+
 def host_launch(mod: tvm.IRModule, pipeline: str = "default") -> list[str]:
     """The host-side kernel launch calls (``T.call_ffi_kernel(...)``) after lowering."""
     from tvm.tirx.compilation_pipeline import get_tir_pipeline

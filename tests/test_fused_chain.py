@@ -136,12 +136,9 @@ def test_gpu_matches_float64(gated, config):
 
 
 def test_fused_ffn_tutorial_shows_pruning_plan_and_assembled_cuda(capsys):
-    import runpy
-    from pathlib import Path
+    from conftest import run_tutorial
 
-    tutorial = Path(__file__).parent.parent / "tutorials" / "fused_ffn.py"
-    runpy.run_path(str(tutorial), run_name="__main__")
-    out = capsys.readouterr().out
+    out = run_tutorial("fused_ffn", capsys)
     assert "candidates after each pruning rule" in out and "predicted:" in out
     assert "main_kernel(" in out  # the generated kernel is printed
     assert "nvcc sm_90a: assembles" in out or "skipped (no nvcc)" in out

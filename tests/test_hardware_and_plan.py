@@ -45,12 +45,9 @@ def test_planner_reports_unfittable_shapes():
 def test_demo_shows_plan_cuda_and_fusion_reports(capsys):
     """`make demo`'s script: the plan, the generated CUDA and the RedFuser reports (MoE routing's
     top-k included); without a GPU it says how to run the kernels on one."""
-    import runpy
-    from pathlib import Path
+    from conftest import run_tutorial
 
-    demo = Path(__file__).parent.parent / "tutorials" / "split_k_reduction.py"
-    runpy.run_path(str(demo), run_name="__main__")
-    out = capsys.readouterr().out
+    out = run_tutorial("split_k_reduction", capsys)
     assert "predicted:" in out and "main_kernel(" in out
     assert "nvcc sm_90a: assembles" in out or "skipped (no nvcc)" in out
     assert "cascade topk -> m -> l: fusible" in out and "topk (top-8): plain" in out

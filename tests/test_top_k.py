@@ -199,12 +199,9 @@ def test_gpu_planned_routing_matches_stable_sort(rows, experts):
 
 
 def test_moe_routing_tutorial_shows_fusion_plan_and_assembled_cuda(capsys):
-    import runpy
-    from pathlib import Path
+    from conftest import run_tutorial
 
-    tutorial = Path(__file__).parent.parent / "tutorials" / "moe_routing.py"
-    runpy.run_path(str(tutorial), run_name="__main__")
-    out = capsys.readouterr().out
+    out = run_tutorial("moe_routing", capsys)
     assert "cascade topk -> m -> l: fusible" in out and "one CTA per row; 32 parts" in out
     assert "main_kernel(" in out and "warp shuffles merging the parts' states: 50" in out
     assert "nvcc sm_90a: assembles" in out or "skipped (no nvcc)" in out

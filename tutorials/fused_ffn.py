@@ -18,7 +18,7 @@ import tvm
 from tvm import s_tir
 
 import tvm_dsm  # noqa: F401  (registers tvm-dsm's pipeline)
-from tvm_dsm.bench.demo import assemble, gpu_available, kernel_source, section
+from tvm_dsm.bench.demo import assemble, kernel_source, run_section, section
 from tvm_dsm.hardware import load_hardware
 from tvm_dsm.planners.fused_chain import candidate_configs, plan_chain, schedule_chain
 from tvm_dsm.rules.fused_chain import find_chain
@@ -84,12 +84,7 @@ def main() -> None:
     print(kernel_source(source)[:4000] + "\n[...]")
     print("nvcc sm_90a:", assemble(source, "fused_ffn"))
 
-    section("run")
-    if gpu_available():
-        run_on_gpu(executable)
-    else:
-        print("no CUDA GPU here: plan and CUDA shown above; `python -m tvm_dsm.gpu.export chains` "
-              "+ `python -m tvm_dsm.gpu.run` check and time the kernels on a GPU machine.")
+    run_section(run_on_gpu, executable, "chains")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ if shutil.which("nvcc"):  # TVM compiles CUDA when a module loads; NVRTC needs c
 import tvm
 
 import tvm_dsm  # noqa: F401  (registers tvm-dsm's pipeline)
-from tvm_dsm.bench.demo import assemble, gpu_available, kernel_source, section
+from tvm_dsm.bench.demo import assemble, kernel_source, run_section, section
 from tvm_dsm.hardware import load_hardware
 from tvm_dsm.planners.cascade_split import schedule_cascade
 from tvm_dsm.transform import fuse_cascaded_reductions
@@ -85,12 +85,7 @@ def main() -> None:
     print(f"warp shuffles merging the parts' states: {source.count('__shfl_xor_sync')}")
     print("nvcc sm_90a:", assemble(source, "moe_routing"))
 
-    section("run")
-    if gpu_available():
-        run_on_gpu(executable)
-    else:
-        print("no CUDA GPU here: plan and CUDA shown above; `python -m tvm_dsm.gpu.export cascades` "
-              "+ `python -m tvm_dsm.gpu.run` check and time the kernels on a GPU machine.")
+    run_section(run_on_gpu, executable, "cascades")
 
 
 if __name__ == "__main__":

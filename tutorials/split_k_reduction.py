@@ -17,7 +17,7 @@ import numpy as np
 import tvm
 
 import tvm_dsm  # noqa: F401  (registers tvm-dsm's pipeline)
-from tvm_dsm.bench.demo import assemble, gpu_available, kernel_source, section
+from tvm_dsm.bench.demo import assemble, kernel_source, run_section, section
 from tvm_dsm.hardware import load_hardware
 from tvm_dsm.planners import plan_split_k_reduction
 from tvm_dsm.rules import schedule_split_k_reduction
@@ -79,12 +79,7 @@ def main() -> None:
         _, reports = fuse_cascaded_reductions(func, parts=32)
         print(f"{name}:", *reports, sep="\n")
 
-    section("run")
-    if gpu_available():
-        run_on_gpu(executable)
-    else:
-        print("no CUDA GPU here: plan and CUDA shown above; `python -m tvm_dsm.gpu.export split_k` "
-              "+ `python -m tvm_dsm.gpu.run` check and time the kernels on a GPU machine.")
+    run_section(run_on_gpu, executable, "split_k")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,17 @@ def gpu_available() -> bool:
         return False
 
 
+def run_section(run_on_gpu, executable, suite: str) -> None:
+    """The tutorials' last section: ``run_on_gpu(executable)`` where a GPU is present, else how
+    the suite's kernels are checked and timed on a GPU machine."""
+    section("run")
+    if gpu_available():
+        run_on_gpu(executable)
+    else:
+        print(f"no CUDA GPU here: plan and CUDA shown above; `python -m tvm_dsm.gpu.export {suite}` "
+              "+ `python -m tvm_dsm.gpu.run` check and time the kernels on a GPU machine.")
+
+
 def kernel_source(source: str) -> str:
     """The generated CUDA from the first kernel definition on (the helpers above it skipped)."""
     return source[source.index('extern "C" __global__ void __launch_bounds__'):].split(";\n", 1)[1]
