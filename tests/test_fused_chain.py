@@ -142,3 +142,29 @@ def test_fused_ffn_tutorial_shows_pruning_plan_and_assembled_cuda(capsys):
     assert "candidates after each pruning rule" in out and "predicted:" in out
     assert "main_kernel(" in out  # the generated kernel is printed
     assert "nvcc sm_90a: assembles" in out or "skipped (no nvcc)" in out
+
+
+def test_conv_chain_workload_matches_numpy_and_is_refused_with_a_reason():
+    """FlashFuser's conv chains are defined as a user writes them (NHWC, "same" padding); they
+    are not fused yet, and the planner says why instead of scheduling something else."""
+    import tvm
+    import tvm_dsm
+    from tvm_dsm.workloads.chains import CONV_CHAINS, conv_chain
+
+    assert len(CONV_CHAINS) == 8 and CONV_CHAINS["C5"] == (64, 56, 64, 256, 3, 1)
+    batch, ic, hw, oc1, oc2 = 2, 8, 6, 16, 8
+    func = conv_chain(ic, hw, oc1, oc2, 3, 1, batch=batch)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, hw, hw, ic)).astype(np.float16)
+    w1 = (rng.standard_normal((oc1, 3, 3, ic)) / np.sqrt(9 * ic)).astype(np.float16)
+    w2 = (rng.standard_normal((oc2, 1, 1, oc1)) / np.sqrt(oc1)).astype(np.float16)
+    out = tvm.runtime.tensor(np.full((batch, hw, hw, oc2), np.nan, np.float16))
+    tvm.compile(func, target="llvm")(*(tvm.runtime.tensor(a) for a in (x, w1, w2)), out)
+    padded = np.pad(x.astype(np.float64), ((0, 0), (1, 1), (1, 1), (0, 0)))
+    c1 = sum(np.einsum("nhwc,oc->nhwo", padded[:, r:r + hw, s:s + hw], w1[:, r, s].astype(np.float64))
+             for r in range(3) for s in range(3))
+    h = np.maximum(c1, 0).astype(np.float16).astype(np.float64)
+    ref = np.einsum("nhwc,oc->nhwo", h, w2[:, 0, 0].astype(np.float64))
+    assert np.linalg.norm(out.numpy() - ref) / np.linalg.norm(ref) < 2e-3
+    with pytest.raises(ClusterError, match="convolutions .* are not fused"):
+        tvm_dsm.plan(conv_chain(*CONV_CHAINS["C1"]))

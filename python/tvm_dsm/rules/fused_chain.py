@@ -113,6 +113,11 @@ def find_chain(sch: s_tir.Schedule) -> tuple[ChainBlocks, ChainShape]:
     """
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     reductions = [b for b in blocks if _is_reduction(sch, b)]
+    if any(len(sch.get(b).iter_vars) > 3 for b in reductions):
+        raise ClusterError(
+            "convolutions (reductions over more than one axis, or over image rows and columns) are "
+            "not fused: a 1x1 chain needs its pixel axes as one GEMM row axis, a kxk one an "
+            "implicit GEMM (neither built)")
     if len(reductions) not in (2, 3) or reductions != blocks[: len(reductions) - 1] + [reductions[-1]]:
         raise ClusterError(
             "a fused GEMM chain is one or two matmuls, one elementwise block, one matmul, then "
