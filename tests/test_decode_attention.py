@@ -158,3 +158,14 @@ def test_split_level_over_a_cluster_is_refused_with_a_reason():
     func = layernorm_stats(2, 1024)
     fused, reports = fuse_cascaded_reductions(func, parts=8, ranks=2)
     assert fused.same_as(func) and "split level" in reports[0].reason
+
+
+def test_shuffles_of_a_cta_smaller_than_a_warp_name_only_its_lanes():
+    """2 parts x 2 lanes are 4 threads: every shuffle (scores, parts' merge) uses mask 0xF."""
+    from tvm_dsm.rules.fused_rows import schedule_fused_rows
+
+    fused, reports = fuse_cascaded_reductions(decode_attention(2, 64, 16), parts=2, lanes=2, shuffle=True)
+    assert reports[0].fusible
+    source = cuda_source(schedule_fused_rows(fused).mod)
+    shuffles = [line for line in source.splitlines() if "__shfl_xor_sync(" in line and "#define" not in line]
+    assert shuffles and all("__shfl_xor_sync((uint)15," in line for line in shuffles)

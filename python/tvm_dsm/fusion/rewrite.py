@@ -280,7 +280,7 @@ class _FusedBlock:
                 offset = self.lanes // 2
                 while offset:
                     T.buffer_store(values, values[v] + tirx.op.tvm_warp_shuffle_xor(
-                        tirx.const(0xFFFFFFFF, "uint32"), values[v], offset, self.lanes, 32), [v])
+                        self._warp_mask(), values[v], offset, self.lanes, 32), [v])
                     offset //= 2
             self.produced[buf] = values
 
@@ -417,13 +417,19 @@ class _FusedBlock:
                 self._for_each(lvl, lambda e, state=state, out=out: T.buffer_store(
                     out, (through or (lambda v: v))(tirx.BufferLoad(state, _slot(e))), at + _slot(e)))
 
+    def _warp_mask(self) -> tirx.PrimExpr:
+        """The lanes of a warp that hold a row's threads (a CTA of fewer than 32 threads fills
+        only part of its warp; a shuffle must not name the absent lanes)."""
+        threads = min(32, self.parts // self.ranks * self.lanes)
+        return tirx.const(0xFFFFFFFF if threads == 32 else (1 << threads) - 1, "uint32")
+
     def _merge_in_warp(self, rows: list, state: dict, accumulators: dict) -> tuple[dict, dict]:
         """Merge the states of the ``warp_parts`` parts of a warp by shuffles (a butterfly,
         nearest parts first: every thread ends with the merge of all of them). Packed top-k
         keys merge as keys; every other state goes through the levels' merge with the
         partner's copy as the second partial."""
         threads = self.warp_parts * self.lanes
-        mask = tirx.const(0xFFFFFFFF if threads == 32 else (1 << threads) - 1, "uint32")
+        mask = self._warp_mask()
         offset = self.lanes
         while offset < threads:
             def partner(value, offset=offset):
