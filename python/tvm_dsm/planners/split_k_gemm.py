@@ -52,10 +52,11 @@ class GemmPlan(Plan):
 
     def summary(self) -> str:
         c = self.config
+        split = (f"K split over clusters of {c.cluster_size} CTAs, partials reduce-scattered "
+                 "through DSM" if c.cluster_size > 1 else "K whole in each CTA (no cluster)")
         return (
             f"cluster split-K GEMM: {c.block_m}x{c.block_n}x{c.block_k} tiles, {c.stages}-stage "
-            f"cp.async pipeline, {c.warps_m}x{c.warps_n} warps; K split over clusters of "
-            f"{c.cluster_size} CTA(s), partials reduce-scattered through DSM; {self.ctas} CTAs, "
+            f"cp.async pipeline, {c.warps_m}x{c.warps_n} warps; {split}; {self.ctas} CTAs, "
             f"{self.resident} per SM, {c.shared_bytes()} B SMEM each"
         )
 
