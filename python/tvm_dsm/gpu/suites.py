@@ -272,13 +272,14 @@ def decode() -> list[Variant]:
     whose last partials meet through DSM (split-KV, merged in fp32 by the cascade's rule);
     ``planner`` in the plan marks the split tvm_dsm's planner picks."""
     variants = []
+    plans = {shape: plan_cascade_split(cascade_workloads.decode_attention(*shape)) for shape in DECODE_SHAPES}
     for (rows, keys, dim), ranks, groups, vector in itertools.product(
             DECODE_SHAPES, (1, 2, 4, 8, 16), (8, 16, 32), (2, 4, 8)):
         lanes = dim // 8
         if keys % (ranks * groups * vector):
             continue
         func = cascade_workloads.decode_attention(rows, keys, dim)
-        plan = plan_cascade_split(func)
+        plan = plans[rows, keys, dim]
         fused, reports = fuse_cascaded_reductions(func, parts=groups * ranks, vector=vector,
                                                   lanes=lanes, ranks=ranks, shuffle=True)
         if not all(r.fusible for r in reports):

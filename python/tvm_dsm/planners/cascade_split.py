@@ -71,6 +71,11 @@ class CascadeSplit:
 
 def plan_cascade_split(func: tirx.PrimFunc, hw: Hardware | None = None) -> CascadeSplit:
     """The split for the first cascade of ``func``; ClusterError if it has none."""
+    return _plan(func, hw)[0]
+
+
+def _plan(func: tirx.PrimFunc, hw: Hardware | None) -> tuple[CascadeSplit, s_tir.Schedule | None]:
+    """The split and, for a cluster split, the schedule built to check it builds."""
     hw = hw or load_hardware()
     inlined = inline_elementwise(func)
     groups = find_cascades(inlined)
@@ -123,31 +128,31 @@ def plan_cascade_split(func: tirx.PrimFunc, hw: Hardware | None = None) -> Casca
     most = max(in_flight(c) for c in candidates)
     enough = [c for c in order if in_flight(c) >= min(needed(c), 0.9 * most)]
     for c in enough + sorted(candidates, key=in_flight, reverse=True):
-        if c[0] == 1 or _cluster_builds(func, split(c)):
-            return split(c)
+        if c[0] == 1:
+            return split(c), None
+        try:
+            return split(c), _schedule(func, split(c))
+        except ClusterError:
+            continue
     raise ClusterError("no split of this cascade builds")  # ranks 1 always does: unreachable
 
 
-def _cluster_builds(func: tirx.PrimFunc, split: CascadeSplit) -> bool:
+def _schedule(func: tirx.PrimFunc, split: CascadeSplit) -> s_tir.Schedule:
     fused, reports = fuse_cascaded_reductions(func, **split.kwargs())
     if not reports or not all(r.fusible for r in reports):
-        return False
-    try:
-        schedule_fused_rows(fused)
-    except ClusterError:
-        return False
-    return True
+        raise ClusterError("; ".join(str(r) for r in reports) or "no cascaded reduction")
+    return schedule_fused_rows(fused)
 
 
 def schedule_cascade(func: tirx.PrimFunc, hw: Hardware | None = None,
                      split: CascadeSplit | None = None) -> tuple[s_tir.Schedule, CascadeSplit]:
     """Fuse ``func``'s cascade (FuseCascadedReductions) with the planned split and schedule it
     for the GPU; ClusterError with the pass's reason if it does not fuse."""
-    split = split or plan_cascade_split(func, hw)
-    fused, reports = fuse_cascaded_reductions(func, **split.kwargs())
-    if not reports or not all(r.fusible for r in reports):
-        raise ClusterError("; ".join(str(r) for r in reports) or "no cascaded reduction")
-    return schedule_fused_rows(fused), split
+    if split is None:
+        split, sch = _plan(func, hw)
+        if sch is not None:  # built while planning
+            return sch, split
+    return _schedule(func, split), split
 
 
 def _elem_bytes(expr) -> int:
