@@ -27,6 +27,23 @@ def test_dsm_peak_is_the_copy_engine_ceiling():
         assert 0 < hw.dsm_peak_clusters[size] * size <= hw.sm_count
 
 
+def test_clusters_of_three_or_more_strand_sms():
+    """Measured residency: a cluster's CTAs share a GPC, so 128 CTAs in clusters of 4 at one
+    CTA per SM do not all fit at once (the split-K planner then counts two waves)."""
+    from tvm_dsm.planners.split_k_gemm import predict
+    from tvm_dsm.rules.split_k_gemm import GemmShape, SplitKGemmConfig
+
+    hw = load_hardware()
+    assert hw.concurrent_ctas(1, 1) == hw.sm_count
+    assert hw.concurrent_ctas(2, 1) == hw.sm_count  # pairs fit every GPC
+    assert hw.concurrent_ctas(4, 1) < 128 < hw.concurrent_ctas(4, 2)
+    assert hw.concurrent_ctas(16, 1) < hw.concurrent_ctas(8, 1) <= 120
+    shape = GemmShape(128, 4096, 16384, True)
+    one_wave = predict(shape, SplitKGemmConfig(2, 128, 128, 64, 2, 4, 4), hw)  # 64 CTAs
+    two_waves = predict(shape, SplitKGemmConfig(4, 128, 128, 64, 2, 4, 4), hw)  # 128, 1 per SM
+    assert two_waves.resident == 1 and two_waves.seconds["pipeline"] == one_wave.seconds["pipeline"]
+
+
 def test_planner_prefers_more_ctas_for_a_few_long_rows():
     hw = load_hardware()
     best = plan_split_k_reduction(256, 16384, hw)[0]

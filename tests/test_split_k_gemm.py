@@ -28,6 +28,34 @@ def test_generated_cuda_uses_tensor_cores_async_copies_and_dsm(layout, assemble)
     assemble(source, f"gemm_{layout}")
 
 
+def _main_loop_body(source: str) -> str:
+    """The body of the innermost ``for`` loop issuing both copies and mma (the K loop)."""
+    bodies = []
+    for start in (i for i in range(len(source)) if source.startswith("for (", i)):
+        depth, open_at = 0, source.index("{", start)
+        for end in range(open_at, len(source)):
+            depth += {"{": 1, "}": -1}.get(source[end], 0)
+            if depth == 0:
+                break
+        body = source[open_at:end]
+        if "commit_group()" in body and "mma.sync" in body:
+            bodies.append(body)
+    return min(bodies, key=len)
+
+
+def test_main_loop_waits_for_its_tile_then_runs_one_barrier_per_k_step():
+    """The K loop waits for the tile it reads, then one barrier guards both that tile (RAW) and
+    the slot the next copy overwrites (WAR); s_tir's pipeline alone emits two barriers."""
+    four_stages = SplitKGemmConfig(2, 64, 64, 32, 2, 2, stages=4)
+    body = _main_loop_body(cuda_source(schedule_split_k_gemm(dense(128, 256, 1024), four_stages).mod))
+    assert body.count("__syncthreads()") == 1
+    # The step reads tile t and prefetches fragments of t+1: both landed, t+2 still in flight.
+    assert body.index("wait_group_1()") < body.index("__syncthreads()") < body.index("commit_group()")
+    # With 3 stages the early wait would leave no copy in flight: both barriers stay.
+    body = _main_loop_body(cuda_source(schedule_split_k_gemm(dense(128, 256, 1024), SMALL).mod))
+    assert body.count("__syncthreads()") == 2
+
+
 def test_epilogue_is_fused_into_the_reduce_scatter(assemble):
     func = dense(128, 256, 512, bias=True, activation="silu")
     source = cuda_source(schedule_split_k_gemm(func, SMALL).mod)

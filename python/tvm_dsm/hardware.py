@@ -39,6 +39,8 @@ class Hardware:
     #: and how many clusters of 128 KB-SMEM CTAs were resident at once in that probe.
     dsm_peak_by_cluster: dict[int, float] = field(default_factory=dict)
     dsm_peak_clusters: dict[int, int] = field(default_factory=dict)
+    #: Clusters of each size resident at once, by CTAs per SM (1 and 2 measured).
+    active_clusters: dict[int, dict[int, int]] = field(default_factory=dict)
 
     def dsm_bw(self, cluster_size: int) -> float:
         """Aggregate DSM read bandwidth with clusters of ``cluster_size`` CTAs."""
@@ -52,6 +54,17 @@ class Hardware:
         """The DSM bandwidth ceiling at ``cluster_size`` (the collectives' yardstick): the peak
         probe where measured, else the read probe the cost model uses."""
         return self.dsm_peak_by_cluster.get(cluster_size) or self.dsm_bw(cluster_size)
+
+    def concurrent_ctas(self, cluster_size: int, ctas_per_sm: int) -> int:
+        """CTAs of a grid that run at once. A cluster's CTAs must share a GPC, so clusters of
+        3 or more strand SMs: measured on the H100 at one CTA per SM, 30 clusters of 4 (120
+        CTAs), 15 of 8 (120), 7 of 16 (112). A 128-CTA grid of clusters of 4 runs in two
+        waves: twice the time of one (G5b's second GEMM, measured)."""
+        if not self.active_clusters:
+            return self.sm_count * ctas_per_sm // cluster_size * cluster_size
+        measured = max(k for k in self.active_clusters if k <= max(1, ctas_per_sm))
+        clusters = self.active_clusters[measured][cluster_size] * ctas_per_sm // measured
+        return clusters * cluster_size
 
     @classmethod
     def from_json(cls, raw: dict) -> Hardware:
@@ -74,6 +87,10 @@ class Hardware:
             latency_ns=dict(raw["latency_ns"]),
             dsm_peak_by_cluster={int(s): v["bytes_per_s"] for s, v in peak.items()},
             dsm_peak_clusters={int(s): v["active_clusters"] for s, v in peak.items()},
+            active_clusters={
+                int(per_sm): {int(s): n for s, n in row.items()}
+                for per_sm, row in raw.get("active_clusters_by_ctas_per_sm", {}).items()
+            },
         )
 
 

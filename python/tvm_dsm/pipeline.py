@@ -16,6 +16,8 @@ from tvm.tirx import compilation_pipeline
 
 from .ir import find_all
 from .transform import AttachClusterLaunch, CheckClusterSchedule, LowerCluster
+from .transform.lower_cluster import ReleaseSliceStarts
+from .transform.merge_pipeline_barriers import MergePipelineBarriers
 
 #: Loop annotation of s_tir's software pipeline listing its asynchronous stages.
 ASYNC_STAGES_KEY = "software_pipeline_async_stages"
@@ -91,16 +93,18 @@ def _passes(config, async_copy: bool) -> list:
         s_tir.transform.ThreadSync("shared"),
         s_tir.transform.ThreadSync("shared.dyn"),
         s_tir.transform.ThreadSync("warp"),
+        MergePipelineBarriers,  # tvm-dsm
         s_tir.transform.InferFragment(),
         s_tir.transform.LowerThreadAllreduce(),
-        AttachClusterLaunch,  # tvm-dsm
     ]
     if async_copy:
         passes.append(s_tir.transform.InjectPTXAsyncCopy())
     if bool(config.get("tirx.s_tir.ldg32", False)):
         passes.append(s_tir.transform.InjectPTXLDG32())
     passes += [
+        ReleaseSliceStarts,  # tvm-dsm
         s_tir.transform.MergeSharedMemoryAllocations(),
+        AttachClusterLaunch,  # tvm-dsm: after the merge, which may overlay DSM slices
         tirx.transform.SplitHostDevice(),
         tirx.transform.MakePackedAPI(),
         tirx.transform.FP8StorageLegalize(),

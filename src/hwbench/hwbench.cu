@@ -206,6 +206,36 @@ static cudaLaunchConfig_t cluster_config(int clusters, int size, cudaLaunchAttri
   return cfg;
 }
 
+// Target of the cluster-residency query (never launched).
+__global__ void occupancy_probe_kernel(float* sink) {
+  if (sink) sink[0] = 0.f;
+}
+
+// How many clusters of each size (1-16) can be resident at once, with one and with two CTAs
+// of 256 threads per SM (the SMEM per CTA decides which): a cluster's CTAs must share a GPC,
+// so the resident CTAs of larger clusters fall short of SMs x CTAs per SM.
+static std::string cluster_residency_json(const cudaDeviceProp& p) {
+  CHECK(cudaFuncSetAttribute(occupancy_probe_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  CHECK(cudaFuncSetAttribute(occupancy_probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)p.sharedMemPerBlockOptin));
+  std::string out;
+  for (int per_sm : {1, 2}) {
+    // The largest SMEM per CTA that still fits per_sm CTAs (1 KB per CTA is the driver's).
+    const size_t smem = std::min(p.sharedMemPerBlockOptin, p.sharedMemPerMultiprocessor / per_sm - 1024);
+    std::string row;
+    for (int size = 1; size <= 16; ++size) {
+      cudaLaunchAttribute attr;
+      cudaLaunchConfig_t cfg = cluster_config(1, size, &attr);
+      cfg.dynamicSmemBytes = smem;
+      int clusters = 0;
+      CHECK(cudaOccupancyMaxActiveClusters(&clusters, (void*)occupancy_probe_kernel, &cfg));
+      row += (row.empty() ? "" : ", ") + std::string("\"") + std::to_string(size) + "\": " + std::to_string(clusters);
+    }
+    out += (out.empty() ? "" : ", ") + std::string("\"") + std::to_string(per_sm) + "\": {" + row + "}";
+  }
+  return out;
+}
+
 int main() {
   cudaDeviceProp p;
   CHECK(cudaGetDeviceProperties(&p, 0));
@@ -368,6 +398,7 @@ int main() {
   printf(" \"smem_read_by_cluster_size\": {%s},\n", smem_json.c_str());
   printf(" \"dsm_read_by_cluster_size\": {%s},\n", dsm_json.c_str());
   printf(" \"dsm_peak_by_cluster_size\": {%s},\n", peak_json.c_str());
+  printf(" \"active_clusters_by_ctas_per_sm\": {%s},\n", cluster_residency_json(p).c_str());
   printf(" \"latency_cycles\": {\"smem\": %.1f, \"dsm\": %.1f, \"l2\": %.1f, \"hbm\": %.1f},\n", lat_smem, lat_dsm, lat_l2, lat_hbm);
   printf(" \"latency_ns\": {\"smem\": %.1f, \"dsm\": %.1f, \"l2\": %.1f, \"hbm\": %.1f}\n}\n", lat_smem * ns, lat_dsm * ns, lat_l2 * ns, lat_hbm * ns);
   return 0;

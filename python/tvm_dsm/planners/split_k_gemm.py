@@ -1,13 +1,15 @@
 """Choose a cluster split-K GEMM configuration without measuring.
 
-Per configuration the model counts the bytes each level moves -- HBM (each operand once, the
-output once), L2 (X re-read by every column of tiles, W by every row of tiles), DSM (the fp32
-partials of the reduce-scatter) -- and the tensor-core work, and divides by the level's measured
-bandwidth (:mod:`tvm_dsm.hardware`) or the mma.sync throughput. Two terms the roofline lacks
-decide most small-M choices: how many SMs the grid keeps streaming (a CTA alone cannot pull its
-share of HBM bandwidth: its pipeline holds ``stages - 1`` tiles in flight), and the wave tail
-when the grid is not a multiple of the resident CTAs. Each CTA also pays its pipeline fill and the
-two cluster barriers. It ranks configurations; it does not promise absolute times.
+Per configuration the model counts the bytes each level moves -- HBM (each operand once, W again
+per row of tiles when the rows run one after another and W outgrows L2, the output once), L2 (X
+re-read by every column of tiles, W by every row of tiles), DSM (the fp32 partials of the
+reduce-scatter) -- and the tensor-core work, and divides by the level's measured bandwidth
+(:mod:`tvm_dsm.hardware`) or the mma.sync throughput. Terms the roofline lacks decide most
+choices: how many SMs the grid keeps streaming (a CTA alone cannot pull its share of HBM
+bandwidth: its pipeline holds ``stages - 2`` tiles in flight), the latency of each K step over
+that lookahead, the waves (clusters of 3 or more CTAs strand SMs: measured residency), and the
+wave tail. Each CTA also pays its pipeline fill and the two cluster barriers. It ranks
+configurations; it does not promise absolute times.
 """
 
 from __future__ import annotations
@@ -40,6 +42,11 @@ _REGISTERS_PER_THREAD = 128  # what the mma main loop compiles to, roughly (frag
 #: planner uses the same terms.
 LAUNCH_S = 2.0e-6
 STEP_S = 0.05e-6  # per K step of a CTA: the barrier and instruction issue around it
+#: A cp.async tile's latency under full load (fitted on the H100 GEMM suite: 1.1-1.7 us). The
+#: fragment prefetch of the next tile makes its copy land one step early, so a K step waits
+#: this long over ``stages - 2`` steps of lookahead: 3 stages measured 1.3x slower than 4 on
+#: 4096^3 with everything else equal.
+LOADED_LATENCY_S = 1.5e-6
 
 
 @dataclass(frozen=True)
@@ -71,16 +78,21 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> GemmPla
         hw.regs_per_sm // (c.threads * _REGISTERS_PER_THREAD),
         32 // c.warps,
     ))
-    slots = hw.sm_count * resident
+    slots = hw.concurrent_ctas(s, resident)
     waves = math.ceil(ctas / slots)
-    busy_sms = min(hw.sm_count, math.ceil(ctas / waves / resident) if waves == 1 else hw.sm_count)
+    # The block scheduler spreads a wave's CTAs one per SM before it doubles up.
+    busy_sms = min(hw.sm_count, math.ceil(ctas / waves))
+    per_sm = math.ceil(ctas / waves / hw.sm_count)
     # Bandwidth the busy SMs can pull: bytes in flight per SM over the HBM latency.
     tile_bytes = (c.block_m + c.block_n) * c.block_k * 2
-    in_flight = min(resident * (c.stages - 1) * tile_bytes, _BYTES_IN_FLIGHT_PER_SM)
+    in_flight = min(per_sm * (c.stages - 2) * tile_bytes, _BYTES_IN_FLIGHT_PER_SM)
     pull = busy_sms / hw.sm_count * in_flight / _BYTES_IN_FLIGHT_PER_SM
     tail = waves / (ctas / slots) if ctas > slots else 1.0
+    # Row tiles run one after another (the grid walks a row of tiles first): W comes from HBM
+    # again for each row of tiles unless they all run at once or W stays in L2.
+    w_reads = tiles_m if ctas > slots and shape.n * shape.k * 2 > hw.l2_bytes else 1
     traffic = {
-        "hbm": (shape.m * shape.k + shape.n * shape.k + shape.m * shape.n) * 2,
+        "hbm": (shape.m * shape.k + w_reads * shape.n * shape.k + shape.m * shape.n) * 2,
         "l2": (tiles_n * shape.m * shape.k + tiles_m * shape.n * shape.k) * 2,
         "dsm": ctas * c.block_m * c.block_n * 4 * (s - 1) // s if s > 1 else 0,
     }
@@ -90,13 +102,15 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> GemmPla
         "l2": traffic["l2"] / hw.l2_bw * tail,
         "dsm": traffic["dsm"] / hw.dsm_bw(s) if s > 1 else 0.0,
         "mma": flops / (MMA_SYNC_PEAK * min(1.0, busy_sms / hw.sm_count)) * tail,
+        "pipeline": shape.k // s // c.block_k * waves * LOADED_LATENCY_S / (c.stages - 2),
     }
     k_steps = shape.k // s // c.block_k
     fill = (c.stages - 1) * hw.latency_ns["hbm"] * 1e-9 * waves  # pipeline fill per wave
     barriers = 2 * hw.latency_ns["dsm"] * 1e-9 if s > 1 else 0.0
     steps = k_steps * waves * STEP_S
     seconds["latency"] = LAUNCH_S + fill + barriers + steps
-    total = max(seconds["hbm"], seconds["l2"], seconds["mma"]) + seconds["dsm"] + seconds["latency"]
+    total = (max(seconds["hbm"], seconds["l2"], seconds["mma"], seconds["pipeline"])
+             + seconds["dsm"] + seconds["latency"])
     return GemmPlan(bytes=traffic, seconds=seconds, predicted_us=total * 1e6, config=config,
                     ctas=ctas, resident=resident)
 
@@ -105,7 +119,7 @@ def candidate_configs(shape: GemmShape) -> list[SplitKGemmConfig]:
     """Every configuration of the family that is valid for ``shape`` (the pruned design space)."""
     configs = []
     for s, bm, bn, bk, stages in itertools.product(
-        (1, 2, 4, 8, 16), (16, 32, 64, 128), (64, 128, 256), (32, 64), (3, 4)
+        (1, 2, 4, 8, 16), (16, 32, 64, 128), (64, 128, 256), (64,), (3, 4)
     ):
         warps_m = 2 if bm >= 64 else 1
         warps_n = 4 if bn >= 128 else 2

@@ -61,9 +61,10 @@ class SplitKGemmConfig:
         return 32 * self.warps
 
     def shared_bytes(self, elem_bytes: int = 2) -> int:
-        """Dynamic shared memory per CTA: the operand pipeline plus the fp32 partial tile."""
+        """Dynamic shared memory per CTA: the operand pipeline or the fp32 partial tile, which
+        takes the pipeline's bytes once the main loop is done (release_slice_starts)."""
         operands = (self.block_m + self.block_n) * (self.block_k + PAD) * elem_bytes
-        return self.stages * operands + self.block_m * self.block_n * 4
+        return max(self.stages * operands, self.block_m * self.block_n * 4)
 
 
 @dataclass(frozen=True)

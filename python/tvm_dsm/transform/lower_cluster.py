@@ -41,6 +41,8 @@ from .check_cluster import ROOT_ONLY_KEY
 #: Attribute left around a cluster kernel's body; tvm_dsm.transform.cluster_launch turns it into
 #: the ``clusterCtaIdx.x`` launch dimension after LowerThreadAllreduce.
 CLUSTER_LAUNCH_KEY = "tvm_dsm.cluster_launch"
+#: Marks the first touch of a DSM slice no peer writes (see release_slice_starts).
+RELEASABLE_START_KEY = "tvm_dsm.releasable_slice_start"
 # Markers around the PTX of one remote access (node: the slice), read by barrier placement and
 # removed before the pass returns.
 _REMOTE_LOAD = "tvm_dsm.remote_load"
@@ -215,6 +217,7 @@ class _KernelLowering:
         self.thread_attrs: list[tirx.AttrStmt] = []  # threadIdx.* bindings (set by lower)
         self.bulk_copies: list[BulkCopy] = []
         self.remote: list = []  # DSM buffers some peer touches (set by lower)
+        self.written_by_own_cta_only: list = []  # DSM buffers no peer writes (set by lower)
 
     def _slices(self, body) -> list[_DSMBuffer]:
         """The kernel's DSM buffers, as ``shared.dyn`` slices, or static ``shared`` ones when
@@ -228,10 +231,18 @@ class _KernelLowering:
         bulk = [b for loop in find_all(body, tirx.For, lambda f: BULK_COPY_KEY in f.annotations)
                 for b in _buffers_used(loop)]
         self.remote = [a.buffer for a in allocs if not self._only_own_slice(body, a.buffer, bulk)]
+        self.written_by_own_cta_only = [a.buffer for a in allocs if self._stores_own_slice(body, a.buffer, bulk)]
         sizes = sum(buffer_bytes(a.buffer) // max(1, int(a.buffer.ty.shape[0])) for a in allocs)
         static = (0 < len(self.remote) < len(allocs)
                   and shared_bytes(body, "shared") + sizes <= STATIC_SLICES_BUDGET)
         return [_DSMBuffer(a.buffer, self.size, "shared" if static else "shared.dyn") for a in allocs]
+
+    def _stores_own_slice(self, body, buffer, bulk: list) -> bool:
+        """Every write of ``buffer`` is provably to this CTA's slice (peers may read it)."""
+        if any(buffer.same_as(b) for b in bulk) or _passed_to_calls(body, buffer):
+            return False
+        ranks = [st.indices[0] for st in find_all(body, tirx.BufferStore, lambda x: x.buffer.same_as(buffer))]
+        return all(self.analyzer.can_prove_equal(r, self.rank) for r in ranks)
 
     def _only_own_slice(self, body, buffer, bulk: list) -> bool:
         """Every access of ``buffer`` is provably to this CTA's slice (it is not among the
@@ -294,10 +305,14 @@ class _KernelLowering:
         fused kernel's next tile) reuse a slice, and leave the typed ``tvm_access_ptr`` of one
         on the other, which TVM rejects; peers also read a slice at times its own CTA's
         liveness cannot see. The touches are address expressions that survive as no-op
-        statements in the CUDA (ThreadSync may add a ``__syncthreads`` after one)."""
+        statements in the CUDA (ThreadSync may add a ``__syncthreads`` after one). The first
+        touch of a slice no peer writes is marked: :func:`release_slice_starts` drops it
+        before TVM merges shared memory, so the slice may take the dead operand tiles' bytes."""
         # Static slices no peer touches keep TVM's own liveness.
         slices = [d.slice for d in self.dsm if str(d.slice.ty.storage_scope) == "shared.dyn"
                   or any(d.buffer.same_as(b) for b in self.remote)]
+        own_writes = [d.slice for d in self.dsm
+                      if any(d.buffer.same_as(b) for b in self.written_by_own_cta_only)]
 
         def on_seq(seq: tirx.SeqStmt) -> tirx.SeqStmt:
             stmts, touches = [], []
@@ -305,7 +320,11 @@ class _KernelLowering:
                 stmts.append(stmt)
                 if isinstance(stmt, tirx.AllocBuffer) and any(stmt.buffer.same_as(b) for b in slices):
                     touches.append(tirx.Evaluate(stmt.buffer.access_ptr("r")))
-                    stmts.append(touches[-1])
+                    start = tirx.Evaluate(stmt.buffer.access_ptr("r"))
+                    if (str(stmt.buffer.ty.storage_scope) == "shared.dyn"
+                            and any(stmt.buffer.same_as(b) for b in own_writes)):
+                        start = tirx.AttrStmt(stmt.buffer, RELEASABLE_START_KEY, 0, start)
+                    stmts.append(start)
             return tirx.SeqStmt(stmts + touches)
 
         return tvm_ffi.structural_map(body, [(tirx.SeqStmt, on_seq)])
@@ -691,3 +710,48 @@ def lower_cluster_function(func: tirx.PrimFunc) -> tirx.PrimFunc:
 def LowerCluster(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx) -> tirx.PrimFunc:
     """Pass form of :func:`lower_cluster_function`."""
     return lower_cluster_function(func)
+
+
+def _touched_buffer(touch: tirx.Evaluate):
+    """The buffer a slice touch (``tvm_access_ptr``) names, as the IR has it now."""
+    return touch.value.args[1]
+
+
+def release_slice_starts(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """Drop the marked first touch of each slice no peer writes, and put a CTA barrier before
+    the slice's first real access, so MergeSharedMemoryAllocations may overlay the slice on
+    buffers dead by then (a GEMM's operand pipeline: the partial tile then costs no SMEM of its
+    own, and two CTAs fit per SM). Safe after ThreadSync: peers only read the slice after the
+    cluster barrier that follows this CTA's own writes, the end touch keeps it live until the
+    kernel ends, and the barrier keeps a warp's first write after every warp's last read of
+    what the slice overlays. Runs right before MergeSharedMemoryAllocations."""
+
+    def on_seq(seq: tirx.SeqStmt):
+        items = list(seq.seq)
+        marked = [i for i, s in enumerate(items)
+                  if isinstance(s, tirx.AttrStmt) and s.attr_key == RELEASABLE_START_KEY]
+        if not marked:
+            return seq
+        out = []
+        pending = []  # buffers whose first access is still ahead in this sequence
+        for i, stmt in enumerate(items):
+            if i in marked:
+                pending.append(_touched_buffer(stmt.body))
+                continue
+            first = [b for b in pending if uses(stmt, b)]
+            if first:
+                previous = out[-1] if out else None
+                if not (isinstance(previous, tirx.Evaluate) and isinstance(previous.value, tvm.ir.Call)
+                        and previous.value.op.name == "tirx.tvm_storage_sync"):
+                    out.append(tirx.Evaluate(T.tvm_storage_sync("shared")))
+                pending = [b for b in pending if not any(b.same_as(f) for f in first)]
+            out.append(stmt)
+        return tirx.SeqStmt(out)
+
+    return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.SeqStmt, on_seq)]))
+
+
+@tirx.transform.prim_func_pass(opt_level=0, name="tvm_dsm.ReleaseSliceStarts")
+def ReleaseSliceStarts(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx) -> tirx.PrimFunc:
+    """Pass form of :func:`release_slice_starts`."""
+    return release_slice_starts(func)
