@@ -38,3 +38,9 @@ def substitute(node, mapping: list[tuple[tirx.Var, tvm.ir.PrimExpr]]):
 def replace_node(root, old, new):
     """``root`` with the node ``old`` (by identity) replaced by ``new``."""
     return tvm_ffi.structural_map(root, [(type(old), lambda n: new if n.same_as(old) else n)], order="pre")
+
+
+def is_barrier(stmt) -> bool:
+    """Whether ``stmt`` is a CTA barrier (``tvm_storage_sync``, ``__syncthreads``)."""
+    return (isinstance(stmt, tirx.Evaluate) and isinstance(stmt.value, tvm.ir.Call)
+            and stmt.value.op.name == "tirx.tvm_storage_sync")

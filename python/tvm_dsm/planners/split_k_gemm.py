@@ -97,14 +97,14 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> GemmPla
         "dsm": ctas * c.block_m * c.block_n * 4 * (s - 1) // s if s > 1 else 0,
     }
     flops = 2 * shape.m * shape.n * shape.k
+    k_steps = shape.k // s // c.block_k
     seconds = {
         "hbm": traffic["hbm"] / (hw.hbm_bw * min(1.0, pull)) * tail,
         "l2": traffic["l2"] / hw.l2_bw * tail,
         "dsm": traffic["dsm"] / hw.dsm_bw(s) if s > 1 else 0.0,
         "mma": flops / (MMA_SYNC_PEAK * min(1.0, busy_sms / hw.sm_count)) * tail,
-        "pipeline": shape.k // s // c.block_k * waves * LOADED_LATENCY_S / (c.stages - 2),
+        "pipeline": k_steps * waves * LOADED_LATENCY_S / (c.stages - 2),
     }
-    k_steps = shape.k // s // c.block_k
     fill = (c.stages - 1) * hw.latency_ns["hbm"] * 1e-9 * waves  # pipeline fill per wave
     barriers = 2 * hw.latency_ns["dsm"] * 1e-9 if s > 1 else 0.0
     steps = k_steps * waves * STEP_S

@@ -31,7 +31,7 @@ from tvm.script import tirx as T
 from tvm.sym import Analyzer
 
 from ..errors import ClusterError
-from ..ir import find_all, replace_node, substitute, uses
+from ..ir import find_all, is_barrier, replace_node, substitute, uses
 from ..schedule.cluster import RANK_TAG
 from ..schedule.collectives import BULK_COPY_KEY, ROTATE_PEERS_KEY
 from ..schedule.dsm import DSM_SCOPE
@@ -238,7 +238,8 @@ class _KernelLowering:
         return [_DSMBuffer(a.buffer, self.size, "shared" if static else "shared.dyn") for a in allocs]
 
     def _stores_own_slice(self, body, buffer, bulk: list) -> bool:
-        """Every write of ``buffer`` is provably to this CTA's slice (peers may read it)."""
+        """Every write of ``buffer`` is provably to this CTA's slice (peers may read it; it is
+        not among the ``bulk`` copies' buffers, no intrinsic takes its address)."""
         if any(buffer.same_as(b) for b in bulk) or _passed_to_calls(body, buffer):
             return False
         ranks = [st.indices[0] for st in find_all(body, tirx.BufferStore, lambda x: x.buffer.same_as(buffer))]
@@ -247,10 +248,9 @@ class _KernelLowering:
     def _only_own_slice(self, body, buffer, bulk: list) -> bool:
         """Every access of ``buffer`` is provably to this CTA's slice (it is not among the
         ``bulk`` copies' buffers, no intrinsic takes its address)."""
-        if any(buffer.same_as(b) for b in bulk) or _passed_to_calls(body, buffer):
+        if not self._stores_own_slice(body, buffer, bulk):
             return False
         ranks = [ld.indices[0] for ld in find_all(body, tvm.ir.TensorLoad, lambda x: x.source.same_as(buffer))]
-        ranks += [st.indices[0] for st in find_all(body, tirx.BufferStore, lambda x: x.buffer.same_as(buffer))]
         return all(self.analyzer.can_prove_equal(r, self.rank) for r in ranks)
 
     def dsm_of(self, buffer) -> _DSMBuffer | None:
@@ -740,9 +740,7 @@ def release_slice_starts(func: tirx.PrimFunc) -> tirx.PrimFunc:
                 continue
             first = [b for b in pending if uses(stmt, b)]
             if first:
-                previous = out[-1] if out else None
-                if not (isinstance(previous, tirx.Evaluate) and isinstance(previous.value, tvm.ir.Call)
-                        and previous.value.op.name == "tirx.tvm_storage_sync"):
+                if not (out and is_barrier(out[-1])):
                     out.append(tirx.Evaluate(T.tvm_storage_sync("shared")))
                 pending = [b for b in pending if not any(b.same_as(f) for f in first)]
             out.append(stmt)

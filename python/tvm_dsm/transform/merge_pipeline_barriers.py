@@ -27,15 +27,12 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
+from ..ir import is_barrier
+
 _COMMIT = "async_commit_queue_scope"
 _WAIT = "async_wait_queue_scope"
 _IN_FLIGHT = "async_wait_inflight_count"
 _ASYNC = "async_scope"
-
-
-def _is_sync(stmt) -> bool:
-    return (isinstance(stmt, tirx.Evaluate) and isinstance(stmt.value, tvm.ir.Call)
-            and stmt.value.op.name == "tirx.tvm_storage_sync")
 
 
 def _items(stmt) -> list:
@@ -56,7 +53,7 @@ def _commit_without_barrier(commit: tirx.AttrStmt):
         return None
     first = items[copies[0]]
     inner = _items(first.body)
-    if not _is_sync(inner[0]) or any(_is_sync(s) for s in inner[1:]):
+    if not is_barrier(inner[0]) or any(is_barrier(s) for s in inner[1:]):
         return None
     items[copies[0]] = tirx.AttrStmt(first.node, first.attr_key, first.value, _seq(inner[1:]))
     return tirx.AttrStmt(commit.node, commit.attr_key, commit.value, _seq(items))
@@ -78,7 +75,7 @@ def _merge(items: list) -> list:
                 and int(wait.body.value) >= 2):
             rest = _items(wait.body.body)
             copies = _commit_without_barrier(commit)
-            if copies is not None and _is_sync(rest[0]):
+            if copies is not None and is_barrier(rest[0]):
                 count = wait.body
                 early_wait = tirx.AttrStmt(wait.node, _WAIT, wait.value, tirx.AttrStmt(
                     count.node, _IN_FLIGHT, int(count.value) - 1, rest[0]))
