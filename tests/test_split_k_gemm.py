@@ -17,15 +17,18 @@ from tvm_dsm.workloads.dense import dense
 SMALL = SplitKGemmConfig(cluster_size=2, block_m=64, block_n=64, block_k=32, warps_m=2, warps_n=2, stages=3)
 
 
-@pytest.mark.parametrize("layout", ["nk", "kn"])
-def test_generated_cuda_uses_tensor_cores_async_copies_and_dsm(layout, assemble):
-    source = cuda_source(schedule_split_k_gemm(dense(128, 256, 512, weight_layout=layout), SMALL).mod)
-    for needle in ("ldmatrix", "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+@pytest.mark.parametrize(("layout", "dtype", "ptx_type"),
+                         [("nk", "float16", "f16"), ("kn", "float16", "f16"), ("nk", "bfloat16", "bf16"),
+                          ("kn", "bfloat16", "bf16")])
+def test_generated_cuda_uses_tensor_cores_async_copies_and_dsm(layout, dtype, ptx_type, assemble):
+    func = dense(128, 256, 512, dtype=dtype, weight_layout=layout)
+    source = cuda_source(schedule_split_k_gemm(func, SMALL).mod)
+    for needle in ("ldmatrix", f"mma.sync.aligned.m16n8k16.row.col.f32.{ptx_type}.{ptx_type}.f32",
                    "cp.async.cg.shared.global", "cp.async.wait_group", "mapa.shared::cluster",
                    "ld.shared::cluster.v4.f32", "barrier.cluster.arrive"):
         assert needle in source, needle
     assert source.count("__global__") == 2  # declaration + definition of one fused kernel
-    assemble(source, f"gemm_{layout}")
+    assemble(source, f"gemm_{layout}_{dtype}")
 
 
 def _main_loop_body(source: str) -> str:
@@ -69,7 +72,7 @@ def test_epilogue_is_fused_into_the_reduce_scatter(assemble):
     [
         (dense(8, 256, 512), SMALL, "M=8: the tensor-core GEMM needs M >= 32"),
         (dense(96, 256, 512), SMALL, "M=96 is not a multiple of the 64 tile"),
-        (dense(128, 256, 512, dtype="float32"), SMALL, "supports float16 operands"),
+        (dense(128, 256, 512, dtype="float32"), SMALL, "two float16 or two bfloat16"),
         (dense(128, 256, 512), SplitKGemmConfig(2, 64, 64, 32, 2, 2, stages=2), "at least 3"),
         (dense(128, 256, 512), SplitKGemmConfig(32, 64, 64, 32, 2, 2), "cluster size 32"),
         (dense(128, 256, 256), SplitKGemmConfig(4, 64, 64, 32, 2, 2, stages=3), "cannot fill"),

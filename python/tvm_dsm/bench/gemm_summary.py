@@ -25,10 +25,20 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return 1 - 6 * sum((a - b) ** 2 for a, b in zip(rx, ry)) / (n * (n * n - 1)) if n > 2 else math.nan
 
 
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
+
+
 def summarise(results: dict) -> dict:
     groups = defaultdict(list)
+    bf16 = []  # the planner's pick per shape in bf16, against cuBLAS in bf16
     for row in results["rows"]:
-        groups[(row["shape"], row["m"])].append(row)
+        if row["dtype"] == "bfloat16":
+            bf16.append({"name": row["name"], "ok": row["ok"], "rel_err": row["rel_err"],
+                         "us": row["ours_us"], **row["peers"],
+                         "vs_cublas": row["peers"]["torch_eager"] / row["ours_us"]})
+        else:
+            groups[(row["shape"], row["m"])].append(row)
     shapes = []
     for (label, m), rows in groups.items():
         ours = [r for r in rows if "predicted_us" in r["plan"] and "silu" not in r["name"]]
@@ -61,10 +71,12 @@ def summarise(results: dict) -> dict:
     )
     return {
         "device": results["device"], "date": results["date"], "source": "gemm.json",
-        "geomean_pick_vs_cublas_m_le_256": math.exp(sum(math.log(s["pick_vs_cublas"]) for s in small) / len(small)),
-        "geomean_best_vs_cublas_m_le_256": math.exp(sum(math.log(s["best_vs_cublas"]) for s in small) / len(small)),
+        "geomean_pick_vs_cublas_m_le_256": _geomean([s["pick_vs_cublas"] for s in small]),
+        "geomean_best_vs_cublas_m_le_256": _geomean([s["best_vs_cublas"] for s in small]),
+        "geomean_bf16_pick_vs_cublas": _geomean([r["vs_cublas"] for r in bf16]),
         "ablation_G5b_128x128x64_s3_cluster_us": dict(ablation),
         "shapes": shapes,
+        "bf16": bf16,
     }
 
 
@@ -107,6 +119,8 @@ def main() -> None:
               f"{s['best_us']:7.1f} dlight {s['dlight_us']:7.1f} cuBLAS {s['torch_eager_us']:6.1f} "
               f"compile {s['torch_compile_us']:6.1f} floor {s['floor_us']:6.1f}  "
               f"pick/cuBLAS {s['pick_vs_cublas']:.2f}x rho {s['model_spearman']:.2f}")
+    for r in summary["bf16"]:
+        print(f"{r['name']:>34}: {r['us']:7.1f} cuBLAS {r['torch_eager']:6.1f} ok {r['ok']}")
     print({k: v for k, v in summary.items() if k.startswith(("geomean", "ablation"))})
 
 

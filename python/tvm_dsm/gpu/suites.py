@@ -308,8 +308,8 @@ _SWEEP = [(128, 128, 64, 2, 4, 3), (128, 64, 64, 2, 2, 4), (64, 128, 64, 2, 4, 4
 
 
 def _gemm_variant(label: str, m: int, n: int, k: int, config, plan_rank: int | None,
-                  predicted_us: float, epilogue: bool = False) -> Variant:
-    func = dense(m, n, k, bias=epilogue, activation="silu" if epilogue else "identity")
+                  predicted_us: float, epilogue: bool = False, dtype: str = "float16") -> Variant:
+    func = dense(m, n, k, dtype=dtype, bias=epilogue, activation="silu" if epilogue else "identity")
     args = _args(func)
     c = config
     return Variant(
@@ -353,8 +353,8 @@ def _dlight_variant(label: str, m: int, n: int, k: int) -> Variant:
 
 def gemm() -> list[Variant]:
     """Cluster split-K GEMMs (fp16, fp32 accumulate) on the G/S layers at M = 128 (planner's top
-    picks, a cluster-size sweep, the pick with a fused bias + SiLU epilogue), an M sweep on
-    4096 x 4096, and stock dlight for each."""
+    picks, a cluster-size sweep, the pick with a fused bias + SiLU epilogue, the pick in bf16),
+    an M sweep on 4096 x 4096, and stock dlight for each."""
     variants = []
     hw = load_hardware()
     cases = [(label, 128, n, k) for label, (n, k) in GEMM_SHAPES.items()]
@@ -364,6 +364,10 @@ def gemm() -> list[Variant]:
         for config, (rank, predicted) in configs:
             variants.append(_gemm_variant(label, m, n, k, config, rank, predicted))
         variants.append(_dlight_variant(label, m, n, k))
+        if m in (128, 4096):  # the planner's pick in bf16 (its own row group: "<label>_bf16")
+            config, (rank, predicted) = configs[0]
+            variants.append(_gemm_variant(f"{label}_bf16", m, n, k, config, rank, predicted,
+                                          dtype="bfloat16"))
         if m == 128:  # the planner's pick again with a fused bias + SiLU epilogue
             config, (rank, predicted) = configs[0]
             variants.append(_gemm_variant(label, m, n, k, config, rank, predicted, epilogue=True))

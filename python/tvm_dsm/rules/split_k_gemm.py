@@ -29,6 +29,7 @@ from ..schedule import bind_cluster_nest, bind_rank, check_cluster_size
 from ..schedule.collectives import ROTATE_PEERS_KEY
 from .tensor_core import (
     MMA_STORE_F32_DSM,
+    OPERAND_TYPES,
     PAD,
     TILE,
     VECTOR,
@@ -86,7 +87,7 @@ def find_gemm(sch: s_tir.Schedule) -> tuple[SBlockRV, list[SBlockRV], GemmShape]
     """The function's matmul block, its elementwise consumers (epilogue) and its shape.
 
     ClusterError names what does not fit: the rule needs one (i, j, k) reduction block reading
-    ``X[i, k]`` and ``W[j, k]`` or ``W[k, j]`` in float16, followed only by elementwise blocks.
+    ``X[i, k]`` and ``W[j, k]`` or ``W[k, j]`` in float16 or bfloat16, followed only by elementwise blocks.
     """
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     reductions = [
@@ -104,7 +105,7 @@ def find_gemm(sch: s_tir.Schedule) -> tuple[SBlockRV, list[SBlockRV], GemmShape]
 
 def find_gemm_operands(block: tirx.SBlock) -> tuple[GemmShape, tuple]:
     """Shape and operand buffers ``(X, W)`` of a matmul block ``Y[i, j] += X[i, k] * W[j|k, k|j]``
-    in float16 with float32 accumulation; ClusterError names what differs."""
+    in float16 or bfloat16 with float32 accumulation; ClusterError names what differs."""
     kinds = [int(iv.iter_type) for iv in block.iter_vars]
     if kinds != [tirx.IterVar.DataPar, tirx.IterVar.DataPar, tirx.IterVar.CommReduce]:
         raise ClusterError(f"split-K GEMM expects iterators (i, j, k), got {kinds} in {block.name_hint}")
@@ -121,8 +122,9 @@ def find_gemm_operands(block: tirx.SBlock) -> tuple[GemmShape, tuple]:
     if not weight_nk and not all(a is not None and a.same_as(b) for a, b in zip(w_vars, (k, j))):
         raise ClusterError(f"{block.name_hint}: the second operand must be indexed [j, k] or [k, j]")
     dtypes = {str(x.source.ty.dtype), str(w.source.ty.dtype)}
-    if dtypes != {"float16"}:
-        raise ClusterError(f"split-K GEMM supports float16 operands, got {sorted(dtypes)}")
+    if len(dtypes) != 1 or not dtypes <= OPERAND_TYPES.keys():
+        raise ClusterError(f"split-K GEMM multiplies two float16 or two bfloat16 operands, got "
+                           f"{sorted(dtypes)}")
     return GemmShape(m, n, depth, weight_nk), (x.source, w.source)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import threading
 
+import tvm
 from tvm import s_tir
 from tvm.s_tir import TensorIntrin
 from tvm.s_tir.schedule import LoopRV, SBlockRV
@@ -37,6 +38,28 @@ mma = _import_shallow("tvm.s_tir.tensor_intrin.cuda")
 #: which tvm_dsm.transform.lower_cluster turns into the CTA's own shared-memory stores).
 MMA_STORE_F32_DSM = "tvm_dsm.mma_store_16x16_f32_dsm"
 TensorIntrin.register(MMA_STORE_F32_DSM, *mma.get_mma_store_intrin("float32", 8, DSM_SCOPE, False), override=True)
+
+#: Operand types mma.sync m16n8k16 multiplies into fp32, and PTX's name for each.
+OPERAND_TYPES = {"float16": "fp16", "bfloat16": "bf16"}
+
+
+def _retyped(name: str, dtype: str) -> str:
+    """The fp16 intrinsic ``name`` for another 16-bit operand type, registered on first use.
+    TVM 0.27 ships ldmatrix and mma.sync intrinsics for fp16 only; ldmatrix moves b16 whatever
+    the type, and mma.sync differs only in its operand type name, so the bf16 ones are the fp16
+    ones with the types renamed."""
+    if dtype == "float16":
+        return name
+    retyped = f"tvm_dsm.{name}_{dtype}"
+    if TensorIntrin.get(retyped, allow_missing=True) is None:
+        fp16 = TensorIntrin.get(name)
+        desc, impl = (
+            tvm.script.from_source(f.script().replace('"float16"', f'"{dtype}"')
+                                   .replace('"fp16"', f'"{OPERAND_TYPES[dtype]}"'))
+            for f in (fp16.desc, fp16.impl))
+        TensorIntrin.register(retyped, desc, impl)
+    return retyped
+
 
 TILE = 16  # mma.sync m16n8k16, issued as 16x16x16 by TVM's intrinsics
 VECTOR = 16  # bytes per cp.async and per DSM load
@@ -130,13 +153,14 @@ def tensorize_fragments(sch: s_tir.Schedule, block: SBlockRV, fragment_name: str
     sch.transform_layout(x_frag, ("write", 0), fragment_map)
     sch.transform_layout(w_frag, ("write", 0), fragment_map)
     sch.transform_layout(accumulator, ("read", 0), lambda *idx: (*idx[:-2], *fragment_map(*idx[-2:])))
-    sch.tensorize(x_loop, mma.LDMATRIX_f16_A_DYN_INTRIN)
+    dtype = str(sch.get(x_frag).writes[0].source.ty.dtype)
     if weight_nk:
-        sch.tensorize(w_loop, mma.LDMATRIX_f16_B_TRANS_DYN_INTRIN)
-        sch.tensorize(sch.get_loops(sch.get_sblock(fragment_name))[-3], mma.MMA_f16f16f32_TRANS_B_INTRIN)
+        load_w, multiply = mma.LDMATRIX_f16_B_TRANS_DYN_INTRIN, mma.MMA_f16f16f32_TRANS_B_INTRIN
     else:
-        sch.tensorize(w_loop, mma.LDMATRIX_f16_B_DYN_INTRIN)
-        sch.tensorize(sch.get_loops(sch.get_sblock(fragment_name))[-3], mma.MMA_f16f16f32_INTRIN)
+        load_w, multiply = mma.LDMATRIX_f16_B_DYN_INTRIN, mma.MMA_f16f16f32_INTRIN
+    sch.tensorize(x_loop, _retyped(mma.LDMATRIX_f16_A_DYN_INTRIN, dtype))
+    sch.tensorize(w_loop, _retyped(load_w, dtype))
+    sch.tensorize(sch.get_loops(sch.get_sblock(fragment_name))[-3], _retyped(multiply, dtype))
     sch.tensorize(sch.get_loops(sch.get_sblock(f"{fragment_name}_init"))[-2],
                   mma.MMA_fill_16x16_f32_INTRIN)
     if store_intrin == MMA_STORE_F32_DSM:
