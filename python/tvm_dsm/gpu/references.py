@@ -99,6 +99,13 @@ def _decode_sdpa(q, k, v):
     return out[0, :, 0].float()
 
 
+def _attention(q, k, v):
+    """softmax(q K^T / sqrt(d)) V per head, as a user writes it (softmax in at least fp32)."""
+    scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    p = torch.softmax(scores, -1, dtype=torch.promote_types(scores.dtype, torch.float32))
+    return p.to(v.dtype) @ v
+
+
 def _lm_head_max(h, w, b, seq):
     """Sparton's term weights the way a PyTorch user writes them: the logits materialized."""
     logits = F.linear(h, w, b)
@@ -148,6 +155,11 @@ REFERENCES: dict[str, Reference] = {
         float64=lambda q, k, v: _decode_attention(q.double(), k.double(), v.double()),
         torch_eager=_decode_attention,
         torch_sdpa=_decode_sdpa,
+    ),
+    "attention": Reference(
+        float64=lambda q, k, v: _attention(q.double(), k.double(), v.double()),
+        torch_eager=_attention,
+        torch_sdpa=lambda q, k, v: F.scaled_dot_product_attention(q[None], k[None], v[None])[0],
     ),
     "dense": Reference(
         float64=lambda x, w: x.double() @ w.double().T,

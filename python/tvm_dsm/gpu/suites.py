@@ -26,6 +26,7 @@ from ..rules.fused_chain import find_chain
 from ..workloads.chains import gemm_chain, swiglu_ffn
 from ..rules.collective_kernel import BULK_KINDS, schedule_collective_kernel, schedule_split_sum
 from ..workloads import gemv, row_sum
+from ..rules.attention import AttentionConfig, schedule_attention
 from ..rules.fused_rows import schedule_fused_rows
 from ..transform.cascaded_reductions import fuse_cascaded_reductions
 from ..workloads import cascades as cascade_workloads
@@ -476,5 +477,31 @@ def lm_head() -> list[Variant]:
     return variants
 
 
-SUITES = {"split_k": split_k, "collectives": collectives, "cascades": cascades, "gemm": gemm,
+#: Attention shapes (heads x batch, query length, key length, head dim); the first is the
+#: issue's [128, 16, 512, 64].
+ATTENTION_SHAPES = [(2048, 512, 512, 64), (256, 1024, 1024, 64), (64, 4096, 4096, 64)]
+
+
+def attention() -> list[Variant]:
+    """Attention fused over key tiles on tensor cores (tvm_dsm.rules.attention), key tiles of
+    64 and 128 (64 is the default configuration)."""
+    variants = []
+    for (heads, q_len, kv_len, dim), block_n in itertools.product(ATTENTION_SHAPES, (64, 128)):
+        func = cascade_workloads.attention(heads, q_len, kv_len, dim)
+        config = AttentionConfig(block_n=block_n)
+        args = _args(func)
+        variants.append(Variant(
+            name=f"attention_{heads}x{q_len}x{kv_len}x{dim}_n{block_n}",
+            workload="attention",
+            mod=schedule_attention(func, config).mod,
+            args=args,
+            bytes=_nbytes(args),
+            flops=4 * heads * q_len * kv_len * dim,
+            plan={**vars(config), "default": config == AttentionConfig()},
+            peers=("torch_eager", "torch_compile", "torch_sdpa"),
+        ))
+    return variants
+
+
+SUITES = {"split_k": split_k, "collectives": collectives, "cascades": cascades, "gemm": gemm, "attention": attention,
           "chains": chains, "chains_m": chains_m, "decode": decode, "lm_head": lm_head}

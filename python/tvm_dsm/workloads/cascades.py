@@ -111,3 +111,26 @@ def moe_routing(tokens: int, experts: int, k: int) -> tirx.PrimFunc:
                          name="weights")
     indices = te.compute((tokens, k), lambda i, c: pick(best[k:], i, c), name="indices")
     return te.create_prim_func([x, weights, indices])
+
+
+def attention(heads: int, q_len: int, kv_len: int, dim: int) -> tirx.PrimFunc:
+    """softmax(Q K^T / sqrt(dim)) V per head, as a user writes it: fp16 q [heads, q_len, dim],
+    k and v [heads, kv_len, dim]; scores, max, exp-sum and the weighted sum of V in fp32;
+    output fp16 [heads, q_len, dim]."""
+    q = te.placeholder((heads, q_len, dim), "float16", name="q")
+    k = te.placeholder((heads, kv_len, dim), "float16", name="k")
+    v = te.placeholder((heads, kv_len, dim), "float16", name="v")
+    scale = 1.0 / dim ** 0.5
+    d = te.reduce_axis((0, dim), "d")
+    s = te.compute((heads, q_len, kv_len), lambda h, i, t: te.sum(
+        q[h, i, d].astype("float32") * k[h, t, d].astype("float32") * scale, axis=d), name="s")
+    r = te.reduce_axis((0, kv_len), "mk")
+    mx = te.compute((heads, q_len), lambda h, i: te.max(s[h, i, r], axis=r), name="m")
+    r1 = te.reduce_axis((0, kv_len), "lk")
+    l = te.compute((heads, q_len), lambda h, i: te.sum(te.exp(s[h, i, r1] - mx[h, i]), axis=r1), name="l")
+    r2 = te.reduce_axis((0, kv_len), "ok")
+    o = te.compute((heads, q_len, dim), lambda h, i, c: te.sum(
+        te.exp(s[h, i, r2] - mx[h, i]) * v[h, r2, c].astype("float32"), axis=r2), name="o")
+    out = te.compute((heads, q_len, dim), lambda h, i, c: (o[h, i, c] / l[h, i]).astype("float16"),
+                     name="out")
+    return te.create_prim_func([q, k, v, out])

@@ -1,0 +1,53 @@
+"""Hoist warp-scope fragment buffers above the kernel's ``threadIdx.x`` launch.
+
+TVM's LowerWarpMemory looks for the ``threadIdx.x`` launch *inside* a warp buffer's scope. A
+kernel whose CTA-level blocks (a fused loop's states, set before the loop and read after it)
+are bound to threads gets its launch above that loop, and the mma fragments allocated in the
+loop body fall inside it: LowerWarpMemory stops ("Cannot find warp index"). Fragments are
+registers of one warp either way, so allocating them once per kernel changes nothing else.
+"""
+
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+
+from ..ir import find_all
+
+
+def _is_warp_buffer(stmt) -> bool:
+    return isinstance(stmt, tirx.AllocBuffer) and str(stmt.buffer.ty.storage_scope) == "warp"
+
+
+def _is_lane_launch(stmt) -> bool:
+    return (isinstance(stmt, tirx.AttrStmt) and stmt.attr_key == "thread_extent"
+            and stmt.node.thread_tag == "threadIdx.x")
+
+
+def hoist_warp_buffers(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    launches = find_all(func.body, tirx.AttrStmt, _is_lane_launch)
+    if not launches:
+        return func
+    launch = launches[0]
+    inside = find_all(launch.body, tirx.AllocBuffer, _is_warp_buffer)
+    if not inside:
+        return func
+
+    def drop(seq: tirx.SeqStmt):
+        kept = [s for s in seq.seq if not _is_warp_buffer(s)]
+        if len(kept) == len(seq.seq):
+            return seq
+        return tirx.SeqStmt(kept) if len(kept) > 1 else kept[0]
+
+    body = tvm_ffi.structural_map(launch.body, [(tirx.SeqStmt, drop)])
+    hoisted = tirx.SeqStmt([*inside, tirx.AttrStmt(launch.node, launch.attr_key, launch.value, body)])
+    return func.with_body(tvm_ffi.structural_map(
+        func.body, [(tirx.AttrStmt, lambda n: hoisted if n.same_as(launch) else n)], order="pre"))
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvm_dsm.HoistWarpBuffers")
+def HoistWarpBuffers(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass style
+    """:func:`hoist_warp_buffers` on every PrimFunc of ``mod``."""
+    return tvm.IRModule({gv: hoist_warp_buffers(f) if isinstance(f, tirx.PrimFunc) else f
+                         for gv, f in mod.functions.items()}, attrs=mod.attrs)

@@ -1,0 +1,84 @@
+"""Attention on tensor cores: the proof and shape it is read from, the tile-incremental form
+against float64 (llvm), the generated CUDA, refusals and (GPU) the kernel itself."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+
+from conftest import TARGET, cuda_source
+from tvm_dsm.errors import ClusterError
+from tvm_dsm.rules.attention import (
+    AttentionConfig,
+    find_attention,
+    schedule_attention,
+    tile_incremental_form,
+)
+from tvm_dsm.workloads.cascades import attention, softmax_stats
+
+
+def _reference(q, k, v, scale):
+    s = np.einsum("hid,hkd->hik", q.astype(np.float64), k.astype(np.float64)) * scale
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return (p @ v.astype(np.float64)) / p.sum(-1, keepdims=True)
+
+
+def _inputs(heads, q_len, kv_len, dim):
+    rng = np.random.default_rng()
+    return [(rng.standard_normal(s) * 2).astype(np.float16)
+            for s in ((heads, q_len, dim), (heads, kv_len, dim), (heads, kv_len, dim))]
+
+
+def test_the_shape_and_correction_come_from_the_proof():
+    shape, correction = find_attention(attention(4, 256, 512, 64))
+    assert (shape.heads, shape.q_len, shape.kv_len, shape.dim) == (4, 256, 512, 64)
+    assert shape.scale == pytest.approx(0.125)
+    assert str(correction) == "exp(-y0_new + y0_old)"
+
+
+@pytest.mark.parametrize("block_n", [64, 128])
+def test_tile_incremental_form_matches_float64(block_n):
+    """Several key tiles (the states cross tiles through the ring of two), on the CPU."""
+    heads, q_len, kv_len, dim = 2, 128, 512, 64
+    shape, correction = find_attention(attention(heads, q_len, kv_len, dim))
+    fused = tile_incremental_form(shape, AttentionConfig(block_n=block_n), correction)
+    module = tvm.compile(tvm.IRModule({"main": fused}), target="llvm")
+    q, k, v = _inputs(heads, q_len, kv_len, dim)
+    out = tvm.runtime.tensor(np.full((heads, q_len, dim), np.nan, np.float16))
+    module(*(tvm.runtime.tensor(a) for a in (q, k, v)), out)
+    ref = _reference(q, k, v, shape.scale)
+    assert np.linalg.norm(out.numpy() - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def test_generated_cuda_runs_both_products_on_tensor_cores(assemble):
+    source = cuda_source(schedule_attention(attention(4, 256, 512, 64)).mod)
+    assert source.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") >= 2
+    assert source.count("ldmatrix") >= 4  # Q, K, P, V fragments
+    assert source.count("__global__") == 2  # one fused kernel
+    assemble(source, "attention")
+
+
+@pytest.mark.parametrize(("func", "config", "message"), [
+    (attention(4, 256, 512, 64), AttentionConfig(block_n=32), "multiple of 32"),
+    (attention(4, 200, 512, 64), AttentionConfig(), "not multiples"),
+    (attention(4, 256, 512, 64), AttentionConfig(block_m=64), "one thread per query row"),
+    (softmax_stats(256, 512), AttentionConfig(), "row max and two rescaled sums"),
+])
+def test_unsupported_inputs_get_clear_errors(func, config, message):
+    with pytest.raises(ClusterError, match=message):
+        schedule_attention(func, config)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_n", [64, 128])
+def test_gpu_matches_float64(block_n):
+    heads, q_len, kv_len, dim = 8, 256, 1024, 64
+    func = attention(heads, q_len, kv_len, dim)
+    module = tvm.compile(schedule_attention(func, AttentionConfig(block_n=block_n)).mod, target=TARGET)
+    dev = tvm.cuda(0)
+    q, k, v = _inputs(heads, q_len, kv_len, dim)
+    out = tvm.runtime.tensor(np.full((heads, q_len, dim), np.nan, np.float16), dev)
+    module(*(tvm.runtime.tensor(a, dev) for a in (q, k, v)), out)
+    ref = _reference(q, k, v, find_attention(func)[0].scale)
+    assert np.linalg.norm(out.numpy() - ref) / np.linalg.norm(ref) < 2e-3
