@@ -497,7 +497,7 @@ def attention() -> list[Variant]:
             args=args,
             bytes=_nbytes(args),
             flops=4 * heads * q_len * kv_len * dim,
-            plan={**vars(config), "default": config == AttentionConfig()},
+            plan={**vars(config), "planner": config == AttentionConfig()},  # the default
             peers=("torch_eager", "torch_compile", "torch_sdpa"),
         ))
     return variants

@@ -9,7 +9,7 @@ tile ``t`` of ``block_n`` keys updates each query row's states with the proven c
     S_t = Q K_t^T                     (mma.sync; fp32 tile in shared memory)
     m_{t+1} = max(m_t, max_c scale S_t)
     l_{t+1} = l_t * fix(m_t, m_{t+1}) + sum_c exp(scale S_t - m_{t+1})
-    O += P_t V_t, O = O * fix(m_t, m_{t+1}) + P_t V_t   (P_t = fp16 exp(...); mma.sync)
+    O = O * fix(m_t, m_{t+1}) + P_t V_t      (P_t = fp16 exp(scale S_t - m_{t+1}); mma.sync)
     out = O / l_T
 
 The row states are slot 0 (the identities) then one slot per tile, kept in a ring of two in

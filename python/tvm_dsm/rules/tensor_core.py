@@ -119,7 +119,7 @@ def stage_in_shared(sch: s_tir.Schedule, block: SBlockRV, index: int, at: LoopRV
     sch.bind(tx, "threadIdx.x")
     sch.bind(ty, "threadIdx.y")
     sch.vectorize(vector)
-    def tile_local(*index):  # leading axes (a head, a batch) are fixed within the tile
+    def tile_local(*index):  # leading axes (a head) are fixed within one tile
         a, b = index[-2:] if k_axis == 1 else index[:-3:-1]
         a, b = (a if rows is None else a % rows), b % block_k
         return (a, b) if k_axis == 1 else (b, a)
