@@ -8,13 +8,13 @@ and the HBM floor.
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 from .gemm_summary import plot
+from .results import geomean
 
 _PEERS = {"torch_eager": "torch eager", "torch_compile": "torch.compile", "torch_sdpa": "torch SDPA"}
 
@@ -44,7 +44,7 @@ def summarise(results: dict, source: str) -> dict:
         shapes.append(entry)
     return {
         "device": results["device"], "date": results["date"], "source": source,
-        "geomean_pick_vs_best_peer": math.exp(sum(math.log(s["pick_vs_best_peer"]) for s in shapes) / len(shapes)),
+        "geomean_pick_vs_best_peer": geomean([s["pick_vs_best_peer"] for s in shapes]),
         "shapes": shapes,
     }
 

@@ -12,12 +12,12 @@ sampled configurations) and with the searched plan (the planner's pick)."""
 from __future__ import annotations
 
 import json
-import math
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 from .gemm_summary import plot, spearman
+from .results import geomean
 
 #: Workloads with at least this many measured configurations get a model check.
 _MODEL_CHECK_MIN = 30
@@ -75,13 +75,10 @@ def summarise(results: dict, dense: dict | None = None, source: str = "chains.js
     chains = [s for s in shapes if s["shape"].startswith("G")]
     swiglus = [s for s in shapes if s["shape"].startswith("S")]
 
-    def geomean(items, key):
-        return math.exp(sum(math.log(s[key]) for s in items) / len(items)) if items else None
-
     return {
         "device": results["device"], "date": results["date"], "source": source,
-        "geomean_best_vs_better_peer_gemm_chains": geomean(chains, "best_vs_better_peer"),
-        "geomean_best_vs_better_peer_swiglu": geomean(swiglus, "best_vs_better_peer"),
+        "geomean_best_vs_better_peer_gemm_chains": geomean([s["best_vs_better_peer"] for s in chains]),
+        "geomean_best_vs_better_peer_swiglu": geomean([s["best_vs_better_peer"] for s in swiglus]),
         "ablation": ablation(shapes, dense) if dense else {},
         "shapes": shapes,
     }

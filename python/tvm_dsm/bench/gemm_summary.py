@@ -11,6 +11,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from .results import geomean
+
 
 def spearman(xs: list[float], ys: list[float]) -> float:
     def ranks(v):
@@ -23,10 +25,6 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     rx, ry = ranks(xs), ranks(ys)
     n = len(xs)
     return 1 - 6 * sum((a - b) ** 2 for a, b in zip(rx, ry)) / (n * (n * n - 1)) if n > 2 else math.nan
-
-
-def _geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
 
 
 def summarise(results: dict) -> dict:
@@ -71,9 +69,9 @@ def summarise(results: dict) -> dict:
     )
     return {
         "device": results["device"], "date": results["date"], "source": "gemm.json",
-        "geomean_pick_vs_cublas_m_le_256": _geomean([s["pick_vs_cublas"] for s in small]),
-        "geomean_best_vs_cublas_m_le_256": _geomean([s["best_vs_cublas"] for s in small]),
-        "geomean_bf16_pick_vs_cublas": _geomean([r["vs_cublas"] for r in bf16]),
+        "geomean_pick_vs_cublas_m_le_256": geomean([s["pick_vs_cublas"] for s in small]),
+        "geomean_best_vs_cublas_m_le_256": geomean([s["best_vs_cublas"] for s in small]),
+        "geomean_bf16_pick_vs_cublas": geomean([r["vs_cublas"] for r in bf16]),
         "ablation_G5b_128x128x64_s3_cluster_us": dict(ablation),
         "shapes": shapes,
         "bf16": bf16,

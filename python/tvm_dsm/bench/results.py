@@ -16,6 +16,11 @@ def relative_error(out, ref) -> float:
     return err if math.isfinite(err) else math.inf
 
 
+def geomean(values: list[float]) -> float | None:
+    """Geometric mean of ratios; None (JSON null) for none."""
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
 def new_suite(suite: str, device: str, versions: dict, timing: str) -> dict:
     """The suite header of the results schema (see the project README)."""
     return {

@@ -365,13 +365,12 @@ def gemm() -> list[Variant]:
         for config, (rank, predicted) in configs:
             variants.append(_gemm_variant(label, m, n, k, config, rank, predicted))
         variants.append(_dlight_variant(label, m, n, k))
+        pick, (rank, predicted) = configs[0]
         if m in (128, 4096):  # the planner's pick in bf16 (its own row group: "<label>_bf16")
-            config, (rank, predicted) = configs[0]
-            variants.append(_gemm_variant(f"{label}_bf16", m, n, k, config, rank, predicted,
+            variants.append(_gemm_variant(f"{label}_bf16", m, n, k, pick, rank, predicted,
                                           dtype="bfloat16"))
         if m == 128:  # the planner's pick again with a fused bias + SiLU epilogue
-            config, (rank, predicted) = configs[0]
-            variants.append(_gemm_variant(label, m, n, k, config, rank, predicted, epilogue=True))
+            variants.append(_gemm_variant(label, m, n, k, pick, rank, predicted, epilogue=True))
     return variants
 
 
@@ -503,5 +502,6 @@ def attention() -> list[Variant]:
     return variants
 
 
-SUITES = {"split_k": split_k, "collectives": collectives, "cascades": cascades, "gemm": gemm, "attention": attention,
-          "chains": chains, "chains_m": chains_m, "decode": decode, "lm_head": lm_head}
+SUITES = {"split_k": split_k, "collectives": collectives, "cascades": cascades, "gemm": gemm,
+          "attention": attention, "chains": chains, "chains_m": chains_m, "decode": decode,
+          "lm_head": lm_head}

@@ -75,7 +75,8 @@ def find_attention(func: tirx.PrimFunc) -> tuple[AttentionShape, sympy.Expr]:
     ops = sorted((lvl.op, lvl.form, len(lvl.spatial)) for lvl in group)
     if ops != [("max", "plain", 2), ("sum", "rescale", 2), ("sum", "rescale", 3)]:
         raise ClusterError(f"attention needs a row max and two rescaled sums; got {ops}")
-    corrections = {str(lvl.correction) for lvl in group if lvl.form == "rescale"}
+    rescaled = [lvl for lvl in group if lvl.form == "rescale"]
+    corrections = {str(lvl.correction) for lvl in rescaled}
     if len(corrections) != 1:
         raise ClusterError(f"the sums' corrections differ: {sorted(corrections)}")
     q, k, v, out = func.params
@@ -87,20 +88,11 @@ def find_attention(func: tirx.PrimFunc) -> tuple[AttentionShape, sympy.Expr]:
     dtypes = {str(p.ty.dtype) for p in (q, k, v, out)}
     if dtypes != {"float16"}:
         raise ClusterError(f"attention on tensor cores takes float16 q, k, v and output; got {sorted(dtypes)}")
-    scores = next(b for b in _blocks(func) if b.name_hint == "s")
-    constants = [float(c.value) for c in _float_constants(scores.body)]
+    scores = next(b for b in find_all(func.body, SBlock) if b.name_hint == "s")
+    constants = [float(c.value) for c in find_all(scores.body, tirx.FloatImm, lambda c: float(c.value) != 0.0)]
     if len(constants) != 1:
         raise ClusterError("the scores must be q . k times one constant scale")
-    return AttentionShape(heads, q_len, kv_len, dim, constants[0]), next(
-        lvl.correction for lvl in group if lvl.form == "rescale")
-
-
-def _blocks(func: tirx.PrimFunc) -> list:
-    return find_all(func.body, SBlock)
-
-
-def _float_constants(stmt) -> list:
-    return find_all(stmt, tirx.FloatImm, lambda c: float(c.value) != 0.0)
+    return AttentionShape(heads, q_len, kv_len, dim, constants[0]), rescaled[0].correction
 
 
 def check_config(shape: AttentionShape, c: AttentionConfig) -> None:

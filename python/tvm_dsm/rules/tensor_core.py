@@ -104,23 +104,22 @@ def warp_tile(sch: s_tir.Schedule, i: LoopRV, j: LoopRV, k_loops: list[LoopRV],
     return warp, i_frag, j_frag
 
 
-def stage_in_shared(sch: s_tir.Schedule, block: SBlockRV, index: int, at: LoopRV | None,
-                    warps: int, k_axis: int, block_k: int, rows: int | None = None) -> SBlockRV:
-    """Copy the tile of operand ``index`` that ``at``'s body reads (``at=None``: that the
-    enclosing block reads) into shared memory in 16-byte vectors. The layout keeps only
-    ``k % block_k`` of axis ``k_axis`` of the last two (and ``% rows`` of the other one if
-    given), so the buffer holds one tile whichever step or cluster rank reads it (s_tir sizes
-    buffers over all ranks otherwise), and pads rows against bank conflicts."""
+def stage_in_shared(sch: s_tir.Schedule, block: SBlockRV, index: int, at: LoopRV, warps: int,
+                    k_axis: int, block_k: int, rows: int | None = None) -> SBlockRV:
+    """Copy the tile of operand ``index`` that ``at``'s body reads into shared memory in 16-byte
+    vectors. The layout keeps only ``k % block_k`` of axis ``k_axis`` of the last two (and
+    ``% rows`` of the other one if given), so the buffer holds one tile whichever step or
+    cluster rank reads it (s_tir sizes buffers over all ranks otherwise), and pads rows against
+    bank conflicts."""
     cache = sch.cache_read(block, index, "shared.dyn", consumer_blocks=[block])
-    if at is not None:
-        sch.compute_at(cache, at)
+    sch.compute_at(cache, at)
     fused = sch.fuse(*sch.get_loops(cache)[-2:])
     _, ty, tx, vector = sch.split(fused, [None, warps, 32, VECTOR // 2])
     sch.bind(tx, "threadIdx.x")
     sch.bind(ty, "threadIdx.y")
     sch.vectorize(vector)
     def tile_local(*index):  # leading axes (a head) are fixed within one tile
-        a, b = index[-2:] if k_axis == 1 else index[:-3:-1]
+        a, b = (index[-2], index[-1]) if k_axis == 1 else (index[-1], index[-2])
         a, b = (a if rows is None else a % rows), b % block_k
         return (a, b) if k_axis == 1 else (b, a)
 
