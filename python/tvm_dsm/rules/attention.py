@@ -12,8 +12,9 @@ tile ``t`` of ``block_n`` keys updates each query row's states with the proven c
     O = O * fix(m_t, m_{t+1}) + P_t V_t      (P_t = fp16 exp(scale S_t - m_{t+1}); mma.sync)
     out = O / l_T
 
-The row states are slot 0 (the identities) then one slot per tile, kept in a ring of two in
-shared memory; O stays in registers (each thread owns whole rows). One CTA per ``block_m`` query
+Each row's states are the values after the tiles so far (``M``, ``L``: the identities before
+the first) and after tile ``t`` (``Mn``, ``Ln``), which the tile's last blocks advance into the
+former: per thread scalars in registers, like O (each thread owns whole rows). One CTA per ``block_m`` query
 rows of a head.
 
 Why ``enable_check=False``: s_tir's dataflow checks ("stage pipeline": every read covered by a
@@ -36,7 +37,7 @@ from ..errors import ClusterError
 from ..fusion.cascade import analyze
 from ..fusion.symbolic import ToTIR
 from ..ir import find_all
-from ..pipeline import KEEP_SHARED_BUFFERS
+from ..pipeline import ASYNC_STAGES_KEY, KEEP_SHARED_BUFFERS
 from . import tensor_core as tc
 
 _NEG = -3.0e38  # the max's identity: finite, so exp(identity - m) is 0, never inf - inf
@@ -107,6 +108,12 @@ def check_config(shape: AttentionShape, c: AttentionConfig) -> None:
         # measured wrong on the H100 (rel err 0.49), like the GEMM rule's M = 16.
         raise ClusterError(f"dim={shape.dim} and the {c.block_m} x {c.block_n} tile give warps "
                            f"{per_warp} rows/keys/columns; each needs a multiple of 32")
+    if per_warp[1] != 2 * tc.TILE:
+        # 64 keys per warp (block_n = 128) was measured wrong on the H100 (non-finite rows at
+        # random; 255 registers; correct with ptxas -O1, wrong at nvcc's default -O3), cause
+        # unknown: refused rather than risk a wrong kernel.
+        raise ClusterError(f"block_n={c.block_n}: {per_warp[1]} keys per warp; only 32 "
+                           f"(block_n = {2 * tc.TILE * c.warps_n}) is verified on the H100")
 
 
 def tile_incremental_form(shape: AttentionShape, c: AttentionConfig,
@@ -124,16 +131,18 @@ def tile_incremental_form(shape: AttentionShape, c: AttentionConfig,
         S = T.sblock_alloc_buffer((H, NT, N, BN), "float32")
         P = T.sblock_alloc_buffer((H, NT, N, BN), "float16")
         Ot = T.sblock_alloc_buffer((H, NT, N, D), "float32")
-        M = T.sblock_alloc_buffer((H, N, NT + 1), "float32")
-        L = T.sblock_alloc_buffer((H, N, NT + 1), "float32")
+        M = T.sblock_alloc_buffer((H, N), "float32")  # the states after the tiles so far
+        L = T.sblock_alloc_buffer((H, N), "float32")
+        Mn = T.sblock_alloc_buffer((H, NT, N), "float32")  # ... and after tile t
+        Ln = T.sblock_alloc_buffer((H, NT, N), "float32")
         O = T.sblock_alloc_buffer((H, N, D), "float32")
         for h, it in T.grid(H, N // BM):
             for ii in range(BM):
                 with T.sblock("identity"):
                     vh = T.axis.spatial(H, h)
                     vi = T.axis.spatial(N, it * BM + ii)
-                    M[vh, vi, 0] = T.float32(NEG)
-                    L[vh, vi, 0] = T.float32(0)
+                    M[vh, vi] = T.float32(NEG)
+                    L[vh, vi] = T.float32(0)
             for t in range(NT):
                 for ii, cc, d in T.grid(BM, BN, D):
                     with T.sblock("scores"):
@@ -152,15 +161,15 @@ def tile_incremental_form(shape: AttentionShape, c: AttentionConfig,
                         vi = T.axis.spatial(N, it * BM + ii)
                         vc = T.axis.reduce(BN, cc)
                         with T.init():
-                            M[vh, vi, vt + 1] = M[vh, vi, vt]
-                        M[vh, vi, vt + 1] = T.max(M[vh, vi, vt + 1], S[vh, vt, vi, vc] * T.float32(scale))
+                            Mn[vh, vt, vi] = M[vh, vi]
+                        Mn[vh, vt, vi] = T.max(Mn[vh, vt, vi], S[vh, vt, vi, vc] * T.float32(scale))
                 for ii, cc in T.grid(BM, BN):
                     with T.sblock("probabilities"):
                         vh = T.axis.spatial(H, h)
                         vt = T.axis.spatial(NT, t)
                         vi = T.axis.spatial(N, it * BM + ii)
                         vc = T.axis.spatial(BN, cc)
-                        P[vh, vt, vi, vc] = T.Cast("float16", T.exp(S[vh, vt, vi, vc] * T.float32(scale) - M[vh, vi, vt + 1]))
+                        P[vh, vt, vi, vc] = T.Cast("float16", T.exp(S[vh, vt, vi, vc] * T.float32(scale) - Mn[vh, vt, vi]))
                 for ii, cc in T.grid(BM, BN):
                     with T.sblock("exp_sum"):
                         vh = T.axis.spatial(H, h)
@@ -168,8 +177,8 @@ def tile_incremental_form(shape: AttentionShape, c: AttentionConfig,
                         vi = T.axis.spatial(N, it * BM + ii)
                         vc = T.axis.reduce(BN, cc)
                         with T.init():
-                            L[vh, vi, vt + 1] = L[vh, vi, vt] * fix(M[vh, vi, vt], M[vh, vi, vt + 1])
-                        L[vh, vi, vt + 1] = L[vh, vi, vt + 1] + T.exp(S[vh, vt, vi, vc] * T.float32(scale) - M[vh, vi, vt + 1])
+                            Ln[vh, vt, vi] = L[vh, vi] * fix(M[vh, vi], Mn[vh, vt, vi])
+                        Ln[vh, vt, vi] = Ln[vh, vt, vi] + T.exp(S[vh, vt, vi, vc] * T.float32(scale) - Mn[vh, vt, vi])
                 for ii, e, cc in T.grid(BM, D, BN):
                     with T.sblock("tile_pv"):
                         vh = T.axis.spatial(H, h)
@@ -188,13 +197,25 @@ def tile_incremental_form(shape: AttentionShape, c: AttentionConfig,
                         vt = T.axis.reduce(NT, t)
                         with T.init():
                             O[vh, vi, ve] = T.float32(0)
-                        O[vh, vi, ve] = O[vh, vi, ve] * fix(M[vh, vi, vt], M[vh, vi, vt + 1]) + Ot[vh, vt, vi, ve]
+                        O[vh, vi, ve] = O[vh, vi, ve] * fix(M[vh, vi], Mn[vh, vt, vi]) + Ot[vh, vt, vi, ve]
+                for ii in range(BM):
+                    with T.sblock("advance_max"):
+                        vh = T.axis.spatial(H, h)
+                        vt = T.axis.spatial(NT, t)
+                        vi = T.axis.spatial(N, it * BM + ii)
+                        M[vh, vi] = Mn[vh, vt, vi]
+                for ii in range(BM):
+                    with T.sblock("advance_sum"):
+                        vh = T.axis.spatial(H, h)
+                        vt = T.axis.spatial(NT, t)
+                        vi = T.axis.spatial(N, it * BM + ii)
+                        L[vh, vi] = Ln[vh, vt, vi]
             for ii, e in T.grid(BM, D):
                 with T.sblock("normalize"):
                     vh = T.axis.spatial(H, h)
                     vi = T.axis.spatial(N, it * BM + ii)
                     ve = T.axis.spatial(D, e)
-                    out[vh, vi, ve] = T.Cast("float16", O[vh, vi, ve] / L[vh, vi, NT])
+                    out[vh, vi, ve] = T.Cast("float16", O[vh, vi, ve] / L[vh, vi])
 
     return fused.with_attr(KEEP_SHARED_BUFFERS, True)
 
@@ -219,7 +240,7 @@ def _schedule(sch: s_tir.Schedule, shape: AttentionShape, c: AttentionConfig) ->
     def row_per_thread(name: str) -> None:
         """One thread per query row (``block_m`` = 32 x warps): its states and O in one thread."""
         loops = sch.get_loops(block(name))
-        rows = loops[-1] if name == "identity" else loops[-2]  # else: (rows, columns) innermost
+        rows = loops[-1] if name in ("identity", "advance_max", "advance_sum") else loops[-2]  # else: (rows, columns)
         warp, lane = sch.split(rows, [c.warps, 32])
         sch.bind(warp, "threadIdx.y")
         sch.bind(lane, "threadIdx.x")
@@ -256,12 +277,32 @@ def _schedule(sch: s_tir.Schedule, shape: AttentionShape, c: AttentionConfig) ->
     gemm("scores", cta, True, shape.dim)
     for name in ("identity", "max", "probabilities", "exp_sum"):
         row_per_thread(name)
-    for index in (0, 1):
-        sch.set_scope(block("identity"), index, "shared.dyn")
-        tile(block("identity"), index, lambda h, i, s: (i % c.block_m, s % 2), 0)
+    # The row states stay in the thread that owns the row: registers, no shared memory, so no
+    # barrier inside the row loops (ThreadSync cannot tell rows of one merged buffer apart).
+    row_per_thread("advance_max")
+    row_per_thread("advance_sum")
+    for name, index in (("identity", 0), ("identity", 1), ("max", 0), ("exp_sum", 0)):
+        sch.set_scope(block(name), index, "local")
+        tile(block(name), index, lambda *i: (i[-1] % c.block_m,), 0)
+    for name in ("max", "exp_sum"):
+        sch.unroll(sch.get_loops(block(name))[-1])
     sch.set_scope(block("probabilities"), 0, "shared.dyn")
-    tile(block("probabilities"), 0, rows_of_tile, tc.PAD)
+    lane, columns = sch.get_loops(block("probabilities"))[-2:]
+    row = sch.cache_write(block("probabilities"), 0, "local")  # one 16-byte store per 8 columns
+    tile(row, 0, rows_of_tile, tc.PAD)
+    sch.reverse_compute_at(row, lane)
+    sch.unroll(columns)
+    sch.vectorize(sch.split(sch.get_loops(row)[-1], [None, tc.VECTOR // 2])[1])
     gemm("tile_pv", None, False, c.block_n)
     row_per_thread("weighted_sum")
     row_per_thread("normalize")
     sch.set_scope(block("weighted_sum"), 0, "local")
+    for name in ("weighted_sum", "normalize"):  # O's row in registers
+        sch.unroll(sch.get_loops(block(name))[-1])
+    # Tile t + 1's keys and values load (cp.async) while tile t computes. The key loop's body
+    # as the pipeline pass sees it (nested blocks flattened): K copy; S = Q K^T (fill, mma,
+    # store); max; probabilities (compute, store); exp-sum; V copy; P V (fill, mma, store);
+    # O update; advance M; advance L.
+    sch.annotate(t, "software_pipeline_stage", [0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1])
+    sch.annotate(t, "software_pipeline_order", [0, 2, 3, 4, 5, 6, 7, 8, 1, 9, 10, 11, 12, 13, 14])
+    sch.annotate(t, ASYNC_STAGES_KEY, [0])
