@@ -28,7 +28,7 @@ def _label(rows: list[dict]) -> str:
 def summarise(results: dict, source: str) -> dict:
     groups = defaultdict(list)
     for row in results["rows"]:
-        groups[row["name"].split("_")[0], json.dumps(row["shape"])].append(row)
+        groups[row["name"].split("_")[0], json.dumps(row["shape"]), row.get("causal", False)].append(row)
     shapes = []
     for rows in groups.values():
         label = _label(rows)

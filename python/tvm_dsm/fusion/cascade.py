@@ -157,12 +157,25 @@ class LoadSymbols:
         for n, lvl in enumerate(self.group):
             if load.source.same_as(lvl.output):
                 return sympy.Symbol(f"y{n}", real=True)
-        table = self.x if any(uses(i, self.level.reduce_var) for i in load.indices) else self.c
-        key = str(load)
+        return self._operand(load)
+
+    def opaque(self, expr) -> sympy.Symbol:
+        """A select over the data (a causal mask, say) is one more operand, unless it reads a
+        level's result: then the correction would have to see inside it."""
+        for load in loads(expr):
+            if any(load.source.same_as(lvl.output) for lvl in self.group):
+                raise Unsupported(f"select reading the result of {load.source.name}")
+        return self._operand(expr)
+
+    def _operand(self, expr) -> sympy.Symbol:
+        """x<n> if ``expr`` varies along the reduced axis, else c<n>; one symbol per distinct
+        expression."""
+        table = self.x if uses(expr, self.level.reduce_var) else self.c
+        key = str(expr)
         if key not in table:
             prefix = "x" if table is self.x else "c"
             table[key] = sympy.Symbol(f"{prefix}{len(table)}", real=True)
-            self.loads[table[key].name] = load
+            self.loads[table[key].name] = expr
         return table[key]
 
 

@@ -33,7 +33,9 @@ _FLOAT_BITS = {"float64": 64, "float32": 32, "float16": 16, "bfloat16": 16}
 
 
 class ToSympy:
-    """Translate a TIR expression; ``leaf`` names each buffer load (or returns None to reject it).
+    """Translate a TIR expression; ``leaf`` names each buffer load (or returns None to reject it)
+    and, through its ``opaque`` method, each select (a mask: one more operand as far as the proof
+    is concerned, or Unsupported if it reads a level's result).
 
     ``rounding_casts`` collects casts to a narrower float type: the fused form rounds at other
     points than the unfused one, so a group containing them is only approximately equal.
@@ -70,8 +72,12 @@ class ToSympy:
             if _FLOAT_BITS.get(target, 64) < _FLOAT_BITS.get(source, 0) or target.startswith("float8"):
                 self.rounding_casts.append(f"{source} -> {target}")
             return self(e.value)
+        if isinstance(e, tirx.Select):
+            return self.leaf.opaque(e)
         if isinstance(e, tvm.ir.Call):
             name = e.op.name
+            if name.endswith("if_then_else"):  # prim.if_then_else in TVM 0.27
+                return self.leaf.opaque(e)
             if name in _UNARY and len(e.args) == 1:
                 return _UNARY[name](self(e.args[0]))
             if name == "tirx.pow":

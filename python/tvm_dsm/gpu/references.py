@@ -99,9 +99,13 @@ def _decode_sdpa(q, k, v):
     return out[0, :, 0].float()
 
 
-def _attention(q, k, v):
-    """softmax(q K^T / sqrt(d)) V per head, as a user writes it (softmax in at least fp32)."""
+def _attention(q, k, v, causal: bool = False):
+    """softmax(q K^T / sqrt(d)) V per head, as a user writes it (softmax in at least fp32);
+    ``causal``: query i sees keys t <= i."""
     scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    if causal:
+        hidden = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).triu(1)
+        scores = scores.masked_fill(hidden, float("-inf"))
     p = torch.softmax(scores, -1, dtype=torch.promote_types(scores.dtype, torch.float32))
     return p.to(v.dtype) @ v
 
@@ -157,9 +161,10 @@ REFERENCES: dict[str, Reference] = {
         torch_sdpa=_decode_sdpa,
     ),
     "attention": Reference(
-        float64=lambda q, k, v: _attention(q.double(), k.double(), v.double()),
+        float64=lambda q, k, v, causal=False: _attention(q.double(), k.double(), v.double(), causal),
         torch_eager=_attention,
-        torch_sdpa=lambda q, k, v: F.scaled_dot_product_attention(q[None], k[None], v[None])[0],
+        torch_sdpa=lambda q, k, v, causal=False: F.scaled_dot_product_attention(
+            q[None], k[None], v[None], is_causal=causal)[0],
     ),
     "dense": Reference(
         float64=lambda x, w: x.double() @ w.double().T,

@@ -107,7 +107,8 @@ def _time_peers(kernel: dict, sets: list[list[torch.Tensor]]) -> dict[str, float
     if "torch_compile" in peers:
         contenders["torch_compile"] = torch.compile(eager)
     if "torch_sdpa" in peers:
-        contenders["torch_sdpa"] = REFERENCES[kernel["workload"]].torch_sdpa
+        sdpa = REFERENCES[kernel["workload"]].torch_sdpa
+        contenders["torch_sdpa"] = lambda *inputs: sdpa(*inputs, **kwargs)
     inputs = [_split(kernel, s)[0] for s in sets]
     return {
         name: graph_time_us(lambda i, fn=fn: fn(*inputs[i]), len(sets))
@@ -127,7 +128,7 @@ def run_kernel(folder: Path, kernel: dict, peer_cache: dict, hbm_bw: float, tria
     sets = _random_inputs(kernel["args"], input_sets_for(kernel["bytes"]))
     wrapped = [[tvm_ffi.from_dlpack(t) for t in s] for s in sets]
     ours = graph_time_us(lambda i: func(*wrapped[i]), len(sets))
-    key = (kernel["workload"], json.dumps(kernel["args"]))
+    key = (kernel["workload"], json.dumps(kernel["args"]), json.dumps(kernel.get("reference_kwargs", {})))
     if key not in peer_cache:
         peer_cache[key] = _time_peers(kernel, sets)
     return {

@@ -483,21 +483,23 @@ ATTENTION_SHAPES = [(2048, 512, 512, 64), (256, 1024, 1024, 64), (64, 4096, 4096
 
 def attention() -> list[Variant]:
     """Attention fused over key tiles on tensor cores (tvm_dsm.rules.attention), the default
-    configuration (key tiles of 64; the only one verified on the H100)."""
+    configuration (key tiles of 64; the only one verified on the H100), plain and causal."""
     variants = []
-    for heads, q_len, kv_len, dim in ATTENTION_SHAPES:
-        func = cascade_workloads.attention(heads, q_len, kv_len, dim)
+    for (heads, q_len, kv_len, dim), causal in itertools.product(ATTENTION_SHAPES, (False, True)):
+        func = cascade_workloads.attention(heads, q_len, kv_len, dim, causal)
         config = AttentionConfig()
         args = _args(func)
         variants.append(Variant(
-            name=f"attention_{heads}x{q_len}x{kv_len}x{dim}_n{config.block_n}",
+            name=f"attention_{heads}x{q_len}x{kv_len}x{dim}{'_causal' if causal else ''}_n{config.block_n}",
             workload="attention",
             mod=schedule_attention(func, config).mod,
             args=args,
             bytes=_nbytes(args),
-            flops=4 * heads * q_len * kv_len * dim,
+            flops=4 * heads * q_len * kv_len * dim // (2 if causal else 1),  # the keys seen
             plan={**vars(config), "planner": config == AttentionConfig()},  # the default
             peers=("torch_eager", "torch_compile", "torch_sdpa"),
+            reference_kwargs={"causal": True} if causal else {},
+            extra={"causal": causal},
         ))
     return variants
 

@@ -29,8 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import sympy
+import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir import SBlock
+from tvm.sym import Analyzer
 from tvm.script import tirx as T
 
 from ..errors import ClusterError
@@ -50,6 +52,7 @@ class AttentionShape:
     kv_len: int
     dim: int
     scale: float
+    causal: bool = False  # query i sees keys t <= i
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,37 @@ def find_attention(func: tirx.PrimFunc) -> tuple[AttentionShape, sympy.Expr]:
     constants = [float(c.value) for c in find_all(scores.body, tirx.FloatImm, lambda c: float(c.value) != 0.0)]
     if len(constants) != 1:
         raise ClusterError("the scores must be q . k times one constant scale")
-    return AttentionShape(heads, q_len, kv_len, dim, constants[0]), rescaled[0].correction
+    shape = AttentionShape(heads, q_len, kv_len, dim, constants[0], _is_causal(func))
+    return shape, rescaled[0].correction
+
+
+def _is_causal(func: tirx.PrimFunc) -> bool:
+    """Whether the scores are masked before the softmax; ClusterError for a mask other than
+    PyTorch's ``is_causal`` (key t visible to query i iff t <= i, the others -inf)."""
+    masks = [b.body for b in find_all(func.body, SBlock)
+             if isinstance(b.body, tirx.BufferStore) and _select_parts(b.body.value)]
+    if not masks:
+        return False
+    if len(masks) > 1:
+        raise ClusterError(f"attention takes one mask on the scores; found {len(masks)}")
+    cond, _, hidden = _select_parts(masks[0].value)
+    _, i, t = masks[0].indices
+    analyzer = Analyzer()
+    causal = (analyzer.can_prove(tirx.Or(tirx.Not(cond), t <= i))
+              and analyzer.can_prove(tirx.Or(cond, i < t)))
+    if not causal or not (isinstance(hidden, tirx.FloatImm) and hidden.value == float("-inf")):
+        raise ClusterError(f"only the causal mask (key t <= query i, others -inf) is supported; "
+                           f"got {masks[0].value}")
+    return True
+
+
+def _select_parts(value) -> tuple | None:
+    """(condition, kept, hidden) of a select or if_then_else, else None."""
+    if isinstance(value, tirx.Select):
+        return value.condition, value.true_value, value.false_value
+    if isinstance(value, tvm.ir.Call) and value.op.name.endswith("if_then_else"):
+        return tuple(value.args)
+    return None
 
 
 def check_config(shape: AttentionShape, c: AttentionConfig) -> None:
@@ -124,6 +157,12 @@ def tile_incremental_form(shape: AttentionShape, c: AttentionConfig,
 
     def fix(old, new):
         return ToTIR({"y0_old": old, "y0_new": new}, "float32")(correction)
+
+    def scaled(S, vh, vt, vi, vc):  # the scaled score, -inf where the causal mask hides the key
+        score = S[vh, vt, vi, vc] * T.float32(scale)
+        if not shape.causal:
+            return score
+        return T.if_then_else(vt * BN + vc <= vi, score, T.float32(float("-inf")))
 
     @T.prim_func(s_tir=True)
     def fused(q: T.Buffer((H, N, D), "float16"), k: T.Buffer((H, KV, D), "float16"),
@@ -162,14 +201,14 @@ def tile_incremental_form(shape: AttentionShape, c: AttentionConfig,
                         vc = T.axis.reduce(BN, cc)
                         with T.init():
                             Mn[vh, vt, vi] = M[vh, vi]
-                        Mn[vh, vt, vi] = T.max(Mn[vh, vt, vi], S[vh, vt, vi, vc] * T.float32(scale))
+                        Mn[vh, vt, vi] = T.max(Mn[vh, vt, vi], scaled(S, vh, vt, vi, vc))
                 for ii, cc in T.grid(BM, BN):
                     with T.sblock("probabilities"):
                         vh = T.axis.spatial(H, h)
                         vt = T.axis.spatial(NT, t)
                         vi = T.axis.spatial(N, it * BM + ii)
                         vc = T.axis.spatial(BN, cc)
-                        P[vh, vt, vi, vc] = T.Cast("float16", T.exp(S[vh, vt, vi, vc] * T.float32(scale) - Mn[vh, vt, vi]))
+                        P[vh, vt, vi, vc] = T.Cast("float16", T.exp(scaled(S, vh, vt, vi, vc) - Mn[vh, vt, vi]))
                 for ii, cc in T.grid(BM, BN):
                     with T.sblock("exp_sum"):
                         vh = T.axis.spatial(H, h)
@@ -178,7 +217,7 @@ def tile_incremental_form(shape: AttentionShape, c: AttentionConfig,
                         vc = T.axis.reduce(BN, cc)
                         with T.init():
                             Ln[vh, vt, vi] = L[vh, vi] * fix(M[vh, vi], Mn[vh, vt, vi])
-                        Ln[vh, vt, vi] = Ln[vh, vt, vi] + T.exp(S[vh, vt, vi, vc] * T.float32(scale) - Mn[vh, vt, vi])
+                        Ln[vh, vt, vi] = Ln[vh, vt, vi] + T.exp(scaled(S, vh, vt, vi, vc) - Mn[vh, vt, vi])
                 for ii, e, cc in T.grid(BM, D, BN):
                     with T.sblock("tile_pv"):
                         vh = T.axis.spatial(H, h)

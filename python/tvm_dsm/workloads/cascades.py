@@ -113,10 +113,11 @@ def moe_routing(tokens: int, experts: int, k: int) -> tirx.PrimFunc:
     return te.create_prim_func([x, weights, indices])
 
 
-def attention(heads: int, q_len: int, kv_len: int, dim: int) -> tirx.PrimFunc:
+def attention(heads: int, q_len: int, kv_len: int, dim: int, causal: bool = False) -> tirx.PrimFunc:
     """softmax(Q K^T / sqrt(dim)) V per head, as a user writes it: fp16 q [heads, q_len, dim],
     k and v [heads, kv_len, dim]; scores, max, exp-sum and the weighted sum of V in fp32;
-    output fp16 [heads, q_len, dim]."""
+    output fp16 [heads, q_len, dim]. ``causal``: query i sees keys t <= i (PyTorch's
+    ``is_causal``), the others' scores set to -inf."""
     q = te.placeholder((heads, q_len, dim), "float16", name="q")
     k = te.placeholder((heads, kv_len, dim), "float16", name="k")
     v = te.placeholder((heads, kv_len, dim), "float16", name="v")
@@ -124,6 +125,10 @@ def attention(heads: int, q_len: int, kv_len: int, dim: int) -> tirx.PrimFunc:
     d = te.reduce_axis((0, dim), "d")
     s = te.compute((heads, q_len, kv_len), lambda h, i, t: te.sum(
         q[h, i, d].astype("float32") * k[h, t, d].astype("float32") * scale, axis=d), name="s")
+    if causal:
+        scores = s
+        s = te.compute((heads, q_len, kv_len), lambda h, i, t: te.if_then_else(
+            t <= i, scores[h, i, t], tirx.const(float("-inf"), "float32")), name="masked")
     r = te.reduce_axis((0, kv_len), "mk")
     mx = te.compute((heads, q_len), lambda h, i: te.max(s[h, i, r], axis=r), name="m")
     r1 = te.reduce_axis((0, kv_len), "lk")
