@@ -116,6 +116,28 @@ def _lm_head_max(h, w, b, seq):
     return torch.log1p(torch.relu(logits)).view(-1, seq, w.shape[0]).amax(1).float()
 
 
+def _scaled_mm(xq, wq, sx, sw):
+    """torch's fp8 GEMM with row-wise scales (cuBLASLt on the H100)."""
+    return torch._scaled_mm(xq, wq.t(), scale_a=sx[:, None].contiguous(),
+                            scale_b=sw[None, :].contiguous(), out_dtype=torch.float16)
+
+
+def _quantize(x):
+    """Per-token e4m3 quantization as tvm_dsm.workloads.dense.quantized_dense defines it."""
+    sx = x.abs().amax(1).float().clamp(min=1e-12) / 448.0
+    return (x.float() / sx[:, None]).to(torch.float8_e4m3fn), sx
+
+
+def _quantized_dense(x, wq, sw):
+    xq, sx = _quantize(x)
+    return _scaled_mm(xq, wq, sx, sw)
+
+
+def _quantized_dense_float64(x, wq, sw):
+    xq, sx = _quantize(x)
+    return (xq.double() @ wq.double().T) * sx.double()[:, None] * sw.double()[None, :]
+
+
 def _split_sum(a: torch.Tensor, clusters_per_group: int) -> torch.Tensor:
     k = clusters_per_group  # O[g] = sum of the tiles of the group's k clusters x S CTAs
     return a.reshape(a.shape[0] // k, k * a.shape[1], a.shape[2]).sum(1)
@@ -186,6 +208,11 @@ REFERENCES: dict[str, Reference] = {
         float64=lambda h, w, b, seq: _lm_head_max(h.double(), w.double(), b.double(), seq),
         torch_eager=_lm_head_max,
     ),
+    "scaled_dense": Reference(
+        float64=lambda xq, wq, sx, sw: (xq.double() @ wq.double().T) * sx.double()[:, None] * sw.double()[None, :],
+        torch_eager=_scaled_mm,
+    ),
+    "quantized_dense": Reference(float64=_quantized_dense_float64, torch_eager=_quantized_dense),
     "split_sum": Reference(
         float64=lambda a, clusters_per_group: _split_sum(a.double(), clusters_per_group),
         torch_eager=lambda a, clusters_per_group: _split_sum(a.float(), clusters_per_group),

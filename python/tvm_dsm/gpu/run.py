@@ -31,7 +31,8 @@ from .references import REFERENCES
 
 #: Relative error bounds against float64: bf16 outputs carry 8 mantissa bits (unit roundoff
 #: 2^-8), so their bound is that roundoff, not the fp16 one.
-TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 2 ** -8}
+TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 2 ** -8,
+             "float8_e4m3fn": 2e-3}  # exact fp8 products, fp32 sums, fp16 output
 
 
 def measure_hbm_bandwidth() -> float:
@@ -60,6 +61,8 @@ def _random_inputs(args: list[dict], n_sets: int) -> list[list[torch.Tensor]]:
             if a["output"]:  # poisoned: NaN, or the most negative integer (never an index)
                 poison = torch.iinfo(dtype).min if not dtype.is_floating_point else float("nan")
                 tensors.append(torch.full(a["shape"], poison, dtype=dtype, device="cuda"))
+            elif a.get("positive"):  # scales: uniform in [0.5, 1.5)
+                tensors.append((torch.rand(a["shape"], device="cuda") + 0.5).to(dtype))
             else:
                 # "scale" (a weight's 1/sqrt(fan_in)) keeps deep chains inside fp16's range.
                 tensors.append((torch.randn(a["shape"], device="cuda") * a.get("scale", 1.0)).to(dtype))

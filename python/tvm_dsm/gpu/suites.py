@@ -15,7 +15,8 @@ from ..hardware import load_hardware
 from ..planners.split_k_gemm import plan_split_k_gemm
 from ..rules import SplitKReductionConfig, schedule_split_k_reduction
 from ..rules.split_k_gemm import GemmShape, SplitKGemmConfig, schedule_split_k_gemm
-from ..workloads.dense import dense
+from ..workloads.dense import dense, quantized_dense, scaled_dense
+from ..rules.quantized_gemm import schedule_quantized_gemm
 from ..errors import ClusterError
 from ..planners.cascade_split import plan_cascade_split
 from ..planners.fused_chain import plan_chain, schedule_chain
@@ -504,6 +505,41 @@ def attention() -> list[Variant]:
     return variants
 
 
+#: FP8 shapes (M, N, K): the issues' 4096 x 4096 layer at M = 128 and 4096, and two LLM layers.
+FP8_SHAPES = [(128, 4096, 4096), (4096, 4096, 4096), (128, 14336, 4096), (128, 4096, 14336)]
+
+
+def fp8() -> list[Variant]:
+    """fp8 e4m3 GEMMs with per-token and per-channel scales (tvm_dsm.rules.split_k_gemm) and
+    per-token FP8 quantization fused into them (tvm_dsm.rules.quantized_gemm): the planner's
+    top 3 configurations per shape."""
+    hw = load_hardware()
+    variants = []
+    for (m, n, k), quantized in itertools.product(FP8_SHAPES, (False, True)):
+        if not quantized and (m, n, k) not in FP8_SHAPES[:2]:
+            continue
+        func = quantized_dense(m, n, k) if quantized else scaled_dense(m, n, k)
+        schedule = schedule_quantized_gemm if quantized else schedule_split_k_gemm
+        args = _args(func)
+        for a in args:  # scales: positive, around 1
+            a["positive"] = a["dtype"] == "float32"
+        plans = plan_split_k_gemm(GemmShape(m, n, k, True, "float8_e4m3fn"), hw, quantized)
+        for rank, plan in enumerate(plans[:3]):
+            c = plan.config
+            variants.append(Variant(
+                name=f"{'quant_' if quantized else ''}fp8_{m}x{n}x{k}_c{c.cluster_size}_"
+                f"{c.block_m}x{c.block_n}x{c.block_k}_s{c.stages}",
+                workload="quantized_dense" if quantized else "scaled_dense",
+                mod=schedule(func, c).mod,
+                args=args,
+                bytes=_nbytes(args),
+                flops=2 * m * n * k,
+                plan={**vars(c), "plan_rank": rank, "planner": rank == 0, "predicted_us": plan.predicted_us},
+                extra={"m": m, "n": n, "k": k, "quantized": quantized},
+            ))
+    return variants
+
+
 SUITES = {"split_k": split_k, "collectives": collectives, "cascades": cascades, "gemm": gemm,
           "attention": attention, "chains": chains, "chains_m": chains_m, "decode": decode,
-          "lm_head": lm_head}
+          "lm_head": lm_head, "fp8": fp8}

@@ -22,6 +22,9 @@ from tvm import s_tir, tirx
 
 from ..errors import ClusterError
 from ..hardware import Hardware, load_hardware
+from ..rules.quantized_gemm import check_quantized_config
+from ..rules.quantized_gemm import shared_bytes as quantized_shared_bytes
+from ..rules.tensor_core import element_bytes
 from ..rules.split_k_gemm import (
     GemmShape,
     SplitKGemmConfig,
@@ -32,6 +35,7 @@ from ..rules.split_k_gemm import (
 from .report import Plan
 
 #: Dense fp16 mma.sync throughput of an H100 SXM (FLOP/s); wgmma's 990 T is out of its reach.
+#: fp8 (m16n8k32) doubles it.
 MMA_SYNC_PEAK = 660e12
 #: Bytes in flight one SM needs to sustain its share of HBM bandwidth (Little's law with the
 #: measured ~700-cycle HBM latency at 2.8 TB/s over 132 SMs is ~15 KB; pipelines overlap less
@@ -56,6 +60,7 @@ class GemmPlan(Plan):
     config: SplitKGemmConfig
     ctas: int
     resident: int  # CTAs per SM
+    smem: int  # bytes of dynamic shared memory per CTA
 
     def summary(self) -> str:
         c = self.config
@@ -64,17 +69,24 @@ class GemmPlan(Plan):
         return (
             f"cluster split-K GEMM: {c.block_m}x{c.block_n}x{c.block_k} tiles, {c.stages}-stage "
             f"cp.async pipeline, {c.warps_m}x{c.warps_n} warps; {split}; {self.ctas} CTAs, "
-            f"{self.resident} per SM, {c.shared_bytes()} B SMEM each"
+            f"{self.resident} per SM, {self.smem} B SMEM each"
         )
 
 
-def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> GemmPlan:
-    """Bytes per level and predicted time of one (valid) configuration."""
+def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
+            quantized: bool = False) -> GemmPlan:
+    """Bytes per level and predicted time of one (valid) configuration. ``quantized``: X
+    arrives in fp16 and is read twice per column of tiles (row max, then the main loop), see
+    :mod:`tvm_dsm.rules.quantized_gemm`."""
     c, s = config, config.cluster_size
+    elem = element_bytes(shape.dtype)
+    # Bytes per element of X from HBM, and through L2 per column of tiles.
+    x_hbm, x_l2 = (2, 4) if quantized else (elem, elem)
     tiles_m, tiles_n = shape.m // c.block_m, shape.n // c.block_n
     ctas = tiles_m * tiles_n * s
+    smem = quantized_shared_bytes(c) if quantized else c.shared_bytes(shape.dtype)
     resident = max(1, min(
-        hw.smem_per_sm // c.shared_bytes(),
+        hw.smem_per_sm // smem,
         hw.regs_per_sm // (c.threads * _REGISTERS_PER_THREAD),
         32 // c.warps,
     ))
@@ -84,16 +96,16 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> GemmPla
     busy_sms = min(hw.sm_count, math.ceil(ctas / waves))
     per_sm = math.ceil(ctas / waves / hw.sm_count)
     # Bandwidth the busy SMs can pull: bytes in flight per SM over the HBM latency.
-    tile_bytes = (c.block_m + c.block_n) * c.block_k * 2
+    tile_bytes = (c.block_m + c.block_n) * c.block_k * elem
     in_flight = min(per_sm * (c.stages - 2) * tile_bytes, _BYTES_IN_FLIGHT_PER_SM)
     pull = busy_sms / hw.sm_count * in_flight / _BYTES_IN_FLIGHT_PER_SM
     tail = waves / (ctas / slots) if ctas > slots else 1.0
     # Row tiles run one after another (the grid walks a row of tiles first): W comes from HBM
     # again for each row of tiles unless they all run at once or W stays in L2.
-    w_reads = tiles_m if ctas > slots and shape.n * shape.k * 2 > hw.l2_bytes else 1
+    w_reads = tiles_m if ctas > slots and shape.n * shape.k * elem > hw.l2_bytes else 1
     traffic = {
-        "hbm": (shape.m * shape.k + w_reads * shape.n * shape.k + shape.m * shape.n) * 2,
-        "l2": (tiles_n * shape.m * shape.k + tiles_m * shape.n * shape.k) * 2,
+        "hbm": shape.m * shape.k * x_hbm + w_reads * shape.n * shape.k * elem + shape.m * shape.n * 2,
+        "l2": tiles_n * shape.m * shape.k * x_l2 + tiles_m * shape.n * shape.k * elem,
         "dsm": ctas * c.block_m * c.block_n * 4 * (s - 1) // s if s > 1 else 0,
     }
     flops = 2 * shape.m * shape.n * shape.k
@@ -102,7 +114,7 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> GemmPla
         "hbm": traffic["hbm"] / (hw.hbm_bw * min(1.0, pull)) * tail,
         "l2": traffic["l2"] / hw.l2_bw * tail,
         "dsm": traffic["dsm"] / hw.dsm_bw(s) if s > 1 else 0.0,
-        "mma": flops / (MMA_SYNC_PEAK * min(1.0, busy_sms / hw.sm_count)) * tail,
+        "mma": flops / (MMA_SYNC_PEAK * 2 // elem * min(1.0, busy_sms / hw.sm_count)) * tail,
         "pipeline": k_steps * waves * LOADED_LATENCY_S / (c.stages - 2),
     }
     fill = (c.stages - 1) * hw.latency_ns["hbm"] * 1e-9 * waves  # pipeline fill per wave
@@ -112,29 +124,32 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> GemmPla
     total = (max(seconds["hbm"], seconds["l2"], seconds["mma"], seconds["pipeline"])
              + seconds["dsm"] + seconds["latency"])
     return GemmPlan(bytes=traffic, seconds=seconds, predicted_us=total * 1e6, config=config,
-                    ctas=ctas, resident=resident)
+                    ctas=ctas, resident=resident, smem=smem)
 
 
-def candidate_configs(shape: GemmShape) -> list[SplitKGemmConfig]:
-    """Every configuration of the family that is valid for ``shape`` (the pruned design space)."""
+def candidate_configs(shape: GemmShape, quantized: bool = False) -> list[SplitKGemmConfig]:
+    """Every configuration of the family that is valid for ``shape`` (the pruned design space);
+    ``quantized``: valid for the fused per-token quantization too."""
+    check = check_quantized_config if quantized else check_config
     configs = []
+    depths = (64, 128) if element_bytes(shape.dtype) == 1 else (64,)  # 128-byte rows for fp8 too
     for s, bm, bn, bk, stages in itertools.product(
-        (1, 2, 4, 8, 16), (16, 32, 64, 128), (64, 128, 256), (64,), (3, 4)
+        (1, 2, 4, 8, 16), (16, 32, 64, 128), (64, 128, 256), depths, (3, 4)
     ):
         warps_m = 2 if bm >= 64 else 1
         warps_n = 4 if bn >= 128 else 2
         config = SplitKGemmConfig(s, bm, bn, bk, warps_m, warps_n, stages)
         try:
-            check_config(shape, config)
+            check(shape, config)
         except ClusterError:
             continue
         configs.append(config)
     return configs
 
 
-def plan_split_k_gemm(shape: GemmShape, hw: Hardware) -> list[GemmPlan]:
-    """All valid configurations, best predicted first."""
-    plans = [predict(shape, c, hw) for c in candidate_configs(shape)]
+def plan_split_k_gemm(shape: GemmShape, hw: Hardware, quantized: bool = False) -> list[GemmPlan]:
+    """All valid configurations, best predicted first (``quantized``: see :func:`predict`)."""
+    plans = [predict(shape, c, hw, quantized) for c in candidate_configs(shape, quantized)]
     if not plans:
         raise ClusterError(
             f"no cluster split-K GEMM configuration fits {shape.m}x{shape.n}x{shape.k} "

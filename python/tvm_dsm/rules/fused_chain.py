@@ -35,7 +35,7 @@ from tvm.s_tir.schedule import SBlockRV
 from ..errors import ClusterError
 from ..schedule import bind_cluster_nest, check_cluster_size
 from ..transform.cluster_launch import MAX_SMEM_PER_CTA
-from .split_k_gemm import SplitKGemmConfig, find_gemm_operands, split_k_main_loops, sum_partials
+from .split_k_gemm import GemmShape, SplitKGemmConfig, find_gemm_operands, split_k_main_loops, sum_partials
 from .tensor_core import (
     PAD,
     TILE,
@@ -262,7 +262,7 @@ def apply_fused_chain(sch: s_tir.Schedule, blocks: ChainBlocks, shape: ChainShap
         rank, pi, pj, pk = sch.get_loops(partial)[-4:]
         partial, fragment0 = blockize_fragments(sch, partial, [rank], pi, pj, pk)
         main_loops.append((partial, fragment0, *sch.get_loops(partial)[-4:]))
-    split_k_main_loops(sch, main_loops, True, c.main_loop())
+    split_k_main_loops(sch, main_loops, GemmShape(shape.m, shape.n, shape.k, True), c.main_loop())
     _schedule_all_exchange(sch, blocks, c)
 
     caches = fragment_caches(sch, gemm1, j, sch.get_loops(gemm1)[1])

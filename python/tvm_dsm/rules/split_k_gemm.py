@@ -29,11 +29,14 @@ from ..schedule import bind_cluster_nest, bind_rank, check_cluster_size
 from ..schedule.collectives import ROTATE_PEERS_KEY
 from .tensor_core import (
     MMA_STORE_F32_DSM,
+    FP8,
     OPERAND_TYPES,
-    PAD,
     TILE,
     VECTOR,
     blockize_fragments,
+    element_bytes,
+    k_tile,
+    pad,
     fragment_caches,
     stage_in_shared,
     tensorize_fragments,
@@ -61,21 +64,23 @@ class SplitKGemmConfig:
     def threads(self) -> int:
         return 32 * self.warps
 
-    def shared_bytes(self, elem_bytes: int = 2) -> int:
+    def shared_bytes(self, dtype: str = "float16") -> int:
         """Dynamic shared memory per CTA: the operand pipeline or the fp32 partial tile, which
         takes the pipeline's bytes once the main loop is done (release_slice_starts)."""
-        operands = (self.block_m + self.block_n) * (self.block_k + PAD) * elem_bytes
+        operands = (self.block_m + self.block_n) * (self.block_k + pad(dtype)) * element_bytes(dtype)
         return max(self.stages * operands, self.block_m * self.block_n * 4)
 
 
 @dataclass(frozen=True)
 class GemmShape:
-    """What the rule found in the function: ``m x n x k``, ``W`` stored ``[n, k]`` or ``[k, n]``."""
+    """What the rule found in the function: ``m x n x k``, ``W`` stored ``[n, k]`` or ``[k, n]``,
+    both operands of type ``dtype``."""
 
     m: int
     n: int
     k: int
     weight_nk: bool
+    dtype: str = "float16"
 
 
 def _index_vars(region) -> list:
@@ -105,7 +110,8 @@ def find_gemm(sch: s_tir.Schedule) -> tuple[SBlockRV, list[SBlockRV], GemmShape]
 
 def find_gemm_operands(block: tirx.SBlock) -> tuple[GemmShape, tuple]:
     """Shape and operand buffers ``(X, W)`` of a matmul block ``Y[i, j] += X[i, k] * W[j|k, k|j]``
-    in float16 or bfloat16 with float32 accumulation; ClusterError names what differs."""
+    in float16, bfloat16 or float8_e4m3fn with float32 accumulation; ClusterError names what
+    differs."""
     kinds = [int(iv.iter_type) for iv in block.iter_vars]
     if kinds != [tirx.IterVar.DataPar, tirx.IterVar.DataPar, tirx.IterVar.CommReduce]:
         raise ClusterError(f"split-K GEMM expects iterators (i, j, k), got {kinds} in {block.name_hint}")
@@ -123,9 +129,13 @@ def find_gemm_operands(block: tirx.SBlock) -> tuple[GemmShape, tuple]:
         raise ClusterError(f"{block.name_hint}: the second operand must be indexed [j, k] or [k, j]")
     dtypes = {str(x.source.ty.dtype), str(w.source.ty.dtype)}
     if len(dtypes) != 1 or not dtypes <= OPERAND_TYPES.keys():
-        raise ClusterError(f"split-K GEMM multiplies two float16 or two bfloat16 operands, got "
-                           f"{sorted(dtypes)}")
-    return GemmShape(m, n, depth, weight_nk), (x.source, w.source)
+        raise ClusterError(f"split-K GEMM multiplies two operands of one type among "
+                           f"{sorted(OPERAND_TYPES)}, got {sorted(dtypes)}")
+    dtype = dtypes.pop()
+    if dtype == FP8 and not weight_nk:
+        raise ClusterError(f"{block.name_hint}: fp8 GEMMs need the weight stored [n, k] (ldmatrix "
+                           "cannot transpose 8-bit elements); got [k, n]")
+    return GemmShape(m, n, depth, weight_nk, dtype), (x.source, w.source)
 
 
 def check_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
@@ -141,13 +151,14 @@ def check_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
             raise ClusterError(f"{what}={extent} is not a multiple of the {tile} tile")
     if shape.k % (s * c.block_k):
         raise ClusterError(f"K={shape.k} is not a multiple of cluster {s} x block_k {c.block_k}")
-    if c.block_m % (TILE * c.warps_m) or c.block_n % (TILE * c.warps_n) or c.block_k % TILE:
-        raise ClusterError(f"tiles {c.block_m}x{c.block_n}x{c.block_k} do not split into 16x16 "
-                           f"fragments over {c.warps_m}x{c.warps_n} warps")
+    depth = k_tile(shape.dtype)
+    if c.block_m % (TILE * c.warps_m) or c.block_n % (TILE * c.warps_n) or c.block_k % depth:
+        raise ClusterError(f"tiles {c.block_m}x{c.block_n}x{c.block_k} do not split into 16x16x"
+                           f"{depth} fragments over {c.warps_m}x{c.warps_n} warps")
     if c.block_m % s or (c.block_m // s * c.block_n) % (c.threads * 4):
         raise ClusterError(f"the {c.block_m}x{c.block_n} tile does not scatter over {s} CTAs "
                            f"in 16-byte vectors of {c.threads} threads")
-    lanes = VECTOR // 2
+    lanes = VECTOR // element_bytes(shape.dtype)
     for rows in (c.block_m, c.block_n):
         if (rows * c.block_k) % (c.threads * lanes):
             raise ClusterError(f"a {rows}x{c.block_k} operand tile is not a whole number of "
@@ -158,8 +169,8 @@ def check_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
     if shape.k // (s * c.block_k) < c.stages:
         raise ClusterError(f"a CTA's {shape.k // (s * c.block_k)} K steps cannot fill a "
                            f"{c.stages}-stage pipeline")
-    if c.shared_bytes() > MAX_SMEM_PER_CTA:
-        raise ClusterError(f"{c.shared_bytes()} B of shared memory per CTA exceeds the "
+    if c.shared_bytes(shape.dtype) > MAX_SMEM_PER_CTA:
+        raise ClusterError(f"{c.shared_bytes(shape.dtype)} B of shared memory per CTA exceeds the "
                            f"{MAX_SMEM_PER_CTA} B an H100 CTA may use")
 
 
@@ -204,34 +215,50 @@ def apply_split_k_gemm(
     p_i, p_j, p_rank, p_k = sch.get_loops(partial)
     partial, fragment = blockize_fragments(sch, partial, [p_rank], p_i, p_j, p_k)
     sch.compute_at(partial, cluster, preserve_unit_loops=True)
-    split_k_main_loops(sch, [(partial, fragment, *sch.get_loops(partial)[-4:])], shape.weight_nk, c)
+    split_k_main_loops(sch, [(partial, fragment, *sch.get_loops(partial)[-4:])], shape, c)
     _schedule_reduce_scatter(sch, block, output, c)
 
 
-def split_k_main_loops(sch: s_tir.Schedule, partials: list[tuple], weight_nk: bool,
-                      config: SplitKGemmConfig) -> None:
+def split_k_main_loops(sch: s_tir.Schedule, partials: list[tuple], shape: GemmShape,
+                      config: SplitKGemmConfig, quantize: SBlockRV | None = None) -> None:
     """Schedule blockized partial-product blocks, each given as ``(block, fragment name, rank,
     i, j, k)`` (loops over the rank owning a K slice, then fragment rows, columns and depth), as
     one CTA's pipelined tensor-core main loop over its K slice per block, each ending with its
     fp32 partial tile stored into its DSM slice. Several blocks (a gated chain's gate and up
     GEMMs) run one after the other; every operand cache is placed before any rank loop is bound,
-    because s_tir's compute_at rejects a scope with a rank-bound producer."""
+    because s_tir's compute_at rejects a scope with a rank-bound producer.
+
+    ``quantize``: the elementwise block producing the (single) GEMM's X from a wider input (fp8
+    quantization): X's tiles then arrive in the input's type by cp.async and are quantized in
+    shared memory one step before their fragments are loaded."""
     c = config
     loops = []
     for partial, _, rank, i, j, k in partials:
-        k_step, k_frag = sch.split(k, [None, c.block_k // TILE])
+        k_step, k_frag = sch.split(k, [None, c.block_k // k_tile(shape.dtype)])
         warp, _, _ = warp_tile(sch, i, j, [k_step, k_frag], c.warps_m, c.warps_n)
-        for index, k_axis in ((0, 1), (1, 1 if weight_nk else 0)):
-            stage_in_shared(sch, partial, index, k_step, c.warps, k_axis, c.block_k)
+        x_tile = stage_in_shared(sch, partial, 0, k_step, c.warps, 1, c.block_k)
+        stage_in_shared(sch, partial, 1, k_step, c.warps, 1 if shape.weight_nk else 0, c.block_k)
+        if quantize is not None:
+            sch.compute_inline(quantize)  # X's tile is computed from the input's tile
+            # Quantized 4 at a time: CUDA has float4 and fp8x4 types, no 16-wide ones.
+            sch.vectorize(sch.split(sch.get_loops(x_tile)[-1], [None, 4])[1])
+            stage_in_shared(sch, x_tile, 0, k_step, c.warps, 1, c.block_k)
         loops.append((k_step, k_frag, fragment_caches(sch, partial, k_frag, warp)))
     for (partial, fragment, rank, *_), (k_step, k_frag, caches) in zip(partials, loops):
         bind_rank(sch, rank)  # after the operand caches: their region is one CTA's K slice
-        tensorize_fragments(sch, partial, fragment, caches, k_step, weight_nk, MMA_STORE_F32_DSM)
+        tensorize_fragments(sch, partial, fragment, caches, k_step, shape.weight_nk,
+                            MMA_STORE_F32_DSM)
         # Software pipeline: operand tiles stages-1 K steps ahead (cp.async), fragments one
         # 16-wide K step ahead. The outer body is [X tile, W tile, then the inner pipeline's
-        # prologue, body and epilogue].
-        sch.annotate(k_step, "software_pipeline_stage", [0, 0, c.stages - 2, c.stages - 1, c.stages - 1])
-        sch.annotate(k_step, "software_pipeline_order", [0, 1, 3, 2, 4])
+        # prologue, body and epilogue]; a quantized X adds its input tile (first, stage 0) and
+        # the quantization (second, with the fragment prologue).
+        last = c.stages - 1
+        if quantize is None:
+            stages, order = [0, 0, last - 1, last, last], [0, 1, 3, 2, 4]
+        else:
+            stages, order = [0, last - 1, 0, last - 1, last, last], [0, 3, 1, 4, 2, 5]
+        sch.annotate(k_step, "software_pipeline_stage", stages)
+        sch.annotate(k_step, "software_pipeline_order", order)
         sch.annotate(k_step, ASYNC_STAGES_KEY, [0])
         sch.annotate(k_frag, "software_pipeline_stage", [0, 0, 1])
         sch.annotate(k_frag, "software_pipeline_order", [0, 1, 2])
@@ -243,19 +270,21 @@ def _schedule_reduce_scatter(sch, block, output, c: SplitKGemmConfig) -> None:
 
 
 def sum_partials(sch: s_tir.Schedule, blocks: list[SBlockRV], output: SBlockRV,
-                 loops: list[tuple[LoopRV, LoopRV, LoopRV]], warps: int) -> None:
+                 loops: list[tuple[LoopRV, LoopRV, LoopRV]], warps: int,
+                 in_registers: bool = True) -> None:
     """Schedule the blocks summing the cluster's partial tiles (each with its ``(rows, cols,
     peers)`` loops) and ``output``, the epilogue reading the sums: each thread sums 4 fp32
     columns over the peers (one ld.shared::cluster.v4 per peer, all in flight, starting at its
     own rank) and computes ``output`` from the sums in registers. Several blocks (a gated
-    chain's gate and up) share their thread loops, so the epilogue sees all sums at once."""
+    chain's gate and up) share their thread loops, so the epilogue sees all sums at once.
+
+    ``in_registers=False`` keeps the sums in shared memory and gives ``output`` its own thread
+    loops (same shape): for an epilogue that also reads a block s_tir cannot move into the
+    sums' thread loop (one computed at the cluster loop, such as a row scale)."""
     threads, inner = [], []
     for block, (rows, cols, peers) in zip(blocks, loops):
-        sch.set_scope(block, 0, "local")
-        # The (32, warps) thread shape of the main loop: UnifyThreadBinding needs equal
-        # extents. Vectors split off the columns first, so a vector never straddles two rows.
-        cols, vector = sch.split(cols, [None, 4])
-        outer, warp, thread = sch.split(sch.fuse(rows, cols), [None, warps, 32])
+        sch.set_scope(block, 0, "local" if in_registers else "shared.dyn")
+        outer, warp, thread, vector = _over_threads(sch, rows, cols, warps)
         sch.reorder(outer, warp, thread, peers, vector)
         threads.append(thread)
         inner.append((peers, vector))
@@ -264,10 +293,23 @@ def sum_partials(sch: s_tir.Schedule, blocks: list[SBlockRV], output: SBlockRV,
     _, warp, thread = sch.get_loops(blocks[0])[-5:-2]  # (outer, warp, thread, peers, vector)
     sch.bind(warp, "threadIdx.y")
     sch.bind(thread, "threadIdx.x")
-    sch.reverse_compute_at(output, thread)
+    if in_registers:
+        sch.reverse_compute_at(output, thread)
+    else:
+        _, warp, thread, _ = _over_threads(sch, *sch.get_loops(output)[-2:], warps)
+        sch.bind(warp, "threadIdx.y")
+        sch.bind(thread, "threadIdx.x")
     sch.vectorize(sch.get_loops(output)[-1])
     for block, (peers, vector) in zip(blocks, inner):
         sch.annotate(peers, ROTATE_PEERS_KEY, 1)
         sch.vectorize(vector)  # before decompose_reduction: vectorize needs a reduction block
         sch.unroll(peers)
         sch.decompose_reduction(block, peers)
+
+
+def _over_threads(sch: s_tir.Schedule, rows: LoopRV, cols: LoopRV, warps: int) -> list[LoopRV]:
+    """(outer, warp, lane, vector of 4 columns) over a tile's ``rows x cols``: the (32, warps)
+    thread shape of the main loop (UnifyThreadBinding needs equal extents). Vectors split off
+    the columns first, so a vector never straddles two rows."""
+    cols, vector = sch.split(cols, [None, 4])
+    return [*sch.split(sch.fuse(rows, cols), [None, warps, 32]), vector]

@@ -13,10 +13,11 @@ import importlib
 import threading
 
 import tvm
-from tvm import s_tir
+from tvm import s_tir, tirx
 from tvm.s_tir import TensorIntrin
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 
+from ..errors import ClusterError
 from ..schedule import place_in_dsm
 from ..schedule.dsm import DSM_SCOPE
 
@@ -39,8 +40,27 @@ mma = _import_shallow("tvm.s_tir.tensor_intrin.cuda")
 MMA_STORE_F32_DSM = "tvm_dsm.mma_store_16x16_f32_dsm"
 TensorIntrin.register(MMA_STORE_F32_DSM, *mma.get_mma_store_intrin("float32", 8, DSM_SCOPE, False), override=True)
 
-#: Operand types mma.sync m16n8k16 multiplies into fp32, and PTX's name for each.
-OPERAND_TYPES = {"float16": "fp16", "bfloat16": "bf16"}
+#: Operand types mma.sync multiplies into fp32, and PTX's name for each.
+OPERAND_TYPES = {"float16": "fp16", "bfloat16": "bf16", "float8_e4m3fn": "e4m3"}
+FP8 = "float8_e4m3fn"
+
+TILE = 16  # fragment rows and columns: mma.sync m16n8kK issued as 16x16xK by TVM's intrinsics
+VECTOR = 16  # bytes per cp.async and per DSM load
+PAD = 8  # fp16 elements of padding per shared row: ldmatrix rows land in different banks
+
+
+def element_bytes(dtype: str) -> int:
+    return 1 if dtype == FP8 else 2
+
+
+def k_tile(dtype: str) -> int:
+    """The K depth of one mma.sync: 16 for 16-bit operands (m16n8k16), 32 for fp8 (m16n8k32)."""
+    return 32 // element_bytes(dtype)
+
+
+def pad(dtype: str) -> int:
+    """Padding per shared row in elements of ``dtype``: 16 bytes, as for fp16."""
+    return PAD * 2 // element_bytes(dtype)
 
 
 def _retyped(name: str, dtype: str) -> str:
@@ -61,9 +81,21 @@ def _retyped(name: str, dtype: str) -> str:
     return retyped
 
 
-TILE = 16  # mma.sync m16n8k16, issued as 16x16x16 by TVM's intrinsics
-VECTOR = 16  # bytes per cp.async and per DSM load
-PAD = 8  # fp16 elements of padding per shared row: ldmatrix rows land in different banks
+#: ldmatrix of fp8 A [m, k] and B [n, k] tiles from dynamic shared memory (TVM 0.27 registers
+#: the fp8 ones for static shared memory only). ldmatrix cannot transpose 8-bit elements, so fp8
+#: needs K-contiguous operands: X [m, k] and W [n, k].
+LDMATRIX_FP8_A_DYN = "tvm_dsm.mma_ldmatrix_e4m3_a_dyn"
+LDMATRIX_FP8_B_TRANS_DYN = "tvm_dsm.mma_ldmatrix_e4m3_b_trans_dyn"
+TensorIntrin.register(LDMATRIX_FP8_A_DYN, *mma.get_ldmatrix_intrin(32, FP8, "A", False, "shared.dyn"),
+                      override=True)
+TensorIntrin.register(LDMATRIX_FP8_B_TRANS_DYN,
+                      *mma.get_ldmatrix_intrin(32, FP8, "B", True, "shared.dyn"), override=True)
+
+
+def operand_dtype(block: tirx.SBlock) -> str:
+    """The element type of the first buffer ``block`` reads besides the one it writes."""
+    written = block.writes[0].source
+    return next(str(r.source.ty.dtype) for r in block.reads if not r.source.same_as(written))
 
 
 def fragment_map(i, j):
@@ -71,11 +103,16 @@ def fragment_map(i, j):
     return (i // TILE, j // TILE, *mma.shared_16x16_to_ldmatrix_32x8_layout(i % TILE, j % TILE))
 
 
-def fragment_tile(sch: s_tir.Schedule, block: SBlockRV) -> LoopRV:
-    """Tile the block's two innermost loops into 16x16 fragments; the fragment's row loop."""
+def fp8_fragment_map(i, j):
+    """Shared 16x32 fp8 tile (rows of A, or of B stored [n, k]) -> mma.sync m16n8k32's layout."""
+    return (i // TILE, j // 32, *mma.shared_16x32_to_ldmatrix_32x16_layout(i % TILE, j % 32))
+
+
+def fragment_tile(sch: s_tir.Schedule, block: SBlockRV, cols_tile: int = TILE) -> LoopRV:
+    """Tile the block's two innermost loops into 16 x ``cols_tile`` fragments; the row loop."""
     rows, cols = sch.get_loops(block)[-2:]
     rows, rows_in = sch.split(rows, [None, TILE])
-    cols, cols_in = sch.split(cols, [None, TILE])
+    cols, cols_in = sch.split(cols, [None, cols_tile])
     sch.reorder(rows, cols, rows_in, cols_in)
     return rows_in
 
@@ -86,7 +123,7 @@ def blockize_fragments(sch: s_tir.Schedule, block: SBlockRV, outer: list[LoopRV]
     Returns the block over fragments and the name of the per-fragment block inside it."""
     i, i_tc = sch.split(i, [None, TILE])
     j, j_tc = sch.split(j, [None, TILE])
-    k, k_tc = sch.split(k, [None, TILE])
+    k, k_tc = sch.split(k, [None, k_tile(operand_dtype(sch.get(block)))])
     sch.reorder(*outer, i, j, k, i_tc, j_tc, k_tc)
     name = sch.get(block).name_hint
     return sch.blockize(i_tc), name
@@ -114,7 +151,8 @@ def stage_in_shared(sch: s_tir.Schedule, block: SBlockRV, index: int, at: LoopRV
     cache = sch.cache_read(block, index, "shared.dyn", consumer_blocks=[block])
     sch.compute_at(cache, at)
     fused = sch.fuse(*sch.get_loops(cache)[-2:])
-    _, ty, tx, vector = sch.split(fused, [None, warps, 32, VECTOR // 2])
+    dtype = str(sch.get(cache).writes[0].source.ty.dtype)
+    _, ty, tx, vector = sch.split(fused, [None, warps, 32, VECTOR // element_bytes(dtype)])
     sch.bind(tx, "threadIdx.x")
     sch.bind(ty, "threadIdx.y")
     sch.vectorize(vector)
@@ -124,7 +162,7 @@ def stage_in_shared(sch: s_tir.Schedule, block: SBlockRV, index: int, at: LoopRV
         return (a, b) if k_axis == 1 else (b, a)
 
     sch.transform_layout(cache, ("write", 0), tile_local, assume_injective_transform=True)
-    sch.storage_align(cache, 0, axis=-2, factor=32, offset=PAD)
+    sch.storage_align(cache, 0, axis=-2, factor=32, offset=pad(dtype))
     return cache
 
 
@@ -147,23 +185,36 @@ def tensorize_fragments(sch: s_tir.Schedule, block: SBlockRV, fragment_name: str
     """ldmatrix, mma.sync, the accumulator fill (before ``init_at``) and ``store_intrin`` for the
     fragment caches; an accumulator stored to DSM is placed there."""
     x_frag, w_frag, accumulator = caches
+    dtype = str(sch.get(x_frag).writes[0].source.ty.dtype)
     accumulator_loop = fragment_tile(sch, accumulator)
     sch.decompose_reduction(block, init_at)
-    x_loop = fragment_tile(sch, x_frag)
-    w_loop = fragment_tile(sch, w_frag)
-    sch.transform_layout(x_frag, ("write", 0), fragment_map)
-    sch.transform_layout(w_frag, ("write", 0), fragment_map)
+    x_loop = fragment_tile(sch, x_frag, k_tile(dtype))
+    w_loop = fragment_tile(sch, w_frag, k_tile(dtype) if weight_nk else TILE)
+    operand_map = fp8_fragment_map if dtype == FP8 else fragment_map
+    sch.transform_layout(x_frag, ("write", 0), operand_map)
+    sch.transform_layout(w_frag, ("write", 0), operand_map)
     sch.transform_layout(accumulator, ("read", 0), lambda *idx: (*idx[:-2], *fragment_map(*idx[-2:])))
-    dtype = str(sch.get(x_frag).writes[0].source.ty.dtype)
-    if weight_nk:
-        load_w, multiply = mma.LDMATRIX_f16_B_TRANS_DYN_INTRIN, mma.MMA_f16f16f32_TRANS_B_INTRIN
-    else:
-        load_w, multiply = mma.LDMATRIX_f16_B_DYN_INTRIN, mma.MMA_f16f16f32_INTRIN
-    sch.tensorize(x_loop, _retyped(mma.LDMATRIX_f16_A_DYN_INTRIN, dtype))
-    sch.tensorize(w_loop, _retyped(load_w, dtype))
-    sch.tensorize(sch.get_loops(sch.get_sblock(fragment_name))[-3], _retyped(multiply, dtype))
+    load_x, load_w, multiply = _operand_intrinsics(dtype, weight_nk)
+    sch.tensorize(x_loop, load_x)
+    sch.tensorize(w_loop, load_w)
+    sch.tensorize(sch.get_loops(sch.get_sblock(fragment_name))[-3], multiply)
     sch.tensorize(sch.get_loops(sch.get_sblock(f"{fragment_name}_init"))[-2],
                   mma.MMA_fill_16x16_f32_INTRIN)
     if store_intrin == MMA_STORE_F32_DSM:
         place_in_dsm(sch, accumulator, 0)
     sch.tensorize(accumulator_loop, store_intrin)
+
+
+def _operand_intrinsics(dtype: str, weight_nk: bool) -> tuple[str, str, str]:
+    """(ldmatrix of X, ldmatrix of W, mma.sync) for ``dtype`` operands and W's layout."""
+    if dtype == FP8:
+        if not weight_nk:
+            raise ClusterError("fp8 GEMMs need the weight stored [n, k]: ldmatrix cannot "
+                               "transpose 8-bit elements")
+        return LDMATRIX_FP8_A_DYN, LDMATRIX_FP8_B_TRANS_DYN, mma.MMA_e4m3e4m3f32_TRANS_B_INTRIN
+    if weight_nk:
+        load_w, multiply = mma.LDMATRIX_f16_B_TRANS_DYN_INTRIN, mma.MMA_f16f16f32_TRANS_B_INTRIN
+    else:
+        load_w, multiply = mma.LDMATRIX_f16_B_DYN_INTRIN, mma.MMA_f16f16f32_INTRIN
+    return (_retyped(mma.LDMATRIX_f16_A_DYN_INTRIN, dtype), _retyped(load_w, dtype),
+            _retyped(multiply, dtype))

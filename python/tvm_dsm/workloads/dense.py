@@ -29,16 +29,7 @@ def dense(
     out_dtype = out_dtype or dtype
     x = te.placeholder((m, k), dtype, name="X")
     w = te.placeholder((n, k) if weight_layout == "nk" else (k, n), dtype, name="W")
-    r = te.reduce_axis((0, k), name="k")
-
-    def weight(j, kk):
-        return w[j, kk] if weight_layout == "nk" else w[kk, j]
-
-    acc = te.compute(
-        (m, n),
-        lambda i, j: te.sum(x[i, r].astype("float32") * weight(j, r).astype("float32"), axis=r),
-        name="acc",
-    )
+    acc = matmul(x, w, weight_layout)
     params = [x, w]
     if bias:
         b = te.placeholder((n,), dtype, name="bias")
@@ -49,3 +40,55 @@ def dense(
     act = ACTIVATIONS[activation]
     y = te.compute((m, n), lambda i, j: act(biased[i, j]).astype(out_dtype), name="Y")
     return te.create_prim_func([*params, y])
+
+
+def matmul(x: te.Tensor, w: te.Tensor, weight_layout: str = "nk") -> te.Tensor:
+    """``acc[i, j] = sum_k X[i, k] * W[j, k]`` (or ``W[k, j]``) in float32."""
+    (m, k), n = x.shape, w.shape[0] if weight_layout == "nk" else w.shape[1]
+    r = te.reduce_axis((0, k), name="k")
+
+    def weight(j, kk):
+        return w[j, kk] if weight_layout == "nk" else w[kk, j]
+
+    return te.compute(
+        (m, n),
+        lambda i, j: te.sum(x[i, r].astype("float32") * weight(j, r).astype("float32"), axis=r),
+        name="acc",
+    )
+
+
+def scaled_dense(m: int, n: int, k: int, dtype: str = "float8_e4m3fn",
+                 out_dtype: str = "float16") -> tirx.PrimFunc:
+    """``Y = (Xq @ Wq^T) * sx[i] * sw[j]``: a GEMM on quantized operands (fp8 e4m3 by default)
+    with per-token scales ``sx[m]`` and per-channel scales ``sw[n]`` (float32), as
+    ``torch._scaled_mm`` computes it with row-wise scales."""
+    x = te.placeholder((m, k), dtype, name="Xq")
+    w = te.placeholder((n, k), dtype, name="Wq")
+    sx = te.placeholder((m,), "float32", name="sx")
+    sw = te.placeholder((n,), "float32", name="sw")
+    acc = matmul(x, w)
+    y = te.compute((m, n), lambda i, j: (acc[i, j] * sx[i] * sw[j]).astype(out_dtype), name="Y")
+    return te.create_prim_func([x, w, sx, sw, y])
+
+
+#: Largest finite float8_e4m3fn: per-token quantization maps each row's max |x| onto it.
+FP8_MAX = 448.0
+
+
+def quantized_dense(m: int, n: int, k: int, out_dtype: str = "float16") -> tirx.PrimFunc:
+    """Per-token FP8 quantization of ``X`` followed by the scaled fp8 GEMM, as a user writes it:
+    ``amax[i] = max_k |X[i, k]|``, ``sx = amax / 448``, ``Xq = e4m3(X / sx)``, then
+    ``Y = (Xq @ Wq^T) * sx[i] * sw[j]`` with ``Wq`` quantized per output channel beforehand
+    (scales ``sw``). A cascaded reduction: the GEMM's K loop reads the row max over the same K."""
+    x = te.placeholder((m, k), "float16", name="X")
+    w = te.placeholder((n, k), "float8_e4m3fn", name="Wq")
+    sw = te.placeholder((n,), "float32", name="sw")
+    r = te.reduce_axis((0, k), name="k")
+    amax = te.compute((m,), lambda i: te.max(te.abs(x[i, r].astype("float32")), axis=r), name="amax")
+    tiny = tirx.const(1e-12, "float32")  # an all-zero row quantizes to zeros, not NaN
+    sx = te.compute((m,), lambda i: tirx.max(amax[i], tiny) / tirx.const(FP8_MAX, "float32"), name="sx")
+    xq = te.compute((m, k), lambda i, kk: (x[i, kk].astype("float32") / sx[i]).astype("float8_e4m3fn"),
+                    name="Xq")
+    acc = matmul(xq, w)
+    y = te.compute((m, n), lambda i, j: (acc[i, j] * sx[i] * sw[j]).astype(out_dtype), name="Y")
+    return te.create_prim_func([x, w, sw, y])

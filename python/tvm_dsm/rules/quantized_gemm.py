@@ -1,0 +1,173 @@
+"""Per-token FP8 quantization fused into the cluster split-K GEMM, the rounding honoured.
+
+``amax[i] = max_k |X[i, k]|; Xq = e4m3(X / (amax / 448)); Y = (Xq @ Wq^T) * sx[i] * sw[j]`` is a
+cascaded reduction (the GEMM's K loop reads the row max over the same K). RedFuser fuses it into
+one loop by quantizing each K tile with the running max and rescaling the accumulator, which
+rounds differently from the function (early tiles use a smaller scale). This rule computes the
+function exactly, in one kernel with two passes over each CTA's K slice:
+
+1. the row max: CTA r of a cluster takes the max of its K slice of the tile's rows (lanes along
+   K, coalesced, then over the lanes in shared memory), publishes it in its DSM slice, and every
+   CTA combines the S slices after the cluster barrier: the exact per-token max;
+2. the GEMM main loop of :mod:`tvm_dsm.rules.split_k_gemm`, where X's fp16 tiles arrive by
+   cp.async and are quantized in shared memory one pipeline step before their fp8 fragments
+   feed ``mma.sync.m16n8k32.e4m3``; the reduce-scatter's epilogue applies both scales.
+
+The second read of the slice mostly hits L2 (X is M x K fp16, re-read by every column of tiles).
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir.schedule import SBlockRV
+
+from ..errors import ClusterError
+from ..schedule import bind_cluster_nest, bind_rank, place_in_dsm
+from .split_k_gemm import (
+    GemmShape,
+    SplitKGemmConfig,
+    check_config,
+    find_gemm_operands,
+    split_k_main_loops,
+    sum_partials,
+)
+from ..transform.cluster_launch import MAX_SMEM_PER_CTA
+from .tensor_core import FP8, VECTOR, blockize_fragments, pad
+
+
+def find_quantized_gemm(sch: s_tir.Schedule) -> tuple[list[SBlockRV], GemmShape]:
+    """The blocks ``[row max, scale, quantize, GEMM, epilogue...]`` and the GEMM's shape;
+    ClusterError names the part of the pattern that differs."""
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    names = [sch.get(b).name_hint for b in blocks]
+    if len(blocks) < 5:
+        raise ClusterError(f"a quantized GEMM is row max, scale, quantize, GEMM, epilogue; got {names}")
+    row_max, scale, quantize, gemm = (sch.get(b) for b in blocks[:4])
+    shape, (xq, _) = find_gemm_operands(gemm)
+    if shape.dtype != FP8 or not xq.same_as(quantize.writes[0].source):
+        raise ClusterError(f"{names[3]} must multiply the fp8 output of {names[2]} by an fp8 weight")
+    kinds = [int(iv.iter_type) for iv in row_max.iter_vars]
+    if kinds != [tirx.IterVar.DataPar, tirx.IterVar.CommReduce] or not isinstance(row_max.body.value, tirx.Max):
+        raise ClusterError(f"{names[0]} must be a max over K per row")
+    (source,) = {r.source for r in row_max.reads if not r.source.same_as(row_max.writes[0].source)}
+    quantize_reads = {r.source for r in quantize.reads}
+    if source not in quantize_reads or scale.writes[0].source not in quantize_reads:
+        raise ClusterError(f"{names[2]} must quantize the input of {names[0]} by {names[1]}")
+    if str(source.ty.dtype) != "float16":
+        raise ClusterError(f"the quantized input must be float16, got {source.ty.dtype}")
+    return list(blocks), shape
+
+
+def shared_bytes(config: SplitKGemmConfig) -> int:
+    """Dynamic shared memory per CTA: the fp16 X and fp8 W tiles of every stage, the fp8 X tile
+    of two steps (quantized one step before use), or the fp32 partial tile; plus the CTA's
+    rows of the summed tile (counted apart: the pool's reuse is not promised)."""
+    c = config
+    row = c.block_k + pad(FP8)  # bytes per fp8 row; an fp16 row is twice that
+    operands = c.stages * (2 * c.block_m + c.block_n) * row + 2 * c.block_m * row
+    return max(operands, c.block_m * c.block_n * 4) + c.block_m // c.cluster_size * c.block_n * 4
+
+
+def check_quantized_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
+    """:func:`check_config` plus what the quantization adds; ClusterError names what fails."""
+    check_config(shape, config)
+    c = config
+    if (VECTOR // 2) * 32 * c.cluster_size > shape.k:
+        raise ClusterError(f"K={shape.k} gives a CTA fewer than 32 lanes x 8 elements of each row")
+    if c.block_m % c.warps:
+        raise ClusterError(f"the row max spreads {c.block_m} rows over {c.warps} warps")
+    if shared_bytes(c) > MAX_SMEM_PER_CTA:
+        raise ClusterError(f"{shared_bytes(c)} B of shared memory per CTA (fp16 and fp8 X tiles) "
+                           f"exceeds the {MAX_SMEM_PER_CTA} B an H100 CTA may use")
+
+
+def schedule_quantized_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig) -> s_tir.Schedule:
+    """Schedule ``func`` (row max, scale, quantize, fp8 GEMM, epilogue) as one cluster kernel."""
+    sch = s_tir.Schedule(func)
+    (row_max, scale, quantize, gemm, *epilogue), shape = find_quantized_gemm(sch)
+    check_quantized_config(shape, config)
+    c, s = config, config.cluster_size
+    sch.compute_inline(scale)  # max(amax, tiny) / 448 where the quantization and epilogue read it
+    *inner_epilogue, output = epilogue
+    for stage in inner_epilogue:
+        sch.compute_inline(stage)
+    k_rank, _ = sch.split(sch.get_loops(gemm)[-1], [s, None])
+    partial = sch.rfactor(k_rank, factor_axis=0)
+    # Anchored at the output (the row max reaches it directly and through the GEMM, and s_tir
+    # moves a block only next to its already placed consumers): CTA r of a cluster writes rows
+    # r*block_m/S.. of the tile, everything else is computed at the cluster loop before.
+    i, j = sch.get_loops(output)
+    i_tile, i_in = sch.split(i, [None, c.block_m])
+    j_tile, j_in = sch.split(j, [None, c.block_n])
+    i_rank, i_row = sch.split(i_in, [s, None])
+    sch.reorder(i_tile, j_tile, i_rank, i_row, j_in)
+    cluster = sch.fuse(i_tile, j_tile)
+    sch.compute_at(gemm, i_rank, preserve_unit_loops=True)
+    row_maxes = _split_row_max(sch, row_max, c)
+    for block in (partial, quantize, *reversed(row_maxes)):
+        sch.compute_at(block, cluster, preserve_unit_loops=True)
+    bind_cluster_nest(sch, cluster, i_rank)
+    rank, p_i, p_j, p_k = sch.get_loops(partial)[-4:]
+    partial, fragment = blockize_fragments(sch, partial, [rank], p_i, p_j, p_k)
+    split_k_main_loops(sch, [(partial, fragment, *sch.get_loops(partial)[-4:])], shape, c, quantize)
+    peers, rows, cols = sch.get_loops(gemm)[-3:]
+    sum_partials(sch, [gemm], output, [(rows, cols, peers)], c.warps, in_registers=False)
+    # The sums' tile in shared memory holds the CTA's own rows only (s_tir sizes it for all).
+    sch.transform_layout(gemm, ("write", 0), lambda i, j: (i % (c.block_m // s), j % c.block_n),
+                         assume_injective_transform=True)
+    _schedule_row_max(sch, row_maxes, c)
+    return sch
+
+
+def _split_row_max(sch: s_tir.Schedule, row_max: SBlockRV, c: SplitKGemmConfig) -> list[SBlockRV]:
+    """Factor the row max (before any block moves: rfactor copies the loops above the block)
+    into ``[per lane, per CTA, over peers]``: lane l of CTA r takes the max of columns
+    ``(t*32 + l)*8 + v`` of r's K slice, the CTA's partial goes to its DSM slice."""
+    _, k = sch.get_loops(row_max)
+    rank, k = sch.split(k, [c.cluster_size, None])
+    per_cta = sch.rfactor(rank, factor_axis=0)  # [rank, row]
+    lane = sch.split(sch.get_loops(per_cta)[-1], [None, 32, VECTOR // 2])[1]
+    per_lane = sch.rfactor(lane, factor_axis=0)  # [lane, rank, row]
+    return [per_lane, per_cta, row_max]
+
+
+def _schedule_row_max(sch: s_tir.Schedule, blocks: list[SBlockRV], c: SplitKGemmConfig) -> None:
+    """Threads of the three row-max stages (placed at the cluster loop): no cross-thread
+    reduction (TVM's allreduce lowering fails inside a cluster binding); each thread takes the
+    max of a few values in a register and stores it once."""
+    per_lane, per_cta, row_max = blocks
+    # Per lane: lanes along K (coalesced 16-byte loads), rows over warps; one CTA's rank only.
+    lane, rank, rows, k_out, vector = sch.get_loops(per_lane)[-5:]
+    warp, rows = sch.split(rows, [c.warps, None])
+    sch.reorder(rank, warp, lane, rows, k_out, vector)
+    bind_rank(sch, rank)
+    sch.bind(warp, "threadIdx.y")
+    sch.bind(lane, "threadIdx.x")
+    loaded = sch.cache_read(per_lane, 0, "local", consumer_blocks=[per_lane])
+    sch.compute_at(loaded, k_out)
+    sch.vectorize(sch.get_loops(loaded)[-1])
+    sch.unroll(vector)
+    sch.set_scope(per_lane, 0, "shared")
+    sch.transform_layout(per_lane, ("write", 0), lambda lane, rank, row: (lane, row % c.block_m),
+                         assume_injective_transform=True)
+    _in_register(sch, per_lane, rows)
+    # Per CTA (over its lanes, into its DSM slice), then over the peers' slices: a row a thread.
+    lanes, rank, rows = sch.get_loops(per_cta)[-3:]
+    sch.reorder(rank, rows, lanes)
+    bind_rank(sch, rank)
+    peers, rows = sch.get_loops(row_max)[-2:]
+    sch.reorder(rows, peers)
+    place_in_dsm(sch, per_cta, 0)
+    sch.set_scope(row_max, 0, "shared")
+    for block in (per_cta, row_max):
+        _, warp, lane = sch.split(sch.get_loops(block)[-2], [None, c.warps, 32])
+        sch.bind(warp, "threadIdx.y")
+        sch.bind(lane, "threadIdx.x")
+        _in_register(sch, block, lane)
+
+
+def _in_register(sch: s_tir.Schedule, block: SBlockRV, at) -> None:
+    """Accumulate ``block``'s max in a register within ``at``'s body, then store it once (a
+    max accumulated in shared memory would need barriers inside the predicated row loops)."""
+    store = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(store, at)
