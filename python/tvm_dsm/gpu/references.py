@@ -123,9 +123,12 @@ def _scaled_mm(xq, wq, sx, sw):
 
 
 def _quantize(x):
-    """Per-token e4m3 quantization as tvm_dsm.workloads.dense.quantized_dense defines it."""
-    sx = x.abs().amax(1).float().clamp(min=1e-12) / 448.0
-    return (x.float() / sx[:, None]).to(torch.float8_e4m3fn), sx
+    """Per-token e4m3 quantization as tvm_dsm.workloads.dense.quantized_dense defines it, with
+    its scales correctly rounded fp32 quotients (torch divides by a scalar, and a scalar by a
+    tensor, through a reciprocal: 1-ulp-off scales flip roundings across whole rows)."""
+    amax = x.abs().amax(1).double().clamp(min=1e-12)
+    inverse, sx = (448.0 / amax).float(), (amax / 448.0).float()
+    return (x.float() * inverse[:, None]).to(torch.float8_e4m3fn), sx
 
 
 def _quantized_dense(x, wq, sw):

@@ -18,6 +18,8 @@ The second read of the slice mostly hits L2 (X is M x K fp16, re-read by every c
 
 from __future__ import annotations
 
+import math
+
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
 
@@ -35,27 +37,35 @@ from ..transform.cluster_launch import MAX_SMEM_PER_CTA
 from .tensor_core import FP8, VECTOR, blockize_fragments, pad
 
 
-def find_quantized_gemm(sch: s_tir.Schedule) -> tuple[list[SBlockRV], GemmShape]:
-    """The blocks ``[row max, scale, quantize, GEMM, epilogue...]`` and the GEMM's shape;
-    ClusterError names the part of the pattern that differs."""
+def find_quantized_gemm(sch: s_tir.Schedule) -> tuple[dict, GemmShape]:
+    """The blocks (``row_max``, ``scales`` (per-row elementwise blocks on the row max),
+    ``quantize``, ``gemm``, ``epilogue``) and the GEMM's shape; ClusterError names the part of
+    the pattern that differs."""
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     names = [sch.get(b).name_hint for b in blocks]
-    if len(blocks) < 5:
-        raise ClusterError(f"a quantized GEMM is row max, scale, quantize, GEMM, epilogue; got {names}")
-    row_max, scale, quantize, gemm = (sch.get(b) for b in blocks[:4])
+    gemms = [i for i, b in enumerate(blocks) if _is_reduction(sch.get(b))]
+    if len(gemms) != 2 or gemms[0] != 0 or gemms[1] + 1 >= len(blocks):
+        raise ClusterError(f"a quantized GEMM is a row max, per-row scales, the quantization, the "
+                           f"GEMM and its epilogue; got {names}")
+    row_max, quantize, gemm = (sch.get(blocks[i]) for i in (0, gemms[1] - 1, gemms[1]))
     shape, (xq, _) = find_gemm_operands(gemm)
     if shape.dtype != FP8 or not xq.same_as(quantize.writes[0].source):
-        raise ClusterError(f"{names[3]} must multiply the fp8 output of {names[2]} by an fp8 weight")
-    kinds = [int(iv.iter_type) for iv in row_max.iter_vars]
-    if kinds != [tirx.IterVar.DataPar, tirx.IterVar.CommReduce] or not isinstance(row_max.body.value, tirx.Max):
+        raise ClusterError(f"{names[gemms[1]]} must multiply the fp8 output of "
+                           f"{names[gemms[1] - 1]} by an fp8 weight")
+    if not isinstance(row_max.body.value, tirx.Max) or len(row_max.iter_vars) != 2:
         raise ClusterError(f"{names[0]} must be a max over K per row")
     (source,) = {r.source for r in row_max.reads if not r.source.same_as(row_max.writes[0].source)}
-    quantize_reads = {r.source for r in quantize.reads}
-    if source not in quantize_reads or scale.writes[0].source not in quantize_reads:
-        raise ClusterError(f"{names[2]} must quantize the input of {names[0]} by {names[1]}")
-    if str(source.ty.dtype) != "float16":
-        raise ClusterError(f"the quantized input must be float16, got {source.ty.dtype}")
-    return list(blocks), shape
+    if str(source.ty.dtype) != "float16" or source not in {r.source for r in quantize.reads}:
+        raise ClusterError(f"{names[gemms[1] - 1]} must quantize {names[0]}'s float16 input")
+    scales = blocks[1:gemms[1] - 1]
+    if any(len(sch.get(b).iter_vars) != 1 for b in scales):
+        raise ClusterError(f"{[names[i] for i in range(1, gemms[1] - 1)]} must be per-row scales")
+    return {"row_max": blocks[0], "scales": scales, "quantize": blocks[gemms[1] - 1],
+            "gemm": blocks[gemms[1]], "epilogue": blocks[gemms[1] + 1:]}, shape
+
+
+def _is_reduction(block: tirx.SBlock) -> bool:
+    return any(int(iv.iter_type) == tirx.IterVar.CommReduce for iv in block.iter_vars)
 
 
 def shared_bytes(config: SplitKGemmConfig) -> int:
@@ -84,11 +94,11 @@ def check_quantized_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
 def schedule_quantized_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig) -> s_tir.Schedule:
     """Schedule ``func`` (row max, scale, quantize, fp8 GEMM, epilogue) as one cluster kernel."""
     sch = s_tir.Schedule(func)
-    (row_max, scale, quantize, gemm, *epilogue), shape = find_quantized_gemm(sch)
+    blocks, shape = find_quantized_gemm(sch)
+    row_max, quantize, gemm = blocks["row_max"], blocks["quantize"], blocks["gemm"]
     check_quantized_config(shape, config)
     c, s = config, config.cluster_size
-    sch.compute_inline(scale)  # max(amax, tiny) / 448 where the quantization and epilogue read it
-    *inner_epilogue, output = epilogue
+    *inner_epilogue, output = blocks["epilogue"]
     for stage in inner_epilogue:
         sch.compute_inline(stage)
     k_rank, _ = sch.split(sch.get_loops(gemm)[-1], [s, None])
@@ -103,9 +113,14 @@ def schedule_quantized_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig) -> s_
     sch.reorder(i_tile, j_tile, i_rank, i_row, j_in)
     cluster = sch.fuse(i_tile, j_tile)
     sch.compute_at(gemm, i_rank, preserve_unit_loops=True)
-    row_maxes = _split_row_max(sch, row_max, c)
-    for block in (partial, quantize, *reversed(row_maxes)):
+    row_maxes = _split_row_max(sch, row_max, shape, c)
+    for block in (partial, quantize, *blocks["scales"], *reversed(row_maxes)):
         sch.compute_at(block, cluster, preserve_unit_loops=True)
+    for scale in blocks["scales"]:  # once per row, in shared memory
+        sch.set_scope(scale, 0, "shared")
+        _, warp, lane = sch.split(sch.get_loops(scale)[-1], [None, c.warps, 32])
+        sch.bind(warp, "threadIdx.y")
+        sch.bind(lane, "threadIdx.x")
     bind_cluster_nest(sch, cluster, i_rank)
     rank, p_i, p_j, p_k = sch.get_loops(partial)[-4:]
     partial, fragment = blockize_fragments(sch, partial, [rank], p_i, p_j, p_k)
@@ -119,14 +134,18 @@ def schedule_quantized_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig) -> s_
     return sch
 
 
-def _split_row_max(sch: s_tir.Schedule, row_max: SBlockRV, c: SplitKGemmConfig) -> list[SBlockRV]:
+def _split_row_max(sch: s_tir.Schedule, row_max: SBlockRV, shape: GemmShape,
+                   c: SplitKGemmConfig) -> list[SBlockRV]:
     """Factor the row max (before any block moves: rfactor copies the loops above the block)
     into ``[per lane, per CTA, over peers]``: lane l of CTA r takes the max of columns
-    ``(t*32 + l)*8 + v`` of r's K slice, the CTA's partial goes to its DSM slice."""
+    ``(t*32 + l)*chunk + v`` of r's K slice, the CTA's partial goes to its DSM slice."""
     _, k = sch.get_loops(row_max)
     rank, k = sch.split(k, [c.cluster_size, None])
     per_cta = sch.rfactor(rank, factor_axis=0)  # [rank, row]
-    lane = sch.split(sch.get_loops(per_cta)[-1], [None, 32, VECTOR // 2])[1]
+    # Loads in flight: a lane loads up to 4 vectors of a row before it takes their max (one at
+    # a time, each load waits out L2's latency: measured 3x the whole GEMM's time).
+    chunk = math.gcd(shape.k // c.cluster_size // (32 * VECTOR // 2), 4) * VECTOR // 2
+    lane = sch.split(sch.get_loops(per_cta)[-1], [None, 32, chunk])[1]
     per_lane = sch.rfactor(lane, factor_axis=0)  # [lane, rank, row]
     return [per_lane, per_cta, row_max]
 
@@ -137,16 +156,18 @@ def _schedule_row_max(sch: s_tir.Schedule, blocks: list[SBlockRV], c: SplitKGemm
     max of a few values in a register and stores it once."""
     per_lane, per_cta, row_max = blocks
     # Per lane: lanes along K (coalesced 16-byte loads), rows over warps; one CTA's rank only.
-    lane, rank, rows, k_out, vector = sch.get_loops(per_lane)[-5:]
+    lane, rank, rows, k_out, chunk = sch.get_loops(per_lane)[-5:]
     warp, rows = sch.split(rows, [c.warps, None])
-    sch.reorder(rank, warp, lane, rows, k_out, vector)
+    sch.reorder(rank, warp, lane, rows, k_out, chunk)
     bind_rank(sch, rank)
     sch.bind(warp, "threadIdx.y")
     sch.bind(lane, "threadIdx.x")
     loaded = sch.cache_read(per_lane, 0, "local", consumer_blocks=[per_lane])
     sch.compute_at(loaded, k_out)
-    sch.vectorize(sch.get_loops(loaded)[-1])
-    sch.unroll(vector)
+    vectors, vector = sch.split(sch.get_loops(loaded)[-1], [None, VECTOR // 2])
+    sch.vectorize(vector)
+    sch.unroll(vectors)
+    sch.unroll(chunk)
     sch.set_scope(per_lane, 0, "shared")
     sch.transform_layout(per_lane, ("write", 0), lambda lane, rank, row: (lane, row % c.block_m),
                          assume_injective_transform=True)
