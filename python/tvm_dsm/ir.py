@@ -40,6 +40,11 @@ def replace_node(root, old, new):
     return tvm_ffi.structural_map(root, [(type(old), lambda n: new if n.same_as(old) else n)], order="pre")
 
 
+def is_reduction(block: tirx.SBlock) -> bool:
+    """Whether ``block`` reduces over one of its iterators."""
+    return any(int(iv.iter_type) == tirx.IterVar.CommReduce for iv in block.iter_vars)
+
+
 def is_barrier(stmt) -> bool:
     """Whether ``stmt`` is a CTA barrier (``tvm_storage_sync``, ``__syncthreads``)."""
     return (isinstance(stmt, tirx.Evaluate) and isinstance(stmt.value, tvm.ir.Call)

@@ -131,6 +131,10 @@ def _quantize(x):
     return (x.float() * inverse[:, None]).to(torch.float8_e4m3fn), sx
 
 
+def _scaled_mm_float64(xq, wq, sx, sw):
+    return (xq.double() @ wq.double().T) * sx.double()[:, None] * sw.double()[None, :]
+
+
 def _quantized_dense(x, wq, sw):
     xq, sx = _quantize(x)
     return _scaled_mm(xq, wq, sx, sw)
@@ -138,7 +142,7 @@ def _quantized_dense(x, wq, sw):
 
 def _quantized_dense_float64(x, wq, sw):
     xq, sx = _quantize(x)
-    return (xq.double() @ wq.double().T) * sx.double()[:, None] * sw.double()[None, :]
+    return _scaled_mm_float64(xq, wq, sx, sw)
 
 
 def _split_sum(a: torch.Tensor, clusters_per_group: int) -> torch.Tensor:
@@ -211,10 +215,7 @@ REFERENCES: dict[str, Reference] = {
         float64=lambda h, w, b, seq: _lm_head_max(h.double(), w.double(), b.double(), seq),
         torch_eager=_lm_head_max,
     ),
-    "scaled_dense": Reference(
-        float64=lambda xq, wq, sx, sw: (xq.double() @ wq.double().T) * sx.double()[:, None] * sw.double()[None, :],
-        torch_eager=_scaled_mm,
-    ),
+    "scaled_dense": Reference(float64=_scaled_mm_float64, torch_eager=_scaled_mm),
     "quantized_dense": Reference(float64=_quantized_dense_float64, torch_eager=_quantized_dense),
     "split_sum": Reference(
         float64=lambda a, clusters_per_group: _split_sum(a.double(), clusters_per_group),

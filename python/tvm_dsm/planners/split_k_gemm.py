@@ -114,7 +114,7 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
         "hbm": traffic["hbm"] / (hw.hbm_bw * min(1.0, pull)) * tail,
         "l2": traffic["l2"] / hw.l2_bw * tail,
         "dsm": traffic["dsm"] / hw.dsm_bw(s) if s > 1 else 0.0,
-        "mma": flops / (MMA_SYNC_PEAK * 2 // elem * min(1.0, busy_sms / hw.sm_count)) * tail,
+        "mma": flops / (MMA_SYNC_PEAK * 2 / elem * min(1.0, busy_sms / hw.sm_count)) * tail,
         "pipeline": k_steps * waves * LOADED_LATENCY_S / (c.stages - 2),
     }
     fill = (c.stages - 1) * hw.latency_ns["hbm"] * 1e-9 * waves  # pipeline fill per wave

@@ -33,6 +33,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
 
 from ..errors import ClusterError
+from ..ir import is_reduction
 from ..schedule import bind_cluster_nest, check_cluster_size
 from ..transform.cluster_launch import MAX_SMEM_PER_CTA
 from .split_k_gemm import GemmShape, SplitKGemmConfig, find_gemm_operands, split_k_main_loops, sum_partials
@@ -112,7 +113,7 @@ def find_chain(sch: s_tir.Schedule) -> tuple[ChainBlocks, ChainShape]:
     blocks. All operands float16, accumulation float32.
     """
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
-    reductions = [b for b in blocks if _is_reduction(sch, b)]
+    reductions = [b for b in blocks if is_reduction(sch.get(b))]
     if any(len(sch.get(b).iter_vars) > 3 for b in reductions):
         raise ClusterError(
             "convolutions (reductions over more than one axis, or over image rows and columns) are "
@@ -144,10 +145,6 @@ def find_chain(sch: s_tir.Schedule) -> tuple[ChainBlocks, ChainShape]:
     shape = ChainShape(shapes[0].m, shapes[0].n, shapes[0].k, second.n,
                        tuple(sch.get(b).name_hint for b in gemm0))
     return ChainBlocks(gemm0, combine, gemm1, blocks[len(gemm0) + 2:]), shape
-
-
-def _is_reduction(sch, block) -> bool:
-    return any(int(iv.iter_type) == tirx.IterVar.CommReduce for iv in sch.get(block).iter_vars)
 
 
 def _check_cluster(shape: ChainShape, c: FusedChainConfig) -> None:

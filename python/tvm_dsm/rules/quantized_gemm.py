@@ -1,6 +1,6 @@
 """Per-token FP8 quantization fused into the cluster split-K GEMM, the rounding honoured.
 
-``amax[i] = max_k |X[i, k]|; Xq = e4m3(X / (amax / 448)); Y = (Xq @ Wq^T) * sx[i] * sw[j]`` is a
+``amax[i] = max_k |X[i, k]|; Xq = e4m3(X * 448 / amax); Y = (Xq @ Wq^T) * amax/448 * sw[j]`` is a
 cascaded reduction (the GEMM's K loop reads the row max over the same K). RedFuser fuses it into
 one loop by quantizing each K tile with the running max and rescaling the accumulator, which
 rounds differently from the function (early tiles use a smaller scale). This rule computes the
@@ -21,9 +21,10 @@ from __future__ import annotations
 import math
 
 from tvm import s_tir, tirx
-from tvm.s_tir.schedule import SBlockRV
+from tvm.s_tir.schedule import LoopRV, SBlockRV
 
 from ..errors import ClusterError
+from ..ir import is_reduction
 from ..schedule import bind_cluster_nest, bind_rank, place_in_dsm
 from .split_k_gemm import (
     GemmShape,
@@ -43,7 +44,7 @@ def find_quantized_gemm(sch: s_tir.Schedule) -> tuple[dict, GemmShape]:
     the pattern that differs."""
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     names = [sch.get(b).name_hint for b in blocks]
-    gemms = [i for i, b in enumerate(blocks) if _is_reduction(sch.get(b))]
+    gemms = [i for i, b in enumerate(blocks) if is_reduction(sch.get(b))]
     if len(gemms) != 2 or gemms[0] != 0 or gemms[1] + 1 >= len(blocks):
         raise ClusterError(f"a quantized GEMM is a row max, per-row scales, the quantization, the "
                            f"GEMM and its epilogue; got {names}")
@@ -62,10 +63,6 @@ def find_quantized_gemm(sch: s_tir.Schedule) -> tuple[dict, GemmShape]:
         raise ClusterError(f"{[names[i] for i in range(1, gemms[1] - 1)]} must be per-row scales")
     return {"row_max": blocks[0], "scales": scales, "quantize": blocks[gemms[1] - 1],
             "gemm": blocks[gemms[1]], "epilogue": blocks[gemms[1] + 1:]}, shape
-
-
-def _is_reduction(block: tirx.SBlock) -> bool:
-    return any(int(iv.iter_type) == tirx.IterVar.CommReduce for iv in block.iter_vars)
 
 
 def shared_bytes(config: SplitKGemmConfig) -> int:
@@ -118,9 +115,7 @@ def schedule_quantized_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig) -> s_
         sch.compute_at(block, cluster, preserve_unit_loops=True)
     for scale in blocks["scales"]:  # once per row, in shared memory
         sch.set_scope(scale, 0, "shared")
-        _, warp, lane = sch.split(sch.get_loops(scale)[-1], [None, c.warps, 32])
-        sch.bind(warp, "threadIdx.y")
-        sch.bind(lane, "threadIdx.x")
+        _row_per_thread(sch, sch.get_loops(scale)[-1], c.warps)
     bind_cluster_nest(sch, cluster, i_rank)
     rank, p_i, p_j, p_k = sch.get_loops(partial)[-4:]
     partial, fragment = blockize_fragments(sch, partial, [rank], p_i, p_j, p_k)
@@ -181,10 +176,15 @@ def _schedule_row_max(sch: s_tir.Schedule, blocks: list[SBlockRV], c: SplitKGemm
     place_in_dsm(sch, per_cta, 0)
     sch.set_scope(row_max, 0, "shared")
     for block in (per_cta, row_max):
-        _, warp, lane = sch.split(sch.get_loops(block)[-2], [None, c.warps, 32])
-        sch.bind(warp, "threadIdx.y")
-        sch.bind(lane, "threadIdx.x")
-        _in_register(sch, block, lane)
+        _in_register(sch, block, _row_per_thread(sch, sch.get_loops(block)[-2], c.warps))
+
+
+def _row_per_thread(sch: s_tir.Schedule, rows: LoopRV, warps: int) -> LoopRV:
+    """One row a thread over the main loop's (32, warps) thread shape; the lane loop."""
+    _, warp, lane = sch.split(rows, [None, warps, 32])
+    sch.bind(warp, "threadIdx.y")
+    sch.bind(lane, "threadIdx.x")
+    return lane
 
 
 def _in_register(sch: s_tir.Schedule, block: SBlockRV, at) -> None:

@@ -23,6 +23,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 
 from ..errors import ClusterError
+from ..ir import is_reduction
 from ..pipeline import ASYNC_STAGES_KEY
 from ..transform.cluster_launch import MAX_SMEM_PER_CTA
 from ..schedule import bind_cluster_nest, bind_rank, check_cluster_size
@@ -95,10 +96,7 @@ def find_gemm(sch: s_tir.Schedule) -> tuple[SBlockRV, list[SBlockRV], GemmShape]
     ``X[i, k]`` and ``W[j, k]`` or ``W[k, j]`` in float16 or bfloat16, followed only by elementwise blocks.
     """
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
-    reductions = [
-        b for b in blocks
-        if any(int(iv.iter_type) == tirx.IterVar.CommReduce for iv in sch.get(b).iter_vars)
-    ]
+    reductions = [b for b in blocks if is_reduction(sch.get(b))]
     if len(reductions) != 1 or reductions[0] != blocks[0]:
         raise ClusterError(
             "split-K GEMM expects one matmul block first, then elementwise epilogue blocks; got "

@@ -34,6 +34,7 @@ from tvm import s_tir, tirx
 from tvm.tirx import IndexMap
 
 from ..errors import ClusterError
+from ..ir import is_reduction
 from .cluster import CLUSTER_SIZE_KEY, bind_rank
 from .dsm import DSM_SCOPE
 
@@ -214,7 +215,7 @@ def bulk_copy(sch: s_tir.Schedule, block) -> None:
             f"bulk_copy: block {stmt.name_hint} must copy one DSM buffer into a DSM buffer "
             "(place the result in DSM with tvm_dsm.schedule.place_in_dsm)"
         )
-    if any(int(iv.iter_type) == tirx.IterVar.CommReduce for iv in stmt.iter_vars):
+    if is_reduction(stmt):
         raise ClusterError(f"bulk_copy: block {stmt.name_hint} reduces; only copies move in bulk")
     loops = sch.get_loops(block)
     if len(loops) < 3:
