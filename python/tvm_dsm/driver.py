@@ -84,7 +84,7 @@ def tune(func: tirx.PrimFunc, work_dir: str, *, target=H100, top_k: int = 8,
     schedules = [ranking.schedule(rank) for rank, _ in candidates]
     # A fresh worker imports TVM and its tensor intrinsics before building (MetaSchedule's 30 s
     # default is too short for that on a cold machine).
-    builder = builder or ms.builder.LocalBuilder(timeout_sec=_BUILD_TIMEOUT_S)
+    builder = builder or ms.builder.LocalBuilder(timeout_sec=_BUILD_TIMEOUT_S, initializer=_load_tvm_dsm)
     runner = runner or ms.runner.LocalRunner()
     built = builder.build([ms.builder.BuilderInput(s.mod, target) for s in schedules])
     args_info = ms.arg_info.ArgInfo.from_prim_func(func)
@@ -134,6 +134,13 @@ def schedule(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None =
     except ClusterError as err:
         LOG.warning("tvm-dsm falls back to TVM's stock schedule: %s", err)
         return stock_schedule(func, target)
+
+
+def _load_tvm_dsm() -> None:
+    """Builder worker start: register tvm-dsm's pipeline there too. A worker imports only TVM,
+    which registers it through the installed entry point; from a source tree on PYTHONPATH (the
+    GPU machine) nothing would, and cluster kernels would build with the stock pipeline."""
+    import tvm_dsm  # noqa: F401
 
 
 def _module(func: tirx.PrimFunc) -> tvm.IRModule:
