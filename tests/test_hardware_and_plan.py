@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tvm_dsm.hardware import load_hardware
@@ -68,3 +70,11 @@ def test_demo_shows_plan_cuda_and_fusion_reports(capsys):
     assert "predicted:" in out and "main_kernel(" in out
     assert "nvcc sm_90a: assembles" in out or "skipped (no nvcc)" in out
     assert "cascade topk -> m -> l: fusible" in out and "topk (top-8): plain" in out
+
+
+@pytest.mark.parametrize("name", ["hwbench", "operand_stream"])
+def test_microbenchmarks_assemble_for_sm_90a(assemble, name):
+    """The CUDA microbenchmarks behind the hardware description and the GEMM main-loop diagnosis
+    (bench/results/operand_stream.json) still compile: their kernels are rerun on the device."""
+    source = (Path(__file__).parent.parent / "src" / "hwbench" / f"{name}.cu").read_text()
+    assert assemble(source, name)

@@ -3,10 +3,13 @@
 //   mode 0: cp.async 16 B per thread, commit/wait groups, __syncthreads (what s_tir emits)
 //   mode 1: cp.async.bulk of one 128 B row per thread, completing on a per-stage mbarrier
 //   mode 2: as 1, X multicast to both CTAs of a cluster of 2 (each CTA fetches half of X's rows)
+//   mode 3: two 2D tensor copies (TMA, CUtensorMap) per stage, 128 rows x 64 columns each, from one
+//           thread (dense 128-byte rows, no swizzle: the copy engine alone, not an mma layout)
 // Every step each thread reads 8 x 16 B of the stage (like the fragment loads). Shape: X [128, K],
 // W [N, K] fp16, CTA n streams W rows [128 n, 128 n + 128) and all of X in 128 x 64 tiles.
 // Prints one JSON object per (mode, stages). Build:
-//   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -o operand_stream operand_stream.cu
+//   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -o operand_stream operand_stream.cu -lcuda
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -102,9 +105,19 @@ __device__ __forceinline__ float consume(const char* stage) {
   return acc;
 }
 
+__device__ __forceinline__ void tma_2d(void* dst, const CUtensorMap* map, int col, int row, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+          smem_addr(dst)),
+      "l"(map), "r"(col), "r"(row), "r"(smem_addr(bar))
+      : "memory");
+}
+
 template <int kMode>
 __global__ void __launch_bounds__(kThreads) stream_kernel(const char* __restrict__ x, const char* __restrict__ w,
-                                                          int k_elems, int stages, float* sink) {
+                                                          int k_elems, int stages, float* sink,
+                                                          const __grid_constant__ CUtensorMap x_map,
+                                                          const __grid_constant__ CUtensorMap w_map) {
   extern __shared__ __align__(128) char smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + stages * kStageBytes);
   const int n = blockIdx.x, steps = k_elems * 2 / kRowBytes, t = threadIdx.x;
@@ -129,7 +142,13 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(const char* __restrict
     } else {
       uint64_t* bar = &full[step % stages];
       if (t == 0) mbar_expect_tx(bar, kRows * kRowBytes);
-      if (kMode == 1 || t >= 128) {
+      if (kMode == 3) {
+        if (t == 0) {
+          const int col = ((step + kRotate * n) % steps) * (kRowBytes / 2);
+          tma_2d(stage, &x_map, col, 0, bar);
+          tma_2d(stage + 128 * kRowBytes, &w_map, col, n * 128, bar);
+        }
+      } else if (kMode == 1 || t >= 128) {
         bulk_row(stage + t * kPitch, row_src(x, w, n, k_elems, t, step), bar);
       } else if ((t >> 6) == (int)rank) {  // this CTA's half of X, to both CTAs
         bulk_row_multicast(stage + t * kPitch, row_src(x, w, n, k_elems, t, step), bar, 0x3);
@@ -158,8 +177,25 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(const char* __restrict
   if (acc == 1234.5f) *sink = acc;
 }
 
+// A [rows, k] fp16 matrix as 128 x (kRowBytes / 2) boxes.
+static CUtensorMap tensor_map(const char* base, int rows, int k) {
+  CUtensorMap map;
+  cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)rows};
+  cuuint64_t strides[1] = {(cuuint64_t)k * 2};
+  cuuint32_t box[2] = {kRowBytes / 2, 128}, elem[2] = {1, 1};
+  CUresult r = cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, (void*)base, dims, strides, box, elem,
+                                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    fprintf(stderr, "cuTensorMapEncodeTiled failed: %d\n", (int)r);
+    exit(1);
+  }
+  return map;
+}
+
 template <int kMode>
 float time_ms(const char* x, const char* w, int k, int n_tiles, int stages, float* sink) {
+  const CUtensorMap x_map = tensor_map(x, 128, k), w_map = tensor_map(w, n_tiles * 128, k);
   size_t smem = stages * kStageBytes + 64;
   CHECK(cudaFuncSetAttribute(stream_kernel<kMode>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   cudaLaunchConfig_t cfg = {};
@@ -179,7 +215,7 @@ float time_ms(const char* x, const char* w, int k, int n_tiles, int stages, floa
   std::vector<float> times;
   for (int r = 0; r < 25; ++r) {
     CHECK(cudaEventRecord(a));
-    CHECK(cudaLaunchKernelEx(&cfg, stream_kernel<kMode>, x, w, k, stages, sink));
+    CHECK(cudaLaunchKernelEx(&cfg, stream_kernel<kMode>, x, w, k, stages, sink, x_map, w_map));
     CHECK(cudaEventRecord(b));
     CHECK(cudaEventSynchronize(b));
     float ms;
@@ -203,9 +239,9 @@ int main(int argc, char** argv) {
   for (int rotate : {0, 7}) {
   CHECK(cudaMemcpyToSymbol(kRotate, &rotate, sizeof(int)));
   for (int stages : {kRowBytes == 128 ? 4 : 3}) {
-    float ms[3] = {time_ms<0>(x, w, k, n / 128, stages, sink), time_ms<1>(x, w, k, n / 128, stages, sink),
-                   time_ms<2>(x, w, k, n / 128, stages, sink)};
-    for (int mode = 0; mode < 3; ++mode)
+    float ms[4] = {time_ms<0>(x, w, k, n / 128, stages, sink), time_ms<1>(x, w, k, n / 128, stages, sink),
+                   time_ms<2>(x, w, k, n / 128, stages, sink), time_ms<3>(x, w, k, n / 128, stages, sink)};
+    for (int mode = 0; mode < 4; ++mode)
       printf("{\"rotate\": %d, \"mode\": %d, \"stages\": %d, \"k\": %d, \"n\": %d, \"us\": %.2f, \"hbm_gb_s\": %.0f}\n",
              rotate, mode, stages, k, n, ms[mode] * 1e3, (w_bytes + x_bytes) / (ms[mode] * 1e-3) / 1e9);
   }
