@@ -37,8 +37,9 @@ STOCK_TARGET = "nvidia/nvidia-h100"
 
 def _build_stock(mod: tvm.IRModule, target, _params) -> tvm.runtime.Module:
     """MetaSchedule's default build with StorageRewrite off. On, it lets an fp16 shared tile reuse
-    a dead fp32 one, and the access-pointer lowering rejects the retyped buffer: on the H100 all
-    64 candidates of the stock tensor-core space failed to build so (2026-11-23)."""
+    a dead fp32 one, and the access-pointer lowering rejects the retyped buffer (the stock
+    tensor-core space's candidates for G5b fail so on the CPU and compile with it off). On the
+    H100 machine (2026-11-23) its builds still failed, cause not diagnosed there."""
     with tvm.transform.PassContext(config={"tirx.disable_storage_rewrite": True}):
         return tvm.compile(mod, target=target, tir_pipeline="s_tir_stock")
 
