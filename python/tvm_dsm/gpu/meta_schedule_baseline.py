@@ -19,15 +19,14 @@ import time
 
 import torch
 import tvm
-import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 
 from ..bench import results as res
-from ..bench.timing import graph_time_us, input_sets_for
+from ..bench.timing import input_sets_for
 from ..driver import _module, schedule, stock_schedule, tune
 from ..workloads.dense import dense
 from .export import TARGET
-from .run import TOLERANCE, _check, _random_inputs, measure_hbm_bandwidth
+from .run import _random_inputs, _time_peers, measure_hbm_bandwidth, time_call, verdict
 from .suites import GEMM_SHAPES, _args, _nbytes
 
 
@@ -63,23 +62,8 @@ def _measure(name: str, mod: tvm.IRModule, kernel: dict, target, hbm_bw: float, 
         func = _build_stock(mod, target, None)["main"]
     else:
         func = tvm.compile(mod, target=target)["main"]
-    rel_err, written = _check(func, kernel, trials=2)
-    sets = _random_inputs(kernel["args"], input_sets_for(kernel["bytes"]))
-    wrapped = [[tvm_ffi.from_dlpack(t) for t in s] for s in sets]
-    return {
-        "name": name,
-        "ok": rel_err < TOLERANCE["float16"] and written == 1.0,
-        "rel_err": rel_err,
-        "written_fraction": written,
-        "ours_us": graph_time_us(lambda i: func(*wrapped[i]), len(sets)),
-        "floor_us": kernel["bytes"] / hbm_bw * 1e6,
-        **extra,
-    }
-
-
-def _torch_us(kernel: dict) -> float:
-    sets = _random_inputs(kernel["args"], input_sets_for(kernel["bytes"]))
-    return graph_time_us(lambda i: torch.matmul(sets[i][0], sets[i][1].T), len(sets))
+    return {"name": name, **verdict(func, kernel), "ours_us": time_call(func, kernel)[0],
+            "floor_us": kernel["bytes"] / hbm_bw * 1e6, **extra}
 
 
 def main() -> None:
@@ -98,8 +82,9 @@ def main() -> None:
     for label in args.shapes:
         n, k = GEMM_SHAPES[label]
         func = dense(128, n, k)
-        kernel = {"workload": "dense", "args": _args(func), "bytes": _nbytes(_args(func))}
-        peers = {"torch_eager": _torch_us(kernel)}
+        operands = _args(func)
+        kernel = {"workload": "dense", "args": operands, "bytes": _nbytes(operands), "peers": []}  # torch eager
+        peers = _time_peers(kernel, _random_inputs(operands, input_sets_for(kernel["bytes"])))
         shape = {"shape": label, "m": 128, "n": n, "k": k, "peers": peers}
 
         def row(name: str, mod: tvm.IRModule, stock: bool = False, **extra) -> None:

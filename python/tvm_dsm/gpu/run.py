@@ -119,29 +119,42 @@ def _time_peers(kernel: dict, sets: list[list[torch.Tensor]]) -> dict[str, float
     }
 
 
+def verdict(func, kernel: dict, trials: int = 2) -> dict:
+    """Whether ``func`` is correct on fresh inputs: its input dtype's tolerance against float64,
+    every output element written."""
+    rel_err, written = _check(func, kernel, trials)
+    dtype = next(a["dtype"] for a in kernel["args"] if not a["output"])
+    return {"dtype": dtype, "ok": rel_err < TOLERANCE[dtype] and written == 1.0,
+            "rel_err": rel_err, "written_fraction": written}
+
+
+def time_call(func, kernel: dict) -> tuple[float, list[list[torch.Tensor]], list[list]]:
+    """GPU time of ``func`` under CUDA-graph replay over input sets rotated past L2, with the
+    sets (torch tensors, and as tvm-ffi arrays) for the peers and the Python-call timing."""
+    sets = _random_inputs(kernel["args"], input_sets_for(kernel["bytes"]))
+    wrapped = [[tvm_ffi.from_dlpack(t) for t in s] for s in sets]
+    return graph_time_us(lambda i: func(*wrapped[i]), len(sets)), sets, wrapped
+
+
 def run_kernel(folder: Path, kernel: dict, peer_cache: dict, hbm_bw: float, trials: int = 2,
                check_only: bool = False) -> dict:
     func = tvm.runtime.load_module(str(folder / kernel["lib"]))["main"]
-    rel_err, written = _check(func, kernel, trials)
-    dtype = next(a["dtype"] for a in kernel["args"] if not a["output"])
-    ok = rel_err < TOLERANCE[dtype] and written == 1.0
+    checked = verdict(func, kernel, trials)
     if check_only:
-        return {"name": kernel["name"], "ok": ok, "rel_err": rel_err, "written_fraction": written,
-                "trials": trials}
-    sets = _random_inputs(kernel["args"], input_sets_for(kernel["bytes"]))
-    wrapped = [[tvm_ffi.from_dlpack(t) for t in s] for s in sets]
-    ours = graph_time_us(lambda i: func(*wrapped[i]), len(sets))
+        return {"name": kernel["name"], "ok": checked["ok"], "rel_err": checked["rel_err"],
+                "written_fraction": checked["written_fraction"], "trials": trials}
+    ours, sets, wrapped = time_call(func, kernel)
     key = (kernel["workload"], json.dumps(kernel["args"]), json.dumps(kernel.get("reference_kwargs", {})))
     if key not in peer_cache:
         peer_cache[key] = _time_peers(kernel, sets)
     return {
         "name": kernel["name"],
         "shape": [a["shape"] for a in kernel["args"]],
-        "dtype": dtype,
-        "ok": ok,
+        "dtype": checked["dtype"],
+        "ok": checked["ok"],
         "expected_ok": kernel["expect_correct"],
-        "rel_err": rel_err,
-        "written_fraction": written,
+        "rel_err": checked["rel_err"],
+        "written_fraction": checked["written_fraction"],
         "ours_us": ours,
         "peers": peer_cache[key],
         "floor_us": kernel["bytes"] / hbm_bw * 1e6,
