@@ -19,6 +19,7 @@ from .transform.hoist_warp_buffers import HoistWarpBuffers
 from .transform import AttachClusterLaunch, CheckClusterSchedule, LowerCluster
 from .transform.lower_cluster import ReleaseSliceStarts
 from .transform.merge_pipeline_barriers import MergePipelineBarriers
+from .transform.tma_pipeline import LowerTmaPipeline
 
 #: Loop annotation of s_tir's software pipeline listing its asynchronous stages.
 ASYNC_STAGES_KEY = "software_pipeline_async_stages"
@@ -63,6 +64,7 @@ def _passes(config, async_copy: bool, keep_shared_buffers: bool = False) -> list
         s_tir.transform.StmtSimplify(),
         s_tir.transform.InjectPermutedLayout(),
         s_tir.transform.AnnotateIrregularLoop(),
+        LowerTmaPipeline,  # tvm-dsm
         s_tir.transform.InjectSoftwarePipeline(),
         s_tir.transform.TransformMmaBufferLayout(),
         s_tir.transform.LowerOpaqueBlock(),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from ..driver import stock_schedule
 from ..hardware import load_hardware
 from ..planners.split_k_gemm import plan_split_k_gemm
 from ..rules import SplitKReductionConfig, schedule_split_k_reduction
-from ..rules.split_k_gemm import GemmShape, SplitKGemmConfig, schedule_split_k_gemm
+from ..rules.split_k_gemm import GemmShape, SplitKGemmConfig, check_config, schedule_split_k_gemm
 from ..workloads.dense import dense, quantized_dense, scaled_dense
 from ..rules.quantized_gemm import schedule_quantized_gemm
 from ..errors import ClusterError
@@ -316,7 +317,7 @@ def _gemm_variant(label: str, m: int, n: int, k: int, config, plan_rank: int | N
     c = config
     return Variant(
         name=f"{label}_m{m}_c{c.cluster_size}_{c.block_m}x{c.block_n}x{c.block_k}_s{c.stages}"
-        + ("_bias_silu" if epilogue else ""),
+        + ("_tma" if c.tma else "") + ("_bias_silu" if epilogue else ""),
         workload="dense_bias_silu" if epilogue else "dense",
         mod=schedule_split_k_gemm(func, config).mod,
         args=args,
@@ -505,6 +506,27 @@ def attention() -> list[Variant]:
     return variants
 
 
+def gemm_tma() -> list[Variant]:
+    """The operand-copy ablation: each of the planner's top 3 cp.async configurations and the
+    sweep's, again with TMA tensor copies (tvm_dsm.transform.tma_pipeline), on the G/S layers
+    at M = 128 and 4096 x 4096 at M = 256 and 4096; fp16, and bf16 for the first pick."""
+    variants = []
+    hw = load_hardware()
+    cases = [(label, 128, n, k) for label, (n, k) in GEMM_SHAPES.items()]
+    cases += [("sq4096", m, 4096, 4096) for m in (256, 4096)]
+    for label, m, n, k in cases:
+        shape = GemmShape(m, n, k, True)
+        for config, (rank, predicted) in _gemm_configs(shape, 3, hw):
+            for tma in (False, True):
+                c = dataclasses.replace(config, tma=tma)
+                try:
+                    check_config(shape, c)
+                except ClusterError:
+                    continue
+                variants.append(_gemm_variant(label, m, n, k, c, rank, predicted))
+    return variants
+
+
 #: FP8 shapes (M, N, K): the issues' 4096 x 4096 layer at M = 128 and 4096, and two LLM layers.
 FP8_SHAPES = [(128, 4096, 4096), (4096, 4096, 4096), (128, 14336, 4096), (128, 4096, 14336)]
 
@@ -542,4 +564,4 @@ def fp8() -> list[Variant]:
 
 SUITES = {"split_k": split_k, "collectives": collectives, "cascades": cascades, "gemm": gemm,
           "attention": attention, "chains": chains, "chains_m": chains_m, "decode": decode,
-          "lm_head": lm_head, "fp8": fp8}
+          "lm_head": lm_head, "fp8": fp8, "gemm_tma": gemm_tma}

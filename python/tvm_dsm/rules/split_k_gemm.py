@@ -26,6 +26,10 @@ from ..errors import ClusterError
 from ..ir import is_reduction
 from ..pipeline import ASYNC_STAGES_KEY
 from ..transform.cluster_launch import MAX_SMEM_PER_CTA
+from ..transform.tma_pipeline import MAX_BOX as TMA_MAX_BOX
+from ..transform.tma_pipeline import ROW_BYTES as TMA_ROW_BYTES
+from ..transform.tma_pipeline import SLOT_ALIGN as TMA_SLACK
+from ..transform.tma_pipeline import TMA_STAGES_KEY
 from ..schedule import bind_cluster_nest, bind_rank, check_cluster_size
 from ..schedule.collectives import ROTATE_PEERS_KEY
 from .tensor_core import (
@@ -56,6 +60,7 @@ class SplitKGemmConfig:
     warps_m: int = 2
     warps_n: int = 4
     stages: int = 3
+    tma: bool = False  # operand tiles by TMA tensor copies (tvm_dsm.transform.tma_pipeline)
 
     @property
     def warps(self) -> int:
@@ -68,8 +73,10 @@ class SplitKGemmConfig:
     def shared_bytes(self, dtype: str = "float16") -> int:
         """Dynamic shared memory per CTA: the operand pipeline or the fp32 partial tile, which
         takes the pipeline's bytes once the main loop is done (release_slice_starts)."""
-        operands = (self.block_m + self.block_n) * (self.block_k + pad(dtype)) * element_bytes(dtype)
-        return max(self.stages * operands, self.block_m * self.block_n * 4)
+        row = self.block_k if self.tma else self.block_k + pad(dtype)
+        operands = (self.block_m + self.block_n) * row * element_bytes(dtype)
+        pipeline = self.stages * operands + (TMA_SLACK if self.tma else 0)
+        return max(pipeline, self.block_m * self.block_n * 4)
 
 
 @dataclass(frozen=True)
@@ -167,9 +174,22 @@ def check_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
     if shape.k // (s * c.block_k) < c.stages:
         raise ClusterError(f"a CTA's {shape.k // (s * c.block_k)} K steps cannot fill a "
                            f"{c.stages}-stage pipeline")
+    if c.tma:
+        check_tma(shape, c)
     if c.shared_bytes(shape.dtype) > MAX_SMEM_PER_CTA:
         raise ClusterError(f"{c.shared_bytes(shape.dtype)} B of shared memory per CTA exceeds the "
                            f"{MAX_SMEM_PER_CTA} B an H100 CTA may use")
+
+
+def check_tma(shape: GemmShape, config: SplitKGemmConfig) -> None:
+    """TMA copies land 128-byte swizzled rows, whole K-contiguous tiles of at most 256 rows."""
+    if config.block_k * element_bytes(shape.dtype) != TMA_ROW_BYTES:
+        raise ClusterError(f"TMA operand tiles need block_k * element size = {TMA_ROW_BYTES} B, "
+                           f"got {config.block_k} x {element_bytes(shape.dtype)}")
+    if not shape.weight_nk:
+        raise ClusterError("TMA operand tiles need W stored [n, k] (K-contiguous rows)")
+    if max(config.block_m, config.block_n) > TMA_MAX_BOX:
+        raise ClusterError(f"TMA copies at most {TMA_MAX_BOX} rows per tile")
 
 
 def schedule_split_k_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig) -> s_tir.Schedule:
@@ -234,8 +254,9 @@ def split_k_main_loops(sch: s_tir.Schedule, partials: list[tuple], shape: GemmSh
     for partial, _, rank, i, j, k in partials:
         k_step, k_frag = sch.split(k, [None, c.block_k // k_tile(shape.dtype)])
         warp, _, _ = warp_tile(sch, i, j, [k_step, k_frag], c.warps_m, c.warps_n)
-        x_tile = stage_in_shared(sch, partial, 0, k_step, c.warps, 1, c.block_k)
-        stage_in_shared(sch, partial, 1, k_step, c.warps, 1 if shape.weight_nk else 0, c.block_k)
+        x_tile = stage_in_shared(sch, partial, 0, k_step, c.warps, 1, c.block_k, tma=c.tma)
+        stage_in_shared(sch, partial, 1, k_step, c.warps, 1 if shape.weight_nk else 0, c.block_k,
+                        tma=c.tma)
         if quantize is not None:
             sch.compute_inline(quantize)  # X's tile is computed from the input's tile
             # Quantized 4 at a time: CUDA has float4 and fp8x4 types, no 16-wide ones.
@@ -246,6 +267,11 @@ def split_k_main_loops(sch: s_tir.Schedule, partials: list[tuple], shape: GemmSh
         bind_rank(sch, rank)  # after the operand caches: their region is one CTA's K slice
         tensorize_fragments(sch, partial, fragment, caches, k_step, shape.weight_nk,
                             MMA_STORE_F32_DSM)
+        sch.annotate(k_frag, "software_pipeline_stage", [0, 0, 1])
+        sch.annotate(k_frag, "software_pipeline_order", [0, 1, 2])
+        if c.tma:  # tiles stages-1 steps ahead by TMA (tvm_dsm.transform.tma_pipeline)
+            sch.annotate(k_step, TMA_STAGES_KEY, c.stages)
+            continue
         # Software pipeline: operand tiles stages-1 K steps ahead (cp.async), fragments one
         # 16-wide K step ahead. The outer body is [X tile, W tile, then the inner pipeline's
         # prologue, body and epilogue]; a quantized X adds its input tile (first, stage 0) and
@@ -258,8 +284,6 @@ def split_k_main_loops(sch: s_tir.Schedule, partials: list[tuple], shape: GemmSh
         sch.annotate(k_step, "software_pipeline_stage", stages)
         sch.annotate(k_step, "software_pipeline_order", order)
         sch.annotate(k_step, ASYNC_STAGES_KEY, [0])
-        sch.annotate(k_frag, "software_pipeline_stage", [0, 0, 1])
-        sch.annotate(k_frag, "software_pipeline_order", [0, 1, 2])
 
 
 def _schedule_reduce_scatter(sch, block, output, c: SplitKGemmConfig) -> None:

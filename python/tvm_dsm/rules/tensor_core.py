@@ -20,6 +20,7 @@ from tvm.s_tir.schedule import LoopRV, SBlockRV
 from ..errors import ClusterError
 from ..schedule import place_in_dsm
 from ..schedule.dsm import DSM_SCOPE
+from ..transform.tma_pipeline import TMA_COPY_KEY
 
 
 
@@ -142,27 +143,37 @@ def warp_tile(sch: s_tir.Schedule, i: LoopRV, j: LoopRV, k_loops: list[LoopRV],
 
 
 def stage_in_shared(sch: s_tir.Schedule, block: SBlockRV, index: int, at: LoopRV, warps: int,
-                    k_axis: int, block_k: int, rows: int | None = None) -> SBlockRV:
-    """Copy the tile of operand ``index`` that ``at``'s body reads into shared memory in 16-byte
-    vectors. The layout keeps only ``k % block_k`` of axis ``k_axis`` of the last two (and
-    ``% rows`` of the other one if given), so the buffer holds one tile whichever step or
-    cluster rank reads it (s_tir sizes buffers over all ranks otherwise), and pads rows against
-    bank conflicts."""
+                    k_axis: int, block_k: int, rows: int | None = None,
+                    tma: bool = False) -> SBlockRV:
+    """Copy the tile of operand ``index`` that ``at``'s body reads into shared memory. The
+    layout keeps only ``k % block_k`` of axis ``k_axis`` of the last two (and ``% rows`` of the
+    other one if given), so the buffer holds one tile whichever step or cluster rank reads it
+    (s_tir sizes buffers over all ranks otherwise).
+
+    By default the threads copy 16-byte vectors (cp.async once pipelined) into rows padded
+    against bank conflicts. ``tma``: the copy stays one unpadded tile, marked for
+    :mod:`tvm_dsm.transform.tma_pipeline`, which issues it as one TMA tensor copy into a
+    128-byte-swizzled layout (bank-conflict free without padding)."""
     cache = sch.cache_read(block, index, "shared.dyn", consumer_blocks=[block])
     sch.compute_at(cache, at)
-    fused = sch.fuse(*sch.get_loops(cache)[-2:])
     dtype = str(sch.get(cache).writes[0].source.ty.dtype)
-    _, ty, tx, vector = sch.split(fused, [None, warps, 32, VECTOR // element_bytes(dtype)])
-    sch.bind(tx, "threadIdx.x")
-    sch.bind(ty, "threadIdx.y")
-    sch.vectorize(vector)
+    if tma:
+        sch.annotate(cache, TMA_COPY_KEY, 1)
+    else:
+        fused = sch.fuse(*sch.get_loops(cache)[-2:])
+        _, ty, tx, vector = sch.split(fused, [None, warps, 32, VECTOR // element_bytes(dtype)])
+        sch.bind(tx, "threadIdx.x")
+        sch.bind(ty, "threadIdx.y")
+        sch.vectorize(vector)
+
     def tile_local(*index):  # leading axes (a head) are fixed within one tile
         a, b = (index[-2], index[-1]) if k_axis == 1 else (index[-1], index[-2])
         a, b = (a if rows is None else a % rows), b % block_k
         return (a, b) if k_axis == 1 else (b, a)
 
     sch.transform_layout(cache, ("write", 0), tile_local, assume_injective_transform=True)
-    sch.storage_align(cache, 0, axis=-2, factor=32, offset=pad(dtype))
+    if not tma:
+        sch.storage_align(cache, 0, axis=-2, factor=32, offset=pad(dtype))
     return cache
 
 

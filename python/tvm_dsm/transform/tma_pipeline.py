@@ -1,0 +1,354 @@
+"""Stream a main loop's operand tiles with TMA tensor copies that complete on per-stage mbarriers.
+
+s_tir's software pipeline copies a tile as 16-byte ``cp.async`` per thread. On the H100 those
+loads alone took as long as cuBLAS's whole GEMM (G5a: 66.5 us vs 52.6), while 2D TMA tensor
+copies of the same tiles took 53.1 us (``src/hwbench/operand_stream.cu``,
+``bench/results/operand_stream.json``): one instruction per tile, issued by one thread, with no
+per-thread address arithmetic and full 128-byte L2 requests.
+
+The schedule marks a K loop with ``TMA_STAGES_KEY = S`` and the shared-memory copies in its
+body with ``TMA_COPY_KEY`` (:func:`tvm_dsm.rules.tensor_core.stage_in_shared`). This pass,
+run where s_tir's own software pipeline would run, rewrites the loop into::
+
+    host:  cuTensorMapEncodeTiled per copied operand (128-byte swizzle), passed to the kernel
+           as a __grid_constant__ CUtensorMap
+    init:  one mbarrier per stage; the first S-1 steps' tiles issued
+    for k:
+        __syncthreads()                      # every warp is done with the slot refilled below
+        issue step k+S-1 into slot (k+S-1) % S (one thread: expect_tx, one TMA copy per tile)
+        mbarrier wait on slot k % S, parity (k / S) % 2
+        the body, reading slot k % S
+
+The tiles land 128-byte swizzled (16-byte chunk c of row r at chunk ``c ^ (r % 8)``), so
+ldmatrix reads them without bank conflicts and without padding; the pass rewrites every read of
+a copied tile (ldmatrix addresses, plain loads) to the swizzled slot. The swizzle is defined on
+absolute shared addresses, so the kernel traps if a slot is not 1024-byte aligned rather than
+read a permuted tile.
+
+What a copy must be (otherwise ClusterError): ``tile[a, b] = G[.., r0 + a, .., k0 + b]`` over
+the whole unpadded tile, with ``G`` a contiguous parameter of the function, ``b`` its innermost
+axis, rows of exactly 128 bytes and at most 256 rows (TMA's box limit).
+"""
+
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+from tvm.s_tir import SBlock, SBlockRealize
+from tvm.ir import Range
+from tvm.sym import Analyzer
+from tvm.script import tirx as T
+
+from ..errors import ClusterError
+from ..ir import find_all, replace_node, substitute
+
+#: Loop annotation (set by the schedule): stream the marked copies of this loop's body with TMA
+#: through this many shared-memory slots.
+TMA_STAGES_KEY = "tvm_dsm.tma_stages"
+#: Block annotation (set by the schedule): a shared-memory tile copy to issue as a TMA copy.
+TMA_COPY_KEY = "tvm_dsm.tma_copy"
+
+ROW_BYTES = 128  # CU_TENSOR_MAP_SWIZZLE_128B: rows of 128 bytes, 16-byte chunks XOR (row % 8)
+_SWIZZLE_128B = 3
+_L2_PROMOTION_256B = 3
+SLOT_ALIGN = 1024  # the swizzle pattern repeats every 8 rows of 128 bytes
+MAX_BOX = 256
+
+
+def _items(stmt) -> list:
+    return list(stmt.seq) if isinstance(stmt, tirx.SeqStmt) else [stmt]
+
+
+def _seq(items: list):
+    return items[0] if len(items) == 1 else tirx.SeqStmt(items)
+
+
+def _with_body(block: SBlock, body, alloc_buffers=None, reads=None, writes=None) -> SBlock:
+    return SBlock(block.iter_vars, block.reads if reads is None else reads,
+                  block.writes if writes is None else writes, block.name_hint, body, block.init,
+                  list(block.alloc_buffers) if alloc_buffers is None else alloc_buffers,
+                  block.match_buffers, block.annotations)
+
+
+class _ByIdentity(dict):
+    """A dict of buffers (Vars) whose ``get`` matches by identity, not by structural hash."""
+
+    def get(self, key, default=None):
+        return next((v for k, v in self.items() if k.same_as(key)), default)
+
+
+class TileCopy:
+    """One marked copy ``tile[a, b] = G[origin + (a along row_axis, b along the last axis)]``."""
+
+    def __init__(self, nest, params: list, analyzer: Analyzer):
+        loops = []
+        while isinstance(nest, tirx.For):
+            loops.append(nest)
+            nest = nest.body
+        realize = nest
+        if not isinstance(realize, SBlockRealize) or len(loops) != 2:
+            raise ClusterError("TMA copy: expected a 2-deep loop nest over one tile copy block")
+        store = realize.block.body
+        load = store.value if isinstance(store, tirx.BufferStore) else None
+        if not isinstance(load, tvm.ir.TensorLoad) or not analyzer.can_prove(realize.predicate):
+            raise ClusterError(f"TMA copy {realize.block.name_hint}: not a plain, unpredicated copy")
+        self.name = realize.block.name_hint
+        self.tile, self.source = store.buffer, load.source
+        (a, rows), (b, cols) = ((lp.loop_var, int(lp.extent)) for lp in loops)
+        self.rows, self.cols = rows, cols
+        self.dtype = str(self.tile.ty.dtype)
+        self.elem_bytes = tvm.DataType(self.dtype).bits // 8
+        shape = [int(d) for d in self.tile.shape]
+        if shape != [rows, cols] or list(self.tile.strides):
+            raise ClusterError(f"TMA copy {self.name}: the tile must be one unpadded "
+                               f"{rows}x{cols} buffer, got shape {shape}")
+        if cols * self.elem_bytes != ROW_BYTES or rows > MAX_BOX:
+            raise ClusterError(f"TMA copy {self.name}: tiles need rows of {ROW_BYTES} bytes and "
+                               f"at most {MAX_BOX} rows, got {rows}x{cols} {self.dtype}")
+        if not all(analyzer.can_prove_equal(i, v) for i, v in zip(store.indices, (a, b))):
+            raise ClusterError(f"TMA copy {self.name}: must write tile[a, b] in loop order")
+        if not any(self.source.same_as(p) for p in params) or list(self.source.strides):
+            raise ClusterError(f"TMA copy {self.name}: the source must be a contiguous parameter")
+        self.origin = [analyzer.simplify(substitute(i, [(a, tirx.const(0, a.ty)), (b, tirx.const(0, b.ty))])) for i in load.indices]
+        offsets = [analyzer.simplify(i - o) for i, o in zip(load.indices, self.origin)]
+        rank = len(offsets)
+        row_axes = [d for d, off in enumerate(offsets[:-1]) if analyzer.can_prove_equal(off, a)]
+        rest = [off for d, off in enumerate(offsets[:-1]) if d not in row_axes[:1]]
+        if (len(row_axes) < 1 or not analyzer.can_prove_equal(offsets[-1], b)
+                or not all(analyzer.can_prove_equal(off, 0) for off in rest)):
+            raise ClusterError(f"TMA copy {self.name}: reads {self.source.name}{offsets}; needs a "
+                               "row axis and its innermost axis")
+        self.row_axis = row_axes[0]
+        self.rank = rank
+
+    @property
+    def bytes(self) -> int:
+        return self.rows * self.cols * self.elem_bytes
+
+    def encode(self, tensor_map: tirx.Var) -> tirx.Stmt:
+        """Host statement encoding this copy's tensor map (CUDA's innermost-first order)."""
+        shape = [int(d) for d in self.source.shape]
+        dims = shape[::-1]
+        strides, stride = [], self.elem_bytes
+        for extent in dims[:-1]:
+            stride *= extent
+            strides.append(stride)
+        box = [1] * self.rank
+        box[0], box[self.rank - 1 - self.row_axis] = self.cols, self.rows
+        return tirx.Evaluate(tirx.call_packed(
+            "runtime.cuTensorMapEncodeTiled", tensor_map, self.dtype, self.rank,
+            self.source.data, *dims, *strides, *box, *([1] * self.rank),
+            0, _SWIZZLE_128B, _L2_PROMOTION_256B, 0))
+
+    def coordinates(self, loop_var: tirx.Var, step) -> list:
+        """The tile's origin at K step ``step``, innermost axis first."""
+        return [tirx.Cast("int32", substitute(o, [(loop_var, step)])) for o in self.origin[::-1]]
+
+
+def swizzled_offset(offset, elem_bytes: int):
+    """Element ``offset`` of a tile of 128-byte rows, in the 128-byte swizzled layout."""
+    row_elems, chunk_elems = ROW_BYTES // elem_bytes, 16 // elem_bytes
+    row, col = tirx.floordiv(offset, row_elems), tirx.floormod(offset, row_elems)
+    chunk = tirx.bitwise_xor(tirx.floordiv(col, chunk_elems), tirx.floormod(row, 8))
+    return row * row_elems + chunk * chunk_elems + tirx.floormod(col, chunk_elems)
+
+
+class _TmaLoop:
+    """One loop marked ``TMA_STAGES_KEY``, rewritten as described in the module docstring."""
+
+    def __init__(self, loop: tirx.For, leader, params: list, analyzer: Analyzer):
+        self.loop, self.leader, self.analyzer = loop, leader, analyzer
+        self.stages = int(loop.annotations[TMA_STAGES_KEY])
+        realize = loop.body
+        if not isinstance(realize, SBlockRealize):
+            raise ClusterError("TMA pipeline: the loop body must be one block")
+        self.block = realize.block
+        self.copies, self.rest = [], []
+        for item in _items(self.block.body):
+            if find_all(item, SBlock, lambda b: TMA_COPY_KEY in b.annotations):
+                self.copies.append(TileCopy(item, params, analyzer))
+            else:
+                self.rest.append(item)
+        if not self.copies:
+            raise ClusterError("TMA pipeline: the loop copies no marked tile")
+        self.slots = _ByIdentity({
+            c.tile: tirx.decl_buffer((self.stages, c.rows, c.cols), c.dtype, f"{c.tile.name}_tma",
+                                     scope="shared.dyn", data_alignment=SLOT_ALIGN)
+            for c in self.copies
+        })
+        self.maps = [tirx.Var(f"{c.source.name}_tensormap", T.handle("tensormap").ty)
+                     for c in self.copies]
+        self.barriers = tirx.decl_buffer((self.stages,), "uint64", "tma_mbarrier", scope="shared.dyn",
+                                         data_alignment=8)
+    # -- host -------------------------------------------------------------------------------
+    def host(self) -> list:
+        stmts = []
+        for copy, tensor_map in zip(self.copies, self.maps):
+            stmts.append(tirx.Bind(tensor_map, T.tvm_stack_alloca("tensormap", 1)))
+            stmts.append(copy.encode(tensor_map))
+        return stmts
+
+    # -- device -----------------------------------------------------------------------------
+    @staticmethod
+    def _address(buffer, offset_bytes=0):
+        """Shared-memory address of ``buffer`` plus ``offset_bytes``. Taken through a read-only
+        access pointer at every use: ThreadSync then sees no write to fence (the copies are
+        asynchronous, ordered by the mbarriers and the loop's own barrier), and the shared
+        memory merge sees the buffer live wherever it is used."""
+        base = T.cuda.cvta_generic_to_shared(buffer.access_ptr("r"))
+        return base + tirx.Cast("uint32", offset_bytes)
+
+    def _barrier(self, slot):
+        return self._address(self.barriers, slot * 8)
+
+    def _issue(self, step) -> tirx.Stmt:
+        """One thread's statements loading K step ``step`` into its slot."""
+        slot = tirx.floormod(step, self.stages)
+        total = sum(c.bytes for c in self.copies)
+        stmts = [tirx.Evaluate(T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(
+            self._barrier(slot), tirx.const(total, "uint32")))]
+        for copy, tensor_map in zip(self.copies, self.maps):
+            dst = self._address(self.slots.get(copy.tile), slot * copy.bytes)
+            coords = copy.coordinates(self.loop.loop_var, step)
+            stmts.append(tirx.Evaluate(T.ptx[
+                f"cp.async.bulk.tensor.{copy.rank}d.shared::cluster.global.mbarrier::complete_tx::bytes"
+            ](dst, T.address_of(tensor_map), *coords, self._barrier(slot))))
+        return _seq(stmts)
+
+    def _read_slot(self, body, slot):
+        """``body`` with each copied tile read from ``slot`` of its swizzled slots."""
+
+        def load(node):
+            slots = self.slots.get(node.source)
+            if slots is None:
+                return node
+            row, col = node.indices
+            cols = int(node.source.shape[1])
+            swizzled = swizzled_offset(row * cols + col, _elem_bytes(node.source))
+            return slots[slot, tirx.floordiv(swizzled, cols), tirx.floormod(swizzled, cols)]
+
+        def ldmatrix(node):
+            """ldmatrix(trans, num, type, frag, frag offset, access_ptr(tile, base), offset)."""
+            if not node.op.name.endswith("ldmatrix") or len(node.args) != 7:
+                return node
+            args = list(node.args)
+            ptr = args[5]
+            tile = _pointee(ptr)
+            slots = self.slots.get(tile)
+            if slots is None:
+                return node
+            per_slot = int(tile.shape[0]) * int(tile.shape[1])
+            offset = slot * per_slot + swizzled_offset(ptr.args[2] + args[6], _elem_bytes(tile))
+            args[5] = slots.access_ptr("r", offset=offset)
+            args[6] = tirx.const(0, "int32")
+            return tvm.ir.Call(node.op, args, node.attrs, ret_ty=node.ty)
+
+        def region(node):
+            slots = self.slots.get(node.source)
+            if slots is None:
+                return node
+            return tirx.BufferRegion(slots, [Range.from_min_extent(slot, 1), node.region[0],
+                                             Range(0, int(node.source.shape[1]))])
+
+        body = tvm_ffi.structural_map(body, [(tvm.ir.TensorLoad, load), (tvm.ir.Call, ldmatrix),
+                                             (tvm.ir.TensorRegion, region)])
+        for tile in self.slots:
+            if find_all(body, tirx.Var, lambda v, t=tile: v.same_as(t)):
+                raise ClusterError(f"TMA pipeline: {tile.name} is used other than by ldmatrix "
+                                   "or plain loads, which the swizzled layout cannot serve")
+        return body
+
+    def lower(self) -> tirx.Stmt:
+        loop, stages, n = self.loop, self.stages, int(self.loop.extent)
+        if int(loop.min) != 0 or n < stages - 1:
+            raise ClusterError(f"TMA pipeline: {n} steps cannot fill {stages - 1} stages ahead")
+        k = loop.loop_var
+        slot = tirx.floormod(k, stages)
+        inner = _with_body(self.block, _seq(self.rest), alloc_buffers=[
+            b for b in self.block.alloc_buffers if self.slots.get(b) is None])
+        inner = self._read_slot(inner, slot)
+        ahead = k + (stages - 1)
+        body = _seq([
+            tirx.Evaluate(T.tvm_storage_sync("shared")),
+            tirx.IfThenElse(tirx.And(self.leader, ahead < n), self._issue(ahead), None),
+            tirx.Evaluate(T.cuda.mbarrier_wait(self._barrier(slot), tirx.floormod(tirx.floordiv(k, stages), 2))),
+            SBlockRealize([], True, inner),
+        ])
+        new_loop = tirx.For(k, loop.min, loop.extent, loop.kind, body, loop.thread_binding,
+                            {key: v for key, v in loop.annotations.items() if key != TMA_STAGES_KEY})
+        s = tirx.Var("tma_stage", "int32")
+        uint32 = lambda v: tirx.const(v, "uint32")  # noqa: E731
+        aligned = [tirx.Evaluate(T.cuda.trap_when_assert_failed(tirx.EQ(
+            tirx.floormod(self._address(slots), uint32(SLOT_ALIGN)), uint32(0))))
+            for slots in self.slots.values()]
+        prologue = tirx.For(s, 0, stages - 1, tirx.ForKind.SERIAL, self._issue(s))
+        stmts = [
+            tirx.IfThenElse(self.leader, _seq([
+                *aligned,
+                tirx.For(s, 0, stages, tirx.ForKind.SERIAL, tirx.Evaluate(
+                    T.ptx.mbarrier.init.shared__cta.b64(self._barrier(s), 1))),
+                tirx.Evaluate(T.ptx.fence.mbarrier_init.release.cluster()),
+            ]), None),
+            tirx.Evaluate(T.tvm_storage_sync("shared")),
+            tirx.IfThenElse(self.leader, prologue, None),
+            new_loop,
+        ]
+        wrapper = SBlock([], self.block.reads, self.block.writes, "tma_pipeline", _seq(stmts),
+                         alloc_buffers=[*self.slots.values(), self.barriers])
+        return SBlockRealize([], True, wrapper)
+
+
+def _elem_bytes(buffer) -> int:
+    return tvm.DataType(str(buffer.ty.dtype)).bits // 8
+
+
+def _pointee(ptr):
+    """The buffer a ``tvm_access_ptr(type, buffer.data, ...)`` points into, or None."""
+    if not (isinstance(ptr, tvm.ir.Call) and ptr.op.name == "tirx.tvm_access_ptr"):
+        return None
+    data = ptr.args[1]
+    if isinstance(data, tvm.ir.Call) and data.op.name == "tirx.buffer_data":
+        return data.args[0]
+    return None
+
+
+def _thread_var(body, tag: str):
+    found = {lp.loop_var for lp in find_all(body, tirx.For, lambda lp: lp.thread_binding is not None
+                                                and str(lp.thread_binding.thread_tag) == tag)}
+    if len(found) > 1:
+        raise ClusterError(f"TMA pipeline: {tag} is bound by more than one loop")
+    return next(iter(found), None)
+
+
+def _lower_func(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    loops = find_all(func.body, tirx.For, lambda lp: TMA_STAGES_KEY in lp.annotations)
+    if not loops:
+        return func
+    threads = [v for v in (_thread_var(func.body, t) for t in ("threadIdx.x", "threadIdx.y")) if v is not None]
+    leader = tirx.const(True, "bool")
+    for var in threads:
+        leader = tirx.And(leader, tirx.EQ(var, 0))
+    params = list(func.params)
+    analyzer = Analyzer()
+    body, host = func.body, []
+    for loop in loops:
+        lowering = _TmaLoop(loop, leader, params, analyzer)
+        body = replace_node(body, loop, lowering.lower())
+        host += lowering.host()
+    if isinstance(body, SBlockRealize):  # the root block: host statements go before the launch
+        root = body.block
+        body = SBlockRealize(body.iter_values, body.predicate,
+                             _with_body(root, _seq([*host, root.body])))
+    else:
+        body = _seq([*host, body])
+    return func.with_body(body)
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvm_dsm.LowerTmaPipeline")
+def LowerTmaPipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """Rewrite every loop marked ``TMA_STAGES_KEY`` (see the module docstring)."""
+    updates = {gv: _lower_func(f) for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
+    for gv, f in updates.items():
+        mod[gv] = f
+    return mod
