@@ -202,13 +202,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--only", nargs="*", help="kernel names to run (default: all)")
+    parser.add_argument("--only", nargs="*", help="kernel name prefixes to run (default: all)")
     parser.add_argument("--timeout", type=float, default=120.0, help="watchdog per kernel, s")
     parser.add_argument("--trials", type=int, default=2, help="fresh random inputs per check")
     parser.add_argument("--check-only", action="store_true", help="no timing (e.g. under compute-sanitizer)")
     args = parser.parse_args()
     manifest = json.loads((args.folder / "manifest.json").read_text())
-    kernels = [k for k in manifest["kernels"] if not args.only or k["name"] in args.only]
+    kernels = [k for k in manifest["kernels"] if not args.only or k["name"].startswith(tuple(args.only))]
     precompile(args.folder, [k["name"] for k in kernels])
     hbm_bw = measure_hbm_bandwidth()
     versions = {

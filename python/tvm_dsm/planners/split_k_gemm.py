@@ -51,6 +51,14 @@ STEP_S = 0.05e-6  # per K step of a CTA: the barrier and instruction issue aroun
 #: this long over ``stages - 2`` steps of lookahead: 3 stages measured 1.3x slower than 4 on
 #: 4096^3 with everything else equal.
 LOADED_LATENCY_S = 1.5e-6
+#: The same for a TMA tile (tvm_dsm.transform.tma_pipeline), which is awaited in the step that
+#: uses it, so ``stages - 1`` steps of lookahead; fitted on the H100 cp.async-vs-TMA sweep
+#: (bench/results/gemm_tma.json).
+TMA_LATENCY_S = 1.75e-6
+#: Share of TMA's streaming rate that per-thread cp.async copies reach: the same GEMM operand
+#: tiles streamed alone took 66.5 us by cp.async and 53.1 us by TMA on the H100
+#: (src/hwbench/operand_stream.cu, bench/results/operand_stream.json).
+CP_ASYNC_STREAM_EFFICIENCY = 53.1 / 66.5
 
 
 @dataclass(frozen=True)
@@ -68,7 +76,7 @@ class GemmPlan(Plan):
                  "through DSM" if c.cluster_size > 1 else "K whole in each CTA (no cluster)")
         return (
             f"cluster split-K GEMM: {c.block_m}x{c.block_n}x{c.block_k} tiles, {c.stages}-stage "
-            f"cp.async pipeline, {c.warps_m}x{c.warps_n} warps; {split}; {self.ctas} CTAs, "
+            f"{'TMA' if c.tma else 'cp.async'} pipeline, {c.warps_m}x{c.warps_n} warps; {split}; {self.ctas} CTAs, "
             f"{self.resident} per SM, {self.smem} B SMEM each"
         )
 
@@ -97,7 +105,9 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
     per_sm = math.ceil(ctas / waves / hw.sm_count)
     # Bandwidth the busy SMs can pull: bytes in flight per SM over the HBM latency.
     tile_bytes = (c.block_m + c.block_n) * c.block_k * elem
-    in_flight = min(per_sm * (c.stages - 2) * tile_bytes, _BYTES_IN_FLIGHT_PER_SM)
+    lookahead, latency = (c.stages - 1, TMA_LATENCY_S) if c.tma else (c.stages - 2, LOADED_LATENCY_S)
+    stream = 1.0 if c.tma else CP_ASYNC_STREAM_EFFICIENCY
+    in_flight = min(per_sm * lookahead * tile_bytes, _BYTES_IN_FLIGHT_PER_SM)
     pull = busy_sms / hw.sm_count * in_flight / _BYTES_IN_FLIGHT_PER_SM
     tail = waves / (ctas / slots) if ctas > slots else 1.0
     # Row tiles run one after another (the grid walks a row of tiles first): W comes from HBM
@@ -111,11 +121,11 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
     flops = 2 * shape.m * shape.n * shape.k
     k_steps = shape.k // s // c.block_k
     seconds = {
-        "hbm": traffic["hbm"] / (hw.hbm_bw * min(1.0, pull)) * tail,
-        "l2": traffic["l2"] / hw.l2_bw * tail,
+        "hbm": traffic["hbm"] / (hw.hbm_bw * stream * min(1.0, pull)) * tail,
+        "l2": traffic["l2"] / (hw.l2_bw * stream) * tail,
         "dsm": traffic["dsm"] / hw.dsm_bw(s) if s > 1 else 0.0,
         "mma": flops / (MMA_SYNC_PEAK * 2 / elem * min(1.0, busy_sms / hw.sm_count)) * tail,
-        "pipeline": k_steps * waves * LOADED_LATENCY_S / (c.stages - 2),
+        "pipeline": k_steps * waves * latency / lookahead,
     }
     fill = (c.stages - 1) * hw.latency_ns["hbm"] * 1e-9 * waves  # pipeline fill per wave
     barriers = 2 * hw.latency_ns["dsm"] * 1e-9 if s > 1 else 0.0
@@ -133,12 +143,12 @@ def candidate_configs(shape: GemmShape, quantized: bool = False) -> list[SplitKG
     check = check_quantized_config if quantized else check_config
     configs = []
     depths = (64, 128) if element_bytes(shape.dtype) == 1 else (64,)  # 128-byte rows for fp8 too
-    for s, bm, bn, bk, stages in itertools.product(
-        (1, 2, 4, 8, 16), (16, 32, 64, 128), (64, 128, 256), depths, (3, 4)
+    for s, bm, bn, bk, stages, tma in itertools.product(
+        (1, 2, 4, 8, 16), (16, 32, 64, 128), (64, 128, 256), depths, (3, 4), (True, False)
     ):
         warps_m = 2 if bm >= 64 else 1
         warps_n = 4 if bn >= 128 else 2
-        config = SplitKGemmConfig(s, bm, bn, bk, warps_m, warps_n, stages)
+        config = SplitKGemmConfig(s, bm, bn, bk, warps_m, warps_n, stages, tma)
         try:
             check(shape, config)
         except ClusterError:

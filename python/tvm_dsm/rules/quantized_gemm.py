@@ -79,6 +79,9 @@ def check_quantized_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
     """:func:`check_config` plus what the quantization adds; ClusterError names what fails."""
     check_config(shape, config)
     c = config
+    if c.tma:
+        raise ClusterError("the fused quantization computes X's tiles in shared memory from "
+                           "cp.async copies of the fp16 input; TMA operand copies are not supported")
     if (VECTOR // 2) * 32 * c.cluster_size > shape.k:
         raise ClusterError(f"K={shape.k} gives a CTA fewer than 32 lanes x 8 elements of each row")
     if c.block_m % c.warps:

@@ -1,0 +1,151 @@
+"""TMA operand pipeline (tvm_dsm.transform.tma_pipeline): generated CUDA, layout, errors, GPU."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import tvm
+from tvm import tirx
+from tvm.sym import Analyzer
+
+from conftest import TARGET, cuda_source
+from tvm_dsm.errors import ClusterError
+from tvm_dsm.planners.split_k_gemm import plan_split_k_gemm
+from tvm_dsm.rules.quantized_gemm import schedule_quantized_gemm
+from tvm_dsm.rules.split_k_gemm import GemmShape, SplitKGemmConfig, schedule_split_k_gemm
+from tvm_dsm.transform.tma_pipeline import swizzled_offset
+from tvm_dsm.workloads.dense import dense, quantized_dense, scaled_dense
+
+TMA = SplitKGemmConfig(2, 64, 128, 64, 2, 4, stages=4, tma=True)
+TMA_COPY = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+
+
+@pytest.mark.parametrize(("dtype", "ptx_type"), [("float16", "f16"), ("bfloat16", "bf16")])
+def test_generated_cuda_streams_operand_tiles_with_tma(dtype, ptx_type, assemble):
+    source = cuda_source(schedule_split_k_gemm(dense(128, 256, 1024, dtype=dtype), TMA).mod)
+    for needle in (TMA_COPY, "const __grid_constant__ CUtensorMap X_tensormap",
+                   "const __grid_constant__ CUtensorMap W_tensormap", "mbarrier.try_wait.parity",
+                   "mbarrier.arrive.expect_tx", f"mma.sync.aligned.m16n8k16.row.col.f32.{ptx_type}",
+                   "ldmatrix", "mapa.shared::cluster"):
+        assert needle in source, needle
+    assert "cp.async.cg.shared.global" not in source  # no per-thread operand copies left
+    assemble(source, f"gemm_tma_{dtype}")
+
+
+def test_host_encodes_one_tensor_map_per_operand():
+    from tvm.tirx.compilation_pipeline import get_tir_pipeline
+
+    mod = schedule_split_k_gemm(dense(128, 256, 1024), TMA).mod
+    host = get_tir_pipeline("default")[0](tvm.tirx.transform.BindTarget(TARGET)(mod))["main"].script()
+    encodes = [line for line in host.splitlines() if "cuTensorMapEncodeTiled" in line]
+    # X [128, 1024] in 64 x 64 boxes, W [256, 1024] in 64 x 128 boxes; 128-byte swizzle (3).
+    assert len(encodes) == 2
+    assert re.search(r'"float16", 2, X\w*\.data, 1024, 128, 2048, 64, 64, 1, 1, 0, 3,', encodes[0])
+    assert re.search(r'"float16", 2, W\w*\.data, 1024, 256, 2048, 64, 128, 1, 1, 0, 3,', encodes[1])
+
+
+def _shared_ranges(source: str) -> dict[str, tuple[int, int]]:
+    """Byte ranges of the mbarriers and of each operand's slots in the merged shared buffer, read
+    off the generated CUDA (address of element i of a ``T*`` view of buf_dyn_shmem)."""
+    sizes = {"uint64_t": 8, "half": 2}
+    starts = {}
+    for kind, index in re.findall(r"cvta_generic_to_shared\(\(&\(\(\((uint64_t|half)\*\)buf_dyn_shmem_ptr\)\[(\d+)\]",
+                                  source):
+        starts.setdefault(kind, set()).add(int(index) * sizes[kind])
+    return starts
+
+
+def test_barriers_and_slots_do_not_overlap():
+    """The mbarriers are used all through the loop; a shared-memory merge that thought them
+    dead after their initialisation would let a TMA tile overwrite them (seen in development)."""
+    source = cuda_source(schedule_split_k_gemm(dense(128, 256, 1024), TMA).mod)
+    starts = _shared_ranges(source)
+    (barriers,) = starts["uint64_t"]
+    slots = sorted(starts["half"])
+    assert len(slots) == 2 and all(s % 1024 == 0 for s in slots)
+    x_bytes, w_bytes = 4 * 64 * 64 * 2, 4 * 128 * 64 * 2
+    x, w = slots
+    assert x + x_bytes <= w
+    for start, size in ((x, x_bytes), (w, w_bytes)):
+        assert barriers + 4 * 8 <= start or barriers >= start + size
+
+
+def test_k_loop_issues_ahead_then_waits_on_its_slot_once_per_step():
+    source = cuda_source(schedule_split_k_gemm(dense(128, 256, 1024), TMA).mod)
+    loop = source[source.index("for (int ax3_0"):]
+    step = loop[:loop.index("ldmatrix")]
+    assert step.count("__syncthreads()") == 1
+    # barrier (slot free), issue step k + stages - 1, then wait for step k's slot
+    assert step.index("__syncthreads()") < step.index("cp_async_bulk_tensor") < step.index("mbarrier_wait")
+
+
+@pytest.mark.parametrize("elem_bytes", [1, 2])
+def test_swizzle_is_cuda_128_byte_swizzle(elem_bytes):
+    """Element offsets map to CU_TENSOR_MAP_SWIZZLE_128B: 16-byte chunk c of 128-byte row r
+    lands at chunk c ^ (r % 8)."""
+    analyzer = Analyzer()
+    row_elems = 128 // elem_bytes
+    for offset in range(0, 16 * row_elems, 3):
+        row, col_bytes = divmod(offset * elem_bytes, 128)
+        expected = row * 128 + ((col_bytes // 16) ^ (row % 8)) * 16 + col_bytes % 16
+        got = analyzer.simplify(swizzled_offset(tirx.const(offset, "int32"), elem_bytes))
+        assert int(got) * elem_bytes == expected
+
+
+@pytest.mark.parametrize(("func", "config", "message"), [
+    (dense(128, 256, 1024, weight_layout="kn"), TMA, "W stored \\[n, k\\]"),
+    (dense(128, 256, 1024), SplitKGemmConfig(2, 64, 128, 32, 2, 4, 4, tma=True), "block_k"),
+    (dense(128, 512, 1024), SplitKGemmConfig(1, 64, 512, 64, 2, 4, 3, tma=True), "at most 256 rows"),
+])
+def test_unsupported_tiles_get_clear_errors(func, config, message):
+    with pytest.raises(ClusterError, match=message):
+        schedule_split_k_gemm(func, config)
+
+
+def test_fused_quantization_refuses_tma():
+    config = SplitKGemmConfig(2, 64, 128, 128, 2, 4, 3, tma=True)
+    with pytest.raises(ClusterError, match="TMA operand copies are not supported"):
+        schedule_quantized_gemm(quantized_dense(128, 256, 1024), config)
+
+
+def test_fp8_tiles_of_128_bytes_stream_with_tma(assemble):
+    config = SplitKGemmConfig(2, 64, 128, 128, 2, 4, 4, tma=True)
+    source = cuda_source(schedule_split_k_gemm(scaled_dense(128, 256, 2048), config).mod)
+    assert TMA_COPY in source and "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3" in source
+    assemble(source, "fp8_tma")
+
+
+def test_planner_prefers_tma_where_it_applies():
+    """Measured on the H100 (bench/results/gemm_tma.json): TMA beat cp.async on 9 of the 10
+    shapes' best configurations; the planner's pick for a K-contiguous weight uses it."""
+    assert plan_split_k_gemm(GemmShape(128, 4096, 4096, True), _hw())[0].config.tma
+    assert not plan_split_k_gemm(GemmShape(128, 4096, 4096, False), _hw())[0].config.tma
+
+
+def _hw():
+    from tvm_dsm.hardware import load_hardware
+
+    return load_hardware()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("m", "n", "k", "config"), [
+    (128, 1024, 4096, SplitKGemmConfig(1, 128, 128, 64, 2, 4, 4, tma=True)),
+    (128, 1024, 4096, SplitKGemmConfig(4, 64, 128, 64, 2, 4, 3, tma=True)),
+    (256, 512, 2048, SplitKGemmConfig(2, 128, 256, 64, 2, 4, 3, tma=True)),
+    (64, 768, 3072, SplitKGemmConfig(2, 64, 64, 64, 2, 2, 4, tma=True)),
+])
+def test_gpu_tma_gemm_matches_float64(m, n, k, config):
+    func = tvm.compile(schedule_split_k_gemm(dense(m, n, k, bias=True, activation="relu"), config).mod,
+                       target=TARGET)
+    dev = tvm.cuda(0)
+    rng = np.random.default_rng()
+    x = rng.standard_normal((m, k)).astype(np.float16)
+    w = rng.standard_normal((n, k)).astype(np.float16)
+    b = rng.standard_normal(n).astype(np.float16)
+    y = tvm.runtime.tensor(np.full((m, n), np.nan, np.float16), dev)
+    func(*(tvm.runtime.tensor(a, dev) for a in (x, w, b)), y)
+    ref = np.maximum(x.astype(np.float64) @ w.astype(np.float64).T + b, 0)
+    assert np.linalg.norm(y.numpy() - ref) / np.linalg.norm(ref) < 2e-3
