@@ -73,10 +73,14 @@ class SplitKGemmConfig:
     def shared_bytes(self, dtype: str = "float16") -> int:
         """Dynamic shared memory per CTA: the operand pipeline or the fp32 partial tile, which
         takes the pipeline's bytes once the main loop is done (release_slice_starts)."""
+        return max(self.pipeline_bytes(dtype), self.block_m * self.block_n * 4)
+
+    def pipeline_bytes(self, dtype: str = "float16") -> int:
+        """The operand tiles of every stage: padded rows for cp.async; unpadded (swizzled) for
+        TMA, plus the mbarriers and the slots' 1024-byte alignment."""
         row = self.block_k if self.tma else self.block_k + pad(dtype)
         operands = (self.block_m + self.block_n) * row * element_bytes(dtype)
-        pipeline = self.stages * operands + (TMA_SLACK if self.tma else 0)
-        return max(pipeline, self.block_m * self.block_n * 4)
+        return self.stages * operands + (TMA_SLACK if self.tma else 0)
 
 
 @dataclass(frozen=True)

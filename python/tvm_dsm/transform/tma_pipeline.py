@@ -18,6 +18,7 @@ run where s_tir's own software pipeline would run, rewrites the loop into::
         issue step k+S-1 into slot (k+S-1) % S (one thread: expect_tx, one TMA copy per tile)
         mbarrier wait on slot k % S, parity (k / S) % 2
         the body, reading slot k % S
+    __syncthreads(); the mbarriers invalidated
 
 The tiles land 128-byte swizzled (16-byte chunk c of row r at chunk ``c ^ (r % 8)``), so
 ldmatrix reads them without bank conflicts and without padding; the pass rewrites every read of
@@ -293,6 +294,11 @@ class _TmaLoop:
             tirx.Evaluate(T.tvm_storage_sync("shared")),
             tirx.IfThenElse(self.leader, prologue, None),
             new_loop,
+            # Invalidate before the memory is reused (by the merge, or a re-run of the loop):
+            # PTX leaves re-initialising a live mbarrier undefined.
+            tirx.Evaluate(T.tvm_storage_sync("shared")),
+            tirx.IfThenElse(self.leader, tirx.For(s, 0, stages, tirx.ForKind.SERIAL, tirx.Evaluate(
+                T.ptx.mbarrier.inval.shared__cta.b64(self._barrier(s)))), None),
         ]
         wrapper = SBlock([], self.block.reads, self.block.writes, "tma_pipeline", _seq(stmts),
                          alloc_buffers=[*self.slots.values(), self.barriers])
@@ -313,27 +319,26 @@ def _pointee(ptr):
     return None
 
 
-def _thread_var(body, tag: str):
-    found = {lp.loop_var for lp in find_all(body, tirx.For, lambda lp: lp.thread_binding is not None
-                                                and str(lp.thread_binding.thread_tag) == tag)}
-    if len(found) > 1:
-        raise ClusterError(f"TMA pipeline: {tag} is bound by more than one loop")
-    return next(iter(found), None)
+def _leader(body, loop: tirx.For):
+    """``threadIdx.x == 0 and threadIdx.y == 0`` of the kernel enclosing ``loop`` (a function
+    may launch several kernels, each binding its own thread variables)."""
+    leader = tirx.const(True, "bool")
+    for binding in find_all(body, tirx.For, lambda lp: lp.thread_binding is not None and str(
+            lp.thread_binding.thread_tag) in ("threadIdx.x", "threadIdx.y")):
+        if find_all(binding.body, tirx.For, lambda lp: lp.same_as(loop)):
+            leader = tirx.And(leader, tirx.EQ(binding.loop_var, 0))
+    return leader
 
 
 def _lower_func(func: tirx.PrimFunc) -> tirx.PrimFunc:
     loops = find_all(func.body, tirx.For, lambda lp: TMA_STAGES_KEY in lp.annotations)
     if not loops:
         return func
-    threads = [v for v in (_thread_var(func.body, t) for t in ("threadIdx.x", "threadIdx.y")) if v is not None]
-    leader = tirx.const(True, "bool")
-    for var in threads:
-        leader = tirx.And(leader, tirx.EQ(var, 0))
     params = list(func.params)
     analyzer = Analyzer()
     body, host = func.body, []
     for loop in loops:
-        lowering = _TmaLoop(loop, leader, params, analyzer)
+        lowering = _TmaLoop(loop, _leader(func.body, loop), params, analyzer)
         body = replace_node(body, loop, lowering.lower())
         host += lowering.host()
     if isinstance(body, SBlockRealize):  # the root block: host statements go before the launch
