@@ -438,7 +438,7 @@ def _chain_variants(label: str, m: int, sample: int, hw) -> list[Variant]:
         smem = rank == "smem"
         variants.append(Variant(
             name=f"{label}_m{m}_{'smem' if smem else 'c'}{c.cluster_size}_{c.block_m}x{c.block_n}x{c.block_k}"
-            f"_n{c.n_steps}_w{c.warps_m}x{c.warps_n}_s{c.stages}",
+            f"_n{c.n_steps}_w{c.warps_m}x{c.warps_n}_s{c.stages}{'_tma' if c.tma else ''}",
             workload="swiglu" if gated else "gemm_chain_relu",
             mod=schedule_chain(func, hw, c)[0].mod,
             args=args,
@@ -466,7 +466,8 @@ def lm_head() -> list[Variant]:
         for rank, plan in enumerate(plan_gemm_row_max(row_max_shape(func))[:4]):
             c = plan.config
             variants.append(Variant(
-                name=f"lm_head_{batch}x{seq}x{hidden}x{vocab}_{c.block_m}x{c.block_n}x{c.block_k}_s{c.stages}",
+                name=f"lm_head_{batch}x{seq}x{hidden}x{vocab}_{c.block_m}x{c.block_n}x{c.block_k}_s{c.stages}"
+                f"{'_tma' if c.tma else ''}",
                 workload="lm_head_max",
                 mod=schedule_gemm_row_max(func, c).mod,
                 args=args,
@@ -550,7 +551,7 @@ def fp8() -> list[Variant]:
             c = plan.config
             variants.append(Variant(
                 name=f"{'quant_' if quantized else ''}fp8_{m}x{n}x{k}_c{c.cluster_size}_"
-                f"{c.block_m}x{c.block_n}x{c.block_k}_s{c.stages}",
+                f"{c.block_m}x{c.block_n}x{c.block_k}_s{c.stages}{'_tma' if c.tma else ''}",
                 workload="quantized_dense" if quantized else "scaled_dense",
                 mod=schedule(func, c).mod,
                 args=args,

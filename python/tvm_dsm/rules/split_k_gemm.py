@@ -28,7 +28,7 @@ from ..pipeline import ASYNC_STAGES_KEY
 from ..transform.cluster_launch import MAX_SMEM_PER_CTA
 from ..transform.tma_pipeline import MAX_BOX as TMA_MAX_BOX
 from ..transform.tma_pipeline import ROW_BYTES as TMA_ROW_BYTES
-from ..transform.tma_pipeline import SLOT_ALIGN as TMA_SLACK
+from ..transform.tma_pipeline import SLOT_ALIGN as TMA_SLOT_ALIGN
 from ..transform.tma_pipeline import TMA_STAGES_KEY
 from ..schedule import bind_cluster_nest, bind_rank, check_cluster_size
 from ..schedule.collectives import ROTATE_PEERS_KEY
@@ -77,10 +77,10 @@ class SplitKGemmConfig:
 
     def pipeline_bytes(self, dtype: str = "float16") -> int:
         """The operand tiles of every stage: padded rows for cp.async; unpadded (swizzled) for
-        TMA, plus the mbarriers and the slots' 1024-byte alignment."""
+        TMA, plus each operand's 1024-byte alignment and two mbarriers per stage."""
         row = self.block_k if self.tma else self.block_k + pad(dtype)
         operands = (self.block_m + self.block_n) * row * element_bytes(dtype)
-        return self.stages * operands + (TMA_SLACK if self.tma else 0)
+        return self.stages * operands + (2 * TMA_SLOT_ALIGN + 16 * self.stages if self.tma else 0)
 
 
 @dataclass(frozen=True)

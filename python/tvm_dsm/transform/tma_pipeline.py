@@ -21,10 +21,11 @@ run where s_tir's own software pipeline would run, rewrites the loop into::
     __syncthreads(); the mbarriers invalidated
 
 The tiles land 128-byte swizzled (16-byte chunk c of row r at chunk ``c ^ (r % 8)``), so
-ldmatrix reads them without bank conflicts and without padding; the pass rewrites every read of
-a copied tile (ldmatrix addresses, plain loads) to the swizzled slot. The swizzle is defined on
-absolute shared addresses, so the kernel traps if a slot is not 1024-byte aligned rather than
-read a permuted tile.
+ldmatrix reads them without bank conflicts and without padding; the pass rewrites every
+ldmatrix of a copied tile to the swizzled slot. The hardware swizzles on absolute shared
+addresses, and TVM's shared-memory merge does not promise a buffer 1024-byte alignment (it
+placed one at byte 2624), so each operand's slots start at the first 1024-byte boundary inside a
+buffer one alignment larger, computed in the kernel.
 
 What a copy must be (otherwise ClusterError): ``tile[a, b] = G[.., r0 + a, .., k0 + b]`` over
 the whole unpadded tile, with ``G`` a contiguous parameter of the function, ``b`` its innermost
@@ -158,8 +159,15 @@ def swizzled_offset(offset, elem_bytes: int):
 class _TmaLoop:
     """One loop marked ``TMA_STAGES_KEY``, rewritten as described in the module docstring."""
 
-    def __init__(self, loop: tirx.For, leader, params: list, analyzer: Analyzer):
-        self.loop, self.leader, self.analyzer = loop, leader, analyzer
+    def __init__(self, loop: tirx.For, threads: dict, params: list, analyzer: Analyzer):
+        self.loop, self.analyzer = loop, analyzer
+        lane, lanes = threads.get("threadIdx.x", (None, 0))
+        if lanes != 32 or "threadIdx.z" in threads:
+            raise ClusterError("TMA pipeline: expects warps of 32 lanes on threadIdx.x "
+                               f"(and warps on threadIdx.y), got {sorted(threads)}")
+        warp, self.warps = threads.get("threadIdx.y", (tirx.const(0, "int32"), 1))
+        self.lane_zero = tirx.EQ(lane, 0)
+        self.leader = tirx.And(self.lane_zero, tirx.EQ(warp, 0))
         self.stages = int(loop.annotations[TMA_STAGES_KEY])
         realize = loop.body
         if not isinstance(realize, SBlockRealize):
@@ -174,14 +182,16 @@ class _TmaLoop:
         if not self.copies:
             raise ClusterError("TMA pipeline: the loop copies no marked tile")
         self.slots = _ByIdentity({
-            c.tile: tirx.decl_buffer((self.stages, c.rows, c.cols), c.dtype, f"{c.tile.name}_tma",
-                                     scope="shared.dyn", data_alignment=SLOT_ALIGN)
+            c.tile: tirx.decl_buffer((self.stages * c.rows + SLOT_ALIGN // ROW_BYTES, c.cols),
+                                     c.dtype, f"{c.tile.name}_tma", scope="shared.dyn",
+                                     data_alignment=16)
             for c in self.copies
         })
         self.maps = [tirx.Var(f"{c.source.name}_tensormap", T.handle("tensormap").ty)
                      for c in self.copies]
-        self.barriers = tirx.decl_buffer((self.stages,), "uint64", "tma_mbarrier", scope="shared.dyn",
-                                         data_alignment=8)
+        # full[s] (slot s landed: its TMA bytes), then empty[s] (every warp has read slot s).
+        self.barriers = tirx.decl_buffer((2 * self.stages,), "uint64", "tma_mbarrier",
+                                         scope="shared.dyn", data_alignment=8)
     # -- host -------------------------------------------------------------------------------
     def host(self) -> list:
         stmts = []
@@ -203,6 +213,18 @@ class _TmaLoop:
     def _barrier(self, slot):
         return self._address(self.barriers, slot * 8)
 
+    def _aligned(self, slots):
+        """Shared address of the first 1024-byte boundary in ``slots``: slot 0."""
+        mask = tirx.const(SLOT_ALIGN - 1, "uint32")
+        return tirx.bitwise_and(self._address(slots) + mask, tirx.bitwise_not(mask))
+
+    def _lead(self, slots):
+        """Elements of ``slots`` before slot 0 (its alignment)."""
+        return tirx.Cast("int32", self._aligned(slots) - self._address(slots)) // _elem_bytes(slots)
+
+    def _released(self, slot):
+        return self._address(self.barriers, (self.stages + slot) * 8)
+
     def _issue(self, step) -> tirx.Stmt:
         """One thread's statements loading K step ``step`` into its slot."""
         slot = tirx.floormod(step, self.stages)
@@ -210,7 +232,7 @@ class _TmaLoop:
         stmts = [tirx.Evaluate(T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(
             self._barrier(slot), tirx.const(total, "uint32")))]
         for copy, tensor_map in zip(self.copies, self.maps):
-            dst = self._address(self.slots.get(copy.tile), slot * copy.bytes)
+            dst = self._aligned(self.slots.get(copy.tile)) + tirx.Cast("uint32", slot * copy.bytes)
             coords = copy.coordinates(self.loop.loop_var, step)
             stmts.append(tirx.Evaluate(T.ptx[
                 f"cp.async.bulk.tensor.{copy.rank}d.shared::cluster.global.mbarrier::complete_tx::bytes"
@@ -219,15 +241,6 @@ class _TmaLoop:
 
     def _read_slot(self, body, slot):
         """``body`` with each copied tile read from ``slot`` of its swizzled slots."""
-
-        def load(node):
-            slots = self.slots.get(node.source)
-            if slots is None:
-                return node
-            row, col = node.indices
-            cols = int(node.source.shape[1])
-            swizzled = swizzled_offset(row * cols + col, _elem_bytes(node.source))
-            return slots[slot, tirx.floordiv(swizzled, cols), tirx.floormod(swizzled, cols)]
 
         def ldmatrix(node):
             """ldmatrix(trans, num, type, frag, frag offset, access_ptr(tile, base), offset)."""
@@ -240,7 +253,8 @@ class _TmaLoop:
             if slots is None:
                 return node
             per_slot = int(tile.shape[0]) * int(tile.shape[1])
-            offset = slot * per_slot + swizzled_offset(ptr.args[2] + args[6], _elem_bytes(tile))
+            offset = (self._lead(slots) + slot * per_slot
+                      + swizzled_offset(ptr.args[2] + args[6], _elem_bytes(tile)))
             args[5] = slots.access_ptr("r", offset=offset)
             args[6] = tirx.const(0, "int32")
             return tvm.ir.Call(node.op, args, node.attrs, ret_ty=node.ty)
@@ -249,15 +263,15 @@ class _TmaLoop:
             slots = self.slots.get(node.source)
             if slots is None:
                 return node
-            return tirx.BufferRegion(slots, [Range.from_min_extent(slot, 1), node.region[0],
+            rows = int(node.source.shape[0])
+            return tirx.BufferRegion(slots, [Range.from_min_extent(slot * rows, rows),
                                              Range(0, int(node.source.shape[1]))])
 
-        body = tvm_ffi.structural_map(body, [(tvm.ir.TensorLoad, load), (tvm.ir.Call, ldmatrix),
-                                             (tvm.ir.TensorRegion, region)])
+        body = tvm_ffi.structural_map(body, [(tvm.ir.Call, ldmatrix), (tvm.ir.TensorRegion, region)])
         for tile in self.slots:
             if find_all(body, tirx.Var, lambda v, t=tile: v.same_as(t)):
-                raise ClusterError(f"TMA pipeline: {tile.name} is used other than by ldmatrix "
-                                   "or plain loads, which the swizzled layout cannot serve")
+                raise ClusterError(f"TMA pipeline: {tile.name} is read other than by ldmatrix, "
+                                   "which the swizzled slots cannot serve")
         return body
 
     def lower(self) -> tirx.Stmt:
@@ -270,25 +284,32 @@ class _TmaLoop:
             b for b in self.block.alloc_buffers if self.slots.get(b) is None])
         inner = self._read_slot(inner, slot)
         ahead = k + (stages - 1)
+        parity = lambda step: tirx.floormod(tirx.floordiv(step, stages), 2)  # noqa: E731
+        # The slot refilled now was read at step k - 1: wait until every warp released it.
+        refill = _seq([
+            tirx.IfThenElse(k > 0, tirx.Evaluate(T.cuda.mbarrier_wait(
+                self._released(tirx.floormod(k - 1, stages)), parity(k - 1))), None),
+            self._issue(ahead),
+        ])
         body = _seq([
-            tirx.Evaluate(T.tvm_storage_sync("shared")),
-            tirx.IfThenElse(tirx.And(self.leader, ahead < n), self._issue(ahead), None),
-            tirx.Evaluate(T.cuda.mbarrier_wait(self._barrier(slot), tirx.floormod(tirx.floordiv(k, stages), 2))),
+            tirx.IfThenElse(tirx.And(self.leader, ahead < n), refill, None),
+            tirx.Evaluate(T.cuda.mbarrier_wait(self._barrier(slot), parity(k))),
             SBlockRealize([], True, inner),
+            tirx.Evaluate(T.cuda.warp_sync()),  # the whole warp's ldmatrix reads are done
+            tirx.IfThenElse(self.lane_zero, tirx.Evaluate(
+                T.ptx.mbarrier.arrive.release.cta.shared__cta.b64(self._released(slot))), None),
         ])
         new_loop = tirx.For(k, loop.min, loop.extent, loop.kind, body, loop.thread_binding,
                             {key: v for key, v in loop.annotations.items() if key != TMA_STAGES_KEY})
         s = tirx.Var("tma_stage", "int32")
-        uint32 = lambda v: tirx.const(v, "uint32")  # noqa: E731
-        aligned = [tirx.Evaluate(T.cuda.trap_when_assert_failed(tirx.EQ(
-            tirx.floormod(self._address(slots), uint32(SLOT_ALIGN)), uint32(0))))
-            for slots in self.slots.values()]
         prologue = tirx.For(s, 0, stages - 1, tirx.ForKind.SERIAL, self._issue(s))
         stmts = [
             tirx.IfThenElse(self.leader, _seq([
-                *aligned,
-                tirx.For(s, 0, stages, tirx.ForKind.SERIAL, tirx.Evaluate(
-                    T.ptx.mbarrier.init.shared__cta.b64(self._barrier(s), 1))),
+                tirx.For(s, 0, stages, tirx.ForKind.SERIAL, _seq([
+                    tirx.Evaluate(T.ptx.mbarrier.init.shared__cta.b64(self._barrier(s), 1)),
+                    tirx.Evaluate(T.ptx.mbarrier.init.shared__cta.b64(self._released(s),
+                                                                      self.warps)),
+                ])),
                 tirx.Evaluate(T.ptx.fence.mbarrier_init.release.cluster()),
             ]), None),
             tirx.Evaluate(T.tvm_storage_sync("shared")),
@@ -297,7 +318,7 @@ class _TmaLoop:
             # Invalidate before the memory is reused (by the merge, or a re-run of the loop):
             # PTX leaves re-initialising a live mbarrier undefined.
             tirx.Evaluate(T.tvm_storage_sync("shared")),
-            tirx.IfThenElse(self.leader, tirx.For(s, 0, stages, tirx.ForKind.SERIAL, tirx.Evaluate(
+            tirx.IfThenElse(self.leader, tirx.For(s, 0, 2 * stages, tirx.ForKind.SERIAL, tirx.Evaluate(
                 T.ptx.mbarrier.inval.shared__cta.b64(self._barrier(s)))), None),
         ]
         wrapper = SBlock([], self.block.reads, self.block.writes, "tma_pipeline", _seq(stmts),
@@ -319,15 +340,13 @@ def _pointee(ptr):
     return None
 
 
-def _leader(body, loop: tirx.For):
-    """``threadIdx.x == 0 and threadIdx.y == 0`` of the kernel enclosing ``loop`` (a function
-    may launch several kernels, each binding its own thread variables)."""
-    leader = tirx.const(True, "bool")
-    for binding in find_all(body, tirx.For, lambda lp: lp.thread_binding is not None and str(
-            lp.thread_binding.thread_tag) in ("threadIdx.x", "threadIdx.y")):
-        if find_all(binding.body, tirx.For, lambda lp: lp.same_as(loop)):
-            leader = tirx.And(leader, tirx.EQ(binding.loop_var, 0))
-    return leader
+def _threads(body, loop: tirx.For) -> dict:
+    """``{tag: (var, extent)}`` of the threadIdx bindings of the kernel enclosing ``loop`` (a
+    function may launch several kernels, each binding its own thread variables)."""
+    return {str(b.thread_binding.thread_tag): (b.loop_var, int(b.extent))
+            for b in find_all(body, tirx.For, lambda lp: lp.thread_binding is not None and str(
+                lp.thread_binding.thread_tag).startswith("threadIdx"))
+            if find_all(b.body, tirx.For, lambda lp: lp.same_as(loop))}
 
 
 def _lower_func(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -338,7 +357,7 @@ def _lower_func(func: tirx.PrimFunc) -> tirx.PrimFunc:
     analyzer = Analyzer()
     body, host = func.body, []
     for loop in loops:
-        lowering = _TmaLoop(loop, _leader(func.body, loop), params, analyzer)
+        lowering = _TmaLoop(loop, _threads(func.body, loop), params, analyzer)
         body = replace_node(body, loop, lowering.lower())
         host += lowering.host()
     if isinstance(body, SBlockRealize):  # the root block: host statements go before the launch
