@@ -98,7 +98,7 @@ def test_planner_prunes_and_ranks_fast_and_explains():
     plans = plan_chain(shape, hw)
     assert time.perf_counter() - start < 5.0
     configs, counts = candidate_configs(shape)
-    assert list(counts) == ["space", "cluster", "divisible", "pipeline", "copy", "capacity"]
+    assert list(counts) == ["space", "cluster", "divisible", "pipeline", "capacity"]
     assert sorted(counts.values(), reverse=True) == list(counts.values())  # each rule prunes
     assert counts["space"] > counts["capacity"] == len(configs) == len(plans) > 0
     assert [p.predicted_us for p in plans] == sorted(p.predicted_us for p in plans)

@@ -12,13 +12,18 @@ run where s_tir's own software pipeline would run, rewrites the loop into::
 
     host:  cuTensorMapEncodeTiled per copied operand (128-byte swizzle), passed to the kernel
            as a __grid_constant__ CUtensorMap
-    init:  one mbarrier per stage; the first S-1 steps' tiles issued
+    init:  one mbarrier per slot; the first S-1 steps' tiles issued
     for k:
         __syncthreads()                      # every warp is done with the slot refilled below
-        issue step k+S-1 into slot (k+S-1) % S (one thread: expect_tx, one TMA copy per tile)
+        one thread: issue step k+S-1 into slot (k+S-1) % S (expect_tx, one TMA copy per tile)
         mbarrier wait on slot k % S, parity (k / S) % 2
         the body, reading slot k % S
     __syncthreads(); the mbarriers invalidated
+
+The CTA barrier per step measured faster than CUTLASS-style per-warp release mbarriers (the
+issuing thread waiting for every warp's release of the slot): 70-72 vs 84-86 us on G5b's
+64x128 tiles, 50-51 vs 59.5 on S3b's (``bench/results/gemm_tma_release_ab.json``): the issuing
+warp then waits for the slowest warp and the refill starts later.
 
 The tiles land 128-byte swizzled (16-byte chunk c of row r at chunk ``c ^ (r % 8)``), so
 ldmatrix reads them without bank conflicts and without padding; the pass rewrites every
@@ -66,9 +71,8 @@ def _seq(items: list):
     return items[0] if len(items) == 1 else tirx.SeqStmt(items)
 
 
-def _with_body(block: SBlock, body, alloc_buffers=None, reads=None, writes=None) -> SBlock:
-    return SBlock(block.iter_vars, block.reads if reads is None else reads,
-                  block.writes if writes is None else writes, block.name_hint, body, block.init,
+def _with_body(block: SBlock, body, alloc_buffers=None) -> SBlock:
+    return SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, body, block.init,
                   list(block.alloc_buffers) if alloc_buffers is None else alloc_buffers,
                   block.match_buffers, block.annotations)
 
@@ -112,7 +116,8 @@ class TileCopy:
             raise ClusterError(f"TMA copy {self.name}: must write tile[a, b] in loop order")
         if not any(self.source.same_as(p) for p in params) or list(self.source.strides):
             raise ClusterError(f"TMA copy {self.name}: the source must be a contiguous parameter")
-        self.origin = [analyzer.simplify(substitute(i, [(a, tirx.const(0, a.ty)), (b, tirx.const(0, b.ty))])) for i in load.indices]
+        at_origin = [(a, tirx.const(0, a.ty)), (b, tirx.const(0, b.ty))]
+        self.origin = [analyzer.simplify(substitute(i, at_origin)) for i in load.indices]
         offsets = [analyzer.simplify(i - o) for i, o in zip(load.indices, self.origin)]
         rank = len(offsets)
         row_axes = [d for d, off in enumerate(offsets[:-1]) if analyzer.can_prove_equal(off, a)]
@@ -160,14 +165,10 @@ class _TmaLoop:
     """One loop marked ``TMA_STAGES_KEY``, rewritten as described in the module docstring."""
 
     def __init__(self, loop: tirx.For, threads: dict, params: list, analyzer: Analyzer):
-        self.loop, self.analyzer = loop, analyzer
-        lane, lanes = threads.get("threadIdx.x", (None, 0))
-        if lanes != 32 or "threadIdx.z" in threads:
-            raise ClusterError("TMA pipeline: expects warps of 32 lanes on threadIdx.x "
-                               f"(and warps on threadIdx.y), got {sorted(threads)}")
-        warp, self.warps = threads.get("threadIdx.y", (tirx.const(0, "int32"), 1))
-        self.lane_zero = tirx.EQ(lane, 0)
-        self.leader = tirx.And(self.lane_zero, tirx.EQ(warp, 0))
+        self.loop = loop
+        self.leader = tirx.const(True, "bool")  # thread 0 of the CTA issues the copies
+        for var in threads.values():
+            self.leader = tirx.And(self.leader, tirx.EQ(var, 0))
         self.stages = int(loop.annotations[TMA_STAGES_KEY])
         realize = loop.body
         if not isinstance(realize, SBlockRealize):
@@ -189,9 +190,10 @@ class _TmaLoop:
         })
         self.maps = [tirx.Var(f"{c.source.name}_tensormap", T.handle("tensormap").ty)
                      for c in self.copies]
-        # full[s] (slot s landed: its TMA bytes), then empty[s] (every warp has read slot s).
-        self.barriers = tirx.decl_buffer((2 * self.stages,), "uint64", "tma_mbarrier",
+        # barrier s completes when slot s has received its tiles' bytes
+        self.barriers = tirx.decl_buffer((self.stages,), "uint64", "tma_mbarrier",
                                          scope="shared.dyn", data_alignment=8)
+
     # -- host -------------------------------------------------------------------------------
     def host(self) -> list:
         stmts = []
@@ -205,7 +207,7 @@ class _TmaLoop:
     def _address(buffer, offset_bytes=0):
         """Shared-memory address of ``buffer`` plus ``offset_bytes``. Taken through a read-only
         access pointer at every use: ThreadSync then sees no write to fence (the copies are
-        asynchronous, ordered by the mbarriers and the loop's own barrier), and the shared
+        asynchronous, ordered by the mbarriers), and the shared
         memory merge sees the buffer live wherever it is used."""
         base = T.cuda.cvta_generic_to_shared(buffer.access_ptr("r"))
         return base + tirx.Cast("uint32", offset_bytes)
@@ -222,8 +224,6 @@ class _TmaLoop:
         """Elements of ``slots`` before slot 0 (its alignment)."""
         return tirx.Cast("int32", self._aligned(slots) - self._address(slots)) // _elem_bytes(slots)
 
-    def _released(self, slot):
-        return self._address(self.barriers, (self.stages + slot) * 8)
 
     def _issue(self, step) -> tirx.Stmt:
         """One thread's statements loading K step ``step`` into its slot."""
@@ -285,19 +285,11 @@ class _TmaLoop:
         inner = self._read_slot(inner, slot)
         ahead = k + (stages - 1)
         parity = lambda step: tirx.floormod(tirx.floordiv(step, stages), 2)  # noqa: E731
-        # The slot refilled now was read at step k - 1: wait until every warp released it.
-        refill = _seq([
-            tirx.IfThenElse(k > 0, tirx.Evaluate(T.cuda.mbarrier_wait(
-                self._released(tirx.floormod(k - 1, stages)), parity(k - 1))), None),
-            self._issue(ahead),
-        ])
         body = _seq([
-            tirx.IfThenElse(tirx.And(self.leader, ahead < n), refill, None),
+            tirx.Evaluate(T.tvm_storage_sync("shared")),
+            tirx.IfThenElse(tirx.And(self.leader, ahead < n), self._issue(ahead), None),
             tirx.Evaluate(T.cuda.mbarrier_wait(self._barrier(slot), parity(k))),
             SBlockRealize([], True, inner),
-            tirx.Evaluate(T.cuda.warp_sync()),  # the whole warp's ldmatrix reads are done
-            tirx.IfThenElse(self.lane_zero, tirx.Evaluate(
-                T.ptx.mbarrier.arrive.release.cta.shared__cta.b64(self._released(slot))), None),
         ])
         new_loop = tirx.For(k, loop.min, loop.extent, loop.kind, body, loop.thread_binding,
                             {key: v for key, v in loop.annotations.items() if key != TMA_STAGES_KEY})
@@ -305,11 +297,8 @@ class _TmaLoop:
         prologue = tirx.For(s, 0, stages - 1, tirx.ForKind.SERIAL, self._issue(s))
         stmts = [
             tirx.IfThenElse(self.leader, _seq([
-                tirx.For(s, 0, stages, tirx.ForKind.SERIAL, _seq([
-                    tirx.Evaluate(T.ptx.mbarrier.init.shared__cta.b64(self._barrier(s), 1)),
-                    tirx.Evaluate(T.ptx.mbarrier.init.shared__cta.b64(self._released(s),
-                                                                      self.warps)),
-                ])),
+                tirx.For(s, 0, stages, tirx.ForKind.SERIAL, tirx.Evaluate(
+                    T.ptx.mbarrier.init.shared__cta.b64(self._barrier(s), 1))),
                 tirx.Evaluate(T.ptx.fence.mbarrier_init.release.cluster()),
             ]), None),
             tirx.Evaluate(T.tvm_storage_sync("shared")),
@@ -318,7 +307,7 @@ class _TmaLoop:
             # Invalidate before the memory is reused (by the merge, or a re-run of the loop):
             # PTX leaves re-initialising a live mbarrier undefined.
             tirx.Evaluate(T.tvm_storage_sync("shared")),
-            tirx.IfThenElse(self.leader, tirx.For(s, 0, 2 * stages, tirx.ForKind.SERIAL, tirx.Evaluate(
+            tirx.IfThenElse(self.leader, tirx.For(s, 0, stages, tirx.ForKind.SERIAL, tirx.Evaluate(
                 T.ptx.mbarrier.inval.shared__cta.b64(self._barrier(s)))), None),
         ]
         wrapper = SBlock([], self.block.reads, self.block.writes, "tma_pipeline", _seq(stmts),
@@ -341,9 +330,9 @@ def _pointee(ptr):
 
 
 def _threads(body, loop: tirx.For) -> dict:
-    """``{tag: (var, extent)}`` of the threadIdx bindings of the kernel enclosing ``loop`` (a
-    function may launch several kernels, each binding its own thread variables)."""
-    return {str(b.thread_binding.thread_tag): (b.loop_var, int(b.extent))
+    """``{tag: var}`` of the threadIdx bindings of the kernel enclosing ``loop`` (a function may
+    launch several kernels, each binding its own thread variables)."""
+    return {str(b.thread_binding.thread_tag): b.loop_var
             for b in find_all(body, tirx.For, lambda lp: lp.thread_binding is not None and str(
                 lp.thread_binding.thread_tag).startswith("threadIdx"))
             if find_all(b.body, tirx.For, lambda lp: lp.same_as(loop))}
