@@ -53,6 +53,27 @@ def host_launch(mod: tvm.IRModule, pipeline: str = "default") -> list[str]:
     return [line.strip() for line in lowered["main"].script().splitlines() if "call_ffi_kernel" in line]
 
 
+def dense_relu_error_on_gpu(m: int, n: int, k: int, config) -> float:
+    """Relative error vs float64 of the split-K GEMM ``relu(X @ W^T + b)`` scheduled with
+    ``config``, run on the GPU with fresh random inputs and a NaN-poisoned output."""
+    import numpy as np
+
+    from tvm_dsm.rules.split_k_gemm import schedule_split_k_gemm
+    from tvm_dsm.workloads.dense import dense
+
+    func = tvm.compile(schedule_split_k_gemm(dense(m, n, k, bias=True, activation="relu"), config).mod,
+                       target=TARGET)
+    dev = tvm.cuda(0)
+    rng = np.random.default_rng()
+    x = rng.standard_normal((m, k)).astype(np.float16)
+    w = rng.standard_normal((n, k)).astype(np.float16)
+    b = rng.standard_normal(n).astype(np.float16)
+    y = tvm.runtime.tensor(np.full((m, n), np.nan, np.float16), dev)
+    func(*(tvm.runtime.tensor(a, dev) for a in (x, w, b)), y)
+    ref = np.maximum(x.astype(np.float64) @ w.astype(np.float64).T + b, 0)
+    return float(np.linalg.norm(y.numpy() - ref) / np.linalg.norm(ref))
+
+
 @pytest.fixture(scope="session")
 def assemble(tmp_path_factory):
     """Assemble CUDA source for sm_90a with nvcc; fails the test with nvcc's message."""

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import pytest
 
-from conftest import TARGET, cuda_source
+from conftest import cuda_source, dense_relu_error_on_gpu
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.hardware import load_hardware
 from tvm_dsm.planners.split_k_gemm import candidate_configs, plan_split_k_gemm, schedule_dense
@@ -107,17 +106,5 @@ def test_schedule_dense_uses_the_plan():
 @pytest.mark.parametrize(("m", "n", "k"), [(128, 1024, 4096), (64, 768, 3072), (256, 512, 2048)])
 @pytest.mark.parametrize("cluster", [1, 2, 4])
 def test_gpu_matches_float64(m, n, k, cluster):
-    import tvm
-
     config = SplitKGemmConfig(cluster, min(m, 128), 64, 64, 2, 2, 3)
-    func = tvm.compile(schedule_split_k_gemm(dense(m, n, k, bias=True, activation="relu"), config).mod,
-                       target=TARGET)
-    dev = tvm.cuda(0)
-    rng = np.random.default_rng()
-    x = rng.standard_normal((m, k)).astype(np.float16)
-    w = rng.standard_normal((n, k)).astype(np.float16)
-    b = rng.standard_normal(n).astype(np.float16)
-    y = tvm.runtime.tensor(np.full((m, n), np.nan, np.float16), dev)
-    func(*(tvm.runtime.tensor(a, dev) for a in (x, w, b)), y)
-    ref = np.maximum(x.astype(np.float64) @ w.astype(np.float64).T + b, 0)
-    assert np.linalg.norm(y.numpy() - ref) / np.linalg.norm(ref) < 2e-3
+    assert dense_relu_error_on_gpu(m, n, k, config) < 2e-3
