@@ -81,11 +81,13 @@ def assemble(tmp_path_factory):
         pytest.skip("nvcc not installed")
     folder: Path = tmp_path_factory.mktemp("nvcc")
 
-    def run(source: str, name: str = "kernel") -> bytes:
+    def run(source: str, name: str = "kernel", include_dirs: tuple[Path, ...] = ()) -> bytes:
         cu, cubin = folder / f"{name}.cu", folder / f"{name}.cubin"
         cu.write_text(source)
+        includes = [f"-I{d}" for d in include_dirs]
         proc = subprocess.run(
-            ["nvcc", "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-o", str(cubin), str(cu)],
+            ["nvcc", "-cubin", "-gencode=arch=compute_90a,code=sm_90a", *includes, "-o", str(cubin),
+             str(cu)],
             capture_output=True,
             text=True,
         )

@@ -76,5 +76,5 @@ def test_demo_shows_plan_cuda_and_fusion_reports(capsys):
 def test_microbenchmarks_assemble_for_sm_90a(assemble, name):
     """The CUDA microbenchmarks behind the hardware description and the GEMM main-loop diagnosis
     (bench/results/operand_stream.json) still compile: their kernels are rerun on the device."""
-    source = (Path(__file__).parent.parent / "src" / "hwbench" / f"{name}.cu").read_text()
-    assert assemble(source, name)
+    folder = Path(__file__).parent.parent / "src" / "hwbench"
+    assert assemble((folder / f"{name}.cu").read_text(), name, include_dirs=(folder,))

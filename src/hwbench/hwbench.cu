@@ -5,6 +5,8 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
+#include "cuda_check.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -15,15 +17,6 @@
 #include <vector>
 
 namespace cg = cooperative_groups;
-
-#define CHECK(x)                                                                            \
-  do {                                                                                      \
-    cudaError_t e_ = (x);                                                                   \
-    if (e_ != cudaSuccess) {                                                                \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));  \
-      exit(1);                                                                              \
-    }                                                                                       \
-  } while (0)
 
 constexpr int kSmemFloat4 = 2048;  // 32 KiB of float4 per CTA for the SMEM/DSM kernels
 constexpr int kThreads = 512;

@@ -77,7 +77,8 @@ class SplitKGemmConfig:
 
     def pipeline_bytes(self, dtype: str = "float16") -> int:
         """The operand tiles of every stage: padded rows for cp.async; unpadded (swizzled) for
-        TMA, plus each operand's 1024-byte alignment and two mbarriers per stage."""
+        TMA, plus each operand's 1024-byte alignment and 16 bytes per stage for its mbarrier
+        (8 used: the count predates the pass's final one-barrier-per-stage form)."""
         row = self.block_k if self.tma else self.block_k + pad(dtype)
         operands = (self.block_m + self.block_n) * row * element_bytes(dtype)
         return self.stages * operands + (2 * TMA_SLOT_ALIGN + 16 * self.stages if self.tma else 0)

@@ -104,7 +104,7 @@ class TileCopy:
         (a, rows), (b, cols) = ((lp.loop_var, int(lp.extent)) for lp in loops)
         self.rows, self.cols = rows, cols
         self.dtype = str(self.tile.ty.dtype)
-        self.elem_bytes = tvm.DataType(self.dtype).bits // 8
+        self.elem_bytes = _elem_bytes(self.tile)
         shape = [int(d) for d in self.tile.shape]
         if shape != [rows, cols] or list(self.tile.strides):
             raise ClusterError(f"TMA copy {self.name}: the tile must be one unpadded "
@@ -119,7 +119,6 @@ class TileCopy:
         at_origin = [(a, tirx.const(0, a.ty)), (b, tirx.const(0, b.ty))]
         self.origin = [analyzer.simplify(substitute(i, at_origin)) for i in load.indices]
         offsets = [analyzer.simplify(i - o) for i, o in zip(load.indices, self.origin)]
-        rank = len(offsets)
         row_axes = [d for d, off in enumerate(offsets[:-1]) if analyzer.can_prove_equal(off, a)]
         rest = [off for d, off in enumerate(offsets[:-1]) if d not in row_axes[:1]]
         if (len(row_axes) < 1 or not analyzer.can_prove_equal(offsets[-1], b)
@@ -127,7 +126,7 @@ class TileCopy:
             raise ClusterError(f"TMA copy {self.name}: reads {self.source.name}{offsets}; needs a "
                                "row axis and its innermost axis")
         self.row_axis = row_axes[0]
-        self.rank = rank
+        self.rank = len(offsets)
 
     @property
     def bytes(self) -> int:
@@ -164,10 +163,10 @@ def swizzled_offset(offset, elem_bytes: int):
 class _TmaLoop:
     """One loop marked ``TMA_STAGES_KEY``, rewritten as described in the module docstring."""
 
-    def __init__(self, loop: tirx.For, threads: dict, params: list, analyzer: Analyzer):
+    def __init__(self, loop: tirx.For, threads: list, params: list, analyzer: Analyzer):
         self.loop = loop
         self.leader = tirx.const(True, "bool")  # thread 0 of the CTA issues the copies
-        for var in threads.values():
+        for var in threads:
             self.leader = tirx.And(self.leader, tirx.EQ(var, 0))
         self.stages = int(loop.annotations[TMA_STAGES_KEY])
         realize = loop.body
@@ -223,7 +222,6 @@ class _TmaLoop:
     def _lead(self, slots):
         """Elements of ``slots`` before slot 0 (its alignment)."""
         return tirx.Cast("int32", self._aligned(slots) - self._address(slots)) // _elem_bytes(slots)
-
 
     def _issue(self, step) -> tirx.Stmt:
         """One thread's statements loading K step ``step`` into its slot."""
@@ -329,16 +327,18 @@ def _pointee(ptr):
     return None
 
 
-def _threads(body, loop: tirx.For) -> dict:
-    """``{tag: var}`` of the threadIdx bindings of the kernel enclosing ``loop`` (a function may
-    launch several kernels, each binding its own thread variables)."""
-    return {str(b.thread_binding.thread_tag): b.loop_var
+def _threads(body, loop: tirx.For) -> list:
+    """The threadIdx variables of the kernel enclosing ``loop`` (a function may launch several
+    kernels, each binding its own thread variables)."""
+    return [b.loop_var
             for b in find_all(body, tirx.For, lambda lp: lp.thread_binding is not None and str(
                 lp.thread_binding.thread_tag).startswith("threadIdx"))
-            if find_all(b.body, tirx.For, lambda lp: lp.same_as(loop))}
+            if find_all(b.body, tirx.For, lambda lp: lp.same_as(loop))]
 
 
-def _lower_func(func: tirx.PrimFunc) -> tirx.PrimFunc:
+@tirx.transform.prim_func_pass(opt_level=0, name="tvm_dsm.LowerTmaPipeline")
+def LowerTmaPipeline(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx) -> tirx.PrimFunc:
+    """Rewrite every loop marked ``TMA_STAGES_KEY`` (see the module docstring)."""
     loops = find_all(func.body, tirx.For, lambda lp: TMA_STAGES_KEY in lp.annotations)
     if not loops:
         return func
@@ -357,11 +357,3 @@ def _lower_func(func: tirx.PrimFunc) -> tirx.PrimFunc:
         body = _seq([*host, body])
     return func.with_body(body)
 
-
-@tvm.transform.module_pass(opt_level=0, name="tvm_dsm.LowerTmaPipeline")
-def LowerTmaPipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-    """Rewrite every loop marked ``TMA_STAGES_KEY`` (see the module docstring)."""
-    updates = {gv: _lower_func(f) for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
-    for gv, f in updates.items():
-        mod[gv] = f
-    return mod
