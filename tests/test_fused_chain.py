@@ -44,6 +44,19 @@ def test_swiglu_runs_gate_and_up_and_combines_them(assemble):
     assemble(source, "fused_swiglu")
 
 
+def test_tma_chain_streams_gemm0_by_tensor_copies_and_keeps_w2_staged(assemble):
+    config = FusedChainConfig(2, 32, 32, 1, 64, 2, 2, 3, tma=True)
+    source = cuda_source(schedule_fused_chain(swiglu_ffn(128, 3072, 768, 768), config).mod)
+    # A, Wg and Wu arrive as tensor maps, three tiles per stage on one mbarrier; W2 stays a
+    # plain pointer staged once per step, and GEMM0 issues no cp.async.
+    for name in ("A", "Wg", "Wu"):
+        assert f"__grid_constant__ CUtensorMap {name}_tensormap" in source, name
+    assert "half* __restrict__ W2_ptr" in source
+    assert "cp.async.cg.shared.global" not in source
+    assert source.count("cp_async_bulk_tensor_g2s") >= 6  # prologue and steady state, 3 tiles
+    assemble(source, "fused_swiglu_tma")
+
+
 def test_pattern_is_found_in_any_function_of_the_chain_shape():
     blocks, shape = find_chain(s_tir.Schedule(gemm_chain(64, 256, 128, 96, "silu")))
     assert (shape.m, shape.n, shape.k, shape.l, shape.gated) == (64, 256, 128, 96, False)
@@ -98,7 +111,7 @@ def test_planner_prunes_and_ranks_fast_and_explains():
     plans = plan_chain(shape, hw)
     assert time.perf_counter() - start < 5.0
     configs, counts = candidate_configs(shape)
-    assert list(counts) == ["space", "cluster", "divisible", "pipeline", "capacity"]
+    assert list(counts) == ["space", "cluster", "divisible", "pipeline", "copy", "capacity"]
     assert sorted(counts.values(), reverse=True) == list(counts.values())  # each rule prunes
     assert counts["space"] > counts["capacity"] == len(configs) == len(plans) > 0
     assert [p.predicted_us for p in plans] == sorted(p.predicted_us for p in plans)
@@ -111,7 +124,8 @@ def test_planner_prunes_and_ranks_fast_and_explains():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("gated", [False, True])
-@pytest.mark.parametrize("config", [SMALL, FusedChainConfig(4, 64, 64, 1, 32, 2, 4, 3)])
+@pytest.mark.parametrize("config", [SMALL, FusedChainConfig(4, 64, 64, 1, 32, 2, 4, 3),
+                                    FusedChainConfig(2, 32, 32, 1, 64, 2, 2, 3, tma=True)])
 def test_gpu_matches_float64(gated, config):
     import tvm
 

@@ -408,14 +408,41 @@ def chains_m() -> list[Variant]:
     return [v for m in _M_SWEEP["m"] for label in _M_SWEEP["labels"] for v in _chain_variants(label, m, 0, hw)]
 
 
+def _chain_workload(label: str, m: int):
+    """(the chain's PrimFunc, its shape, its argument specs) for a CHAINS/SWIGLUS label."""
+    n, k, l = {**CHAINS, **SWIGLUS}[label]
+    func = swiglu_ffn(m, n, k, l) if label.startswith("S") else gemm_chain(m, n, k, l, "relu")
+    args = _args(func)
+    for a in args[1:-1]:  # weights, initialized like torch.nn.Linear
+        a["scale"] = a["shape"][1] ** -0.5
+    return func, find_chain(s_tir.Schedule(func))[1], args
+
+
+def _chain_variant(label: str, m: int, func, args, plan, rank) -> Variant:
+    """One fused-chain kernel; ``rank``: the plan's place in the planner's order, or "smem"."""
+    c = plan.config
+    smem = rank == "smem"
+    n, k, l = {**CHAINS, **SWIGLUS}[label]
+    gated = label.startswith("S")
+    return Variant(
+        name=f"{label}_m{m}_{'smem' if smem else 'c'}{c.cluster_size}_{c.block_m}x{c.block_n}x{c.block_k}"
+        f"_n{c.n_steps}_w{c.warps_m}x{c.warps_n}_s{c.stages}{'_tma' if c.tma else ''}",
+        workload="swiglu" if gated else "gemm_chain_relu",
+        mod=schedule_chain(func, load_hardware(), c)[0].mod,
+        args=args,
+        bytes=_nbytes(args),
+        flops=2 * m * n * (k * (2 if gated else 1) + l),
+        plan={**vars(c), "plan_rank": None if smem else rank, "smem_only": smem,
+              "predicted_us": plan.predicted_us},
+        extra={"shape": label, "m": m, "n": n, "k": k, "l": l},
+    )
+
+
 def _chain_variants(label: str, m: int, sample: int, hw) -> list[Variant]:
     """The planner's top 3 for one chain at batch ``m`` plus ``sample`` random valid configs,
     and the best planned SMEM-only fusion (one-CTA clusters: ``_smem`` in the name) where one
     fits."""
-    n, k, l = {**CHAINS, **SWIGLUS}[label]
-    gated = label.startswith("S")
-    func = swiglu_ffn(m, n, k, l) if gated else gemm_chain(m, n, k, l, "relu")
-    shape = find_chain(s_tir.Schedule(func))[1]
+    func, shape, args = _chain_workload(label, m)
     try:
         plans = plan_chain(shape, hw)
     except ClusterError as err:
@@ -429,25 +456,27 @@ def _chain_variants(label: str, m: int, sample: int, hw) -> list[Variant]:
         picked["smem"] = plan_chain(shape, hw, smem_only=True)[0]
     except ClusterError:
         pass  # the intermediate does not fit one CTA: the case DSM fusion exists for
-    args = _args(func)
-    for a in args[1:-1]:  # weights, initialized like torch.nn.Linear
-        a["scale"] = a["shape"][1] ** -0.5
+    return [_chain_variant(label, m, func, args, plan, rank) for rank, plan in picked.items()]
+
+
+def chains_tma() -> list[Variant]:
+    """The operand-copy ablation of the fused chains at M = 128: the planner's top 3 of each
+    copy kind, each also built with the other kind, on every chain and SwiGLU FFN."""
+    hw = load_hardware()
     variants = []
-    for rank, plan in picked.items():
-        c = plan.config
-        smem = rank == "smem"
-        variants.append(Variant(
-            name=f"{label}_m{m}_{'smem' if smem else 'c'}{c.cluster_size}_{c.block_m}x{c.block_n}x{c.block_k}"
-            f"_n{c.n_steps}_w{c.warps_m}x{c.warps_n}_s{c.stages}{'_tma' if c.tma else ''}",
-            workload="swiglu" if gated else "gemm_chain_relu",
-            mod=schedule_chain(func, hw, c)[0].mod,
-            args=args,
-            bytes=_nbytes(args),
-            flops=2 * m * n * (k * (2 if gated else 1) + l),
-            plan={**vars(c), "plan_rank": None if smem else rank, "smem_only": smem,
-                  "predicted_us": plan.predicted_us},
-            extra={"shape": label, "m": m, "n": n, "k": k, "l": l},
-        ))
+    for label in {**CHAINS, **SWIGLUS}:
+        func, shape, args = _chain_workload(label, 128)
+        try:
+            plans = plan_chain(shape, hw)
+        except ClusterError as err:
+            print(f"{label}: {err}")
+            continue
+        ranked = {p.config: rank for rank, p in enumerate(plans)}
+        top = [p.config for tma in (False, True) for p in [p for p in plans if p.config.tma == tma][:3]]
+        for config in dict.fromkeys(dataclasses.replace(c, tma=t) for c in top for t in (False, True)):
+            if config in ranked:  # valid with this copy kind
+                variants.append(_chain_variant(label, 128, func, args, plans[ranked[config]],
+                                               ranked[config]))
     return variants
 
 
@@ -565,4 +594,4 @@ def fp8() -> list[Variant]:
 
 SUITES = {"split_k": split_k, "collectives": collectives, "cascades": cascades, "gemm": gemm,
           "attention": attention, "chains": chains, "chains_m": chains_m, "decode": decode,
-          "lm_head": lm_head, "fp8": fp8, "gemm_tma": gemm_tma}
+          "lm_head": lm_head, "fp8": fp8, "gemm_tma": gemm_tma, "chains_tma": chains_tma}

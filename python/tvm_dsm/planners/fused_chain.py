@@ -35,7 +35,7 @@ from ..rules.fused_chain import (
     find_chain,
 )
 from .report import Plan
-from .split_k_gemm import LAUNCH_S, MMA_SYNC_PEAK, STEP_S
+from .split_k_gemm import CP_ASYNC_STREAM_EFFICIENCY, LAUNCH_S, MMA_SYNC_PEAK, STEP_S
 
 _BARRIERS_PER_STEP = 3
 
@@ -55,7 +55,8 @@ class ChainPlan(Plan):
             f"fused {kind} {s.m}x{s.k} -> {s.n} -> {s.l}: clusters of {c.cluster_size} CTAs "
             f"({self.ctas} CTAs, {c.warps_m}x{c.warps_n} warps), {c.block_m}x{c.block_n} tiles of H, "
             f"{c.n_steps} step(s) per "
-            f"cluster, GEMM0 K split over the cluster in {c.block_k}-wide {c.stages}-stage steps, "
+            f"cluster, GEMM0 K split over the cluster in {c.block_k}-wide {c.stages}-stage "
+            f"{'TMA' if c.tma else 'cp.async'} steps, "
             f"all-exchange of fp32 partials through DSM, {s.l // c.cluster_size} output columns "
             f"per CTA, {self.groups} cluster column group(s) reduced by a second kernel; "
             f"{c.shared_bytes(s)} B SMEM per CTA"
@@ -85,9 +86,10 @@ def predict(shape: ChainShape, config: FusedChainConfig, hw: Hardware) -> ChainP
         "dsm": g * shape.m * shape.n * 4 * s * s,
     }
     flops = 2 * shape.m * shape.n * (g * shape.k + shape.l)
+    stream = 1.0 if c.tma else CP_ASYNC_STREAM_EFFICIENCY  # GEMM0's operands: most of the bytes
     seconds = {
-        "hbm": traffic["hbm"] / (hw.hbm_bw * busy),
-        "l2": traffic["l2"] / (hw.l2_bw * busy),
+        "hbm": traffic["hbm"] / (hw.hbm_bw * stream * busy),
+        "l2": traffic["l2"] / (hw.l2_bw * stream * busy),
         "dsm": traffic["dsm"] / (hw.dsm_bw(s) * busy),
         "mma": flops / (MMA_SYNC_PEAK * busy),
     }
@@ -111,6 +113,7 @@ SPACE = {
     "block_k": (16, 32, 64),
     "warps": ((1, 2), (1, 4), (2, 2), (2, 4), (4, 2)),
     "stages": (3, 4),
+    "tma": (False, True),
 }
 
 
@@ -118,8 +121,8 @@ def candidate_configs(shape: ChainShape, smem_only: bool = False) -> tuple[list[
     """The valid configurations for ``shape`` and how many candidates remain after each pruning
     rule (``space``: before any); ``smem_only``: clusters of one CTA instead of the DSM space."""
     space = {**SPACE, "cluster_size": (1,)} if smem_only else SPACE
-    survivors = [FusedChainConfig(s, bm, bn, steps, bk, wm, wn, stages)
-                 for s, bm, bn, steps, bk, (wm, wn), stages in itertools.product(*space.values())]
+    survivors = [FusedChainConfig(s, bm, bn, steps, bk, wm, wn, stages, tma)
+                 for s, bm, bn, steps, bk, (wm, wn), stages, tma in itertools.product(*space.values())]
     counts = {"space": len(survivors)}
     for name, rule in RULES:
         kept = []

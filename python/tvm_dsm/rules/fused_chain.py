@@ -36,7 +36,14 @@ from ..errors import ClusterError
 from ..ir import is_reduction
 from ..schedule import bind_cluster_nest, check_cluster_size
 from ..transform.cluster_launch import MAX_SMEM_PER_CTA
-from .split_k_gemm import GemmShape, SplitKGemmConfig, find_gemm_operands, split_k_main_loops, sum_partials
+from .split_k_gemm import (
+    GemmShape,
+    SplitKGemmConfig,
+    check_tma,
+    find_gemm_operands,
+    split_k_main_loops,
+    sum_partials,
+)
 from .tensor_core import (
     PAD,
     TILE,
@@ -64,6 +71,7 @@ class FusedChainConfig:
     warps_m: int = 2
     warps_n: int = 4
     stages: int = 3
+    tma: bool = False  # GEMM0's operand tiles by TMA tensor copies (tvm_dsm.transform.tma_pipeline)
 
     @property
     def threads(self) -> int:
@@ -72,12 +80,12 @@ class FusedChainConfig:
     def main_loop(self) -> SplitKGemmConfig:
         """GEMM0's configuration: a split-K GEMM of one ``block_m x block_n`` tile."""
         return SplitKGemmConfig(self.cluster_size, self.block_m, self.block_n, self.block_k,
-                                self.warps_m, self.warps_n, self.stages)
+                                self.warps_m, self.warps_n, self.stages, self.tma)
 
     def shared_bytes(self, shape: "ChainShape") -> int:
         """Shared memory per CTA: GEMM0's pipeline and partial tile(s), H, one W2 tile."""
         partials = len(shape.gemm0) * self.block_m * self.block_n * 4
-        operands = self.stages * (self.block_m + self.block_n) * (self.block_k + PAD) * 2
+        operands = self.main_loop().pipeline_bytes()
         columns = shape.l // self.cluster_size
         return operands + partials + (self.block_m + columns) * (self.block_n + PAD) * 2
 
@@ -183,6 +191,11 @@ def _check_pipeline(shape: ChainShape, c: FusedChainConfig) -> None:
                            f"steps of {c.block_k}")
 
 
+def _check_copy(shape: ChainShape, c: FusedChainConfig) -> None:
+    if c.tma:
+        check_tma(GemmShape(shape.m, shape.n, shape.k, True), c.main_loop())
+
+
 def _check_capacity(shape: ChainShape, c: FusedChainConfig) -> None:
     columns = shape.l // c.cluster_size
     registers = c.block_m // c.warps_m * columns // c.warps_n // 32
@@ -198,7 +211,7 @@ def _check_capacity(shape: ChainShape, c: FusedChainConfig) -> None:
 #: most 16 CTAs; divisible tiles; no tensor above its level's capacity; plus the pipeline's
 #: depth). GEMM0's reduction innermost and L split only inside a cluster hold by construction.
 RULES = (("cluster", _check_cluster), ("divisible", _check_divisible),
-         ("pipeline", _check_pipeline), ("capacity", _check_capacity))
+         ("pipeline", _check_pipeline), ("copy", _check_copy), ("capacity", _check_capacity))
 
 
 def check_chain_config(shape: ChainShape, config: FusedChainConfig) -> None:
