@@ -7,8 +7,8 @@ reduce-scatter) -- and the tensor-core work, and divides by the level's measured
 (:mod:`tvm_dsm.hardware`) or the mma.sync throughput. Terms the roofline lacks decide most
 choices: how many SMs the grid keeps streaming (a CTA alone cannot pull its share of HBM
 bandwidth: its pipeline holds ``stages - 2`` tiles in flight), the latency of each K step over
-that lookahead, the waves (clusters of 3 or more CTAs strand SMs: measured residency), and the
-wave tail. Each CTA also pays its pipeline fill and the two cluster barriers. It ranks
+that lookahead, the waves (clusters of 3 or more CTAs strand SMs: measured residency), the
+wave tail, and the SMs a grid slightly larger than one CTA per SM doubles up. Each CTA also pays its pipeline fill and the two cluster barriers. It ranks
 configurations; it does not promise absolute times.
 """
 
@@ -55,6 +55,11 @@ LOADED_LATENCY_S = 1.5e-6
 #: uses it, so ``stages - 1`` steps of lookahead; fitted on the H100 cp.async-vs-TMA sweep
 #: (bench/results/gemm_tma.json).
 TMA_LATENCY_S = 1.75e-6
+#: How much more than its fair share of bandwidth an SM pulls while others idle. A grid a little
+#: larger than one CTA per SM, where CTAs may share an SM, doubles up some SMs, and those finish
+#: last, sped up by this much (fitted on the H100 sweeps: 128 CTAs in clusters of 4 or 8, whose
+#: GPCs hold 120 at one per SM, ran 1.37-1.43x over the model without this term).
+SM_HEADROOM = 1.31
 #: Share of TMA's streaming rate that per-thread cp.async copies reach: the same GEMM operand
 #: tiles streamed alone took 66.5 us by cp.async and 53.1 us by TMA on the H100
 #: (src/hwbench/operand_stream.cu, bench/results/operand_stream.json).
@@ -109,7 +114,7 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
     stream = 1.0 if c.tma else CP_ASYNC_STREAM_EFFICIENCY
     in_flight = min(per_sm * lookahead * tile_bytes, _BYTES_IN_FLIGHT_PER_SM)
     pull = busy_sms / hw.sm_count * in_flight / _BYTES_IN_FLIGHT_PER_SM
-    tail = waves / (ctas / slots) if ctas > slots else 1.0
+    tail = waves / (ctas / slots) if ctas > slots else _doubled_up(ctas, hw.concurrent_ctas(s, 1))
     # Row tiles run one after another (the grid walks a row of tiles first): W comes from HBM
     # again for each row of tiles unless they all run at once or W stays in L2.
     w_reads = tiles_m if ctas > slots and shape.n * shape.k * elem > hw.l2_bytes else 1
@@ -135,6 +140,13 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
              + seconds["dsm"] + seconds["latency"])
     return GemmPlan(bytes=traffic, seconds=seconds, predicted_us=total * 1e6, config=config,
                     ctas=ctas, resident=resident, smem=smem)
+
+
+def _doubled_up(ctas: int, one_per_sm: int) -> float:
+    """Slowdown of a wave that puts ``ceil(x)`` CTAs on some SMs where ``x`` is the average
+    (``one_per_sm``: the CTAs that fit at one per SM): the busiest SMs set the time."""
+    x = ctas / one_per_sm
+    return max(1.0, math.ceil(x) / x / SM_HEADROOM) if x > 1 else 1.0
 
 
 def candidate_configs(shape: GemmShape, quantized: bool = False) -> list[SplitKGemmConfig]:
