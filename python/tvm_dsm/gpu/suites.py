@@ -418,20 +418,19 @@ def _chain_workload(label: str, m: int):
     return func, find_chain(s_tir.Schedule(func))[1], args
 
 
-def _chain_variant(label: str, m: int, func, args, plan, rank) -> Variant:
-    """One fused-chain kernel; ``rank``: the plan's place in the planner's order, or "smem"."""
-    c = plan.config
+def _chain_variant(label: str, shape, func, args, plan, rank, hw) -> Variant:
+    """One fused-chain kernel of ``shape``; ``rank``: the plan's place in the planner's order,
+    or "smem"."""
+    c, m, n, k, l = plan.config, shape.m, shape.n, shape.k, shape.l
     smem = rank == "smem"
-    n, k, l = {**CHAINS, **SWIGLUS}[label]
-    gated = label.startswith("S")
     return Variant(
         name=f"{label}_m{m}_{'smem' if smem else 'c'}{c.cluster_size}_{c.block_m}x{c.block_n}x{c.block_k}"
         f"_n{c.n_steps}_w{c.warps_m}x{c.warps_n}_s{c.stages}{'_tma' if c.tma else ''}",
-        workload="swiglu" if gated else "gemm_chain_relu",
-        mod=schedule_chain(func, load_hardware(), c)[0].mod,
+        workload="swiglu" if shape.gated else "gemm_chain_relu",
+        mod=schedule_chain(func, hw, c)[0].mod,
         args=args,
         bytes=_nbytes(args),
-        flops=2 * m * n * (k * (2 if gated else 1) + l),
+        flops=2 * m * n * (k * len(shape.gemm0) + l),
         plan={**vars(c), "plan_rank": None if smem else rank, "smem_only": smem,
               "predicted_us": plan.predicted_us},
         extra={"shape": label, "m": m, "n": n, "k": k, "l": l},
@@ -456,7 +455,7 @@ def _chain_variants(label: str, m: int, sample: int, hw) -> list[Variant]:
         picked["smem"] = plan_chain(shape, hw, smem_only=True)[0]
     except ClusterError:
         pass  # the intermediate does not fit one CTA: the case DSM fusion exists for
-    return [_chain_variant(label, m, func, args, plan, rank) for rank, plan in picked.items()]
+    return [_chain_variant(label, shape, func, args, plan, rank, hw) for rank, plan in picked.items()]
 
 
 def chains_tma() -> list[Variant]:
@@ -475,8 +474,8 @@ def chains_tma() -> list[Variant]:
         top = [p.config for tma in (False, True) for p in [p for p in plans if p.config.tma == tma][:3]]
         for config in dict.fromkeys(dataclasses.replace(c, tma=t) for c in top for t in (False, True)):
             if config in ranked:  # valid with this copy kind
-                variants.append(_chain_variant(label, 128, func, args, plans[ranked[config]],
-                                               ranked[config]))
+                variants.append(_chain_variant(label, shape, func, args, plans[ranked[config]],
+                                               ranked[config], hw))
     return variants
 
 

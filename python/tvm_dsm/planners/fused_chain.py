@@ -35,7 +35,7 @@ from ..rules.fused_chain import (
     find_chain,
 )
 from .report import Plan
-from .split_k_gemm import CP_ASYNC_STREAM_EFFICIENCY, LAUNCH_S, MMA_SYNC_PEAK, STEP_S
+from .split_k_gemm import LAUNCH_S, MMA_SYNC_PEAK, STEP_S, stream_share
 
 _BARRIERS_PER_STEP = 3
 
@@ -86,7 +86,7 @@ def predict(shape: ChainShape, config: FusedChainConfig, hw: Hardware) -> ChainP
         "dsm": g * shape.m * shape.n * 4 * s * s,
     }
     flops = 2 * shape.m * shape.n * (g * shape.k + shape.l)
-    stream = 1.0 if c.tma else CP_ASYNC_STREAM_EFFICIENCY  # GEMM0's operands: most of the bytes
+    stream = stream_share(c.tma)  # GEMM0's operands: most of the bytes
     seconds = {
         "hbm": traffic["hbm"] / (hw.hbm_bw * stream * busy),
         "l2": traffic["l2"] / (hw.l2_bw * stream * busy),

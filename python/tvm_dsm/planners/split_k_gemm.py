@@ -8,8 +8,9 @@ reduce-scatter) -- and the tensor-core work, and divides by the level's measured
 choices: how many SMs the grid keeps streaming (a CTA alone cannot pull its share of HBM
 bandwidth: its pipeline holds ``stages - 2`` tiles in flight), the latency of each K step over
 that lookahead, the waves (clusters of 3 or more CTAs strand SMs: measured residency), the
-wave tail, and the SMs a grid slightly larger than one CTA per SM doubles up. Each CTA also pays its pipeline fill and the two cluster barriers. It ranks
-configurations; it does not promise absolute times.
+wave tail, and the SMs a grid slightly larger than one CTA per SM doubles up. Each CTA also
+pays its pipeline fill and the two cluster barriers. It ranks configurations; it does not
+promise absolute times.
 """
 
 from __future__ import annotations
@@ -66,6 +67,11 @@ SM_HEADROOM = 1.31
 CP_ASYNC_STREAM_EFFICIENCY = 53.1 / 66.5
 
 
+def stream_share(tma: bool) -> float:
+    """Share of the streaming bandwidth a main loop's operand copies reach (TMA: all of it)."""
+    return 1.0 if tma else CP_ASYNC_STREAM_EFFICIENCY
+
+
 @dataclass(frozen=True)
 class GemmPlan(Plan):
     """A split-K GEMM configuration with its prediction."""
@@ -111,7 +117,7 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
     # Bandwidth the busy SMs can pull: bytes in flight per SM over the HBM latency.
     tile_bytes = (c.block_m + c.block_n) * c.block_k * elem
     lookahead, latency = (c.stages - 1, TMA_LATENCY_S) if c.tma else (c.stages - 2, LOADED_LATENCY_S)
-    stream = 1.0 if c.tma else CP_ASYNC_STREAM_EFFICIENCY
+    stream = stream_share(c.tma)
     in_flight = min(per_sm * lookahead * tile_bytes, _BYTES_IN_FLIGHT_PER_SM)
     pull = busy_sms / hw.sm_count * in_flight / _BYTES_IN_FLIGHT_PER_SM
     tail = waves / (ctas / slots) if ctas > slots else _doubled_up(ctas, hw.concurrent_ctas(s, 1))
