@@ -74,6 +74,30 @@ def dense_relu_error_on_gpu(m: int, n: int, k: int, config) -> float:
     return float(np.linalg.norm(y.numpy() - ref) / np.linalg.norm(ref))
 
 
+def chain_error_on_gpu(func, mod: tvm.IRModule) -> float:
+    """Relative error vs float64 of ``mod``, a schedule of the GEMM chain ``func`` (FFN with
+    ReLU, or SwiGLU: gate and up weights first), run on the GPU with fresh random inputs
+    (weights scaled like torch.nn.Linear's) and a NaN-poisoned output."""
+    import numpy as np
+
+    lib = tvm.compile(mod, target=TARGET)
+    dev = tvm.cuda(0)
+    rng = np.random.default_rng()
+    (m, k), *shapes, out_shape = [tuple(int(d) for d in p.ty.shape) for p in func.params]
+    a = rng.standard_normal((m, k)).astype(np.float16)
+    weights = [(rng.standard_normal(s) / np.sqrt(s[1])).astype(np.float16) for s in shapes]
+    out = tvm.runtime.tensor(np.full(out_shape, np.nan, np.float16), dev)
+    lib(*(tvm.runtime.tensor(x, dev) for x in (a, *weights)), out)
+    x = a.astype(np.float64)
+    if len(weights) == 3:
+        g, u = (x @ w.astype(np.float64).T for w in weights[:2])
+        h = g / (1 + np.exp(-g)) * u
+    else:
+        h = np.maximum(x @ weights[0].astype(np.float64).T, 0)
+    ref = h @ weights[-1].astype(np.float64).T
+    return float(np.linalg.norm(out.numpy() - ref) / np.linalg.norm(ref))
+
+
 @pytest.fixture(scope="session")
 def assemble(tmp_path_factory):
     """Assemble CUDA source for sm_90a with nvcc; fails the test with nvcc's message."""

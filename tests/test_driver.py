@@ -21,7 +21,7 @@ CHAIN = (64, 512, 256, 256)  # M, N, K, L: small enough to build a few configs q
 
 
 @pytest.mark.parametrize("func, family", [
-    (gemm_chain(*CHAIN, "relu"), "fused_chain"),
+    (gemm_chain(*CHAIN, "relu"), "gemm_chain"),
     (dense(128, 1024, 1024), "split_k_gemm"),
     (gemv(1024, 4096), "split_k_reduction"),
 ])
@@ -39,7 +39,7 @@ def test_unsupported_function_gets_the_reasons_and_a_stock_build(caplog):
     func = cascades.logsumexp(256, 1024)  # three blocks: no tvm-dsm family (RedFuser fuses it)
     with pytest.raises(ClusterError) as err:
         tvm_dsm.plan(func)
-    for family in ("fused_chain", "split_k_gemm", "split_k_reduction"):
+    for family in ("gemm_chain", "split_k_gemm", "split_k_reduction"):
         assert family in str(err.value)
     with caplog.at_level(logging.WARNING, logger="tvm_dsm.driver"):
         sch = tvm_dsm.driver.schedule(func)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from tvm import s_tir
 
-from conftest import TARGET, cuda_source
+from conftest import chain_error_on_gpu, cuda_source
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.hardware import load_hardware
 from tvm_dsm.planners.fused_chain import candidate_configs, plan_chain, schedule_chain
@@ -127,26 +127,9 @@ def test_planner_prunes_and_ranks_fast_and_explains():
 @pytest.mark.parametrize("config", [SMALL, FusedChainConfig(4, 64, 64, 1, 32, 2, 4, 3),
                                     FusedChainConfig(2, 32, 32, 1, 64, 2, 2, 3, tma=True)])
 def test_gpu_matches_float64(gated, config):
-    import tvm
-
     m, n, k, l = 128, 512, 512, 256
     func = swiglu_ffn(m, n, k, l) if gated else gemm_chain(m, n, k, l, "relu")
-    lib = tvm.compile(schedule_fused_chain(func, config).mod, target=TARGET)
-    dev = tvm.cuda(0)
-    rng = np.random.default_rng()
-    a = rng.standard_normal((m, k)).astype(np.float16)
-    weights = [(rng.standard_normal(s) / np.sqrt(s[1])).astype(np.float16)
-               for s in ([(n, k)] * (2 if gated else 1) + [(l, n)])]
-    out = tvm.runtime.tensor(np.full((m, l), np.nan, np.float16), dev)
-    lib(*(tvm.runtime.tensor(x, dev) for x in (a, *weights)), out)
-    x = a.astype(np.float64)
-    if gated:
-        g, u = (x @ w.astype(np.float64).T for w in weights[:2])
-        h = g / (1 + np.exp(-g)) * u
-    else:
-        h = np.maximum(x @ weights[0].astype(np.float64).T, 0)
-    ref = h @ weights[-1].astype(np.float64).T
-    assert np.linalg.norm(out.numpy() - ref) / np.linalg.norm(ref) < 2e-3
+    assert chain_error_on_gpu(func, schedule_fused_chain(func, config).mod) < 2e-3
 
 
 def test_fused_ffn_tutorial_shows_pruning_plan_and_assembled_cuda(capsys):

@@ -126,14 +126,25 @@ def schedule(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None =
     """The schedule :func:`build` compiles (see there)."""
     target = tvm.target.Target(target)
     if database is not None:
-        recorded = database.query_schedule(_module(func), target, workload_name="main")
-        if recorded is not None:
-            return recorded
+        record = database.query_tuning_record(_module(func), target, workload_name="main")
+        if record is not None:
+            return replay(record.trace, func)
     try:
         return plan(func, hw).schedule()
     except ClusterError as err:
         LOG.warning("tvm-dsm falls back to TVM's stock schedule: %s", err)
         return stock_schedule(func, target)
+
+
+def replay(trace: s_tir.Trace, func: tirx.PrimFunc) -> s_tir.Schedule:
+    """``trace`` (a tuning record's) applied to ``func``. Replayed with s_tir's checks off, where
+    MetaSchedule's ``query_schedule`` keeps them on: an unfused chain's trace schedules its
+    second kernel in a scope s_tir no longer counts as a stage pipeline
+    (:mod:`tvm_dsm.rules.unfused_chain`); every recorded trace passed those checks, or was
+    built as that module explains, when ``tune`` scheduled it."""
+    sch = s_tir.Schedule(_module(func), enable_check=False)
+    trace.apply_to_schedule(sch, remove_postproc=False)
+    return sch
 
 
 def _load_tvm_dsm() -> None:

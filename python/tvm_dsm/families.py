@@ -18,6 +18,7 @@ from tvm import s_tir, tirx
 from .errors import ClusterError
 from .hardware import Hardware
 from .planners.fused_chain import plan_chain
+from .planners.unfused_chain import plan_unfused_chain
 from .planners.gemm_row_max import plan_gemm_row_max, row_max_shape
 from .planners.report import Plan
 from .planners.split_k import plan_split_k_reduction
@@ -26,6 +27,7 @@ from .rules.fused_chain import find_chain, schedule_fused_chain
 from .rules.gemm_row_max import schedule_gemm_row_max
 from .rules.split_k_gemm import find_gemm, schedule_split_k_gemm
 from .rules.split_k_reduction import reduction_extents, schedule_split_k_reduction
+from .rules.unfused_chain import UnfusedChainConfig, schedule_unfused_chain
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,26 @@ class ReductionShape:
 
 def _chain_shape(func: tirx.PrimFunc):
     return find_chain(s_tir.Schedule(func))[1]
+
+
+def _rank_chains(shape, hw: Hardware) -> list[Plan]:
+    """A chain's fused plans and its unfused ones (two split-K GEMMs), ranked together: fusion
+    is chosen where the model predicts it faster, not because it applies."""
+    plans, reasons = [], []
+    for kind, planner in (("fused", plan_chain), ("unfused", plan_unfused_chain)):
+        try:
+            plans += planner(shape, hw)
+        except ClusterError as err:
+            reasons.append(f"{kind}: {err}")
+    if not plans:
+        raise ClusterError("no GEMM chain schedule fits: " + "; ".join(reasons))
+    return sorted(plans, key=lambda p: p.predicted_us)
+
+
+def _schedule_chain(func: tirx.PrimFunc, config) -> s_tir.Schedule:
+    if isinstance(config, UnfusedChainConfig):
+        return schedule_unfused_chain(func, config)
+    return schedule_fused_chain(func, config)
 
 
 def _gemm_shape(func: tirx.PrimFunc):
@@ -84,7 +106,7 @@ def _rank_reductions(shape: ReductionShape, hw: Hardware) -> list[Plan]:
 
 #: Most specific first.
 FAMILIES = (
-    Family("fused_chain", _chain_shape, plan_chain, schedule_fused_chain),
+    Family("gemm_chain", _chain_shape, _rank_chains, _schedule_chain),
     Family("gemm_row_max", row_max_shape, plan_gemm_row_max, schedule_gemm_row_max),
     Family("split_k_gemm", _gemm_shape, plan_split_k_gemm, schedule_split_k_gemm),
     Family("split_k_reduction", _reduction_shape, _rank_reductions, schedule_split_k_reduction),

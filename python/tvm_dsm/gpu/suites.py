@@ -21,6 +21,8 @@ from ..rules.quantized_gemm import schedule_quantized_gemm
 from ..errors import ClusterError
 from ..planners.cascade_split import plan_cascade_split
 from ..planners.fused_chain import plan_chain, schedule_chain
+from ..planners.unfused_chain import plan_unfused_chain
+from ..rules.unfused_chain import schedule_unfused_chain
 from ..planners.gemm_row_max import plan_gemm_row_max, row_max_shape
 from ..rules.gemm_row_max import schedule_gemm_row_max
 from ..workloads.lm_head import lm_head_max
@@ -310,14 +312,18 @@ GEMM_SHAPES = {
 _SWEEP = [(128, 128, 64, 2, 4, 3), (128, 64, 64, 2, 2, 4), (64, 128, 64, 2, 4, 4), (64, 256, 64, 2, 4, 3)]
 
 
+def _gemm_tag(c: SplitKGemmConfig) -> str:
+    """A split-K GEMM configuration in a kernel name."""
+    return f"c{c.cluster_size}_{c.block_m}x{c.block_n}x{c.block_k}_s{c.stages}" + ("_tma" if c.tma else "")
+
+
 def _gemm_variant(label: str, m: int, n: int, k: int, config, plan_rank: int | None,
                   predicted_us: float, epilogue: bool = False, dtype: str = "float16") -> Variant:
     func = dense(m, n, k, dtype=dtype, bias=epilogue, activation="silu" if epilogue else "identity")
     args = _args(func)
     c = config
     return Variant(
-        name=f"{label}_m{m}_c{c.cluster_size}_{c.block_m}x{c.block_n}x{c.block_k}_s{c.stages}"
-        + ("_tma" if c.tma else "") + ("_bias_silu" if epilogue else ""),
+        name=f"{label}_m{m}_{_gemm_tag(c)}" + ("_bias_silu" if epilogue else ""),
         workload="dense_bias_silu" if epilogue else "dense",
         mod=schedule_split_k_gemm(func, config).mod,
         args=args,
@@ -418,9 +424,9 @@ def _chain_workload(label: str, m: int):
     return func, find_chain(s_tir.Schedule(func))[1], args
 
 
-def _chain_variant(label: str, shape, func, args, plan, rank, hw) -> Variant:
-    """One fused-chain kernel of ``shape``; ``rank``: the plan's place in the planner's order,
-    or "smem"."""
+def _chain_variant(label: str, shape, func, args, plan, rank, hw, pick: bool = False) -> Variant:
+    """One fused-chain kernel of ``shape``; ``rank``: the plan's place in the planner's order
+    of fused plans, or "smem"; ``pick``: the chain family's choice (tvm_dsm.plan's best)."""
     c, m, n, k, l = plan.config, shape.m, shape.n, shape.k, shape.l
     smem = rank == "smem"
     return Variant(
@@ -432,21 +438,49 @@ def _chain_variant(label: str, shape, func, args, plan, rank, hw) -> Variant:
         bytes=_nbytes(args),
         flops=2 * m * n * (k * len(shape.gemm0) + l),
         plan={**vars(c), "plan_rank": None if smem else rank, "smem_only": smem,
-              "predicted_us": plan.predicted_us},
+              "predicted_us": plan.predicted_us, "pick": pick},
+        extra={"shape": label, "m": m, "n": n, "k": k, "l": l},
+    )
+
+
+def _unfused_chain_variant(label: str, shape, func, args, plan, rank: int, pick: bool) -> Variant:
+    """The chain as two split-K GEMM kernels (``_unfused_`` in the name); ``rank``: the plan's
+    place among the unfused plans."""
+    first, second = plan.config.gemm0, plan.config.gemm1
+    m, n, k, l = shape.m, shape.n, shape.k, shape.l
+    return Variant(
+        name=f"{label}_m{m}_unfused_{_gemm_tag(first)}_then_{_gemm_tag(second)}",
+        workload="swiglu" if shape.gated else "gemm_chain_relu",
+        mod=schedule_unfused_chain(func, plan.config).mod,
+        args=args,
+        bytes=_nbytes(args),
+        flops=2 * m * n * (k * len(shape.gemm0) + l),
+        plan={"gemm0": vars(first), "gemm1": vars(second), "unfused": True, "unfused_rank": rank,
+              "plan_rank": None, "smem_only": False, "predicted_us": plan.predicted_us,
+              "pick": pick},
         extra={"shape": label, "m": m, "n": n, "k": k, "l": l},
     )
 
 
 def _chain_variants(label: str, m: int, sample: int, hw) -> list[Variant]:
-    """The planner's top 3 for one chain at batch ``m`` plus ``sample`` random valid configs,
-    and the best planned SMEM-only fusion (one-CTA clusters: ``_smem`` in the name) where one
-    fits."""
+    """The planner's top 3 fused plans for one chain at batch ``m`` plus ``sample`` random valid
+    fused configs, the best planned SMEM-only fusion (one-CTA clusters: ``_smem`` in the name)
+    where one fits, and the top 2 unfused plans (two split-K GEMMs). ``plan["pick"]`` marks
+    the chain family's choice among all of them (:func:`tvm_dsm.plan`)."""
     func, shape, args = _chain_workload(label, m)
+    try:
+        unfused = plan_unfused_chain(shape, hw)[:2]
+    except ClusterError as err:
+        print(f"{label} unfused: {err}")
+        unfused = []
     try:
         plans = plan_chain(shape, hw)
     except ClusterError as err:
-        print(f"{label}: {err}")
+        print(f"{label} fused: {err}")
+        plans = []
+    if not plans and not unfused:
         return []
+    fused_pick = bool(plans) and (not unfused or plans[0].predicted_us <= unfused[0].predicted_us)
     picked = {rank: plans[rank] for rank in range(min(3, len(plans)))}
     rng = random.Random(label)
     for rank in rng.sample(range(len(plans)), min(sample, len(plans))):
@@ -455,7 +489,10 @@ def _chain_variants(label: str, m: int, sample: int, hw) -> list[Variant]:
         picked["smem"] = plan_chain(shape, hw, smem_only=True)[0]
     except ClusterError:
         pass  # the intermediate does not fit one CTA: the case DSM fusion exists for
-    return [_chain_variant(label, shape, func, args, plan, rank, hw) for rank, plan in picked.items()]
+    return ([_chain_variant(label, shape, func, args, plan, rank, hw, fused_pick and rank == 0)
+             for rank, plan in picked.items()]
+            + [_unfused_chain_variant(label, shape, func, args, plan, rank, not fused_pick and rank == 0)
+               for rank, plan in enumerate(unfused)])
 
 
 def chains_tma() -> list[Variant]:

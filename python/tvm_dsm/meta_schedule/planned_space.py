@@ -9,6 +9,13 @@ the best-predicted first. (The chain and GEMM spaces are not per-parameter ``sam
 decisions: their validity couples the parameters, e.g. shared memory, so a free product of
 decisions would build invalid kernels; the split-K reduction's, whose parameters are independent,
 is: :class:`~tvm_dsm.meta_schedule.SplitKReductionRule`.)
+
+A GEMM chain's unfused plans (two split-K GEMM kernels, :mod:`tvm_dsm.rules.unfused_chain`) are
+left out: MetaSchedule's search strategies replay every design space's trace with s_tir's checks
+on, which that trace cannot pass (its second kernel is scheduled in a scope s_tir no longer counts
+as a stage pipeline), so they would be dropped with a "trace replay failed" warning.
+:func:`tvm_dsm.tune` measures them with MetaSchedule's builder and runner and records them in its
+database, and :func:`tvm_dsm.build` replays them.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from ..driver import plan
 from ..hardware import Hardware, load_hardware
+from ..rules.unfused_chain import UnfusedChainConfig
 from .cost_model import AnalyticalScores
 
 #: Root-block annotation carrying the planner's predicted time (microseconds).
@@ -28,7 +36,8 @@ PREDICTED_US_KEY = "tvm_dsm.predicted_us"
 
 @derived_object
 class PlannedSpace(ms.space_generator.PySpaceGenerator):
-    """Design spaces: the planner's ``top`` schedules (ClusterError if no family applies)."""
+    """Design spaces: the planner's ``top`` schedules MetaSchedule can replay (ClusterError if no
+    family applies)."""
 
     def __init__(self, top: int = 8, hw: Hardware | None = None):
         super().__init__()
@@ -40,8 +49,10 @@ class PlannedSpace(ms.space_generator.PySpaceGenerator):
 
     def generate_design_space(self, mod: tvm.IRModule) -> list[s_tir.Schedule]:
         ranking = plan(mod["main"], self.hw)
+        replayable = [(rank, p) for rank, p in enumerate(ranking.plans)
+                      if not isinstance(p.config, UnfusedChainConfig)]
         spaces = []
-        for rank, candidate in enumerate(ranking.plans[: self.top]):
+        for rank, candidate in replayable[: self.top]:
             sch = ranking.schedule(rank)
             sch.annotate(sch.get_sblock("root"), PREDICTED_US_KEY, float(candidate.predicted_us))
             spaces.append(sch)

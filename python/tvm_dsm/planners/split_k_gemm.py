@@ -80,13 +80,15 @@ class GemmPlan(Plan):
     ctas: int
     resident: int  # CTAs per SM
     smem: int  # bytes of dynamic shared memory per CTA
+    products: int = 1  # a gated layer's two products (GemmShape.products)
 
     def summary(self) -> str:
         c = self.config
+        gated = " of 2 gated products, one main loop after the other" if self.products > 1 else ""
         split = (f"K split over clusters of {c.cluster_size} CTAs, partials reduce-scattered "
                  "through DSM" if c.cluster_size > 1 else "K whole in each CTA (no cluster)")
         return (
-            f"cluster split-K GEMM: {c.block_m}x{c.block_n}x{c.block_k} tiles, {c.stages}-stage "
+            f"cluster split-K GEMM{gated}: {c.block_m}x{c.block_n}x{c.block_k} tiles, {c.stages}-stage "
             f"{'TMA' if c.tma else 'cp.async'} pipeline, {c.warps_m}x{c.warps_n} warps; {split}; {self.ctas} CTAs, "
             f"{self.resident} per SM, {self.smem} B SMEM each"
         )
@@ -96,14 +98,15 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
             quantized: bool = False) -> GemmPlan:
     """Bytes per level and predicted time of one (valid) configuration. ``quantized``: X
     arrives in fp16 and is read twice per column of tiles (row max, then the main loop), see
-    :mod:`tvm_dsm.rules.quantized_gemm`."""
-    c, s = config, config.cluster_size
+    :mod:`tvm_dsm.rules.quantized_gemm`. Gated products (``shape.products``) run their main loops
+    one after the other: each streams its own W and X again."""
+    c, s, g = config, config.cluster_size, shape.products
     elem = element_bytes(shape.dtype)
     # Bytes per element of X from HBM, and through L2 per column of tiles.
     x_hbm, x_l2 = (2, 4) if quantized else (elem, elem)
     tiles_m, tiles_n = shape.m // c.block_m, shape.n // c.block_n
     ctas = tiles_m * tiles_n * s
-    smem = quantized_shared_bytes(c) if quantized else c.shared_bytes(shape.dtype)
+    smem = quantized_shared_bytes(c) if quantized else c.shared_bytes(shape.dtype, g)
     resident = max(1, min(
         hw.smem_per_sm // smem,
         hw.regs_per_sm // (c.threads * _REGISTERS_PER_THREAD),
@@ -123,14 +126,14 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
     tail = waves / (ctas / slots) if ctas > slots else _doubled_up(ctas, hw.concurrent_ctas(s, 1))
     # Row tiles run one after another (the grid walks a row of tiles first): W comes from HBM
     # again for each row of tiles unless they all run at once or W stays in L2.
-    w_reads = tiles_m if ctas > slots and shape.n * shape.k * elem > hw.l2_bytes else 1
+    w_reads = tiles_m if ctas > slots and g * shape.n * shape.k * elem > hw.l2_bytes else 1
     traffic = {
-        "hbm": shape.m * shape.k * x_hbm + w_reads * shape.n * shape.k * elem + shape.m * shape.n * 2,
-        "l2": tiles_n * shape.m * shape.k * x_l2 + tiles_m * shape.n * shape.k * elem,
-        "dsm": ctas * c.block_m * c.block_n * 4 * (s - 1) // s if s > 1 else 0,
+        "hbm": shape.m * shape.k * x_hbm + w_reads * g * shape.n * shape.k * elem + shape.m * shape.n * 2,
+        "l2": g * (tiles_n * shape.m * shape.k * x_l2 + tiles_m * shape.n * shape.k * elem),
+        "dsm": g * ctas * c.block_m * c.block_n * 4 * (s - 1) // s if s > 1 else 0,
     }
-    flops = 2 * shape.m * shape.n * shape.k
-    k_steps = shape.k // s // c.block_k
+    flops = 2 * shape.m * shape.n * shape.k * g
+    k_steps = g * shape.k // s // c.block_k
     seconds = {
         "hbm": traffic["hbm"] / (hw.hbm_bw * stream * min(1.0, pull)) * tail,
         "l2": traffic["l2"] / (hw.l2_bw * stream) * tail,
@@ -138,14 +141,14 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
         "mma": flops / (MMA_SYNC_PEAK * 2 / elem * min(1.0, busy_sms / hw.sm_count)) * tail,
         "pipeline": k_steps * waves * latency / lookahead,
     }
-    fill = (c.stages - 1) * hw.latency_ns["hbm"] * 1e-9 * waves  # pipeline fill per wave
+    fill = (c.stages - 1) * hw.latency_ns["hbm"] * 1e-9 * waves * g  # pipeline fill per wave
     barriers = 2 * hw.latency_ns["dsm"] * 1e-9 if s > 1 else 0.0
     steps = k_steps * waves * STEP_S
     seconds["latency"] = LAUNCH_S + fill + barriers + steps
     total = (max(seconds["hbm"], seconds["l2"], seconds["mma"], seconds["pipeline"])
              + seconds["dsm"] + seconds["latency"])
     return GemmPlan(bytes=traffic, seconds=seconds, predicted_us=total * 1e6, config=config,
-                    ctas=ctas, resident=resident, smem=smem)
+                    ctas=ctas, resident=resident, smem=smem, products=g)
 
 
 def _doubled_up(ctas: int, one_per_sm: int) -> float:
@@ -195,11 +198,11 @@ def schedule_dense(func: tirx.PrimFunc, hw: Hardware | None = None,
     level). ClusterError names what the function or the configuration does not support."""
     hw = hw or load_hardware()
     sch = s_tir.Schedule(func)
-    block, epilogue, shape = find_gemm(sch)
+    blocks, epilogue, shape = find_gemm(sch)
     if config is None:
         plan = plan_split_k_gemm(shape, hw)[0]
     else:
         check_config(shape, config)
         plan = predict(shape, config, hw)
-    apply_split_k_gemm(sch, block, epilogue, shape, plan.config)
+    apply_split_k_gemm(sch, blocks, epilogue, shape, plan.config)
     return sch, plan

@@ -75,7 +75,7 @@ def schedule_gemm_row_max(func: tirx.PrimFunc, config: SplitKGemmConfig) -> s_ti
     if share > 1:
         part, _ = sch.split(sch.get_loops(reduce)[-1], [share, None])
         partial = sch.rfactor(part, factor_axis=0)
-    apply_split_k_gemm(sch, matmul, epilogue, shape, config)
+    apply_split_k_gemm(sch, [matmul], epilogue, shape, config)
     tile = sch.get_loops(matmul)[0]  # the CTA's (block_m, block_n) tile
     sch.set_scope(epilogue[-1], 0, "shared.dyn")
     if partial is not None:

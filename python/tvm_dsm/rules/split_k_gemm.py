@@ -17,6 +17,7 @@ tiles stay on chip.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from tvm import s_tir, tirx
@@ -70,10 +71,13 @@ class SplitKGemmConfig:
     def threads(self) -> int:
         return 32 * self.warps
 
-    def shared_bytes(self, dtype: str = "float16") -> int:
+    def shared_bytes(self, dtype: str = "float16", products: int = 1) -> int:
         """Dynamic shared memory per CTA: the operand pipeline or the fp32 partial tile, which
-        takes the pipeline's bytes once the main loop is done (release_slice_starts)."""
-        return max(self.pipeline_bytes(dtype), self.block_m * self.block_n * 4)
+        takes the pipeline's bytes once the main loop is done (release_slice_starts). Gated
+        products run their main loops one after the other, each earlier partial tile held
+        next to the later pipelines."""
+        tile = self.block_m * self.block_n * 4
+        return max(self.pipeline_bytes(dtype) + (products - 1) * tile, products * tile)
 
     def pipeline_bytes(self, dtype: str = "float16") -> int:
         """The operand tiles of every stage: padded rows for cp.async; unpadded (swizzled) for
@@ -87,13 +91,15 @@ class SplitKGemmConfig:
 @dataclass(frozen=True)
 class GemmShape:
     """What the rule found in the function: ``m x n x k``, ``W`` stored ``[n, k]`` or ``[k, n]``,
-    both operands of type ``dtype``."""
+    both operands of type ``dtype``; ``products``: matmuls of that shape over the same ``X`` whose
+    tiles one epilogue combines (2: a gated layer, ``silu(X @ Wg^T) * (X @ Wu^T)``)."""
 
     m: int
     n: int
     k: int
     weight_nk: bool
     dtype: str = "float16"
+    products: int = 1
 
 
 def _index_vars(region) -> list:
@@ -101,21 +107,33 @@ def _index_vars(region) -> list:
     return [r.min if isinstance(r.min, tirx.Var) and int(r.extent) == 1 else None for r in region.region]
 
 
-def find_gemm(sch: s_tir.Schedule) -> tuple[SBlockRV, list[SBlockRV], GemmShape]:
-    """The function's matmul block, its elementwise consumers (epilogue) and its shape.
+def find_gemm(sch: s_tir.Schedule) -> tuple[list[SBlockRV], list[SBlockRV], GemmShape]:
+    """The function's matmul block(s), their elementwise consumers (epilogue) and the shape.
 
     ClusterError names what does not fit: the rule needs one (i, j, k) reduction block reading
-    ``X[i, k]`` and ``W[j, k]`` or ``W[k, j]`` in float16 or bfloat16, followed only by elementwise blocks.
+    ``X[i, k]`` and ``W[j, k]`` or ``W[k, j]`` (or two such blocks over the same ``X``, a gated
+    layer's gate and up products), followed only by elementwise blocks.
     """
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     reductions = [b for b in blocks if is_reduction(sch.get(b))]
-    if len(reductions) != 1 or reductions[0] != blocks[0]:
+    if not 1 <= len(reductions) <= 2 or reductions != blocks[: len(reductions)] or len(blocks) == len(reductions):
         raise ClusterError(
-            "split-K GEMM expects one matmul block first, then elementwise epilogue blocks; got "
+            "split-K GEMM expects one matmul block (or a gated layer's two over the same input) "
+            "first, then elementwise epilogue blocks; got "
             f"{[sch.get(b).name_hint for b in blocks]}"
         )
-    shape, _ = find_gemm_operands(sch.get(blocks[0]))
-    return blocks[0], list(blocks[1:]), shape
+    return reductions, list(blocks[len(reductions):]), gemm_products(sch, reductions)
+
+
+def gemm_products(sch: s_tir.Schedule, blocks: list[SBlockRV]) -> GemmShape:
+    """The shape of matmul ``blocks`` computed side by side on one output tile: one, or a gated
+    layer's gate and up products, which must read the same ``X`` and have one shape."""
+    found = [find_gemm_operands(sch.get(b)) for b in blocks]
+    shapes = {shape for shape, _ in found}
+    if len(shapes) != 1 or any(not x.same_as(found[0][1][0]) for _, (x, _) in found):
+        raise ClusterError(f"the gated products {[sch.get(b).name_hint for b in blocks]} must "
+                           "read the same input and have one shape")
+    return dataclasses.replace(shapes.pop(), products=len(blocks))
 
 
 def find_gemm_operands(block: tirx.SBlock) -> tuple[GemmShape, tuple]:
@@ -181,8 +199,8 @@ def check_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
                            f"{c.stages}-stage pipeline")
     if c.tma:
         check_tma(shape, c)
-    if c.shared_bytes(shape.dtype) > MAX_SMEM_PER_CTA:
-        raise ClusterError(f"{c.shared_bytes(shape.dtype)} B of shared memory per CTA exceeds the "
+    if c.shared_bytes(shape.dtype, shape.products) > MAX_SMEM_PER_CTA:
+        raise ClusterError(f"{c.shared_bytes(shape.dtype, shape.products)} B of shared memory per CTA exceeds the "
                            f"{MAX_SMEM_PER_CTA} B an H100 CTA may use")
 
 
@@ -201,45 +219,56 @@ def schedule_split_k_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig) -> s_ti
     """Schedule ``func`` (a matmul block plus elementwise epilogue) as a cluster split-K GEMM
     with the given configuration (:func:`tvm_dsm.planners.split_k_gemm.schedule_dense` plans one)."""
     sch = s_tir.Schedule(func)
-    block, epilogue, shape = find_gemm(sch)
+    blocks, epilogue, shape = find_gemm(sch)
     check_config(shape, config)
-    apply_split_k_gemm(sch, block, epilogue, shape, config)
+    apply_split_k_gemm(sch, blocks, epilogue, shape, config)
     return sch
 
 
 def apply_split_k_gemm(
     sch: s_tir.Schedule,
-    block: SBlockRV,
+    blocks: list[SBlockRV],
     epilogue: list[SBlockRV],
     shape: GemmShape,
     config: SplitKGemmConfig,
 ) -> None:
-    """Schedule ``block`` (and its ``epilogue`` blocks) of ``sch`` in place."""
+    """Schedule the matmul ``blocks`` (one, or a gated layer's gate and up products of the same
+    ``X``, whose partial tiles the epilogue combines) and their ``epilogue`` blocks of ``sch`` in
+    place."""
     c, s = config, config.cluster_size
     *inner_epilogue, output = epilogue
     for stage in inner_epilogue:
         sch.compute_inline(stage)
 
-    # Split K over the cluster: the rfactor block computes one partial tile per rank.
-    i, j, k = sch.get_loops(block)
-    k_rank, k = sch.split(k, [s, None])
-    partial = sch.rfactor(k_rank, factor_axis=0)
+    # Split K over the cluster: each rfactor block computes one partial tile per rank.
+    partials = []
+    for block in blocks:
+        _, _, k = sch.get_loops(block)
+        k_rank, _ = sch.split(k, [s, None])
+        partials.append(sch.rfactor(k_rank, factor_axis=0))
 
     # The final stage: CTA r of a tile's cluster reduces rows r*block_m/S.. of the tile.
-    i, j, k_rank = sch.get_loops(block)
+    i, j = sch.get_loops(output)
     i_tile, i_in = sch.split(i, [None, c.block_m])
     j_tile, j_in = sch.split(j, [None, c.block_n])
     i_rank, i_row = sch.split(i_in, [s, None])
-    sch.reorder(i_tile, j_tile, i_rank, i_row, j_in, k_rank)
+    sch.reorder(i_tile, j_tile, i_rank, i_row, j_in)
     cluster = sch.fuse(i_tile, j_tile)
     bind_cluster_nest(sch, cluster, i_rank)
+    for block in blocks:
+        sch.compute_at(block, i_rank, preserve_unit_loops=True)
 
-    # The partial stage: 16x16x16 tensor-core blocks over warps and K steps, at the cluster.
-    p_i, p_j, p_rank, p_k = sch.get_loops(partial)
-    partial, fragment = blockize_fragments(sch, partial, [p_rank], p_i, p_j, p_k)
-    sch.compute_at(partial, cluster, preserve_unit_loops=True)
-    split_k_main_loops(sch, [(partial, fragment, *sch.get_loops(partial)[-4:])], shape, c)
-    _schedule_reduce_scatter(sch, block, output, c)
+    # The partial stages: 16x16x16 tensor-core blocks over warps and K steps, at the cluster.
+    main_loops = []
+    for partial in partials:
+        p_i, p_j, p_rank, p_k = sch.get_loops(partial)
+        partial, fragment = blockize_fragments(sch, partial, [p_rank], p_i, p_j, p_k)
+        sch.compute_at(partial, cluster, preserve_unit_loops=True)
+        main_loops.append((partial, fragment, *sch.get_loops(partial)[-4:]))
+    split_k_main_loops(sch, main_loops, shape, c)
+    # compute_at regenerated the sums' loops in block-variable order: (peers, rows, cols)
+    sums = [sch.get_loops(b)[-3:] for b in blocks]
+    sum_partials(sch, blocks, output, [(rows, cols, peers) for peers, rows, cols in sums], c.warps)
 
 
 def split_k_main_loops(sch: s_tir.Schedule, partials: list[tuple], shape: GemmShape,
@@ -289,11 +318,6 @@ def split_k_main_loops(sch: s_tir.Schedule, partials: list[tuple], shape: GemmSh
         sch.annotate(k_step, "software_pipeline_stage", stages)
         sch.annotate(k_step, "software_pipeline_order", order)
         sch.annotate(k_step, ASYNC_STAGES_KEY, [0])
-
-
-def _schedule_reduce_scatter(sch, block, output, c: SplitKGemmConfig) -> None:
-    """CTA r sums rows r*block_m/S.. of the tile over the S partials, applies the epilogue."""
-    sum_partials(sch, [block], output, [tuple(sch.get_loops(block)[-3:])], c.warps)
 
 
 def sum_partials(sch: s_tir.Schedule, blocks: list[SBlockRV], output: SBlockRV,

@@ -33,7 +33,9 @@ placed one at byte 2624), so each operand's slots start at the first 1024-byte b
 buffer one alignment larger, computed in the kernel.
 
 What a copy must be (otherwise ClusterError): ``tile[a, b] = G[.., r0 + a, .., k0 + b]`` over
-the whole unpadded tile, with ``G`` a contiguous parameter of the function, ``b`` its innermost
+the whole unpadded tile, with ``G`` a contiguous global buffer the host allocates before the
+launch (a parameter, or an intermediate of the function's root block such as the ``H`` between
+the kernels of an unfused GEMM chain), ``b`` its innermost
 axis, rows of exactly 128 bytes and at most 256 rows (TMA's box limit).
 """
 
@@ -87,7 +89,7 @@ class _ByIdentity(dict):
 class TileCopy:
     """One marked copy ``tile[a, b] = G[origin + (a along row_axis, b along the last axis)]``."""
 
-    def __init__(self, nest, params: list, analyzer: Analyzer):
+    def __init__(self, nest, sources: list, analyzer: Analyzer):
         loops = []
         while isinstance(nest, tirx.For):
             loops.append(nest)
@@ -114,8 +116,9 @@ class TileCopy:
                                f"at most {MAX_BOX} rows, got {rows}x{cols} {self.dtype}")
         if not all(analyzer.can_prove_equal(i, v) for i, v in zip(store.indices, (a, b))):
             raise ClusterError(f"TMA copy {self.name}: must write tile[a, b] in loop order")
-        if not any(self.source.same_as(p) for p in params) or list(self.source.strides):
-            raise ClusterError(f"TMA copy {self.name}: the source must be a contiguous parameter")
+        if not any(self.source.same_as(p) for p in sources) or list(self.source.strides):
+            raise ClusterError(f"TMA copy {self.name}: the source must be a contiguous parameter "
+                               "or global intermediate of the function")
         at_origin = [(a, tirx.const(0, a.ty)), (b, tirx.const(0, b.ty))]
         self.origin = [analyzer.simplify(substitute(i, at_origin)) for i in load.indices]
         offsets = [analyzer.simplify(i - o) for i, o in zip(load.indices, self.origin)]
@@ -163,7 +166,7 @@ def swizzled_offset(offset, elem_bytes: int):
 class _TmaLoop:
     """One loop marked ``TMA_STAGES_KEY``, rewritten as described in the module docstring."""
 
-    def __init__(self, loop: tirx.For, threads: list, params: list, analyzer: Analyzer):
+    def __init__(self, loop: tirx.For, threads: list, sources: list, analyzer: Analyzer):
         self.loop = loop
         self.leader = tirx.const(True, "bool")  # thread 0 of the CTA issues the copies
         for var in threads:
@@ -176,7 +179,7 @@ class _TmaLoop:
         self.copies, self.rest = [], []
         for item in _items(self.block.body):
             if find_all(item, SBlock, lambda b: TMA_COPY_KEY in b.annotations):
-                self.copies.append(TileCopy(item, params, analyzer))
+                self.copies.append(TileCopy(item, sources, analyzer))
             else:
                 self.rest.append(item)
         if not self.copies:
@@ -342,11 +345,14 @@ def LowerTmaPipeline(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx) -> tirx.Prim
     loops = find_all(func.body, tirx.For, lambda lp: TMA_STAGES_KEY in lp.annotations)
     if not loops:
         return func
-    params = list(func.params)
+    # Buffers whose address the host holds before the launch: the tensor maps are encoded there.
+    sources = list(func.params)
+    if isinstance(func.body, SBlockRealize):
+        sources += [b for b in func.body.block.alloc_buffers if b.scope() == "global"]
     analyzer = Analyzer()
     body, host = func.body, []
     for loop in loops:
-        lowering = _TmaLoop(loop, _threads(func.body, loop), params, analyzer)
+        lowering = _TmaLoop(loop, _threads(func.body, loop), sources, analyzer)
         body = replace_node(body, loop, lowering.lower())
         host += lowering.host()
     if isinstance(body, SBlockRealize):  # the root block: host statements go before the launch

@@ -42,6 +42,18 @@ def dense(
     return te.create_prim_func([*params, y])
 
 
+def gated_dense(m: int, n: int, k: int, dtype: str = "float16") -> tirx.PrimFunc:
+    """``H = silu(X @ Wg^T) * (X @ Wu^T)`` (the first half of Llama's MLP) with ``X[m, k]``,
+    ``Wg, Wu[n, k]``, both products accumulated in float32 and the result cast to ``dtype``."""
+    x = te.placeholder((m, k), dtype, name="X")
+    wg = te.placeholder((n, k), dtype, name="Wg")
+    wu = te.placeholder((n, k), dtype, name="Wu")
+    gate, up = matmul(x, wg), matmul(x, wu)
+    silu = ACTIVATIONS["silu"]
+    h = te.compute((m, n), lambda i, j: (silu(gate[i, j]) * up[i, j]).astype(dtype), name="H")
+    return te.create_prim_func([x, wg, wu, h])
+
+
 def matmul(x: te.Tensor, w: te.Tensor, weight_layout: str = "nk") -> te.Tensor:
     """``acc[i, j] = sum_k X[i, k] * W[j, k]`` (or ``W[k, j]``) in float32."""
     (m, k), n = x.shape, w.shape[0] if weight_layout == "nk" else w.shape[1]

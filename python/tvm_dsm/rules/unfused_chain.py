@@ -1,0 +1,66 @@
+"""A GEMM chain as two cluster split-K GEMM kernels, ``H`` through global memory: the "no fusion"
+point of the chain's design space.
+
+Fusion keeps ``H`` on chip, but a fused chain pays for it: GEMM0's partial tiles are
+all-exchanged (DSM bytes grow with the square of the cluster), the clusters owning different
+columns of ``H`` write fp32 partials of the whole output, and each CTA's steps form a latency
+chain. Where ``H`` is small next to the weights (M = 128 and below) that costs more than its
+round trip: on the H100 our two split-K GEMMs ran G4 in 17.5 us against 28.5 for the best
+fused plan (``bench/results/chains_summary.json``). So the chain family plans both, and
+:func:`tvm_dsm.plan` ranks them by the same model.
+
+Kernel 1 computes GEMM0 (for a gated chain both products on one output tile) with the
+activation (or ``silu(gate) * up``) and the cast as its epilogue, and writes ``H`` in the
+function's own type, so the result is the function's, rounding included. Kernel 2 multiplies
+``H`` by ``W2`` (TMA copies read ``H`` like a parameter: :mod:`tvm_dsm.transform.tma_pipeline`).
+
+Both kernels are scheduled in one s_tir schedule, so a MetaSchedule trace records them. The
+schedule is created with ``enable_check=False``: the first kernel's decomposed reductions leave
+two writers of its partial sums in the root scope, which then stops being a "stage pipeline",
+and s_tir refuses compute_at anywhere in such a scope, also for the second kernel's blocks,
+which touch none of the first's buffers. Each kernel's instructions are exactly those of a
+dense layer's schedule, which is built with the checks on (:func:`schedule_split_k_gemm`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import s_tir, tirx
+
+from .fused_chain import ChainShape, find_chain
+from .split_k_gemm import GemmShape, SplitKGemmConfig, apply_split_k_gemm, check_config
+
+
+@dataclass(frozen=True)
+class UnfusedChainConfig:
+    """Each GEMM's split-K configuration."""
+
+    gemm0: SplitKGemmConfig
+    gemm1: SplitKGemmConfig
+
+
+def gemm_shapes(shape: ChainShape) -> tuple[GemmShape, GemmShape]:
+    """GEMM0 (``M x N x K``, gated: two products) and GEMM1 (``M x L x N``) as dense layers."""
+    return (GemmShape(shape.m, shape.n, shape.k, True, products=len(shape.gemm0)),
+            GemmShape(shape.m, shape.l, shape.n, True))
+
+
+def check_unfused_config(shape: ChainShape, config: UnfusedChainConfig) -> None:
+    """Raise :class:`~tvm_dsm.errors.ClusterError` naming what either kernel does not fit."""
+    first, second = gemm_shapes(shape)
+    check_config(first, config.gemm0)
+    check_config(second, config.gemm1)
+
+
+def schedule_unfused_chain(func: tirx.PrimFunc, config: UnfusedChainConfig) -> s_tir.Schedule:
+    """Schedule ``func`` (a GEMM chain, see :func:`~tvm_dsm.rules.fused_chain.find_chain`) as
+    two split-K GEMM kernels (:func:`tvm_dsm.planners.unfused_chain.plan_unfused_chain` plans
+    them)."""
+    sch = s_tir.Schedule(func, enable_check=False)  # see the module docstring
+    blocks, shape = find_chain(sch)
+    check_unfused_config(shape, config)
+    first, second = gemm_shapes(shape)
+    apply_split_k_gemm(sch, blocks.gemm0, [blocks.combine], first, config.gemm0)
+    apply_split_k_gemm(sch, [blocks.gemm1], blocks.epilogue, second, config.gemm1)
+    return sch

@@ -1,0 +1,169 @@
+"""The unfused point of the chain family: gated split-K GEMMs, two kernels with H in global
+memory, the ranking against fused plans, the database round trip, errors."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import tvm
+from tvm import s_tir
+from tvm.s_tir import meta_schedule as ms
+
+import tvm_dsm
+import tvm_dsm.transform.cluster_launch as cluster_launch
+from conftest import chain_error_on_gpu, cuda_source
+from tvm_dsm.errors import ClusterError
+from tvm_dsm.hardware import load_hardware
+from tvm_dsm.planners.unfused_chain import UnfusedChainPlan, plan_unfused_chain
+from tvm_dsm.rules.fused_chain import find_chain
+from tvm_dsm.rules.split_k_gemm import SplitKGemmConfig, find_gemm, schedule_split_k_gemm
+from tvm_dsm.rules.unfused_chain import UnfusedChainConfig, schedule_unfused_chain
+from tvm_dsm.transform.lower_cluster import shared_bytes
+from tvm_dsm.workloads.chains import gemm_chain, swiglu_ffn
+from tvm_dsm.workloads.dense import gated_dense
+
+GATED = SplitKGemmConfig(2, 64, 128, 64, 2, 4, 4, tma=True)
+SECOND = SplitKGemmConfig(4, 64, 64, 64, 2, 2, 3, tma=True)
+
+
+def _kernels(source: str) -> list[str]:
+    """Each kernel's definition (signature and body) in the generated CUDA."""
+    starts = [m.start() for m in re.finditer(r'extern "C" __global__[^;{]*\{', source)]
+    return [source[a:b] for a, b in zip(starts, [*starts[1:], len(source)])]
+
+
+def test_gated_layer_runs_both_products_on_one_tile_in_one_kernel(assemble):
+    sch = s_tir.Schedule(gated_dense(128, 1024, 1024))
+    blocks, epilogue, shape = find_gemm(sch)
+    assert len(blocks) == 2 and len(epilogue) == 1 and shape.products == 2
+    source = cuda_source(schedule_split_k_gemm(gated_dense(128, 1024, 1024), GATED).mod)
+    (kernel,) = _kernels(source)
+    for name in ("X", "Wg", "Wu"):
+        assert f"CUtensorMap {name}_tensormap" in kernel, name
+    # each product's partial tiles summed over the cluster's peers (unrolled)
+    assert kernel.count("ld_vec_shared__cluster_v4_f32(") == 2 * GATED.cluster_size
+    assert "expf" in kernel  # silu(gate) * up in the reduce-scatter's epilogue
+    assemble(source, "gated_dense")
+
+
+def test_gated_layer_shared_memory_is_what_the_config_predicts(monkeypatch):
+    """The gate's partial tile stays live while the up product's pipeline runs: the planner and
+    the capacity check count both (the kernel's merged shared memory, at the launch check)."""
+    seen = []
+    check = cluster_launch.check_shared_memory
+    monkeypatch.setattr(cluster_launch, "check_shared_memory", lambda body, size: (
+        seen.append(shared_bytes(body, "shared.dyn") + shared_bytes(body, "shared")), check(body, size)))
+    for config in (GATED, SplitKGemmConfig(4, 128, 64, 64, 2, 2, 3)):
+        seen.clear()
+        cuda_source(schedule_split_k_gemm(gated_dense(128, 4096, 4096), config).mod)
+        assert seen == [config.shared_bytes("float16", products=2)]
+
+
+def test_gated_products_must_share_their_input():
+    from tvm import te
+
+    x, y = (te.placeholder((128, 256), "float16", name=n) for n in "XY")
+    w = te.placeholder((256, 256), "float16", name="W")
+    k0, k1 = te.reduce_axis((0, 256)), te.reduce_axis((0, 256))
+    a = te.compute((128, 256), lambda i, j: te.sum(x[i, k0].astype("float32") * w[j, k0].astype("float32"), axis=k0))
+    b = te.compute((128, 256), lambda i, j: te.sum(y[i, k1].astype("float32") * w[j, k1].astype("float32"), axis=k1))
+    out = te.compute((128, 256), lambda i, j: (a[i, j] * b[i, j]).astype("float16"))
+    with pytest.raises(ClusterError, match="must read the same input"):
+        find_gemm(s_tir.Schedule(te.create_prim_func([x, y, w, out])))
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_unfused_chain_is_two_split_k_kernels_with_h_through_global_memory(gated, assemble):
+    func = swiglu_ffn(128, 1024, 768, 256) if gated else gemm_chain(128, 1024, 768, 256)
+    source = cuda_source(schedule_unfused_chain(func, UnfusedChainConfig(GATED, SECOND)).mod)
+    first, second = _kernels(source)
+    weights = ("Wg", "Wu") if gated else ("W1",)
+    for name in ("A", *weights):
+        assert f"CUtensorMap {name}_tensormap" in first, name
+    assert "H_ptr" in first and "Out_ptr" not in first  # kernel 1 writes H ...
+    assert "CUtensorMap H_tensormap" in second and "CUtensorMap W2_tensormap" in second  # 2 reads it
+    assert all("cluster_sync()" in k and "mma.sync.aligned" in k for k in (first, second))
+    assemble(source, f"unfused_chain_{gated}")
+
+
+def test_family_ranks_fused_and_unfused_plans_by_one_model():
+    """Large intermediates at M = 128 (G5, S3) plan unfused (measured: our two GEMMs took 139 vs
+    615 us fused on G5); a small chain (G7, L = 768) keeps fusion where the model predicts it
+    faster."""
+    for func, unfused in ((gemm_chain(128, 16384, 4096, 4096), True),
+                          (swiglu_ffn(128, 11008, 4096, 4096), True),
+                          (gemm_chain(128, 768, 768, 768), False)):
+        ranking = tvm_dsm.plan(func)
+        assert ranking.family.name == "gemm_chain"
+        kinds = {type(p.config) for p in ranking.plans}
+        assert UnfusedChainConfig in kinds and len(kinds) == 2
+        assert isinstance(ranking.best.config, UnfusedChainConfig) == unfused
+        predicted = [p.predicted_us for p in ranking.plans]
+        assert predicted == sorted(predicted)
+    text = tvm_dsm.plan(swiglu_ffn(128, 11008, 4096, 4096)).explain()
+    assert "unfused SwiGLU" in text and "2 gated products" in text and "predicted:" in text
+
+
+def test_unfused_plan_adds_its_gemms_level_by_level():
+    _, shape = find_chain(s_tir.Schedule(gemm_chain(128, 3072, 768, 768)))
+    plans = plan_unfused_chain(shape, load_hardware())
+    best = plans[0]
+    assert isinstance(best, UnfusedChainPlan)
+    first, second = best.gemms
+    assert best.predicted_us == pytest.approx(first.predicted_us + second.predicted_us)
+    assert best.bytes["hbm"] == first.bytes["hbm"] + second.bytes["hbm"]
+    # H's round trip is counted: written by GEMM0 (fp16 output), read again by GEMM1.
+    assert first.bytes["hbm"] >= 128 * 3072 * 2 and second.bytes["hbm"] >= 128 * 3072 * 2
+
+
+def test_unfused_trace_replays_from_the_database(tmp_path):
+    """MetaSchedule's own query_schedule replays with s_tir's checks on, which this trace
+    cannot pass; tvm_dsm.build replays it (tvm_dsm.driver.replay)."""
+    func = gemm_chain(128, 3072, 768, 768)
+    sch = schedule_unfused_chain(func, UnfusedChainConfig(GATED, SECOND))
+    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    target = tvm.target.Target(tvm_dsm.driver.H100)
+    database = ms.database.JSONDatabase(work_dir=str(tmp_path))
+    database.commit_tuning_record(ms.database.TuningRecord(
+        sch.trace, database.commit_workload(mod), [1e-5], target,
+        ms.arg_info.ArgInfo.from_prim_func(func)))
+    chosen = tvm_dsm.driver.schedule(func, database=database)
+    tvm.ir.assert_structural_equal(chosen.mod, sch.mod)
+
+
+def test_meta_schedule_design_spaces_leave_the_unfused_plans_out():
+    from tvm_dsm.meta_schedule import PlannedSpace
+    from tvm_dsm.meta_schedule.planned_space import predicted_us
+
+    func = gemm_chain(128, 3072, 768, 768)  # G4: the unfused plans are the best predicted
+    ranking = tvm_dsm.plan(func)
+    assert isinstance(ranking.best.config, UnfusedChainConfig)
+    spaces = PlannedSpace(top=2).generate_design_space(tvm.IRModule({"main": func}))
+    fused = [p.predicted_us for p in ranking.plans if not isinstance(p.config, UnfusedChainConfig)]
+    assert [predicted_us(s.mod) for s in spaces] == fused[:2]
+
+
+def test_batches_below_the_tensor_core_tile_are_refused_by_both_gemms():
+    with pytest.raises(ClusterError, match="M=16: the tensor-core GEMM needs M >= 32"):
+        schedule_unfused_chain(gemm_chain(16, 3072, 768, 768), UnfusedChainConfig(GATED, SECOND))
+    _, shape = find_chain(s_tir.Schedule(gemm_chain(16, 3072, 768, 768)))
+    with pytest.raises(ClusterError, match="no cluster split-K GEMM configuration fits 16x3072x768"):
+        plan_unfused_chain(shape, load_hardware())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("configs", [(GATED, SECOND),
+                                     (SplitKGemmConfig(1, 128, 64, 64, 2, 2, 4),
+                                      SplitKGemmConfig(2, 64, 64, 64, 2, 2, 3))])
+def test_gpu_unfused_chain_matches_float64(gated, configs):
+    m, n, k, l = 128, 1024, 768, 256
+    func = swiglu_ffn(m, n, k, l) if gated else gemm_chain(m, n, k, l, "relu")
+    assert chain_error_on_gpu(func, schedule_unfused_chain(func, UnfusedChainConfig(*configs)).mod) < 2e-3
+
+
+@pytest.mark.gpu
+def test_gpu_planned_chain_matches_float64():
+    func = swiglu_ffn(128, 3072, 1024, 1024)  # S8
+    assert chain_error_on_gpu(func, tvm_dsm.plan(func).schedule().mod) < 2e-3
