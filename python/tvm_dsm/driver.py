@@ -141,8 +141,9 @@ def replay(trace: s_tir.Trace, func: tirx.PrimFunc) -> s_tir.Schedule:
     MetaSchedule's ``query_schedule`` keeps them on: an unfused chain's trace schedules its
     second kernel in a scope s_tir no longer counts as a stage pipeline
     (:mod:`tvm_dsm.rules.unfused_chain`); every recorded trace passed those checks, or was
-    built as that module explains, when ``tune`` scheduled it."""
-    sch = s_tir.Schedule(_module(func), enable_check=False)
+    built as that module explains, when ``tune`` scheduled it. (The schedule takes ``func``
+    itself: one of ``func.with_attr(...)`` was measured to mutate ``func``'s body in place.)"""
+    sch = s_tir.Schedule(func, enable_check=False)
     trace.apply_to_schedule(sch, remove_postproc=False)
     return sch
 
