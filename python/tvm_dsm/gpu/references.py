@@ -203,6 +203,10 @@ REFERENCES: dict[str, Reference] = {
         float64=lambda x, w, b: torch.nn.functional.silu(x.double() @ w.double().T + b.double()),
         torch_eager=lambda x, w, b: torch.nn.functional.silu(torch.nn.functional.linear(x, w, b)),
     ),
+    "gated_dense": Reference(
+        float64=lambda x, wg, wu: F.silu(x.double() @ wg.double().T) * (x.double() @ wu.double().T),
+        torch_eager=lambda x, wg, wu: F.silu(F.linear(x, wg)) * F.linear(x, wu),
+    ),
     "gemm_chain_relu": Reference(
         float64=lambda a, w1, w2: torch.relu(a.double() @ w1.double().T) @ w2.double().T,
         torch_eager=lambda a, w1, w2: F.linear(torch.relu(F.linear(a, w1)), w2),

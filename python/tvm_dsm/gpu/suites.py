@@ -16,7 +16,7 @@ from ..hardware import load_hardware
 from ..planners.split_k_gemm import plan_split_k_gemm
 from ..rules import SplitKReductionConfig, schedule_split_k_reduction
 from ..rules.split_k_gemm import GemmShape, SplitKGemmConfig, check_config, schedule_split_k_gemm
-from ..workloads.dense import dense, quantized_dense, scaled_dense
+from ..workloads.dense import dense, gated_dense, quantized_dense, scaled_dense
 from ..rules.quantized_gemm import schedule_quantized_gemm
 from ..errors import ClusterError
 from ..planners.cascade_split import plan_cascade_split
@@ -348,6 +348,35 @@ def _gemm_configs(shape: GemmShape, top: int, hw) -> list:
     return list(chosen.items())
 
 
+def gated() -> list[Variant]:
+    """Gated layers (SwiGLU's first half, both products in one split-K kernel) on the S1-S8
+    weight shapes at M = 128: the planner's top 6 and a sweep over clusters, tiles and depths
+    (the model check of GemmShape.products)."""
+    variants = []
+    hw = load_hardware()
+    for label, (n, k, _) in SWIGLUS.items():
+        shape = GemmShape(128, n, k, True, products=2)
+        plans = plan_split_k_gemm(shape, hw)
+        ranked = {p.config: (rank, p.predicted_us) for rank, p in enumerate(plans)}
+        chosen = {p.config: ranked[p.config] for p in plans[:6]}
+        for s, (bm, bn, wm, wn), stages in itertools.product(
+                (1, 2, 4), ((128, 128, 2, 4), (64, 128, 2, 4), (128, 64, 2, 2), (64, 256, 2, 4)), (3, 4)):
+            config = SplitKGemmConfig(s, bm, bn, 64, wm, wn, stages, True)
+            if config in ranked:
+                chosen.setdefault(config, ranked[config])
+        func = gated_dense(128, n, k)
+        args = _args(func)
+        for config, (rank, predicted) in chosen.items():
+            variants.append(Variant(
+                name=f"{label}g_m128_{_gemm_tag(config)}", workload="gated_dense",
+                mod=schedule_split_k_gemm(func, config).mod, args=args, bytes=_nbytes(args),
+                flops=2 * 2 * 128 * n * k,
+                plan={**vars(config), "plan_rank": rank, "predicted_us": predicted},
+                extra={"shape": f"{label}g", "m": 128, "n": n, "k": k},
+            ))
+    return variants
+
+
 def _dlight_variant(label: str, m: int, n: int, k: int) -> Variant:
     """TVM's stock dlight schedule for the same layer (tvm_dsm.driver.stock_schedule)."""
     func = dense(m, n, k)
@@ -630,4 +659,4 @@ def fp8() -> list[Variant]:
 
 SUITES = {"split_k": split_k, "collectives": collectives, "cascades": cascades, "gemm": gemm,
           "attention": attention, "chains": chains, "chains_m": chains_m, "decode": decode,
-          "lm_head": lm_head, "fp8": fp8, "gemm_tma": gemm_tma, "chains_tma": chains_tma}
+          "lm_head": lm_head, "fp8": fp8, "gemm_tma": gemm_tma, "chains_tma": chains_tma, "gated": gated}
