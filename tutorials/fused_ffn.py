@@ -17,11 +17,12 @@ if shutil.which("nvcc"):  # TVM compiles CUDA when a module loads; NVRTC needs c
 import tvm
 from tvm import s_tir
 
-import tvm_dsm  # noqa: F401  (registers tvm-dsm's pipeline)
+import tvm_dsm
 from tvm_dsm.bench.demo import assemble, kernel_source, run_section, section
 from tvm_dsm.hardware import load_hardware
 from tvm_dsm.planners.fused_chain import candidate_configs, plan_chain, schedule_chain
 from tvm_dsm.rules.fused_chain import find_chain
+from tvm_dsm.rules.unfused_chain import UnfusedChainConfig
 from tvm_dsm.workloads.chains import gemm_chain
 
 M, N, K, L = 128, 2048, 512, 512
@@ -76,6 +77,12 @@ def main() -> None:
     section("plan: the cost model's top 3 (bytes and time per level)")
     for rank, plan in enumerate(plan_chain(shape, hw)[:3], 1):
         print(f"#{rank} " + plan.explain())
+
+    ranking = tvm_dsm.plan(func)  # the chain family: fused plans and unfused ones, one model
+    kind = "unfused" if isinstance(ranking.best.config, UnfusedChainConfig) else "fused"
+    unfused = next(p for p in ranking.plans if isinstance(p.config, UnfusedChainConfig))
+    print(f"tvm_dsm.plan picks the {kind} plan: {ranking.best.predicted_us:.1f} us predicted "
+          f"(best unfused, two split-K GEMMs: {unfused.predicted_us:.1f} us)")
 
     section("generated CUDA of the fused kernel (TVM codegen, sm_90a)")
     sch, _ = schedule_chain(func, hw)
