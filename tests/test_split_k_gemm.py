@@ -69,7 +69,7 @@ def test_epilogue_is_fused_into_the_reduce_scatter(assemble):
 @pytest.mark.parametrize(
     ("func", "config", "message"),
     [
-        (dense(8, 256, 512), SMALL, "M=8: the tensor-core GEMM needs M >= 32"),
+        (dense(8, 256, 512), SMALL, "M=8: the tensor-core GEMM needs a multiple of 16 rows"),
         (dense(96, 256, 512), SMALL, "M=96 is not a multiple of the 64 tile"),
         (dense(128, 256, 512, dtype="float32"), SMALL, "two operands of one type among"),
         (dense(128, 256, 512), SplitKGemmConfig(2, 64, 64, 32, 2, 2, stages=2), "at least 3"),
@@ -114,14 +114,22 @@ def test_planner_charges_grids_that_double_up_sms(monkeypatch):
     assert plan_split_k_gemm(shape, hw)[0].config == doubled
 
 
+def test_one_fragment_of_rows_is_a_gemm_too(assemble):
+    """M = 16: one 16-row fragment per tile (decode batches), planned and assembled."""
+    sch, plan = schedule_dense(dense(16, 4096, 4096))
+    assert plan.config.block_m == 16 and plan.config.warps_m == 1
+    assemble(cuda_source(sch.mod), "gemm_m16")
+
+
 def test_schedule_dense_uses_the_plan():
     sch, plan = schedule_dense(dense(128, 1024, 4096))
     assert f"tvm_dsm.cluster_size\": {plan.config.cluster_size}" in sch.mod.script()
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("m", "n", "k"), [(128, 1024, 4096), (64, 768, 3072), (256, 512, 2048)])
+@pytest.mark.parametrize(("m", "n", "k"), [(128, 1024, 4096), (64, 768, 3072), (256, 512, 2048),
+                                          (16, 1024, 4096)])
 @pytest.mark.parametrize("cluster", [1, 2, 4])
 def test_gpu_matches_float64(m, n, k, cluster):
-    config = SplitKGemmConfig(cluster, min(m, 128), 64, 64, 2, 2, 3)
+    config = SplitKGemmConfig(cluster, min(m, 128), 64, 64, 2 if m >= 32 else 1, 2, 3)
     assert dense_relu_error_on_gpu(m, n, k, config) < 2e-3

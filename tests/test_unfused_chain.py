@@ -144,12 +144,22 @@ def test_meta_schedule_design_spaces_leave_the_unfused_plans_out():
     assert [predicted_us(s.mod) for s in spaces] == fused[:2]
 
 
-def test_batches_below_the_tensor_core_tile_are_refused_by_both_gemms():
-    with pytest.raises(ClusterError, match="M=16: the tensor-core GEMM needs M >= 32"):
-        schedule_unfused_chain(gemm_chain(16, 3072, 768, 768), UnfusedChainConfig(GATED, SECOND))
-    _, shape = find_chain(s_tir.Schedule(gemm_chain(16, 3072, 768, 768)))
-    with pytest.raises(ClusterError, match="no cluster split-K GEMM configuration fits 16x3072x768"):
+def test_batches_off_the_tensor_core_tile_are_refused_by_both_gemms():
+    with pytest.raises(ClusterError, match="M=24: the tensor-core GEMM needs a multiple of 16"):
+        schedule_unfused_chain(gemm_chain(24, 3072, 768, 768), UnfusedChainConfig(GATED, SECOND))
+    _, shape = find_chain(s_tir.Schedule(gemm_chain(24, 3072, 768, 768)))
+    with pytest.raises(ClusterError, match="no cluster split-K GEMM configuration fits 24x3072x768"):
         plan_unfused_chain(shape, load_hardware())
+
+
+def test_one_fragment_of_rows_plans_and_assembles(assemble):
+    """M = 16 (one 16-row fragment): the unfused chain's GEMMs plan and build."""
+    _, shape = find_chain(s_tir.Schedule(swiglu_ffn(16, 1024, 768, 256)))
+    best = plan_unfused_chain(shape, load_hardware())[0]
+    assert best.config.gemm0.block_m == best.config.gemm1.block_m == 16
+    source = cuda_source(schedule_unfused_chain(swiglu_ffn(16, 1024, 768, 256), best.config).mod)
+    assert len(_kernels(source)) == 2
+    assemble(source, "unfused_chain_m16")
 
 
 @pytest.mark.gpu
@@ -164,6 +174,7 @@ def test_gpu_unfused_chain_matches_float64(gated, configs):
 
 
 @pytest.mark.gpu
-def test_gpu_planned_chain_matches_float64():
-    func = swiglu_ffn(128, 3072, 1024, 1024)  # S8
+@pytest.mark.parametrize("m", [16, 128])
+def test_gpu_planned_chain_matches_float64(m):
+    func = swiglu_ffn(m, 3072, 1024, 1024)  # S8
     assert chain_error_on_gpu(func, tvm_dsm.plan(func).schedule().mod) < 2e-3

@@ -348,6 +348,18 @@ def _gemm_configs(shape: GemmShape, top: int, hw) -> list:
     return list(chosen.items())
 
 
+def gemm_m() -> list[Variant]:
+    """The planner's pick on the G/S layer shapes at every batch the GEMM issue checks besides
+    M = 128 (the gemm suite's): 16, 64, 256, 1024, 4096."""
+    hw = load_hardware()
+    variants = []
+    for m in (16, 64, 256, 1024, 4096):
+        for label, (n, k) in GEMM_SHAPES.items():
+            plan = plan_split_k_gemm(GemmShape(m, n, k, True), hw)[0]
+            variants.append(_gemm_variant(label, m, n, k, plan.config, 0, plan.predicted_us))
+    return variants
+
+
 def gated() -> list[Variant]:
     """Gated layers (SwiGLU's first half, both products in one split-K kernel) on the S1-S8
     weight shapes at M = 128: the planner's top 6 and a sweep over clusters, tiles and depths
@@ -659,4 +671,5 @@ def fp8() -> list[Variant]:
 
 SUITES = {"split_k": split_k, "collectives": collectives, "cascades": cascades, "gemm": gemm,
           "attention": attention, "chains": chains, "chains_m": chains_m, "decode": decode,
-          "lm_head": lm_head, "fp8": fp8, "gemm_tma": gemm_tma, "chains_tma": chains_tma, "gated": gated}
+          "lm_head": lm_head, "fp8": fp8, "gemm_tma": gemm_tma, "chains_tma": chains_tma, "gated": gated,
+          "gemm_m": gemm_m}

@@ -186,7 +186,7 @@ def plan_split_k_gemm(shape: GemmShape, hw: Hardware, quantized: bool = False) -
     if not plans:
         raise ClusterError(
             f"no cluster split-K GEMM configuration fits {shape.m}x{shape.n}x{shape.k} "
-            "(M must be at least 32 and a multiple of 16, N a multiple of 64, K a multiple of 32 "
+            "(M must be a multiple of 16, N a multiple of 64, K a multiple of 32 "
             "giving each CTA at least 3 pipeline steps)"
         )
     return sorted(plans, key=lambda p: (p.predicted_us, p.config.cluster_size, -p.config.stages))

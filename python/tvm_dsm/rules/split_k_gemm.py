@@ -170,10 +170,10 @@ def check_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
     """Raise :class:`ClusterError` naming the first constraint ``config`` breaks for ``shape``."""
     c, s = config, config.cluster_size
     check_cluster_size(s)
-    if shape.m < 2 * TILE:
-        # One 16-row fragment leaves a unit loop that s_tir's compute_at cannot place (TVM 0.27).
-        raise ClusterError(f"M={shape.m}: the tensor-core GEMM needs M >= 32; pad the batch, or "
-                           "use the split-K GEMV (tvm_dsm.rules.split_k_reduction) for M=1")
+    if shape.m % TILE:
+        raise ClusterError(f"M={shape.m}: the tensor-core GEMM needs a multiple of {TILE} rows; "
+                           "pad the batch, or use the split-K GEMV "
+                           "(tvm_dsm.rules.split_k_reduction) for M=1")
     for what, extent, tile in (("M", shape.m, c.block_m), ("N", shape.n, c.block_n)):
         if extent % tile:
             raise ClusterError(f"{what}={extent} is not a multiple of the {tile} tile")
@@ -261,9 +261,11 @@ def apply_split_k_gemm(
     # The partial stages: 16x16x16 tensor-core blocks over warps and K steps, at the cluster.
     main_loops = []
     for partial in partials:
-        p_i, p_j, p_rank, p_k = sch.get_loops(partial)
-        partial, fragment = blockize_fragments(sch, partial, [p_rank], p_i, p_j, p_k)
+        # Placed before blockizing: a blockized M of one fragment leaves a unit block variable
+        # that compute_at's region solver cannot match (M = 16).
         sch.compute_at(partial, cluster, preserve_unit_loops=True)
+        p_rank, p_i, p_j, p_k = sch.get_loops(partial)[-4:]
+        partial, fragment = blockize_fragments(sch, partial, [p_rank], p_i, p_j, p_k)
         main_loops.append((partial, fragment, *sch.get_loops(partial)[-4:]))
     split_k_main_loops(sch, main_loops, shape, c)
     # compute_at regenerated the sums' loops in block-variable order: (peers, rows, cols)
