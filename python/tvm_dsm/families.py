@@ -17,7 +17,7 @@ from tvm import s_tir, tirx
 
 from .errors import ClusterError
 from .hardware import Hardware
-from .planners.fused_chain import plan_chain
+from .planners.fused_chain import FUSED_PICK_BIAS, ChainPlan, plan_chain
 from .planners.unfused_chain import plan_unfused_chain
 from .planners.gemm_row_max import plan_gemm_row_max, row_max_shape
 from .planners.report import Plan
@@ -56,7 +56,8 @@ def _chain_shape(func: tirx.PrimFunc):
 
 def _rank_chains(shape, hw: Hardware) -> list[Plan]:
     """A chain's fused plans and its unfused ones (two split-K GEMMs), ranked together: fusion
-    is chosen where the model predicts it faster, not because it applies."""
+    is chosen where the model predicts it faster, not because it applies (fused predictions
+    weighted by FUSED_PICK_BIAS, the fused model's measured optimism)."""
     plans, reasons = [], []
     for kind, planner in (("fused", plan_chain), ("unfused", plan_unfused_chain)):
         try:
@@ -65,7 +66,12 @@ def _rank_chains(shape, hw: Hardware) -> list[Plan]:
             reasons.append(f"{kind}: {err}")
     if not plans:
         raise ClusterError("no GEMM chain schedule fits: " + "; ".join(reasons))
-    return sorted(plans, key=lambda p: p.predicted_us)
+    return sorted(plans, key=chain_rank_key)
+
+
+def chain_rank_key(plan: Plan) -> float:
+    """What a chain plan is ranked by among fused and unfused plans."""
+    return plan.predicted_us * (FUSED_PICK_BIAS if isinstance(plan, ChainPlan) else 1.0)
 
 
 def _schedule_chain(func: tirx.PrimFunc, config) -> s_tir.Schedule:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import s_tir
 
-from ..driver import stock_schedule
+from ..driver import plan, stock_schedule
 
 from ..hardware import load_hardware
 from ..planners.split_k_gemm import plan_split_k_gemm
@@ -22,7 +22,7 @@ from ..errors import ClusterError
 from ..planners.cascade_split import plan_cascade_split
 from ..planners.fused_chain import plan_chain, schedule_chain
 from ..planners.unfused_chain import plan_unfused_chain
-from ..rules.unfused_chain import schedule_unfused_chain
+from ..rules.unfused_chain import UnfusedChainConfig, schedule_unfused_chain
 from ..planners.gemm_row_max import plan_gemm_row_max, row_max_shape
 from ..rules.gemm_row_max import schedule_gemm_row_max
 from ..workloads.lm_head import lm_head_max
@@ -521,7 +521,7 @@ def _chain_variants(label: str, m: int, sample: int, hw) -> list[Variant]:
         plans = []
     if not plans and not unfused:
         return []
-    fused_pick = bool(plans) and (not unfused or plans[0].predicted_us <= unfused[0].predicted_us)
+    fused_pick = not isinstance(plan(func, hw).best.config, UnfusedChainConfig)
     picked = {rank: plans[rank] for rank in range(min(3, len(plans)))}
     rng = random.Random(label)
     for rank in rng.sample(range(len(plans)), min(sample, len(plans))):

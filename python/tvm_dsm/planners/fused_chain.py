@@ -38,6 +38,12 @@ from .report import Plan
 from .split_k_gemm import LAUNCH_S, MMA_SYNC_PEAK, STEP_S, stream_share
 
 _BARRIERS_PER_STEP = 3
+#: Measured over predicted time of the fused planner's pick: median 1.40 over 29 chain workloads
+#: and batches on the H100, against 1.16 for the best unfused plan (two split-K GEMMs)
+#: (bench/results/chains.json, chains_m.json, 2026-11-25). The fused model misses part of its
+#: kernel's cost, so where the two kinds are ranked together a fused plan counts at its
+#: prediction times the ratio (at 1.0 six of 24 fused-or-unfused choices were wrong, at 1.2 two).
+FUSED_PICK_BIAS = 1.40 / 1.16
 
 
 @dataclass(frozen=True)
