@@ -87,6 +87,18 @@ def test_unfused_chain_is_two_split_k_kernels_with_h_through_global_memory(gated
     assemble(source, f"unfused_chain_{gated}")
 
 
+def test_gate_apart_is_three_kernels_with_the_gate_sums_in_fp32(assemble):
+    func = swiglu_ffn(128, 1024, 768, 256)
+    source = cuda_source(schedule_unfused_chain(func, UnfusedChainConfig(SECOND, SECOND, GATED)).mod)
+    gate, up, second = _kernels(source)
+    assert "Wg_tensormap" in gate and "Wu" not in gate and "float4* __restrict__ G_ptr" in gate
+    assert "Wu_tensormap" in up and "G_ptr" in up and "H_ptr" in up and "expf" in up
+    assert "CUtensorMap H_tensormap" in second
+    assemble(source, "unfused_chain_gate_apart")
+    with pytest.raises(ClusterError, match="separate gate kernel needs a gated chain"):
+        schedule_unfused_chain(gemm_chain(128, 1024, 768, 256), UnfusedChainConfig(SECOND, SECOND, GATED))
+
+
 def test_family_ranks_fused_and_unfused_plans_by_one_model():
     """Large intermediates at M = 128 (G5, S3) plan unfused (measured: our two GEMMs took 131 vs
     687 us fused on G5); a small chain (G2, N = 256) keeps fusion, which the model predicts
@@ -103,8 +115,10 @@ def test_family_ranks_fused_and_unfused_plans_by_one_model():
         assert isinstance(ranking.best.config, UnfusedChainConfig) == unfused
         keys = [chain_rank_key(p) for p in ranking.plans]
         assert keys == sorted(keys)
-    text = tvm_dsm.plan(swiglu_ffn(128, 11008, 4096, 4096)).explain()
-    assert "unfused SwiGLU" in text and "2 gated products" in text and "predicted:" in text
+    ranking = tvm_dsm.plan(swiglu_ffn(128, 11008, 4096, 4096))
+    assert {p.config.gate is None for p in ranking.plans if isinstance(p, UnfusedChainPlan)} == {True, False}
+    text = "\n".join(p.explain() for p in ranking.plans[:40] if isinstance(p, UnfusedChainPlan))
+    assert "unfused SwiGLU" in text and "2 gated products" in text and "3 kernels" in text
 
 
 def test_unfused_plan_adds_its_gemms_level_by_level():
@@ -168,8 +182,11 @@ def test_one_fragment_of_rows_plans_and_assembles(assemble):
 @pytest.mark.parametrize("gated", [False, True])
 @pytest.mark.parametrize("configs", [(GATED, SECOND),
                                      (SplitKGemmConfig(1, 128, 64, 64, 2, 2, 4),
-                                      SplitKGemmConfig(2, 64, 64, 64, 2, 2, 3))])
+                                      SplitKGemmConfig(2, 64, 64, 64, 2, 2, 3)),
+                                     (SECOND, SECOND, GATED)])
 def test_gpu_unfused_chain_matches_float64(gated, configs):
+    if len(configs) == 3 and not gated:
+        pytest.skip("a separate gate kernel needs a gated chain")
     m, n, k, l = 128, 1024, 768, 256
     func = swiglu_ffn(m, n, k, l) if gated else gemm_chain(m, n, k, l, "relu")
     assert chain_error_on_gpu(func, schedule_unfused_chain(func, UnfusedChainConfig(*configs)).mod) < 2e-3

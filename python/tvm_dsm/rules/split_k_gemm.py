@@ -231,10 +231,12 @@ def apply_split_k_gemm(
     epilogue: list[SBlockRV],
     shape: GemmShape,
     config: SplitKGemmConfig,
+    in_registers: bool = True,
 ) -> None:
     """Schedule the matmul ``blocks`` (one, or a gated layer's gate and up products of the same
     ``X``, whose partial tiles the epilogue combines) and their ``epilogue`` blocks of ``sch`` in
-    place."""
+    place. ``in_registers=False``: the epilogue gets its own thread loops (see
+    :func:`sum_partials`), for one that reads what another kernel of the schedule computes."""
     c, s = config, config.cluster_size
     *inner_epilogue, output = epilogue
     for stage in inner_epilogue:
@@ -270,7 +272,8 @@ def apply_split_k_gemm(
     split_k_main_loops(sch, main_loops, shape, c)
     # compute_at regenerated the sums' loops in block-variable order: (peers, rows, cols)
     sums = [sch.get_loops(b)[-3:] for b in blocks]
-    sum_partials(sch, blocks, output, [(rows, cols, peers) for peers, rows, cols in sums], c.warps)
+    sum_partials(sch, blocks, output, [(rows, cols, peers) for peers, rows, cols in sums], c.warps,
+                 in_registers)
 
 
 def split_k_main_loops(sch: s_tir.Schedule, partials: list[tuple], shape: GemmShape,

@@ -14,6 +14,13 @@ activation (or ``silu(gate) * up``) and the cast as its epilogue, and writes ``H
 function's own type, so the result is the function's, rounding included. Kernel 2 multiplies
 ``H`` by ``W2`` (TMA copies read ``H`` like a parameter: :mod:`tvm_dsm.transform.tma_pipeline`).
 
+A gated chain's products may also run apart (``UnfusedChainConfig.gate``): one kernel writes
+the gate's fp32 sums to global memory, the next computes the up product with ``silu(gate) * up``
+as its epilogue. Both products in one kernel do twice the work per output tile, so that kernel
+launches half the CTAs (86 for 132 SMs on S3's 128x128 tiles, measured 1.4x slower than a dense
+layer of the same bytes); apart, each fills the machine for the price of the gate's fp32 round
+trip and one more launch.
+
 Both kernels are scheduled in one s_tir schedule, so a MetaSchedule trace records them. The
 schedule is created with ``enable_check=False``: the first kernel's decomposed reductions leave
 two writers of its partial sums in the root scope, which then stops being a "stage pipeline",
@@ -28,29 +35,40 @@ from dataclasses import dataclass
 
 from tvm import s_tir, tirx
 
+from ..errors import ClusterError
 from .fused_chain import ChainShape, find_chain
 from .split_k_gemm import GemmShape, SplitKGemmConfig, apply_split_k_gemm, check_config
 
 
 @dataclass(frozen=True)
 class UnfusedChainConfig:
-    """Each GEMM's split-K configuration."""
+    """Each GEMM's split-K configuration; ``gate``: a gated chain's gate product as a kernel of
+    its own with this configuration (``gemm0`` is then the up product's), None: both products
+    in ``gemm0``'s kernel."""
 
     gemm0: SplitKGemmConfig
     gemm1: SplitKGemmConfig
+    gate: SplitKGemmConfig | None = None
 
 
-def gemm_shapes(shape: ChainShape) -> tuple[GemmShape, GemmShape]:
-    """GEMM0 (``M x N x K``, gated: two products) and GEMM1 (``M x L x N``) as dense layers."""
-    return (GemmShape(shape.m, shape.n, shape.k, True, products=len(shape.gemm0)),
+def gemm_shapes(shape: ChainShape, gate_apart: bool = False) -> tuple[GemmShape, GemmShape]:
+    """GEMM0 (``M x N x K``; gated: two products, or one when the gate runs apart with the same
+    shape) and GEMM1 (``M x L x N``) as dense layers."""
+    products = 1 if gate_apart else len(shape.gemm0)
+    return (GemmShape(shape.m, shape.n, shape.k, True, products=products),
             GemmShape(shape.m, shape.l, shape.n, True))
 
 
 def check_unfused_config(shape: ChainShape, config: UnfusedChainConfig) -> None:
-    """Raise :class:`~tvm_dsm.errors.ClusterError` naming what either kernel does not fit."""
-    first, second = gemm_shapes(shape)
+    """Raise :class:`~tvm_dsm.errors.ClusterError` naming what a kernel does not fit."""
+    apart = config.gate is not None
+    if apart and not shape.gated:
+        raise ClusterError("a separate gate kernel needs a gated chain (two GEMM0 products)")
+    first, second = gemm_shapes(shape, apart)
     check_config(first, config.gemm0)
     check_config(second, config.gemm1)
+    if apart:
+        check_config(first, config.gate)
 
 
 def schedule_unfused_chain(func: tirx.PrimFunc, config: UnfusedChainConfig) -> s_tir.Schedule:
@@ -60,7 +78,16 @@ def schedule_unfused_chain(func: tirx.PrimFunc, config: UnfusedChainConfig) -> s
     sch = s_tir.Schedule(func, enable_check=False)  # see the module docstring
     blocks, shape = find_chain(sch)
     check_unfused_config(shape, config)
-    first, second = gemm_shapes(shape)
-    apply_split_k_gemm(sch, blocks.gemm0, [blocks.combine], first, config.gemm0)
+    first, second = gemm_shapes(shape, config.gate is not None)
+    products = blocks.gemm0
+    if config.gate is not None:
+        gate, up = products
+        stored = sch.cache_write(gate, 0, "global")  # the gate's sums, written by its kernel
+        apply_split_k_gemm(sch, [gate], [stored], first, config.gate)
+        products = [up]
+    # An epilogue reading the gate's kernel gets thread loops of its own (s_tir moves a block
+    # into another's loop only with all its producers there).
+    apply_split_k_gemm(sch, products, [blocks.combine], first, config.gemm0,
+                       in_registers=config.gate is None)
     apply_split_k_gemm(sch, [blocks.gemm1], blocks.epilogue, second, config.gemm1)
     return sch
