@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from ..hardware import Hardware
 from ..rules.fused_chain import ChainShape
-from ..rules.unfused_chain import UnfusedChainConfig, gemm_shapes
+from ..errors import ClusterError
+from ..rules.unfused_chain import UnfusedChainConfig, check_unfused_config, gemm_shapes
 from .report import Plan
 from .split_k_gemm import GemmPlan, plan_split_k_gemm
 
@@ -67,6 +68,16 @@ def plan_unfused_chain(shape: ChainShape, hw: Hardware) -> list[UnfusedChainPlan
     first, second = (plan_split_k_gemm(s, hw)[:TOP] for s in gemm_shapes(shape))
     plans = [combine(shape, [a, b], hw) for a in first for b in second]
     if shape.gated:
-        single = plan_split_k_gemm(gemm_shapes(shape, gate_apart=True)[0], hw)[:TOP]
-        plans += [combine(shape, [g, u, b], hw) for g in single[:1] for u in single for b in second]
+        single = plan_split_k_gemm(gemm_shapes(shape, gate_apart=True)[0], hw)
+        for up in [u for u in single if _fits(shape, UnfusedChainConfig(u.config, second[0].config,
+                                                                         single[0].config))][:TOP]:
+            plans += [combine(shape, [single[0], up, b], hw) for b in second]
     return sorted(plans, key=lambda p: p.predicted_us)
+
+
+def _fits(shape: ChainShape, config: UnfusedChainConfig) -> bool:
+    try:
+        check_unfused_config(shape, config)
+    except ClusterError:
+        return False
+    return True
