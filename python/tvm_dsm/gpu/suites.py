@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import s_tir
 
-from ..driver import plan, stock_schedule
+from ..driver import plan as plan_function, stock_schedule
 
 from ..hardware import load_hardware
 from ..planners.split_k_gemm import plan_split_k_gemm
@@ -526,7 +526,7 @@ def _chain_variants(label: str, m: int, sample: int, hw) -> list[Variant]:
         plans = []
     if not plans and not unfused:
         return []
-    fused_pick = not isinstance(plan(func, hw).best.config, UnfusedChainConfig)
+    fused_pick = not isinstance(plan_function(func, hw).best.config, UnfusedChainConfig)
     picked = {rank: plans[rank] for rank in range(min(3, len(plans)))}
     rng = random.Random(label)
     for rank in rng.sample(range(len(plans)), min(sample, len(plans))):
