@@ -13,6 +13,7 @@ from tvm.s_tir import meta_schedule as ms
 import tvm_dsm
 import tvm_dsm.transform.cluster_launch as cluster_launch
 from conftest import chain_error_on_gpu, cuda_source
+from tvm_dsm.driver import H100, schedule
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.hardware import load_hardware
 from tvm_dsm.planners.unfused_chain import UnfusedChainPlan, plan_unfused_chain
@@ -133,18 +134,21 @@ def test_unfused_plan_adds_its_gemms_level_by_level():
     assert first.bytes["hbm"] >= 128 * 3072 * 2 and second.bytes["hbm"] >= 128 * 3072 * 2
 
 
-def test_unfused_trace_replays_from_the_database(tmp_path):
+@pytest.mark.parametrize(("func", "config"), [
+    (gemm_chain(128, 3072, 768, 768), UnfusedChainConfig(GATED, SECOND)),
+    (swiglu_ffn(128, 1024, 768, 256), UnfusedChainConfig(SECOND, SECOND, GATED)),
+])
+def test_unfused_trace_replays_from_the_database(tmp_path, func, config):
     """MetaSchedule's own query_schedule replays with s_tir's checks on, which this trace
     cannot pass; tvm_dsm.build replays it (tvm_dsm.driver.replay)."""
-    func = gemm_chain(128, 3072, 768, 768)
-    sch = schedule_unfused_chain(func, UnfusedChainConfig(GATED, SECOND))
+    sch = schedule_unfused_chain(func, config)
     mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
-    target = tvm.target.Target(tvm_dsm.driver.H100)
+    target = tvm.target.Target(H100)
     database = ms.database.JSONDatabase(work_dir=str(tmp_path))
     database.commit_tuning_record(ms.database.TuningRecord(
         sch.trace, database.commit_workload(mod), [1e-5], target,
         ms.arg_info.ArgInfo.from_prim_func(func)))
-    chosen = tvm_dsm.driver.schedule(func, database=database)
+    chosen = schedule(func, database=database)
     tvm.ir.assert_structural_equal(chosen.mod, sch.mod)
 
 

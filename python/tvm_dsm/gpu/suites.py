@@ -350,9 +350,11 @@ def _gemm_configs(shape: GemmShape, top: int, hw) -> list:
 
 def gemm_m() -> list[Variant]:
     """The planner's pick on the G/S layer shapes at every batch the GEMM issue checks besides
-    M = 128 (the gemm suite's): 16, 64, 256, 1024, 4096."""
+    M = 128 (the gemm suite's): 16, 64, 256, 1024, 4096; and M = 1, which no tensor-core tile
+    fits: what ``tvm_dsm.build`` falls back to there (TVM's stock GEMV), against torch."""
     hw = load_hardware()
-    variants = []
+    variants = [dataclasses.replace(_dlight_variant(label, 1, n, k), peers=("torch_eager", "torch_compile"))
+                for label, (n, k) in GEMM_SHAPES.items()]
     for m in (16, 64, 256, 1024, 4096):
         for label, (n, k) in GEMM_SHAPES.items():
             plan = plan_split_k_gemm(GemmShape(m, n, k, True), hw)[0]
