@@ -121,6 +121,20 @@ def test_one_fragment_of_rows_is_a_gemm_too(assemble):
     assemble(cuda_source(sch.mod), "gemm_m16")
 
 
+def test_a_matmul_that_writes_the_output_itself_gets_a_copy_stage(assemble):
+    """No epilogue (an fp32 product, e.g. Relax's matmul before a softmax): the sums reach the
+    output through a copy stage the rule adds."""
+    from tvm import te
+
+    from tvm_dsm.workloads.dense import matmul
+
+    x, w = te.placeholder((128, 512), "float16", name="X"), te.placeholder((256, 512), "float16", name="W")
+    func = te.create_prim_func([x, w, matmul(x, w)])
+    source = cuda_source(schedule_split_k_gemm(func, SMALL).mod)
+    assert source.count("__global__") == 2 and "float4" in source  # one kernel, fp32 stores
+    assemble(source, "gemm_no_epilogue")
+
+
 def test_schedule_dense_uses_the_plan():
     sch, plan = schedule_dense(dense(128, 1024, 4096))
     assert f"tvm_dsm.cluster_size\": {plan.config.cluster_size}" in sch.mod.script()

@@ -160,15 +160,25 @@ def _module(func: tirx.PrimFunc) -> tvm.IRModule:
 
 
 def stock_schedule(func: tirx.PrimFunc, target=H100) -> s_tir.Schedule:
-    """dlight's GPU rules (the schedules ``tvm.compile`` users get without tvm-dsm). dlight
-    skips tensor cores when the arch is "sm_90a" (it cannot parse the suffix), so it schedules
-    for "sm_90"; the module still compiles for ``target``."""
-    from tvm.s_tir import dlight as dl
+    """dlight's GPU rules (the schedules ``tvm.compile`` users get without tvm-dsm), for
+    :func:`stock_target`; the module still compiles for ``target``."""
+    with stock_target(target):
+        mod = stock_rules()(_module(func))
+    return s_tir.Schedule(mod)
 
+
+def stock_target(target=H100) -> tvm.target.Target:
+    """The target dlight schedules for: dlight skips tensor cores when the arch is "sm_90a"
+    (it cannot parse the suffix), so "sm_90" there."""
     target = tvm.target.Target(target)
     if str(target.attrs.get("arch", "")) == "sm_90a":
         target = tvm.target.Target({**dict(target.export()), "arch": "sm_90"})
-    with target:
-        mod = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
-                                      dl.gpu.GeneralReduction(), dl.gpu.Fallback())(_module(func))
-    return s_tir.Schedule(mod)
+    return target
+
+
+def stock_rules() -> tvm.transform.Pass:
+    """dlight's default GPU rules, as one pass (apply it under :func:`stock_target`)."""
+    from tvm.s_tir import dlight as dl
+
+    return dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
+                                   dl.gpu.GeneralReduction(), dl.gpu.Fallback())

@@ -112,14 +112,16 @@ def find_gemm(sch: s_tir.Schedule) -> tuple[list[SBlockRV], list[SBlockRV], Gemm
 
     ClusterError names what does not fit: the rule needs one (i, j, k) reduction block reading
     ``X[i, k]`` and ``W[j, k]`` or ``W[k, j]`` (or two such blocks over the same ``X``, a gated
-    layer's gate and up products), followed only by elementwise blocks.
+    layer's gate and up products), followed only by elementwise blocks (none: the matmul
+    writes the output).
     """
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     reductions = [b for b in blocks if is_reduction(sch.get(b))]
-    if not 1 <= len(reductions) <= 2 or reductions != blocks[: len(reductions)] or len(blocks) == len(reductions):
+    uncombined = len(reductions) == 2 == len(blocks)  # gated products nothing combines
+    if not 1 <= len(reductions) <= 2 or reductions != blocks[: len(reductions)] or uncombined:
         raise ClusterError(
-            "split-K GEMM expects one matmul block (or a gated layer's two over the same input) "
-            "first, then elementwise epilogue blocks; got "
+            "split-K GEMM expects one matmul block (or a gated layer's two over the same input, "
+            "then the epilogue combining them) first, then elementwise epilogue blocks; got "
             f"{[sch.get(b).name_hint for b in blocks]}"
         )
     return reductions, list(blocks[len(reductions):]), gemm_products(sch, reductions)
@@ -238,6 +240,8 @@ def apply_split_k_gemm(
     place. ``in_registers=False``: the epilogue gets its own thread loops (see
     :func:`sum_partials`), for one that reads what another kernel of the schedule computes."""
     c, s = config, config.cluster_size
+    if not epilogue:  # the matmul writes the output itself: its sums reach it through a copy
+        epilogue = [sch.cache_write(blocks[0], 0, "global")]
     *inner_epilogue, output = epilogue
     for stage in inner_epilogue:
         sch.compute_inline(stage)

@@ -89,8 +89,7 @@ def schedule_unfused_chain(func: tirx.PrimFunc, config: UnfusedChainConfig) -> s
     products = blocks.gemm0
     if config.gate is not None:
         gate, up = products
-        stored = sch.cache_write(gate, 0, "global")  # the gate's sums, written by its kernel
-        apply_split_k_gemm(sch, [gate], [stored], first, config.gate)
+        apply_split_k_gemm(sch, [gate], [], first, config.gate)  # its sums, written to G
         products = [up]
     # An epilogue reading the gate's kernel gets thread loops of its own (s_tir moves a block
     # into another's loop only with all its producers there).

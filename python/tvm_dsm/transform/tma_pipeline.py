@@ -170,7 +170,7 @@ class _TmaLoop:
         self.loop = loop
         self.leader = tirx.const(True, "bool")  # thread 0 of the CTA issues the copies
         for var in threads:
-            self.leader = tirx.And(self.leader, tirx.EQ(var, 0))
+            self.leader = tirx.And(self.leader, tirx.EQ(var, tirx.const(0, var.ty)))
         self.stages = int(loop.annotations[TMA_STAGES_KEY])
         realize = loop.body
         if not isinstance(realize, SBlockRealize):

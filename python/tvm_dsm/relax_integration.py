@@ -1,0 +1,80 @@
+"""tvm-dsm inside Relax model compilation: schedule a model's TIR functions with tvm-dsm's
+families, leave the rest to TVM's stock schedules.
+
+A Relax model reaches TIR through ``LegalizeOps`` and ``FuseOps``/``FuseTIR``: each fused
+PrimFunc is one operator group (a matmul with its elementwise epilogue, a reduction, ...).
+:class:`ScheduleTIR` gives every unscheduled PrimFunc that a tvm-dsm family matches the schedule
+:func:`tvm_dsm.driver.schedule` would build (a tuning record from ``database``, else the
+planner's best) and marks it scheduled, so dlight's ``ApplyDefaultSchedule`` afterwards leaves
+it alone and schedules only what no family covers. :func:`compile_model` is that pipeline.
+
+``relax.transform.FuseTransposeMatmul`` comes first: ``R.matmul(x, R.permute_dims(w))`` (a
+``torch.nn.Linear`` written in Relax) legalizes to a separate transpose kernel otherwise, and
+the matmul would read ``W`` as ``[k, n]``, which TMA copies cannot stream.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import tvm
+from tvm import relax, tirx
+from tvm.s_tir import meta_schedule as ms
+
+from .driver import H100, schedule, stock_rules, stock_target
+from .errors import ClusterError
+from .families import match_family
+from .hardware import Hardware
+
+LOG = logging.getLogger("tvm_dsm.relax")
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvm_dsm.ScheduleTIR")
+class ScheduleTIR:
+    """Schedule every PrimFunc of the module that a tvm-dsm family matches (see the module
+    docstring); the others stay unscheduled, with the reason logged at debug level."""
+
+    def __init__(self, target=H100, database: ms.Database | None = None,
+                 hw: Hardware | None = None):
+        self.target, self.database, self.hw = target, database, hw
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        updates = {}
+        for gv, func in mod.functions.items():
+            if not isinstance(func, tirx.PrimFunc) or func.attrs.get("tir.is_scheduled", False):
+                continue
+            # Relax legalizes with int64 extents; the families' kernels index in int32.
+            func = tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({"main": func}))["main"]
+            try:
+                match_family(func)
+            except ClusterError as err:
+                LOG.debug("%s: no tvm-dsm family: %s", gv.name_hint, err)
+                continue
+            sch = schedule(func, self.target, database=self.database, hw=self.hw)
+            updates[gv] = sch.mod["main"].with_attr("tir.is_scheduled", True)
+        for gv, func in updates.items():
+            mod[gv] = func
+        return mod
+
+
+def lower_to_tir(mod: tvm.IRModule) -> tvm.IRModule:
+    """Transposes folded into matmuls, operators legalized to TIR and fused (Relax's passes)."""
+    return tvm.transform.Sequential([
+        relax.transform.FuseTransposeMatmul(),
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+        relax.transform.DeadCodeElimination(),
+    ])(mod)
+
+
+def compile_model(mod: tvm.IRModule, target=H100, database: ms.Database | None = None,
+                  hw: Hardware | None = None) -> relax.VMExecutable:
+    """Compile a Relax model: transposes folded into matmuls, legalized and fused, tvm-dsm's
+    schedules where a family applies, dlight's elsewhere."""
+    target = tvm.target.Target(target)
+    mod = ScheduleTIR(target, database, hw)(lower_to_tir(mod))
+    with stock_target(target):
+        mod = stock_rules()(mod)
+    return tvm.compile(mod, target=target)
