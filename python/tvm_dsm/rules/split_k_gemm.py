@@ -201,9 +201,10 @@ def check_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
                            f"{c.stages}-stage pipeline")
     if c.tma:
         check_tma(shape, c)
-    if c.shared_bytes(shape.dtype, shape.products) > MAX_SMEM_PER_CTA:
-        raise ClusterError(f"{c.shared_bytes(shape.dtype, shape.products)} B of shared memory per CTA exceeds the "
-                           f"{MAX_SMEM_PER_CTA} B an H100 CTA may use")
+    needed = c.shared_bytes(shape.dtype, shape.products)
+    if needed > MAX_SMEM_PER_CTA:
+        raise ClusterError(f"{needed} B of shared memory per CTA exceeds the {MAX_SMEM_PER_CTA} B "
+                           "an H100 CTA may use")
 
 
 def check_tma(shape: GemmShape, config: SplitKGemmConfig) -> None:
