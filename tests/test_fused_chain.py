@@ -165,3 +165,7 @@ def test_conv_chain_workload_matches_numpy_and_is_refused_with_a_reason():
     assert np.linalg.norm(out.numpy() - ref) / np.linalg.norm(ref) < 2e-3
     with pytest.raises(ClusterError, match="convolutions .* are not fused"):
         tvm_dsm.plan(conv_chain(*CONV_CHAINS["C1"]))
+    # dlight cannot schedule the whole chain in one function either: build says so, with both
+    # reasons, instead of raising from inside a dlight rule
+    with pytest.raises(ClusterError, match="(?s)neither tvm-dsm nor TVM's stock.*convolutions.*dlight: "):
+        tvm_dsm.driver.schedule(conv_chain(*CONV_CHAINS["C1"]))

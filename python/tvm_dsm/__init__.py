@@ -31,10 +31,11 @@ if not tvm.base._RUNTIME_ONLY:
 def __getattr__(name: str):
     """The user entry points load on first use: they import TVM's tensor intrinsics, which take
     seconds to parse, and ``import tvm`` loads this package."""
-    if name in ("plan", "tune", "build"):
-        from . import driver
+    if name in ("plan", "tune", "build", "driver"):
+        import importlib
 
-        return getattr(driver, name)
+        driver = importlib.import_module(".driver", __name__)
+        return driver if name == "driver" else getattr(driver, name)
     if name == "schedule_dense":
         from .planners.split_k_gemm import schedule_dense
 

@@ -3,7 +3,9 @@ MetaSchedule database) and ``build`` (a runnable module from the best known sche
 
 Each takes an ordinary PrimFunc. The schedule family is found by pattern
 (:mod:`tvm_dsm.families`); a function no family fits is built with TVM's stock GPU schedules
-(dlight) and a logged reason, so ``build`` always returns a correct module.
+(dlight) and a logged reason, and one dlight cannot schedule either (a chain of convolutions in
+one function) raises ClusterError with both reasons: ``build`` returns a correct module or
+says why not.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.schedule.schedule import ScheduleError
 
 from .errors import ClusterError
 from .families import Family, match_family
@@ -133,7 +136,13 @@ def schedule(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None =
         return plan(func, hw).schedule()
     except ClusterError as err:
         LOG.warning("tvm-dsm falls back to TVM's stock schedule: %s", err)
+        reason = err
+    try:
         return stock_schedule(func, target)
+    except ScheduleError as err:  # raised inside a dlight rule
+        raise ClusterError(f"neither tvm-dsm nor TVM's stock schedules (dlight) can schedule "
+                           f"this function. tvm-dsm: {reason}\ndlight: "
+                           f"{str(err).strip().splitlines()[-1]}") from err
 
 
 def replay(trace: s_tir.Trace, func: tirx.PrimFunc) -> s_tir.Schedule:
