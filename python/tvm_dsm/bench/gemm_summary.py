@@ -1,7 +1,8 @@
 """Summarise the GEMM suite: per layer shape the planner's pick, the measured best, stock TVM
 (dlight), torch eager (cuBLAS), torch.compile and the HBM floor; the model's rank correlation;
 the cluster-size ablation. ``python -m tvm_dsm.bench.gemm_summary bench/results/gemm.json``
-writes ``gemm_summary.json`` and ``gemm.png`` beside it and prints the table."""
+writes ``gemm_summary.json`` and ``gemm.png`` beside it and prints the table; given a ``gemm_m``
+run (e.g. ``gemm_m.json``), ``<run>_summary.json``: the pick against cuBLAS per batch."""
 
 from __future__ import annotations
 
@@ -78,6 +79,23 @@ def summarise(results: dict) -> dict:
     }
 
 
+def summarise_batches(results: dict) -> dict:
+    """The ``gemm_m`` suite (one kernel per layer shape and batch: the planner's pick, or at
+    M = 1 the stock fallback): per batch, each shape's time against cuBLAS and their geomean."""
+    batches = defaultdict(list)
+    for row in results["rows"]:
+        batches[row["m"]].append({"shape": row["shape"], "name": row["name"], "ok": row["ok"],
+                                  "us": row["ours_us"], "cublas_us": row["peers"]["torch_eager"],
+                                  "vs_cublas": row["peers"]["torch_eager"] / row["ours_us"]})
+    return {
+        "device": results["device"], "date": results["date"], "source": results["suite"],
+        "geomean_vs_cublas_by_m": {m: geomean([r["vs_cublas"] for r in rows])
+                                   for m, rows in sorted(batches.items())},
+        "all_correct": all(r["ok"] for rows in batches.values() for r in rows),
+        "batches": {m: rows for m, rows in sorted(batches.items())},
+    }
+
+
 #: (legend, key of a shape's summary) per bar series of the dense-layer plot.
 SERIES = [("tvm-dsm (planner)", "pick_us"), ("tvm-dsm (best measured)", "best_us"),
           ("TVM dlight", "dlight_us"), ("torch eager (cuBLAS)", "torch_eager_us"),
@@ -109,7 +127,16 @@ def plot(summary: dict, path: Path, series: list = SERIES, what: str = "fp16 den
 
 def main() -> None:
     source = Path(sys.argv[1])
-    summary = summarise(json.loads(source.read_text()))
+    results = json.loads(source.read_text())
+    if results["suite"] == "gemm_m":  # several files (gemm_m.json, gemm_m1.json) may hold it
+        summary = summarise_batches(results)
+        (source.parent / f"{source.stem}_summary.json").write_text(json.dumps(summary, indent=1))
+        for m, rows in summary["batches"].items():
+            print(f"M={m:>5}: " + "  ".join(f"{r['shape']} {r['us']:.1f}/{r['cublas_us']:.1f}"
+                                             for r in rows)
+                  + f"  geomean vs cuBLAS {summary['geomean_vs_cublas_by_m'][m]:.2f}x")
+        return
+    summary = summarise(results)
     (source.parent / "gemm_summary.json").write_text(json.dumps(summary, indent=1))
     plot(summary, source.parent / "gemm.png")
     for s in summary["shapes"]:
