@@ -1,5 +1,5 @@
-"""A GEMM chain as two cluster split-K GEMM kernels, ``H`` through global memory: the "no fusion"
-point of the chain's design space.
+"""A GEMM chain as cluster split-K GEMM kernels (two, or three with a gated chain's gate apart),
+``H`` through global memory: the "no fusion" point of the chain's design space.
 
 Fusion keeps ``H`` on chip, but a fused chain pays for it: GEMM0's partial tiles are
 all-exchanged (DSM bytes grow with the square of the cluster), the clusters owning different
@@ -21,12 +21,14 @@ launches half the CTAs (86 for 132 SMs on S3's 128x128 tiles, measured 1.4x slow
 layer of the same bytes); apart, each fills the machine for the price of the gate's fp32 round
 trip and one more launch.
 
-Both kernels are scheduled in one s_tir schedule, so a MetaSchedule trace records them. The
+All kernels are scheduled in one s_tir schedule, so a MetaSchedule trace records them. The
 schedule is created with ``enable_check=False``: the first kernel's decomposed reductions leave
 two writers of its partial sums in the root scope, which then stops being a "stage pipeline",
-and s_tir refuses compute_at anywhere in such a scope, also for the second kernel's blocks,
-which touch none of the first's buffers. Each kernel's instructions are exactly those of a
-dense layer's schedule, which is built with the checks on (:func:`schedule_split_k_gemm`).
+and s_tir refuses compute_at anywhere in such a scope, also for the later kernels' blocks,
+which touch none of the first's buffers. Each kernel's instructions are those of a dense
+layer's schedule, which is built with the checks on (:func:`schedule_split_k_gemm`); the up
+kernel of a separate gate keeps its sums in shared memory for an epilogue with thread loops of
+its own, as the quantized GEMM's does.
 """
 
 from __future__ import annotations
