@@ -1,4 +1,4 @@
-"""Plan a GEMM chain as two split-K GEMM kernels (:mod:`tvm_dsm.rules.unfused_chain`).
+"""Plan a GEMM chain as split-K GEMM kernels (:mod:`tvm_dsm.rules.unfused_chain`).
 
 The kernels run one after the other and share nothing but ``H`` (and a separate gate's sums),
 so the chain's prediction is the sum of the GEMMs' (:func:`tvm_dsm.planners.split_k_gemm.predict`:
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import ClusterError
 from ..hardware import Hardware
 from ..rules.fused_chain import ChainShape
-from ..errors import ClusterError
 from ..rules.unfused_chain import UnfusedChainConfig, check_unfused_config, gemm_shapes
 from .report import Plan
 from .split_k_gemm import GemmPlan, plan_split_k_gemm
@@ -69,9 +69,10 @@ def plan_unfused_chain(shape: ChainShape, hw: Hardware) -> list[UnfusedChainPlan
     plans = [combine(shape, [a, b], hw) for a in first for b in second]
     if shape.gated:
         single = plan_split_k_gemm(gemm_shapes(shape, gate_apart=True)[0], hw)
-        for up in [u for u in single if _fits(shape, UnfusedChainConfig(u.config, second[0].config,
-                                                                         single[0].config))][:TOP]:
-            plans += [combine(shape, [single[0], up, b], hw) for b in second]
+        gate = single[0]
+        ups = [u for u in single
+               if _fits(shape, UnfusedChainConfig(u.config, second[0].config, gate.config))]
+        plans += [combine(shape, [gate, up, b], hw) for up in ups[:TOP] for b in second]
     return sorted(plans, key=lambda p: p.predicted_us)
 
 
