@@ -46,3 +46,22 @@ def test_chain_summary_reports_model_check_and_ablation_from_committed_results()
     for s in summary["shapes"]:
         assert s["pick_us"] >= s["best_us"]
         assert s["pick_unfused"] == ("_unfused_" in s["planner_pick"])
+
+
+def test_batch_summary_of_the_committed_gemm_m_run():
+    """Per batch, each layer's pick against cuBLAS (torch eager) and their geomean, from the
+    committed H100 run; at M = 16 the split-K GEMMs were at parity with cuBLAS."""
+    import json
+    from pathlib import Path
+
+    from tvm_dsm.bench.gemm_summary import summarise_batches
+
+    folder = Path(__file__).parent.parent / "bench" / "results"
+    summary = summarise_batches(json.loads((folder / "gemm_m.json").read_text()))
+    assert summary["all_correct"] and set(summary["batches"]) == {16, 64, 256, 1024, 4096}
+    for m, rows in summary["batches"].items():
+        assert len(rows) == 8
+        ratios = [r["cublas_us"] / r["us"] for r in rows]
+        assert summary["geomean_vs_cublas_by_m"][m] == pytest.approx(
+            math.exp(sum(map(math.log, ratios)) / len(ratios)))
+    assert summary["geomean_vs_cublas_by_m"][16] > 0.9 > summary["geomean_vs_cublas_by_m"][4096]
