@@ -37,6 +37,16 @@ def cuda_source(mod: tvm.IRModule, pipeline: str = "default") -> str:
     return tvm.compile(mod, target=TARGET, tir_pipeline=pipeline).mod.imports[0].inspect_source()
 
 
+def kernels(source: str) -> dict[str, str]:
+    """Each kernel's definition (signature and body) in generated CUDA, by name, in order."""
+    import re
+
+    starts = [(m.start(), m.group(1)) for m in re.finditer(
+        r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\([^;{]*\{', source)]
+    ends = [a for a, _ in starts[1:]] + [len(source)]
+    return {name: source[a:b] for (a, name), b in zip(starts, ends)}
+
+
 def run_tutorial(name: str, capsys) -> str:
     """Run ``tutorials/<name>.py`` as a script; what it printed."""
     import runpy

@@ -4,14 +4,13 @@ the rest; the compiled model computes the model."""
 from __future__ import annotations
 
 import logging
-import re
 
 import numpy as np
 import pytest
 import tvm
 from tvm import relax
 
-from conftest import TARGET
+from conftest import TARGET, kernels
 from tvm_dsm.relax_integration import ScheduleTIR, compile_model, lower_to_tir
 from tvm_dsm.workloads.relax_models import swiglu_mlp
 
@@ -20,19 +19,16 @@ SHAPE = (128, 1024, 512, 256)  # m, n (intermediate), k (in), l (out)
 
 def _kernels(executable) -> dict[str, str]:
     """Each CUDA kernel of a compiled Relax model by name, its body as text."""
-    sources = []
+    found = {}
 
     def walk(module):
         for imported in module.imports:
             if imported.kind in ("cuda", "c", "source"):
-                sources.append(imported.inspect_source())
+                found.update(kernels(imported.inspect_source()))
             walk(imported)
 
     walk(executable.mod)
-    source = "\n".join(sources)
-    starts = [(m.start(), m.group(1)) for m in
-              re.finditer(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\([^;]*?\{', source)]
-    return {name: source[a:b] for (a, name), (b, _) in zip(starts, [*starts[1:], (len(source), "")])}
+    return found
 
 
 def test_model_matmuls_get_tvm_dsm_schedules_and_the_rest_dlight(caplog):

@@ -3,8 +3,6 @@ memory, the ranking against fused plans, the database round trip, errors."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import tvm
 from tvm import s_tir
@@ -12,7 +10,7 @@ from tvm.s_tir import meta_schedule as ms
 
 import tvm_dsm
 import tvm_dsm.transform.cluster_launch as cluster_launch
-from conftest import chain_error_on_gpu, cuda_source
+from conftest import chain_error_on_gpu, cuda_source, kernels
 from tvm_dsm.driver import H100, schedule
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.hardware import load_hardware
@@ -29,9 +27,7 @@ SECOND = SplitKGemmConfig(4, 64, 64, 64, 2, 2, 3, tma=True)
 
 
 def _kernels(source: str) -> list[str]:
-    """Each kernel's definition (signature and body) in the generated CUDA."""
-    starts = [m.start() for m in re.finditer(r'extern "C" __global__[^;{]*\{', source)]
-    return [source[a:b] for a, b in zip(starts, [*starts[1:], len(source)])]
+    return list(kernels(source).values())
 
 
 def test_gated_layer_runs_both_products_on_one_tile_in_one_kernel(assemble):
