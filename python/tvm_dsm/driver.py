@@ -125,8 +125,9 @@ def build(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None = No
 
 
 def schedule(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None = None,
-             hw: Hardware | None = None) -> s_tir.Schedule:
-    """The schedule :func:`build` compiles (see there)."""
+             hw: Hardware | None = None, stock_fallback: bool = True) -> s_tir.Schedule:
+    """The schedule :func:`build` compiles (see there); ``stock_fallback=False``: ClusterError
+    where no family applies, for callers that leave such functions to dlight themselves."""
     target = tvm.target.Target(target)
     if database is not None:
         record = database.query_tuning_record(_module(func), target, workload_name="main")
@@ -135,6 +136,8 @@ def schedule(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None =
     try:
         return plan(func, hw).schedule()
     except ClusterError as err:
+        if not stock_fallback:
+            raise
         LOG.warning("tvm-dsm falls back to TVM's stock schedule: %s", err)
         reason = err
     try:

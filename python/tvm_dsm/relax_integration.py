@@ -23,7 +23,6 @@ from tvm.s_tir import meta_schedule as ms
 
 from .driver import H100, schedule, stock_rules, stock_target
 from .errors import ClusterError
-from .families import match_family
 from .hardware import Hardware
 
 LOG = logging.getLogger("tvm_dsm.relax")
@@ -46,11 +45,11 @@ class ScheduleTIR:
             # Relax legalizes with int64 extents; the families' kernels index in int32.
             func = tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({"main": func}))["main"]
             try:
-                match_family(func)
+                sch = schedule(func, self.target, database=self.database, hw=self.hw,
+                               stock_fallback=False)
             except ClusterError as err:
                 LOG.debug("%s: no tvm-dsm family: %s", gv.name_hint, err)
                 continue
-            sch = schedule(func, self.target, database=self.database, hw=self.hw)
             updates[gv] = sch.mod["main"].with_attr("tir.is_scheduled", True)
         for gv, func in updates.items():
             mod[gv] = func
