@@ -21,7 +21,6 @@ from ..rules.quantized_gemm import schedule_quantized_gemm
 from ..errors import ClusterError
 from ..planners.cascade_split import plan_cascade_split
 from ..planners.fused_chain import plan_chain, schedule_chain
-from ..planners.unfused_chain import plan_unfused_chain
 from ..rules.unfused_chain import UnfusedChainConfig, schedule_unfused_chain
 from ..planners.gemm_row_max import plan_gemm_row_max, row_max_shape
 from ..rules.gemm_row_max import schedule_gemm_row_max
@@ -515,20 +514,16 @@ def _chain_variants(label: str, m: int, sample: int, hw) -> list[Variant]:
     (:func:`tvm_dsm.plan`)."""
     func, shape, args = _chain_workload(label, m)
     try:
-        ranked = plan_unfused_chain(shape, hw)
-        forms = {p.config.gate is None for p in ranked[:2]}
-        unfused = ranked[:2] + [p for p in ranked if (p.config.gate is None) not in forms][:1]
+        ranking = plan_function(func, hw).plans  # fused and unfused, the family's order
     except ClusterError as err:
-        print(f"{label} unfused: {err}")
-        unfused = []
-    try:
-        plans = plan_chain(shape, hw)
-    except ClusterError as err:
-        print(f"{label} fused: {err}")
-        plans = []
-    if not plans and not unfused:
+        print(f"{label}: {err}")
         return []
-    fused_pick = not isinstance(plan_function(func, hw).best.config, UnfusedChainConfig)
+    fused_pick = not isinstance(ranking[0].config, UnfusedChainConfig)
+    # Within each kind the family's order is the kind's own planner's order.
+    plans = [p for p in ranking if not isinstance(p.config, UnfusedChainConfig)]
+    ranked = [p for p in ranking if isinstance(p.config, UnfusedChainConfig)]
+    forms = {p.config.gate is None for p in ranked[:2]}
+    unfused = ranked[:2] + [p for p in ranked if (p.config.gate is None) not in forms][:1]
     picked = {rank: plans[rank] for rank in range(min(3, len(plans)))}
     rng = random.Random(label)
     for rank in rng.sample(range(len(plans)), min(sample, len(plans))):
