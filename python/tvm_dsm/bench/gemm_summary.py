@@ -113,7 +113,8 @@ def plot(summary: dict, path: Path, series: list = SERIES, what: str = "fp16 den
     width = 0.8 / len(series)
     fig, ax = plt.subplots(figsize=(14, 4.5))
     for n, (label, key) in enumerate(series):
-        ax.bar([i + n * width for i in range(len(shapes))], [s[key] if s[key] is not None else float("nan") for s in shapes], width, label=label)
+        heights = [float("nan") if s[key] is None else s[key] for s in shapes]  # None: not measured
+        ax.bar([i + n * width for i in range(len(shapes))], heights, width, label=label)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(shapes))])
     ax.set_xticklabels([s["label"] for s in shapes], rotation=30,
                        ha="right", fontsize=8)
