@@ -313,7 +313,8 @@ _SWEEP = [(128, 128, 64, 2, 4, 3), (128, 64, 64, 2, 2, 4), (64, 128, 64, 2, 4, 4
 
 def _gemm_tag(c: SplitKGemmConfig) -> str:
     """A split-K GEMM configuration in a kernel name."""
-    return f"c{c.cluster_size}_{c.block_m}x{c.block_n}x{c.block_k}_s{c.stages}" + ("_tma" if c.tma else "")
+    return (f"c{c.cluster_size}_{c.block_m}x{c.block_n}x{c.block_k}_s{c.stages}"
+            + ("_tma" if c.tma else "") + ("_wg" if c.wgmma else ""))
 
 
 def _gemm_variant(label: str, m: int, n: int, k: int, config, plan_rank: int | None,
@@ -387,6 +388,27 @@ def gated() -> list[Variant]:
                 plan={**vars(config), "plan_rank": rank, "predicted_us": predicted},
                 extra={"shape": f"{label}g", "m": 128, "n": n, "k": k},
             ))
+    return variants
+
+
+def gemm_wgmma() -> list[Variant]:
+    """Warpgroup-MMA main loops (tvm_dsm.rules.wgmma) against the mma.sync planner pick on the
+    G/S layer shapes at M = 128 and a 4096 x 4096 M sweep: clusters, tiles and depths."""
+    hw = load_hardware()
+    variants = []
+    cases = [(label, 128, n, k) for label, (n, k) in GEMM_SHAPES.items()]
+    cases += [("sq4096", m, 4096, 4096) for m in (256, 1024, 4096)]
+    for label, m, n, k in cases:
+        shape = GemmShape(m, n, k, True)
+        pick = plan_split_k_gemm(shape, hw)[0]
+        variants.append(_gemm_variant(label, m, n, k, pick.config, 0, pick.predicted_us))
+        for s, (bm, bn), stages in itertools.product((1, 2, 4, 8), ((64, 128), (128, 128), (128, 256), (64, 256)), (4,)):
+            config = SplitKGemmConfig(s, bm, bn, 64, bm // 16, 1, stages, tma=True, wgmma=True)
+            try:
+                check_config(shape, config)
+            except ClusterError:
+                continue
+            variants.append(_gemm_variant(label, m, n, k, config, None, 0.0))
     return variants
 
 
@@ -674,4 +696,4 @@ def fp8() -> list[Variant]:
 SUITES = {"split_k": split_k, "collectives": collectives, "cascades": cascades, "gemm": gemm,
           "attention": attention, "chains": chains, "chains_m": chains_m, "decode": decode,
           "lm_head": lm_head, "fp8": fp8, "gemm_tma": gemm_tma, "chains_tma": chains_tma, "gated": gated,
-          "gemm_m": gemm_m}
+          "gemm_m": gemm_m, "gemm_wgmma": gemm_wgmma}

@@ -48,6 +48,8 @@ from .tensor_core import (
     tensorize_fragments,
     warp_tile,
 )
+from .wgmma import MAX_N as WGMMA_MAX_N
+from .wgmma import WARPGROUP_ROWS, wgmma_intrin
 
 
 @dataclass(frozen=True)
@@ -62,10 +64,18 @@ class SplitKGemmConfig:
     warps_n: int = 4
     stages: int = 3
     tma: bool = False  # operand tiles by TMA tensor copies (tvm_dsm.transform.tma_pipeline)
+    #: warpgroup MMA (tvm_dsm.rules.wgmma) instead of mma.sync: each warp multiplies 16 rows by
+    #: the whole block_n, W read from TMA's swizzled tile (warps_m = block_m / 16, warps_n = 1)
+    wgmma: bool = False
 
     @property
     def warps(self) -> int:
         return self.warps_m * self.warps_n
+
+    @property
+    def warpgroup(self) -> tuple[int, int] | None:
+        """The (N, K) of each warp's share of a warpgroup MMA step, or None for mma.sync."""
+        return (self.block_n, self.block_k) if self.wgmma else None
 
     @property
     def threads(self) -> int:
@@ -201,6 +211,8 @@ def check_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
                            f"{c.stages}-stage pipeline")
     if c.tma:
         check_tma(shape, c)
+    if c.wgmma:
+        check_wgmma(shape, c)
     needed = c.shared_bytes(shape.dtype, shape.products)
     if needed > MAX_SMEM_PER_CTA:
         raise ClusterError(f"{needed} B of shared memory per CTA exceeds the {MAX_SMEM_PER_CTA} B "
@@ -216,6 +228,22 @@ def check_tma(shape: GemmShape, config: SplitKGemmConfig) -> None:
         raise ClusterError("TMA operand tiles need W stored [n, k] (K-contiguous rows)")
     if max(config.block_m, config.block_n) > TMA_MAX_BOX:
         raise ClusterError(f"TMA copies at most {TMA_MAX_BOX} rows per tile")
+
+
+def check_wgmma(shape: GemmShape, config: SplitKGemmConfig) -> None:
+    """A warpgroup MMA reads W from TMA's swizzled K-contiguous tile, 16-bit operands, with each
+    of 4 consecutive warps holding 16 rows of a 64-row warpgroup tile and all its columns."""
+    c = config
+    if shape.dtype not in ("float16", "bfloat16"):
+        raise ClusterError(f"wgmma main loops take fp16 or bf16 operands, got {shape.dtype}")
+    if not c.tma:
+        raise ClusterError("wgmma reads W from the swizzled tile a TMA copy lands: needs tma=True")
+    if c.block_m % WARPGROUP_ROWS or c.block_n > WGMMA_MAX_N:
+        raise ClusterError(f"wgmma tiles: block_m a multiple of {WARPGROUP_ROWS} and block_n at "
+                           f"most {WGMMA_MAX_N}, got {c.block_m}x{c.block_n}")
+    if (c.warps_m, c.warps_n) != (c.block_m // TILE, 1):
+        raise ClusterError(f"wgmma: each warp holds 16 rows and every column: warps "
+                           f"{c.block_m // TILE}x1, got {c.warps_m}x{c.warps_n}")
 
 
 def schedule_split_k_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig) -> s_tir.Schedule:
@@ -272,7 +300,8 @@ def apply_split_k_gemm(
         # that compute_at's region solver cannot match (M = 16).
         sch.compute_at(partial, cluster, preserve_unit_loops=True)
         p_rank, p_i, p_j, p_k = sch.get_loops(partial)[-4:]
-        partial, fragment = blockize_fragments(sch, partial, [p_rank], p_i, p_j, p_k)
+        partial, fragment = blockize_fragments(sch, partial, [p_rank], p_i, p_j, p_k,
+                                               c.warpgroup)
         main_loops.append((partial, fragment, *sch.get_loops(partial)[-4:]))
     split_k_main_loops(sch, main_loops, shape, c)
     # compute_at regenerated the sums' loops in block-variable order: (peers, rows, cols)
@@ -296,7 +325,8 @@ def split_k_main_loops(sch: s_tir.Schedule, partials: list[tuple], shape: GemmSh
     c = config
     loops = []
     for partial, _, rank, i, j, k in partials:
-        k_step, k_frag = sch.split(k, [None, c.block_k // k_tile(shape.dtype)])
+        depth = c.block_k if c.wgmma else k_tile(shape.dtype)
+        k_step, k_frag = sch.split(k, [None, c.block_k // depth])
         warp, _, _ = warp_tile(sch, i, j, [k_step, k_frag], c.warps_m, c.warps_n)
         x_tile = stage_in_shared(sch, partial, 0, k_step, c.warps, 1, c.block_k, tma=c.tma)
         stage_in_shared(sch, partial, 1, k_step, c.warps, 1 if shape.weight_nk else 0, c.block_k,
@@ -306,13 +336,16 @@ def split_k_main_loops(sch: s_tir.Schedule, partials: list[tuple], shape: GemmSh
             # Quantized 4 at a time: CUDA has float4 and fp8x4 types, no 16-wide ones.
             sch.vectorize(sch.split(sch.get_loops(x_tile)[-1], [None, 4])[1])
             stage_in_shared(sch, x_tile, 0, k_step, c.warps, 1, c.block_k)
-        loops.append((k_step, k_frag, fragment_caches(sch, partial, k_frag, warp)))
+        loops.append((k_step, k_frag,
+                      fragment_caches(sch, partial, k_frag, warp, weight_in_registers=not c.wgmma)))
     for (partial, fragment, rank, *_), (k_step, k_frag, caches) in zip(partials, loops):
         bind_rank(sch, rank)  # after the operand caches: their region is one CTA's K slice
         tensorize_fragments(sch, partial, fragment, caches, k_step, shape.weight_nk,
-                            MMA_STORE_F32_DSM)
-        sch.annotate(k_frag, "software_pipeline_stage", [0, 0, 1])
-        sch.annotate(k_frag, "software_pipeline_order", [0, 1, 2])
+                            MMA_STORE_F32_DSM,
+                            wgmma_intrin(c.block_n, c.block_k, shape.dtype) if c.wgmma else None)
+        if not c.wgmma:  # fragments one 16-wide K step ahead (a wgmma step takes the whole tile)
+            sch.annotate(k_frag, "software_pipeline_stage", [0, 0, 1])
+            sch.annotate(k_frag, "software_pipeline_order", [0, 1, 2])
         if c.tma:  # tiles stages-1 steps ahead by TMA (tvm_dsm.transform.tma_pipeline)
             sch.annotate(k_step, TMA_STAGES_KEY, c.stages)
             continue

@@ -119,12 +119,15 @@ def fragment_tile(sch: s_tir.Schedule, block: SBlockRV, cols_tile: int = TILE) -
 
 
 def blockize_fragments(sch: s_tir.Schedule, block: SBlockRV, outer: list[LoopRV],
-                       i: LoopRV, j: LoopRV, k: LoopRV) -> tuple[SBlockRV, str]:
-    """Cut the matmul loops ``i, j, k`` into 16x16x16 fragments (``outer`` loops stay outside).
-    Returns the block over fragments and the name of the per-fragment block inside it."""
+                       i: LoopRV, j: LoopRV, k: LoopRV,
+                       warpgroup: tuple[int, int] | None = None) -> tuple[SBlockRV, str]:
+    """Cut the matmul loops ``i, j, k`` into 16x16x16 fragments (``outer`` loops stay outside),
+    or into a warp's 16 x N x K share of a warpgroup MMA for ``warpgroup = (N, K)``. Returns
+    the block over fragments and the name of the per-fragment block inside it."""
+    cols, depth = warpgroup or (TILE, k_tile(operand_dtype(sch.get(block))))
     i, i_tc = sch.split(i, [None, TILE])
-    j, j_tc = sch.split(j, [None, TILE])
-    k, k_tc = sch.split(k, [None, k_tile(operand_dtype(sch.get(block)))])
+    j, j_tc = sch.split(j, [None, cols])
+    k, k_tc = sch.split(k, [None, depth])
     sch.reorder(*outer, i, j, k, i_tc, j_tc, k_tc)
     name = sch.get(block).name_hint
     return sch.blockize(i_tc), name
@@ -178,39 +181,51 @@ def stage_in_shared(sch: s_tir.Schedule, block: SBlockRV, index: int, at: LoopRV
 
 
 def fragment_caches(sch: s_tir.Schedule, block: SBlockRV, k_frag: LoopRV,
-                    accumulate_at: LoopRV) -> tuple[SBlockRV, SBlockRV, SBlockRV]:
-    """Register fragments: both operands loaded per 16-wide K step, the accumulator held until
-    it is stored after ``accumulate_at``'s body. Returns (x, w, accumulator) cache blocks."""
+                    accumulate_at: LoopRV, weight_in_registers: bool = True,
+                    ) -> tuple[SBlockRV, SBlockRV | None, SBlockRV]:
+    """Register fragments: the operands loaded per K step (W stays in shared memory for a
+    warpgroup MMA: ``weight_in_registers=False``), the accumulator held until it is stored
+    after ``accumulate_at``'s body. Returns (x, w or None, accumulator) cache blocks."""
     x_frag = sch.cache_read(block, 0, "warp")
-    w_frag = sch.cache_read(block, 1, "warp")
+    w_frag = sch.cache_read(block, 1, "warp") if weight_in_registers else None
     for cache in (x_frag, w_frag):
-        sch.compute_at(cache, k_frag)
+        if cache is not None:
+            sch.compute_at(cache, k_frag)
     accumulator = sch.cache_write(block, 0, "warp")
     sch.reverse_compute_at(accumulator, accumulate_at)
     return x_frag, w_frag, accumulator
 
 
 def tensorize_fragments(sch: s_tir.Schedule, block: SBlockRV, fragment_name: str,
-                        caches: tuple[SBlockRV, SBlockRV, SBlockRV], init_at: LoopRV,
-                        weight_nk: bool, store_intrin: str) -> None:
+                        caches: tuple[SBlockRV, SBlockRV | None, SBlockRV], init_at: LoopRV,
+                        weight_nk: bool, store_intrin: str,
+                        wgmma: str | None = None) -> None:
     """ldmatrix, mma.sync, the accumulator fill (before ``init_at``) and ``store_intrin`` for the
-    fragment caches; an accumulator stored to DSM is placed there."""
+    fragment caches; an accumulator stored to DSM is placed there. ``wgmma``: the multiply is
+    this warpgroup MMA intrinsic over N/16 fragments (:func:`tvm_dsm.rules.wgmma.wgmma_intrin`),
+    W read from shared memory."""
     x_frag, w_frag, accumulator = caches
     dtype = str(sch.get(x_frag).writes[0].source.ty.dtype)
     accumulator_loop = fragment_tile(sch, accumulator)
     sch.decompose_reduction(block, init_at)
     x_loop = fragment_tile(sch, x_frag, k_tile(dtype))
-    w_loop = fragment_tile(sch, w_frag, k_tile(dtype) if weight_nk else TILE)
+    if w_frag is not None:
+        w_loop = fragment_tile(sch, w_frag, k_tile(dtype) if weight_nk else TILE)
     operand_map = fp8_fragment_map if dtype == FP8 else fragment_map
     sch.transform_layout(x_frag, ("write", 0), operand_map)
-    sch.transform_layout(w_frag, ("write", 0), operand_map)
+    if w_frag is not None:
+        sch.transform_layout(w_frag, ("write", 0), operand_map)
     sch.transform_layout(accumulator, ("read", 0), lambda *idx: (*idx[:-2], *fragment_map(*idx[-2:])))
     load_x, load_w, multiply = _operand_intrinsics(dtype, weight_nk)
     sch.tensorize(x_loop, load_x)
-    sch.tensorize(w_loop, load_w)
+    if w_frag is not None:
+        sch.tensorize(w_loop, load_w)
+    init = sch.get_sblock(f"{fragment_name}_init")
+    if wgmma is not None:
+        multiply = wgmma
+        fragment_tile(sch, init)  # the fill goes 16x16 fragment by fragment
     sch.tensorize(sch.get_loops(sch.get_sblock(fragment_name))[-3], multiply)
-    sch.tensorize(sch.get_loops(sch.get_sblock(f"{fragment_name}_init"))[-2],
-                  mma.MMA_fill_16x16_f32_INTRIN)
+    sch.tensorize(sch.get_loops(init)[-2], mma.MMA_fill_16x16_f32_INTRIN)
     if store_intrin == MMA_STORE_F32_DSM:
         place_in_dsm(sch, accumulator, 0)
     sch.tensorize(accumulator_loop, store_intrin)

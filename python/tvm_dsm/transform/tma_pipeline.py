@@ -57,6 +57,9 @@ from ..ir import find_all, replace_node, substitute
 TMA_STAGES_KEY = "tvm_dsm.tma_stages"
 #: Block annotation (set by the schedule): a shared-memory tile copy to issue as a TMA copy.
 TMA_COPY_KEY = "tvm_dsm.tma_copy"
+#: Name prefix of the CUDA helpers issuing warpgroup MMAs on a copied tile
+#: (tvm_dsm.rules.wgmma): the pass points their tile pointer at the slot.
+WGMMA_HELPER_PREFIX = "tvm_dsm_wgmma_"
 
 ROW_BYTES = 128  # CU_TENSOR_MAP_SWIZZLE_128B: rows of 128 bytes, 16-byte chunks XOR (row % 8)
 _SWIZZLE_128B = 3
@@ -260,6 +263,22 @@ class _TmaLoop:
             args[6] = tirx.const(0, "int32")
             return tvm.ir.Call(node.op, args, node.attrs, ret_ty=node.ty)
 
+        def wgmma(node):
+            """A warpgroup MMA's W pointer (tvm_dsm.rules.wgmma) to the slot's tile, unswizzled:
+            its descriptor names the logical address and the hardware swizzles."""
+            if node.op.name != "tirx.cuda.func_call" or not node.args[0].value.startswith(
+                    WGMMA_HELPER_PREFIX):
+                return node
+            args = list(node.args)
+            for at, ptr in enumerate(args):
+                tile = _pointee(ptr)
+                slots = self.slots.get(tile) if tile is not None else None
+                if slots is not None:
+                    per_slot = int(tile.shape[0]) * int(tile.shape[1])
+                    args[at] = slots.access_ptr(
+                        "r", offset=self._lead(slots) + slot * per_slot + ptr.args[2])
+            return tvm.ir.Call(node.op, args, node.attrs, ret_ty=node.ty)
+
         def region(node):
             slots = self.slots.get(node.source)
             if slots is None:
@@ -268,11 +287,12 @@ class _TmaLoop:
             return tirx.BufferRegion(slots, [Range.from_min_extent(slot * rows, rows),
                                              Range(0, int(node.source.shape[1]))])
 
-        body = tvm_ffi.structural_map(body, [(tvm.ir.Call, ldmatrix), (tvm.ir.TensorRegion, region)])
+        body = tvm_ffi.structural_map(body, [(tvm.ir.Call, lambda c: wgmma(ldmatrix(c))),
+                                             (tvm.ir.TensorRegion, region)])
         for tile in self.slots:
             if find_all(body, tirx.Var, lambda v, t=tile: v.same_as(t)):
-                raise ClusterError(f"TMA pipeline: {tile.name} is read other than by ldmatrix, "
-                                   "which the swizzled slots cannot serve")
+                raise ClusterError(f"TMA pipeline: {tile.name} is read other than by ldmatrix or "
+                                   "wgmma, which the swizzled slots cannot serve")
         return body
 
     def lower(self) -> tirx.Stmt:
