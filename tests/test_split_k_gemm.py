@@ -100,7 +100,8 @@ def test_planner_ranks_the_pruned_space_fast_and_explains():
 def test_planner_charges_grids_that_double_up_sms(monkeypatch):
     """G5b's 128 CTAs of 128x128 tiles in clusters of 4 (GPCs hold 120 at one per SM) measured
     1.4x over the model without this charge, 94.9 us, and the planner picked them; 128x64 tiles
-    (256 CTAs, every SM doubled up evenly) measured 78.6 us (bench/results/gemm.json)."""
+    (256 CTAs, every SM doubled up evenly) measured 78.6 us (bench/results/gemm.json). With
+    wgmma the same tiles took 88.0 us, 128x256 ones 63.4 (bench/results/gemm_wgmma.json)."""
     import tvm_dsm.planners.split_k_gemm as planner
 
     hw = load_hardware()
@@ -108,10 +109,14 @@ def test_planner_charges_grids_that_double_up_sms(monkeypatch):
     doubled = SplitKGemmConfig(4, 128, 128, 64, 2, 4, 3, True)
     charged = predict(shape, doubled, hw)
     assert charged.ctas == 128 > hw.concurrent_ctas(4, 1)
-    assert plan_split_k_gemm(shape, hw)[0].config != doubled
+
+    def tiles(config):
+        return config.cluster_size, config.block_m, config.block_n
+
+    assert tiles(plan_split_k_gemm(shape, hw)[0].config) != tiles(doubled)
     monkeypatch.setattr(planner, "SM_HEADROOM", float("inf"))
     assert charged.predicted_us > 1.2 * predict(shape, doubled, hw).predicted_us
-    assert plan_split_k_gemm(shape, hw)[0].config == doubled
+    assert tiles(plan_split_k_gemm(shape, hw)[0].config) == tiles(doubled)
 
 
 def test_one_fragment_of_rows_is_a_gemm_too(assemble):

@@ -25,7 +25,7 @@ from ..errors import ClusterError
 from ..hardware import Hardware, load_hardware
 from ..rules.quantized_gemm import check_quantized_config
 from ..rules.quantized_gemm import shared_bytes as quantized_shared_bytes
-from ..rules.tensor_core import element_bytes
+from ..rules.tensor_core import TILE, element_bytes
 from ..rules.split_k_gemm import (
     GemmShape,
     SplitKGemmConfig,
@@ -35,9 +35,12 @@ from ..rules.split_k_gemm import (
 )
 from .report import Plan
 
-#: Dense fp16 mma.sync throughput of an H100 SXM (FLOP/s); wgmma's 990 T is out of its reach.
-#: fp8 (m16n8k32) doubles it.
+#: Dense fp16 mma.sync throughput of an H100 SXM (FLOP/s); fp8 (m16n8k32) doubles it.
 MMA_SYNC_PEAK = 660e12
+#: Dense fp16 warpgroup-MMA throughput (the H100 SXM's tensor-core peak). The same 4096^3
+#: tiles ran 1.49x faster with wgmma than with mma.sync (bench/results/gemm_wgmma.json), the
+#: ratio of the two peaks.
+WGMMA_PEAK = 989e12
 #: Bytes in flight one SM needs to sustain its share of HBM bandwidth (Little's law with the
 #: measured ~700-cycle HBM latency at 2.8 TB/s over 132 SMs is ~15 KB; pipelines overlap less
 #: than ideally, so twice that).
@@ -56,6 +59,16 @@ LOADED_LATENCY_S = 1.5e-6
 #: uses it, so ``stages - 1`` steps of lookahead; fitted on the H100 cp.async-vs-TMA sweep
 #: (bench/results/gemm_tma.json).
 TMA_LATENCY_S = 1.75e-6
+#: At most this many times its share of HBM bandwidth does one SM pull, given the bytes in
+#: flight: 64 CTAs of 128x256 wgmma tiles streamed S3b's 90 MB (128 x 4096 x 11008) at
+#: 1.9 TB/s, 1.4x the share of 64 of 132 SMs (bench/results/gemm_wgmma.json).
+SM_PULL_CAP = 2.0
+#: Share of mma.sync's tensor-core time the memory stream does not hide: the warps that wait
+#: for tiles also issue every ldmatrix and mma.sync. Fitted on the H100 (gemm_wgmma.json):
+#: the same tiles ran 1.1-1.3x faster with wgmma where memory bounds both; with the term the
+#: planner's picks over 11 shapes x 16 configurations reach 0.98x of the best measured
+#: (0.81x without), and its picks among the mma.sync-only runs do not get worse.
+MMA_SYNC_EXPOSED = 0.3
 #: How much more than its fair share of bandwidth an SM pulls while others idle. A grid a little
 #: larger than one CTA per SM, where CTAs may share an SM, doubles up some SMs, and those finish
 #: last, sped up by this much (fitted on the H100 sweeps: 128 CTAs in clusters of 4 or 8, whose
@@ -130,7 +143,7 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
     tile_bytes = (c.block_m + c.block_n) * c.block_k * elem
     lookahead, latency = (c.stages - 1, TMA_LATENCY_S) if c.tma else (c.stages - 2, LOADED_LATENCY_S)
     stream = stream_share(c.tma)
-    in_flight = min(per_sm * lookahead * tile_bytes, _BYTES_IN_FLIGHT_PER_SM)
+    in_flight = min(per_sm * lookahead * tile_bytes, SM_PULL_CAP * _BYTES_IN_FLIGHT_PER_SM)
     pull = busy_sms / hw.sm_count * in_flight / _BYTES_IN_FLIGHT_PER_SM
     tail = waves / (ctas / slots) if ctas > slots else _doubled_up(ctas, hw.concurrent_ctas(s, 1))
     # Row tiles run one after another (the grid walks a row of tiles first): W comes from HBM
@@ -149,7 +162,8 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
         # (gated layers of few, large tiles ran up to 1.9x over the model without this).
         "l2": traffic["l2"] / (hw.l2_bw * stream * min(1.0, busy_sms / hw.sm_count)) * tail,
         "dsm": traffic["dsm"] / hw.dsm_bw(s) if s > 1 else 0.0,
-        "mma": flops / (MMA_SYNC_PEAK * 2 / elem * min(1.0, busy_sms / hw.sm_count)) * tail,
+        "mma": flops / ((WGMMA_PEAK if c.wgmma else MMA_SYNC_PEAK) * 2 / elem
+                        * min(1.0, busy_sms / hw.sm_count)) * tail,
         "pipeline": k_steps * waves * latency / lookahead,
     }
     fill = (c.stages - 1) * hw.latency_ns["hbm"] * 1e-9 * waves * g  # pipeline fill per wave
@@ -157,6 +171,7 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
     steps = k_steps * waves * STEP_S
     seconds["latency"] = LAUNCH_S + fill + barriers + steps
     total = (max(seconds["hbm"], seconds["l2"], seconds["mma"], seconds["pipeline"])
+             + (0.0 if c.wgmma else MMA_SYNC_EXPOSED * seconds["mma"])
              + seconds["dsm"] + seconds["latency"])
     if g > 1:
         total *= GATED_PICK_BIAS
@@ -177,12 +192,16 @@ def candidate_configs(shape: GemmShape, quantized: bool = False) -> list[SplitKG
     check = check_quantized_config if quantized else check_config
     configs = []
     depths = (64, 128) if element_bytes(shape.dtype) == 1 else (64,)  # 128-byte rows for fp8 too
-    for s, bm, bn, bk, stages, tma in itertools.product(
-        (1, 2, 4, 8, 16), (16, 32, 64, 128), (64, 128, 256), depths, (3, 4), (True, False)
+    for s, bm, bn, bk, stages, tma, wgmma in itertools.product(
+        (1, 2, 4, 8, 16), (16, 32, 64, 128), (64, 128, 256), depths, (3, 4), (True, False),
+        (False, True),
     ):
-        warps_m = 2 if bm >= 64 else 1
-        warps_n = 4 if bn >= 128 else 2
-        config = SplitKGemmConfig(s, bm, bn, bk, warps_m, warps_n, stages, tma)
+        if wgmma:  # each warp: 16 rows, every column (tvm_dsm.rules.wgmma)
+            warps_m, warps_n = bm // TILE, 1
+        else:
+            warps_m = 2 if bm >= 64 else 1
+            warps_n = 4 if bn >= 128 else 2
+        config = SplitKGemmConfig(s, bm, bn, bk, warps_m, warps_n, stages, tma, wgmma)
         try:
             check(shape, config)
         except ClusterError:
