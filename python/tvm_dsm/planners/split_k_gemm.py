@@ -31,6 +31,7 @@ from ..rules.split_k_gemm import (
     SplitKGemmConfig,
     apply_split_k_gemm,
     check_config,
+    raster_group,
     find_gemm,
 )
 from .report import Plan
@@ -146,9 +147,11 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
     in_flight = min(per_sm * lookahead * tile_bytes, SM_PULL_CAP * _BYTES_IN_FLIGHT_PER_SM)
     pull = busy_sms / hw.sm_count * in_flight / _BYTES_IN_FLIGHT_PER_SM
     tail = waves / (ctas / slots) if ctas > slots else _doubled_up(ctas, hw.concurrent_ctas(s, 1))
-    # Row tiles run one after another (the grid walks a row of tiles first): W comes from HBM
-    # again for each row of tiles unless they all run at once or W stays in L2.
-    w_reads = tiles_m if ctas > slots and g * shape.n * shape.k * elem > hw.l2_bytes else 1
+    # Groups of rows of tiles run one after another (the grid walks raster_group rows of tiles
+    # per column): W comes from HBM again for each group unless they all run at once or W
+    # stays in L2.
+    groups = tiles_m // raster_group(tiles_m)
+    w_reads = groups if ctas > slots and g * shape.n * shape.k * elem > hw.l2_bytes else 1
     traffic = {
         "hbm": shape.m * shape.k * x_hbm + w_reads * g * shape.n * shape.k * elem + shape.m * shape.n * 2,
         "l2": g * (tiles_n * shape.m * shape.k * x_l2 + tiles_m * shape.n * shape.k * elem),
