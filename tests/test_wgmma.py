@@ -21,13 +21,23 @@ def wgmma_config(cluster: int, block_m: int = 128, block_n: int = 128, stages: i
 
 
 @pytest.mark.parametrize(("dtype", "ptx"), [("float16", "f16"), ("bfloat16", "bf16")])
-def test_main_loop_issues_wgmma_on_the_tma_tile(dtype, ptx):
+def test_main_loop_issues_wgmma_on_the_tma_tiles(dtype, ptx):
     source = cuda_source(schedule_split_k_gemm(dense(128, 512, 1024, dtype=dtype), wgmma_config(2)).mod)
     assert f"wgmma.mma_async.sync.aligned.m64n128k16.f32.{ptx}.{ptx}" in source
-    assert "wgmma.wait_group.sync.aligned 0" in source and "cp.async.bulk.tensor" in source
+    assert "cp.async.bulk.tensor" in source
     assert "mma.sync" not in source  # every multiply is a warpgroup MMA
-    # X's fragments come by ldmatrix; W is never loaded into registers (no transposing load).
-    assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in source and ".trans" not in source
+    assert "ldmatrix" not in source  # both operands by descriptor from the swizzled tiles
+
+
+def test_multiplies_stay_in_flight_into_the_next_step():
+    """Each step returns with its wgmma group in flight (wait_group 1), so a slot is refilled
+    two steps after it was read: 4 stages issue 2 tiles ahead, and every group is awaited
+    (wait_group 0) after the loop, before the accumulators are stored."""
+    source = cuda_source(schedule_split_k_gemm(dense(128, 512, 1024), wgmma_config(2)).mod)
+    assert "wgmma.wait_group.sync.aligned 1;" in source
+    assert re.search(r"for \(int tma_stage_\d+ = 0; tma_stage_\d+ < 2;", source)
+    kernel = source[source.index("__global__ void __launch_bounds__"):]
+    assert kernel.index("wait_group_sync_aligned_0()") < kernel.index("cluster_sync")
 
 
 def _ptxas_report(source: str, tmp_path) -> str:
@@ -40,9 +50,9 @@ def _ptxas_report(source: str, tmp_path) -> str:
 
 
 def test_fragments_and_accumulators_stay_in_registers(tmp_path):
-    """wgmma takes its operands from registers: a fragment left as a lane-indexed array lands
-    on the stack (2 KB per thread, measured before tvm_dsm.pipeline lowered it), and ptxas
-    then fences every wgmma ("warpgroup.arrive is injected")."""
+    """wgmma accumulates in registers: an accumulator left as a lane-indexed array would land
+    on the stack (2 KB per thread, as X's fragments did in the first, register-operand form),
+    and ptxas then fences every wgmma ("warpgroup.arrive is injected")."""
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not installed")
     source = cuda_source(schedule_split_k_gemm(dense(256, 1024, 2048), wgmma_config(2, block_n=256)).mod)

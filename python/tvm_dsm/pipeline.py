@@ -19,7 +19,7 @@ from .transform.hoist_warp_buffers import HoistWarpBuffers
 from .transform import AttachClusterLaunch, CheckClusterSchedule, LowerCluster
 from .transform.lower_cluster import ReleaseSliceStarts
 from .transform.merge_pipeline_barriers import MergePipelineBarriers
-from .transform.tma_pipeline import WGMMA_HELPER_PREFIX, LowerTmaPipeline
+from .transform.tma_pipeline import LowerTmaPipeline
 
 #: Loop annotation of s_tir's software pipeline listing its asynchronous stages.
 ASYNC_STAGES_KEY = "software_pipeline_async_stages"
@@ -143,40 +143,26 @@ def dsm_pipeline():
 _MAX_WARP_BUFFERS = 32
 
 
-def _warp_buffers_to_lower(mod: tvm.IRModule) -> int:
-    """Warp-scope allocations that must become registers: fp32 accumulators, and any fragment a
-    warpgroup MMA reads (:mod:`tvm_dsm.rules.wgmma`), whose register operands cannot come from
-    a per-thread array indexed by the lane."""
-    count = 0
-    for func in mod.functions.values():
-        if not isinstance(func, tirx.PrimFunc):
-            continue
-        read = [load.source for call in find_all(func.body, tvm.ir.Call, _is_wgmma)
-                for load in find_all(call, tvm.ir.TensorLoad)]
-        for alloc in find_all(func.body, tirx.AllocBuffer,
-                              lambda a: str(a.buffer.ty.storage_scope) == "warp"):
-            count += (str(alloc.buffer.ty.dtype) == "float32"
-                      or any(alloc.buffer.same_as(b) for b in read))
-    return count
-
-
-def _is_wgmma(call) -> bool:
-    return call.op.name == "tirx.cuda.func_call" and call.args[0].value.startswith(WGMMA_HELPER_PREFIX)
+def _warp_accumulators(mod: tvm.IRModule) -> int:
+    return sum(
+        len(find_all(f.body, tirx.AllocBuffer, lambda a: str(a.buffer.ty.storage_scope) == "warp"
+                     and str(a.buffer.ty.dtype) == "float32"))
+        for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)
+    )
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.LowerWarpAccumulators")
 def LowerWarpAccumulators(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-    """TVM's LowerWarpMemory until no fp32 (accumulator) warp buffer, nor any fragment a
-    warpgroup MMA reads, is left. One run lowers
+    """TVM's LowerWarpMemory until no fp32 (accumulator) warp buffer is left. One run lowers
     only the first warp-scope allocation of a scope (TVM 0.27); an accumulator left behind
     keeps its mma.sync and store at 32 lanes' worth of per-thread memory while its fill is
     lowered, and reads uninitialized registers (a fused kernel's second accumulator). fp16
-    operand fragments of mma.sync left behind are consistent, and lowering them was measured
-    slower on the H100 (0.82x geomean over the GEMM suite), so they stay. Runs before
+    operand fragments left behind are consistent, and lowering them was measured slower on
+    the H100 (0.82x geomean over the GEMM suite), so they stay. Runs before
     CommonSubexprElim, whose temporaries hide the lane index the pass matches; the device
     finalizer then skips it (:func:`finalize_device_passes`)."""
     for _ in range(_MAX_WARP_BUFFERS):
-        if not _warp_buffers_to_lower(mod):
+        if not _warp_accumulators(mod):
             break
         mod = tirx.transform.LowerWarpMemory()(mod)
     return mod

@@ -142,6 +142,10 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
     per_sm = math.ceil(ctas / waves / hw.sm_count)
     # Bandwidth the busy SMs can pull: bytes in flight per SM over the HBM latency.
     tile_bytes = (c.block_m + c.block_n) * c.block_k * elem
+    # A TMA tile is awaited in the step that reads it, refilled stages - 1 steps ahead. (Behind
+    # warpgroup MMAs, stages - 2: their group stays in flight into the next step, which the
+    # wait for the next tile overlaps as much as the lost step of lookahead costs; measured
+    # picks matched best counting stages - 1.)
     lookahead, latency = (c.stages - 1, TMA_LATENCY_S) if c.tma else (c.stages - 2, LOADED_LATENCY_S)
     stream = stream_share(c.tma)
     in_flight = min(per_sm * lookahead * tile_bytes, SM_PULL_CAP * _BYTES_IN_FLIGHT_PER_SM)

@@ -65,7 +65,8 @@ class SplitKGemmConfig:
     stages: int = 3
     tma: bool = False  # operand tiles by TMA tensor copies (tvm_dsm.transform.tma_pipeline)
     #: warpgroup MMA (tvm_dsm.rules.wgmma) instead of mma.sync: each warp multiplies 16 rows by
-    #: the whole block_n, W read from TMA's swizzled tile (warps_m = block_m / 16, warps_n = 1)
+    #: the whole block_n, both operands read from TMA's swizzled tiles (warps_m = block_m / 16,
+    #: warps_n = 1)
     wgmma: bool = False
 
     @property
@@ -231,13 +232,13 @@ def check_tma(shape: GemmShape, config: SplitKGemmConfig) -> None:
 
 
 def check_wgmma(shape: GemmShape, config: SplitKGemmConfig) -> None:
-    """A warpgroup MMA reads W from TMA's swizzled K-contiguous tile, 16-bit operands, with each
+    """A warpgroup MMA reads its operands from TMA's swizzled K-contiguous tiles, 16-bit, with each
     of 4 consecutive warps holding 16 rows of a 64-row warpgroup tile and all its columns."""
     c = config
     if shape.dtype not in ("float16", "bfloat16"):
         raise ClusterError(f"wgmma main loops take fp16 or bf16 operands, got {shape.dtype}")
     if not c.tma:
-        raise ClusterError("wgmma reads W from the swizzled tile a TMA copy lands: needs tma=True")
+        raise ClusterError("wgmma reads the swizzled tiles TMA copies land: needs tma=True")
     if c.block_m % WARPGROUP_ROWS or c.block_n > WGMMA_MAX_N:
         raise ClusterError(f"wgmma tiles: block_m a multiple of {WARPGROUP_ROWS} and block_n at "
                            f"most {WGMMA_MAX_N}, got {c.block_m}x{c.block_n}")
@@ -358,7 +359,7 @@ def split_k_main_loops(sch: s_tir.Schedule, partials: list[tuple], shape: GemmSh
             sch.vectorize(sch.split(sch.get_loops(x_tile)[-1], [None, 4])[1])
             stage_in_shared(sch, x_tile, 0, k_step, c.warps, 1, c.block_k)
         loops.append((k_step, k_frag,
-                      fragment_caches(sch, partial, k_frag, warp, weight_in_registers=not c.wgmma)))
+                      fragment_caches(sch, partial, k_frag, warp, operands_in_registers=not c.wgmma)))
     for (partial, fragment, rank, *_), (k_step, k_frag, caches) in zip(partials, loops):
         bind_rank(sch, rank)  # after the operand caches: their region is one CTA's K slice
         tensorize_fragments(sch, partial, fragment, caches, k_step, shape.weight_nk,

@@ -181,15 +181,17 @@ def stage_in_shared(sch: s_tir.Schedule, block: SBlockRV, index: int, at: LoopRV
 
 
 def fragment_caches(sch: s_tir.Schedule, block: SBlockRV, k_frag: LoopRV,
-                    accumulate_at: LoopRV, weight_in_registers: bool = True,
-                    ) -> tuple[SBlockRV, SBlockRV | None, SBlockRV]:
-    """Register fragments: the operands loaded per K step (W stays in shared memory for a
-    warpgroup MMA: ``weight_in_registers=False``), the accumulator held until it is stored
-    after ``accumulate_at``'s body. Returns (x, w or None, accumulator) cache blocks."""
-    x_frag = sch.cache_read(block, 0, "warp")
-    w_frag = sch.cache_read(block, 1, "warp") if weight_in_registers else None
-    for cache in (x_frag, w_frag):
-        if cache is not None:
+                    accumulate_at: LoopRV, operands_in_registers: bool = True,
+                    ) -> tuple[SBlockRV | None, SBlockRV | None, SBlockRV]:
+    """Register fragments: both operands loaded per K step (unless a warpgroup MMA reads them
+    from shared memory: ``operands_in_registers=False``), the accumulator held until it is
+    stored after ``accumulate_at``'s body. Returns (x, w, accumulator) cache blocks (None for
+    an operand left in shared memory)."""
+    x_frag = w_frag = None
+    if operands_in_registers:
+        x_frag = sch.cache_read(block, 0, "warp")
+        w_frag = sch.cache_read(block, 1, "warp")
+        for cache in (x_frag, w_frag):
             sch.compute_at(cache, k_frag)
     accumulator = sch.cache_write(block, 0, "warp")
     sch.reverse_compute_at(accumulator, accumulate_at)
@@ -197,31 +199,30 @@ def fragment_caches(sch: s_tir.Schedule, block: SBlockRV, k_frag: LoopRV,
 
 
 def tensorize_fragments(sch: s_tir.Schedule, block: SBlockRV, fragment_name: str,
-                        caches: tuple[SBlockRV, SBlockRV | None, SBlockRV], init_at: LoopRV,
+                        caches: tuple[SBlockRV | None, SBlockRV | None, SBlockRV], init_at: LoopRV,
                         weight_nk: bool, store_intrin: str,
                         wgmma: str | None = None) -> None:
     """ldmatrix, mma.sync, the accumulator fill (before ``init_at``) and ``store_intrin`` for the
     fragment caches; an accumulator stored to DSM is placed there. ``wgmma``: the multiply is
     this warpgroup MMA intrinsic over N/16 fragments (:func:`tvm_dsm.rules.wgmma.wgmma_intrin`),
-    W read from shared memory."""
+    both operands read from shared memory."""
     x_frag, w_frag, accumulator = caches
-    dtype = str(sch.get(x_frag).writes[0].source.ty.dtype)
+    dtype = operand_dtype(sch.get(block))
     accumulator_loop = fragment_tile(sch, accumulator)
     sch.decompose_reduction(block, init_at)
-    x_loop = fragment_tile(sch, x_frag, k_tile(dtype))
-    if w_frag is not None:
+    init = sch.get_sblock(f"{fragment_name}_init")
+    if wgmma is None:
+        x_loop = fragment_tile(sch, x_frag, k_tile(dtype))
         w_loop = fragment_tile(sch, w_frag, k_tile(dtype) if weight_nk else TILE)
-    operand_map = fp8_fragment_map if dtype == FP8 else fragment_map
-    sch.transform_layout(x_frag, ("write", 0), operand_map)
-    if w_frag is not None:
+        operand_map = fp8_fragment_map if dtype == FP8 else fragment_map
+        sch.transform_layout(x_frag, ("write", 0), operand_map)
         sch.transform_layout(w_frag, ("write", 0), operand_map)
     sch.transform_layout(accumulator, ("read", 0), lambda *idx: (*idx[:-2], *fragment_map(*idx[-2:])))
-    load_x, load_w, multiply = _operand_intrinsics(dtype, weight_nk)
-    sch.tensorize(x_loop, load_x)
-    if w_frag is not None:
+    if wgmma is None:
+        load_x, load_w, multiply = _operand_intrinsics(dtype, weight_nk)
+        sch.tensorize(x_loop, load_x)
         sch.tensorize(w_loop, load_w)
-    init = sch.get_sblock(f"{fragment_name}_init")
-    if wgmma is not None:
+    else:
         multiply = wgmma
         fragment_tile(sch, init)  # the fill goes 16x16 fragment by fragment
     sch.tensorize(sch.get_loops(sch.get_sblock(fragment_name))[-3], multiply)

@@ -1,22 +1,22 @@
 """Warpgroup MMA (sm_90a ``wgmma.mma_async``) as an s_tir tensor intrinsic.
 
 mma.sync reaches about two thirds of the H100's tensor-core rate; ``wgmma`` reaches all of it,
-with the weight tile read straight from shared memory instead of through ldmatrix. A warpgroup
-(4 warps) issues one ``m64nNk16`` together; warp ``w`` of it holds rows ``16w..16w+15`` of the
-64-row accumulator, in the same register layout as N/16 mma.sync 16x16 fragments. So the
-schedule keeps TVM's per-warp model -- each warp multiplies its 16 rows -- and the intrinsic
-is the per-warp 16 x N x K step:
+with both operand tiles read straight from shared memory instead of through ldmatrix. A
+warpgroup (4 warps) issues one ``m64nNk16`` together; warp ``w`` of it holds rows
+``16w..16w+15`` of the 64-row accumulator, in the same register layout as N/16 mma.sync 16x16
+fragments. So the schedule keeps TVM's per-warp model -- each warp multiplies its 16 rows --
+and the intrinsic is the per-warp 16 x N x K step:
 
-- X's 16 x K fragment comes from registers (the ``rs`` form), loaded by TVM's ldmatrix
-  intrinsic as for mma.sync;
-- W's N x K tile is read from shared memory through a matrix descriptor. It must be the
-  128-byte-swizzled K-contiguous tile a TMA copy lands (:mod:`tvm_dsm.transform.tma_pipeline`
-  points the descriptor at the tile's slot);
+- X's 16 x K rows and W's N x K tile are read from shared memory through matrix descriptors.
+  Both must be the 128-byte-swizzled K-contiguous tiles TMA copies land
+  (:mod:`tvm_dsm.transform.tma_pipeline` points the helper at the tiles' slot); the warp's
+  X descriptor starts at its warpgroup's first row, 16 rows per warp before its own;
 - the accumulator is TVM's warp-scope fragment buffer, N/16 fragments of 16x16.
 
-Each call issues the K/16 multiplies and waits for them (``wait_group 0``): the operand
-registers and the shared tile are free again when it returns, which is what the surrounding
-pipeline (one CTA barrier per K step) assumes.
+Each call issues the K/16 multiplies as one group and returns with at most that group in
+flight (``wait_group 1``): the multiply of step k overlaps the barrier, the next tile's copy
+and wait of step k+1. The TMA pass keeps that legal: it refills a slot two steps after its
+multiply was issued instead of one, and waits for every group after the loop.
 """
 
 from __future__ import annotations
@@ -37,45 +37,46 @@ _K_STEP_BYTES = TILE * 2  # one 16-deep K step of 16-bit elements along a swizzl
 
 
 def helper_source(name: str, n: int, depth: int, dtype: str) -> str:
-    """CUDA of one call: ``depth / 16`` wgmma ``m64n{n}k16`` (A from registers, B by
-    descriptor), committed and awaited. The descriptor addresses W's swizzled tile: 128-byte
+    """CUDA of one call: ``depth / 16`` wgmma ``m64n{n}k16``, both operands by descriptor,
+    committed as one group, returning with at most that group in flight. Descriptors: 128-byte
     swizzle, 8-row atoms 1024 bytes apart; each K step starts 32 bytes further along the row
     (the hardware applies the swizzle to the address it forms)."""
-    steps = depth // TILE
     regs = n // 2
     d_list = ", ".join(f"%{r}" for r in range(regs))
-    a_list = ", ".join(f"%{regs + r}" for r in range(4))
     d_ops = ", ".join(f'"+f"(d[{r}])' for r in range(regs))
     ptx = _PTX_TYPE[dtype]
+    ctype = _C_TYPE[dtype]
+    warp_rows = TILE * _SWIZZLE_ROW_BYTES  # bytes of one warp's 16 rows of X
     return f"""
-__forceinline__ __device__ void {name}(float* d, const {_C_TYPE[dtype]}* a, const {_C_TYPE[dtype]}* b) {{
-  const uint32_t* ar = reinterpret_cast<const uint32_t*>(a);
-  uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(b));
+__forceinline__ __device__ uint64_t {name}_desc(uint32_t address) {{
+  return (uint64_t)((address & 0x3FFFF) >> 4) | ((uint64_t)1 << 16)
+       | ((uint64_t)({8 * _SWIZZLE_ROW_BYTES} >> 4) << 32) | ((uint64_t)1 << 62);
+}}
+__forceinline__ __device__ void {name}(float* d, const {ctype}* a, const {ctype}* b) {{
+  uint32_t warp = ((threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x) >> 5;
+  uint32_t a_base = static_cast<uint32_t>(__cvta_generic_to_shared(a)) - (warp & 3) * {warp_rows};
+  uint32_t b_base = static_cast<uint32_t>(__cvta_generic_to_shared(b));
   asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");
 #pragma unroll
-  for (int k = 0; k < {steps}; ++k) {{
-    uint64_t desc = (uint64_t)(((base + k * {_K_STEP_BYTES}) & 0x3FFFF) >> 4)
-                  | ((uint64_t)1 << 16)
-                  | ((uint64_t)({8 * _SWIZZLE_ROW_BYTES} >> 4) << 32)
-                  | ((uint64_t)1 << 62);
+  for (int k = 0; k < {depth // TILE}; ++k) {{
     asm volatile(
-      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 5}, 0;\\n"
+      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"
       "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} "
-      "{{{d_list}}}, {{{a_list}}}, %{regs + 4}, p, 1, 1, 0;\\n}}\\n"
+      "{{{d_list}}}, %{regs}, %{regs + 1}, p, 1, 1, 0, 0;\\n}}\\n"
       : {d_ops}
-      : "r"(ar[4 * k]), "r"(ar[4 * k + 1]), "r"(ar[4 * k + 2]), "r"(ar[4 * k + 3]),
-        "l"(desc), "r"(1));
+      : "l"({name}_desc(a_base + k * {_K_STEP_BYTES})), "l"({name}_desc(b_base + k * {_K_STEP_BYTES})),
+        "r"(1));
   }}
   asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");
-  asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 1;\\n" ::: "memory");
 }}
 """
 
 
 def wgmma_intrin(n: int, depth: int, dtype: str) -> str:
-    """The tensor intrinsic multiplying a warp's 16 x ``depth`` X fragments (warp scope, the
-    ldmatrix layout) by an ``n x depth`` W tile in shared memory into ``n / 16`` accumulator
-    fragments; registered on first use."""
+    """The tensor intrinsic multiplying a warp's 16 x ``depth`` rows of X by an ``n x depth``
+    W tile, both in shared memory, into ``n / 16`` accumulator fragments; registered on first
+    use."""
     if dtype not in _PTX_TYPE or n % TILE or not TILE <= n <= MAX_N or depth % TILE:
         raise ValueError(f"no wgmma for {n}x{depth} {dtype} tiles")
     name = f"{HELPER_PREFIX}m64n{n}k{depth}_{_PTX_TYPE[dtype]}"
@@ -85,42 +86,43 @@ def wgmma_intrin(n: int, depth: int, dtype: str) -> str:
 
 
 def _desc_impl(name: str, n: int, depth: int, dtype: str):
-    frags, cols = depth // TILE, n // TILE
+    cols = n // TILE
     layout = mma.shared_16x16_to_ldmatrix_32x8_layout
     source = helper_source(name, n, depth, dtype)
 
     @T.prim_func(s_tir=True)
     def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (frags, 32, 8), dtype, align=64, offset_factor=16, scope="warp")
+        A = T.match_buffer(a, (TILE, depth), dtype, align=64, offset_factor=1, scope="shared.dyn")
         B = T.match_buffer(b, (n, depth), dtype, align=64, offset_factor=1, scope="shared.dyn")
         C = T.match_buffer(c, (cols, 32, 8), "float32", align=64, offset_factor=16, scope="warp")
         with T.sblock("root"):
-            T.reads(C[0:cols, 0:32, 0:8], A[0:frags, 0:32, 0:8], B[0:n, 0:depth])
+            T.reads(C[0:cols, 0:32, 0:8], A[0:TILE, 0:depth], B[0:n, 0:depth])
             T.writes(C[0:cols, 0:32, 0:8])
             for i, j, k in T.grid(TILE, n, depth):
                 with T.sblock("C"):
                     vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-                    lane_c, reg_c = T.meta_var(layout(vi, vj % TILE))
-                    lane_a, reg_a = T.meta_var(layout(vi, vk % TILE))
-                    T.reads(C[vj // TILE, lane_c, reg_c], A[vk // TILE, lane_a, reg_a], B[vj, vk])
-                    T.writes(C[vj // TILE, lane_c, reg_c])
-                    C[vj // TILE, lane_c, reg_c] = C[vj // TILE, lane_c, reg_c] + T.Cast(
-                        "float32", A[vk // TILE, lane_a, reg_a]) * T.Cast("float32", B[vj, vk])
+                    lane, reg = T.meta_var(layout(vi, vj % TILE))
+                    T.reads(C[vj // TILE, lane, reg], A[vi, vk], B[vj, vk])
+                    T.writes(C[vj // TILE, lane, reg])
+                    C[vj // TILE, lane, reg] = C[vj // TILE, lane, reg] + T.Cast(
+                        "float32", A[vi, vk]) * T.Cast("float32", B[vj, vk])
 
     @T.prim_func(s_tir=True)
     def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-        s0 = T.int32()
-        s1 = T.int32()
-        A = T.match_buffer(a, (frags, 32, 8), dtype, align=64, offset_factor=16, scope="warp")
+        a0 = T.int32()
+        a1 = T.int32()
+        b0 = T.int32()
+        b1 = T.int32()
+        A = T.match_buffer(a, (TILE, depth), dtype, align=64, offset_factor=1, scope="shared.dyn",
+                           strides=[a0, a1])
         B = T.match_buffer(b, (n, depth), dtype, align=64, offset_factor=1, scope="shared.dyn",
-                           strides=[s0, s1])
+                           strides=[b0, b1])
         C = T.match_buffer(c, (cols, 32, 8), "float32", align=64, offset_factor=16, scope="warp")
         with T.sblock("root"):
-            T.reads(C[0:cols, 0:32, 0:8], A[0:frags, 0:32, 0:8], B[0:n, 0:depth])
+            T.reads(C[0:cols, 0:32, 0:8], A[0:TILE, 0:depth], B[0:n, 0:depth])
             T.writes(C[0:cols, 0:32, 0:8])
             for tx in T.thread_binding(0, 32, "threadIdx.x"):
-                T.evaluate(T.cuda.func_call(name, T.address_of(C[0, tx, 0]),
-                                            T.address_of(A[0, tx, 0]), B.access_ptr("r"),
-                                            source_code=source))
+                T.evaluate(T.cuda.func_call(name, T.address_of(C[0, tx, 0]), A.access_ptr("r"),
+                                            B.access_ptr("r"), source_code=source))
 
     return desc, impl

@@ -266,8 +266,7 @@ class _TmaLoop:
         def wgmma(node):
             """A warpgroup MMA's W pointer (tvm_dsm.rules.wgmma) to the slot's tile, unswizzled:
             its descriptor names the logical address and the hardware swizzles."""
-            if node.op.name != "tirx.cuda.func_call" or not node.args[0].value.startswith(
-                    WGMMA_HELPER_PREFIX):
+            if not is_wgmma_call(node):
                 return node
             args = list(node.args)
             for at, ptr in enumerate(args):
@@ -297,14 +296,18 @@ class _TmaLoop:
 
     def lower(self) -> tirx.Stmt:
         loop, stages, n = self.loop, self.stages, int(self.loop.extent)
-        if int(loop.min) != 0 or n < stages - 1:
-            raise ClusterError(f"TMA pipeline: {n} steps cannot fill {stages - 1} stages ahead")
         k = loop.loop_var
         slot = tirx.floormod(k, stages)
         inner = _with_body(self.block, _seq(self.rest), alloc_buffers=[
             b for b in self.block.alloc_buffers if self.slots.get(b) is None])
+        # A step's warpgroup MMAs may still read its slot during the next step (they return
+        # with their group in flight): refill a slot two steps after it was read, not one.
+        deferred = bool(find_all(inner, tvm.ir.Call, is_wgmma_call))
+        lookahead = stages - 2 if deferred else stages - 1
+        if int(loop.min) != 0 or n < lookahead or lookahead < 1:
+            raise ClusterError(f"TMA pipeline: {n} steps cannot fill {lookahead} stages ahead")
         inner = self._read_slot(inner, slot)
-        ahead = k + (stages - 1)
+        ahead = k + lookahead
         parity = lambda step: tirx.floormod(tirx.floordiv(step, stages), 2)  # noqa: E731
         body = _seq([
             tirx.Evaluate(T.tvm_storage_sync("shared")),
@@ -315,7 +318,7 @@ class _TmaLoop:
         new_loop = tirx.For(k, loop.min, loop.extent, loop.kind, body, loop.thread_binding,
                             {key: v for key, v in loop.annotations.items() if key != TMA_STAGES_KEY})
         s = tirx.Var("tma_stage", "int32")
-        prologue = tirx.For(s, 0, stages - 1, tirx.ForKind.SERIAL, self._issue(s))
+        prologue = tirx.For(s, 0, lookahead, tirx.ForKind.SERIAL, self._issue(s))
         stmts = [
             tirx.IfThenElse(self.leader, _seq([
                 tirx.For(s, 0, stages, tirx.ForKind.SERIAL, tirx.Evaluate(
@@ -325,6 +328,7 @@ class _TmaLoop:
             tirx.Evaluate(T.tvm_storage_sync("shared")),
             tirx.IfThenElse(self.leader, prologue, None),
             new_loop,
+            *([tirx.Evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))] if deferred else []),
             # Invalidate before the memory is reused (by the merge, or a re-run of the loop):
             # PTX leaves re-initialising a live mbarrier undefined.
             tirx.Evaluate(T.tvm_storage_sync("shared")),
@@ -334,6 +338,11 @@ class _TmaLoop:
         wrapper = SBlock([], self.block.reads, self.block.writes, "tma_pipeline", _seq(stmts),
                          alloc_buffers=[*self.slots.values(), self.barriers])
         return SBlockRealize([], True, wrapper)
+
+
+def is_wgmma_call(call) -> bool:
+    """Whether ``call`` issues warpgroup MMAs through a tvm_dsm.rules.wgmma helper."""
+    return call.op.name == "tirx.cuda.func_call" and call.args[0].value.startswith(WGMMA_HELPER_PREFIX)
 
 
 def _elem_bytes(buffer) -> int:
