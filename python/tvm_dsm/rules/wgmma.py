@@ -126,3 +126,11 @@ def _desc_impl(name: str, n: int, depth: int, dtype: str):
                                             B.access_ptr("r"), source_code=source))
 
     return desc, impl
+
+
+#: The widths the planner's configurations use (tvm_dsm.planners.split_k_gemm), registered at
+#: import: a MetaSchedule database's traces name the intrinsic, and a fresh process replaying
+#: them (tvm_dsm.build) has scheduled nothing that would register it.
+for _n in (64, 128, 256):
+    for _dtype in _PTX_TYPE:
+        wgmma_intrin(_n, 64, _dtype)
