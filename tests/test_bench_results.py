@@ -58,7 +58,8 @@ def test_batch_summary_of_the_committed_gemm_m_run():
 
     folder = Path(__file__).parent.parent / "bench" / "results"
     summary = summarise_batches(json.loads((folder / "gemm_m.json").read_text()))
-    assert summary["all_correct"] and set(summary["batches"]) == {16, 64, 256, 1024, 4096}
+    # M = 1: the stock GEMV tvm_dsm.build falls back to (the run's dlight rows)
+    assert summary["all_correct"] and set(summary["batches"]) == {1, 16, 64, 256, 1024, 4096}
     for m, rows in summary["batches"].items():
         assert len(rows) == 8
         ratios = [r["cublas_us"] / r["us"] for r in rows]
