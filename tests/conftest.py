@@ -108,6 +108,19 @@ def chain_error_on_gpu(func, mod: tvm.IRModule) -> float:
     return float(np.linalg.norm(out.numpy() - ref) / np.linalg.norm(ref))
 
 
+def _nvcc(folder: Path, source: str, name: str, *flags: str) -> subprocess.CompletedProcess:
+    """Compile ``source`` to an sm_90a cubin in ``folder``; fails the test with nvcc's message."""
+    cu, cubin = folder / f"{name}.cu", folder / f"{name}.cubin"
+    cu.write_text(source)
+    proc = subprocess.run(
+        ["nvcc", "-cubin", "-gencode=arch=compute_90a,code=sm_90a", *flags, "-o", str(cubin), str(cu)],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
 @pytest.fixture(scope="session")
 def assemble(tmp_path_factory):
     """Assemble CUDA source for sm_90a with nvcc; fails the test with nvcc's message."""
@@ -116,16 +129,20 @@ def assemble(tmp_path_factory):
     folder: Path = tmp_path_factory.mktemp("nvcc")
 
     def run(source: str, name: str = "kernel", include_dirs: tuple[Path, ...] = ()) -> bytes:
-        cu, cubin = folder / f"{name}.cu", folder / f"{name}.cubin"
-        cu.write_text(source)
-        includes = [f"-I{d}" for d in include_dirs]
-        proc = subprocess.run(
-            ["nvcc", "-cubin", "-gencode=arch=compute_90a,code=sm_90a", *includes, "-o", str(cubin),
-             str(cu)],
-            capture_output=True,
-            text=True,
-        )
-        assert proc.returncode == 0, proc.stderr
-        return cubin.read_bytes()
+        _nvcc(folder, source, name, *(f"-I{d}" for d in include_dirs))
+        return (folder / f"{name}.cubin").read_bytes()
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def ptxas_report(tmp_path_factory):
+    """ptxas's resource report (registers, stack frame) of CUDA source assembled for sm_90a."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed")
+    folder: Path = tmp_path_factory.mktemp("ptxas")
+
+    def run(source: str, name: str = "kernel") -> str:
+        return _nvcc(folder, source, name, "-Xptxas", "-v").stderr
 
     return run

@@ -13,7 +13,7 @@ from tvm import s_tir
 from ..driver import plan as plan_function, stock_schedule
 
 from ..hardware import load_hardware
-from ..planners.split_k_gemm import plan_split_k_gemm
+from ..planners.split_k_gemm import plan_split_k_gemm, predict
 from ..rules import SplitKReductionConfig, schedule_split_k_reduction
 from ..rules.split_k_gemm import GemmShape, SplitKGemmConfig, check_config, schedule_split_k_gemm
 from ..workloads.dense import dense, gated_dense, quantized_dense, scaled_dense
@@ -414,7 +414,8 @@ def gemm_wgmma() -> list[Variant]:
                 check_config(shape, config)
             except ClusterError:
                 continue
-            variants.append(_gemm_variant(label, m, n, k, config, None, 0.0))
+            variants.append(_gemm_variant(label, m, n, k, config, None,
+                                          predict(shape, config, hw).predicted_us))
     return variants
 
 

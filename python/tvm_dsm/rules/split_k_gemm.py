@@ -347,7 +347,7 @@ def split_k_main_loops(sch: s_tir.Schedule, partials: list[tuple], shape: GemmSh
     c = config
     loops = []
     for partial, _, rank, i, j, k in partials:
-        depth = c.block_k if c.wgmma else k_tile(shape.dtype)
+        depth = c.warpgroup[1] if c.wgmma else k_tile(shape.dtype)
         k_step, k_frag = sch.split(k, [None, c.block_k // depth])
         warp, _, _ = warp_tile(sch, i, j, [k_step, k_frag], c.warps_m, c.warps_n)
         x_tile = stage_in_shared(sch, partial, 0, k_step, c.warps, 1, c.block_k, tma=c.tma)
@@ -364,7 +364,7 @@ def split_k_main_loops(sch: s_tir.Schedule, partials: list[tuple], shape: GemmSh
         bind_rank(sch, rank)  # after the operand caches: their region is one CTA's K slice
         tensorize_fragments(sch, partial, fragment, caches, k_step, shape.weight_nk,
                             MMA_STORE_F32_DSM,
-                            wgmma_intrin(c.block_n, c.block_k, shape.dtype) if c.wgmma else None)
+                            wgmma_intrin(*c.warpgroup, shape.dtype) if c.wgmma else None)
         if not c.wgmma:  # fragments one 16-wide K step ahead (a wgmma step takes the whole tile)
             sch.annotate(k_frag, "software_pipeline_stage", [0, 0, 1])
             sch.annotate(k_frag, "software_pipeline_order", [0, 1, 2])

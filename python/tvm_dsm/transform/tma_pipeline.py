@@ -27,7 +27,10 @@ warp then waits for the slowest warp and the refill starts later.
 
 The tiles land 128-byte swizzled (16-byte chunk c of row r at chunk ``c ^ (r % 8)``), so
 ldmatrix reads them without bank conflicts and without padding; the pass rewrites every
-ldmatrix of a copied tile to the swizzled slot. The hardware swizzles on absolute shared
+ldmatrix of a copied tile to the swizzled slot, and points warpgroup MMAs
+(:mod:`tvm_dsm.rules.wgmma`, whose descriptors swizzle in hardware) at the slot's tiles. Those
+return with their multiplies still reading the slot, so a loop that issues them refills a slot
+two steps after it was read (``S - 2`` ahead) and waits for every multiply after the loop. The hardware swizzles on absolute shared
 addresses, and TVM's shared-memory merge does not promise a buffer 1024-byte alignment (it
 placed one at byte 2624), so each operand's slots start at the first 1024-byte boundary inside a
 buffer one alignment larger, computed in the kernel.
@@ -246,6 +249,12 @@ class _TmaLoop:
     def _read_slot(self, body, slot):
         """``body`` with each copied tile read from ``slot`` of its swizzled slots."""
 
+        def in_slot(tile, offset):
+            """Read pointer to element ``offset`` of ``tile``'s copy in ``slot``."""
+            slots = self.slots.get(tile)
+            per_slot = int(tile.shape[0]) * int(tile.shape[1])
+            return slots.access_ptr("r", offset=self._lead(slots) + slot * per_slot + offset)
+
         def ldmatrix(node):
             """ldmatrix(trans, num, type, frag, frag offset, access_ptr(tile, base), offset)."""
             if not node.op.name.endswith("ldmatrix") or len(node.args) != 7:
@@ -253,29 +262,22 @@ class _TmaLoop:
             args = list(node.args)
             ptr = args[5]
             tile = _pointee(ptr)
-            slots = self.slots.get(tile)
-            if slots is None:
+            if self.slots.get(tile) is None:
                 return node
-            per_slot = int(tile.shape[0]) * int(tile.shape[1])
-            offset = (self._lead(slots) + slot * per_slot
-                      + swizzled_offset(ptr.args[2] + args[6], _elem_bytes(tile)))
-            args[5] = slots.access_ptr("r", offset=offset)
+            args[5] = in_slot(tile, swizzled_offset(ptr.args[2] + args[6], _elem_bytes(tile)))
             args[6] = tirx.const(0, "int32")
             return tvm.ir.Call(node.op, args, node.attrs, ret_ty=node.ty)
 
         def wgmma(node):
-            """A warpgroup MMA's W pointer (tvm_dsm.rules.wgmma) to the slot's tile, unswizzled:
-            its descriptor names the logical address and the hardware swizzles."""
+            """A warpgroup MMA's tile pointers (tvm_dsm.rules.wgmma) to the slot's tiles,
+            unswizzled: its descriptors name logical addresses and the hardware swizzles."""
             if not is_wgmma_call(node):
                 return node
             args = list(node.args)
             for at, ptr in enumerate(args):
                 tile = _pointee(ptr)
-                slots = self.slots.get(tile) if tile is not None else None
-                if slots is not None:
-                    per_slot = int(tile.shape[0]) * int(tile.shape[1])
-                    args[at] = slots.access_ptr(
-                        "r", offset=self._lead(slots) + slot * per_slot + ptr.args[2])
+                if tile is not None and self.slots.get(tile) is not None:
+                    args[at] = in_slot(tile, ptr.args[2])
             return tvm.ir.Call(node.op, args, node.attrs, ret_ty=node.ty)
 
         def region(node):
