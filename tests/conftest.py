@@ -122,27 +122,29 @@ def _nvcc(folder: Path, source: str, name: str, *flags: str) -> subprocess.Compl
 
 
 @pytest.fixture(scope="session")
-def assemble(tmp_path_factory):
-    """Assemble CUDA source for sm_90a with nvcc; fails the test with nvcc's message."""
+def nvcc_folder(tmp_path_factory) -> Path:
+    """A folder for nvcc's inputs and outputs; skips the test where nvcc is not installed."""
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not installed")
-    folder: Path = tmp_path_factory.mktemp("nvcc")
+    return tmp_path_factory.mktemp("nvcc")
+
+
+@pytest.fixture(scope="session")
+def assemble(nvcc_folder):
+    """Assemble CUDA source for sm_90a with nvcc; fails the test with nvcc's message."""
 
     def run(source: str, name: str = "kernel", include_dirs: tuple[Path, ...] = ()) -> bytes:
-        _nvcc(folder, source, name, *(f"-I{d}" for d in include_dirs))
-        return (folder / f"{name}.cubin").read_bytes()
+        _nvcc(nvcc_folder, source, name, *(f"-I{d}" for d in include_dirs))
+        return (nvcc_folder / f"{name}.cubin").read_bytes()
 
     return run
 
 
 @pytest.fixture(scope="session")
-def ptxas_report(tmp_path_factory):
+def ptxas_report(nvcc_folder):
     """ptxas's resource report (registers, stack frame) of CUDA source assembled for sm_90a."""
-    if shutil.which("nvcc") is None:
-        pytest.skip("nvcc not installed")
-    folder: Path = tmp_path_factory.mktemp("ptxas")
 
     def run(source: str, name: str = "kernel") -> str:
-        return _nvcc(folder, source, name, "-Xptxas", "-v").stderr
+        return _nvcc(nvcc_folder, source, name, "-Xptxas", "-v").stderr
 
     return run
