@@ -107,16 +107,14 @@ def test_planner_charges_grids_that_double_up_sms(monkeypatch):
     hw = load_hardware()
     shape = GemmShape(128, 4096, 16384, True)
     doubled = SplitKGemmConfig(4, 128, 128, 64, 2, 4, 3, True)
+    even = SplitKGemmConfig(4, 128, 64, 64, 2, 2, 3, True)  # 256 CTAs: every SM doubled up
     charged = predict(shape, doubled, hw)
     assert charged.ctas == 128 > hw.concurrent_ctas(4, 1)
-
-    def tiles(config):
-        return config.cluster_size, config.block_m, config.block_n
-
-    assert tiles(plan_split_k_gemm(shape, hw)[0].config) != tiles(doubled)
-    monkeypatch.setattr(planner, "SM_HEADROOM", float("inf"))
+    assert plan_split_k_gemm(shape, hw)[0].config != doubled
+    assert charged.predicted_us > predict(shape, even, hw).predicted_us
+    monkeypatch.setattr(planner, "_doubled_up", lambda ctas, one_per_sm: 1.0)  # no charge
     assert charged.predicted_us > 1.2 * predict(shape, doubled, hw).predicted_us
-    assert tiles(plan_split_k_gemm(shape, hw)[0].config) == tiles(doubled)
+    assert predict(shape, doubled, hw).predicted_us < predict(shape, even, hw).predicted_us
 
 
 def test_one_fragment_of_rows_is_a_gemm_too(assemble):

@@ -73,21 +73,13 @@ MMA_SYNC_EXPOSED = 0.3
 #: How much more than its fair share of bandwidth an SM pulls while others idle. A grid a little
 #: larger than one CTA per SM, where CTAs may share an SM, doubles up some SMs, and those finish
 #: last, sped up by this much (fitted on the H100 sweeps: 128 CTAs in clusters of 4 or 8, whose
-#: GPCs hold 120 at one per SM, ran 1.37-1.43x over the model without this term).
+#: GPCs hold 120 at one per SM, ran 1.37-1.43x over the model without this term). The same
+#: cap bounds what a busy SM pulls from L2 when others idle.
 SM_HEADROOM = 1.31
 #: Share of TMA's streaming rate that per-thread cp.async copies reach: the same GEMM operand
 #: tiles streamed alone took 66.5 us by cp.async and 53.1 us by TMA on the H100
 #: (src/hwbench/operand_stream.cu, bench/results/operand_stream.json).
 CP_ASYNC_STREAM_EFFICIENCY = 53.1 / 66.5
-
-
-#: Measured over predicted time at the planner's picks: 1.29 for gated layers (median over the
-#: 8 S1-S8 shapes, bench/results/gated.json) against 1.05 for dense ones (13 shapes,
-#: bench/results/gemm.json). Two main loops one after the other cost more than the model
-#: counts (the drain and refill between them, half the CTAs per output); a gated layer's
-#: prediction is scaled by the ratio, which decides between a gated chain's two unfused forms
-#: (both products in one kernel, or the gate apart: bench/results/chains.json).
-GATED_PICK_BIAS = 1.29 / 1.05
 
 
 def stream_share(tma: bool) -> float:
@@ -165,9 +157,11 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
     k_steps = g * shape.k // s // c.block_k
     seconds = {
         "hbm": traffic["hbm"] / (hw.hbm_bw * stream * min(1.0, pull)) * tail,
-        # L2 feeds each SM at its share of the aggregate rate: idle SMs leave theirs unused
-        # (gated layers of few, large tiles ran up to 1.9x over the model without this).
-        "l2": traffic["l2"] / (hw.l2_bw * stream * min(1.0, busy_sms / hw.sm_count)) * tail,
+        # L2 feeds each busy SM at most SM_HEADROOM times its share of the aggregate rate: idle
+        # SMs leave the rest unused (gated layers of few, large tiles ran up to 1.9x over the
+        # model without the cap; with the share alone, 1.3x under it on S3-S7's gated layers).
+        "l2": traffic["l2"] / (hw.l2_bw * stream * min(1.0, SM_HEADROOM * busy_sms / hw.sm_count))
+        * tail,
         "dsm": traffic["dsm"] / hw.dsm_bw(s) if s > 1 else 0.0,
         "mma": flops / ((WGMMA_PEAK if c.wgmma else MMA_SYNC_PEAK) * 2 / elem
                         * min(1.0, busy_sms / hw.sm_count)) * tail,
@@ -180,8 +174,6 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
     total = (max(seconds["hbm"], seconds["l2"], seconds["mma"], seconds["pipeline"])
              + (0.0 if c.wgmma else MMA_SYNC_EXPOSED * seconds["mma"])
              + seconds["dsm"] + seconds["latency"])
-    if g > 1:
-        total *= GATED_PICK_BIAS
     return GemmPlan(bytes=traffic, seconds=seconds, predicted_us=total * 1e6, config=config,
                     ctas=ctas, resident=resident, smem=smem, products=g)
 
