@@ -19,6 +19,7 @@ from .transform.hoist_warp_buffers import HoistWarpBuffers
 from .transform import AttachClusterLaunch, CheckClusterSchedule, LowerCluster
 from .transform.lower_cluster import ReleaseSliceStarts
 from .transform.merge_pipeline_barriers import MergePipelineBarriers
+from .transform.programmatic_launch import ProgrammaticLaunch
 from .transform.tma_pipeline import LowerTmaPipeline
 
 #: Loop annotation of s_tir's software pipeline listing its asynchronous stages.
@@ -119,6 +120,7 @@ def _passes(config, async_copy: bool, keep_shared_buffers: bool = False) -> list
         ReleaseSliceStarts,  # tvm-dsm
         s_tir.transform.MergeSharedMemoryAllocations(),
         AttachClusterLaunch,  # tvm-dsm: after the merge, which may overlay DSM slices
+        ProgrammaticLaunch,  # tvm-dsm
         tirx.transform.SplitHostDevice(),
         tirx.transform.MakePackedAPI(),
         tirx.transform.FP8StorageLegalize(),

@@ -32,6 +32,7 @@ from ..workloads import gemv, row_sum
 from ..rules.attention import AttentionConfig, schedule_attention
 from ..rules.fused_rows import schedule_fused_rows
 from ..transform.cascaded_reductions import fuse_cascaded_reductions
+from ..transform.programmatic_launch import launch_programmatically
 from ..workloads import cascades as cascade_workloads
 from ..workloads.collectives import KINDS, collective, split_sum
 
@@ -700,7 +701,31 @@ def fp8() -> list[Variant]:
     return variants
 
 
+def _launched(variant: Variant, programmatically: bool) -> Variant:
+    """``variant`` with its kernels launched programmatically (``_pdl`` in the name) or not."""
+    sch = s_tir.Schedule(variant.mod)
+    launch_programmatically(sch, programmatically)
+    return dataclasses.replace(variant, name=variant.name + ("_pdl" if programmatically else ""),
+                               mod=sch.mod, plan={**variant.plan, "programmatic_launch": programmatically})
+
+
+def programmatic_launch() -> list[Variant]:
+    """Programmatic dependent launch (tvm_dsm.transform.programmatic_launch) on and off: the
+    GEMM planner's pick on the G/S layers at M = 128 and 4096 x 4096 at M = 32 and 4096, and the
+    chain family's pick for G4, G8, S3 and S8 at M = 128."""
+    hw = load_hardware()
+    cases = [(label, 128, n, k) for label, (n, k) in GEMM_SHAPES.items()]
+    cases += [("sq4096", m, 4096, 4096) for m in (32, 4096)]
+    variants = []
+    for label, m, n, k in cases:
+        plan = plan_split_k_gemm(GemmShape(m, n, k, True), hw)[0]
+        variants.append(_gemm_variant(label, m, n, k, plan.config, 0, plan.predicted_us))
+    for label in ("G4", "G8", "S3", "S8"):
+        variants += [v for v in _chain_variants(label, 128, 0, hw) if v.plan["pick"]]
+    return [_launched(v, on) for v in variants for on in (False, True)]
+
+
 SUITES = {"split_k": split_k, "collectives": collectives, "cascades": cascades, "gemm": gemm,
           "attention": attention, "chains": chains, "chains_m": chains_m, "decode": decode,
           "lm_head": lm_head, "fp8": fp8, "gemm_tma": gemm_tma, "chains_tma": chains_tma, "gated": gated,
-          "gemm_m": gemm_m, "gemm_wgmma": gemm_wgmma}
+          "gemm_m": gemm_m, "gemm_wgmma": gemm_wgmma, "programmatic_launch": programmatic_launch}

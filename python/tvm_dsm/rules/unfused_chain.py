@@ -39,6 +39,7 @@ from tvm import s_tir, tirx
 
 from ..errors import ClusterError
 from ..transform.cluster_launch import MAX_SMEM_PER_CTA
+from ..transform.programmatic_launch import launch_programmatically
 from .fused_chain import ChainShape, find_chain
 from .split_k_gemm import GemmShape, SplitKGemmConfig, apply_split_k_gemm, check_config
 
@@ -98,4 +99,5 @@ def schedule_unfused_chain(func: tirx.PrimFunc, config: UnfusedChainConfig) -> s
     apply_split_k_gemm(sch, products, [blocks.combine], first, config.gemm0,
                        in_registers=config.gate is None)
     apply_split_k_gemm(sch, [blocks.gemm1], blocks.epilogue, second, config.gemm1)
+    launch_programmatically(sch)  # each kernel's launch overlaps the previous one's tail
     return sch
