@@ -48,6 +48,16 @@ def test_accumulators_stay_in_registers(ptxas_report):
     assert "warpgroup.arrive is injected" not in report
 
 
+def test_two_warpgroups_of_rows_share_each_w_tile(ptxas_report):
+    """256-row tiles: 16 warps, four per 64-row warpgroup, each warpgroup's MMAs reading the same
+    W tile (measured fastest on 5 of 17 layer x batch groups, bench/results/gemm_large_m.json);
+    their accumulators fit the SM's registers without spilling."""
+    source = cuda_source(schedule_split_k_gemm(dense(256, 1024, 2048), wgmma_config(1, block_m=256)).mod)
+    assert "__launch_bounds__(512)" in source and "m64n128k16" in source
+    report = ptxas_report(source, "wgmma_256_rows")
+    assert re.search(r"\b0 bytes stack frame, 0 bytes spill stores", report), report
+
+
 def test_gated_products_run_two_wgmma_main_loops(assemble):
     source = cuda_source(schedule_split_k_gemm(gated_dense(128, 512, 1024), wgmma_config(2)).mod)
     assert source.count("wgmma.mma_async") == 1  # one helper, called by both main loops
@@ -64,6 +74,7 @@ def test_gated_products_run_two_wgmma_main_loops(assemble):
          "block_m a multiple of 64"),
         (dense(128, 256, 1024), SplitKGemmConfig(2, 128, 128, 64, 2, 4, 4, tma=True, wgmma=True),
          "warps 8x1"),
+        (dense(256, 256, 1024), wgmma_config(1, block_m=256, block_n=256), "65536"),
         (dense(128, 256, 2048, dtype="float8_e4m3fn"),
          SplitKGemmConfig(2, 128, 128, 128, 8, 1, 4, tma=True, wgmma=True), "fp16 or bf16"),
     ],
@@ -86,6 +97,7 @@ def test_planner_picks_wgmma_where_a_warpgroup_tile_fits():
 @pytest.mark.parametrize(("m", "n", "k", "config"), [
     (128, 1024, 4096, wgmma_config(1)), (128, 1024, 4096, wgmma_config(4, block_n=256)),
     (64, 768, 3072, wgmma_config(2, block_m=64)), (256, 512, 2048, wgmma_config(2, stages=3)),
+    (256, 1024, 2048, wgmma_config(2, block_m=256)),
 ])
 def test_gpu_matches_float64(m, n, k, config):
     assert dense_relu_error_on_gpu(m, n, k, config) < 2e-3

@@ -420,6 +420,32 @@ def gemm_wgmma() -> list[Variant]:
     return variants
 
 
+def gemm_large_m() -> list[Variant]:
+    """The model check above M = 128, where two-warpgroup tiles of 256 rows read each W tile
+    once for both halves: on the G/S layers at M = 256 and 1024 and on 4096^3, the planner's
+    pick and a sweep over clusters and wgmma tiles (4 stages, else 3)."""
+    hw = load_hardware()
+    variants = []
+    cases = [(label, m, n, k) for m in (256, 1024) for label, (n, k) in GEMM_SHAPES.items()]
+    cases.append(("sq4096", 4096, 4096, 4096))
+    for label, m, n, k in cases:
+        shape = GemmShape(m, n, k, True)
+        pick = plan_split_k_gemm(shape, hw)[0]
+        chosen = {pick.config: 0}
+        for s, (bm, bn) in itertools.product((1, 2, 4), ((128, 128), (128, 256), (256, 64), (256, 128))):
+            for stages in (4, 3):
+                config = SplitKGemmConfig(s, bm, bn, 64, bm // 16, 1, stages, tma=True, wgmma=True)
+                try:
+                    check_config(shape, config)
+                except ClusterError:
+                    continue
+                chosen.setdefault(config, None)
+                break
+        variants += [_gemm_variant(label, m, n, k, config, rank, predict(shape, config, hw).predicted_us)
+                     for config, rank in chosen.items()]
+    return variants
+
+
 def _dlight_variant(label: str, m: int, n: int, k: int) -> Variant:
     """TVM's stock dlight schedule for the same layer (tvm_dsm.driver.stock_schedule)."""
     func = dense(m, n, k)
@@ -728,4 +754,5 @@ def programmatic_launch() -> list[Variant]:
 SUITES = {"split_k": split_k, "collectives": collectives, "cascades": cascades, "gemm": gemm,
           "attention": attention, "chains": chains, "chains_m": chains_m, "decode": decode,
           "lm_head": lm_head, "fp8": fp8, "gemm_tma": gemm_tma, "chains_tma": chains_tma, "gated": gated,
-          "gemm_m": gemm_m, "gemm_wgmma": gemm_wgmma, "programmatic_launch": programmatic_launch}
+          "gemm_m": gemm_m, "gemm_wgmma": gemm_wgmma, "programmatic_launch": programmatic_launch,
+          "gemm_large_m": gemm_large_m}

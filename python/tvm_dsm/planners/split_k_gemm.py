@@ -192,11 +192,13 @@ def candidate_configs(shape: GemmShape, quantized: bool = False) -> list[SplitKG
     configs = []
     depths = (64, 128) if element_bytes(shape.dtype) == 1 else (64,)  # 128-byte rows for fp8 too
     for s, bm, bn, bk, stages, tma, wgmma in itertools.product(
-        (1, 2, 4, 8, 16), (16, 32, 64, 128), (64, 128, 256), depths, (3, 4), (True, False),
+        (1, 2, 4, 8, 16), (16, 32, 64, 128, 256), (64, 128, 256), depths, (3, 4), (True, False),
         (False, True),
     ):
         if wgmma:  # each warp: 16 rows, every column (tvm_dsm.rules.wgmma)
             warps_m, warps_n = bm // TILE, 1
+        elif bm > 128:  # two warpgroups of rows: wgmma only
+            continue
         else:
             warps_m = 2 if bm >= 64 else 1
             warps_n = 4 if bn >= 128 else 2

@@ -231,6 +231,12 @@ def check_tma(shape: GemmShape, config: SplitKGemmConfig) -> None:
         raise ClusterError(f"TMA copies at most {TMA_MAX_BOX} rows per tile")
 
 
+#: Registers of an SM, and what a wgmma main loop's thread holds besides its block_n / 2 fp32
+#: accumulators (addresses, descriptors, loop state; ptxas: 90 in all for 256x128 tiles).
+_REGISTERS_PER_SM = 65536
+_WGMMA_OTHER_REGISTERS = 40
+
+
 def check_wgmma(shape: GemmShape, config: SplitKGemmConfig) -> None:
     """A warpgroup MMA reads its operands from TMA's swizzled K-contiguous tiles, 16-bit, with each
     of 4 consecutive warps holding 16 rows of a 64-row warpgroup tile and all its columns."""
@@ -245,6 +251,11 @@ def check_wgmma(shape: GemmShape, config: SplitKGemmConfig) -> None:
     if (c.warps_m, c.warps_n) != (c.block_m // TILE, 1):
         raise ClusterError(f"wgmma: each warp holds 16 rows and every column: warps "
                            f"{c.block_m // TILE}x1, got {c.warps_m}x{c.warps_n}")
+    registers = c.threads * (c.block_n // 2 + _WGMMA_OTHER_REGISTERS)
+    if registers > _REGISTERS_PER_SM:
+        raise ClusterError(f"wgmma {c.block_m}x{c.block_n} tiles: {c.threads} threads holding "
+                           f"{c.block_n // 2} fp32 accumulators each need about {registers} "
+                           f"registers, an SM has {_REGISTERS_PER_SM}")
 
 
 #: Rows of tiles a column of tiles visits before the grid moves to the next column (grouped
