@@ -26,7 +26,8 @@ from .planners.report import Plan
 
 LOG = logging.getLogger("tvm_dsm.driver")
 
-_BUILD_TIMEOUT_S = 300
+#: Seconds a MetaSchedule builder worker may take for one candidate (it imports tvm-dsm first).
+BUILD_TIMEOUT_S = 300
 
 #: An H100 SXM (sm_90a: the cluster and DSM instructions need the architecture-specific set).
 H100 = {"kind": "cuda", "arch": "sm_90a"}
@@ -87,7 +88,7 @@ def tune(func: tirx.PrimFunc, work_dir: str, *, target=H100, top_k: int = 8,
     schedules = [ranking.schedule(rank) for rank, _ in candidates]
     # A fresh worker imports TVM and its tensor intrinsics before building (MetaSchedule's 30 s
     # default is too short for that on a cold machine).
-    builder = builder or ms.builder.LocalBuilder(timeout_sec=_BUILD_TIMEOUT_S, initializer=_load_tvm_dsm)
+    builder = builder or ms.builder.LocalBuilder(timeout_sec=BUILD_TIMEOUT_S, initializer=load_tvm_dsm)
     runner = runner or ms.runner.LocalRunner()
     built = builder.build([ms.builder.BuilderInput(s.mod, target) for s in schedules])
     args_info = ms.arg_info.ArgInfo.from_prim_func(func)
@@ -160,7 +161,7 @@ def replay(trace: s_tir.Trace, func: tirx.PrimFunc) -> s_tir.Schedule:
     return sch
 
 
-def _load_tvm_dsm() -> None:
+def load_tvm_dsm() -> None:
     """Builder worker start: register tvm-dsm's pipeline there too. A worker imports only TVM,
     which registers it through the installed entry point; from a source tree on PYTHONPATH (the
     GPU machine) nothing would, and cluster kernels would build with the stock pipeline."""

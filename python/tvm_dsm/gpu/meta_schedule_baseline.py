@@ -14,6 +14,8 @@ Every module's output is checked against float64 (outputs poisoned) and timed th
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import tempfile
 import time
 
@@ -23,7 +25,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from ..bench import results as res
 from ..bench.timing import input_sets_for
-from ..driver import _module, schedule, stock_schedule, tune
+from ..driver import BUILD_TIMEOUT_S, _module, load_tvm_dsm, schedule, stock_schedule, tune
 from ..workloads.dense import dense
 from .export import TARGET
 from .run import _random_inputs, _time_peers, measure_hbm_bandwidth, time_call, verdict
@@ -37,10 +39,11 @@ STOCK_TARGET = "nvidia/nvidia-h100"
 def _build_stock(mod: tvm.IRModule, target, _params) -> tvm.runtime.Module:
     """MetaSchedule's default build with StorageRewrite off. On, it lets an fp16 shared tile reuse
     a dead fp32 one, and the access-pointer lowering rejects the retyped buffer (the stock
-    tensor-core space's candidates for G5b fail so on the CPU and compile with it off). On the
-    H100 machine (2026-11-23) its builds still failed, cause not diagnosed there."""
+    tensor-core space's candidates for G5b fail so on the CPU and compile with it off). Returns
+    the runtime module, which MetaSchedule's builder exports (tvm.compile's Executable reached
+    it as a bare function: every build of the 2026-11-23 run failed so)."""
     with tvm.transform.PassContext(config={"tirx.disable_storage_rewrite": True}):
-        return tvm.compile(mod, target=target, tir_pipeline="s_tir_stock")
+        return tvm.compile(mod, target=target, tir_pipeline="s_tir_stock").mod
 
 
 def _tune_stock(mod: tvm.IRModule, target, trials: int, work_dir: str) -> tvm.IRModule:
@@ -49,7 +52,8 @@ def _tune_stock(mod: tvm.IRModule, target, trials: int, work_dir: str) -> tvm.IR
     database = ms.tir_integration.tune_tir(
         mod, target=target, work_dir=work_dir, max_trials_global=trials,
         num_trials_per_iter=min(trials, 32), space=space,
-        builder=ms.builder.LocalBuilder(f_build=_build_stock))
+        builder=ms.builder.LocalBuilder(f_build=_build_stock, timeout_sec=BUILD_TIMEOUT_S,
+                                        initializer=load_tvm_dsm))
     sch = ms.tir_integration.compile_tir(database, mod, target)
     if sch is None:
         raise RuntimeError(f"stock MetaSchedule found no valid schedule in {trials} trials")
@@ -66,12 +70,25 @@ def _measure(name: str, mod: tvm.IRModule, kernel: dict, target, hbm_bw: float, 
             "floor_us": kernel["bytes"] / hbm_bw * 1e6, **extra}
 
 
+@contextlib.contextmanager
+def _work_dir(root: str | None, name: str):
+    """A MetaSchedule work directory: ``root/name`` if kept, else a temporary one."""
+    if root is None:
+        with tempfile.TemporaryDirectory() as work_dir:
+            yield work_dir
+    else:
+        path = os.path.join(root, name)
+        os.makedirs(path, exist_ok=True)
+        yield path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("shapes", nargs="+", choices=sorted(GEMM_SHAPES))
     parser.add_argument("--out", required=True)
     parser.add_argument("--budgets", type=int, nargs="+", default=[8, 64])
     parser.add_argument("--skip-tvm-dsm", action="store_true", help="only the stock rows (a re-run)")
+    parser.add_argument("--work-dir", help="keep MetaSchedule's databases and logs here")
     args = parser.parse_args()
     target = tvm.target.Target(TARGET, host="llvm")
     stock_target = tvm.target.Target(STOCK_TARGET, host="llvm")
@@ -99,14 +116,14 @@ def main() -> None:
         if not args.skip_tvm_dsm:
             row("tvm_dsm_planner_pick", schedule(func, target).mod, trials=0)
             smallest = min(args.budgets)
-            with tempfile.TemporaryDirectory() as work_dir:
+            with _work_dir(args.work_dir, f"{label}_tvm_dsm") as work_dir:
                 start = time.time()
                 measured = tune(func, work_dir, target=target, top_k=smallest)
                 database = ms.database.JSONDatabase(work_dir=work_dir)
                 row("tvm_dsm_tuned", schedule(func, target, database=database).mod, trials=smallest,
                     tuning_s=time.time() - start, measured_us=[m.measured_us for m in measured])
         for budget in args.budgets:
-            with tempfile.TemporaryDirectory() as work_dir:
+            with _work_dir(args.work_dir, f"{label}_stock_{budget}") as work_dir:
                 start = time.time()
                 mod = _tune_stock(_module(func), stock_target, budget, work_dir)
                 row(f"meta_schedule_{budget}", mod, stock=True, trials=budget, tuning_s=time.time() - start)
