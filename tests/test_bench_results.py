@@ -66,3 +66,21 @@ def test_batch_summary_of_the_committed_gemm_m_run():
         assert summary["geomean_vs_cublas_by_m"][m] == pytest.approx(
             math.exp(sum(map(math.log, ratios)) / len(ratios)))
     assert summary["geomean_vs_cublas_by_m"][16] > 0.9 > summary["geomean_vs_cublas_by_m"][4096]
+
+
+def test_gemm_summary_puts_stock_meta_schedule_beside_dlight():
+    """The committed H100 runs: stock MetaSchedule's largest trial budget on G5b, slower than
+    the planner's pick measured without any trial; shapes it did not tune have no entry."""
+    import json
+    from pathlib import Path
+
+    from tvm_dsm.bench.gemm_summary import summarise
+
+    folder = Path(__file__).parent.parent / "bench" / "results"
+    baseline = json.loads((folder / "gemm_meta_schedule.json").read_text())
+    summary = summarise(json.loads((folder / "gemm.json").read_text()), baseline)
+    shapes = {(s["shape"], s["m"]): s for s in summary["shapes"]}
+    g5b = shapes[("G5b", 128)]
+    assert g5b["meta_schedule_trials"] == max(r["trials"] for r in baseline["rows"] if "_meta_schedule_" in r["name"])
+    assert g5b["meta_schedule_us"] > g5b["pick_us"]
+    assert shapes[("G5a", 128)]["meta_schedule_us"] is None

@@ -1,5 +1,5 @@
 """Summarise the GEMM suite: per layer shape the planner's pick, the measured best, stock TVM
-(dlight), torch eager (cuBLAS), torch.compile and the HBM floor; the model's rank correlation;
+(dlight; stock MetaSchedule where ``gemm_meta_schedule.json`` beside the run has it), torch eager (cuBLAS), torch.compile and the HBM floor; the model's rank correlation;
 the cluster-size ablation. ``python -m tvm_dsm.bench.gemm_summary bench/results/gemm.json``
 writes ``gemm_summary.json`` and ``gemm.png`` beside it and prints the table; given a ``gemm_m``
 run (e.g. ``gemm_m.json``), ``<run>_summary.json``: the pick against cuBLAS per batch."""
@@ -28,7 +28,18 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return 1 - 6 * sum((a - b) ** 2 for a, b in zip(rx, ry)) / (n * (n * n - 1)) if n > 2 else math.nan
 
 
-def summarise(results: dict) -> dict:
+def _stock_meta_schedule(baseline: dict | None, label: str, m: int) -> tuple[float | None, int | None]:
+    """Stock MetaSchedule's time for one layer at its largest measured trial budget
+    (:mod:`tvm_dsm.gpu.meta_schedule_baseline`, M = 128 only), or (None, None)."""
+    rows = [r for r in (baseline or {}).get("rows", [])
+            if r["shape"] == label and r["m"] == m and "_meta_schedule_" in r["name"] and r["ok"]]
+    if not rows:
+        return None, None
+    row = max(rows, key=lambda r: r["trials"])
+    return row["ours_us"], row["trials"]
+
+
+def summarise(results: dict, baseline: dict | None = None) -> dict:
     groups = defaultdict(list)
     bf16 = []  # the planner's pick per shape in bf16, against cuBLAS in bf16
     for row in results["rows"]:
@@ -46,13 +57,15 @@ def summarise(results: dict) -> dict:
         stock = next(r for r in rows if r.get("stock") == "dlight")
         epilogue = [r for r in rows if "silu" in r["name"]]
         peers = pick["peers"]
+        meta_schedule_us, meta_schedule_trials = _stock_meta_schedule(baseline, label, m)
         shapes.append({
             "shape": label, "m": m, "n": pick["n"], "k": pick["k"],
             "label": f"{label} {m}x{pick['n']}x{pick['k']}",
             "all_correct": all(r["ok"] for r in rows), "kernels": len(rows),
             "planner_pick": pick["name"], "pick_us": pick["ours_us"],
             "best": best["name"], "best_us": best["ours_us"],
-            "dlight_us": stock["ours_us"], "torch_eager_us": peers["torch_eager"],
+            "dlight_us": stock["ours_us"], "meta_schedule_us": meta_schedule_us,
+            "meta_schedule_trials": meta_schedule_trials, "torch_eager_us": peers["torch_eager"],
             "torch_compile_us": peers["torch_compile"], "floor_us": pick["floor_us"],
             "pick_vs_cublas": peers["torch_eager"] / pick["ours_us"],
             "best_vs_cublas": peers["torch_eager"] / best["ours_us"],
@@ -98,7 +111,7 @@ def summarise_batches(results: dict) -> dict:
 
 #: (legend, key of a shape's summary) per bar series of the dense-layer plot.
 SERIES = [("tvm-dsm (planner)", "pick_us"), ("tvm-dsm (best measured)", "best_us"),
-          ("TVM dlight", "dlight_us"), ("torch eager (cuBLAS)", "torch_eager_us"),
+          ("TVM dlight", "dlight_us"), ("TVM MetaSchedule (stock)", "meta_schedule_us"), ("torch eager (cuBLAS)", "torch_eager_us"),
           ("torch.compile", "torch_compile_us"), ("HBM floor", "floor_us")]
 
 
@@ -137,14 +150,17 @@ def main() -> None:
                                              for r in rows)
                   + f"  geomean vs cuBLAS {summary['geomean_vs_cublas_by_m'][m]:.2f}x")
         return
-    summary = summarise(results)
+    baseline = source.parent / "gemm_meta_schedule.json"
+    summary = summarise(results, json.loads(baseline.read_text()) if baseline.exists() else None)
     (source.parent / "gemm_summary.json").write_text(json.dumps(summary, indent=1))
     plot(summary, source.parent / "gemm.png")
     for s in summary["shapes"]:
         print(f"{s['shape']:>6} {s['m']:>5}x{s['n']}x{s['k']}: pick {s['pick_us']:7.1f} best "
               f"{s['best_us']:7.1f} dlight {s['dlight_us']:7.1f} cuBLAS {s['torch_eager_us']:6.1f} "
               f"compile {s['torch_compile_us']:6.1f} floor {s['floor_us']:6.1f}  "
-              f"pick/cuBLAS {s['pick_vs_cublas']:.2f}x rho {s['model_spearman']:.2f}")
+              f"pick/cuBLAS {s['pick_vs_cublas']:.2f}x rho {s['model_spearman']:.2f}"
+              + (f"  MetaSchedule ({s['meta_schedule_trials']} trials) {s['meta_schedule_us']:.1f}"
+                 if s["meta_schedule_us"] else ""))
     for r in summary["bf16"]:
         print(f"{r['name']:>34}: {r['us']:7.1f} cuBLAS {r['torch_eager']:6.1f} ok {r['ok']}")
     print({k: v for k, v in summary.items() if k.startswith(("geomean", "ablation"))})
