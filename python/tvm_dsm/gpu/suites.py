@@ -349,16 +349,34 @@ def _gemm_configs(shape: GemmShape, top: int, hw) -> list:
     return list(chosen.items())
 
 
+def layer_shapes() -> dict[str, tuple[int, int]]:
+    """Every distinct weight shape (N, K) of the G1-G10 and S1-S8 layers: ``<chain>a`` the first
+    layer (a SwiGLU's gate and up products as one layer of 2N columns), ``<chain>b`` the
+    second; the names of :data:`GEMM_SHAPES` agree."""
+    shapes: dict[str, tuple[int, int]] = {}
+    for label, (n, k, l) in {**CHAINS, **SWIGLUS}.items():
+        first = (2 * n if label.startswith("S") else n, k)
+        for name, shape in ((f"{label}a", first), (f"{label}b", (l, n))):
+            if shape not in shapes.values():
+                shapes[name] = shape
+    return shapes
+
+
 def gemm_m() -> list[Variant]:
-    """The planner's pick on the G/S layer shapes at every batch the GEMM issue checks besides
-    M = 128 (the gemm suite's): 16, 64, 256, 1024, 4096; and M = 1, which no tensor-core tile
-    fits: what ``tvm_dsm.build`` falls back to there (TVM's stock GEMV), against torch."""
+    """The planner's pick on every G/S layer shape at each batch the GEMM issue checks: 1, 16,
+    64, 128, 256, 1024, 4096. Where no split-K configuration fits (M = 1: no tensor-core tile;
+    K = 32: nothing to split), what ``tvm_dsm.build`` falls back to (TVM's stock dlight
+    schedule), against torch all the same."""
     hw = load_hardware()
-    variants = [dataclasses.replace(_dlight_variant(label, 1, n, k), peers=("torch_eager", "torch_compile"))
-                for label, (n, k) in GEMM_SHAPES.items()]
-    for m in (16, 64, 256, 1024, 4096):
-        for label, (n, k) in GEMM_SHAPES.items():
-            plan = plan_split_k_gemm(GemmShape(m, n, k, True), hw)[0]
+    variants = []
+    for m in (1, 16, 64, 128, 256, 1024, 4096):
+        for label, (n, k) in layer_shapes().items():
+            try:
+                plan = plan_split_k_gemm(GemmShape(m, n, k, True), hw)[0]
+            except ClusterError:
+                variants.append(dataclasses.replace(_dlight_variant(label, m, n, k),
+                                                    peers=("torch_eager", "torch_compile")))
+                continue
             variants.append(_gemm_variant(label, m, n, k, plan.config, 0, plan.predicted_us))
     return variants
 
