@@ -190,7 +190,9 @@ def candidate_configs(shape: GemmShape, quantized: bool = False) -> list[SplitKG
     ``quantized``: valid for the fused per-token quantization too."""
     check = check_quantized_config if quantized else check_config
     configs = []
-    depths = (64, 128) if element_bytes(shape.dtype) == 1 else (32, 64)  # 128-byte rows for fp8 too
+    # K steps: TMA's 128-byte rows (fp8: 128 deep, 16-bit: 64); 16-bit also 32 by cp.async, for
+    # K that 64 does not divide (G3's 416)
+    depths = (64, 128) if element_bytes(shape.dtype) == 1 else (32, 64)
     for s, bm, bn, bk, stages, tma, wgmma in itertools.product(
         (1, 2, 4, 8, 16), (16, 32, 64, 128, 256), (64, 128, 256), depths, (3, 4), (True, False),
         (False, True),
