@@ -51,3 +51,22 @@ def test_other_schedules_launch_as_usual():
     assert "griddepcontrol" not in cuda_source(chain.mod)
     launch_programmatically(sch)
     assert cuda_source(s_tir.Schedule(sch.mod).mod).count(WAIT) == 1
+
+
+def test_planner_launches_one_wave_gemms_programmatically():
+    """One-wave grids gained 0.3-1.4 us on the H100, grids of several waves lost (4096^3:
+    197 -> 229 us), so the planner sets the flag by its wave count; it is no part of the
+    configuration's identity (sweeps and databases match the planner's points)."""
+    import dataclasses
+
+    from tvm_dsm.hardware import load_hardware
+    from tvm_dsm.planners.split_k_gemm import plan_split_k_gemm
+    from tvm_dsm.rules.split_k_gemm import GemmShape
+
+    hw = load_hardware()
+    one_wave = plan_split_k_gemm(GemmShape(128, 3072, 768, True), hw)[0]
+    waves = plan_split_k_gemm(GemmShape(4096, 4096, 4096, True), hw)[0]
+    assert one_wave.config.programmatic_launch and not waves.config.programmatic_launch
+    assert dataclasses.replace(one_wave.config, programmatic_launch=False) == one_wave.config
+    source = cuda_source(schedule_split_k_gemm(dense(128, 3072, 768), one_wave.config).mod)
+    assert source.count(WAIT) == 1

@@ -18,7 +18,7 @@ tiles stay on chip.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import LoopRV, SBlockRV
@@ -27,6 +27,7 @@ from ..errors import ClusterError
 from ..ir import is_reduction
 from ..pipeline import ASYNC_STAGES_KEY
 from ..transform.cluster_launch import MAX_SMEM_PER_CTA
+from ..transform.programmatic_launch import launch_programmatically
 from ..transform.tma_pipeline import MAX_BOX as TMA_MAX_BOX
 from ..transform.tma_pipeline import ROW_BYTES as TMA_ROW_BYTES
 from ..transform.tma_pipeline import SLOT_ALIGN as TMA_SLOT_ALIGN
@@ -68,6 +69,9 @@ class SplitKGemmConfig:
     #: the whole block_n, both operands read from TMA's swizzled tiles (warps_m = block_m / 16,
     #: warps_n = 1)
     wgmma: bool = False
+    #: launch with programmatic dependent launch (tvm_dsm.transform.programmatic_launch): the
+    #: planner sets it where the grid runs in one wave. Not part of the point's identity.
+    programmatic_launch: bool = field(default=False, compare=False)
 
     @property
     def warps(self) -> int:
@@ -341,6 +345,8 @@ def apply_split_k_gemm(
     sums = [sch.get_loops(b)[-3:] for b in blocks]
     sum_partials(sch, blocks, output, [(rows, cols, peers) for peers, rows, cols in sums], c.warps,
                  in_registers)
+    if c.programmatic_launch:
+        launch_programmatically(sch)
 
 
 def split_k_main_loops(sch: s_tir.Schedule, partials: list[tuple], shape: GemmShape,

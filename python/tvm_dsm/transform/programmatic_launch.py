@@ -13,9 +13,12 @@ left as they are. Every kernel of such a function starts with ``griddepcontrol.w
 any global load or store, so neither a read-after-write nor a write-after-read across kernels
 can race) and then lets its dependents launch.
 
-Measured on the H100 (bench/results/programmatic_launch.json): unfused chains gain on all
-four tried (G4 17.0 -> 15.3 us); single GEMMs mostly gain 0.3-0.6 us but G4b lost 1.2 us and
-4096^3 (four waves) 18 us, so only the unfused-chain rule asks for it.
+Measured on the H100 (bench/results/programmatic_launch.json): unfused chains gain (G4 18.0 ->
+15.3 us, S8 26.4 -> 25.3); single GEMMs whose grid runs in one wave gain 0.3-1.4 us (G4a 7.5 ->
+6.8, S3a 76.2 -> 74.8), but grids of several waves lose (G4b 7.8 -> 9.0, 4096^3 197 -> 229),
+also with the trigger at the kernel's end (8.7, 212; the ``_pdl_late`` rows). So the unfused
+chain asks for it, and a GEMM where its planner expects one wave
+(:attr:`tvm_dsm.rules.split_k_gemm.SplitKGemmConfig.programmatic_launch`).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ def launch_programmatically(sch: s_tir.Schedule, enable: bool = True) -> None:
     root = sch.get_sblock("root")
     if enable:
         sch.annotate(root, PROGRAMMATIC_LAUNCH_KEY, 1)
-    else:
+    elif PROGRAMMATIC_LAUNCH_KEY in sch.get(root).annotations:
         sch.unannotate(root, PROGRAMMATIC_LAUNCH_KEY)
 
 
