@@ -1,6 +1,7 @@
 """Summarise the GEMM suite: per layer shape the planner's pick, the measured best, stock TVM
-(dlight; stock MetaSchedule where ``gemm_meta_schedule.json`` beside the run has it), torch eager (cuBLAS), torch.compile and the HBM floor; the model's rank correlation;
-the cluster-size ablation. ``python -m tvm_dsm.bench.gemm_summary bench/results/gemm.json``
+(dlight; stock MetaSchedule where ``gemm_meta_schedule.json`` beside the run has it), torch
+eager (cuBLAS), torch.compile and the HBM floor; the model's rank correlation; the
+cluster-size ablation. ``python -m tvm_dsm.bench.gemm_summary bench/results/gemm.json``
 writes ``gemm_summary.json`` and ``gemm.png`` beside it and prints the table; given a ``gemm_m``
 run (e.g. ``gemm_m.json``), ``<run>_summary.json``: the pick against cuBLAS per batch."""
 
@@ -111,7 +112,8 @@ def summarise_batches(results: dict) -> dict:
 
 #: (legend, key of a shape's summary) per bar series of the dense-layer plot.
 SERIES = [("tvm-dsm (planner)", "pick_us"), ("tvm-dsm (best measured)", "best_us"),
-          ("TVM dlight", "dlight_us"), ("TVM MetaSchedule (stock)", "meta_schedule_us"), ("torch eager (cuBLAS)", "torch_eager_us"),
+          ("TVM dlight", "dlight_us"), ("TVM MetaSchedule (stock)", "meta_schedule_us"),
+          ("torch eager (cuBLAS)", "torch_eager_us"),
           ("torch.compile", "torch_compile_us"), ("HBM floor", "floor_us")]
 
 

@@ -17,9 +17,11 @@ function's own type, so the result is the function's, rounding included. Kernel 
 A gated chain's products may also run apart (``UnfusedChainConfig.gate``): one kernel writes
 the gate's fp32 sums to global memory, the next computes the up product with ``silu(gate) * up``
 as its epilogue. Both products in one kernel do twice the work per output tile, so that kernel
-launches half the CTAs (86 for 132 SMs on S3's 128x128 tiles, measured 1.4x slower than a dense
-layer of the same bytes); apart, each fills the machine for the price of the gate's fp32 round
-trip and one more launch.
+launches half the CTAs (86 for 132 SMs on S3's 128x128 tiles); apart, each fills the machine
+for the price of the gate's fp32 round trip and one more launch. With mma.sync main loops the
+one-kernel form ran 1.4x slower than a dense layer of the same bytes; with wgmma it measured
+faster than the gate apart on all 8 SwiGLU FFNs at M = 128 (bench/results/chains.json), and
+the planner weighs both.
 
 All kernels are scheduled in one s_tir schedule, so a MetaSchedule trace records them. The
 schedule is created with ``enable_check=False``: the first kernel's decomposed reductions leave

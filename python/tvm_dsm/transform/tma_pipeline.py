@@ -30,10 +30,10 @@ ldmatrix reads them without bank conflicts and without padding; the pass rewrite
 ldmatrix of a copied tile to the swizzled slot, and points warpgroup MMAs
 (:mod:`tvm_dsm.rules.wgmma`, whose descriptors swizzle in hardware) at the slot's tiles. Those
 return with their multiplies still reading the slot, so a loop that issues them refills a slot
-two steps after it was read (``S - 2`` ahead) and waits for every multiply after the loop. The hardware swizzles on absolute shared
-addresses, and TVM's shared-memory merge does not promise a buffer 1024-byte alignment (it
-placed one at byte 2624), so each operand's slots start at the first 1024-byte boundary inside a
-buffer one alignment larger, computed in the kernel.
+two steps after it was read (``S - 2`` ahead) and waits for every multiply after the loop.
+The hardware swizzles on absolute shared addresses, and TVM's shared-memory merge does not
+promise a buffer 1024-byte alignment (it placed one at byte 2624), so each operand's slots start
+at the first 1024-byte boundary inside a buffer one alignment larger, computed in the kernel.
 
 What a copy must be (otherwise ClusterError): ``tile[a, b] = G[.., r0 + a, .., k0 + b]`` over
 the whole unpadded tile, with ``G`` a contiguous global buffer the host allocates before the
