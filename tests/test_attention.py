@@ -1,5 +1,6 @@
-"""Attention on tensor cores: the proof and shape it is read from, the tile-incremental form
-against float64 (llvm), the generated CUDA, refusals and (GPU) the kernel itself."""
+"""Attention as one kernel: the proof and shape it is read from, the generated CUDA (both
+products on warpgroup MMAs, registers without spills), refusals and (GPU) the kernel itself
+against float64."""
 
 from __future__ import annotations
 
@@ -10,12 +11,7 @@ from tvm.s_tir import SBlock
 
 from conftest import TARGET, cuda_source
 from tvm_dsm.errors import ClusterError
-from tvm_dsm.rules.attention import (
-    AttentionConfig,
-    find_attention,
-    schedule_attention,
-    tile_incremental_form,
-)
+from tvm_dsm.rules.attention import CONFIGS, AttentionConfig, find_attention, fuse_attention
 from tvm_dsm.ir import find_all, replace_node
 from tvm_dsm.workloads.cascades import attention, softmax_stats
 
@@ -41,21 +37,6 @@ def test_the_shape_and_correction_come_from_the_proof():
     assert str(correction) == "exp(-y0_new + y0_old)"
 
 
-@pytest.mark.parametrize(("block_n", "causal", "kv_len"), [(64, False, 512), (128, False, 512), (64, True, 128)])
-def test_tile_incremental_form_matches_float64(block_n, causal, kv_len):
-    """Several key tiles (the states cross tiles through M/L and Mn/Ln), on the CPU."""
-    heads, q_len, dim = 2, 128, 64
-    shape, correction = find_attention(attention(heads, q_len, kv_len, dim, causal))
-    assert shape.causal == causal
-    fused = tile_incremental_form(shape, AttentionConfig(block_n=block_n), correction)
-    module = tvm.compile(tvm.IRModule({"main": fused}), target="llvm")
-    q, k, v = _inputs(heads, q_len, kv_len, dim)
-    out = tvm.runtime.tensor(np.full((heads, q_len, dim), np.nan, np.float16))
-    module(*(tvm.runtime.tensor(a) for a in (q, k, v)), out)
-    ref = _reference(q, k, v, shape.scale, causal)
-    assert np.linalg.norm(out.numpy() - ref) / np.linalg.norm(ref) < 2e-3
-
-
 def _masked(mask):
     """Attention whose scores a user masked with ``mask(t, i, score)``."""
     func = attention(4, 256, 256, 64, causal=True)
@@ -66,19 +47,34 @@ def _masked(mask):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_generated_cuda_runs_both_products_on_tensor_cores(assemble, causal):
-    source = cuda_source(schedule_attention(attention(4, 256, 512, 64, causal)).mod)
-    assert source.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") >= 2
-    assert source.count("ldmatrix") >= 4  # Q, K, P, V fragments
-    assert source.count("__global__") == 2  # one fused kernel
+def test_one_kernel_runs_both_products_on_warpgroup_mmas(assemble, causal):
+    source = cuda_source(fuse_attention(attention(4, 256, 512, 64, causal)))
+    assert source.count("__global__") == 2  # one fused kernel (declaration and definition)
+    assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16" in source  # S = Q K^T, O += P V
+    assert source.count("tvm_dsm_attention_wait32(") == 3  # defined; waited for S, then for O
+    assert "fence.proxy.async.shared::cta" in source  # cp.async tiles made visible to wgmma
+    assert "ex2.approx.ftz.f32" in source
+    assert "__shfl_xor_sync" in source  # a row's max and sum over its quad
+    assert "expf(" in source  # the proof's correction exp(m_old - m_new)
+    assert ("-CUDART_INF_F" in source) == causal  # the diagonal tiles' mask
     assemble(source, f"attention_causal{causal}")
 
 
+@pytest.mark.parametrize("dim", [64, 128])
+@pytest.mark.parametrize("config", CONFIGS)
+def test_every_configuration_fits_in_registers(ptxas_report, dim, config):
+    """A spill would put the scores in local memory; CONFIGS lists only the ones that fit."""
+    report = ptxas_report(cuda_source(fuse_attention(attention(2, 256, 512, dim, True), config)),
+                          f"attention_d{dim}_m{config.block_m}n{config.block_n}")
+    assert "0 bytes spill stores" in report and "0 bytes stack frame" in report
+
+
 @pytest.mark.parametrize(("func", "config", "message"), [
-    (attention(4, 256, 512, 64), AttentionConfig(block_n=32), "multiple of 32"),
-    (attention(4, 256, 512, 64), AttentionConfig(block_n=128), "only 32"),
+    (attention(4, 256, 512, 64), AttentionConfig(block_n=32), "checked to fit"),
+    (attention(4, 256, 512, 64), AttentionConfig(block_n=256), "checked to fit"),
+    (attention(4, 256, 512, 96), AttentionConfig(), "head dim 96"),
     (attention(4, 200, 512, 64), AttentionConfig(), "not multiples"),
-    (attention(4, 256, 512, 64), AttentionConfig(block_m=64), "one thread per query row"),
+    (attention(4, 256, 480, 64), AttentionConfig(), "not multiples"),
     (softmax_stats(256, 512), AttentionConfig(), "row max and two rescaled sums"),
     (_masked(lambda t, i, score: tvm.tirx.if_then_else(t < i, score, tvm.tirx.const(float("-inf"), "float32"))),
      AttentionConfig(), "only the causal mask"),
@@ -87,15 +83,19 @@ def test_generated_cuda_runs_both_products_on_tensor_cores(assemble, causal):
 ])
 def test_unsupported_inputs_get_clear_errors(func, config, message):
     with pytest.raises(ClusterError, match=message):
-        schedule_attention(func, config)
+        fuse_attention(func, config)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("causal", "kv_len"), [(False, 1024), (True, 256)])
-def test_gpu_matches_float64(causal, kv_len):
-    heads, q_len, dim = 8, 256, 64
+@pytest.mark.parametrize(("causal", "kv_len", "dim", "config"), [
+    (False, 1024, 64, AttentionConfig()), (True, 256, 64, AttentionConfig()),
+    (False, 512, 64, CONFIGS[1]), (True, 512, 64, CONFIGS[2]),
+    (False, 512, 128, AttentionConfig()), (True, 256, 128, CONFIGS[1]),
+])
+def test_gpu_matches_float64(causal, kv_len, dim, config):
+    heads, q_len = 8, 256
     func = attention(heads, q_len, kv_len, dim, causal)
-    module = tvm.compile(schedule_attention(func).mod, target=TARGET)
+    module = tvm.compile(fuse_attention(func, config), target=TARGET)
     dev = tvm.cuda(0)
     q, k, v = _inputs(heads, q_len, kv_len, dim)
     out = tvm.runtime.tensor(np.full((heads, q_len, dim), np.nan, np.float16), dev)

@@ -29,7 +29,8 @@ from ..rules.fused_chain import find_chain
 from ..workloads.chains import gemm_chain, swiglu_ffn
 from ..rules.collective_kernel import BULK_KINDS, schedule_collective_kernel, schedule_split_sum
 from ..workloads import gemv, row_sum
-from ..rules.attention import AttentionConfig, schedule_attention
+from ..rules.attention import CONFIGS as ATTENTION_CONFIGS
+from ..rules.attention import AttentionConfig, fuse_attention
 from ..rules.fused_rows import schedule_fused_rows
 from ..transform.cascaded_reductions import fuse_cascaded_reductions
 from ..transform.programmatic_launch import launch_programmatically
@@ -663,29 +664,30 @@ def lm_head() -> list[Variant]:
 
 #: Attention shapes (heads x batch, query length, key length, head dim); the first is the
 #: issue's [128, 16, 512, 64].
-ATTENTION_SHAPES = [(2048, 512, 512, 64), (256, 1024, 1024, 64), (64, 4096, 4096, 64)]
+ATTENTION_SHAPES = [(2048, 512, 512, 64), (256, 1024, 1024, 64), (64, 4096, 4096, 64), (256, 1024, 1024, 128)]
 
 
 def attention() -> list[Variant]:
-    """Attention fused over key tiles on tensor cores (tvm_dsm.rules.attention), the default
-    configuration (key tiles of 64; the only one verified on the H100), plain and causal."""
+    """Attention as one kernel (tvm_dsm.rules.attention), plain and causal, in each
+    configuration that fits; the default configuration is the pick."""
     variants = []
     for (heads, q_len, kv_len, dim), causal in itertools.product(ATTENTION_SHAPES, (False, True)):
         func = cascade_workloads.attention(heads, q_len, kv_len, dim, causal)
-        config = AttentionConfig()
         args = _args(func)
-        variants.append(Variant(
-            name=f"attention_{heads}x{q_len}x{kv_len}x{dim}{'_causal' if causal else ''}_n{config.block_n}",
-            workload="attention",
-            mod=schedule_attention(func, config).mod,
-            args=args,
-            bytes=_nbytes(args),
-            flops=4 * heads * q_len * kv_len * dim // (2 if causal else 1),  # the keys seen
-            plan={**vars(config), "planner": True},  # the default configuration, the only one
-            peers=("torch_eager", "torch_compile", "torch_sdpa"),
-            reference_kwargs={"causal": True} if causal else {},
-            extra={"causal": causal},
-        ))
+        for config in ATTENTION_CONFIGS:
+            variants.append(Variant(
+                name=f"attention_{heads}x{q_len}x{kv_len}x{dim}{'_causal' if causal else ''}"
+                f"_m{config.block_m}n{config.block_n}",
+                workload="attention",
+                mod=fuse_attention(func, config),
+                args=args,
+                bytes=_nbytes(args),
+                flops=4 * heads * q_len * kv_len * dim // (2 if causal else 1),  # the keys seen
+                plan={**vars(config), "planner": config == AttentionConfig()},
+                peers=("torch_eager", "torch_compile", "torch_sdpa"),
+                reference_kwargs={"causal": True} if causal else {},
+                extra={"causal": causal},
+            ))
     return variants
 
 

@@ -1,48 +1,62 @@
-"""Attention on tensor cores: RedFuser's incremental form over key tiles, scheduled with mma.sync.
+"""Attention as one FlashAttention-style kernel: RedFuser's incremental form over key tiles,
+both products on warpgroup MMAs.
 
 The user writes attention unfused (:func:`tvm_dsm.workloads.cascades.attention`: scores, row
 max, exp-sum, exp-weighted sum of V, divide). :func:`find_attention` proves the cascade with
-:mod:`tvm_dsm.fusion.cascade` (max -> sum and sum of V rescaled by ``exp(m_old - m_new)``) and
-reads the shape; :func:`tile_incremental_form` writes the fused loop over key tiles, where
-tile ``t`` of ``block_n`` keys updates each query row's states with the proven corrections:
+:mod:`tvm_dsm.fusion.cascade` (max -> sum and sum of V rescaled by ``fix(m_old, m_new) =
+exp(m_old - m_new)``) and reads the shape; :func:`attention_kernel` writes the fused loop over
+key tiles with that correction, each warp owning 16 query rows of a 64-row warpgroup block:
 
-    S_t = Q K_t^T                     (mma.sync; fp32 tile in shared memory)
-    m_{t+1} = max(m_t, max_c scale S_t)
-    l_{t+1} = l_t * fix(m_t, m_{t+1}) + sum_c exp(scale S_t - m_{t+1})
-    O = O * fix(m_t, m_{t+1}) + P_t V_t      (P_t = fp16 exp(scale S_t - m_{t+1}); mma.sync)
-    out = O / l_T
+    S_t = Q K_t^T                       wgmma, Q and K_t from shared memory, S_t in registers
+    m' = max(m, scale * rowmax(S_t))    per row: the thread's columns, then its 4-lane quad
+    O = O * fix(m, m');  l = l * fix(m, m') + rowsum(P_t)
+    P_t = exp(scale S_t - m')           ex2 in registers, cast to fp16 in the A-fragment layout
+    O += P_t V_t                        wgmma, P_t from registers, V_t (MN-major) from shared
+    out = O / l                         after the last tile (l summed over the quad)
 
-Each row's states are the values after the tiles so far (``M``, ``L``: the identities before
-the first) and after tile ``t`` (``Mn``, ``Ln``), which the tile's last blocks advance into the
-former: per thread scalars in registers, like O (each thread owns whole rows). One CTA per ``block_m`` query
-rows of a head.
+Why this shape: the scores never leave registers. The wgmma accumulator of a warp's 16 rows
+is laid out like mma.sync's 16x16 fragments, so the fp16 probabilities are already the A operand
+of the second product (FlashAttention-2's trick), and a row's reductions are two quad shuffles.
+The previous design staged S_t and P_t through shared memory with one thread per row and ran
+at 0.11-0.14x of SDPA; on the H100 this one measured 3.5-9x faster
+(``bench/results/attention.json``).
 
-Why ``enable_check=False``: s_tir's dataflow checks ("stage pipeline": every read covered by a
-write of the same loop iteration) reject any state carried from one iteration of the key loop
-to the next through a block other than a reduction's own buffer, and compute_at refuses to
-place the operand copies. The form is checked numerically instead: the unscheduled function
-against float64 in CI (llvm), the kernel on the GPU.
+Key and value tiles stream through two shared-memory slots with ``cp.async`` (tile t + 1 loads
+while tile t computes); every tile is 128-byte swizzled in 64-column panels (16-byte chunk c of
+row r at chunk ``c ^ (r % 8)``), the layout the wgmma descriptors name
+(:mod:`tvm_dsm.rules.wgmma`), so the hardware swizzle needs each slot 1024-byte aligned: the
+kernel aligns one dynamic shared buffer itself. Copies by ``cp.async`` are generic-proxy writes
+and wgmma reads through the async proxy, hence ``fence.proxy.async`` before each tile's barrier.
+Causal attention (key t visible to query i iff t <= i) skips the tiles past the diagonal, masks
+the diagonal ones, and runs the CTAs with the most tiles first.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import sympy
 import tvm
-from tvm import s_tir, tirx
-from tvm.s_tir import SBlock
+from tvm import tirx
 from tvm.sym import Analyzer
+from tvm.s_tir import SBlock
 from tvm.script import tirx as T
 
 from ..errors import ClusterError
 from ..fusion.cascade import analyze
 from ..fusion.symbolic import ToTIR
 from ..ir import find_all
-from ..pipeline import ASYNC_STAGES_KEY, KEEP_SHARED_BUFFERS
-from . import tensor_core as tc
+from .wgmma import WARPGROUP_ROWS, descriptor_source, mma_async_source, wait_source
 
-_NEG = -3.0e38  # the max's identity: finite, so exp(identity - m) is 0, never inf - inf
+_NEG = -3.0e38  # the max's identity: finite, so fix(identity, m) is 0 or 1, never inf - inf
+_PANEL = 64  # fp16 columns of one 128-byte swizzle panel
+_CHUNK = 8  # fp16 elements of one 16-byte copy
+_ROW_BYTES = 128
+_ATOM_BYTES = 8 * _ROW_BYTES  # one 8-row swizzle atom
+_WARPS = 4  # one warpgroup per CTA
+_THREADS = 32 * _WARPS
+_ALL_LANES = 0xFFFFFFFF
 
 
 @dataclass(frozen=True)
@@ -57,14 +71,22 @@ class AttentionShape:
 
 @dataclass(frozen=True)
 class AttentionConfig:
-    block_m: int = 128  # query rows per CTA (one thread per row: block_m = 32 * warps)
-    block_n: int = 64  # keys per tile
-    warps_m: int = 2
-    warps_n: int = 2
+    """``block_n`` keys per tile; ``row_blocks`` 64-row warpgroup blocks of queries per CTA.
+    The default measured fastest or within 6% of it on every suite shape
+    (``bench/results/attention.json``): larger tiles need more registers and shared memory per
+    CTA, and the H100 then holds fewer CTAs to hide one another's latencies."""
+
+    block_n: int = 64
+    row_blocks: int = 1
 
     @property
-    def warps(self) -> int:
-        return self.warps_m * self.warps_n
+    def block_m(self) -> int:
+        return WARPGROUP_ROWS * self.row_blocks
+
+
+#: Configurations whose registers fit without spills (ptxas, checked in tests/test_attention.py).
+CONFIGS = (AttentionConfig(64, 1), AttentionConfig(128, 1), AttentionConfig(64, 2))
+HEAD_DIMS = (64, 128)
 
 
 def find_attention(func: tirx.PrimFunc) -> tuple[AttentionShape, sympy.Expr]:
@@ -130,218 +152,226 @@ def _select_parts(value) -> tuple | None:
 
 
 def check_config(shape: AttentionShape, c: AttentionConfig) -> None:
-    if c.block_m != 32 * c.warps:
-        raise ClusterError(f"block_m={c.block_m}: one thread per query row needs 32 x {c.warps} warps")
+    if shape.dim not in HEAD_DIMS:
+        raise ClusterError(f"head dim {shape.dim}: the kernel takes {HEAD_DIMS} (64-column swizzle panels)")
+    if c not in CONFIGS:
+        raise ClusterError(f"{c}: registers are checked to fit without spills only for {CONFIGS}")
     if shape.q_len % c.block_m or shape.kv_len % c.block_n:
         raise ClusterError(f"q_len={shape.q_len} / kv_len={shape.kv_len} are not multiples of "
                            f"the {c.block_m} x {c.block_n} tile")
-    per_warp = (c.block_m // c.warps_m, c.block_n // c.warps_n, shape.dim // c.warps_n)
-    if any(extent % (2 * tc.TILE) for extent in per_warp):
-        # One 16-wide fragment per warp leaves a unit loop; block_n = 32 over 2 warps was
-        # measured wrong on the H100 (rel err 0.49), like the GEMM rule's M = 16.
-        raise ClusterError(f"dim={shape.dim} and the {c.block_m} x {c.block_n} tile give warps "
-                           f"{per_warp} rows/keys/columns; each needs a multiple of 32")
-    if per_warp[1] != 2 * tc.TILE:
-        # 64 keys per warp (block_n = 128) was measured wrong on the H100 (non-finite rows at
-        # random; 255 registers; correct with ptxas -O1, wrong at nvcc's default -O3), cause
-        # unknown: refused rather than risk a wrong kernel.
-        raise ClusterError(f"block_n={c.block_n}: {per_warp[1]} keys per warp; only 32 "
-                           f"(block_n = {2 * tc.TILE * c.warps_n}) is verified on the H100")
 
 
-def tile_incremental_form(shape: AttentionShape, c: AttentionConfig,
-                          correction: sympy.Expr) -> tirx.PrimFunc:
-    """The fused loop over key tiles (see the module docstring), unscheduled."""
-    H, N, KV, D, BM, BN = shape.heads, shape.q_len, shape.kv_len, shape.dim, c.block_m, c.block_n
-    NT, scale, NEG = KV // BN, shape.scale, _NEG
+def fuse_attention(func: tirx.PrimFunc, config: AttentionConfig | None = None) -> tvm.IRModule:
+    """The fused kernel of ``func`` (an unfused attention, see :func:`find_attention`) for sm_90a."""
+    c = config or AttentionConfig()
+    shape, correction = find_attention(func)
+    check_config(shape, c)
+    return tvm.IRModule({"main": attention_kernel(shape, c, correction)})
+
+
+def _swizzled(rows: int):
+    """Element offset of 16-byte chunk ``chunk`` of row ``row`` in a tile of ``rows`` rows:
+    64-column panels one after another, each 128-byte swizzled."""
+    per_panel = _PANEL // _CHUNK
+
+    def offset(row, chunk):
+        return (chunk // per_panel * rows * _PANEL + row * _PANEL
+                + tirx.bitwise_xor(chunk % per_panel, row % 8) * _CHUNK)
+
+    return offset
+
+
+def _reg(block: int, frags: int, fragment, half, e):
+    """A thread's register of accumulator fragment ``fragment`` (16 columns) of 64-row block
+    ``block``: row half ``half`` (rows lane/4 and lane/4 + 8 of the warp's 16), element ``e`` of
+    its 4 columns (2 * (lane % 4) + {0, 1, 8, 9})."""
+    return (block * frags + fragment) * 8 + e // 2 * 4 + half * 2 + e % 2
+
+
+def _column(fragment, e, lane):
+    return fragment * 16 + e // 2 * 8 + lane % 4 * 2 + e % 2
+
+
+def _helpers(shape: AttentionShape, c: AttentionConfig) -> dict[str, tuple[str, str]]:
+    """The warpgroup-MMA helpers the kernel calls, {role: (name, CUDA)}: ``scores`` issues
+    S = Q K^T (A and B K-major, 16 columns a step, the first step overwriting S), ``values``
+    issues O += P V (P from registers, V MN-major, 16 keys a step), ``wait_scores`` and
+    ``wait_output`` wait for them."""
+    D, BN, BM = shape.dim, c.block_n, c.block_m
+    steps = _PANEL // 16
+    scores, values = f"tvm_dsm_attention_scores_m{BM}n{BN}d{D}", f"tvm_dsm_attention_values_n{BN}d{D}"
+    k_step = f"(k / {steps}) * {{panel}} + (k % {steps}) * 32"
+    scores_step = mma_async_source(
+        scores, BN, "float16", accumulate="k",
+        a=f"{scores}_desc(a_base + {k_step.format(panel=BM * _ROW_BYTES)}, 16, {_ATOM_BYTES})",
+        b=f"{scores}_desc(b_base + {k_step.format(panel=BN * _ROW_BYTES)}, 16, {_ATOM_BYTES})")
+    values_step = mma_async_source(
+        values, D, "float16", b_transposed=True,
+        b=f"{values}_desc(b_base + k * {16 * _ROW_BYTES}, {BN * _ROW_BYTES}, {_ATOM_BYTES})")
+
+    def issue(name, step, steps_total, a_decl):
+        return descriptor_source(name) + f"""
+__forceinline__ __device__ void {name}(float* d, const half* a, const half* b) {{
+  {a_decl}
+  uint32_t b_base = static_cast<uint32_t>(__cvta_generic_to_shared(b));
+  asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");
+#pragma unroll
+  for (int k = 0; k < {steps_total}; ++k) {{
+{step}  }}
+  asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");
+}}
+"""
+
+    waits = {role: (f"tvm_dsm_attention_wait{regs}", wait_source(f"tvm_dsm_attention_wait{regs}", regs, 0))
+             for role, regs in (("wait_scores", BN // 2), ("wait_output", D // 2))}
+    return {
+        "scores": (scores, issue(scores, scores_step, D // 16,
+                                 "uint32_t a_base = static_cast<uint32_t>(__cvta_generic_to_shared(a));")),
+        "values": (values, issue(values, values_step, BN // 16,
+                                 "const uint32_t* a32 = reinterpret_cast<const uint32_t*>(a);")),
+        **waits,
+    }
+
+
+def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: sympy.Expr) -> tirx.PrimFunc:
+    """The fused loop over key tiles (see the module docstring) as one CUDA kernel's TIR."""
+    H, N, KV, D = shape.heads, shape.q_len, shape.kv_len, shape.dim
+    BM, BN, RB = c.block_m, c.block_n, c.row_blocks
+    QT, NT = N // BM, KV // BN
+    NF, DF = BN // 16, D // 16  # 16-column fragments of a row block's S and O
+    CH = D // _CHUNK
+    SN, ON = RB * NF * 8, RB * DF * 8  # per-thread fp32 registers of S and O
+    K_AT, V_AT = BM * D, BM * D + 2 * BN * D  # element offsets of the K and V slots
+    SMEM = V_AT + 2 * BN * D + _ATOM_BYTES // 2  # + room to align the tiles to 1024 bytes
+    log2e = 1.0 / math.log(2.0)
+    scale, causal = shape.scale, shape.causal
+    q_tile, kv_tile = _swizzled(BM), _swizzled(BN)
+    h = _helpers(shape, c)
 
     def fix(old, new):
         return ToTIR({"y0_old": old, "y0_new": new}, "float32")(correction)
 
-    def scaled(S, vh, vt, vi, vc):  # the scaled score, -inf where the causal mask hides the key
-        score = S[vh, vt, vi, vc] * T.float32(scale)
-        if not shape.causal:
-            return score
-        return T.if_then_else(vt * BN + vc <= vi, score, T.float32(float("-inf")))
+    def call(role, *args):
+        name, source = h[role]
+        return T.cuda.func_call(name, *args, source_code=source)
+
+    def row_values(buf, r, half):  # a row's scores held by this thread
+        return [buf[_reg(r, NF, f, half, e)] for f in range(NF) for e in range(4)]
+
+    def tree(op, values):  # a balanced tree: independent operations, not one long chain
+        while len(values) > 1:
+            values = [op(*values[i:i + 2]) if i + 1 < len(values) else values[i] for i in range(0, len(values), 2)]
+        return values[0]
+
+    def quad(op, value):  # combine the 4 lanes holding one row
+        for mask in (1, 2):
+            value = op(value, T.tvm_warp_shuffle_xor(T.uint32(_ALL_LANES), value, mask, 32, 32))
+        return value
+
+    def plus(a, b):
+        return a + b
 
     @T.prim_func(s_tir=True)
     def fused(q: T.Buffer((H, N, D), "float16"), k: T.Buffer((H, KV, D), "float16"),
               v: T.Buffer((H, KV, D), "float16"), out: T.Buffer((H, N, D), "float16")):
-        S = T.sblock_alloc_buffer((H, NT, N, BN), "float32")
-        P = T.sblock_alloc_buffer((H, NT, N, BN), "float16")
-        Ot = T.sblock_alloc_buffer((H, NT, N, D), "float32")
-        M = T.sblock_alloc_buffer((H, N), "float32")  # the states after the tiles so far
-        L = T.sblock_alloc_buffer((H, N), "float32")
-        Mn = T.sblock_alloc_buffer((H, NT, N), "float32")  # ... and after tile t
-        Ln = T.sblock_alloc_buffer((H, NT, N), "float32")
-        O = T.sblock_alloc_buffer((H, N, D), "float32")
-        for h, it in T.grid(H, N // BM):
-            for ii in range(BM):
-                with T.sblock("identity"):
-                    vh = T.axis.spatial(H, h)
-                    vi = T.axis.spatial(N, it * BM + ii)
-                    M[vh, vi] = T.float32(NEG)
-                    L[vh, vi] = T.float32(0)
-            for t in range(NT):
-                for ii, cc, d in T.grid(BM, BN, D):
-                    with T.sblock("scores"):
-                        vh = T.axis.spatial(H, h)
-                        vt = T.axis.spatial(NT, t)
-                        vi = T.axis.spatial(N, it * BM + ii)
-                        vc = T.axis.spatial(BN, cc)
-                        vd = T.axis.reduce(D, d)
-                        with T.init():
-                            S[vh, vt, vi, vc] = T.float32(0)
-                        S[vh, vt, vi, vc] = S[vh, vt, vi, vc] + T.Cast("float32", q[vh, vi, vd]) * T.Cast("float32", k[vh, vt * BN + vc, vd])
-                for ii, cc in T.grid(BM, BN):
-                    with T.sblock("max"):
-                        vh = T.axis.spatial(H, h)
-                        vt = T.axis.spatial(NT, t)
-                        vi = T.axis.spatial(N, it * BM + ii)
-                        vc = T.axis.reduce(BN, cc)
-                        with T.init():
-                            Mn[vh, vt, vi] = M[vh, vi]
-                        Mn[vh, vt, vi] = T.max(Mn[vh, vt, vi], scaled(S, vh, vt, vi, vc))
-                for ii, cc in T.grid(BM, BN):
-                    with T.sblock("probabilities"):
-                        vh = T.axis.spatial(H, h)
-                        vt = T.axis.spatial(NT, t)
-                        vi = T.axis.spatial(N, it * BM + ii)
-                        vc = T.axis.spatial(BN, cc)
-                        P[vh, vt, vi, vc] = T.Cast("float16", T.exp(scaled(S, vh, vt, vi, vc) - Mn[vh, vt, vi]))
-                for ii, cc in T.grid(BM, BN):
-                    with T.sblock("exp_sum"):
-                        vh = T.axis.spatial(H, h)
-                        vt = T.axis.spatial(NT, t)
-                        vi = T.axis.spatial(N, it * BM + ii)
-                        vc = T.axis.reduce(BN, cc)
-                        with T.init():
-                            Ln[vh, vt, vi] = L[vh, vi] * fix(M[vh, vi], Mn[vh, vt, vi])
-                        Ln[vh, vt, vi] = Ln[vh, vt, vi] + T.exp(scaled(S, vh, vt, vi, vc) - Mn[vh, vt, vi])
-                for ii, e, cc in T.grid(BM, D, BN):
-                    with T.sblock("tile_pv"):
-                        vh = T.axis.spatial(H, h)
-                        vt = T.axis.spatial(NT, t)
-                        vi = T.axis.spatial(N, it * BM + ii)
-                        ve = T.axis.spatial(D, e)
-                        vc = T.axis.reduce(BN, cc)
-                        with T.init():
-                            Ot[vh, vt, vi, ve] = T.float32(0)
-                        Ot[vh, vt, vi, ve] = Ot[vh, vt, vi, ve] + T.Cast("float32", P[vh, vt, vi, vc]) * T.Cast("float32", v[vh, vt * BN + vc, ve])
-                for ii, e in T.grid(BM, D):
-                    with T.sblock("weighted_sum"):
-                        vh = T.axis.spatial(H, h)
-                        vi = T.axis.spatial(N, it * BM + ii)
-                        ve = T.axis.spatial(D, e)
-                        vt = T.axis.reduce(NT, t)
-                        with T.init():
-                            O[vh, vi, ve] = T.float32(0)
-                        O[vh, vi, ve] = O[vh, vi, ve] * fix(M[vh, vi], Mn[vh, vt, vi]) + Ot[vh, vt, vi, ve]
-                for ii in range(BM):
-                    with T.sblock("advance_max"):
-                        vh = T.axis.spatial(H, h)
-                        vt = T.axis.spatial(NT, t)
-                        vi = T.axis.spatial(N, it * BM + ii)
-                        M[vh, vi] = Mn[vh, vt, vi]
-                for ii in range(BM):
-                    with T.sblock("advance_sum"):
-                        vh = T.axis.spatial(H, h)
-                        vt = T.axis.spatial(NT, t)
-                        vi = T.axis.spatial(N, it * BM + ii)
-                        L[vh, vi] = Ln[vh, vt, vi]
-            for ii, e in T.grid(BM, D):
-                with T.sblock("normalize"):
-                    vh = T.axis.spatial(H, h)
-                    vi = T.axis.spatial(N, it * BM + ii)
-                    ve = T.axis.spatial(D, e)
-                    out[vh, vi, ve] = T.Cast("float16", O[vh, vi, ve] / L[vh, vi])
+        T.func_attr({"tirx.noalias": True})
+        for bx in T.thread_binding(H * QT, thread="blockIdx.x"):
+            for tx in T.thread_binding(_THREADS, thread="threadIdx.x"):
+                with T.sblock("attention"):
+                    T.reads()
+                    T.writes()
+                    smem = T.sblock_alloc_buffer((SMEM,), "float16", scope="shared.dyn")
+                    s = T.sblock_alloc_buffer((SN,), "float32", scope="local")
+                    p = T.sblock_alloc_buffer((SN,), "float16", scope="local")
+                    o = T.sblock_alloc_buffer((ON,), "float32", scope="local")
+                    m = T.sblock_alloc_buffer((RB * 2,), "float32", scope="local")
+                    l = T.sblock_alloc_buffer((RB * 2,), "float32", scope="local")
+                    new_max = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                    fixed = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                    head = T.meta_var(bx // QT)
+                    qt = T.meta_var(QT - 1 - bx % QT)  # causal: the CTAs with most tiles first
+                    warp = T.meta_var(tx // 32)
+                    lane = T.meta_var(tx % 32)
+                    base = T.int32((_ATOM_BYTES - T.Cast("int32", T.cuda.cvta_generic_to_shared(
+                        smem.access_ptr("r"))) % _ATOM_BYTES) % _ATOM_BYTES // 2)
+                    tiles = T.int32(T.min(((qt + 1) * BM + BN - 1) // BN, NT) if causal else NT)
+                    for i in T.unroll(BM * CH // _THREADS):
+                        chunk = T.meta_var(i * _THREADS + tx)
+                        T.ptx["cp.async.cg.shared.global"](
+                            T.address_of(smem[base + q_tile(chunk // CH, chunk % CH)]),
+                            T.address_of(q[head, qt * BM + chunk // CH, chunk % CH * _CHUNK]), 16)
+                    for i in T.unroll(BN * CH // _THREADS):
+                        chunk = T.meta_var(i * _THREADS + tx)
+                        T.ptx["cp.async.cg.shared.global"](
+                            T.address_of(smem[base + K_AT + kv_tile(chunk // CH, chunk % CH)]),
+                            T.address_of(k[head, chunk // CH, chunk % CH * _CHUNK]), 16)
+                        T.ptx["cp.async.cg.shared.global"](
+                            T.address_of(smem[base + V_AT + kv_tile(chunk // CH, chunk % CH)]),
+                            T.address_of(v[head, chunk // CH, chunk % CH * _CHUNK]), 16)
+                    T.ptx["cp.async.commit_group"]()
+                    for i in T.unroll(ON):
+                        o[i] = T.float32(0)
+                    for i in T.unroll(RB * 2):
+                        m[i] = T.float32(_NEG)
+                        l[i] = T.float32(0)
+                    for t in range(tiles):
+                        T.ptx["cp.async.wait_group"](0)
+                        T.ptx["fence.proxy.async.shared::cta"]()
+                        T.tvm_storage_sync("shared")
+                        if t + 1 < tiles:  # the other slot, read by tile t - 1 before the barrier
+                            for i in T.unroll(BN * CH // _THREADS):
+                                chunk = T.meta_var(i * _THREADS + tx)
+                                T.ptx["cp.async.cg.shared.global"](
+                                    T.address_of(smem[base + K_AT + (t + 1) % 2 * BN * D
+                                                      + kv_tile(chunk // CH, chunk % CH)]),
+                                    T.address_of(k[head, (t + 1) * BN + chunk // CH, chunk % CH * _CHUNK]), 16)
+                                T.ptx["cp.async.cg.shared.global"](
+                                    T.address_of(smem[base + V_AT + (t + 1) % 2 * BN * D
+                                                      + kv_tile(chunk // CH, chunk % CH)]),
+                                    T.address_of(v[head, (t + 1) * BN + chunk // CH, chunk % CH * _CHUNK]), 16)
+                            T.ptx["cp.async.commit_group"]()
+                        for r in T.unroll(RB):
+                            T.evaluate(call("scores", T.address_of(s[r * NF * 8]),
+                                            T.address_of(smem[base + r * WARPGROUP_ROWS * _PANEL]),
+                                            T.address_of(smem[base + K_AT + t % 2 * BN * D])))
+                        T.evaluate(call("wait_scores", T.address_of(s[0])))
+                        for r in T.unroll(RB):
+                            for half in T.unroll(2):
+                                row = T.meta_var(qt * BM + r * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8)
+                                if causal:
+                                    if (t + 1) * BN > qt * BM:  # a diagonal tile
+                                        for nf in T.unroll(NF):
+                                            for e in T.unroll(4):
+                                                s[_reg(r, NF, nf, half, e)] = T.if_then_else(
+                                                    t * BN + _column(nf, e, lane) <= row, s[_reg(r, NF, nf, half, e)],
+                                                    T.float32(float("-inf")))
+                                new_max[0] = T.max(m[r * 2 + half], T.float32(scale) * quad(
+                                    tirx.max, tree(tirx.max, row_values(s, r, half))))
+                                fixed[0] = fix(m[r * 2 + half], new_max[0])
+                                m[r * 2 + half] = new_max[0]
+                                for df in T.unroll(DF):
+                                    for e in T.unroll(4):
+                                        o[_reg(r, DF, df, half, e)] = o[_reg(r, DF, df, half, e)] * fixed[0]
+                                for nf in T.unroll(NF):
+                                    for e in T.unroll(4):
+                                        T.ptx["ex2.approx.ftz.f32"](
+                                            s[_reg(r, NF, nf, half, e)],
+                                            s[_reg(r, NF, nf, half, e)] * T.float32(scale * log2e)
+                                            - new_max[0] * T.float32(log2e))
+                                        p[_reg(r, NF, nf, half, e)] = T.Cast("float16", s[_reg(r, NF, nf, half, e)])
+                                l[r * 2 + half] = l[r * 2 + half] * fixed[0] + tree(plus, row_values(s, r, half))
+                        for r in T.unroll(RB):
+                            T.evaluate(call("values", T.address_of(o[r * DF * 8]), T.address_of(p[r * NF * 8]),
+                                            T.address_of(smem[base + V_AT + t % 2 * BN * D])))
+                        T.evaluate(call("wait_output", T.address_of(o[0])))
+                    for r in T.unroll(RB):
+                        for half in T.unroll(2):
+                            fixed[0] = quad(plus, l[r * 2 + half])
+                            for df in T.unroll(DF):
+                                for e in T.unroll(4):
+                                    out[head, qt * BM + r * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8,
+                                        _column(df, e, lane)] = T.Cast("float16", o[_reg(r, DF, df, half, e)] / fixed[0])
 
-    return fused.with_attr(KEEP_SHARED_BUFFERS, True)
+    return fused
 
 
-def schedule_attention(func: tirx.PrimFunc, config: AttentionConfig | None = None) -> s_tir.Schedule:
-    """Fuse and schedule ``func`` (an unfused attention, see :func:`find_attention`)."""
-    c = config or AttentionConfig()
-    shape, correction = find_attention(func)
-    check_config(shape, c)
-    sch = s_tir.Schedule(tile_incremental_form(shape, c, correction), enable_check=False)
-    _schedule(sch, shape, c)
-    return sch
-
-
-def _schedule(sch: s_tir.Schedule, shape: AttentionShape, c: AttentionConfig) -> None:
-    block = sch.get_sblock
-    h, it, *_ = sch.get_loops(block("scores"))
-    cta = sch.fuse(h, it)
-    sch.bind(cta, "blockIdx.x")
-    t = sch.get_loops(block("scores"))[1]
-
-    def row_per_thread(name: str) -> None:
-        """One thread per query row (``block_m`` = 32 x warps): its states and O in one thread."""
-        loops = sch.get_loops(block(name))
-        rows = loops[-1] if name in ("identity", "advance_max", "advance_sum") else loops[-2]  # else: (rows, columns)
-        warp, lane = sch.split(rows, [c.warps, 32])
-        sch.bind(warp, "threadIdx.y")
-        sch.bind(lane, "threadIdx.x")
-
-    def tile(block_rv, index: int, keep, pad: int) -> None:
-        sch.transform_layout(block_rv, ("write", index), keep, assume_injective_transform=True)
-        if pad:
-            sch.storage_align(block_rv, index, axis=-2, factor=32, offset=pad)
-
-    def rows_of_tile(*index):  # [head, tile, row, column] -> [row % block_m, column]
-        return index[-2] % c.block_m, index[-1]
-
-    def gemm(name: str, x_at, weight_nk: bool, k_extent: int) -> None:
-        """S = Q K_t^T (Q staged once per CTA) or O_t = P_t V_t (P already in shared memory);
-        fp32 result tile stored to padded shared memory."""
-        rows, cols, depth = sch.get_loops(block(name))[-3:]
-        fragments, fragment = tc.blockize_fragments(sch, block(name), [], rows, cols, depth)
-        i, j, k = sch.get_loops(fragments)[-3:]
-        warp, _, _ = tc.warp_tile(sch, i, j, [k], c.warps_m, c.warps_n)
-        if x_at is not None:
-            tc.stage_in_shared(sch, fragments, 0, x_at, c.warps, 1, k_extent, rows=c.block_m)
-        tc.stage_in_shared(sch, fragments, 1, t, c.warps, 1 if weight_nk else 0, k_extent,
-                           rows=c.block_n if weight_nk else None)
-        caches = tc.fragment_caches(sch, fragments, k, warp)
-        store = sch.get(caches[2]).name_hint
-        sch.set_scope(caches[2], 0, "shared.dyn")
-        tile(caches[2], 0, rows_of_tile, 0)
-        tc.tensorize_fragments(sch, fragments, fragment, caches, k, weight_nk,
-                               tc.mma.MMA_store_16x16_f32_shared_dyn_INTRIN_SIMPLE)
-        # fp32 rows of 64 would put a column of every row in one bank; one word of padding
-        # spreads the row-per-thread reads over all 32.
-        sch.storage_align(block(f"{store}_o"), 0, axis=-2, factor=32, offset=1)
-
-    gemm("scores", cta, True, shape.dim)
-    for name in ("identity", "max", "probabilities", "exp_sum"):
-        row_per_thread(name)
-    # The row states stay in the thread that owns the row: registers, no shared memory, so no
-    # barrier inside the row loops (ThreadSync cannot tell rows of one merged buffer apart).
-    row_per_thread("advance_max")
-    row_per_thread("advance_sum")
-    for name, index in (("identity", 0), ("identity", 1), ("max", 0), ("exp_sum", 0)):
-        sch.set_scope(block(name), index, "local")
-        tile(block(name), index, lambda *i: (i[-1] % c.block_m,), 0)
-    for name in ("max", "exp_sum"):
-        sch.unroll(sch.get_loops(block(name))[-1])
-    sch.set_scope(block("probabilities"), 0, "shared.dyn")
-    lane, columns = sch.get_loops(block("probabilities"))[-2:]
-    row = sch.cache_write(block("probabilities"), 0, "local")  # one 16-byte store per 8 columns
-    tile(row, 0, rows_of_tile, tc.PAD)
-    sch.reverse_compute_at(row, lane)
-    sch.unroll(columns)
-    sch.vectorize(sch.split(sch.get_loops(row)[-1], [None, tc.VECTOR // 2])[1])
-    gemm("tile_pv", None, False, c.block_n)
-    row_per_thread("weighted_sum")
-    row_per_thread("normalize")
-    sch.set_scope(block("weighted_sum"), 0, "local")
-    for name in ("weighted_sum", "normalize"):  # O's row in registers
-        sch.unroll(sch.get_loops(block(name))[-1])
-    # Tile t + 1's keys and values load (cp.async) while tile t computes. The key loop's body
-    # as the pipeline pass sees it (nested blocks flattened): K copy; S = Q K^T (fill, mma,
-    # store); max; probabilities (compute, store); exp-sum; V copy; P V (fill, mma, store);
-    # O update; advance M; advance L.
-    sch.annotate(t, "software_pipeline_stage", [0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1])
-    sch.annotate(t, "software_pipeline_order", [0, 2, 3, 4, 5, 6, 7, 8, 1, 9, 10, 11, 12, 13, 14])
-    sch.annotate(t, ASYNC_STAGES_KEY, [0])

@@ -36,22 +36,71 @@ _SWIZZLE_ROW_BYTES = 128  # the TMA tile's rows; 8 of them make one swizzle atom
 _K_STEP_BYTES = TILE * 2  # one 16-deep K step of 16-bit elements along a swizzled row
 
 
+def descriptor_source(name: str) -> str:
+    """CUDA of ``{name}_desc(address, lead, stride)``: the matrix descriptor of a 128-byte-swizzled
+    shared tile at ``address``. ``stride``: bytes between 8-row swizzle atoms along the strided
+    dimension (1024 for rows of 128 bytes); ``lead``: bytes between the 64-element column panels of
+    an MN-major tile (ignored for K-major tiles, whose K steps stay inside one panel)."""
+    return f"""
+__forceinline__ __device__ uint64_t {name}_desc(uint32_t address, uint32_t lead, uint32_t stride) {{{{
+  return (uint64_t)((address & 0x3FFFF) >> 4) | ((uint64_t)(lead >> 4) << 16)
+       | ((uint64_t)(stride >> 4) << 32) | ((uint64_t)1 << 62);
+}}}}
+""".replace("{{", "{").replace("}}", "}")
+
+
+def mma_async_source(name: str, n: int, dtype: str, b: str, a: str | None = None, b_transposed: bool = False,
+                     accumulate: str = "1") -> str:
+    """One ``wgmma.mma_async m64n{n}k16`` statement accumulating into ``d[0 .. n/2)``. ``b``: C
+    expression of B's descriptor; ``a``: of A's, or None for A from registers ``a32[4k .. 4k+3]``
+    (the mma.sync A-fragment layout of the warp's 16 rows); ``accumulate``: C expression, 0 to
+    overwrite ``d``; ``b_transposed``: B is MN-major (N contiguous)."""
+    regs = n // 2
+    ptx = _PTX_TYPE[dtype]
+    d_list = ", ".join(f"%{r}" for r in range(regs))
+    outputs = ", ".join(f'"+f"(d[{r}])' for r in range(regs))
+    if a is None:
+        a_operand = "{" + ", ".join(f"%{regs + 1 + i}" for i in range(4)) + "}"
+        inputs = [f'"r"(a32[4 * k + {i}])' for i in range(4)]
+        transposes = f"{int(b_transposed)}"
+    else:
+        a_operand = f"%{regs + 1}"
+        inputs = [f'"l"({a})']
+        transposes = f"0, {int(b_transposed)}"
+    b_operand = f"%{regs + len(inputs) + 1}"
+    inputs = [f'"r"({accumulate})', *inputs, f'"l"({b})']
+    return f"""    asm volatile(
+      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs}, 0;\\n"
+      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} "
+      "{{{d_list}}}, {a_operand}, {b_operand}, p, 1, 1, {transposes};\\n}}\\n"
+      : {outputs}
+      : {", ".join(inputs)});
+"""
+
+
+def wait_source(name: str, regs: int, pending: int) -> str:
+    """CUDA of ``{name}(d)``: wait until at most ``pending`` warpgroup MMA groups are in flight,
+    then fence ``d[0 .. regs)`` so the compiler reads the accumulators only after the wait."""
+    return f"""
+__forceinline__ __device__ void {name}(float* d) {{
+  asm volatile("wgmma.wait_group.sync.aligned {pending};\\n" ::: "memory");
+#pragma unroll
+  for (int r = 0; r < {regs}; ++r) asm volatile("" : "+f"(d[r]) :: "memory");
+}}
+"""
+
+
 def helper_source(name: str, n: int, depth: int, dtype: str) -> str:
     """CUDA of one call: ``depth / 16`` wgmma ``m64n{n}k16``, both operands by descriptor,
     committed as one group, returning with at most that group in flight. Descriptors: 128-byte
     swizzle, 8-row atoms 1024 bytes apart; each K step starts 32 bytes further along the row
     (the hardware applies the swizzle to the address it forms)."""
-    regs = n // 2
-    d_list = ", ".join(f"%{r}" for r in range(regs))
-    d_ops = ", ".join(f'"+f"(d[{r}])' for r in range(regs))
-    ptx = _PTX_TYPE[dtype]
     ctype = _C_TYPE[dtype]
     warp_rows = TILE * _SWIZZLE_ROW_BYTES  # bytes of one warp's 16 rows of X
-    return f"""
-__forceinline__ __device__ uint64_t {name}_desc(uint32_t address) {{
-  return (uint64_t)((address & 0x3FFFF) >> 4) | ((uint64_t)1 << 16)
-       | ((uint64_t)({8 * _SWIZZLE_ROW_BYTES} >> 4) << 32) | ((uint64_t)1 << 62);
-}}
+    atoms = 8 * _SWIZZLE_ROW_BYTES
+    step = mma_async_source(name, n, dtype, a=f"{name}_desc(a_base + k * {_K_STEP_BYTES}, 16, {atoms})",
+                            b=f"{name}_desc(b_base + k * {_K_STEP_BYTES}, 16, {atoms})")
+    return descriptor_source(name) + f"""
 __forceinline__ __device__ void {name}(float* d, const {ctype}* a, const {ctype}* b) {{
   uint32_t warp = ((threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x) >> 5;
   uint32_t a_base = static_cast<uint32_t>(__cvta_generic_to_shared(a)) - (warp & 3) * {warp_rows};
@@ -59,14 +108,7 @@ __forceinline__ __device__ void {name}(float* d, const {ctype}* a, const {ctype}
   asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");
 #pragma unroll
   for (int k = 0; k < {depth // TILE}; ++k) {{
-    asm volatile(
-      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} "
-      "{{{d_list}}}, %{regs}, %{regs + 1}, p, 1, 1, 0, 0;\\n}}\\n"
-      : {d_ops}
-      : "l"({name}_desc(a_base + k * {_K_STEP_BYTES})), "l"({name}_desc(b_base + k * {_K_STEP_BYTES})),
-        "r"(1));
-  }}
+{step}  }}
   asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");
   asm volatile("wgmma.wait_group.sync.aligned 1;\\n" ::: "memory");
 }}
