@@ -34,7 +34,7 @@ the diagonal ones, and runs the CTAs with the most tiles first.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sympy
 import tvm
@@ -47,6 +47,8 @@ from ..errors import ClusterError
 from ..fusion.cascade import analyze
 from ..fusion.symbolic import ToTIR
 from ..ir import find_all
+from ..schedule.cluster import CLUSTER_SIZE_KEY
+from ..transform.tma_pipeline import encode_tensor_map
 from .wgmma import WARPGROUP_ROWS, descriptor_source, mma_async_source, wait_source
 
 _NEG = -3.0e38  # the max's identity: finite, so fix(identity, m) is 0 or 1, never inf - inf
@@ -78,6 +80,7 @@ class AttentionConfig:
 
     block_n: int = 64
     row_blocks: int = 1
+    cluster: int = 1  # CTAs of one head sharing each key/value tile (TMA multicast)
 
     @property
     def block_m(self) -> int:
@@ -154,9 +157,12 @@ def _select_parts(value) -> tuple | None:
 def check_config(shape: AttentionShape, c: AttentionConfig) -> None:
     if shape.dim not in HEAD_DIMS:
         raise ClusterError(f"head dim {shape.dim}: the kernel takes {HEAD_DIMS} (64-column swizzle panels)")
-    if c not in CONFIGS:
+    if replace(c, cluster=1) not in CONFIGS:
         raise ClusterError(f"{c}: registers are checked to fit without spills only for {CONFIGS}")
-    if shape.q_len % c.block_m or shape.kv_len % c.block_n:
+    if c.cluster not in (1, 2) or (c.cluster > 1 and shape.causal):
+        raise ClusterError(f"cluster={c.cluster}: key/value tiles are shared by clusters of 1 or 2 "
+                           "CTAs, and only without a causal mask (its CTAs see different keys)")
+    if shape.q_len % (c.block_m * c.cluster) or shape.kv_len % c.block_n:
         raise ClusterError(f"q_len={shape.q_len} / kv_len={shape.kv_len} are not multiples of "
                            f"the {c.block_m} x {c.block_n} tile")
 
@@ -271,107 +277,146 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: symp
     def plus(a, b):
         return a + b
 
-    @T.prim_func(s_tir=True)
+    def barrier(bars, i):
+        return T.cuda.cvta_generic_to_shared(bars.access_ptr("r")) + T.uint32(8) * T.Cast("uint32", i)
+
+    def smem_at(smem, elem):  # shared address of element ``elem``
+        return T.cuda.cvta_generic_to_shared(smem.access_ptr("r")) + T.Cast("uint32", elem * 2)
+
+
+    maps = {name: tirx.Var(f"{name}_tensormap", T.handle("tensormap").ty) for name in "qkv"}
+    tile_bytes = {"q": BM * D * 2, "kv": 2 * BN * D * 2}
+
+    CL = c.cluster
+    PANELS = D // _PANEL
+    multicast = ".multicast::cluster" if CL > 1 else ""
+
+    def copy(name, panel, dst, row, head, barrier):
+        """The TMA copy of 64-column panel ``panel`` of a tile to shared address ``dst``; key and
+        value tiles land in every CTA of the cluster."""
+        rows = BM if name == "q" else BN
+        args = [dst + T.Cast("uint32", panel * rows * _PANEL * 2), T.address_of(maps[name]),
+                T.Cast("int32", panel * _PANEL), T.Cast("int32", row), T.Cast("int32", head), barrier]
+        if name == "q" or CL == 1:
+            return T.ptx["cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"](*args)
+        return T.ptx["cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                     + multicast](*args, T.uint16((1 << CL) - 1))
+
+    @T.prim_func(s_tir=True, check_well_formed=False)
     def fused(q: T.Buffer((H, N, D), "float16"), k: T.Buffer((H, KV, D), "float16"),
               v: T.Buffer((H, KV, D), "float16"), out: T.Buffer((H, N, D), "float16")):
         T.func_attr({"tirx.noalias": True})
-        for bx in T.thread_binding(H * QT, thread="blockIdx.x"):
-            for tx in T.thread_binding(_THREADS, thread="threadIdx.x"):
-                with T.sblock("attention"):
-                    T.reads()
-                    T.writes()
-                    smem = T.sblock_alloc_buffer((SMEM,), "float16", scope="shared.dyn")
-                    s = T.sblock_alloc_buffer((SN,), "float32", scope="local")
-                    p = T.sblock_alloc_buffer((SN,), "float16", scope="local")
-                    o = T.sblock_alloc_buffer((ON,), "float32", scope="local")
-                    m = T.sblock_alloc_buffer((RB * 2,), "float32", scope="local")
-                    l = T.sblock_alloc_buffer((RB * 2,), "float32", scope="local")
-                    new_max = T.sblock_alloc_buffer((1,), "float32", scope="local")
-                    fixed = T.sblock_alloc_buffer((1,), "float32", scope="local")
-                    head = T.meta_var(bx // QT)
-                    qt = T.meta_var(QT - 1 - bx % QT)  # causal: the CTAs with most tiles first
-                    warp = T.meta_var(tx // 32)
-                    lane = T.meta_var(tx % 32)
-                    base = T.int32((_ATOM_BYTES - T.Cast("int32", T.cuda.cvta_generic_to_shared(
-                        smem.access_ptr("r"))) % _ATOM_BYTES) % _ATOM_BYTES // 2)
-                    tiles = T.int32(T.min(((qt + 1) * BM + BN - 1) // BN, NT) if causal else NT)
-                    for i in T.unroll(BM * CH // _THREADS):
-                        chunk = T.meta_var(i * _THREADS + tx)
-                        T.ptx["cp.async.cg.shared.global"](
-                            T.address_of(smem[base + q_tile(chunk // CH, chunk % CH)]),
-                            T.address_of(q[head, qt * BM + chunk // CH, chunk % CH * _CHUNK]), 16)
-                    for i in T.unroll(BN * CH // _THREADS):
-                        chunk = T.meta_var(i * _THREADS + tx)
-                        T.ptx["cp.async.cg.shared.global"](
-                            T.address_of(smem[base + K_AT + kv_tile(chunk // CH, chunk % CH)]),
-                            T.address_of(k[head, chunk // CH, chunk % CH * _CHUNK]), 16)
-                        T.ptx["cp.async.cg.shared.global"](
-                            T.address_of(smem[base + V_AT + kv_tile(chunk // CH, chunk % CH)]),
-                            T.address_of(v[head, chunk // CH, chunk % CH * _CHUNK]), 16)
-                    T.ptx["cp.async.commit_group"]()
-                    for i in T.unroll(ON):
-                        o[i] = T.float32(0)
-                    for i in T.unroll(RB * 2):
-                        m[i] = T.float32(_NEG)
-                        l[i] = T.float32(0)
-                    for t in range(tiles):
-                        T.ptx["cp.async.wait_group"](0)
-                        T.ptx["fence.proxy.async.shared::cta"]()
-                        T.tvm_storage_sync("shared")
-                        if t + 1 < tiles:  # the other slot, read by tile t - 1 before the barrier
-                            for i in T.unroll(BN * CH // _THREADS):
-                                chunk = T.meta_var(i * _THREADS + tx)
-                                T.ptx["cp.async.cg.shared.global"](
-                                    T.address_of(smem[base + K_AT + (t + 1) % 2 * BN * D
-                                                      + kv_tile(chunk // CH, chunk % CH)]),
-                                    T.address_of(k[head, (t + 1) * BN + chunk // CH, chunk % CH * _CHUNK]), 16)
-                                T.ptx["cp.async.cg.shared.global"](
-                                    T.address_of(smem[base + V_AT + (t + 1) % 2 * BN * D
-                                                      + kv_tile(chunk // CH, chunk % CH)]),
-                                    T.address_of(v[head, (t + 1) * BN + chunk // CH, chunk % CH * _CHUNK]), 16)
-                            T.ptx["cp.async.commit_group"]()
-                        for r in T.unroll(RB):
-                            T.evaluate(call("scores", T.address_of(s[r * NF * 8]),
-                                            T.address_of(smem[base + r * WARPGROUP_ROWS * _PANEL]),
-                                            T.address_of(smem[base + K_AT + t % 2 * BN * D])))
-                        T.evaluate(call("wait_scores", T.address_of(s[0])))
+        for cid in T.thread_binding(H * QT // CL, thread="blockIdx.x", annotations={CLUSTER_SIZE_KEY: CL}):
+            for rank in T.thread_binding(CL, thread="clusterCtaIdx.x"):
+                for tx in T.thread_binding(_THREADS, thread="threadIdx.x"):
+                    with T.sblock("attention"):
+                        T.reads()
+                        T.writes()
+                        smem = T.sblock_alloc_buffer((SMEM,), "float16", scope="shared.dyn")
+                        bars = T.sblock_alloc_buffer((3,), "uint64", scope="shared.dyn")
+                        s = T.sblock_alloc_buffer((SN,), "float32", scope="local")
+                        p = T.sblock_alloc_buffer((SN,), "float16", scope="local")
+                        o = T.sblock_alloc_buffer((ON,), "float32", scope="local")
+                        m = T.sblock_alloc_buffer((RB * 2,), "float32", scope="local")
+                        l = T.sblock_alloc_buffer((RB * 2,), "float32", scope="local")
+                        new_max = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                        fixed = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                        bx = T.meta_var(cid * CL + rank)
+                        head = T.meta_var(bx // QT)
+                        qt = T.meta_var(QT - 1 - bx % QT)  # causal: the CTAs with most tiles first
+                        warp = T.meta_var(tx // 32)
+                        lane = T.meta_var(tx % 32)
+                        base = T.int32((_ATOM_BYTES - T.Cast("int32", T.cuda.cvta_generic_to_shared(
+                            smem.access_ptr("r"))) % _ATOM_BYTES) % _ATOM_BYTES // 2)
+                        tiles = T.int32(T.min(((qt + 1) * BM + BN - 1) // BN, NT) if causal else NT)
+                        if tx == 0:
+                            for i in T.unroll(3):
+                                T.ptx.mbarrier.init.shared__cta.b64(barrier(bars, i), 1)
+                            T.ptx.fence.mbarrier_init.release.cluster()
+                        # every CTA's barriers are initialized before any copy lands in it
+                        T.ptx.barrier.cluster.arrive.release.aligned()
+                        T.ptx.barrier.cluster.wait.acquire.aligned()
+                        if tx == 0:
+                            T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(barrier(bars, 2), T.uint32(tile_bytes["q"]))
+                            for panel in T.unroll(PANELS):
+                                T.evaluate(copy("q", panel, smem_at(smem, base), qt * BM, head, barrier(bars, 2)))
+                            T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(barrier(bars, 0), T.uint32(tile_bytes["kv"]))
+                            for i in T.unroll(2 * PANELS):
+                                if i % CL == rank:
+                                    if i < PANELS:
+                                        T.evaluate(copy("k", i % PANELS, smem_at(smem, base + K_AT), 0, head, barrier(bars, 0)))
+                                    else:
+                                        T.evaluate(copy("v", i % PANELS, smem_at(smem, base + V_AT), 0, head, barrier(bars, 0)))
+                        for i in T.unroll(ON):
+                            o[i] = T.float32(0)
+                        for i in T.unroll(RB * 2):
+                            m[i] = T.float32(_NEG)
+                            l[i] = T.float32(0)
+                        T.evaluate(T.cuda.mbarrier_wait(barrier(bars, 2), 0))
+                        for t in range(tiles):
+                            if t > 0:  # every CTA of the cluster is done with tile t - 1's slot
+                                T.ptx.barrier.cluster.wait.acquire.aligned()
+                            if tx == 0:
+                                if t + 1 < tiles:
+                                    T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(
+                                        barrier(bars, (t + 1) % 2), T.uint32(tile_bytes["kv"]))
+                                    for i in T.unroll(2 * PANELS):
+                                        if i % CL == rank:
+                                            if i < PANELS:
+                                                T.evaluate(copy("k", i % PANELS, smem_at(smem, base + K_AT + (t + 1) % 2 * BN * D),
+                                                                (t + 1) * BN, head, barrier(bars, (t + 1) % 2)))
+                                            else:
+                                                T.evaluate(copy("v", i % PANELS, smem_at(smem, base + V_AT + (t + 1) % 2 * BN * D),
+                                                                (t + 1) * BN, head, barrier(bars, (t + 1) % 2)))
+                            T.evaluate(T.cuda.mbarrier_wait(barrier(bars, t % 2), t // 2 % 2))
+                            for r in T.unroll(RB):
+                                T.evaluate(call("scores", T.address_of(s[r * NF * 8]),
+                                                T.address_of(smem[base + r * WARPGROUP_ROWS * _PANEL]),
+                                                T.address_of(smem[base + K_AT + t % 2 * BN * D])))
+                            T.evaluate(call("wait_scores", T.address_of(s[0])))
+                            for r in T.unroll(RB):
+                                for half in T.unroll(2):
+                                    row = T.meta_var(qt * BM + r * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8)
+                                    if causal:
+                                        if (t + 1) * BN > qt * BM:  # a diagonal tile
+                                            for nf in T.unroll(NF):
+                                                for e in T.unroll(4):
+                                                    s[_reg(r, NF, nf, half, e)] = T.if_then_else(
+                                                        t * BN + _column(nf, e, lane) <= row, s[_reg(r, NF, nf, half, e)],
+                                                        T.float32(float("-inf")))
+                                    new_max[0] = T.max(m[r * 2 + half], T.float32(scale) * quad(
+                                        tirx.max, tree(tirx.max, row_values(s, r, half))))
+                                    fixed[0] = fix(m[r * 2 + half], new_max[0])
+                                    m[r * 2 + half] = new_max[0]
+                                    for df in T.unroll(DF):
+                                        for e in T.unroll(4):
+                                            o[_reg(r, DF, df, half, e)] = o[_reg(r, DF, df, half, e)] * fixed[0]
+                                    for nf in T.unroll(NF):
+                                        for e in T.unroll(4):
+                                            T.ptx["ex2.approx.ftz.f32"](
+                                                s[_reg(r, NF, nf, half, e)],
+                                                s[_reg(r, NF, nf, half, e)] * T.float32(scale * log2e)
+                                                - new_max[0] * T.float32(log2e))
+                                            p[_reg(r, NF, nf, half, e)] = T.Cast("float16", s[_reg(r, NF, nf, half, e)])
+                                    l[r * 2 + half] = l[r * 2 + half] * fixed[0] + tree(plus, row_values(s, r, half))
+                            for r in T.unroll(RB):
+                                T.evaluate(call("values", T.address_of(o[r * DF * 8]), T.address_of(p[r * NF * 8]),
+                                                T.address_of(smem[base + V_AT + t % 2 * BN * D])))
+                            T.evaluate(call("wait_output", T.address_of(o[0])))
+                            T.ptx.barrier.cluster.arrive.release.aligned()  # done with tile t's slot
+                        T.ptx.barrier.cluster.wait.acquire.aligned()  # the last arrive
                         for r in T.unroll(RB):
                             for half in T.unroll(2):
-                                row = T.meta_var(qt * BM + r * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8)
-                                if causal:
-                                    if (t + 1) * BN > qt * BM:  # a diagonal tile
-                                        for nf in T.unroll(NF):
-                                            for e in T.unroll(4):
-                                                s[_reg(r, NF, nf, half, e)] = T.if_then_else(
-                                                    t * BN + _column(nf, e, lane) <= row, s[_reg(r, NF, nf, half, e)],
-                                                    T.float32(float("-inf")))
-                                new_max[0] = T.max(m[r * 2 + half], T.float32(scale) * quad(
-                                    tirx.max, tree(tirx.max, row_values(s, r, half))))
-                                fixed[0] = fix(m[r * 2 + half], new_max[0])
-                                m[r * 2 + half] = new_max[0]
+                                fixed[0] = quad(plus, l[r * 2 + half])
                                 for df in T.unroll(DF):
                                     for e in T.unroll(4):
-                                        o[_reg(r, DF, df, half, e)] = o[_reg(r, DF, df, half, e)] * fixed[0]
-                                for nf in T.unroll(NF):
-                                    for e in T.unroll(4):
-                                        T.ptx["ex2.approx.ftz.f32"](
-                                            s[_reg(r, NF, nf, half, e)],
-                                            s[_reg(r, NF, nf, half, e)] * T.float32(scale * log2e)
-                                            - new_max[0] * T.float32(log2e))
-                                        p[_reg(r, NF, nf, half, e)] = T.Cast("float16", s[_reg(r, NF, nf, half, e)])
-                                l[r * 2 + half] = l[r * 2 + half] * fixed[0] + tree(plus, row_values(s, r, half))
-                        for r in T.unroll(RB):
-                            T.evaluate(call("values", T.address_of(o[r * DF * 8]), T.address_of(p[r * NF * 8]),
-                                            T.address_of(smem[base + V_AT + t % 2 * BN * D])))
-                        T.evaluate(call("wait_output", T.address_of(o[0])))
-                    for r in T.unroll(RB):
-                        for half in T.unroll(2):
-                            fixed[0] = quad(plus, l[r * 2 + half])
-                            for df in T.unroll(DF):
-                                for e in T.unroll(4):
-                                    out[head, qt * BM + r * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8,
-                                        _column(df, e, lane)] = T.Cast("float16", o[_reg(r, DF, df, half, e)] / fixed[0])
+                                        out[head, qt * BM + r * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8,
+                                            _column(df, e, lane)] = T.Cast("float16", o[_reg(r, DF, df, half, e)] / fixed[0])
 
-    return fused
+    host = []
+    for name, source in zip("qkv", fused.params):
+        host += [tirx.Bind(maps[name], T.tvm_stack_alloca("tensormap", 1)),
+                 encode_tensor_map(maps[name], source, BM if name == "q" else BN, _PANEL, 1)]
+    return fused.with_body(tirx.SeqStmt([*host, fused.body]))
 
 

@@ -143,22 +143,31 @@ class TileCopy:
 
     def encode(self, tensor_map: tirx.Var) -> tirx.Stmt:
         """Host statement encoding this copy's tensor map (CUDA's innermost-first order)."""
-        shape = [int(d) for d in self.source.shape]
-        dims = shape[::-1]
-        strides, stride = [], self.elem_bytes
-        for extent in dims[:-1]:
-            stride *= extent
-            strides.append(stride)
-        box = [1] * self.rank
-        box[0], box[self.rank - 1 - self.row_axis] = self.cols, self.rows
-        return tirx.Evaluate(tirx.call_packed(
-            "runtime.cuTensorMapEncodeTiled", tensor_map, self.dtype, self.rank,
-            self.source.data, *dims, *strides, *box, *([1] * self.rank),
-            0, _SWIZZLE_128B, _L2_PROMOTION_256B, 0))
+        return encode_tensor_map(tensor_map, self.source, self.rows, self.cols, self.row_axis)
 
     def coordinates(self, loop_var: tirx.Var, step) -> list:
         """The tile's origin at K step ``step``, innermost axis first."""
         return [tirx.Cast("int32", substitute(o, [(loop_var, step)])) for o in self.origin[::-1]]
+
+
+def encode_tensor_map(tensor_map: tirx.Var, source: tirx.Buffer, rows: int, cols: int,
+                      row_axis: int) -> tirx.Stmt:
+    """Host statement encoding ``tensor_map`` (bound to ``T.tvm_stack_alloca("tensormap", 1)``):
+    boxes of ``rows`` x ``cols`` of the contiguous ``source``, rows along ``row_axis`` and
+    columns along its innermost axis, landing 128-byte swizzled."""
+    shape = [int(d) for d in source.shape]
+    rank, elem_bytes = len(shape), _elem_bytes(source)
+    dims = shape[::-1]
+    strides, stride = [], elem_bytes
+    for extent in dims[:-1]:
+        stride *= extent
+        strides.append(stride)
+    box = [1] * rank
+    box[0], box[rank - 1 - row_axis] = cols, rows
+    return tirx.Evaluate(tirx.call_packed(
+        "runtime.cuTensorMapEncodeTiled", tensor_map, str(source.ty.dtype), rank,
+        source.data, *dims, *strides, *box, *([1] * rank),
+        0, _SWIZZLE_128B, _L2_PROMOTION_256B, 0))
 
 
 def swizzled_offset(offset, elem_bytes: int):
