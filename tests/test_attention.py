@@ -52,7 +52,8 @@ def test_one_kernel_runs_both_products_on_warpgroup_mmas(assemble, causal):
     assert source.count("__global__") == 2  # one fused kernel (declaration and definition)
     assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16" in source  # S = Q K^T, O += P V
     assert source.count("tvm_dsm_attention_wait32(") == 3  # defined; waited for S, then for O
-    assert "fence.proxy.async.shared::cta" in source  # cp.async tiles made visible to wgmma
+    assert "cp.async.bulk.tensor.3d" in source and "mbarrier" in source  # TMA tiles
+    assert "cp.async.cg" not in source
     assert "ex2.approx.ftz.f32" in source
     assert "__shfl_xor_sync" in source  # a row's max and sum over its quad
     assert "expf(" in source  # the proof's correction exp(m_old - m_new)

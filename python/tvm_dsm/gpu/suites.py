@@ -30,7 +30,7 @@ from ..workloads.chains import gemm_chain, swiglu_ffn
 from ..rules.collective_kernel import BULK_KINDS, schedule_collective_kernel, schedule_split_sum
 from ..workloads import gemv, row_sum
 from ..rules.attention import CONFIGS as ATTENTION_CONFIGS
-from ..rules.attention import AttentionConfig, fuse_attention
+from ..rules.attention import default_config, find_attention, fuse_attention
 from ..rules.fused_rows import schedule_fused_rows
 from ..transform.cascaded_reductions import fuse_cascaded_reductions
 from ..transform.programmatic_launch import launch_programmatically
@@ -669,7 +669,7 @@ ATTENTION_SHAPES = [(2048, 512, 512, 64), (256, 1024, 1024, 64), (64, 4096, 4096
 
 def attention() -> list[Variant]:
     """Attention as one kernel (tvm_dsm.rules.attention), plain and causal, in each
-    configuration that fits; the default configuration is the pick."""
+    configuration that fits; default_config's is the pick."""
     variants = []
     for (heads, q_len, kv_len, dim), causal in itertools.product(ATTENTION_SHAPES, (False, True)):
         func = cascade_workloads.attention(heads, q_len, kv_len, dim, causal)
@@ -683,7 +683,7 @@ def attention() -> list[Variant]:
                 args=args,
                 bytes=_nbytes(args),
                 flops=4 * heads * q_len * kv_len * dim // (2 if causal else 1),  # the keys seen
-                plan={**vars(config), "planner": config == AttentionConfig()},
+                plan={**vars(config), "planner": config == default_config(find_attention(func)[0])},
                 peers=("torch_eager", "torch_compile", "torch_sdpa"),
                 reference_kwargs={"causal": True} if causal else {},
                 extra={"causal": causal},

@@ -21,12 +21,16 @@ The previous design staged S_t and P_t through shared memory with one thread per
 at 0.11-0.14x of SDPA; on the H100 this one measured 3.5-9x faster
 (``bench/results/attention.json``).
 
-Key and value tiles stream through two shared-memory slots with ``cp.async`` (tile t + 1 loads
-while tile t computes); every tile is 128-byte swizzled in 64-column panels (16-byte chunk c of
-row r at chunk ``c ^ (r % 8)``), the layout the wgmma descriptors name
-(:mod:`tvm_dsm.rules.wgmma`), so the hardware swizzle needs each slot 1024-byte aligned: the
-kernel aligns one dynamic shared buffer itself. Copies by ``cp.async`` are generic-proxy writes
-and wgmma reads through the async proxy, hence ``fence.proxy.async`` before each tile's barrier.
+Q, then key and value tiles, arrive by TMA tensor copies (one thread issues them; they complete
+on an mbarrier per slot) through two shared-memory slots: tile t + 1 loads while tile t
+computes, and the CTA barrier at the top of each step frees the slot the step refills. TMA lands
+every tile 128-byte swizzled in 64-column panels (16-byte chunk c of row r at chunk
+``c ^ (r % 8)``), the layout the wgmma descriptors name (:mod:`tvm_dsm.rules.wgmma`); that
+swizzle is applied to absolute addresses, so the kernel aligns its dynamic shared buffer to
+1024 bytes itself. Against 16-byte ``cp.async`` copies by every thread, TMA measured 0.95-1.09x
+as fast (``bench/results/attention_tma_ab.json``). Multicasting key/value tiles to clusters of
+two CTAs of one head measured 1.25x slower: the per-tile cluster barrier that frees a slot in
+both CTAs cost more than the halved L2 reads saved (``attention_multicast_ab.json``).
 Causal attention (key t visible to query i iff t <= i) skips the tiles past the diagonal, masks
 the diagonal ones, and runs the CTAs with the most tiles first.
 """
@@ -34,7 +38,7 @@ the diagonal ones, and runs the CTAs with the most tiles first.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import sympy
 import tvm
@@ -47,13 +51,11 @@ from ..errors import ClusterError
 from ..fusion.cascade import analyze
 from ..fusion.symbolic import ToTIR
 from ..ir import find_all
-from ..schedule.cluster import CLUSTER_SIZE_KEY
 from ..transform.tma_pipeline import encode_tensor_map
 from .wgmma import WARPGROUP_ROWS, descriptor_source, mma_async_source, wait_source
 
 _NEG = -3.0e38  # the max's identity: finite, so fix(identity, m) is 0 or 1, never inf - inf
 _PANEL = 64  # fp16 columns of one 128-byte swizzle panel
-_CHUNK = 8  # fp16 elements of one 16-byte copy
 _ROW_BYTES = 128
 _ATOM_BYTES = 8 * _ROW_BYTES  # one 8-row swizzle atom
 _WARPS = 4  # one warpgroup per CTA
@@ -73,14 +75,11 @@ class AttentionShape:
 
 @dataclass(frozen=True)
 class AttentionConfig:
-    """``block_n`` keys per tile; ``row_blocks`` 64-row warpgroup blocks of queries per CTA.
-    The default measured fastest or within 6% of it on every suite shape
-    (``bench/results/attention.json``): larger tiles need more registers and shared memory per
-    CTA, and the H100 then holds fewer CTAs to hide one another's latencies."""
+    """``block_n`` keys per tile; ``row_blocks`` 64-row warpgroup blocks of queries per CTA
+    (:func:`default_config` picks them)."""
 
     block_n: int = 64
     row_blocks: int = 1
-    cluster: int = 1  # CTAs of one head sharing each key/value tile (TMA multicast)
 
     @property
     def block_m(self) -> int:
@@ -157,34 +156,29 @@ def _select_parts(value) -> tuple | None:
 def check_config(shape: AttentionShape, c: AttentionConfig) -> None:
     if shape.dim not in HEAD_DIMS:
         raise ClusterError(f"head dim {shape.dim}: the kernel takes {HEAD_DIMS} (64-column swizzle panels)")
-    if replace(c, cluster=1) not in CONFIGS:
+    if c not in CONFIGS:
         raise ClusterError(f"{c}: registers are checked to fit without spills only for {CONFIGS}")
-    if c.cluster not in (1, 2) or (c.cluster > 1 and shape.causal):
-        raise ClusterError(f"cluster={c.cluster}: key/value tiles are shared by clusters of 1 or 2 "
-                           "CTAs, and only without a causal mask (its CTAs see different keys)")
-    if shape.q_len % (c.block_m * c.cluster) or shape.kv_len % c.block_n:
+    if shape.q_len % c.block_m or shape.kv_len % c.block_n:
         raise ClusterError(f"q_len={shape.q_len} / kv_len={shape.kv_len} are not multiples of "
                            f"the {c.block_m} x {c.block_n} tile")
 
 
+def default_config(shape: AttentionShape) -> AttentionConfig:
+    """Tiles of 64 keys and 64 query rows, 128 rows at head dim 128. Larger tiles need more
+    registers and shared memory per CTA, and the H100 then holds fewer CTAs to hide one
+    another's latencies; at head dim 128 a key/value tile is twice the bytes, and sharing it
+    among 128 rows halves the tile reads per row. On the H100 this pick was the fastest or within
+    6% of the fastest on every suite shape (``bench/results/attention.json``)."""
+    return AttentionConfig(row_blocks=2 if shape.dim == 128 else 1)
+
+
 def fuse_attention(func: tirx.PrimFunc, config: AttentionConfig | None = None) -> tvm.IRModule:
-    """The fused kernel of ``func`` (an unfused attention, see :func:`find_attention`) for sm_90a."""
-    c = config or AttentionConfig()
+    """The fused kernel of ``func`` (an unfused attention, see :func:`find_attention`) for sm_90a,
+    in ``config`` or :func:`default_config`'s."""
     shape, correction = find_attention(func)
+    c = config or default_config(shape)
     check_config(shape, c)
     return tvm.IRModule({"main": attention_kernel(shape, c, correction)})
-
-
-def _swizzled(rows: int):
-    """Element offset of 16-byte chunk ``chunk`` of row ``row`` in a tile of ``rows`` rows:
-    64-column panels one after another, each 128-byte swizzled."""
-    per_panel = _PANEL // _CHUNK
-
-    def offset(row, chunk):
-        return (chunk // per_panel * rows * _PANEL + row * _PANEL
-                + tirx.bitwise_xor(chunk % per_panel, row % 8) * _CHUNK)
-
-    return offset
 
 
 def _reg(block: int, frags: int, fragment, half, e):
@@ -206,20 +200,20 @@ def _helpers(shape: AttentionShape, c: AttentionConfig) -> dict[str, tuple[str, 
     D, BN, BM = shape.dim, c.block_n, c.block_m
     steps = _PANEL // 16
     scores, values = f"tvm_dsm_attention_scores_m{BM}n{BN}d{D}", f"tvm_dsm_attention_values_n{BN}d{D}"
-    k_step = f"(k / {steps}) * {{panel}} + (k % {steps}) * 32"
-    scores_step = mma_async_source(
-        scores, BN, "float16", accumulate="k",
-        a=f"{scores}_desc(a_base + {k_step.format(panel=BM * _ROW_BYTES)}, 16, {_ATOM_BYTES})",
-        b=f"{scores}_desc(b_base + {k_step.format(panel=BN * _ROW_BYTES)}, 16, {_ATOM_BYTES})")
-    values_step = mma_async_source(
-        values, D, "float16", b_transposed=True,
-        b=f"{values}_desc(b_base + k * {16 * _ROW_BYTES}, {BN * _ROW_BYTES}, {_ATOM_BYTES})")
+    # Descriptors are formed once per call; a K step adds its byte offset / 16 to the start
+    # address field (shared addresses stay below 2^18 bytes, so the field cannot carry over).
+    k_step = f"((k / {steps}) * {{panel}} + (k % {steps}) * 32) / 16"
+    scores_step = mma_async_source(scores, BN, "float16", accumulate="k",
+                                   a=f"a_desc + {k_step.format(panel=BM * _ROW_BYTES)}",
+                                   b=f"b_desc + {k_step.format(panel=BN * _ROW_BYTES)}")
+    values_step = mma_async_source(values, D, "float16", b_transposed=True,
+                                   b=f"b_desc + k * {16 * _ROW_BYTES // 16}")
 
-    def issue(name, step, steps_total, a_decl):
+    def issue(name, step, steps_total, a_decl, b_lead):
         return descriptor_source(name) + f"""
 __forceinline__ __device__ void {name}(float* d, const half* a, const half* b) {{
   {a_decl}
-  uint32_t b_base = static_cast<uint32_t>(__cvta_generic_to_shared(b));
+  uint64_t b_desc = {name}_desc(static_cast<uint32_t>(__cvta_generic_to_shared(b)), {b_lead}, {_ATOM_BYTES});
   asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");
 #pragma unroll
   for (int k = 0; k < {steps_total}; ++k) {{
@@ -231,10 +225,10 @@ __forceinline__ __device__ void {name}(float* d, const half* a, const half* b) {
     waits = {role: (f"tvm_dsm_attention_wait{regs}", wait_source(f"tvm_dsm_attention_wait{regs}", regs, 0))
              for role, regs in (("wait_scores", BN // 2), ("wait_output", D // 2))}
     return {
-        "scores": (scores, issue(scores, scores_step, D // 16,
-                                 "uint32_t a_base = static_cast<uint32_t>(__cvta_generic_to_shared(a));")),
+        "scores": (scores, issue(scores, scores_step, D // 16, f"uint64_t a_desc = {scores}_desc("
+                                 f"static_cast<uint32_t>(__cvta_generic_to_shared(a)), 16, {_ATOM_BYTES});", 16)),
         "values": (values, issue(values, values_step, BN // 16,
-                                 "const uint32_t* a32 = reinterpret_cast<const uint32_t*>(a);")),
+                                 "const uint32_t* a32 = reinterpret_cast<const uint32_t*>(a);", BN * _ROW_BYTES)),
         **waits,
     }
 
@@ -245,13 +239,11 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: symp
     BM, BN, RB = c.block_m, c.block_n, c.row_blocks
     QT, NT = N // BM, KV // BN
     NF, DF = BN // 16, D // 16  # 16-column fragments of a row block's S and O
-    CH = D // _CHUNK
     SN, ON = RB * NF * 8, RB * DF * 8  # per-thread fp32 registers of S and O
     K_AT, V_AT = BM * D, BM * D + 2 * BN * D  # element offsets of the K and V slots
     SMEM = V_AT + 2 * BN * D + _ATOM_BYTES // 2  # + room to align the tiles to 1024 bytes
     log2e = 1.0 / math.log(2.0)
     scale, causal = shape.scale, shape.causal
-    q_tile, kv_tile = _swizzled(BM), _swizzled(BN)
     h = _helpers(shape, c)
 
     def fix(old, new):
@@ -287,131 +279,111 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: symp
     maps = {name: tirx.Var(f"{name}_tensormap", T.handle("tensormap").ty) for name in "qkv"}
     tile_bytes = {"q": BM * D * 2, "kv": 2 * BN * D * 2}
 
-    CL = c.cluster
-    PANELS = D // _PANEL
-    multicast = ".multicast::cluster" if CL > 1 else ""
-
     def copy(name, panel, dst, row, head, barrier):
-        """The TMA copy of 64-column panel ``panel`` of a tile to shared address ``dst``; key and
-        value tiles land in every CTA of the cluster."""
+        """The TMA copy of 64-column panel ``panel`` of a tile to shared address ``dst``."""
         rows = BM if name == "q" else BN
-        args = [dst + T.Cast("uint32", panel * rows * _PANEL * 2), T.address_of(maps[name]),
-                T.Cast("int32", panel * _PANEL), T.Cast("int32", row), T.Cast("int32", head), barrier]
-        if name == "q" or CL == 1:
-            return T.ptx["cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"](*args)
-        return T.ptx["cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                     + multicast](*args, T.uint16((1 << CL) - 1))
+        return T.ptx["cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"](
+            dst + T.Cast("uint32", panel * rows * _PANEL * 2), T.address_of(maps[name]),
+            T.Cast("int32", panel * _PANEL), T.Cast("int32", row), T.Cast("int32", head), barrier)
 
     @T.prim_func(s_tir=True, check_well_formed=False)
     def fused(q: T.Buffer((H, N, D), "float16"), k: T.Buffer((H, KV, D), "float16"),
               v: T.Buffer((H, KV, D), "float16"), out: T.Buffer((H, N, D), "float16")):
         T.func_attr({"tirx.noalias": True})
-        for cid in T.thread_binding(H * QT // CL, thread="blockIdx.x", annotations={CLUSTER_SIZE_KEY: CL}):
-            for rank in T.thread_binding(CL, thread="clusterCtaIdx.x"):
-                for tx in T.thread_binding(_THREADS, thread="threadIdx.x"):
-                    with T.sblock("attention"):
-                        T.reads()
-                        T.writes()
-                        smem = T.sblock_alloc_buffer((SMEM,), "float16", scope="shared.dyn")
-                        bars = T.sblock_alloc_buffer((3,), "uint64", scope="shared.dyn")
-                        s = T.sblock_alloc_buffer((SN,), "float32", scope="local")
-                        p = T.sblock_alloc_buffer((SN,), "float16", scope="local")
-                        o = T.sblock_alloc_buffer((ON,), "float32", scope="local")
-                        m = T.sblock_alloc_buffer((RB * 2,), "float32", scope="local")
-                        l = T.sblock_alloc_buffer((RB * 2,), "float32", scope="local")
-                        new_max = T.sblock_alloc_buffer((1,), "float32", scope="local")
-                        fixed = T.sblock_alloc_buffer((1,), "float32", scope="local")
-                        bx = T.meta_var(cid * CL + rank)
-                        head = T.meta_var(bx // QT)
-                        qt = T.meta_var(QT - 1 - bx % QT)  # causal: the CTAs with most tiles first
-                        warp = T.meta_var(tx // 32)
-                        lane = T.meta_var(tx % 32)
-                        base = T.int32((_ATOM_BYTES - T.Cast("int32", T.cuda.cvta_generic_to_shared(
-                            smem.access_ptr("r"))) % _ATOM_BYTES) % _ATOM_BYTES // 2)
-                        tiles = T.int32(T.min(((qt + 1) * BM + BN - 1) // BN, NT) if causal else NT)
+        for bx in T.thread_binding(H * QT, thread="blockIdx.x"):
+            for tx in T.thread_binding(_THREADS, thread="threadIdx.x"):
+                with T.sblock("attention"):
+                    T.reads()
+                    T.writes()
+                    smem = T.sblock_alloc_buffer((SMEM,), "float16", scope="shared.dyn")
+                    bars = T.sblock_alloc_buffer((3,), "uint64", scope="shared.dyn")
+                    s = T.sblock_alloc_buffer((SN,), "float32", scope="local")
+                    p = T.sblock_alloc_buffer((SN,), "float16", scope="local")
+                    o = T.sblock_alloc_buffer((ON,), "float32", scope="local")
+                    m = T.sblock_alloc_buffer((RB * 2,), "float32", scope="local")
+                    l = T.sblock_alloc_buffer((RB * 2,), "float32", scope="local")
+                    new_max = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                    fixed = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                    head = T.meta_var(bx // QT)
+                    qt = T.meta_var(QT - 1 - bx % QT)  # causal: the CTAs with most tiles first
+                    warp = T.meta_var(tx // 32)
+                    lane = T.meta_var(tx % 32)
+                    base = T.int32((_ATOM_BYTES - T.Cast("int32", T.cuda.cvta_generic_to_shared(
+                        smem.access_ptr("r"))) % _ATOM_BYTES) % _ATOM_BYTES // 2)
+                    tiles = T.int32(T.min(((qt + 1) * BM + BN - 1) // BN, NT) if causal else NT)
+                    if tx == 0:
+                        for i in T.unroll(3):
+                            T.ptx.mbarrier.init.shared__cta.b64(barrier(bars, i), 1)
+                        T.ptx.fence.mbarrier_init.release.cluster()
+                    T.tvm_storage_sync("shared")
+                    if tx == 0:
+                        T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(barrier(bars, 2), T.uint32(tile_bytes["q"]))
+                        for panel in T.unroll(D // _PANEL):
+                            T.evaluate(copy("q", panel, smem_at(smem, base), qt * BM, head, barrier(bars, 2)))
+                        T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(barrier(bars, 0), T.uint32(tile_bytes["kv"]))
+                        for panel in T.unroll(D // _PANEL):
+                            T.evaluate(copy("k", panel, smem_at(smem, base + K_AT), 0, head, barrier(bars, 0)))
+                        for panel in T.unroll(D // _PANEL):
+                            T.evaluate(copy("v", panel, smem_at(smem, base + V_AT), 0, head, barrier(bars, 0)))
+                    for i in T.unroll(ON):
+                        o[i] = T.float32(0)
+                    for i in T.unroll(RB * 2):
+                        m[i] = T.float32(_NEG)
+                        l[i] = T.float32(0)
+                    T.evaluate(T.cuda.mbarrier_wait(barrier(bars, 2), 0))
+                    for t in range(tiles):
+                        T.tvm_storage_sync("shared")  # every warp is done with tile t - 1's slot
                         if tx == 0:
-                            for i in T.unroll(3):
-                                T.ptx.mbarrier.init.shared__cta.b64(barrier(bars, i), 1)
-                            T.ptx.fence.mbarrier_init.release.cluster()
-                        # every CTA's barriers are initialized before any copy lands in it
-                        T.ptx.barrier.cluster.arrive.release.aligned()
-                        T.ptx.barrier.cluster.wait.acquire.aligned()
-                        if tx == 0:
-                            T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(barrier(bars, 2), T.uint32(tile_bytes["q"]))
-                            for panel in T.unroll(PANELS):
-                                T.evaluate(copy("q", panel, smem_at(smem, base), qt * BM, head, barrier(bars, 2)))
-                            T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(barrier(bars, 0), T.uint32(tile_bytes["kv"]))
-                            for i in T.unroll(2 * PANELS):
-                                if i % CL == rank:
-                                    if i < PANELS:
-                                        T.evaluate(copy("k", i % PANELS, smem_at(smem, base + K_AT), 0, head, barrier(bars, 0)))
-                                    else:
-                                        T.evaluate(copy("v", i % PANELS, smem_at(smem, base + V_AT), 0, head, barrier(bars, 0)))
-                        for i in T.unroll(ON):
-                            o[i] = T.float32(0)
-                        for i in T.unroll(RB * 2):
-                            m[i] = T.float32(_NEG)
-                            l[i] = T.float32(0)
-                        T.evaluate(T.cuda.mbarrier_wait(barrier(bars, 2), 0))
-                        for t in range(tiles):
-                            if t > 0:  # every CTA of the cluster is done with tile t - 1's slot
-                                T.ptx.barrier.cluster.wait.acquire.aligned()
-                            if tx == 0:
-                                if t + 1 < tiles:
-                                    T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(
-                                        barrier(bars, (t + 1) % 2), T.uint32(tile_bytes["kv"]))
-                                    for i in T.unroll(2 * PANELS):
-                                        if i % CL == rank:
-                                            if i < PANELS:
-                                                T.evaluate(copy("k", i % PANELS, smem_at(smem, base + K_AT + (t + 1) % 2 * BN * D),
-                                                                (t + 1) * BN, head, barrier(bars, (t + 1) % 2)))
-                                            else:
-                                                T.evaluate(copy("v", i % PANELS, smem_at(smem, base + V_AT + (t + 1) % 2 * BN * D),
-                                                                (t + 1) * BN, head, barrier(bars, (t + 1) % 2)))
-                            T.evaluate(T.cuda.mbarrier_wait(barrier(bars, t % 2), t // 2 % 2))
-                            for r in T.unroll(RB):
-                                T.evaluate(call("scores", T.address_of(s[r * NF * 8]),
-                                                T.address_of(smem[base + r * WARPGROUP_ROWS * _PANEL]),
-                                                T.address_of(smem[base + K_AT + t % 2 * BN * D])))
-                            T.evaluate(call("wait_scores", T.address_of(s[0])))
-                            for r in T.unroll(RB):
-                                for half in T.unroll(2):
-                                    row = T.meta_var(qt * BM + r * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8)
-                                    if causal:
-                                        if (t + 1) * BN > qt * BM:  # a diagonal tile
-                                            for nf in T.unroll(NF):
-                                                for e in T.unroll(4):
-                                                    s[_reg(r, NF, nf, half, e)] = T.if_then_else(
-                                                        t * BN + _column(nf, e, lane) <= row, s[_reg(r, NF, nf, half, e)],
-                                                        T.float32(float("-inf")))
-                                    new_max[0] = T.max(m[r * 2 + half], T.float32(scale) * quad(
-                                        tirx.max, tree(tirx.max, row_values(s, r, half))))
-                                    fixed[0] = fix(m[r * 2 + half], new_max[0])
-                                    m[r * 2 + half] = new_max[0]
-                                    for df in T.unroll(DF):
-                                        for e in T.unroll(4):
-                                            o[_reg(r, DF, df, half, e)] = o[_reg(r, DF, df, half, e)] * fixed[0]
-                                    for nf in T.unroll(NF):
-                                        for e in T.unroll(4):
-                                            T.ptx["ex2.approx.ftz.f32"](
-                                                s[_reg(r, NF, nf, half, e)],
-                                                s[_reg(r, NF, nf, half, e)] * T.float32(scale * log2e)
-                                                - new_max[0] * T.float32(log2e))
-                                            p[_reg(r, NF, nf, half, e)] = T.Cast("float16", s[_reg(r, NF, nf, half, e)])
-                                    l[r * 2 + half] = l[r * 2 + half] * fixed[0] + tree(plus, row_values(s, r, half))
-                            for r in T.unroll(RB):
-                                T.evaluate(call("values", T.address_of(o[r * DF * 8]), T.address_of(p[r * NF * 8]),
-                                                T.address_of(smem[base + V_AT + t % 2 * BN * D])))
-                            T.evaluate(call("wait_output", T.address_of(o[0])))
-                            T.ptx.barrier.cluster.arrive.release.aligned()  # done with tile t's slot
-                        T.ptx.barrier.cluster.wait.acquire.aligned()  # the last arrive
+                            if t + 1 < tiles:
+                                T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(
+                                    barrier(bars, (t + 1) % 2), T.uint32(tile_bytes["kv"]))
+                                for panel in T.unroll(D // _PANEL):
+                                    T.evaluate(copy("k", panel, smem_at(smem, base + K_AT + (t + 1) % 2 * BN * D),
+                                                    (t + 1) * BN, head, barrier(bars, (t + 1) % 2)))
+                                    T.evaluate(copy("v", panel, smem_at(smem, base + V_AT + (t + 1) % 2 * BN * D),
+                                                    (t + 1) * BN, head, barrier(bars, (t + 1) % 2)))
+                        T.evaluate(T.cuda.mbarrier_wait(barrier(bars, t % 2), t // 2 % 2))
+                        for r in T.unroll(RB):
+                            T.evaluate(call("scores", T.address_of(s[r * NF * 8]),
+                                            T.address_of(smem[base + r * WARPGROUP_ROWS * _PANEL]),
+                                            T.address_of(smem[base + K_AT + t % 2 * BN * D])))
+                        T.evaluate(call("wait_scores", T.address_of(s[0])))
                         for r in T.unroll(RB):
                             for half in T.unroll(2):
-                                fixed[0] = quad(plus, l[r * 2 + half])
+                                row = T.meta_var(qt * BM + r * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8)
+                                if causal:
+                                    if (t + 1) * BN > qt * BM:  # a diagonal tile
+                                        for nf in T.unroll(NF):
+                                            for e in T.unroll(4):
+                                                s[_reg(r, NF, nf, half, e)] = T.if_then_else(
+                                                    t * BN + _column(nf, e, lane) <= row, s[_reg(r, NF, nf, half, e)],
+                                                    T.float32(float("-inf")))
+                                new_max[0] = T.max(m[r * 2 + half], T.float32(scale) * quad(
+                                    tirx.max, tree(tirx.max, row_values(s, r, half))))
+                                fixed[0] = fix(m[r * 2 + half], new_max[0])
+                                m[r * 2 + half] = new_max[0]
                                 for df in T.unroll(DF):
                                     for e in T.unroll(4):
-                                        out[head, qt * BM + r * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8,
-                                            _column(df, e, lane)] = T.Cast("float16", o[_reg(r, DF, df, half, e)] / fixed[0])
+                                        o[_reg(r, DF, df, half, e)] = o[_reg(r, DF, df, half, e)] * fixed[0]
+                                for nf in T.unroll(NF):
+                                    for e in T.unroll(4):
+                                        T.ptx["ex2.approx.ftz.f32"](
+                                            s[_reg(r, NF, nf, half, e)],
+                                            s[_reg(r, NF, nf, half, e)] * T.float32(scale * log2e)
+                                            - new_max[0] * T.float32(log2e))
+                                        p[_reg(r, NF, nf, half, e)] = T.Cast("float16", s[_reg(r, NF, nf, half, e)])
+                                l[r * 2 + half] = l[r * 2 + half] * fixed[0] + tree(plus, row_values(s, r, half))
+                        for r in T.unroll(RB):
+                            T.evaluate(call("values", T.address_of(o[r * DF * 8]), T.address_of(p[r * NF * 8]),
+                                            T.address_of(smem[base + V_AT + t % 2 * BN * D])))
+                        T.evaluate(call("wait_output", T.address_of(o[0])))
+                    for r in T.unroll(RB):
+                        for half in T.unroll(2):
+                            fixed[0] = T.float32(1) / quad(plus, l[r * 2 + half])
+                            for df in T.unroll(DF):
+                                for e in T.unroll(4):
+                                    out[head, qt * BM + r * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8,
+                                        _column(df, e, lane)] = T.Cast("float16", o[_reg(r, DF, df, half, e)] * fixed[0])
 
     host = []
     for name, source in zip("qkv", fused.params):

@@ -94,17 +94,18 @@ def helper_source(name: str, n: int, depth: int, dtype: str) -> str:
     """CUDA of one call: ``depth / 16`` wgmma ``m64n{n}k16``, both operands by descriptor,
     committed as one group, returning with at most that group in flight. Descriptors: 128-byte
     swizzle, 8-row atoms 1024 bytes apart; each K step starts 32 bytes further along the row
-    (the hardware applies the swizzle to the address it forms)."""
+    (the hardware applies the swizzle to the address it forms): the descriptors are formed once
+    and a step adds 32 / 16 to their start address field."""
     ctype = _C_TYPE[dtype]
     warp_rows = TILE * _SWIZZLE_ROW_BYTES  # bytes of one warp's 16 rows of X
     atoms = 8 * _SWIZZLE_ROW_BYTES
-    step = mma_async_source(name, n, dtype, a=f"{name}_desc(a_base + k * {_K_STEP_BYTES}, 16, {atoms})",
-                            b=f"{name}_desc(b_base + k * {_K_STEP_BYTES}, 16, {atoms})")
+    step = mma_async_source(name, n, dtype, a=f"a_desc + k * {_K_STEP_BYTES // 16}",
+                            b=f"b_desc + k * {_K_STEP_BYTES // 16}")
     return descriptor_source(name) + f"""
 __forceinline__ __device__ void {name}(float* d, const {ctype}* a, const {ctype}* b) {{
   uint32_t warp = ((threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x) >> 5;
-  uint32_t a_base = static_cast<uint32_t>(__cvta_generic_to_shared(a)) - (warp & 3) * {warp_rows};
-  uint32_t b_base = static_cast<uint32_t>(__cvta_generic_to_shared(b));
+  uint64_t a_desc = {name}_desc(static_cast<uint32_t>(__cvta_generic_to_shared(a)) - (warp & 3) * {warp_rows}, 16, {atoms});
+  uint64_t b_desc = {name}_desc(static_cast<uint32_t>(__cvta_generic_to_shared(b)), 16, {atoms});
   asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");
 #pragma unroll
   for (int k = 0; k < {depth // TILE}; ++k) {{
