@@ -242,11 +242,12 @@ _WGMMA_OTHER_REGISTERS = 40
 
 
 def check_wgmma(shape: GemmShape, config: SplitKGemmConfig) -> None:
-    """A warpgroup MMA reads its operands from TMA's swizzled K-contiguous tiles, 16-bit, with each
-    of 4 consecutive warps holding 16 rows of a 64-row warpgroup tile and all its columns."""
+    """A warpgroup MMA reads its operands from TMA's swizzled K-contiguous tiles (fp16, bf16 or
+    fp8 e4m3), with each of 4 consecutive warps holding 16 rows of a 64-row warpgroup tile and
+    all its columns."""
     c = config
-    if shape.dtype not in ("float16", "bfloat16"):
-        raise ClusterError(f"wgmma main loops take fp16 or bf16 operands, got {shape.dtype}")
+    if shape.dtype not in ("float16", "bfloat16", FP8):
+        raise ClusterError(f"wgmma main loops take fp16, bf16 or fp8 e4m3 operands, got {shape.dtype}")
     if not c.tma:
         raise ClusterError("wgmma reads the swizzled tiles TMA copies land: needs tma=True")
     if c.block_m % WARPGROUP_ROWS or c.block_n > WGMMA_MAX_N:

@@ -30,10 +30,15 @@ from .tensor_core import TILE, mma
 WARPGROUP_ROWS = 64  # rows of one wgmma: 4 warps x 16
 MAX_N = 256  # wgmma's widest tile
 
-_PTX_TYPE = {"float16": "f16", "bfloat16": "bf16"}
-_C_TYPE = {"float16": "half", "bfloat16": "nv_bfloat16"}
+_PTX_TYPE = {"float16": "f16", "bfloat16": "bf16", "float8_e4m3fn": "e4m3"}
+_C_TYPE = {"float16": "half", "bfloat16": "nv_bfloat16", "float8_e4m3fn": "__nv_fp8_e4m3"}
 _SWIZZLE_ROW_BYTES = 128  # the TMA tile's rows; 8 of them make one swizzle atom
-_K_STEP_BYTES = TILE * 2  # one 16-deep K step of 16-bit elements along a swizzled row
+_K_STEP_BYTES = 32  # one K step along a swizzled row: 16 16-bit or 32 fp8 elements
+
+
+def k_per_step(dtype: str) -> int:
+    """K depth of one wgmma: 32 bytes of the row (k16 for 16-bit types, k32 for fp8)."""
+    return _K_STEP_BYTES // (1 if dtype == "float8_e4m3fn" else 2)
 
 
 def descriptor_source(name: str) -> str:
@@ -51,28 +56,32 @@ __forceinline__ __device__ uint64_t {name}_desc(uint32_t address, uint32_t lead,
 
 def mma_async_source(name: str, n: int, dtype: str, b: str, a: str | None = None, b_transposed: bool = False,
                      accumulate: str = "1") -> str:
-    """One ``wgmma.mma_async m64n{n}k16`` statement accumulating into ``d[0 .. n/2)``. ``b``: C
+    """One ``wgmma.mma_async m64n{n}k{16|32}`` statement accumulating into ``d[0 .. n/2)``. ``b``: C
     expression of B's descriptor; ``a``: of A's, or None for A from registers ``a32[4k .. 4k+3]``
     (the mma.sync A-fragment layout of the warp's 16 rows); ``accumulate``: C expression, 0 to
-    overwrite ``d``; ``b_transposed``: B is MN-major (N contiguous)."""
+    overwrite ``d``; ``b_transposed``: B is MN-major (N contiguous, 16-bit types only: fp8
+    wgmma has no transpose operands and reads both tiles K-major)."""
     regs = n // 2
     ptx = _PTX_TYPE[dtype]
+    fp8 = dtype == "float8_e4m3fn"
+    if fp8 and (b_transposed or a is None):
+        raise ValueError("fp8 wgmma reads both operands K-major from shared memory")
     d_list = ", ".join(f"%{r}" for r in range(regs))
     outputs = ", ".join(f'"+f"(d[{r}])' for r in range(regs))
     if a is None:
         a_operand = "{" + ", ".join(f"%{regs + 1 + i}" for i in range(4)) + "}"
         inputs = [f'"r"(a32[4 * k + {i}])' for i in range(4)]
-        transposes = f"{int(b_transposed)}"
+        transposes = f", {int(b_transposed)}"
     else:
         a_operand = f"%{regs + 1}"
         inputs = [f'"l"({a})']
-        transposes = f"0, {int(b_transposed)}"
+        transposes = "" if fp8 else f", 0, {int(b_transposed)}"
     b_operand = f"%{regs + len(inputs) + 1}"
     inputs = [f'"r"({accumulate})', *inputs, f'"l"({b})']
     return f"""    asm volatile(
       "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs}, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} "
-      "{{{d_list}}}, {a_operand}, {b_operand}, p, 1, 1, {transposes};\\n}}\\n"
+      "wgmma.mma_async.sync.aligned.m64n{n}k{k_per_step(dtype)}.f32.{ptx}.{ptx} "
+      "{{{d_list}}}, {a_operand}, {b_operand}, p, 1, 1{transposes};\\n}}\\n"
       : {outputs}
       : {", ".join(inputs)});
 """
@@ -91,8 +100,9 @@ __forceinline__ __device__ void {name}(float* d) {{
 
 
 def helper_source(name: str, n: int, depth: int, dtype: str) -> str:
-    """CUDA of one call: ``depth / 16`` wgmma ``m64n{n}k16``, both operands by descriptor,
-    committed as one group, returning with at most that group in flight. Descriptors: 128-byte
+    """CUDA of one call: ``depth / k`` wgmma ``m64n{n}k{k}`` (k: :func:`k_per_step`), both
+    operands by descriptor, committed as one group, returning with at most that group in
+    flight. Descriptors: 128-byte
     swizzle, 8-row atoms 1024 bytes apart; each K step starts 32 bytes further along the row
     (the hardware applies the swizzle to the address it forms): the descriptors are formed once
     and a step adds 32 / 16 to their start address field."""
@@ -108,7 +118,7 @@ __forceinline__ __device__ void {name}(float* d, const {ctype}* a, const {ctype}
   uint64_t b_desc = {name}_desc(static_cast<uint32_t>(__cvta_generic_to_shared(b)), 16, {atoms});
   asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");
 #pragma unroll
-  for (int k = 0; k < {depth // TILE}; ++k) {{
+  for (int k = 0; k < {depth // k_per_step(dtype)}; ++k) {{
 {step}  }}
   asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");
   asm volatile("wgmma.wait_group.sync.aligned 1;\\n" ::: "memory");
@@ -120,7 +130,7 @@ def wgmma_intrin(n: int, depth: int, dtype: str) -> str:
     """The tensor intrinsic multiplying a warp's 16 x ``depth`` rows of X by an ``n x depth``
     W tile, both in shared memory, into ``n / 16`` accumulator fragments; registered on first
     use."""
-    if dtype not in _PTX_TYPE or n % TILE or not TILE <= n <= MAX_N or depth % TILE:
+    if dtype not in _PTX_TYPE or n % TILE or not TILE <= n <= MAX_N or depth % k_per_step(dtype):
         raise ValueError(f"no wgmma for {n}x{depth} {dtype} tiles")
     name = f"{HELPER_PREFIX}m64n{n}k{depth}_{_PTX_TYPE[dtype]}"
     if TensorIntrin.get(name, allow_missing=True) is None:
@@ -176,4 +186,4 @@ def _desc_impl(name: str, n: int, depth: int, dtype: str):
 #: them (tvm_dsm.build) has scheduled nothing that would register it.
 for _n in (64, 128, 256):
     for _dtype in _PTX_TYPE:
-        wgmma_intrin(_n, 64, _dtype)
+        wgmma_intrin(_n, _SWIZZLE_ROW_BYTES // (_K_STEP_BYTES // k_per_step(_dtype)), _dtype)
