@@ -650,7 +650,7 @@ def lm_head() -> list[Variant]:
             c = plan.config
             variants.append(Variant(
                 name=f"lm_head_{batch}x{seq}x{hidden}x{vocab}_{c.block_m}x{c.block_n}x{c.block_k}_s{c.stages}"
-                f"{'_tma' if c.tma else ''}",
+                f"{'_tma' if c.tma else ''}{'_wgmma' if c.wgmma else ''}",
                 workload="lm_head_max",
                 mod=schedule_gemm_row_max(func, c).mod,
                 args=args,
