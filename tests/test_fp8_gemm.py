@@ -9,7 +9,7 @@ from conftest import cuda_source
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.hardware import load_hardware
 from tvm_dsm.planners.split_k_gemm import plan_split_k_gemm
-from tvm_dsm.rules.quantized_gemm import schedule_quantized_gemm, shared_bytes
+from tvm_dsm.rules.quantized_gemm import schedule_quantize_then_gemm, schedule_quantized_gemm, shared_bytes
 from tvm_dsm.rules.split_k_gemm import GemmShape, SplitKGemmConfig, schedule_split_k_gemm
 from tvm_dsm.transform.cascaded_reductions import fuse_cascaded_reductions
 from tvm_dsm.transform.cluster_launch import MAX_SMEM_PER_CTA
@@ -44,6 +44,21 @@ def test_quantized_gemm_is_one_kernel_with_the_exact_row_max_through_dsm(assembl
     assemble(source, "quantized_fp8")
 
 
+def test_quantization_then_gemm_is_two_kernels_the_second_on_wgmma(assemble):
+    """The pick for per-token quantization + GEMM: a row-max-and-quantize kernel (one CTA per
+    row, fp8x4 stores), then the fp8 GEMM reading the quantized X by TMA on k32 warpgroup MMAs,
+    launched programmatically behind it."""
+    config = SplitKGemmConfig(2, 64, 128, 128, 4, 1, 4, tma=True, wgmma=True, programmatic_launch=True)
+    source = cuda_source(schedule_quantize_then_gemm(quantized_dense(128, 512, 2048), config).mod)
+    assert source.count("__global__") == 4  # two kernels, each declared and defined
+    quantize, gemm = source.split("extern \"C\" __global__")[3:5]
+    assert "fabsf" in quantize and "__nv_fp8x4_e4m3" in quantize and "wgmma" not in quantize
+    assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in source
+    assert "Xq_tensormap" in gemm and "amax_global" in gemm  # TMA reads Xq; the scale's source
+    assert "griddepcontrol.wait" in source
+    assemble(source, "quantize_then_gemm")
+
+
 @pytest.mark.parametrize(
     ("func", "schedule", "config", "message"),
     [
@@ -53,6 +68,8 @@ def test_quantized_gemm_is_one_kernel_with_the_exact_row_max_through_dsm(assembl
          SplitKGemmConfig(2, 64, 64, 48, 2, 2, 3), "16x16x32"),
         (quantized_dense(128, 256, 1024), schedule_quantized_gemm,
          SplitKGemmConfig(8, 64, 64, 32, 2, 2, 3), "fewer than 32 lanes"),
+        (quantized_dense(128, 256, 1536), schedule_quantize_then_gemm,
+         SplitKGemmConfig(2, 64, 128, 128, 4, 1, 4, tma=True, wgmma=True), "multiple of 1024"),
         (quantized_dense(256, 256, 8192), schedule_quantized_gemm,
          SplitKGemmConfig(1, 128, 256, 128, 2, 4, 4), "fp16 and fp8 X tiles"),
         (dense(128, 256, 512), schedule_quantized_gemm, SMALL, "a quantized GEMM is"),

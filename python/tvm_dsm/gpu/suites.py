@@ -17,7 +17,7 @@ from ..planners.split_k_gemm import plan_split_k_gemm, predict
 from ..rules import SplitKReductionConfig, schedule_split_k_reduction
 from ..rules.split_k_gemm import GemmShape, SplitKGemmConfig, check_config, schedule_split_k_gemm
 from ..workloads.dense import dense, gated_dense, quantized_dense, scaled_dense
-from ..rules.quantized_gemm import schedule_quantized_gemm
+from ..rules.quantized_gemm import schedule_quantize_then_gemm, schedule_quantized_gemm
 from ..errors import ClusterError
 from ..planners.cascade_split import plan_cascade_split
 from ..planners.fused_chain import plan_chain, schedule_chain
@@ -718,33 +718,57 @@ FP8_SHAPES = [(128, 4096, 4096), (4096, 4096, 4096), (128, 14336, 4096), (128, 4
 
 def fp8() -> list[Variant]:
     """fp8 e4m3 GEMMs with per-token and per-channel scales (tvm_dsm.rules.split_k_gemm) and
-    per-token FP8 quantization fused into them (tvm_dsm.rules.quantized_gemm): the planner's
-    top 3 configurations per shape."""
+    per-token FP8 quantization + GEMM (tvm_dsm.rules.quantized_gemm): two kernels (the pick:
+    the fp8 planner's top configurations that fit beside the epilogue's tile) and the fused
+    exact kernel (its planner's top 3)."""
     hw = load_hardware()
     variants = []
     for (m, n, k), quantized in itertools.product(FP8_SHAPES, (False, True)):
         if not quantized and (m, n, k) not in FP8_SHAPES[:2]:
             continue
         func = quantized_dense(m, n, k) if quantized else scaled_dense(m, n, k)
-        schedule = schedule_quantized_gemm if quantized else schedule_split_k_gemm
         args = _args(func)
         for a in args:  # scales: positive, around 1
             a["positive"] = a["dtype"] == "float32"
-        plans = plan_split_k_gemm(GemmShape(m, n, k, True, "float8_e4m3fn"), hw, quantized)
-        for rank, plan in enumerate(plans[:3]):
+        fp8_shape = GemmShape(m, n, k, True, "float8_e4m3fn")
+        candidates = [("", schedule_split_k_gemm, plan) for plan in plan_split_k_gemm(fp8_shape, hw)[:3]]
+        if quantized:
+            candidates = [("two_kernels_", schedule_quantize_then_gemm, plan) for plan in _fitting(
+                func, schedule_quantize_then_gemm, plan_split_k_gemm(fp8_shape, hw), 2)]
+            candidates += [("", schedule_quantized_gemm, plan) for plan in plan_split_k_gemm(fp8_shape, hw, True)[:3]]
+        for rank, (form, schedule, plan) in enumerate(candidates):
             c = plan.config
             variants.append(Variant(
-                name=f"{'quant_' if quantized else ''}fp8_{m}x{n}x{k}_c{c.cluster_size}_"
+                name=f"{'quant_' if quantized else ''}fp8_{m}x{n}x{k}_{form}c{c.cluster_size}_"
                 f"{c.block_m}x{c.block_n}x{c.block_k}_s{c.stages}{'_tma' if c.tma else ''}",
                 workload="quantized_dense" if quantized else "scaled_dense",
                 mod=schedule(func, c).mod,
                 args=args,
                 bytes=_nbytes(args),
                 flops=2 * m * n * k,
-                plan={**vars(c), "plan_rank": rank, "planner": rank == 0, "predicted_us": plan.predicted_us},
+                plan={**vars(c), "plan_rank": rank, "planner": rank == 0, "predicted_us": plan.predicted_us,
+                      "form": form.rstrip("_") or "one_kernel"},
                 extra={"m": m, "n": n, "k": k, "quantized": quantized},
             ))
     return variants
+
+
+_SM90A = {"kind": "cuda", "arch": "sm_90a"}
+
+
+def _fitting(func, schedule, plans: list, count: int) -> list:
+    """The first ``count`` of ``plans`` whose schedule builds (an epilogue of its own thread
+    loops keeps the output tile in shared memory, which the largest tiles overflow)."""
+    fitting = []
+    for plan in plans:
+        try:
+            tvm.compile(schedule(func, plan.config).mod, target=tvm.target.Target(_SM90A, host="llvm"))
+        except ClusterError:
+            continue
+        fitting.append(plan)
+        if len(fitting) == count:
+            break
+    return fitting
 
 
 def _launched(variant: Variant, programmatically: bool) -> Variant:

@@ -37,7 +37,9 @@ from ..rules.split_k_gemm import (
 )
 from .report import Plan
 
-#: Dense fp16 mma.sync throughput of an H100 SXM (FLOP/s); fp8 (m16n8k32) doubles it.
+#: Dense fp16 mma.sync throughput of an H100 SXM (FLOP/s). fp8 m16n8k32 doubles it on paper,
+#: but ldmatrix cannot transpose 8-bit tiles and fp8 4096^3 ran at 324 TFLOP/s (424 us,
+#: bench/results/fp8.json before session 12), so fp8 mma.sync is counted at this rate too.
 MMA_SYNC_PEAK = 660e12
 #: Dense fp16 warpgroup-MMA throughput (the H100 SXM's tensor-core peak). The same 4096^3
 #: tiles ran 1.49x faster with wgmma than with mma.sync (bench/results/gemm_wgmma.json), the
@@ -164,7 +166,7 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
         "l2": traffic["l2"] / (hw.l2_bw * stream * min(1.0, SM_HEADROOM * busy_sms / hw.sm_count))
         * tail,
         "dsm": traffic["dsm"] / hw.dsm_bw(s) if s > 1 else 0.0,
-        "mma": flops / ((WGMMA_PEAK if c.wgmma else MMA_SYNC_PEAK) * 2 / elem
+        "mma": flops / ((WGMMA_PEAK * 2 / elem if c.wgmma else MMA_SYNC_PEAK)
                         * min(1.0, busy_sms / hw.sm_count)) * tail,
         "pipeline": k_steps * waves * latency / lookahead,
     }

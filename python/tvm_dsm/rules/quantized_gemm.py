@@ -14,6 +14,14 @@ function exactly, in one kernel with two passes over each CTA's K slice:
    feed ``mma.sync.m16n8k32.e4m3``; the reduce-scatter's epilogue applies both scales.
 
 The second read of the slice mostly hits L2 (X is M x K fp16, re-read by every column of tiles).
+
+:func:`schedule_quantize_then_gemm` computes the same function in two kernels instead: one CTA
+per row takes the row max and writes the quantized row (fp8) and its max to global memory, then
+the fp8 GEMM reads Xq by TMA on warpgroup MMAs, launched programmatically behind the first.
+The fused kernel repeats the row max and the quantization for every column of tiles and
+cannot use TMA or wgmma (its X tiles are computed in shared memory); on the H100 the two
+kernels ran 2.1-3.6x faster (best against best) on every shape of the fp8 suite
+(bench/results/fp8.json), so they are the pick.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from ..schedule import bind_cluster_nest, bind_rank, place_in_dsm
 from .split_k_gemm import (
     GemmShape,
     SplitKGemmConfig,
+    apply_split_k_gemm,
     check_config,
     find_gemm_operands,
     split_k_main_loops,
@@ -129,6 +138,43 @@ def schedule_quantized_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig) -> s_
     sch.transform_layout(gemm, ("write", 0), lambda i, j: (i % (c.block_m // s), j % c.block_n),
                          assume_injective_transform=True)
     _schedule_row_max(sch, row_maxes, c)
+    return sch
+
+
+#: Threads of the quantization kernel (one CTA per row) and the elements each handles at once.
+QUANTIZE_THREADS = 256
+QUANTIZE_VECTOR = 4  # CUDA has float4 and fp8x4 types
+
+
+def schedule_quantize_then_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig) -> s_tir.Schedule:
+    """Schedule ``func`` (row max, scale, quantize, fp8 GEMM, epilogue) as two kernels (see the
+    module docstring); ``config``: the fp8 GEMM's, e.g. :func:`~tvm_dsm.planners.split_k_gemm.
+    plan_split_k_gemm`'s pick for the fp8 shape."""
+    sch = s_tir.Schedule(func)
+    blocks, shape = find_quantized_gemm(sch)
+    row_max, quantize = blocks["row_max"], blocks["quantize"]
+    if shape.k % (QUANTIZE_THREADS * QUANTIZE_VECTOR):
+        raise ClusterError(f"K={shape.k}: the quantization kernel takes rows of a multiple of "
+                           f"{QUANTIZE_THREADS * QUANTIZE_VECTOR} elements")
+    # The GEMM's epilogue reads what the first kernel computes: its own thread loops.
+    apply_split_k_gemm(sch, [blocks["gemm"]], blocks["epilogue"], shape, config, in_registers=False)
+    # ... including the row max, which the first kernel keeps in shared memory: a global copy.
+    output = blocks["epilogue"][-1]
+    amax = sch.get(row_max).writes[0].source
+    index = [r.source.same_as(amax) for r in sch.get(output).reads].index(True)
+    copy = sch.cache_read(output, index, "global", consumer_blocks=[output])
+    row, k = sch.get_loops(row_max)
+    sch.bind(row, "blockIdx.x")
+    _, lanes, _ = sch.split(k, [None, QUANTIZE_THREADS, QUANTIZE_VECTOR])
+    sch.bind(lanes, "threadIdx.x")  # each thread's max, then over the CTA (TVM's allreduce)
+    sch.set_scope(row_max, 0, "shared")
+    for block in (*blocks["scales"], copy, quantize):
+        sch.reverse_compute_at(block, row)
+    for scale in blocks["scales"]:
+        sch.set_scope(scale, 0, "shared")
+    _, lanes, vector = sch.split(sch.get_loops(quantize)[-1], [None, QUANTIZE_THREADS, QUANTIZE_VECTOR])
+    sch.bind(lanes, "threadIdx.x")
+    sch.vectorize(vector)
     return sch
 
 
