@@ -18,7 +18,7 @@ Why this shape: the scores never leave registers. The wgmma accumulator of a war
 is laid out like mma.sync's 16x16 fragments, so the fp16 probabilities are already the A operand
 of the second product (FlashAttention-2's trick), and a row's reductions are two quad shuffles.
 The previous design staged S_t and P_t through shared memory with one thread per row and ran
-at 0.11-0.14x of SDPA; on the H100 this one measured 3.5-9x faster
+at 0.11-0.14x of SDPA; on the H100 this one measured 5.4-13x faster
 (``bench/results/attention.json``).
 
 Q, then key and value tiles, arrive by TMA tensor copies (one thread issues them; they complete
