@@ -103,3 +103,13 @@ def test_gpu_matches_float64(causal, kv_len, dim, config):
     module(*(tvm.runtime.tensor(a, dev) for a in (q, k, v)), out)
     ref = _reference(q, k, v, find_attention(func)[0].scale, causal)
     assert np.linalg.norm(out.numpy() - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def test_tutorial_proves_fuses_and_assembles(capsys):
+    from conftest import run_tutorial
+
+    out = run_tutorial("attention", capsys)
+    assert "fusible: every level is separable" in out
+    assert "correction exp(-y0_new + y0_old)" in out
+    assert "warpgroup MMAs: 2" in out
+    assert "nvcc sm_90a: assembles" in out or "skipped (no nvcc)" in out
