@@ -731,11 +731,12 @@ def fp8() -> list[Variant]:
         for a in args:  # scales: positive, around 1
             a["positive"] = a["dtype"] == "float32"
         fp8_shape = GemmShape(m, n, k, True, "float8_e4m3fn")
-        candidates = [("", schedule_split_k_gemm, plan) for plan in plan_split_k_gemm(fp8_shape, hw)[:3]]
         if quantized:
             candidates = [("two_kernels_", schedule_quantize_then_gemm, plan) for plan in _fitting(
                 func, schedule_quantize_then_gemm, plan_split_k_gemm(fp8_shape, hw), 2)]
             candidates += [("", schedule_quantized_gemm, plan) for plan in plan_split_k_gemm(fp8_shape, hw, True)[:3]]
+        else:
+            candidates = [("", schedule_split_k_gemm, plan) for plan in plan_split_k_gemm(fp8_shape, hw)[:3]]
         for rank, (form, schedule, plan) in enumerate(candidates):
             c = plan.config
             variants.append(Variant(

@@ -203,10 +203,10 @@ def _helpers(shape: AttentionShape, c: AttentionConfig) -> dict[str, tuple[str, 
     # Descriptors are formed once per call; a K step adds its byte offset / 16 to the start
     # address field (shared addresses stay below 2^18 bytes, so the field cannot carry over).
     k_step = f"((k / {steps}) * {{panel}} + (k % {steps}) * 32) / 16"
-    scores_step = mma_async_source(scores, BN, "float16", accumulate="k",
+    scores_step = mma_async_source(BN, "float16", accumulate="k",
                                    a=f"a_desc + {k_step.format(panel=BM * _ROW_BYTES)}",
                                    b=f"b_desc + {k_step.format(panel=BN * _ROW_BYTES)}")
-    values_step = mma_async_source(values, D, "float16", b_transposed=True,
+    values_step = mma_async_source(D, "float16", b_transposed=True,
                                    b=f"b_desc + k * {16 * _ROW_BYTES // 16}")
 
     def issue(name, step, steps_total, a_decl, b_lead):

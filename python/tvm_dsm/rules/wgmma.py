@@ -13,10 +13,15 @@ and the intrinsic is the per-warp 16 x N x K step:
   X descriptor starts at its warpgroup's first row, 16 rows per warp before its own;
 - the accumulator is TVM's warp-scope fragment buffer, N/16 fragments of 16x16.
 
-Each call issues the K/16 multiplies as one group and returns with at most that group in
-flight (``wait_group 1``): the multiply of step k overlaps the barrier, the next tile's copy
-and wait of step k+1. The TMA pass keeps that legal: it refills a slot two steps after its
-multiply was issued instead of one, and waits for every group after the loop.
+Each call issues the K/16 multiplies (fp8 e4m3: K/32 of ``m64nNk32``) as one group and
+returns with at most that group in flight (``wait_group 1``): the multiply of step k overlaps
+the barrier, the next tile's copy and wait of step k+1. The TMA pass keeps that legal: it
+refills a slot two steps after its multiply was issued instead of one, and waits for every
+group after the loop. fp8 calls wait for their group and add it to the accumulator in fp32
+(see :func:`helper_source`).
+
+The descriptor and MMA statement builders here also serve the attention kernel
+(:mod:`tvm_dsm.rules.attention`: A from registers, B MN-major).
 """
 
 from __future__ import annotations
@@ -47,20 +52,20 @@ def descriptor_source(name: str) -> str:
     dimension (1024 for rows of 128 bytes); ``lead``: bytes between the 64-element column panels of
     an MN-major tile (ignored for K-major tiles, whose K steps stay inside one panel)."""
     return f"""
-__forceinline__ __device__ uint64_t {name}_desc(uint32_t address, uint32_t lead, uint32_t stride) {{{{
+__forceinline__ __device__ uint64_t {name}_desc(uint32_t address, uint32_t lead, uint32_t stride) {{
   return (uint64_t)((address & 0x3FFFF) >> 4) | ((uint64_t)(lead >> 4) << 16)
        | ((uint64_t)(stride >> 4) << 32) | ((uint64_t)1 << 62);
-}}}}
-""".replace("{{", "{").replace("}}", "}")
+}}
+"""
 
 
-def mma_async_source(name: str, n: int, dtype: str, b: str, a: str | None = None, b_transposed: bool = False,
+def mma_async_source(n: int, dtype: str, b: str, a: str | None = None, b_transposed: bool = False,
                      accumulate: str = "1", acc: str = "d") -> str:
-    """One ``wgmma.mma_async m64n{n}k{16|32}`` statement accumulating into ``d[0 .. n/2)``. ``b``: C
-    expression of B's descriptor; ``a``: of A's, or None for A from registers ``a32[4k .. 4k+3]``
-    (the mma.sync A-fragment layout of the warp's 16 rows); ``accumulate``: C expression, 0 to
-    overwrite ``acc`` (``d`` unless named); ``b_transposed``: B is MN-major (N contiguous, 16-bit types only: fp8
-    wgmma has no transpose operands and reads both tiles K-major)."""
+    """One ``wgmma.mma_async m64n{n}k{16|32}`` statement accumulating into ``acc[0 .. n/2)``.
+    ``b``: C expression of B's descriptor; ``a``: of A's, or None for A from registers
+    ``a32[4k .. 4k+3]`` (the mma.sync A-fragment layout of the warp's 16 rows); ``accumulate``:
+    C expression, 0 to overwrite ``acc``; ``b_transposed``: B is MN-major (N contiguous; 16-bit
+    types only: fp8 wgmma has no transpose operands and reads both tiles K-major)."""
     regs = n // 2
     ptx = _PTX_TYPE[dtype]
     fp8 = dtype == "float8_e4m3fn"
@@ -110,7 +115,7 @@ def helper_source(name: str, n: int, depth: int, dtype: str) -> str:
     warp_rows = TILE * _SWIZZLE_ROW_BYTES  # bytes of one warp's 16 rows of X
     atoms = 8 * _SWIZZLE_ROW_BYTES
     fp8 = dtype == "float8_e4m3fn"
-    step = mma_async_source(name, n, dtype, a=f"a_desc + k * {_K_STEP_BYTES // 16}",
+    step = mma_async_source(n, dtype, a=f"a_desc + k * {_K_STEP_BYTES // 16}",
                             b=f"b_desc + k * {_K_STEP_BYTES // 16}",
                             **({"accumulate": "k", "acc": "t"} if fp8 else {}))
     if fp8:
