@@ -70,6 +70,8 @@ def test_quantization_then_gemm_is_two_kernels_the_second_on_wgmma(assemble):
          SplitKGemmConfig(8, 64, 64, 32, 2, 2, 3), "fewer than 32 lanes"),
         (quantized_dense(128, 256, 1536), schedule_quantize_then_gemm,
          SplitKGemmConfig(2, 64, 128, 128, 4, 1, 4, tma=True, wgmma=True), "multiple of 1024"),
+        (quantized_dense(128, 4096, 4096), schedule_quantize_then_gemm,
+         SplitKGemmConfig(2, 128, 256, 128, 2, 4, 4, tma=True), "the GEMM kernel needs"),
         (quantized_dense(256, 256, 8192), schedule_quantized_gemm,
          SplitKGemmConfig(1, 128, 256, 128, 2, 4, 4), "fp16 and fp8 X tiles"),
         (dense(128, 256, 512), schedule_quantized_gemm, SMALL, "a quantized GEMM is"),

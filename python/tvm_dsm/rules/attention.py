@@ -52,7 +52,7 @@ from ..fusion.cascade import analyze
 from ..fusion.symbolic import ToTIR
 from ..ir import find_all
 from ..transform.tma_pipeline import encode_tensor_map
-from .wgmma import WARPGROUP_ROWS, descriptor_source, mma_async_source, wait_source
+from .wgmma import WARPGROUP_ROWS, call_source, mma_async_source, wait_source
 
 _NEG = -3.0e38  # the max's identity: finite, so fix(identity, m) is 0 or 1, never inf - inf
 _PANEL = 64  # fp16 columns of one 128-byte swizzle panel
@@ -209,18 +209,10 @@ def _helpers(shape: AttentionShape, c: AttentionConfig) -> dict[str, tuple[str, 
     values_step = mma_async_source(D, "float16", b_transposed=True,
                                    b=f"b_desc + k * {16 * _ROW_BYTES // 16}")
 
-    def issue(name, step, steps_total, a_decl, b_lead):
-        return descriptor_source(name) + f"""
-__forceinline__ __device__ void {name}(float* d, const half* a, const half* b) {{
-  {a_decl}
-  uint64_t b_desc = {name}_desc(static_cast<uint32_t>(__cvta_generic_to_shared(b)), {b_lead}, {_ATOM_BYTES});
-  asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");
-#pragma unroll
-  for (int k = 0; k < {steps_total}; ++k) {{
-{step}  }}
-  asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");
-}}
-"""
+    def issue(name, step, steps, a_setup, b_lead):
+        b_setup = (f"  uint64_t b_desc = {name}_desc(static_cast<uint32_t>(__cvta_generic_to_shared(b)), "
+                   f"{b_lead}, {_ATOM_BYTES});")
+        return call_source(name, "half", f"  {a_setup}\n{b_setup}", steps, step)
 
     waits = {role: (f"tvm_dsm_attention_wait{regs}", wait_source(f"tvm_dsm_attention_wait{regs}", regs, 0))
              for role, regs in (("wait_scores", BN // 2), ("wait_output", D // 2))}
@@ -275,7 +267,6 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: symp
     def smem_at(smem, elem):  # shared address of element ``elem``
         return T.cuda.cvta_generic_to_shared(smem.access_ptr("r")) + T.Cast("uint32", elem * 2)
 
-
     maps = {name: tirx.Var(f"{name}_tensormap", T.handle("tensormap").ty) for name in "qkv"}
     tile_bytes = {"q": BM * D * 2, "kv": 2 * BN * D * 2}
 
@@ -323,7 +314,6 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: symp
                         T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(barrier(bars, 0), T.uint32(tile_bytes["kv"]))
                         for panel in T.unroll(D // _PANEL):
                             T.evaluate(copy("k", panel, smem_at(smem, base + K_AT), 0, head, barrier(bars, 0)))
-                        for panel in T.unroll(D // _PANEL):
                             T.evaluate(copy("v", panel, smem_at(smem, base + V_AT), 0, head, barrier(bars, 0)))
                     for i in T.unroll(ON):
                         o[i] = T.float32(0)

@@ -39,6 +39,7 @@ from .split_k_gemm import (
     SplitKGemmConfig,
     apply_split_k_gemm,
     check_config,
+    check_epilogue_in_shared,
     find_gemm_operands,
     split_k_main_loops,
     sum_partials,
@@ -156,6 +157,8 @@ def schedule_quantize_then_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig) -
     if shape.k % (QUANTIZE_THREADS * QUANTIZE_VECTOR):
         raise ClusterError(f"K={shape.k}: the quantization kernel takes rows of a multiple of "
                            f"{QUANTIZE_THREADS * QUANTIZE_VECTOR} elements")
+    check_config(shape, config)
+    check_epilogue_in_shared(shape, config, "the GEMM kernel")
     # The GEMM's epilogue reads what the first kernel computes: its own thread loops.
     apply_split_k_gemm(sch, [blocks["gemm"]], blocks["epilogue"], shape, config, in_registers=False)
     # ... including the row max, which the first kernel keeps in shared memory: a global copy.

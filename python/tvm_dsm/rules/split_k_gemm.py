@@ -235,6 +235,16 @@ def check_tma(shape: GemmShape, config: SplitKGemmConfig) -> None:
         raise ClusterError(f"TMA copies at most {TMA_MAX_BOX} rows per tile")
 
 
+def check_epilogue_in_shared(shape: GemmShape, config: SplitKGemmConfig, kernel: str) -> None:
+    """An epilogue with thread loops of its own (``apply_split_k_gemm(..., in_registers=False)``,
+    for one that reads what another kernel computes) reads the sums from shared memory beside
+    the pipeline; ClusterError if ``kernel`` would need more than a CTA has."""
+    needed = config.shared_bytes(shape.dtype, shape.products) + config.block_m * config.block_n * 4
+    if needed > MAX_SMEM_PER_CTA:
+        raise ClusterError(f"{kernel} needs {needed} B of shared memory per CTA (pipeline and the "
+                           f"sums its epilogue reads), more than {MAX_SMEM_PER_CTA} B")
+
+
 #: Registers of an SM, and what a wgmma main loop's thread holds besides its block_n / 2 fp32
 #: accumulators (addresses, descriptors, loop state; ptxas: 90 in all for 256x128 tiles).
 _REGISTERS_PER_SM = 65536

@@ -40,10 +40,9 @@ from dataclasses import dataclass
 from tvm import s_tir, tirx
 
 from ..errors import ClusterError
-from ..transform.cluster_launch import MAX_SMEM_PER_CTA
 from ..transform.programmatic_launch import launch_programmatically
 from .fused_chain import ChainShape, find_chain
-from .split_k_gemm import GemmShape, SplitKGemmConfig, apply_split_k_gemm, check_config
+from .split_k_gemm import GemmShape, SplitKGemmConfig, apply_split_k_gemm, check_config, check_epilogue_in_shared
 
 
 @dataclass(frozen=True)
@@ -75,12 +74,7 @@ def check_unfused_config(shape: ChainShape, config: UnfusedChainConfig) -> None:
     check_config(second, config.gemm1)
     if apart:
         check_config(first, config.gate)
-        up = config.gemm0
-        # The up kernel's epilogue has thread loops of its own: its sums wait in shared memory.
-        needed = up.shared_bytes() + up.block_m * up.block_n * 4
-        if needed > MAX_SMEM_PER_CTA:
-            raise ClusterError(f"the up kernel needs {needed} B of shared memory per CTA (pipeline "
-                               f"and the sums its epilogue reads), more than {MAX_SMEM_PER_CTA} B")
+        check_epilogue_in_shared(first, config.gemm0, "the up kernel")
 
 
 def schedule_unfused_chain(func: tirx.PrimFunc, config: UnfusedChainConfig) -> s_tir.Schedule:

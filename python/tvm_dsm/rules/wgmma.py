@@ -104,6 +104,22 @@ __forceinline__ __device__ void {name}(float* d) {{
 """
 
 
+def call_source(name: str, ctype: str, setup: str, steps: int, step: str, finish: str = "") -> str:
+    """CUDA of ``{name}(d, a, b)`` (with its descriptor function): ``setup`` (descriptors and
+    registers), ``wgmma.fence``, ``steps`` MMA statements ``step`` (a C statement of ``k``)
+    committed as one group, then ``finish`` (waits)."""
+    return descriptor_source(name) + f"""
+__forceinline__ __device__ void {name}(float* d, const {ctype}* a, const {ctype}* b) {{
+{setup}
+  asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");
+#pragma unroll
+  for (int k = 0; k < {steps}; ++k) {{
+{step}  }}
+  asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");
+{finish}}}
+"""
+
+
 def helper_source(name: str, n: int, depth: int, dtype: str) -> str:
     """CUDA of one call: ``depth / k`` wgmma ``m64n{n}k{k}`` (k: :func:`k_per_step`), both
     operands by descriptor, committed as one group, returning with at most that group in
@@ -129,25 +145,16 @@ def helper_source(name: str, n: int, depth: int, dtype: str) -> str:
   for (int r = 0; r < {n // 2}; ++r) {{
     asm volatile("" : "+f"(t[r]) :: "memory");
     d[r] += t[r];
-  }}"""
-        declare = f"float t[{n // 2}];"
-    else:
-        finish = """  asm volatile("wgmma.wait_group.sync.aligned 1;\\n" ::: "memory");"""
-        declare = ""
-    return descriptor_source(name) + f"""
-__forceinline__ __device__ void {name}(float* d, const {ctype}* a, const {ctype}* b) {{
-  uint32_t warp = ((threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x) >> 5;
-  uint64_t a_desc = {name}_desc(static_cast<uint32_t>(__cvta_generic_to_shared(a)) - (warp & 3) * {warp_rows}, 16, {atoms});
-  uint64_t b_desc = {name}_desc(static_cast<uint32_t>(__cvta_generic_to_shared(b)), 16, {atoms});
-  {declare}
-  asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");
-#pragma unroll
-  for (int k = 0; k < {depth // k_per_step(dtype)}; ++k) {{
-{step}  }}
-  asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");
-{finish}
-}}
+  }}
 """
+        accumulators = f"\n  float t[{n // 2}];"
+    else:
+        finish = """  asm volatile("wgmma.wait_group.sync.aligned 1;\\n" ::: "memory");\n"""
+        accumulators = ""
+    setup = f"""  uint32_t warp = ((threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x) >> 5;
+  uint64_t a_desc = {name}_desc(static_cast<uint32_t>(__cvta_generic_to_shared(a)) - (warp & 3) * {warp_rows}, 16, {atoms});
+  uint64_t b_desc = {name}_desc(static_cast<uint32_t>(__cvta_generic_to_shared(b)), 16, {atoms});{accumulators}"""
+    return call_source(name, ctype, setup, depth // k_per_step(dtype), step, finish)
 
 
 def wgmma_intrin(n: int, depth: int, dtype: str) -> str:
