@@ -23,6 +23,8 @@ from .planners.gemm_row_max import plan_gemm_row_max, row_max_shape
 from .planners.report import Plan
 from .planners.split_k import plan_split_k_reduction
 from .planners.split_k_gemm import plan_split_k_gemm
+from .rules.conv_chain import (ConvChainConfig, ConvChainPlan, ConvChainShape, conv_kernels, copies,
+                               find_conv_chain, gemm_view)
 from .rules.fused_chain import find_chain, schedule_fused_chain
 from .rules.gemm_row_max import schedule_gemm_row_max
 from .rules.split_k_gemm import find_gemm, schedule_split_k_gemm
@@ -80,6 +82,51 @@ def _schedule_chain(func: tirx.PrimFunc, config) -> s_tir.Schedule:
     return schedule_fused_chain(func, config)
 
 
+def _conv_sizes(shape: ConvChainShape) -> list[tuple[int, int]]:
+    """The GEMM input sizes (rows, depth) tried, in order: the pixels and window rounded up to
+    the 16-row and 32-column granules of the GEMM tiles, then a depth of at least 3 pipeline
+    steps of 32 (a 1x1 chain over 64 channels has 2)."""
+    rows, depth = -(-shape.pixels // 16) * 16, -(-shape.depth // 32) * 32
+    return list(dict.fromkeys([(rows, depth), (rows, max(depth, 96))]))
+
+
+def _copies_by_tma(config) -> bool:
+    """Whether every main loop of a chain configuration copies its operands by TMA: after a
+    gather kernel the cp.async ones do not lower (TVM's async-copy injection fails on the
+    workspace views; measured on C1 and C5)."""
+    loops = [config.gemm0, config.gemm1, config.gate] if isinstance(config, UnfusedChainConfig) else [config]
+    return all(c is None or c.tma for c in loops)
+
+
+def _rank_conv_chains(shape: ConvChainShape, hw: Hardware) -> list[Plan]:
+    """The chain family's plans for the pixel matrix (:mod:`tvm_dsm.rules.conv_chain`) at the
+    first input size any configuration fits, each with its gather kernels' HBM time added."""
+    reasons = []
+    for rows, depth in _conv_sizes(shape):
+        try:
+            plans = [p for p in _rank_chains(_chain_shape(gemm_view(shape, rows, depth)), hw)
+                     if not copies(shape, rows, depth) or _copies_by_tma(p.config)]
+            if not plans:
+                raise ClusterError("no configuration copies its operands by TMA (needed after a gather)")
+        except ClusterError as err:
+            reasons.append(f"{rows}x{depth}: {err}")
+            continue
+        moved = sum(copies(shape, rows, depth).values())
+        extra = ({"bytes": {"gather": moved}, "seconds": {"gather": moved / hw.hbm_bw}} if moved
+                 else {"bytes": {}, "seconds": {}})
+        return sorted((ConvChainPlan(bytes={**extra["bytes"], **p.bytes}, seconds={**extra["seconds"], **p.seconds},
+                                     predicted_us=p.predicted_us + moved / hw.hbm_bw * 1e6,
+                                     config=ConvChainConfig(p.config, rows, depth), chain=p) for p in plans),
+                      key=lambda p: p.predicted_us)
+    raise ClusterError("no GEMM chain schedule fits the convolution chain's pixel matrix: " + "; ".join(reasons))
+
+
+def _schedule_conv_chain(func: tirx.PrimFunc, config: ConvChainConfig) -> s_tir.Schedule:
+    shape = find_conv_chain(func)
+    chain = _schedule_chain(gemm_view(shape, config.rows, config.depth), config.chain).mod["main"]
+    return s_tir.Schedule(conv_kernels(func, shape, chain, config.rows, config.depth), enable_check=False)
+
+
 def _gemm_shape(func: tirx.PrimFunc):
     return find_gemm(s_tir.Schedule(func))[2]
 
@@ -112,6 +159,7 @@ def _rank_reductions(shape: ReductionShape, hw: Hardware) -> list[Plan]:
 
 #: Most specific first.
 FAMILIES = (
+    Family("conv_chain", find_conv_chain, _rank_conv_chains, _schedule_conv_chain),
     Family("gemm_chain", _chain_shape, _rank_chains, _schedule_chain),
     Family("gemm_row_max", row_max_shape, plan_gemm_row_max, schedule_gemm_row_max),
     Family("split_k_gemm", _gemm_shape, plan_split_k_gemm, schedule_split_k_gemm),

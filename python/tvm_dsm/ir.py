@@ -7,6 +7,7 @@ from collections.abc import Callable
 import tvm
 import tvm_ffi
 from tvm import tirx
+from tvm.s_tir import SBlock
 
 
 def find_all(root, node_type, pred: Callable = lambda _node: True) -> list:
@@ -38,6 +39,13 @@ def substitute(node, mapping: list[tuple[tirx.Var, tvm.ir.PrimExpr]]):
 def replace_node(root, old, new):
     """``root`` with the node ``old`` (by identity) replaced by ``new``."""
     return tvm_ffi.structural_map(root, [(type(old), lambda n: new if n.same_as(old) else n)], order="pre")
+
+
+def with_block_body(block: SBlock, body, alloc_buffers=None) -> SBlock:
+    """``block`` with ``body`` (and ``alloc_buffers``, if given) in place of its own."""
+    return SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, body, block.init,
+                  list(block.alloc_buffers) if alloc_buffers is None else alloc_buffers,
+                  block.match_buffers, block.annotations)
 
 
 def is_reduction(block: tirx.SBlock) -> bool:

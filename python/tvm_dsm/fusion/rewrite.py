@@ -32,7 +32,7 @@ from tvm.tirx.script.builder import ir as T
 from tvm.ir import Range
 from tvm.s_tir import SBlock
 
-from ..ir import find_all, loads, replace_node, substitute, uses
+from ..ir import find_all, loads, replace_node, substitute, uses, with_block_body
 from .cascade import Level, LoadSymbols
 from .symbolic import ToSympy, ToTIR
 from . import top_k_keys
@@ -734,6 +734,4 @@ def splice(func: tirx.PrimFunc, group: list[Level], parts: int = 1, vector: int 
     body = kept[0] if len(kept) == 1 else tirx.SeqStmt(kept)
     gone = list(producers or {})  # computed inside the loop: no longer stored
     allocs = [b for b in root.alloc_buffers if not any(b.same_as(g) for g in gone)]
-    new_root = SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, body, root.init,
-                      allocs, root.match_buffers, root.annotations)
-    return func.with_body(replace_node(func.body, root, new_root))
+    return func.with_body(replace_node(func.body, root, with_block_body(root, body, allocs)))

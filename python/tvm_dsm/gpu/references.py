@@ -110,6 +110,16 @@ def _attention(q, k, v, causal: bool = False):
     return p.to(v.dtype) @ v
 
 
+def _conv_chain(x, w1, w2, k1):
+    """conv_1x1(relu(conv_k1(X, W1)), W2) in NHWC with OHWI weights, through torch's NCHW convs
+    on channels-last tensors (cuDNN), the intermediate in the input type."""
+    def conv(a, w, k):
+        return F.conv2d(a, w.permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last), padding=k // 2)
+
+    h = torch.relu(conv(x.permute(0, 3, 1, 2), w1, k1)).to(x.dtype)
+    return conv(h, w2, 1).permute(0, 2, 3, 1)
+
+
 def _lm_head_max(h, w, b, seq):
     """Sparton's term weights the way a PyTorch user writes them: the logits materialized."""
     logits = F.linear(h, w, b)
@@ -214,6 +224,10 @@ REFERENCES: dict[str, Reference] = {
     "swiglu": Reference(
         float64=lambda a, wg, wu, w2: (F.silu(a.double() @ wg.double().T) * (a.double() @ wu.double().T)) @ w2.double().T,
         torch_eager=lambda a, wg, wu, w2: F.linear(F.silu(F.linear(a, wg)) * F.linear(a, wu), w2),
+    ),
+    "conv_chain_relu": Reference(
+        float64=lambda x, w1, w2, k1: _conv_chain(x.double(), w1.double(), w2.double(), k1),
+        torch_eager=_conv_chain,
     ),
     "lm_head_max": Reference(
         float64=lambda h, w, b, seq: _lm_head_max(h.double(), w.double(), b.double(), seq),

@@ -26,7 +26,7 @@ from ..planners.gemm_row_max import plan_gemm_row_max, row_max_shape
 from ..rules.gemm_row_max import schedule_gemm_row_max
 from ..workloads.lm_head import lm_head_max
 from ..rules.fused_chain import find_chain
-from ..workloads.chains import gemm_chain, swiglu_ffn
+from ..workloads.chains import CONV_CHAINS, conv_chain, gemm_chain, swiglu_ffn
 from ..rules.collective_kernel import BULK_KINDS, schedule_collective_kernel, schedule_split_sum
 from ..workloads import gemv, row_sum
 from ..rules.attention import CONFIGS as ATTENTION_CONFIGS
@@ -793,8 +793,39 @@ def programmatic_launch() -> list[Variant]:
     return [_launched(v, on) for v in variants for on in (False, True)]
 
 
+def conv_chains() -> list[Variant]:
+    """FlashFuser's conv chains C1-C8 (tvm_dsm.rules.conv_chain) at batch 1 and 8: the top 3
+    of each plan that lowers (a refused chain or plan is logged and left out)."""
+    hw = load_hardware()
+    variants = []
+    for (label, (ic, size, oc1, oc2, k1, k2)), batch in itertools.product(CONV_CHAINS.items(), (1, 8)):
+        func = conv_chain(ic, size, oc1, oc2, k1, k2, batch)
+        args = _args(func)
+        for a in args[1:-1]:  # weights, initialized like torch.nn.Conv2d
+            a["scale"] = (a["shape"][1] * a["shape"][2] * a["shape"][3]) ** -0.5
+        try:
+            ranking = plan_function(func, hw)
+        except ClusterError as err:
+            print(f"{label} batch {batch}: refused: {err}")
+            continue
+        for rank, plan in enumerate(ranking.plans[:3]):
+            try:
+                mod = ranking.schedule(rank).mod
+                tvm.compile(mod, target=tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}))
+            except Exception as err:  # noqa: BLE001 - recorded: what did not lower
+                print(f"{label} batch {batch} plan {rank}: does not lower: {str(err).splitlines()[0][:200]}")
+                continue
+            pixels = batch * size * size
+            variants.append(Variant(
+                name=f"{label}_b{batch}_r{rank}", workload="conv_chain_relu", mod=mod, args=args,
+                bytes=_nbytes(args), flops=2 * pixels * oc1 * (k1 * k1 * ic + oc2),
+                plan={"plan_rank": rank, "predicted_us": plan.predicted_us, "summary": plan.summary()},
+                reference_kwargs={"k1": k1}))
+    return variants
+
+
 SUITES = {"split_k": split_k, "collectives": collectives, "cascades": cascades, "gemm": gemm,
-          "attention": attention, "chains": chains, "chains_m": chains_m, "decode": decode,
+          "attention": attention, "chains": chains, "conv_chains": conv_chains, "chains_m": chains_m, "decode": decode,
           "lm_head": lm_head, "fp8": fp8, "gemm_tma": gemm_tma, "chains_tma": chains_tma, "gated": gated,
           "gemm_m": gemm_m, "gemm_wgmma": gemm_wgmma, "programmatic_launch": programmatic_launch,
           "gemm_large_m": gemm_large_m}

@@ -53,7 +53,7 @@ from tvm.sym import Analyzer
 from tvm.script import tirx as T
 
 from ..errors import ClusterError
-from ..ir import find_all, replace_node, substitute
+from ..ir import find_all, replace_node, substitute, with_block_body
 
 #: Loop annotation (set by the schedule): stream the marked copies of this loop's body with TMA
 #: through this many shared-memory slots.
@@ -77,12 +77,6 @@ def _items(stmt) -> list:
 
 def _seq(items: list):
     return items[0] if len(items) == 1 else tirx.SeqStmt(items)
-
-
-def _with_body(block: SBlock, body, alloc_buffers=None) -> SBlock:
-    return SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, body, block.init,
-                  list(block.alloc_buffers) if alloc_buffers is None else alloc_buffers,
-                  block.match_buffers, block.annotations)
 
 
 class _ByIdentity(dict):
@@ -309,7 +303,7 @@ class _TmaLoop:
         loop, stages, n = self.loop, self.stages, int(self.loop.extent)
         k = loop.loop_var
         slot = tirx.floormod(k, stages)
-        inner = _with_body(self.block, _seq(self.rest), alloc_buffers=[
+        inner = with_block_body(self.block, _seq(self.rest), alloc_buffers=[
             b for b in self.block.alloc_buffers if self.slots.get(b) is None])
         # A step's warpgroup MMAs may still read its slot during the next step (they return
         # with their group in flight): refill a slot two steps after it was read, not one.
@@ -386,11 +380,17 @@ def LowerTmaPipeline(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx) -> tirx.Prim
     if not loops:
         return func
     # Buffers whose address the host holds before the launch: the tensor maps are encoded there.
-    sources = list(func.params)
-    if isinstance(func.body, SBlockRealize):
-        sources += [b for b in func.body.block.alloc_buffers if b.scope() == "global"]
+    # A function may first declare global buffers (workspaces, views of its parameters:
+    # tvm_dsm.rules.conv_chain) and then hold its root block.
+    stmts = list(func.body.seq) if isinstance(func.body, tirx.SeqStmt) else [func.body]
+    decls, body = stmts[:-1], stmts[-1]
+    if not all(isinstance(d, (tirx.AllocBuffer, tirx.DeclBuffer)) for d in decls):
+        decls, body = [], func.body
+    sources = list(func.params) + [d.buffer for d in decls if str(d.buffer.ty.storage_scope) == "global"]
+    if isinstance(body, SBlockRealize):
+        sources += [b for b in body.block.alloc_buffers if b.scope() == "global"]
     analyzer = Analyzer()
-    body, host = func.body, []
+    host = []
     for loop in loops:
         lowering = _TmaLoop(loop, _threads(func.body, loop), sources, analyzer)
         body = replace_node(body, loop, lowering.lower())
@@ -398,8 +398,9 @@ def LowerTmaPipeline(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx) -> tirx.Prim
     if isinstance(body, SBlockRealize):  # the root block: host statements go before the launch
         root = body.block
         body = SBlockRealize(body.iter_values, body.predicate,
-                             _with_body(root, _seq([*host, root.body])))
+                             with_block_body(root, _seq([*host, root.body])))
     else:
         body = _seq([*host, body])
+    body = _seq([*decls, body])
     return func.with_body(body)
 
