@@ -103,19 +103,19 @@ def _rank_conv_chains(shape: ConvChainShape, hw: Hardware) -> list[Plan]:
     first input size any configuration fits, each with its gather kernels' HBM time added."""
     reasons = []
     for rows, depth in _conv_sizes(shape):
+        gathered = sum(copies(shape, rows, depth).values())
         try:
             plans = [p for p in _rank_chains(_chain_shape(gemm_view(shape, rows, depth)), hw)
-                     if not copies(shape, rows, depth) or _copies_by_tma(p.config)]
+                     if not gathered or _copies_by_tma(p.config)]
             if not plans:
                 raise ClusterError("no configuration copies its operands by TMA (needed after a gather)")
         except ClusterError as err:
             reasons.append(f"{rows}x{depth}: {err}")
             continue
-        moved = sum(copies(shape, rows, depth).values())
-        extra = ({"bytes": {"gather": moved}, "seconds": {"gather": moved / hw.hbm_bw}} if moved
-                 else {"bytes": {}, "seconds": {}})
-        return sorted((ConvChainPlan(bytes={**extra["bytes"], **p.bytes}, seconds={**extra["seconds"], **p.seconds},
-                                     predicted_us=p.predicted_us + moved / hw.hbm_bw * 1e6,
+        level = {"gather": gathered} if gathered else {}
+        return sorted((ConvChainPlan(bytes={**level, **p.bytes},
+                                     seconds={**{k: v / hw.hbm_bw for k, v in level.items()}, **p.seconds},
+                                     predicted_us=p.predicted_us + gathered / hw.hbm_bw * 1e6,
                                      config=ConvChainConfig(p.config, rows, depth), chain=p) for p in plans),
                       key=lambda p: p.predicted_us)
     raise ClusterError("no GEMM chain schedule fits the convolution chain's pixel matrix: " + "; ".join(reasons))

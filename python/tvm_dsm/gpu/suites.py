@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import s_tir
 
-from ..driver import plan as plan_function, stock_schedule
+from ..driver import H100, plan as plan_function, stock_schedule
 
 from ..hardware import load_hardware
 from ..planners.split_k_gemm import plan_split_k_gemm, predict
@@ -811,7 +811,7 @@ def conv_chains() -> list[Variant]:
         for rank, plan in enumerate(ranking.plans[:3]):
             try:
                 mod = ranking.schedule(rank).mod
-                tvm.compile(mod, target=tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}))
+                tvm.compile(mod, target=tvm.target.Target(H100))  # C6 plans but does not lower
             except Exception as err:  # noqa: BLE001 - recorded: what did not lower
                 print(f"{label} batch {batch} plan {rank}: does not lower: {str(err).splitlines()[0][:200]}")
                 continue

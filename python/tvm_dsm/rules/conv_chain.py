@@ -33,6 +33,8 @@ from ..errors import ClusterError
 from ..ir import with_block_body
 from ..planners.report import Plan
 from ..workloads.chains import conv_chain, gemm_chain
+from .fused_chain import FusedChainConfig
+from .unfused_chain import UnfusedChainConfig
 from ..workloads.dense import ACTIVATIONS
 
 _VECTOR_BYTES = 16  # one gather thread moves 16 bytes
@@ -65,7 +67,7 @@ class ConvChainConfig:
     """The GEMM chain's configuration and the ``rows x depth`` input matrix it was planned on
     (the pixels and the window, padded up to what its tiles need)."""
 
-    chain: object
+    chain: FusedChainConfig | UnfusedChainConfig
     rows: int
     depth: int
 
@@ -79,8 +81,8 @@ class ConvChainPlan(Plan):
 
     def summary(self) -> str:
         c = self.config
-        copies = "no copies (views of X and Out)" if "gather" not in self.bytes else "a gather kernel first"
-        return f"conv chain as a {c.rows}x{c.depth} GEMM chain, {copies}; " + self.chain.summary()
+        inputs = "a gather kernel first" if "gather" in self.bytes else "no copies (views of X and Out)"
+        return f"conv chain as a {c.rows}x{c.depth} GEMM chain, {inputs}; " + self.chain.summary()
 
 
 def find_conv_chain(func: tirx.PrimFunc) -> ConvChainShape:
@@ -175,9 +177,9 @@ def conv_kernels(func: tirx.PrimFunc, shape: ConvChainShape, chain: tirx.PrimFun
         else:
             data[name] = conv_buf.data
 
-    def run(kernel: tirx.PrimFunc, *sources) -> tirx.Stmt:
+    def run(kernel: tirx.PrimFunc, *sources) -> tirx.Stmt:  # the kernel's root block's body
         decls.extend(tirx.DeclBuffer(param, data=source) for param, source in zip(kernel.params, sources))
-        return kernel.body.block.body if isinstance(kernel.body, SBlockRealize) else kernel.body
+        return kernel.body.block.body
 
     kernels = []
     if "input" in moved:
