@@ -56,3 +56,54 @@ def big_smem(A: T.Buffer((64, 16384), "float32"), B: T.Buffer((64, 16384), "floa
 def test_static_smem_limit_is_named():
     with pytest.raises(ClusterError, match="65536 B of static shared memory"):
         cuda_source(tvm.IRModule({"main": big_smem}))
+
+
+@T.prim_func(check_well_formed=False)
+def _two_kernels(a: T.Buffer((64,), "float32")):
+    with T.launch_thread("blockIdx.x", 1) as bx:
+        tx = T.launch_thread("threadIdx.x", 32)
+        a[tx] = T.float32(1)
+    with T.launch_thread("blockIdx.x", 1) as bx:
+        with T.launch_thread("threadIdx.x", 32) as tx:
+            w = T.alloc_buffer((64,), scope="warp")
+            w[tx] = a[tx]
+            a[tx + 32] = w[tx]
+
+
+def test_warp_buffers_are_hoisted_in_every_kernel_not_only_the_first():
+    from tvm import tirx
+
+    from tvm_dsm.ir import find_all
+    from tvm_dsm.transform.hoist_warp_buffers import hoist_warp_buffers
+
+    def lane_launches(func):
+        return find_all(func.body, tirx.AttrStmt,
+                        lambda a: a.attr_key == "thread_extent" and a.node.thread_tag == "threadIdx.x")
+
+    def warp_buffers_inside(launch):
+        return find_all(launch.body, tirx.AllocBuffer, lambda a: str(a.buffer.ty.storage_scope) == "warp")
+
+    assert warp_buffers_inside(lane_launches(_two_kernels)[1])
+    hoisted = hoist_warp_buffers(_two_kernels)
+    assert not any(warp_buffers_inside(launch) for launch in lane_launches(hoisted))
+    assert len(find_all(hoisted.body, tirx.AllocBuffer)) == 1
+
+
+@T.prim_func(check_well_formed=False)
+def _workspace_views(x: T.Buffer((64,), "float16")):
+    plain = T.alloc_buffer((64,), "float16")
+    viewed = T.alloc_buffer((64,), "float16")
+    mapped = T.alloc_buffer((64,), "float16")
+    view = T.decl_buffer((64,), "float16", data=viewed.data)
+    tensor_map: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
+    T.call_packed("runtime.cuTensorMapEncodeTiled", tensor_map, "float16", 1, mapped.data, 64, 2, 64, 1, 0, 3, 3, 0)
+    T.call_packed("runtime.cuTensorMapEncodeTiled", tensor_map, "float16", 1, x.data, 64, 2, 64, 1, 0, 3, 3, 0)
+    plain[0] = x[0]
+    view[0] = plain[0]
+
+
+def test_storage_rewrite_is_skipped_where_an_allocation_is_reached_by_a_view_or_a_tensor_map():
+    from tvm_dsm.transform.storage_rewrite import aliased_allocations
+
+    names = {b.name for b in aliased_allocations(_workspace_views)}
+    assert names == {"viewed", "mapped"}  # not the parameter x, not the plain allocation

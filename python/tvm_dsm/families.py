@@ -90,14 +90,6 @@ def _conv_sizes(shape: ConvChainShape) -> list[tuple[int, int]]:
     return list(dict.fromkeys([(rows, depth), (rows, max(depth, 96))]))
 
 
-def _copies_by_tma(config) -> bool:
-    """Whether every main loop of a chain configuration copies its operands by TMA: after a
-    gather kernel the cp.async ones do not lower (TVM's async-copy injection fails on the
-    workspace views; measured on C1 and C5)."""
-    loops = [config.gemm0, config.gemm1, config.gate] if isinstance(config, UnfusedChainConfig) else [config]
-    return all(c is None or c.tma for c in loops)
-
-
 def _rank_conv_chains(shape: ConvChainShape, hw: Hardware) -> list[Plan]:
     """The chain family's plans for the pixel matrix (:mod:`tvm_dsm.rules.conv_chain`) at the
     first input size any configuration fits, each with its gather kernels' HBM time added."""
@@ -105,10 +97,7 @@ def _rank_conv_chains(shape: ConvChainShape, hw: Hardware) -> list[Plan]:
     for rows, depth in _conv_sizes(shape):
         gathered = sum(copies(shape, rows, depth).values())
         try:
-            plans = [p for p in _rank_chains(_chain_shape(gemm_view(shape, rows, depth)), hw)
-                     if not gathered or _copies_by_tma(p.config)]
-            if not plans:
-                raise ClusterError("no configuration copies its operands by TMA (needed after a gather)")
+            plans = _rank_chains(_chain_shape(gemm_view(shape, rows, depth)), hw)
         except ClusterError as err:
             reasons.append(f"{rows}x{depth}: {err}")
             continue

@@ -20,21 +20,11 @@ from .transform import AttachClusterLaunch, CheckClusterSchedule, LowerCluster
 from .transform.lower_cluster import ReleaseSliceStarts
 from .transform.merge_pipeline_barriers import MergePipelineBarriers
 from .transform.programmatic_launch import ProgrammaticLaunch
+from .transform.storage_rewrite import StorageRewrite
 from .transform.tma_pipeline import LowerTmaPipeline
 
 #: Loop annotation of s_tir's software pipeline listing its asynchronous stages.
 ASYNC_STAGES_KEY = "software_pipeline_async_stages"
-
-
-#: PrimFunc attribute: skip StorageRewrite. It lets an fp16 operand tile reuse a dead fp32 tile
-#: and TVM's access-pointer lowering then rejects the retyped buffer; shared buffers are
-#: overlaid by liveness in MergeSharedMemoryAllocations anyway.
-KEEP_SHARED_BUFFERS = "tvm_dsm.keep_shared_buffers"
-
-
-def _keeps_shared_buffers(mod: tvm.IRModule) -> bool:
-    return any(f.attrs is not None and KEEP_SHARED_BUFFERS in f.attrs
-               for f in mod.functions.values() if isinstance(f, tirx.PrimFunc))
 
 
 def _requests_async_copy(mod: tvm.IRModule) -> bool:
@@ -47,7 +37,7 @@ def _requests_async_copy(mod: tvm.IRModule) -> bool:
     )
 
 
-def _passes(config, async_copy: bool, keep_shared_buffers: bool = False) -> list:
+def _passes(config, async_copy: bool) -> list:
     """The stock s_tir pass list (TVM 0.27.0) with tvm-dsm's passes marked ``# tvm-dsm``."""
     passes = [
         CheckClusterSchedule,  # tvm-dsm
@@ -78,8 +68,8 @@ def _passes(config, async_copy: bool, keep_shared_buffers: bool = False) -> list
         s_tir.transform.InjectVirtualThread(),
         s_tir.transform.InjectDoubleBuffer(),
     ]
-    if not (keep_shared_buffers or bool(config.get("tirx.disable_storage_rewrite", False))):
-        passes.append(tirx.transform.StorageRewrite())
+    if not bool(config.get("tirx.disable_storage_rewrite", False)):
+        passes.append(StorageRewrite)  # tvm-dsm: TVM's, unless a tensor map reads an allocation
     if async_copy:
         passes.append(s_tir.transform.LowerAsyncDMA())
     passes += [
@@ -136,7 +126,7 @@ def dsm_pipeline():
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         config = tvm.transform.PassContext.current().config
         async_copy = bool(config.get("tirx.use_async_copy", False)) or _requests_async_copy(mod)
-        return tvm.ir.transform.Sequential(_passes(config, async_copy, _keeps_shared_buffers(mod)))(mod)
+        return tvm.ir.transform.Sequential(_passes(config, async_copy))(mod)
 
     return _pipeline, stock.finalize_host_passes, finalize_device_passes
 

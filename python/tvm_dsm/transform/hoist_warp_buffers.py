@@ -25,14 +25,11 @@ def _is_lane_launch(stmt) -> bool:
             and stmt.node.thread_tag == "threadIdx.x")
 
 
-def hoist_warp_buffers(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    launches = find_all(func.body, tirx.AttrStmt, _is_lane_launch)
-    if not launches:
-        return func
-    launch = launches[0]
+def _hoisted(launch: tirx.AttrStmt) -> tirx.Stmt:
+    """``launch`` with the warp buffers allocated inside it moved in front of it."""
     inside = find_all(launch.body, tirx.AllocBuffer, _is_warp_buffer)
     if not inside:
-        return func
+        return launch
 
     def drop(seq: tirx.SeqStmt):
         kept = [s for s in seq.seq if not _is_warp_buffer(s)]
@@ -41,9 +38,21 @@ def hoist_warp_buffers(func: tirx.PrimFunc) -> tirx.PrimFunc:
         return tirx.SeqStmt(kept) if len(kept) > 1 else kept[0]
 
     body = tvm_ffi.structural_map(launch.body, [(tirx.SeqStmt, drop)])
-    hoisted = tirx.SeqStmt([*inside, tirx.AttrStmt(launch.node, launch.attr_key, launch.value, body)])
-    return func.with_body(tvm_ffi.structural_map(
-        func.body, [(tirx.AttrStmt, lambda n: hoisted if n.same_as(launch) else n)], order="pre"))
+    return tirx.SeqStmt([*inside, tirx.AttrStmt(launch.node, launch.attr_key, launch.value, body)])
+
+
+def hoist_warp_buffers(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """Every kernel's lane launch of ``func`` with its warp buffers hoisted (a function may
+    launch several kernels: a gather kernel before a GEMM chain's, say)."""
+    launches = find_all(func.body, tirx.AttrStmt, _is_lane_launch)
+    hoisted = [(launch, _hoisted(launch)) for launch in launches]
+    if all(new.same_as(launch) for launch, new in hoisted):
+        return func
+
+    def on_attr(node: tirx.AttrStmt):
+        return next((new for launch, new in hoisted if node.same_as(launch)), node)
+
+    return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.AttrStmt, on_attr)], order="pre"))
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.HoistWarpBuffers")
