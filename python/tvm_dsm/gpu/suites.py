@@ -273,16 +273,17 @@ DECODE_SHAPES = [(32, 16384, 128), (256, 4096, 128), (1024, 1024, 128), (64, 819
 
 def decode() -> list[Variant]:
     """Decode attention fused by FuseCascadedReductions: scores computed per key inside the
-    loop (an element producer), each part ``lanes`` = dim/8 threads (16-byte loads of K and V
-    rows), ``groups`` parts per CTA, the row's parts spread over a cluster of ``ranks`` CTAs
-    whose last partials meet through DSM (split-KV, merged in fp32 by the cascade's rule);
-    ``planner`` in the plan marks the split tvm_dsm's planner picks."""
+    loop (an element producer), each part ``lanes`` = dim/8 threads (one 16-byte slice of each
+    K and V row per thread) or dim/16 (two slices: half the shuffles per key), ``groups`` parts
+    per CTA, the row's parts spread over a cluster of ``ranks`` CTAs whose last partials meet
+    through DSM (split-KV, merged in fp32 by the cascade's rule); ``planner`` in the plan marks
+    the split tvm_dsm's planner picks."""
     variants = []
     plans = {shape: plan_cascade_split(cascade_workloads.decode_attention(*shape)) for shape in DECODE_SHAPES}
-    for (rows, keys, dim), ranks, groups, vector in itertools.product(
-            DECODE_SHAPES, (1, 2, 4, 8, 16), (8, 16, 32, 64), (2, 4, 8, 16)):
-        lanes = dim // 8
-        if keys % (ranks * groups * vector):
+    for (rows, keys, dim), ranks, groups, vector, key_slices in itertools.product(
+            DECODE_SHAPES, (1, 2, 4, 8, 16), (8, 16, 32, 64), (2, 4, 8, 16), (1, 2)):
+        lanes = dim // 8 // key_slices
+        if keys % (ranks * groups * vector) or groups * lanes < 32:
             continue
         func = cascade_workloads.decode_attention(rows, keys, dim)
         plan = plans[rows, keys, dim]
@@ -290,7 +291,7 @@ def decode() -> list[Variant]:
                                                   lanes=lanes, ranks=ranks, shuffle=True)
         if not all(r.fusible for r in reports):
             raise ValueError(f"decode {rows}x{keys}x{dim}: {[str(r) for r in reports]}")
-        name = f"decode_{rows}x{keys}x{dim}_c{ranks}_g{groups}_v{vector}"
+        name = f"decode_{rows}x{keys}x{dim}_c{ranks}_g{groups}_v{vector}" + (f"_l{lanes}" if key_slices > 1 else "")
         try:
             mod = schedule_fused_rows(fused).mod
         except ClusterError as err:  # e.g. too many partial states for a cluster merge
@@ -305,7 +306,8 @@ def decode() -> list[Variant]:
             bytes=_nbytes(args),
             flops=4 * rows * keys * dim,
             plan={"ranks": ranks, "groups": groups, "lanes": lanes, "vector": vector,
-                  "planner": (plan.ranks, plan.parts, plan.vector) == (ranks, groups * ranks, vector)},
+                  "planner": (plan.ranks, plan.parts, plan.vector, plan.lanes)
+                  == (ranks, groups * ranks, vector, lanes)},
             peers=("torch_eager", "torch_compile", "torch_sdpa"),
         ))
     return variants
