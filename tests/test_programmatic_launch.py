@@ -70,3 +70,19 @@ def test_planner_launches_one_wave_gemms_programmatically():
     assert dataclasses.replace(one_wave.config, programmatic_launch=False) == one_wave.config
     source = cuda_source(schedule_split_k_gemm(dense(128, 3072, 768), one_wave.config).mod)
     assert source.count(WAIT) == 1
+
+
+def test_a_kernel_that_is_the_whole_function_waits_too():
+    """A fused-rows kernel (decode attention) is the root block's whole body: the marker's body
+    is the kernel launch itself, which must still get the prologue."""
+    from tvm_dsm.rules.fused_rows import schedule_fused_rows
+    from tvm_dsm.transform.cascaded_reductions import fuse_cascaded_reductions
+    from tvm_dsm.workloads.cascades import decode_attention
+
+    fused, _ = fuse_cascaded_reductions(decode_attention(64, 1024, 64), parts=16, vector=4, lanes=8,
+                                        ranks=2, shuffle=True)
+    sch = schedule_fused_rows(fused)
+    launch_programmatically(sch)
+    (body,) = kernels(cuda_source(sch.mod)).values()
+    assert body[body.index("{") + 1:].split()[:2] == [WAIT, LAUNCH]
+    assert all(PDL_LAUNCH_TAG in p for p in _launch_params(sch.mod).values())

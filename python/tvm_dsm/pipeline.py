@@ -69,7 +69,7 @@ def _passes(config, async_copy: bool) -> list:
         s_tir.transform.InjectDoubleBuffer(),
     ]
     if not bool(config.get("tirx.disable_storage_rewrite", False)):
-        passes.append(StorageRewrite)  # tvm-dsm: TVM's, unless a tensor map reads an allocation
+        passes.append(StorageRewrite)  # tvm-dsm: TVM's, unless a view or tensor map reaches an allocation
     if async_copy:
         passes.append(s_tir.transform.LowerAsyncDMA())
     passes += [

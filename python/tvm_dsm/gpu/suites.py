@@ -785,6 +785,18 @@ def _launched(variant: Variant, programmatically: bool) -> Variant:
                                mod=sch.mod, plan={**variant.plan, "programmatic_launch": programmatically})
 
 
+#: Decode configurations measured fastest on some shape (decode.json, decode_wide.json).
+_DECODE_FASTEST = ("_c4_g8_v16", "_c2_g32_v8", "_c4_g16_v8", "_c4_g16_v4", "_c1_g32_v8", "_c2_g64_v4")
+
+
+def decode_pdl() -> list[Variant]:
+    """Decode attention launched programmatically and not: per shape the planner's pick and
+    the configurations in ``_DECODE_FASTEST``. A decode step's attention follows the QKV
+    projection on the same stream, as each replay follows the previous one here."""
+    variants = [v for v in decode() if v.plan["planner"] or v.name.endswith(_DECODE_FASTEST)]
+    return [_launched(v, on) for v in variants for on in (False, True)]
+
+
 def programmatic_launch() -> list[Variant]:
     """Programmatic dependent launch (tvm_dsm.transform.programmatic_launch) on and off: the
     GEMM planner's pick on the G/S layers at M = 128 and 4096 x 4096 at M = 32 and 4096, and the
@@ -835,5 +847,5 @@ def conv_chains() -> list[Variant]:
 SUITES = {"split_k": split_k, "collectives": collectives, "cascades": cascades, "gemm": gemm,
           "attention": attention, "chains": chains, "conv_chains": conv_chains, "chains_m": chains_m, "decode": decode,
           "lm_head": lm_head, "fp8": fp8, "gemm_tma": gemm_tma, "chains_tma": chains_tma, "gated": gated,
-          "gemm_m": gemm_m, "gemm_wgmma": gemm_wgmma, "programmatic_launch": programmatic_launch,
+          "gemm_m": gemm_m, "gemm_wgmma": gemm_wgmma, "programmatic_launch": programmatic_launch, "decode_pdl": decode_pdl,
           "gemm_large_m": gemm_large_m}

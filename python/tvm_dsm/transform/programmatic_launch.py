@@ -68,13 +68,14 @@ def programmatic_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
     inner = [n for launch in launches for n in find_all(launch.body, tirx.AttrStmt, _is_kernel_launch)]
     kernels = [launch for launch in launches if not any(launch.same_as(n) for n in inner)]
 
-    def on_attr(stmt):
-        if _is_marker(stmt):
-            return stmt.body
+    def with_prologue(stmt):
         if not any(stmt.same_as(k) for k in kernels):
             return stmt
         return tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value,
                              tirx.SeqStmt([*prologue, stmt.body]))
+
+    def on_attr(stmt):  # a marker's body may be the kernel itself (one fused-rows kernel)
+        return with_prologue(stmt.body if _is_marker(stmt) else stmt)
 
     body = tvm_ffi.structural_map(func.body, [(tirx.AttrStmt, on_attr)], order="pre")
     params = list(func.attrs.get(_LAUNCH_PARAMS_KEY, [])) if func.attrs is not None else []

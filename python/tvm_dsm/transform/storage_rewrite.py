@@ -33,10 +33,11 @@ def _buffer_of(data) -> tirx.Var | None:
 
 
 def aliased_allocations(func: tirx.PrimFunc) -> list[tirx.Var]:
-    """The buffers ``func`` allocates itself that a tensor map or another buffer declared on
-    their data also reaches."""
+    """The global buffers ``func`` allocates itself that a tensor map or another buffer
+    declared on their data also reaches."""
     views = {d.buffer: _buffer_of(d.data) for d in find_all(func.body, tirx.DeclBuffer)}
-    allocated = {a.buffer for a in find_all(func.body, tirx.AllocBuffer)}
+    allocated = {a.buffer for a in find_all(func.body, tirx.AllocBuffer)
+                 if str(a.buffer.ty.storage_scope) == "global"}
     encodes = find_all(func.body, tvm.ir.Call,
                        lambda c: c.op.name == "tirx.tvm_call_packed" and isinstance(c.args[0], tvm.ir.StringImm)
                        and c.args[0].value == _ENCODE)
