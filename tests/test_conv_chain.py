@@ -65,7 +65,8 @@ def test_chains_after_a_gather_assemble(label, assemble):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("label", "batch"), [("C1", 1), ("C2", 1), ("C3", 1), ("C5", 1), ("C6", 2), ("C7", 2), ("C8", 1)])
+@pytest.mark.parametrize(("label", "batch"), [("C1", 1), ("C2", 1), ("C3", 1), ("C5", 1), ("C6", 2),
+                                              ("C7", 2), ("C8", 1)])
 def test_gpu_matches_float64(label, batch):
     ic, hw, oc1, oc2, k1, k2 = CONV_CHAINS[label]
     func = conv_chain(ic, hw, oc1, oc2, k1, k2, batch=batch)

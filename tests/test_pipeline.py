@@ -96,8 +96,10 @@ def _workspace_views(x: T.Buffer((64,), "float16")):
     mapped = T.alloc_buffer((64,), "float16")
     view = T.decl_buffer((64,), "float16", data=viewed.data)
     tensor_map: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
-    T.call_packed("runtime.cuTensorMapEncodeTiled", tensor_map, "float16", 1, mapped.data, 64, 2, 64, 1, 0, 3, 3, 0)
-    T.call_packed("runtime.cuTensorMapEncodeTiled", tensor_map, "float16", 1, x.data, 64, 2, 64, 1, 0, 3, 3, 0)
+    T.call_packed("runtime.cuTensorMapEncodeTiled", tensor_map, "float16", 1, mapped.data,
+                  64, 2, 64, 1, 0, 3, 3, 0)
+    T.call_packed("runtime.cuTensorMapEncodeTiled", tensor_map, "float16", 1, x.data,
+                  64, 2, 64, 1, 0, 3, 3, 0)
     plain[0] = x[0]
     view[0] = plain[0]
 

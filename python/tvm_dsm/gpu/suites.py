@@ -291,7 +291,8 @@ def decode() -> list[Variant]:
                                                   lanes=lanes, ranks=ranks, shuffle=True)
         if not all(r.fusible for r in reports):
             raise ValueError(f"decode {rows}x{keys}x{dim}: {[str(r) for r in reports]}")
-        name = f"decode_{rows}x{keys}x{dim}_c{ranks}_g{groups}_v{vector}" + (f"_l{lanes}" if key_slices > 1 else "")
+        name = (f"decode_{rows}x{keys}x{dim}_c{ranks}_g{groups}_v{vector}"
+                + (f"_l{lanes}" if key_slices > 1 else ""))
         try:
             mod = schedule_fused_rows(fused).mod
         except ClusterError as err:  # e.g. too many partial states for a cluster merge
@@ -847,5 +848,5 @@ def conv_chains() -> list[Variant]:
 SUITES = {"split_k": split_k, "collectives": collectives, "cascades": cascades, "gemm": gemm,
           "attention": attention, "chains": chains, "conv_chains": conv_chains, "chains_m": chains_m, "decode": decode,
           "lm_head": lm_head, "fp8": fp8, "gemm_tma": gemm_tma, "chains_tma": chains_tma, "gated": gated,
-          "gemm_m": gemm_m, "gemm_wgmma": gemm_wgmma, "programmatic_launch": programmatic_launch, "decode_pdl": decode_pdl,
-          "gemm_large_m": gemm_large_m}
+          "gemm_m": gemm_m, "gemm_wgmma": gemm_wgmma, "programmatic_launch": programmatic_launch,
+          "decode_pdl": decode_pdl, "gemm_large_m": gemm_large_m}

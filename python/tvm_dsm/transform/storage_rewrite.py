@@ -32,15 +32,19 @@ def _buffer_of(data) -> tirx.Var | None:
     return data.args[0] if is_data else None
 
 
+def _is_encode(call: tvm.ir.Call) -> bool:
+    """Whether ``call`` is the host call encoding a tensor map."""
+    return (call.op.name == "tirx.tvm_call_packed" and isinstance(call.args[0], tvm.ir.StringImm)
+            and call.args[0].value == _ENCODE)
+
+
 def aliased_allocations(func: tirx.PrimFunc) -> list[tirx.Var]:
     """The global buffers ``func`` allocates itself that a tensor map or another buffer
     declared on their data also reaches."""
     views = {d.buffer: _buffer_of(d.data) for d in find_all(func.body, tirx.DeclBuffer)}
     allocated = {a.buffer for a in find_all(func.body, tirx.AllocBuffer)
                  if str(a.buffer.ty.storage_scope) == "global"}
-    encodes = find_all(func.body, tvm.ir.Call,
-                       lambda c: c.op.name == "tirx.tvm_call_packed" and isinstance(c.args[0], tvm.ir.StringImm)
-                       and c.args[0].value == _ENCODE)
+    encodes = find_all(func.body, tvm.ir.Call, _is_encode)
     found = []
     for buffer in [*views.values(), *(_buffer_of(e.args[4]) for e in encodes)]:
         while buffer in views:
