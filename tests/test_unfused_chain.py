@@ -3,6 +3,8 @@ memory, the ranking against fused plans, the database round trip, errors."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import tvm
 from tvm import s_tir
@@ -88,7 +90,8 @@ def test_gate_apart_is_three_kernels_with_the_gate_sums_in_fp32(assemble):
     func = swiglu_ffn(128, 1024, 768, 256)
     source = cuda_source(schedule_unfused_chain(func, UnfusedChainConfig(SECOND, SECOND, GATED)).mod)
     gate, up, second = _kernels(source)
-    assert "Wg_tensormap" in gate and "Wu" not in gate and "float4* __restrict__ G_ptr" in gate
+    assert "Wg_tensormap" in gate and "Wu" not in gate
+    assert re.search(r"float4?\* __restrict__ G_ptr", gate)  # the gate's sums in fp32
     assert "Wu_tensormap" in up and "G_ptr" in up and "H_ptr" in up and "expf" in up
     assert "CUtensorMap H_tensormap" in second
     assemble(source, "unfused_chain_gate_apart")

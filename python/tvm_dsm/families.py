@@ -72,7 +72,10 @@ def _rank_chains(shape, hw: Hardware) -> list[Plan]:
 
 
 def chain_rank_key(plan: Plan) -> float:
-    """What a chain plan is ranked by among fused and unfused plans."""
+    """What a chain plan is ranked by among fused and unfused plans (a convolution chain's:
+    its GEMM chain's, plus the gather kernels' time)."""
+    if isinstance(plan, ConvChainPlan):
+        return chain_rank_key(plan.chain) + plan.predicted_us - plan.chain.predicted_us
     return plan.predicted_us * (FUSED_PICK_BIAS if isinstance(plan, ChainPlan) else 1.0)
 
 
@@ -106,7 +109,7 @@ def _rank_conv_chains(shape: ConvChainShape, hw: Hardware) -> list[Plan]:
                                      seconds={**{k: v / hw.hbm_bw for k, v in level.items()}, **p.seconds},
                                      predicted_us=p.predicted_us + gathered / hw.hbm_bw * 1e6,
                                      config=ConvChainConfig(p.config, rows, depth), chain=p) for p in plans),
-                      key=lambda p: p.predicted_us)
+                      key=chain_rank_key)
     raise ClusterError("no GEMM chain schedule fits the convolution chain's pixel matrix: " + "; ".join(reasons))
 
 

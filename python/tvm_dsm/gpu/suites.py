@@ -816,7 +816,8 @@ def programmatic_launch() -> list[Variant]:
 
 def conv_chains() -> list[Variant]:
     """FlashFuser's conv chains C1-C8 (tvm_dsm.rules.conv_chain) at batch 1 and 8: the top 3
-    of each plan that lowers (a refused chain or plan is logged and left out)."""
+    plans and the best of the other kind (fused or unfused) than the pick, each that lowers (a
+    refused chain or plan is logged and left out)."""
     hw = load_hardware()
     variants = []
     for (label, (ic, size, oc1, oc2, k1, k2)), batch in itertools.product(CONV_CHAINS.items(), (1, 8)):
@@ -829,10 +830,13 @@ def conv_chains() -> list[Variant]:
         except ClusterError as err:
             print(f"{label} batch {batch}: refused: {err}")
             continue
-        for rank, plan in enumerate(ranking.plans[:3]):
+        kind = type(ranking.best.config.chain)
+        other = next((r for r, p in enumerate(ranking.plans) if type(p.config.chain) is not kind), None)
+        for rank in sorted({r for r in (0, 1, 2, other) if r is not None and r < len(ranking.plans)}):
+            plan = ranking.plans[rank]
             try:
                 mod = ranking.schedule(rank).mod
-                tvm.compile(mod, target=tvm.target.Target(H100))  # C6 plans but does not lower
+                tvm.compile(mod, target=tvm.target.Target(H100))  # what does not lower is logged
             except Exception as err:  # noqa: BLE001 - recorded: what did not lower
                 print(f"{label} batch {batch} plan {rank}: does not lower: {str(err).splitlines()[0][:200]}")
                 continue
@@ -840,7 +844,8 @@ def conv_chains() -> list[Variant]:
             variants.append(Variant(
                 name=f"{label}_b{batch}_r{rank}", workload="conv_chain_relu", mod=mod, args=args,
                 bytes=_nbytes(args), flops=2 * pixels * oc1 * (k1 * k1 * ic + oc2),
-                plan={"plan_rank": rank, "predicted_us": plan.predicted_us, "summary": plan.summary()},
+                plan={"plan_rank": rank, "predicted_us": plan.predicted_us, "summary": plan.summary(),
+                      "fused": not isinstance(plan.config.chain, UnfusedChainConfig)},
                 reference_kwargs={"k1": k1}))
     return variants
 
