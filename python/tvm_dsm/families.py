@@ -23,6 +23,7 @@ from .planners.gemm_row_max import plan_gemm_row_max, row_max_shape
 from .planners.report import Plan
 from .planners.split_k import plan_split_k_reduction
 from .planners.split_k_gemm import plan_split_k_gemm
+from .rules.conv_chain import FUSED_PICK_BIAS as CONV_FUSED_PICK_BIAS
 from .rules.conv_chain import (ConvChainConfig, ConvChainPlan, ConvChainShape, conv_kernels, copies,
                                find_conv_chain, gemm_view)
 from .rules.fused_chain import find_chain, schedule_fused_chain
@@ -73,9 +74,11 @@ def _rank_chains(shape, hw: Hardware) -> list[Plan]:
 
 def chain_rank_key(plan: Plan) -> float:
     """What a chain plan is ranked by among fused and unfused plans (a convolution chain's:
-    its GEMM chain's, plus the gather kernels' time)."""
+    its GEMM chain's with the convolution chains' own bias, plus the gather kernels' time)."""
     if isinstance(plan, ConvChainPlan):
-        return chain_rank_key(plan.chain) + plan.predicted_us - plan.chain.predicted_us
+        fused = isinstance(plan.chain, ChainPlan)
+        gather_us = plan.predicted_us - plan.chain.predicted_us
+        return plan.chain.predicted_us * (CONV_FUSED_PICK_BIAS if fused else 1.0) + gather_us
     return plan.predicted_us * (FUSED_PICK_BIAS if isinstance(plan, ChainPlan) else 1.0)
 
 
