@@ -41,7 +41,7 @@ from ..workloads.dense import ACTIVATIONS
 #: (the chain family's FUSED_PICK_BIAS, fitted the same way): on the H100 run of C1-C8 at batch
 #: 1 and 8 (bench/results/conv_chains.json), fused kernels ran a median 1.28x their prediction
 #: and unfused ones 0.83x, and wherever both kinds were measured the unfused one was faster.
-FUSED_PICK_BIAS = 1.28 / 0.83
+CONV_FUSED_PICK_BIAS = 1.28 / 0.83
 _VECTOR_BYTES = 16  # one gather thread moves 16 bytes
 _THREADS = 256
 
