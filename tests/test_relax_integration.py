@@ -12,7 +12,7 @@ from tvm import relax
 
 from conftest import TARGET, kernels
 from tvm_dsm.relax_integration import ScheduleTIR, compile_model, lower_to_tir
-from tvm_dsm.workloads.relax_models import swiglu_mlp
+from tvm_dsm.workloads.relax_models import ffn, swiglu_mlp
 
 SHAPE = (128, 1024, 512, 256)  # m, n (intermediate), k (in), l (out)
 
@@ -32,6 +32,8 @@ def _kernels(executable) -> dict[str, str]:
 
 
 def test_model_matmuls_get_tvm_dsm_schedules_and_the_rest_dlight(caplog):
+    """Here the second matmul feeds a softmax, so the model holds no chain the chain family
+    takes (it writes its output from an elementwise block): one split-K GEMM per matmul."""
     with caplog.at_level(logging.DEBUG, logger="tvm_dsm.relax"):
         kernels = _kernels(compile_model(swiglu_mlp(*SHAPE, softmax=True), target=TARGET))
     matmuls = {name: body for name, body in kernels.items() if "matmul" in name}
@@ -44,6 +46,37 @@ def test_model_matmuls_get_tvm_dsm_schedules_and_the_rest_dlight(caplog):
     assert "no tvm-dsm family" in caplog.text  # the softmax: said why, left to dlight
 
 
+@pytest.mark.parametrize("model", [ffn(*SHAPE), swiglu_mlp(*SHAPE)])
+def test_relax_groups_each_gemm_chain_into_one_function_the_chain_family_plans(model):
+    from tvm_dsm import driver
+    from tvm_dsm.relax_chains import merge_elementwise
+
+    mod = lower_to_tir(model)
+    funcs = {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+    (name,) = funcs  # nothing else in the model
+    func = tvm.tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({"main": funcs[name]}))["main"]
+    assert driver.plan(merge_elementwise(func)).family.name == "gemm_chain"
+
+
+def test_matmuls_that_are_no_chain_are_left_to_relax():
+    """A matmul whose result feeds a softmax before the next matmul is no chain: Relax's own
+    grouping stays (one function per matmul)."""
+    from tvm.script import relax as R
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor((128, 512), "float16"))
+    w1, w2 = relax.Var("w1", R.Tensor((1024, 512), "float16")), relax.Var("w2", R.Tensor((256, 1024), "float16"))
+    linear = lambda a, w: relax.op.matmul(a, relax.op.permute_dims(w), out_dtype="float32")  # noqa: E731
+    with bb.function("main", [x, w1, w2]):
+        with bb.dataflow():
+            p = bb.emit(relax.op.astype(relax.op.nn.softmax(linear(x, w1), axis=-1), "float16"))
+            out = bb.emit_output(relax.op.astype(linear(p, w2), "float16"))
+        bb.emit_func_output(out)
+    names = [gv.name_hint for gv, f in lower_to_tir(bb.get()).functions.items()
+             if isinstance(f, tvm.tirx.PrimFunc)]
+    assert sum("matmul" in n for n in names) == 2
+
+
 def test_schedule_tir_leaves_scheduled_functions_alone():
     mod = lower_to_tir(swiglu_mlp(*SHAPE))
     once = ScheduleTIR()(mod)
@@ -53,6 +86,24 @@ def test_schedule_tir_leaves_scheduled_functions_alone():
     twice = ScheduleTIR()(once)
     for gv in scheduled:
         assert twice[gv].same_as(once[gv])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_gpu_compiled_ffn_matches_float64(activation):
+    m, n, k, l = SHAPE
+    vm = relax.VirtualMachine(compile_model(ffn(m, n, k, l, activation), target=TARGET), tvm.cuda(0))
+    rng = np.random.default_rng()
+    x = rng.standard_normal((m, k)).astype(np.float16)
+    w1 = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float16)
+    w2 = (rng.standard_normal((l, n)) / np.sqrt(n)).astype(np.float16)
+    out = vm["main"](*(tvm.runtime.tensor(a, tvm.cuda(0)) for a in (x, w1, w2))).numpy()
+    c = x.astype(np.float64) @ w1.astype(np.float64).T
+    from math import erf, sqrt
+    act = np.maximum(c, 0) if activation == "relu" else c * 0.5 * (1 + np.vectorize(erf)(c / sqrt(2)))
+    ref = act.astype(np.float16).astype(np.float64) @ w2.astype(np.float64).T
+    assert np.isfinite(out).all()
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-3
 
 
 @pytest.mark.gpu
@@ -72,3 +123,9 @@ def test_gpu_compiled_model_matches_float64():
     ref /= ref.sum(1, keepdims=True)
     assert np.isfinite(out).all()
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def test_compiled_ffn_runs_the_chain_familys_kernels():
+    kernels = _kernels(compile_model(ffn(*SHAPE), target=TARGET))
+    assert kernels and all("NT_matmul_relu_cast_NT_matmul1_cast1" in name for name in kernels)
+    assert any("CUtensorMap" in body and "mapa" in body for body in kernels.values())

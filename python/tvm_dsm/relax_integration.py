@@ -2,7 +2,8 @@
 families, leave the rest to TVM's stock schedules.
 
 A Relax model reaches TIR through ``LegalizeOps`` and ``FuseOps``/``FuseTIR``: each fused
-PrimFunc is one operator group (a matmul with its elementwise epilogue, a reduction, ...).
+PrimFunc is one operator group (a matmul with its elementwise epilogue, a reduction, ...), or a
+whole GEMM chain that :mod:`tvm_dsm.relax_chains` grouped first, for the chain family.
 :class:`ScheduleTIR` gives every unscheduled PrimFunc that a tvm-dsm family matches the schedule
 :func:`tvm_dsm.driver.schedule` would build (a tuning record from ``database``, else the
 planner's best) and marks it scheduled, so dlight's ``ApplyDefaultSchedule`` afterwards leaves
@@ -24,6 +25,7 @@ from tvm.s_tir import meta_schedule as ms
 from .driver import H100, schedule, stock_rules, stock_target
 from .errors import ClusterError
 from .hardware import Hardware
+from .relax_chains import FuseGemmChains, merge_elementwise
 
 LOG = logging.getLogger("tvm_dsm.relax")
 
@@ -44,6 +46,7 @@ class ScheduleTIR:
                 continue
             # Relax legalizes with int64 extents; the families' kernels index in int32.
             func = tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({"main": func}))["main"]
+            func = merge_elementwise(func)
             try:
                 sch = schedule(func, self.target, database=self.database, hw=self.hw,
                                stock_fallback=False)
@@ -57,11 +60,13 @@ class ScheduleTIR:
 
 
 def lower_to_tir(mod: tvm.IRModule) -> tvm.IRModule:
-    """Transposes folded into matmuls, operators legalized to TIR and fused (Relax's passes)."""
+    """Transposes folded into matmuls, operators legalized to TIR, GEMM chains grouped
+    (:mod:`tvm_dsm.relax_chains`), the rest fused by Relax's passes."""
     return tvm.transform.Sequential([
         relax.transform.FuseTransposeMatmul(),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
+        FuseGemmChains,
         relax.transform.FuseOps(),
         relax.transform.FuseTIR(),
         relax.transform.DeadCodeElimination(),

@@ -150,6 +150,9 @@ def find_chain(sch: s_tir.Schedule) -> tuple[ChainBlocks, ChainShape]:
         raise ClusterError("the second GEMM must read the elementwise block's output as its input")
     if str(h.ty.dtype) != "float16" or not second.weight_nk or second.k != shapes[0].n:
         raise ClusterError("the intermediate must be float16 [M, N] and W2 stored [L, N]")
+    if len(blocks) == len(gemm0) + 2:
+        raise ClusterError("a GEMM chain ends in an elementwise block writing the output (a cast, "
+                           "say); here the second matmul writes it")
     shape = ChainShape(shapes[0].m, shapes[0].n, shapes[0].k, second.n,
                        tuple(sch.get(b).name_hint for b in gemm0))
     return ChainBlocks(gemm0, combine, gemm1, blocks[len(gemm0) + 2:]), shape

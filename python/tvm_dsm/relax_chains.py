@@ -1,0 +1,114 @@
+"""Group a Relax model's GEMM chains into one TIR function each, so the chain family sees them.
+
+Relax's ``FuseOps`` makes one operator group per matmul (a reduction ends a group), so a
+chain ``act(x @ W1^T) @ W2^T`` or SwiGLU's ``(silu(x @ Wg^T) * (x @ Wu^T)) @ W2^T`` reaches TIR
+as two or three functions and the chain family (fused through DSM, or unfused with
+programmatic launch between its kernels, whichever its model predicts faster) never sees it.
+:func:`FuseGemmChains` groups them first with Relax's pattern fusion, after
+``FuseTransposeMatmul`` and ``LegalizeOps``: a matmul of fp16 or bf16 operands with fp32
+accumulation and weights ``[out, in]`` (or two over the same input), elementwise operators, a
+second such matmul, then elementwise operators (a cast, say). ``FuseTIR`` then makes one PrimFunc of each
+group, and :func:`merge_elementwise` inlines the elementwise blocks into the one the chain
+family expects between the matmuls.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import tvm
+from tvm import relax, s_tir, tirx
+from tvm.relax.dpl import TuplePattern, is_op, wildcard
+
+from .errors import ClusterError
+from .ir import is_reduction
+from .rules.split_k_gemm import find_gemm_operands
+
+#: Name of the composite functions the pattern fusion makes (and of their fused PrimFuncs).
+COMPOSITE = "tvm_dsm.gemm_chain"
+_MAX_ELEMENTWISE = 3  # operators between the matmuls, and after the second
+
+
+def _call(*args):
+    return is_op("relax.call_tir")(wildcard(), TuplePattern(list(args)))
+
+
+def chain_patterns() -> list:
+    """The chains' dataflow patterns, most operators first (pattern fusion takes the first
+    match): ``between`` elementwise operators from the first matmul (or, gated, from the gate's
+    activation times the up product) to the second matmul, ``after`` (at least one: the chain
+    family writes its output from an elementwise block) behind it."""
+    patterns = []
+    for between, after, gated in itertools.product(range(_MAX_ELEMENTWISE, 0, -1),
+                                                   range(_MAX_ELEMENTWISE, 0, -1), (True, False)):
+        x = wildcard()
+        h = _call(x, wildcard())
+        if gated:
+            if between < 2:
+                continue
+            h = _call(_call(h), _call(x, wildcard()))
+        for _ in range(between - (2 if gated else 0)):
+            h = _call(h)
+        out = _call(h, wildcard())
+        for _ in range(after):
+            out = _call(out)
+        patterns.append(out)
+    return patterns
+
+
+def _is_matmul(func: tirx.PrimFunc) -> bool:
+    sch = s_tir.Schedule(func)
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    if len(blocks) != 1 or not is_reduction(sch.get(blocks[0])):
+        return False
+    try:
+        return find_gemm_operands(sch.get(blocks[0]))[0].weight_nk
+    except ClusterError:
+        return False
+
+
+def _is_elementwise(func: tirx.PrimFunc) -> bool:
+    sch = s_tir.Schedule(func)
+    return not any(is_reduction(sch.get(b)) for b in sch.get_child_blocks(sch.get_sblock("root")))
+
+
+def _check(mod: tvm.IRModule):
+    """The pattern check: each call's PrimFunc is a matmul where the chain has one, else
+    elementwise (exactly two or three matmuls in all)."""
+
+    def check(context) -> bool:
+        calls = []  # the root call is also among the bindings
+        for e in [*context.matched_bindings.values(), context.matched_expr]:
+            if isinstance(e, relax.Call) and e.op.name == "relax.call_tir" and not any(e.same_as(c) for c in calls):
+                calls.append(e)
+        funcs = [mod[c.args[0]] for c in calls]
+        matmuls = sum(map(_is_matmul, funcs))
+        return matmuls in (2, 3) and all(_is_matmul(f) or _is_elementwise(f) for f in funcs)
+
+    return check
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvm_dsm.FuseGemmChains")
+def FuseGemmChains(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass style
+    """Group each GEMM chain of ``mod`` into one function (see the module docstring)."""
+    check = _check(mod)
+    patterns = [(COMPOSITE, pattern, {}, check) for pattern in chain_patterns()]
+    return relax.transform.FuseOpsByPattern(patterns, bind_constants=False, annotate_codegen=False)(mod)
+
+
+def merge_elementwise(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with every elementwise block that feeds only elementwise blocks inlined into
+    them: a chain's activation and cast become the one block that writes its intermediate."""
+    sch = s_tir.Schedule(func)
+    params = list(func.params)
+    for rv in sch.get_child_blocks(sch.get_sblock("root")):
+        block = sch.get(rv)
+        if is_reduction(block) or any(w.source.same_as(p) for w in block.writes for p in params):
+            continue
+        consumers = sch.get_consumers(rv)
+        if consumers and not any(is_reduction(sch.get(c)) for c in consumers):
+            try:
+                sch.compute_inline(rv)
+            except tvm.error.TVMError:  # e.g. a block s_tir cannot inline: leave it
+                continue
+    return sch.mod["main"]
