@@ -24,7 +24,7 @@ from .errors import ClusterError
 from .ir import is_reduction
 from .rules.split_k_gemm import find_gemm_operands
 
-#: Name of the composite functions the pattern fusion makes (and of their fused PrimFuncs).
+#: Name of the composite functions the pattern fusion makes.
 COMPOSITE = "tvm_dsm.gemm_chain"
 _MAX_ELEMENTWISE = 3  # operators between the matmuls, and after the second
 
@@ -79,11 +79,12 @@ def _check(mod: tvm.IRModule):
     def check(context) -> bool:
         calls = []  # the root call is also among the bindings
         for e in [*context.matched_bindings.values(), context.matched_expr]:
-            if isinstance(e, relax.Call) and e.op.name == "relax.call_tir" and not any(e.same_as(c) for c in calls):
+            is_call = isinstance(e, relax.Call) and e.op.name == "relax.call_tir"
+            if is_call and not any(e.same_as(c) for c in calls):
                 calls.append(e)
         funcs = [mod[c.args[0]] for c in calls]
-        matmuls = sum(map(_is_matmul, funcs))
-        return matmuls in (2, 3) and all(_is_matmul(f) or _is_elementwise(f) for f in funcs)
+        matmuls = [_is_matmul(f) for f in funcs]
+        return sum(matmuls) in (2, 3) and all(m or _is_elementwise(f) for m, f in zip(matmuls, funcs))
 
     return check
 
