@@ -12,7 +12,7 @@ from tvm import relax
 
 from conftest import TARGET, kernels
 from tvm_dsm.relax_integration import ScheduleTIR, compile_model, lower_to_tir
-from tvm_dsm.workloads.relax_models import ffn, swiglu_mlp
+from tvm_dsm.workloads.relax_models import ffn, linear, swiglu_mlp
 
 SHAPE = (128, 1024, 512, 256)  # m, n (intermediate), k (in), l (out)
 
@@ -66,7 +66,6 @@ def test_matmuls_that_are_no_chain_are_left_to_relax():
     bb = relax.BlockBuilder()
     x = relax.Var("x", R.Tensor((128, 512), "float16"))
     w1, w2 = relax.Var("w1", R.Tensor((1024, 512), "float16")), relax.Var("w2", R.Tensor((256, 1024), "float16"))
-    linear = lambda a, w: relax.op.matmul(a, relax.op.permute_dims(w), out_dtype="float32")  # noqa: E731
     with bb.function("main", [x, w1, w2]):
         with bb.dataflow():
             p = bb.emit(relax.op.astype(relax.op.nn.softmax(linear(x, w1), axis=-1), "float16"))

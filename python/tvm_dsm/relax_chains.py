@@ -7,9 +7,9 @@ programmatic launch between its kernels, whichever its model predicts faster) ne
 :func:`FuseGemmChains` groups them first with Relax's pattern fusion, after
 ``FuseTransposeMatmul`` and ``LegalizeOps``: a matmul of fp16 or bf16 operands with fp32
 accumulation and weights ``[out, in]`` (or two over the same input), elementwise operators, a
-second such matmul, then elementwise operators (a cast, say). ``FuseTIR`` then makes one PrimFunc of each
-group, and :func:`merge_elementwise` inlines the elementwise blocks into the one the chain
-family expects between the matmuls.
+second such matmul, then elementwise operators (a cast, say). ``FuseTIR`` then makes one
+PrimFunc of each group, and :func:`merge_elementwise` inlines the elementwise blocks into the
+one the chain family expects between the matmuls.
 """
 
 from __future__ import annotations
