@@ -56,6 +56,8 @@ def test_scores_are_computed_inside_the_loop(keys, dim, parts, vector):
     ({"parts": 4, "lanes": 32}, "do not divide"),
     ({"parts": 4, "lanes": 4, "ranks": 3}, "ranks=3"),
     ({"parts": 2, "lanes": 1, "ranks": 4}, "ranks=4"),
+    ({"parts": 4, "lanes": 1, "copy_stages": 3}, "copy_stages=3"),
+    ({"parts": 4, "lanes": 4, "copy_stages": 1}, "copy_stages=1"),
 ])
 def test_unsupported_splits_are_refused_with_a_reason(kwargs, reason):
     func = decode_attention(2, 64, 16)
@@ -111,6 +113,12 @@ def test_cluster_merge_over_the_static_budget_is_refused():
         schedule_fused_rows(fused)
 
 
+def test_copy_ring_over_the_static_budget_is_refused():
+    """A cluster merge's partial states and the copy ring share static shared memory."""
+    with pytest.raises(ClusterError, match="and the copy ring .* or copy stages"):
+        _staged((64, 8192, 64), ranks=2, groups=32, vector=4, stages=3)
+
+
 def test_cluster_decode_cuda(assemble):
     """Lanes combine the scores by shuffles, the parts of a warp their states; the last partials are read from peers (mapa) between
     cluster barriers; the intra-CTA partials are static shared memory (TVM's ThreadSync would
@@ -126,6 +134,51 @@ def test_cluster_decode_cuda(assemble):
     assert "extern __shared__" not in source
     assert "*(uint4*)(_ptr" in source  # 16-byte loads of each lane's key/value slices
     assemble(source, "decode_cluster")
+
+
+def _staged(shape, ranks=2, groups=8, vector=2, stages=3):
+    from tvm_dsm.rules.fused_rows import schedule_fused_rows
+
+    fused, reports = fuse_cascaded_reductions(decode_attention(*shape), parts=ranks * groups, vector=vector,
+                                              lanes=shape[2] // 8, ranks=ranks, shuffle=True, copy_stages=stages)
+    assert reports[0].fusible, reports[0]
+    return schedule_fused_rows(fused).mod
+
+
+def test_copy_stages_ring_cuda(assemble):
+    """With copy stages each lane's K/V slices arrive by cp.async in a ring of shared memory: the
+    prologue commits one group per stage, each step waits for its chunk (stages - 1 still in
+    flight), and past the last chunk the copies read nothing; no CTA barrier inside the scan
+    (each thread reads only its own copies); no register double buffering of the slices."""
+    stages = 3
+    source = cuda_source(_staged((64, 2048, 64), stages=stages))
+    kernel = source[source.rindex('extern "C" __global__'):]
+    scan = kernel[kernel.index("for (int v_1 = 0;"):kernel.index("wait_all")]
+    assert scan.count("cp_async_cg_ignore_src") == 2 * 2  # K and V, 2 keys of one 16-byte slice
+    assert "wait_group_2()" in scan and "commit_group();" in scan
+    assert "__syncthreads" not in scan
+    assert "min((v_1 + 1)" not in scan  # the register prefetch of the next chunk is gone
+    prologue = kernel[:kernel.index("for (int v_1 = 0;")]
+    assert prologue.count("commit_group();") == stages
+    assemble(source, "decode_copy_stages")
+
+
+def test_copy_stages_need_16_byte_slices():
+    """A lane's slice of 4 fp16 (8 bytes) cannot be one 16-byte cp.async."""
+    with pytest.raises(ValueError, match="16-byte slices"):
+        fuse_cascaded_reductions(decode_attention(2, 256, 32), parts=8, vector=2, lanes=8, copy_stages=3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, stages", [((64, 2048, 64), 3), ((8, 4096, 128), 4), ((3, 1024, 64), 2),
+                                           ((3, 64, 64), 3)])
+def test_gpu_copy_stages_match_float64(shape, stages):
+    """(3, 64, 64): two chunks per part, fewer than the ring's stages (the third copy reads
+    nothing)."""
+    inputs = _inputs(*shape, np.random.default_rng())
+    out = _run(_staged(shape, stages=stages), inputs, target=TARGET, dev=tvm.cuda(0))
+    ref = _reference(*inputs)
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-3
 
 
 @pytest.mark.gpu

@@ -49,9 +49,11 @@ class _FusedBlock:
     """Builds the fused nest for one cascade (inside an IRBuilder context)."""
 
     def __init__(self, group: list[Level], parts: int = 1, vector: int = 1, lanes: int = 1,
-                 ranks: int = 1, producers: dict | None = None, shuffle: bool = False):
+                 ranks: int = 1, producers: dict | None = None, shuffle: bool = False,
+                 copy_stages: int = 0):
         self.group = group
         self.vector = vector
+        self.copy_stages = copy_stages
         self.lanes, self.ranks = lanes, ranks
         self.producers = producers or {}  # intermediate -> its per-element sum (a Level)
         self.staged: dict = {}  # buffer of a row read whole -> its chunk's register copy
@@ -59,6 +61,7 @@ class _FusedBlock:
         self.slices: dict = {}  # buffer read by a lane's slice -> registers [vector * width]
         self.produced: dict = {}  # producer output -> its values for the chunk's elements
         self.lane = None  # inside a thread block: the lane variable
+        self.part = None  # inside a thread block: the part variable
         self.slice_at = 0  # inside a lane's slice loop: the position in the slice
         first = group[0]
         self.rows = len(first.spatial)
@@ -161,13 +164,19 @@ class _FusedBlock:
                     T.buffer_store(keys, tirx.const(0, "uint32"), [c])
                 self.keys[j] = keys, raw
         # Registers of the chunk being applied; each step loads the next chunk's first (its
-        # latency overlaps the step's work), the last step reloads its own.
+        # latency overlaps the step's work), the last step reloads its own. With copy stages the
+        # lane's slices come through its ring in shared memory instead (_SliceRing).
         self.slices = self._stage_slices(rows, None)
         self.staged = self._stage(rows, element(0, 0))
-        self.slices.update(self._stage_slices(rows, element(0, 0)))
+        ring = _SliceRing(self, rows, element, steps) if self.copy_stages else None
+        if ring is None:
+            self.slices.update(self._stage_slices(rows, element(0, 0)))
         with T.serial(steps) as t:
             ahead = element(tirx.min(t + 1, steps - 1), 0)
-            staged_next, slices_next = self._stage(rows, ahead), self._stage_slices(rows, ahead)
+            staged_next = self._stage(rows, ahead)
+            slices_next = self._stage_slices(rows, ahead) if ring is None else {}
+            if ring is not None:
+                ring.take(t)
             self._produce(rows, element(t, 0))
             # Level by level over the chunk: a level's dependencies have their values after the
             # whole chunk before it starts, so its correction is applied once per chunk.
@@ -182,6 +191,10 @@ class _FusedBlock:
             for current, nxt in pending:
                 for e in range(int(nxt.shape[0])):
                     T.buffer_store(current, nxt[e], [e])
+            if ring is not None:
+                ring.refill(t)
+        if ring is not None:
+            T.evaluate(T.ptx.cp.async_.wait_all())
         if self.warp_parts > 1:
             state, accumulators = self._merge_in_warp(rows, state, accumulators)
         for j, (keys, raw) in self.keys.items():
@@ -223,30 +236,46 @@ class _FusedBlock:
     def _lane_start(self, width: int):
         return self.lane * width if self.lanes > 1 else tirx.const(0, "int32")
 
+    def _slice_sources(self, moving: bool) -> list[tuple]:
+        """(load, owner, width) of each buffer read by lane slices, once per buffer: those that
+        move with the reduction variable (``moving``) or those that do not."""
+        found: list = []
+        for load, owner, width, per_element in self._sliced_loads():
+            if per_element == moving and not any(load.source.same_as(f[0].source) for f in found):
+                found.append((load, owner, width))
+        return found
+
+    def _slice_start(self, load, owner: Level, rows: list, k, width: int) -> list:
+        """Indices of the first element of this lane's slice of ``load`` at element ``k``."""
+        mapping = (list(zip(owner.spatial, rows + [k])) if any(owner.output.same_as(b) for b in self.producers)
+                   else self._mapping(owner, rows, k, []))
+        return [substitute(i, mapping) for i in load.indices[:-1]] + [self._lane_start(width)]
+
+    @staticmethod
+    def _piece(width: int, dtype: str) -> int:
+        """Elements per copy of a slice: 16 bytes where the slice divides into them."""
+        piece = max(1, min(width, 16 // tvm.DataType(dtype).itemsize))
+        return piece if width % piece == 0 else 1
+
     def _stage_slices(self, rows: list, first) -> dict:
         """Copy this lane's slice of every sliced load into new registers, 16 bytes per copy:
         before the scan (``first`` None) those that do not move with the reduction variable,
         per chunk the others (``vector`` slices each); {source: (registers, width, moves)}."""
         slices: dict = {}
-        for load, owner, width, per_element in self._sliced_loads():
-            if per_element != (first is not None) or any(load.source.same_as(b) for b in slices):
-                continue
+        moving = first is not None
+        for load, owner, width in self._slice_sources(moving):
             dtype = str(load.source.ty.dtype)
-            copies = self.vector if per_element else 1
+            copies = self.vector if moving else 1
             local = T.sblock_alloc_buffer([copies * width], dtype, scope="local")
-            piece = max(1, min(width, 16 // tvm.DataType(dtype).itemsize))
-            piece = piece if width % piece == 0 else 1
+            piece = self._piece(width, dtype)
             for v in range(copies):
-                k = first + v if per_element else tirx.const(0, "int32")
-                mapping = (list(zip(owner.spatial, rows + [k])) if any(owner.output.same_as(b) for b in self.producers)
-                           else self._mapping(owner, rows, k, []))
-                prefix = [substitute(i, mapping) for i in load.indices[:-1]]
+                *prefix, start = self._slice_start(load, owner, rows, first + v if moving else tirx.const(0, "int32"),
+                                                   width)
                 with T.serial(width // piece) as outer:
                     with T.vectorized(piece) as inner:
                         e = outer * piece + inner
-                        T.buffer_store(local, tirx.BufferLoad(load.source, prefix + [self._lane_start(width) + e]),
-                                       [v * width + e])
-            slices[load.source] = local, width, per_element
+                        T.buffer_store(local, tirx.BufferLoad(load.source, prefix + [start + e]), [v * width + e])
+            slices[load.source] = local, width, moving
         return slices
 
     def _from_slices(self, expr, at):
@@ -384,7 +413,7 @@ class _FusedBlock:
         with T.serial(self.parts) as part_loop:
             with T.serial(self.lanes) as lane_loop:
                 with T.sblock(self.name + suffix):
-                    p = T.axis.spatial(self.parts, part_loop)
+                    p = self.part = T.axis.spatial(self.parts, part_loop)
                     self.lane = T.axis.spatial(self.lanes, lane_loop)
                     if active is not None:
                         T.where(part_loop < active)
@@ -393,7 +422,7 @@ class _FusedBlock:
                     T.reads(*reads(p))
                     T.writes(*writes(p))
                     yield p
-                    self.lane = None
+                    self.lane = self.part = None
 
     def _alloc_states(self, leading: list) -> tuple[dict, dict]:
         """Per level, its running-value buffer and its side-state buffers, each shaped
@@ -697,6 +726,82 @@ class _FusedBlock:
         self._for_each(lvl, emit)
 
 
+class _SliceRing:
+    """A lane's moving slices (the key and value rows of decode attention) through a ring of
+    ``copy_stages`` chunks in shared memory, filled by ``cp.async`` (CUDA only).
+
+    Register double buffering keeps one chunk in flight per thread and pays for it in registers,
+    which caps the warps an SM holds and so the bytes in flight. The ring keeps ``stages`` - 1
+    chunks in flight in shared memory: step t waits for chunk t (``wait_group(stages - 1)``;
+    every step commits one group, empty past the end), copies it into the slice registers the
+    step reads, and after the step's work, when those registers have been read, refills the
+    same slot with chunk t + stages. Each thread reads only what it copied, so no CTA barrier is
+    needed. Ring index: [part within the CTA, slot, 16-byte piece of the chunk, lane, element
+    of the piece]: a warp's lanes read adjacent 16-byte words, without bank conflicts."""
+
+    def __init__(self, block: _FusedBlock, rows: list, element, steps: int):
+        self.block, self.rows, self.element, self.steps = block, rows, element, steps
+        self.stages = block.copy_stages
+        self.part = tirx.floordiv(block.part, block.ranks)
+        self.sources = block._slice_sources(True)
+        self.rings, self.registers = {}, {}
+        for load, _owner, width in self.sources:
+            dtype = str(load.source.ty.dtype)
+            if block._piece(width, dtype) * tvm.DataType(dtype).itemsize != 16:
+                raise ValueError(f"copy stages need 16-byte slices; {load.source.name}'s are "
+                                 f"{width * tvm.DataType(dtype).itemsize} bytes")
+            piece = block._piece(width, dtype)
+            self.rings[load.source] = T.sblock_alloc_buffer(
+                [block.parts // block.ranks, self.stages, block.vector * width // piece, block.lanes, piece],
+                dtype, scope="shared")
+            self.registers[load.source] = T.sblock_alloc_buffer([block.vector * width], dtype, scope="local")
+            block.slices[load.source] = self.registers[load.source], width, True
+        # The rings' shared addresses, taken once: TVM's barrier planner counts an address_of
+        # as a write, and would fence every step against it.
+        self.base = T.sblock_alloc_buffer([len(self.sources)], "uint32", scope="local")
+        for n, (load, _owner, _width) in enumerate(self.sources):
+            T.buffer_store(self.base, T.cuda.cvta_generic_to_shared(
+                T.address_of(self.rings[load.source][self.part, 0, 0, block.lane, 0])), [n])
+        for s in range(self.stages):
+            self._issue(tirx.const(s, "int32"), tirx.const(s, "int32"))
+
+    def _issue(self, step, slot) -> None:
+        """cp.async of chunk ``step``'s slices into ``slot``, committed as one group; past the
+        last chunk the copies read nothing (``ignore-src``: the slot is zero-filled, never read),
+        so every thread commits a group per step without a branch."""
+        block = self.block
+        past = step >= self.steps
+        step = tirx.min(step, self.steps - 1)
+        for n, (load, owner, width) in enumerate(self.sources):
+            dtype = str(load.source.ty.dtype)
+            piece, size = block._piece(width, dtype), tvm.DataType(dtype).itemsize
+            pieces = block.vector * width // piece
+            for v in range(block.vector):
+                *prefix, start = block._slice_start(load, owner, self.rows, self.element(step, v), width)
+                for c in range(width // piece):
+                    offset = ((slot * pieces + v * width // piece + c) * block.lanes * piece) * size
+                    dst = self.base[n] + tirx.Cast("uint32", offset)
+                    src = T.address_of(tirx.BufferLoad(load.source, prefix + [start + c * piece]))
+                    T.evaluate(T.ptx.cp.async_.cg.shared.global_(dst, src, 16, past))
+        T.evaluate(T.ptx.cp.async_.commit_group())
+
+    def take(self, t) -> None:
+        """Wait for chunk ``t`` and copy it into the slice registers."""
+        T.evaluate(T.ptx.cp.async_.wait_group(self.stages - 1))
+        slot = tirx.floormod(t, self.stages)
+        for load, _owner, width in self.sources:
+            registers, ring = self.registers[load.source], self.rings[load.source]
+            piece = self.block._piece(width, str(load.source.ty.dtype))
+            with T.serial(self.block.vector * width // piece) as outer:
+                with T.vectorized(piece) as inner:
+                    T.buffer_store(registers, ring[self.part, slot, outer, self.block.lane, inner],
+                                   [outer * piece + inner])
+
+    def refill(self, t) -> None:
+        """Chunk ``t + stages`` into the slot chunk ``t`` used."""
+        self._issue(t + self.stages, tirx.floormod(t, self.stages))
+
+
 def _buffers(values: dict, side: dict) -> list:
     """Every buffer of a set of states."""
     return list(values.values()) + [b for bufs in side.values() for b in bufs]
@@ -717,7 +822,8 @@ def _slot(extra: list) -> list:
 
 
 def splice(func: tirx.PrimFunc, group: list[Level], parts: int = 1, vector: int = 1, lanes: int = 1,
-           ranks: int = 1, producers: dict | None = None, shuffle: bool = False) -> tirx.PrimFunc:
+           ranks: int = 1, producers: dict | None = None, shuffle: bool = False,
+           copy_stages: int = 0) -> tirx.PrimFunc:
     """``func`` with the group's loop nests (and its element producers') replaced by the fused
     nest (where the last level was)."""
     root = func.body.block
@@ -728,7 +834,7 @@ def splice(func: tirx.PrimFunc, group: list[Level], parts: int = 1, vector: int 
         return {str(b.name_hint) for b in find_all(stmt, SBlock)}
 
     positions = [n for n, stage in enumerate(stages) if blocks_in(stage) & names]
-    fused = _FusedBlock(group, parts, vector, lanes, ranks, producers, shuffle).build()
+    fused = _FusedBlock(group, parts, vector, lanes, ranks, producers, shuffle, copy_stages).build()
     kept = [s for n, s in enumerate(stages) if n not in positions[:-1]]
     kept[kept.index(stages[positions[-1]])] = fused
     body = kept[0] if len(kept) == 1 else tirx.SeqStmt(kept)

@@ -278,40 +278,73 @@ def decode() -> list[Variant]:
     per CTA, the row's parts spread over a cluster of ``ranks`` CTAs whose last partials meet
     through DSM (split-KV, merged in fp32 by the cascade's rule); ``planner`` in the plan marks
     the split tvm_dsm's planner picks."""
-    variants = []
-    plans = {shape: plan_cascade_split(cascade_workloads.decode_attention(*shape)) for shape in DECODE_SHAPES}
-    for (rows, keys, dim), ranks, groups, vector, key_slices in itertools.product(
-            DECODE_SHAPES, (1, 2, 4, 8, 16), (8, 16, 32, 64), (2, 4, 8, 16), (1, 2)):
-        lanes = dim // 8 // key_slices
-        if keys % (ranks * groups * vector) or groups * lanes < 32:
-            continue
-        func = cascade_workloads.decode_attention(rows, keys, dim)
-        plan = plans[rows, keys, dim]
-        fused, reports = fuse_cascaded_reductions(func, parts=groups * ranks, vector=vector,
-                                                  lanes=lanes, ranks=ranks, shuffle=True)
-        if not all(r.fusible for r in reports):
-            raise ValueError(f"decode {rows}x{keys}x{dim}: {[str(r) for r in reports]}")
-        name = (f"decode_{rows}x{keys}x{dim}_c{ranks}_g{groups}_v{vector}"
-                + (f"_l{lanes}" if key_slices > 1 else ""))
-        try:
-            mod = schedule_fused_rows(fused).mod
-        except ClusterError as err:  # e.g. too many partial states for a cluster merge
-            print(f"{name}: refused: {err}")
-            continue
-        args = _args(func)
-        variants.append(Variant(
-            name=name,
-            workload="decode_attention",
-            mod=mod,
-            args=args,
-            bytes=_nbytes(args),
-            flops=4 * rows * keys * dim,
-            plan={"ranks": ranks, "groups": groups, "lanes": lanes, "vector": vector,
-                  "planner": (plan.ranks, plan.parts, plan.vector, plan.lanes)
-                  == (ranks, groups * ranks, vector, lanes)},
-            peers=("torch_eager", "torch_compile", "torch_sdpa"),
-        ))
-    return variants
+    plans = _decode_plans()
+    return [v for shape, ranks, groups, vector, key_slices in itertools.product(
+                DECODE_SHAPES, (1, 2, 4, 8, 16), (8, 16, 32, 64), (2, 4, 8, 16), (1, 2))
+            for v in _decode_variant(shape, ranks, groups, vector, dim_lanes(shape) // key_slices, 0, plans)]
+
+
+#: Copy stages measured by decode_staged: rings of 2-6 chunks, and 0 (registers) beside them.
+_COPY_STAGES = (0, 2, 3, 4, 6)
+#: A ring's shared memory per CTA, at most (static shared memory holds 48 KB, with the merge's
+#: partial states).
+_RING_BYTES = 32 * 1024
+
+
+def decode_staged() -> list[Variant]:
+    """Decode attention with the lanes' K/V slices brought through a ring of ``copy_stages``
+    chunks in shared memory by cp.async (0: register double buffering, as in ``decode``), over
+    clusters of 1-8 CTAs, 8-32 parts per CTA and 2 or 4 keys per chunk."""
+    plans = _decode_plans()
+    return [v for shape, ranks, groups, vector, stages in itertools.product(
+                DECODE_SHAPES, (1, 2, 4, 8), (8, 16, 32), (2, 4), _COPY_STAGES)
+            if groups * dim_lanes(shape) * stages * vector * 32 <= _RING_BYTES
+            for v in _decode_variant(shape, ranks, groups, vector, dim_lanes(shape), stages, plans)]
+
+
+def dim_lanes(shape: tuple) -> int:
+    """Lanes per key of a decode shape: one 16-byte slice of the fp16 head per lane."""
+    return shape[2] // 8
+
+
+def _decode_plans() -> dict:
+    return {shape: plan_cascade_split(cascade_workloads.decode_attention(*shape)) for shape in DECODE_SHAPES}
+
+
+def _decode_variant(shape: tuple, ranks: int, groups: int, vector: int, lanes: int, copy_stages: int,
+                    plans: dict) -> list[Variant]:
+    """The decode kernel of one split ([] where it does not divide or does not build)."""
+    rows, keys, dim = shape
+    if keys % (ranks * groups * vector) or groups * lanes < 32:
+        return []
+    func = cascade_workloads.decode_attention(rows, keys, dim)
+    plan = plans[shape]
+    fused, reports = fuse_cascaded_reductions(func, parts=groups * ranks, vector=vector, lanes=lanes,
+                                              ranks=ranks, shuffle=True, copy_stages=copy_stages)
+    if not all(r.fusible for r in reports):
+        raise ValueError(f"decode {rows}x{keys}x{dim}: {[str(r) for r in reports]}")
+    name = (f"decode_{rows}x{keys}x{dim}_c{ranks}_g{groups}_v{vector}"
+            + (f"_l{lanes}" if lanes != dim_lanes(shape) else "")
+            + (f"_s{copy_stages}" if copy_stages else ""))
+    try:
+        mod = schedule_fused_rows(fused).mod
+    except ClusterError as err:  # e.g. too many partial states for a cluster merge
+        print(f"{name}: refused: {err}")
+        return []
+    args = _args(func)
+    return [Variant(
+        name=name,
+        workload="decode_attention",
+        mod=mod,
+        args=args,
+        bytes=_nbytes(args),
+        flops=4 * rows * keys * dim,
+        plan={"ranks": ranks, "groups": groups, "lanes": lanes, "vector": vector,
+              "copy_stages": copy_stages,
+              "planner": (plan.ranks, plan.parts, plan.vector, plan.lanes, plan.copy_stages)
+              == (ranks, groups * ranks, vector, lanes, copy_stages)},
+        peers=("torch_eager", "torch_compile", "torch_sdpa"),
+    )]
 
 
 #: Weight shapes (N, K) of the GEMM chains' and SwiGLU FFNs' layers (FlashFuser's G/S workloads).
@@ -851,7 +884,7 @@ def conv_chains() -> list[Variant]:
 
 
 SUITES = {"split_k": split_k, "collectives": collectives, "cascades": cascades, "gemm": gemm,
-          "attention": attention, "chains": chains, "conv_chains": conv_chains, "chains_m": chains_m, "decode": decode,
+          "attention": attention, "chains": chains, "conv_chains": conv_chains, "chains_m": chains_m, "decode": decode, "decode_staged": decode_staged,
           "lm_head": lm_head, "fp8": fp8, "gemm_tma": gemm_tma, "chains_tma": chains_tma, "gated": gated,
           "gemm_m": gemm_m, "gemm_wgmma": gemm_wgmma, "programmatic_launch": programmatic_launch,
           "decode_pdl": decode_pdl, "gemm_large_m": gemm_large_m}

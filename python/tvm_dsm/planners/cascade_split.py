@@ -52,10 +52,11 @@ class CascadeSplit:
     ranks: int
     bytes_in_flight: int
     bytes_needed: int
+    copy_stages: int = 0
 
     def kwargs(self) -> dict:
         return {"parts": self.parts, "vector": self.vector, "lanes": self.lanes, "ranks": self.ranks,
-                "shuffle": True}
+                "shuffle": True, "copy_stages": self.copy_stages}
 
     def explain(self) -> str:
         groups = self.parts // self.ranks

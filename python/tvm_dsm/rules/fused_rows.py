@@ -63,10 +63,14 @@ def schedule_fused_rows(func: tirx.PrimFunc) -> s_tir.Schedule:
                     sch.transform_layout(block, ("write", index),
                                          lambda p, *rest: (p % ranks, p // ranks, *rest))
                 sch.set_scope(block, index, DSM_SCOPE if ranks > 1 else "shared")
-        if slices > STATIC_SLICES_BUDGET:
+        # A copy ring (FuseCascadedReductions' copy_stages) is static shared memory beside them.
+        ring = sum(buffer_bytes(b) for b in sch.get(part).alloc_buffers if str(b.ty.storage_scope) == "shared")
+        if ranks > 1 and slices + ring > STATIC_SLICES_BUDGET:
             raise ClusterError(
-                f"{name}: the partial states take {slices} B per CTA; a cluster merge keeps them "
-                f"in static shared memory ({STATIC_SLICES_BUDGET} B): use fewer parts per CTA")
+                f"{name}: the partial states take {slices} B per CTA"
+                + (f" and the copy ring {ring} B" if ring else "")
+                + f"; a cluster merge keeps them in static shared memory ({STATIC_SLICES_BUDGET} B): "
+                "use fewer parts per CTA" + (" or copy stages" if ring else ""))
         # Intermediate results (not parameters) stay in the row's CTA for its epilogue.
         params = list(func.params)
         for index, region in enumerate(sch.get(fused).writes):

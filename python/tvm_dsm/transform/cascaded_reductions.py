@@ -22,7 +22,7 @@ LOG = logging.getLogger("tvm_dsm.fusion")
 
 def fuse_cascaded_reductions(
     func: tirx.PrimFunc, *, allow_approximate: bool = False, parts: int = 1, vector: int = 1,
-    lanes: int = 1, ranks: int = 1, shuffle: bool = False,
+    lanes: int = 1, ranks: int = 1, shuffle: bool = False, copy_stages: int = 0,
 ) -> tuple[tirx.PrimFunc, list[GroupReport]]:
     """The rewritten function (or ``func`` itself) and one report per cascade found.
 
@@ -42,6 +42,9 @@ def fuse_cascaded_reductions(
     (part p on rank p % ranks) then meet once, through DSM (tvm_dsm.rules.fused_rows). With
     ``shuffle`` the parts whose threads share a warp merge first by warp shuffles, in registers
     (CUDA only; part p's threads are ``(p // ranks) * lanes`` + lane, as fused_rows binds them).
+    ``copy_stages`` = S >= 2 (with ``lanes`` > 1) brings the lanes' moving slices through a
+    ring of S chunks in shared memory filled by ``cp.async`` (CUDA only): S - 1 chunks in flight
+    per thread without holding them in registers.
     """
     inlined = inline_elementwise(func)
     fused, reports = inlined, []
@@ -58,7 +61,7 @@ def fuse_cascaded_reductions(
             report.reason = (f"{parts} parts of {vector}-element chunks do not divide the "
                              f"reduction extent {group[0].extent}")
         producers = element_producers(inlined, group) if report.fusible else {}
-        problem = _check_split(group, producers, parts, lanes, ranks) if report.fusible else None
+        problem = _check_split(group, producers, parts, lanes, ranks, copy_stages) if report.fusible else None
         if problem:
             report.fusible, report.reason = False, problem
         if report.fusible and producers:
@@ -66,14 +69,18 @@ def fuse_cascaded_reductions(
                                f"{p.extent})" for p in producers.values()]
         reports.append(report)
         if report.fusible:
-            fused = splice(fused, group, parts, vector, lanes, ranks, producers, shuffle)
+            fused = splice(fused, group, parts, vector, lanes, ranks, producers, shuffle, copy_stages)
     for report in reports:
         LOG.info("%s", report)
     return (fused if any(r.fusible for r in reports) else func), reports
 
 
-def _check_split(group, producers: dict, parts: int, lanes: int, ranks: int) -> str | None:
-    """Why the lanes / ranks split cannot apply to this group, or None."""
+def _check_split(group, producers: dict, parts: int, lanes: int, ranks: int,
+                 copy_stages: int = 0) -> str | None:
+    """Why the lanes / ranks split (or the copy stages) cannot apply to this group, or None."""
+    if copy_stages and (copy_stages < 2 or lanes < 2):
+        return (f"copy_stages={copy_stages}: a ring of at least 2 chunks, for the slices of "
+                "lanes > 1")
     if lanes & (lanes - 1) or not 1 <= lanes <= 32:
         return f"lanes={lanes}: lanes share a warp through shuffles, so a power of two up to 32"
     if ranks & (ranks - 1) or parts % ranks:
@@ -94,12 +101,14 @@ def _check_split(group, producers: dict, parts: int, lanes: int, ranks: int) -> 
 
 
 def FuseCascadedReductions(allow_approximate: bool = False, parts: int = 1, vector: int = 1,  # noqa: N802
-                           lanes: int = 1, ranks: int = 1, shuffle: bool = False) -> tvm.transform.Pass:
+                           lanes: int = 1, ranks: int = 1, shuffle: bool = False,
+                           copy_stages: int = 0) -> tvm.transform.Pass:
     """The pass form (TVM naming): rewrite every fusible cascade of every PrimFunc."""
 
     @tirx.transform.prim_func_pass(opt_level=0, name="tvm_dsm.FuseCascadedReductions")
     def _pass(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx) -> tirx.PrimFunc:
         return fuse_cascaded_reductions(func, allow_approximate=allow_approximate, parts=parts,
-                                        vector=vector, lanes=lanes, ranks=ranks, shuffle=shuffle)[0]
+                                        vector=vector, lanes=lanes, ranks=ranks, shuffle=shuffle,
+                                        copy_stages=copy_stages)[0]
 
     return _pass
