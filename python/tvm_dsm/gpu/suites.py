@@ -768,10 +768,7 @@ def fp8() -> list[Variant]:
     for (m, n, k), quantized in itertools.product(FP8_SHAPES, (False, True)):
         if not quantized and (m, n, k) not in FP8_SHAPES[:2]:
             continue
-        func = quantized_dense(m, n, k) if quantized else scaled_dense(m, n, k)
-        args = _args(func)
-        for a in args:  # scales: positive, around 1
-            a["positive"] = a["dtype"] == "float32"
+        func = _fp8_workload(m, n, k, quantized)
         fp8_shape = GemmShape(m, n, k, True, "float8_e4m3fn")
         if quantized:
             candidates = [("two_kernels_", schedule_quantize_then_gemm, plan) for plan in _fitting(
@@ -779,21 +776,52 @@ def fp8() -> list[Variant]:
             candidates += [("", schedule_quantized_gemm, plan) for plan in plan_split_k_gemm(fp8_shape, hw, True)[:3]]
         else:
             candidates = [("", schedule_split_k_gemm, plan) for plan in plan_split_k_gemm(fp8_shape, hw)[:3]]
-        for rank, (form, schedule, plan) in enumerate(candidates):
-            c = plan.config
-            variants.append(Variant(
-                name=f"{'quant_' if quantized else ''}fp8_{m}x{n}x{k}_{form}c{c.cluster_size}_"
-                f"{c.block_m}x{c.block_n}x{c.block_k}_s{c.stages}{'_tma' if c.tma else ''}",
-                workload="quantized_dense" if quantized else "scaled_dense",
-                mod=schedule(func, c).mod,
-                args=args,
-                bytes=_nbytes(args),
-                flops=2 * m * n * k,
-                plan={**vars(c), "plan_rank": rank, "planner": rank == 0, "predicted_us": plan.predicted_us,
-                      "form": form.rstrip("_") or "one_kernel"},
-                extra={"m": m, "n": n, "k": k, "quantized": quantized},
-            ))
+        variants += [_fp8_variant(func, (m, n, k), quantized, form, schedule, plan, rank)
+                     for rank, (form, schedule, plan) in enumerate(candidates)]
     return variants
+
+
+def fp8_sweep() -> list[Variant]:
+    """Every TMA + wgmma configuration of the fp8 GEMM at 128 x 4096 x 4096 (the planner's
+    pruned space, ranked by prediction), alone and after the per-token quantization kernel."""
+    hw = load_hardware()
+    m, n, k = FP8_SHAPES[0]
+    plans = [p for p in plan_split_k_gemm(GemmShape(m, n, k, True, "float8_e4m3fn"), hw)
+             if p.config.tma and p.config.wgmma]
+    variants = []
+    for quantized in (False, True):
+        func = _fp8_workload(m, n, k, quantized)
+        form, schedule = ("two_kernels_", schedule_quantize_then_gemm) if quantized else ("", schedule_split_k_gemm)
+        for rank, plan in enumerate(plans):
+            try:
+                variants.append(_fp8_variant(func, (m, n, k), quantized, form, schedule, plan, rank))
+            except ClusterError as err:  # the epilogue's tile does not fit beside the pipeline
+                print(f"{form}c{plan.config.cluster_size}: refused: {err}")
+    return variants
+
+
+def _fp8_workload(m: int, n: int, k: int, quantized: bool):
+    return quantized_dense(m, n, k) if quantized else scaled_dense(m, n, k)
+
+
+def _fp8_variant(func, mnk: tuple, quantized: bool, form: str, schedule, plan, rank: int) -> Variant:
+    m, n, k = mnk
+    args = _args(func)
+    for a in args:  # scales: positive, around 1
+        a["positive"] = a["dtype"] == "float32"
+    c = plan.config
+    return Variant(
+        name=f"{'quant_' if quantized else ''}fp8_{m}x{n}x{k}_{form}c{c.cluster_size}_"
+        f"{c.block_m}x{c.block_n}x{c.block_k}_s{c.stages}{'_tma' if c.tma else ''}",
+        workload="quantized_dense" if quantized else "scaled_dense",
+        mod=schedule(func, c).mod,
+        args=args,
+        bytes=_nbytes(args),
+        flops=2 * m * n * k,
+        plan={**vars(c), "plan_rank": rank, "planner": rank == 0, "predicted_us": plan.predicted_us,
+              "form": form.rstrip("_") or "one_kernel"},
+        extra={"m": m, "n": n, "k": k, "quantized": quantized},
+    )
 
 
 def _fitting(func, schedule, plans: list, count: int) -> list:
@@ -884,7 +912,7 @@ def conv_chains() -> list[Variant]:
 
 
 SUITES = {"split_k": split_k, "collectives": collectives, "cascades": cascades, "gemm": gemm,
-          "attention": attention, "chains": chains, "conv_chains": conv_chains, "chains_m": chains_m, "decode": decode, "decode_staged": decode_staged,
+          "attention": attention, "chains": chains, "conv_chains": conv_chains, "chains_m": chains_m, "decode": decode, "decode_staged": decode_staged, "fp8_sweep": fp8_sweep,
           "lm_head": lm_head, "fp8": fp8, "gemm_tma": gemm_tma, "chains_tma": chains_tma, "gated": gated,
           "gemm_m": gemm_m, "gemm_wgmma": gemm_wgmma, "programmatic_launch": programmatic_launch,
           "decode_pdl": decode_pdl, "gemm_large_m": gemm_large_m}
