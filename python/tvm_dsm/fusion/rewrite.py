@@ -733,9 +733,9 @@ class _SliceRing:
     Register double buffering keeps one chunk in flight per thread and pays for it in registers,
     which caps the warps an SM holds and so the bytes in flight. The ring keeps ``stages`` - 1
     chunks in flight in shared memory: step t waits for chunk t (``wait_group(stages - 1)``;
-    every step commits one group, empty past the end), copies it into the slice registers the
-    step reads, and after the step's work, when those registers have been read, refills the
-    same slot with chunk t + stages. Each thread reads only what it copied, so no CTA barrier is
+    every step commits one group, whose copies read nothing past the end), copies it into the
+    slice registers the step reads, and after the step's work, when those registers have been
+    read, refills the same slot with chunk t + stages. Each thread reads only what it copied, so no CTA barrier is
     needed. Ring index: [part within the CTA, slot, 16-byte piece of the chunk, lane, element
     of the piece]: a warp's lanes read adjacent 16-byte words, without bank conflicts."""
 
@@ -747,17 +747,17 @@ class _SliceRing:
         self.rings, self.registers = {}, {}
         for load, _owner, width in self.sources:
             dtype = str(load.source.ty.dtype)
-            if block._piece(width, dtype) * tvm.DataType(dtype).itemsize != 16:
+            piece = block._piece(width, dtype)
+            if piece * tvm.DataType(dtype).itemsize != 16:
                 raise ValueError(f"copy stages need 16-byte slices; {load.source.name}'s are "
                                  f"{width * tvm.DataType(dtype).itemsize} bytes")
-            piece = block._piece(width, dtype)
             self.rings[load.source] = T.sblock_alloc_buffer(
                 [block.parts // block.ranks, self.stages, block.vector * width // piece, block.lanes, piece],
                 dtype, scope="shared")
             self.registers[load.source] = T.sblock_alloc_buffer([block.vector * width], dtype, scope="local")
             block.slices[load.source] = self.registers[load.source], width, True
-        # The rings' shared addresses, taken once: TVM's barrier planner counts an address_of
-        # as a write, and would fence every step against it.
+        # The rings' shared addresses, taken once: TVM's barrier planner (ThreadSync) counts an
+        # address_of as a shared-memory write, and taken inside the scan it asked for a barrier.
         self.base = T.sblock_alloc_buffer([len(self.sources)], "uint32", scope="local")
         for n, (load, _owner, _width) in enumerate(self.sources):
             T.buffer_store(self.base, T.cuda.cvta_generic_to_shared(
