@@ -23,9 +23,8 @@ from .planners.gemm_row_max import plan_gemm_row_max, row_max_shape
 from .planners.report import Plan
 from .planners.split_k import plan_split_k_reduction
 from .planners.split_k_gemm import plan_split_k_gemm
-from .rules.conv_chain import CONV_FUSED_PICK_BIAS
-from .rules.conv_chain import (ConvChainConfig, ConvChainPlan, ConvChainShape, conv_kernels, copies,
-                               find_conv_chain, gemm_view)
+from .rules.conv_chain import (CONV_FUSED_PICK_BIAS, ConvChainConfig, ConvChainPlan, ConvChainShape,
+                               conv_kernels, copies, find_conv_chain, gemm_view)
 from .rules.fused_chain import find_chain, schedule_fused_chain
 from .rules.gemm_row_max import schedule_gemm_row_max
 from .rules.split_k_gemm import find_gemm, schedule_split_k_gemm

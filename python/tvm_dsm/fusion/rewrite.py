@@ -743,14 +743,16 @@ class _SliceRing:
         self.block, self.rows, self.element, self.steps = block, rows, element, steps
         self.stages = block.copy_stages
         self.part = tirx.floordiv(block.part, block.ranks)
-        self.sources = block._slice_sources(True)
+        # (load, owner, width, elements per 16-byte piece) of each moving slice
+        self.sources = [(load, owner, width, block._piece(width, str(load.source.ty.dtype)))
+                        for load, owner, width in block._slice_sources(True)]
         self.rings, self.registers = {}, {}
-        for load, _owner, width in self.sources:
+        for load, _owner, width, piece in self.sources:
             dtype = str(load.source.ty.dtype)
-            piece = block._piece(width, dtype)
-            if piece * tvm.DataType(dtype).itemsize != 16:
+            size = tvm.DataType(dtype).itemsize
+            if piece * size != 16:
                 raise ValueError(f"copy stages need 16-byte slices; {load.source.name}'s are "
-                                 f"{width * tvm.DataType(dtype).itemsize} bytes")
+                                 f"{width * size} bytes")
             self.rings[load.source] = T.sblock_alloc_buffer(
                 [block.parts // block.ranks, self.stages, block.vector * width // piece, block.lanes, piece],
                 dtype, scope="shared")
@@ -759,7 +761,7 @@ class _SliceRing:
         # The rings' shared addresses, taken once: TVM's barrier planner (ThreadSync) counts an
         # address_of as a shared-memory write, and taken inside the scan it asked for a barrier.
         self.base = T.sblock_alloc_buffer([len(self.sources)], "uint32", scope="local")
-        for n, (load, _owner, _width) in enumerate(self.sources):
+        for n, (load, *_rest) in enumerate(self.sources):
             T.buffer_store(self.base, T.cuda.cvta_generic_to_shared(
                 T.address_of(self.rings[load.source][self.part, 0, 0, block.lane, 0])), [n])
         for s in range(self.stages):
@@ -772,9 +774,8 @@ class _SliceRing:
         block = self.block
         past = step >= self.steps
         step = tirx.min(step, self.steps - 1)
-        for n, (load, owner, width) in enumerate(self.sources):
-            dtype = str(load.source.ty.dtype)
-            piece, size = block._piece(width, dtype), tvm.DataType(dtype).itemsize
+        for n, (load, owner, width, piece) in enumerate(self.sources):
+            size = tvm.DataType(str(load.source.ty.dtype)).itemsize
             pieces = block.vector * width // piece
             for v in range(block.vector):
                 *prefix, start = block._slice_start(load, owner, self.rows, self.element(step, v), width)
@@ -789,9 +790,8 @@ class _SliceRing:
         """Wait for chunk ``t`` and copy it into the slice registers."""
         T.evaluate(T.ptx.cp.async_.wait_group(self.stages - 1))
         slot = tirx.floormod(t, self.stages)
-        for load, _owner, width in self.sources:
+        for load, _owner, width, piece in self.sources:
             registers, ring = self.registers[load.source], self.rings[load.source]
-            piece = self.block._piece(width, str(load.source.ty.dtype))
             with T.serial(self.block.vector * width // piece) as outer:
                 with T.vectorized(piece) as inner:
                     T.buffer_store(registers, ring[self.part, slot, outer, self.block.lane, inner],

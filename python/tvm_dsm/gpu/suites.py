@@ -281,7 +281,7 @@ def decode() -> list[Variant]:
     plans = _decode_plans()
     return [v for shape, ranks, groups, vector, key_slices in itertools.product(
                 DECODE_SHAPES, (1, 2, 4, 8, 16), (8, 16, 32, 64), (2, 4, 8, 16), (1, 2))
-            for v in _decode_variant(shape, ranks, groups, vector, dim_lanes(shape) // key_slices, 0, plans)]
+            for v in _decode_variant(shape, ranks, groups, vector, _dim_lanes(shape) // key_slices, 0, plans)]
 
 
 #: Copy stages measured by decode_staged: rings of 2-6 chunks, and 0 (registers) beside them.
@@ -298,11 +298,11 @@ def decode_staged() -> list[Variant]:
     plans = _decode_plans()
     return [v for shape, ranks, groups, vector, stages in itertools.product(
                 DECODE_SHAPES, (1, 2, 4, 8), (8, 16, 32), (2, 4), _COPY_STAGES)
-            if groups * dim_lanes(shape) * stages * vector * 32 <= _RING_BYTES
-            for v in _decode_variant(shape, ranks, groups, vector, dim_lanes(shape), stages, plans)]
+            if groups * _dim_lanes(shape) * stages * vector * 32 <= _RING_BYTES
+            for v in _decode_variant(shape, ranks, groups, vector, _dim_lanes(shape), stages, plans)]
 
 
-def dim_lanes(shape: tuple) -> int:
+def _dim_lanes(shape: tuple) -> int:
     """Lanes per key of a decode shape: one 16-byte slice of the fp16 head per lane."""
     return shape[2] // 8
 
@@ -324,7 +324,7 @@ def _decode_variant(shape: tuple, ranks: int, groups: int, vector: int, lanes: i
     if not all(r.fusible for r in reports):
         raise ValueError(f"decode {rows}x{keys}x{dim}: {[str(r) for r in reports]}")
     name = (f"decode_{rows}x{keys}x{dim}_c{ranks}_g{groups}_v{vector}"
-            + (f"_l{lanes}" if lanes != dim_lanes(shape) else "")
+            + (f"_l{lanes}" if lanes != _dim_lanes(shape) else "")
             + (f"_s{copy_stages}" if copy_stages else ""))
     try:
         mod = schedule_fused_rows(fused).mod
