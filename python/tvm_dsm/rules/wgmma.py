@@ -30,6 +30,7 @@ from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
 from ..transform.tma_pipeline import WGMMA_HELPER_PREFIX as HELPER_PREFIX
+from ..script_parsing import frozen_frames_skipped
 from .tensor_core import TILE, mma
 
 WARPGROUP_ROWS = 64  # rows of one wgmma: 4 warps x 16
@@ -215,6 +216,6 @@ def _desc_impl(name: str, n: int, depth: int, dtype: str):
 #: The widths the planner's configurations use (tvm_dsm.planners.split_k_gemm), registered at
 #: import: a MetaSchedule database's traces name the intrinsic, and a fresh process replaying
 #: them (tvm_dsm.build) has scheduled nothing that would register it.
-for _n in (64, 128, 256):
-    for _dtype in _PTX_TYPE:
+with frozen_frames_skipped():
+    for _n, _dtype in ((n, dtype) for n in (64, 128, 256) for dtype in _PTX_TYPE):
         wgmma_intrin(_n, _SWIZZLE_ROW_BYTES // (_K_STEP_BYTES // k_per_step(_dtype)), _dtype)
