@@ -73,7 +73,9 @@ def test_pattern_is_found_in_any_function_of_the_chain_shape():
         (gemm_chain(128, 512, 256, 256), FusedChainConfig(2, n_steps=3), "not a multiple of 3 steps"),
         (gemm_chain(128, 512, 256, 200), SMALL, "L=200 does not split"),
         (gemm_chain(128, 512, 96, 256), SMALL, "K=96 is not a multiple of 2 CTAs x 32"),
-        (gemm_chain(128, 512, 128, 256), SMALL, "K=128 does not give each of 2 CTAs 3 steps"),
+        (gemm_chain(128, 512, 128, 256), SMALL, "CTA's 2 K steps cannot fill a 3-stage pipeline"),
+        (gemm_chain(128, 512, 128, 256), FusedChainConfig(2, 128, 64, 2, 32, stages=1),
+         "stages=1 .no pipeline. is for a single cp.async K step per CTA; got 2"),
         (gemm_chain(128, 512, 4096, 4096), FusedChainConfig(2), "registers per thread"),
         (gemm_chain(128, 512, 256, 256, dtype="float32"), SMALL, "float16"),
     ],
@@ -99,9 +101,19 @@ def test_smem_only_fusion_fits_small_chains_only(assemble):
         plan_chain(g5, hw, smem_only=True)
 
 
-def test_k_too_small_for_any_cluster_is_refused_by_the_planner():
-    with pytest.raises(ClusterError, match="no fused chain configuration fits M=128 K=32"):
-        schedule_chain(gemm_chain(128, 512, 32, 256))  # G1: nothing to split K over
+def test_a_k_of_one_step_per_cta_is_loaded_without_a_pipeline(assemble):
+    """G1 (K = 32): each CTA of a cluster gets one 16-deep K step, which no pipeline overlaps;
+    its tiles are copied, synchronized and multiplied. The fused kernel runs in one wave, so
+    the inter-cluster reduce is launched programmatically behind it."""
+    sch, plan = schedule_chain(gemm_chain(128, 512, 32, 256))
+    assert plan.config.stages == 1 and plan.config.programmatic_launch
+    assert "launched programmatically" in plan.summary()
+    source = cuda_source(sch.mod)
+    assert "cp.async" not in source
+    assert source.count("griddepcontrol_wait();") == 2  # both kernels wait for the previous grid
+    assemble(source, "chain_one_k_step")
+    with pytest.raises(ClusterError, match="no fused chain configuration fits M=128 K=24"):
+        schedule_chain(gemm_chain(128, 512, 24, 256))  # K not a whole 16-deep fragment
 
 
 def test_planner_prunes_and_ranks_fast_and_explains():
@@ -125,9 +137,12 @@ def test_planner_prunes_and_ranks_fast_and_explains():
 @pytest.mark.gpu
 @pytest.mark.parametrize("gated", [False, True])
 @pytest.mark.parametrize("config", [SMALL, FusedChainConfig(4, 64, 64, 1, 32, 2, 4, 3),
-                                    FusedChainConfig(2, 32, 32, 1, 64, 2, 2, 3, tma=True)])
+                                    FusedChainConfig(2, 32, 32, 1, 64, 2, 2, 3, tma=True),
+                                    FusedChainConfig(2, 32, 32, 1, 16, 1, 2, 1,
+                                                     programmatic_launch=True)])
 def test_gpu_matches_float64(gated, config):
-    m, n, k, l = 128, 512, 512, 256
+    m, n, l = 128, 512, 256
+    k = 32 if config.stages == 1 else 512  # one K step per CTA: G1's K
     func = swiglu_ffn(m, n, k, l) if gated else gemm_chain(m, n, k, l, "relu")
     assert chain_error_on_gpu(func, schedule_fused_chain(func, config).mod) < 2e-3
 

@@ -73,6 +73,10 @@ def test_epilogue_is_fused_into_the_reduce_scatter(assemble):
         (dense(96, 256, 512), SMALL, "M=96 is not a multiple of the 64 tile"),
         (dense(128, 256, 512, dtype="float32"), SMALL, "two operands of one type among"),
         (dense(128, 256, 512), SplitKGemmConfig(2, 64, 64, 32, 2, 2, stages=2), "at least 3"),
+        (dense(128, 256, 512), SplitKGemmConfig(2, 64, 64, 32, 2, 2, stages=1),
+         "stages=1 .no pipeline. is for a single cp.async K step per CTA; got 8"),
+        (dense(128, 256, 64), SplitKGemmConfig(1, 64, 64, 64, 2, 2, stages=1, tma=True),
+         "got 1 step.s. by TMA"),
         (dense(128, 256, 512), SplitKGemmConfig(32, 64, 64, 32, 2, 2), "cluster size 32"),
         (dense(128, 256, 256), SplitKGemmConfig(4, 64, 64, 32, 2, 2, stages=3), "cannot fill"),
         (dense(256, 512, 4096), SplitKGemmConfig(2, 256, 256, 64, 2, 4, 4), "shared memory"),
@@ -150,3 +154,20 @@ def test_schedule_dense_uses_the_plan():
 def test_gpu_matches_float64(m, n, k, cluster):
     config = SplitKGemmConfig(cluster, min(m, 128), 64, 64, 2 if m >= 32 else 1, 2, 3)
     assert dense_relu_error_on_gpu(m, n, k, config) < 2e-3
+
+
+def test_a_single_k_step_is_planned_without_a_pipeline(assemble):
+    """K = 32 (G1's first layer) is one K step: the planner loads it unpipelined (stages=1)
+    with plain 16-byte copies, not cp.async."""
+    sch, plan = schedule_dense(dense(128, 512, 32))
+    assert plan.config.stages == 1 and not plan.config.tma
+    source = cuda_source(sch.mod)
+    assert "cp.async" not in source and "mma.sync" in source
+    assemble(source, "gemm_one_k_step")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cluster", [1, 2])
+def test_gpu_single_k_step_matches_float64(cluster):
+    config = SplitKGemmConfig(cluster, 64, 64, 32 // cluster, 2, 2, stages=1)
+    assert dense_relu_error_on_gpu(128, 512, 32, config) < 2e-3

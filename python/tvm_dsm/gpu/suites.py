@@ -407,9 +407,9 @@ def layer_shapes() -> dict[str, tuple[int, int]]:
 
 def gemm_m() -> list[Variant]:
     """The planner's pick on every G/S layer shape at each batch the GEMM issue checks: 1, 16,
-    64, 128, 256, 1024, 4096. Where no split-K configuration fits (M = 1: no tensor-core tile;
-    K = 32: nothing to split), what ``tvm_dsm.build`` falls back to (TVM's stock dlight
-    schedule), against torch all the same."""
+    64, 128, 256, 1024, 4096. Where no split-K configuration fits (M = 1: no tensor-core tile),
+    what ``tvm_dsm.build`` falls back to (TVM's stock dlight schedule), against torch all the
+    same."""
     hw = load_hardware()
     variants = []
     for m in (1, 16, 64, 128, 256, 1024, 4096):
@@ -875,6 +875,20 @@ def programmatic_launch() -> list[Variant]:
     return [_launched(v, on) for v in variants for on in (False, True)]
 
 
+#: Chains whose torch time is mostly launches: where a fused kernel's second launch matters.
+_SMALL_CHAINS = ("G1", "G2", "G3", "G7", "G9", "G10")
+
+
+def chains_pdl() -> list[Variant]:
+    """The fused plans of the small chains (the planner's top 3 and the SMEM-only one) launched
+    programmatically and not: the inter-cluster reduce kernel's launch overlapping the fused
+    kernel."""
+    hw = load_hardware()
+    variants = [v for label in _SMALL_CHAINS for v in _chain_variants(label, 128, 0, hw)
+                if not v.plan.get("unfused")]
+    return [_launched(v, on) for v in variants for on in (False, True)]
+
+
 def conv_chains() -> list[Variant]:
     """FlashFuser's conv chains C1-C8 (tvm_dsm.rules.conv_chain) at batch 1 and 8: the top 3
     plans and the best of the other kind (fused or unfused) than the pick, each that lowers (a
@@ -915,4 +929,4 @@ SUITES = {"split_k": split_k, "collectives": collectives, "cascades": cascades, 
           "attention": attention, "chains": chains, "conv_chains": conv_chains, "chains_m": chains_m, "decode": decode, "decode_staged": decode_staged, "fp8_sweep": fp8_sweep,
           "lm_head": lm_head, "fp8": fp8, "gemm_tma": gemm_tma, "chains_tma": chains_tma, "gated": gated,
           "gemm_m": gemm_m, "gemm_wgmma": gemm_wgmma, "programmatic_launch": programmatic_launch,
-          "decode_pdl": decode_pdl, "gemm_large_m": gemm_large_m}
+          "decode_pdl": decode_pdl, "chains_pdl": chains_pdl, "gemm_large_m": gemm_large_m}

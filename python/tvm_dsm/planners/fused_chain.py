@@ -18,6 +18,7 @@ barriers, the W2 tile load), which no amount of bandwidth hides.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -38,12 +39,18 @@ from .report import Plan
 from .split_k_gemm import LAUNCH_S, MMA_SYNC_PEAK, STEP_S, stream_share
 
 _BARRIERS_PER_STEP = 3
-#: Measured over predicted time of the fused planner's pick: median 1.40 over 29 chain workloads
-#: and batches on the H100, against 1.16 for the best unfused plan (two split-K GEMMs)
-#: (bench/results/chains.json, chains_m.json, 2026-11-25). The fused model misses part of its
-#: kernel's cost, so where the two kinds are ranked together a fused plan counts at its
-#: prediction times the ratio (at 1.0 six of 24 fused-or-unfused choices were wrong, at 1.2 two).
-FUSED_PICK_BIAS = 1.40 / 1.16
+#: Measured over predicted time of the fused planner's pick: median 1.38 over 30 chain workloads
+#: and batches on the H100, against 0.92 for the best unfused plan (two split-K GEMMs)
+#: (bench/results/chains.json, chains_m.json, chains_g1.json, chains_pdl.json; predictions as of
+#: the programmatic launch below, 2026-11-25). The fused model misses part of its kernel's cost,
+#: so where the two kinds are ranked together a fused plan counts at its prediction times the
+#: ratio (at 1.0 seven of 29 fused-or-unfused choices were wrong, at 1.2 four, at 1.5 two:
+#: G1 by 0.8 us, G4 at M = 16 by 1.8 us).
+FUSED_PICK_BIAS = 1.38 / 0.92
+#: The inter-cluster reduce launched programmatically behind a one-wave fused kernel: 1.0-1.7 us
+#: faster on G1-G3, G7 and G10 at M = 128 (bench/results/chains_pdl.json, H100, 2026-11-25);
+#: G9's fused plans lost up to 0.9 us.
+PROGRAMMATIC_SAVING_S = 1.2e-6
 
 
 @dataclass(frozen=True)
@@ -64,7 +71,8 @@ class ChainPlan(Plan):
             f"cluster, GEMM0 K split over the cluster in {c.block_k}-wide {c.stages}-stage "
             f"{'TMA' if c.tma else 'cp.async'} steps, "
             f"all-exchange of fp32 partials through DSM, {s.l // c.cluster_size} output columns "
-            f"per CTA, {self.groups} cluster column group(s) reduced by a second kernel; "
+            f"per CTA, {self.groups} cluster column group(s) reduced by a second kernel"
+            f"{' (launched programmatically)' if c.programmatic_launch else ''}; "
             f"{c.shared_bytes(s)} B SMEM per CTA"
         )
 
@@ -102,9 +110,12 @@ def predict(shape: ChainShape, config: FusedChainConfig, hw: Hardware) -> ChainP
     k_steps = g * shape.k // (s * c.block_k)
     per_step = ((c.stages - 1) * hw.latency_ns["hbm"] + hw.latency_ns["hbm"]
                 + _BARRIERS_PER_STEP * hw.latency_ns["dsm"]) * 1e-9 + k_steps * STEP_S
-    seconds["latency"] = 2 * LAUNCH_S + waves * c.n_steps * per_step
+    programmatic = waves == 1
+    launches = 2 * LAUNCH_S - (PROGRAMMATIC_SAVING_S if programmatic else 0.0)
+    seconds["latency"] = launches + waves * c.n_steps * per_step
     total = max(seconds["hbm"], seconds["l2"], seconds["mma"]) + seconds["dsm"] + seconds["latency"]
-    return ChainPlan(bytes=traffic, seconds=seconds, predicted_us=total * 1e6, config=config,
+    return ChainPlan(bytes=traffic, seconds=seconds, predicted_us=total * 1e6,
+                     config=dataclasses.replace(config, programmatic_launch=programmatic),
                      shape=shape, ctas=ctas)
 
 
@@ -118,7 +129,7 @@ SPACE = {
     "n_steps": (1, 2, 4, 8, 16),
     "block_k": (16, 32, 64),
     "warps": ((1, 2), (1, 4), (2, 2), (2, 4), (4, 2)),
-    "stages": (3, 4),
+    "stages": (1, 3, 4),  # 1: a single K step per CTA, unpipelined
     "tma": (False, True),
 }
 
@@ -150,7 +161,7 @@ def plan_chain(shape: ChainShape, hw: Hardware, smem_only: bool = False) -> list
         raise ClusterError(
             f"no {'SMEM-only ' if smem_only else ''}fused chain configuration fits M={shape.m} "
             f"K={shape.k} N={shape.n} L={shape.l} (candidates left after each rule: {counts}): "
-            "K must give each CTA of a cluster at least 3 steps of 16, L must split into "
+            "K must give each CTA of a cluster one or at least 3 steps of 16, L must split into "
             "16-column fragments per warp, M must be a multiple of 16, and a CTA's tiles and "
             "output accumulators must fit its SM"
         )

@@ -141,7 +141,7 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
     # warpgroup MMAs, stages - 2: their group stays in flight into the next step, which the
     # wait for the next tile overlaps as much as the lost step of lookahead costs; measured
     # picks matched best counting stages - 1.)
-    lookahead, latency = (c.stages - 1, TMA_LATENCY_S) if c.tma else (c.stages - 2, LOADED_LATENCY_S)
+    lookahead, latency = (c.stages - 1, TMA_LATENCY_S) if c.tma else (max(1, c.stages - 2), LOADED_LATENCY_S)
     stream = stream_share(c.tma)
     in_flight = min(per_sm * lookahead * tile_bytes, SM_PULL_CAP * _BYTES_IN_FLIGHT_PER_SM)
     pull = busy_sms / hw.sm_count * in_flight / _BYTES_IN_FLIGHT_PER_SM
@@ -200,7 +200,7 @@ def candidate_configs(shape: GemmShape, quantized: bool = False) -> list[SplitKG
     # K that 64 does not divide (G3's 416)
     depths = (64, 128) if element_bytes(shape.dtype) == 1 else (32, 64)
     for s, bm, bn, bk, stages, tma, wgmma in itertools.product(
-        (1, 2, 4, 8, 16), (16, 32, 64, 128, 256), (64, 128, 256), depths, (3, 4), (True, False),
+        (1, 2, 4, 8, 16), (16, 32, 64, 128, 256), (64, 128, 256), depths, (1, 3, 4), (True, False),
         (False, True),
     ):
         if wgmma:  # each warp: 16 rows, every column (tvm_dsm.rules.wgmma)
@@ -226,7 +226,7 @@ def plan_split_k_gemm(shape: GemmShape, hw: Hardware, quantized: bool = False) -
         raise ClusterError(
             f"no cluster split-K GEMM configuration fits {shape.m}x{shape.n}x{shape.k} "
             "(M must be a multiple of 16, N a multiple of 64, K a multiple of 32 "
-            "giving each CTA at least 3 pipeline steps)"
+            "giving each CTA one or at least 3 pipeline steps)"
         )
     return sorted(plans, key=lambda p: (p.predicted_us, p.config.cluster_size, -p.config.stages))
 

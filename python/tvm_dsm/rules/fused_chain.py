@@ -27,7 +27,7 @@ The pattern is found in any PrimFunc of this shape (:func:`find_chain`), not onl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
@@ -36,9 +36,11 @@ from ..errors import ClusterError
 from ..ir import is_reduction
 from ..schedule import bind_cluster_nest, check_cluster_size
 from ..transform.cluster_launch import MAX_SMEM_PER_CTA
+from ..transform.programmatic_launch import launch_programmatically
 from .split_k_gemm import (
     GemmShape,
     SplitKGemmConfig,
+    check_pipeline,
     check_tma,
     find_gemm_operands,
     split_k_main_loops,
@@ -72,6 +74,10 @@ class FusedChainConfig:
     warps_n: int = 4
     stages: int = 3
     tma: bool = False  # GEMM0's operand tiles by TMA tensor copies (tvm_dsm.transform.tma_pipeline)
+    #: launch both kernels with programmatic dependent launch, so the inter-cluster reduce's
+    #: launch overlaps the fused kernel: the planner sets it where the fused grid runs in one
+    #: wave. Not part of the point's identity.
+    programmatic_launch: bool = field(default=False, compare=False)
 
     @property
     def threads(self) -> int:
@@ -187,11 +193,7 @@ def _check_divisible(shape: ChainShape, c: FusedChainConfig) -> None:
 
 
 def _check_pipeline(shape: ChainShape, c: FusedChainConfig) -> None:
-    if c.stages < 3:
-        raise ClusterError(f"stages={c.stages}: the pipeline needs at least 3")
-    if shape.k // (c.cluster_size * c.block_k) < c.stages:
-        raise ClusterError(f"K={shape.k} does not give each of {c.cluster_size} CTAs {c.stages} "
-                           f"steps of {c.block_k}")
+    check_pipeline(shape.k // (c.cluster_size * c.block_k), c.stages, c.tma)
 
 
 def _check_copy(shape: ChainShape, c: FusedChainConfig) -> None:
@@ -284,6 +286,8 @@ def apply_fused_chain(sch: s_tir.Schedule, blocks: ChainBlocks, shape: ChainShap
     tensorize_fragments(sch, gemm1, fragment1, caches, step, True,
                         mma.MMA_store_16x16_f32_global_INTRIN)
     _schedule_inter_cluster_reduce(sch, blocks, c)
+    if c.programmatic_launch:
+        launch_programmatically(sch)
 
 
 def _schedule_all_exchange(sch: s_tir.Schedule, blocks: ChainBlocks, c: FusedChainConfig) -> None:

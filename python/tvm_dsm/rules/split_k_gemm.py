@@ -208,12 +208,7 @@ def check_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
         if (rows * c.block_k) % (c.threads * lanes):
             raise ClusterError(f"a {rows}x{c.block_k} operand tile is not a whole number of "
                                f"16-byte copies for {c.threads} threads")
-    if c.stages < 3:
-        # Two stages would need the fragment prologue and the copy in one stage; measured wrong.
-        raise ClusterError(f"stages={c.stages}: the pipeline needs at least 3")
-    if shape.k // (s * c.block_k) < c.stages:
-        raise ClusterError(f"a CTA's {shape.k // (s * c.block_k)} K steps cannot fill a "
-                           f"{c.stages}-stage pipeline")
+    check_pipeline(shape.k // (s * c.block_k), c.stages, c.tma)
     if c.tma:
         check_tma(shape, c)
     if c.wgmma:
@@ -222,6 +217,22 @@ def check_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
     if needed > MAX_SMEM_PER_CTA:
         raise ClusterError(f"{needed} B of shared memory per CTA exceeds the {MAX_SMEM_PER_CTA} B "
                            "an H100 CTA may use")
+
+
+def check_pipeline(k_steps: int, stages: int, tma: bool) -> None:
+    """A CTA's ``k_steps`` K steps fill a pipeline of at least 3 stages, or are a single step
+    loaded without one (``stages=1``, cp.async copies only): a K as short as 32 has nothing to
+    overlap."""
+    if stages == 1:
+        if k_steps != 1 or tma:
+            raise ClusterError(f"stages=1 (no pipeline) is for a single cp.async K step per CTA; "
+                               f"got {k_steps} step(s){' by TMA' if tma else ''}")
+        return
+    if stages < 3:
+        # Two stages would need the fragment prologue and the copy in one stage; measured wrong.
+        raise ClusterError(f"stages={stages}: the pipeline needs at least 3")
+    if k_steps < stages:
+        raise ClusterError(f"a CTA's {k_steps} K steps cannot fill a {stages}-stage pipeline")
 
 
 def check_tma(shape: GemmShape, config: SplitKGemmConfig) -> None:
@@ -400,6 +411,8 @@ def split_k_main_loops(sch: s_tir.Schedule, partials: list[tuple], shape: GemmSh
             sch.annotate(k_frag, "software_pipeline_order", [0, 1, 2])
         if c.tma:  # tiles stages-1 steps ahead by TMA (tvm_dsm.transform.tma_pipeline)
             sch.annotate(k_step, TMA_STAGES_KEY, c.stages)
+            continue
+        if c.stages == 1:  # one K step: copy, synchronize, multiply
             continue
         # Software pipeline: operand tiles stages-1 K steps ahead (cp.async), fragments one
         # 16-wide K step ahead. The outer body is [X tile, W tile, then the inner pipeline's
