@@ -129,15 +129,24 @@ SPACE = {
     "n_steps": (1, 2, 4, 8, 16),
     "block_k": (16, 32, 64),
     "warps": ((1, 2), (1, 4), (2, 2), (2, 4), (4, 2)),
-    "stages": (1, 3, 4),  # 1: a single K step per CTA, unpipelined
+    "stages": (3, 4),
     "tma": (False, True),
 }
 
 
 def candidate_configs(shape: ChainShape, smem_only: bool = False) -> tuple[list[FusedChainConfig], dict[str, int]]:
     """The valid configurations for ``shape`` and how many candidates remain after each pruning
-    rule (``space``: before any); ``smem_only``: clusters of one CTA instead of the DSM space."""
+    rule (``space``: before any); ``smem_only``: clusters of one CTA instead of the DSM space.
+    Where no pipelined configuration fits (a K of one step per CTA, G1's 32), the space of
+    unpipelined ones (``stages=1``); only there, as the model was not fitted on them."""
     space = {**SPACE, "cluster_size": (1,)} if smem_only else SPACE
+    survivors, counts = _pruned(shape, space)
+    if not survivors:
+        survivors, counts = _pruned(shape, {**space, "stages": (1,)})
+    return survivors, counts
+
+
+def _pruned(shape: ChainShape, space: dict) -> tuple[list[FusedChainConfig], dict[str, int]]:
     survivors = [FusedChainConfig(s, bm, bn, steps, bk, wm, wn, stages, tma)
                  for s, bm, bn, steps, bk, (wm, wn), stages, tma in itertools.product(*space.values())]
     counts = {"space": len(survivors)}

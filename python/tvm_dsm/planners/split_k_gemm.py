@@ -193,15 +193,21 @@ def _doubled_up(ctas: int, one_per_sm: int) -> float:
 
 def candidate_configs(shape: GemmShape, quantized: bool = False) -> list[SplitKGemmConfig]:
     """Every configuration of the family that is valid for ``shape`` (the pruned design space);
-    ``quantized``: valid for the fused per-token quantization too."""
+    ``quantized``: valid for the fused per-token quantization too. Where no pipelined
+    configuration fits (K = 32), the unpipelined ones (``stages=1``); only there, as the model
+    was not fitted on them."""
+    return _candidates(shape, quantized, (3, 4)) or _candidates(shape, quantized, (1,))
+
+
+def _candidates(shape: GemmShape, quantized: bool, pipelines: tuple[int, ...]) -> list[SplitKGemmConfig]:
     check = check_quantized_config if quantized else check_config
     configs = []
     # K steps: TMA's 128-byte rows (fp8: 128 deep, 16-bit: 64); 16-bit also 32 by cp.async, for
     # K that 64 does not divide (G3's 416)
     depths = (64, 128) if element_bytes(shape.dtype) == 1 else (32, 64)
     for s, bm, bn, bk, stages, tma, wgmma in itertools.product(
-        (1, 2, 4, 8, 16), (16, 32, 64, 128, 256), (64, 128, 256), depths, (1, 3, 4), (True, False),
-        (False, True),
+        (1, 2, 4, 8, 16), (16, 32, 64, 128, 256), (64, 128, 256), depths, pipelines,
+        (True, False), (False, True),
     ):
         if wgmma:  # each warp: 16 rows, every column (tvm_dsm.rules.wgmma)
             warps_m, warps_n = bm // TILE, 1
