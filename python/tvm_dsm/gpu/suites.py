@@ -13,7 +13,7 @@ from tvm import s_tir
 from ..driver import H100, plan as plan_function, stock_schedule
 
 from ..hardware import load_hardware
-from ..planners.split_k_gemm import plan_split_k_gemm, predict
+from ..planners.split_k_gemm import SHALLOW_PIPELINES, plan_split_k_gemm, predict
 from ..rules import SplitKReductionConfig, schedule_split_k_reduction
 from ..rules.split_k_gemm import GemmShape, SplitKGemmConfig, check_config, schedule_split_k_gemm
 from ..workloads.dense import dense, gated_dense, quantized_dense, scaled_dense
@@ -875,6 +875,51 @@ def programmatic_launch() -> list[Variant]:
     return [_launched(v, on) for v in variants for on in (False, True)]
 
 
+#: Dense layers at M = 128 where the planner's pick trailed cuBLAS most (gemm_m.json: 0.65-0.83x).
+_TRAILING_LAYERS = ("G3a", "G6a", "G8a", "G10a", "S2b", "S6b", "S8a")
+
+
+def gemm_stages() -> list[Variant]:
+    """Pipeline depth on the dense layers that trail cuBLAS at M = 128: the planner's top 3
+    with 3-8 stages each (the planner offers 3 and 4), where they fit."""
+    hw = load_hardware()
+    shapes = layer_shapes()
+    variants = []
+    for label in _TRAILING_LAYERS:
+        n, k = shapes[label]
+        shape = GemmShape(128, n, k, True)
+        for rank, plan in enumerate(plan_split_k_gemm(shape, hw)[:3]):
+            for stages in (3, 4, 5, 6, 8):
+                config = dataclasses.replace(plan.config, stages=stages)
+                try:
+                    check_config(shape, config)
+                except ClusterError:
+                    continue
+                predicted = predict(shape, config, hw).predicted_us
+                variants.append(_gemm_variant(label, 128, n, k, config, rank, predicted))
+    # Plans that differ only in their warp layout share a name: keep the better-ranked one.
+    return list({v.name: v for v in reversed(variants)}.values())[::-1]
+
+
+def gemm_depths() -> list[Variant]:
+    """Every G/S layer and batch of ``gemm_m`` where the planner's pick changes when its space
+    takes pipelines deeper than 4 stages: the pick from 3-4 stages and the pick from all."""
+    hw = load_hardware()
+    variants = []
+    for m in (16, 64, 128, 256, 1024, 4096):
+        for label, (n, k) in layer_shapes().items():
+            shape = GemmShape(m, n, k, True)
+            try:
+                shallow = plan_split_k_gemm(shape, hw, pipelines=SHALLOW_PIPELINES)[0]
+            except ClusterError:
+                continue
+            deep = plan_split_k_gemm(shape, hw)[0]
+            if deep.config != shallow.config:
+                variants += [_gemm_variant(label, m, n, k, p.config, 0, p.predicted_us)
+                             for p in (shallow, deep)]
+    return variants
+
+
 #: Chains whose torch time is mostly launches: where a fused kernel's second launch matters.
 _SMALL_CHAINS = ("G1", "G2", "G3", "G7", "G9", "G10")
 
@@ -929,4 +974,4 @@ SUITES = {"split_k": split_k, "collectives": collectives, "cascades": cascades, 
           "attention": attention, "chains": chains, "conv_chains": conv_chains, "chains_m": chains_m, "decode": decode, "decode_staged": decode_staged, "fp8_sweep": fp8_sweep,
           "lm_head": lm_head, "fp8": fp8, "gemm_tma": gemm_tma, "chains_tma": chains_tma, "gated": gated,
           "gemm_m": gemm_m, "gemm_wgmma": gemm_wgmma, "programmatic_launch": programmatic_launch,
-          "decode_pdl": decode_pdl, "chains_pdl": chains_pdl, "gemm_large_m": gemm_large_m}
+          "decode_pdl": decode_pdl, "chains_pdl": chains_pdl, "gemm_stages": gemm_stages, "gemm_depths": gemm_depths, "gemm_large_m": gemm_large_m}

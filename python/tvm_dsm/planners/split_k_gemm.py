@@ -191,12 +191,27 @@ def _doubled_up(ctas: int, one_per_sm: int) -> float:
     return max(1.0, math.ceil(x) / x / SM_HEADROOM) if x > 1 else 1.0
 
 
-def candidate_configs(shape: GemmShape, quantized: bool = False) -> list[SplitKGemmConfig]:
+#: Pipeline depths of the space. Deeper than 4 measured faster where the main loop waits on
+#: its loads: G3a (K = 416, cp.async) 4.8 -> 3.0 us at 8 stages, S6b 18.7 -> 16.6, G6a 8.4 ->
+#: 7.9, S2b 17.1 -> 16.3; no slower on G8a and S8a (bench/results/gemm_stages.json, H100).
+PIPELINE_DEPTHS = (3, 4, 5, 6, 8)
+#: Gated layers (two products), fp8 and the fused quantization keep these: deeper ones were
+#: measured on 16-bit single-product layers only, and a gated 5-stage 128x128 tile took
+#: 248,880 B of shared memory where 231,504 were estimated (over the H100's 232,448).
+SHALLOW_PIPELINES = (3, 4)
+
+
+def candidate_configs(shape: GemmShape, quantized: bool = False,
+                      pipelines: tuple[int, ...] | None = None) -> list[SplitKGemmConfig]:
     """Every configuration of the family that is valid for ``shape`` (the pruned design space);
-    ``quantized``: valid for the fused per-token quantization too. Where no pipelined
-    configuration fits (K = 32), the unpipelined ones (``stages=1``); only there, as the model
-    was not fitted on them."""
-    return _candidates(shape, quantized, (3, 4)) or _candidates(shape, quantized, (1,))
+    ``quantized``: valid for the fused per-token quantization too; ``pipelines``: the pipeline
+    depths (stages) to consider (default: PIPELINE_DEPTHS for a plain layer, else
+    SHALLOW_PIPELINES). Where no pipelined configuration fits (K = 32), the unpipelined ones
+    (``stages=1``); only there, as the model was not fitted on them."""
+    if pipelines is None:
+        plain = shape.products == 1 and not quantized and element_bytes(shape.dtype) == 2
+        pipelines = PIPELINE_DEPTHS if plain else SHALLOW_PIPELINES
+    return _candidates(shape, quantized, pipelines) or _candidates(shape, quantized, (1,))
 
 
 def _candidates(shape: GemmShape, quantized: bool, pipelines: tuple[int, ...]) -> list[SplitKGemmConfig]:
@@ -225,9 +240,10 @@ def _candidates(shape: GemmShape, quantized: bool, pipelines: tuple[int, ...]) -
     return configs
 
 
-def plan_split_k_gemm(shape: GemmShape, hw: Hardware, quantized: bool = False) -> list[GemmPlan]:
+def plan_split_k_gemm(shape: GemmShape, hw: Hardware, quantized: bool = False,
+                      pipelines: tuple[int, ...] | None = None) -> list[GemmPlan]:
     """All valid configurations, best predicted first (``quantized``: see :func:`predict`)."""
-    plans = [predict(shape, c, hw, quantized) for c in candidate_configs(shape, quantized)]
+    plans = [predict(shape, c, hw, quantized) for c in candidate_configs(shape, quantized, pipelines)]
     if not plans:
         raise ClusterError(
             f"no cluster split-K GEMM configuration fits {shape.m}x{shape.n}x{shape.k} "
