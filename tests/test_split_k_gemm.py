@@ -175,7 +175,7 @@ def test_gpu_single_k_step_matches_float64(cluster):
 
 def test_deep_pipelines_are_offered_to_plain_16_bit_layers_only(assemble):
     """Deeper than 4 stages measured 1.14x faster over the 37 picks it changed
-    (gemm_depths.json); gated layers, fp8 and the fused quantization keep 3-4 stages, whose
+    (gemm_depths.json); gated layers and the fused quantization keep 3-4 stages, whose
     shared-memory estimates were never checked deeper."""
     from tvm_dsm.planners.split_k_gemm import PIPELINE_DEPTHS, SHALLOW_PIPELINES
 
@@ -184,7 +184,8 @@ def test_deep_pipelines_are_offered_to_plain_16_bit_layers_only(assemble):
 
     assert depths(GemmShape(128, 512, 416, True)) == set(PIPELINE_DEPTHS)
     assert depths(GemmShape(128, 512, 4096, True, products=2)) == set(SHALLOW_PIPELINES)
-    assert depths(GemmShape(128, 512, 4096, True, dtype="float8_e4m3fn")) == set(SHALLOW_PIPELINES)
+    assert depths(GemmShape(128, 512, 4096, True, dtype="float8_e4m3fn")) == set(PIPELINE_DEPTHS)
+    assert depths(GemmShape(128, 512, 4096, True, dtype="float8_e4m3fn"), quantized=True) == set(SHALLOW_PIPELINES)
     sch, plan = schedule_dense(dense(128, 512, 416))  # G3a: K = 13 steps of 32 by cp.async
     assert plan.config.stages == 8 and not plan.config.tma
     assemble(cuda_source(sch.mod), "gemm_eight_stages")

@@ -781,12 +781,14 @@ def fp8() -> list[Variant]:
     return variants
 
 
-def fp8_sweep() -> list[Variant]:
+def fp8_sweep(pipelines: tuple[int, ...] = SHALLOW_PIPELINES) -> list[Variant]:
     """Every TMA + wgmma configuration of the fp8 GEMM at 128 x 4096 x 4096 (the planner's
-    pruned space, ranked by prediction), alone and after the per-token quantization kernel."""
+    pruned space with ``pipelines`` stages, ranked by prediction), alone and after the per-token
+    quantization kernel."""
     hw = load_hardware()
     m, n, k = FP8_SHAPES[0]
-    plans = [p for p in plan_split_k_gemm(GemmShape(m, n, k, True, "float8_e4m3fn"), hw)
+    plans = [p for p in plan_split_k_gemm(GemmShape(m, n, k, True, "float8_e4m3fn"), hw,
+                                          pipelines=pipelines)
              if p.config.tma and p.config.wgmma]
     variants = []
     for quantized in (False, True):
@@ -798,6 +800,11 @@ def fp8_sweep() -> list[Variant]:
             except ClusterError as err:  # the epilogue's tile does not fit beside the pipeline
                 print(f"{form}c{plan.config.cluster_size}: refused: {err}")
     return variants
+
+
+def fp8_depths() -> list[Variant]:
+    """``fp8_sweep`` with the pipeline depths the planner does not offer fp8 (5, 6, 8)."""
+    return fp8_sweep((5, 6, 8))
 
 
 def _fp8_workload(m: int, n: int, k: int, quantized: bool):
@@ -902,10 +909,18 @@ def gemm_stages() -> list[Variant]:
 
 
 def gemm_depths() -> list[Variant]:
-    """Every G/S layer and batch of ``gemm_m`` where the planner's pick changes when its space
-    takes pipelines deeper than 4 stages: the pick from 3-4 stages and the pick from all."""
+    """Every G/S layer and batch of ``gemm_m``, and every fp8 shape alone and behind its
+    quantization kernel, where the planner's pick changes when its space takes pipelines deeper
+    than 4 stages: the pick from 3-4 stages and the pick from all."""
     hw = load_hardware()
     variants = []
+    for (m, n, k), quantized in itertools.product(FP8_SHAPES, (False, True)):
+        func, fp8_shape = _fp8_workload(m, n, k, quantized), GemmShape(m, n, k, True, "float8_e4m3fn")
+        form, schedule = ("two_kernels_", schedule_quantize_then_gemm) if quantized else ("", schedule_split_k_gemm)
+        picks = [_fitting(func, schedule, plan_split_k_gemm(fp8_shape, hw, pipelines=pipelines), 1)[0]
+                 for pipelines in (SHALLOW_PIPELINES, None)]
+        if picks[0].config != picks[1].config:
+            variants += [_fp8_variant(func, (m, n, k), quantized, form, schedule, p, 0) for p in picks]
     for m in (16, 64, 128, 256, 1024, 4096):
         for label, (n, k) in layer_shapes().items():
             shape = GemmShape(m, n, k, True)
@@ -974,4 +989,4 @@ SUITES = {"split_k": split_k, "collectives": collectives, "cascades": cascades, 
           "attention": attention, "chains": chains, "conv_chains": conv_chains, "chains_m": chains_m, "decode": decode, "decode_staged": decode_staged, "fp8_sweep": fp8_sweep,
           "lm_head": lm_head, "fp8": fp8, "gemm_tma": gemm_tma, "chains_tma": chains_tma, "gated": gated,
           "gemm_m": gemm_m, "gemm_wgmma": gemm_wgmma, "programmatic_launch": programmatic_launch,
-          "decode_pdl": decode_pdl, "chains_pdl": chains_pdl, "gemm_stages": gemm_stages, "gemm_depths": gemm_depths, "gemm_large_m": gemm_large_m}
+          "decode_pdl": decode_pdl, "chains_pdl": chains_pdl, "gemm_stages": gemm_stages, "gemm_depths": gemm_depths, "fp8_depths": fp8_depths, "gemm_large_m": gemm_large_m}
