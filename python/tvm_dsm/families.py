@@ -9,6 +9,7 @@ scheduled as its first GEMM.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -57,11 +58,14 @@ def _chain_shape(func: tirx.PrimFunc):
 
 
 def _rank_chains(shape, hw: Hardware) -> list[Plan]:
-    """A chain's fused plans and its unfused ones (two split-K GEMMs), ranked together: fusion
-    is chosen where the model predicts it faster, not because it applies (fused predictions
-    weighted by FUSED_PICK_BIAS, the fused model's measured optimism)."""
+    """A chain's fused plans (DSM clusters, and one-CTA SMEM-only ones where they fit) and its
+    unfused ones (two split-K GEMMs), ranked together: fusion is chosen where the model predicts
+    it faster, not because it applies (fused predictions weighted by FUSED_PICK_BIAS, the fused
+    model's measured optimism)."""
     plans, reasons = [], []
-    for kind, planner in (("fused", plan_chain), ("unfused", plan_unfused_chain)):
+    kinds = (("fused", plan_chain), ("SMEM-only fused", functools.partial(plan_chain, smem_only=True)),
+             ("unfused", plan_unfused_chain))
+    for kind, planner in kinds:
         try:
             plans += planner(shape, hw)
         except ClusterError as err:

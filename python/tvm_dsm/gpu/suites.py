@@ -635,9 +635,10 @@ def _chain_variants(label: str, m: int, sample: int, hw) -> list[Variant]:
     except ClusterError as err:
         print(f"{label}: {err}")
         return []
-    fused_pick = not isinstance(ranking[0].config, UnfusedChainConfig)
-    # Within each kind the family's order is the kind's own planner's order.
-    plans = [p for p in ranking if not isinstance(p.config, UnfusedChainConfig)]
+    pick = ranking[0].config
+    # Within each kind the family's order is the kind's own planner's order (DSM fused plans
+    # apart from the SMEM-only ones, which the family ranks too).
+    plans = [p for p in ranking if not isinstance(p.config, UnfusedChainConfig) and p.config.cluster_size > 1]
     ranked = [p for p in ranking if isinstance(p.config, UnfusedChainConfig)]
     forms = {p.config.gate is None for p in ranked[:2]}
     unfused = ranked[:2] + [p for p in ranked if (p.config.gate is None) not in forms][:1]
@@ -649,9 +650,9 @@ def _chain_variants(label: str, m: int, sample: int, hw) -> list[Variant]:
         picked["smem"] = plan_chain(shape, hw, smem_only=True)[0]
     except ClusterError:
         pass  # the intermediate does not fit one CTA: the case DSM fusion exists for
-    return ([_chain_variant(label, shape, func, args, plan, rank, hw, fused_pick and rank == 0)
+    return ([_chain_variant(label, shape, func, args, plan, rank, hw, plan.config == pick)
              for rank, plan in picked.items()]
-            + [_unfused_chain_variant(label, shape, func, args, plan, rank, not fused_pick and rank == 0)
+            + [_unfused_chain_variant(label, shape, func, args, plan, rank, plan.config == pick)
                for rank, plan in enumerate(unfused)])
 
 
