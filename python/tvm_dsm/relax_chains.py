@@ -56,20 +56,19 @@ def chain_patterns() -> list:
     return patterns
 
 
-def _is_matmul(func: tirx.PrimFunc) -> bool:
+def _kind(func: tirx.PrimFunc) -> str | None:
+    """``"matmul"`` (one matmul block, weights ``[out, in]``), ``"elementwise"`` (no reduction)
+    or None."""
     sch = s_tir.Schedule(func)
-    blocks = sch.get_child_blocks(sch.get_sblock("root"))
-    if len(blocks) != 1 or not is_reduction(sch.get(blocks[0])):
-        return False
+    blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    if not any(is_reduction(b) for b in blocks):
+        return "elementwise"
+    if len(blocks) != 1:
+        return None
     try:
-        return find_gemm_operands(sch.get(blocks[0]))[0].weight_nk
+        return "matmul" if find_gemm_operands(blocks[0])[0].weight_nk else None
     except ClusterError:
-        return False
-
-
-def _is_elementwise(func: tirx.PrimFunc) -> bool:
-    sch = s_tir.Schedule(func)
-    return not any(is_reduction(sch.get(b)) for b in sch.get_child_blocks(sch.get_sblock("root")))
+        return None
 
 
 def _check(mod: tvm.IRModule):
@@ -82,9 +81,8 @@ def _check(mod: tvm.IRModule):
             is_call = isinstance(e, relax.Call) and e.op.name == "relax.call_tir"
             if is_call and not any(e.same_as(c) for c in calls):
                 calls.append(e)
-        funcs = [mod[c.args[0]] for c in calls]
-        matmuls = [_is_matmul(f) for f in funcs]
-        return sum(matmuls) in (2, 3) and all(m or _is_elementwise(f) for m, f in zip(matmuls, funcs))
+        kinds = [_kind(mod[c.args[0]]) for c in calls]
+        return kinds.count("matmul") in (2, 3) and None not in kinds
 
     return check
 

@@ -726,6 +726,9 @@ class _FusedBlock:
         self._for_each(lvl, emit)
 
 
+_PIECE_BYTES = 16  # one cp.async.cg copy; every piece of a ring is exactly this
+
+
 class _SliceRing:
     """A lane's moving slices (the key and value rows of decode attention) through a ring of
     ``copy_stages`` chunks in shared memory, filled by ``cp.async`` (CUDA only).
@@ -750,9 +753,9 @@ class _SliceRing:
         for load, _owner, width, piece in self.sources:
             dtype = str(load.source.ty.dtype)
             size = tvm.DataType(dtype).itemsize
-            if piece * size != 16:
-                raise ValueError(f"copy stages need 16-byte slices; {load.source.name}'s are "
-                                 f"{width * size} bytes")
+            if piece * size != _PIECE_BYTES:
+                raise ValueError(f"copy stages need {_PIECE_BYTES}-byte slices; "
+                                 f"{load.source.name}'s are {width * size} bytes")
             self.rings[load.source] = T.sblock_alloc_buffer(
                 [block.parts // block.ranks, self.stages, block.vector * width // piece, block.lanes, piece],
                 dtype, scope="shared")
@@ -775,15 +778,14 @@ class _SliceRing:
         past = step >= self.steps
         step = tirx.min(step, self.steps - 1)
         for n, (load, owner, width, piece) in enumerate(self.sources):
-            size = tvm.DataType(str(load.source.ty.dtype)).itemsize
             pieces = block.vector * width // piece
             for v in range(block.vector):
                 *prefix, start = block._slice_start(load, owner, self.rows, self.element(step, v), width)
                 for c in range(width // piece):
-                    offset = ((slot * pieces + v * width // piece + c) * block.lanes * piece) * size
+                    offset = (slot * pieces + v * width // piece + c) * block.lanes * _PIECE_BYTES
                     dst = self.base[n] + tirx.Cast("uint32", offset)
                     src = T.address_of(tirx.BufferLoad(load.source, prefix + [start + c * piece]))
-                    T.evaluate(T.ptx.cp.async_.cg.shared.global_(dst, src, 16, past))
+                    T.evaluate(T.ptx.cp.async_.cg.shared.global_(dst, src, _PIECE_BYTES, past))
         T.evaluate(T.ptx.cp.async_.commit_group())
 
     def take(self, t) -> None:

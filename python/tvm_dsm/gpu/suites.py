@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import tvm
@@ -794,7 +795,7 @@ def fp8_sweep(pipelines: tuple[int, ...] = SHALLOW_PIPELINES) -> list[Variant]:
     variants = []
     for quantized in (False, True):
         func = _fp8_workload(m, n, k, quantized)
-        form, schedule = ("two_kernels_", schedule_quantize_then_gemm) if quantized else ("", schedule_split_k_gemm)
+        form, schedule = _fp8_two_kernels(quantized)
         for rank, plan in enumerate(plans):
             try:
                 variants.append(_fp8_variant(func, (m, n, k), quantized, form, schedule, plan, rank))
@@ -811,6 +812,11 @@ def fp8_depths() -> list[Variant]:
 
 def _fp8_workload(m: int, n: int, k: int, quantized: bool):
     return quantized_dense(m, n, k) if quantized else scaled_dense(m, n, k)
+
+
+def _fp8_two_kernels(quantized: bool) -> tuple[str, Callable]:
+    """(name form, schedule) of the fp8 GEMM alone, or behind its quantization kernel."""
+    return ("two_kernels_", schedule_quantize_then_gemm) if quantized else ("", schedule_split_k_gemm)
 
 
 def _fp8_variant(func, mnk: tuple, quantized: bool, form: str, schedule, plan, rank: int) -> Variant:
@@ -919,7 +925,7 @@ def gemm_depths() -> list[Variant]:
     variants = []
     for (m, n, k), quantized in itertools.product(FP8_SHAPES, (False, True)):
         func, fp8_shape = _fp8_workload(m, n, k, quantized), GemmShape(m, n, k, True, "float8_e4m3fn")
-        form, schedule = ("two_kernels_", schedule_quantize_then_gemm) if quantized else ("", schedule_split_k_gemm)
+        form, schedule = _fp8_two_kernels(quantized)
         picks = [_fitting(func, schedule, plan_split_k_gemm(fp8_shape, hw, pipelines=pipelines), 1)[0]
                  for pipelines in (SHALLOW_PIPELINES, None)]
         if picks[0].config != picks[1].config:

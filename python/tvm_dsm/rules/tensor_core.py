@@ -19,8 +19,8 @@ from tvm.s_tir.schedule import LoopRV, SBlockRV
 
 from ..errors import ClusterError
 from ..schedule import place_in_dsm
-from ..script_parsing import frozen_frames_skipped
 from ..schedule.dsm import DSM_SCOPE
+from ..script_parsing import frozen_frames_skipped
 from ..transform.tma_pipeline import TMA_COPY_KEY
 
 
