@@ -61,6 +61,19 @@ def test_one_kernel_runs_both_products_on_warpgroup_mmas(assemble, causal):
     assemble(source, f"attention_causal{causal}")
 
 
+@pytest.mark.parametrize("config", CONFIGS)
+def test_probabilities_and_output_are_rounded_in_pairs(config):
+    """One cvt.rn.f16x2.f32 per two values (scalar casts cost an exp2 unit cycle each), and the
+    probabilities' register array keeps every element although only pairs' addresses are taken."""
+    source = cuda_source(fuse_attention(attention(2, 256, 512, 64), config))
+    scores = config.row_blocks * config.block_n // 2  # per-thread fp32 scores (and fp16 P)
+    outputs = config.row_blocks * 64 // 2
+    assert f"half p_ptr[{scores}]" in source
+    assert source.count("tvm_dsm_pack_half2((&(p_ptr[") == scores // 2
+    assert source.count("tvm_dsm_pack_half2((&(out_ptr[") == outputs // 2
+    assert "((half)" not in source[source.index("for (int t = 0"):]  # no scalar cast in the loop or after
+
+
 @pytest.mark.parametrize("dim", [64, 128])
 @pytest.mark.parametrize("config", CONFIGS)
 def test_every_configuration_fits_in_registers(ptxas_report, dim, config):

@@ -10,7 +10,7 @@ key tiles with that correction, each warp owning 16 query rows of a 64-row warpg
     S_t = Q K_t^T                       wgmma, Q and K_t from shared memory, S_t in registers
     m' = max(m, scale * rowmax(S_t))    per row: the thread's columns, then its 4-lane quad
     O = O * fix(m, m');  l = l * fix(m, m') + rowsum(P_t)
-    P_t = exp(scale S_t - m')           ex2 in registers, cast to fp16 in the A-fragment layout
+    P_t = exp(scale S_t - m')           ex2 in registers, rounded to fp16 pairs in the A-fragment layout
     O += P_t V_t                        wgmma, P_t from registers, V_t (MN-major) from shared
     out = O / l                         after the last tile (l summed over the quad)
 
@@ -20,6 +20,12 @@ of the second product (FlashAttention-2's trick), and a row's reductions are two
 The previous design staged S_t and P_t through shared memory with one thread per row and ran
 at 0.11-0.14x of SDPA; on the H100 this one measured 5.4-13x faster
 (``bench/results/attention.json``).
+
+Every fp32 -> fp16 rounding (P, and the output) takes two values per ``cvt.rn.f16x2.f32``: a
+scalar cast is one conversion per value on the unit that also runs ex2 (16 per clock per SM), so
+the scalar casts cost as much as the exponentials (the CUDA guide lists 16 conversions per clock
+per SM on compute capability 9.0, as for exp2); rounding in pairs measured 1.15x faster over
+the suite, up to 1.42x (``bench/results/attention_pack_ab.json``).
 
 Q, then key and value tiles, arrive by TMA tensor copies (one thread issues them; they complete
 on an mbarrier per slot) through two shared-memory slots: tile t + 1 loads while tile t
@@ -61,6 +67,15 @@ _ATOM_BYTES = 8 * _ROW_BYTES  # one 8-row swizzle atom
 _WARPS = 4  # one warpgroup per CTA
 _THREADS = 32 * _WARPS
 _ALL_LANES = 0xFFFFFFFF
+#: Two fp32 values rounded into one fp16 pair with one ``cvt.rn.f16x2.f32``, stored at ``dst``
+#: (why pairs: the module docstring). Callers name ``dst`` with ``access_ptr(extent=2)``: TVM
+#: sizes a local buffer by the elements it sees accessed, and ``address_of`` names only one.
+_PACK = "tvm_dsm_pack_half2"
+_PACK_SOURCE = f"""
+__forceinline__ __device__ void {_PACK}(half* dst, float lo, float hi) {{
+  *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(lo, hi);
+}}
+"""
 
 
 @dataclass(frozen=True)
@@ -217,6 +232,7 @@ def _helpers(shape: AttentionShape, c: AttentionConfig) -> dict[str, tuple[str, 
     waits = {role: (f"tvm_dsm_attention_wait{regs}", wait_source(f"tvm_dsm_attention_wait{regs}", regs, 0))
              for role, regs in (("wait_scores", BN // 2), ("wait_output", D // 2))}
     return {
+        "pack": (_PACK, _PACK_SOURCE),
         "scores": (scores, issue(scores, scores_step, D // 16, f"uint64_t a_desc = {scores}_desc("
                                  f"static_cast<uint32_t>(__cvta_generic_to_shared(a)), 16, {_ATOM_BYTES});", 16)),
         "values": (values, issue(values, values_step, BN // 16,
@@ -361,7 +377,9 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: symp
                                             s[_reg(r, NF, nf, half, e)],
                                             s[_reg(r, NF, nf, half, e)] * T.float32(scale * log2e)
                                             - new_max[0] * T.float32(log2e))
-                                        p[_reg(r, NF, nf, half, e)] = T.Cast("float16", s[_reg(r, NF, nf, half, e)])
+                                    for e in T.unroll(0, 4, step=2):  # registers e and e + 1 are adjacent
+                                        T.evaluate(call("pack", p.access_ptr("w", offset=_reg(r, NF, nf, half, e), extent=2),
+                                                        s[_reg(r, NF, nf, half, e)], s[_reg(r, NF, nf, half, e + 1)]))
                                 l[r * 2 + half] = l[r * 2 + half] * fixed[0] + tree(plus, row_values(s, r, half))
                         for r in T.unroll(RB):
                             T.evaluate(call("values", T.address_of(o[r * DF * 8]), T.address_of(p[r * NF * 8]),
@@ -371,9 +389,11 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: symp
                         for half in T.unroll(2):
                             fixed[0] = T.float32(1) / quad(plus, l[r * 2 + half])
                             for df in T.unroll(DF):
-                                for e in T.unroll(4):
-                                    out[head, qt * BM + r * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8,
-                                        _column(df, e, lane)] = T.Cast("float16", o[_reg(r, DF, df, half, e)] * fixed[0])
+                                for e in T.unroll(0, 4, step=2):  # columns e and e + 1 are adjacent
+                                    T.evaluate(call("pack", T.address_of(out[
+                                        head, qt * BM + r * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8,
+                                        _column(df, e, lane)]), o[_reg(r, DF, df, half, e)] * fixed[0],
+                                        o[_reg(r, DF, df, half, e + 1)] * fixed[0]))
 
     host = []
     for name, source in zip("qkv", fused.params):
