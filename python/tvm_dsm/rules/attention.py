@@ -21,11 +21,11 @@ The previous design staged S_t and P_t through shared memory with one thread per
 at 0.11-0.14x of SDPA; on the H100 this one measured 5.4-13x faster
 (``bench/results/attention.json``).
 
-Every fp32 -> fp16 rounding (P, and the output) takes two values per ``cvt.rn.f16x2.f32``: a
-scalar cast is one conversion per value on the unit that also runs ex2 (16 per clock per SM), so
-the scalar casts cost as much as the exponentials (the CUDA guide lists 16 conversions per clock
-per SM on compute capability 9.0, as for exp2); rounding in pairs measured 1.15x faster over
-the suite, up to 1.42x (``bench/results/attention_pack_ab.json``).
+Every fp32 -> fp16 rounding (P, and the output) takes two values per ``cvt.rn.f16x2.f32``, and
+the output leaves as 4-byte pairs. With scalar casts ptxas still paired P's conversions (SASS:
+F2FP.PACK_AB either way) but wrote the output as 2-byte stores, 32 a thread instead of 16; the
+pairs measured 1.15x faster over the suite, up to 1.42x where CTAs have fewest key tiles (causal
+[128,16,512,64]), ``bench/results/attention_pack_ab.json``.
 
 Q, then key and value tiles, arrive by TMA tensor copies (one thread issues them; they complete
 on an mbarrier per slot) through two shared-memory slots: tile t + 1 loads while tile t
