@@ -70,7 +70,8 @@ def test_probabilities_and_output_are_rounded_in_pairs(config):
     outputs = config.row_blocks * 64 // 2
     assert f"half p_ptr[{scores}]" in source
     assert source.count("tvm_dsm_pack_half2((&(p_ptr[") == scores // 2
-    assert source.count("tvm_dsm_pack_half2((&(out_ptr[") == outputs // 2
+    assert source.count("tvm_dsm_pack_half2((&(((half*)buf_dyn_shmem_ptr)[") == outputs // 2  # O staged
+    assert source.count("s2g_async_bulk_tensor_3d_global_shared__cta_bulk_group(") == 1 + 64 // 64  # TMA store
     assert "((half)" not in source[source.index("for (int t = 0"):]  # no scalar cast in the loop or after
 
 

@@ -21,11 +21,13 @@ The previous design staged S_t and P_t through shared memory with one thread per
 at 0.11-0.14x of SDPA; on the H100 this one measured 5.4-13x faster
 (``bench/results/attention.json``).
 
-Every fp32 -> fp16 rounding (P, and the output) takes two values per ``cvt.rn.f16x2.f32``, and
-the output leaves as 4-byte pairs. With scalar casts ptxas still paired P's conversions (SASS:
-F2FP.PACK_AB either way) but wrote the output as 2-byte stores, 32 a thread instead of 16; the
-pairs measured 1.15x faster over the suite, up to 1.42x where CTAs have fewest key tiles (causal
-[128,16,512,64]), ``bench/results/attention_pack_ab.json``.
+Every fp32 -> fp16 rounding (P, and the output) takes two values per ``cvt.rn.f16x2.f32``. The
+output leaves through shared memory: O / l, in fp16 pairs, into Q's slot in the layout TMA lands
+Q in, then one TMA tensor store per 64-column panel. Scalar casts (ptxas still paired P's
+conversions, but wrote the output as 32 2-byte stores a thread) measured 1.15x slower over the
+suite, up to 1.42x where CTAs have fewest key tiles (causal [128,16,512,64]); 4-byte stores
+straight from registers, 1.036x slower than the TMA store (``bench/results/attention_pack_ab.json``,
+``attention_tma_store_ab.json``).
 
 Q, then key and value tiles, arrive by TMA tensor copies (one thread issues them; they complete
 on an mbarrier per slot) through two shared-memory slots: tile t + 1 loads while tile t
@@ -179,12 +181,15 @@ def check_config(shape: AttentionShape, c: AttentionConfig) -> None:
 
 
 def default_config(shape: AttentionShape) -> AttentionConfig:
-    """Tiles of 64 keys and 64 query rows, 128 rows at head dim 128. Larger tiles need more
-    registers and shared memory per CTA, and the H100 then holds fewer CTAs to hide one
-    another's latencies; at head dim 128 a key/value tile is twice the bytes, and sharing it
-    among 128 rows halves the tile reads per row. On the H100 this pick was the fastest or within
-    6% of the fastest on every suite shape (``bench/results/attention.json``)."""
-    return AttentionConfig(row_blocks=2 if shape.dim == 128 else 1)
+    """Tiles of 64 keys and 64 query rows, 128 rows at head dim 128, 128 keys from 4096 keys at
+    head dim 64. Larger tiles need more registers and shared memory per CTA, and the H100 then
+    holds fewer CTAs to hide one another's latencies; at head dim 128 a key/value tile is twice
+    the bytes, and sharing it among 128 rows halves the tile reads per row; over 4096 keys, tiles
+    of 128 keys halve the steps and measured 1-6% faster (plain and causal; at 512 and 1024 keys
+    0-9% slower or within 3%). On the H100 this pick was the fastest or within 3% of it on every
+    suite shape (``bench/results/attention.json``, ``attention_tma_store_ab.json``)."""
+    return AttentionConfig(block_n=128 if shape.dim == 64 and shape.kv_len >= 4096 else 64,
+                           row_blocks=2 if shape.dim == 128 else 1)
 
 
 def fuse_attention(func: tirx.PrimFunc, config: AttentionConfig | None = None) -> tvm.IRModule:
@@ -283,7 +288,7 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: symp
     def smem_at(smem, elem):  # shared address of element ``elem``
         return T.cuda.cvta_generic_to_shared(smem.access_ptr("r")) + T.Cast("uint32", elem * 2)
 
-    maps = {name: tirx.Var(f"{name}_tensormap", T.handle("tensormap").ty) for name in "qkv"}
+    maps = {name: tirx.Var(f"{name}_tensormap", T.handle("tensormap").ty) for name in ("q", "k", "v", "out")}
     tile_bytes = {"q": BM * D * 2, "kv": 2 * BN * D * 2}
 
     def copy(name, panel, dst, row, head, barrier):
@@ -385,20 +390,34 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: symp
                             T.evaluate(call("values", T.address_of(o[r * DF * 8]), T.address_of(p[r * NF * 8]),
                                             T.address_of(smem[base + V_AT + t % 2 * BN * D])))
                         T.evaluate(call("wait_output", T.address_of(o[0])))
+                    # O / l into Q's slot, laid out as TMA lands Q (64-column panels, 16-byte
+                    # chunk c of row r at c ^ (r % 8)), then one TMA store per panel.
+                    T.tvm_storage_sync("shared")  # every warp is done reading Q, K and V
                     for r in T.unroll(RB):
                         for half in T.unroll(2):
                             fixed[0] = T.float32(1) / quad(plus, l[r * 2 + half])
+                            row = T.meta_var(r * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8)
                             for df in T.unroll(DF):
                                 for e in T.unroll(0, 4, step=2):  # columns e and e + 1 are adjacent
-                                    T.evaluate(call("pack", T.address_of(out[
-                                        head, qt * BM + r * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8,
-                                        _column(df, e, lane)]), o[_reg(r, DF, df, half, e)] * fixed[0],
-                                        o[_reg(r, DF, df, half, e + 1)] * fixed[0]))
+                                    T.evaluate(call("pack", smem.access_ptr("w", offset=base + df // 4 * BM * _PANEL
+                                                    + row * _PANEL + T.bitwise_xor(df % 4 * 2 + e // 2, row % 8) * 8
+                                                    + lane % 4 * 2, extent=2),
+                                                    o[_reg(r, DF, df, half, e)] * fixed[0],
+                                                    o[_reg(r, DF, df, half, e + 1)] * fixed[0]))
+                    T.ptx.fence.proxy.async_.shared__cta()  # the stores above, before the copy engine reads
+                    T.tvm_storage_sync("shared")
+                    if tx == 0:
+                        for panel in T.unroll(D // _PANEL):
+                            T.ptx["cp.async.bulk.tensor.3d.global.shared::cta.bulk_group"](
+                                T.address_of(maps["out"]), T.Cast("int32", panel * _PANEL), T.Cast("int32", qt * BM),
+                                T.Cast("int32", head), smem_at(smem, base + panel * BM * _PANEL))
+                        T.ptx["cp.async.bulk.commit_group"]()
+                        T.ptx["cp.async.bulk.wait_group.read"](0)  # the slot stays until the copy has read it
 
     host = []
-    for name, source in zip("qkv", fused.params):
+    for name, source in zip(maps, fused.params):
         host += [tirx.Bind(maps[name], T.tvm_stack_alloca("tensormap", 1)),
-                 encode_tensor_map(maps[name], source, BM if name == "q" else BN, _PANEL, 1)]
+                 encode_tensor_map(maps[name], source, BN if name in "kv" else BM, _PANEL, 1)]
     return fused.with_body(tirx.SeqStmt([*host, fused.body]))
 
 
