@@ -252,6 +252,7 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: symp
     BM, BN, RB = c.block_m, c.block_n, c.row_blocks
     QT, NT = N // BM, KV // BN
     NF, DF = BN // 16, D // 16  # 16-column fragments of a row block's S and O
+    FP = _PANEL // 16  # fragments per 64-column panel
     SN, ON = RB * NF * 8, RB * DF * 8  # per-thread fp32 registers of S and O
     K_AT, V_AT = BM * D, BM * D + 2 * BN * D  # element offsets of the K and V slots
     SMEM = V_AT + 2 * BN * D + _ATOM_BYTES // 2  # + room to align the tiles to 1024 bytes
@@ -399,8 +400,10 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: symp
                             row = T.meta_var(r * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8)
                             for df in T.unroll(DF):
                                 for e in T.unroll(0, 4, step=2):  # columns e and e + 1 are adjacent
-                                    T.evaluate(call("pack", smem.access_ptr("w", offset=base + df // 4 * BM * _PANEL
-                                                    + row * _PANEL + T.bitwise_xor(df % 4 * 2 + e // 2, row % 8) * 8
+                                    panel = T.meta_var(df // FP)
+                                    chunk = T.meta_var(df % FP * 2 + e // 2)  # 16-byte chunk of the panel row
+                                    T.evaluate(call("pack", smem.access_ptr("w", offset=base + panel * BM * _PANEL
+                                                    + row * _PANEL + T.bitwise_xor(chunk, row % 8) * 8
                                                     + lane % 4 * 2, extent=2),
                                                     o[_reg(r, DF, df, half, e)] * fixed[0],
                                                     o[_reg(r, DF, df, half, e + 1)] * fixed[0]))
@@ -417,7 +420,7 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: symp
     host = []
     for name, source in zip(maps, fused.params):
         host += [tirx.Bind(maps[name], T.tvm_stack_alloca("tensormap", 1)),
-                 encode_tensor_map(maps[name], source, BN if name in "kv" else BM, _PANEL, 1)]
+                 encode_tensor_map(maps[name], source, BN if name in ("k", "v") else BM, _PANEL, 1)]
     return fused.with_body(tirx.SeqStmt([*host, fused.body]))
 
 
