@@ -39,14 +39,14 @@ from .report import Plan
 from .split_k_gemm import LAUNCH_S, MMA_SYNC_PEAK, STEP_S, stream_share
 
 _BARRIERS_PER_STEP = 3
-#: Measured over predicted time of the fused planner's pick: median 1.38 over 30 chain workloads
-#: and batches on the H100, against 0.92 for the best unfused plan (two split-K GEMMs)
+#: Measured over predicted time of the fused planner's pick: median 1.40 over 30 chain workloads
+#: and batches on the H100, against 0.79 for the best unfused plan (two split-K GEMMs)
 #: (bench/results/chains.json, chains_m.json, chains_g1.json, chains_pdl.json; predictions as of
-#: the programmatic launch below, 2026-11-25). The fused model misses part of its kernel's cost,
-#: so where the two kinds are ranked together a fused plan counts at its prediction times the
-#: ratio (at 1.0 seven of 29 fused-or-unfused choices were wrong, at 1.2 four, at 1.5 two:
-#: G1 by 0.8 us, G4 at M = 16 by 1.8 us).
-FUSED_PICK_BIAS = 1.38 / 0.92
+#: split_k_gemm.DSM_REDUCE_EFFICIENCY, 2026-11-26). The fused model misses part of its kernel's
+#: cost, so where the two kinds are ranked together a fused plan counts at its prediction times
+#: the ratio (on those runs 2 of 29 fused-or-unfused choices are wrong: G1 by 0.1 us, G3 by
+#: 1.5 us; at the previous 1.38 / 0.92, 3).
+FUSED_PICK_BIAS = 1.40 / 0.79
 #: The inter-cluster reduce launched programmatically behind a one-wave fused kernel: 1.0-1.7 us
 #: faster on G1-G3, G7 and G10 at M = 128 (bench/results/chains_pdl.json, H100, 2026-11-25);
 #: G9's fused plans lost up to 0.9 us.

@@ -79,6 +79,13 @@ MMA_SYNC_EXPOSED = 0.3
 #: GPCs hold 120 at one per SM, ran 1.37-1.43x over the model without this term). The same
 #: cap bounds what a busy SM pulls from L2 when others idle.
 SM_HEADROOM = 1.31
+#: Share of the measured DSM read bandwidth (tvm_dsm.hardware) the reduce-scatter reaches: each
+#: thread's loads of a vector's partials wait behind its store of the previous vector (SASS:
+#: the peer loads are generic LD.E, which ptxas keeps after the preceding STG), so the loads are
+#: latency-bound. Fitted on the H100 GEMM runs (gemm*.json, 45 groups of configurations): at
+#: 0.5 the planner's pick is 2.7% from the measured best on average (3.4% at 1.0; 8 picks more
+#: than 10% off at 1.0, 6 at 0.5), Spearman 0.88 (0.83).
+DSM_REDUCE_EFFICIENCY = 0.5
 #: Share of TMA's streaming rate that per-thread cp.async copies reach: the same GEMM operand
 #: tiles streamed alone took 66.5 us by cp.async and 53.1 us by TMA on the H100
 #: (src/hwbench/operand_stream.cu, bench/results/operand_stream.json).
@@ -165,7 +172,7 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
         # model without the cap; with the share alone, 1.3x under it on S3-S7's gated layers).
         "l2": traffic["l2"] / (hw.l2_bw * stream * min(1.0, SM_HEADROOM * busy_sms / hw.sm_count))
         * tail,
-        "dsm": traffic["dsm"] / hw.dsm_bw(s) if s > 1 else 0.0,
+        "dsm": traffic["dsm"] / (hw.dsm_bw(s) * DSM_REDUCE_EFFICIENCY) if s > 1 else 0.0,
         "mma": flops / ((WGMMA_PEAK * 2 / elem if c.wgmma else MMA_SYNC_PEAK)
                         * min(1.0, busy_sms / hw.sm_count)) * tail,
         "pipeline": k_steps * waves * latency / lookahead,
