@@ -121,6 +121,21 @@ def test_planner_charges_grids_that_double_up_sms(monkeypatch):
     assert predict(shape, doubled, hw).predicted_us < predict(shape, even, hw).predicted_us
 
 
+def test_planner_charges_the_reduce_scatter_at_half_the_dsm_bandwidth(monkeypatch):
+    """S2b (128 x 2048 x 5632): clusters of 8 with 128x256 tiles measured 20.2 us, clusters of 4
+    with 128x128 tiles 16.8 (bench/results/gemm_dsm_reduce_ab.json, H100); with the DSM term at
+    the microbenchmark's bandwidth the planner picked the former."""
+    import tvm_dsm.planners.split_k_gemm as planner
+
+    hw = load_hardware()
+    shape = GemmShape(128, 2048, 5632, True)
+    pick = plan_split_k_gemm(shape, hw)[0].config
+    assert (pick.cluster_size, pick.block_m, pick.block_n) == (4, 128, 128)
+    monkeypatch.setattr(planner, "DSM_REDUCE_EFFICIENCY", 1.0)
+    pick = plan_split_k_gemm(shape, hw)[0].config
+    assert (pick.cluster_size, pick.block_m, pick.block_n) == (8, 128, 256)
+
+
 def test_one_fragment_of_rows_is_a_gemm_too(assemble):
     """M = 16: one 16-row fragment per tile (decode batches), planned and assembled."""
     sch, plan = schedule_dense(dense(16, 4096, 4096))
