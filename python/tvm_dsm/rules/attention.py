@@ -252,7 +252,6 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: symp
     BM, BN, RB = c.block_m, c.block_n, c.row_blocks
     QT, NT = N // BM, KV // BN
     NF, DF = BN // 16, D // 16  # 16-column fragments of a row block's S and O
-    FP = _PANEL // 16  # fragments per 64-column panel
     SN, ON = RB * NF * 8, RB * DF * 8  # per-thread fp32 registers of S and O
     K_AT, V_AT = BM * D, BM * D + 2 * BN * D  # element offsets of the K and V slots
     SMEM = V_AT + 2 * BN * D + _ATOM_BYTES // 2  # + room to align the tiles to 1024 bytes
@@ -400,11 +399,11 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: symp
                             row = T.meta_var(r * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8)
                             for df in T.unroll(DF):
                                 for e in T.unroll(0, 4, step=2):  # columns e and e + 1 are adjacent
-                                    panel = T.meta_var(df // FP)
-                                    chunk = T.meta_var(df % FP * 2 + e // 2)  # 16-byte chunk of the panel row
-                                    T.evaluate(call("pack", smem.access_ptr("w", offset=base + panel * BM * _PANEL
+                                    col = T.meta_var(_column(df, e, lane))
+                                    chunk = T.meta_var(col % _PANEL // 8)  # 16-byte chunk of the panel row
+                                    T.evaluate(call("pack", smem.access_ptr("w", offset=base + col // _PANEL * BM * _PANEL
                                                     + row * _PANEL + T.bitwise_xor(chunk, row % 8) * 8
-                                                    + lane % 4 * 2, extent=2),
+                                                    + col % 8, extent=2),
                                                     o[_reg(r, DF, df, half, e)] * fixed[0],
                                                     o[_reg(r, DF, df, half, e + 1)] * fixed[0]))
                     T.ptx.fence.proxy.async_.shared__cta()  # the stores above, before the copy engine reads
