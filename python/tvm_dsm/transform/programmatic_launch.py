@@ -13,6 +13,13 @@ left as they are. Every kernel of such a function starts with ``griddepcontrol.w
 any global load or store, so neither a read-after-write nor a write-after-read across kernels
 can race) and then lets its dependents launch.
 
+One exception, where it is safe: a kernel after the first may first warm L2 with the tiles it
+will copy from a parameter that no earlier kernel of the function names (the TMA pipeline
+emits such prefetches, :data:`tvm_dsm.transform.tma_pipeline.PREFETCH_WINDOW_S`). Every
+kernel of an earlier function has completed by then: the function's first kernel waited for
+it before it let this one launch. So the second GEMM of an unfused chain fetches its weight
+during the first GEMM's tail; a prefetch only reads, into L2.
+
 Measured on the H100 (bench/results/programmatic_launch.json): unfused chains gain (G4 18.0 ->
 15.3 us, S8 26.4 -> 25.3); single GEMMs whose grid runs in one wave gain 0.3-1.4 us (G4a 7.5 ->
 6.8, S3a 76.2 -> 74.8), but grids of several waves lose (G4b 7.8 -> 9.0, 4096^3 197 -> 229),
@@ -28,11 +35,15 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.script import tirx as T
 
-from ..ir import find_all
+from ..ir import find_all, replace_node
 
 #: Root-block annotation asking for it; s_tir lowering keeps ``pragma_`` annotations as
 #: attributes around the function body.
 PROGRAMMATIC_LAUNCH_KEY = "pragma_tvm_dsm_programmatic_launch"
+#: Statement attribute (node: a parameter) around one thread's L2 prefetch of the tiles
+#: a kernel's CTA will copy from that parameter (tvm_dsm.transform.tma_pipeline): issued
+#: before the kernel waits for the previous grid when that is safe, else dropped.
+L2_PREFETCH_KEY = "tvm_dsm.l2_prefetch"
 #: TVM's launch-parameter tag for programmatic stream serialization (spelled as in TVM 0.27).
 PDL_LAUNCH_TAG = "tirx.use_programtic_dependent_launch"
 _LAUNCH_PARAMS_KEY = "tirx.kernel_launch_params"
@@ -58,28 +69,116 @@ def _is_kernel_launch(stmt) -> bool:
 
 def programmatic_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """Each kernel of ``func`` (its outermost ``blockIdx`` launches) waits for the previous
-    grid, then lets the next one launch; ``func`` requests the launch attribute."""
+    grid, then lets the next one launch; ``func`` requests the launch attribute. A kernel after
+    the first issues its L2 prefetches (``L2_PREFETCH_KEY``) of parameters no earlier kernel of
+    ``func`` mentions before it waits (see :func:`_wait_after_prefetches`); every other
+    prefetch is dropped."""
     if not find_all(func.body, tirx.AttrStmt, _is_marker):
-        return func
-    prologue = [tirx.Evaluate(T.ptx.griddepcontrol.wait()),
-                tirx.Evaluate(T.ptx.griddepcontrol.launch_dependents())]
-
+        return func  # (the TMA pipeline prefetches only in functions launched programmatically)
     launches = find_all(func.body, tirx.AttrStmt, _is_kernel_launch)
     inner = [n for launch in launches for n in find_all(launch.body, tirx.AttrStmt, _is_kernel_launch)]
     kernels = [launch for launch in launches if not any(launch.same_as(n) for n in inner)]
-
-    def with_prologue(stmt):
-        if not any(stmt.same_as(k) for k in kernels):
-            return stmt
-        return tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value,
-                             tirx.SeqStmt([*prologue, stmt.body]))
-
-    def on_attr(stmt):  # a marker's body may be the kernel itself (one fused-rows kernel)
-        return with_prologue(stmt.body if _is_marker(stmt) else stmt)
-
-    body = tvm_ffi.structural_map(func.body, [(tirx.AttrStmt, on_attr)], order="pre")
+    wait = [tirx.Evaluate(T.ptx.griddepcontrol.wait()),
+            tirx.Evaluate(T.ptx.griddepcontrol.launch_dependents())]
+    buffers = _Buffers(func.body)
+    bodies, named = [], []
+    for kernel in kernels:
+        early = [m for m in find_all(kernel.body, tirx.AttrStmt, _is_prefetch)
+                 if named and not any(buffers.root(m.node).same_as(b) for b in named)]
+        body = _wait_after_prefetches(kernel.body, early, wait) if early else None
+        bodies.append(body if body is not None else tirx.SeqStmt([*wait, _drop_prefetches(kernel.body)]))
+        named += buffers.named_in(kernel)
+    body = _replace_kernels(func.body, kernels, bodies)
+    body = tvm_ffi.structural_map(body, [(tirx.AttrStmt, lambda s: s.body if _is_marker(s) else s)])
     params = list(func.attrs.get(_LAUNCH_PARAMS_KEY, [])) if func.attrs is not None else []
     return func.with_body(body).with_attr(_LAUNCH_PARAMS_KEY, [*params, PDL_LAUNCH_TAG])
+
+
+def _replace_kernels(body, kernels: list, bodies: list):
+    def swap(stmt):
+        index = next((i for i, k in enumerate(kernels) if stmt.same_as(k)), None)
+        if index is None:
+            return stmt
+        return tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, bodies[index])
+
+    return tvm_ffi.structural_map(body, [(tirx.AttrStmt, swap)], order="pre")
+
+
+def _is_prefetch(stmt) -> bool:
+    return isinstance(stmt, tirx.AttrStmt) and stmt.attr_key == L2_PREFETCH_KEY
+
+
+def _drop_prefetches(body):
+    def drop(stmt):
+        items = [s for s in stmt.seq if not _is_prefetch(s)]
+        return stmt if len(items) == len(stmt.seq) else tirx.SeqStmt(items)
+
+    return tvm_ffi.structural_map(body, [(tirx.SeqStmt, drop)])
+
+
+def _wait_after_prefetches(body, prefetches: list, wait: list):
+    """``body`` with ``wait`` right after ``prefetches`` (the kernel's other prefetches
+    dropped), or None where that would not be safe: the prefetches must sit in one sequence
+    reached from the kernel's top through attributes and sequences only (every thread passes
+    there once), and nothing before the last of them but prefetches may name global memory (a
+    parameter, a global buffer, a tensor map)."""
+    paths = [_path(body, m) for m in prefetches]
+    if any(p is None or not p[-2].same_as(paths[0][-2]) for p in paths):
+        return None
+    seq = paths[0][-2]
+    last = max(i for i, s in enumerate(seq.seq) if any(s.same_as(m) for m in prefetches))
+    path = _path(body, seq.seq[last])
+    if not all(isinstance(s, (tirx.AttrStmt, tirx.SeqStmt)) for s in path[:-1]):
+        return None
+    for parent, child in zip(path, path[1:]):
+        if isinstance(parent, tirx.SeqStmt):
+            before = list(parent.seq)[:[i for i, s in enumerate(parent.seq) if s.same_as(child)][0]]
+            if any(find_all(s, tirx.Var, _is_global) for s in before if not _is_prefetch(s)):
+                return None
+    items = [s.body if any(s.same_as(m) for m in prefetches) else s for s in seq.seq]
+    return _drop_prefetches(replace_node(body, seq, tirx.SeqStmt([*items[:last + 1], *wait, *items[last + 1:]])))
+
+
+def _path(stmt, target) -> list | None:
+    """The statements from ``stmt`` down to ``target`` through attributes and sequences."""
+    if stmt.same_as(target):
+        return [stmt]
+    children = list(stmt.seq) if isinstance(stmt, tirx.SeqStmt) else (
+        [stmt.body] if isinstance(stmt, tirx.AttrStmt) else [])
+    for child in children:
+        rest = _path(child, target)
+        if rest is not None:
+            return [stmt, *rest]
+    return None
+
+
+def _is_global(var) -> bool:
+    """A buffer or handle in global memory (a tensor map included)."""
+    ty = var.data.ty if hasattr(var, "data") else var.ty
+    return isinstance(ty, tvm.ir.PointerType) and str(ty.storage_scope) in ("global", "")
+
+
+class _Buffers:
+    """Which buffer of the function a buffer in its body is: a declared view (``A_1 =
+    A.view(..)``, how lowering flattens parameters) is the buffer whose data it declares."""
+
+    def __init__(self, body):
+        self.views = [(d.buffer, d.data) for d in find_all(body, tirx.DeclBuffer)]
+        calls = find_all(body, tvm.ir.Call, lambda c: c.op.name == "tirx.tvm_call_packed"
+                         and str(c.args[0].value) == "runtime.cuTensorMapEncodeTiled")
+        self.tensor_maps = [(c.args[1], c.args[4]) for c in calls]  # (tensor map, source data)
+
+    def root(self, node):
+        """The declared buffer behind ``node`` (a buffer, its data, or a tensor map)."""
+        node = next((src for tm, src in self.tensor_maps if tm.same_as(node)), node)
+        if isinstance(node, tvm.ir.Call) and node.op.name == "tirx.buffer_data":
+            node = node.args[0]
+        data = next((d for view, d in self.views if view.same_as(node)), None)
+        return node if data is None else self.root(data)
+
+    def named_in(self, kernel) -> list:
+        """Every global buffer ``kernel`` names (through a tensor map included)."""
+        return [self.root(var) for var in find_all(kernel, tirx.Var, _is_global)]
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.ProgrammaticLaunch")

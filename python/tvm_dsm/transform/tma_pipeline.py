@@ -12,7 +12,8 @@ run where s_tir's own software pipeline would run, rewrites the loop into::
 
     host:  cuTensorMapEncodeTiled per copied operand (128-byte swizzle), passed to the kernel
            as a __grid_constant__ CUtensorMap
-    init:  one mbarrier per slot; the first S-1 steps' tiles issued
+    init:  (a dependent kernel, small weights: every step's tiles of a parameter prefetched
+           into L2, see PREFETCH_WINDOW_S) one mbarrier per slot; the first S-1 steps' tiles issued
     for k:
         __syncthreads()                      # every warp is done with the slot refilled below
         one thread: issue step k+S-1 into slot (k+S-1) % S (expect_tx, one TMA copy per tile)
@@ -44,6 +45,8 @@ axis, rows of exactly 128 bytes and at most 256 rows (TMA's box limit).
 
 from __future__ import annotations
 
+import math
+
 import tvm
 import tvm_ffi
 from tvm import tirx
@@ -53,13 +56,24 @@ from tvm.sym import Analyzer
 from tvm.script import tirx as T
 
 from ..errors import ClusterError
+from ..hardware import load_hardware
 from ..ir import find_all, replace_node, substitute, with_block_body
+from .programmatic_launch import L2_PREFETCH_KEY, PROGRAMMATIC_LAUNCH_KEY
 
 #: Loop annotation (set by the schedule): stream the marked copies of this loop's body with TMA
 #: through this many shared-memory slots.
 TMA_STAGES_KEY = "tvm_dsm.tma_stages"
 #: Block annotation (set by the schedule): a shared-memory tile copy to issue as a TMA copy.
 TMA_COPY_KEY = "tvm_dsm.tma_copy"
+#: A kernel launched programmatically after another may warm L2 with all its tiles of a
+#: parameter before it waits for the previous grid (tvm_dsm.transform.programmatic_launch),
+#: when those tiles arrive within this time at HBM bandwidth: about the launch gap such a
+#: prefetch hides. Larger footprints compete with the previous kernel for HBM, and its stream
+#: evicts them before use. Measured on the H100 for the second GEMM of unfused chains
+#: (bench/results/chains_l2_prefetch_ab.json): weights of 0.3-2 MB gained 1.03-1.05x (G3, G7,
+#: G9, G10), 4.7-23 MB lost 0.91-0.96x (G4, G6, S8, S2), and the FP8 GEMM's 16 MB behind its
+#: quantization kernel 0.79-0.91x (the quantization's loads queued behind them).
+PREFETCH_WINDOW_S = 1e-6
 #: Name prefix of the CUDA helpers issuing warpgroup MMAs on a copied tile
 #: (tvm_dsm.rules.wgmma): the pass points their tile pointer at the slot.
 WGMMA_HELPER_PREFIX = "tvm_dsm_wgmma_"
@@ -177,6 +191,7 @@ class _TmaLoop:
 
     def __init__(self, loop: tirx.For, threads: list, sources: list, analyzer: Analyzer):
         self.loop = loop
+        self.prefetchable: list = []
         self.leader = tirx.const(True, "bool")  # thread 0 of the CTA issues the copies
         for var in threads:
             self.leader = tirx.And(self.leader, tirx.EQ(var, tirx.const(0, var.ty)))
@@ -204,6 +219,16 @@ class _TmaLoop:
         # barrier s completes when slot s has received its tiles' bytes
         self.barriers = tirx.decl_buffer((self.stages,), "uint64", "tma_mbarrier",
                                          scope="shared.dyn", data_alignment=8)
+
+    def plan_prefetch(self, params: list, ctas: int, budget: float) -> None:
+        """Let the copies from ``params`` prefetch all their tiles into L2 when, over the
+        ``ctas`` CTAs of the kernel, those tiles take at most ``budget`` bytes (see
+        ``PREFETCH_WINDOW_S``)."""
+        copies = [c for c in self.copies if any(c.source.same_as(p) for p in params)]
+        steps = int(self.loop.extent)
+        footprint = sum(min(ctas * steps * c.bytes, math.prod(int(d) for d in c.source.shape)
+                            * _elem_bytes(c.source)) for c in copies)
+        self.prefetchable = [c.source for c in copies] if footprint <= budget else []
 
     # -- host -------------------------------------------------------------------------------
     def host(self) -> list:
@@ -248,6 +273,22 @@ class _TmaLoop:
                 f"cp.async.bulk.tensor.{copy.rank}d.shared::cluster.global.mbarrier::complete_tx::bytes"
             ](dst, T.address_of(tensor_map), *coords, self._barrier(slot))))
         return _seq(stmts)
+
+    def _prefetch(self) -> list:
+        """For each copy from a parameter in ``prefetchable``: one thread's L2 prefetch of the
+        tiles of every step (see ``L2_PREFETCH_KEY``)."""
+        stmts = []
+        for copy, tensor_map in zip(self.copies, self.maps):
+            if not any(copy.source.same_as(p) for p in self.prefetchable):
+                continue
+            s = tirx.Var("prefetch_step", "int32")
+            coords = copy.coordinates(self.loop.loop_var, s)
+            issue = tirx.For(s, 0, self.loop.extent, tirx.ForKind.SERIAL, tirx.Evaluate(T.ptx[
+                f"cp.async.bulk.prefetch.tensor.{copy.rank}d.L2.global.tile"
+            ](T.address_of(tensor_map), *coords)))
+            stmts.append(tirx.AttrStmt(copy.source, L2_PREFETCH_KEY, 0,
+                                       tirx.IfThenElse(self.leader, issue, None)))
+        return stmts
 
     def _read_slot(self, body, slot):
         """``body`` with each copied tile read from ``slot`` of its swizzled slots."""
@@ -325,6 +366,7 @@ class _TmaLoop:
         s = tirx.Var("tma_stage", "int32")
         prologue = tirx.For(s, 0, lookahead, tirx.ForKind.SERIAL, self._issue(s))
         stmts = [
+            *self._prefetch(),
             tirx.IfThenElse(self.leader, _seq([
                 tirx.For(s, 0, stages, tirx.ForKind.SERIAL, tirx.Evaluate(
                     T.ptx.mbarrier.init.shared__cta.b64(self._barrier(s), 1))),
@@ -364,6 +406,29 @@ def _pointee(ptr):
     return None
 
 
+def _dependent_kernels(body) -> list:
+    """The kernels (outermost ``blockIdx`` loops) after the first of a function launched
+    programmatically: those that may prefetch before waiting for the previous grid."""
+    roots = find_all(body, SBlock, lambda b: PROGRAMMATIC_LAUNCH_KEY in b.annotations)
+    if not roots:
+        return []
+    launches = find_all(body, tirx.For, _binds_block)
+    return [k for k in launches if not any(find_all(o.body, tirx.For, lambda lp: lp.same_as(k))
+                                           for o in launches)][1:]
+
+
+def _binds_block(loop: tirx.For) -> bool:
+    return loop.thread_binding is not None and str(loop.thread_binding.thread_tag).startswith("blockIdx")
+
+
+def _ctas(body, loop: tirx.For) -> int:
+    """CTAs of the kernel enclosing ``loop``: its block and cluster-rank bindings' extents."""
+    return math.prod(int(b.extent) for b in find_all(
+        body, tirx.For, lambda lp: lp.thread_binding is not None and str(
+            lp.thread_binding.thread_tag).startswith(("blockIdx", "clusterCtaIdx"))
+        and bool(find_all(lp.body, tirx.For, lambda inner: inner.same_as(loop)))))
+
+
 def _threads(body, loop: tirx.For) -> list:
     """The threadIdx variables of the kernel enclosing ``loop`` (a function may launch several
     kernels, each binding its own thread variables)."""
@@ -391,8 +456,12 @@ def LowerTmaPipeline(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx) -> tirx.Prim
         sources += [b for b in body.block.alloc_buffers if b.scope() == "global"]
     analyzer = Analyzer()
     host = []
+    dependent = _dependent_kernels(body)
+    budget = load_hardware().hbm_bw * PREFETCH_WINDOW_S
     for loop in loops:
         lowering = _TmaLoop(loop, _threads(func.body, loop), sources, analyzer)
+        if any(find_all(k, tirx.For, lambda lp: lp.same_as(loop)) for k in dependent):
+            lowering.plan_prefetch(list(func.params), _ctas(func.body, loop), budget)
         body = replace_node(body, loop, lowering.lower())
         host += lowering.host()
     if isinstance(body, SBlockRealize):  # the root block: host statements go before the launch
