@@ -37,7 +37,30 @@ __global__ void read_chunks(const float4* __restrict__ src, size_t per_cta, floa
   if (acc == 1.2345f) sink[threadIdx.x] = acc;  // never true for the random data; keeps the loads
 }
 
-template <int kUnroll, int kHint = 0>
+// Decode attention's access shape: 8 lanes read one 128-byte key row (16 bytes each), so a warp
+// holds 4 parts; each step part p reads kVector rows. kInterleave 0: part p's rows are its own
+// kVector consecutive rows (what the fused loop's `vector` chunks give: a warp's load touches 4
+// rows kVector rows apart); 1: row v of part p is v * parts + p (a warp's load: 4 adjacent rows).
+template <int kVector, int kInterleave>
+__global__ void read_parts(const float4* __restrict__ src, size_t per_cta, float* sink) {
+  const float4* base = src + blockIdx.x * per_cta;
+  const int lane = threadIdx.x % 8, part = threadIdx.x / 8, parts = blockDim.x / 8;
+  const size_t step = size_t(parts) * kVector * 8;  // float4s per step of the CTA
+  float acc = 0.f;
+  for (size_t s = 0; s < per_cta; s += step) {
+    float4 v[kVector];
+#pragma unroll
+    for (int u = 0; u < kVector; ++u) {
+      int row = kInterleave ? u * parts + part : part * kVector + u;
+      v[u] = __ldcs(base + s + size_t(row) * 8 + lane);
+    }
+#pragma unroll
+    for (int u = 0; u < kVector; ++u) acc += v[u].x + v[u].y + v[u].z + v[u].w;
+  }
+  if (acc == 1.2345f) sink[threadIdx.x] = acc;
+}
+
+template <int kUnroll, int kHint = 0, int kParts = -1>
 float time_us(const std::vector<float4*>& sets, size_t bytes, int ctas, int threads, float* sink) {
   size_t per_cta = bytes / 16 / ctas;
   cudaStream_t stream;
@@ -46,8 +69,12 @@ float time_us(const std::vector<float4*>& sets, size_t bytes, int ctas, int thre
   cudaGraphExec_t exec;
   const int launches = 4 * int(sets.size());
   CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  for (int l = 0; l < launches; ++l)
-    read_chunks<kUnroll, kHint><<<ctas, threads, 0, stream>>>(sets[l % sets.size()], per_cta, sink);
+  for (int l = 0; l < launches; ++l) {
+    if (kParts < 0)
+      read_chunks<kUnroll, kHint><<<ctas, threads, 0, stream>>>(sets[l % sets.size()], per_cta, sink);
+    else
+      read_parts<kUnroll, kParts><<<ctas, threads, 0, stream>>>(sets[l % sets.size()], per_cta, sink);
+  }
   CHECK(cudaStreamEndCapture(stream, &graph));
   CHECK(cudaGraphInstantiate(&exec, graph, 0));
   cudaEvent_t start, stop;
@@ -102,10 +129,17 @@ int main(int argc, char** argv) {
         float us8 = time_us<8>(sets, bytes, ctas, threads, sink);
         float ldg4 = time_us<4, 1>(sets, bytes, ctas, threads, sink);
         float plain4 = time_us<4, 2>(sets, bytes, ctas, threads, sink);
+        size_t per_cta = bytes / 16 / ctas, step4 = size_t(threads) * 4, step8 = size_t(threads) * 8;
+        float own4 = per_cta % step4 ? -1.f : time_us<4, 0, 0>(sets, bytes, ctas, threads, sink);
+        float inter4 = per_cta % step4 ? -1.f : time_us<4, 0, 1>(sets, bytes, ctas, threads, sink);
+        float own8 = per_cta % step8 ? -1.f : time_us<8, 0, 0>(sets, bytes, ctas, threads, sink);
+        float inter8 = per_cta % step8 ? -1.f : time_us<8, 0, 1>(sets, bytes, ctas, threads, sink);
         printf("%s {\"label\": \"%s\", \"bytes\": %zu, \"ctas\": %d, \"threads\": %d, "
                "\"us_unroll4\": %.3f, \"us_unroll8\": %.3f, \"us_unroll4_ldg\": %.3f, "
-               "\"us_unroll4_plain\": %.3f}",
-               first ? "" : ",\n", labels[s], bytes, ctas, threads, us4, us8, ldg4, plain4);
+               "\"us_unroll4_plain\": %.3f, \"us_parts_own4\": %.3f, \"us_parts_interleaved4\": %.3f, "
+               "\"us_parts_own8\": %.3f, \"us_parts_interleaved8\": %.3f}",
+               first ? "" : ",\n", labels[s], bytes, ctas, threads, us4, us8, ldg4, plain4,
+               own4, inter4, own8, inter8);
         first = false;
       }
     }
