@@ -11,7 +11,7 @@ from tvm.s_tir import SBlock
 
 from conftest import TARGET, cuda_source
 from tvm_dsm.errors import ClusterError
-from tvm_dsm.rules.attention import CONFIGS, AttentionConfig, find_attention, fuse_attention
+from tvm_dsm.rules.attention import CONFIGS, AttentionConfig, default_config, find_attention, fuse_attention
 from tvm_dsm.ir import find_all, replace_node
 from tvm_dsm.workloads.cascades import attention, softmax_stats
 
@@ -108,6 +108,7 @@ def test_unsupported_inputs_get_clear_errors(func, config, message):
     (False, 1024, 64, AttentionConfig()), (True, 256, 64, AttentionConfig()),
     (False, 512, 64, CONFIGS[1]), (True, 512, 64, CONFIGS[2]),
     (False, 512, 128, AttentionConfig()), (True, 256, 128, CONFIGS[1]),
+    (False, 512, 64, CONFIGS[4]), (True, 512, 128, CONFIGS[3]),
 ])
 def test_gpu_matches_float64(causal, kv_len, dim, config):
     heads, q_len = 8, 256
@@ -119,6 +120,19 @@ def test_gpu_matches_float64(causal, kv_len, dim, config):
     module(*(tvm.runtime.tensor(a, dev) for a in (q, k, v)), out)
     ref = _reference(q, k, v, find_attention(func)[0].scale, causal)
     assert np.linalg.norm(out.numpy() - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def test_two_warpgroups_share_each_key_tile():
+    """Two warpgroups of 64 rows each (the unmasked pick): 256 threads, one set of key/value
+    copies per step for both, each warpgroup's score MMAs reading its own 64 query rows."""
+    func = attention(2, 256, 512, 64)
+    assert default_config(find_attention(func)[0]) == AttentionConfig(128, 1, 2)
+    assert default_config(find_attention(attention(2, 256, 512, 64, True))[0]).warpgroups == 1
+    source = cuda_source(fuse_attention(func, AttentionConfig(128, 1, 2)))
+    assert "__launch_bounds__(256)" in source
+    loop = source[source.index("for (int t = 0"):]
+    assert loop.count("mbarrier__complete_tx__bytes(") == 2  # this step's K and V panels, once
+    assert "(((int)threadIdx.x) >> 7) * 4096)" in loop  # warpgroup w: Q rows 64w.. (64 x 64 halves)
 
 
 def test_tutorial_proves_fuses_and_assembles(capsys):

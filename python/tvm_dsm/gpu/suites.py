@@ -721,7 +721,7 @@ def attention() -> list[Variant]:
         for config in ATTENTION_CONFIGS:
             variants.append(Variant(
                 name=f"attention_{heads}x{q_len}x{kv_len}x{dim}{'_causal' if causal else ''}"
-                f"_m{config.block_m}n{config.block_n}",
+                f"_m{config.block_m}n{config.block_n}" + (f"_w{config.warpgroups}" if config.warpgroups > 1 else ""),
                 workload="attention",
                 mod=fuse_attention(func, config),
                 args=args,

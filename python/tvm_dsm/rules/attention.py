@@ -40,7 +40,9 @@ as fast (``bench/results/attention_tma_ab.json``). Multicasting key/value tiles 
 two CTAs of one head measured 1.25x slower: the per-tile cluster barrier that frees a slot in
 both CTAs cost more than the halved L2 reads saved (``attention_multicast_ab.json``).
 Causal attention (key t visible to query i iff t <= i) skips the tiles past the diagonal, masks
-the diagonal ones, and runs the CTAs with the most tiles first.
+the diagonal ones, and runs the CTAs with the most tiles first. A CTA holds one or two
+warpgroups (``AttentionConfig.warpgroups``), each with its own row blocks, all reading the same
+key/value tiles; :func:`default_config` says which shapes take which.
 """
 
 from __future__ import annotations
@@ -66,8 +68,7 @@ _NEG = -3.0e38  # the max's identity: finite, so fix(identity, m) is 0 or 1, nev
 _PANEL = 64  # fp16 columns of one 128-byte swizzle panel
 _ROW_BYTES = 128
 _ATOM_BYTES = 8 * _ROW_BYTES  # one 8-row swizzle atom
-_WARPS = 4  # one warpgroup per CTA
-_THREADS = 32 * _WARPS
+_WARPGROUP_THREADS = 128
 _ALL_LANES = 0xFFFFFFFF
 #: Two fp32 values rounded into one fp16 pair with one ``cvt.rn.f16x2.f32``, stored at ``dst``
 #: (why pairs: the module docstring). Callers name ``dst`` with ``access_ptr(extent=2)``: TVM
@@ -92,19 +93,23 @@ class AttentionShape:
 
 @dataclass(frozen=True)
 class AttentionConfig:
-    """``block_n`` keys per tile; ``row_blocks`` 64-row warpgroup blocks of queries per CTA
+    """``block_n`` keys per tile; ``row_blocks`` 64-row blocks of queries per warpgroup, one
+    after another; ``warpgroups`` per CTA, each with its own row blocks and all sharing the key
+    and value tiles
     (:func:`default_config` picks them)."""
 
     block_n: int = 64
     row_blocks: int = 1
+    warpgroups: int = 1
 
     @property
     def block_m(self) -> int:
-        return WARPGROUP_ROWS * self.row_blocks
+        return WARPGROUP_ROWS * self.row_blocks * self.warpgroups
 
 
 #: Configurations whose registers fit without spills (ptxas, checked in tests/test_attention.py).
-CONFIGS = (AttentionConfig(64, 1), AttentionConfig(128, 1), AttentionConfig(64, 2))
+CONFIGS = (AttentionConfig(64, 1), AttentionConfig(128, 1), AttentionConfig(64, 2),
+           AttentionConfig(64, 1, 2), AttentionConfig(128, 1, 2))
 HEAD_DIMS = (64, 128)
 
 
@@ -181,14 +186,17 @@ def check_config(shape: AttentionShape, c: AttentionConfig) -> None:
 
 
 def default_config(shape: AttentionShape) -> AttentionConfig:
-    """Tiles of 64 keys and 64 query rows, 128 rows at head dim 128, 128 keys from 4096 keys at
-    head dim 64. Larger tiles need more registers and shared memory per CTA, and the H100 then
-    holds fewer CTAs to hide one another's latencies; at head dim 128 a key/value tile is twice
-    the bytes, and sharing it among 128 rows halves the tile reads per row; over 4096 keys, tiles
-    of 128 keys halve the steps and measured 1-6% faster (plain and causal; at 512 and 1024 keys
-    0-9% slower or within 3%). On the H100 this pick was the fastest or within 3% of it on every
-    suite shape (``bench/results/attention.json``, ``attention_tma_store_ab.json``)."""
-    return AttentionConfig(block_n=128 if shape.dim == 64 and shape.kv_len >= 4096 else 64,
+    """Without a mask, two warpgroups of 64 query rows per CTA sharing each key/value tile (128
+    keys at head dim 64, 64 at 128): half the tile reads per row, and one warpgroup's softmax runs
+    while the other's MMAs do. On the H100 that measured 1.01-1.04x of SDPA at head dim 64 where
+    one warpgroup ran 0.93-0.99x, and 2% faster than one warpgroup over 128 rows at head dim 128
+    (``bench/results/attention_warpgroups_ab.json``). Causal attention keeps one warpgroup of 64
+    rows (128 at head dim 128): a CTA computes up to the diagonal of its last row, so larger CTAs
+    mask more work away (two warpgroups measured 0.70-0.86x); 128 keys from 1024 keys at head dim
+    64 halve the steps (2-4% faster at 1024 and 4096 keys, 5% slower at 512)."""
+    if not shape.causal:
+        return AttentionConfig(block_n=128 if shape.dim == 64 else 64, warpgroups=2)
+    return AttentionConfig(block_n=128 if shape.dim == 64 and shape.kv_len >= 1024 else 64,
                            row_blocks=2 if shape.dim == 128 else 1)
 
 
@@ -249,7 +257,7 @@ def _helpers(shape: AttentionShape, c: AttentionConfig) -> dict[str, tuple[str, 
 def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: sympy.Expr) -> tirx.PrimFunc:
     """The fused loop over key tiles (see the module docstring) as one CUDA kernel's TIR."""
     H, N, KV, D = shape.heads, shape.q_len, shape.kv_len, shape.dim
-    BM, BN, RB = c.block_m, c.block_n, c.row_blocks
+    BM, BN, RB, WG = c.block_m, c.block_n, c.row_blocks, c.warpgroups
     QT, NT = N // BM, KV // BN
     NF, DF = BN // 16, D // 16  # 16-column fragments of a row block's S and O
     SN, ON = RB * NF * 8, RB * DF * 8  # per-thread fp32 registers of S and O
@@ -303,7 +311,7 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: symp
               v: T.Buffer((H, KV, D), "float16"), out: T.Buffer((H, N, D), "float16")):
         T.func_attr({"tirx.noalias": True})
         for bx in T.thread_binding(H * QT, thread="blockIdx.x"):
-            for tx in T.thread_binding(_THREADS, thread="threadIdx.x"):
+            for tx in T.thread_binding(_WARPGROUP_THREADS * WG, thread="threadIdx.x"):
                 with T.sblock("attention"):
                     T.reads()
                     T.writes()
@@ -318,7 +326,8 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: symp
                     fixed = T.sblock_alloc_buffer((1,), "float32", scope="local")
                     head = T.meta_var(bx // QT)
                     qt = T.meta_var(QT - 1 - bx % QT)  # causal: the CTAs with most tiles first
-                    warp = T.meta_var(tx // 32)
+                    block0 = T.meta_var(tx // _WARPGROUP_THREADS * RB)  # the warpgroup's first row block
+                    warp = T.meta_var(tx % _WARPGROUP_THREADS // 32)
                     lane = T.meta_var(tx % 32)
                     base = T.int32((_ATOM_BYTES - T.Cast("int32", T.cuda.cvta_generic_to_shared(
                         smem.access_ptr("r"))) % _ATOM_BYTES) % _ATOM_BYTES // 2)
@@ -356,12 +365,12 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: symp
                         T.evaluate(T.cuda.mbarrier_wait(barrier(bars, t % 2), t // 2 % 2))
                         for r in T.unroll(RB):
                             T.evaluate(call("scores", T.address_of(s[r * NF * 8]),
-                                            T.address_of(smem[base + r * WARPGROUP_ROWS * _PANEL]),
+                                            T.address_of(smem[base + (block0 + r) * WARPGROUP_ROWS * _PANEL]),
                                             T.address_of(smem[base + K_AT + t % 2 * BN * D])))
                         T.evaluate(call("wait_scores", T.address_of(s[0])))
                         for r in T.unroll(RB):
                             for half in T.unroll(2):
-                                row = T.meta_var(qt * BM + r * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8)
+                                row = T.meta_var(qt * BM + (block0 + r) * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8)
                                 if causal:
                                     if (t + 1) * BN > qt * BM:  # a diagonal tile
                                         for nf in T.unroll(NF):
@@ -396,7 +405,7 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: symp
                     for r in T.unroll(RB):
                         for half in T.unroll(2):
                             fixed[0] = T.float32(1) / quad(plus, l[r * 2 + half])
-                            row = T.meta_var(r * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8)
+                            row = T.meta_var((block0 + r) * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8)
                             for df in T.unroll(DF):
                                 for e in T.unroll(0, 4, step=2):  # columns e and e + 1 are adjacent
                                     col = T.meta_var(_column(df, e, lane))
