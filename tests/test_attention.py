@@ -48,7 +48,7 @@ def _masked(mask):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_one_kernel_runs_both_products_on_warpgroup_mmas(assemble, causal):
-    source = cuda_source(fuse_attention(attention(4, 256, 512, 64, causal)))
+    source = cuda_source(fuse_attention(attention(4, 256, 512, 64, causal), AttentionConfig(64)))
     assert source.count("__global__") == 2  # one fused kernel (declaration and definition)
     assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16" in source  # S = Q K^T, O += P V
     assert source.count("tvm_dsm_attention_wait32(") == 3  # defined; waited for S, then for O
@@ -133,6 +133,16 @@ def test_two_warpgroups_share_each_key_tile():
     loop = source[source.index("for (int t = 0"):]
     assert loop.count("mbarrier__complete_tx__bytes(") == 2  # this step's K and V panels, once
     assert "(((int)threadIdx.x) >> 7) * 4096)" in loop  # warpgroup w: Q rows 64w.. (64 x 64 halves)
+
+    def skips(loop):  # conditions on the step that depend on the warpgroup
+        return [line for line in loop.splitlines() if "if (t <" in line and "threadIdx.x) >> 7)" in line]
+
+    assert not skips(loop)  # unmasked: every warpgroup computes every tile
+    # Causal at head dim 128 (the pick there): a warpgroup skips the tiles past its rows' diagonal.
+    causal = attention(2, 256, 512, 128, True)
+    assert default_config(find_attention(causal)[0]) == AttentionConfig(64, 1, 2)
+    source = cuda_source(fuse_attention(causal))
+    assert len(skips(source[source.index("for (int t = 0"):])) == 1
 
 
 def test_tutorial_proves_fuses_and_assembles(capsys):

@@ -186,18 +186,22 @@ def check_config(shape: AttentionShape, c: AttentionConfig) -> None:
 
 
 def default_config(shape: AttentionShape) -> AttentionConfig:
-    """Without a mask, two warpgroups of 64 query rows per CTA sharing each key/value tile (128
-    keys at head dim 64, 64 at 128): half the tile reads per row, and one warpgroup's softmax runs
-    while the other's MMAs do. On the H100 that measured 1.01-1.04x of SDPA at head dim 64 where
-    one warpgroup ran 0.93-0.99x, and 2% faster than one warpgroup over 128 rows at head dim 128
-    (``bench/results/attention_warpgroups_ab.json``). Causal attention keeps one warpgroup of 64
-    rows (128 at head dim 128): a CTA computes up to the diagonal of its last row, so larger CTAs
-    mask more work away (two warpgroups measured 0.70-0.86x); 128 keys from 1024 keys at head dim
-    64 halve the steps (2-4% faster at 1024 and 4096 keys, 5% slower at 512)."""
+    """At head dim 64 without a mask, two warpgroups of 64 query rows per CTA sharing each
+    128-key tile: half the tile reads per row, and one warpgroup's softmax runs while the
+    other's MMAs do. On the H100 they measured 1.02-1.10x faster than one warpgroup with 64-key
+    tiles, 1.02-1.04x of SDPA (``bench/results/attention_warpgroups_ab.json``,
+    ``attention.json``). At head dim 128 (a key/value tile is twice the bytes) 128 rows share each
+    tile: one warpgroup over two row blocks without a mask (two warpgroups ran 0.93-1.02x as
+    fast over three runs), two warpgroups with one (0.96x as long: the first warpgroup stops at
+    its own diagonal). With the mask at head dim 64, one warpgroup of 64 rows: a CTA computes up
+    to its last row's diagonal, so larger CTAs mask more work away (two warpgroups measured
+    0.68-0.86x); 128-key tiles from 1024 keys halve the steps (2-7% faster at 1024 and 4096
+    keys, 5% slower at 512)."""
+    if shape.dim == 128:
+        return AttentionConfig(64, warpgroups=2) if shape.causal else AttentionConfig(64, row_blocks=2)
     if not shape.causal:
-        return AttentionConfig(block_n=128 if shape.dim == 64 else 64, warpgroups=2)
-    return AttentionConfig(block_n=128 if shape.dim == 64 and shape.kv_len >= 1024 else 64,
-                           row_blocks=2 if shape.dim == 128 else 1)
+        return AttentionConfig(128, warpgroups=2)
+    return AttentionConfig(128 if shape.kv_len >= 1024 else 64)
 
 
 def fuse_attention(func: tirx.PrimFunc, config: AttentionConfig | None = None) -> tvm.IRModule:
@@ -331,7 +335,9 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: symp
                     lane = T.meta_var(tx % 32)
                     base = T.int32((_ATOM_BYTES - T.Cast("int32", T.cuda.cvta_generic_to_shared(
                         smem.access_ptr("r"))) % _ATOM_BYTES) % _ATOM_BYTES // 2)
-                    tiles = T.int32(T.min(((qt + 1) * BM + BN - 1) // BN, NT) if causal else NT)
+                    tiles = T.meta_var(T.min(((qt + 1) * BM + BN - 1) // BN, NT) if causal else NT)
+                    own_tiles = T.meta_var(T.min((qt * BM + (block0 + RB) * WARPGROUP_ROWS + BN - 1) // BN, NT)
+                                           if causal else NT)
                     if tx == 0:
                         for i in T.unroll(3):
                             T.ptx.mbarrier.init.shared__cta.b64(barrier(bars, i), 1)
@@ -363,42 +369,43 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: symp
                                     T.evaluate(copy("v", panel, smem_at(smem, base + V_AT + (t + 1) % 2 * BN * D),
                                                     (t + 1) * BN, head, barrier(bars, (t + 1) % 2)))
                         T.evaluate(T.cuda.mbarrier_wait(barrier(bars, t % 2), t // 2 % 2))
-                        for r in T.unroll(RB):
-                            T.evaluate(call("scores", T.address_of(s[r * NF * 8]),
-                                            T.address_of(smem[base + (block0 + r) * WARPGROUP_ROWS * _PANEL]),
-                                            T.address_of(smem[base + K_AT + t % 2 * BN * D])))
-                        T.evaluate(call("wait_scores", T.address_of(s[0])))
-                        for r in T.unroll(RB):
-                            for half in T.unroll(2):
-                                row = T.meta_var(qt * BM + (block0 + r) * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8)
-                                if causal:
-                                    if (t + 1) * BN > qt * BM:  # a diagonal tile
-                                        for nf in T.unroll(NF):
-                                            for e in T.unroll(4):
-                                                s[_reg(r, NF, nf, half, e)] = T.if_then_else(
-                                                    t * BN + _column(nf, e, lane) <= row, s[_reg(r, NF, nf, half, e)],
-                                                    T.float32(float("-inf")))
-                                new_max[0] = T.max(m[r * 2 + half], T.float32(scale) * quad(
-                                    tirx.max, tree(tirx.max, row_values(s, r, half))))
-                                fixed[0] = fix(m[r * 2 + half], new_max[0])
-                                m[r * 2 + half] = new_max[0]
-                                for df in T.unroll(DF):
-                                    for e in T.unroll(4):
-                                        o[_reg(r, DF, df, half, e)] = o[_reg(r, DF, df, half, e)] * fixed[0]
-                                for nf in T.unroll(NF):
-                                    for e in T.unroll(4):
-                                        T.ptx["ex2.approx.ftz.f32"](
-                                            s[_reg(r, NF, nf, half, e)],
-                                            s[_reg(r, NF, nf, half, e)] * T.float32(scale * log2e)
-                                            - new_max[0] * T.float32(log2e))
-                                    for e in T.unroll(0, 4, step=2):  # registers e and e + 1 are adjacent
-                                        T.evaluate(call("pack", p.access_ptr("w", offset=_reg(r, NF, nf, half, e), extent=2),
-                                                        s[_reg(r, NF, nf, half, e)], s[_reg(r, NF, nf, half, e + 1)]))
-                                l[r * 2 + half] = l[r * 2 + half] * fixed[0] + tree(plus, row_values(s, r, half))
-                        for r in T.unroll(RB):
-                            T.evaluate(call("values", T.address_of(o[r * DF * 8]), T.address_of(p[r * NF * 8]),
-                                            T.address_of(smem[base + V_AT + t % 2 * BN * D])))
-                        T.evaluate(call("wait_output", T.address_of(o[0])))
+                        if t < own_tiles:  # causal: this warpgroup's rows see no key of a later tile
+                            for r in T.unroll(RB):
+                                T.evaluate(call("scores", T.address_of(s[r * NF * 8]),
+                                                T.address_of(smem[base + (block0 + r) * WARPGROUP_ROWS * _PANEL]),
+                                                T.address_of(smem[base + K_AT + t % 2 * BN * D])))
+                            T.evaluate(call("wait_scores", T.address_of(s[0])))
+                            for r in T.unroll(RB):
+                                for half in T.unroll(2):
+                                    row = T.meta_var(qt * BM + (block0 + r) * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8)
+                                    if causal:
+                                        if (t + 1) * BN > qt * BM:  # a diagonal tile
+                                            for nf in T.unroll(NF):
+                                                for e in T.unroll(4):
+                                                    s[_reg(r, NF, nf, half, e)] = T.if_then_else(
+                                                        t * BN + _column(nf, e, lane) <= row, s[_reg(r, NF, nf, half, e)],
+                                                        T.float32(float("-inf")))
+                                    new_max[0] = T.max(m[r * 2 + half], T.float32(scale) * quad(
+                                        tirx.max, tree(tirx.max, row_values(s, r, half))))
+                                    fixed[0] = fix(m[r * 2 + half], new_max[0])
+                                    m[r * 2 + half] = new_max[0]
+                                    for df in T.unroll(DF):
+                                        for e in T.unroll(4):
+                                            o[_reg(r, DF, df, half, e)] = o[_reg(r, DF, df, half, e)] * fixed[0]
+                                    for nf in T.unroll(NF):
+                                        for e in T.unroll(4):
+                                            T.ptx["ex2.approx.ftz.f32"](
+                                                s[_reg(r, NF, nf, half, e)],
+                                                s[_reg(r, NF, nf, half, e)] * T.float32(scale * log2e)
+                                                - new_max[0] * T.float32(log2e))
+                                        for e in T.unroll(0, 4, step=2):  # registers e and e + 1 are adjacent
+                                            T.evaluate(call("pack", p.access_ptr("w", offset=_reg(r, NF, nf, half, e), extent=2),
+                                                            s[_reg(r, NF, nf, half, e)], s[_reg(r, NF, nf, half, e + 1)]))
+                                    l[r * 2 + half] = l[r * 2 + half] * fixed[0] + tree(plus, row_values(s, r, half))
+                            for r in T.unroll(RB):
+                                T.evaluate(call("values", T.address_of(o[r * DF * 8]), T.address_of(p[r * NF * 8]),
+                                                T.address_of(smem[base + V_AT + t % 2 * BN * D])))
+                            T.evaluate(call("wait_output", T.address_of(o[0])))
                     # O / l into Q's slot, laid out as TMA lands Q (64-column panels, 16-byte
                     # chunk c of row r at c ^ (r % 8)), then one TMA store per panel.
                     T.tvm_storage_sync("shared")  # every warp is done reading Q, K and V
