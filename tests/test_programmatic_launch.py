@@ -1,5 +1,6 @@
 """Programmatic dependent launch: the unfused chain's kernels wait for the previous grid before
-touching global memory and request the launch attribute; other schedules are left alone."""
+touching global memory (a dependent kernel may first warm L2 with a small weight no earlier
+kernel touches) and request the launch attribute; other schedules are left alone."""
 
 from __future__ import annotations
 

@@ -188,15 +188,16 @@ def check_config(shape: AttentionShape, c: AttentionConfig) -> None:
 def default_config(shape: AttentionShape) -> AttentionConfig:
     """At head dim 64 without a mask, two warpgroups of 64 query rows per CTA sharing each
     128-key tile: half the tile reads per row, and one warpgroup's softmax runs while the
-    other's MMAs do. On the H100 they measured 1.02-1.10x faster than one warpgroup with 64-key
-    tiles, 1.02-1.04x of SDPA (``bench/results/attention_warpgroups_ab.json``,
-    ``attention.json``). At head dim 128 (a key/value tile is twice the bytes) 128 rows share each
-    tile: one warpgroup over two row blocks without a mask (two warpgroups ran 0.93-1.02x as
-    fast over three runs), two warpgroups with one (0.96x as long: the first warpgroup stops at
-    its own diagonal). With the mask at head dim 64, one warpgroup of 64 rows: a CTA computes up
-    to its last row's diagonal, so larger CTAs mask more work away (two warpgroups measured
-    0.68-0.86x); 128-key tiles from 1024 keys halve the steps (2-7% faster at 1024 and 4096
-    keys, 5% slower at 512)."""
+    other's MMAs do. On the H100, over four runs, they ran 0.97-1.16x as fast as one warpgroup
+    with 64-key tiles (1.04x geomean), at 0.98-1.08x of SDPA
+    (``bench/results/attention_warpgroups_ab.json``, ``attention.json``). At head dim 128 (a
+    key/value tile is twice the bytes) 128 rows share each tile: one warpgroup over two row
+    blocks without a mask (two warpgroups ran 0.93-1.02x as fast over four runs), two warpgroups
+    with one (0.96x as long in two runs: the first warpgroup stops at its own diagonal). With
+    the mask at head dim 64, one warpgroup of 64 rows: a CTA computes up to its last row's
+    diagonal, so larger CTAs mask more work away (two warpgroups measured 0.65-0.86x of SDPA);
+    128-key tiles from 1024 keys halve the steps (4-9% faster at 1024 and 4096 keys, 5% slower
+    at 512)."""
     if shape.dim == 128:
         return AttentionConfig(64, warpgroups=2) if shape.causal else AttentionConfig(64, row_blocks=2)
     if not shape.causal:

@@ -123,7 +123,8 @@ def _wait_after_prefetches(body, prefetches: list, wait: list):
     there once), and nothing before the last of them but prefetches may name global memory (a
     parameter, a global buffer, a tensor map)."""
     paths = [_path(body, m) for m in prefetches]
-    if any(p is None or not p[-2].same_as(paths[0][-2]) for p in paths):
+    if any(p is None or len(p) < 2 or not isinstance(p[-2], tirx.SeqStmt) or not p[-2].same_as(paths[0][-2])
+           for p in paths):
         return None
     seq = paths[0][-2]
     last = max(i for i, s in enumerate(seq.seq) if any(s.same_as(m) for m in prefetches))
