@@ -68,8 +68,9 @@ def main() -> None:
 
     section("configuration (no measurement)")
     config = default_config(shape)
-    print(f"{config}: {config.block_m} query rows per CTA (4 warps, 16 rows each), "
-          f"{config.block_n} keys per tile, {HEADS * SEQ // config.block_m} CTAs")
+    print(f"{config}: {config.block_m} query rows per CTA ({config.warpgroups} warpgroup(s) of 4 "
+          f"warps, 16 rows each per 64-row block), {config.block_n} keys per tile, "
+          f"{HEADS * SEQ // config.block_m} CTAs")
 
     section("generated CUDA of the fused kernel (TVM codegen, sm_90a)")
     executable = tvm.compile(fuse_attention(func, config), target=TARGET)
