@@ -295,6 +295,9 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: symp
     def plus(a, b):
         return a + b
 
+    def tiles_before(row_end):  # key tiles that rows below ``row_end`` see
+        return T.min((row_end + BN - 1) // BN, NT) if causal else NT
+
     def barrier(bars, i):
         return T.cuda.cvta_generic_to_shared(bars.access_ptr("r")) + T.uint32(8) * T.Cast("uint32", i)
 
@@ -336,9 +339,8 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: symp
                     lane = T.meta_var(tx % 32)
                     base = T.int32((_ATOM_BYTES - T.Cast("int32", T.cuda.cvta_generic_to_shared(
                         smem.access_ptr("r"))) % _ATOM_BYTES) % _ATOM_BYTES // 2)
-                    tiles = T.meta_var(T.min(((qt + 1) * BM + BN - 1) // BN, NT) if causal else NT)
-                    own_tiles = T.meta_var(T.min((qt * BM + (block0 + RB) * WARPGROUP_ROWS + BN - 1) // BN, NT)
-                                           if causal else NT)
+                    tiles = T.meta_var(tiles_before(qt * BM + BM))  # the CTA's
+                    own_tiles = T.meta_var(tiles_before(qt * BM + (block0 + RB) * WARPGROUP_ROWS))
                     if tx == 0:
                         for i in T.unroll(3):
                             T.ptx.mbarrier.init.shared__cta.b64(barrier(bars, i), 1)

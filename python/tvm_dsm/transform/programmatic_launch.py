@@ -128,7 +128,7 @@ def _wait_after_prefetches(body, prefetches: list, wait: list):
         return None
     seq = paths[0][-2]
     last = max(i for i, s in enumerate(seq.seq) if any(s.same_as(m) for m in prefetches))
-    path = _path(body, seq.seq[last])
+    path = next(p for p in paths if p[-1].same_as(seq.seq[last]))
     if not all(isinstance(s, (tirx.AttrStmt, tirx.SeqStmt)) for s in path[:-1]):
         return None
     for parent, child in zip(path, path[1:]):

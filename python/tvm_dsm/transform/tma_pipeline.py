@@ -409,33 +409,35 @@ def _pointee(ptr):
 def _dependent_kernels(body) -> list:
     """The kernels (outermost ``blockIdx`` loops) after the first of a function launched
     programmatically: those that may prefetch before waiting for the previous grid."""
-    roots = find_all(body, SBlock, lambda b: PROGRAMMATIC_LAUNCH_KEY in b.annotations)
-    if not roots:
+    if not find_all(body, SBlock, lambda b: PROGRAMMATIC_LAUNCH_KEY in b.annotations):
         return []
-    launches = find_all(body, tirx.For, _binds_block)
-    return [k for k in launches if not any(find_all(o.body, tirx.For, lambda lp: lp.same_as(k))
-                                           for o in launches)][1:]
+    launches = find_all(body, tirx.For, lambda lp: _binds(lp, "blockIdx"))
+    return [k for k in launches if not any(_encloses(o, k) for o in launches)][1:]
 
 
-def _binds_block(loop: tirx.For) -> bool:
-    return loop.thread_binding is not None and str(loop.thread_binding.thread_tag).startswith("blockIdx")
+def _binds(loop: tirx.For, tags) -> bool:
+    """Whether ``loop`` is bound to a thread tag starting with ``tags`` (a str or a tuple)."""
+    return loop.thread_binding is not None and str(loop.thread_binding.thread_tag).startswith(tags)
+
+
+def _encloses(outer: tirx.For, loop: tirx.For) -> bool:
+    return bool(find_all(outer.body, tirx.For, lambda lp: lp.same_as(loop)))
+
+
+def _enclosing(body, loop: tirx.For, tags) -> list:
+    """The loops bound to ``tags`` around ``loop`` (a function may launch several kernels, each
+    binding its own thread variables)."""
+    return find_all(body, tirx.For, lambda lp: _binds(lp, tags) and _encloses(lp, loop))
 
 
 def _ctas(body, loop: tirx.For) -> int:
     """CTAs of the kernel enclosing ``loop``: its block and cluster-rank bindings' extents."""
-    return math.prod(int(b.extent) for b in find_all(
-        body, tirx.For, lambda lp: lp.thread_binding is not None and str(
-            lp.thread_binding.thread_tag).startswith(("blockIdx", "clusterCtaIdx"))
-        and bool(find_all(lp.body, tirx.For, lambda inner: inner.same_as(loop)))))
+    return math.prod(int(b.extent) for b in _enclosing(body, loop, ("blockIdx", "clusterCtaIdx")))
 
 
 def _threads(body, loop: tirx.For) -> list:
-    """The threadIdx variables of the kernel enclosing ``loop`` (a function may launch several
-    kernels, each binding its own thread variables)."""
-    return [b.loop_var
-            for b in find_all(body, tirx.For, lambda lp: lp.thread_binding is not None and str(
-                lp.thread_binding.thread_tag).startswith("threadIdx"))
-            if find_all(b.body, tirx.For, lambda lp: lp.same_as(loop))]
+    """The threadIdx variables of the kernel enclosing ``loop``."""
+    return [b.loop_var for b in _enclosing(body, loop, "threadIdx")]
 
 
 @tirx.transform.prim_func_pass(opt_level=0, name="tvm_dsm.LowerTmaPipeline")
@@ -460,7 +462,7 @@ def LowerTmaPipeline(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx) -> tirx.Prim
     budget = load_hardware().hbm_bw * PREFETCH_WINDOW_S
     for loop in loops:
         lowering = _TmaLoop(loop, _threads(func.body, loop), sources, analyzer)
-        if any(find_all(k, tirx.For, lambda lp: lp.same_as(loop)) for k in dependent):
+        if any(_encloses(k, loop) for k in dependent):
             lowering.plan_prefetch(list(func.params), _ctas(func.body, loop), budget)
         body = replace_node(body, loop, lowering.lower())
         host += lowering.host()
