@@ -503,13 +503,15 @@ class _FusedBlock:
         for p in sources:
             # The part's values come through registers: remote (DSM) reads are not lowered
             # inside a select.
-            olds = {}
+            olds, factor = {}, None
             if lvl.form in ("rescale", "shift"):
                 for d in lvl.deps:
                     olds[d] = T.sblock_alloc_buffer([1], self._dtype(d), scope="local")
                     T.buffer_store(olds[d], tirx.BufferLoad(partial[d], [p, 0]), [0])
+                factor = self._hoisted_correction(
+                    lvl, {d: merged[d] for d in lvl.deps}, olds, dtype)
 
-            def emit(extra, p=p, olds=olds):
+            def emit(extra, p=p, olds=olds, factor=factor):
                 slot = _slot(extra)
                 if lvl.form == "split":
                     for acc, part in zip(merged_acc, partial_acc):
@@ -520,11 +522,12 @@ class _FusedBlock:
                     held = T.sblock_alloc_buffer([1], dtype, scope="local")
                     T.buffer_store(held, value, [0])
                     value = held[0]
-                    table = self._symbols(lvl, rows, tirx.const(0, "int32"), extra, {}, {})
-                    for d in lvl.deps:
-                        table[f"y{d}_new"] = merged[d][0]
-                        table[f"y{d}_old"] = olds[d][0]
-                    fix = ToTIR(table, dtype)(lvl.correction)
+                    if factor is None:
+                        table = self._symbols(lvl, rows, tirx.const(0, "int32"), extra, {}, {})
+                        table.update(_dep_symbols(lvl, {d: merged[d] for d in lvl.deps}, olds))
+                        fix = ToTIR(table, dtype)(lvl.correction)
+                    else:
+                        fix = factor
                     corrected = value * fix if lvl.form == "rescale" else value + fix
                     value = tirx.Select(value == lvl.init, value, corrected)
                 T.buffer_store(merged[j], combine(tirx.BufferLoad(merged[j], slot), value), slot)
@@ -596,13 +599,26 @@ class _FusedBlock:
             name: self._bind(load, lvl, rows, k, extra)
             for name, load in names.loads.items()
         }
-        for d in lvl.deps:
-            if d in new:
-                table[f"y{d}_new"] = new[d][0]
-            if d in state:
-                table[f"y{d}_old"] = state[d][0]
-                table[f"y{d}"] = state[d][0]
+        table.update(_dep_symbols(lvl, new, state))
         return table
+
+    def _hoisted_correction(self, lvl: Level, new: dict, old: dict, dtype: str, moved=None):
+        """The level's correction computed once into a register, when it depends only on its
+        dependencies' scalar states (exp(m_old - m_new) for softmax's sums): every element of
+        the state then takes one multiply (or add) instead of its own exp behind a branch.
+        ``moved``: where it does not hold, the factor is exactly the identity (1 or 0), so an
+        unmoved state keeps every bit. None where the correction reads the elements themselves."""
+        allowed = {f"y{d}{suffix}" for d in lvl.deps for suffix in ("", "_new", "_old")}
+        if not {str(s) for s in lvl.correction.free_symbols} <= allowed:
+            return None
+        if any(int(b.shape[0]) != 1 for b in list(new.values()) + list(old.values())):
+            return None
+        fix = ToTIR(_dep_symbols(lvl, new, old), dtype)(lvl.correction)
+        if moved is not None:
+            fix = tirx.Select(moved, fix, tirx.const(1.0 if lvl.form == "rescale" else 0.0, dtype))
+        factor = T.sblock_alloc_buffer([1], dtype, scope="local")
+        T.buffer_store(factor, fix, [0])
+        return factor[0]
 
     @staticmethod
     def _insert(values, indices, k: int, value, index, later: bool = False) -> None:
@@ -688,6 +704,13 @@ class _FusedBlock:
         combine = _COMBINE[lvl.op]
 
         target = new[j] if j in self.read_by_others else state[j]
+        factor = moved = None
+        if first and lvl.form in ("rescale", "shift"):
+            # The correction is exactly the identity while no dependency moves (exp(0) = 1),
+            # which after the first elements is nearly always.
+            moved = functools.reduce(tirx.Or, [new[d][0] != state[d][0] for d in lvl.deps])
+            factor = self._hoisted_correction(lvl, {d: new[d] for d in lvl.deps},
+                                              {d: state[d] for d in lvl.deps}, dtype, moved)
 
         def emit(extra):
             slot = _slot(extra)
@@ -699,12 +722,13 @@ class _FusedBlock:
                 return
             operand = self._operand(lvl, rows, k, extra, new)
             if first and lvl.form in ("rescale", "shift"):
-                fix = ToTIR(self._symbols(lvl, rows, k, extra, state, new), dtype)(lvl.correction)
-                corrected = current * fix if lvl.form == "rescale" else current + fix
-                # The correction is exactly the identity while no dependency moves (exp(0) = 1),
-                # which after the first elements is nearly always: skip its exp then.
-                moved = functools.reduce(tirx.Or, [new[d][0] != state[d][0] for d in lvl.deps])
-                current = tirx.Select(tirx.And(current != lvl.init, moved), corrected, current)
+                if factor is None:  # per element, its exp skipped while no dependency moves
+                    fix = ToTIR(self._symbols(lvl, rows, k, extra, state, new), dtype)(lvl.correction)
+                    corrected = current * fix if lvl.form == "rescale" else current + fix
+                    current = tirx.Select(tirx.And(current != lvl.init, moved), corrected, current)
+                else:
+                    corrected = current * factor if lvl.form == "rescale" else current + factor
+                    current = tirx.Select(current != lvl.init, corrected, current)
             T.buffer_store(target, combine(current, operand), slot)
 
         if j in self.read_by_others:
@@ -802,6 +826,19 @@ class _SliceRing:
     def refill(self, t) -> None:
         """Chunk ``t + stages`` into the slot chunk ``t`` used."""
         self._issue(t + self.stages, tirx.floormod(t, self.stages))
+
+
+def _dep_symbols(lvl: Level, new: dict, old: dict) -> dict:
+    """The correction's symbols for the dependencies' scalar states: y{d}_new, y{d}_old and
+    y{d} (the old one) for each dependency d held in ``new`` / ``old`` (buffers of one)."""
+    table = {}
+    for d in lvl.deps:
+        if d in new:
+            table[f"y{d}_new"] = new[d][0]
+        if d in old:
+            table[f"y{d}_old"] = old[d][0]
+            table[f"y{d}"] = old[d][0]
+    return table
 
 
 def _buffers(values: dict, side: dict) -> list:
