@@ -72,10 +72,10 @@ def test_demo_shows_plan_cuda_and_fusion_reports(capsys):
     assert "cascade topk -> m -> l: fusible" in out and "topk (top-8): plain" in out
 
 
-@pytest.mark.parametrize("name", ["hwbench", "operand_stream", "stream_read"])
+@pytest.mark.parametrize("name", ["hwbench", "operand_stream", "stream_read", "decode_read"])
 def test_microbenchmarks_assemble_for_sm_90a(assemble, name):
     """The CUDA microbenchmarks behind the hardware description, the GEMM main-loop diagnosis
-    (bench/results/operand_stream.json) and the plain-read ceiling (read_ceiling_cuda.json)
-    still compile: their kernels are rerun on the device."""
+    (bench/results/operand_stream.json), the plain-read ceiling (read_ceiling_cuda.json) and
+    decode's loads without arithmetic (decode_read_cuda.json) still compile: their kernels are rerun on the device."""
     folder = Path(__file__).parent.parent / "src" / "hwbench"
     assert assemble((folder / f"{name}.cu").read_text(), name, include_dirs=(folder,))
