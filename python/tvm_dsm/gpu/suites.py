@@ -862,16 +862,28 @@ def _launched(variant: Variant, programmatically: bool) -> Variant:
                                mod=sch.mod, plan={**variant.plan, "programmatic_launch": programmatically})
 
 
-#: Decode configurations measured fastest on some shape (decode.json, decode_wide.json).
-_DECODE_FASTEST = ("_c4_g8_v16", "_c2_g32_v8", "_c4_g16_v8", "_c4_g16_v4", "_c1_g32_v8", "_c2_g64_v4")
+#: Decode (ranks, groups, vector) measured fastest on some shape (decode.json, decode_wide.json).
+_DECODE_FASTEST = ((4, 8, 16), (2, 32, 8), (4, 16, 8), (4, 16, 4), (1, 32, 8), (2, 64, 4))
+
+
+def decode_picks() -> list[Variant]:
+    """Decode attention, per shape the planner's split and the splits in ``_DECODE_FASTEST``
+    (the ``decode`` sweep's contenders worth re-measuring, without building the sweep)."""
+    plans = _decode_plans()
+    variants = []
+    for shape in DECODE_SHAPES:
+        plan = plans[shape]
+        splits = {(plan.ranks, plan.parts // plan.ranks, plan.vector), *_DECODE_FASTEST}
+        for ranks, groups, vector in sorted(splits):
+            variants += _decode_variant(shape, ranks, groups, vector, _dim_lanes(shape), 0, plans)
+    return variants
 
 
 def decode_pdl() -> list[Variant]:
-    """Decode attention launched programmatically and not: per shape the planner's pick and
-    the configurations in ``_DECODE_FASTEST``. A decode step's attention follows the QKV
-    projection on the same stream, as each replay follows the previous one here."""
-    variants = [v for v in decode() if v.plan["planner"] or v.name.endswith(_DECODE_FASTEST)]
-    return [_launched(v, on) for v in variants for on in (False, True)]
+    """Decode attention launched programmatically and not: the ``decode_picks`` kernels. A
+    decode step's attention follows the QKV projection on the same stream, as each replay
+    follows the previous one here."""
+    return [_launched(v, on) for v in decode_picks() for on in (False, True)]
 
 
 def programmatic_launch() -> list[Variant]:
@@ -998,4 +1010,4 @@ SUITES = {"split_k": split_k, "collectives": collectives, "cascades": cascades, 
           "attention": attention, "chains": chains, "conv_chains": conv_chains, "chains_m": chains_m, "decode": decode, "decode_staged": decode_staged, "fp8_sweep": fp8_sweep,
           "lm_head": lm_head, "fp8": fp8, "gemm_tma": gemm_tma, "chains_tma": chains_tma, "gated": gated,
           "gemm_m": gemm_m, "gemm_wgmma": gemm_wgmma, "programmatic_launch": programmatic_launch,
-          "decode_pdl": decode_pdl, "chains_pdl": chains_pdl, "gemm_stages": gemm_stages, "gemm_depths": gemm_depths, "fp8_depths": fp8_depths, "gemm_large_m": gemm_large_m}
+          "decode_pdl": decode_pdl, "decode_picks": decode_picks, "chains_pdl": chains_pdl, "gemm_stages": gemm_stages, "gemm_depths": gemm_depths, "fp8_depths": fp8_depths, "gemm_large_m": gemm_large_m}
