@@ -14,6 +14,13 @@ partials meet through DSM) before more threads: every rank costs cluster barrier
 merge, large CTAs cost occupancy. The loaded latency is the measured unloaded one times a
 factor fitted on the suites (bench/results/decode.json, cascades.json): larger when a row
 spans a cluster, whose DSM merge and cluster barriers lie on every row's path.
+
+With an element producer (decode attention: a score per key from 16-byte K and V slices) the
+chunk is 4 or 8 keys a step, the split must hold ``PRODUCER_BYTES_IN_FLIGHT``, and CTAs grow
+to 256 threads before ranks are added. Fitted on bench/results/decode_picks*.json (two runs):
+splits holding 16 MiB ran within 1-4% of the best on all four shapes, those holding 8 MiB
+3.5-5% behind; on 64x8192x64 two ranks of 256 or 512 threads (47.5-48.0 us) beat four of 128
+(48.2-49.8).
 """
 
 from __future__ import annotations
@@ -39,6 +46,11 @@ _GROUPS = (8, 16, 32, 64, 128)
 _CTAS_PER_SM, _THREADS_PER_SM = 32, 2048  # sm_90 residency limits
 _RANKS = (1, 2, 4, 8, 16)
 _LOAD_BYTES = 16
+#: Keys per step of a cascade with an element producer, the loads it must hold in flight, and
+#: the threads of a CTA before more ranks are preferred.
+_PRODUCER_VECTORS = (4, 8)
+PRODUCER_BYTES_IN_FLIGHT = 16 * 2**20
+_PRODUCER_CTA_THREADS = 256
 
 
 @dataclass(frozen=True)
@@ -91,41 +103,51 @@ def _plan(func: tirx.PrimFunc, hw: Hardware | None) -> tuple[CascadeSplit, s_tir
         prod = next(iter(producers.values()))
         width = _LOAD_BYTES // _elem_bytes(prod.value)
         lanes = max(1, min(32, prod.extent // width))
-        vector = 4
+        vectors = _PRODUCER_VECTORS
         # the key slice, and the value slice of each level with an output axis of its own
-        per_thread = vector * _LOAD_BYTES * (1 + sum(len(lvl.spatial) > len(first.spatial) for lvl in group))
+        slices = 1 + sum(len(lvl.spatial) > len(first.spatial) for lvl in group)
     else:
         lanes = 1
-        vector = _LOAD_BYTES // _elem_bytes(first.value)
-        per_thread = _LOAD_BYTES
-    per_thread *= 2  # the next chunk in flight while the current one is applied
+        vectors = (_LOAD_BYTES // _elem_bytes(first.value),)
+
+    def per_thread(vector: int) -> int:
+        """Bytes a thread loads per step, twice: the next chunk is in flight while the
+        current one is applied."""
+        return 2 * (vector * _LOAD_BYTES * slices if producers else _LOAD_BYTES)
 
     def needed(c) -> int:
+        if producers:
+            return PRODUCER_BYTES_IN_FLIGHT
         factor = _CLUSTER_LATENCY_FACTOR if c[0] > 1 else _LOADED_LATENCY_FACTOR
         return int(hw.hbm_bw * hw.latency_ns["hbm"] * 1e-9 * factor)
 
     candidates = [
-        (ranks, groups) for ranks, groups in itertools.product(_RANKS, _GROUPS)
+        (ranks, groups, vector) for ranks, groups, vector in itertools.product(_RANKS, _GROUPS, vectors)
         if groups * lanes <= 1024 and extent % (ranks * groups * vector) == 0
     ]
     if not candidates:
         raise ClusterError(f"reduction extent {extent} does not split into {min(_GROUPS)} parts "
-                           f"of {vector}-element chunks")
+                           f"of {min(vectors)}-element chunks")
 
     def in_flight(c) -> int:
-        ranks, groups = c
+        ranks, groups, vector = c
         threads = groups * lanes
         resident = hw.sm_count * min(_CTAS_PER_SM, _THREADS_PER_SM // threads)
-        return min(rows * ranks, resident) * threads * per_thread
+        return min(rows * ranks, resident) * threads * per_thread(vector)
 
     def split(c) -> CascadeSplit:
-        ranks, groups = c
+        ranks, groups, vector = c
         return CascadeSplit(rows, ranks * groups, vector, lanes, ranks, in_flight(c), needed(c))
 
-    # Fewest ranks, then fewest threads per CTA beyond 16 parts, that cover the latency; else
-    # the most in flight. A cluster split must also build: its partial states fit the static
-    # shared memory of a cluster merge, and every level merges across CTAs.
-    order = sorted(candidates, key=lambda c: (c[1] > 16, c[0], c[1]))
+    def large(c) -> bool:
+        """Past 16 parts a CTA (with a producer: past 256 threads) more ranks come first."""
+        return c[1] * lanes > _PRODUCER_CTA_THREADS if producers else c[1] > 16
+
+    # Fewest ranks, then fewest threads per CTA beyond a large CTA, then the shortest chunk,
+    # that cover the latency; else the most in flight. A cluster split must also build: its
+    # partial states fit the static shared memory of a cluster merge, and every level merges
+    # across CTAs.
+    order = sorted(candidates, key=lambda c: (large(c), c[0], c[1], c[2]))
     most = max(in_flight(c) for c in candidates)
     enough = [c for c in order if in_flight(c) >= min(needed(c), 0.9 * most)]
     for c in enough + sorted(candidates, key=in_flight, reverse=True):
