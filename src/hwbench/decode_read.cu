@@ -9,14 +9,13 @@
 //   2 V one step behind K: as 0, V read for the step before (the fused loop could use V late)
 // Layouts: K and V in two allocations (as torch gives them), or one allocation with V at
 // K + size + `gap` bytes (gap 0: a power-of-two distance).
-// Timed like stream_read: CUDA events over CUDA-graph replays over input sets rotated past L2,
-// median of 21 replays. Prints one JSON object. Build:
+// Timed like stream_read (graph_timing.h) over input sets rotated past L2. Prints one JSON object. Build:
 //   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -o decode_read decode_read.cu
 #include <cuda_runtime.h>
 
 #include "cuda_check.h"
+#include "graph_timing.h"
 
-#include <algorithm>
 #include <cstdio>
 #include <vector>
 
@@ -85,38 +84,12 @@ struct Inputs {
 };
 
 float time_us(const Inputs& in, const Split& sp, int order, int rows, int keys, float* sink) {
-  cudaStream_t stream;
-  CHECK(cudaStreamCreate(&stream));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  const int launches = 4 * int(in.k.size());
-  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  for (int l = 0; l < launches; ++l) {
+  return graph_us(4 * int(in.k.size()), [&](int l, cudaStream_t stream) {
     const float4 *k = in.k[l % in.k.size()], *v = in.v[l % in.v.size()];
     if (order == 0) launch_any<0>(sp, k, v, rows, keys, sink, stream);
     if (order == 1) launch_any<1>(sp, k, v, rows, keys, sink, stream);
     if (order == 2) launch_any<2>(sp, k, v, rows, keys, sink, stream);
-  }
-  CHECK(cudaStreamEndCapture(stream, &graph));
-  CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
-  std::vector<float> samples;
-  for (int rep = 0; rep < 24; ++rep) {
-    CHECK(cudaEventRecord(start, stream));
-    CHECK(cudaGraphLaunch(exec, stream));
-    CHECK(cudaEventRecord(stop, stream));
-    CHECK(cudaEventSynchronize(stop));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (rep >= 3) samples.push_back(ms * 1000.f / launches);  // the first replays warm up
-  }
-  std::sort(samples.begin(), samples.end());
-  CHECK(cudaGraphExecDestroy(exec));
-  CHECK(cudaGraphDestroy(graph));
-  CHECK(cudaStreamDestroy(stream));
-  return samples[samples.size() / 2];
+  });
 }
 
 // Input sets rotated past the 50 MB L2: K and V apart (gap < 0) or V at K + bytes + gap.

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda_check.h"
+#include "graph_timing.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -63,38 +64,12 @@ __global__ void read_parts(const float4* __restrict__ src, size_t per_cta, float
 template <int kUnroll, int kHint = 0, int kParts = -1>
 float time_us(const std::vector<float4*>& sets, size_t bytes, int ctas, int threads, float* sink) {
   size_t per_cta = bytes / 16 / ctas;
-  cudaStream_t stream;
-  CHECK(cudaStreamCreate(&stream));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  const int launches = 4 * int(sets.size());
-  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  for (int l = 0; l < launches; ++l) {
+  return graph_us(4 * int(sets.size()), [&](int l, cudaStream_t stream) {
     if (kParts < 0)
       read_chunks<kUnroll, kHint><<<ctas, threads, 0, stream>>>(sets[l % sets.size()], per_cta, sink);
     else
       read_parts<kUnroll, kParts><<<ctas, threads, 0, stream>>>(sets[l % sets.size()], per_cta, sink);
-  }
-  CHECK(cudaStreamEndCapture(stream, &graph));
-  CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
-  std::vector<float> samples;
-  for (int rep = 0; rep < 24; ++rep) {
-    CHECK(cudaEventRecord(start, stream));
-    CHECK(cudaGraphLaunch(exec, stream));
-    CHECK(cudaEventRecord(stop, stream));
-    CHECK(cudaEventSynchronize(stop));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (rep >= 3) samples.push_back(ms * 1000.f / launches);  // the first replays warm up
-  }
-  std::sort(samples.begin(), samples.end());
-  CHECK(cudaGraphExecDestroy(exec));
-  CHECK(cudaGraphDestroy(graph));
-  CHECK(cudaStreamDestroy(stream));
-  return samples[samples.size() / 2];
+  });
 }
 
 int main(int argc, char** argv) {
