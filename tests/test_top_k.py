@@ -10,6 +10,7 @@ import tvm
 from tvm import s_tir, te, tirx
 
 from tvm_dsm.fusion.top_k import TOP_K_KEY, parse_top_k, top_k
+from tvm_dsm.planners.cascade_split import plan_cascade_split
 from tvm_dsm.transform import fuse_cascaded_reductions
 from tvm_dsm.workloads.cascades import moe_routing
 
@@ -147,6 +148,39 @@ def test_moe_routing_kernel_assembles_for_sm90a(assemble):
     assemble(source, "moe_routing")
 
 
+def test_rows_share_a_cta_where_a_rows_parts_fill_less_than_a_warp(assemble):
+    """8 parts per row, 4 rows per CTA: one full warp, the rows' shuffles inside their 8 lanes,
+    each part's partial state in registers (shared memory holds only the 4 rows' outputs)."""
+    from conftest import cuda_source
+
+    from tvm_dsm.rules.fused_rows import schedule_fused_rows
+
+    fused, (report,) = fuse_cascaded_reductions(moe_routing(256, 128, 8), parts=8, vector=8, shuffle=True,
+                                                rows_per_cta=4)
+    assert report.fusible, str(report)
+    source = cuda_source(schedule_fused_rows(fused).mod)
+    assert "__launch_bounds__(32)" in source and "threadIdx.z" in source
+    assert "__shfl_xor_sync((uint)4294967295," in source and ", 8);" in source  # full mask, width 8
+    shared = [line for line in source.splitlines() if "__shared__" in line]
+    assert shared and all(line.rstrip().endswith("[4];") for line in shared)  # the rows' outputs
+    assemble(source, "moe_routing_rows4")
+
+
+@pytest.mark.parametrize("kwargs", [{"parts": 64}, {"parts": 8, "ranks": 2}, {"parts": 8, "shuffle": False}])
+def test_rows_per_cta_needs_a_rows_merge_inside_one_warp(kwargs):
+    split = {"vector": 1, "shuffle": True, "rows_per_cta": 2, **kwargs}
+    fused, (report,) = fuse_cascaded_reductions(moe_routing(64, 128, 8), **split)
+    assert not report.fusible and "must merge inside one warp" in report.reason
+
+
+def test_planner_fills_a_warp_with_short_top_k_rows():
+    """16384 rows of 128 experts: 8 parts per row and 4 rows per CTA (measured 9.1 us against
+    18.5 at 16 parts and one row per CTA, cascades_rows.json)."""
+    split = plan_cascade_split(moe_routing(16384, 128, 8))
+    assert (split.parts, split.rows_per_cta, split.ranks) == (8, 4, 1)
+    assert "4 rows per CTA" in split.explain()
+
+
 def test_packed_keys_of_a_16_bit_level_keep_its_own_initial_value():
     """A top-k of fp16 values starts from the fp16 lowest (-65504): with comparisons that value
     never enters, so it must not enter as a key either (the fp32 lowest is not the bound)."""
@@ -177,9 +211,10 @@ def test_packed_keys_of_a_16_bit_level_keep_its_own_initial_value():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows, experts", [(256, 1024), (4096, 256)])
+@pytest.mark.parametrize("rows, experts", [(256, 1024), (4096, 256), (16384, 128)])
 def test_gpu_planned_routing_matches_stable_sort(rows, experts):
-    """The user path on the GPU: planned split, warp-shuffle merges of packed keys, ties."""
+    """The user path on the GPU: planned split, warp-shuffle merges of packed keys, ties (and
+    at 16384 x 128, four rows per CTA)."""
     from conftest import TARGET
 
     from tvm_dsm.planners.cascade_split import schedule_cascade

@@ -38,8 +38,10 @@ from .symbolic import ToSympy, ToTIR
 from . import top_k_keys
 from .top_k import beats
 
-#: Annotation of the ``*_final`` block: the CTAs a row's parts span (part p on rank p % ranks).
+#: Annotations of the ``*_final`` block: the CTAs a row's parts span (part p on rank p % ranks),
+#: and the rows whose threads share a CTA.
 RANKS_ATTR = "tvm_dsm.ranks"
+ROWS_PER_CTA_ATTR = "tvm_dsm.rows_per_cta"
 
 _COMBINE = {"sum": lambda a, b: a + b, "max": tirx.max, "min": tirx.min}
 _ACC = "float64"  # accumulators of split levels
@@ -50,8 +52,9 @@ class _FusedBlock:
 
     def __init__(self, group: list[Level], parts: int = 1, vector: int = 1, lanes: int = 1,
                  ranks: int = 1, producers: dict | None = None, shuffle: bool = False,
-                 copy_stages: int = 0):
+                 copy_stages: int = 0, rows_per_cta: int = 1):
         self.group = group
+        self.rows_per_cta = rows_per_cta
         self.vector = vector
         self.copy_stages = copy_stages
         self.lanes, self.ranks = lanes, ranks
@@ -395,12 +398,19 @@ class _FusedBlock:
                 self._copy_states((merged, merged_acc), (into, into_acc), [p])
             partial, partial_acc, remaining, spread = into, into_acc, half, 1
         last = _buffers(partial, partial_acc)
+        # One partial per row after the warp merge, the same in every part (the butterfly merges
+        # commuted pairs): every part finishes from its own, so that a schedule may keep the
+        # partials in registers (rows_per_cta), and a stage after the cascade reads what its own
+        # thread wrote.
+        own = remaining == 1 and spread > 1
         with self._thread_block(
-                "_final", lambda p: [tirx.BufferRegion(b, [Range(0, d) for d in b.ty.shape]) for b in last],
-                lambda p: [r for lvl in group for r in self._row_regions(lvl, rows)], active=self.ranks,
-                attrs={RANKS_ATTR: self.ranks}):
+                "_final", lambda p: [_slot_region(b, p) if own else
+                                     tirx.BufferRegion(b, [Range(0, d) for d in b.ty.shape]) for b in last],
+                lambda p: [r for lvl in group for r in self._row_regions(lvl, rows)],
+                active=None if own else self.ranks,
+                attrs={RANKS_ATTR: self.ranks, ROWS_PER_CTA_ATTR: self.rows_per_cta}) as p:
             merged, merged_acc = self._alloc_states([])
-            slots = [tirx.const(r, "int32") for r in range(self.ranks)]
+            slots = [p] if own else [tirx.const(r, "int32") for r in range(self.ranks)]
             for j, lvl in enumerate(group):
                 self._merge(j, lvl, rows, merged, merged_acc[j], partial, partial_acc[j], slots)
             self._finish(rows, merged, merged_acc)
@@ -449,7 +459,7 @@ class _FusedBlock:
     def _warp_mask(self) -> tirx.PrimExpr:
         """The lanes of a warp that hold a row's threads (a CTA of fewer than 32 threads fills
         only part of its warp; a shuffle must not name the absent lanes)."""
-        threads = min(32, self.parts // self.ranks * self.lanes)
+        threads = min(32, self.parts // self.ranks * self.lanes * self.rows_per_cta)
         return tirx.const(0xFFFFFFFF if threads == 32 else (1 << threads) - 1, "uint32")
 
     def _merge_in_warp(self, rows: list, state: dict, accumulators: dict) -> tuple[dict, dict]:
@@ -862,7 +872,7 @@ def _slot(extra: list) -> list:
 
 def splice(func: tirx.PrimFunc, group: list[Level], parts: int = 1, vector: int = 1, lanes: int = 1,
            ranks: int = 1, producers: dict | None = None, shuffle: bool = False,
-           copy_stages: int = 0) -> tirx.PrimFunc:
+           copy_stages: int = 0, rows_per_cta: int = 1) -> tirx.PrimFunc:
     """``func`` with the group's loop nests (and its element producers') replaced by the fused
     nest (where the last level was)."""
     root = func.body.block
@@ -873,7 +883,7 @@ def splice(func: tirx.PrimFunc, group: list[Level], parts: int = 1, vector: int 
         return {str(b.name_hint) for b in find_all(stmt, SBlock)}
 
     positions = [n for n, stage in enumerate(stages) if blocks_in(stage) & names]
-    fused = _FusedBlock(group, parts, vector, lanes, ranks, producers, shuffle, copy_stages).build()
+    fused = _FusedBlock(group, parts, vector, lanes, ranks, producers, shuffle, copy_stages, rows_per_cta).build()
     kept = [s for n, s in enumerate(stages) if n not in positions[:-1]]
     kept[kept.index(stages[positions[-1]])] = fused
     body = kept[0] if len(kept) == 1 else tirx.SeqStmt(kept)

@@ -217,54 +217,78 @@ def collectives() -> list[Variant]:
     return variants
 
 
+#: Cascade workloads of the ``cascades`` suite: shapes, and outputs after the inputs.
+_CASCADE_SHAPES = {
+    "softmax_stats": [(4096, 4096), (16384, 1024), (2048, 16384)],
+    "logsumexp": [(4096, 4096), (8192, 32768 // 4)],
+    "layernorm_stats": [(4096, 4096), (16384, 1024)],
+    "rmsnorm_gemv": [(4096, 4096), (16384, 1024)],
+    "softmax_pv": [(2048, 512, 64), (512, 4096, 64)],
+    "moe_routing": [(4096, 4096, 8), (16384, 256, 8), (16384, 128, 8)],
+}
+_CASCADE_OUTPUTS = {"softmax_stats": 2, "logsumexp": 1, "layernorm_stats": 2, "rmsnorm_gemv": 2,
+                    "softmax_pv": 3, "moe_routing": 2}
+
+
 def cascades() -> list[Variant]:
     """Fused cascaded reductions (FuseCascadedReductions, split into parts per row and merged)
     on shapes of softmax statistics, MoE routing (softmax + top-k), cross-entropy,
     LayerNorm/RMSNorm and attention; 128, 64 and 32 parts per row (one CTA per row), each
     reading single elements or 16-byte chunks, and the split tvm_dsm's planner picks
     (``_plan`` in the name; the same kernel as a grid point where it is one)."""
-    shapes = {
-        "softmax_stats": [(4096, 4096), (16384, 1024), (2048, 16384)],
-        "logsumexp": [(4096, 4096), (8192, 32768 // 4)],
-        "layernorm_stats": [(4096, 4096), (16384, 1024)],
-        "rmsnorm_gemv": [(4096, 4096), (16384, 1024)],
-        "softmax_pv": [(2048, 512, 64), (512, 4096, 64)],
-        "moe_routing": [(4096, 4096, 8), (16384, 256, 8), (16384, 128, 8)],
-    }
-    n_out = {"softmax_stats": 2, "logsumexp": 1, "layernorm_stats": 2, "rmsnorm_gemv": 2,
-             "softmax_pv": 3, "moe_routing": 2}
     variants = []
-    for name, sizes in shapes.items():
+    for name, sizes in _CASCADE_SHAPES.items():
         for size in sizes:
             func = getattr(cascade_workloads, name)(*size)
             wide = 128 // tvm.DataType(str(func.params[0].ty.dtype)).bits  # 16-byte chunks
-            splits = [(parts, vector, 1) for parts, vector in itertools.product((128, 64, 32), (1, wide))
+            splits = [(parts, vector, 1, 1) for parts, vector in itertools.product((128, 64, 32), (1, wide))
                       if size[1] % (parts * vector) == 0]  # else the row has fewer chunks than parts
             plan = plan_cascade_split(func)
-            planned = (plan.parts, plan.vector, plan.ranks)
+            planned = (plan.parts, plan.vector, plan.ranks, plan.rows_per_cta)
             splits += [] if planned in splits else [planned]
-            for parts, vector, ranks in splits:
-                tag = "_plan" if (parts, vector, ranks) == planned else ""
-                fused, reports = fuse_cascaded_reductions(func, parts=parts, vector=vector, ranks=ranks,
-                                                          shuffle=True)
-                if not all(r.fusible for r in reports):
-                    raise ValueError(f"{name}: {[str(r) for r in reports]}")
-                args = _args(func, n_out[name])
-                variants.append(
-                    Variant(
-                        name=f"{name}_{'x'.join(map(str, size))}_p{parts}_v{vector}"
-                        + (f"_c{ranks}" if ranks > 1 else "") + tag,
-                        workload=f"cascade_{name}",
-                        mod=schedule_fused_rows(fused).mod,
-                        args=args,
-                        bytes=_nbytes(args),
-                        flops=0,
-                        plan={"parts": parts, "vector": vector, "ranks": ranks, "planner": bool(tag),
-                              "levels": [r.levels for r in reports]},
-                        reference_kwargs={"k": size[2]} if name == "moe_routing" else {},
-                    )
-                )
+            variants += [_cascade_variant(name, size, split, split == planned) for split in splits]
     return variants
+
+
+def cascades_rows() -> list[Variant]:
+    """Several rows per CTA (``rows_per_cta``) for the cascades whose rows merge inside one warp:
+    MoE routing and the 1024-wide rows, 8-32 parts per row, 1-8 rows per CTA, and the planner's
+    split."""
+    variants = []
+    for name, size in [("moe_routing", (16384, 128, 8)), ("moe_routing", (16384, 256, 8)),
+                       ("moe_routing", (4096, 4096, 8)), ("softmax_stats", (16384, 1024)),
+                       ("layernorm_stats", (16384, 1024))]:
+        func = getattr(cascade_workloads, name)(*size)
+        wide = 128 // tvm.DataType(str(func.params[0].ty.dtype)).bits
+        plan = plan_cascade_split(func)
+        planned = (plan.parts, plan.vector, plan.ranks, plan.rows_per_cta)
+        splits = [(parts, vector, 1, rows) for parts, vector, rows in itertools.product((8, 16, 32), (1, wide), (1, 2, 4, 8))
+                  if size[1] % (parts * vector) == 0 and size[1] // (parts * vector) >= 1]
+        splits += [] if planned in splits else [planned]
+        variants += [_cascade_variant(name, size, split, split == planned) for split in splits]
+    return variants
+
+
+def _cascade_variant(name: str, size: tuple, split: tuple, planned: bool) -> Variant:
+    parts, vector, ranks, rows = split
+    func = getattr(cascade_workloads, name)(*size)
+    fused, reports = fuse_cascaded_reductions(func, parts=parts, vector=vector, ranks=ranks, shuffle=True,
+                                              rows_per_cta=rows)
+    if not all(r.fusible for r in reports):
+        raise ValueError(f"{name}: {[str(r) for r in reports]}")
+    args = _args(func, _CASCADE_OUTPUTS[name])
+    return Variant(
+        name=f"{name}_{'x'.join(map(str, size))}_p{parts}_v{vector}" + (f"_c{ranks}" if ranks > 1 else "")
+        + (f"_r{rows}" if rows > 1 else "") + ("_plan" if planned else ""),
+        workload=f"cascade_{name}",
+        mod=schedule_fused_rows(fused).mod,
+        args=args,
+        bytes=_nbytes(args),
+        flops=0,
+        plan={"parts": parts, "vector": vector, "ranks": ranks, "rows_per_cta": rows, "planner": planned,
+              "levels": [r.levels for r in reports]},
+        reference_kwargs={"k": size[2]} if name == "moe_routing" else {},
+    )
 
 
 #: Decode attention (rows = batch x heads, cached keys, head dim): 32 heads of one sequence
@@ -1010,4 +1034,4 @@ SUITES = {"split_k": split_k, "collectives": collectives, "cascades": cascades, 
           "attention": attention, "chains": chains, "conv_chains": conv_chains, "chains_m": chains_m, "decode": decode, "decode_staged": decode_staged, "fp8_sweep": fp8_sweep,
           "lm_head": lm_head, "fp8": fp8, "gemm_tma": gemm_tma, "chains_tma": chains_tma, "gated": gated,
           "gemm_m": gemm_m, "gemm_wgmma": gemm_wgmma, "programmatic_launch": programmatic_launch,
-          "decode_pdl": decode_pdl, "decode_picks": decode_picks, "chains_pdl": chains_pdl, "gemm_stages": gemm_stages, "gemm_depths": gemm_depths, "fp8_depths": fp8_depths, "gemm_large_m": gemm_large_m}
+          "decode_pdl": decode_pdl, "decode_picks": decode_picks, "cascades_rows": cascades_rows, "chains_pdl": chains_pdl, "gemm_stages": gemm_stages, "gemm_depths": gemm_depths, "fp8_depths": fp8_depths, "gemm_large_m": gemm_large_m}

@@ -1,13 +1,13 @@
 """Schedule a fused cascade (FuseCascadedReductions with ``parts`` or ``lanes`` > 1) on the GPU.
 
-One CTA per row, or one cluster per row when the cascade was fused with ``ranks`` > 1. Every
-thread block of the fused nest (``*_part``, ``*_merge*``, ``*_final``) loops over (part, lane):
+One CTA per row, one cluster per row when the cascade was fused with ``ranks`` > 1, or
+``rows_per_cta`` rows per CTA (``threadIdx.z``) when it was fused with that. Every thread block of the fused nest (``*_part``, ``*_merge*``, ``*_final``) loops over (part, lane):
 parts go to ``threadIdx.y`` (and part p to rank p % ranks), lanes to ``threadIdx.x``, so the
 lanes of a part are adjacent threads of one warp (their shuffles stay inside it). Partial
 states live in shared memory; with ranks they are DSM buffers ``[ranks, ...]`` so that the
-final merge reads each CTA's last partial through DSM. (Several rows per CTA would need the
-partial buffers indexed by the row within the CTA: the fused block allocates them per row, so
-they would collide.)
+final merge reads each CTA's last partial through DSM. With several rows per CTA they stay in
+registers: the fused block allocates them per row, so in shared memory the rows would collide,
+and the rewrite allows it only where each thread reads back its own.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 
 from ..errors import ClusterError
-from ..fusion.rewrite import RANKS_ATTR
+from ..fusion.rewrite import RANKS_ATTR, ROWS_PER_CTA_ATTR
 from ..schedule.cluster import bind_clusters, bind_rank
 from ..schedule.dsm import DSM_SCOPE
 from ..transform.lower_cluster import STATIC_SLICES_BUDGET, buffer_bytes
@@ -38,9 +38,17 @@ def schedule_fused_rows(func: tirx.PrimFunc) -> s_tir.Schedule:
         rows = sch.get_loops(fused)
         row = sch.fuse(*rows) if len(rows) > 1 else rows[0]
         n_parts = _extent(sch, sch.get_loops(part)[-2])
-        ranks = int(sch.get(sch.get_sblock(name + "_final")).annotations[RANKS_ATTR])
+        final = sch.get(sch.get_sblock(name + "_final")).annotations
+        ranks = int(final[RANKS_ATTR])
+        rows_per_cta = int(final.get(ROWS_PER_CTA_ATTR, 1))
         if ranks > 1:
             bind_clusters(sch, row, ranks)
+        elif rows_per_cta > 1:
+            if _extent(sch, row) % rows_per_cta:
+                raise ClusterError(f"{name}: {_extent(sch, row)} rows do not split into CTAs of {rows_per_cta}")
+            cta, row = sch.split(row, [None, rows_per_cta])
+            sch.bind(cta, "blockIdx.x")
+            sch.bind(row, "threadIdx.z")
         else:
             sch.bind(row, "blockIdx.x")
         row_loops.append(row)
@@ -62,7 +70,7 @@ def schedule_fused_rows(func: tirx.PrimFunc) -> s_tir.Schedule:
                     slices += buffer_bytes(sch.get(block).writes[index].source) // ranks
                     sch.transform_layout(block, ("write", index),
                                          lambda p, *rest: (p % ranks, p // ranks, *rest))
-                sch.set_scope(block, index, DSM_SCOPE if ranks > 1 else "shared")
+                sch.set_scope(block, index, DSM_SCOPE if ranks > 1 else "local" if rows_per_cta > 1 else "shared")
         # A copy ring (FuseCascadedReductions' copy_stages) is static shared memory beside them.
         ring = sum(buffer_bytes(b) for b in sch.get(part).alloc_buffers if str(b.ty.storage_scope) == "shared")
         if ranks > 1 and slices + ring > STATIC_SLICES_BUDGET:
@@ -92,7 +100,8 @@ def schedule_fused_rows(func: tirx.PrimFunc) -> s_tir.Schedule:
                 f"stage {sch.get(block).name_hint} is not a per-row consumer of the fused "
                 "cascade; schedule it separately"
             )
-        loops = sch.get_loops(block)[1:]
+        loops = sch.get_loops(block)
+        loops = loops[[sch.get(loop).same_as(sch.get(row)) for loop in loops].index(True) + 1:]
         if loops:
             inner = sch.fuse(*loops) if len(loops) > 1 else loops[0]
             _, y, x = sch.split(inner, [None, *threads])

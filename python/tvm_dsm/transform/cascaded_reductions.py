@@ -22,7 +22,7 @@ LOG = logging.getLogger("tvm_dsm.fusion")
 
 def fuse_cascaded_reductions(
     func: tirx.PrimFunc, *, allow_approximate: bool = False, parts: int = 1, vector: int = 1,
-    lanes: int = 1, ranks: int = 1, shuffle: bool = False, copy_stages: int = 0,
+    lanes: int = 1, ranks: int = 1, shuffle: bool = False, copy_stages: int = 0, rows_per_cta: int = 1,
 ) -> tuple[tirx.PrimFunc, list[GroupReport]]:
     """The rewritten function (or ``func`` itself) and one report per cascade found.
 
@@ -44,7 +44,11 @@ def fuse_cascaded_reductions(
     (CUDA only; part p's threads are ``(p // ranks) * lanes`` + lane, as fused_rows binds them).
     ``copy_stages`` = S >= 2 (with ``lanes`` > 1) brings the lanes' moving slices through a
     ring of S chunks in shared memory filled by ``cp.async`` (CUDA only): S - 1 chunks in flight
-    per thread without holding them in registers.
+    per thread without holding them in registers. ``rows_per_cta`` > 1 (with ``shuffle``, one
+    rank, and a row's parts and lanes within one warp) puts that many rows' threads in one CTA,
+    so that a row of fewer than 32 threads does not leave the rest of its warp empty: the warp
+    merge leaves every part with the row's state, each keeps its own partial state in registers,
+    and nothing of a row lives in shared memory but its outputs.
     """
     inlined = inline_elementwise(func)
     fused, reports = inlined, []
@@ -61,7 +65,8 @@ def fuse_cascaded_reductions(
             report.reason = (f"{parts} parts of {vector}-element chunks do not divide the "
                              f"reduction extent {group[0].extent}")
         producers = element_producers(inlined, group) if report.fusible else {}
-        problem = _check_split(group, producers, parts, lanes, ranks, copy_stages) if report.fusible else None
+        problem = (_check_split(group, producers, parts, lanes, ranks, copy_stages, shuffle, rows_per_cta)
+                   if report.fusible else None)
         if problem:
             report.fusible, report.reason = False, problem
         if report.fusible and producers:
@@ -69,15 +74,21 @@ def fuse_cascaded_reductions(
                                f"{p.extent})" for p in producers.values()]
         reports.append(report)
         if report.fusible:
-            fused = splice(fused, group, parts, vector, lanes, ranks, producers, shuffle, copy_stages)
+            fused = splice(fused, group, parts, vector, lanes, ranks, producers, shuffle, copy_stages, rows_per_cta)
     for report in reports:
         LOG.info("%s", report)
     return (fused if any(r.fusible for r in reports) else func), reports
 
 
 def _check_split(group, producers: dict, parts: int, lanes: int, ranks: int,
-                 copy_stages: int = 0) -> str | None:
-    """Why the lanes / ranks split (or the copy stages) cannot apply to this group, or None."""
+                 copy_stages: int = 0, shuffle: bool = False, rows_per_cta: int = 1) -> str | None:
+    """Why the lanes / ranks split (or the copy stages, or the rows per CTA) cannot apply to this
+    group, or None."""
+    if rows_per_cta > 1 and not (shuffle and ranks == 1 and parts * lanes <= 32):
+        return (f"rows_per_cta={rows_per_cta}: a row's parts must merge inside one warp (shuffle, "
+                f"one rank, parts * lanes <= 32; here {parts} x {lanes}, ranks={ranks})")
+    if rows_per_cta < 1 or rows_per_cta & (rows_per_cta - 1) or rows_per_cta * parts // ranks * lanes > 1024:
+        return f"rows_per_cta={rows_per_cta}: a power of two, at most 1024 threads per CTA"
     if copy_stages and (copy_stages < 2 or lanes < 2):
         return (f"copy_stages={copy_stages}: a ring of at least 2 chunks, for the slices of "
                 "lanes > 1")
@@ -102,13 +113,13 @@ def _check_split(group, producers: dict, parts: int, lanes: int, ranks: int,
 
 def FuseCascadedReductions(allow_approximate: bool = False, parts: int = 1, vector: int = 1,  # noqa: N802
                            lanes: int = 1, ranks: int = 1, shuffle: bool = False,
-                           copy_stages: int = 0) -> tvm.transform.Pass:
+                           copy_stages: int = 0, rows_per_cta: int = 1) -> tvm.transform.Pass:
     """The pass form (TVM naming): rewrite every fusible cascade of every PrimFunc."""
 
     @tirx.transform.prim_func_pass(opt_level=0, name="tvm_dsm.FuseCascadedReductions")
     def _pass(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx) -> tirx.PrimFunc:
         return fuse_cascaded_reductions(func, allow_approximate=allow_approximate, parts=parts,
                                         vector=vector, lanes=lanes, ranks=ranks, shuffle=shuffle,
-                                        copy_stages=copy_stages)[0]
+                                        copy_stages=copy_stages, rows_per_cta=rows_per_cta)[0]
 
     return _pass
