@@ -163,6 +163,33 @@ def test_copy_stages_ring_cuda(assemble):
     assemble(source, "decode_copy_stages")
 
 
+def _rows_per_cta(shape):
+    """Decode with 4 parts of 8 lanes (one warp) per row and 2 rows per CTA."""
+    from tvm_dsm.rules.fused_rows import schedule_fused_rows
+
+    fused, (report,) = fuse_cascaded_reductions(decode_attention(*shape), parts=4, lanes=8, vector=2,
+                                                shuffle=True, rows_per_cta=2)
+    assert report.fusible, str(report)
+    return schedule_fused_rows(fused).mod
+
+
+def test_rows_share_a_cta_with_lanes(assemble):
+    source = cuda_source(_rows_per_cta((8, 256, 64)))
+    assert "__launch_bounds__(64)" in source and "threadIdx.z" in source
+    shuffles = [line for line in source.splitlines() if "__shfl_xor_sync(" in line and "#define" not in line]
+    assert shuffles and all("__shfl_xor_sync((uint)4294967295," in line for line in shuffles)
+    assemble(source, "decode_rows_per_cta")
+
+
+@pytest.mark.gpu
+def test_gpu_rows_per_cta_match_float64():
+    shape = (64, 1024, 64)
+    inputs = _inputs(*shape, np.random.default_rng())
+    out = _run(_rows_per_cta(shape), inputs, target=TARGET, dev=tvm.cuda(0))
+    ref = _reference(*inputs)
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-3
+
+
 def test_copy_stages_need_16_byte_slices():
     """A lane's slice of 4 fp16 (8 bytes) cannot be one 16-byte cp.async."""
     with pytest.raises(ValueError, match="16-byte slices"):
