@@ -77,8 +77,8 @@ class CascadeSplit:
                  if self.ranks > 1 else f"{self.rows_per_cta} rows per CTA" if self.rows_per_cta > 1
                  else "one CTA per row")
         per_warp = min(groups, 32 // self.lanes)
-        return (f"{self.rows} rows, {where}; {groups} parts of {self.lanes} lane(s) per CTA "
-                f"({groups * self.lanes} threads; the {per_warp} parts of a warp merge by "
+        return (f"{self.rows} rows, {where}; {groups} parts of {self.lanes} lane(s) per row and CTA "
+                f"({groups * self.lanes * self.rows_per_cta} threads a CTA; the {per_warp} parts of a warp merge by "
                 f"shuffles), {self.vector} element(s) per load (the next chunk loaded ahead): "
                 f"{self.bytes_in_flight / 2**20:.1f} MiB of loads in flight, "
                 f"{self.bytes_needed / 2**20:.1f} MiB needed to cover HBM latency")
