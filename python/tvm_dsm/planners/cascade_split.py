@@ -44,7 +44,10 @@ from ..transform.cascaded_reductions import fuse_cascaded_reductions
 _LOADED_LATENCY_FACTOR, _CLUSTER_LATENCY_FACTOR = 4.0, 6.0
 _GROUPS = (8, 16, 32, 64, 128)
 _CTAS_PER_SM, _THREADS_PER_SM = 32, 2048  # sm_90 residency limits
-_RANKS = (1, 2, 4, 8, 16)
+#: Cluster sizes a row may span: up to the portable 8. Clusters of 16 (non-portable) were the
+#: slowest split on every decode shape measured (decode.json: 112.9-521.6 us against 97.4-192.3
+#: at 8 or fewer; decode_few.json, 8 x 32768 x 128: 57.6-68.4 us against 49.3 at 8).
+_RANKS = (1, 2, 4, 8)
 _LOAD_BYTES = 16
 #: Keys per step of a cascade with an element producer, the loads it must hold in flight, and
 #: the threads of a CTA before more ranks are preferred.
