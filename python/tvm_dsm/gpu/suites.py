@@ -246,7 +246,7 @@ def cascades() -> list[Variant]:
             plan = plan_cascade_split(func)
             planned = (plan.parts, plan.vector, plan.ranks, plan.rows_per_cta)
             splits += [] if planned in splits else [planned]
-            variants += [_cascade_variant(name, size, split, split == planned) for split in splits]
+            variants += [_cascade_variant(name, size, func, split, split == planned) for split in splits]
     return variants
 
 
@@ -263,15 +263,16 @@ def cascades_rows() -> list[Variant]:
         plan = plan_cascade_split(func)
         planned = (plan.parts, plan.vector, plan.ranks, plan.rows_per_cta)
         splits = [(parts, vector, 1, rows) for parts, vector, rows in itertools.product((8, 16, 32), (1, wide), (1, 2, 4, 8))
-                  if size[1] % (parts * vector) == 0 and size[1] // (parts * vector) >= 1]
+                  if size[1] % (parts * vector) == 0]
         splits += [] if planned in splits else [planned]
-        variants += [_cascade_variant(name, size, split, split == planned) for split in splits]
+        variants += [_cascade_variant(name, size, func, split, split == planned) for split in splits]
     return variants
 
 
-def _cascade_variant(name: str, size: tuple, split: tuple, planned: bool) -> Variant:
+def _cascade_variant(name: str, size: tuple, func, split: tuple, planned: bool) -> Variant:
+    """``func`` (the ``name`` workload of ``size``) fused with ``split`` = (parts, vector, ranks,
+    rows per CTA) and scheduled."""
     parts, vector, ranks, rows = split
-    func = getattr(cascade_workloads, name)(*size)
     fused, reports = fuse_cascaded_reductions(func, parts=parts, vector=vector, ranks=ranks, shuffle=True,
                                               rows_per_cta=rows)
     if not all(r.fusible for r in reports):

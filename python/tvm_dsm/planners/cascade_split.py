@@ -111,14 +111,20 @@ def _plan(func: tirx.PrimFunc, hw: Hardware | None) -> tuple[CascadeSplit, s_tir
         vectors = _PRODUCER_VECTORS
         # the key slice, and the value slice of each level with an output axis of its own
         slices = 1 + sum(len(lvl.spatial) > len(first.spatial) for lvl in group)
+
+        def step_bytes(vector: int) -> int:
+            return vector * _LOAD_BYTES * slices
     else:
         lanes = 1
         vectors = (_LOAD_BYTES // _elem_bytes(first.value),)
 
+        def step_bytes(vector: int) -> int:  # one 16-byte load of the vector's elements
+            return _LOAD_BYTES
+
     def per_thread(vector: int) -> int:
         """Bytes a thread loads per step, twice: the next chunk is in flight while the
         current one is applied."""
-        return 2 * (vector * _LOAD_BYTES * slices if producers else _LOAD_BYTES)
+        return 2 * step_bytes(vector)
 
     def needed(c) -> int:
         if producers:

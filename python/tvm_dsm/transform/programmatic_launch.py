@@ -133,7 +133,7 @@ def _wait_after_prefetches(body, prefetches: list, wait: list):
         return None
     for parent, child in zip(path, path[1:]):
         if isinstance(parent, tirx.SeqStmt):
-            before = list(parent.seq)[:[i for i, s in enumerate(parent.seq) if s.same_as(child)][0]]
+            before = list(parent.seq)[:next(i for i, s in enumerate(parent.seq) if s.same_as(child))]
             if any(find_all(s, tirx.Var, _is_global) for s in before if not _is_prefetch(s)):
                 return None
     items = [s.body if any(s.same_as(m) for m in prefetches) else s for s in seq.seq]

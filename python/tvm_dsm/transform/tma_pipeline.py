@@ -459,7 +459,7 @@ def LowerTmaPipeline(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx) -> tirx.Prim
     analyzer = Analyzer()
     host = []
     dependent = _dependent_kernels(body)
-    budget = load_hardware().hbm_bw * PREFETCH_WINDOW_S
+    budget = load_hardware().hbm_bw * PREFETCH_WINDOW_S if dependent else 0.0
     for loop in loops:
         lowering = _TmaLoop(loop, _threads(func.body, loop), sources, analyzer)
         if any(_encloses(k, loop) for k in dependent):
