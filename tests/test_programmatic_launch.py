@@ -114,6 +114,14 @@ def test_a_dependent_kernel_prefetches_only_what_no_earlier_kernel_touches(monke
                          body.split(WAIT)[0]) for body in bodies]
     assert warmed == [[], ["Wu_tensormap"], ["W2_tensormap"]]
     assert all("prefetch" not in body.split(WAIT)[1] for body in bodies)
+    # The same parameters' first pipeline steps land in shared memory before the wait too (A's
+    # and H's after it, with the rest of the pipeline).
+    assert [_copied(body.split(WAIT)[0]) for body in bodies] == [set(), {"Wu_tensormap"}, {"W2_tensormap"}]
+
+
+def _copied(code: str) -> set[str]:
+    """The tensor maps that TMA tile copies in ``code`` read."""
+    return set(re.findall(r"complete_tx__bytes\([^;]*?\(&\((\w+_tensormap)\)\)", code))
 
 
 def test_weights_past_the_prefetch_window_are_not_prefetched():
@@ -128,3 +136,9 @@ def test_weights_past_the_prefetch_window_are_not_prefetched():
     config = plan_split_k_gemm(GemmShape(128, 4096, 4096, True, "float8_e4m3fn"), load_hardware())[0].config
     source = cuda_source(schedule_quantize_then_gemm(quantized_dense(128, 4096, 4096), config).mod)
     assert source.count(WAIT) == 2 and "prefetch_tensor" not in source
+    # Its first pipeline steps' weight tiles still load into shared memory before the GEMM
+    # waits for the quantization (all bytes announced first); the quantized X's after.
+    _, gemm = kernels(source).values()
+    before, after = gemm.split(WAIT)
+    assert _copied(before) == {"Wq_tensormap"} and _copied(after) == {"Wq_tensormap", "Xq_tensormap"}
+    assert before.index("expect_tx") < before.index("Wq_tensormap)")

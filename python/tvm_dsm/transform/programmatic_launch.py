@@ -13,12 +13,14 @@ left as they are. Every kernel of such a function starts with ``griddepcontrol.w
 any global load or store, so neither a read-after-write nor a write-after-read across kernels
 can race) and then lets its dependents launch.
 
-One exception, where it is safe: a kernel after the first may first warm L2 with the tiles it
-will copy from a parameter that no earlier kernel of the function names (the TMA pipeline
-emits such prefetches, :data:`tvm_dsm.transform.tma_pipeline.PREFETCH_WINDOW_S`). Every
-kernel of an earlier function has completed by then: the function's first kernel waited for
-it before it let this one launch. So the second GEMM of an unfused chain fetches its weight
-during the first GEMM's tail; a prefetch only reads, into L2.
+One exception, where it is safe: a kernel after the first may first read a parameter that no
+earlier kernel of the function names. Every kernel of an earlier function has completed by
+then: the function's first kernel waited for it before it let this one launch. The TMA
+pipeline marks two such reads: an L2 prefetch of every tile it will copy from the parameter
+(:data:`tvm_dsm.transform.tma_pipeline.PREFETCH_WINDOW_S`; dropped where not safe) and its
+copies of the first pipeline steps' tiles into shared memory (moved after the wait where not
+safe). So the second GEMM of an unfused chain, or the fp8 GEMM behind its quantization kernel,
+fetches its weight during the previous kernel's tail.
 
 Measured on the H100 (bench/results/programmatic_launch.json): unfused chains gain (G4 18.0 ->
 15.3 us, S8 26.4 -> 25.3); single GEMMs whose grid runs in one wave gain 0.3-1.4 us (G4a 7.5 ->
@@ -44,6 +46,10 @@ PROGRAMMATIC_LAUNCH_KEY = "pragma_tvm_dsm_programmatic_launch"
 #: a kernel's CTA will copy from that parameter (tvm_dsm.transform.tma_pipeline): issued
 #: before the kernel waits for the previous grid when that is safe, else dropped.
 L2_PREFETCH_KEY = "tvm_dsm.l2_prefetch"
+#: Statement attribute (node: a parameter) around one thread's TMA copies of the first pipeline
+#: steps' tiles from that parameter into shared memory (tvm_dsm.transform.tma_pipeline):
+#: issued before the kernel waits for the previous grid when that is safe, else after it.
+EARLY_COPY_KEY = "tvm_dsm.early_copy"
 #: TVM's launch-parameter tag for programmatic stream serialization (spelled as in TVM 0.27).
 PDL_LAUNCH_TAG = "tirx.use_programtic_dependent_launch"
 _LAUNCH_PARAMS_KEY = "tirx.kernel_launch_params"
@@ -70,9 +76,10 @@ def _is_kernel_launch(stmt) -> bool:
 def programmatic_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """Each kernel of ``func`` (its outermost ``blockIdx`` launches) waits for the previous
     grid, then lets the next one launch; ``func`` requests the launch attribute. A kernel after
-    the first issues its L2 prefetches (``L2_PREFETCH_KEY``) of parameters no earlier kernel of
-    ``func`` mentions before it waits (see :func:`_wait_after_prefetches`); every other
-    prefetch is dropped."""
+    the first issues its L2 prefetches and early copies (``L2_PREFETCH_KEY``,
+    ``EARLY_COPY_KEY``) of parameters no earlier kernel of ``func`` mentions before it waits
+    (see :func:`_wait_after_prefetches`); every other prefetch is dropped, every other early
+    copy issued after the wait."""
     if not find_all(func.body, tirx.AttrStmt, _is_marker):
         return func  # (the TMA pipeline prefetches only in functions launched programmatically)
     launches = find_all(func.body, tirx.AttrStmt, _is_kernel_launch)
@@ -83,10 +90,10 @@ def programmatic_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
     buffers = _Buffers(func.body)
     bodies, named = [], []
     for kernel in kernels:
-        early = [m for m in find_all(kernel.body, tirx.AttrStmt, _is_prefetch)
+        early = [m for m in find_all(kernel.body, tirx.AttrStmt, _is_early)
                  if named and not any(buffers.root(m.node).same_as(b) for b in named)]
         body = _wait_after_prefetches(kernel.body, early, wait) if early else None
-        bodies.append(body if body is not None else tirx.SeqStmt([*wait, _drop_prefetches(kernel.body)]))
+        bodies.append(body if body is not None else tirx.SeqStmt([*wait, _unmark(kernel.body)]))
         named += buffers.named_in(kernel)
     body = _replace_kernels(func.body, kernels, bodies)
     body = tvm_ffi.structural_map(body, [(tirx.AttrStmt, lambda s: s.body if _is_marker(s) else s)])
@@ -108,36 +115,49 @@ def _is_prefetch(stmt) -> bool:
     return isinstance(stmt, tirx.AttrStmt) and stmt.attr_key == L2_PREFETCH_KEY
 
 
-def _drop_prefetches(body):
+def _is_early(stmt) -> bool:
+    """An L2 prefetch or an early copy: may run before the kernel waits, if safe."""
+    return isinstance(stmt, tirx.AttrStmt) and stmt.attr_key in (L2_PREFETCH_KEY, EARLY_COPY_KEY)
+
+
+def _unmark(body):
+    """``body`` without the L2 prefetches left (dropped: they only warm L2) and with the early
+    copies left unmarked (kept where they are, after the wait: the pipeline needs them)."""
     def drop(stmt):
         items = [s for s in stmt.seq if not _is_prefetch(s)]
         return stmt if len(items) == len(stmt.seq) else tirx.SeqStmt(items)
 
-    return tvm_ffi.structural_map(body, [(tirx.SeqStmt, drop)])
+    def unwrap(stmt):
+        return stmt.body if stmt.attr_key == EARLY_COPY_KEY else stmt
+
+    return tvm_ffi.structural_map(body, [(tirx.SeqStmt, drop), (tirx.AttrStmt, unwrap)])
 
 
-def _wait_after_prefetches(body, prefetches: list, wait: list):
-    """``body`` with ``wait`` right after ``prefetches`` (the kernel's other prefetches
-    dropped), or None where that would not be safe: the prefetches must sit in one sequence
-    reached from the kernel's top through attributes and sequences only (every thread passes
-    there once), and nothing before the last of them but prefetches may name global memory (a
-    parameter, a global buffer, a tensor map)."""
-    paths = [_path(body, m) for m in prefetches]
-    if any(p is None or len(p) < 2 or not isinstance(p[-2], tirx.SeqStmt) or not p[-2].same_as(paths[0][-2])
-           for p in paths):
+def _wait_after_prefetches(body, early: list, wait: list):
+    """``body`` with ``wait`` right after those ``early`` statements that share a sequence
+    with the first of them (the kernel's other L2 prefetches dropped, its other early copies
+    issued after the wait), or None where that would not be safe: the sequence must be reached
+    from the kernel's top through attributes and sequences only (every thread passes there
+    once), and nothing else before the last of them but prefetches and early copies may name
+    global memory (a parameter, a global buffer, a tensor map)."""
+    paths = [p for p in (_path(body, m) for m in early)
+             if p is not None and len(p) >= 2 and isinstance(p[-2], tirx.SeqStmt)]
+    if not paths:
         return None
-    seq = paths[0][-2]
-    last = max(i for i, s in enumerate(seq.seq) if any(s.same_as(m) for m in prefetches))
+    seq = paths[0][-2]  # the first main loop's (a second one's run after the wait, unmarked)
+    chosen = [any(s.same_as(p[-1]) for p in paths if p[-2].same_as(seq)) for s in seq.seq]
+    last = max(i for i, c in enumerate(chosen) if c)
     path = next(p for p in paths if p[-1].same_as(seq.seq[last]))
     if not all(isinstance(s, (tirx.AttrStmt, tirx.SeqStmt)) for s in path[:-1]):
         return None
     for parent, child in zip(path, path[1:]):
         if isinstance(parent, tirx.SeqStmt):
             before = list(parent.seq)[:next(i for i, s in enumerate(parent.seq) if s.same_as(child))]
-            if any(find_all(s, tirx.Var, _is_global) for s in before if not _is_prefetch(s)):
+            if any(find_all(s, tirx.Var, _is_global) for s in before if not _is_early(s)):
                 return None
-    items = [s.body if any(s.same_as(m) for m in prefetches) else s for s in seq.seq]
-    return _drop_prefetches(replace_node(body, seq, tirx.SeqStmt([*items[:last + 1], *wait, *items[last + 1:]])))
+    head = [s.body if c else s for s, c in zip(seq.seq[:last + 1], chosen) if c or not _is_early(s)]
+    held = [s for s, c in zip(seq.seq[:last + 1], chosen) if not c and _is_early(s)]
+    return _unmark(replace_node(body, seq, tirx.SeqStmt([*head, *wait, *held, *seq.seq[last + 1:]])))
 
 
 def _path(stmt, target) -> list | None:

@@ -14,6 +14,8 @@ run where s_tir's own software pipeline would run, rewrites the loop into::
            as a __grid_constant__ CUtensorMap
     init:  (a dependent kernel, small weights: every step's tiles of a parameter prefetched
            into L2, see PREFETCH_WINDOW_S) one mbarrier per slot; the first S-1 steps' tiles issued
+           (a dependent kernel: the parameters' tiles first, marked EARLY_COPY_KEY, so they
+           may load while the previous kernel finishes; see programmatic_launch)
     for k:
         __syncthreads()                      # every warp is done with the slot refilled below
         one thread: issue step k+S-1 into slot (k+S-1) % S (expect_tx, one TMA copy per tile)
@@ -58,7 +60,7 @@ from tvm.script import tirx as T
 from ..errors import ClusterError
 from ..hardware import load_hardware
 from ..ir import find_all, replace_node, substitute, with_block_body
-from .programmatic_launch import L2_PREFETCH_KEY, PROGRAMMATIC_LAUNCH_KEY
+from .programmatic_launch import EARLY_COPY_KEY, L2_PREFETCH_KEY, PROGRAMMATIC_LAUNCH_KEY
 
 #: Loop annotation (set by the schedule): stream the marked copies of this loop's body with TMA
 #: through this many shared-memory slots.
@@ -192,6 +194,7 @@ class _TmaLoop:
     def __init__(self, loop: tirx.For, threads: list, sources: list, analyzer: Analyzer):
         self.loop = loop
         self.prefetchable: list = []
+        self.early: list = []  # sources whose first tiles may load before the previous grid ends
         self.leader = tirx.const(True, "bool")  # thread 0 of the CTA issues the copies
         for var in threads:
             self.leader = tirx.And(self.leader, tirx.EQ(var, tirx.const(0, var.ty)))
@@ -225,6 +228,7 @@ class _TmaLoop:
         ``ctas`` CTAs of the kernel, those tiles take at most ``budget`` bytes (see
         ``PREFETCH_WINDOW_S``)."""
         copies = [c for c in self.copies if any(c.source.same_as(p) for p in params)]
+        self.early = [c.source for c in copies]
         steps = int(self.loop.extent)
         footprint = sum(min(ctas * steps * c.bytes, math.prod(int(d) for d in c.source.shape)
                             * _elem_bytes(c.source)) for c in copies)
@@ -260,19 +264,43 @@ class _TmaLoop:
         """Elements of ``slots`` before slot 0 (its alignment)."""
         return tirx.Cast("int32", self._aligned(slots) - self._address(slots)) // _elem_bytes(slots)
 
-    def _issue(self, step) -> tirx.Stmt:
-        """One thread's statements loading K step ``step`` into its slot."""
-        slot = tirx.floormod(step, self.stages)
+    def _issue(self, step, copies=None) -> tirx.Stmt:
+        """One thread's statements loading K step ``step`` into its slot (``copies``: only
+        those, and no expect_tx: :meth:`_prologue` announces the bytes first)."""
+        expect = [] if copies is not None else [self._expect(step)]
+        return _seq(expect + [self._copy(c, step) for c in (copies or self.copies)])
+
+    def _expect(self, step) -> tirx.Stmt:
+        """Arrive on ``step``'s slot barrier, announcing the bytes of all its tiles."""
         total = sum(c.bytes for c in self.copies)
-        stmts = [tirx.Evaluate(T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(
-            self._barrier(slot), tirx.const(total, "uint32")))]
-        for copy, tensor_map in zip(self.copies, self.maps):
-            dst = self._aligned(self.slots.get(copy.tile)) + tirx.Cast("uint32", slot * copy.bytes)
-            coords = copy.coordinates(self.loop.loop_var, step)
-            stmts.append(tirx.Evaluate(T.ptx[
-                f"cp.async.bulk.tensor.{copy.rank}d.shared::cluster.global.mbarrier::complete_tx::bytes"
-            ](dst, T.address_of(tensor_map), *coords, self._barrier(slot))))
-        return _seq(stmts)
+        return tirx.Evaluate(T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(
+            self._barrier(tirx.floormod(step, self.stages)), tirx.const(total, "uint32")))
+
+    def _copy(self, copy: TileCopy, step) -> tirx.Stmt:
+        slot = tirx.floormod(step, self.stages)
+        tensor_map = self.maps[self.copies.index(copy)]
+        dst = self._aligned(self.slots.get(copy.tile)) + tirx.Cast("uint32", slot * copy.bytes)
+        return tirx.Evaluate(T.ptx[
+            f"cp.async.bulk.tensor.{copy.rank}d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        ](dst, T.address_of(tensor_map), *copy.coordinates(self.loop.loop_var, step),
+          self._barrier(slot)))
+
+    def _prologue(self, lookahead: int) -> list:
+        """One thread's loads of the first ``lookahead`` steps. In a dependent kernel, the
+        tiles of copies from parameters come first, each copy marked ``EARLY_COPY_KEY`` so that
+        they may load before the kernel waits for the previous grid (see ``EARLY_COPY_KEY``)."""
+        s = tirx.Var("tma_stage", "int32")
+
+        def steps(body):
+            return tirx.IfThenElse(self.leader, tirx.For(s, 0, lookahead, tirx.ForKind.SERIAL, body), None)
+
+        early = [c for c in self.copies if any(c.source.same_as(e) for e in self.early)]
+        if not early:
+            return [steps(self._issue(s))]
+        late = [c for c in self.copies if c not in early]
+        return [steps(self._expect(s)),
+                *(tirx.AttrStmt(c.source, EARLY_COPY_KEY, 0, steps(self._issue(s, [c]))) for c in early),
+                *([steps(self._issue(s, late))] if late else [])]
 
     def _prefetch(self) -> list:
         """For each copy from a parameter in ``prefetchable``: one thread's L2 prefetch of the
@@ -364,7 +392,6 @@ class _TmaLoop:
         new_loop = tirx.For(k, loop.min, loop.extent, loop.kind, body, loop.thread_binding,
                             {key: v for key, v in loop.annotations.items() if key != TMA_STAGES_KEY})
         s = tirx.Var("tma_stage", "int32")
-        prologue = tirx.For(s, 0, lookahead, tirx.ForKind.SERIAL, self._issue(s))
         stmts = [
             *self._prefetch(),
             tirx.IfThenElse(self.leader, _seq([
@@ -373,7 +400,7 @@ class _TmaLoop:
                 tirx.Evaluate(T.ptx.fence.mbarrier_init.release.cluster()),
             ]), None),
             tirx.Evaluate(T.tvm_storage_sync("shared")),
-            tirx.IfThenElse(self.leader, prologue, None),
+            *self._prologue(lookahead),
             new_loop,
             *([tirx.Evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))] if deferred else []),
             # Invalidate before the memory is reused (by the merge, or a re-run of the loop):
