@@ -226,7 +226,7 @@ class _TmaLoop:
     def plan_prefetch(self, params: list, ctas: int, budget: float) -> None:
         """Let the copies from ``params`` prefetch all their tiles into L2 when, over the
         ``ctas`` CTAs of the kernel, those tiles take at most ``budget`` bytes (see
-        ``PREFETCH_WINDOW_S``)."""
+        ``PREFETCH_WINDOW_S``), and copy their first steps' tiles early (see ``_prologue``)."""
         copies = [c for c in self.copies if any(c.source.same_as(p) for p in params)]
         self.early = [c.source for c in copies]
         steps = int(self.loop.extent)
@@ -264,11 +264,9 @@ class _TmaLoop:
         """Elements of ``slots`` before slot 0 (its alignment)."""
         return tirx.Cast("int32", self._aligned(slots) - self._address(slots)) // _elem_bytes(slots)
 
-    def _issue(self, step, copies=None) -> tirx.Stmt:
-        """One thread's statements loading K step ``step`` into its slot (``copies``: only
-        those, and no expect_tx: :meth:`_prologue` announces the bytes first)."""
-        expect = [] if copies is not None else [self._expect(step)]
-        return _seq(expect + [self._copy(c, step) for c in (copies or self.copies)])
+    def _issue(self, step) -> tirx.Stmt:
+        """One thread's statements loading K step ``step`` into its slot."""
+        return _seq([self._expect(step), *(self._copy(c, step) for c in self.copies)])
 
     def _expect(self, step) -> tirx.Stmt:
         """Arrive on ``step``'s slot barrier, announcing the bytes of all its tiles."""
@@ -298,9 +296,9 @@ class _TmaLoop:
         if not early:
             return [steps(self._issue(s))]
         late = [c for c in self.copies if c not in early]
-        return [steps(self._expect(s)),
-                *(tirx.AttrStmt(c.source, EARLY_COPY_KEY, 0, steps(self._issue(s, [c]))) for c in early),
-                *([steps(self._issue(s, late))] if late else [])]
+        return [steps(self._expect(s)),  # every tile's bytes announced before any copy lands
+                *(tirx.AttrStmt(c.source, EARLY_COPY_KEY, 0, steps(self._copy(c, s))) for c in early),
+                *([steps(_seq([self._copy(c, s) for c in late]))] if late else [])]
 
     def _prefetch(self) -> list:
         """For each copy from a parameter in ``prefetchable``: one thread's L2 prefetch of the
