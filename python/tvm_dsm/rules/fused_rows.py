@@ -2,12 +2,13 @@
 
 One CTA per row, one cluster per row when the cascade was fused with ``ranks`` > 1, or
 ``rows_per_cta`` rows per CTA (``threadIdx.z``) when it was fused with that. Every thread block
-of the fused nest (``*_part``, ``*_merge*``, ``*_final``) loops over (part, lane): parts go to ``threadIdx.y`` (and part p to rank p % ranks), lanes to ``threadIdx.x``, so the
-lanes of a part are adjacent threads of one warp (their shuffles stay inside it). Partial
-states live in shared memory; with ranks they are DSM buffers ``[ranks, ...]`` so that the
-final merge reads each CTA's last partial through DSM. With several rows per CTA they stay in
-registers: the fused block allocates them per row, so in shared memory the rows would collide,
-and the rewrite allows it only where each thread reads back its own.
+of the fused nest (``*_part``, ``*_merge*``, ``*_final``) loops over (part, lane): parts go to
+``threadIdx.y`` (and part p to rank p % ranks), lanes to ``threadIdx.x``, so the lanes of a part
+are adjacent threads of one warp (their shuffles stay inside it). Partial states live in shared
+memory; with ranks they are DSM buffers ``[ranks, ...]`` so that the final merge reads each CTA's
+last partial through DSM. With several rows per CTA they stay in registers: the fused block
+allocates them per row, so in shared memory the rows would collide, and the rewrite allows it
+only where each thread reads back its own.
 """
 
 from __future__ import annotations

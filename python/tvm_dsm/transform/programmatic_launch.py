@@ -78,7 +78,7 @@ def programmatic_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
     grid, then lets the next one launch; ``func`` requests the launch attribute. A kernel after
     the first issues its L2 prefetches and early copies (``L2_PREFETCH_KEY``,
     ``EARLY_COPY_KEY``) of parameters no earlier kernel of ``func`` mentions before it waits
-    (see :func:`_wait_after_prefetches`); every other prefetch is dropped, every other early
+    (see :func:`_wait_after_early`); every other prefetch is dropped, every other early
     copy issued after the wait."""
     if not find_all(func.body, tirx.AttrStmt, _is_marker):
         return func  # (the TMA pipeline prefetches only in functions launched programmatically)
@@ -92,7 +92,7 @@ def programmatic_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
     for kernel in kernels:
         early = [m for m in find_all(kernel.body, tirx.AttrStmt, _is_early)
                  if named and not any(buffers.root(m.node).same_as(b) for b in named)]
-        body = _wait_after_prefetches(kernel.body, early, wait) if early else None
+        body = _wait_after_early(kernel.body, early, wait) if early else None
         bodies.append(body if body is not None else tirx.SeqStmt([*wait, _unmark(kernel.body)]))
         named += buffers.named_in(kernel)
     body = _replace_kernels(func.body, kernels, bodies)
@@ -133,7 +133,7 @@ def _unmark(body):
     return tvm_ffi.structural_map(body, [(tirx.SeqStmt, drop), (tirx.AttrStmt, unwrap)])
 
 
-def _wait_after_prefetches(body, early: list, wait: list):
+def _wait_after_early(body, early: list, wait: list):
     """``body`` with ``wait`` right after those ``early`` statements that share a sequence
     with the first of them (the kernel's other L2 prefetches dropped, its other early copies
     issued after the wait), or None where that would not be safe: the sequence must be reached

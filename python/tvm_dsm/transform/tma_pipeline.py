@@ -193,8 +193,11 @@ class _TmaLoop:
 
     def __init__(self, loop: tirx.For, threads: list, sources: list, analyzer: Analyzer):
         self.loop = loop
-        self.prefetchable: list = []
-        self.early: list = []  # sources whose first tiles may load before the previous grid ends
+        #: In a dependent kernel, the copies from parameters: their first steps' tiles may load
+        #: before the previous grid ends (see ``_prologue``), and ``prefetch`` says whether all
+        #: their tiles are prefetched into L2 too (see ``_prefetch``).
+        self.early: list[TileCopy] = []
+        self.prefetch = False
         self.leader = tirx.const(True, "bool")  # thread 0 of the CTA issues the copies
         for var in threads:
             self.leader = tirx.And(self.leader, tirx.EQ(var, tirx.const(0, var.ty)))
@@ -227,12 +230,11 @@ class _TmaLoop:
         """Let the copies from ``params`` prefetch all their tiles into L2 when, over the
         ``ctas`` CTAs of the kernel, those tiles take at most ``budget`` bytes (see
         ``PREFETCH_WINDOW_S``), and copy their first steps' tiles early (see ``_prologue``)."""
-        copies = [c for c in self.copies if any(c.source.same_as(p) for p in params)]
-        self.early = [c.source for c in copies]
+        self.early = [c for c in self.copies if any(c.source.same_as(p) for p in params)]
         steps = int(self.loop.extent)
         footprint = sum(min(ctas * steps * c.bytes, math.prod(int(d) for d in c.source.shape)
-                            * _elem_bytes(c.source)) for c in copies)
-        self.prefetchable = [c.source for c in copies] if footprint <= budget else []
+                            * _elem_bytes(c.source)) for c in self.early)
+        self.prefetch = footprint <= budget
 
     # -- host -------------------------------------------------------------------------------
     def host(self) -> list:
@@ -274,13 +276,16 @@ class _TmaLoop:
         return tirx.Evaluate(T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(
             self._barrier(tirx.floormod(step, self.stages)), tirx.const(total, "uint32")))
 
+    def _map(self, copy: TileCopy) -> tirx.Var:
+        """The tensor map ``copy`` reads through."""
+        return self.maps[self.copies.index(copy)]
+
     def _copy(self, copy: TileCopy, step) -> tirx.Stmt:
         slot = tirx.floormod(step, self.stages)
-        tensor_map = self.maps[self.copies.index(copy)]
         dst = self._aligned(self.slots.get(copy.tile)) + tirx.Cast("uint32", slot * copy.bytes)
         return tirx.Evaluate(T.ptx[
             f"cp.async.bulk.tensor.{copy.rank}d.shared::cluster.global.mbarrier::complete_tx::bytes"
-        ](dst, T.address_of(tensor_map), *copy.coordinates(self.loop.loop_var, step),
+        ](dst, T.address_of(self._map(copy)), *copy.coordinates(self.loop.loop_var, step),
           self._barrier(slot)))
 
     def _prologue(self, lookahead: int) -> list:
@@ -292,26 +297,23 @@ class _TmaLoop:
         def steps(body):
             return tirx.IfThenElse(self.leader, tirx.For(s, 0, lookahead, tirx.ForKind.SERIAL, body), None)
 
-        early = [c for c in self.copies if any(c.source.same_as(e) for e in self.early)]
-        if not early:
+        if not self.early:
             return [steps(self._issue(s))]
-        late = [c for c in self.copies if c not in early]
+        late = [c for c in self.copies if c not in self.early]
         return [steps(self._expect(s)),  # every tile's bytes announced before any copy lands
-                *(tirx.AttrStmt(c.source, EARLY_COPY_KEY, 0, steps(self._copy(c, s))) for c in early),
+                *(tirx.AttrStmt(c.source, EARLY_COPY_KEY, 0, steps(self._copy(c, s))) for c in self.early),
                 *([steps(_seq([self._copy(c, s) for c in late]))] if late else [])]
 
     def _prefetch(self) -> list:
-        """For each copy from a parameter in ``prefetchable``: one thread's L2 prefetch of the
-        tiles of every step (see ``L2_PREFETCH_KEY``)."""
+        """Where ``prefetch`` holds, for each early copy: one thread's L2 prefetch of the tiles of
+        every step (see ``L2_PREFETCH_KEY``)."""
         stmts = []
-        for copy, tensor_map in zip(self.copies, self.maps):
-            if not any(copy.source.same_as(p) for p in self.prefetchable):
-                continue
+        for copy in self.early if self.prefetch else []:
             s = tirx.Var("prefetch_step", "int32")
             coords = copy.coordinates(self.loop.loop_var, s)
             issue = tirx.For(s, 0, self.loop.extent, tirx.ForKind.SERIAL, tirx.Evaluate(T.ptx[
                 f"cp.async.bulk.prefetch.tensor.{copy.rank}d.L2.global.tile"
-            ](T.address_of(tensor_map), *coords)))
+            ](T.address_of(self._map(copy)), *coords)))
             stmts.append(tirx.AttrStmt(copy.source, L2_PREFETCH_KEY, 0,
                                        tirx.IfThenElse(self.leader, issue, None)))
         return stmts
