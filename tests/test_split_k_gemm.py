@@ -66,6 +66,25 @@ def test_epilogue_is_fused_into_the_reduce_scatter(assemble):
     assemble(source, "gemm_silu")
 
 
+@pytest.mark.parametrize(("config", "loads_per_store_run"), [
+    # 32 KB of partials in flight per CTA: 2048 16-byte loads over its threads
+    (SplitKGemmConfig(2, 64, 128, 64, 4, 1, 4, tma=True, wgmma=True), 16),  # 8 rows x 2 peers
+    (SplitKGemmConfig(2, 128, 256, 64, 8, 1, 4, tma=True, wgmma=True), 8),  # 4 rows x 2 peers
+    (SplitKGemmConfig(4, 128, 128, 64, 8, 1, 4, tma=True, wgmma=True), 8),  # 2 rows x 4 peers
+    (SplitKGemmConfig(16, 128, 128, 64, 8, 1, 4, tma=True, wgmma=True), 16),  # 1 row x 16 peers
+])
+def test_each_thread_loads_a_batch_of_partials_before_it_stores_a_sum(config, loads_per_store_run):
+    """The peer loads are asm volatile with a memory clobber, so none moves above a store of Y:
+    a thread loads every partial of its batch of rows before the batch's first store, and
+    waits one DSM latency per batch, not per row."""
+    source = cuda_source(schedule_split_k_gemm(dense(128, 2048, 8192), config).mod)
+    epilogue = source[source.index("__syncthreads();", source.rindex("mma")):]
+    runs = [run.count("ld_vec_shared__cluster_v4_f32(") for run in epilogue.split("Y_ptr")[:-1]]
+    assert runs[0] == loads_per_store_run and not any(runs[1:loads_per_store_run // config.cluster_size])
+    # one batch per iteration of the thread's loop: no lane loop unrolled into the thread
+    assert sum(runs) == loads_per_store_run and "threadIdx.x" in epilogue.split("Y_ptr")[0]
+
+
 @pytest.mark.parametrize(
     ("func", "config", "message"),
     [

@@ -40,8 +40,9 @@ def test_gated_layer_runs_both_products_on_one_tile_in_one_kernel(assemble):
     (kernel,) = _kernels(source)
     for name in ("X", "Wg", "Wu"):
         assert f"CUtensorMap {name}_tensormap" in kernel, name
-    # each product's partial tiles summed over the cluster's peers (unrolled)
-    assert kernel.count("ld_vec_shared__cluster_v4_f32(") == 2 * GATED.cluster_size
+    # each product's partial tiles summed over the cluster's peers (unrolled) for each of a
+    # thread's batch of 2 rows (2 products x 2 peers x 2 rows x 256 threads: 32 KB in flight)
+    assert kernel.count("ld_vec_shared__cluster_v4_f32(") == 2 * GATED.cluster_size * 2
     assert "expf" in kernel  # silu(gate) * up in the reduce-scatter's epilogue
     assemble(source, "gated_dense")
 

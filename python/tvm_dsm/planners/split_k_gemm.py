@@ -79,12 +79,14 @@ MMA_SYNC_EXPOSED = 0.3
 #: GPCs hold 120 at one per SM, ran 1.37-1.43x over the model without this term). The same
 #: cap bounds what a busy SM pulls from L2 when others idle.
 SM_HEADROOM = 1.31
-#: Share of the measured DSM read bandwidth (tvm_dsm.hardware) the reduce-scatter reaches: each
-#: thread's loads of a vector's partials wait behind its store of the previous vector (SASS:
-#: the peer loads are generic LD.E, which ptxas keeps after the preceding STG), so the loads are
-#: latency-bound. Fitted on the H100 GEMM runs (gemm*.json, 45 groups of configurations): at
-#: 0.5 the planner's pick is 2.7% from the measured best on average (3.4% at 1.0; 8 picks more
-#: than 10% off at 1.0, 6 at 0.5), Spearman 0.88 (0.83).
+#: Share of the measured DSM read bandwidth (tvm_dsm.hardware) the reduce-scatter reaches.
+#: Fitted on the H100 GEMM runs (gemm*.json, 45 groups of configurations), while each thread
+#: loaded one vector's partials after its store of the previous vector: at 0.5 the planner's
+#: pick is 2.7% from the measured best on average (3.4% at 1.0; 8 picks more than 10% off at
+#: 1.0, 6 at 0.5), Spearman 0.88 (0.83). Threads now load a batch of rows at once
+#: (rules.split_k_gemm.sum_partials); that left the common picks (128x128 tiles, 256 threads,
+#: clusters of 2-4) within 1% and sped up 128-thread tiles in clusters of 2 by 1.06-1.11x
+#: (bench/results/dsm_reduce_batch_ab.json), which the model does not yet credit.
 DSM_REDUCE_EFFICIENCY = 0.5
 #: Share of TMA's streaming rate that per-thread cp.async copies reach: the same GEMM operand
 #: tiles streamed alone took 66.5 us by cp.async and 53.1 us by TMA on the H100

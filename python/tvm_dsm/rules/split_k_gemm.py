@@ -433,42 +433,80 @@ def sum_partials(sch: s_tir.Schedule, blocks: list[SBlockRV], output: SBlockRV,
                  in_registers: bool = True) -> None:
     """Schedule the blocks summing the cluster's partial tiles (each with its ``(rows, cols,
     peers)`` loops) and ``output``, the epilogue reading the sums: each thread sums 4 fp32
-    columns over the peers (one ld.shared::cluster.v4 per peer, all in flight, starting at its
-    own rank) and computes ``output`` from the sums in registers. Several blocks (a gated
-    chain's gate and up) share their thread loops, so the epilogue sees all sums at once.
+    columns of a few consecutive rows over the peers (one ld.shared::cluster.v4 per row and
+    peer, all in flight, starting at its own rank) and computes ``output`` from the sums in
+    registers. Several blocks (a gated chain's gate and up) share their thread loops, so the
+    epilogue sees all sums at once.
 
     ``in_registers=False`` keeps the sums in shared memory and gives ``output`` its own thread
     loops (same shape): for an epilogue that also reads a block s_tir cannot move into the
     sums' thread loop (one computed at the cluster loop, such as a row scale)."""
+    rows, cols, peers = loops[0]  # the products summed side by side have one shape
+    n_peers = int(sch.get(peers).extent)
+    # A CTA without peers reads its own shared memory: no DSM latency to hide.
+    batch = _row_batch(sch, rows, cols, len(blocks) * n_peers, warps) if n_peers > 1 else 1
     threads, inner = [], []
     for block, (rows, cols, peers) in zip(blocks, loops):
         sch.set_scope(block, 0, "local" if in_registers else "shared.dyn")
-        outer, warp, thread, vector = _over_threads(sch, rows, cols, warps)
-        sch.reorder(outer, warp, thread, peers, vector)
+        outer, warp, thread, batched, vector = _over_threads(sch, rows, cols, warps, batch)
+        sch.reorder(outer, warp, thread, batched, peers, vector)
         threads.append(thread)
-        inner.append((peers, vector))
+        inner.append((batched, peers, vector))
     if len(threads) > 1:
         sch.merge(*threads)
-    _, warp, thread = sch.get_loops(blocks[0])[-5:-2]  # (outer, warp, thread, peers, vector)
+    # (outer, warp, thread, batched, peers, vector)
+    _, warp, thread = sch.get_loops(blocks[0])[-6:-3]
     sch.bind(warp, "threadIdx.y")
     sch.bind(thread, "threadIdx.x")
     if in_registers:
         sch.reverse_compute_at(output, thread)
+        if batch > 1:  # the batch's rows (a unit loop has none): their sums stay in registers
+            sch.unroll(sch.get_loops(output)[-2])
     else:
-        _, warp, thread, _ = _over_threads(sch, *sch.get_loops(output)[-2:], warps)
+        _, warp, thread, _, _ = _over_threads(sch, *sch.get_loops(output)[-2:], warps)
         sch.bind(warp, "threadIdx.y")
         sch.bind(thread, "threadIdx.x")
     sch.vectorize(sch.get_loops(output)[-1])
-    for block, (peers, vector) in zip(blocks, inner):
+    for block, (batched, peers, vector) in zip(blocks, inner):
         sch.annotate(peers, ROTATE_PEERS_KEY, 1)
         sch.vectorize(vector)  # before decompose_reduction: vectorize needs a reduction block
         sch.unroll(peers)
+        sch.unroll(batched)
         sch.decompose_reduction(block, peers)
 
 
-def _over_threads(sch: s_tir.Schedule, rows: LoopRV, cols: LoopRV, warps: int) -> list[LoopRV]:
-    """(outer, warp, lane, vector of 4 columns) over a tile's ``rows x cols``: the (32, warps)
-    thread shape of the main loop (UnifyThreadBinding needs equal extents). Vectors split off
-    the columns first, so a vector never straddles two rows."""
+#: Bytes of partials a CTA's threads load before any adds and stores (16-byte vectors). The
+#: peer loads are ``asm volatile`` with a memory clobber, so none moves above the store of an
+#: earlier sum: a thread summing one vector at a time waits one DSM latency per vector. Measured
+#: on the H100 (bench/results/dsm_reduce_batch_ab.json): 64x128 tiles of 128 threads in
+#: clusters of 2 ran 1.08-1.10x faster loading 8 rows' partials at once (32 KB in flight),
+#: while 128x128 tiles of 256 threads in clusters of 4 ran 1.01x faster at 32 KB and 0.99x
+#: at 64 KB.
+_BYTES_IN_FLIGHT = 32 * 1024
+
+
+def _row_batch(sch: s_tir.Schedule, rows: LoopRV, cols: LoopRV, loads_per_row: int,
+               warps: int) -> int:
+    """Consecutive rows each thread sums together (a power of two), their ``loads_per_row``
+    vectors (peers, times the products summed side by side) all in flight: as many as keep a
+    CTA's loads within _BYTES_IN_FLIGHT and give every thread the same number of rows."""
+    n_rows, vectors_per_row = int(sch.get(rows).extent), int(sch.get(cols).extent) // 4
+    threads = 32 * warps
+    batch = 1
+    while (n_rows % (2 * batch) == 0
+           and 2 * batch * loads_per_row * threads * VECTOR <= _BYTES_IN_FLIGHT
+           and (n_rows // (2 * batch) * vectors_per_row) % threads == 0):
+        batch *= 2
+    return batch
+
+
+def _over_threads(sch: s_tir.Schedule, rows: LoopRV, cols: LoopRV, warps: int,
+                  batch: int = 1) -> list[LoopRV]:
+    """(outer, warp, lane, batch of rows, vector of 4 columns) over a tile's ``rows x cols``:
+    the (32, warps) thread shape of the main loop (UnifyThreadBinding needs equal extents).
+    Vectors split off the columns first, so a vector never straddles two rows; a thread's
+    ``batch`` rows are consecutive, so its share is one rectangle (compute_at needs one)."""
     cols, vector = sch.split(cols, [None, 4])
-    return [*sch.split(sch.fuse(rows, cols), [None, warps, 32]), vector]
+    rows, batched = sch.split(rows, [None, batch])
+    sch.reorder(cols, batched)
+    return [*sch.split(sch.fuse(rows, cols), [None, warps, 32]), batched, vector]
