@@ -91,7 +91,8 @@ def buffer_bytes(buffer) -> int:
     return math.prod(int(d) for d in buffer.ty.shape) * tvm.DataType(str(buffer.ty.dtype)).bits // 8
 
 
-def _buffers_used(stmt) -> list:
+def buffers_used(stmt) -> list:
+    """The buffers ``stmt`` loads or stores."""
     return ([ld.source for ld in find_all(stmt, tvm.ir.TensorLoad)]
             + [st.buffer for st in find_all(stmt, tirx.BufferStore)])
 
@@ -229,7 +230,7 @@ class _KernelLowering:
         passes add static buffers of their own, so the slices keep 8 KB of the limit free."""
         allocs = find_all(body, tirx.AllocBuffer, lambda a: str(a.buffer.ty.storage_scope) == DSM_SCOPE)
         bulk = [b for loop in find_all(body, tirx.For, lambda f: BULK_COPY_KEY in f.annotations)
-                for b in _buffers_used(loop)]
+                for b in buffers_used(loop)]
         self.remote = [a.buffer for a in allocs if not self._only_own_slice(body, a.buffer, bulk)]
         self.written_by_own_cta_only = [a.buffer for a in allocs if self._stores_own_slice(body, a.buffer, bulk)]
         sizes = sum(buffer_bytes(a.buffer) // max(1, int(a.buffer.ty.shape[0])) for a in allocs)
