@@ -60,20 +60,31 @@ def test_gated_layer_shared_memory_is_what_the_config_predicts(monkeypatch):
         assert seen == [config.shared_bytes("float16", products=2)]
 
 
-def test_a_gated_chain_kernel_uses_the_shared_memory_the_planner_counts(monkeypatch):
-    """The chain's intermediate reaches its second kernel through a tensor map, so TVM's
-    StorageRewrite runs per kernel (tvm_dsm.transform.storage_rewrite); run on nothing, the gate
-    and up pipelines stayed two allocations: 76,832 B for 64x64 tiles where 67,632 are planned,
-    two CTAs per SM where three were (S3 at M = 64 ran 121 us, 109 with this)."""
+@pytest.mark.parametrize(("label", "m"), [*((f"S{i}", 128) for i in range(1, 9)), ("S3", 64)])
+def test_each_kernel_of_a_planned_swiglu_uses_the_shared_memory_the_planner_counts(label, m, monkeypatch):
+    """The planner sizes CTAs per SM from its shared-memory estimate. The chain's intermediate
+    reaches its second kernel through a tensor map, so TVM's StorageRewrite runs per kernel
+    (tvm_dsm.transform.storage_rewrite); run on nothing, a gated kernel's gate and up pipelines
+    stayed two allocations: S3 at M = 64 took 76,832 B where 67,632 were planned, two CTAs per
+    SM where three were, and ran 121 us instead of 109."""
+    from tvm_dsm.gpu.suites import SWIGLUS
+
     seen = []
     check = cluster_launch.check_shared_memory
     monkeypatch.setattr(cluster_launch, "check_shared_memory", lambda body, size: (
         seen.append(shared_bytes(body, "shared.dyn") + shared_bytes(body, "shared")), check(body, size)))
-    gated, second = (SplitKGemmConfig(1, 64, 64, 64, 4, 1, 3, True, True),
-                     SplitKGemmConfig(4, 64, 128, 64, 4, 1, 6, True, True))
-    cuda_source(schedule_unfused_chain(swiglu_ffn(128, 8960, 1536, 1536),
-                                       UnfusedChainConfig(gated, second, None)).mod)
-    assert seen[0] <= gated.shared_bytes("float16", products=2) + 16  # the mbarriers' alignment
+    func = swiglu_ffn(m, *SWIGLUS[label])
+    config = tvm_dsm.plan(func).best.config
+    assert isinstance(config, UnfusedChainConfig)
+    cuda_source(schedule_unfused_chain(func, config).mod)
+    if config.gate is None:  # both products in one kernel, then the second GEMM
+        planned = [config.gemm0.shared_bytes("float16", products=2), config.gemm1.shared_bytes()]
+    else:  # the gate, the up kernel (its epilogue reads the sums from shared memory), GEMM1
+        c = config.gemm0
+        planned = [config.gate.shared_bytes(), c.shared_bytes() + c.block_m * c.block_n * 4,
+                   config.gemm1.shared_bytes()]
+    assert len(seen) == len(planned)
+    assert all(used <= estimate + 16 for used, estimate in zip(seen, planned)), (seen, planned)
 
 
 def test_gated_products_must_share_their_input():
