@@ -51,6 +51,31 @@ def test_unsupported_function_gets_the_reasons_and_a_stock_build(caplog):
     assert "__cluster_dims__" not in source and "mapa" not in source
 
 
+def test_build_takes_the_next_plan_where_one_does_not_lower(monkeypatch, caplog):
+    """A plan whose kernel needs more shared memory than the planner counted is refused when it
+    lowers; ``build`` logs that and builds the next one, or says why none lowered."""
+    import tvm_dsm.transform.cluster_launch as cluster_launch
+
+    check, refused = cluster_launch.check_shared_memory, []
+
+    def refuse_first(body, cluster_size):
+        if not refused:
+            refused.append(cluster_size)
+            raise ClusterError("refused by the test")
+        check(body, cluster_size)
+
+    monkeypatch.setattr(cluster_launch, "check_shared_memory", refuse_first)
+    with caplog.at_level(logging.WARNING, logger="tvm_dsm.driver"):
+        source = tvm_dsm.build(dense(128, 1024, 4096)).mod.imports[0].inspect_source()
+    assert refused and "__global__" in source  # built: the second plan
+    assert "plan #1 does not lower, trying the next: refused by the test" in caplog.text
+
+    monkeypatch.setattr(cluster_launch, "check_shared_memory", lambda *_: (_ for _ in ()).throw(
+        ClusterError("refused by the test")))
+    with pytest.raises(ClusterError, match="none of tvm-dsm's 4 best plans lowers"):
+        tvm_dsm.build(dense(128, 1024, 4096))
+
+
 def test_stock_schedule_keeps_tensor_cores_on_sm_90a():
     """dlight cannot parse "sm_90a" and would schedule a matmul on CUDA cores: the stock
     fallback schedules it for "sm_90" and compiles it for the H100 target."""

@@ -117,30 +117,63 @@ def tune(func: tirx.PrimFunc, work_dir: str, *, target=H100, top_k: int = 8,
     return sorted(results, key=lambda m: (m.measured_us is None, m.measured_us or 0.0))
 
 
+#: Plans ``build`` tries, best predicted first: a plan whose kernels need more shared memory
+#: than the planner counts is refused when it lowers (ClusterError), and the next one is built.
+BUILD_ATTEMPTS = 4
+
+
 def build(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None = None,
           hw: Hardware | None = None) -> tvm.runtime.Module:
     """A runnable module for ``func``: the fastest schedule ``database`` recorded for it, else
-    the planner's best, else (no family applies) TVM's stock GPU schedule."""
+    the planner's best that lowers (of its BUILD_ATTEMPTS best, each refusal logged), else (no
+    family applies) TVM's stock GPU schedule."""
     target = tvm.target.Target(target)
-    return tvm.compile(schedule(func, target, database=database, hw=hw).mod, target=target)
+    record = _record(database, func, target)
+    if record is not None:
+        return tvm.compile(replay(record.trace, func).mod, target=target)
+    try:
+        ranking = plan(func, hw)
+    except ClusterError as err:
+        return tvm.compile(_stock_schedule_or_raise(func, target, err).mod, target=target)
+    attempts = min(BUILD_ATTEMPTS, len(ranking.plans))
+    for rank in range(attempts):
+        try:
+            return tvm.compile(ranking.schedule(rank).mod, target=target)
+        except ClusterError as err:
+            LOG.warning("tvm-dsm's plan #%d does not lower, trying the next: %s", rank + 1, err)
+            refusal = err
+    raise ClusterError(f"none of tvm-dsm's {attempts} best plans lowers; the last: {refusal}")
 
 
 def schedule(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None = None,
              hw: Hardware | None = None, stock_fallback: bool = True) -> s_tir.Schedule:
-    """The schedule :func:`build` compiles (see there); ``stock_fallback=False``: ClusterError
-    where no family applies, for callers that leave such functions to dlight themselves."""
+    """The schedule :func:`build` compiles first (see there); ``stock_fallback=False``:
+    ClusterError where no family applies, for callers that leave such functions to dlight
+    themselves."""
     target = tvm.target.Target(target)
-    if database is not None:
-        record = database.query_tuning_record(_module(func), target, workload_name="main")
-        if record is not None:
-            return replay(record.trace, func)
+    record = _record(database, func, target)
+    if record is not None:
+        return replay(record.trace, func)
     try:
         return plan(func, hw).schedule()
     except ClusterError as err:
         if not stock_fallback:
             raise
-        LOG.warning("tvm-dsm falls back to TVM's stock schedule: %s", err)
-        reason = err
+        return _stock_schedule_or_raise(func, target, err)
+
+
+def _record(database: ms.Database | None, func: tirx.PrimFunc,
+            target) -> ms.database.TuningRecord | None:
+    """The tuning record ``database`` holds for ``func``, if any."""
+    if database is None:
+        return None
+    return database.query_tuning_record(_module(func), target, workload_name="main")
+
+
+def _stock_schedule_or_raise(func: tirx.PrimFunc, target, reason: ClusterError) -> s_tir.Schedule:
+    """TVM's stock schedule for a function no tvm-dsm family takes (``reason`` logged), or
+    ClusterError with both reasons where dlight cannot schedule it either."""
+    LOG.warning("tvm-dsm falls back to TVM's stock schedule: %s", reason)
     try:
         return stock_schedule(func, target)
     except ScheduleError as err:  # raised inside a dlight rule
