@@ -135,14 +135,15 @@ def build(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None = No
         ranking = plan(func, hw)
     except ClusterError as err:
         return tvm.compile(_stock_schedule_or_raise(func, target, err).mod, target=target)
-    attempts = min(BUILD_ATTEMPTS, len(ranking.plans))
-    for rank in range(attempts):
+    refusals = []
+    for rank in range(min(BUILD_ATTEMPTS, len(ranking.plans))):
         try:
             return tvm.compile(ranking.schedule(rank).mod, target=target)
         except ClusterError as err:
-            LOG.warning("tvm-dsm's plan #%d does not lower, trying the next: %s", rank + 1, err)
-            refusal = err
-    raise ClusterError(f"none of tvm-dsm's {attempts} best plans lowers; the last: {refusal}")
+            LOG.warning("tvm-dsm's plan #%d does not lower: %s", rank + 1, err)
+            refusals.append(err)
+    raise ClusterError(f"none of tvm-dsm's {len(refusals)} best plans lowers; the last: "
+                       f"{refusals[-1] if refusals else 'no plan'}")
 
 
 def schedule(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None = None,
