@@ -308,24 +308,17 @@ def test_fusible_cascade_is_rewritten_and_equal(case):
             assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-5
 
 
+@pytest.mark.parametrize(("parts", "vector", "marker"), [
+    (8, 1, "_part"),  # 8 strided parts per row, merged with the levels' corrections
+    (4, 4, "T.vectorized(4)"),  # 4 parts of 4-element chunks, each row staged by one vector copy
+])
 @pytest.mark.parametrize("case", FUSIBLE, ids=lambda c: c.name)
-def test_split_parts_merge_by_the_same_rule(case):
-    """8 strided parts per row, merged with the levels' corrections: same outputs."""
+def test_split_parts_merge_by_the_same_rule(case, parts, vector, marker):
+    """Split partials merge by the rule that fused them: the same outputs as unfused."""
     f = case.build()
-    fused, reports = fuse_cascaded_reductions(f, parts=8)
-    assert all(r.fusible for r in reports) and "_part" in fused.script()
-    for got, want in zip(_run(fused, 3), _run(f, 3)):
-        assert np.isfinite(got).all()
-        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-5
-
-
-@pytest.mark.parametrize("case", FUSIBLE, ids=lambda c: c.name)
-def test_vectorized_chunks_merge_by_the_same_rule(case):
-    """4 parts of 4-element chunks, each row read whole staged by one vectorized copy."""
-    f = case.build()
-    fused, reports = fuse_cascaded_reductions(f, parts=4, vector=4)
-    assert all(r.fusible for r in reports) and "T.vectorized(4)" in fused.script()
-    for got, want in zip(_run(fused, 4), _run(f, 4)):
+    fused, reports = fuse_cascaded_reductions(f, parts=parts, vector=vector)
+    assert all(r.fusible for r in reports) and marker in fused.script()
+    for got, want in zip(_run(fused, parts), _run(f, parts)):
         assert np.isfinite(got).all()
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-5
 
