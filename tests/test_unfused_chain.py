@@ -47,13 +47,19 @@ def test_gated_layer_runs_both_products_on_one_tile_in_one_kernel(assemble):
     assemble(source, "gated_dense")
 
 
-def test_gated_layer_shared_memory_is_what_the_config_predicts(monkeypatch):
-    """The gate's partial tile stays live while the up product's pipeline runs: the planner and
-    the capacity check count both (the kernel's merged shared memory, at the launch check)."""
+def _shared_memory_per_kernel(monkeypatch) -> list[int]:
+    """The shared memory of each kernel built from now on (at the launch check), in order."""
     seen = []
     check = cluster_launch.check_shared_memory
     monkeypatch.setattr(cluster_launch, "check_shared_memory", lambda body, size: (
         seen.append(shared_bytes(body, "shared.dyn") + shared_bytes(body, "shared")), check(body, size)))
+    return seen
+
+
+def test_gated_layer_shared_memory_is_what_the_config_predicts(monkeypatch):
+    """The gate's partial tile stays live while the up product's pipeline runs: the planner and
+    the capacity check count both (the kernel's merged shared memory, at the launch check)."""
+    seen = _shared_memory_per_kernel(monkeypatch)
     for config in (GATED, SplitKGemmConfig(4, 128, 64, 64, 2, 2, 3)):
         seen.clear()
         cuda_source(schedule_split_k_gemm(gated_dense(128, 4096, 4096), config).mod)
@@ -68,20 +74,19 @@ def test_each_kernel_of_a_planned_swiglu_uses_the_shared_memory_the_planner_coun
     stayed two allocations: S3 at M = 64 took 76,832 B where 67,632 were planned, two CTAs per
     SM where three were, and ran 121 us instead of 109."""
     from tvm_dsm.gpu.suites import SWIGLUS
+    from tvm_dsm.rules.split_k_gemm import epilogue_in_shared_bytes
+    from tvm_dsm.rules.unfused_chain import gemm_shapes
 
-    seen = []
-    check = cluster_launch.check_shared_memory
-    monkeypatch.setattr(cluster_launch, "check_shared_memory", lambda body, size: (
-        seen.append(shared_bytes(body, "shared.dyn") + shared_bytes(body, "shared")), check(body, size)))
+    seen = _shared_memory_per_kernel(monkeypatch)
     func = swiglu_ffn(m, *SWIGLUS[label])
     config = tvm_dsm.plan(func).best.config
     assert isinstance(config, UnfusedChainConfig)
     cuda_source(schedule_unfused_chain(func, config).mod)
+    first, _ = gemm_shapes(find_chain(s_tir.Schedule(func))[1], config.gate is not None)
     if config.gate is None:  # both products in one kernel, then the second GEMM
-        planned = [config.gemm0.shared_bytes("float16", products=2), config.gemm1.shared_bytes()]
+        planned = [config.gemm0.shared_bytes(first.dtype, first.products), config.gemm1.shared_bytes()]
     else:  # the gate, the up kernel (its epilogue reads the sums from shared memory), GEMM1
-        c = config.gemm0
-        planned = [config.gate.shared_bytes(), c.shared_bytes() + c.block_m * c.block_n * 4,
+        planned = [config.gate.shared_bytes(), epilogue_in_shared_bytes(first, config.gemm0),
                    config.gemm1.shared_bytes()]
     assert len(seen) == len(planned)
     assert all(used <= estimate + 16 for used, estimate in zip(seen, planned)), (seen, planned)

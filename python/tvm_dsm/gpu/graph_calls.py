@@ -19,7 +19,7 @@ import tvm_ffi
 
 from ..bench.timing import graph_time_us, input_sets_for
 from .references import REFERENCES
-from .run import _random_inputs, _split, precompile
+from .run import _random_inputs, peer_steps, precompile
 
 CALLS = (2, 4, 10, 20, 60)
 
@@ -38,12 +38,9 @@ def main() -> None:
         func = tvm.runtime.load_module(str(args.folder / kernel["lib"]))["main"]
         sets = _random_inputs(kernel["args"], input_sets_for(kernel["bytes"]))
         wrapped = [[tvm_ffi.from_dlpack(t) for t in s] for s in sets]
-        inputs = [_split(kernel, s)[0] for s in sets]
-        reference = REFERENCES[kernel["workload"]]
+        sdpa = REFERENCES[kernel["workload"]].torch_sdpa is not None
         contenders = {"ours": lambda i: func(*wrapped[i]),
-                      "torch_eager": lambda i: reference.torch_eager(*inputs[i])}
-        if reference.torch_sdpa is not None:
-            contenders["torch_sdpa"] = lambda i: reference.torch_sdpa(*inputs[i])
+                      **peer_steps(kernel, sets, ["torch_sdpa"] if sdpa else [])}
         for calls in CALLS:
             for name, step in contenders.items():
                 us = graph_time_us(step, len(sets), calls=calls)

@@ -101,25 +101,27 @@ def _check(func, kernel: dict, trials: int = 2) -> tuple[float, float]:
     return worst, written
 
 
-def _time_peers(kernel: dict, sets: list[list[torch.Tensor]]) -> dict[str, float]:
+def peer_steps(kernel: dict, sets: list[list[torch.Tensor]], peers: list[str]) -> dict:
+    """Each peer's call on input set ``i`` (``step(i)``): torch eager, and those of
+    ``peers`` among torch.compile and SDPA, with the kernel's reference arguments."""
     kwargs = kernel.get("reference_kwargs", {})
-    reference = REFERENCES[kernel["workload"]].torch_eager
+    reference = REFERENCES[kernel["workload"]]
 
     def eager(*inputs):
-        return reference(*inputs, **kwargs)
+        return reference.torch_eager(*inputs, **kwargs)
 
     contenders = {"torch_eager": eager}
-    peers = kernel.get("peers", ["torch_compile"])
     if "torch_compile" in peers:
         contenders["torch_compile"] = torch.compile(eager)
     if "torch_sdpa" in peers:
-        sdpa = REFERENCES[kernel["workload"]].torch_sdpa
-        contenders["torch_sdpa"] = lambda *inputs: sdpa(*inputs, **kwargs)
+        contenders["torch_sdpa"] = lambda *inputs: reference.torch_sdpa(*inputs, **kwargs)
     inputs = [_split(kernel, s)[0] for s in sets]
-    return {
-        name: graph_time_us(lambda i, fn=fn: fn(*inputs[i]), len(sets))
-        for name, fn in contenders.items()
-    }
+    return {name: (lambda i, fn=fn: fn(*inputs[i])) for name, fn in contenders.items()}
+
+
+def _time_peers(kernel: dict, sets: list[list[torch.Tensor]]) -> dict[str, float]:
+    steps = peer_steps(kernel, sets, kernel.get("peers", ["torch_compile"]))
+    return {name: graph_time_us(step, len(sets)) for name, step in steps.items()}
 
 
 def verdict(func, kernel: dict, trials: int = 2) -> dict:

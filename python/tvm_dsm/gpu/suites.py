@@ -236,37 +236,32 @@ def cascades() -> list[Variant]:
     LayerNorm/RMSNorm and attention; 128, 64 and 32 parts per row (one CTA per row), each
     reading single elements or 16-byte chunks, and the split tvm_dsm's planner picks
     (``_plan`` in the name; the same kernel as a grid point where it is one)."""
-    variants = []
-    for name, sizes in _CASCADE_SHAPES.items():
-        for size in sizes:
-            func = getattr(cascade_workloads, name)(*size)
-            wide = 128 // tvm.DataType(str(func.params[0].ty.dtype)).bits  # 16-byte chunks
-            splits = [(parts, vector, 1, 1) for parts, vector in itertools.product((128, 64, 32), (1, wide))
-                      if size[1] % (parts * vector) == 0]  # else the row has fewer chunks than parts
-            plan = plan_cascade_split(func)
-            planned = (plan.parts, plan.vector, plan.ranks, plan.rows_per_cta)
-            splits += [] if planned in splits else [planned]
-            variants += [_cascade_variant(name, size, func, split, split == planned) for split in splits]
-    return variants
+    return [v for name, sizes in _CASCADE_SHAPES.items() for size in sizes
+            for v in _cascade_variants(name, size, (128, 64, 32), (1,))]
 
 
 def cascades_rows() -> list[Variant]:
     """Several rows per CTA (``rows_per_cta``) for the cascades whose rows merge inside one warp:
     MoE routing and the 1024-wide rows, 8-32 parts per row, 1-8 rows per CTA, and the planner's
     split."""
-    variants = []
-    for name, size in [("moe_routing", (16384, 128, 8)), ("moe_routing", (16384, 256, 8)),
-                       ("moe_routing", (4096, 4096, 8)), ("softmax_stats", (16384, 1024)),
-                       ("layernorm_stats", (16384, 1024))]:
-        func = getattr(cascade_workloads, name)(*size)
-        wide = 128 // tvm.DataType(str(func.params[0].ty.dtype)).bits
-        plan = plan_cascade_split(func)
-        planned = (plan.parts, plan.vector, plan.ranks, plan.rows_per_cta)
-        splits = [(parts, vector, 1, rows) for parts, vector, rows in itertools.product((8, 16, 32), (1, wide), (1, 2, 4, 8))
-                  if size[1] % (parts * vector) == 0]
-        splits += [] if planned in splits else [planned]
-        variants += [_cascade_variant(name, size, func, split, split == planned) for split in splits]
-    return variants
+    return [v for name, size in [("moe_routing", (16384, 128, 8)), ("moe_routing", (16384, 256, 8)),
+                                 ("moe_routing", (4096, 4096, 8)), ("softmax_stats", (16384, 1024)),
+                                 ("layernorm_stats", (16384, 1024))]
+            for v in _cascade_variants(name, size, (8, 16, 32), (1, 2, 4, 8))]
+
+
+def _cascade_variants(name: str, size: tuple, parts: tuple, rows: tuple) -> list[Variant]:
+    """The ``name`` workload of ``size`` fused with each of ``parts`` per row, single elements
+    or 16-byte chunks, and ``rows`` per CTA (one CTA per row group, no cluster) where the row
+    has a chunk for every part, then with the planner's split if it is not among them."""
+    func = getattr(cascade_workloads, name)(*size)
+    wide = 128 // tvm.DataType(str(func.params[0].ty.dtype)).bits  # 16-byte chunks
+    splits = [(p, vector, 1, r) for p, vector, r in itertools.product(parts, (1, wide), rows)
+              if size[1] % (p * vector) == 0]  # else the row has fewer chunks than parts
+    plan = plan_cascade_split(func)
+    planned = (plan.parts, plan.vector, plan.ranks, plan.rows_per_cta)
+    splits += [] if planned in splits else [planned]
+    return [_cascade_variant(name, size, func, split, split == planned) for split in splits]
 
 
 def _cascade_variant(name: str, size: tuple, func, split: tuple, planned: bool) -> Variant:
@@ -1031,8 +1026,13 @@ def conv_chains() -> list[Variant]:
     return variants
 
 
-SUITES = {"split_k": split_k, "collectives": collectives, "cascades": cascades, "gemm": gemm,
-          "attention": attention, "chains": chains, "conv_chains": conv_chains, "chains_m": chains_m, "decode": decode, "decode_staged": decode_staged, "fp8_sweep": fp8_sweep,
-          "lm_head": lm_head, "fp8": fp8, "gemm_tma": gemm_tma, "chains_tma": chains_tma, "gated": gated,
-          "gemm_m": gemm_m, "gemm_wgmma": gemm_wgmma, "programmatic_launch": programmatic_launch,
-          "decode_pdl": decode_pdl, "decode_picks": decode_picks, "cascades_rows": cascades_rows, "chains_pdl": chains_pdl, "gemm_stages": gemm_stages, "gemm_depths": gemm_depths, "fp8_depths": fp8_depths, "gemm_large_m": gemm_large_m}
+SUITES = {
+    "split_k": split_k, "collectives": collectives, "cascades": cascades, "gemm": gemm,
+    "attention": attention, "chains": chains, "conv_chains": conv_chains, "chains_m": chains_m,
+    "decode": decode, "decode_staged": decode_staged, "fp8_sweep": fp8_sweep, "lm_head": lm_head,
+    "fp8": fp8, "gemm_tma": gemm_tma, "chains_tma": chains_tma, "gated": gated, "gemm_m": gemm_m,
+    "gemm_wgmma": gemm_wgmma, "programmatic_launch": programmatic_launch, "decode_pdl": decode_pdl,
+    "decode_picks": decode_picks, "cascades_rows": cascades_rows, "chains_pdl": chains_pdl,
+    "gemm_stages": gemm_stages, "gemm_depths": gemm_depths, "fp8_depths": fp8_depths,
+    "gemm_large_m": gemm_large_m,
+}

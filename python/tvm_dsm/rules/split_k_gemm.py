@@ -246,11 +246,17 @@ def check_tma(shape: GemmShape, config: SplitKGemmConfig) -> None:
         raise ClusterError(f"TMA copies at most {TMA_MAX_BOX} rows per tile")
 
 
+def epilogue_in_shared_bytes(shape: GemmShape, config: SplitKGemmConfig) -> int:
+    """Shared memory per CTA of a kernel whose epilogue has thread loops of its own
+    (``apply_split_k_gemm(..., in_registers=False)``, for one that reads what another kernel
+    computes): it reads the fp32 sums from shared memory beside the pipeline."""
+    return config.shared_bytes(shape.dtype, shape.products) + config.block_m * config.block_n * 4
+
+
 def check_epilogue_in_shared(shape: GemmShape, config: SplitKGemmConfig, kernel: str) -> None:
-    """An epilogue with thread loops of its own (``apply_split_k_gemm(..., in_registers=False)``,
-    for one that reads what another kernel computes) reads the sums from shared memory beside
-    the pipeline; ClusterError if ``kernel`` would need more than a CTA has."""
-    needed = config.shared_bytes(shape.dtype, shape.products) + config.block_m * config.block_n * 4
+    """ClusterError if ``kernel``, whose epilogue reads the sums from shared memory, would need
+    more than a CTA has (:func:`epilogue_in_shared_bytes`)."""
+    needed = epilogue_in_shared_bytes(shape, config)
     if needed > MAX_SMEM_PER_CTA:
         raise ClusterError(f"{kernel} needs {needed} B of shared memory per CTA (pipeline and the "
                            f"sums its epilogue reads), more than {MAX_SMEM_PER_CTA} B")
