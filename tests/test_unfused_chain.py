@@ -57,10 +57,13 @@ def _shared_memory_per_kernel(monkeypatch) -> list[int]:
 
 
 def test_gated_layer_shared_memory_is_what_the_config_predicts(monkeypatch):
-    """The gate's partial tile stays live while the up product's pipeline runs: the planner and
-    the capacity check count both (the kernel's merged shared memory, at the launch check)."""
+    """The kernel's merged shared memory (at the launch check) is what the planner counts: in
+    one K loop (TMA) three operands' slots, whose buffers the partial tiles take after the loop
+    (128x128 tiles of 3 stages: each tile over two of them, 165,888 B, not the pipeline's
+    150,552); in two loops (cp.async) the gate's partial tile beside the up product's pipeline."""
     seen = _shared_memory_per_kernel(monkeypatch)
-    for config in (GATED, SplitKGemmConfig(4, 128, 64, 64, 2, 2, 3)):
+    three_stages = SplitKGemmConfig(1, 128, 128, 64, 8, 1, 3, tma=True, wgmma=True)
+    for config in (GATED, three_stages, SplitKGemmConfig(4, 128, 64, 64, 2, 2, 3)):
         seen.clear()
         cuda_source(schedule_split_k_gemm(gated_dense(128, 4096, 4096), config).mod)
         assert seen == [config.shared_bytes("float16", products=2)]

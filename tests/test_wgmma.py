@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import re
 
 import pytest
@@ -75,10 +76,16 @@ def test_two_warpgroups_of_rows_share_each_w_tile(ptxas_report):
     assert re.search(r"\b0 bytes stack frame, 0 bytes spill stores", report), report
 
 
-def test_gated_products_run_two_wgmma_main_loops(assemble):
+def test_gated_products_share_one_k_loop(assemble):
+    """Gate and up multiply the same X tile in one K loop: each step copies X once beside both
+    W tiles (one pipeline to fill, not two; S1-S8's gated layers 1.01-1.28x faster,
+    bench/results/gated_one_loop_ab.json)."""
     source = cuda_source(schedule_split_k_gemm(gated_dense(128, 512, 1024), wgmma_config(2)).mod)
-    assert source.count("wgmma.mma_async") == 1  # one helper, called by both main loops
+    assert source.count("wgmma.mma_async") == 1  # one helper, called for both products
     assert len(re.findall(r"tvm_dsm_wgmma_m64n128k64_f16\(\(", source)) == 2
+    # the pipeline's prologue and its loop, each copying every operand's tile once
+    copies = collections.Counter(re.findall(r"&\((\w+_tensormap\w*)\)", source))
+    assert copies == {"X_tensormap": 2, "Wg_tensormap": 2, "Wu_tensormap": 2}, copies
     assemble(source, "gated_wgmma")
 
 

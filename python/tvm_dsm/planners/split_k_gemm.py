@@ -34,6 +34,7 @@ from ..rules.split_k_gemm import (
     check_config,
     raster_group,
     find_gemm,
+    shared_k_loop,
 )
 from .report import Plan
 
@@ -111,7 +112,8 @@ class GemmPlan(Plan):
 
     def summary(self) -> str:
         c = self.config
-        gated = " of 2 gated products, one main loop after the other" if self.products > 1 else ""
+        order = "in one K loop" if shared_k_loop(c, self.products) else "one main loop after the other"
+        gated = f" of {self.products} gated products, {order}" if self.products > 1 else ""
         split = (f"K split over clusters of {c.cluster_size} CTAs, partials reduce-scattered "
                  "through DSM" if c.cluster_size > 1 else "K whole in each CTA (no cluster)")
         return (
@@ -125,9 +127,13 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
             quantized: bool = False) -> GemmPlan:
     """Bytes per level and predicted time of one (valid) configuration. ``quantized``: X
     arrives in fp16 and is read twice per column of tiles (row max, then the main loop), see
-    :mod:`tvm_dsm.rules.quantized_gemm`. Gated products (``shape.products``) run their main loops
-    one after the other: each streams its own W and X again."""
+    :mod:`tvm_dsm.rules.quantized_gemm`. Gated products (``shape.products``) stream their W
+    tiles beside one X tile per step where they share a K loop (TMA tiles, see
+    :func:`shared_k_loop`); otherwise they run their main loops one after the other, each
+    streaming X again."""
     c, s, g = config, config.cluster_size, shape.products
+    # Main loops per CTA, and W tiles per step of each.
+    loops, w_tiles = (1, g) if shared_k_loop(c, g) else (g, 1)
     elem = element_bytes(shape.dtype)
     # Bytes per element of X from HBM, and through L2 per column of tiles.
     x_hbm, x_l2 = (2, 4) if quantized else (elem, elem)
@@ -145,7 +151,7 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
     busy_sms = min(hw.sm_count, math.ceil(ctas / waves))
     per_sm = math.ceil(ctas / waves / hw.sm_count)
     # Bandwidth the busy SMs can pull: bytes in flight per SM over the HBM latency.
-    tile_bytes = (c.block_m + c.block_n) * c.block_k * elem
+    tile_bytes = (c.block_m + w_tiles * c.block_n) * c.block_k * elem
     # A TMA tile is awaited in the step that reads it, refilled stages - 1 steps ahead. (Behind
     # warpgroup MMAs, stages - 2: their group stays in flight into the next step, which the
     # wait for the next tile overlaps as much as the lost step of lookahead costs; measured
@@ -162,11 +168,11 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
     w_reads = groups if ctas > slots and g * shape.n * shape.k * elem > hw.l2_bytes else 1
     traffic = {
         "hbm": shape.m * shape.k * x_hbm + w_reads * g * shape.n * shape.k * elem + shape.m * shape.n * 2,
-        "l2": g * (tiles_n * shape.m * shape.k * x_l2 + tiles_m * shape.n * shape.k * elem),
+        "l2": loops * tiles_n * shape.m * shape.k * x_l2 + g * tiles_m * shape.n * shape.k * elem,
         "dsm": g * ctas * c.block_m * c.block_n * 4 * (s - 1) // s if s > 1 else 0,
     }
     flops = 2 * shape.m * shape.n * shape.k * g
-    k_steps = g * shape.k // s // c.block_k
+    k_steps = loops * shape.k // s // c.block_k
     seconds = {
         "hbm": traffic["hbm"] / (hw.hbm_bw * stream * min(1.0, pull)) * tail,
         # L2 feeds each busy SM at most SM_HEADROOM times its share of the aggregate rate: idle
@@ -179,7 +185,7 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
                         * min(1.0, busy_sms / hw.sm_count)) * tail,
         "pipeline": k_steps * waves * latency / lookahead,
     }
-    fill = (c.stages - 1) * hw.latency_ns["hbm"] * 1e-9 * waves * g  # pipeline fill per wave
+    fill = (c.stages - 1) * hw.latency_ns["hbm"] * 1e-9 * waves * loops  # pipeline fill per wave
     barriers = 2 * hw.latency_ns["dsm"] * 1e-9 if s > 1 else 0.0
     steps = k_steps * waves * STEP_S
     seconds["latency"] = LAUNCH_S + fill + barriers + steps

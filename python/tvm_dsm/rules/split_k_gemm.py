@@ -87,20 +87,59 @@ class SplitKGemmConfig:
         return 32 * self.warps
 
     def shared_bytes(self, dtype: str = "float16", products: int = 1) -> int:
-        """Dynamic shared memory per CTA: the operand pipeline or the fp32 partial tile, which
-        takes the pipeline's bytes once the main loop is done (release_slice_starts). Gated
-        products run their main loops one after the other, each earlier partial tile held
-        next to the later pipelines."""
+        """Dynamic shared memory per CTA: the operand pipeline, whose bytes the fp32 partial
+        tiles take once the main loop is done (release_slice_starts). Gated products in one K
+        loop (:func:`shared_k_loop`) stream every W tile beside X's, and their partial tiles are
+        placed over the pipeline's buffers as TVM's allocator places them; in loops one after
+        the other, each earlier partial tile is held next to the later pipelines."""
         tile = self.block_m * self.block_n * 4
-        return max(self.pipeline_bytes(dtype) + (products - 1) * tile, products * tile)
+        if shared_k_loop(self, products):
+            freed = [self._slots(dtype, self.block_m)] + [self._slots(dtype, self.block_n)] * products
+            return reused_shared_bytes([*freed, self._barrier_bytes], [tile] * products)
+        later = self.pipeline_bytes(dtype) + (products - 1) * tile
+        return max(later + (products - 1) * self._barrier_bytes, products * tile)
 
-    def pipeline_bytes(self, dtype: str = "float16") -> int:
-        """The operand tiles of every stage: padded rows for cp.async; unpadded (swizzled) for
-        TMA, plus each operand's 1024-byte alignment and 16 bytes per stage for its mbarrier
-        (8 used: the count predates the pass's final one-barrier-per-stage form)."""
+    def pipeline_bytes(self, dtype: str = "float16", products: int = 1) -> int:
+        """The operand tiles of every stage (X's and ``products`` W tiles) and, for TMA, the
+        stages' mbarriers."""
+        operands = self._slots(dtype, self.block_m) + products * self._slots(dtype, self.block_n)
+        return operands + self._barrier_bytes
+
+    def _slots(self, dtype: str, rows: int) -> int:
+        """One operand's tiles of every stage: padded rows for cp.async; unpadded (swizzled)
+        for TMA, after up to 1024 bytes that align its first slot."""
         row = self.block_k if self.tma else self.block_k + pad(dtype)
-        operands = (self.block_m + self.block_n) * row * element_bytes(dtype)
-        return self.stages * operands + (2 * TMA_SLOT_ALIGN + 16 * self.stages if self.tma else 0)
+        return self.stages * rows * row * element_bytes(dtype) + (TMA_SLOT_ALIGN if self.tma else 0)
+
+    @property
+    def _barrier_bytes(self) -> int:
+        """A TMA main loop's mbarriers: 8 bytes per stage, in 16-byte units."""
+        return -(-8 * self.stages // 16) * 16 if self.tma else 0
+
+
+def reused_shared_bytes(freed: list[int], allocated: list[int]) -> int:
+    """Shared memory of a kernel whose buffers ``freed`` (bytes, in allocation order) are dead
+    when buffers ``allocated`` are allocated, as TVM's shared-memory merge lays them out
+    (MergeSharedMemoryAllocations' FindAlloc): a new buffer takes the smallest free one at
+    least its size (up to 16 times it), else gathers free ones from the largest smaller one
+    down until they hold it; what it takes becomes one block of the larger size."""
+    free = sorted(freed)
+    blocks = []
+    for size in allocated:
+        fitting = [b for b in free if size <= b <= 16 * size]
+        if fitting:
+            free.remove(fitting[0])
+            blocks.append(fitting[0])
+            continue
+        taken = []
+        for b in sorted((b for b in free if b < size), reverse=True):
+            taken.append(b)
+            if sum(taken) >= size:
+                break
+        for b in taken:
+            free.remove(b)
+        blocks.append(max(size, sum(taken)))
+    return sum(blocks) + sum(free)
 
 
 @dataclass(frozen=True)
@@ -379,6 +418,13 @@ def apply_split_k_gemm(
         launch_programmatically(sch)
 
 
+def shared_k_loop(config: SplitKGemmConfig, products: int) -> bool:
+    """Whether ``products`` matmuls of one X (a gated layer's gate and up) run in one K loop,
+    each step copying X's tile once beside every W tile, rather than one loop after the other:
+    so where the tiles come by TMA (the pass streams any number of tiles per step)."""
+    return config.tma and products > 1
+
+
 def split_k_main_loops(sch: s_tir.Schedule, partials: list[tuple], shape: GemmShape,
                       config: SplitKGemmConfig, quantize: SBlockRV | None = None) -> None:
     """Schedule blockized partial-product blocks, each given as ``(block, fragment name, rank,
@@ -392,12 +438,24 @@ def split_k_main_loops(sch: s_tir.Schedule, partials: list[tuple], shape: GemmSh
     quantization): X's tiles then arrive in the input's type by cp.async and are quantized in
     shared memory one step before their fragments are loaded."""
     c = config
-    loops = []
+    one_loop = shared_k_loop(config, len(partials))
+    steps = []
     for partial, _, rank, i, j, k in partials:
         depth = c.warpgroup[1] if c.wgmma else k_tile(shape.dtype)
         k_step, k_frag = sch.split(k, [None, c.block_k // depth])
-        warp, _, _ = warp_tile(sch, i, j, [k_step, k_frag], c.warps_m, c.warps_n)
-        x_tile = stage_in_shared(sch, partial, 0, k_step, c.warps, 1, c.block_k, tma=c.tma)
+        warp, _, _ = warp_tile(sch, i, j, [k_step, k_frag], c.warps_m, c.warps_n,
+                               bind=not one_loop)
+        steps.append((rank, warp, k_step))
+    if one_loop:  # one rank, warp and K step loop around every product: (rank, warp, K step)
+        sch.merge(*(k_step for _, _, k_step in steps))
+        steps = [tuple(sch.get_loops(partial)[-6:-3]) for partial, *_ in partials]
+        sch.bind(steps[0][1], "threadIdx.y")
+    loops = []
+    for index, ((partial, *_), (rank, warp, k_step)) in enumerate(zip(partials, steps)):
+        k_frag = sch.get_loops(partial)[-3]
+        if not one_loop or index == 0:
+            x_tile = stage_in_shared(sch, partial, 0, k_step, c.warps, 1, c.block_k, tma=c.tma,
+                                     consumers=[p for p, *_ in partials] if one_loop else None)
         stage_in_shared(sch, partial, 1, k_step, c.warps, 1 if shape.weight_nk else 0, c.block_k,
                         tma=c.tma)
         if quantize is not None:
@@ -407,8 +465,11 @@ def split_k_main_loops(sch: s_tir.Schedule, partials: list[tuple], shape: GemmSh
             stage_in_shared(sch, x_tile, 0, k_step, c.warps, 1, c.block_k)
         loops.append((k_step, k_frag,
                       fragment_caches(sch, partial, k_frag, warp, operands_in_registers=not c.wgmma)))
-    for (partial, fragment, rank, *_), (k_step, k_frag, caches) in zip(partials, loops):
-        bind_rank(sch, rank)  # after the operand caches: their region is one CTA's K slice
+    for index, ((partial, fragment, *_), (rank, *_), (k_step, k_frag, caches)) in enumerate(
+            zip(partials, steps, loops)):
+        first = not one_loop or index == 0  # the loop's first visit
+        if first:
+            bind_rank(sch, rank)  # after the operand caches: their region is one CTA's K slice
         tensorize_fragments(sch, partial, fragment, caches, k_step, shape.weight_nk,
                             MMA_STORE_F32_DSM,
                             wgmma_intrin(*c.warpgroup, shape.dtype) if c.wgmma else None)
@@ -416,7 +477,8 @@ def split_k_main_loops(sch: s_tir.Schedule, partials: list[tuple], shape: GemmSh
             sch.annotate(k_frag, "software_pipeline_stage", [0, 0, 1])
             sch.annotate(k_frag, "software_pipeline_order", [0, 1, 2])
         if c.tma:  # tiles stages-1 steps ahead by TMA (tvm_dsm.transform.tma_pipeline)
-            sch.annotate(k_step, TMA_STAGES_KEY, c.stages)
+            if first:
+                sch.annotate(k_step, TMA_STAGES_KEY, c.stages)
             continue
         if c.stages == 1:  # one K step: copy, synchronize, multiply
             continue

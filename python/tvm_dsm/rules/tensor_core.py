@@ -137,20 +137,22 @@ def blockize_fragments(sch: s_tir.Schedule, block: SBlockRV, outer: list[LoopRV]
 
 
 def warp_tile(sch: s_tir.Schedule, i: LoopRV, j: LoopRV, k_loops: list[LoopRV],
-              warps_m: int, warps_n: int) -> tuple[LoopRV, LoopRV, LoopRV]:
-    """Spread fragment rows and columns over ``warps_m x warps_n`` warps (``threadIdx.y``); each
-    warp then walks ``k_loops`` outside its own fragments. Returns (warp, rows, cols)."""
+              warps_m: int, warps_n: int, bind: bool = True) -> tuple[LoopRV, LoopRV, LoopRV]:
+    """Spread fragment rows and columns over ``warps_m x warps_n`` warps (``threadIdx.y``,
+    unless ``bind=False``: the caller binds the warp loop once it has merged it with another);
+    each warp then walks ``k_loops`` outside its own fragments. Returns (warp, rows, cols)."""
     i_warp, i_frag = sch.split(i, [warps_m, None])
     j_warp, j_frag = sch.split(j, [warps_n, None])
     sch.reorder(i_warp, j_warp, *k_loops, i_frag, j_frag)
     warp = sch.fuse(i_warp, j_warp)
-    sch.bind(warp, "threadIdx.y")
+    if bind:
+        sch.bind(warp, "threadIdx.y")
     return warp, i_frag, j_frag
 
 
 def stage_in_shared(sch: s_tir.Schedule, block: SBlockRV, index: int, at: LoopRV, warps: int,
                     k_axis: int, block_k: int, rows: int | None = None,
-                    tma: bool = False) -> SBlockRV:
+                    tma: bool = False, consumers: list[SBlockRV] | None = None) -> SBlockRV:
     """Copy the tile of operand ``index`` that ``at``'s body reads into shared memory. The
     layout keeps only ``k % block_k`` of axis ``k_axis`` of the last two (and ``% rows`` of the
     other one if given), so the buffer holds one tile whichever step or cluster rank reads it
@@ -159,8 +161,9 @@ def stage_in_shared(sch: s_tir.Schedule, block: SBlockRV, index: int, at: LoopRV
     By default the threads copy 16-byte vectors (cp.async once pipelined) into rows padded
     against bank conflicts. ``tma``: the copy stays one unpadded tile, marked for
     :mod:`tvm_dsm.transform.tma_pipeline`, which issues it as one TMA tensor copy into a
-    128-byte-swizzled layout (bank-conflict free without padding)."""
-    cache = sch.cache_read(block, index, "shared.dyn", consumer_blocks=[block])
+    128-byte-swizzled layout (bank-conflict free without padding). ``consumers``: the blocks
+    reading the tile (default: ``block`` alone), e.g. two products of one X in one loop."""
+    cache = sch.cache_read(block, index, "shared.dyn", consumer_blocks=consumers or [block])
     sch.compute_at(cache, at)
     dtype = str(sch.get(cache).writes[0].source.ty.dtype)
     if tma:
@@ -192,8 +195,8 @@ def fragment_caches(sch: s_tir.Schedule, block: SBlockRV, k_frag: LoopRV,
     an operand left in shared memory)."""
     x_frag = w_frag = None
     if operands_in_registers:
-        x_frag = sch.cache_read(block, 0, "warp")
-        w_frag = sch.cache_read(block, 1, "warp")
+        x_frag = sch.cache_read(block, 0, "warp", consumer_blocks=[block])
+        w_frag = sch.cache_read(block, 1, "warp", consumer_blocks=[block])
         for cache in (x_frag, w_frag):
             sch.compute_at(cache, k_frag)
     accumulator = sch.cache_write(block, 0, "warp")
