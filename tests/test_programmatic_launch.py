@@ -11,7 +11,7 @@ from tvm import s_tir
 
 from conftest import TARGET, cuda_source, kernels
 from tvm_dsm import pipeline
-from tvm_dsm.rules.split_k_gemm import SplitKGemmConfig, schedule_split_k_gemm
+from tvm_dsm.rules.split_k_gemm import GemmShape, SplitKGemmConfig, schedule_split_k_gemm
 from tvm_dsm.rules.unfused_chain import UnfusedChainConfig, schedule_unfused_chain
 from tvm_dsm.transform.programmatic_launch import (PDL_LAUNCH_TAG, PROGRAMMATIC_LAUNCH_KEY,
                                                    launch_programmatically)
@@ -142,3 +142,40 @@ def test_weights_past_the_prefetch_window_are_not_prefetched():
     before, after = gemm.split(WAIT)
     assert _copied(before) == {"Wq_tensormap"} and _copied(after) == {"Wq_tensormap", "Xq_tensormap"}
     assert before.index("expect_tx") < before.index("Wq_tensormap)")
+
+
+def _wgmma(cluster: int, rows: int, cols: int, stages: int) -> SplitKGemmConfig:
+    return SplitKGemmConfig(cluster, rows, cols, 64, rows // 16, 1, stages, tma=True, wgmma=True)
+
+
+def test_a_grid_that_would_crowd_the_previous_kernels_idle_sms_is_launched_after_it():
+    """S3 at M = 128: the gated kernel's 86 CTAs leave 46 SMs idle; launched programmatically,
+    46 of the down projection's 64 CTAs (128x256 tiles) take them at once and the chain ran 126.5
+    us against 115.1 launched after it; with 128 CTAs (128x64 tiles) 46 is less than half
+    and the programmatic launch saves 0.8 us; a grid the idle SMs take whole is not crowded (bench/results/chains_programmatic_ab.json)."""
+    import tvm_dsm
+    from tvm_dsm.hardware import load_hardware
+    from tvm_dsm.planners.split_k_gemm import predict
+    from tvm_dsm.planners.unfused_chain import combine, crowded
+    from tvm_dsm.rules.fused_chain import find_chain
+    from tvm_dsm.rules.unfused_chain import gemm_shapes
+    from tvm_dsm.workloads.chains import swiglu_ffn
+
+    hw = load_hardware()
+    func = swiglu_ffn(128, 11008, 4096, 4096)
+    shape = find_chain(s_tir.Schedule(func))[1]
+    first, second = gemm_shapes(shape)
+    gated = predict(first, _wgmma(1, 128, 128, 4), hw)
+    assert (gated.ctas, gated.resident) == (86, 1)
+    wide, narrow = predict(second, _wgmma(4, 128, 256, 4), hw), predict(second, _wgmma(2, 128, 64, 6), hw)
+    assert (wide.ctas, narrow.ctas) == (64, 128)
+    assert crowded(gated, wide, hw) and not crowded(gated, narrow, hw)
+    small = predict(GemmShape(128, 1024, 11008, True), _wgmma(4, 128, 128, 4), hw)  # 32 CTAs
+    assert not crowded(gated, small, hw)
+    assert not combine(shape, [gated, wide], hw).config.programmatic_launch
+    assert combine(shape, [gated, narrow], hw).config.programmatic_launch
+    # the planner's pick: its kernels launched one after the other, no griddepcontrol
+    config = tvm_dsm.plan(func).best.config
+    assert isinstance(config, UnfusedChainConfig) and not config.programmatic_launch
+    source = cuda_source(schedule_unfused_chain(func, config).mod)
+    assert "griddepcontrol" not in source

@@ -155,8 +155,13 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
     # A TMA tile is awaited in the step that reads it, refilled stages - 1 steps ahead. (Behind
     # warpgroup MMAs, stages - 2: their group stays in flight into the next step, which the
     # wait for the next tile overlaps as much as the lost step of lookahead costs; measured
-    # picks matched best counting stages - 1.)
+    # picks matched best counting stages - 1. Not so for gated products in one K loop, two
+    # groups per step: counting stages - 2 there, the picks among 208 measured configurations
+    # of S1g-S8g came within 1% of the best, 3.2% with stages - 1,
+    # bench/results/gated_one_loop_sweep.json.)
     lookahead, latency = (c.stages - 1, TMA_LATENCY_S) if c.tma else (max(1, c.stages - 2), LOADED_LATENCY_S)
+    if c.wgmma and w_tiles > 1:
+        lookahead = c.stages - 2
     stream = stream_share(c.tma)
     in_flight = min(per_sm * lookahead * tile_bytes, SM_PULL_CAP * _BYTES_IN_FLIGHT_PER_SM)
     pull = busy_sms / hw.sm_count * in_flight / _BYTES_IN_FLIGHT_PER_SM
@@ -210,10 +215,9 @@ def _doubled_up(ctas: int, one_per_sm: int) -> float:
 #: its loads: G3a (K = 416, cp.async) 4.8 -> 3.0 us at 8 stages, S6b 18.7 -> 16.6, G6a 8.4 ->
 #: 7.9, S2b 17.1 -> 16.3; no slower on G8a and S8a (bench/results/gemm_stages.json, H100).
 PIPELINE_DEPTHS = (3, 4, 5, 6, 8)
-#: Gated layers (two products) and the fused quantization keep these: deeper ones were
-#: measured on single-product layers only (fp8 128 x 4096 x 4096: 13.7 -> 12.5 us at best,
-#: fp8_depths.json), and a gated 5-stage 128x128 tile took 248,880 B of shared memory where
-#: 231,504 were estimated (over the H100's 232,448).
+#: The fused quantization keeps these: deeper ones were measured on plain layers (fp8 128 x
+#: 4096 x 4096: 13.7 -> 12.5 us at best, fp8_depths.json) and gated ones (5-6 stages of
+#: 128x64 tiles fastest on S1g and S2g, gated_one_loop_sweep.json) only.
 SHALLOW_PIPELINES = (3, 4)
 
 
@@ -221,12 +225,11 @@ def candidate_configs(shape: GemmShape, quantized: bool = False,
                       pipelines: tuple[int, ...] | None = None) -> list[SplitKGemmConfig]:
     """Every configuration of the family that is valid for ``shape`` (the pruned design space);
     ``quantized``: valid for the fused per-token quantization too; ``pipelines``: the pipeline
-    depths (stages) to consider (default: PIPELINE_DEPTHS for a plain layer, else
-    SHALLOW_PIPELINES). Where no pipelined configuration fits (K = 32), the unpipelined ones
+    depths (stages) to consider (default: SHALLOW_PIPELINES for the fused quantization, else
+    PIPELINE_DEPTHS). Where no pipelined configuration fits (K = 32), the unpipelined ones
     (``stages=1``); only there, as the model was not fitted on them."""
     if pipelines is None:
-        plain = shape.products == 1 and not quantized
-        pipelines = PIPELINE_DEPTHS if plain else SHALLOW_PIPELINES
+        pipelines = SHALLOW_PIPELINES if quantized else PIPELINE_DEPTHS
     return _candidates(shape, quantized, pipelines) or _candidates(shape, quantized, (1,))
 
 

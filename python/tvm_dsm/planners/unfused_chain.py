@@ -8,6 +8,7 @@ the combination of bests.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..errors import ClusterError
@@ -20,7 +21,19 @@ from .split_k_gemm import GemmPlan, plan_split_k_gemm
 #: Configurations of each GEMM combined into the ranking (TOP x TOP pairs; a separate gate takes
 #: the up kernel's best configuration: the two products have one shape).
 TOP = 4
-
+#: Launched programmatically, a kernel's CTAs are placed while the previous kernel runs: on
+#: the SMs it leaves idle, and beside its CTAs where shared memory allows. Where those places
+#: take at least this share of the grid but not all of it (the grid is then crowded there),
+#: the chain measured up to 1.13x slower than launched after the previous kernel (S3 at M =
+#: 128: 126.5 against 115.1 us, 46 of the down projection's 64 CTAs on the gated kernel's idle
+#: SMs; at M = 64 118.3 against 104.6), where not crowded the programmatic launch saved 0.8-3.4
+#: us (bench/results/chains_programmatic_ab.json: 73 chains both ways on the H100).
+CROWDED_SHARE = 0.5
+#: A crowded grid's loss, as a share of its kernel's predicted time (median of those 31 chains:
+#: 0.13; 0.00-0.38).
+CROWDING = 0.13
+#: What a chain launched kernel after kernel loses where nothing crowds (their median).
+LATE_LAUNCH_S = 2.0e-6
 
 @dataclass(frozen=True)
 class UnfusedChainPlan(Plan):
@@ -37,8 +50,10 @@ class UnfusedChainPlan(Plan):
         names = (["gate (fp32 sums to global memory)", "up, silu(gate) * up"]
                  if self.config.gate is not None else ["GEMM0"]) + ["GEMM1"]
         kernels = "".join(f"\n  {name}: {p.summary()}" for name, p in zip(names, self.gemms))
-        return (f"unfused {kind} {s.m}x{s.k} -> {s.n} -> {s.l}: {len(self.gemms)} kernels, H "
-                f"({s.m}x{s.n} fp16) through global memory{kernels}")
+        launch = ("each launched while the previous one runs" if self.config.programmatic_launch
+                  else "each launched after the previous one (GEMM1's CTAs would crowd GEMM0's idle SMs)")
+        return (f"unfused {kind} {s.m}x{s.k} -> {s.n} -> {s.l}: {len(self.gemms)} kernels, {launch}, "
+                f"H ({s.m}x{s.n} fp16) through global memory{kernels}")
 
 
 def combine(shape: ChainShape, plans: list[GemmPlan], hw: Hardware) -> UnfusedChainPlan:
@@ -52,13 +67,27 @@ def combine(shape: ChainShape, plans: list[GemmPlan], hw: Hardware) -> UnfusedCh
     seconds = {lv: sum(p.seconds.get(lv, 0.0) for p in plans) for lv in levels}
     nbytes["hbm"] += round_trip
     seconds["hbm"] += round_trip / hw.hbm_bw
+    # Launched programmatically unless GEMM1's grid would be crowded for longer than a launch
+    crowding = CROWDING * plans[-1].predicted_us * 1e-6 if crowded(plans[-2], plans[-1], hw) else 0.0
+    programmatic = crowding < LATE_LAUNCH_S
+    seconds["latency"] = seconds.get("latency", 0.0) + min(crowding, LATE_LAUNCH_S)
     *gate, first, second = (p.config for p in plans)
     return UnfusedChainPlan(
         bytes=nbytes, seconds=seconds,
-        predicted_us=sum(p.predicted_us for p in plans) + round_trip / hw.hbm_bw * 1e6,
-        config=UnfusedChainConfig(first, second, gate[0] if gate else None),
+        predicted_us=sum(p.predicted_us for p in plans) + round_trip / hw.hbm_bw * 1e6
+        + min(crowding, LATE_LAUNCH_S) * 1e6,
+        config=UnfusedChainConfig(first, second, gate[0] if gate else None, programmatic),
         shape=shape, gemms=tuple(plans),
     )
+
+
+def crowded(first: GemmPlan, second: GemmPlan, hw: Hardware) -> bool:
+    """Whether a programmatic launch of ``second`` behind ``first`` would place at least
+    ``CROWDED_SHARE`` of its CTAs, but not all, while ``first`` runs."""
+    busy = min(hw.sm_count, math.ceil(first.ctas / first.resident))
+    beside = max(0, hw.smem_per_sm - first.resident * first.smem) // second.smem
+    places = (hw.sm_count - busy) * second.resident + busy * beside
+    return CROWDED_SHARE * second.ctas <= places < second.ctas
 
 
 def plan_unfused_chain(shape: ChainShape, hw: Hardware) -> list[UnfusedChainPlan]:

@@ -431,8 +431,10 @@ def split_k_main_loops(sch: s_tir.Schedule, partials: list[tuple], shape: GemmSh
     i, j, k)`` (loops over the rank owning a K slice, then fragment rows, columns and depth), as
     one CTA's pipelined tensor-core main loop over its K slice per block, each ending with its
     fp32 partial tile stored into its DSM slice. Several blocks (a gated chain's gate and up
-    GEMMs) run one after the other; every operand cache is placed before any rank loop is bound,
-    because s_tir's compute_at rejects a scope with a rank-bound producer.
+    GEMMs) share one loop and X's tiles where :func:`shared_k_loop` says so (s_tir's merge of
+    their rank, warp and K-step loops), else run one after the other; every operand cache is
+    placed before any rank loop is bound, because s_tir's compute_at rejects a scope with a
+    rank-bound producer.
 
     ``quantize``: the elementwise block producing the (single) GEMM's X from a wider input (fp8
     quantization): X's tiles then arrive in the input's type by cp.async and are quantized in

@@ -35,7 +35,8 @@ its own, as the quantized GEMM's does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 
 from tvm import s_tir, tirx
 
@@ -49,11 +50,14 @@ from .split_k_gemm import GemmShape, SplitKGemmConfig, apply_split_k_gemm, check
 class UnfusedChainConfig:
     """Each GEMM's split-K configuration; ``gate``: a gated chain's gate product as a kernel of
     its own with this configuration (``gemm0`` is then the up product's), None: both products
-    in ``gemm0``'s kernel."""
+    in ``gemm0``'s kernel. ``programmatic_launch``: each kernel launches while the previous one
+    runs (the planner turns it off where that would crowd GEMM1's CTAs onto GEMM0's idle SMs,
+    :func:`tvm_dsm.planners.unfused_chain.crowded`); not part of the point's identity."""
 
     gemm0: SplitKGemmConfig
     gemm1: SplitKGemmConfig
     gate: SplitKGemmConfig | None = None
+    programmatic_launch: bool = field(default=True, compare=False)
 
 
 def gemm_shapes(shape: ChainShape, gate_apart: bool = False) -> tuple[GemmShape, GemmShape]:
@@ -85,15 +89,19 @@ def schedule_unfused_chain(func: tirx.PrimFunc, config: UnfusedChainConfig) -> s
     blocks, shape = find_chain(sch)
     check_unfused_config(shape, config)
     first, second = gemm_shapes(shape, config.gate is not None)
+    gate_config, config0, config1 = (
+        c and dataclasses.replace(c, programmatic_launch=c.programmatic_launch and config.programmatic_launch)
+        for c in (config.gate, config.gemm0, config.gemm1))
     products = blocks.gemm0
-    if config.gate is not None:
+    if gate_config is not None:
         gate, up = products
-        apply_split_k_gemm(sch, [gate], [], first, config.gate)  # its sums, written to G
+        apply_split_k_gemm(sch, [gate], [], first, gate_config)  # its sums, written to G
         products = [up]
     # An epilogue reading the gate's kernel gets thread loops of its own (s_tir moves a block
     # into another's loop only with all its producers there).
-    apply_split_k_gemm(sch, products, [blocks.combine], first, config.gemm0,
-                       in_registers=config.gate is None)
-    apply_split_k_gemm(sch, [blocks.gemm1], blocks.epilogue, second, config.gemm1)
-    launch_programmatically(sch)  # each kernel's launch overlaps the previous one's tail
+    apply_split_k_gemm(sch, products, [blocks.combine], first, config0,
+                       in_registers=gate_config is None)
+    apply_split_k_gemm(sch, [blocks.gemm1], blocks.epilogue, second, config1)
+    # each kernel's launch overlaps the previous one's tail
+    launch_programmatically(sch, config.programmatic_launch)
     return sch
