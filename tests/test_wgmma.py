@@ -99,6 +99,8 @@ def test_gated_products_share_one_k_loop(assemble):
         (dense(128, 256, 1024), SplitKGemmConfig(2, 128, 128, 64, 2, 4, 4, tma=True, wgmma=True),
          "warps 8x1"),
         (dense(256, 256, 1024), wgmma_config(1, block_m=256, block_n=256), "65536"),
+        # gate and up in one K loop hold both accumulators: 2 x 128 per thread
+        (gated_dense(128, 512, 1024), wgmma_config(1, block_n=256, stages=3), "256 fp32 accumulators"),
     ],
 )
 def test_unsupported_wgmma_configurations_get_clear_errors(func, config, message):

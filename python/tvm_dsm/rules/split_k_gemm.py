@@ -322,8 +322,11 @@ def check_wgmma(shape: GemmShape, config: SplitKGemmConfig) -> None:
     if (c.warps_m, c.warps_n) != (c.block_m // TILE, 1):
         raise ClusterError(f"wgmma: each warp holds 16 rows and every column: warps "
                            f"{c.block_m // TILE}x1, got {c.warps_m}x{c.warps_n}")
-    # fp8 tiles accumulate into a second set of registers first (tvm_dsm.rules.wgmma)
+    # fp8 tiles accumulate into a second set of registers first (tvm_dsm.rules.wgmma); products
+    # in one K loop hold their accumulators together
     accumulators = c.block_n // 2 * (2 if shape.dtype == FP8 else 1)
+    if shared_k_loop(c, shape.products):
+        accumulators *= shape.products
     registers = c.threads * (accumulators + _WGMMA_OTHER_REGISTERS)
     if registers > _REGISTERS_PER_SM:
         raise ClusterError(f"wgmma {c.block_m}x{c.block_n} tiles: {c.threads} threads holding "
