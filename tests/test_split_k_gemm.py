@@ -230,3 +230,17 @@ def test_deep_pipelines_are_offered_to_all_but_the_fused_quantization(assemble):
                                     SplitKGemmConfig(2, 64, 128, 64, 4, 1, 6, tma=True, wgmma=True)])
 def test_gpu_deep_pipelines_match_float64(config):
     assert dense_relu_error_on_gpu(128, 512, 1024, config) < 2e-3
+
+
+def test_equal_predictions_go_to_the_taller_tile():
+    """At M = 128 a 128x64 tile and a 64x128 one move the same bytes in the model; with wgmma
+    the taller one (8 warps, not 4) measured faster in 128 of 137 pairs, and the planner's
+    picks that the tie-break changed ran 1.005-1.042x faster (tall_tiles_ab.json)."""
+    from tvm_dsm.hardware import load_hardware
+    from tvm_dsm.planners.split_k_gemm import plan_split_k_gemm
+
+    plans = plan_split_k_gemm(GemmShape(128, 3072, 768, True), load_hardware())
+    index = {p.config: i for i, p in enumerate(plans)}
+    tall, wide = (SplitKGemmConfig(2, m, n, 64, m // 16, 1, 5, tma=True, wgmma=True) for m, n in ((128, 64), (64, 128)))
+    assert plans[index[tall]].predicted_us == plans[index[wide]].predicted_us
+    assert index[tall] < index[wide]
