@@ -477,7 +477,8 @@ def split_k_main_loops(sch: s_tir.Schedule, partials: list[tuple], shape: GemmSh
             bind_rank(sch, rank)  # after the operand caches: their region is one CTA's K slice
         tensorize_fragments(sch, partial, fragment, caches, k_step, shape.weight_nk,
                             MMA_STORE_F32_DSM,
-                            wgmma_intrin(*c.warpgroup, shape.dtype) if c.wgmma else None)
+                            wgmma_intrin(*c.warpgroup, shape.dtype, len(partials) if one_loop else 1)
+                            if c.wgmma else None)
         if not c.wgmma:  # fragments one 16-wide K step ahead (a wgmma step takes the whole tile)
             sch.annotate(k_frag, "software_pipeline_stage", [0, 0, 1])
             sch.annotate(k_frag, "software_pipeline_order", [0, 1, 2])

@@ -121,10 +121,10 @@ __forceinline__ __device__ void {name}(float* d, const {ctype}* a, const {ctype}
 """
 
 
-def helper_source(name: str, n: int, depth: int, dtype: str) -> str:
+def helper_source(name: str, n: int, depth: int, dtype: str, in_flight: int = 1) -> str:
     """CUDA of one call: ``depth / k`` wgmma ``m64n{n}k{k}`` (k: :func:`k_per_step`), both
-    operands by descriptor, committed as one group, returning with at most that group in
-    flight (fp8: awaited and added to the accumulator in fp32). Descriptors: 128-byte
+    operands by descriptor, committed as one group, returning with at most ``in_flight``
+    groups in flight, this one among them (fp8: awaited and added to the accumulator in fp32). Descriptors: 128-byte
     swizzle, 8-row atoms 1024 bytes apart; each K step starts 32 bytes further along the row
     (the hardware applies the swizzle to the address it forms): the descriptors are formed once
     and a step adds 32 / 16 to their start address field."""
@@ -150,7 +150,7 @@ def helper_source(name: str, n: int, depth: int, dtype: str) -> str:
 """
         accumulators = f"\n  float t[{n // 2}];"
     else:
-        finish = """  asm volatile("wgmma.wait_group.sync.aligned 1;\\n" ::: "memory");\n"""
+        finish = f"""  asm volatile("wgmma.wait_group.sync.aligned {in_flight};\\n" ::: "memory");\n"""
         accumulators = ""
     setup = f"""  uint32_t warp = ((threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x) >> 5;
   uint64_t a_desc = {name}_desc(static_cast<uint32_t>(__cvta_generic_to_shared(a)) - (warp & 3) * {warp_rows}, 16, {atoms});
@@ -158,22 +158,23 @@ def helper_source(name: str, n: int, depth: int, dtype: str) -> str:
     return call_source(name, ctype, setup, depth // k_per_step(dtype), step, finish)
 
 
-def wgmma_intrin(n: int, depth: int, dtype: str) -> str:
+def wgmma_intrin(n: int, depth: int, dtype: str, in_flight: int = 1) -> str:
     """The tensor intrinsic multiplying a warp's 16 x ``depth`` rows of X by an ``n x depth``
     W tile, both in shared memory, into ``n / 16`` accumulator fragments; registered on first
-    use."""
+    use. ``in_flight``: groups a call may leave in flight, one per call of a K step (a gated
+    layer's gate and up in one loop: 2, so neither call waits for the other's group)."""
     if dtype not in _PTX_TYPE or n % TILE or not TILE <= n <= MAX_N or depth % k_per_step(dtype):
         raise ValueError(f"no wgmma for {n}x{depth} {dtype} tiles")
-    name = f"{HELPER_PREFIX}m64n{n}k{depth}_{_PTX_TYPE[dtype]}"
+    name = f"{HELPER_PREFIX}m64n{n}k{depth}_{_PTX_TYPE[dtype]}" + (f"_g{in_flight}" if in_flight > 1 else "")
     if TensorIntrin.get(name, allow_missing=True) is None:
-        TensorIntrin.register(name, *_desc_impl(name, n, depth, dtype))
+        TensorIntrin.register(name, *_desc_impl(name, n, depth, dtype, in_flight))
     return name
 
 
-def _desc_impl(name: str, n: int, depth: int, dtype: str):
+def _desc_impl(name: str, n: int, depth: int, dtype: str, in_flight: int):
     cols = n // TILE
     layout = mma.shared_16x16_to_ldmatrix_32x8_layout
-    source = helper_source(name, n, depth, dtype)
+    source = helper_source(name, n, depth, dtype, in_flight)
 
     @T.prim_func(s_tir=True)
     def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
@@ -217,5 +218,6 @@ def _desc_impl(name: str, n: int, depth: int, dtype: str):
 #: import: a MetaSchedule database's traces name the intrinsic, and a fresh process replaying
 #: them (tvm_dsm.build) has scheduled nothing that would register it.
 with frozen_frames_skipped():
-    for _n, _dtype in ((n, dtype) for n in (64, 128, 256) for dtype in _PTX_TYPE):
-        wgmma_intrin(_n, _SWIZZLE_ROW_BYTES // (_K_STEP_BYTES // k_per_step(_dtype)), _dtype)
+    for _n, _dtype, _in_flight in ((n, dtype, g) for n in (64, 128, 256) for dtype in _PTX_TYPE
+                                   for g in (1, 2)):
+        wgmma_intrin(_n, _SWIZZLE_ROW_BYTES // (_K_STEP_BYTES // k_per_step(_dtype)), _dtype, _in_flight)
