@@ -458,7 +458,7 @@ def split_k_main_loops(sch: s_tir.Schedule, partials: list[tuple], shape: GemmSh
     loops = []
     for index, ((partial, *_), (rank, warp, k_step)) in enumerate(zip(partials, steps)):
         k_frag = sch.get_loops(partial)[-3]
-        if not one_loop or index == 0:
+        if not one_loop or index == 0:  # the loop's first product brings X's tile
             x_tile = stage_in_shared(sch, partial, 0, k_step, c.warps, 1, c.block_k, tma=c.tma,
                                      consumers=[p for p, *_ in partials] if one_loop else None)
         stage_in_shared(sch, partial, 1, k_step, c.warps, 1 if shape.weight_nk else 0, c.block_k,
