@@ -35,6 +35,7 @@ CROWDING = 0.13
 #: What a chain launched kernel after kernel loses where nothing crowds (their median).
 LATE_LAUNCH_S = 2.0e-6
 
+
 @dataclass(frozen=True)
 class UnfusedChainPlan(Plan):
     """Two or three split-K GEMM plans (a gated chain's gate apart: gate, up, GEMM1), bytes and
@@ -70,12 +71,12 @@ def combine(shape: ChainShape, plans: list[GemmPlan], hw: Hardware) -> UnfusedCh
     # Launched programmatically unless GEMM1's grid would be crowded for longer than a launch
     crowding = CROWDING * plans[-1].predicted_us * 1e-6 if crowded(plans[-2], plans[-1], hw) else 0.0
     programmatic = crowding < LATE_LAUNCH_S
-    seconds["latency"] = seconds.get("latency", 0.0) + min(crowding, LATE_LAUNCH_S)
+    launch = min(crowding, LATE_LAUNCH_S)  # what the cheaper of the two costs
+    seconds["latency"] = seconds.get("latency", 0.0) + launch
     *gate, first, second = (p.config for p in plans)
     return UnfusedChainPlan(
         bytes=nbytes, seconds=seconds,
-        predicted_us=sum(p.predicted_us for p in plans) + round_trip / hw.hbm_bw * 1e6
-        + min(crowding, LATE_LAUNCH_S) * 1e6,
+        predicted_us=sum(p.predicted_us for p in plans) + round_trip / hw.hbm_bw * 1e6 + launch * 1e6,
         config=UnfusedChainConfig(first, second, gate[0] if gate else None, programmatic),
         shape=shape, gemms=tuple(plans),
     )

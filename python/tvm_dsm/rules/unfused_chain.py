@@ -35,7 +35,6 @@ its own, as the quantized GEMM's does.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 from tvm import s_tir, tirx
@@ -89,19 +88,17 @@ def schedule_unfused_chain(func: tirx.PrimFunc, config: UnfusedChainConfig) -> s
     blocks, shape = find_chain(sch)
     check_unfused_config(shape, config)
     first, second = gemm_shapes(shape, config.gate is not None)
-    gate_config, config0, config1 = (
-        c and dataclasses.replace(c, programmatic_launch=c.programmatic_launch and config.programmatic_launch)
-        for c in (config.gate, config.gemm0, config.gemm1))
     products = blocks.gemm0
-    if gate_config is not None:
+    if config.gate is not None:
         gate, up = products
-        apply_split_k_gemm(sch, [gate], [], first, gate_config)  # its sums, written to G
+        apply_split_k_gemm(sch, [gate], [], first, config.gate)  # its sums, written to G
         products = [up]
     # An epilogue reading the gate's kernel gets thread loops of its own (s_tir moves a block
     # into another's loop only with all its producers there).
-    apply_split_k_gemm(sch, products, [blocks.combine], first, config0,
-                       in_registers=gate_config is None)
-    apply_split_k_gemm(sch, [blocks.gemm1], blocks.epilogue, second, config1)
-    # each kernel's launch overlaps the previous one's tail
+    apply_split_k_gemm(sch, products, [blocks.combine], first, config.gemm0,
+                       in_registers=config.gate is None)
+    apply_split_k_gemm(sch, [blocks.gemm1], blocks.epilogue, second, config.gemm1)
+    # Each kernel's launch overlaps the previous one's tail, or (the function's one
+    # annotation, whatever the kernels' configurations asked) none does.
     launch_programmatically(sch, config.programmatic_launch)
     return sch

@@ -14,10 +14,10 @@ and the intrinsic is the per-warp 16 x N x K step:
 - the accumulator is TVM's warp-scope fragment buffer, N/16 fragments of 16x16.
 
 Each call issues the K/16 multiplies (fp8 e4m3: K/32 of ``m64nNk32``) as one group and
-returns with at most that group in flight (``wait_group 1``): the multiply of step k overlaps
-the barrier, the next tile's copy and wait of step k+1. The TMA pass keeps that legal: it
-refills a slot two steps after its multiply was issued instead of one, and waits for every
-group after the loop. fp8 calls wait for their group and add it to the accumulator in fp32
+returns with at most that group in flight (``wait_group 1``; with a gated layer's two calls per
+K step, both steps' groups: ``wait_group 2``): the multiply of step k overlaps the barrier, the
+next tile's copy and wait of step k+1. The TMA pass keeps that legal: it refills a slot two
+steps after its multiply was issued instead of one, and waits for every group after the loop. fp8 calls wait for their group and add it to the accumulator in fp32
 (see :func:`helper_source`).
 
 The descriptor and MMA statement builders here also serve the attention kernel
