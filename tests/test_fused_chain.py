@@ -179,9 +179,13 @@ def test_conv_chain_workload_matches_numpy():
 
 
 def test_the_family_ranks_smem_only_fusion_with_the_rest():
-    """G1's intermediate fits one CTA: the family's pick is the one-CTA (SMEM-only) fused
-    kernel, measured 5.0 us against 5.7 for the best DSM cluster (bench/results/chains.json)."""
+    """G1's intermediate fits one CTA: its best fused plan is the one-CTA (SMEM-only) kernel,
+    measured 5.0 us against 5.7 for the best DSM cluster (bench/results/chains.json), ranked
+    with the DSM clusters and the unfused plans. (The family's pick is now the unfused plan, 5.4
+    us measured: bench/results/chains_launch_overlap_ab.json.)"""
     import tvm_dsm
 
-    best = tvm_dsm.plan(gemm_chain(128, 512, 32, 256)).best.config
-    assert isinstance(best, FusedChainConfig) and best.cluster_size == 1
+    plans = tvm_dsm.plan(gemm_chain(128, 512, 32, 256)).plans
+    fused = [p.config for p in plans if isinstance(p.config, FusedChainConfig)]
+    assert fused[0].cluster_size == 1 and any(c.cluster_size > 1 for c in fused)
+    assert len(fused) < len(plans)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import tvm
 from tvm import s_tir
 
@@ -172,8 +173,10 @@ def test_a_grid_that_would_crowd_the_previous_kernels_idle_sms_is_launched_after
     assert crowded(gated, wide, hw) and not crowded(gated, narrow, hw)
     small = predict(GemmShape(128, 1024, 11008, True), _wgmma(4, 128, 128, 4), hw)  # 32 CTAs
     assert not crowded(gated, small, hw)
-    assert not combine(shape, [gated, wide], hw).config.programmatic_launch
-    assert combine(shape, [gated, narrow], hw).config.programmatic_launch
+    late, early = combine(shape, [gated, wide], hw), combine(shape, [gated, narrow], hw)
+    assert not late.config.programmatic_launch and early.config.programmatic_launch
+    # Each kernel's prediction holds its own launch: launched late, the chain is their sum.
+    assert late.predicted_us == pytest.approx(gated.predicted_us + wide.predicted_us)
     # the planner's pick: its kernels launched one after the other, no griddepcontrol
     config = tvm_dsm.plan(func).best.config
     assert isinstance(config, UnfusedChainConfig) and not config.programmatic_launch

@@ -32,7 +32,12 @@ CROWDED_SHARE = 0.5
 #: A crowded grid's loss, as a share of its kernel's predicted time (median of those 31 chains:
 #: 0.13; 0.00-0.38).
 CROWDING = 0.13
-#: What a chain launched kernel after kernel loses where nothing crowds (their median).
+#: What a chain launched kernel after kernel loses where nothing crowds (their median). Each
+#: GEMM's prediction holds the launch of a kernel run alone, so a programmatic launch takes this
+#: off the sum of the two (less its crowding). Counted on the sum instead, it left the chains of
+#: small kernels predicted 4-8 us slow (G3: 14.3 us for two kernels that measured 7.0), and G3
+#: planned fused: 8.8 us. (G1 now plans unfused, 5.4 us against 4.9 fused:
+#: bench/results/chains_launch_overlap_ab.json.)
 LATE_LAUNCH_S = 2.0e-6
 
 
@@ -68,10 +73,11 @@ def combine(shape: ChainShape, plans: list[GemmPlan], hw: Hardware) -> UnfusedCh
     seconds = {lv: sum(p.seconds.get(lv, 0.0) for p in plans) for lv in levels}
     nbytes["hbm"] += round_trip
     seconds["hbm"] += round_trip / hw.hbm_bw
-    # Launched programmatically unless GEMM1's grid would be crowded for longer than a launch
+    # Launched programmatically (GEMM1's launch hidden behind GEMM0) unless GEMM1's grid would
+    # be crowded for longer than a launch
     crowding = CROWDING * plans[-1].predicted_us * 1e-6 if crowded(plans[-2], plans[-1], hw) else 0.0
     programmatic = crowding < LATE_LAUNCH_S
-    launch = min(crowding, LATE_LAUNCH_S)  # what the cheaper of the two costs
+    launch = min(crowding, LATE_LAUNCH_S) - LATE_LAUNCH_S  # the cheaper launch vs two kernels alone
     seconds["latency"] = seconds.get("latency", 0.0) + launch
     *gate, first, second = (p.config for p in plans)
     return UnfusedChainPlan(
