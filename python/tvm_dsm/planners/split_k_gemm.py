@@ -262,11 +262,14 @@ def _candidates(shape: GemmShape, quantized: bool, pipelines: tuple[int, ...]) -
 def plan_split_k_gemm(shape: GemmShape, hw: Hardware, quantized: bool = False,
                       pipelines: tuple[int, ...] | None = None) -> list[GemmPlan]:
     """All valid configurations, best predicted first (``quantized``: see :func:`predict`).
-    Equal predictions go to fewer CTAs per cluster, deeper pipelines, then tiles of up to 128
-    rows before shorter ones: a 128x64 tile and a 64x128 one move the same bytes at M = 128 in
-    the model, and with wgmma the taller one (8 warps) measured faster in 128 of 137 pairs
-    (median 1.085x; mma.sync 169 of 282, 1.018x), where 256x128 against 128x256 is a coin
-    toss (28 of 53; every bench/results file on the H100, 2026-11-27)."""
+    Equal predictions go to fewer CTAs per cluster, deeper pipelines, the plan furthest from its
+    HBM and L2 limits (where the pipeline term binds, a few large CTAs pull their tiles slower
+    than many small ones: the second GEMM of G1, G3 and G9 on 64x64 tiles instead of 128x64 ran
+    the chains 1.095x, 1.074x and 1.00x as fast, bench/results/chains_tie_break_ab.json), then
+    tiles of up to 128 rows before shorter ones: a 128x64 tile and a 64x128 one move the same
+    bytes at M = 128 in the model, and with wgmma the taller one (8 warps) measured faster in
+    128 of 137 pairs (median 1.085x; mma.sync 169 of 282, 1.018x), where 256x128 against
+    128x256 is a coin toss (28 of 53; every bench/results file on the H100, 2026-11-27)."""
     plans = [predict(shape, c, hw, quantized) for c in candidate_configs(shape, quantized, pipelines)]
     if not plans:
         raise ClusterError(
@@ -275,6 +278,7 @@ def plan_split_k_gemm(shape: GemmShape, hw: Hardware, quantized: bool = False,
             "giving each CTA one or at least 3 pipeline steps)"
         )
     return sorted(plans, key=lambda p: (p.predicted_us, p.config.cluster_size, -p.config.stages,
+                                        max(p.seconds["hbm"], p.seconds["l2"]),
                                         -min(p.config.block_m, 128)))
 
 
