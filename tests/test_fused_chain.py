@@ -181,8 +181,8 @@ def test_conv_chain_workload_matches_numpy():
 def test_the_family_ranks_smem_only_fusion_with_the_rest():
     """G1's intermediate fits one CTA: its best fused plan is the one-CTA (SMEM-only) kernel,
     measured 5.0 us against 5.7 for the best DSM cluster (bench/results/chains.json), ranked
-    with the DSM clusters and the unfused plans. (The family's pick is now the unfused plan, 5.4
-    us measured: bench/results/chains_launch_overlap_ab.json.)"""
+    with the DSM clusters and the unfused plans. (The family's pick is now the unfused plan, 5.0
+    us measured: bench/results/chains_tie_break_ab.json.)"""
     import tvm_dsm
 
     plans = tvm_dsm.plan(gemm_chain(128, 512, 32, 256)).plans

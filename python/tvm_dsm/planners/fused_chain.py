@@ -48,8 +48,8 @@ _BARRIERS_PER_STEP = 3
 #: 1.5 us; at the previous 1.38 / 0.92, 3). Kept since unfused chains no longer count GEMM1's
 #: programmatic launch (planners.unfused_chain.LATE_LAUNCH_S): the measured choices between the
 #: two kinds (G1-G10 at M = 128, G4 and G8 at M = 16 and 64) are then right for any ratio in
-#: 1.71-1.79 except G1's (5.4 us unfused against 4.9 fused; right below 1.51, where G3's goes
-#: wrong: 8.8 fused against 7.0).
+#: 1.71-1.79 except G1's, a tie (5.0 us unfused against 4.9 fused; right below 1.51, where
+#: G3's goes wrong: 8.8 fused against 6.6).
 FUSED_PICK_BIAS = 1.40 / 0.79
 #: The inter-cluster reduce launched programmatically behind a one-wave fused kernel: 1.0-1.7 us
 #: faster on G1-G3, G7 and G10 at M = 128 (bench/results/chains_pdl.json, H100, 2026-11-25);

@@ -36,8 +36,8 @@ CROWDING = 0.13
 #: GEMM's prediction holds the launch of a kernel run alone, so a programmatic launch takes this
 #: off the sum of the two (less its crowding). Counted on the sum instead, it left the chains of
 #: small kernels predicted 4-8 us slow (G3: 14.3 us for two kernels that measured 7.0), and G3
-#: planned fused: 8.8 us. (G1 now plans unfused, 5.4 us against 4.9 fused:
-#: bench/results/chains_launch_overlap_ab.json.)
+#: planned fused: 8.8 us (bench/results/chains_launch_overlap_ab.json; G1 now plans unfused
+#: too, 5.0 us against 4.9 fused with the split-K planner's tie-break, chains_tie_break_ab.json).
 LATE_LAUNCH_S = 2.0e-6
 
 
