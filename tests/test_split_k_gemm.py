@@ -232,15 +232,19 @@ def test_gpu_deep_pipelines_match_float64(config):
     assert dense_relu_error_on_gpu(128, 512, 1024, config) < 2e-3
 
 
+def _ranked(shape: GemmShape) -> tuple[list, dict]:
+    """The planner's plans for ``shape``, best first, and each configuration's rank."""
+    from tvm_dsm.hardware import load_hardware
+    from tvm_dsm.planners.split_k_gemm import plan_split_k_gemm
+
+    plans = plan_split_k_gemm(shape, load_hardware())
+    return plans, {p.config: i for i, p in enumerate(plans)}
+
 def test_equal_predictions_go_to_the_taller_tile():
     """At M = 128 a 128x64 tile and a 64x128 one move the same bytes in the model; with wgmma
     the taller one (8 warps, not 4) measured faster in 128 of 137 pairs, and the planner's
     picks that the tie-break changed ran 1.005-1.042x faster (tall_tiles_ab.json)."""
-    from tvm_dsm.hardware import load_hardware
-    from tvm_dsm.planners.split_k_gemm import plan_split_k_gemm
-
-    plans = plan_split_k_gemm(GemmShape(128, 3072, 768, True), load_hardware())
-    index = {p.config: i for i, p in enumerate(plans)}
+    plans, index = _ranked(GemmShape(128, 3072, 768, True))
     tall, wide = (SplitKGemmConfig(2, m, n, 64, m // 16, 1, 5, tma=True, wgmma=True) for m, n in ((128, 64), (64, 128)))
     assert plans[index[tall]].predicted_us == plans[index[wide]].predicted_us
     assert index[tall] < index[wide]
@@ -250,11 +254,7 @@ def test_equal_predictions_go_to_the_plan_furthest_from_its_bandwidth_limits():
     """G1's second GEMM (128 x 256 x 512) waits on its pipeline whatever the tile: the 64x64
     tiles (16 CTAs) and the 128x64 ones (8 CTAs) are predicted alike, and the many small CTAs,
     less of their bandwidth share used, ran the chain 1.095x as fast (chains_tie_break_ab.json)."""
-    from tvm_dsm.hardware import load_hardware
-    from tvm_dsm.planners.split_k_gemm import plan_split_k_gemm
-
-    plans = plan_split_k_gemm(GemmShape(128, 256, 512, True), load_hardware())
-    index = {p.config: i for i, p in enumerate(plans)}
+    plans, index = _ranked(GemmShape(128, 256, 512, True))
     small, large = (SplitKGemmConfig(2, m, 64, 64, m // 16, 1, 4, tma=True, wgmma=True) for m in (64, 128))
     assert plans[index[small]].predicted_us == plans[index[large]].predicted_us
     assert plans[index[small]].seconds["l2"] < plans[index[large]].seconds["l2"]

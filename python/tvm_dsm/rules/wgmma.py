@@ -17,8 +17,9 @@ Each call issues the K/16 multiplies (fp8 e4m3: K/32 of ``m64nNk32``) as one gro
 returns with at most that group in flight (``wait_group 1``; with a gated layer's two calls per
 K step, both steps' groups: ``wait_group 2``): the multiply of step k overlaps the barrier, the
 next tile's copy and wait of step k+1. The TMA pass keeps that legal: it refills a slot two
-steps after its multiply was issued instead of one, and waits for every group after the loop. fp8 calls wait for their group and add it to the accumulator in fp32
-(see :func:`helper_source`).
+steps after its multiply was issued instead of one, and waits for every group after the loop.
+fp8 calls wait for their group and add it to the accumulator in fp32 (see
+:func:`helper_source`).
 
 The descriptor and MMA statement builders here also serve the attention kernel
 (:mod:`tvm_dsm.rules.attention`: A from registers, B MN-major).
@@ -124,10 +125,10 @@ __forceinline__ __device__ void {name}(float* d, const {ctype}* a, const {ctype}
 def helper_source(name: str, n: int, depth: int, dtype: str, in_flight: int = 1) -> str:
     """CUDA of one call: ``depth / k`` wgmma ``m64n{n}k{k}`` (k: :func:`k_per_step`), both
     operands by descriptor, committed as one group, returning with at most ``in_flight``
-    groups in flight, this one among them (fp8: awaited and added to the accumulator in fp32). Descriptors: 128-byte
-    swizzle, 8-row atoms 1024 bytes apart; each K step starts 32 bytes further along the row
-    (the hardware applies the swizzle to the address it forms): the descriptors are formed once
-    and a step adds 32 / 16 to their start address field."""
+    groups in flight, this one among them (fp8: awaited and added to the accumulator in fp32).
+    Descriptors: 128-byte swizzle, 8-row atoms 1024 bytes apart; each K step starts 32 bytes
+    further along the row (the hardware applies the swizzle to the address it forms): the
+    descriptors are formed once and a step adds 32 / 16 to their start address field."""
     ctype = _C_TYPE[dtype]
     warp_rows = TILE * _SWIZZLE_ROW_BYTES  # bytes of one warp's 16 rows of X
     atoms = 8 * _SWIZZLE_ROW_BYTES
@@ -165,7 +166,8 @@ def wgmma_intrin(n: int, depth: int, dtype: str, in_flight: int = 1) -> str:
     layer's gate and up in one loop: 2, so neither call waits for the other's group)."""
     if dtype not in _PTX_TYPE or n % TILE or not TILE <= n <= MAX_N or depth % k_per_step(dtype):
         raise ValueError(f"no wgmma for {n}x{depth} {dtype} tiles")
-    name = f"{HELPER_PREFIX}m64n{n}k{depth}_{_PTX_TYPE[dtype]}" + (f"_g{in_flight}" if in_flight > 1 else "")
+    groups = f"_g{in_flight}" if in_flight > 1 else ""
+    name = f"{HELPER_PREFIX}m64n{n}k{depth}_{_PTX_TYPE[dtype]}{groups}"
     if TensorIntrin.get(name, allow_missing=True) is None:
         TensorIntrin.register(name, *_desc_impl(name, n, depth, dtype, in_flight))
     return name

@@ -104,4 +104,3 @@ def StorageRewrite(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM
     rewritten = tirx.transform.StorageRewrite()(tvm.IRModule(whole, attrs=mod.attrs)) if whole else {}
     return tvm.IRModule({gv: rewritten[gv] if gv in whole else _rewrite_kernels(f) if gv in funcs else f
                          for gv, f in mod.functions.items()}, attrs=mod.attrs)
-
