@@ -137,17 +137,46 @@ def test_planner_charges_grids_that_double_up_sms(monkeypatch):
     assert charged.predicted_us > predict(shape, even, hw).predicted_us
     monkeypatch.setattr(planner, "_doubled_up", lambda ctas, one_per_sm: 1.0)  # no charge
     assert charged.predicted_us > 1.2 * predict(shape, doubled, hw).predicted_us
-    assert predict(shape, doubled, hw).predicted_us < predict(shape, even, hw).predicted_us
+
+
+def test_operand_tiles_come_from_l2_faster_than_a_plain_re_read(monkeypatch):
+    """At the microbenchmark's L2 rate, 128 x 4096 x 16384 (G5b) planned 64 CTAs of 128x256
+    tiles in clusters of 4 (66.7 us on the H100); at the rate GEMM tiles reach, 128x64 tiles in
+    clusters of 2 (54.5 us, bench/results/gemm_tile_l2_ab.json)."""
+    import tvm_dsm.planners.split_k_gemm as planner
+
+    hw = load_hardware()
+    shape = GemmShape(128, 4096, 16384, True)
+    fitted = plan_split_k_gemm(shape, hw)[0].config
+    monkeypatch.setattr(planner, "TILE_L2_SPEEDUP", 1.0)
+    plain = plan_split_k_gemm(shape, hw)[0].config
+    assert (plain.cluster_size, plain.block_n) == (4, 256)
+    assert (fitted.cluster_size, fitted.block_m, fitted.block_n) == (2, 128, 64)
+
+
+def test_192_column_tiles_fill_the_sms_where_128_and_256_do_not():
+    """1024 x 6144 x 1024 (S8a at M = 1024): 48 columns of 128-wide tiles make 384 CTAs (three
+    waves), 24 of 256-wide ones 192 (1.5); 32 of 192-wide ones 256, two full waves. On the H100
+    128x192 tiles ran 28.5 us against 35.1 for the previous pick, 128x256
+    (bench/results/gemm_tile_l2_ab.json). Only warpgroup MMAs take them."""
+    hw = load_hardware()
+    best = plan_split_k_gemm(GemmShape(1024, 6144, 1024, True), hw)[0].config
+    assert (best.block_m, best.block_n, best.wgmma) == (128, 192, True)
+    widths = {(c.block_n, c.wgmma) for c in candidate_configs(GemmShape(256, 6144, 1024, True))}
+    assert (192, True) in widths and (192, False) not in widths
+    assert all(c.block_n != 192 for c in candidate_configs(GemmShape(256, 4096, 1024, True)))
 
 
 def test_planner_charges_the_reduce_scatter_at_half_the_dsm_bandwidth(monkeypatch):
     """S2b (128 x 2048 x 5632): clusters of 8 with 128x256 tiles measured 20.2 us, clusters of 4
     with 128x128 tiles 16.8 (bench/results/gemm_dsm_reduce_ab.json, H100); with the DSM term at
-    the microbenchmark's bandwidth the planner picked the former."""
+    the microbenchmark's bandwidth the planner picked the former (where L2 was counted at the
+    microbenchmark's rate too, as then; at the tiles' rate, 128x256 tiles lose on L2 alone)."""
     import tvm_dsm.planners.split_k_gemm as planner
 
     hw = load_hardware()
     shape = GemmShape(128, 2048, 5632, True)
+    monkeypatch.setattr(planner, "TILE_L2_SPEEDUP", 1.0)
     pick = plan_split_k_gemm(shape, hw)[0].config
     assert (pick.cluster_size, pick.block_m, pick.block_n) == (4, 128, 128)
     monkeypatch.setattr(planner, "DSM_REDUCE_EFFICIENCY", 1.0)

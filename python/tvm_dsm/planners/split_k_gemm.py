@@ -89,6 +89,12 @@ SM_HEADROOM = 1.31
 #: clusters of 2-4) within 1% and sped up 128-thread tiles in clusters of 2 by 1.06-1.11x
 #: (bench/results/dsm_reduce_batch_ab.json), which the model does not yet credit.
 DSM_REDUCE_EFFICIENCY = 0.5
+#: How much faster than the hardware file's L2 read rate (a plain re-read microbenchmark,
+#: 6.0 TB/s) the operand tiles of a GEMM come from L2: S1b at M = 1024 on 128x192 tiles re-read
+#: 671 MB in 78 us (8.6 TB/s, bench/results/gemm_n192.json). Fitted on the H100 sweeps (122
+#: groups of configurations of one shape in gemm*, gated* and fp8* results): the planner's pick
+#: came 1.020x from the measured best at 1.0, 1.011x at 1.6 and above.
+TILE_L2_SPEEDUP = 1.6
 #: Share of TMA's streaming rate that per-thread cp.async copies reach: the same GEMM operand
 #: tiles streamed alone took 66.5 us by cp.async and 53.1 us by TMA on the H100
 #: (src/hwbench/operand_stream.cu, bench/results/operand_stream.json).
@@ -183,7 +189,7 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
         # L2 feeds each busy SM at most SM_HEADROOM times its share of the aggregate rate: idle
         # SMs leave the rest unused (gated layers of few, large tiles ran up to 1.9x over the
         # model without the cap; with the share alone, 1.3x under it on S3-S7's gated layers).
-        "l2": traffic["l2"] / (hw.l2_bw * stream * min(1.0, SM_HEADROOM * busy_sms / hw.sm_count))
+        "l2": traffic["l2"] / (hw.l2_bw * TILE_L2_SPEEDUP * stream * min(1.0, SM_HEADROOM * busy_sms / hw.sm_count))
         * tail,
         "dsm": traffic["dsm"] / (hw.dsm_bw(s) * DSM_REDUCE_EFFICIENCY) if s > 1 else 0.0,
         "mma": flops / ((WGMMA_PEAK * 2 / elem if c.wgmma else MMA_SYNC_PEAK)
@@ -233,6 +239,15 @@ def candidate_configs(shape: GemmShape, quantized: bool = False,
     return _candidates(shape, quantized, pipelines) or _candidates(shape, quantized, (1,))
 
 
+#: Output tile widths. The power-of-two widths serve every main loop; 192 only warpgroup
+#: MMAs (any multiple of 8 columns up to 256): where N is a multiple of 192 but 128-wide tiles
+#: make more than a wave and 256-wide ones strand SMs, it fills them. At M = 1024 on the H100,
+#: 128 CTAs of 128x192 tiles against 96 of 128x256: G4a 14.8 -> 12.0 us, S8a 33.2 -> 27.4,
+#: S1b 89.1 -> 77.9 (cuBLAS 79.2), S6b 51.0 -> 45.1 (bench/results/gemm_n192.json).
+POWER_OF_TWO_BLOCK_N = (64, 128, 256)
+BLOCK_N = (64, 128, 192, 256)
+
+
 def _candidates(shape: GemmShape, quantized: bool, pipelines: tuple[int, ...]) -> list[SplitKGemmConfig]:
     check = check_quantized_config if quantized else check_config
     configs = []
@@ -240,9 +255,11 @@ def _candidates(shape: GemmShape, quantized: bool, pipelines: tuple[int, ...]) -
     # K that 64 does not divide (G3's 416)
     depths = (64, 128) if element_bytes(shape.dtype) == 1 else (32, 64)
     for s, bm, bn, bk, stages, tma, wgmma in itertools.product(
-        (1, 2, 4, 8, 16), (16, 32, 64, 128, 256), (64, 128, 256), depths, pipelines,
+        (1, 2, 4, 8, 16), (16, 32, 64, 128, 256), BLOCK_N, depths, pipelines,
         (True, False), (False, True),
     ):
+        if bn not in POWER_OF_TWO_BLOCK_N and not wgmma:
+            continue
         if wgmma:  # each warp: 16 rows, every column (tvm_dsm.rules.wgmma)
             warps_m, warps_n = bm // TILE, 1
         elif bm > 128:  # two warpgroups of rows: wgmma only
