@@ -189,8 +189,8 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
         # L2 feeds each busy SM at most SM_HEADROOM times its share of the aggregate rate: idle
         # SMs leave the rest unused (gated layers of few, large tiles ran up to 1.9x over the
         # model without the cap; with the share alone, 1.3x under it on S3-S7's gated layers).
-        "l2": traffic["l2"] / (hw.l2_bw * TILE_L2_SPEEDUP * stream * min(1.0, SM_HEADROOM * busy_sms / hw.sm_count))
-        * tail,
+        "l2": traffic["l2"] / (hw.l2_bw * TILE_L2_SPEEDUP * stream
+                               * min(1.0, SM_HEADROOM * busy_sms / hw.sm_count)) * tail,
         "dsm": traffic["dsm"] / (hw.dsm_bw(s) * DSM_REDUCE_EFFICIENCY) if s > 1 else 0.0,
         "mma": flops / ((WGMMA_PEAK * 2 / elem if c.wgmma else MMA_SYNC_PEAK)
                         * min(1.0, busy_sms / hw.sm_count)) * tail,
@@ -239,13 +239,14 @@ def candidate_configs(shape: GemmShape, quantized: bool = False,
     return _candidates(shape, quantized, pipelines) or _candidates(shape, quantized, (1,))
 
 
-#: Output tile widths. The power-of-two widths serve every main loop; 192 only warpgroup
-#: MMAs (any multiple of 8 columns up to 256): where N is a multiple of 192 but 128-wide tiles
-#: make more than a wave and 256-wide ones strand SMs, it fills them. At M = 1024 on the H100,
-#: 128 CTAs of 128x192 tiles against 96 of 128x256: G4a 14.8 -> 12.0 us, S8a 33.2 -> 27.4,
-#: S1b 89.1 -> 77.9 (cuBLAS 79.2), S6b 51.0 -> 45.1 (bench/results/gemm_n192.json).
-POWER_OF_TWO_BLOCK_N = (64, 128, 256)
+#: Output tile widths of the space. 192 is for warpgroup MMAs only (any multiple of 8 columns
+#: up to 256; the mma.sync paths were built and checked on powers of two): where N is a
+#: multiple of 192 but 128-wide tiles make more than a wave and 256-wide ones strand SMs, it
+#: fills them. At M = 1024 on the H100, 128 CTAs of 128x192 tiles against 96 of 128x256: G4a
+#: 14.8 -> 12.0 us, S8a 33.2 -> 27.4, S1b 89.1 -> 77.9 (cuBLAS 79.2), S6b 51.0 -> 45.1
+#: (bench/results/gemm_n192.json).
 BLOCK_N = (64, 128, 192, 256)
+WGMMA_ONLY_BLOCK_N = (192,)
 
 
 def _candidates(shape: GemmShape, quantized: bool, pipelines: tuple[int, ...]) -> list[SplitKGemmConfig]:
@@ -258,7 +259,7 @@ def _candidates(shape: GemmShape, quantized: bool, pipelines: tuple[int, ...]) -
         (1, 2, 4, 8, 16), (16, 32, 64, 128, 256), BLOCK_N, depths, pipelines,
         (True, False), (False, True),
     ):
-        if bn not in POWER_OF_TWO_BLOCK_N and not wgmma:
+        if bn in WGMMA_ONLY_BLOCK_N and not wgmma:
             continue
         if wgmma:  # each warp: 16 rows, every column (tvm_dsm.rules.wgmma)
             warps_m, warps_n = bm // TILE, 1
