@@ -128,3 +128,19 @@ def test_planner_picks_wgmma_where_a_warpgroup_tile_fits():
 ])
 def test_gpu_matches_float64(m, n, k, config):
     assert dense_relu_error_on_gpu(m, n, k, config) < 2e-3
+
+
+def test_every_planned_width_is_registered_at_import():
+    """A fresh process replaying a database trace (tvm_dsm.build) has scheduled nothing: the
+    intrinsic of every width and in-flight count the planner may pick must exist on import."""
+    import subprocess
+    import sys
+
+    from tvm_dsm.planners.split_k_gemm import BLOCK_N
+
+    names = [f"tvm_dsm_wgmma_m64n{n}k64_f16{g}" for n in BLOCK_N for g in ("", "_g2")]
+    check = ("import sys, tvm_dsm.rules.wgmma; from tvm.s_tir import TensorIntrin; "
+             "missing = [n for n in sys.argv[1:] if TensorIntrin.get(n, allow_missing=True) is None]; "
+             "sys.exit(f'not registered: {missing}' if missing else 0)")
+    proc = subprocess.run([sys.executable, "-c", check, *names], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -36,6 +36,7 @@ from ..rules.split_k_gemm import (
     find_gemm,
     shared_k_loop,
 )
+from ..rules.wgmma import TILE_WIDTHS
 from .report import Plan
 
 #: Dense fp16 mma.sync throughput of an H100 SXM (FLOP/s). fp8 m16n8k32 doubles it on paper,
@@ -244,8 +245,9 @@ def candidate_configs(shape: GemmShape, quantized: bool = False,
 #: multiple of 192 but 128-wide tiles make more than a wave and 256-wide ones strand SMs, it
 #: fills them. At M = 1024 on the H100, 128 CTAs of 128x192 tiles against 96 of 128x256: G4a
 #: 14.8 -> 12.0 us, S8a 33.2 -> 27.4, S1b 89.1 -> 77.9 (cuBLAS 79.2), S6b 51.0 -> 45.1
-#: (bench/results/gemm_n192.json).
-BLOCK_N = (64, 128, 192, 256)
+#: (bench/results/gemm_n192.json). The wgmma intrinsics of every width are registered at
+#: import (database replay), so the widths are defined there.
+BLOCK_N = TILE_WIDTHS
 WGMMA_ONLY_BLOCK_N = (192,)
 
 

@@ -216,10 +216,11 @@ def _desc_impl(name: str, n: int, depth: int, dtype: str, in_flight: int):
     return desc, impl
 
 
-#: The widths the planner's configurations use (tvm_dsm.planners.split_k_gemm), registered at
+#: The tile widths the split-K planner gives warpgroup MMAs (its ``BLOCK_N``), registered at
 #: import: a MetaSchedule database's traces name the intrinsic, and a fresh process replaying
 #: them (tvm_dsm.build) has scheduled nothing that would register it.
+TILE_WIDTHS = (64, 128, 192, 256)
 with frozen_frames_skipped():
-    for _n, _dtype, _in_flight in ((n, dtype, g) for n in (64, 128, 256) for dtype in _PTX_TYPE
+    for _n, _dtype, _in_flight in ((n, dtype, g) for n in TILE_WIDTHS for dtype in _PTX_TYPE
                                    for g in (1, 2)):
         wgmma_intrin(_n, _SWIZZLE_ROW_BYTES // (_K_STEP_BYTES // k_per_step(_dtype)), _dtype, _in_flight)
