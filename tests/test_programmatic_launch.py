@@ -99,25 +99,24 @@ def test_a_kernel_that_is_the_whole_function_waits_too():
     assert all(PDL_LAUNCH_TAG in p for p in _launch_params(sch.mod).values())
 
 
-def test_a_dependent_kernel_prefetches_only_what_no_earlier_kernel_touches(monkeypatch):
-    """The gated chain's three kernels (gate, up, down), with the prefetch budget lifted: the up
-    kernel warms its weight Wu but not A (the gate kernel read A: a parameter an earlier kernel
-    names may be that kernel's output), the down kernel W2 but not H; the first kernel none."""
+def test_a_dependent_kernel_prefetches_only_its_parameters(monkeypatch):
+    """The gated chain's two kernels, with the prefetch budget lifted: the down kernel warms its
+    weight W2 but not H (written by the kernel before it); the first kernel warms nothing."""
     from tvm_dsm.transform import tma_pipeline
     from tvm_dsm.workloads.chains import swiglu_ffn
 
     monkeypatch.setattr(tma_pipeline, "PREFETCH_WINDOW_S", 1.0)
     gemm = SplitKGemmConfig(2, 64, 64, 64, 2, 2, 3, tma=True)
-    sch = schedule_unfused_chain(swiglu_ffn(128, 768, 512, 256), UnfusedChainConfig(gemm, SECOND, gate=gemm))
+    sch = schedule_unfused_chain(swiglu_ffn(128, 768, 512, 256), UnfusedChainConfig(gemm, SECOND))
     bodies = list(kernels(cuda_source(sch.mod)).values())
-    assert len(bodies) == 3
+    assert len(bodies) == 2
     warmed = [re.findall(r"prefetch_tensor_2d_L2_global_tile\(\(\(void\*\)\(\(unsigned long long\)\(&\((\w+)\)",
                          body.split(WAIT)[0]) for body in bodies]
-    assert warmed == [[], ["Wu_tensormap"], ["W2_tensormap"]]
+    assert warmed == [[], ["W2_tensormap"]]
     assert all("prefetch" not in body.split(WAIT)[1] for body in bodies)
-    # The same parameters' first pipeline steps land in shared memory before the wait too (A's
-    # and H's after it, with the rest of the pipeline).
-    assert [_copied(body.split(WAIT)[0]) for body in bodies] == [set(), {"Wu_tensormap"}, {"W2_tensormap"}]
+    # The same parameter's first pipeline steps land in shared memory before the wait too (H's
+    # after it, with the rest of the pipeline).
+    assert [_copied(body.split(WAIT)[0]) for body in bodies] == [set(), {"W2_tensormap"}]
 
 
 def _copied(code: str) -> set[str]:
@@ -173,7 +172,7 @@ def test_a_grid_that_would_crowd_the_previous_kernels_idle_sms_is_launched_after
     assert crowded(gated, wide, hw) and not crowded(gated, narrow, hw)
     small = predict(GemmShape(128, 1024, 11008, True), _wgmma(4, 128, 128, 4), hw)  # 32 CTAs
     assert not crowded(gated, small, hw)
-    late, early = combine(shape, [gated, wide], hw), combine(shape, [gated, narrow], hw)
+    late, early = combine(shape, gated, wide, hw), combine(shape, gated, narrow, hw)
     assert not late.config.programmatic_launch and early.config.programmatic_launch
     # Each kernel's prediction holds its own launch: launched late, the chain is their sum.
     assert late.predicted_us == pytest.approx(gated.predicted_us + wide.predicted_us)

@@ -3,7 +3,6 @@ memory, the ranking against fused plans, the database round trip, errors."""
 
 from __future__ import annotations
 
-import re
 
 import pytest
 import tvm
@@ -77,7 +76,6 @@ def test_each_kernel_of_a_planned_swiglu_uses_the_shared_memory_the_planner_coun
     stayed two allocations: S3 at M = 64 took 76,832 B where 67,632 were planned, two CTAs per
     SM where three were, and ran 121 us instead of 109."""
     from tvm_dsm.gpu.suites import SWIGLUS
-    from tvm_dsm.rules.split_k_gemm import epilogue_in_shared_bytes
     from tvm_dsm.rules.unfused_chain import gemm_shapes
 
     seen = _shared_memory_per_kernel(monkeypatch)
@@ -85,12 +83,8 @@ def test_each_kernel_of_a_planned_swiglu_uses_the_shared_memory_the_planner_coun
     config = tvm_dsm.plan(func).best.config
     assert isinstance(config, UnfusedChainConfig)
     cuda_source(schedule_unfused_chain(func, config).mod)
-    first, _ = gemm_shapes(find_chain(s_tir.Schedule(func))[1], config.gate is not None)
-    if config.gate is None:  # both products in one kernel, then the second GEMM
-        planned = [config.gemm0.shared_bytes(first.dtype, first.products), config.gemm1.shared_bytes()]
-    else:  # the gate, the up kernel (its epilogue reads the sums from shared memory), GEMM1
-        planned = [config.gate.shared_bytes(), epilogue_in_shared_bytes(first, config.gemm0),
-                   config.gemm1.shared_bytes()]
+    first, _ = gemm_shapes(find_chain(s_tir.Schedule(func))[1])
+    planned = [config.gemm0.shared_bytes(first.dtype, first.products), config.gemm1.shared_bytes()]
     assert len(seen) == len(planned)
     assert all(used <= estimate + 16 for used, estimate in zip(seen, planned)), (seen, planned)
 
@@ -122,19 +116,6 @@ def test_unfused_chain_is_two_split_k_kernels_with_h_through_global_memory(gated
     assemble(source, f"unfused_chain_{gated}")
 
 
-def test_gate_apart_is_three_kernels_with_the_gate_sums_in_fp32(assemble):
-    func = swiglu_ffn(128, 1024, 768, 256)
-    source = cuda_source(schedule_unfused_chain(func, UnfusedChainConfig(SECOND, SECOND, GATED)).mod)
-    gate, up, second = _kernels(source)
-    assert "Wg_tensormap" in gate and "Wu" not in gate
-    assert re.search(r"float4?\* __restrict__ G_ptr", gate)  # the gate's sums in fp32
-    assert "Wu_tensormap" in up and "G_ptr" in up and "H_ptr" in up and "expf" in up
-    assert "CUtensorMap H_tensormap" in second
-    assemble(source, "unfused_chain_gate_apart")
-    with pytest.raises(ClusterError, match="separate gate kernel needs a gated chain"):
-        schedule_unfused_chain(gemm_chain(128, 1024, 768, 256), UnfusedChainConfig(SECOND, SECOND, GATED))
-
-
 def test_family_ranks_fused_and_unfused_plans_by_one_model():
     """Large intermediates at M = 128 (G5, S3) plan unfused (measured: our two GEMMs took 131 vs
     687 us fused on G5); a small chain (G2, N = 256) keeps fusion, which the model predicts
@@ -154,9 +135,8 @@ def test_family_ranks_fused_and_unfused_plans_by_one_model():
         keys = [chain_rank_key(p) for p in ranking.plans]
         assert keys == sorted(keys)
     ranking = tvm_dsm.plan(swiglu_ffn(128, 11008, 4096, 4096))
-    assert {p.config.gate is None for p in ranking.plans if isinstance(p, UnfusedChainPlan)} == {True, False}
     text = "\n".join(p.explain() for p in ranking.plans[:40] if isinstance(p, UnfusedChainPlan))
-    assert "unfused SwiGLU" in text and "2 gated products" in text and "3 kernels" in text
+    assert "unfused SwiGLU" in text and "2 gated products" in text and "2 kernels" in text
 
 
 def test_unfused_plan_adds_its_gemms_level_by_level():
@@ -175,7 +155,7 @@ def test_unfused_plan_adds_its_gemms_level_by_level():
 
 @pytest.mark.parametrize(("func", "config"), [
     (gemm_chain(128, 3072, 768, 768), UnfusedChainConfig(GATED, SECOND)),
-    (swiglu_ffn(128, 1024, 768, 256), UnfusedChainConfig(SECOND, SECOND, GATED)),
+    (swiglu_ffn(128, 1024, 768, 256), UnfusedChainConfig(GATED, SECOND)),
 ])
 def test_unfused_trace_replays_from_the_database(tmp_path, func, config):
     """MetaSchedule's own query_schedule replays with s_tir's checks on, which this trace
@@ -225,11 +205,8 @@ def test_one_fragment_of_rows_plans_and_assembles(assemble):
 @pytest.mark.parametrize("gated", [False, True])
 @pytest.mark.parametrize("configs", [(GATED, SECOND),
                                      (SplitKGemmConfig(1, 128, 64, 64, 2, 2, 4),
-                                      SplitKGemmConfig(2, 64, 64, 64, 2, 2, 3)),
-                                     (SECOND, SECOND, GATED)])
+                                      SplitKGemmConfig(2, 64, 64, 64, 2, 2, 3))])
 def test_gpu_unfused_chain_matches_float64(gated, configs):
-    if len(configs) == 3 and not gated:
-        pytest.skip("a separate gate kernel needs a gated chain")
     m, n, k, l = 128, 1024, 768, 256
     func = swiglu_ffn(m, n, k, l) if gated else gemm_chain(m, n, k, l, "relu")
     assert chain_error_on_gpu(func, schedule_unfused_chain(func, UnfusedChainConfig(*configs)).mod) < 2e-3

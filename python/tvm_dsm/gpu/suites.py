@@ -626,18 +626,16 @@ def _chain_variant(label: str, shape, func, args, plan, rank, hw, pick: bool = F
 def _unfused_chain_variant(label: str, shape, func, args, plan, rank: int, pick: bool) -> Variant:
     """The chain as two split-K GEMM kernels (``_unfused_`` in the name); ``rank``: the plan's
     place among the unfused plans."""
-    first, second, gate = plan.config.gemm0, plan.config.gemm1, plan.config.gate
+    first, second = plan.config.gemm0, plan.config.gemm1
     m, n, k, l = shape.m, shape.n, shape.k, shape.l
-    apart = "" if gate is None else f"gate_{_gemm_tag(gate)}_up_"
     return Variant(
-        name=f"{label}_m{m}_unfused_{apart}{_gemm_tag(first)}_then_{_gemm_tag(second)}",
+        name=f"{label}_m{m}_unfused_{_gemm_tag(first)}_then_{_gemm_tag(second)}",
         workload="swiglu" if shape.gated else "gemm_chain_relu",
         mod=schedule_unfused_chain(func, plan.config).mod,
         args=args,
         bytes=_nbytes(args),
         flops=2 * m * n * (k * len(shape.gemm0) + l),
-        plan={"gemm0": vars(first), "gemm1": vars(second), "gate": gate and vars(gate),
-              "unfused": True, "unfused_rank": rank,
+        plan={"gemm0": vars(first), "gemm1": vars(second), "unfused": True, "unfused_rank": rank,
               "plan_rank": None, "smem_only": False, "predicted_us": plan.predicted_us,
               "pick": pick},
         extra={"shape": label, "m": m, "n": n, "k": k, "l": l},
@@ -647,8 +645,7 @@ def _unfused_chain_variant(label: str, shape, func, args, plan, rank: int, pick:
 def _chain_variants(label: str, m: int, sample: int, hw) -> list[Variant]:
     """The planner's top 3 fused plans for one chain at batch ``m`` plus ``sample`` random valid
     fused configs, the best planned SMEM-only fusion (one-CTA clusters: ``_smem`` in the name)
-    where one fits, and the top 2 unfused plans (split-K GEMMs; for a gated chain also the best
-    of the other gate form). ``plan["pick"]`` marks the chain family's choice among all of them
+    where one fits, and the top 2 unfused plans (split-K GEMMs). ``plan["pick"]`` marks the chain family's choice among all of them
     (:func:`tvm_dsm.plan`)."""
     func, shape, args = _chain_workload(label, m)
     try:
@@ -661,8 +658,7 @@ def _chain_variants(label: str, m: int, sample: int, hw) -> list[Variant]:
     # apart from the SMEM-only ones, which the family ranks too).
     plans = [p for p in ranking if not isinstance(p.config, UnfusedChainConfig) and p.config.cluster_size > 1]
     ranked = [p for p in ranking if isinstance(p.config, UnfusedChainConfig)]
-    forms = {p.config.gate is None for p in ranked[:2]}
-    unfused = ranked[:2] + [p for p in ranked if (p.config.gate is None) not in forms][:1]
+    unfused = ranked[:2]
     picked = {rank: plans[rank] for rank in range(min(3, len(plans)))}
     rng = random.Random(label)
     for rank in rng.sample(range(len(plans)), min(sample, len(plans))):

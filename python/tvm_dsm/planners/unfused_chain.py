@@ -1,9 +1,9 @@
 """Plan a GEMM chain as split-K GEMM kernels (:mod:`tvm_dsm.rules.unfused_chain`).
 
-The kernels run one after the other and share nothing but ``H`` (and a separate gate's sums),
-so the chain's prediction is the sum of the GEMMs' (:func:`tvm_dsm.planners.split_k_gemm.predict`:
-``H``'s write is GEMM0's output bytes, its read GEMM1's input bytes), and the best combination is
-the combination of bests.
+The kernels run one after the other and share nothing but ``H``, so the chain's prediction is
+the sum of the GEMMs' (:func:`tvm_dsm.planners.split_k_gemm.predict`: ``H``'s write is GEMM0's
+output bytes, its read GEMM1's input bytes), and the best combination is the combination of
+bests.
 """
 
 from __future__ import annotations
@@ -11,15 +11,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..errors import ClusterError
 from ..hardware import Hardware
 from ..rules.fused_chain import ChainShape
-from ..rules.unfused_chain import UnfusedChainConfig, check_unfused_config, gemm_shapes
+from ..rules.unfused_chain import UnfusedChainConfig, gemm_shapes
 from .report import Plan
 from .split_k_gemm import GemmPlan, plan_split_k_gemm
 
-#: Configurations of each GEMM combined into the ranking (TOP x TOP pairs; a separate gate takes
-#: the up kernel's best configuration: the two products have one shape).
+#: Configurations of each GEMM combined into the ranking (TOP x TOP pairs).
 TOP = 4
 #: Launched programmatically, a kernel's CTAs are placed while the previous kernel runs: on
 #: the SMs it leaves idle, and beside its CTAs where shared memory allows. Where those places
@@ -43,8 +41,7 @@ LATE_LAUNCH_S = 2.0e-6
 
 @dataclass(frozen=True)
 class UnfusedChainPlan(Plan):
-    """Two or three split-K GEMM plans (a gated chain's gate apart: gate, up, GEMM1), bytes and
-    time added level by level."""
+    """Two split-K GEMM plans, bytes and time added level by level."""
 
     config: UnfusedChainConfig
     shape: ChainShape
@@ -53,38 +50,31 @@ class UnfusedChainPlan(Plan):
     def summary(self) -> str:
         s = self.shape
         kind = "SwiGLU" if s.gated else "GEMM chain"
-        names = (["gate (fp32 sums to global memory)", "up, silu(gate) * up"]
-                 if self.config.gate is not None else ["GEMM0"]) + ["GEMM1"]
-        kernels = "".join(f"\n  {name}: {p.summary()}" for name, p in zip(names, self.gemms))
+        kernels = "".join(f"\n  {name}: {p.summary()}" for name, p in zip(("GEMM0", "GEMM1"), self.gemms))
         launch = ("each launched while the previous one runs" if self.config.programmatic_launch
                   else "each launched after the previous one (GEMM1's CTAs would crowd GEMM0's idle SMs)")
         return (f"unfused {kind} {s.m}x{s.k} -> {s.n} -> {s.l}: {len(self.gemms)} kernels, {launch}, "
                 f"H ({s.m}x{s.n} fp16) through global memory{kernels}")
 
 
-def combine(shape: ChainShape, plans: list[GemmPlan], hw: Hardware) -> UnfusedChainPlan:
-    """The chain's plan from its kernels' plans (``[gate, up, GEMM1]`` or ``[GEMM0, GEMM1]``):
-    a separate gate also moves its fp32 sums through HBM (written, then read by the up kernel;
-    the GEMM plans count an fp16 output)."""
-    round_trip = shape.m * shape.n * (4 - 2 + 4) if len(plans) == 3 else 0
+def combine(shape: ChainShape, first: GemmPlan, second: GemmPlan, hw: Hardware) -> UnfusedChainPlan:
+    """The chain's plan from its two kernels' plans."""
+    plans = (first, second)
     levels = dict.fromkeys(lv for p in plans for lv in p.seconds)
     nbytes = {lv: sum(p.bytes.get(lv, 0) for p in plans)
               for lv in levels if any(lv in p.bytes for p in plans)}
     seconds = {lv: sum(p.seconds.get(lv, 0.0) for p in plans) for lv in levels}
-    nbytes["hbm"] += round_trip
-    seconds["hbm"] += round_trip / hw.hbm_bw
     # Launched programmatically (GEMM1's launch hidden behind GEMM0) unless GEMM1's grid would
     # be crowded for longer than a launch
-    crowding = CROWDING * plans[-1].predicted_us * 1e-6 if crowded(plans[-2], plans[-1], hw) else 0.0
+    crowding = CROWDING * second.predicted_us * 1e-6 if crowded(first, second, hw) else 0.0
     programmatic = crowding < LATE_LAUNCH_S
     launch = min(crowding, LATE_LAUNCH_S) - LATE_LAUNCH_S  # the cheaper launch vs two kernels alone
     seconds["latency"] = seconds.get("latency", 0.0) + launch
-    *gate, first, second = (p.config for p in plans)
     return UnfusedChainPlan(
         bytes=nbytes, seconds=seconds,
-        predicted_us=sum(p.predicted_us for p in plans) + round_trip / hw.hbm_bw * 1e6 + launch * 1e6,
-        config=UnfusedChainConfig(first, second, gate[0] if gate else None, programmatic),
-        shape=shape, gemms=tuple(plans),
+        predicted_us=first.predicted_us + second.predicted_us + launch * 1e6,
+        config=UnfusedChainConfig(first.config, second.config, programmatic),
+        shape=shape, gemms=plans,
     )
 
 
@@ -98,23 +88,8 @@ def crowded(first: GemmPlan, second: GemmPlan, hw: Hardware) -> bool:
 
 
 def plan_unfused_chain(shape: ChainShape, hw: Hardware) -> list[UnfusedChainPlan]:
-    """The combinations of each kernel's ``TOP`` configurations (a gated chain: both products
-    in one kernel, and apart), best predicted first (ClusterError, from the GEMM planner, if a
-    GEMM has no valid configuration)."""
+    """The combinations of each kernel's ``TOP`` configurations, best predicted first
+    (ClusterError, from the GEMM planner, if a GEMM has no valid configuration)."""
     first, second = (plan_split_k_gemm(s, hw)[:TOP] for s in gemm_shapes(shape))
-    plans = [combine(shape, [a, b], hw) for a in first for b in second]
-    if shape.gated:
-        single = plan_split_k_gemm(gemm_shapes(shape, gate_apart=True)[0], hw)
-        gate = single[0]
-        ups = [u for u in single
-               if _fits(shape, UnfusedChainConfig(u.config, second[0].config, gate.config))]
-        plans += [combine(shape, [gate, up, b], hw) for up in ups[:TOP] for b in second]
-    return sorted(plans, key=lambda p: p.predicted_us)
-
-
-def _fits(shape: ChainShape, config: UnfusedChainConfig) -> bool:
-    try:
-        check_unfused_config(shape, config)
-    except ClusterError:
-        return False
-    return True
+    return sorted((combine(shape, a, b, hw) for a in first for b in second),
+                  key=lambda p: p.predicted_us)
