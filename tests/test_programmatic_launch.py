@@ -99,24 +99,39 @@ def test_a_kernel_that_is_the_whole_function_waits_too():
     assert all(PDL_LAUNCH_TAG in p for p in _launch_params(sch.mod).values())
 
 
-def test_a_dependent_kernel_prefetches_only_its_parameters(monkeypatch):
-    """The gated chain's two kernels, with the prefetch budget lifted: the down kernel warms its
-    weight W2 but not H (written by the kernel before it); the first kernel warms nothing."""
+def _warmed_and_copied_early(func) -> tuple[list, list]:
+    """Per kernel of ``func``'s unfused chain: the tensor maps it prefetches into L2, and those
+    whose first tiles it copies, before it waits for the previous grid."""
+    gemm = SplitKGemmConfig(2, 64, 64, 64, 2, 2, 3, tma=True)
+    sch = schedule_unfused_chain(func, UnfusedChainConfig(gemm, SECOND))
+    before = [body.split(WAIT)[0] for body in kernels(cuda_source(sch.mod)).values()]
+    assert len(before) == 2
+    warmed = [re.findall(r"prefetch_tensor_2d_L2_global_tile\(\(\(void\*\)\(\(unsigned long long\)\(&\((\w+)\)", b)
+              for b in before]
+    return warmed, [_copied(b) for b in before]
+
+
+def test_a_dependent_kernel_prefetches_only_what_no_earlier_kernel_touches(monkeypatch):
+    """With the prefetch budget lifted, the down kernel of a gated chain warms its weight W2 and
+    copies its first tiles before the wait, but not H's (written by the kernel before it); the
+    first kernel warms nothing. A parameter an earlier kernel names may be that kernel's output,
+    so a chain whose GEMMs share one weight W leaves it to after the wait."""
+    from tvm import te
+
     from tvm_dsm.transform import tma_pipeline
     from tvm_dsm.workloads.chains import swiglu_ffn
 
     monkeypatch.setattr(tma_pipeline, "PREFETCH_WINDOW_S", 1.0)
-    gemm = SplitKGemmConfig(2, 64, 64, 64, 2, 2, 3, tma=True)
-    sch = schedule_unfused_chain(swiglu_ffn(128, 768, 512, 256), UnfusedChainConfig(gemm, SECOND))
-    bodies = list(kernels(cuda_source(sch.mod)).values())
-    assert len(bodies) == 2
-    warmed = [re.findall(r"prefetch_tensor_2d_L2_global_tile\(\(\(void\*\)\(\(unsigned long long\)\(&\((\w+)\)",
-                         body.split(WAIT)[0]) for body in bodies]
-    assert warmed == [[], ["W2_tensormap"]]
-    assert all("prefetch" not in body.split(WAIT)[1] for body in bodies)
-    # The same parameter's first pipeline steps land in shared memory before the wait too (H's
-    # after it, with the rest of the pipeline).
-    assert [_copied(body.split(WAIT)[0]) for body in bodies] == [set(), {"W2_tensormap"}]
+    assert _warmed_and_copied_early(swiglu_ffn(128, 768, 512, 256)) == ([[], ["W2_tensormap"]],
+                                                                        [set(), {"W2_tensormap"}])
+    a = te.placeholder((128, 1024), "float16", name="A")
+    w = te.placeholder((1024, 1024), "float16", name="W")
+    k0, k1 = te.reduce_axis((0, 1024)), te.reduce_axis((0, 1024))
+    c = te.compute((128, 1024), lambda i, j: te.sum(a[i, k0].astype("float32") * w[j, k0].astype("float32"), axis=k0))
+    h = te.compute((128, 1024), lambda i, j: te.max(c[i, j], 0.0).astype("float16"), name="H")
+    e = te.compute((128, 1024), lambda i, j: te.sum(h[i, k1].astype("float32") * w[j, k1].astype("float32"), axis=k1))
+    out = te.compute((128, 1024), lambda i, j: e[i, j].astype("float16"))
+    assert _warmed_and_copied_early(te.create_prim_func([a, w, out])) == ([[], []], [set(), set()])
 
 
 def _copied(code: str) -> set[str]:

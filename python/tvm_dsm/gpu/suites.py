@@ -645,8 +645,8 @@ def _unfused_chain_variant(label: str, shape, func, args, plan, rank: int, pick:
 def _chain_variants(label: str, m: int, sample: int, hw) -> list[Variant]:
     """The planner's top 3 fused plans for one chain at batch ``m`` plus ``sample`` random valid
     fused configs, the best planned SMEM-only fusion (one-CTA clusters: ``_smem`` in the name)
-    where one fits, and the top 2 unfused plans (split-K GEMMs). ``plan["pick"]`` marks the chain family's choice among all of them
-    (:func:`tvm_dsm.plan`)."""
+    where one fits, and the top 2 unfused plans (split-K GEMMs). ``plan["pick"]`` marks the
+    chain family's choice among all of them (:func:`tvm_dsm.plan`)."""
     func, shape, args = _chain_workload(label, m)
     try:
         ranking = plan_function(func, hw).plans  # fused and unfused, the family's order
