@@ -99,11 +99,9 @@ class SplitKGemmConfig:
         later = self.pipeline_bytes(dtype) + (products - 1) * tile
         return max(later + (products - 1) * self._barrier_bytes, products * tile)
 
-    def pipeline_bytes(self, dtype: str = "float16", products: int = 1) -> int:
-        """The operand tiles of every stage (X's and ``products`` W tiles) and, for TMA, the
-        stages' mbarriers."""
-        operands = self._slots(dtype, self.block_m) + products * self._slots(dtype, self.block_n)
-        return operands + self._barrier_bytes
+    def pipeline_bytes(self, dtype: str = "float16") -> int:
+        """The operand tiles of every stage (X's and W's) and, for TMA, the stages' mbarriers."""
+        return self._slots(dtype, self.block_m) + self._slots(dtype, self.block_n) + self._barrier_bytes
 
     def _slots(self, dtype: str, rows: int) -> int:
         """One operand's tiles of every stage: padded rows for cp.async; unpadded (swizzled)
@@ -285,17 +283,11 @@ def check_tma(shape: GemmShape, config: SplitKGemmConfig) -> None:
         raise ClusterError(f"TMA copies at most {TMA_MAX_BOX} rows per tile")
 
 
-def epilogue_in_shared_bytes(shape: GemmShape, config: SplitKGemmConfig) -> int:
-    """Shared memory per CTA of a kernel whose epilogue has thread loops of its own
-    (``apply_split_k_gemm(..., in_registers=False)``, for one that reads what another kernel
-    computes): it reads the fp32 sums from shared memory beside the pipeline."""
-    return config.shared_bytes(shape.dtype, shape.products) + config.block_m * config.block_n * 4
-
-
 def check_epilogue_in_shared(shape: GemmShape, config: SplitKGemmConfig, kernel: str) -> None:
-    """ClusterError if ``kernel``, whose epilogue reads the sums from shared memory, would need
-    more than a CTA has (:func:`epilogue_in_shared_bytes`)."""
-    needed = epilogue_in_shared_bytes(shape, config)
+    """An epilogue with thread loops of its own (``apply_split_k_gemm(..., in_registers=False)``,
+    for one that reads what another kernel computes) reads the fp32 sums from shared memory
+    beside the pipeline; ClusterError if ``kernel`` would need more than a CTA has."""
+    needed = config.shared_bytes(shape.dtype, shape.products) + config.block_m * config.block_n * 4
     if needed > MAX_SMEM_PER_CTA:
         raise ClusterError(f"{kernel} needs {needed} B of shared memory per CTA (pipeline and the "
                            f"sums its epilogue reads), more than {MAX_SMEM_PER_CTA} B")
