@@ -379,8 +379,7 @@ _SWEEP = [(128, 128, 64, 2, 4, 3), (128, 64, 64, 2, 2, 4), (64, 128, 64, 2, 4, 4
 def _gemm_tag(c: SplitKGemmConfig) -> str:
     """A split-K GEMM configuration in a kernel name."""
     return (f"c{c.cluster_size}_{c.block_m}x{c.block_n}x{c.block_k}_s{c.stages}"
-            + ("_tma" if c.tma else "") + ("_wg" if c.wgmma else "")
-            + (f"_mc{c.multicast}" if c.multicast > 1 else ""))
+            + ("_tma" if c.tma else "") + ("_wg" if c.wgmma else ""))
 
 
 def _gemm_variant(label: str, m: int, n: int, k: int, config, plan_rank: int | None,
@@ -524,32 +523,6 @@ def gemm_large_m() -> list[Variant]:
                     continue
                 chosen.setdefault(config, None)
                 break
-        variants += [_gemm_variant(label, m, n, k, config, rank, predict(shape, config, hw).predicted_us)
-                     for config, rank in chosen.items()]
-    return variants
-
-
-def gemm_multicast() -> list[Variant]:
-    """W tiles multicast over clusters of 2 and 4 CTAs along M (TMA_MULTICAST_KEY) against the
-    same wgmma kernels without, on the layers where large-M GEMMs trail cuBLAS (M = 256, 1024)
-    and the one-wave 1024 x 4096 x 4096 of gemm_main_loop_probe.json; the planner's pick too."""
-    hw = load_hardware()
-    variants = []
-    cases = [(label, m, *GEMM_SHAPES[label]) for m in (256, 1024) for label in ("G8a", "G8b", "S3b", "G4b")]
-    cases += [("S3a", 1024, *GEMM_SHAPES["S3a"]), ("sq4096", 1024, 4096, 4096)]
-    for label, m, n, k in cases:
-        shape = GemmShape(m, n, k, True)
-        pick = plan_split_k_gemm(shape, hw)[0]
-        chosen = {pick.config: 0}
-        for (bm, bn, stages), mc in itertools.product(
-                ((128, 256, 4), (128, 128, 4), (128, 128, 6)), (1, 2, 4)):
-            config = SplitKGemmConfig(1, bm, bn, 64, bm // 16, 1, stages, tma=True, wgmma=True,
-                                      multicast=mc)
-            try:
-                check_config(shape, config)
-            except ClusterError:
-                continue
-            chosen.setdefault(config, None)
         variants += [_gemm_variant(label, m, n, k, config, rank, predict(shape, config, hw).predicted_us)
                      for config, rank in chosen.items()]
     return variants
@@ -1057,5 +1030,5 @@ SUITES = {
     "gemm_wgmma": gemm_wgmma, "programmatic_launch": programmatic_launch, "decode_pdl": decode_pdl,
     "decode_picks": decode_picks, "cascades_rows": cascades_rows, "chains_pdl": chains_pdl,
     "gemm_stages": gemm_stages, "gemm_depths": gemm_depths, "fp8_depths": fp8_depths,
-    "gemm_large_m": gemm_large_m, "gemm_multicast": gemm_multicast,
+    "gemm_large_m": gemm_large_m,
 }

@@ -31,8 +31,7 @@ from ..transform.programmatic_launch import launch_programmatically
 from ..transform.tma_pipeline import MAX_BOX as TMA_MAX_BOX
 from ..transform.tma_pipeline import ROW_BYTES as TMA_ROW_BYTES
 from ..transform.tma_pipeline import SLOT_ALIGN as TMA_SLOT_ALIGN
-from ..transform.tma_pipeline import MULTICAST_CLUSTERS as TMA_MULTICAST_CLUSTERS
-from ..transform.tma_pipeline import TMA_MULTICAST_KEY, TMA_STAGES_KEY
+from ..transform.tma_pipeline import TMA_STAGES_KEY
 from ..schedule import bind_cluster_nest, bind_rank, check_cluster_size
 from ..schedule.collectives import ROTATE_PEERS_KEY
 from .tensor_core import (
@@ -70,10 +69,6 @@ class SplitKGemmConfig:
     #: the whole block_n, both operands read from TMA's swizzled tiles (warps_m = block_m / 16,
     #: warps_n = 1)
     wgmma: bool = False
-    #: CTAs of one column of tiles (consecutive along M) launched as a cluster that loads each
-    #: W tile once, each CTA a part of its rows, multicast by TMA to all (1: none; needs
-    #: cluster_size 1, tma): the main loop's L2 stream shrinks by a third at 128x256 tiles
-    multicast: int = 1
     #: launch with programmatic dependent launch (tvm_dsm.transform.programmatic_launch): the
     #: planner sets it where the grid runs in one wave. Not part of the point's identity.
     programmatic_launch: bool = field(default=False, compare=False)
@@ -116,10 +111,8 @@ class SplitKGemmConfig:
 
     @property
     def _barrier_bytes(self) -> int:
-        """A TMA main loop's mbarriers: 8 bytes per stage, in 16-byte units; a multicast loop
-        has a second set (its slots' release by every CTA of the cluster)."""
-        sets = 2 if self.multicast > 1 else 1
-        return sets * -(-8 * self.stages // 16) * 16 if self.tma else 0
+        """A TMA main loop's mbarriers: 8 bytes per stage, in 16-byte units."""
+        return -(-8 * self.stages // 16) * 16 if self.tma else 0
 
 
 def reused_shared_bytes(freed: list[int], allocated: list[int]) -> int:
@@ -257,8 +250,6 @@ def check_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
         check_tma(shape, c)
     if c.wgmma:
         check_wgmma(shape, c)
-    if c.multicast > 1:
-        check_multicast(shape, c)
     needed = c.shared_bytes(shape.dtype, shape.products)
     if needed > MAX_SMEM_PER_CTA:
         raise ClusterError(f"{needed} B of shared memory per CTA exceeds the {MAX_SMEM_PER_CTA} B "
@@ -290,22 +281,6 @@ def check_tma(shape: GemmShape, config: SplitKGemmConfig) -> None:
         raise ClusterError("TMA operand tiles need W stored [n, k] (K-contiguous rows)")
     if max(config.block_m, config.block_n) > TMA_MAX_BOX:
         raise ClusterError(f"TMA copies at most {TMA_MAX_BOX} rows per tile")
-
-
-def check_multicast(shape: GemmShape, config: SplitKGemmConfig) -> None:
-    """Multicast W: the cluster's CTAs are consecutive tiles of one column of tiles (the grid's
-    raster order walks a column of tiles in groups of ``raster_group``), each loading a part
-    of the W tile by TMA, and none splits K."""
-    c = config
-    tiles_m = shape.m // c.block_m
-    if not c.tma or c.cluster_size != 1:
-        raise ClusterError(f"multicast {c.multicast}: W tiles multicast by TMA to CTAs that do not "
-                           f"split K (tma=True, cluster_size 1), got tma={c.tma}, "
-                           f"cluster_size {c.cluster_size}")
-    if c.multicast not in TMA_MULTICAST_CLUSTERS or raster_group(tiles_m) % c.multicast:
-        raise ClusterError(f"multicast {c.multicast}: clusters of {TMA_MULTICAST_CLUSTERS} "
-                           f"consecutive tiles of a column; {tiles_m} rows of tiles walk "
-                           f"groups of {raster_group(tiles_m)}")
 
 
 def check_epilogue_in_shared(shape: GemmShape, config: SplitKGemmConfig, kernel: str) -> None:
@@ -502,8 +477,6 @@ def split_k_main_loops(sch: s_tir.Schedule, partials: list[tuple], shape: GemmSh
         if c.tma:  # tiles stages-1 steps ahead by TMA (tvm_dsm.transform.tma_pipeline)
             if first:
                 sch.annotate(k_step, TMA_STAGES_KEY, c.stages)
-                if c.multicast > 1:
-                    sch.annotate(k_step, TMA_MULTICAST_KEY, c.multicast)
             continue
         if c.stages == 1:  # one K step: copy, synchronize, multiply
             continue

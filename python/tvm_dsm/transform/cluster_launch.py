@@ -14,10 +14,9 @@ from tvm import tirx
 from tvm.ir import Range
 
 from ..errors import ClusterError
-from ..ir import find_all, replace_node
+from ..ir import find_all
 from ..schedule.cluster import RANK_TAG
 from .lower_cluster import CLUSTER_LAUNCH_KEY, MAX_STATIC_SMEM, shared_bytes
-from .tma_pipeline import MULTICAST_LAUNCH_KEY
 
 #: Hopper: 227 KB of shared memory per CTA (opt-in).
 MAX_SMEM_PER_CTA = 227 * 1024
@@ -39,37 +38,18 @@ def check_shared_memory(body, cluster_size: int) -> None:
 
 
 def attach_cluster_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """Replace each cluster marker with the ``clusterCtaIdx.x`` launch dimension. A kernel
-    whose TMA pipeline multicasts (tvm_dsm.transform.tma_pipeline) launches clusters of the
-    multicast's size; its CTAs must not also split work over a cluster of their own."""
+    """Replace each cluster marker with the ``clusterCtaIdx.x`` launch dimension."""
     def is_marker(attr) -> bool:
         return attr.attr_key == CLUSTER_LAUNCH_KEY
 
-    def is_multicast(attr) -> bool:
-        return attr.attr_key == MULTICAST_LAUNCH_KEY
-
     # Checked outside the map callback (exceptions do not cross FFI), on the whole kernel:
     # StorageRewrite hoists shared allocations to the outermost thread_extent, above the marker.
-    body = func.body
-    for kernel in _kernels(func.body):
+    for kernel in find_all(func.body, tirx.AttrStmt, lambda a: a.attr_key == "thread_extent"):
         markers = find_all(kernel.body, tirx.AttrStmt, is_marker)
-        sizes = {int(m.value) for m in find_all(kernel.body, tirx.AttrStmt, is_multicast)}
-        if len(sizes) > 1 or (sizes and markers and int(markers[0].value) != 1):
-            raise ClusterError(f"one kernel multicasts over clusters of {sorted(sizes)} and splits "
-                               f"work over clusters of {[int(m.value) for m in markers]}")
-        if sizes:  # the multicast sets the kernel's cluster (one marker, at its top)
-            size = sizes.pop()
-            launch = markers[0].body if markers else kernel.body
-            marker = tirx.AttrStmt(tvm.ir.StringImm("cluster"), CLUSTER_LAUNCH_KEY, size, launch)
-            body = replace_node(body, markers[0], marker) if markers else replace_node(
-                body, kernel, tirx.AttrStmt(kernel.node, kernel.attr_key, kernel.value, marker))
-            markers = [marker]
         if markers:
             check_shared_memory(kernel.body, int(markers[0].value))
 
     def on_attr(attr):
-        if is_multicast(attr):
-            return attr.body
         if not is_marker(attr):
             return attr
         size = int(attr.value)
@@ -77,15 +57,7 @@ def attach_cluster_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
         node = tirx.IterVar(Range(0, size), rank, tirx.IterVar.ThreadIndex, RANK_TAG)
         return tirx.AttrStmt(node, "thread_extent", size, attr.body)
 
-    return func.with_body(tvm_ffi.structural_map(body, [(tirx.AttrStmt, on_attr)]))
-
-
-def _kernels(body) -> list:
-    """The outermost ``blockIdx`` launch attributes of ``body``: one per kernel."""
-    grids = find_all(body, tirx.AttrStmt, lambda a: a.attr_key == "thread_extent"
-                     and str(a.node.thread_tag).startswith("blockIdx"))
-    return [g for g in grids if not any(o is not g and find_all(o.body, tirx.AttrStmt, g.same_as)
-                                        for o in grids)]
+    return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.AttrStmt, on_attr)]))
 
 
 @tirx.transform.prim_func_pass(opt_level=0, name="tvm_dsm.AttachClusterLaunch")

@@ -28,18 +28,6 @@ issuing thread waiting for every warp's release of the slot): 70-72 vs 84-86 us 
 64x128 tiles, 50-51 vs 59.5 on S3b's (``bench/results/gemm_tma_release_ab.json``): the issuing
 warp then waits for the slowest warp and the refill starts later.
 
-Multicast (``TMA_MULTICAST_KEY = n``): ``n`` consecutive CTAs, launched as one cluster, read
-the same tile of an operand (a GEMM's W tile, for CTAs along M of one column of tiles). Each CTA
-copies ``1/n`` of its rows and TMA multicasts them into every CTA's slot, so the cluster
-streams the tile from L2 once instead of ``n`` times: on the H100 the main loop of a one-wave
-1024 x 4096 x 4096 GEMM is bound by that stream (bench/results/gemm_main_loop_probe.json: W
-copied every other step, 51 -> 45 us, cuBLAS's time). A slot is then refilled only when every
-CTA of the cluster is done with it: besides the per-step CTA barrier, the issuing thread
-arrives on an "empty" mbarrier of the slot in every CTA of the cluster and waits for its own
-to collect all ``n`` arrivals (a remote arrive, not a cluster barrier per step, which cost
-attention more than it saved: bench/results/attention_multicast_ab.json). The pass checks,
-for every cluster of the grid, that the tiles it multicasts have one origin.
-
 The tiles land 128-byte swizzled (16-byte chunk c of row r at chunk ``c ^ (r % 8)``), so
 ldmatrix reads them without bank conflicts and without padding; the pass rewrites every
 ldmatrix of a copied tile to the swizzled slot, and points warpgroup MMAs
@@ -77,12 +65,6 @@ from .programmatic_launch import EARLY_COPY_KEY, L2_PREFETCH_KEY, PROGRAMMATIC_L
 #: Loop annotation (set by the schedule): stream the marked copies of this loop's body with TMA
 #: through this many shared-memory slots.
 TMA_STAGES_KEY = "tvm_dsm.tma_stages"
-#: Loop annotation (set by the schedule): this many consecutive CTAs form a cluster that
-#: multicasts the tiles they all read (see the module docstring).
-TMA_MULTICAST_KEY = "tvm_dsm.tma_multicast"
-#: Kernel marker the pass leaves for tvm_dsm.transform.cluster_launch: launch clusters of this
-#: many CTAs (blockIdx.x stays the CTA index; the rank is blockIdx.x % size).
-MULTICAST_LAUNCH_KEY = "tvm_dsm.multicast_launch"
 #: Block annotation (set by the schedule): a shared-memory tile copy to issue as a TMA copy.
 TMA_COPY_KEY = "tvm_dsm.tma_copy"
 #: A kernel launched programmatically after another may warm L2 with all its tiles of a
@@ -102,10 +84,7 @@ ROW_BYTES = 128  # CU_TENSOR_MAP_SWIZZLE_128B: rows of 128 bytes, 16-byte chunks
 _SWIZZLE_128B = 3
 _L2_PROMOTION_256B = 3
 SLOT_ALIGN = 1024  # the swizzle pattern repeats every 8 rows of 128 bytes
-SWIZZLE_ROWS = SLOT_ALIGN // ROW_BYTES
 MAX_BOX = 256
-MULTICAST_CLUSTERS = (2, 4)
-RELEASE_SLACK = 1
 
 
 def _items(stmt) -> list:
@@ -172,10 +151,9 @@ class TileCopy:
     def bytes(self) -> int:
         return self.rows * self.cols * self.elem_bytes
 
-    def encode(self, tensor_map: tirx.Var, parts: int = 1) -> tirx.Stmt:
-        """Host statement encoding this copy's tensor map (CUDA's innermost-first order), in
-        boxes of ``1/parts`` of the tile's rows."""
-        return encode_tensor_map(tensor_map, self.source, self.rows // parts, self.cols, self.row_axis)
+    def encode(self, tensor_map: tirx.Var) -> tirx.Stmt:
+        """Host statement encoding this copy's tensor map (CUDA's innermost-first order)."""
+        return encode_tensor_map(tensor_map, self.source, self.rows, self.cols, self.row_axis)
 
     def coordinates(self, loop_var: tirx.Var, step) -> list:
         """The tile's origin at K step ``step``, innermost axis first."""
@@ -247,43 +225,6 @@ class _TmaLoop:
         # barrier s completes when slot s has received its tiles' bytes
         self.barriers = tirx.decl_buffer((self.stages,), "uint64", "tma_mbarrier",
                                          scope="shared.dyn", data_alignment=8)
-        #: Multicast: CTAs per cluster, the copies they share, this CTA's rank, and per slot an
-        #: mbarrier completing when every CTA of the cluster is done reading it.
-        self.cluster = int(loop.annotations.get(TMA_MULTICAST_KEY, 1))
-        self.shared: list[TileCopy] = []
-        self.rank = tirx.const(0, "int32")
-        self.empty = tirx.decl_buffer((self.stages,), "uint64", "tma_empty_mbarrier",
-                                      scope="shared.dyn", data_alignment=8)
-        self.peer = tirx.decl_buffer((1,), "uint32", "tma_peer_mbarrier", scope="local")
-
-    def plan_multicast(self, block: tirx.For, ranks: list, analyzer: Analyzer) -> None:
-        """Find the copies every CTA of a cluster of ``self.cluster`` consecutive CTAs of the
-        grid ``block`` (the kernel's blockIdx loop) reads at one origin; ClusterError if the
-        kernel cannot multicast (``ranks``: its cluster rank loops, which must be of one CTA)."""
-        n, ctas = self.cluster, int(block.extent)
-        if n == 1:
-            return
-        if n not in MULTICAST_CLUSTERS or ctas % n or any(int(r.extent) != 1 for r in ranks):
-            raise ClusterError(f"TMA multicast over {n} CTAs: needs clusters of {MULTICAST_CLUSTERS} "
-                               f"dividing the {ctas} CTAs of a kernel that splits no work over "
-                               "a cluster")
-        self.rank = tirx.floormod(block.loop_var, n)
-        var = block.loop_var
-
-        def one_origin(copy: TileCopy) -> bool:
-            at = [[analyzer.simplify(substitute(o, [(var, tirx.const(cta, var.ty))]))
-                   for o in copy.origin] for cta in range(ctas)]
-            return all(analyzer.can_prove_equal(a, b) for first in range(0, ctas, n)
-                       for member in at[first + 1:first + n] for a, b in zip(at[first], member))
-
-        self.shared = [c for c in self.copies if one_origin(c)]
-        if not self.shared:
-            raise ClusterError(f"TMA multicast: no tile is read at one origin by every cluster "
-                               f"of {n} consecutive CTAs")
-        for copy in self.shared:
-            if copy.rows % (n * SWIZZLE_ROWS):
-                raise ClusterError(f"TMA multicast of {copy.name}: {copy.rows} rows do not split "
-                                   f"into {n} parts of whole {SWIZZLE_ROWS}-row swizzle atoms")
 
     def plan_prefetch(self, params: list, ctas: int, budget: float) -> None:
         """Let the copies from ``params`` prefetch all their tiles into L2 when, over the
@@ -300,7 +241,7 @@ class _TmaLoop:
         stmts = []
         for copy, tensor_map in zip(self.copies, self.maps):
             stmts.append(tirx.Bind(tensor_map, T.tvm_stack_alloca("tensormap", 1)))
-            stmts.append(copy.encode(tensor_map, self.cluster if copy in self.shared else 1))
+            stmts.append(copy.encode(tensor_map))
         return stmts
 
     # -- device -----------------------------------------------------------------------------
@@ -313,8 +254,8 @@ class _TmaLoop:
         base = T.cuda.cvta_generic_to_shared(buffer.access_ptr("r"))
         return base + tirx.Cast("uint32", offset_bytes)
 
-    def _barrier(self, slot, barriers=None):
-        return self._address(self.barriers if barriers is None else barriers, slot * 8)
+    def _barrier(self, slot):
+        return self._address(self.barriers, slot * 8)
 
     def _aligned(self, slots):
         """Shared address of the first 1024-byte boundary in ``slots``: slot 0."""
@@ -340,45 +281,12 @@ class _TmaLoop:
         return self.maps[self.copies.index(copy)]
 
     def _copy(self, copy: TileCopy, step) -> tirx.Stmt:
-        """The TMA copy of ``copy``'s tile at K step ``step``; a shared copy: this CTA's part
-        of its rows, multicast to the same place in every CTA of the cluster."""
         slot = tirx.floormod(step, self.stages)
         dst = self._aligned(self.slots.get(copy.tile)) + tirx.Cast("uint32", slot * copy.bytes)
-        coords = copy.coordinates(self.loop.loop_var, step)
-        op = f"cp.async.bulk.tensor.{copy.rank}d.shared::cluster.global.mbarrier::complete_tx::bytes"
-        mask = []
-        if copy in self.shared:
-            rows = copy.rows // self.cluster * self.rank
-            dst = dst + tirx.Cast("uint32", rows * ROW_BYTES)
-            at = copy.rank - 1 - copy.row_axis
-            coords[at] = coords[at] + rows
-            op, mask = op + ".multicast::cluster", [T.uint16((1 << self.cluster) - 1)]
-        return tirx.Evaluate(T.ptx[op](dst, T.address_of(self._map(copy)), *coords,
-                                       self._barrier(slot), *mask))
-
-    def _release(self, done, n: int) -> list:
-        """Multicast: every CTA of the cluster writes a slot, so each is told when this CTA is
-        done with one: here step ``done``'s slot (the CTA barrier that starts the step saw every
-        warp's reads of it), where a later step refills it."""
-        if self.cluster == 1:
-            return []
-        mine = self._barrier(tirx.floormod(done, self.stages), self.empty)
-        arrive = [stmt for rank in range(self.cluster) for stmt in (
-            tirx.Evaluate(T.ptx.mapa.shared__cluster.u32(self.peer[0], mine, T.uint32(rank))),
-            # .release.cta (the default), as CUTLASS's cluster barrier arrives: .release.cluster
-            # made each step 0.5 us slower on the H100 (bench/results/gemm_multicast_probe.json)
-            tirx.Evaluate(T.ptx.mbarrier.arrive.shared__cluster.b64(self.peer[0])))]
-        return [tirx.IfThenElse(tirx.And(tirx.And(self.leader, done >= 0), done + self.stages < n),
-                                _seq(arrive), None)]
-
-    def _await_release(self, step) -> list:
-        """Multicast: before refilling ``step``'s slot, wait until every CTA of the cluster is
-        done with what it held (nothing to wait for on a slot's first fill)."""
-        if self.cluster == 1:
-            return []
-        last = step - self.stages
-        return [tirx.IfThenElse(last >= 0, tirx.Evaluate(T.cuda.mbarrier_wait(
-            self._barrier(tirx.floormod(step, self.stages), self.empty), _parity(last, self.stages))), None)]
+        return tirx.Evaluate(T.ptx[
+            f"cp.async.bulk.tensor.{copy.rank}d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        ](dst, T.address_of(self._map(copy)), *copy.coordinates(self.loop.loop_var, step),
+          self._barrier(slot)))
 
     def _prologue(self, lookahead: int) -> list:
         """One thread's loads of the first ``lookahead`` steps. In a dependent kernel, the
@@ -469,63 +377,41 @@ class _TmaLoop:
         # A step's warpgroup MMAs may still read its slot during the next step (they return
         # with their group in flight): refill a slot two steps after it was read, not one.
         deferred = bool(find_all(inner, tvm.ir.Call, is_wgmma_call))
-        done = 2 if deferred else 1  # a step begins done with the slot read this many steps ago
-        # Multicast: a slot is refilled RELEASE_SLACK steps after the cluster was told it is
-        # free, so the peers' word has arrived by then and the issuing thread rarely waits.
-        lookahead = stages - done - (RELEASE_SLACK if self.cluster > 1 else 0)
+        lookahead = stages - 2 if deferred else stages - 1
         if int(loop.min) != 0 or n < lookahead or lookahead < 1:
             raise ClusterError(f"TMA pipeline: {n} steps cannot fill {lookahead} stages ahead")
         inner = self._read_slot(inner, slot)
         ahead = k + lookahead
+        parity = lambda step: tirx.floormod(tirx.floordiv(step, stages), 2)  # noqa: E731
         body = _seq([
             tirx.Evaluate(T.tvm_storage_sync("shared")),
-            *self._release(k - done, n),
-            tirx.IfThenElse(tirx.And(self.leader, ahead < n),
-                            _seq([*self._await_release(ahead), self._issue(ahead)]), None),
-            tirx.Evaluate(T.cuda.mbarrier_wait(self._barrier(slot), _parity(k, stages))),
+            tirx.IfThenElse(tirx.And(self.leader, ahead < n), self._issue(ahead), None),
+            tirx.Evaluate(T.cuda.mbarrier_wait(self._barrier(slot), parity(k))),
             SBlockRealize([], True, inner),
         ])
         new_loop = tirx.For(k, loop.min, loop.extent, loop.kind, body, loop.thread_binding,
                             {key: v for key, v in loop.annotations.items() if key != TMA_STAGES_KEY})
         s = tirx.Var("tma_stage", "int32")
-        # Multicast: each slot's empty barrier takes one arrival per CTA of the cluster, and
-        # every CTA's barriers are initialised before any peer copies or arrives on them; no
-        # CTA leaves (or reuses the memory) while a peer may still do so.
-        barriers = [(self.barriers, 1)] + ([(self.empty, self.cluster)] if self.cluster > 1 else [])
-        sync = tirx.Evaluate(T.cuda.cluster_sync() if self.cluster > 1 else T.tvm_storage_sync("shared"))
         stmts = [
             *self._prefetch(),
             tirx.IfThenElse(self.leader, _seq([
-                *(tirx.For(s, 0, stages, tirx.ForKind.SERIAL, tirx.Evaluate(
-                    T.ptx.mbarrier.init.shared__cta.b64(self._barrier(s, b), count)))
-                  for b, count in barriers),
+                tirx.For(s, 0, stages, tirx.ForKind.SERIAL, tirx.Evaluate(
+                    T.ptx.mbarrier.init.shared__cta.b64(self._barrier(s), 1))),
                 tirx.Evaluate(T.ptx.fence.mbarrier_init.release.cluster()),
             ]), None),
-            sync,
+            tirx.Evaluate(T.tvm_storage_sync("shared")),
             *self._prologue(lookahead),
             new_loop,
             *([tirx.Evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))] if deferred else []),
             # Invalidate before the memory is reused (by the merge, or a re-run of the loop):
             # PTX leaves re-initialising a live mbarrier undefined.
-            sync,
-            *(tirx.IfThenElse(self.leader, tirx.For(s, 0, stages, tirx.ForKind.SERIAL, tirx.Evaluate(
-                T.ptx.mbarrier.inval.shared__cta.b64(self._barrier(s, b)))), None)
-              for b, _ in barriers),
+            tirx.Evaluate(T.tvm_storage_sync("shared")),
+            tirx.IfThenElse(self.leader, tirx.For(s, 0, stages, tirx.ForKind.SERIAL, tirx.Evaluate(
+                T.ptx.mbarrier.inval.shared__cta.b64(self._barrier(s)))), None),
         ]
-        buffers = [*self.slots.values(), *(b for b, _ in barriers)]
-        body = _seq(stmts)
-        if self.cluster > 1:
-            buffers.append(self.peer)
-            body = tirx.AttrStmt(tvm.ir.StringImm("cluster"), MULTICAST_LAUNCH_KEY, self.cluster, body)
-        wrapper = SBlock([], self.block.reads, self.block.writes, "tma_pipeline", body,
-                         alloc_buffers=buffers)
+        wrapper = SBlock([], self.block.reads, self.block.writes, "tma_pipeline", _seq(stmts),
+                         alloc_buffers=[*self.slots.values(), self.barriers])
         return SBlockRealize([], True, wrapper)
-
-
-def _parity(step, stages: int):
-    """Phase parity of a slot's barrier for K step ``step``: the slot's ``step // stages``-th
-    fill (or release)."""
-    return tirx.floormod(tirx.floordiv(step, stages), 2)
 
 
 def is_wgmma_call(call) -> bool:
@@ -603,11 +489,6 @@ def LowerTmaPipeline(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx) -> tirx.Prim
     budget = load_hardware().hbm_bw * PREFETCH_WINDOW_S if dependent else 0.0
     for loop in loops:
         lowering = _TmaLoop(loop, _threads(func.body, loop), sources, analyzer)
-        grid = _enclosing(func.body, loop, "blockIdx")
-        if lowering.cluster > 1 and len(grid) != 1:
-            raise ClusterError("TMA multicast: the kernel must bind one blockIdx loop")
-        if grid:
-            lowering.plan_multicast(grid[0], _enclosing(func.body, loop, "clusterCtaIdx"), analyzer)
         if any(_encloses(k, loop) for k in dependent):
             lowering.plan_prefetch(list(func.params), _ctas(func.body, loop), budget)
         body = replace_node(body, loop, lowering.lower())
