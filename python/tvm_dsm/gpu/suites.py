@@ -20,7 +20,7 @@ from ..rules.split_k_gemm import GemmShape, SplitKGemmConfig, check_config, sche
 from ..workloads.dense import dense, gated_dense, quantized_dense, scaled_dense
 from ..rules.quantized_gemm import schedule_quantize_then_gemm, schedule_quantized_gemm
 from ..errors import ClusterError
-from ..planners.cascade_split import plan_cascade_split
+from ..planners.cascade_split import plan_cascade_split, schedule_cascade
 from ..planners.fused_chain import plan_chain, schedule_chain
 from ..rules.unfused_chain import UnfusedChainConfig, schedule_unfused_chain
 from ..planners.gemm_row_max import plan_gemm_row_max, row_max_shape
@@ -33,6 +33,7 @@ from ..workloads import gemv, row_sum
 from ..rules.attention import CONFIGS as ATTENTION_CONFIGS
 from ..rules.attention import default_config, find_attention, fuse_attention
 from ..rules.fused_rows import schedule_fused_rows
+from ..rules import softmax_gemm as softmax_gemm_rule
 from ..transform.cascaded_reductions import fuse_cascaded_reductions
 from ..transform.programmatic_launch import launch_programmatically
 from ..workloads import cascades as cascade_workloads
@@ -261,12 +262,16 @@ def _cascade_variants(name: str, size: tuple, parts: tuple, rows: tuple) -> list
     plan = plan_cascade_split(func)
     planned = (plan.parts, plan.vector, plan.ranks, plan.rows_per_cta)
     splits += [] if planned in splits else [planned]
-    return [_cascade_variant(name, size, func, split, split == planned) for split in splits]
+    _, chosen = schedule_cascade(func)
+    tiled = isinstance(chosen, softmax_gemm_rule.SoftmaxGemmConfig)  # the pick is softmax·V's own kernel
+    return ([_cascade_variant(name, size, func, split, split == planned, not tiled) for split in splits]
+            + ([_softmax_gemm_variant(func, size, chosen, True)] if tiled else []))
 
 
-def _cascade_variant(name: str, size: tuple, func, split: tuple, planned: bool) -> Variant:
+def _cascade_variant(name: str, size: tuple, func, split: tuple, planned: bool, pick: bool = True) -> Variant:
     """``func`` (the ``name`` workload of ``size``) fused with ``split`` = (parts, vector, ranks,
-    rows per CTA) and scheduled."""
+    rows per CTA) and scheduled; ``planned``: the cascade planner's split (``_plan``), the
+    suite's pick unless ``pick`` is False (softmax·V picks its tiled kernel)."""
     parts, vector, ranks, rows = split
     fused, reports = fuse_cascaded_reductions(func, parts=parts, vector=vector, ranks=ranks, shuffle=True,
                                               rows_per_cta=rows)
@@ -281,7 +286,7 @@ def _cascade_variant(name: str, size: tuple, func, split: tuple, planned: bool) 
         args=args,
         bytes=_nbytes(args),
         flops=0,
-        plan={"parts": parts, "vector": vector, "ranks": ranks, "rows_per_cta": rows, "planner": planned,
+        plan={"parts": parts, "vector": vector, "ranks": ranks, "rows_per_cta": rows, "planner": planned and pick,
               "levels": [r.levels for r in reports]},
         reference_kwargs={"k": size[2]} if name == "moe_routing" else {},
     )
@@ -1022,6 +1027,53 @@ def conv_chains() -> list[Variant]:
     return variants
 
 
+#: softmax·V shapes (rows, keys, columns): the cascades suite's two, a decode-like one with few
+#: rows and long keys, and a 128-column one.
+SOFTMAX_GEMM_SHAPES = [(2048, 512, 64), (512, 4096, 64), (64, 8192, 64), (4096, 1024, 128),
+                       (2048, 512, 64, "float16")]
+
+
+def softmax_gemm() -> list[Variant]:
+    """softmax·V as one tiled kernel (tvm_dsm.rules.softmax_gemm) in every configuration of a
+    small grid that fits each shape (64-256 threads, 64-1024 CTAs); ``planner`` marks
+    default_config's. Beside them, the generic fused rows (FuseCascadedReductions with the
+    cascade planner's split) that ran softmax·V before."""
+    variants = []
+    for size in SOFTMAX_GEMM_SHAPES:
+        variants += _cascade_variants("softmax_pv", size, (), (1,))
+        func = cascade_workloads.softmax_pv(*size)
+        shape = softmax_gemm_rule.find_softmax_gemm(func).shape
+        pick = softmax_gemm_rule.default_config(shape)
+        for bm, bk, bj, tm, ranks, tn in itertools.product((16, 32), (32, 64), (32, 64), (2, 4),
+                                                            (1, 2, 4, 8, 16), (4, 8)):
+            config = softmax_gemm_rule.SoftmaxGemmConfig(bm, bk, bj, tm, ranks, tn)
+            try:
+                softmax_gemm_rule.check_config(shape, config)
+            except ClusterError:
+                continue
+            ctas = size[0] // bm * (size[2] // bj) * ranks
+            if 64 <= config.threads <= 256 and 64 <= ctas <= 1024 and config != pick:
+                variants.append(_softmax_gemm_variant(func, size, config, False))
+    return variants
+
+
+def _softmax_gemm_variant(func, size: tuple, config, planner: bool) -> Variant:
+    """softmax_pv of ``size`` as the tiled kernel in ``config`` (``planner``: default_config's)."""
+    c = config
+    args = _args(func, _CASCADE_OUTPUTS["softmax_pv"])
+    return Variant(
+        name=f"softmax_pv_{'x'.join(map(str, size))}_m{c.block_m}k{c.block_k}j{c.block_j}"
+        f"t{c.rows_per_thread}x{c.columns_per_thread}" + (f"_c{c.ranks}" if c.ranks > 1 else "")
+        + ("_plan" if planner else ""),
+        workload="cascade_softmax_pv",
+        mod=softmax_gemm_rule.fuse_softmax_gemm(func, config),
+        args=args,
+        bytes=_nbytes(args),
+        flops=2 * size[0] * size[1] * size[2],
+        plan={**dataclasses.asdict(config), "planner": planner},
+    )
+
+
 SUITES = {
     "split_k": split_k, "collectives": collectives, "cascades": cascades, "gemm": gemm,
     "attention": attention, "chains": chains, "conv_chains": conv_chains, "chains_m": chains_m,
@@ -1030,5 +1082,5 @@ SUITES = {
     "gemm_wgmma": gemm_wgmma, "programmatic_launch": programmatic_launch, "decode_pdl": decode_pdl,
     "decode_picks": decode_picks, "cascades_rows": cascades_rows, "chains_pdl": chains_pdl,
     "gemm_stages": gemm_stages, "gemm_depths": gemm_depths, "fp8_depths": fp8_depths,
-    "gemm_large_m": gemm_large_m,
+    "gemm_large_m": gemm_large_m, "softmax_gemm": softmax_gemm,
 }

@@ -37,6 +37,7 @@ from ..fusion.cascade import element_producers, find_cascades, inline_elementwis
 from ..hardware import Hardware, load_hardware
 from ..ir import loads
 from ..rules.fused_rows import schedule_fused_rows
+from ..rules.softmax_gemm import SoftmaxGemmConfig, default_config, find_softmax_gemm, softmax_gemm_kernel
 from ..transform.cascaded_reductions import fuse_cascaded_reductions
 
 #: Loaded / unloaded HBM latency under full-bandwidth streaming, for rows in one CTA and rows
@@ -188,11 +189,19 @@ def _schedule(func: tirx.PrimFunc, split: CascadeSplit) -> s_tir.Schedule:
     return schedule_fused_rows(fused)
 
 
-def schedule_cascade(func: tirx.PrimFunc, hw: Hardware | None = None,
-                     split: CascadeSplit | None = None) -> tuple[s_tir.Schedule, CascadeSplit]:
-    """Fuse ``func``'s cascade (FuseCascadedReductions) with the planned split and schedule it
-    for the GPU; ClusterError with the pass's reason if it does not fuse."""
+def schedule_cascade(func: tirx.PrimFunc, hw: Hardware | None = None, split: CascadeSplit | None = None
+                     ) -> tuple[s_tir.Schedule, CascadeSplit | SoftmaxGemmConfig]:
+    """Fuse ``func``'s cascade and schedule it for the GPU; ClusterError with the pass's reason
+    if it does not fuse. softmax·V (a max, a sum and a sum of products with a matrix) becomes
+    the tiled kernel of :mod:`tvm_dsm.rules.softmax_gemm` unless ``split`` asks for fused rows
+    or its tiles do not fit; every other cascade, FuseCascadedReductions with the planned split."""
     if split is None:
+        try:
+            found = find_softmax_gemm(func)
+            config = default_config(found.shape, hw)
+            return s_tir.Schedule(tvm.IRModule({"main": softmax_gemm_kernel(found, config)})), config
+        except ClusterError:
+            pass  # not softmax·V, or no tile fits it: the fused rows take any shape
         split, sch = _plan(func, hw)
         if sch is not None:  # built while planning
             return sch, split

@@ -54,15 +54,18 @@ def rmsnorm_gemv(m: int, k: int) -> tirx.PrimFunc:
     return te.create_prim_func([x, w, ss, y])
 
 
-def softmax_pv(m: int, k: int, j: int) -> tirx.PrimFunc:
-    """Row max, exp-sum and exp-weighted sum of V (unnormalized attention output)."""
-    x = te.placeholder((m, k), name="x")
-    v = te.placeholder((k, j), name="v")
-    mx = _row_max(x, m, k)
+def softmax_pv(m: int, k: int, j: int, dtype: str = "float32") -> tirx.PrimFunc:
+    """Row max, exp-sum and exp-weighted sum of V (unnormalized attention output), in fp32 from
+    X and V of ``dtype``."""
+    x = te.placeholder((m, k), dtype, name="x")
+    v = te.placeholder((k, j), dtype, name="v")
+    xf = x if dtype == "float32" else te.compute((m, k), lambda i, t: x[i, t].astype("float32"), name="xf")
+    vf = v if dtype == "float32" else te.compute((k, j), lambda t, c: v[t, c].astype("float32"), name="vf")
+    mx = _row_max(xf, m, k)
     r = te.reduce_axis((0, k), "lk")
-    l = te.compute((m,), lambda i: te.sum(te.exp(x[i, r] - mx[i]), axis=r), name="l")
+    l = te.compute((m,), lambda i: te.sum(te.exp(xf[i, r] - mx[i]), axis=r), name="l")
     r2 = te.reduce_axis((0, k), "ok")
-    o = te.compute((m, j), lambda i, c: te.sum(te.exp(x[i, r2] - mx[i]) * v[r2, c], axis=r2), name="o")
+    o = te.compute((m, j), lambda i, c: te.sum(te.exp(xf[i, r2] - mx[i]) * vf[r2, c], axis=r2), name="o")
     return te.create_prim_func([x, v, mx, l, o])
 
 

@@ -1,0 +1,450 @@
+"""softmax(X)·V as one kernel: RedFuser's incremental form over key tiles on CUDA cores, the
+keys split over a cluster whose partial states merge through DSM.
+
+The user writes the cascade unfused (:func:`tvm_dsm.workloads.cascades.softmax_pv`: a row max
+of X [M, K], a sum of ``F(x, max)``, and a sum of ``F(x, max) * V[k, c]``). :func:`find_softmax_gemm`
+proves it with :mod:`tvm_dsm.fusion.cascade` (both sums rescaled by one correction, ``exp(m_old -
+m_new)`` for softmax) and takes ``F`` from the function, so any element function the prover
+accepts runs, not only ``exp``. :func:`softmax_gemm_kernel` writes the loop, each CTA owning
+``block_m`` rows and ``block_j`` columns of the output and 1/``ranks`` of the keys:
+
+    x_t  = X[rows, keys of tile t]         each thread one 16-byte load of one row, into registers
+    m'   = max(m, rowmax(x_t))             per row: the thread's keys, then a shuffle over the row's lanes
+    P_t  = F(x_t, m')                      into shared memory, key-major
+    O    = O * fix(m, m') + P_t V_t        each thread a few rows x 4 or 8 columns, V_t from shared
+    l    = l * fix(m, m') + rowsum(P_t)
+
+Why this shape and not the generic fused rows (:mod:`tvm_dsm.rules.fused_rows`, one row per CTA
+with parts of the keys on threads): there every thread keeps its own copy of the row's J output
+sums and reads V from L2 once per row, so the products run at ~0.05x of torch
+(``bench/results/cascades.json``: 2048x512x64 in 286-304 us against cuBLAS's 16). Here a V tile
+in shared memory serves ``block_m`` rows and each thread's outputs are a small outer product, the
+SGEMM register tiling. The math is fp32 (inputs of fp16 are widened on load): V·P on tensor cores
+would round P to fp16 or tf32, outside the fp32 standard the other cascades meet.
+
+With ``ranks`` > 1 the CTAs of a cluster take consecutive slices of the keys for the same rows
+(the grid needs them when the rows alone give too few CTAs) and leave their (m, l, O) in shared
+memory; after a cluster barrier rank q merges rows q/ranks of the block from every rank's slice
+through DSM by the same rule, ``y = sum_r y_r * fix(m_r, max_r m_r)``, and writes them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import sympy
+import tvm
+import tvm_ffi
+from tvm import tirx
+from tvm.s_tir import SBlock
+from tvm.script import tirx as T
+
+from ..errors import ClusterError
+from ..hardware import Hardware, load_hardware
+from ..fusion.cascade import LoadSymbols, analyze
+from ..fusion.symbolic import ToSympy, ToTIR
+from ..ir import loads, with_block_body
+from ..schedule.cluster import MAX_CLUSTER_SIZE
+from ..transform.lower_cluster import CLUSTER_LAUNCH_KEY
+
+_NEG = -3.0e38  # the max's identity: finite, so fix(identity, m) is 0 or 1, never inf - inf
+_LOAD_BYTES = 16
+_PIECE = 4  # V and O move in float4 pieces
+_INPUT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class SoftmaxGemmShape:
+    rows: int  # M
+    keys: int  # K, the reduced axis
+    columns: int  # J, V's second axis
+    x_dtype: str
+    v_dtype: str
+
+
+@dataclass(frozen=True)
+class SoftmaxGemmConfig:
+    """``block_m`` rows x ``block_j`` columns per CTA, ``block_k`` keys per step, each thread
+    ``rows_per_thread`` x ``columns_per_thread`` outputs (4 or 8: one float4 piece, or two
+    ``block_j / 2`` apart so that a warp's V reads stay conflict-free); ``ranks`` CTAs of a
+    cluster split the keys."""
+
+    block_m: int = 16
+    block_k: int = 32
+    block_j: int = 64
+    rows_per_thread: int = 2
+    ranks: int = 1
+    columns_per_thread: int = 4
+
+    @property
+    def threads(self) -> int:
+        return self.block_m // self.rows_per_thread * (self.block_j // self.columns_per_thread)
+
+    def explain(self) -> str:
+        split = (f", the keys split over a cluster of {self.ranks} CTAs (partials merged through DSM)"
+                 if self.ranks > 1 else "")
+        return (f"softmax·V tiled: {self.block_m} rows x {self.block_j} columns per CTA, {self.block_k} "
+                f"keys a step, {self.threads} threads of {self.rows_per_thread} x "
+                f"{self.columns_per_thread} outputs{split}")
+
+
+@dataclass(frozen=True)
+class SoftmaxGemm:
+    """What the kernel takes from the function: the shape, the element function F(x, m) and the
+    correction fix(m_old, m_new) as SymPy over ``x``/``m`` and ``y0_old``/``y0_new``, which
+    level results are parameters (written: max, sum, product), and the function's parameters
+    in order, each as its role's index in (X, V, max, sum, product)."""
+
+    shape: SoftmaxGemmShape
+    element: sympy.Expr
+    correction: sympy.Expr
+    written: tuple[bool, bool, bool]
+    order: tuple[int, ...]
+
+
+def find_softmax_gemm(func: tirx.PrimFunc) -> SoftmaxGemm:
+    """The cascade of ``func`` as the kernel takes it; ClusterError saying what does not match."""
+    groups = analyze(func)
+    if len(groups) != 1:
+        raise ClusterError(f"softmax·V is one cascade (max, sum, sum of products); found {len(groups)}")
+    group, report = groups[0]
+    if not report.fusible:
+        raise ClusterError(f"the cascade does not fuse: {report.reason}")
+    if report.approximate:
+        raise ClusterError("the cascade rounds inside (a cast to a narrower float): the kernel computes "
+                           "in fp32 and would not match it")
+    ops = [(lvl.op, lvl.form, len(lvl.spatial)) for lvl in group]
+    sums = {(("max", "plain", 1), ("sum", "rescale", 1), ("sum", "rescale", 2)): 1,
+            (("max", "plain", 1), ("sum", "rescale", 2)): 0}  # the exp-sum may be left out
+    if tuple(ops) not in sums:
+        raise ClusterError(f"softmax·V needs a row max, a rescaled row sum (or none) and a rescaled sum "
+                           f"of products with a [K, J] matrix, in that order; got {ops}")
+    top, product = group[0], group[-1]
+    total = group[1] if sums[tuple(ops)] else None
+    if total is not None and str(total.correction) != str(product.correction):
+        raise ClusterError(f"the sums' corrections differ: {total.correction} vs {product.correction}")
+    x_load = _only_load(top.value, "the max")
+    x = x_load.source
+    if len(x.ty.shape) != 2 or not _indexed(x_load, top.spatial[0], top.reduce_var):
+        raise ClusterError(f"the max must reduce X[row, key] of a 2-D X; got {top.value}")
+    product_term, v = _element(group, product, x, rest="v")
+    v_symbol = sympy.Symbol("v", real=True)
+    element = _element(group, total, x)[0] if total is not None else sympy.simplify(product_term / v_symbol)
+    if v is None or element.has(v_symbol) or sympy.simplify(product_term - element * v_symbol) != 0:
+        raise ClusterError(f"the product level must be the sum level's term times V[key, column]; "
+                           f"got {product.value}")
+    rows, keys = (int(d) for d in x.ty.shape)
+    columns = int(v.ty.shape[1])
+    dtypes = {str(x.ty.dtype), str(v.ty.dtype)}
+    if not dtypes <= set(_INPUT_DTYPES):
+        raise ClusterError(f"X and V must be of {_INPUT_DTYPES}; got {sorted(dtypes)}")
+    params = list(func.params)
+    levels = (top, total, product)
+    outputs = tuple(None if lvl is None else next((p for p in params if p.same_as(lvl.output)), None)
+                    for lvl in levels)
+    for lvl, param in zip(levels, outputs):
+        if param is not None and str(param.ty.dtype) != "float32":
+            raise ClusterError(f"{lvl.block} is written in {param.ty.dtype}: the kernel writes float32")
+    extra = [p for p in params if not any(p.same_as(b) for b in (x, v, *[o for o in outputs if o is not None]))]
+    if extra:
+        raise ClusterError(f"softmax·V takes X, V and the levels' results; {[p.name for p in extra]} are "
+                           "other stages: schedule them separately")
+    shape = SoftmaxGemmShape(rows, keys, columns, str(x.ty.dtype), str(v.ty.dtype))
+    roles = (x, v, *outputs)
+    order = tuple(next(i for i, b in enumerate(roles) if b is not None and b.same_as(p)) for p in params)
+    return SoftmaxGemm(shape, element, product.correction, tuple(o is not None for o in outputs), order)
+
+
+def _only_load(expr, what: str):
+    found = loads(expr)
+    if len(found) != 1:
+        raise ClusterError(f"{what} must read one matrix element; got {expr}")
+    return found[0]
+
+
+def _indexed(load, *variables) -> bool:
+    return all(isinstance(i, tirx.Var) and i.same_as(v) for i, v in zip(load.indices, variables))
+
+
+def _element(group, level, x, rest: str | None = None) -> tuple[sympy.Expr, tirx.Var | None]:
+    """The level's term as SymPy over ``x`` (X[row, key]), ``m`` (the max) and, for the product,
+    ``rest`` (V[key, column], returned with it); ClusterError if it reads anything else."""
+    symbols = LoadSymbols(group, level)
+    term = ToSympy(symbols)(level.value)
+    renames, other = {sympy.Symbol("y0", real=True): sympy.Symbol("m", real=True)}, None
+    for name, expr in symbols.loads.items():
+        if not isinstance(expr, tvm.ir.TensorLoad):
+            raise ClusterError(f"{level.block} reads {expr}: only X[row, key] and V[key, column] are taken")
+        if expr.source.same_as(x) and _indexed(expr, level.spatial[0], level.reduce_var):
+            renames[sympy.Symbol(name, real=True)] = sympy.Symbol("x", real=True)
+        elif (rest is not None and other is None and len(expr.source.ty.shape) == 2
+              and _indexed(expr, level.reduce_var, level.spatial[1])):
+            renames[sympy.Symbol(name, real=True)], other = sympy.Symbol(rest, real=True), expr.source
+        else:
+            raise ClusterError(f"{level.block} reads {expr}: only X[row, key] and V[key, column] are taken")
+    term = term.subs(renames)
+    allowed = {sympy.Symbol(n, real=True) for n in ("x", "m", rest or "x")}
+    if term.free_symbols - allowed:
+        raise ClusterError(f"{level.block} reads results other than the max: {term}")
+    return term, other
+
+
+def check_config(shape: SoftmaxGemmShape, c: SoftmaxGemmConfig) -> None:
+    """ClusterError naming the first constraint ``c`` breaks on ``shape``."""
+    x_vector = _LOAD_BYTES // _bytes(shape.x_dtype)
+    per_thread = c.block_m * c.block_k // max(c.threads, 1)
+    lanes = c.block_k // max(per_thread, 1)
+    checks = [
+        (shape.rows % c.block_m == 0, f"{shape.rows} rows are not a multiple of block_m={c.block_m}"),
+        (shape.columns % c.block_j == 0, f"{shape.columns} columns are not a multiple of block_j={c.block_j}"),
+        (shape.keys % (c.block_k * c.ranks) == 0,
+         f"{shape.keys} keys do not split into {c.ranks} ranks of block_k={c.block_k} tiles"),
+        (c.block_m % c.rows_per_thread == 0 and c.columns_per_thread in (4, 8)
+         and c.block_j % c.columns_per_thread == 0,
+         "block_m must be a multiple of rows_per_thread, columns_per_thread 4 or 8 dividing block_j"),
+        (c.block_m * c.block_k % c.threads == 0 and per_thread > 0
+         and (x_vector % per_thread == 0 or per_thread % x_vector == 0),
+         f"the {c.block_m}x{c.block_k} X tile must split into aligned pieces of 16 bytes (or a "
+         f"divisor) over {c.threads} threads"),
+        (lanes & (lanes - 1) == 0 and lanes <= 32, f"a row's {lanes} lanes must be a power of two <= 32"),
+        (c.block_k * c.block_j % (c.threads * _PIECE) == 0,
+         f"the {c.block_k}x{c.block_j} V tile must split into 4-element pieces over {c.threads} threads"),
+        (c.ranks in range(1, MAX_CLUSTER_SIZE + 1) and c.block_m % c.ranks == 0,
+         f"ranks={c.ranks}: a cluster of 1-{MAX_CLUSTER_SIZE} CTAs dividing block_m={c.block_m}"),
+        (c.threads <= 1024, f"{c.threads} threads per CTA"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ClusterError(f"softmax·V {shape.rows}x{shape.keys}x{shape.columns}, {c}: {message}")
+
+
+def _bytes(dtype: str) -> int:
+    return tvm.DataType(dtype).bits // 8
+
+
+def default_config(shape: SoftmaxGemmShape, hw: Hardware | None = None) -> SoftmaxGemmConfig:
+    """32 rows x 64 columns per CTA, 4 x 4 outputs per thread, 32 keys a step, and the fewest
+    ranks that give the grid two CTAs per SM (16, the most, where none does; then 32 columns
+    per CTA if that adds CTAs). Fitted on ``bench/results/softmax_gemm.json`` (H100, 333
+    kernels over five shapes): these picks ran within 0.87-1.0x of each shape's fastest
+    configuration; 4 x 8 outputs per thread, 64-key steps or 16-row CTAs won nowhere by more
+    than the run-to-run spread, and fewer CTAs than two per SM left SMs waiting."""
+    target = 2 * (hw or load_hardware()).sm_count
+    fitting = []
+    for block_j, ranks in itertools.product((64, 32), (1, 2, 4, 8, 16)):
+        config = SoftmaxGemmConfig(32, 32, block_j, 4, ranks, 4)
+        try:
+            check_config(shape, config)
+        except ClusterError:
+            continue
+        ctas = shape.rows // config.block_m * (shape.columns // block_j) * ranks
+        if ctas >= target:
+            return config
+        fitting.append((ctas, config))
+    if not fitting:  # a small matrix: the smallest tile that fits, or the reason none does
+        small = SoftmaxGemmConfig(16, 32, next(j for j in (64, 32, 16, 8, 4) if shape.columns % j == 0))
+        check_config(shape, small)
+        return small
+    return max(fitting, key=lambda f: f[0])[1]
+
+
+def fuse_softmax_gemm(func: tirx.PrimFunc, config: SoftmaxGemmConfig | None = None) -> tvm.IRModule:
+    """The fused kernel of ``func`` (see :func:`find_softmax_gemm`) in ``config`` or
+    :func:`default_config`'s."""
+    found = find_softmax_gemm(func)
+    c = config or default_config(found.shape)
+    check_config(found.shape, c)
+    return tvm.IRModule({"main": softmax_gemm_kernel(found, c)})
+
+
+def softmax_gemm_kernel(found: SoftmaxGemm, c: SoftmaxGemmConfig) -> tirx.PrimFunc:  # noqa: C901
+    """The loop of the module docstring as one CUDA kernel's TIR."""
+    s = found.shape
+    M, K, J = s.rows, s.keys, s.columns
+    BM, BK, BJ, TM, R = c.block_m, c.block_k, c.block_j, c.rows_per_thread, c.ranks
+    THREADS = c.threads
+    XPT = BM * BK // THREADS  # X elements per thread per tile: one row, consecutive keys
+    XV = min(XPT, _LOAD_BYTES // _bytes(s.x_dtype))  # elements per load
+    LANES = BK // XPT  # threads per row in the statistics
+    TN = c.columns_per_thread
+    V_PIECES = BK * BJ // (THREADS * _PIECE)  # pieces of V each thread loads per tile
+    V_GROUPS = BJ // _PIECE  # pieces per V row
+    COL_GROUPS = BJ // TN  # threads across the columns in the products
+    SPAN = BJ // (TN // _PIECE)  # columns between a thread's pieces
+    TILES = K // R // BK
+    ROWS_PER_RANK = BM // R
+    MERGED = ROWS_PER_RANK * BJ  # outputs rank q merges
+    has_max, has_sum, has_product = found.written
+
+    def fix(old, new):
+        return ToTIR({"y0_old": old, "y0_new": new}, "float32")(found.correction)
+
+    def element(x_value, m):
+        return ToTIR({"x": x_value, "m": m}, "float32")(found.element)
+
+    def widen(value):
+        return value if str(value.ty.dtype) == "float32" else T.Cast("float32", value)
+
+    def lanes_reduce(op, value):  # over the row's LANES adjacent threads of one warp
+        mask = 1
+        while mask < LANES:
+            value = op(value, T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), value, mask, 32, 32))
+            mask *= 2
+        return value
+
+    def tree(op, values):
+        while len(values) > 1:
+            values = [op(*values[i:i + 2]) if i + 1 < len(values) else values[i] for i in range(0, len(values), 2)]
+        return values[0]
+
+    def plus(a, b):
+        return a + b
+
+    x_dtype, v_dtype = s.x_dtype, s.v_dtype
+
+    @T.prim_func(s_tir=True, check_well_formed=False)
+    def fused(x: T.Buffer((M, K), x_dtype), v: T.Buffer((K, J), v_dtype), mx: T.Buffer((M,), "float32"),
+              l_out: T.Buffer((M,), "float32"), o: T.Buffer((M, J), "float32")):
+        T.func_attr({"tirx.noalias": True})
+        for bx in T.thread_binding(M // BM * R, thread="blockIdx.x"):
+            for by in T.thread_binding(J // BJ, thread="blockIdx.y"):
+                for tx in T.thread_binding(THREADS, thread="threadIdx.x"):
+                    with T.sblock("softmax_gemm"):
+                        T.reads()
+                        T.writes()
+                        vs = T.sblock_alloc_buffer((BK, BJ), "float32", scope="shared")
+                        ps = T.sblock_alloc_buffer((BK, BM), "float32", scope="shared")
+                        fixes = T.sblock_alloc_buffer((BM,), "float32", scope="shared")
+                        part_o = T.sblock_alloc_buffer((BM, BJ), "float32", scope="shared")
+                        part_ml = T.sblock_alloc_buffer((2, BM), "float32", scope="shared")
+                        xr = T.sblock_alloc_buffer((XPT,), x_dtype, scope="local")
+                        vr = T.sblock_alloc_buffer((V_PIECES * 4,), v_dtype, scope="local")
+                        acc = T.sblock_alloc_buffer((TM * TN,), "float32", scope="local")
+                        p = T.sblock_alloc_buffer((XPT,), "float32", scope="local")
+                        pk = T.sblock_alloc_buffer((TM,), "float32", scope="local")
+                        vk = T.sblock_alloc_buffer((TN,), "float32", scope="local")
+                        state = T.sblock_alloc_buffer((4,), "float32", scope="local")  # m, l, m', fix
+                        peer = T.sblock_alloc_buffer((1,), "uint32", scope="local")
+                        remote = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                        merged = T.sblock_alloc_buffer((4,), "float32", scope="local")  # max, fix, l, o
+                        row0 = T.meta_var(bx // R * BM)
+                        rank = T.meta_var(bx % R)
+                        key0 = T.meta_var(rank * (K // R))
+                        col0 = T.meta_var(by * BJ)
+                        s_row = T.meta_var(tx // LANES)  # the statistics' row and keys
+                        s_key = T.meta_var(tx % LANES * XPT)
+                        g_row = T.meta_var(tx // COL_GROUPS * TM)  # the products' rows and columns
+                        g_col = T.meta_var(tx % COL_GROUPS * 4)
+                        for q in T.unroll(XPT // XV):
+                            for e in T.vectorized(XV):
+                                xr[q * XV + e] = x[row0 + s_row, key0 + s_key + q * XV + e]
+                        for q in T.unroll(V_PIECES):
+                            for e in T.vectorized(4):
+                                vr[q * 4 + e] = v[key0 + (tx + q * THREADS) // V_GROUPS,
+                                                  col0 + (tx + q * THREADS) % V_GROUPS * 4 + e]
+                        for e in T.unroll(TM * TN):
+                            acc[e] = T.float32(0)
+                        state[0] = T.float32(_NEG)
+                        state[1] = T.float32(0)
+                        for t in range(TILES):
+                            for q in T.unroll(V_PIECES):
+                                for e in T.vectorized(4):
+                                    vs[(tx + q * THREADS) // V_GROUPS, (tx + q * THREADS) % V_GROUPS * 4 + e] = widen(vr[q * 4 + e])
+                            state[2] = T.max(state[0], lanes_reduce(tirx.max, tree(tirx.max, [widen(xr[e]) for e in range(XPT)])))
+                            state[3] = fix(state[0], state[2])
+                            state[0] = state[2]
+                            for e in T.unroll(XPT):
+                                p[e] = element(widen(xr[e]), state[2])
+                                ps[s_key + e, s_row] = p[e]
+                            state[1] = state[1] * state[3] + lanes_reduce(plus, tree(plus, [p[e] for e in range(XPT)]))
+                            if tx % LANES == 0:
+                                fixes[s_row] = state[3]
+                            if t + 1 < TILES:
+                                for q in T.unroll(XPT // XV):
+                                    for e in T.vectorized(XV):
+                                        xr[q * XV + e] = x[row0 + s_row, key0 + (t + 1) * BK + s_key + q * XV + e]
+                                for q in T.unroll(V_PIECES):
+                                    for e in T.vectorized(4):
+                                        vr[q * 4 + e] = v[key0 + (t + 1) * BK + (tx + q * THREADS) // V_GROUPS,
+                                                          col0 + (tx + q * THREADS) % V_GROUPS * 4 + e]
+                            T.tvm_storage_sync("shared")
+                            for i in T.unroll(TM):
+                                for e in T.unroll(TN):
+                                    acc[i * TN + e] = acc[i * TN + e] * fixes[g_row + i]
+                            for k in T.unroll(BK):
+                                for i in T.vectorized(TM):
+                                    pk[i] = ps[k, g_row + i]
+                                for h in T.unroll(TN // _PIECE):
+                                    for e in T.vectorized(_PIECE):
+                                        vk[h * _PIECE + e] = vs[k, g_col + h * SPAN + e]
+                                for i in T.unroll(TM):
+                                    for e in T.unroll(TN):
+                                        acc[i * TN + e] = acc[i * TN + e] + pk[i] * vk[e]
+                            T.tvm_storage_sync("shared")
+                        if R == 1:
+                            if has_product:
+                                for i in T.unroll(TM):
+                                    for h in T.unroll(TN // _PIECE):
+                                        for e in T.vectorized(_PIECE):
+                                            o[row0 + g_row + i, col0 + g_col + h * SPAN + e] = acc[i * TN + h * _PIECE + e]
+                            if tx % LANES == 0 and by == 0:
+                                if has_max:
+                                    mx[row0 + s_row] = state[0]
+                                if has_sum:
+                                    l_out[row0 + s_row] = state[1]
+                        else:
+                            for i in T.unroll(TM):
+                                for h in T.unroll(TN // _PIECE):
+                                    for e in T.vectorized(_PIECE):
+                                        part_o[g_row + i, g_col + h * SPAN + e] = acc[i * TN + h * _PIECE + e]
+                            if tx % LANES == 0:
+                                part_ml[0, s_row] = state[0]
+                                part_ml[1, s_row] = state[1]
+                            T.evaluate(T.cuda.cluster_sync())  # every rank's partials are in place
+                            for n in T.unroll((MERGED + THREADS - 1) // THREADS):
+                                if n * THREADS + tx < MERGED:
+                                    merged[0] = T.float32(_NEG)
+                                    for r in T.unroll(R):
+                                        T.evaluate(T.ptx.mapa.shared__cluster.u32(peer[0], T.cuda.cvta_generic_to_shared(
+                                            part_ml.access_ptr("r", offset=rank * ROWS_PER_RANK + (n * THREADS + tx) // BJ)),
+                                            T.Cast("uint32", r)))
+                                        T.evaluate(T.ptx.ld.shared__cluster.f32(remote[0], peer[0]))
+                                        merged[0] = T.max(merged[0], remote[0])
+                                    merged[2] = T.float32(0)
+                                    merged[3] = T.float32(0)
+                                    for r in T.unroll(R):
+                                        T.evaluate(T.ptx.mapa.shared__cluster.u32(peer[0], T.cuda.cvta_generic_to_shared(
+                                            part_ml.access_ptr("r", offset=rank * ROWS_PER_RANK + (n * THREADS + tx) // BJ)),
+                                            T.Cast("uint32", r)))
+                                        T.evaluate(T.ptx.ld.shared__cluster.f32(remote[0], peer[0]))
+                                        merged[1] = fix(remote[0], merged[0])
+                                        T.evaluate(T.ptx.mapa.shared__cluster.u32(peer[0], T.cuda.cvta_generic_to_shared(
+                                            part_ml.access_ptr("r", offset=BM + rank * ROWS_PER_RANK + (n * THREADS + tx) // BJ)),
+                                            T.Cast("uint32", r)))
+                                        T.evaluate(T.ptx.ld.shared__cluster.f32(remote[0], peer[0]))
+                                        merged[2] = merged[2] + remote[0] * merged[1]
+                                        T.evaluate(T.ptx.mapa.shared__cluster.u32(peer[0], T.cuda.cvta_generic_to_shared(
+                                            part_o.access_ptr("r", offset=(rank * ROWS_PER_RANK) * BJ + n * THREADS + tx)),
+                                            T.Cast("uint32", r)))
+                                        T.evaluate(T.ptx.ld.shared__cluster.f32(remote[0], peer[0]))
+                                        merged[3] = merged[3] + remote[0] * merged[1]
+                                    if has_product:
+                                        o[row0 + rank * ROWS_PER_RANK + (n * THREADS + tx) // BJ,
+                                          col0 + (n * THREADS + tx) % BJ] = merged[3]
+                                    if (n * THREADS + tx) % BJ == 0 and by == 0:
+                                        if has_max:
+                                            mx[row0 + rank * ROWS_PER_RANK + (n * THREADS + tx) // BJ] = merged[0]
+                                        if has_sum:
+                                            l_out[row0 + rank * ROWS_PER_RANK + (n * THREADS + tx) // BJ] = merged[2]
+                            T.evaluate(T.cuda.cluster_sync())  # peers have read this CTA's partials
+
+    body = fused.body
+    if R > 1:
+        def launch_cluster(block):  # consecutive blockIdx.x form one cluster (rank = bx % R)
+            marked = tirx.AttrStmt(tvm.ir.StringImm("cluster"), CLUSTER_LAUNCH_KEY, R, block.body)
+            return with_block_body(block, marked) if block.name_hint == "softmax_gemm" else block
+
+        body = tvm_ffi.structural_map(body, [(SBlock, launch_cluster)])
+    # The function's own parameters, in its order (results it keeps internal are not written).
+    return tirx.PrimFunc([fused.params[i] for i in found.order], body, attrs=fused.attrs)
