@@ -31,6 +31,7 @@ import sympy
 import tvm
 from tvm import s_tir, tirx
 
+from ..errors import ClusterError
 from ..ir import loads, uses
 from .symbolic import ToSympy, Unsupported
 from .top_k import TopK, parse_top_k
@@ -315,6 +316,18 @@ def element_producers(func: tirx.PrimFunc, group: list[Level]) -> dict:
 def analyze(func: tirx.PrimFunc) -> list[tuple[list[Level], GroupReport]]:
     """Every cascade of ``func`` (after inlining element-wise producers) with its report."""
     return [(group, prove(group)) for group in find_cascades(inline_elementwise(func))]
+
+
+def single_fusible_cascade(func: tirx.PrimFunc, what: str) -> tuple[list[Level], GroupReport]:
+    """``func``'s one cascade, proven fusible, for a kernel built around it (``what`` it is);
+    ClusterError saying which of the two does not hold."""
+    groups = analyze(func)
+    if len(groups) != 1:
+        raise ClusterError(f"{what} is one cascade; found {len(groups)}")
+    group, report = groups[0]
+    if not report.fusible:
+        raise ClusterError(f"the cascade does not fuse: {report.reason}")
+    return group, report
 
 
 def inline_elementwise(func: tirx.PrimFunc) -> tirx.PrimFunc:

@@ -58,7 +58,7 @@ from tvm.s_tir import SBlock
 from tvm.script import tirx as T
 
 from ..errors import ClusterError
-from ..fusion.cascade import analyze
+from ..fusion.cascade import single_fusible_cascade
 from ..fusion.symbolic import ToTIR
 from ..ir import find_all
 from ..transform.tma_pipeline import encode_tensor_map
@@ -116,12 +116,7 @@ HEAD_DIMS = (64, 128)
 def find_attention(func: tirx.PrimFunc) -> tuple[AttentionShape, sympy.Expr]:
     """The shape and the proven correction of ``func``, an unfused attention; ClusterError says
     what does not match (the cascade not fusible, other operands, no scale)."""
-    groups = analyze(func)
-    if len(groups) != 1:
-        raise ClusterError(f"attention is one cascade (max, exp-sum, exp-weighted sum); found {len(groups)}")
-    group, report = groups[0]
-    if not report.fusible:
-        raise ClusterError(f"the cascade does not fuse: {report.reason}")
+    group, _ = single_fusible_cascade(func, "attention (max, exp-sum, exp-weighted sum)")
     ops = sorted((lvl.op, lvl.form, len(lvl.spatial)) for lvl in group)
     if ops != [("max", "plain", 2), ("sum", "rescale", 2), ("sum", "rescale", 3)]:
         raise ClusterError(f"attention needs a row max and two rescaled sums; got {ops}")

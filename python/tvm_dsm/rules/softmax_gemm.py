@@ -42,7 +42,7 @@ from tvm.script import tirx as T
 
 from ..errors import ClusterError
 from ..hardware import Hardware, load_hardware
-from ..fusion.cascade import LoadSymbols, analyze
+from ..fusion.cascade import LoadSymbols, single_fusible_cascade
 from ..fusion.symbolic import ToSympy, ToTIR
 from ..ir import loads, with_block_body
 from ..schedule.cluster import MAX_CLUSTER_SIZE
@@ -105,12 +105,7 @@ class SoftmaxGemm:
 
 def find_softmax_gemm(func: tirx.PrimFunc) -> SoftmaxGemm:
     """The cascade of ``func`` as the kernel takes it; ClusterError saying what does not match."""
-    groups = analyze(func)
-    if len(groups) != 1:
-        raise ClusterError(f"softmax·V is one cascade (max, sum, sum of products); found {len(groups)}")
-    group, report = groups[0]
-    if not report.fusible:
-        raise ClusterError(f"the cascade does not fuse: {report.reason}")
+    group, report = single_fusible_cascade(func, "softmax·V (max, sum, sum of products)")
     if report.approximate:
         raise ClusterError("the cascade rounds inside (a cast to a narrower float): the kernel computes "
                            "in fp32 and would not match it")
