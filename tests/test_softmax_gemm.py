@@ -46,6 +46,12 @@ def test_refuses_what_it_does_not_compute_with_a_reason():
         find_softmax_gemm(softmax_stats(64, 128))
     with pytest.raises(ClusterError, match="other stages"):
         find_softmax_gemm(_cascade(64, 128, 32, normalized=True))
+    x = te.placeholder((64, 64), name="x")  # softmax(X)·X: V must be another matrix
+    r0, r1 = te.reduce_axis((0, 64), "mk"), te.reduce_axis((0, 64), "ok")
+    mx = te.compute((64,), lambda i: te.max(x[i, r0], axis=r0), name="mx")
+    o = te.compute((64, 64), lambda i, c: te.sum(te.exp(x[i, r1] - mx[i]) * x[r1, c], axis=r1), name="o")
+    with pytest.raises(ClusterError, match="times V"):
+        find_softmax_gemm(te.create_prim_func([x, o]))
     with pytest.raises(ClusterError, match="not a multiple of block_m"):
         fuse_softmax_gemm(softmax_pv(64, 128, 32), SoftmaxGemmConfig(block_m=48))
     with pytest.raises(ClusterError, match="ranks"):

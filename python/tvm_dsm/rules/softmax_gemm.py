@@ -126,7 +126,7 @@ def find_softmax_gemm(func: tirx.PrimFunc) -> SoftmaxGemm:
     product_term, v = _element(group, product, x, rest="v")
     v_symbol = sympy.Symbol("v", real=True)
     element = _element(group, total, x)[0] if total is not None else sympy.simplify(product_term / v_symbol)
-    if v is None or element.has(v_symbol) or sympy.simplify(product_term - element * v_symbol) != 0:
+    if v is None or v.same_as(x) or element.has(v_symbol) or sympy.simplify(product_term - element * v_symbol) != 0:
         raise ClusterError(f"the product level must be the sum level's term times V[key, column]; "
                            f"got {product.value}")
     rows, keys = (int(d) for d in x.ty.shape)
