@@ -57,3 +57,22 @@ def is_barrier(stmt) -> bool:
     """Whether ``stmt`` is a CTA barrier (``tvm_storage_sync``, ``__syncthreads``)."""
     return (isinstance(stmt, tirx.Evaluate) and isinstance(stmt.value, tvm.ir.Call)
             and stmt.value.op.name == "tirx.tvm_storage_sync")
+
+
+def tree_reduce(op: Callable, values: list):
+    """``values`` combined by ``op`` as a balanced tree: independent operations, not one long
+    dependent chain (a kernel's per-thread row max or sum)."""
+    while len(values) > 1:
+        values = [op(*values[i:i + 2]) if i + 1 < len(values) else values[i] for i in range(0, len(values), 2)]
+    return values[0]
+
+
+def shuffle_reduce(op: Callable, value, lanes: int):
+    """``value`` combined by ``op`` over ``lanes`` (a power of two) adjacent lanes of a full warp,
+    by xor shuffles; every lane ends with the result."""
+    mask = 1
+    while mask < lanes:
+        value = op(value, tirx.op.tvm_warp_shuffle_xor(tirx.const(0xFFFFFFFF, "uint32"), value, mask, 32, 32))
+        mask *= 2
+    return value
+

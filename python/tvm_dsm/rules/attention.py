@@ -48,6 +48,7 @@ key/value tiles; :func:`default_config` says which shapes take which.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 
 import sympy
@@ -60,7 +61,7 @@ from tvm.script import tirx as T
 from ..errors import ClusterError
 from ..fusion.cascade import single_fusible_cascade
 from ..fusion.symbolic import ToTIR
-from ..ir import find_all
+from ..ir import find_all, shuffle_reduce, tree_reduce
 from ..transform.tma_pipeline import encode_tensor_map
 from .wgmma import WARPGROUP_ROWS, call_source, mma_async_source, wait_source
 
@@ -69,7 +70,6 @@ _PANEL = 64  # fp16 columns of one 128-byte swizzle panel
 _ROW_BYTES = 128
 _ATOM_BYTES = 8 * _ROW_BYTES  # one 8-row swizzle atom
 _WARPGROUP_THREADS = 128
-_ALL_LANES = 0xFFFFFFFF
 #: Two fp32 values rounded into one fp16 pair with one ``cvt.rn.f16x2.f32``, stored at ``dst``
 #: (why pairs: the module docstring). Callers name ``dst`` with ``access_ptr(extent=2)``: TVM
 #: sizes a local buffer by the elements it sees accessed, and ``address_of`` names only one.
@@ -277,18 +277,8 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: symp
     def row_values(buf, r, half):  # a row's scores held by this thread
         return [buf[_reg(r, NF, f, half, e)] for f in range(NF) for e in range(4)]
 
-    def tree(op, values):  # a balanced tree: independent operations, not one long chain
-        while len(values) > 1:
-            values = [op(*values[i:i + 2]) if i + 1 < len(values) else values[i] for i in range(0, len(values), 2)]
-        return values[0]
-
     def quad(op, value):  # combine the 4 lanes holding one row
-        for mask in (1, 2):
-            value = op(value, T.tvm_warp_shuffle_xor(T.uint32(_ALL_LANES), value, mask, 32, 32))
-        return value
-
-    def plus(a, b):
-        return a + b
+        return shuffle_reduce(op, value, 4)
 
     def tiles_before(row_end):  # key tiles that rows below ``row_end`` see
         return T.min((row_end + BN - 1) // BN, NT) if causal else NT
@@ -384,7 +374,7 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: symp
                                                         t * BN + _column(nf, e, lane) <= row, s[_reg(r, NF, nf, half, e)],
                                                         T.float32(float("-inf")))
                                     new_max[0] = T.max(m[r * 2 + half], T.float32(scale) * quad(
-                                        tirx.max, tree(tirx.max, row_values(s, r, half))))
+                                        tirx.max, tree_reduce(tirx.max, row_values(s, r, half))))
                                     fixed[0] = fix(m[r * 2 + half], new_max[0])
                                     m[r * 2 + half] = new_max[0]
                                     for df in T.unroll(DF):
@@ -399,7 +389,7 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: symp
                                         for e in T.unroll(0, 4, step=2):  # registers e and e + 1 are adjacent
                                             T.evaluate(call("pack", p.access_ptr("w", offset=_reg(r, NF, nf, half, e), extent=2),
                                                             s[_reg(r, NF, nf, half, e)], s[_reg(r, NF, nf, half, e + 1)]))
-                                    l[r * 2 + half] = l[r * 2 + half] * fixed[0] + tree(plus, row_values(s, r, half))
+                                    l[r * 2 + half] = l[r * 2 + half] * fixed[0] + tree_reduce(operator.add, row_values(s, r, half))
                             for r in T.unroll(RB):
                                 T.evaluate(call("values", T.address_of(o[r * DF * 8]), T.address_of(p[r * NF * 8]),
                                                 T.address_of(smem[base + V_AT + t % 2 * BN * D])))
@@ -409,7 +399,7 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: symp
                     T.tvm_storage_sync("shared")  # every warp is done reading Q, K and V
                     for r in T.unroll(RB):
                         for half in T.unroll(2):
-                            fixed[0] = T.float32(1) / quad(plus, l[r * 2 + half])
+                            fixed[0] = T.float32(1) / quad(operator.add, l[r * 2 + half])
                             row = T.meta_var((block0 + r) * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8)
                             for df in T.unroll(DF):
                                 for e in T.unroll(0, 4, step=2):  # columns e and e + 1 are adjacent

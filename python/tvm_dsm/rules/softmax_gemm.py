@@ -31,6 +31,7 @@ through DSM by the same rule, ``y = sum_r y_r * fix(m_r, max_r m_r)``, and write
 from __future__ import annotations
 
 import itertools
+import operator
 from dataclasses import dataclass
 
 import sympy
@@ -44,7 +45,7 @@ from ..errors import ClusterError
 from ..hardware import Hardware, load_hardware
 from ..fusion.cascade import LoadSymbols, single_fusible_cascade
 from ..fusion.symbolic import ToSympy, ToTIR
-from ..ir import loads, with_block_body
+from ..ir import loads, shuffle_reduce, tree_reduce, with_block_body
 from ..schedule.cluster import MAX_CLUSTER_SIZE
 from ..transform.lower_cluster import CLUSTER_LAUNCH_KEY
 
@@ -281,22 +282,28 @@ def softmax_gemm_kernel(found: SoftmaxGemm, c: SoftmaxGemmConfig) -> tirx.PrimFu
     def widen(value):
         return value if str(value.ty.dtype) == "float32" else T.Cast("float32", value)
 
-    def lanes_reduce(op, value):  # over the row's LANES adjacent threads of one warp
-        mask = 1
-        while mask < LANES:
-            value = op(value, T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), value, mask, 32, 32))
-            mask *= 2
-        return value
-
-    def tree(op, values):
-        while len(values) > 1:
-            values = [op(*values[i:i + 2]) if i + 1 < len(values) else values[i] for i in range(0, len(values), 2)]
-        return values[0]
-
-    def plus(a, b):
-        return a + b
+    def row_reduce(op, values):  # a thread's values of its row, then the row's LANES threads
+        return shuffle_reduce(op, tree_reduce(op, values), LANES)
 
     x_dtype, v_dtype = s.x_dtype, s.v_dtype
+
+    @T.macro
+    def load_tile(x, v, xr, vr, tx, row0, key, col0):
+        """The thread's pieces of the X and V tiles starting at ``key`` into registers."""
+        for q in T.unroll(XPT // XV):
+            for e in T.vectorized(XV):
+                xr[q * XV + e] = x[row0 + tx // LANES, key + tx % LANES * XPT + q * XV + e]
+        for q in T.unroll(V_PIECES):
+            for e in T.vectorized(_PIECE):
+                vr[q * _PIECE + e] = v[key + (tx + q * THREADS) // V_GROUPS,
+                                       col0 + (tx + q * THREADS) % V_GROUPS * _PIECE + e]
+
+    @T.macro
+    def load_peer(dst, peer, buf, offset, rank):
+        """Element ``offset`` of ``buf`` in the cluster's CTA ``rank`` into ``dst``, through DSM."""
+        T.evaluate(T.ptx.mapa.shared__cluster.u32(peer[0], T.cuda.cvta_generic_to_shared(
+            buf.access_ptr("r", offset=offset)), T.Cast("uint32", rank)))
+        T.evaluate(T.ptx.ld.shared__cluster.f32(dst, peer[0]))
 
     @T.prim_func(s_tir=True, check_well_formed=False)
     def fused(x: T.Buffer((M, K), x_dtype), v: T.Buffer((K, J), v_dtype), mx: T.Buffer((M,), "float32"),
@@ -327,17 +334,11 @@ def softmax_gemm_kernel(found: SoftmaxGemm, c: SoftmaxGemmConfig) -> tirx.PrimFu
                         rank = T.meta_var(bx % R)
                         key0 = T.meta_var(rank * (K // R))
                         col0 = T.meta_var(by * BJ)
-                        s_row = T.meta_var(tx // LANES)  # the statistics' row and keys
+                        s_row = T.meta_var(tx // LANES)  # the statistics' row and keys (as load_tile's)
                         s_key = T.meta_var(tx % LANES * XPT)
                         g_row = T.meta_var(tx // COL_GROUPS * TM)  # the products' rows and columns
                         g_col = T.meta_var(tx % COL_GROUPS * 4)
-                        for q in T.unroll(XPT // XV):
-                            for e in T.vectorized(XV):
-                                xr[q * XV + e] = x[row0 + s_row, key0 + s_key + q * XV + e]
-                        for q in T.unroll(V_PIECES):
-                            for e in T.vectorized(4):
-                                vr[q * 4 + e] = v[key0 + (tx + q * THREADS) // V_GROUPS,
-                                                  col0 + (tx + q * THREADS) % V_GROUPS * 4 + e]
+                        load_tile(x, v, xr, vr, tx, row0, key0, col0)
                         for e in T.unroll(TM * TN):
                             acc[e] = T.float32(0)
                         state[0] = T.float32(_NEG)
@@ -346,23 +347,17 @@ def softmax_gemm_kernel(found: SoftmaxGemm, c: SoftmaxGemmConfig) -> tirx.PrimFu
                             for q in T.unroll(V_PIECES):
                                 for e in T.vectorized(4):
                                     vs[(tx + q * THREADS) // V_GROUPS, (tx + q * THREADS) % V_GROUPS * 4 + e] = widen(vr[q * 4 + e])
-                            state[2] = T.max(state[0], lanes_reduce(tirx.max, tree(tirx.max, [widen(xr[e]) for e in range(XPT)])))
+                            state[2] = T.max(state[0], row_reduce(tirx.max, [widen(xr[e]) for e in range(XPT)]))
                             state[3] = fix(state[0], state[2])
                             state[0] = state[2]
                             for e in T.unroll(XPT):
                                 p[e] = element(widen(xr[e]), state[2])
                                 ps[s_key + e, s_row] = p[e]
-                            state[1] = state[1] * state[3] + lanes_reduce(plus, tree(plus, [p[e] for e in range(XPT)]))
+                            state[1] = state[1] * state[3] + row_reduce(operator.add, [p[e] for e in range(XPT)])
                             if tx % LANES == 0:
                                 fixes[s_row] = state[3]
                             if t + 1 < TILES:
-                                for q in T.unroll(XPT // XV):
-                                    for e in T.vectorized(XV):
-                                        xr[q * XV + e] = x[row0 + s_row, key0 + (t + 1) * BK + s_key + q * XV + e]
-                                for q in T.unroll(V_PIECES):
-                                    for e in T.vectorized(4):
-                                        vr[q * 4 + e] = v[key0 + (t + 1) * BK + (tx + q * THREADS) // V_GROUPS,
-                                                          col0 + (tx + q * THREADS) % V_GROUPS * 4 + e]
+                                load_tile(x, v, xr, vr, tx, row0, key0 + (t + 1) * BK, col0)
                             T.tvm_storage_sync("shared")
                             for i in T.unroll(TM):
                                 for e in T.unroll(TN):
@@ -399,39 +394,29 @@ def softmax_gemm_kernel(found: SoftmaxGemm, c: SoftmaxGemmConfig) -> tirx.PrimFu
                             T.evaluate(T.cuda.cluster_sync())  # every rank's partials are in place
                             for n in T.unroll((MERGED + THREADS - 1) // THREADS):
                                 if n * THREADS + tx < MERGED:
+                                    row = T.meta_var(rank * ROWS_PER_RANK + (n * THREADS + tx) // BJ)  # in the block
                                     merged[0] = T.float32(_NEG)
                                     for r in T.unroll(R):
-                                        T.evaluate(T.ptx.mapa.shared__cluster.u32(peer[0], T.cuda.cvta_generic_to_shared(
-                                            part_ml.access_ptr("r", offset=rank * ROWS_PER_RANK + (n * THREADS + tx) // BJ)),
-                                            T.Cast("uint32", r)))
-                                        T.evaluate(T.ptx.ld.shared__cluster.f32(remote[0], peer[0]))
+                                        load_peer(remote[0], peer, part_ml, row, r)
                                         merged[0] = T.max(merged[0], remote[0])
                                     merged[2] = T.float32(0)
                                     merged[3] = T.float32(0)
+                                    # Each rank's max is read again rather than kept: 16 of them in
+                                    # registers ran 1.03-1.2x slower (softmax_gemm_merge_ab.json).
                                     for r in T.unroll(R):
-                                        T.evaluate(T.ptx.mapa.shared__cluster.u32(peer[0], T.cuda.cvta_generic_to_shared(
-                                            part_ml.access_ptr("r", offset=rank * ROWS_PER_RANK + (n * THREADS + tx) // BJ)),
-                                            T.Cast("uint32", r)))
-                                        T.evaluate(T.ptx.ld.shared__cluster.f32(remote[0], peer[0]))
+                                        load_peer(remote[0], peer, part_ml, row, r)
                                         merged[1] = fix(remote[0], merged[0])
-                                        T.evaluate(T.ptx.mapa.shared__cluster.u32(peer[0], T.cuda.cvta_generic_to_shared(
-                                            part_ml.access_ptr("r", offset=BM + rank * ROWS_PER_RANK + (n * THREADS + tx) // BJ)),
-                                            T.Cast("uint32", r)))
-                                        T.evaluate(T.ptx.ld.shared__cluster.f32(remote[0], peer[0]))
+                                        load_peer(remote[0], peer, part_ml, BM + row, r)
                                         merged[2] = merged[2] + remote[0] * merged[1]
-                                        T.evaluate(T.ptx.mapa.shared__cluster.u32(peer[0], T.cuda.cvta_generic_to_shared(
-                                            part_o.access_ptr("r", offset=(rank * ROWS_PER_RANK) * BJ + n * THREADS + tx)),
-                                            T.Cast("uint32", r)))
-                                        T.evaluate(T.ptx.ld.shared__cluster.f32(remote[0], peer[0]))
+                                        load_peer(remote[0], peer, part_o, row * BJ + (n * THREADS + tx) % BJ, r)
                                         merged[3] = merged[3] + remote[0] * merged[1]
                                     if has_product:
-                                        o[row0 + rank * ROWS_PER_RANK + (n * THREADS + tx) // BJ,
-                                          col0 + (n * THREADS + tx) % BJ] = merged[3]
+                                        o[row0 + row, col0 + (n * THREADS + tx) % BJ] = merged[3]
                                     if (n * THREADS + tx) % BJ == 0 and by == 0:
                                         if has_max:
-                                            mx[row0 + rank * ROWS_PER_RANK + (n * THREADS + tx) // BJ] = merged[0]
+                                            mx[row0 + row] = merged[0]
                                         if has_sum:
-                                            l_out[row0 + rank * ROWS_PER_RANK + (n * THREADS + tx) // BJ] = merged[2]
+                                            l_out[row0 + row] = merged[2]
                             T.evaluate(T.cuda.cluster_sync())  # peers have read this CTA's partials
 
     body = fused.body
