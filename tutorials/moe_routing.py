@@ -3,8 +3,10 @@ check and time.
 
 Routing 4096 tokens over 4096 experts to their top 8: softmax statistics (max, exp-sum) and the
 top-k of the same fp16 logits. Written as three reductions, it reads the logits three times; the
-pass proves the cascade fusible and rewrites it into one incremental loop (one read), the planner
-splits each row over the threads of a warp, which merge their partial states by shuffles.
+pass proves the cascade fusible, and the planner gives it the top-k rows kernel
+(tvm_dsm.rules.top_k_rows): each row read once into shared memory by the 32 lanes of a warp, its
+max and exp-sum by shuffles, then only the elements at or above the 8th-largest lane maximum
+enter the lanes' top 8, which merge by shuffles.
 Run: ``python tutorials/moe_routing.py``.
 """
 
@@ -74,15 +76,15 @@ def main() -> None:
     for report in reports:
         print(report)
 
-    section("plan: how each row is split (no measurement)")
-    sch, split = schedule_cascade(func)
-    print(split.explain())
+    section("plan: the kernel and how each row is split (no measurement)")
+    sch, config = schedule_cascade(func)
+    print(config.explain())
 
     section("generated CUDA of the fused kernel (TVM codegen, sm_90a)")
     executable = tvm.compile(sch.mod, target=TARGET)
     source = executable.mod.imports[0].inspect_source()
     print(kernel_source(source)[:3000] + "\n[...]")
-    print(f"warp shuffles merging the parts' states: {source.count('__shfl_xor_sync')}")
+    print(f"warp shuffles (row max and sum, threshold, merges): {source.count('__shfl')}")
     print("nvcc sm_90a:", assemble(source, "moe_routing"))
 
     run_section(run_on_gpu, executable, "cascades")

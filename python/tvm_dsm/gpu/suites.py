@@ -34,6 +34,7 @@ from ..rules.attention import CONFIGS as ATTENTION_CONFIGS
 from ..rules.attention import default_config, find_attention, fuse_attention
 from ..rules.fused_rows import schedule_fused_rows
 from ..rules import softmax_gemm as softmax_gemm_rule
+from ..rules import top_k_rows as top_k_rows_rule
 from ..transform.cascaded_reductions import fuse_cascaded_reductions
 from ..transform.programmatic_launch import launch_programmatically
 from ..workloads import cascades as cascade_workloads
@@ -263,9 +264,12 @@ def _cascade_variants(name: str, size: tuple, parts: tuple, rows: tuple) -> list
     planned = (plan.parts, plan.vector, plan.ranks, plan.rows_per_cta)
     splits += [] if planned in splits else [planned]
     _, chosen = schedule_cascade(func)
-    tiled = isinstance(chosen, softmax_gemm_rule.SoftmaxGemmConfig)  # the pick is softmax·V's own kernel
-    return ([_cascade_variant(name, size, func, split, split == planned, not tiled) for split in splits]
-            + ([_softmax_gemm_variant(func, size, chosen, True)] if tiled else []))
+    own = (_softmax_gemm_variant(func, size, chosen, True)
+           if isinstance(chosen, softmax_gemm_rule.SoftmaxGemmConfig)
+           else _top_k_rows_variant(func, size, chosen, True)
+           if isinstance(chosen, top_k_rows_rule.TopKRowsConfig) else None)  # the cascade's own kernel
+    return ([_cascade_variant(name, size, func, split, split == planned, own is None) for split in splits]
+            + ([own] if own else []))
 
 
 def _cascade_variant(name: str, size: tuple, func, split: tuple, planned: bool, pick: bool = True) -> Variant:
@@ -1074,6 +1078,54 @@ def _softmax_gemm_variant(func, size: tuple, config, planner: bool) -> Variant:
     )
 
 
+#: MoE routers (tokens, experts, k): the cascades suite's three, DeepSeek-V2-Lite's 64 experts at
+#: the top 6 and Mixtral's 8 at the top 2.
+TOP_K_ROWS_SHAPES = [(4096, 4096, 8), (16384, 256, 8), (16384, 128, 8), (16384, 64, 6), (16384, 8, 2)]
+
+
+def top_k_rows() -> list[Variant]:
+    """MoE routing as the top-k rows kernel (tvm_dsm.rules.top_k_rows: rows in registers, only
+    elements above a threshold inserted) with 1-32 lanes a row and 32-256 threads a CTA
+    (``planner``: default_config's), beside the generic fused rows of the cascade planner's
+    split that ran it before."""
+    variants = []
+    for size in TOP_K_ROWS_SHAPES:
+        func = cascade_workloads.moe_routing(*size)
+        try:  # the fused rows refuse rows narrower than their smallest split (Mixtral's 8)
+            plan = plan_cascade_split(func)
+            variants.append(_cascade_variant("moe_routing", size, func,
+                                             (plan.parts, plan.vector, plan.ranks, plan.rows_per_cta), True, False))
+        except ClusterError:
+            pass
+        found = top_k_rows_rule.find_top_k_rows(func)
+        pick = top_k_rows_rule.default_config(found)
+        for lanes, rows in itertools.product((1, 2, 4, 8, 16, 32), (1, 2, 4, 8, 16, 32, 64, 128, 256)):
+            config = top_k_rows_rule.TopKRowsConfig(lanes, rows)
+            try:
+                top_k_rows_rule.check_config(found, config)
+            except ClusterError:
+                continue
+            if 32 <= config.threads <= 256 or config == pick:
+                variants.append(_top_k_rows_variant(func, size, config, config == pick))
+    return variants
+
+
+def _top_k_rows_variant(func, size: tuple, config, planner: bool) -> Variant:
+    """moe_routing of ``size`` as the top-k rows kernel in ``config``."""
+    args = _args(func, _CASCADE_OUTPUTS["moe_routing"])
+    return Variant(
+        name=f"moe_routing_{'x'.join(map(str, size))}_rows_l{config.lanes}_r{config.rows_per_cta}"
+        + ("_plan" if planner else ""),
+        workload="cascade_moe_routing",
+        mod=top_k_rows_rule.fuse_top_k_rows(func, config),
+        args=args,
+        bytes=_nbytes(args),
+        flops=0,
+        plan={**dataclasses.asdict(config), "planner": planner},
+        reference_kwargs={"k": size[2]},
+    )
+
+
 SUITES = {
     "split_k": split_k, "collectives": collectives, "cascades": cascades, "gemm": gemm,
     "attention": attention, "chains": chains, "conv_chains": conv_chains, "chains_m": chains_m,
@@ -1082,5 +1134,5 @@ SUITES = {
     "gemm_wgmma": gemm_wgmma, "programmatic_launch": programmatic_launch, "decode_pdl": decode_pdl,
     "decode_picks": decode_picks, "cascades_rows": cascades_rows, "chains_pdl": chains_pdl,
     "gemm_stages": gemm_stages, "gemm_depths": gemm_depths, "fp8_depths": fp8_depths,
-    "gemm_large_m": gemm_large_m, "softmax_gemm": softmax_gemm,
+    "gemm_large_m": gemm_large_m, "softmax_gemm": softmax_gemm, "top_k_rows": top_k_rows,
 }

@@ -38,6 +38,8 @@ from ..hardware import Hardware, load_hardware
 from ..ir import loads
 from ..rules.fused_rows import schedule_fused_rows
 from ..rules.softmax_gemm import SoftmaxGemmConfig, default_config, find_softmax_gemm, softmax_gemm_kernel
+from ..rules.top_k_rows import TopKRowsConfig, find_top_k_rows, top_k_rows_kernel
+from ..rules.top_k_rows import default_config as top_k_rows_config
 from ..transform.cascaded_reductions import fuse_cascaded_reductions
 
 #: Loaded / unloaded HBM latency under full-bandwidth streaming, for rows in one CTA and rows
@@ -190,22 +192,38 @@ def _schedule(func: tirx.PrimFunc, split: CascadeSplit) -> s_tir.Schedule:
 
 
 def schedule_cascade(func: tirx.PrimFunc, hw: Hardware | None = None, split: CascadeSplit | None = None
-                     ) -> tuple[s_tir.Schedule, CascadeSplit | SoftmaxGemmConfig]:
+                     ) -> tuple[s_tir.Schedule, CascadeSplit | SoftmaxGemmConfig | TopKRowsConfig]:
     """Fuse ``func``'s cascade and schedule it for the GPU; ClusterError with the pass's reason
-    if it does not fuse. softmax·V (a max, a sum and a sum of products with a matrix) becomes
-    the tiled kernel of :mod:`tvm_dsm.rules.softmax_gemm` unless ``split`` asks for fused rows
-    or its tiles do not fit; every other cascade, FuseCascadedReductions with the planned split."""
+    if it does not fuse. Unless ``split`` asks for fused rows, softmax·V (a max, a sum and a sum
+    of products with a matrix) becomes the tiled kernel of :mod:`tvm_dsm.rules.softmax_gemm` and
+    a top-k with a softmax's statistics (MoE routing) the kernel of
+    :mod:`tvm_dsm.rules.top_k_rows`, where their tiles fit; every other cascade,
+    FuseCascadedReductions with the planned split."""
     if split is None:
-        try:
-            found = find_softmax_gemm(func)
-            config = default_config(found.shape, hw)
-            return s_tir.Schedule(tvm.IRModule({"main": softmax_gemm_kernel(found, config)})), config
-        except ClusterError:
-            pass  # not softmax·V, or no tile fits it: the fused rows take any shape
+        own = _own_kernel(func, hw)
+        if own is not None:
+            return own
         split, sch = _plan(func, hw)
         if sch is not None:  # built while planning
             return sch, split
     return _schedule(func, split), split
+
+
+def _own_kernel(func: tirx.PrimFunc, hw: Hardware | None):
+    """(schedule, config) of the cascade's own kernel, softmax·V's or top-k rows', if one takes
+    ``func``; None sends it to the fused rows, which take any shape."""
+    try:
+        found = find_softmax_gemm(func)
+        config = default_config(found.shape, hw)
+        return s_tir.Schedule(tvm.IRModule({"main": softmax_gemm_kernel(found, config)})), config
+    except ClusterError:
+        pass
+    try:
+        rows = find_top_k_rows(func)
+        rows_config = top_k_rows_config(rows)
+        return s_tir.Schedule(tvm.IRModule({"main": top_k_rows_kernel(rows, rows_config)})), rows_config
+    except ClusterError:
+        return None
 
 
 def _elem_bytes(expr) -> int:
