@@ -1,0 +1,160 @@
+"""The top-k rows kernel (tvm_dsm.rules.top_k_rows): MoE routing read once into shared memory,
+softmax statistics by shuffles, only elements at or above the k-th largest lane maximum inserted.
+Recognition and refusals with reasons, the planner's choice, the generated CUDA (cp.async, no
+barrier, no spills), and on the GPU the planned kernels against a stable sort (ties included)
+with poisoned outputs."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+
+from tvm_dsm.errors import ClusterError
+from tvm_dsm.fusion.top_k import top_k
+from tvm_dsm.planners.cascade_split import CascadeSplit, schedule_cascade
+from tvm_dsm.rules.top_k_rows import (TopKRowsConfig, check_config, default_config, find_top_k_rows,
+                                      fuse_top_k_rows)
+from tvm_dsm.workloads.cascades import moe_routing
+
+from conftest import cuda_source
+
+
+def _router_with_statistics(rows: int, experts: int, k: int, dtype: str = "float16"):
+    """Top-k values and indices (written directly, indices first) with the row max and exp-sum:
+    every level result is a parameter, in an order of the user's choosing."""
+    x = te.placeholder((rows, experts), dtype, name="x")
+    r = te.reduce_axis((0, experts), "r")
+    mx = te.compute((rows,), lambda i: te.max(x[i, r].astype("float32"), axis=r), name="m")
+    r2 = te.reduce_axis((0, experts), "r2")
+    l = te.compute((rows,), lambda i: te.sum(te.exp(x[i, r2].astype("float32") - mx[i]), axis=r2), name="l")
+    best = top_k(lambda i, j: x[i, j].astype("float32"), (rows,), experts, k)
+    return te.create_prim_func([x, *best[k:], mx, *best[:k], l])
+
+
+def test_moe_routing_is_recognized_with_its_epilogue():
+    found = find_top_k_rows(moe_routing(4096, 4096, 8))
+    assert (found.rows, found.width, found.top_k.top_k.k) == (4096, 4096, 8)
+    assert found.max_level is not None and found.sum_level is not None
+    assert sorted(b.name_hint for b in found.epilogue) == ["indices", "weights"]
+
+
+@pytest.mark.parametrize("shape, config", [((4096, 4096, 8), (32, 4)), ((16384, 256, 8), (8, 16)),
+                                           ((16384, 64, 6), (2, 64)), ((16384, 8, 2), (1, 128)),
+                                           ((98, 2048, 8), (32, 2))])
+def test_default_config_gives_a_lane_per_32_elements(shape, config):
+    c = default_config(find_top_k_rows(moe_routing(*shape)))
+    assert (c.lanes, c.rows_per_cta) == config
+
+
+@pytest.mark.parametrize("config, reason", [(TopKRowsConfig(64, 1), "a power of two <= 32"),
+                                            (TopKRowsConfig(32, 8), "bytes of shared memory"),
+                                            (TopKRowsConfig(32, 5), "not a multiple of rows_per_cta"),
+                                            (TopKRowsConfig(4, 2), "whole warps")])
+def test_check_config_names_the_broken_constraint(config, reason):
+    with pytest.raises(ClusterError, match=reason):
+        check_config(find_top_k_rows(moe_routing(96, 4096, 8)), config)
+
+
+def _top_k_and_max(dtype: str, extra=None):
+    """A top-2 with the row max of the same values (a two-level cascade); ``extra(x, best)`` adds
+    a stage after it."""
+    x = te.placeholder((64, 256), dtype, name="x")
+    r = te.reduce_axis((0, 256), "r")
+    mx = te.compute((64,), lambda i: te.max(x[i, r].astype("float32"), axis=r), name="m")
+    best = top_k(lambda i, j: x[i, j].astype("float32"), (64,), 256, 2)
+    outs = [mx, *best] if extra is None else [mx, extra(x, best)]
+    return te.create_prim_func([x, *outs])
+
+
+def test_fp32_logits_are_refused_and_the_planner_falls_back_to_fused_rows():
+    func = _top_k_and_max("float32")
+    with pytest.raises(ClusterError, match="16-bit floats"):
+        find_top_k_rows(func)
+    _, split = schedule_cascade(func)
+    assert isinstance(split, CascadeSplit)
+
+
+def test_a_stage_reading_the_logits_again_is_refused():
+    func = _top_k_and_max("float16", lambda x, best: te.compute(
+        (64, 2), lambda i, c: te.if_then_else(c == 0, best[0][i], best[1][i]) - x[i, 0].astype("float32"),
+        name="shifted"))
+    with pytest.raises(ClusterError, match="only the cascade's results of its row"):
+        find_top_k_rows(func)
+
+
+def test_the_planner_takes_it_and_keeps_the_parameter_order():
+    func = _router_with_statistics(512, 1024, 4)
+    sch, config = schedule_cascade(func)
+    assert isinstance(config, TopKRowsConfig) and "k-th largest lane maximum" in config.explain()
+    assert [p.name for p in sch.mod["main"].params] == [p.name for p in func.params]
+
+
+def test_cuda_copies_by_cp_async_without_a_barrier_and_assembles_without_spills(ptxas_report):
+    source = cuda_source(fuse_top_k_rows(moe_routing(4096, 4096, 8)))
+    assert "cp_async" in source and "__syncthreads" not in source and "__expf" in source
+    report = ptxas_report(source, "top_k_rows")
+    assert "0 bytes spill stores" in report and "0 bytes stack frame" in report
+
+
+def _logits(rows: int, experts: int, dtype: str) -> np.ndarray:
+    x = np.random.default_rng().standard_normal((rows, experts)).astype(dtype)
+    x[1, [0, experts // 2, experts - 1]] = 4.0  # ties inside the top k: the lower index first
+    x[2, :] = 0.5  # a row that is all ties
+    return x
+
+
+def _reference(x: np.ndarray, k: int):
+    x64 = x.astype("float64")
+    p = np.exp(x64 - x64.max(1, keepdims=True))
+    order = np.argsort(-x64, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(p / p.sum(1, keepdims=True), order, 1), order, x64.max(1), p.sum(1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows, experts, k", [(4096, 4096, 8), (1024, 2048, 8), (16384, 8, 2), (4096, 64, 6),
+                                              (2048, 256, 8)])
+def test_gpu_planned_routing_matches_a_stable_sort(rows, experts, k):
+    from conftest import TARGET
+
+    sch, config = schedule_cascade(moe_routing(rows, experts, k))
+    assert isinstance(config, TopKRowsConfig)
+    ex = tvm.compile(sch.mod, target=TARGET)
+    x = _logits(rows, experts, "float16")
+    dev = tvm.cuda(0)
+    weights = tvm.runtime.tensor(np.full((rows, k), np.nan, "float32"), dev)
+    indices = tvm.runtime.tensor(np.full((rows, k), np.iinfo("int32").min, "int32"), dev)
+    ex["main"](tvm.runtime.tensor(x, dev), weights, indices)
+    want_w, want_i, _, _ = _reference(x, k)
+    np.testing.assert_array_equal(indices.numpy(), want_i)
+    assert np.linalg.norm(weights.numpy() - want_w) / np.linalg.norm(want_w) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, config", [("float16", None), ("bfloat16", None), ("float16", TopKRowsConfig(16, 4))])
+def test_gpu_statistics_and_top_k_written_directly(dtype, config):
+    """Every level result is a parameter (max, exp-sum, values, indices), bf16 too, and a
+    configuration with fewer lanes than the planner's."""
+    from conftest import TARGET
+
+    rows, experts, k = 256, 1024, 4
+    func = _router_with_statistics(rows, experts, k, dtype)
+    ex = tvm.compile(fuse_top_k_rows(func, config), target=TARGET)
+    rounded = _logits(rows, experts, "float32").astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    dev = tvm.cuda(0)
+    x_dev = tvm.runtime.tensor(rounded, dev)
+    outs = ([tvm.runtime.tensor(np.full((rows,), np.iinfo("int32").min, "int32"), dev) for _ in range(k)]
+            + [tvm.runtime.tensor(np.full((rows,), np.nan, "float32"), dev)]
+            + [tvm.runtime.tensor(np.full((rows,), np.nan, "float32"), dev) for _ in range(k)]
+            + [tvm.runtime.tensor(np.full((rows,), np.nan, "float32"), dev)])
+    ex["main"](x_dev, *outs)
+    _, order, m, l = _reference(rounded, k)
+    got_i = np.stack([o.numpy() for o in outs[:k]], 1)
+    got_v = np.stack([o.numpy() for o in outs[k + 1:2 * k + 1]], 1)
+    np.testing.assert_array_equal(got_i, order)
+    np.testing.assert_array_equal(got_v, np.take_along_axis(rounded.astype("float64"), order, 1))
+    np.testing.assert_array_equal(outs[k].numpy(), m)
+    assert np.linalg.norm(outs[-1].numpy() - l) / np.linalg.norm(l) < 1e-5
+
