@@ -330,6 +330,19 @@ def single_fusible_cascade(func: tirx.PrimFunc, what: str) -> tuple[list[Level],
     return group, report
 
 
+def only_load(expr, what: str):
+    """The one buffer load of ``expr`` (``what`` it is, for the error); ClusterError otherwise."""
+    found = loads(expr)
+    if len(found) != 1:
+        raise ClusterError(f"{what} must read one matrix element; got {expr}")
+    return found[0]
+
+
+def indexed_by(load, *variables) -> bool:
+    """Whether ``load``'s leading indices are exactly ``variables``."""
+    return all(isinstance(i, tirx.Var) and i.same_as(v) for i, v in zip(load.indices, variables))
+
+
 def inline_elementwise(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """Inline every element-wise block that writes an intermediate buffer (not a parameter)."""
     sch = s_tir.Schedule(func)

@@ -43,7 +43,7 @@ from tvm.script import tirx as T
 
 from ..errors import ClusterError
 from ..hardware import Hardware, load_hardware
-from ..fusion.cascade import LoadSymbols, single_fusible_cascade
+from ..fusion.cascade import LoadSymbols, indexed_by, only_load, single_fusible_cascade
 from ..fusion.symbolic import ToSympy, ToTIR
 from ..ir import loads, shuffle_reduce, tree_reduce, with_block_body
 from ..schedule.cluster import MAX_CLUSTER_SIZE
@@ -120,9 +120,9 @@ def find_softmax_gemm(func: tirx.PrimFunc) -> SoftmaxGemm:
     total = group[1] if sums[tuple(ops)] else None
     if total is not None and str(total.correction) != str(product.correction):
         raise ClusterError(f"the sums' corrections differ: {total.correction} vs {product.correction}")
-    x_load = _only_load(top.value, "the max")
+    x_load = only_load(top.value, "the max")
     x = x_load.source
-    if len(x.ty.shape) != 2 or not _indexed(x_load, top.spatial[0], top.reduce_var):
+    if len(x.ty.shape) != 2 or not indexed_by(x_load, top.spatial[0], top.reduce_var):
         raise ClusterError(f"the max must reduce X[row, key] of a 2-D X; got {top.value}")
     product_term, v = _element(group, product, x, rest="v")
     v_symbol = sympy.Symbol("v", real=True)
@@ -152,17 +152,6 @@ def find_softmax_gemm(func: tirx.PrimFunc) -> SoftmaxGemm:
     return SoftmaxGemm(shape, element, product.correction, tuple(o is not None for o in outputs), order)
 
 
-def _only_load(expr, what: str):
-    found = loads(expr)
-    if len(found) != 1:
-        raise ClusterError(f"{what} must read one matrix element; got {expr}")
-    return found[0]
-
-
-def _indexed(load, *variables) -> bool:
-    return all(isinstance(i, tirx.Var) and i.same_as(v) for i, v in zip(load.indices, variables))
-
-
 def _element(group, level, x, rest: str | None = None) -> tuple[sympy.Expr, tirx.Var | None]:
     """The level's term as SymPy over ``x`` (X[row, key]), ``m`` (the max) and, for the product,
     ``rest`` (V[key, column], returned with it); ClusterError if it reads anything else."""
@@ -172,10 +161,10 @@ def _element(group, level, x, rest: str | None = None) -> tuple[sympy.Expr, tirx
     for name, expr in symbols.loads.items():
         if not isinstance(expr, tvm.ir.TensorLoad):
             raise ClusterError(f"{level.block} reads {expr}: only X[row, key] and V[key, column] are taken")
-        if expr.source.same_as(x) and _indexed(expr, level.spatial[0], level.reduce_var):
+        if expr.source.same_as(x) and indexed_by(expr, level.spatial[0], level.reduce_var):
             renames[sympy.Symbol(name, real=True)] = sympy.Symbol("x", real=True)
         elif (rest is not None and other is None and len(expr.source.ty.shape) == 2
-              and _indexed(expr, level.reduce_var, level.spatial[1])):
+              and indexed_by(expr, level.reduce_var, level.spatial[1])):
             renames[sympy.Symbol(name, real=True)], other = sympy.Symbol(rest, real=True), expr.source
         else:
             raise ClusterError(f"{level.block} reads {expr}: only X[row, key] and V[key, column] are taken")

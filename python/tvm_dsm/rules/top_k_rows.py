@@ -1,15 +1,16 @@
-"""Softmax statistics and top-k of rows that fit in registers (MoE routing) as one kernel that
-inserts only the few elements that can still make the top k.
+"""Softmax statistics and top-k of rows (MoE routing) as one kernel that inserts only the few
+elements that can still make the top k.
 
 The generic fused rows (:mod:`tvm_dsm.rules.fused_rows`) stream a row once and insert every
 element into each thread's k best (a branch-free network of k max/min pairs on packed keys,
-:mod:`tvm_dsm.fusion.top_k_keys`): ~30 instructions an element, which keeps MoE routing
-4096x4096 at ~3.4x its HBM floor (``bench/results/cascades.json``). A branch that skipped the
-network for elements below a thread's k-th best would not help there: the 32 lanes of a warp
-test different elements, and some lane almost always inserts.
+:mod:`tvm_dsm.fusion.top_k_keys`), which kept MoE routing 4096x4096 at ~3.4x its HBM floor
+(``bench/results/cascades.json``, session 27). A branch that skipped the network for elements
+below a thread's k-th best would not help there: the 32 lanes of a warp test different
+elements, and some lane almost always inserts.
 
-Here each row is split over ``lanes`` threads of one warp whose 16-byte pieces all stay in
-registers (at most 128 16-bit elements a thread), so the row can be visited again for free:
+Here each row is copied whole into shared memory (each of its ``lanes`` threads, one warp's,
+copies its own 16-byte pieces by ``cp.async`` and reads back only those: no barrier), so the
+row can be visited again for the price of a shared-memory read:
 
     m    = max over the row                 each lane's max, then a shuffle over the row's lanes
     l    = sum F(x, m)                      with the final max: no rescaling, as the user wrote it
@@ -21,8 +22,8 @@ registers (at most 128 16-bit elements a thread), so the row can be visited agai
 elements >= T), so no element of the top k is below it, and on random logits only ~k+1
 elements of a 4096-wide row reach it: the network runs for them, not for every element.
 Elements compare as the function's value does (ties to the lower index through the keys; NaN
-never enters), so the result is the unfused function's. Rows whose lanes are fewer than k
-take every element (T is the lowest value then).
+never enters), so the result is the unfused function's. Rows with fewer lanes than k take
+every element (T is the lowest value then). Measured on the H100: ``bench/results/top_k_rows.json``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ from tvm.tirx.script.builder import ir as B
 
 from ..errors import ClusterError
 from ..fusion import top_k_keys
-from ..fusion.cascade import Level, inline_elementwise, single_fusible_cascade
+from ..fusion.cascade import Level, indexed_by, inline_elementwise, only_load, single_fusible_cascade
+from ..fusion.top_k import identity
 from ..ir import loads, substitute, tree_reduce
 
 _LOAD_BYTES = 16
@@ -95,14 +97,16 @@ def find_top_k_rows(func: tirx.PrimFunc) -> TopKRows:
     raw = top_k_keys.packable_value(top.value, top.extent)
     if raw is None:
         raise ClusterError(f"the top-k must rank 16-bit floats (as packed keys); got {top.value}")
-    x_load = _only_load(raw, "the top-k")
+    x_load = only_load(raw, "the top-k")
     x = x_load.source
-    if len(x.ty.shape) != 2 or len(top.spatial) != 1 or not _indexed(x_load, top.spatial[0], top.reduce_var):
+    if len(x.ty.shape) != 2 or len(top.spatial) != 1 or not indexed_by(x_load, top.spatial[0], top.reduce_var):
         raise ClusterError(f"the top-k must rank X[row, key] of a 2-D X; got {top.value}")
     if mx is not None and not _same_value(mx.value, top.value, mx, top):
         raise ClusterError(f"the max must reduce the top-k's value; got {mx.value}")
-    if total is not None and total.deps != [group.index(mx)]:
-        raise ClusterError(f"the sum must read the max (and nothing else of the cascade); got {total.value}")
+    if total is not None and not all(
+            (ld.source.same_as(x) and indexed_by(ld, total.spatial[0], total.reduce_var))
+            or (ld.source.same_as(mx.output) and indexed_by(ld, total.spatial[0])) for ld in loads(total.value)):
+        raise ClusterError(f"the sum may read only X[row, key] and the row max; got {total.value}")
     rows, width = (int(d) for d in x.ty.shape)
     params = list(func.params)
     level_outputs = _level_outputs(group)
@@ -119,17 +123,6 @@ def find_top_k_rows(func: tirx.PrimFunc) -> TopKRows:
             if any(p.same_as(buf) for p in params) and str(buf.ty.dtype) not in ("float32", "int32"):
                 raise ClusterError(f"{lvl.block} is written as {buf.ty.dtype}: the kernel keeps float32 / int32")
     return TopKRows(func, x, rows, width, top, mx, total, tuple(epilogue))
-
-
-def _only_load(expr, what: str):
-    found = loads(expr)
-    if len(found) != 1:
-        raise ClusterError(f"{what} must read one matrix element; got {expr}")
-    return found[0]
-
-
-def _indexed(load, *variables) -> bool:
-    return all(isinstance(i, tirx.Var) and i.same_as(v) for i, v in zip(load.indices, variables))
 
 
 def _same_value(a, b, level_a: Level, level_b: Level) -> bool:
@@ -158,7 +151,7 @@ def _check_epilogue(block, params, level_outputs: dict, rows: int) -> None:
                            f"out[row, ...] are taken")
     row = block.iter_vars[0].var
     for load in loads(store.value):
-        if not (any(load.source.same_as(b) for b in outputs) and _indexed(load, row)):
+        if not (any(load.source.same_as(b) for b in outputs) and indexed_by(load, row)):
             raise ClusterError(f"{block.name_hint} reads {load}: only the cascade's results of its row are taken")
 
 
@@ -231,7 +224,7 @@ def top_k_rows_kernel(found: TopKRows, c: TopKRowsConfig) -> tirx.PrimFunc:  # n
         def bind(load):
             if load.source.same_as(x):
                 return element
-            return m  # the sum's only other read is the max (checked by find_top_k_rows)
+            return m  # the sum's only other read: the max (find_top_k_rows checks)
 
         return tvm_ffi.structural_map(level.value, [(tvm.ir.TensorLoad, bind), (tvm.ir.Call, _fast_exp)])
 
@@ -245,8 +238,9 @@ def top_k_rows_kernel(found: TopKRows, c: TopKRowsConfig) -> tirx.PrimFunc:  # n
     def write_results(row, lane, keys, m, l):
         """The levels' results the function keeps, and its element-wise stages, for ``row``."""
         registers = {}
+        empty_value, empty_index = identity(value_dtype)
         for n in range(K):
-            v, i = top_k_keys.unpack_pair(keys[n], x_dtype, value_dtype, top.init, -1)
+            v, i = top_k_keys.unpack_pair(keys[n], x_dtype, value_dtype, empty_value, int(empty_index))
             registers[top.top_k.values[n]], registers[top.top_k.indices[n]] = v, i
         if mx is not None:
             registers[mx.output] = m
