@@ -85,6 +85,18 @@ def test_a_stage_reading_the_logits_again_is_refused():
         find_top_k_rows(func)
 
 
+def test_a_sum_reading_another_operand_is_refused():
+    x = te.placeholder((64, 256), "float16", name="x")
+    w = te.placeholder((256,), "float32", name="w")
+    r = te.reduce_axis((0, 256), "r")
+    mx = te.compute((64,), lambda i: te.max(x[i, r].astype("float32"), axis=r), name="m")
+    r2 = te.reduce_axis((0, 256), "r2")
+    l = te.compute((64,), lambda i: te.sum(te.exp(x[i, r2].astype("float32") - mx[i]) * w[r2], axis=r2), name="l")
+    best = top_k(lambda i, j: x[i, j].astype("float32"), (64,), 256, 2)
+    with pytest.raises(ClusterError, match="the sum may read only"):
+        find_top_k_rows(te.create_prim_func([x, w, mx, l, *best]))
+
+
 def test_the_planner_takes_it_and_keeps_the_parameter_order():
     func = _router_with_statistics(512, 1024, 4)
     sch, config = schedule_cascade(func)
