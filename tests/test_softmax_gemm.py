@@ -42,10 +42,16 @@ def test_finds_the_cascade_and_its_element_function():
 
 
 def test_refuses_what_it_does_not_compute_with_a_reason():
-    with pytest.raises(ClusterError, match="row max, a rescaled row sum .or none. and a rescaled sum"):
+    with pytest.raises(ClusterError, match="row max, then a rescaled sum of products"):
         find_softmax_gemm(softmax_stats(64, 128))
-    with pytest.raises(ClusterError, match="other stages"):
-        find_softmax_gemm(_cascade(64, 128, 32, normalized=True))
+    x = te.placeholder((64, 32), name="x")  # a stage reading X again
+    v = te.placeholder((32, 16), name="v")
+    r0, r1 = te.reduce_axis((0, 32), "mk"), te.reduce_axis((0, 32), "ok")
+    mx = te.compute((64,), lambda i: te.max(x[i, r0], axis=r0), name="mx")
+    o = te.compute((64, 16), lambda i, c: te.sum(te.exp(x[i, r1] - mx[i]) * v[r1, c], axis=r1), name="o")
+    shifted = te.compute((64, 16), lambda i, c: o[i, c] - x[i, c], name="shifted")
+    with pytest.raises(ClusterError, match="only the cascade's results of its row"):
+        find_softmax_gemm(te.create_prim_func([x, v, shifted]))
     x = te.placeholder((64, 64), name="x")  # softmax(X)·X: V must be another matrix
     r0, r1 = te.reduce_axis((0, 64), "mk"), te.reduce_axis((0, 64), "ok")
     mx = te.compute((64,), lambda i: te.max(x[i, r0], axis=r0), name="mx")
@@ -56,6 +62,34 @@ def test_refuses_what_it_does_not_compute_with_a_reason():
         fuse_softmax_gemm(softmax_pv(64, 128, 32), SoftmaxGemmConfig(block_m=48))
     with pytest.raises(ClusterError, match="ranks"):
         check_config(find_softmax_gemm(softmax_pv(64, 1024, 64)).shape, SoftmaxGemmConfig(ranks=32))
+
+
+def _normalized_p(m: int, k: int, j: int):
+    """softmax(X)·V as usually written: P = exp(x - max) / sum, then P·V (P inlined into the
+    product, which then reads the sum)."""
+    x = te.placeholder((m, k), name="x")
+    v = te.placeholder((k, j), name="v")
+    r0, r1, r2 = (te.reduce_axis((0, k), n) for n in ("mk", "lk", "ok"))
+    mx = te.compute((m,), lambda i: te.max(x[i, r0], axis=r0), name="mx")
+    l = te.compute((m,), lambda i: te.sum(te.exp(x[i, r1] - mx[i]), axis=r1), name="l")
+    p = te.compute((m, k), lambda i, t: te.exp(x[i, t] - mx[i]) / l[i], name="p")
+    o = te.compute((m, j), lambda i, c: te.sum(p[i, r2] * v[r2, c], axis=r2), name="o")
+    return te.create_prim_func([x, v, o])
+
+
+def test_normalized_softmax_v_in_both_forms_takes_the_tiled_kernel():
+    """P normalized before the product (the product reads the sum: the kernel scales by 1 / l
+    when it writes) and o / l as a stage after the cascade (evaluated where O is written)."""
+    inline = find_softmax_gemm(_normalized_p(256, 512, 64))
+    assert str(inline.normalizer) == "1/l" and inline.written == (False, False, True)
+    staged = find_softmax_gemm(_cascade(256, 512, 64, outputs="", normalized=True))
+    assert [b.name_hint for b in staged.epilogue] == ["out"] and staged.normalizer == 1
+    for func in (_normalized_p(256, 512, 64), _cascade(256, 512, 64, outputs="", normalized=True)):
+        _, config = schedule_cascade(func)
+        assert isinstance(config, SoftmaxGemmConfig)
+    source = cuda_source(fuse_softmax_gemm(_cascade(512, 4096, 64, outputs="", normalized=True),
+                                           SoftmaxGemmConfig(32, 32, 64, 4, 8, 4)))
+    assert "out_ptr[" in source and "o_ptr" not in source
 
 
 def test_schedule_cascade_takes_the_tiled_kernel_and_falls_back_where_no_tile_fits():
@@ -129,6 +163,25 @@ def test_gpu_planned_kernel_matches_float64(shape, dtype):
     ref = _reference(x, v)
     for out, name in zip(_run(func, sch.mod, x, v), "mlo"):
         assert np.linalg.norm(out - ref[name]) / np.linalg.norm(ref[name]) < 1e-5, name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form, config", [("inline", None), ("staged", None),
+                                          ("inline", SoftmaxGemmConfig(32, 32, 64, 4, 1, 4)),
+                                          ("staged", SoftmaxGemmConfig(16, 32, 64, 2, 16, 8))])
+def test_gpu_normalized_softmax_v_matches_float64(form, config):
+    """softmax(X)·V normalized, P before the product or o / l after it, planned (clusters) and
+    in one CTA per tile; only the final output is a parameter (NaN-poisoned)."""
+    m, k, j = 512, 2048, 64
+    func = _normalized_p(m, k, j) if form == "inline" else _cascade(m, k, j, outputs="", normalized=True)
+    mod = schedule_cascade(func)[0].mod if config is None else fuse_softmax_gemm(func, config)
+    rng = np.random.default_rng()
+    x = (rng.standard_normal((m, k)) * 3).astype(np.float32)
+    v = rng.standard_normal((k, j)).astype(np.float32)
+    (out,) = _run(func, mod, x, v)
+    ref = _reference(x, v)
+    want = ref["o"] / ref["l"][:, None]
+    assert np.linalg.norm(out - want) / np.linalg.norm(want) < 1e-5
 
 
 @pytest.mark.gpu

@@ -82,6 +82,7 @@ _CASCADES = {
     "cascade_layernorm_stats": lambda x: tuple(reversed(torch.var_mean(x, 1, unbiased=False))),
     "cascade_rmsnorm_gemv": _rmsnorm_gemv,
     "cascade_softmax_pv": _softmax_pv,
+    "cascade_softmax_v": lambda x, v: torch.softmax(x.float(), 1) @ v.float(),
 }
 
 

@@ -226,10 +226,11 @@ _CASCADE_SHAPES = {
     "layernorm_stats": [(4096, 4096), (16384, 1024)],
     "rmsnorm_gemv": [(4096, 4096), (16384, 1024)],
     "softmax_pv": [(2048, 512, 64), (512, 4096, 64)],
+    "softmax_v": [(2048, 512, 64), (512, 4096, 64)],
     "moe_routing": [(4096, 4096, 8), (16384, 256, 8), (16384, 128, 8)],
 }
 _CASCADE_OUTPUTS = {"softmax_stats": 2, "logsumexp": 1, "layernorm_stats": 2, "rmsnorm_gemv": 2,
-                    "softmax_pv": 3, "moe_routing": 2}
+                    "softmax_pv": 3, "softmax_v": 1, "moe_routing": 2}
 
 
 def cascades() -> list[Variant]:
@@ -264,7 +265,7 @@ def _cascade_variants(name: str, size: tuple, parts: tuple, rows: tuple) -> list
     planned = (plan.parts, plan.vector, plan.ranks, plan.rows_per_cta)
     splits += [] if planned in splits else [planned]
     _, chosen = schedule_cascade(func)
-    own = (_softmax_gemm_variant(func, size, chosen, True)
+    own = (_softmax_gemm_variant(func, size, chosen, True, name)
            if isinstance(chosen, softmax_gemm_rule.SoftmaxGemmConfig)
            else _top_k_rows_variant(func, size, chosen, True)
            if isinstance(chosen, top_k_rows_rule.TopKRowsConfig) else None)  # the cascade's own kernel
@@ -1061,15 +1062,16 @@ def softmax_gemm() -> list[Variant]:
     return variants
 
 
-def _softmax_gemm_variant(func, size: tuple, config, planner: bool) -> Variant:
-    """softmax_pv of ``size`` as the tiled kernel in ``config`` (``planner``: default_config's)."""
+def _softmax_gemm_variant(func, size: tuple, config, planner: bool, name: str = "softmax_pv") -> Variant:
+    """The ``name`` workload (softmax_pv or softmax_v) of ``size`` as the tiled kernel in
+    ``config`` (``planner``: default_config's)."""
     c = config
-    args = _args(func, _CASCADE_OUTPUTS["softmax_pv"])
+    args = _args(func, _CASCADE_OUTPUTS[name])
     return Variant(
-        name=f"softmax_pv_{'x'.join(map(str, size))}_m{c.block_m}k{c.block_k}j{c.block_j}"
+        name=f"{name}_{'x'.join(map(str, size))}_m{c.block_m}k{c.block_k}j{c.block_j}"
         f"t{c.rows_per_thread}x{c.columns_per_thread}" + (f"_c{c.ranks}" if c.ranks > 1 else "")
         + ("_plan" if planner else ""),
-        workload="cascade_softmax_pv",
+        workload=f"cascade_{name}",
         mod=softmax_gemm_rule.fuse_softmax_gemm(func, config),
         args=args,
         bytes=_nbytes(args),

@@ -40,10 +40,12 @@ import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import SBlock
 from tvm.script import tirx as T
+from tvm.tirx.script.builder import ir as B
 
 from ..errors import ClusterError
 from ..hardware import Hardware, load_hardware
-from ..fusion.cascade import LoadSymbols, indexed_by, only_load, single_fusible_cascade
+from ..fusion.cascade import LoadSymbols, indexed_by, inline_elementwise, only_load, single_fusible_cascade
+from ..fusion.epilogue import bind_stage, find_epilogue
 from ..fusion.symbolic import ToSympy, ToTIR
 from ..ir import loads, shuffle_reduce, tree_reduce, with_block_body
 from ..schedule.cluster import MAX_CLUSTER_SIZE
@@ -93,43 +95,53 @@ class SoftmaxGemmConfig:
 @dataclass(frozen=True)
 class SoftmaxGemm:
     """What the kernel takes from the function: the shape, the element function F(x, m) and the
-    correction fix(m_old, m_new) as SymPy over ``x``/``m`` and ``y0_old``/``y0_new``, which
-    level results are parameters (written: max, sum, product), and the function's parameters
-    in order, each as its role's index in (X, V, max, sum, product)."""
+    correction fix(m_old, m_new) as SymPy over ``x``/``m`` and ``y0_old``/``y0_new``, the
+    product's factor of the row sum ``l`` (``1 / l`` when the user normalizes P before the
+    product, else 1), which level results are parameters (written: max, sum, product), the
+    function's parameters in order, each as its role's index in (X, V, max, sum, product) or
+    None for an element-wise stage's output, and those stages (``o / l``, say)."""
 
     shape: SoftmaxGemmShape
     element: sympy.Expr
     correction: sympy.Expr
+    normalizer: sympy.Expr
     written: tuple[bool, bool, bool]
-    order: tuple[int, ...]
+    order: tuple[int | None, ...]
+    params: tuple
+    epilogue: tuple
+    results: tuple  # the max, sum and product levels' buffers (None where absent)
+
+
+_M, _L, _V = (sympy.Symbol(n, real=True) for n in ("m", "l", "v"))
 
 
 def find_softmax_gemm(func: tirx.PrimFunc) -> SoftmaxGemm:
     """The cascade of ``func`` as the kernel takes it; ClusterError saying what does not match."""
+    func = inline_elementwise(func)
     group, report = single_fusible_cascade(func, "softmax·V (max, sum, sum of products)")
     if report.approximate:
         raise ClusterError("the cascade rounds inside (a cast to a narrower float): the kernel computes "
                            "in fp32 and would not match it")
     ops = [(lvl.op, lvl.form, len(lvl.spatial)) for lvl in group]
-    sums = {(("max", "plain", 1), ("sum", "rescale", 1), ("sum", "rescale", 2)): 1,
-            (("max", "plain", 1), ("sum", "rescale", 2)): 0}  # the exp-sum may be left out
-    if tuple(ops) not in sums:
-        raise ClusterError(f"softmax·V needs a row max, a rescaled row sum (or none) and a rescaled sum "
-                           f"of products with a [K, J] matrix, in that order; got {ops}")
-    top, product = group[0], group[-1]
-    total = group[1] if sums[tuple(ops)] else None
-    if total is not None and str(total.correction) != str(product.correction):
-        raise ClusterError(f"the sums' corrections differ: {total.correction} vs {product.correction}")
+    if ops[0] != ("max", "plain", 1) or sorted(ops[1:]) not in ([("sum", "rescale", 1), ("sum", "rescale", 2)],
+                                                                [("sum", "rescale", 2)]):
+        raise ClusterError(f"softmax·V needs a row max, then a rescaled sum of products with a [K, J] matrix "
+                           f"and a rescaled row sum (or none); got {ops}")
+    top = group[0]
+    product = next(lvl for lvl in group if len(lvl.spatial) == 2)
+    total = next((lvl for lvl in group[1:] if len(lvl.spatial) == 1), None)
     x_load = only_load(top.value, "the max")
     x = x_load.source
     if len(x.ty.shape) != 2 or not indexed_by(x_load, top.spatial[0], top.reduce_var):
         raise ClusterError(f"the max must reduce X[row, key] of a 2-D X; got {top.value}")
-    product_term, v = _element(group, product, x, rest="v")
-    v_symbol = sympy.Symbol("v", real=True)
-    element = _element(group, total, x)[0] if total is not None else sympy.simplify(product_term / v_symbol)
-    if v is None or v.same_as(x) or element.has(v_symbol) or sympy.simplify(product_term - element * v_symbol) != 0:
-        raise ClusterError(f"the product level must be the sum level's term times V[key, column]; "
-                           f"got {product.value}")
+    sum_index = group.index(total) if total is not None else None
+    product_term, v = _element(group, product, x, rest="v", sum_index=sum_index)
+    element = _element(group, total, x)[0] if total is not None else sympy.simplify(product_term / _V)
+    normalizer = sympy.simplify(product_term / (element * _V)) if v is not None else sympy.nan
+    if (v is None or v.same_as(x) or element.has(_V) or normalizer.free_symbols - {_L}
+            or sympy.simplify(product_term - element * normalizer * _V) != 0):
+        raise ClusterError(f"the product level must be the sum level's term times V[key, column] (times a "
+                           f"function of the sum); got {product.value}")
     rows, keys = (int(d) for d in x.ty.shape)
     columns = int(v.ty.shape[1])
     dtypes = {str(x.ty.dtype), str(v.ty.dtype)}
@@ -137,27 +149,36 @@ def find_softmax_gemm(func: tirx.PrimFunc) -> SoftmaxGemm:
         raise ClusterError(f"X and V must be of {_INPUT_DTYPES}; got {sorted(dtypes)}")
     params = list(func.params)
     levels = (top, total, product)
-    outputs = tuple(None if lvl is None else next((p for p in params if p.same_as(lvl.output)), None)
-                    for lvl in levels)
+    results = tuple(None if lvl is None else lvl.output for lvl in levels)
+    epilogue = find_epilogue(func, {lvl.block for lvl in group}, [b for b in results if b is not None], rows)
+    for block in epilogue:
+        extents = [int(iv.dom.extent) for iv in block.iter_vars]
+        reads_product = any(ld.source.same_as(product.output) for ld in loads(block.body.value))
+        if extents not in ([rows], [rows, columns]) or (reads_product and len(extents) == 1):
+            raise ClusterError(f"{block.name_hint}: the stages after softmax·V write out[row] from the max and "
+                               f"sum or out[row, column] from the product too; got extents {extents}")
+    outputs = tuple(None if b is None else next((p for p in params if p.same_as(b)), None) for b in results)
     for lvl, param in zip(levels, outputs):
         if param is not None and str(param.ty.dtype) != "float32":
             raise ClusterError(f"{lvl.block} is written in {param.ty.dtype}: the kernel writes float32")
-    extra = [p for p in params if not any(p.same_as(b) for b in (x, v, *[o for o in outputs if o is not None]))]
-    if extra:
-        raise ClusterError(f"softmax·V takes X, V and the levels' results; {[p.name for p in extra]} are "
-                           "other stages: schedule them separately")
     shape = SoftmaxGemmShape(rows, keys, columns, str(x.ty.dtype), str(v.ty.dtype))
     roles = (x, v, *outputs)
-    order = tuple(next(i for i, b in enumerate(roles) if b is not None and b.same_as(p)) for p in params)
-    return SoftmaxGemm(shape, element, product.correction, tuple(o is not None for o in outputs), order)
+    order = tuple(next((i for i, b in enumerate(roles) if b is not None and b.same_as(p)), None) for p in params)
+    correction = (total if total is not None else product).correction
+    return SoftmaxGemm(shape, element, correction, normalizer, tuple(o is not None for o in outputs), order,
+                       tuple(params), epilogue, results)
 
 
-def _element(group, level, x, rest: str | None = None) -> tuple[sympy.Expr, tirx.Var | None]:
-    """The level's term as SymPy over ``x`` (X[row, key]), ``m`` (the max) and, for the product,
-    ``rest`` (V[key, column], returned with it); ClusterError if it reads anything else."""
+def _element(group, level, x, rest: str | None = None, sum_index: int | None = None
+             ) -> tuple[sympy.Expr, tirx.Var | None]:
+    """The level's term as SymPy over ``x`` (X[row, key]), ``m`` (the max), for the product
+    ``rest`` (V[key, column], returned with it) and ``l`` (the row sum, level ``sum_index``);
+    ClusterError if it reads anything else."""
     symbols = LoadSymbols(group, level)
     term = ToSympy(symbols)(level.value)
-    renames, other = {sympy.Symbol("y0", real=True): sympy.Symbol("m", real=True)}, None
+    renames, other = {sympy.Symbol("y0", real=True): _M}, None
+    if sum_index is not None:
+        renames[sympy.Symbol(f"y{sum_index}", real=True)] = _L
     for name, expr in symbols.loads.items():
         if not isinstance(expr, tvm.ir.TensorLoad):
             raise ClusterError(f"{level.block} reads {expr}: only X[row, key] and V[key, column] are taken")
@@ -169,9 +190,9 @@ def _element(group, level, x, rest: str | None = None) -> tuple[sympy.Expr, tirx
         else:
             raise ClusterError(f"{level.block} reads {expr}: only X[row, key] and V[key, column] are taken")
     term = term.subs(renames)
-    allowed = {sympy.Symbol(n, real=True) for n in ("x", "m", rest or "x")}
+    allowed = {sympy.Symbol(n, real=True) for n in ("x", "m", rest or "x")} | ({_L} if sum_index is not None else set())
     if term.free_symbols - allowed:
-        raise ClusterError(f"{level.block} reads results other than the max: {term}")
+        raise ClusterError(f"{level.block} reads results other than the max and the sum: {term}")
     return term, other
 
 
@@ -261,6 +282,25 @@ def softmax_gemm_kernel(found: SoftmaxGemm, c: SoftmaxGemmConfig) -> tirx.PrimFu
     ROWS_PER_RANK = BM // R
     MERGED = ROWS_PER_RANK * BJ  # outputs rank q merges
     has_max, has_sum, has_product = found.written
+    m_buf, l_buf, o_buf = found.results
+    row_stages = [b for b in found.epilogue if len(b.iter_vars) == 1]
+    cell_stages = [b for b in found.epilogue if len(b.iter_vars) == 2]
+    # The product threads need their rows' max and sum: for 1 / l, or for stages reading them.
+    needs_stats = found.normalizer != 1 or bool(cell_stages)
+    STAGE_ROWS = TM if cell_stages else 0  # a thread's rows the stages write
+
+    def product(acc_value, l_value):  # the product level's value from its accumulated sum
+        if found.normalizer == 1:
+            return acc_value
+        return acc_value * ToTIR({"l": l_value}, "float32")(found.normalizer)
+
+    def results(m, l, acc_value=None):  # the level results a stage may read, as registers
+        values = {m_buf: m, l_buf: l, o_buf: None if acc_value is None else product(acc_value, l)}
+        return {buf: value for buf, value in values.items() if buf is not None and value is not None}
+
+    def write_stages(stages, indices, registers):
+        for block in stages:
+            B.buffer_store(*bind_stage(block, indices, registers))
 
     def fix(old, new):
         return ToTIR({"y0_old": old, "y0_new": new}, "float32")(found.correction)
@@ -362,16 +402,28 @@ def softmax_gemm_kernel(found: SoftmaxGemm, c: SoftmaxGemmConfig) -> tirx.PrimFu
                                         acc[i * TN + e] = acc[i * TN + e] + pk[i] * vk[e]
                             T.tvm_storage_sync("shared")
                         if R == 1:
+                            if needs_stats:  # the statistics threads' max and sum, for the product threads
+                                if tx % LANES == 0:
+                                    part_ml[0, s_row] = state[0]
+                                    part_ml[1, s_row] = state[1]
+                                T.tvm_storage_sync("shared")
                             if has_product:
                                 for i in T.unroll(TM):
                                     for h in T.unroll(TN // _PIECE):
                                         for e in T.vectorized(_PIECE):
-                                            o[row0 + g_row + i, col0 + g_col + h * SPAN + e] = acc[i * TN + h * _PIECE + e]
+                                            o[row0 + g_row + i, col0 + g_col + h * SPAN + e] = product(
+                                                acc[i * TN + h * _PIECE + e], part_ml[1, g_row + i])
+                            for i in T.unroll(STAGE_ROWS):
+                                for h in T.unroll(TN // _PIECE):
+                                    for e in T.unroll(_PIECE):
+                                        write_stages(cell_stages, [row0 + g_row + i, col0 + g_col + h * SPAN + e], results(
+                                            part_ml[0, g_row + i], part_ml[1, g_row + i], acc[i * TN + h * _PIECE + e]))
                             if tx % LANES == 0 and by == 0:
                                 if has_max:
                                     mx[row0 + s_row] = state[0]
                                 if has_sum:
                                     l_out[row0 + s_row] = state[1]
+                                write_stages(row_stages, [row0 + s_row], results(state[0], state[1]))
                         else:
                             for i in T.unroll(TM):
                                 for h in T.unroll(TN // _PIECE):
@@ -400,12 +452,15 @@ def softmax_gemm_kernel(found: SoftmaxGemm, c: SoftmaxGemmConfig) -> tirx.PrimFu
                                         load_peer(remote[0], peer, part_o, row * BJ + (n * THREADS + tx) % BJ, r)
                                         merged[3] = merged[3] + remote[0] * merged[1]
                                     if has_product:
-                                        o[row0 + row, col0 + (n * THREADS + tx) % BJ] = merged[3]
+                                        o[row0 + row, col0 + (n * THREADS + tx) % BJ] = product(merged[3], merged[2])
+                                    write_stages(cell_stages, [row0 + row, col0 + (n * THREADS + tx) % BJ],
+                                                 results(merged[0], merged[2], merged[3]))
                                     if (n * THREADS + tx) % BJ == 0 and by == 0:
                                         if has_max:
                                             mx[row0 + row] = merged[0]
                                         if has_sum:
                                             l_out[row0 + row] = merged[2]
+                                        write_stages(row_stages, [row0 + row], results(merged[0], merged[2]))
                             T.evaluate(T.cuda.cluster_sync())  # peers have read this CTA's partials
 
     body = fused.body
@@ -415,5 +470,7 @@ def softmax_gemm_kernel(found: SoftmaxGemm, c: SoftmaxGemmConfig) -> tirx.PrimFu
             return with_block_body(block, marked) if block.name_hint == "softmax_gemm" else block
 
         body = tvm_ffi.structural_map(body, [(SBlock, launch_cluster)])
-    # The function's own parameters, in its order (results it keeps internal are not written).
-    return tirx.PrimFunc([fused.params[i] for i in found.order], body, attrs=fused.attrs)
+    # The function's own parameters, in its order: the levels' results it keeps (the others are
+    # not written) and its stages' outputs.
+    params = [p if role is None else fused.params[role] for role, p in zip(found.order, found.params)]
+    return tirx.PrimFunc(params, body, attrs=fused.attrs)

@@ -34,13 +34,14 @@ from dataclasses import dataclass
 
 import tvm
 import tvm_ffi
-from tvm import s_tir, tirx
+from tvm import tirx
 from tvm.script import tirx as T
 from tvm.tirx.script.builder import ir as B
 
 from ..errors import ClusterError
 from ..fusion import top_k_keys
 from ..fusion.cascade import Level, indexed_by, inline_elementwise, only_load, single_fusible_cascade
+from ..fusion.epilogue import bind_stage, find_epilogue
 from ..fusion.top_k import identity
 from ..ir import loads, substitute, tree_reduce
 
@@ -110,19 +111,13 @@ def find_top_k_rows(func: tirx.PrimFunc) -> TopKRows:
     rows, width = (int(d) for d in x.ty.shape)
     params = list(func.params)
     level_outputs = _level_outputs(group)
-    sch = s_tir.Schedule(func)
-    epilogue = []
-    for rv in sch.get_child_blocks(sch.get_sblock("root")):
-        block = sch.get(rv)
-        if any(block.name_hint == lvl.block for lvl in group):
-            continue
-        _check_epilogue(block, params, level_outputs, rows)
-        epilogue.append(block)
+    epilogue = find_epilogue(func, {lvl.block for lvl in group},
+                             [b for bufs in level_outputs.values() for b in bufs], rows)
     for lvl in group:
         for buf in level_outputs[lvl.block]:
             if any(p.same_as(buf) for p in params) and str(buf.ty.dtype) not in ("float32", "int32"):
                 raise ClusterError(f"{lvl.block} is written as {buf.ty.dtype}: the kernel keeps float32 / int32")
-    return TopKRows(func, x, rows, width, top, mx, total, tuple(epilogue))
+    return TopKRows(func, x, rows, width, top, mx, total, epilogue)
 
 
 def _same_value(a, b, level_a: Level, level_b: Level) -> bool:
@@ -134,25 +129,6 @@ def _same_value(a, b, level_a: Level, level_b: Level) -> bool:
 def _level_outputs(group: list[Level]) -> dict[str, list]:
     return {lvl.block: (list(lvl.top_k.values) + list(lvl.top_k.indices) if lvl.top_k else [lvl.output])
             for lvl in group}
-
-
-def _check_epilogue(block, params, level_outputs: dict, rows: int) -> None:
-    """ClusterError unless ``block`` writes a parameter ``out[row, c...]`` element-wise from the
-    levels' results of its row."""
-    store = block.body
-    outputs = [b for bufs in level_outputs.values() for b in bufs]
-    ok = (isinstance(store, tirx.BufferStore) and block.init is None
-          and any(store.buffer.same_as(p) for p in params)
-          and all(int(iv.iter_type) == tirx.IterVar.DataPar for iv in block.iter_vars)
-          and len(store.indices) == len(block.iter_vars) and int(block.iter_vars[0].dom.extent) == rows
-          and all(isinstance(i, tirx.Var) and i.same_as(iv.var) for i, iv in zip(store.indices, block.iter_vars)))
-    if not ok:
-        raise ClusterError(f"{block.name_hint}: after the cascade only element-wise stages writing "
-                           f"out[row, ...] are taken")
-    row = block.iter_vars[0].var
-    for load in loads(store.value):
-        if not (any(load.source.same_as(b) for b in outputs) and indexed_by(load, row)):
-            raise ClusterError(f"{block.name_hint} reads {load}: only the cascade's results of its row are taken")
 
 
 def check_config(found: TopKRows, c: TopKRowsConfig) -> None:
@@ -247,9 +223,6 @@ def top_k_rows_kernel(found: TopKRows, c: TopKRowsConfig) -> tirx.PrimFunc:  # n
         if total is not None:
             registers[total.output] = l
 
-        def from_registers(load):
-            return next(r for buf, r in registers.items() if load.source.same_as(buf))
-
         for buf, r in registers.items():
             param = next((p for p in params if p.same_as(buf)), None)
             if param is not None:
@@ -259,19 +232,15 @@ def top_k_rows_kernel(found: TopKRows, c: TopKRowsConfig) -> tirx.PrimFunc:  # n
         for block in found.epilogue:
             extents = [int(iv.dom.extent) for iv in block.iter_vars[1:]]
             count = functools.reduce(operator.mul, extents, 1)
-            for n in range((count + L - 1) // L):
+            for n in range((count + L - 1) // L):  # the lanes take the row's outputs in turn
                 flat = lane + n * L
                 columns, rest = [], flat
                 for extent in reversed(extents):
                     columns.insert(0, rest % extent)
                     rest = rest // extent
-                iters = [iv.var for iv in block.iter_vars]
-                store = block.body
-                expr = tvm_ffi.structural_map(store.value, [(tvm.ir.TensorLoad, from_registers)])
-                expr = substitute(expr, list(zip(iters, [row] + columns)))
                 with B.If(flat < count):
                     with B.Then():
-                        B.buffer_store(store.buffer, expr, [row] + columns)
+                        B.buffer_store(*bind_stage(block, [row] + columns, registers))
 
     def merge_lanes(keys):  # the row's lanes' k best, by a butterfly of bitonic merges
         mask = 1

@@ -69,6 +69,22 @@ def softmax_pv(m: int, k: int, j: int, dtype: str = "float32") -> tirx.PrimFunc:
     return te.create_prim_func([x, v, mx, l, o])
 
 
+def softmax_v(m: int, k: int, j: int, dtype: str = "float32") -> tirx.PrimFunc:
+    """softmax(X)·V as usually written: P = exp(x - max) / sum, then O = P·V, in fp32 from X and
+    V of ``dtype``; only O [m, j] is an output."""
+    x = te.placeholder((m, k), dtype, name="x")
+    v = te.placeholder((k, j), dtype, name="v")
+    xf = x if dtype == "float32" else te.compute((m, k), lambda i, t: x[i, t].astype("float32"), name="xf")
+    vf = v if dtype == "float32" else te.compute((k, j), lambda t, c: v[t, c].astype("float32"), name="vf")
+    mx = _row_max(xf, m, k)
+    r = te.reduce_axis((0, k), "lk")
+    l = te.compute((m,), lambda i: te.sum(te.exp(xf[i, r] - mx[i]), axis=r), name="l")
+    p = te.compute((m, k), lambda i, t: te.exp(xf[i, t] - mx[i]) / l[i], name="p")
+    r2 = te.reduce_axis((0, k), "ok")
+    o = te.compute((m, j), lambda i, c: te.sum(p[i, r2] * vf[r2, c], axis=r2), name="o")
+    return te.create_prim_func([x, v, o])
+
+
 def decode_attention(rows: int, keys: int, dim: int) -> tirx.PrimFunc:
     """One query per row (a (batch, head) pair) attending to ``keys`` cached keys and values:
     softmax(q K^T / sqrt(dim)) V in fp32 from fp16 q [rows, dim], K and V [rows, keys, dim].
