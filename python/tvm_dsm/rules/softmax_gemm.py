@@ -22,6 +22,11 @@ in shared memory serves ``block_m`` rows and each thread's outputs are a small o
 SGEMM register tiling. The math is fp32 (inputs of fp16 are widened on load): V·P on tensor cores
 would round P to fp16 or tf32, outside the fp32 standard the other cascades meet.
 
+softmax(X)·V normalized is taken in both forms a user writes it: P = F / l before the product
+(the product reads the sum; its term is F(x, m)·v·g(l), so O accumulates F·v under F's
+correction and is multiplied by g(l_final) = 1 / l when written) or ``out = o / l`` as a stage
+after the cascade (:mod:`tvm_dsm.fusion.epilogue`, evaluated where O is written).
+
 With ``ranks`` > 1 the CTAs of a cluster take consecutive slices of the keys for the same rows
 (the grid needs them when the rows alone give too few CTAs) and leave their (m, l, O) in shared
 memory; after a cluster barrier rank q merges rows q/ranks of the block from every rank's slice
