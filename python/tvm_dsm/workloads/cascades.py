@@ -54,9 +54,8 @@ def rmsnorm_gemv(m: int, k: int) -> tirx.PrimFunc:
     return te.create_prim_func([x, w, ss, y])
 
 
-def softmax_pv(m: int, k: int, j: int, dtype: str = "float32") -> tirx.PrimFunc:
-    """Row max, exp-sum and exp-weighted sum of V (unnormalized attention output), in fp32 from
-    X and V of ``dtype``."""
+def _softmax_statistics(m: int, k: int, j: int, dtype: str):
+    """X [m, k] and V [k, j] of ``dtype``, their fp32 views, and the row max and exp-sum of X."""
     x = te.placeholder((m, k), dtype, name="x")
     v = te.placeholder((k, j), dtype, name="v")
     xf = x if dtype == "float32" else te.compute((m, k), lambda i, t: x[i, t].astype("float32"), name="xf")
@@ -64,6 +63,13 @@ def softmax_pv(m: int, k: int, j: int, dtype: str = "float32") -> tirx.PrimFunc:
     mx = _row_max(xf, m, k)
     r = te.reduce_axis((0, k), "lk")
     l = te.compute((m,), lambda i: te.sum(te.exp(xf[i, r] - mx[i]), axis=r), name="l")
+    return x, v, xf, vf, mx, l
+
+
+def softmax_pv(m: int, k: int, j: int, dtype: str = "float32") -> tirx.PrimFunc:
+    """Row max, exp-sum and exp-weighted sum of V (unnormalized attention output), in fp32 from
+    X and V of ``dtype``."""
+    x, v, xf, vf, mx, l = _softmax_statistics(m, k, j, dtype)
     r2 = te.reduce_axis((0, k), "ok")
     o = te.compute((m, j), lambda i, c: te.sum(te.exp(xf[i, r2] - mx[i]) * vf[r2, c], axis=r2), name="o")
     return te.create_prim_func([x, v, mx, l, o])
@@ -72,13 +78,7 @@ def softmax_pv(m: int, k: int, j: int, dtype: str = "float32") -> tirx.PrimFunc:
 def softmax_v(m: int, k: int, j: int, dtype: str = "float32") -> tirx.PrimFunc:
     """softmax(X)·V as usually written: P = exp(x - max) / sum, then O = P·V, in fp32 from X and
     V of ``dtype``; only O [m, j] is an output."""
-    x = te.placeholder((m, k), dtype, name="x")
-    v = te.placeholder((k, j), dtype, name="v")
-    xf = x if dtype == "float32" else te.compute((m, k), lambda i, t: x[i, t].astype("float32"), name="xf")
-    vf = v if dtype == "float32" else te.compute((k, j), lambda t, c: v[t, c].astype("float32"), name="vf")
-    mx = _row_max(xf, m, k)
-    r = te.reduce_axis((0, k), "lk")
-    l = te.compute((m,), lambda i: te.sum(te.exp(xf[i, r] - mx[i]), axis=r), name="l")
+    x, v, xf, vf, mx, l = _softmax_statistics(m, k, j, dtype)
     p = te.compute((m, k), lambda i, t: te.exp(xf[i, t] - mx[i]) / l[i], name="p")
     r2 = te.reduce_axis((0, k), "ok")
     o = te.compute((m, j), lambda i, c: te.sum(p[i, r2] * vf[r2, c], axis=r2), name="o")
