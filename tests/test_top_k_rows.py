@@ -69,12 +69,29 @@ def _top_k_and_max(dtype: str, extra=None):
     return te.create_prim_func([x, *outs])
 
 
-def test_fp32_logits_are_refused_and_the_planner_falls_back_to_fused_rows():
-    func = _top_k_and_max("float32")
-    with pytest.raises(ClusterError, match="16-bit floats"):
+def test_fp64_logits_are_refused_and_the_planner_falls_back_to_fused_rows():
+    func = _top_k_and_max("float64")
+    with pytest.raises(ClusterError, match="16-bit or fp32 floats"):
         find_top_k_rows(func)
     _, split = schedule_cascade(func)
     assert isinstance(split, CascadeSplit)
+
+
+def test_a_top_k_of_an_expression_of_x_is_refused():
+    x = te.placeholder((64, 256), "float16", name="x")
+    r = te.reduce_axis((0, 256), "r")
+    mx = te.compute((64,), lambda i: te.max(x[i, r] * tvm.tirx.const(2, "float16"), axis=r), name="m")
+    best = top_k(lambda i, j: x[i, j] * tvm.tirx.const(2, "float16"), (64,), 256, 2)
+    with pytest.raises(ClusterError, match="as loaded"):
+        find_top_k_rows(te.create_prim_func([x, mx, *best]))
+
+
+def test_fp32_logits_take_64_bit_keys(ptxas_report):
+    mod = fuse_top_k_rows(moe_routing(4096, 4096, 8, "float32"))
+    source = cuda_source(mod)
+    assert "uint64_t keys_ptr[8]" in source and "<< (uint64_t)32ULL" in source
+    report = ptxas_report(source, "top_k_rows_fp32")
+    assert "0 bytes spill stores" in report
 
 
 def test_a_stage_reading_the_logits_again_is_refused():
@@ -126,15 +143,17 @@ def _reference(x: np.ndarray, k: int):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows, experts, k", [(4096, 4096, 8), (1024, 2048, 8), (16384, 8, 2), (4096, 64, 6),
-                                              (2048, 256, 8)])
-def test_gpu_planned_routing_matches_a_stable_sort(rows, experts, k):
+@pytest.mark.parametrize("rows, experts, k, dtype", [(4096, 4096, 8, "float16"), (1024, 2048, 8, "float16"),
+                                                     (16384, 8, 2, "float16"), (4096, 64, 6, "float16"),
+                                                     (2048, 256, 8, "float16"), (4096, 4096, 8, "float32"),
+                                                     (8192, 64, 6, "float32")])
+def test_gpu_planned_routing_matches_a_stable_sort(rows, experts, k, dtype):
     from conftest import TARGET
 
-    sch, config = schedule_cascade(moe_routing(rows, experts, k))
+    sch, config = schedule_cascade(moe_routing(rows, experts, k, dtype))
     assert isinstance(config, TopKRowsConfig)
     ex = tvm.compile(sch.mod, target=TARGET)
-    x = _logits(rows, experts, "float16")
+    x = _logits(rows, experts, dtype)
     dev = tvm.cuda(0)
     weights = tvm.runtime.tensor(np.full((rows, k), np.nan, "float32"), dev)
     indices = tvm.runtime.tensor(np.full((rows, k), np.iinfo("int32").min, "int32"), dev)

@@ -1080,9 +1080,10 @@ def _softmax_gemm_variant(func, size: tuple, config, planner: bool, name: str = 
     )
 
 
-#: MoE routers (tokens, experts, k): the cascades suite's three, DeepSeek-V2-Lite's 64 experts at
-#: the top 6 and Mixtral's 8 at the top 2.
-TOP_K_ROWS_SHAPES = [(4096, 4096, 8), (16384, 256, 8), (16384, 128, 8), (16384, 64, 6), (16384, 8, 2)]
+#: MoE routers (tokens, experts, k[, logits' dtype]): the cascades suite's three, DeepSeek-V2-Lite's
+#: 64 experts at the top 6 and Mixtral's 8 at the top 2; fp32 logits (64-bit keys) too.
+TOP_K_ROWS_SHAPES = [(4096, 4096, 8), (16384, 256, 8), (16384, 128, 8), (16384, 64, 6), (16384, 8, 2),
+                     (4096, 4096, 8, "float32"), (16384, 64, 6, "float32")]
 
 
 def top_k_rows() -> list[Variant]:

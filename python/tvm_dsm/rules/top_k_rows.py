@@ -95,10 +95,12 @@ def find_top_k_rows(func: tirx.PrimFunc) -> TopKRows:
     if top is None or len(by_op) != len(group) or set(by_op) - {"top_k", "max", "sum"} or (total and not mx):
         raise ClusterError(f"top-k rows take one top-k with an optional row max and a sum reading it; got "
                            f"{[lvl.op for lvl in group]}")
-    raw = top_k_keys.packable_value(top.value, top.extent)
+    raw = top_k_keys.packable_value(top.value, top.extent, wide=True)
     if raw is None:
-        raise ClusterError(f"the top-k must rank 16-bit floats (as packed keys); got {top.value}")
+        raise ClusterError(f"the top-k must rank 16-bit or fp32 floats (as packed keys); got {top.value}")
     x_load = only_load(raw, "the top-k")
+    if not raw.same_as(x_load):
+        raise ClusterError(f"the top-k must rank X[row, key] as loaded (or widened to fp32); got {top.value}")
     x = x_load.source
     if len(x.ty.shape) != 2 or len(top.spatial) != 1 or not indexed_by(x_load, top.spatial[0], top.reduce_var):
         raise ClusterError(f"the top-k must rank X[row, key] of a 2-D X; got {top.value}")
@@ -188,6 +190,7 @@ def top_k_rows_kernel(found: TopKRows, c: TopKRowsConfig) -> tirx.PrimFunc:  # n
     LOG_L = L.bit_length() - 1
     x_dtype = str(x.ty.dtype)
     X_BYTES = tvm.DataType(x_dtype).bits // 8
+    KEY = top_k_keys.key_dtype(x_dtype)
     value_dtype = str(top.value.ty.dtype)
     lowest = tvm.te.min_value(value_dtype)
     params = list(found.func.params)
@@ -204,8 +207,8 @@ def top_k_rows_kernel(found: TopKRows, c: TopKRowsConfig) -> tirx.PrimFunc:  # n
 
         return tvm_ffi.structural_map(level.value, [(tvm.ir.TensorLoad, bind), (tvm.ir.Call, _fast_exp)])
 
-    def raw_max(a, b):  # in the 16-bit type (exact, NaN-ignoring as fmaxf): no widened copies to keep
-        return tirx.call_pure_extern(x_dtype, "__hmax", a, b)
+    def raw_max(a, b):  # in X's type (exact, NaN-ignoring as fmaxf): no widened copies to keep
+        return tirx.max(a, b) if x_dtype == "float32" else tirx.call_pure_extern(x_dtype, "__hmax", a, b)
 
     def count_at_least(v):  # lanes of the row whose value is >= v
         return tree_reduce(operator.add, [tirx.Cast("int32", tirx.op.tvm_warp_shuffle(
@@ -263,7 +266,7 @@ def top_k_rows_kernel(found: TopKRows, c: TopKRowsConfig) -> tirx.PrimFunc:  # n
                     T.writes()
                     xs = T.sblock_alloc_buffer((W, found.width), x_dtype, scope="shared")
                     xr = T.sblock_alloc_buffer((VEC,), x_dtype, scope="local")
-                    keys = T.sblock_alloc_buffer((K,), "uint32", scope="local")
+                    keys = T.sblock_alloc_buffer((K,), KEY, scope="local")
                     st = T.sblock_alloc_buffer((4,), "float32", scope="local")  # lane max, m, l, threshold
                     count = T.sblock_alloc_buffer((1,), "int32", scope="local")
                     base = T.sblock_alloc_buffer((1,), "uint32", scope="local")
@@ -303,7 +306,7 @@ def top_k_rows_kernel(found: TopKRows, c: TopKRowsConfig) -> tirx.PrimFunc:  # n
                         for s in T.unroll(LOG_L):
                             st[3] = T.max(st[3], _shuffle_xor(1 << s, st[3]))
                     for n in T.unroll(K):
-                        keys[n] = T.uint32(0)
+                        keys[n] = T.Cast(KEY, 0)
                     for q in range(PIECES):
                         load_piece(xr, xs, r, q, lane)
                         for e in T.unroll(VEC):

@@ -107,11 +107,11 @@ def decode_attention(rows: int, keys: int, dim: int) -> tirx.PrimFunc:
     return te.create_prim_func([q, k, v, out])
 
 
-def moe_routing(tokens: int, experts: int, k: int) -> tirx.PrimFunc:
+def moe_routing(tokens: int, experts: int, k: int, dtype: str = "float16") -> tirx.PrimFunc:
     """MoE router: the k best experts per token and their softmax probabilities (over all
-    experts, best first; ties go to the lower expert index). Outputs weights [tokens, k] fp32 and
-    indices [tokens, k] int32."""
-    x = te.placeholder((tokens, experts), "float16", name="x")
+    experts, best first; ties go to the lower expert index), from logits of ``dtype``. Outputs
+    weights [tokens, k] fp32 and indices [tokens, k] int32."""
+    x = te.placeholder((tokens, experts), dtype, name="x")
 
     def logit(i, r):
         return x[i, r].astype("float32")
