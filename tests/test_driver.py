@@ -8,6 +8,7 @@ import logging
 import numpy as np
 import pytest
 import tvm
+from tvm import te
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
@@ -38,12 +39,49 @@ def test_plan_finds_the_family_and_explains_the_winner(func, family):
     assert "hbm" in text and "predicted:" in text and "#2:" in text
 
 
+def _unfusible_cascade(rows: int = 256, cols: int = 1024):
+    """sum(sin(x - max x)): a cascade whose correction would depend on x, so it does not fuse."""
+    x = te.placeholder((rows, cols), name="x")
+    r, r2 = te.reduce_axis((0, cols), "r"), te.reduce_axis((0, cols), "r2")
+    m = te.compute((rows,), lambda i: te.max(x[i, r], axis=r), name="m")
+    s = te.compute((rows,), lambda i: te.sum(te.sin(x[i, r2] - m[i]), axis=r2), name="s")
+    return te.create_prim_func([x, s])
+
+
+@pytest.mark.parametrize("func, kernel", [
+    (cascades.moe_routing(256, 1024, 8), "top-k rows"), (cascades.softmax_v(256, 512, 64), "softmax·V tiled"),
+    (cascades.attention(4, 256, 256, 64), "attention: 128 query rows"),
+    (cascades.logsumexp(256, 1024), "256 rows, a cluster of"),
+])
+def test_cascades_are_planned_and_built_through_the_driver(func, kernel):
+    """tvm_dsm.plan / build give a cascade its fused kernel (schedule_cascade's choice), the
+    time shown being the HBM floor of reading the operands once."""
+    ranking = tvm_dsm.plan(func)
+    assert ranking.family.name == "fused_cascade" and not ranking.family.traced
+    assert f"fused cascade: {kernel}" in ranking.explain() and "HBM" in ranking.explain()
+    source = tvm_dsm.build(func).mod.imports[0].inspect_source()
+    assert "__global__" in source
+
+
+def test_tune_measures_a_generated_kernel_without_recording_it(tmp_path):
+    """A fused cascade's kernel is generated, not a trace of the function: tune times it but
+    commits no record (one could not replay), and build still takes the planner's choice."""
+    func = cascades.moe_routing(256, 1024, 8)
+    measured = tvm_dsm.tune(func, str(tmp_path), top_k=3, runner=_ScriptedRunner())
+    assert len(measured) == 1 and measured[0].measured_us is not None
+    database = ms.database.JSONDatabase(work_dir=str(tmp_path))
+    assert len(database) == 0
+    chosen = tvm_dsm.driver.schedule(func, database=database)
+    tvm.ir.assert_structural_equal(chosen.mod, tvm_dsm.plan(func).schedule().mod)
+
+
 def test_unsupported_function_gets_the_reasons_and_a_stock_build(caplog):
-    func = cascades.logsumexp(256, 1024)  # three blocks: no tvm-dsm family (RedFuser fuses it)
+    func = _unfusible_cascade()
     with pytest.raises(ClusterError) as err:
         tvm_dsm.plan(func)
     for family in ("gemm_chain", "split_k_gemm", "split_k_reduction"):
         assert family in str(err.value)
+    assert "fused_cascade: cascade m -> s: not fused" in str(err.value)
     with caplog.at_level(logging.WARNING, logger="tvm_dsm.driver"):
         sch = tvm_dsm.driver.schedule(func)
     assert "falls back to TVM's stock schedule" in caplog.text

@@ -81,7 +81,10 @@ def tune(func: tirx.PrimFunc, work_dir: str, *, target=H100, top_k: int = 8,
          runner: ms.Runner | None = None) -> list[Measured]:
     """Build and time the planner's ``top_k`` configurations with MetaSchedule's builder and
     runner (on this machine's GPU unless a runner is given) and commit every measured one to the
-    JSON database in ``work_dir``; returns them fastest first (failures last)."""
+    JSON database in ``work_dir``; returns them fastest first (failures last). Families that
+    generate their kernels (fused cascades, convolution chains: ``Family.traced``) are measured
+    but not recorded, since a record holds a trace of ``func``; ``build`` takes their planner's
+    choice."""
     ranking = plan(func, hw)
     target = tvm.target.Target(target)
     candidates = list(enumerate(ranking.plans[:top_k]))
@@ -106,8 +109,9 @@ def tune(func: tirx.PrimFunc, work_dir: str, *, target=H100, top_k: int = 8,
             errors[i] = result.error_msg
             continue
         seconds[i] = [float(s) for s in result.run_secs]
-        database.commit_tuning_record(ms.database.TuningRecord(
-            schedules[i].trace, workload, seconds[i], target, args_info))
+        if ranking.family.traced:  # a generated kernel has no trace of ``func`` to record
+            database.commit_tuning_record(ms.database.TuningRecord(
+                schedules[i].trace, workload, seconds[i], target, args_info))
     for i, (rank, p) in enumerate(candidates):
         if i in seconds:
             times = sorted(seconds[i])

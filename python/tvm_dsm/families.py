@@ -13,11 +13,14 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
 import tvm
 from tvm import s_tir, tirx
 
 from .errors import ClusterError
 from .hardware import Hardware
+from .fusion.cascade import analyze
+from .planners.cascade_split import schedule_cascade, schedule_with
 from .planners.fused_chain import FUSED_PICK_BIAS, ChainPlan, plan_chain
 from .planners.unfused_chain import plan_unfused_chain
 from .planners.gemm_row_max import plan_gemm_row_max, row_max_shape
@@ -35,12 +38,28 @@ from .rules.unfused_chain import UnfusedChainConfig, schedule_unfused_chain
 
 @dataclass(frozen=True)
 class Family:
-    """One schedule family: pattern, planner and schedule."""
+    """One schedule family: pattern, planner and schedule. ``traced``: its schedules are traces
+    of the function (MetaSchedule can record and replay them); the others generate their kernels
+    (a rewrite or a template), which a tuning record cannot hold."""
 
     name: str
     match: Callable[[tirx.PrimFunc], Any]
     rank: Callable[[Any, Hardware], list[Plan]]
     schedule: Callable[[tirx.PrimFunc, Any], s_tir.Schedule]
+    traced: bool = True
+
+
+@dataclass(frozen=True)
+class CascadePlan(Plan):
+    """A fused cascade's kernel as :func:`~tvm_dsm.planners.cascade_split.schedule_cascade`
+    chooses it. Its time is the HBM floor of the function's operands (read once, the point of
+    the fusion), a bound rather than a prediction: the cascade planner sizes loads in flight,
+    not time."""
+
+    config: Any = None
+
+    def summary(self) -> str:
+        return f"fused cascade: {self.config.explain()}"
 
 
 @dataclass(frozen=True)
@@ -156,11 +175,32 @@ def _rank_reductions(shape: ReductionShape, hw: Hardware) -> list[Plan]:
 
 
 #: Most specific first.
+def _cascade_function(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` itself if it holds cascaded reductions that all fuse (ClusterError with the
+    pass's reasons otherwise)."""
+    groups = analyze(func)
+    if not groups:
+        raise ClusterError("no cascaded reductions (reductions over one axis reading earlier ones)")
+    refused = [str(report) for _, report in groups if not report.fusible]
+    if refused:
+        raise ClusterError("; ".join(refused))
+    return func
+
+
+def _rank_cascade(func: tirx.PrimFunc, hw: Hardware) -> list[Plan]:
+    _, config = schedule_cascade(func, hw)
+    nbytes = sum(int(np.prod([int(d) for d in p.ty.shape])) * tvm.DataType(str(p.ty.dtype)).bits // 8
+                 for p in func.params)
+    seconds = nbytes / hw.hbm_bw
+    return [CascadePlan({"HBM": nbytes}, {"HBM": seconds}, seconds * 1e6, config)]
+
+
 FAMILIES = (
-    Family("conv_chain", find_conv_chain, _rank_conv_chains, _schedule_conv_chain),
+    Family("conv_chain", find_conv_chain, _rank_conv_chains, _schedule_conv_chain, traced=False),
     Family("gemm_chain", _chain_shape, _rank_chains, _schedule_chain),
     Family("gemm_row_max", row_max_shape, plan_gemm_row_max, schedule_gemm_row_max),
     Family("split_k_gemm", _gemm_shape, plan_split_k_gemm, schedule_split_k_gemm),
+    Family("fused_cascade", _cascade_function, _rank_cascade, schedule_with, traced=False),
     Family("split_k_reduction", _reduction_shape, _rank_reductions, schedule_split_k_reduction),
 )
 

@@ -37,8 +37,11 @@ from ..fusion.cascade import element_producers, find_cascades, inline_elementwis
 from ..hardware import Hardware, load_hardware
 from ..ir import loads
 from ..rules.fused_rows import schedule_fused_rows
-from ..rules.softmax_gemm import SoftmaxGemmConfig, default_config, find_softmax_gemm, softmax_gemm_kernel
-from ..rules.top_k_rows import TopKRowsConfig, find_top_k_rows, top_k_rows_kernel
+from ..rules.attention import AttentionConfig, find_attention, fuse_attention
+from ..rules.attention import default_config as attention_config
+from ..rules.softmax_gemm import (SoftmaxGemmConfig, default_config, find_softmax_gemm, fuse_softmax_gemm,
+                                  softmax_gemm_kernel)
+from ..rules.top_k_rows import TopKRowsConfig, find_top_k_rows, fuse_top_k_rows, top_k_rows_kernel
 from ..rules.top_k_rows import default_config as top_k_rows_config
 from ..transform.cascaded_reductions import fuse_cascaded_reductions
 
@@ -88,6 +91,10 @@ class CascadeSplit:
                 f"shuffles), {self.vector} element(s) per load (the next chunk loaded ahead): "
                 f"{self.bytes_in_flight / 2**20:.1f} MiB of loads in flight, "
                 f"{self.bytes_needed / 2**20:.1f} MiB needed to cover HBM latency")
+
+
+#: What :func:`schedule_cascade` chose: a cascade's own kernel's configuration or the fused rows' split.
+CascadeConfig = CascadeSplit | AttentionConfig | SoftmaxGemmConfig | TopKRowsConfig
 
 
 def plan_cascade_split(func: tirx.PrimFunc, hw: Hardware | None = None) -> CascadeSplit:
@@ -192,13 +199,13 @@ def _schedule(func: tirx.PrimFunc, split: CascadeSplit) -> s_tir.Schedule:
 
 
 def schedule_cascade(func: tirx.PrimFunc, hw: Hardware | None = None, split: CascadeSplit | None = None
-                     ) -> tuple[s_tir.Schedule, CascadeSplit | SoftmaxGemmConfig | TopKRowsConfig]:
+                     ) -> tuple[s_tir.Schedule, CascadeConfig]:
     """Fuse ``func``'s cascade and schedule it for the GPU; ClusterError with the pass's reason
-    if it does not fuse. Unless ``split`` asks for fused rows, softmax·V (a max, a sum and a sum
-    of products with a matrix) becomes the tiled kernel of :mod:`tvm_dsm.rules.softmax_gemm` and
-    a top-k with a softmax's statistics (MoE routing) the kernel of
-    :mod:`tvm_dsm.rules.top_k_rows`, where their tiles fit; every other cascade,
-    FuseCascadedReductions with the planned split."""
+    if it does not fuse. Unless ``split`` asks for fused rows, attention becomes the kernel of
+    :mod:`tvm_dsm.rules.attention`, softmax·V (a max, a sum and a sum of products with a matrix)
+    the tiled kernel of :mod:`tvm_dsm.rules.softmax_gemm` and a top-k with a softmax's
+    statistics (MoE routing) the kernel of :mod:`tvm_dsm.rules.top_k_rows`, where their tiles
+    fit; every other cascade, FuseCascadedReductions with the planned split."""
     if split is None:
         own = _own_kernel(func, hw)
         if own is not None:
@@ -210,8 +217,14 @@ def schedule_cascade(func: tirx.PrimFunc, hw: Hardware | None = None, split: Cas
 
 
 def _own_kernel(func: tirx.PrimFunc, hw: Hardware | None):
-    """(schedule, config) of the cascade's own kernel, softmax·V's or top-k rows', if one takes
-    ``func``; None sends it to the fused rows, which take any shape."""
+    """(schedule, config) of the cascade's own kernel, attention's, softmax·V's or top-k rows',
+    if one takes ``func``; None sends it to the fused rows, which take any shape."""
+    try:
+        shape, _ = find_attention(func)
+        attention = attention_config(shape)
+        return s_tir.Schedule(fuse_attention(func, attention)), attention
+    except ClusterError:
+        pass
     try:
         found = find_softmax_gemm(func)
         config = default_config(found.shape, hw)
@@ -224,6 +237,17 @@ def _own_kernel(func: tirx.PrimFunc, hw: Hardware | None):
         return s_tir.Schedule(tvm.IRModule({"main": top_k_rows_kernel(rows, rows_config)})), rows_config
     except ClusterError:
         return None
+
+
+def schedule_with(func: tirx.PrimFunc, config: CascadeConfig) -> s_tir.Schedule:
+    """``func``'s cascade scheduled in ``config`` (as :func:`schedule_cascade` returns it)."""
+    if isinstance(config, AttentionConfig):
+        return s_tir.Schedule(fuse_attention(func, config))
+    if isinstance(config, SoftmaxGemmConfig):
+        return s_tir.Schedule(fuse_softmax_gemm(func, config))
+    if isinstance(config, TopKRowsConfig):
+        return s_tir.Schedule(fuse_top_k_rows(func, config))
+    return schedule_cascade(func, split=config)[0]
 
 
 def _elem_bytes(expr) -> int:

@@ -106,6 +106,11 @@ class AttentionConfig:
     def block_m(self) -> int:
         return WARPGROUP_ROWS * self.row_blocks * self.warpgroups
 
+    def explain(self) -> str:
+        return (f"attention: {self.block_m} query rows x {self.block_n}-key tiles per CTA, "
+                f"{self.warpgroups} warpgroup(s) of {self.row_blocks} 64-row block(s), both products on "
+                "warpgroup MMAs, key/value tiles by TMA")
+
 
 #: Configurations whose registers fit without spills (ptxas, checked in tests/test_attention.py).
 CONFIGS = (AttentionConfig(64, 1), AttentionConfig(128, 1), AttentionConfig(64, 2),
