@@ -63,6 +63,16 @@ def test_cascades_are_planned_and_built_through_the_driver(func, kernel):
     assert "__global__" in source
 
 
+def test_a_cascade_whose_stage_reads_the_data_again_is_left_to_dlight():
+    """TOPI's softmax normalizes every element from X after the statistics: the fused rows ran it
+    1.4-25x slower than dlight (bench/results/softmax.json), so the family refuses it."""
+    from tvm import topi
+
+    x = te.placeholder((256, 1024), "float32", name="x")
+    with pytest.raises(ClusterError, match="fused_cascade: T_softmax_norm reads .'x'. besides the cascade's"):
+        tvm_dsm.plan(te.create_prim_func([x, topi.nn.softmax(x)]))
+
+
 def test_tune_measures_a_generated_kernel_without_recording_it(tmp_path):
     """A fused cascade's kernel is generated, not a trace of the function: tune times it but
     commits no record (one could not replay), and build still takes the planner's choice."""

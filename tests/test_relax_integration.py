@@ -34,8 +34,8 @@ def _kernels(executable) -> dict[str, str]:
 def test_model_matmuls_get_tvm_dsm_schedules_and_the_rest_dlight(caplog):
     """Here the second matmul feeds a softmax, so the model holds no chain the chain family
     takes (it writes its output from an elementwise block): one split-K GEMM per matmul. The
-    softmax is a cascade (row max, exp-sum) the fused-cascade family takes: its statistics in
-    one pass, the rows split over a cluster (DSM); the rest (the gate's multiply) is dlight's."""
+    softmax is a cascade, but its normalize stage reads the data again, which the fused-cascade
+    family leaves to dlight (faster there: bench/results/softmax.json)."""
     with caplog.at_level(logging.DEBUG, logger="tvm_dsm.relax"):
         kernels = _kernels(compile_model(swiglu_mlp(*SHAPE, softmax=True), target=TARGET))
     matmuls = {name: body for name, body in kernels.items() if "matmul" in name}
@@ -45,8 +45,7 @@ def test_model_matmuls_get_tvm_dsm_schedules_and_the_rest_dlight(caplog):
         assert "CUtensorMap" in body and tensor_cores and "mapa" in body, name
     others = [name for name in kernels if "matmul" not in name]
     assert others and not any("CUtensorMap" in kernels[name] for name in others)
-    softmax = [name for name in others if "softmax" in name]
-    assert softmax and all("cluster_sync" in kernels[name] for name in softmax)
+    assert "no tvm-dsm family" in caplog.text and "a second pass over the data" in caplog.text
 
 
 @pytest.mark.parametrize("model", [ffn(*SHAPE), swiglu_mlp(*SHAPE)])

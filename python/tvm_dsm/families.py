@@ -19,7 +19,8 @@ from tvm import s_tir, tirx
 
 from .errors import ClusterError
 from .hardware import Hardware
-from .fusion.cascade import analyze
+from .fusion.cascade import analyze, inline_elementwise
+from .ir import loads
 from .planners.cascade_split import schedule_cascade, schedule_with
 from .planners.fused_chain import FUSED_PICK_BIAS, ChainPlan, plan_chain
 from .planners.unfused_chain import plan_unfused_chain
@@ -176,14 +177,28 @@ def _rank_reductions(shape: ReductionShape, hw: Hardware) -> list[Plan]:
 
 #: Most specific first.
 def _cascade_function(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """``func`` itself if it holds cascaded reductions that all fuse (ClusterError with the
-    pass's reasons otherwise)."""
+    """``func`` itself if it holds cascaded reductions that all fuse and whose element-wise
+    stages read only their results (ClusterError with the reason otherwise). A stage that reads the data
+    again (softmax's normalize, one output per element) is refused: the fused rows ran TOPI's
+    softmax 1.4-25x slower than dlight's schedule (``bench/results/softmax.json``)."""
     groups = analyze(func)
     if not groups:
         raise ClusterError("no cascaded reductions (reductions over one axis reading earlier ones)")
     refused = [str(report) for _, report in groups if not report.fusible]
     if refused:
         raise ClusterError("; ".join(refused))
+    levels = [lvl for group, _ in groups for lvl in group]
+    results = [buf for lvl in levels
+               for buf in (list(lvl.top_k.values) + list(lvl.top_k.indices) if lvl.top_k else [lvl.output])]
+    sch = s_tir.Schedule(inline_elementwise(func))
+    for rv in sch.get_child_blocks(sch.get_sblock("root")):
+        block = sch.get(rv)
+        if block.name_hint in {lvl.block for lvl in levels} or block.init is not None:
+            continue  # a level, or a reduction producing its data (attention's scores)
+        again = [ld.source.name for ld in loads(block.body) if not any(ld.source.same_as(b) for b in results)]
+        if again:
+            raise ClusterError(f"{block.name_hint} reads {sorted(set(again))} besides the cascade's results: "
+                               "a second pass over the data, which the fused kernels do not make fast")
     return func
 
 

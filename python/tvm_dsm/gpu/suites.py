@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import tvm
-from tvm import s_tir
+from tvm import s_tir, te, topi
 
 from ..driver import H100, plan as plan_function, stock_schedule
 
@@ -1080,6 +1080,28 @@ def _softmax_gemm_variant(func, size: tuple, config, planner: bool, name: str = 
     )
 
 
+#: Row softmax shapes (rows, columns) of the ``softmax`` suite: a model's attention-sized rows,
+#: short rows, and a vocabulary-wide one.
+SOFTMAX_SHAPES = [(4096, 4096), (16384, 1024), (1024, 32000)]
+
+
+def softmax() -> list[Variant]:
+    """TOPI's softmax (what Relax legalizes ``R.nn.softmax`` to: max, exp, exp-sum, normalize)
+    as the fused rows schedule it (``schedule_cascade``) beside TVM's stock dlight schedule, which
+    ``tvm_dsm.build`` keeps for it (the fused-cascade family refuses a stage that reads the data
+    again)."""
+    variants = []
+    for rows, cols in SOFTMAX_SHAPES:
+        x = te.placeholder((rows, cols), "float32", name="x")
+        func = te.create_prim_func([x, topi.nn.softmax(x)])
+        args = _args(func)
+        for label, mod in (("fused_rows", schedule_cascade(func)[0].mod), ("dlight", stock_schedule(func).mod)):
+            variants.append(Variant(name=f"softmax_{rows}x{cols}_{label}", workload="softmax", mod=mod, args=args,
+                                    bytes=_nbytes(args), flops=0, plan={"planner": label == "dlight"},
+                                    extra={"schedule": label}))
+    return variants
+
+
 #: MoE routers (tokens, experts, k[, logits' dtype]): the cascades suite's three, DeepSeek-V2-Lite's
 #: 64 experts at the top 6 and Mixtral's 8 at the top 2; fp32 logits (64-bit keys) too.
 TOP_K_ROWS_SHAPES = [(4096, 4096, 8), (16384, 256, 8), (16384, 128, 8), (16384, 64, 6), (16384, 8, 2),
@@ -1137,5 +1159,5 @@ SUITES = {
     "gemm_wgmma": gemm_wgmma, "programmatic_launch": programmatic_launch, "decode_pdl": decode_pdl,
     "decode_picks": decode_picks, "cascades_rows": cascades_rows, "chains_pdl": chains_pdl,
     "gemm_stages": gemm_stages, "gemm_depths": gemm_depths, "fp8_depths": fp8_depths,
-    "gemm_large_m": gemm_large_m, "softmax_gemm": softmax_gemm, "top_k_rows": top_k_rows,
+    "gemm_large_m": gemm_large_m, "softmax_gemm": softmax_gemm, "top_k_rows": top_k_rows, "softmax": softmax,
 }
