@@ -299,7 +299,7 @@ def softmax_gemm_kernel(found: SoftmaxGemm, c: SoftmaxGemmConfig) -> tirx.PrimFu
             return acc_value
         return acc_value * ToTIR({"l": l_value}, "float32")(found.normalizer)
 
-    def results(m, l, acc_value=None):  # the level results a stage may read, as registers
+    def stage_inputs(m, l, acc_value=None):  # the level results a stage may read, as registers
         values = {m_buf: m, l_buf: l, o_buf: None if acc_value is None else product(acc_value, l)}
         return {buf: value for buf, value in values.items() if buf is not None and value is not None}
 
@@ -421,14 +421,14 @@ def softmax_gemm_kernel(found: SoftmaxGemm, c: SoftmaxGemmConfig) -> tirx.PrimFu
                             for i in T.unroll(STAGE_ROWS):
                                 for h in T.unroll(TN // _PIECE):
                                     for e in T.unroll(_PIECE):
-                                        write_stages(cell_stages, [row0 + g_row + i, col0 + g_col + h * SPAN + e], results(
+                                        write_stages(cell_stages, [row0 + g_row + i, col0 + g_col + h * SPAN + e], stage_inputs(
                                             part_ml[0, g_row + i], part_ml[1, g_row + i], acc[i * TN + h * _PIECE + e]))
                             if tx % LANES == 0 and by == 0:
                                 if has_max:
                                     mx[row0 + s_row] = state[0]
                                 if has_sum:
                                     l_out[row0 + s_row] = state[1]
-                                write_stages(row_stages, [row0 + s_row], results(state[0], state[1]))
+                                write_stages(row_stages, [row0 + s_row], stage_inputs(state[0], state[1]))
                         else:
                             for i in T.unroll(TM):
                                 for h in T.unroll(TN // _PIECE):
@@ -459,13 +459,13 @@ def softmax_gemm_kernel(found: SoftmaxGemm, c: SoftmaxGemmConfig) -> tirx.PrimFu
                                     if has_product:
                                         o[row0 + row, col0 + (n * THREADS + tx) % BJ] = product(merged[3], merged[2])
                                     write_stages(cell_stages, [row0 + row, col0 + (n * THREADS + tx) % BJ],
-                                                 results(merged[0], merged[2], merged[3]))
+                                                 stage_inputs(merged[0], merged[2], merged[3]))
                                     if (n * THREADS + tx) % BJ == 0 and by == 0:
                                         if has_max:
                                             mx[row0 + row] = merged[0]
                                         if has_sum:
                                             l_out[row0 + row] = merged[2]
-                                        write_stages(row_stages, [row0 + row], results(merged[0], merged[2]))
+                                        write_stages(row_stages, [row0 + row], stage_inputs(merged[0], merged[2]))
                             T.evaluate(T.cuda.cluster_sync())  # peers have read this CTA's partials
 
     body = fused.body

@@ -183,13 +183,13 @@ def top_k_rows_kernel(found: TopKRows, c: TopKRowsConfig) -> tirx.PrimFunc:  # n
     """The passes of the module docstring as one CUDA kernel's TIR."""
     x, top, mx, total = found.x, found.top_k, found.max_level, found.sum_level
     L, W = c.lanes, c.rows_per_cta
+    x_dtype = str(x.ty.dtype)
+    X_BYTES = tvm.DataType(x_dtype).bits // 8
     PER_LANE = found.width // L
-    VEC = min(PER_LANE, _LOAD_BYTES // (tvm.DataType(str(x.ty.dtype)).bits // 8))
+    VEC = min(PER_LANE, _LOAD_BYTES // X_BYTES)  # elements of one 16-byte piece
     PIECES = PER_LANE // VEC
     K = top.top_k.k
     LOG_L = L.bit_length() - 1
-    x_dtype = str(x.ty.dtype)
-    X_BYTES = tvm.DataType(x_dtype).bits // 8
     KEY = top_k_keys.key_dtype(x_dtype)
     value_dtype = str(top.value.ty.dtype)
     lowest = tvm.te.min_value(value_dtype)
