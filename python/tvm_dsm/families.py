@@ -175,12 +175,11 @@ def _rank_reductions(shape: ReductionShape, hw: Hardware) -> list[Plan]:
                                   extra_input_bytes=shape.extra_input_bytes)
 
 
-#: Most specific first.
 def _cascade_function(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` itself if it holds cascaded reductions that all fuse and whose element-wise
-    stages read only their results (ClusterError with the reason otherwise). A stage that reads the data
-    again (softmax's normalize, one output per element) is refused: the fused rows ran TOPI's
-    softmax 1.4-25x slower than dlight's schedule (``bench/results/softmax.json``)."""
+    stages read only their results (ClusterError with the reason otherwise). A stage that reads
+    the data again (softmax's normalize, one output per element) is refused: the fused rows ran
+    TOPI's softmax 1.4-25x slower than dlight's schedule (``bench/results/softmax.json``)."""
     groups = analyze(func)
     if not groups:
         raise ClusterError("no cascaded reductions (reductions over one axis reading earlier ones)")
@@ -210,6 +209,7 @@ def _rank_cascade(func: tirx.PrimFunc, hw: Hardware) -> list[Plan]:
     return [CascadePlan({"HBM": nbytes}, {"HBM": seconds}, seconds * 1e6, config)]
 
 
+#: Most specific first.
 FAMILIES = (
     Family("conv_chain", find_conv_chain, _rank_conv_chains, _schedule_conv_chain, traced=False),
     Family("gemm_chain", _chain_shape, _rank_chains, _schedule_chain),

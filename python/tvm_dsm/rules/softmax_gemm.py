@@ -421,8 +421,10 @@ def softmax_gemm_kernel(found: SoftmaxGemm, c: SoftmaxGemmConfig) -> tirx.PrimFu
                             for i in T.unroll(STAGE_ROWS):
                                 for h in T.unroll(TN // _PIECE):
                                     for e in T.unroll(_PIECE):
-                                        write_stages(cell_stages, [row0 + g_row + i, col0 + g_col + h * SPAN + e], stage_inputs(
-                                            part_ml[0, g_row + i], part_ml[1, g_row + i], acc[i * TN + h * _PIECE + e]))
+                                        write_stages(
+                                            cell_stages, [row0 + g_row + i, col0 + g_col + h * SPAN + e],
+                                            stage_inputs(part_ml[0, g_row + i], part_ml[1, g_row + i],
+                                                         acc[i * TN + h * _PIECE + e]))
                             if tx % LANES == 0 and by == 0:
                                 if has_max:
                                     mx[row0 + s_row] = state[0]

@@ -13,9 +13,10 @@ copies its own 16-byte pieces by ``cp.async`` and reads back only those: no barr
 row can be visited again for the price of a shared-memory read:
 
     m    = max over the row                 each lane's max, then a shuffle over the row's lanes
-    l    = sum F(x, m)                      with the final max: no rescaling, as the user wrote it
     T    = k-th largest of the lanes' maxima
-    keep = the k best of the elements >= T  each lane its own, then a butterfly of bitonic merges
+    l    = sum F(x, m)                      with the final max: no rescaling, as the user wrote it
+    keep = the k best of the elements >= T  each lane its own (one pass with l's), then a
+                                            butterfly of bitonic merges
     out  = the function's epilogue (e.g. exp(top - m) / l and the indices), lanes over its columns
 
 ``T`` is a lower bound of the row's k-th value (the k lanes whose maxima are >= T hold k
@@ -291,13 +292,6 @@ def top_k_rows_kernel(found: TopKRows, c: TopKRowsConfig) -> tirx.PrimFunc:  # n
                     st[1] = st[0]
                     for s in T.unroll(LOG_L):
                         st[1] = T.max(st[1], _shuffle_xor(1 << s, st[1]))
-                    if total is not None:
-                        st[2] = T.float32(0)
-                        for q in range(PIECES):
-                            load_piece(xr, xs, r, q, lane)
-                            st[2] = st[2] + tree_reduce(operator.add, [value(total, xr[e], st[1]) for e in range(VEC)])
-                        for s in T.unroll(LOG_L):
-                            st[2] = st[2] + _shuffle_xor(1 << s, st[2])
                     st[3] = lowest
                     if L >= K:
                         count[0] = count_at_least(st[0])
@@ -307,11 +301,17 @@ def top_k_rows_kernel(found: TopKRows, c: TopKRowsConfig) -> tirx.PrimFunc:  # n
                             st[3] = T.max(st[3], _shuffle_xor(1 << s, st[3]))
                     for n in T.unroll(K):
                         keys[n] = T.Cast(KEY, 0)
-                    for q in range(PIECES):
+                    st[2] = T.float32(0)
+                    for q in range(PIECES):  # the sum and the candidates in one more pass
                         load_piece(xr, xs, r, q, lane)
+                        if total is not None:
+                            st[2] = st[2] + tree_reduce(operator.add, [value(total, xr[e], st[1]) for e in range(VEC)])
                         for e in T.unroll(VEC):
                             if xr[e] >= T.Cast(x_dtype, st[3]):
                                 top_k_keys.insert(keys, xr[e], key_of(q, e, lane), K, top.init)
+                    if total is not None:
+                        for s in T.unroll(LOG_L):
+                            st[2] = st[2] + _shuffle_xor(1 << s, st[2])
                     merge_lanes(keys)
                     write_results(row, lane, keys, st[1], st[2])
 
