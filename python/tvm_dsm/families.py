@@ -13,7 +13,6 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import numpy as np
 import tvm
 from tvm import s_tir, tirx
 
@@ -21,7 +20,7 @@ from .errors import ClusterError
 from .hardware import Hardware
 from .fusion.cascade import analyze, inline_elementwise
 from .ir import loads
-from .planners.cascade_split import schedule_cascade, schedule_with
+from .planners.cascade_split import cascade_config, schedule_with
 from .planners.fused_chain import FUSED_PICK_BIAS, ChainPlan, plan_chain
 from .planners.unfused_chain import plan_unfused_chain
 from .planners.gemm_row_max import plan_gemm_row_max, row_max_shape
@@ -35,6 +34,7 @@ from .rules.gemm_row_max import schedule_gemm_row_max
 from .rules.split_k_gemm import find_gemm, schedule_split_k_gemm
 from .rules.split_k_reduction import reduction_extents, schedule_split_k_reduction
 from .rules.unfused_chain import UnfusedChainConfig, schedule_unfused_chain
+from .transform.lower_cluster import buffer_bytes
 
 
 @dataclass(frozen=True)
@@ -160,14 +160,8 @@ def _reduction_shape(func: tirx.PrimFunc) -> ReductionShape:
     if matrix is None:
         raise ClusterError("a split-K row reduction reads a [rows, K] matrix")
 
-    def nbytes(buf) -> int:
-        size = 1
-        for dim in buf.ty.shape:
-            size *= int(dim)
-        return size * tvm.DataType(str(buf.ty.dtype)).bits // 8
-
     return ReductionShape(rows, depth, tvm.DataType(str(matrix.ty.dtype)).bits // 8,
-                          sum(nbytes(b) for b in reads if not b.same_as(matrix)))
+                          sum(buffer_bytes(b) for b in reads if not b.same_as(matrix)))
 
 
 def _rank_reductions(shape: ReductionShape, hw: Hardware) -> list[Plan]:
@@ -187,8 +181,7 @@ def _cascade_function(func: tirx.PrimFunc) -> tirx.PrimFunc:
     if refused:
         raise ClusterError("; ".join(refused))
     levels = [lvl for group, _ in groups for lvl in group]
-    results = [buf for lvl in levels
-               for buf in (list(lvl.top_k.values) + list(lvl.top_k.indices) if lvl.top_k else [lvl.output])]
+    results = [buf for lvl in levels for buf in lvl.results]
     sch = s_tir.Schedule(inline_elementwise(func))
     for rv in sch.get_child_blocks(sch.get_sblock("root")):
         block = sch.get(rv)
@@ -202,11 +195,9 @@ def _cascade_function(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
 
 def _rank_cascade(func: tirx.PrimFunc, hw: Hardware) -> list[Plan]:
-    _, config = schedule_cascade(func, hw)
-    nbytes = sum(int(np.prod([int(d) for d in p.ty.shape])) * tvm.DataType(str(p.ty.dtype)).bits // 8
-                 for p in func.params)
+    nbytes = sum(buffer_bytes(p) for p in func.params)
     seconds = nbytes / hw.hbm_bw
-    return [CascadePlan({"HBM": nbytes}, {"HBM": seconds}, seconds * 1e6, config)]
+    return [CascadePlan({"HBM": nbytes}, {"HBM": seconds}, seconds * 1e6, cascade_config(func, hw))]
 
 
 #: Most specific first.

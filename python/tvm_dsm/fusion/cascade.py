@@ -59,6 +59,11 @@ class Level:
     correction: sympy.Expr | None = None
     terms: list[tuple[sympy.Expr, sympy.Expr]] = field(default_factory=list)  # split: (G, H)
 
+    @property
+    def results(self) -> list:
+        """The buffers the level writes: its output, or a top-k's values then indices."""
+        return list(self.top_k.values) + list(self.top_k.indices) if self.top_k else [self.output]
+
 
 @dataclass
 class GroupReport:

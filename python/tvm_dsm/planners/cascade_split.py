@@ -39,9 +39,8 @@ from ..ir import loads
 from ..rules.fused_rows import schedule_fused_rows
 from ..rules.attention import AttentionConfig, find_attention, fuse_attention
 from ..rules.attention import default_config as attention_config
-from ..rules.softmax_gemm import (SoftmaxGemmConfig, default_config, find_softmax_gemm, fuse_softmax_gemm,
-                                  softmax_gemm_kernel)
-from ..rules.top_k_rows import TopKRowsConfig, find_top_k_rows, fuse_top_k_rows, top_k_rows_kernel
+from ..rules.softmax_gemm import SoftmaxGemmConfig, default_config, find_softmax_gemm, fuse_softmax_gemm
+from ..rules.top_k_rows import TopKRowsConfig, find_top_k_rows, fuse_top_k_rows
 from ..rules.top_k_rows import default_config as top_k_rows_config
 from ..transform.cascaded_reductions import fuse_cascaded_reductions
 
@@ -207,36 +206,35 @@ def schedule_cascade(func: tirx.PrimFunc, hw: Hardware | None = None, split: Cas
     statistics (MoE routing) the kernel of :mod:`tvm_dsm.rules.top_k_rows`, where their tiles
     fit; every other cascade, FuseCascadedReductions with the planned split."""
     if split is None:
-        own = _own_kernel(func, hw)
+        own = _own_config(func, hw)
         if own is not None:
-            return own
+            return schedule_with(func, own), own
         split, sch = _plan(func, hw)
         if sch is not None:  # built while planning
             return sch, split
     return _schedule(func, split), split
 
 
-def _own_kernel(func: tirx.PrimFunc, hw: Hardware | None):
-    """(schedule, config) of the cascade's own kernel, attention's, softmax·V's or top-k rows',
-    if one takes ``func``; None sends it to the fused rows, which take any shape."""
-    try:
-        shape, _ = find_attention(func)
-        attention = attention_config(shape)
-        return s_tir.Schedule(fuse_attention(func, attention)), attention
-    except ClusterError:
-        pass
-    try:
-        found = find_softmax_gemm(func)
-        config = default_config(found.shape, hw)
-        return s_tir.Schedule(tvm.IRModule({"main": softmax_gemm_kernel(found, config)})), config
-    except ClusterError:
-        pass
-    try:
-        rows = find_top_k_rows(func)
-        rows_config = top_k_rows_config(rows)
-        return s_tir.Schedule(tvm.IRModule({"main": top_k_rows_kernel(rows, rows_config)})), rows_config
-    except ClusterError:
-        return None
+def cascade_config(func: tirx.PrimFunc, hw: Hardware | None = None) -> CascadeConfig:
+    """What :func:`schedule_cascade` chooses for ``func``, without building its own kernels."""
+    own = _own_config(func, hw)
+    return own if own is not None else plan_cascade_split(func, hw)
+
+
+def _own_config(func: tirx.PrimFunc, hw: Hardware | None
+                ) -> AttentionConfig | SoftmaxGemmConfig | TopKRowsConfig | None:
+    """The configuration of the cascade's own kernel, attention's, softmax·V's or top-k rows',
+    where one takes ``func`` and its tiles fit; None sends it to the fused rows, which take any
+    shape."""
+    choices = (lambda: attention_config(find_attention(func)[0]),
+               lambda: default_config(find_softmax_gemm(func).shape, hw),
+               lambda: top_k_rows_config(find_top_k_rows(func)))
+    for choose in choices:
+        try:
+            return choose()
+        except ClusterError:
+            continue
+    return None
 
 
 def schedule_with(func: tirx.PrimFunc, config: CascadeConfig) -> s_tir.Schedule:

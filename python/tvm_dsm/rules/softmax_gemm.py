@@ -110,11 +110,15 @@ class SoftmaxGemm:
     element: sympy.Expr
     correction: sympy.Expr
     normalizer: sympy.Expr
-    written: tuple[bool, bool, bool]
     order: tuple[int | None, ...]
     params: tuple
     epilogue: tuple
     results: tuple  # the max, sum and product levels' buffers (None where absent)
+
+    @property
+    def written(self) -> tuple[bool, bool, bool]:
+        """Whether the max, the sum and the product are parameters."""
+        return tuple(role in self.order for role in (2, 3, 4))
 
 
 _M, _L, _V = (sympy.Symbol(n, real=True) for n in ("m", "l", "v"))
@@ -170,8 +174,7 @@ def find_softmax_gemm(func: tirx.PrimFunc) -> SoftmaxGemm:
     roles = (x, v, *outputs)
     order = tuple(next((i for i, b in enumerate(roles) if b is not None and b.same_as(p)), None) for p in params)
     correction = (total if total is not None else product).correction
-    return SoftmaxGemm(shape, element, correction, normalizer, tuple(o is not None for o in outputs), order,
-                       tuple(params), epilogue, results)
+    return SoftmaxGemm(shape, element, correction, normalizer, order, tuple(params), epilogue, results)
 
 
 def _element(group, level, x, rest: str | None = None, sum_index: int | None = None

@@ -113,11 +113,9 @@ def find_top_k_rows(func: tirx.PrimFunc) -> TopKRows:
         raise ClusterError(f"the sum may read only X[row, key] and the row max; got {total.value}")
     rows, width = (int(d) for d in x.ty.shape)
     params = list(func.params)
-    level_outputs = _level_outputs(group)
-    epilogue = find_epilogue(func, {lvl.block for lvl in group},
-                             [b for bufs in level_outputs.values() for b in bufs], rows)
+    epilogue = find_epilogue(func, {lvl.block for lvl in group}, [b for lvl in group for b in lvl.results], rows)
     for lvl in group:
-        for buf in level_outputs[lvl.block]:
+        for buf in lvl.results:
             if any(p.same_as(buf) for p in params) and str(buf.ty.dtype) not in ("float32", "int32"):
                 raise ClusterError(f"{lvl.block} is written as {buf.ty.dtype}: the kernel keeps float32 / int32")
     return TopKRows(func, x, rows, width, top, mx, total, epilogue)
@@ -127,11 +125,6 @@ def _same_value(a, b, level_a: Level, level_b: Level) -> bool:
     """Whether two levels reduce the same expression (up to their own variables)."""
     renamed = substitute(a, [(level_a.spatial[0], level_b.spatial[0]), (level_a.reduce_var, level_b.reduce_var)])
     return tvm_ffi.structural_equal(renamed, b)
-
-
-def _level_outputs(group: list[Level]) -> dict[str, list]:
-    return {lvl.block: (list(lvl.top_k.values) + list(lvl.top_k.indices) if lvl.top_k else [lvl.output])
-            for lvl in group}
 
 
 def check_config(found: TopKRows, c: TopKRowsConfig) -> None:
