@@ -20,7 +20,7 @@ from ..rules.split_k_gemm import GemmShape, SplitKGemmConfig, check_config, sche
 from ..workloads.dense import dense, gated_dense, quantized_dense, scaled_dense
 from ..rules.quantized_gemm import schedule_quantize_then_gemm, schedule_quantized_gemm
 from ..errors import ClusterError
-from ..planners.cascade_split import plan_cascade_split, schedule_cascade
+from ..planners.cascade_split import cascade_config, plan_cascade_split, schedule_cascade
 from ..planners.fused_chain import plan_chain, schedule_chain
 from ..rules.unfused_chain import UnfusedChainConfig, schedule_unfused_chain
 from ..planners.gemm_row_max import plan_gemm_row_max, row_max_shape
@@ -264,7 +264,7 @@ def _cascade_variants(name: str, size: tuple, parts: tuple, rows: tuple) -> list
     plan = plan_cascade_split(func)
     planned = (plan.parts, plan.vector, plan.ranks, plan.rows_per_cta)
     splits += [] if planned in splits else [planned]
-    _, chosen = schedule_cascade(func)
+    chosen = cascade_config(func)
     own = (_softmax_gemm_variant(func, size, chosen, True, name)
            if isinstance(chosen, softmax_gemm_rule.SoftmaxGemmConfig)
            else _top_k_rows_variant(func, size, chosen, True)
@@ -276,7 +276,7 @@ def _cascade_variants(name: str, size: tuple, parts: tuple, rows: tuple) -> list
 def _cascade_variant(name: str, size: tuple, func, split: tuple, planned: bool, pick: bool = True) -> Variant:
     """``func`` (the ``name`` workload of ``size``) fused with ``split`` = (parts, vector, ranks,
     rows per CTA) and scheduled; ``planned``: the cascade planner's split (``_plan``), the
-    suite's pick unless ``pick`` is False (softmax·V picks its tiled kernel)."""
+    suite's pick unless ``pick`` is False (a cascade with a kernel of its own picks that)."""
     parts, vector, ranks, rows = split
     fused, reports = fuse_cascaded_reductions(func, parts=parts, vector=vector, ranks=ranks, shuffle=True,
                                               rows_per_cta=rows)
@@ -1109,8 +1109,8 @@ TOP_K_ROWS_SHAPES = [(4096, 4096, 8), (16384, 256, 8), (16384, 128, 8), (16384, 
 
 
 def top_k_rows() -> list[Variant]:
-    """MoE routing as the top-k rows kernel (tvm_dsm.rules.top_k_rows: rows in registers, only
-    elements above a threshold inserted) with 1-32 lanes a row and 32-256 threads a CTA
+    """MoE routing as the top-k rows kernel (tvm_dsm.rules.top_k_rows: rows staged in shared
+    memory, only elements above a threshold inserted) with 1-32 lanes a row and 32-256 threads a CTA
     (``planner``: default_config's), beside the generic fused rows of the cascade planner's
     split that ran it before."""
     variants = []
