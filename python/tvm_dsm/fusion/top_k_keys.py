@@ -36,10 +36,6 @@ def _dtype(buffer) -> str:
     return str(buffer.ty.dtype)
 
 
-def _const(value: int, dtype: str) -> tirx.IntImm:
-    return tirx.const(value, dtype)
-
-
 def packable_value(value: tvm.ir.PrimExpr, extent: int, wide: bool = False) -> tvm.ir.PrimExpr | None:
     """The float a top-k level's ``value`` is (exactly), if keys can order its pairs: 16-bit
     (32-bit keys), or with ``wide`` also an fp32 element as loaded (64-bit keys)."""
@@ -60,19 +56,19 @@ def insert(keys, raw: tvm.ir.PrimExpr, index: tvm.ir.PrimExpr, k: int, init: tvm
     carried key, the smaller moves on. The key is built without branches (the sign selects an
     XOR mask). ``init`` is the level's initial value (in the level's type, which ``raw``
     converts to exactly): a value not above it never enters."""
-    key_dtype, n = _key_format(str(raw.ty.dtype))
-    top_bit, low = _const(1 << (n - 1), key_dtype), _const((1 << (n - 1)) - 1, key_dtype)
-    bits = T.sblock_alloc_buffer([1], key_dtype, scope="local")
-    carry = T.sblock_alloc_buffer([1], key_dtype, scope="local")
-    T.buffer_store(bits, tirx.Cast(key_dtype, tirx.call_intrin(f"uint{n}", "tirx.reinterpret", raw)), [0])
+    key_type, n = _key_format(str(raw.ty.dtype))
+    top_bit, low = tirx.const(1 << (n - 1), key_type), tirx.const((1 << (n - 1)) - 1, key_type)
+    bits = T.sblock_alloc_buffer([1], key_type, scope="local")
+    carry = T.sblock_alloc_buffer([1], key_type, scope="local")
+    T.buffer_store(bits, tirx.Cast(key_type, tirx.call_intrin(f"uint{n}", "tirx.reinterpret", raw)), [0])
     b = bits[0]
-    T.buffer_store(bits, b * tirx.Cast(key_dtype, b != top_bit), [0])  # -0 ties with +0
+    T.buffer_store(bits, b * tirx.Cast(key_type, b != top_bit), [0])  # -0 ties with +0
     b = bits[0]
-    sign = tirx.shift_right(b, _const(n - 1, key_dtype))
+    sign = tirx.shift_right(b, tirx.const(n - 1, key_type))
     order = tirx.bitwise_xor(b, tirx.bitwise_or(top_bit, sign * low))
-    key = tirx.bitwise_or(tirx.shift_left(order, _const(n, key_dtype)),
-                          _const((1 << n) - 1, key_dtype) - tirx.Cast(key_dtype, index))
-    beats_init = tirx.Cast(key_dtype, tirx.Cast(str(init.ty.dtype), raw) > init)
+    key = tirx.bitwise_or(tirx.shift_left(order, tirx.const(n, key_type)),
+                          tirx.const((1 << n) - 1, key_type) - tirx.Cast(key_type, index))
+    beats_init = tirx.Cast(key_type, tirx.Cast(str(init.ty.dtype), raw) > init)
     T.buffer_store(carry, key * beats_init, [0])
     _absorb(keys, carry, k)
 
@@ -116,14 +112,14 @@ def merge_sorted(keys, partner, k: int) -> None:
 def unpack_pair(key: tvm.ir.PrimExpr, source: str, dtype: str, empty_value, empty_index: int):
     """(value as ``dtype``, index) of a key made from a ``source``-typed value; key 0 (an empty
     slot) is ``(empty_value, empty_index)``."""
-    key_dtype, n = _key_format(source)
-    ones = _const((1 << n) - 1, key_dtype)
-    order = tirx.shift_right(key, _const(n, key_dtype))
-    positive = tirx.bitwise_and(order, _const(1 << (n - 1), key_dtype)) != _const(0, key_dtype)
-    bits = tirx.Select(positive, tirx.bitwise_and(order, _const((1 << (n - 1)) - 1, key_dtype)),
+    key_type, n = _key_format(source)
+    ones = tirx.const((1 << n) - 1, key_type)
+    order = tirx.shift_right(key, tirx.const(n, key_type))
+    positive = tirx.bitwise_and(order, tirx.const(1 << (n - 1), key_type)) != tirx.const(0, key_type)
+    bits = tirx.Select(positive, tirx.bitwise_and(order, tirx.const((1 << (n - 1)) - 1, key_type)),
                        tirx.bitwise_xor(order, ones))
     raw = tirx.call_intrin(source, "tirx.reinterpret", tirx.Cast(f"uint{n}", bits))
     value = raw if source == dtype else tirx.Cast(dtype, raw)
     index = tirx.Cast("int32", ones - tirx.bitwise_and(key, ones))
-    empty = key == _const(0, key_dtype)
+    empty = key == tirx.const(0, key_type)
     return tirx.Select(empty, empty_value, value), tirx.Select(empty, tirx.const(empty_index, "int32"), index)
