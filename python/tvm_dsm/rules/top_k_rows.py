@@ -86,6 +86,19 @@ class TopKRows:
     sum_level: Level | None
     epilogue: tuple  # SBlocks
 
+    @property
+    def element_bytes(self) -> int:
+        return tvm.DataType(str(self.x.ty.dtype)).bits // 8
+
+    @property
+    def vector(self) -> int:
+        """Elements of X in one 16-byte piece (a lane's copy unit)."""
+        return _LOAD_BYTES // self.element_bytes
+
+    def row_bytes(self, rows: int) -> int:
+        """Shared memory for ``rows`` staged rows."""
+        return rows * self.width * self.element_bytes
+
 
 def find_top_k_rows(func: tirx.PrimFunc) -> TopKRows:
     """The cascade of ``func`` as the kernel takes it; ClusterError saying what does not match."""
@@ -129,13 +142,12 @@ def _same_value(a, b, level_a: Level, level_b: Level) -> bool:
 
 def check_config(found: TopKRows, c: TopKRowsConfig) -> None:
     """ClusterError naming the first constraint ``c`` breaks on ``found``."""
-    x_bytes = tvm.DataType(str(found.x.ty.dtype)).bits // 8
-    vector = _LOAD_BYTES // x_bytes
+    vector = found.vector
     checks = [
         (c.lanes in (1, 2, 4, 8, 16, 32), f"lanes={c.lanes}: a power of two <= 32"),
         (found.width % (c.lanes * vector) == 0,
          f"the {found.width}-wide row does not split into {c.lanes} lanes of {vector}-element pieces"),
-        (c.rows_per_cta * found.width * x_bytes <= _SHARED_BYTES,
+        (found.row_bytes(c.rows_per_cta) <= _SHARED_BYTES,
          f"{c.rows_per_cta} rows of {found.width} elements exceed {_SHARED_BYTES} bytes of shared memory"),
         (c.threads % _WARP == 0 and c.threads <= 1024, f"{c.threads} threads a CTA: whole warps, at most 1024"),
         (found.rows % c.rows_per_cta == 0, f"{found.rows} rows are not a multiple of rows_per_cta={c.rows_per_cta}"),
@@ -151,13 +163,11 @@ def default_config(found: TopKRows) -> TopKRowsConfig:
     router shapes, 8-4096 experts): fewer lanes cost shuffles and merges per row, more leave
     each lane too little to do between them; 32 elements a lane was at or near the fastest on
     every shape, and CTAs of 64-256 threads within a few percent of each other."""
-    vector = _LOAD_BYTES // (tvm.DataType(str(found.x.ty.dtype)).bits // 8)
     lanes = max(1, min(_WARP, found.width // _ELEMENTS_PER_LANE))
-    while found.width % (lanes * vector):
+    while found.width % (lanes * found.vector):
         lanes //= 2
     rows_per_cta = max(1, 128 // lanes)
-    while rows_per_cta > 1 and (found.rows % rows_per_cta
-                                or rows_per_cta * found.width * (_LOAD_BYTES // vector) > _SHARED_BYTES):
+    while rows_per_cta > 1 and (found.rows % rows_per_cta or found.row_bytes(rows_per_cta) > _SHARED_BYTES):
         rows_per_cta //= 2
     config = TopKRowsConfig(lanes, rows_per_cta)
     check_config(found, config)
@@ -178,10 +188,9 @@ def top_k_rows_kernel(found: TopKRows, c: TopKRowsConfig) -> tirx.PrimFunc:  # n
     x, top, mx, total = found.x, found.top_k, found.max_level, found.sum_level
     L, W = c.lanes, c.rows_per_cta
     x_dtype = str(x.ty.dtype)
-    X_BYTES = tvm.DataType(x_dtype).bits // 8
-    PER_LANE = found.width // L
-    VEC = min(PER_LANE, _LOAD_BYTES // X_BYTES)  # elements of one 16-byte piece
-    PIECES = PER_LANE // VEC
+    X_BYTES = found.element_bytes
+    VEC = found.vector  # check_config: every lane holds whole pieces
+    PIECES = found.width // L // VEC
     K = top.top_k.k
     LOG_L = L.bit_length() - 1
     KEY = top_k_keys.key_dtype(x_dtype)
