@@ -138,7 +138,9 @@ def test_two_warpgroups_share_each_key_tile():
         return [line for line in loop.splitlines() if "if (t <" in line and "threadIdx.x) >> 7)" in line]
 
     assert not skips(loop)  # unmasked: every warpgroup computes every tile
-    # Causal at head dim 128 (the pick there): a warpgroup skips the tiles past its rows' diagonal.
+    # Causal at head dim 128 (the pick there, as unmasked): a warpgroup skips the tiles past its
+    # rows' diagonal.
+    assert default_config(find_attention(attention(2, 256, 512, 128))[0]) == AttentionConfig(64, 1, 2)
     causal = attention(2, 256, 512, 128, True)
     assert default_config(find_attention(causal)[0]) == AttentionConfig(64, 1, 2)
     source = cuda_source(fuse_attention(causal))

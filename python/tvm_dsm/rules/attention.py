@@ -191,15 +191,17 @@ def default_config(shape: AttentionShape) -> AttentionConfig:
     other's MMAs do. On the H100, over four runs, they ran 0.97-1.16x as fast as one warpgroup
     with 64-key tiles (1.04x geomean), at 0.98-1.08x of SDPA
     (``bench/results/attention_warpgroups_ab.json``, ``attention.json``). At head dim 128 (a
-    key/value tile is twice the bytes) 128 rows share each tile: one warpgroup over two row
-    blocks without a mask (two warpgroups ran 0.93-1.02x as fast over four runs), two warpgroups
-    with one (0.96x as long in two runs: the first warpgroup stops at its own diagonal). With
+    key/value tile is twice the bytes) two warpgroups of 64 rows share each 64-key tile. With
+    the mask they ran 0.96x as long as one warpgroup over the same two row blocks in two runs
+    (the first warpgroup stops at its own diagonal). Without it the two were even in the first
+    four runs (two warpgroups 0.93-1.02x as fast) and two warpgroups were 1.02-1.07x as fast in
+    all four same-run comparisons of 2026-11-27 (``attention_producer_ab.json``). With
     the mask at head dim 64, one warpgroup of 64 rows: a CTA computes up to its last row's
     diagonal, so larger CTAs mask more work away (two warpgroups measured 0.65-0.86x of SDPA);
     128-key tiles from 1024 keys halve the steps (4-9% faster at 1024 and 4096 keys, 5% slower
     at 512)."""
     if shape.dim == 128:
-        return AttentionConfig(64, warpgroups=2) if shape.causal else AttentionConfig(64, row_blocks=2)
+        return AttentionConfig(64, warpgroups=2)
     if not shape.causal:
         return AttentionConfig(128, warpgroups=2)
     return AttentionConfig(128 if shape.kv_len >= 1024 else 64)
