@@ -195,7 +195,8 @@ def default_config(shape: AttentionShape) -> AttentionConfig:
     the mask they ran 0.96x as long as one warpgroup over the same two row blocks in two runs
     (the first warpgroup stops at its own diagonal). Without it the two were even in the first
     four runs (two warpgroups 0.93-1.02x as fast) and two warpgroups were 1.02-1.07x as fast in
-    all four same-run comparisons of 2026-11-27 (``attention_producer_ab.json``). With
+    all five same-run comparisons of 2026-11-27 (``attention_producer_ab.json``,
+    ``attention.json``). With
     the mask at head dim 64, one warpgroup of 64 rows: a CTA computes up to its last row's
     diagonal, so larger CTAs mask more work away (two warpgroups measured 0.65-0.86x of SDPA);
     128-key tiles from 1024 keys halve the steps (4-9% faster at 1024 and 4096 keys, 5% slower
