@@ -240,15 +240,18 @@ def candidate_configs(shape: GemmShape, quantized: bool = False,
     return _candidates(shape, quantized, pipelines) or _candidates(shape, quantized, (1,))
 
 
-#: Output tile widths of the space. 192 is for warpgroup MMAs only (any multiple of 8 columns
-#: up to 256; the mma.sync paths were built and checked on powers of two): where N is a
-#: multiple of 192 but 128-wide tiles make more than a wave and 256-wide ones strand SMs, it
-#: fills them. At M = 1024 on the H100, 128 CTAs of 128x192 tiles against 96 of 128x256: G4a
+#: Output tile widths of the space. 80 and 192 are for warpgroup MMAs only (any multiple of 8
+#: columns up to 256; the mma.sync paths were built and checked on powers of two): where N is
+#: a multiple of them but the powers of two make more than a wave or strand SMs, they fill the
+#: machine. At M = 1024 on the H100, 128 CTAs of 128x192 tiles against 96 of 128x256: G4a
 #: 14.8 -> 12.0 us, S8a 33.2 -> 27.4, S1b 89.1 -> 77.9 (cuBLAS 79.2), S6b 51.0 -> 45.1
-#: (bench/results/gemm_n192.json). The wgmma intrinsics of every width are registered at
-#: import (database replay), so the widths are defined there.
+#: (bench/results/gemm_n192.json). At M = 128, S6's gated layer (N = 8960) in 112 CTAs of
+#: 128x80 against 70 of 128x128: the S6 chain 45.4 -> 39.9-40.4 us over two rounds; S7's
+#: second GEMM on 64x80 tiles 1.01-1.03x (bench/results/tile_80_ab.json). The wgmma
+#: intrinsics of every width are registered at import (database replay), so the widths are
+#: defined there.
 BLOCK_N = TILE_WIDTHS
-WGMMA_ONLY_BLOCK_N = (192,)
+WGMMA_ONLY_BLOCK_N = (80, 192)
 
 
 def _candidates(shape: GemmShape, quantized: bool, pipelines: tuple[int, ...]) -> list[SplitKGemmConfig]:

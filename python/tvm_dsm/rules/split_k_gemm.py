@@ -241,7 +241,7 @@ def check_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
         raise ClusterError(f"the {c.block_m}x{c.block_n} tile does not scatter over {s} CTAs "
                            f"in 16-byte vectors of {c.threads} threads")
     lanes = VECTOR // element_bytes(shape.dtype)
-    for rows in (c.block_m, c.block_n):
+    for rows in () if c.tma else (c.block_m, c.block_n):  # one TMA copy per tile, not per thread
         if (rows * c.block_k) % (c.threads * lanes):
             raise ClusterError(f"a {rows}x{c.block_k} operand tile is not a whole number of "
                                f"16-byte copies for {c.threads} threads")

@@ -219,7 +219,7 @@ def _desc_impl(name: str, n: int, depth: int, dtype: str, in_flight: int):
 #: The tile widths the split-K planner gives warpgroup MMAs (its ``BLOCK_N``), registered at
 #: import: a MetaSchedule database's traces name the intrinsic, and a fresh process replaying
 #: them (tvm_dsm.build) has scheduled nothing that would register it.
-TILE_WIDTHS = (64, 128, 192, 256)
+TILE_WIDTHS = (64, 80, 128, 192, 256)
 with frozen_frames_skipped():
     for _n, _dtype, _in_flight in ((n, dtype, g) for n in TILE_WIDTHS for dtype in _PTX_TYPE
                                    for g in (1, 2)):
