@@ -240,11 +240,12 @@ def check_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
     if c.block_m % s or (c.block_m // s * c.block_n) % (c.threads * 4):
         raise ClusterError(f"the {c.block_m}x{c.block_n} tile does not scatter over {s} CTAs "
                            f"in 16-byte vectors of {c.threads} threads")
-    lanes = VECTOR // element_bytes(shape.dtype)
-    for rows in () if c.tma else (c.block_m, c.block_n):  # one TMA copy per tile, not per thread
-        if (rows * c.block_k) % (c.threads * lanes):
-            raise ClusterError(f"a {rows}x{c.block_k} operand tile is not a whole number of "
-                               f"16-byte copies for {c.threads} threads")
+    if not c.tma:  # cp.async: each thread copies 16-byte pieces (a TMA copy moves a tile whole)
+        lanes = VECTOR // element_bytes(shape.dtype)
+        for rows in (c.block_m, c.block_n):
+            if (rows * c.block_k) % (c.threads * lanes):
+                raise ClusterError(f"a {rows}x{c.block_k} operand tile is not a whole number of "
+                                   f"16-byte copies for {c.threads} threads")
     check_pipeline(shape.k // (s * c.block_k), c.stages, c.tma)
     if c.tma:
         check_tma(shape, c)
