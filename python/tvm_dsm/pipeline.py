@@ -22,7 +22,6 @@ from .transform.merge_pipeline_barriers import MergePipelineBarriers
 from .transform.programmatic_launch import ProgrammaticLaunch
 from .transform.storage_rewrite import StorageRewrite
 from .transform.tma_pipeline import LowerTmaPipeline
-from .transform.tma_producer import ConsumerBarriers
 
 #: Loop annotation of s_tir's software pipeline listing its asynchronous stages.
 ASYNC_STAGES_KEY = "software_pipeline_async_stages"
@@ -100,7 +99,6 @@ def _passes(config, async_copy: bool) -> list:
         s_tir.transform.ThreadSync("shared.dyn"),
         s_tir.transform.ThreadSync("warp"),
         MergePipelineBarriers,  # tvm-dsm
-        ConsumerBarriers,  # tvm-dsm
         s_tir.transform.InferFragment(),
         s_tir.transform.LowerThreadAllreduce(),
     ]

@@ -572,31 +572,6 @@ def gemm() -> list[Variant]:
     return variants
 
 
-#: Single-CTA main loops at large M where the planner's picks trail cuBLAS (gemm_large_m.json).
-_PRODUCER_SHAPES = [("sq4096", 1024, 4096, 4096), ("G8a", 1024, 8192, 2048), ("S3b", 1024, 4096, 11008),
-                    ("S3a", 256, 22016, 4096), ("G5a", 256, 16384, 4096), ("G8a", 128, 8192, 2048),
-                    ("G5a", 128, 16384, 4096), ("S3a", 128, 22016, 4096), ("G6a", 128, 4096, 1024)]
-
-
-def gemm_producer() -> list[Variant]:
-    """Single-CTA TMA + wgmma main loops with the copies issued by consumer thread 0 (``_p0``),
-    by a producer warp (``_p1``), and by producer warps multicasting W over clusters of two
-    row tiles (``_p2``, tvm_dsm.transform.tma_producer)."""
-    variants = []
-    for label, m, n, k in _PRODUCER_SHAPES:
-        tiles = ((256, 3), (256, 4), (128, 4), (128, 6)) if m > 128 else ((64, 6), (64, 8), (128, 4), (128, 6))
-        for bn, stages in tiles:
-            for producer in (0, 1, 2):
-                config = SplitKGemmConfig(1, 128, bn, 64, 8, 1, stages, tma=True, wgmma=True, producer=producer)
-                try:
-                    check_config(GemmShape(m, n, k, True), config)
-                except ClusterError:
-                    continue
-                v = _gemm_variant(label, m, n, k, config, None, 0.0)
-                variants.append(dataclasses.replace(v, name=f"{v.name}_p{producer}"))
-    return variants
-
-
 #: FlashFuser's GEMM chains (n, k, l) and SwiGLU FFNs (n, k, l), evaluated at M = 128.
 CHAINS = {
     "G1": (512, 32, 256), "G2": (256, 512, 64), "G3": (512, 416, 256), "G4": (3072, 768, 768),
@@ -1184,5 +1159,5 @@ SUITES = {
     "gemm_wgmma": gemm_wgmma, "programmatic_launch": programmatic_launch, "decode_pdl": decode_pdl,
     "decode_picks": decode_picks, "cascades_rows": cascades_rows, "chains_pdl": chains_pdl,
     "gemm_stages": gemm_stages, "gemm_depths": gemm_depths, "fp8_depths": fp8_depths,
-    "gemm_large_m": gemm_large_m, "gemm_producer": gemm_producer, "softmax_gemm": softmax_gemm, "top_k_rows": top_k_rows, "softmax": softmax,
+    "gemm_large_m": gemm_large_m, "softmax_gemm": softmax_gemm, "top_k_rows": top_k_rows, "softmax": softmax,
 }

@@ -32,7 +32,6 @@ from ..transform.tma_pipeline import MAX_BOX as TMA_MAX_BOX
 from ..transform.tma_pipeline import ROW_BYTES as TMA_ROW_BYTES
 from ..transform.tma_pipeline import SLOT_ALIGN as TMA_SLOT_ALIGN
 from ..transform.tma_pipeline import TMA_STAGES_KEY
-from ..transform.tma_producer import TMA_PRODUCER_KEY
 from ..schedule import bind_cluster_nest, bind_rank, check_cluster_size
 from ..schedule.collectives import ROTATE_PEERS_KEY
 from .tensor_core import (
@@ -73,9 +72,6 @@ class SplitKGemmConfig:
     #: launch with programmatic dependent launch (tvm_dsm.transform.programmatic_launch): the
     #: planner sets it where the grid runs in one wave. Not part of the point's identity.
     programmatic_launch: bool = field(default=False, compare=False)
-    #: TMA only: a producer warp issues the copies (tvm_dsm.transform.tma_producer); 2: W tiles
-    #: multicast over clusters of two row tiles
-    producer: int = 0
 
     @property
     def warps(self) -> int:
@@ -482,8 +478,6 @@ def split_k_main_loops(sch: s_tir.Schedule, partials: list[tuple], shape: GemmSh
         if c.tma:  # tiles stages-1 steps ahead by TMA (tvm_dsm.transform.tma_pipeline)
             if first:
                 sch.annotate(k_step, TMA_STAGES_KEY, c.stages)
-                if c.producer:
-                    sch.annotate(k_step, TMA_PRODUCER_KEY, c.producer)
             continue
         if c.stages == 1:  # one K step: copy, synchronize, multiply
             continue

@@ -49,9 +49,6 @@ def attach_cluster_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
         if markers:
             check_shared_memory(kernel.body, int(markers[0].value))
 
-    def outer(attr):  # the innermost marker decides: a multicasting main loop (tma_producer)
-        return attr.body if is_marker(attr) and find_all(attr.body, tirx.AttrStmt, is_marker) else attr
-
     def on_attr(attr):
         if not is_marker(attr):
             return attr
@@ -60,8 +57,7 @@ def attach_cluster_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
         node = tirx.IterVar(Range(0, size), rank, tirx.IterVar.ThreadIndex, RANK_TAG)
         return tirx.AttrStmt(node, "thread_extent", size, attr.body)
 
-    body = tvm_ffi.structural_map(func.body, [(tirx.AttrStmt, outer)])  # pairs CTAs LowerCluster left single
-    return func.with_body(tvm_ffi.structural_map(body, [(tirx.AttrStmt, on_attr)]))
+    return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.AttrStmt, on_attr)]))
 
 
 @tirx.transform.prim_func_pass(opt_level=0, name="tvm_dsm.AttachClusterLaunch")

@@ -369,24 +369,19 @@ class _TmaLoop:
                                    "wgmma, which the swizzled slots cannot serve")
         return body
 
-    def consumer_body(self) -> tuple[SBlock, bool]:
-        """The loop body without its copies, reading the step's slot, and whether it issues
-        warpgroup MMAs (which may still read the slot during the next step)."""
-        inner = with_block_body(self.block, _seq(self.rest), alloc_buffers=[
-            b for b in self.block.alloc_buffers if self.slots.get(b) is None])
-        deferred = bool(find_all(inner, tvm.ir.Call, is_wgmma_call))
-        return self._read_slot(inner, tirx.floormod(self.loop.loop_var, self.stages)), deferred
-
     def lower(self) -> tirx.Stmt:
         loop, stages, n = self.loop, self.stages, int(self.loop.extent)
         k = loop.loop_var
         slot = tirx.floormod(k, stages)
+        inner = with_block_body(self.block, _seq(self.rest), alloc_buffers=[
+            b for b in self.block.alloc_buffers if self.slots.get(b) is None])
         # A step's warpgroup MMAs may still read its slot during the next step (they return
         # with their group in flight): refill a slot two steps after it was read, not one.
-        inner, deferred = self.consumer_body()
+        deferred = bool(find_all(inner, tvm.ir.Call, is_wgmma_call))
         lookahead = stages - 2 if deferred else stages - 1
         if int(loop.min) != 0 or n < lookahead or lookahead < 1:
             raise ClusterError(f"TMA pipeline: {n} steps cannot fill {lookahead} stages ahead")
+        inner = self._read_slot(inner, slot)
         ahead = k + lookahead
         parity = lambda step: tirx.floormod(tirx.floordiv(step, stages), 2)  # noqa: E731
         body = _seq([
@@ -483,7 +478,6 @@ def LowerTmaPipeline(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx) -> tirx.Prim
     loops = find_all(func.body, tirx.For, lambda lp: TMA_STAGES_KEY in lp.annotations)
     if not loops:
         return func
-    from .tma_producer import TMA_PRODUCER_KEY, WarpSpecializedKernel  # it builds on this module
     # Buffers whose address the host holds before the launch: the tensor maps are encoded there.
     # A function may first declare global buffers (workspaces, views of its parameters:
     # tvm_dsm.rules.conv_chain) and then hold its root block.
@@ -500,12 +494,6 @@ def LowerTmaPipeline(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx) -> tirx.Prim
     budget = load_hardware().hbm_bw * PREFETCH_WINDOW_S if dependent else 0.0
     for loop in loops:
         lowering = _TmaLoop(loop, _threads(func.body, loop), sources, analyzer)
-        if TMA_PRODUCER_KEY in loop.annotations:
-            kernel = _enclosing(body, loop, "blockIdx")[-1]
-            specialized = WarpSpecializedKernel(kernel, lowering, analyzer)
-            body = specialized.lower(body)
-            host += lowering.host() + specialized.host()
-            continue
         if any(_encloses(k, loop) for k in dependent):
             lowering.plan_prefetch(list(func.params), _ctas(func.body, loop), budget)
         body = replace_node(body, loop, lowering.lower())
