@@ -259,6 +259,11 @@ def top_k_rows_kernel(found: TopKRows, c: TopKRowsConfig) -> tirx.PrimFunc:  # n
         for e in T.vectorized(VEC):
             xr[e] = xs[r, key_of(q, e, lane)]
 
+    @T.macro
+    def over_lanes(combine, st, i):  # st[i] combined over the row's lanes (each lane ends with it)
+        for s in T.unroll(LOG_L):
+            st[i] = combine(st[i], _shuffle_xor(1 << s, st[i]))
+
     @T.prim_func(s_tir=True, check_well_formed=False)
     def fused():
         T.func_attr({"tirx.noalias": True})
@@ -292,15 +297,13 @@ def top_k_rows_kernel(found: TopKRows, c: TopKRowsConfig) -> tirx.PrimFunc:  # n
                         load_piece(xr, xs, r, q, lane)
                         st[0] = T.max(st[0], value(top, tree_reduce(raw_max, [xr[e] for e in range(VEC)])))
                     st[1] = st[0]
-                    for s in T.unroll(LOG_L):
-                        st[1] = T.max(st[1], _shuffle_xor(1 << s, st[1]))
+                    over_lanes(T.max, st, 1)
                     st[3] = lowest
                     if L >= K:
                         count[0] = count_at_least(st[0])
                         if count[0] >= K:
                             st[3] = st[0]
-                        for s in T.unroll(LOG_L):
-                            st[3] = T.max(st[3], _shuffle_xor(1 << s, st[3]))
+                        over_lanes(T.max, st, 3)
                     for n in T.unroll(K):
                         keys[n] = T.Cast(KEY, 0)
                     st[2] = T.float32(0)
@@ -312,8 +315,7 @@ def top_k_rows_kernel(found: TopKRows, c: TopKRowsConfig) -> tirx.PrimFunc:  # n
                             if xr[e] >= T.Cast(x_dtype, st[3]):
                                 top_k_keys.insert(keys, xr[e], key_of(q, e, lane), K, top.init)
                     if total is not None:
-                        for s in T.unroll(LOG_L):
-                            st[2] = st[2] + _shuffle_xor(1 << s, st[2])
+                        over_lanes(operator.add, st, 2)
                     merge_lanes(keys)
                     write_results(row, lane, keys, st[1], st[2])
 
