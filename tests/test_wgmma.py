@@ -1,4 +1,4 @@
-"""Warpgroup-MMA main loops (tvm_dsm.rules.wgmma): generated CUDA, registers, errors, GPU."""
+"""Warpgroup-MMA main loops (tvm_dsm.intrin.wgmma): generated CUDA, registers, errors, GPU."""
 
 from __future__ import annotations
 
@@ -132,16 +132,17 @@ def test_gpu_matches_float64(m, n, k, config):
     assert dense_relu_error_on_gpu(m, n, k, config) < 2e-3
 
 
-def test_every_planned_width_is_registered_at_import():
+def test_every_planned_width_is_registered_for_replay():
     """A fresh process replaying a database trace (tvm_dsm.build) has scheduled nothing: the
-    intrinsic of every width and in-flight count the planner may pick must exist on import."""
+    intrinsic of every width and in-flight count the planner may pick must exist after
+    ``register_all``, which ``build`` calls before it queries a database."""
     import subprocess
     import sys
 
     from tvm_dsm.planners.split_k_gemm import BLOCK_N
 
     names = [f"tvm_dsm_wgmma_m64n{n}k64_f16{g}" for n in BLOCK_N for g in ("", "_g2")]
-    check = ("import sys, tvm_dsm.rules.wgmma; from tvm.s_tir import TensorIntrin; "
+    check = ("import sys, tvm_dsm.intrin; tvm_dsm.intrin.register_all(); from tvm.s_tir import TensorIntrin; "
              "missing = [n for n in sys.argv[1:] if TensorIntrin.get(n, allow_missing=True) is None]; "
              "sys.exit(f'not registered: {missing}' if missing else 0)")
     proc = subprocess.run([sys.executable, "-c", check, *names], capture_output=True, text=True)

@@ -22,6 +22,7 @@ from tvm.s_tir.schedule.schedule import ScheduleError
 from .errors import ClusterError
 from .families import Family, match_family
 from .hardware import Hardware, load_hardware
+from .intrin import register_all
 from .planners.report import Plan
 
 LOG = logging.getLogger("tvm_dsm.driver")
@@ -172,6 +173,7 @@ def _record(database: ms.Database | None, func: tirx.PrimFunc,
     """The tuning record ``database`` holds for ``func``, if any."""
     if database is None:
         return None
+    register_all()  # the record's trace names tvm-dsm's tensor intrinsics
     return database.query_tuning_record(_module(func), target, workload_name="main")
 
 
@@ -200,10 +202,12 @@ def replay(trace: s_tir.Trace, func: tirx.PrimFunc) -> s_tir.Schedule:
 
 
 def load_tvm_dsm() -> None:
-    """Builder worker start: register tvm-dsm's pipeline there too. A worker imports only TVM,
+    """Builder worker start: register tvm-dsm's pipeline and tensor intrinsics there too. A worker imports only TVM,
     which registers it through the installed entry point; from a source tree on PYTHONPATH (the
     GPU machine) nothing would, and cluster kernels would build with the stock pipeline."""
     import tvm_dsm  # noqa: F401
+
+    register_all()
 
 
 def _module(func: tirx.PrimFunc) -> tvm.IRModule:

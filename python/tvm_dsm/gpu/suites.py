@@ -491,7 +491,7 @@ def gated() -> list[Variant]:
 
 
 def gemm_wgmma() -> list[Variant]:
-    """Warpgroup-MMA main loops (tvm_dsm.rules.wgmma) against the mma.sync planner pick on the
+    """Warpgroup-MMA main loops (tvm_dsm.intrin.wgmma) against the mma.sync planner pick on the
     G/S layer shapes at M = 128 and a 4096 x 4096 M sweep: clusters, tiles and depths."""
     hw = load_hardware()
     variants = []

@@ -26,7 +26,7 @@ from ..errors import ClusterError
 from ..hardware import Hardware, load_hardware
 from ..rules.quantized_gemm import check_quantized_config
 from ..rules.quantized_gemm import shared_bytes as quantized_shared_bytes
-from ..rules.tensor_core import TILE, element_bytes
+from ..intrin.mma import TILE, element_bytes
 from ..rules.split_k_gemm import (
     GemmShape,
     SplitKGemmConfig,
@@ -36,7 +36,7 @@ from ..rules.split_k_gemm import (
     find_gemm,
     shared_k_loop,
 )
-from ..rules.wgmma import TILE_WIDTHS
+from ..intrin.wgmma import TILE_WIDTHS
 from .report import Plan
 
 #: Dense fp16 mma.sync throughput of an H100 SXM (FLOP/s). fp8 m16n8k32 doubles it on paper,
@@ -266,7 +266,7 @@ def _candidates(shape: GemmShape, quantized: bool, pipelines: tuple[int, ...]) -
     ):
         if bn in WGMMA_ONLY_BLOCK_N and not wgmma:
             continue
-        if wgmma:  # each warp: 16 rows, every column (tvm_dsm.rules.wgmma)
+        if wgmma:  # each warp: 16 rows, every column (tvm_dsm.intrin.wgmma)
             warps_m, warps_n = bm // TILE, 1
         elif bm > 128:  # two warpgroups of rows: wgmma only
             continue

@@ -33,7 +33,7 @@ Q, then key and value tiles, arrive by TMA tensor copies (one thread issues them
 on an mbarrier per slot) through two shared-memory slots: tile t + 1 loads while tile t
 computes, and the CTA barrier at the top of each step frees the slot the step refills. TMA lands
 every tile 128-byte swizzled in 64-column panels (16-byte chunk c of row r at chunk
-``c ^ (r % 8)``), the layout the wgmma descriptors name (:mod:`tvm_dsm.rules.wgmma`); that
+``c ^ (r % 8)``), the layout the wgmma descriptors name (:mod:`tvm_dsm.intrin.wgmma`); that
 swizzle is applied to absolute addresses, so the kernel aligns its dynamic shared buffer to
 1024 bytes itself. Against 16-byte ``cp.async`` copies by every thread, TMA measured 0.95-1.09x
 as fast (``bench/results/attention_tma_ab.json``). Multicasting key/value tiles to clusters of
@@ -63,7 +63,7 @@ from ..fusion.cascade import single_fusible_cascade
 from ..fusion.symbolic import ToTIR
 from ..ir import find_all, shuffle_reduce, tree_reduce
 from ..transform.tma_pipeline import encode_tensor_map
-from .wgmma import WARPGROUP_ROWS, call_source, mma_async_source, wait_source
+from ..intrin.wgmma import WARPGROUP_ROWS, call_source, mma_async_source, wait_source
 
 _NEG = -3.0e38  # the max's identity: finite, so fix(identity, m) is 0 or 1, never inf - inf
 _PANEL = 64  # fp16 columns of one 128-byte swizzle panel

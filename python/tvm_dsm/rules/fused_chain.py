@@ -46,17 +46,8 @@ from .split_k_gemm import (
     split_k_main_loops,
     sum_partials,
 )
-from .tensor_core import (
-    PAD,
-    TILE,
-    VECTOR,
-    blockize_fragments,
-    fragment_caches,
-    mma,
-    stage_in_shared,
-    tensorize_fragments,
-    warp_tile,
-)
+from ..intrin.mma import PAD, TILE, VECTOR, mma
+from .tensor_core import blockize_fragments, fragment_caches, stage_in_shared, tensorize_fragments, warp_tile
 
 _MAX_ACCUMULATOR_REGISTERS = 128  # fp32 output registers per thread, next to the main loop's
 

@@ -45,7 +45,8 @@ from .split_k_gemm import (
     sum_partials,
 )
 from ..transform.cluster_launch import MAX_SMEM_PER_CTA
-from .tensor_core import FP8, VECTOR, blockize_fragments, pad
+from ..intrin.mma import FP8, VECTOR, pad
+from .tensor_core import blockize_fragments
 
 
 def find_quantized_gemm(sch: s_tir.Schedule) -> tuple[dict, GemmShape]:

@@ -34,23 +34,10 @@ from ..transform.tma_pipeline import SLOT_ALIGN as TMA_SLOT_ALIGN
 from ..transform.tma_pipeline import TMA_STAGES_KEY
 from ..schedule import bind_cluster_nest, bind_rank, check_cluster_size
 from ..schedule.collectives import ROTATE_PEERS_KEY
-from .tensor_core import (
-    MMA_STORE_F32_DSM,
-    FP8,
-    OPERAND_TYPES,
-    TILE,
-    VECTOR,
-    blockize_fragments,
-    element_bytes,
-    k_tile,
-    pad,
-    fragment_caches,
-    stage_in_shared,
-    tensorize_fragments,
-    warp_tile,
-)
-from .wgmma import MAX_N as WGMMA_MAX_N
-from .wgmma import WARPGROUP_ROWS, wgmma_intrin
+from ..intrin.mma import FP8, MMA_STORE_F32_DSM, OPERAND_TYPES, TILE, VECTOR, element_bytes, k_tile, pad
+from ..intrin.wgmma import MAX_N as WGMMA_MAX_N
+from ..intrin.wgmma import WARPGROUP_ROWS, wgmma_intrin
+from .tensor_core import blockize_fragments, fragment_caches, stage_in_shared, tensorize_fragments, warp_tile
 
 
 @dataclass(frozen=True)
@@ -65,7 +52,7 @@ class SplitKGemmConfig:
     warps_n: int = 4
     stages: int = 3
     tma: bool = False  # operand tiles by TMA tensor copies (tvm_dsm.transform.tma_pipeline)
-    #: warpgroup MMA (tvm_dsm.rules.wgmma) instead of mma.sync: each warp multiplies 16 rows by
+    #: warpgroup MMA (tvm_dsm.intrin.wgmma) instead of mma.sync: each warp multiplies 16 rows by
     #: the whole block_n, both operands read from TMA's swizzled tiles (warps_m = block_m / 16,
     #: warps_n = 1)
     wgmma: bool = False
@@ -315,7 +302,7 @@ def check_wgmma(shape: GemmShape, config: SplitKGemmConfig) -> None:
     if (c.warps_m, c.warps_n) != (c.block_m // TILE, 1):
         raise ClusterError(f"wgmma: each warp holds 16 rows and every column: warps "
                            f"{c.block_m // TILE}x1, got {c.warps_m}x{c.warps_n}")
-    # fp8 tiles accumulate into a second set of registers first (tvm_dsm.rules.wgmma); products
+    # fp8 tiles accumulate into a second set of registers first (tvm_dsm.intrin.wgmma); products
     # in one K loop hold their accumulators together
     accumulators = c.block_n // 2 * (2 if shape.dtype == FP8 else 1)
     if shared_k_loop(c, shape.products):

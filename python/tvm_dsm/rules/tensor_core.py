@@ -9,107 +9,19 @@ the accumulator fill and store. The rules compose them around their own data mov
 
 from __future__ import annotations
 
-import importlib
-import threading
-
-import tvm
 from tvm import s_tir, tirx
-from tvm.s_tir import TensorIntrin
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 
-from ..errors import ClusterError
+from ..intrin.mma import (FP8, MMA_STORE_F32_DSM, TILE, VECTOR, element_bytes, fp8_fragment_map,
+                          fragment_map, k_tile, library, mma, operand_intrinsics, pad)
 from ..schedule import place_in_dsm
-from ..schedule.dsm import DSM_SCOPE
-from ..script_parsing import frozen_frames_skipped
 from ..transform.tma_pipeline import TMA_COPY_KEY
-
-
-
-def _import_shallow(name: str):
-    """Import ``name`` from a fresh thread with frozen frames skipped. TVM registers its tensor
-    intrinsics by parsing ~500 TVMScript functions, each calling ``inspect.stack()``, whose cost
-    grows with the caller's stack: from a deep one (a test runner, a lazy attribute) the import
-    took 150 s instead of 48, and 10 s with frozen frames skipped."""
-    with frozen_frames_skipped():
-        thread = threading.Thread(target=importlib.import_module, args=(name,))
-        thread.start()
-        thread.join()
-    return importlib.import_module(name)
-
-
-mma = _import_shallow("tvm.s_tir.tensor_intrin.cuda")
-
-#: Tensor intrinsic storing a 16x16 fp32 accumulator fragment into a DSM slice (plain stores,
-#: which tvm_dsm.transform.lower_cluster turns into the CTA's own shared-memory stores).
-MMA_STORE_F32_DSM = "tvm_dsm.mma_store_16x16_f32_dsm"
-TensorIntrin.register(MMA_STORE_F32_DSM, *mma.get_mma_store_intrin("float32", 8, DSM_SCOPE, False), override=True)
-
-#: Operand types mma.sync multiplies into fp32, and PTX's name for each.
-OPERAND_TYPES = {"float16": "fp16", "bfloat16": "bf16", "float8_e4m3fn": "e4m3"}
-FP8 = "float8_e4m3fn"
-
-TILE = 16  # fragment rows and columns: mma.sync m16n8kK issued as 16x16xK by TVM's intrinsics
-VECTOR = 16  # bytes per cp.async and per DSM load
-PAD = 8  # fp16 elements of padding per shared row: ldmatrix rows land in different banks
-
-
-def element_bytes(dtype: str) -> int:
-    return 1 if dtype == FP8 else 2
-
-
-def k_tile(dtype: str) -> int:
-    """The K depth of one mma.sync: 16 for 16-bit operands (m16n8k16), 32 for fp8 (m16n8k32)."""
-    return 32 // element_bytes(dtype)
-
-
-def pad(dtype: str) -> int:
-    """Padding per shared row in elements of ``dtype``: 16 bytes, as for fp16."""
-    return PAD * 2 // element_bytes(dtype)
-
-
-def _retyped(name: str, dtype: str) -> str:
-    """The fp16 intrinsic ``name`` for another 16-bit operand type, registered on first use.
-    TVM 0.27 ships ldmatrix and mma.sync intrinsics for fp16 only; ldmatrix moves b16 whatever
-    the type, and mma.sync differs only in its operand type name, so the bf16 ones are the fp16
-    ones with the types renamed."""
-    if dtype == "float16":
-        return name
-    retyped = f"tvm_dsm.{name}_{dtype}"
-    if TensorIntrin.get(retyped, allow_missing=True) is None:
-        fp16 = TensorIntrin.get(name)
-        desc, impl = (
-            tvm.script.from_source(f.script().replace('"float16"', f'"{dtype}"')
-                                   .replace('"fp16"', f'"{OPERAND_TYPES[dtype]}"'))
-            for f in (fp16.desc, fp16.impl))
-        TensorIntrin.register(retyped, desc, impl)
-    return retyped
-
-
-#: ldmatrix of fp8 A [m, k] and B [n, k] tiles from dynamic shared memory (TVM 0.27 registers
-#: the fp8 ones for static shared memory only). ldmatrix cannot transpose 8-bit elements, so fp8
-#: needs K-contiguous operands: X [m, k] and W [n, k].
-LDMATRIX_FP8_A_DYN = "tvm_dsm.mma_ldmatrix_e4m3_a_dyn"
-LDMATRIX_FP8_B_TRANS_DYN = "tvm_dsm.mma_ldmatrix_e4m3_b_trans_dyn"
-TensorIntrin.register(LDMATRIX_FP8_A_DYN, *mma.get_ldmatrix_intrin(32, FP8, "A", False, "shared.dyn"),
-                      override=True)
-TensorIntrin.register(LDMATRIX_FP8_B_TRANS_DYN,
-                      *mma.get_ldmatrix_intrin(32, FP8, "B", True, "shared.dyn"), override=True)
 
 
 def operand_dtype(block: tirx.SBlock) -> str:
     """The element type of the first buffer ``block`` reads besides the one it writes."""
     written = block.writes[0].source
     return next(str(r.source.ty.dtype) for r in block.reads if not r.source.same_as(written))
-
-
-def fragment_map(i, j):
-    """Shared 16x16 tile -> (tile row, tile col, lane, register) of mma.sync's fragment layout."""
-    return (i // TILE, j // TILE, *mma.shared_16x16_to_ldmatrix_32x8_layout(i % TILE, j % TILE))
-
-
-def fp8_fragment_map(i, j):
-    """Shared 16x32 fp8 tile (rows of A, or of B stored [n, k]) -> mma.sync m16n8k32's layout."""
-    return (i // TILE, j // 32, *mma.shared_16x32_to_ldmatrix_32x16_layout(i % TILE, j % 32))
 
 
 def fragment_tile(sch: s_tir.Schedule, block: SBlockRV, cols_tile: int = TILE) -> LoopRV:
@@ -210,8 +122,9 @@ def tensorize_fragments(sch: s_tir.Schedule, block: SBlockRV, fragment_name: str
                         wgmma: str | None = None) -> None:
     """ldmatrix, mma.sync, the accumulator fill (before ``init_at``) and ``store_intrin`` for the
     fragment caches; an accumulator stored to DSM is placed there. ``wgmma``: the multiply is
-    this warpgroup MMA intrinsic over N/16 fragments (:func:`tvm_dsm.rules.wgmma.wgmma_intrin`),
+    this warpgroup MMA intrinsic over N/16 fragments (:func:`tvm_dsm.intrin.wgmma.wgmma_intrin`),
     both operands read from shared memory."""
+    library()  # registers tvm-dsm's intrinsics, the DSM store among them
     x_frag, w_frag, accumulator = caches
     dtype = operand_dtype(sch.get(block))
     accumulator_loop = fragment_tile(sch, accumulator)
@@ -225,7 +138,7 @@ def tensorize_fragments(sch: s_tir.Schedule, block: SBlockRV, fragment_name: str
         sch.transform_layout(w_frag, ("write", 0), operand_map)
     sch.transform_layout(accumulator, ("read", 0), lambda *idx: (*idx[:-2], *fragment_map(*idx[-2:])))
     if wgmma is None:
-        load_x, load_w, multiply = _operand_intrinsics(dtype, weight_nk)
+        load_x, load_w, multiply = operand_intrinsics(dtype, weight_nk)
         sch.tensorize(x_loop, load_x)
         sch.tensorize(w_loop, load_w)
     else:
@@ -237,17 +150,3 @@ def tensorize_fragments(sch: s_tir.Schedule, block: SBlockRV, fragment_name: str
         place_in_dsm(sch, accumulator, 0)
     sch.tensorize(accumulator_loop, store_intrin)
 
-
-def _operand_intrinsics(dtype: str, weight_nk: bool) -> tuple[str, str, str]:
-    """(ldmatrix of X, ldmatrix of W, mma.sync) for ``dtype`` operands and W's layout."""
-    if dtype == FP8:
-        if not weight_nk:
-            raise ClusterError("fp8 GEMMs need the weight stored [n, k]: ldmatrix cannot "
-                               "transpose 8-bit elements")
-        return LDMATRIX_FP8_A_DYN, LDMATRIX_FP8_B_TRANS_DYN, mma.MMA_e4m3e4m3f32_TRANS_B_INTRIN
-    if weight_nk:
-        load_w, multiply = mma.LDMATRIX_f16_B_TRANS_DYN_INTRIN, mma.MMA_f16f16f32_TRANS_B_INTRIN
-    else:
-        load_w, multiply = mma.LDMATRIX_f16_B_DYN_INTRIN, mma.MMA_f16f16f32_INTRIN
-    return (_retyped(mma.LDMATRIX_f16_A_DYN_INTRIN, dtype), _retyped(load_w, dtype),
-            _retyped(multiply, dtype))

@@ -32,7 +32,7 @@ warp then waits for the slowest warp and the refill starts later.
 The tiles land 128-byte swizzled (16-byte chunk c of row r at chunk ``c ^ (r % 8)``), so
 ldmatrix reads them without bank conflicts and without padding; the pass rewrites every
 ldmatrix of a copied tile to the swizzled slot, and points warpgroup MMAs
-(:mod:`tvm_dsm.rules.wgmma`, whose descriptors swizzle in hardware) at the slot's tiles. Those
+(:mod:`tvm_dsm.intrin.wgmma`, whose descriptors swizzle in hardware) at the slot's tiles. Those
 return with their multiplies still reading the slot, so a loop that issues them refills a slot
 two steps after it was read (``S - 2`` ahead) and waits for every multiply after the loop.
 The hardware swizzles on absolute shared addresses, and TVM's shared-memory merge does not
@@ -78,7 +78,7 @@ TMA_COPY_KEY = "tvm_dsm.tma_copy"
 #: quantization kernel 0.79-0.91x (the quantization's loads queued behind them).
 PREFETCH_WINDOW_S = 1e-6
 #: Name prefix of the CUDA helpers issuing warpgroup MMAs on a copied tile
-#: (tvm_dsm.rules.wgmma): the pass points their tile pointer at the slot.
+#: (tvm_dsm.intrin.wgmma): the pass points their tile pointer at the slot.
 WGMMA_HELPER_PREFIX = "tvm_dsm_wgmma_"
 
 ROW_BYTES = 128  # CU_TENSOR_MAP_SWIZZLE_128B: rows of 128 bytes, 16-byte chunks XOR (row % 8)
@@ -342,7 +342,7 @@ class _TmaLoop:
             return tvm.ir.Call(node.op, args, node.attrs, ret_ty=node.ty)
 
         def wgmma(node):
-            """A warpgroup MMA's tile pointers (tvm_dsm.rules.wgmma) to the slot's tiles,
+            """A warpgroup MMA's tile pointers (tvm_dsm.intrin.wgmma) to the slot's tiles,
             unswizzled: its descriptors name logical addresses and the hardware swizzles."""
             if not is_wgmma_call(node):
                 return node
@@ -420,7 +420,7 @@ class _TmaLoop:
 
 
 def is_wgmma_call(call) -> bool:
-    """Whether ``call`` issues warpgroup MMAs through a tvm_dsm.rules.wgmma helper."""
+    """Whether ``call`` issues warpgroup MMAs through a tvm_dsm.intrin.wgmma helper."""
     return call.op.name == "tirx.cuda.func_call" and call.args[0].value.startswith(WGMMA_HELPER_PREFIX)
 
 

@@ -22,7 +22,7 @@ fp8 calls wait for their group and add it to the accumulator in fp32 (see
 :func:`helper_source`).
 
 The descriptor and MMA statement builders here also serve the attention kernel
-(:mod:`tvm_dsm.rules.attention`: A from registers, B MN-major).
+(:mod:`tvm_dsm.kernels.attention`: A from registers, B MN-major).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from tvm.script import tirx as T
 
 from ..transform.tma_pipeline import WGMMA_HELPER_PREFIX as HELPER_PREFIX
 from ..script_parsing import frozen_frames_skipped
-from .tensor_core import TILE, mma
+from .mma import TILE, mma
 
 WARPGROUP_ROWS = 64  # rows of one wgmma: 4 warps x 16
 MAX_N = 256  # wgmma's widest tile
@@ -216,11 +216,16 @@ def _desc_impl(name: str, n: int, depth: int, dtype: str, in_flight: int):
     return desc, impl
 
 
-#: The tile widths the split-K planner gives warpgroup MMAs (its ``BLOCK_N``), registered at
-#: import: a MetaSchedule database's traces name the intrinsic, and a fresh process replaying
-#: them (tvm_dsm.build) has scheduled nothing that would register it.
+#: The tile widths the split-K planner gives warpgroup MMAs (its ``BLOCK_N``).
 TILE_WIDTHS = (64, 80, 128, 192, 256)
-with frozen_frames_skipped():
-    for _n, _dtype, _in_flight in ((n, dtype, g) for n in TILE_WIDTHS for dtype in _PTX_TYPE
-                                   for g in (1, 2)):
-        wgmma_intrin(_n, _SWIZZLE_ROW_BYTES // (_K_STEP_BYTES // k_per_step(_dtype)), _dtype, _in_flight)
+
+
+def register_planned() -> None:
+    """Register the intrinsic of every width, operand type and in-flight count a plan may use: a
+    MetaSchedule database's traces name them, and a fresh process replaying one has scheduled
+    nothing that would register them."""
+    with frozen_frames_skipped():
+        for n in TILE_WIDTHS:
+            for dtype in _PTX_TYPE:
+                for in_flight in (1, 2):
+                    wgmma_intrin(n, _SWIZZLE_ROW_BYTES // (_K_STEP_BYTES // k_per_step(dtype)), dtype, in_flight)
