@@ -14,7 +14,7 @@ from tvm.s_tir import meta_schedule as ms
 
 import tvm_dsm
 from tvm_dsm.errors import ClusterError
-from tvm_dsm.families import chain_rank_key
+from tvm_dsm.families.gemm_chain import chain_rank_key
 from tvm_dsm.workloads import cascades, gemv
 from tvm_dsm.workloads.chains import gemm_chain
 from tvm_dsm.workloads.dense import dense

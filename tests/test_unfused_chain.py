@@ -121,7 +121,7 @@ def test_family_ranks_fused_and_unfused_plans_by_one_model():
     687 us fused on G5); a small chain (G2, N = 256) keeps fusion, which the model predicts
     faster even after its measured optimism (FUSED_PICK_BIAS); G3 (K = 416) plans unfused,
     measured 7.0 us against 8.8 fused, once GEMM1's programmatic launch is not counted twice."""
-    from tvm_dsm.families import chain_rank_key
+    from tvm_dsm.families.gemm_chain import chain_rank_key
 
     for func, unfused in ((gemm_chain(128, 16384, 4096, 4096), True),
                           (swiglu_ffn(128, 11008, 4096, 4096), True),

@@ -20,7 +20,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.schedule.schedule import ScheduleError
 
 from .errors import ClusterError
-from .families import Family, match_family
+from .families import ScheduleFamily, match_family
 from .hardware import Hardware, load_hardware
 from .intrin import register_all
 from .planners.report import Plan
@@ -38,7 +38,7 @@ H100 = {"kind": "cuda", "arch": "sm_90a"}
 class Ranking:
     """The pruned design space of one function, best predicted first."""
 
-    family: Family
+    family: ScheduleFamily
     shape: Any
     plans: list[Plan]
     func: tirx.PrimFunc = field(repr=False)
@@ -57,13 +57,13 @@ class Ranking:
 
     def schedule(self, rank: int = 0) -> s_tir.Schedule:
         """The schedule of the ``rank``-th best configuration."""
-        return self.family.schedule(self.func, self.plans[rank].config)
+        return self.family.apply(self.func, self.plans[rank].config)
 
 
-def plan(func: tirx.PrimFunc, hw: Hardware | None = None) -> Ranking:
+def plan(func: tirx.PrimFunc, hw: Hardware | None = None, target=None) -> Ranking:
     """Rank every valid configuration of the family ``func`` belongs to (ClusterError if none
-    applies, naming why each family does not)."""
-    family, shape = match_family(func)
+    applies, naming why each family does not, or if ``target`` is not a Hopper GPU)."""
+    family, shape = match_family(func, target)
     return Ranking(family, shape, family.rank(shape, hw or load_hardware()), func)
 
 
@@ -83,10 +83,10 @@ def tune(func: tirx.PrimFunc, work_dir: str, *, target=H100, top_k: int = 8,
     """Build and time the planner's ``top_k`` configurations with MetaSchedule's builder and
     runner (on this machine's GPU unless a runner is given) and commit every measured one to the
     JSON database in ``work_dir``; returns them fastest first (failures last). Families that
-    generate their kernels (fused cascades, convolution chains: ``Family.traced``) are measured
+    generate their kernels (fused cascades, convolution chains: ``ScheduleFamily.traced``) are measured
     but not recorded, since a record holds a trace of ``func``; ``build`` takes their planner's
     choice."""
-    ranking = plan(func, hw)
+    ranking = plan(func, hw, target)
     target = tvm.target.Target(target)
     candidates = list(enumerate(ranking.plans[:top_k]))
     schedules = [ranking.schedule(rank) for rank, _ in candidates]
@@ -137,7 +137,7 @@ def build(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None = No
     if record is not None:
         return tvm.compile(replay(record.trace, func).mod, target=target)
     try:
-        ranking = plan(func, hw)
+        ranking = plan(func, hw, target)
     except ClusterError as err:
         return tvm.compile(_stock_schedule_or_raise(func, target, err).mod, target=target)
     refusals = []
@@ -161,7 +161,7 @@ def schedule(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None =
     if record is not None:
         return replay(record.trace, func)
     try:
-        return plan(func, hw).schedule()
+        return plan(func, hw, target).schedule()
     except ClusterError as err:
         if not stock_fallback:
             raise

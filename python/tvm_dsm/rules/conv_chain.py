@@ -31,17 +31,11 @@ from tvm.script import tirx as T
 
 from ..errors import ClusterError
 from ..ir import with_block_body
-from ..planners.report import Plan
 from ..workloads.chains import conv_chain, gemm_chain
 from .fused_chain import FusedChainConfig
 from .unfused_chain import UnfusedChainConfig
 from ..workloads.dense import ACTIVATIONS
 
-#: What a fused plan's prediction is weighed by against an unfused one for a convolution chain
-#: (the chain family's FUSED_PICK_BIAS, fitted the same way): on the H100 run of C1-C8 at batch
-#: 1 and 8 (bench/results/conv_chains.json), fused kernels ran a median 1.28x their prediction
-#: and unfused ones 0.83x, and wherever both kinds were measured the unfused one was faster.
-CONV_FUSED_PICK_BIAS = 1.28 / 0.83
 _VECTOR_BYTES = 16  # one gather thread moves 16 bytes
 _THREADS = 256
 
@@ -75,19 +69,6 @@ class ConvChainConfig:
     chain: FusedChainConfig | UnfusedChainConfig
     rows: int
     depth: int
-
-
-@dataclass(frozen=True)
-class ConvChainPlan(Plan):
-    """The GEMM chain's plan plus the gather kernels' traffic (level ``gather``)."""
-
-    config: ConvChainConfig
-    chain: Plan
-
-    def summary(self) -> str:
-        c = self.config
-        inputs = "a gather kernel first" if "gather" in self.bytes else "no copies (views of X and Out)"
-        return f"conv chain as a {c.rows}x{c.depth} GEMM chain, {inputs}; " + self.chain.summary()
 
 
 def find_conv_chain(func: tirx.PrimFunc) -> ConvChainShape:

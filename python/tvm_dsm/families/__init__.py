@@ -1,0 +1,44 @@
+"""The schedule families tvm-dsm applies to a PrimFunc (:class:`~.base.ScheduleFamily`), one
+module each, and the order the driver tries them in: most specific first, so a GEMM chain is
+fused rather than scheduled as its first GEMM."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tvm
+from tvm import tirx
+
+from ..errors import ClusterError
+from .base import ScheduleFamily
+from .conv_chain import ConvChain
+from .fused_cascade import FusedCascade
+from .gemm_chain import GemmChain
+from .gemm_row_max import GemmRowMax
+from .split_k_gemm import SplitKGemm
+from .split_k_reduction import SplitKReduction
+
+#: Most specific first.
+FAMILIES: tuple[ScheduleFamily, ...] = (ConvChain(), GemmChain(), GemmRowMax(), SplitKGemm(), FusedCascade(),
+                                        SplitKReduction())
+
+
+def hopper_target(target: Any) -> bool:
+    """Whether ``target`` is a CUDA target of compute capability 9.x (the cluster and DSM
+    instructions tvm-dsm emits exist from sm_90 on)."""
+    target = tvm.target.Target(target)
+    return target.kind.name == "cuda" and str(target.attrs.get("arch", "")).startswith("sm_90")
+
+
+def match_family(func: tirx.PrimFunc, target: Any = None) -> tuple[ScheduleFamily, Any]:
+    """The first family whose pattern ``func`` holds, with its shape; ClusterError listing why
+    each family does not apply otherwise (or that ``target`` is not a Hopper GPU)."""
+    if target is not None and not hopper_target(target):
+        raise ClusterError(f"tvm-dsm schedules for Hopper GPUs (CUDA sm_90a); the target is {target}")
+    reasons = []
+    for family in FAMILIES:
+        try:
+            return family, family.recognize(func)
+        except ClusterError as err:
+            reasons.append(f"{family.name}: {err}")
+    raise ClusterError("no tvm-dsm schedule family applies:\n  " + "\n  ".join(reasons))

@@ -1,0 +1,66 @@
+"""What a schedule family is: the one interface the driver, MetaSchedule and Relax see.
+
+A family is to tvm-dsm what a rule is to ``tvm.s_tir.dlight``: it recognizes its operation in a
+PrimFunc by meaning and returns the shape its planner needs (``match``, None to say no), lists
+its valid configurations (``space``), predicts bytes and time per memory level for one
+(``predict``), ranks them (``rank``) and schedules one (``apply``). Adding or changing a family
+touches its own module only.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from tvm import s_tir, tirx
+
+from ..errors import ClusterError
+from ..hardware import Hardware
+from ..planners.report import Plan
+
+
+class ScheduleFamily(ABC):
+    """One schedule family. Subclasses set ``name`` and implement ``recognize``, ``rank`` and
+    ``apply``; those with a separate configuration space and model also ``space`` and
+    ``predict``.
+
+    ``traced``: its schedules are traces of the user's function, which MetaSchedule can record
+    and replay; a family that generates its kernel (a rewrite or a template) is measured but
+    cannot be held by a tuning record.
+    """
+
+    name: str = ""
+    traced: bool = True
+
+    @abstractmethod
+    def recognize(self, func: tirx.PrimFunc) -> Any:
+        """The shape the planner needs, or :class:`ClusterError` saying what ``func`` lacks."""
+
+    def match(self, func: tirx.PrimFunc) -> Any | None:
+        """The shape of ``func`` if this family takes it, else None."""
+        try:
+            return self.recognize(func)
+        except ClusterError:
+            return None
+
+    @abstractmethod
+    def rank(self, shape: Any, hw: Hardware) -> list[Plan]:
+        """Every valid configuration's plan, best predicted first; ClusterError if none fits."""
+
+    def space(self, shape: Any, hw: Hardware) -> list[Any]:
+        """The valid configurations left after pruning."""
+        return [plan.config for plan in self.rank(shape, hw)]
+
+    def predict(self, shape: Any, config: Any, hw: Hardware) -> Plan:
+        """The plan (bytes and time per level) of one configuration of the space."""
+        for plan in self.rank(shape, hw):
+            if plan.config == config:
+                return plan
+        raise ClusterError(f"{config} is not a valid {self.name} configuration here")
+
+    @abstractmethod
+    def apply(self, func: tirx.PrimFunc, config: Any) -> s_tir.Schedule:
+        """``func`` scheduled in ``config``."""
+
+    def __repr__(self) -> str:
+        return f"<schedule family {self.name}>"

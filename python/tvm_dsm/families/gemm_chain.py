@@ -1,0 +1,52 @@
+"""A chain of two GEMMs with an elementwise stage between them (an FFN, or SwiGLU's gated form):
+fused into one cluster kernel with the intermediate in DSM (FlashFuser), fused in one CTA's
+shared memory, or run as two split-K GEMMs, whichever the model predicts faster."""
+
+from __future__ import annotations
+
+import functools
+
+from tvm import s_tir, tirx
+
+from ..errors import ClusterError
+from ..hardware import Hardware
+from ..planners.fused_chain import FUSED_PICK_BIAS, ChainPlan, plan_chain
+from ..planners.report import Plan
+from ..planners.unfused_chain import plan_unfused_chain
+from ..rules.fused_chain import ChainShape, FusedChainConfig, find_chain, schedule_fused_chain
+from ..rules.unfused_chain import UnfusedChainConfig, schedule_unfused_chain
+from .base import ScheduleFamily
+
+
+def chain_rank_key(plan: Plan) -> float:
+    """What a chain plan is ranked by among fused and unfused plans: its prediction, a fused
+    one's weighted by FUSED_PICK_BIAS (the fused model's measured optimism)."""
+    return plan.predicted_us * (FUSED_PICK_BIAS if isinstance(plan, ChainPlan) else 1.0)
+
+
+class GemmChain(ScheduleFamily):
+    name = "gemm_chain"
+
+    def recognize(self, func: tirx.PrimFunc) -> ChainShape:
+        return find_chain(s_tir.Schedule(func))[1]
+
+    def rank(self, shape: ChainShape, hw: Hardware) -> list[Plan]:
+        """Fused plans (DSM clusters, and one-CTA SMEM-only ones where they fit) and unfused ones
+        (two split-K GEMMs), ranked together: fusion is chosen where the model predicts it
+        faster, not because it applies."""
+        plans, reasons = [], []
+        kinds = (("fused", plan_chain), ("SMEM-only fused", functools.partial(plan_chain, smem_only=True)),
+                 ("unfused", plan_unfused_chain))
+        for kind, planner in kinds:
+            try:
+                plans += planner(shape, hw)
+            except ClusterError as err:
+                reasons.append(f"{kind}: {err}")
+        if not plans:
+            raise ClusterError("no GEMM chain schedule fits: " + "; ".join(reasons))
+        return sorted(plans, key=chain_rank_key)
+
+    def apply(self, func: tirx.PrimFunc, config: FusedChainConfig | UnfusedChainConfig) -> s_tir.Schedule:
+        if isinstance(config, UnfusedChainConfig):
+            return schedule_unfused_chain(func, config)
+        return schedule_fused_chain(func, config)

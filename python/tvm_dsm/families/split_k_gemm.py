@@ -1,0 +1,30 @@
+"""A GEMM (``x @ w^T`` or ``x @ w`` with an elementwise epilogue) whose K is split over the CTAs
+of a cluster, partial sums reduced through DSM (:mod:`tvm_dsm.rules.split_k_gemm`)."""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+
+from ..hardware import Hardware
+from ..planners import split_k_gemm as model
+from ..rules.split_k_gemm import GemmShape, SplitKGemmConfig, find_gemm, schedule_split_k_gemm
+from .base import ScheduleFamily
+
+
+class SplitKGemm(ScheduleFamily):
+    name = "split_k_gemm"
+
+    def recognize(self, func: tirx.PrimFunc) -> GemmShape:
+        return find_gemm(s_tir.Schedule(func))[2]
+
+    def space(self, shape: GemmShape, hw: Hardware) -> list[SplitKGemmConfig]:
+        return model.candidate_configs(shape)
+
+    def predict(self, shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> model.GemmPlan:
+        return model.predict(shape, config, hw)
+
+    def rank(self, shape: GemmShape, hw: Hardware) -> list[model.GemmPlan]:
+        return model.plan_split_k_gemm(shape, hw)
+
+    def apply(self, func: tirx.PrimFunc, config: SplitKGemmConfig) -> s_tir.Schedule:
+        return schedule_split_k_gemm(func, config)
