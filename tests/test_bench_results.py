@@ -1,4 +1,6 @@
-"""Result helpers: NaN (unwritten output) never passes; the table and plot are produced."""
+"""Result helpers: NaN (unwritten output) never passes; the table and plot are produced; the
+committed results (``bench/results/<suite>/latest.json``, ``bench/results/archive/``) are in the
+schema and ``bench/RESULTS.md`` is what the generator makes of them."""
 
 from __future__ import annotations
 
@@ -36,7 +38,8 @@ def test_chain_summary_reports_model_check_and_ablation_from_committed_results()
     from tvm_dsm.bench.chain_summary import summarise
 
     folder = Path(__file__).parent.parent / "bench" / "results"
-    summary = summarise(json.loads((folder / "chains.json").read_text()))
+    # the full chains sweep (every plan, random samples): archived; chains/latest.json holds the picks
+    summary = summarise(json.loads((folder / "archive" / "chains.json").read_text()))
     assert all(s["all_correct"] for s in summary["shapes"])
     checked = [s for s in summary["shapes"] if "model_spearman" in s]
     assert len(checked) >= 4 and all(-1 <= s["model_spearman"] <= 1 for s in checked)
@@ -58,7 +61,7 @@ def test_batch_summary_of_the_committed_gemm_m_run():
     from tvm_dsm.gpu.suites import layer_shapes
 
     folder = Path(__file__).parent.parent / "bench" / "results"
-    summary = summarise_batches(json.loads((folder / "gemm_m.json").read_text()))
+    summary = summarise_batches(json.loads((folder / "gemm_m" / "latest.json").read_text()))
     # M = 1: the stock GEMV tvm_dsm.build falls back to (the run's dlight rows)
     assert summary["all_correct"] and set(summary["batches"]) == {1, 16, 64, 128, 256, 1024, 4096}
     for m, rows in summary["batches"].items():
@@ -78,10 +81,79 @@ def test_gemm_summary_puts_stock_meta_schedule_beside_dlight():
     from tvm_dsm.bench.gemm_summary import summarise
 
     folder = Path(__file__).parent.parent / "bench" / "results"
-    baseline = json.loads((folder / "gemm_meta_schedule.json").read_text())
-    summary = summarise(json.loads((folder / "gemm.json").read_text()), baseline)
+    baseline = json.loads((folder / "gemm_meta_schedule" / "latest.json").read_text())
+    summary = summarise(json.loads((folder / "gemm" / "latest.json").read_text()), baseline)
     shapes = {(s["shape"], s["m"]): s for s in summary["shapes"]}
     g5b = shapes[("G5b", 128)]
     assert g5b["meta_schedule_trials"] == max(r["trials"] for r in baseline["rows"] if "_meta_schedule_" in r["name"])
     assert g5b["meta_schedule_us"] > g5b["pick_us"]
     assert shapes[("G5a", 128)]["meta_schedule_us"] is None
+
+
+ROOT = __import__("pathlib").Path(__file__).parent.parent
+RESULTS = ROOT / "bench" / "results"
+
+
+def test_every_latest_json_is_in_the_results_schema():
+    """suite, device, date, versions, timing; rows with a name, a boolean ok and a rel_err; the
+    folder is named after the suite; nothing but folders and the archive at the top."""
+    latest = sorted(RESULTS.glob("*/latest.json"))
+    assert len(latest) >= 20
+    for path in latest:
+        data = __import__("json").loads(path.read_text())
+        assert results.schema_errors(data) == [], path
+        assert data["suite"] == path.parent.name
+        assert all(isinstance(r["ok"], bool) for r in data["rows"])
+    assert not [p for p in RESULTS.iterdir() if p.is_file()]
+
+
+def test_schema_check_rejects_a_hand_written_ok():
+    suite = results.new_suite("demo", "cpu", {"tvm": "x"}, "none")
+    suite["rows"].append({"name": "a", "ok": "yes", "rel_err": 0.0})
+    assert any("boolean" in e for e in results.schema_errors(suite))
+    assert any("rel_err" in e for e in results.schema_errors({"rows": [{"name": "a", "ok": True}]}))
+
+
+def test_archive_index_lists_every_archived_file():
+    import json
+
+    index = json.loads((RESULTS / "archive" / "index.json").read_text())
+    files = {p.name for p in (RESULTS / "archive").glob("*.json")} - {"index.json"}
+    assert {e["file"] for e in index} == files
+    for e in index:
+        assert isinstance(e["reproducible"], bool) and e["measured"]
+        assert e.get("how" if e["reproducible"] else "reason")
+
+
+def test_report_generator_reproduces_the_committed_markdown(tmp_path):
+    """``python -m tvm_dsm.bench.report`` runs on the committed results and its output is the
+    committed ``bench/RESULTS.md`` and ``archive/INDEX.md`` (deterministic, up to date)."""
+    from tvm_dsm.bench import report
+
+    text = report.generate(RESULTS)
+    assert text == report.generate(RESULTS)
+    assert text == (ROOT / "bench" / "RESULTS.md").read_text()
+    for suite in (p.parent.name for p in RESULTS.glob("*/latest.json")):
+        assert f"## {suite}\n" in text
+    import json
+
+    index = json.loads((RESULTS / "archive" / "index.json").read_text())
+    assert report.index_markdown(index) == (RESULTS / "archive" / "INDEX.md").read_text()
+    report.main(["--results", str(RESULTS), "--out", str(tmp_path / "R.md")])
+    assert (tmp_path / "R.md").read_text() == text
+
+
+def test_report_prints_one_file(capsys):
+    from tvm_dsm.bench import report
+
+    report.main(["report", str(RESULTS / "split_k" / "latest.json")])
+    out = capsys.readouterr().out
+    assert "stock_bind_trap_4096x1024_c4" in out and "expected failure" in out
+
+
+def test_derived_paths_of_latest_and_archived_files():
+    assert results.derived_path("bench/results/gemm/latest.json", "summary").as_posix() == "bench/results/gemm/summary.json"
+    assert results.plot_path("bench/results/gemm/latest.json").name == "plot.png"
+    assert results.derived_path("a/archive/chains.json", "summary").name == "chains_summary.json"
+    assert results.plot_path("a/archive/chains.json").name == "chains.png"
+    assert results.source_name("bench/results/gemm/latest.json") == "gemm/latest.json"

@@ -11,7 +11,8 @@ from tvm import s_tir
 from tvm.script import tirx as T
 
 from tvm_dsm import ClusterError
-from tvm_dsm.schedule import CLUSTER_SIZE_KEY, bind_cluster
+from tvm_dsm.schedule import bind_cluster
+from tvm_dsm.annotations import CLUSTER_SIZE_KEY
 
 
 @T.prim_func(s_tir=True)

@@ -14,8 +14,8 @@ from conftest import TARGET, cuda_source, kernels
 from tvm_dsm import pipeline
 from tvm_dsm.rules.split_k_gemm import GemmShape, SplitKGemmConfig, schedule_split_k_gemm
 from tvm_dsm.rules.unfused_chain import UnfusedChainConfig, schedule_unfused_chain
-from tvm_dsm.transform.programmatic_launch import (PDL_LAUNCH_TAG, PROGRAMMATIC_LAUNCH_KEY,
-                                                   launch_programmatically)
+from tvm_dsm.transform.programmatic_launch import launch_programmatically
+from tvm_dsm.annotations import PDL_LAUNCH_TAG, PROGRAMMATIC_LAUNCH_KEY
 from tvm_dsm.workloads.chains import gemm_chain
 from tvm_dsm.workloads.dense import dense
 

@@ -9,7 +9,8 @@ import pytest
 import tvm
 from tvm import s_tir, te, tirx
 
-from tvm_dsm.fusion.top_k import TOP_K_KEY, parse_top_k, top_k
+from tvm_dsm.fusion.top_k import parse_top_k, top_k
+from tvm_dsm.annotations import TOP_K_KEY
 from tvm_dsm.planners.cascade_split import plan_cascade_split
 from tvm_dsm.transform import fuse_cascaded_reductions
 from tvm_dsm.workloads.cascades import moe_routing

@@ -22,9 +22,8 @@ from .transform.merge_pipeline_barriers import MergePipelineBarriers
 from .transform.programmatic_launch import ProgrammaticLaunch
 from .transform.storage_rewrite import StorageRewrite
 from .transform.tma_pipeline import LowerTmaPipeline
+from .annotations import ASYNC_STAGES_KEY
 
-#: Loop annotation of s_tir's software pipeline listing its asynchronous stages.
-ASYNC_STAGES_KEY = "software_pipeline_async_stages"
 
 
 def _requests_async_copy(mod: tvm.IRModule) -> bool:

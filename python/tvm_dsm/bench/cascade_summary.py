@@ -2,8 +2,10 @@
 ``cascades``, ``decode`` and ``lm_head`` suites): per workload shape the planner's pick, the
 best measured variant, the torch peers (eager, torch.compile, SDPA where the suite timed it)
 and the HBM floor.
-``python -m tvm_dsm.bench.cascade_summary bench/results/decode.json`` writes
-``decode_summary.json`` and ``decode.png`` beside it and prints the table."""
+``python -m tvm_dsm.bench.cascade_summary bench/results/decode/latest.json`` writes
+``summary.json`` and ``plot.png`` beside it (the plot is not committed) and prints the table;
+given another file (``bench/results/archive/softmax_v.json``), ``<stem>_summary.json`` and
+``<stem>.png``."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from .gemm_summary import plot
-from .results import geomean
+from .results import derived_path, geomean, plot_path, source_name
 
 _PEERS = {"torch_eager": "torch eager", "torch_compile": "torch.compile", "torch_sdpa": "torch SDPA"}
 
@@ -51,13 +53,13 @@ def summarise(results: dict, source: str) -> dict:
 
 def main() -> None:
     source = Path(sys.argv[1])
-    summary = summarise(json.loads(source.read_text()), source.name)
-    stem = source.stem
-    (source.parent / f"{stem}_summary.json").write_text(json.dumps(summary, indent=1))
+    summary = summarise(json.loads(source.read_text()), source_name(source))
+    stem = source.parent.name if source.name == "latest.json" else source.stem
+    derived_path(source, "summary").write_text(json.dumps(summary, indent=1))
     peers = [p for p in _PEERS if all(f"{p}_us" in s for s in summary["shapes"])]
     series = [("tvm-dsm (planner)", "pick_us"), ("tvm-dsm (best measured)", "best_us")]
     series += [(_PEERS[p], f"{p}_us") for p in peers] + [("HBM floor", "floor_us")]
-    plot(summary, source.parent / f"{stem}.png", series, what=stem)
+    plot(summary, plot_path(source), series, what=stem)
     for s in summary["shapes"]:
         others = " ".join(f"{p.removeprefix('torch_')} {s[p + '_us']:7.1f}" for p in peers)
         print(f"{s['shape']:>34}: pick {s['pick_us']:7.1f} best {s['best_us']:7.1f} {others} "

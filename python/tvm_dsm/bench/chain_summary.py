@@ -2,9 +2,9 @@
 :func:`tvm_dsm.plan` ranks them), the best measured fused and unfused kernels, torch eager /
 torch.compile and the HBM floor, and the cost model's rank correlation where a random sample of
 the fused space was measured.
-``python -m tvm_dsm.bench.chain_summary bench/results/chains.json`` writes
-``chains_summary.json`` and ``chains.png`` beside it (``<run>_summary.json`` and ``<run>.png``
-for another run, e.g. the M sweep ``chains_m.json``) and prints the table. Where the random
+``python -m tvm_dsm.bench.chain_summary bench/results/chains/latest.json`` writes
+``summary.json`` and ``plot.png`` beside it (``<run>_summary.json`` and ``<run>.png`` for another
+file, e.g. the full sweep ``archive/chains.json``; plots are not committed) and prints the table. Where the random
 sample was measured it adds FlashFuser's ablation: no fusion (the best measured pair of split-K
 GEMMs), SMEM-only fusion (the best planned one-CTA cluster, where one fits), DSM fusion with
 random plans (median of the sample) and with the searched plan (the fused planner's best)."""
@@ -17,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from .gemm_summary import plot, spearman
-from .results import geomean
+from .results import derived_path, geomean, plot_path, source_name
 
 #: Workloads with at least this many measured configurations get a model check.
 _MODEL_CHECK_MIN = 30
@@ -28,7 +28,7 @@ def _fastest(rows: list[dict]) -> dict | None:
     return min(rows, key=lambda r: r["ours_us"]) if rows else None
 
 
-def summarise(results: dict, source: str = "chains.json") -> dict:
+def summarise(results: dict, source: str = "chains/latest.json") -> dict:
     groups = defaultdict(list)
     for row in results["rows"]:
         groups[row["shape"], row["m"]].append(row)
@@ -93,10 +93,10 @@ SERIES = [("tvm-dsm (planner's pick)", "pick_us"), ("tvm-dsm fused (best measure
 
 def main() -> None:
     source = Path(sys.argv[1])
-    summary = summarise(json.loads(source.read_text()), source.name)
-    (source.parent / f"{source.stem}_summary.json").write_text(json.dumps(summary, indent=1))
+    summary = summarise(json.loads(source.read_text()), source_name(source))
+    derived_path(source, "summary").write_text(json.dumps(summary, indent=1))
     batches = ", ".join(str(m) for m in sorted({s["m"] for s in summary["shapes"]}))
-    plot(summary, source.parent / f"{source.stem}.png", SERIES, f"fp16 GEMM chains, M={batches}")
+    plot(summary, plot_path(source), SERIES, f"fp16 GEMM chains, M={batches}")
     for s in summary["shapes"]:
         model = (f"  rho {s['model_spearman']:.2f} best in top-11 {s['best_in_predicted_top_11']}"
                  if "model_spearman" in s else "")

@@ -1,7 +1,7 @@
 """DSM bandwidth of each collective, against the DSM peak of the hardware description.
 
-``python -m tvm_dsm.bench.dsm_bandwidth bench/results/collectives.json`` writes
-``collectives_bandwidth.json`` beside it and prints a table of the ``resident_*`` kernels (tile
+``python -m tvm_dsm.bench.dsm_bandwidth bench/results/collectives/latest.json`` writes
+``bandwidth.json`` beside it (``<stem>_bandwidth.json`` for another file) and prints a table of the ``resident_*`` kernels (tile
 made in SMEM, only a sum written: the traffic is DSM alone). Two figures per kernel: a lower
 bound (remote bytes / whole-kernel time) and the exchange phase (remote bytes / (kernel time -
 the no-exchange ``copy`` kernel of the same configuration, which makes and sums the same
@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from ..hardware import load_hardware
+from .results import derived_path, source_name
 
 #: Fraction of the DSM peak each collective should reach (issue 4).
 TARGETS = {"shuffle": 0.8, "broadcast": 0.8, "all_exchange": 0.6, "all_exchange_rs_ag": 0.6,
@@ -54,9 +55,9 @@ def main() -> None:
         path = Path(name)
         results = json.loads(path.read_text())
         rows = bandwidth_rows(results)
-        out = path.with_name(path.stem + "_bandwidth.json")
+        out = derived_path(path, "bandwidth")
         out.write_text(json.dumps({"device": results["device"], "date": results["date"],
-                                   "source": path.name, "rows": rows}, indent=1) + "\n")
+                                   "source": source_name(path), "rows": rows}, indent=1) + "\n")
         print(f"{'name':40} ok    {'peak TB/s':>9} {'bound':>6} {'phase':>6} target")
         for r in rows:
             phase = r["phase_fraction_of_peak"]

@@ -1,9 +1,10 @@
 """Summarise the GEMM suite: per layer shape the planner's pick, the measured best, stock TVM
-(dlight; stock MetaSchedule where ``gemm_meta_schedule.json`` beside the run has it), torch
+(dlight; stock MetaSchedule where ``bench/results/gemm_meta_schedule/latest.json`` has it), torch
 eager (cuBLAS), torch.compile and the HBM floor; the model's rank correlation; the
-cluster-size ablation. ``python -m tvm_dsm.bench.gemm_summary bench/results/gemm.json``
-writes ``gemm_summary.json`` and ``gemm.png`` beside it and prints the table; given a ``gemm_m``
-run (e.g. ``gemm_m.json``), ``<run>_summary.json``: the pick against cuBLAS per batch."""
+cluster-size ablation. ``python -m tvm_dsm.bench.gemm_summary bench/results/gemm/latest.json``
+writes ``summary.json`` and ``plot.png`` beside it (the plot is not committed) and prints the
+table; given a ``gemm_m`` run (``bench/results/gemm_m/latest.json``), its ``summary.json``: the
+pick against cuBLAS per batch. Another file (``archive/X.json``) gets ``X_summary.json``."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from .results import geomean
+from .results import LATEST, derived_path, geomean, plot_path, source_name
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
@@ -40,7 +41,7 @@ def _stock_meta_schedule(baseline: dict | None, label: str, m: int) -> tuple[flo
     return row["ours_us"], row["trials"]
 
 
-def summarise(results: dict, baseline: dict | None = None) -> dict:
+def summarise(results: dict, baseline: dict | None = None, source: str = "gemm/latest.json") -> dict:
     groups = defaultdict(list)
     bf16 = []  # the planner's pick per shape in bf16, against cuBLAS in bf16
     for row in results["rows"]:
@@ -83,7 +84,7 @@ def summarise(results: dict, baseline: dict | None = None) -> dict:
          and r["plan"].get("stages") == 3 and "silu" not in r["name"]),
     )
     return {
-        "device": results["device"], "date": results["date"], "source": "gemm.json",
+        "device": results["device"], "date": results["date"], "source": source,
         "geomean_pick_vs_cublas_m_le_256": geomean([s["pick_vs_cublas"] for s in small]),
         "geomean_best_vs_cublas_m_le_256": geomean([s["best_vs_cublas"] for s in small]),
         "geomean_bf16_pick_vs_cublas": geomean([r["vs_cublas"] for r in bf16]),
@@ -138,24 +139,37 @@ def plot(summary: dict, path: Path, series: list = SERIES, what: str = "fp16 den
     ax.set_title(f"{what} on {summary['device']} ({summary['date']})")
     ax.legend(fontsize=7, ncol=3)
     fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def meta_schedule_baseline(source: Path) -> Path | None:
+    """Stock MetaSchedule's run for a GEMM results file: ``gemm_meta_schedule.json`` beside it,
+    else the suite's current one (``<results>/gemm_meta_schedule/latest.json``; the results folder
+    is the parent of a suite's or the archive's folder)."""
+    for path in (source.parent / "gemm_meta_schedule.json",
+                 source.parent.parent / "gemm_meta_schedule" / LATEST):
+        if path.exists():
+            return path
+    return None
 
 
 def main() -> None:
     source = Path(sys.argv[1])
     results = json.loads(source.read_text())
-    if results["suite"] == "gemm_m":  # several files (gemm_m.json, gemm_m1.json) may hold it
+    if results["suite"] == "gemm_m":  # several files (gemm_m/latest.json, archive/gemm_m1.json) hold it
         summary = summarise_batches(results)
-        (source.parent / f"{source.stem}_summary.json").write_text(json.dumps(summary, indent=1))
+        derived_path(source, "summary").write_text(json.dumps(summary, indent=1))
         for m, rows in summary["batches"].items():
             print(f"M={m:>5}: " + "  ".join(f"{r['shape']} {r['us']:.1f}/{r['cublas_us']:.1f}"
                                              for r in rows)
                   + f"  geomean vs cuBLAS {summary['geomean_vs_cublas_by_m'][m]:.2f}x")
         return
-    baseline = source.parent / "gemm_meta_schedule.json"
-    summary = summarise(results, json.loads(baseline.read_text()) if baseline.exists() else None)
-    (source.parent / "gemm_summary.json").write_text(json.dumps(summary, indent=1))
-    plot(summary, source.parent / "gemm.png")
+    baseline = meta_schedule_baseline(source)
+    summary = summarise(results, json.loads(baseline.read_text()) if baseline else None, source_name(source))
+    derived_path(source, "summary").write_text(json.dumps(summary, indent=1))
+    plot(summary, plot_path(source))
     for s in summary["shapes"]:
         print(f"{s['shape']:>6} {s['m']:>5}x{s['n']}x{s['k']}: pick {s['pick_us']:7.1f} best "
               f"{s['best_us']:7.1f} dlight {s['dlight_us']:7.1f} cuBLAS {s['torch_eager_us']:6.1f} "

@@ -1,4 +1,7 @@
-"""Benchmark results: one JSON file per suite under bench/results/, a table, and a plot."""
+"""Benchmark results: one JSON file per suite, ``bench/results/<suite>/latest.json`` (the
+current canonical run; every other run lives in ``bench/results/archive/``, listed in its
+``INDEX.md``), a table, and a plot. Plots are generated, never committed: beside their source,
+``plot.png`` for a ``latest.json`` (``<stem>.png`` for any other file)."""
 
 from __future__ import annotations
 
@@ -7,6 +10,57 @@ import math
 import platform
 from datetime import date
 from pathlib import Path
+
+
+#: The results folder of the repository (``bench/results``), whatever the working directory.
+RESULTS = Path(__file__).resolve().parents[3] / "bench" / "results"
+#: Every file of a suite's current run lives in its own folder under this name.
+LATEST = "latest.json"
+#: The keys every suite header and every row must have (``bench/results/<suite>/latest.json``).
+HEADER_KEYS = ("suite", "device", "date", "versions", "timing", "rows")
+ROW_KEYS = ("name", "ok", "rel_err")
+
+
+def latest_path(suite: str, root: str | Path = RESULTS) -> Path:
+    """``<root>/<suite>/latest.json``: where a suite's current results are."""
+    return Path(root) / suite / LATEST
+
+
+def derived_path(source: str | Path, kind: str, suffix: str = ".json") -> Path:
+    """A file derived from a results file, beside it: ``<kind><suffix>`` for a ``latest.json``
+    (``gemm/summary.json``, ``gemm/plot.png``), ``<stem>_<kind><suffix>`` for another file
+    (``archive/chains_summary.json``); a plot of another file keeps the bare ``<stem>.png``."""
+    source = Path(source)
+    if source.name == LATEST:
+        return source.with_name(kind + suffix)
+    return source.with_name(source.stem + ("" if kind == "plot" else f"_{kind}") + suffix)
+
+
+def plot_path(source: str | Path) -> Path:
+    return derived_path(source, "plot", ".png")
+
+
+def source_name(source: str | Path) -> str:
+    """How a summary names its source: ``gemm/latest.json`` for a suite's current run, the
+    file name otherwise."""
+    source = Path(source)
+    return f"{source.parent.name}/{source.name}" if source.name == LATEST else source.name
+
+
+def schema_errors(results: dict) -> list[str]:
+    """What keeps ``results`` from the results schema (empty: none): the header keys, a list of
+    rows, each with a name, a boolean ``ok`` and a ``rel_err``."""
+    errors = [f"no '{k}'" for k in HEADER_KEYS if k not in results]
+    rows = results.get("rows")
+    if not isinstance(rows, list) or not rows:
+        return errors + ["'rows' is not a non-empty list"]
+    for i, row in enumerate(rows):
+        missing = [k for k in ROW_KEYS if k not in row]
+        if missing:
+            errors.append(f"row {i} ({row.get('name')}): no {', '.join(missing)}")
+        elif not isinstance(row["ok"], bool):
+            errors.append(f"row {i} ({row['name']}): 'ok' is {row['ok']!r}, not a boolean")
+    return errors
 
 
 def relative_error(out, ref) -> float:
@@ -61,6 +115,8 @@ def _us(value) -> str:
 
 def plot(results: dict, path: str | Path) -> Path:
     """Bar chart of GPU time per row: ours, each peer and the floor (log scale)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -82,19 +138,20 @@ def plot(results: dict, path: str | Path) -> Path:
     ax.set_title(f"{results['suite']} on {results['device']} ({results['date']})")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path = Path(path)
     fig.savefig(path, dpi=120)
+    plt.close(fig)
     return path
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m tvm_dsm.bench.results FILE.json``: print the table and write FILE.png."""
+    """``python -m tvm_dsm.bench.results FILE.json``: print the table and write the plot beside
+    it (``plot.png`` for ``<suite>/latest.json``, else ``FILE.png``; not committed)."""
     import sys
 
     for name in argv if argv is not None else sys.argv[1:]:
         results = json.loads(Path(name).read_text())
         print(table(results))
-        print("plot:", plot(results, Path(name).with_suffix(".png")))
+        print("plot:", plot(results, plot_path(name)))
 
 
 if __name__ == "__main__":

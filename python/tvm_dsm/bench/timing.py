@@ -24,7 +24,7 @@ except ImportError:  # pragma: no cover - tvm-ffi without torch integration
 L2_BYTES = 50 * 1024 * 1024
 #: A graph replay starts its first kernel microseconds after the replay is issued; over the two
 #: calls of a kernel reading hundreds of MB that would add several percent to each
-#: (bench/results/graph_calls.json).
+#: (bench/results/archive/graph_calls.json).
 MIN_CALLS_PER_GRAPH = 20
 
 

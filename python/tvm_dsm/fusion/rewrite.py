@@ -37,11 +37,8 @@ from .cascade import Level, LoadSymbols
 from .symbolic import ToSympy, ToTIR
 from . import top_k_keys
 from .top_k import beats
+from ..annotations import RANKS_ATTR, ROWS_PER_CTA_ATTR
 
-#: Annotations of the ``*_final`` block: the CTAs a row's parts span (part p on rank p % ranks),
-#: and the rows whose threads share a CTA.
-RANKS_ATTR = "tvm_dsm.ranks"
-ROWS_PER_CTA_ATTR = "tvm_dsm.rows_per_cta"
 
 _COMBINE = {"sum": lambda a, b: a + b, "max": tirx.max, "min": tirx.min}
 _ACC = "float64"  # accumulators of split levels

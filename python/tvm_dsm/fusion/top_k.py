@@ -20,8 +20,8 @@ import tvm_ffi
 from tvm import te, tirx
 
 from ..ir import find_all, loads, uses
+from ..annotations import TOP_K_KEY
 
-TOP_K_KEY = "tvm_dsm.top_k"
 
 
 def beats(v1, i1, v2, i2):

@@ -1,6 +1,6 @@
 """Check and time exported kernels on the GPU machine (runtime-only TVM + torch).
 
-``python -m tvm_dsm.gpu.run .gpu/kernels/SUITE --out bench/results/SUITE.json``
+``python -m tvm_dsm.gpu.run .gpu/kernels/SUITE --out bench/results/SUITE/latest.json`` (a partial or A/B run: ``--out bench/results/archive/NAME.json``)
 
 For every kernel of the manifest: fresh random inputs, outputs poisoned with NaN, relative error
 against a float64 reference, then GPU time under CUDA-graph replay for tvm-dsm, torch eager and

@@ -30,7 +30,7 @@ from __future__ import annotations
 from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
-from ..transform.tma_pipeline import WGMMA_HELPER_PREFIX as HELPER_PREFIX
+from ..annotations import WGMMA_HELPER_PREFIX as HELPER_PREFIX
 from ..script_parsing import frozen_frames_skipped
 from .mma import TILE, mma
 

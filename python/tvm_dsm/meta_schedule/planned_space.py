@@ -29,9 +29,8 @@ from ..driver import plan
 from ..hardware import Hardware, load_hardware
 from ..rules.unfused_chain import UnfusedChainConfig
 from .cost_model import AnalyticalScores
+from ..annotations import PREDICTED_US_KEY
 
-#: Root-block annotation carrying the planner's predicted time (microseconds).
-PREDICTED_US_KEY = "tvm_dsm.predicted_us"
 
 
 @derived_object

@@ -28,7 +28,7 @@ from ..rules.split_k_reduction import (
     decision_candidates,
     reduction_extents,
 )
-from ..schedule.cluster import CLUSTER_SIZE_KEY
+from ..annotations import CLUSTER_SIZE_KEY
 from .cost_model import AnalyticalScores
 
 @derived_object

@@ -16,7 +16,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 
 from ..errors import ClusterError
-from ..fusion.rewrite import RANKS_ATTR, ROWS_PER_CTA_ATTR
+from ..annotations import RANKS_ATTR, ROWS_PER_CTA_ATTR
 from ..schedule.cluster import bind_clusters, bind_rank
 from ..schedule.dsm import DSM_SCOPE
 from ..transform.lower_cluster import STATIC_SLICES_BUDGET, buffer_bytes

@@ -54,7 +54,7 @@ from ..fusion.epilogue import bind_stage, find_epilogue
 from ..fusion.symbolic import ToSympy, ToTIR
 from ..ir import loads, shuffle_reduce, tree_reduce, with_block_body
 from ..schedule.cluster import MAX_CLUSTER_SIZE
-from ..transform.lower_cluster import CLUSTER_LAUNCH_KEY
+from ..annotations import CLUSTER_LAUNCH_KEY
 
 _NEG = -3.0e38  # the max's identity: finite, so fix(identity, m) is 0 or 1, never inf - inf
 _LOAD_BYTES = 16

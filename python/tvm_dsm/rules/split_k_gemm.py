@@ -25,15 +25,15 @@ from tvm.s_tir.schedule import LoopRV, SBlockRV
 
 from ..errors import ClusterError
 from ..ir import is_reduction
-from ..pipeline import ASYNC_STAGES_KEY
+from ..annotations import ASYNC_STAGES_KEY
 from ..transform.cluster_launch import MAX_SMEM_PER_CTA
 from ..transform.programmatic_launch import launch_programmatically
 from ..transform.tma_pipeline import MAX_BOX as TMA_MAX_BOX
 from ..transform.tma_pipeline import ROW_BYTES as TMA_ROW_BYTES
 from ..transform.tma_pipeline import SLOT_ALIGN as TMA_SLOT_ALIGN
-from ..transform.tma_pipeline import TMA_STAGES_KEY
+from ..annotations import TMA_STAGES_KEY
 from ..schedule import bind_cluster_nest, bind_rank, check_cluster_size
-from ..schedule.collectives import ROTATE_PEERS_KEY
+from ..annotations import ROTATE_PEERS_KEY
 from ..intrin.mma import FP8, MMA_STORE_F32_DSM, OPERAND_TYPES, TILE, VECTOR, element_bytes, k_tile, pad
 from ..intrin.wgmma import MAX_N as WGMMA_MAX_N
 from ..intrin.wgmma import WARPGROUP_ROWS, wgmma_intrin

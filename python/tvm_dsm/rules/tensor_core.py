@@ -15,7 +15,7 @@ from tvm.s_tir.schedule import LoopRV, SBlockRV
 from ..intrin.mma import (FP8, MMA_STORE_F32_DSM, TILE, VECTOR, element_bytes, fp8_fragment_map,
                           fragment_map, k_tile, library, mma, operand_intrinsics, pad)
 from ..schedule import place_in_dsm
-from ..transform.tma_pipeline import TMA_COPY_KEY
+from ..annotations import TMA_COPY_KEY
 
 
 def operand_dtype(block: tirx.SBlock) -> str:

@@ -14,9 +14,8 @@ from tvm import s_tir
 from tvm.s_tir.schedule import ExprRV, LoopRV
 
 from ..errors import ClusterError
+from ..annotations import CLUSTER_SIZE_KEY
 
-#: Loop annotation on the cluster-index loop: the number of CTAs per cluster.
-CLUSTER_SIZE_KEY = "tvm_dsm.cluster_size"
 #: Thread tag whose loop variable is a CTA's rank inside its cluster.
 RANK_TAG = "clusterCtaIdx.x"
 #: Hopper launches clusters of up to 16 CTAs; above 8 the size is non-portable (the TVM CUDA

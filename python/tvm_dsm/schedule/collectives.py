@@ -35,13 +35,11 @@ from tvm.tirx import IndexMap
 
 from ..errors import ClusterError
 from ..ir import is_reduction
-from .cluster import CLUSTER_SIZE_KEY, bind_rank
+from .cluster import bind_rank
+from ..annotations import CLUSTER_SIZE_KEY
 from .dsm import DSM_SCOPE
+from ..annotations import BULK_COPY_KEY, ROTATE_PEERS_KEY
 
-#: Loop annotation: the loop's iterations commute; start CTA r's walk at peer r (rotation).
-ROTATE_PEERS_KEY = "tvm_dsm.rotate_peers"
-#: Loop annotation: this copy loop between DSM slices moves by cp.async.bulk pushes.
-BULK_COPY_KEY = "tvm_dsm.bulk_copy"
 
 
 def _dsm_reads(sch: s_tir.Schedule, block) -> list:

@@ -22,33 +22,49 @@ Each marked copy owns one mbarrier used for one phase, so it may not sit inside 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import tvm
 from tvm import tirx
+from tvm.sym import Analyzer
 from tvm.ir import Range
 from tvm.script import tirx as T
 
 from ..errors import ClusterError
 from ..ir import substitute
+from ..annotations import BULK_DST, BULK_SRC
 
-if TYPE_CHECKING:  # the kernel lowering passes itself in
-    from .lower_cluster import _KernelLowering
 
-#: Markers around a lowered bulk copy (node: the destination / source slice), read by barrier
-#: placement in tvm_dsm.transform.lower_cluster and removed before that pass returns.
-BULK_DST = "tvm_dsm.bulk_dst"
-BULK_SRC = "tvm_dsm.bulk_src"
+class ClusterKernel(Protocol):
+    """What a bulk copy needs of the cluster kernel it lowers in (the kernel lowering of
+    :mod:`tvm_dsm.transform.lower_cluster` passes itself in)."""
+
+    analyzer: Analyzer
+    block_var: tirx.Var
+    rank: tirx.PrimExpr
+    size: int
+    thread_attrs: list
+
+    def dsm_of(self, buffer: tirx.Buffer) -> Any:
+        """The DSM slice layout of ``buffer`` (``offset(indices)``, ``dtype``), None if not in DSM."""
+
+    def is_local(self, rank: tirx.PrimExpr) -> bool:
+        """Whether ``rank`` is provably this CTA's own."""
+
+    def contiguous_run(self, indices: list, var: tirx.Var, lanes: int) -> list | None:
+        """The run's first indices as functions of ``var`` where ``lanes`` consecutive lanes
+        address consecutive elements, else None."""
+
 
 _ALIGN = 16  # cp.async.bulk moves multiples of 16 bytes between 16-byte aligned addresses
 
 
-def _thread_extent(kernel: "_KernelLowering") -> int:
+def _thread_extent(kernel: ClusterKernel) -> int:
     extents = {int(a.value) for a in kernel.thread_attrs if str(a.node.thread_tag) == "threadIdx.x"}
     return max(extents, default=1)
 
 
-def _on_threads(kernel: "_KernelLowering", make_body) -> tirx.AttrStmt:
+def _on_threads(kernel: ClusterKernel, make_body) -> tirx.AttrStmt:
     """``make_body(tx, extent)`` under a fresh ``threadIdx.x`` binding of the kernel's extent."""
     extent = _thread_extent(kernel)
     tx = tirx.Var("tx", "int32")
@@ -59,7 +75,7 @@ def _on_threads(kernel: "_KernelLowering", make_body) -> tirx.AttrStmt:
 class BulkCopy:
     """One marked copy loop of a cluster kernel, lowered to mbarrier-completed bulk pushes."""
 
-    def __init__(self, kernel: "_KernelLowering", loop: tirx.For):
+    def __init__(self, kernel: ClusterKernel, loop: tirx.For):
         self.kernel = kernel
         store = loop.body
         load = store.value if isinstance(store, tirx.BufferStore) else None

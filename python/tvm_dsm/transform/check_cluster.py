@@ -18,12 +18,11 @@ from tvm.s_tir import SBlock
 
 from ..errors import ClusterError
 from ..ir import find_all
-from ..schedule.cluster import CLUSTER_SIZE_KEY, MAX_CLUSTER_SIZE, RANK_TAG
+from ..schedule.cluster import MAX_CLUSTER_SIZE, RANK_TAG
+from ..annotations import CLUSTER_SIZE_KEY
 from ..schedule.dsm import DSM_SCOPE
+from ..annotations import ROOT_ONLY_KEY
 
-#: Block annotation (a pragma, so it survives LowerOpaqueBlock as an attribute) on once-per-cluster
-#: stages; tvm_dsm.transform.lower_cluster runs them on rank 0 only.
-ROOT_ONLY_KEY = "pragma_tvm_dsm_root_only"
 
 #: Shared-memory scopes TVM's CUDA codegen really places in shared memory. Any other "shared..."
 #: scope (e.g. "shared.cluster", "shared::cta") is silently lowered to a per-thread array by stock

@@ -16,7 +16,8 @@ from tvm.ir import Range
 from ..errors import ClusterError
 from ..ir import find_all
 from ..schedule.cluster import RANK_TAG
-from .lower_cluster import CLUSTER_LAUNCH_KEY, MAX_STATIC_SMEM, shared_bytes
+from .lower_cluster import MAX_STATIC_SMEM, shared_bytes
+from ..annotations import CLUSTER_LAUNCH_KEY
 
 #: Hopper: 227 KB of shared memory per CTA (opt-in).
 MAX_SMEM_PER_CTA = 227 * 1024

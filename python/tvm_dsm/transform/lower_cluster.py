@@ -33,16 +33,13 @@ from tvm.sym import Analyzer
 from ..errors import ClusterError
 from ..ir import find_all, is_barrier, replace_node, substitute, uses
 from ..schedule.cluster import RANK_TAG
-from ..schedule.collectives import BULK_COPY_KEY, ROTATE_PEERS_KEY
+from ..annotations import BULK_COPY_KEY, ROTATE_PEERS_KEY
 from ..schedule.dsm import DSM_SCOPE
-from .bulk_copy import BULK_DST, BULK_SRC, BulkCopy, fence_proxy_async
-from .check_cluster import ROOT_ONLY_KEY
+from .bulk_copy import BulkCopy, fence_proxy_async
+from ..annotations import BULK_DST, BULK_SRC
+from ..annotations import ROOT_ONLY_KEY
+from ..annotations import CLUSTER_LAUNCH_KEY, RELEASABLE_START_KEY
 
-#: Attribute left around a cluster kernel's body; tvm_dsm.transform.cluster_launch turns it into
-#: the ``clusterCtaIdx.x`` launch dimension after LowerThreadAllreduce.
-CLUSTER_LAUNCH_KEY = "tvm_dsm.cluster_launch"
-#: Marks the first touch of a DSM slice no peer writes (see release_slice_starts).
-RELEASABLE_START_KEY = "tvm_dsm.releasable_slice_start"
 # Markers around the PTX of one remote access (node: the slice), read by barrier placement and
 # removed before the pass returns.
 _REMOTE_LOAD = "tvm_dsm.remote_load"

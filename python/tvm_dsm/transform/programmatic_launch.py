@@ -39,20 +39,12 @@ from tvm import s_tir, tirx
 from tvm.script import tirx as T
 
 from ..ir import find_all, replace_node
+from ..annotations import EARLY_COPY_KEY, PDL_LAUNCH_TAG, PROGRAMMATIC_LAUNCH_KEY
 
-#: Root-block annotation asking for it; s_tir lowering keeps ``pragma_`` annotations as
-#: attributes around the function body.
-PROGRAMMATIC_LAUNCH_KEY = "pragma_tvm_dsm_programmatic_launch"
 #: Statement attribute (node: a parameter) around one thread's L2 prefetch of the tiles
 #: a kernel's CTA will copy from that parameter (tvm_dsm.transform.tma_pipeline): issued
 #: before the kernel waits for the previous grid when that is safe, else dropped.
 L2_PREFETCH_KEY = "tvm_dsm.l2_prefetch"
-#: Statement attribute (node: a parameter) around one thread's TMA copies of the first pipeline
-#: steps' tiles from that parameter into shared memory (tvm_dsm.transform.tma_pipeline):
-#: issued before the kernel waits for the previous grid when that is safe, else after it.
-EARLY_COPY_KEY = "tvm_dsm.early_copy"
-#: TVM's launch-parameter tag for programmatic stream serialization (spelled as in TVM 0.27).
-PDL_LAUNCH_TAG = "tirx.use_programtic_dependent_launch"
 _LAUNCH_PARAMS_KEY = "tirx.kernel_launch_params"
 
 

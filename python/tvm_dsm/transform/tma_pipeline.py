@@ -61,13 +61,10 @@ from tvm.script import tirx as T
 from ..errors import ClusterError
 from ..hardware import load_hardware
 from ..ir import find_all, replace_node, substitute, with_block_body
-from .programmatic_launch import EARLY_COPY_KEY, L2_PREFETCH_KEY, PROGRAMMATIC_LAUNCH_KEY
+from .programmatic_launch import L2_PREFETCH_KEY
+from ..annotations import EARLY_COPY_KEY, PROGRAMMATIC_LAUNCH_KEY
+from ..annotations import TMA_COPY_KEY, TMA_STAGES_KEY, WGMMA_HELPER_PREFIX
 
-#: Loop annotation (set by the schedule): stream the marked copies of this loop's body with TMA
-#: through this many shared-memory slots.
-TMA_STAGES_KEY = "tvm_dsm.tma_stages"
-#: Block annotation (set by the schedule): a shared-memory tile copy to issue as a TMA copy.
-TMA_COPY_KEY = "tvm_dsm.tma_copy"
 #: A kernel launched programmatically after another may warm L2 with all its tiles of a
 #: parameter before it waits for the previous grid (tvm_dsm.transform.programmatic_launch),
 #: when those tiles arrive within this time at HBM bandwidth: about the launch gap such a
@@ -77,9 +74,6 @@ TMA_COPY_KEY = "tvm_dsm.tma_copy"
 #: G9, G10), 4.7-23 MB lost 0.91-0.96x (G4, G6, S8, S2), and the FP8 GEMM's 16 MB behind its
 #: quantization kernel 0.79-0.91x (the quantization's loads queued behind them).
 PREFETCH_WINDOW_S = 1e-6
-#: Name prefix of the CUDA helpers issuing warpgroup MMAs on a copied tile
-#: (tvm_dsm.intrin.wgmma): the pass points their tile pointer at the slot.
-WGMMA_HELPER_PREFIX = "tvm_dsm_wgmma_"
 
 ROW_BYTES = 128  # CU_TENSOR_MAP_SWIZZLE_128B: rows of 128 bytes, 16-byte chunks XOR (row % 8)
 _SWIZZLE_128B = 3

@@ -1,0 +1,52 @@
+"""Every annotation key tvm-dsm's schedules write and its passes read, in one place.
+
+A schedule marks a block or loop; a lowering pass finds the mark and rewrites what it covers.
+The last keys are TVM's own, which tvm-dsm sets."""
+
+from __future__ import annotations
+
+#: Loop annotation on the cluster-index loop: the number of CTAs per cluster.
+CLUSTER_SIZE_KEY = "tvm_dsm.cluster_size"
+#: Loop annotation: the loop's iterations commute; start CTA r's walk at peer r (rotation).
+ROTATE_PEERS_KEY = "tvm_dsm.rotate_peers"
+#: Loop annotation: this copy loop between DSM slices moves by cp.async.bulk pushes.
+BULK_COPY_KEY = "tvm_dsm.bulk_copy"
+#: Block annotation (a pragma, so it survives LowerOpaqueBlock as an attribute) on once-per-cluster
+#: stages; tvm_dsm.transform.lower_cluster runs them on rank 0 only.
+ROOT_ONLY_KEY = "pragma_tvm_dsm_root_only"
+#: Attribute left around a cluster kernel's body; tvm_dsm.transform.cluster_launch turns it into
+#: the ``clusterCtaIdx.x`` launch dimension after LowerThreadAllreduce.
+CLUSTER_LAUNCH_KEY = "tvm_dsm.cluster_launch"
+#: Marks the first touch of a DSM slice no peer writes (see release_slice_starts).
+RELEASABLE_START_KEY = "tvm_dsm.releasable_slice_start"
+#: Markers around a lowered bulk copy (node: the destination / source slice), read by barrier
+#: placement in tvm_dsm.transform.lower_cluster and removed before that pass returns.
+BULK_DST = "tvm_dsm.bulk_dst"
+BULK_SRC = "tvm_dsm.bulk_src"
+#: Loop annotation (set by the schedule): stream the marked copies of this loop's body with TMA
+#: through this many shared-memory slots.
+TMA_STAGES_KEY = "tvm_dsm.tma_stages"
+#: Block annotation (set by the schedule): a shared-memory tile copy to issue as a TMA copy.
+TMA_COPY_KEY = "tvm_dsm.tma_copy"
+#: Name prefix of the CUDA helpers issuing warpgroup MMAs on a copied tile
+#: (tvm_dsm.intrin.wgmma): the pass points their tile pointer at the slot.
+WGMMA_HELPER_PREFIX = "tvm_dsm_wgmma_"
+#: Root-block annotation asking for it; s_tir lowering keeps ``pragma_`` annotations as
+#: attributes around the function body.
+PROGRAMMATIC_LAUNCH_KEY = "pragma_tvm_dsm_programmatic_launch"
+#: Statement attribute (node: a parameter) around one thread's TMA copies of the first pipeline
+#: steps' tiles from that parameter into shared memory (tvm_dsm.transform.tma_pipeline):
+#: issued before the kernel waits for the previous grid when that is safe, else after it.
+EARLY_COPY_KEY = "tvm_dsm.early_copy"
+#: Annotations of the ``*_final`` block: the CTAs a row's parts span (part p on rank p % ranks),
+#: and the rows whose threads share a CTA.
+RANKS_ATTR = "tvm_dsm.ranks"
+ROWS_PER_CTA_ATTR = "tvm_dsm.rows_per_cta"
+#: Block attribute of a top-k level written by tvm_dsm.fusion.top_k.top_k: its k.
+TOP_K_KEY = "tvm_dsm.top_k"
+#: Root-block annotation carrying the planner's predicted time (microseconds).
+PREDICTED_US_KEY = "tvm_dsm.predicted_us"
+#: Loop annotation of s_tir's software pipeline listing its asynchronous stages.
+ASYNC_STAGES_KEY = "software_pipeline_async_stages"
+#: TVM's launch-parameter tag for programmatic stream serialization (spelled as in TVM 0.27).
+PDL_LAUNCH_TAG = "tirx.use_programtic_dependent_launch"
