@@ -19,6 +19,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.schedule.schedule import ScheduleError
 
+from .device import gpu_or_reason
 from .errors import ClusterError
 from .families import ScheduleFamily, match_family
 from .hardware import Hardware, load_hardware
@@ -86,6 +87,11 @@ def tune(func: tirx.PrimFunc, work_dir: str, *, target=H100, top_k: int = 8,
     generate their kernels (fused cascades, convolution chains: ``ScheduleFamily.traced``) are measured
     but not recorded, since a record holds a trace of ``func``; ``build`` takes their planner's
     choice."""
+    if runner is None:
+        reason = gpu_or_reason()
+        if reason:
+            raise RuntimeError(f"tvm_dsm.tune measures on this machine's GPU: {reason} "
+                               "(pass runner=, e.g. MetaSchedule's RPCRunner, to measure elsewhere)")
     ranking = plan(func, hw, target)
     target = tvm.target.Target(target)
     candidates = list(enumerate(ranking.plans[:top_k]))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import platform
+import subprocess
 from datetime import date
 from pathlib import Path
 
@@ -45,6 +46,15 @@ def source_name(source: str | Path) -> str:
     file name otherwise."""
     source = Path(source)
     return f"{source.parent.name}/{source.name}" if source.name == LATEST else source.name
+
+
+def git_sha() -> str:
+    """The short commit of the working tree results are taken from ("unknown" outside git)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
 
 
 def schema_errors(results: dict) -> list[str]:

@@ -34,7 +34,9 @@ def match_family(func: tirx.PrimFunc, target: Any = None) -> tuple[ScheduleFamil
     """The first family whose pattern ``func`` holds, with its shape; ClusterError listing why
     each family does not apply otherwise (or that ``target`` is not a Hopper GPU)."""
     if target is not None and not hopper_target(target):
-        raise ClusterError(f"tvm-dsm schedules for Hopper GPUs (CUDA sm_90a); the target is {target}")
+        target = tvm.target.Target(target)
+        raise ClusterError(f"tvm-dsm schedules for Hopper GPUs (CUDA sm_90a); the target is "
+                           f"{target.kind.name} {target.attrs.get('arch', '')}".rstrip())
     reasons = []
     for family in FAMILIES:
         try:

@@ -10,23 +10,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 from pathlib import Path
 
 import tvm
 
 from ..errors import ClusterError
+from ..bench import results as res
 from .suites import SUITES
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
-
-
-def _git_sha() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-        return out.stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 def export_suite(suite: str, out_dir: Path, only: list[str] | None = None) -> Path:
@@ -63,7 +55,7 @@ def export_suite(suite: str, out_dir: Path, only: list[str] | None = None) -> Pa
             }
         )
         print(f"built {variant.name}")
-    manifest = {"suite": suite, "tvm": tvm.__version__, "tvm_dsm": _git_sha(), "kernels": kernels}
+    manifest = {"suite": suite, "tvm": tvm.__version__, "tvm_dsm": res.git_sha(), "kernels": kernels}
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return folder
 

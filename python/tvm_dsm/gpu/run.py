@@ -203,7 +203,7 @@ def _cuda_version() -> str:
         return "unknown"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path)
     parser.add_argument("--out", type=Path, required=True)
@@ -211,7 +211,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=120.0, help="watchdog per kernel, s")
     parser.add_argument("--trials", type=int, default=2, help="fresh random inputs per check")
     parser.add_argument("--check-only", action="store_true", help="no timing (e.g. under compute-sanitizer)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     manifest = json.loads((args.folder / "manifest.json").read_text())
     kernels = [k for k in manifest["kernels"] if not args.only or k["name"].startswith(tuple(args.only))]
     precompile(args.folder, [k["name"] for k in kernels])

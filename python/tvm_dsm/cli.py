@@ -1,0 +1,232 @@
+"""The ``tvm-dsm`` command: plan, build, tune, benchmark and report from a shell.
+
+A function is named as ``FILE.py:NAME`` or ``package.module:NAME`` (a PrimFunc, an IRModule
+with one function, or a callable returning either; arguments after the name are passed to the
+callable as integers where they parse as integers), or as one of tvm-dsm's workload builders,
+``WORKLOAD ARG...`` (``tvm-dsm plan dense 128 4096 4096``; ``tvm-dsm workloads`` lists them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import inspect
+import json
+import sys
+import time
+from pathlib import Path
+
+#: The workload builders the command knows by name: module of tvm_dsm.workloads and function.
+WORKLOADS = {
+    "dense": ("dense", "dense"),
+    "gated_dense": ("dense", "gated_dense"),
+    "ffn": ("chains", "gemm_chain"),
+    "swiglu_ffn": ("chains", "swiglu_ffn"),
+    "conv_chain": ("chains", "conv_chain"),
+    "lm_head_max": ("lm_head", "lm_head_max"),
+    "softmax_stats": ("cascades", "softmax_stats"),
+    "logsumexp": ("cascades", "logsumexp"),
+    "layernorm_stats": ("cascades", "layernorm_stats"),
+    "rmsnorm_gemv": ("cascades", "rmsnorm_gemv"),
+    "decode_attention": ("cascades", "decode_attention"),
+    "attention": ("cascades", "attention"),
+    "moe_routing": ("cascades", "moe_routing"),
+    "row_sum": ("reductions", "row_sum"),
+    "gemv": ("reductions", "gemv"),
+}
+
+
+def _value(text: str):
+    try:
+        return int(text)
+    except ValueError:
+        return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def _builder(name: str):
+    if name in WORKLOADS:
+        module, func = WORKLOADS[name]
+        return getattr(importlib.import_module(f"tvm_dsm.workloads.{module}"), func)
+    source, _, attr = name.rpartition(":")
+    if not source:
+        raise SystemExit(f"tvm-dsm: {name!r} is neither FILE.py:NAME, module:NAME nor a workload "
+                         f"({', '.join(sorted(WORKLOADS))})")
+    if source.endswith(".py"):
+        spec = importlib.util.spec_from_file_location(Path(source).stem, source)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(source)
+    return getattr(module, attr)
+
+
+def load_function(spec: list[str]):
+    """The PrimFunc ``spec`` names (see the module doc)."""
+    import tvm
+    from tvm import tirx
+
+    obj = _builder(spec[0])
+    if callable(obj) and not isinstance(obj, (tirx.PrimFunc, tvm.IRModule)):
+        obj = obj(*(_value(a) for a in spec[1:]))
+    if isinstance(obj, tvm.IRModule):
+        funcs = [f for f in obj.functions.values() if isinstance(f, tirx.PrimFunc)]
+        if len(funcs) != 1:
+            raise SystemExit(f"tvm-dsm: {spec[0]} holds {len(funcs)} PrimFuncs; name one")
+        obj = funcs[0]
+    if not isinstance(obj, tirx.PrimFunc):
+        raise SystemExit(f"tvm-dsm: {spec[0]} gave a {type(obj).__name__}, not a PrimFunc")
+    return obj
+
+
+def _target(args):
+    import tvm
+
+    return tvm.target.Target({"kind": "cuda", "arch": args.arch}, host="llvm")
+
+
+def cmd_plan(args) -> None:
+    import tvm_dsm
+
+    start = time.perf_counter()
+    ranking = tvm_dsm.plan(load_function(args.function), target=_target(args))
+    print(ranking.explain(args.alternatives))
+    print(f"(planned in {time.perf_counter() - start:.2f} s)")
+
+
+def cmd_build(args) -> None:
+    import tvm_dsm
+
+    target = _target(args)
+    database = None
+    if args.database:
+        from tvm.s_tir import meta_schedule as ms
+
+        database = ms.database.JSONDatabase(work_dir=args.database)
+    executable = tvm_dsm.build(load_function(args.function), target, database=database)
+    if args.cuda:
+        print(executable.mod.imports[0].inspect_source())
+    if args.output:
+        executable.export_library(args.output)
+        print(f"wrote {args.output}")
+
+
+def _progress(items, label: str):
+    """``items`` with a progress bar on stderr (tqdm where installed)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return items
+    return tqdm(items, desc=label, file=sys.stderr)
+
+
+def cmd_tune(args) -> None:
+    import tvm_dsm
+    from tvm_dsm.device import gpu_or_reason
+
+    reason = gpu_or_reason()
+    if reason:
+        raise SystemExit(f"tvm-dsm tune: {reason}")
+    Path(args.work_dir).mkdir(parents=True, exist_ok=True)
+    measured = tvm_dsm.tune(load_function(args.function), args.work_dir, target=_target(args), top_k=args.top_k)
+    print(f"{'rank':>4}  {'predicted us':>12}  {'measured us':>11}  configuration")
+    for m in measured:
+        shown = f"{m.measured_us:11.1f}" if m.measured_us is not None else f"{'failed':>11}"
+        print(f"{m.rank + 1:>4}  {m.plan.predicted_us:12.1f}  {shown}  {m.plan.config}"
+              + (f"\n      {m.error.strip().splitlines()[-1]}" if m.error else ""))
+    print(f"records in {args.work_dir}")
+
+
+def cmd_bench(args) -> None:
+    from tvm_dsm.gpu.export import export_suite
+    from tvm_dsm.gpu.suites import SUITES
+    from tvm_dsm.device import gpu_or_reason
+
+    if args.suite not in SUITES:
+        raise SystemExit(f"tvm-dsm bench: no suite {args.suite!r}; one of {', '.join(sorted(SUITES))}")
+    folder = export_suite(args.suite, Path(args.kernels), args.only)
+    reason = gpu_or_reason()
+    if reason:
+        print(f"exported {folder}; not run: {reason}")
+        return
+    from tvm_dsm.gpu import run
+
+    out = Path(args.out or f"bench/results/{args.suite}/latest.json")
+    run.main([str(folder), "--out", str(out), *(["--only", *args.only] if args.only else [])])
+    from tvm_dsm.bench.report import print_file
+
+    print_file(out)
+
+
+def cmd_report(args) -> None:
+    from tvm_dsm.bench import report
+
+    if args.file:
+        report.print_file(args.file, picks=args.picks)
+    else:
+        for path in report.write_all(args.results, args.out):
+            print(f"wrote {path}")
+
+
+def cmd_workloads(args) -> None:
+    for name, (module, func) in sorted(WORKLOADS.items()):
+        builder = getattr(importlib.import_module(f"tvm_dsm.workloads.{module}"), func)
+        print(f"{name:18s} {inspect.signature(builder)}")
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="tvm-dsm", description=__doc__.split("\n\n")[0],
+                                  epilog=__doc__.split("\n\n", 1)[1])
+    sub = top.add_subparsers(dest="command", required=True)
+
+    def command(name: str, func, help_text: str, function: bool = True) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(run=func)
+        if function:
+            p.add_argument("function", nargs="+", help="FILE.py:NAME, module:NAME or WORKLOAD ARG...")
+            p.add_argument("--arch", default="sm_90a", help="CUDA architecture (default sm_90a)")
+        return p
+
+    p = command("plan", cmd_plan, "rank the valid configurations and explain the best (no GPU needed)")
+    p.add_argument("--alternatives", type=int, default=3, help="runners-up to list (default 3)")
+    p = command("build", cmd_build, "build a module: the best tuned record, else the planner's best")
+    p.add_argument("-o", "--output", help="export the module (a .so holding CUDA source) to this path")
+    p.add_argument("--cuda", action="store_true", help="print the generated CUDA")
+    p.add_argument("--database", help="a MetaSchedule work_dir to take tuned records from")
+    p = command("export", cmd_build, "build and export a module (same as build -o)")
+    p.add_argument("-o", "--output", required=True, help="path of the exported .so")
+    p.add_argument("--cuda", action="store_true", help="print the generated CUDA")
+    p.add_argument("--database", help="a MetaSchedule work_dir to take tuned records from")
+    p = command("tune", cmd_tune, "measure the planner's top configurations on this machine's GPU")
+    p.add_argument("work_dir", help="MetaSchedule JSON database folder (created if missing)")
+    p.add_argument("--top-k", type=int, default=8, help="configurations to measure (default 8)")
+    p = command("bench", cmd_bench, "build a benchmark suite's kernels and, with a GPU, check and time them",
+                function=False)
+    p.add_argument("suite", help="suite name (tvm_dsm.gpu.suites.SUITES)")
+    p.add_argument("--kernels", default=".gpu/kernels", help="where exported kernels go")
+    p.add_argument("--only", nargs="*", help="kernel name substrings to keep")
+    p.add_argument("--out", help="results JSON (default bench/results/SUITE/latest.json)")
+    p = command("report", cmd_report, "tables from results JSON: one file, or regenerate bench/RESULTS.md",
+                function=False)
+    p.add_argument("file", nargs="?", help="a results JSON to print as a table")
+    p.add_argument("--picks", action="store_true", help="only the planner's picks")
+    p.add_argument("--results", default="bench/results", help="results folder (default bench/results)")
+    p.add_argument("--out", default="bench/RESULTS.md", help="generated summary (default bench/RESULTS.md)")
+    command("workloads", cmd_workloads, "list the workload builders and their arguments", function=False)
+    return top
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    from tvm_dsm.errors import ClusterError
+
+    try:
+        args.run(args)
+    except ClusterError as err:
+        raise SystemExit(f"tvm-dsm {args.command}: {err}") from None
+    except BrokenPipeError:  # output piped into a command that stopped reading (head)
+        sys.stderr.close()
+
+
+if __name__ == "__main__":
+    main()
