@@ -12,7 +12,6 @@ import argparse
 import importlib
 import importlib.util
 import inspect
-import json
 import sys
 import time
 from pathlib import Path

@@ -29,7 +29,8 @@ from ..driver import BUILD_TIMEOUT_S, _module, load_tvm_dsm, schedule, stock_sch
 from ..workloads.dense import dense
 from .export import TARGET
 from .run import _random_inputs, _time_peers, measure_hbm_bandwidth, time_call, verdict
-from .suites import GEMM_SHAPES, _args, _nbytes
+from .suites import GEMM_SHAPES
+from .suites.base import args_of, nbytes_of
 
 
 #: MetaSchedule's stock rules read the thread limits from the target: the H100 tag has them.
@@ -99,8 +100,8 @@ def main() -> None:
     for label in args.shapes:
         n, k = GEMM_SHAPES[label]
         func = dense(128, n, k)
-        operands = _args(func)
-        kernel = {"workload": "dense", "args": operands, "bytes": _nbytes(operands), "peers": []}  # torch eager
+        operands = args_of(func)
+        kernel = {"workload": "dense", "args": operands, "bytes": nbytes_of(operands), "peers": []}  # torch eager
         peers = _time_peers(kernel, _random_inputs(operands, input_sets_for(kernel["bytes"])))
         shape = {"shape": label, "m": 128, "n": n, "k": k, "peers": peers}
 

@@ -1,0 +1,36 @@
+"""Kernel suites the GPU workflow builds here and runs on the device machine: one module per
+domain, and ``experiments`` for the one-off sweeps and ablations behind design choices.
+
+``SUITES`` maps a suite's name to the function listing its kernels (:class:`~.base.Variant`);
+``EXPERIMENTS`` names the ones that are ablations rather than measurements of the picks.
+"""
+
+from __future__ import annotations
+
+from . import experiments
+from .attention import attention
+from .base import CHAINS, SWIGLUS, Variant
+from .cascades import cascades, softmax, softmax_gemm, top_k_rows
+from .chains import chains, chains_m, conv_chains
+from .decode import decode, decode_picks
+from .gemm import GEMM_SHAPES, fp8, gated, gemm, gemm_large_m, gemm_m, layer_shapes, lm_head
+from .reductions import collectives, split_k
+
+EXPERIMENTS = {
+    "cascades_rows": experiments.cascades_rows, "chains_pdl": experiments.chains_pdl,
+    "chains_tma": experiments.chains_tma, "decode_pdl": experiments.decode_pdl,
+    "decode_staged": experiments.decode_staged, "fp8_depths": experiments.fp8_depths,
+    "fp8_sweep": experiments.fp8_sweep, "gemm_depths": experiments.gemm_depths,
+    "gemm_stages": experiments.gemm_stages, "gemm_tma": experiments.gemm_tma,
+    "gemm_wgmma": experiments.gemm_wgmma, "programmatic_launch": experiments.programmatic_launch,
+}
+
+SUITES = {
+    "split_k": split_k, "collectives": collectives, "cascades": cascades, "softmax": softmax,
+    "softmax_gemm": softmax_gemm, "top_k_rows": top_k_rows, "decode": decode, "decode_picks": decode_picks,
+    "gemm": gemm, "gemm_m": gemm_m, "gated": gated, "gemm_large_m": gemm_large_m, "fp8": fp8,
+    "lm_head": lm_head, "chains": chains, "chains_m": chains_m, "conv_chains": conv_chains,
+    "attention": attention, **EXPERIMENTS,
+}
+
+__all__ = ["CHAINS", "EXPERIMENTS", "GEMM_SHAPES", "SUITES", "SWIGLUS", "Variant", "layer_shapes"]

@@ -1,0 +1,228 @@
+"""One-off sweeps and A/B ablations behind the design choices (results under bench/results/archive/)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from ...hardware import load_hardware
+from ...planners.split_k_gemm import PIPELINE_DEPTHS, SHALLOW_PIPELINES, plan_split_k_gemm, predict
+from ...rules.split_k_gemm import GemmShape, SplitKGemmConfig, check_config
+from ...errors import ClusterError
+from ...planners.fused_chain import plan_chain
+from .gemm import FP8_SHAPES, GEMM_SHAPES, fp8_two_kernels, fp8_variant, fp8_workload, gemm_configs, gemm_variant, layer_shapes
+from .decode import DECODE_SHAPES, decode_picks, decode_plans, decode_variant, dim_lanes
+from .base import CHAINS, SWIGLUS, Variant, fitting, launched
+from .chains import chain_variant, chain_variants, chain_workload
+from .cascades import cascade_variants
+
+
+def cascades_rows() -> list[Variant]:
+    """Several rows per CTA (``rows_per_cta``) for the cascades whose rows merge inside one warp:
+    MoE routing and the 1024-wide rows, 8-32 parts per row, 1-8 rows per CTA, and the planner's
+    split."""
+    return [v for name, size in [("moe_routing", (16384, 128, 8)), ("moe_routing", (16384, 256, 8)),
+                                 ("moe_routing", (4096, 4096, 8)), ("softmax_stats", (16384, 1024)),
+                                 ("layernorm_stats", (16384, 1024))]
+            for v in cascade_variants(name, size, (8, 16, 32), (1, 2, 4, 8))]
+
+
+#: Copy stages measured by decode_staged: rings of 2-6 chunks, and 0 (registers) beside them.
+_COPY_STAGES = (0, 2, 3, 4, 6)
+
+
+#: A ring's shared memory per CTA, at most (static shared memory holds 48 KB, with the merge's
+#: partial states).
+_RING_BYTES = 32 * 1024
+
+
+def decode_staged() -> list[Variant]:
+    """Decode attention with the lanes' K/V slices brought through a ring of ``copy_stages``
+    chunks in shared memory by cp.async (0: register double buffering, as in ``decode``), over
+    clusters of 1-8 CTAs, 8-32 parts per CTA and 2 or 4 keys per chunk."""
+    plans = decode_plans()
+    return [v for shape, ranks, groups, vector, stages in itertools.product(
+                DECODE_SHAPES, (1, 2, 4, 8), (8, 16, 32), (2, 4), _COPY_STAGES)
+            if groups * dim_lanes(shape) * stages * vector * 32 <= _RING_BYTES
+            for v in decode_variant(shape, ranks, groups, vector, dim_lanes(shape), stages, plans)]
+
+
+def gemm_wgmma() -> list[Variant]:
+    """Warpgroup-MMA main loops (tvm_dsm.intrin.wgmma) against the mma.sync planner pick on the
+    G/S layer shapes at M = 128 and a 4096 x 4096 M sweep: clusters, tiles and depths."""
+    hw = load_hardware()
+    variants = []
+    cases = [(label, 128, n, k) for label, (n, k) in GEMM_SHAPES.items()]
+    cases += [("sq4096", m, 4096, 4096) for m in (256, 1024, 4096)]
+    for label, m, n, k in cases:
+        shape = GemmShape(m, n, k, True)
+        pick = plan_split_k_gemm(shape, hw)[0]
+        variants.append(gemm_variant(label, m, n, k, pick.config, 0, pick.predicted_us))
+        for s, (bm, bn), stages in itertools.product((1, 2, 4, 8), ((64, 128), (128, 128), (128, 256), (64, 256)), (4,)):
+            config = SplitKGemmConfig(s, bm, bn, 64, bm // 16, 1, stages, tma=True, wgmma=True)
+            try:
+                check_config(shape, config)
+            except ClusterError:
+                continue
+            variants.append(gemm_variant(label, m, n, k, config, None,
+                                          predict(shape, config, hw).predicted_us))
+    return variants
+
+
+def chains_tma() -> list[Variant]:
+    """The operand-copy ablation of the fused chains at M = 128: the planner's top 3 of each
+    copy kind, each also built with the other kind, on every chain and SwiGLU FFN."""
+    hw = load_hardware()
+    variants = []
+    for label in {**CHAINS, **SWIGLUS}:
+        func, shape, args = chain_workload(label, 128)
+        try:
+            plans = plan_chain(shape, hw)
+        except ClusterError as err:
+            print(f"{label}: {err}")
+            continue
+        ranked = {p.config: rank for rank, p in enumerate(plans)}
+        top = [p.config for tma in (False, True) for p in [p for p in plans if p.config.tma == tma][:3]]
+        for config in dict.fromkeys(dataclasses.replace(c, tma=t) for c in top for t in (False, True)):
+            if config in ranked:  # valid with this copy kind
+                variants.append(chain_variant(label, shape, func, args, plans[ranked[config]],
+                                               ranked[config], hw))
+    return variants
+
+
+def gemm_tma() -> list[Variant]:
+    """The operand-copy ablation: each of the planner's top 3 cp.async configurations and the
+    sweep's, again with TMA tensor copies (tvm_dsm.transform.tma_pipeline), on the G/S layers
+    at M = 128 and 4096 x 4096 at M = 256 and 4096; fp16, and bf16 for the first pick."""
+    variants = []
+    hw = load_hardware()
+    cases = [(label, 128, n, k) for label, (n, k) in GEMM_SHAPES.items()]
+    cases += [("sq4096", m, 4096, 4096) for m in (256, 4096)]
+    for label, m, n, k in cases:
+        shape = GemmShape(m, n, k, True)
+        for config, (rank, predicted) in gemm_configs(shape, 3, hw):
+            for tma in (False, True):
+                c = dataclasses.replace(config, tma=tma)
+                try:
+                    check_config(shape, c)
+                except ClusterError:
+                    continue
+                variants.append(gemm_variant(label, m, n, k, c, rank, predicted))
+    return variants
+
+
+def fp8_sweep(pipelines: tuple[int, ...] = SHALLOW_PIPELINES) -> list[Variant]:
+    """Every TMA + wgmma configuration of the fp8 GEMM at 128 x 4096 x 4096 (the planner's
+    pruned space with ``pipelines`` stages, ranked by prediction), alone and after the per-token
+    quantization kernel."""
+    hw = load_hardware()
+    m, n, k = FP8_SHAPES[0]
+    plans = [p for p in plan_split_k_gemm(GemmShape(m, n, k, True, "float8_e4m3fn"), hw,
+                                          pipelines=pipelines)
+             if p.config.tma and p.config.wgmma]
+    variants = []
+    for quantized in (False, True):
+        func = fp8_workload(m, n, k, quantized)
+        form, schedule = fp8_two_kernels(quantized)
+        for rank, plan in enumerate(plans):
+            try:
+                variants.append(fp8_variant(func, (m, n, k), quantized, form, schedule, plan, rank))
+            except ClusterError as err:  # the epilogue's tile does not fit beside the pipeline
+                print(f"{form}c{plan.config.cluster_size}: refused: {err}")
+    return variants
+
+
+def fp8_depths() -> list[Variant]:
+    """``fp8_sweep`` with the pipeline depths beyond 4 (measured while the planner offered fp8
+    only 3 and 4: the evidence for offering more)."""
+    return fp8_sweep(tuple(d for d in PIPELINE_DEPTHS if d not in SHALLOW_PIPELINES))
+
+
+def decode_pdl() -> list[Variant]:
+    """Decode attention launched programmatically and not: the ``decode_picks`` kernels. A
+    decode step's attention follows the QKV projection on the same stream, as each replay
+    follows the previous one here."""
+    return [launched(v, on) for v in decode_picks() for on in (False, True)]
+
+
+def programmatic_launch() -> list[Variant]:
+    """Programmatic dependent launch (tvm_dsm.transform.programmatic_launch) on and off: the
+    GEMM planner's pick on the G/S layers at M = 128 and 4096 x 4096 at M = 32 and 4096, and the
+    chain family's pick for G4, G8, S3 and S8 at M = 128."""
+    hw = load_hardware()
+    cases = [(label, 128, n, k) for label, (n, k) in GEMM_SHAPES.items()]
+    cases += [("sq4096", m, 4096, 4096) for m in (32, 4096)]
+    variants = []
+    for label, m, n, k in cases:
+        plan = plan_split_k_gemm(GemmShape(m, n, k, True), hw)[0]
+        variants.append(gemm_variant(label, m, n, k, plan.config, 0, plan.predicted_us))
+    for label in ("G4", "G8", "S3", "S8"):
+        variants += [v for v in chain_variants(label, 128, 0, hw) if v.plan["pick"]]
+    return [launched(v, on) for v in variants for on in (False, True)]
+
+
+#: Dense layers at M = 128 where the planner's pick trailed cuBLAS most (gemm_m.json: 0.65-0.83x).
+_TRAILING_LAYERS = ("G3a", "G6a", "G8a", "G10a", "S2b", "S6b", "S8a")
+
+
+def gemm_stages() -> list[Variant]:
+    """Pipeline depth on the dense layers that trail cuBLAS at M = 128: the planner's top 3
+    with each of PIPELINE_DEPTHS, where they fit (measured while the planner offered 3 and 4:
+    the evidence for offering more)."""
+    hw = load_hardware()
+    shapes = layer_shapes()
+    variants = []
+    for label in _TRAILING_LAYERS:
+        n, k = shapes[label]
+        shape = GemmShape(128, n, k, True)
+        for rank, plan in enumerate(plan_split_k_gemm(shape, hw)[:3]):
+            for stages in PIPELINE_DEPTHS:
+                config = dataclasses.replace(plan.config, stages=stages)
+                try:
+                    check_config(shape, config)
+                except ClusterError:
+                    continue
+                predicted = predict(shape, config, hw).predicted_us
+                variants.append(gemm_variant(label, 128, n, k, config, rank, predicted))
+    # Plans that differ only in their warp layout share a name: keep the better-ranked one.
+    return list({v.name: v for v in reversed(variants)}.values())[::-1]
+
+
+def gemm_depths() -> list[Variant]:
+    """Every G/S layer and batch of ``gemm_m``, and every fp8 shape alone and behind its
+    quantization kernel, where the planner's pick changes when its space takes pipelines deeper
+    than 4 stages: the pick from 3-4 stages and the pick from all."""
+    hw = load_hardware()
+    variants = []
+    for (m, n, k), quantized in itertools.product(FP8_SHAPES, (False, True)):
+        func, fp8_shape = fp8_workload(m, n, k, quantized), GemmShape(m, n, k, True, "float8_e4m3fn")
+        form, schedule = fp8_two_kernels(quantized)
+        picks = [fitting(func, schedule, plan_split_k_gemm(fp8_shape, hw, pipelines=pipelines), 1)[0]
+                 for pipelines in (SHALLOW_PIPELINES, None)]
+        if picks[0].config != picks[1].config:
+            variants += [fp8_variant(func, (m, n, k), quantized, form, schedule, p, 0) for p in picks]
+    for m in (16, 64, 128, 256, 1024, 4096):
+        for label, (n, k) in layer_shapes().items():
+            shape = GemmShape(m, n, k, True)
+            try:
+                shallow = plan_split_k_gemm(shape, hw, pipelines=SHALLOW_PIPELINES)[0]
+            except ClusterError:
+                continue
+            deep = plan_split_k_gemm(shape, hw)[0]
+            if deep.config != shallow.config:
+                variants += [gemm_variant(label, m, n, k, p.config, 0, p.predicted_us)
+                             for p in (shallow, deep)]
+    return variants
+
+
+#: Chains whose torch time is mostly launches: where a fused kernel's second launch matters.
+_SMALL_CHAINS = ("G1", "G2", "G3", "G7", "G9", "G10")
+
+
+def chains_pdl() -> list[Variant]:
+    """The fused plans of the small chains (the planner's top 3 and the SMEM-only one) launched
+    programmatically and not: the inter-cluster reduce kernel's launch overlapping the fused
+    kernel."""
+    hw = load_hardware()
+    variants = [v for label in _SMALL_CHAINS for v in chain_variants(label, 128, 0, hw)
+                if not v.plan.get("unfused")]
+    return [launched(v, on) for v in variants for on in (False, True)]
