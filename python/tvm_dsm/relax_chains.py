@@ -19,6 +19,7 @@ import itertools
 import tvm
 from tvm import relax, s_tir, tirx
 from tvm.relax.dpl import TuplePattern, is_op, wildcard
+from tvm.s_tir.schedule.schedule import ScheduleError
 
 from .errors import ClusterError
 from .ir import is_reduction
@@ -108,6 +109,6 @@ def merge_elementwise(func: tirx.PrimFunc) -> tirx.PrimFunc:
         if consumers and not any(is_reduction(sch.get(c)) for c in consumers):
             try:
                 sch.compute_inline(rv)
-            except tvm.error.TVMError:  # e.g. a block s_tir cannot inline: leave it
+            except ScheduleError:  # e.g. a block s_tir cannot inline: leave it
                 continue
     return sch.mod["main"]

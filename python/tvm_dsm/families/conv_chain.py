@@ -17,9 +17,9 @@ from .base import ScheduleFamily
 from .gemm_chain import GemmChain
 
 #: What a fused plan's prediction is weighed by against an unfused one for a convolution chain
-#: (the chain family's FUSED_PICK_BIAS, fitted the same way): on the H100 run of C1-C8 at batch
-#: 1 and 8, fused kernels ran a median 1.28x their prediction and unfused ones 0.83x, and
-#: wherever both kinds were measured the unfused one was faster.
+#: (the chain family's FUSED_PICK_BIAS, fitted the same way): the median measured over predicted
+#: time of fused and of unfused kernels on C1-C8 at batch 1 and 8, H100
+#: (bench/results/conv_chains/latest.json, docs/chains.md).
 CONV_FUSED_PICK_BIAS = 1.28 / 0.83
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import sympy
 import tvm
 from tvm import s_tir, tirx
+from tvm.s_tir.schedule.schedule import ScheduleError
 
 from ..errors import ClusterError
 from ..ir import loads, uses
@@ -361,7 +362,7 @@ def inline_elementwise(func: tirx.PrimFunc) -> tirx.PrimFunc:
             try:
                 sch.compute_inline(rv)
                 changed = True
-            except tvm.error.TVMError:
+            except ScheduleError:  # a block s_tir cannot inline stays
                 continue
         if not changed:
             break

@@ -12,15 +12,13 @@ fewest parts that reach that bytes in flight (or 90 % of the most any split reac
 threads per CTA up to ``groups`` 16 and then CTAs per row (``ranks``, a cluster whose last
 partials meet through DSM) before more threads: every rank costs cluster barriers and a DSM
 merge, large CTAs cost occupancy. The loaded latency is the measured unloaded one times a
-factor fitted on the suites (bench/results/decode.json, cascades.json): larger when a row
+factor (fitted on bench/results/decode/latest.json and cascades/latest.json): larger when a row
 spans a cluster, whose DSM merge and cluster barriers lie on every row's path.
 
 With an element producer (decode attention: a score per key from 16-byte K and V slices) the
 chunk is 4 or 8 keys a step, the split must hold ``PRODUCER_BYTES_IN_FLIGHT``, and CTAs grow
-to 256 threads before ranks are added. Fitted on bench/results/decode_picks_run1.json and
-_run2.json: splits holding 16 MiB ran within 1-4% of the best on all four shapes, those holding
-8 MiB 3.5-5% behind; on 64x8192x64 two ranks of 256 or 512 threads (47.5-48.0 us) beat four of
-128 (48.2-49.8). Checked in decode_picks.json: every pick within 1.07x of the floor.
+to 256 threads before ranks are added. Fitted on the decode sweeps, checked on
+bench/results/decode_picks/latest.json (docs/cascades.md).
 """
 
 from __future__ import annotations
@@ -49,9 +47,8 @@ from ..transform.cascaded_reductions import fuse_cascaded_reductions
 _LOADED_LATENCY_FACTOR, _CLUSTER_LATENCY_FACTOR = 4.0, 6.0
 _GROUPS = (8, 16, 32, 64, 128)
 _CTAS_PER_SM, _THREADS_PER_SM = 32, 2048  # sm_90 residency limits
-#: Cluster sizes a row may span: up to the portable 8. Clusters of 16 (non-portable) were the
-#: slowest split on every decode shape measured (decode.json: 112.9-521.6 us against 97.4-192.3
-#: at 8 or fewer; decode_few.json, 8 x 32768 x 128: 57.6-68.4 us against 49.3 at 8).
+#: Cluster sizes a row may span: up to the portable 8. Clusters of 16 (non-portable) are the
+#: slowest split on every decode shape (docs/cascades.md).
 _RANKS = (1, 2, 4, 8)
 _LOAD_BYTES = 16
 #: Keys per step of a cascade with an element producer, the loads it must hold in flight, and
@@ -153,8 +150,8 @@ def _plan(func: tirx.PrimFunc, hw: Hardware | None) -> tuple[CascadeSplit, s_tir
 
     def rows_per_cta(c) -> int:
         """With a top-k level, rows whose threads fill less than a warp share CTAs to fill one
-        (cascades_rows.json: MoE routing 16384 x 128 18.5 -> 9.1 us at 8 parts and 4 rows a CTA;
-        the plain cascades gained nothing from it)."""
+        (it halves MoE routing's time, bench/results/cascades_rows/latest.json; the plain
+        cascades gain nothing from it)."""
         ranks, groups, _ = c
         return max(1, 32 // (groups * lanes)) if top_k and ranks == 1 else 1
 

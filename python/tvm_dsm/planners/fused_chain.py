@@ -39,21 +39,13 @@ from .report import Plan
 from .split_k_gemm import LAUNCH_S, MMA_SYNC_PEAK, STEP_S, stream_share
 
 _BARRIERS_PER_STEP = 3
-#: Measured over predicted time of the fused planner's pick: median 1.40 over 30 chain workloads
-#: and batches on the H100, against 0.79 for the best unfused plan (two split-K GEMMs)
-#: (bench/results/chains.json, chains_m.json, chains_g1.json, chains_pdl.json; predictions as of
-#: split_k_gemm.DSM_REDUCE_EFFICIENCY, 2026-11-26). The fused model misses part of its kernel's
-#: cost, so where the two kinds are ranked together a fused plan counts at its prediction times
-#: the ratio (on those runs 2 of 29 fused-or-unfused choices are wrong: G1 by 0.1 us, G3 by
-#: 1.5 us; at the previous 1.38 / 0.92, 3). Kept since unfused chains no longer count GEMM1's
-#: programmatic launch (planners.unfused_chain.LATE_LAUNCH_S): the measured choices between the
-#: two kinds (G1-G10 at M = 128, G4 and G8 at M = 16 and 64) are then right for any ratio in
-#: 1.71-1.79 except G1's, a tie (5.0 us unfused against 4.9 fused; right below 1.51, where
-#: G3's goes wrong: 8.8 fused against 6.6).
+#: Measured over predicted time of the fused planner's pick (median 1.40), over that of the best
+#: unfused plan (0.79): the fused model misses part of its kernel's cost, so where the two kinds
+#: are ranked together a fused plan counts at its prediction times the ratio. Fitted on 30 chain
+#: workloads and batches, H100 (bench/results/archive/chains.json and the runs in docs/chains.md).
 FUSED_PICK_BIAS = 1.40 / 0.79
-#: The inter-cluster reduce launched programmatically behind a one-wave fused kernel: 1.0-1.7 us
-#: faster on G1-G3, G7 and G10 at M = 128 (bench/results/chains_pdl.json, H100, 2026-11-25);
-#: G9's fused plans lost up to 0.9 us.
+#: What launching the inter-cluster reduce programmatically behind a one-wave fused kernel saves
+#: (fitted on bench/results/chains_pdl/latest.json, H100).
 PROGRAMMATIC_SAVING_S = 1.2e-6
 
 

@@ -22,20 +22,16 @@ TOP = 4
 #: Launched programmatically, a kernel's CTAs are placed while the previous kernel runs: on
 #: the SMs it leaves idle, and beside its CTAs where shared memory allows. Where those places
 #: take at least this share of the grid but not all of it (the grid is then crowded there),
-#: the chain measured up to 1.13x slower than launched after the previous kernel (S3 at M =
-#: 128: 126.5 against 115.1 us, 46 of the down projection's 64 CTAs on the gated kernel's idle
-#: SMs; at M = 64 118.3 against 104.6), where not crowded the programmatic launch saved 0.8-3.4
-#: us (bench/results/chains_programmatic_ab.json: 73 chains both ways on the H100).
+#: the chain runs slower than launched after the previous kernel; where not crowded the
+#: programmatic launch saves about a launch. Fitted on the H100
+#: (bench/results/archive/chains_programmatic_ab.json, docs/chains.md).
 CROWDED_SHARE = 0.5
-#: A crowded grid's loss, as a share of its kernel's predicted time (median of those 31 chains:
-#: 0.13; 0.00-0.38).
+#: A crowded grid's loss, as a share of its kernel's predicted time (the median over the
+#: crowded chains of the same measurements).
 CROWDING = 0.13
-#: What a chain launched kernel after kernel loses where nothing crowds (their median). Each
-#: GEMM's prediction holds the launch of a kernel run alone, so a programmatic launch takes this
-#: off the sum of the two (less its crowding). Counted on the sum instead, it left the chains of
-#: small kernels predicted 4-8 us slow (G3: 14.3 us for two kernels that measured 7.0), and G3
-#: planned fused: 8.8 us (bench/results/chains_launch_overlap_ab.json; G1 now plans unfused
-#: too, 5.0 us against 4.9 fused with the split-K planner's tie-break, chains_tie_break_ab.json).
+#: What a chain launched kernel after kernel loses where nothing crowds (the median of the same
+#: measurements). Each GEMM's prediction holds the launch of a kernel run alone, so a
+#: programmatic launch takes this off the sum of the two (less its crowding), once per chain.
 LATE_LAUNCH_S = 2.0e-6
 
 

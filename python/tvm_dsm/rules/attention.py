@@ -17,17 +17,13 @@ key tiles with that correction, each warp owning 16 query rows of a 64-row warpg
 Why this shape: the scores never leave registers. The wgmma accumulator of a warp's 16 rows
 is laid out like mma.sync's 16x16 fragments, so the fp16 probabilities are already the A operand
 of the second product (FlashAttention-2's trick), and a row's reductions are two quad shuffles.
-The previous design staged S_t and P_t through shared memory with one thread per row and ran
-at 0.11-0.14x of SDPA; on the H100 this one measured 5.4-13x faster
-(``bench/results/attention.json``).
+Staging S_t and P_t through shared memory with one thread per row is an order of magnitude
+slower (docs/attention.md).
 
 Every fp32 -> fp16 rounding (P, and the output) takes two values per ``cvt.rn.f16x2.f32``. The
 output leaves through shared memory: O / l, in fp16 pairs, into Q's slot in the layout TMA lands
-Q in, then one TMA tensor store per 64-column panel. Scalar casts (ptxas still paired P's
-conversions, but wrote the output as 32 2-byte stores a thread) measured 1.15x slower over the
-suite, up to 1.42x where CTAs have fewest key tiles (causal [128,16,512,64]); 4-byte stores
-straight from registers, 1.036x slower than the TMA store (``bench/results/attention_pack_ab.json``,
-``attention_tma_store_ab.json``).
+Q in, then one TMA tensor store per 64-column panel. Scalar casts (32 2-byte output stores a
+thread) and 4-byte stores straight from registers both measured slower (docs/attention.md).
 
 Q, then key and value tiles, arrive by TMA tensor copies (one thread issues them; they complete
 on an mbarrier per slot) through two shared-memory slots: tile t + 1 loads while tile t
@@ -35,10 +31,9 @@ computes, and the CTA barrier at the top of each step frees the slot the step re
 every tile 128-byte swizzled in 64-column panels (16-byte chunk c of row r at chunk
 ``c ^ (r % 8)``), the layout the wgmma descriptors name (:mod:`tvm_dsm.intrin.wgmma`); that
 swizzle is applied to absolute addresses, so the kernel aligns its dynamic shared buffer to
-1024 bytes itself. Against 16-byte ``cp.async`` copies by every thread, TMA measured 0.95-1.09x
-as fast (``bench/results/attention_tma_ab.json``). Multicasting key/value tiles to clusters of
-two CTAs of one head measured 1.25x slower: the per-tile cluster barrier that frees a slot in
-both CTAs cost more than the halved L2 reads saved (``attention_multicast_ab.json``).
+1024 bytes itself. Key/value tiles are not multicast to clusters: the per-tile cluster
+barrier that frees a slot in both CTAs costs more than the halved L2 reads save
+(docs/attention.md).
 Causal attention (key t visible to query i iff t <= i) skips the tiles past the diagonal, masks
 the diagonal ones, and runs the CTAs with the most tiles first. A CTA holds one or two
 warpgroups (``AttentionConfig.warpgroups``), each with its own row blocks, all reading the same
@@ -188,19 +183,11 @@ def check_config(shape: AttentionShape, c: AttentionConfig) -> None:
 def default_config(shape: AttentionShape) -> AttentionConfig:
     """At head dim 64 without a mask, two warpgroups of 64 query rows per CTA sharing each
     128-key tile: half the tile reads per row, and one warpgroup's softmax runs while the
-    other's MMAs do. On the H100, over four runs, they ran 0.97-1.16x as fast as one warpgroup
-    with 64-key tiles (1.04x geomean), at 0.98-1.08x of SDPA
-    (``bench/results/attention_warpgroups_ab.json``, ``attention.json``). At head dim 128 (a
-    key/value tile is twice the bytes) two warpgroups of 64 rows share each 64-key tile. With
-    the mask they ran 0.96x as long as one warpgroup over the same two row blocks in two runs
-    (the first warpgroup stops at its own diagonal). Without it the two were even in the first
-    four runs (two warpgroups 0.93-1.02x as fast) and two warpgroups were 1.02-1.07x as fast in
-    all five same-run comparisons of 2026-11-27 (``attention_producer_ab.json``,
-    ``attention.json``). With
-    the mask at head dim 64, one warpgroup of 64 rows: a CTA computes up to its last row's
-    diagonal, so larger CTAs mask more work away (two warpgroups measured 0.65-0.86x of SDPA);
-    128-key tiles from 1024 keys halve the steps (4-9% faster at 1024 and 4096 keys, 5% slower
-    at 512)."""
+    other's MMAs do. At head dim 128 (a key/value tile is twice the bytes) two warpgroups of 64
+    rows share each 64-key tile; with the mask, the first warpgroup stops at its own diagonal.
+    With the mask at head dim 64, one warpgroup of 64 rows: a CTA computes up to its last row's
+    diagonal, so larger CTAs mask more work away; 128-key tiles from 1024 keys halve the steps
+    (at 512 keys 64-key tiles are faster). Measurements: docs/attention.md."""
     if shape.dim == 128:
         return AttentionConfig(64, warpgroups=2)
     if not shape.causal:

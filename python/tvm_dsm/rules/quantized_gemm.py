@@ -21,7 +21,7 @@ the fp8 GEMM reads Xq by TMA on warpgroup MMAs, launched programmatically behind
 The fused kernel repeats the row max and the quantization for every column of tiles and
 cannot use TMA or wgmma (its X tiles are computed in shared memory); on the H100 the two
 kernels ran 2.1-3.6x faster (best against best) on every shape of the fp8 suite
-(bench/results/fp8.json), so they are the pick.
+(bench/results/fp8/latest.json), so they are the pick.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ accepts runs, not only ``exp``. :func:`softmax_gemm_kernel` writes the loop, eac
 
 Why this shape and not the generic fused rows (:mod:`tvm_dsm.rules.fused_rows`, one row per CTA
 with parts of the keys on threads): there every thread keeps its own copy of the row's J output
-sums and reads V from L2 once per row, so the products run at ~0.05x of torch
-(``bench/results/cascades.json``: 2048x512x64 in 286-304 us against cuBLAS's 16). Here a V tile
+sums and reads V from L2 once per row, so the products run at a small fraction of torch's
+speed (docs/cascades.md). Here a V tile
 in shared memory serves ``block_m`` rows and each thread's outputs are a small outer product, the
 SGEMM register tiling. The math is fp32 (inputs of fp16 are widened on load): V·P on tensor cores
 would round P to fp16 or tf32, outside the fp32 standard the other cascades meet.
@@ -240,7 +240,7 @@ def _bytes(dtype: str) -> int:
 def default_config(shape: SoftmaxGemmShape, hw: Hardware | None = None) -> SoftmaxGemmConfig:
     """32 rows x 64 columns per CTA, 4 x 4 outputs per thread, 32 keys a step, and the fewest
     ranks that give the grid two CTAs per SM (16, the most, where none does; then 32 columns
-    per CTA if that adds CTAs). Fitted on ``bench/results/softmax_gemm.json`` (H100, 333
+    per CTA if that adds CTAs). Fitted on ``bench/results/softmax_gemm/latest.json`` (H100, 333
     kernels over five shapes): these picks ran within 0.87-1.0x of each shape's fastest
     configuration; 4 x 8 outputs per thread, 64-key steps or 16-row CTAs won nowhere by more
     than the run-to-run spread, and fewer CTAs than two per SM left SMs waiting."""
@@ -453,7 +453,7 @@ def softmax_gemm_kernel(found: SoftmaxGemm, c: SoftmaxGemmConfig) -> tirx.PrimFu
                                     merged[2] = T.float32(0)
                                     merged[3] = T.float32(0)
                                     # Each rank's max is read again rather than kept: 16 of them in
-                                    # registers ran 1.03-1.2x slower (softmax_gemm_merge_ab.json).
+                                    # registers run slower (docs/cascades.md).
                                     for r in T.unroll(R):
                                         load_peer(remote[0], peer, part_ml, row, r)
                                         merged[1] = fix(remote[0], merged[0])

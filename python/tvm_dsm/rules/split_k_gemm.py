@@ -316,8 +316,7 @@ def check_wgmma(shape: GemmShape, config: SplitKGemmConfig) -> None:
 
 #: Rows of tiles a column of tiles visits before the grid moves to the next column (grouped
 #: rasterization). Row by row, a wave of CTAs covers about one row of tiles and streams all of
-#: W, so a W larger than L2 came from HBM once per row of tiles: S3a (4096 x 22016 x 4096, W
-#: 180 MB) ran 1920 us against cuBLAS's 1132 (bench/results/gemm_m.json, before grouping).
+#: W, so a W larger than L2 would come from HBM once per row of tiles (docs/gemm.md).
 RASTER_GROUP = 8
 
 
@@ -531,11 +530,8 @@ def sum_partials(sch: s_tir.Schedule, blocks: list[SBlockRV], output: SBlockRV,
 
 #: Bytes of partials a CTA's threads load before any adds and stores (16-byte vectors). The
 #: peer loads are ``asm volatile`` with a memory clobber, so none moves above the store of an
-#: earlier sum: a thread summing one vector at a time waits one DSM latency per vector. Measured
-#: on the H100 (bench/results/dsm_reduce_batch_ab.json): 64x128 tiles of 128 threads in
-#: clusters of 2 ran 1.08-1.10x faster loading 8 rows' partials at once (32 KB in flight),
-#: while 128x128 tiles of 256 threads in clusters of 4 ran 1.01x faster at 32 KB and 0.99x
-#: at 64 KB.
+#: earlier sum: a thread summing one vector at a time would wait one DSM latency per vector.
+#: 32 KB is the best measured; 64 KB gains nothing (docs/gemm.md).
 _BYTES_IN_FLIGHT = 32 * 1024
 
 

@@ -3,8 +3,8 @@ elements that can still make the top k.
 
 The generic fused rows (:mod:`tvm_dsm.rules.fused_rows`) stream a row once and insert every
 element into each thread's k best (a branch-free network of k max/min pairs on packed keys,
-:mod:`tvm_dsm.fusion.top_k_keys`), which kept MoE routing 4096x4096 at ~3.4x its HBM floor
-(``bench/results/cascades.json``, session 27). A branch that skipped the network for elements
+:mod:`tvm_dsm.fusion.top_k_keys`), which leaves MoE routing 4096x4096 at ~3.4x its HBM floor
+(``bench/results/cascades/latest.json``). A branch that skipped the network for elements
 below a thread's k-th best would not help there: the 32 lanes of a warp test different
 elements, and some lane almost always inserts.
 
@@ -24,7 +24,8 @@ elements >= T), so no element of the top k is below it, and on random logits onl
 elements of a 4096-wide row reach it: the network runs for them, not for every element.
 Elements compare as the function's value does (ties to the lower index through the keys; NaN
 never enters), so the result is the unfused function's. Rows with fewer lanes than k take
-every element (T is the lowest value then). Measured on the H100: ``bench/results/top_k_rows.json``.
+every element (T is the lowest value then). Measured on the H100:
+``bench/results/top_k_rows/latest.json``.
 """
 
 from __future__ import annotations
@@ -159,7 +160,7 @@ def check_config(found: TopKRows, c: TopKRowsConfig) -> None:
 
 def default_config(found: TopKRows) -> TopKRowsConfig:
     """A lane per 32 elements of the row (at most a warp), in CTAs of 128 threads (fewer where
-    the rows or shared memory ask). Fitted on ``bench/results/top_k_rows.json`` (H100, 5
+    the rows or shared memory ask). Fitted on ``bench/results/top_k_rows/latest.json`` (H100, 5
     router shapes, 8-4096 experts): fewer lanes cost shuffles and merges per row, more leave
     each lane too little to do between them; 32 elements a lane was at or near the fastest on
     every shape, and CTAs of 64-256 threads within a few percent of each other."""
@@ -284,7 +285,7 @@ def top_k_rows_kernel(found: TopKRows, c: TopKRowsConfig) -> tirx.PrimFunc:  # n
                     # Each lane copies and reads back only its own pieces of its row, so the copy
                     # needs no barrier, only the thread's own wait. By cp.async rather than through
                     # registers: 51 instead of 74 registers, and TVM sees no shared-memory write to
-                    # put a __syncthreads after (4096x4096: 22.3 us vs 27.0, top_k_rows.json).
+                    # put a __syncthreads after (docs/cascades.md).
                     base[0] = T.cuda.cvta_generic_to_shared(T.address_of(xs[r, 0]))
                     for q in T.unroll(PIECES):
                         T.evaluate(T.ptx.cp.async_.cg.shared.global_(

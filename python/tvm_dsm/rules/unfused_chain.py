@@ -4,10 +4,9 @@
 Fusion keeps ``H`` on chip, but a fused chain pays for it: GEMM0's partial tiles are
 all-exchanged (DSM bytes grow with the square of the cluster), the clusters owning different
 columns of ``H`` write fp32 partials of the whole output, and each CTA's steps form a latency
-chain. Where ``H`` is small next to the weights (M = 128 and below) that costs more than its
-round trip: on the H100 our two split-K GEMMs ran G4 in 17.5 us against 28.5 for the best
-fused plan (``bench/results/chains_summary.json``). So the chain family plans both, and
-:func:`tvm_dsm.plan` ranks them by the same model.
+chain. Where ``H`` is small next to the weights (M = 128 and below) that often costs more than
+its round trip (docs/chains.md). So the chain family plans both, and :func:`tvm_dsm.plan` ranks
+them by the same model.
 
 Kernel 1 computes GEMM0 (for a gated chain both products on one output tile) with the
 activation (or ``silu(gate) * up``) and the cast as its epilogue, and writes ``H`` in the
@@ -15,13 +14,9 @@ function's own type, so the result is the function's, rounding included. Kernel 
 ``H`` by ``W2`` (TMA copies read ``H`` like a parameter: :mod:`tvm_dsm.transform.tma_pipeline`).
 
 A gated chain's two products share the first kernel (each CTA one output tile of both, in one
-K loop). Running the gate as a kernel of its own (its fp32 sums through global memory, the up
-kernel applying ``silu(gate) * up`` as its epilogue) fills the machine with twice the CTAs, but
-measured slower at M = 64, 256 and 1024 (S3: 121/195/542 against 113/164/470 us in one run,
-``bench/results/chains_m.json``) and on all 8 SwiGLU FFNs at M = 128 (``chains.json``), faster
-only at M = 16 (107 against 128 us), where one kernel now takes 106 (``chains_m_picks.json``).
-The planner last chose it only for S3 at M = 1024, measured 579 against 481 us for one kernel
-(``gemm_tile_l2_ab.json``), so that form was removed.
+K loop). A gate kernel of its own (its fp32 sums through global memory, the up kernel applying
+``silu(gate) * up`` as its epilogue) would fill the machine with twice the CTAs, but is slower
+wherever the planner would pick it (docs/chains.md).
 
 All kernels are scheduled in one s_tir schedule, so a MetaSchedule trace records them. The
 schedule is created with ``enable_check=False``: the first kernel's decomposed reductions leave

@@ -23,11 +23,9 @@ safe). So the second GEMM of an unfused chain, or the fp8 GEMM behind its quanti
 fetches its weight during the previous kernel's tail. A prefetch of a tensor map's descriptor
 (``prefetch.tensormap``) reads only the kernel's parameters and may precede them.
 
-Measured on the H100 (bench/results/programmatic_launch.json): unfused chains gain (G4 18.0 ->
-15.3 us, S8 26.4 -> 25.3); single GEMMs whose grid runs in one wave gain 0.3-1.4 us (G4a 7.5 ->
-6.8, S3a 76.2 -> 74.8), but grids of several waves lose (G4b 7.8 -> 9.0, 4096^3 197 -> 229),
-also with the trigger at the kernel's end (8.7, 212; the ``_pdl_late`` rows). So the unfused
-chain asks for it, and a GEMM where its planner expects one wave
+Measured on the H100 (bench/results/programmatic_launch/latest.json, numbers in
+docs/lowering.md): unfused chains and single GEMMs whose grid runs in one wave gain, grids of
+several waves lose, also with the trigger at the kernel's end. So the unfused chain asks for it, and a GEMM where its planner expects one wave
 (:attr:`tvm_dsm.rules.split_k_gemm.SplitKGemmConfig.programmatic_launch`).
 """
 

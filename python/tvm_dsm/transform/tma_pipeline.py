@@ -1,10 +1,10 @@
 """Stream a main loop's operand tiles with TMA tensor copies that complete on per-stage mbarriers.
 
 s_tir's software pipeline copies a tile as 16-byte ``cp.async`` per thread. On the H100 those
-loads alone took as long as cuBLAS's whole GEMM (G5a: 66.5 us vs 52.6), while 2D TMA tensor
-copies of the same tiles took 53.1 us (``src/hwbench/operand_stream.cu``,
-``bench/results/operand_stream.json``): one instruction per tile, issued by one thread, with no
-per-thread address arithmetic and full 128-byte L2 requests.
+loads alone take as long as cuBLAS's whole GEMM (G5a: 66.5 us vs 52.6), while 2D TMA tensor
+copies of the same tiles take 53.1 us (``src/hwbench/operand_stream.cu``,
+``bench/results/archive/operand_stream.json``): one instruction per tile, issued by one thread,
+with no per-thread address arithmetic and full 128-byte L2 requests.
 
 The schedule marks a K loop with ``TMA_STAGES_KEY = S`` and the shared-memory copies in its
 body with ``TMA_COPY_KEY`` (:func:`tvm_dsm.rules.tensor_core.stage_in_shared`). This pass,
@@ -24,10 +24,9 @@ run where s_tir's own software pipeline would run, rewrites the loop into::
         the body, reading slot k % S
     __syncthreads(); the mbarriers invalidated
 
-The CTA barrier per step measured faster than CUTLASS-style per-warp release mbarriers (the
-issuing thread waiting for every warp's release of the slot): 70-72 vs 84-86 us on G5b's
-64x128 tiles, 50-51 vs 59.5 on S3b's (``bench/results/gemm_tma_release_ab.json``): the issuing
-warp then waits for the slowest warp and the refill starts later.
+A CTA barrier per step, not CUTLASS-style per-warp release mbarriers: with those the issuing
+thread waits for the slowest warp's release and the refill starts later (measured slower,
+docs/lowering.md).
 
 The tiles land 128-byte swizzled (16-byte chunk c of row r at chunk ``c ^ (r % 8)``), so
 ldmatrix reads them without bank conflicts and without padding; the pass rewrites every
@@ -69,10 +68,7 @@ from ..annotations import TMA_COPY_KEY, TMA_STAGES_KEY, WGMMA_HELPER_PREFIX
 #: parameter before it waits for the previous grid (tvm_dsm.transform.programmatic_launch),
 #: when those tiles arrive within this time at HBM bandwidth: about the launch gap such a
 #: prefetch hides. Larger footprints compete with the previous kernel for HBM, and its stream
-#: evicts them before use. Measured on the H100 for the second GEMM of unfused chains
-#: (bench/results/chains_l2_prefetch_ab.json): weights of 0.3-2 MB gained 1.03-1.05x (G3, G7,
-#: G9, G10), 4.7-23 MB lost 0.91-0.96x (G4, G6, S8, S2), and the FP8 GEMM's 16 MB behind its
-#: quantization kernel 0.79-0.91x (the quantization's loads queued behind them).
+#: evicts them before use (measurements: docs/lowering.md).
 PREFETCH_WINDOW_S = 1e-6
 
 ROW_BYTES = 128  # CU_TENSOR_MAP_SWIZZLE_128B: rows of 128 bytes, 16-byte chunks XOR (row % 8)
@@ -390,8 +386,7 @@ class _TmaLoop:
         stmts = [
             *self._prefetch(),
             # The descriptors first: the first copy through a map would otherwise wait for its
-            # fetch. The 18 chain picks at M = 128 ran 1.011x as fast geomean over two rounds on
-            # the H100, G9 and G10 1.03x, none below 0.999x (tensormap_prefetch_ab.json).
+            # fetch.
             tirx.IfThenElse(self.leader, _seq([
                 *(tirx.Evaluate(T.ptx.prefetch.tensormap(T.address_of(m))) for m in self.maps),
                 tirx.For(s, 0, stages, tirx.ForKind.SERIAL, tirx.Evaluate(
