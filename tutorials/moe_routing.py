@@ -12,12 +12,6 @@ Run: ``python tutorials/moe_routing.py``.
 
 from __future__ import annotations
 
-import os
-import shutil
-
-if shutil.which("nvcc"):  # TVM compiles CUDA when a module loads; NVRTC needs cuda-bindings
-    os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")
-
 import tvm
 
 import tvm_dsm  # noqa: F401  (registers tvm-dsm's pipeline)

@@ -7,12 +7,6 @@ shared memory (DSM), in one kernel. Run: ``make demo`` (or ``python tutorials/sp
 
 from __future__ import annotations
 
-import os
-import shutil
-
-if shutil.which("nvcc"):  # TVM compiles CUDA when a module loads; NVRTC needs cuda-bindings
-    os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")
-
 import numpy as np
 import tvm
 

@@ -27,6 +27,13 @@ if not tvm.base._RUNTIME_ONLY:
 
     register_pipeline()
 
+# One compile path for every CUDA module loaded from here on (TVM compiles CUDA source when a module
+# is loaded): nvcc where it exists, else NVRTC, with the same options (tvm_dsm.compile_options;
+# TVM_DSM_CUDA_COMPILE=tvm keeps TVM's own callback).
+from .compile_options import register_default as _register_compile  # noqa: E402
+
+_register_compile()
+
 
 def __getattr__(name: str):
     """The user entry points load on first use: they import TVM's tensor intrinsics, which take

@@ -22,13 +22,17 @@ TARGET = {"kind": "cuda", "arch": "sm_90a"}
 
 
 def export_suite(suite: str, out_dir: Path, only: list[str] | None = None) -> Path:
+    variants = (v for v in SUITES[suite]() if not only or any(part in v.name for part in only))
+    return export_variants(suite, variants, out_dir)
+
+
+def export_variants(suite: str, variants, out_dir: Path) -> Path:
+    """Build and export ``variants`` into ``out_dir/suite`` with their manifest."""
     target = tvm.target.Target(TARGET, host="llvm")
     folder = out_dir / suite
     folder.mkdir(parents=True, exist_ok=True)
     kernels = []
-    for variant in SUITES[suite]():
-        if only and not any(part in variant.name for part in only):
-            continue
+    for variant in variants:
         try:
             executable = tvm.compile(variant.mod, target=target, tir_pipeline=variant.pipeline)
         except ClusterError as err:  # e.g. more shared memory than the planner's estimate

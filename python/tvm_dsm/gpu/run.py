@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import subprocess
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -172,13 +171,11 @@ def run_kernel(folder: Path, kernel: dict, peer_cache: dict, hbm_bw: float, tria
 
 
 def _nvcc(code: str) -> bytes:
-    arch = os.environ.get("TVM_DSM_CUDA_ARCH", "sm_90a")
-    with tempfile.TemporaryDirectory() as d:
-        src, out = Path(d, "k.cu"), Path(d, "k.cubin")
-        src.write_text(code)
-        subprocess.run(["nvcc", "-cubin", "-O3", f"-gencode=arch=compute_{arch[3:]},code={arch}",
-                        "-o", str(out), str(src)], check=True, capture_output=True)
-        return out.read_bytes()
+    """The kernel's cubin as a user's process gets it: tvm_dsm.compile_options (nvcc where it
+    exists, the same options through NVRTC otherwise; ``TVM_DSM_CUDA_ARCH`` sets the arch)."""
+    from ..compile_options import compile_cuda
+
+    return compile_cuda(code, os.environ.get("TVM_DSM_CUDA_ARCH", "sm_90a"))
 
 
 def precompile(folder: Path, names: list[str]) -> None:

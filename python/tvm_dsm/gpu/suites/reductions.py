@@ -72,7 +72,7 @@ def stock_cluster_bind_trap(m: int = 4096, k: int = 1024, cluster: int = 4) -> V
 TILE = 16384  # elements per CTA of the collectives suite
 
 
-def _collective_variant(kind, bulk, resident, clusters, size, n, dtype, elem) -> Variant:
+def collective_variant(kind, bulk, resident, clusters, size, n, dtype, elem) -> Variant:
     func = collective(kind, clusters, size, n, dtype, resident=resident)
     args = args_of(func)
     # Tiles of n elements each CTA reads from peers; the all-gather of rs_ag reads fp32 partial
@@ -128,7 +128,7 @@ def collectives() -> list[Variant]:
         for kind, bulk in kinds:
             if kind == "gated" and size != 2:
                 continue  # two halves: gate on rank 0, up on rank 1
-            variants.append(_collective_variant(kind, bulk, resident, clusters, size, n, dtype, elem))
+            variants.append(collective_variant(kind, bulk, resident, clusters, size, n, dtype, elem))
     per_group = 4
     for dtype in ("float32", "float16"):
         for size in (2, 4, 8, 16):
