@@ -12,7 +12,7 @@ from tvm_dsm.planners.split_k_gemm import plan_split_k_gemm
 from tvm_dsm.rules.quantized_gemm import schedule_quantize_then_gemm, schedule_quantized_gemm, shared_bytes
 from tvm_dsm.rules.split_k_gemm import GemmShape, SplitKGemmConfig, schedule_split_k_gemm
 from tvm_dsm.transform.cascaded_reductions import fuse_cascaded_reductions
-from tvm_dsm.transform.cluster_launch import MAX_SMEM_PER_CTA
+from tvm_dsm.hardware import load_hardware
 from tvm_dsm.workloads.dense import dense, quantized_dense, scaled_dense
 
 FP8 = "float8_e4m3fn"
@@ -87,7 +87,7 @@ def test_planner_keeps_fp8_and_quantized_configs_within_shared_memory():
     plain = plan_split_k_gemm(shape, load_hardware())
     quantized = plan_split_k_gemm(shape, load_hardware(), quantized=True)
     assert any(p.config.block_k == 128 for p in plain)  # 128-byte rows, as fp16's 64
-    assert quantized and all(shared_bytes(p.config) <= MAX_SMEM_PER_CTA for p in quantized)
+    assert quantized and all(shared_bytes(p.config) <= load_hardware().smem_per_cta for p in quantized)
     # Reading X in fp16, twice, never makes the fused form cheaper than the plain fp8 GEMM.
     assert quantized[0].predicted_us >= plain[0].predicted_us
 

@@ -25,6 +25,7 @@ from .families import ScheduleFamily, match_family
 from .hardware import Hardware, load_hardware
 from .intrin import register_all
 from .planners.report import Plan
+from .transform.split_operators import merge_operators, split_operators
 
 LOG = logging.getLogger("tvm_dsm.driver")
 
@@ -184,15 +185,22 @@ def _record(database: ms.Database | None, func: tirx.PrimFunc,
 
 
 def _stock_schedule_or_raise(func: tirx.PrimFunc, target, reason: ClusterError) -> s_tir.Schedule:
-    """TVM's stock schedule for a function no tvm-dsm family takes (``reason`` logged), or
-    ClusterError with both reasons where dlight cannot schedule it either."""
-    LOG.warning("tvm-dsm falls back to TVM's stock schedule: %s", reason)
+    """TVM's stock schedule for a function no tvm-dsm family takes (``reason`` logged once per
+    function); where dlight cannot schedule it whole (two GEMMs in one function), one schedule
+    per operator (:mod:`tvm_dsm.transform.split_operators`: a family's, else dlight's); else
+    ClusterError with the reasons."""
+    LOG.info("tvm-dsm falls back to TVM's stock schedule: %s", reason)
     try:
         return stock_schedule(func, target)
     except ScheduleError as err:  # raised inside a dlight rule
+        whole = str(err).strip().splitlines()[-1]
+    operators = split_operators(func)
+    if len(operators) < 2:
         raise ClusterError(f"neither tvm-dsm nor TVM's stock schedules (dlight) can schedule "
-                           f"this function. tvm-dsm: {reason}\ndlight: "
-                           f"{str(err).strip().splitlines()[-1]}") from err
+                           f"this function. tvm-dsm: {reason}\ndlight: {whole}")
+    LOG.info("scheduling its %d operators one by one (dlight: %s)", len(operators), whole)
+    scheduled = [schedule(op.func, target).mod["main"] for op in operators]
+    return s_tir.Schedule(merge_operators(func, scheduled), enable_check=False)
 
 
 def replay(trace: s_tir.Trace, func: tirx.PrimFunc) -> s_tir.Schedule:

@@ -8,6 +8,7 @@ a GPU machine, runs it and writes its JSON (plus the date); the H100 result is c
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import subprocess
 import tempfile
@@ -94,8 +95,9 @@ class Hardware:
         )
 
 
+@functools.cache
 def load_hardware(name: str = "h100_sxm") -> Hardware:
-    """Load a committed hardware description (``tvm_dsm/data/<name>.json``)."""
+    """Load a committed hardware description (``tvm_dsm/data/<name>.json``), once per process."""
     path = DATA / f"{name}.json"
     if not path.exists():
         raise FileNotFoundError(

@@ -9,6 +9,8 @@ from typing import Any
 import tvm
 from tvm import tirx
 
+from tvm.s_tir.schedule.schedule import ScheduleError
+
 from ..errors import ClusterError
 from .base import ScheduleFamily
 from .conv_chain import ConvChain
@@ -41,6 +43,6 @@ def match_family(func: tirx.PrimFunc, target: Any = None) -> tuple[ScheduleFamil
     for family in FAMILIES:
         try:
             return family, family.recognize(func)
-        except ClusterError as err:
+        except (ClusterError, ScheduleError) as err:  # s_tir refuses what is not its form
             reasons.append(f"{family.name}: {err}")
     raise ClusterError("no tvm-dsm schedule family applies:\n  " + "\n  ".join(reasons))

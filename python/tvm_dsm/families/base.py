@@ -14,6 +14,8 @@ from typing import Any
 
 from tvm import s_tir, tirx
 
+from tvm.s_tir.schedule.schedule import ScheduleError
+
 from ..errors import ClusterError
 from ..hardware import Hardware
 from ..planners.report import Plan
@@ -40,7 +42,7 @@ class ScheduleFamily(ABC):
         """The shape of ``func`` if this family takes it, else None."""
         try:
             return self.recognize(func)
-        except ClusterError:
+        except (ClusterError, ScheduleError):
             return None
 
     @abstractmethod

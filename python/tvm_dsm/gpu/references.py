@@ -223,6 +223,14 @@ REFERENCES: dict[str, Reference] = {
         float64=lambda a, w1, w2: torch.relu(a.double() @ w1.double().T) @ w2.double().T,
         torch_eager=lambda a, w1, w2: F.linear(torch.relu(F.linear(a, w1)), w2),
     ),
+    "ffn_relu_nk": Reference(
+        float64=lambda a, w1, w2: torch.relu(a.double() @ w1.double().T) @ w2.double().T,
+        torch_eager=lambda a, w1, w2: F.linear(torch.relu(F.linear(a, w1)), w2),
+    ),
+    "ffn_relu_kn": Reference(
+        float64=lambda a, w1, w2: torch.relu(a.double() @ w1.double()) @ w2.double(),
+        torch_eager=lambda a, w1, w2: torch.relu(a @ w1) @ w2,
+    ),
     "swiglu": Reference(
         float64=lambda a, wg, wu, w2: (F.silu(a.double() @ wg.double().T) * (a.double() @ wu.double().T)) @ w2.double().T,
         torch_eager=lambda a, wg, wu, w2: F.linear(F.silu(F.linear(a, wg)) * F.linear(a, wu), w2),

@@ -33,9 +33,9 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
 
 from ..errors import ClusterError
+from ..hardware import load_hardware
 from ..ir import is_reduction
 from ..schedule import bind_cluster_nest, check_cluster_size
-from ..transform.cluster_launch import MAX_SMEM_PER_CTA
 from ..transform.programmatic_launch import launch_programmatically
 from .split_k_gemm import (
     GemmShape,
@@ -198,9 +198,9 @@ def _check_capacity(shape: ChainShape, c: FusedChainConfig) -> None:
     if registers > _MAX_ACCUMULATOR_REGISTERS:
         raise ClusterError(f"the {c.block_m}x{columns} output slice needs {registers} fp32 "
                            f"registers per thread (at most {_MAX_ACCUMULATOR_REGISTERS})")
-    if c.shared_bytes(shape) > MAX_SMEM_PER_CTA:
+    if c.shared_bytes(shape) > load_hardware().smem_per_cta:
         raise ClusterError(f"{c.shared_bytes(shape)} B of shared memory per CTA exceeds the "
-                           f"{MAX_SMEM_PER_CTA} B an H100 CTA may use")
+                           f"{load_hardware().smem_per_cta} B a CTA of the GPU may use")
 
 
 #: The pruning rules in the order they apply (FlashFuser's: one cluster for both GEMMs of at

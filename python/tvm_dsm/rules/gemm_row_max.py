@@ -15,8 +15,8 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
 
 from ..errors import ClusterError
+from ..hardware import load_hardware
 from ..ir import uses
-from ..transform.cluster_launch import MAX_SMEM_PER_CTA
 from .split_k_gemm import GemmShape, SplitKGemmConfig, apply_split_k_gemm, check_config, find_gemm_operands
 
 
@@ -57,9 +57,9 @@ def check_row_max_config(shape: GemmShape, group: int, config: SplitKGemmConfig)
         raise ClusterError(f"block_m {config.block_m} does not hold whole groups of {group} rows "
                            "(a sequence longer than the tile needs a cluster max: not built)")
     needed = config.shared_bytes() + config.block_m * config.block_n * 4
-    if needed > MAX_SMEM_PER_CTA:
+    if needed > load_hardware().smem_per_cta:
         raise ClusterError(f"{needed} B of shared memory (pipeline, partial and activation "
-                           f"tiles) exceeds the {MAX_SMEM_PER_CTA} B an H100 CTA may use")
+                           f"tiles) exceeds the {load_hardware().smem_per_cta} B a CTA of the GPU may use")
 
 
 def schedule_gemm_row_max(func: tirx.PrimFunc, config: SplitKGemmConfig) -> s_tir.Schedule:

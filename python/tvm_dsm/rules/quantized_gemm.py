@@ -32,6 +32,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 
 from ..errors import ClusterError
+from ..hardware import load_hardware
 from ..ir import is_reduction
 from ..schedule import bind_cluster_nest, bind_rank, place_in_dsm
 from .split_k_gemm import (
@@ -44,7 +45,6 @@ from .split_k_gemm import (
     split_k_main_loops,
     sum_partials,
 )
-from ..transform.cluster_launch import MAX_SMEM_PER_CTA
 from ..intrin.mma import FP8, VECTOR, pad
 from .tensor_core import blockize_fragments
 
@@ -97,9 +97,9 @@ def check_quantized_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
         raise ClusterError(f"K={shape.k} gives a CTA fewer than 32 lanes x 8 elements of each row")
     if c.block_m % c.warps:
         raise ClusterError(f"the row max spreads {c.block_m} rows over {c.warps} warps")
-    if shared_bytes(c) > MAX_SMEM_PER_CTA:
+    if shared_bytes(c) > load_hardware().smem_per_cta:
         raise ClusterError(f"{shared_bytes(c)} B of shared memory per CTA (fp16 and fp8 X tiles) "
-                           f"exceeds the {MAX_SMEM_PER_CTA} B an H100 CTA may use")
+                           f"exceeds the {load_hardware().smem_per_cta} B a CTA of the GPU may use")
 
 
 def schedule_quantized_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig) -> s_tir.Schedule:

@@ -24,9 +24,9 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 
 from ..errors import ClusterError
+from ..hardware import load_hardware
 from ..ir import is_reduction
 from ..annotations import ASYNC_STAGES_KEY
-from ..transform.cluster_launch import MAX_SMEM_PER_CTA
 from ..transform.programmatic_launch import launch_programmatically
 from ..transform.tma_pipeline import MAX_BOX as TMA_MAX_BOX
 from ..transform.tma_pipeline import ROW_BYTES as TMA_ROW_BYTES
@@ -239,9 +239,9 @@ def check_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
     if c.wgmma:
         check_wgmma(shape, c)
     needed = c.shared_bytes(shape.dtype, shape.products)
-    if needed > MAX_SMEM_PER_CTA:
-        raise ClusterError(f"{needed} B of shared memory per CTA exceeds the {MAX_SMEM_PER_CTA} B "
-                           "an H100 CTA may use")
+    if needed > load_hardware().smem_per_cta:
+        raise ClusterError(f"{needed} B of shared memory per CTA exceeds the {load_hardware().smem_per_cta} B "
+                           "a CTA of the GPU may use")
 
 
 def check_pipeline(k_steps: int, stages: int, tma: bool) -> None:
@@ -276,14 +276,13 @@ def check_epilogue_in_shared(shape: GemmShape, config: SplitKGemmConfig, kernel:
     for one that reads what another kernel computes) reads the fp32 sums from shared memory
     beside the pipeline; ClusterError if ``kernel`` would need more than a CTA has."""
     needed = config.shared_bytes(shape.dtype, shape.products) + config.block_m * config.block_n * 4
-    if needed > MAX_SMEM_PER_CTA:
+    if needed > load_hardware().smem_per_cta:
         raise ClusterError(f"{kernel} needs {needed} B of shared memory per CTA (pipeline and the "
-                           f"sums its epilogue reads), more than {MAX_SMEM_PER_CTA} B")
+                           f"sums its epilogue reads), more than {load_hardware().smem_per_cta} B")
 
 
-#: Registers of an SM, and what a wgmma main loop's thread holds besides its block_n / 2 fp32
+#: What a wgmma main loop's thread holds besides its block_n / 2 fp32
 #: accumulators (addresses, descriptors, loop state; ptxas: 90 in all for 256x128 tiles).
-_REGISTERS_PER_SM = 65536
 _WGMMA_OTHER_REGISTERS = 40
 
 
@@ -308,10 +307,10 @@ def check_wgmma(shape: GemmShape, config: SplitKGemmConfig) -> None:
     if shared_k_loop(c, shape.products):
         accumulators *= shape.products
     registers = c.threads * (accumulators + _WGMMA_OTHER_REGISTERS)
-    if registers > _REGISTERS_PER_SM:
+    if registers > load_hardware().regs_per_sm:
         raise ClusterError(f"wgmma {c.block_m}x{c.block_n} tiles: {c.threads} threads holding "
                            f"{accumulators} fp32 accumulators each need about {registers} "
-                           f"registers, an SM has {_REGISTERS_PER_SM}")
+                           f"registers, an SM has {load_hardware().regs_per_sm}")
 
 
 #: Rows of tiles a column of tiles visits before the grid moves to the next column (grouped

@@ -14,14 +14,11 @@ from tvm import tirx
 from tvm.ir import Range
 
 from ..errors import ClusterError
+from ..hardware import load_hardware
 from ..ir import find_all
 from ..schedule.cluster import RANK_TAG
 from .lower_cluster import MAX_STATIC_SMEM, shared_bytes
 from ..annotations import CLUSTER_LAUNCH_KEY
-
-#: Hopper: 227 KB of shared memory per CTA (opt-in).
-MAX_SMEM_PER_CTA = 227 * 1024
-
 
 def check_shared_memory(body, cluster_size: int) -> None:
     """Raise :class:`ClusterError` if a cluster kernel's CTA needs more SMEM than Hopper has."""
@@ -31,10 +28,11 @@ def check_shared_memory(body, cluster_size: int) -> None:
             f"cluster kernel (cluster {cluster_size}) uses {static} B of static shared memory per "
             f"CTA; CUDA allows {MAX_STATIC_SMEM} B static: use scope 'shared.dyn' beyond that"
         )
-    if static + dynamic > MAX_SMEM_PER_CTA:
+    hw = load_hardware()
+    if static + dynamic > hw.smem_per_cta:
         raise ClusterError(
             f"cluster kernel (cluster {cluster_size}) uses {static + dynamic} B of shared memory "
-            f"per CTA; an H100 CTA has at most {MAX_SMEM_PER_CTA} B"
+            f"per CTA; an {hw.device} CTA has at most {hw.smem_per_cta} B"
         )
 
 

@@ -1,0 +1,106 @@
+"""One PrimFunc of several operators as one function per operator, and back.
+
+TVM's stock GPU schedules (dlight) and tvm-dsm's families each take one operator: a matmul with
+its epilogue, a reduction, an elementwise map. A function holding two GEMMs (an FFN that no
+family fuses: weights ``[K, N]``, fp32, sizes off the tiles) is split into one function per
+operator: a reduction with the elementwise blocks after it, or a run of elementwise blocks. A
+buffer passed between operators becomes a parameter of each function that touches it.
+:func:`merge_operators` puts the scheduled functions back into one, those buffers allocated in
+global memory, so the result is called like the original and runs one kernel (or more) per
+operator, in order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import tirx
+from tvm.s_tir import SBlock, SBlockRealize
+
+from ..errors import ClusterError
+from ..ir import find_all
+
+
+@dataclass
+class Operator:
+    """One operator of the function: its statements and the function holding only them."""
+
+    func: tirx.PrimFunc
+    inputs: list[tirx.Var]
+    outputs: list[tirx.Var]
+
+
+def _block(nest: tirx.Stmt) -> SBlock:
+    blocks = [r.block for r in find_all(nest, SBlockRealize)]
+    if len(blocks) != 1:
+        raise ClusterError("a statement of the function's root holds more than one block")
+    return blocks[0]
+
+
+def _is_reduction(block: SBlock) -> bool:
+    return block.init is not None or any(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars)
+
+
+def _groups(nests: list[tirx.Stmt]) -> list[list[tirx.Stmt]]:
+    """Each reduction with the elementwise nests after it; leading elementwise nests together."""
+    groups: list[list[tirx.Stmt]] = []
+    for nest in nests:
+        if _is_reduction(_block(nest)) or not groups:
+            groups.append([nest])
+        else:
+            groups[-1].append(nest)
+    return groups
+
+
+def _buffers(nests: list[tirx.Stmt]) -> tuple[list[tirx.Var], list[tirx.Var]]:
+    """(read before written, written) by ``nests``, each in order of first appearance."""
+    read, written = [], []
+    for nest in nests:
+        block = _block(nest)
+        for region in block.reads:
+            if not any(region.source.same_as(b) for b in read + written):
+                read.append(region.source)
+        for region in block.writes:
+            if not any(region.source.same_as(b) for b in written):
+                written.append(region.source)
+    return read, written
+
+
+def split_operators(func: tirx.PrimFunc) -> list[Operator]:
+    """``func`` as one function per operator (ClusterError if it is not a sequence of loop nests
+    of one block each under its root block, the form TE and Relax legalization produce)."""
+    if not isinstance(func.body, SBlockRealize):
+        raise ClusterError("splitting into operators needs an s_tir function (one root block)")
+    root = func.body.block
+    nests = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
+    groups = _groups(nests)
+    params = list(func.params)
+    used = [_buffers(g) for g in groups]
+    operators = []
+    for i, (nests_i, (read, written)) in enumerate(zip(groups, used)):
+        later = [b for r, w in used[i + 1:] for b in r + w]
+        outputs = [b for b in written
+                   if any(b.same_as(p) for p in params) or any(b.same_as(x) for x in later)]
+        local = [b for b in written if not any(b.same_as(o) for o in outputs)]
+        inputs = [b for b in read if not any(b.same_as(w) for w in written)]
+        body = SBlockRealize([], True, SBlock([], [], [], "root", tirx.SeqStmt(nests_i) if len(nests_i) > 1
+                                              else nests_i[0], alloc_buffers=local))
+        sub = tirx.PrimFunc(inputs + outputs, body)
+        sub = sub.with_attr({"global_symbol": "main", "tirx.noalias": True, "s_tir": True})
+        operators.append(Operator(sub, inputs, outputs))
+    return operators
+
+
+def merge_operators(func: tirx.PrimFunc, scheduled: list[tirx.PrimFunc]) -> tirx.PrimFunc:
+    """``func`` with its operators replaced by ``scheduled`` (:func:`split_operators`'s
+    functions after scheduling, in order): buffers between them in global memory."""
+    root = func.body.block
+    parts = []
+    for i, sub in enumerate(scheduled):
+        inner = sub.body.block
+        parts.append(SBlockRealize([], True, SBlock([], [], [], f"operator_{i}", inner.body,
+                                                     alloc_buffers=list(inner.alloc_buffers),
+                                                     annotations=inner.annotations)))
+    passed = [b for b in root.alloc_buffers if any(b.same_as(p) for sub in scheduled for p in sub.params)]
+    body = SBlockRealize([], True, SBlock([], [], [], "root", tirx.SeqStmt(parts), alloc_buffers=passed))
+    return tirx.PrimFunc(func.params, body, func.ret_type, func.attrs)
