@@ -25,7 +25,7 @@ from .families import ScheduleFamily, match_family
 from .hardware import Hardware, load_hardware
 from .intrin import register_all
 from .planners.report import Plan
-from .transform.split_operators import merge_operators, split_operators
+from .transform.split_operators import merge_operators, pad_rows, split_operators
 
 LOG = logging.getLogger("tvm_dsm.driver")
 
@@ -185,11 +185,18 @@ def _record(database: ms.Database | None, func: tirx.PrimFunc,
 
 
 def _stock_schedule_or_raise(func: tirx.PrimFunc, target, reason: ClusterError) -> s_tir.Schedule:
-    """TVM's stock schedule for a function no tvm-dsm family takes (``reason`` logged once per
-    function); where dlight cannot schedule it whole (two GEMMs in one function), one schedule
-    per operator (:mod:`tvm_dsm.transform.split_operators`: a family's, else dlight's); else
-    ClusterError with the reasons."""
-    LOG.info("tvm-dsm falls back to TVM's stock schedule: %s", reason)
+    """The schedule of a function no tvm-dsm family takes whole (``reason`` logged at INFO):
+    its matmuls' rows padded to the GEMM tiles where that lets a family take every matmul,
+    else TVM's stock schedule (dlight); where dlight cannot schedule it whole (two GEMMs in one
+    function), one schedule per operator (:mod:`tvm_dsm.transform.split_operators`: a family's,
+    else dlight's); else ClusterError with the reasons."""
+    LOG.info("tvm-dsm falls back from its families: %s", reason)
+    padded = pad_rows(func)
+    if padded is not None:
+        operators = split_operators(padded)
+        if all(_family_takes(op.func, target) for op in operators if op.reduces):
+            LOG.info("matmul rows padded to the GEMM tiles: %d operators", len(operators))
+            return _per_operator(padded, operators, target)
     try:
         return stock_schedule(func, target)
     except ScheduleError as err:  # raised inside a dlight rule
@@ -199,6 +206,19 @@ def _stock_schedule_or_raise(func: tirx.PrimFunc, target, reason: ClusterError) 
         raise ClusterError(f"neither tvm-dsm nor TVM's stock schedules (dlight) can schedule "
                            f"this function. tvm-dsm: {reason}\ndlight: {whole}")
     LOG.info("scheduling its %d operators one by one (dlight: %s)", len(operators), whole)
+    return _per_operator(func, operators, target)
+
+
+def _family_takes(func: tirx.PrimFunc, target) -> bool:
+    """Whether a family takes ``func`` and has a configuration that fits it."""
+    try:
+        plan(func, target=target)
+    except ClusterError:
+        return False
+    return True
+
+
+def _per_operator(func: tirx.PrimFunc, operators: list, target) -> s_tir.Schedule:
     scheduled = [schedule(op.func, target).mod["main"] for op in operators]
     return s_tir.Schedule(merge_operators(func, scheduled), enable_check=False)
 

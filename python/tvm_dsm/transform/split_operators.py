@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tvm import tirx
+from tvm import s_tir, tirx
 from tvm.s_tir import SBlock, SBlockRealize
 
 from ..errors import ClusterError
@@ -28,6 +28,7 @@ class Operator:
     func: tirx.PrimFunc
     inputs: list[tirx.Var]
     outputs: list[tirx.Var]
+    reduces: bool  # it holds a reduction (a matmul), not only elementwise maps
 
 
 def _block(nest: tirx.Stmt) -> SBlock:
@@ -41,15 +42,53 @@ def _is_reduction(block: SBlock) -> bool:
     return block.init is not None or any(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars)
 
 
+def _spatial(block: SBlock) -> list[int]:
+    return [int(iv.dom.extent) for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+
+
 def _groups(nests: list[tirx.Stmt]) -> list[list[tirx.Stmt]]:
-    """Each reduction with the elementwise nests after it; leading elementwise nests together."""
+    """Each reduction with the elementwise nests after it over the same spatial extents (an
+    epilogue); other elementwise nests (padding, slicing) in groups of their own."""
     groups: list[list[tirx.Stmt]] = []
     for nest in nests:
-        if _is_reduction(_block(nest)) or not groups:
-            groups.append([nest])
-        else:
+        block = _block(nest)
+        if groups and not _is_reduction(block) and _spatial(block) == _spatial(_block(groups[-1][0])):
             groups[-1].append(nest)
+        else:
+            groups.append([nest])
     return groups
+
+
+#: The row granule of tvm-dsm's GEMM tiles: a matmul of M rows is padded to a multiple of it.
+ROW_GRANULE = 16
+
+
+def pad_rows(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
+    """``func`` with its matmul's rows (the first spatial axis) padded to a multiple of
+    :data:`ROW_GRANULE` (s_tir's ``pad_einsum``: the rows copied into a zero-padded buffer
+    first, the result's first M rows copied out after), or None where that does not apply.
+    Padding the rows copies activations only, a few KB at decode batch sizes, so the GEMM
+    families' tiles apply at any M. Taken for one matmul reading its weight ``[N, K]``
+    (``torch.nn.Linear``'s layout, what Relax legalizes a linear layer to): the form checked
+    on the GPU; a padded chain with ``[K, N]`` weights faulted there."""
+    if not isinstance(func.body, SBlockRealize):
+        return None
+    sch = s_tir.Schedule(func)
+    matmuls = []
+    for rv in sch.get_child_blocks(sch.get_sblock(func.body.block.name_hint)):
+        block = sch.get(rv)
+        kinds = [iv.iter_type for iv in block.iter_vars]
+        if block.init is not None and kinds == [tirx.IterVar.DataPar, tirx.IterVar.DataPar, tirx.IterVar.CommReduce]:
+            matmuls.append(rv)
+    if len(matmuls) != 1:
+        return None
+    block = sch.get(matmuls[0])
+    rows, col = int(block.iter_vars[0].dom.extent), block.iter_vars[1].var
+    weight_nk = len(block.reads) == 2 and block.reads[1].region[0].min.same_as(col)
+    if rows == 1 or rows % ROW_GRANULE == 0 or not weight_nk:  # one row: a GEMV, which dlight streams at the HBM floor
+        return None
+    sch.pad_einsum(matmuls[0], [ROW_GRANULE, 1, 1])
+    return sch.mod["main"]
 
 
 def _buffers(nests: list[tirx.Stmt]) -> tuple[list[tirx.Var], list[tirx.Var]]:
@@ -87,7 +126,7 @@ def split_operators(func: tirx.PrimFunc) -> list[Operator]:
                                               else nests_i[0], alloc_buffers=local))
         sub = tirx.PrimFunc(inputs + outputs, body)
         sub = sub.with_attr({"global_symbol": "main", "tirx.noalias": True, "s_tir": True})
-        operators.append(Operator(sub, inputs, outputs))
+        operators.append(Operator(sub, inputs, outputs, _is_reduction(_block(nests_i[0]))))
     return operators
 
 

@@ -1,6 +1,7 @@
 """Functions written the way users write them, built through ``tvm_dsm.build``'s path (a family,
 dlight, or one schedule per operator): FFNs with ``[K, N]`` weights, bf16, fp32 and sizes off
-the tiles, and dense layers at prime batch sizes."""
+the tiles, and dense layers at decode batch sizes (2-13 rows, a 1B-class decoder's linear layers) and prime
+ones."""
 
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ FFNS = [  # (m, n, k, l, dtype, weights [N, K])
     (37, 1024, 512, 256, "bfloat16", False),
 ]
 DENSES = [(1, 4096, 4096, "float16"), (7, 4096, 4096, "float16"), (100, 3000, 1000, "bfloat16"),
-          (257, 2048, 1024, "float16")]
+          (257, 2048, 1024, "float16"), (2, 3072, 2048, "float16"), (4, 2048, 8192, "float16"),
+          (8, 16384, 2048, "bfloat16"), (13, 2048, 2048, "float16")]
 
 
 def _variant(name: str, func, workload: str, scale: list, flops: int) -> Variant:
