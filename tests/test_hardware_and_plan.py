@@ -79,3 +79,13 @@ def test_microbenchmarks_assemble_for_sm_90a(assemble, name):
     decode's loads without arithmetic (decode_read_cuda.json) still compile: their kernels are rerun on the device."""
     folder = Path(__file__).parent.parent / "src" / "hwbench"
     assert assemble((folder / f"{name}.cu").read_text(), name, include_dirs=(folder,))
+
+
+def test_every_fitted_constant_says_what_it_is_and_where_it_came_from():
+    from tvm_dsm.calibration import calibration
+
+    constants = calibration()
+    assert len(constants) >= 15
+    for key, entry in constants.items():
+        assert isinstance(entry["value"], float) and entry["value"] > 0, key
+        assert entry["what"] and entry["source"], key

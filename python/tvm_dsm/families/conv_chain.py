@@ -15,12 +15,13 @@ from ..planners.report import Plan
 from ..rules.conv_chain import ConvChainConfig, ConvChainShape, conv_kernels, copies, find_conv_chain, gemm_view
 from .base import ScheduleFamily
 from .gemm_chain import GemmChain
+from ..calibration import fitted
 
 #: What a fused plan's prediction is weighed by against an unfused one for a convolution chain
 #: (the chain family's FUSED_PICK_BIAS, fitted the same way): the median measured over predicted
 #: time of fused and of unfused kernels on C1-C8 at batch 1 and 8, H100
 #: (bench/results/conv_chains/latest.json, docs/chains.md).
-CONV_FUSED_PICK_BIAS = 1.28 / 0.83
+CONV_FUSED_PICK_BIAS = fitted("conv_chains.fused_pick_bias")
 
 
 @dataclass(frozen=True)

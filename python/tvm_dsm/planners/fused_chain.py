@@ -37,16 +37,17 @@ from ..rules.fused_chain import (
 )
 from .report import Plan
 from .split_k_gemm import LAUNCH_S, MMA_SYNC_PEAK, STEP_S, stream_share
+from ..calibration import fitted
 
 _BARRIERS_PER_STEP = 3
 #: Measured over predicted time of the fused planner's pick (median 1.40), over that of the best
 #: unfused plan (0.79): the fused model misses part of its kernel's cost, so where the two kinds
 #: are ranked together a fused plan counts at its prediction times the ratio. Fitted on 30 chain
 #: workloads and batches, H100 (bench/results/archive/chains.json and the runs in docs/chains.md).
-FUSED_PICK_BIAS = 1.40 / 0.79
+FUSED_PICK_BIAS = fitted("chains.fused_pick_bias")
 #: What launching the inter-cluster reduce programmatically behind a one-wave fused kernel saves
 #: (fitted on bench/results/chains_pdl/latest.json, H100).
-PROGRAMMATIC_SAVING_S = 1.2e-6
+PROGRAMMATIC_SAVING_S = fitted("chains.programmatic_reduce_saving_s")
 
 
 @dataclass(frozen=True)

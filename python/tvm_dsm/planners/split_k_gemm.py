@@ -38,12 +38,13 @@ from ..rules.split_k_gemm import (
 )
 from ..intrin.wgmma import TILE_WIDTHS
 from .report import Plan
+from ..calibration import fitted
 
 #: Dense fp16 mma.sync throughput of an H100 SXM (FLOP/s). fp8 m16n8k32 is counted at this
 #: rate too: it doubles it on paper, but ldmatrix cannot transpose 8-bit tiles (docs/gemm.md).
-MMA_SYNC_PEAK = 660e12
+MMA_SYNC_PEAK = fitted("gemm.mma_sync_flops")
 #: Dense fp16 warpgroup-MMA throughput (the H100 SXM's tensor-core peak).
-WGMMA_PEAK = 989e12
+WGMMA_PEAK = fitted("gemm.wgmma_flops")
 #: Bytes in flight one SM needs to sustain its share of HBM bandwidth: Little's law with the
 #: ~700-cycle HBM latency at 2.8 TB/s over 132 SMs gives ~15 KB; pipelines overlap less than
 #: ideally, so twice that.
@@ -51,39 +52,39 @@ _BYTES_IN_FLIGHT_PER_SM = 32 * 1024
 _REGISTERS_PER_THREAD = 128  # what the mma main loop compiles to, roughly (fragments + addresses)
 #: A kernel launch and a CTA's per-K-step overhead (barrier, instruction issue); the chain
 #: planner uses the same terms.
-LAUNCH_S = 2.0e-6
-STEP_S = 0.05e-6  # per K step of a CTA: the barrier and instruction issue around it
+LAUNCH_S = fitted("gemm.launch_s")
+STEP_S = fitted("gemm.step_s")
 #: A cp.async tile's latency under full load. The fragment prefetch of the next tile makes its
 #: copy land one step early, so a K step waits this long over ``stages - 2`` steps of lookahead.
 #: Fitted on the H100 GEMM suite (bench/results/gemm/latest.json).
-LOADED_LATENCY_S = 1.5e-6
+LOADED_LATENCY_S = fitted("gemm.cp_async_loaded_latency_s")
 #: The same for a TMA tile (tvm_dsm.transform.tma_pipeline), which is awaited in the step that
 #: uses it, so ``stages - 1`` steps of lookahead. Fitted on bench/results/gemm_tma/latest.json.
-TMA_LATENCY_S = 1.75e-6
+TMA_LATENCY_S = fitted("gemm.tma_loaded_latency_s")
 #: At most this many times its share of HBM bandwidth does one SM pull, given the bytes in
 #: flight. Fitted on bench/results/gemm_wgmma/latest.json.
-SM_PULL_CAP = 2.0
+SM_PULL_CAP = fitted("gemm.sm_pull_cap")
 #: Share of mma.sync's tensor-core time the memory stream does not hide: the warps that wait
 #: for tiles also issue every ldmatrix and mma.sync. Fitted on
 #: bench/results/gemm_wgmma/latest.json.
-MMA_SYNC_EXPOSED = 0.3
+MMA_SYNC_EXPOSED = fitted("gemm.mma_sync_exposed")
 #: How much more than its fair share of bandwidth an SM pulls while others idle. A grid a little
 #: larger than one CTA per SM doubles up some SMs, and those finish last, sped up by this much.
 #: The same cap bounds what a busy SM pulls from L2 when others idle. Fitted on the H100 GEMM
 #: sweeps (docs/gemm.md).
-SM_HEADROOM = 1.31
+SM_HEADROOM = fitted("gemm.sm_headroom")
 #: Share of the measured DSM read bandwidth (tvm_dsm.hardware) the reduce-scatter reaches.
 #: Fitted on the H100 GEMM sweeps (docs/gemm.md); it does not credit the batched loads of
 #: rules.split_k_gemm.sum_partials, which speed up 128-thread tiles in clusters of 2.
-DSM_REDUCE_EFFICIENCY = 0.5
+DSM_REDUCE_EFFICIENCY = fitted("gemm.dsm_reduce_efficiency")
 #: How much faster than the hardware file's L2 read rate (a plain re-read microbenchmark) the
 #: operand tiles of a GEMM come from L2. Fitted on the H100 gemm, gated and fp8 sweeps
 #: (docs/gemm.md).
-TILE_L2_SPEEDUP = 1.6
+TILE_L2_SPEEDUP = fitted("gemm.tile_l2_speedup")
 #: Share of TMA's streaming rate that per-thread cp.async copies reach: the same GEMM operand
 #: tiles streamed alone took 66.5 us by cp.async and 53.1 us by TMA on the H100
 #: (src/hwbench/operand_stream.cu, bench/results/archive/operand_stream.json).
-CP_ASYNC_STREAM_EFFICIENCY = 53.1 / 66.5
+CP_ASYNC_STREAM_EFFICIENCY = fitted("gemm.cp_async_stream_efficiency")
 
 
 def stream_share(tma: bool) -> float:

@@ -16,6 +16,7 @@ from ..rules.fused_chain import ChainShape
 from ..rules.unfused_chain import UnfusedChainConfig, gemm_shapes
 from .report import Plan
 from .split_k_gemm import GemmPlan, plan_split_k_gemm
+from ..calibration import fitted
 
 #: Configurations of each GEMM combined into the ranking (TOP x TOP pairs).
 TOP = 4
@@ -25,14 +26,14 @@ TOP = 4
 #: the chain runs slower than launched after the previous kernel; where not crowded the
 #: programmatic launch saves about a launch. Fitted on the H100
 #: (bench/results/archive/chains_programmatic_ab.json, docs/chains.md).
-CROWDED_SHARE = 0.5
+CROWDED_SHARE = fitted("chains.crowded_share")
 #: A crowded grid's loss, as a share of its kernel's predicted time (the median over the
 #: crowded chains of the same measurements).
-CROWDING = 0.13
+CROWDING = fitted("chains.crowding")
 #: What a chain launched kernel after kernel loses where nothing crowds (the median of the same
 #: measurements). Each GEMM's prediction holds the launch of a kernel run alone, so a
 #: programmatic launch takes this off the sum of the two (less its crowding), once per chain.
-LATE_LAUNCH_S = 2.0e-6
+LATE_LAUNCH_S = fitted("chains.late_launch_s")
 
 
 @dataclass(frozen=True)
