@@ -186,8 +186,10 @@ class LoadSymbols:
         return table[key]
 
 
-def _state(n: int, which: str) -> sympy.Symbol:
-    return sympy.Symbol(f"y{n}_{which}", real=True)
+def _state(n: int, which: str, positive: bool = False) -> sympy.Symbol:
+    """Level n's running value before (old) or after (new) a step; ``positive``: a sum of
+    provably positive terms, which the proofs may divide by."""
+    return sympy.Symbol(f"y{n}_{which}", real=True, positive=positive or None)
 
 
 def prove(group: list[Level]) -> GroupReport:
@@ -195,6 +197,7 @@ def prove(group: list[Level]) -> GroupReport:
     names = [lvl.block for lvl in group]
     approximate = False
     details = []
+    positive: set[int] = set()  # levels summing provably positive terms
     rows = len(group[0].spatial)
     for j, level in enumerate(group):
         if len(level.spatial) < rows:
@@ -221,8 +224,8 @@ def prove(group: list[Level]) -> GroupReport:
             approximate = True
         xs = set(symbols.x.values())
         ys = [sympy.Symbol(f"y{d}", real=True) for d in level.deps]
-        new = f.subs({y: _state(int(y.name[1:]), "new") for y in ys})
-        old = f.subs({y: _state(int(y.name[1:]), "old") for y in ys})
+        new = f.subs({y: _state(int(y.name[1:]), "new", int(y.name[1:]) in positive) for y in ys})
+        old = f.subs({y: _state(int(y.name[1:]), "old", int(y.name[1:]) in positive) for y in ys})
         if not ys:
             level.form = "plain"
         elif level.op == "sum":
@@ -231,11 +234,18 @@ def prove(group: list[Level]) -> GroupReport:
             # exp, whose running correction is what keeps it from overflowing (softmax).
             if _try_split(level, f, xs, set(ys)) and not any(g.has(sympy.exp) for g, _ in level.terms):
                 pass
-            elif not _try_rescale(level, new, old, xs) and not _try_split(level, f, xs, set(ys)):
-                return GroupReport(
-                    names, False,
-                    f"level {level.block} (sum): {f} is neither G(x)*H(y) nor a sum of such terms",
-                )
+            elif not _try_rescale(level, new, old, xs):
+                if not _try_split(level, f, xs, set(ys)):
+                    return GroupReport(
+                        names, False,
+                        f"level {level.block} (sum): {f} is neither G(x)*H(y) nor a sum of such terms",
+                    )
+                if any(g.has(sympy.exp) for g, _ in level.terms):  # exp(x) alone overflows
+                    return GroupReport(
+                        names, False,
+                        f"level {level.block} (sum): {f} needs the online rescale to keep exp from "
+                        "overflowing, and its correction is not provably free of division by zero",
+                    )
         elif not _try_shift(level, new, old, xs) and not _try_rescale(level, new, old, xs, positive=True):
             return GroupReport(
                 names, False,
@@ -243,6 +253,12 @@ def prove(group: list[Level]) -> GroupReport:
                 "with H provably positive (the correction would not commute with "
                 f"{level.op})",
             )
+        if level.op == "sum" and f.is_positive:
+            positive.add(j)
+        split_deps = [group[d].block for d in level.deps if group[d].form == "split"]
+        if level.form in ("shift", "rescale") and split_deps:
+            return GroupReport(names, False, f"level {level.block} ({level.form}) reads {split_deps}, fused in "
+                               "split form: the fused loop keeps no running value of those to correct by")
         details.append(f"{level.block} ({level.op}) F = {f}: {level.form}"
                        + (f", correction {level.correction}" if level.correction is not None else ""))
     return GroupReport(names, True, "every level is separable", approximate, details)
@@ -257,6 +273,9 @@ def _try_rescale(level: Level, new, old, xs: set, positive: bool = False) -> boo
     if not _free_of(ratio, xs) or ratio.has(sympy.nan, sympy.zoo):
         return False
     if positive and not ratio.is_positive:
+        return False
+    denominator = sympy.fraction(sympy.together(ratio))[1]
+    if not (denominator.is_positive or denominator.is_negative):  # H(old) may be 0: the sum is lost
         return False
     level.form, level.correction = "rescale", ratio
     return True

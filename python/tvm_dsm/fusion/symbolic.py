@@ -29,6 +29,8 @@ _UNARY = {
     "tirx.fabs": sympy.Abs,
     "tirx.sigmoid": lambda a: 1 / (1 + sympy.exp(-a)),
 }
+#: SymPy functions of one argument and their TIR form (the inverse of part of _UNARY).
+_EMIT_UNARY = {sympy.Abs: tirx.abs, sympy.sin: tirx.sin, sympy.cos: tirx.cos, sympy.tanh: tirx.tanh}
 _FLOAT_BITS = {"float64": 64, "float32": 32, "float16": 16, "bfloat16": 16}
 
 
@@ -53,8 +55,8 @@ class ToSympy:
             if isinstance(e, tirx.FloatImm) and abs(value) == float("inf"):
                 return sympy.oo if value > 0 else -sympy.oo
             return sympy.Integer(value) if isinstance(e, tirx.IntImm) else sympy.Float(value)
-        if isinstance(e, tirx.Var):
-            return sympy.Symbol(f"idx_{e.name}")
+        if isinstance(e, tirx.Var):  # the value would move with the loop: no separable form
+            raise Unsupported(f"loop index {e.name} in the value")
         binary = {
             tirx.Add: lambda a, b: a + b,
             tirx.Sub: lambda a, b: a - b,
@@ -123,6 +125,9 @@ class ToTIR:
         if isinstance(e, (sympy.Max, sympy.Min)):
             op = tirx.max if isinstance(e, sympy.Max) else tirx.min
             return _fold(op, [self(a) for a in e.args])
+        for function, emit in _EMIT_UNARY.items():
+            if isinstance(e, function):
+                return emit(self(e.args[0]))
         raise Unsupported(f"cannot emit {type(e).__name__} back to TIR")
 
 

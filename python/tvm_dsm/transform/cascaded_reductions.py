@@ -12,10 +12,11 @@ from __future__ import annotations
 import logging
 
 import tvm
-from tvm import tirx
+from tvm import s_tir, tirx
 
 from ..fusion.cascade import GroupReport, element_producers, find_cascades, inline_elementwise, prove
 from ..fusion.rewrite import splice
+from ..fusion.symbolic import Unsupported
 
 LOG = logging.getLogger("tvm_dsm.fusion")
 
@@ -56,7 +57,8 @@ def fuse_cascaded_reductions(
         report = prove(group)
         if report.fusible and report.approximate and not allow_approximate:
             report.fusible = False
-            report.reason = "approximate: a rounding cast inside a level (pass allow_approximate=True)"
+            report.reason = (f"approximate: a rounding cast inside level(s) {', '.join(report.levels)} "
+                             "(pass allow_approximate=True)")
         if report.fusible and parts & (parts - 1):
             report.fusible = False
             report.reason = f"parts={parts}: the parts merge in a tree, so a power of two"
@@ -64,6 +66,12 @@ def fuse_cascaded_reductions(
             report.fusible = False
             report.reason = (f"{parts} parts of {vector}-element chunks do not divide the "
                              f"reduction extent {group[0].extent}")
+        if report.fusible:
+            between = _reader_between_levels(inlined, group)
+            if between:
+                report.fusible = False
+                report.reason = (f"{between} reads a level's result between the levels "
+                                 f"{group[0].block} and {group[-1].block}: the fused loop writes it last")
         producers = element_producers(inlined, group) if report.fusible else {}
         problem = (_check_split(group, producers, parts, lanes, ranks, copy_stages, shuffle, rows_per_cta)
                    if report.fusible else None)
@@ -72,12 +80,34 @@ def fuse_cascaded_reductions(
         if report.fusible and producers:
             report.details += [f"{p.block}: computed per element inside the loop (sum over "
                                f"{p.extent})" for p in producers.values()]
-        reports.append(report)
         if report.fusible:
-            fused = splice(fused, group, parts, vector, lanes, ranks, producers, shuffle, copy_stages, rows_per_cta)
+            try:
+                fused = splice(fused, group, parts, vector, lanes, ranks, producers, shuffle, copy_stages,
+                               rows_per_cta)
+            except (KeyError, Unsupported) as err:  # a form the proof accepts but the rewrite cannot write
+                report.fusible = False
+                report.reason = (f"levels {', '.join(l.block for l in group)}: the rewrite cannot express "
+                                 f"this cascade ({type(err).__name__}: {err})")
+        reports.append(report)
     for report in reports:
         LOG.info("%s", report)
     return (fused if any(r.fusible for r in reports) else func), reports
+
+
+def _reader_between_levels(func: tirx.PrimFunc, group) -> str | None:
+    """The first block other than a level that sits between the cascade's first and last levels
+    and reads a level's result (the fused block replaces the last level, so it would read the
+    result before the fused loop writes it), if any."""
+    sch = s_tir.Schedule(func)
+    blocks = [sch.get(rv) for rv in sch.get_child_blocks(sch.get_sblock("root"))]
+    names = [b.name_hint for b in blocks]
+    levels = {lvl.block for lvl in group}
+    positions = [names.index(n) for n in levels if n in names]
+    results = [buf for lvl in group for buf in lvl.results]
+    for block in blocks[min(positions) + 1:max(positions)]:
+        if block.name_hint not in levels and any(r.source.same_as(b) for r in block.reads for b in results):
+            return block.name_hint
+    return None
 
 
 def _check_split(group, producers: dict, parts: int, lanes: int, ranks: int,
