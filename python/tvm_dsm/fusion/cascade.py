@@ -274,11 +274,22 @@ def _try_rescale(level: Level, new, old, xs: set, positive: bool = False) -> boo
         return False
     if positive and not ratio.is_positive:
         return False
-    denominator = sympy.fraction(sympy.together(ratio))[1]
-    if not (denominator.is_positive or denominator.is_negative):  # H(old) may be 0: the sum is lost
+    if _singular_at_zero(ratio):  # H(old) may be 0: what was summed would be lost
         return False
     level.form, level.correction = "rescale", ratio
     return True
+
+
+def _singular_at_zero(ratio: sympy.Expr) -> bool:
+    """Whether the correction divides by a previous state that may be 0 (a running sum or max
+    not known to be positive): the state is 0, or passes through it, on real data."""
+    for state in ratio.free_symbols:
+        if state.name.endswith("_old") and not state.is_positive:
+            at_zero = ratio.subs(state, 0)
+            if at_zero.has(sympy.zoo, sympy.nan, sympy.oo, -sympy.oo) or at_zero is sympy.nan:
+                return True
+    denominator = sympy.fraction(sympy.together(ratio))[1]
+    return not (denominator.is_positive or denominator.is_negative or denominator.free_symbols == set())
 
 
 def _try_shift(level: Level, new, old, xs: set) -> bool:
