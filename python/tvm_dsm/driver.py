@@ -146,7 +146,7 @@ def build(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None = No
     try:
         ranking = plan(func, hw, target)
     except ClusterError as err:
-        return tvm.compile(_stock_schedule_or_raise(func, target, err).mod, target=target)
+        return tvm.compile(_fallback_schedule(func, target, err).mod, target=target)
     refusals = []
     for rank in range(min(BUILD_ATTEMPTS, len(ranking.plans))):
         try:
@@ -172,7 +172,7 @@ def schedule(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None =
     except ClusterError as err:
         if not stock_fallback:
             raise
-        return _stock_schedule_or_raise(func, target, err)
+        return _fallback_schedule(func, target, err)
 
 
 def _record(database: ms.Database | None, func: tirx.PrimFunc,
@@ -184,10 +184,10 @@ def _record(database: ms.Database | None, func: tirx.PrimFunc,
     return database.query_tuning_record(_module(func), target, workload_name="main")
 
 
-def _stock_schedule_or_raise(func: tirx.PrimFunc, target, reason: ClusterError) -> s_tir.Schedule:
+def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError) -> s_tir.Schedule:
     """The schedule of a function no tvm-dsm family takes whole (``reason`` logged at INFO):
-    its matmuls' rows padded to the GEMM tiles where that lets a family take every matmul,
-    else TVM's stock schedule (dlight); where dlight cannot schedule it whole (two GEMMs in one
+    a single matmul's rows padded to the GEMM tiles where a family then takes it
+    (:func:`~tvm_dsm.transform.split_operators.pad_rows`), else TVM's stock schedule (dlight); where dlight cannot schedule it whole (two GEMMs in one
     function), one schedule per operator (:mod:`tvm_dsm.transform.split_operators`: a family's,
     else dlight's); else ClusterError with the reasons."""
     LOG.info("tvm-dsm falls back from its families: %s", reason)
