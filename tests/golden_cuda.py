@@ -56,8 +56,6 @@ def digests(name: str, func) -> list[str]:
 
 
 if __name__ == "__main__":
-    import tvm_dsm  # noqa: F401
-
     table = {name: digests(name, func) for name, func in workloads().items()}
     GOLDEN.write_text(json.dumps(table, indent=1) + "\n")
     print(f"wrote {GOLDEN}: {sum(map(len, table.values()))} kernels")

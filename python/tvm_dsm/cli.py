@@ -110,15 +110,6 @@ def cmd_build(args) -> None:
         print(f"wrote {args.output}")
 
 
-def _progress(items, label: str):
-    """``items`` with a progress bar on stderr (tqdm where installed)."""
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return items
-    return tqdm(items, desc=label, file=sys.stderr)
-
-
 def cmd_tune(args) -> None:
     import tvm_dsm
     from tvm_dsm.device import gpu_or_reason

@@ -33,7 +33,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 #: The half/bfloat16 operator macros TVM's generated CUDA relies on (both TVM paths set them).
@@ -239,8 +239,3 @@ def register_default() -> None:
     """What importing tvm-dsm does: :func:`register` unless ``TVM_DSM_CUDA_COMPILE=tvm``."""
     if os.environ.get("TVM_DSM_CUDA_COMPILE", "").lower() != "tvm":
         register()
-
-
-def with_options(**changes) -> CudaCompileOptions:
-    """:data:`DEFAULT` with ``changes``."""
-    return replace(DEFAULT, **changes)

@@ -194,9 +194,12 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError) -> s_t
     padded = pad_rows(func)
     if padded is not None:
         operators = split_operators(padded)
-        if all(_family_takes(op.func, target) for op in operators if op.reduces):
+        rankings = [_ranking(op.func, target) if op.reduces else None for op in operators]
+        if all(r is not None for r, op in zip(rankings, operators) if op.reduces):
             LOG.info("matmul rows padded to the GEMM tiles: %d operators", len(operators))
-            return _per_operator(padded, operators, target)
+            scheduled = [r.schedule() if r is not None else schedule(op.func, target)
+                         for r, op in zip(rankings, operators)]
+            return _merged(padded, scheduled)
     try:
         return stock_schedule(func, target)
     except ScheduleError as err:  # raised inside a dlight rule
@@ -206,21 +209,20 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError) -> s_t
         raise ClusterError(f"neither tvm-dsm nor TVM's stock schedules (dlight) can schedule "
                            f"this function. tvm-dsm: {reason}\ndlight: {whole}")
     LOG.info("scheduling its %d operators one by one (dlight: %s)", len(operators), whole)
-    return _per_operator(func, operators, target)
+    return _merged(func, [schedule(op.func, target) for op in operators])
 
 
-def _family_takes(func: tirx.PrimFunc, target) -> bool:
-    """Whether a family takes ``func`` and has a configuration that fits it."""
+def _ranking(func: tirx.PrimFunc, target) -> Ranking | None:
+    """The ranking of the family that takes ``func`` with a configuration that fits, if any."""
     try:
-        plan(func, target=target)
+        return plan(func, target=target)
     except ClusterError:
-        return False
-    return True
+        return None
 
 
-def _per_operator(func: tirx.PrimFunc, operators: list, target) -> s_tir.Schedule:
-    scheduled = [schedule(op.func, target).mod["main"] for op in operators]
-    return s_tir.Schedule(merge_operators(func, scheduled), enable_check=False)
+def _merged(func: tirx.PrimFunc, scheduled: list[s_tir.Schedule]) -> s_tir.Schedule:
+    """``func`` with its operators replaced by their schedules (one per operator, in order)."""
+    return s_tir.Schedule(merge_operators(func, [sch.mod["main"] for sch in scheduled]), enable_check=False)
 
 
 def replay(trace: s_tir.Trace, func: tirx.PrimFunc) -> s_tir.Schedule:
