@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
+from tvm import te, tirx, topi
 
 import tvm_dsm
 from conftest import TARGET, cuda_source
@@ -15,13 +16,83 @@ from tvm_dsm.rules.conv_chain import find_conv_chain
 from tvm_dsm.workloads.chains import CONV_CHAINS, conv_chain, gemm_chain
 
 
-def test_the_chain_is_matched_structurally_with_its_activation():
+def test_the_builders_chain_is_read_with_its_shape_and_activation():
     shape = find_conv_chain(conv_chain(64, 14, 128, 64, 3, 1, batch=2, activation="gelu"))
     assert (shape.batch, shape.hw, shape.ic, shape.oc1, shape.oc2, shape.k1) == (2, 14, 64, 128, 64, 3)
     assert shape.activation == "gelu" and shape.pixels == 2 * 14 * 14 and shape.depth == 9 * 64
 
 
+def _topi_chain(layout: str, ic: int, hw: int, oc1: int, oc2: int, k: int, batch: int = 1,
+                stride: int = 1, padding=None) -> tvm.tirx.PrimFunc:
+    """TOPI's convolutions (``topi.nn.conv`` in ``layout``, weights OHWI or OIHW, float32
+    accumulation), TOPI's relu before the rounding to float16."""
+    nhwc = layout == "NHWC"
+    x = te.placeholder((batch, hw, hw, ic) if nhwc else (batch, ic, hw, hw), "float16", name="X")
+    w1 = te.placeholder((oc1, k, k, ic) if nhwc else (oc1, ic, k, k), "float16", name="W1")
+    w2 = te.placeholder((oc2, 1, 1, oc1) if nhwc else (oc2, oc1, 1, 1), "float16", name="W2")
+    kernel_layout = "OHWI" if nhwc else "OIHW"
+    c1 = topi.nn.conv(x, w1, stride, k // 2 if padding is None else padding, 1, 1, layout, kernel_layout, "float32")
+    h = topi.cast(topi.nn.relu(c1), "float16")
+    c2 = topi.nn.conv(h, w2, 1, 0, 1, 1, layout, kernel_layout, "float32")
+    return te.create_prim_func([x, w1, w2, topi.cast(c2, "float16")])
+
+
+def _hand_chain(ic: int, hw: int, oc1: int, oc2: int, k: int, batch: int = 1, stride: int = 1,
+                pad: int | None = None, inside=None) -> tvm.tirx.PrimFunc:
+    """The chain in another TE style: a Select padding block whose bounds are written as
+    differences, the reduction over (channel, kh, kw) with the weight first, the rounding before
+    the relu, and the 1x1 convolution over the channels only, its weight read at [o, 0, 0, c]."""
+    pad = k // 2 if pad is None else pad
+    size = hw + 2 * pad
+    x = te.placeholder((batch, hw, hw, ic), "float16", name="image")
+    w1 = te.placeholder((oc1, k, k, ic), "float16", name="filters")
+    w2 = te.placeholder((oc2, 1, 1, oc1), "float16", name="projection")
+    inside = inside or (lambda a, b: te.all(a - pad >= 0, b - pad >= 0, a - pad <= hw - 1, b - pad <= hw - 1))
+    padded = te.compute((batch, size, size, ic), lambda b, a, c, ch: tirx.Select(
+        inside(a, c), x[b, a - pad, c - pad, ch], tirx.const(0, "float16")), name="padded")
+    ch, dy, dx = te.reduce_axis((0, ic), "ch"), te.reduce_axis((0, k), "dy"), te.reduce_axis((0, k), "dx")
+    out = (size - k) // stride + 1
+    y1 = te.compute((batch, out, out, oc1), lambda b, i, j, f: te.sum(
+        w1[f, dy, dx, ch].astype("float32") * padded[b, i * stride + dy, j * stride + dx, ch].astype("float32"),
+        axis=[ch, dy, dx]), name="y1")
+    h = te.compute(y1.shape, lambda *i: te.max(y1(*i).astype("float16"), tirx.const(0, "float16")), name="h")
+    f = te.reduce_axis((0, oc1), "f")
+    y2 = te.compute((batch, out, out, oc2), lambda b, i, j, g: te.sum(
+        h[b, i, j, f].astype("float32") * w2[g, 0, 0, f].astype("float32"), axis=f), name="y2")
+    return te.create_prim_func([x, w1, w2, te.compute(y2.shape, lambda *i: y2(*i).astype("float16"))])
+
+
+@pytest.mark.parametrize(("func", "shape"), [
+    (_topi_chain("NHWC", 64, 14, 128, 64, 3, batch=2), (2, 14, 64, 128, 64, 3)),
+    (_topi_chain("NHWC", 128, 28, 512, 128, 1), (1, 28, 128, 512, 128, 1)),
+    (_hand_chain(64, 7, 64, 128, 5), (1, 7, 64, 64, 128, 5)),
+    (_hand_chain(32, 9, 48, 16, 1, batch=3), (3, 9, 32, 48, 16, 1)),
+])
+def test_chains_written_otherwise_are_read_with_their_shape(func, shape):
+    found = find_conv_chain(func)
+    assert (found.batch, found.hw, found.ic, found.oc1, found.oc2, found.k1) == shape
+    assert (found.activation, found.dtype) == ("relu", "float16")
+
+
+def test_a_topi_chain_gets_the_builders_kernels():
+    """What the family schedules depends only on the shape read: TOPI's C7 compiles to the
+    kernels of the builder's C7."""
+    ic, hw, oc1, oc2, k1, _ = CONV_CHAINS["C7"]
+    topi_ranking = tvm_dsm.plan(_topi_chain("NHWC", ic, hw, oc1, oc2, k1))
+    ranking = tvm_dsm.plan(conv_chain(*CONV_CHAINS["C7"]))
+    assert topi_ranking.family.name == "conv_chain" and topi_ranking.best.config == ranking.best.config
+    assert cuda_source(topi_ranking.schedule().mod) == cuda_source(ranking.schedule().mod)
+
+
 @pytest.mark.parametrize(("func", "message"), [
+    (_topi_chain("NCHW", 64, 14, 128, 64, 3), "channels on axis 1 \\(NCHW\\)"),
+    (_topi_chain("NHWC", 64, 14, 128, 64, 3, stride=2), "stride 2 along axis 1"),
+    (_topi_chain("NHWC", 64, 14, 128, 64, 3, padding=0), "pads X by 0 for a 3x3 kernel, 14x14 -> 12x12"),
+    (_topi_chain("NHWC", 64, 14, 128, 64, 3, padding=(1, 1, 2, 2)), "not 1 on every side"),
+    (_hand_chain(64, 7, 64, 128, 5, stride=2), "stride 2 along axis 1"),
+    (_hand_chain(64, 7, 64, 128, 5, pad=1), "pads image by 1 for a 5x5 kernel"),
+    (_hand_chain(64, 7, 64, 128, 5, inside=lambda a, b: te.all(a >= 2, b >= 2, a < 9, b < 8)),
+     "keeps image where .*: not the image"),
     (conv_chain(64, 14, 128, 64, 3, 3), "only 1x1"),
     (conv_chain(12, 14, 128, 64, 1, 1), "8-channel vectors"),
     (gemm_chain(128, 256, 128, 64), "X \\[N, H, W, C\\]"),

@@ -18,5 +18,5 @@ def test_every_family_is_covered():
     import tvm_dsm
 
     families = {tvm_dsm.plan(func).family.name for func in workloads().values()}
-    assert families >= {"conv_chain", "gemm_chain", "gemm_row_max", "split_k_gemm", "fused_cascade",
-                        "split_k_reduction"}
+    assert families >= {"conv_chain", "gemm_chain", "gemm_row_max", "split_k_gemm", "attention", "top_k_rows",
+                        "fused_cascade", "split_k_reduction"}

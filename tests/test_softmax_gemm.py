@@ -8,9 +8,10 @@ import pytest
 import tvm
 from tvm import te
 
+import tvm_dsm
 from conftest import TARGET, cuda_source, host_launch
 from tvm_dsm.errors import ClusterError
-from tvm_dsm.planners.cascade_split import CascadeSplit, schedule_cascade
+from tvm_dsm.planners.cascade_split import CascadeSplit
 from tvm_dsm.rules.softmax_gemm import (SoftmaxGemmConfig, check_config, default_config, find_softmax_gemm,
                                         fuse_softmax_gemm)
 from tvm_dsm.workloads.cascades import softmax_pv, softmax_stats
@@ -85,18 +86,18 @@ def test_normalized_softmax_v_in_both_forms_takes_the_tiled_kernel():
     staged = find_softmax_gemm(_cascade(256, 512, 64, outputs="", normalized=True))
     assert [b.name_hint for b in staged.epilogue] == ["out"] and staged.normalizer == 1
     for func in (_normalized_p(256, 512, 64), _cascade(256, 512, 64, outputs="", normalized=True)):
-        _, config = schedule_cascade(func)
-        assert isinstance(config, SoftmaxGemmConfig)
+        assert isinstance(tvm_dsm.plan(func).best.config, SoftmaxGemmConfig)
     source = cuda_source(fuse_softmax_gemm(_cascade(512, 4096, 64, outputs="", normalized=True),
                                            SoftmaxGemmConfig(32, 32, 64, 4, 8, 4)))
     assert "out_ptr[" in source and "o_ptr" not in source
 
 
-def test_schedule_cascade_takes_the_tiled_kernel_and_falls_back_where_no_tile_fits():
-    _, config = schedule_cascade(softmax_pv(2048, 512, 64))
-    assert isinstance(config, SoftmaxGemmConfig) and "softmax·V tiled" in config.explain()
-    sch, split = schedule_cascade(softmax_pv(8, 512, 64))  # 8 rows: below the smallest tile
-    assert isinstance(split, CascadeSplit) and "__global__" in cuda_source(sch.mod)
+def test_the_driver_takes_the_tiled_kernel_and_falls_back_where_no_tile_fits():
+    tiled = tvm_dsm.plan(softmax_pv(2048, 512, 64))
+    assert tiled.family.name == "softmax_gemm" and "softmax·V tiled" in tiled.best.config.explain()
+    rows = tvm_dsm.plan(softmax_pv(8, 512, 64))  # 8 rows: below the smallest tile
+    assert rows.family.name == "fused_cascade" and isinstance(rows.best.config, CascadeSplit)
+    assert "__global__" in cuda_source(rows.schedule().mod)
 
 
 @pytest.mark.parametrize("shape, ranks", [((2048, 512, 64), 8), ((512, 4096, 64), 16), ((4096, 1024, 128), 2)])
@@ -155,7 +156,8 @@ def _reference(x: np.ndarray, v: np.ndarray, scale: float = 1.0) -> dict[str, np
                                           ((48, 96, 16), "float32")])
 def test_gpu_planned_kernel_matches_float64(shape, dtype):
     func = softmax_pv(*shape, dtype)
-    sch, config = schedule_cascade(func)
+    ranking = tvm_dsm.plan(func)
+    sch, config = ranking.schedule(), ranking.best.config
     assert isinstance(config, SoftmaxGemmConfig)
     rng = np.random.default_rng()
     x = (rng.standard_normal(shape[:2]) * 3).astype(dtype)
@@ -174,7 +176,7 @@ def test_gpu_normalized_softmax_v_matches_float64(form, config):
     in one CTA per tile; only the final output is a parameter (NaN-poisoned)."""
     m, k, j = 512, 2048, 64
     func = _normalized_p(m, k, j) if form == "inline" else _cascade(m, k, j, outputs="", normalized=True)
-    mod = schedule_cascade(func)[0].mod if config is None else fuse_softmax_gemm(func, config)
+    mod = tvm_dsm.plan(func).schedule().mod if config is None else fuse_softmax_gemm(func, config)
     rng = np.random.default_rng()
     x = (rng.standard_normal((m, k)) * 3).astype(np.float32)
     v = rng.standard_normal((k, j)).astype(np.float32)

@@ -12,9 +12,10 @@ import pytest
 import tvm
 from tvm import te
 
+import tvm_dsm
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.fusion.top_k import top_k
-from tvm_dsm.planners.cascade_split import CascadeSplit, schedule_cascade
+from tvm_dsm.planners.cascade_split import CascadeSplit
 from tvm_dsm.rules.top_k_rows import (TopKRowsConfig, check_config, default_config, find_top_k_rows,
                                       fuse_top_k_rows)
 from tvm_dsm.workloads.cascades import moe_routing
@@ -73,8 +74,8 @@ def test_fp64_logits_are_refused_and_the_planner_falls_back_to_fused_rows():
     func = _top_k_and_max("float64")
     with pytest.raises(ClusterError, match="16-bit or fp32 floats"):
         find_top_k_rows(func)
-    _, split = schedule_cascade(func)
-    assert isinstance(split, CascadeSplit)
+    ranking = tvm_dsm.plan(func)
+    assert ranking.family.name == "fused_cascade" and isinstance(ranking.best.config, CascadeSplit)
 
 
 def test_a_top_k_of_an_expression_of_x_is_refused():
@@ -116,7 +117,8 @@ def test_a_sum_reading_another_operand_is_refused():
 
 def test_the_planner_takes_it_and_keeps_the_parameter_order():
     func = _router_with_statistics(512, 1024, 4)
-    sch, config = schedule_cascade(func)
+    ranking = tvm_dsm.plan(func)
+    sch, config = ranking.schedule(), ranking.best.config
     assert isinstance(config, TopKRowsConfig) and "k-th largest lane maximum" in config.explain()
     assert [p.name for p in sch.mod["main"].params] == [p.name for p in func.params]
 
@@ -150,7 +152,8 @@ def _reference(x: np.ndarray, k: int):
 def test_gpu_planned_routing_matches_a_stable_sort(rows, experts, k, dtype):
     from conftest import TARGET
 
-    sch, config = schedule_cascade(moe_routing(rows, experts, k, dtype))
+    ranking = tvm_dsm.plan(moe_routing(rows, experts, k, dtype))
+    sch, config = ranking.schedule(), ranking.best.config
     assert isinstance(config, TopKRowsConfig)
     ex = tvm.compile(sch.mod, target=TARGET)
     x = _logits(rows, experts, dtype)

@@ -19,7 +19,7 @@ from tvm_dsm.planners.unfused_chain import LATE_LAUNCH_S, UnfusedChainPlan, plan
 from tvm_dsm.rules.fused_chain import find_chain
 from tvm_dsm.rules.split_k_gemm import SplitKGemmConfig, find_gemm, schedule_split_k_gemm
 from tvm_dsm.rules.unfused_chain import UnfusedChainConfig, schedule_unfused_chain
-from tvm_dsm.transform.lower_cluster import shared_bytes
+from tvm_dsm.transform.buffers import shared_bytes
 from tvm_dsm.workloads.chains import gemm_chain, swiglu_ffn
 from tvm_dsm.workloads.dense import gated_dense
 
@@ -50,8 +50,8 @@ def _shared_memory_per_kernel(monkeypatch) -> list[int]:
     """The shared memory of each kernel built from now on (at the launch check), in order."""
     seen = []
     check = cluster_launch.check_shared_memory
-    monkeypatch.setattr(cluster_launch, "check_shared_memory", lambda body, size: (
-        seen.append(shared_bytes(body, "shared.dyn") + shared_bytes(body, "shared")), check(body, size)))
+    monkeypatch.setattr(cluster_launch, "check_shared_memory", lambda body, size, hw: (
+        seen.append(shared_bytes(body, "shared.dyn") + shared_bytes(body, "shared")), check(body, size, hw)))
     return seen
 
 

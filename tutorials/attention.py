@@ -57,8 +57,8 @@ def main() -> None:
     section(f"prove: attention, {HEADS} heads x {SEQ} queries x {SEQ} keys, head dim {DIM} (fp16)")
     for _, report in analyze(func):
         print(report)
-    shape, correction = find_attention(func)
-    print(f"scale {shape.scale}, causal {shape.causal}, correction {correction}")
+    shape = find_attention(func)
+    print(f"scale {shape.scale}, causal {shape.causal}, layouts {shape.layouts}")
 
     section("configuration (no measurement)")
     config = default_config(shape)

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import tvm
 
-import tvm_dsm  # noqa: F401  (registers tvm-dsm's pipeline)
+import tvm_dsm
 from tvm_dsm.bench.demo import assemble, kernel_source, run_section, section
 from tvm_dsm.hardware import load_hardware
-from tvm_dsm.planners.cascade_split import schedule_cascade
 from tvm_dsm.transform import fuse_cascaded_reductions
 from tvm_dsm.workloads.cascades import moe_routing
 
@@ -71,8 +70,9 @@ def main() -> None:
         print(report)
 
     section("plan: the kernel and how each row is split (no measurement)")
-    sch, config = schedule_cascade(func)
-    print(config.explain())
+    ranking = tvm_dsm.plan(func)
+    print(ranking.best.config.explain())
+    sch = ranking.schedule()
 
     section("generated CUDA of the fused kernel (TVM codegen, sm_90a)")
     executable = tvm.compile(sch.mod, target=TARGET)

@@ -14,10 +14,12 @@ from tvm import s_tir, tirx
 from tvm.s_tir import pipeline as stock
 from tvm.tirx import compilation_pipeline
 
+from .hardware import Hardware, load_hardware
 from .ir import find_all
+from .transform.argument_checks import CheckArguments
 from .transform.hoist_warp_buffers import HoistWarpBuffers
 from .transform import AttachClusterLaunch, CheckClusterSchedule, LowerCluster
-from .transform.lower_cluster import ReleaseSliceStarts
+from .transform.release_slice_starts import ReleaseSliceStarts
 from .transform.merge_pipeline_barriers import MergePipelineBarriers
 from .transform.programmatic_launch import ProgrammaticLaunch
 from .transform.storage_rewrite import StorageRewrite
@@ -36,8 +38,9 @@ def _requests_async_copy(mod: tvm.IRModule) -> bool:
     )
 
 
-def _passes(config, async_copy: bool) -> list:
-    """The stock s_tir pass list (TVM 0.27.0) with tvm-dsm's passes marked ``# tvm-dsm``."""
+def _passes(config, async_copy: bool, hw: Hardware) -> list:
+    """The stock s_tir pass list (TVM 0.27.0) with tvm-dsm's passes marked ``# tvm-dsm``, those
+    that depend on the GPU lowering for ``hw``."""
     passes = [
         CheckClusterSchedule,  # tvm-dsm
         s_tir.transform.CanonicalizeLoop(),
@@ -54,7 +57,7 @@ def _passes(config, async_copy: bool) -> list:
         s_tir.transform.StmtSimplify(),
         s_tir.transform.InjectPermutedLayout(),
         s_tir.transform.AnnotateIrregularLoop(),
-        LowerTmaPipeline,  # tvm-dsm
+        LowerTmaPipeline(hw),  # tvm-dsm
         s_tir.transform.InjectSoftwarePipeline(),
         s_tir.transform.TransformMmaBufferLayout(),
         s_tir.transform.LowerOpaqueBlock(),
@@ -108,24 +111,27 @@ def _passes(config, async_copy: bool) -> list:
     passes += [
         ReleaseSliceStarts,  # tvm-dsm
         s_tir.transform.MergeSharedMemoryAllocations(),
-        AttachClusterLaunch,  # tvm-dsm: after the merge, which may overlay DSM slices
+        AttachClusterLaunch(hw),  # tvm-dsm: after the merge, which may overlay DSM slices
         ProgrammaticLaunch,  # tvm-dsm
         tirx.transform.SplitHostDevice(),
         tirx.transform.MakePackedAPI(),
+        CheckArguments,  # tvm-dsm: the shape before the strides, and the data's alignment
         tirx.transform.FP8StorageLegalize(),
         tirx.transform.BF16StorageLegalize(),
     ]
     return passes
 
 
-def dsm_pipeline():
-    """Pipeline factory in TVM's protocol: (lowering pass, host finalizer, device finalizer)."""
+def dsm_pipeline(hw: Hardware | None = None):
+    """Pipeline factory in TVM's protocol: (lowering pass, host finalizer, device finalizer),
+    lowering for the GPU ``hw`` describes (by default the committed H100 description)."""
+    hw = hw or load_hardware()
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.Pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         config = tvm.transform.PassContext.current().config
         async_copy = bool(config.get("tirx.use_async_copy", False)) or _requests_async_copy(mod)
-        return tvm.ir.transform.Sequential(_passes(config, async_copy))(mod)
+        return tvm.ir.transform.Sequential(_passes(config, async_copy, hw))(mod)
 
     return _pipeline, stock.finalize_host_passes, finalize_device_passes
 

@@ -12,17 +12,21 @@ from tvm import tirx
 from tvm.s_tir.schedule.schedule import ScheduleError
 
 from ..errors import ClusterError
+from .attention import Attention
 from .base import ScheduleFamily
 from .conv_chain import ConvChain
 from .fused_cascade import FusedCascade
 from .gemm_chain import GemmChain
 from .gemm_row_max import GemmRowMax
+from .softmax_gemm import SoftmaxGemm
 from .split_k_gemm import SplitKGemm
 from .split_k_reduction import SplitKReduction
+from .top_k_rows import TopKRows
 
-#: Most specific first.
-FAMILIES: tuple[ScheduleFamily, ...] = (ConvChain(), GemmChain(), GemmRowMax(), SplitKGemm(), FusedCascade(),
-                                        SplitKReduction())
+#: Most specific first: a cascade's own kernel (attention, softmax·V, top-k rows, row norms)
+#: before the fused rows that take any cascade.
+FAMILIES: tuple[ScheduleFamily, ...] = (ConvChain(), GemmChain(), GemmRowMax(), SplitKGemm(), Attention(),
+                                        SoftmaxGemm(), TopKRows(), FusedCascade(), SplitKReduction())
 
 
 def hopper_target(target: Any) -> bool:

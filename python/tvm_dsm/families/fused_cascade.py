@@ -1,41 +1,56 @@
 """Cascaded reductions (each reducing over one axis and reading earlier ones: softmax statistics,
-decode attention, attention, MoE routing) fused into one incremental loop (RedFuser), then a
-kernel of the cascade's own kind where one takes it (attention, softmax·V, top-k rows), else
-the fused rows split over lanes, threads and a cluster (:mod:`tvm_dsm.planners.cascade_split`)."""
+norms, decode attention) fused into one incremental loop (RedFuser), the rows split over lanes,
+threads and a cluster (:mod:`tvm_dsm.planners.cascade_split`). Cascades with a kernel of their
+own (attention, softmax·V, top-k rows) are taken by their families first, where it fits."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import math
 
 from tvm import s_tir, tirx
 
 from ..errors import ClusterError
-from ..fusion.cascade import analyze, inline_elementwise
+from ..fusion.cascade import analyze, element_producers, find_cascades, inline_elementwise
 from ..hardware import Hardware
 from ..ir import loads
-from ..planners.cascade_split import cascade_config, schedule_with
-from ..planners.report import Plan
-from ..transform.lower_cluster import buffer_bytes
+from ..planners.cascade_split import CascadeSplit, plan_cascade_split, schedule_cascade
+from ..transform.buffers import buffer_bytes
 from .base import ScheduleFamily
+from .kernel_plan import CUDA_CORE_FLOPS, ELEMENT_OPS, KernelPlan, roofline
 
 
-@dataclass(frozen=True)
-class CascadePlan(Plan):
-    """A fused cascade's kernel as :func:`~tvm_dsm.planners.cascade_split.schedule_cascade`
-    chooses it. Its time is the HBM floor of the function's operands (read once, the point of
-    the fusion), a bound rather than a prediction: the cascade planner sizes loads in flight,
-    not time."""
-
-    config: Any = None
+class CascadePlan(KernelPlan):
+    """The fused rows' split with a bound, not a prediction: the HBM floor of the function's
+    operands (read once, the point of the fusion) or the CUDA cores' time for the cascade's
+    element work (:func:`element_ops`), whichever is longer, plus a launch. The cascade planner
+    sizes the loads in flight to reach that floor, not a time."""
 
     def summary(self) -> str:
-        return f"fused cascade: {self.config.explain()} (time below: the HBM floor, a bound)"
+        return f"fused cascade: {self.config.explain()} (time below: a bound)"
+
+
+def _elements(level) -> int:
+    """Elements of a level's result (its rows, times its own output axis where it has one)."""
+    return math.prod(int(level.output.ty.shape[a]) for a in range(len(level.spatial)))
+
+
+def element_ops(func: tirx.PrimFunc) -> int:
+    """CUDA-core operations of ``func``'s cascades, an estimate: ELEMENT_OPS per term of each
+    level (a top-k level: a compare-exchange pair per kept element, 2k), and an FMA (2) per term
+    of each element producer (decode attention's scores, q . k over the head dim)."""
+    inlined = inline_elementwise(func)
+    ops = 0
+    for group in find_cascades(inlined):
+        for level in group:
+            per_term = 2 * level.top_k.k if level.top_k else ELEMENT_OPS
+            ops += per_term * _elements(level) * level.extent
+        ops += sum(2 * _elements(p) * p.extent for p in element_producers(inlined, group).values())
+    return ops
 
 
 class FusedCascade(ScheduleFamily):
     name = "fused_cascade"
-    traced = False  # FuseCascadedReductions and the kernel templates write a new function
+    traced = False  # FuseCascadedReductions writes a new function
 
     def recognize(self, func: tirx.PrimFunc) -> tirx.PrimFunc:
         """``func`` itself if it holds cascaded reductions that all fuse and whose elementwise
@@ -62,9 +77,8 @@ class FusedCascade(ScheduleFamily):
         return func
 
     def rank(self, func: tirx.PrimFunc, hw: Hardware) -> list[CascadePlan]:
-        nbytes = sum(buffer_bytes(p) for p in func.params)
-        seconds = nbytes / hw.hbm_bw
-        return [CascadePlan({"HBM": nbytes}, {"HBM": seconds}, seconds * 1e6, cascade_config(func, hw))]
+        return [roofline(plan_cascade_split(func, hw), {"hbm": sum(buffer_bytes(p) for p in func.params)},
+                         {"fp32": element_ops(func)}, {"hbm": hw.hbm_bw, "fp32": CUDA_CORE_FLOPS}, plan=CascadePlan)]
 
-    def apply(self, func: tirx.PrimFunc, config: Any) -> s_tir.Schedule:
-        return schedule_with(func, config)
+    def apply(self, func: tirx.PrimFunc, config: CascadeSplit) -> s_tir.Schedule:
+        return schedule_cascade(func, split=config)[0]

@@ -12,7 +12,7 @@ from ..errors import ClusterError
 from ..hardware import Hardware
 from ..planners import split_k as model
 from ..rules.split_k_reduction import SplitKReductionConfig, reduction_extents, schedule_split_k_reduction
-from ..transform.lower_cluster import buffer_bytes
+from ..transform.buffers import buffer_bytes
 from .base import ScheduleFamily
 
 

@@ -56,7 +56,7 @@ def chain_pick(label: str, m: int = 128, unfused: bool | None = None) -> Variant
 
 def attention_pick(heads: int, q_len: int, kv_len: int, dim: int, causal: bool) -> Variant:
     func = cascade_workloads.attention(heads, q_len, kv_len, dim, causal)
-    config = default_config(find_attention(func)[0])
+    config = default_config(find_attention(func))
     args = args_of(func)
     return Variant(
         name=f"attention_{heads}x{q_len}x{kv_len}x{dim}{'_causal' if causal else ''}"

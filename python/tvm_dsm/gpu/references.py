@@ -112,6 +112,26 @@ def _attention(q, k, v, causal: bool = False):
     return p.to(v.dtype) @ v
 
 
+def _heads_first(x, layout: str):
+    """``x`` ([B, S, H, D] when ``layout`` is "bshd") as [B, H, S, D] (a view)."""
+    return x.transpose(1, 2) if layout == "bshd" else x
+
+
+def _attention_layout(q, k, v, layout: str = "bhsd", causal: bool = False):
+    """Attention over [B, H, S, D] or [B, S, H, D] as a user writes it: key/value heads of a
+    group repeated for its query heads (grouped-query attention), then :func:`_attention`."""
+    q, k, v = (_heads_first(x, layout) for x in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    return _heads_first(_attention(q, k, v, causal), layout)
+
+
+def _sdpa_layout(q, k, v, layout: str = "bhsd", causal: bool = False):
+    q, k, v = (_heads_first(x, layout) for x in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
+    return _heads_first(out, layout)
+
+
 def _conv_chain(x, w1, w2, k1):
     """conv_1x1(relu(conv_k1(X, W1)), W2) in NHWC with OHWI weights, through torch's NCHW convs
     on channels-last tensors (cuDNN), the intermediate in the input type."""
@@ -206,6 +226,11 @@ REFERENCES: dict[str, Reference] = {
         torch_eager=_attention,
         torch_sdpa=lambda q, k, v, causal=False: F.scaled_dot_product_attention(
             q[None], k[None], v[None], is_causal=causal)[0],
+    ),
+    "attention_layout": Reference(
+        float64=lambda q, k, v, **kw: _attention_layout(q.double(), k.double(), v.double(), **kw),
+        torch_eager=_attention_layout,
+        torch_sdpa=_sdpa_layout,
     ),
     "dense": Reference(
         float64=lambda x, w: x.double() @ w.double().T,

@@ -4,16 +4,18 @@
 
 For every kernel of the manifest: fresh random inputs, outputs poisoned with NaN, relative error
 against a float64 reference, then GPU time under CUDA-graph replay for tvm-dsm, torch eager and
-torch.compile, and the floor (bytes over the HBM bandwidth measured in the same run). Each kernel
-runs under a watchdog: a hang (e.g. a cluster barrier deadlock) ends the run, and the rows
-written so far remain in the JSON.
+torch.compile, and the floor (bytes over the HBM bandwidth measured in the same run). The kernels
+run in a worker process under a watchdog per kernel (:mod:`tvm_dsm.gpu.watchdog`): a kernel
+that hangs (e.g. a cluster barrier deadlock) past ``--timeout`` or crashes its process gets a row
+naming it (``"fault": "hang"`` or ``"crash"``, ``ok`` false), and a new worker runs the rest.
 """
 
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import hashlib
+import itertools
+import math
 import json
 import os
 import subprocess
@@ -27,6 +29,7 @@ import tvm_ffi
 from ..bench import results as res
 from ..bench.timing import graph_time_us, input_sets_for, python_call_us
 from .references import REFERENCES
+from .watchdog import DONE, START, Fault, announce, python_worker, supervise
 
 #: Relative error bounds against float64: bf16 outputs carry 8 mantissa bits (unit roundoff
 #: 2^-8), so their bound is that roundoff, not the fp16 one.
@@ -200,6 +203,45 @@ def _cuda_version() -> str:
         return "unknown"
 
 
+def fault_row(fault: Fault) -> dict:
+    """The result row of a kernel the watchdog reports: not ok, no result."""
+    return {"name": fault.name, "ok": False, "rel_err": math.inf, "fault": fault.kind, "error": fault.detail}
+
+
+def run_worker(args, kernels: list[dict], manifest: dict) -> None:
+    """Check (and time) ``kernels`` in this process, announcing each to the watchdog; rows go
+    to ``args.out`` after each kernel, after those already there with ``--resume``."""
+    precompile(args.folder, [k["name"] for k in kernels])
+    hbm_bw = measure_hbm_bandwidth()
+    if args.resume:
+        results = json.loads(args.out.read_text())
+    else:
+        versions = {
+            "tvm": manifest["tvm"],
+            "tvm_dsm": manifest["tvm_dsm"],
+            "torch": torch.__version__,
+            "cuda": _cuda_version(),
+            "hbm_copy_bytes_per_s": hbm_bw,
+        }
+        results = res.new_suite(
+            manifest["suite"],
+            torch.cuda.get_device_name(),
+            versions,
+            "CUDA events over CUDA-graph replays (inputs rotated past L2), median of 50",
+        )
+        res.write(results, args.out)  # the header, before any kernel can hang
+    peer_cache: dict = {}
+    for kernel in kernels:
+        announce(START, kernel["name"])
+        results["rows"].append(
+            run_kernel(args.folder, kernel, peer_cache, hbm_bw, args.trials, args.check_only)
+        )
+        res.write(results, args.out)
+        row = results["rows"][-1]
+        print(f"{row['name']}: ok={row['ok']} err={row['rel_err']:.1e} written={row['written_fraction']}", flush=True)
+        announce(DONE, kernel["name"])
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path)
@@ -208,36 +250,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--timeout", type=float, default=120.0, help="watchdog per kernel, s")
     parser.add_argument("--trials", type=int, default=2, help="fresh random inputs per check")
     parser.add_argument("--check-only", action="store_true", help="no timing (e.g. under compute-sanitizer)")
+    parser.add_argument("--names", nargs="*", help="(internal) the worker: run exactly these kernels")
+    parser.add_argument("--resume", action="store_true", help="(internal) the worker: add to --out's rows")
     args = parser.parse_args(argv)
     manifest = json.loads((args.folder / "manifest.json").read_text())
-    kernels = [k for k in manifest["kernels"] if not args.only or k["name"].startswith(tuple(args.only))]
-    precompile(args.folder, [k["name"] for k in kernels])
-    hbm_bw = measure_hbm_bandwidth()
-    versions = {
-        "tvm": manifest["tvm"],
-        "tvm_dsm": manifest["tvm_dsm"],
-        "torch": torch.__version__,
-        "cuda": _cuda_version(),
-        "hbm_copy_bytes_per_s": hbm_bw,
-    }
-    results = res.new_suite(
-        manifest["suite"],
-        torch.cuda.get_device_name(),
-        versions,
-        "CUDA events over CUDA-graph replays (inputs rotated past L2), median of 50",
-    )
-    peer_cache: dict = {}
-    for kernel in kernels:
-        faulthandler.dump_traceback_later(args.timeout, exit=True)
-        results["rows"].append(
-            run_kernel(args.folder, kernel, peer_cache, hbm_bw, args.trials, args.check_only)
-        )
-        faulthandler.cancel_dump_traceback_later()
+    if args.names is not None:
+        run_worker(args, [k for k in manifest["kernels"] if k["name"] in args.names], manifest)
+        return
+    names = [k["name"] for k in manifest["kernels"] if not args.only or k["name"].startswith(tuple(args.only))]
+    options = [str(args.folder), "--out", str(args.out), "--trials", str(args.trials),
+               *(["--check-only"] if args.check_only else [])]
+    # the first worker writes the results header, each later one adds to its rows
+    workers = itertools.chain([python_worker("tvm_dsm.gpu.run", *options)],
+                              itertools.repeat(python_worker("tvm_dsm.gpu.run", *options, "--resume")))
+
+    def record(fault: Fault) -> None:
+        results = json.loads(args.out.read_text())
+        results["rows"].append(fault_row(fault))
         res.write(results, args.out)
-        row = results["rows"][-1]
-        print(f"{row['name']}: ok={row['ok']} err={row['rel_err']:.1e} written={row['written_fraction']}")
+        print(f"{fault.name}: watchdog: {fault.kind}: {fault.detail}", flush=True)
+
+    supervise(names, lambda remaining: next(workers)(remaining), args.timeout, record)
     if not args.check_only:
-        print(res.table(results))
+        print(res.table(json.loads(args.out.read_text())))
 
 
 if __name__ == "__main__":

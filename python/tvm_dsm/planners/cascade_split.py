@@ -35,11 +35,6 @@ from ..fusion.cascade import element_producers, find_cascades, inline_elementwis
 from ..hardware import Hardware, load_hardware
 from ..ir import loads
 from ..rules.fused_rows import schedule_fused_rows
-from ..rules.attention import AttentionConfig, find_attention, fuse_attention
-from ..rules.attention import default_config as attention_config
-from ..rules.softmax_gemm import SoftmaxGemmConfig, default_config, find_softmax_gemm, fuse_softmax_gemm
-from ..rules.top_k_rows import TopKRowsConfig, find_top_k_rows, fuse_top_k_rows
-from ..rules.top_k_rows import default_config as top_k_rows_config
 from ..transform.cascaded_reductions import fuse_cascaded_reductions
 
 #: Loaded / unloaded HBM latency under full-bandwidth streaming, for rows in one CTA and rows
@@ -87,10 +82,6 @@ class CascadeSplit:
                 f"shuffles), {self.vector} element(s) per load (the next chunk loaded ahead): "
                 f"{self.bytes_in_flight / 2**20:.1f} MiB of loads in flight, "
                 f"{self.bytes_needed / 2**20:.1f} MiB needed to cover HBM latency")
-
-
-#: What :func:`schedule_cascade` chose: a cascade's own kernel's configuration or the fused rows' split.
-CascadeConfig = CascadeSplit | AttentionConfig | SoftmaxGemmConfig | TopKRowsConfig
 
 
 def plan_cascade_split(func: tirx.PrimFunc, hw: Hardware | None = None) -> CascadeSplit:
@@ -195,54 +186,15 @@ def _schedule(func: tirx.PrimFunc, split: CascadeSplit) -> s_tir.Schedule:
 
 
 def schedule_cascade(func: tirx.PrimFunc, hw: Hardware | None = None, split: CascadeSplit | None = None
-                     ) -> tuple[s_tir.Schedule, CascadeConfig]:
-    """Fuse ``func``'s cascade and schedule it for the GPU; ClusterError with the pass's reason
-    if it does not fuse. Unless ``split`` asks for fused rows, attention becomes the kernel of
-    :mod:`tvm_dsm.rules.attention`, softmax·V (a max, a sum and a sum of products with a matrix)
-    the tiled kernel of :mod:`tvm_dsm.rules.softmax_gemm` and a top-k with a softmax's
-    statistics (MoE routing) the kernel of :mod:`tvm_dsm.rules.top_k_rows`, where their tiles
-    fit; every other cascade, FuseCascadedReductions with the planned split."""
+                     ) -> tuple[s_tir.Schedule, CascadeSplit]:
+    """``func``'s cascade fused by FuseCascadedReductions with ``split`` (default: the planned
+    one) and scheduled for the GPU, with the split; ClusterError with the pass's reason if it
+    does not fuse."""
     if split is None:
-        own = _own_config(func, hw)
-        if own is not None:
-            return schedule_with(func, own), own
         split, sch = _plan(func, hw)
         if sch is not None:  # built while planning
             return sch, split
     return _schedule(func, split), split
-
-
-def cascade_config(func: tirx.PrimFunc, hw: Hardware | None = None) -> CascadeConfig:
-    """What :func:`schedule_cascade` chooses for ``func``, without building its own kernels."""
-    own = _own_config(func, hw)
-    return own if own is not None else plan_cascade_split(func, hw)
-
-
-def _own_config(func: tirx.PrimFunc, hw: Hardware | None
-                ) -> AttentionConfig | SoftmaxGemmConfig | TopKRowsConfig | None:
-    """The configuration of the cascade's own kernel, attention's, softmax·V's or top-k rows',
-    where one takes ``func`` and its tiles fit; None sends it to the fused rows, which take any
-    shape."""
-    choices = (lambda: attention_config(find_attention(func)[0]),
-               lambda: default_config(find_softmax_gemm(func).shape, hw),
-               lambda: top_k_rows_config(find_top_k_rows(func)))
-    for choose in choices:
-        try:
-            return choose()
-        except ClusterError:
-            continue
-    return None
-
-
-def schedule_with(func: tirx.PrimFunc, config: CascadeConfig) -> s_tir.Schedule:
-    """``func``'s cascade scheduled in ``config`` (as :func:`schedule_cascade` returns it)."""
-    if isinstance(config, AttentionConfig):
-        return s_tir.Schedule(fuse_attention(func, config))
-    if isinstance(config, SoftmaxGemmConfig):
-        return s_tir.Schedule(fuse_softmax_gemm(func, config))
-    if isinstance(config, TopKRowsConfig):
-        return s_tir.Schedule(fuse_top_k_rows(func, config))
-    return schedule_cascade(func, split=config)[0]
 
 
 def _elem_bytes(expr) -> int:

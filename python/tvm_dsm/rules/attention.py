@@ -49,41 +49,39 @@ from dataclasses import dataclass
 import sympy
 import tvm
 from tvm import tirx
-from tvm.sym import Analyzer
-from tvm.s_tir import SBlock
 from tvm.script import tirx as T
 
 from ..errors import ClusterError
-from ..fusion.cascade import single_fusible_cascade
 from ..fusion.symbolic import ToTIR
-from ..ir import find_all, shuffle_reduce, tree_reduce
+from ..ir import shuffle_reduce, tree_reduce
 from ..transform.tma_pipeline import encode_tensor_map
 from ..intrin.wgmma import WARPGROUP_ROWS, call_source, mma_async_source, wait_source
+from .attention_pattern import AttentionShape, OperandLayout, find_attention
 
+#: The running sums' correction when the row max moves from y0_old to y0_new.
+_CORRECTION = sympy.exp(sympy.Symbol("y0_old", real=True) - sympy.Symbol("y0_new", real=True))
 _NEG = -3.0e38  # the max's identity: finite, so fix(identity, m) is 0 or 1, never inf - inf
 _PANEL = 64  # fp16 columns of one 128-byte swizzle panel
 _ROW_BYTES = 128
 _ATOM_BYTES = 8 * _ROW_BYTES  # one 8-row swizzle atom
 _WARPGROUP_THREADS = 128
-#: Two fp32 values rounded into one fp16 pair with one ``cvt.rn.f16x2.f32``, stored at ``dst``
-#: (why pairs: the module docstring). Callers name ``dst`` with ``access_ptr(extent=2)``: TVM
-#: sizes a local buffer by the elements it sees accessed, and ``address_of`` names only one.
-_PACK = "tvm_dsm_pack_half2"
-_PACK_SOURCE = f"""
-__forceinline__ __device__ void {_PACK}(half* dst, float lo, float hi) {{
-  *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(lo, hi);
+#: Two fp32 values rounded into one 16-bit pair with one ``cvt.rn.{f16,bf16}x2.f32``, stored at
+#: ``dst`` (why pairs: the module docstring): {dtype: (C element, C pair, conversion)}. Callers
+#: name ``dst`` with ``access_ptr(extent=2)``: TVM sizes a local buffer by the elements it sees
+#: accessed, and ``address_of`` names only one.
+_PAIRS = {"float16": ("half", "__half2", "__floats2half2_rn"),
+          "bfloat16": ("nv_bfloat16", "__nv_bfloat162", "__floats2bfloat162_rn")}
+
+
+def _pack(dtype: str) -> tuple[str, str]:
+    """The pair-rounding helper for ``dtype``: (name, CUDA)."""
+    element, pair, convert = _PAIRS[dtype]
+    name = f"tvm_dsm_pack_{element.replace('nv_', '')}2"
+    return name, f"""
+__forceinline__ __device__ void {name}({element}* dst, float lo, float hi) {{
+  *reinterpret_cast<{pair}*>(dst) = {convert}(lo, hi);
 }}
 """
-
-
-@dataclass(frozen=True)
-class AttentionShape:
-    heads: int
-    q_len: int
-    kv_len: int
-    dim: int
-    scale: float
-    causal: bool = False  # query i sees keys t <= i
 
 
 @dataclass(frozen=True)
@@ -110,98 +108,45 @@ class AttentionConfig:
 #: Configurations whose registers fit without spills (ptxas, checked in tests/test_attention.py).
 CONFIGS = (AttentionConfig(64, 1), AttentionConfig(128, 1), AttentionConfig(64, 2),
            AttentionConfig(64, 1, 2), AttentionConfig(128, 1, 2))
-HEAD_DIMS = (64, 128)
+#: Head dims the kernel computes in: one or two 64-column swizzle panels. A head dim between
+#: is computed in the next one, TMA filling the columns past it with zeros on loads (they add
+#: nothing to q . k, and P V's extra columns are clipped by the TMA store).
+PADDED_DIMS = (64, 128)
+#: A TMA tensor map's strides are multiples of 16 bytes: the head dim's rows of 2-byte elements.
+_DIM_MULTIPLE = 8
 
 
-def find_attention(func: tirx.PrimFunc) -> tuple[AttentionShape, sympy.Expr]:
-    """The shape and the proven correction of ``func``, an unfused attention; ClusterError says
-    what does not match (the cascade not fusible, other operands, no scale)."""
-    group, _ = single_fusible_cascade(func, "attention (max, exp-sum, exp-weighted sum)")
-    ops = sorted((lvl.op, lvl.form, len(lvl.spatial)) for lvl in group)
-    if ops != [("max", "plain", 2), ("sum", "rescale", 2), ("sum", "rescale", 3)]:
-        raise ClusterError(f"attention needs a row max and two rescaled sums; got {ops}")
-    rescaled = [lvl for lvl in group if lvl.form == "rescale"]
-    corrections = {str(lvl.correction) for lvl in rescaled}
-    if len(corrections) != 1:
-        raise ClusterError(f"the sums' corrections differ: {sorted(corrections)}")
-    q, k, v, out = func.params
-    shapes = [[int(x) for x in p.ty.shape] for p in (q, k, v, out)]
-    heads, q_len, dim = shapes[0]
-    kv_len = shapes[1][1]
-    if shapes[1] != [heads, kv_len, dim] or shapes[2] != shapes[1] or shapes[3] != shapes[0]:
-        raise ClusterError(f"attention takes q [H, N, D], k and v [H, KV, D], out [H, N, D]; got {shapes}")
-    dtypes = {str(p.ty.dtype) for p in (q, k, v, out)}
-    if dtypes != {"float16"}:
-        raise ClusterError(f"attention on tensor cores takes float16 q, k, v and output; got {sorted(dtypes)}")
-    scores = next(b for b in find_all(func.body, SBlock) if b.name_hint == "s")
-    constants = [float(c.value) for c in find_all(scores.body, tirx.FloatImm, lambda c: float(c.value) != 0.0)]
-    if len(constants) != 1:
-        raise ClusterError("the scores must be q . k times one constant scale")
-    shape = AttentionShape(heads, q_len, kv_len, dim, constants[0], _is_causal(func))
-    return shape, rescaled[0].correction
-
-
-def _is_causal(func: tirx.PrimFunc) -> bool:
-    """Whether the scores are masked before the softmax; ClusterError for a mask other than
-    PyTorch's ``is_causal`` (key t visible to query i iff t <= i, the others -inf)."""
-    masks = [b.body for b in find_all(func.body, SBlock)
-             if isinstance(b.body, tirx.BufferStore) and _select_parts(b.body.value)]
-    if not masks:
-        return False
-    if len(masks) > 1:
-        raise ClusterError(f"attention takes one mask on the scores; found {len(masks)}")
-    cond, _, hidden = _select_parts(masks[0].value)
-    _, i, t = masks[0].indices
-    analyzer = Analyzer()
-    causal = (analyzer.can_prove(tirx.Or(tirx.Not(cond), t <= i))
-              and analyzer.can_prove(tirx.Or(cond, i < t)))
-    if not causal or not (isinstance(hidden, tirx.FloatImm) and hidden.value == float("-inf")):
-        raise ClusterError(f"only the causal mask (key t <= query i, others -inf) is supported; "
-                           f"got {masks[0].value}")
-    return True
-
-
-def _select_parts(value) -> tuple | None:
-    """(condition, kept, hidden) of a select or if_then_else, else None."""
-    if isinstance(value, tirx.Select):
-        return value.condition, value.true_value, value.false_value
-    if isinstance(value, tvm.ir.Call) and value.op.name.endswith("if_then_else"):
-        return tuple(value.args)
-    return None
+def padded_dim(dim: int) -> int:
+    """The head dim the kernel computes ``dim`` in (see :data:`PADDED_DIMS`)."""
+    return -(-dim // _PANEL) * _PANEL
 
 
 def check_config(shape: AttentionShape, c: AttentionConfig) -> None:
-    if shape.dim not in HEAD_DIMS:
-        raise ClusterError(f"head dim {shape.dim}: the kernel takes {HEAD_DIMS} (64-column swizzle panels)")
+    if shape.dim % _DIM_MULTIPLE or padded_dim(shape.dim) not in PADDED_DIMS:
+        raise ClusterError(f"head dim {shape.dim}: the kernel takes multiples of {_DIM_MULTIPLE} (TMA strides are "
+                           f"16-byte multiples) up to {max(PADDED_DIMS)} (registers of one warpgroup's output)")
     if c not in CONFIGS:
         raise ClusterError(f"{c}: registers are checked to fit without spills only for {CONFIGS}")
-    if shape.q_len % c.block_m or shape.kv_len % c.block_n:
-        raise ClusterError(f"q_len={shape.q_len} / kv_len={shape.kv_len} are not multiples of "
-                           f"the {c.block_m} x {c.block_n} tile")
 
 
 def default_config(shape: AttentionShape) -> AttentionConfig:
-    """At head dim 64 without a mask, two warpgroups of 64 query rows per CTA sharing each
-    128-key tile: half the tile reads per row, and one warpgroup's softmax runs while the
-    other's MMAs do. At head dim 128 (a key/value tile is twice the bytes) two warpgroups of 64
-    rows share each 64-key tile; with the mask, the first warpgroup stops at its own diagonal.
-    With the mask at head dim 64, one warpgroup of 64 rows: a CTA computes up to its last row's
-    diagonal, so larger CTAs mask more work away; 128-key tiles from 1024 keys halve the steps
-    (at 512 keys 64-key tiles are faster). Measurements: docs/attention.md."""
-    if shape.dim == 128:
-        return AttentionConfig(64, warpgroups=2)
-    if not shape.causal:
-        return AttentionConfig(128, warpgroups=2)
+    """At head dim 64, one warpgroup of 64 query rows per CTA, with 128-key tiles from 1024
+    keys (half the steps) and 64-key tiles below. At head dim 128 (a key/value tile is twice
+    the bytes) two 64-row blocks share each 64-key tile: in one warpgroup without the mask, in
+    two with it (the first stops at its own diagonal). Measured through the compile path a
+    user's ``tvm.compile`` takes (docs/attention.md)."""
+    if padded_dim(shape.dim) == 128:
+        return AttentionConfig(64, warpgroups=2) if shape.causal else AttentionConfig(64, row_blocks=2)
     return AttentionConfig(128 if shape.kv_len >= 1024 else 64)
 
 
 def fuse_attention(func: tirx.PrimFunc, config: AttentionConfig | None = None) -> tvm.IRModule:
     """The fused kernel of ``func`` (an unfused attention, see :func:`find_attention`) for sm_90a,
     in ``config`` or :func:`default_config`'s."""
-    shape, correction = find_attention(func)
+    shape = find_attention(func)
     c = config or default_config(shape)
     check_config(shape, c)
-    return tvm.IRModule({"main": attention_kernel(shape, c, correction)})
+    return tvm.IRModule({"main": attention_kernel(shape, c)})
 
 
 def _reg(block: int, frags: int, fragment, half, e):
@@ -220,27 +165,28 @@ def _helpers(shape: AttentionShape, c: AttentionConfig) -> dict[str, tuple[str, 
     S = Q K^T (A and B K-major, 16 columns a step, the first step overwriting S), ``values``
     issues O += P V (P from registers, V MN-major, 16 keys a step), ``wait_scores`` and
     ``wait_output`` wait for them."""
-    D, BN, BM = shape.dim, c.block_n, c.block_m
+    D, BN, BM, dtype = padded_dim(shape.dim), c.block_n, c.block_m, shape.dtype
     steps = _PANEL // 16
-    scores, values = f"tvm_dsm_attention_scores_m{BM}n{BN}d{D}", f"tvm_dsm_attention_values_n{BN}d{D}"
+    kind = "" if dtype == "float16" else "_bf16"
+    scores, values = f"tvm_dsm_attention_scores_m{BM}n{BN}d{D}{kind}", f"tvm_dsm_attention_values_n{BN}d{D}{kind}"
     # Descriptors are formed once per call; a K step adds its byte offset / 16 to the start
     # address field (shared addresses stay below 2^18 bytes, so the field cannot carry over).
     k_step = f"((k / {steps}) * {{panel}} + (k % {steps}) * 32) / 16"
-    scores_step = mma_async_source(BN, "float16", accumulate="k",
+    scores_step = mma_async_source(BN, dtype, accumulate="k",
                                    a=f"a_desc + {k_step.format(panel=BM * _ROW_BYTES)}",
                                    b=f"b_desc + {k_step.format(panel=BN * _ROW_BYTES)}")
-    values_step = mma_async_source(D, "float16", b_transposed=True,
+    values_step = mma_async_source(D, dtype, b_transposed=True,
                                    b=f"b_desc + k * {16 * _ROW_BYTES // 16}")
 
     def issue(name, step, steps, a_setup, b_lead):
         b_setup = (f"  uint64_t b_desc = {name}_desc(static_cast<uint32_t>(__cvta_generic_to_shared(b)), "
                    f"{b_lead}, {_ATOM_BYTES});")
-        return call_source(name, "half", f"  {a_setup}\n{b_setup}", steps, step)
+        return call_source(name, _PAIRS[dtype][0], f"  {a_setup}\n{b_setup}", steps, step)
 
     waits = {role: (f"tvm_dsm_attention_wait{regs}", wait_source(f"tvm_dsm_attention_wait{regs}", regs, 0))
              for role, regs in (("wait_scores", BN // 2), ("wait_output", D // 2))}
     return {
-        "pack": (_PACK, _PACK_SOURCE),
+        "pack": _pack(dtype),
         "scores": (scores, issue(scores, scores_step, D // 16, f"uint64_t a_desc = {scores}_desc("
                                  f"static_cast<uint32_t>(__cvta_generic_to_shared(a)), 16, {_ATOM_BYTES});", 16)),
         "values": (values, issue(values, values_step, BN // 16,
@@ -249,21 +195,50 @@ def _helpers(shape: AttentionShape, c: AttentionConfig) -> dict[str, tuple[str, 
     }
 
 
-def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: sympy.Expr) -> tirx.PrimFunc:
+def operand_shape(shape: AttentionShape, layout: OperandLayout, length: int) -> list[int]:
+    """The buffer shape of an operand with ``layout`` and ``length`` positions."""
+    dims = [0] * (len(layout.heads) + 2)
+    dims[layout.dim], dims[layout.seq] = shape.dim, length
+    for axis in layout.heads:
+        extent = 1 if axis.var is None else -(-shape.head_extents[axis.var] // axis.divisor)
+        dims[axis.axis] = min(extent, axis.modulus) if axis.modulus else extent
+    return dims
+
+
+def _head_values(head, extents: tuple[int, ...]) -> list:
+    """The head variables' values of flat query head ``head`` (row-major over ``extents``)."""
+    if len(extents) == 1:
+        return [head]
+    return [head // math.prod(extents[n + 1:]) if n == 0 else head // math.prod(extents[n + 1:]) % extent
+            for n, extent in enumerate(extents)]
+
+
+def _head_coordinates(layout: OperandLayout, values: list) -> list:
+    """A copy's coordinates along ``layout``'s head axes, in the tensor map's order."""
+    coordinates = []
+    for axis in layout.heads:
+        x = 0 if axis.var is None else values[axis.var]
+        x = x // axis.divisor if axis.divisor > 1 else x
+        coordinates.append(x % axis.modulus if axis.modulus else x)
+    return coordinates
+
+
+def attention_kernel(shape: AttentionShape, c: AttentionConfig) -> tirx.PrimFunc:
     """The fused loop over key tiles (see the module docstring) as one CUDA kernel's TIR."""
-    H, N, KV, D = shape.heads, shape.q_len, shape.kv_len, shape.dim
+    H, N, KV, D, dtype = shape.heads, shape.q_len, shape.kv_len, padded_dim(shape.dim), shape.dtype
     BM, BN, RB, WG = c.block_m, c.block_n, c.row_blocks, c.warpgroups
-    QT, NT = N // BM, KV // BN
+    QT, NT = -(-N // BM), -(-KV // BN)  # a tail tile's rows past the end: TMA zero-fills and clips them
     NF, DF = BN // 16, D // 16  # 16-column fragments of a row block's S and O
     SN, ON = RB * NF * 8, RB * DF * 8  # per-thread fp32 registers of S and O
     K_AT, V_AT = BM * D, BM * D + 2 * BN * D  # element offsets of the K and V slots
     SMEM = V_AT + 2 * BN * D + _ATOM_BYTES // 2  # + room to align the tiles to 1024 bytes
     log2e = 1.0 / math.log(2.0)
     scale, causal = shape.scale, shape.causal
+    key_tail = KV % BN != 0  # the last key tile runs past the keys
     h = _helpers(shape, c)
 
     def fix(old, new):
-        return ToTIR({"y0_old": old, "y0_new": new}, "float32")(correction)
+        return ToTIR({"y0_old": old, "y0_new": new}, "float32")(_CORRECTION)
 
     def call(role, *args):
         name, source = h[role]
@@ -284,35 +259,55 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: symp
     def smem_at(smem, elem):  # shared address of element ``elem``
         return T.cuda.cvta_generic_to_shared(smem.access_ptr("r")) + T.Cast("uint32", elem * 2)
 
-    maps = {name: tirx.Var(f"{name}_tensormap", T.handle("tensormap").ty) for name in ("q", "k", "v", "out")}
-    tile_bytes = {"q": BM * D * 2, "kv": 2 * BN * D * 2}
+    names = ("q", "k", "v", "out")
+    layouts = dict(zip(names, shape.layouts))
+    lengths = {"q": N, "k": KV, "v": KV, "out": N}
+    shapes = {name: operand_shape(shape, layouts[name], lengths[name]) for name in names}
+    maps = {name: tirx.Var(f"{name}_tensormap", T.handle("tensormap").ty) for name in names}
+    tile_bytes = {"q": BM * D * 2, "kv": 2 * BN * D * 2}  # whole boxes: TMA counts zero-filled bytes too
 
-    def copy(name, panel, dst, row, head, barrier):
+    def coordinates(name, panel, row, heads):
+        """A TMA copy's coordinates in the tensor map's order: column, position, head axes."""
+        return [T.Cast("int32", panel * _PANEL), T.Cast("int32", row),
+                *(T.Cast("int32", x) for x in _head_coordinates(layouts[name], heads))]
+
+    def copy(name, panel, dst, row, heads, barrier):
         """The TMA copy of 64-column panel ``panel`` of a tile to shared address ``dst``."""
         rows = BM if name == "q" else BN
-        return T.ptx["cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"](
+        return T.ptx[f"cp.async.bulk.tensor.{len(shapes[name])}d.shared::cluster.global.mbarrier::complete_tx::bytes"](
             dst + T.Cast("uint32", panel * rows * _PANEL * 2), T.address_of(maps[name]),
-            T.Cast("int32", panel * _PANEL), T.Cast("int32", row), T.Cast("int32", head), barrier)
+            *coordinates(name, panel, row, heads), barrier)
+
+    @T.macro(hygienic=False)
+    def key_mask(s, r, half, lane, t, keep):
+        """Scores of keys ``keep`` rejects set to -inf, in row block ``r``'s half ``half``."""
+        for nf in T.unroll(NF):
+            for e in T.unroll(4):
+                s[_reg(r, NF, nf, half, e)] = T.if_then_else(
+                    keep(t * BN + _column(nf, e, lane)), s[_reg(r, NF, nf, half, e)], T.float32(float("-inf")))
+
+    # (A quoted name in a T.Buffer annotation would declare a variable: the shapes by name.)
+    q_shape, k_shape, v_shape, out_shape = (shapes[name] for name in names)
 
     @T.prim_func(s_tir=True, check_well_formed=False)
-    def fused(q: T.Buffer((H, N, D), "float16"), k: T.Buffer((H, KV, D), "float16"),
-              v: T.Buffer((H, KV, D), "float16"), out: T.Buffer((H, N, D), "float16")):
+    def fused(q: T.Buffer(q_shape, dtype), k: T.Buffer(k_shape, dtype),
+              v: T.Buffer(v_shape, dtype), out: T.Buffer(out_shape, dtype)):
         T.func_attr({"tirx.noalias": True})
         for bx in T.thread_binding(H * QT, thread="blockIdx.x"):
             for tx in T.thread_binding(_WARPGROUP_THREADS * WG, thread="threadIdx.x"):
                 with T.sblock("attention"):
                     T.reads()
                     T.writes()
-                    smem = T.sblock_alloc_buffer((SMEM,), "float16", scope="shared.dyn")
+                    smem = T.sblock_alloc_buffer((SMEM,), dtype, scope="shared.dyn")
                     bars = T.sblock_alloc_buffer((3,), "uint64", scope="shared.dyn")
                     s = T.sblock_alloc_buffer((SN,), "float32", scope="local")
-                    p = T.sblock_alloc_buffer((SN,), "float16", scope="local")
+                    p = T.sblock_alloc_buffer((SN,), dtype, scope="local")
                     o = T.sblock_alloc_buffer((ON,), "float32", scope="local")
                     m = T.sblock_alloc_buffer((RB * 2,), "float32", scope="local")
                     l = T.sblock_alloc_buffer((RB * 2,), "float32", scope="local")
                     new_max = T.sblock_alloc_buffer((1,), "float32", scope="local")
                     fixed = T.sblock_alloc_buffer((1,), "float32", scope="local")
-                    head = T.meta_var(bx // QT)
+                    heads = T.meta_var(_head_values(bx // QT, shape.head_extents))
                     qt = T.meta_var(QT - 1 - bx % QT)  # causal: the CTAs with most tiles first
                     block0 = T.meta_var(tx // _WARPGROUP_THREADS * RB)  # the warpgroup's first row block
                     warp = T.meta_var(tx % _WARPGROUP_THREADS // 32)
@@ -329,11 +324,11 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: symp
                     if tx == 0:
                         T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(barrier(bars, 2), T.uint32(tile_bytes["q"]))
                         for panel in T.unroll(D // _PANEL):
-                            T.evaluate(copy("q", panel, smem_at(smem, base), qt * BM, head, barrier(bars, 2)))
+                            T.evaluate(copy("q", panel, smem_at(smem, base), qt * BM, heads, barrier(bars, 2)))
                         T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(barrier(bars, 0), T.uint32(tile_bytes["kv"]))
                         for panel in T.unroll(D // _PANEL):
-                            T.evaluate(copy("k", panel, smem_at(smem, base + K_AT), 0, head, barrier(bars, 0)))
-                            T.evaluate(copy("v", panel, smem_at(smem, base + V_AT), 0, head, barrier(bars, 0)))
+                            T.evaluate(copy("k", panel, smem_at(smem, base + K_AT), 0, heads, barrier(bars, 0)))
+                            T.evaluate(copy("v", panel, smem_at(smem, base + V_AT), 0, heads, barrier(bars, 0)))
                     for i in T.unroll(ON):
                         o[i] = T.float32(0)
                     for i in T.unroll(RB * 2):
@@ -348,9 +343,9 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: symp
                                     barrier(bars, (t + 1) % 2), T.uint32(tile_bytes["kv"]))
                                 for panel in T.unroll(D // _PANEL):
                                     T.evaluate(copy("k", panel, smem_at(smem, base + K_AT + (t + 1) % 2 * BN * D),
-                                                    (t + 1) * BN, head, barrier(bars, (t + 1) % 2)))
+                                                    (t + 1) * BN, heads, barrier(bars, (t + 1) % 2)))
                                     T.evaluate(copy("v", panel, smem_at(smem, base + V_AT + (t + 1) % 2 * BN * D),
-                                                    (t + 1) * BN, head, barrier(bars, (t + 1) % 2)))
+                                                    (t + 1) * BN, heads, barrier(bars, (t + 1) % 2)))
                         T.evaluate(T.cuda.mbarrier_wait(barrier(bars, t % 2), t // 2 % 2))
                         if t < own_tiles:  # causal: this warpgroup's rows see no key of a later tile
                             for r in T.unroll(RB):
@@ -363,11 +358,10 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: symp
                                     row = T.meta_var(qt * BM + (block0 + r) * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8)
                                     if causal:
                                         if (t + 1) * BN > qt * BM:  # a diagonal tile
-                                            for nf in T.unroll(NF):
-                                                for e in T.unroll(4):
-                                                    s[_reg(r, NF, nf, half, e)] = T.if_then_else(
-                                                        t * BN + _column(nf, e, lane) <= row, s[_reg(r, NF, nf, half, e)],
-                                                        T.float32(float("-inf")))
+                                            key_mask(s, r, half, lane, t, lambda key: key <= row)
+                                    if key_tail:
+                                        if t == NT - 1:  # the keys past the end, zero-filled
+                                            key_mask(s, r, half, lane, t, lambda key: key < KV)
                                     new_max[0] = T.max(m[r * 2 + half], T.float32(scale) * quad(
                                         tirx.max, tree_reduce(tirx.max, row_values(s, r, half))))
                                     fixed[0] = fix(m[r * 2 + half], new_max[0])
@@ -409,16 +403,18 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, correction: symp
                     T.tvm_storage_sync("shared")
                     if tx == 0:
                         for panel in T.unroll(D // _PANEL):
-                            T.ptx["cp.async.bulk.tensor.3d.global.shared::cta.bulk_group"](
-                                T.address_of(maps["out"]), T.Cast("int32", panel * _PANEL), T.Cast("int32", qt * BM),
-                                T.Cast("int32", head), smem_at(smem, base + panel * BM * _PANEL))
+                            T.ptx[f"cp.async.bulk.tensor.{len(shapes['out'])}d.global.shared::cta.bulk_group"](
+                                T.address_of(maps["out"]), *coordinates("out", panel, qt * BM, heads),
+                                smem_at(smem, base + panel * BM * _PANEL))
                         T.ptx["cp.async.bulk.commit_group"]()
                         T.ptx["cp.async.bulk.wait_group.read"](0)  # the slot stays until the copy has read it
 
     host = []
     for name, source in zip(maps, fused.params):
+        layout = layouts[name]
         host += [tirx.Bind(maps[name], T.tvm_stack_alloca("tensormap", 1)),
-                 encode_tensor_map(maps[name], source, BN if name in ("k", "v") else BM, _PANEL, 1)]
+                 encode_tensor_map(maps[name], source, BN if name in ("k", "v") else BM, _PANEL, layout.seq,
+                                   [layout.dim, layout.seq, *(axis.axis for axis in layout.heads)])]
     return fused.with_body(tirx.SeqStmt([*host, fused.body]))
 
 

@@ -1,10 +1,11 @@
 """Convolution chains (FlashFuser's C1-C8) as GEMM chains over pixels.
 
-``Out = conv_k2(act(conv_k1(X, W1)), W2)`` in NHWC with OHWI weights (the form of
-:func:`tvm_dsm.workloads.chains.conv_chain`) is a GEMM chain: its rows are the pixels
-(batch x height x width); a 1x1 convolution reduces over input channels, a kxk one over the
-(kh, kw, channel) window, and an OHWI weight already stores each output channel's window as
-one row, the ``[out, in]`` layout of a Linear weight. So the chain family plans and schedules
+``Out = conv_k2(act(conv_k1(X, W1)), W2)`` in NHWC with OHWI weights, stride 1 and "same" zero
+padding (as :func:`tvm_dsm.workloads.chains.conv_chain` writes it, or TOPI, or any function that
+computes it: :mod:`tvm_dsm.rules.conv_pattern` reads it from the blocks) is a GEMM chain: its
+rows are the pixels (batch x height x width); a 1x1 convolution reduces over input channels, a
+kxk one over the (kh, kw, channel) window, and an OHWI weight already stores each output
+channel's window as one row, the ``[out, in]`` layout of a Linear weight. So the chain family plans and schedules
 it (fused through DSM, or two split-K GEMMs, whichever its model predicts faster) on the pixel
 matrix, and its kernels run on views of the caller's tensors:
 
@@ -24,17 +25,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import tvm
-import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import SBlockRealize
 from tvm.script import tirx as T
 
 from ..errors import ClusterError
 from ..ir import with_block_body
-from ..workloads.chains import conv_chain, gemm_chain
+from ..workloads.chains import gemm_chain
+from .conv_pattern import read_conv_chain
 from .fused_chain import FusedChainConfig
 from .unfused_chain import UnfusedChainConfig
-from ..workloads.dense import ACTIVATIONS
 
 _VECTOR_BYTES = 16  # one gather thread moves 16 bytes
 _THREADS = 256
@@ -72,25 +72,23 @@ class ConvChainConfig:
 
 
 def find_conv_chain(func: tirx.PrimFunc) -> ConvChainShape:
-    """The shape of ``func`` if it is the convolution chain ``conv_chain`` writes (matched
-    structurally for each activation); ClusterError says what does not match."""
+    """The shape of ``func`` if it computes a convolution chain the kernels take (read from its
+    blocks by :func:`tvm_dsm.rules.conv_pattern.read_conv_chain`); ClusterError says what does
+    not match."""
     shapes = [[int(d) for d in p.ty.shape] for p in func.params]
     if len(shapes) != 4 or [len(s) for s in shapes] != [4] * 4:
         raise ClusterError("a convolution chain takes X [N, H, W, C], W1 and W2 [O, kh, kw, I], Out [N, H, W, O]")
-    (batch, hw, _, ic), (oc1, k1, _, _), (oc2, k2, _, _), _ = shapes
-    dtype = str(func.params[0].ty.dtype)
-    matches = [act for act in ACTIVATIONS
-               if tvm_ffi.structural_equal(func, conv_chain(ic, hw, oc1, oc2, k1, k2, batch, act, dtype))]
-    if not matches:
-        raise ClusterError("not a convolution chain as tvm_dsm.workloads.chains.conv_chain writes "
-                           "it (NHWC, OHWI weights, stride 1, 'same' zero padding, activation one of "
-                           f"{sorted(ACTIVATIONS)})")
-    if k2 != 1:
-        raise ClusterError(f"the second convolution is {k2}x{k2}: only 1x1 (its input stays on chip)")
-    lanes = _VECTOR_BYTES // tvm.DataType(dtype).bits * 8
-    if ic % lanes or oc2 % lanes:
-        raise ClusterError(f"channels {ic} -> {oc2}: the gather moves {lanes}-channel vectors")
-    return ConvChainShape(batch, hw, ic, oc1, oc2, k1, matches[0], dtype)
+    chain = read_conv_chain(func)
+    first, second = chain.first, chain.second
+    if second.kernel != 1:
+        raise ClusterError(f"the second convolution is {second.kernel}x{second.kernel}: only 1x1 (its input "
+                           "stays on chip)")
+    lanes = _VECTOR_BYTES // tvm.DataType(chain.dtype).bits * 8
+    if first.in_channels % lanes or second.out_channels % lanes:
+        raise ClusterError(f"channels {first.in_channels} -> {second.out_channels}: the gather moves "
+                           f"{lanes}-channel vectors")
+    return ConvChainShape(first.batch, first.size, first.in_channels, first.out_channels, second.out_channels,
+                          first.kernel, chain.activation, chain.dtype)
 
 
 def gemm_view(shape: ConvChainShape, rows: int, depth: int) -> tirx.PrimFunc:

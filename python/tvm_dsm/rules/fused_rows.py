@@ -19,7 +19,7 @@ from ..errors import ClusterError
 from ..annotations import RANKS_ATTR, ROWS_PER_CTA_ATTR
 from ..schedule.cluster import bind_clusters, bind_rank
 from ..schedule.dsm import DSM_SCOPE
-from ..transform.lower_cluster import STATIC_SLICES_BUDGET, buffer_bytes
+from ..transform.buffers import STATIC_SLICES_BUDGET, buffer_bytes
 
 _THREAD_BLOCKS = ("_part", "_merge", "_final")
 

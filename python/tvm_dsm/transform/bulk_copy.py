@@ -37,7 +37,7 @@ from ..annotations import BULK_DST, BULK_SRC
 
 class ClusterKernel(Protocol):
     """What a bulk copy needs of the cluster kernel it lowers in (the kernel lowering of
-    :mod:`tvm_dsm.transform.lower_cluster` passes itself in)."""
+    :mod:`tvm_dsm.transform.kernel_lowering` passes itself in)."""
 
     analyzer: Analyzer
     block_var: tirx.Var

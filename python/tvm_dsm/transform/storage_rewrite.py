@@ -25,7 +25,7 @@ import tvm
 from tvm import tirx
 
 from ..ir import find_all, replace_node
-from .lower_cluster import buffers_used
+from .buffers import buffers_used
 
 _ENCODE = "runtime.cuTensorMapEncodeTiled"
 

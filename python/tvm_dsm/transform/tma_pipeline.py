@@ -58,7 +58,7 @@ from tvm.sym import Analyzer
 from tvm.script import tirx as T
 
 from ..errors import ClusterError
-from ..hardware import load_hardware
+from ..hardware import Hardware
 from ..ir import find_all, replace_node, substitute, with_block_body
 from .programmatic_launch import L2_PREFETCH_KEY
 from ..annotations import EARLY_COPY_KEY, PROGRAMMATIC_LAUNCH_KEY
@@ -152,19 +152,21 @@ class TileCopy:
 
 
 def encode_tensor_map(tensor_map: tirx.Var, source: tirx.Buffer, rows: int, cols: int,
-                      row_axis: int) -> tirx.Stmt:
+                      row_axis: int, axes: list[int] | None = None) -> tirx.Stmt:
     """Host statement encoding ``tensor_map`` (bound to ``T.tvm_stack_alloca("tensormap", 1)``):
     boxes of ``rows`` x ``cols`` of the contiguous ``source``, rows along ``row_axis`` and
-    columns along its innermost axis, landing 128-byte swizzled."""
+    columns along its innermost axis, landing 128-byte swizzled. ``axes``: the source's axes in
+    the map's dimension order (the innermost first, which must be the source's last axis); by
+    default from the innermost outwards. A copy names its coordinates in that order."""
     shape = [int(d) for d in source.shape]
     rank, elem_bytes = len(shape), _elem_bytes(source)
-    dims = shape[::-1]
-    strides, stride = [], elem_bytes
-    for extent in dims[:-1]:
-        stride *= extent
-        strides.append(stride)
-    box = [1] * rank
-    box[0], box[rank - 1 - row_axis] = cols, rows
+    axes = list(range(rank))[::-1] if axes is None else axes
+    if axes[0] != rank - 1:
+        raise ValueError(f"a tensor map's first dimension is the innermost axis; got axes {axes}")
+    element_strides = [math.prod(shape[a + 1:]) for a in range(rank)]
+    dims = [shape[a] for a in axes]
+    strides = [element_strides[a] * elem_bytes for a in axes[1:]]
+    box = [cols if a == rank - 1 else rows if a == row_axis else 1 for a in axes]
     return tirx.Evaluate(tirx.call_packed(
         "runtime.cuTensorMapEncodeTiled", tensor_map, str(source.ty.dtype), rank,
         source.data, *dims, *strides, *box, *([1] * rank),
@@ -461,9 +463,9 @@ def _threads(body, loop: tirx.For) -> list:
     return [b.loop_var for b in _enclosing(body, loop, "threadIdx")]
 
 
-@tirx.transform.prim_func_pass(opt_level=0, name="tvm_dsm.LowerTmaPipeline")
-def LowerTmaPipeline(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx) -> tirx.PrimFunc:
-    """Rewrite every loop marked ``TMA_STAGES_KEY`` (see the module docstring)."""
+def lower_tma_pipeline(func: tirx.PrimFunc, hw: Hardware) -> tirx.PrimFunc:
+    """Rewrite every loop marked ``TMA_STAGES_KEY`` (see the module docstring); ``hw``'s HBM
+    bandwidth sizes the L2 prefetch of a dependent kernel (``PREFETCH_WINDOW_S``)."""
     loops = find_all(func.body, tirx.For, lambda lp: TMA_STAGES_KEY in lp.annotations)
     if not loops:
         return func
@@ -480,7 +482,7 @@ def LowerTmaPipeline(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx) -> tirx.Prim
     analyzer = Analyzer()
     host = []
     dependent = _dependent_kernels(body)
-    budget = load_hardware().hbm_bw * PREFETCH_WINDOW_S if dependent else 0.0
+    budget = hw.hbm_bw * PREFETCH_WINDOW_S if dependent else 0.0
     for loop in loops:
         lowering = _TmaLoop(loop, _threads(func.body, loop), sources, analyzer)
         if any(_encloses(k, loop) for k in dependent):
@@ -495,4 +497,14 @@ def LowerTmaPipeline(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx) -> tirx.Prim
         body = _seq([*host, body])
     body = _seq([*decls, body])
     return func.with_body(body)
+
+
+def LowerTmaPipeline(hw: Hardware) -> tvm.transform.Pass:
+    """Pass form of :func:`lower_tma_pipeline` for the GPU ``hw`` describes."""
+
+    @tirx.transform.prim_func_pass(opt_level=0, name="tvm_dsm.LowerTmaPipeline")
+    def lower(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx) -> tirx.PrimFunc:
+        return lower_tma_pipeline(func, hw)
+
+    return lower
 

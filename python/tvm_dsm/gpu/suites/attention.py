@@ -1,11 +1,15 @@
-"""Attention as one tensor-core kernel."""
+"""Attention as one tensor-core kernel: the planner's configurations on the project's own form,
+and attention as users write it (layouts, grouped-query, head dims, lengths off the tiles)
+through ``tvm_dsm.build``'s path."""
 
 from __future__ import annotations
 
 import itertools
 from ...rules.attention import CONFIGS as ATTENTION_CONFIGS
 from ...rules.attention import default_config, find_attention, fuse_attention
+from ...driver import schedule
 from ...workloads import cascades as cascade_workloads
+from ...workloads.attention_forms import te_attention, topi_attention
 from .base import Variant, args_of, nbytes_of
 
 
@@ -30,9 +34,42 @@ def attention() -> list[Variant]:
                 args=args,
                 bytes=nbytes_of(args),
                 flops=4 * heads * q_len * kv_len * dim // (2 if causal else 1),  # the keys seen
-                plan={**vars(config), "planner": config == default_config(find_attention(func)[0])},
+                plan={**vars(config), "planner": config == default_config(find_attention(func))},
                 peers=("torch_eager", "torch_compile", "torch_sdpa"),
                 reference_kwargs={"causal": True} if causal else {},
                 extra={"causal": causal},
             ))
+    return variants
+
+
+#: (batch, heads, kv heads, query and key length, head dim, layout, causal, dtype): the issue's
+#: [128, 16, 512, 64]; Llama-3-8B's (32 / 8 heads, 128) and Llama-3.2-1B's (32 / 8, 64) prefill
+#: in [B, S, H, D]; Phi-3-mini's head dim 96 and Phi-2's 80, at lengths off the tiles.
+ATTENTION_FORMS = [
+    (128, 16, 16, 512, 64, "bhsd", False, "float16"),
+    (8, 16, 16, 1024, 128, "bhsd", True, "float16"),
+    (1, 32, 8, 2048, 128, "bshd", True, "float16"),
+    (4, 32, 8, 1024, 64, "bshd", True, "bfloat16"),
+    (4, 32, 32, 1024, 96, "bhsd", True, "float16"),
+    (4, 32, 32, 1000, 80, "bshd", True, "float16"),
+]
+
+
+def attention_forms() -> list[Variant]:
+    """Attention written as users write it (tvm_dsm.workloads.attention_forms), each through
+    the driver's schedule, against torch eager, torch.compile and SDPA in the same layout."""
+    cases = [(f"te_{layout}_b{b}h{h}kv{kv}s{s}d{d}{'_causal' if causal else ''}_{dtype}",
+              te_attention(b, h, s, s, d, kv_heads=kv, layout=layout, causal=causal, dtype=dtype),
+              b * h * s * s * d, layout, causal)
+             for b, h, kv, s, d, layout, causal, dtype in ATTENTION_FORMS]
+    cases.append(("topi_bshd_b8h16s512d64", topi_attention(8, 16, 512, 512, 64), 8 * 16 * 512 * 512 * 64,
+                  "bshd", False))
+    variants = []
+    for name, func, products, layout, causal in cases:
+        args = args_of(func)
+        variants.append(Variant(
+            name=name, workload="attention_layout", mod=schedule(func).mod, args=args, bytes=nbytes_of(args),
+            flops=4 * products // (2 if causal else 1), peers=("torch_eager", "torch_compile", "torch_sdpa"),
+            reference_kwargs={"layout": layout, "causal": causal}, extra={"class": "attention", "causal": causal},
+        ))
     return variants

@@ -6,9 +6,9 @@ import dataclasses
 import itertools
 import tvm
 from tvm import te, topi
-from ...driver import stock_schedule
+from ...driver import plan, stock_schedule
 from ...errors import ClusterError
-from ...planners.cascade_split import cascade_config, plan_cascade_split, schedule_cascade
+from ...planners.cascade_split import plan_cascade_split, schedule_cascade
 from ...rules.fused_rows import schedule_fused_rows
 from ...rules import softmax_gemm as softmax_gemm_rule
 from ...rules import top_k_rows as top_k_rows_rule
@@ -51,10 +51,10 @@ def cascade_variants(name: str, size: tuple, parts: tuple, rows: tuple) -> list[
     wide = 128 // tvm.DataType(str(func.params[0].ty.dtype)).bits  # 16-byte chunks
     splits = [(p, vector, 1, r) for p, vector, r in itertools.product(parts, (1, wide), rows)
               if size[1] % (p * vector) == 0]  # else the row has fewer chunks than parts
-    plan = plan_cascade_split(func)
-    planned = (plan.parts, plan.vector, plan.ranks, plan.rows_per_cta)
+    split = plan_cascade_split(func)
+    planned = (split.parts, split.vector, split.ranks, split.rows_per_cta)
     splits += [] if planned in splits else [planned]
-    chosen = cascade_config(func)
+    chosen = plan(func).best.config  # the driver's pick: the fused rows or the cascade's own kernel
     own = (_softmax_gemm_variant(func, size, chosen, True, name)
            if isinstance(chosen, softmax_gemm_rule.SoftmaxGemmConfig)
            else _top_k_rows_variant(func, size, chosen, True)
@@ -172,9 +172,9 @@ def top_k_rows() -> list[Variant]:
     for size in TOP_K_ROWS_SHAPES:
         func = cascade_workloads.moe_routing(*size)
         try:  # the fused rows refuse rows narrower than their smallest split (Mixtral's 8)
-            plan = plan_cascade_split(func)
+            split = plan_cascade_split(func)
             variants.append(_cascade_variant("moe_routing", size, func,
-                                             (plan.parts, plan.vector, plan.ranks, plan.rows_per_cta), True, False))
+                                             (split.parts, split.vector, split.ranks, split.rows_per_cta), True, False))
         except ClusterError:
             pass
         found = top_k_rows_rule.find_top_k_rows(func)

@@ -1,0 +1,80 @@
+"""Attention (scores, row max, exp-sum, exp-weighted sum of V, divide) as one FlashAttention-style
+kernel, both products on warpgroup MMAs (:mod:`tvm_dsm.rules.attention`).
+
+The model is a roofline. HBM: q, k, v and the output once each. L2: q once, and k and v once
+per query tile, each CTA (``block_m`` query rows of one head) streaming every key tile it needs
+into shared memory (with the causal mask, the tiles up to its last row's diagonal), at the
+operand-tile L2 rate of the GEMMs. Tensor cores: ``4 * heads * q_len * kv_len * dim`` FLOPs
+(two products), half with the causal mask, at the warpgroup-MMA peak. The slowest of them,
+plus a launch, is a floor rather than a time: the 40 kernels of
+bench/results/attention/latest.json ran 1.4-3.0x their prediction (19-49 % of the tensor-core
+peak; the exponentials and the softmax's shuffles are not counted). The configurations differ
+in the model only by their K/V re-reads and grid, which does not order them as measured, so
+:func:`~tvm_dsm.rules.attention.default_config`'s choice, the fastest measured on the H100
+(docs/attention.md), is ranked first and the others follow by prediction.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+
+from ..errors import ClusterError
+from ..hardware import Hardware
+from ..rules.attention import CONFIGS, AttentionConfig, check_config, default_config, find_attention, fuse_attention
+from .base import ScheduleFamily
+from .kernel_plan import TILE_L2_SPEEDUP, WGMMA_FLOPS, KernelPlan, default_first, roofline
+
+#: Bytes of an element of q, k, v and the output (the kernel takes fp16).
+_ELEMENT_BYTES = 2
+
+
+def _keys_read(shape, block_m: int, block_n: int) -> int:
+    """Keys the CTAs of one head read in all: every key per query tile, or with the causal mask
+    (key t visible to query i iff t <= i) the whole key tiles up to each tile's last row."""
+    tiles = -(-shape.q_len // block_m)
+    if not shape.causal:
+        return tiles * shape.kv_len
+    last_rows = (min(shape.q_len, (j + 1) * block_m) for j in range(tiles))
+    return sum(min(shape.kv_len, -(-rows // block_n) * block_n) for rows in last_rows)
+
+
+class Attention(ScheduleFamily):
+    name = "attention"
+    traced = False  # the kernel is written from a template, not a trace of the function
+
+    def recognize(self, func: tirx.PrimFunc):
+        """The attention's shape, where the kernel takes it in its default configuration
+        (head dim, mask and tiles); ClusterError naming what does not match otherwise."""
+        shape = find_attention(func)
+        check_config(shape, default_config(shape))
+        return shape
+
+    def predict(self, shape, config: AttentionConfig, hw: Hardware) -> KernelPlan:
+        row = shape.heads * shape.dim * _ELEMENT_BYTES  # bytes of one position's row, all heads
+        traffic = {
+            "hbm": 2 * (shape.q_len + shape.kv_len) * row,
+            "l2": (shape.q_len + 2 * _keys_read(shape, config.block_m, config.block_n)) * row,
+        }
+        flops = 4 * shape.heads * shape.q_len * shape.kv_len * shape.dim // (2 if shape.causal else 1)
+        ctas = shape.heads * -(-shape.q_len // config.block_m)
+        return roofline(config, traffic, {"mma": flops},
+                        {"hbm": hw.hbm_bw, "l2": hw.l2_bw * TILE_L2_SPEEDUP, "mma": WGMMA_FLOPS},
+                        busy=ctas / hw.sm_count)
+
+    def rank(self, shape, hw: Hardware) -> list[KernelPlan]:
+        """Every configuration of :data:`~tvm_dsm.rules.attention.CONFIGS` the shape takes,
+        the default first (see the module doc)."""
+        plans, reasons = [], []
+        for config in CONFIGS:
+            try:
+                check_config(shape, config)
+            except ClusterError as err:
+                reasons.append(str(err))
+                continue
+            plans.append(self.predict(shape, config, hw))
+        if not plans:
+            raise ClusterError("no attention configuration fits: " + "; ".join(reasons))
+        return default_first(plans, default_config(shape))
+
+    def apply(self, func: tirx.PrimFunc, config: AttentionConfig) -> s_tir.Schedule:
+        return s_tir.Schedule(fuse_attention(func, config))

@@ -1,0 +1,78 @@
+"""softmax(X)·V (a row max, a rescaled row sum and a rescaled sum of products with a [K, J]
+matrix) as one tiled kernel on CUDA cores, the keys split over a cluster
+(:mod:`tvm_dsm.rules.softmax_gemm`).
+
+The model is a roofline. HBM: the function's operands once. L2: X once per column tile and V
+once per row block, as the CTAs stream their tiles. DSM: with ``ranks`` > 1, every rank but the
+merging one hands its rows' state (max, sum, outputs) over. CUDA cores (the kernel computes in
+fp32, see the rule): the product's FMA per (row, key, column) and F(x, m) once per (row, key)
+and column tile. All at the share of SMs the grid occupies. The configurations ranked are those
+:func:`~tvm_dsm.rules.softmax_gemm.default_config` chooses among (32 x 32 tiles of 4 x 4
+outputs a thread, 64 or 32 columns, 1-16 ranks), its choice first: it ran within 0.87-1.0x of
+each shape's fastest (bench/results/softmax_gemm/latest.json), an order the roofline does not
+resolve.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import tvm
+from tvm import s_tir, tirx
+
+from ..errors import ClusterError
+from ..hardware import Hardware
+from ..rules import softmax_gemm as rule
+from ..transform.buffers import buffer_bytes
+from .base import ScheduleFamily
+from .kernel_plan import CUDA_CORE_FLOPS, ELEMENT_OPS, TILE_L2_SPEEDUP, KernelPlan, default_first, roofline
+
+_STATE_BYTES = 4  # fp32 max, sum and outputs
+
+
+def _candidates(shape: rule.SoftmaxGemmShape, default: rule.SoftmaxGemmConfig) -> list[rule.SoftmaxGemmConfig]:
+    grid = (rule.SoftmaxGemmConfig(32, 32, block_j, 4, ranks, 4)
+            for block_j, ranks in itertools.product((64, 32), (1, 2, 4, 8, 16)))
+    valid = []
+    for config in dict.fromkeys((default, *grid)):
+        try:
+            rule.check_config(shape, config)
+        except ClusterError:
+            continue
+        valid.append(config)
+    return valid
+
+
+class SoftmaxGemm(ScheduleFamily):
+    name = "softmax_gemm"
+    traced = False  # the kernel is written from a template, not a trace of the function
+
+    def recognize(self, func: tirx.PrimFunc) -> rule.SoftmaxGemm:
+        """The cascade as the kernel takes it, where one of its tiles fits the shape."""
+        found = rule.find_softmax_gemm(func)
+        rule.default_config(found.shape)  # ClusterError where no tile fits (the fused rows take any)
+        return found
+
+    def predict(self, found: rule.SoftmaxGemm, config: rule.SoftmaxGemmConfig, hw: Hardware) -> KernelPlan:
+        s, c = found.shape, config
+        x = s.rows * s.keys * tvm.DataType(s.x_dtype).bits // 8
+        v = s.keys * s.columns * tvm.DataType(s.v_dtype).bits // 8
+        column_tiles, row_blocks = s.columns // c.block_j, s.rows // c.block_m
+        ctas = row_blocks * column_tiles * c.ranks
+        traffic = {
+            "hbm": sum(buffer_bytes(p) for p in found.params),
+            "l2": x * column_tiles + v * row_blocks,
+        }
+        rates = {"hbm": hw.hbm_bw, "l2": hw.l2_bw * TILE_L2_SPEEDUP, "fp32": CUDA_CORE_FLOPS}
+        if c.ranks > 1:
+            traffic["dsm"] = ctas * (c.ranks - 1) // c.ranks * c.block_m * (c.block_j + 2) * _STATE_BYTES
+            rates["dsm"] = hw.dsm_bw(c.ranks)
+        work = {"fp32": 2 * s.rows * s.keys * s.columns + ELEMENT_OPS * s.rows * s.keys * column_tiles}
+        return roofline(c, traffic, work, rates, busy=ctas / hw.sm_count)
+
+    def rank(self, found: rule.SoftmaxGemm, hw: Hardware) -> list[KernelPlan]:
+        default = rule.default_config(found.shape, hw)
+        return default_first([self.predict(found, c, hw) for c in _candidates(found.shape, default)], default)
+
+    def apply(self, func: tirx.PrimFunc, config: rule.SoftmaxGemmConfig) -> s_tir.Schedule:
+        return s_tir.Schedule(rule.fuse_softmax_gemm(func, config))

@@ -1,0 +1,41 @@
+"""A top-k of rows with the row's softmax statistics (MoE routing) as one kernel that stages each
+row in shared memory and inserts only the elements that can still make the top k
+(:mod:`tvm_dsm.rules.top_k_rows`).
+
+The model is the HBM floor of the function's operands, read and written once; it has no
+products, and its element work (a max, an exp-sum and a threshold test an element, the k-best
+network for the few elements past the threshold) is a few operations an element, far below the
+HBM time. Every split of a row moves the same bytes, so the model cannot order them: the plan is
+:func:`~tvm_dsm.rules.top_k_rows.default_config`'s alone, at or near the fastest on every
+router measured (bench/results/top_k_rows/latest.json).
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+
+from ..hardware import Hardware
+from ..rules import top_k_rows as rule
+from ..transform.buffers import buffer_bytes
+from .base import ScheduleFamily
+from .kernel_plan import KernelPlan, roofline
+
+
+class TopKRows(ScheduleFamily):
+    name = "top_k_rows"
+    traced = False  # the kernel is written from a template, not a trace of the function
+
+    def recognize(self, func: tirx.PrimFunc) -> rule.TopKRows:
+        """The cascade as the kernel takes it, where a split of its rows fits."""
+        found = rule.find_top_k_rows(func)
+        rule.default_config(found)  # ClusterError where no split fits (the fused rows take any)
+        return found
+
+    def predict(self, found: rule.TopKRows, config: rule.TopKRowsConfig, hw: Hardware) -> KernelPlan:
+        return roofline(config, {"hbm": sum(buffer_bytes(p) for p in found.func.params)}, {}, {"hbm": hw.hbm_bw})
+
+    def rank(self, found: rule.TopKRows, hw: Hardware) -> list[KernelPlan]:
+        return [self.predict(found, rule.default_config(found), hw)]
+
+    def apply(self, func: tirx.PrimFunc, config: rule.TopKRowsConfig) -> s_tir.Schedule:
+        return s_tir.Schedule(rule.fuse_top_k_rows(func, config))

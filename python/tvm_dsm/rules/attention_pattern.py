@@ -1,0 +1,465 @@
+"""Attention recognized by meaning: ``out = softmax(scale * Q K^T [masked]) V`` however a
+PrimFunc writes it.
+
+What the kernel (:mod:`tvm_dsm.rules.attention`) needs is read from the function's blocks, not
+from how they are named or ordered. After element-wise blocks are inlined (transposes, reshapes,
+casts, the scale, the mask), attention is five blocks:
+
+- the scores, a sum over the head dim ``d`` of ``q * k`` (times constants),
+- a row max over the keys ``t`` of ``c * S`` (S a score),
+- a row sum of ``exp(c * S - max)``,
+- a row sum of ``exp(c * S - max) * v`` (or with the probability normalized, ``/ sum``),
+- the output, that sum divided by the row sum (or copied), cast to the output's type.
+
+Each of these forms is checked exactly, symbolically (SymPy), so the scale may sit on q, on the
+scores or in the max, and the mask may be a select, ``if_then_else`` or an added ``0 / -inf``
+term; a mask is accepted only when its condition is provably ``t <= i`` (PyTorch's
+``is_causal``). Index expressions are read after substituting every block's variables by the
+row max's (the query rows and the key ``t``) and simplifying within their ranges, so
+``[H, S, D]``, ``[B, H, S, D]``, ``[B, S, H, D]`` and reshaped forms all read as "the head dim
+innermost, one position axis, the other axes indexed by head variables": a key/value axis
+indexed ``h // g`` is grouped-query attention, an axis of extent 1 indexed 0 multi-query.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import sympy
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.sym import Analyzer, detect_iter_map, inverse_affine_iter_map
+
+from ..errors import ClusterError
+from ..fusion.cascade import Level, find_cascades, inline_elementwise, parse_reduction
+from ..fusion.symbolic import ToSympy, Unsupported
+from ..ir import loads, substitute, uses
+
+#: A mask's fill below this is -inf for the softmax: exp of it underflows to 0 in fp32 for any
+#: score of smaller magnitude, and a causal row always keeps its diagonal key.
+_MASKED = -1.0e9
+
+
+@dataclass(frozen=True)
+class HeadAxis:
+    """An operand axis indexed by a head variable: ``(var // divisor) % modulus`` (``var`` the
+    position of the variable in the rows; ``modulus`` 0: none), or 0 where ``var`` is None.
+    A divisor > 1 on a key/value axis is grouped-query attention; a flattened ``B * H`` axis
+    read as ``[B, H]`` is two axes of one variable, ``// H`` and ``% H``."""
+
+    axis: int
+    var: int | None
+    divisor: int = 1
+    modulus: int = 0
+
+
+@dataclass(frozen=True)
+class OperandLayout:
+    """Where one operand's axes sit. ``dim``: the head-dim axis (innermost, what TMA tiles are
+    cut along); ``seq``: the query (q, out) or key (k, v) position axis; ``heads``: every other
+    axis."""
+
+    dim: int
+    seq: int
+    heads: tuple[HeadAxis, ...]
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """An attention's sizes and operand layouts. ``heads``: all query heads, the product of
+    ``head_extents`` (the extents of the head variables: batch, heads, ... in the rows' order);
+    ``layouts``: q, k, v and out."""
+
+    heads: int
+    q_len: int
+    kv_len: int
+    dim: int
+    scale: float
+    causal: bool = False
+    dtype: str = "float16"
+    head_extents: tuple[int, ...] = ()
+    layouts: tuple[OperandLayout, ...] = ()
+
+
+def find_attention(func: tirx.PrimFunc) -> AttentionShape:
+    """What attention ``func`` computes; ClusterError naming what does not match."""
+    return _Match(func).shape()
+
+
+def _float_constant(e) -> float | None:
+    """``e`` as a float if it is a finite number, else None."""
+    e = sympy.simplify(e)
+    return float(e) if e.is_number and e.is_finite else None
+
+
+class _Match:
+    def __init__(self, func: tirx.PrimFunc):
+        self.func = func
+        self.inlined = inline_elementwise(func)
+        groups = find_cascades(self.inlined)
+        if len(groups) != 1:
+            raise ClusterError(f"attention is one cascade (max, exp-sum, exp-weighted sum); found {len(groups)}")
+        group = groups[0]
+        maxes = [lvl for lvl in group if lvl.op == "max"]
+        sums = [lvl for lvl in group if lvl.op == "sum"]
+        if len(group) != 3 or len(maxes) != 1 or len(sums) != 2:
+            raise ClusterError(f"attention needs a row max and two row sums; got {[lvl.op for lvl in group]}")
+        self.m = maxes[0]
+        rows = _rank(self.m)
+        by_rank = {_rank(lvl): lvl for lvl in sums}
+        if set(by_rank) != {rows, rows + 1}:
+            raise ClusterError("attention's sums are one per row and one per row and head-dim column")
+        self.l, self.o = by_rank[rows], by_rank[rows + 1]
+        self.blocks = self._root_blocks()
+        self.analyzer = Analyzer()
+        self.ranges = {}
+        for n, var in enumerate(self.m.spatial):
+            self._bind(var, self.m.output.ty.shape[n])
+        self._bind(self.m.reduce_var, self.m.extent)
+
+    def _bind(self, var, extent) -> None:
+        self.ranges[var] = int(extent)
+        self.analyzer.bind(var, tvm.ir.Range(tirx.const(0, var.ty), tirx.const(int(extent), var.ty)))
+
+    def _root_blocks(self) -> list:
+        sch = s_tir.Schedule(self.inlined)
+        return [sch.get(rv) for rv in sch.get_child_blocks(sch.get_sblock("root"))]
+
+    # --- the scores and the canonical variables -------------------------------------------
+
+    def _scores_load(self, level: Level):
+        """The one load of the scores in a level's value (the other loads are levels and v)."""
+        outputs = (self.m.output, self.l.output, self.o.output)
+        found = [ld for ld in loads(level.value) if not any(ld.source.same_as(b) for b in outputs)
+                 and not any(ld.source.same_as(p) for p in self.func.params)]
+        sources = {ld.source.name for ld in found}
+        if len(sources) != 1:
+            raise ClusterError(f"{level.block} must read one score matrix besides the row statistics; "
+                               f"reads {sorted(sources) or 'none'}")
+        return found[0]
+
+    def _canonical(self, level: Level) -> list[tuple]:
+        """``level``'s variables as the row max's: matched through their loads of the scores."""
+        own = self._scores_load(self.m).indices
+        other = self._scores_load(level).indices
+        mapping = []
+        for mine, theirs in zip(own, other):
+            if not isinstance(theirs, tirx.Var):
+                raise ClusterError(f"{level.block} reads the scores at {list(other)}, not at its own variables")
+            mapping.append((theirs, mine))
+        return mapping
+
+    def _scores(self) -> tuple[Level, list]:
+        """The scores' reduction and its variables as the row max's."""
+        source = self._scores_load(self.m).source
+        producer = next((b for b in self.blocks if any(w.source.same_as(source) for w in b.writes)), None)
+        level = parse_reduction(producer) if producer is not None else None
+        if level is None or level.op != "sum":
+            raise ClusterError(f"the scores {source.name} must be a sum over the head dim (q . k)")
+        store = producer.body
+        if not all(isinstance(i, tirx.Var) for i in store.indices):
+            raise ClusterError(f"{producer.name_hint} must write the scores at its own variables")
+        mapping = list(zip(store.indices, self._scores_load(self.m).indices))
+        return level, mapping
+
+    # --- the forms, checked symbolically ------------------------------------------------
+
+    def shape(self) -> AttentionShape:
+        scores, to_rows = self._scores()
+        d = scores.reduce_var
+        self._bind(d, scores.extent)
+        q_load, k_load, score_scale = self._score_product(scores, to_rows)
+        cond, scale, fill = self._max_form()
+        normalized = self._sum_forms(scale, fill, cond)
+        c, v_load = self._output_level()
+        out_block = self._output_block(normalized)
+        t = self.m.reduce_var
+        q_idx = self._indices(q_load, to_rows)
+        k_idx = self._indices(k_load, to_rows)
+        i = self._query_position(q_idx, k_idx, cond)
+        heads = [var for var in self.m.spatial if not var.same_as(i)]
+        causal = self._causal(cond, i, t)
+        layouts = (self._layout("q", q_load.source, q_idx, i, d, heads),
+                   self._layout("k", k_load.source, k_idx, t, d, heads),
+                   self._layout("v", v_load.source, self._indices(v_load, self._canonical(self.o)), t, c, heads),
+                   self._layout("out", out_block.body.buffer, self._out_indices(out_block, c), i, c, heads))
+        operands = [q_load.source, k_load.source, v_load.source, out_block.body.buffer]
+        dtypes = {str(b.ty.dtype) for b in operands}
+        if len(dtypes) != 1 or not dtypes <= {"float16", "bfloat16"}:
+            raise ClusterError(f"attention on tensor cores takes q, k, v and out of one type, float16 or "
+                               f"bfloat16; got {[str(b.ty.dtype) for b in operands]}")
+        extents = tuple(self.ranges[var] for var in heads)
+        return AttentionShape(math.prod(extents), self.ranges[i], self.m.extent, scores.extent,
+                              score_scale * scale, causal, dtypes.pop(), extents, layouts)
+
+    def _score_product(self, scores: Level, to_rows: list) -> tuple:
+        params = [ld for ld in loads(scores.value)]
+        if len(params) != 2 or not all(any(ld.source.same_as(p) for p in self.func.params) for ld in params):
+            raise ClusterError(f"the scores must be a product of two inputs, q and k; got {scores.value}")
+        symbols = {}
+
+        def leaf(load):
+            return symbols.setdefault(load.source.name, sympy.Symbol(load.source.name, real=True))
+
+        f = _sympy(scores.value, leaf)
+        a, b = (symbols[ld.source.name] for ld in params)
+        constant = _float_constant(f / (a * b))
+        if constant is None:
+            raise ClusterError(f"the scores must be q . k times a constant; got {f}")
+        t = self.m.reduce_var
+        first = self._indices(params[0], to_rows)
+        q_load, k_load = (params[1], params[0]) if _uses(first, t) else (params[0], params[1])
+        return q_load, k_load, constant
+
+    def _max_form(self) -> tuple:
+        """The mask's condition (or None), the scale c and the mask's fill, from the row max
+        of ``c * S``."""
+        value = self.m.value
+        cond = _select_condition(value)
+        s = sympy.Symbol("S", real=True)
+        kept = _sympy(_with_branch(value, True), self._leaf(s))
+        scale = _float_constant(kept / s)
+        if scale is None or scale <= 0:
+            raise ClusterError(f"the row max must be over c * scores with a constant c > 0; got {kept}")
+        fill = None
+        if cond is not None:
+            fill = _sympy(_with_branch(value, False), self._leaf(s))
+            if not fill.is_number:
+                raise ClusterError(f"a masked score must be a constant; got {fill}")
+        return cond, scale, fill
+
+    def _leaf(self, s: sympy.Symbol, **named):
+        """Symbols for a level's loads: the scores ``s``, the row statistics M and L, the
+        weighted sum O, and ``named`` buffers."""
+        levels = {"M": self.m.output, "L": self.l.output, "O": self.o.output}
+        scores = self._scores_load(self.m).source
+
+        def leaf(load):
+            if load.source.same_as(scores):
+                return s
+            for name, buf in levels.items():
+                if load.source.same_as(buf):
+                    return sympy.Symbol(name, real=True)
+            for name, buf in named.items():
+                if load.source.same_as(buf):
+                    return sympy.Symbol(name, real=True)
+            raise Unsupported(f"load of {load.source.name}")
+
+        return leaf
+
+    def _sum_forms(self, scale: float, fill, cond) -> bool:
+        """Check the exp-sum and the exp-weighted sum of v; whether the latter divides by the
+        exp-sum (the probabilities normalized before the product)."""
+        s, M, L, V = (sympy.Symbol(n, real=True) for n in ("S", "M", "L", "V"))
+        v = self._v_load().source
+        for level in (self.l, self.o):
+            if _select_condition(level.value) is not None and not _same_condition(
+                    _select_condition(level.value), cond, self._canonical(level)):
+                raise ClusterError(f"{level.block} is masked differently from the row max")
+        p_kept = sympy.exp(scale * s - M)
+        l_kept = _sympy(_with_branch(self.l.value, True), self._leaf(s))
+        if not _zero(l_kept - p_kept):
+            raise ClusterError(f"the row sum must be of exp(c * scores - max); got {l_kept}")
+        o_kept = _sympy(_with_branch(self.o.value, True), self._leaf(s, V=v))
+        normalized = _zero(o_kept - p_kept * V / L)
+        if not normalized and not _zero(o_kept - p_kept * V):
+            raise ClusterError(f"the weighted sum must be of exp(c * scores - max) * v (or / the row sum); "
+                               f"got {o_kept}")
+        if cond is not None:
+            # A masked key adds nothing to either sum: its term is 0 outright (the max's fill
+            # then only shifts the exponents, which the division cancels), or it is the term
+            # of a score that is -inf (or below -1e9, whose exp underflows to 0).
+            p_fill = sympy.exp(fill - M)
+            hidden = fill == -sympy.oo or float(fill) <= _MASKED
+            for level, weight in ((self.l, 1), (self.o, V / L if normalized else V)):
+                masked = _sympy(_with_branch(level.value, False), self._leaf(s, V=v))
+                if not (_zero(masked) or (hidden and _zero(masked - p_fill * weight))):
+                    raise ClusterError(f"{level.block} must leave the masked keys out (a term of 0, or the score "
+                                       f"-inf or below {_MASKED:g}); a masked key adds {masked}")
+        return normalized
+
+    def _v_load(self):
+        found = [ld for ld in loads(self.o.value) if any(ld.source.same_as(p) for p in self.func.params)]
+        if len({ld.source.name for ld in found}) != 1:
+            raise ClusterError(f"the weighted sum must read one input, v; reads {sorted({ld.source.name for ld in found})}")
+        return found[0]
+
+    def _output_level(self) -> tuple:
+        """The weighted sum's head-dim variable and its load of v."""
+        seen = [theirs for theirs, _ in self._canonical(self.o)]
+        c = [var for var in self.o.spatial if not any(var.same_as(x) for x in seen)]
+        if len(c) != 1:
+            raise ClusterError(f"{self.o.block} must have one axis more than the rows: the head dim")
+        self._bind(c[0], self.o.output.ty.shape[list(self.o.spatial).index(c[0])])
+        return c[0], self._v_load()
+
+    def _output_block(self, normalized: bool):
+        """The block writing the output: the weighted sum divided by the row sum (or, with the
+        probabilities normalized, copied), cast to the output's type."""
+        writers = [b for b in self.blocks if any(w.source.same_as(p) for w in b.writes for p in self.func.params)]
+        if len(writers) != 1 or not isinstance(writers[0].body, tirx.BufferStore):
+            raise ClusterError("attention writes one output, from one block")
+        store = writers[0].body
+        O, L = sympy.Symbol("O", real=True), sympy.Symbol("L", real=True)
+        value = _sympy(store.value, self._leaf(sympy.Symbol("S", real=True)))
+        want = O if normalized else O / L
+        if not _zero(value - want):
+            raise ClusterError(f"the output must be the weighted sum {'' if normalized else 'divided by the row sum'}; "
+                               f"got {value}")
+        extra = [b for b in self.blocks if b.name_hint not in {writers[0].name_hint, self.m.block, self.l.block,
+                                                                 self.o.block} and b.init is None]
+        if extra:
+            raise ClusterError(f"attention has no other stage; found {[str(b.name_hint) for b in extra]}")
+        return writers[0]
+
+    def _out_indices(self, block, c) -> list:
+        """The output's indices in the rows' variables: the output block reads the weighted
+        sum at an affine map of its own variables (a reshape, a transpose), inverted."""
+        store = block.body
+        o_load = next(ld for ld in loads(store.value) if ld.source.same_as(self.o.output))
+        units = [(iv.var, tirx.const(0, iv.var.ty)) for iv in block.iter_vars if int(iv.dom.extent) == 1]
+        ranges = {iv.var: iv.dom for iv in block.iter_vars if int(iv.dom.extent) > 1}
+        found = detect_iter_map([substitute(i, units) for i in o_load.indices], ranges, check_level="bijective")
+        if not found.indices:
+            raise ClusterError(f"the output block must read each weighted-sum element once; reads "
+                               f"{self.o.output.name}{list(o_load.indices)}")
+        to_rows = self._canonical(self.o)
+        in_rows = [substitute(var, to_rows) for var in self.o.spatial]
+        inverse = inverse_affine_iter_map(found.indices, in_rows)
+        return [self.analyzer.simplify(substitute(substitute(i, units), list(inverse.items())))
+                for i in store.indices]
+
+    # --- indices and layouts -----------------------------------------------------------
+
+    def _indices(self, load, mapping: list) -> list:
+        return [self.analyzer.simplify(substitute(i, mapping)) for i in load.indices]
+
+    def _layout(self, name: str, buf, indices: list, position, dim, heads: list) -> OperandLayout:
+        shape = [int(x) for x in buf.ty.shape]
+        where = f"{name} {buf.name}{shape} indexed {[str(i) for i in indices]}"
+        axes = {n for n, i in enumerate(indices) if isinstance(i, tirx.Var) and i.same_as(dim)}
+        if axes != {len(indices) - 1}:
+            raise ClusterError(f"{where}: the head dim must be the innermost axis (TMA tiles run along it)")
+        seq = [n for n, i in enumerate(indices) if isinstance(i, tirx.Var) and i.same_as(position)]
+        if len(seq) != 1 or shape[seq[0]] != self.ranges[position]:
+            raise ClusterError(f"{where}: one axis must be the whole {'key' if name in 'kv' else 'query'} position")
+        if shape[-1] != self.ranges[dim]:
+            raise ClusterError(f"{where}: the head dim is {self.ranges[dim]}")
+        axes = []
+        for n, index in enumerate(indices):
+            if n in (seq[0], len(indices) - 1):
+                continue
+            axis = _head_axis(n, index, heads)
+            if axis is None:
+                raise ClusterError(f"{where}: axis {n} must be indexed by a head variable (h, h // g, h % g)")
+            if not self.analyzer.can_prove(index < shape[n]):
+                raise ClusterError(f"{where}: axis {n} has {shape[n]} heads, fewer than its index reaches")
+            axes.append(axis)
+        return OperandLayout(len(indices) - 1, seq[0], tuple(axes))
+
+    def _query_position(self, q_idx: list, k_idx: list, cond):
+        """The row variable that is the query position: one q reads by and k does not (the one
+        the mask compares with the key, if masked). Without a mask every such variable gives
+        the same result (rows are independent); the longest is tiled along."""
+        candidates = [var for var in self.m.spatial if _uses(q_idx, var) and not _uses(k_idx, var)]
+        if cond is not None:
+            candidates = [var for var in candidates if uses(cond, var)]
+        if not candidates:
+            raise ClusterError("q must be indexed by a query position the keys are not (and the mask compares)")
+        return max(candidates, key=lambda var: self.ranges[var])
+
+    def _causal(self, cond, i, t) -> bool:
+        if cond is None:
+            return False
+        analyzer = self.analyzer
+        if analyzer.can_prove(tirx.Or(tirx.Not(cond), t <= i)) and analyzer.can_prove(tirx.Or(cond, i < t)):
+            return True
+        raise ClusterError(f"only the causal mask (key t <= query i) is supported; got {cond}")
+
+
+def _rank(level: Level) -> int:
+    """A level's spatial axes, those of extent 1 left out (a kept dimension of a reduction)."""
+    return sum(int(level.output.ty.shape[n]) > 1 for n in range(len(level.spatial)))
+
+
+def _sympy(expr, leaf) -> sympy.Expr:
+    try:
+        return ToSympy(leaf)(expr)
+    except Unsupported as err:
+        raise ClusterError(f"attention: unsupported {err} in {expr}") from err
+
+
+def _zero(e) -> bool:
+    """Whether ``e`` is provably 0 (``0.0`` included)."""
+    return bool(e.is_zero) or bool(sympy.simplify(e).is_zero)
+
+
+def _uses(indices: list, var) -> bool:
+    return any(uses(i, var) for i in indices)
+
+
+def _head_axis(axis: int, index, heads: list) -> HeadAxis | None:
+    """``axis`` as a :class:`HeadAxis` if ``index`` is 0, ``h``, ``h // a``, ``h % b``,
+    ``h // a % b`` or ``h % b // a`` (``a`` dividing ``b``) of a head variable ``h``."""
+    if isinstance(index, tirx.IntImm):
+        return HeadAxis(axis, None) if index.value == 0 else None
+    divisor = modulus = None
+    if isinstance(index, tirx.FloorDiv) and isinstance(index.b, tirx.IntImm):
+        index, divisor = index.a, int(index.b.value)
+        if isinstance(index, tirx.FloorMod) and isinstance(index.b, tirx.IntImm):
+            if int(index.b.value) % divisor:
+                return None
+            index, modulus = index.a, int(index.b.value) // divisor
+    elif isinstance(index, tirx.FloorMod) and isinstance(index.b, tirx.IntImm):
+        index, modulus = index.a, int(index.b.value)
+        if isinstance(index, tirx.FloorDiv) and isinstance(index.b, tirx.IntImm):
+            index, divisor = index.a, int(index.b.value)
+    pos = next((n for n, var in enumerate(heads) if isinstance(index, tirx.Var) and var.same_as(index)), None)
+    return None if pos is None else HeadAxis(axis, pos, divisor or 1, modulus or 0)
+
+
+def _selects(expr) -> list:
+    found = []
+
+    def visit(node):
+        if isinstance(node, tirx.Select) or (isinstance(node, tvm.ir.Call) and node.op.name.endswith("if_then_else")):
+            found.append(node)
+        return node
+
+    tvm_ffi.structural_map(expr, [(tirx.Select, visit), (tvm.ir.Call, visit)])
+    return found
+
+
+def _parts(node) -> tuple:
+    if isinstance(node, tirx.Select):
+        return node.condition, node.true_value, node.false_value
+    return tuple(node.args)
+
+
+def _select_condition(expr):
+    """The one condition of the masks in ``expr`` (None without a mask); ClusterError for
+    several different ones or a mask reading memory."""
+    conds = [_parts(node)[0] for node in _selects(expr)]
+    if not conds:
+        return None
+    if any(loads(c) for c in conds) or not all(tvm_ffi.structural_equal(c, conds[0]) for c in conds):
+        raise ClusterError(f"attention takes one mask computed from the positions; got {[str(c) for c in conds]}")
+    return conds[0]
+
+
+def _same_condition(cond, other, mapping) -> bool:
+    return other is not None and tvm_ffi.structural_equal(substitute(cond, mapping), other)
+
+
+def _with_branch(expr, kept: bool):
+    """``expr`` with every mask replaced by its kept (or masked) branch."""
+
+    def choose(node):
+        if isinstance(node, tirx.Select) or (isinstance(node, tvm.ir.Call) and node.op.name.endswith("if_then_else")):
+            _, yes, no = _parts(node)
+            return yes if kept else no
+        return node
+
+    return tvm_ffi.structural_map(expr, [(tirx.Select, choose), (tvm.ir.Call, choose)])

@@ -1,0 +1,132 @@
+"""Attention written the ways users write it, to check that tvm-dsm takes each by meaning.
+
+Every form computes ``softmax(Q K^T / sqrt(D) [causal]) V`` in fp32 from 16-bit inputs and
+returns the input type; they differ in what a matcher could trip on:
+
+- :func:`te_attention`: hand-written TE over ``[B, H, S, D]`` (``layout="bhsd"``), ``[B, S, H,
+  D]`` (``"bshd"``) or ``[H, S, D]`` (``"hsd"``); grouped-query (``kv_heads`` < ``heads``: key
+  head ``h // (heads / kv_heads)``); the scale on q, on the scores or inside the softmax; the
+  causal mask as a select, ``te.if_then_else`` or an added ``0 / -inf`` term; the probabilities
+  normalized before the product with V or the output divided at the end.
+- :func:`topi_attention`: TOPI's ``batch_matmul``, ``softmax`` and ``transpose`` over
+  ``[B, S, H, D]`` inputs, as a Relax user's graph lowers them.
+- :func:`relax_attention`: ``R.nn.attention`` (what ``relax.frontend.nn``'s
+  ``scaled_dot_product_attention`` emits) legalized: fp16 scores, a causal mask that zeroes the
+  masked scores and then their exponentials.
+"""
+
+from __future__ import annotations
+
+import math
+
+import tvm
+from tvm import relax, te, tirx, topi
+
+_NEG_INF = float("-inf")
+
+
+def _inputs(batch: int, heads: int, kv_heads: int, q_len: int, kv_len: int, dim: int, dtype: str,
+            layout: str) -> tuple:
+    def shape(h, s):
+        return {"bhsd": (batch, h, s, dim), "bshd": (batch, s, h, dim), "hsd": (h, s, dim)}[layout]
+
+    return (te.placeholder(shape(heads, q_len), dtype, name="q"),
+            te.placeholder(shape(kv_heads, kv_len), dtype, name="k"),
+            te.placeholder(shape(kv_heads, kv_len), dtype, name="v"))
+
+
+def _at(tensor, layout: str, b, h, s, d):
+    """``tensor``'s element of batch ``b``, head ``h``, position ``s``, column ``d``."""
+    return {"bhsd": lambda: tensor[b, h, s, d], "bshd": lambda: tensor[b, s, h, d],
+            "hsd": lambda: tensor[h, s, d]}[layout]()
+
+
+def te_attention(batch: int, heads: int, q_len: int, kv_len: int, dim: int, *, kv_heads: int | None = None,
+                 layout: str = "bhsd", causal: bool = False, scale_on: str = "scores", mask: str = "select",
+                 normalize: str = "output", dtype: str = "float16"):
+    """Attention as a PrimFunc (q, k, v, out); see the module docstring for the options.
+    ``scale_on``: "q", "scores" or "softmax"; ``mask``: "select", "if_then_else" or "add";
+    ``normalize``: "output" (divide at the end) or "probabilities" (before the product)."""
+    kv_heads = kv_heads or heads
+    group = heads // kv_heads
+    q, k, v = _inputs(batch, heads, kv_heads, q_len, kv_len, dim, dtype, layout)
+    scale = 1.0 / math.sqrt(dim)
+    f32 = "float32"
+    rows = (batch, heads, q_len)
+    if scale_on == "q":
+        qs = te.compute(q.shape, lambda *i: (q(*i).astype(f32) * scale), name="q_scaled")
+        q_value = lambda b, h, i, d: _at(qs, layout, b, h, i, d)  # noqa: E731
+    else:
+        q_value = lambda b, h, i, d: _at(q, layout, b, h, i, d).astype(f32)  # noqa: E731
+    d = te.reduce_axis((0, dim), "d")
+    scores = te.compute((*rows, kv_len), lambda b, h, i, t: te.sum(
+        q_value(b, h, i, d) * _at(k, layout, b, h // group, t, d).astype(f32), axis=d), name="scores")
+    if scale_on == "scores":
+        raw = scores
+        scores = te.compute(raw.shape, lambda b, h, i, t: raw[b, h, i, t] * scale, name="scaled")
+    if causal:
+        unmasked = scores
+        inf = tirx.const(_NEG_INF, f32)
+        zero = tirx.const(0.0, f32)
+        masks = {
+            "select": lambda b, h, i, t: tirx.Select(t <= i, unmasked[b, h, i, t], inf),
+            "if_then_else": lambda b, h, i, t: te.if_then_else(t <= i, unmasked[b, h, i, t], inf),
+            "add": lambda b, h, i, t: unmasked[b, h, i, t] + te.if_then_else(t <= i, zero, inf),
+        }
+        scores = te.compute(unmasked.shape, masks[mask], name="masked")
+    c = scale if scale_on == "softmax" else 1.0
+    t1 = te.reduce_axis((0, kv_len), "t1")
+    row_max = te.compute(rows, lambda b, h, i: te.max(scores[b, h, i, t1] * c, axis=t1), name="row_max")
+    t2 = te.reduce_axis((0, kv_len), "t2")
+    row_sum = te.compute(rows, lambda b, h, i: te.sum(
+        te.exp(scores[b, h, i, t2] * c - row_max[b, h, i]), axis=t2), name="row_sum")
+    t3 = te.reduce_axis((0, kv_len), "t3")
+    if normalize == "probabilities":
+        p = te.compute(scores.shape, lambda b, h, i, t: te.exp(scores[b, h, i, t] * c - row_max[b, h, i])
+                       / row_sum[b, h, i], name="probabilities")
+        weighted = te.compute((*rows, dim), lambda b, h, i, e: te.sum(
+            p[b, h, i, t3] * _at(v, layout, b, h // group, t3, e).astype(f32), axis=t3), name="weighted")
+        result = lambda b, h, i, e: weighted[b, h, i, e]  # noqa: E731
+    else:
+        weighted = te.compute((*rows, dim), lambda b, h, i, e: te.sum(
+            te.exp(scores[b, h, i, t3] * c - row_max[b, h, i]) * _at(v, layout, b, h // group, t3, e).astype(f32),
+            axis=t3), name="weighted")
+        result = lambda b, h, i, e: weighted[b, h, i, e] / row_sum[b, h, i]  # noqa: E731
+    out_shape = {"bhsd": (batch, heads, q_len, dim), "bshd": (batch, q_len, heads, dim), "hsd": (heads, q_len, dim)}
+    index = {"bhsd": lambda b, h, i, e: (b, h, i, e), "bshd": lambda b, i, h, e: (b, h, i, e),
+             "hsd": lambda h, i, e: (0, h, i, e)}[layout]
+    out = te.compute(out_shape[layout], lambda *a: result(*index(*a)).astype(dtype), name="out")
+    return te.create_prim_func([q, k, v, out])
+
+
+def topi_attention(batch: int, heads: int, q_len: int, kv_len: int, dim: int, dtype: str = "float16"):
+    """Attention over ``[B, S, H, D]`` inputs through TOPI: transpose to ``[B, H, S, D]``,
+    reshape to ``[B * H, S, D]``, ``batch_matmul`` (fp32 out), scale, ``softmax``,
+    ``batch_matmul`` with V, transpose back, cast."""
+    q, k, v = _inputs(batch, heads, heads, q_len, kv_len, dim, dtype, "bshd")
+
+    def heads_first(x, length):
+        return topi.reshape(topi.transpose(x, (0, 2, 1, 3)), (batch * heads, length, dim))
+
+    scores = topi.nn.batch_matmul(heads_first(q, q_len), heads_first(k, kv_len), out_dtype="float32",
+                                  transpose_b=True)
+    p = topi.nn.softmax(topi.multiply(scores, 1.0 / math.sqrt(dim)))
+    values = topi.cast(heads_first(v, kv_len), "float32")
+    o = topi.nn.batch_matmul(p, values, transpose_b=False)
+    out = topi.cast(topi.transpose(topi.reshape(o, (batch, heads, q_len, dim)), (0, 2, 1, 3)), dtype)
+    return te.create_prim_func([q, k, v, out])
+
+
+def relax_attention(batch: int, heads: int, q_len: int, kv_len: int, dim: int, causal: bool = False,
+                    dtype: str = "float16"):
+    """``R.nn.attention`` over ``[B, S, H, D]`` (``causal``: its "TopLeft" mask), legalized by
+    ``relax.transform.LegalizeOps`` into one PrimFunc."""
+    bb = relax.BlockBuilder()
+    q = relax.Var("q", relax.TensorType((batch, q_len, heads, dim), dtype))
+    k = relax.Var("k", relax.TensorType((batch, kv_len, heads, dim), dtype))
+    v = relax.Var("v", relax.TensorType((batch, kv_len, heads, dim), dtype))
+    with bb.function("main", [q, k, v]):
+        out = bb.emit(relax.op.nn.attention(q, k, v, causal_mask="TopLeft" if causal else None))
+        bb.emit_func_output(out)
+    mod = relax.transform.LegalizeOps()(bb.get())
+    return next(f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc))

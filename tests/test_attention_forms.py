@@ -1,0 +1,195 @@
+"""Attention as users write it (tvm_dsm.workloads.attention_forms: TE in several layouts and
+styles, TOPI) reaches the tensor-core attention kernel: what is read from each form, the CUDA it
+builds, refusals that name the limit, and (GPU) every form through ``tvm_dsm.build`` against
+float64."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tvm
+from tvm import te, tirx
+
+from conftest import TARGET, cuda_source
+from tvm_dsm.errors import ClusterError
+from tvm_dsm.rules.attention import fuse_attention
+from tvm_dsm.rules.attention_pattern import HeadAxis, find_attention
+from tvm_dsm.workloads.attention_forms import relax_attention, te_attention, topi_attention
+
+#: (name, arguments of te_attention after batch, heads, q_len, kv_len, dim)
+FORMS = {
+    "bhsd": {},
+    "bshd": {"layout": "bshd"},
+    "hsd": {"layout": "hsd"},
+    "gqa": {"kv_heads": 2},
+    "mqa": {"kv_heads": 1},
+    "scale_on_q": {"scale_on": "q"},
+    "scale_in_softmax": {"scale_on": "softmax"},
+    "causal_select": {"causal": True},
+    "causal_if_then_else": {"causal": True, "mask": "if_then_else"},
+    "causal_added": {"causal": True, "mask": "add"},
+    "probabilities": {"normalize": "probabilities"},
+    "gqa_bshd_causal_probabilities": {"kv_heads": 2, "layout": "bshd", "causal": True, "normalize": "probabilities"},
+    "bf16": {"dtype": "bfloat16"},
+}
+
+
+def _form(name: str, batch=2, heads=4, q_len=128, kv_len=128, dim=64, **extra):
+    kwargs = {**FORMS[name], **extra}
+    if kwargs.get("layout") == "hsd":
+        batch = 1
+    return te_attention(batch, heads, q_len, kv_len, dim, **kwargs)
+
+
+@pytest.mark.parametrize("name", sorted(FORMS))
+def test_every_form_is_read_as_attention(name):
+    shape = find_attention(_form(name))
+    assert (shape.q_len, shape.kv_len, shape.dim) == (128, 128, 64)
+    assert shape.heads == (4 if name == "hsd" else 8)
+    assert shape.scale == pytest.approx(0.125)
+    assert shape.causal == FORMS[name].get("causal", False)
+    assert shape.dtype == FORMS[name].get("dtype", "float16")
+    q, k, v, out = shape.layouts
+    assert q == out and k == v
+    assert q.dim == k.dim == len(q.heads) + 1
+    assert q.seq == (1 if FORMS[name].get("layout") in ("bshd", "hsd") else 2)
+
+
+def test_grouped_and_multi_query_keys_are_read_per_group():
+    assert find_attention(_form("gqa")).layouts[1].heads[-1] == HeadAxis(1, 1, divisor=2)
+    assert find_attention(_form("mqa")).layouts[1].heads[-1] == HeadAxis(1, None)
+
+
+def test_topi_flattened_heads_are_two_axes_of_one_variable():
+    shape = find_attention(topi_attention(2, 4, 128, 128, 64))
+    assert shape.head_extents == (8,)
+    assert shape.layouts[0].heads == (HeadAxis(0, 0, divisor=4), HeadAxis(2, 0, modulus=4))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_relax_legalized_attention_is_read_through_its_reshapes(causal):
+    """R.nn.attention legalized: [B, S, H, D] transposed and reshaped to [B * H, S, D], fp16
+    scores, the causal mask zeroing masked scores and then their exponentials."""
+    shape = find_attention(relax_attention(2, 4, 128, 256, 64, causal))
+    assert (shape.heads, shape.q_len, shape.kv_len, shape.causal) == (8, 128, 256, causal)
+    assert shape.layouts[0].heads == (HeadAxis(0, 0, divisor=4), HeadAxis(2, 0, modulus=4))
+
+
+@pytest.mark.parametrize(("name", "extra"), [
+    ("bshd", {}), ("gqa_bshd_causal_probabilities", {}), ("bf16", {}), ("causal_select", {"dim": 96}),
+    ("bhsd", {"q_len": 200, "kv_len": 300}), ("causal_added", {"q_len": 130, "kv_len": 130, "dim": 80}),
+])
+def test_forms_build_one_kernel_that_assembles(assemble, name, extra):
+    source = cuda_source(fuse_attention(_form(name, **extra)))
+    assert source.count("__global__") == 2
+    rank = 3 if FORMS[name].get("layout") == "hsd" else 4
+    assert f"cp.async.bulk.tensor.{rank}d" in source
+    ptx = "bf16" if name == "bf16" else "f16"
+    assert f".f32.{ptx}.{ptx}" in source
+    assert assemble(source, f"attention_form_{name}_{extra.get('dim', 64)}")
+
+
+def _variant(condition=None, head_dim_outer=False):
+    """[2, 4, 128, 64] attention written by hand with the causal mask's ``condition(i, t)``
+    replaced, or q and k stored [B, H, D, S] (the head dim not innermost)."""
+    qk_shape = (2, 4, 64, 128) if head_dim_outer else (2, 4, 128, 64)
+    q = te.placeholder(qk_shape, "float16", name="q")
+    k = te.placeholder(qk_shape, "float16", name="k")
+    v = te.placeholder((2, 4, 128, 64), "float16", name="v")
+    d = te.reduce_axis((0, 64), "d")
+
+    def at(x, b, h, s):
+        return x[b, h, d, s] if head_dim_outer else x[b, h, s, d]
+
+    s = te.compute((2, 4, 128, 128), lambda b, h, i, t: te.sum(
+        at(q, b, h, i).astype("float32") * at(k, b, h, t).astype("float32") * 0.125, axis=d), name="s")
+    if condition is not None:
+        scores = s
+        s = te.compute(s.shape, lambda b, h, i, t: tirx.Select(
+            condition(i, t), scores[b, h, i, t], tirx.const(float("-inf"), "float32")), name="masked")
+    t1, t2, t3 = (te.reduce_axis((0, 128), n) for n in ("t1", "t2", "t3"))
+    m = te.compute((2, 4, 128), lambda b, h, i: te.max(s[b, h, i, t1], axis=t1), name="m")
+    l = te.compute((2, 4, 128), lambda b, h, i: te.sum(te.exp(s[b, h, i, t2] - m[b, h, i]), axis=t2), name="l")
+    o = te.compute((2, 4, 128, 64), lambda b, h, i, e: te.sum(
+        te.exp(s[b, h, i, t3] - m[b, h, i]) * v[b, h, t3, e].astype("float32"), axis=t3), name="o")
+    out = te.compute(o.shape, lambda b, h, i, e: (o[b, h, i, e] / l[b, h, i]).astype("float16"), name="out")
+    return te.create_prim_func([q, k, v, out])
+
+
+@pytest.mark.parametrize(("func", "message"), [
+    (_variant(lambda i, t: t < i), "only the causal mask"),
+    (_variant(lambda i, t: t >= i), "only the causal mask"),
+    (_variant(head_dim_outer=True), "head dim must be the innermost axis"),
+    (te_attention(1, 2, 128, 128, 192), "head dim 192"),
+    (te_attention(1, 2, 128, 128, 60), "head dim 60"),
+    (te_attention(1, 2, 128, 128, 64, dtype="float32"), "float16 or bfloat16"),
+])
+def test_what_the_kernel_cannot_take_is_refused_by_name(func, message):
+    with pytest.raises(ClusterError, match=message):
+        fuse_attention(func)
+
+
+def _reference(layout: str, q, k, v, heads, kv_heads, causal):
+    """float64 softmax(Q K^T / sqrt(D)) V over inputs in ``layout``."""
+
+    def bhsd(x):
+        x = x.astype(np.float64)
+        return x[None] if layout == "hsd" else x.transpose(0, 2, 1, 3) if layout == "bshd" else x
+
+    q4, k4, v4 = bhsd(q), bhsd(k), bhsd(v)
+    k4, v4 = (np.repeat(x, heads // kv_heads, axis=1) for x in (k4, v4))
+    s = np.einsum("bhid,bhtd->bhit", q4, k4) / np.sqrt(q.shape[-1])
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    o = (p @ v4) / p.sum(-1, keepdims=True)
+    return o[0] if layout == "hsd" else o.transpose(0, 2, 1, 3) if layout == "bshd" else o
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("name", "sizes"), [
+    *((name, (2, 4, 256, 256, 64)) for name in sorted(FORMS)),
+    ("gqa_bshd_causal_probabilities", (2, 8, 200, 200, 96)),
+    ("bhsd", (1, 2, 130, 333, 128)),
+    ("causal_added", (3, 2, 257, 257, 80)),
+    ("bf16", (2, 2, 192, 320, 128)),
+])
+def test_gpu_every_te_form_matches_float64(name, sizes):
+    """Through ``tvm_dsm.build`` (the planner's pick), NaN-poisoned output, fresh inputs."""
+    import tvm_dsm
+
+    batch, heads, q_len, kv_len, dim = sizes
+    func = _form(name, batch, heads, q_len, kv_len, dim)
+    module = tvm_dsm.build(func, TARGET)
+    dtype = ml_dtypes.bfloat16 if FORMS[name].get("dtype") == "bfloat16" else np.float16
+    shapes = [[int(x) for x in p.ty.shape] for p in func.params]
+    rng = np.random.default_rng()
+    inputs = [(rng.standard_normal(s) * 2).astype(dtype) for s in shapes[:3]]
+    dev = tvm.cuda(0)
+    out = tvm.runtime.tensor(np.full(shapes[3], np.nan, dtype), dev)
+    module(*(tvm.runtime.tensor(x, dev) for x in inputs), out)
+    kv_heads = FORMS[name].get("kv_heads", heads)
+    ref = _reference(FORMS[name].get("layout", "bhsd"), *inputs, heads, kv_heads, FORMS[name].get("causal", False))
+    got = out.numpy().astype(np.float64)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < (1e-2 if dtype is not np.float16 else 2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("build", "causal"), [(topi_attention, False), (relax_attention, False),
+                                               (relax_attention, True)])
+def test_gpu_topi_and_relax_forms_match_float64(build, causal):
+    import tvm_dsm
+
+    args = (2, 4, 200, 200, 64) + ((causal,) if build is relax_attention else ())
+    func = build(*args)
+    module = tvm_dsm.build(func, TARGET)
+    shapes = [[int(x) for x in p.ty.shape] for p in func.params]
+    rng = np.random.default_rng()
+    inputs = [(rng.standard_normal(s) * 2).astype(np.float16) for s in shapes[:3]]
+    dev = tvm.cuda(0)
+    out = tvm.runtime.tensor(np.full(shapes[3], np.nan, np.float16), dev)
+    module(*(tvm.runtime.tensor(x, dev) for x in inputs), out)
+    ref = _reference("bshd", *inputs, 4, 4, causal)
+    got = out.numpy().astype(np.float64)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3

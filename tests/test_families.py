@@ -1,0 +1,96 @@
+"""The cascade families with kernels of their own (attention, softmax·V, top-k rows): each takes
+its workload and refuses the others with a reason, ranks its configurations with a compute term
+beside the bytes, and the driver picks it ahead of the fused rows."""
+
+from __future__ import annotations
+
+import pytest
+
+import tvm_dsm
+from tvm_dsm.errors import ClusterError
+from tvm_dsm.families import FAMILIES
+from tvm_dsm.families.attention import Attention
+from tvm_dsm.families.fused_cascade import element_ops
+from tvm_dsm.families.softmax_gemm import SoftmaxGemm
+from tvm_dsm.families.top_k_rows import TopKRows
+from tvm_dsm.hardware import load_hardware
+from tvm_dsm.rules import softmax_gemm, top_k_rows
+from tvm_dsm.rules.attention import default_config as attention_default
+from tvm_dsm.workloads import cascades
+
+WORKLOADS = {
+    "attention": lambda: cascades.attention(4, 256, 256, 64),
+    "softmax_gemm": lambda: cascades.softmax_pv(256, 512, 64),
+    "top_k_rows": lambda: cascades.moe_routing(256, 1024, 8),
+}
+OWN_KERNELS = {"attention": Attention(), "softmax_gemm": SoftmaxGemm(), "top_k_rows": TopKRows()}
+
+
+@pytest.mark.parametrize("family", sorted(OWN_KERNELS))
+@pytest.mark.parametrize("workload", sorted(WORKLOADS))
+def test_a_family_takes_its_workload_and_refuses_the_others_with_a_reason(family, workload):
+    func = WORKLOADS[workload]()
+    if family == workload:
+        assert OWN_KERNELS[family].match(func) is not None
+        assert tvm_dsm.plan(func).family.name == family
+        return
+    with pytest.raises(ClusterError) as err:
+        OWN_KERNELS[family].recognize(func)
+    assert len(str(err.value)) > 20  # says what the function lacks
+
+
+def test_own_kernels_are_tried_before_the_fused_rows():
+    names = [f.name for f in FAMILIES]
+    assert max(names.index(n) for n in OWN_KERNELS) < names.index("fused_cascade")
+
+
+def test_prefill_attention_is_compute_bound_and_planned_as_attention():
+    """16 heads x 2048 x 2048 x 64: 17 GFLOP on tensor cores outweigh the 17 MB from HBM (the
+    key/value tiles re-read from L2 per 64-row query tile are of the same order)."""
+    func = cascades.attention(16, 2048, 2048, 64)
+    ranking = tvm_dsm.plan(func)
+    assert ranking.family.name == "attention"
+    best = ranking.best
+    assert best.config == attention_default(ranking.shape)
+    assert best.seconds["mma"] > best.seconds["hbm"] and best.seconds["mma"] > 0.5 * best.seconds["l2"]
+    assert best.seconds["mma"] == pytest.approx(4 * 16 * 2048 * 2048 * 64 / 989e12)
+    causal = Attention().recognize(cascades.attention(16, 2048, 2048, 64, causal=True))
+    masked = Attention().predict(causal, best.config, load_hardware())
+    assert masked.seconds["mma"] == pytest.approx(best.seconds["mma"] / 2)
+    assert masked.bytes["l2"] < 0.6 * best.bytes["l2"]  # no key tiles past a CTA's diagonal
+
+
+def test_attention_ranks_every_valid_configuration_with_the_measured_default_first():
+    shape = Attention().recognize(WORKLOADS["attention"]())
+    plans = Attention().rank(shape, load_hardware())
+    assert len(plans) > 1 and plans[0].config == attention_default(shape)
+    rest = [p.predicted_us for p in plans[1:]]
+    assert rest == sorted(rest)
+
+
+def test_softmax_gemm_counts_its_products_on_cuda_cores():
+    found = SoftmaxGemm().recognize(cascades.softmax_pv(2048, 512, 64))
+    plans = SoftmaxGemm().rank(found, load_hardware())
+    assert plans[0].config == softmax_gemm.default_config(found.shape)
+    products = 2 * 2048 * 512 * 64
+    assert plans[0].seconds["fp32"] > products / 66.9e12
+    for p in plans:
+        softmax_gemm.check_config(found.shape, p.config)  # ClusterError for a configuration that does not fit
+
+
+def test_top_k_rows_plans_the_default_split_at_the_hbm_floor():
+    func = cascades.moe_routing(4096, 4096, 8)
+    (plan,) = TopKRows().rank(TopKRows().recognize(func), load_hardware())
+    assert plan.config == top_k_rows.default_config(top_k_rows.find_top_k_rows(func))
+    assert plan.bytes == {"hbm": 4096 * 4096 * 2 + 4096 * 8 * (4 + 4)}
+
+
+def test_fused_rows_count_element_work_beside_the_bytes():
+    """Decode attention's scores (q . k over the head dim, an FMA a term) are computed in the
+    fused loop: their operations are counted on the CUDA cores."""
+    rows, keys, dim = 8, 1024, 64
+    func = cascades.decode_attention(rows, keys, dim)
+    assert element_ops(func) >= 2 * rows * keys * dim
+    ranking = tvm_dsm.plan(func)
+    assert ranking.family.name == "fused_cascade"
+    assert 0 < ranking.best.seconds["fp32"] < ranking.best.seconds["hbm"]
