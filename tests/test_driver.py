@@ -51,7 +51,7 @@ def _unfusible_cascade(rows: int = 256, cols: int = 1024):
 @pytest.mark.parametrize("func, family, kernel", [
     (cascades.moe_routing(256, 1024, 8), "top_k_rows", "top-k rows"),
     (cascades.softmax_v(256, 512, 64), "softmax_gemm", "softmax·V tiled"),
-    (cascades.attention(4, 256, 256, 64), "attention", "attention: 128 query rows"),
+    (cascades.attention(4, 256, 256, 64), "attention", "attention: 64 query rows"),
     (cascades.logsumexp(256, 1024), "fused_cascade", "fused cascade: 256 rows, a cluster of"),
 ])
 def test_cascades_are_planned_and_built_through_the_driver(func, family, kernel):
@@ -64,14 +64,19 @@ def test_cascades_are_planned_and_built_through_the_driver(func, family, kernel)
     assert "__global__" in source
 
 
-def test_a_cascade_whose_stage_reads_the_data_again_is_left_to_dlight():
+def test_a_cascade_whose_stage_reads_the_data_again_goes_to_the_row_norm_kernel():
     """TOPI's softmax normalizes every element from X after the statistics: the fused rows ran it
-    1.4-25x slower than dlight (bench/results/softmax.json), so the family refuses it."""
+    1.4-25x slower than dlight (bench/results/softmax.json), so that family refuses it; the
+    row-norm family holds the row and reads it once."""
     from tvm import topi
 
+    from tvm_dsm.families.fused_cascade import FusedCascade
+
     x = te.placeholder((256, 1024), "float32", name="x")
-    with pytest.raises(ClusterError, match="fused_cascade: T_softmax_norm reads .'x'. besides the cascade's"):
-        tvm_dsm.plan(te.create_prim_func([x, topi.nn.softmax(x)]))
+    func = te.create_prim_func([x, topi.nn.softmax(x)])
+    with pytest.raises(ClusterError, match="T_softmax_norm reads .'x'. besides the cascade's"):
+        FusedCascade().recognize(func)
+    assert tvm_dsm.plan(func).family.name == "row_norm"
 
 
 def test_tune_measures_a_generated_kernel_without_recording_it(tmp_path):

@@ -18,6 +18,7 @@ from .conv_chain import ConvChain
 from .fused_cascade import FusedCascade
 from .gemm_chain import GemmChain
 from .gemm_row_max import GemmRowMax
+from .row_norm import RowNorm
 from .softmax_gemm import SoftmaxGemm
 from .split_k_gemm import SplitKGemm
 from .split_k_reduction import SplitKReduction
@@ -26,7 +27,7 @@ from .top_k_rows import TopKRows
 #: Most specific first: a cascade's own kernel (attention, softmax·V, top-k rows, row norms)
 #: before the fused rows that take any cascade.
 FAMILIES: tuple[ScheduleFamily, ...] = (ConvChain(), GemmChain(), GemmRowMax(), SplitKGemm(), Attention(),
-                                        SoftmaxGemm(), TopKRows(), FusedCascade(), SplitKReduction())
+                                        SoftmaxGemm(), TopKRows(), RowNorm(), FusedCascade(), SplitKReduction())
 
 
 def hopper_target(target: Any) -> bool:

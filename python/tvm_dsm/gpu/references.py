@@ -76,6 +76,9 @@ def _moe_routing_eager(x, k):
     return weights, indices.int()
 
 
+#: TOPI's default epsilon of rms_norm and layer_norm.
+_NORM_EPS = 1e-5
+
 _CASCADES = {
     "cascade_softmax_stats": _softmax_stats,
     "cascade_logsumexp": lambda x: torch.logsumexp(x, 1),
@@ -84,6 +87,9 @@ _CASCADES = {
     "cascade_softmax_pv": _softmax_pv,
     "cascade_softmax_v": lambda x, v: torch.softmax(x.float(), 1) @ v.float(),
     "softmax": lambda x: torch.softmax(x, -1),
+    "log_softmax": lambda x: torch.log_softmax(x, -1),
+    "rms_norm": lambda x, w: F.rms_norm(x, w.shape, w, _NORM_EPS),
+    "layer_norm": lambda x, w, b: F.layer_norm(x, w.shape, w, b, _NORM_EPS),
 }
 
 

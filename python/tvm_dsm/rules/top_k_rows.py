@@ -45,7 +45,7 @@ from ..fusion import top_k_keys
 from ..fusion.cascade import Level, indexed_by, inline_elementwise, only_load, single_fusible_cascade
 from ..fusion.epilogue import bind_stage, find_epilogue
 from ..fusion.top_k import identity
-from ..ir import loads, substitute, tree_reduce
+from ..ir import fast_exp, loads, substitute, tree_reduce
 
 _LOAD_BYTES = 16
 _WARP = 32
@@ -209,7 +209,7 @@ def top_k_rows_kernel(found: TopKRows, c: TopKRowsConfig) -> tirx.PrimFunc:  # n
                 return element
             return m  # the sum's only other read: the max (find_top_k_rows checks)
 
-        return tvm_ffi.structural_map(level.value, [(tvm.ir.TensorLoad, bind), (tvm.ir.Call, _fast_exp)])
+        return tvm_ffi.structural_map(level.value, [(tvm.ir.TensorLoad, bind), (tvm.ir.Call, fast_exp)])
 
     def raw_max(a, b):  # in X's type (exact, NaN-ignoring as fmaxf): no widened copies to keep
         return tirx.max(a, b) if x_dtype == "float32" else tirx.call_pure_extern(x_dtype, "__hmax", a, b)
@@ -325,13 +325,3 @@ def top_k_rows_kernel(found: TopKRows, c: TopKRowsConfig) -> tirx.PrimFunc:  # n
 
 def _shuffle_xor(mask: int, value):
     return tirx.op.tvm_warp_shuffle_xor(tirx.const(_FULL, "uint32"), value, mask, _WARP, _WARP)
-
-
-def _fast_exp(call):
-    """fp32 ``exp`` on the SFU (``__expf``: ex2.approx of x·log2 e). Its relative error is at
-    most 2 + 1.16|x| ulp, under 6.2e-6 wherever the result is a normal float, inside the 1e-5
-    the kernels are held to; CUDA's ``expf`` costs ~5x the instructions, which made the sum of
-    a 4096-wide row most of this kernel's issue slots."""
-    if call.op.name == "tirx.exp" and str(call.ty.dtype) == "float32":
-        return tirx.call_pure_extern("float32", "__expf", call.args[0])
-    return call

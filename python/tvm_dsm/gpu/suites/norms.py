@@ -1,0 +1,49 @@
+"""Row-wise normalizations as TOPI writes them (what Relax legalizes ``R.nn.softmax``,
+``R.nn.rms_norm`` and ``R.nn.layer_norm`` to): the schedule ``tvm_dsm.build`` gives them (the
+row-norm family's kernel, each row read once) beside TVM's stock dlight schedule, at the sizes
+of issue 50 (softmax 4096 x 32000, RMSNorm and LayerNorm 4096 x 4096) and real models' widths
+(hidden sizes 2048-8192, a 128K-vocabulary softmax of 8 rows)."""
+
+from __future__ import annotations
+
+from tvm import te, topi
+
+from ...driver import schedule, stock_schedule
+from .base import Variant, args_of, nbytes_of
+
+#: (operator, rows, width, dtype)
+NORMS = [
+    ("softmax", 4096, 32000, "float16"), ("softmax", 4096, 32000, "float32"),
+    ("log_softmax", 4096, 32000, "float16"),
+    ("softmax", 8, 128256, "float16"), ("softmax", 8, 128256, "float32"),
+    *[("rms_norm", 4096, width, "float16") for width in (2048, 4096, 8192)],
+    *[("layer_norm", 4096, width, "float16") for width in (2048, 4096, 8192)],
+    ("layer_norm", 4096, 4096, "float32"),
+]
+
+
+def norm_func(operator: str, rows: int, width: int, dtype: str):
+    """TOPI's ``operator`` over the last axis of [rows, width] (a weight, and a bias for
+    LayerNorm, of width elements)."""
+    x = te.placeholder((rows, width), dtype, name="x")
+    w = te.placeholder((width,), dtype, name="w")
+    b = te.placeholder((width,), dtype, name="b")
+    if operator == "softmax":
+        return te.create_prim_func([x, topi.nn.softmax(x)])
+    if operator == "log_softmax":
+        return te.create_prim_func([x, topi.nn.log_softmax(x)])
+    if operator == "rms_norm":
+        return te.create_prim_func([x, w, topi.nn.rms_norm(x, w, axis=[1])])
+    return te.create_prim_func([x, w, b, topi.nn.layer_norm(x, w, b, axis=[1])])
+
+
+def norms() -> list[Variant]:
+    variants = []
+    for operator, rows, width, dtype in NORMS:
+        func = norm_func(operator, rows, width, dtype)
+        args = args_of(func)
+        for label, mod in (("tvm_dsm", schedule(func).mod), ("dlight", stock_schedule(func).mod)):
+            variants.append(Variant(name=f"{operator}_{rows}x{width}_{dtype}_{label}", workload=operator, mod=mod,
+                                    args=args, bytes=nbytes_of(args), flops=0, plan={"planner": label == "tvm_dsm"},
+                                    peers=("torch_eager",), extra={"class": operator}))
+    return variants

@@ -1,0 +1,524 @@
+"""A row-wise normalization (softmax, log-softmax, RMSNorm, LayerNorm, a residual add before
+the norm) as one kernel that reads each input row from HBM once.
+
+The function is a cascade of row reductions over the last axis (max, sum, sum of squares, mean
+then variance: each level a sum, max or min that may read earlier levels' results) followed by
+element-wise stages that read the row again and write one output per element. Its unfused
+schedules read the row once per level and once more per stage; here each row's elements are
+loaded once, in 16-byte pieces, into the registers of the threads that own them:
+
+    hold   = the row tensors' pieces        each thread its pieces, one 16-byte load each
+    level  = op over the held elements      per thread, then shuffles over the warp, the warps
+                                            of the row through shared memory and, where a
+                                            cluster shares the row, the CTAs through DSM
+    out    = the user's stage expression    its loads of the row redirected to the registers,
+                                            one 16-byte store per piece
+
+Levels that do not read each other's results (LayerNorm's sum and sum of squares) share one
+pass and one combine. Each level is evaluated as the user wrote it, with the earlier levels'
+final values: no online correction, so any expression works; its terms accumulate in fp32
+(16-bit inputs widened) and the result is rounded to the level's type once. A row too long for
+one CTA's registers is split over a cluster of up to 16 CTAs, which also spread a few long
+rows over the SMs (a 128K-vocabulary softmax of 8 rows).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.script import tirx as T
+from tvm.script.ir_builder import IRBuilder
+from tvm.tirx.script.builder import ir as B
+
+from ..annotations import CLUSTER_LAUNCH_KEY
+from ..errors import ClusterError
+from ..fusion.cascade import Level, indexed_by, inline_elementwise, parse_reduction
+from ..ir import fast_exp, is_reduction, loads, substitute, tree_reduce, uses
+from ..schedule.cluster import MAX_CLUSTER_SIZE
+
+_LOAD_BYTES = 16
+_WARP = 32
+_FULL = 0xFFFFFFFF
+_MAX_THREADS = 1024
+#: Bytes of the row a thread holds in registers: 32 registers in CTAs of up to 512 threads
+#: (128 registers a thread available), 16 in CTAs of 1024 (64 available).
+_HELD_BYTES = {512: 128, 1024: 64}
+#: Pieces a thread aims to hold: enough loads in flight per thread to cover HBM latency.
+_PIECES_PER_THREAD = 4
+#: Threads of a CTA when rows are shorter than that many pieces (several rows a CTA).
+_CTA_THREADS = 128
+_COMBINE = {"sum": operator.add, "max": tirx.max, "min": tirx.min}
+_FLOATS = ("float16", "bfloat16", "float32")
+
+
+@dataclass(frozen=True)
+class RowNormConfig:
+    """``threads_per_row`` threads of a CTA per row (a power of two), ``rows_per_cta`` rows a
+    CTA, ``ranks`` CTAs of a cluster sharing each row."""
+
+    threads_per_row: int = 128
+    rows_per_cta: int = 1
+    ranks: int = 1
+
+    @property
+    def threads(self) -> int:
+        return self.threads_per_row * self.rows_per_cta
+
+    def explain(self) -> str:
+        split = (f", each row split over a cluster of {self.ranks} CTAs (statistics merged through DSM)"
+                 if self.ranks > 1 else "")
+        return (f"row norm: {self.threads_per_row} threads a row, {self.rows_per_cta} rows ({self.threads} "
+                f"threads) a CTA{split}; the row held in registers, read from HBM once")
+
+
+@dataclass(frozen=True)
+class RowNorm:
+    """What the kernel takes from the function (inlined, int32 indices): the rows' shape and
+    width, the levels in program order (each with the indices of the levels it reads), the row
+    tensors the levels read (held), the element-wise stages, and the 16-byte piece's elements."""
+
+    func: tirx.PrimFunc
+    rows_shape: tuple[int, ...]
+    width: int
+    levels: tuple[Level, ...]
+    held: tuple  # buffer Vars [*rows_shape, width]
+    stages: tuple  # SBlocks writing out[*rows, k]
+    vector: int
+
+    @property
+    def rows(self) -> int:
+        return math.prod(self.rows_shape)
+
+    @property
+    def pieces(self) -> int:
+        """Pieces of a row."""
+        return self.width // self.vector
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of one element of every held tensor."""
+        return sum(_bytes(h) for h in self.held)
+
+    def waves(self) -> list[list[int]]:
+        """The levels by the depth of their dependencies: a wave reads only earlier waves."""
+        depth: list[int] = []
+        for level in self.levels:
+            depth.append(1 + max((depth[d] for d in level.deps), default=-1))
+        return [[n for n, d in enumerate(depth) if d == w] for w in range(max(depth) + 1)]
+
+
+def _bytes(buf) -> int:
+    return tvm.DataType(str(buf.ty.dtype)).bits // 8
+
+
+def _is_row_load(load, row_vars, last_var, rows_shape, width) -> bool:
+    """Whether ``load`` reads ``buf[*rows, k]`` of a ``[*rows_shape, width]`` tensor."""
+    shape = tuple(int(d) for d in load.source.ty.shape)
+    return (len(load.indices) == len(row_vars) + 1 and indexed_by(load, *row_vars, last_var)
+            and shape == (*rows_shape, width))
+
+
+def find_row_norm(func: tirx.PrimFunc) -> RowNorm:
+    """The normalization of ``func`` as the kernel takes it; ClusterError naming what does not
+    match (a reduction over another axis, a stage reading a row the statistics do not, ...)."""
+    func = tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({"main": func}))["main"]
+    func = inline_elementwise(func)
+    sch = s_tir.Schedule(func)
+    blocks = [sch.get(rv) for rv in sch.get_child_blocks(sch.get_sblock("root"))]
+    params = list(func.params)
+    levels: list[Level] = []
+    stages = []
+    for block in blocks:
+        if is_reduction(block):
+            level = parse_reduction(block)
+            if level is None or level.op not in _COMBINE:
+                raise ClusterError(f"{block.name_hint}: a row norm's reductions are single-axis sums, maxima "
+                                   "or minima")
+            levels.append(level)
+        else:
+            stages.append(block)
+    if not levels:
+        raise ClusterError("no row reductions")
+    first = levels[0]
+    rows_shape = tuple(int(iv.dom.extent) for iv in _block(blocks, first.block).iter_vars[:-1])
+    width = first.extent
+    held: list = []
+    for n, level in enumerate(levels):
+        if len(level.spatial) != len(rows_shape) or level.extent != width or tuple(
+                int(iv.dom.extent) for iv in _block(blocks, level.block).iter_vars[:-1]) != rows_shape:
+            raise ClusterError(f"{level.block} reduces other rows than {first.block}: one row shape and width")
+        if str(level.output.ty.dtype) not in _FLOATS:
+            raise ClusterError(f"{level.block} is {level.output.ty.dtype}: the statistics are fp16, bf16 or fp32")
+        level.deps = []
+        for load in loads(level.value):
+            earlier = next((j for j, prev in enumerate(levels[:n]) if load.source.same_as(prev.output)), None)
+            if earlier is not None:
+                if not indexed_by(load, *level.spatial):
+                    raise ClusterError(f"{level.block} reads {load}: an earlier level's result of another row")
+                level.deps.append(earlier)
+            elif _is_row_load(load, level.spatial, level.reduce_var, rows_shape, width):
+                if any(load.source.same_as(p) for p in params):
+                    held += [] if any(load.source.same_as(h) for h in held) else [load.source]
+                else:
+                    raise ClusterError(f"{level.block} reads {load.source.name}, a row the function computes")
+            elif any(uses(i, v) for i in load.indices for v in level.spatial) or uses(load, level.reduce_var):
+                raise ClusterError(f"{level.block} reads {load}: a row norm reduces over the last axis of "
+                                   f"[*rows, {width}] tensors")
+    results = [lvl.output for lvl in levels]
+    for block in stages:
+        _check_stage(block, params, results, held, rows_shape, width)
+    if not any(_reads_held(block, held) for block in stages):
+        raise ClusterError("no element-wise stage reads the row again: not a normalization")
+    widest = max(_bytes(b) for b in [*held, *(s.body.buffer for s in stages)])
+    vector = _LOAD_BYTES // widest
+    while width % vector:
+        vector //= 2
+    return RowNorm(func, rows_shape, width, tuple(levels), tuple(held), tuple(stages), vector)
+
+
+def _block(blocks, name: str):
+    return next(b for b in blocks if b.name_hint == name)
+
+
+def _reads_held(block, held) -> bool:
+    return any(ld.source.same_as(h) for ld in loads(block.body.value) for h in held)
+
+
+def _check_stage(block, params, results, held, rows_shape, width) -> None:
+    """ClusterError unless ``block`` writes a parameter ``out[*rows, k]`` from the held rows, the
+    levels' results of its row and tensors indexed by ``k`` alone (a weight, a bias)."""
+    store = block.body
+    variables = [iv.var for iv in block.iter_vars]
+    extents = tuple(int(iv.dom.extent) for iv in block.iter_vars)
+    if not (isinstance(store, tirx.BufferStore) and any(store.buffer.same_as(p) for p in params)
+            and extents == (*rows_shape, width) and len(store.indices) == len(variables)
+            and indexed_by(store, *variables)):
+        raise ClusterError(f"{block.name_hint}: after the statistics only element-wise stages writing "
+                           f"out[*rows, k] of the rows' shape {(*rows_shape, width)} are taken")
+    *row_vars, last = variables
+    for load in loads(store.value):
+        if any(load.source.same_as(r) for r in results):
+            if not (len(load.indices) == len(row_vars) and indexed_by(load, *row_vars)):
+                raise ClusterError(f"{block.name_hint} reads {load}: a level's result of another row")
+        elif _is_row_load(load, row_vars, last, rows_shape, width):
+            if not any(load.source.same_as(h) for h in held):
+                raise ClusterError(f"{block.name_hint} reads {load.source.name}'s row, which the statistics do "
+                                   "not: only the held rows are read again")
+        elif any(uses(i, v) for i in load.indices for v in row_vars):
+            raise ClusterError(f"{block.name_hint} reads {load}: only the held rows, the levels' results and "
+                               "tensors indexed by the last axis alone")
+
+
+def _column_load(load, last) -> bool:
+    """A 1-D tensor read at the element's column (a weight, a bias): loaded a piece at a time."""
+    return len(load.indices) == 1 and indexed_by(load, last)
+
+
+def check_config(found: RowNorm, c: RowNormConfig) -> None:
+    """ClusterError naming the first limit ``c`` breaks on ``found``."""
+    held = pieces_per_thread(found, c) * found.vector * found.held_bytes
+    limit = held_limit(c.threads)
+    checks = [
+        (c.threads_per_row & (c.threads_per_row - 1) == 0, f"threads_per_row={c.threads_per_row}: a power of two"),
+        (c.threads_per_row >= _WARP or c.rows_per_cta * c.threads_per_row % _WARP == 0 or c.rows_per_cta == 1,
+         f"{c.rows_per_cta} rows of {c.threads_per_row} threads do not fill whole warps"),
+        (c.threads <= _MAX_THREADS, f"{c.threads} threads a CTA: at most {_MAX_THREADS}"),
+        (1 <= c.ranks <= MAX_CLUSTER_SIZE, f"a cluster of {c.ranks}: 1 to {MAX_CLUSTER_SIZE} CTAs"),
+        (c.ranks == 1 or c.rows_per_cta == 1, "a cluster shares one row a CTA"),
+        (found.rows % c.rows_per_cta == 0, f"{found.rows} rows are not a multiple of rows_per_cta={c.rows_per_cta}"),
+        (held <= limit, f"each thread would hold {held} B of the row; a CTA of {c.threads} threads holds at "
+                        f"most {limit} B a thread in registers"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ClusterError(f"row norm {found.rows}x{found.width}, {c}: {message}")
+
+
+def held_limit(threads: int) -> int:
+    """Bytes of the row a thread of a ``threads``-thread CTA may hold in registers."""
+    return _HELD_BYTES[512] if threads <= 512 else _HELD_BYTES[1024]
+
+
+def slice_pieces(found: RowNorm, c: RowNormConfig) -> int:
+    """Pieces of a row each CTA of the cluster holds (the last may hold fewer)."""
+    return -(-found.pieces // c.ranks)
+
+
+def pieces_per_thread(found: RowNorm, c: RowNormConfig) -> int:
+    return -(-slice_pieces(found, c) // c.threads_per_row)
+
+
+def candidate_configs(found: RowNorm) -> list[RowNormConfig]:
+    """Every configuration that fits: powers of two of threads a row and CTAs a row, and rows a
+    CTA where a row takes fewer than ``_CTA_THREADS`` threads."""
+    configs = []
+    for ranks in (1, 2, 4, 8, 16):
+        if ranks > 1 and found.pieces < ranks * _WARP:
+            continue
+        for log in range(11):
+            threads = 1 << log
+            rows_per_cta = max(1, _CTA_THREADS // threads)
+            while rows_per_cta > 1 and found.rows % rows_per_cta:
+                rows_per_cta //= 2
+            config = RowNormConfig(threads, rows_per_cta if ranks == 1 else 1, ranks)
+            if threads > 1 and (threads // 2) * ranks >= found.pieces:
+                continue  # idle threads: half as many hold the row
+            try:
+                check_config(found, config)
+            except ClusterError:
+                continue
+            configs.append(config)
+    return configs
+
+
+def default_config(found: RowNorm, sm_count: int = 132) -> RowNormConfig:
+    """The fewest CTAs a row whose threads each hold about ``_PIECES_PER_THREAD`` pieces within
+    the register limit, split over a cluster further while the rows alone leave SMs idle;
+    ClusterError naming the limit where a row exceeds a cluster of 16 CTAs' registers."""
+    most = MAX_CLUSTER_SIZE * _MAX_THREADS * held_limit(_MAX_THREADS)
+    if found.width * found.held_bytes > most:
+        raise ClusterError(f"a row of {found.width} elements ({found.width * found.held_bytes} B held) exceeds "
+                           f"the registers of a cluster of {MAX_CLUSTER_SIZE} CTAs ({most} B)")
+    ranks = 1
+    while ranks < MAX_CLUSTER_SIZE and (
+            -(-found.pieces // (ranks * _MAX_THREADS)) * found.vector * found.held_bytes > held_limit(_MAX_THREADS)
+            or (found.rows * ranks < sm_count and found.pieces >= 2 * ranks * _WARP * _PIECES_PER_THREAD)):
+        ranks *= 2
+    per_cta = -(-found.pieces // ranks)
+    threads = 1
+    while threads < _MAX_THREADS and threads * _PIECES_PER_THREAD < per_cta:
+        threads *= 2
+    while threads < _MAX_THREADS and -(-per_cta // threads) * found.vector * found.held_bytes > held_limit(threads):
+        threads *= 2
+    rows_per_cta = 1
+    if ranks == 1:
+        rows_per_cta = max(1, _CTA_THREADS // threads)
+        while rows_per_cta > 1 and found.rows % rows_per_cta:
+            rows_per_cta //= 2
+    config = RowNormConfig(threads, rows_per_cta, ranks)
+    check_config(found, config)
+    return config
+
+
+def fuse_row_norm(func: tirx.PrimFunc, config: RowNormConfig | None = None) -> tvm.IRModule:
+    """The kernel of ``func`` (see :func:`find_row_norm`) in ``config`` or
+    :func:`default_config`'s."""
+    found = find_row_norm(func)
+    c = config or default_config(found)
+    check_config(found, c)
+    return tvm.IRModule({"main": row_norm_kernel(found, c)})
+
+
+def row_norm_kernel(found: RowNorm, c: RowNormConfig) -> tirx.PrimFunc:
+    """The passes of the module docstring as one CUDA kernel's TIR."""
+    with IRBuilder() as ib:
+        with B.prim_func(s_tir=True):
+            B.func_name("row_norm")
+            B.func_attr({"tirx.noalias": True})
+            with B.thread_binding(found.rows // c.rows_per_cta * c.ranks, thread="blockIdx.x") as bx:
+                with B.thread_binding(c.threads, thread="threadIdx.x") as tx:
+                    with B.sblock("row_norm"):
+                        B.reads()
+                        B.writes()
+                        _KernelBody(found, c, bx, tx).emit()
+    fused = ib.get()
+    return tirx.PrimFunc(list(found.func.params), fused.body, attrs=fused.attrs)
+
+
+class _KernelBody:
+    """The statements of one CTA's thread ``tx`` (block ``bx``), emitted into the open block."""
+
+    def __init__(self, found: RowNorm, c: RowNormConfig, bx, tx):
+        self.found, self.c = found, c
+        self.vec, self.q_count = found.vector, pieces_per_thread(found, c)
+        self.slice = slice_pieces(found, c)
+        self.warps = max(1, c.threads_per_row // _WARP)
+        n_levels = len(found.levels)
+        self.regs = [B.sblock_alloc_buffer((self.q_count * self.vec,), str(h.ty.dtype), scope="local")
+                     for h in found.held]
+        self.acc = B.sblock_alloc_buffer((n_levels,), "float32", scope="local")
+        self.stats = B.sblock_alloc_buffer((n_levels,), "float32", scope="local")
+        if self.warps > 1:  # each warp's partial statistics, for the row's other warps
+            self.warp_parts = B.sblock_alloc_buffer((n_levels, c.rows_per_cta, self.warps), "float32",
+                                                    scope="shared")
+        if c.ranks > 1:  # the CTA's partial statistics, for the cluster's other CTAs
+            self.cta_parts = B.sblock_alloc_buffer((n_levels,), "float32", scope="shared")
+            self.peer = B.sblock_alloc_buffer((1,), "uint32", scope="local")
+            self.remote = B.sblock_alloc_buffer((1,), "float32", scope="local")
+        self.columns = {}  # tensors read at the element's column (a weight, a bias): a piece each
+        for block in found.stages:
+            for load in loads(block.body.value):
+                if _column_load(load, block.iter_vars[-1].var) and not any(
+                        load.source.same_as(b) for b in self.columns):
+                    self.columns[load.source] = B.sblock_alloc_buffer((self.vec,), str(load.source.ty.dtype),
+                                                                      scope="local")
+        self.outs = [B.sblock_alloc_buffer((self.vec,), str(b.body.buffer.ty.dtype), scope="local")
+                     for b in found.stages]
+        self.tx = tx
+        self.lane, self.row_in_cta = tx % c.threads_per_row, tx // c.threads_per_row
+        self.rank = bx % c.ranks
+        self.row = row_indices(found.rows_shape, bx // c.ranks * c.rows_per_cta + self.row_in_cta)
+
+    def emit(self) -> None:
+        if self.c.ranks == 1:
+            self._emit_row()
+            return
+        with B.attr(tvm.ir.StringImm("cluster"), CLUSTER_LAUNCH_KEY, self.c.ranks):
+            self._emit_row()
+            B.evaluate(T.cuda.cluster_sync())  # peers have read this CTA's partials
+
+    def _emit_row(self) -> None:
+        found = self.found
+        for q in range(self.q_count):  # hold: every row tensor's pieces, one 16-byte load each
+            with self._guard(q):
+                for h, reg in zip(found.held, self.regs):
+                    with B.vectorized(0, self.vec) as e:
+                        B.buffer_store(reg, h[(*self.row, self._column(q) + e)], [q * self.vec + e])
+        for wave in found.waves():
+            self._emit_wave(wave)
+        for q in range(self.q_count):  # the stages from the held row, one 16-byte store per piece
+            with self._guard(q):
+                self._emit_stages(q)
+        kept = [(n, p) for n, level in enumerate(found.levels) for p in found.func.params
+                if p.same_as(level.output)]
+        if kept:  # the levels' results the function keeps, once a row
+            with B.If(tirx.And(self.lane == 0, self.rank == 0)):
+                with B.Then():
+                    for n, p in kept:
+                        B.buffer_store(p, T.Cast(str(p.ty.dtype), self.stats[n]), self.row)
+
+    def _emit_wave(self, wave: list[int]) -> None:
+        """Levels reading only earlier waves: one pass over the held row, one combine."""
+        levels, acc = self.found.levels, self.acc
+        for n in wave:
+            B.buffer_store(acc, _identity(levels[n].op), [n])
+        for q in range(self.q_count):
+            with self._guard(q):
+                for n in wave:
+                    level, op = levels[n], _COMBINE[levels[n].op]
+                    terms = [_widen(self._value(level.value, level.spatial, level.reduce_var, q, e))
+                             for e in range(self.vec)]
+                    B.buffer_store(acc, op(acc[n], tree_reduce(op, terms)), [n])
+        mask = 1
+        while mask < min(self.c.threads_per_row, _WARP):  # over the row's lanes of the warp
+            for n in wave:
+                B.buffer_store(acc, _COMBINE[levels[n].op](acc[n], tirx.op.tvm_warp_shuffle_xor(
+                    tirx.const(_FULL, "uint32"), acc[n], mask, _WARP, _WARP)), [n])
+            mask *= 2
+        if self.warps > 1:
+            with B.If(self.tx % _WARP == 0):
+                with B.Then():
+                    for n in wave:
+                        B.buffer_store(self.warp_parts, acc[n], [n, self.row_in_cta, self.lane // _WARP])
+            B.evaluate(T.tvm_storage_sync("shared"))
+            for n in wave:
+                B.buffer_store(acc, tree_reduce(_COMBINE[levels[n].op], [
+                    self.warp_parts[n, self.row_in_cta, w] for w in range(self.warps)]), [n])
+        if self.c.ranks > 1:
+            with B.If(self.tx == 0):
+                with B.Then():
+                    for n in wave:
+                        B.buffer_store(self.cta_parts, acc[n], [n])
+            B.evaluate(T.cuda.cluster_sync())  # every rank's partials are in place
+            for n in wave:
+                B.buffer_store(acc, _identity(levels[n].op), [n])
+                for r in range(self.c.ranks):
+                    B.evaluate(T.ptx.mapa.shared__cluster.u32(
+                        self.peer[0], T.cuda.cvta_generic_to_shared(self.cta_parts.access_ptr("r", offset=n)),
+                        T.Cast("uint32", r)))
+                    B.evaluate(T.ptx.ld.shared__cluster.f32(self.remote[0], self.peer[0]))
+                    B.buffer_store(acc, _COMBINE[levels[n].op](acc[n], self.remote[0]), [n])
+        for n in wave:  # the level's own init once, rounded to its type
+            level = levels[n]
+            total = _COMBINE[level.op](_widen(level.init), acc[n])
+            B.buffer_store(self.stats, _widen(T.Cast(str(level.output.ty.dtype), total)), [n])
+
+    def _emit_stages(self, q: int) -> None:
+        column = self._column(q)
+        for buf, reg in self.columns.items():
+            with B.vectorized(0, self.vec) as e:
+                B.buffer_store(reg, buf[column + e], [e])
+        for block, out in zip(self.found.stages, self.outs):
+            store = block.body
+            *row_vars, last = [iv.var for iv in block.iter_vars]
+            for e in range(self.vec):
+                B.buffer_store(out, self._value(store.value, row_vars, last, q, e), [e])
+            with B.vectorized(0, self.vec) as e:
+                B.buffer_store(store.buffer, out[e], [*self.row, column + e])
+
+    def _piece(self, q: int):
+        return self.rank * self.slice + q * self.c.threads_per_row + self.lane
+
+    def _column(self, q: int):
+        return self._piece(q) * self.vec
+
+    def _guard(self, q: int):
+        """A frame around piece ``q``'s statements: the thread holds it (a row need not split
+        evenly over the cluster and the threads)."""
+        conds = []
+        if (q + 1) * self.c.threads_per_row > self.slice:
+            conds.append(q * self.c.threads_per_row + self.lane < self.slice)
+        if self.found.pieces % self.c.ranks:
+            conds.append(self._piece(q) < self.found.pieces)
+        return _If(tree_reduce(tirx.And, conds) if conds else None)
+
+    def _value(self, expr, row_vars, last_var, q: int, e: int):
+        """``expr`` at element ``e`` of the thread's piece ``q``: the held rows from registers,
+        level results from the statistics, column tensors from their pieces, other loads at the
+        element (the user's own expression, its loads redirected)."""
+        found = self.found
+
+        def bind(load):
+            for h, reg in zip(found.held, self.regs):
+                if load.source.same_as(h) and _is_row_load(load, row_vars, last_var, found.rows_shape, found.width):
+                    return reg[q * self.vec + e]
+            for n, level in enumerate(found.levels):
+                if load.source.same_as(level.output):
+                    return T.Cast(str(level.output.ty.dtype), self.stats[n])
+            for buf, reg in self.columns.items():
+                if load.source.same_as(buf) and _column_load(load, last_var):
+                    return reg[e]
+            return load
+
+        value = tvm_ffi.structural_map(expr, [(tvm.ir.TensorLoad, bind), (tvm.ir.Call, fast_exp)])
+        return substitute(value, list(zip(row_vars, self.row)) + [(last_var, self._column(q) + e)])
+
+
+class _If:
+    """``with B.If(cond): with B.Then():`` as one frame; no frame where ``cond`` is None."""
+
+    def __init__(self, cond):
+        self.cond, self.frames = cond, []
+
+    def __enter__(self):
+        if self.cond is not None:
+            self.frames = [B.If(self.cond), B.Then()]
+            for frame in self.frames:
+                frame.__enter__()
+
+    def __exit__(self, *exc):
+        for frame in reversed(self.frames):
+            frame.__exit__(*exc)
+
+
+def row_indices(rows_shape: tuple[int, ...], row) -> list:
+    """A row's indices in ``rows_shape`` from its flat number."""
+    indices = []
+    for extent in reversed(rows_shape[1:]):
+        indices.insert(0, row % extent)
+        row = row // extent
+    return [row, *indices]
+
+
+def _identity(op: str):
+    return {"sum": tirx.const(0.0, "float32"), "max": tvm.te.min_value("float32"),
+            "min": tvm.te.max_value("float32")}[op]
+
+
+def _widen(value):
+    return value if str(value.ty.dtype) == "float32" else T.Cast("float32", value)

@@ -1,0 +1,248 @@
+"""The row-norm kernel (tvm_dsm.rules.row_norm, family row_norm): softmax, log-softmax, RMSNorm
+and LayerNorm as TOPI, Relax legalization and hand-written TE produce them, each row read from
+HBM once into registers (a cluster's for long rows). Recognition and refusals with reasons, the
+configurations and their limits, the generated CUDA (one 16-byte load of each held piece, sm_90a
+assembly), and on the GPU every form against float64 with poisoned outputs."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, te, topi
+
+import tvm_dsm
+from tvm_dsm.errors import ClusterError
+from tvm_dsm.families import match_family
+from tvm_dsm.rules.row_norm import (RowNormConfig, check_config, default_config, find_row_norm, fuse_row_norm,
+                                    pieces_per_thread)
+
+from conftest import cuda_source, kernels
+
+EPS = 1e-5
+
+
+def topi_form(form: str, rows: int, width: int, dtype: str = "float32") -> tvm.tirx.PrimFunc:
+    x = te.placeholder((rows, width), dtype, name="x")
+    w = te.placeholder((width,), dtype, name="w")
+    b = te.placeholder((width,), dtype, name="b")
+    if form == "softmax":
+        return te.create_prim_func([x, topi.nn.softmax(x)])
+    if form == "log_softmax":
+        return te.create_prim_func([x, topi.nn.log_softmax(x)])
+    if form == "rms_norm":
+        return te.create_prim_func([x, w, topi.nn.rms_norm(x, w, axis=[1], epsilon=EPS)])
+    return te.create_prim_func([x, w, b, topi.nn.layer_norm(x, w, b, axis=[1], epsilon=EPS)])
+
+
+def relax_form(form: str, rows: int, width: int, dtype: str = "float32") -> tvm.tirx.PrimFunc:
+    """The PrimFunc Relax's LegalizeOps makes of one operator (int64 indices)."""
+    from tvm.script import relax as R
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor((rows, width), dtype))
+    w = relax.Var("w", R.Tensor((width,), dtype))
+    b = relax.Var("b", R.Tensor((width,), dtype))
+    args, make = {
+        "softmax": ([x], lambda: relax.op.nn.softmax(x, axis=-1)),
+        "rms_norm": ([x, w], lambda: relax.op.nn.rms_norm(x, w, axes=[-1], epsilon=EPS)),
+        "layer_norm": ([x, w, b], lambda: relax.op.nn.layer_norm(x, w, b, axes=[-1], epsilon=EPS)),
+    }[form]
+    with bb.function("main", args):
+        bb.emit_func_output(bb.emit(make()))
+    mod = relax.transform.LegalizeOps()(bb.get())
+    return next(f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+
+
+def residual_rms_norm(rows: int, width: int, dtype: str = "float32") -> tvm.tirx.PrimFunc:
+    """RMSNorm of x + r written by hand: the statistics read both rows, so both are held."""
+    x = te.placeholder((rows, width), dtype, name="x")
+    r = te.placeholder((rows, width), dtype, name="r")
+    w = te.placeholder((width,), dtype, name="w")
+    h = te.compute((rows, width), lambda i, j: (x[i, j] + r[i, j]).astype("float32"), name="h")
+    k = te.reduce_axis((0, width), "k")
+    ss = te.compute((rows,), lambda i: te.sum(h[i, k] * h[i, k], axis=k), name="ss")
+    out = te.compute((rows, width), lambda i, j: (h[i, j] * te.rsqrt(ss[i] / width + EPS)
+                                                  * w[j].astype("float32")).astype(dtype), name="out")
+    return te.create_prim_func([x, r, w, out])
+
+
+def hand_layer_norm(rows: int, width: int, dtype: str = "float32") -> tvm.tirx.PrimFunc:
+    """LayerNorm written by hand over a 3-D input: mean, then the mean square deviation."""
+    x = te.placeholder((2, rows // 2, width), dtype, name="x")
+    k = te.reduce_axis((0, width), "k")
+    total = te.compute((2, rows // 2), lambda a, i: te.sum(x[a, i, k].astype("float32"), axis=k), name="total")
+    mean = te.compute((2, rows // 2), lambda a, i: total[a, i] / width, name="mean")
+    k2 = te.reduce_axis((0, width), "k2")
+    deviation = te.compute((2, rows // 2), lambda a, i: te.sum(
+        (x[a, i, k2].astype("float32") - mean[a, i]) * (x[a, i, k2].astype("float32") - mean[a, i]), axis=k2),
+        name="deviation")
+    var = te.compute((2, rows // 2), lambda a, i: deviation[a, i] / width, name="var")
+    out = te.compute((2, rows // 2, width), lambda a, i, j: ((x[a, i, j].astype("float32") - mean[a, i])
+                                                             * te.rsqrt(var[a, i] + EPS)).astype(dtype), name="out")
+    return te.create_prim_func([x, out])
+
+
+FORMS = {
+    **{f"topi_{f}": (lambda f: lambda *a: topi_form(f, *a))(f)
+       for f in ("softmax", "log_softmax", "rms_norm", "layer_norm")},
+    **{f"relax_{f}": (lambda f: lambda *a: relax_form(f, *a))(f) for f in ("softmax", "rms_norm", "layer_norm")},
+    "te_residual_rms_norm": residual_rms_norm,
+    "te_layer_norm": hand_layer_norm,
+}
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_each_form_is_planned_by_the_row_norm_family(form):
+    ranking = tvm_dsm.plan(FORMS[form](64, 4096))
+    assert ranking.family.name == "row_norm" and not ranking.family.traced
+    assert "read from HBM once" in ranking.explain() and ranking.best.seconds["hbm"] > 0
+
+
+def test_layer_norm_levels_run_in_two_waves_and_the_residual_holds_both_rows():
+    ln = find_row_norm(topi_form("layer_norm", 64, 4096))
+    assert [lvl.op for lvl in ln.levels] == ["sum", "sum"] and ln.waves() == [[0], [1]]
+    residual = find_row_norm(residual_rms_norm(64, 4096, "float16"))
+    assert [h.name for h in residual.held] == ["x", "r"] and residual.vector == 8
+
+
+def test_a_reduction_over_another_axis_is_refused():
+    x = te.placeholder((64, 4096), "float32", name="x")
+    with pytest.raises(ClusterError, match="reduces over the last axis"):
+        find_row_norm(te.create_prim_func([x, topi.nn.softmax(x, axis=0)]))
+
+
+def test_a_stage_reading_another_tensors_row_is_refused():
+    x = te.placeholder((64, 4096), "float32", name="x")
+    y = te.placeholder((64, 4096), "float32", name="y")
+    k = te.reduce_axis((0, 4096), "k")
+    s = te.compute((64,), lambda i: te.sum(x[i, k], axis=k), name="s")
+    out = te.compute((64, 4096), lambda i, j: y[i, j] / s[i], name="out")
+    with pytest.raises(ClusterError, match="out reads y's row, which the statistics do not"):
+        find_row_norm(te.create_prim_func([x, y, out]))
+
+
+def test_statistics_without_an_element_stage_stay_with_the_fused_rows():
+    x = te.placeholder((64, 4096), "float32", name="x")
+    k = te.reduce_axis((0, 4096), "k")
+    m = te.compute((64,), lambda i: te.max(x[i, k], axis=k), name="m")
+    k2 = te.reduce_axis((0, 4096), "k2")
+    l = te.compute((64,), lambda i: te.sum(te.exp(x[i, k2] - m[i]), axis=k2), name="l")
+    func = te.create_prim_func([x, m, l])
+    with pytest.raises(ClusterError, match="no element-wise stage reads the row again"):
+        find_row_norm(func)
+    assert tvm_dsm.plan(func).family.name == "fused_cascade"
+
+
+def test_a_row_beyond_a_cluster_of_16_ctas_registers_is_refused_naming_the_limit():
+    func = topi_form("softmax", 1, 1 << 19)
+    with pytest.raises(ClusterError, match="row_norm: a row of 524288 elements .* exceeds the registers of a "
+                                           "cluster of 16 CTAs"):
+        match_family(func)
+
+
+@pytest.mark.parametrize("rows, width, dtype, config", [
+    (4096, 4096, "float16", (128, 1, 1)), (4096, 32000, "float16", (1024, 1, 1)),
+    (4096, 32000, "float32", (1024, 1, 2)), (8, 128256, "float16", (256, 1, 16)),
+    (4096, 7, "float32", (2, 64, 1)), (4096, 1, "float32", (1, 128, 1))])
+def test_default_config(rows, width, dtype, config):
+    c = default_config(find_row_norm(topi_form("softmax", rows, width, dtype)))
+    assert (c.threads_per_row, c.rows_per_cta, c.ranks) == config
+
+
+@pytest.mark.parametrize("config, reason", [(RowNormConfig(128, 1, 32), "1 to 16 CTAs"),
+                                            (RowNormConfig(32, 2, 2), "one row a CTA"),
+                                            (RowNormConfig(32, 3, 1), "not a multiple of rows_per_cta"),
+                                            (RowNormConfig(32, 1, 1), "holds at most 128 B")])
+def test_check_config_names_the_broken_constraint(config, reason):
+    with pytest.raises(ClusterError, match=reason):
+        check_config(find_row_norm(topi_form("softmax", 64, 32000)), config)
+
+
+def _x_loads(source: str) -> tuple[list[str], list[str]]:
+    """The kernel's 16-byte loads of x, and every mention of x in its body."""
+    (body,) = kernels(source).values()
+    return re.findall(r"\*\((?:uint4|float4)\*\)\(x_ptr[^;]*", body), re.findall(r"x_ptr", body.split("{", 1)[1])
+
+
+@pytest.mark.parametrize("form", ["topi_softmax", "topi_log_softmax", "topi_rms_norm", "topi_layer_norm",
+                                  "relax_layer_norm", "te_residual_rms_norm"])
+def test_the_kernel_reads_each_piece_of_the_row_once_in_16_bytes(form, assemble):
+    func = FORMS[form](4096, 4096, "float16") if not form.startswith("relax") else FORMS[form](4096, 4096)
+    found = find_row_norm(func)
+    config = default_config(found)
+    source = cuda_source(fuse_row_norm(func, config))
+    vector_loads, every_read = _x_loads(source)
+    pieces = pieces_per_thread(found, config)
+    assert len(vector_loads) == len(every_read) == pieces  # no second read of x
+    assemble(source, f"row_norm_{form}")
+
+
+@pytest.mark.parametrize("rows, width, dtype", [(8, 128256, "float16"), (1, 32000, "float32"),
+                                                (4096, 7, "float16"), (1, 1, "float32")])
+def test_cluster_and_ragged_kernels_assemble(rows, width, dtype, assemble):
+    func = topi_form("layer_norm", rows, width, dtype)
+    found = find_row_norm(func)
+    config = default_config(found)
+    source = cuda_source(fuse_row_norm(func, config))
+    if config.ranks > 1:  # the partial statistics cross the cluster through DSM
+        assert "mapa" in source and "barrier.cluster" in source
+    assemble(source, f"row_norm_{rows}x{width}_{dtype}")
+
+
+# GPU: every form through tvm_dsm.build against float64 with NaN-poisoned outputs.
+
+
+def _reference(form: str, args: list[np.ndarray]) -> np.ndarray:
+    x = args[0].astype(np.float64)
+    if "residual" in form:
+        x = (args[0] + args[1]).astype(np.float32).astype(np.float64)
+        ms = (x * x).mean(-1, keepdims=True)
+        return x / np.sqrt(ms + EPS) * args[2].astype(np.float64)
+    if form.endswith("log_softmax"):
+        z = x - x.max(-1, keepdims=True)
+        return z - np.log(np.exp(z).sum(-1, keepdims=True))
+    if form.endswith("softmax"):
+        e = np.exp(x - x.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+    if form.endswith("rms_norm"):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + EPS) * args[1].astype(np.float64)
+    mean = x.mean(-1, keepdims=True)
+    normed = (x - mean) / np.sqrt(((x - mean) ** 2).mean(-1, keepdims=True) + EPS)
+    if form == "te_layer_norm":
+        return normed
+    return normed * args[1].astype(np.float64) + args[2].astype(np.float64)
+
+
+def _error_on_gpu(form: str, rows: int, width: int, dtype: str) -> float:
+    func = FORMS[form](rows, width, dtype)
+    assert tvm_dsm.plan(func).family.name == "row_norm"
+    lib = tvm_dsm.build(func)
+    dev = tvm.cuda(0)
+    rng = np.random.default_rng(0)
+    *inputs, out = [tuple(int(d) for d in p.ty.shape) for p in func.params]
+    args = [(rng.standard_normal(s) * 2).astype(dtype) for s in inputs]
+    result = tvm.runtime.tensor(np.full(out, np.nan, dtype), dev)
+    lib(*(tvm.runtime.tensor(a, dev) for a in args), result)
+    ref = _reference(form, args).reshape(out)
+    return float(np.max(np.abs(result.numpy().astype(np.float64) - ref)) / np.max(np.abs(ref)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 4096])
+@pytest.mark.parametrize("width", [1, 7, 4096, 32000])
+@pytest.mark.parametrize("form", sorted(FORMS))
+@pytest.mark.parametrize("dtype, tolerance", [("float32", 1e-5), ("float16", 2e-3)])
+def test_forms_match_float64_on_the_gpu(form, rows, width, dtype, tolerance):
+    if form == "te_layer_norm" and rows == 1:
+        rows = 2  # its rows are two halves of a 3-D input
+    assert _error_on_gpu(form, rows, width, dtype) < tolerance
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, tolerance", [("float32", 1e-5), ("float16", 2e-3)])
+def test_a_128k_vocabulary_softmax_of_8_rows_runs_on_a_cluster_of_16(dtype, tolerance):
+    assert default_config(find_row_norm(topi_form("softmax", 8, 128256, dtype))).ranks == 16
+    assert _error_on_gpu("topi_softmax", 8, 128256, dtype) < tolerance
