@@ -11,7 +11,7 @@ from tvm_dsm.errors import ClusterError
 from tvm_dsm.hardware import load_hardware
 from tvm_dsm.planners.split_k_gemm import candidate_configs, plan_split_k_gemm, predict, schedule_dense
 from tvm_dsm.rules.split_k_gemm import GemmShape, SplitKGemmConfig, check_config, schedule_split_k_gemm
-from tvm_dsm.workloads.dense import dense
+from tvm_dsm.workloads.dense import dense, gated_dense
 
 SMALL = SplitKGemmConfig(cluster_size=2, block_m=64, block_n=64, block_k=32, warps_m=2, warps_n=2, stages=3)
 
@@ -88,8 +88,8 @@ def test_each_thread_loads_a_batch_of_partials_before_it_stores_a_sum(config, lo
 @pytest.mark.parametrize(
     ("func", "config", "message"),
     [
-        (dense(8, 256, 512), SMALL, "M=8: the tensor-core GEMM needs a multiple of 16 rows"),
-        (dense(96, 256, 512), SMALL, "M=96 is not a multiple of the 64 tile"),
+        (dense(8, 256, 500), SMALL, "K=500: operand rows .* K a multiple of 8"),
+        (gated_dense(96, 256, 512), SMALL, "gated products run over whole tiles"),
         (dense(128, 256, 512, dtype="float32"), SMALL, "two operands of one type among"),
         (dense(128, 256, 512), SplitKGemmConfig(2, 64, 64, 32, 2, 2, stages=2), "at least 3"),
         (dense(128, 256, 512), SplitKGemmConfig(2, 64, 64, 32, 2, 2, stages=1),

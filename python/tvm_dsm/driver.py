@@ -25,7 +25,7 @@ from .families import ScheduleFamily, match_family
 from .hardware import Hardware, load_hardware
 from .intrin import register_all
 from .planners.report import Plan
-from .transform.split_operators import merge_operators, pad_rows, split_operators
+from .transform.split_operators import merge_operators, split_operators
 
 LOG = logging.getLogger("tvm_dsm.driver")
 
@@ -186,20 +186,11 @@ def _record(database: ms.Database | None, func: tirx.PrimFunc,
 
 def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError) -> s_tir.Schedule:
     """The schedule of a function no tvm-dsm family takes whole (``reason`` logged at INFO):
-    a single matmul's rows padded to the GEMM tiles where a family then takes it
-    (:func:`~tvm_dsm.transform.split_operators.pad_rows`), else TVM's stock schedule (dlight); where dlight cannot schedule it whole (two GEMMs in one
+    TVM's stock schedule (dlight); where dlight cannot schedule it whole (two GEMMs in one
     function), one schedule per operator (:mod:`tvm_dsm.transform.split_operators`: a family's,
-    else dlight's); else ClusterError with the reasons."""
+    such as the split-K GEMM's at any M, N and K, else dlight's); else ClusterError with the
+    reasons."""
     LOG.info("tvm-dsm falls back from its families: %s", reason)
-    padded = pad_rows(func)
-    if padded is not None:
-        operators = split_operators(padded)
-        rankings = [_ranking(op.func, target) if op.reduces else None for op in operators]
-        if all(r is not None for r, op in zip(rankings, operators) if op.reduces):
-            LOG.info("matmul rows padded to the GEMM tiles: %d operators", len(operators))
-            scheduled = [r.schedule() if r is not None else schedule(op.func, target)
-                         for r, op in zip(rankings, operators)]
-            return _merged(padded, scheduled)
     try:
         return stock_schedule(func, target)
     except ScheduleError as err:  # raised inside a dlight rule
@@ -210,14 +201,6 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError) -> s_t
                            f"this function. tvm-dsm: {reason}\ndlight: {whole}")
     LOG.info("scheduling its %d operators one by one (dlight: %s)", len(operators), whole)
     return _merged(func, [schedule(op.func, target) for op in operators])
-
-
-def _ranking(func: tirx.PrimFunc, target) -> Ranking | None:
-    """The ranking of the family that takes ``func`` with a configuration that fits, if any."""
-    try:
-        return plan(func, target=target)
-    except ClusterError:
-        return None
 
 
 def _merged(func: tirx.PrimFunc, scheduled: list[s_tir.Schedule]) -> s_tir.Schedule:

@@ -1,5 +1,6 @@
 """A GEMM (``x @ w^T`` or ``x @ w`` with an elementwise epilogue) whose K is split over the CTAs
-of a cluster, partial sums reduced through DSM (:mod:`tvm_dsm.rules.split_k_gemm`)."""
+of a cluster, partial sums reduced through DSM (:mod:`tvm_dsm.rules.split_k_gemm`); M, N and K
+need not be multiples of the tiles (``apply_padded_split_k_gemm``)."""
 
 from __future__ import annotations
 
@@ -18,13 +19,13 @@ class SplitKGemm(ScheduleFamily):
         return find_gemm(s_tir.Schedule(func))[2]
 
     def space(self, shape: GemmShape, hw: Hardware) -> list[SplitKGemmConfig]:
-        return model.candidate_configs(shape)
+        return model.candidate_configs(shape, padded=True)
 
     def predict(self, shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> model.GemmPlan:
         return model.predict(shape, config, hw)
 
     def rank(self, shape: GemmShape, hw: Hardware) -> list[model.GemmPlan]:
-        return model.plan_split_k_gemm(shape, hw)
+        return model.plan_split_k_gemm(shape, hw, padded=True)
 
     def apply(self, func: tirx.PrimFunc, config: SplitKGemmConfig) -> s_tir.Schedule:
         return schedule_split_k_gemm(func, config)

@@ -30,11 +30,14 @@ from ..intrin.mma import TILE, element_bytes
 from ..rules.split_k_gemm import (
     GemmShape,
     SplitKGemmConfig,
-    apply_split_k_gemm,
+    apply_padded_split_k_gemm,
     check_config,
+    check_edges,
+    check_padded_config,
     raster_group,
     find_gemm,
     shared_k_loop,
+    tiled_shape,
 )
 from ..intrin.wgmma import TILE_WIDTHS
 from .report import Plan
@@ -124,12 +127,15 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
     :func:`shared_k_loop`); otherwise they run their main loops one after the other, each
     streaming X again."""
     c, s, g = config, config.cluster_size, shape.products
+    # The kernel computes whole tiles (rows and columns past M and N, zeros past K); HBM
+    # moves the operands and the output as they are.
+    tiles = tiled_shape(shape, c)
     # Main loops per CTA, and W tiles per step of each.
     loops, w_tiles = (1, g) if shared_k_loop(c, g) else (g, 1)
     elem = element_bytes(shape.dtype)
     # Bytes per element of X from HBM, and through L2 per column of tiles.
     x_hbm, x_l2 = (2, 4) if quantized else (elem, elem)
-    tiles_m, tiles_n = shape.m // c.block_m, shape.n // c.block_n
+    tiles_m, tiles_n = tiles.m // c.block_m, tiles.n // c.block_n
     ctas = tiles_m * tiles_n * s
     smem = quantized_shared_bytes(c) if quantized else c.shared_bytes(shape.dtype, g)
     resident = max(1, min(
@@ -165,8 +171,8 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
         "l2": loops * tiles_n * shape.m * shape.k * x_l2 + g * tiles_m * shape.n * shape.k * elem,
         "dsm": g * ctas * c.block_m * c.block_n * 4 * (s - 1) // s if s > 1 else 0,
     }
-    flops = 2 * shape.m * shape.n * shape.k * g
-    k_steps = loops * shape.k // s // c.block_k
+    flops = 2 * tiles.m * tiles.n * tiles.k * g
+    k_steps = loops * tiles.k // s // c.block_k
     seconds = {
         "hbm": traffic["hbm"] / (hw.hbm_bw * stream * min(1.0, pull)) * tail,
         # L2 feeds each busy SM at most SM_HEADROOM times its share of the aggregate rate: idle
@@ -208,15 +214,28 @@ SHALLOW_PIPELINES = (3, 4)
 
 
 def candidate_configs(shape: GemmShape, quantized: bool = False,
-                      pipelines: tuple[int, ...] | None = None) -> list[SplitKGemmConfig]:
+                      pipelines: tuple[int, ...] | None = None,
+                      padded: bool = False) -> list[SplitKGemmConfig]:
     """Every configuration of the family that is valid for ``shape`` (the pruned design space);
     ``quantized``: valid for the fused per-token quantization too; ``pipelines``: the pipeline
     depths (stages) to consider (default: SHALLOW_PIPELINES for the fused quantization, else
     PIPELINE_DEPTHS). Where no pipelined configuration fits (K = 32), the unpipelined ones
-    (``stages=1``); only there, as the model was not fitted on them."""
+    (``stages=1``); only there, as the model was not fitted on them. ``padded``: where no
+    configuration fits whole tiles, those whose tiles run past M, N or K, as
+    :func:`~tvm_dsm.rules.split_k_gemm.apply_padded_split_k_gemm` schedules them (whole tiles
+    are kept where they fit: padded ones were not measured against them)."""
     if pipelines is None:
         pipelines = SHALLOW_PIPELINES if quantized else PIPELINE_DEPTHS
-    return _candidates(shape, quantized, pipelines) or _candidates(shape, quantized, (1,))
+    if quantized:
+        checks = [check_quantized_config]
+    else:
+        checks = [check_config, check_padded_config] if padded else [check_config]
+    for check in checks:
+        for depths in (pipelines, (1,)):
+            configs = _candidates(shape, check, depths)
+            if configs:
+                return configs
+    return []
 
 
 #: Output tile widths of the space. 80 and 192 are for warpgroup MMAs only (any multiple of 8
@@ -228,8 +247,7 @@ BLOCK_N = TILE_WIDTHS
 WGMMA_ONLY_BLOCK_N = (80, 192)
 
 
-def _candidates(shape: GemmShape, quantized: bool, pipelines: tuple[int, ...]) -> list[SplitKGemmConfig]:
-    check = check_quantized_config if quantized else check_config
+def _candidates(shape: GemmShape, check, pipelines: tuple[int, ...]) -> list[SplitKGemmConfig]:
     configs = []
     # K steps: TMA's 128-byte rows (fp8: 128 deep, 16-bit: 64); 16-bit also 32 by cp.async, for
     # K that 64 does not divide (G3's 416)
@@ -257,14 +275,25 @@ def _candidates(shape: GemmShape, quantized: bool, pipelines: tuple[int, ...]) -
 
 
 def plan_split_k_gemm(shape: GemmShape, hw: Hardware, quantized: bool = False,
-                      pipelines: tuple[int, ...] | None = None) -> list[GemmPlan]:
-    """All valid configurations, best predicted first (``quantized``: see :func:`predict`).
+                      pipelines: tuple[int, ...] | None = None,
+                      padded: bool = False) -> list[GemmPlan]:
+    """All valid configurations, best predicted first (``quantized``: see :func:`predict`;
+    ``padded``: see :func:`candidate_configs`).
     Equal predictions go to fewer CTAs per cluster, deeper pipelines, the plan furthest from its
     HBM and L2 limits (where the pipeline term binds, a few large CTAs pull their tiles slower
     than many small ones), then tiles of up to 128 rows before shorter ones (a 128x64 and a
     64x128 tile move the same bytes in the model; the taller one runs faster with wgmma). The
     measurements behind both: docs/gemm.md."""
-    plans = [predict(shape, c, hw, quantized) for c in candidate_configs(shape, quantized, pipelines)]
+    if padded:
+        check_edges(shape)  # refused whatever the configuration: say which limit
+    plans = [predict(shape, c, hw, quantized)
+             for c in candidate_configs(shape, quantized, pipelines, padded)]
+    if padded and not plans:
+        whole = ("a gated layer's products" if shape.products > 1 else
+                 "W stored [K, N] (its predicated cp.async tiles fault)" if not shape.weight_nk else "")
+        raise ClusterError(f"no cluster split-K GEMM configuration fits {shape.m}x{shape.n}x"
+                           f"{shape.k}" + (f" ({whole} run over whole tiles: M a multiple of 16, N of "
+                                           "64, K of 32)" if whole else ""))
     if not plans:
         raise ClusterError(
             f"no cluster split-K GEMM configuration fits {shape.m}x{shape.n}x{shape.k} "
@@ -286,9 +315,9 @@ def schedule_dense(func: tirx.PrimFunc, hw: Hardware | None = None,
     sch = s_tir.Schedule(func)
     blocks, epilogue, shape = find_gemm(sch)
     if config is None:
-        plan = plan_split_k_gemm(shape, hw)[0]
+        plan = plan_split_k_gemm(shape, hw, padded=True)[0]
     else:
-        check_config(shape, config)
+        check_padded_config(shape, config)
         plan = predict(shape, config, hw)
-    apply_split_k_gemm(sch, blocks, epilogue, shape, plan.config)
+    apply_padded_split_k_gemm(sch, blocks, epilogue, shape, plan.config)
     return sch, plan

@@ -8,7 +8,9 @@ intrinsics), then stores its fp32 partial tile into its slice of a DSM buffer. A
 barrier, CTA r owns rows ``[r*block_m/S, (r+1)*block_m/S)`` of the tile (reduce-scatter): it adds
 the S partials with 16-byte ``ld.shared::cluster.v4`` loads, starting at its own rank, applies
 the epilogue (bias, activation, cast: the function's elementwise consumers) and writes ``Y``.
-One kernel, no atomics, deterministic.
+One kernel, no atomics, deterministic. M, N and K need not be multiples of the tiles: the kernel
+computes whole tiles, zeros past the operands' edges, and stores only inside Y
+(:func:`apply_padded_split_k_gemm`).
 
 Why split K inside a cluster: at small M a GEMM has few output tiles (128 x 4096 in 128 x 128
 tiles is 32 CTAs for 132 SMs); splitting K over S CTAs fills the machine while the partial
@@ -244,6 +246,53 @@ def check_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
                            "a CTA of the GPU may use")
 
 
+def tiled_shape(shape: GemmShape, config: SplitKGemmConfig) -> GemmShape:
+    """``shape`` with M and N rounded up to whole output tiles and K to whole K steps of every
+    rank: the extents the kernel computes (:func:`apply_padded_split_k_gemm`)."""
+    def whole(extent: int, tile: int) -> int:
+        return -(-extent // tile) * tile
+
+    return dataclasses.replace(shape, m=whole(shape.m, config.block_m), n=whole(shape.n, config.block_n),
+                               k=whole(shape.k, config.cluster_size * config.block_k))
+
+
+#: Columns of Y each epilogue store writes (one vector).
+STORE_COLUMNS = 4
+
+
+def check_edges(shape: GemmShape) -> None:
+    """What tiles running past M, N or K (:func:`apply_padded_split_k_gemm`) need of ``shape``
+    under any configuration; ClusterError names the limit it breaks."""
+    elem = element_bytes(shape.dtype)
+    if shape.m == 1:
+        raise ClusterError("M=1 is a GEMV: TVM's GEMV schedule streams W at the HBM floor, a "
+                           "16-row tensor-core tile would compute 15 rows for nothing")
+    # Operand rows start 16 bytes apart: TMA tensor maps take 16-byte multiples as strides, and
+    # cp.async copies 16-byte pieces.
+    for what, extent, row in (("K", shape.k, True), ("N", shape.n, not shape.weight_nk)):
+        if row and extent * elem % VECTOR:
+            raise ClusterError(f"{what}={extent}: operand rows of {extent} x {elem} B must be a "
+                               f"multiple of {VECTOR} B (TMA strides, 16-byte copies): {what} a "
+                               f"multiple of {VECTOR // elem}")
+    if shape.n % STORE_COLUMNS:
+        raise ClusterError(f"N={shape.n}: the epilogue stores {STORE_COLUMNS} columns per vector; "
+                           f"N must be a multiple of {STORE_COLUMNS}")
+
+
+def check_padded_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
+    """:func:`check_edges`, then :func:`check_config` for the tiles
+    :func:`apply_padded_split_k_gemm` computes over (:func:`tiled_shape`); ClusterError names
+    the first limit ``shape`` or ``config`` breaks."""
+    check_edges(shape)
+    tiles = tiled_shape(shape, config)
+    if tiles != shape and (shape.products > 1 or not shape.weight_nk):
+        what = "gated products" if shape.products > 1 else "W stored [K, N] (its predicated cp.async tiles fault)"
+        raise ClusterError(f"{what} run over whole tiles: {shape.m}x{shape.n}x{shape.k} "
+                           f"is not a multiple of {config.block_m}x{config.block_n}x"
+                           f"{config.cluster_size * config.block_k}")
+    check_config(tiles, config)
+
+
 def check_pipeline(k_steps: int, stages: int, tma: bool) -> None:
     """A CTA's ``k_steps`` K steps fill a pipeline of at least 3 stages, or are a single step
     loaded without one (``stages=1``, cp.async copies only): a K as short as 32 has nothing to
@@ -328,13 +377,51 @@ def raster_group(tiles_m: int) -> int:
 
 
 def schedule_split_k_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig) -> s_tir.Schedule:
-    """Schedule ``func`` (a matmul block plus elementwise epilogue) as a cluster split-K GEMM
-    with the given configuration (:func:`tvm_dsm.planners.split_k_gemm.schedule_dense` plans one)."""
+    """Schedule ``func`` (a matmul block plus elementwise epilogue, any M, N and K within
+    :func:`check_padded_config`'s limits) as a cluster split-K GEMM with the given configuration
+    (:func:`tvm_dsm.planners.split_k_gemm.schedule_dense` plans one)."""
     sch = s_tir.Schedule(func)
     blocks, epilogue, shape = find_gemm(sch)
-    check_config(shape, config)
-    apply_split_k_gemm(sch, blocks, epilogue, shape, config)
+    check_padded_config(shape, config)
+    apply_padded_split_k_gemm(sch, blocks, epilogue, shape, config)
     return sch
+
+
+def apply_padded_split_k_gemm(sch: s_tir.Schedule, blocks: list[SBlockRV], epilogue: list[SBlockRV],
+                              shape: GemmShape, config: SplitKGemmConfig) -> None:
+    """:func:`apply_split_k_gemm` over whole tiles (:func:`tiled_shape`) of a GEMM whose M, N or
+    K they overrun, with no copy of an operand: s_tir's ``pad_einsum`` pads the matmul, and
+    each padded operand's zero fill is inlined into its shared-memory tile copy (cp.async
+    copies of a predicate, which zero-fill; TMA copies, which the pass issues unpredicated:
+    a tensor map clips the box at the tensor's edge and fills zeros). Zeros add nothing to the
+    K sums; rows and columns past M and N are computed, reduced over the cluster and not
+    stored: the epilogue is moved into the padded tile's store (``reverse_compute_inline``),
+    whose predicate keeps each store inside Y. Tiles that fit are scheduled unchanged."""
+    c = config
+    tiles = tiled_shape(shape, c)
+    if tiles == shape:
+        apply_split_k_gemm(sch, blocks, epilogue, shape, c)
+        return
+    (matmul,) = blocks  # check_padded_config: one product
+    sch.pad_einsum(matmul, [c.block_m, c.block_n, c.cluster_size * c.block_k])
+    zero_fills = sch.get_producers(matmul)
+    output = None  # where the output tile overruns Y: the block moved into its store
+    if (tiles.m, tiles.n) != (shape.m, shape.n):
+        # The padded product's copy into the real output, then the function's epilogue: one
+        # block over M x N, moved into the padded tile's store once the kernel is scheduled
+        # (the store's predicate, there earlier, fails s_tir's region-cover check once the
+        # partial products are blockized, and no tile copy could be placed).
+        epilogue_names = {sch.get(b).name_hint for b in epilogue}
+        (unpad,) = [b for b in sch.get_consumers(matmul) if sch.get(b).name_hint not in epilogue_names]
+        *inner, output = [unpad, *epilogue]
+        for stage in inner:
+            sch.compute_inline(stage)
+        epilogue = [sch.cache_write(matmul, 0, "global")]
+    apply_split_k_gemm(sch, blocks, epilogue, tiles, c)
+    for fill in zero_fills:  # after the tile copies exist: s_tir inlines into them
+        sch.compute_inline(fill)
+    if output is not None:
+        sch.reverse_compute_inline(output)
 
 
 def apply_split_k_gemm(

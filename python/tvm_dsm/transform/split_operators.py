@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tvm import s_tir, tirx
+from tvm import tirx
 from tvm.s_tir import SBlock, SBlockRealize
 
 from ..errors import ClusterError
@@ -57,38 +57,6 @@ def _groups(nests: list[tirx.Stmt]) -> list[list[tirx.Stmt]]:
         else:
             groups.append([nest])
     return groups
-
-
-#: The row granule of tvm-dsm's GEMM tiles: a matmul of M rows is padded to a multiple of it.
-ROW_GRANULE = 16
-
-
-def pad_rows(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
-    """``func`` with its matmul's rows (the first spatial axis) padded to a multiple of
-    :data:`ROW_GRANULE` (s_tir's ``pad_einsum``: the rows copied into a zero-padded buffer
-    first, the result's first M rows copied out after), or None where that does not apply.
-    Padding the rows copies activations only, a few KB at decode batch sizes, so the GEMM
-    families' tiles apply at any M. Taken for one matmul reading its weight ``[N, K]``
-    (``torch.nn.Linear``'s layout, what Relax legalizes a linear layer to): the form checked
-    on the GPU; a padded chain with ``[K, N]`` weights faulted there."""
-    if not isinstance(func.body, SBlockRealize):
-        return None
-    sch = s_tir.Schedule(func)
-    matmuls = []
-    for rv in sch.get_child_blocks(sch.get_sblock(func.body.block.name_hint)):
-        block = sch.get(rv)
-        kinds = [iv.iter_type for iv in block.iter_vars]
-        if block.init is not None and kinds == [tirx.IterVar.DataPar, tirx.IterVar.DataPar, tirx.IterVar.CommReduce]:
-            matmuls.append(rv)
-    if len(matmuls) != 1:
-        return None
-    block = sch.get(matmuls[0])
-    rows, col = int(block.iter_vars[0].dom.extent), block.iter_vars[1].var
-    weight_nk = len(block.reads) == 2 and block.reads[1].region[0].min.same_as(col)
-    if rows == 1 or rows % ROW_GRANULE == 0 or not weight_nk:  # one row: a GEMV, which dlight streams at the HBM floor
-        return None
-    sch.pad_einsum(matmuls[0], [ROW_GRANULE, 1, 1])
-    return sch.mod["main"]
 
 
 def _buffers(nests: list[tirx.Stmt]) -> tuple[list[tirx.Var], list[tirx.Var]]:

@@ -42,7 +42,11 @@ What a copy must be (otherwise ClusterError): ``tile[a, b] = G[.., r0 + a, .., k
 the whole unpadded tile, with ``G`` a contiguous global buffer the host allocates before the
 launch (a parameter, or an intermediate of the function's root block such as the ``H`` between
 the kernels of an unfused GEMM chain), ``b`` its innermost
-axis, rows of exactly 128 bytes and at most 256 rows (TMA's box limit).
+axis, rows of exactly 128 bytes and at most 256 rows (TMA's box limit). A tile that runs past
+``G``'s edge (a GEMM padded to whole tiles, :func:`tvm_dsm.rules.split_k_gemm.apply_padded_split_k_gemm`)
+may copy ``if_then_else(inside, G[..], 0)`` where ``inside`` holds exactly inside ``G``: the
+tensor map describes ``G`` as it is, so the copy is issued unpredicated and TMA lands zeros
+past the edge; the mbarrier still counts the whole box's bytes (:func:`zero_filled_load`).
 """
 
 from __future__ import annotations
@@ -94,9 +98,12 @@ class _ByIdentity(dict):
 
 
 class TileCopy:
-    """One marked copy ``tile[a, b] = G[origin + (a along row_axis, b along the last axis)]``."""
+    """One marked copy ``tile[a, b] = G[origin + (a along row_axis, b along the last axis)]``,
+    or ``tile[a, b] = if_then_else(inside, G[..], 0)`` where ``inside`` says exactly that the
+    element lies in ``G`` (a tile past the tensor's edge, see :func:`zero_filled_load`).
+    ``outer``: the loops around the copy's nest, whose ranges that proof uses."""
 
-    def __init__(self, nest, sources: list, analyzer: Analyzer):
+    def __init__(self, nest, sources: list, analyzer: Analyzer, outer: list):
         loops = []
         while isinstance(nest, tirx.For):
             loops.append(nest)
@@ -106,8 +113,11 @@ class TileCopy:
             raise ClusterError("TMA copy: expected a 2-deep loop nest over one tile copy block")
         store = realize.block.body
         load = store.value if isinstance(store, tirx.BufferStore) else None
+        if load is not None and not isinstance(load, tvm.ir.TensorLoad):
+            load = zero_filled_load(load, [*outer, *loops])
         if not isinstance(load, tvm.ir.TensorLoad) or not analyzer.can_prove(realize.predicate):
-            raise ClusterError(f"TMA copy {realize.block.name_hint}: not a plain, unpredicated copy")
+            raise ClusterError(f"TMA copy {realize.block.name_hint}: not a plain, unpredicated copy, "
+                               "nor one whose predicate says only that it reads inside the tensor")
         self.name = realize.block.name_hint
         self.tile, self.source = store.buffer, load.source
         (a, rows), (b, cols) = ((lp.loop_var, int(lp.extent)) for lp in loops)
@@ -151,6 +161,34 @@ class TileCopy:
         return [tirx.Cast("int32", substitute(o, [(loop_var, step)])) for o in self.origin[::-1]]
 
 
+def zero_filled_load(value, loops: list):
+    """The load ``G[i]`` of a copied value ``if_then_else(inside, G[i], 0)`` whose condition
+    holds exactly where ``i`` lies in ``G`` (proven over the ranges of ``loops``, the loops
+    around the copy); None for any other value. A TMA copy of it needs no predicate: where a
+    box leaves the tensor its map describes, the copy lands zeros (and still counts the whole
+    box's bytes on its mbarrier)."""
+    if not (isinstance(value, tvm.ir.Call) and value.op.same_as(tvm.ir.Op.get("prim.if_then_else"))):
+        return None
+    inside, load, otherwise = value.args
+    if not isinstance(load, tvm.ir.TensorLoad) or not is_zero(otherwise):
+        return None
+    analyzer = Analyzer()
+    for loop in loops:
+        analyzer.bind(loop.loop_var, Range.from_min_extent(loop.min, loop.extent))
+    in_tensor = tirx.const(True, "bool")
+    for index, extent in zip(load.indices, load.source.shape):
+        in_tensor = tirx.And(in_tensor, tirx.And(index >= 0, index < extent))
+    with analyzer.constraint_scope(in_tensor):
+        sufficient = analyzer.can_prove(inside)
+    with analyzer.constraint_scope(inside):
+        necessary = analyzer.can_prove(in_tensor)
+    return load if sufficient and necessary else None
+
+
+def is_zero(value) -> bool:
+    return isinstance(value, (tirx.IntImm, tirx.FloatImm)) and value.value == 0
+
+
 def encode_tensor_map(tensor_map: tirx.Var, source: tirx.Buffer, rows: int, cols: int,
                       row_axis: int, axes: list[int] | None = None) -> tirx.Stmt:
     """Host statement encoding ``tensor_map`` (bound to ``T.tvm_stack_alloca("tensormap", 1)``):
@@ -184,7 +222,9 @@ def swizzled_offset(offset, elem_bytes: int):
 class _TmaLoop:
     """One loop marked ``TMA_STAGES_KEY``, rewritten as described in the module docstring."""
 
-    def __init__(self, loop: tirx.For, threads: list, sources: list, analyzer: Analyzer):
+    def __init__(self, loop: tirx.For, threads: list, sources: list, analyzer: Analyzer,
+                 outer: list):
+        """``outer``: the loops around ``loop``."""
         self.loop = loop
         #: In a dependent kernel, the copies from parameters: their first steps' tiles may load
         #: before the previous grid ends (see ``_prologue``), and ``prefetch`` says whether all
@@ -202,7 +242,7 @@ class _TmaLoop:
         self.copies, self.rest = [], []
         for item in _items(self.block.body):
             if find_all(item, SBlock, lambda b: TMA_COPY_KEY in b.annotations):
-                self.copies.append(TileCopy(item, sources, analyzer))
+                self.copies.append(TileCopy(item, sources, analyzer, [*outer, loop]))
             else:
                 self.rest.append(item)
         if not self.copies:
@@ -447,10 +487,10 @@ def _encloses(outer: tirx.For, loop: tirx.For) -> bool:
     return bool(find_all(outer.body, tirx.For, lambda lp: lp.same_as(loop)))
 
 
-def _enclosing(body, loop: tirx.For, tags) -> list:
-    """The loops bound to ``tags`` around ``loop`` (a function may launch several kernels, each
-    binding its own thread variables)."""
-    return find_all(body, tirx.For, lambda lp: _binds(lp, tags) and _encloses(lp, loop))
+def _enclosing(body, loop: tirx.For, tags=None) -> list:
+    """The loops around ``loop``, those bound to ``tags`` if given (a function may launch
+    several kernels, each binding its own thread variables)."""
+    return find_all(body, tirx.For, lambda lp: (tags is None or _binds(lp, tags)) and _encloses(lp, loop))
 
 
 def _ctas(body, loop: tirx.For) -> int:
@@ -484,7 +524,8 @@ def lower_tma_pipeline(func: tirx.PrimFunc, hw: Hardware) -> tirx.PrimFunc:
     dependent = _dependent_kernels(body)
     budget = hw.hbm_bw * PREFETCH_WINDOW_S if dependent else 0.0
     for loop in loops:
-        lowering = _TmaLoop(loop, _threads(func.body, loop), sources, analyzer)
+        lowering = _TmaLoop(loop, _threads(func.body, loop), sources, analyzer,
+                            _enclosing(func.body, loop))
         if any(_encloses(k, loop) for k in dependent):
             lowering.plan_prefetch(list(func.params), _ctas(func.body, loop), budget)
         body = replace_node(body, loop, lowering.lower())

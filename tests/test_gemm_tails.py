@@ -1,0 +1,199 @@
+"""The split-K GEMM at sizes off its tiles: tiles padded inside the kernel (zero-filled operand
+copies, predicated stores), the limits it refuses, and the driver's use of it."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tvm
+from tvm import s_tir, te, tirx
+from tvm.s_tir import SBlockRealize
+
+import tvm_dsm
+from conftest import TARGET, cuda_source, kernels
+from tvm_dsm.errors import ClusterError
+from tvm_dsm.ir import find_all
+from tvm_dsm.rules.split_k_gemm import SplitKGemmConfig, find_gemm, schedule_split_k_gemm, tiled_shape
+from tvm_dsm.transform.tma_pipeline import zero_filled_load
+from tvm_dsm.workloads.chains import gemm_chain
+from tvm_dsm.workloads.dense import dense, matmul
+
+SHAPES = [(100, 3000, 1000), (7, 4096, 4096), (257, 2048, 1000)]
+FORMS = [(dtype, layout) for dtype in ("bfloat16", "float16") for layout in ("nk", "kn")]
+TMA_WGMMA = SplitKGemmConfig(2, 64, 128, 64, 4, 1, 4, tma=True, wgmma=True)
+
+
+@pytest.mark.parametrize(("m", "n", "k"), SHAPES)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_weights_stored_k_by_n_take_whole_tiles_only(m, n, k, dtype):
+    """Off the tiles, W stored [K, N] is copied by predicated cp.async tiles, which faulted on the
+    H100 (illegal address; bench/results/generality: ffn 37x512x1024x256 [K, N]): refused, so
+    the driver's fallback (dlight, or one schedule per operator) takes it."""
+    with pytest.raises(ClusterError, match=r"W stored \[K, N\].*whole tiles"):
+        tvm_dsm.plan(dense(m, n, k, dtype, weight_layout="kn"))
+
+
+@pytest.mark.parametrize(("m", "n", "k"), SHAPES)
+@pytest.mark.parametrize(("dtype", "layout"), [form for form in FORMS if form[1] == "nk"])
+def test_the_family_takes_sizes_off_the_tiles_and_its_cuda_assembles(m, n, k, dtype, layout, assemble):
+    ranking = tvm_dsm.plan(dense(m, n, k, dtype, weight_layout=layout))
+    assert ranking.family.name == "split_k_gemm"
+    config = ranking.best.config
+    assert tiled_shape(ranking.shape, config) != ranking.shape  # every configuration pads
+    assert config.tma == (layout == "nk")  # TMA where W rows are K-contiguous
+    source = cuda_source(ranking.schedule().mod)
+    assert source.count("__global__") == 2  # one kernel: no copy of X or Y around it
+    assemble(source, f"tails_{m}x{n}x{k}_{dtype}_{layout}")
+
+
+def _store_predicates(sch: s_tir.Schedule) -> list:
+    """The predicates of the blocks writing the function's output (its last parameter)."""
+    func = sch.mod["main"]
+    out = func.params[-1]
+    stores = find_all(func.body, SBlockRealize,
+                      lambda r: any(w.source.same_as(out) for w in r.block.writes))
+    return [r.predicate for r in stores]
+
+
+@pytest.mark.parametrize(("m", "n", "k", "predicated"), [
+    (128, 3072, 1024, False),  # whole tiles
+    (128, 3072, 1000, False),  # K alone padded: zeros in the K sums, every row and column stored
+    (100, 3072, 1024, True),
+    (128, 3000, 1024, True),
+    (100, 3000, 1000, True),
+])
+def test_the_stores_are_predicated_exactly_where_the_tile_overruns_m_or_n(m, n, k, predicated):
+    sch = schedule_split_k_gemm(dense(m, n, k, "bfloat16", bias=True, activation="relu"), TMA_WGMMA)
+    (predicate,) = _store_predicates(sch)
+    assert (not (isinstance(predicate, tirx.IntImm) and predicate.value == 1)) == predicated
+
+
+def test_a_matmul_writing_the_output_itself_stores_inside_it(assemble):
+    x, w = te.placeholder((100, 1000), "float16", name="X"), te.placeholder((3000, 1000), "float16", name="W")
+    sch = schedule_split_k_gemm(te.create_prim_func([x, w, matmul(x, w)]), TMA_WGMMA)
+    (predicate,) = _store_predicates(sch)
+    assert not isinstance(predicate, tirx.IntImm)
+    assemble(cuda_source(sch.mod), "tails_fp32_output")
+
+
+@pytest.mark.parametrize(("layout", "config"), [
+    ("nk", TMA_WGMMA),
+    ("nk", SplitKGemmConfig(2, 64, 64, 32, 2, 2, stages=3)),
+])
+def test_the_operand_copies_of_edge_tiles_are_zero_filled(layout, config):
+    """TMA copies keep no predicate (the tensor maps describe X and W as they are, so a box past
+    an edge lands zeros); cp.async copies past an edge are predicated and store zeros."""
+    source = cuda_source(schedule_split_k_gemm(dense(100, 3000, 1000, "bfloat16", weight_layout=layout),
+                                               config).mod)
+    if config.tma:
+        assert "cp.async.bulk.tensor.2d" in source and "cp.async.cg" not in source
+        # Each stage's mbarrier expects the whole boxes' bytes, zero-filled parts included.
+        assert f"(uint){(config.block_m + config.block_n) * config.block_k * 2})" in source
+    else:
+        assert "@p cp.async.cg.shared.global" in source and "@!p st.shared.v4.u32" in source
+
+
+def _copied_value(guard_extent: int, otherwise=0.0):
+    """``if_then_else(b < guard_extent, G[a, k0 + b], otherwise)`` over a 16 x 64 tile of a
+    ``G[16, 1000]`` at K step ``k0 = 64 * step`` (16 steps), with the loops around it."""
+    g = tirx.decl_buffer((16, 1000), "float16", "G")
+    a, b, step = (tirx.Var(name, "int32") for name in ("a", "b", "step"))
+    loops = [tirx.For(var, 0, extent, tirx.ForKind.SERIAL, tirx.Evaluate(0))
+             for var, extent in ((step, 16), (a, 16), (b, 64))]
+    col = step * 64 + b
+    value = tirx.if_then_else(col < guard_extent, tirx.BufferLoad(g, [a, col]),
+                              tirx.const(otherwise, "float16"))
+    return value, loops
+
+
+def test_a_copy_predicate_is_dropped_only_where_it_says_inside_the_tensor():
+    value, loops = _copied_value(1000)
+    assert zero_filled_load(value, loops) is not None
+    assert zero_filled_load(*_copied_value(500)) is None  # zeros inside the tensor: TMA would load them
+    assert zero_filled_load(*_copied_value(1000, otherwise=1.0)) is None  # TMA fills zeros only
+
+
+@pytest.mark.parametrize(("func", "limit"), [
+    (dense(100, 3000, 1001), "K a multiple of 8"),
+    (dense(100, 3000, 1004, "bfloat16"), "K a multiple of 8"),
+    (dense(64, 3004, 1024, weight_layout="kn"), "N a multiple of 8"),
+    (dense(64, 3002, 1024), "N must be a multiple of 4"),
+    (dense(1, 4096, 4096), "M=1 is a GEMV"),
+])
+def test_refusals_name_the_limit(func, limit):
+    with pytest.raises(ClusterError, match=limit):
+        tvm_dsm.plan(func)
+
+
+def test_shapes_that_fit_keep_whole_tiles():
+    """Where whole tiles fit, no configuration pads: those were measured, padded ones not."""
+    ranking = tvm_dsm.plan(dense(128, 4096, 4096))
+    assert all(tiled_shape(ranking.shape, p.config) == ranking.shape for p in ranking.plans)
+
+
+def test_the_padded_plan_counts_whole_tiles():
+    shape = find_gemm(s_tir.Schedule(dense(100, 3000, 1000, "bfloat16")))[2]
+    plan = tvm_dsm.planners.split_k_gemm.predict(shape, TMA_WGMMA, tvm_dsm.hardware.load_hardware())
+    assert plan.ctas == 2 * 24 * 2  # 128 x 3072 in 64 x 128 tiles, clusters of 2
+
+
+def test_an_ffn_off_the_tiles_takes_the_family_per_operator():
+    """Two GEMMs in one function: dlight takes neither, and each operator gets a split-K GEMM
+    kernel of its own, padded inside (no kernel copies rows)."""
+    source = tvm_dsm.build(gemm_chain(100, 3000, 1000, 1000), TARGET).mod.imports[0].inspect_source()
+    gemms = kernels(source).values()
+    assert len(gemms) == 2 and all("cp_async_bulk_tensor" in body for body in gemms)
+
+
+def _relative_error_on_gpu(func, inputs: list, reference, out_shape: tuple, dtype) -> float:
+    """``func`` built by ``tvm_dsm.build`` and run on ``inputs`` (float64, rounded to ``dtype``)
+    with a NaN-poisoned output, against ``reference`` of the rounded inputs in float64; asserts
+    every output element was written."""
+    lib = tvm_dsm.build(func, TARGET)
+    dev = tvm.cuda(0)
+    rounded = [a.astype(dtype) for a in inputs]
+    out = tvm.runtime.tensor(np.full(out_shape, np.nan).astype(dtype), dev)
+    lib(*(tvm.runtime.tensor(a, dev) for a in rounded), out)
+    got = out.numpy().astype(np.float64)
+    assert not np.isnan(got).any()
+    ref = reference(*(a.astype(np.float64) for a in rounded))
+    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+
+
+def _numpy_dtype(dtype: str):
+    return ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("m", "n", "k"), SHAPES)
+@pytest.mark.parametrize(("dtype", "layout"), FORMS)
+def test_dense_off_the_tiles_is_correct_on_the_gpu(m, n, k, dtype, layout):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((m, k))
+    w = rng.standard_normal((n, k) if layout == "nk" else (k, n)) / np.sqrt(k)
+    b = rng.standard_normal(n)
+    func = dense(m, n, k, dtype, weight_layout=layout, bias=True, activation="relu")
+
+    def reference(x, w, b):
+        return np.maximum(x @ (w.T if layout == "nk" else w) + b, 0)
+
+    assert _relative_error_on_gpu(func, [x, w, b], reference, (m, n), _numpy_dtype(dtype)) < 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_an_ffn_off_the_tiles_is_correct_on_the_gpu(dtype):
+    m, n, k, l = 100, 3000, 1000, 1000
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((m, k))
+    w1 = rng.standard_normal((n, k)) / np.sqrt(k)
+    w2 = rng.standard_normal((l, n)) / np.sqrt(n)
+    np_dtype = _numpy_dtype(dtype)
+
+    def reference(a, w1, w2):  # H is rounded to the input type between the GEMMs
+        h = np.maximum(a @ w1.T, 0).astype(np_dtype).astype(np.float64)
+        return h @ w2.T
+
+    func = gemm_chain(m, n, k, l, dtype=dtype)
+    assert _relative_error_on_gpu(func, [a, w1, w2], reference, (m, l), np_dtype) < 2e-3
