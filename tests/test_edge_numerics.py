@@ -78,9 +78,10 @@ def _values(k: int, j: int) -> np.ndarray:
 
 #: softmax(X) V fused into one pass divides by the running exp-sum as it goes: while a row's
 #: leading elements are all -inf that sum is still 0, and 0/0 makes the row NaN for good.
-MASKED_PREFIX_BUG = ("fusion/rewrite.py: a row of softmax(X) V whose first elements are -inf "
-                     "(a masked prefix) comes out NaN from the fused loop; the unfused function "
-                     "gives the softmax of its finite elements")
+MASKED_PREFIX_BUG = ("fusion/level_rules.py (the fused loop's per-element terms): a row of "
+                     "softmax(X) V whose first elements are -inf (a masked prefix) comes out NaN "
+                     "from the fused loop; the unfused function gives the softmax of its finite "
+                     "elements")
 
 
 @pytest.mark.parametrize("make, inputs", [
