@@ -94,3 +94,25 @@ def test_fused_rows_count_element_work_beside_the_bytes():
     ranking = tvm_dsm.plan(func)
     assert ranking.family.name == "fused_cascade"
     assert 0 < ranking.best.seconds["fp32"] < ranking.best.seconds["hbm"]
+
+
+def test_symbolic_extents_are_refused_by_name_and_built_by_the_fallback():
+    """A Relax model with a dynamic batch gives PrimFuncs with symbolic extents: no family takes
+    them yet (refused by name, not a crash inside a family), and build falls back to dlight,
+    whose host code checks each static extent of the arguments."""
+    from tvm import te
+
+    from conftest import TARGET
+    from tvm_dsm.families import match_family
+
+    m = te.var("m")
+    x = te.placeholder((m, 256), "float16", name="x")
+    w = te.placeholder((512, 256), "float16", name="w")
+    k = te.reduce_axis((0, 256), "k")
+    y = te.compute((m, 512), lambda i, j: te.sum(x[i, k].astype("float32") * w[j, k].astype("float32"), axis=k),
+                   name="y")
+    func = te.create_prim_func([x, w, y])
+    with pytest.raises(ClusterError, match=r"symbolic extents yet: x\[m, 256\], y\[m, 512\]"):
+        match_family(func, TARGET)
+    source = tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source()
+    assert "__global__" in source

@@ -82,7 +82,7 @@ def test_schedule_tir_leaves_scheduled_functions_alone():
     mod = lower_to_tir(swiglu_mlp(*SHAPE))
     once = ScheduleTIR()(mod)
     scheduled = [gv for gv, f in once.functions.items()
-                 if isinstance(f, tvm.tirx.PrimFunc) and f.attrs.get("tir.is_scheduled", False)]
+                 if isinstance(f, tvm.tirx.PrimFunc) and f.attrs.get("tirx.is_scheduled", False)]
     assert scheduled
     twice = ScheduleTIR()(once)
     for gv in scheduled:

@@ -27,6 +27,18 @@ if not tvm.base._RUNTIME_ONLY:
 
     register_pipeline()
 
+    def _relax_pipeline(**kwargs):
+        """``relax.get_pipeline("tvm_dsm")``: :func:`tvm_dsm.relax_pipeline.tvm_dsm_pipeline`,
+        imported on first use (it loads the driver and its tensor intrinsics)."""
+        from .relax_pipeline import tvm_dsm_pipeline
+
+        return tvm_dsm_pipeline(**kwargs)
+
+    from tvm.relax import pipeline as _relax_pipelines
+
+    if "tvm_dsm" not in _relax_pipelines.PIPELINE_MAP:
+        _relax_pipelines.register_pipeline("tvm_dsm")(_relax_pipeline)
+
 # One compile path for every CUDA module loaded from here on (TVM compiles CUDA source when a module
 # is loaded): nvcc where it exists, else NVRTC, with the same options (tvm_dsm.compile_options;
 # TVM_DSM_CUDA_COMPILE=tvm keeps TVM's own callback).

@@ -24,36 +24,55 @@ from tvm.s_tir import meta_schedule as ms
 
 from .driver import H100, schedule, stock_rules, stock_target
 from .errors import ClusterError
+from .families import match_family
 from .hardware import Hardware
 from .relax_chains import FuseGemmChains, merge_elementwise
 
 LOG = logging.getLogger("tvm_dsm.relax")
 
+#: The PrimFunc attribute naming the tvm-dsm family that scheduled the function.
+FAMILY_ATTR = "tvm_dsm.family"
+#: The PrimFunc attribute holding the error of a family that crashed on the function.
+CRASH_ATTR = "tvm_dsm.crash"
+
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.ScheduleTIR")
 class ScheduleTIR:
     """Schedule every PrimFunc of the module that a tvm-dsm family matches (see the module
-    docstring); the others stay unscheduled, with the reason logged at debug level."""
+    docstring), marked with the family's name (``FAMILY_ATTR``); the others stay unscheduled,
+    with the reason logged at debug level. An exception other than a family's refusal
+    (ClusterError) is a tvm-dsm bug: raised, or with ``survive_crashes`` logged as a warning
+    with its traceback and recorded on the function (``CRASH_ATTR``), which stays unscheduled."""
 
     def __init__(self, target=H100, database: ms.Database | None = None,
-                 hw: Hardware | None = None):
+                 hw: Hardware | None = None, survive_crashes: bool = False):
         self.target, self.database, self.hw = target, database, hw
+        self.survive_crashes = survive_crashes
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         updates = {}
         for gv, func in mod.functions.items():
-            if not isinstance(func, tirx.PrimFunc) or func.attrs.get("tir.is_scheduled", False):
+            if not isinstance(func, tirx.PrimFunc) or func.attrs.get("tirx.is_scheduled", False):
                 continue
             # Relax legalizes with int64 extents; the families' kernels index in int32.
             func = tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({"main": func}))["main"]
             func = merge_elementwise(func)
-            try:
+            try:  # a matched family may still refuse (no valid configuration)
+                family, _ = match_family(func, self.target)
                 sch = schedule(func, self.target, database=self.database, hw=self.hw,
                                stock_fallback=False)
             except ClusterError as err:
                 LOG.debug("%s: no tvm-dsm family: %s", gv.name_hint, err)
                 continue
-            updates[gv] = sch.mod["main"].with_attr("tir.is_scheduled", True)
+            except Exception as err:  # noqa: BLE001  (a family's bug, re-raised unless told)
+                if not self.survive_crashes:
+                    raise
+                LOG.warning("%s: a tvm-dsm family crashed on it; left to dlight", gv.name_hint,
+                            exc_info=True)
+                updates[gv] = mod[gv].with_attr(CRASH_ATTR, f"{type(err).__name__}: {err}")
+                continue
+            updates[gv] = sch.mod["main"].with_attrs({"tirx.is_scheduled": True,
+                                                      FAMILY_ATTR: family.name})
         for gv, func in updates.items():
             mod[gv] = func
         return mod

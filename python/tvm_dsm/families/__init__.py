@@ -44,6 +44,11 @@ def match_family(func: tirx.PrimFunc, target: Any = None) -> tuple[ScheduleFamil
         target = tvm.target.Target(target)
         raise ClusterError(f"tvm-dsm schedules for Hopper GPUs (CUDA sm_90a); the target is "
                            f"{target.kind.name} {target.attrs.get('arch', '')}".rstrip())
+    shapes = {p.name: getattr(p.ty, "shape", None) for p in func.params}
+    symbolic = [f"{name}{list(shape)}" for name, shape in shapes.items()
+                if shape is not None and not all(isinstance(d, tirx.IntImm) for d in shape)]
+    if symbolic:
+        raise ClusterError(f"no tvm-dsm schedule family takes symbolic extents yet: {', '.join(symbolic)}")
     reasons = []
     for family in FAMILIES:
         try:

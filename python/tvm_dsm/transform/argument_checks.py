@@ -83,7 +83,7 @@ def shape_checks(name: str, dims: tirx.Var, shape: list, function: str) -> list[
         got = tirx.call_intrin("int64", "tirx.tvm_struct_get", dims, axis, _INT64_ARRAY_ELEM)
         checks.append(_value_error(got == tirx.const(int(extent), "int64"),
                                    f"Invalid {name}.shape[{axis}] when calling `{function}`: expected "
-                                   f"{int(extent)} (shape {[int(d) for d in shape]})"))
+                                   f"{int(extent)} (shape {[str(d) for d in shape]})"))
     return checks
 
 

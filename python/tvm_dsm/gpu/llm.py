@@ -1,0 +1,337 @@
+"""A Llama decoder end to end on the GPU: TVM's own LLM stack against tvm-dsm's Relax pipeline.
+
+On the device machine (full TVM compiler, torch, one GPU)::
+
+    python3 -m tvm_dsm.gpu.llm --out $OUT/llm.json
+
+The 1B-class model of :mod:`tvm_dsm.workloads.llama` (random fp16 weights, ``nn.llm``'s TIR
+paged KV cache) is compiled three ways, each in its own process and all at once (a compile that
+crashes its process costs that configuration only):
+
+- ``tvm_default``: ``tvm.compile(relax_pipeline="default")``, TVM's stock TIR pipeline, arch
+  sm_90 (dlight skips tensor cores on "sm_90a");
+- ``tvm_mlc``: as MLC-LLM builds it: weight transposes folded into the matmuls, dlight with its
+  low-batch GEMV rule, TVM's stock TIR pipeline, sm_90;
+- ``tvm_dsm``: ``relax_pipeline="tvm_dsm"`` (:mod:`tvm_dsm.relax_pipeline`), tvm-dsm's TIR
+  pipeline, sm_90a; its per-kernel coverage (family or dlight) goes into the results.
+
+Then, one configuration at a time on the GPU, for each batch size: prefill a random prompt per
+sequence in one ragged prefill, decode ``--check-steps`` teacher-forced steps (fixed random
+tokens) whose logits and the prefill's are compared with an fp32 torch evaluation of the same
+weights (:func:`tvm_dsm.workloads.llama.reference_logits`), then time ``--steps`` decode steps:
+host wall time around each step with the device synchronized before and after (what a serving
+loop without CUDA graphs sees), median. The floor is the bytes one step must read (weights and
+KV cache) over the HBM bandwidth measured in the same run. Results are written after every
+step, so a job cut short leaves what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from ..bench.results import git_sha
+from ..workloads.llama import LLAMA_1B, LLAMA_TINY, LlamaConfig
+
+MODELS = {"1b": LLAMA_1B, "tiny": LLAMA_TINY}
+CONFIGS = ("tvm_default", "tvm_mlc", "tvm_dsm")
+#: Seconds one configuration's compile process may take.
+COMPILE_TIMEOUT_S = 300
+PAGE_SIZE = 16
+
+
+def _log(message: str) -> None:
+    print(f"[{datetime.datetime.now():%H:%M:%S}] {message}", flush=True)
+
+
+def mlc_pipeline():
+    """TVM's CUDA Relax pipeline as MLC-LLM arranges its scheduling part: transposes folded into
+    the matmuls, then dlight with the low-batch GEMV rule, under :func:`stock_target`."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.backend.cuda import pipeline as cuda
+
+    from ..driver import stock_target
+    from ..relax_pipeline import dlight_rules
+
+    @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.gpu.MlcStylePipeline")
+    def _pipeline(mod, _ctx):
+        target = tvm.target.Target.current(allow_none=False)
+        with target:
+            mod = tvm.transform.Sequential(cuda.library_dispatch_passes(target) + [
+                relax.transform.FuseTransposeMatmul(), relax.transform.LegalizeOps(),
+                relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
+                relax.transform.FuseOps(), relax.transform.FuseTIR()])(mod)
+        with stock_target(target):
+            mod = dlight_rules(low_batch_gemv=True)(mod)
+        with target:
+            return tvm.transform.Sequential(cuda.dataflow_lower_passes(target)
+                                            + cuda.finalize_passes(target))(mod)
+
+    return _pipeline
+
+
+def compile_config(name: str, config: LlamaConfig, lib: Path, info: Path) -> None:
+    """Export and compile the model as configuration ``name``; the library to ``lib``, the
+    weight names, compile seconds and (tvm_dsm) kernel coverage as JSON to ``info``."""
+    import tvm
+    from tvm import relax
+
+    from ..driver import H100, stock_target
+    from ..workloads.llama import export_llama
+
+    target = tvm.target.Target(H100, host="llvm")
+    if name != "tvm_dsm":
+        target = stock_target(target)
+    start = time.time()
+    mod, names = export_llama(config, target)
+    coverage: dict[str, str] = {}
+    if name == "tvm_default":
+        executable = tvm.compile(mod, target, relax_pipeline="default", tir_pipeline="s_tir_stock")
+    elif name == "tvm_mlc":
+        executable = tvm.compile(mod, target, relax_pipeline=mlc_pipeline(), tir_pipeline="s_tir_stock")
+    else:
+        executable = tvm.compile(mod, target, relax_pipeline=relax.get_pipeline("tvm_dsm", coverage=coverage))
+    executable.export_library(str(lib))
+    info.write_text(json.dumps({"names": names, "compile_s": round(time.time() - start, 1),
+                                "coverage": coverage or None}))
+
+
+def _compile_all(configs: list[str], model: str, folder: Path) -> dict[str, dict]:
+    """Every configuration compiled in its own process, all at once; per configuration its
+    info (:func:`compile_config`) or its error."""
+    procs = {}
+    for name in configs:
+        cmd = [sys.executable, "-m", "tvm_dsm.gpu.llm", "compile", name, "--model", model,
+               "--folder", str(folder)]
+        log = open(folder / f"{name}.log", "w")
+        procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log
+    done = {}
+    for name, (proc, log) in procs.items():
+        try:
+            proc.wait(timeout=COMPILE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        info = folder / f"{name}.json"
+        if proc.returncode == 0 and info.exists():
+            done[name] = json.loads(info.read_text())
+        else:
+            tail = (folder / f"{name}.log").read_text()[-2000:]
+            done[name] = {"error": f"compile process exited with {proc.returncode}", "log_tail": tail}
+        _log(f"compiled {name}: {done[name].get('compile_s', done[name].get('error'))}")
+    return done
+
+
+def _errors(got: np.ndarray, ref: np.ndarray) -> dict[str, float]:
+    """Relative L2 error per row (the worst), and the argmax agreement over the rows whose
+    top-2 reference gap exceeds ten times that row's largest error (random weights make
+    near-ties common, so raw greedy agreement would not be a fair test)."""
+    got, ref = got.reshape(-1, got.shape[-1]), ref.reshape(-1, ref.shape[-1])
+    rel = np.linalg.norm(got - ref, axis=-1) / np.linalg.norm(ref, axis=-1)
+    top2 = np.sort(ref, axis=-1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) > 10 * np.abs(got - ref).max(axis=-1)
+    agree = got.argmax(-1) == ref.argmax(-1)
+    return {"rel_l2_max": float(rel.max()), "clear_rows": int(clear.sum()),
+            "argmax_agree_clear": float(agree[clear].mean()) if clear.any() else None}
+
+
+def _reference(config: LlamaConfig, weights, prompts, forced, check_steps: int) -> np.ndarray:
+    """fp32 torch logits ``[batch, 1 + check_steps, vocab]``: after the prompt, then after each
+    teacher-forced token."""
+    import torch
+
+    from ..workloads.llama import reference_logits
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+    def asarray(a):
+        return torch.as_tensor(a, device="cuda",
+                               dtype=torch.float32 if a.dtype.kind == "f" else None)
+
+    dev_weights = {name: asarray(w) for name, w in weights.items()}
+    tokens = np.concatenate([prompts, forced[:, :check_steps]], axis=1)
+    positions = np.arange(prompts.shape[1] - 1, tokens.shape[1])
+    with torch.no_grad():
+        logits = reference_logits(config, dev_weights, tokens, positions, torch, asarray)
+    out = logits.cpu().numpy()
+    del dev_weights, logits
+    torch.cuda.empty_cache()
+    return out
+
+
+def _run_config(executable, info: dict, config: LlamaConfig, weights, prompts, forced,
+                reference: np.ndarray, batches: list[int], check_steps: int, steps: int,
+                bandwidth: float, record) -> None:
+    """Prefill, check and time decode at every batch size; each batch's row to ``record``."""
+    import tvm
+
+    from ..workloads.llama import LlamaSession
+
+    dev = tvm.cuda(0)
+    prompt_len = prompts.shape[1]
+    for batch in batches:
+        pages_per_seq = -(-(prompt_len + check_steps + steps) // PAGE_SIZE) + 1
+        tokens_per_seq = pages_per_seq * PAGE_SIZE
+        session = LlamaSession(executable, dev, weights, info["names"], config,
+                               max_batch_size=batch, max_total_seq_len=batch * tokens_per_seq,
+                               prefill_chunk_size=batch * prompt_len, page_size=PAGE_SIZE)
+        dev.sync()
+        start = time.perf_counter()
+        logits = session.prefill(prompts[:batch])
+        dev.sync()
+        prefill_ms = (time.perf_counter() - start) * 1e3
+        got = [logits.numpy()[0]]
+        for step in range(check_steps):
+            token = tvm.runtime.tensor(forced[:batch, step:step + 1].astype(np.int32), dev)
+            got.append(session.decode(token).numpy()[:, 0])
+        checks = _errors(np.stack(got, axis=1), reference[:batch])
+        token = tvm.runtime.tensor(forced[:batch, :1].astype(np.int32), dev)
+        times = []
+        for _ in range(steps):
+            dev.sync()
+            start = time.perf_counter()
+            session.decode(token)
+            dev.sync()
+            times.append((time.perf_counter() - start) * 1e3)
+        context = prompt_len + check_steps + steps // 2
+        kv_bytes = (batch * context * config.num_layers * 2 * config.num_key_value_heads
+                    * config.head_dim * 2)
+        floor_ms = (config.weight_bytes + kv_bytes) / bandwidth * 1e3
+        decode_ms = float(np.median(times))
+        record(batch, {"prefill_ms_first_call": round(prefill_ms, 3),
+                       "decode_ms_per_step": round(decode_ms, 4),
+                       "decode_ms_min": round(min(times), 4), "context": context,
+                       "floor_ms": round(floor_ms, 4),
+                       "multiple_of_floor": round(decode_ms / floor_ms, 2),
+                       "logits_vs_fp32": checks})
+        _log(f"  batch {batch}: decode {decode_ms:.3f} ms/step ({decode_ms / floor_ms:.2f}x "
+             f"floor), prefill {prefill_ms:.1f} ms, logits rel err {checks['rel_l2_max']:.2e}")
+        del session
+
+
+def _versions() -> dict:
+    import torch
+    import tvm
+
+    return {"tvm": tvm.__version__, "torch": torch.__version__, "cuda": torch.version.cuda,
+            "git_sha": git_sha()}
+
+
+#: Logits of the fp16 model against the fp32 evaluation: the bound of a correct decode.
+LOGITS_TOLERANCE = 2e-2
+
+
+def schema_rows(configs: dict) -> list[dict]:
+    """One results row (tvm_dsm.bench.results' schema) per configuration and batch: the decode
+    step's time, its floor, and the logits' error against fp32."""
+    rows = []
+    for name, found in configs.items():
+        for batch, row in found.get("batches", {}).items():
+            err = row["logits_vs_fp32"]["rel_l2_max"]
+            rows.append({"name": f"{name}_batch{batch}", "ok": err < LOGITS_TOLERANCE, "rel_err": err,
+                         "ours_us": row["decode_ms_per_step"] * 1e3, "floor_us": row["floor_ms"] * 1e3,
+                         "prefill_ms": row["prefill_ms_first_call"], "coverage": found.get("coverage")})
+    return rows
+
+
+def run(args) -> None:
+    import torch
+    import tvm
+
+    from .run import measure_hbm_bandwidth
+    from ..workloads.llama import random_weights
+
+    config = MODELS[args.model]
+    results = {"suite": "llm", "device": torch.cuda.get_device_name(0),
+               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "versions": _versions(), "model": asdict(config), "prompt_len": args.prompt,
+               "timing": "host wall per decode step, device synchronized around it, median",
+               "configs": {}}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save():
+        out.write_text(json.dumps(results | {"rows": schema_rows(results["configs"])}, indent=1))
+
+    folder = Path(tempfile.mkdtemp(prefix="tvm_dsm_llm_"))
+    _log(f"compiling {args.configs} ({args.model}) in {folder}")
+    compiled = _compile_all(args.configs, args.model, folder)
+    for name, info in compiled.items():
+        results["configs"][name] = {k: v for k, v in info.items() if k != "names"} | {"batches": {}}
+    save()
+
+    bandwidth = measure_hbm_bandwidth()
+    results["hbm_bytes_per_s"] = bandwidth
+    rng = np.random.default_rng(0)
+    weights = random_weights(config)
+    batches = args.batches
+    prompts = rng.integers(0, config.vocab_size, (max(batches), args.prompt))
+    forced = rng.integers(0, config.vocab_size, (max(batches), args.check_steps))
+    _log("fp32 torch reference")
+    reference = _reference(config, weights, prompts, forced, args.check_steps)
+    save()
+
+    for name in args.configs:
+        info = compiled[name]
+        if "error" in info:
+            continue
+        _log(f"loading {name} (its CUDA compiles now)")
+        try:
+            executable = tvm.runtime.load_module(str(folder / f"{name}.so"))
+        except Exception as err:  # noqa: BLE001  (recorded; the other configurations go on)
+            results["configs"][name]["error"] = f"load: {type(err).__name__}: {err}"
+            save()
+            continue
+
+        def record(batch, row, name=name):
+            results["configs"][name]["batches"][str(batch)] = row
+            save()
+
+        try:
+            _run_config(executable, info, config, weights, prompts, forced, reference, batches,
+                        args.check_steps, args.steps, bandwidth, record)
+        except Exception as err:  # noqa: BLE001  (recorded; the other configurations go on)
+            results["configs"][name]["error"] = f"run: {type(err).__name__}: {err}"
+            save()
+            _log(f"{name} failed: {err}")
+    _log(f"done: {out}")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command")
+    comp = sub.add_parser("compile", help="(internal) compile one configuration")
+    comp.add_argument("config", choices=CONFIGS)
+    comp.add_argument("--model", choices=MODELS, default="1b")
+    comp.add_argument("--folder", required=True)
+    parser.add_argument("--out", default="llm.json")
+    parser.add_argument("--model", choices=MODELS, default="1b")
+    parser.add_argument("--configs", type=lambda s: s.split(","), default=list(CONFIGS))
+    parser.add_argument("--batches", type=lambda s: [int(b) for b in s.split(",")],
+                        default=[1, 8, 32])
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--check-steps", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=30)
+    args = parser.parse_args(argv)
+    if args.command == "compile":
+        folder = Path(args.folder)
+        compile_config(args.config, MODELS[args.model], folder / f"{args.config}.so",
+                       folder / f"{args.config}.json")
+    else:
+        run(args)
+
+
+if __name__ == "__main__":
+    main()
