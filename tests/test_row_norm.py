@@ -18,23 +18,10 @@ from tvm_dsm.errors import ClusterError
 from tvm_dsm.families import match_family
 from tvm_dsm.rules.row_norm import (RowNormConfig, check_config, default_config, find_row_norm, fuse_row_norm,
                                     pieces_per_thread)
+from tvm_dsm.workloads.norms import EPS, topi_norm
 
 from conftest import cuda_source, kernels
 
-EPS = 1e-5
-
-
-def topi_form(form: str, rows: int, width: int, dtype: str = "float32") -> tvm.tirx.PrimFunc:
-    x = te.placeholder((rows, width), dtype, name="x")
-    w = te.placeholder((width,), dtype, name="w")
-    b = te.placeholder((width,), dtype, name="b")
-    if form == "softmax":
-        return te.create_prim_func([x, topi.nn.softmax(x)])
-    if form == "log_softmax":
-        return te.create_prim_func([x, topi.nn.log_softmax(x)])
-    if form == "rms_norm":
-        return te.create_prim_func([x, w, topi.nn.rms_norm(x, w, axis=[1], epsilon=EPS)])
-    return te.create_prim_func([x, w, b, topi.nn.layer_norm(x, w, b, axis=[1], epsilon=EPS)])
 
 
 def relax_form(form: str, rows: int, width: int, dtype: str = "float32") -> tvm.tirx.PrimFunc:
@@ -86,7 +73,7 @@ def hand_layer_norm(rows: int, width: int, dtype: str = "float32") -> tvm.tirx.P
 
 
 FORMS = {
-    **{f"topi_{f}": (lambda f: lambda *a: topi_form(f, *a))(f)
+    **{f"topi_{f}": (lambda f: lambda *a: topi_norm(f, *a))(f)
        for f in ("softmax", "log_softmax", "rms_norm", "layer_norm")},
     **{f"relax_{f}": (lambda f: lambda *a: relax_form(f, *a))(f) for f in ("softmax", "rms_norm", "layer_norm")},
     "te_residual_rms_norm": residual_rms_norm,
@@ -102,7 +89,7 @@ def test_each_form_is_planned_by_the_row_norm_family(form):
 
 
 def test_layer_norm_levels_run_in_two_waves_and_the_residual_holds_both_rows():
-    ln = find_row_norm(topi_form("layer_norm", 64, 4096))
+    ln = find_row_norm(topi_norm("layer_norm", 64, 4096))
     assert [lvl.op for lvl in ln.levels] == ["sum", "sum"] and ln.waves() == [[0], [1]]
     residual = find_row_norm(residual_rms_norm(64, 4096, "float16"))
     assert [h.name for h in residual.held] == ["x", "r"] and residual.vector == 8
@@ -137,7 +124,7 @@ def test_statistics_without_an_element_stage_stay_with_the_fused_rows():
 
 
 def test_a_row_beyond_a_cluster_of_16_ctas_registers_is_refused_naming_the_limit():
-    func = topi_form("softmax", 1, 1 << 19)
+    func = topi_norm("softmax", 1, 1 << 19)
     with pytest.raises(ClusterError, match="row_norm: a row of 524288 elements .* exceeds the registers of a "
                                            "cluster of 16 CTAs"):
         match_family(func)
@@ -148,7 +135,7 @@ def test_a_row_beyond_a_cluster_of_16_ctas_registers_is_refused_naming_the_limit
     (4096, 32000, "float32", (1024, 1, 2)), (8, 128256, "float16", (256, 1, 16)),
     (4096, 7, "float32", (2, 64, 1)), (4096, 1, "float32", (1, 128, 1))])
 def test_default_config(rows, width, dtype, config):
-    c = default_config(find_row_norm(topi_form("softmax", rows, width, dtype)))
+    c = default_config(find_row_norm(topi_norm("softmax", rows, width, dtype)))
     assert (c.threads_per_row, c.rows_per_cta, c.ranks) == config
 
 
@@ -158,7 +145,7 @@ def test_default_config(rows, width, dtype, config):
                                             (RowNormConfig(32, 1, 1), "holds at most 128 B")])
 def test_check_config_names_the_broken_constraint(config, reason):
     with pytest.raises(ClusterError, match=reason):
-        check_config(find_row_norm(topi_form("softmax", 64, 32000)), config)
+        check_config(find_row_norm(topi_norm("softmax", 64, 32000)), config)
 
 
 def _x_loads(source: str) -> tuple[list[str], list[str]]:
@@ -183,7 +170,7 @@ def test_the_kernel_reads_each_piece_of_the_row_once_in_16_bytes(form, assemble)
 @pytest.mark.parametrize("rows, width, dtype", [(8, 128256, "float16"), (1, 32000, "float32"),
                                                 (4096, 7, "float16"), (1, 1, "float32")])
 def test_cluster_and_ragged_kernels_assemble(rows, width, dtype, assemble):
-    func = topi_form("layer_norm", rows, width, dtype)
+    func = topi_norm("layer_norm", rows, width, dtype)
     found = find_row_norm(func)
     config = default_config(found)
     source = cuda_source(fuse_row_norm(func, config))
@@ -244,5 +231,5 @@ def test_forms_match_float64_on_the_gpu(form, rows, width, dtype, tolerance):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype, tolerance", [("float32", 1e-5), ("float16", 2e-3)])
 def test_a_128k_vocabulary_softmax_of_8_rows_runs_on_a_cluster_of_16(dtype, tolerance):
-    assert default_config(find_row_norm(topi_form("softmax", 8, 128256, dtype))).ranks == 16
+    assert default_config(find_row_norm(topi_norm("softmax", 8, 128256, dtype))).ranks == 16
     assert _error_on_gpu("topi_softmax", 8, 128256, dtype) < tolerance

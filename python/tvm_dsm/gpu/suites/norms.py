@@ -6,9 +6,8 @@ of issue 50 (softmax 4096 x 32000, RMSNorm and LayerNorm 4096 x 4096) and real m
 
 from __future__ import annotations
 
-from tvm import te, topi
-
 from ...driver import schedule, stock_schedule
+from ...workloads.norms import topi_norm
 from .base import Variant, args_of, nbytes_of
 
 #: (operator, rows, width, dtype)
@@ -22,25 +21,10 @@ NORMS = [
 ]
 
 
-def norm_func(operator: str, rows: int, width: int, dtype: str):
-    """TOPI's ``operator`` over the last axis of [rows, width] (a weight, and a bias for
-    LayerNorm, of width elements)."""
-    x = te.placeholder((rows, width), dtype, name="x")
-    w = te.placeholder((width,), dtype, name="w")
-    b = te.placeholder((width,), dtype, name="b")
-    if operator == "softmax":
-        return te.create_prim_func([x, topi.nn.softmax(x)])
-    if operator == "log_softmax":
-        return te.create_prim_func([x, topi.nn.log_softmax(x)])
-    if operator == "rms_norm":
-        return te.create_prim_func([x, w, topi.nn.rms_norm(x, w, axis=[1])])
-    return te.create_prim_func([x, w, b, topi.nn.layer_norm(x, w, b, axis=[1])])
-
-
 def norms() -> list[Variant]:
     variants = []
     for operator, rows, width, dtype in NORMS:
-        func = norm_func(operator, rows, width, dtype)
+        func = topi_norm(operator, rows, width, dtype)
         args = args_of(func)
         for label, mod in (("tvm_dsm", schedule(func).mod), ("dlight", stock_schedule(func).mod)):
             variants.append(Variant(name=f"{operator}_{rows}x{width}_{dtype}_{label}", workload=operator, mod=mod,
