@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
+from tvm_dsm.bench.roofline import plot, points
 from tvm_dsm.cli import main, parser
 from tvm_dsm.device import gpu_or_reason
 
@@ -76,3 +79,17 @@ def test_cold_plan_in_a_fresh_process_is_fast():
     elapsed = time.perf_counter() - start
     assert proc.returncode == 0, proc.stderr
     assert elapsed < 20, f"a cold plan took {elapsed:.1f} s"
+
+
+def test_report_draws_a_results_file_on_the_roofline(tmp_path, capsys):
+    """Attention's kernels and SDPA's beside them, under the run's HBM bandwidth and the tensor
+    cores' peak; a file with no FLOPs to place is refused by name."""
+    results = Path(__file__).parent.parent / "bench" / "results"
+    png = tmp_path / "attention.png"
+    main(["report", str(results / "attention" / "latest.json"), "--plot", str(png)])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {png}" in capsys.readouterr().out
+    series = points(json.loads((results / "attention" / "latest.json").read_text()))
+    assert set(series) >= {"ours", "torch_sdpa"} and len(series["ours"]) == 40
+    assert all(1e12 < flops < 1e15 for _, flops in series["ours"])
+    with pytest.raises(ValueError, match="no row has flops"):
+        plot({"suite": "copies", "device": "", "date": "", "rows": [{"name": "c", "ours_us": 1.0}]}, tmp_path / "x.png")

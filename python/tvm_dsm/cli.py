@@ -12,6 +12,7 @@ import argparse
 import importlib
 import importlib.util
 import inspect
+import json
 import sys
 import time
 from pathlib import Path
@@ -146,6 +147,17 @@ def cmd_bench(args) -> None:
     from tvm_dsm.bench.report import print_file
 
     print_file(out)
+    if args.plot:
+        _plot(out, args.plot)
+
+
+def _plot(results_path, png: str) -> None:
+    from tvm_dsm.bench.roofline import plot
+
+    try:
+        print(f"wrote {plot(json.loads(Path(results_path).read_text()), png)}")
+    except ImportError as err:
+        raise SystemExit(f"tvm-dsm: --plot needs matplotlib (pip install 'tvm-dsm[bench]'): {err}") from err
 
 
 def cmd_report(args) -> None:
@@ -153,6 +165,8 @@ def cmd_report(args) -> None:
 
     if args.file:
         report.print_file(args.file, picks=args.picks)
+        if args.plot:
+            _plot(args.file, args.plot)
     else:
         for path in report.write_all(args.results, args.out):
             print(f"wrote {path}")
@@ -196,10 +210,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kernels", default=".gpu/kernels", help="where exported kernels go")
     p.add_argument("--only", nargs="*", help="kernel name substrings to keep")
     p.add_argument("--out", help="results JSON (default bench/results/SUITE/latest.json)")
+    p.add_argument("--plot", metavar="PNG", help="also draw the kernels on the GPU's roofline")
     p = command("report", cmd_report, "tables from results JSON: one file, or regenerate bench/RESULTS.md",
                 function=False)
     p.add_argument("file", nargs="?", help="a results JSON to print as a table")
     p.add_argument("--picks", action="store_true", help="only the planner's picks")
+    p.add_argument("--plot", metavar="PNG", help="with FILE: also draw its kernels on the GPU's roofline")
     p.add_argument("--results", default="bench/results", help="results folder (default bench/results)")
     p.add_argument("--out", default="bench/RESULTS.md", help="generated summary (default bench/RESULTS.md)")
     command("workloads", cmd_workloads, "list the workload builders and their arguments", function=False)
