@@ -76,19 +76,11 @@ def _values(k: int, j: int) -> np.ndarray:
     return np.random.default_rng(1).standard_normal((k, j)).astype("float32")
 
 
-#: softmax(X) V fused into one pass divides by the running exp-sum as it goes: while a row's
-#: leading elements are all -inf that sum is still 0, and 0/0 makes the row NaN for good.
-MASKED_PREFIX_BUG = ("fusion/level_rules.py (the fused loop's per-element terms): a row of "
-                     "softmax(X) V whose first elements are -inf (a masked prefix) comes out NaN "
-                     "from the fused loop; the unfused function gives the softmax of its finite "
-                     "elements")
-
-
 @pytest.mark.parametrize("make, inputs", [
     (lambda: softmax_stats(8, 64), lambda: [edge_rows(8, 64)]),
     (lambda: softmax_v(8, 64, 16), lambda: [edge_rows(8, 64, masked_prefix=False), _values(64, 16)]),
     pytest.param(lambda: softmax_v(8, 64, 16), lambda: [edge_rows(8, 64), _values(64, 16)],
-                 marks=pytest.mark.xfail(strict=True, reason=MASKED_PREFIX_BUG), id="softmax_v-masked-prefix"),
+                 id="softmax_v-masked-prefix"),
     (lambda: rmsnorm_gemv(6, 64), lambda: [_rms_rows(6, 64), np.random.default_rng(1).standard_normal(64).astype("float32")]),
 ])
 def test_fused_cascade_equals_unfused_at_the_edges(make, inputs):
@@ -180,8 +172,7 @@ def test_gpu_softmax_statistics_at_the_edges():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("masked_prefix", [
-    False, pytest.param(True, marks=pytest.mark.xfail(strict=False, reason=MASKED_PREFIX_BUG))])
+@pytest.mark.parametrize("masked_prefix", [False, True])
 def test_gpu_softmax_v_at_the_edges(masked_prefix):
     """softmax(X) V with a row of X all -inf (a fully masked row): NaN there, as
     ``torch.softmax(x, 1) @ v``; every other row equal to it, NaN and inf rows included."""

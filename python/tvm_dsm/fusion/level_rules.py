@@ -24,10 +24,13 @@ from __future__ import annotations
 
 import functools
 
+import tvm
+import tvm_ffi
 from tvm import tirx
 from tvm.ir import Range
 from tvm.tirx.script.builder import ir as T
 
+from ..ir import loads
 from . import top_k_keys, top_k_pairs
 from .cascade import Level
 from .symbolic import ToTIR
@@ -121,7 +124,7 @@ class PlainRule(LevelRule):
         def emit(extra):
             slot = state_index(extra)
             current = tirx.BufferLoad(state[j] if first else target, slot)
-            operand = block.operand(level, rows, k, extra, new)
+            operand = _running_quotients(block.operand(level, rows, k, extra, new), [new[d] for d in level.deps])
             if correct is not None:
                 current = correct(current, extra)
             T.buffer_store(target, _COMBINE[level.op](current, operand), slot)
@@ -152,10 +155,64 @@ class PlainRule(LevelRule):
         chunk; None where nothing moves it."""
         return None
 
+    def finish(self, block, rows: list, state: dict, side: list) -> None:
+        """Write the output row; where the level's terms divide by a dependency whose final
+        value is 0 (a row all masked), NaN: the unfused terms are 0 / 0 there, while the scan
+        took each running 0 / 0 as 0 (see :func:`_running_quotients`)."""
+        outputs = {block.group[d].output: state[d][0] for d in self.level.deps}
+        finals = [_final(q.b, outputs) for q in _quotients(self.level.value, list(outputs))]
+        finals = [f for f in finals if f is not None]
+        if not finals:
+            super().finish(block, rows, state, side)
+            return
+        empty = functools.reduce(tirx.Or, [f == tirx.const(0, str(f.ty.dtype)) for f in finals])
+        nan = tirx.const(float("nan"), self.dtype)
+        block.for_each(self, lambda e: T.buffer_store(
+            self.level.output, tirx.Select(empty, nan, tirx.BufferLoad(state[self.position], state_index(e))),
+            rows + e))
+
     def _correction_at_merge(self, block, rows, merged, partial, p):
         """``correct(value, extra)``: part ``p``'s state moved to the merged dependencies; None
         where nothing moves it."""
         return None
+
+
+def _quotients(expr, buffers: list) -> list:
+    """The quotients in ``expr`` whose denominator reads one of ``buffers``."""
+    found = []
+
+    def visit(node):
+        if any(ld.source.same_as(b) for ld in loads(node.b) for b in buffers):
+            found.append(node)
+        return node
+
+    tvm_ffi.structural_map(expr, [(tirx.Div, visit)])
+    return found
+
+
+def _final(denominator, finals: dict):
+    """``denominator`` at the dependencies' final values (``finals``: output buffer -> final
+    state), or None where it reads anything else (an element of the data)."""
+    rest = [ld for ld in loads(denominator) if not any(ld.source.same_as(b) for b in finals)]
+    if rest:
+        return None
+    return tvm_ffi.structural_map(denominator, [(tvm.ir.TensorLoad, lambda ld: next(
+        (v for b, v in finals.items() if ld.source.same_as(b)), ld))])
+
+
+def _running_quotients(operand, states: list):
+    """``operand`` with each quotient by a dependency's running state (``states``: their
+    registers) 0 where it is 0 / 0. While a running sum is still 0 (a row's leading elements
+    all masked: softmax(X) V's exp(x - m) / l at x = -inf) its terms are 0 / 0, which the
+    unfused function divides by the final, nonzero sum: 0."""
+
+    def guard(node):
+        if any(ld.source.same_as(s) for ld in loads(node.b) for s in states):
+            zero = tirx.const(0, str(node.ty.dtype))
+            return tirx.Select(tirx.And(node.a == zero, node.b == zero), zero, node)
+        return node
+
+    return tvm_ffi.structural_map(operand, [(tirx.Div, guard)])
 
 
 class CorrectedRule(PlainRule):
