@@ -679,6 +679,7 @@ def compare_outputs(built: Built, got: list, want: list, spreads: list, eps: flo
 # ----------------------------------------------------------------------------------------------
 REASON_CATEGORIES = [
     (r"is neither G\(x\)\*H\(y\) nor a sum", "sum not separable"),
+    (r"expands into terms of degree", "split expansion of too high a degree"),
     (r"neither G\(x\) \+ H\(y\) nor G\(x\) \* H\(y\)", "max/min not separable"),
     (r"select reading the result", "select reads a level"),
     (r"unsupported call to", "unsupported call"),

@@ -224,3 +224,39 @@ def test_rounding_cast_refusal_names_the_levels():
     _, (report,) = fuse_cascaded_reductions(te.create_prim_func([x, a, y]))
     assert not report.fusible
     assert re.search(r"\by\b", report.reason), report.reason
+
+
+def test_split_expansion_of_a_high_power_is_refused():
+    """m = max x; y = sum x * (x - m^4)^3: split form would expand it into terms up to m^12,
+    which overflow or cancel where the unexpanded value does not (fuzz case 2837): refused,
+    naming the degree."""
+    x = te.placeholder((M, K), name="x")
+    m = _red(te.max, lambda i, k: x[i, k], "m")
+
+    def cube(i, k):
+        d = x[i, k] - m[i] * m[i] * m[i] * m[i]
+        return d * d * d
+
+    y = _red(te.sum, lambda i, k: x[i, k] * cube(i, k), "y")
+    func = te.create_prim_func([x, m, y])
+    _, reports = fuse_cascaded_reductions(func)
+    assert not any(r.fusible for r in reports)
+    assert any("degree > 4" in r.reason and "y" in r.reason for r in reports), [r.reason for r in reports]
+    data = _data() * 30
+    _fused_equals_unfused(func, data)
+
+
+def test_fourth_moment_still_splits():
+    """sum (x - mean)^4 expands to terms of degree 4 in the mean: kept in split form."""
+    x = te.placeholder((M, K), name="x")
+    s = _red(te.sum, lambda i, k: x[i, k], "s")
+
+    def fourth(i, k):
+        d = x[i, k] - s[i] / K
+        return d * d * d * d
+
+    y = _red(te.sum, fourth, "y")
+    func = te.create_prim_func([x, s, y])
+    _, reports = fuse_cascaded_reductions(func)
+    assert all(r.fusible for r in reports), [r.reason for r in reports]
+    _fused_equals_unfused(func, _data())

@@ -39,6 +39,10 @@ from .top_k import TopK, parse_top_k
 
 _OPS = {tirx.Add: "sum", tirx.Max: "max", tirx.Min: "min"}
 _MAX_SPLIT_TERMS = 8
+#: The highest degree in the dependencies of an expanded term of a split form: (x - m)^4 (the
+#: fourth moment) expands to terms of degree 4; a higher power of a dependency expands to terms
+#: that overflow or cancel where the unexpanded value does not (y^12 for (x - y^4)^3).
+_MAX_SPLIT_DEGREE = 4
 
 
 @dataclass
@@ -236,10 +240,10 @@ def prove(group: list[Level]) -> GroupReport:
                 pass
             elif not _try_rescale(level, new, old, xs):
                 if not _try_split(level, f, xs, set(ys)):
-                    return GroupReport(
-                        names, False,
-                        f"level {level.block} (sum): {f} is neither G(x)*H(y) nor a sum of such terms",
-                    )
+                    what = (f"expands into terms of degree > {_MAX_SPLIT_DEGREE} in the earlier levels "
+                            f"(they overflow or cancel where {f} does not)" if _expands_too_far(f, set(ys))
+                            else f"{f} is neither G(x)*H(y) nor a sum of such terms")
+                    return GroupReport(names, False, f"level {level.block} (sum): {what}")
                 if any(g.has(sympy.exp) for g, _ in level.terms):  # exp(x) alone overflows
                     return GroupReport(
                         names, False,
@@ -304,6 +308,8 @@ def _try_split(level: Level, f, xs: set, ys: set) -> bool:
     terms = sympy.Add.make_args(sympy.expand(f, power_exp=True))
     if len(terms) > _MAX_SPLIT_TERMS:
         return False
+    if _expands_too_far(f, ys):
+        return False
     split = []
     for term in terms:
         h, g = term.as_independent(*xs, as_Add=False)
@@ -316,6 +322,28 @@ def _try_split(level: Level, f, xs: set, ys: set) -> bool:
         merged[g] = merged.get(g, 0) + h
     level.form, level.terms = "split", list(merged.items())
     return True
+
+
+def _expands_too_far(f, ys: set) -> bool:
+    """Whether ``f``'s expansion has terms past :data:`_MAX_SPLIT_DEGREE` in ``ys``."""
+    terms = sympy.Add.make_args(sympy.expand(f, power_exp=True))
+    return len(terms) > 1 and max(_degree(term, ys) for term in terms) > _MAX_SPLIT_DEGREE
+
+
+def _degree(expr, ys: set) -> float:
+    """How fast ``expr`` grows with the dependencies ``ys``: its total degree in them (|y| and
+    y^p count p; another function of them counts 1)."""
+    if expr in ys:
+        return 1
+    if not expr.free_symbols & ys:
+        return 0
+    if isinstance(expr, sympy.Pow) and expr.exp.is_number:
+        return _degree(expr.base, ys) * abs(float(expr.exp))
+    if isinstance(expr, sympy.Mul):
+        return sum(_degree(a, ys) for a in expr.args)
+    if isinstance(expr, (sympy.Add, sympy.Abs)):
+        return max(_degree(a, ys) for a in expr.args)
+    return 1
 
 
 def element_producers(func: tirx.PrimFunc, group: list[Level]) -> dict:
