@@ -13,7 +13,7 @@ from tvm.s_tir import SBlock
 
 from conftest import TARGET, cuda_source
 from tvm_dsm.errors import ClusterError
-from tvm_dsm.rules.attention import CONFIGS, AttentionConfig, default_config, find_attention, fuse_attention
+from tvm_dsm.kernels.attention import CONFIGS, AttentionConfig, default_config, find_attention, fuse_attention
 from tvm_dsm.ir import find_all, replace_node
 from tvm_dsm.workloads.cascades import attention, softmax_stats
 

@@ -13,8 +13,8 @@ from tvm import te, tirx
 
 from conftest import TARGET, cuda_source
 from tvm_dsm.errors import ClusterError
-from tvm_dsm.rules.attention import fuse_attention
-from tvm_dsm.rules.attention_pattern import HeadAxis, find_attention
+from tvm_dsm.kernels.attention import fuse_attention
+from tvm_dsm.kernels.attention_pattern import HeadAxis, find_attention
 from tvm_dsm.workloads.attention_forms import relax_attention, te_attention, topi_attention
 
 #: (name, arguments of te_attention after batch, heads, q_len, kv_len, dim)

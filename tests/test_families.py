@@ -14,8 +14,8 @@ from tvm_dsm.families.fused_cascade import element_ops
 from tvm_dsm.families.softmax_gemm import SoftmaxGemm
 from tvm_dsm.families.top_k_rows import TopKRows
 from tvm_dsm.hardware import load_hardware
-from tvm_dsm.rules import softmax_gemm, top_k_rows
-from tvm_dsm.rules.attention import default_config as attention_default
+from tvm_dsm.kernels import softmax_gemm, top_k_rows
+from tvm_dsm.kernels.attention import default_config as attention_default
 from tvm_dsm.workloads import cascades
 
 WORKLOADS = {

@@ -17,7 +17,7 @@ LAYERS = (
     {"transform"},
     {"pipeline"},
     {"intrin"},
-    {"rules"},
+    {"rules", "kernels"},
     {"planners"},
     {"families"},
     {"driver"},

@@ -1,4 +1,4 @@
-"""The row-norm kernel (tvm_dsm.rules.row_norm, family row_norm): softmax, log-softmax, RMSNorm
+"""The row-norm kernel (tvm_dsm.kernels.row_norm, family row_norm): softmax, log-softmax, RMSNorm
 and LayerNorm as TOPI, Relax legalization and hand-written TE produce them, each row read from
 HBM once into registers (a cluster's for long rows). Recognition and refusals with reasons, the
 configurations and their limits, the generated CUDA (one 16-byte load of each held piece, sm_90a
@@ -16,7 +16,7 @@ from tvm import relax, te, topi
 import tvm_dsm
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.families import match_family
-from tvm_dsm.rules.row_norm import (RowNormConfig, check_config, default_config, find_row_norm, fuse_row_norm,
+from tvm_dsm.kernels.row_norm import (RowNormConfig, check_config, default_config, find_row_norm, fuse_row_norm,
                                     pieces_per_thread)
 from tvm_dsm.workloads.norms import EPS, topi_norm
 

@@ -1,4 +1,4 @@
-"""softmax·V as one tiled kernel (tvm_dsm.rules.softmax_gemm): what it accepts, what it refuses
+"""softmax·V as one tiled kernel (tvm_dsm.kernels.softmax_gemm): what it accepts, what it refuses
 and why, the kernel's structure and assembly, and on the GPU its results against float64."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import tvm_dsm
 from conftest import TARGET, cuda_source, host_launch
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.planners.cascade_split import CascadeSplit
-from tvm_dsm.rules.softmax_gemm import (SoftmaxGemmConfig, check_config, default_config, find_softmax_gemm,
+from tvm_dsm.kernels.softmax_gemm import (SoftmaxGemmConfig, check_config, default_config, find_softmax_gemm,
                                         fuse_softmax_gemm)
 from tvm_dsm.workloads.cascades import softmax_pv, softmax_stats
 

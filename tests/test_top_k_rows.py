@@ -1,4 +1,4 @@
-"""The top-k rows kernel (tvm_dsm.rules.top_k_rows): MoE routing read once into shared memory,
+"""The top-k rows kernel (tvm_dsm.kernels.top_k_rows): MoE routing read once into shared memory,
 softmax statistics by shuffles, only elements at or above the k-th largest lane maximum inserted.
 Recognition and refusals with reasons, the planner's choice, the generated CUDA (cp.async, no
 barrier, no spills), and on the GPU the planned kernels against a stable sort (ties included)
@@ -16,7 +16,7 @@ import tvm_dsm
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.fusion.top_k import top_k
 from tvm_dsm.planners.cascade_split import CascadeSplit
-from tvm_dsm.rules.top_k_rows import (TopKRowsConfig, check_config, default_config, find_top_k_rows,
+from tvm_dsm.kernels.top_k_rows import (TopKRowsConfig, check_config, default_config, find_top_k_rows,
                                       fuse_top_k_rows)
 from tvm_dsm.workloads.cascades import moe_routing
 

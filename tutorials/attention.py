@@ -15,7 +15,7 @@ import tvm
 import tvm_dsm  # noqa: F401  (registers tvm-dsm's pipeline)
 from tvm_dsm.bench.demo import assemble, kernel_source, run_section, section
 from tvm_dsm.fusion.cascade import analyze
-from tvm_dsm.rules.attention import default_config, find_attention, fuse_attention
+from tvm_dsm.kernels.attention import default_config, find_attention, fuse_attention
 from tvm_dsm.workloads.cascades import attention
 
 HEADS, SEQ, DIM = 128 * 16, 512, 64  # [batch 128, 16 heads, 512 tokens, head dim 64]

@@ -4,7 +4,7 @@ check and time.
 Routing 4096 tokens over 4096 experts to their top 8: softmax statistics (max, exp-sum) and the
 top-k of the same fp16 logits. Written as three reductions, it reads the logits three times; the
 pass proves the cascade fusible, and the planner gives it the top-k rows kernel
-(tvm_dsm.rules.top_k_rows): each row read once into shared memory by the 32 lanes of a warp, its
+(tvm_dsm.kernels.top_k_rows): each row read once into shared memory by the 32 lanes of a warp, its
 max and exp-sum by shuffles, then only the elements at or above the 8th-largest lane maximum
 enter the lanes' top 8, which merge by shuffles.
 Run: ``python tutorials/moe_routing.py``.

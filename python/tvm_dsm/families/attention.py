@@ -1,5 +1,5 @@
 """Attention (scores, row max, exp-sum, exp-weighted sum of V, divide) as one FlashAttention-style
-kernel, both products on warpgroup MMAs (:mod:`tvm_dsm.rules.attention`).
+kernel, both products on warpgroup MMAs (:mod:`tvm_dsm.kernels.attention`).
 
 The model is a roofline. HBM: q, k, v and the output once each. L2: q once, and k and v once
 per query tile, each CTA (``block_m`` query rows of one head) streaming every key tile it needs
@@ -10,7 +10,7 @@ plus a launch, is a floor rather than a time: the 40 kernels of
 bench/results/attention/latest.json ran 1.4-3.0x their prediction (19-49 % of the tensor-core
 peak; the exponentials and the softmax's shuffles are not counted). The configurations differ
 in the model only by their K/V re-reads and grid, which does not order them as measured, so
-:func:`~tvm_dsm.rules.attention.default_config`'s choice, the fastest measured on the H100
+:func:`~tvm_dsm.kernels.attention.default_config`'s choice, the fastest measured on the H100
 (docs/attention.md), is ranked first and the others follow by prediction.
 """
 
@@ -20,7 +20,7 @@ from tvm import s_tir, tirx
 
 from ..errors import ClusterError
 from ..hardware import Hardware
-from ..rules.attention import CONFIGS, AttentionConfig, check_config, default_config, find_attention, fuse_attention
+from ..kernels.attention import CONFIGS, AttentionConfig, check_config, default_config, find_attention, fuse_attention
 from .base import ScheduleFamily
 from .kernel_plan import TILE_L2_SPEEDUP, WGMMA_FLOPS, KernelPlan, default_first, roofline
 
@@ -62,7 +62,7 @@ class Attention(ScheduleFamily):
                         busy=ctas / hw.sm_count)
 
     def rank(self, shape, hw: Hardware) -> list[KernelPlan]:
-        """Every configuration of :data:`~tvm_dsm.rules.attention.CONFIGS` the shape takes,
+        """Every configuration of :data:`~tvm_dsm.kernels.attention.CONFIGS` the shape takes,
         the default first (see the module doc)."""
         plans, reasons = [], []
         for config in CONFIGS:

@@ -1,11 +1,11 @@
 """Row-wise normalizations (softmax, log-softmax, RMSNorm, LayerNorm: row statistics, then an
 element-wise stage reading the row again) as one kernel that holds each row in registers and
-reads it from HBM once (:mod:`tvm_dsm.rules.row_norm`).
+reads it from HBM once (:mod:`tvm_dsm.kernels.row_norm`).
 
 The model is a roofline: the function's operands read once and its outputs written once at
 HBM bandwidth (a weight or bias, shared by the rows, counted once), and the CUDA cores' element
 work (:data:`~.kernel_plan.ELEMENT_OPS` per element for each level and each stage), at the
-share of the SMs the grid's CTAs occupy. The configuration :func:`~tvm_dsm.rules.row_norm.default_config`
+share of the SMs the grid's CTAs occupy. The configuration :func:`~tvm_dsm.kernels.row_norm.default_config`
 picks (the fewest CTAs a row within the register limit, a cluster where the rows alone leave SMs
 idle) ranks first: the roofline gives every split of a filled machine the same time.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 
 from ..hardware import Hardware
-from ..rules import row_norm as rule
+from ..kernels import row_norm as rule
 from ..transform.buffers import buffer_bytes
 from .base import ScheduleFamily
 from .kernel_plan import CUDA_CORE_FLOPS, ELEMENT_OPS, KernelPlan, default_first, roofline

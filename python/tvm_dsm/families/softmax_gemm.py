@@ -1,13 +1,13 @@
 """softmax(X)·V (a row max, a rescaled row sum and a rescaled sum of products with a [K, J]
 matrix) as one tiled kernel on CUDA cores, the keys split over a cluster
-(:mod:`tvm_dsm.rules.softmax_gemm`).
+(:mod:`tvm_dsm.kernels.softmax_gemm`).
 
 The model is a roofline. HBM: the function's operands once. L2: X once per column tile and V
 once per row block, as the CTAs stream their tiles. DSM: with ``ranks`` > 1, every rank but the
 merging one hands its rows' state (max, sum, outputs) over. CUDA cores (the kernel computes in
 fp32, see the rule): the product's FMA per (row, key, column) and F(x, m) once per (row, key)
 and column tile. All at the share of SMs the grid occupies. The configurations ranked are those
-:func:`~tvm_dsm.rules.softmax_gemm.default_config` chooses among (32 x 32 tiles of 4 x 4
+:func:`~tvm_dsm.kernels.softmax_gemm.default_config` chooses among (32 x 32 tiles of 4 x 4
 outputs a thread, 64 or 32 columns, 1-16 ranks), its choice first: it ran within 0.87-1.0x of
 each shape's fastest (bench/results/softmax_gemm/latest.json), an order the roofline does not
 resolve.
@@ -22,7 +22,7 @@ from tvm import s_tir, tirx
 
 from ..errors import ClusterError
 from ..hardware import Hardware
-from ..rules import softmax_gemm as rule
+from ..kernels import softmax_gemm as rule
 from ..transform.buffers import buffer_bytes
 from .base import ScheduleFamily
 from .kernel_plan import CUDA_CORE_FLOPS, ELEMENT_OPS, TILE_L2_SPEEDUP, KernelPlan, default_first, roofline

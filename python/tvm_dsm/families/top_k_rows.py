@@ -1,12 +1,12 @@
 """A top-k of rows with the row's softmax statistics (MoE routing) as one kernel that stages each
 row in shared memory and inserts only the elements that can still make the top k
-(:mod:`tvm_dsm.rules.top_k_rows`).
+(:mod:`tvm_dsm.kernels.top_k_rows`).
 
 The model is the HBM floor of the function's operands, read and written once; it has no
 products, and its element work (a max, an exp-sum and a threshold test an element, the k-best
 network for the few elements past the threshold) is a few operations an element, far below the
 HBM time. Every split of a row moves the same bytes, so the model cannot order them: the plan is
-:func:`~tvm_dsm.rules.top_k_rows.default_config`'s alone, at or near the fastest on every
+:func:`~tvm_dsm.kernels.top_k_rows.default_config`'s alone, at or near the fastest on every
 router measured (bench/results/top_k_rows/latest.json).
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 
 from ..hardware import Hardware
-from ..rules import top_k_rows as rule
+from ..kernels import top_k_rows as rule
 from ..transform.buffers import buffer_bytes
 from .base import ScheduleFamily
 from .kernel_plan import KernelPlan, roofline

@@ -6,7 +6,7 @@ index)`` orders the pairs the same way as one unsigned 32-bit integer, so insert
 into the k best becomes a branch-free network of k max/min pairs instead of k comparisons with
 selects under a branch that some lane of a warp almost always takes. fp32 values take 64-bit
 keys the same way (``order(value) << 32 | (0xFFFFFFFF - index)``), for kernels that insert
-few elements (:mod:`tvm_dsm.rules.top_k_rows`). ``order`` maps the float's bits to an
+few elements (:mod:`tvm_dsm.kernels.top_k_rows`). ``order`` maps the float's bits to an
 unsigned order (sign bit flipped for positives, all bits for negatives; -0 as +0, so they tie
 as floats do). Values that never beat the level's initial value (NaN, -inf, and for a 16-bit
 level its lowest value) get key 0, the empty slot, so the result is the one the comparisons

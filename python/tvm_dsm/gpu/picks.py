@@ -17,7 +17,7 @@ from ..hardware import load_hardware
 from ..planners.cascade_split import plan_cascade_split
 from ..planners.gemm_row_max import plan_gemm_row_max, row_max_shape
 from ..planners.split_k_gemm import plan_split_k_gemm
-from ..rules.attention import default_config, find_attention, fuse_attention
+from ..kernels.attention import default_config, find_attention, fuse_attention
 from ..rules.gemm_row_max import schedule_gemm_row_max
 from ..rules.split_k_gemm import GemmShape
 from ..workloads import cascades as cascade_workloads

@@ -5,8 +5,8 @@ through ``tvm_dsm.build``'s path."""
 from __future__ import annotations
 
 import itertools
-from ...rules.attention import CONFIGS as ATTENTION_CONFIGS
-from ...rules.attention import default_config, find_attention, fuse_attention
+from ...kernels.attention import CONFIGS as ATTENTION_CONFIGS
+from ...kernels.attention import default_config, find_attention, fuse_attention
 from ...driver import schedule
 from ...workloads import cascades as cascade_workloads
 from ...workloads.attention_forms import te_attention, topi_attention
@@ -19,7 +19,7 @@ ATTENTION_SHAPES = [(2048, 512, 512, 64), (256, 1024, 1024, 64), (64, 4096, 4096
 
 
 def attention() -> list[Variant]:
-    """Attention as one kernel (tvm_dsm.rules.attention), plain and causal, in each
+    """Attention as one kernel (tvm_dsm.kernels.attention), plain and causal, in each
     configuration that fits; default_config's is the pick."""
     variants = []
     for (heads, q_len, kv_len, dim), causal in itertools.product(ATTENTION_SHAPES, (False, True)):

@@ -10,8 +10,8 @@ from ...driver import plan, stock_schedule
 from ...errors import ClusterError
 from ...planners.cascade_split import plan_cascade_split, schedule_cascade
 from ...rules.fused_rows import schedule_fused_rows
-from ...rules import softmax_gemm as softmax_gemm_rule
-from ...rules import top_k_rows as top_k_rows_rule
+from ...kernels import softmax_gemm as softmax_gemm_rule
+from ...kernels import top_k_rows as top_k_rows_rule
 from ...transform.cascaded_reductions import fuse_cascaded_reductions
 from ...workloads import cascades as cascade_workloads
 from .base import Variant, args_of, nbytes_of
@@ -94,7 +94,7 @@ SOFTMAX_GEMM_SHAPES = [(2048, 512, 64), (512, 4096, 64), (64, 8192, 64), (4096, 
 
 
 def softmax_gemm() -> list[Variant]:
-    """softmax·V as one tiled kernel (tvm_dsm.rules.softmax_gemm) in every configuration of a
+    """softmax·V as one tiled kernel (tvm_dsm.kernels.softmax_gemm) in every configuration of a
     small grid that fits each shape (64-256 threads, 64-1024 CTAs); ``planner`` marks
     default_config's. Beside them, the generic fused rows (FuseCascadedReductions with the
     cascade planner's split) that ran softmax·V before."""
@@ -164,7 +164,7 @@ TOP_K_ROWS_SHAPES = [(4096, 4096, 8), (16384, 256, 8), (16384, 128, 8), (16384, 
 
 
 def top_k_rows() -> list[Variant]:
-    """MoE routing as the top-k rows kernel (tvm_dsm.rules.top_k_rows: rows staged in shared
+    """MoE routing as the top-k rows kernel (tvm_dsm.kernels.top_k_rows: rows staged in shared
     memory, only elements above a threshold inserted) with 1-32 lanes a row and 32-256 threads a CTA
     (``planner``: default_config's), beside the generic fused rows of the cascade planner's
     split that ran it before."""

@@ -1,7 +1,7 @@
 """Attention recognized by meaning: ``out = softmax(scale * Q K^T [masked]) V`` however a
 PrimFunc writes it.
 
-What the kernel (:mod:`tvm_dsm.rules.attention`) needs is read from the function's blocks, not
+What the kernel (:mod:`tvm_dsm.kernels.attention`) needs is read from the function's blocks, not
 from how they are named or ordered. After element-wise blocks are inlined (transposes, reshapes,
 casts, the scale, the mask), attention is five blocks:
 
