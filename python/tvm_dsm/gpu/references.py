@@ -188,6 +188,47 @@ def _split_sum(a: torch.Tensor, clusters_per_group: int) -> torch.Tensor:
     return a.reshape(a.shape[0] // k, k * a.shape[1], a.shape[2]).sum(1)
 
 
+def _weight(w, layout: str):
+    """``w`` as [K, N] (it is [N, K], torch.nn.Linear's, when ``layout`` is "nk")."""
+    return w.T if layout == "nk" else w
+
+
+def _any_attention(q, k, v, layout: str = "bhsd", causal: bool = False):
+    """:func:`_attention_layout`, and for "hsd" (no batch axis) over one batch."""
+    if layout == "hsd":
+        return _attention_layout(q[None], k[None], v[None], "bhsd", causal)[0]
+    return _attention_layout(q, k, v, layout, causal)
+
+
+def _rms_norm_fp8(x, w, eps):
+    """RMSNorm, then per-token float8_e4m3fn quantization (each row's max |y| onto 448):
+    (quantized rows, in x's type, and their scales)."""
+    y = x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w
+    amax = y.abs().amax(-1).clamp(min=1e-12)
+    return (y * (448.0 / amax)[:, None]).to(torch.float8_e4m3fn).to(x.dtype), amax / 448.0
+
+
+#: tvm_dsm.workloads.generated's functions, by their ``op`` (the same definitions as that
+#: module's numpy references, which the CPU tests check against TVM's llvm build).
+_GENERATED = {
+    "dense": lambda x, w, layout: x @ _weight(w, layout),
+    "gated_dense": lambda x, wg, wu, layout: F.silu(x @ _weight(wg, layout)) * (x @ _weight(wu, layout)),
+    "ffn": lambda a, w1, w2, layout, activation: getattr(F, activation)(a @ _weight(w1, layout)) @ _weight(w2, layout),
+    "swiglu": lambda a, wg, wu, w2, layout: (F.silu(a @ _weight(wg, layout)) * (a @ _weight(wu, layout)))
+    @ _weight(w2, layout),
+    "attention": _any_attention,
+    "decode_attention": lambda q, k, v: _attention_layout(q[:, :, None], k, v)[:, :, 0],
+    "rms_norm": lambda x, w, eps: F.rms_norm(x, w.shape, w, eps),
+    "layer_norm": lambda x, w, b, eps: F.layer_norm(x, w.shape, w, b, eps),
+    "rms_norm_fp8": _rms_norm_fp8,
+    "softmax": lambda x: torch.softmax(x, -1),
+    "log_softmax": lambda x: torch.log_softmax(x, -1),
+    "logsumexp": lambda x: torch.logsumexp(x, -1),
+    "cross_entropy": lambda x, t: (t * (torch.logsumexp(x, -1, keepdim=True) - x)).sum(-1),
+    "moe_routing": _moe_routing,
+}
+
+
 REFERENCES: dict[str, Reference] = {
     "row_sum": Reference(
         float64=lambda a: a.double().sum(1),
@@ -276,6 +317,10 @@ REFERENCES: dict[str, Reference] = {
     ),
     "scaled_dense": Reference(float64=_scaled_mm_float64, torch_eager=_scaled_mm),
     "quantized_dense": Reference(float64=_quantized_dense_float64, torch_eager=_quantized_dense),
+    "generated": Reference(
+        float64=lambda *t, op, **kw: _GENERATED[op](*[a.double() for a in t], **kw),
+        torch_eager=lambda *t, op, **kw: _GENERATED[op](*t, **kw),
+    ),
     "split_sum": Reference(
         float64=lambda a, clusters_per_group: _split_sum(a.double(), clusters_per_group),
         torch_eager=lambda a, clusters_per_group: _split_sum(a.float(), clusters_per_group),
