@@ -68,11 +68,12 @@ def dense_relu_error_on_gpu(m: int, n: int, k: int, config) -> float:
     ``config``, run on the GPU with fresh random inputs and a NaN-poisoned output."""
     import numpy as np
 
+    from tvm_dsm.hardware import load_hardware
     from tvm_dsm.rules.split_k_gemm import schedule_split_k_gemm
     from tvm_dsm.workloads.dense import dense
 
-    func = tvm.compile(schedule_split_k_gemm(dense(m, n, k, bias=True, activation="relu"), config).mod,
-                       target=TARGET)
+    sch = schedule_split_k_gemm(dense(m, n, k, bias=True, activation="relu"), config, load_hardware())
+    func = tvm.compile(sch.mod, target=TARGET)
     dev = tvm.cuda(0)
     rng = np.random.default_rng()
     x = rng.standard_normal((m, k)).astype(np.float16)

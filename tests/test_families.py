@@ -71,7 +71,7 @@ def test_attention_ranks_every_valid_configuration_with_the_measured_default_fir
 def test_softmax_gemm_counts_its_products_on_cuda_cores():
     found = SoftmaxGemm().recognize(cascades.softmax_pv(2048, 512, 64))
     plans = SoftmaxGemm().rank(found, load_hardware())
-    assert plans[0].config == softmax_gemm.default_config(found.shape)
+    assert plans[0].config == softmax_gemm.default_config(found.shape, load_hardware())
     products = 2 * 2048 * 512 * 64
     assert plans[0].seconds["fp32"] > products / 66.9e12
     for p in plans:

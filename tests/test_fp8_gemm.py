@@ -21,7 +21,7 @@ MMA_FP8 = "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"
 
 
 def test_scaled_fp8_gemm_runs_m16n8k32_on_fp8_tiles_and_applies_both_scales(assemble):
-    source = cuda_source(schedule_split_k_gemm(scaled_dense(128, 256, 512), SMALL).mod)
+    source = cuda_source(schedule_split_k_gemm(scaled_dense(128, 256, 512), SMALL, load_hardware()).mod)
     for needle in (MMA_FP8, "ldmatrix", "cp.async.cg.shared.global", "ld.shared::cluster.v4.f32",
                    "sx_ptr[", "(sw_ptr + "):  # per-row scalar, per-column float4
         assert needle in source, needle
@@ -31,7 +31,7 @@ def test_scaled_fp8_gemm_runs_m16n8k32_on_fp8_tiles_and_applies_both_scales(asse
 
 
 def test_quantized_gemm_is_one_kernel_with_the_exact_row_max_through_dsm(assemble):
-    source = cuda_source(schedule_quantized_gemm(quantized_dense(128, 256, 1024), SMALL).mod)
+    source = cuda_source(schedule_quantized_gemm(quantized_dense(128, 256, 1024), SMALL, load_hardware()).mod)
     assert source.count("__global__") == 2
     # X arrives as fp16 by cp.async, is quantized in shared memory 4 at a time, multiplied in fp8.
     for needle in (MMA_FP8, "ptx_cp_async", "(__nv_fp8x4_e4m3)", "mapa.shared::cluster",
@@ -49,7 +49,7 @@ def test_quantization_then_gemm_is_two_kernels_the_second_on_wgmma(assemble):
     row, fp8x4 stores), then the fp8 GEMM reading the quantized X by TMA on k32 warpgroup MMAs,
     launched programmatically behind it."""
     config = SplitKGemmConfig(2, 64, 128, 128, 4, 1, 4, tma=True, wgmma=True, programmatic_launch=True)
-    source = cuda_source(schedule_quantize_then_gemm(quantized_dense(128, 512, 2048), config).mod)
+    source = cuda_source(schedule_quantize_then_gemm(quantized_dense(128, 512, 2048), config, load_hardware()).mod)
     assert source.count("__global__") == 4  # two kernels, each declared and defined
     quantize, gemm = source.split("extern \"C\" __global__")[3:5]
     assert "fabsf" in quantize and "__nv_fp8x4_e4m3" in quantize and "wgmma" not in quantize
@@ -79,7 +79,7 @@ def test_quantization_then_gemm_is_two_kernels_the_second_on_wgmma(assemble):
 )
 def test_unsupported_inputs_name_what_fails(func, schedule, config, message):
     with pytest.raises(ClusterError, match=message):
-        schedule(func, config)
+        schedule(func, config, load_hardware())
 
 
 def test_planner_keeps_fp8_and_quantized_configs_within_shared_memory():

@@ -21,7 +21,7 @@ SMALL = FusedChainConfig(cluster_size=2, block_m=128, block_n=64, n_steps=2, blo
 
 
 def test_fused_chain_cuda_has_both_gemms_the_all_exchange_and_the_reduce(assemble):
-    source = cuda_source(schedule_fused_chain(gemm_chain(128, 512, 256, 256, "gelu"), SMALL).mod)
+    source = cuda_source(schedule_fused_chain(gemm_chain(128, 512, 256, 256, "gelu"), SMALL, load_hardware()).mod)
     assert source.count("__global__") == 4  # fused kernel + inter-cluster reduce, declared and defined
     assert source.count("mma.sync.aligned.m16n8k16") >= 2  # GEMM0 and GEMM1 on tensor cores
     for needle in ("ldmatrix", "cp.async.cg.shared.global", "mapa.shared::cluster",
@@ -38,7 +38,7 @@ def test_fused_chain_cuda_has_both_gemms_the_all_exchange_and_the_reduce(assembl
 
 
 def test_swiglu_runs_gate_and_up_and_combines_them(assemble):
-    source = cuda_source(schedule_fused_chain(swiglu_ffn(128, 512, 256, 256), SMALL).mod)
+    source = cuda_source(schedule_fused_chain(swiglu_ffn(128, 512, 256, 256), SMALL, load_hardware()).mod)
     assert "Wg_ptr, " in source and "Wu_ptr, " in source  # both cp.async main loops
     assert "expf" in source  # silu(gate)
     assemble(source, "fused_swiglu")
@@ -46,7 +46,7 @@ def test_swiglu_runs_gate_and_up_and_combines_them(assemble):
 
 def test_tma_chain_streams_gemm0_by_tensor_copies_and_keeps_w2_staged(assemble):
     config = FusedChainConfig(2, 32, 32, 1, 64, 2, 2, 3, tma=True)
-    source = cuda_source(schedule_fused_chain(swiglu_ffn(128, 3072, 768, 768), config).mod)
+    source = cuda_source(schedule_fused_chain(swiglu_ffn(128, 3072, 768, 768), config, load_hardware()).mod)
     # A, Wg and Wu arrive as tensor maps, three tiles per stage on one mbarrier; W2 stays a
     # plain pointer staged once per step, and GEMM0 issues no cp.async.
     for name in ("A", "Wg", "Wu"):
@@ -82,7 +82,7 @@ def test_pattern_is_found_in_any_function_of_the_chain_shape():
 )
 def test_unsupported_inputs_get_clear_errors(func, config, message):
     with pytest.raises(ClusterError, match=message):
-        schedule_fused_chain(func, config)
+        schedule_fused_chain(func, config, load_hardware())
 
 
 def test_smem_only_fusion_fits_small_chains_only(assemble):
@@ -93,7 +93,7 @@ def test_smem_only_fusion_fits_small_chains_only(assemble):
     plans = plan_chain(g4, hw, smem_only=True)
     assert plans and {p.config.cluster_size for p in plans} == {1}
     assert min(p.config.cluster_size for p in plan_chain(g4, hw)) == 2  # the DSM space
-    source = cuda_source(schedule_fused_chain(gemm_chain(128, 3072, 768, 768), plans[0].config).mod)
+    source = cuda_source(schedule_fused_chain(gemm_chain(128, 3072, 768, 768), plans[0].config, load_hardware()).mod)
     assert "barrier.cluster" not in source and "mapa" not in source
     assemble(source, "chain_smem_only")
     _, g5 = find_chain(s_tir.Schedule(gemm_chain(128, 16384, 4096, 4096)))
@@ -144,7 +144,7 @@ def test_gpu_matches_float64(gated, config):
     m, n, l = 128, 512, 256
     k = 32 if config.stages == 1 else 512  # one K step per CTA: G1's K
     func = swiglu_ffn(m, n, k, l) if gated else gemm_chain(m, n, k, l, "relu")
-    assert chain_error_on_gpu(func, schedule_fused_chain(func, config).mod) < 2e-3
+    assert chain_error_on_gpu(func, schedule_fused_chain(func, config, load_hardware()).mod) < 2e-3
 
 
 def test_fused_ffn_tutorial_shows_pruning_plan_and_assembled_cuda(capsys):

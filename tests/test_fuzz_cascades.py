@@ -260,3 +260,41 @@ def test_fourth_moment_still_splits():
     _, reports = fuse_cascaded_reductions(func)
     assert all(r.fusible for r in reports), [r.reason for r in reports]
     _fused_equals_unfused(func, _data())
+
+
+def _fp16(value):
+    return value.astype("float16").astype("float32")
+
+
+def _overflowing_rows():
+    """Rows whose max exceeds 11.1, where exp(max) overflows fp16, beside rows where it does not."""
+    data = _data()
+    data[:2, 3] = 12.0
+    return data
+
+
+def test_a_rounded_term_of_a_level_is_rounded_in_split_form():
+    """m = max x; y = sum (fp16(exp(m)) - x): the unfused function rounds exp(m) through fp16 on
+    every element (inf on rows where it overflows); the split form applies that term once and
+    must round it the same way (fuzz case 4900, under allow_approximate)."""
+    x = te.placeholder((M, K), name="x")
+    m = _red(te.max, lambda i, k: x[i, k], "m")
+    y = _red(te.sum, lambda i, k: _fp16(te.exp(m[i])) - x[i, k], "y")
+    func = te.create_prim_func([x, m, y])
+    fused, (report,) = fuse_cascaded_reductions(func, allow_approximate=True)
+    assert report.fusible, report.reason
+    got, want = _outputs(fused, _overflowing_rows())[1], _outputs(func, _overflowing_rows())[1]
+    assert np.isinf(want[:2]).all() and np.isfinite(want[2:]).all()
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_a_rounded_term_of_a_level_in_a_running_correction_is_refused():
+    """m = max x; z = max(x + fp16(exp(m))): the shift form would subtract rounded values the
+    unfused function never forms (inf - inf on rows where exp(m) overflows fp16)."""
+    x = te.placeholder((M, K), name="x")
+    m = _red(te.max, lambda i, k: x[i, k], "m")
+    z = _red(te.max, lambda i, k: x[i, k] + _fp16(te.exp(m[i])), "z")
+    func = te.create_prim_func([x, m, z])
+    _, (report,) = fuse_cascaded_reductions(func, allow_approximate=True)
+    assert not report.fusible
+    _fused_equals_unfused(func, _overflowing_rows())

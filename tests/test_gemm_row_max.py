@@ -11,6 +11,7 @@ import tvm
 from conftest import TARGET, cuda_source
 
 from tvm_dsm.errors import ClusterError
+from tvm_dsm.hardware import load_hardware
 from tvm_dsm.planners.gemm_row_max import plan_gemm_row_max, row_max_shape, schedule_row_max
 from tvm_dsm.rules.gemm_row_max import schedule_gemm_row_max
 from tvm_dsm.rules.split_k_gemm import SplitKGemmConfig
@@ -55,7 +56,7 @@ def test_every_thread_reduces_when_outputs_are_fewer_than_threads():
     64 rows each (rfactor) and the output takes the larger; without it, the register cache's
     write-back lost the block's predicate and wrote past the tile."""
     config = SplitKGemmConfig(1, 128, 64, 64, 2, 2, 3)
-    sch = schedule_gemm_row_max(lm_head_max(1, 128, 768, 4096), config)
+    sch = schedule_gemm_row_max(lm_head_max(1, 128, 768, 4096), config, load_hardware())
     assert "Y_rf" in sch.mod.script()
     source = cuda_source(sch.mod)
     assert "Y_rf_shared_ptr" in source
@@ -69,7 +70,7 @@ def test_every_thread_reduces_when_outputs_are_fewer_than_threads():
 ])
 def test_unsupported_inputs_are_refused_with_a_reason(func, config, reason):
     with pytest.raises(ClusterError, match=reason):
-        schedule_gemm_row_max(func, config)
+        schedule_gemm_row_max(func, config, load_hardware())
 
 
 def test_planner_refuses_a_vocabulary_off_the_tile():

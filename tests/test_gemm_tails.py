@@ -13,6 +13,7 @@ from tvm.s_tir import SBlockRealize
 import tvm_dsm
 from conftest import TARGET, cuda_source, kernels
 from tvm_dsm.errors import ClusterError
+from tvm_dsm.hardware import load_hardware
 from tvm_dsm.ir import find_all
 from tvm_dsm.rules.split_k_gemm import SplitKGemmConfig, find_gemm, schedule_split_k_gemm, tiled_shape
 from tvm_dsm.transform.tma_pipeline import zero_filled_load
@@ -64,14 +65,14 @@ def _store_predicates(sch: s_tir.Schedule) -> list:
     (100, 3000, 1000, True),
 ])
 def test_the_stores_are_predicated_exactly_where_the_tile_overruns_m_or_n(m, n, k, predicated):
-    sch = schedule_split_k_gemm(dense(m, n, k, "bfloat16", bias=True, activation="relu"), TMA_WGMMA)
+    sch = schedule_split_k_gemm(dense(m, n, k, "bfloat16", bias=True, activation="relu"), TMA_WGMMA, load_hardware())
     (predicate,) = _store_predicates(sch)
     assert (not (isinstance(predicate, tirx.IntImm) and predicate.value == 1)) == predicated
 
 
 def test_a_matmul_writing_the_output_itself_stores_inside_it(assemble):
     x, w = te.placeholder((100, 1000), "float16", name="X"), te.placeholder((3000, 1000), "float16", name="W")
-    sch = schedule_split_k_gemm(te.create_prim_func([x, w, matmul(x, w)]), TMA_WGMMA)
+    sch = schedule_split_k_gemm(te.create_prim_func([x, w, matmul(x, w)]), TMA_WGMMA, load_hardware())
     (predicate,) = _store_predicates(sch)
     assert not isinstance(predicate, tirx.IntImm)
     assemble(cuda_source(sch.mod), "tails_fp32_output")
@@ -85,7 +86,7 @@ def test_the_operand_copies_of_edge_tiles_are_zero_filled(layout, config):
     """TMA copies keep no predicate (the tensor maps describe X and W as they are, so a box past
     an edge lands zeros); cp.async copies past an edge are predicated and store zeros."""
     source = cuda_source(schedule_split_k_gemm(dense(100, 3000, 1000, "bfloat16", weight_layout=layout),
-                                               config).mod)
+                                               config, load_hardware()).mod)
     if config.tma:
         assert "cp.async.bulk.tensor.2d" in source and "cp.async.cg" not in source
         # Each stage's mbarrier expects the whole boxes' bytes, zero-filled parts included.

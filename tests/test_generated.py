@@ -85,3 +85,26 @@ def test_generator_is_seeded_and_covers_the_space():
     assert {c.params.get("layout") for c in cases} >= {"nk", "kn", "bhsd", "bshd", "hsd"}
     assert sum(c.symbolic for c in cases) >= 20
     assert {a["shape"][0] for c in cases if c.op_class == "dense" for a in c.inputs[:1]} & {1, 7, 13, 257}
+
+
+def test_a_relax_dense_with_int64_indices_takes_the_split_k_family_and_assembles(assemble):
+    """Relax's legalized dense indexes in int64: the DSM reduction's vector accesses run over
+    int64 loop variables, which the lowering bounds in their own type."""
+    case = next(c for c in generate(0, 300) if c.op_class == "dense" and c.style == "relax" and not c.symbolic
+                and c.params["layout"] == "nk" and c.inputs[0]["dtype"] != "float32"
+                and all(d % 8 == 0 for d in c.inputs[1]["shape"]))
+    ranking = tvm_dsm.plan(case.func, target=TARGET)
+    assert ranking.family.name == "split_k_gemm"
+    source = tvm.compile(ranking.schedule().mod, target=TARGET).mod.imports[0].inspect_source()
+    assert "ld_vec_shared__cluster_v4_f32" in source  # the partials are read from peers as vectors
+    assemble(source, case.name)
+
+
+def test_a_bf16_masked_cascade_writes_its_nan_as_bits_nvcc_accepts(assemble):
+    """A fused row whose final divisor is 0 ends NaN (as the unfused 0 / 0 does); in bf16 the
+    NaN is written by its bits: TVM prints a bf16 NaN constant as ``nanf``, which nvcc rejects."""
+    case = next(c for c in generate(0, 300) if c.op_class == "decode_attention" and c.style == "relax"
+                and c.inputs[0]["dtype"] == "bfloat16")
+    source = tvm_dsm.build(case.func, target=TARGET).mod.imports[0].inspect_source()
+    assert "nanf/*nan*/" not in source
+    assemble(source, case.name)

@@ -21,7 +21,7 @@ LAYERS = (
     {"planners"},
     {"families"},
     {"driver"},
-    {"meta_schedule", "relax_chains", "relax_integration", "relax_pipeline"},
+    {"meta_schedule", "relax_chains", "relax_matmuls", "relax_integration", "relax_pipeline"},
     {"bench", "gpu", "cli", "__main__"},
 )
 

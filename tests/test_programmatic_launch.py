@@ -12,6 +12,7 @@ from tvm import s_tir
 
 from conftest import TARGET, cuda_source, kernels
 from tvm_dsm import pipeline
+from tvm_dsm.hardware import load_hardware
 from tvm_dsm.rules.split_k_gemm import GemmShape, SplitKGemmConfig, schedule_split_k_gemm
 from tvm_dsm.rules.unfused_chain import UnfusedChainConfig, schedule_unfused_chain
 from tvm_dsm.transform.programmatic_launch import launch_programmatically
@@ -33,7 +34,7 @@ def _launch_params(mod: tvm.IRModule) -> dict[str, list[str]]:
 
 
 def test_unfused_chain_kernels_wait_for_the_previous_grid_first():
-    sch = schedule_unfused_chain(gemm_chain(128, 1024, 768, 256), UnfusedChainConfig(FIRST, SECOND))
+    sch = schedule_unfused_chain(gemm_chain(128, 1024, 768, 256), UnfusedChainConfig(FIRST, SECOND), load_hardware())
     assert any(PROGRAMMATIC_LAUNCH_KEY in line for line in sch.trace.as_python())  # replayable
     first, second = kernels(cuda_source(sch.mod)).values()
     assert first[first.index("{") + 1:].split()[:2] == [WAIT, LAUNCH]  # before any load or store
@@ -58,10 +59,10 @@ def test_unfused_chain_kernels_wait_for_the_previous_grid_first():
 
 
 def test_other_schedules_launch_as_usual():
-    sch = schedule_split_k_gemm(dense(128, 1024, 1024), FIRST)
+    sch = schedule_split_k_gemm(dense(128, 1024, 1024), FIRST, load_hardware())
     assert "griddepcontrol" not in cuda_source(sch.mod)
     assert all(PDL_LAUNCH_TAG not in p for p in _launch_params(sch.mod).values())
-    chain = schedule_unfused_chain(gemm_chain(128, 1024, 768, 256), UnfusedChainConfig(FIRST, SECOND))
+    chain = schedule_unfused_chain(gemm_chain(128, 1024, 768, 256), UnfusedChainConfig(FIRST, SECOND), load_hardware())
     launch_programmatically(chain, enable=False)
     assert "griddepcontrol" not in cuda_source(chain.mod)
     launch_programmatically(sch)
@@ -74,7 +75,6 @@ def test_planner_launches_one_wave_gemms_programmatically():
     configuration's identity (sweeps and databases match the planner's points)."""
     import dataclasses
 
-    from tvm_dsm.hardware import load_hardware
     from tvm_dsm.planners.split_k_gemm import plan_split_k_gemm
     from tvm_dsm.rules.split_k_gemm import GemmShape
 
@@ -83,7 +83,7 @@ def test_planner_launches_one_wave_gemms_programmatically():
     waves = plan_split_k_gemm(GemmShape(4096, 4096, 4096, True), hw)[0]
     assert one_wave.config.programmatic_launch and not waves.config.programmatic_launch
     assert dataclasses.replace(one_wave.config, programmatic_launch=False) == one_wave.config
-    source = cuda_source(schedule_split_k_gemm(dense(128, 3072, 768), one_wave.config).mod)
+    source = cuda_source(schedule_split_k_gemm(dense(128, 3072, 768), one_wave.config, load_hardware()).mod)
     assert source.count(WAIT) == 1
 
 
@@ -107,7 +107,7 @@ def _warmed_and_copied_early(func) -> tuple[list, list]:
     """Per kernel of ``func``'s unfused chain: the tensor maps it prefetches into L2, and those
     whose first tiles it copies, before it waits for the previous grid."""
     gemm = SplitKGemmConfig(2, 64, 64, 64, 2, 2, 3, tma=True)
-    sch = schedule_unfused_chain(func, UnfusedChainConfig(gemm, SECOND))
+    sch = schedule_unfused_chain(func, UnfusedChainConfig(gemm, SECOND), load_hardware())
     before = [body.split(WAIT)[0] for body in kernels(cuda_source(sch.mod)).values()]
     assert len(before) == 2
     warmed = [re.findall(r"prefetch_tensor_2d_L2_global_tile\(\(\(void\*\)\(\(unsigned long long\)\(&\((\w+)\)", b)
@@ -146,14 +146,13 @@ def _copied(code: str) -> set[str]:
 def test_weights_past_the_prefetch_window_are_not_prefetched():
     """The FP8 GEMM's 16 MB weight behind its quantization kernel: prefetched, it measured
     0.79-0.91x (bench/results/chains_l2_prefetch_ab.json)."""
-    from tvm_dsm.hardware import load_hardware
     from tvm_dsm.planners.split_k_gemm import plan_split_k_gemm
     from tvm_dsm.rules.quantized_gemm import schedule_quantize_then_gemm
     from tvm_dsm.rules.split_k_gemm import GemmShape
     from tvm_dsm.workloads.dense import quantized_dense
 
     config = plan_split_k_gemm(GemmShape(128, 4096, 4096, True, "float8_e4m3fn"), load_hardware())[0].config
-    source = cuda_source(schedule_quantize_then_gemm(quantized_dense(128, 4096, 4096), config).mod)
+    source = cuda_source(schedule_quantize_then_gemm(quantized_dense(128, 4096, 4096), config, load_hardware()).mod)
     assert source.count(WAIT) == 2 and "prefetch_tensor_2d" not in source  # (descriptors only)
     # Its first pipeline steps' weight tiles still load into shared memory before the GEMM
     # waits for the quantization (all bytes announced first); the quantized X's after.
@@ -173,7 +172,6 @@ def test_a_grid_that_would_crowd_the_previous_kernels_idle_sms_is_launched_after
     us against 115.1 launched after it; with 128 CTAs (128x64 tiles) 46 is less than half
     and the programmatic launch saves 0.8 us; a grid the idle SMs take whole is not crowded (bench/results/chains_programmatic_ab.json)."""
     import tvm_dsm
-    from tvm_dsm.hardware import load_hardware
     from tvm_dsm.planners.split_k_gemm import predict
     from tvm_dsm.planners.unfused_chain import combine, crowded
     from tvm_dsm.rules.fused_chain import find_chain
@@ -201,5 +199,5 @@ def test_a_grid_that_would_crowd_the_previous_kernels_idle_sms_is_launched_after
     config = tvm_dsm.plan(func).best.config
     assert isinstance(config, UnfusedChainConfig) and config.programmatic_launch
     assert (config.gemm1.cluster_size, config.gemm1.block_n) == (2, 64)
-    source = cuda_source(schedule_unfused_chain(func, config).mod)
+    source = cuda_source(schedule_unfused_chain(func, config, load_hardware()).mod)
     assert "griddepcontrol" in source

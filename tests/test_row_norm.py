@@ -15,6 +15,7 @@ from tvm import relax, te, topi
 
 import tvm_dsm
 from tvm_dsm.errors import ClusterError
+from tvm_dsm.hardware import load_hardware
 from tvm_dsm.families import match_family
 from tvm_dsm.kernels.row_norm import (RowNormConfig, check_config, default_config, find_row_norm, fuse_row_norm,
                                     pieces_per_thread)
@@ -135,7 +136,7 @@ def test_a_row_beyond_a_cluster_of_16_ctas_registers_is_refused_naming_the_limit
     (4096, 32000, "float32", (1024, 1, 2)), (8, 128256, "float16", (256, 1, 16)),
     (4096, 7, "float32", (2, 64, 1)), (4096, 1, "float32", (1, 128, 1))])
 def test_default_config(rows, width, dtype, config):
-    c = default_config(find_row_norm(topi_norm("softmax", rows, width, dtype)))
+    c = default_config(find_row_norm(topi_norm("softmax", rows, width, dtype)), load_hardware())
     assert (c.threads_per_row, c.rows_per_cta, c.ranks) == config
 
 
@@ -159,7 +160,7 @@ def _x_loads(source: str) -> tuple[list[str], list[str]]:
 def test_the_kernel_reads_each_piece_of_the_row_once_in_16_bytes(form, assemble):
     func = FORMS[form](4096, 4096, "float16") if not form.startswith("relax") else FORMS[form](4096, 4096)
     found = find_row_norm(func)
-    config = default_config(found)
+    config = default_config(found, load_hardware())
     source = cuda_source(fuse_row_norm(func, config))
     vector_loads, every_read = _x_loads(source)
     pieces = pieces_per_thread(found, config)
@@ -172,7 +173,7 @@ def test_the_kernel_reads_each_piece_of_the_row_once_in_16_bytes(form, assemble)
 def test_cluster_and_ragged_kernels_assemble(rows, width, dtype, assemble):
     func = topi_norm("layer_norm", rows, width, dtype)
     found = find_row_norm(func)
-    config = default_config(found)
+    config = default_config(found, load_hardware())
     source = cuda_source(fuse_row_norm(func, config))
     if config.ranks > 1:  # the partial statistics cross the cluster through DSM
         assert "mapa" in source and "barrier.cluster" in source
@@ -231,5 +232,5 @@ def test_forms_match_float64_on_the_gpu(form, rows, width, dtype, tolerance):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype, tolerance", [("float32", 1e-5), ("float16", 2e-3)])
 def test_a_128k_vocabulary_softmax_of_8_rows_runs_on_a_cluster_of_16(dtype, tolerance):
-    assert default_config(find_row_norm(topi_norm("softmax", 8, 128256, dtype))).ranks == 16
+    assert default_config(find_row_norm(topi_norm("softmax", 8, 128256, dtype)), load_hardware()).ranks == 16
     assert _error_on_gpu("topi_softmax", 8, 128256, dtype) < tolerance

@@ -11,6 +11,7 @@ from tvm import te
 import tvm_dsm
 from conftest import TARGET, cuda_source, host_launch
 from tvm_dsm.errors import ClusterError
+from tvm_dsm.hardware import load_hardware
 from tvm_dsm.planners.cascade_split import CascadeSplit
 from tvm_dsm.kernels.softmax_gemm import (SoftmaxGemmConfig, check_config, default_config, find_softmax_gemm,
                                         fuse_softmax_gemm)
@@ -102,7 +103,7 @@ def test_the_driver_takes_the_tiled_kernel_and_falls_back_where_no_tile_fits():
 
 @pytest.mark.parametrize("shape, ranks", [((2048, 512, 64), 8), ((512, 4096, 64), 16), ((4096, 1024, 128), 2)])
 def test_default_config_gives_two_ctas_per_sm_with_the_fewest_ranks(shape, ranks):
-    config = default_config(find_softmax_gemm(softmax_pv(*shape)).shape)
+    config = default_config(find_softmax_gemm(softmax_pv(*shape)).shape, load_hardware())
     assert config.ranks == ranks
     ctas = shape[0] // config.block_m * (shape[2] // config.block_j) * config.ranks
     assert ctas >= 264
@@ -122,7 +123,7 @@ def test_cluster_kernel_launches_every_cta_and_merges_through_dsm():
 
 def test_parameters_follow_the_function():
     """Results the function keeps internal are not written; the kernel takes its parameters."""
-    mod = fuse_softmax_gemm(_cascade(64, 256, 64, outputs="o"))
+    mod = fuse_softmax_gemm(_cascade(64, 256, 64, outputs="o"), hw=load_hardware())
     assert [p.name for p in mod["main"].params] == ["x", "v", "o"]
     assert "mx" not in host_launch(mod)[0]
 

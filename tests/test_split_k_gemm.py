@@ -21,7 +21,7 @@ SMALL = SplitKGemmConfig(cluster_size=2, block_m=64, block_n=64, block_k=32, war
                           ("kn", "bfloat16", "bf16")])
 def test_generated_cuda_uses_tensor_cores_async_copies_and_dsm(layout, dtype, ptx_type, assemble):
     func = dense(128, 256, 512, dtype=dtype, weight_layout=layout)
-    source = cuda_source(schedule_split_k_gemm(func, SMALL).mod)
+    source = cuda_source(schedule_split_k_gemm(func, SMALL, load_hardware()).mod)
     for needle in ("ldmatrix", f"mma.sync.aligned.m16n8k16.row.col.f32.{ptx_type}.{ptx_type}.f32",
                    "cp.async.cg.shared.global", "cp.async.wait_group", "mapa.shared::cluster",
                    "ld.shared::cluster.v4.f32", "barrier.cluster.arrive"):
@@ -49,18 +49,18 @@ def test_main_loop_waits_for_its_tile_then_runs_one_barrier_per_k_step():
     """The K loop waits for the tile it reads, then one barrier guards both that tile (RAW) and
     the slot the next copy overwrites (WAR); s_tir's pipeline alone emits two barriers."""
     four_stages = SplitKGemmConfig(2, 64, 64, 32, 2, 2, stages=4)
-    body = _main_loop_body(cuda_source(schedule_split_k_gemm(dense(128, 256, 1024), four_stages).mod))
+    body = _main_loop_body(cuda_source(schedule_split_k_gemm(dense(128, 256, 1024), four_stages, load_hardware()).mod))
     assert body.count("__syncthreads()") == 1
     # The step reads tile t and prefetches fragments of t+1: both landed, t+2 still in flight.
     assert body.index("wait_group_1()") < body.index("__syncthreads()") < body.index("commit_group()")
     # With 3 stages the early wait would leave no copy in flight: both barriers stay.
-    body = _main_loop_body(cuda_source(schedule_split_k_gemm(dense(128, 256, 1024), SMALL).mod))
+    body = _main_loop_body(cuda_source(schedule_split_k_gemm(dense(128, 256, 1024), SMALL, load_hardware()).mod))
     assert body.count("__syncthreads()") == 2
 
 
 def test_epilogue_is_fused_into_the_reduce_scatter(assemble):
     func = dense(128, 256, 512, bias=True, activation="silu")
-    source = cuda_source(schedule_split_k_gemm(func, SMALL).mod)
+    source = cuda_source(schedule_split_k_gemm(func, SMALL, load_hardware()).mod)
     assert source.count("__global__") == 2  # no second kernel for bias, activation or cast
     assert "exp" in source  # silu's sigmoid
     assemble(source, "gemm_silu")
@@ -77,7 +77,7 @@ def test_each_thread_loads_a_batch_of_partials_before_it_stores_a_sum(config, lo
     """The peer loads are asm volatile with a memory clobber, so none moves above a store of Y:
     a thread loads every partial of its batch of rows before the batch's first store, and
     waits one DSM latency per batch, not per row."""
-    source = cuda_source(schedule_split_k_gemm(dense(128, 2048, 8192), config).mod)
+    source = cuda_source(schedule_split_k_gemm(dense(128, 2048, 8192), config, load_hardware()).mod)
     epilogue = source[source.index("__syncthreads();", source.rindex("mma")):]
     runs = [run.count("ld_vec_shared__cluster_v4_f32(") for run in epilogue.split("Y_ptr")[:-1]]
     assert runs[0] == loads_per_store_run and not any(runs[1:loads_per_store_run // config.cluster_size])
@@ -103,7 +103,7 @@ def test_each_thread_loads_a_batch_of_partials_before_it_stores_a_sum(config, lo
 )
 def test_unsupported_inputs_get_clear_errors(func, config, message):
     with pytest.raises(ClusterError, match=message):
-        schedule_split_k_gemm(func, config)
+        schedule_split_k_gemm(func, config, load_hardware())
 
 
 def test_planner_ranks_the_pruned_space_fast_and_explains():
@@ -180,7 +180,7 @@ def test_80_column_tiles_fill_the_sms_for_n_8960():
     widths = {(c.block_n, c.tma, c.wgmma) for c in candidate_configs(shape)}
     assert (80, True, True) in widths and not any(n == 80 and not (tma and wgmma) for n, tma, wgmma in widths)
     with pytest.raises(ClusterError, match="16-byte copies"):
-        check_config(shape, SplitKGemmConfig(1, 128, 80, 64, 8, 1, 4, tma=False, wgmma=False))
+        check_config(shape, SplitKGemmConfig(1, 128, 80, 64, 8, 1, 4, tma=False, wgmma=False), load_hardware())
 
 
 def test_planner_charges_the_reduce_scatter_at_half_the_dsm_bandwidth(monkeypatch):
@@ -216,7 +216,7 @@ def test_a_matmul_that_writes_the_output_itself_gets_a_copy_stage(assemble):
 
     x, w = te.placeholder((128, 512), "float16", name="X"), te.placeholder((256, 512), "float16", name="W")
     func = te.create_prim_func([x, w, matmul(x, w)])
-    source = cuda_source(schedule_split_k_gemm(func, SMALL).mod)
+    source = cuda_source(schedule_split_k_gemm(func, SMALL, load_hardware()).mod)
     assert source.count("__global__") == 2 and "float4" in source  # one kernel, fp32 stores
     assemble(source, "gemm_no_epilogue")
 

@@ -6,20 +6,23 @@ import numpy as np
 import pytest
 import tvm
 from conftest import TARGET
+from tvm import te
 
 import tvm_dsm
 from tvm_dsm.gpu.suites.generality import FFNS, dense, ffn
 from tvm_dsm.transform.split_operators import merge_operators, split_operators
 
 
-def test_split_then_merge_computes_the_same_on_llvm():
-    func = ffn(24, 40, 16, 8, "float32", nk=False)
+@pytest.mark.parametrize("rows", [24, te.var("m")], ids=["constant_rows", "symbolic_rows"])
+def test_split_then_merge_computes_the_same_on_llvm(rows):
+    func = ffn(rows, 40, 16, 8, "float32", nk=False)
     operators = split_operators(func)
     assert [len(op.outputs) for op in operators] == [1, 1]
     assert operators[0].outputs[0].same_as(operators[1].inputs[0])  # H passes between them
     merged = merge_operators(func, [op.func for op in operators])
     rng = np.random.default_rng()
-    args = [rng.standard_normal([int(d) for d in p.ty.shape]).astype("float32") for p in func.params]
+    shapes = [[24 if isinstance(d, tvm.tirx.Var) else int(d) for d in p.ty.shape] for p in func.params]
+    args = [rng.standard_normal(shape).astype("float32") for shape in shapes]
     outs = []
     for f in (func, merged):
         tensors = [tvm.runtime.tensor(a) for a in args[:-1]] + [tvm.runtime.tensor(np.full_like(args[-1], np.nan))]
@@ -40,8 +43,6 @@ def test_ffns_no_family_fuses_build_per_operator(shape):
 def test_a_function_without_a_root_block_is_left_to_tvm():
     """An extern call has no s_tir root block: every family says no (none raises), and the
     function builds the way stock TVM builds it."""
-    from tvm import te
-
     x = te.placeholder((64, 64), "float32", name="x")
     y = te.extern((64, 64), [x], lambda ins, outs: tvm.tirx.call_packed("my.op", ins[0], outs[0]), name="y")
     func = te.create_prim_func([x, y])
@@ -60,3 +61,8 @@ def test_decode_batch_dense_takes_the_gemm_family_with_rows_padded_inside(m):
     source = tvm_dsm.build(dense(m, 2048, 2048, "float16"), TARGET).mod.imports[0].inspect_source()
     assert source.count("__global__") == 2  # the GEMM alone: no kernel copies rows (declared and defined)
     assert "mma" in source  # tensor cores
+
+
+def test_an_ffn_of_symbolic_rows_builds_per_operator():
+    source = tvm_dsm.build(ffn(te.var("m"), 1024, 512, 256, "float16", False), TARGET).mod.imports[0].inspect_source()
+    assert source.count("__global__") >= 4  # at least one kernel per GEMM, declared and defined

@@ -12,6 +12,7 @@ from tvm.sym import Analyzer
 
 from conftest import TARGET, cuda_source, dense_relu_error_on_gpu
 from tvm_dsm.errors import ClusterError
+from tvm_dsm.hardware import load_hardware
 from tvm_dsm.planners.split_k_gemm import plan_split_k_gemm
 from tvm_dsm.rules.quantized_gemm import schedule_quantized_gemm
 from tvm_dsm.rules.split_k_gemm import GemmShape, SplitKGemmConfig, schedule_split_k_gemm
@@ -24,7 +25,7 @@ TMA_COPY = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx
 
 @pytest.mark.parametrize(("dtype", "ptx_type"), [("float16", "f16"), ("bfloat16", "bf16")])
 def test_generated_cuda_streams_operand_tiles_with_tma(dtype, ptx_type, assemble):
-    source = cuda_source(schedule_split_k_gemm(dense(128, 256, 1024, dtype=dtype), TMA).mod)
+    source = cuda_source(schedule_split_k_gemm(dense(128, 256, 1024, dtype=dtype), TMA, load_hardware()).mod)
     for needle in (TMA_COPY, "const __grid_constant__ CUtensorMap X_tensormap",
                    "const __grid_constant__ CUtensorMap W_tensormap", "mbarrier.try_wait.parity",
                    "mbarrier.arrive.expect_tx", f"mma.sync.aligned.m16n8k16.row.col.f32.{ptx_type}",
@@ -37,7 +38,7 @@ def test_generated_cuda_streams_operand_tiles_with_tma(dtype, ptx_type, assemble
 def test_host_encodes_one_tensor_map_per_operand():
     from tvm.tirx.compilation_pipeline import get_tir_pipeline
 
-    mod = schedule_split_k_gemm(dense(128, 256, 1024), TMA).mod
+    mod = schedule_split_k_gemm(dense(128, 256, 1024), TMA, load_hardware()).mod
     host = get_tir_pipeline("default")[0](tvm.tirx.transform.BindTarget(TARGET)(mod))["main"].script()
     encodes = [line for line in host.splitlines() if "cuTensorMapEncodeTiled" in line]
     # X [128, 1024] in 64 x 64 boxes, W [256, 1024] in 64 x 128 boxes; 128-byte swizzle (3).
@@ -60,7 +61,7 @@ def _shared_ranges(source: str) -> dict[str, tuple[int, int]]:
 def test_barriers_and_slots_do_not_overlap():
     """The mbarriers are used all through the loop; a shared-memory merge that thought them
     dead after their initialisation would let a TMA tile overwrite them (seen in development)."""
-    source = cuda_source(schedule_split_k_gemm(dense(128, 256, 1024), TMA).mod)
+    source = cuda_source(schedule_split_k_gemm(dense(128, 256, 1024), TMA, load_hardware()).mod)
     starts = _shared_ranges(source)
     (barriers,) = starts["uint64_t"]
     x, w = sorted(starts["half"])
@@ -74,7 +75,7 @@ def test_slots_start_at_a_1024_byte_boundary_wherever_the_merge_puts_them(assemb
     """The hardware swizzles on absolute addresses, and TVM's merge places buffers at any
     16-byte offset (here after the mbarriers; a fused chain put one at byte 2624): slot 0 is
     the next 1024-byte boundary, for the TMA copies and the ldmatrix reads alike."""
-    source = cuda_source(schedule_split_k_gemm(dense(128, 256, 1024), TMA).mod)
+    source = cuda_source(schedule_split_k_gemm(dense(128, 256, 1024), TMA, load_hardware()).mod)
     assert any(s % 1024 for s in _shared_ranges(source)["half"])  # a misaligned buffer start
     aligned = "+ (uint)1023) & (~(uint)1023))"
     copies = [line for line in source.splitlines()
@@ -99,7 +100,7 @@ def _k_loop(source: str) -> str:
 def test_k_loop_issues_ahead_then_waits_on_its_slot_once_per_step():
     """Per step: one CTA barrier (every warp is done with the slot refilled), one thread issues
     the tile stages-1 ahead, all wait for this step's tile on its mbarrier."""
-    loop = _k_loop(cuda_source(schedule_split_k_gemm(dense(128, 256, 4096), TMA).mod))
+    loop = _k_loop(cuda_source(schedule_split_k_gemm(dense(128, 256, 4096), TMA, load_hardware()).mod))
     assert loop.count("__syncthreads()") == 1
     assert loop.index("__syncthreads()") < loop.index("cp_async_bulk_tensor") < loop.index(
         "mbarrier_wait") < loop.index("ldmatrix")
@@ -125,18 +126,18 @@ def test_swizzle_is_cuda_128_byte_swizzle(elem_bytes):
 ])
 def test_unsupported_tiles_get_clear_errors(func, config, message):
     with pytest.raises(ClusterError, match=message):
-        schedule_split_k_gemm(func, config)
+        schedule_split_k_gemm(func, config, load_hardware())
 
 
 def test_fused_quantization_refuses_tma():
     config = SplitKGemmConfig(2, 64, 128, 128, 2, 4, 3, tma=True)
     with pytest.raises(ClusterError, match="TMA operand copies are not supported"):
-        schedule_quantized_gemm(quantized_dense(128, 256, 1024), config)
+        schedule_quantized_gemm(quantized_dense(128, 256, 1024), config, load_hardware())
 
 
 def test_fp8_tiles_of_128_bytes_stream_with_tma(assemble):
     config = SplitKGemmConfig(2, 64, 128, 128, 2, 4, 4, tma=True)
-    source = cuda_source(schedule_split_k_gemm(scaled_dense(128, 256, 2048), config).mod)
+    source = cuda_source(schedule_split_k_gemm(scaled_dense(128, 256, 2048), config, load_hardware()).mod)
     assert TMA_COPY in source and "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3" in source
     assemble(source, "fp8_tma")
 
@@ -149,8 +150,6 @@ def test_planner_prefers_tma_where_it_applies():
 
 
 def _hw():
-    from tvm_dsm.hardware import load_hardware
-
     return load_hardware()
 
 

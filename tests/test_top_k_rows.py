@@ -14,6 +14,7 @@ from tvm import te
 
 import tvm_dsm
 from tvm_dsm.errors import ClusterError
+from tvm_dsm.families.top_k_rows import TopKRows
 from tvm_dsm.fusion.top_k import top_k
 from tvm_dsm.planners.cascade_split import CascadeSplit
 from tvm_dsm.kernels.top_k_rows import (TopKRowsConfig, check_config, default_config, find_top_k_rows,
@@ -57,6 +58,15 @@ def test_default_config_gives_a_lane_per_32_elements(shape, config):
 def test_check_config_names_the_broken_constraint(config, reason):
     with pytest.raises(ClusterError, match=reason):
         check_config(find_top_k_rows(moe_routing(96, 4096, 8)), config)
+
+
+def test_a_row_of_no_whole_16_byte_pieces_is_refused_naming_the_split():
+    """60 fp16 experts (120-byte rows) leave no lane a whole piece: the family refuses it by name
+    and the driver goes on to the fused rows."""
+    func = moe_routing(16, 60, 2, "float16")
+    with pytest.raises(ClusterError, match="60-wide row does not split into 1 lanes of 8-element pieces"):
+        default_config(find_top_k_rows(func))
+    assert TopKRows().match(func) is None
 
 
 def _top_k_and_max(dtype: str, extra=None):

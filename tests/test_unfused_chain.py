@@ -35,7 +35,7 @@ def test_gated_layer_runs_both_products_on_one_tile_in_one_kernel(assemble):
     sch = s_tir.Schedule(gated_dense(128, 1024, 1024))
     blocks, epilogue, shape = find_gemm(sch)
     assert len(blocks) == 2 and len(epilogue) == 1 and shape.products == 2
-    source = cuda_source(schedule_split_k_gemm(gated_dense(128, 1024, 1024), GATED).mod)
+    source = cuda_source(schedule_split_k_gemm(gated_dense(128, 1024, 1024), GATED, load_hardware()).mod)
     (kernel,) = _kernels(source)
     for name in ("X", "Wg", "Wu"):
         assert f"CUtensorMap {name}_tensormap" in kernel, name
@@ -64,7 +64,7 @@ def test_gated_layer_shared_memory_is_what_the_config_predicts(monkeypatch):
     three_stages = SplitKGemmConfig(1, 128, 128, 64, 8, 1, 3, tma=True, wgmma=True)
     for config in (GATED, three_stages, SplitKGemmConfig(4, 128, 64, 64, 2, 2, 3)):
         seen.clear()
-        cuda_source(schedule_split_k_gemm(gated_dense(128, 4096, 4096), config).mod)
+        cuda_source(schedule_split_k_gemm(gated_dense(128, 4096, 4096), config, load_hardware()).mod)
         assert seen == [config.shared_bytes("float16", products=2)]
 
 
@@ -82,7 +82,7 @@ def test_each_kernel_of_a_planned_swiglu_uses_the_shared_memory_the_planner_coun
     func = swiglu_ffn(m, *SWIGLUS[label])
     config = tvm_dsm.plan(func).best.config
     assert isinstance(config, UnfusedChainConfig)
-    cuda_source(schedule_unfused_chain(func, config).mod)
+    cuda_source(schedule_unfused_chain(func, config, load_hardware()).mod)
     first, _ = gemm_shapes(find_chain(s_tir.Schedule(func))[1])
     planned = [config.gemm0.shared_bytes(first.dtype, first.products), config.gemm1.shared_bytes()]
     assert len(seen) == len(planned)
@@ -105,7 +105,7 @@ def test_gated_products_must_share_their_input():
 @pytest.mark.parametrize("gated", [False, True])
 def test_unfused_chain_is_two_split_k_kernels_with_h_through_global_memory(gated, assemble):
     func = swiglu_ffn(128, 1024, 768, 256) if gated else gemm_chain(128, 1024, 768, 256)
-    source = cuda_source(schedule_unfused_chain(func, UnfusedChainConfig(GATED, SECOND)).mod)
+    source = cuda_source(schedule_unfused_chain(func, UnfusedChainConfig(GATED, SECOND), load_hardware()).mod)
     first, second = _kernels(source)
     weights = ("Wg", "Wu") if gated else ("W1",)
     for name in ("A", *weights):
@@ -160,7 +160,7 @@ def test_unfused_plan_adds_its_gemms_level_by_level():
 def test_unfused_trace_replays_from_the_database(tmp_path, func, config):
     """MetaSchedule's own query_schedule replays with s_tir's checks on, which this trace
     cannot pass; tvm_dsm.build replays it (tvm_dsm.driver.replay)."""
-    sch = schedule_unfused_chain(func, config)
+    sch = schedule_unfused_chain(func, config, load_hardware())
     mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
     target = tvm.target.Target(H100)
     database = ms.database.JSONDatabase(work_dir=str(tmp_path))
@@ -185,7 +185,7 @@ def test_meta_schedule_design_spaces_leave_the_unfused_plans_out():
 
 def test_batches_off_the_tensor_core_tile_are_refused_by_both_gemms():
     with pytest.raises(ClusterError, match="M=24: the tensor-core GEMM needs a multiple of 16"):
-        schedule_unfused_chain(gemm_chain(24, 3072, 768, 768), UnfusedChainConfig(GATED, SECOND))
+        schedule_unfused_chain(gemm_chain(24, 3072, 768, 768), UnfusedChainConfig(GATED, SECOND), load_hardware())
     _, shape = find_chain(s_tir.Schedule(gemm_chain(24, 3072, 768, 768)))
     with pytest.raises(ClusterError, match="no cluster split-K GEMM configuration fits 24x3072x768"):
         plan_unfused_chain(shape, load_hardware())
@@ -196,7 +196,7 @@ def test_one_fragment_of_rows_plans_and_assembles(assemble):
     _, shape = find_chain(s_tir.Schedule(swiglu_ffn(16, 1024, 768, 256)))
     best = plan_unfused_chain(shape, load_hardware())[0]
     assert best.config.gemm0.block_m == best.config.gemm1.block_m == 16
-    source = cuda_source(schedule_unfused_chain(swiglu_ffn(16, 1024, 768, 256), best.config).mod)
+    source = cuda_source(schedule_unfused_chain(swiglu_ffn(16, 1024, 768, 256), best.config, load_hardware()).mod)
     assert len(_kernels(source)) == 2
     assemble(source, "unfused_chain_m16")
 
@@ -209,7 +209,8 @@ def test_one_fragment_of_rows_plans_and_assembles(assemble):
 def test_gpu_unfused_chain_matches_float64(gated, configs):
     m, n, k, l = 128, 1024, 768, 256
     func = swiglu_ffn(m, n, k, l) if gated else gemm_chain(m, n, k, l, "relu")
-    assert chain_error_on_gpu(func, schedule_unfused_chain(func, UnfusedChainConfig(*configs)).mod) < 2e-3
+    sch = schedule_unfused_chain(func, UnfusedChainConfig(*configs), load_hardware())
+    assert chain_error_on_gpu(func, sch.mod) < 2e-3
 
 
 @pytest.mark.gpu

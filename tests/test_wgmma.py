@@ -21,7 +21,8 @@ def wgmma_config(cluster: int, block_m: int = 128, block_n: int = 128, stages: i
 
 @pytest.mark.parametrize(("dtype", "ptx"), [("float16", "f16"), ("bfloat16", "bf16")])
 def test_main_loop_issues_wgmma_on_the_tma_tiles(dtype, ptx):
-    source = cuda_source(schedule_split_k_gemm(dense(128, 512, 1024, dtype=dtype), wgmma_config(2)).mod)
+    sch = schedule_split_k_gemm(dense(128, 512, 1024, dtype=dtype), wgmma_config(2), load_hardware())
+    source = cuda_source(sch.mod)
     assert f"wgmma.mma_async.sync.aligned.m64n128k16.f32.{ptx}.{ptx}" in source
     assert "cp.async.bulk.tensor" in source
     assert "mma.sync" not in source  # every multiply is a warpgroup MMA
@@ -36,7 +37,7 @@ def test_fp8_main_loop_issues_k32_wgmma_on_128_deep_tiles(assemble):
     4096 layer: 23.4 -> 14.2 us at M = 128 and 424 -> 188 us at M = 4096 against the mma.sync
     main loop (bench/results/fp8.json)."""
     config = SplitKGemmConfig(2, 64, 128, 128, 4, 1, 4, tma=True, wgmma=True)
-    source = cuda_source(schedule_split_k_gemm(scaled_dense(128, 512, 1024), config).mod)
+    source = cuda_source(schedule_split_k_gemm(scaled_dense(128, 512, 1024), config, load_hardware()).mod)
     assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in source
     assert "p, 1, 1;" in source  # no transpose immediates
     assert "d[r] += t[r];" in source  # the fp32 promotion
@@ -49,7 +50,7 @@ def test_multiplies_stay_in_flight_into_the_next_step():
     """Each step returns with its wgmma group in flight (wait_group 1), so a slot is refilled
     two steps after it was read: 4 stages issue 2 tiles ahead, and every group is awaited
     (wait_group 0) after the loop, before the accumulators are stored."""
-    source = cuda_source(schedule_split_k_gemm(dense(128, 512, 1024), wgmma_config(2)).mod)
+    source = cuda_source(schedule_split_k_gemm(dense(128, 512, 1024), wgmma_config(2), load_hardware()).mod)
     assert "wgmma.wait_group.sync.aligned 1;" in source
     assert re.search(r"for \(int tma_stage_\d+ = 0; tma_stage_\d+ < 2;", source)
     kernel = source[source.index("__global__ void __launch_bounds__"):]
@@ -60,7 +61,8 @@ def test_accumulators_stay_in_registers(ptxas_report):
     """wgmma accumulates in registers: an accumulator left as a lane-indexed array would land
     on the stack (2 KB per thread, as X's fragments did in the first, register-operand form),
     and ptxas then fences every wgmma ("warpgroup.arrive is injected")."""
-    source = cuda_source(schedule_split_k_gemm(dense(256, 1024, 2048), wgmma_config(2, block_n=256)).mod)
+    sch = schedule_split_k_gemm(dense(256, 1024, 2048), wgmma_config(2, block_n=256), load_hardware())
+    source = cuda_source(sch.mod)
     report = ptxas_report(source, "wgmma_registers")
     assert re.search(r"\b0 bytes stack frame", report), report
     assert "warpgroup.arrive is injected" not in report
@@ -70,7 +72,8 @@ def test_two_warpgroups_of_rows_share_each_w_tile(ptxas_report):
     """256-row tiles: 16 warps, four per 64-row warpgroup, each warpgroup's MMAs reading the same
     W tile (measured fastest on 5 of 17 layer x batch groups, bench/results/gemm_large_m.json);
     their accumulators fit the SM's registers without spilling."""
-    source = cuda_source(schedule_split_k_gemm(dense(256, 1024, 2048), wgmma_config(1, block_m=256)).mod)
+    sch = schedule_split_k_gemm(dense(256, 1024, 2048), wgmma_config(1, block_m=256), load_hardware())
+    source = cuda_source(sch.mod)
     assert "__launch_bounds__(512)" in source and "m64n128k16" in source
     report = ptxas_report(source, "wgmma_256_rows")
     assert re.search(r"\b0 bytes stack frame, 0 bytes spill stores", report), report
@@ -80,7 +83,7 @@ def test_gated_products_share_one_k_loop(assemble):
     """Gate and up multiply the same X tile in one K loop: each step copies X once beside both
     W tiles (one pipeline to fill, not two; S1-S8's gated layers 1.01-1.28x faster,
     bench/results/gated_one_loop_ab.json)."""
-    source = cuda_source(schedule_split_k_gemm(gated_dense(128, 512, 1024), wgmma_config(2)).mod)
+    source = cuda_source(schedule_split_k_gemm(gated_dense(128, 512, 1024), wgmma_config(2), load_hardware()).mod)
     assert source.count("wgmma.mma_async") == 1  # one helper, called for both products
     assert len(re.findall(r"tvm_dsm_wgmma_m64n128k64_f16_g2\(\(", source)) == 2
     # each call returns with both products' groups in flight, not waiting for the other's
@@ -110,7 +113,7 @@ def test_gated_products_share_one_k_loop(assemble):
 )
 def test_unsupported_wgmma_configurations_get_clear_errors(func, config, message):
     with pytest.raises(ClusterError, match=message):
-        schedule_split_k_gemm(func, config)
+        schedule_split_k_gemm(func, config, load_hardware())
 
 
 def test_planner_picks_wgmma_where_a_warpgroup_tile_fits():

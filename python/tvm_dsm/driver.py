@@ -22,9 +22,11 @@ from tvm.s_tir.schedule.schedule import ScheduleError
 from .device import gpu_or_reason
 from .errors import ClusterError
 from .families import ScheduleFamily, match_family
+from .families.row_ranges import dispatch, range_kernels, row_variable
 from .hardware import Hardware, load_hardware
 from .intrin import register_all
 from .planners.report import Plan
+from .transform.host_sorts import refuse_host_sorts
 from .transform.split_operators import merge_operators, split_operators
 
 LOG = logging.getLogger("tvm_dsm.driver")
@@ -44,6 +46,7 @@ class Ranking:
     shape: Any
     plans: list[Plan]
     func: tirx.PrimFunc = field(repr=False)
+    hw: Hardware = field(repr=False)
 
     @property
     def best(self) -> Plan:
@@ -59,14 +62,15 @@ class Ranking:
 
     def schedule(self, rank: int = 0) -> s_tir.Schedule:
         """The schedule of the ``rank``-th best configuration."""
-        return self.family.apply(self.func, self.plans[rank].config)
+        return self.family.apply(self.func, self.plans[rank].config, self.hw)
 
 
 def plan(func: tirx.PrimFunc, hw: Hardware | None = None, target=None) -> Ranking:
     """Rank every valid configuration of the family ``func`` belongs to (ClusterError if none
     applies, naming why each family does not, or if ``target`` is not a Hopper GPU)."""
     family, shape = match_family(func, target)
-    return Ranking(family, shape, family.rank(shape, hw or load_hardware()), func)
+    hw = hw or load_hardware()
+    return Ranking(family, shape, family.rank(shape, hw), func, hw)
 
 
 @dataclass(frozen=True)
@@ -138,15 +142,23 @@ def build(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None = No
           hw: Hardware | None = None) -> tvm.runtime.Module:
     """A runnable module for ``func``: the fastest schedule ``database`` recorded for it, else
     the planner's best that lowers (of its BUILD_ATTEMPTS best, each refusal logged), else (no
-    family applies) TVM's stock GPU schedule."""
+    family applies) TVM's stock GPU schedule; ClusterError for a function that sorts on the host
+    (:mod:`tvm_dsm.transform.host_sorts`)."""
     target = tvm.target.Target(target)
+    refuse_host_sorts(func)
     record = _record(database, func, target)
     if record is not None:
         return tvm.compile(replay(record.trace, func).mod, target=target)
     try:
+        if row_variable(func) is not None:
+            return tvm.compile(schedule_row_ranges(func, target, hw)[1].mod, target=target)
         ranking = plan(func, hw, target)
     except ClusterError as err:
-        return tvm.compile(_fallback_schedule(func, target, err).mod, target=target)
+        try:
+            return tvm.compile(_fallback_schedule(func, target, err, hw).mod, target=target)
+        except ClusterError as lowering:  # an operator's tvm-dsm kernel does not lower merged
+            LOG.warning("the merged operators do not lower (%s); every operator takes dlight's", lowering)
+            return tvm.compile(_fallback_schedule(func, target, err, hw, families=False).mod, target=target)
     refusals = []
     for rank in range(min(BUILD_ATTEMPTS, len(ranking.plans))):
         try:
@@ -168,11 +180,26 @@ def schedule(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None =
     if record is not None:
         return replay(record.trace, func)
     try:
+        if row_variable(func) is not None:
+            return schedule_row_ranges(func, target, hw)[1]
         return plan(func, hw, target).schedule()
     except ClusterError as err:
         if not stock_fallback:
             raise
-        return _fallback_schedule(func, target, err)
+        return _fallback_schedule(func, target, err, hw)
+
+
+def schedule_row_ranges(func: tirx.PrimFunc, target=H100,
+                        hw: Hardware | None = None) -> tuple[ScheduleFamily, s_tir.Schedule]:
+    """A function whose row count is a variable, scheduled as one kernel per range of rows
+    (:mod:`tvm_dsm.families.row_ranges`), with the family of its first range; ClusterError
+    where a range has no family that takes a symbolic row count."""
+    kernels = range_kernels(func, target, hw or load_hardware())
+    for kernel in kernels:
+        LOG.info("rows up to %s: %s %s", kernel.bound or "any", kernel.family.name, kernel.config)
+    # s_tir's checks expect one root block; each range's kernel holds its own
+    branches = [(kernel.bound, kernel.func) for kernel in kernels]
+    return kernels[0].family, s_tir.Schedule(dispatch(func, branches), enable_check=False)
 
 
 def _record(database: ms.Database | None, func: tirx.PrimFunc,
@@ -184,12 +211,13 @@ def _record(database: ms.Database | None, func: tirx.PrimFunc,
     return database.query_tuning_record(_module(func), target, workload_name="main")
 
 
-def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError) -> s_tir.Schedule:
+def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
+                       hw: Hardware | None, families: bool = True) -> s_tir.Schedule:
     """The schedule of a function no tvm-dsm family takes whole (``reason`` logged at INFO):
     TVM's stock schedule (dlight); where dlight cannot schedule it whole (two GEMMs in one
     function), one schedule per operator (:mod:`tvm_dsm.transform.split_operators`: a family's,
-    such as the split-K GEMM's at any M, N and K, else dlight's); else ClusterError with the
-    reasons."""
+    such as the split-K GEMM's at any M, N and K, else dlight's; dlight's only without
+    ``families``); else ClusterError with the reasons."""
     LOG.info("tvm-dsm falls back from its families: %s", reason)
     try:
         return stock_schedule(func, target)
@@ -200,7 +228,8 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError) -> s_t
         raise ClusterError(f"neither tvm-dsm nor TVM's stock schedules (dlight) can schedule "
                            f"this function. tvm-dsm: {reason}\ndlight: {whole}")
     LOG.info("scheduling its %d operators one by one (dlight: %s)", len(operators), whole)
-    return _merged(func, [schedule(op.func, target) for op in operators])
+    return _merged(func, [schedule(op.func, target, hw=hw) if families else stock_schedule(op.func, target)
+                          for op in operators])
 
 
 def _merged(func: tirx.PrimFunc, scheduled: list[s_tir.Schedule]) -> s_tir.Schedule:

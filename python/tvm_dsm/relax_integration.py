@@ -22,11 +22,13 @@ import tvm
 from tvm import relax, tirx
 from tvm.s_tir import meta_schedule as ms
 
-from .driver import H100, schedule, stock_rules, stock_target
+from .driver import H100, schedule, schedule_row_ranges, stock_rules, stock_target
 from .errors import ClusterError
 from .families import match_family
+from .families.row_ranges import row_variable
 from .hardware import Hardware
 from .relax_chains import FuseGemmChains, merge_elementwise
+from .relax_matmuls import MatmulsAsMatrices
 
 LOG = logging.getLogger("tvm_dsm.relax")
 
@@ -58,9 +60,12 @@ class ScheduleTIR:
             func = tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({"main": func}))["main"]
             func = merge_elementwise(func)
             try:  # a matched family may still refuse (no valid configuration)
-                family, _ = match_family(func, self.target)
-                sch = schedule(func, self.target, database=self.database, hw=self.hw,
-                               stock_fallback=False)
+                if row_variable(func) is not None:
+                    family, sch = schedule_row_ranges(func, self.target, self.hw)
+                else:
+                    family, _ = match_family(func, self.target)
+                    sch = schedule(func, self.target, database=self.database, hw=self.hw,
+                                   stock_fallback=False)
             except ClusterError as err:
                 LOG.debug("%s: no tvm-dsm family: %s", gv.name_hint, err)
                 continue
@@ -79,9 +84,11 @@ class ScheduleTIR:
 
 
 def lower_to_tir(mod: tvm.IRModule) -> tvm.IRModule:
-    """Transposes folded into matmuls, operators legalized to TIR, GEMM chains grouped
+    """16-bit matmuls as fp32-accumulated matrix products (:mod:`tvm_dsm.relax_matmuls`),
+    transposes folded into matmuls, operators legalized to TIR, GEMM chains grouped
     (:mod:`tvm_dsm.relax_chains`), the rest fused by Relax's passes."""
     return tvm.transform.Sequential([
+        MatmulsAsMatrices,
         relax.transform.FuseTransposeMatmul(),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),

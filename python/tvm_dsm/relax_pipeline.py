@@ -6,8 +6,9 @@ lowered by :func:`tvm_dsm.relax_integration.lower_to_tir` (weight transposes fol
 matmuls, GEMM chains grouped for the chain family), and :class:`ScheduleTIR` schedules every
 PrimFunc a tvm-dsm family matches before dlight schedules the rest. Functions that arrive
 scheduled (``nn.llm``'s paged-attention kernels) keep their own schedule. dlight runs under
-:func:`tvm_dsm.driver.stock_target` (it skips tensor cores on "sm_90a"), with the low-batch GEMV
-rule MLC-LLM adds for decode at small batch.
+:func:`tvm_dsm.driver.stock_target` (it skips tensor cores on "sm_90a"), after
+:class:`LowBatchDispatch` has given the matmuls of a symbolic batch no family took the low-batch
+GEMV dispatch MLC-LLM adds for decode.
 
 A family that crashes on a function (a tvm-dsm bug, not a refusal) leaves it to dlight, with a
 warning and its traceback logged. Which function went where is logged at INFO and, for a caller that passes ``coverage={}``
@@ -24,7 +25,9 @@ from tvm import tirx
 from tvm.relax.backend.cuda import pipeline as cuda_pipeline
 from tvm.s_tir import meta_schedule as ms
 
-from .driver import stock_target
+from .driver import stock_rules, stock_target
+from .errors import ClusterError
+from .families.row_ranges import dispatch, row_variable
 from .hardware import Hardware
 from .relax_integration import CRASH_ATTR, FAMILY_ATTR, ScheduleTIR, lower_to_tir
 
@@ -34,17 +37,44 @@ LOG = logging.getLogger("tvm_dsm.relax")
 DLIGHT, PRESCHEDULED = "dlight", "prescheduled"
 
 
-def dlight_rules(low_batch_gemv: bool = True) -> tvm.transform.Pass:
-    """dlight's GPU rules as TVM's CUDA pipeline applies them, plus (``low_batch_gemv``) the
-    low-batch GEMV rule MLC-LLM puts after GEMV (a matmul with a small symbolic batch: decode).
-    Apply under :func:`stock_target`."""
+#: Row counts up to which a symbolic-batch matmul takes dlight's low-batch GEMV, each with that
+#: batch tile; past the last, dlight's matmul.
+LOW_BATCH_BUCKETS = (2, 4, 8)
+
+
+def low_batch_dispatch(func: tirx.PrimFunc, target: tvm.target.Target) -> tirx.PrimFunc | None:
+    """A matmul of a symbolic row count (a decode batch) scheduled the way MLC-LLM specializes
+    it: dlight's low-batch GEMV with a batch tile of each of LOW_BATCH_BUCKETS for the row
+    counts up to it, dlight's matmul beyond, chosen on the host (:func:`row_ranges.dispatch`);
+    None where the function is not such a matmul. Apply under :func:`stock_target`."""
     from tvm.s_tir import dlight as dl
 
-    rules = [dl.gpu.Matmul(), dl.gpu.GEMV()]
-    if low_batch_gemv:
-        rules.append(dl.gpu.LowBatchGEMV())
-    rules += [dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
-    return dl.ApplyDefaultSchedule(*rules)
+    try:
+        if row_variable(func) is None:
+            return None
+    except ClusterError:
+        return None
+    branches = []
+    for bound, rule in [*((b, dl.gpu.LowBatchGEMV(b)) for b in LOW_BATCH_BUCKETS), (None, dl.gpu.Matmul())]:
+        sch = rule.apply(func, target, False)
+        if isinstance(sch, list):
+            sch = sch[0] if sch else None
+        if sch is None:
+            return None
+        branches.append((bound, sch.mod["main"]))
+    return dispatch(func, branches)
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvm_dsm.LowBatchDispatch")
+def LowBatchDispatch(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass style
+    """:func:`low_batch_dispatch` on every unscheduled PrimFunc it takes, marked scheduled."""
+    target = tvm.target.Target.current(allow_none=False)
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, tirx.PrimFunc) and not func.attrs.get("tirx.is_scheduled", False):
+            dispatched = low_batch_dispatch(func, target)
+            if dispatched is not None:
+                mod[gv] = dispatched.with_attr("tirx.is_scheduled", True)
+    return mod
 
 
 def _scheduled(mod: tvm.IRModule) -> set[str]:
@@ -92,7 +122,8 @@ def tvm_dsm_pipeline(database: ms.Database | None = None, hw: Hardware | None = 
         if coverage is not None:
             coverage.update(taken)
         with stock_target(target):
-            mod = dlight_rules()(mod)
+            mod = LowBatchDispatch(mod)
+            mod = stock_rules()(mod)
         with target:
             return tvm.transform.Sequential(cuda_pipeline.dataflow_lower_passes(target)
                                             + cuda_pipeline.finalize_passes(target))(mod)

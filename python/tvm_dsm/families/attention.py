@@ -16,13 +16,10 @@ in the model only by their K/V re-reads and grid, which does not order them as m
 
 from __future__ import annotations
 
-from tvm import s_tir, tirx
-
-from ..errors import ClusterError
 from ..hardware import Hardware
-from ..kernels.attention import CONFIGS, AttentionConfig, check_config, default_config, find_attention, fuse_attention
-from .base import ScheduleFamily
-from .kernel_plan import TILE_L2_SPEEDUP, WGMMA_FLOPS, KernelPlan, default_first, roofline
+from ..kernels import attention as rule
+from .kernel_plan import TILE_L2_SPEEDUP, WGMMA_FLOPS, KernelPlan, roofline
+from .template_family import TemplateFamily
 
 #: Bytes of an element of q, k, v and the output (the kernel takes fp16).
 _ELEMENT_BYTES = 2
@@ -38,18 +35,11 @@ def _keys_read(shape, block_m: int, block_n: int) -> int:
     return sum(min(shape.kv_len, -(-rows // block_n) * block_n) for rows in last_rows)
 
 
-class Attention(ScheduleFamily):
+class Attention(TemplateFamily):
     name = "attention"
-    traced = False  # the kernel is written from a template, not a trace of the function
+    template = rule.TEMPLATE
 
-    def recognize(self, func: tirx.PrimFunc):
-        """The attention's shape, where the kernel takes it in its default configuration
-        (head dim, mask and tiles); ClusterError naming what does not match otherwise."""
-        shape = find_attention(func)
-        check_config(shape, default_config(shape))
-        return shape
-
-    def predict(self, shape, config: AttentionConfig, hw: Hardware) -> KernelPlan:
+    def predict(self, shape, config: rule.AttentionConfig, hw: Hardware) -> KernelPlan:
         row = shape.heads * shape.dim * _ELEMENT_BYTES  # bytes of one position's row, all heads
         traffic = {
             "hbm": 2 * (shape.q_len + shape.kv_len) * row,
@@ -60,21 +50,3 @@ class Attention(ScheduleFamily):
         return roofline(config, traffic, {"mma": flops},
                         {"hbm": hw.hbm_bw, "l2": hw.l2_bw * TILE_L2_SPEEDUP, "mma": WGMMA_FLOPS},
                         busy=ctas / hw.sm_count)
-
-    def rank(self, shape, hw: Hardware) -> list[KernelPlan]:
-        """Every configuration of :data:`~tvm_dsm.kernels.attention.CONFIGS` the shape takes,
-        the default first (see the module doc)."""
-        plans, reasons = [], []
-        for config in CONFIGS:
-            try:
-                check_config(shape, config)
-            except ClusterError as err:
-                reasons.append(str(err))
-                continue
-            plans.append(self.predict(shape, config, hw))
-        if not plans:
-            raise ClusterError("no attention configuration fits: " + "; ".join(reasons))
-        return default_first(plans, default_config(shape))
-
-    def apply(self, func: tirx.PrimFunc, config: AttentionConfig) -> s_tir.Schedule:
-        return s_tir.Schedule(fuse_attention(func, config))

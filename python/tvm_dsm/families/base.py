@@ -3,8 +3,9 @@
 A family is to tvm-dsm what a rule is to ``tvm.s_tir.dlight``: it recognizes its operation in a
 PrimFunc by meaning and returns the shape its planner needs (``match``, None to say no), lists
 its valid configurations (``space``), predicts bytes and time per memory level for one
-(``predict``), ranks them (``rank``) and schedules one (``apply``). Adding or changing a family
-touches its own module only.
+(``predict``), ranks them (``rank``) and schedules one (``apply``), each for the GPU a
+:class:`~tvm_dsm.hardware.Hardware` describes. Adding or changing a family touches its own
+module only.
 """
 
 from __future__ import annotations
@@ -28,11 +29,14 @@ class ScheduleFamily(ABC):
 
     ``traced``: its schedules are traces of the user's function, which MetaSchedule can record
     and replay; a family that generates its kernel (a rewrite or a template) is measured but
-    cannot be held by a tuning record.
+    cannot be held by a tuning record. ``symbolic_rows``: its schedules take a function whose
+    row count is a variable, planned for a known one (:mod:`tvm_dsm.families.row_ranges`).
     """
 
     name: str = ""
     traced: bool = True
+    #: ``apply`` takes a function whose row count is a variable (:mod:`.row_ranges`).
+    symbolic_rows: bool = False
 
     @abstractmethod
     def recognize(self, func: tirx.PrimFunc) -> Any:
@@ -61,8 +65,8 @@ class ScheduleFamily(ABC):
         raise ClusterError(f"{config} is not a valid {self.name} configuration here")
 
     @abstractmethod
-    def apply(self, func: tirx.PrimFunc, config: Any) -> s_tir.Schedule:
-        """``func`` scheduled in ``config``."""
+    def apply(self, func: tirx.PrimFunc, config: Any, hw: Hardware) -> s_tir.Schedule:
+        """``func`` scheduled in ``config``, within the limits of the GPU ``hw`` describes."""
 
     def __repr__(self) -> str:
         return f"<schedule family {self.name}>"

@@ -79,9 +79,9 @@ class ConvChain(ScheduleFamily):
                           key=conv_rank_key)
         raise ClusterError("no GEMM chain schedule fits the convolution chain's pixel matrix: " + "; ".join(reasons))
 
-    def apply(self, func: tirx.PrimFunc, config: ConvChainConfig) -> s_tir.Schedule:
+    def apply(self, func: tirx.PrimFunc, config: ConvChainConfig, hw: Hardware) -> s_tir.Schedule:
         shape = find_conv_chain(func)
-        chain = _GEMM_CHAIN.apply(gemm_view(shape, config.rows, config.depth), config.chain).mod["main"]
+        chain = _GEMM_CHAIN.apply(gemm_view(shape, config.rows, config.depth), config.chain, hw).mod["main"]
         return s_tir.Schedule(conv_kernels(func, shape, chain, config.rows, config.depth), enable_check=False)
 
 

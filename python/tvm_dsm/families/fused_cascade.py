@@ -80,5 +80,5 @@ class FusedCascade(ScheduleFamily):
         return [roofline(plan_cascade_split(func, hw), {"hbm": sum(buffer_bytes(p) for p in func.params)},
                          {"fp32": element_ops(func)}, {"hbm": hw.hbm_bw, "fp32": CUDA_CORE_FLOPS}, plan=CascadePlan)]
 
-    def apply(self, func: tirx.PrimFunc, config: CascadeSplit) -> s_tir.Schedule:
+    def apply(self, func: tirx.PrimFunc, config: CascadeSplit, hw: Hardware) -> s_tir.Schedule:
         return schedule_cascade(func, split=config)[0]

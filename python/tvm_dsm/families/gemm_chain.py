@@ -46,7 +46,8 @@ class GemmChain(ScheduleFamily):
             raise ClusterError("no GEMM chain schedule fits: " + "; ".join(reasons))
         return sorted(plans, key=chain_rank_key)
 
-    def apply(self, func: tirx.PrimFunc, config: FusedChainConfig | UnfusedChainConfig) -> s_tir.Schedule:
+    def apply(self, func: tirx.PrimFunc, config: FusedChainConfig | UnfusedChainConfig,
+              hw: Hardware) -> s_tir.Schedule:
         if isinstance(config, UnfusedChainConfig):
-            return schedule_unfused_chain(func, config)
-        return schedule_fused_chain(func, config)
+            return schedule_unfused_chain(func, config, hw)
+        return schedule_fused_chain(func, config, hw)

@@ -25,5 +25,5 @@ class GemmRowMax(ScheduleFamily):
     def rank(self, shape: RowMaxShape, hw: Hardware) -> list[gemm_model.GemmPlan]:
         return plan_gemm_row_max(shape, hw)
 
-    def apply(self, func: tirx.PrimFunc, config: SplitKGemmConfig) -> s_tir.Schedule:
-        return schedule_gemm_row_max(func, config)
+    def apply(self, func: tirx.PrimFunc, config: SplitKGemmConfig, hw: Hardware) -> s_tir.Schedule:
+        return schedule_gemm_row_max(func, config, hw)

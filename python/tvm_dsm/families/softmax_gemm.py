@@ -15,43 +15,20 @@ resolve.
 
 from __future__ import annotations
 
-import itertools
-
 import tvm
-from tvm import s_tir, tirx
 
-from ..errors import ClusterError
 from ..hardware import Hardware
 from ..kernels import softmax_gemm as rule
 from ..transform.buffers import buffer_bytes
-from .base import ScheduleFamily
-from .kernel_plan import CUDA_CORE_FLOPS, ELEMENT_OPS, TILE_L2_SPEEDUP, KernelPlan, default_first, roofline
+from .kernel_plan import CUDA_CORE_FLOPS, ELEMENT_OPS, TILE_L2_SPEEDUP, KernelPlan, roofline
+from .template_family import TemplateFamily
 
 _STATE_BYTES = 4  # fp32 max, sum and outputs
 
 
-def _candidates(shape: rule.SoftmaxGemmShape, default: rule.SoftmaxGemmConfig) -> list[rule.SoftmaxGemmConfig]:
-    grid = (rule.SoftmaxGemmConfig(32, 32, block_j, 4, ranks, 4)
-            for block_j, ranks in itertools.product((64, 32), (1, 2, 4, 8, 16)))
-    valid = []
-    for config in dict.fromkeys((default, *grid)):
-        try:
-            rule.check_config(shape, config)
-        except ClusterError:
-            continue
-        valid.append(config)
-    return valid
-
-
-class SoftmaxGemm(ScheduleFamily):
+class SoftmaxGemm(TemplateFamily):
     name = "softmax_gemm"
-    traced = False  # the kernel is written from a template, not a trace of the function
-
-    def recognize(self, func: tirx.PrimFunc) -> rule.SoftmaxGemm:
-        """The cascade as the kernel takes it, where one of its tiles fits the shape."""
-        found = rule.find_softmax_gemm(func)
-        rule.default_config(found.shape)  # ClusterError where no tile fits (the fused rows take any)
-        return found
+    template = rule.TEMPLATE
 
     def predict(self, found: rule.SoftmaxGemm, config: rule.SoftmaxGemmConfig, hw: Hardware) -> KernelPlan:
         s, c = found.shape, config
@@ -69,10 +46,3 @@ class SoftmaxGemm(ScheduleFamily):
             rates["dsm"] = hw.dsm_bw(c.ranks)
         work = {"fp32": 2 * s.rows * s.keys * s.columns + ELEMENT_OPS * s.rows * s.keys * column_tiles}
         return roofline(c, traffic, work, rates, busy=ctas / hw.sm_count)
-
-    def rank(self, found: rule.SoftmaxGemm, hw: Hardware) -> list[KernelPlan]:
-        default = rule.default_config(found.shape, hw)
-        return default_first([self.predict(found, c, hw) for c in _candidates(found.shape, default)], default)
-
-    def apply(self, func: tirx.PrimFunc, config: rule.SoftmaxGemmConfig) -> s_tir.Schedule:
-        return s_tir.Schedule(rule.fuse_softmax_gemm(func, config))

@@ -14,12 +14,13 @@ from .base import ScheduleFamily
 
 class SplitKGemm(ScheduleFamily):
     name = "split_k_gemm"
+    symbolic_rows = True
 
     def recognize(self, func: tirx.PrimFunc) -> GemmShape:
         return find_gemm(s_tir.Schedule(func))[2]
 
     def space(self, shape: GemmShape, hw: Hardware) -> list[SplitKGemmConfig]:
-        return model.candidate_configs(shape, padded=True)
+        return model.candidate_configs(shape, padded=True, hw=hw)
 
     def predict(self, shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> model.GemmPlan:
         return model.predict(shape, config, hw)
@@ -27,5 +28,5 @@ class SplitKGemm(ScheduleFamily):
     def rank(self, shape: GemmShape, hw: Hardware) -> list[model.GemmPlan]:
         return model.plan_split_k_gemm(shape, hw, padded=True)
 
-    def apply(self, func: tirx.PrimFunc, config: SplitKGemmConfig) -> s_tir.Schedule:
-        return schedule_split_k_gemm(func, config)
+    def apply(self, func: tirx.PrimFunc, config: SplitKGemmConfig, hw: Hardware) -> s_tir.Schedule:
+        return schedule_split_k_gemm(func, config, hw)

@@ -49,5 +49,5 @@ class SplitKReduction(ScheduleFamily):
         return model.plan_split_k_reduction(shape.rows, shape.depth, hw, elem_bytes=shape.elem_bytes,
                                             extra_input_bytes=shape.extra_input_bytes)
 
-    def apply(self, func: tirx.PrimFunc, config: SplitKReductionConfig) -> s_tir.Schedule:
+    def apply(self, func: tirx.PrimFunc, config: SplitKReductionConfig, hw: Hardware) -> s_tir.Schedule:
         return schedule_split_k_reduction(func, config)

@@ -12,30 +12,16 @@ router measured (bench/results/top_k_rows/latest.json).
 
 from __future__ import annotations
 
-from tvm import s_tir, tirx
-
 from ..hardware import Hardware
 from ..kernels import top_k_rows as rule
 from ..transform.buffers import buffer_bytes
-from .base import ScheduleFamily
 from .kernel_plan import KernelPlan, roofline
+from .template_family import TemplateFamily
 
 
-class TopKRows(ScheduleFamily):
+class TopKRows(TemplateFamily):
     name = "top_k_rows"
-    traced = False  # the kernel is written from a template, not a trace of the function
-
-    def recognize(self, func: tirx.PrimFunc) -> rule.TopKRows:
-        """The cascade as the kernel takes it, where a split of its rows fits."""
-        found = rule.find_top_k_rows(func)
-        rule.default_config(found)  # ClusterError where no split fits (the fused rows take any)
-        return found
+    template = rule.TEMPLATE
 
     def predict(self, found: rule.TopKRows, config: rule.TopKRowsConfig, hw: Hardware) -> KernelPlan:
         return roofline(config, {"hbm": sum(buffer_bytes(p) for p in found.func.params)}, {}, {"hbm": hw.hbm_bw})
-
-    def rank(self, found: rule.TopKRows, hw: Hardware) -> list[KernelPlan]:
-        return [self.predict(found, rule.default_config(found), hw)]
-
-    def apply(self, func: tirx.PrimFunc, config: rule.TopKRowsConfig) -> s_tir.Schedule:
-        return s_tir.Schedule(rule.fuse_top_k_rows(func, config))

@@ -19,7 +19,11 @@ axis (the top-k beside a softmax's max and sum in MoE routing) join the group as
 levels: one pass over the data serves them all.
 
 R and D are derived symbolically as F(x, Y_new) / F(x, Y_old) and F(x, Y_new) - F(x, Y_old)
-and must not depend on x: that is the separability test. Everything else is reported, not fused.
+and must not depend on x: that is the separability test. A term the unfused function rounds
+to a narrower float (:func:`tvm_dsm.fusion.symbolic.rounded`) may sit in a split form's G or H,
+which the fused loop rounds where the unfused one does, but not in R or D, which would combine
+rounded values the unfused function never forms (inf - inf where a rounded term overflows).
+Everything else is reported, not fused.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from tvm.s_tir.schedule.schedule import ScheduleError
 
 from ..errors import ClusterError
 from ..ir import loads, uses
-from .symbolic import ToSympy, Unsupported
+from .symbolic import ToSympy, Unsupported, has_rounding
 from .top_k import TopK, parse_top_k
 
 _OPS = {tirx.Add: "sum", tirx.Max: "max", tirx.Min: "min"}
@@ -219,7 +223,7 @@ def prove(group: list[Level]) -> GroupReport:
             details.append(f"{level.block} (top-{level.top_k.k}): plain")
             continue
         symbols = LoadSymbols(group, level)
-        translate = ToSympy(symbols)
+        translate = ToSympy(symbols, round_whole_terms=True)
         try:
             f = translate(level.value)
         except Unsupported as err:
@@ -274,7 +278,7 @@ def _free_of(expr: sympy.Expr, symbols: set) -> bool:
 
 def _try_rescale(level: Level, new, old, xs: set, positive: bool = False) -> bool:
     ratio = sympy.simplify(new / old)
-    if not _free_of(ratio, xs) or ratio.has(sympy.nan, sympy.zoo):
+    if not _free_of(ratio, xs) or ratio.has(sympy.nan, sympy.zoo) or has_rounding(ratio):
         return False
     if positive and not ratio.is_positive:
         return False
@@ -298,7 +302,7 @@ def _singular_at_zero(ratio: sympy.Expr) -> bool:
 
 def _try_shift(level: Level, new, old, xs: set) -> bool:
     delta = sympy.simplify(new - old)
-    if not _free_of(delta, xs):
+    if not _free_of(delta, xs) or has_rounding(delta):
         return False
     level.form, level.correction = "shift", delta
     return True

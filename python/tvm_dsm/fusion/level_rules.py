@@ -58,6 +58,14 @@ def dep_symbols(level: Level, new: dict, old: dict) -> dict:
     return table
 
 
+
+def quiet_nan(dtype: str) -> tirx.PrimExpr:
+    """A quiet NaN of ``dtype``. bfloat16's by its bits: TVM's CUDA codegen prints a bfloat16
+    NaN constant as ``__float2bfloat16_rn(nanf)``, which nvcc rejects."""
+    if dtype == "bfloat16":
+        return tirx.reinterpret("bfloat16", tirx.const(0x7FC0, "uint16"))
+    return tirx.const(float("nan"), dtype)
+
 class LevelRule:
     """What every form shares: the state's shape, its initial values and the output row."""
 
@@ -166,7 +174,7 @@ class PlainRule(LevelRule):
             super().finish(block, rows, state, side)
             return
         empty = functools.reduce(tirx.Or, [f == tirx.const(0, str(f.ty.dtype)) for f in finals])
-        nan = tirx.const(float("nan"), self.dtype)
+        nan = quiet_nan(self.dtype)
         block.for_each(self, lambda e: T.buffer_store(
             self.level.output, tirx.Select(empty, nan, tirx.BufferLoad(state[self.position], state_index(e))),
             rows + e))

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import sympy
 import tvm
+from sympy.core.function import AppliedUndef
 from tvm import tirx
 
 
@@ -32,6 +33,7 @@ _UNARY = {
 #: SymPy functions of one argument and their TIR form (the inverse of part of _UNARY).
 _EMIT_UNARY = {sympy.Abs: tirx.abs, sympy.sin: tirx.sin, sympy.cos: tirx.cos, sympy.tanh: tirx.tanh}
 _FLOAT_BITS = {"float64": 64, "float32": 32, "float16": 16, "bfloat16": 16}
+_ROUNDED_PREFIX = "rounded_to_"
 
 
 class ToSympy:
@@ -40,11 +42,17 @@ class ToSympy:
     is concerned, or Unsupported if it reads a level's result).
 
     ``rounding_casts`` collects casts to a narrower float type: the fused form rounds at other
-    points than the unfused one, so a group containing them is only approximately equal.
+    points than the unfused one, so a group containing them is only approximately equal. With
+    ``round_whole_terms``, such a cast of an operand that reads the data alone, or the levels'
+    results alone, stays in the expression as :func:`rounded` of it: a fused form computes that
+    operand whole (a G(x) or an H(y) term) and rounds it where the unfused function does,
+    overflow to inf included. Otherwise the cast is dropped (where its operand overflows the
+    narrower type, the fused form, computing it wider, stays finite).
     """
 
-    def __init__(self, leaf: Callable[[tvm.ir.TensorLoad], sympy.Symbol]):
+    def __init__(self, leaf: Callable[[tvm.ir.TensorLoad], sympy.Symbol], round_whole_terms: bool = False):
         self.leaf = leaf
+        self.round_whole_terms = round_whole_terms
         self.rounding_casts: list[str] = []
 
     def __call__(self, e) -> sympy.Expr:  # noqa: C901 - one case per node type
@@ -71,9 +79,12 @@ class ToSympy:
         if isinstance(e, tirx.Cast):
             source = str(e.value.ty.dtype) if hasattr(e.value, "ty") else ""
             target = str(e.ty.dtype) if hasattr(e, "ty") else ""
+            value = self(e.value)
             if _FLOAT_BITS.get(target, 64) < _FLOAT_BITS.get(source, 0) or target.startswith("float8"):
                 self.rounding_casts.append(f"{source} -> {target}")
-            return self(e.value)
+                if self.round_whole_terms and not _mixes_data_and_levels(value):
+                    return rounded(target)(value)
+            return value
         if isinstance(e, tirx.Select):
             return self.leaf.opaque(e)
         if isinstance(e, tvm.ir.Call):
@@ -86,6 +97,28 @@ class ToSympy:
                 return self(e.args[0]) ** self(e.args[1])
             raise Unsupported(f"call to {name}")
         raise Unsupported(f"{type(e).__name__} expression")
+
+
+def rounded(dtype: str) -> sympy.Function:
+    """The rounding of a value to ``dtype`` (and back), as a SymPy function of it."""
+    return sympy.Function(f"{_ROUNDED_PREFIX}{dtype}")
+
+
+def rounding_of(e: sympy.Expr) -> str | None:
+    """The dtype ``e`` rounds to, if it is a :func:`rounded` value."""
+    name = getattr(e.func, "__name__", "")
+    return name.removeprefix(_ROUNDED_PREFIX) if isinstance(e, AppliedUndef) and name.startswith(_ROUNDED_PREFIX) else None
+
+
+def has_rounding(e: sympy.Expr) -> bool:
+    """Whether ``e`` holds a :func:`rounded` value."""
+    return any(rounding_of(f) for f in e.atoms(AppliedUndef))
+
+
+def _mixes_data_and_levels(e: sympy.Expr) -> bool:
+    """Whether ``e`` reads both reduced data (x<n>) and a level's result (y<n>)."""
+    names = {s.name[0] for s in e.free_symbols}
+    return {"x", "y"} <= names
 
 
 class ToTIR:
@@ -125,6 +158,9 @@ class ToTIR:
         if isinstance(e, (sympy.Max, sympy.Min)):
             op = tirx.max if isinstance(e, sympy.Max) else tirx.min
             return _fold(op, [self(a) for a in e.args])
+        dtype = rounding_of(e)
+        if dtype is not None:
+            return tirx.Cast(self.dtype, tirx.Cast(dtype, self(e.args[0])))
         for function, emit in _EMIT_UNARY.items():
             if isinstance(e, function):
                 return emit(self(e.args[0]))

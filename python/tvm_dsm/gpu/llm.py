@@ -10,8 +10,9 @@ crashes its process costs that configuration only):
 
 - ``tvm_default``: ``tvm.compile(relax_pipeline="default")``, TVM's stock TIR pipeline, arch
   sm_90 (dlight skips tensor cores on "sm_90a");
-- ``tvm_mlc``: as MLC-LLM builds it: weight transposes folded into the matmuls, dlight with its
-  low-batch GEMV rule, TVM's stock TIR pipeline, sm_90;
+- ``tvm_mlc``: as MLC-LLM builds it: weight transposes folded into the matmuls, the matmuls of a
+  symbolic batch dispatched over dlight's low-batch GEMV (up to 8 rows) and matmul rules, dlight
+  for the rest, TVM's stock TIR pipeline, sm_90;
 - ``tvm_dsm``: ``relax_pipeline="tvm_dsm"`` (:mod:`tvm_dsm.relax_pipeline`), tvm-dsm's TIR
   pipeline, sm_90a; its per-kernel coverage (family or dlight) goes into the results.
 
@@ -19,8 +20,10 @@ Then, one configuration at a time on the GPU, for each batch size: prefill a ran
 sequence in one ragged prefill, decode ``--check-steps`` teacher-forced steps (fixed random
 tokens) whose logits and the prefill's are compared with an fp32 torch evaluation of the same
 weights (:func:`tvm_dsm.workloads.llama.reference_logits`), then time ``--steps`` decode steps:
-host wall time around each step with the device synchronized before and after (what a serving
-loop without CUDA graphs sees), median. The floor is the bytes one step must read (weights and
+host wall time around each step with the device synchronized before and after, median. Every
+configuration is compiled with Relax's CUDA-graph rewrite on (``--no-cuda-graph`` turns it off):
+the kernels between the KV cache's calls are captured once per batch size and replayed, as
+MLC-LLM serves. The floor is the bytes one step must read (weights and
 KV cache) over the HBM bandwidth measured in the same run. Results are written after every
 step, so a job cut short leaves what it measured.
 """
@@ -55,13 +58,15 @@ def _log(message: str) -> None:
 
 def mlc_pipeline():
     """TVM's CUDA Relax pipeline as MLC-LLM arranges its scheduling part: transposes folded into
-    the matmuls, then dlight with the low-batch GEMV rule, under :func:`stock_target`."""
+    the matmuls, the matmuls of a symbolic batch dispatched over dlight's low-batch GEMV and
+    matmul rules (:class:`tvm_dsm.relax_pipeline.LowBatchDispatch`), dlight for the rest,
+    under :func:`stock_target`."""
     import tvm
     from tvm import relax
     from tvm.relax.backend.cuda import pipeline as cuda
 
-    from ..driver import stock_target
-    from ..relax_pipeline import dlight_rules
+    from ..driver import stock_rules, stock_target
+    from ..relax_pipeline import LowBatchDispatch
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.gpu.MlcStylePipeline")
     def _pipeline(mod, _ctx):
@@ -72,7 +77,7 @@ def mlc_pipeline():
                 relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
                 relax.transform.FuseOps(), relax.transform.FuseTIR()])(mod)
         with stock_target(target):
-            mod = dlight_rules(low_batch_gemv=True)(mod)
+            mod = stock_rules()(LowBatchDispatch(mod))
         with target:
             return tvm.transform.Sequential(cuda.dataflow_lower_passes(target)
                                             + cuda.finalize_passes(target))(mod)
@@ -80,9 +85,11 @@ def mlc_pipeline():
     return _pipeline
 
 
-def compile_config(name: str, config: LlamaConfig, lib: Path, info: Path) -> None:
+def compile_config(name: str, config: LlamaConfig, lib: Path, info: Path, cuda_graph: bool = False) -> None:
     """Export and compile the model as configuration ``name``; the library to ``lib``, the
-    weight names, compile seconds and (tvm_dsm) kernel coverage as JSON to ``info``."""
+    weight names, compile seconds and (tvm_dsm) kernel coverage as JSON to ``info``.
+    ``cuda_graph``: Relax's ``RewriteCUDAGraph`` captures the kernels between the KV cache's
+    calls into CUDA graphs, replayed on later calls (``relax.backend.use_cuda_graph``)."""
     import tvm
     from tvm import relax
 
@@ -95,24 +102,32 @@ def compile_config(name: str, config: LlamaConfig, lib: Path, info: Path) -> Non
     start = time.time()
     mod, names = export_llama(config, target)
     coverage: dict[str, str] = {}
-    if name == "tvm_default":
-        executable = tvm.compile(mod, target, relax_pipeline="default", tir_pipeline="s_tir_stock")
-    elif name == "tvm_mlc":
-        executable = tvm.compile(mod, target, relax_pipeline=mlc_pipeline(), tir_pipeline="s_tir_stock")
-    else:
-        executable = tvm.compile(mod, target, relax_pipeline=relax.get_pipeline("tvm_dsm", coverage=coverage))
+    with tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": cuda_graph}):
+        executable = _compile(name, mod, target, coverage)
     executable.export_library(str(lib))
     info.write_text(json.dumps({"names": names, "compile_s": round(time.time() - start, 1),
-                                "coverage": coverage or None}))
+                                "cuda_graph": cuda_graph, "coverage": coverage or None}))
 
 
-def _compile_all(configs: list[str], model: str, folder: Path) -> dict[str, dict]:
+def _compile(name: str, mod, target, coverage: dict):
+    """``mod`` compiled as configuration ``name`` (see the module docstring)."""
+    import tvm
+    from tvm import relax
+
+    if name == "tvm_default":
+        return tvm.compile(mod, target, relax_pipeline="default", tir_pipeline="s_tir_stock")
+    if name == "tvm_mlc":
+        return tvm.compile(mod, target, relax_pipeline=mlc_pipeline(), tir_pipeline="s_tir_stock")
+    return tvm.compile(mod, target, relax_pipeline=relax.get_pipeline("tvm_dsm", coverage=coverage))
+
+
+def _compile_all(configs: list[str], model: str, folder: Path, cuda_graph: bool) -> dict[str, dict]:
     """Every configuration compiled in its own process, all at once; per configuration its
     info (:func:`compile_config`) or its error."""
     procs = {}
     for name in configs:
         cmd = [sys.executable, "-m", "tvm_dsm.gpu.llm", "compile", name, "--model", model,
-               "--folder", str(folder)]
+               "--folder", str(folder), *(["--cuda-graph"] if cuda_graph else [])]
         log = open(folder / f"{name}.log", "w")
         procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log
     done = {}
@@ -258,6 +273,7 @@ def run(args) -> None:
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "versions": _versions(), "model": asdict(config), "prompt_len": args.prompt,
                "timing": "host wall per decode step, device synchronized around it, median",
+               "cuda_graph": args.cuda_graph,
                "configs": {}}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -267,7 +283,7 @@ def run(args) -> None:
 
     folder = Path(tempfile.mkdtemp(prefix="tvm_dsm_llm_"))
     _log(f"compiling {args.configs} ({args.model}) in {folder}")
-    compiled = _compile_all(args.configs, args.model, folder)
+    compiled = _compile_all(args.configs, args.model, folder, args.cuda_graph)
     for name, info in compiled.items():
         results["configs"][name] = {k: v for k, v in info.items() if k != "names"} | {"batches": {}}
     save()
@@ -316,6 +332,9 @@ def main(argv=None) -> None:
     comp.add_argument("config", choices=CONFIGS)
     comp.add_argument("--model", choices=MODELS, default="1b")
     comp.add_argument("--folder", required=True)
+    for p in (comp, parser):
+        p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True,
+                       help="capture the kernels between KV-cache calls in CUDA graphs (default)")
     parser.add_argument("--out", default="llm.json")
     parser.add_argument("--model", choices=MODELS, default="1b")
     parser.add_argument("--configs", type=lambda s: s.split(","), default=list(CONFIGS))
@@ -328,7 +347,7 @@ def main(argv=None) -> None:
     if args.command == "compile":
         folder = Path(args.folder)
         compile_config(args.config, MODELS[args.model], folder / f"{args.config}.so",
-                       folder / f"{args.config}.json")
+                       folder / f"{args.config}.json", args.cuda_graph)
     else:
         run(args)
 

@@ -94,7 +94,7 @@ def lm_head_pick(batch: int, seq: int, hidden: int, vocab: int) -> Variant:
     return Variant(
         name=f"lm_head_{batch}x{seq}x{hidden}x{vocab}_{c.block_m}x{c.block_n}x{c.block_k}_s{c.stages}"
         f"{'_tma' if c.tma else ''}{'_wgmma' if c.wgmma else ''}",
-        workload="lm_head_max", mod=schedule_gemm_row_max(func, c).mod, args=args,
+        workload="lm_head_max", mod=schedule_gemm_row_max(func, c, load_hardware()).mod, args=args,
         bytes=nbytes_of(args), flops=2 * batch * seq * hidden * vocab,
         plan={**vars(c), "planner": True, "predicted_us": plan.predicted_us},
         reference_kwargs={"seq": seq}, extra={"family": "lm_head_row_max"})

@@ -97,7 +97,7 @@ def _check(func, kernel: dict, trials: int = 2) -> tuple[float, float]:
             if out.dtype.is_floating_point:
                 worst = max(worst, res.relative_error(out, want))
                 # counted exactly: a float mean of ones is 1 - 2^-24 for some sizes
-                written = min(written, torch.isfinite(out).sum().item() / out.numel())
+                written = min(written, torch.isfinite(out.float()).sum().item() / out.numel())
             elif not torch.equal(out, want.to(out.dtype)):  # indices: exact or wrong
                 worst = float("inf")
     return worst, written
@@ -186,13 +186,20 @@ def precompile(folder: Path, names: list[str]) -> None:
     serve TVM's load-time compile callback from the results: loading one by one would spend
     a second of nvcc per kernel."""
     sources = [p.read_text() for n in names if (p := folder / f"{n}.cu").exists()]
+
+    def compiled(code: str) -> bytes | None:  # None: compiled again, raising, when loaded
+        try:
+            return _nvcc(code)
+        except Exception:  # noqa: BLE001  (that kernel's row records the error)
+            return None
+
     with ThreadPoolExecutor(os.cpu_count()) as pool:
-        cubins = dict(zip((hashlib.sha1(c.encode()).hexdigest() for c in sources), pool.map(_nvcc, sources)))
+        cubins = dict(zip((hashlib.sha1(c.encode()).hexdigest() for c in sources), pool.map(compiled, sources)))
 
     @tvm_ffi.register_global_func("tvm_callback_cuda_compile", override=True)
     def _cached(code):
-        key = hashlib.sha1(code.encode()).hexdigest()
-        return bytearray(cubins[key] if key in cubins else _nvcc(code))
+        cubin = cubins.get(hashlib.sha1(code.encode()).hexdigest())
+        return bytearray(cubin if cubin is not None else _nvcc(code))
 
 
 def _cuda_version() -> str:
@@ -233,11 +240,13 @@ def run_worker(args, kernels: list[dict], manifest: dict) -> None:
     peer_cache: dict = {}
     for kernel in kernels:
         announce(START, kernel["name"])
-        results["rows"].append(
-            run_kernel(args.folder, kernel, peer_cache, hbm_bw, args.trials, args.check_only)
-        )
+        try:
+            row = run_kernel(args.folder, kernel, peer_cache, hbm_bw, args.trials, args.check_only)
+        except Exception as err:  # noqa: BLE001  (a kernel that fails to compile or load: its row says why)
+            row = {"name": kernel["name"], "ok": False, "rel_err": math.inf, "written_fraction": None,
+                   "error": f"{type(err).__name__}: {str(err).strip()[-2000:]}"}
+        results["rows"].append(row)
         res.write(results, args.out)
-        row = results["rows"][-1]
         print(f"{row['name']}: ok={row['ok']} err={row['rel_err']:.1e} written={row['written_fraction']}", flush=True)
         announce(DONE, kernel["name"])
 

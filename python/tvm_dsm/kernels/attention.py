@@ -47,16 +47,17 @@ import operator
 from dataclasses import dataclass
 
 import sympy
-import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
 from ..errors import ClusterError
 from ..fusion.symbolic import ToTIR
+from ..hardware import Hardware
 from ..ir import shuffle_reduce, tree_reduce
 from ..transform.tma_pipeline import encode_tensor_map
 from ..intrin.wgmma import WARPGROUP_ROWS, call_source, mma_async_source, wait_source
 from .attention_pattern import AttentionShape, OperandLayout, find_attention
+from .template import KernelTemplate
 
 #: The running sums' correction when the row max moves from y0_old to y0_new.
 _CORRECTION = sympy.exp(sympy.Symbol("y0_old", real=True) - sympy.Symbol("y0_new", real=True))
@@ -140,13 +141,31 @@ def default_config(shape: AttentionShape) -> AttentionConfig:
     return AttentionConfig(128 if shape.kv_len >= 1024 else 64)
 
 
-def fuse_attention(func: tirx.PrimFunc, config: AttentionConfig | None = None) -> tvm.IRModule:
-    """The fused kernel of ``func`` (an unfused attention, see :func:`find_attention`) for sm_90a,
-    in ``config`` or :func:`default_config`'s."""
-    shape = find_attention(func)
-    c = config or default_config(shape)
-    check_config(shape, c)
-    return tvm.IRModule({"main": attention_kernel(shape, c)})
+class AttentionTemplate(KernelTemplate):
+    """The attention kernel of an unfused attention (:func:`find_attention`), for sm_90a."""
+
+    def find(self, func: tirx.PrimFunc) -> AttentionShape:
+        return find_attention(func)
+
+    def configs(self, shape: AttentionShape) -> list[AttentionConfig]:
+        """:data:`CONFIGS`, where the head dim fits."""
+        for config in CONFIGS:
+            check_config(shape, config)
+        return list(CONFIGS)
+
+    def default_config(self, shape: AttentionShape, hw: Hardware | None = None) -> AttentionConfig:
+        return default_config(shape)
+
+    def check(self, shape: AttentionShape, config: AttentionConfig) -> None:
+        check_config(shape, config)
+
+    def kernel(self, shape: AttentionShape, config: AttentionConfig) -> tirx.PrimFunc:
+        return attention_kernel(shape, config)
+
+
+TEMPLATE = AttentionTemplate()
+#: The fused kernel of a function (an unfused attention), in a configuration or the default's.
+fuse_attention = TEMPLATE.fuse
 
 
 def _reg(block: int, frags: int, fragment, half, e):

@@ -38,8 +38,10 @@ from tvm.tirx.script.builder import ir as B
 from ..annotations import CLUSTER_LAUNCH_KEY
 from ..errors import ClusterError
 from ..fusion.cascade import Level, indexed_by, inline_elementwise, parse_reduction
+from ..hardware import Hardware
 from ..ir import fast_exp, is_reduction, loads, substitute, tree_reduce, uses
 from ..schedule.cluster import MAX_CLUSTER_SIZE
+from .template import KernelTemplate
 
 _LOAD_BYTES = 16
 _WARP = 32
@@ -276,18 +278,23 @@ def candidate_configs(found: RowNorm) -> list[RowNormConfig]:
     return configs
 
 
-def default_config(found: RowNorm, sm_count: int = 132) -> RowNormConfig:
-    """The fewest CTAs a row whose threads each hold about ``_PIECES_PER_THREAD`` pieces within
-    the register limit, split over a cluster further while the rows alone leave SMs idle;
-    ClusterError naming the limit where a row exceeds a cluster of 16 CTAs' registers."""
+def check_fits(found: RowNorm) -> None:
+    """ClusterError naming the limit where a row exceeds a cluster of 16 CTAs' registers."""
     most = MAX_CLUSTER_SIZE * _MAX_THREADS * held_limit(_MAX_THREADS)
     if found.width * found.held_bytes > most:
         raise ClusterError(f"a row of {found.width} elements ({found.width * found.held_bytes} B held) exceeds "
                            f"the registers of a cluster of {MAX_CLUSTER_SIZE} CTAs ({most} B)")
+
+
+def default_config(found: RowNorm, hw: Hardware) -> RowNormConfig:
+    """The fewest CTAs a row whose threads each hold about ``_PIECES_PER_THREAD`` pieces within
+    the register limit, split over a cluster further while the rows alone leave SMs of ``hw``
+    idle; ClusterError naming the limit where a row does not fit (:func:`check_fits`)."""
+    check_fits(found)
     ranks = 1
     while ranks < MAX_CLUSTER_SIZE and (
             -(-found.pieces // (ranks * _MAX_THREADS)) * found.vector * found.held_bytes > held_limit(_MAX_THREADS)
-            or (found.rows * ranks < sm_count and found.pieces >= 2 * ranks * _WARP * _PIECES_PER_THREAD)):
+            or (found.rows * ranks < hw.sm_count and found.pieces >= 2 * ranks * _WARP * _PIECES_PER_THREAD)):
         ranks *= 2
     per_cta = -(-found.pieces // ranks)
     threads = 1
@@ -305,13 +312,30 @@ def default_config(found: RowNorm, sm_count: int = 132) -> RowNormConfig:
     return config
 
 
-def fuse_row_norm(func: tirx.PrimFunc, config: RowNormConfig | None = None) -> tvm.IRModule:
-    """The kernel of ``func`` (see :func:`find_row_norm`) in ``config`` or
-    :func:`default_config`'s."""
-    found = find_row_norm(func)
-    c = config or default_config(found)
-    check_config(found, c)
-    return tvm.IRModule({"main": row_norm_kernel(found, c)})
+class RowNormTemplate(KernelTemplate):
+    """The row norm kernel of a normalization :func:`find_row_norm` takes."""
+
+    def find(self, func: tirx.PrimFunc) -> RowNorm:
+        return find_row_norm(func)
+
+    def configs(self, found: RowNorm) -> list[RowNormConfig]:
+        check_fits(found)
+        return candidate_configs(found)
+
+    def default_config(self, found: RowNorm, hw: Hardware) -> RowNormConfig:
+        return default_config(found, hw)
+
+    def check(self, found: RowNorm, config: RowNormConfig) -> None:
+        check_config(found, config)
+
+    def kernel(self, found: RowNorm, config: RowNormConfig) -> tirx.PrimFunc:
+        return row_norm_kernel(found, config)
+
+
+TEMPLATE = RowNormTemplate()
+#: The kernel of a function (see :func:`find_row_norm`), in a configuration or the default's
+#: for a GPU.
+fuse_row_norm = TEMPLATE.fuse
 
 
 def row_norm_kernel(found: RowNorm, c: RowNormConfig) -> tirx.PrimFunc:

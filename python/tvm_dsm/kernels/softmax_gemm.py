@@ -48,13 +48,14 @@ from tvm.script import tirx as T
 from tvm.tirx.script.builder import ir as B
 
 from ..errors import ClusterError
-from ..hardware import Hardware, load_hardware
+from ..hardware import Hardware
 from ..fusion.cascade import LoadSymbols, indexed_by, inline_elementwise, only_load, single_fusible_cascade
 from ..fusion.epilogue import bind_stage, find_epilogue
 from ..fusion.symbolic import ToSympy, ToTIR
 from ..ir import loads, shuffle_reduce, tree_reduce, with_block_body
 from ..schedule.cluster import MAX_CLUSTER_SIZE
 from ..annotations import CLUSTER_LAUNCH_KEY
+from .template import KernelTemplate
 
 _NEG = -3.0e38  # the max's identity: finite, so fix(identity, m) is 0 or 1, never inf - inf
 _LOAD_BYTES = 16
@@ -237,39 +238,66 @@ def _bytes(dtype: str) -> int:
     return tvm.DataType(dtype).bits // 8
 
 
-def default_config(shape: SoftmaxGemmShape, hw: Hardware | None = None) -> SoftmaxGemmConfig:
+#: The configurations :func:`default_config` chooses among: 32 x 32 tiles of 4 x 4 outputs a
+#: thread, 64 or 32 columns a CTA, 1-16 ranks.
+_TILES = tuple(SoftmaxGemmConfig(32, 32, block_j, 4, ranks, 4)
+               for block_j, ranks in itertools.product((64, 32), (1, 2, 4, 8, 16)))
+
+
+def fitting_configs(shape: SoftmaxGemmShape) -> list[SoftmaxGemmConfig]:
+    """The configurations of :data:`_TILES` that fit ``shape``, else (a small matrix) the
+    smallest tile that fits; ClusterError naming the limit where none does."""
+    fitting = []
+    for config in _TILES:
+        try:
+            check_config(shape, config)
+        except ClusterError:
+            continue
+        fitting.append(config)
+    if not fitting:
+        small = SoftmaxGemmConfig(16, 32, next(j for j in (64, 32, 16, 8, 4) if shape.columns % j == 0))
+        check_config(shape, small)
+        fitting.append(small)
+    return fitting
+
+
+def default_config(shape: SoftmaxGemmShape, hw: Hardware) -> SoftmaxGemmConfig:
     """32 rows x 64 columns per CTA, 4 x 4 outputs per thread, 32 keys a step, and the fewest
     ranks that give the grid two CTAs per SM (16, the most, where none does; then 32 columns
     per CTA if that adds CTAs). Fitted on ``bench/results/softmax_gemm/latest.json`` (H100, 333
     kernels over five shapes): these picks ran within 0.87-1.0x of each shape's fastest
     configuration; 4 x 8 outputs per thread, 64-key steps or 16-row CTAs won nowhere by more
     than the run-to-run spread, and fewer CTAs than two per SM left SMs waiting."""
-    target = 2 * (hw or load_hardware()).sm_count
-    fitting = []
-    for block_j, ranks in itertools.product((64, 32), (1, 2, 4, 8, 16)):
-        config = SoftmaxGemmConfig(32, 32, block_j, 4, ranks, 4)
-        try:
-            check_config(shape, config)
-        except ClusterError:
-            continue
-        ctas = shape.rows // config.block_m * (shape.columns // block_j) * ranks
-        if ctas >= target:
-            return config
-        fitting.append((ctas, config))
-    if not fitting:  # a small matrix: the smallest tile that fits, or the reason none does
-        small = SoftmaxGemmConfig(16, 32, next(j for j in (64, 32, 16, 8, 4) if shape.columns % j == 0))
-        check_config(shape, small)
-        return small
-    return max(fitting, key=lambda f: f[0])[1]
+    def ctas(config: SoftmaxGemmConfig) -> int:
+        return shape.rows // config.block_m * (shape.columns // config.block_j) * config.ranks
+
+    fitting = fitting_configs(shape)
+    return next((c for c in fitting if ctas(c) >= 2 * hw.sm_count), max(fitting, key=ctas))
 
 
-def fuse_softmax_gemm(func: tirx.PrimFunc, config: SoftmaxGemmConfig | None = None) -> tvm.IRModule:
-    """The fused kernel of ``func`` (see :func:`find_softmax_gemm`) in ``config`` or
-    :func:`default_config`'s."""
-    found = find_softmax_gemm(func)
-    c = config or default_config(found.shape)
-    check_config(found.shape, c)
-    return tvm.IRModule({"main": softmax_gemm_kernel(found, c)})
+class SoftmaxGemmTemplate(KernelTemplate):
+    """The softmax·V kernel of a cascade :func:`find_softmax_gemm` takes."""
+
+    def find(self, func: tirx.PrimFunc) -> SoftmaxGemm:
+        return find_softmax_gemm(func)
+
+    def configs(self, found: SoftmaxGemm) -> list[SoftmaxGemmConfig]:
+        return fitting_configs(found.shape)
+
+    def default_config(self, found: SoftmaxGemm, hw: Hardware) -> SoftmaxGemmConfig:
+        return default_config(found.shape, hw)
+
+    def check(self, found: SoftmaxGemm, config: SoftmaxGemmConfig) -> None:
+        check_config(found.shape, config)
+
+    def kernel(self, found: SoftmaxGemm, config: SoftmaxGemmConfig) -> tirx.PrimFunc:
+        return softmax_gemm_kernel(found, config)
+
+
+TEMPLATE = SoftmaxGemmTemplate()
+#: The fused kernel of a function (see :func:`find_softmax_gemm`), in a configuration or the
+#: default's for a GPU.
+fuse_softmax_gemm = TEMPLATE.fuse
 
 
 def softmax_gemm_kernel(found: SoftmaxGemm, c: SoftmaxGemmConfig) -> tirx.PrimFunc:  # noqa: C901

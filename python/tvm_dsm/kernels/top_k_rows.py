@@ -45,7 +45,9 @@ from ..fusion import top_k_keys
 from ..fusion.cascade import Level, indexed_by, inline_elementwise, only_load, single_fusible_cascade
 from ..fusion.epilogue import bind_stage, find_epilogue
 from ..fusion.top_k import identity
+from ..hardware import Hardware
 from ..ir import fast_exp, loads, substitute, tree_reduce
+from .template import KernelTemplate
 
 _LOAD_BYTES = 16
 _WARP = 32
@@ -165,7 +167,7 @@ def default_config(found: TopKRows) -> TopKRowsConfig:
     each lane too little to do between them; 32 elements a lane was at or near the fastest on
     every shape, and CTAs of 64-256 threads within a few percent of each other."""
     lanes = max(1, min(_WARP, found.width // _ELEMENTS_PER_LANE))
-    while found.width % (lanes * found.vector):
+    while lanes > 1 and found.width % (lanes * found.vector):
         lanes //= 2
     rows_per_cta = max(1, 128 // lanes)
     while rows_per_cta > 1 and (found.rows % rows_per_cta or found.row_bytes(rows_per_cta) > _SHARED_BYTES):
@@ -175,13 +177,29 @@ def default_config(found: TopKRows) -> TopKRowsConfig:
     return config
 
 
-def fuse_top_k_rows(func: tirx.PrimFunc, config: TopKRowsConfig | None = None) -> tvm.IRModule:
-    """The kernel of ``func`` (see :func:`find_top_k_rows`) in ``config`` or
-    :func:`default_config`'s."""
-    found = find_top_k_rows(func)
-    c = config or default_config(found)
-    check_config(found, c)
-    return tvm.IRModule({"main": top_k_rows_kernel(found, c)})
+class TopKRowsTemplate(KernelTemplate):
+    """The top-k rows kernel of a cascade :func:`find_top_k_rows` takes: its default split
+    alone (every split moves the same bytes, see :mod:`tvm_dsm.families.top_k_rows`)."""
+
+    def find(self, func: tirx.PrimFunc) -> TopKRows:
+        return find_top_k_rows(func)
+
+    def configs(self, found: TopKRows) -> list[TopKRowsConfig]:
+        return [default_config(found)]
+
+    def default_config(self, found: TopKRows, hw: Hardware | None = None) -> TopKRowsConfig:
+        return default_config(found)
+
+    def check(self, found: TopKRows, config: TopKRowsConfig) -> None:
+        check_config(found, config)
+
+    def kernel(self, found: TopKRows, config: TopKRowsConfig) -> tirx.PrimFunc:
+        return top_k_rows_kernel(found, config)
+
+
+TEMPLATE = TopKRowsTemplate()
+#: The kernel of a function (see :func:`find_top_k_rows`), in a configuration or the default's.
+fuse_top_k_rows = TEMPLATE.fuse
 
 
 def top_k_rows_kernel(found: TopKRows, c: TopKRowsConfig) -> tirx.PrimFunc:  # noqa: C901

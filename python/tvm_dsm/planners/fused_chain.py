@@ -131,19 +131,22 @@ SPACE = {
 }
 
 
-def candidate_configs(shape: ChainShape, smem_only: bool = False) -> tuple[list[FusedChainConfig], dict[str, int]]:
-    """The valid configurations for ``shape`` and how many candidates remain after each pruning
-    rule (``space``: before any); ``smem_only``: clusters of one CTA instead of the DSM space.
+def candidate_configs(shape: ChainShape, smem_only: bool = False,
+                      hw: Hardware | None = None) -> tuple[list[FusedChainConfig], dict[str, int]]:
+    """The valid configurations for ``shape`` on ``hw`` (by default the committed H100
+    description) and how many candidates remain after each pruning rule (``space``: before
+    any); ``smem_only``: clusters of one CTA instead of the DSM space.
     Where no pipelined configuration fits (a K of one step per CTA, G1's 32), the space of
     unpipelined ones (``stages=1``); only there, as the model was not fitted on them."""
+    hw = hw or load_hardware()
     space = {**SPACE, "cluster_size": (1,)} if smem_only else SPACE
-    survivors, counts = _pruned(shape, space)
+    survivors, counts = _pruned(shape, space, hw)
     if not survivors:
-        survivors, counts = _pruned(shape, {**space, "stages": (1,)})
+        survivors, counts = _pruned(shape, {**space, "stages": (1,)}, hw)
     return survivors, counts
 
 
-def _pruned(shape: ChainShape, space: dict) -> tuple[list[FusedChainConfig], dict[str, int]]:
+def _pruned(shape: ChainShape, space: dict, hw: Hardware) -> tuple[list[FusedChainConfig], dict[str, int]]:
     survivors = [FusedChainConfig(s, bm, bn, steps, bk, wm, wn, stages, tma)
                  for s, bm, bn, steps, bk, (wm, wn), stages, tma in itertools.product(*space.values())]
     counts = {"space": len(survivors)}
@@ -151,7 +154,7 @@ def _pruned(shape: ChainShape, space: dict) -> tuple[list[FusedChainConfig], dic
         kept = []
         for config in survivors:
             try:
-                rule(shape, config)
+                rule(shape, config, hw)
             except ClusterError:
                 continue
             kept.append(config)
@@ -162,7 +165,7 @@ def _pruned(shape: ChainShape, space: dict) -> tuple[list[FusedChainConfig], dic
 
 def plan_chain(shape: ChainShape, hw: Hardware, smem_only: bool = False) -> list[ChainPlan]:
     """All valid configurations, best predicted first (``smem_only``: of one-CTA clusters)."""
-    configs, counts = candidate_configs(shape, smem_only)
+    configs, counts = candidate_configs(shape, smem_only, hw)
     if not configs:
         raise ClusterError(
             f"no {'SMEM-only ' if smem_only else ''}fused chain configuration fits M={shape.m} "
@@ -185,7 +188,7 @@ def schedule_chain(func: tirx.PrimFunc, hw: Hardware | None = None,
     if config is None:
         plan = plan_chain(shape, hw)[0]
     else:
-        check_chain_config(shape, config)
+        check_chain_config(shape, config, hw)
         plan = predict(shape, config, hw)
     apply_fused_chain(sch, blocks, shape, plan.config)
     return sch, plan

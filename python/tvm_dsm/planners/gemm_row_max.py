@@ -33,9 +33,9 @@ def plan_gemm_row_max(shape: RowMaxShape, hw: Hardware | None = None) -> list[Ge
     """Every valid configuration, best predicted first."""
     hw = hw or load_hardware()
     plans = []
-    for config in candidate_configs(shape.gemm):
+    for config in candidate_configs(shape.gemm, hw=hw):
         try:
-            check_row_max_config(shape.gemm, shape.group, config)
+            check_row_max_config(shape.gemm, shape.group, config, hw)
         except ClusterError:
             continue
         plans.append(predict(shape.gemm, config, hw))
@@ -54,4 +54,4 @@ def schedule_row_max(func: tirx.PrimFunc, hw: Hardware | None = None,
     hw = hw or load_hardware()
     shape = row_max_shape(func)
     plan = plan_gemm_row_max(shape, hw)[0] if config is None else predict(shape.gemm, config, hw)
-    return schedule_gemm_row_max(func, plan.config), plan
+    return schedule_gemm_row_max(func, plan.config, hw), plan

@@ -215,8 +215,9 @@ SHALLOW_PIPELINES = (3, 4)
 
 def candidate_configs(shape: GemmShape, quantized: bool = False,
                       pipelines: tuple[int, ...] | None = None,
-                      padded: bool = False) -> list[SplitKGemmConfig]:
-    """Every configuration of the family that is valid for ``shape`` (the pruned design space);
+                      padded: bool = False, hw: Hardware | None = None) -> list[SplitKGemmConfig]:
+    """Every configuration of the family that is valid for ``shape`` on ``hw`` (by default the
+    committed H100 description) (the pruned design space);
     ``quantized``: valid for the fused per-token quantization too; ``pipelines``: the pipeline
     depths (stages) to consider (default: SHALLOW_PIPELINES for the fused quantization, else
     PIPELINE_DEPTHS). Where no pipelined configuration fits (K = 32), the unpipelined ones
@@ -224,6 +225,7 @@ def candidate_configs(shape: GemmShape, quantized: bool = False,
     configuration fits whole tiles, those whose tiles run past M, N or K, as
     :func:`~tvm_dsm.rules.split_k_gemm.apply_padded_split_k_gemm` schedules them (whole tiles
     are kept where they fit: padded ones were not measured against them)."""
+    hw = hw or load_hardware()
     if pipelines is None:
         pipelines = SHALLOW_PIPELINES if quantized else PIPELINE_DEPTHS
     if quantized:
@@ -232,7 +234,7 @@ def candidate_configs(shape: GemmShape, quantized: bool = False,
         checks = [check_config, check_padded_config] if padded else [check_config]
     for check in checks:
         for depths in (pipelines, (1,)):
-            configs = _candidates(shape, check, depths)
+            configs = _candidates(shape, check, depths, hw)
             if configs:
                 return configs
     return []
@@ -247,7 +249,7 @@ BLOCK_N = TILE_WIDTHS
 WGMMA_ONLY_BLOCK_N = (80, 192)
 
 
-def _candidates(shape: GemmShape, check, pipelines: tuple[int, ...]) -> list[SplitKGemmConfig]:
+def _candidates(shape: GemmShape, check, pipelines: tuple[int, ...], hw: Hardware) -> list[SplitKGemmConfig]:
     configs = []
     # K steps: TMA's 128-byte rows (fp8: 128 deep, 16-bit: 64); 16-bit also 32 by cp.async, for
     # K that 64 does not divide (G3's 416)
@@ -267,7 +269,7 @@ def _candidates(shape: GemmShape, check, pipelines: tuple[int, ...]) -> list[Spl
             warps_n = 4 if bn >= 128 else 2
         config = SplitKGemmConfig(s, bm, bn, bk, warps_m, warps_n, stages, tma, wgmma)
         try:
-            check(shape, config)
+            check(shape, config, hw)
         except ClusterError:
             continue
         configs.append(config)
@@ -287,7 +289,7 @@ def plan_split_k_gemm(shape: GemmShape, hw: Hardware, quantized: bool = False,
     if padded:
         check_edges(shape)  # refused whatever the configuration: say which limit
     plans = [predict(shape, c, hw, quantized)
-             for c in candidate_configs(shape, quantized, pipelines, padded)]
+             for c in candidate_configs(shape, quantized, pipelines, padded, hw)]
     if padded and not plans:
         whole = ("a gated layer's products" if shape.products > 1 else
                  "W stored [K, N] (its predicated cp.async tiles fault)" if not shape.weight_nk else "")
@@ -317,7 +319,7 @@ def schedule_dense(func: tirx.PrimFunc, hw: Hardware | None = None,
     if config is None:
         plan = plan_split_k_gemm(shape, hw, padded=True)[0]
     else:
-        check_padded_config(shape, config)
+        check_padded_config(shape, config, hw)
         plan = predict(shape, config, hw)
     apply_padded_split_k_gemm(sch, blocks, epilogue, shape, plan.config)
     return sch, plan

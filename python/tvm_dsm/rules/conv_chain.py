@@ -75,8 +75,8 @@ def find_conv_chain(func: tirx.PrimFunc) -> ConvChainShape:
     """The shape of ``func`` if it computes a convolution chain the kernels take (read from its
     blocks by :func:`tvm_dsm.rules.conv_pattern.read_conv_chain`); ClusterError says what does
     not match."""
-    shapes = [[int(d) for d in p.ty.shape] for p in func.params]
-    if len(shapes) != 4 or [len(s) for s in shapes] != [4] * 4:
+    shapes = [getattr(p.ty, "shape", None) for p in func.params]
+    if len(shapes) != 4 or [len(s) if s is not None else 0 for s in shapes] != [4] * 4:
         raise ClusterError("a convolution chain takes X [N, H, W, C], W1 and W2 [O, kh, kw, I], Out [N, H, W, O]")
     chain = read_conv_chain(func)
     first, second = chain.first, chain.second

@@ -33,7 +33,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
 
 from ..errors import ClusterError
-from ..hardware import load_hardware
+from ..hardware import Hardware
 from ..ir import is_reduction
 from ..schedule import bind_cluster_nest, check_cluster_size
 from ..transform.programmatic_launch import launch_programmatically
@@ -155,11 +155,11 @@ def find_chain(sch: s_tir.Schedule) -> tuple[ChainBlocks, ChainShape]:
     return ChainBlocks(gemm0, combine, gemm1, blocks[len(gemm0) + 2:]), shape
 
 
-def _check_cluster(shape: ChainShape, c: FusedChainConfig) -> None:
+def _check_cluster(shape: ChainShape, c: FusedChainConfig, hw: Hardware) -> None:
     check_cluster_size(c.cluster_size)
 
 
-def _check_divisible(shape: ChainShape, c: FusedChainConfig) -> None:
+def _check_divisible(shape: ChainShape, c: FusedChainConfig, hw: Hardware) -> None:
     s = c.cluster_size
     if shape.m < TILE or shape.m % c.block_m:
         raise ClusterError(f"M={shape.m} is not a multiple of the {c.block_m} tile (or below 32)")
@@ -183,45 +183,48 @@ def _check_divisible(shape: ChainShape, c: FusedChainConfig) -> None:
                                f"{c.threads} threads")
 
 
-def _check_pipeline(shape: ChainShape, c: FusedChainConfig) -> None:
+def _check_pipeline(shape: ChainShape, c: FusedChainConfig, hw: Hardware) -> None:
     check_pipeline(shape.k // (c.cluster_size * c.block_k), c.stages, c.tma)
 
 
-def _check_copy(shape: ChainShape, c: FusedChainConfig) -> None:
+def _check_copy(shape: ChainShape, c: FusedChainConfig, hw: Hardware) -> None:
     if c.tma:
         check_tma(GemmShape(shape.m, shape.n, shape.k, True), c.main_loop())
 
 
-def _check_capacity(shape: ChainShape, c: FusedChainConfig) -> None:
+def _check_capacity(shape: ChainShape, c: FusedChainConfig, hw: Hardware) -> None:
     columns = shape.l // c.cluster_size
     registers = c.block_m // c.warps_m * columns // c.warps_n // 32
     if registers > _MAX_ACCUMULATOR_REGISTERS:
         raise ClusterError(f"the {c.block_m}x{columns} output slice needs {registers} fp32 "
                            f"registers per thread (at most {_MAX_ACCUMULATOR_REGISTERS})")
-    if c.shared_bytes(shape) > load_hardware().smem_per_cta:
+    if c.shared_bytes(shape) > hw.smem_per_cta:
         raise ClusterError(f"{c.shared_bytes(shape)} B of shared memory per CTA exceeds the "
-                           f"{load_hardware().smem_per_cta} B a CTA of the GPU may use")
+                           f"{hw.smem_per_cta} B a CTA of the GPU may use")
 
 
 #: The pruning rules in the order they apply (FlashFuser's: one cluster for both GEMMs of at
 #: most 16 CTAs; divisible tiles; no tensor above its level's capacity; plus the pipeline's
 #: depth). GEMM0's reduction innermost and L split only inside a cluster hold by construction.
+#: Each takes the shape, the configuration and the GPU's description (for its capacities).
 RULES = (("cluster", _check_cluster), ("divisible", _check_divisible),
          ("pipeline", _check_pipeline), ("copy", _check_copy), ("capacity", _check_capacity))
 
 
-def check_chain_config(shape: ChainShape, config: FusedChainConfig) -> None:
-    """Raise :class:`ClusterError` naming the first constraint ``config`` breaks for ``shape``."""
+def check_chain_config(shape: ChainShape, config: FusedChainConfig, hw: Hardware) -> None:
+    """Raise :class:`ClusterError` naming the first constraint ``config`` breaks for ``shape``
+    on the GPU ``hw`` describes."""
     for _, rule in RULES:
-        rule(shape, config)
+        rule(shape, config, hw)
 
 
-def schedule_fused_chain(func: tirx.PrimFunc, config: FusedChainConfig) -> s_tir.Schedule:
+def schedule_fused_chain(func: tirx.PrimFunc, config: FusedChainConfig, hw: Hardware) -> s_tir.Schedule:
     """Schedule ``func`` (a GEMM chain, see :func:`find_chain`) as one fused cluster kernel plus
-    the inter-cluster reduce (:func:`tvm_dsm.planners.fused_chain.plan_chain` picks the config)."""
+    the inter-cluster reduce, within ``hw``'s limits (:func:`tvm_dsm.planners.fused_chain.plan_chain`
+    picks the config)."""
     sch = s_tir.Schedule(func)
     blocks, shape = find_chain(sch)
-    check_chain_config(shape, config)
+    check_chain_config(shape, config, hw)
     apply_fused_chain(sch, blocks, shape, config)
     return sch
 

@@ -15,7 +15,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
 
 from ..errors import ClusterError
-from ..hardware import load_hardware
+from ..hardware import Hardware
 from ..ir import uses
 from .split_k_gemm import GemmShape, SplitKGemmConfig, apply_split_k_gemm, check_config, find_gemm_operands
 
@@ -46,10 +46,10 @@ def find_gemm_row_max(sch: s_tir.Schedule) -> tuple[SBlockRV, list[SBlockRV], SB
     return blocks[0], list(blocks[1:-1]), blocks[-1], shape, group
 
 
-def check_row_max_config(shape: GemmShape, group: int, config: SplitKGemmConfig) -> None:
+def check_row_max_config(shape: GemmShape, group: int, config: SplitKGemmConfig, hw: Hardware) -> None:
     """The GEMM's constraints, plus: no K split (a tile's rows stay in one CTA), whole groups
     per tile, the activation tile beside the pipeline in shared memory."""
-    check_config(shape, config)
+    check_config(shape, config, hw)
     if config.cluster_size != 1:
         raise ClusterError(f"cluster {config.cluster_size}: a row max keeps a tile's rows in one "
                            "CTA, so K is not split")
@@ -57,16 +57,17 @@ def check_row_max_config(shape: GemmShape, group: int, config: SplitKGemmConfig)
         raise ClusterError(f"block_m {config.block_m} does not hold whole groups of {group} rows "
                            "(a sequence longer than the tile needs a cluster max: not built)")
     needed = config.shared_bytes() + config.block_m * config.block_n * 4
-    if needed > load_hardware().smem_per_cta:
+    if needed > hw.smem_per_cta:
         raise ClusterError(f"{needed} B of shared memory (pipeline, partial and activation "
-                           f"tiles) exceeds the {load_hardware().smem_per_cta} B a CTA of the GPU may use")
+                           f"tiles) exceeds the {hw.smem_per_cta} B a CTA of the GPU may use")
 
 
-def schedule_gemm_row_max(func: tirx.PrimFunc, config: SplitKGemmConfig) -> s_tir.Schedule:
-    """Schedule ``func`` (matmul, elementwise epilogue, max over row groups) as one kernel."""
+def schedule_gemm_row_max(func: tirx.PrimFunc, config: SplitKGemmConfig, hw: Hardware) -> s_tir.Schedule:
+    """Schedule ``func`` (matmul, elementwise epilogue, max over row groups) as one kernel
+    within ``hw``'s limits."""
     sch = s_tir.Schedule(func)
     matmul, epilogue, reduce, shape, group = find_gemm_row_max(sch)
-    check_row_max_config(shape, group, config)
+    check_row_max_config(shape, group, config, hw)
     # Every thread works: with fewer outputs than threads, `share` threads per output each
     # reduce a slice of its rows (rfactor, while the max is still a nest of its own), and the
     # output takes the max of their maxima.

@@ -32,7 +32,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 
 from ..errors import ClusterError
-from ..hardware import load_hardware
+from ..hardware import Hardware
 from ..ir import is_reduction
 from ..schedule import bind_cluster_nest, bind_rank, place_in_dsm
 from .split_k_gemm import (
@@ -86,9 +86,9 @@ def shared_bytes(config: SplitKGemmConfig) -> int:
     return max(operands, c.block_m * c.block_n * 4) + c.block_m // c.cluster_size * c.block_n * 4
 
 
-def check_quantized_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
+def check_quantized_config(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> None:
     """:func:`check_config` plus what the quantization adds; ClusterError names what fails."""
-    check_config(shape, config)
+    check_config(shape, config, hw)
     c = config
     if c.tma:
         raise ClusterError("the fused quantization computes X's tiles in shared memory from "
@@ -97,17 +97,18 @@ def check_quantized_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
         raise ClusterError(f"K={shape.k} gives a CTA fewer than 32 lanes x 8 elements of each row")
     if c.block_m % c.warps:
         raise ClusterError(f"the row max spreads {c.block_m} rows over {c.warps} warps")
-    if shared_bytes(c) > load_hardware().smem_per_cta:
+    if shared_bytes(c) > hw.smem_per_cta:
         raise ClusterError(f"{shared_bytes(c)} B of shared memory per CTA (fp16 and fp8 X tiles) "
-                           f"exceeds the {load_hardware().smem_per_cta} B a CTA of the GPU may use")
+                           f"exceeds the {hw.smem_per_cta} B a CTA of the GPU may use")
 
 
-def schedule_quantized_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig) -> s_tir.Schedule:
-    """Schedule ``func`` (row max, scale, quantize, fp8 GEMM, epilogue) as one cluster kernel."""
+def schedule_quantized_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig, hw: Hardware) -> s_tir.Schedule:
+    """Schedule ``func`` (row max, scale, quantize, fp8 GEMM, epilogue) as one cluster kernel
+    within ``hw``'s limits."""
     sch = s_tir.Schedule(func)
     blocks, shape = find_quantized_gemm(sch)
     row_max, quantize, gemm = blocks["row_max"], blocks["quantize"], blocks["gemm"]
-    check_quantized_config(shape, config)
+    check_quantized_config(shape, config, hw)
     c, s = config, config.cluster_size
     *inner_epilogue, output = blocks["epilogue"]
     for stage in inner_epilogue:
@@ -148,7 +149,7 @@ QUANTIZE_THREADS = 256
 QUANTIZE_VECTOR = 4  # CUDA has float4 and fp8x4 types
 
 
-def schedule_quantize_then_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig) -> s_tir.Schedule:
+def schedule_quantize_then_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig, hw: Hardware) -> s_tir.Schedule:
     """Schedule ``func`` (row max, scale, quantize, fp8 GEMM, epilogue) as two kernels (see the
     module docstring); ``config``: the fp8 GEMM's, e.g. :func:`~tvm_dsm.planners.split_k_gemm.
     plan_split_k_gemm`'s pick for the fp8 shape."""
@@ -158,8 +159,8 @@ def schedule_quantize_then_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig) -
     if shape.k % (QUANTIZE_THREADS * QUANTIZE_VECTOR):
         raise ClusterError(f"K={shape.k}: the quantization kernel takes rows of a multiple of "
                            f"{QUANTIZE_THREADS * QUANTIZE_VECTOR} elements")
-    check_config(shape, config)
-    check_epilogue_in_shared(shape, config, "the GEMM kernel")
+    check_config(shape, config, hw)
+    check_epilogue_in_shared(shape, config, "the GEMM kernel", hw)
     # The GEMM's epilogue reads what the first kernel computes: its own thread loops.
     apply_split_k_gemm(sch, [blocks["gemm"]], blocks["epilogue"], shape, config, in_registers=False)
     # ... including the row max, which the first kernel keeps in shared memory: a global copy.

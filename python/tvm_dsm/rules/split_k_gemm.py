@@ -26,7 +26,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 
 from ..errors import ClusterError
-from ..hardware import load_hardware
+from ..hardware import Hardware
 from ..ir import is_reduction
 from ..annotations import ASYNC_STAGES_KEY
 from ..transform.programmatic_launch import launch_programmatically
@@ -135,12 +135,18 @@ class GemmShape:
     both operands of type ``dtype``; ``products``: matmuls of that shape over the same ``X`` whose
     tiles one epilogue combines (2: a gated layer, ``silu(X @ Wg^T) * (X @ Wu^T)``)."""
 
-    m: int
+    m: int | tirx.PrimExpr  # symbolic: rows known when the kernel runs (symbolic_rows)
     n: int
     k: int
     weight_nk: bool
     dtype: str = "float16"
     products: int = 1
+
+    @property
+    def symbolic_rows(self) -> bool:
+        """Whether M is an expression of the function's parameters (a batch or sequence length):
+        the kernel computes whole tiles over it, as over an M off the tiles."""
+        return not isinstance(self.m, int)
 
 
 def _index_vars(region) -> list:
@@ -187,7 +193,12 @@ def find_gemm_operands(block: tirx.SBlock) -> tuple[GemmShape, tuple]:
     if kinds != [tirx.IterVar.DataPar, tirx.IterVar.DataPar, tirx.IterVar.CommReduce]:
         raise ClusterError(f"split-K GEMM expects iterators (i, j, k), got {kinds} in {block.name_hint}")
     i, j, k = (iv.var for iv in block.iter_vars)
-    m, n, depth = (int(iv.dom.extent) for iv in block.iter_vars)
+    m, n, depth = (iv.dom.extent for iv in block.iter_vars)
+    if not isinstance(n, tirx.IntImm) or not isinstance(depth, tirx.IntImm):
+        raise ClusterError(f"{block.name_hint}: split-K GEMM takes a symbolic M only; N={n} and "
+                           f"K={depth} must be constants")
+    m = int(m) if isinstance(m, tirx.IntImm) else m
+    n, depth = int(n), int(depth)
     operands = [r for r in block.reads if not r.source.same_as(block.writes[0].source)]
     if len(operands) != 2 or str(block.writes[0].source.ty.dtype) != "float32":
         raise ClusterError(f"{block.name_hint} is not an fp32-accumulated product of two operands")
@@ -209,16 +220,17 @@ def find_gemm_operands(block: tirx.SBlock) -> tuple[GemmShape, tuple]:
     return GemmShape(m, n, depth, weight_nk, dtype), (x.source, w.source)
 
 
-def check_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
-    """Raise :class:`ClusterError` naming the first constraint ``config`` breaks for ``shape``."""
+def check_config(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> None:
+    """Raise :class:`ClusterError` naming the first constraint ``config`` breaks for ``shape`` on
+    the GPU ``hw`` describes."""
     c, s = config, config.cluster_size
     check_cluster_size(s)
-    if shape.m % TILE:
+    if not shape.symbolic_rows and shape.m % TILE:  # symbolic: whole tiles (tiled_shape)
         raise ClusterError(f"M={shape.m}: the tensor-core GEMM needs a multiple of {TILE} rows; "
                            "pad the batch, or use the split-K GEMV "
                            "(tvm_dsm.rules.split_k_reduction) for M=1")
     for what, extent, tile in (("M", shape.m, c.block_m), ("N", shape.n, c.block_n)):
-        if extent % tile:
+        if isinstance(extent, int) and extent % tile:
             raise ClusterError(f"{what}={extent} is not a multiple of the {tile} tile")
     if shape.k % (s * c.block_k):
         raise ClusterError(f"K={shape.k} is not a multiple of cluster {s} x block_k {c.block_k}")
@@ -239,18 +251,20 @@ def check_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
     if c.tma:
         check_tma(shape, c)
     if c.wgmma:
-        check_wgmma(shape, c)
+        check_wgmma(shape, c, hw)
     needed = c.shared_bytes(shape.dtype, shape.products)
-    if needed > load_hardware().smem_per_cta:
-        raise ClusterError(f"{needed} B of shared memory per CTA exceeds the {load_hardware().smem_per_cta} B "
+    if needed > hw.smem_per_cta:
+        raise ClusterError(f"{needed} B of shared memory per CTA exceeds the {hw.smem_per_cta} B "
                            "a CTA of the GPU may use")
 
 
 def tiled_shape(shape: GemmShape, config: SplitKGemmConfig) -> GemmShape:
     """``shape`` with M and N rounded up to whole output tiles and K to whole K steps of every
     rank: the extents the kernel computes (:func:`apply_padded_split_k_gemm`)."""
-    def whole(extent: int, tile: int) -> int:
-        return -(-extent // tile) * tile
+    def whole(extent, tile: int):
+        if isinstance(extent, int):
+            return -(-extent // tile) * tile
+        return tirx.floordiv(extent + (tile - 1), tile) * tile
 
     return dataclasses.replace(shape, m=whole(shape.m, config.block_m), n=whole(shape.n, config.block_n),
                                k=whole(shape.k, config.cluster_size * config.block_k))
@@ -264,7 +278,7 @@ def check_edges(shape: GemmShape) -> None:
     """What tiles running past M, N or K (:func:`apply_padded_split_k_gemm`) need of ``shape``
     under any configuration; ClusterError names the limit it breaks."""
     elem = element_bytes(shape.dtype)
-    if shape.m == 1:
+    if not shape.symbolic_rows and shape.m == 1:
         raise ClusterError("M=1 is a GEMV: TVM's GEMV schedule streams W at the HBM floor, a "
                            "16-row tensor-core tile would compute 15 rows for nothing")
     # Operand rows start 16 bytes apart: TMA tensor maps take 16-byte multiples as strides, and
@@ -279,18 +293,18 @@ def check_edges(shape: GemmShape) -> None:
                            f"N must be a multiple of {STORE_COLUMNS}")
 
 
-def check_padded_config(shape: GemmShape, config: SplitKGemmConfig) -> None:
+def check_padded_config(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> None:
     """:func:`check_edges`, then :func:`check_config` for the tiles
     :func:`apply_padded_split_k_gemm` computes over (:func:`tiled_shape`); ClusterError names
     the first limit ``shape`` or ``config`` breaks."""
     check_edges(shape)
     tiles = tiled_shape(shape, config)
-    if tiles != shape and (shape.products > 1 or not shape.weight_nk):
+    if (shape.symbolic_rows or tiles != shape) and (shape.products > 1 or not shape.weight_nk):
         what = "gated products" if shape.products > 1 else "W stored [K, N] (its predicated cp.async tiles fault)"
         raise ClusterError(f"{what} run over whole tiles: {shape.m}x{shape.n}x{shape.k} "
                            f"is not a multiple of {config.block_m}x{config.block_n}x"
                            f"{config.cluster_size * config.block_k}")
-    check_config(tiles, config)
+    check_config(tiles, config, hw)
 
 
 def check_pipeline(k_steps: int, stages: int, tma: bool) -> None:
@@ -320,14 +334,14 @@ def check_tma(shape: GemmShape, config: SplitKGemmConfig) -> None:
         raise ClusterError(f"TMA copies at most {TMA_MAX_BOX} rows per tile")
 
 
-def check_epilogue_in_shared(shape: GemmShape, config: SplitKGemmConfig, kernel: str) -> None:
+def check_epilogue_in_shared(shape: GemmShape, config: SplitKGemmConfig, kernel: str, hw: Hardware) -> None:
     """An epilogue with thread loops of its own (``apply_split_k_gemm(..., in_registers=False)``,
     for one that reads what another kernel computes) reads the fp32 sums from shared memory
     beside the pipeline; ClusterError if ``kernel`` would need more than a CTA has."""
     needed = config.shared_bytes(shape.dtype, shape.products) + config.block_m * config.block_n * 4
-    if needed > load_hardware().smem_per_cta:
+    if needed > hw.smem_per_cta:
         raise ClusterError(f"{kernel} needs {needed} B of shared memory per CTA (pipeline and the "
-                           f"sums its epilogue reads), more than {load_hardware().smem_per_cta} B")
+                           f"sums its epilogue reads), more than {hw.smem_per_cta} B")
 
 
 #: What a wgmma main loop's thread holds besides its block_n / 2 fp32
@@ -335,7 +349,7 @@ def check_epilogue_in_shared(shape: GemmShape, config: SplitKGemmConfig, kernel:
 _WGMMA_OTHER_REGISTERS = 40
 
 
-def check_wgmma(shape: GemmShape, config: SplitKGemmConfig) -> None:
+def check_wgmma(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> None:
     """A warpgroup MMA reads its operands from TMA's swizzled K-contiguous tiles (fp16, bf16 or
     fp8 e4m3), with each of 4 consecutive warps holding 16 rows of a 64-row warpgroup tile and
     all its columns."""
@@ -356,10 +370,10 @@ def check_wgmma(shape: GemmShape, config: SplitKGemmConfig) -> None:
     if shared_k_loop(c, shape.products):
         accumulators *= shape.products
     registers = c.threads * (accumulators + _WGMMA_OTHER_REGISTERS)
-    if registers > load_hardware().regs_per_sm:
+    if registers > hw.regs_per_sm:
         raise ClusterError(f"wgmma {c.block_m}x{c.block_n} tiles: {c.threads} threads holding "
                            f"{accumulators} fp32 accumulators each need about {registers} "
-                           f"registers, an SM has {load_hardware().regs_per_sm}")
+                           f"registers, an SM has {hw.regs_per_sm}")
 
 
 #: Rows of tiles a column of tiles visits before the grid moves to the next column (grouped
@@ -376,13 +390,13 @@ def raster_group(tiles_m: int) -> int:
     return group
 
 
-def schedule_split_k_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig) -> s_tir.Schedule:
+def schedule_split_k_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig, hw: Hardware) -> s_tir.Schedule:
     """Schedule ``func`` (a matmul block plus elementwise epilogue, any M, N and K within
-    :func:`check_padded_config`'s limits) as a cluster split-K GEMM with the given configuration
-    (:func:`tvm_dsm.planners.split_k_gemm.schedule_dense` plans one)."""
+    :func:`check_padded_config`'s limits on ``hw``) as a cluster split-K GEMM with the given
+    configuration (:func:`tvm_dsm.planners.split_k_gemm.schedule_dense` plans one)."""
     sch = s_tir.Schedule(func)
     blocks, epilogue, shape = find_gemm(sch)
-    check_padded_config(shape, config)
+    check_padded_config(shape, config, hw)
     apply_padded_split_k_gemm(sch, blocks, epilogue, shape, config)
     return sch
 
@@ -399,14 +413,14 @@ def apply_padded_split_k_gemm(sch: s_tir.Schedule, blocks: list[SBlockRV], epilo
     whose predicate keeps each store inside Y. Tiles that fit are scheduled unchanged."""
     c = config
     tiles = tiled_shape(shape, c)
-    if tiles == shape:
+    if not shape.symbolic_rows and tiles == shape:
         apply_split_k_gemm(sch, blocks, epilogue, shape, c)
         return
     (matmul,) = blocks  # check_padded_config: one product
     sch.pad_einsum(matmul, [c.block_m, c.block_n, c.cluster_size * c.block_k])
     zero_fills = sch.get_producers(matmul)
     output = None  # where the output tile overruns Y: the block moved into its store
-    if (tiles.m, tiles.n) != (shape.m, shape.n):
+    if shape.symbolic_rows or (tiles.m, tiles.n) != (shape.m, shape.n):
         # The padded product's copy into the real output, then the function's epilogue: one
         # block over M x N, moved into the padded tile's store once the kernel is scheduled
         # (the store's predicate, there earlier, fails s_tir's region-cover check once the
@@ -455,7 +469,8 @@ def apply_split_k_gemm(
     i_tile, i_in = sch.split(i, [None, c.block_m])
     j_tile, j_in = sch.split(j, [None, c.block_n])
     i_rank, i_row = sch.split(i_in, [s, None])
-    group = raster_group(shape.m // c.block_m)
+    # over a symbolic M the rows of tiles are not known to divide into groups
+    group = 1 if shape.symbolic_rows else raster_group(shape.m // c.block_m)
     if group > 1:  # consecutive clusters walk `group` rows of tiles per column of tiles
         i_group, i_tile = sch.split(i_tile, [None, group])
         sch.reorder(i_group, j_tile, i_tile, i_rank, i_row, j_in)

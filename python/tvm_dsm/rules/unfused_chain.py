@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from tvm import s_tir, tirx
 
+from ..hardware import Hardware
 from ..transform.programmatic_launch import launch_programmatically
 from .fused_chain import ChainShape, find_chain
 from .split_k_gemm import GemmShape, SplitKGemmConfig, apply_split_k_gemm, check_config
@@ -55,20 +56,20 @@ def gemm_shapes(shape: ChainShape) -> tuple[GemmShape, GemmShape]:
             GemmShape(shape.m, shape.l, shape.n, True))
 
 
-def check_unfused_config(shape: ChainShape, config: UnfusedChainConfig) -> None:
-    """Raise :class:`~tvm_dsm.errors.ClusterError` naming what a kernel does not fit."""
+def check_unfused_config(shape: ChainShape, config: UnfusedChainConfig, hw: Hardware) -> None:
+    """Raise :class:`~tvm_dsm.errors.ClusterError` naming what a kernel does not fit on ``hw``."""
     first, second = gemm_shapes(shape)
-    check_config(first, config.gemm0)
-    check_config(second, config.gemm1)
+    check_config(first, config.gemm0, hw)
+    check_config(second, config.gemm1, hw)
 
 
-def schedule_unfused_chain(func: tirx.PrimFunc, config: UnfusedChainConfig) -> s_tir.Schedule:
+def schedule_unfused_chain(func: tirx.PrimFunc, config: UnfusedChainConfig, hw: Hardware) -> s_tir.Schedule:
     """Schedule ``func`` (a GEMM chain, see :func:`~tvm_dsm.rules.fused_chain.find_chain`) as
-    two split-K GEMM kernels (:func:`tvm_dsm.planners.unfused_chain.plan_unfused_chain` plans
-    them)."""
+    two split-K GEMM kernels within ``hw``'s limits
+    (:func:`tvm_dsm.planners.unfused_chain.plan_unfused_chain` plans them)."""
     sch = s_tir.Schedule(func, enable_check=False)  # see the module docstring
     blocks, shape = find_chain(sch)
-    check_unfused_config(shape, config)
+    check_unfused_config(shape, config, hw)
     first, second = gemm_shapes(shape)
     apply_split_k_gemm(sch, blocks.gemm0, [blocks.combine], first, config.gemm0)
     apply_split_k_gemm(sch, [blocks.gemm1], blocks.epilogue, second, config.gemm1)

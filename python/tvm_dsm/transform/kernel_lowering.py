@@ -205,7 +205,8 @@ class ClusterKernelLowering:
         lanes = dsm.vector_lanes(int(loop.extent))
         if lanes is None:
             return None
-        self.analyzer.bind(loop.loop_var, Range(0, lanes))
+        dtype = str(loop.loop_var.ty)  # int64 in Relax-legalized functions
+        self.analyzer.bind(loop.loop_var, Range.from_min_extent(tirx.const(0, dtype), tirx.const(lanes, dtype)))
         start = self.contiguous_run(indices, loop.loop_var, lanes)
         return None if start is None else (start, lanes)
 
@@ -215,7 +216,7 @@ class ClusterKernelLowering:
         from a start aligned to ``lanes``; None otherwise."""
 
         def at_lane_0(expr):
-            return substitute(expr, [(var, tirx.const(0, "int32"))])
+            return substitute(expr, [(var, tirx.const(0, str(var.ty)))])
 
         def lane_invariant(div, zero) -> bool:
             """a // c is the same for every lane if the simplifier says so, or if a = a0 + lane

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from tvm import tirx
 from tvm.s_tir import SBlock, SBlockRealize
+from tvm.sym import Analyzer
 
 from ..errors import ClusterError
 from ..ir import find_all
@@ -42,8 +43,14 @@ def _is_reduction(block: SBlock) -> bool:
     return block.init is not None or any(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars)
 
 
-def _spatial(block: SBlock) -> list[int]:
-    return [int(iv.dom.extent) for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+def _spatial(block: SBlock) -> list:
+    """The extents of ``block``'s spatial axes (expressions: a row count may be a variable)."""
+    return [iv.dom.extent for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+
+
+def _same_extents(a: list, b: list) -> bool:
+    analyzer = Analyzer()
+    return len(a) == len(b) and all(analyzer.can_prove_equal(x, y) for x, y in zip(a, b))
 
 
 def _groups(nests: list[tirx.Stmt]) -> list[list[tirx.Stmt]]:
@@ -52,7 +59,7 @@ def _groups(nests: list[tirx.Stmt]) -> list[list[tirx.Stmt]]:
     groups: list[list[tirx.Stmt]] = []
     for nest in nests:
         block = _block(nest)
-        if groups and not _is_reduction(block) and _spatial(block) == _spatial(_block(groups[-1][0])):
+        if groups and not _is_reduction(block) and _same_extents(_spatial(block), _spatial(_block(groups[-1][0]))):
             groups[-1].append(nest)
         else:
             groups.append([nest])

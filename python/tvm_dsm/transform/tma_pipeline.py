@@ -196,7 +196,8 @@ def encode_tensor_map(tensor_map: tirx.Var, source: tirx.Buffer, rows: int, cols
     columns along its innermost axis, landing 128-byte swizzled. ``axes``: the source's axes in
     the map's dimension order (the innermost first, which must be the source's last axis); by
     default from the innermost outwards. A copy names its coordinates in that order."""
-    shape = [int(d) for d in source.shape]
+    # a symbolic extent (a batch) is read when the host encodes the map, before each launch
+    shape = [int(d) if isinstance(d, tirx.IntImm) else d for d in source.shape]
     rank, elem_bytes = len(shape), _elem_bytes(source)
     axes = list(range(rank))[::-1] if axes is None else axes
     if axes[0] != rank - 1:
@@ -259,11 +260,14 @@ class _TmaLoop:
         self.barriers = tirx.decl_buffer((self.stages,), "uint64", "tma_mbarrier",
                                          scope="shared.dyn", data_alignment=8)
 
-    def plan_prefetch(self, params: list, ctas: int, budget: float) -> None:
+    def plan_prefetch(self, params: list, ctas: int | None, budget: float) -> None:
         """Let the copies from ``params`` prefetch all their tiles into L2 when, over the
-        ``ctas`` CTAs of the kernel, those tiles take at most ``budget`` bytes (see
-        ``PREFETCH_WINDOW_S``), and copy their first steps' tiles early (see ``_prologue``)."""
+        ``ctas`` CTAs of the kernel (None: a symbolic grid, not prefetched), those tiles take
+        at most ``budget`` bytes (see ``PREFETCH_WINDOW_S``), and copy their first steps' tiles
+        early (see ``_prologue``)."""
         self.early = [c for c in self.copies if any(c.source.same_as(p) for p in params)]
+        if ctas is None or not all(isinstance(d, tirx.IntImm) for c in self.early for d in c.source.shape):
+            return
         steps = int(self.loop.extent)
         footprint = sum(min(ctas * steps * c.bytes, math.prod(int(d) for d in c.source.shape)
                             * _elem_bytes(c.source)) for c in self.early)
@@ -475,7 +479,18 @@ def _dependent_kernels(body) -> list:
     if not find_all(body, SBlock, lambda b: PROGRAMMATIC_LAUNCH_KEY in b.annotations):
         return []
     launches = find_all(body, tirx.For, lambda lp: _binds(lp, "blockIdx"))
-    return [k for k in launches if not any(_encloses(o, k) for o in launches)][1:]
+    kernels = [k for k in launches if not any(_encloses(o, k) for o in launches)]
+    return [k for i, k in enumerate(kernels)
+            if any(not _alternatives(body, earlier, k) for earlier in kernels[:i])]
+
+
+def _alternatives(body, first: tirx.For, second: tirx.For) -> bool:
+    """Whether the kernels ``first`` and ``second`` sit in the two branches of one ``if`` (a
+    function choosing its kernel by a row count: :mod:`tvm_dsm.families.row_ranges`), so that
+    neither runs after the other."""
+    return bool(find_all(body, tirx.IfThenElse, lambda node: node.else_case is not None and any(
+        find_all(a, tirx.For, lambda lp: lp.same_as(first)) and find_all(b, tirx.For, lambda lp: lp.same_as(second))
+        for a, b in ((node.then_case, node.else_case), (node.else_case, node.then_case)))))
 
 
 def _binds(loop: tirx.For, tags) -> bool:
@@ -493,9 +508,13 @@ def _enclosing(body, loop: tirx.For, tags=None) -> list:
     return find_all(body, tirx.For, lambda lp: (tags is None or _binds(lp, tags)) and _encloses(lp, loop))
 
 
-def _ctas(body, loop: tirx.For) -> int:
-    """CTAs of the kernel enclosing ``loop``: its block and cluster-rank bindings' extents."""
-    return math.prod(int(b.extent) for b in _enclosing(body, loop, ("blockIdx", "clusterCtaIdx")))
+def _ctas(body, loop: tirx.For) -> int | None:
+    """CTAs of the kernel enclosing ``loop``: its block and cluster-rank bindings' extents
+    (None where a grid extent is symbolic)."""
+    extents = [b.extent for b in _enclosing(body, loop, ("blockIdx", "clusterCtaIdx"))]
+    if not all(isinstance(e, tirx.IntImm) for e in extents):
+        return None
+    return math.prod(int(e) for e in extents)
 
 
 def _threads(body, loop: tirx.For) -> list:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import s_tir
 from ...errors import ClusterError
+from ...hardware import load_hardware
 from ...transform.programmatic_launch import launch_programmatically
 
 
@@ -57,7 +58,7 @@ def fitting(func, schedule, plans: list, count: int) -> list:
     fitting = []
     for plan in plans:
         try:
-            schedule(func, plan.config)
+            schedule(func, plan.config, load_hardware())
         except ClusterError:
             continue
         fitting.append(plan)

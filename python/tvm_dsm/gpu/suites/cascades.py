@@ -8,6 +8,7 @@ import tvm
 from tvm import te, topi
 from ...driver import plan, stock_schedule
 from ...errors import ClusterError
+from ...hardware import load_hardware
 from ...planners.cascade_split import plan_cascade_split, schedule_cascade
 from ...rules.fused_rows import schedule_fused_rows
 from ...kernels import softmax_gemm as softmax_gemm_rule
@@ -103,7 +104,7 @@ def softmax_gemm() -> list[Variant]:
         variants += cascade_variants("softmax_pv", size, (), (1,))
         func = cascade_workloads.softmax_pv(*size)
         shape = softmax_gemm_rule.find_softmax_gemm(func).shape
-        pick = softmax_gemm_rule.default_config(shape)
+        pick = softmax_gemm_rule.default_config(shape, load_hardware())
         for bm, bk, bj, tm, ranks, tn in itertools.product((16, 32), (32, 64), (32, 64), (2, 4),
                                                             (1, 2, 4, 8, 16), (4, 8)):
             config = softmax_gemm_rule.SoftmaxGemmConfig(bm, bk, bj, tm, ranks, tn)

@@ -77,7 +77,7 @@ def _unfused_chain_variant(label: str, shape, func, args, plan, rank: int, pick:
     return Variant(
         name=f"{label}_m{m}_unfused_{gemm_tag(first)}_then_{gemm_tag(second)}",
         workload="swiglu" if shape.gated else "gemm_chain_relu",
-        mod=schedule_unfused_chain(func, plan.config).mod,
+        mod=schedule_unfused_chain(func, plan.config, load_hardware()).mod,
         args=args,
         bytes=nbytes_of(args),
         flops=2 * m * n * (k * len(shape.gemm0) + l),

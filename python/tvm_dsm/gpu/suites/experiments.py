@@ -60,7 +60,7 @@ def gemm_wgmma() -> list[Variant]:
         for s, (bm, bn), stages in itertools.product((1, 2, 4, 8), ((64, 128), (128, 128), (128, 256), (64, 256)), (4,)):
             config = SplitKGemmConfig(s, bm, bn, 64, bm // 16, 1, stages, tma=True, wgmma=True)
             try:
-                check_config(shape, config)
+                check_config(shape, config, hw)
             except ClusterError:
                 continue
             variants.append(gemm_variant(label, m, n, k, config, None,
@@ -103,7 +103,7 @@ def gemm_tma() -> list[Variant]:
             for tma in (False, True):
                 c = dataclasses.replace(config, tma=tma)
                 try:
-                    check_config(shape, c)
+                    check_config(shape, c, hw)
                 except ClusterError:
                     continue
                 variants.append(gemm_variant(label, m, n, k, c, rank, predicted))
@@ -178,7 +178,7 @@ def gemm_stages() -> list[Variant]:
             for stages in PIPELINE_DEPTHS:
                 config = dataclasses.replace(plan.config, stages=stages)
                 try:
-                    check_config(shape, config)
+                    check_config(shape, config, hw)
                 except ClusterError:
                     continue
                 predicted = predict(shape, config, hw).predicted_us

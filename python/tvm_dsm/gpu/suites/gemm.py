@@ -42,7 +42,7 @@ def gemm_variant(label: str, m: int, n: int, k: int, config, plan_rank: int | No
     return Variant(
         name=f"{label}_m{m}_{gemm_tag(c)}" + ("_bias_silu" if epilogue else ""),
         workload="dense_bias_silu" if epilogue else "dense",
-        mod=schedule_split_k_gemm(func, config).mod,
+        mod=schedule_split_k_gemm(func, config, load_hardware()).mod,
         args=args,
         bytes=nbytes_of(args),
         flops=2 * m * n * k,
@@ -124,7 +124,7 @@ def gated() -> list[Variant]:
         for config, (rank, predicted) in chosen.items():
             variants.append(Variant(
                 name=f"{label}g_m128_{gemm_tag(config)}", workload="gated_dense",
-                mod=schedule_split_k_gemm(func, config).mod, args=args, bytes=nbytes_of(args),
+                mod=schedule_split_k_gemm(func, config, hw).mod, args=args, bytes=nbytes_of(args),
                 flops=2 * 2 * 128 * n * k,
                 plan={**vars(config), "plan_rank": rank, "predicted_us": predicted},
                 extra={"shape": f"{label}g", "m": 128, "n": n, "k": k},
@@ -148,7 +148,7 @@ def gemm_large_m() -> list[Variant]:
             for stages in (4, 3):
                 config = SplitKGemmConfig(s, bm, bn, 64, bm // 16, 1, stages, tma=True, wgmma=True)
                 try:
-                    check_config(shape, config)
+                    check_config(shape, config, hw)
                 except ClusterError:
                     continue
                 chosen.setdefault(config, None)
@@ -210,7 +210,7 @@ def lm_head() -> list[Variant]:
                 name=f"lm_head_{batch}x{seq}x{hidden}x{vocab}_{c.block_m}x{c.block_n}x{c.block_k}_s{c.stages}"
                 f"{'_tma' if c.tma else ''}{'_wgmma' if c.wgmma else ''}",
                 workload="lm_head_max",
-                mod=schedule_gemm_row_max(func, c).mod,
+                mod=schedule_gemm_row_max(func, c, load_hardware()).mod,
                 args=args,
                 bytes=nbytes_of(args),
                 flops=2 * batch * seq * hidden * vocab,
@@ -266,7 +266,7 @@ def fp8_variant(func, mnk: tuple, quantized: bool, form: str, schedule, plan, ra
         name=f"{'quant_' if quantized else ''}fp8_{m}x{n}x{k}_{form}c{c.cluster_size}_"
         f"{c.block_m}x{c.block_n}x{c.block_k}_s{c.stages}{'_tma' if c.tma else ''}",
         workload="quantized_dense" if quantized else "scaled_dense",
-        mod=schedule(func, c).mod,
+        mod=schedule(func, c, load_hardware()).mod,
         args=args,
         bytes=nbytes_of(args),
         flops=2 * m * n * k,

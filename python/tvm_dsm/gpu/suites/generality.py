@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import tvm
 from tvm import te
 
 from ...driver import schedule
@@ -73,4 +74,37 @@ def generality() -> list[Variant]:
     for m, n, k, dtype in DENSES:
         variants.append(_variant(f"dense_{m}x{n}x{k}_{dtype}", dense(m, n, k, dtype), "dense",
                                  [0, 1 / math.sqrt(k)], 2 * m * n * k))
+    return variants
+
+
+#: A 1B-class decoder's linear layers (N, K): fused QKV, gate and up, down, LM head.
+ROW_LAYERS = [(3072, 2048), (16384, 2048), (2048, 8192), (32000, 2048)]
+#: Row counts the symbolic-row dense layers are called with: decode batches, prefill chunks.
+ROW_COUNTS = (1, 4, 8, 16, 17, 64, 256, 1000, 2048)
+
+
+def symbolic_rows() -> list[Variant]:
+    """Dense layers of a symbolic row count (``te.var("m")``), each built once per path and
+    called at every row count of ROW_COUNTS: tvm-dsm's (``tvm_dsm.build``: a kernel per range
+    of rows), TVM's as MLC-LLM schedules it (low-batch GEMV up to 8 rows, dlight's matmul
+    beyond: :func:`tvm_dsm.relax_pipeline.low_batch_dispatch`) and dlight's alone."""
+    from ...driver import stock_schedule, stock_target
+    from ...relax_pipeline import low_batch_dispatch
+
+    variants = []
+    for n, k in ROW_LAYERS:
+        func = dense(te.var("m"), n, k, "float16")
+        paths = {"tvm_dsm": schedule(func).mod, "dlight": stock_schedule(func).mod}
+        with stock_target() as target:
+            paths["low_batch"] = tvm.IRModule({"main": low_batch_dispatch(func, target)})
+        for path, mod in paths.items():
+            for m in ROW_COUNTS:
+                args = [{"name": "X", "shape": [m, k], "dtype": "float16", "output": False},
+                        {"name": "W", "shape": [n, k], "dtype": "float16", "output": False,
+                         "scale": 1 / math.sqrt(k)},
+                        {"name": "Out", "shape": [m, n], "dtype": "float16", "output": True}]
+                variants.append(Variant(
+                    name=f"rows_{n}x{k}_m{m}_{path}", workload="dense", mod=mod, args=args,
+                    bytes=nbytes_of(args), flops=2 * m * n * k, peers=("torch_eager",),
+                    extra={"class": "symbolic_rows", "path": path, "rows": m}))
     return variants

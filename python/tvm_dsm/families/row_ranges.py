@@ -1,0 +1,121 @@
+"""Functions whose row count is a variable (a model's batch or sequence length): one kernel per
+range of rows, the range chosen on the host each call.
+
+A family plans for a known shape. A function of ``m`` rows, ``m`` an extent of its parameters
+known only when it is called, is planned once per range of :data:`ROW_RANGES` at the range's
+largest row count (the range past the last bound at :data:`ROWS_BEYOND`), and the family
+schedules the function itself, ``m`` still a variable, in that range's best configuration: the
+kernels of a family with ``symbolic_rows`` compute whole tiles over any ``m``, as they do over a
+row count off the tiles. The function then branches on ``m`` to its range's kernel; TVM lowers
+each branch to a kernel of its own and keeps the test on the host, so a call is one launch.
+Neighbouring ranges whose best configuration is the same share one kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tvm import tirx
+from tvm.s_tir import SBlock, SBlockRealize
+
+from ..errors import ClusterError
+from ..hardware import Hardware
+from . import match_family
+from .base import ScheduleFamily
+
+#: The largest row count of each range but the last: decode batches, small and large prefill
+#: chunks.
+ROW_RANGES = (16, 64, 256, 1024)
+#: The row count the range past the last bound is planned for.
+ROWS_BEYOND = 4096
+#: Configurations of a range tried, best predicted first, before the range is refused.
+ATTEMPTS = 4
+
+
+@dataclass(frozen=True)
+class RangeKernel:
+    """The kernel of the rows up to ``bound`` (None: every row count past the ranges before)."""
+
+    bound: int | None
+    family: ScheduleFamily
+    config: Any
+    func: tirx.PrimFunc
+
+
+def row_variable(func: tirx.PrimFunc) -> tirx.Var | None:
+    """The variable among the extents of ``func``'s parameters, None where all are constants;
+    ClusterError where there are several, or an extent is an expression of one."""
+    found = {}
+    for param in func.params:
+        for extent in getattr(param.ty, "shape", None) or ():
+            if isinstance(extent, tirx.IntImm):
+                continue
+            if not isinstance(extent, tirx.Var):
+                raise ClusterError(f"{param.name}: the extent {extent} is an expression; tvm-dsm takes "
+                                   "a symbolic extent that is a variable")
+            found[extent.name] = extent
+    if len(found) > 1:
+        raise ClusterError(f"tvm-dsm takes one symbolic extent per function; got {sorted(found)}")
+    return next(iter(found.values()), None)
+
+
+def specialized(func: tirx.PrimFunc, var: tirx.Var, rows: int) -> tirx.PrimFunc:
+    """``func`` with ``var`` bound to ``rows``."""
+    buffers = {}
+    for param in func.params:
+        shape = getattr(param.ty, "shape", None)
+        if shape is not None and any(isinstance(d, tirx.Var) and d.same_as(var) for d in shape):
+            fixed = [tirx.IntImm(str(var.ty), rows) if isinstance(d, tirx.Var) and d.same_as(var) else d
+                     for d in shape]
+            buffers[param] = tirx.decl_buffer(fixed, param.ty.dtype, name=param.name,
+                                              elem_offset=param.ty.elem_offset)
+    return func.specialize(buffers)
+
+
+def range_kernels(func: tirx.PrimFunc, target: Any, hw: Hardware) -> list[RangeKernel]:
+    """The kernel of each range of rows (see the module docstring), the last one taking every
+    row count past the others; ClusterError where a range has no family that schedules a
+    symbolic row count, naming it."""
+    var = row_variable(func)
+    if var is None:
+        raise ClusterError("the function's extents are constants: plan it as it is")
+    kernels: list[RangeKernel] = []
+    for bound in (*ROW_RANGES, None):
+        rows = ROWS_BEYOND if bound is None else bound
+        family, shape = match_family(specialized(func, var, rows), target)
+        if not family.symbolic_rows:
+            raise ClusterError(f"{family.name} (the family of {var.name} = {rows}) schedules constant "
+                               f"extents only; {var.name} is symbolic")
+        config, scheduled = _first_that_applies(family, func, family.rank(shape, hw), var, rows, hw)
+        if kernels and kernels[-1].family is family and kernels[-1].config == config:
+            kernels[-1] = RangeKernel(bound, family, config, kernels[-1].func)
+        else:
+            kernels.append(RangeKernel(bound, family, config, scheduled))
+    return kernels
+
+
+def _first_that_applies(family: ScheduleFamily, func: tirx.PrimFunc, plans: list,
+                        var: tirx.Var, rows: int, hw: Hardware) -> tuple[Any, tirx.PrimFunc]:
+    """The best of the first ATTEMPTS ``plans`` whose configuration schedules ``func`` over a
+    symbolic row count, with that schedule's function."""
+    refusals = []
+    for plan in plans[:ATTEMPTS]:
+        try:
+            return plan.config, family.apply(func, plan.config, hw).mod["main"]
+        except ClusterError as err:
+            refusals.append(str(err))
+    raise ClusterError(f"{family.name}: none of the {len(refusals)} best configurations for "
+                       f"{var.name} = {rows} takes a symbolic {var.name}: {refusals[-1] if refusals else 'no plan'}")
+
+
+def dispatch(func: tirx.PrimFunc, kernels: list[tuple[int | None, tirx.PrimFunc]]) -> tirx.PrimFunc:
+    """``func`` branching on its row variable to the scheduled functions ``kernels`` (each with
+    the largest row count it takes, in increasing order; the last, None, takes the rest):
+    ``if m <= bound`` in that order."""
+    var = row_variable(func)
+    body = kernels[-1][1].body
+    for bound, scheduled in reversed(kernels[:-1]):
+        test = tirx.call_intrin("bool", "tirx.tvm_thread_invariant", var <= bound)
+        body = tirx.IfThenElse(test, scheduled.body, body)
+    return func.with_body(SBlockRealize([], True, SBlock([], [], [], "root", body)))

@@ -1,0 +1,113 @@
+"""Functions of a symbolic row count: one kernel per range of rows (tvm_dsm.families.row_ranges),
+through tvm_dsm.build, the Relax pipeline's matmul rewrite and the low-batch dispatch."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te, tirx
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+import tvm_dsm
+from tvm_dsm.driver import H100, schedule_row_ranges, stock_target
+from tvm_dsm.errors import ClusterError
+from tvm_dsm.families.row_ranges import ROW_RANGES, range_kernels, row_variable
+from tvm_dsm.hardware import load_hardware
+from tvm_dsm.relax_integration import lower_to_tir
+from tvm_dsm.relax_pipeline import low_batch_dispatch
+from tvm_dsm.workloads.dense import dense
+
+
+def _kernels(source: str) -> int:
+    return source.count("__global__") // 2  # each kernel is declared, then defined
+
+
+def test_row_variable_finds_the_one_symbolic_extent():
+    m = te.var("m")
+    assert row_variable(dense(m, 256, 128)).same_as(m)
+    assert row_variable(dense(64, 256, 128)) is None
+    x = te.placeholder((te.var("a"), te.var("b")), "float16", name="X")
+    y = te.compute(x.shape, lambda i, j: x[i, j], name="Y")
+    with pytest.raises(ClusterError, match="one symbolic extent"):
+        row_variable(te.create_prim_func([x, y]))
+
+
+def test_each_range_gets_its_planned_configuration_and_equal_neighbours_merge():
+    func = dense(te.var("m"), 2048, 2048)
+    kernels = range_kernels(func, H100, load_hardware())
+    assert 1 < len(kernels) <= len(ROW_RANGES) + 1
+    assert kernels[-1].bound is None
+    bounds = [k.bound for k in kernels[:-1]]
+    assert bounds == sorted(bounds) and set(bounds) <= set(ROW_RANGES)
+    for first, second in zip(kernels, kernels[1:]):
+        assert first.config != second.config
+    # the smallest range is planned for 16 rows: a 16-row tile, not the 128-row tile of the last
+    assert kernels[0].config.block_m < kernels[-1].config.block_m
+
+
+def test_symbolic_dense_builds_one_kernel_per_range_and_the_cuda_compiles(assemble):
+    func = dense(te.var("m"), 4096, 1024, "bfloat16")
+    family, sch = schedule_row_ranges(func, H100)
+    assert family.name == "split_k_gemm"
+    n_ranges = len(range_kernels(func, H100, load_hardware()))
+    source = tvm.compile(sch.mod, target=tvm.target.Target(H100)).mod.imports[0].inspect_source()
+    assert _kernels(source) == n_ranges
+    assert "int m)" in source  # the row count reaches each kernel (stores and tensor maps clip on it)
+    assemble(source, "symbolic_dense")
+
+
+def test_a_family_without_symbolic_rows_is_refused_by_name():
+    m = te.var("m")
+    x = te.placeholder((m, 4096), "float16", name="x")
+    r = te.reduce_axis((0, 4096), "r")
+    s = te.compute((m,), lambda i: te.sum(x[i, r].astype("float32"), axis=r), name="s")
+    with pytest.raises(ClusterError, match="symbolic"):
+        schedule_row_ranges(te.create_prim_func([x, s]), H100)
+    # tvm_dsm.build still returns a module: TVM's own schedule
+    assert tvm_dsm.build(te.create_prim_func([x, s])) is not None
+
+
+@I.ir_module
+class _Linear:
+    @R.function
+    def main(x: R.Tensor(("b", 1, 512), "float16"), w: R.Tensor((1024, 512), "float16")):
+        with R.dataflow():
+            y = R.matmul(x, R.permute_dims(w))
+            R.output(y)
+        return y
+
+
+def test_relax_linear_reaches_the_gemm_family_as_an_fp32_accumulated_matrix_product():
+    mod = lower_to_tir(_Linear)
+    matmuls = [f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc) and "matmul" in gv.name_hint]
+    assert len(matmuls) == 1
+    (func,) = matmuls
+    assert [len(p.ty.shape) for p in func.params] == [2, 2, 2]
+    family, _ = schedule_row_ranges(func, H100)
+    assert family.name == "split_k_gemm"
+
+
+def test_low_batch_dispatch_branches_over_dlight_rules():
+    func = dense(te.var("m"), 2048, 2048)
+    with stock_target() as target:
+        dispatched = low_batch_dispatch(func, target)
+    assert dispatched is not None
+    source = tvm.compile(tvm.IRModule({"main": dispatched}), target=stock_target()).mod.imports[0].inspect_source()
+    assert _kernels(source) == 4  # three low-batch tiles and dlight's matmul
+    assert low_batch_dispatch(dense(64, 2048, 2048), target) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 15, 16, 17, 100, 1025, 4100])
+def test_symbolic_dense_on_the_gpu_at_every_range(rows):
+    func = dense(te.var("m"), 1024, 512)
+    lib = tvm_dsm.build(func)
+    dev = tvm.cuda()
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((rows, 512)).astype("float16")
+    w = (rng.standard_normal((1024, 512)) / np.sqrt(512)).astype("float16")
+    out = tvm.runtime.tensor(np.full((rows, 1024), np.nan, "float16"), dev)
+    lib(tvm.runtime.tensor(x, dev), tvm.runtime.tensor(w, dev), out)
+    ref = x.astype("float64") @ w.astype("float64").T
+    err = np.linalg.norm(out.numpy().astype("float64") - ref) / np.linalg.norm(ref)
+    assert err < 2e-3
