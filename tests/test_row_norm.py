@@ -234,3 +234,39 @@ def test_forms_match_float64_on_the_gpu(form, rows, width, dtype, tolerance):
 def test_a_128k_vocabulary_softmax_of_8_rows_runs_on_a_cluster_of_16(dtype, tolerance):
     assert default_config(find_row_norm(topi_norm("softmax", 8, 128256, dtype)), load_hardware()).ranks == 16
     assert _error_on_gpu("topi_softmax", 8, 128256, dtype) < tolerance
+
+
+def test_rmsnorm_with_fp8_absmax_quantization_is_one_row_norm_kernel(assemble):
+    """RMSNorm, then per-token fp8 quantization: the absmax reads the weight inside its term
+    (|x * w| / sqrt(ms + eps), proven positive through the mean square's sign), and the scale
+    is written once a row from the statistics."""
+    from tvm_dsm.workloads.generated import _rms_norm_fp8
+
+    func = _rms_norm_fp8(128, 4096, "float16")
+    found = find_row_norm(func)
+    assert [lvl.op for lvl in found.levels] == ["sum", "max"] and len(found.row_stages) == 1
+    assert tvm_dsm.plan(func).family.name == "row_norm"
+    source = cuda_source(fuse_row_norm(func, hw=load_hardware()))
+    assemble(source, "rms_norm_fp8")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows, width", [(13, 4096), (128, 1021)])
+def test_rmsnorm_with_fp8_quantization_matches_on_the_gpu(rows, width):
+    from tvm_dsm.workloads.generated import _rms_norm_fp8
+
+    import ml_dtypes
+
+    func = _rms_norm_fp8(rows, width, "float16")
+    lib, dev = tvm_dsm.build(func), tvm.cuda(0)
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((rows, width)).astype("float16")
+    w = rng.standard_normal(width).astype("float16")
+    q = tvm.runtime.tensor(np.zeros((rows, width), ml_dtypes.float8_e4m3fn), dev)
+    scale = tvm.runtime.tensor(np.full(rows, np.nan, "float32"), dev)
+    lib(tvm.runtime.tensor(x, dev), tvm.runtime.tensor(w, dev), q, scale)
+    y = x.astype(np.float64) / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + EPS) * w
+    amax = np.abs(y).max(-1)
+    assert np.abs(scale.numpy() - amax / 448) .max() / (amax / 448).max() < 2e-3
+    got = q.numpy().astype(np.float64) * scale.numpy()[:, None]
+    assert np.linalg.norm(got - y) / np.linalg.norm(y) < 0.05  # e4m3 keeps 3 mantissa bits

@@ -194,10 +194,21 @@ class LoadSymbols:
         return table[key]
 
 
-def _state(n: int, which: str, positive: bool = False) -> sympy.Symbol:
-    """Level n's running value before (old) or after (new) a step; ``positive``: a sum of
-    provably positive terms, which the proofs may divide by."""
-    return sympy.Symbol(f"y{n}_{which}", real=True, positive=positive or None)
+def _state(n: int, which: str, sign: str | None = None) -> sympy.Symbol:
+    """Level n's running value before (old) or after (new) a step; ``sign``: "positive" for a
+    sum of provably positive terms, which the proofs may divide by, "nonnegative" for a sum of
+    terms provably >= 0 (a mean square: its running value, from 0 on, is never negative, so
+    ``sqrt(y + eps)`` is positive)."""
+    return sympy.Symbol(f"y{n}_{which}", real=True, positive=(sign == "positive") or None,
+                        nonnegative=(sign in ("positive", "nonnegative")) or None)
+
+
+def _sign(level: Level, f: sympy.Expr) -> str | None:
+    """What the proofs may assume of a sum level's running value (see :func:`_state`): a sum
+    starts at 0, so only the terms' sign matters; a max or min starts at an infinity."""
+    if level.op != "sum":
+        return None
+    return "positive" if f.is_positive else "nonnegative" if f.is_nonnegative else None
 
 
 def prove(group: list[Level]) -> GroupReport:
@@ -205,7 +216,7 @@ def prove(group: list[Level]) -> GroupReport:
     names = [lvl.block for lvl in group]
     approximate = False
     details = []
-    positive: set[int] = set()  # levels summing provably positive terms
+    signs: dict[int, str] = {}  # sum levels of provably positive or nonnegative terms
     rows = len(group[0].spatial)
     for j, level in enumerate(group):
         if len(level.spatial) < rows:
@@ -232,8 +243,8 @@ def prove(group: list[Level]) -> GroupReport:
             approximate = True
         xs = set(symbols.x.values())
         ys = [sympy.Symbol(f"y{d}", real=True) for d in level.deps]
-        new = f.subs({y: _state(int(y.name[1:]), "new", int(y.name[1:]) in positive) for y in ys})
-        old = f.subs({y: _state(int(y.name[1:]), "old", int(y.name[1:]) in positive) for y in ys})
+        new = f.subs({y: _state(int(y.name[1:]), "new", signs.get(int(y.name[1:]))) for y in ys})
+        old = f.subs({y: _state(int(y.name[1:]), "old", signs.get(int(y.name[1:]))) for y in ys})
         if not ys:
             level.form = "plain"
         elif level.op == "sum":
@@ -261,8 +272,8 @@ def prove(group: list[Level]) -> GroupReport:
                 "with H provably positive (the correction would not commute with "
                 f"{level.op})",
             )
-        if level.op == "sum" and f.is_positive:
-            positive.add(j)
+        if (sign := _sign(level, f)) is not None:
+            signs[j] = sign
         split_deps = [group[d].block for d in level.deps if group[d].form == "split"]
         if level.form in ("shift", "rescale") and split_deps:
             return GroupReport(names, False, f"level {level.block} ({level.form}) reads {split_deps}, fused in "

@@ -91,6 +91,7 @@ class RowNorm:
     held: tuple  # buffer Vars [*rows_shape, width]
     stages: tuple  # SBlocks writing out[*rows, k]
     vector: int
+    row_stages: tuple = ()  # SBlocks writing out[*rows] from the levels' results (a quantization scale)
 
     @property
     def rows(self) -> int:
@@ -168,10 +169,17 @@ def find_row_norm(func: tirx.PrimFunc) -> RowNorm:
                     held += [] if any(load.source.same_as(h) for h in held) else [load.source]
                 else:
                     raise ClusterError(f"{level.block} reads {load.source.name}, a row the function computes")
+            elif _column_load(load, level.reduce_var):  # a weight inside the statistic (absmax of x * w)
+                if not any(load.source.same_as(p) for p in params):
+                    raise ClusterError(f"{level.block} reads {load.source.name}, a column the function computes")
             elif any(uses(i, v) for i in load.indices for v in level.spatial) or uses(load, level.reduce_var):
                 raise ClusterError(f"{level.block} reads {load}: a row norm reduces over the last axis of "
                                    f"[*rows, {width}] tensors")
     results = [lvl.output for lvl in levels]
+    row_stages = [b for b in stages if len(b.iter_vars) == len(rows_shape)]
+    stages = [b for b in stages if len(b.iter_vars) != len(rows_shape)]
+    for block in row_stages:
+        _check_row_stage(block, params, results, rows_shape)
     for block in stages:
         _check_stage(block, params, results, held, rows_shape, width)
     if not any(_reads_held(block, held) for block in stages):
@@ -180,7 +188,7 @@ def find_row_norm(func: tirx.PrimFunc) -> RowNorm:
     vector = _LOAD_BYTES // widest
     while width % vector:
         vector //= 2
-    return RowNorm(func, rows_shape, width, tuple(levels), tuple(held), tuple(stages), vector)
+    return RowNorm(func, rows_shape, width, tuple(levels), tuple(held), tuple(stages), vector, tuple(row_stages))
 
 
 def _block(blocks, name: str):
@@ -214,6 +222,22 @@ def _check_stage(block, params, results, held, rows_shape, width) -> None:
         elif any(uses(i, v) for i in load.indices for v in row_vars):
             raise ClusterError(f"{block.name_hint} reads {load}: only the held rows, the levels' results and "
                                "tensors indexed by the last axis alone")
+
+
+def _check_row_stage(block, params, results, rows_shape) -> None:
+    """ClusterError unless ``block`` writes a parameter ``out[*rows]`` from the levels' results
+    of its row alone."""
+    store = block.body
+    variables = [iv.var for iv in block.iter_vars]
+    extents = tuple(int(iv.dom.extent) for iv in block.iter_vars)
+    if not (isinstance(store, tirx.BufferStore) and any(store.buffer.same_as(p) for p in params)
+            and extents == rows_shape and len(store.indices) == len(variables) and indexed_by(store, *variables)):
+        raise ClusterError(f"{block.name_hint}: a stage of the rows' shape {rows_shape} writes out[*rows]")
+    for load in loads(store.value):
+        if not (any(load.source.same_as(r) for r in results) and len(load.indices) == len(variables)
+                and indexed_by(load, *variables)):
+            raise ClusterError(f"{block.name_hint} reads {load}: a stage once a row reads only the levels' "
+                               "results of its row")
 
 
 def _column_load(load, last) -> bool:
@@ -375,10 +399,11 @@ class _KernelBody:
             self.peer = B.sblock_alloc_buffer((1,), "uint32", scope="local")
             self.remote = B.sblock_alloc_buffer((1,), "float32", scope="local")
         self.columns = {}  # tensors read at the element's column (a weight, a bias): a piece each
-        for block in found.stages:
-            for load in loads(block.body.value):
-                if _column_load(load, block.iter_vars[-1].var) and not any(
-                        load.source.same_as(b) for b in self.columns):
+        reads = [(block.body.value, block.iter_vars[-1].var) for block in found.stages]
+        reads += [(level.value, level.reduce_var) for level in found.levels]
+        for value, last in reads:
+            for load in loads(value):
+                if _column_load(load, last) and not any(load.source.same_as(b) for b in self.columns):
                     self.columns[load.source] = B.sblock_alloc_buffer((self.vec,), str(load.source.ty.dtype),
                                                                       scope="local")
         self.outs = [B.sblock_alloc_buffer((self.vec,), str(b.body.buffer.ty.dtype), scope="local")
@@ -410,11 +435,16 @@ class _KernelBody:
                 self._emit_stages(q)
         kept = [(n, p) for n, level in enumerate(found.levels) for p in found.func.params
                 if p.same_as(level.output)]
-        if kept:  # the levels' results the function keeps, once a row
+        if kept or found.row_stages:  # the levels' results the function keeps, and what it computes from them, once a row
             with B.If(tirx.And(self.lane == 0, self.rank == 0)):
                 with B.Then():
                     for n, p in kept:
                         B.buffer_store(p, T.Cast(str(p.ty.dtype), self.stats[n]), self.row)
+                    for block in found.row_stages:
+                        store = block.body
+                        value = self._statistics(store.value)
+                        value = substitute(value, list(zip([iv.var for iv in block.iter_vars], self.row)))
+                        B.buffer_store(store.buffer, value, self.row)
 
     def _emit_wave(self, wave: list[int]) -> None:
         """Levels reading only earlier waves: one pass over the held row, one combine."""
@@ -423,6 +453,7 @@ class _KernelBody:
             B.buffer_store(acc, _identity(levels[n].op), [n])
         for q in range(self.q_count):
             with self._guard(q):
+                self._load_columns(q, [levels[n].value for n in wave])
                 for n in wave:
                     level, op = levels[n], _COMBINE[levels[n].op]
                     terms = [_widen(self._value(level.value, level.spatial, level.reduce_var, q, e))
@@ -462,18 +493,23 @@ class _KernelBody:
             total = _COMBINE[level.op](_widen(level.init), acc[n])
             B.buffer_store(self.stats, _widen(T.Cast(str(level.output.ty.dtype), total)), [n])
 
-    def _emit_stages(self, q: int) -> None:
+    def _load_columns(self, q: int, values: list) -> None:
+        """Piece ``q`` of each column tensor ``values`` read (one vector load each)."""
         column = self._column(q)
         for buf, reg in self.columns.items():
-            with B.vectorized(0, self.vec) as e:
-                B.buffer_store(reg, buf[column + e], [e])
+            if any(load.source.same_as(buf) for value in values for load in loads(value)):
+                with B.vectorized(0, self.vec) as e:
+                    B.buffer_store(reg, buf[column + e], [e])
+
+    def _emit_stages(self, q: int) -> None:
+        self._load_columns(q, [block.body.value for block in self.found.stages])
         for block, out in zip(self.found.stages, self.outs):
             store = block.body
             *row_vars, last = [iv.var for iv in block.iter_vars]
             for e in range(self.vec):
                 B.buffer_store(out, self._value(store.value, row_vars, last, q, e), [e])
             with B.vectorized(0, self.vec) as e:
-                B.buffer_store(store.buffer, out[e], [*self.row, column + e])
+                B.buffer_store(store.buffer, out[e], [*self.row, self._column(q) + e])
 
     def _piece(self, q: int):
         return self.rank * self.slice + q * self.c.threads_per_row + self.lane
@@ -490,6 +526,14 @@ class _KernelBody:
         if self.found.pieces % self.c.ranks:
             conds.append(self._piece(q) < self.found.pieces)
         return _If(tree_reduce(tirx.And, conds) if conds else None)
+
+    def _statistics(self, expr):
+        """``expr`` with the levels' results read from the statistics."""
+        def bind(load):
+            n = next((n for n, lvl in enumerate(self.found.levels) if load.source.same_as(lvl.output)), None)
+            return load if n is None else T.Cast(str(load.source.ty.dtype), self.stats[n])
+
+        return tvm_ffi.structural_map(expr, [(tvm.ir.TensorLoad, bind)])
 
     def _value(self, expr, row_vars, last_var, q: int, e: int):
         """``expr`` at element ``e`` of the thread's piece ``q``: the held rows from registers,
