@@ -7,7 +7,8 @@ legalizes to a matmul that accumulates in 16 bits. :func:`MatmulsAsMatrices` rew
 batch, or the tokens), a matmul accumulated in fp32 (as cuBLAS and PyTorch accumulate a 16-bit
 ``nn.Linear``: rounding only at the end), a cast back, and a reshape to the original shape.
 Relax does not fuse a reshape into a matmul's group, so the matmul reaches TIR as one 2-D GEMM
-with its cast as the epilogue, and the reshapes become views (``RewriteDataflowReshape``).
+with its cast as the epilogue, and the reshapes become views (``RewriteDataflowReshape``). A
+residual add of such a product is made on the matrices too, so it stays in the epilogue.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import math
 
 import tvm
+import tvm_ffi
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.sym import Analyzer
@@ -35,12 +37,38 @@ def _rewritable(call: relax.Call) -> bool:
             and x.ndim >= 2 and w.ndim == 2 and x.shape is not None and out.shape is not None)
 
 
+def _is_op(expr, name: str) -> bool:
+    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name
+
+
 @mutator
 class _Rewriter(PyExprMutator):
+    def __init__(self, mod: tvm.IRModule):
+        super().__init__(mod)
+        #: The 2-D results the pass made (each viewed back in its original shape by a reshape).
+        self.matrices: list[relax.Var] = []
+
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - TVM visitor name
         call = super().visit_call_(call)
-        if not _rewritable(call):
-            return call
+        if _rewritable(call):
+            return self._matrix_product(call)
+        if _is_op(call, "relax.add"):
+            summed = self._matrix_sum(call)
+            return call if summed is None else summed
+        if _is_op(call, "relax.reshape"):  # a view of a product reshaped back to its matrix: the matrix
+            matrix = self._matrix_viewed(call.args[0])
+            if matrix is not None and tvm_ffi.structural_equal(matrix.ty.shape, call.ty.shape):
+                return matrix
+        return call
+
+    def _matrix_viewed(self, expr) -> relax.Var | None:
+        """The pass's 2-D product that ``expr`` (a variable) views in another shape, if any."""
+        view = self.lookup_binding(expr) if isinstance(expr, relax.Var) else None
+        if _is_op(view, "relax.reshape") and any(view.args[0].same_as(m) for m in self.matrices):
+            return view.args[0]
+        return None
+
+    def _matrix_product(self, call: relax.Call) -> relax.Expr:
         x, w = call.args
         lead, depth = list(x.ty.shape.values[:-1]), x.ty.shape.values[-1]
         out_shape = list(call.ty.shape.values)
@@ -49,9 +77,31 @@ class _Rewriter(PyExprMutator):
             x = self.builder_.emit(relax.op.reshape(x, relax.ShapeExpr([rows, depth])))
         product = self.builder_.emit(relax.op.matmul(x, w, out_dtype="float32"))
         result = relax.op.astype(product, call.ty.dtype)
-        if len(lead) > 1:
-            result = relax.op.reshape(self.builder_.emit(result), relax.ShapeExpr(out_shape))
-        return result
+        if len(lead) == 1:
+            return result
+        return self._viewed(self.builder_.emit(result), out_shape)
+
+    def _viewed(self, matrix: relax.Var, shape: list) -> relax.Expr:
+        self.matrices.append(matrix)
+        return relax.op.reshape(matrix, relax.ShapeExpr(shape))
+
+    def _matrix_sum(self, call: relax.Call) -> relax.Expr | None:
+        """A residual add of one of the pass's products (viewed in its original shape) and a
+        tensor of that shape, added as matrices: Relax then fuses the add into the product's
+        epilogue (a reshape between them would end the group)."""
+        for ours, other in (call.args, call.args[::-1]):
+            matrix = self._matrix_viewed(ours)
+            if matrix is None:
+                continue
+            if not (isinstance(other.ty, relax.TensorType) and other.ty.dtype == matrix.ty.dtype
+                    and other.ty.shape is not None and tvm_ffi.structural_equal(other.ty.shape, call.ty.shape)):
+                return None
+            flat = self._matrix_viewed(other)
+            if flat is None:
+                flat = self.builder_.emit(relax.op.reshape(other, matrix.ty.shape))
+            total = self.builder_.emit(relax.op.add(matrix, flat))
+            return self._viewed(total, list(call.ty.shape.values))
+        return None
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.MatmulsAsMatrices")
@@ -62,4 +112,8 @@ def MatmulsAsMatrices(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - 
     for gv, func in mod.functions.items():
         if isinstance(func, relax.Function):
             rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-    return rewriter.builder_.get()
+    # A reshape folded away leaves its product bound to a second name and its view dead: left
+    # in, the extra use would keep Relax from fusing the product's add.
+    cleanup = tvm.transform.Sequential([relax.transform.CanonicalizeBindings(),
+                                        relax.transform.DeadCodeElimination()])
+    return cleanup(rewriter.builder_.get())
