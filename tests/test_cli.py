@@ -14,7 +14,7 @@ from tvm_dsm.bench.roofline import plot, points
 from tvm_dsm.cli import main, parser
 from tvm_dsm.device import gpu_or_reason
 
-SUBCOMMANDS = ("plan", "build", "export", "tune", "bench", "report", "workloads")
+SUBCOMMANDS = ("plan", "build", "export", "tune", "bench", "report", "workloads", "compile-model")
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

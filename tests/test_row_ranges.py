@@ -47,11 +47,10 @@ def test_each_range_gets_its_planned_configuration_and_equal_neighbours_merge():
 
 def test_symbolic_dense_builds_one_kernel_per_range_and_the_cuda_compiles(assemble):
     func = dense(te.var("m"), 4096, 1024, "bfloat16")
-    family, sch = schedule_row_ranges(func, H100)
-    assert family.name == "split_k_gemm"
-    n_ranges = len(range_kernels(func, H100, load_hardware()))
+    kernels, sch = schedule_row_ranges(func, H100)
+    assert {k.family.name for k in kernels} == {"split_k_gemm"}
     source = tvm.compile(sch.mod, target=tvm.target.Target(H100)).mod.imports[0].inspect_source()
-    assert _kernels(source) == n_ranges
+    assert _kernels(source) == len(kernels)
     assert "int m)" in source  # the row count reaches each kernel (stores and tensor maps clip on it)
     assemble(source, "symbolic_dense")
 
@@ -83,8 +82,8 @@ def test_relax_linear_reaches_the_gemm_family_as_an_fp32_accumulated_matrix_prod
     assert len(matmuls) == 1
     (func,) = matmuls
     assert [len(p.ty.shape) for p in func.params] == [2, 2, 2]
-    family, _ = schedule_row_ranges(func, H100)
-    assert family.name == "split_k_gemm"
+    kernels, _ = schedule_row_ranges(func, H100)
+    assert kernels[0].family.name == "split_k_gemm"
 
 
 def test_low_batch_dispatch_branches_over_dlight_rules():
@@ -111,3 +110,36 @@ def test_symbolic_dense_on_the_gpu_at_every_range(rows):
     ref = x.astype("float64") @ w.astype("float64").T
     err = np.linalg.norm(out.numpy().astype("float64") - ref) / np.linalg.norm(ref)
     assert err < 2e-3
+
+
+def _symbolic_rms_norm(width: int = 2048):
+    from tvm import topi
+
+    x = te.placeholder((te.var("m"), 1, width), "float16", name="x")
+    w = te.placeholder((width,), "float16", name="w")
+    return te.create_prim_func([x, w, topi.nn.rms_norm(x, w, axis=[-1], epsilon=1e-5)])
+
+
+def test_a_symbolic_rms_norm_takes_one_row_a_cta_in_every_range(assemble):
+    func = _symbolic_rms_norm()
+    kernels = range_kernels(func, H100, load_hardware())
+    assert {k.family.name for k in kernels} == {"row_norm"}
+    assert all(k.config.rows_per_cta == 1 for k in kernels)
+    source = tvm.compile(schedule_row_ranges(func, H100)[1].mod,
+                         target=tvm.target.Target(H100)).mod.imports[0].inspect_source()
+    assert _kernels(source) == len(kernels)
+    assemble(source, "symbolic_rms_norm")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 16, 17, 300])
+def test_a_symbolic_rms_norm_on_the_gpu(rows):
+    lib, dev = tvm_dsm.build(_symbolic_rms_norm()), tvm.cuda()
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((rows, 1, 2048)).astype("float16")
+    w = rng.standard_normal(2048).astype("float16")
+    out = tvm.runtime.tensor(np.full(x.shape, np.nan, "float16"), dev)
+    lib(tvm.runtime.tensor(x, dev), tvm.runtime.tensor(w, dev), out)
+    x64 = x.astype(np.float64)
+    ref = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + 1e-5) * w
+    assert np.linalg.norm(out.numpy() - ref) / np.linalg.norm(ref) < 2e-3

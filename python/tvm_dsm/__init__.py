@@ -55,6 +55,10 @@ def __getattr__(name: str):
 
         driver = importlib.import_module(".driver", __name__)
         return driver if name == "driver" else getattr(driver, name)
+    if name == "relax_report":
+        from .model_report import relax_report
+
+        return relax_report
     if name == "schedule_dense":
         from .planners.split_k_gemm import schedule_dense
 

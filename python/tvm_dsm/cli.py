@@ -172,6 +172,46 @@ def cmd_report(args) -> None:
             print(f"wrote {path}")
 
 
+def _llama(config: str, target):
+    from tvm_dsm.gpu.llm import MODELS
+    from tvm_dsm.workloads.llama import export_llama
+
+    if config not in MODELS:
+        raise SystemExit(f"tvm-dsm compile-model: llama has no configuration {config!r}; "
+                         f"one of {', '.join(MODELS)}")
+    return export_llama(MODELS[config], target)[0]
+
+
+#: The Relax models ``compile-model`` knows by name: each a function of the configuration's
+#: name and the target, returning the model's IRModule.
+RELAX_MODELS = {"llama": _llama}
+
+
+def cmd_compile_model(args) -> None:
+    from tvm_dsm.model_report import compile_with_report
+
+    if args.model not in RELAX_MODELS:
+        raise SystemExit(f"tvm-dsm compile-model: no model {args.model!r}; one of {', '.join(RELAX_MODELS)}")
+    target = _target(args)
+    start = time.perf_counter()
+
+    def progress(stage: str) -> None:
+        print(f"[{time.perf_counter() - start:6.1f} s] {stage}", flush=True)
+
+    progress(f"exporting {args.model} ({args.model_config}) from relax.frontend.nn")
+    mod = RELAX_MODELS[args.model](args.model_config, target)
+    progress('compiling through the "tvm_dsm" Relax pipeline')
+    compiling = time.perf_counter()
+    executable, report = compile_with_report(mod, target)
+    seconds = time.perf_counter() - compiling
+    print(report.format())
+    print(f"compiled in {seconds:.1f} s")
+    if args.out:
+        progress(f"exporting the library to {args.out}")
+        executable.export_library(args.out)
+        print(f"wrote {args.out}")
+
+
 def cmd_workloads(args) -> None:
     for name, (module, func) in sorted(WORKLOADS.items()):
         builder = getattr(importlib.import_module(f"tvm_dsm.workloads.{module}"), func)
@@ -218,6 +258,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="PNG", help="with FILE: also draw its kernels on the GPU's roofline")
     p.add_argument("--results", default="bench/results", help="results folder (default bench/results)")
     p.add_argument("--out", default="bench/RESULTS.md", help="generated summary (default bench/RESULTS.md)")
+    p = command("compile-model", cmd_compile_model, "compile a Relax model through the tvm_dsm "
+                "pipeline and report each kernel's family and predicted time", function=False)
+    p.add_argument("model", help=f"the model ({', '.join(RELAX_MODELS)})")
+    p.add_argument("--model-config", default="1b", help="its configuration: 1b or tiny (default 1b)")
+    p.add_argument("--out", help="export the compiled library (a .so holding CUDA source) to this path")
+    p.add_argument("--arch", default="sm_90a", help="CUDA architecture (default sm_90a)")
     command("workloads", cmd_workloads, "list the workload builders and their arguments", function=False)
     return top
 

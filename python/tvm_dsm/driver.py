@@ -22,7 +22,7 @@ from tvm.s_tir.schedule.schedule import ScheduleError
 from .device import gpu_or_reason
 from .errors import ClusterError
 from .families import ScheduleFamily, match_family
-from .families.row_ranges import dispatch, range_kernels, row_variable
+from .families.row_ranges import RangeKernel, dispatch, range_kernels, row_variable
 from .hardware import Hardware, load_hardware
 from .intrin import register_all
 from .planners.report import Plan
@@ -190,16 +190,19 @@ def schedule(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None =
 
 
 def schedule_row_ranges(func: tirx.PrimFunc, target=H100,
-                        hw: Hardware | None = None) -> tuple[ScheduleFamily, s_tir.Schedule]:
+                        hw: Hardware | None = None) -> tuple[list[RangeKernel], s_tir.Schedule]:
     """A function whose row count is a variable, scheduled as one kernel per range of rows
-    (:mod:`tvm_dsm.families.row_ranges`), with the family of its first range; ClusterError
-    where a range has no family that takes a symbolic row count."""
+    (:mod:`tvm_dsm.families.row_ranges`), with those ranges' kernels; ClusterError where a
+    range has no family that takes a symbolic row count."""
+    # the families' kernels index in int32 (a template's kernel is built on the narrowed
+    # function, whose variables the branches must share)
+    func = tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({"main": func}))["main"]
     kernels = range_kernels(func, target, hw or load_hardware())
     for kernel in kernels:
         LOG.info("rows up to %s: %s %s", kernel.bound or "any", kernel.family.name, kernel.config)
     # s_tir's checks expect one root block; each range's kernel holds its own
     branches = [(kernel.bound, kernel.func) for kernel in kernels]
-    return kernels[0].family, s_tir.Schedule(dispatch(func, branches), enable_check=False)
+    return kernels, s_tir.Schedule(dispatch(func, branches), enable_check=False)
 
 
 def _record(database: ms.Database | None, func: tirx.PrimFunc,

@@ -17,14 +17,14 @@ the matmul would read ``W`` as ``[k, n]``, which TMA copies cannot stream.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import tvm
 from tvm import relax, tirx
 from tvm.s_tir import meta_schedule as ms
 
-from .driver import H100, schedule, schedule_row_ranges, stock_rules, stock_target
+from .driver import H100, plan, schedule, schedule_row_ranges, stock_rules, stock_target
 from .errors import ClusterError
-from .families import match_family
 from .families.row_ranges import row_variable
 from .hardware import Hardware
 from .relax_chains import FuseGemmChains, merge_elementwise
@@ -38,18 +38,43 @@ FAMILY_ATTR = "tvm_dsm.family"
 CRASH_ATTR = "tvm_dsm.crash"
 
 
+@dataclass(frozen=True)
+class RangeChoice:
+    """The family that schedules a function's rows up to ``bound`` (None: every row count past
+    the ranges before; for a function of constant extents, the one range) and its plan's
+    predicted time (for a symbolic row count, at the range's largest row count)."""
+
+    bound: int | None
+    family: str
+    predicted_us: float
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What :class:`ScheduleTIR` did with one PrimFunc: the family of each range of its rows
+    (``row_variable`` names the symbolic row count, None for constant extents), or, with no
+    ranges, why no family took it (a family's refusal, or its crash)."""
+
+    ranges: tuple[RangeChoice, ...] = ()
+    row_variable: str | None = None
+    reason: str = ""
+
+
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.ScheduleTIR")
 class ScheduleTIR:
     """Schedule every PrimFunc of the module that a tvm-dsm family matches (see the module
     docstring), marked with the family's name (``FAMILY_ATTR``); the others stay unscheduled,
     with the reason logged at debug level. An exception other than a family's refusal
     (ClusterError) is a tvm-dsm bug: raised, or with ``survive_crashes`` logged as a warning
-    with its traceback and recorded on the function (``CRASH_ATTR``), which stays unscheduled."""
+    with its traceback and recorded on the function (``CRASH_ATTR``), which stays unscheduled.
+    ``choices``: a dict to fill with each visited function's :class:`Choice`, by name."""
 
     def __init__(self, target=H100, database: ms.Database | None = None,
-                 hw: Hardware | None = None, survive_crashes: bool = False):
+                 hw: Hardware | None = None, survive_crashes: bool = False,
+                 choices: dict[str, Choice] | None = None):
         self.target, self.database, self.hw = target, database, hw
         self.survive_crashes = survive_crashes
+        self.choices = {} if choices is None else choices
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         updates = {}
@@ -60,27 +85,42 @@ class ScheduleTIR:
             func = tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({"main": func}))["main"]
             func = merge_elementwise(func)
             try:  # a matched family may still refuse (no valid configuration)
-                if row_variable(func) is not None:
-                    family, sch = schedule_row_ranges(func, self.target, self.hw)
-                else:
-                    family, _ = match_family(func, self.target)
-                    sch = schedule(func, self.target, database=self.database, hw=self.hw,
-                                   stock_fallback=False)
+                choice, sch = self._schedule(func)
             except ClusterError as err:
                 LOG.debug("%s: no tvm-dsm family: %s", gv.name_hint, err)
+                self.choices[gv.name_hint] = Choice(reason=str(err))
                 continue
             except Exception as err:  # noqa: BLE001  (a family's bug, re-raised unless told)
                 if not self.survive_crashes:
                     raise
                 LOG.warning("%s: a tvm-dsm family crashed on it; left to dlight", gv.name_hint,
                             exc_info=True)
-                updates[gv] = mod[gv].with_attr(CRASH_ATTR, f"{type(err).__name__}: {err}")
+                crash = f"{type(err).__name__}: {err}"
+                self.choices[gv.name_hint] = Choice(reason=f"tvm-dsm crashed: {crash}")
+                updates[gv] = mod[gv].with_attr(CRASH_ATTR, crash)
                 continue
+            self.choices[gv.name_hint] = choice
             updates[gv] = sch.mod["main"].with_attrs({"tirx.is_scheduled": True,
-                                                      FAMILY_ATTR: family.name})
+                                                      FAMILY_ATTR: choice.ranges[0].family})
         for gv, func in updates.items():
             mod[gv] = func
         return mod
+
+    def _schedule(self, func: tirx.PrimFunc):
+        """``func``'s :class:`Choice` and schedule: one kernel per range of rows for a symbolic
+        row count, else a tuning record's schedule or the planner's best (the prediction is
+        the planner's best either way); ClusterError where no family takes it."""
+        var = row_variable(func)
+        if var is not None:
+            kernels, sch = schedule_row_ranges(func, self.target, self.hw)
+            ranges = (RangeChoice(k.bound, k.family.name, k.predicted_us) for k in kernels)
+            return Choice(tuple(ranges), var.name), sch
+        ranking = plan(func, self.hw, self.target)
+        if self.database is None:
+            sch = ranking.schedule()
+        else:
+            sch = schedule(func, self.target, database=self.database, hw=self.hw, stock_fallback=False)
+        return Choice((RangeChoice(None, ranking.family.name, ranking.best.predicted_us),)), sch
 
 
 def lower_to_tir(mod: tvm.IRModule) -> tvm.IRModule:

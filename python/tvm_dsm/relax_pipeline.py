@@ -13,7 +13,8 @@ GEMV dispatch MLC-LLM adds for decode.
 A family that crashes on a function (a tvm-dsm bug, not a refusal) leaves it to dlight, with a
 warning and its traceback logged. Which function went where is logged at INFO and, for a caller that passes ``coverage={}``
 (``relax.get_pipeline("tvm_dsm", coverage=cov)``), filled into that dict: kernel name to family
-name, ``"dlight"`` or ``"prescheduled"``.
+name, ``"dlight"`` or ``"prescheduled"``; ``choices={}`` is filled with
+:class:`ScheduleTIR`'s choice of each function it saw (:mod:`tvm_dsm.model_report` prints both).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from .driver import stock_rules, stock_target
 from .errors import ClusterError
 from .families.row_ranges import dispatch, row_variable
 from .hardware import Hardware
-from .relax_integration import CRASH_ATTR, FAMILY_ATTR, ScheduleTIR, lower_to_tir
+from .relax_integration import CRASH_ATTR, FAMILY_ATTR, Choice, ScheduleTIR, lower_to_tir
 
 LOG = logging.getLogger("tvm_dsm.relax")
 
@@ -100,25 +101,36 @@ def kernel_coverage(mod: tvm.IRModule, prescheduled: set[str]) -> dict[str, str]
     return dict(sorted(coverage.items()))
 
 
+def schedule_kernels(mod: tvm.IRModule, target: tvm.target.Target,
+                     database: ms.Database | None = None, hw: Hardware | None = None,
+                     choices: dict[str, Choice] | None = None) -> tuple[tvm.IRModule, dict[str, str]]:
+    """The pipeline up to dlight: library dispatch, :func:`lower_to_tir`, :class:`ScheduleTIR`
+    (filling ``choices``); the module and its :func:`kernel_coverage`, logged."""
+    with target:
+        mod = tvm.transform.Sequential(cuda_pipeline.library_dispatch_passes(target))(mod)
+        mod = lower_to_tir(mod)
+        prescheduled = _scheduled(mod)
+        mod = ScheduleTIR(target, database, hw, survive_crashes=True, choices=choices)(mod)
+    taken = kernel_coverage(mod, prescheduled)
+    for name, where in taken.items():
+        LOG.info("%s: %s", name, where)
+    LOG.info("tvm-dsm families scheduled %d of %d kernels",
+             sum(not w.startswith((DLIGHT, PRESCHEDULED)) for w in taken.values()), len(taken))
+    return mod, taken
+
+
 def tvm_dsm_pipeline(database: ms.Database | None = None, hw: Hardware | None = None,
-                     coverage: dict[str, str] | None = None) -> tvm.transform.Pass:
+                     coverage: dict[str, str] | None = None,
+                     choices: dict[str, Choice] | None = None) -> tvm.transform.Pass:
     """The pipeline of the module docstring, for the target ``tvm.compile`` enters
     (``tvm.target.Target.current()``); ``database``: tuning records :class:`ScheduleTIR` prefers
-    to the planner's choice; ``coverage``: a dict to fill with :func:`kernel_coverage`."""
+    to the planner's choice; ``coverage``: a dict to fill with :func:`kernel_coverage`;
+    ``choices``: a dict to fill with :class:`ScheduleTIR`'s choices."""
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.RelaxPipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         target = tvm.target.Target.current(allow_none=False)
-        with target:
-            mod = tvm.transform.Sequential(cuda_pipeline.library_dispatch_passes(target))(mod)
-            mod = lower_to_tir(mod)
-            prescheduled = _scheduled(mod)
-            mod = ScheduleTIR(target, database, hw, survive_crashes=True)(mod)
-        taken = kernel_coverage(mod, prescheduled)
-        for name, where in taken.items():
-            LOG.info("%s: %s", name, where)
-        LOG.info("tvm-dsm families scheduled %d of %d kernels",
-                 sum(not w.startswith((DLIGHT, PRESCHEDULED)) for w in taken.values()), len(taken))
+        mod, taken = schedule_kernels(mod, target, database, hw, choices)
         if coverage is not None:
             coverage.update(taken)
         with stock_target(target):

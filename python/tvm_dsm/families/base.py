@@ -64,6 +64,11 @@ class ScheduleFamily(ABC):
                 return plan
         raise ClusterError(f"{config} is not a valid {self.name} configuration here")
 
+    def for_symbolic_rows(self, config: Any) -> Any:
+        """The configuration nearest ``config`` whose kernel takes a symbolic row count (for a
+        family with ``symbolic_rows``; ``config`` itself where it does)."""
+        return config
+
     @abstractmethod
     def apply(self, func: tirx.PrimFunc, config: Any, hw: Hardware) -> s_tir.Schedule:
         """``func`` scheduled in ``config``, within the limits of the GPU ``hw`` describes."""

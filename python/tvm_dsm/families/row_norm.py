@@ -12,6 +12,8 @@ idle) ranks first: the roofline gives every split of a filled machine the same t
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..hardware import Hardware
 from ..kernels import row_norm as rule
 from ..transform.buffers import buffer_bytes
@@ -22,6 +24,11 @@ from .template_family import TemplateFamily
 class RowNorm(TemplateFamily):
     name = "row_norm"
     template = rule.TEMPLATE
+    symbolic_rows = True  # a row count known when called: one CTA (or cluster) a row
+
+    def for_symbolic_rows(self, config: rule.RowNormConfig) -> rule.RowNormConfig:
+        """One row a CTA: a symbolic row count need not divide into CTAs of several rows."""
+        return dataclasses.replace(config, rows_per_cta=1)
 
     def predict(self, found: rule.RowNorm, config: rule.RowNormConfig, hw: Hardware) -> KernelPlan:
         ctas = found.rows // config.rows_per_cta * config.ranks

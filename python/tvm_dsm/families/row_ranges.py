@@ -13,6 +13,8 @@ Neighbouring ranges whose best configuration is the same share one kernel.
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +23,7 @@ from tvm.s_tir import SBlock, SBlockRealize
 
 from ..errors import ClusterError
 from ..hardware import Hardware
+from ..planners.report import Plan
 from . import match_family
 from .base import ScheduleFamily
 
@@ -35,12 +38,15 @@ ATTEMPTS = 4
 
 @dataclass(frozen=True)
 class RangeKernel:
-    """The kernel of the rows up to ``bound`` (None: every row count past the ranges before)."""
+    """The kernel of the rows up to ``bound`` (None: every row count past the ranges before),
+    with its configuration's predicted time at the range's largest row count (``bound``, or
+    ROWS_BEYOND for the last range)."""
 
     bound: int | None
     family: ScheduleFamily
     config: Any
     func: tirx.PrimFunc
+    predicted_us: float
 
 
 def row_variable(func: tirx.PrimFunc) -> tirx.Var | None:
@@ -87,22 +93,23 @@ def range_kernels(func: tirx.PrimFunc, target: Any, hw: Hardware) -> list[RangeK
         if not family.symbolic_rows:
             raise ClusterError(f"{family.name} (the family of {var.name} = {rows}) schedules constant "
                                f"extents only; {var.name} is symbolic")
-        config, scheduled = _first_that_applies(family, func, family.rank(shape, hw), var, rows, hw)
-        if kernels and kernels[-1].family is family and kernels[-1].config == config:
-            kernels[-1] = RangeKernel(bound, family, config, kernels[-1].func)
+        plan, scheduled = _first_that_applies(family, func, family.rank(shape, hw), var, rows, hw)
+        if kernels and kernels[-1].family is family and kernels[-1].config == plan.config:
+            kernels[-1] = RangeKernel(bound, family, plan.config, kernels[-1].func, plan.predicted_us)
         else:
-            kernels.append(RangeKernel(bound, family, config, scheduled))
+            kernels.append(RangeKernel(bound, family, plan.config, scheduled, plan.predicted_us))
     return kernels
 
 
-def _first_that_applies(family: ScheduleFamily, func: tirx.PrimFunc, plans: list,
-                        var: tirx.Var, rows: int, hw: Hardware) -> tuple[Any, tirx.PrimFunc]:
+def _first_that_applies(family: ScheduleFamily, func: tirx.PrimFunc, plans: list[Plan],
+                        var: tirx.Var, rows: int, hw: Hardware) -> tuple[Plan, tirx.PrimFunc]:
     """The best of the first ATTEMPTS ``plans`` whose configuration schedules ``func`` over a
     symbolic row count, with that schedule's function."""
     refusals = []
     for plan in plans[:ATTEMPTS]:
+        plan = dataclasses.replace(plan, config=family.for_symbolic_rows(plan.config))
         try:
-            return plan.config, family.apply(func, plan.config, hw).mod["main"]
+            return plan, family.apply(func, plan.config, hw).mod["main"]
         except ClusterError as err:
             refusals.append(str(err))
     raise ClusterError(f"{family.name}: none of the {len(refusals)} best configurations for "

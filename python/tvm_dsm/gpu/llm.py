@@ -148,7 +148,7 @@ def _compile_all(configs: list[str], model: str, folder: Path, cuda_graph: bool)
     return done
 
 
-def _errors(got: np.ndarray, ref: np.ndarray) -> dict[str, float]:
+def logit_errors(got: np.ndarray, ref: np.ndarray) -> dict[str, float]:
     """Relative L2 error per row (the worst), and the argmax agreement over the rows whose
     top-2 reference gap exceeds ten times that row's largest error (random weights make
     near-ties common, so raw greedy agreement would not be a fair test)."""
@@ -161,7 +161,7 @@ def _errors(got: np.ndarray, ref: np.ndarray) -> dict[str, float]:
             "argmax_agree_clear": float(agree[clear].mean()) if clear.any() else None}
 
 
-def _reference(config: LlamaConfig, weights, prompts, forced, check_steps: int) -> np.ndarray:
+def torch_reference(config: LlamaConfig, weights, prompts, forced, check_steps: int) -> np.ndarray:
     """fp32 torch logits ``[batch, 1 + check_steps, vocab]``: after the prompt, then after each
     teacher-forced token."""
     import torch
@@ -211,7 +211,7 @@ def _run_config(executable, info: dict, config: LlamaConfig, weights, prompts, f
         for step in range(check_steps):
             token = tvm.runtime.tensor(forced[:batch, step:step + 1].astype(np.int32), dev)
             got.append(session.decode(token).numpy()[:, 0])
-        checks = _errors(np.stack(got, axis=1), reference[:batch])
+        checks = logit_errors(np.stack(got, axis=1), reference[:batch])
         token = tvm.runtime.tensor(forced[:batch, :1].astype(np.int32), dev)
         times = []
         for _ in range(steps):
@@ -296,7 +296,7 @@ def run(args) -> None:
     prompts = rng.integers(0, config.vocab_size, (max(batches), args.prompt))
     forced = rng.integers(0, config.vocab_size, (max(batches), args.check_steps))
     _log("fp32 torch reference")
-    reference = _reference(config, weights, prompts, forced, args.check_steps)
+    reference = torch_reference(config, weights, prompts, forced, args.check_steps)
     save()
 
     for name in args.configs:

@@ -85,7 +85,7 @@ class RowNorm:
     tensors the levels read (held), the element-wise stages, and the 16-byte piece's elements."""
 
     func: tirx.PrimFunc
-    rows_shape: tuple[int, ...]
+    rows_shape: tuple  # extents: ints, or a variable (a batch or token count)
     width: int
     levels: tuple[Level, ...]
     held: tuple  # buffer Vars [*rows_shape, width]
@@ -94,8 +94,12 @@ class RowNorm:
     row_stages: tuple = ()  # SBlocks writing out[*rows] from the levels' results (a quantization scale)
 
     @property
-    def rows(self) -> int:
-        return math.prod(self.rows_shape)
+    def rows(self):
+        return math.prod(self.rows_shape[1:], start=self.rows_shape[0])
+
+    @property
+    def symbolic_rows(self) -> bool:
+        return not all(isinstance(d, int) for d in self.rows_shape)
 
     @property
     def pieces(self) -> int:
@@ -119,11 +123,22 @@ def _bytes(buf) -> int:
     return tvm.DataType(str(buf.ty.dtype)).bits // 8
 
 
+def _extents(values) -> tuple:
+    """Extents as ints, a symbolic one as its expression."""
+    return tuple(int(v) if isinstance(v, tirx.IntImm) else v for v in values)
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    """Whether two tuples of extents are equal (a symbolic extent: the same variable)."""
+    return len(a) == len(b) and all(
+        x == y if isinstance(x, int) and isinstance(y, int) else
+        not isinstance(x, int) and not isinstance(y, int) and x.same_as(y) for x, y in zip(a, b))
+
+
 def _is_row_load(load, row_vars, last_var, rows_shape, width) -> bool:
     """Whether ``load`` reads ``buf[*rows, k]`` of a ``[*rows_shape, width]`` tensor."""
-    shape = tuple(int(d) for d in load.source.ty.shape)
     return (len(load.indices) == len(row_vars) + 1 and indexed_by(load, *row_vars, last_var)
-            and shape == (*rows_shape, width))
+            and _same(_extents(load.source.ty.shape), (*rows_shape, width)))
 
 
 def find_row_norm(func: tirx.PrimFunc) -> RowNorm:
@@ -148,12 +163,14 @@ def find_row_norm(func: tirx.PrimFunc) -> RowNorm:
     if not levels:
         raise ClusterError("no row reductions")
     first = levels[0]
-    rows_shape = tuple(int(iv.dom.extent) for iv in _block(blocks, first.block).iter_vars[:-1])
+    rows_shape = _extents(iv.dom.extent for iv in _block(blocks, first.block).iter_vars[:-1])
+    if not isinstance(first.extent, int):
+        raise ClusterError(f"rows of {first.extent} elements: a row norm holds rows of a constant width")
     width = first.extent
     held: list = []
     for n, level in enumerate(levels):
-        if len(level.spatial) != len(rows_shape) or level.extent != width or tuple(
-                int(iv.dom.extent) for iv in _block(blocks, level.block).iter_vars[:-1]) != rows_shape:
+        if len(level.spatial) != len(rows_shape) or level.extent != width or not _same(
+                _extents(iv.dom.extent for iv in _block(blocks, level.block).iter_vars[:-1]), rows_shape):
             raise ClusterError(f"{level.block} reduces other rows than {first.block}: one row shape and width")
         if str(level.output.ty.dtype) not in _FLOATS:
             raise ClusterError(f"{level.block} is {level.output.ty.dtype}: the statistics are fp16, bf16 or fp32")
@@ -204,9 +221,9 @@ def _check_stage(block, params, results, held, rows_shape, width) -> None:
     levels' results of its row and tensors indexed by ``k`` alone (a weight, a bias)."""
     store = block.body
     variables = [iv.var for iv in block.iter_vars]
-    extents = tuple(int(iv.dom.extent) for iv in block.iter_vars)
+    extents = _extents(iv.dom.extent for iv in block.iter_vars)
     if not (isinstance(store, tirx.BufferStore) and any(store.buffer.same_as(p) for p in params)
-            and extents == (*rows_shape, width) and len(store.indices) == len(variables)
+            and _same(extents, (*rows_shape, width)) and len(store.indices) == len(variables)
             and indexed_by(store, *variables)):
         raise ClusterError(f"{block.name_hint}: after the statistics only element-wise stages writing "
                            f"out[*rows, k] of the rows' shape {(*rows_shape, width)} are taken")
@@ -229,9 +246,9 @@ def _check_row_stage(block, params, results, rows_shape) -> None:
     of its row alone."""
     store = block.body
     variables = [iv.var for iv in block.iter_vars]
-    extents = tuple(int(iv.dom.extent) for iv in block.iter_vars)
+    extents = _extents(iv.dom.extent for iv in block.iter_vars)
     if not (isinstance(store, tirx.BufferStore) and any(store.buffer.same_as(p) for p in params)
-            and extents == rows_shape and len(store.indices) == len(variables) and indexed_by(store, *variables)):
+            and _same(extents, rows_shape) and len(store.indices) == len(variables) and indexed_by(store, *variables)):
         raise ClusterError(f"{block.name_hint}: a stage of the rows' shape {rows_shape} writes out[*rows]")
     for load in loads(store.value):
         if not (any(load.source.same_as(r) for r in results) and len(load.indices) == len(variables)
@@ -256,7 +273,8 @@ def check_config(found: RowNorm, c: RowNormConfig) -> None:
         (c.threads <= _MAX_THREADS, f"{c.threads} threads a CTA: at most {_MAX_THREADS}"),
         (1 <= c.ranks <= MAX_CLUSTER_SIZE, f"a cluster of {c.ranks}: 1 to {MAX_CLUSTER_SIZE} CTAs"),
         (c.ranks == 1 or c.rows_per_cta == 1, "a cluster shares one row a CTA"),
-        (found.rows % c.rows_per_cta == 0, f"{found.rows} rows are not a multiple of rows_per_cta={c.rows_per_cta}"),
+        (c.rows_per_cta == 1 if found.symbolic_rows else found.rows % c.rows_per_cta == 0,
+         f"{found.rows} rows are not a multiple of rows_per_cta={c.rows_per_cta}"),
         (held <= limit, f"each thread would hold {held} B of the row; a CTA of {c.threads} threads holds at "
                         f"most {limit} B a thread in registers"),
     ]

@@ -1,0 +1,115 @@
+"""What the "tvm_dsm" Relax pipeline does with each kernel of a Relax model, one row per PrimFunc
+it produces: the tvm-dsm family that schedules it with its plan's predicted time (for a
+symbolic row count, the family and prediction of each range of rows), or why no family takes it
+and dlight schedules it, or that it arrived scheduled (``nn.llm``'s attention kernels).
+
+The rows come from the pipeline itself (its ``coverage`` and ``choices``), so they say what a
+compile does: :func:`relax_report` runs the pipeline up to dlight, without generating code;
+:func:`compile_with_report` compiles and reports that compile.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import tvm
+from tvm import relax
+
+from .driver import H100
+from .families.row_ranges import ROWS_BEYOND
+from .hardware import Hardware
+from .relax_integration import Choice, RangeChoice
+from .relax_pipeline import DLIGHT, PRESCHEDULED, schedule_kernels, tvm_dsm_pipeline
+
+
+@dataclass(frozen=True)
+class KernelRow:
+    """One PrimFunc: ``where`` it is scheduled (a family's name, ``"dlight"`` or
+    ``"prescheduled"``), the family and prediction of each range of its rows (one range, bound
+    None, for constant extents), and for dlight why no family takes it (its first line
+    printed)."""
+
+    name: str
+    where: str
+    ranges: tuple[RangeChoice, ...] = ()
+    row_variable: str | None = None
+    reason: str = ""
+
+    def format(self, width: int = 0) -> str:
+        """The row as one line, the name padded to ``width``."""
+        return f"{self.name:<{width}}  {self.where}{self._detail()}"
+
+    def _detail(self) -> str:
+        if self.where == DLIGHT:
+            return f": {_first_line(self.reason)}" if self.reason else ""
+        if not self.ranges:
+            return ""
+        if self.row_variable is None:
+            return f"  {self.ranges[0].predicted_us:.1f} us"
+        several = len({r.family for r in self.ranges}) > 1
+        parts = []
+        for previous, r in zip((None, *self.ranges), self.ranges):
+            rows = (f"<= {r.bound}" if r.bound is not None
+                    else f"> {previous.bound}" if previous is not None else "any")
+            at = f" (at {ROWS_BEYOND})" if r.bound is None else ""
+            parts.append(f"{rows}: {r.family + ' ' if several else ''}{r.predicted_us:.1f} us{at}")
+        return f"  {self.row_variable} " + ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class ModelReport:
+    """The rows of every PrimFunc of a compiled model, by name."""
+
+    rows: tuple[KernelRow, ...]
+
+    def counts(self) -> dict[str, int]:
+        """Kernels per ``where``: each family, dlight, prescheduled; most first."""
+        return dict(Counter(row.where for row in self.rows).most_common())
+
+    def format(self) -> str:
+        """One line per kernel, then the kernels per family."""
+        width = max((len(row.name) for row in self.rows), default=0)
+        summary = ", ".join(f"{where} {n}" for where, n in self.counts().items())
+        return "\n".join([*(row.format(width) for row in self.rows),
+                          f"{len(self.rows)} kernels: {summary}"])
+
+
+def model_report(coverage: dict[str, str], choices: dict[str, Choice]) -> ModelReport:
+    """The report of one run of the pipeline, from what it filled into ``coverage`` and
+    ``choices`` (:func:`tvm_dsm.relax_pipeline.tvm_dsm_pipeline`)."""
+    rows = []
+    for name, where in sorted(coverage.items()):
+        choice = choices.get(name, Choice())
+        if choice.ranges:
+            families = dict.fromkeys(r.family for r in choice.ranges)
+            rows.append(KernelRow(name, "/".join(families), choice.ranges, choice.row_variable))
+        elif where == PRESCHEDULED:
+            rows.append(KernelRow(name, PRESCHEDULED))
+        else:
+            rows.append(KernelRow(name, DLIGHT, reason=choice.reason))
+    return ModelReport(tuple(rows))
+
+
+def relax_report(mod: tvm.IRModule, target=H100, hw: Hardware | None = None) -> ModelReport:
+    """The report of the "tvm_dsm" pipeline on ``mod`` (a Relax IRModule before compilation)
+    for ``target``, from the pipeline run up to dlight: no code is generated."""
+    choices: dict[str, Choice] = {}
+    _, coverage = schedule_kernels(mod, tvm.target.Target(target), hw=hw, choices=choices)
+    return model_report(coverage, choices)
+
+
+def compile_with_report(mod: tvm.IRModule, target=H100,
+                        hw: Hardware | None = None) -> tuple[relax.VMExecutable, ModelReport]:
+    """``mod`` compiled for ``target`` through the "tvm_dsm" pipeline, and that compile's
+    report."""
+    coverage: dict[str, str] = {}
+    choices: dict[str, Choice] = {}
+    pipeline = tvm_dsm_pipeline(hw=hw, coverage=coverage, choices=choices)
+    executable = tvm.compile(mod, tvm.target.Target(target), relax_pipeline=pipeline)
+    return executable, model_report(coverage, choices)
+
+
+def _first_line(text: str) -> str:
+    """The first line of ``text``, without the colon that introduces the lines after it."""
+    return next((line.strip() for line in text.splitlines() if line.strip()), "").rstrip(":")

@@ -1,0 +1,68 @@
+"""The per-kernel report of a Relax model through the "tvm_dsm" pipeline (tvm_dsm.relax_report),
+the ``tvm-dsm compile-model`` command that prints it, and the end-to-end LLM tutorial."""
+
+from __future__ import annotations
+
+import pytest
+
+import tvm_dsm
+from conftest import TARGET
+from tvm_dsm.cli import main
+from tvm_dsm.relax_pipeline import DLIGHT, PRESCHEDULED
+from tvm_dsm.workloads.llama import LLAMA_TINY, export_llama
+from tvm_dsm.workloads.relax_models import swiglu_mlp
+
+#: nn.llm's paged-attention kernels, scheduled by nn.llm itself.
+ATTENTION_KERNELS = {"batch_prefill_paged_kv", "batch_decode_paged_kv", "batch_prefill_ragged_kv"}
+
+
+@pytest.fixture(scope="module")
+def tiny_report():
+    return tvm_dsm.relax_report(export_llama(LLAMA_TINY, TARGET)[0], TARGET)
+
+
+def test_every_matmul_of_the_tiny_llama_is_a_split_k_gemm_per_range_of_rows(tiny_report):
+    matmuls = [row for row in tiny_report.rows if row.name.startswith("fused_NT_matmul")]
+    assert matmuls
+    for row in matmuls:
+        assert row.where == "split_k_gemm", row.format()
+        assert row.row_variable in ("batch_size", "seq_len")
+        assert row.ranges[-1].bound is None and all(r.predicted_us > 0 for r in row.ranges)
+        assert f"{row.row_variable} <= {row.ranges[0].bound}: " in row.format()
+
+
+def test_the_attention_kernels_are_prescheduled_and_the_rest_say_why_dlight(tiny_report):
+    where = {row.name: row for row in tiny_report.rows}
+    assert all(where[name].where == PRESCHEDULED for name in ATTENTION_KERNELS)
+    dlight = [row for row in tiny_report.rows if row.where == DLIGHT]
+    assert dlight and all(row.reason for row in dlight)
+    assert all("\n" not in row.format() for row in dlight)  # the reason's first line only
+    text = tiny_report.format()
+    assert text.splitlines()[-1] == (f"{len(tiny_report.rows)} kernels: "
+                                     + ", ".join(f"{w} {n}" for w, n in tiny_report.counts().items()))
+    assert sum(tiny_report.counts().values()) == len(tiny_report.rows)
+
+
+def test_a_model_of_constant_shapes_reports_one_prediction_per_kernel():
+    report = tvm_dsm.relax_report(swiglu_mlp(128, 1024, 512, 256), TARGET)
+    (chain,) = [row for row in report.rows if row.where not in (DLIGHT, PRESCHEDULED)]
+    assert chain.row_variable is None and len(chain.ranges) == 1 and chain.ranges[0].bound is None
+    assert chain.format().endswith(f"{chain.where}  {chain.ranges[0].predicted_us:.1f} us")
+
+
+def test_compile_model_compiles_the_tiny_llama_reports_and_exports(tmp_path, capsys):
+    lib = tmp_path / "llama.so"
+    main(["compile-model", "llama", "--model-config", "tiny", "--out", str(lib)])
+    out = capsys.readouterr().out
+    assert lib.stat().st_size > 0
+    assert "split_k_gemm" in out and "prescheduled" in out and "compiled in" in out
+    with pytest.raises(SystemExit, match="no configuration"):
+        main(["compile-model", "llama", "--model-config", "70b"])
+
+
+def test_llm_tutorial_compiles_the_1b_llama_and_reports_its_kernels(capsys):
+    from conftest import run_tutorial
+
+    out = run_tutorial("llm_end_to_end", capsys)
+    assert "split_k_gemm" in out and "prescheduled" in out and "compiled in" in out
+    assert "ms/step" in out or "compiled and reported above" in out
