@@ -15,6 +15,7 @@ from tvm import relax
 from conftest import TARGET, kernels
 from tvm_dsm.driver import stock_target
 from tvm_dsm.relax_pipeline import DLIGHT, PRESCHEDULED
+from tvm_dsm.relax_matmuls import MatmulsAsMatrices
 from tvm_dsm.workloads.llama import (LLAMA_TINY, LlamaSession, export_llama, random_weights,
                                      reference_logits)
 
@@ -91,10 +92,26 @@ def test_tvm_dsm_pipeline_schedules_every_kernel_and_reports_each(tvm_dsm_schedu
 
 
 def test_no_tvm_dsm_family_crashes_on_the_model(tvm_dsm_scheduled):
-    """The model's functions have symbolic batch and sequence lengths: every family refuses
-    them by name (no crash), and dlight schedules them."""
+    """The model's functions have symbolic batch and sequence lengths: a family takes them or
+    refuses them by name (no crash), and dlight schedules the rest."""
     _, coverage, _ = tvm_dsm_scheduled
     assert not [name for name, where in coverage.items() if "crashed" in where]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_every_linear_layer_and_rms_norm_gets_a_tvm_dsm_kernel(dtype):
+    import dataclasses
+
+    mod, _ = export_llama(dataclasses.replace(LLAMA_TINY, dtype=dtype), TARGET)
+    coverage: dict[str, str] = {}
+    with TARGET:
+        relax.get_pipeline("tvm_dsm", coverage=coverage)(mod)
+    matmuls = {name: where for name, where in coverage.items() if "matmul" in name}
+    norms = {name: where for name, where in coverage.items() if name.startswith("rms_norm")}
+    assert len(matmuls) >= 4 and set(matmuls.values()) == {"split_k_gemm"}
+    assert len(norms) == 2 and set(norms.values()) == {"row_norm"}  # decode and prefill
+    # the residual adds run in the output and down projections' epilogues
+    assert sum(name.endswith(("_add", "_add1")) for name in matmuls) >= 2
 
 
 def test_tvm_default_pipeline_compiles_the_model_for_the_h100(tiny_cuda):
@@ -106,10 +123,15 @@ def test_tvm_default_pipeline_compiles_the_model_for_the_h100(tiny_cuda):
     assert any("matmul" in name for name in names)
 
 
-def test_tiny_prefill_and_decode_logits_match_float64_on_cpu():
-    """Two sequences of 9 tokens prefilled together, then one decode step each."""
+@pytest.mark.parametrize("as_matrices", [False, True])
+def test_tiny_prefill_and_decode_logits_match_float64_on_cpu(as_matrices):
+    """Two sequences of 9 tokens prefilled together, then one decode step each; also with the
+    model's matmuls rewritten as fp32-accumulated matrices (tvm_dsm.relax_matmuls), residual
+    adds and reshapes folded."""
     config = LLAMA_TINY
     mod, names = export_llama(config, {"kind": "llvm"})
+    if as_matrices:
+        mod = MatmulsAsMatrices(mod)
     executable = tvm.compile(mod, tvm.target.Target({"kind": "llvm"}), tir_pipeline="s_tir_stock")
     weights = random_weights(config)
     session = LlamaSession(executable, tvm.cpu(), weights, names, config, max_batch_size=2,

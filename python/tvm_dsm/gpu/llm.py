@@ -31,6 +31,7 @@ step, so a job cut short leaves what it measured.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import subprocess
@@ -45,7 +46,7 @@ import numpy as np
 from ..bench.results import git_sha
 from ..workloads.llama import LLAMA_1B, LLAMA_TINY, LlamaConfig
 
-MODELS = {"1b": LLAMA_1B, "tiny": LLAMA_TINY}
+MODELS = {"1b": LLAMA_1B, "1b_bf16": dataclasses.replace(LLAMA_1B, dtype="bfloat16"), "tiny": LLAMA_TINY}
 CONFIGS = ("tvm_default", "tvm_mlc", "tvm_dsm")
 #: Seconds one configuration's compile process may take.
 COMPILE_TIMEOUT_S = 300

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import ml_dtypes
 import numpy as np
 import tvm
 from tvm import relax
@@ -210,10 +211,15 @@ def parameter_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def numpy_dtype(dtype: str):
+    """The numpy type of a model type (bfloat16 through ml_dtypes)."""
+    return ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+
+
 def random_weights(config: LlamaConfig, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random float32 weights (already rounded to fp16, so the model and a float reference read
-    the same values): projections with standard deviation 1/sqrt(fan-in), so activations keep
-    their scale through the layers; norm weights near 1."""
+    """Random float32 weights (already rounded to the model's type, so the model and a float
+    reference read the same values): projections with standard deviation 1/sqrt(fan-in), so
+    activations keep their scale through the layers; norm weights near 1."""
     rng = np.random.default_rng(seed)
     weights = {}
     for name, shape in parameter_shapes(config).items():
@@ -223,7 +229,7 @@ def random_weights(config: LlamaConfig, seed: int = 0) -> dict[str, np.ndarray]:
             w = rng.standard_normal(shape)
         else:
             w = rng.standard_normal(shape) / np.sqrt(shape[1])
-        weights[name] = w.astype(np.float16).astype(np.float32)
+        weights[name] = w.astype(numpy_dtype(config.dtype)).astype(np.float32)
     return weights
 
 
@@ -286,7 +292,7 @@ class LlamaSession:
                  prefill_chunk_size: int, page_size: int = 16):
         self.vm = relax.VirtualMachine(executable, device)
         self.device, self.config = device, config
-        self.params = [tvm.runtime.tensor(weights[n].astype(config.dtype), device) for n in names]
+        self.params = [tvm.runtime.tensor(weights[n].astype(numpy_dtype(config.dtype)), device) for n in names]
         shape = tvm.runtime.ShapeTuple
         self.cache = self.vm["create_tir_paged_kv_cache"](
             shape([max_batch_size]), shape([max_total_seq_len]), shape([prefill_chunk_size]),
