@@ -3,8 +3,8 @@ analytical model as the cost model.
 
 ``PlannedSpace`` gives a tuning task the planner's ``top`` configurations of the family the
 function belongs to (:mod:`tvm_dsm.families`), each a complete schedule whose trace records its
-tiles and cluster as concrete instructions and its predicted time as an annotation of the root
-block. ``PlanCostModel`` scores candidates by that prediction, so MetaSchedule's search measures
+tiles and cluster as concrete instructions, its predicted time and its configuration
+(:mod:`~tvm_dsm.meta_schedule.candidate_config`) as annotations of the root block. ``PlanCostModel`` scores candidates by that prediction, so MetaSchedule's search measures
 the best-predicted first. (The chain and GEMM spaces are not per-parameter ``sample_*``
 decisions: their validity couples the parameters, e.g. shared memory, so a free product of
 decisions would build invalid kernels; the split-K reduction's, whose parameters are independent,
@@ -28,6 +28,7 @@ from tvm.s_tir import meta_schedule as ms
 from ..driver import plan
 from ..hardware import Hardware, load_hardware
 from ..rules.unfused_chain import UnfusedChainConfig
+from .candidate_config import annotate_config
 from .cost_model import AnalyticalScores
 from ..annotations import PREDICTED_US_KEY
 
@@ -54,6 +55,7 @@ class PlannedSpace(ms.space_generator.PySpaceGenerator):
         for rank, candidate in replayable[: self.top]:
             sch = ranking.schedule(rank)
             sch.annotate(sch.get_sblock("root"), PREDICTED_US_KEY, float(candidate.predicted_us))
+            annotate_config(sch, candidate.config)
             spaces.append(sch)
         return spaces
 

@@ -1,0 +1,68 @@
+"""Tuning a Relax model's tasks with MetaSchedule, every task in a design space that has one:
+a task a tvm-dsm family takes in :class:`~tvm_dsm.meta_schedule.PlannedSpace`, any other
+(softmax, a transpose, ...) in TVM's default CUDA design space, with one log line saying why.
+MetaSchedule's own ``tune_relax`` takes one space for every task, so ``PlannedSpace`` alone would
+abort on the first task no family covers."""
+
+from __future__ import annotations
+
+import logging
+
+import tvm
+from tvm.s_tir import meta_schedule as ms
+
+from ..errors import ClusterError
+from ..families import match_family
+from ..hardware import Hardware, load_hardware
+from .learned_cost_model import LearnedPlanModel
+from .planned_space import PlannedSpace
+
+logger = logging.getLogger(__name__)
+
+#: The GPU target tuning defaults to: MetaSchedule's CUDA rules read its shared-memory and
+#: thread limits.
+H100_TAG = "nvidia/nvidia-h100"
+#: TVM's default design space for the target's kind (its CUDA schedule rules, postprocessors
+#: and mutators).
+DEFAULT_SPACE = "post-order-apply"
+
+
+def task_space(name: str, func: tvm.tirx.PrimFunc, target: tvm.target.Target, top: int,
+               hw: Hardware) -> ms.SpaceGenerator | str:
+    """``PlannedSpace`` where a family takes ``func``, else TVM's default space (logged)."""
+    try:
+        match_family(func, target)
+    except ClusterError as err:
+        logger.info("task %s: no tvm-dsm family applies (%s); TVM's default CUDA design space",
+                    name, " ".join(str(err).split()))
+        return DEFAULT_SPACE
+    return PlannedSpace(top, hw)
+
+
+def tuning_contexts(mod: tvm.IRModule, work_dir: str, target=H100_TAG, params=None, top: int = 8,
+                    hw: Hardware | None = None, strategy: str = "evolutionary",
+                    seed: int | None = None) -> tuple[list[ms.TuneContext], list[float]]:
+    """The tuning contexts of ``mod``'s tasks and their weights, each with its space."""
+    target, hw = tvm.target.Target(target), hw or load_hardware()
+    contexts, weights = [], []
+    for task in ms.relax_integration.extract_tasks(mod, target, params):
+        space = task_space(task.task_name, task.dispatched[0]["main"], target, top, hw)
+        made, weight = ms.relax_integration.extracted_tasks_to_tune_contexts(
+            [task], work_dir, space=space, strategy=strategy, seed=seed)
+        contexts += made
+        weights += weight
+    return contexts, weights
+
+
+def tune_relax(mod: tvm.IRModule, work_dir: str, max_trials_global: int, *, target=H100_TAG,
+               params=None, top: int = 8, hw: Hardware | None = None, builder="local", runner="local",
+               cost_model: ms.CostModel | None = None, num_trials_per_iter: int = 64,
+               seed: int | None = None) -> ms.Database:
+    """Tune every task of ``mod`` (see :func:`tuning_contexts`) with the learned cost model
+    (:class:`~tvm_dsm.meta_schedule.LearnedPlanModel`) unless another is given; returns the
+    database."""
+    hw = hw or load_hardware()
+    contexts, weights = tuning_contexts(mod, work_dir, target, params, top, hw, seed=seed)
+    return ms.tune.tune_tasks(tasks=contexts, task_weights=weights, work_dir=work_dir,
+                              max_trials_global=max_trials_global, num_trials_per_iter=num_trials_per_iter,
+                              builder=builder, runner=runner, cost_model=cost_model or LearnedPlanModel(hw))
