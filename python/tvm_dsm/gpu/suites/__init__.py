@@ -16,6 +16,7 @@ from .decode import decode, decode_picks
 from .generality import generality, symbolic_rows
 from .generated import generated
 from .norms import norms
+from .real_shapes import real_shapes
 from .gemm import GEMM_SHAPES, fp8, gated, gemm, gemm_large_m, gemm_m, layer_shapes, lm_head
 from .reductions import collectives, split_k
 
@@ -34,7 +35,8 @@ SUITES = {
     "gemm": gemm, "gemm_m": gemm_m, "gated": gated, "gemm_large_m": gemm_large_m, "fp8": fp8,
     "lm_head": lm_head, "chains": chains, "chains_m": chains_m, "conv_chains": conv_chains,
     "attention": attention, "attention_forms": attention_forms, "generality": generality,
-    "generated": generated, "norms": norms, "symbolic_rows": symbolic_rows, **EXPERIMENTS,
+    "generated": generated, "norms": norms, "real_shapes": real_shapes, "symbolic_rows": symbolic_rows,
+    **EXPERIMENTS,
 }
 
 __all__ = ["CHAINS", "EXPERIMENTS", "GEMM_SHAPES", "SUITES", "SWIGLUS", "Variant", "layer_shapes"]
