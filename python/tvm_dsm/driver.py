@@ -142,7 +142,7 @@ def build(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None = No
           hw: Hardware | None = None) -> tvm.runtime.Module:
     """A runnable module for ``func``: the fastest schedule ``database`` recorded for it, else
     the planner's best that lowers (of its BUILD_ATTEMPTS best, each refusal logged), else (no
-    family applies) TVM's stock GPU schedule; ClusterError for a function that sorts on the host
+    family applies, or none of those plans lowers) TVM's stock GPU schedule; ClusterError for a function that sorts on the host
     (:mod:`tvm_dsm.transform.host_sorts`)."""
     target = tvm.target.Target(target)
     refuse_host_sorts(func)
@@ -166,8 +166,10 @@ def build(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None = No
         except ClusterError as err:
             LOG.warning("tvm-dsm's plan #%d does not lower: %s", rank + 1, err)
             refusals.append(err)
-    raise ClusterError(f"none of tvm-dsm's {len(refusals)} best plans lowers; the last: "
-                       f"{refusals[-1] if refusals else 'no plan'}")
+    reason = ClusterError(f"none of tvm-dsm's {len(refusals)} best plans lowers; the last: "
+                          f"{refusals[-1] if refusals else 'no plan'}")
+    LOG.warning("%s; TVM's stock schedule instead", reason)
+    return tvm.compile(_fallback_schedule(func, target, reason, hw).mod, target=target)
 
 
 def schedule(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None = None,
