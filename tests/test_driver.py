@@ -4,6 +4,7 @@ round trip (a scripted runner here; the real one on the GPU)."""
 from __future__ import annotations
 
 import logging
+import tempfile
 
 import numpy as np
 import pytest
@@ -83,7 +84,8 @@ def test_tune_measures_a_generated_kernel_without_recording_it(tmp_path):
     """A fused cascade's kernel is generated, not a trace of the function: tune times it but
     commits no record (one could not replay), and build still takes the planner's choice."""
     func = cascades.moe_routing(256, 1024, 8)
-    measured = tvm_dsm.tune(func, str(tmp_path), top_k=3, runner=_ScriptedRunner())
+    measured = tvm_dsm.tune(func, str(tmp_path), top_k=3, builder=InProcessBuilder(),
+                            runner=_ScriptedRunner())
     assert len(measured) == 1 and measured[0].measured_us is not None
     database = ms.database.JSONDatabase(work_dir=str(tmp_path))
     assert len(database) == 0
@@ -161,6 +163,23 @@ class _ScriptedFuture(ms.runner.PyRunnerFuture):
 
 
 @derived_object
+class InProcessBuilder(ms.builder.PyBuilder):
+    """Builds candidates in the test's own process: MetaSchedule's LocalBuilder starts worker
+    processes that each import TVM and tvm-dsm again (tens of seconds on the CI machine)."""
+
+    def build(self, build_inputs):
+        results = []
+        for build_input in build_inputs:
+            try:
+                path = tempfile.mkdtemp(prefix="tvm_dsm_candidate_") + "/candidate.so"
+                tvm.compile(build_input.mod, target=build_input.target).export_library(path)
+                results.append(ms.builder.BuilderResult(path, None))
+            except Exception as err:  # noqa: BLE001  (a candidate's failure is its result)
+                results.append(ms.builder.BuilderResult(None, str(err)))
+        return results
+
+
+@derived_object
 class _ScriptedRunner(ms.runner.PyRunner):
     """Reports the later candidates as faster, so the database must overrule the planner."""
 
@@ -170,7 +189,8 @@ class _ScriptedRunner(ms.runner.PyRunner):
 
 def test_tune_records_measurements_and_build_uses_the_fastest(tmp_path):
     func = gemm_chain(*CHAIN, "relu")
-    measured = tvm_dsm.tune(func, str(tmp_path), top_k=3, runner=_ScriptedRunner())
+    measured = tvm_dsm.tune(func, str(tmp_path), top_k=3, builder=InProcessBuilder(),
+                            runner=_ScriptedRunner())
     assert [m.rank for m in measured] == [2, 1, 0]
     assert all(m.error == "" for m in measured)
     assert measured[0].measured_us == pytest.approx(1e3 / 3)

@@ -74,7 +74,7 @@ def test_cost_model_ranks_candidates_by_the_analytical_model():
 def test_planned_space_tunes_a_fused_chain_through_tune_tir(tmp_path):
     """Any family's pruned space inside MetaSchedule's own tuning loop: distinct top-predicted
     schedules measured (a scripted runner here) and recorded; the cost model follows the plan."""
-    from test_driver import CHAIN, _ScriptedRunner
+    from test_driver import CHAIN, InProcessBuilder, _ScriptedRunner
 
     from tvm_dsm.meta_schedule import PlanCostModel, PlannedSpace
     from tvm_dsm.meta_schedule.planned_space import predicted_us
@@ -90,7 +90,8 @@ def test_planned_space_tunes_a_fused_chain_through_tune_tir(tmp_path):
     database = ms.tir_integration.tune_tir(
         mod, target={"kind": "cuda", "arch": "sm_90a"}, work_dir=str(tmp_path),
         max_trials_global=4, num_trials_per_iter=4, space=PlannedSpace(top=4),
-        strategy="evolutionary", cost_model=PlanCostModel(), runner=_ScriptedRunner())
+        strategy="evolutionary", cost_model=PlanCostModel(), builder=InProcessBuilder(),
+        runner=_ScriptedRunner())
     records = database.get_all_tuning_records()
     measured = {predicted_us(ms.database.TuningRecord.as_measure_candidate(r).sch.mod) for r in records}
     assert measured == set(predictions)
