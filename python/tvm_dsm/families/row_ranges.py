@@ -93,21 +93,26 @@ def range_kernels(func: tirx.PrimFunc, target: Any, hw: Hardware) -> list[RangeK
         if not family.symbolic_rows:
             raise ClusterError(f"{family.name} (the family of {var.name} = {rows}) schedules constant "
                                f"extents only; {var.name} is symbolic")
-        plan, scheduled = _first_that_applies(family, func, family.rank(shape, hw), var, rows, hw)
-        if kernels and kernels[-1].family is family and kernels[-1].config == plan.config:
-            kernels[-1] = RangeKernel(bound, family, plan.config, kernels[-1].func, plan.predicted_us)
+        previous = kernels[-1] if kernels and kernels[-1].family is family else None
+        plan, scheduled = _first_that_applies(family, func, family.rank(shape, hw), var, rows, hw, previous)
+        if previous is not None and previous.config == plan.config:
+            kernels[-1] = RangeKernel(bound, family, plan.config, previous.func, plan.predicted_us)
         else:
             kernels.append(RangeKernel(bound, family, plan.config, scheduled, plan.predicted_us))
     return kernels
 
 
 def _first_that_applies(family: ScheduleFamily, func: tirx.PrimFunc, plans: list[Plan],
-                        var: tirx.Var, rows: int, hw: Hardware) -> tuple[Plan, tirx.PrimFunc]:
+                        var: tirx.Var, rows: int, hw: Hardware,
+                        previous: RangeKernel | None) -> tuple[Plan, tirx.PrimFunc]:
     """The best of the first ATTEMPTS ``plans`` whose configuration schedules ``func`` over a
-    symbolic row count, with that schedule's function."""
+    symbolic row count, with that schedule's function: the ``previous`` range's, not scheduled
+    again, where its configuration comes first."""
     refusals = []
     for plan in plans[:ATTEMPTS]:
         plan = dataclasses.replace(plan, config=family.for_symbolic_rows(plan.config))
+        if previous is not None and previous.config == plan.config:
+            return plan, previous.func
         try:
             return plan, family.apply(func, plan.config, hw).mod["main"]
         except ClusterError as err:

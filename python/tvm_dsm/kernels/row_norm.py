@@ -545,11 +545,18 @@ class _KernelBody:
             conds.append(self._piece(q) < self.found.pieces)
         return _If(tree_reduce(tirx.And, conds) if conds else None)
 
+    def _statistic(self, load):
+        """A load of a level's result, read from the statistics; None for any other load."""
+        for n, level in enumerate(self.found.levels):
+            if load.source.same_as(level.output):
+                return T.Cast(str(level.output.ty.dtype), self.stats[n])
+        return None
+
     def _statistics(self, expr):
         """``expr`` with the levels' results read from the statistics."""
         def bind(load):
-            n = next((n for n, lvl in enumerate(self.found.levels) if load.source.same_as(lvl.output)), None)
-            return load if n is None else T.Cast(str(load.source.ty.dtype), self.stats[n])
+            statistic = self._statistic(load)
+            return load if statistic is None else statistic
 
         return tvm_ffi.structural_map(expr, [(tvm.ir.TensorLoad, bind)])
 
@@ -563,9 +570,9 @@ class _KernelBody:
             for h, reg in zip(found.held, self.regs):
                 if load.source.same_as(h) and _is_row_load(load, row_vars, last_var, found.rows_shape, found.width):
                     return reg[q * self.vec + e]
-            for n, level in enumerate(found.levels):
-                if load.source.same_as(level.output):
-                    return T.Cast(str(level.output.ty.dtype), self.stats[n])
+            statistic = self._statistic(load)
+            if statistic is not None:
+                return statistic
             for buf, reg in self.columns.items():
                 if load.source.same_as(buf) and _column_load(load, last_var):
                     return reg[e]
