@@ -157,3 +157,41 @@ def test_derived_paths_of_latest_and_archived_files():
     assert results.derived_path("a/archive/chains.json", "summary").name == "chains_summary.json"
     assert results.plot_path("a/archive/chains.json").name == "chains.png"
     assert results.source_name("bench/results/gemm/latest.json") == "gemm/latest.json"
+
+
+def test_class_summary_reproduces_the_committed_real_shapes_summary():
+    import json
+
+    from tvm_dsm.bench.class_summary import summarise
+
+    folder = RESULTS / "real_shapes"
+    summary = summarise(json.loads((folder / "latest.json").read_text()))
+    committed = json.loads((folder / "summary.json").read_text())
+    assert {k: v for k, v in committed.items() if k != "source"} == {k: v for k, v in summary.items() if k != "source"}
+    assert set(summary["classes"]) == {"attention", "dense", "norm", "swiglu"}
+
+
+def test_class_summary_counts_slow_rows_and_leaves_wrong_ones_out():
+    from tvm_dsm.bench.class_summary import summarise
+
+    suite = results.new_suite("demo", "cpu", {"tvm": "x"}, "none")
+    suite["rows"] += [
+        {"name": "a", "ok": True, "rel_err": 0.0, "class": "dense", "m": 1, "ours_us": 2.0, "peers": {"t": 4.0}},
+        {"name": "b", "ok": True, "rel_err": 0.0, "class": "dense", "m": 1, "ours_us": 4.0, "peers": {"t": 2.0, "u": 3.0}},
+        {"name": "c", "ok": False, "rel_err": 1.0, "class": "dense", "m": 8, "ours_us": 1.0, "peers": {"t": 9.0}},
+    ]
+    dense = summarise(suite)["classes"]["dense"]
+    assert dense["rows"] == 2 and abs(dense["geomean"] - 1.0) < 1e-12
+    assert dense["below"] == ["b"] and dense["worst"] == {"name": "b", "ratio": 0.5}
+    assert summarise(suite)["not_ok"] == ["c"]
+
+
+def test_a_sanitizer_sample_spreads_over_every_class():
+    from tvm_dsm.gpu.sanitize import stratified_sample
+
+    kernels = [{"name": f"{c}_{i}", "extra": {"class": c}} for c in "abc" for i in range(10 if c == "a" else 3)]
+    picked = stratified_sample(kernels, 7)
+    classes = [k["extra"]["class"] for k in picked]
+    assert {c: classes.count(c) for c in "abc"} == {"a": 3, "b": 2, "c": 2}  # round robin
+    assert stratified_sample(kernels, 7) == picked  # seeded
+    assert len(stratified_sample(kernels, 100)) == len(kernels)

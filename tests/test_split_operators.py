@@ -11,6 +11,8 @@ from tvm import te
 import tvm_dsm
 from tvm_dsm.gpu.suites.generality import FFNS, dense, ffn
 from tvm_dsm.transform.split_operators import merge_operators, split_operators
+from tvm_dsm.workloads.chains import swiglu_ffn
+from tvm_dsm.workloads.norms import topi_norm
 
 
 @pytest.mark.parametrize("rows", [24, te.var("m")], ids=["constant_rows", "symbolic_rows"])
@@ -66,3 +68,17 @@ def test_decode_batch_dense_takes_the_gemm_family_with_rows_padded_inside(m):
 def test_an_ffn_of_symbolic_rows_builds_per_operator():
     source = tvm_dsm.build(ffn(te.var("m"), 1024, 512, 256, "float16", False), TARGET).mod.imports[0].inspect_source()
     assert source.count("__global__") >= 4  # at least one kernel per GEMM, declared and defined
+
+
+def test_matmuls_are_told_from_reductions_of_one_tensor():
+    assert [op.matmul for op in split_operators(swiglu_ffn(1, 256, 128, 128))] == [True, True, True]
+    assert not any(op.matmul for op in split_operators(topi_norm("layer_norm", 4, 64, "float16")))
+
+
+def test_a_single_row_swiglu_chain_takes_a_gemv_per_matmul_not_a_thread_per_output():
+    """No chain plan takes M = 1, and dlight's only schedule for the whole function is its
+    Fallback rule (every output element a thread, its K loop serial: 13 ms on the GPU where the
+    operators take 40 us): each matmul is scheduled as an operator of its own."""
+    source = tvm_dsm.build(swiglu_ffn(1, 8192, 2048, 2048), TARGET).mod.imports[0].inspect_source()
+    assert source.count("__global__") >= 6  # a kernel per GEMM, declared and defined
+    assert "__shfl" in source  # the GEMV's warp reductions

@@ -224,17 +224,30 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
     such as the split-K GEMM's at any M, N and K, else dlight's; dlight's only without
     ``families``); else ClusterError with the reasons."""
     LOG.info("tvm-dsm falls back from its families: %s", reason)
-    try:
-        return stock_schedule(func, target)
-    except ScheduleError as err:  # raised inside a dlight rule
-        whole = str(err).strip().splitlines()[-1]
-    operators = split_operators(func)
+    operators = _operators(func)
+    if sum(op.matmul for op in operators) >= 2:
+        # dlight "schedules" two GEMMs in one function only with its Fallback rule: a thread an
+        # output element, the whole K loop serial in it (an M = 1 SwiGLU chain: 13 ms, not 37 us)
+        whole = "two or more matmuls in one function: dlight's only schedule is a thread per output"
+    else:
+        try:
+            return stock_schedule(func, target)
+        except ScheduleError as err:  # raised inside a dlight rule
+            whole = str(err).strip().splitlines()[-1]
     if len(operators) < 2:
         raise ClusterError(f"neither tvm-dsm nor TVM's stock schedules (dlight) can schedule "
                            f"this function. tvm-dsm: {reason}\ndlight: {whole}")
     LOG.info("scheduling its %d operators one by one (dlight: %s)", len(operators), whole)
     return _merged(func, [schedule(op.func, target, hw=hw) if families else stock_schedule(op.func, target)
                           for op in operators])
+
+
+def _operators(func: tirx.PrimFunc) -> list:
+    """``func``'s operators (:func:`split_operators`), none where it is not in that form."""
+    try:
+        return split_operators(func)
+    except ClusterError:
+        return []
 
 
 def _merged(func: tirx.PrimFunc, scheduled: list[s_tir.Schedule]) -> s_tir.Schedule:

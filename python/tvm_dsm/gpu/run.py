@@ -114,6 +114,10 @@ def peer_steps(kernel: dict, sets: list[list[torch.Tensor]], peers: list[str]) -
 
     contenders = {"torch_eager": eager}
     if "torch_compile" in peers:
+        # A fresh dynamo state per kernel: otherwise the shared ``eager`` code object reaches
+        # dynamo's recompile limit after a few shapes (silently running eager from then on),
+        # and the second shape is already compiled with symbolic sizes.
+        torch._dynamo.reset()
         contenders["torch_compile"] = torch.compile(eager)
     if "torch_sdpa" in peers:
         contenders["torch_sdpa"] = lambda *inputs: reference.torch_sdpa(*inputs, **kwargs)

@@ -1,6 +1,6 @@
 """compute-sanitizer over exported kernels: memcheck, racecheck, synccheck and initcheck.
 
-``python -m tvm_dsm.gpu.sanitize FOLDER --out sanitizer.json [--tools ...] [--only NAME ...]``
+``python -m tvm_dsm.gpu.sanitize FOLDER --out sanitizer.json [--tools ...] [--only NAME ...] [--sample N]``
 (on the GPU machine; FOLDER from ``python -m tvm_dsm.gpu.picks sanitizer`` or
 :mod:`tvm_dsm.gpu.export`). The kernels' CUDA (exported beside each library) is compiled once up
 front with :mod:`tvm_dsm.compile_options`; then each kernel x tool runs in its own process,
@@ -110,6 +110,25 @@ def sanitize_one(folder: Path, name: str, binary: Path, tool: str, timeout: int)
             "ok": bool(reached and errors == 0 and not timed_out)}
 
 
+def stratified_sample(kernels: list[dict], count: int, seed: int = 0) -> list[dict]:
+    """``count`` kernels spread evenly over the manifest's op classes (``extra.class``), seeded:
+    a sanitizer sample of a generated suite covers every class, not only the first ones."""
+    import random
+
+    by_class: dict[str, list[dict]] = {}
+    for k in kernels:
+        by_class.setdefault(str(k.get("extra", {}).get("class")), []).append(k)
+    rng = random.Random(seed)
+    for members in by_class.values():
+        rng.shuffle(members)
+    picked: list[dict] = []
+    while len(picked) < min(count, len(kernels)):
+        for members in by_class.values():
+            if members and len(picked) < count:
+                picked.append(members.pop())
+    return sorted(picked, key=lambda k: k["name"])
+
+
 def compile_all(folder: Path, names: list[str], cache: Path) -> dict[str, Path]:
     """Each kernel's cubin by :mod:`tvm_dsm.compile_options` (nvcc if present), by name."""
     from ..compile_options import compile_cuda
@@ -136,6 +155,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--tools", nargs="*", default=list(TOOLS))
     parser.add_argument("--only", nargs="*")
+    parser.add_argument("--sample", type=int, help="sanitize this many kernels, spread over classes")
     parser.add_argument("--jobs", type=int, default=6)
     parser.add_argument("--deadline", type=float, default=480.0, help="start no run after this, s")
     parser.add_argument("--timeout-scale", type=float, default=1.0)
@@ -146,6 +166,8 @@ def main() -> None:
     start = time.time()
     manifest = json.loads((args.folder / "manifest.json").read_text())
     kernels = [k for k in manifest["kernels"] if not args.only or any(o in k["name"] for o in args.only)]
+    if args.sample:
+        kernels = stratified_sample(kernels, args.sample)
     cubins = compile_all(args.folder, [k["name"] for k in kernels], Path(tempfile.gettempdir()) / "tvm_dsm_sanitize")
     family = {k["name"]: k.get("extra", {}).get("family") for k in kernels}
     jobs = [(k["name"], tool) for tool in sorted(args.tools, key=lambda t: t != "racecheck") for k in kernels]

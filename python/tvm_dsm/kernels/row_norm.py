@@ -297,6 +297,17 @@ def pieces_per_thread(found: RowNorm, c: RowNormConfig) -> int:
     return -(-slice_pieces(found, c) // c.threads_per_row)
 
 
+def _rows_per_cta(found: RowNorm, threads: int) -> int:
+    """Rows a CTA of rows of ``threads`` threads takes: up to ``_CTA_THREADS`` threads, a divisor
+    of the rows, and whole warps (else one row a CTA: 2 rows of 2 threads cannot share a warp)."""
+    rows = max(1, _CTA_THREADS // threads)
+    while rows > 1 and found.rows % rows:
+        rows //= 2
+    if threads < _WARP and rows * threads % _WARP:
+        return 1
+    return rows
+
+
 def candidate_configs(found: RowNorm) -> list[RowNormConfig]:
     """Every configuration that fits: powers of two of threads a row and CTAs a row, and rows a
     CTA where a row takes fewer than ``_CTA_THREADS`` threads."""
@@ -306,10 +317,7 @@ def candidate_configs(found: RowNorm) -> list[RowNormConfig]:
             continue
         for log in range(11):
             threads = 1 << log
-            rows_per_cta = max(1, _CTA_THREADS // threads)
-            while rows_per_cta > 1 and found.rows % rows_per_cta:
-                rows_per_cta //= 2
-            config = RowNormConfig(threads, rows_per_cta if ranks == 1 else 1, ranks)
+            config = RowNormConfig(threads, _rows_per_cta(found, threads) if ranks == 1 else 1, ranks)
             if threads > 1 and (threads // 2) * ranks >= found.pieces:
                 continue  # idle threads: half as many hold the row
             try:
@@ -344,12 +352,7 @@ def default_config(found: RowNorm, hw: Hardware) -> RowNormConfig:
         threads *= 2
     while threads < _MAX_THREADS and -(-per_cta // threads) * found.vector * found.held_bytes > held_limit(threads):
         threads *= 2
-    rows_per_cta = 1
-    if ranks == 1:
-        rows_per_cta = max(1, _CTA_THREADS // threads)
-        while rows_per_cta > 1 and found.rows % rows_per_cta:
-            rows_per_cta //= 2
-    config = RowNormConfig(threads, rows_per_cta, ranks)
+    config = RowNormConfig(threads, _rows_per_cta(found, threads) if ranks == 1 else 1, ranks)
     check_config(found, config)
     return config
 

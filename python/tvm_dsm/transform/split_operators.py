@@ -19,7 +19,7 @@ from tvm.s_tir import SBlock, SBlockRealize
 from tvm.sym import Analyzer
 
 from ..errors import ClusterError
-from ..ir import find_all
+from ..ir import find_all, loads, uses
 
 
 @dataclass
@@ -29,7 +29,8 @@ class Operator:
     func: tirx.PrimFunc
     inputs: list[tirx.Var]
     outputs: list[tirx.Var]
-    reduces: bool  # it holds a reduction (a matmul), not only elementwise maps
+    reduces: bool  # it holds a reduction, not only elementwise maps
+    matmul: bool  # that reduction multiplies two tensors over its reduced axis (a GEMM, a BMM)
 
 
 def _block(nest: tirx.Stmt) -> SBlock:
@@ -41,6 +42,15 @@ def _block(nest: tirx.Stmt) -> SBlock:
 
 def _is_reduction(block: SBlock) -> bool:
     return block.init is not None or any(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars)
+
+
+def _is_matmul(block: SBlock) -> bool:
+    """A reduction reading two or more tensors along a reduced axis: a matmul (a mean, a
+    variance or a norm reads one tensor along it)."""
+    reduced = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+    along = {load.source for store in find_all(block.body, tirx.BufferStore) for load in loads(store.value)
+             if any(uses(i, v) for i in load.indices for v in reduced)}
+    return bool(reduced) and len(along) >= 2
 
 
 def _spatial(block: SBlock) -> list:
@@ -101,7 +111,8 @@ def split_operators(func: tirx.PrimFunc) -> list[Operator]:
                                               else nests_i[0], alloc_buffers=local))
         sub = tirx.PrimFunc(inputs + outputs, body)
         sub = sub.with_attr({"global_symbol": "main", "tirx.noalias": True, "s_tir": True})
-        operators.append(Operator(sub, inputs, outputs, _is_reduction(_block(nests_i[0]))))
+        first = _block(nests_i[0])
+        operators.append(Operator(sub, inputs, outputs, _is_reduction(first), _is_matmul(first)))
     return operators
 
 

@@ -1,6 +1,6 @@
 """The performance floor on real models' shapes (tvm_dsm.workloads.real_models): each layer as a
 user writes it, built through ``tvm_dsm.build``'s path (a family, else the fallback), against
-the better of torch eager and torch.compile (and SDPA for attention) on the same run. Every row
+the better of torch's contenders on the same run (:data:`_PEERS`). Every row
 carries its ``class``:
 
 - ``swiglu``: the model's MLP as one SwiGLU chain function ``(silu(X Wg^T) * (X Wu^T)) W2^T``
@@ -163,6 +163,14 @@ _BUILDERS: dict[str, Callable[[Case], _Built]] = {
     "swiglu": _swiglu, "dense": _dense, "attention": _attention, "norm": _norm}
 
 
+#: torch's contenders per class. A lone projection under torch.compile calls the same cuBLAS GEMM
+#: as eager (inductor's default lowers mm to the extern kernel), and attention's best torch form
+#: is SDPA: torch.compile only where it generates kernels of its own (SwiGLU's gating, norms).
+_PEERS: dict[str, tuple[str, ...]] = {
+    "swiglu": ("torch_eager", "torch_compile"), "dense": ("torch_eager",),
+    "attention": ("torch_eager", "torch_sdpa"), "norm": ("torch_eager", "torch_compile")}
+
+
 def variant(case: Case) -> Variant:
     """``case`` as a Variant: the driver's schedule, torch's peers (SDPA too for attention)."""
     built = _BUILDERS[case.cls](case)
@@ -170,7 +178,7 @@ def variant(case: Case) -> Variant:
     for a, scale in zip(args, built.scales):
         if scale:  # weights initialized like torch.nn.Linear's: outputs of unit scale
             a["scale"] = scale
-    peers = ("torch_eager", "torch_compile") + (("torch_sdpa",) if case.cls == "attention" else ())
+    peers = _PEERS[case.cls]
     return Variant(name=built.name, workload=built.workload, mod=schedule(built.func).mod, args=args,
                    bytes=nbytes_of(args), flops=built.flops, plan={"family": _family(built.func)}, peers=peers,
                    reference_kwargs=built.reference_kwargs,
