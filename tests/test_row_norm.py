@@ -89,6 +89,13 @@ def test_each_form_is_planned_by_the_row_norm_family(form):
     assert "read from HBM once" in ranking.explain() and ranking.best.seconds["hbm"] > 0
 
 
+@pytest.mark.parametrize("rows", [1, 8, 32, 64, 128, 1024])
+def test_rows_spread_over_clusters_keep_the_grid_within_the_sms(rows):
+    hw = load_hardware()
+    config = default_config(find_row_norm(topi_norm("rms_norm", rows, 8192, "float16")), hw)
+    assert config.ranks == 1 or rows * config.ranks <= hw.sm_count
+
+
 @pytest.mark.parametrize("rows, width", [(2, 7), (6, 1), (2, 3)])
 def test_a_few_short_rows_take_a_cta_each_rather_than_share_a_part_warp(rows, width):
     found = find_row_norm(hand_layer_norm(rows, width))
@@ -143,7 +150,8 @@ def test_a_row_beyond_a_cluster_of_16_ctas_registers_is_refused_naming_the_limit
 @pytest.mark.parametrize("rows, width, dtype, config", [
     (4096, 4096, "float16", (128, 1, 1)), (4096, 32000, "float16", (1024, 1, 1)),
     (4096, 32000, "float32", (1024, 1, 2)), (8, 128256, "float16", (256, 1, 16)),
-    (4096, 7, "float32", (2, 64, 1)), (4096, 1, "float32", (1, 128, 1))])
+    (4096, 7, "float32", (2, 64, 1)), (4096, 1, "float32", (1, 128, 1)),
+    (1, 2048, "float16", (64, 1, 1)), (128, 4096, "float16", (128, 1, 1))])
 def test_default_config(rows, width, dtype, config):
     c = default_config(find_row_norm(topi_norm("softmax", rows, width, dtype)), load_hardware())
     assert (c.threads_per_row, c.rows_per_cta, c.ranks) == config

@@ -54,6 +54,11 @@ _HELD_BYTES = {512: 128, 1024: 64}
 _PIECES_PER_THREAD = 4
 #: Threads of a CTA when rows are shorter than that many pieces (several rows a CTA).
 _CTA_THREADS = 128
+#: The shortest row few rows spread over a cluster: below it the cluster's exchange costs more
+#: than the CTAs' shorter reads save (measured on an H200, RMSNorm against torch.compile's one
+#: CTA a row: rows of 4-8 KB over 2-4 CTAs 0.73-0.85x, 16 KB over 8 CTAs 0.89-1.03x; grids of
+#: twice the SMs' CTAs 0.63-0.71x, hence the grid is kept within the SMs).
+_SPREAD_MIN_ROW_BYTES = 16384
 _COMBINE = {"sum": operator.add, "max": tirx.max, "min": tirx.min}
 _FLOATS = ("float16", "bfloat16", "float32")
 
@@ -339,12 +344,15 @@ def check_fits(found: RowNorm) -> None:
 def default_config(found: RowNorm, hw: Hardware) -> RowNormConfig:
     """The fewest CTAs a row whose threads each hold about ``_PIECES_PER_THREAD`` pieces within
     the register limit, split over a cluster further while the rows alone leave SMs of ``hw``
-    idle; ClusterError naming the limit where a row does not fit (:func:`check_fits`)."""
+    idle (the grid kept within them) where a row holds ``_SPREAD_MIN_ROW_BYTES`` or more;
+    ClusterError naming the limit where a row does not fit (:func:`check_fits`)."""
     check_fits(found)
+    row_bytes = found.width * found.held_bytes
     ranks = 1
     while ranks < MAX_CLUSTER_SIZE and (
             -(-found.pieces // (ranks * _MAX_THREADS)) * found.vector * found.held_bytes > held_limit(_MAX_THREADS)
-            or (found.rows * ranks < hw.sm_count and found.pieces >= 2 * ranks * _WARP * _PIECES_PER_THREAD)):
+            or (found.rows * ranks * 2 <= hw.sm_count and row_bytes >= _SPREAD_MIN_ROW_BYTES
+                and found.pieces >= 2 * ranks * _WARP * _PIECES_PER_THREAD)):
         ranks *= 2
     per_cta = -(-found.pieces // ranks)
     threads = 1
