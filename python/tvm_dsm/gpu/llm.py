@@ -20,7 +20,9 @@ Then, one configuration at a time on the GPU, for each batch size: prefill a ran
 sequence in one ragged prefill, decode ``--check-steps`` teacher-forced steps (fixed random
 tokens) whose logits and the prefill's are compared with an fp32 torch evaluation of the same
 weights (:func:`tvm_dsm.workloads.llama.reference_logits`), then time ``--steps`` decode steps:
-host wall time around each step with the device synchronized before and after, median. Every
+host wall time around each step with the device synchronized before and after, median; then
+five more steps under the CUDA profiler give the per-kernel breakdown of a step
+(:mod:`tvm_dsm.gpu.kernel_breakdown`). Every
 configuration is compiled with Relax's CUDA-graph rewrite on (``--no-cuda-graph`` turns it off):
 the kernels between the KV cache's calls are captured once per batch size and replayed, as
 MLC-LLM serves. The floor is the bytes one step must read (weights and
@@ -44,6 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from ..bench.results import git_sha
+from .kernel_breakdown import profile_kernels
 from ..workloads.llama import LLAMA_1B, LLAMA_TINY, LlamaConfig
 
 MODELS = {"1b": LLAMA_1B, "1b_bf16": dataclasses.replace(LLAMA_1B, dtype="bfloat16"), "tiny": LLAMA_TINY}
@@ -226,14 +229,16 @@ def _run_config(executable, info: dict, config: LlamaConfig, weights, prompts, f
                     * config.head_dim * 2)
         floor_ms = (config.weight_bytes + kv_bytes) / bandwidth * 1e3
         decode_ms = float(np.median(times))
+        kernels = profile_kernels(lambda: session.decode(token), step_us=decode_ms * 1e3)
         record(batch, {"prefill_ms_first_call": round(prefill_ms, 3),
                        "decode_ms_per_step": round(decode_ms, 4),
                        "decode_ms_min": round(min(times), 4), "context": context,
                        "floor_ms": round(floor_ms, 4),
                        "multiple_of_floor": round(decode_ms / floor_ms, 2),
-                       "logits_vs_fp32": checks})
+                       "logits_vs_fp32": checks, "decode_kernels": kernels})
         _log(f"  batch {batch}: decode {decode_ms:.3f} ms/step ({decode_ms / floor_ms:.2f}x "
-             f"floor), prefill {prefill_ms:.1f} ms, logits rel err {checks['rel_l2_max']:.2e}")
+             f"floor), prefill {prefill_ms:.1f} ms, logits rel err {checks['rel_l2_max']:.2e}; "
+             f"{kernels['kernels_per_step']:.0f} kernels, {kernels['kernel_us_per_step']:.0f} us of them")
         del session
 
 

@@ -1,0 +1,71 @@
+"""Where a step's GPU time goes, kernel by kernel: what holds a model's step above its floor.
+
+:func:`profile_kernels` runs a step (a decode step of a Relax VM, a kernel call: anything that
+launches CUDA work in this process, CUDA graphs included) a few times under the CUDA profiler
+(CUPTI through ``torch.profiler``: it records TVM's kernels like any other) and
+:func:`summarize` folds the kernel records into per-kernel rows: launches and device time per
+step, share of the step's kernel time. Against the step's wall time, the difference is what no
+kernel ran for (launch gaps, host work, synchronization).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+
+#: Kernels listed by name; the rest are summed into one "other" row.
+TOP = 15
+
+
+def kernel_name(name: str) -> str:
+    """The function a kernel belongs to: TVM names a PrimFunc's kernels ``<func>_kernel``
+    (``<func>_kernel_1``, ... for further kernels of the same function)."""
+    return re.sub(r"_kernel(_\d+)?$", "", name)
+
+
+def summarize(records: Iterable[tuple[str, float]], steps: int, step_us: float | None = None,
+              top: int = TOP) -> dict:
+    """Per-function rows from ``(kernel name, device microseconds)`` records of ``steps`` steps:
+    launches and microseconds per step, share of the kernels' time, largest first; the step's
+    kernel time, and (given its wall time ``step_us``) the time no kernel ran."""
+    launches: dict[str, int] = defaultdict(int)
+    micros: dict[str, float] = defaultdict(float)
+    for name, us in records:
+        key = kernel_name(name)
+        launches[key] += 1
+        micros[key] += us
+    total = sum(micros.values())
+    ordered = sorted(micros, key=micros.get, reverse=True)
+    rows = [{"function": f, "launches_per_step": launches[f] / steps, "us_per_step": micros[f] / steps,
+             "share": micros[f] / total if total else 0.0} for f in ordered[:top]]
+    rest = ordered[top:]
+    if rest:
+        other = sum(micros[f] for f in rest)
+        rows.append({"function": f"other ({len(rest)} functions)",
+                     "launches_per_step": sum(launches[f] for f in rest) / steps,
+                     "us_per_step": other / steps, "share": other / total if total else 0.0})
+    out = {"steps": steps, "kernels_per_step": sum(launches.values()) / steps,
+           "kernel_us_per_step": total / steps, "rows": rows}
+    if step_us is not None:
+        out["step_us"] = step_us
+        out["idle_us_per_step"] = step_us - total / steps
+    return out
+
+
+def profile_kernels(step: Callable[[], object], steps: int = 5, step_us: float | None = None) -> dict:
+    """:func:`summarize` of ``steps`` calls of ``step`` under the CUDA profiler (after one
+    warm-up call outside it)."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    records = [(e.name, e.time_range.elapsed_us()) for e in prof.events()
+               if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))]
+    return summarize(records, steps, step_us)

@@ -1,0 +1,49 @@
+"""The per-kernel breakdown of a model step (tvm_dsm.gpu.kernel_breakdown): folding profiler
+records into per-function rows (CPU), and the profiler itself on a TVM kernel (GPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tvm_dsm.gpu.kernel_breakdown import kernel_name, summarize
+
+
+def test_a_functions_kernels_are_one_row():
+    assert kernel_name("fused_NT_matmul_cast_kernel") == "fused_NT_matmul_cast"
+    assert kernel_name("rms_norm_kernel_1") == "rms_norm"
+    assert kernel_name("ampere_fp16_s16816gemm") == "ampere_fp16_s16816gemm"
+
+
+def test_rows_per_step_largest_first_with_the_rest_summed():
+    records = [("a_kernel", 10.0), ("a_kernel_1", 2.0), ("b_kernel", 3.0), ("c_kernel", 1.0), ("d_kernel", 0.5)] * 2
+    out = summarize(records, steps=2, step_us=20.0, top=2)
+    assert [r["function"] for r in out["rows"]] == ["a", "b", "other (2 functions)"]
+    assert out["rows"][0] == {"function": "a", "launches_per_step": 2.0, "us_per_step": 12.0, "share": 12.0 / 16.5}
+    assert out["rows"][2]["us_per_step"] == 1.5 and out["rows"][2]["launches_per_step"] == 2.0
+    assert out["kernels_per_step"] == 5.0 and out["kernel_us_per_step"] == 16.5
+    assert out["idle_us_per_step"] == 20.0 - 16.5
+    assert abs(sum(r["share"] for r in out["rows"]) - 1.0) < 1e-12
+
+
+@pytest.mark.gpu
+def test_the_profiler_sees_a_tvm_kernel():
+    import numpy as np
+    import tvm
+    from tvm import te
+
+    from tvm_dsm.gpu.kernel_breakdown import profile_kernels
+
+    x = te.placeholder((1 << 20,), "float32", name="x")
+    y = te.compute(x.shape, lambda i: x[i] * 2.0, name="y")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([x, y]))
+    i, = sch.get_loops(sch.get_sblock("y"))
+    bx, tx = sch.split(i, [None, 256])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    lib = tvm.compile(sch.mod, target="cuda")
+    dev = tvm.cuda(0)
+    a = tvm.runtime.tensor(np.ones(1 << 20, "float32"), dev)
+    b = tvm.runtime.tensor(np.zeros(1 << 20, "float32"), dev)
+    out = profile_kernels(lambda: lib(a, b), steps=3)
+    assert out["kernels_per_step"] == 1.0 and out["rows"][0]["function"] == "main"
+    assert out["kernel_us_per_step"] > 0
