@@ -16,7 +16,7 @@ LAYERS = (
     {"workloads"},
     {"transform"},
     {"pipeline"},
-    {"intrin"},
+    {"intrin", "tuning_database"},
     {"rules", "kernels"},
     {"planners"},
     {"families"},

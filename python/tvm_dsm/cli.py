@@ -100,9 +100,9 @@ def cmd_build(args) -> None:
     target = _target(args)
     database = None
     if args.database:
-        from tvm.s_tir import meta_schedule as ms
+        from tvm_dsm.tuning_database import open_database
 
-        database = ms.database.JSONDatabase(work_dir=args.database)
+        database = open_database(args.database)
     executable = tvm_dsm.build(load_function(args.function), target, database=database)
     if args.cuda:
         print(executable.mod.imports[0].inspect_source())

@@ -28,6 +28,7 @@ from .intrin import register_all
 from .planners.report import Plan
 from .transform.host_sorts import refuse_host_sorts
 from .transform.split_operators import merge_operators, split_operators
+from .tuning_database import open_database
 
 LOG = logging.getLogger("tvm_dsm.driver")
 
@@ -107,7 +108,7 @@ def tune(func: tirx.PrimFunc, work_dir: str, *, target=H100, top_k: int = 8,
     runner = runner or ms.runner.LocalRunner()
     built = builder.build([ms.builder.BuilderInput(s.mod, target) for s in schedules])
     args_info = ms.arg_info.ArgInfo.from_prim_func(func)
-    database = ms.database.JSONDatabase(work_dir=work_dir)
+    database = open_database(work_dir)
     workload = database.commit_workload(_module(func))
     results = []
     to_run = [(i, b) for i, b in enumerate(built) if b.error_msg is None]

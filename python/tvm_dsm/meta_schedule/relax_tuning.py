@@ -14,6 +14,7 @@ from tvm.s_tir import meta_schedule as ms
 from ..errors import ClusterError
 from ..families import match_family
 from ..hardware import Hardware, load_hardware
+from ..tuning_database import open_database
 from .learned_cost_model import LearnedPlanModel
 from .planned_space import PlannedSpace
 
@@ -59,10 +60,12 @@ def tune_relax(mod: tvm.IRModule, work_dir: str, max_trials_global: int, *, targ
                cost_model: ms.CostModel | None = None, num_trials_per_iter: int = 64,
                seed: int | None = None) -> ms.Database:
     """Tune every task of ``mod`` (see :func:`tuning_contexts`) with the learned cost model
-    (:class:`~tvm_dsm.meta_schedule.LearnedPlanModel`) unless another is given; returns the
-    database."""
+    (:class:`~tvm_dsm.meta_schedule.LearnedPlanModel`) unless another is given, into the JSON
+    database in ``work_dir`` (:func:`~tvm_dsm.tuning_database.open_database`: a run killed
+    mid-write resumes from it); returns the database."""
     hw = hw or load_hardware()
     contexts, weights = tuning_contexts(mod, work_dir, target, params, top, hw, seed=seed)
     return ms.tune.tune_tasks(tasks=contexts, task_weights=weights, work_dir=work_dir,
                               max_trials_global=max_trials_global, num_trials_per_iter=num_trials_per_iter,
-                              builder=builder, runner=runner, cost_model=cost_model or LearnedPlanModel(hw))
+                              builder=builder, runner=runner, database=open_database(work_dir),
+                              cost_model=cost_model or LearnedPlanModel(hw))
