@@ -46,6 +46,7 @@ def test_one_variant_per_class_builds_for_sm90a():
     variants = real_shapes(sample=True)
     assert [v.extra["class"] for v in variants] == list(CLASSES) == [c.cls for c in sample_cases()]
     for v in variants:
-        assert "torch_compile" in v.peers and ("torch_sdpa" in v.peers) == (v.extra["class"] == "attention")
+        assert "torch_eager" in v.peers and ("torch_sdpa" in v.peers) == (v.extra["class"] == "attention")
+        assert ("torch_compile" in v.peers) == (v.extra["class"] in ("swiglu", "norm"))
         source = tvm.compile(v.mod, target=TARGET).mod.imports[0].inspect_source()
         assert "__global__" in source, v.name

@@ -226,15 +226,19 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
     ``families``); else ClusterError with the reasons."""
     LOG.info("tvm-dsm falls back from its families: %s", reason)
     operators = _operators(func)
-    if sum(op.matmul for op in operators) >= 2:
-        # dlight "schedules" two GEMMs in one function only with its Fallback rule: a thread an
-        # output element, the whole K loop serial in it (an M = 1 SwiGLU chain: 13 ms, not 37 us)
-        whole = "two or more matmuls in one function: dlight's only schedule is a thread per output"
-    else:
+    if families and sum(op.matmul for op in operators) >= 2:
+        # dlight has no rule for two matmuls in one kernel: what it makes of one is a few CTAs
+        # (an M = 1 SwiGLU chain: 26 ms where its operators take 40 us; at N = 28672 more shared
+        # memory than a CTA has). Operator by operator first.
         try:
-            return stock_schedule(func, target)
-        except ScheduleError as err:  # raised inside a dlight rule
-            whole = str(err).strip().splitlines()[-1]
+            return _merged(func, [schedule(op.func, target, hw=hw) for op in operators])
+        except Exception as err:  # noqa: BLE001  (dlight's rules assert on forms they misjudge)
+            LOG.info("its operators one by one do not schedule (%s); dlight's schedule whole",
+                     str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__)
+    try:
+        return stock_schedule(func, target)
+    except ScheduleError as err:  # raised inside a dlight rule
+        whole = str(err).strip().splitlines()[-1]
     if len(operators) < 2:
         raise ClusterError(f"neither tvm-dsm nor TVM's stock schedules (dlight) can schedule "
                            f"this function. tvm-dsm: {reason}\ndlight: {whole}")
