@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 from tvm import relax, te
 from tvm.script import relax as R
 from tvm.s_tir import meta_schedule as ms
@@ -26,11 +27,15 @@ def _model():
     return relax.transform.LegalizeOps()(bb.get())
 
 
-def test_uncovered_tasks_get_the_default_space(tmp_path, caplog, monkeypatch):
-    # MetaSchedule's work-directory loggers list its logger's handlers by name; an earlier
-    # tuning test leaves pytest's (unnamed) capture handlers there, on which TVM fails
+@pytest.fixture
+def named_handlers(monkeypatch):
+    """MetaSchedule's work-directory loggers list its logger's handlers by name; an earlier
+    tuning test leaves pytest's (unnamed) capture handlers there, on which TVM fails."""
     ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
     monkeypatch.setattr(ms_logger, "handlers", [h for h in ms_logger.handlers if h.get_name()])
+
+
+def test_uncovered_tasks_get_the_default_space(tmp_path, caplog, named_handlers):
     caplog.set_level("INFO", logger="tvm_dsm.meta_schedule.relax_tuning")
     contexts, weights = tuning_contexts(_model(), str(tmp_path))
     assert len(contexts) == len(weights) >= 2
@@ -39,3 +44,38 @@ def test_uncovered_tasks_get_the_default_space(tmp_path, caplog, monkeypatch):
     for context in contexts:
         assert context.generate_design_space()
     assert sum("no tvm-dsm family applies" in r.message for r in caplog.records) == len(default)
+
+
+def test_the_final_table_has_a_line_per_task():
+    from types import SimpleNamespace
+
+    import tvm
+
+    from tvm_dsm.meta_schedule.planned_space import PlannedSpace
+    from tvm_dsm.meta_schedule.relax_tuning import task_table
+
+    tasks = ms.relax_integration.extract_tasks(_model(), tvm.target.Target("nvidia/nvidia-h100"))
+    contexts = [SimpleNamespace(mod=t.dispatched[0], task_name=t.task_name,
+                                space_generator=PlannedSpace() if i == 0 else ms.space_generator.PostOrderApply())
+                for i, t in enumerate(tasks)]
+    database = ms.database.MemoryDatabase()
+    first = contexts[0]
+    workload = database.commit_workload(first.mod)
+    for seconds in (3e-6, 2e-6, 1e10):  # the last a failed measurement
+        database.commit_tuning_record(ms.database.TuningRecord(
+            tvm.s_tir.Schedule(first.mod).trace, workload, [seconds], tvm.target.Target("nvidia/nvidia-h100"),
+            ms.arg_info.ArgInfo.from_prim_func(first.mod["main"])))
+    lines = task_table(contexts, database).splitlines()
+    assert len(lines) == 1 + len(contexts) >= 3
+    assert lines[1].split()[-3:] == ["tvm-dsm", "2", "2.0"]  # two valid records, the best 2.0 us
+    assert all(line.split()[-3:] == ["default", "0", "-"] for line in lines[2:])
+
+
+def test_tuning_without_a_gpu_says_so_in_one_line(tmp_path):
+    from tvm_dsm.device import gpu_or_reason
+    from tvm_dsm.meta_schedule import tune_relax
+
+    if gpu_or_reason() is None:
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(RuntimeError, match="tune_relax measures on this machine's GPU: .*RPCRunner"):
+        tune_relax(_model(), str(tmp_path), max_trials_global=1)

@@ -11,6 +11,7 @@ import logging
 import tvm
 from tvm.s_tir import meta_schedule as ms
 
+from ..device import gpu_or_reason
 from ..errors import ClusterError
 from ..families import match_family
 from ..hardware import Hardware, load_hardware
@@ -63,9 +64,33 @@ def tune_relax(mod: tvm.IRModule, work_dir: str, max_trials_global: int, *, targ
     (:class:`~tvm_dsm.meta_schedule.LearnedPlanModel`) unless another is given, into the JSON
     database in ``work_dir`` (:func:`~tvm_dsm.tuning_database.open_database`: a run killed
     mid-write resumes from it); returns the database."""
+    if runner == "local" and (reason := gpu_or_reason()):
+        raise RuntimeError(f"tune_relax measures on this machine's GPU: {reason} (pass runner=, e.g. "
+                           "MetaSchedule's RPCRunner, to measure elsewhere)")
     hw = hw or load_hardware()
     contexts, weights = tuning_contexts(mod, work_dir, target, params, top, hw, seed=seed)
-    return ms.tune.tune_tasks(tasks=contexts, task_weights=weights, work_dir=work_dir,
+    database = ms.tune.tune_tasks(tasks=contexts, task_weights=weights, work_dir=work_dir,
                               max_trials_global=max_trials_global, num_trials_per_iter=num_trials_per_iter,
                               builder=builder, runner=runner, database=open_database(work_dir),
                               cost_model=cost_model or LearnedPlanModel(hw))
+    logger.info("tuned %d tasks into %s:\n%s", len(contexts), work_dir, task_table(contexts, database))
+    return database
+
+
+#: MetaSchedule records a failed measurement with this many seconds (or more).
+_FAILED_SECONDS = 1e9
+
+
+def task_table(contexts: list[ms.TuneContext], database: ms.Database) -> str:
+    """One line per task: its design space (tvm-dsm's or TVM's default), the valid measurements
+    the database holds for it and the best time (``-``: none)."""
+    lines = [f"{'task':40s} {'space':8s} {'valid':>8s} {'best us':>9s}"]
+    for context in contexts:
+        space = "default" if isinstance(context.space_generator, ms.space_generator.PostOrderApply) else "tvm-dsm"
+        workload = database.commit_workload(context.mod) if database.has_workload(context.mod) else None
+        times = [sum(secs) / len(secs) for r in database.get_all_tuning_records()
+                 if workload is not None and r.workload.same_as(workload) and r.run_secs
+                 and max(secs := [float(t) for t in r.run_secs]) < _FAILED_SECONDS]
+        best = f"{min(times) * 1e6:9.1f}" if times else f"{'-':>9s}"
+        lines.append(f"{context.task_name[:40]:40s} {space:8s} {len(times):8d} {best}")
+    return "\n".join(lines)
