@@ -1,17 +1,19 @@
 """The learned cost model (:mod:`tvm_dsm.meta_schedule.learned_cost_model`) checked offline on
-committed H100 measurements: suites that measured one shape under many configurations of one
-family.
+committed H100 measurements: suites that measured shapes of one family under many
+configurations.
 
 Each measurement becomes what MetaSchedule would hand the model: a ``MeasureCandidate`` (the
 task's function, its configuration recorded as :class:`~tvm_dsm.meta_schedule.PlannedSpace`
 records it; the feature extractor reads nothing else of the schedule, so nothing is scheduled)
 and a ``RunnerResult`` with the measured time, under a ``TuneContext`` per shape and results file
-(``XGBModel`` ranks within such a group). Per family and repeat (fixed seeds), a share of the
-shapes is held out; ``XGBModel.update`` trains on 32, 64 and 128 measurements of the other shapes
-(or all there are), and ``XGBModel.predict`` ranks each held-out group. Reported per family and
-training size, averaged over held-out groups and repeats: Spearman's rank correlation with the
-measured speed of the analytical prediction and of the learned model, and the top-1 regret of
-each (the measured time of its pick over the group's fastest, minus 1).
+(a group: times of one run, ranked against each other). Per family and repeat (fixed seeds), a
+share of the shapes is held out; the model trains on 32, 64 and 128 measurements drawn from the
+other shapes (or all there are) and ranks each held-out group. Reported per family and training
+size, averaged over held-out groups and repeats: Spearman's rank correlation with the measured
+speed of the analytical prediction and of the learned model, and the top-1 regret of each (the
+measured time of its pick over the group's fastest, minus 1). A family whose analytical model
+predicts one time for every configuration of a shape (top-k rows) has an analytical Spearman of
+0 and picks the first configuration measured.
 
 ``python -m tvm_dsm.bench.learned_cost_model --out bench/results/learned_cost_model/latest.json``
 """
@@ -36,11 +38,13 @@ from tvm.s_tir import meta_schedule as ms
 from ..driver import H100
 from ..hardware import load_hardware
 from ..kernels.attention import AttentionConfig
+from ..kernels.softmax_gemm import SoftmaxGemmConfig
+from ..kernels.top_k_rows import TopKRowsConfig
 from ..meta_schedule.candidate_config import annotate_config
 from ..meta_schedule.learned_cost_model import plan_xgb_model
 from ..rules.split_k_gemm import SplitKGemmConfig
 from ..rules.split_k_reduction import SplitKReductionConfig
-from ..workloads.cascades import attention
+from ..workloads.cascades import attention, moe_routing, softmax_pv
 from ..workloads.dense import dense, scaled_dense
 from ..workloads.reductions import gemv, row_sum
 from .results import RESULTS, git_sha, new_suite, write
@@ -107,6 +111,30 @@ def attention_measurements(rows: list[dict], group: str) -> list[Measurement]:
     return out
 
 
+def softmax_gemm_measurements(rows: list[dict], group: str) -> list[Measurement]:
+    """softmax(X)·V as the tiled kernel, in configurations named by their tiles (the planner's
+    own picks, named by the fused-cascade split they were compared with, are left out)."""
+    out = []
+    for r in rows:
+        found = re.fullmatch(r"softmax_pv_(\d+)x(\d+)x(\d+)(?:x(\w+?))?_m\d+k\d+j\d+t\d+x\d+(?:_c\d+)?", r["name"])
+        if found:
+            shape = ("softmax_pv", *(int(x) for x in found.group(1, 2, 3)), found[4] or "float32")
+            config = SoftmaxGemmConfig(**_fields(SoftmaxGemmConfig, r["plan"]))
+            out.append(Measurement(group, shape, config, r["ours_us"]))
+    return out
+
+
+def top_k_rows_measurements(rows: list[dict], group: str) -> list[Measurement]:
+    """MoE routers as the top-k rows kernel (not as fused cascades)."""
+    out = []
+    for r in rows:
+        found = re.fullmatch(r"moe_routing_(\d+)x(\d+)x(\d+)(?:x(\w+?))?_rows_l\d+_r\d+(?:_plan)?", r["name"])
+        if found:
+            shape = ("moe_routing", *(int(x) for x in found.group(1, 2, 3)), found[4] or "float16")
+            out.append(Measurement(group, shape, TopKRowsConfig(**_fields(TopKRowsConfig, r["plan"])), r["ours_us"]))
+    return out
+
+
 #: Per family: the results files (relative to bench/results) and how their rows read.
 SOURCES: dict[str, tuple[tuple[str, ...], Callable]] = {
     "split_k_gemm": (tuple(f"{s}/latest.json" for s in (
@@ -114,6 +142,8 @@ SOURCES: dict[str, tuple[tuple[str, ...], Callable]] = {
         "fp8_sweep", "fp8_depths")), gemm_measurements),
     "split_k_reduction": (("split_k/latest.json",), reduction_measurements),
     "attention": (("attention/latest.json", "archive/attention_warpgroups_ab.json"), attention_measurements),
+    "softmax_gemm": (("softmax_gemm/latest.json",), softmax_gemm_measurements),
+    "top_k_rows": (("top_k_rows/latest.json",), top_k_rows_measurements),
 }
 
 
@@ -127,6 +157,8 @@ def workload(shape: tuple) -> tvm.tirx.PrimFunc:
         return scaled_dense(*dims)
     if kind in ("row_sum", "gemv"):
         return (row_sum if kind == "row_sum" else gemv)(*dims)
+    if kind in ("softmax_pv", "moe_routing"):
+        return (softmax_pv if kind == "softmax_pv" else moe_routing)(*dims)
     return attention(*dims)
 
 
@@ -143,16 +175,14 @@ def load(family: str, root: Path = RESULTS) -> list[Measurement]:
 
 
 class Groups:
-    """The MetaSchedule inputs of the measurements: a TuneContext per (group, shape), whose
-    module carries the group so that XGBModel normalizes each group's times on its own."""
+    """The MetaSchedule inputs of the measurements: a TuneContext per (group, shape)."""
 
     def __init__(self, measurements: list[Measurement]):
         self.by_group: dict[tuple, list[Measurement]] = defaultdict(list)
         for m in measurements:
             self.by_group[(m.group, m.shape)].append(m)
         funcs = {shape: workload(shape) for shape in {m.shape for m in measurements}}
-        self.contexts = {key: ms.TuneContext(tvm.IRModule({"main": funcs[key[1]]}).with_attr("tvm_dsm.measured_in", key[0]),
-                                             target=tvm.target.Target(H100))
+        self.contexts = {key: ms.TuneContext(tvm.IRModule({"main": funcs[key[1]]}), target=tvm.target.Target(H100))
                          for key in self.by_group}
         self.args = {shape: ms.arg_info.ArgInfo.from_prim_func(f) for shape, f in funcs.items()}
 

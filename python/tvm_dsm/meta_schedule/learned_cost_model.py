@@ -1,31 +1,98 @@
-"""A learned MetaSchedule cost model that understands clusters: TVM's ``XGBModel`` trained on
+"""A learned MetaSchedule cost model that understands clusters: XGBoost on
 :mod:`~tvm_dsm.meta_schedule.plan_features` (the configuration's knobs and the analytical
-model's plan), so measurements correct the analytical ranking.
+model's plan) fitted to the analytical model's error, ``log2(measured / predicted time)``,
+rather than to the time itself.
 
-Until it has trained on a task's measurements it scores planned candidates by the analytical
-prediction alone (``1 / predicted_us``), not at random as ``XGBModel``'s warm-up does. Tasks no
-family takes are tuned in TVM's own design space (:mod:`~tvm_dsm.meta_schedule.relax_tuning`);
-their candidates go to a second ``XGBModel`` with TVM's default features, since one booster
-cannot mix the two feature kinds.
+Its estimate is the analytical prediction times the learned correction, so it needs no warm-up:
+untrained it ranks by the analytical model, and measurements move that ranking only where they
+disagree with the model consistently. The boosting is small and strongly regularized (shallow
+trees, leaves that need several measurements and shrink toward no correction) since MetaSchedule
+trains it on tens to hundreds of measurements, where a model of the time alone ranks worse than
+the analytical one. Tasks no family takes are tuned in TVM's own design space
+(:mod:`~tvm_dsm.meta_schedule.relax_tuning`); their candidates go to TVM's ``XGBModel`` with its
+default features, since one booster cannot mix the two feature kinds.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import xgboost as xgb
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 from ..hardware import Hardware
 from .candidate_config import recorded_fields
-from .plan_features import PlanFeatureExtractor
-from .planned_space import predicted_us
+from .plan_features import FEATURE_NAMES, PlanFeatureExtractor
+
+#: The feature holding the analytical prediction, the base the correction multiplies.
+ANALYTICAL = FEATURE_NAMES.index("log2_predicted_us")
+#: Boosting for a few hundred measurements at most: depth-3 trees, leaves of at least 4
+#: measurements and an L2 penalty that pulls a leaf with few of them toward no correction.
+XGB_PARAMS = {"objective": "reg:squarederror", "base_score": 0.0, "eta": 0.1, "max_depth": 3,
+              "min_child_weight": 4.0, "lambda": 8.0, "nthread": 2, "seed": 0}
+ROUNDS = 60
 
 
-def plan_xgb_model(hw: Hardware | None = None, **options) -> ms.cost_model.XGBModel:
-    """TVM's ``XGBModel`` on :class:`PlanFeatureExtractor` features, trained from the first
-    measurement on (``options`` go to ``XGBModel``)."""
-    options = {"num_warmup_samples": 0, "verbose_eval": 0, **options}
-    return ms.cost_model.XGBModel(extractor=PlanFeatureExtractor(hw), **options)
+@derived_object
+class PlanResidualModel(ms.cost_model.PyCostModel):
+    """Scores planned candidates by ``1 / (predicted_us * 2**correction)``, the correction an
+    XGBoost regression of ``log2(measured_us / predicted_us)`` on the plan features of every
+    measurement so far (none before the first: the analytical ranking). It fits when next asked
+    to predict, once for any number of updates before."""
+
+    def __init__(self, hw: Hardware | None = None, rounds: int = ROUNDS, **params):
+        super().__init__()
+        self.extractor = PlanFeatureExtractor(hw)
+        self.rounds = rounds
+        self.params = {**XGB_PARAMS, **params}
+        self.features = np.zeros((0, len(FEATURE_NAMES)), dtype="float32")
+        self.errors = np.zeros(0, dtype="float32")
+        self._booster: xgb.Booster | None = None
+        self._fitted = 0  # measurements the booster was fitted on
+
+    def _features(self, context, candidates) -> np.ndarray:
+        return np.stack([self.extractor.features(context.mod, c.sch.mod) for c in candidates])
+
+    def load(self, path: str) -> None:
+        with np.load(path) as data:
+            self.features, self.errors = data["features"], data["errors"]
+        self._booster, self._fitted = None, 0
+
+    def save(self, path: str) -> None:
+        with open(path, "wb") as f:
+            np.savez(f, features=self.features, errors=self.errors)
+
+    @property
+    def booster(self) -> xgb.Booster | None:
+        """The correction fitted on every measurement so far; None before the first."""
+        if self._fitted != len(self.errors):
+            self._booster = xgb.train(self.params, xgb.DMatrix(self.features, self.errors), self.rounds)
+            self._fitted = len(self.errors)
+        return self._booster
+
+    def update(self, context, candidates, results) -> None:
+        ran = [(c, np.mean([float(s) for s in r.run_secs])) for c, r in zip(candidates, results)
+               if r.error_msg is None and r.run_secs]
+        if not ran:
+            return
+        features = self._features(context, [c for c, _ in ran])
+        errors = np.log2([secs * 1e6 for _, secs in ran]) - features[:, ANALYTICAL]
+        self.features = np.concatenate([self.features, features])
+        self.errors = np.concatenate([self.errors, errors.astype("float32")])
+
+    def predict(self, context, candidates) -> np.ndarray:
+        features = self._features(context, candidates)
+        log2_us = features[:, ANALYTICAL].astype("float64")
+        booster = self.booster
+        if booster is not None:
+            log2_us += booster.predict(xgb.DMatrix(features))
+        return np.exp2(-log2_us)
+
+
+def plan_xgb_model(hw: Hardware | None = None, **options) -> PlanResidualModel:
+    """The learned model for planned candidates (``options`` go to :class:`PlanResidualModel`:
+    ``rounds`` and XGBoost parameters)."""
+    return PlanResidualModel(hw, **options)
 
 
 def _planned(candidates) -> bool:
@@ -34,8 +101,8 @@ def _planned(candidates) -> bool:
 
 @derived_object
 class LearnedPlanModel(ms.cost_model.PyCostModel):
-    """XGBoost on plan features for planned candidates (the analytical prediction until it has
-    trained), TVM's default ``XGBModel`` for candidates of TVM's own space."""
+    """:class:`PlanResidualModel` for planned candidates, TVM's default ``XGBModel`` for
+    candidates of TVM's own space."""
 
     def __init__(self, hw: Hardware | None = None):
         super().__init__()
@@ -50,12 +117,11 @@ class LearnedPlanModel(ms.cost_model.PyCostModel):
         self.planned.save(path)
         self.default.save(path + ".default")
 
+    def _model(self, candidates) -> ms.cost_model.PyCostModel:
+        return self.planned if _planned(candidates) else self.default
+
     def update(self, context, candidates, results) -> None:
-        (self.planned if _planned(candidates) else self.default).update(context, candidates, results)
+        self._model(candidates).update(context, candidates, results)
 
     def predict(self, context, candidates) -> np.ndarray:
-        if not _planned(candidates):
-            return self.default.predict(context, candidates)
-        if self.planned.booster is None:
-            return np.array([1.0 / predicted_us(c.sch.mod) for c in candidates], dtype="float64")
-        return self.planned.predict(context, candidates)
+        return self._model(candidates).predict(context, candidates)

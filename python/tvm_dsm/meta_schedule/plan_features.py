@@ -6,7 +6,8 @@ than by its loops: the configuration's knobs (cluster size, tiles, warps, pipeli
 and warpgroup-MMA flags, ...) and the analytical model's plan (bytes and time per memory level,
 the predicted total, CTAs, CTAs per SM and waves). Every family gives a vector of the same
 length (``FEATURE_NAMES``): knobs a family lacks and levels its plan does not name are 0, levels
-no slot names are summed into ``other``.
+no slot names are summed into ``other``. The predicted total is kept exactly (its log2), the
+base the learned model corrects.
 
 :class:`PlanFeatureExtractor` computes it for MetaSchedule candidates: the family and shape from
 the task's function, the configuration from the candidate's annotation
@@ -33,9 +34,9 @@ from .candidate_config import rebuild, recorded_fields
 
 FAMILY_NAMES = tuple(f.name for f in FAMILIES)
 #: Configuration knobs, by the names the families' configurations use (attributes or properties).
-KNOBS = ("cluster_size", "ranks", "block_m", "block_n", "block_k", "warps", "warps_m", "warps_n",
-         "warpgroups", "row_blocks", "rows_per_cluster", "rows_per_cta", "stages", "copy_stages",
-         "parts", "lanes", "vector", "tma", "wgmma")
+KNOBS = ("cluster_size", "ranks", "block_m", "block_n", "block_k", "block_j", "warps", "warps_m", "warps_n",
+         "warpgroups", "row_blocks", "rows_per_cluster", "rows_per_cta", "rows_per_thread",
+         "columns_per_thread", "stages", "copy_stages", "parts", "lanes", "vector", "tma", "wgmma")
 #: Memory levels and compute terms of the planners' plans; any other level goes to "other".
 LEVELS = ("hbm", "l2", "dsm", "smem", "mma", "fp32", "pipeline", "latency", "launch", "other")
 FEATURE_NAMES = (
@@ -74,7 +75,7 @@ def plan_features(family: str, config: Any, plan: Plan, hw: Hardware) -> np.ndar
         *(float(family == name) for name in FAMILY_NAMES),
         *(_knob(config, k) for k in KNOBS),
         *per_level,
-        _log2(plan.predicted_us), _log2(ctas), float(resident), float(waves), _log2(getattr(plan, "smem", 0)),
+        math.log2(plan.predicted_us), _log2(ctas), float(resident), float(waves), _log2(getattr(plan, "smem", 0)),
     ]
     return np.asarray(vector, dtype="float32")
 
