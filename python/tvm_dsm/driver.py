@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import tvm
@@ -28,6 +29,7 @@ from .intrin import register_all
 from .planners.report import Plan
 from .transform.host_sorts import refuse_host_sorts
 from .transform.split_operators import merge_operators, split_operators
+from .transform.widen_accumulation import widen_accumulation
 from .tuning_database import open_database
 
 LOG = logging.getLogger("tvm_dsm.driver")
@@ -66,10 +68,30 @@ class Ranking:
         return self.family.apply(self.func, self.plans[rank].config, self.hw)
 
 
+def _as_written_or_widened(func: tirx.PrimFunc, attempt: Callable[[tirx.PrimFunc], Any]) -> tuple[tirx.PrimFunc, Any]:
+    """``(func, attempt(func))``; where that raises ClusterError and ``func``'s matmuls
+    accumulate in 16 bits, the same for ``func`` accumulating them in fp32
+    (:mod:`tvm_dsm.transform.widen_accumulation`), else the first error."""
+    try:
+        return func, attempt(func)
+    except ClusterError as err:
+        widened = widen_accumulation(func)
+        if widened is None:
+            raise
+        try:
+            result = attempt(widened)
+        except ClusterError:
+            raise err from None
+        LOG.info("its matmuls accumulate in 16 bits; scheduled accumulating in fp32, rounded once")
+        return widened, result
+
+
 def plan(func: tirx.PrimFunc, hw: Hardware | None = None, target=None) -> Ranking:
     """Rank every valid configuration of the family ``func`` belongs to (ClusterError if none
-    applies, naming why each family does not, or if ``target`` is not a Hopper GPU)."""
-    family, shape = match_family(func, target)
+    applies, naming why each family does not, or if ``target`` is not a Hopper GPU). A function
+    whose matmuls accumulate in 16 bits is planned as accumulating in fp32
+    (:mod:`tvm_dsm.transform.widen_accumulation`) where no family takes it as written."""
+    func, (family, shape) = _as_written_or_widened(func, lambda f: match_family(f, target))
     hw = hw or load_hardware()
     return Ranking(family, shape, family.rank(shape, hw), func, hw)
 
@@ -200,7 +222,7 @@ def schedule_row_ranges(func: tirx.PrimFunc, target=H100,
     # the families' kernels index in int32 (a template's kernel is built on the narrowed
     # function, whose variables the branches must share)
     func = tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({"main": func}))["main"]
-    kernels = range_kernels(func, target, hw or load_hardware())
+    func, kernels = _as_written_or_widened(func, lambda f: range_kernels(f, target, hw or load_hardware()))
     for kernel in kernels:
         LOG.info("rows up to %s: %s %s", kernel.bound or "any", kernel.family.name, kernel.config)
     # s_tir's checks expect one root block; each range's kernel holds its own

@@ -1,0 +1,81 @@
+"""Matmuls written to accumulate in fp16/bf16 (TOPI's dense without out_dtype, a plain TE sum)
+are planned as accumulating in fp32 and rounded once, so the GEMM family takes them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from conftest import TARGET
+from tvm import te, topi
+
+import tvm_dsm
+from tvm_dsm.transform.widen_accumulation import widen_accumulation
+
+
+def topi_dense(m: int, n: int, k: int, dtype: str = "float16") -> tvm.tirx.PrimFunc:
+    x = te.placeholder((m, k), dtype, name="x")
+    w = te.placeholder((n, k), dtype, name="w")
+    return te.create_prim_func([x, w, topi.nn.dense(x, w)])
+
+
+def te_matmul_kn(m: int, n: int, k: int, dtype: str = "float16") -> tvm.tirx.PrimFunc:
+    x = te.placeholder((m, k), dtype, name="x")
+    w = te.placeholder((k, n), dtype, name="w")
+    r = te.reduce_axis((0, k), "r")
+    y = te.compute((m, n), lambda i, j: te.sum(x[i, r] * w[r, j], axis=r), name="y")
+    return te.create_prim_func([x, w, y])
+
+
+def _error_on_llvm(func, x, w, ref) -> float:
+    out = tvm.runtime.tensor(np.full(ref.shape, np.nan, x.dtype))
+    tvm.compile(tvm.IRModule({"main": func}), target="llvm")(tvm.runtime.tensor(x), tvm.runtime.tensor(w), out)
+    got = out.numpy().astype(np.float64)
+    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+
+
+def test_widened_accumulation_is_closer_to_the_exact_product():
+    func = topi_dense(8, 64, 4096)
+    rng = np.random.default_rng()
+    x = rng.standard_normal((8, 4096)).astype("float16")
+    w = rng.standard_normal((64, 4096)).astype("float16")
+    ref = x.astype(np.float64) @ w.astype(np.float64).T
+    widened = _error_on_llvm(widen_accumulation(func), x, w, ref)
+    assert widened < 2e-3 and widened < _error_on_llvm(func, x, w, ref)
+
+
+@pytest.mark.parametrize("make", [topi_dense, te_matmul_kn])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_16_bit_accumulated_matmul_takes_the_gemm_family(make, dtype):
+    func = make(128, 1024, 512, dtype)
+    assert tvm_dsm.plan(func).family.name == "split_k_gemm"
+    source = tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source()
+    assert "mma" in source
+
+
+def test_functions_without_a_16_bit_product_are_left_alone():
+    assert widen_accumulation(topi_dense(16, 64, 64, "float32")) is None
+    x = te.placeholder((16, 64), "float16", name="x")
+    assert widen_accumulation(te.create_prim_func([x, topi.sum(x, axis=1)])) is None  # no product
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("make", [topi_dense, te_matmul_kn])
+def test_a_16_bit_accumulated_matmul_is_correct_on_the_gpu(make):
+    m, n, k = 100, 1024, 4096
+    func = make(m, n, k)
+    lib = tvm_dsm.build(func)
+    rng = np.random.default_rng()
+    x = rng.standard_normal((m, k)).astype("float16")
+    w = rng.standard_normal((n, k) if make is topi_dense else (k, n)).astype("float16")
+    dev = tvm.cuda(0)
+    out = tvm.runtime.tensor(np.full((m, n), np.nan, "float16"), dev)
+    lib(tvm.runtime.tensor(x, dev), tvm.runtime.tensor(w, dev), out)
+    wt = w.astype(np.float64) if make is te_matmul_kn else w.astype(np.float64).T
+    ref = x.astype(np.float64) @ wt
+    assert np.linalg.norm(out.numpy().astype(np.float64) - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def test_a_symbolic_batch_16_bit_dense_takes_the_gemm_family_per_row_range():
+    kernels, _ = tvm_dsm.driver.schedule_row_ranges(topi_dense(te.var("m"), 1024, 512))
+    assert {k.family.name for k in kernels} == {"split_k_gemm"}
