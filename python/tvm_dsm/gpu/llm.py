@@ -14,7 +14,10 @@ crashes its process costs that configuration only):
   symbolic batch dispatched over dlight's low-batch GEMV (up to 8 rows) and matmul rules, dlight
   for the rest, TVM's stock TIR pipeline, sm_90;
 - ``tvm_dsm``: ``relax_pipeline="tvm_dsm"`` (:mod:`tvm_dsm.relax_pipeline`), tvm-dsm's TIR
-  pipeline, sm_90a; its per-kernel coverage (family or dlight) goes into the results.
+  pipeline, sm_90a; its per-kernel coverage (family or dlight) goes into the results;
+
+and the same weights in torch (:mod:`tvm_dsm.gpu.torch_llama`: static KV cache, SDPA) eager and
+under ``torch.compile(mode="reduce-overhead")`` (``--no-torch`` leaves them out).
 
 Then, one configuration at a time on the GPU, for each batch size: prefill a random prompt per
 sequence in one ragged prefill, decode ``--check-steps`` teacher-forced steps (fixed random
@@ -225,9 +228,7 @@ def _run_config(executable, info: dict, config: LlamaConfig, weights, prompts, f
             dev.sync()
             times.append((time.perf_counter() - start) * 1e3)
         context = prompt_len + check_steps + steps // 2
-        kv_bytes = (batch * context * config.num_layers * 2 * config.num_key_value_heads
-                    * config.head_dim * 2)
-        floor_ms = (config.weight_bytes + kv_bytes) / bandwidth * 1e3
+        floor_ms = _decode_floor_ms(config, batch, context, bandwidth)
         decode_ms = float(np.median(times))
         kernels = profile_kernels(lambda: session.decode(token), step_us=decode_ms * 1e3)
         record(batch, {"prefill_ms_first_call": round(prefill_ms, 3),
@@ -240,6 +241,62 @@ def _run_config(executable, info: dict, config: LlamaConfig, weights, prompts, f
              f"floor), prefill {prefill_ms:.1f} ms, logits rel err {checks['rel_l2_max']:.2e}; "
              f"{kernels['kernels_per_step']:.0f} kernels, {kernels['kernel_us_per_step']:.0f} us of them")
         del session
+
+
+def _decode_floor_ms(config: LlamaConfig, batch: int, context: int, bandwidth: float) -> float:
+    """The bytes one decode step must read (every weight, the batch's KV cache) over the HBM
+    bandwidth, in milliseconds."""
+    kv_bytes = batch * context * config.num_layers * 2 * config.num_key_value_heads * config.head_dim * 2
+    return (config.weight_bytes + kv_bytes) / bandwidth * 1e3
+
+
+def _run_torch(config: LlamaConfig, weights, prompts, forced, reference: np.ndarray, batches: list[int],
+               check_steps: int, steps: int, bandwidth: float, record) -> None:
+    """The torch contenders (:mod:`tvm_dsm.gpu.torch_llama`) at every batch size, checked and
+    timed as the TVM configurations are: ``torch_eager`` (prefill and decode) and
+    ``torch_compile`` (decode under ``torch.compile(mode="reduce-overhead")``: CUDA graphs);
+    each row to ``record(name, batch, row)``."""
+    import torch
+
+    from .torch_llama import TorchLlama
+
+    prompt_len = prompts.shape[1]
+    for batch in batches:
+        model = TorchLlama(config, weights, batch, prompt_len + check_steps + steps + 1)
+        tokens = torch.as_tensor(prompts[:batch], device="cuda")
+        forced_tokens = torch.as_tensor(forced[:batch], device="cuda")
+        with torch.no_grad():
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            first = model.prefill(tokens)
+            torch.cuda.synchronize()
+            prefill_ms = (time.perf_counter() - start) * 1e3
+            for name, step in (("torch_eager", model.decode),
+                               ("torch_compile", torch.compile(model.decode, mode="reduce-overhead"))):
+                got = [first.cpu().numpy()]
+                for s in range(check_steps):
+                    position = torch.tensor(prompt_len + s, device="cuda")
+                    got.append(step(forced_tokens[:, s:s + 1], position).cpu().numpy())
+                checks = logit_errors(np.stack(got, axis=1), reference[:batch])
+                times = []
+                for s in range(steps):
+                    position = torch.tensor(prompt_len + check_steps + s, device="cuda")
+                    torch.cuda.synchronize()
+                    start = time.perf_counter()
+                    step(forced_tokens[:, :1], position)
+                    torch.cuda.synchronize()
+                    times.append((time.perf_counter() - start) * 1e3)
+                context = prompt_len + check_steps + steps // 2
+                floor_ms = _decode_floor_ms(config, batch, context, bandwidth)
+                decode_ms = float(np.median(times[3:]))  # after reduce-overhead's recording calls
+                record(name, batch, {"prefill_ms_first_call": round(prefill_ms, 3) if name == "torch_eager" else None,
+                                     "decode_ms_per_step": round(decode_ms, 4), "decode_ms_min": round(min(times), 4),
+                                     "context": context, "floor_ms": round(floor_ms, 4),
+                                     "multiple_of_floor": round(decode_ms / floor_ms, 2), "logits_vs_fp32": checks})
+                _log(f"  {name} batch {batch}: decode {decode_ms:.3f} ms/step ({decode_ms / floor_ms:.2f}x floor), "
+                     f"logits rel err {checks['rel_l2_max']:.2e}")
+        del model
+        torch.cuda.empty_cache()
 
 
 def _versions() -> dict:
@@ -328,6 +385,20 @@ def run(args) -> None:
             results["configs"][name]["error"] = f"run: {type(err).__name__}: {err}"
             save()
             _log(f"{name} failed: {err}")
+    if args.torch:
+        _log("torch: eager and torch.compile (reduce-overhead)")
+
+        def record_torch(name, batch, row):
+            results["configs"].setdefault(name, {"batches": {}})["batches"][str(batch)] = row
+            save()
+
+        try:
+            _run_torch(config, weights, prompts, forced, reference, batches, args.check_steps, args.steps,
+                       bandwidth, record_torch)
+        except Exception as err:  # noqa: BLE001  (recorded; the TVM rows stand)
+            results["torch_error"] = f"{type(err).__name__}: {err}"
+            save()
+            _log(f"torch failed: {err}")
     _log(f"done: {out}")
 
 
@@ -349,6 +420,8 @@ def main(argv=None) -> None:
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--check-steps", type=int, default=4)
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--torch", action=argparse.BooleanOptionalAction, default=True,
+                        help="also run the torch contenders (eager, torch.compile) on the same weights")
     args = parser.parse_args(argv)
     if args.command == "compile":
         folder = Path(args.folder)
