@@ -130,3 +130,24 @@ def test_compiled_ffn_runs_the_chain_familys_kernels():
     kernels = _kernels(compile_model(ffn(*SHAPE), target=TARGET))
     assert kernels and all("NT_matmul_relu_cast_NT_matmul1_cast1" in name for name in kernels)
     assert any("CUtensorMap" in body and "mapa" in body for body in kernels.values())
+
+
+def test_a_function_with_an_int64_tensor_is_scheduled_without_narrowing():
+    """A causal mask built from ``arange`` (torch-exported attention) passes int64 tensors
+    between kernels; TVM's int32 narrowing refuses such a function, so it keeps its int64
+    indices and goes on to the families (which refuse it here) rather than crashing them."""
+    from tvm import te
+
+    from tvm_dsm.ir import narrow_indices
+
+    pos = te.placeholder((128,), "int64", name="pos")
+    mask = te.compute((128, 128), lambda i, j: tvm.tirx.Select(pos[j] <= pos[i], tvm.tirx.const(0.0, "float32"),
+                                                                tvm.tirx.const(-1e9, "float32")), name="mask")
+    func = te.create_prim_func([pos, mask]).with_attr("global_symbol", "mask")
+    with pytest.raises(Exception, match="has dtype T.int64"):
+        tvm.tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({"main": func}))
+    assert narrow_indices(func).same_as(func)
+    choices = {}
+    scheduled = ScheduleTIR(TARGET, choices=choices)(tvm.IRModule({"mask": func}))  # no crash survived
+    assert "tirx.is_scheduled" not in scheduled["mask"].attrs
+    assert "no tvm-dsm schedule family applies" in choices["mask"].reason

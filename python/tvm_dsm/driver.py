@@ -26,6 +26,7 @@ from .families import ScheduleFamily, match_family
 from .families.row_ranges import RangeKernel, dispatch, range_kernels, row_variable
 from .hardware import Hardware, load_hardware
 from .intrin import register_all
+from .ir import narrow_indices
 from .planners.report import Plan
 from .transform.host_sorts import refuse_host_sorts
 from .transform.split_operators import merge_operators, split_operators
@@ -221,7 +222,7 @@ def schedule_row_ranges(func: tirx.PrimFunc, target=H100,
     range has no family that takes a symbolic row count."""
     # the families' kernels index in int32 (a template's kernel is built on the narrowed
     # function, whose variables the branches must share)
-    func = tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({"main": func}))["main"]
+    func = narrow_indices(func)
     func, kernels = _as_written_or_widened(func, lambda f: range_kernels(f, target, hw or load_hardware()))
     for kernel in kernels:
         LOG.info("rows up to %s: %s %s", kernel.bound or "any", kernel.family.name, kernel.config)

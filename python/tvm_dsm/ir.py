@@ -8,6 +8,7 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import SBlock
+from tvm.tirx.buffer import BufferType
 
 
 def find_all(root, node_type, pred: Callable = lambda _node: True) -> list:
@@ -85,3 +86,13 @@ def fast_exp(call):
     if call.op.name == "tirx.exp" and str(call.ty.dtype) == "float32":
         return tirx.call_pure_extern("float32", "__expf", call.args[0])
     return call
+
+
+def narrow_indices(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` indexed in int32 (Relax legalizes with int64 extents; tvm-dsm's kernels index in
+    int32), or as it is where TVM's narrowing refuses it: a function with an int64 tensor (a
+    mask built from ``arange``) keeps its int64 indices, for a family to refuse or take as
+    they are."""
+    if any(isinstance(p.ty, BufferType) and str(p.ty.dtype) == "int64" for p in func.params):
+        return func
+    return tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({"main": func}))["main"]

@@ -25,6 +25,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from .driver import H100, plan, schedule, schedule_row_ranges, stock_rules, stock_target
 from .errors import ClusterError
+from .ir import narrow_indices
 from .families.row_ranges import row_variable
 from .hardware import Hardware
 from .relax_chains import FuseGemmChains, merge_elementwise
@@ -81,9 +82,7 @@ class ScheduleTIR:
         for gv, func in mod.functions.items():
             if not isinstance(func, tirx.PrimFunc) or func.attrs.get("tirx.is_scheduled", False):
                 continue
-            # Relax legalizes with int64 extents; the families' kernels index in int32.
-            func = tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({"main": func}))["main"]
-            func = merge_elementwise(func)
+            func = merge_elementwise(narrow_indices(func))
             try:  # a matched family may still refuse (no valid configuration)
                 choice, sch = self._schedule(func)
             except ClusterError as err:

@@ -39,7 +39,7 @@ from ..annotations import CLUSTER_LAUNCH_KEY
 from ..errors import ClusterError
 from ..fusion.cascade import Level, indexed_by, inline_elementwise, parse_reduction
 from ..hardware import Hardware
-from ..ir import fast_exp, is_reduction, loads, substitute, tree_reduce, uses
+from ..ir import fast_exp, is_reduction, loads, narrow_indices, substitute, tree_reduce, uses
 from ..schedule.cluster import MAX_CLUSTER_SIZE
 from .template import KernelTemplate
 
@@ -149,7 +149,7 @@ def _is_row_load(load, row_vars, last_var, rows_shape, width) -> bool:
 def find_row_norm(func: tirx.PrimFunc) -> RowNorm:
     """The normalization of ``func`` as the kernel takes it; ClusterError naming what does not
     match (a reduction over another axis, a stage reading a row the statistics do not, ...)."""
-    func = tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({"main": func}))["main"]
+    func = narrow_indices(func)
     func = inline_elementwise(func)
     sch = s_tir.Schedule(func)
     blocks = [sch.get(rv) for rv in sch.get_child_blocks(sch.get_sblock("root"))]
