@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import json
 import subprocess
 import sys
@@ -98,7 +99,6 @@ def compile_config(name: str, config: LlamaConfig, lib: Path, info: Path, cuda_g
     ``cuda_graph``: Relax's ``RewriteCUDAGraph`` captures the kernels between the KV cache's
     calls into CUDA graphs, replayed on later calls (``relax.backend.use_cuda_graph``)."""
     import tvm
-    from tvm import relax
 
     from ..driver import H100, stock_target
     from ..workloads.llama import export_llama
@@ -230,7 +230,7 @@ def _run_config(executable, info: dict, config: LlamaConfig, weights, prompts, f
         context = prompt_len + check_steps + steps // 2
         floor_ms = _decode_floor_ms(config, batch, context, bandwidth)
         decode_ms = float(np.median(times))
-        kernels = profile_kernels(lambda: session.decode(token), step_us=decode_ms * 1e3)
+        kernels = profile_kernels(functools.partial(session.decode, token), step_us=decode_ms * 1e3)
         record(batch, {"prefill_ms_first_call": round(prefill_ms, 3),
                        "decode_ms_per_step": round(decode_ms, 4),
                        "decode_ms_min": round(min(times), 4), "context": context,
