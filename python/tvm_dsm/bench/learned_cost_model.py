@@ -88,51 +88,42 @@ def gemm_measurements(rows: list[dict], group: str) -> list[Measurement]:
     return out
 
 
+def _named(rows: list[dict], pattern: str, config_type) -> list[tuple[re.Match, dict, Any]]:
+    """(name match, row, configuration of type ``config_type`` from its plan) of each row whose
+    name matches ``pattern`` whole."""
+    return [(found, r, config_type(**_fields(config_type, r["plan"])))
+            for r in rows if (found := re.fullmatch(pattern, r["name"]))]
+
+
 def reduction_measurements(rows: list[dict], group: str) -> list[Measurement]:
     """Cluster split-K row sums and GEMVs."""
-    out = []
-    for r in rows:
-        found = re.fullmatch(r"(row_sum|gemv)_(\d+)x(\d+)_c\d+", r["name"])
-        if found:
-            config = SplitKReductionConfig(**_fields(SplitKReductionConfig, r["plan"]))
-            out.append(Measurement(group, (found[1], int(found[2]), int(found[3])), config, r["ours_us"]))
-    return out
+    return [Measurement(group, (found[1], int(found[2]), int(found[3])), config, r["ours_us"])
+            for found, r, config in _named(rows, r"(row_sum|gemv)_(\d+)x(\d+)_c\d+", SplitKReductionConfig)]
 
 
 def attention_measurements(rows: list[dict], group: str) -> list[Measurement]:
     """Attention kernels (every run of a file its own group)."""
-    out = []
-    for r in rows:
-        found = re.fullmatch(r"(?:(r\d+)_)?attention_(\d+)x(\d+)x(\d+)x(\d+)(_causal)?_m\d+n\d+(?:_w\d+)?", r["name"])
-        if found:
-            shape = ("attention", *(int(x) for x in found.group(2, 3, 4, 5)), bool(found[6]))
-            config = AttentionConfig(**_fields(AttentionConfig, r["plan"]))
-            out.append(Measurement(f"{group}:{found[1] or ''}", shape, config, r["ours_us"]))
-    return out
+    pattern = r"(?:(r\d+)_)?attention_(\d+)x(\d+)x(\d+)x(\d+)(_causal)?_m\d+n\d+(?:_w\d+)?"
+    return [Measurement(f"{group}:{found[1] or ''}",
+                        ("attention", *(int(x) for x in found.group(2, 3, 4, 5)), bool(found[6])), config, r["ours_us"])
+            for found, r, config in _named(rows, pattern, AttentionConfig)]
 
 
 def softmax_gemm_measurements(rows: list[dict], group: str) -> list[Measurement]:
     """softmax(X)·V as the tiled kernel, in configurations named by their tiles (the planner's
     own picks, named by the fused-cascade split they were compared with, are left out)."""
-    out = []
-    for r in rows:
-        found = re.fullmatch(r"softmax_pv_(\d+)x(\d+)x(\d+)(?:x(\w+?))?_m\d+k\d+j\d+t\d+x\d+(?:_c\d+)?", r["name"])
-        if found:
-            shape = ("softmax_pv", *(int(x) for x in found.group(1, 2, 3)), found[4] or "float32")
-            config = SoftmaxGemmConfig(**_fields(SoftmaxGemmConfig, r["plan"]))
-            out.append(Measurement(group, shape, config, r["ours_us"]))
-    return out
+    pattern = r"softmax_pv_(\d+)x(\d+)x(\d+)(?:x(\w+?))?_m\d+k\d+j\d+t\d+x\d+(?:_c\d+)?"
+    return [Measurement(group, ("softmax_pv", *(int(x) for x in found.group(1, 2, 3)), found[4] or "float32"),
+                        config, r["ours_us"])
+            for found, r, config in _named(rows, pattern, SoftmaxGemmConfig)]
 
 
 def top_k_rows_measurements(rows: list[dict], group: str) -> list[Measurement]:
     """MoE routers as the top-k rows kernel (not as fused cascades)."""
-    out = []
-    for r in rows:
-        found = re.fullmatch(r"moe_routing_(\d+)x(\d+)x(\d+)(?:x(\w+?))?_rows_l\d+_r\d+(?:_plan)?", r["name"])
-        if found:
-            shape = ("moe_routing", *(int(x) for x in found.group(1, 2, 3)), found[4] or "float16")
-            out.append(Measurement(group, shape, TopKRowsConfig(**_fields(TopKRowsConfig, r["plan"])), r["ours_us"]))
-    return out
+    pattern = r"moe_routing_(\d+)x(\d+)x(\d+)(?:x(\w+?))?_rows_l\d+_r\d+(?:_plan)?"
+    return [Measurement(group, ("moe_routing", *(int(x) for x in found.group(1, 2, 3)), found[4] or "float16"),
+                        config, r["ours_us"])
+            for found, r, config in _named(rows, pattern, TopKRowsConfig)]
 
 
 #: Per family: the results files (relative to bench/results) and how their rows read.
