@@ -249,13 +249,15 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
     ``families``); else ClusterError with the reasons."""
     LOG.info("tvm-dsm falls back from its families: %s", reason)
     operators = _operators(func)
+    per_operator_error = None
     if families and sum(op.matmul for op in operators) >= 2:
         # dlight has no rule for two matmuls in one kernel: what it makes of one is a few CTAs
         # (an M = 1 SwiGLU chain: 26 ms where its operators take 40 us; at N = 28672 more shared
         # memory than a CTA has). Operator by operator first.
         try:
-            return _merged(func, [schedule(op.func, target, hw=hw) for op in operators])
+            return _per_operator(func, operators, target, hw, families)
         except Exception as err:  # noqa: BLE001  (dlight's rules assert on forms they misjudge)
+            per_operator_error = err
             LOG.info("its operators one by one do not schedule (%s); dlight's schedule whole",
                      str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__)
     try:
@@ -265,7 +267,16 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
     if len(operators) < 2:
         raise ClusterError(f"neither tvm-dsm nor TVM's stock schedules (dlight) can schedule "
                            f"this function. tvm-dsm: {reason}\ndlight: {whole}")
+    if per_operator_error is not None:  # tried above: its error, not the same work again
+        raise per_operator_error
     LOG.info("scheduling its %d operators one by one (dlight: %s)", len(operators), whole)
+    return _per_operator(func, operators, target, hw, families)
+
+
+def _per_operator(func: tirx.PrimFunc, operators: list, target, hw: Hardware | None,
+                  families: bool) -> s_tir.Schedule:
+    """``func`` with each of its ``operators`` scheduled on its own: by :func:`schedule` (a
+    family's, else the fallback), or by dlight alone without ``families``."""
     return _merged(func, [schedule(op.func, target, hw=hw) if families else stock_schedule(op.func, target)
                           for op in operators])
 
