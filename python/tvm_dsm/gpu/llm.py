@@ -44,8 +44,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -209,28 +211,19 @@ def _run_config(executable, info: dict, config: LlamaConfig, weights, prompts, f
         session = LlamaSession(executable, dev, weights, info["names"], config,
                                max_batch_size=batch, max_total_seq_len=batch * tokens_per_seq,
                                prefill_chunk_size=batch * prompt_len, page_size=PAGE_SIZE)
-        dev.sync()
-        start = time.perf_counter()
-        logits = session.prefill(prompts[:batch])
-        dev.sync()
-        prefill_ms = (time.perf_counter() - start) * 1e3
+        logits, prefill_ms = _wall_ms(functools.partial(session.prefill, prompts[:batch]), dev.sync)
         got = [logits.numpy()[0]]
         for step in range(check_steps):
             token = tvm.runtime.tensor(forced[:batch, step:step + 1].astype(np.int32), dev)
             got.append(session.decode(token).numpy()[:, 0])
         checks = logit_errors(np.stack(got, axis=1), reference[:batch])
         token = tvm.runtime.tensor(forced[:batch, :1].astype(np.int32), dev)
-        times = []
-        for _ in range(steps):
-            dev.sync()
-            start = time.perf_counter()
-            session.decode(token)
-            dev.sync()
-            times.append((time.perf_counter() - start) * 1e3)
+        decode_step = functools.partial(session.decode, token)
+        times = [_wall_ms(decode_step, dev.sync)[1] for _ in range(steps)]
         context = prompt_len + check_steps + steps // 2
         floor_ms = _decode_floor_ms(config, batch, context, bandwidth)
         decode_ms = float(np.median(times))
-        kernels = profile_kernels(functools.partial(session.decode, token), step_us=decode_ms * 1e3)
+        kernels = profile_kernels(decode_step, step_us=decode_ms * 1e3)
         record(batch, {"prefill_ms_first_call": round(prefill_ms, 3),
                        "decode_ms_per_step": round(decode_ms, 4),
                        "decode_ms_min": round(min(times), 4), "context": context,
@@ -241,6 +234,16 @@ def _run_config(executable, info: dict, config: LlamaConfig, weights, prompts, f
              f"floor), prefill {prefill_ms:.1f} ms, logits rel err {checks['rel_l2_max']:.2e}; "
              f"{kernels['kernels_per_step']:.0f} kernels, {kernels['kernel_us_per_step']:.0f} us of them")
         del session
+
+
+def _wall_ms(call: Callable[[], Any], sync: Callable[[], None]) -> tuple[Any, float]:
+    """``call()``'s result and its host wall time in milliseconds, the device synchronized
+    (``sync``) before and after."""
+    sync()
+    start = time.perf_counter()
+    result = call()
+    sync()
+    return result, (time.perf_counter() - start) * 1e3
 
 
 def _decode_floor_ms(config: LlamaConfig, batch: int, context: int, bandwidth: float) -> float:
@@ -266,11 +269,7 @@ def _run_torch(config: LlamaConfig, weights, prompts, forced, reference: np.ndar
         tokens = torch.as_tensor(prompts[:batch], device="cuda")
         forced_tokens = torch.as_tensor(forced[:batch], device="cuda")
         with torch.no_grad():
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            first = model.prefill(tokens)
-            torch.cuda.synchronize()
-            prefill_ms = (time.perf_counter() - start) * 1e3
+            first, prefill_ms = _wall_ms(functools.partial(model.prefill, tokens), torch.cuda.synchronize)
             for name, step in (("torch_eager", model.decode),
                                ("torch_compile", torch.compile(model.decode, mode="reduce-overhead"))):
                 got = [first.cpu().numpy()]
@@ -278,14 +277,9 @@ def _run_torch(config: LlamaConfig, weights, prompts, forced, reference: np.ndar
                     position = torch.tensor(prompt_len + s, device="cuda")
                     got.append(step(forced_tokens[:, s:s + 1], position).cpu().numpy())
                 checks = logit_errors(np.stack(got, axis=1), reference[:batch])
-                times = []
-                for s in range(steps):
-                    position = torch.tensor(prompt_len + check_steps + s, device="cuda")
-                    torch.cuda.synchronize()
-                    start = time.perf_counter()
-                    step(forced_tokens[:, :1], position)
-                    torch.cuda.synchronize()
-                    times.append((time.perf_counter() - start) * 1e3)
+                positions = [torch.tensor(prompt_len + check_steps + s, device="cuda") for s in range(steps)]
+                times = [_wall_ms(functools.partial(step, forced_tokens[:, :1], p), torch.cuda.synchronize)[1]
+                         for p in positions]
                 context = prompt_len + check_steps + steps // 2
                 floor_ms = _decode_floor_ms(config, batch, context, bandwidth)
                 decode_ms = float(np.median(times[3:]))  # after reduce-overhead's recording calls
