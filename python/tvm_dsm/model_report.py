@@ -84,10 +84,10 @@ def model_report(coverage: dict[str, str], choices: dict[str, Choice]) -> ModelR
         if choice.ranges:
             families = dict.fromkeys(r.family for r in choice.ranges)
             rows.append(KernelRow(name, "/".join(families), choice.ranges, choice.row_variable))
-        elif where == PRESCHEDULED:
-            rows.append(KernelRow(name, PRESCHEDULED))
-        else:
+        elif where.startswith(DLIGHT):
             rows.append(KernelRow(name, DLIGHT, reason=choice.reason))
+        else:  # prescheduled, or a kernel tvm-dsm put in the module whole (paged decode)
+            rows.append(KernelRow(name, where))
     return ModelReport(tuple(rows))
 
 

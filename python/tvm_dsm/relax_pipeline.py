@@ -5,7 +5,9 @@ fuse, dlight, dataflow lowering, finalization) with two changes in the middle: t
 lowered by :func:`tvm_dsm.relax_integration.lower_to_tir` (weight transposes folded into their
 matmuls, GEMM chains grouped for the chain family), and :class:`ScheduleTIR` schedules every
 PrimFunc a tvm-dsm family matches before dlight schedules the rest. Functions that arrive
-scheduled (``nn.llm``'s paged-attention kernels) keep their own schedule. dlight runs under
+scheduled (``nn.llm``'s paged-attention kernels) keep their own schedule, except its decode
+attention, which :func:`use_paged_decode` replaces by tvm-dsm's cluster kernel
+(:mod:`tvm_dsm.kernels.paged_decode`) where the KV cache stores K rotated. dlight runs under
 :func:`tvm_dsm.driver.stock_target` (it skips tensor cores on "sm_90a"), after
 :class:`LowBatchDispatch` has given the matmuls of a symbolic batch no family took the low-batch
 GEMV dispatch MLC-LLM adds for decode.
@@ -22,14 +24,15 @@ from __future__ import annotations
 import logging
 
 import tvm
-from tvm import tirx
+from tvm import relax, tirx
 from tvm.relax.backend.cuda import pipeline as cuda_pipeline
 from tvm.s_tir import meta_schedule as ms
 
 from .driver import stock_rules, stock_target
 from .errors import ClusterError
 from .families.row_ranges import dispatch, row_variable
-from .hardware import Hardware
+from .hardware import Hardware, load_hardware
+from .kernels.paged_decode import default_ranks, find_paged_decode, paged_decode_kernel
 from .relax_integration import CRASH_ATTR, FAMILY_ATTR, Choice, ScheduleTIR, lower_to_tir
 
 LOG = logging.getLogger("tvm_dsm.relax")
@@ -78,6 +81,49 @@ def LowBatchDispatch(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - T
     return mod
 
 
+#: The family name :func:`kernel_coverage` gives the replaced paged decode attention.
+PAGED_DECODE = "paged_decode"
+#: The KV cache's constructor, and the position of its RoPE mode among the arguments
+#: (``nn.llm.kv_cache``; 2 is ``RopeMode.INLINE``: RoPE inside the attention kernels).
+_KV_CACHE_CREATE, _ROPE_MODE_ARG, _INLINE_ROPE = "vm.builtin.paged_attention_kv_cache_create", 8, 2
+
+
+def _rope_inside_attention(mod: tvm.IRModule) -> bool:
+    """Whether a KV cache of ``mod`` applies RoPE inside its attention kernels."""
+    found = []
+
+    def visit(expr):
+        if (isinstance(expr, relax.Call) and expr.args and isinstance(expr.args[0], relax.ExternFunc)
+                and str(expr.args[0].global_symbol) == _KV_CACHE_CREATE):
+            mode = expr.args[1 + _ROPE_MODE_ARG]
+            found.append(not isinstance(mode, tvm.tirx.IntImm) or int(mode.value) == _INLINE_ROPE)
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return any(found)
+
+
+def use_paged_decode(mod: tvm.IRModule, hw: Hardware | None = None) -> tvm.IRModule:
+    """``mod`` with ``nn.llm``'s paged decode attention replaced by tvm-dsm's
+    (:mod:`tvm_dsm.kernels.paged_decode`), sized for ``hw``; unchanged where the KV cache
+    applies RoPE inside the attention kernels (that kernel takes K stored rotated)."""
+    if _rope_inside_attention(mod):
+        return mod
+    hw = hw or load_hardware()
+    mod = mod.clone()
+    for gv, func in list(mod.functions.items()):
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+        try:
+            found = find_paged_decode(func)
+        except ClusterError:
+            continue
+        kernel = paged_decode_kernel(found, default_ranks(found, hw))
+        mod.update_func(gv, kernel.with_attr(FAMILY_ATTR, PAGED_DECODE))
+    return mod
+
+
 def _scheduled(mod: tvm.IRModule) -> set[str]:
     return {gv.name_hint for gv, f in mod.functions.items()
             if isinstance(f, tirx.PrimFunc) and f.attrs.get("tirx.is_scheduled", False)}
@@ -108,7 +154,7 @@ def schedule_kernels(mod: tvm.IRModule, target: tvm.target.Target,
     (filling ``choices``); the module and its :func:`kernel_coverage`, logged."""
     with target:
         mod = tvm.transform.Sequential(cuda_pipeline.library_dispatch_passes(target))(mod)
-        mod = lower_to_tir(mod)
+        mod = use_paged_decode(lower_to_tir(mod), hw)
         prescheduled = _scheduled(mod)
         mod = ScheduleTIR(target, database, hw, survive_crashes=True, choices=choices)(mod)
     taken = kernel_coverage(mod, prescheduled)

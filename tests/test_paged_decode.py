@@ -1,0 +1,152 @@
+"""tvm-dsm's decode attention over nn.llm's paged KV cache (tvm_dsm.kernels.paged_decode):
+which functions it takes, the kernel it writes, and on the GPU its output and log-sum-exp
+against float64 and against nn.llm's own kernel on the same cache."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import tvm
+from tvm.relax.frontend.nn.llm._decode_kernels import _attention_decode
+
+from conftest import TARGET, cuda_source, host_launch
+from tvm_dsm.errors import ClusterError
+from tvm_dsm.hardware import load_hardware
+from tvm_dsm.kernels.paged_decode import default_ranks, find_paged_decode, paged_decode_kernel
+from tvm_dsm.relax_pipeline import PAGED_DECODE, use_paged_decode
+
+PAGE = 16
+
+
+def nn_llm_decode(qo_heads: int, kv_heads: int, head_dim: int, dtype: str = "float16",
+                  sliding_window: bool = False):
+    return _attention_decode(kv_heads, qo_heads, head_dim, dtype, sliding_window, {},
+                             tvm.target.Target(TARGET))
+
+
+def test_it_takes_nn_llm_decode_and_reads_its_sizes():
+    found = find_paged_decode(nn_llm_decode(32, 8, 64))
+    assert (found.qo_heads, found.kv_heads, found.head_dim, found.page_size, found.group) == (32, 8, 64, PAGE, 4)
+    assert found.lanes == 8  # 16-byte pieces of a 64-wide fp16 row
+    assert default_ranks(found, load_hardware()) == 8  # 8 KV heads x 8 CTAs: half of 132 SMs, portable
+
+
+@pytest.mark.parametrize("make, limit", [
+    (lambda: nn_llm_decode(32, 8, 64, sliding_window=True), "not nn.llm's paged decode"),
+    (lambda: nn_llm_decode(32, 8, 96), "head dim of 8 times a power of two"),
+    (lambda: nn_llm_decode(64, 4, 64), "at most 8 query heads per KV head"),
+    (lambda: nn_llm_decode(32, 8, 64, "float32"), "16-bit Q and KV"),
+])
+def test_it_refuses_with_the_limit_named(make, limit):
+    with pytest.raises(ClusterError, match=limit):
+        find_paged_decode(make())
+
+
+def test_the_kernel_launches_a_cluster_per_sequence_and_kv_head_and_assembles(assemble):
+    found = find_paged_decode(nn_llm_decode(32, 8, 64))
+    mod = tvm.IRModule({"main": paged_decode_kernel(found, 8)})
+    (launch,) = host_launch(mod, "tvm_dsm")
+    assert "B * 64, 128, 8" in launch and '"clusterCtaIdx.x"' in launch
+    source = cuda_source(mod, "tvm_dsm")
+    assert "mapa.shared::cluster" in source and "barrier.cluster" in source
+    assemble(source, "paged_decode")
+    with pytest.raises(ClusterError, match="a power of two"):
+        paged_decode_kernel(found, 3)
+
+
+def test_the_relax_pipeline_replaces_the_decode_kernel_of_an_llm():
+    from tvm_dsm.workloads.llama import LLAMA_TINY, export_llama
+
+    mod = export_llama(LLAMA_TINY, TARGET)[0]
+    with tvm.target.Target(TARGET):
+        replaced = use_paged_decode(mod)
+    names = {gv.name_hint: f for gv, f in replaced.functions.items()}
+    assert str(names["batch_decode_paged_kv"].attrs["tvm_dsm.family"]) == PAGED_DECODE
+    assert "tvm_dsm.family" not in names["batch_decode_paged_kv_sliding_window"].attrs
+    assert "tvm_dsm.family" not in mod["batch_decode_paged_kv"].attrs  # the input is left as it was
+
+
+def _paged_cache(rng, lengths, kv_heads, head_dim, dtype):
+    """A cache holding ``lengths`` tokens per sequence on shuffled pages: (pages, indptr,
+    page ids, last-page lengths, K and V per sequence as float64)."""
+    counts = [max(1, math.ceil(n / PAGE)) if n else 0 for n in lengths]
+    total = sum(counts) + 3
+    pages = rng.standard_normal((total, 2, kv_heads, PAGE, head_dim)).astype(dtype)
+    ids = rng.permutation(total)[:sum(counts)].astype(np.int32)
+    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    last = np.array([n - (c - 1) * PAGE if c else 0 for n, c in zip(lengths, counts)], np.int32)
+    kv = []
+    for b, n in enumerate(lengths):
+        rows = [pages[ids[indptr[b] + t // PAGE], :, :, t % PAGE] for t in range(n)]
+        kv.append(np.stack(rows, 2).astype(np.float64) if n else np.zeros((2, kv_heads, 0, head_dim)))
+    return pages, indptr, ids, last, kv
+
+
+def _reference(q, kv, group, sm_scale):
+    """float64 attention per sequence and query head; the log-sum-exp in base 2."""
+    batch, heads, dim = q.shape
+    out, lse = np.zeros((batch, heads, dim)), np.full((batch, heads), -5e4)
+    for b in range(batch):
+        k, v = kv[b]
+        if k.shape[1] == 0:
+            continue
+        for h in range(heads):
+            s = k[h // group] @ q[b, h].astype(np.float64) * sm_scale
+            w = np.exp(s - s.max())
+            out[b, h] = w @ v[h // group] / w.sum()
+            lse[b, h] = (s.max() + math.log(w.sum())) * math.log2(math.e)
+    return out, lse
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qo_heads, kv_heads, head_dim, dtype, ranks", [
+    (32, 8, 64, "float16", 8), (32, 8, 64, "float16", 1), (28, 4, 128, "bfloat16", 4),
+    (8, 8, 128, "float16", 2), (16, 2, 256, "float16", 8),
+])
+def test_it_matches_float64_and_nn_llm_on_the_gpu(qo_heads, kv_heads, head_dim, dtype, ranks):
+    import ml_dtypes  # noqa: F401  (numpy's bfloat16)
+
+    rng = np.random.default_rng()
+    np_dtype = np.dtype(dtype if dtype != "bfloat16" else ml_dtypes.bfloat16)
+    lengths = [1, 16, 17, 531, 100, 0]
+    pages, indptr, ids, last, kv = _paged_cache(rng, lengths, kv_heads, head_dim, np_dtype)
+    q = rng.standard_normal((len(lengths), qo_heads, head_dim)).astype(np_dtype)
+    sm_scale = head_dim ** -0.5
+    ref_out, ref_lse = _reference(q, kv, qo_heads // kv_heads, sm_scale)
+    dev = tvm.cuda(0)
+    original = nn_llm_decode(qo_heads, kv_heads, head_dim, dtype)
+    ours = paged_decode_kernel(find_paged_decode(original), ranks)
+    results = {}
+    for name, func, pipeline in (("ours", ours, "tvm_dsm"), ("nn_llm", original, "default")):
+        lib = tvm.compile(tvm.IRModule({"main": func}), target=TARGET, tir_pipeline=pipeline)
+        out = tvm.runtime.tensor(np.full(q.shape, np.nan, np_dtype), dev)
+        lse = tvm.runtime.tensor(np.full(q.shape[:2], np.nan, np.float32), dev)
+        zeros = tvm.runtime.tensor(np.zeros(len(lengths), np.int32), dev)
+        args = [tvm.runtime.tensor(a, dev) for a in (q, pages, indptr, ids, last)]
+        lib(*args, zeros, zeros, out, lse, 0, 1.0, 1e4, sm_scale)
+        results[name] = (out.numpy().astype(np.float64), lse.numpy().astype(np.float64))
+    out, lse = results["ours"]
+    assert np.linalg.norm(out - ref_out) / np.linalg.norm(ref_out) < 2e-3
+    assert np.abs(lse[:-1] - ref_lse[:-1]).max() < 1e-3
+    assert not out[-1].any() and (lse[-1] == -5e4).all()  # an empty sequence: zeros, nn.llm's empty lse
+    theirs, their_lse = results["nn_llm"]
+    assert np.linalg.norm(out[:-1] - theirs[:-1]) / np.linalg.norm(theirs[:-1]) < 2e-3
+    assert np.abs(lse[:-1] - their_lse[:-1]).max() < 1e-3
+
+
+@pytest.mark.gpu
+def test_in_kernel_rope_stops_before_launch_with_the_reason():
+    dev = tvm.cuda(0)
+    ours = paged_decode_kernel(find_paged_decode(nn_llm_decode(8, 2, 64)), 2)
+    lib = tvm.compile(tvm.IRModule({"main": ours}), target=TARGET, tir_pipeline="tvm_dsm")
+    rng = np.random.default_rng()
+    pages, indptr, ids, last, _ = _paged_cache(rng, [5], 2, 64, np.float16)
+    q = rng.standard_normal((1, 8, 64)).astype(np.float16)
+    args = [tvm.runtime.tensor(a, dev) for a in (q, pages, indptr, ids, last)]
+    zeros = tvm.runtime.tensor(np.zeros(1, np.int32), dev)
+    out = tvm.runtime.tensor(np.zeros(q.shape, np.float16), dev)
+    lse = tvm.runtime.tensor(np.zeros((1, 8), np.float32), dev)
+    with pytest.raises(Exception, match="RoPE"):
+        lib(*args, zeros, zeros, out, lse, 1, 1.0, 1e4, 0.125)
