@@ -22,7 +22,7 @@ under ``torch.compile(mode="reduce-overhead")`` (``--no-torch`` leaves them out)
 Then, one configuration at a time on the GPU, for each batch size: prefill a random prompt per
 sequence in one ragged prefill, decode ``--check-steps`` teacher-forced steps (fixed random
 tokens) whose logits and the prefill's are compared with an fp32 torch evaluation of the same
-weights (:func:`tvm_dsm.workloads.llama.reference_logits`), then time ``--steps`` decode steps:
+weights (:func:`tvm_dsm.workloads.llama.reference_logits`), then, after a few untimed steps, time ``--steps`` decode steps:
 host wall time around each step with the device synchronized before and after, median; then
 five more steps under the CUDA profiler give the per-kernel breakdown of a step
 (:mod:`tvm_dsm.gpu.kernel_breakdown`). Every
@@ -57,6 +57,9 @@ from ..workloads.llama import LLAMA_1B, LLAMA_TINY, LlamaConfig
 
 MODELS = {"1b": LLAMA_1B, "1b_bf16": dataclasses.replace(LLAMA_1B, dtype="bfloat16"), "tiny": LLAMA_TINY}
 CONFIGS = ("tvm_default", "tvm_mlc", "tvm_dsm")
+#: Untimed decode steps before the timed ones (the first steps of a batch size capture its
+#: CUDA graph; a fresh process also runs its first steps slower).
+WARMUP_STEPS = 10
 #: Seconds one configuration's compile process may take.
 COMPILE_TIMEOUT_S = 300
 PAGE_SIZE = 16
@@ -219,6 +222,8 @@ def _run_config(executable, info: dict, config: LlamaConfig, weights, prompts, f
         checks = logit_errors(np.stack(got, axis=1), reference[:batch])
         token = tvm.runtime.tensor(forced[:batch, :1].astype(np.int32), dev)
         decode_step = functools.partial(session.decode, token)
+        for _ in range(WARMUP_STEPS):
+            decode_step()
         times = [_wall_ms(decode_step, dev.sync)[1] for _ in range(steps)]
         context = prompt_len + check_steps + steps // 2
         floor_ms = _decode_floor_ms(config, batch, context, bandwidth)
@@ -278,6 +283,8 @@ def _run_torch(config: LlamaConfig, weights, prompts, forced, reference: np.ndar
                     got.append(step(forced_tokens[:, s:s + 1], position).cpu().numpy())
                 checks = logit_errors(np.stack(got, axis=1), reference[:batch])
                 positions = [torch.tensor(prompt_len + check_steps + s, device="cuda") for s in range(steps)]
+                for _ in range(WARMUP_STEPS):
+                    step(forced_tokens[:, :1], positions[0])
                 times = [_wall_ms(functools.partial(step, forced_tokens[:, :1], p), torch.cuda.synchronize)[1]
                          for p in positions]
                 context = prompt_len + check_steps + steps // 2

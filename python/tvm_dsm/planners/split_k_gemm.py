@@ -302,6 +302,12 @@ def plan_split_k_gemm(shape: GemmShape, hw: Hardware, quantized: bool = False,
             "(M must be a multiple of 16, N a multiple of 64, K a multiple of 32 "
             "giving each CTA one or at least 3 pipeline steps)"
         )
+    if shape.m <= TILE:
+        # Taller tiles compute only padding rows here. The model does not see what that costs
+        # (its MMA term stays under the HBM term), but 128-row warpgroup tiles measured twice
+        # the HBM floor at M = 2-8 where 16-row tiles ran near it (the SwiGLU operators of
+        # N = 14336 and 28672, bench/results/real_shapes, H200).
+        plans = [p for p in plans if p.config.block_m == TILE] or plans
     return sorted(plans, key=lambda p: (p.predicted_us, p.config.cluster_size, -p.config.stages,
                                         max(p.seconds["hbm"], p.seconds["l2"]),
                                         -min(p.config.block_m, 128)))
