@@ -52,6 +52,9 @@ def test_the_kernel_launches_a_cluster_per_sequence_and_kv_head_and_assembles(as
     source = cuda_source(mod, "tvm_dsm")
     assert "mapa.shared::cluster" in source and "barrier.cluster" in source
     assemble(source, "paged_decode")
+    alone = cuda_source(tvm.IRModule({"main": paged_decode_kernel(found, 1)}), "tvm_dsm")
+    assert "barrier.cluster" not in alone  # one CTA a (sequence, KV head): no cluster
+    assemble(alone, "paged_decode_alone")
     with pytest.raises(ClusterError, match="a power of two"):
         paged_decode_kernel(found, 3)
 

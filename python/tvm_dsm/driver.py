@@ -178,6 +178,8 @@ def build(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None = No
             return tvm.compile(schedule_row_ranges(func, target, hw)[1].mod, target=target)
         ranking = plan(func, hw, target)
     except ClusterError as err:
+        # TVM's schedules too get the matmuls accumulating in fp32 (never less accurate than asked)
+        func = widen_accumulation(func) or func
         try:
             return tvm.compile(_fallback_schedule(func, target, err, hw).mod, target=target)
         except ClusterError as lowering:  # an operator's tvm-dsm kernel does not lower merged

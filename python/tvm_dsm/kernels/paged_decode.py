@@ -9,7 +9,7 @@ parameters, so the KV cache calls it unchanged, and changes how the work is spre
 - a cluster of ``ranks`` CTAs per (sequence, KV head), each CTA reading one contiguous share of
   the sequence's tokens, once for all the query heads of the group (GQA);
 - in a CTA, each warp is ``32 / (D / 8)`` token slots of ``D / 8`` lanes; a lane loads 16 bytes
-  of a token's K and V row (pages are looked up per token), the slot's lanes reduce the scores
+  of a token's K and V row (pages are looked up per token), four tokens' at once, the slot's lanes reduce the scores
   of every query head of the group by shuffles, and each slot keeps an online softmax (running
   max, sum and output) per query head;
 - the slots of a warp merge by shuffles, the warps through shared memory, and the cluster's
@@ -49,6 +49,9 @@ _WARP = 32
 _FULL = 0xFFFFFFFF
 _LOAD_BYTES = 16
 _WARPS = 4
+#: Tokens a slot loads per step before it uses the first (HBM latency is what a short share
+#: of a sequence waits on).
+_UNROLL = 4
 #: A lane holds the group's query and output pieces in fp32 registers: up to this many floats
 #: each (8 query heads of 8 elements).
 _HELD_FLOATS = 64
@@ -160,8 +163,10 @@ class _Body:
         local = lambda shape, dtype="float32": B.sblock_alloc_buffer(shape, dtype, scope="local")  # noqa: E731
         self.q_reg, self.o = local((g * vec,)), local((g * vec,))
         self.m, self.d, self.s = local((g,)), local((g,)), local((g,))
-        self.k_reg, self.v_reg = local((vec,), found.dtype), local((vec,), found.dtype)
-        self.state = local((4,), "int32")  # first page slot, first token, past the last token, page
+        self.k_reg = local((_UNROLL * vec,), found.dtype)
+        self.v_reg = local((_UNROLL * vec,), found.dtype)
+        self.state = local((3,), "int32")  # first page slot, first token, past the last token
+        self.page = local((_UNROLL,), "int32")
         self.merged = local((2,))  # a merge's running max and sum
         self.peer = local((1,), "uint32")
         self.remote = local((1,))
@@ -206,12 +211,14 @@ class _Body:
                     self.seq, self.head * g + h, self.part * vec + e]) * self.scale, [h * vec + e])
         with B.If(first < stop):  # the same for every thread of the CTA
             with B.Then():
-                with B.serial(0, (stop - first + self.stride - 1) // self.stride) as step:
-                    self._emit_token(first + step * self.stride + self.slot)
+                step_tokens = self.stride * _UNROLL
+                with B.serial(0, (stop - first + step_tokens - 1) // step_tokens) as step:
+                    self._emit_tokens([first + (step * _UNROLL + u) * self.stride + self.slot
+                                       for u in range(_UNROLL)])
         self._merge_slots()
         self._merge_warps()
         if self.ranks == 1:
-            self._write(lambda source, h, column: self.cta_o[h, column], lambda h, k: self.cta_md[h, k], 1)
+            self._write(lambda _, h, column: self.cta_o[h, column], lambda _, h, k: self.cta_md[h, k], 1)
             return
         B.evaluate(T.cuda.cluster_sync())  # every CTA's state is in its shared memory
         with B.If(self.rank == 0):
@@ -219,21 +226,29 @@ class _Body:
                 self._write(lambda r, h, column: self.peer_o[r], lambda r, h, k: self.peer_md[r, k],
                             self.ranks, gather=self._gather_peers)
 
-    def _emit_token(self, token) -> None:
-        """One token of the slot: its K and V pieces, the scores, the online softmax update.
-        Past the share's end the slot reads its last token and weighs it 0 (the shuffles need
-        every lane)."""
+    def _emit_tokens(self, tokens: list) -> None:
+        """The slot's ``tokens`` (one step): their page numbers, then all their K and V
+        pieces (loads in flight together), then per token the scores and the online softmax
+        update. Past the share's end a slot reads its last token and weighs it 0 (the shuffles
+        need every lane)."""
         found, g, vec = self.found, self.found.group, self.found.vector
         stop = self.state[2]
-        valid = token < stop
-        clamped = T.min(token, stop - 1)
-        B.buffer_store(self.state, self.values[self.state[0] + clamped // found.page_size], [3])
-        row = (self.state[3], 0, self.head, clamped % found.page_size)
-        with B.unroll(0, vec) as e:
-            B.buffer_store(self.k_reg, self.pages[(*row[:1], 0, *row[2:], self.part * vec + e)], [e])
-            B.buffer_store(self.v_reg, self.pages[(*row[:1], 1, *row[2:], self.part * vec + e)], [e])
+        clamped = [T.min(token, stop - 1) for token in tokens]
+        for u, token in enumerate(clamped):
+            B.buffer_store(self.page, self.values[self.state[0] + token // found.page_size], [u])
+        for u, token in enumerate(clamped):
+            row = (self.page[u], self.head, token % found.page_size)
+            with B.unroll(0, vec) as e:
+                B.buffer_store(self.k_reg, self.pages[row[0], 0, row[1], row[2], self.part * vec + e], [u * vec + e])
+                B.buffer_store(self.v_reg, self.pages[row[0], 1, row[1], row[2], self.part * vec + e], [u * vec + e])
+        for u, token in enumerate(tokens):
+            self._update(u, token < stop)
+
+    def _update(self, u: int, valid) -> None:
+        """The online softmax of every query head of the group, by the ``u``-th loaded token."""
+        found, g, vec = self.found, self.found.group, self.found.vector
         for h in range(g):
-            terms = [self.q_reg[h * vec + e] * T.Cast("float32", self.k_reg[e]) for e in range(vec)]
+            terms = [self.q_reg[h * vec + e] * T.Cast("float32", self.k_reg[u * vec + e]) for e in range(vec)]
             B.buffer_store(self.s, _tree_sum(terms), [h])
         mask = 1
         while mask < found.lanes:
@@ -249,7 +264,7 @@ class _Body:
             B.buffer_store(self.d, self.d[h] * alpha + self.merged[1], [h])
             with B.unroll(0, vec) as e:
                 B.buffer_store(self.o, self.o[h * vec + e] * alpha
-                               + self.merged[1] * T.Cast("float32", self.v_reg[e]), [h * vec + e])
+                               + self.merged[1] * T.Cast("float32", self.v_reg[u * vec + e]), [h * vec + e])
             B.buffer_store(self.m, self.merged[0], [h])
 
     def _merge_slots(self) -> None:
