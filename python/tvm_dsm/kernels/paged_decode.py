@@ -12,8 +12,9 @@ parameters, so the KV cache calls it unchanged, and changes how the work is spre
   of a token's K and V row (pages are looked up per token), four tokens' at once, the slot's lanes reduce the scores
   of every query head of the group by shuffles, and each slot keeps an online softmax (running
   max, sum and output) per query head;
-- the slots of a warp merge by shuffles, the warps through shared memory, and the cluster's
-  CTAs through distributed shared memory in rank 0, which writes the output and the log-sum-exp
+- the slots of a warp merge by shuffles, the warps through shared memory; each CTA stores its
+  state into rank 0's shared memory (DSM stores, which do not wait on the peer as loads would),
+  and rank 0 merges them and writes the output and the log-sum-exp
   (base 2, with scores scaled by ``sm_scale * log2(e)``, as ``nn.llm``'s merge kernels read it).
 
 It takes the cache whose RoPE is applied before K is appended (``rotary_mode == 0``); a call
@@ -37,6 +38,7 @@ from ..errors import ClusterError
 from ..hardware import Hardware
 from ..ir import tree_reduce
 from ..schedule.cluster import MAX_PORTABLE_CLUSTER_SIZE
+from .ir_builder import Guarded
 
 #: The function ``nn.llm`` builds for decode attention over its paged KV cache, and its
 #: parameters in order.
@@ -169,12 +171,11 @@ class _Body:
         self.page = local((_UNROLL,), "int32")
         self.merged = local((2,))  # a merge's running max and sum
         self.peer = local((1,), "uint32")
-        self.remote = local((1,))
-        self.peer_md, self.peer_o = local((ranks, 2)), local((ranks,))  # rank 0: the CTAs' states
         self.warp_o = B.sblock_alloc_buffer((_WARPS, g, found.head_dim), "float32", scope="shared")
         self.warp_md = B.sblock_alloc_buffer((_WARPS, g, 2), "float32", scope="shared")
-        self.cta_o = B.sblock_alloc_buffer((g, found.head_dim), "float32", scope="shared")
-        self.cta_md = B.sblock_alloc_buffer((g, 2), "float32", scope="shared")
+        if ranks > 1:  # rank 0's: every CTA's state, pushed there through DSM
+            self.cta_o = B.sblock_alloc_buffer((ranks, g, found.head_dim), "float32", scope="shared")
+            self.cta_md = B.sblock_alloc_buffer((ranks, g, 2), "float32", scope="shared")
         self.tx = tx
         self.seq = bx // (found.kv_heads * ranks)
         self.head = bx // ranks % found.kv_heads
@@ -190,8 +191,10 @@ class _Body:
             self._emit_cta()
             return
         with B.attr(tvm.ir.StringImm("cluster"), CLUSTER_LAUNCH_KEY, self.ranks):
+            # Every CTA of the cluster has started before any writes into rank 0's shared
+            # memory: arrive now, wait just before the first push.
+            B.evaluate(T.ptx.barrier.cluster.arrive.relaxed.aligned())
             self._emit_cta()
-            B.evaluate(T.cuda.cluster_sync())  # rank 0 has read every CTA's state
 
     def _emit_cta(self) -> None:
         found, g, vec = self.found, self.found.group, self.found.vector
@@ -216,15 +219,20 @@ class _Body:
                     self._emit_tokens([first + (step * _UNROLL + u) * self.stride + self.slot
                                        for u in range(_UNROLL)])
         self._merge_slots()
-        self._merge_warps()
         if self.ranks == 1:
-            self._write(lambda _, h, column: self.cta_o[h, column], lambda _, h, k: self.cta_md[h, k], 1)
+            self._merge_warps(self._write)
             return
-        B.evaluate(T.cuda.cluster_sync())  # every CTA's state is in its shared memory
+        B.evaluate(T.ptx.barrier.cluster.wait.aligned())
+        self._merge_warps(self._push)
+        # every CTA's state is in rank 0's shared memory (release, then acquire; PTX's own
+        # instructions, which the compiler does not move loads across)
+        B.evaluate(T.ptx.barrier.cluster.arrive.aligned())
+        B.evaluate(T.ptx.barrier.cluster.wait.aligned())
         with B.If(self.rank == 0):
             with B.Then():
-                self._write(lambda r, h, column: self.peer_o[r], lambda r, h, k: self.peer_md[r, k],
-                            self.ranks, gather=self._gather_peers)
+                self._each_element(lambda h, column: self._combine(
+                    self.ranks, lambda r: self.cta_md[r, h, 0], lambda r: self.cta_md[r, h, 1],
+                    lambda r: self.cta_o[r, h, column], lambda o, md: self._write(h, column, o, md)))
 
     def _emit_tokens(self, tokens: list) -> None:
         """The slot's ``tokens`` (one step): their page numbers, then all their K and V
@@ -293,42 +301,39 @@ class _Body:
                             B.buffer_store(self.warp_md, self.d[h], [self.warp, h, 1])
         B.evaluate(T.tvm_storage_sync("shared"))
 
-    def _merge_warps(self) -> None:
-        """The CTA's warps into its state in shared memory (``cta_o``, ``cta_md``)."""
+    def _merge_warps(self, use) -> None:
+        """The CTA's warps merged, element by element: ``use(h, column, o, (max, sum))``."""
         self._each_element(lambda h, column: self._combine(
             _WARPS, lambda w: self.warp_md[w, h, 0], lambda w: self.warp_md[w, h, 1],
-            lambda w: self.warp_o[w, h, column], lambda o, md: self._store_cta(h, column, o, md)))
-        B.evaluate(T.tvm_storage_sync("shared"))
+            lambda w: self.warp_o[w, h, column], lambda o, md: use(h, column, o, md)))
 
-    def _store_cta(self, h, column, o, md) -> None:
-        B.buffer_store(self.cta_o, o, [h, column])
+    def _push(self, h, column, o, md) -> None:
+        """This CTA's state of (``h``, ``column``) stored into rank 0's shared memory (stores do
+        not wait for the peer, loads would)."""
+        values = [(self.cta_o, [self.rank, h, column], o)]
+        for k in range(2):
+            values.append((self.cta_md, [self.rank, h, k], md[k]))
+        for n, (buffer, indices, value) in enumerate(values):
+            offset = (indices[0] * self.found.group + indices[1]) * buffer.ty.shape[2] + indices[2]
+            store = [T.ptx.mapa.shared__cluster.u32(
+                         self.peer[0], T.cuda.cvta_generic_to_shared(buffer.access_ptr("w", offset=offset)),
+                         T.Cast("uint32", 0)),
+                     T.ptx.st.shared__cluster.f32(self.peer[0], value)]
+            with Guarded(None if n == 0 else column == 0):
+                for call in store:
+                    B.evaluate(call)
+
+    def _write(self, h, column, o, md) -> None:
+        """The output of query head ``h`` of the group at ``column`` from its merged state (and
+        its log-sum-exp, once a head)."""
+        head = self.head * self.found.group + h
+        total = md[1]
+        B.buffer_store(self.output, T.Cast(self.found.dtype, T.if_then_else(
+            total > 0, o / total, tirx.const(0.0, "float32"))), [self.seq, head, column])
         with B.If(column == 0):
             with B.Then():
-                B.buffer_store(self.cta_md, md[0], [h, 0])
-                B.buffer_store(self.cta_md, md[1], [h, 1])
-
-    def _write(self, o_of, md_of, sources: int, gather=None) -> None:
-        """The output and log-sum-exp, merging ``sources`` states (``o_of(source, h,
-        column)``, ``md_of(source, h, 0 or 1)``), each element's after ``gather(h, column)``."""
-        g = self.found.group
-
-        def write(h, column, o, md):
-            head = self.head * g + h
-            total = md[1]
-            B.buffer_store(self.output, T.Cast(self.found.dtype, T.if_then_else(
-                total > 0, o / total, tirx.const(0.0, "float32"))), [self.seq, head, column])
-            with B.If(column == 0):
-                with B.Then():
-                    B.buffer_store(self.lse, T.if_then_else(
-                        total > 0, md[0] + T.log2(total), tirx.const(_EMPTY_MAX, "float32")), [self.seq, head])
-
-        def element(h, column):
-            if gather is not None:
-                gather(h, column)
-            self._combine(sources, lambda r: md_of(r, h, 0), lambda r: md_of(r, h, 1),
-                          lambda r: o_of(r, h, column), lambda o, md: write(h, column, o, md))
-
-        self._each_element(element)
+                B.buffer_store(self.lse, T.if_then_else(
+                    total > 0, md[0] + T.log2(total), tirx.const(_EMPTY_MAX, "float32")), [self.seq, head])
 
     def _each_element(self, body) -> None:
         """``body(h, column)`` for every (query head, column) of the group, spread over the
@@ -352,18 +357,6 @@ class _Body:
         B.buffer_store(merged, _tree_sum([sum_of(r) * w for r, w in enumerate(weights)]), [1])
         use(_tree_sum([o_of(r) * w for r, w in enumerate(weights)]), (merged[0], merged[1]))
 
-    def _gather_peers(self, h, column) -> None:
-        """Every CTA's state of (``h``, ``column``) read from its shared memory into registers
-        (``peer_md``, ``peer_o``)."""
-        sources = ((self.cta_md, h * 2, self.peer_md, 0), (self.cta_md, h * 2 + 1, self.peer_md, 1),
-                   (self.cta_o, h * self.found.head_dim + column, self.peer_o, None))
-        for r in range(self.ranks):
-            for buffer, offset, into, k in sources:
-                B.evaluate(T.ptx.mapa.shared__cluster.u32(
-                    self.peer[0], T.cuda.cvta_generic_to_shared(buffer.access_ptr("r", offset=offset)),
-                    T.Cast("uint32", r)))
-                B.evaluate(T.ptx.ld.shared__cluster.f32(self.remote[0], self.peer[0]))
-                B.buffer_store(into, self.remote[0], [r] if k is None else [r, k])
 
 
 def _shuffle(value, mask: int):
