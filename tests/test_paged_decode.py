@@ -15,7 +15,7 @@ from conftest import TARGET, cuda_source, host_launch
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.hardware import load_hardware
 from tvm_dsm.kernels.paged_decode import default_ranks, find_paged_decode, paged_decode_kernel
-from tvm_dsm.relax_pipeline import PAGED_DECODE, use_paged_decode
+from tvm_dsm.relax_pipeline import PAGED_DECODE, PRESCHEDULED, schedule_kernels, use_paged_decode
 
 PAGE = 16
 
@@ -59,7 +59,7 @@ def test_the_kernel_launches_a_cluster_per_sequence_and_kv_head_and_assembles(as
         paged_decode_kernel(found, 3)
 
 
-def test_the_relax_pipeline_replaces_the_decode_kernel_of_an_llm():
+def test_the_relax_pipeline_replaces_the_decode_kernel_of_an_llm_when_asked():
     from tvm_dsm.workloads.llama import LLAMA_TINY, export_llama
 
     mod = export_llama(LLAMA_TINY, TARGET)[0]
@@ -69,6 +69,9 @@ def test_the_relax_pipeline_replaces_the_decode_kernel_of_an_llm():
     assert str(names["batch_decode_paged_kv"].attrs["tvm_dsm.family"]) == PAGED_DECODE
     assert "tvm_dsm.family" not in names["batch_decode_paged_kv_sliding_window"].attrs
     assert "tvm_dsm.family" not in mod["batch_decode_paged_kv"].attrs  # the input is left as it was
+    target = tvm.target.Target(TARGET)
+    assert schedule_kernels(mod, target, paged_decode=True)[1]["batch_decode_paged_kv"] == PAGED_DECODE
+    assert schedule_kernels(mod, target)[1]["batch_decode_paged_kv"] == PRESCHEDULED  # off by default
 
 
 def _paged_cache(rng, lengths, kv_heads, head_dim, dtype):

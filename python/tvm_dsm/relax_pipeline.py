@@ -5,9 +5,12 @@ fuse, dlight, dataflow lowering, finalization) with two changes in the middle: t
 lowered by :func:`tvm_dsm.relax_integration.lower_to_tir` (weight transposes folded into their
 matmuls, GEMM chains grouped for the chain family), and :class:`ScheduleTIR` schedules every
 PrimFunc a tvm-dsm family matches before dlight schedules the rest. Functions that arrive
-scheduled (``nn.llm``'s paged-attention kernels) keep their own schedule, except its decode
-attention, which :func:`use_paged_decode` replaces by tvm-dsm's cluster kernel
-(:mod:`tvm_dsm.kernels.paged_decode`) where the KV cache stores K rotated. dlight runs under
+scheduled (``nn.llm``'s paged-attention kernels) keep their own schedule; with
+``paged_decode=True`` its decode attention is replaced by tvm-dsm's cluster kernel
+(:func:`use_paged_decode`, :mod:`tvm_dsm.kernels.paged_decode`). That is off by default: it is
+correct on the GPU and 3.4x faster than ``nn.llm``'s kernel at batch 1 (119 vs 400 us a step,
+H200), but in a 1B Llama's decode step at batch 32 it was slower (695 vs 535-864 us), and at
+batch 1 and 8 the step waits on the host, not the kernels. dlight runs under
 :func:`tvm_dsm.driver.stock_target` (it skips tensor cores on "sm_90a"), after
 :class:`LowBatchDispatch` has given the matmuls of a symbolic batch no family took the low-batch
 GEMV dispatch MLC-LLM adds for decode.
@@ -149,12 +152,16 @@ def kernel_coverage(mod: tvm.IRModule, prescheduled: set[str]) -> dict[str, str]
 
 def schedule_kernels(mod: tvm.IRModule, target: tvm.target.Target,
                      database: ms.Database | None = None, hw: Hardware | None = None,
-                     choices: dict[str, Choice] | None = None) -> tuple[tvm.IRModule, dict[str, str]]:
-    """The pipeline up to dlight: library dispatch, :func:`lower_to_tir`, :class:`ScheduleTIR`
-    (filling ``choices``); the module and its :func:`kernel_coverage`, logged."""
+                     choices: dict[str, Choice] | None = None,
+                     paged_decode: bool = False) -> tuple[tvm.IRModule, dict[str, str]]:
+    """The pipeline up to dlight: library dispatch, :func:`lower_to_tir`, with
+    ``paged_decode`` :func:`use_paged_decode`, :class:`ScheduleTIR` (filling ``choices``); the
+    module and its :func:`kernel_coverage`, logged."""
     with target:
         mod = tvm.transform.Sequential(cuda_pipeline.library_dispatch_passes(target))(mod)
-        mod = use_paged_decode(lower_to_tir(mod), hw)
+        mod = lower_to_tir(mod)
+        if paged_decode:
+            mod = use_paged_decode(mod, hw)
         prescheduled = _scheduled(mod)
         mod = ScheduleTIR(target, database, hw, survive_crashes=True, choices=choices)(mod)
     taken = kernel_coverage(mod, prescheduled)
@@ -167,16 +174,18 @@ def schedule_kernels(mod: tvm.IRModule, target: tvm.target.Target,
 
 def tvm_dsm_pipeline(database: ms.Database | None = None, hw: Hardware | None = None,
                      coverage: dict[str, str] | None = None,
-                     choices: dict[str, Choice] | None = None) -> tvm.transform.Pass:
+                     choices: dict[str, Choice] | None = None,
+                     paged_decode: bool = False) -> tvm.transform.Pass:
     """The pipeline of the module docstring, for the target ``tvm.compile`` enters
     (``tvm.target.Target.current()``); ``database``: tuning records :class:`ScheduleTIR` prefers
     to the planner's choice; ``coverage``: a dict to fill with :func:`kernel_coverage`;
-    ``choices``: a dict to fill with :class:`ScheduleTIR`'s choices."""
+    ``choices``: a dict to fill with :class:`ScheduleTIR`'s choices; ``paged_decode``:
+    ``nn.llm``'s decode attention replaced by tvm-dsm's (see the module docstring)."""
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.RelaxPipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         target = tvm.target.Target.current(allow_none=False)
-        mod, taken = schedule_kernels(mod, target, database, hw, choices)
+        mod, taken = schedule_kernels(mod, target, database, hw, choices, paged_decode)
         if coverage is not None:
             coverage.update(taken)
         with stock_target(target):

@@ -5,7 +5,7 @@ On the device machine (full TVM compiler, torch, one GPU)::
     python3 -m tvm_dsm.gpu.llm --out $OUT/llm.json
 
 The 1B-class model of :mod:`tvm_dsm.workloads.llama` (random fp16 weights, ``nn.llm``'s TIR
-paged KV cache) is compiled three ways, each in its own process and all at once (a compile that
+paged KV cache) is compiled in up to four ways, each in its own process and all at once (a compile that
 crashes its process costs that configuration only):
 
 - ``tvm_default``: ``tvm.compile(relax_pipeline="default")``, TVM's stock TIR pipeline, arch
@@ -15,6 +15,8 @@ crashes its process costs that configuration only):
   for the rest, TVM's stock TIR pipeline, sm_90;
 - ``tvm_dsm``: ``relax_pipeline="tvm_dsm"`` (:mod:`tvm_dsm.relax_pipeline`), tvm-dsm's TIR
   pipeline, sm_90a; its per-kernel coverage (family or dlight) goes into the results;
+- ``tvm_dsm_paged_decode``: the same with ``nn.llm``'s decode attention replaced by tvm-dsm's
+  (``paged_decode=True``);
 
 and the same weights in torch (:mod:`tvm_dsm.gpu.torch_llama`: static KV cache, SDPA) eager and
 under ``torch.compile(mode="reduce-overhead")`` (``--no-torch`` leaves them out).
@@ -56,7 +58,7 @@ from .kernel_breakdown import profile_kernels
 from ..workloads.llama import LLAMA_1B, LLAMA_TINY, LlamaConfig
 
 MODELS = {"1b": LLAMA_1B, "1b_bf16": dataclasses.replace(LLAMA_1B, dtype="bfloat16"), "tiny": LLAMA_TINY}
-CONFIGS = ("tvm_default", "tvm_mlc", "tvm_dsm")
+CONFIGS = ("tvm_default", "tvm_mlc", "tvm_dsm", "tvm_dsm_paged_decode")
 #: Untimed decode steps before the timed ones (the first steps of a batch size capture its
 #: CUDA graph; a fresh process also runs its first steps slower).
 WARMUP_STEPS = 10
@@ -109,7 +111,7 @@ def compile_config(name: str, config: LlamaConfig, lib: Path, info: Path, cuda_g
     from ..workloads.llama import export_llama
 
     target = tvm.target.Target(H100, host="llvm")
-    if name != "tvm_dsm":
+    if not name.startswith("tvm_dsm"):
         target = stock_target(target)
     start = time.time()
     mod, names = export_llama(config, target)
@@ -130,7 +132,8 @@ def _compile(name: str, mod, target, coverage: dict):
         return tvm.compile(mod, target, relax_pipeline="default", tir_pipeline="s_tir_stock")
     if name == "tvm_mlc":
         return tvm.compile(mod, target, relax_pipeline=mlc_pipeline(), tir_pipeline="s_tir_stock")
-    return tvm.compile(mod, target, relax_pipeline=relax.get_pipeline("tvm_dsm", coverage=coverage))
+    pipeline = relax.get_pipeline("tvm_dsm", coverage=coverage, paged_decode=name == "tvm_dsm_paged_decode")
+    return tvm.compile(mod, target, relax_pipeline=pipeline)
 
 
 def _compile_all(configs: list[str], model: str, folder: Path, cuda_graph: bool) -> dict[str, dict]:
