@@ -24,10 +24,12 @@ under ``torch.compile(mode="reduce-overhead")`` (``--no-torch`` leaves them out)
 Then, one configuration at a time on the GPU, for each batch size: prefill a random prompt per
 sequence in one ragged prefill, decode ``--check-steps`` teacher-forced steps (fixed random
 tokens) whose logits and the prefill's are compared with an fp32 torch evaluation of the same
-weights (:func:`tvm_dsm.workloads.llama.reference_logits`), then, after a few untimed steps, time ``--steps`` decode steps:
-host wall time around each step with the device synchronized before and after, median; then
-five more steps under the CUDA profiler give the per-kernel breakdown of a step
-(:mod:`tvm_dsm.gpu.kernel_breakdown`). Every
+weights (:func:`tvm_dsm.workloads.llama.reference_logits`), then, after a few untimed steps,
+time ``--steps`` decode steps: host wall time around each step with the device synchronized
+before and after, median; five more steps under the CUDA profiler give the per-kernel
+breakdown of a step (:mod:`tvm_dsm.gpu.kernel_breakdown`); last, the prefill is timed again,
+warm, into an emptied cache. ``--contexts`` times prefill and decode at more prompt lengths
+(random tokens, not checked). Every
 configuration is compiled with Relax's CUDA-graph rewrite on (``--no-cuda-graph`` turns it off):
 the kernels between the KV cache's calls are captured once per batch size and replayed, as
 MLC-LLM serves. The floor is the bytes one step must read (weights and
@@ -62,6 +64,8 @@ CONFIGS = ("tvm_default", "tvm_mlc", "tvm_dsm", "tvm_dsm_paged_decode")
 #: Untimed decode steps before the timed ones (the first steps of a batch size capture its
 #: CUDA graph; a fresh process also runs its first steps slower).
 WARMUP_STEPS = 10
+#: Prefills timed (into an emptied cache) after the first; the median is reported.
+PREFILL_REPEATS = 3
 #: Seconds one configuration's compile process may take.
 COMPILE_TIMEOUT_S = 300
 PAGE_SIZE = 16
@@ -232,16 +236,61 @@ def _run_config(executable, info: dict, config: LlamaConfig, weights, prompts, f
         floor_ms = _decode_floor_ms(config, batch, context, bandwidth)
         decode_ms = float(np.median(times))
         kernels = profile_kernels(decode_step, step_us=decode_ms * 1e3)
+        warm_prefill_ms = _warm_prefill_ms(session, prompts[:batch], dev.sync)
         record(batch, {"prefill_ms_first_call": round(prefill_ms, 3),
+                       "prefill_ms": round(warm_prefill_ms, 3),
                        "decode_ms_per_step": round(decode_ms, 4),
                        "decode_ms_min": round(min(times), 4), "context": context,
                        "floor_ms": round(floor_ms, 4),
                        "multiple_of_floor": round(decode_ms / floor_ms, 2),
                        "logits_vs_fp32": checks, "decode_kernels": kernels})
         _log(f"  batch {batch}: decode {decode_ms:.3f} ms/step ({decode_ms / floor_ms:.2f}x "
-             f"floor), prefill {prefill_ms:.1f} ms, logits rel err {checks['rel_l2_max']:.2e}; "
+             f"floor), prefill {warm_prefill_ms:.1f} ms (first call {prefill_ms:.1f}), "
+             f"logits rel err {checks['rel_l2_max']:.2e}; "
              f"{kernels['kernels_per_step']:.0f} kernels, {kernels['kernel_us_per_step']:.0f} us of them")
         del session
+
+
+def _warm_prefill_ms(session, prompts: np.ndarray, sync: Callable[[], None]) -> float:
+    """Median wall time of ``PREFILL_REPEATS`` prefills of ``prompts`` into an emptied cache
+    (the first call of a process also loads and initializes; this is the steady state)."""
+    times = []
+    for _ in range(PREFILL_REPEATS):
+        session.reset()
+        times.append(_wall_ms(functools.partial(session.prefill, prompts), sync)[1])
+    return float(np.median(times))
+
+
+def _run_contexts(executable, info: dict, config: LlamaConfig, weights, contexts: list[int],
+                  batches: list[int], steps: int, bandwidth: float, record) -> None:
+    """Prefill and decode timed at each prompt length of ``contexts`` and batch size (random
+    tokens; the logits are checked at the main prompt length only): one row per (context,
+    batch) to ``record``."""
+    import tvm
+
+    from ..workloads.llama import LlamaSession
+
+    dev = tvm.cuda(0)
+    rng = np.random.default_rng(1)
+    for context in contexts:
+        for batch in batches:
+            prompts = rng.integers(0, config.vocab_size, (batch, context))
+            pages_per_seq = -(-(context + WARMUP_STEPS + steps) // PAGE_SIZE) + 1
+            session = LlamaSession(executable, dev, weights, info["names"], config,
+                                   max_batch_size=batch, max_total_seq_len=batch * pages_per_seq * PAGE_SIZE,
+                                   prefill_chunk_size=batch * context, page_size=PAGE_SIZE)
+            prefill_ms = _warm_prefill_ms(session, prompts, dev.sync)
+            token = tvm.runtime.tensor(prompts[:, :1].astype(np.int32), dev)
+            decode_step = functools.partial(session.decode, token)
+            for _ in range(WARMUP_STEPS):
+                decode_step()
+            decode_ms = float(np.median([_wall_ms(decode_step, dev.sync)[1] for _ in range(steps)]))
+            floor_ms = _decode_floor_ms(config, batch, context + WARMUP_STEPS + steps // 2, bandwidth)
+            record(context, batch, {"prefill_ms": round(prefill_ms, 3), "decode_ms_per_step": round(decode_ms, 4),
+                                    "floor_ms": round(floor_ms, 4), "multiple_of_floor": round(decode_ms / floor_ms, 2)})
+            _log(f"  context {context} batch {batch}: prefill {prefill_ms:.1f} ms, decode {decode_ms:.3f} "
+                 f"ms/step ({decode_ms / floor_ms:.2f}x floor)")
+            del session
 
 
 def _wall_ms(call: Callable[[], Any], sync: Callable[[], None]) -> tuple[Any, float]:
@@ -382,9 +431,15 @@ def run(args) -> None:
             results["configs"][name]["batches"][str(batch)] = row
             save()
 
+        def record_context(context, batch, row, name=name):
+            results["configs"][name].setdefault("contexts", {}).setdefault(str(context), {})[str(batch)] = row
+            save()
+
         try:
             _run_config(executable, info, config, weights, prompts, forced, reference, batches,
                         args.check_steps, args.steps, bandwidth, record)
+            _run_contexts(executable, info, config, weights, args.contexts, batches, args.steps,
+                          bandwidth, record_context)
         except Exception as err:  # noqa: BLE001  (recorded; the other configurations go on)
             results["configs"][name]["error"] = f"run: {type(err).__name__}: {err}"
             save()
@@ -422,6 +477,9 @@ def main(argv=None) -> None:
     parser.add_argument("--batches", type=lambda s: [int(b) for b in s.split(",")],
                         default=[1, 8, 32])
     parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--contexts", type=lambda s: [int(c) for c in s.split(",")], default=[],
+                        help="more prompt lengths at which prefill and decode are timed (logits "
+                             "are checked at --prompt), e.g. 2048,8192")
     parser.add_argument("--check-steps", type=int, default=4)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--torch", action=argparse.BooleanOptionalAction, default=True,

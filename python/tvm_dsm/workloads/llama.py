@@ -318,6 +318,14 @@ class LlamaSession:
         self._end(self.cache)
         return logits
 
+    def reset(self) -> None:
+        """Remove every sequence (their pages return to the cache), as a server does when
+        requests finish; the next prefill starts from sequence 0 again."""
+        remove = tvm.get_global_func("vm.builtin.kv_state_remove_sequence")
+        for seq_id in range(self.batch):
+            remove(self.cache, seq_id)
+        self.batch = 0
+
     def decode(self, tokens):
         """One step for every sequence: ``tokens`` (a device int32 tensor ``[batch, 1]``) in,
         the fp32 logits ``[batch, 1, vocab]`` (a device tensor) out."""
