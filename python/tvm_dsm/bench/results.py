@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import subprocess
 from datetime import date
@@ -49,7 +50,11 @@ def source_name(source: str | Path) -> str:
 
 
 def git_sha() -> str:
-    """The short commit of the working tree results are taken from ("unknown" outside git)."""
+    """The short commit of the working tree results are taken from: ``TVM_DSM_GIT_SHA`` where
+    set (the GPU machine's copy of the tree may carry a stale ``.git``; the command sent there
+    passes the sha), else git's ("unknown" outside git)."""
+    if os.environ.get("TVM_DSM_GIT_SHA"):
+        return os.environ["TVM_DSM_GIT_SHA"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
         return out.stdout.strip() or "unknown"
