@@ -30,6 +30,7 @@ from .families.row_ranges import row_variable
 from .hardware import Hardware
 from .relax_chains import FuseGemmChains, merge_elementwise
 from .relax_matmuls import MatmulsAsMatrices
+from .relax_patterns import RewriteToRelaxOps
 
 LOG = logging.getLogger("tvm_dsm.relax")
 
@@ -123,10 +124,12 @@ class ScheduleTIR:
 
 
 def lower_to_tir(mod: tvm.IRModule) -> tvm.IRModule:
-    """16-bit matmuls as fp32-accumulated matrix products (:mod:`tvm_dsm.relax_matmuls`),
+    """Decomposed operators put back as Relax's (:mod:`tvm_dsm.relax_patterns`), 16-bit
+    matmuls as fp32-accumulated matrix products (:mod:`tvm_dsm.relax_matmuls`),
     transposes folded into matmuls, operators legalized to TIR, GEMM chains grouped
     (:mod:`tvm_dsm.relax_chains`), the rest fused by Relax's passes."""
     return tvm.transform.Sequential([
+        RewriteToRelaxOps,
         MatmulsAsMatrices,
         relax.transform.FuseTransposeMatmul(),
         relax.transform.LegalizeOps(),

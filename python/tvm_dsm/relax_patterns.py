@@ -1,0 +1,200 @@
+"""Operators a frontend spelled out, put back as the Relax operators they are, before
+legalization.
+
+``from_exported_program`` imports a torch model's ops one by one: an RMSNorm module written as
+torch users (and Hugging Face's ``LlamaRMSNorm``) write it,
+
+    x32 = x.float()
+    (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+
+arrives as ``astype``, ``power``, ``mean``, ``add``, ``rsqrt``, ``multiply``, ``astype``,
+``multiply``. Relax's ``FuseOps`` then cuts it in three (the cast, the square, the rest reading
+``x32`` again), and none of the pieces is a normalization the ``row_norm`` family takes.
+``R.nn.rms_norm`` legalizes to TOPI's ``rms_norm``, one PrimFunc that family takes whole (as
+``relax.frontend.nn`` models produce it). :func:`rewrite_rms_norms` puts the decomposed form
+back as that operator; :data:`RewriteToRelaxOps` applies it to every Relax function of a module,
+and :func:`tvm_dsm.relax_integration.lower_to_tir` runs it first.
+
+The rewrite never changes what is computed beyond the order of the sum's terms: it matches only
+where TOPI's ``rms_norm`` does the same arithmetic (the statistics in fp32, ``mean`` as the sum
+divided by the width, ``x * rsqrt(mean + eps)``), and where the graph rounds the normalized row
+before multiplying by the weight (the ``.to(x.dtype)`` of a 16-bit model) it keeps that rounding:
+the norm is taken with a weight of ones (a multiplication by 1.0, exact) and the weight is
+multiplied afterwards, in the graph's type, as before (Relax fuses that multiplication into the
+norm's PrimFunc). A graph it does not match is returned unchanged.
+
+``from_exported_program`` of a 16-bit model gives the second norm of a decoder layer an fp32
+row (the importer's ``mm`` produces fp32, so the residual stream is fp32): there the norm reads
+the fp32 row and its result is cast before the weight, all in the one PrimFunc.
+
+Scaled dot-product attention is not rewritten. ``from_exported_program`` runs torch's
+decompositions first (without them it cannot import the ``repeat_interleave`` of grouped-query
+attention), so SDPA arrives as its math form: q and k each scaled by ``sqrt(scale)``, a ``bmm``,
+an added 0/-inf causal mask, ``softmax``, a ``where`` zeroing fully masked rows, a ``bmm``, all in
+fp32 (the decomposition casts 16-bit q, k and v to fp32, and the importer's ``mm``/``bmm`` make
+fp32 q, k and v anyway), and only the output cast back. tvm-dsm's attention family takes q, k, v
+and the output in fp16 or bf16 (tensor-core operands, the probabilities rounded to 16 bits for
+the second product): handing it this attention would round q, k, v and the probabilities, a
+change of precision, not of rounding order. ``R.nn.attention`` would not help either: it is also
+fp32 here (so no family takes it), and its legalization masks by zeroing scores (``trilu``), not
+with -inf, which changes the softmax's max and its underflow.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
+from tvm.sym import Analyzer
+
+#: The type the statistics are computed in, by TOPI's ``rms_norm`` and by the matched graphs.
+_STATS = "float32"
+#: The types the normalized row may be rounded to before the weight.
+_OUT_TYPES = ("float16", "bfloat16", _STATS)
+
+
+def _tensor(expr) -> relax.TensorType | None:
+    """``expr``'s tensor type with a known shape, or None."""
+    ty = expr.ty
+    return ty if isinstance(ty, relax.TensorType) and ty.shape is not None else None
+
+
+def _scalar(expr) -> float | None:
+    """The value of a one-element float constant, or None."""
+    if not isinstance(expr, tvm.ir.Constant):
+        return None
+    value = expr.value.numpy()
+    if value.size != 1 or not np.issubdtype(value.dtype, np.floating):
+        return None
+    return float(value.reshape(()))
+
+
+def _is_call(expr, name: str) -> bool:
+    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name
+
+
+def _same_type(a, b) -> bool:
+    """Whether two tensor types are the same dtype and (structurally) the same shape."""
+    return (isinstance(a, relax.TensorType) and isinstance(b, relax.TensorType) and a.dtype == b.dtype
+            and a.shape is not None and b.shape is not None and tvm_ffi.structural_equal(a.shape, b.shape))
+
+
+def rms_norm_pattern():
+    """The decomposed RMSNorm: ``(x * rsqrt(mean(x ** 2, -1) + eps)) [.astype(t)] * weight``.
+
+    Returns the pattern's root and its named parts (a dict of patterns: ``x``, ``square``,
+    ``mean``, ``eps``, ``normalized``, ``cast``, ``weight``, ``root``); the square is
+    ``power(x, c)`` or ``x * x``, and Relax's matcher takes ``add`` and ``multiply`` in either
+    operand order. What the pattern cannot say (the exponent 2, the axis, the types) the
+    rewriter checks."""
+    x, eps, weight = wildcard(), is_const(), wildcard()
+    square = is_op("relax.power")(x, is_const()) | is_op("relax.multiply")(x, x)
+    mean = is_op("relax.mean")(square)
+    normalized = is_op("relax.multiply")(x, is_op("relax.rsqrt")(is_op("relax.add")(mean, eps)))
+    cast = is_op("relax.astype")(normalized)
+    root = is_op("relax.multiply")(cast | normalized, weight)
+    return root, {"x": x, "square": square, "mean": mean, "eps": eps, "normalized": normalized,
+                  "cast": cast, "weight": weight, "root": root}
+
+
+def _rms_norm_replacement(orig: relax.Call, m: dict, parts: dict) -> relax.Expr:
+    """The ``R.nn.rms_norm`` form of a match (see the module docstring), or ``orig`` where
+    TOPI's ``rms_norm`` would not compute the same thing."""
+    x, weight, normalized = m[parts["x"]], m[parts["weight"]], m[parts["normalized"]]
+    x_ty, w_ty = _tensor(x), _tensor(weight)
+    if x_ty is None or w_ty is None or x_ty.dtype != _STATS or x_ty.ndim < 1 or w_ty.ndim != 1:
+        return orig
+    width = x_ty.shape.values[-1]
+    if not Analyzer().can_prove_equal(w_ty.shape.values[0], width):
+        return orig
+    square = m[parts["square"]]
+    if _is_call(square, "relax.power") and _scalar(square.args[1]) != 2.0:
+        return orig
+    mean = m[parts["mean"]]
+    axes = [int(a) for a in mean.attrs.axis] if mean.attrs.axis is not None else None
+    if not mean.attrs.keepdims or axes not in ([-1], [x_ty.ndim - 1]):
+        return orig
+    eps = _scalar(m[parts["eps"]])
+    if eps is None or not math.isfinite(eps) or _tensor(m[parts["eps"]]).dtype != _STATS:
+        return orig
+    cast = m.get(parts["cast"])
+    out_dtype = str(cast.attrs.dtype) if cast is not None else _STATS
+    if out_dtype not in _OUT_TYPES or w_ty.dtype != out_dtype or _tensor(normalized) is None \
+            or _tensor(normalized).dtype != _STATS:
+        return orig
+    data = x
+    while _is_call(data, "relax.astype") and _tensor(data.args[0]) is not None \
+            and _tensor(data.args[0]).dtype == _STATS:  # a cast of fp32 to fp32 does nothing
+        data = data.args[0]
+    if out_dtype == _STATS:  # no rounding between the norm and the weight: TOPI's own form
+        new = relax.op.nn.rms_norm(data, weight, axes=[-1], epsilon=eps)
+    elif not isinstance(width, tvm.tirx.IntImm):  # the ones need a constant width
+        return orig
+    else:  # rounded to out_dtype before the weight: a norm of unit weight, then the weight
+        source = data.args[0] if _is_call(data, "relax.astype") else None
+        if source is not None and _tensor(source) is not None and _tensor(source).dtype == out_dtype:
+            # TOPI widens a 16-bit row to fp32 itself and rounds its result to the row's type
+            norm = relax.op.nn.rms_norm(source, _ones(width, out_dtype), axes=[-1], epsilon=eps)
+        else:
+            norm = relax.op.astype(relax.op.nn.rms_norm(data, _ones(width, _STATS), axes=[-1], epsilon=eps),
+                                   out_dtype)
+        new = relax.op.multiply(norm, weight)
+    # The result has x's shape and the weight's type: the matched expression's, or no rewrite.
+    return new if _same_type(relax.TensorType(x_ty.shape, w_ty.dtype), orig.ty) else orig
+
+
+def _ones(width, dtype: str) -> relax.Expr:
+    """A constant ``[width]`` tensor of ones."""
+    return relax.const(np.ones(int(width), dtype=dtype), dtype)
+
+
+def rewrite_rms_norms(func: relax.Function) -> relax.Function:
+    """``func`` with every decomposed RMSNorm (:func:`rms_norm_pattern`) that TOPI's
+    ``rms_norm`` computes the same way as ``R.nn.rms_norm`` (see the module docstring); ``func``
+    itself where none matches."""
+    root, parts = rms_norm_pattern()
+    return _rewrite(root, lambda orig, m: _rms_norm_replacement(orig, m, parts), func)
+
+
+def _rewrite(pattern, rewriter, func: relax.Function) -> relax.Function:
+    """``rewrite_call`` of ``pattern``, returning ``func`` itself (not a rebuilt copy) where
+    ``rewriter`` returned every match unchanged."""
+    changed = []
+
+    def rewrite(orig, matches):
+        new = rewriter(orig, matches)
+        if not new.same_as(orig):
+            changed.append(orig)
+        return new
+
+    new = rewrite_call(pattern, rewrite, func)
+    return new if changed else func
+
+
+#: The rewrites :data:`RewriteToRelaxOps` applies, in order.
+REWRITES = (rewrite_rms_norms,)
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvm_dsm.RewriteToRelaxOps")
+def RewriteToRelaxOps(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """Every Relax function of ``mod`` with :data:`REWRITES` applied; ``mod`` itself where
+    nothing matched."""
+    updates = {}
+    for gv, func in mod.functions.items():
+        if not isinstance(func, relax.Function):
+            continue
+        new = func
+        for rewrite in REWRITES:
+            new = rewrite(new)
+        if not new.same_as(func):
+            updates[gv] = new
+    if not updates:
+        return mod
+    mod = mod.clone()
+    for gv, func in updates.items():
+        mod.update_func(gv, func)
+    return mod

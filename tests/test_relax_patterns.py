@@ -1,0 +1,197 @@
+"""tvm_dsm.relax_patterns: a decomposed RMSNorm (as torch.export and from_exported_program leave
+it) put back as ``R.nn.rms_norm``, computing the same values, taken by the row_norm family; a
+graph that is not exactly that left unchanged."""
+
+from __future__ import annotations
+
+import ml_dtypes  # noqa: F401  (numpy's "bfloat16")
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.script import ir as I
+from tvm.script import relax as R
+from tvm_dsm.model_report import relax_report
+from tvm_dsm.relax_patterns import RewriteToRelaxOps, rewrite_rms_norms
+
+WIDTH = 64
+
+
+@I.ir_module
+class TorchStyle:
+    """HF's LlamaRMSNorm on fp16: statistics in fp32, rounded to fp16, then times the weight."""
+
+    @R.function
+    def main(x: R.Tensor((2, 3, 64), "float16"), w: R.Tensor((64,), "float16")):
+        with R.dataflow():
+            x32 = R.astype(x, "float32")
+            square = R.power(x32, R.const(2.0, "float32"))
+            mean = R.mean(square, axis=[-1], keepdims=True)
+            rms = R.rsqrt(R.add(mean, R.const(1e-5, "float32")))
+            normed = R.astype(R.multiply(x32, rms), "float16")
+            out = R.multiply(w, normed)
+            R.output(out)
+        return out
+
+
+@I.ir_module
+class Float32:
+    """The same in fp32 with ``x * x``, the weight multiplied straight away: TOPI's own form."""
+
+    @R.function
+    def main(x: R.Tensor((2, 3, 64), "float32"), w: R.Tensor((64,), "float32")):
+        with R.dataflow():
+            mean = R.mean(R.multiply(x, x), axis=[2], keepdims=True)
+            out = R.multiply(R.multiply(R.rsqrt(R.add(R.const(1e-6, "float32"), mean)), x), w)
+            R.output(out)
+        return out
+
+
+@I.ir_module
+class SymbolicRows:
+    """HF's form on a symbolic number of bf16 rows, the weight on the left of the cast."""
+
+    @R.function
+    def main(x: R.Tensor(("n", 64), "bfloat16"), w: R.Tensor((64,), "bfloat16")):
+        with R.dataflow():
+            x32 = R.astype(x, "float32")
+            mean = R.mean(R.power(x32, R.const(2.0, "float32")), axis=[1], keepdims=True)
+            out = R.multiply(w, R.astype(R.multiply(x32, R.rsqrt(R.add(mean, R.const(1e-5, "float32")))),
+                                         "bfloat16"))
+            R.output(out)
+        return out
+
+
+@I.ir_module
+class Float32Row:
+    """An fp32 row (the residual stream from_exported_program makes), rounded to fp16 before the
+    fp16 weight."""
+
+    @R.function
+    def main(x: R.Tensor((2, 3, 64), "float32"), w: R.Tensor((64,), "float16")):
+        with R.dataflow():
+            x32 = R.astype(x, "float32")
+            mean = R.mean(R.power(x32, R.const(2.0, "float32")), axis=[-1], keepdims=True)
+            out = R.multiply(R.astype(R.multiply(x32, R.rsqrt(R.add(mean, R.const(1e-5, "float32")))),
+                                      "float16"), w)
+            R.output(out)
+        return out
+
+
+def _ops(mod: tvm.IRModule) -> list[str]:
+    found = []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+            found.append(expr.op.name)
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    return found
+
+
+def _run(mod: tvm.IRModule, *args: np.ndarray) -> np.ndarray:
+    executable = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"}), tir_pipeline="s_tir_stock")
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    return vm["main"](*(tvm.runtime.tensor(a) for a in args)).numpy()
+
+
+@pytest.mark.parametrize("mod, dtype, shape", [(TorchStyle, "float16", (2, 3, WIDTH)),
+                                               (Float32, "float32", (2, 3, WIDTH)),
+                                               (SymbolicRows, "bfloat16", (5, WIDTH)),
+                                               (Float32Row, "float32", (2, 3, WIDTH))],
+                         ids=["fp16", "fp32", "bf16_symbolic_rows", "fp32_row_fp16_weight"])
+def test_a_decomposed_rms_norm_becomes_r_nn_rms_norm_with_the_same_values(mod, dtype, shape):
+    rewritten = RewriteToRelaxOps(mod)
+    ops = _ops(rewritten)
+    assert ops.count("relax.nn.rms_norm") == 1, rewritten.script()
+    assert not {"relax.power", "relax.mean", "relax.rsqrt"} & set(ops)
+    # rounded to 16 bits before the weight as the graph was: a norm of unit weight, then the weight
+    assert ops.count("relax.multiply") == (0 if mod is Float32 else 1)
+    assert tvm_ffi.structural_equal(rewritten["main"].ty, mod["main"].ty)
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(shape) * 3).astype(dtype)
+    w = rng.standard_normal(WIDTH).astype(str(mod["main"].params[1].ty.dtype))
+    before, after = _run(mod, x, w), _run(rewritten, x, w)
+    np.testing.assert_array_equal(after, before)  # the same arithmetic, the sum in the same order
+
+
+@pytest.mark.parametrize("mod", [TorchStyle, SymbolicRows, Float32Row], ids=["fp16", "bf16_symbolic_rows",
+                                                                           "fp32_row_fp16_weight"])
+def test_the_rewritten_norm_is_one_kernel_the_row_norm_family_takes(mod):
+    """Without the rewrite Relax cuts it in three (the cast, the square, the rest)."""
+    report = relax_report(mod)
+    assert [row.where for row in report.rows] == ["row_norm"], report.format()
+
+
+@I.ir_module
+class MeanOverRows:
+    """Near miss: the mean over axis 1 (a norm over the sequence, not the row)."""
+
+    @R.function
+    def main(x: R.Tensor((2, 3, 64), "float32"), w: R.Tensor((64,), "float32")):
+        with R.dataflow():
+            mean = R.mean(R.multiply(x, x), axis=[1], keepdims=True)
+            out = R.multiply(R.multiply(x, R.rsqrt(R.add(mean, R.const(1e-6, "float32")))), w)
+            R.output(out)
+        return out
+
+
+@I.ir_module
+class Cube:
+    """Near miss: x ** 3."""
+
+    @R.function
+    def main(x: R.Tensor((2, 3, 64), "float32"), w: R.Tensor((64,), "float32")):
+        with R.dataflow():
+            mean = R.mean(R.power(x, R.const(3.0, "float32")), axis=[-1], keepdims=True)
+            out = R.multiply(R.multiply(x, R.rsqrt(R.add(mean, R.const(1e-6, "float32")))), w)
+            R.output(out)
+        return out
+
+
+@I.ir_module
+class Float16Statistics:
+    """Near miss: the statistics in fp16 (TOPI's rms_norm would widen them to fp32)."""
+
+    @R.function
+    def main(x: R.Tensor((2, 3, 64), "float16"), w: R.Tensor((64,), "float16")):
+        with R.dataflow():
+            mean = R.mean(R.multiply(x, x), axis=[-1], keepdims=True)
+            out = R.multiply(R.multiply(x, R.rsqrt(R.add(mean, R.const(1e-5, "float16")))), w)
+            R.output(out)
+        return out
+
+
+@I.ir_module
+class RowWeight:
+    """Near miss: multiplied by a tensor of the row's shape, not a per-column weight."""
+
+    @R.function
+    def main(x: R.Tensor((2, 3, 64), "float32"), w: R.Tensor((2, 3, 64), "float32")):
+        with R.dataflow():
+            mean = R.mean(R.multiply(x, x), axis=[-1], keepdims=True)
+            out = R.multiply(R.multiply(x, R.rsqrt(R.add(mean, R.const(1e-6, "float32")))), w)
+            R.output(out)
+        return out
+
+
+@I.ir_module
+class OtherRow:
+    """Near miss: the statistics of one tensor applied to another."""
+
+    @R.function
+    def main(x: R.Tensor((2, 3, 64), "float32"), y: R.Tensor((2, 3, 64), "float32"),
+             w: R.Tensor((64,), "float32")):
+        with R.dataflow():
+            mean = R.mean(R.multiply(x, x), axis=[-1], keepdims=True)
+            out = R.multiply(R.multiply(y, R.rsqrt(R.add(mean, R.const(1e-6, "float32")))), w)
+            R.output(out)
+        return out
+
+
+@pytest.mark.parametrize("mod", [MeanOverRows, Cube, Float16Statistics, RowWeight, OtherRow],
+                         ids=["mean_over_rows", "cube", "fp16_statistics", "row_weight", "other_row"])
+def test_a_near_miss_is_left_unchanged(mod):
+    assert rewrite_rms_norms(mod["main"]).same_as(mod["main"])
+    assert tvm_ffi.structural_equal(RewriteToRelaxOps(mod), mod)
