@@ -21,7 +21,7 @@ LAYERS = (
     {"planners"},
     {"families"},
     {"driver"},
-    {"meta_schedule", "relax_chains", "relax_matmuls", "relax_integration", "relax_pipeline",
+    {"meta_schedule", "relax_chains", "relax_matmuls", "relax_patterns", "relax_integration", "relax_pipeline",
      "model_report"},
     {"bench", "gpu", "cli", "__main__"},
 )
