@@ -62,6 +62,8 @@ _HELD_FLOATS = 64
 #: log-sum-exp of an empty sequence).
 _EMPTY_MAX = -5e4
 _LOG2E = math.log2(math.e)
+#: Static shared memory a CTA may declare.
+_STATIC_SHARED_BYTES = 48 * 1024
 
 
 @dataclass(frozen=True)
@@ -119,11 +121,19 @@ def find_paged_decode(func: tirx.PrimFunc) -> PagedDecode:
     return found
 
 
+def shared_bytes(found: PagedDecode, ranks: int) -> int:
+    """Static shared memory of a CTA: each warp's softmax states, and (rank 0's, in a cluster)
+    every CTA's."""
+    state = found.group * (found.head_dim + 2) * 4
+    return _WARPS * state + (ranks * state if ranks > 1 else 0)
+
+
 def default_ranks(found: PagedDecode, hw: Hardware) -> int:
     """CTAs per (sequence, KV head): enough for one sequence's KV heads to fill the SMs,
-    within a portable cluster."""
+    within a portable cluster and the static shared memory of a CTA."""
     ranks = 1
-    while ranks < MAX_PORTABLE_CLUSTER_SIZE and found.kv_heads * ranks < hw.sm_count:
+    while (ranks < MAX_PORTABLE_CLUSTER_SIZE and found.kv_heads * ranks < hw.sm_count
+           and shared_bytes(found, ranks * 2) <= _STATIC_SHARED_BYTES):
         ranks *= 2
     return ranks
 
@@ -132,6 +142,9 @@ def paged_decode_kernel(found: PagedDecode, ranks: int) -> tirx.PrimFunc:
     """The kernel of the module docstring: ``found``'s parameters, a cluster of ``ranks``."""
     if not 1 <= ranks <= MAX_PORTABLE_CLUSTER_SIZE or ranks & (ranks - 1):
         raise ClusterError(f"paged decode: a cluster of 1 to {MAX_PORTABLE_CLUSTER_SIZE} CTAs, a power of two (not {ranks})")
+    if shared_bytes(found, ranks) > _STATIC_SHARED_BYTES:
+        raise ClusterError(f"paged decode: a cluster of {ranks} needs {shared_bytes(found, ranks)} B of "
+                           f"static shared memory per CTA, more than the {_STATIC_SHARED_BYTES} B CUDA allows")
     params = list(found.func.params)
     q = params[0]
     batch = q.ty.shape[0]
