@@ -111,15 +111,34 @@ def cmd_build(args) -> None:
         print(f"wrote {args.output}")
 
 
+def _runner(args):
+    """TVM's RPCRunner on the servers ``--rpc-tracker`` holds under ``--rpc-key``, one candidate
+    in flight per server; None without ``--rpc-tracker`` (this machine's GPU measures)."""
+    if not args.rpc_tracker:
+        return None
+    if not args.rpc_key:
+        raise SystemExit(f"tvm-dsm {args.command}: --rpc-tracker needs --rpc-key, the key its GPU servers "
+                         "registered under")
+    from tvm_dsm.meta_schedule.rpc import rpc_runner
+
+    try:
+        return rpc_runner(args.rpc_tracker, args.rpc_key)
+    except (ValueError, ConnectionError) as err:
+        raise SystemExit(f"tvm-dsm {args.command}: {err}") from None
+
+
 def cmd_tune(args) -> None:
     import tvm_dsm
     from tvm_dsm.device import gpu_or_reason
 
-    reason = gpu_or_reason()
+    runner = _runner(args)
+    reason = gpu_or_reason() if runner is None else None
     if reason:
-        raise SystemExit(f"tvm-dsm tune: {reason}")
+        raise SystemExit(f"tvm-dsm tune: {reason} (to measure on RPC servers: --rpc-tracker HOST:PORT "
+                         "--rpc-key KEY)")
     Path(args.work_dir).mkdir(parents=True, exist_ok=True)
-    measured = tvm_dsm.tune(load_function(args.function), args.work_dir, target=_target(args), top_k=args.top_k)
+    measured = tvm_dsm.tune(load_function(args.function), args.work_dir, target=_target(args), top_k=args.top_k,
+                            runner=runner)
     print(f"{'rank':>4}  {'predicted us':>12}  {'measured us':>11}  configuration")
     for m in measured:
         shown = f"{m.measured_us:11.1f}" if m.measured_us is not None else f"{'failed':>11}"
@@ -241,9 +260,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="path of the exported .so")
     p.add_argument("--cuda", action="store_true", help="print the generated CUDA")
     p.add_argument("--database", help="a MetaSchedule work_dir to take tuned records from")
-    p = command("tune", cmd_tune, "measure the planner's top configurations on this machine's GPU")
+    p = command("tune", cmd_tune, "measure the planner's top configurations on this machine's GPU "
+                "or on RPC servers (docs/rpc.md)")
     p.add_argument("work_dir", help="MetaSchedule JSON database folder (created if missing)")
     p.add_argument("--top-k", type=int, default=8, help="configurations to measure (default 8)")
+    p.add_argument("--rpc-tracker", metavar="HOST:PORT", help="measure on the GPU servers of this TVM RPC tracker")
+    p.add_argument("--rpc-key", metavar="KEY", help="with --rpc-tracker: the key the servers registered under")
     p = command("bench", cmd_bench, "build a benchmark suite's kernels and, with a GPU, check and time them",
                 function=False)
     p.add_argument("suite", help="suite name (tvm_dsm.gpu.suites.SUITES)")
