@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from conftest import TARGET
 from tvm import te, topi
 
@@ -51,6 +52,20 @@ def test_a_16_bit_accumulated_matmul_takes_the_gemm_family(make, dtype):
     assert tvm_dsm.plan(func).family.name == "split_k_gemm"
     source = tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source()
     assert "mma" in source
+
+
+def test_the_fallback_schedule_accumulates_in_fp32_too():
+    """[K, N] weights at M = 100: no family takes the function; TVM's schedule gets the widened
+    form, from build and schedule alike."""
+    from tvm_dsm.driver import schedule, stock_schedule
+
+    func = te_matmul_kn(100, 256, 512)
+    with pytest.raises(tvm_dsm.errors.ClusterError):
+        tvm_dsm.plan(func)
+    widened = stock_schedule(widen_accumulation(func), tvm.target.Target(TARGET)).mod
+    as_written = stock_schedule(func, tvm.target.Target(TARGET)).mod
+    tvm.ir.assert_structural_equal(schedule(func).mod, widened)
+    assert not tvm_ffi.structural_equal(as_written, widened)
 
 
 def test_functions_without_a_16_bit_product_are_left_alone():

@@ -178,8 +178,6 @@ def build(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None = No
             return tvm.compile(schedule_row_ranges(func, target, hw)[1].mod, target=target)
         ranking = plan(func, hw, target)
     except ClusterError as err:
-        # TVM's schedules too get the matmuls accumulating in fp32 (never less accurate than asked)
-        func = widen_accumulation(func) or func
         try:
             return tvm.compile(_fallback_schedule(func, target, err, hw).mod, target=target)
         except ClusterError as lowering:  # an operator's tvm-dsm kernel does not lower merged
@@ -248,8 +246,11 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
     TVM's stock schedule (dlight); where dlight cannot schedule it whole (two GEMMs in one
     function), one schedule per operator (:mod:`tvm_dsm.transform.split_operators`: a family's,
     such as the split-K GEMM's at any M, N and K, else dlight's; dlight's only without
-    ``families``); else ClusterError with the reasons."""
+    ``families``); else ClusterError with the reasons. Matmuls written to accumulate in 16 bits
+    accumulate in fp32 here too (:mod:`tvm_dsm.transform.widen_accumulation`): never less
+    accurate than asked, and the same numbers whichever path schedules the function."""
     LOG.info("tvm-dsm falls back from its families: %s", reason)
+    func = widen_accumulation(func) or func
     operators = _operators(func)
     per_operator_error = None
     if families and sum(op.matmul for op in operators) >= 2:
