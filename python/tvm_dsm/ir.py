@@ -68,12 +68,18 @@ def tree_reduce(op: Callable, values: list):
     return values[0]
 
 
+def shuffle_xor(value, mask: int):
+    """``value`` of the lane whose index differs from this one's by xor ``mask``, over a full
+    warp (every lane must take part)."""
+    return tirx.op.tvm_warp_shuffle_xor(tirx.const(0xFFFFFFFF, "uint32"), value, mask, 32, 32)
+
+
 def shuffle_reduce(op: Callable, value, lanes: int):
     """``value`` combined by ``op`` over ``lanes`` (a power of two) adjacent lanes of a full warp,
     by xor shuffles; every lane ends with the result."""
     mask = 1
     while mask < lanes:
-        value = op(value, tirx.op.tvm_warp_shuffle_xor(tirx.const(0xFFFFFFFF, "uint32"), value, mask, 32, 32))
+        value = op(value, shuffle_xor(value, mask))
         mask *= 2
     return value
 

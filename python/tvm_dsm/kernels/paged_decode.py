@@ -8,8 +8,9 @@ parameters, so the KV cache calls it unchanged, and changes how the work is spre
 
 - a cluster of ``ranks`` CTAs per (sequence, KV head), each CTA reading one contiguous share of
   the sequence's tokens, once for all the query heads of the group (GQA);
-- in a CTA, each warp is ``32 / (D / 8)`` token slots of ``D / 8`` lanes; a lane loads 16 bytes
-  of a token's K and V row (pages are looked up per token), four tokens' at once, the slot's lanes reduce the scores
+- in a CTA, each warp is ``32 / (D / 8)`` token slots of ``D / 8`` lanes; a lane loads 8
+  elements of a token's K and V rows (pages are looked up per token; four tokens' loads are
+  issued before the first is used), the slot's lanes reduce the scores
   of every query head of the group by shuffles, and each slot keeps an online softmax (running
   max, sum and output) per query head;
 - the slots of a warp merge by shuffles, the warps through shared memory; each CTA stores its
@@ -36,7 +37,7 @@ from tvm.tirx.script.builder import ir as B
 from ..annotations import CLUSTER_LAUNCH_KEY
 from ..errors import ClusterError
 from ..hardware import Hardware
-from ..ir import tree_reduce
+from ..ir import shuffle_xor, tree_reduce
 from ..schedule.cluster import MAX_PORTABLE_CLUSTER_SIZE
 from .ir_builder import Guarded
 
@@ -48,7 +49,6 @@ PARAMS = ("Q", "pages", "page_table_indptr", "page_table_values", "length_info",
           "rope_theta", "sm_scale")
 
 _WARP = 32
-_FULL = 0xFFFFFFFF
 _LOAD_BYTES = 16
 _WARPS = 4
 #: Tokens a slot loads per step before it uses the first (HBM latency is what a short share
@@ -252,16 +252,16 @@ class _Body:
         pieces (loads in flight together), then per token the scores and the online softmax
         update. Past the share's end a slot reads its last token and weighs it 0 (the shuffles
         need every lane)."""
-        found, g, vec = self.found, self.found.group, self.found.vector
+        found, vec = self.found, self.found.vector
         stop = self.state[2]
         clamped = [T.min(token, stop - 1) for token in tokens]
         for u, token in enumerate(clamped):
             B.buffer_store(self.page, self.values[self.state[0] + token // found.page_size], [u])
         for u, token in enumerate(clamped):
-            row = (self.page[u], self.head, token % found.page_size)
-            with B.unroll(0, vec) as e:
-                B.buffer_store(self.k_reg, self.pages[row[0], 0, row[1], row[2], self.part * vec + e], [u * vec + e])
-                B.buffer_store(self.v_reg, self.pages[row[0], 1, row[1], row[2], self.part * vec + e], [u * vec + e])
+            page, offset = self.page[u], token % found.page_size
+            for kv, reg in ((0, self.k_reg), (1, self.v_reg)):
+                with B.unroll(0, vec) as e:  # 2-byte loads: TVM's CUDA codegen has no 8-lane half store
+                    B.buffer_store(reg, self.pages[page, kv, self.head, offset, self.part * vec + e], [u * vec + e])
         for u, token in enumerate(tokens):
             self._update(u, token < stop)
 
@@ -274,7 +274,7 @@ class _Body:
         mask = 1
         while mask < found.lanes:
             for h in range(g):
-                B.buffer_store(self.s, self.s[h] + _shuffle(self.s[h], mask), [h])
+                B.buffer_store(self.s, self.s[h] + shuffle_xor(self.s[h], mask), [h])
             mask *= 2
         for h in range(g):
             new_max = T.if_then_else(valid, T.max(self.m[h], self.s[h]), self.m[h])
@@ -294,13 +294,13 @@ class _Body:
         mask = found.lanes
         while mask < _WARP:
             for h in range(found.group):
-                other_m = _shuffle(self.m[h], mask)
+                other_m = shuffle_xor(self.m[h], mask)
                 B.buffer_store(self.merged, T.max(self.m[h], other_m), [0])
                 mine, theirs = T.exp2(self.m[h] - self.merged[0]), T.exp2(other_m - self.merged[0])
-                B.buffer_store(self.d, self.d[h] * mine + _shuffle(self.d[h], mask) * theirs, [h])
+                B.buffer_store(self.d, self.d[h] * mine + shuffle_xor(self.d[h], mask) * theirs, [h])
                 for e in range(vec):
                     o = self.o[h * vec + e]
-                    B.buffer_store(self.o, o * mine + _shuffle(o, mask) * theirs, [h * vec + e])
+                    B.buffer_store(self.o, o * mine + shuffle_xor(o, mask) * theirs, [h * vec + e])
                 B.buffer_store(self.m, self.merged[0], [h])
             mask *= 2
         with B.If(self.lane < found.lanes):
@@ -370,10 +370,6 @@ class _Body:
         B.buffer_store(merged, _tree_sum([sum_of(r) * w for r, w in enumerate(weights)]), [1])
         use(_tree_sum([o_of(r) * w for r, w in enumerate(weights)]), (merged[0], merged[1]))
 
-
-
-def _shuffle(value, mask: int):
-    return tirx.op.tvm_warp_shuffle_xor(tirx.const(_FULL, "uint32"), value, mask, _WARP, _WARP)
 
 
 def _tree_sum(values: list):

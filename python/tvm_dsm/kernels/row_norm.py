@@ -39,14 +39,13 @@ from ..annotations import CLUSTER_LAUNCH_KEY
 from ..errors import ClusterError
 from ..fusion.cascade import Level, indexed_by, inline_elementwise, parse_reduction
 from ..hardware import Hardware
-from ..ir import fast_exp, is_reduction, loads, narrow_indices, substitute, tree_reduce, uses
+from ..ir import fast_exp, is_reduction, loads, narrow_indices, shuffle_xor, substitute, tree_reduce, uses
 from ..schedule.cluster import MAX_CLUSTER_SIZE
 from .ir_builder import Guarded
 from .template import KernelTemplate
 
 _LOAD_BYTES = 16
 _WARP = 32
-_FULL = 0xFFFFFFFF
 _MAX_THREADS = 1024
 #: Bytes of the row a thread holds in registers: 32 registers in CTAs of up to 512 threads
 #: (128 registers a thread available), 16 in CTAs of 1024 (64 available).
@@ -492,8 +491,7 @@ class _KernelBody:
         mask = 1
         while mask < min(self.c.threads_per_row, _WARP):  # over the row's lanes of the warp
             for n in wave:
-                B.buffer_store(acc, _COMBINE[levels[n].op](acc[n], tirx.op.tvm_warp_shuffle_xor(
-                    tirx.const(_FULL, "uint32"), acc[n], mask, _WARP, _WARP)), [n])
+                B.buffer_store(acc, _COMBINE[levels[n].op](acc[n], shuffle_xor(acc[n], mask)), [n])
             mask *= 2
         if self.warps > 1:
             with B.If(self.tx % _WARP == 0):

@@ -46,7 +46,7 @@ from ..fusion.cascade import Level, indexed_by, inline_elementwise, only_load, s
 from ..fusion.epilogue import bind_stage, find_epilogue
 from ..fusion.top_k import identity
 from ..hardware import Hardware
-from ..ir import fast_exp, loads, substitute, tree_reduce
+from ..ir import fast_exp, loads, shuffle_xor, substitute, tree_reduce
 from .template import KernelTemplate
 
 _LOAD_BYTES = 16
@@ -270,7 +270,7 @@ def top_k_rows_kernel(found: TopKRows, c: TopKRowsConfig) -> tirx.PrimFunc:  # n
     def merge_lanes(keys):  # the row's lanes' k best, by a butterfly of bitonic merges
         mask = 1
         while mask < L:
-            top_k_keys.merge_sorted(keys, functools.partial(_shuffle_xor, mask), K)
+            top_k_keys.merge_sorted(keys, functools.partial(shuffle_xor, mask=mask), K)
             mask *= 2
 
     @T.macro
@@ -281,7 +281,7 @@ def top_k_rows_kernel(found: TopKRows, c: TopKRowsConfig) -> tirx.PrimFunc:  # n
     @T.macro
     def over_lanes(combine, st, i):  # st[i] combined over the row's lanes (each lane ends with it)
         for s in T.unroll(LOG_L):
-            st[i] = combine(st[i], _shuffle_xor(1 << s, st[i]))
+            st[i] = combine(st[i], shuffle_xor(st[i], 1 << s))
 
     @T.prim_func(s_tir=True, check_well_formed=False)
     def fused():
@@ -340,6 +340,3 @@ def top_k_rows_kernel(found: TopKRows, c: TopKRowsConfig) -> tirx.PrimFunc:  # n
 
     return tirx.PrimFunc(params, fused.body, attrs=fused.attrs)
 
-
-def _shuffle_xor(mask: int, value):
-    return tirx.op.tvm_warp_shuffle_xor(tirx.const(_FULL, "uint32"), value, mask, _WARP, _WARP)
