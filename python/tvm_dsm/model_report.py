@@ -20,13 +20,13 @@ from .driver import H100
 from .families.row_ranges import ROWS_BEYOND
 from .hardware import Hardware
 from .relax_integration import Choice, RangeChoice
-from .relax_pipeline import DLIGHT, PRESCHEDULED, schedule_kernels, tvm_dsm_pipeline
+from .relax_pipeline import DLIGHT, schedule_kernels, tvm_dsm_pipeline
 
 
 @dataclass(frozen=True)
 class KernelRow:
-    """One PrimFunc: ``where`` it is scheduled (a family's name, ``"dlight"`` or
-    ``"prescheduled"``), the family and prediction of each range of its rows (one range, bound
+    """One PrimFunc: ``where`` it is scheduled (a family's name, ``"dlight"``,
+    ``"prescheduled"``, or a kernel tvm-dsm put in whole such as ``"paged_decode"``), the family and prediction of each range of its rows (one range, bound
     None, for constant extents), and for dlight why no family takes it (its first line
     printed)."""
 

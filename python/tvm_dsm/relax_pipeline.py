@@ -7,10 +7,9 @@ matmuls, GEMM chains grouped for the chain family), and :class:`ScheduleTIR` sch
 PrimFunc a tvm-dsm family matches before dlight schedules the rest. Functions that arrive
 scheduled (``nn.llm``'s paged-attention kernels) keep their own schedule; with
 ``paged_decode=True`` its decode attention is replaced by tvm-dsm's cluster kernel
-(:func:`use_paged_decode`, :mod:`tvm_dsm.kernels.paged_decode`). That is off by default: it is
-correct on the GPU and 3.4x faster than ``nn.llm``'s kernel at batch 1 (119 vs 400 us a step,
-H200), but in a 1B Llama's decode step at batch 32 it was slower (695 vs 535-864 us), and at
-batch 1 and 8 the step waits on the host, not the kernels. dlight runs under
+(:func:`use_paged_decode`, :mod:`tvm_dsm.kernels.paged_decode`). That is off by default until
+the kernel is measured faster than ``nn.llm``'s at every batch size of a whole model
+(``bench/results/llm``: faster at batch 1 and 8, slower at 32). dlight runs under
 :func:`tvm_dsm.driver.stock_target` (it skips tensor cores on "sm_90a"), after
 :class:`LowBatchDispatch` has given the matmuls of a symbolic batch no family took the low-batch
 GEMV dispatch MLC-LLM adds for decode.
@@ -35,6 +34,7 @@ from .driver import stock_rules, stock_target
 from .errors import ClusterError
 from .families.row_ranges import dispatch, row_variable
 from .hardware import Hardware, load_hardware
+from .kernels.paged_decode import SYMBOL as PAGED_DECODE_SYMBOL
 from .kernels.paged_decode import default_ranks, find_paged_decode, paged_decode_kernel
 from .relax_integration import CRASH_ATTR, FAMILY_ATTR, Choice, ScheduleTIR, lower_to_tir
 
@@ -112,6 +112,7 @@ def use_paged_decode(mod: tvm.IRModule, hw: Hardware | None = None) -> tvm.IRMod
     (:mod:`tvm_dsm.kernels.paged_decode`), sized for ``hw``; unchanged where the KV cache
     applies RoPE inside the attention kernels (that kernel takes K stored rotated)."""
     if _rope_inside_attention(mod):
+        LOG.info("nn.llm's decode attention kept: the KV cache applies RoPE inside attention")
         return mod
     hw = hw or load_hardware()
     mod = mod.clone()
@@ -120,7 +121,9 @@ def use_paged_decode(mod: tvm.IRModule, hw: Hardware | None = None) -> tvm.IRMod
             continue
         try:
             found = find_paged_decode(func)
-        except ClusterError:
+        except ClusterError as err:
+            if gv.name_hint.startswith(PAGED_DECODE_SYMBOL):
+                LOG.info("%s kept: %s", gv.name_hint, err)
             continue
         kernel = paged_decode_kernel(found, default_ranks(found, hw))
         mod.update_func(gv, kernel.with_attr(FAMILY_ATTR, PAGED_DECODE))

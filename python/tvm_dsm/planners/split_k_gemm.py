@@ -285,7 +285,8 @@ def plan_split_k_gemm(shape: GemmShape, hw: Hardware, quantized: bool = False,
     HBM and L2 limits (where the pipeline term binds, a few large CTAs pull their tiles slower
     than many small ones), then tiles of up to 128 rows before shorter ones (a 128x64 and a
     64x128 tile move the same bytes in the model; the taller one runs faster with wgmma). The
-    measurements behind both: docs/gemm.md."""
+    measurements behind both: docs/gemm.md. Where M fits one 16-row tile, only 16-row tiles
+    are ranked (taller ones compute padding; see the code)."""
     if padded:
         check_edges(shape)  # refused whatever the configuration: say which limit
     plans = [predict(shape, c, hw, quantized)
