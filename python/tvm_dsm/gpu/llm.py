@@ -64,6 +64,8 @@ CONFIGS = ("tvm_default", "tvm_mlc", "tvm_dsm", "tvm_dsm_paged_decode")
 #: Untimed decode steps before the timed ones (the first steps of a batch size capture its
 #: CUDA graph; a fresh process also runs its first steps slower).
 WARMUP_STEPS = 10
+#: Decode steps the per-kernel breakdown runs after the timed ones (one outside the profiler).
+PROFILED_STEPS = 6
 #: Prefills timed (into an emptied cache) after the first; the median is reported.
 PREFILL_REPEATS = 3
 #: Seconds one configuration's compile process may take.
@@ -211,16 +213,11 @@ def _run_config(executable, info: dict, config: LlamaConfig, weights, prompts, f
     """Prefill, check and time decode at every batch size; each batch's row to ``record``."""
     import tvm
 
-    from ..workloads.llama import LlamaSession
-
     dev = tvm.cuda(0)
     prompt_len = prompts.shape[1]
     for batch in batches:
-        pages_per_seq = -(-(prompt_len + check_steps + steps) // PAGE_SIZE) + 1
-        tokens_per_seq = pages_per_seq * PAGE_SIZE
-        session = LlamaSession(executable, dev, weights, info["names"], config,
-                               max_batch_size=batch, max_total_seq_len=batch * tokens_per_seq,
-                               prefill_chunk_size=batch * prompt_len, page_size=PAGE_SIZE)
+        session = _session(executable, info, config, weights, batch, prompt_len,
+                           check_steps + WARMUP_STEPS + steps + PROFILED_STEPS)
         logits, prefill_ms = _wall_ms(functools.partial(session.prefill, prompts[:batch]), dev.sync)
         got = [logits.numpy()[0]]
         for step in range(check_steps):
@@ -229,13 +226,11 @@ def _run_config(executable, info: dict, config: LlamaConfig, weights, prompts, f
         checks = logit_errors(np.stack(got, axis=1), reference[:batch])
         token = tvm.runtime.tensor(forced[:batch, :1].astype(np.int32), dev)
         decode_step = functools.partial(session.decode, token)
-        for _ in range(WARMUP_STEPS):
-            decode_step()
-        times = [_wall_ms(decode_step, dev.sync)[1] for _ in range(steps)]
-        context = prompt_len + check_steps + steps // 2
+        times = _decode_times(decode_step, steps, dev.sync)
+        context = prompt_len + check_steps + WARMUP_STEPS + steps // 2
         floor_ms = _decode_floor_ms(config, batch, context, bandwidth)
         decode_ms = float(np.median(times))
-        kernels = profile_kernels(decode_step, step_us=decode_ms * 1e3)
+        kernels = profile_kernels(decode_step, steps=PROFILED_STEPS - 1, step_us=decode_ms * 1e3)
         warm_prefill_ms = _warm_prefill_ms(session, prompts[:batch], dev.sync)
         record(batch, {"prefill_ms_first_call": round(prefill_ms, 3),
                        "prefill_ms": round(warm_prefill_ms, 3),
@@ -249,6 +244,27 @@ def _run_config(executable, info: dict, config: LlamaConfig, weights, prompts, f
              f"logits rel err {checks['rel_l2_max']:.2e}; "
              f"{kernels['kernels_per_step']:.0f} kernels, {kernels['kernel_us_per_step']:.0f} us of them")
         del session
+
+
+def _session(executable, info: dict, config: LlamaConfig, weights, batch: int, prompt_len: int,
+             decode_steps: int):
+    """A session whose cache holds ``batch`` sequences of ``prompt_len`` tokens and
+    ``decode_steps`` more each, prefilled in one chunk."""
+    import tvm
+
+    from ..workloads.llama import LlamaSession
+
+    pages_per_seq = -(-(prompt_len + decode_steps) // PAGE_SIZE)
+    return LlamaSession(executable, tvm.cuda(0), weights, info["names"], config, max_batch_size=batch,
+                        max_total_seq_len=batch * pages_per_seq * PAGE_SIZE,
+                        prefill_chunk_size=batch * prompt_len, page_size=PAGE_SIZE)
+
+
+def _decode_times(decode_step: Callable[[], Any], steps: int, sync: Callable[[], None]) -> list[float]:
+    """Wall times (ms) of ``steps`` decode steps, after ``WARMUP_STEPS`` untimed ones."""
+    for _ in range(WARMUP_STEPS):
+        decode_step()
+    return [_wall_ms(decode_step, sync)[1] for _ in range(steps)]
 
 
 def _warm_prefill_ms(session, prompts: np.ndarray, sync: Callable[[], None]) -> float:
@@ -268,23 +284,15 @@ def _run_contexts(executable, info: dict, config: LlamaConfig, weights, contexts
     batch) to ``record``."""
     import tvm
 
-    from ..workloads.llama import LlamaSession
-
     dev = tvm.cuda(0)
     rng = np.random.default_rng(1)
     for context in contexts:
         for batch in batches:
             prompts = rng.integers(0, config.vocab_size, (batch, context))
-            pages_per_seq = -(-(context + WARMUP_STEPS + steps) // PAGE_SIZE) + 1
-            session = LlamaSession(executable, dev, weights, info["names"], config,
-                                   max_batch_size=batch, max_total_seq_len=batch * pages_per_seq * PAGE_SIZE,
-                                   prefill_chunk_size=batch * context, page_size=PAGE_SIZE)
+            session = _session(executable, info, config, weights, batch, context, WARMUP_STEPS + steps)
             prefill_ms = _warm_prefill_ms(session, prompts, dev.sync)
             token = tvm.runtime.tensor(prompts[:, :1].astype(np.int32), dev)
-            decode_step = functools.partial(session.decode, token)
-            for _ in range(WARMUP_STEPS):
-                decode_step()
-            decode_ms = float(np.median([_wall_ms(decode_step, dev.sync)[1] for _ in range(steps)]))
+            decode_ms = float(np.median(_decode_times(functools.partial(session.decode, token), steps, dev.sync)))
             floor_ms = _decode_floor_ms(config, batch, context + WARMUP_STEPS + steps // 2, bandwidth)
             record(context, batch, {"prefill_ms": round(prefill_ms, 3), "decode_ms_per_step": round(decode_ms, 4),
                                     "floor_ms": round(floor_ms, 4), "multiple_of_floor": round(decode_ms / floor_ms, 2)})
@@ -435,15 +443,19 @@ def run(args) -> None:
             results["configs"][name].setdefault("contexts", {}).setdefault(str(context), {})[str(batch)] = row
             save()
 
-        try:
-            _run_config(executable, info, config, weights, prompts, forced, reference, batches,
-                        args.check_steps, args.steps, bandwidth, record)
-            _run_contexts(executable, info, config, weights, args.contexts, batches, args.steps,
-                          bandwidth, record_context)
-        except Exception as err:  # noqa: BLE001  (recorded; the other configurations go on)
-            results["configs"][name]["error"] = f"run: {type(err).__name__}: {err}"
-            save()
-            _log(f"{name} failed: {err}")
+        parts = {  # a failure of one is recorded under its key; the other still runs
+            "error": functools.partial(_run_config, executable, info, config, weights, prompts, forced,
+                                       reference, batches, args.check_steps, args.steps, bandwidth, record),
+            "contexts_error": functools.partial(_run_contexts, executable, info, config, weights, args.contexts,
+                                                batches, args.steps, bandwidth, record_context),
+        }
+        for key, part in parts.items():
+            try:
+                part()
+            except Exception as err:  # noqa: BLE001  (recorded; the rest goes on)
+                results["configs"][name][key] = f"run: {type(err).__name__}: {err}"
+                save()
+                _log(f"{name} failed: {err}")
     if args.torch:
         _log("torch: eager and torch.compile (reduce-overhead)")
 
