@@ -127,3 +127,29 @@ def test_a_tracker_without_a_key_is_refused():
     args = parser().parse_args(["tune", "dense", "128", "1024", "1024", "db", "--rpc-tracker", "127.0.0.1:9190"])
     with pytest.raises(SystemExit, match="--rpc-tracker needs --rpc-key"):
         _runner(args)
+
+
+def test_a_hung_candidate_is_timed_out_and_the_next_is_measured(tracker):
+    """A kernel that never returns (as a cluster-barrier deadlock would) is cut at the session
+    timeout and reported failed; the servers then measure the next candidate."""
+    from tvm.script import tirx as T
+
+    @T.prim_func
+    def spin(a: T.Buffer((1,), "int32")):
+        while a[0] >= 0:
+            a[0] = (a[0] + 1) % 2
+
+    n = 1024
+    x = te.placeholder((n,), "float32", name="x")
+    good = te.create_prim_func([x, te.compute((n,), lambda i: x[i] * 2.0, name="y")])
+    builder = ms.builder.LocalBuilder(f_build=lambda mod, target, _: tvm.compile(mod, target).mod, max_workers=1)
+    built = builder.build([ms.builder.BuilderInput(tvm.IRModule({"main": f}), tvm.target.Target("llvm"))
+                           for f in (spin, good)])
+    assert all(b.error_msg is None for b in built), [b.error_msg for b in built]
+    runner = rpc_runner(tracker, KEY, max_workers=1, session_timeout_sec=3)
+    start = time.monotonic()
+    hung, measured = (runner.run([ms.runner.RunnerInput(b.artifact_path, "cpu", ms.arg_info.ArgInfo.from_prim_func(f))])[0]
+                      for b, f in zip(built, (spin, good), strict=True))
+    assert hung.result().error_msg and "timeout" in hung.result().error_msg.lower(), hung.result().error_msg
+    assert measured.result().error_msg is None, measured.result().error_msg
+    assert time.monotonic() - start < 30
