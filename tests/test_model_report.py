@@ -3,6 +3,8 @@ the ``tvm-dsm compile-model`` command that prints it, and the end-to-end LLM tut
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import tvm_dsm
@@ -12,6 +14,7 @@ from tvm_dsm.relax_pipeline import DLIGHT, PRESCHEDULED
 from tvm_dsm.workloads.llama import LLAMA_TINY, export_llama
 from tvm_dsm.workloads.relax_models import swiglu_mlp
 
+ROOT = Path(__file__).parent.parent
 #: nn.llm's paged-attention kernels, scheduled by nn.llm itself.
 ATTENTION_KERNELS = {"batch_prefill_paged_kv", "batch_decode_paged_kv", "batch_prefill_ragged_kv"}
 
@@ -66,3 +69,21 @@ def test_llm_tutorial_compiles_the_1b_llama_and_reports_its_kernels(capsys):
     out = run_tutorial("llm_end_to_end", capsys)
     assert "split_k_gemm" in out and "prescheduled" in out and "compiled in" in out
     assert "ms/step" in out or "compiled and reported above" in out
+
+
+def test_a_runs_per_kernel_times_join_the_report(tiny_report):
+    """After a run, each kernel's line carries its measured time per step beside its family and
+    prediction (the rows a run's breakdown records: function, µs per step, launches)."""
+    from tvm_dsm.model_report import measured_kernels
+
+    gemm = next(row.name for row in tiny_report.rows if row.where == "split_k_gemm")
+    joined = tiny_report.with_measured([
+        {"function": gemm, "us_per_step": 12.5, "launches_per_step": 2.0},
+        {"function": "a_kernel_the_model_does_not_have", "us_per_step": 1.0, "launches_per_step": 1.0}])
+    line = next(row.format() for row in joined.rows if row.name == gemm)
+    assert line.startswith(f"{gemm}  split_k_gemm") and line.endswith("[measured 12.5 us/step, 2 launches]")
+    assert sum(row.measured_us is not None for row in joined.rows) == 1
+    committed = measured_kernels(ROOT / "bench/results/llm/latest.json", "tvm_dsm", 8)
+    assert {"rms_norm", "batch_decode_paged_kv"} <= {k["function"] for k in committed}
+    with pytest.raises(ValueError, match="no per-kernel breakdown of tvm_dsm at batch 3"):
+        measured_kernels(ROOT / "bench/results/llm/latest.json", "tvm_dsm", 3)

@@ -207,7 +207,7 @@ RELAX_MODELS = {"llama": _llama}
 
 
 def cmd_compile_model(args) -> None:
-    from tvm_dsm.model_report import compile_with_report
+    from tvm_dsm.model_report import compile_with_report, measured_kernels
 
     if args.model not in RELAX_MODELS:
         raise SystemExit(f"tvm-dsm compile-model: no model {args.model!r}; one of {', '.join(RELAX_MODELS)}")
@@ -223,6 +223,8 @@ def cmd_compile_model(args) -> None:
     compiling = time.perf_counter()
     executable, report = compile_with_report(mod, target)
     seconds = time.perf_counter() - compiling
+    if args.measured:
+        report = report.with_measured(measured_kernels(args.measured, batch=args.measured_batch))
     print(report.format())
     print(f"compiled in {seconds:.1f} s")
     if args.out:
@@ -286,6 +288,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model-config", default="1b", help="its configuration: 1b or tiny (default 1b)")
     p.add_argument("--out", help="export the compiled library (a .so holding CUDA source) to this path")
     p.add_argument("--arch", default="sm_90a", help="CUDA architecture (default sm_90a)")
+    p.add_argument("--measured", metavar="RESULTS", help="an LLM run's results (python -m "
+                   "tvm_dsm.gpu.llm): each kernel's measured time per decode step beside its prediction")
+    p.add_argument("--measured-batch", type=int, default=1, help="the batch size of those measurements (default 1)")
     command("workloads", cmd_workloads, "list the workload builders and their arguments", function=False)
     return top
 

@@ -10,8 +10,11 @@ compile does: :func:`relax_report` runs the pipeline up to dlight, without gener
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 import tvm
 from tvm import relax
@@ -26,19 +29,24 @@ from .relax_pipeline import DLIGHT, schedule_kernels, tvm_dsm_pipeline
 @dataclass(frozen=True)
 class KernelRow:
     """One PrimFunc: ``where`` it is scheduled (a family's name, ``"dlight"``,
-    ``"prescheduled"``, or a kernel tvm-dsm put in whole such as ``"paged_decode"``), the family and prediction of each range of its rows (one range, bound
-    None, for constant extents), and for dlight why no family takes it (its first line
-    printed)."""
+    ``"prescheduled"``, or a kernel tvm-dsm put in whole such as ``"paged_decode"``), the family
+    and prediction of each range of its rows (one range, bound None, for constant extents), for
+    dlight why no family takes it (its first line printed), and after a run its measured device
+    time per model step with its launches."""
 
     name: str
     where: str
     ranges: tuple[RangeChoice, ...] = ()
     row_variable: str | None = None
     reason: str = ""
+    measured_us: float | None = None
+    launches: float | None = None
 
     def format(self, width: int = 0) -> str:
         """The row as one line, the name padded to ``width``."""
-        return f"{self.name:<{width}}  {self.where}{self._detail()}"
+        measured = ("" if self.measured_us is None else
+                    f"  [measured {self.measured_us:.1f} us/step, {self.launches:g} launches]")
+        return f"{self.name:<{width}}  {self.where}{self._detail()}{measured}"
 
     def _detail(self) -> str:
         if self.where == DLIGHT:
@@ -66,6 +74,16 @@ class ModelReport:
     def counts(self) -> dict[str, int]:
         """Kernels per ``where``: each family, dlight, prescheduled; most first."""
         return dict(Counter(row.where for row in self.rows).most_common())
+
+    def with_measured(self, kernels: list[dict]) -> ModelReport:
+        """The report with each kernel's measured time from a run's per-kernel breakdown
+        (:func:`tvm_dsm.gpu.kernel_breakdown.summarize` rows: ``function``, ``us_per_step``,
+        ``launches_per_step``); kernels the run did not launch keep no measurement."""
+        by_name = {k["function"]: k for k in kernels}
+        return ModelReport(tuple(
+            dataclasses.replace(row, measured_us=by_name[row.name]["us_per_step"],
+                                launches=by_name[row.name]["launches_per_step"])
+            if row.name in by_name else row for row in self.rows))
 
     def format(self) -> str:
         """One line per kernel, then the kernels per family."""
@@ -108,6 +126,18 @@ def compile_with_report(mod: tvm.IRModule, target=H100,
     pipeline = tvm_dsm_pipeline(hw=hw, coverage=coverage, choices=choices)
     executable = tvm.compile(mod, tvm.target.Target(target), relax_pipeline=pipeline)
     return executable, model_report(coverage, choices)
+
+
+def measured_kernels(results: str | Path, config: str = "tvm_dsm", batch: int = 1) -> list[dict]:
+    """The per-kernel breakdown of a decode step that an LLM run (``python -m
+    tvm_dsm.gpu.llm``) recorded for ``config`` at ``batch``; ValueError naming what the file
+    lacks."""
+    found = json.loads(Path(results).read_text())
+    try:
+        return found["configs"][config]["batches"][str(batch)]["decode_kernels"]["rows"]
+    except KeyError as err:
+        raise ValueError(f"{results} has no per-kernel breakdown of {config} at batch {batch} "
+                         f"(missing {err})") from None
 
 
 def _first_line(text: str) -> str:
