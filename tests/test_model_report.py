@@ -81,7 +81,7 @@ def test_a_runs_per_kernel_times_join_the_report(tiny_report):
         {"function": gemm, "us_per_step": 12.5, "launches_per_step": 2.0},
         {"function": "a_kernel_the_model_does_not_have", "us_per_step": 1.0, "launches_per_step": 1.0}])
     line = next(row.format() for row in joined.rows if row.name == gemm)
-    assert line.startswith(f"{gemm}  split_k_gemm") and line.endswith("[measured 12.5 us/step, 2 launches]")
+    assert line.startswith(f"{gemm}  split_k_gemm") and line.endswith("[measured 6.2 us x 2 a step]")
     assert sum(row.measured_us is not None for row in joined.rows) == 1
     committed = measured_kernels(ROOT / "bench/results/llm/latest.json", "tvm_dsm", 8)
     assert {"rms_norm", "batch_decode_paged_kv"} <= {k["function"] for k in committed}

@@ -44,8 +44,8 @@ class KernelRow:
 
     def format(self, width: int = 0) -> str:
         """The row as one line, the name padded to ``width``."""
-        measured = ("" if self.measured_us is None else
-                    f"  [measured {self.measured_us:.1f} us/step, {self.launches:g} launches]")
+        measured = ("" if self.measured_us is None else  # per launch, as the prediction is
+                    f"  [measured {self.measured_us / self.launches:.1f} us x {self.launches:g} a step]")
         return f"{self.name:<{width}}  {self.where}{self._detail()}{measured}"
 
     def _detail(self) -> str:
