@@ -9,8 +9,8 @@ parameters, so the KV cache calls it unchanged, and changes how the work is spre
 - a cluster of ``ranks`` CTAs per (sequence, KV head), each CTA reading one contiguous share of
   the sequence's tokens, once for all the query heads of the group (GQA);
 - in a CTA, each warp is ``32 / (D / 8)`` token slots of ``D / 8`` lanes; a lane loads 8
-  elements of a token's K and V rows (pages are looked up per token; four tokens' loads are
-  issued before the first is used), the slot's lanes reduce the scores
+  elements (16 bytes, one vector load) of a token's K and V rows (pages are looked up per
+  token; four tokens' loads are issued before the first is used), the slot's lanes reduce the scores
   of every query head of the group by shuffles, and each slot keeps an online softmax (running
   max, sum and output) per query head;
 - the slots of a warp merge by shuffles, the warps through shared memory; each CTA stores its
@@ -50,6 +50,7 @@ PARAMS = ("Q", "pages", "page_table_indptr", "page_table_values", "length_info",
 
 _WARP = 32
 _LOAD_BYTES = 16
+_WORDS = _LOAD_BYTES // 4  # 32-bit words of one load
 _WARPS = 4
 #: Tokens a slot loads per step before it uses the first (HBM latency is what a short share
 #: of a sequence waits on).
@@ -151,9 +152,13 @@ def paged_decode_kernel(found: PagedDecode, ranks: int) -> tirx.PrimFunc:
     with IRBuilder() as ib:
         with B.prim_func(s_tir=True):
             B.func_name(SYMBOL)
+            pages_offset = params[PARAMS.index("pages")].ty.elem_offset
             with B.Assert(params[PARAMS.index("rotary_mode")] == 0,
                           "tvm-dsm's paged decode attention takes K stored rotated (RoPE mode "
-                          "NORMAL or NONE), not RoPE applied in the kernel"):
+                          "NORMAL or NONE), not RoPE applied in the kernel"), \
+                    B.Assert(tirx.floormod(pages_offset, found.vector) == 0,
+                             "tvm-dsm's paged decode attention loads 16-byte pieces of the pages: "
+                             "their offset must be a multiple of 16 bytes"):
                 with B.thread_binding(batch * found.kv_heads * ranks, thread="blockIdx.x") as bx:
                     with B.thread_binding(_WARPS * _WARP, thread="threadIdx.x") as tx:
                         with B.sblock("paged_decode"):
@@ -178,8 +183,8 @@ class _Body:
         local = lambda shape, dtype="float32": B.sblock_alloc_buffer(shape, dtype, scope="local")  # noqa: E731
         self.q_reg, self.o = local((g * vec,)), local((g * vec,))
         self.m, self.d, self.s = local((g,)), local((g,)), local((g,))
-        self.k_reg = local((_UNROLL * vec,), found.dtype)
-        self.v_reg = local((_UNROLL * vec,), found.dtype)
+        # K and V pieces as loaded (16-byte words) and as read (the head dim's type), one register file
+        self.k_words, self.v_words = (local((_UNROLL * _WORDS,), "uint32") for _ in range(2))
         self.state = local((3,), "int32")  # first page slot, first token, past the last token
         self.page = local((_UNROLL,), "int32")
         self.merged = local((2,))  # a merge's running max and sum
@@ -259,17 +264,22 @@ class _Body:
             B.buffer_store(self.page, self.values[self.state[0] + token // found.page_size], [u])
         for u, token in enumerate(clamped):
             page, offset = self.page[u], token % found.page_size
-            for kv, reg in ((0, self.k_reg), (1, self.v_reg)):
-                with B.unroll(0, vec) as e:  # 2-byte loads: TVM's CUDA codegen has no 8-lane half store
-                    B.buffer_store(reg, self.pages[page, kv, self.head, offset, self.part * vec + e], [u * vec + e])
+            for kv, words in ((0, self.k_words), (1, self.v_words)):
+                flat = (((page * 2 + kv) * found.kv_heads + self.head) * found.page_size + offset) \
+                    * found.head_dim + self.part * vec
+                B.evaluate(T.ptx.ld.global_.nc.v4.b32(
+                    *(words[u * _WORDS + w] for w in range(_WORDS)), self.pages.access_ptr("r", offset=flat)))
+        k_reg, v_reg = (B.decl_buffer((_UNROLL * vec,), found.dtype, data=words.data, scope="local")
+                        for words in (self.k_words, self.v_words))
         for u, token in enumerate(tokens):
-            self._update(u, token < stop)
+            self._update(u, token < stop, k_reg, v_reg)
 
-    def _update(self, u: int, valid) -> None:
-        """The online softmax of every query head of the group, by the ``u``-th loaded token."""
+    def _update(self, u: int, valid, k_reg, v_reg) -> None:
+        """The online softmax of every query head of the group, by the ``u``-th loaded token
+        (its K and V pieces in ``k_reg`` and ``v_reg``)."""
         found, g, vec = self.found, self.found.group, self.found.vector
         for h in range(g):
-            terms = [self.q_reg[h * vec + e] * T.Cast("float32", self.k_reg[u * vec + e]) for e in range(vec)]
+            terms = [self.q_reg[h * vec + e] * T.Cast("float32", k_reg[u * vec + e]) for e in range(vec)]
             B.buffer_store(self.s, _tree_sum(terms), [h])
         mask = 1
         while mask < found.lanes:
@@ -285,7 +295,7 @@ class _Body:
             B.buffer_store(self.d, self.d[h] * alpha + self.merged[1], [h])
             with B.unroll(0, vec) as e:
                 B.buffer_store(self.o, self.o[h * vec + e] * alpha
-                               + self.merged[1] * T.Cast("float32", self.v_reg[u * vec + e]), [h * vec + e])
+                               + self.merged[1] * T.Cast("float32", v_reg[u * vec + e]), [h * vec + e])
             B.buffer_store(self.m, self.merged[0], [h])
 
     def _merge_slots(self) -> None:
