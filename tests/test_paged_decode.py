@@ -14,7 +14,8 @@ from tvm.relax.frontend.nn.llm._decode_kernels import _attention_decode
 from conftest import TARGET, cuda_source, host_launch
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.hardware import load_hardware
-from tvm_dsm.kernels.paged_decode import default_ranks, find_paged_decode, paged_decode_kernel
+from tvm_dsm.kernels.paged_decode import (batch_ranks, default_ranks, find_paged_decode, paged_decode_dispatch,
+                                          paged_decode_kernel)
 from tvm_dsm.relax_pipeline import PAGED_DECODE, PRESCHEDULED, schedule_kernels, use_paged_decode
 
 PAGE = 16
@@ -57,6 +58,18 @@ def test_the_kernel_launches_a_cluster_per_sequence_and_kv_head_and_assembles(as
     assemble(alone, "paged_decode_alone")
     with pytest.raises(ClusterError, match="a power of two"):
         paged_decode_kernel(found, 3)
+
+
+def test_larger_batches_get_smaller_clusters_one_kernel_each(assemble):
+    found = find_paged_decode(nn_llm_decode(32, 8, 64))
+    ranges = batch_ranks(found, load_hardware())
+    assert ranges == [(8, 8), (16, 4), (33, 2), (None, 1)]  # one wave of 4 CTAs per SM on 132 SMs
+    mod = tvm.IRModule({"main": paged_decode_dispatch(found, load_hardware())})
+    launches = host_launch(mod, "tvm_dsm")
+    assert len(launches) == 4
+    for (_, ranks), launch in zip(ranges, launches, strict=True):
+        assert (f', 128, {ranks}, launch_params=' if ranks > 1 else ', 128, launch_params=') in launch
+    assemble(cuda_source(mod, "tvm_dsm"), "paged_decode_dispatch")
 
 
 def test_clusters_stay_within_a_ctas_static_shared_memory(assemble):
@@ -118,7 +131,7 @@ def _reference(q, kv, group, sm_scale):
 @pytest.mark.gpu
 @pytest.mark.parametrize("qo_heads, kv_heads, head_dim, dtype, ranks", [
     (32, 8, 64, "float16", 8), (32, 8, 64, "float16", 1), (28, 4, 128, "bfloat16", 4),
-    (8, 8, 128, "float16", 2), (16, 2, 256, "float16", 1),
+    (8, 8, 128, "float16", 2), (16, 2, 256, "float16", 1), (32, 8, 64, "float16", None),
 ])
 def test_it_matches_float64_and_nn_llm_on_the_gpu(qo_heads, kv_heads, head_dim, dtype, ranks):
     import ml_dtypes  # noqa: F401  (numpy's bfloat16)
@@ -132,7 +145,8 @@ def test_it_matches_float64_and_nn_llm_on_the_gpu(qo_heads, kv_heads, head_dim, 
     ref_out, ref_lse = _reference(q, kv, qo_heads // kv_heads, sm_scale)
     dev = tvm.cuda(0)
     original = nn_llm_decode(qo_heads, kv_heads, head_dim, dtype)
-    ours = paged_decode_kernel(find_paged_decode(original), ranks)
+    found = find_paged_decode(original)  # ranks None: the pipeline's kernel, a cluster size per batch range
+    ours = paged_decode_dispatch(found, load_hardware()) if ranks is None else paged_decode_kernel(found, ranks)
     results = {}
     for name, func, pipeline in (("ours", ours, "tvm_dsm"), ("nn_llm", original, "default")):
         lib = tvm.compile(tvm.IRModule({"main": func}), target=TARGET, tir_pipeline=pipeline)

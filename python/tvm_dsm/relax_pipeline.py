@@ -35,7 +35,7 @@ from .errors import ClusterError
 from .families.row_ranges import dispatch, row_variable
 from .hardware import Hardware, load_hardware
 from .kernels.paged_decode import SYMBOL as PAGED_DECODE_SYMBOL
-from .kernels.paged_decode import default_ranks, find_paged_decode, paged_decode_kernel
+from .kernels.paged_decode import find_paged_decode, paged_decode_dispatch
 from .relax_integration import CRASH_ATTR, FAMILY_ATTR, Choice, ScheduleTIR, lower_to_tir
 
 LOG = logging.getLogger("tvm_dsm.relax")
@@ -125,7 +125,7 @@ def use_paged_decode(mod: tvm.IRModule, hw: Hardware | None = None) -> tvm.IRMod
             if gv.name_hint.startswith(PAGED_DECODE_SYMBOL):
                 LOG.info("%s kept: %s", gv.name_hint, err)
             continue
-        kernel = paged_decode_kernel(found, default_ranks(found, hw))
+        kernel = paged_decode_dispatch(found, hw)
         mod.update_func(gv, kernel.with_attr(FAMILY_ATTR, PAGED_DECODE))
     return mod
 

@@ -7,7 +7,8 @@ at batch 1 with 8 KV heads that is 8 CTAs on 132 SMs, 24 us a layer at a context
 parameters, so the KV cache calls it unchanged, and changes how the work is spread:
 
 - a cluster of ``ranks`` CTAs per (sequence, KV head), each CTA reading one contiguous share of
-  the sequence's tokens, once for all the query heads of the group (GQA);
+  the sequence's tokens, once for all the query heads of the group (GQA); smaller clusters for
+  larger batches (one kernel per range of batch sizes, :func:`paged_decode_dispatch`);
 - in a CTA, each warp is ``32 / (D / 8)`` token slots of ``D / 8`` lanes; a lane loads 8
   elements (16 bytes, one vector load) of a token's K and V rows (pages are looked up per
   token; four tokens' loads are issued before the first is used), the slot's lanes reduce the scores
@@ -137,6 +138,38 @@ def default_ranks(found: PagedDecode, hw: Hardware) -> int:
            and shared_bytes(found, ranks * 2) <= _STATIC_SHARED_BYTES):
         ranks *= 2
     return ranks
+
+
+#: CTAs of the kernel an SM holds at once (127 registers a thread, 128 threads a CTA).
+_RESIDENT_CTAS = 4
+
+
+def batch_ranks(found: PagedDecode, hw: Hardware) -> list[tuple[int | None, int]]:
+    """Cluster sizes by batch size, ``[(largest batch, ranks), ..., (None, ranks)]``: the most
+    CTAs per (sequence, KV head) that keep the grid within one wave of resident CTAs (the merge
+    through DSM only pays where the sequences and heads alone leave SMs idle), from
+    :func:`default_ranks` down to 1."""
+    slots = hw.sm_count * _RESIDENT_CTAS
+    ranges, ranks = [], default_ranks(found, hw)
+    while ranks > 1:
+        bound = slots // (found.kv_heads * ranks)
+        if bound >= 1 and (not ranges or bound > ranges[-1][0]):
+            ranges.append((bound, ranks))
+        ranks //= 2
+    return ranges + [(None, 1)]
+
+
+def paged_decode_dispatch(found: PagedDecode, hw: Hardware) -> tirx.PrimFunc:
+    """``found``'s function as one kernel per range of batch sizes (:func:`batch_ranks`), the
+    batch size tested on the host before each launch."""
+    ranges = batch_ranks(found, hw)
+    kernels = [(bound, paged_decode_kernel(found, ranks)) for bound, ranks in ranges]
+    batch = found.func.params[0].ty.shape[0]
+    body = kernels[-1][1].body
+    for bound, kernel in reversed(kernels[:-1]):
+        test = tirx.call_intrin("bool", "tirx.tvm_thread_invariant", batch <= bound)
+        body = tirx.IfThenElse(test, kernel.body, body)
+    return kernels[-1][1].with_body(body)
 
 
 def paged_decode_kernel(found: PagedDecode, ranks: int) -> tirx.PrimFunc:
