@@ -179,3 +179,22 @@ def test_in_kernel_rope_stops_before_launch_with_the_reason():
     lse = tvm.runtime.tensor(np.zeros((1, 8), np.float32), dev)
     with pytest.raises(Exception, match="RoPE"):
         lib(*args, zeros, zeros, out, lse, 1, 1.0, 1e4, 0.125)
+
+
+def test_a_cache_with_rope_inside_attention_keeps_nn_llms_kernel(monkeypatch):
+    """The kernel takes K stored rotated: where the KV cache is created with RoPE applied inside
+    the attention kernels (RopeMode.INLINE), the pipeline leaves nn.llm's decode kernel."""
+    from types import SimpleNamespace
+
+    from tvm.relax.frontend.nn.llm.kv_cache import RopeMode
+
+    from tvm_dsm.workloads import llama
+
+    monkeypatch.setattr(llama, "RopeMode", SimpleNamespace(NORMAL=RopeMode.INLINE))
+    from tvm_dsm.relax_pipeline import _rope_inside_attention
+
+    mod = llama.export_llama(llama.LLAMA_TINY, TARGET)[0]
+    assert _rope_inside_attention(mod)
+    with tvm.target.Target(TARGET):
+        kept = use_paged_decode(mod)
+    assert "tvm_dsm.family" not in kept["batch_decode_paged_kv"].attrs
