@@ -68,6 +68,17 @@ def tree_reduce(op: Callable, values: list):
     return values[0]
 
 
+def branch_on(var: tirx.Var, kernels: list[tuple[int | None, tirx.PrimFunc]]) -> tirx.Stmt:
+    """The bodies of ``kernels`` (each with the largest ``var`` it takes, in increasing order;
+    the last, None, takes the rest) behind ``if var <= bound`` tests in that order, tested on
+    the host before the launch (the test is thread-invariant)."""
+    body = kernels[-1][1].body
+    for bound, kernel in reversed(kernels[:-1]):
+        test = tirx.call_intrin("bool", "tirx.tvm_thread_invariant", var <= bound)
+        body = tirx.IfThenElse(test, kernel.body, body)
+    return body
+
+
 def shuffle_xor(value, mask: int):
     """``value`` of the lane whose index differs from this one's by xor ``mask``, over a full
     warp (every lane must take part)."""

@@ -23,6 +23,7 @@ from tvm.s_tir import SBlock, SBlockRealize
 
 from ..errors import ClusterError
 from ..hardware import Hardware
+from ..ir import branch_on
 from ..planners.report import Plan
 from . import match_family
 from .base import ScheduleFamily
@@ -125,9 +126,5 @@ def dispatch(func: tirx.PrimFunc, kernels: list[tuple[int | None, tirx.PrimFunc]
     """``func`` branching on its row variable to the scheduled functions ``kernels`` (each with
     the largest row count it takes, in increasing order; the last, None, takes the rest):
     ``if m <= bound`` in that order."""
-    var = row_variable(func)
-    body = kernels[-1][1].body
-    for bound, scheduled in reversed(kernels[:-1]):
-        test = tirx.call_intrin("bool", "tirx.tvm_thread_invariant", var <= bound)
-        body = tirx.IfThenElse(test, scheduled.body, body)
+    body = branch_on(row_variable(func), kernels)
     return func.with_body(SBlockRealize([], True, SBlock([], [], [], "root", body)))

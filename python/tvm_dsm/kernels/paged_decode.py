@@ -38,9 +38,8 @@ from tvm.tirx.script.builder import ir as B
 from ..annotations import CLUSTER_LAUNCH_KEY
 from ..errors import ClusterError
 from ..hardware import Hardware
-from ..ir import shuffle_xor, tree_reduce
+from ..ir import branch_on, shuffle_xor, tree_reduce
 from ..schedule.cluster import MAX_PORTABLE_CLUSTER_SIZE
-from .ir_builder import Guarded
 
 #: The function ``nn.llm`` builds for decode attention over its paged KV cache, and its
 #: parameters in order.
@@ -164,12 +163,7 @@ def paged_decode_dispatch(found: PagedDecode, hw: Hardware) -> tirx.PrimFunc:
     batch size tested on the host before each launch."""
     ranges = batch_ranks(found, hw)
     kernels = [(bound, paged_decode_kernel(found, ranks)) for bound, ranks in ranges]
-    batch = found.func.params[0].ty.shape[0]
-    body = kernels[-1][1].body
-    for bound, kernel in reversed(kernels[:-1]):
-        test = tirx.call_intrin("bool", "tirx.tvm_thread_invariant", batch <= bound)
-        body = tirx.IfThenElse(test, kernel.body, body)
-    return kernels[-1][1].with_body(body)
+    return kernels[-1][1].with_body(branch_on(found.func.params[0].ty.shape[0], kernels))
 
 
 def paged_decode_kernel(found: PagedDecode, ranks: int) -> tirx.PrimFunc:
@@ -366,18 +360,19 @@ class _Body:
     def _push(self, h, column, o, md) -> None:
         """This CTA's state of (``h``, ``column``) stored into rank 0's shared memory (stores do
         not wait for the peer, loads would)."""
-        values = [(self.cta_o, [self.rank, h, column], o)]
-        for k in range(2):
-            values.append((self.cta_md, [self.rank, h, k], md[k]))
-        for n, (buffer, indices, value) in enumerate(values):
-            offset = (indices[0] * self.found.group + indices[1]) * buffer.ty.shape[2] + indices[2]
-            store = [T.ptx.mapa.shared__cluster.u32(
-                         self.peer[0], T.cuda.cvta_generic_to_shared(buffer.access_ptr("w", offset=offset)),
-                         T.Cast("uint32", 0)),
-                     T.ptx.st.shared__cluster.f32(self.peer[0], value)]
-            with Guarded(None if n == 0 else column == 0):
-                for call in store:
-                    B.evaluate(call)
+        state = self.rank * self.found.group + h  # this CTA's state of h in rank 0's buffers
+        self._store_to_rank0(self.cta_o, state * self.found.head_dim + column, o)
+        with B.If(column == 0):
+            with B.Then():
+                for k in range(2):
+                    self._store_to_rank0(self.cta_md, state * 2 + k, md[k])
+
+    def _store_to_rank0(self, buffer, offset, value) -> None:
+        """``value`` into element ``offset`` of rank 0's ``buffer`` (a DSM store)."""
+        B.evaluate(T.ptx.mapa.shared__cluster.u32(
+            self.peer[0], T.cuda.cvta_generic_to_shared(buffer.access_ptr("w", offset=offset)),
+            T.Cast("uint32", 0)))
+        B.evaluate(T.ptx.st.shared__cluster.f32(self.peer[0], value))
 
     def _write(self, h, column, o, md) -> None:
         """The output of query head ``h`` of the group at ``column`` from its merged state (and
@@ -412,7 +407,6 @@ class _Body:
         weights = [T.exp2(max_of(r) - merged[0]) for r in range(sources)]
         B.buffer_store(merged, _tree_sum([sum_of(r) * w for r, w in enumerate(weights)]), [1])
         use(_tree_sum([o_of(r) * w for r, w in enumerate(weights)]), (merged[0], merged[1]))
-
 
 
 def _tree_sum(values: list):

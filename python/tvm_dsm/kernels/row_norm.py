@@ -41,7 +41,6 @@ from ..fusion.cascade import Level, indexed_by, inline_elementwise, parse_reduct
 from ..hardware import Hardware
 from ..ir import fast_exp, is_reduction, loads, narrow_indices, shuffle_xor, substitute, tree_reduce, uses
 from ..schedule.cluster import MAX_CLUSTER_SIZE
-from .ir_builder import Guarded
 from .template import KernelTemplate
 
 _LOAD_BYTES = 16
@@ -553,7 +552,7 @@ class _KernelBody:
             conds.append(q * self.c.threads_per_row + self.lane < self.slice)
         if self.found.pieces % self.c.ranks:
             conds.append(self._piece(q) < self.found.pieces)
-        return Guarded(tree_reduce(tirx.And, conds) if conds else None)
+        return _If(tree_reduce(tirx.And, conds) if conds else None)
 
     def _statistic(self, load):
         """A load of a level's result, read from the statistics; None for any other load."""
@@ -590,6 +589,23 @@ class _KernelBody:
 
         value = tvm_ffi.structural_map(expr, [(tvm.ir.TensorLoad, bind), (tvm.ir.Call, fast_exp)])
         return substitute(value, list(zip(row_vars, self.row)) + [(last_var, self._column(q) + e)])
+
+
+class _If:
+    """``with B.If(cond): with B.Then():`` as one frame; no frame where ``cond`` is None."""
+
+    def __init__(self, cond):
+        self.cond, self.frames = cond, []
+
+    def __enter__(self):
+        if self.cond is not None:
+            self.frames = [B.If(self.cond), B.Then()]
+            for frame in self.frames:
+                frame.__enter__()
+
+    def __exit__(self, *exc):
+        for frame in reversed(self.frames):
+            frame.__exit__(*exc)
 
 
 def row_indices(rows_shape: tuple[int, ...], row) -> list:
