@@ -37,7 +37,8 @@ def _rewritable(call: relax.Call) -> bool:
             and x.ndim >= 2 and w.ndim == 2 and x.shape is not None and out.shape is not None)
 
 
-def _is_op(expr, name: str) -> bool:
+def is_op_call(expr, name: str) -> bool:
+    """Whether ``expr`` is a call of the Relax operator ``name`` (e.g. ``"relax.add"``)."""
     return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name
 
 
@@ -52,10 +53,10 @@ class _Rewriter(PyExprMutator):
         call = super().visit_call_(call)
         if _rewritable(call):
             return self._matrix_product(call)
-        if _is_op(call, "relax.add"):
+        if is_op_call(call, "relax.add"):
             summed = self._matrix_sum(call)
             return call if summed is None else summed
-        if _is_op(call, "relax.reshape"):  # a view of a product reshaped back to its matrix: the matrix
+        if is_op_call(call, "relax.reshape"):  # a view of a product reshaped back to its matrix: the matrix
             matrix = self._matrix_viewed(call.args[0])
             if matrix is not None and tvm_ffi.structural_equal(matrix.ty.shape, call.ty.shape):
                 return matrix
@@ -64,7 +65,7 @@ class _Rewriter(PyExprMutator):
     def _matrix_viewed(self, expr) -> relax.Var | None:
         """The pass's 2-D product that ``expr`` (a variable) views in another shape, if any."""
         view = self.lookup_binding(expr) if isinstance(expr, relax.Var) else None
-        if _is_op(view, "relax.reshape") and any(view.args[0].same_as(m) for m in self.matrices):
+        if is_op_call(view, "relax.reshape") and any(view.args[0].same_as(m) for m in self.matrices):
             return view.args[0]
         return None
 

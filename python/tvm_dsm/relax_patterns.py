@@ -51,6 +51,8 @@ from tvm import relax
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 from tvm.sym import Analyzer
 
+from .relax_matmuls import is_op_call
+
 #: The type the statistics are computed in, by TOPI's ``rms_norm`` and by the matched graphs.
 _STATS = "float32"
 #: The types the normalized row may be rounded to before the weight.
@@ -71,10 +73,6 @@ def _scalar(expr) -> float | None:
     if value.size != 1 or not np.issubdtype(value.dtype, np.floating):
         return None
     return float(value.reshape(()))
-
-
-def _is_call(expr, name: str) -> bool:
-    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name
 
 
 def _same_type(a, b) -> bool:
@@ -112,7 +110,7 @@ def _rms_norm_replacement(orig: relax.Call, m: dict, parts: dict) -> relax.Expr:
     if not Analyzer().can_prove_equal(w_ty.shape.values[0], width):
         return orig
     square = m[parts["square"]]
-    if _is_call(square, "relax.power") and _scalar(square.args[1]) != 2.0:
+    if is_op_call(square, "relax.power") and _scalar(square.args[1]) != 2.0:
         return orig
     mean = m[parts["mean"]]
     axes = [int(a) for a in mean.attrs.axis] if mean.attrs.axis is not None else None
@@ -127,7 +125,7 @@ def _rms_norm_replacement(orig: relax.Call, m: dict, parts: dict) -> relax.Expr:
             or _tensor(normalized).dtype != _STATS:
         return orig
     data = x
-    while _is_call(data, "relax.astype") and _tensor(data.args[0]) is not None \
+    while is_op_call(data, "relax.astype") and _tensor(data.args[0]) is not None \
             and _tensor(data.args[0]).dtype == _STATS:  # a cast of fp32 to fp32 does nothing
         data = data.args[0]
     if out_dtype == _STATS:  # no rounding between the norm and the weight: TOPI's own form
@@ -135,7 +133,7 @@ def _rms_norm_replacement(orig: relax.Call, m: dict, parts: dict) -> relax.Expr:
     elif not isinstance(width, tvm.tirx.IntImm):  # the ones need a constant width
         return orig
     else:  # rounded to out_dtype before the weight: a norm of unit weight, then the weight
-        source = data.args[0] if _is_call(data, "relax.astype") else None
+        source = data.args[0] if is_op_call(data, "relax.astype") else None
         if source is not None and _tensor(source) is not None and _tensor(source).dtype == out_dtype:
             # TOPI widens a 16-bit row to fp32 itself and rounds its result to the row's type
             norm = relax.op.nn.rms_norm(source, _ones(width, out_dtype), axes=[-1], epsilon=eps)
