@@ -113,24 +113,45 @@ def test_bulk_copy_is_fenced_then_waited_on_its_own_mbarrier():
     assert body.count("mbarrier_init_init_shared__cta_b64(") == 2  # scatter and all-gather
 
 
-def _expected_tx(source: str) -> list[int]:
+def _expected_tx(source: str) -> list[str]:
+    """The byte counts the mbarriers are armed with, as C expressions."""
     return [
-        int(re.search(r"\(uint\)(\d+)\);", line).group(1))
+        re.search(r"bulk_mbarrier_addr_ptr(?:_\d)?\[0\], (.*)\);$", line.strip()).group(1)
         for line in source.splitlines()
         if "mbarrier_arrive_expect_tx_arrive_expect_tx_shared__cta_b64(" in line and "__device__" not in line
     ]
 
 
-def test_bulk_receivers_expect_exactly_the_bytes_they_receive():
-    """Reduce-scatter (S=4, n=16384 fp32): CTA r receives part r (4096 floats) from all 4 CTAs.
-    Broadcast (S=8, fp16): each CTA receives a 1/8 part, then the whole tile."""
+def test_bulk_receivers_expect_exactly_the_bytes_their_peers_push():
+    """Reduce-scatter (S=4, n=16384 fp32): CTA r receives part r (4096 floats) from its 3 peers
+    and copies its own. Broadcast (S=8, fp16): the root scatters a 1/8 part to each of the other
+    CTAs (the root keeps its own, expecting nothing), then each CTA receives the 7 parts it lacks."""
     rs = cuda_source(schedule_collective_kernel(
         collective("reduce_scatter", 4, 4, 16384), "reduce_scatter", 4, bulk=True).mod)
-    assert _expected_tx(rs) == [4 * 4096 * 4]
+    assert _expected_tx(rs) == [f"(uint){3 * 4096 * 4}"]
     assert rs.count("(uint)16384, bulk_addr_ptr[4]") == 1  # one 16 KB push per (receiver, peer)
     bc = cuda_source(schedule_collective_kernel(
         collective("broadcast", 4, 8, 16384, "float16"), "broadcast", 8, bulk=True).mod)
-    assert sorted(_expected_tx(bc)) == [16384 * 2 // 8, 16384 * 2]
+    part = 16384 * 2 // 8
+    assert _expected_tx(bc) == [f"((uint)({part} - (((((int)blockIdx.x) % 8) == 0) ? {part} : 0)))",
+                                f"(uint){7 * part}"]
+
+
+@pytest.mark.parametrize("kind", BULK_KINDS)
+def test_a_ctas_own_chunks_are_copied_by_its_threads_not_pushed_to_itself(kind):
+    """compute-sanitizer's memcheck reports a bulk copy whose cluster-window destination is the
+    issuing CTA as an invalid remote write; each pushed pair's receiver differs from the sender
+    and the own chunks move as 16-byte shared-memory loads and stores between CTA barriers."""
+    source = cuda_source(schedule_collective_kernel(collective(kind, 4, 4, 16384), kind, 4, bulk=True).mod)
+    body = source[source.index("extern \"C\" __global__"):]
+    assert "ld.shared::cluster.v4.b32" in source and "st.shared::cluster.v4.b32" in source
+    pushes = [line for line in body.splitlines() if "!= (((int)blockIdx.x) % 4)" in line
+              or "!= (((int)blockIdx.x) & 3)" in line]
+    assert pushes, "every push is guarded by receiver != own rank"
+    copy = body.index("tvm_builtin_ptx_ld_vec_shared__cluster_v4_b32(")
+    assert body.rindex("__syncthreads();", 0, copy) > body.rindex("cluster_sync", 0, copy)
+    wait = body.index("mbarrier_wait", copy)
+    assert "__syncthreads();" in body[wait:body.index("\n", body.index("\n", wait) + 1) + 200]
 
 
 def test_bulk_chunks_must_be_whole_16_byte_units():

@@ -5,13 +5,17 @@ slice of ``X`` (``Y[r, d(i)] = X[q(r, i), s(r, i)]``). The copy engine only push
 (``cp.async.bulk.shared::cluster.shared::cta``), so the lowering inverts the pull:
 
 * the copy loop is cut into C chunks of L elements contiguous in both slices;
-* for every (receiver rr, chunk c) pair, the CTA of rank q(rr, c) sends the chunk from its slice of
-  X into rr's slice of Y, completing on rr's mbarrier (``mbarrier::complete_tx::bytes``); the
-  pairs are spread over the sender's threads;
+* for every (receiver rr, chunk c) pair with q(rr, c) != rr, the CTA of rank q(rr, c) sends the
+  chunk from its slice of X into rr's slice of Y, completing on rr's mbarrier
+  (``mbarrier::complete_tx::bytes``); the pairs are spread over the sender's threads;
+* a chunk a CTA holds itself (q(r, c) == r) is copied by its threads with ordinary
+  shared-memory loads and stores: a bulk copy through the cluster window onto the issuing CTA is correct on
+  the hardware, but compute-sanitizer's memcheck reports it as an invalid remote write
+  (``bench/sanitizer/bulk_self_copy.cu``), which would hide real errors;
 * every CTA initialises its mbarrier at kernel start (``mbarrier.init``,
-  ``fence.mbarrier_init.release.cluster``) and announces the C*L elements it will receive
+  ``fence.mbarrier_init.release.cluster``) and announces the bytes its peers will push
   (``mbarrier.arrive.expect_tx``); its threads wait on that mbarrier only (a thread may not wait on
-  a peer's);
+  a peer's), then on a CTA barrier for the chunks copied locally;
 * before the copy, ``fence.proxy.async`` makes the sender's ordinary stores visible to the copy
   engine and a cluster barrier orders them, the peers' mbarrier initialisation and the peers'
   earlier use of Y (placed by tvm_dsm.transform.lower_cluster, which also keeps every CTA alive
@@ -111,9 +115,32 @@ class BulkCopy:
                 )
         self.barrier = tirx.decl_buffer((1,), "uint64", "bulk_mbarrier", scope="shared")
 
-    @property
-    def bytes_received(self) -> int:
-        return self.chunks * self.chunk * self.elem_bytes
+    def _held_locally(self, chunk) -> tirx.PrimExpr:
+        """Whether this CTA's chunk ``chunk`` of Y comes from its own slice of X."""
+        return tirx.EQ(substitute(self.src_rank, [(self.chunk_var, chunk)]), self.kernel.rank)
+
+    def bytes_pushed_here(self) -> tirx.PrimExpr:
+        """The bytes this CTA's peers push into its slice of Y (it copies its own chunks).
+
+        Counted per rank at compile time where the chunks' sources are constants (every
+        collective's are), so the mbarrier is armed with a constant or a few rank tests."""
+        kernel, chunk_bytes = self.kernel, self.chunk * self.elem_bytes
+        base = tirx.floordiv(kernel.block_var, kernel.size) * kernel.size
+        own = []
+        for rank in range(kernel.size):
+            held = [kernel.analyzer.simplify(substitute(self._held_locally(c), [(kernel.block_var, base + rank)]))
+                    for c in range(self.chunks)]
+            if not all(isinstance(h, tirx.IntImm) for h in held):
+                local = sum((tirx.Select(self._held_locally(c), 1, 0) for c in range(self.chunks)),
+                            tirx.const(0, "int32"))
+                return kernel.analyzer.simplify((self.chunks - local) * chunk_bytes)
+            own.append(sum(int(h) for h in held))
+        usual = max(set(own), key=own.count)
+        pushed = tirx.const((self.chunks - usual) * chunk_bytes, "int32")
+        for rank, count in enumerate(own):
+            if count != usual:
+                pushed = pushed - tirx.Select(tirx.EQ(kernel.rank, rank), (count - usual) * chunk_bytes, 0)
+        return pushed
 
     def _chunks(self, loop: tirx.For, dst_indices: list, src_indices: list):
         """(L, C, chunk variable, lane-0 indices of both accesses as functions of it) for the
@@ -142,9 +169,8 @@ class BulkCopy:
             arm = tirx.SeqStmt([
                 tirx.Evaluate(T.ptx.mbarrier.init.shared__cta.b64(addr[0], 1)),
                 tirx.Evaluate(T.ptx.fence.mbarrier_init.release.cluster()),
-                tirx.Evaluate(
-                    T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(addr[0], self.bytes_received)
-                ),
+                tirx.Evaluate(T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(
+                    addr[0], tirx.Cast("uint32", self.bytes_pushed_here()))),
             ])
             return tirx.SeqStmt([
                 tirx.AllocBuffer(addr),
@@ -154,9 +180,39 @@ class BulkCopy:
 
         return [tirx.AllocBuffer(self.barrier), _on_threads(self.kernel, body)]
 
+    def _copy_own_chunks(self, tx, extent: int, src_base, dst_base) -> list:
+        """The chunks this CTA holds itself, copied by its threads 16 bytes at a time.
+
+        The copy goes through PTX ``ld/st.shared::cluster`` on the CTA's own addresses, which
+        TVM's ThreadSync does not analyse: it would otherwise see every dynamic shared buffer as
+        one and ask for a barrier inside the copy loop's rank test. The explicit CTA barriers
+        around the copy order it."""
+        words = tirx.decl_buffer((4,), "uint32", "own_words", scope="local")
+        chunk, step = tirx.Var("own_chunk", "int32"), tirx.Var("own_step", "int32")
+        vectors = self.chunk * self.elem_bytes // _ALIGN
+        vector = step * extent + tx
+        at = [(self.chunk_var, chunk)]
+
+        def address(base, offset):
+            return base + tirx.Cast("uint32", substitute(offset, at) + vector * _ALIGN)
+
+        move = tirx.SeqStmt([
+            tirx.Evaluate(T.ptx.ld.shared__cluster.v4.b32(
+                *(words[w] for w in range(4)), address(src_base, self.src_offset))),
+            tirx.Evaluate(T.ptx.st.shared__cluster.v4.b32(
+                address(dst_base, self.dst_offset), *(words[w] for w in range(4)))),
+        ])
+        if vectors % extent:
+            move = tirx.IfThenElse(vector < vectors, move, None)
+        copy = tirx.For(step, 0, -(-vectors // extent), tirx.ForKind.SERIAL, move)
+        return [tirx.AllocBuffer(words),
+                tirx.For(chunk, 0, self.chunks, tirx.ForKind.SERIAL,
+                         tirx.IfThenElse(self._held_locally(chunk), copy, None))]
+
     def stage(self) -> tirx.Stmt:
         """The copy: every thread issues its share of the (receiver, chunk) pushes this CTA
-        sends, then waits until its own CTA has received all of its chunks."""
+        sends to its peers and copies its share of the chunks it holds itself, then waits until
+        the peers' pushes have arrived and its threads' copies are done."""
         kernel, size = self.kernel, self.kernel.size
         receiver = tirx.Var("bulk_receiver", "int32")
         cluster_base = tirx.floordiv(kernel.block_var, size) * size
@@ -193,7 +249,8 @@ class BulkCopy:
                     )
                 ),
             ])
-            mine = tirx.EQ(at(self.src_rank), kernel.rank)
+            to_peer = tirx.NE(tirx.floordiv(pair, self.chunks), kernel.rank)
+            mine = tirx.And(tirx.EQ(at(self.src_rank), kernel.rank), to_peer)
             if pairs % extent:
                 mine = tirx.And(pair < pairs, mine)
             issue = tirx.For(step, 0, rounds, tirx.ForKind.SERIAL, tirx.IfThenElse(mine, push, None))
@@ -204,13 +261,23 @@ class BulkCopy:
                 tirx.BufferStore(addr, ptr(self.dst.slice.access_ptr("w")), [1]),
                 tirx.BufferStore(addr, ptr(self.barrier.access_ptr("rw")), [2]),
                 issue,
+                # TVM's ThreadSync sees neither the cluster barrier before this stage nor the
+                # copy's PTX: these order the copy after the threads' writes of X and before
+                # their reads of Y.
+                _sync_threads(),
+                *self._copy_own_chunks(tx, extent, src_base, dst_base),
                 tirx.Evaluate(T.cuda.mbarrier_wait(bar, 0)),
+                _sync_threads(),
             ])
 
         kernel.analyzer.bind(receiver, Range(0, size))
         stage = _on_threads(kernel, body)
         stage = tirx.AttrStmt(self.src.slice, BULK_SRC, 0, stage)
         return tirx.AttrStmt(self.dst.slice, BULK_DST, 0, stage)
+
+
+def _sync_threads() -> tirx.Evaluate:
+    return tirx.Evaluate(tirx.call_intrin("int32", "tirx.tvm_storage_sync", "shared"))
 
 
 def fence_proxy_async() -> tirx.Evaluate:
