@@ -347,6 +347,9 @@ def check_epilogue_in_shared(shape: GemmShape, config: SplitKGemmConfig, kernel:
 #: What a wgmma main loop's thread holds besides its block_n / 2 fp32
 #: accumulators (addresses, descriptors, loop state; ptxas: 90 in all for 256x128 tiles).
 _WGMMA_OTHER_REGISTERS = 40
+#: A thread addresses at most 255 registers (every CUDA architecture); past that ptxas spills
+#: the accumulators to local memory.
+MAX_REGISTERS_PER_THREAD = 255
 
 
 def check_wgmma(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> None:
@@ -369,6 +372,10 @@ def check_wgmma(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> Non
     accumulators = c.block_n // 2 * (2 if shape.dtype == FP8 else 1)
     if shared_k_loop(c, shape.products):
         accumulators *= shape.products
+    if accumulators + _WGMMA_OTHER_REGISTERS > MAX_REGISTERS_PER_THREAD:
+        raise ClusterError(f"wgmma {c.block_m}x{c.block_n} tiles: {accumulators} fp32 accumulators "
+                           f"per thread and about {_WGMMA_OTHER_REGISTERS} other registers exceed "
+                           f"the {MAX_REGISTERS_PER_THREAD} a thread may hold (they would spill)")
     registers = c.threads * (accumulators + _WGMMA_OTHER_REGISTERS)
     if registers > hw.regs_per_sm:
         raise ClusterError(f"wgmma {c.block_m}x{c.block_n} tiles: {c.threads} threads holding "
