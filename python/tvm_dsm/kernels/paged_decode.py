@@ -236,6 +236,12 @@ class _Body:
             self._emit_cta()
             return
         with B.attr(tvm.ir.StringImm("cluster"), CLUSTER_LAUNCH_KEY, self.ranks):
+            # Peers push into rank 0's buffers while it may still be in its token loop, through
+            # addresses TVM does not see: touched here, the buffers are live from the start, so
+            # TVM's storage reuse cannot place them over the warps' (it did: warp_md and cta_md
+            # shared one allocation, and an early push overwrote rank 0's warp states).
+            for buffer in (self.cta_o, self.cta_md):
+                B.evaluate(buffer.access_ptr("rw"))
             # Every CTA of the cluster has started before any writes into rank 0's shared
             # memory: arrive now, wait just before the first push.
             B.evaluate(T.ptx.barrier.cluster.arrive.relaxed.aligned())
