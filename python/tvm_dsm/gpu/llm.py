@@ -235,7 +235,8 @@ def _run_config(executable, info: dict, config: LlamaConfig, weights, prompts, f
         record(batch, {"prefill_ms_first_call": round(prefill_ms, 3),
                        "prefill_ms": round(warm_prefill_ms, 3),
                        "decode_ms_per_step": round(decode_ms, 4),
-                       "decode_ms_min": round(min(times), 4), "context": context,
+                       "decode_ms_min": round(min(times), 4),
+                       "decode_ms_steps": [round(t, 3) for t in times], "context": context,
                        "floor_ms": round(floor_ms, 4),
                        "multiple_of_floor": round(decode_ms / floor_ms, 2),
                        "logits_vs_fp32": checks, "decode_kernels": kernels})
@@ -352,7 +353,7 @@ def _run_torch(config: LlamaConfig, weights, prompts, forced, reference: np.ndar
                 decode_ms = float(np.median(times))  # reduce-overhead records during the warm-up
                 record(name, batch, {"prefill_ms_first_call": round(prefill_ms, 3) if name == "torch_eager" else None,
                                      "decode_ms_per_step": round(decode_ms, 4), "decode_ms_min": round(min(times), 4),
-                                     "context": context, "floor_ms": round(floor_ms, 4),
+                                     "decode_ms_steps": [round(t, 3) for t in times], "context": context, "floor_ms": round(floor_ms, 4),
                                      "multiple_of_floor": round(decode_ms / floor_ms, 2), "logits_vs_fp32": checks})
                 _log(f"  {name} batch {batch}: decode {decode_ms:.3f} ms/step ({decode_ms / floor_ms:.2f}x floor), "
                      f"logits rel err {checks['rel_l2_max']:.2e}")
