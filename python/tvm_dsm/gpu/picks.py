@@ -149,7 +149,7 @@ def sanitizer_picks() -> list[Variant]:
         *[collective_pick("reduce_scatter", s, clusters=2) for s in (2, 4, 8, 16)],
         collective_pick("all_exchange", 16, clusters=2),
         collective_pick("reduce_scatter", 4, bulk=True, clusters=2),
-        # The other cp.async.bulk (DSM bulk copy) collectives: memcheck flags reduce_scatter_bulk.
+        # The other cp.async.bulk (DSM bulk copy) collectives.
         collective_pick("reduce_scatter", 2, bulk=True, clusters=2),
         collective_pick("broadcast", 4, bulk=True, clusters=2),
         collective_pick("all_exchange_rs_ag", 8, bulk=True, clusters=2),
