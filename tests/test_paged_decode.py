@@ -97,7 +97,7 @@ def test_clusters_stay_within_a_ctas_static_shared_memory(assemble):
     assert default_ranks(find_paged_decode(nn_llm_decode(32, 4, 128)), load_hardware()) == 4
 
 
-def test_the_relax_pipeline_replaces_the_decode_kernel_of_an_llm_when_asked():
+def test_the_relax_pipeline_replaces_the_decode_kernel_of_an_llm():
     from tvm_dsm.workloads.llama import LLAMA_TINY, export_llama
 
     mod = export_llama(LLAMA_TINY, TARGET)[0]
@@ -108,8 +108,8 @@ def test_the_relax_pipeline_replaces_the_decode_kernel_of_an_llm_when_asked():
     assert "tvm_dsm.family" not in names["batch_decode_paged_kv_sliding_window"].attrs
     assert "tvm_dsm.family" not in mod["batch_decode_paged_kv"].attrs  # the input is left as it was
     target = tvm.target.Target(TARGET)
-    assert schedule_kernels(mod, target, paged_decode=True)[1]["batch_decode_paged_kv"] == PAGED_DECODE
-    assert schedule_kernels(mod, target)[1]["batch_decode_paged_kv"] == PRESCHEDULED  # off by default
+    assert schedule_kernels(mod, target)[1]["batch_decode_paged_kv"] == PAGED_DECODE  # the default
+    assert schedule_kernels(mod, target, paged_decode=False)[1]["batch_decode_paged_kv"] == PRESCHEDULED
 
 
 def _paged_cache(rng, lengths, kv_heads, head_dim, dtype):

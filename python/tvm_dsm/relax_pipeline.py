@@ -5,11 +5,10 @@ fuse, dlight, dataflow lowering, finalization) with two changes in the middle: t
 lowered by :func:`tvm_dsm.relax_integration.lower_to_tir` (weight transposes folded into their
 matmuls, GEMM chains grouped for the chain family), and :class:`ScheduleTIR` schedules every
 PrimFunc a tvm-dsm family matches before dlight schedules the rest. Functions that arrive
-scheduled (``nn.llm``'s paged-attention kernels) keep their own schedule; with
-``paged_decode=True`` its decode attention is replaced by tvm-dsm's cluster kernel
-(:func:`use_paged_decode`, :mod:`tvm_dsm.kernels.paged_decode`). That is off by default until
-the kernel is measured faster than ``nn.llm``'s at every batch size of a whole model
-(``bench/results/llm``: faster at batch 1 and 8, slower at 32). dlight runs under
+scheduled (``nn.llm``'s paged-attention kernels) keep their own schedule, except its decode
+attention, which tvm-dsm's cluster kernel replaces (:func:`use_paged_decode`,
+:mod:`tvm_dsm.kernels.paged_decode`; measured faster in the whole model at batch 1 to 64 and KV
+lengths 541 and 2048, ``bench/results/llm``); ``paged_decode=False`` keeps ``nn.llm``'s. dlight runs under
 :func:`tvm_dsm.driver.stock_target` (it skips tensor cores on "sm_90a"), after
 :class:`LowBatchDispatch` has given the matmuls of a symbolic batch no family took the low-batch
 GEMV dispatch MLC-LLM adds for decode.
@@ -156,7 +155,7 @@ def kernel_coverage(mod: tvm.IRModule, prescheduled: set[str]) -> dict[str, str]
 def schedule_kernels(mod: tvm.IRModule, target: tvm.target.Target,
                      database: ms.Database | None = None, hw: Hardware | None = None,
                      choices: dict[str, Choice] | None = None,
-                     paged_decode: bool = False) -> tuple[tvm.IRModule, dict[str, str]]:
+                     paged_decode: bool = True) -> tuple[tvm.IRModule, dict[str, str]]:
     """The pipeline up to dlight: library dispatch, :func:`lower_to_tir`, with
     ``paged_decode`` :func:`use_paged_decode`, :class:`ScheduleTIR` (filling ``choices``); the
     module and its :func:`kernel_coverage`, logged."""
@@ -178,12 +177,12 @@ def schedule_kernels(mod: tvm.IRModule, target: tvm.target.Target,
 def tvm_dsm_pipeline(database: ms.Database | None = None, hw: Hardware | None = None,
                      coverage: dict[str, str] | None = None,
                      choices: dict[str, Choice] | None = None,
-                     paged_decode: bool = False) -> tvm.transform.Pass:
+                     paged_decode: bool = True) -> tvm.transform.Pass:
     """The pipeline of the module docstring, for the target ``tvm.compile`` enters
     (``tvm.target.Target.current()``); ``database``: tuning records :class:`ScheduleTIR` prefers
     to the planner's choice; ``coverage``: a dict to fill with :func:`kernel_coverage`;
     ``choices``: a dict to fill with :class:`ScheduleTIR`'s choices; ``paged_decode``:
-    ``nn.llm``'s decode attention replaced by tvm-dsm's (see the module docstring)."""
+    ``nn.llm``'s decode attention replaced by tvm-dsm's (the default; see the module docstring)."""
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.RelaxPipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:

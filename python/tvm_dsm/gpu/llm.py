@@ -14,9 +14,10 @@ crashes its process costs that configuration only):
   symbolic batch dispatched over dlight's low-batch GEMV (up to 8 rows) and matmul rules, dlight
   for the rest, TVM's stock TIR pipeline, sm_90;
 - ``tvm_dsm``: ``relax_pipeline="tvm_dsm"`` (:mod:`tvm_dsm.relax_pipeline`), tvm-dsm's TIR
-  pipeline, sm_90a; its per-kernel coverage (family or dlight) goes into the results;
-- ``tvm_dsm_paged_decode``: the same with ``nn.llm``'s decode attention replaced by tvm-dsm's
-  (``paged_decode=True``);
+  pipeline, sm_90a, ``nn.llm``'s decode attention replaced by tvm-dsm's; its per-kernel
+  coverage (family or dlight) goes into the results;
+- ``tvm_dsm_nn_llm_decode``: the same keeping ``nn.llm``'s decode attention
+  (``paged_decode=False``);
 
 and the same weights in torch (:mod:`tvm_dsm.gpu.torch_llama`: static KV cache, SDPA) eager and
 under ``torch.compile(mode="reduce-overhead")`` (``--no-torch`` leaves them out).
@@ -60,7 +61,7 @@ from .kernel_breakdown import profile_kernels
 from ..workloads.llama import LLAMA_1B, LLAMA_TINY, LlamaConfig
 
 MODELS = {"1b": LLAMA_1B, "1b_bf16": dataclasses.replace(LLAMA_1B, dtype="bfloat16"), "tiny": LLAMA_TINY}
-CONFIGS = ("tvm_default", "tvm_mlc", "tvm_dsm", "tvm_dsm_paged_decode")
+CONFIGS = ("tvm_default", "tvm_mlc", "tvm_dsm", "tvm_dsm_nn_llm_decode")
 #: Untimed decode steps before the timed ones (the first steps of a batch size capture its
 #: CUDA graph; a fresh process also runs its first steps slower).
 WARMUP_STEPS = 10
@@ -138,7 +139,7 @@ def _compile(name: str, mod, target, coverage: dict):
         return tvm.compile(mod, target, relax_pipeline="default", tir_pipeline="s_tir_stock")
     if name == "tvm_mlc":
         return tvm.compile(mod, target, relax_pipeline=mlc_pipeline(), tir_pipeline="s_tir_stock")
-    pipeline = relax.get_pipeline("tvm_dsm", coverage=coverage, paged_decode=name == "tvm_dsm_paged_decode")
+    pipeline = relax.get_pipeline("tvm_dsm", coverage=coverage, paged_decode=name != "tvm_dsm_nn_llm_decode")
     return tvm.compile(mod, target, relax_pipeline=pipeline)
 
 
