@@ -21,8 +21,8 @@ LAYERS = (
     {"planners"},
     {"families"},
     {"driver"},
-    {"meta_schedule", "relax_chains", "relax_matmuls", "relax_patterns", "relax_integration", "relax_pipeline",
-     "model_report"},
+    {"meta_schedule", "relax_chains", "relax_matmuls", "relax_patterns", "relax_top_k", "relax_integration",
+     "relax_pipeline", "model_report"},
     {"bench", "gpu", "cli", "__main__"},
 )
 

@@ -9,6 +9,7 @@ import tvm
 from tvm import relax
 
 from tvm_dsm.model_report import relax_report
+from tvm_dsm.relax_top_k import TopKAsRows
 from tvm_dsm.workloads.moe import MOE_64X8, MOE_TINY, export_moe, random_moe_weights, reference_moe
 
 
@@ -25,10 +26,27 @@ def test_the_dense_form_matches_a_gathered_moe_in_float64():
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 5e-3  # fp16 block: ~1.6e-3
 
 
-def test_the_pipeline_takes_every_expert_gemm_and_the_router_softmax():
+def test_the_pipeline_takes_every_expert_gemm_and_the_router():
     report = relax_report(export_moe(MOE_64X8)[0])
     where = {row.name: row.where for row in report.rows}
     gemms = [name for name in where if "matmul" in name]
     assert gemms and all(where[name] == "split_k_gemm" for name in gemms), report.format()
     assert where["softmax"] == "row_norm"
-    assert where["topk"] == "prescheduled"  # TVM's sort kernel (library dispatch)
+    assert where["top_k"] == "top_k_rows" and "topk" not in where  # not TVM's sort kernel
+
+
+def test_the_router_top_k_rewritten_computes_what_relax_topk_does():
+    """tvm_dsm.relax_top_k's function in place of R.topk, both compiled for llvm: the same
+    block output, bit for bit, on tokens whose router rows include ties."""
+    config = MOE_TINY
+    mod, names = export_moe(config)
+    weights = random_moe_weights(config, names)
+    x = np.random.default_rng().standard_normal((9, config.hidden_size)).astype(config.dtype)
+    x[3] = x[4] = 0  # all-zero rows: every expert ties, the lowest indices win
+    params = [tvm.runtime.tensor(weights[n].astype(config.dtype)) for n in names]
+    outs = []
+    for module in (mod, TopKAsRows(mod)):
+        executable = tvm.compile(module, tvm.target.Target({"kind": "llvm"}), tir_pipeline="s_tir_stock")
+        outs.append(relax.VirtualMachine(executable, tvm.cpu())["forward"](tvm.runtime.tensor(x), *params).numpy())
+    assert "top_k" in [gv.name_hint for gv in TopKAsRows(mod).functions]
+    np.testing.assert_array_equal(outs[0], outs[1])

@@ -6,6 +6,8 @@ with poisoned outputs."""
 
 from __future__ import annotations
 
+import re
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ import tvm
 from tvm import te
 
 import tvm_dsm
+from tvm_dsm.driver import schedule_row_ranges
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.families.top_k_rows import TopKRows
 from tvm_dsm.fusion.top_k import top_k
@@ -53,11 +56,20 @@ def test_default_config_gives_a_lane_per_32_elements(shape, config):
 
 @pytest.mark.parametrize("config, reason", [(TopKRowsConfig(64, 1), "a power of two <= 32"),
                                             (TopKRowsConfig(32, 8), "bytes of shared memory"),
-                                            (TopKRowsConfig(32, 5), "not a multiple of rows_per_cta"),
                                             (TopKRowsConfig(4, 2), "whole warps")])
 def test_check_config_names_the_broken_constraint(config, reason):
     with pytest.raises(ClusterError, match=reason):
         check_config(find_top_k_rows(moe_routing(96, 4096, 8)), config)
+
+
+def test_rows_that_do_not_fill_a_warp_share_one_and_only_they_are_written():
+    """16 tokens of 8 experts, a lane a row: the CTA keeps a warp of row slots; the 16 past the
+    count read the last row and write nothing."""
+    found = find_top_k_rows(moe_routing(16, 8, 2))
+    config = default_config(found)
+    assert (config.lanes, config.rows_per_cta) == (1, 32)
+    source = cuda_source(fuse_top_k_rows(moe_routing(16, 8, 2)))
+    assert "min(((int)threadIdx.x), 15)" in source and "if (((int)threadIdx.x) < 16)" in source
 
 
 def test_a_row_of_no_whole_16_byte_pieces_is_refused_naming_the_split():
@@ -140,6 +152,21 @@ def test_cuda_copies_by_cp_async_without_a_barrier_and_assembles_without_spills(
     assert "0 bytes spill stores" in report and "0 bytes stack frame" in report
 
 
+def test_a_symbolic_token_count_gets_a_kernel_per_range_that_writes_only_its_rows(assemble):
+    """A router over a token count known when called (int64, as Relax legalizes it): each range's
+    kernel runs whole CTAs of rows, so the last CTA's row slots past the count read the last row
+    (their lanes stay in the warp's shuffles) and write nothing."""
+    tokens = tvm.tirx.Var("tokens", "int64")
+    kernels, sch = schedule_row_ranges(moe_routing(tokens, 64, 6))
+    assert {k.family.name for k in kernels} == {"top_k_rows"} and len(kernels) >= 2
+    source = cuda_source(sch.mod)
+    kernel = source[source.index("__global__ void __launch_bounds__(32) main_kernel(int*"):]
+    assert "min(((((int)blockIdx.x) * 16) + (((int)threadIdx.x) >> 1))" in kernel  # the row read, clamped
+    assert re.search(r"if \(\(\(\(\(int\)blockIdx\.x\) \* 16\) \+ \(\(\(int\)threadIdx\.x\) >> 1\)\) < tokens\)",
+                     kernel) or "< tokens" in kernel  # the stores, guarded
+    assemble(source, "top_k_rows_symbolic")
+
+
 def _logits(rows: int, experts: int, dtype: str) -> np.ndarray:
     x = np.random.default_rng().standard_normal((rows, experts)).astype(dtype)
     x[1, [0, experts // 2, experts - 1]] = 4.0  # ties inside the top k: the lower index first
@@ -174,6 +201,29 @@ def test_gpu_planned_routing_matches_a_stable_sort(rows, experts, k, dtype):
     want_w, want_i, _, _ = _reference(x, k)
     np.testing.assert_array_equal(indices.numpy(), want_i)
     assert np.linalg.norm(weights.numpy() - want_w) / np.linalg.norm(want_w) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("experts, k", [(64, 6), (256, 8), (8, 2)])
+def test_gpu_one_module_routes_any_token_count(experts, k):
+    """One module built for a symbolic token count, called at counts inside each range and off
+    the CTAs' rows (1, 17, 100, 4099): every token's experts and weights, nothing written past
+    the last token (the outputs are one row longer and poisoned)."""
+    from conftest import TARGET
+
+    ex = tvm_dsm.build(moe_routing(tvm.tirx.Var("tokens", "int64"), experts, k), TARGET)
+    dev = tvm.cuda(0)
+    for tokens in (1, 17, 100, 4099):
+        x = _logits(max(tokens, 3), experts, "float16")[:tokens]
+        weights = tvm.runtime.tensor(np.full((tokens + 1, k), np.nan, "float32"), dev)
+        indices = tvm.runtime.tensor(np.full((tokens + 1, k), np.iinfo("int32").min, "int32"), dev)
+        views = [t._create_view((tokens, k)) for t in (weights, indices)]
+        ex["main"](tvm.runtime.tensor(x, dev), *views)
+        want_w, want_i, _, _ = _reference(x, k)
+        got_w, got_i = weights.numpy(), indices.numpy()
+        np.testing.assert_array_equal(got_i[:tokens], want_i)
+        assert np.linalg.norm(got_w[:tokens] - want_w) / np.linalg.norm(want_w) < 1e-5, tokens
+        assert np.isnan(got_w[tokens]).all() and (got_i[tokens] == np.iinfo("int32").min).all(), tokens
 
 
 @pytest.mark.gpu

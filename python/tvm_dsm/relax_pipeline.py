@@ -35,6 +35,7 @@ from .families.row_ranges import dispatch, row_variable
 from .hardware import Hardware, load_hardware
 from .kernels.paged_decode import SYMBOL as PAGED_DECODE_SYMBOL
 from .kernels.paged_decode import find_paged_decode, paged_decode_dispatch
+from .relax_top_k import TopKAsRows
 from .relax_integration import CRASH_ATTR, FAMILY_ATTR, Choice, ScheduleTIR, lower_to_tir
 
 LOG = logging.getLogger("tvm_dsm.relax")
@@ -156,10 +157,11 @@ def schedule_kernels(mod: tvm.IRModule, target: tvm.target.Target,
                      database: ms.Database | None = None, hw: Hardware | None = None,
                      choices: dict[str, Choice] | None = None,
                      paged_decode: bool = True) -> tuple[tvm.IRModule, dict[str, str]]:
-    """The pipeline up to dlight: library dispatch, :func:`lower_to_tir`, with
-    ``paged_decode`` :func:`use_paged_decode`, :class:`ScheduleTIR` (filling ``choices``); the
-    module and its :func:`kernel_coverage`, logged."""
+    """The pipeline up to dlight: :data:`~tvm_dsm.relax_top_k.TopKAsRows`, library dispatch,
+    :func:`lower_to_tir`, with ``paged_decode`` :func:`use_paged_decode`, :class:`ScheduleTIR`
+    (filling ``choices``); the module and its :func:`kernel_coverage`, logged."""
     with target:
+        mod = TopKAsRows(mod)  # before library dispatch, which would give R.topk to TVM's sort
         mod = tvm.transform.Sequential(cuda_pipeline.library_dispatch_passes(target))(mod)
         mod = lower_to_tir(mod)
         if paged_decode:

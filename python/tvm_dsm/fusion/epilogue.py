@@ -12,16 +12,17 @@ from __future__ import annotations
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
+from tvm.sym import Analyzer
 
 from ..errors import ClusterError
 from ..ir import loads, substitute
 from .cascade import indexed_by
 
 
-def find_epilogue(func: tirx.PrimFunc, level_blocks: set[str], results: list, rows: int) -> tuple:
+def find_epilogue(func: tirx.PrimFunc, level_blocks: set[str], results: list, rows) -> tuple:
     """The root blocks of ``func`` other than ``level_blocks`` (the cascade's), each checked to
-    be a stage as above over the buffers ``results`` and ``rows`` rows; ClusterError naming the
-    first that is not."""
+    be a stage as above over the buffers ``results`` and ``rows`` rows (a constant or the
+    function's row variable); ClusterError naming the first that is not."""
     params = list(func.params)
     sch = s_tir.Schedule(func)
     stages = []
@@ -35,7 +36,7 @@ def find_epilogue(func: tirx.PrimFunc, level_blocks: set[str], results: list, ro
                 and any(store.buffer.same_as(p) for p in params)
                 and all(int(iv.iter_type) == tirx.IterVar.DataPar for iv in block.iter_vars)
                 and len(store.indices) == len(variables) and indexed_by(store, *variables)
-                and int(block.iter_vars[0].dom.extent) == rows):
+                and Analyzer().can_prove_equal(block.iter_vars[0].dom.extent, rows)):
             raise ClusterError(f"{block.name_hint}: after the cascade only element-wise stages writing "
                                "out[row, ...] are taken")
         for load in loads(store.value):

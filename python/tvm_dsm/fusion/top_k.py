@@ -13,6 +13,7 @@ expected body and comparing, so only this reduction is treated as top-k.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import tvm
@@ -83,6 +84,14 @@ def top_k(value, rows: tuple, extent: int, k: int, name: str = "topk") -> list:
         return reducer(source, axis=r)
 
     return te.compute(rows, fcompute, name=name, attrs={TOP_K_KEY: k})
+
+
+def column(tensors: list, row, c):
+    """``tensors[c][row]``, with ``c`` an expression (the column of a [rows, k] output of the
+    k tensors :func:`top_k` gives)."""
+    k = len(tensors)
+    return functools.reduce(lambda rest, n: tirx.Select(c == n, tensors[n][row], rest),
+                            range(k - 2, -1, -1), tensors[k - 1][row])
 
 
 @dataclass

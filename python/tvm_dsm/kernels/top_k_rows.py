@@ -36,17 +36,18 @@ from dataclasses import dataclass
 
 import tvm
 import tvm_ffi
-from tvm import tirx
+from tvm import s_tir, tirx
 from tvm.script import tirx as T
 from tvm.tirx.script.builder import ir as B
 
 from ..errors import ClusterError
 from ..fusion import top_k_keys
-from ..fusion.cascade import Level, indexed_by, inline_elementwise, only_load, single_fusible_cascade
+from ..fusion.cascade import (Level, indexed_by, inline_elementwise, only_load, parse_reduction,
+                              single_fusible_cascade)
 from ..fusion.epilogue import bind_stage, find_epilogue
 from ..fusion.top_k import identity
 from ..hardware import Hardware
-from ..ir import fast_exp, loads, shuffle_xor, substitute, tree_reduce
+from ..ir import fast_exp, loads, narrow_indices, shuffle_xor, substitute, tree_reduce
 from .template import KernelTemplate
 
 _LOAD_BYTES = 16
@@ -82,12 +83,16 @@ class TopKRows:
 
     func: tirx.PrimFunc
     x: tirx.Var
-    rows: int
+    rows: int | tirx.PrimExpr  # a variable where the function's row count is known when called
     width: int
     top_k: Level
     max_level: Level | None
     sum_level: Level | None
     epilogue: tuple  # SBlocks
+
+    @property
+    def symbolic_rows(self) -> bool:
+        return not isinstance(self.rows, int)
 
     @property
     def element_bytes(self) -> int:
@@ -105,8 +110,8 @@ class TopKRows:
 
 def find_top_k_rows(func: tirx.PrimFunc) -> TopKRows:
     """The cascade of ``func`` as the kernel takes it; ClusterError saying what does not match."""
-    func = inline_elementwise(func)
-    group, report = single_fusible_cascade(func, "top-k rows (a top-k, with a row max and sum)")
+    func = inline_elementwise(narrow_indices(func))
+    group = _top_k_alone(func) or single_fusible_cascade(func, "top-k rows (a top-k, with a row max and sum)")[0]
     by_op = {lvl.op: lvl for lvl in group}
     top, mx, total = by_op.get("top_k"), by_op.get("max"), by_op.get("sum")
     if top is None or len(by_op) != len(group) or set(by_op) - {"top_k", "max", "sum"} or (total and not mx):
@@ -127,7 +132,10 @@ def find_top_k_rows(func: tirx.PrimFunc) -> TopKRows:
             (ld.source.same_as(x) and indexed_by(ld, total.spatial[0], total.reduce_var))
             or (ld.source.same_as(mx.output) and indexed_by(ld, total.spatial[0])) for ld in loads(total.value)):
         raise ClusterError(f"the sum may read only X[row, key] and the row max; got {total.value}")
-    rows, width = (int(d) for d in x.ty.shape)
+    rows, width = x.ty.shape
+    if not isinstance(width, tirx.IntImm):
+        raise ClusterError(f"the top-k's rows must have a constant width; got {width}")
+    rows, width = (int(rows) if isinstance(rows, tirx.IntImm) else rows), int(width)
     params = list(func.params)
     epilogue = find_epilogue(func, {lvl.block for lvl in group}, [b for lvl in group for b in lvl.results], rows)
     for lvl in group:
@@ -135,6 +143,15 @@ def find_top_k_rows(func: tirx.PrimFunc) -> TopKRows:
             if any(p.same_as(buf) for p in params) and str(buf.ty.dtype) not in ("float32", "int32"):
                 raise ClusterError(f"{lvl.block} is written as {buf.ty.dtype}: the kernel keeps float32 / int32")
     return TopKRows(func, x, rows, width, top, mx, total, epilogue)
+
+
+def _top_k_alone(func: tirx.PrimFunc) -> list[Level]:
+    """``[the top-k]`` where it is the function's only reduction (a cascade of one level, which
+    the cascade analysis does not list), else []."""
+    sch = s_tir.Schedule(func)
+    levels = [parse_reduction(sch.get(b)) for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    levels = [lvl for lvl in levels if lvl is not None]
+    return levels if len(levels) == 1 and levels[0].op == "top_k" else []
 
 
 def _same_value(a, b, level_a: Level, level_b: Level) -> bool:
@@ -153,7 +170,6 @@ def check_config(found: TopKRows, c: TopKRowsConfig) -> None:
         (found.row_bytes(c.rows_per_cta) <= _SHARED_BYTES,
          f"{c.rows_per_cta} rows of {found.width} elements exceed {_SHARED_BYTES} bytes of shared memory"),
         (c.threads % _WARP == 0 and c.threads <= 1024, f"{c.threads} threads a CTA: whole warps, at most 1024"),
-        (found.rows % c.rows_per_cta == 0, f"{found.rows} rows are not a multiple of rows_per_cta={c.rows_per_cta}"),
     ]
     for ok, message in checks:
         if not ok:
@@ -170,7 +186,10 @@ def default_config(found: TopKRows) -> TopKRowsConfig:
     while lanes > 1 and found.width % (lanes * found.vector):
         lanes //= 2
     rows_per_cta = max(1, 128 // lanes)
-    while rows_per_cta > 1 and (found.rows % rows_per_cta or found.row_bytes(rows_per_cta) > _SHARED_BYTES):
+    # Fewer rows a CTA where they do not divide the rows (whole CTAs of rows, as measured), down
+    # to a warp; below that, the last CTA's spare row slots write nothing.
+    while rows_per_cta > 1 and (found.row_bytes(rows_per_cta) > _SHARED_BYTES or (
+            not found.symbolic_rows and found.rows % rows_per_cta and lanes * rows_per_cta > _WARP)):
         rows_per_cta //= 2
     config = TopKRowsConfig(lanes, rows_per_cta)
     check_config(found, config)
@@ -236,8 +255,15 @@ def top_k_rows_kernel(found: TopKRows, c: TopKRowsConfig) -> tirx.PrimFunc:  # n
         return tree_reduce(operator.add, [tirx.Cast("int32", tirx.op.tvm_warp_shuffle(
             tirx.const(_FULL, "uint32"), v, s, L, _WARP) >= v) for s in range(L)])
 
-    def write_results(row, lane, keys, m, l):
-        """The levels' results the function keeps, and its element-wise stages, for ``row``."""
+    rows = found.rows
+    if found.symbolic_rows and str(rows.ty) != "int32":
+        rows = tirx.Cast("int32", rows)
+    partial = found.symbolic_rows or found.rows % W != 0  # the last CTA holds rows past the count
+    grid = (rows + (W - 1)) // W
+
+    def write_results(row, lane, keys, m, l, valid):
+        """The levels' results the function keeps, and its element-wise stages, for ``row``
+        (where ``valid``: see ``partial``)."""
         registers = {}
         empty_value, empty_index = identity(value_dtype)
         for n in range(K):
@@ -251,7 +277,7 @@ def top_k_rows_kernel(found: TopKRows, c: TopKRowsConfig) -> tirx.PrimFunc:  # n
         for buf, r in registers.items():
             param = next((p for p in params if p.same_as(buf)), None)
             if param is not None:
-                with B.If(lane == 0):
+                with B.If(tirx.And(lane == 0, valid)):
                     with B.Then():
                         B.buffer_store(param, r, [row])
         for block in found.epilogue:
@@ -263,7 +289,7 @@ def top_k_rows_kernel(found: TopKRows, c: TopKRowsConfig) -> tirx.PrimFunc:  # n
                 for extent in reversed(extents):
                     columns.insert(0, rest % extent)
                     rest = rest // extent
-                with B.If(flat < count):
+                with B.If(tirx.And(flat < count, valid)):
                     with B.Then():
                         B.buffer_store(*bind_stage(block, [row] + columns, registers))
 
@@ -286,7 +312,7 @@ def top_k_rows_kernel(found: TopKRows, c: TopKRowsConfig) -> tirx.PrimFunc:  # n
     @T.prim_func(s_tir=True, check_well_formed=False)
     def fused():
         T.func_attr({"tirx.noalias": True})
-        for bx in T.thread_binding(found.rows // W, thread="blockIdx.x"):
+        for bx in T.thread_binding(grid, thread="blockIdx.x"):
             for tx in T.thread_binding(c.threads, thread="threadIdx.x"):
                 with T.sblock("top_k_rows"):
                     T.reads()
@@ -299,7 +325,10 @@ def top_k_rows_kernel(found: TopKRows, c: TopKRowsConfig) -> tirx.PrimFunc:  # n
                     base = T.sblock_alloc_buffer((1,), "uint32", scope="local")
                     lane = T.meta_var(tx % L)
                     r = T.meta_var(tx // L)
-                    row = T.meta_var(bx * W + r)
+                    # Past the row count, a row slot reads the last row (its lanes stay in the
+                    # warp's shuffles) and writes nothing.
+                    row = T.meta_var(T.min(bx * W + r, rows - 1) if partial else bx * W + r)
+                    valid = T.meta_var(bx * W + r < rows if partial else T.bool(True))
                     # Each lane copies and reads back only its own pieces of its row, so the copy
                     # needs no barrier, only the thread's own wait. By cp.async rather than through
                     # registers: 51 instead of 74 registers, and TVM sees no shared-memory write to
@@ -336,7 +365,7 @@ def top_k_rows_kernel(found: TopKRows, c: TopKRowsConfig) -> tirx.PrimFunc:  # n
                     if total is not None:
                         over_lanes(operator.add, st, 2)
                     merge_lanes(keys)
-                    write_results(row, lane, keys, st[1], st[2])
+                    write_results(row, lane, keys, st[1], st[2], valid)
 
     return tirx.PrimFunc(params, fused.body, attrs=fused.attrs)
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import functools
 
 from tvm import te, tirx
 
-from ..fusion.top_k import top_k
+from ..fusion.top_k import column, top_k
 
 
 def _row_max(x, m: int, k: int):
@@ -122,13 +121,9 @@ def moe_routing(tokens: int, experts: int, k: int, dtype: str = "float16") -> ti
     l = te.compute((tokens,), lambda i: te.sum(te.exp(logit(i, r2) - mx[i]), axis=r2), name="l")
     best = top_k(logit, (tokens,), experts, k)
 
-    def pick(tensors, i, c):
-        return functools.reduce(lambda rest, n: tirx.Select(c == n, tensors[n][i], rest),
-                                range(k - 2, -1, -1), tensors[k - 1][i])
-
-    weights = te.compute((tokens, k), lambda i, c: te.exp(pick(best[:k], i, c) - mx[i]) / l[i],
+    weights = te.compute((tokens, k), lambda i, c: te.exp(column(best[:k], i, c) - mx[i]) / l[i],
                          name="weights")
-    indices = te.compute((tokens, k), lambda i, c: pick(best[k:], i, c), name="indices")
+    indices = te.compute((tokens, k), lambda i, c: column(best[k:], i, c), name="indices")
     return te.create_prim_func([x, weights, indices])
 
 

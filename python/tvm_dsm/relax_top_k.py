@@ -1,0 +1,106 @@
+"""``R.topk`` of a Relax model as tvm-dsm's top-k rows kernel instead of TVM's sort.
+
+TVM's CUDA pipeline dispatches ``R.topk`` to its sort kernels before legalization (library
+dispatch): each row is sorted whole to keep k of its elements, in several launches. A MoE
+router ranks a few to a few hundred experts per token and keeps 1-8 of them, which
+:mod:`tvm_dsm.kernels.top_k_rows` does in one kernel that reads each row once, for a token count
+known only when called too (a kernel per range of tokens, :mod:`tvm_dsm.families.row_ranges`).
+
+:data:`TopKAsRows` replaces each ``R.topk`` over the last axis of a 2-D tensor, largest first,
+with int32 indices, by a call of a TE function computing the same k values and indices (ties to
+the lower index, as TVM's ``topk`` orders them), where that family takes the function; any
+other ``R.topk`` is left to TVM. The function is marked opaque to Relax's operator fusion: a
+following element-wise operation fused into it (a renormalization of the weights) would leave
+a function the family does not take, and the unfused top-k reduction compiles slowly
+(:mod:`tvm_dsm.fusion.top_k`). A NaN never enters the kernel's k best (it compares false);
+where a row has fewer than k other elements the remaining slots hold the lowest value.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax, te, tirx
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from .errors import ClusterError
+from .fusion.top_k import column, top_k
+from .kernels.top_k_rows import TEMPLATE, find_top_k_rows
+from .relax_matmuls import is_op_call
+
+#: Relax's operator-pattern attribute value for a function FuseOps leaves alone.
+_OPAQUE = 8
+#: The row count the family's checks are made at where the model's is symbolic (any whole
+#: number of CTAs' rows).
+_PROBE_ROWS = 128
+_RANKED = ("float16", "bfloat16", "float32")
+
+
+def top_k_te(x: te.Tensor, k: int) -> list[te.Tensor]:
+    """The k largest elements of each row of the 2-D ``x`` (in ``x``'s type, best first) and
+    their int32 indices: [values, indices], each [rows, k]."""
+    rows, width = x.shape
+    wide = x.dtype != "float32"  # 16-bit values ranked as fp32, which is exact
+
+    def value(i, r):
+        return x(i, r).astype("float32") if wide else x(i, r)
+
+    best = top_k(value, (rows,), int(width), k)  # int32 indices, whatever the shapes' type
+    values = te.compute((rows, k), lambda i, c: column(best[:k], i, c).astype(x.dtype), name="values")
+    indices = te.compute((rows, k), lambda i, c: column(best[k:], i, c), name="indices")
+    return [values, indices]
+
+
+def family_takes(dtype: str, width: int, k: int) -> bool:
+    """Whether the top-k rows family takes the top-k of rows of ``width`` elements of
+    ``dtype`` (checked on :func:`top_k_te`'s function at :data:`_PROBE_ROWS` rows)."""
+    x = te.placeholder((_PROBE_ROWS, width), dtype, name="x")
+    func = te.create_prim_func([x, *top_k_te(x, k)])
+    try:
+        TEMPLATE.configs(find_top_k_rows(func))
+    except ClusterError:
+        return False
+    return True
+
+
+def _rewritable(call: relax.Call) -> bool:
+    attrs, ty = call.attrs, call.args[0].ty
+    if not isinstance(ty, relax.TensorType) or ty.ndim != 2 or ty.shape is None:
+        return False
+    width = ty.shape.values[1]
+    return (int(attrs.axis) in (-1, 1) and bool(attrs.largest) and str(attrs.dtype) == "int32"
+            and ty.dtype in _RANKED and isinstance(width, tirx.IntImm)
+            and 1 <= int(attrs.k) <= int(width) and family_takes(ty.dtype, int(width), int(attrs.k)))
+
+
+@mutator
+class _TopKRewriter(PyExprMutator):
+    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - TVM visitor name
+        call = super().visit_call_(call)
+        if not (is_op_call(call, "relax.topk") and _rewritable(call)):
+            return call
+        x, k = call.args[0], int(call.attrs.k)
+        rows, width = x.ty.shape.values
+        placeholder = te.placeholder((rows, width), x.ty.dtype, name="x")
+        outputs = top_k_te(placeholder, k)
+        # The function as TE writes it (BlockBuilder.call_te's rewriting of it hides the top-k
+        # reduction from the family's recognition).
+        func = te.create_prim_func([placeholder, *outputs]).with_attrs(
+            {"op_pattern": _OPAQUE, "global_symbol": "top_k"})
+        callee = self.builder_.add_func(func, "top_k")
+        out = [relax.TensorType([rows, k], x.ty.dtype), relax.TensorType([rows, k], "int32")]
+        both = self.builder_.emit(relax.call_tir(callee, [x], out))
+        ret = str(call.attrs.ret_type)
+        if ret == "both":
+            return both
+        return relax.TupleGetItem(both, 0 if ret == "values" else 1)
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvm_dsm.TopKAsRows")
+def TopKAsRows(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass style
+    """Every Relax function of ``mod`` with its ``R.topk`` calls rewritten (see the module
+    docstring)."""
+    rewriter = _TopKRewriter(mod)
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
+    return rewriter.builder_.get()
