@@ -5,6 +5,7 @@ router's softmax."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tvm
 from tvm import relax
 
@@ -50,3 +51,23 @@ def test_the_router_top_k_rewritten_computes_what_relax_topk_does():
         outs.append(relax.VirtualMachine(executable, tvm.cpu())["forward"](tvm.runtime.tensor(x), *params).numpy())
     assert "top_k" in [gv.name_hint for gv in TopKAsRows(mod).functions]
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [MOE_TINY, MOE_64X8])
+def test_gpu_the_block_through_tvm_dsms_pipeline_matches_a_gathered_moe(config):
+    """The block compiled by relax_pipeline="tvm_dsm" (expert GEMMs, router softmax and top-k
+    rows on tvm-dsm's kernels), one module called at token counts inside each of its ranges,
+    against the float64 gathered MoE."""
+    from conftest import TARGET
+
+    mod, names = export_moe(config)
+    vm = relax.VirtualMachine(tvm.compile(mod, tvm.target.Target(TARGET), relax_pipeline="tvm_dsm"), tvm.cuda(0))
+    weights = random_moe_weights(config, names)
+    params = [tvm.runtime.tensor(weights[n].astype(config.dtype), tvm.cuda(0)) for n in names]
+    for tokens in (1, 13, 100):
+        x = np.random.default_rng().standard_normal((tokens, config.hidden_size)).astype(config.dtype)
+        out = vm["forward"](tvm.runtime.tensor(x, tvm.cuda(0)), *params).numpy().astype(np.float64)
+        ref = reference_moe(config, weights, x.astype(np.float32))
+        assert np.isfinite(out).all(), tokens
+        assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 5e-3, tokens
