@@ -29,8 +29,9 @@ weights (:func:`tvm_dsm.workloads.llama.reference_logits`), then, after a few un
 time ``--steps`` decode steps: host wall time around each step with the device synchronized
 before and after, median; five more steps under the CUDA profiler give the per-kernel
 breakdown of a step (:mod:`tvm_dsm.gpu.kernel_breakdown`); last, the prefill is timed again,
-warm, into an emptied cache. ``--contexts`` times prefill and decode at more prompt lengths
-(random tokens, not checked). Every
+warm, into an emptied cache, and broken down by kernel too. ``--contexts`` times prefill and
+decode at more prompt lengths (random tokens, not checked; the prefill broken down at the
+first batch size). Every
 configuration is compiled with Relax's CUDA-graph rewrite on (``--no-cuda-graph`` turns it off):
 the kernels between the KV cache's calls are captured once per batch size and replayed, as
 MLC-LLM serves. The floor is the bytes one step must read (weights and
@@ -69,6 +70,8 @@ WARMUP_STEPS = 10
 PROFILED_STEPS = 6
 #: Prefills timed (into an emptied cache) after the first; the median is reported.
 PREFILL_REPEATS = 3
+#: Prefills the per-kernel breakdown of a prefill runs (after one outside the profiler).
+PREFILL_PROFILED = 2
 #: Seconds one configuration's compile process may take.
 COMPILE_TIMEOUT_S = 300
 PAGE_SIZE = 16
@@ -233,8 +236,9 @@ def _run_config(executable, info: dict, config: LlamaConfig, weights, prompts, f
         decode_ms = float(np.median(times))
         kernels = profile_kernels(decode_step, steps=PROFILED_STEPS - 1, step_us=decode_ms * 1e3)
         warm_prefill_ms = _warm_prefill_ms(session, prompts[:batch], dev.sync)
+        prefill_kernels = _prefill_kernels(session, prompts[:batch], warm_prefill_ms)
         record(batch, {"prefill_ms_first_call": round(prefill_ms, 3),
-                       "prefill_ms": round(warm_prefill_ms, 3),
+                       "prefill_ms": round(warm_prefill_ms, 3), "prefill_kernels": prefill_kernels,
                        "decode_ms_per_step": round(decode_ms, 4),
                        "decode_ms_min": round(min(times), 4),
                        "decode_ms_steps": [round(t, 3) for t in times], "context": context,
@@ -279,6 +283,16 @@ def _warm_prefill_ms(session, prompts: np.ndarray, sync: Callable[[], None]) -> 
     return float(np.median(times))
 
 
+def _prefill_kernels(session, prompts: np.ndarray, prefill_ms: float) -> dict:
+    """The per-kernel breakdown of a prefill of ``prompts`` into an emptied cache (its wall
+    time ``prefill_ms``)."""
+    def prefill():
+        session.reset()
+        session.prefill(prompts)
+
+    return profile_kernels(prefill, steps=PREFILL_PROFILED, step_us=prefill_ms * 1e3)
+
+
 def _run_contexts(executable, info: dict, config: LlamaConfig, weights, contexts: list[int],
                   batches: list[int], steps: int, bandwidth: float, record) -> None:
     """Prefill and decode timed at each prompt length of ``contexts`` and batch size (random
@@ -293,10 +307,12 @@ def _run_contexts(executable, info: dict, config: LlamaConfig, weights, contexts
             prompts = rng.integers(0, config.vocab_size, (batch, context))
             session = _session(executable, info, config, weights, batch, context, WARMUP_STEPS + steps)
             prefill_ms = _warm_prefill_ms(session, prompts, dev.sync)
+            kernels = _prefill_kernels(session, prompts, prefill_ms) if batch == batches[0] else None
             token = tvm.runtime.tensor(prompts[:, :1].astype(np.int32), dev)
             decode_ms = float(np.median(_decode_times(functools.partial(session.decode, token), steps, dev.sync)))
             floor_ms = _decode_floor_ms(config, batch, context + WARMUP_STEPS + steps // 2, bandwidth)
-            record(context, batch, {"prefill_ms": round(prefill_ms, 3), "decode_ms_per_step": round(decode_ms, 4),
+            record(context, batch, {"prefill_ms": round(prefill_ms, 3), "prefill_kernels": kernels,
+                                    "decode_ms_per_step": round(decode_ms, 4),
                                     "floor_ms": round(floor_ms, 4), "multiple_of_floor": round(decode_ms / floor_ms, 2)})
             _log(f"  context {context} batch {batch}: prefill {prefill_ms:.1f} ms, decode {decode_ms:.3f} "
                  f"ms/step ({decode_ms / floor_ms:.2f}x floor)")
