@@ -510,7 +510,8 @@ def main(argv=None) -> None:
     parser.add_argument("--contexts", type=lambda s: [int(c) for c in s.split(",")], default=[],
                         help="more prompt lengths at which prefill and decode are timed (logits "
                              "are checked at --prompt), e.g. 2048,8192")
-    parser.add_argument("--check-steps", type=int, default=4)
+    parser.add_argument("--check-steps", type=int, default=32,
+                        help="teacher-forced decode steps whose logits are checked against fp32")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--torch", action=argparse.BooleanOptionalAction, default=True,
                         help="also run the torch contenders (eager, torch.compile) on the same weights")
