@@ -11,14 +11,16 @@ from tvm_dsm.relax_matmuls import is_op_call
 from tvm_dsm.relax_top_k import TopKAsRows, family_takes
 
 
-def _module(shape, dtype="float16", **topk):
-    """``main(x) = R.topk(x, **topk)`` of a tensor of ``shape`` (a str extent is symbolic)."""
+def _module(shape, x_dtype="float16", softmax=True, **topk):
+    """``main(x) = R.topk(R.nn.softmax(x), **topk)`` (without the softmax where not ``softmax``)
+    of a tensor of ``shape`` (a str extent is symbolic)."""
     dims = [tirx.Var(d, "int64") if isinstance(d, str) else d for d in shape]
-    x = relax.Var("x", relax.TensorType(dims, dtype))
+    x = relax.Var("x", relax.TensorType(dims, x_dtype))
     bb = relax.BlockBuilder()
     with bb.function("main", [x]):
         with bb.dataflow():
-            out = bb.emit_output(relax.op.topk(x, **topk))
+            probs = bb.emit(relax.op.nn.softmax(x)) if softmax else x
+            out = bb.emit_output(relax.op.topk(probs, **topk))
         bb.emit_func_output(out)
     return bb.get()
 
@@ -51,6 +53,44 @@ def test_a_router_top_k_becomes_the_kernels_function(shape, dtype, topk):
 ])
 def test_any_other_top_k_is_left_to_relax(shape, topk):
     assert _kept(TopKAsRows(_module(shape, **topk)))
+
+
+def test_a_top_k_of_anything_but_probabilities_is_left_to_relax():
+    """Logits may hold -inf (masked experts), which R.topk returns with its index and the
+    kernel's empty slot (the lowest finite value, index -1) ranks below."""
+    assert _kept(TopKAsRows(_module(("tokens", 64), softmax=False, k=4)))
+
+
+def test_a_row_count_that_is_an_expression_is_left_to_relax():
+    b, s = tirx.Var("b", "int64"), tirx.Var("s", "int64")
+    x = relax.Var("x", relax.TensorType([b, s, 64], "float16"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            rows = bb.emit(relax.op.reshape(x, relax.ShapeExpr([b * s, 64])))
+            out = bb.emit_output(relax.op.topk(bb.emit(relax.op.nn.softmax(rows)), k=4))
+        bb.emit_func_output(out)
+    assert _kept(TopKAsRows(bb.get()))
+
+
+def test_two_different_top_ks_get_two_symbols_and_compile():
+    """Routers of two widths in one model: two functions, each its own symbol, both taken."""
+    from conftest import TARGET
+    from tvm_dsm.relax_pipeline import schedule_kernels
+
+    n = tirx.Var("n", "int64")
+    xs = [relax.Var("x0", relax.TensorType([n, 64], "float16")), relax.Var("x1", relax.TensorType([n, 256], "float32"))]
+    bb = relax.BlockBuilder()
+    with bb.function("main", xs):
+        with bb.dataflow():
+            outs = [bb.emit(relax.op.topk(bb.emit(relax.op.nn.softmax(x)), k=k)) for x, k in zip(xs, (4, 8))]
+            out = bb.emit_output(relax.Tuple(outs))
+        bb.emit_func_output(out)
+    rewritten = TopKAsRows(bb.get())
+    symbols = [str(f.attrs["global_symbol"]) for gv, f in rewritten.functions.items() if gv.name_hint.startswith("top_k")]
+    assert len(symbols) == 2 and len(set(symbols)) == 2
+    taken = schedule_kernels(bb.get(), tvm.target.Target(TARGET))[1]
+    assert sorted(w for name, w in taken.items() if name.startswith("top_k")) == ["top_k_rows", "top_k_rows"]
 
 
 def test_the_family_check_names_what_it_takes():

@@ -6,14 +6,16 @@ router ranks a few to a few hundred experts per token and keeps 1-8 of them, whi
 :mod:`tvm_dsm.kernels.top_k_rows` does in one kernel that reads each row once, for a token count
 known only when called too (a kernel per range of tokens, :mod:`tvm_dsm.families.row_ranges`).
 
-:data:`TopKAsRows` replaces each ``R.topk`` over the last axis of a 2-D tensor, largest first,
-with int32 indices, by a call of a TE function computing the same k values and indices (ties to
-the lower index, as TVM's ``topk`` orders them), where that family takes the function; any
-other ``R.topk`` is left to TVM. The function is marked opaque to Relax's operator fusion: a
-following element-wise operation fused into it (a renormalization of the weights) would leave
-a function the family does not take, and the unfused top-k reduction compiles slowly
-(:mod:`tvm_dsm.fusion.top_k`). A NaN never enters the kernel's k best (it compares false);
-where a row has fewer than k other elements the remaining slots hold the lowest value.
+:data:`TopKAsRows` replaces an ``R.topk`` of a router's probabilities (the input an
+``R.nn.softmax`` of a 2-D tensor whose row count is a constant or a variable; the last axis,
+largest first, int32 indices) by a call of a TE function computing the same k values and
+indices (ties to the lower index, as TVM's ``topk`` orders them), where that family takes the
+function; any other ``R.topk`` is left to TVM. Probabilities are never -inf, which the kernel's
+empty slot (the lowest finite value, index -1) ranks above; a NaN, which never enters the
+kernel's k best, comes only from a NaN logit, whose row TVM's sort leaves unordered too. The
+function is marked opaque to Relax's operator fusion: a following element-wise operation fused
+into it (a renormalization of the weights) would leave a function the family does not take,
+and the unfused top-k reduction compiles slowly (:mod:`tvm_dsm.fusion.top_k`).
 """
 
 from __future__ import annotations
@@ -62,31 +64,37 @@ def family_takes(dtype: str, width: int, k: int) -> bool:
     return True
 
 
-def _rewritable(call: relax.Call) -> bool:
+def _rewritable(call: relax.Call, producer) -> bool:
+    """Whether the family takes ``call`` (an ``R.topk``) as :func:`top_k_te` computes it, its
+    input computed by ``producer`` (the call bound to it, if any)."""
     attrs, ty = call.attrs, call.args[0].ty
-    if not isinstance(ty, relax.TensorType) or ty.ndim != 2 or ty.shape is None:
+    if not (isinstance(ty, relax.TensorType) and ty.ndim == 2 and isinstance(ty.shape, relax.ShapeExpr)
+            and is_op_call(producer, "relax.nn.softmax")):
         return False
-    width = ty.shape.values[1]
-    return (int(attrs.axis) in (-1, 1) and bool(attrs.largest) and str(attrs.dtype) == "int32"
-            and ty.dtype in _RANKED and isinstance(width, tirx.IntImm)
-            and 1 <= int(attrs.k) <= int(width) and family_takes(ty.dtype, int(width), int(attrs.k)))
+    rows, width = ty.shape.values
+    return (isinstance(rows, (tirx.IntImm, tirx.Var)) and isinstance(width, tirx.IntImm)
+            and int(attrs.axis) in (-1, 1) and bool(attrs.largest) and str(attrs.dtype) == "int32"
+            and ty.dtype in _RANKED and 1 <= int(attrs.k) <= int(width)
+            and family_takes(ty.dtype, int(width), int(attrs.k)))
 
 
 @mutator
 class _TopKRewriter(PyExprMutator):
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - TVM visitor name
         call = super().visit_call_(call)
-        if not (is_op_call(call, "relax.topk") and _rewritable(call)):
+        if not is_op_call(call, "relax.topk"):
             return call
         x, k = call.args[0], int(call.attrs.k)
+        if not _rewritable(call, self.lookup_binding(x) if isinstance(x, relax.Var) else None):
+            return call
         rows, width = x.ty.shape.values
         placeholder = te.placeholder((rows, width), x.ty.dtype, name="x")
         outputs = top_k_te(placeholder, k)
         # The function as TE writes it (BlockBuilder.call_te's rewriting of it hides the top-k
-        # reduction from the family's recognition).
-        func = te.create_prim_func([placeholder, *outputs]).with_attrs(
-            {"op_pattern": _OPAQUE, "global_symbol": "top_k"})
+        # reduction from the family's recognition), under its own symbol.
+        func = te.create_prim_func([placeholder, *outputs]).with_attr("op_pattern", _OPAQUE)
         callee = self.builder_.add_func(func, "top_k")
+        self.builder_.update_func(callee, func.with_attr("global_symbol", callee.name_hint))
         out = [relax.TensorType([rows, k], x.ty.dtype), relax.TensorType([rows, k], "int32")]
         both = self.builder_.emit(relax.call_tir(callee, [x], out))
         ret = str(call.attrs.ret_type)

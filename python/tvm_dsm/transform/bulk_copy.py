@@ -8,8 +8,8 @@ slice of ``X`` (``Y[r, d(i)] = X[q(r, i), s(r, i)]``). The copy engine only push
 * for every (receiver rr, chunk c) pair with q(rr, c) != rr, the CTA of rank q(rr, c) sends the
   chunk from its slice of X into rr's slice of Y, completing on rr's mbarrier
   (``mbarrier::complete_tx::bytes``); the pairs are spread over the sender's threads;
-* a chunk a CTA holds itself (q(r, c) == r) is copied by its threads with ordinary
-  shared-memory loads and stores: a bulk copy through the cluster window onto the issuing CTA is correct on
+* a chunk a CTA holds itself (q(r, c) == r) is copied by its threads, 16 bytes at a time by
+  ``ld/st.shared::cluster`` on its own addresses: a bulk copy through the cluster window onto the issuing CTA is correct on
   the hardware, but compute-sanitizer's memcheck reports it as an invalid remote write
   (``bench/sanitizer/bulk_self_copy.cu``), which would hide real errors;
 * every CTA initialises its mbarrier at kernel start (``mbarrier.init``,
