@@ -73,20 +73,25 @@ class PlanResidualModel(ms.cost_model.PyCostModel):
     def update(self, context, candidates, results) -> None:
         ran = [(c, np.mean([float(s) for s in r.run_secs])) for c, r in zip(candidates, results)
                if r.error_msg is None and r.run_secs]
-        if not ran:
-            return
-        features = self._features(context, [c for c, _ in ran])
-        errors = np.log2([secs * 1e6 for _, secs in ran]) - features[:, ANALYTICAL]
-        self.features = np.concatenate([self.features, features])
+        if ran:
+            self.add(self._features(context, [c for c, _ in ran]), np.array([secs * 1e6 for _, secs in ran]))
+
+    def add(self, features: np.ndarray, measured_us: np.ndarray) -> None:
+        """Measurements (``FEATURE_NAMES`` rows and their times) to fit on."""
+        errors = np.log2(measured_us) - features[:, ANALYTICAL]
+        self.features = np.concatenate([self.features, features.astype("float32")])
         self.errors = np.concatenate([self.errors, errors.astype("float32")])
 
-    def predict(self, context, candidates) -> np.ndarray:
-        features = self._features(context, candidates)
+    def predict_us(self, features: np.ndarray) -> np.ndarray:
+        """The corrected time of candidates given as ``FEATURE_NAMES`` rows."""
         log2_us = features[:, ANALYTICAL].astype("float64")
         booster = self.booster
         if booster is not None:
             log2_us += booster.predict(xgb.DMatrix(features))
-        return np.exp2(-log2_us)
+        return np.exp2(log2_us)
+
+    def predict(self, context, candidates) -> np.ndarray:
+        return 1.0 / self.predict_us(self._features(context, candidates))
 
 
 def plan_xgb_model(hw: Hardware | None = None, **options) -> PlanResidualModel:

@@ -1,0 +1,209 @@
+"""How good a tuning search is: does it find the best of the planner's top configurations within
+a trial budget, and does a learned model of the measurements make it find it sooner?
+
+``python -m tvm_dsm.bench.search_quality measure --out X`` (on the GPU machine, full compiler):
+for each workload of :data:`WORKLOADS`, the planner's top ``--top`` (100) configurations built
+and timed by :func:`tvm_dsm.tune` (MetaSchedule's builder and runner), one row per candidate with
+its rank, prediction, measured time and plan features
+(:func:`~tvm_dsm.meta_schedule.plan_features.plan_features`).
+
+``python -m tvm_dsm.bench.search_quality simulate X --out Y`` (anywhere) replays searches over
+those measured pools, each measuring batches of :data:`BATCH` candidates:
+
+- ``analytical``: in the planner's order (what ``tvm_dsm.tune`` with ``top_k=T`` measures);
+- ``learned``: each next batch the best by :class:`~tvm_dsm.meta_schedule.PlanResidualModel`
+  refitted on the workload's measurements so far;
+- ``learned_prior``: the same model fitted on the other workloads' measurements first (a tuning
+  session over many tasks, as ``tune_relax`` shares its cost model).
+
+Per workload and search: the best time found within ``T`` trials (16, 32, 64) as a share of the
+pool's best (1.0: found), the untuned pick's share (the planner's first), and the Spearman rank
+correlation with the measured times, on the candidates the learned search has not measured after
+32 and 64 trials, of the analytical and the learned predictions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import tempfile
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from scipy.stats import spearmanr
+
+from ..meta_schedule.learned_cost_model import plan_xgb_model
+from ..meta_schedule.plan_features import plan_features
+from ..workloads.cascades import attention
+from ..workloads.chains import gemm_chain, swiglu_ffn
+from ..workloads.dense import dense, gated_dense
+from ..workloads.norms import topi_norm
+from .results import RESULTS, git_sha, new_suite, write
+
+SUITE = "search_quality"
+#: Candidates a search measures at a time (MetaSchedule's trials per iteration).
+BATCH = 16
+BUDGETS = (16, 32, 64)
+#: The workloads (name: function): GEMMs, gated layers, chains, attention and norms across M,
+#: from the real model shapes (bench/results/real_shapes), including ones whose planned pick
+#: measured below the better torch peer there.
+WORKLOADS: dict[str, Callable] = {
+    **{f"dense_{n}x{k}_m{m}": (lambda m=m, n=n, k=k: dense(m, n, k)) for m, n, k in (
+        (8, 6144, 4096), (16, 8192, 8192), (32, 14336, 4096), (64, 10240, 8192), (128, 9216, 3072),
+        (128, 4608, 3584), (128, 8192, 8192), (256, 3072, 2048), (512, 4096, 4096), (1024, 1152, 896),
+        (2048, 4096, 4096))},
+    **{f"gated_{n}x{k}_m{m}": (lambda m=m, n=n, k=k: gated_dense(m, n, k)) for m, n, k in (
+        (16, 14336, 4096), (64, 8192, 2048), (256, 4864, 896))},
+    **{f"swiglu_{n}x{k}_m{m}": (lambda m=m, n=n, k=k: swiglu_ffn(m, n, k, k)) for m, n, k in (
+        (64, 14336, 4096), (128, 8192, 2048), (1024, 4864, 896))},
+    "ffn_relu_4096x1024_m128": lambda: gemm_chain(128, 4096, 1024, 1024, "relu"),
+    **{f"attention_h{h}_s{s}_d{d}{'_causal' if c else ''}": (lambda h=h, s=s, d=d, c=c: attention(h, s, s, d, c))
+       for h, s, d, c in ((32, 2048, 128, False), (16, 1024, 64, True))},
+    **{f"rms_norm_{w}_m{m}": (lambda m=m, w=w: topi_norm("rms_norm", m, w, "float16")) for m, w in (
+        (32, 8192), (1024, 4096))},
+}
+
+
+def measure(names: list[str], top: int, builder=None, runner=None, log=print) -> list[dict]:
+    """One row per measured candidate of each named workload's top ``top`` (see the module
+    docstring); ``builder`` and ``runner`` go to :func:`tvm_dsm.tune` (default: this machine's
+    GPU)."""
+    from ..driver import plan, tune
+    from ..hardware import load_hardware
+
+    hw = load_hardware()
+    rows = []
+    for name in names:
+        func = WORKLOADS[name]()
+        family = plan(func, hw).family.name
+        with tempfile.TemporaryDirectory() as work_dir:
+            measured = tune(func, work_dir, top_k=top, hw=hw, builder=builder, runner=runner)
+        for m in sorted(measured, key=lambda m: m.rank):
+            rows.append({
+                "name": f"{name}_r{m.rank}", "workload": name, "rank": m.rank, "family": family,
+                "ok": m.measured_us is not None, "rel_err": None, "ours_us": m.measured_us,
+                "predicted_us": m.plan.predicted_us, "config": dataclasses.asdict(m.plan.config),
+                "features": plan_features(family, m.plan.config, m.plan, hw).tolist(),
+                **({"error": m.error[:300]} if m.error else {}),
+            })
+        ok = [m for m in measured if m.measured_us is not None]
+        log(f"{name}: {len(ok)} of {len(measured)} measured, best {min((m.measured_us for m in ok), default=0):.1f} us")
+    return rows
+
+
+def _pools(rows: list[dict]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each workload's measured candidates in the planner's order: (features, measured us)."""
+    by_workload = defaultdict(list)
+    for r in rows:
+        if r["ok"]:
+            by_workload[r["workload"]].append(r)
+    return {w: (np.array([r["features"] for r in sorted(rs, key=lambda r: r["rank"])], dtype="float32"),
+                np.array([r["ours_us"] for r in sorted(rs, key=lambda r: r["rank"])]))
+            for w, rs in by_workload.items()}
+
+
+def learned_order(features: np.ndarray, times: np.ndarray, budget: int,
+                  prior: tuple[np.ndarray, np.ndarray] | None = None) -> list[int]:
+    """The candidates a learned search measures, in order, up to ``budget``: batches of BATCH,
+    each the best by the model refitted on what was measured before (and on ``prior``)."""
+    model = plan_xgb_model()
+    if prior is not None and len(prior[1]):
+        model.add(*prior)
+    order: list[int] = []
+    while len(order) < min(budget, len(times)):
+        left = np.array([i for i in range(len(times)) if i not in order])
+        predicted = model.predict_us(features[left])
+        batch = [int(i) for i in left[np.argsort(predicted, kind="stable")][:BATCH]]
+        order += batch[:budget - len(order)]
+        model.add(features[batch], times[batch])
+    return order
+
+
+def _spearman(predicted: np.ndarray, measured: np.ndarray) -> float | None:
+    if len(measured) < 3 or np.ptp(measured) == 0:
+        return None
+    return float(spearmanr(predicted, measured).statistic)
+
+
+def simulate(rows: list[dict]) -> list[dict]:
+    """One row per workload (see the module docstring)."""
+    from ..meta_schedule.learned_cost_model import ANALYTICAL
+
+    pools = _pools(rows)
+    out = []
+    for name, (features, times) in pools.items():
+        best = float(times.min())
+        others = [pools[w] for w in pools if w != name]
+        prior = (np.concatenate([f for f, _ in others]), np.concatenate([t for _, t in others])) if others else None
+        orders = {"analytical": list(range(len(times))),
+                  "learned": learned_order(features, times, max(BUDGETS)),
+                  "learned_prior": learned_order(features, times, max(BUDGETS), prior)}
+        row = {"name": name, "ok": True, "rel_err": None, "candidates": len(times), "best_us": best,
+               "untuned_share": best / float(times[0])}
+        for search, order in orders.items():
+            for budget in BUDGETS:
+                row[f"{search}_share_{budget}"] = best / float(times[order[:budget]].min())
+        for budget in (32, 64):
+            model = plan_xgb_model()
+            measured = orders["learned"][:budget]
+            model.add(features[measured], times[measured])
+            left = [i for i in range(len(times)) if i not in measured]
+            row[f"spearman_analytical_after_{budget}"] = _spearman(np.exp2(features[left, ANALYTICAL]), times[left])
+            row[f"spearman_learned_after_{budget}"] = _spearman(model.predict_us(features[left]), times[left])
+        out.append(row)
+    return out
+
+
+def summary(rows: list[dict]) -> dict:
+    """Per search and budget: the workloads whose best was found within 2% (share >= 0.98) and
+    the geometric mean share; the untuned pick's geometric mean share."""
+    def geomean(values):
+        return float(np.exp(np.mean(np.log(values)))) if values else None
+
+    out = {"workloads": len(rows), "untuned_geomean_share": geomean([r["untuned_share"] for r in rows])}
+    for key in [k for k in rows[0] if "_share_" in k] if rows else []:
+        shares = [r[key] for r in rows]
+        out[key] = {"within_2pct": sum(s >= 0.98 for s in shares), "geomean": geomean(shares)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("measure", help="measure the planner's top candidates of each workload (GPU)")
+    m.add_argument("--out", required=True)
+    m.add_argument("--top", type=int, default=100)
+    m.add_argument("--only", nargs="*", help="workload names containing one of these")
+    s = sub.add_parser("simulate", help="replay searches over a measure run's pools")
+    s.add_argument("measured")
+    s.add_argument("--out", default=str(RESULTS / SUITE / "latest.json"))
+    args = parser.parse_args(argv)
+    import tvm
+
+    if args.command == "measure":
+        import torch
+
+        names = [n for n in WORKLOADS if not args.only or any(o in n for o in args.only)]
+        results = new_suite(f"{SUITE}_pools", torch.cuda.get_device_name(0),
+                            {"tvm": tvm.__version__, "tvm_dsm": git_sha()},
+                            "tvm_dsm.tune: MetaSchedule's LocalBuilder and LocalRunner, median of its repeats")
+        results["command"] = "python -m tvm_dsm.bench.search_quality measure --top " + str(args.top)
+        results["rows"] = measure(names, args.top, log=lambda line: print(line, flush=True))
+        write(results, args.out)
+        return
+    import json
+
+    measured = json.loads(Path(args.measured).read_text())
+    results = new_suite(SUITE, f"CPU (offline, from {measured['device']} measurements)",
+                        {**measured["versions"], "simulated_with": git_sha()}, "no timing: " + args.measured)
+    results["command"] = f"python -m tvm_dsm.bench.search_quality simulate {args.measured}"
+    results["rows"] = simulate(measured["rows"])
+    results["summary"] = summary(results["rows"])
+    write(results, args.out)
+    print(json.dumps(results["summary"], indent=1))
+
+
+if __name__ == "__main__":
+    main()
