@@ -7,8 +7,8 @@ and timed by :func:`tvm_dsm.tune` (MetaSchedule's builder and runner), one row p
 its rank, prediction, measured time and plan features
 (:func:`~tvm_dsm.meta_schedule.plan_features.plan_features`).
 
-``python -m tvm_dsm.bench.search_quality simulate X --out Y`` (anywhere) replays searches over
-those measured pools, each measuring batches of :data:`BATCH` candidates:
+``python -m tvm_dsm.bench.search_quality simulate X [X2 ...] --out Y`` (anywhere) replays
+searches over those measured pools, each measuring batches of :data:`BATCH` candidates:
 
 - ``analytical``: in the planner's order (what ``tvm_dsm.tune`` with ``top_k=T`` measures);
 - ``learned``: each next batch the best by :class:`~tvm_dsm.meta_schedule.PlanResidualModel`
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     m.add_argument("--top", type=int, default=100)
     m.add_argument("--only", nargs="*", help="workload names containing one of these")
     s = sub.add_parser("simulate", help="replay searches over a measure run's pools")
-    s.add_argument("measured")
+    s.add_argument("measured", nargs="+", help="measure runs' results (e.g. one per --only group)")
     s.add_argument("--out", default=str(RESULTS / SUITE / "latest.json"))
     args = parser.parse_args(argv)
     import tvm
@@ -195,11 +195,12 @@ def main(argv: list[str] | None = None) -> None:
         return
     import json
 
-    measured = json.loads(Path(args.measured).read_text())
-    results = new_suite(SUITE, f"CPU (offline, from {measured['device']} measurements)",
-                        {**measured["versions"], "simulated_with": git_sha()}, "no timing: " + args.measured)
-    results["command"] = f"python -m tvm_dsm.bench.search_quality simulate {args.measured}"
-    results["rows"] = simulate(measured["rows"])
+    runs = [json.loads(Path(path).read_text()) for path in args.measured]
+    results = new_suite(SUITE, f"CPU (offline, from {runs[0]['device']} measurements)",
+                        {"measured_with": [run["versions"] for run in runs], "simulated_with": git_sha()},
+                        "no timing: " + " ".join(args.measured))
+    results["command"] = "python -m tvm_dsm.bench.search_quality simulate " + " ".join(args.measured)
+    results["rows"] = simulate([row for run in runs for row in run["rows"]])
     results["summary"] = summary(results["rows"])
     write(results, args.out)
     print(json.dumps(results["summary"], indent=1))
