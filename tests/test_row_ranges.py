@@ -55,6 +55,17 @@ def test_symbolic_dense_builds_one_kernel_per_range_and_the_cuda_compiles(assemb
     assemble(source, "symbolic_dense")
 
 
+def test_an_empty_batch_launches_nothing():
+    """No kernel runs for 0 rows (cuLaunchKernel refuses a grid of no CTAs): the row count is
+    tested on the host before every range's test."""
+    m = te.var("m")
+    _, sch = schedule_row_ranges(dense(m, 2048, 2048), H100)
+    outer = sch.mod["main"].body.block.body
+    assert isinstance(outer, tirx.IfThenElse) and outer.else_case is None
+    assert "0 < m" in str(outer.condition) or "m > 0" in str(outer.condition)
+    assert tvm.compile(sch.mod, target=tvm.target.Target(H100)) is not None
+
+
 def test_a_family_without_symbolic_rows_is_refused_by_name():
     m = te.var("m")
     x = te.placeholder((m, 4096), "float16", name="x")
@@ -110,6 +121,16 @@ def test_symbolic_dense_on_the_gpu_at_every_range(rows):
     ref = x.astype("float64") @ w.astype("float64").T
     err = np.linalg.norm(out.numpy().astype("float64") - ref) / np.linalg.norm(ref)
     assert err < 2e-3
+
+
+@pytest.mark.gpu
+def test_symbolic_dense_on_the_gpu_with_no_rows():
+    lib = tvm_dsm.build(dense(te.var("m"), 1024, 512))
+    dev = tvm.cuda()
+    x, w = np.zeros((0, 512), "float16"), np.zeros((1024, 512), "float16")
+    out = tvm.runtime.tensor(np.zeros((0, 1024), "float16"), dev)
+    lib(tvm.runtime.tensor(x, dev), tvm.runtime.tensor(w, dev), out)
+    dev.sync()
 
 
 def _symbolic_rms_norm(width: int = 2048):

@@ -71,12 +71,15 @@ def tree_reduce(op: Callable, values: list):
 def branch_on(var: tirx.Var, kernels: list[tuple[int | None, tirx.PrimFunc]]) -> tirx.Stmt:
     """The bodies of ``kernels`` (each with the largest ``var`` it takes, in increasing order;
     the last, None, takes the rest) behind ``if var <= bound`` tests in that order, tested on
-    the host before the launch (the test is thread-invariant)."""
+    the host before the launch (the tests are thread-invariant); nothing where ``var`` is 0 (an
+    empty batch: a grid of no CTAs is a launch error)."""
+    def on_host(test):
+        return tirx.call_intrin("bool", "tirx.tvm_thread_invariant", test)
+
     body = kernels[-1][1].body
     for bound, kernel in reversed(kernels[:-1]):
-        test = tirx.call_intrin("bool", "tirx.tvm_thread_invariant", var <= bound)
-        body = tirx.IfThenElse(test, kernel.body, body)
-    return body
+        body = tirx.IfThenElse(on_host(var <= bound), kernel.body, body)
+    return tirx.IfThenElse(on_host(var > 0), body, None)
 
 
 def shuffle_xor(value, mask: int):
