@@ -163,9 +163,10 @@ def summary(rows: list[dict]) -> dict:
         return float(np.exp(np.mean(np.log(values)))) if values else None
 
     out = {"workloads": len(rows), "untuned_geomean_share": geomean([r["untuned_share"] for r in rows])}
-    for key in [k for k in rows[0] if "_share_" in k] if rows else []:
-        shares = [r[key] for r in rows]
-        out[key] = {"within_2pct": sum(s >= 0.98 for s in shares), "geomean": geomean(shares)}
+    shares = [k for k in rows[0] if "_share_" in k] if rows else []
+    for key in shares:
+        found = [r[key] for r in rows]
+        out[key] = {"within_2pct": sum(s >= 0.98 for s in found), "geomean": geomean(found)}
     return out
 
 

@@ -125,6 +125,6 @@ def _first_that_applies(family: ScheduleFamily, func: tirx.PrimFunc, plans: list
 def dispatch(func: tirx.PrimFunc, kernels: list[tuple[int | None, tirx.PrimFunc]]) -> tirx.PrimFunc:
     """``func`` branching on its row variable to the scheduled functions ``kernels`` (each with
     the largest row count it takes, in increasing order; the last, None, takes the rest):
-    ``if m <= bound`` in that order."""
+    ``if m <= bound`` in that order, nothing for ``m = 0`` (:func:`tvm_dsm.ir.branch_on`)."""
     body = branch_on(row_variable(func), kernels)
     return func.with_body(SBlockRealize([], True, SBlock([], [], [], "root", body)))

@@ -9,9 +9,9 @@ slice of ``X`` (``Y[r, d(i)] = X[q(r, i), s(r, i)]``). The copy engine only push
   chunk from its slice of X into rr's slice of Y, completing on rr's mbarrier
   (``mbarrier::complete_tx::bytes``); the pairs are spread over the sender's threads;
 * a chunk a CTA holds itself (q(r, c) == r) is copied by its threads, 16 bytes at a time by
-  ``ld/st.shared::cluster`` on its own addresses: a bulk copy through the cluster window onto the issuing CTA is correct on
-  the hardware, but compute-sanitizer's memcheck reports it as an invalid remote write
-  (``bench/sanitizer/bulk_self_copy.cu``), which would hide real errors;
+  ``ld/st.shared::cluster`` on its own addresses: a bulk copy through the cluster window onto
+  the issuing CTA is correct on the hardware, but compute-sanitizer's memcheck reports it as an
+  invalid remote write (``bench/sanitizer/bulk_self_copy.cu``), which would hide real errors;
 * every CTA initialises its mbarrier at kernel start (``mbarrier.init``,
   ``fence.mbarrier_init.release.cluster``) and announces the bytes its peers will push
   (``mbarrier.arrive.expect_tx``); its threads wait on that mbarrier only (a thread may not wait on
@@ -277,7 +277,7 @@ class BulkCopy:
 
 
 def _sync_threads() -> tirx.Evaluate:
-    return tirx.Evaluate(tirx.call_intrin("int32", "tirx.tvm_storage_sync", "shared"))
+    return tirx.Evaluate(T.tvm_storage_sync("shared"))
 
 
 def fence_proxy_async() -> tirx.Evaluate:
