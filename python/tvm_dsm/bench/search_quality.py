@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import tempfile
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -76,6 +77,7 @@ def measure(names: list[str], top: int, builder=None, runner=None, log=print) ->
     hw = load_hardware()
     rows = []
     for name in names:
+        start = time.perf_counter()
         func = WORKLOADS[name]()
         family = plan(func, hw).family.name
         with tempfile.TemporaryDirectory() as work_dir:
@@ -89,7 +91,8 @@ def measure(names: list[str], top: int, builder=None, runner=None, log=print) ->
                 **({"error": m.error[:300]} if m.error else {}),
             })
         ok = [m for m in measured if m.measured_us is not None]
-        log(f"{name}: {len(ok)} of {len(measured)} measured, best {min((m.measured_us for m in ok), default=0):.1f} us")
+        log(f"{name}: {len(ok)} of {len(measured)} measured, best {min((m.measured_us for m in ok), default=0):.1f} us "
+            f"({time.perf_counter() - start:.0f} s)")
     return rows
 
 
@@ -191,8 +194,10 @@ def main(argv: list[str] | None = None) -> None:
                             {"tvm": tvm.__version__, "tvm_dsm": git_sha()},
                             "tvm_dsm.tune: MetaSchedule's LocalBuilder and LocalRunner, median of its repeats")
         results["command"] = "python -m tvm_dsm.bench.search_quality measure --top " + str(args.top)
-        results["rows"] = measure(names, args.top, log=lambda line: print(line, flush=True))
-        write(results, args.out)
+        results["rows"] = []
+        for name in names:  # written after each workload: a device call cut short keeps what it measured
+            results["rows"] += measure([name], args.top, log=lambda line: print(line, flush=True))
+            write(results, args.out)
         return
     import json
 
