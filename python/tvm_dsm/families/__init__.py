@@ -15,6 +15,7 @@ from ..errors import ClusterError
 from .attention import Attention
 from .base import ScheduleFamily
 from .conv_chain import ConvChain
+from .decode_attention import DecodeAttention
 from .fused_cascade import FusedCascade
 from .gemm_chain import GemmChain
 from .gemm_row_max import GemmRowMax
@@ -24,10 +25,11 @@ from .split_k_gemm import SplitKGemm
 from .split_k_reduction import SplitKReduction
 from .top_k_rows import TopKRows
 
-#: Most specific first: a cascade's own kernel (attention, softmax·V, top-k rows, row norms)
-#: before the fused rows that take any cascade.
+#: Most specific first: a cascade's own kernel (attention, decode attention, softmax·V, top-k
+#: rows, row norms) before the fused rows that take any cascade.
 FAMILIES: tuple[ScheduleFamily, ...] = (ConvChain(), GemmChain(), GemmRowMax(), SplitKGemm(), Attention(),
-                                        SoftmaxGemm(), TopKRows(), RowNorm(), FusedCascade(), SplitKReduction())
+                                        DecodeAttention(), SoftmaxGemm(), TopKRows(), RowNorm(), FusedCascade(),
+                                        SplitKReduction())
 
 
 def hopper_target(target: Any) -> bool:

@@ -83,9 +83,54 @@ class AttentionShape:
     layouts: tuple[OperandLayout, ...] = ()
 
 
+@dataclass(frozen=True)
+class DecodeShape:
+    """Attention of one query a head (decode): the operands q, k, v and out with their index
+    expressions over the head variables ``heads`` (extents ``head_extents``), the key ``key`` and
+    the head-dim column ``column`` (innermost in all four). ``group`` consecutive values of head
+    variable ``group_var`` (a position in ``heads``) read the same K and V rows (grouped-query
+    attention; 1: none)."""
+
+    func: tirx.PrimFunc
+    operands: tuple
+    heads: tuple
+    head_extents: tuple[int, ...]
+    key: tirx.Var
+    column: tirx.Var
+    indices: tuple
+    kv_len: int
+    dim: int
+    scale: float
+    dtype: str
+    group_var: int
+    group: int
+
+
+@dataclass(frozen=True)
+class _Forms:
+    """What every attention's checked forms give: the operands q, k, v, out, their indices in
+    the rows' variables, the head-dim variables of q/k and of v/out, the mask's condition, the
+    scale and sizes."""
+
+    operands: tuple
+    indices: tuple
+    dim_var: tirx.Var
+    column_var: tirx.Var
+    cond: object
+    scale: float
+    dim: int
+    dtype: str
+
+
 def find_attention(func: tirx.PrimFunc) -> AttentionShape:
     """What attention ``func`` computes; ClusterError naming what does not match."""
     return _Match(func).shape()
+
+
+def find_decode_attention(func: tirx.PrimFunc) -> DecodeShape:
+    """What decode attention (one query a head, no mask) ``func`` computes; ClusterError naming
+    what does not match."""
+    return _Match(func).decode()
 
 
 def _float_constant(e) -> float | None:
@@ -166,7 +211,8 @@ class _Match:
 
     # --- the forms, checked symbolically ------------------------------------------------
 
-    def shape(self) -> AttentionShape:
+    def _forms(self) -> _Forms:
+        """The operands, read after every form is checked."""
         scores, to_rows = self._scores()
         d = scores.reduce_var
         self._bind(d, scores.extent)
@@ -175,24 +221,72 @@ class _Match:
         normalized = self._sum_forms(scale, fill, cond)
         c, v_load = self._output_level()
         out_block = self._output_block(normalized)
-        t = self.m.reduce_var
-        q_idx = self._indices(q_load, to_rows)
-        k_idx = self._indices(k_load, to_rows)
-        i = self._query_position(q_idx, k_idx, cond)
-        heads = [var for var in self.m.spatial if not var.same_as(i)]
-        causal = self._causal(cond, i, t)
-        layouts = (self._layout("q", q_load.source, q_idx, i, d, heads),
-                   self._layout("k", k_load.source, k_idx, t, d, heads),
-                   self._layout("v", v_load.source, self._indices(v_load, self._canonical(self.o)), t, c, heads),
-                   self._layout("out", out_block.body.buffer, self._out_indices(out_block, c), i, c, heads))
         operands = [q_load.source, k_load.source, v_load.source, out_block.body.buffer]
         dtypes = {str(b.ty.dtype) for b in operands}
         if len(dtypes) != 1 or not dtypes <= {"float16", "bfloat16"}:
-            raise ClusterError(f"attention on tensor cores takes q, k, v and out of one type, float16 or "
-                               f"bfloat16; got {[str(b.ty.dtype) for b in operands]}")
+            raise ClusterError(f"attention takes q, k, v and out of one type, float16 or bfloat16; got "
+                               f"{[str(b.ty.dtype) for b in operands]}")
+        indices = (self._indices(q_load, to_rows), self._indices(k_load, to_rows),
+                   self._indices(v_load, self._canonical(self.o)), self._out_indices(out_block, c))
+        return _Forms(tuple(operands), indices, d, c, cond, score_scale * scale, scores.extent, dtypes.pop())
+
+    def shape(self) -> AttentionShape:
+        f = self._forms()
+        t = self.m.reduce_var
+        q_idx, k_idx, v_idx, out_idx = f.indices
+        i = self._query_position(q_idx, k_idx, f.cond)
+        heads = [var for var in self.m.spatial if not var.same_as(i)]
+        causal = self._causal(f.cond, i, t)
+        q, k, v, out = f.operands
+        layouts = (self._layout("q", q, q_idx, i, f.dim_var, heads),
+                   self._layout("k", k, k_idx, t, f.dim_var, heads),
+                   self._layout("v", v, v_idx, t, f.column_var, heads),
+                   self._layout("out", out, out_idx, i, f.column_var, heads))
         extents = tuple(self.ranges[var] for var in heads)
-        return AttentionShape(math.prod(extents), self.ranges[i], self.m.extent, scores.extent,
-                              score_scale * scale, causal, dtypes.pop(), extents, layouts)
+        return AttentionShape(math.prod(extents), self.ranges[i], self.m.extent, f.dim, f.scale, causal, f.dtype,
+                              extents, layouts)
+
+    def decode(self) -> DecodeShape:
+        """Without a mask every query row is independent: the rows' variables are all heads
+        (one the keys do not index, multi-query attention's heads or a query position, reads
+        the same K and V rows along it)."""
+        f = self._forms()
+        t = self.m.reduce_var
+        heads = [var for var in self.m.spatial if self.ranges[var] > 1]
+        d = f.dim_var
+        # v and the output are indexed by their own column variable: read as q's
+        indices = [tuple(self.analyzer.simplify(substitute(i, [(f.column_var, d)])) for i in idx) for idx in f.indices]
+        q_idx, k_idx, v_idx, out_idx = indices
+        if f.cond is not None:
+            raise ClusterError("decode attention (one query a head) takes no mask")
+        for name, idx, keyed in (("q", q_idx, False), ("k", k_idx, True), ("v", v_idx, True), ("out", out_idx, False)):
+            inner = idx[-1]
+            if not (isinstance(inner, tirx.Var) and inner.same_as(d)) or _uses(idx[:-1], d):
+                raise ClusterError(f"decode attention: {name} must be indexed by the head dim in its innermost "
+                                   f"axis alone (16-byte loads of a row); got {[str(i) for i in idx]}")
+            if _uses(idx, t) != keyed:
+                raise ClusterError(f"decode attention: {name} must {'' if keyed else 'not '}be indexed by the key")
+        group_var, group = self._kv_group(heads, (k_idx, v_idx))
+        return DecodeShape(self.func, f.operands, tuple(heads), tuple(self.ranges[v] for v in heads), t, d,
+                           tuple(indices), self.m.extent, f.dim, f.scale, f.dtype, group_var, group)
+
+    def _kv_group(self, heads: list, kv_indices: tuple) -> tuple[int, int]:
+        """The head variable whose consecutive values read the same K and V rows, and how many:
+        the largest ``g`` (dividing its extent) for which ``h`` and ``h // g * g`` index them
+        alike, proven; ``(last head, 1)`` where none does."""
+        found = []
+        for n, var in enumerate(heads):
+            extent = self.ranges[var]
+            for g in sorted((g for g in range(2, extent + 1) if extent % g == 0), reverse=True):
+                grouped = var // g * g
+                if all(self.analyzer.can_prove(substitute(i, [(var, grouped)]) - i == 0)
+                       for idx in kv_indices for i in idx):
+                    found.append((n, g))
+                    break
+        if len(found) > 1:
+            raise ClusterError(f"decode attention: the K/V rows are shared along one head axis at most; "
+                               f"shared along {[str(heads[n]) for n, _ in found]}")
+        return found[0] if found else (len(heads) - 1, 1)
 
     def _score_product(self, scores: Level, to_rows: list) -> tuple:
         params = [ld for ld in loads(scores.value)]

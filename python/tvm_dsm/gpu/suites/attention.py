@@ -55,13 +55,29 @@ ATTENTION_FORMS = [
 ]
 
 
+#: Decode (one query a head): (batch, heads, kv heads, key length, head dim, layout, dtype): the
+#: issue's grouped [8, 32 / 8, 4096, 128]; Llama-3.2-1B's heads at batch 1; a batch of 32 at 2048;
+#: Qwen2-7B's 28 / 4 heads in bf16 at a length off the tiles; 32 heads without groups.
+DECODE_FORMS = [
+    (8, 32, 8, 4096, 128, "bhsd", "float16"),
+    (1, 32, 8, 2048, 64, "bshd", "float16"),
+    (32, 32, 8, 2048, 128, "bhsd", "float16"),
+    (8, 28, 4, 1000, 128, "bshd", "bfloat16"),
+    (4, 32, 32, 4096, 128, "bhsd", "float16"),
+]
+
+
 def attention_forms() -> list[Variant]:
-    """Attention written as users write it (tvm_dsm.workloads.attention_forms), each through
-    the driver's schedule, against torch eager, torch.compile and SDPA in the same layout."""
+    """Attention written as users write it (tvm_dsm.workloads.attention_forms), prefill and
+    decode, each through the driver's schedule, against torch eager, torch.compile and SDPA in
+    the same layout."""
     cases = [(f"te_{layout}_b{b}h{h}kv{kv}s{s}d{d}{'_causal' if causal else ''}_{dtype}",
               te_attention(b, h, s, s, d, kv_heads=kv, layout=layout, causal=causal, dtype=dtype),
               b * h * s * s * d, layout, causal)
              for b, h, kv, s, d, layout, causal, dtype in ATTENTION_FORMS]
+    cases += [(f"decode_{layout}_b{b}h{h}kv{kv}s{s}d{d}_{dtype}",
+               te_attention(b, h, 1, s, d, kv_heads=kv, layout=layout, dtype=dtype), b * h * s * d, layout, False)
+              for b, h, kv, s, d, layout, dtype in DECODE_FORMS]
     cases.append(("topi_bshd_b8h16s512d64", topi_attention(8, 16, 512, 512, 64), 8 * 16 * 512 * 512 * 64,
                   "bshd", False))
     variants = []

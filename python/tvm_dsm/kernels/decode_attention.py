@@ -1,0 +1,378 @@
+"""Decode attention (one query a head) with each (sequence, KV head) pair's tokens split over a
+thread-block cluster, every KV row read once for all the query heads of its group.
+
+The kernel is the same wherever the K and V rows come from; :class:`DecodeOperands` says where
+(``nn.llm``'s paged cache, :mod:`tvm_dsm.kernels.paged_decode`; a user's dense ``[B, H, S, D]``
+or other layout, :mod:`tvm_dsm.kernels.dense_decode`):
+
+- a cluster of ``ranks`` CTAs per pair, each CTA reading one contiguous share of the pair's
+  tokens;
+- in a CTA, each warp is ``32 / (D / 8)`` token slots of ``D / 8`` lanes; a lane loads 8
+  elements (16 bytes, one vector load) of a token's K and V rows (four tokens' loads are issued
+  before the first is used), the slot's lanes reduce the scores of every query head of the group
+  by shuffles, and each slot keeps an online softmax (running max, sum and output) per query
+  head, with scores scaled by ``scale * log2(e)`` (base 2);
+- the slots of a warp merge by shuffles, the warps through shared memory; each CTA stores its
+  state into rank 0's shared memory (DSM stores, which do not wait on the peer as loads would),
+  and rank 0 merges them and writes the output (and, where the operands keep one, the base-2
+  log-sum-exp).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from abc import ABC, abstractmethod
+
+import tvm
+from tvm import tirx
+from tvm.script import tirx as T
+from tvm.script.ir_builder import IRBuilder
+from tvm.tirx.script.builder import ir as B
+
+from ..annotations import CLUSTER_LAUNCH_KEY
+from ..errors import ClusterError
+from ..ir import shuffle_xor, tree_reduce
+from ..schedule.cluster import MAX_PORTABLE_CLUSTER_SIZE
+
+_WARP = 32
+LOAD_BYTES = 16
+_WORDS = LOAD_BYTES // 4  # 32-bit words of one load
+_WARPS = 4
+#: Tokens a slot loads per step before it uses the first (HBM latency is what a short share
+#: of a sequence waits on).
+UNROLL = 4
+#: A lane holds the group's query and output pieces in fp32 registers: up to this many floats
+#: each (8 query heads of 8 elements).
+HELD_FLOATS = 64
+#: The running max of a slot before its first token: finite, so that ``exp2`` of differences
+#: stays 0 rather than NaN (``nn.llm``'s kernels use the same value; it is also the
+#: log-sum-exp of an empty sequence).
+EMPTY_MAX = -5e4
+_LOG2E = math.log2(math.e)
+#: Static shared memory a CTA may declare.
+STATIC_SHARED_BYTES = 48 * 1024
+#: CTAs of the kernel an SM holds at once (127 registers a thread, 128 threads a CTA).
+RESIDENT_CTAS = 4
+
+
+class DecodeOperands(ABC):
+    """Where a decode kernel's operands live: the sizes, and the loads and stores of one
+    (sequence, KV head) pair, emitted into the kernel as it is built."""
+
+    group: int  # query heads per KV head, held together by a CTA
+    head_dim: int
+    dtype: str  # of q, K and V (16-bit)
+
+    @property
+    def vector(self) -> int:
+        """Elements of one 16-byte load."""
+        return LOAD_BYTES * 8 // tvm.DataType(self.dtype).bits
+
+    @property
+    def lanes(self) -> int:
+        """Lanes sharing one token's row."""
+        return self.head_dim // self.vector
+
+    def limits(self) -> list[tuple[bool, str]]:
+        """(holds, the limit named) for what every decode kernel needs."""
+        vec = self.vector
+        return [
+            (self.dtype in ("float16", "bfloat16"), f"16-bit q, K and V (not {self.dtype})"),
+            (self.head_dim % vec == 0 and _WARP % (self.head_dim // vec) == 0,
+             f"a head dim of 8 times a power of two up to {_WARP * vec} (not {self.head_dim})"),
+            (self.group * vec <= HELD_FLOATS, f"at most {HELD_FLOATS // vec} query heads per KV head (not {self.group})"),
+        ]
+
+    @abstractmethod
+    def pairs(self):
+        """How many (sequence, KV head) pairs the kernel takes (an expression)."""
+
+    @abstractmethod
+    def begin(self, pair) -> None:
+        """Emit what the CTAs of ``pair`` look up once, before anything else reads."""
+
+    @abstractmethod
+    def length(self):
+        """The pair's tokens."""
+
+    @abstractmethod
+    def query(self, h: int, column):
+        """Element ``column`` of the query of the group's ``h``-th head in fp32, times the
+        softmax scale and log2(e) (:func:`scaled_by_log2e`)."""
+
+    def before_loads(self, u: int, token) -> None:
+        """Emit what the ``u``-th token's row loads need (a page lookup); nothing by default."""
+
+    @abstractmethod
+    def row_pointer(self, u: int, kv: int, token, column):
+        """The address of ``token``'s K (``kv`` 0) or V (1) row at ``column``."""
+
+    @abstractmethod
+    def write(self, h: int, column, value, lse) -> None:
+        """Emit the stores of the group's ``h``-th head's output ``value`` at ``column`` (and its
+        base-2 log-sum-exp where kept; ``column`` 0 stores it)."""
+
+
+def shared_bytes(operands: DecodeOperands, ranks: int) -> int:
+    """Static shared memory of a CTA: each warp's softmax states, and (rank 0's, in a cluster)
+    every CTA's."""
+    state = operands.group * (operands.head_dim + 2) * 4
+    return _WARPS * state + (ranks * state if ranks > 1 else 0)
+
+
+def most_ranks(operands: DecodeOperands, pairs: int, hw) -> int:
+    """The largest cluster a pair may take where ``pairs`` run at once: a portable one, within
+    the static shared memory of a CTA, no more CTAs in all than the SMs."""
+    ranks = 1
+    while (ranks < MAX_PORTABLE_CLUSTER_SIZE and pairs * ranks < hw.sm_count
+           and shared_bytes(operands, ranks * 2) <= STATIC_SHARED_BYTES):
+        ranks *= 2
+    return ranks
+
+
+def tokens_per_step(operands: DecodeOperands) -> int:
+    """Tokens a CTA takes in one step of its loop."""
+    return _WARPS * (_WARP // operands.lanes) * UNROLL
+
+
+def check_ranks(operands: DecodeOperands, ranks: int) -> None:
+    """ClusterError naming the limit a cluster of ``ranks`` breaks."""
+    if not 1 <= ranks <= MAX_PORTABLE_CLUSTER_SIZE or ranks & (ranks - 1):
+        raise ClusterError(f"decode attention: a cluster of 1 to {MAX_PORTABLE_CLUSTER_SIZE} CTAs, a power of two "
+                           f"(not {ranks})")
+    if shared_bytes(operands, ranks) > STATIC_SHARED_BYTES:
+        raise ClusterError(f"decode attention: a cluster of {ranks} needs {shared_bytes(operands, ranks)} B of "
+                           f"static shared memory per CTA, more than the {STATIC_SHARED_BYTES} B CUDA allows")
+
+
+def decode_body(operands: DecodeOperands, ranks: int, name: str, asserts=()) -> tirx.Stmt:
+    """The kernel of the module docstring over ``operands`` in clusters of ``ranks``, as the body
+    of a function named ``name`` (``asserts``: (condition, message) checked on the host first)."""
+    check_ranks(operands, ranks)
+    with IRBuilder() as ib:
+        with B.prim_func(s_tir=True):
+            B.func_name(name)
+            with contextlib.ExitStack() as checked:
+                for cond, message in asserts:
+                    checked.enter_context(B.Assert(cond, message))
+                with B.thread_binding(operands.pairs() * ranks, thread="blockIdx.x") as bx:
+                    with B.thread_binding(_WARPS * _WARP, thread="threadIdx.x") as tx:
+                        with B.sblock("decode_attention"):
+                            B.reads()
+                            B.writes()
+                            _Body(operands, ranks, bx, tx).emit()
+    return ib.get().body
+
+
+class _Body:
+    """The statements of thread ``tx`` of CTA ``bx``, emitted into the open block."""
+
+    def __init__(self, operands: DecodeOperands, ranks: int, bx, tx):
+        self.operands, self.ranks = operands, ranks
+        g, vec = operands.group, operands.vector
+        self.slots = _WARP // operands.lanes  # token slots of a warp
+        self.stride = _WARPS * self.slots  # tokens a CTA takes per step
+        local = lambda shape, dtype="float32": B.sblock_alloc_buffer(shape, dtype, scope="local")  # noqa: E731
+        self.q_reg, self.o = local((g * vec,)), local((g * vec,))
+        self.m, self.d, self.s = local((g,)), local((g,)), local((g,))
+        # K and V pieces as loaded (16-byte words) and as read (the head dim's type), one register file
+        self.k_words, self.v_words = (local((UNROLL * _WORDS,), "uint32") for _ in range(2))
+        self.span = local((2,), "int32")  # the CTA's first token, past its last
+        self.merged = local((2,))  # a merge's running max and sum
+        self.peer = local((1,), "uint32")
+        self.warp_o = B.sblock_alloc_buffer((_WARPS, g, operands.head_dim), "float32", scope="shared")
+        self.warp_md = B.sblock_alloc_buffer((_WARPS, g, 2), "float32", scope="shared")
+        if ranks > 1:  # rank 0's: every CTA's state, pushed there through DSM
+            self.cta_o = B.sblock_alloc_buffer((ranks, g, operands.head_dim), "float32", scope="shared")
+            self.cta_md = B.sblock_alloc_buffer((ranks, g, 2), "float32", scope="shared")
+        self.tx = tx
+        self.pair = bx // ranks
+        self.rank = bx % ranks
+        self.lane = tx % _WARP
+        self.warp = tx // _WARP
+        self.slot = self.warp * self.slots + self.lane // operands.lanes
+        self.part = self.lane % operands.lanes
+
+    def emit(self) -> None:
+        if self.ranks == 1:
+            self._emit_cta()
+            return
+        with B.attr(tvm.ir.StringImm("cluster"), CLUSTER_LAUNCH_KEY, self.ranks):
+            # Peers push into rank 0's buffers while it may still be in its token loop, through
+            # addresses TVM does not see: touched here, the buffers are live from the start, so
+            # TVM's storage reuse cannot place them over the warps' (it did: warp_md and cta_md
+            # shared one allocation, and an early push overwrote rank 0's warp states).
+            for buffer in (self.cta_o, self.cta_md):
+                B.evaluate(buffer.access_ptr("rw"))
+            # Every CTA of the cluster has started before any writes into rank 0's shared
+            # memory: arrive now, wait just before the first push.
+            B.evaluate(T.ptx.barrier.cluster.arrive.relaxed.aligned())
+            self._emit_cta()
+
+    def _emit_cta(self) -> None:
+        ops, g, vec = self.operands, self.operands.group, self.operands.vector
+        ops.begin(self.pair)
+        length = ops.length()
+        share = (length + self.ranks - 1) // self.ranks
+        first, stop = self.span[0], self.span[1]
+        B.buffer_store(self.span, self.rank * share, [0])
+        B.buffer_store(self.span, T.min(length, self.rank * share + share), [1])
+        for h in range(g):
+            B.buffer_store(self.m, tirx.const(EMPTY_MAX, "float32"), [h])
+            B.buffer_store(self.d, tirx.const(0.0, "float32"), [h])
+            with B.unroll(0, vec) as e:
+                B.buffer_store(self.o, tirx.const(0.0, "float32"), [h * vec + e])
+                B.buffer_store(self.q_reg, T.Cast("float32", ops.query(h, self.part * vec + e)), [h * vec + e])
+        with B.If(first < stop):  # the same for every thread of the CTA
+            with B.Then():
+                step_tokens = self.stride * UNROLL
+                with B.serial(0, (stop - first + step_tokens - 1) // step_tokens) as step:
+                    self._emit_tokens([first + (step * UNROLL + u) * self.stride + self.slot
+                                       for u in range(UNROLL)])
+        self._merge_slots()
+        if self.ranks == 1:
+            self._merge_warps(self._write)
+            return
+        B.evaluate(T.ptx.barrier.cluster.wait.aligned())
+        self._merge_warps(self._push)
+        # every CTA's state is in rank 0's shared memory (release, then acquire; PTX's own
+        # instructions, which the compiler does not move loads across)
+        B.evaluate(T.ptx.barrier.cluster.arrive.aligned())
+        B.evaluate(T.ptx.barrier.cluster.wait.aligned())
+        with B.If(self.rank == 0):
+            with B.Then():
+                self._each_element(lambda h, column: self._combine(
+                    self.ranks, lambda r: self.cta_md[r, h, 0], lambda r: self.cta_md[r, h, 1],
+                    lambda r: self.cta_o[r, h, column], lambda o, md: self._write(h, column, o, md)))
+
+    def _emit_tokens(self, tokens: list) -> None:
+        """The slot's ``tokens`` (one step): what their loads need, then all their K and V
+        pieces (loads in flight together), then per token the scores and the online softmax
+        update. Past the share's end a slot reads its last token and weighs it 0 (the shuffles
+        need every lane)."""
+        ops, vec = self.operands, self.operands.vector
+        stop = self.span[1]
+        clamped = [T.min(token, stop - 1) for token in tokens]
+        for u, token in enumerate(clamped):
+            ops.before_loads(u, token)
+        for u, token in enumerate(clamped):
+            for kv, words in ((0, self.k_words), (1, self.v_words)):
+                B.evaluate(T.ptx.ld.global_.nc.v4.b32(
+                    *(words[u * _WORDS + w] for w in range(_WORDS)), ops.row_pointer(u, kv, token, self.part * vec)))
+        k_reg, v_reg = (B.decl_buffer((UNROLL * vec,), ops.dtype, data=words.data, scope="local")
+                        for words in (self.k_words, self.v_words))
+        for u, token in enumerate(tokens):
+            self._update(u, token < stop, k_reg, v_reg)
+
+    def _update(self, u: int, valid, k_reg, v_reg) -> None:
+        """The online softmax of every query head of the group, by the ``u``-th loaded token
+        (its K and V pieces in ``k_reg`` and ``v_reg``)."""
+        ops, g, vec = self.operands, self.operands.group, self.operands.vector
+        for h in range(g):
+            terms = [self.q_reg[h * vec + e] * T.Cast("float32", k_reg[u * vec + e]) for e in range(vec)]
+            B.buffer_store(self.s, _tree_sum(terms), [h])
+        mask = 1
+        while mask < ops.lanes:
+            for h in range(g):
+                B.buffer_store(self.s, self.s[h] + shuffle_xor(self.s[h], mask), [h])
+            mask *= 2
+        for h in range(g):
+            new_max = T.if_then_else(valid, T.max(self.m[h], self.s[h]), self.m[h])
+            B.buffer_store(self.merged, new_max, [0])
+            alpha = T.exp2(self.m[h] - self.merged[0])
+            p = T.if_then_else(valid, T.exp2(self.s[h] - self.merged[0]), tirx.const(0.0, "float32"))
+            B.buffer_store(self.merged, p, [1])
+            B.buffer_store(self.d, self.d[h] * alpha + self.merged[1], [h])
+            with B.unroll(0, vec) as e:
+                B.buffer_store(self.o, self.o[h * vec + e] * alpha
+                               + self.merged[1] * T.Cast("float32", v_reg[u * vec + e]), [h * vec + e])
+            B.buffer_store(self.m, self.merged[0], [h])
+
+    def _merge_slots(self) -> None:
+        """The warp's slots into its first slot's lanes, by xor shuffles across slots."""
+        ops, vec = self.operands, self.operands.vector
+        mask = ops.lanes
+        while mask < _WARP:
+            for h in range(ops.group):
+                other_m = shuffle_xor(self.m[h], mask)
+                B.buffer_store(self.merged, T.max(self.m[h], other_m), [0])
+                mine, theirs = T.exp2(self.m[h] - self.merged[0]), T.exp2(other_m - self.merged[0])
+                B.buffer_store(self.d, self.d[h] * mine + shuffle_xor(self.d[h], mask) * theirs, [h])
+                for e in range(vec):
+                    o = self.o[h * vec + e]
+                    B.buffer_store(self.o, o * mine + shuffle_xor(o, mask) * theirs, [h * vec + e])
+                B.buffer_store(self.m, self.merged[0], [h])
+            mask *= 2
+        with B.If(self.lane < ops.lanes):
+            with B.Then():
+                for h in range(ops.group):
+                    with B.unroll(0, vec) as e:
+                        B.buffer_store(self.warp_o, self.o[h * vec + e], [self.warp, h, self.part * vec + e])
+                    with B.If(self.part == 0):
+                        with B.Then():
+                            B.buffer_store(self.warp_md, self.m[h], [self.warp, h, 0])
+                            B.buffer_store(self.warp_md, self.d[h], [self.warp, h, 1])
+        B.evaluate(T.tvm_storage_sync("shared"))
+
+    def _merge_warps(self, use) -> None:
+        """The CTA's warps merged, element by element: ``use(h, column, o, (max, sum))``."""
+        self._each_element(lambda h, column: self._combine(
+            _WARPS, lambda w: self.warp_md[w, h, 0], lambda w: self.warp_md[w, h, 1],
+            lambda w: self.warp_o[w, h, column], lambda o, md: use(h, column, o, md)))
+
+    def _push(self, h, column, o, md) -> None:
+        """This CTA's state of (``h``, ``column``) stored into rank 0's shared memory (stores do
+        not wait for the peer, loads would)."""
+        state = self.rank * self.operands.group + h  # this CTA's state of h in rank 0's buffers
+        self._store_to_rank0(self.cta_o, state * self.operands.head_dim + column, o)
+        with B.If(column == 0):
+            with B.Then():
+                for k in range(2):
+                    self._store_to_rank0(self.cta_md, state * 2 + k, md[k])
+
+    def _store_to_rank0(self, buffer, offset, value) -> None:
+        """``value`` into element ``offset`` of rank 0's ``buffer`` (a DSM store)."""
+        B.evaluate(T.ptx.mapa.shared__cluster.u32(
+            self.peer[0], T.cuda.cvta_generic_to_shared(buffer.access_ptr("w", offset=offset)),
+            T.Cast("uint32", 0)))
+        B.evaluate(T.ptx.st.shared__cluster.f32(self.peer[0], value))
+
+    def _write(self, h, column, o, md) -> None:
+        """The output of the group's head ``h`` at ``column`` from its merged state, and its
+        log-sum-exp (0 and :data:`EMPTY_MAX` for no tokens)."""
+        total = md[1]
+        value = T.if_then_else(total > 0, o / total, tirx.const(0.0, "float32"))
+        lse = T.if_then_else(total > 0, md[0] + T.log2(total), tirx.const(EMPTY_MAX, "float32"))
+        self.operands.write(h, column, value, lse)
+
+    def _each_element(self, body) -> None:
+        """``body(h, column)`` for every (query head, column) of the group, spread over the
+        CTA's threads."""
+        ops = self.operands
+        elements = ops.group * ops.head_dim
+        threads = _WARPS * _WARP
+        with B.serial(0, (elements + threads - 1) // threads) as i:
+            index = i * threads + self.tx
+            with B.If(index < elements):
+                with B.Then():
+                    body(index // ops.head_dim, index % ops.head_dim)
+
+    def _combine(self, sources: int, max_of, sum_of, o_of, use) -> None:
+        """Online-softmax states ``0..sources-1`` merged: ``use(o, (max, sum))``."""
+        merged = self.merged
+        B.buffer_store(merged, tirx.const(EMPTY_MAX, "float32"), [0])
+        for r in range(sources):
+            B.buffer_store(merged, T.max(merged[0], max_of(r)), [0])
+        weights = [T.exp2(max_of(r) - merged[0]) for r in range(sources)]
+        B.buffer_store(merged, _tree_sum([sum_of(r) * w for r, w in enumerate(weights)]), [1])
+        use(_tree_sum([o_of(r) * w for r, w in enumerate(weights)]), (merged[0], merged[1]))
+
+
+def scaled_by_log2e(scale):
+    """A softmax scale as the kernel applies it to the query (base-2 exponentials)."""
+    return scale * _LOG2E
+
+
+def _tree_sum(values: list):
+    return tree_reduce(lambda a, b: a + b, values)

@@ -1,0 +1,158 @@
+"""Decode attention as users write it (one query a head over K and V held whole: ``[B, H, S,
+D]``, ``[B, S, H, D]``, ``[H, S, D]``, grouped- or multi-query) on the cluster decode kernel of
+:mod:`tvm_dsm.kernels.decode_attention`.
+
+The function is read by :func:`~tvm_dsm.kernels.attention_pattern.find_decode_attention`, which
+proves which query heads read the same K and V rows; a CTA holds such a group (up to 8 heads of
+fp16) and reads each row once for all of them, where a kernel per query head reads it once per
+head. The kernel loads through the function's own index expressions, so any layout whose head
+dim is innermost works unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import tvm
+from tvm import tirx
+from tvm.script import tirx as T
+from tvm.tirx.script.builder import ir as B
+
+from ..errors import ClusterError
+from ..hardware import Hardware
+from ..ir import substitute
+from .attention_pattern import DecodeShape, find_decode_attention
+from .decode_attention import (HELD_FLOATS, RESIDENT_CTAS, DecodeOperands, check_ranks, decode_body,
+                               scaled_by_log2e, shared_bytes, tokens_per_step)
+from .template import KernelTemplate
+
+_RANKS = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class DenseDecodeConfig:
+    """CTAs per (sequence, KV head group) pair, a cluster."""
+
+    ranks: int
+
+    def explain(self) -> str:
+        split = f"its keys split over a cluster of {self.ranks}, merged through DSM" if self.ranks > 1 else "one CTA"
+        return f"cluster decode attention: a CTA per group of query heads sharing K/V rows, {split}"
+
+
+class DenseOperands(DecodeOperands):
+    """A user's q, k, v and out read through their index expressions; a pair is one value of
+    every head variable, the group's variable stepping by the group."""
+
+    def __init__(self, shape: DecodeShape):
+        self.shape = shape
+        self.head_dim, self.dtype = shape.dim, shape.dtype
+        # a group larger than the registers hold is taken in parts (each reading the rows)
+        self.group = max(g for g in range(1, shape.group + 1) if shape.group % g == 0 and g * self.vector <= HELD_FLOATS)
+        extents = list(shape.head_extents)
+        extents[shape.group_var] //= self.group
+        self.pair_extents = extents
+
+    def pairs(self):
+        return math.prod(self.pair_extents)
+
+    def begin(self, pair) -> None:
+        values, rest = [], pair
+        for extent in reversed(self.pair_extents):
+            values.append(rest % extent)
+            rest = rest // extent
+        self.values = values[::-1]
+
+    def _heads(self, h: int) -> list:
+        """(head variable, value) of the group's ``h``-th head."""
+        values = list(self.values)
+        values[self.shape.group_var] = values[self.shape.group_var] * self.group + h
+        return [(var, T.Cast(var.ty.dtype, value)) for var, value in zip(self.shape.heads, values)]
+
+    def _indices(self, operand: int, h: int, column, token=None) -> list:
+        s = self.shape
+        at = self._heads(h) + [(s.column, T.Cast(s.column.ty.dtype, column))]
+        if token is not None:
+            at.append((s.key, T.Cast(s.key.ty.dtype, token)))
+        return [substitute(i, at) for i in s.indices[operand]]
+
+    def length(self):
+        return tirx.const(self.shape.kv_len, "int32")
+
+    def query(self, h: int, column):
+        q = self.shape.operands[0]
+        return T.Cast("float32", q[tuple(self._indices(0, h, column))]) * scaled_by_log2e(self.shape.scale)
+
+    def row_pointer(self, u: int, kv: int, token, column):
+        buffer = self.shape.operands[1 + kv]
+        (flat,) = buffer.offset_of(self._indices(1 + kv, 0, column, token))
+        return buffer.access_ptr("r", offset=flat)
+
+    def write(self, h: int, column, value, lse) -> None:
+        out = self.shape.operands[3]
+        B.buffer_store(out, T.Cast(self.dtype, value), self._indices(3, h, column))
+
+
+def find_dense_decode(func: tirx.PrimFunc) -> DenseOperands:
+    """``func``'s decode attention and where its operands live; ClusterError naming what does not
+    match or which limit the kernel has."""
+    operands = DenseOperands(find_decode_attention(func))
+    for ok, limit in operands.limits():
+        if not ok:
+            raise ClusterError(f"decode attention: needs {limit}")
+    for buffer in operands.shape.operands:
+        if buffer.strides or not isinstance(buffer.elem_offset, tirx.IntImm) or int(buffer.elem_offset) % operands.vector:
+            raise ClusterError(f"decode attention: {buffer.name} must be compact, 16-byte aligned (loads of 16 bytes)")
+    return operands
+
+
+def check_config(found: DenseOperands, config: DenseDecodeConfig) -> None:
+    check_ranks(found, config.ranks)
+    if config.ranks > 1 and found.shape.kv_len < config.ranks * tokens_per_step(found):
+        raise ClusterError(f"decode attention: {found.shape.kv_len} keys leave a cluster of {config.ranks} CTAs "
+                           f"less than one step of {tokens_per_step(found)} keys a CTA")
+
+
+def default_config(found: DenseOperands, hw: Hardware) -> DenseDecodeConfig:
+    """The largest cluster that keeps the grid within one wave of resident CTAs (the merge
+    through DSM pays only where the pairs alone leave SMs idle), as paged decode measured best
+    (:func:`tvm_dsm.kernels.paged_decode.batch_ranks`)."""
+    fits = [r for r in _RANKS if found.pairs() * r <= hw.sm_count * RESIDENT_CTAS and _fits(found, r)]
+    return DenseDecodeConfig(max(fits, default=1))
+
+
+def _fits(found: DenseOperands, ranks: int) -> bool:
+    try:
+        check_config(found, DenseDecodeConfig(ranks))
+    except ClusterError:
+        return False
+    return True
+
+
+class DenseDecodeTemplate(KernelTemplate):
+    """The cluster decode kernel over a user's function, in every cluster size that fits."""
+
+    def find(self, func: tirx.PrimFunc) -> DenseOperands:
+        return find_dense_decode(func)
+
+    def configs(self, found: DenseOperands) -> list[DenseDecodeConfig]:
+        configs = [DenseDecodeConfig(r) for r in _RANKS if _fits(found, r)]
+        if not configs:
+            raise ClusterError(f"decode attention: no cluster fits ({shared_bytes(found, 1)} B of shared memory a CTA)")
+        return configs
+
+    def default_config(self, found: DenseOperands, hw: Hardware) -> DenseDecodeConfig:
+        return default_config(found, hw)
+
+    def check(self, found: DenseOperands, config: DenseDecodeConfig) -> None:
+        check_config(found, config)
+
+    def kernel(self, found: DenseOperands, config: DenseDecodeConfig) -> tirx.PrimFunc:
+        func = found.shape.func
+        body = decode_body(found, config.ranks, "main")
+        attrs = {**dict(func.attrs or {}), "tirx.noalias": True}
+        return tirx.PrimFunc(func.params, body, attrs=tvm.ir.make_node("ir.DictAttrs", **attrs))
+
+
+TEMPLATE = DenseDecodeTemplate()

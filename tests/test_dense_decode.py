@@ -1,0 +1,151 @@
+"""Decode attention as users write it (one query a head; TE in several layouts, TOPI, Relax
+legalized) reaches tvm-dsm's cluster decode kernel (tvm_dsm.kernels.dense_decode), each K/V row
+read once for its group of query heads: what is read from each form, the groups it proves, the
+kernel it writes, refusals naming the limit, and (GPU) every form against float64."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+
+from conftest import TARGET, cuda_source, host_launch
+from tvm_dsm.driver import plan
+from tvm_dsm.errors import ClusterError
+from tvm_dsm.hardware import load_hardware
+from tvm_dsm.kernels.dense_decode import TEMPLATE, DenseDecodeConfig, find_dense_decode
+from tvm_dsm.workloads.attention_forms import relax_attention, te_attention, topi_attention
+
+#: name: (function, query heads, query heads reading one K/V row set in a CTA, pairs)
+FORMS = {
+    "gqa_bhsd": (lambda: te_attention(8, 32, 1, 4096, 128, kv_heads=8), 4, 64),
+    "gqa_bshd_scale_on_q": (lambda: te_attention(2, 32, 1, 1000, 64, kv_heads=4, layout="bshd", scale_on="q"), 8, 8),
+    "mha_hsd": (lambda: te_attention(1, 16, 1, 512, 128, layout="hsd"), 1, 16),
+    "gqa_bf16_probabilities": (lambda: te_attention(3, 28, 1, 333, 128, kv_heads=4, dtype="bfloat16",
+                                                    normalize="probabilities"), 7, 12),
+    "mqa_16_heads": (lambda: te_attention(2, 16, 1, 256, 64, kv_heads=1, scale_on="softmax"), 8, 4),
+    "topi": (lambda: topi_attention(4, 8, 1, 512, 64), 1, 32),
+    "relax": (lambda: relax_attention(2, 4, 1, 256, 64), 1, 8),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORMS))
+def test_every_form_is_read_with_its_groups(name):
+    make, group, pairs = FORMS[name]
+    found = find_dense_decode(make())
+    assert (found.group, found.pairs()) == (group, pairs)
+
+
+def test_a_group_larger_than_the_registers_is_taken_in_parts():
+    """16 query heads on one K/V head: two CTAs of 8 heads, each reading the rows."""
+    found = find_dense_decode(FORMS["mqa_16_heads"][0]())
+    assert (found.shape.group, found.group) == (16, 8)
+
+
+def _uneven_groups():
+    """k shared by 4 query heads, v by 2: only pairs of heads read the same rows of both."""
+    q = te.placeholder((1, 8, 1, 64), "float16", name="q")
+    k = te.placeholder((1, 2, 128, 64), "float16", name="k")
+    v = te.placeholder((1, 4, 128, 64), "float16", name="v")
+    d, t1, t2, t3 = (te.reduce_axis((0, n), name) for n, name in ((64, "d"), (128, "t1"), (128, "t2"), (128, "t3")))
+    s = te.compute((1, 8, 1, 128), lambda b, h, i, t: te.sum(
+        q[b, h, i, d].astype("float32") * k[b, h // 4, t, d].astype("float32") * 0.125, axis=d), name="s")
+    m = te.compute((1, 8, 1), lambda b, h, i: te.max(s[b, h, i, t1], axis=t1), name="m")
+    l = te.compute((1, 8, 1), lambda b, h, i: te.sum(te.exp(s[b, h, i, t2] - m[b, h, i]), axis=t2), name="l")
+    o = te.compute((1, 8, 1, 64), lambda b, h, i, e: te.sum(
+        te.exp(s[b, h, i, t3] - m[b, h, i]) * v[b, h // 2, t3, e].astype("float32"), axis=t3), name="o")
+    out = te.compute(o.shape, lambda b, h, i, e: (o[b, h, i, e] / l[b, h, i]).astype("float16"), name="out")
+    return te.create_prim_func([q, k, v, out])
+
+
+def test_groups_are_what_both_k_and_v_share():
+    assert find_dense_decode(_uneven_groups()).group == 2
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: te_attention(2, 8, 1, 256, 96, kv_heads=2), "head dim of 8 times a power of two"),
+    (lambda: te_attention(2, 8, 1, 256, 64, causal=True), "takes no mask"),
+    (lambda: te_attention(2, 8, 1, 256, 64, dtype="float32"), "float16 or bfloat16"),
+])
+def test_what_the_kernel_cannot_take_is_refused_by_name(make, message):
+    with pytest.raises(ClusterError, match=message):
+        find_dense_decode(make())
+
+
+def test_short_sequences_keep_clusters_whose_ctas_each_have_a_step():
+    found = find_dense_decode(te_attention(1, 8, 1, 64, 128, kv_heads=2))  # 32 keys a step of a CTA
+    assert TEMPLATE.configs(found) == [DenseDecodeConfig(1), DenseDecodeConfig(2)]
+    with pytest.raises(ClusterError, match="less than one step"):
+        TEMPLATE.check(found, DenseDecodeConfig(4))
+
+
+def test_the_planner_takes_grouped_decode_and_reads_each_row_once(assemble):
+    func = FORMS["gqa_bhsd"][0]()
+    ranking = plan(func, load_hardware())
+    assert ranking.family.name == "decode_attention"
+    assert ranking.plans[0].config == DenseDecodeConfig(8)  # 64 pairs x 8: one wave of 4 CTAs an SM
+    kv_bytes = 2 * 8 * 8 * 4096 * 128 * 2
+    assert kv_bytes < ranking.plans[0].bytes["hbm"] < 1.05 * kv_bytes
+    mod = TEMPLATE.fuse(func, DenseDecodeConfig(8))
+    (launch,) = host_launch(mod, "tvm_dsm")
+    assert "512, 128, 8" in launch and '"clusterCtaIdx.x"' in launch
+    source = cuda_source(mod, "tvm_dsm")
+    assert source.count("ld_vec_global_nc_v4_b32(") == 2 * 4 + 1  # K and V of 4 tokens a step, + its definition
+    assemble(source, "dense_decode")
+
+
+def _reference(layout: str, q, k, v):
+    """float64 softmax(q K^T / sqrt(D)) V of one query a head, inputs in ``layout``."""
+    def bhsd(x):
+        x = x.astype(np.float64)
+        return x[None] if layout == "hsd" else x.transpose(0, 2, 1, 3) if layout == "bshd" else x
+
+    q4, k4, v4 = bhsd(q), bhsd(k), bhsd(v)
+    k4, v4 = (np.repeat(x, q4.shape[1] // x.shape[1], axis=1) for x in (k4, v4))
+    s = np.einsum("bhid,bhtd->bhit", q4, k4) / np.sqrt(q.shape[-1])
+    p = np.exp(s - s.max(-1, keepdims=True))
+    o = (p @ v4) / p.sum(-1, keepdims=True)
+    return o[0] if layout == "hsd" else o.transpose(0, 2, 1, 3) if layout == "bshd" else o
+
+
+#: name: (layout of q, k, v and out for the reference, cluster sizes to run; None: the planner's)
+GPU_FORMS = {
+    "gqa_bhsd": ("bhsd", (None, 1, 2)),
+    "gqa_bshd_scale_on_q": ("bshd", (None, 4)),
+    "mha_hsd": ("hsd", (None,)),
+    "gqa_bf16_probabilities": ("bhsd", (None, 8)),
+    "mqa_16_heads": ("bhsd", (2, 8)),  # the planner gives multi-query heads to the tensor-core kernel
+    "topi": ("bshd", (None,)),
+    "relax": ("bshd", (None,)),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(GPU_FORMS))
+def test_gpu_every_form_matches_float64(name):
+    """Through ``tvm_dsm.build`` (the planner's pick) and in other cluster sizes: NaN-poisoned
+    output, fresh inputs, twice (the second run catches state left by the first)."""
+    import tvm_dsm
+
+    func = FORMS[name][0]()
+    layout, clusters = GPU_FORMS[name]
+    dtype = np.dtype(ml_dtypes.bfloat16) if "bf16" in name else np.dtype(np.float16)
+    shapes = [[int(x) for x in p.ty.shape] for p in func.params]
+    dev = tvm.cuda(0)
+    for ranks in clusters:
+        if ranks is None:
+            assert tvm_dsm.plan(func).family.name == "decode_attention"
+            module = tvm_dsm.build(func, TARGET)
+        else:
+            module = tvm.compile(TEMPLATE.fuse(func, DenseDecodeConfig(ranks)), target=TARGET, tir_pipeline="tvm_dsm")
+        for _ in range(2):
+            rng = np.random.default_rng()
+            inputs = [(rng.standard_normal(s) * 2).astype(dtype) for s in shapes[:3]]
+            out = tvm.runtime.tensor(np.full(shapes[3], np.nan, dtype), dev)
+            module(*(tvm.runtime.tensor(x, dev) for x in inputs), out)
+            ref = _reference(layout, *inputs).reshape(shapes[3])
+            got = out.numpy().astype(np.float64)
+            tolerance = 1e-2 if dtype != np.float16 else 2e-3
+            assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < tolerance, (name, ranks)
