@@ -28,6 +28,8 @@ FORMS = {
     "mqa_16_heads": (lambda: te_attention(2, 16, 1, 256, 64, kv_heads=1, scale_on="softmax"), 8, 4),
     "topi": (lambda: topi_attention(4, 8, 1, 512, 64), 1, 32),
     "relax": (lambda: relax_attention(2, 4, 1, 256, 64), 1, 8),
+    "gqa_dim_96": (lambda: te_attention(2, 32, 1, 777, 96, kv_heads=8), 4, 16),
+    "mha_dim_80_bshd": (lambda: te_attention(3, 8, 1, 300, 80, layout="bshd"), 1, 24),
 }
 
 
@@ -65,7 +67,7 @@ def test_groups_are_what_both_k_and_v_share():
 
 
 @pytest.mark.parametrize(("make", "message"), [
-    (lambda: te_attention(2, 8, 1, 256, 96, kv_heads=2), "head dim of 8 times a power of two"),
+    (lambda: te_attention(2, 8, 1, 256, 512, kv_heads=2), "a head dim that is a multiple of 8 up to 256"),
     (lambda: te_attention(2, 8, 1, 256, 64, causal=True), "takes no mask"),
     (lambda: te_attention(2, 8, 1, 256, 64, dtype="float32"), "float16 or bfloat16"),
 ])
@@ -79,6 +81,16 @@ def test_short_sequences_keep_clusters_whose_ctas_each_have_a_step():
     assert TEMPLATE.configs(found) == [DenseDecodeConfig(1), DenseDecodeConfig(2)]
     with pytest.raises(ClusterError, match="less than one step"):
         TEMPLATE.check(found, DenseDecodeConfig(4))
+
+
+def test_a_head_dim_off_a_power_of_two_pieces_idles_the_lanes_past_the_row(assemble):
+    """96 columns are 12 pieces on 16 lanes: the last 4 hold a zero query, load the row's last
+    piece again and store nothing."""
+    found = find_dense_decode(FORMS["gqa_dim_96"][0]())
+    assert (found.pieces, found.lanes) == (12, 16)
+    source = cuda_source(TEMPLATE.fuse(FORMS["gqa_dim_96"][0](), DenseDecodeConfig(2)), "tvm_dsm")
+    assert "min((((int)threadIdx.x) & 15), 11)" in source
+    assemble(source, "dense_decode_dim_96")
 
 
 def test_the_planner_takes_grouped_decode_and_reads_each_row_once(assemble):
@@ -119,6 +131,8 @@ GPU_FORMS = {
     "mqa_16_heads": ("bhsd", (2, 8)),  # the planner gives multi-query heads to the tensor-core kernel
     "topi": ("bshd", (None,)),
     "relax": ("bshd", (None,)),
+    "gqa_dim_96": ("bhsd", (None, 1)),
+    "mha_dim_80_bshd": ("bshd", (None,)),
 }
 
 

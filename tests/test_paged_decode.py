@@ -36,7 +36,7 @@ def test_it_takes_nn_llm_decode_and_reads_its_sizes():
 
 @pytest.mark.parametrize("make, limit", [
     (lambda: nn_llm_decode(32, 8, 64, sliding_window=True), "not nn.llm's paged decode"),
-    (lambda: nn_llm_decode(32, 8, 96), "head dim of 8 times a power of two"),
+    (lambda: nn_llm_decode(8, 8, 512), "a head dim that is a multiple of 8 up to 256"),
     (lambda: nn_llm_decode(64, 4, 64), "at most 8 query heads per KV head"),
     (lambda: nn_llm_decode(32, 8, 64, "float32"), "16-bit q, K and V"),
 ])
@@ -147,6 +147,7 @@ def _reference(q, kv, group, sm_scale):
 @pytest.mark.parametrize("qo_heads, kv_heads, head_dim, dtype, ranks", [
     (32, 8, 64, "float16", 8), (32, 8, 64, "float16", 1), (28, 4, 128, "bfloat16", 4),
     (8, 8, 128, "float16", 2), (16, 2, 256, "float16", 1), (32, 8, 64, "float16", None),
+    (32, 32, 96, "float16", 2),
 ])
 def test_it_matches_float64_and_nn_llm_on_the_gpu(qo_heads, kv_heads, head_dim, dtype, ranks):
     import ml_dtypes  # noqa: F401  (numpy's bfloat16)

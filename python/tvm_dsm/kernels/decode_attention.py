@@ -7,8 +7,9 @@ or other layout, :mod:`tvm_dsm.kernels.dense_decode`):
 
 - a cluster of ``ranks`` CTAs per pair, each CTA reading one contiguous share of the pair's
   tokens;
-- in a CTA, each warp is ``32 / (D / 8)`` token slots of ``D / 8`` lanes; a lane loads 8
-  elements (16 bytes, one vector load) of a token's K and V rows (four tokens' loads are issued
+- in a CTA, each warp is token slots of ``D / 8`` lanes (rounded up to a power of two; the
+  lanes past the row idle); a lane loads 8 elements (16 bytes, one vector load) of a token's K
+  and V rows (four tokens' loads are issued
   before the first is used), the slot's lanes reduce the scores of every query head of the group
   by shuffles, and each slot keeps an online softmax (running max, sum and output) per query
   head, with scores scaled by ``scale * log2(e)`` (base 2);
@@ -70,17 +71,22 @@ class DecodeOperands(ABC):
         return LOAD_BYTES * 8 // tvm.DataType(self.dtype).bits
 
     @property
-    def lanes(self) -> int:
-        """Lanes sharing one token's row."""
+    def pieces(self) -> int:
+        """16-byte pieces of one row."""
         return self.head_dim // self.vector
+
+    @property
+    def lanes(self) -> int:
+        """Lanes sharing one token's row: its pieces, rounded up to a power of two."""
+        return 1 << (self.pieces - 1).bit_length()
 
     def limits(self) -> list[tuple[bool, str]]:
         """(holds, the limit named) for what every decode kernel needs."""
         vec = self.vector
         return [
             (self.dtype in ("float16", "bfloat16"), f"16-bit q, K and V (not {self.dtype})"),
-            (self.head_dim % vec == 0 and _WARP % (self.head_dim // vec) == 0,
-             f"a head dim of 8 times a power of two up to {_WARP * vec} (not {self.head_dim})"),
+            (self.head_dim % vec == 0 and self.head_dim <= _WARP * vec,
+             f"a head dim that is a multiple of {vec} up to {_WARP * vec} (not {self.head_dim})"),
             (self.group * vec <= HELD_FLOATS, f"at most {HELD_FLOATS // vec} query heads per KV head (not {self.group})"),
         ]
 
@@ -193,6 +199,10 @@ class _Body:
         self.warp = tx // _WARP
         self.slot = self.warp * self.slots + self.lane // operands.lanes
         self.part = self.lane % operands.lanes
+        # past the row (a head dim of 12 pieces on 16 lanes): a query of zeros, loads of the
+        # row's last piece, nothing stored
+        self.in_row = self.part < operands.pieces
+        self.piece_column = T.min(self.part, operands.pieces - 1) * operands.vector
 
     def emit(self) -> None:
         if self.ranks == 1:
@@ -223,7 +233,10 @@ class _Body:
             B.buffer_store(self.d, tirx.const(0.0, "float32"), [h])
             with B.unroll(0, vec) as e:
                 B.buffer_store(self.o, tirx.const(0.0, "float32"), [h * vec + e])
-                B.buffer_store(self.q_reg, T.Cast("float32", ops.query(h, self.part * vec + e)), [h * vec + e])
+                query = ops.query(h, self.piece_column + e)
+                if ops.lanes != ops.pieces:
+                    query = T.if_then_else(self.in_row, query, tirx.const(0.0, "float32"))
+                B.buffer_store(self.q_reg, query, [h * vec + e])
         with B.If(first < stop):  # the same for every thread of the CTA
             with B.Then():
                 step_tokens = self.stride * UNROLL
@@ -259,7 +272,7 @@ class _Body:
         for u, token in enumerate(clamped):
             for kv, words in ((0, self.k_words), (1, self.v_words)):
                 B.evaluate(T.ptx.ld.global_.nc.v4.b32(
-                    *(words[u * _WORDS + w] for w in range(_WORDS)), ops.row_pointer(u, kv, token, self.part * vec)))
+                    *(words[u * _WORDS + w] for w in range(_WORDS)), ops.row_pointer(u, kv, token, self.piece_column)))
         k_reg, v_reg = (B.decl_buffer((UNROLL * vec,), ops.dtype, data=words.data, scope="local")
                         for words in (self.k_words, self.v_words))
         for u, token in enumerate(tokens):
@@ -304,7 +317,7 @@ class _Body:
                     B.buffer_store(self.o, o * mine + shuffle_xor(o, mask) * theirs, [h * vec + e])
                 B.buffer_store(self.m, self.merged[0], [h])
             mask *= 2
-        with B.If(self.lane < ops.lanes):
+        with B.If(tirx.And(self.lane < ops.lanes, self.in_row) if ops.lanes != ops.pieces else self.lane < ops.lanes):
             with B.Then():
                 for h in range(ops.group):
                     with B.unroll(0, vec) as e:

@@ -57,13 +57,15 @@ ATTENTION_FORMS = [
 
 #: Decode (one query a head): (batch, heads, kv heads, key length, head dim, layout, dtype): the
 #: issue's grouped [8, 32 / 8, 4096, 128]; Llama-3.2-1B's heads at batch 1; a batch of 32 at 2048;
-#: Qwen2-7B's 28 / 4 heads in bf16 at a length off the tiles; 32 heads without groups.
+#: Qwen2-7B's 28 / 4 heads in bf16 at a length off the tiles; 32 heads without groups; Phi-3-mini's
+#: head dim 96.
 DECODE_FORMS = [
     (8, 32, 8, 4096, 128, "bhsd", "float16"),
     (1, 32, 8, 2048, 64, "bshd", "float16"),
     (32, 32, 8, 2048, 128, "bhsd", "float16"),
     (8, 28, 4, 1000, 128, "bshd", "bfloat16"),
     (4, 32, 32, 4096, 128, "bhsd", "float16"),
+    (8, 32, 32, 2048, 96, "bhsd", "float16"),
 ]
 
 
