@@ -11,7 +11,10 @@ from tvm import relax
 
 from tvm_dsm.model_report import relax_report
 from tvm_dsm.relax_top_k import TopKAsRows
-from tvm_dsm.workloads.moe import MOE_64X8, MOE_TINY, export_moe, random_moe_weights, reference_moe
+from tvm_dsm.workloads.moe import MOE_64X8, MOE_TINY, export_moe, random_moe_weights, reference_moe, routing_margins
+
+#: Router logits closer than this (several times an fp16 logit's rounding near 1) are a tie.
+_TIED_LOGITS = 5e-3
 
 
 def test_the_dense_form_matches_a_gathered_moe_in_float64():
@@ -20,11 +23,21 @@ def test_the_dense_form_matches_a_gathered_moe_in_float64():
     executable = tvm.compile(mod, tvm.target.Target({"kind": "llvm"}), tir_pipeline="s_tir_stock")
     vm = relax.VirtualMachine(executable, tvm.cpu())
     weights = random_moe_weights(config, names)
-    x = np.random.default_rng().standard_normal((7, config.hidden_size)).astype(config.dtype)
+    x = _decided_tokens(config, weights, 7, np.random.default_rng())
     params = [tvm.runtime.tensor(weights[n].astype(config.dtype)) for n in names]
     out = vm["forward"](tvm.runtime.tensor(x), *params).numpy().astype(np.float64)
     ref = reference_moe(config, weights, x.astype(np.float32))
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 5e-3  # fp16 block: ~1.6e-3
+
+
+def _decided_tokens(config, weights, tokens: int, rng) -> np.ndarray:
+    """Fresh random tokens whose routing is decided: a token whose last chosen and first unchosen
+    experts' logits lie within 16-bit rounding may route either way (one in 16 of the 64-expert
+    router's tokens; the expert then differs entirely), so such rows are drawn again."""
+    x = rng.standard_normal((tokens, config.hidden_size)).astype(config.dtype)
+    while (tied := routing_margins(config, weights, x.astype(np.float32)) <= _TIED_LOGITS).any():
+        x[tied] = rng.standard_normal((int(tied.sum()), config.hidden_size)).astype(config.dtype)
+    return x
 
 
 def test_the_pipeline_takes_every_expert_gemm_and_the_router():
@@ -66,8 +79,9 @@ def test_gpu_the_block_through_tvm_dsms_pipeline_matches_a_gathered_moe(config):
     weights = random_moe_weights(config, names)
     params = [tvm.runtime.tensor(weights[n].astype(config.dtype), tvm.cuda(0)) for n in names]
     for tokens in (1, 13, 100):
-        x = np.random.default_rng().standard_normal((tokens, config.hidden_size)).astype(config.dtype)
+        x = _decided_tokens(config, weights, tokens, np.random.default_rng())
         out = vm["forward"](tvm.runtime.tensor(x, tvm.cuda(0)), *params).numpy().astype(np.float64)
         ref = reference_moe(config, weights, x.astype(np.float32))
         assert np.isfinite(out).all(), tokens
-        assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 5e-3, tokens
+        errors = np.linalg.norm(out - ref, axis=-1) / np.linalg.norm(ref, axis=-1)
+        assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 5e-3, (tokens, errors.round(4))

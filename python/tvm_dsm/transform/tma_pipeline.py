@@ -63,7 +63,7 @@ from tvm.script import tirx as T
 
 from ..errors import ClusterError
 from ..hardware import Hardware
-from ..ir import find_all, replace_node, substitute, with_block_body
+from ..ir import find_all, replace_node, substitute, tree_reduce, with_block_body
 from .programmatic_launch import L2_PREFETCH_KEY
 from ..annotations import EARLY_COPY_KEY, PROGRAMMATIC_LAUNCH_KEY
 from ..annotations import TMA_COPY_KEY, TMA_STAGES_KEY, WGMMA_HELPER_PREFIX
@@ -206,10 +206,16 @@ def encode_tensor_map(tensor_map: tirx.Var, source: tirx.Buffer, rows: int, cols
     dims = [shape[a] for a in axes]
     strides = [element_strides[a] * elem_bytes for a in axes[1:]]
     box = [cols if a == rank - 1 else rows if a == row_axis else 1 for a in axes]
-    return tirx.Evaluate(tirx.call_packed(
+    encode = tirx.Evaluate(tirx.call_packed(
         "runtime.cuTensorMapEncodeTiled", tensor_map, str(source.ty.dtype), rank,
         source.data, *dims, *strides, *box, *([1] * rank),
         0, _SWIZZLE_128B, _L2_PROMOTION_256B, 0))
+    symbolic = [d for d in dims if not isinstance(d, int)]
+    if not symbolic:
+        return encode
+    # CUDA refuses a map of an empty tensor; the kernel is not launched for one either
+    # (tvm_dsm.ir.branch_on)
+    return tirx.IfThenElse(tree_reduce(tirx.And, [d > 0 for d in symbolic]), encode, None)
 
 
 def swizzled_offset(offset, elem_bytes: int):

@@ -85,6 +85,14 @@ def random_moe_weights(config: MoEConfig, names: list[str], seed: int = 0) -> di
     return weights
 
 
+def routing_margins(config: MoEConfig, weights: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+    """Per token, the float64 router logit of its last chosen expert minus the best unchosen
+    one: below the rounding of 16-bit logits, a model computing them in fp16 may choose the
+    other expert, and both are right."""
+    logits = np.sort(x.astype(np.float64) @ weights["router.weight"].T, axis=-1)[:, ::-1]
+    return logits[:, config.top_k - 1] - logits[:, config.top_k] if config.top_k < config.experts else np.full(len(x), np.inf)
+
+
 def reference_moe(config: MoEConfig, weights: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
     """The block in float64 numpy, choosing each token's experts from gathered (not dense)
     expert outputs; ties in the router go to the lower expert, as ``topk`` breaks them."""
