@@ -152,13 +152,15 @@ def check_ranks(operands: DecodeOperands, ranks: int) -> None:
                            f"static shared memory per CTA, more than the {STATIC_SHARED_BYTES} B CUDA allows")
 
 
-def decode_body(operands: DecodeOperands, ranks: int, name: str, asserts=()) -> tirx.Stmt:
-    """The kernel of the module docstring over ``operands`` in clusters of ``ranks``, as the body
-    of a function named ``name`` (``asserts``: (condition, message) checked on the host first)."""
+def decode_kernel(operands: DecodeOperands, ranks: int, name: str, asserts=()) -> tirx.PrimFunc:
+    """The kernel of the module docstring over ``operands`` in clusters of ``ranks``, a function
+    named ``name`` whose body reads the operands' buffers (the caller gives it their parameters;
+    ``asserts``: (condition, message) checked on the host first)."""
     check_ranks(operands, ranks)
     with IRBuilder() as ib:
         with B.prim_func(s_tir=True):
             B.func_name(name)
+            B.func_attr({"tirx.noalias": True})
             with contextlib.ExitStack() as checked:
                 for cond, message in asserts:
                     checked.enter_context(B.Assert(cond, message))
@@ -168,7 +170,7 @@ def decode_body(operands: DecodeOperands, ranks: int, name: str, asserts=()) -> 
                             B.reads()
                             B.writes()
                             _Body(operands, ranks, bx, tx).emit()
-    return ib.get().body
+    return ib.get()
 
 
 class _Body:

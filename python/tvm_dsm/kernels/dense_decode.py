@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 from tvm.tirx.script.builder import ir as B
@@ -23,7 +22,7 @@ from ..errors import ClusterError
 from ..hardware import Hardware
 from ..ir import substitute
 from .attention_pattern import DecodeShape, find_decode_attention
-from .decode_attention import (HELD_FLOATS, RESIDENT_CTAS, DecodeOperands, check_ranks, decode_body,
+from .decode_attention import (HELD_FLOATS, RESIDENT_CTAS, DecodeOperands, check_ranks, decode_kernel,
                                scaled_by_log2e, shared_bytes, tokens_per_step)
 from .template import KernelTemplate
 
@@ -149,10 +148,8 @@ class DenseDecodeTemplate(KernelTemplate):
         check_config(found, config)
 
     def kernel(self, found: DenseOperands, config: DenseDecodeConfig) -> tirx.PrimFunc:
-        func = found.shape.func
-        body = decode_body(found, config.ranks, "main")
-        attrs = {**dict(func.attrs or {}), "tirx.noalias": True}
-        return tirx.PrimFunc(func.params, body, attrs=tvm.ir.make_node("ir.DictAttrs", **attrs))
+        kernel = decode_kernel(found, config.ranks, "main")
+        return tirx.PrimFunc(found.shape.func.params, kernel.body, attrs=kernel.attrs)
 
 
 TEMPLATE = DenseDecodeTemplate()

@@ -26,7 +26,7 @@ from tvm.tirx.script.builder import ir as B
 from ..errors import ClusterError
 from ..hardware import Hardware
 from ..ir import branch_on
-from .decode_attention import (RESIDENT_CTAS, UNROLL, DecodeOperands, check_ranks, decode_body, most_ranks,
+from .decode_attention import (RESIDENT_CTAS, UNROLL, DecodeOperands, check_ranks, decode_kernel, most_ranks,
                                scaled_by_log2e)
 
 #: The function ``nn.llm`` builds for decode attention over its paged KV cache, and its
@@ -114,14 +114,14 @@ def paged_decode_kernel(found: PagedDecode, ranks: int) -> tirx.PrimFunc:
     check_ranks(operands, ranks)
     params = list(found.func.params)
     pages_offset = params[PARAMS.index("pages")].ty.elem_offset
-    body = decode_body(operands, ranks, SYMBOL, asserts=[
+    body = decode_kernel(operands, ranks, SYMBOL, asserts=[
         (params[PARAMS.index("rotary_mode")] == 0,
          "tvm-dsm's paged decode attention takes K stored rotated (RoPE mode NORMAL or NONE), not RoPE "
          "applied in the kernel"),
         (tirx.floormod(pages_offset, operands.vector) == 0,
          "tvm-dsm's paged decode attention loads 16-byte pieces of the pages: their offset must be a "
          "multiple of 16 bytes"),
-    ])
+    ]).body
     attrs = {**dict(found.func.attrs), "tirx.noalias": True}
     return tirx.PrimFunc(params, body, attrs=tvm.ir.make_node("ir.DictAttrs", **attrs))
 

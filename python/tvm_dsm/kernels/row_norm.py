@@ -426,8 +426,12 @@ class _KernelBody:
             self.cta_parts = B.sblock_alloc_buffer((n_levels,), "float32", scope="shared")
             self.peer = B.sblock_alloc_buffer((1,), "uint32", scope="local")
             self.remote = B.sblock_alloc_buffer((1,), "float32", scope="local")
-        # tensors read at the element's column (a weight, a bias): held like the row, loaded
-        # with it, so no load waits behind the statistics' barriers
+        # Tensors read at the element's column (a weight, a bias): a piece at a time where it is
+        # used, or in a cluster held like the row and loaded with it, so that no load waits
+        # behind the cluster's exchange of statistics (RMSNorm of 8192 columns over 2-4 CTAs
+        # ran 1.25-1.35x faster so on an H200; without a cluster the extra registers cost up to
+        # 0.81x, bench/results/row_norm_columns).
+        self.hold_columns = c.ranks > 1
         self.columns = {}
         reads = [(block.body.value, block.iter_vars[-1].var) for block in found.stages]
         reads += [(level.value, level.reduce_var) for level in found.levels]
@@ -435,7 +439,8 @@ class _KernelBody:
             for load in loads(value):
                 if _column_load(load, last) and not any(load.source.same_as(b) for b in self.columns):
                     self.columns[load.source] = B.sblock_alloc_buffer(
-                        (self.q_count * self.vec,), str(load.source.ty.dtype), scope="local")
+                        ((self.q_count if self.hold_columns else 1) * self.vec,), str(load.source.ty.dtype),
+                        scope="local")
         self.outs = [B.sblock_alloc_buffer((self.vec,), str(b.body.buffer.ty.dtype), scope="local")
                      for b in found.stages]
         self.tx = tx
@@ -453,14 +458,13 @@ class _KernelBody:
 
     def _emit_row(self) -> None:
         found = self.found
-        for q in range(self.q_count):  # hold: every row and column tensor's pieces, one 16-byte load each
+        for q in range(self.q_count):  # hold: every row tensor's pieces, one 16-byte load each
             with self._guard(q):
                 for h, reg in zip(found.held, self.regs):
                     with B.vectorized(0, self.vec) as e:
                         B.buffer_store(reg, h[(*self.row, self._column(q) + e)], [q * self.vec + e])
-                for buf, reg in self.columns.items():
-                    with B.vectorized(0, self.vec) as e:
-                        B.buffer_store(reg, buf[self._column(q) + e], [q * self.vec + e])
+                if self.hold_columns:
+                    self._load_columns(q, None)
         for wave in found.waves():
             self._emit_wave(wave)
         for q in range(self.q_count):  # the stages from the held row, one 16-byte store per piece
@@ -486,6 +490,7 @@ class _KernelBody:
             B.buffer_store(acc, _identity(levels[n].op), [n])
         for q in range(self.q_count):
             with self._guard(q):
+                self._load_columns(q, [levels[n].value for n in wave])
                 for n in wave:
                     level, op = levels[n], _COMBINE[levels[n].op]
                     terms = [_widen(self._value(level.value, level.spatial, level.reduce_var, q, e))
@@ -524,7 +529,19 @@ class _KernelBody:
             total = _COMBINE[level.op](_widen(level.init), acc[n])
             B.buffer_store(self.stats, _widen(T.Cast(str(level.output.ty.dtype), total)), [n])
 
+    def _load_columns(self, q: int, values: list | None) -> None:
+        """Piece ``q`` of each column tensor that ``values`` read (every one where None; one
+        vector load each); nothing where the thread holds them from the start."""
+        if self.hold_columns and values is not None:
+            return
+        column, at = self._column(q), (q * self.vec if self.hold_columns else 0)
+        for buf, reg in self.columns.items():
+            if values is None or any(load.source.same_as(buf) for value in values for load in loads(value)):
+                with B.vectorized(0, self.vec) as e:
+                    B.buffer_store(reg, buf[column + e], [at + e])
+
     def _emit_stages(self, q: int) -> None:
+        self._load_columns(q, [block.body.value for block in self.found.stages])
         for block, out in zip(self.found.stages, self.outs):
             store = block.body
             *row_vars, last = [iv.var for iv in block.iter_vars]
@@ -579,7 +596,7 @@ class _KernelBody:
                 return statistic
             for buf, reg in self.columns.items():
                 if load.source.same_as(buf) and _column_load(load, last_var):
-                    return reg[q * self.vec + e]
+                    return reg[q * self.vec + e if self.hold_columns else e]
             return load
 
         value = tvm_ffi.structural_map(expr, [(tvm.ir.TensorLoad, bind), (tvm.ir.Call, fast_exp)])
