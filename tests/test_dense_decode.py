@@ -77,7 +77,9 @@ def test_what_the_kernel_cannot_take_is_refused_by_name(make, message):
 
 
 def test_short_sequences_keep_clusters_whose_ctas_each_have_a_step():
-    found = find_dense_decode(te_attention(1, 8, 1, 64, 128, kv_heads=2))  # 32 keys a step of a CTA
+    step = 4 * 2 * 2  # 4 warps of 2 token slots (16 lanes of 128 columns), 2 tokens each (4 heads a group)
+    found = find_dense_decode(te_attention(1, 8, 1, 2 * step, 128, kv_heads=2))
+    assert found.unroll == 2
     assert TEMPLATE.configs(found) == [DenseDecodeConfig(1), DenseDecodeConfig(2)]
     with pytest.raises(ClusterError, match="less than one step"):
         TEMPLATE.check(found, DenseDecodeConfig(4))
@@ -112,7 +114,9 @@ def test_the_planner_takes_grouped_decode_and_reads_each_row_once(assemble):
     (launch,) = host_launch(mod, "tvm_dsm")
     assert "512, 128, 8" in launch and '"clusterCtaIdx.x"' in launch
     source = cuda_source(mod, "tvm_dsm")
-    assert source.count("ld_vec_global_nc_v4_b32(") == 2 * 4 + 1  # K and V of 4 tokens a step, + its definition
+    # K and V of 2 tokens a step (4 heads a group): the first step's, then two steps' a loop
+    # pass; + the definition
+    assert source.count("ld_vec_global_nc_v4_b32(") == 3 * 2 * 2 + 1
     assemble(source, "dense_decode")
 
 

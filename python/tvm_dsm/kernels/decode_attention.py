@@ -9,10 +9,10 @@ or other layout, :mod:`tvm_dsm.kernels.dense_decode`):
   tokens;
 - in a CTA, each warp is token slots of ``D / 8`` lanes (rounded up to a power of two; the
   lanes past the row idle); a lane loads 8 elements (16 bytes, one vector load) of a token's K
-  and V rows (four tokens' loads are issued
-  before the first is used), the slot's lanes reduce the scores of every query head of the group
-  by shuffles, and each slot keeps an online softmax (running max, sum and output) per query
-  head, with scores scaled by ``scale * log2(e)`` (base 2);
+  and V rows, four tokens a step, the next step's loads issued before this step computes; the
+  slot's lanes reduce the scores of every query head of the group by shuffles, and each slot
+  keeps an online softmax (running max, sum and output) per query head, rescaled once a step,
+  with scores scaled by ``scale * log2(e)`` (base 2);
 - the slots of a warp merge by shuffles, the warps through shared memory; each CTA stores its
   state into rank 0's shared memory (DSM stores, which do not wait on the peer as loads would),
   and rank 0 merges them and writes the output (and, where the operands keep one, the base-2
@@ -40,9 +40,11 @@ _WARP = 32
 LOAD_BYTES = 16
 _WORDS = LOAD_BYTES // 4  # 32-bit words of one load
 _WARPS = 4
-#: Tokens a slot loads per step before it uses the first (HBM latency is what a short share
-#: of a sequence waits on).
-UNROLL = 4
+#: The most tokens a slot loads a step (two steps' loads in flight): four where a lane holds
+#: few query heads, two where holding twice four tokens' rows would leave too few registers for
+#: enough CTAs an SM (H200, bench/results/decode_forms: 32 heads without groups at 4096 keys 66
+#: us with four, 72 with two; 4 query heads a group at a batch of 32, 117 with four, 79 with two).
+MAX_UNROLL = 4
 #: A lane holds the group's query and output pieces in fp32 registers: up to this many floats
 #: each (8 query heads of 8 elements).
 HELD_FLOATS = 64
@@ -69,6 +71,11 @@ class DecodeOperands(ABC):
     def vector(self) -> int:
         """Elements of one 16-byte load."""
         return LOAD_BYTES * 8 // tvm.DataType(self.dtype).bits
+
+    @property
+    def unroll(self) -> int:
+        """Tokens a slot loads a step (see :data:`MAX_UNROLL`)."""
+        return MAX_UNROLL if self.group * self.vector <= 16 else 2
 
     @property
     def pieces(self) -> int:
@@ -139,7 +146,7 @@ def most_ranks(operands: DecodeOperands, pairs: int, hw) -> int:
 
 def tokens_per_step(operands: DecodeOperands) -> int:
     """Tokens a CTA takes in one step of its loop."""
-    return _WARPS * (_WARP // operands.lanes) * UNROLL
+    return _WARPS * (_WARP // operands.lanes) * operands.unroll
 
 
 def check_ranks(operands: DecodeOperands, ranks: int) -> None:
@@ -183,9 +190,12 @@ class _Body:
         self.stride = _WARPS * self.slots  # tokens a CTA takes per step
         local = lambda shape, dtype="float32": B.sblock_alloc_buffer(shape, dtype, scope="local")  # noqa: E731
         self.q_reg, self.o = local((g * vec,)), local((g * vec,))
-        self.m, self.d, self.s = local((g,)), local((g,)), local((g,))
-        # K and V pieces as loaded (16-byte words) and as read (the head dim's type), one register file
-        self.k_words, self.v_words = (local((UNROLL * _WORDS,), "uint32") for _ in range(2))
+        self.m, self.d = local((g,)), local((g,))
+        self.unroll = U = operands.unroll
+        self.s, self.p = local((g * U,)), local((U,))  # a step's scores, one head's weights
+        # K and V pieces as loaded (16-byte words) and as read (the head dim's type), one register
+        # file, for two steps: the next step's loads are in flight while this one computes
+        self.k_words, self.v_words = ([local((U * _WORDS,), "uint32") for _ in range(2)] for _ in range(2))
         self.span = local((2,), "int32")  # the CTA's first token, past its last
         self.merged = local((2,))  # a merge's running max and sum
         self.peer = local((1,), "uint32")
@@ -241,10 +251,20 @@ class _Body:
                 B.buffer_store(self.q_reg, query, [h * vec + e])
         with B.If(first < stop):  # the same for every thread of the CTA
             with B.Then():
-                step_tokens = self.stride * UNROLL
-                with B.serial(0, (stop - first + step_tokens - 1) // step_tokens) as step:
-                    self._emit_tokens([first + (step * UNROLL + u) * self.stride + self.slot
-                                       for u in range(UNROLL)])
+                U, step_tokens = self.unroll, self.stride * self.unroll
+
+                def tokens(step):
+                    return [first + (step * U + u) * self.stride + self.slot for u in range(U)]
+
+                # steps in pairs, one register file each: a step's loads are issued before the
+                # step before it computes (a step past the share loads its last token again and
+                # weighs it 0)
+                self._load(0, tokens(0))
+                with B.serial(0, (stop - first + 2 * step_tokens - 1) // (2 * step_tokens)) as pair:
+                    self._load(1, tokens(2 * pair + 1))
+                    self._update(0, tokens(2 * pair))
+                    self._load(0, tokens(2 * pair + 2))
+                    self._update(1, tokens(2 * pair + 1))
         self._merge_slots()
         if self.ranks == 1:
             self._merge_warps(self._write)
@@ -261,47 +281,49 @@ class _Body:
                     self.ranks, lambda r: self.cta_md[r, h, 0], lambda r: self.cta_md[r, h, 1],
                     lambda r: self.cta_o[r, h, column], lambda o, md: self._write(h, column, o, md)))
 
-    def _emit_tokens(self, tokens: list) -> None:
-        """The slot's ``tokens`` (one step): what their loads need, then all their K and V
-        pieces (loads in flight together), then per token the scores and the online softmax
-        update. Past the share's end a slot reads its last token and weighs it 0 (the shuffles
-        need every lane)."""
-        ops, vec = self.operands, self.operands.vector
-        stop = self.span[1]
-        clamped = [T.min(token, stop - 1) for token in tokens]
+    def _load(self, file: int, tokens: list) -> None:
+        """The K and V pieces of the slot's ``tokens`` (one step) into register file ``file``:
+        what the loads need, then all of them (in flight together). Past the share's end a slot
+        reads its last token (the shuffles need every lane; :meth:`_update` weighs it 0)."""
+        ops = self.operands
+        clamped = [T.min(token, self.span[1] - 1) for token in tokens]
         for u, token in enumerate(clamped):
             ops.before_loads(u, token)
         for u, token in enumerate(clamped):
-            for kv, words in ((0, self.k_words), (1, self.v_words)):
+            for kv, words in ((0, self.k_words[file]), (1, self.v_words[file])):
                 B.evaluate(T.ptx.ld.global_.nc.v4.b32(
                     *(words[u * _WORDS + w] for w in range(_WORDS)), ops.row_pointer(u, kv, token, self.piece_column)))
-        k_reg, v_reg = (B.decl_buffer((UNROLL * vec,), ops.dtype, data=words.data, scope="local")
-                        for words in (self.k_words, self.v_words))
-        for u, token in enumerate(tokens):
-            self._update(u, token < stop, k_reg, v_reg)
 
-    def _update(self, u: int, valid, k_reg, v_reg) -> None:
-        """The online softmax of every query head of the group, by the ``u``-th loaded token
-        (its K and V pieces in ``k_reg`` and ``v_reg``)."""
-        ops, g, vec = self.operands, self.operands.group, self.operands.vector
+    def _update(self, file: int, tokens: list) -> None:
+        """The online softmax of every query head of the group by one step's ``tokens`` (their K
+        and V pieces in register file ``file``): the step's scores, reduced over the slot's
+        lanes, then one rescale of the running state for all of them."""
+        ops, g, vec, U = self.operands, self.operands.group, self.operands.vector, self.unroll
+        k_reg, v_reg = (B.decl_buffer((U * vec,), ops.dtype, data=words[file].data, scope="local")
+                        for words in (self.k_words, self.v_words))
+        valid = [token < self.span[1] for token in tokens]
         for h in range(g):
-            terms = [self.q_reg[h * vec + e] * T.Cast("float32", k_reg[u * vec + e]) for e in range(vec)]
-            B.buffer_store(self.s, _tree_sum(terms), [h])
+            for u in range(U):
+                terms = [self.q_reg[h * vec + e] * T.Cast("float32", k_reg[u * vec + e]) for e in range(vec)]
+                B.buffer_store(self.s, _tree_sum(terms), [h * U + u])
         mask = 1
         while mask < ops.lanes:
-            for h in range(g):
-                B.buffer_store(self.s, self.s[h] + shuffle_xor(self.s[h], mask), [h])
+            for i in range(g * U):
+                B.buffer_store(self.s, self.s[i] + shuffle_xor(self.s[i], mask), [i])
             mask *= 2
+        zero = tirx.const(0.0, "float32")
         for h in range(g):
-            new_max = T.if_then_else(valid, T.max(self.m[h], self.s[h]), self.m[h])
-            B.buffer_store(self.merged, new_max, [0])
+            B.buffer_store(self.merged, self.m[h], [0])
+            for u in range(U):
+                B.buffer_store(self.merged, T.if_then_else(
+                    valid[u], T.max(self.merged[0], self.s[h * U + u]), self.merged[0]), [0])
             alpha = T.exp2(self.m[h] - self.merged[0])
-            p = T.if_then_else(valid, T.exp2(self.s[h] - self.merged[0]), tirx.const(0.0, "float32"))
-            B.buffer_store(self.merged, p, [1])
-            B.buffer_store(self.d, self.d[h] * alpha + self.merged[1], [h])
+            for u in range(U):
+                B.buffer_store(self.p, T.if_then_else(valid[u], T.exp2(self.s[h * U + u] - self.merged[0]), zero), [u])
+            B.buffer_store(self.d, self.d[h] * alpha + _tree_sum([self.p[u] for u in range(U)]), [h])
             with B.unroll(0, vec) as e:
-                B.buffer_store(self.o, self.o[h * vec + e] * alpha
-                               + self.merged[1] * T.Cast("float32", v_reg[u * vec + e]), [h * vec + e])
+                B.buffer_store(self.o, self.o[h * vec + e] * alpha + _tree_sum(
+                    [self.p[u] * T.Cast("float32", v_reg[u * vec + e]) for u in range(U)]), [h * vec + e])
             B.buffer_store(self.m, self.merged[0], [h])
 
     def _merge_slots(self) -> None:

@@ -26,7 +26,7 @@ from tvm.tirx.script.builder import ir as B
 from ..errors import ClusterError
 from ..hardware import Hardware
 from ..ir import branch_on
-from .decode_attention import (RESIDENT_CTAS, UNROLL, DecodeOperands, check_ranks, decode_kernel, most_ranks,
+from .decode_attention import (RESIDENT_CTAS, DecodeOperands, check_ranks, decode_kernel, most_ranks,
                                scaled_by_log2e)
 
 #: The function ``nn.llm`` builds for decode attention over its paged KV cache, and its
@@ -143,7 +143,7 @@ class _PagedOperands(DecodeOperands):
         self.seq, self.head = pair // self.found.kv_heads, pair % self.found.kv_heads
         # the page table's start, once; each step's pages
         self.first_page = B.sblock_alloc_buffer((1,), "int32", scope="local")
-        self.page = B.sblock_alloc_buffer((UNROLL,), "int32", scope="local")
+        self.page = B.sblock_alloc_buffer((self.unroll,), "int32", scope="local")
         B.buffer_store(self.first_page, self.indptr[self.seq], [0])
 
     def length(self):
