@@ -20,7 +20,7 @@ LAYERS = (
     {"rules", "kernels"},
     {"planners"},
     {"families"},
-    {"driver"},
+    {"driver", "learned_ranking"},
     {"meta_schedule", "relax_chains", "relax_matmuls", "relax_patterns", "relax_top_k", "relax_integration",
      "relax_pipeline", "model_report"},
     {"bench", "gpu", "cli", "__main__"},

@@ -27,6 +27,7 @@ from .families.row_ranges import RangeKernel, dispatch, range_kernels, row_varia
 from .hardware import Hardware, load_hardware
 from .intrin import register_all
 from .ir import narrow_indices
+from .learned_ranking import rerank
 from .planners.report import Plan
 from .transform.host_sorts import refuse_host_sorts
 from .transform.split_operators import merge_operators, split_operators
@@ -91,10 +92,12 @@ def plan(func: tirx.PrimFunc, hw: Hardware | None = None, target=None) -> Rankin
     """Rank every valid configuration of the family ``func`` belongs to (ClusterError if none
     applies, naming why each family does not, or if ``target`` is not a Hopper GPU). A function
     whose matmuls accumulate in 16 bits is planned as accumulating in fp32
-    (:mod:`tvm_dsm.transform.widen_accumulation`) where no family takes it as written."""
+    (:mod:`tvm_dsm.transform.widen_accumulation`) where no family takes it as written. The
+    analytical ranking's first plans are re-ordered by what was measured on similar shapes
+    (:func:`tvm_dsm.learned_ranking.rerank`)."""
     func, (family, shape) = _as_written_or_widened(func, lambda f: match_family(f, target))
     hw = hw or load_hardware()
-    return Ranking(family, shape, family.rank(shape, hw), func, hw)
+    return Ranking(family, shape, rerank(family.name, shape, family.rank(shape, hw), hw), func, hw)
 
 
 @dataclass(frozen=True)

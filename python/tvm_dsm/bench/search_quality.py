@@ -17,9 +17,15 @@ searches over those measured pools, each measuring batches of :data:`BATCH` cand
   session over many tasks, as ``tune_relax`` shares its cost model).
 
 Per workload and search: the best time found within ``T`` trials (16, 32, 64) as a share of the
-pool's best (1.0: found), the untuned pick's share (the planner's first), and the Spearman rank
-correlation with the measured times, on the candidates the learned search has not measured after
-32 and 64 trials, of the analytical and the learned predictions.
+pool's best (1.0: found), the untuned pick's share (the planner's first) and that of the pick
+re-ranked by the other workloads' measurements (what :func:`tvm_dsm.learned_ranking.rerank`
+does with the committed ones), and the Spearman rank correlation with the measured times, on
+the candidates the learned search has not measured after 32 and 64 trials, of the analytical
+and the learned predictions. Features are recomputed from each row's configuration by this
+commit's planner.
+
+``python -m tvm_dsm.bench.search_quality prior X [X2 ...]`` writes the measurements
+:func:`~tvm_dsm.learned_ranking.rerank` learns from (``tvm_dsm/data/measured_plans.json``).
 """
 
 from __future__ import annotations
@@ -35,8 +41,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import spearmanr
 
-from ..meta_schedule.learned_cost_model import plan_xgb_model
-from ..meta_schedule.plan_features import plan_features
+from ..learned_ranking import ANALYTICAL, MEASURED_PLANS, RERANKED, PlanResidual, plan_features
 from ..workloads.cascades import attention
 from ..workloads.chains import gemm_chain, swiglu_ffn
 from ..workloads.dense import dense, gated_dense
@@ -96,6 +101,26 @@ def measure(names: list[str], top: int, builder=None, runner=None, log=print) ->
     return rows
 
 
+def with_features(rows: list[dict]) -> list[dict]:
+    """The measured ``rows`` with the features of their configurations as planned by this
+    commit (a pool keeps its configurations and times; the feature vector follows the code)."""
+    from ..families import match_family
+    from ..hardware import load_hardware
+    from ..meta_schedule.candidate_config import rebuild
+
+    hw = load_hardware()
+    out = []
+    for name in dict.fromkeys(r["workload"] for r in rows):
+        family, shape = match_family(WORKLOADS[name]())
+        example = family.space(shape, hw)[0]
+        for r in rows:
+            if r["workload"] == name and r["ok"]:
+                config = rebuild(r["config"], example)
+                features = plan_features(family.name, config, family.predict(shape, config, hw), hw)
+                out.append({**r, "features": features.tolist(), "m": getattr(shape, "m", None)})
+    return out
+
+
 def _pools(rows: list[dict]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Each workload's measured candidates in the planner's order: (features, measured us)."""
     by_workload = defaultdict(list)
@@ -111,7 +136,7 @@ def learned_order(features: np.ndarray, times: np.ndarray, budget: int,
                   prior: tuple[np.ndarray, np.ndarray] | None = None) -> list[int]:
     """The candidates a learned search measures, in order, up to ``budget``: batches of BATCH,
     each the best by the model refitted on what was measured before (and on ``prior``)."""
-    model = plan_xgb_model()
+    model = PlanResidual()
     if prior is not None and len(prior[1]):
         model.add(*prior)
     order: list[int] = []
@@ -124,6 +149,17 @@ def learned_order(features: np.ndarray, times: np.ndarray, budget: int,
     return order
 
 
+def _reranked_pick(features: np.ndarray, prior: tuple[np.ndarray, np.ndarray] | None) -> int:
+    """The candidate an untuned build takes where the committed measurements are ``prior`` (the
+    other workloads'): the first :data:`~tvm_dsm.learned_ranking.RERANKED` re-ordered by the
+    correction learned from them (:func:`tvm_dsm.learned_ranking.rerank`)."""
+    if prior is None:
+        return 0
+    model = PlanResidual()
+    model.add(*prior)
+    return int(np.argmin(model.predict_us(features[:RERANKED])))
+
+
 def _spearman(predicted: np.ndarray, measured: np.ndarray) -> float | None:
     if len(measured) < 3 or np.ptp(measured) == 0:
         return None
@@ -132,8 +168,6 @@ def _spearman(predicted: np.ndarray, measured: np.ndarray) -> float | None:
 
 def simulate(rows: list[dict]) -> list[dict]:
     """One row per workload (see the module docstring)."""
-    from ..meta_schedule.learned_cost_model import ANALYTICAL
-
     pools = _pools(rows)
     out = []
     for name, (features, times) in pools.items():
@@ -144,12 +178,12 @@ def simulate(rows: list[dict]) -> list[dict]:
                   "learned": learned_order(features, times, max(BUDGETS)),
                   "learned_prior": learned_order(features, times, max(BUDGETS), prior)}
         row = {"name": name, "ok": True, "rel_err": None, "candidates": len(times), "best_us": best,
-               "untuned_share": best / float(times[0])}
+               "untuned_share": best / float(times[0]), "reranked_share": best / float(times[_reranked_pick(features, prior)])}
         for search, order in orders.items():
             for budget in BUDGETS:
                 row[f"{search}_share_{budget}"] = best / float(times[order[:budget]].min())
         for budget in (32, 64):
-            model = plan_xgb_model()
+            model = PlanResidual()
             measured = orders["learned"][:budget]
             model.add(features[measured], times[measured])
             left = [i for i in range(len(times)) if i not in measured]
@@ -165,7 +199,8 @@ def summary(rows: list[dict]) -> dict:
     def geomean(values):
         return float(np.exp(np.mean(np.log(values)))) if values else None
 
-    out = {"workloads": len(rows), "untuned_geomean_share": geomean([r["untuned_share"] for r in rows])}
+    out = {"workloads": len(rows), "untuned_geomean_share": geomean([r["untuned_share"] for r in rows]),
+           "reranked_geomean_share": geomean([r["reranked_share"] for r in rows])}
     shares = [k for k in rows[0] if "_share_" in k] if rows else []
     for key in shares:
         found = [r[key] for r in rows]
@@ -183,6 +218,9 @@ def main(argv: list[str] | None = None) -> None:
     s = sub.add_parser("simulate", help="replay searches over a measure run's pools")
     s.add_argument("measured", nargs="+", help="measure runs' results (e.g. one per --only group)")
     s.add_argument("--out", default=str(RESULTS / SUITE / "latest.json"))
+    p = sub.add_parser("prior", help="write the measurements plan() re-ranks with (tvm_dsm/data/measured_plans.json)")
+    p.add_argument("measured", nargs="+", help="measure runs' results")
+    p.add_argument("--out", default=str(MEASURED_PLANS))
     args = parser.parse_args(argv)
     import tvm
 
@@ -206,7 +244,17 @@ def main(argv: list[str] | None = None) -> None:
                         {"measured_with": [run["versions"] for run in runs], "simulated_with": git_sha()},
                         "no timing: " + " ".join(args.measured))
     results["command"] = "python -m tvm_dsm.bench.search_quality simulate " + " ".join(args.measured)
-    results["rows"] = simulate([row for run in runs for row in run["rows"]])
+    rows = with_features([row for run in runs for row in run["rows"]])
+    if args.command == "prior":
+        prior = {"source": results["command"].replace("simulate", "prior"), "measured_with": results["versions"]["measured_with"],
+                 "device": runs[0]["device"],
+                 "rows": [{"workload": r["workload"], "family": r["family"], "m": r["m"], "config": r["config"],
+                           "measured_us": r["ours_us"], "features": [round(x, 5) for x in r["features"]]}
+                          for r in rows]}
+        Path(args.out).write_text(json.dumps(prior) + "\n")
+        print(f"{len(prior['rows'])} measured plans of {len({r['workload'] for r in rows})} workloads -> {args.out}")
+        return
+    results["rows"] = simulate(rows)
     results["summary"] = summary(results["rows"])
     write(results, args.out)
     print(json.dumps(results["summary"], indent=1))

@@ -1,0 +1,166 @@
+"""Plans ranked with what was measured: a plan as a feature vector, a learned correction of the
+analytical model's time, and the planner's first candidates re-ranked by corrections learned
+from committed measurements.
+
+A plan's features (``FEATURE_NAMES``) are what the planner knows of it: the configuration's
+knobs (cluster size, tiles, warps, pipeline stages, TMA and warpgroup-MMA flags, ...) and the
+analytical model's plan (bytes and time per memory level, the predicted total, CTAs, CTAs per SM
+and waves). Every family gives a vector of the same length: knobs a family lacks and levels its
+plan does not name are 0, levels no slot names are summed into ``other``. The predicted total is
+kept exactly (its log2), the base the correction multiplies.
+
+:class:`PlanResidual` is XGBoost on those features fitted to the analytical model's error,
+``log2(measured / predicted time)``, rather than to the time: untrained it ranks by the
+analytical model, and measurements move that ranking only where they disagree with the model
+consistently. The boosting is small and strongly regularized (shallow trees, leaves that need
+several measurements and shrink toward no correction), for tens to hundreds of measurements.
+MetaSchedule's learned cost model (:mod:`tvm_dsm.meta_schedule.learned_cost_model`) fits one as
+tuning measures; :func:`rerank` uses one fitted on the measurements committed with tvm-dsm
+(``data/measured_plans.json``, written by ``python -m tvm_dsm.bench.search_quality prior``) to
+order the analytical model's first :data:`RERANKED` plans of the shapes those measurements
+cover, so that an untuned build takes what measured fastest on similar shapes.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from typing import Any
+
+import numpy as np
+
+from .families import FAMILIES
+from .hardware import DATA, Hardware
+from .planners.report import Plan
+
+FAMILY_NAMES = tuple(f.name for f in FAMILIES)
+#: Configuration knobs, by the names the families' configurations use (attributes or properties).
+KNOBS = ("cluster_size", "ranks", "block_m", "block_n", "block_k", "block_j", "warps", "warps_m", "warps_n",
+         "warpgroups", "row_blocks", "rows_per_cluster", "rows_per_cta", "rows_per_thread",
+         "columns_per_thread", "stages", "copy_stages", "parts", "lanes", "vector", "tma", "wgmma")
+#: Memory levels and compute terms of the planners' plans; any other level goes to "other".
+LEVELS = ("hbm", "l2", "dsm", "smem", "mma", "fp32", "pipeline", "latency", "launch", "other")
+FEATURE_NAMES = (
+    *(f"family={name}" for name in FAMILY_NAMES),
+    *(f"knob.{k}" for k in KNOBS),
+    *(f"{kind}.{level}" for level in LEVELS for kind in ("log2_bytes", "log2_us", "share")),
+    "log2_predicted_us", "log2_ctas", "ctas_per_sm", "waves", "log2_smem_bytes",
+)
+
+
+def _log2(value: float) -> float:
+    return math.log2(1.0 + max(0.0, float(value)))
+
+
+def _knob(config: Any, name: str) -> float:
+    value = getattr(config, name, 0)
+    if isinstance(value, bool):
+        return float(value)
+    return _log2(value) if isinstance(value, (int, float)) else 0.0
+
+
+def plan_features(family: str, config: Any, plan: Plan, hw: Hardware) -> np.ndarray:
+    """The feature vector (``FEATURE_NAMES``) of ``config`` of ``family`` planned as ``plan``."""
+    total_s = max(plan.predicted_us * 1e-6, 1e-12)
+    bytes_, seconds = dict.fromkeys(LEVELS, 0.0), dict.fromkeys(LEVELS, 0.0)
+    for level, amount in plan.bytes.items():
+        bytes_[level if level in bytes_ else "other"] += amount
+    for level, t in plan.seconds.items():
+        seconds[level if level in seconds else "other"] += t
+    per_level = [v for level in LEVELS for v in (_log2(bytes_[level]), _log2(seconds[level] * 1e6),
+                                                 seconds[level] / total_s)]
+    ctas, resident = getattr(plan, "ctas", 0), getattr(plan, "resident", 0)
+    cluster = getattr(config, "cluster_size", getattr(config, "ranks", 1)) or 1
+    waves = math.ceil(ctas / hw.concurrent_ctas(cluster, resident)) if ctas and resident else 0
+    vector = [
+        *(float(family == name) for name in FAMILY_NAMES),
+        *(_knob(config, k) for k in KNOBS),
+        *per_level,
+        math.log2(plan.predicted_us), _log2(ctas), float(resident), float(waves), _log2(getattr(plan, "smem", 0)),
+    ]
+    return np.asarray(vector, dtype="float32")
+
+
+#: The feature holding the analytical prediction, the base the correction multiplies.
+ANALYTICAL = FEATURE_NAMES.index("log2_predicted_us")
+#: Boosting for a few hundred measurements at most: depth-3 trees, leaves of at least 4
+#: measurements and an L2 penalty that pulls a leaf with few of them toward no correction.
+XGB_PARAMS = {"objective": "reg:squarederror", "base_score": 0.0, "eta": 0.1, "max_depth": 3,
+              "min_child_weight": 4.0, "lambda": 8.0, "nthread": 2, "seed": 0}
+ROUNDS = 60
+
+
+class PlanResidual:
+    """``predicted_us * 2**correction``, the correction an XGBoost regression of
+    ``log2(measured_us / predicted_us)`` on the features of every measurement added (none
+    before the first: the analytical time). It fits when next asked to predict, once for any
+    number of additions before."""
+
+    def __init__(self, rounds: int = ROUNDS, **params):
+        self.rounds = rounds
+        self.params = {**XGB_PARAMS, **params}
+        self.features = np.zeros((0, len(FEATURE_NAMES)), dtype="float32")
+        self.errors = np.zeros(0, dtype="float32")
+        self._booster = None
+        self._fitted = 0  # measurements the booster was fitted on
+
+    def add(self, features: np.ndarray, measured_us: np.ndarray) -> None:
+        """Measurements (``FEATURE_NAMES`` rows and their times) to fit on."""
+        errors = np.log2(measured_us) - features[:, ANALYTICAL]
+        self.features = np.concatenate([self.features, features.astype("float32")])
+        self.errors = np.concatenate([self.errors, errors.astype("float32")])
+
+    @property
+    def booster(self):
+        """The correction fitted on every measurement so far; None before the first."""
+        import xgboost as xgb
+
+        if len(self.errors) and self._fitted != len(self.errors):
+            self._booster = xgb.train(self.params, xgb.DMatrix(self.features, self.errors), self.rounds)
+            self._fitted = len(self.errors)
+        return self._booster
+
+    def predict_us(self, features: np.ndarray) -> np.ndarray:
+        """The corrected time of candidates given as ``FEATURE_NAMES`` rows."""
+        import xgboost as xgb
+
+        log2_us = features[:, ANALYTICAL].astype("float64")
+        booster = self.booster
+        if booster is not None:
+            log2_us += booster.predict(xgb.DMatrix(features))
+        return np.exp2(log2_us)
+
+
+#: The committed measurements :func:`rerank` learns from.
+MEASURED_PLANS = DATA / "measured_plans.json"
+#: Plans :func:`rerank` re-orders: the analytical model's first ones, where the fastest measured
+#: were found (bench/results/search_quality).
+RERANKED = 16
+
+
+@functools.cache
+def _measured(family: str) -> tuple[PlanResidual, int] | None:
+    """The correction learned from the committed measurements of ``family``'s plans, with the
+    largest row count they cover; None where there are none."""
+    rows = [r for r in json.loads(MEASURED_PLANS.read_text())["rows"] if r["family"] == family] \
+        if MEASURED_PLANS.exists() else []
+    if not rows:
+        return None
+    residual = PlanResidual()
+    residual.add(np.array([r["features"] for r in rows], dtype="float32"), np.array([r["measured_us"] for r in rows]))
+    return residual, max(r["m"] for r in rows)
+
+
+def rerank(family: str, shape: Any, plans: list[Plan], hw: Hardware) -> list[Plan]:
+    """``plans`` (the analytical ranking of ``shape``) with its first :data:`RERANKED` re-ordered
+    by the correction learned from the committed measurements of ``family``, where those cover
+    ``shape``'s row count (``shape.m`` up to the largest measured); unchanged elsewhere."""
+    measured = _measured(family)
+    m = getattr(shape, "m", None)
+    if measured is None or not isinstance(m, int) or m > measured[1] or len(plans) < 2:
+        return plans
+    head = plans[:RERANKED]
+    features = np.stack([plan_features(family, p.config, p, hw) for p in head])
+    order = np.argsort(measured[0].predict_us(features), kind="stable")
+    return [head[i] for i in order] + plans[RERANKED:]
