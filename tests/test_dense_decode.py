@@ -175,3 +175,39 @@ def test_gpu_every_form_matches_float64(name):
             got = out.numpy().astype(np.float64)
             tolerance = 1e-2 if dtype != np.float16 else 2e-3
             assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < tolerance, (name, ranks)
+
+
+def _variant(v_cols=64, k_cols=64, start=0, sum_init=0.0, out=None):
+    """[1, 8, 1, 64] decode attention over 128 keys, written by hand with one thing changed: v's
+    columns, k's row pitch, the keys' range starting at ``start``, the row sum's init, or the
+    output's (shape, index) ``out``."""
+    q = te.placeholder((1, 8, 1, 64), "float16", name="q")
+    k = te.placeholder((1, 8, 128 + start, k_cols), "float16", name="k")
+    v = te.placeholder((1, 8, 128 + start, v_cols), "float16", name="v")
+    d = te.reduce_axis((0, 64), "d")
+    t1, t2, t3 = (te.reduce_axis((start, start + 128), n) for n in ("t1", "t2", "t3"))
+    s = te.compute((1, 8, 1, 128 + start), lambda b, h, i, t: te.sum(
+        q[b, h, i, d].astype("float32") * k[b, h, t, d].astype("float32") * 0.125, axis=d), name="s")
+    m = te.compute((1, 8, 1), lambda b, h, i: te.max(s[b, h, i, t1], axis=t1), name="m")
+    adder = te.comm_reducer(lambda a, b: a + b, lambda dtype: tvm.tirx.const(sum_init, dtype), name="add")
+    l = te.compute((1, 8, 1), lambda b, h, i: adder(te.exp(s[b, h, i, t2] - m[b, h, i]), axis=t2), name="l")
+    o = te.compute((1, 8, 1, v_cols), lambda b, h, i, e: te.sum(
+        te.exp(s[b, h, i, t3] - m[b, h, i]) * v[b, h, t3, e].astype("float32"), axis=t3), name="o")
+    shape, index = out or ((1, 8, 1, v_cols), lambda b, h, i, e: (b, h, i, e))
+    result = te.compute(shape, lambda *a: (o[index(*a)] / l[index(*a)[:3]]).astype("float16"), name="out")
+    return te.create_prim_func([q, k, v, result])
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: _variant(v_cols=128), "v and the output have 128 columns"),
+    (lambda: _variant(k_cols=100), "rows must be the 64 columns"),
+    (lambda: _variant(start=16), "not decode attention|cascade"),
+    (lambda: _variant(sum_init=1.0), "must start at 0"),
+    (lambda: _variant(out=((1, 1, 64), lambda b, x, e: (b, 0, 0, e))), "each head's row once|cannot be inverted"),
+])
+def test_functions_computing_something_else_are_refused(make, message):
+    """Read-through cases a matcher that only checked the softmax's form let through: each
+    would have computed another function (or written past a buffer)."""
+    with pytest.raises(ClusterError, match=message):
+        find_dense_decode(make())
+    assert find_dense_decode(_variant()).group == 1  # the function they vary is taken

@@ -259,6 +259,10 @@ class _Match:
         q_idx, k_idx, v_idx, out_idx = indices
         if f.cond is not None:
             raise ClusterError("decode attention (one query a head) takes no mask")
+        if self.ranges[f.column_var] != f.dim:
+            raise ClusterError(f"decode attention: v and the output have {self.ranges[f.column_var]} columns, "
+                               f"q and k {f.dim}")
+        self._check_inits()
         for name, idx, keyed in (("q", q_idx, False), ("k", k_idx, True), ("v", v_idx, True), ("out", out_idx, False)):
             inner = idx[-1]
             if not (isinstance(inner, tirx.Var) and inner.same_as(d)) or _uses(idx[:-1], d):
@@ -266,9 +270,31 @@ class _Match:
                                    f"axis alone (16-byte loads of a row); got {[str(i) for i in idx]}")
             if _uses(idx, t) != keyed:
                 raise ClusterError(f"decode attention: {name} must {'' if keyed else 'not '}be indexed by the key")
+        for buf, idx in zip(f.operands, indices):
+            if int(buf.ty.shape[-1]) != f.dim:
+                raise ClusterError(f"decode attention: {buf.name}'s rows must be the {f.dim} columns of the head dim "
+                                   f"(16-byte loads of whole rows); they have {int(buf.ty.shape[-1])}")
+        ranges = {var: tvm.ir.Range(0, self.ranges[var]) for var in [*heads, d]}
+        out = f.operands[3]
+        if (math.prod(int(x) for x in out.ty.shape) != math.prod(self.ranges[v] for v in heads) * f.dim
+                or not detect_iter_map(list(out_idx), ranges, check_level="bijective").indices):
+            raise ClusterError(f"decode attention: the output must hold each head's row once; it is written at "
+                               f"{[str(i) for i in out_idx]}")
         group_var, group = self._kv_group(heads, (k_idx, v_idx))
         return DecodeShape(self.func, f.operands, tuple(heads), tuple(self.ranges[v] for v in heads), t, d,
                            tuple(indices), self.m.extent, f.dim, f.scale, f.dtype, group_var, group)
+
+    def _check_inits(self) -> None:
+        """The sums start at 0 and the max at its type's lowest value or -inf (the kernel's own
+        starts)."""
+        scores, _ = self._scores()
+        for level in (scores, self.l, self.o):
+            if _float_constant(_sympy(level.init, lambda load: sympy.nan)) != 0.0:
+                raise ClusterError(f"decode attention: {level.block} must start at 0; starts at {level.init}")
+        start = _float_constant(_sympy(self.m.init, lambda load: sympy.nan))
+        lowest = float(tvm.te.min_value(str(self.m.output.ty.dtype)).value)
+        if start is not None and start > lowest:
+            raise ClusterError(f"decode attention: the row max must start below any score; starts at {self.m.init}")
 
     def _kv_group(self, heads: list, kv_indices: tuple) -> tuple[int, int]:
         """The head variable whose consecutive values read the same K and V rows, and how many:
@@ -421,7 +447,10 @@ class _Match:
                                f"{self.o.output.name}{list(o_load.indices)}")
         to_rows = self._canonical(self.o)
         in_rows = [substitute(var, to_rows) for var in self.o.spatial]
-        inverse = inverse_affine_iter_map(found.indices, in_rows)
+        try:
+            inverse = inverse_affine_iter_map(found.indices, in_rows)
+        except tvm.error.InternalError as err:
+            raise ClusterError(f"the output block's indices cannot be inverted: {err}") from err
         return [self.analyzer.simplify(substitute(substitute(i, units), list(inverse.items())))
                 for i in store.indices]
 
