@@ -12,7 +12,7 @@ import pytest
 
 from tvm_dsm.families import match_family
 from tvm_dsm.hardware import load_hardware
-from tvm_dsm.learned_ranking import MEASURED_PLANS, RERANKED, PlanResidual, plan_features, rerank
+from tvm_dsm.learned_ranking import FEATURE_NAMES, MEASURED_PLANS, RERANKED, PlanResidual, plan_features, rerank
 from tvm_dsm.meta_schedule.candidate_config import rebuild
 from tvm_dsm.workloads.dense import dense
 
@@ -63,7 +63,9 @@ def test_the_committed_features_are_what_this_code_computes():
     by features no plan has: regenerate it with ``python -m tvm_dsm.bench.search_quality prior``."""
     from tvm_dsm.bench.search_quality import WORKLOADS
 
-    rows = json.loads(MEASURED_PLANS.read_text())["rows"]
+    data = json.loads(MEASURED_PLANS.read_text())
+    assert tuple(data["feature_names"]) == FEATURE_NAMES
+    rows = data["rows"]
     for row in random.Random(0).sample(rows, 8):
         family, shape = match_family(WORKLOADS[row["workload"]]())
         config = rebuild(row["config"], family.space(shape, HW)[0])

@@ -143,8 +143,10 @@ RERANKED = 16
 def _measured(family: str) -> tuple[PlanResidual, int] | None:
     """The correction learned from the committed measurements of ``family``'s plans, with the
     largest row count they cover; None where there are none."""
-    rows = [r for r in json.loads(MEASURED_PLANS.read_text())["rows"] if r["family"] == family] \
-        if MEASURED_PLANS.exists() else []
+    data = json.loads(MEASURED_PLANS.read_text()) if MEASURED_PLANS.exists() else {}
+    if tuple(data.get("feature_names", ())) != FEATURE_NAMES:
+        return None  # written by other code: its columns mean other things (regenerate it)
+    rows = [r for r in data["rows"] if r["family"] == family]
     if not rows:
         return None
     residual = PlanResidual()

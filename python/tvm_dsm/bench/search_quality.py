@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import spearmanr
 
-from ..learned_ranking import ANALYTICAL, MEASURED_PLANS, RERANKED, PlanResidual, plan_features
+from ..learned_ranking import ANALYTICAL, FEATURE_NAMES, MEASURED_PLANS, RERANKED, PlanResidual, plan_features
 from ..workloads.cascades import attention
 from ..workloads.chains import gemm_chain, swiglu_ffn
 from ..workloads.dense import dense, gated_dense
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = with_features([row for run in runs for row in run["rows"]])
     if args.command == "prior":
         prior = {"source": results["command"].replace("simulate", "prior"), "measured_with": results["versions"]["measured_with"],
-                 "device": runs[0]["device"],
+                 "device": runs[0]["device"], "feature_names": list(FEATURE_NAMES),
                  "rows": [{"workload": r["workload"], "family": r["family"], "m": r["m"], "config": r["config"],
                            "measured_us": r["ours_us"], "features": [round(x, 5) for x in r["features"]]}
                           for r in rows]}
