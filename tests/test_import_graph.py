@@ -10,13 +10,13 @@ ROOT = Path(__file__).parent.parent / "python" / "tvm_dsm"
 
 #: Lowest first. A module may import from its own layer and the ones before it.
 LAYERS = (
-    {"errors", "ir", "hardware", "script_parsing", "annotations", "device", "compile_options", "calibration"},
+    {"errors", "ir", "hardware", "script_parsing", "annotations", "device", "compile_options", "compile_cache", "calibration"},
     {"schedule"},
     {"fusion"},
     {"workloads"},
     {"transform"},
     {"pipeline"},
-    {"intrin", "tuning_database"},
+    {"intrin", "tuning_database", "local_measure"},
     {"rules", "kernels"},
     {"planners"},
     {"families"},

@@ -42,7 +42,7 @@ if not tvm.base._RUNTIME_ONLY:
 # One compile path for every CUDA module loaded from here on (TVM compiles CUDA source when a module
 # is loaded): nvcc where it exists, else NVRTC, with the same options (tvm_dsm.compile_options;
 # TVM_DSM_CUDA_COMPILE=tvm keeps TVM's own callback).
-from .compile_options import register_default as _register_compile  # noqa: E402
+from .compile_cache import register_default as _register_compile  # noqa: E402
 
 _register_compile()
 

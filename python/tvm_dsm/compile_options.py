@@ -19,7 +19,7 @@ decode and cascade kernels; NVRTC keeps shared-memory pointers 64-bit, which cos
 epilogue its vector stores), but on the H100 the times agree within noise
 (bench/results/compile_paths.json). This module compiles with one set of options
 (:data:`DEFAULT`) through nvcc where nvcc exists and through NVRTC with the same options otherwise
-(no ``Target.current()``, so it works in runtime-only TVM), and :func:`register` installs it as
+(no ``Target.current()``, so it works in runtime-only TVM), and :func:`tvm_dsm.compile_cache.register` installs it as
 ``tvm_callback_cuda_compile``; importing tvm_dsm does that. ``TVM_DSM_CUDA_COMPILER`` = ``nvcc`` | ``nvrtc`` forces a backend,
 ``TVM_DSM_CUDA_ARCH`` (e.g. ``sm_90a``) the architecture, ``TVM_DSM_CUDA_COMPILE=tvm`` leaves TVM's
 own callback in place.
@@ -216,26 +216,3 @@ def compile_cuda(code: str, arch: str | None = None, options: CudaCompileOptions
     if compiler == "nvrtc":
         return compile_with_nvrtc(code, arch, options)
     raise ValueError(f"compiler must be nvcc or nvrtc, not {compiler!r}")
-
-
-def register(options: CudaCompileOptions = DEFAULT, compiler: str | None = None):
-    """Make ``tvm_callback_cuda_compile`` compile with ``options`` (every CUDA module loaded
-    afterwards, tvm-dsm's or not). Returns the registered function."""
-    import tvm_ffi
-
-    try:  # TVM registers its own callback when this module is imported: let it, then replace it.
-        import tvm.support.nvcc  # noqa: F401
-    except ImportError:
-        pass
-
-    @tvm_ffi.register_global_func("tvm_callback_cuda_compile", override=True)
-    def tvm_callback_cuda_compile(code, *_):
-        return bytearray(compile_cuda(code, options=options, compiler=compiler))
-
-    return tvm_callback_cuda_compile
-
-
-def register_default() -> None:
-    """What importing tvm-dsm does: :func:`register` unless ``TVM_DSM_CUDA_COMPILE=tvm``."""
-    if os.environ.get("TVM_DSM_CUDA_COMPILE", "").lower() != "tvm":
-        register()

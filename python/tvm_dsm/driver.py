@@ -28,6 +28,7 @@ from .hardware import Hardware, load_hardware
 from .intrin import register_all
 from .ir import narrow_indices
 from .learned_ranking import rerank
+from .local_measure import local_builder, local_runner
 from .planners.report import Plan
 from .transform.host_sorts import refuse_host_sorts
 from .transform.split_operators import merge_operators, split_operators
@@ -130,8 +131,8 @@ def tune(func: tirx.PrimFunc, work_dir: str, *, target=H100, top_k: int = 8,
     schedules = [ranking.schedule(rank) for rank, _ in candidates]
     # A fresh worker imports TVM and its tensor intrinsics before building (MetaSchedule's 30 s
     # default is too short for that on a cold machine).
-    builder = builder or ms.builder.LocalBuilder(timeout_sec=BUILD_TIMEOUT_S, initializer=load_tvm_dsm)
-    runner = runner or ms.runner.LocalRunner()
+    builder = builder or local_builder(BUILD_TIMEOUT_S, load_tvm_dsm)
+    runner = runner or local_runner(load_tvm_dsm)
     built = builder.build([ms.builder.BuilderInput(s.mod, target) for s in schedules])
     args_info = ms.arg_info.ArgInfo.from_prim_func(func)
     database = open_database(work_dir)

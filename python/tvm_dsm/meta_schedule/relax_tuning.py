@@ -12,9 +12,11 @@ import tvm
 from tvm.s_tir import meta_schedule as ms
 
 from ..device import gpu_or_reason
+from ..driver import BUILD_TIMEOUT_S, load_tvm_dsm
 from ..errors import ClusterError
 from ..families import match_family
 from ..hardware import Hardware, load_hardware
+from ..local_measure import local_builder, local_runner
 from ..tuning_database import open_database
 from .learned_cost_model import LearnedPlanModel
 from .planned_space import PlannedSpace
@@ -57,21 +59,24 @@ def tuning_contexts(mod: tvm.IRModule, work_dir: str, target=H100_TAG, params=No
 
 
 def tune_relax(mod: tvm.IRModule, work_dir: str, max_trials_global: int, *, target=H100_TAG,
-               params=None, top: int = 8, hw: Hardware | None = None, builder="local", runner="local",
+               params=None, top: int = 8, hw: Hardware | None = None, builder: ms.Builder | None = None,
+               runner: ms.Runner | None = None,
                cost_model: ms.CostModel | None = None, num_trials_per_iter: int = 64,
                seed: int | None = None) -> ms.Database:
     """Tune every task of ``mod`` (see :func:`tuning_contexts`) with the learned cost model
     (:class:`~tvm_dsm.meta_schedule.LearnedPlanModel`) unless another is given, into the JSON
     database in ``work_dir`` (:func:`~tvm_dsm.tuning_database.open_database`: a run killed
-    mid-write resumes from it); returns the database."""
-    if runner == "local" and (reason := gpu_or_reason()):
+    mid-write resumes from it); returns the database. ``builder`` and ``runner`` default to
+    MetaSchedule's local ones as :mod:`tvm_dsm.local_measure` sets them up."""
+    if runner is None and (reason := gpu_or_reason()):
         raise RuntimeError(f"tune_relax measures on this machine's GPU: {reason} (pass runner=, e.g. "
                            "MetaSchedule's RPCRunner, to measure elsewhere)")
     hw = hw or load_hardware()
     contexts, weights = tuning_contexts(mod, work_dir, target, params, top, hw, seed=seed)
     database = ms.tune.tune_tasks(tasks=contexts, task_weights=weights, work_dir=work_dir,
                               max_trials_global=max_trials_global, num_trials_per_iter=num_trials_per_iter,
-                              builder=builder, runner=runner, database=open_database(work_dir),
+                              builder=builder or local_builder(BUILD_TIMEOUT_S, load_tvm_dsm),
+                              runner=runner or local_runner(load_tvm_dsm), database=open_database(work_dir),
                               cost_model=cost_model or LearnedPlanModel(hw))
     logger.info("tuned %d tasks into %s:\n%s", len(contexts), work_dir, task_table(contexts, database))
     return database

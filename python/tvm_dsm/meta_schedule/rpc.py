@@ -13,15 +13,7 @@ import socket
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, RPCConfig
 
-#: How a server times one candidate. A repeat runs the kernel back to back for at least
-#: ``min_repeat_ms`` (``number`` runs at the least), after one discarded warm-up run; tvm-dsm's
-#: kernels take from about 5 us (a small split-K GEMM) to a few ms, so a repeat averages
-#: thousands of launches of the short ones and still ten of the long ones. ``tvm_dsm.tune``
-#: reports the median of the ``repeat`` values: five keep one disturbed repeat (a clock change,
-#: another process on the GPU) from moving it. About 0.3 s of GPU time per candidate. No CPU
-#: cache flush: the operands live on the GPU, where back-to-back runs keep those that fit in L2
-#: (the benchmark suites rotate theirs past it, so small shapes time lower here than there).
-GPU_EVALUATOR = EvaluatorConfig(number=10, repeat=5, min_repeat_ms=50, enable_cpu_cache_flush=False)
+from ..local_measure import GPU_EVALUATOR
 
 #: Seconds a server may hold one candidate's session: upload, linking the builder's tar into a
 #: shared library (g++ on the server), compiling its CUDA source when it loads (nvcc or NVRTC on
