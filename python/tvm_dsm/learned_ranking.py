@@ -137,17 +137,22 @@ MEASURED_PLANS = DATA / "measured_plans.json"
 #: Plans :func:`rerank` re-orders: the analytical model's first ones, where the fastest measured
 #: were found (bench/results/search_quality).
 RERANKED = 16
+#: Workloads of a family the committed measurements must hold before they re-rank its plans: a
+#: correction learned from one or two shapes carries their quirks (held out on the H200 pools,
+#: one attention workload re-ranked by the other measured 0.68x of the analytical pick).
+MIN_WORKLOADS = 3
 
 
 @functools.cache
 def _measured(family: str) -> tuple[PlanResidual, int] | None:
     """The correction learned from the committed measurements of ``family``'s plans, with the
-    largest row count they cover; None where there are none."""
+    largest row count they cover; None where they hold fewer than :data:`MIN_WORKLOADS`
+    workloads."""
     data = json.loads(MEASURED_PLANS.read_text()) if MEASURED_PLANS.exists() else {}
     if tuple(data.get("feature_names", ())) != FEATURE_NAMES:
         return None  # written by other code: its columns mean other things (regenerate it)
     rows = [r for r in data["rows"] if r["family"] == family]
-    if not rows:
+    if len({r["workload"] for r in rows}) < MIN_WORKLOADS:
         return None
     residual = PlanResidual()
     residual.add(np.array([r["features"] for r in rows], dtype="float32"), np.array([r["measured_us"] for r in rows]))
@@ -157,7 +162,8 @@ def _measured(family: str) -> tuple[PlanResidual, int] | None:
 def rerank(family: str, shape: Any, plans: list[Plan], hw: Hardware) -> list[Plan]:
     """``plans`` (the analytical ranking of ``shape``) with its first :data:`RERANKED` re-ordered
     by the correction learned from the committed measurements of ``family``, where those cover
-    ``shape``'s row count (``shape.m`` up to the largest measured); unchanged elsewhere."""
+    ``shape``'s row count (``shape.m`` up to the largest measured) and hold enough workloads;
+    unchanged elsewhere."""
     measured = _measured(family)
     m = getattr(shape, "m", None)
     if measured is None or not isinstance(m, int) or m > measured[1] or len(plans) < 2:

@@ -18,7 +18,7 @@ searches over those measured pools, each measuring batches of :data:`BATCH` cand
 
 Per workload and search: the best time found within ``T`` trials (16, 32, 64) as a share of the
 pool's best (1.0: found), the untuned pick's share (the planner's first) and that of the pick
-re-ranked by the other workloads' measurements (what :func:`tvm_dsm.learned_ranking.rerank`
+re-ranked by the measurements of the other workloads of its family (what :func:`tvm_dsm.learned_ranking.rerank`
 does with the committed ones), and the Spearman rank correlation with the measured times, on
 the candidates the learned search has not measured after 32 and 64 trials, of the analytical
 and the learned predictions. Features are recomputed from each row's configuration by this
@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import spearmanr
 
-from ..learned_ranking import ANALYTICAL, FEATURE_NAMES, MEASURED_PLANS, RERANKED, PlanResidual, plan_features
+from ..learned_ranking import ANALYTICAL, FEATURE_NAMES, MEASURED_PLANS, MIN_WORKLOADS, RERANKED, PlanResidual, plan_features
 from ..workloads.cascades import attention
 from ..workloads.chains import gemm_chain, swiglu_ffn
 from ..workloads.dense import dense, gated_dense
@@ -93,7 +93,7 @@ def measure(names: list[str], top: int, builder=None, runner=None, log=print) ->
                 "ok": m.measured_us is not None, "rel_err": None, "ours_us": m.measured_us,
                 "predicted_us": m.plan.predicted_us, "config": dataclasses.asdict(m.plan.config),
                 "features": plan_features(family, m.plan.config, m.plan, hw).tolist(),
-                **({"error": m.error[:300]} if m.error else {}),
+                **({"error": m.error[-300:]} if m.error else {}),  # the exception is at the end
             })
         ok = [m for m in measured if m.measured_us is not None]
         log(f"{name}: {len(ok)} of {len(measured)} measured, best {min((m.measured_us for m in ok), default=0):.1f} us "
@@ -106,16 +106,16 @@ def with_features(rows: list[dict]) -> list[dict]:
     commit (a pool keeps its configurations and times; the feature vector follows the code)."""
     from ..families import match_family
     from ..hardware import load_hardware
-    from ..meta_schedule.candidate_config import rebuild
+    from ..meta_schedule.candidate_config import config_from, examples
 
     hw = load_hardware()
     out = []
     for name in dict.fromkeys(r["workload"] for r in rows):
         family, shape = match_family(WORKLOADS[name]())
-        example = family.space(shape, hw)[0]
+        typed = examples(family.space(shape, hw))
         for r in rows:
             if r["workload"] == name and r["ok"]:
-                config = rebuild(r["config"], example)
+                config = config_from(r["config"], typed)
                 features = plan_features(family.name, config, family.predict(shape, config, hw), hw)
                 out.append({**r, "features": features.tolist(), "m": getattr(shape, "m", None)})
     return out
@@ -149,14 +149,17 @@ def learned_order(features: np.ndarray, times: np.ndarray, budget: int,
     return order
 
 
-def _reranked_pick(features: np.ndarray, prior: tuple[np.ndarray, np.ndarray] | None) -> int:
-    """The candidate an untuned build takes where the committed measurements are ``prior`` (the
-    other workloads'): the first :data:`~tvm_dsm.learned_ranking.RERANKED` re-ordered by the
-    correction learned from them (:func:`tvm_dsm.learned_ranking.rerank`)."""
-    if prior is None:
+def _reranked_pick(features: np.ndarray, family_pools: list[tuple[np.ndarray, np.ndarray]]) -> int:
+    """The candidate an untuned build takes where the committed measurements are
+    ``family_pools`` (the other workloads of its family): the first
+    :data:`~tvm_dsm.learned_ranking.RERANKED` re-ordered by the correction learned from them
+    where they are :data:`~tvm_dsm.learned_ranking.MIN_WORKLOADS` or more
+    (:func:`tvm_dsm.learned_ranking.rerank`)."""
+    if len(family_pools) < MIN_WORKLOADS:
         return 0
     model = PlanResidual()
-    model.add(*prior)
+    for pool in family_pools:
+        model.add(*pool)
     return int(np.argmin(model.predict_us(features[:RERANKED])))
 
 
@@ -169,16 +172,18 @@ def _spearman(predicted: np.ndarray, measured: np.ndarray) -> float | None:
 def simulate(rows: list[dict]) -> list[dict]:
     """One row per workload (see the module docstring)."""
     pools = _pools(rows)
+    families = {r["workload"]: r.get("family") for r in rows}
     out = []
     for name, (features, times) in pools.items():
         best = float(times.min())
         others = [pools[w] for w in pools if w != name]
+        same_family = [pools[w] for w in pools if w != name and families[w] == families[name]]
         prior = (np.concatenate([f for f, _ in others]), np.concatenate([t for _, t in others])) if others else None
         orders = {"analytical": list(range(len(times))),
                   "learned": learned_order(features, times, max(BUDGETS)),
                   "learned_prior": learned_order(features, times, max(BUDGETS), prior)}
         row = {"name": name, "ok": True, "rel_err": None, "candidates": len(times), "best_us": best,
-               "untuned_share": best / float(times[0]), "reranked_share": best / float(times[_reranked_pick(features, prior)])}
+               "untuned_share": best / float(times[0]), "reranked_share": best / float(times[_reranked_pick(features, same_family)])}
         for search, order in orders.items():
             for budget in BUDGETS:
                 row[f"{search}_share_{budget}"] = best / float(times[order[:budget]].min())

@@ -3,8 +3,9 @@
 A :class:`~tvm_dsm.meta_schedule.PlannedSpace` schedule carries its configuration's fields as
 JSON in a root-block annotation (``CONFIG_KEY``); the family and the shape are not stored but
 found again from the tuning task's function (``TuneContext.mod``), since a shape can be a
-function itself. Reading the annotation back needs an example configuration of the family (any
-point of its space) to give the fields their type, nested configurations included.
+function itself. Reading the annotation back needs example configurations of the family (one of
+each configuration type its space holds: a chain's space has fused and unfused plans) to give
+the fields their type, nested configurations included.
 """
 
 from __future__ import annotations
@@ -31,6 +32,20 @@ def recorded_fields(mod: tvm.IRModule) -> dict | None:
     if root is None or CONFIG_KEY not in root.annotations:
         return None
     return json.loads(str(root.annotations[CONFIG_KEY]))
+
+
+def examples(space: list) -> list:
+    """One configuration of each type in ``space``."""
+    return list({type(config): config for config in reversed(space)}.values())
+
+
+def config_from(fields: dict, candidates: list) -> Any:
+    """The configuration ``fields`` describe, typed like the one of ``candidates`` (see
+    :func:`examples`) that has exactly those fields."""
+    for example in candidates:
+        if {f.name for f in dataclasses.fields(example)} == set(fields):
+            return rebuild(fields, example)
+    raise ValueError(f"no configuration type of the space has the fields {sorted(fields)}")
 
 
 def rebuild(fields: dict, example: Any) -> Any:

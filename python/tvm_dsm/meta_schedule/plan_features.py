@@ -24,7 +24,7 @@ from ..families import match_family
 from ..families.base import ScheduleFamily
 from ..hardware import Hardware, load_hardware
 from ..learned_ranking import FEATURE_NAMES, plan_features
-from .candidate_config import rebuild, recorded_fields
+from .candidate_config import config_from, examples, recorded_fields
 
 __all__ = ["FEATURE_NAMES", "PlanFeatureExtractor", "plan_features"]
 
@@ -41,21 +41,21 @@ class PlanFeatureExtractor(ms.feature_extractor.PyFeatureExtractor):
         self._tasks: dict[str, tuple[ScheduleFamily, Any, Any]] = {}
 
     def task(self, mod: tvm.IRModule) -> tuple[ScheduleFamily, Any, Any]:
-        """(family, shape, an example configuration) of a task's function, found once per
-        function (module attributes aside)."""
+        """(family, shape, one configuration of each type of its space) of a task's function,
+        found once per function (module attributes aside)."""
         key = shash2hex(tvm.IRModule({"main": mod["main"]}))
         if key not in self._tasks:
             family, shape = match_family(mod["main"])
-            self._tasks[key] = (family, shape, family.space(shape, self.hw)[0])
+            self._tasks[key] = (family, shape, examples(family.space(shape, self.hw)))
         return self._tasks[key]
 
     def features(self, mod: tvm.IRModule, candidate: tvm.IRModule) -> np.ndarray:
         """The feature vector of ``candidate``, a schedule of the task ``mod``."""
-        family, shape, example = self.task(mod)
+        family, shape, typed = self.task(mod)
         fields = recorded_fields(candidate)
         if fields is None:
             raise ClusterError("the candidate records no tvm-dsm configuration (not from PlannedSpace)")
-        config = rebuild(fields, example)
+        config = config_from(fields, typed)
         return plan_features(family.name, config, family.predict(shape, config, self.hw), self.hw)
 
     def extract_from(self, context, candidates) -> list:
