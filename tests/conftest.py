@@ -149,3 +149,20 @@ def ptxas_report(nvcc_folder):
         return _nvcc(nvcc_folder, source, name, "-Xptxas", "-v").stderr
 
     return run
+
+
+def planned_candidate(space, mod: tvm.IRModule, index: int):
+    """What MetaSchedule makes of a ``PlannedSpace`` design space whose decision is ``index``:
+    the trace replayed with it, then the space's postprocessors."""
+    from tvm import s_tir
+    from tvm.s_tir import meta_schedule as ms
+
+    context = ms.TuneContext(mod=mod, target=tvm.target.Target("nvidia/nvidia-h100"), space_generator=space,
+                             task_name="planned")
+    (design,) = context.generate_design_space()
+    sample = next(i for i in design.trace.insts if i.kind.name == "SampleCategorical")
+    sch = s_tir.Schedule(mod)
+    design.trace.with_decision(sample, index, True).apply_to_schedule(sch, remove_postproc=True)
+    sch.enter_postproc()
+    assert all(postproc.apply(sch) for postproc in space.postprocs)
+    return sch

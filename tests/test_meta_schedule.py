@@ -4,7 +4,10 @@ scored by the analytical cost model."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tvm
+
+import tvm_dsm
 from conftest import cuda_source
 from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
@@ -14,6 +17,7 @@ from tvm_dsm.meta_schedule import AnalyticalCostModel, SplitKReductionRule, cand
 from tvm_dsm.meta_schedule.split_k_reduction import config_of
 from tvm_dsm.planners.split_k import predict
 from tvm_dsm.workloads import gemv
+from tvm_dsm.workloads.dense import dense
 
 M, K = 256, 16384
 
@@ -71,27 +75,97 @@ def test_cost_model_ranks_candidates_by_the_analytical_model():
     )[:5]
 
 
-def test_planned_space_tunes_a_fused_chain_through_tune_tir(tmp_path):
-    """Any family's pruned space inside MetaSchedule's own tuning loop: distinct top-predicted
-    schedules measured (a scripted runner here) and recorded; the cost model follows the plan."""
-    from test_driver import CHAIN, InProcessBuilder, _ScriptedRunner
+def _planned_tuning(mod, work_dir: str, trials: int, top: int):
+    """tune_tir over ``PlannedSpace(top)`` with the learned cost model, a scripted runner and
+    the evolutionary search tune_relax sizes for such a space."""
+    from test_driver import InProcessBuilder, _ScriptedRunner
 
-    from tvm_dsm.meta_schedule import PlanCostModel, PlannedSpace
-    from tvm_dsm.meta_schedule.planned_space import predicted_us
-    from tvm_dsm.workloads.chains import gemm_chain
+    from tvm_dsm.meta_schedule import LearnedPlanModel, PlannedSpace
+    from tvm_dsm.meta_schedule.planned_space import planned_search
 
-    mod = tvm.IRModule({"main": gemm_chain(*CHAIN, "relu")})
-    spaces = PlannedSpace(top=4).generate_design_space(mod)
-    predictions = [predicted_us(s.mod) for s in spaces]
-    assert predictions == sorted(predictions) and len(spaces) == 4
-    context = ms.TuneContext(mod=mod, target=tvm.target.Target("nvidia/nvidia-h100"), task_name="chain")
-    scores = PlanCostModel().predict(context, [ms.MeasureCandidate(s, []) for s in spaces])
-    assert list(np.argsort(-scores)) == [0, 1, 2, 3]
-    database = ms.tir_integration.tune_tir(
-        mod, target={"kind": "cuda", "arch": "sm_90a"}, work_dir=str(tmp_path),
-        max_trials_global=4, num_trials_per_iter=4, space=PlannedSpace(top=4),
-        strategy="evolutionary", cost_model=PlanCostModel(), builder=InProcessBuilder(),
-        runner=_ScriptedRunner())
+    strategy = planned_search(top)
+    return ms.tir_integration.tune_tir(
+        mod, target="nvidia/nvidia-h100", work_dir=work_dir, max_trials_global=trials,
+        num_trials_per_iter=trials // 2, space=PlannedSpace(top=top), strategy=strategy,
+        cost_model=LearnedPlanModel(), builder=InProcessBuilder(), runner=_ScriptedRunner())
+
+
+def test_the_search_measures_distinct_configurations_and_replays_every_one(tmp_path):
+    """A dense layer's pruned space searched by MetaSchedule's evolutionary strategy: every
+    measured candidate a different planned configuration, none dropped (the logs count no trace
+    replay or postprocessor failure), each record building its configuration's kernels."""
+    from tvm_dsm.meta_schedule.planned_space import plan_index, predicted_us
+    func = dense(64, 512, 512)
+    mod = tvm.IRModule({"main": func})
+    database = _planned_tuning(mod, str(tmp_path), trials=6, top=8)
     records = database.get_all_tuning_records()
-    measured = {predicted_us(ms.database.TuningRecord.as_measure_candidate(r).sch.mod) for r in records}
-    assert measured == set(predictions)
+    candidates = [ms.database.TuningRecord.as_measure_candidate(r).sch for r in records]
+    indices = [plan_index(sch) for sch in candidates]
+    assert len(records) == 6 and len(set(indices)) == 6 and all(0 <= i < 8 for i in indices)
+    logs = "".join(p.read_text() for p in (tmp_path / "logs").glob("*.log"))
+    assert "Trace replay failures: 0 failure(s)" in logs and "replay failed" not in logs.lower()
+    assert "Postproc #0 [s_tir.meta_schedule.PyPostproc]: 0 failure(s)" in logs
+    plans = tvm_dsm.plan(func).plans
+    fused = [p for p in plans if type(p.config).__name__ != "UnfusedChainConfig"]
+    for sch, index in zip(candidates[:3], indices):
+        expected = tvm_dsm.plan(func).schedule(plans.index(fused[index])).mod
+        assert predicted_us(sch.mod) == fused[index].predicted_us
+        assert cuda_source(sch.mod) == cuda_source(expected)
+
+
+def test_the_mutator_moves_one_knob():
+    from conftest import planned_candidate
+    from tvm.s_tir.meta_schedule import _ffi_api
+    from tvm_dsm.meta_schedule.planned_space import PlannedSpace, _knobs, plan_index
+
+    mod = tvm.IRModule({"main": dense(128, 1024, 1024)})
+    space = PlannedSpace(top=32)
+    sch = planned_candidate(space, mod, 5)
+    (mutator,) = space.mutator_probs
+    configs = [p.config for p in space.plans.ranking.plans]
+    moved = set()
+    for seed in range(12):
+        trace = _ffi_api.MutatorApply(mutator, sch.trace, seed)  # as the search calls it
+        index = int(next(d for i, d in trace.decisions.items() if i.kind.name == "SampleCategorical"))
+        before, after = _knobs(configs[5]), _knobs(configs[index])
+        assert sum(before[k] != after[k] for k in before) == 1
+        moved.add(index)
+    assert len(moved) > 1 and plan_index(sch) == 5
+
+
+def test_families_that_write_their_kernel_have_no_searchable_space():
+    """A template family's schedule is of a function it writes: a trace of the task's function
+    cannot hold it, so PlannedSpace says so and tune_relax gives such a task TVM's space."""
+    from tvm_dsm.errors import ClusterError
+    from tvm_dsm.meta_schedule import PlannedSpace
+    from tvm_dsm.meta_schedule.relax_tuning import DEFAULT_SPACE, task_space
+    from tvm_dsm.hardware import load_hardware
+    from tvm_dsm.workloads.cascades import attention
+
+    func = attention(16, 1024, 1024, 64, True)
+    with pytest.raises(ClusterError, match="attention family writes a new kernel function"):
+        PlannedSpace(top=4).generate_design_space(tvm.IRModule({"main": func}))
+    target = tvm.target.Target("nvidia/nvidia-h100")
+    assert task_space("attention", func, target, 4, load_hardware()) == DEFAULT_SPACE
+
+
+def test_verify_gpu_code_checks_the_targets_thread_limit():
+    """MetaSchedule's VerifyGPUCode runs on every candidate: a target allowing 32 threads a
+    block refuses the dense layer's kernels (at least a warp group each), the H100's takes them."""
+    from tvm import s_tir
+    from tvm_dsm.meta_schedule import PlannedSpace
+
+    mod = tvm.IRModule({"main": dense(64, 512, 512)})
+    narrow = {"kind": "cuda", "arch": "sm_90a", "max_threads_per_block": 32, "max_num_threads": 32,
+              "thread_warp_size": 32, "max_shared_memory_per_block": 49152}
+    for target, accepted in ((narrow, False), ("nvidia/nvidia-h100", True)):
+        space = PlannedSpace(top=4)
+        context = ms.TuneContext(mod=mod, target=tvm.target.Target(target), space_generator=space, task_name="t")
+        (design,) = context.generate_design_space()
+        sample = next(i for i in design.trace.insts if i.kind.name == "SampleCategorical")
+        for index in range(4):
+            sch = s_tir.Schedule(mod)
+            design.trace.with_decision(sample, index, True).apply_to_schedule(sch, remove_postproc=True)
+            sch.enter_postproc()
+            verdicts = [postproc.apply(sch) for postproc in space.postprocs]
+            assert verdicts[0] and all(verdicts[:-1]) and verdicts[-1] == accepted

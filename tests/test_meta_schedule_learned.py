@@ -6,6 +6,7 @@ import numpy as np
 import tvm
 from scipy.stats import spearmanr
 from tvm import s_tir
+from conftest import planned_candidate
 from tvm.s_tir import meta_schedule as ms
 
 from tvm_dsm.hardware import load_hardware
@@ -43,11 +44,13 @@ def test_features_are_finite_and_of_one_length_for_three_families():
     assert seen == {"split_k_gemm", "split_k_reduction", "attention"}
 
 
-def test_planned_space_schedules_carry_their_configuration():
-    func = dense(128, 1024, 1024)
-    spaces = PlannedSpace(top=2).generate_design_space(tvm.IRModule({"main": func}))
-    features = PlanFeatureExtractor().features(tvm.IRModule({"main": func}), spaces[0].mod)
-    assert features.shape == (len(FEATURE_NAMES),)
+def test_planned_space_candidates_carry_their_configuration():
+    mod = tvm.IRModule({"main": dense(128, 1024, 1024)})
+    space = PlannedSpace(top=4)
+    extractor = PlanFeatureExtractor()
+    features = [extractor.features(mod, planned_candidate(space, mod, i).mod) for i in range(4)]
+    assert all(f.shape == (len(FEATURE_NAMES),) for f in features)
+    assert len({f.tobytes() for f in features}) == 4
 
 
 def _dense_task(m: int, count: int = 40):

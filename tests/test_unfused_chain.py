@@ -132,7 +132,7 @@ def test_family_ranks_fused_and_unfused_plans_by_one_model():
         kinds = {type(p.config) for p in ranking.plans}
         assert UnfusedChainConfig in kinds and len(kinds) == 2
         assert isinstance(ranking.best.config, UnfusedChainConfig) == unfused
-        keys = [chain_rank_key(p) for p in ranking.plans]
+        keys = [chain_rank_key(p) for p in ranking.family.rank(ranking.shape, ranking.hw)]  # before re-ranking
         assert keys == sorted(keys)
     ranking = tvm_dsm.plan(swiglu_ffn(128, 11008, 4096, 4096))
     text = "\n".join(p.explain() for p in ranking.plans[:40] if isinstance(p, UnfusedChainPlan))
@@ -173,14 +173,16 @@ def test_unfused_trace_replays_from_the_database(tmp_path, func, config):
 
 def test_meta_schedule_design_spaces_leave_the_unfused_plans_out():
     from tvm_dsm.meta_schedule import PlannedSpace
-    from tvm_dsm.meta_schedule.planned_space import predicted_us
 
     func = gemm_chain(128, 3072, 768, 768)  # G4: the unfused plans are the best predicted
     ranking = tvm_dsm.plan(func)
     assert isinstance(ranking.best.config, UnfusedChainConfig)
-    spaces = PlannedSpace(top=2).generate_design_space(tvm.IRModule({"main": func}))
+    space = PlannedSpace(top=2)
+    (design,) = space.generate_design_space(tvm.IRModule({"main": func}))
     fused = [p.predicted_us for p in ranking.plans if not isinstance(p.config, UnfusedChainConfig)]
-    assert [predicted_us(s.mod) for s in spaces] == fused[:2]
+    assert [p.predicted_us for p in space.plans.ranking.plans] == fused[:2]
+    (sample,) = [i for i in design.trace.insts if i.kind.name == "SampleCategorical"]
+    assert len(sample.attrs[0]) == 2
 
 
 def test_batches_off_the_tensor_core_tile_are_refused_by_both_gemms():

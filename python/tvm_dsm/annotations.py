@@ -46,6 +46,9 @@ ROWS_PER_CTA_ATTR = "tvm_dsm.rows_per_cta"
 TOP_K_KEY = "tvm_dsm.top_k"
 #: Root-block annotation carrying the planner's predicted time (microseconds).
 PREDICTED_US_KEY = "tvm_dsm.predicted_us"
+#: Root-block annotation carrying the index of a MetaSchedule candidate's configuration among the
+#: planner's pruned ones (a traced ``sample_categorical`` decision).
+PLAN_INDEX_KEY = "tvm_dsm.plan_index"
 #: Root-block annotation carrying the fields of the family configuration a schedule applies (JSON).
 CONFIG_KEY = "tvm_dsm.config"
 #: Loop annotation of s_tir's software pipeline listing its asynchronous stages.

@@ -19,6 +19,7 @@ from tvm.s_tir import TensorIntrin
 from ..errors import ClusterError
 from ..schedule.dsm import DSM_SCOPE
 from ..script_parsing import frozen_frames_skipped
+from .registry import register_once
 
 #: Operand types mma.sync multiplies into fp32, and PTX's name for each.
 OPERAND_TYPES = {"float16": "fp16", "bfloat16": "bf16", "float8_e4m3fn": "e4m3"}
@@ -96,15 +97,13 @@ def retyped(name: str, dtype: str) -> str:
     ones with the types renamed."""
     if dtype == "float16":
         return name
-    retyped_name = f"tvm_dsm.{name}_{dtype}"
-    if TensorIntrin.get(retyped_name, allow_missing=True) is None:
+    def retyped():
         fp16 = TensorIntrin.get(name)
-        desc, impl = (
-            tvm.script.from_source(f.script().replace('"float16"', f'"{dtype}"')
-                                   .replace('"fp16"', f'"{OPERAND_TYPES[dtype]}"'))
-            for f in (fp16.desc, fp16.impl))
-        TensorIntrin.register(retyped_name, desc, impl)
-    return retyped_name
+        return tuple(tvm.script.from_source(f.script().replace('"float16"', f'"{dtype}"')
+                                            .replace('"fp16"', f'"{OPERAND_TYPES[dtype]}"'))
+                     for f in (fp16.desc, fp16.impl))
+
+    return register_once(f"tvm_dsm.{name}_{dtype}", retyped)
 
 
 def fragment_map(i, j):

@@ -27,11 +27,11 @@ The descriptor and MMA statement builders here also serve the attention kernel
 
 from __future__ import annotations
 
-from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
 from ..annotations import WGMMA_HELPER_PREFIX as HELPER_PREFIX
 from ..script_parsing import frozen_frames_skipped
+from .registry import register_once
 from .mma import TILE, mma
 
 WARPGROUP_ROWS = 64  # rows of one wgmma: 4 warps x 16
@@ -168,9 +168,7 @@ def wgmma_intrin(n: int, depth: int, dtype: str, in_flight: int = 1) -> str:
         raise ValueError(f"no wgmma for {n}x{depth} {dtype} tiles")
     groups = f"_g{in_flight}" if in_flight > 1 else ""
     name = f"{HELPER_PREFIX}m64n{n}k{depth}_{_PTX_TYPE[dtype]}{groups}"
-    if TensorIntrin.get(name, allow_missing=True) is None:
-        TensorIntrin.register(name, *_desc_impl(name, n, depth, dtype, in_flight))
-    return name
+    return register_once(name, lambda: _desc_impl(name, n, depth, dtype, in_flight))
 
 
 def _desc_impl(name: str, n: int, depth: int, dtype: str, in_flight: int):

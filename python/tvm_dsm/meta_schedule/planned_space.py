@@ -1,70 +1,249 @@
-"""Any tvm-dsm schedule family inside MetaSchedule: its pruned space as design spaces, its
-analytical model as the cost model.
+"""Any tvm-dsm schedule family inside MetaSchedule: its pruned configuration space as a decision
+MetaSchedule samples, mutates and records; its analytical model as the cost model.
 
-``PlannedSpace`` gives a tuning task the planner's ``top`` configurations of the family the
-function belongs to (:mod:`tvm_dsm.families`), each a complete schedule whose trace records its
-tiles and cluster as concrete instructions, its predicted time and its configuration
-(:mod:`~tvm_dsm.meta_schedule.candidate_config`) as annotations of the root block. ``PlanCostModel`` scores candidates by that prediction, so MetaSchedule's search measures
-the best-predicted first. (The chain and GEMM spaces are not per-parameter ``sample_*``
-decisions: their validity couples the parameters, e.g. shared memory, so a free product of
-decisions would build invalid kernels; the split-K reduction's, whose parameters are independent,
-is: :class:`~tvm_dsm.meta_schedule.SplitKReductionRule`.)
+The analytical model prunes first: the planner's ``top`` valid configurations of the family that
+takes the task's function (:mod:`tvm_dsm.families`). The design space is then the function with
+one ``sample_categorical`` over those configurations (weighted by predicted time);
+:class:`ApplyPlannedConfig`, its postprocessor, schedules the function in the sampled
+configuration, and
+:class:`MutatePlannedConfig` moves a measured candidate to a configuration one knob away. Every
+value of the decision is a configuration the planner validated, so the search cannot build an
+invalid combination of coupled knobs (tiles, stages and cluster size share the shared memory);
+one configuration the lowering still refuses is a failed postprocessor, reported as such.
+
+One categorical decision rather than one per knob: the knobs are coupled (a tile size decides
+which stage counts and cluster sizes fit), so most of a free product of per-knob decisions is
+invalid, and rejecting it after sampling starves the search. The mutator gives the per-knob
+moves: neighbours differ in one knob, nested ones (a chain's two GEMMs) included.
 
 A GEMM chain's unfused plans (two split-K GEMM kernels, :mod:`tvm_dsm.rules.unfused_chain`) are
-left out: MetaSchedule's search strategies replay every design space's trace with s_tir's checks
-on, which that trace cannot pass (its second kernel is scheduled in a scope s_tir no longer counts
-as a stage pipeline), so they would be dropped with a "trace replay failed" warning.
+left out: their schedule needs s_tir's checks off (its kernels' decomposed reductions leave the
+root scope no stage pipeline), and MetaSchedule creates every candidate's schedule with them on.
 :func:`tvm_dsm.tune` measures them with MetaSchedule's builder and runner and records them in its
 database, and :func:`tvm_dsm.build` replays them.
+
+Each candidate carries its configuration (:mod:`~tvm_dsm.meta_schedule.candidate_config`) and
+its predicted time as root-block annotations: :class:`PlanCostModel` scores by the prediction,
+:class:`~tvm_dsm.meta_schedule.PlanFeatureExtractor` reads the configuration.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 import tvm
 from tvm import s_tir
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.schedule.schedule import ScheduleError
 
-from ..driver import plan
+from ..annotations import PLAN_INDEX_KEY, PREDICTED_US_KEY
+from ..driver import Ranking, plan
+from ..errors import ClusterError
 from ..hardware import Hardware, load_hardware
 from ..rules.unfused_chain import UnfusedChainConfig
 from .candidate_config import annotate_config
 from .cost_model import AnalyticalScores
-from ..annotations import PREDICTED_US_KEY
 
+#: How sharply the design space's decision favours the best predicted configurations: a
+#: configuration predicted ``r`` times slower than the best is sampled ``r**-SHARPNESS`` as often.
+SHARPNESS = 4.0
+
+
+#: MetaSchedule's CUDA postprocessors, applied after the configuration is scheduled: on tvm-dsm's
+#: schedules the rewrites find nothing to do (the kernels' CUDA is unchanged) and VerifyGPUCode
+#: checks the target's thread and shared-memory limits (the latter the GPU's opt-in maximum).
+CUDA_POSTPROCS = (ms.postproc.DisallowDynamicLoop, ms.postproc.RewriteCooperativeFetch,
+                  ms.postproc.RewriteUnboundBlock, ms.postproc.RewriteParallelVectorizeUnroll,
+                  ms.postproc.RewriteReductionBlock, ms.postproc.VerifyGPUCode)
+
+
+class _Plans:
+    """The pruned ranking of the task a :class:`PlannedSpace` generated its design space for,
+    shared with its postprocessor and mutator."""
+
+    def __init__(self, top: int, hw: Hardware):
+        self.top, self.hw = top, hw
+        self.ranking: Ranking | None = None
+
+    def plan(self, mod: tvm.IRModule) -> Ranking:
+        # A copy: s_tir may edit in place a function a schedule under MetaSchedule also holds.
+        ranking = plan(tvm.ir.load_json(tvm.ir.save_json(mod["main"])), self.hw)
+        if not ranking.family.traced:
+            raise ClusterError(f"the {ranking.family.name} family writes a new kernel function, which a "
+                               "MetaSchedule trace of this one cannot record (tvm_dsm.tune measures it)")
+        replayable = [p for p in ranking.plans if not isinstance(p.config, UnfusedChainConfig)]
+        self.ranking = dataclasses.replace(ranking, plans=replayable[: self.top])
+        return self.ranking
+
+
+def _root(sch: s_tir.Schedule):
+    return sch.get(sch.get_sblock("root"))
 
 
 @derived_object
 class PlannedSpace(ms.space_generator.PySpaceGenerator):
-    """Design spaces: the planner's ``top`` schedules MetaSchedule can replay (ClusterError if no
-    family applies)."""
+    """The design space of a task: its function with the sampled plan index (ClusterError if no
+    family applies, or one that writes a new kernel function). Its postprocessors are
+    :class:`ApplyPlannedConfig` then MetaSchedule's CUDA ones (:data:`CUDA_POSTPROCS`), its
+    mutator :class:`MutatePlannedConfig`."""
 
-    def __init__(self, top: int = 8, hw: Hardware | None = None):
+    def __init__(self, top: int = 64, hw: Hardware | None = None):
         super().__init__()
-        self.sch_rules, self.postprocs, self.mutator_probs = [], [], {}
         self.top, self.hw = top, hw or load_hardware()
+        self.plans = _Plans(top, self.hw)
+        self.sch_rules = []
+        self.postprocs = [ApplyPlannedConfig(self.plans), *(make() for make in CUDA_POSTPROCS)]
+        self.mutator_probs = {MutatePlannedConfig(self.plans): 1.0}
 
     def _initialize_with_tune_context(self, context) -> None:  # noqa: D401 - MetaSchedule hook
-        pass
+        # MetaSchedule leaves a Python space generator's postprocessors and mutators to it. They
+        # see the target with the GPU's opt-in shared memory per CTA: a target tag states the
+        # default 48 KB, which would make VerifyGPUCode refuse every deeper pipeline.
+        target = tvm.target.Target({**context.target.export(), "max_shared_memory_per_block": self.hw.smem_per_cta})
+        limits = ms.TuneContext(mod=context.mod, target=target, task_name=context.task_name)
+        for part in (*self.postprocs, *self.mutator_probs):
+            part._initialize_with_tune_context(limits)
 
     def generate_design_space(self, mod: tvm.IRModule) -> list[s_tir.Schedule]:
-        ranking = plan(mod["main"], self.hw)
-        replayable = [(rank, p) for rank, p in enumerate(ranking.plans)
-                      if not isinstance(p.config, UnfusedChainConfig)]
-        spaces = []
-        for rank, candidate in replayable[: self.top]:
-            sch = ranking.schedule(rank)
-            sch.annotate(sch.get_sblock("root"), PREDICTED_US_KEY, float(candidate.predicted_us))
-            annotate_config(sch, candidate.config)
-            spaces.append(sch)
-        return spaces
+        predicted = [p.predicted_us for p in self.plans.plan(mod).plans]
+        weights = [(min(predicted) / t) ** SHARPNESS for t in predicted]
+        probs = [w / sum(weights) for w in weights]
+        sch = s_tir.Schedule(mod)
+        index = sch.sample_categorical(list(range(len(probs))), probs)
+        # On a leaf block: the decision needs a use to stay in the trace, and a root annotation
+        # before the schedule's splits makes s_tir edit the task's own function in place.
+        sch.annotate(sch.get_child_blocks(sch.get_sblock("root"))[-1], PLAN_INDEX_KEY, index)
+        return [sch]
 
     def clone(self) -> "PlannedSpace":
         return PlannedSpace(self.top, self.hw)
 
 
+def _plan_sample(trace: s_tir.Trace):
+    """The design space's ``sample_categorical`` instruction in ``trace``, or None."""
+    annotated = next((inst for inst in trace.insts if inst.kind.name == "Annotate"
+                      and str(inst.attrs[0]) == PLAN_INDEX_KEY), None)
+    if annotated is None:
+        return None
+    return next(inst for inst in trace.insts if inst.kind.name == "SampleCategorical"
+                and inst.outputs[0].same_as(annotated.inputs[1]))
+
+
+def planned_search(top: int) -> ms.search_strategy.EvolutionarySearch:
+    """MetaSchedule's evolutionary search sized for a planned space of ``top`` points: a
+    population of twice that and two generations a round. MetaSchedule's defaults (2048, four)
+    would run the postprocessors (a replay of the whole schedule, then VerifyGPUCode's lowering:
+    about half a second a candidate) thousands of times for at most ``top`` distinct candidates,
+    and its initial sampling, which insists on 50 unmeasured candidates, would stop the search
+    once fewer are left."""
+    return ms.search_strategy.EvolutionarySearch(population_size=max(16, 2 * top), init_min_unmeasured=1,
+                                                 genetic_num_iters=2)
+
+
+def plan_index(sch: s_tir.Schedule) -> int | None:
+    """The plan index the design space sampled for ``sch``, or None outside a PlannedSpace."""
+    sample = _plan_sample(sch.trace)
+    return None if sample is None else int(sch.trace.decisions[sample])
+
+
+@derived_object
+class ApplyPlannedConfig(ms.postproc.PyPostproc):
+    """Schedules a candidate in the configuration its plan index names (the family's own
+    schedule's trace replayed onto it) and annotates the index, the configuration and its
+    prediction on the root block. False (an invalid candidate) where s_tir or the family
+    refuses it."""
+
+    def __init__(self, plans: _Plans):
+        super().__init__()
+        self.plans = plans
+
+    def _initialize_with_tune_context(self, context) -> None:
+        pass
+
+    def apply(self, sch: s_tir.Schedule) -> bool:
+        sample = _plan_sample(sch.trace)
+        if sample is None or PREDICTED_US_KEY in _root(sch).annotations:
+            return sample is not None  # already applied (a replayed record)
+        index = int(sch.trace.decisions[sample])
+        ranking = self.plans.ranking
+        chosen = ranking.plans[index]
+        try:
+            scheduled = ranking.schedule(index)
+            scheduled.trace.apply_to_schedule(sch, remove_postproc=False)
+        except (ClusterError, ScheduleError, tvm.error.InternalError):
+            return False
+        root = sch.get_sblock("root")
+        sch.annotate(root, PLAN_INDEX_KEY, sample.outputs[0])
+        sch.annotate(root, PREDICTED_US_KEY, float(chosen.predicted_us))
+        annotate_config(sch, chosen.config)
+        return True
+
+    def clone(self) -> "ApplyPlannedConfig":
+        return ApplyPlannedConfig(self.plans)
+
+
+def _knobs(config, prefix: str = "") -> dict[str, object]:
+    """A configuration's knobs by name, nested configurations' under ``outer.inner``."""
+    out = {}
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if dataclasses.is_dataclass(value):
+            out.update(_knobs(value, f"{prefix}{field.name}."))
+        else:
+            out[prefix + field.name] = value
+    return out
+
+
+def neighbours(configs: list) -> list[list[int]]:
+    """For each configuration, the others of its type that differ from it in one knob."""
+    knobs = [(type(c), _knobs(c)) for c in configs]
+    out = []
+    for kind, mine in knobs:
+        out.append([j for j, (other_kind, theirs) in enumerate(knobs) if other_kind is kind
+                    and sum(mine[name] != theirs[name] for name in mine) == 1])
+    return out
+
+
+@derived_object
+class MutatePlannedConfig(ms.mutator.PyMutator):
+    """Moves a candidate's plan index to a configuration one knob away (any other where it has
+    none)."""
+
+    def __init__(self, plans: _Plans):
+        super().__init__()
+        self.plans = plans
+        self._neighbours: tuple[object, list[list[int]]] | None = None
+
+    def _initialize_with_tune_context(self, context) -> None:
+        pass
+
+    def neighbours(self) -> list[list[int]]:
+        """:func:`neighbours` of the task's configurations, found once."""
+        ranking = self.plans.ranking
+        if self._neighbours is None or self._neighbours[0] is not ranking:
+            self._neighbours = (ranking, neighbours([p.config for p in ranking.plans]))
+        return self._neighbours[1]
+
+    def apply(self, trace: s_tir.Trace, rand_state: int) -> s_tir.Trace | None:
+        sample = _plan_sample(trace)
+        if sample is None:
+            return None
+        near = self.neighbours()
+        current = int(trace.decisions[sample])
+        choices = near[current] or [i for i in range(len(near)) if i != current]
+        if not choices:
+            return None
+        rng = np.random.default_rng(rand_state & 0xFFFFFFFF)
+        return trace.with_decision(sample, int(rng.choice(choices)), remove_postproc=True)
+
+    def clone(self) -> "MutatePlannedConfig":
+        return MutatePlannedConfig(self.plans)
+
+
 def predicted_us(mod: tvm.IRModule) -> float:
-    """The prediction a :class:`PlannedSpace` schedule carries."""
+    """The prediction a :class:`PlannedSpace` candidate carries."""
     root = mod["main"].body.block
     return float(root.annotations[PREDICTED_US_KEY])
 

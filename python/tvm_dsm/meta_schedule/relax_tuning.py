@@ -19,7 +19,7 @@ from ..hardware import Hardware, load_hardware
 from ..local_measure import local_builder, local_runner
 from ..tuning_database import open_database
 from .learned_cost_model import LearnedPlanModel
-from .planned_space import PlannedSpace
+from .planned_space import PlannedSpace, planned_search
 
 logger = logging.getLogger(__name__)
 
@@ -33,24 +33,30 @@ DEFAULT_SPACE = "post-order-apply"
 
 def task_space(name: str, func: tvm.tirx.PrimFunc, target: tvm.target.Target, top: int,
                hw: Hardware) -> ms.SpaceGenerator | str:
-    """``PlannedSpace`` where a family takes ``func``, else TVM's default space (logged)."""
+    """``PlannedSpace`` where a family whose schedules are traces takes ``func``, else TVM's
+    default space (logged)."""
     try:
-        match_family(func, target)
+        family, _ = match_family(func, target)
+        if not family.traced:
+            raise ClusterError(f"the {family.name} family writes a new kernel function, which a tuning "
+                               "record cannot hold (tvm_dsm.build plans it)")
     except ClusterError as err:
-        logger.info("task %s: no tvm-dsm family applies (%s); TVM's default CUDA design space",
+        logger.info("task %s: no tvm-dsm space (%s); TVM's default CUDA design space",
                     name, " ".join(str(err).split()))
         return DEFAULT_SPACE
     return PlannedSpace(top, hw)
 
 
-def tuning_contexts(mod: tvm.IRModule, work_dir: str, target=H100_TAG, params=None, top: int = 8,
-                    hw: Hardware | None = None, strategy: str = "evolutionary",
-                    seed: int | None = None) -> tuple[list[ms.TuneContext], list[float]]:
-    """The tuning contexts of ``mod``'s tasks and their weights, each with its space."""
+def tuning_contexts(mod: tvm.IRModule, work_dir: str, target=H100_TAG, params=None, top: int = 64,
+                    hw: Hardware | None = None, seed: int | None = None) -> tuple[list[ms.TuneContext], list[float]]:
+    """The tuning contexts of ``mod``'s tasks and their weights, each with its space and an
+    evolutionary search sized for it (:func:`~tvm_dsm.meta_schedule.planned_space.planned_search`
+    for a planned space, MetaSchedule's default otherwise)."""
     target, hw = tvm.target.Target(target), hw or load_hardware()
     contexts, weights = [], []
     for task in ms.relax_integration.extract_tasks(mod, target, params):
         space = task_space(task.task_name, task.dispatched[0]["main"], target, top, hw)
+        strategy = "evolutionary" if space == DEFAULT_SPACE else planned_search(top)
         made, weight = ms.relax_integration.extracted_tasks_to_tune_contexts(
             [task], work_dir, space=space, strategy=strategy, seed=seed)
         contexts += made
@@ -59,7 +65,7 @@ def tuning_contexts(mod: tvm.IRModule, work_dir: str, target=H100_TAG, params=No
 
 
 def tune_relax(mod: tvm.IRModule, work_dir: str, max_trials_global: int, *, target=H100_TAG,
-               params=None, top: int = 8, hw: Hardware | None = None, builder: ms.Builder | None = None,
+               params=None, top: int = 64, hw: Hardware | None = None, builder: ms.Builder | None = None,
                runner: ms.Runner | None = None,
                cost_model: ms.CostModel | None = None, num_trials_per_iter: int = 64,
                seed: int | None = None) -> ms.Database:
