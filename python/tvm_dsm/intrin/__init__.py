@@ -15,3 +15,12 @@ def register_all() -> None:
 
     mma.library()
     wgmma.register_planned()
+
+
+@functools.cache
+def import_tvm_intrinsics() -> None:
+    """Import TVM's whole tensor-intrinsic package the fast way (see :func:`.mma._import_shallow`):
+    MetaSchedule's ``TuneContext`` imports it, from whatever stack it is created on."""
+    from .mma import _import_shallow
+
+    _import_shallow("tvm.s_tir.tensor_intrin")

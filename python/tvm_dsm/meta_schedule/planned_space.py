@@ -42,6 +42,7 @@ from ..annotations import PLAN_INDEX_KEY, PREDICTED_US_KEY
 from ..driver import Ranking, plan
 from ..errors import ClusterError
 from ..hardware import Hardware, load_hardware
+from ..intrin import import_tvm_intrinsics
 from ..rules.unfused_chain import UnfusedChainConfig
 from .candidate_config import annotate_config
 from .cost_model import AnalyticalScores
@@ -91,6 +92,7 @@ class PlannedSpace(ms.space_generator.PySpaceGenerator):
 
     def __init__(self, top: int = 64, hw: Hardware | None = None):
         super().__init__()
+        import_tvm_intrinsics()  # before the TuneContext this space is made for imports them slowly
         self.top, self.hw = top, hw or load_hardware()
         self.plans = _Plans(top, self.hw)
         self.sch_rules = []

@@ -29,11 +29,16 @@ from ..rules.split_k_reduction import (
     reduction_extents,
 )
 from ..annotations import CLUSTER_SIZE_KEY
+from ..intrin import import_tvm_intrinsics
 from .cost_model import AnalyticalScores
 
 @derived_object
 class SplitKReductionRule(ms.schedule_rule.PyScheduleRule):
     """Schedule rule: one design-space point per sampled split-K configuration."""
+
+    def __init__(self):
+        super().__init__()
+        import_tvm_intrinsics()  # before the TuneContext this rule is made for imports them slowly
 
     def _initialize_with_tune_context(self, context) -> None:  # noqa: D401 - MetaSchedule hook
         pass
