@@ -25,9 +25,8 @@ from .compile_cache import compiled
 
 #: How a runner (this machine's, or an RPC server) times one candidate. A repeat runs the kernel
 #: back to back for at least ``min_repeat_ms`` (``number`` runs at the least), after one
-#: discarded warm-up run; tvm-dsm's
-#: kernels take from about 5 us (a small split-K GEMM) to a few ms, so a repeat averages
-#: thousands of launches of the short ones and still ten of the long ones. ``tvm_dsm.tune``
+#: discarded warm-up run; tvm-dsm's kernels take from about 5 us (a small split-K GEMM) to a few
+#: ms, so a repeat averages thousands of launches of the short ones and still ten of the long ones. ``tvm_dsm.tune``
 #: reports the median of the ``repeat`` values: five keep one disturbed repeat (a clock change,
 #: another process on the GPU) from moving it. About 0.1 s of GPU time per candidate. No CPU
 #: cache flush: the operands live on the GPU, where back-to-back runs keep those that fit in L2

@@ -13,7 +13,6 @@ naming it (``"fault": "hang"`` or ``"crash"``, ``ok`` false), and a new worker r
 from __future__ import annotations
 
 import argparse
-import hashlib
 import itertools
 import math
 import json
@@ -177,33 +176,24 @@ def run_kernel(folder: Path, kernel: dict, peer_cache: dict, hbm_bw: float, tria
     }
 
 
-def _nvcc(code: str) -> bytes:
-    """The kernel's cubin as a user's process gets it: tvm_dsm.compile_options (nvcc where it
-    exists, the same options through NVRTC otherwise; ``TVM_DSM_CUDA_ARCH`` sets the arch)."""
-    from ..compile_options import compile_cuda
-
-    return compile_cuda(code, os.environ.get("TVM_DSM_CUDA_ARCH", "sm_90a"))
-
-
 def precompile(folder: Path, names: list[str]) -> None:
-    """Compile the kernels' CUDA (exported beside each library) with nvcc on every core, and
-    serve TVM's load-time compile callback from the results: loading one by one would spend
-    a second of nvcc per kernel."""
+    """Compile the kernels' CUDA (exported beside each library) on every core into tvm-dsm's
+    cubin cache, and load through tvm-dsm's compile callback, which reads it
+    (:mod:`tvm_dsm.compile_cache`: the cubin a user's process gets): loading one by one would
+    spend a second of nvcc per kernel."""
+    from ..compile_cache import compiled, register
+
     sources = [p.read_text() for n in names if (p := folder / f"{n}.cu").exists()]
 
-    def compiled(code: str) -> bytes | None:  # None: compiled again, raising, when loaded
+    def warm(code: str) -> None:
         try:
-            return _nvcc(code)
-        except Exception:  # noqa: BLE001  (that kernel's row records the error)
-            return None
+            compiled(code)
+        except Exception:  # noqa: BLE001  (compiled again, raising, when loaded: that kernel's row records the error)
+            pass
 
     with ThreadPoolExecutor(os.cpu_count()) as pool:
-        cubins = dict(zip((hashlib.sha1(c.encode()).hexdigest() for c in sources), pool.map(compiled, sources)))
-
-    @tvm_ffi.register_global_func("tvm_callback_cuda_compile", override=True)
-    def _cached(code):
-        cubin = cubins.get(hashlib.sha1(code.encode()).hexdigest())
-        return bytearray(cubin if cubin is not None else _nvcc(code))
+        list(pool.map(warm, sources))
+    register()
 
 
 def _cuda_version() -> str:

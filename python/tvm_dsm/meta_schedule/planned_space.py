@@ -62,11 +62,14 @@ CUDA_POSTPROCS = (ms.postproc.DisallowDynamicLoop, ms.postproc.RewriteCooperativ
 
 class _Plans:
     """The pruned ranking of the task a :class:`PlannedSpace` generated its design space for,
-    shared with its postprocessor and mutator."""
+    shared with its postprocessor and mutator: each configuration's schedule trace (made on first
+    use, then replayed onto every candidate that samples it) and its one-knob neighbours."""
 
     def __init__(self, top: int, hw: Hardware):
         self.top, self.hw = top, hw
         self.ranking: Ranking | None = None
+        self.neighbours: list[list[int]] = []
+        self._traces: dict[int, s_tir.Trace] = {}
 
     def plan(self, mod: tvm.IRModule) -> Ranking:
         # A copy: s_tir may edit in place a function a schedule under MetaSchedule also holds.
@@ -76,7 +79,16 @@ class _Plans:
                                "MetaSchedule trace of this one cannot record (tvm_dsm.tune measures it)")
         replayable = [p for p in ranking.plans if not isinstance(p.config, UnfusedChainConfig)]
         self.ranking = dataclasses.replace(ranking, plans=replayable[: self.top])
+        self.neighbours = neighbours([p.config for p in self.ranking.plans])
+        self._traces = {}
         return self.ranking
+
+    def trace(self, index: int) -> s_tir.Trace:
+        """The schedule trace of configuration ``index`` (ClusterError or ScheduleError where
+        the family refuses it)."""
+        if index not in self._traces:
+            self._traces[index] = self.ranking.schedule(index).trace
+        return self._traces[index]
 
 
 def _root(sch: s_tir.Schedule):
@@ -169,11 +181,9 @@ class ApplyPlannedConfig(ms.postproc.PyPostproc):
         if sample is None or PREDICTED_US_KEY in _root(sch).annotations:
             return sample is not None  # already applied (a replayed record)
         index = int(sch.trace.decisions[sample])
-        ranking = self.plans.ranking
-        chosen = ranking.plans[index]
+        chosen = self.plans.ranking.plans[index]
         try:
-            scheduled = ranking.schedule(index)
-            scheduled.trace.apply_to_schedule(sch, remove_postproc=False)
+            self.plans.trace(index).apply_to_schedule(sch, remove_postproc=False)
         except (ClusterError, ScheduleError, tvm.error.InternalError):
             return False
         root = sch.get_sblock("root")
@@ -216,23 +226,15 @@ class MutatePlannedConfig(ms.mutator.PyMutator):
     def __init__(self, plans: _Plans):
         super().__init__()
         self.plans = plans
-        self._neighbours: tuple[object, list[list[int]]] | None = None
 
     def _initialize_with_tune_context(self, context) -> None:
         pass
-
-    def neighbours(self) -> list[list[int]]:
-        """:func:`neighbours` of the task's configurations, found once."""
-        ranking = self.plans.ranking
-        if self._neighbours is None or self._neighbours[0] is not ranking:
-            self._neighbours = (ranking, neighbours([p.config for p in ranking.plans]))
-        return self._neighbours[1]
 
     def apply(self, trace: s_tir.Trace, rand_state: int) -> s_tir.Trace | None:
         sample = _plan_sample(trace)
         if sample is None:
             return None
-        near = self.neighbours()
+        near = self.plans.neighbours
         current = int(trace.decisions[sample])
         choices = near[current] or [i for i in range(len(near)) if i != current]
         if not choices:
