@@ -67,8 +67,8 @@ WORKLOADS: dict[str, Callable] = {
     "ffn_relu_4096x1024_m128": lambda: gemm_chain(128, 4096, 1024, 1024, "relu"),
     **{f"attention_h{h}_s{s}_d{d}{'_causal' if c else ''}": (lambda h=h, s=s, d=d, c=c: attention(h, s, s, d, c))
        for h, s, d, c in ((32, 2048, 128, False), (16, 1024, 64, True))},
-    **{f"rms_norm_{w}_m{m}": (lambda m=m, w=w: topi_norm("rms_norm", m, w, "float16")) for m, w in (
-        (32, 8192), (1024, 4096))},
+    **{f"{op}_{w}_m{m}": (lambda op=op, m=m, w=w: topi_norm(op, m, w, "float16")) for op, m, w in (
+        ("rms_norm", 32, 8192), ("rms_norm", 1024, 4096), ("layer_norm", 4096, 4096), ("softmax", 4096, 32000))},
 }
 
 
