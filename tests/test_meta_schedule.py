@@ -169,3 +169,29 @@ def test_verify_gpu_code_checks_the_targets_thread_limit():
             sch.enter_postproc()
             verdicts = [postproc.apply(sch) for postproc in space.postprocs]
             assert verdicts[0] and all(verdicts[:-1]) and verdicts[-1] == accepted
+
+
+def test_a_chain_space_holds_its_unfused_plans_that_s_tir_checks():
+    """A SwiGLU chain's planned space: its unfused plans (two GEMM kernels, the usual pick at
+    M = 128) are in it where s_tir's checks let them be scheduled, and a candidate sampling one
+    builds the kernels of that plan; those the checks refuse are left out, none dropped later."""
+    from conftest import planned_candidate
+    from tvm_dsm.meta_schedule.planned_space import PlannedSpace
+    from tvm_dsm.rules.unfused_chain import UnfusedChainConfig
+    from tvm_dsm.workloads.chains import swiglu_ffn
+
+    func = swiglu_ffn(128, 1024, 512, 512)
+    ranking = tvm_dsm.plan(func)
+    mod = tvm.IRModule({"main": func})
+    space = PlannedSpace(top=40)
+    sch = planned_candidate(space, mod, 0)
+    kept = space.plans.ranking.plans
+    unfused = [i for i, p in enumerate(kept) if isinstance(p.config, UnfusedChainConfig)]
+    assert unfused and len(unfused) < len(kept)
+    first = kept[unfused[0]]
+    if unfused[0] != 0:
+        sch = planned_candidate(space, mod, unfused[0])
+    assert cuda_source(sch.mod) == cuda_source(ranking.schedule(ranking.plans.index(first)).mod)
+    # every unfused plan ranked above the space's last one is in it, or refused by s_tir's checks
+    left_out = [p for p in ranking.plans[:ranking.plans.index(kept[-1])] if p not in kept]
+    assert all(isinstance(p.config, UnfusedChainConfig) and p.config.gemm0.cluster_size > 1 for p in left_out)

@@ -65,6 +65,23 @@ def test_measure_writes_a_row_per_candidate_with_its_features(monkeypatch):
     assert rows[2]["ours_us"] == pytest.approx(1e3 / 3)  # the scripted runner: later is faster
 
 
+def test_search_runs_metaschedule_and_times_its_best_beside_the_pools(monkeypatch):
+    """The search subcommand's row: MetaSchedule measured ``trials`` distinct planned
+    candidates, then the best of them, the pool's best and the untuned pick were timed again
+    side by side (the scripted runner times later candidates of a batch as faster)."""
+    from test_driver import InProcessBuilder, _ScriptedRunner
+
+    monkeypatch.setitem(sq.WORKLOADS, "tiny", lambda: dense(128, 512, 512))
+    pool = sq.measure(["tiny"], top=3, builder=InProcessBuilder(), runner=_ScriptedRunner(), log=lambda _: None)
+    row = sq.search("tiny", pool, trials=4, top=8, builder=InProcessBuilder(), runner=_ScriptedRunner(),
+                    log=lambda _: None)
+    assert row["ok"] and row["measured"] == 4 and row["pool_best_rank"] == 2
+    assert 0 <= row["tuned_rank"] < 8
+    timed = sorted({row["tuned_rank"], 2, 0})  # tune times them in this order: the last is fastest
+    assert row["share"] == pytest.approx(row["pool_best_us"] / row["ours_us"])
+    assert min(row["ours_us"], row["pool_best_us"], row["untuned_us"]) == pytest.approx(1e3 / len(timed))
+
+
 def test_every_workload_is_planned():
     """Every workload of the suite has a family and at least a few candidates to search."""
     import tvm_dsm

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import tvm
@@ -112,9 +112,10 @@ class Measured:
 
 
 def tune(func: tirx.PrimFunc, work_dir: str, *, target=H100, top_k: int = 8,
-         hw: Hardware | None = None, builder: ms.Builder | None = None,
-         runner: ms.Runner | None = None) -> list[Measured]:
-    """Build and time the planner's ``top_k`` configurations with MetaSchedule's builder and
+         ranks: Sequence[int] | None = None, hw: Hardware | None = None,
+         builder: ms.Builder | None = None, runner: ms.Runner | None = None) -> list[Measured]:
+    """Build and time the planner's ``top_k`` configurations (or those of the given ``ranks``
+    in its order) with MetaSchedule's builder and
     runner (on this machine's GPU unless a runner is given) and commit every measured one to the
     JSON database in ``work_dir``; returns them fastest first (failures last). Families that
     generate their kernels (fused cascades, convolution chains: ``ScheduleFamily.traced``) are measured
@@ -127,7 +128,8 @@ def tune(func: tirx.PrimFunc, work_dir: str, *, target=H100, top_k: int = 8,
                                "(pass runner=, e.g. MetaSchedule's RPCRunner, to measure elsewhere)")
     ranking = plan(func, hw, target)
     target = tvm.target.Target(target)
-    candidates = list(enumerate(ranking.plans[:top_k]))
+    ranks = range(min(top_k, len(ranking.plans))) if ranks is None else ranks
+    candidates = [(rank, ranking.plans[rank]) for rank in ranks]
     schedules = [ranking.schedule(rank) for rank, _ in candidates]
     # A fresh worker imports TVM and its tensor intrinsics before building (MetaSchedule's 30 s
     # default is too short for that on a cold machine).
@@ -303,8 +305,8 @@ def _merged(func: tirx.PrimFunc, scheduled: list[s_tir.Schedule]) -> s_tir.Sched
 
 def replay(trace: s_tir.Trace, func: tirx.PrimFunc) -> s_tir.Schedule:
     """``trace`` (a tuning record's) applied to ``func``. Replayed with s_tir's checks off, where
-    MetaSchedule's ``query_schedule`` keeps them on: an unfused chain's trace schedules its
-    second kernel in a scope s_tir no longer counts as a stage pipeline
+    MetaSchedule's ``query_schedule`` keeps them on: some unfused chains' traces schedule
+    their second kernel where s_tir's region analysis cannot follow
     (:mod:`tvm_dsm.rules.unfused_chain`); every recorded trace passed those checks, or was
     built as that module explains, when ``tune`` scheduled it. (The schedule takes ``func``
     itself: one of ``func.with_attr(...)`` was measured to mutate ``func``'s body in place.)"""

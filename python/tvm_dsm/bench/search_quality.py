@@ -24,6 +24,13 @@ the candidates the learned search has not measured after 32 and 64 trials, of th
 and the learned predictions. Features are recomputed from each row's configuration by this
 commit's planner.
 
+``python -m tvm_dsm.bench.search_quality search --pools X [X2 ...] --out Y`` (on the GPU
+machine) runs the search itself: MetaSchedule's ``tune_tir`` over the workload's
+:class:`~tvm_dsm.meta_schedule.PlannedSpace` with the evolutionary search ``tune_relax`` uses
+and the learned cost model, ``--trials`` (64) candidates in rounds of :data:`BATCH`. Then, in
+the same process, the best candidate it found, the best of the workload's measured pool and the
+untuned pick are timed side by side; the row's ``share`` is the pool's best over the search's.
+
 ``python -m tvm_dsm.bench.search_quality prior X [X2 ...]`` writes the measurements
 :func:`~tvm_dsm.learned_ranking.rerank` learns from (``tvm_dsm/data/measured_plans.json``).
 """
@@ -99,6 +106,73 @@ def measure(names: list[str], top: int, builder=None, runner=None, log=print) ->
         log(f"{name}: {len(ok)} of {len(measured)} measured, best {min((m.measured_us for m in ok), default=0):.1f} us "
             f"({time.perf_counter() - start:.0f} s)")
     return rows
+
+
+def search(name: str, pool: list[dict], trials: int, top: int = 64, builder=None, runner=None,
+           log=print) -> dict:
+    """MetaSchedule's search of workload ``name``'s planned space (see the module docstring),
+    then its best, the best of ``pool`` (the workload's measured rows) and the untuned pick
+    timed side by side by :func:`tvm_dsm.tune`; ``builder`` and ``runner`` default to this
+    machine's GPU (:mod:`tvm_dsm.local_measure`)."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from ..driver import BUILD_TIMEOUT_S, load_tvm_dsm, plan, tune
+    from ..families import match_family
+    from ..hardware import load_hardware
+    from ..local_measure import local_builder, local_runner
+    from ..meta_schedule import LearnedPlanModel, PlannedSpace
+    from ..meta_schedule.candidate_config import config_from, examples
+    from ..meta_schedule.planned_space import plan_index, planned_search
+    from ..meta_schedule.relax_tuning import H100_TAG
+    from ..tuning_database import open_database
+
+    hw = load_hardware()
+    func = WORKLOADS[name]()
+    ranking = plan(func, hw)
+    space = PlannedSpace(top, hw)
+    with tempfile.TemporaryDirectory() as work_dir:
+        start = time.perf_counter()
+        database = ms.tir_integration.tune_tir(
+            tvm.IRModule({"main": func}), target=H100_TAG, work_dir=work_dir, max_trials_global=trials,
+            num_trials_per_iter=BATCH, space=space, strategy=planned_search(top), cost_model=LearnedPlanModel(hw),
+            builder=builder or local_builder(BUILD_TIMEOUT_S, load_tvm_dsm),
+            runner=runner or local_runner(load_tvm_dsm), database=open_database(work_dir))
+        seconds = time.perf_counter() - start
+        planned = space.plans.plan(tvm.IRModule({"main": func})).plans  # what the search's clone sampled from
+        searched = {}  # the planner's rank of each measured candidate: its median time
+        for record in database.get_all_tuning_records():
+            index = plan_index(ms.database.TuningRecord.as_measure_candidate(record).sch)
+            times = [float(t) for t in record.run_secs]
+            if index is not None and max(times) < 1e9:
+                searched[ranking.plans.index(planned[index])] = float(np.median(times)) * 1e6
+    family, shape = match_family(func)
+    typed = examples(family.space(shape, hw))
+    pool_best = min((r for r in pool if r["ok"]), key=lambda r: r["ours_us"])
+    pool_rank = next((i for i, p in enumerate(ranking.plans) if p.config == config_from(pool_best["config"], typed)), None)
+    tuned_rank = min(searched, key=searched.get)
+    ranks = list(dict.fromkeys(r for r in (tuned_rank, pool_rank, 0) if r is not None))
+    with tempfile.TemporaryDirectory() as work_dir:
+        timed = {m.rank: m.measured_us for m in tune(func, work_dir, ranks=ranks, hw=hw, builder=builder, runner=runner)}
+    row = {"name": name, "ok": timed.get(tuned_rank) is not None, "rel_err": None, "trials": trials,
+           "measured": len(searched), "search_seconds": round(seconds, 1), "tuned_rank": tuned_rank,
+           "pool_best_rank": pool_rank, "ours_us": timed.get(tuned_rank), "pool_best_us": timed.get(pool_rank),
+           "untuned_us": timed.get(0), "pool_best_us_when_pooled": pool_best["ours_us"]}
+    if row["ok"] and row["pool_best_us"]:
+        row["share"] = row["pool_best_us"] / row["ours_us"]
+    if row["ok"] and row["untuned_us"]:
+        row["gain_over_untuned"] = row["untuned_us"] / row["ours_us"]
+    log(f"{name}: {len(searched)} measured in {seconds:.0f} s; tuned rank {tuned_rank} {row['ours_us']} us, "
+        f"pool best rank {pool_rank} {row['pool_best_us']} us, untuned {row['untuned_us']} us")
+    return row
+
+
+def _searchable(name: str) -> bool:
+    """Whether MetaSchedule can search workload ``name``'s planned space (its family's
+    schedules are traces)."""
+    from ..families import match_family
+
+    return match_family(WORKLOADS[name]())[0].traced
 
 
 def with_features(rows: list[dict]) -> list[dict]:
@@ -223,18 +297,40 @@ def main(argv: list[str] | None = None) -> None:
     s = sub.add_parser("simulate", help="replay searches over a measure run's pools")
     s.add_argument("measured", nargs="+", help="measure runs' results (e.g. one per --only group)")
     s.add_argument("--out", default=str(RESULTS / SUITE / "latest.json"))
+    t = sub.add_parser("search", help="MetaSchedule's search of each pooled workload's planned space (GPU)")
+    t.add_argument("--pools", nargs="+", required=True, help="measure runs' results")
+    t.add_argument("--out", required=True)
+    t.add_argument("--trials", type=int, default=64)
+    t.add_argument("--only", nargs="*", help="workload names containing one of these")
     p = sub.add_parser("prior", help="write the measurements plan() re-ranks with (tvm_dsm/data/measured_plans.json)")
     p.add_argument("measured", nargs="+", help="measure runs' results")
     p.add_argument("--out", default=str(MEASURED_PLANS))
     args = parser.parse_args(argv)
     import tvm
 
-    if args.command == "measure":
+    import json
+
+    if args.command in ("measure", "search"):
         import torch
 
+        device, versions = torch.cuda.get_device_name(0), {"tvm": tvm.__version__, "tvm_dsm": git_sha()}
+    if args.command == "search":
+        pools = [row for path in args.pools for row in json.loads(Path(path).read_text())["rows"]]
+        names = [n for n in dict.fromkeys(r["workload"] for r in pools)
+                 if (not args.only or any(o in n for o in args.only)) and _searchable(n)]
+        results = new_suite(f"{SUITE}_search", device, versions,
+                            "MetaSchedule's LocalBuilder and LocalRunner through tvm_dsm's local_measure, median of its repeats")
+        results["command"] = f"python -m tvm_dsm.bench.search_quality search --trials {args.trials}"
+        results["rows"] = []
+        for name in names:
+            results["rows"].append(search(name, [r for r in pools if r["workload"] == name], args.trials,
+                                          log=lambda line: print(line, flush=True)))
+            write(results, args.out)
+        return
+    if args.command == "measure":
+
         names = [n for n in WORKLOADS if not args.only or any(o in n for o in args.only)]
-        results = new_suite(f"{SUITE}_pools", torch.cuda.get_device_name(0),
-                            {"tvm": tvm.__version__, "tvm_dsm": git_sha()},
+        results = new_suite(f"{SUITE}_pools", device, versions,
                             "tvm_dsm.tune: MetaSchedule's LocalBuilder and LocalRunner, median of its repeats")
         results["command"] = "python -m tvm_dsm.bench.search_quality measure --top " + str(args.top)
         results["rows"] = []
@@ -242,8 +338,6 @@ def main(argv: list[str] | None = None) -> None:
             results["rows"] += measure([name], args.top, log=lambda line: print(line, flush=True))
             write(results, args.out)
         return
-    import json
-
     runs = [json.loads(Path(path).read_text()) for path in args.measured]
     results = new_suite(SUITE, f"CPU (offline, from {runs[0]['device']} measurements)",
                         {"measured_with": [run["versions"] for run in runs], "simulated_with": git_sha()},

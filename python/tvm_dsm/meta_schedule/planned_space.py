@@ -17,10 +17,11 @@ invalid, and rejecting it after sampling starves the search. The mutator gives t
 moves: neighbours differ in one knob, nested ones (a chain's two GEMMs) included.
 
 A GEMM chain's unfused plans (two split-K GEMM kernels, :mod:`tvm_dsm.rules.unfused_chain`) are
-left out: their schedule needs s_tir's checks off (its kernels' decomposed reductions leave the
-root scope no stage pipeline), and MetaSchedule creates every candidate's schedule with them on.
-:func:`tvm_dsm.tune` measures them with MetaSchedule's builder and runner and records them in its
-database, and :func:`tvm_dsm.build` replays them.
+in the space where s_tir's checks let their schedule be made, since MetaSchedule creates every
+candidate's schedule with them on: every unfused plan whose first GEMM runs on one CTA per
+output tile, the usual pick. The others (a first GEMM split over a cluster) are left out;
+:func:`tvm_dsm.tune` measures them with MetaSchedule's builder and runner and records them in
+its database, and :func:`tvm_dsm.build` replays them.
 
 Each candidate carries its configuration (:mod:`~tvm_dsm.meta_schedule.candidate_config`) and
 its predicted time as root-block annotations: :class:`PlanCostModel` scores by the prediction,
@@ -77,10 +78,21 @@ class _Plans:
         if not ranking.family.traced:
             raise ClusterError(f"the {ranking.family.name} family writes a new kernel function, which a "
                                "MetaSchedule trace of this one cannot record (tvm_dsm.tune measures it)")
-        replayable = [p for p in ranking.plans if not isinstance(p.config, UnfusedChainConfig)]
-        self.ranking = dataclasses.replace(ranking, plans=replayable[: self.top])
-        self.neighbours = neighbours([p.config for p in self.ranking.plans])
-        self._traces = {}
+        kept, self._traces = [], {}
+        for rank, p in enumerate(ranking.plans):
+            if len(kept) == self.top:
+                break
+            if isinstance(p.config, UnfusedChainConfig):  # scheduled now: kept if s_tir's checks held
+                try:
+                    sch = ranking.schedule(rank)
+                except (ClusterError, ScheduleError):
+                    continue
+                if not sch.state.enable_check:
+                    continue
+                self._traces[len(kept)] = sch.trace
+            kept.append(p)
+        self.ranking = dataclasses.replace(ranking, plans=kept)
+        self.neighbours = neighbours([p.config for p in kept])
         return self.ranking
 
     def trace(self, index: int) -> s_tir.Trace:

@@ -18,12 +18,14 @@ K loop). A gate kernel of its own (its fp32 sums through global memory, the up k
 ``silu(gate) * up`` as its epilogue) would fill the machine with twice the CTAs, but is slower
 wherever the planner would pick it (docs/chains.md).
 
-All kernels are scheduled in one s_tir schedule, so a MetaSchedule trace records them. The
-schedule is created with ``enable_check=False``: the first kernel's decomposed reductions leave
-two writers of its partial sums in the root scope, which then stops being a "stage pipeline",
-and s_tir refuses compute_at anywhere in such a scope, also for the later kernels' blocks,
-which touch none of the first's buffers. Each kernel's instructions are those of a dense
-layer's schedule, which is built with the checks on (:func:`schedule_split_k_gemm`).
+All kernels are scheduled in one s_tir schedule, so a MetaSchedule trace records them. s_tir's
+checks stay on where they can, since MetaSchedule replays a trace with them on. Where the first
+kernel splits K over a cluster they cannot: once the second kernel's partial product is
+blockized, s_tir's region-cover analysis of the root scope reports that kernel's main-loop block
+uncovered by its producers, and refuses to place its operand tiles. Such a chain is scheduled
+with ``enable_check=False`` (each kernel's instructions are those of a dense layer's schedule,
+built with the checks on: :func:`schedule_split_k_gemm`), and its trace replays only with the
+checks off (:func:`tvm_dsm.driver.replay`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tvm import s_tir, tirx
+from tvm.s_tir.schedule.schedule import ScheduleError
 
 from ..hardware import Hardware
 from ..transform.programmatic_launch import launch_programmatically
@@ -67,7 +70,13 @@ def schedule_unfused_chain(func: tirx.PrimFunc, config: UnfusedChainConfig, hw: 
     """Schedule ``func`` (a GEMM chain, see :func:`~tvm_dsm.rules.fused_chain.find_chain`) as
     two split-K GEMM kernels within ``hw``'s limits
     (:func:`tvm_dsm.planners.unfused_chain.plan_unfused_chain` plans them)."""
-    sch = s_tir.Schedule(func, enable_check=False)  # see the module docstring
+    try:
+        return _schedule(s_tir.Schedule(func), config, hw)
+    except ScheduleError:  # see the module docstring
+        return _schedule(s_tir.Schedule(func, enable_check=False), config, hw)
+
+
+def _schedule(sch: s_tir.Schedule, config: UnfusedChainConfig, hw: Hardware) -> s_tir.Schedule:
     blocks, shape = find_chain(sch)
     check_unfused_config(shape, config, hw)
     first, second = gemm_shapes(shape)
