@@ -81,9 +81,9 @@ def _planned_tuning(mod, work_dir: str, trials: int, top: int):
     from test_driver import InProcessBuilder, _ScriptedRunner
 
     from tvm_dsm.meta_schedule import LearnedPlanModel, PlannedSpace
-    from tvm_dsm.meta_schedule.planned_space import planned_search
+    from tvm_dsm.meta_schedule.planned_space import PlannedSearch
 
-    strategy = planned_search(top)
+    strategy = PlannedSearch(top)
     return ms.tir_integration.tune_tir(
         mod, target="nvidia/nvidia-h100", work_dir=work_dir, max_trials_global=trials,
         num_trials_per_iter=trials // 2, space=PlannedSpace(top=top), strategy=strategy,
@@ -111,6 +111,16 @@ def test_the_search_measures_distinct_configurations_and_replays_every_one(tmp_p
         expected = tvm_dsm.plan(func).schedule(plans.index(fused[index])).mod
         assert predicted_us(sch.mod) == fused[index].predicted_us
         assert cuda_source(sch.mod) == cuda_source(expected)
+
+
+def test_the_search_ends_when_the_space_runs_out(tmp_path):
+    """A space of 4 configurations under a budget of 16 trials: all 4 measured, then the task
+    ends (MetaSchedule's evolutionary search alone repeats empty rounds until the budget is
+    spent)."""
+    database = _planned_tuning(tvm.IRModule({"main": dense(64, 512, 512)}), str(tmp_path), trials=16, top=4)
+    assert len(database.get_all_tuning_records()) == 4
+    logs = "".join(p.read_text() for p in (tmp_path / "logs").glob("*.log"))
+    assert logs.count("sample(s) to builder") <= 2
 
 
 def test_the_mutator_moves_one_knob():

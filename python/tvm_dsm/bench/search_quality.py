@@ -123,7 +123,7 @@ def search(name: str, pool: list[dict], trials: int, top: int = 64, builder=None
     from ..local_measure import local_builder, local_runner
     from ..meta_schedule import LearnedPlanModel, PlannedSpace
     from ..meta_schedule.candidate_config import config_from, examples
-    from ..meta_schedule.planned_space import plan_index, planned_search
+    from ..meta_schedule.planned_space import PlannedSearch, plan_index
     from ..meta_schedule.relax_tuning import H100_TAG
     from ..tuning_database import open_database
 
@@ -135,7 +135,7 @@ def search(name: str, pool: list[dict], trials: int, top: int = 64, builder=None
         start = time.perf_counter()
         database = ms.tir_integration.tune_tir(
             tvm.IRModule({"main": func}), target=H100_TAG, work_dir=work_dir, max_trials_global=trials,
-            num_trials_per_iter=BATCH, space=space, strategy=planned_search(top), cost_model=LearnedPlanModel(hw),
+            num_trials_per_iter=BATCH, space=space, strategy=PlannedSearch(top), cost_model=LearnedPlanModel(hw),
             builder=builder or local_builder(BUILD_TIMEOUT_S, load_tvm_dsm),
             runner=runner or local_runner(load_tvm_dsm), database=open_database(work_dir))
         seconds = time.perf_counter() - start
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--pools", nargs="+", required=True, help="measure runs' results")
     t.add_argument("--out", required=True)
     t.add_argument("--trials", type=int, default=64)
-    t.add_argument("--only", nargs="*", help="workload names containing one of these")
+    t.add_argument("--only", nargs="*", help="workload names containing one of these, in this order")
     p = sub.add_parser("prior", help="write the measurements plan() re-ranks with (tvm_dsm/data/measured_plans.json)")
     p.add_argument("measured", nargs="+", help="measure runs' results")
     p.add_argument("--out", default=str(MEASURED_PLANS))
@@ -316,8 +316,8 @@ def main(argv: list[str] | None = None) -> None:
         device, versions = torch.cuda.get_device_name(0), {"tvm": tvm.__version__, "tvm_dsm": git_sha()}
     if args.command == "search":
         pools = [row for path in args.pools for row in json.loads(Path(path).read_text())["rows"]]
-        names = [n for n in dict.fromkeys(r["workload"] for r in pools)
-                 if (not args.only or any(o in n for o in args.only)) and _searchable(n)]
+        pooled = list(dict.fromkeys(r["workload"] for r in pools))
+        names = [n for n in dict.fromkeys(n for o in args.only or [""] for n in pooled if o in n) if _searchable(n)]
         results = new_suite(f"{SUITE}_search", device, versions,
                             "MetaSchedule's LocalBuilder and LocalRunner through tvm_dsm's local_measure, median of its repeats")
         results["command"] = f"python -m tvm_dsm.bench.search_quality search --trials {args.trials}"

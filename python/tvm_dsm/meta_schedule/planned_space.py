@@ -157,15 +157,42 @@ def _plan_sample(trace: s_tir.Trace):
                 and inst.outputs[0].same_as(annotated.inputs[1]))
 
 
-def planned_search(top: int) -> ms.search_strategy.EvolutionarySearch:
-    """MetaSchedule's evolutionary search sized for a planned space of ``top`` points: a
-    population of twice that and two generations a round. MetaSchedule's defaults (2048, four)
-    would run the postprocessors (a replay of the whole schedule, then VerifyGPUCode's lowering:
-    about half a second a candidate) thousands of times for at most ``top`` distinct candidates,
-    and its initial sampling, which insists on 50 unmeasured candidates, would stop the search
-    once fewer are left."""
-    return ms.search_strategy.EvolutionarySearch(population_size=max(16, 2 * top), init_min_unmeasured=1,
-                                                 genetic_num_iters=2)
+@derived_object
+class PlannedSearch(ms.search_strategy.PySearchStrategy):
+    """MetaSchedule's evolutionary search sized for a planned space of ``top`` points, ending
+    its task once a round finds nothing left to measure.
+
+    A population of twice the space and two generations a round: MetaSchedule's defaults (2048,
+    four) would run the postprocessors (a replay of the whole schedule, then VerifyGPUCode's
+    lowering: about half a second a candidate) thousands of times for at most ``top`` distinct
+    candidates, and its initial sampling, which insists on 50 unmeasured candidates, would stop
+    the search once fewer are left. A pruned space can run out before the trial budget: the
+    evolutionary search then hands back empty rounds, which MetaSchedule's task scheduler
+    repeats until the budget is spent (minutes of nothing), so an empty round ends the task."""
+
+    def __init__(self, top: int):
+        super().__init__()
+        self.top = top
+        self.evolutionary = ms.search_strategy.EvolutionarySearch(
+            population_size=max(16, 2 * top), init_min_unmeasured=1, genetic_num_iters=2)
+
+    def _initialize_with_tune_context(self, context) -> None:
+        self.evolutionary._initialize_with_tune_context(context)
+
+    def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None, cost_model=None) -> None:
+        self.evolutionary.pre_tuning(max_trials, num_trials_per_iter, design_spaces, database, cost_model)
+
+    def post_tuning(self) -> None:
+        self.evolutionary.post_tuning()
+
+    def generate_measure_candidates(self):
+        return self.evolutionary.generate_measure_candidates() or None
+
+    def notify_runner_results(self, measure_candidates, results) -> None:
+        self.evolutionary.notify_runner_results(measure_candidates, results)
+
+    def clone(self) -> "PlannedSearch":
+        return PlannedSearch(self.top)
 
 
 def plan_index(sch: s_tir.Schedule) -> int | None:

@@ -19,7 +19,7 @@ from ..hardware import Hardware, load_hardware
 from ..local_measure import local_builder, local_runner
 from ..tuning_database import open_database
 from .learned_cost_model import LearnedPlanModel
-from .planned_space import PlannedSpace, planned_search
+from .planned_space import PlannedSearch, PlannedSpace
 
 logger = logging.getLogger(__name__)
 
@@ -50,13 +50,13 @@ def task_space(name: str, func: tvm.tirx.PrimFunc, target: tvm.target.Target, to
 def tuning_contexts(mod: tvm.IRModule, work_dir: str, target=H100_TAG, params=None, top: int = 64,
                     hw: Hardware | None = None, seed: int | None = None) -> tuple[list[ms.TuneContext], list[float]]:
     """The tuning contexts of ``mod``'s tasks and their weights, each with its space and an
-    evolutionary search sized for it (:func:`~tvm_dsm.meta_schedule.planned_space.planned_search`
+    evolutionary search sized for it (:class:`~tvm_dsm.meta_schedule.PlannedSearch`
     for a planned space, MetaSchedule's default otherwise)."""
     target, hw = tvm.target.Target(target), hw or load_hardware()
     contexts, weights = [], []
     for task in ms.relax_integration.extract_tasks(mod, target, params):
         space = task_space(task.task_name, task.dispatched[0]["main"], target, top, hw)
-        strategy = "evolutionary" if space == DEFAULT_SPACE else planned_search(top)
+        strategy = "evolutionary" if space == DEFAULT_SPACE else PlannedSearch(top)
         made, weight = ms.relax_integration.extracted_tasks_to_tune_contexts(
             [task], work_dir, space=space, strategy=strategy, seed=seed)
         contexts += made
