@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 import subprocess
 from pathlib import Path
@@ -21,6 +22,15 @@ def _has_gpu() -> bool:
         return torch.cuda.is_available()
     except ImportError:
         return False
+
+
+def without_unnamed_meta_schedule_handlers() -> None:
+    """Take pytest's log-capture handlers off MetaSchedule's logger: a tuning run re-configures
+    that logger by the names of the handlers on it, and fails on these unnamed ones (found there
+    from a test's second run in a process on)."""
+    logger = logging.getLogger("tvm.s_tir.meta_schedule")
+    for handler in [h for h in logger.handlers if h.get_name() is None]:
+        logger.removeHandler(handler)
 
 
 def pytest_collection_modifyitems(config, items):

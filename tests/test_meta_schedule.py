@@ -78,12 +78,14 @@ def test_cost_model_ranks_candidates_by_the_analytical_model():
 def _planned_tuning(mod, work_dir: str, trials: int, top: int):
     """tune_tir over ``PlannedSpace(top)`` with the learned cost model, a scripted runner and
     the evolutionary search tune_relax sizes for such a space."""
+    from conftest import without_unnamed_meta_schedule_handlers
     from test_driver import InProcessBuilder, _ScriptedRunner
 
     from tvm_dsm.meta_schedule import LearnedPlanModel, PlannedSpace
     from tvm_dsm.meta_schedule.planned_space import PlannedSearch
 
     strategy = PlannedSearch(top)
+    without_unnamed_meta_schedule_handlers()
     return ms.tir_integration.tune_tir(
         mod, target="nvidia/nvidia-h100", work_dir=work_dir, max_trials_global=trials,
         num_trials_per_iter=trials // 2, space=PlannedSpace(top=top), strategy=strategy,
@@ -159,26 +161,43 @@ def test_families_that_write_their_kernel_have_no_searchable_space():
     assert task_space("attention", func, target, 4, load_hardware()) == DEFAULT_SPACE
 
 
-def test_verify_gpu_code_checks_the_targets_thread_limit():
-    """MetaSchedule's VerifyGPUCode runs on every candidate: a target allowing 32 threads a
-    block refuses the dense layer's kernels (at least a warp group each), the H100's takes them."""
-    from tvm import s_tir
-    from tvm_dsm.meta_schedule import PlannedSpace
-
+def test_the_lowered_kernels_are_checked_against_the_targets_limits():
+    """Every candidate's kernels, as tvm-dsm lowers them, go through TVM's GPU-code check: a
+    target allowing 32 threads a block refuses the dense layer's kernels (at least a warp group
+    each), the H100's takes them."""
     mod = tvm.IRModule({"main": dense(64, 512, 512)})
     narrow = {"kind": "cuda", "arch": "sm_90a", "max_threads_per_block": 32, "max_num_threads": 32,
               "thread_warp_size": 32, "max_shared_memory_per_block": 49152}
     for target, accepted in ((narrow, False), ("nvidia/nvidia-h100", True)):
-        space = PlannedSpace(top=4)
-        context = ms.TuneContext(mod=mod, target=tvm.target.Target(target), space_generator=space, task_name="t")
-        (design,) = context.generate_design_space()
-        sample = next(i for i in design.trace.insts if i.kind.name == "SampleCategorical")
-        for index in range(4):
-            sch = s_tir.Schedule(mod)
-            design.trace.with_decision(sample, index, True).apply_to_schedule(sch, remove_postproc=True)
-            sch.enter_postproc()
-            verdicts = [postproc.apply(sch) for postproc in space.postprocs]
-            assert verdicts[0] and all(verdicts[:-1]) and verdicts[-1] == accepted
+        verdicts = _postproc_verdicts(mod, target, top=4)
+        assert all(v[0] and all(v[:-1]) and v[-1] == accepted for v in verdicts)
+
+
+def _postproc_verdicts(mod, target, top: int) -> list[list[bool]]:
+    """For each configuration of ``mod``'s planned space, what each postprocessor said."""
+    from tvm import s_tir
+    from tvm_dsm.meta_schedule import PlannedSpace
+
+    space = PlannedSpace(top=top)
+    context = ms.TuneContext(mod=mod, target=tvm.target.Target(target), space_generator=space, task_name="t")
+    (design,) = context.generate_design_space()
+    sample = next(i for i in design.trace.insts if i.kind.name == "SampleCategorical")
+    verdicts = []
+    for index in range(len(space.plans.ranking.plans)):
+        sch = s_tir.Schedule(mod)
+        design.trace.with_decision(sample, index, True).apply_to_schedule(sch, remove_postproc=True)
+        sch.enter_postproc()
+        verdicts.append([postproc.apply(sch) for postproc in space.postprocs])
+    return verdicts
+
+
+def test_no_planned_configuration_is_refused_by_the_checks():
+    """The planner's first 64 configurations of a dense layer whose first pick overlays its
+    fp32 partials on the operand pipeline's shared memory: all pass every postprocessor
+    (MetaSchedule's VerifyGPUCode, lowering without tvm-dsm's passes, refused 8 of them)."""
+    mod = tvm.IRModule({"main": dense(1024, 1152, 896)})
+    verdicts = _postproc_verdicts(mod, "nvidia/nvidia-h100", top=64)
+    assert len(verdicts) == 64 and all(all(v) for v in verdicts)
 
 
 def test_a_chain_space_holds_its_unfused_plans_that_s_tir_checks():

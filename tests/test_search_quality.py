@@ -69,9 +69,11 @@ def test_search_runs_metaschedule_and_times_its_best_beside_the_pools(monkeypatc
     """The search subcommand's row: MetaSchedule measured ``trials`` distinct planned
     candidates, then the best of them, the pool's best and the untuned pick were timed again
     side by side (the scripted runner times later candidates of a batch as faster)."""
+    from conftest import without_unnamed_meta_schedule_handlers
     from test_driver import InProcessBuilder, _ScriptedRunner
 
     monkeypatch.setitem(sq.WORKLOADS, "tiny", lambda: dense(128, 512, 512))
+    without_unnamed_meta_schedule_handlers()
     pool = sq.measure(["tiny"], top=3, builder=InProcessBuilder(), runner=_ScriptedRunner(), log=lambda _: None)
     row = sq.search("tiny", pool, trials=4, top=8, builder=InProcessBuilder(), runner=_ScriptedRunner(),
                     log=lambda _: None)

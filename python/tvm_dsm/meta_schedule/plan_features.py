@@ -38,25 +38,28 @@ class PlanFeatureExtractor(ms.feature_extractor.PyFeatureExtractor):
     def __init__(self, hw: Hardware | None = None):
         super().__init__()
         self.hw = hw or load_hardware()
-        self._tasks: dict[str, tuple[ScheduleFamily, Any, Any]] = {}
+        self._tasks: dict[str, tuple[ScheduleFamily, Any, dict]] = {}
 
-    def task(self, mod: tvm.IRModule) -> tuple[ScheduleFamily, Any, Any]:
-        """(family, shape, one configuration of each type of its space) of a task's function,
-        found once per function (module attributes aside)."""
+    def task(self, mod: tvm.IRModule) -> tuple[ScheduleFamily, Any, dict]:
+        """(family, shape, the plan of each configuration of its space) of a task's function,
+        found once per function (module attributes aside): a search scores hundreds of
+        candidates a round, and a chain's ranking takes about half a second."""
         key = shash2hex(tvm.IRModule({"main": mod["main"]}))
         if key not in self._tasks:
             family, shape = match_family(mod["main"])
-            self._tasks[key] = (family, shape, examples(family.space(shape, self.hw)))
+            self._tasks[key] = (family, shape, {plan.config: plan for plan in family.rank(shape, self.hw)})
         return self._tasks[key]
 
     def features(self, mod: tvm.IRModule, candidate: tvm.IRModule) -> np.ndarray:
         """The feature vector of ``candidate``, a schedule of the task ``mod``."""
-        family, shape, typed = self.task(mod)
+        family, shape, plans = self.task(mod)
         fields = recorded_fields(candidate)
         if fields is None:
             raise ClusterError("the candidate records no tvm-dsm configuration (not from PlannedSpace)")
-        config = config_from(fields, typed)
-        return plan_features(family.name, config, family.predict(shape, config, self.hw), self.hw)
+        config = config_from(fields, examples(list(plans)))
+        if config not in plans:
+            raise ClusterError(f"{config} is not a valid {family.name} configuration here")
+        return plan_features(family.name, config, plans[config], self.hw)
 
     def extract_from(self, context, candidates) -> list:
         return [tvm.runtime.tensor(self.features(context.mod, c.sch.mod)[None, :]) for c in candidates]

@@ -47,18 +47,20 @@ from ..intrin import import_tvm_intrinsics
 from ..rules.unfused_chain import UnfusedChainConfig
 from .candidate_config import annotate_config
 from .cost_model import AnalyticalScores
+from .verify_kernels import VerifyLoweredKernels
 
 #: How sharply the design space's decision favours the best predicted configurations: a
 #: configuration predicted ``r`` times slower than the best is sampled ``r**-SHARPNESS`` as often.
 SHARPNESS = 4.0
 
 
-#: MetaSchedule's CUDA postprocessors, applied after the configuration is scheduled: on tvm-dsm's
-#: schedules the rewrites find nothing to do (the kernels' CUDA is unchanged) and VerifyGPUCode
-#: checks the target's thread and shared-memory limits (the latter the GPU's opt-in maximum).
+#: MetaSchedule's CUDA postprocessors, applied after the configuration is scheduled (on tvm-dsm's
+#: schedules the rewrites find nothing to do: the kernels' CUDA is unchanged); then
+#: :class:`~tvm_dsm.meta_schedule.verify_kernels.VerifyLoweredKernels`, VerifyGPUCode's check on
+#: the kernels tvm-dsm's lowering makes.
 CUDA_POSTPROCS = (ms.postproc.DisallowDynamicLoop, ms.postproc.RewriteCooperativeFetch,
                   ms.postproc.RewriteUnboundBlock, ms.postproc.RewriteParallelVectorizeUnroll,
-                  ms.postproc.RewriteReductionBlock, ms.postproc.VerifyGPUCode)
+                  ms.postproc.RewriteReductionBlock)
 
 
 class _Plans:
@@ -120,13 +122,14 @@ class PlannedSpace(ms.space_generator.PySpaceGenerator):
         self.top, self.hw = top, hw or load_hardware()
         self.plans = _Plans(top, self.hw)
         self.sch_rules = []
-        self.postprocs = [ApplyPlannedConfig(self.plans), *(make() for make in CUDA_POSTPROCS)]
+        self.postprocs = [ApplyPlannedConfig(self.plans), *(make() for make in CUDA_POSTPROCS),
+                          VerifyLoweredKernels(self.hw)]
         self.mutator_probs = {MutatePlannedConfig(self.plans): 1.0}
 
     def _initialize_with_tune_context(self, context) -> None:  # noqa: D401 - MetaSchedule hook
         # MetaSchedule leaves a Python space generator's postprocessors and mutators to it. They
         # see the target with the GPU's opt-in shared memory per CTA: a target tag states the
-        # default 48 KB, which would make VerifyGPUCode refuse every deeper pipeline.
+        # default 48 KB, which would refuse every deeper pipeline.
         target = tvm.target.Target({**context.target.export(), "max_shared_memory_per_block": self.hw.smem_per_cta})
         limits = ms.TuneContext(mod=context.mod, target=target, task_name=context.task_name)
         for part in (*self.postprocs, *self.mutator_probs):
@@ -163,8 +166,8 @@ class PlannedSearch(ms.search_strategy.PySearchStrategy):
     its task once a round finds nothing left to measure.
 
     A population of twice the space and two generations a round: MetaSchedule's defaults (2048,
-    four) would run the postprocessors (a replay of the whole schedule, then VerifyGPUCode's
-    lowering: about half a second a candidate) thousands of times for at most ``top`` distinct
+    four) would run the postprocessors (a replay of the whole schedule, then its lowering)
+    thousands of times for at most ``top`` distinct
     candidates, and its initial sampling, which insists on 50 unmeasured candidates, would stop
     the search once fewer are left. A pruned space can run out before the trial budget: the
     evolutionary search then hands back empty rounds, which MetaSchedule's task scheduler
