@@ -41,7 +41,7 @@ def test_shapes_past_the_measured_rows_keep_the_analytical_order(m):
 
 def test_families_without_measurements_keep_the_analytical_order():
     family, shape, plans = _ranked(8, 6144, 4096)
-    assert rerank("row_norm", shape, plans, HW) == plans
+    assert rerank("split_k_reduction", shape, plans, HW) == plans
 
 
 def test_families_measured_on_too_few_workloads_keep_the_analytical_order():
@@ -83,3 +83,19 @@ def test_the_committed_features_are_what_this_code_computes():
         config = config_from(row["config"], examples(family.space(shape, HW)))
         features = plan_features(family.name, config, family.predict(shape, config, HW), HW)
         np.testing.assert_allclose(features, row["features"], atol=1e-4)
+
+
+def test_row_wise_operators_are_reranked_within_the_measured_row_counts():
+    """A row-wise operator's row count is its rows' product: RMSNorm over 32 rows (measured up
+    to 4096) has its first plans re-ordered by the norm measurements, over 8192 rows it keeps
+    the analytical order."""
+    from tvm_dsm.learned_ranking import row_count
+    from tvm_dsm.workloads.norms import topi_norm
+
+    for rows, covered in ((32, True), (8192, False)):
+        family, shape = match_family(topi_norm("rms_norm", rows, 4096, "float16"))
+        assert family.name == "row_norm" and row_count(shape) == rows
+        plans = family.rank(shape, HW)
+        reranked = rerank(family.name, shape, plans, HW)
+        assert reranked[RERANKED:] == plans[RERANKED:] and sorted(map(id, reranked)) == sorted(map(id, plans))
+        assert (reranked != plans) == covered

@@ -159,14 +159,23 @@ def _measured(family: str) -> tuple[PlanResidual, int] | None:
     return residual, max(r["m"] for r in rows)
 
 
+def row_count(shape: Any) -> int | None:
+    """The row count of a family's shape (a GEMM's M, a row-wise operator's rows), None where it
+    is symbolic or the shape has none."""
+    m = getattr(shape, "m", None)
+    if m is None and getattr(shape, "rows_shape", None) is not None:
+        m = math.prod(shape.rows_shape) if all(isinstance(r, int) for r in shape.rows_shape) else None
+    return m if isinstance(m, int) else None
+
+
 def rerank(family: str, shape: Any, plans: list[Plan], hw: Hardware) -> list[Plan]:
     """``plans`` (the analytical ranking of ``shape``) with its first :data:`RERANKED` re-ordered
     by the correction learned from the committed measurements of ``family``, where those cover
     ``shape``'s row count (``shape.m`` up to the largest measured) and hold enough workloads;
     unchanged elsewhere."""
     measured = _measured(family)
-    m = getattr(shape, "m", None)
-    if measured is None or not isinstance(m, int) or m > measured[1] or len(plans) < 2:
+    m = row_count(shape)
+    if measured is None or m is None or m > measured[1] or len(plans) < 2:
         return plans
     head = plans[:RERANKED]
     features = np.stack([plan_features(family, p.config, p, hw) for p in head])

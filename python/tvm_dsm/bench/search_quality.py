@@ -48,7 +48,8 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import spearmanr
 
-from ..learned_ranking import ANALYTICAL, FEATURE_NAMES, MEASURED_PLANS, MIN_WORKLOADS, RERANKED, PlanResidual, plan_features
+from ..learned_ranking import (ANALYTICAL, FEATURE_NAMES, MEASURED_PLANS, MIN_WORKLOADS, RERANKED, PlanResidual,
+                               plan_features, row_count)
 from ..workloads.cascades import attention
 from ..workloads.chains import gemm_chain, swiglu_ffn
 from ..workloads.dense import dense, gated_dense
@@ -191,7 +192,7 @@ def with_features(rows: list[dict]) -> list[dict]:
             if r["workload"] == name and r["ok"]:
                 config = config_from(r["config"], typed)
                 features = plan_features(family.name, config, family.predict(shape, config, hw), hw)
-                out.append({**r, "features": features.tolist(), "m": getattr(shape, "m", None)})
+                out.append({**r, "features": features.tolist(), "m": row_count(shape)})
     return out
 
 
