@@ -167,11 +167,11 @@ class PlannedSearch(ms.search_strategy.PySearchStrategy):
 
     A population of twice the space and two generations a round: MetaSchedule's defaults (2048,
     four) would run the postprocessors (a replay of the whole schedule, then its lowering)
-    thousands of times for at most ``top`` distinct
-    candidates, and its initial sampling, which insists on 50 unmeasured candidates, would stop
-    the search once fewer are left. A pruned space can run out before the trial budget: the
-    evolutionary search then hands back empty rounds, which MetaSchedule's task scheduler
-    repeats until the budget is spent (minutes of nothing), so an empty round ends the task."""
+    thousands of times for at most ``top`` distinct candidates, and its initial sampling, which
+    insists on 50 unmeasured candidates, would stop the search once fewer are left. A pruned
+    space can run out before the trial budget: the evolutionary search then hands back empty
+    rounds, which MetaSchedule's task scheduler repeats until the budget is spent (minutes of
+    nothing), so an empty round ends the task."""
 
     def __init__(self, top: int):
         super().__init__()
