@@ -224,3 +224,31 @@ def test_a_chain_space_holds_its_unfused_plans_that_s_tir_checks():
     # every unfused plan ranked above the space's last one is in it, or refused by s_tir's checks
     left_out = [p for p in ranking.plans[:ranking.plans.index(kept[-1])] if p not in kept]
     assert all(isinstance(p.config, UnfusedChainConfig) and p.config.gemm0.cluster_size > 1 for p in left_out)
+
+
+def test_progress_counts_every_trial_and_reports_a_tasks_first_failure_once(tmp_path, caplog):
+    """A tuning run whose builds all fail: the progress bar reaches the trial count and the log
+    has one line naming the task, the stage and the error's last line."""
+    from conftest import without_unnamed_meta_schedule_handlers
+    from test_driver import _ScriptedRunner
+    from tvm.ir.utils import derived_object
+
+    from tvm_dsm.meta_schedule import LearnedPlanModel, PlannedSearch, PlannedSpace
+    from tvm_dsm.meta_schedule.progress import TuningProgress
+
+    @derived_object
+    class NoCompiler(ms.builder.PyBuilder):
+        def build(self, build_inputs):
+            return [ms.builder.BuilderResult(None, "Traceback ...\nRuntimeError: nvcc not found") for _ in build_inputs]
+
+    progress = TuningProgress(total=6, disable=True)
+    caplog.set_level("WARNING", logger="tvm_dsm.meta_schedule.progress")
+    without_unnamed_meta_schedule_handlers()
+    ms.tir_integration.tune_tir(
+        tvm.IRModule({"main": dense(64, 512, 512)}), target="nvidia/nvidia-h100", work_dir=str(tmp_path),
+        max_trials_global=6, num_trials_per_iter=3, space=PlannedSpace(top=8), strategy=PlannedSearch(8),
+        cost_model=LearnedPlanModel(), builder=NoCompiler(), runner=_ScriptedRunner(),
+        measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), progress])
+    assert progress.trials == 6 and progress.failed == 6
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line == "task 0: a candidate failed to build: RuntimeError: nvcc not found"

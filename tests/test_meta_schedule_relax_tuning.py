@@ -3,8 +3,6 @@ space, and no ClusterError escapes (no measurement)."""
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 from tvm import relax, te
 from tvm.script import relax as R
@@ -27,11 +25,10 @@ def _model():
     return relax.transform.LegalizeOps()(bb.get())
 
 
-def test_uncovered_tasks_get_the_default_space(tmp_path, caplog, monkeypatch):
-    # MetaSchedule's work-directory loggers list its logger's handlers by name; an earlier
-    # tuning test leaves pytest's (unnamed) capture handlers there, on which TVM fails
-    ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
-    monkeypatch.setattr(ms_logger, "handlers", [h for h in ms_logger.handlers if h.get_name()])
+def test_uncovered_tasks_get_the_default_space(tmp_path, caplog):
+    from conftest import without_unnamed_meta_schedule_handlers
+
+    without_unnamed_meta_schedule_handlers()
     caplog.set_level("INFO", logger="tvm_dsm.meta_schedule.relax_tuning")
     contexts, weights = tuning_contexts(_model(), str(tmp_path))
     assert len(contexts) == len(weights) >= 2

@@ -20,6 +20,7 @@ from ..local_measure import local_builder, local_runner
 from ..tuning_database import open_database
 from .learned_cost_model import LearnedPlanModel
 from .planned_space import PlannedSearch, PlannedSpace
+from .progress import TuningProgress
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +73,8 @@ def tune_relax(mod: tvm.IRModule, work_dir: str, max_trials_global: int, *, targ
     """Tune every task of ``mod`` (see :func:`tuning_contexts`) with the learned cost model
     (:class:`~tvm_dsm.meta_schedule.LearnedPlanModel`) unless another is given, into the JSON
     database in ``work_dir`` (:func:`~tvm_dsm.tuning_database.open_database`: a run killed
-    mid-write resumes from it); returns the database. ``builder`` and ``runner`` default to
+    mid-write resumes from it), showing a progress bar and each task's first failure
+    (:class:`~tvm_dsm.meta_schedule.progress.TuningProgress`); returns the database. ``builder`` and ``runner`` default to
     MetaSchedule's local ones as :mod:`tvm_dsm.local_measure` sets them up."""
     if runner is None and (reason := gpu_or_reason()):
         raise RuntimeError(f"tune_relax measures on this machine's GPU: {reason} (pass runner=, e.g. "
@@ -83,7 +85,9 @@ def tune_relax(mod: tvm.IRModule, work_dir: str, max_trials_global: int, *, targ
                               max_trials_global=max_trials_global, num_trials_per_iter=num_trials_per_iter,
                               builder=builder or local_builder(BUILD_TIMEOUT_S, load_tvm_dsm),
                               runner=runner or local_runner(load_tvm_dsm), database=open_database(work_dir),
-                              cost_model=cost_model or LearnedPlanModel(hw))
+                              cost_model=cost_model or LearnedPlanModel(hw),
+                              measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"),
+                                                 TuningProgress(max_trials_global)])
     logger.info("tuned %d tasks into %s:\n%s", len(contexts), work_dir, task_table(contexts, database))
     return database
 
