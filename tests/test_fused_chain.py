@@ -189,3 +189,28 @@ def test_the_family_ranks_smem_only_fusion_with_the_rest():
     fused = [p.config for p in plans if isinstance(p.config, FusedChainConfig)]
     assert fused[0].cluster_size == 1 and any(c.cluster_size > 1 for c in fused)
     assert len(fused) < len(plans)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_the_planned_shared_memory_is_what_the_lowered_kernel_allocates(gated):
+    """The planner's shared-memory count of a fused chain against its lowered kernel: never
+    below (a plan the lowering would refuse), and exact for TMA pipelines of several tile
+    steps (a gated chain's stage streams both W tiles)."""
+    import tvm
+
+    from tvm_dsm.meta_schedule.verify_kernels import lowered_kernels
+    from tvm_dsm.transform.buffers import shared_bytes
+
+    hw = load_hardware()
+    func = swiglu_ffn(128, 4096, 1024, 1024) if gated else gemm_chain(128, 4096, 1024, 1024, "relu")
+    _, shape = find_chain(s_tir.Schedule(func))
+    configs = [c for c in candidate_configs(shape, hw=hw)[0] if c.cluster_size == 2 and c.block_m == 32]
+    picked = {(c.tma, c.n_steps > 1, c.stages, c.block_n): c for c in configs}
+    assert len({(tma, steps) for tma, steps, *_ in picked}) == 4
+    for (tma, steps, *_), config in sorted(picked.items()):
+        (kernel, *_) = lowered_kernels(schedule_fused_chain(func, config, hw).mod,
+                                       tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}), hw)
+        allocated = shared_bytes(kernel.body, "shared") + shared_bytes(kernel.body, "shared.dyn")
+        assert config.shared_bytes(shape) >= allocated, config
+        if tma and steps:
+            assert config.shared_bytes(shape) == allocated, config

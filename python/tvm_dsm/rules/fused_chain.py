@@ -80,11 +80,25 @@ class FusedChainConfig:
                                 self.warps_m, self.warps_n, self.stages, self.tma)
 
     def shared_bytes(self, shape: "ChainShape") -> int:
-        """Shared memory per CTA: GEMM0's pipeline and partial tile(s), H, one W2 tile."""
-        partials = len(shape.gemm0) * self.block_m * self.block_n * 4
-        operands = self.main_loop().pipeline_bytes()
-        columns = shape.l // self.cluster_size
-        return operands + partials + (self.block_m + columns) * (self.block_n + PAD) * 2
+        """Shared memory per CTA as the lowered kernel allocates it: GEMM0's operand pipeline
+        (a gated chain's products sharing its K loop stream both W tiles a stage), its fp32
+        partial tile(s) and the W2 tile of the cluster's output columns; a TMA kernel holds a
+        second set of stage barriers. H's tile shares the partials' bytes. With one tile step a
+        TMA kernel places the partials over the freed pipeline (what exceeds its largest operand
+        buffer is added); a cp.async kernel of one step overlays part of both, depending on their
+        sizes, so both are counted whole there. (Checked against the lowered kernels of the
+        chains' plans: exact, or over where stated.)"""
+        loop = self.main_loop()
+        products = len(shape.gemm0)
+        partials = products * self.block_m * self.block_n * 4
+        w2 = shape.l // self.cluster_size * (self.block_n + PAD) * 2
+        operands = loop.pipeline_bytes(products=products) + loop.barrier_bytes + w2
+        if self.n_steps > 1:
+            return operands + partials
+        if self.tma:
+            largest = max(loop.slots("float16", self.block_m), loop.slots("float16", self.block_n))
+            return operands + max(0, partials - largest)
+        return operands + partials + self.block_m * (self.block_n + PAD) * 2
 
 
 @dataclass(frozen=True)

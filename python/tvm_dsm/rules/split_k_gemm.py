@@ -83,25 +83,28 @@ class SplitKGemmConfig:
         the other, each earlier partial tile is held next to the later pipelines."""
         tile = self.block_m * self.block_n * 4
         if shared_k_loop(self, products):
-            freed = [self._slots(dtype, self.block_m)] + [self._slots(dtype, self.block_n)] * products
-            return reused_shared_bytes([*freed, self._barrier_bytes], [tile] * products)
+            freed = [self.slots(dtype, self.block_m)] + [self.slots(dtype, self.block_n)] * products
+            return reused_shared_bytes([*freed, self.barrier_bytes], [tile] * products)
         later = self.pipeline_bytes(dtype) + (products - 1) * tile
-        return max(later + (products - 1) * self._barrier_bytes, products * tile)
+        return max(later + (products - 1) * self.barrier_bytes, products * tile)
 
-    def pipeline_bytes(self, dtype: str = "float16") -> int:
-        """The operand tiles of every stage (X's and W's) and, for TMA, the stages' mbarriers."""
-        return self._slots(dtype, self.block_m) + self._slots(dtype, self.block_n) + self._barrier_bytes
+    def pipeline_bytes(self, dtype: str = "float16", products: int = 1) -> int:
+        """The operand tiles of every stage (X's, and W's of each of ``products`` streamed in one
+        K loop, :func:`shared_k_loop`) and, for TMA, the stages' mbarriers."""
+        streamed = products if shared_k_loop(self, products) else 1
+        return self.slots(dtype, self.block_m) + streamed * self.slots(dtype, self.block_n) + self.barrier_bytes
 
-    def _slots(self, dtype: str, rows: int) -> int:
+    @property
+    def barrier_bytes(self) -> int:
+        """A TMA main loop's mbarriers: 8 bytes per stage, in 16-byte units."""
+        return -(-8 * self.stages // 16) * 16 if self.tma else 0
+
+    def slots(self, dtype: str, rows: int) -> int:
         """One operand's tiles of every stage: padded rows for cp.async; unpadded (swizzled)
         for TMA, after up to 1024 bytes that align its first slot."""
         row = self.block_k if self.tma else self.block_k + pad(dtype)
         return self.stages * rows * row * element_bytes(dtype) + (TMA_SLOT_ALIGN if self.tma else 0)
 
-    @property
-    def _barrier_bytes(self) -> int:
-        """A TMA main loop's mbarriers: 8 bytes per stage, in 16-byte units."""
-        return -(-8 * self.stages // 16) * 16 if self.tma else 0
 
 
 def reused_shared_bytes(freed: list[int], allocated: list[int]) -> int:
