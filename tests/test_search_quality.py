@@ -90,3 +90,20 @@ def test_every_workload_is_planned():
 
     for name, make in sq.WORKLOADS.items():
         assert len(tvm_dsm.plan(make()).plans) >= 2, name
+
+
+def test_tvms_xgb_model_searches_on_the_plan_features(monkeypatch):
+    """TVM's XGBModel fed tvm-dsm's plan features: the first batch in the planner's order, then
+    distinct candidates up to the budget, and a rank correlation on those it left."""
+    import dataclasses
+
+    import tvm_dsm
+
+    monkeypatch.setitem(sq.WORKLOADS, "tiny", lambda: dense(128, 512, 512))
+    plans = tvm_dsm.plan(sq.WORKLOADS["tiny"]()).plans[:48]
+    configs = [dataclasses.asdict(p.config) for p in plans]
+    times = np.array([p.predicted_us for p in plans]) * np.random.default_rng(2).uniform(0.8, 1.2, len(plans))
+    order, spearman = sq.tvm_xgb_search("tiny", configs, times, 34)
+    assert order[:sq.BATCH] == list(range(sq.BATCH))
+    assert len(order) == 34 and len(set(order)) == 34
+    assert set(spearman) == {32} and -1.0 <= spearman[32] <= 1.0

@@ -14,14 +14,16 @@ searches over those measured pools, each measuring batches of :data:`BATCH` cand
 - ``learned``: each next batch the best by :class:`~tvm_dsm.meta_schedule.PlanResidualModel`
   refitted on the workload's measurements so far;
 - ``learned_prior``: the same model fitted on the other workloads' measurements first (a tuning
-  session over many tasks, as ``tune_relax`` shares its cost model).
+  session over many tasks, as ``tune_relax`` shares its cost model);
+- ``tvm_xgb``: TVM's own ``XGBModel`` on :class:`~tvm_dsm.meta_schedule.PlanFeatureExtractor`'s
+  features (the first batch in the planner's order, then each the best it predicts).
 
 Per workload and search: the best time found within ``T`` trials (16, 32, 64) as a share of the
 pool's best (1.0: found), the untuned pick's share (the planner's first) and that of the pick
 re-ranked by the measurements of the other workloads of its family (what :func:`tvm_dsm.learned_ranking.rerank`
 does with the committed ones), and the Spearman rank correlation with the measured times, on
 the candidates the learned search has not measured after 32 and 64 trials, of the analytical
-and the learned predictions. Features are recomputed from each row's configuration by this
+and the learned predictions (and of TVM's XGBModel on those its search has not measured). Features are recomputed from each row's configuration by this
 commit's planner.
 
 ``python -m tvm_dsm.bench.search_quality search --pools X [X2 ...] --out Y`` (on the GPU
@@ -224,6 +226,52 @@ def learned_order(features: np.ndarray, times: np.ndarray, budget: int,
     return order
 
 
+def tvm_xgb_search(name: str, configs: list[dict], times: np.ndarray, budget: int) -> tuple[list[int], dict]:
+    """The candidates a search scored by TVM's ``XGBModel`` over tvm-dsm's plan features
+    measures, in order, up to ``budget`` (batches of BATCH; the first in the planner's order),
+    and per budget of 32 and 64 trials the Spearman correlation of its predictions with the
+    times of the candidates it has not measured."""
+    import tvm
+    from tvm import s_tir
+    from tvm.s_tir import meta_schedule as ms
+
+    from ..families import match_family
+    from ..hardware import load_hardware
+    from ..meta_schedule.candidate_config import annotate_config, config_from, examples
+    from ..intrin import import_tvm_intrinsics
+    from ..meta_schedule.plan_features import PlanFeatureExtractor
+
+    hw = load_hardware()
+    func = WORKLOADS[name]()
+    family, shape = match_family(func)
+    typed = examples(family.space(shape, hw))
+    mod = tvm.IRModule({"main": func})
+    import_tvm_intrinsics()  # before TuneContext imports them, slowly from a deep stack
+    context = ms.TuneContext(mod=mod, target=tvm.target.Target("nvidia/nvidia-h100"), task_name=name)
+    args_info = ms.arg_info.ArgInfo.from_prim_func(func)
+    candidates = []
+    for fields in configs:  # the function with the configuration its features describe
+        sch = s_tir.Schedule(mod)
+        annotate_config(sch, config_from(fields, typed))
+        candidates.append(ms.MeasureCandidate(sch, args_info))
+    model = ms.cost_model.XGBModel(extractor=PlanFeatureExtractor(hw), num_warmup_samples=0, verbose_eval=10**6)
+    order: list[int] = []
+    spearman = {}
+    while len(order) < min(budget, len(times)):
+        left = [i for i in range(len(times)) if i not in order]
+        scores = model.predict(context, [candidates[i] for i in left]) if order else -np.arange(len(left))
+        if len(order) in (32, 64):
+            spearman[len(order)] = _spearman(-np.asarray(scores), times[left])
+        batch = [left[i] for i in np.argsort(-np.asarray(scores), kind="stable")][:BATCH]
+        order += batch[:budget - len(order)]
+        model.update(context, [candidates[i] for i in batch],
+                     [ms.runner.RunnerResult([float(times[i]) * 1e-6], None) for i in batch])
+    left = [i for i in range(len(times)) if i not in order]
+    if len(order) in (32, 64) and left:
+        spearman[len(order)] = _spearman(-model.predict(context, [candidates[i] for i in left]), times[left])
+    return order, spearman
+
+
 def _reranked_pick(features: np.ndarray, family_pools: list[tuple[np.ndarray, np.ndarray]]) -> int:
     """The candidate an untuned build takes where the committed measurements are
     ``family_pools`` (the other workloads of its family): the first
@@ -247,6 +295,8 @@ def _spearman(predicted: np.ndarray, measured: np.ndarray) -> float | None:
 def simulate(rows: list[dict]) -> list[dict]:
     """One row per workload (see the module docstring)."""
     pools = _pools(rows)
+    configs = {w: [r.get("config") for r in sorted((r for r in rows if r["ok"] and r["workload"] == w), key=lambda r: r["rank"])]
+               for w in pools}
     families = {r["workload"]: r.get("family") for r in rows}
     out = []
     for name, (features, times) in pools.items():
@@ -257,6 +307,9 @@ def simulate(rows: list[dict]) -> list[dict]:
         orders = {"analytical": list(range(len(times))),
                   "learned": learned_order(features, times, max(BUDGETS)),
                   "learned_prior": learned_order(features, times, max(BUDGETS), prior)}
+        tvm_xgb_spearman = {}
+        if name in WORKLOADS and None not in configs[name]:  # TVM's model scores candidates of the workload
+            orders["tvm_xgb"], tvm_xgb_spearman = tvm_xgb_search(name, configs[name], times, max(BUDGETS))
         row = {"name": name, "ok": True, "rel_err": None, "candidates": len(times), "best_us": best,
                "untuned_share": best / float(times[0]), "reranked_share": best / float(times[_reranked_pick(features, same_family)])}
         for search, order in orders.items():
@@ -269,6 +322,8 @@ def simulate(rows: list[dict]) -> list[dict]:
             left = [i for i in range(len(times)) if i not in measured]
             row[f"spearman_analytical_after_{budget}"] = _spearman(np.exp2(features[left, ANALYTICAL]), times[left])
             row[f"spearman_learned_after_{budget}"] = _spearman(model.predict_us(features[left]), times[left])
+            if "tvm_xgb" in orders:
+                row[f"spearman_tvm_xgb_after_{budget}"] = tvm_xgb_spearman.get(budget)
         out.append(row)
     return out
 
