@@ -72,3 +72,22 @@ def test_tuning_without_a_gpu_says_so_in_one_line(tmp_path):
         pytest.skip("this machine has a GPU")
     with pytest.raises(RuntimeError, match="tune_relax measures on this machine's GPU: .*RPCRunner"):
         tune_relax(_model(), str(tmp_path), max_trials_global=1)
+
+
+def test_tune_relax_tunes_every_task_into_one_database(tmp_path):
+    """A whole model tuned with a scripted runner: the matmul in tvm-dsm's space, the softmax and
+    transpose in TVM's, all into the one database, whose records every task has."""
+    import tvm
+    from conftest import without_unnamed_meta_schedule_handlers
+    from test_driver import InProcessBuilder, _ScriptedRunner
+
+    from tvm_dsm.meta_schedule import tune_relax
+
+    mod = _model()
+    tasks = ms.relax_integration.extract_tasks(mod, tvm.target.Target("nvidia/nvidia-h100"))
+    without_unnamed_meta_schedule_handlers()
+    database = tune_relax(mod, str(tmp_path), max_trials_global=4 * len(tasks), num_trials_per_iter=4,
+                          builder=InProcessBuilder(), runner=_ScriptedRunner())
+    records = database.get_all_tuning_records()
+    assert len(records) >= len(tasks) >= 3
+    assert all(database.has_workload(task.dispatched[0]) for task in tasks)
