@@ -161,18 +161,27 @@ def ptxas_report(nvcc_folder):
     return run
 
 
-def planned_candidate(space, mod: tvm.IRModule, index: int):
-    """What MetaSchedule makes of a ``PlannedSpace`` design space whose decision is ``index``:
-    the trace replayed with it, then the space's postprocessors."""
+def planned_candidates(space, mod: tvm.IRModule, indices=None, target="nvidia/nvidia-h100") -> list:
+    """What MetaSchedule makes of a ``PlannedSpace`` design space for ``target`` whose decision
+    is each of ``indices`` (all of the space's configurations by default): the trace replayed
+    with it, then the space's postprocessors; (schedule, each postprocessor's verdict) each."""
     from tvm import s_tir
     from tvm.s_tir import meta_schedule as ms
 
-    context = ms.TuneContext(mod=mod, target=tvm.target.Target("nvidia/nvidia-h100"), space_generator=space,
-                             task_name="planned")
+    context = ms.TuneContext(mod=mod, target=tvm.target.Target(target), space_generator=space, task_name="planned")
     (design,) = context.generate_design_space()
     sample = next(i for i in design.trace.insts if i.kind.name == "SampleCategorical")
-    sch = s_tir.Schedule(mod)
-    design.trace.with_decision(sample, index, True).apply_to_schedule(sch, remove_postproc=True)
-    sch.enter_postproc()
-    assert all(postproc.apply(sch) for postproc in space.postprocs)
+    out = []
+    for index in range(len(space.plans.ranking.plans)) if indices is None else indices:
+        sch = s_tir.Schedule(mod)
+        design.trace.with_decision(sample, index, True).apply_to_schedule(sch, remove_postproc=True)
+        sch.enter_postproc()
+        out.append((sch, [postproc.apply(sch) for postproc in space.postprocs]))
+    return out
+
+
+def planned_candidate(space, mod: tvm.IRModule, index: int):
+    """:func:`planned_candidates`' schedule for decision ``index``, every postprocessor passed."""
+    ((sch, verdicts),) = planned_candidates(space, mod, [index])
+    assert all(verdicts)
     return sch

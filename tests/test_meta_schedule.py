@@ -75,21 +75,21 @@ def test_cost_model_ranks_candidates_by_the_analytical_model():
     )[:5]
 
 
-def _planned_tuning(mod, work_dir: str, trials: int, top: int):
+def _planned_tuning(mod, work_dir: str, trials: int, top: int, builder=None, measure_callbacks="default"):
     """tune_tir over ``PlannedSpace(top)`` with the learned cost model, a scripted runner and
-    the evolutionary search tune_relax sizes for such a space."""
+    the search tune_relax uses for such a space, in rounds of half the trials (building in this
+    process unless another ``builder`` is given)."""
     from conftest import without_unnamed_meta_schedule_handlers
     from test_driver import InProcessBuilder, _ScriptedRunner
 
-    from tvm_dsm.meta_schedule import LearnedPlanModel, PlannedSpace
-    from tvm_dsm.meta_schedule.planned_space import PlannedSearch
+    from tvm_dsm.meta_schedule import LearnedPlanModel, PlannedSearch, PlannedSpace
 
-    strategy = PlannedSearch(top)
     without_unnamed_meta_schedule_handlers()
     return ms.tir_integration.tune_tir(
         mod, target="nvidia/nvidia-h100", work_dir=work_dir, max_trials_global=trials,
-        num_trials_per_iter=trials // 2, space=PlannedSpace(top=top), strategy=strategy,
-        cost_model=LearnedPlanModel(), builder=InProcessBuilder(), runner=_ScriptedRunner())
+        num_trials_per_iter=trials // 2, space=PlannedSpace(top=top), strategy=PlannedSearch(top),
+        cost_model=LearnedPlanModel(), builder=builder or InProcessBuilder(), runner=_ScriptedRunner(),
+        measure_callbacks=measure_callbacks)
 
 
 def test_the_search_measures_distinct_configurations_and_replays_every_one(tmp_path):
@@ -175,20 +175,10 @@ def test_the_lowered_kernels_are_checked_against_the_targets_limits():
 
 def _postproc_verdicts(mod, target, top: int) -> list[list[bool]]:
     """For each configuration of ``mod``'s planned space, what each postprocessor said."""
-    from tvm import s_tir
+    from conftest import planned_candidates
     from tvm_dsm.meta_schedule import PlannedSpace
 
-    space = PlannedSpace(top=top)
-    context = ms.TuneContext(mod=mod, target=tvm.target.Target(target), space_generator=space, task_name="t")
-    (design,) = context.generate_design_space()
-    sample = next(i for i in design.trace.insts if i.kind.name == "SampleCategorical")
-    verdicts = []
-    for index in range(len(space.plans.ranking.plans)):
-        sch = s_tir.Schedule(mod)
-        design.trace.with_decision(sample, index, True).apply_to_schedule(sch, remove_postproc=True)
-        sch.enter_postproc()
-        verdicts.append([postproc.apply(sch) for postproc in space.postprocs])
-    return verdicts
+    return [verdicts for _, verdicts in planned_candidates(PlannedSpace(top=top), mod, target=target)]
 
 
 def test_no_planned_configuration_is_refused_by_the_checks():
@@ -229,11 +219,8 @@ def test_a_chain_space_holds_its_unfused_plans_that_s_tir_checks():
 def test_progress_counts_every_trial_and_reports_a_tasks_first_failure_once(tmp_path, caplog):
     """A tuning run whose builds all fail: the progress bar reaches the trial count and the log
     has one line naming the task, the stage and the error's last line."""
-    from conftest import without_unnamed_meta_schedule_handlers
-    from test_driver import _ScriptedRunner
     from tvm.ir.utils import derived_object
 
-    from tvm_dsm.meta_schedule import LearnedPlanModel, PlannedSearch, PlannedSpace
     from tvm_dsm.meta_schedule.progress import TuningProgress
 
     @derived_object
@@ -243,12 +230,8 @@ def test_progress_counts_every_trial_and_reports_a_tasks_first_failure_once(tmp_
 
     progress = TuningProgress(total=6, disable=True)
     caplog.set_level("WARNING", logger="tvm_dsm.meta_schedule.progress")
-    without_unnamed_meta_schedule_handlers()
-    ms.tir_integration.tune_tir(
-        tvm.IRModule({"main": dense(64, 512, 512)}), target="nvidia/nvidia-h100", work_dir=str(tmp_path),
-        max_trials_global=6, num_trials_per_iter=3, space=PlannedSpace(top=8), strategy=PlannedSearch(8),
-        cost_model=LearnedPlanModel(), builder=NoCompiler(), runner=_ScriptedRunner(),
-        measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), progress])
+    _planned_tuning(tvm.IRModule({"main": dense(64, 512, 512)}), str(tmp_path), trials=6, top=8, builder=NoCompiler(),
+                    measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), progress])
     assert progress.trials == 6 and progress.failed == 6
     (line,) = [r.getMessage() for r in caplog.records]
     assert line == "task 0: a candidate failed to build: RuntimeError: nvcc not found"

@@ -205,7 +205,7 @@ def evaluate(family: str, measurements: list[Measurement], sizes=TRAIN_SIZES, re
     extractor = plan_xgb_model(hw).extractor
     predicted = {}
     for key, ms_ in groups.by_group.items():
-        _, shape, _ = extractor.task(groups.contexts[key].mod)
+        _, shape, _, _ = extractor.task(groups.contexts[key].mod)
         for m in ms_:
             predicted[m] = fam.predict(shape, m.config, hw).predicted_us
     shapes = sorted({m.shape for m in measurements}, key=str)

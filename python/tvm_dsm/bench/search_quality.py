@@ -121,7 +121,6 @@ def search(name: str, pool: list[dict], trials: int, top: int = 64, builder=None
     from tvm.s_tir import meta_schedule as ms
 
     from ..driver import BUILD_TIMEOUT_S, load_tvm_dsm, plan, tune
-    from ..families import match_family
     from ..hardware import load_hardware
     from ..local_measure import local_builder, local_runner
     from ..meta_schedule import LearnedPlanModel, PlannedSpace
@@ -149,8 +148,7 @@ def search(name: str, pool: list[dict], trials: int, top: int = 64, builder=None
             times = [float(t) for t in record.run_secs]
             if index is not None and max(times) < 1e9:
                 searched[ranking.plans.index(planned[index])] = float(np.median(times)) * 1e6
-    family, shape = match_family(func)
-    typed = examples(family.space(shape, hw))
+    typed = examples([p.config for p in ranking.plans])
     pool_best = min((r for r in pool if r["ok"]), key=lambda r: r["ours_us"])
     pool_rank = next((i for i, p in enumerate(ranking.plans) if p.config == config_from(pool_best["config"], typed)), None)
     tuned_rank = min(searched, key=searched.get)
@@ -235,17 +233,14 @@ def tvm_xgb_search(name: str, configs: list[dict], times: np.ndarray, budget: in
     from tvm import s_tir
     from tvm.s_tir import meta_schedule as ms
 
-    from ..families import match_family
-    from ..hardware import load_hardware
-    from ..meta_schedule.candidate_config import annotate_config, config_from, examples
     from ..intrin import import_tvm_intrinsics
+    from ..meta_schedule.candidate_config import annotate_config, config_from
     from ..meta_schedule.plan_features import PlanFeatureExtractor
 
-    hw = load_hardware()
     func = WORKLOADS[name]()
-    family, shape = match_family(func)
-    typed = examples(family.space(shape, hw))
     mod = tvm.IRModule({"main": func})
+    extractor = PlanFeatureExtractor()
+    typed = extractor.task(mod)[3]
     import_tvm_intrinsics()  # before TuneContext imports them, slowly from a deep stack
     context = ms.TuneContext(mod=mod, target=tvm.target.Target("nvidia/nvidia-h100"), task_name=name)
     args_info = ms.arg_info.ArgInfo.from_prim_func(func)
@@ -254,7 +249,7 @@ def tvm_xgb_search(name: str, configs: list[dict], times: np.ndarray, budget: in
         sch = s_tir.Schedule(mod)
         annotate_config(sch, config_from(fields, typed))
         candidates.append(ms.MeasureCandidate(sch, args_info))
-    model = ms.cost_model.XGBModel(extractor=PlanFeatureExtractor(hw), num_warmup_samples=0, verbose_eval=10**6)
+    model = ms.cost_model.XGBModel(extractor=extractor, num_warmup_samples=0, verbose_eval=10**6)
     order: list[int] = []
     spearman = {}
     while len(order) < min(budget, len(times)):
@@ -384,7 +379,6 @@ def main(argv: list[str] | None = None) -> None:
             write(results, args.out)
         return
     if args.command == "measure":
-
         names = [n for n in WORKLOADS if not args.only or any(o in n for o in args.only)]
         results = new_suite(f"{SUITE}_pools", device, versions,
                             "tvm_dsm.tune: MetaSchedule's LocalBuilder and LocalRunner, median of its repeats")

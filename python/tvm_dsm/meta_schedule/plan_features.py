@@ -38,25 +38,27 @@ class PlanFeatureExtractor(ms.feature_extractor.PyFeatureExtractor):
     def __init__(self, hw: Hardware | None = None):
         super().__init__()
         self.hw = hw or load_hardware()
-        self._tasks: dict[str, tuple[ScheduleFamily, Any, dict]] = {}
+        self._tasks: dict[str, tuple[ScheduleFamily, Any, dict, list]] = {}
 
-    def task(self, mod: tvm.IRModule) -> tuple[ScheduleFamily, Any, dict]:
-        """(family, shape, the plan of each configuration of its space) of a task's function,
-        found once per function (module attributes aside): a search scores hundreds of
-        candidates a round, and a chain's ranking takes about half a second."""
+    def task(self, mod: tvm.IRModule) -> tuple[ScheduleFamily, Any, dict, list]:
+        """(family, shape, the plan of each configuration of its space, one configuration of
+        each type) of a task's function, found once per function (module attributes aside): a
+        search scores hundreds of candidates a round, and a chain's ranking takes about half a
+        second."""
         key = shash2hex(tvm.IRModule({"main": mod["main"]}))
         if key not in self._tasks:
             family, shape = match_family(mod["main"])
-            self._tasks[key] = (family, shape, {plan.config: plan for plan in family.rank(shape, self.hw)})
+            plans = {plan.config: plan for plan in family.rank(shape, self.hw)}
+            self._tasks[key] = (family, shape, plans, examples(list(plans)))
         return self._tasks[key]
 
     def features(self, mod: tvm.IRModule, candidate: tvm.IRModule) -> np.ndarray:
         """The feature vector of ``candidate``, a schedule of the task ``mod``."""
-        family, shape, plans = self.task(mod)
+        family, _, plans, typed = self.task(mod)
         fields = recorded_fields(candidate)
         if fields is None:
             raise ClusterError("the candidate records no tvm-dsm configuration (not from PlannedSpace)")
-        config = config_from(fields, examples(list(plans)))
+        config = config_from(fields, typed)
         if config not in plans:
             raise ClusterError(f"{config} is not a valid {family.name} configuration here")
         return plan_features(family.name, config, plans[config], self.hw)

@@ -113,8 +113,9 @@ def _root(sch: s_tir.Schedule):
 class PlannedSpace(ms.space_generator.PySpaceGenerator):
     """The design space of a task: its function with the sampled plan index (ClusterError if no
     family applies, or one that writes a new kernel function). Its postprocessors are
-    :class:`ApplyPlannedConfig` then MetaSchedule's CUDA ones (:data:`CUDA_POSTPROCS`), its
-    mutator :class:`MutatePlannedConfig`."""
+    :class:`ApplyPlannedConfig`, MetaSchedule's CUDA ones (:data:`CUDA_POSTPROCS`), then
+    :class:`~tvm_dsm.meta_schedule.verify_kernels.VerifyLoweredKernels`; its mutator
+    :class:`MutatePlannedConfig`."""
 
     def __init__(self, top: int = 64, hw: Hardware | None = None):
         super().__init__()

@@ -74,8 +74,9 @@ def tune_relax(mod: tvm.IRModule, work_dir: str, max_trials_global: int, *, targ
     (:class:`~tvm_dsm.meta_schedule.LearnedPlanModel`) unless another is given, into the JSON
     database in ``work_dir`` (:func:`~tvm_dsm.tuning_database.open_database`: a run killed
     mid-write resumes from it), showing a progress bar and each task's first failure
-    (:class:`~tvm_dsm.meta_schedule.progress.TuningProgress`); returns the database. ``builder`` and ``runner`` default to
-    MetaSchedule's local ones as :mod:`tvm_dsm.local_measure` sets them up."""
+    (:class:`~tvm_dsm.meta_schedule.progress.TuningProgress`); returns the database.
+    ``builder`` and ``runner`` default to MetaSchedule's local ones as
+    :mod:`tvm_dsm.local_measure` sets them up."""
     if runner is None and (reason := gpu_or_reason()):
         raise RuntimeError(f"tune_relax measures on this machine's GPU: {reason} (pass runner=, e.g. "
                            "MetaSchedule's RPCRunner, to measure elsewhere)")

@@ -106,7 +106,6 @@ class SplitKGemmConfig:
         return self.stages * rows * row * element_bytes(dtype) + (TMA_SLOT_ALIGN if self.tma else 0)
 
 
-
 def reused_shared_bytes(freed: list[int], allocated: list[int]) -> int:
     """Shared memory of a kernel whose buffers ``freed`` (bytes, in allocation order) are dead
     when buffers ``allocated`` are allocated, as TVM's shared-memory merge lays them out

@@ -20,9 +20,11 @@ wherever the planner would pick it (docs/chains.md).
 
 All kernels are scheduled in one s_tir schedule, so a MetaSchedule trace records them. s_tir's
 checks stay on where they can, since MetaSchedule replays a trace with them on. Where the first
-kernel splits K over a cluster they cannot: once the second kernel's partial product is
-blockized, s_tir's region-cover analysis of the root scope reports that kernel's main-loop block
-uncovered by its producers, and refuses to place its operand tiles. Such a chain is scheduled
+kernel splits K over a cluster they cannot: once its rank loop is bound to the cluster, s_tir's
+region-cover analysis of the root scope (re-run when the second kernel's partial product is
+blockized) reports that kernel's main-loop block uncovered by its producers, and refuses to
+place its operand tiles; binding the ranks after both kernels' tiles are placed is refused too
+(``bind`` then finds no compact dataflow). Such a chain is scheduled
 with ``enable_check=False`` (each kernel's instructions are those of a dense layer's schedule,
 built with the checks on: :func:`schedule_split_k_gemm`), and its trace replays only with the
 checks off (:func:`tvm_dsm.driver.replay`).
