@@ -107,3 +107,17 @@ def test_tvms_xgb_model_searches_on_the_plan_features(monkeypatch):
     assert order[:sq.BATCH] == list(range(sq.BATCH))
     assert len(order) == 34 and len(set(order)) == 34
     assert set(spearman) == {32} and -1.0 <= spearman[32] <= 1.0
+
+
+def test_merged_search_runs_keep_the_later_row_of_a_workload_and_summarize_them():
+    def run(sha, rows):
+        return {"suite": "search_quality_search", "date": "2026-11-29", "versions": {"tvm_dsm": sha},
+                "rows": [{"name": n, "ok": True, "trials": 32, "search_seconds": 100.0, "share": s,
+                          "gain_over_untuned": g} for n, s, g in rows]}
+
+    merged = sq.merge_searches([run("a", [("x", 0.9, 1.0), ("y", 1.0, 2.0)]),
+                                run("b", [("x", 1.0, 1.5)])])
+    assert {r["name"]: r["run"] for r in merged["rows"]} == {"x": "b", "y": "a"}
+    summary = sq.search_summary(merged["rows"])
+    assert summary["within_2pct"] == 2 and summary["workloads"] == 2
+    assert summary["geomean_gain_over_untuned"] == pytest.approx(3 ** 0.5)

@@ -33,6 +33,11 @@ and the learned cost model, ``--trials`` (64) candidates in rounds of :data:`BAT
 the same process, the best candidate it found, the best of the workload's measured pool and the
 untuned pick are timed side by side; the row's ``share`` is the pool's best over the search's.
 
+``python -m tvm_dsm.bench.search_quality merge-search X [X2 ...] --out Y`` merges search runs
+(a later run's row replaces an earlier one of the same workload; each row names its run) and
+writes their summary beside ``Y`` (``summary.json``: the geometric mean share and gain over the
+untuned pick, the workloads found within 2%).
+
 ``python -m tvm_dsm.bench.search_quality prior X [X2 ...]`` writes the measurements
 :func:`~tvm_dsm.learned_ranking.rerank` learns from (``tvm_dsm/data/measured_plans.json``).
 """
@@ -326,16 +331,41 @@ def simulate(rows: list[dict]) -> list[dict]:
 def summary(rows: list[dict]) -> dict:
     """Per search and budget: the workloads whose best was found within 2% (share >= 0.98) and
     the geometric mean share; the untuned pick's geometric mean share."""
-    def geomean(values):
-        return float(np.exp(np.mean(np.log(values)))) if values else None
-
-    out = {"workloads": len(rows), "untuned_geomean_share": geomean([r["untuned_share"] for r in rows]),
-           "reranked_geomean_share": geomean([r["reranked_share"] for r in rows])}
+    out = {"workloads": len(rows), "untuned_geomean_share": _geomean([r["untuned_share"] for r in rows]),
+           "reranked_geomean_share": _geomean([r["reranked_share"] for r in rows])}
     shares = [k for k in rows[0] if "_share_" in k] if rows else []
     for key in shares:
         found = [r[key] for r in rows]
-        out[key] = {"within_2pct": sum(s >= 0.98 for s in found), "geomean": geomean(found)}
+        out[key] = {"within_2pct": sum(s >= 0.98 for s in found), "geomean": _geomean(found)}
     return out
+
+
+def search_summary(rows: list[dict]) -> dict:
+    """Over the searched workloads: how many found the pool's best within 2%, the geometric
+    mean share of it and of the gain over the untuned pick, the trials and seconds spent."""
+    done = [r for r in rows if "share" in r]
+    return {"workloads": len(done), "within_2pct": sum(r["share"] >= 0.98 for r in done),
+            "geomean_share": _geomean([r["share"] for r in done]),
+            "geomean_gain_over_untuned": _geomean([r["gain_over_untuned"] for r in done if "gain_over_untuned" in r]),
+            "max_trials": max((r["trials"] for r in done), default=None),
+            "median_search_seconds": float(np.median([r["search_seconds"] for r in done])) if done else None}
+
+
+def merge_searches(runs: list[dict]) -> dict:
+    """Search runs in order as one: a later run's row of a workload replaces an earlier one;
+    each row's ``run`` names the git sha it ran at."""
+    rows = {}
+    for run in runs:
+        for row in run["rows"]:
+            rows[row["name"]] = {**row, "run": row.get("run", run["versions"]["tvm_dsm"])}
+    merged = {**runs[-1], "rows": list(rows.values())}
+    merged["runs"] = [{"git_sha": run["versions"]["tvm_dsm"], "date": run["date"]} for run in runs]
+    merged["how_merged"] = "a later run's row of a workload replaces an earlier one; each row's 'run' names its git sha"
+    return merged
+
+
+def _geomean(values: list[float]) -> float | None:
+    return float(np.exp(np.mean(np.log(values)))) if values else None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -353,6 +383,9 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--out", required=True)
     t.add_argument("--trials", type=int, default=64)
     t.add_argument("--only", nargs="*", help="workload names containing one of these, in this order")
+    g = sub.add_parser("merge-search", help="merge search runs' results, later rows replacing earlier ones")
+    g.add_argument("runs", nargs="+", help="search runs' results, oldest first")
+    g.add_argument("--out", default=str(RESULTS / f"{SUITE}_search" / "latest.json"))
     p = sub.add_parser("prior", help="write the measurements plan() re-ranks with (tvm_dsm/data/measured_plans.json)")
     p.add_argument("measured", nargs="+", help="measure runs' results")
     p.add_argument("--out", default=str(MEASURED_PLANS))
@@ -361,6 +394,13 @@ def main(argv: list[str] | None = None) -> None:
 
     import json
 
+    if args.command == "merge-search":
+        merged = merge_searches([json.loads(Path(path).read_text()) for path in args.runs])
+        write(merged, args.out)
+        summary = search_summary(merged["rows"])
+        (Path(args.out).parent / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        print(json.dumps(summary, indent=1))
+        return
     if args.command in ("measure", "search"):
         import torch
 
