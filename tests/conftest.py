@@ -47,6 +47,14 @@ def cuda_source(mod: tvm.IRModule, pipeline: str = "default") -> str:
     return tvm.compile(mod, target=TARGET, tir_pipeline=pipeline).mod.imports[0].inspect_source()
 
 
+def named_alike(source: str) -> str:
+    """``source`` with its kernels named by position (a kernel is named after its function's
+    symbol, which a generated kernel and the function it replaces may spell differently)."""
+    for i, name in enumerate(kernels(source)):
+        source = source.replace(name, f"kernel_{i}")
+    return source
+
+
 def kernels(source: str) -> dict[str, str]:
     """Each kernel's definition (signature and body) in generated CUDA, by name, in order."""
     import re

@@ -13,7 +13,7 @@ import pytest
 from tvm_dsm.families import match_family
 from tvm_dsm.hardware import load_hardware
 from tvm_dsm.learned_ranking import FEATURE_NAMES, MEASURED_PLANS, MIN_WORKLOADS, RERANKED, PlanResidual, plan_features, rerank
-from tvm_dsm.meta_schedule.candidate_config import config_from, examples
+from tvm_dsm.families.configs import config_from, examples
 from tvm_dsm.workloads.dense import dense
 
 HW = load_hardware()

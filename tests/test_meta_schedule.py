@@ -8,7 +8,7 @@ import pytest
 import tvm
 
 import tvm_dsm
-from conftest import cuda_source
+from conftest import cuda_source, named_alike
 from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 
@@ -145,20 +145,31 @@ def test_the_mutator_moves_one_knob():
     assert len(moved) > 1 and plan_index(sch) == 5
 
 
-def test_families_that_write_their_kernel_have_no_searchable_space():
-    """A template family's schedule is of a function it writes: a trace of the task's function
-    cannot hold it, so PlannedSpace says so and tune_relax gives such a task TVM's space."""
-    from tvm_dsm.errors import ClusterError
+@pytest.mark.parametrize("workload", ["attention", "rms_norm"])
+def test_families_that_write_their_kernel_are_searched_and_their_records_build_it(tmp_path, workload):
+    """A template family writes a new kernel function: MetaSchedule searches its planned space
+    all the same (a candidate is the task's function with its configuration recorded, and
+    tvm-dsm's pipeline writes the kernel when it is built), each record builds the kernel the
+    family writes in that configuration, and tune_relax gives such a task the planned space."""
     from tvm_dsm.meta_schedule import PlannedSpace
-    from tvm_dsm.meta_schedule.relax_tuning import DEFAULT_SPACE, task_space
-    from tvm_dsm.hardware import load_hardware
+    from tvm_dsm.meta_schedule.planned_space import plan_index
+    from tvm_dsm.meta_schedule.relax_tuning import task_space
     from tvm_dsm.workloads.cascades import attention
+    from tvm_dsm.workloads.norms import topi_norm
 
-    func = attention(16, 1024, 1024, 64, True)
-    with pytest.raises(ClusterError, match="attention family writes a new kernel function"):
-        PlannedSpace(top=4).generate_design_space(tvm.IRModule({"main": func}))
+    func = attention(16, 1024, 1024, 64, True) if workload == "attention" else topi_norm("rms_norm", 32, 8192, "float16")
+    ranking = tvm_dsm.plan(func)
+    assert not ranking.family.traced
+    top = min(4, len(ranking.plans))
+    database = _planned_tuning(tvm.IRModule({"main": func}), str(tmp_path), trials=2 * top, top=top)
+    records = database.get_all_tuning_records()
+    candidates = [ms.database.TuningRecord.as_measure_candidate(r).sch for r in records]
+    indices = sorted(plan_index(sch) for sch in candidates)
+    assert indices == list(range(top))
+    for sch in candidates[:2]:
+        assert named_alike(cuda_source(sch.mod)) == named_alike(cuda_source(ranking.schedule(plan_index(sch)).mod))
     target = tvm.target.Target("nvidia/nvidia-h100")
-    assert task_space("attention", func, target, 4, load_hardware()) == DEFAULT_SPACE
+    assert isinstance(task_space(workload, func, target, 4, load_hardware()), PlannedSpace)
 
 
 def test_the_lowered_kernels_are_checked_against_the_targets_limits():

@@ -55,3 +55,7 @@ CONFIG_KEY = "tvm_dsm.config"
 ASYNC_STAGES_KEY = "software_pipeline_async_stages"
 #: TVM's launch-parameter tag for programmatic stream serialization (spelled as in TVM 0.27).
 PDL_LAUNCH_TAG = "tirx.use_programtic_dependent_launch"
+#: Root-block annotation: the schedule family that writes this function's kernel from the
+#: configuration ``CONFIG_KEY`` records (a family that generates its kernel rather than tracing a
+#: schedule of the function); tvm_dsm.transform.generate_kernels writes it when lowering.
+GENERATED_BY_KEY = "tvm_dsm.generated_by"

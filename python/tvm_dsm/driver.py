@@ -30,6 +30,7 @@ from .ir import narrow_indices
 from .learned_ranking import rerank
 from .local_measure import local_builder, local_runner
 from .planners.report import Plan
+from .transform.generate_kernels import mark_generated
 from .transform.host_sorts import refuse_host_sorts
 from .transform.split_operators import merge_operators, split_operators
 from .transform.widen_accumulation import widen_accumulation
@@ -69,6 +70,17 @@ class Ranking:
     def schedule(self, rank: int = 0) -> s_tir.Schedule:
         """The schedule of the ``rank``-th best configuration."""
         return self.family.apply(self.func, self.plans[rank].config, self.hw)
+
+    def recordable(self, rank: int = 0) -> s_tir.Schedule:
+        """The ``rank``-th best configuration as a schedule of the function that a tuning
+        record can hold: the family's own, or for a family that writes a new kernel function,
+        the function marked for tvm-dsm's pipeline to write that kernel when it is built
+        (:mod:`tvm_dsm.transform.generate_kernels`)."""
+        if self.family.traced:
+            return self.schedule(rank)
+        sch = s_tir.Schedule(tvm.ir.load_json(tvm.ir.save_json(self.func)))  # a root annotation edits in place
+        mark_generated(sch, self.family.name, self.plans[rank].config)
+        return sch
 
 
 def _as_written_or_widened(func: tirx.PrimFunc, attempt: Callable[[tirx.PrimFunc], Any]) -> tuple[tirx.PrimFunc, Any]:
@@ -117,10 +129,8 @@ def tune(func: tirx.PrimFunc, work_dir: str, *, target=H100, top_k: int = 8,
     """Build and time the planner's ``top_k`` configurations (or those of the given ``ranks``
     in its order) with MetaSchedule's builder and
     runner (on this machine's GPU unless a runner is given) and commit every measured one to the
-    JSON database in ``work_dir``; returns them fastest first (failures last). Families that
-    generate their kernels (fused cascades, convolution chains: ``ScheduleFamily.traced``) are measured
-    but not recorded, since a record holds a trace of ``func``; ``build`` takes their planner's
-    choice."""
+    JSON database in ``work_dir`` (:meth:`Ranking.recordable`); returns them fastest first
+    (failures last)."""
     if runner is None:
         reason = gpu_or_reason()
         if reason:
@@ -130,7 +140,7 @@ def tune(func: tirx.PrimFunc, work_dir: str, *, target=H100, top_k: int = 8,
     target = tvm.target.Target(target)
     ranks = range(min(top_k, len(ranking.plans))) if ranks is None else ranks
     candidates = [(rank, ranking.plans[rank]) for rank in ranks]
-    schedules = [ranking.schedule(rank) for rank, _ in candidates]
+    schedules = [ranking.recordable(rank) for rank, _ in candidates]
     # A fresh worker imports TVM and its tensor intrinsics before building (MetaSchedule's 30 s
     # default is too short for that on a cold machine).
     builder = builder or local_builder(BUILD_TIMEOUT_S, load_tvm_dsm)
@@ -151,9 +161,8 @@ def tune(func: tirx.PrimFunc, work_dir: str, *, target=H100, top_k: int = 8,
             errors[i] = result.error_msg
             continue
         seconds[i] = [float(s) for s in result.run_secs]
-        if ranking.family.traced:  # a generated kernel has no trace of ``func`` to record
-            database.commit_tuning_record(ms.database.TuningRecord(
-                schedules[i].trace, workload, seconds[i], target, args_info))
+        database.commit_tuning_record(ms.database.TuningRecord(
+            schedules[i].trace, workload, seconds[i], target, args_info))
     for i, (rank, p) in enumerate(candidates):
         if i in seconds:
             times = sorted(seconds[i])

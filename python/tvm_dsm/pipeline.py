@@ -17,6 +17,7 @@ from tvm.tirx import compilation_pipeline
 from .hardware import Hardware, load_hardware
 from .ir import find_all
 from .transform.argument_checks import CheckArguments
+from .transform.generate_kernels import GenerateKernels
 from .transform.hoist_warp_buffers import HoistWarpBuffers
 from .transform import AttachClusterLaunch, CheckClusterSchedule, LowerCluster
 from .transform.release_slice_starts import ReleaseSliceStarts
@@ -42,6 +43,7 @@ def _passes(config, async_copy: bool, hw: Hardware) -> list:
     """The stock s_tir pass list (TVM 0.27.0) with tvm-dsm's passes marked ``# tvm-dsm``, those
     that depend on the GPU lowering for ``hw``."""
     passes = [
+        GenerateKernels(hw),  # tvm-dsm
         CheckClusterSchedule,  # tvm-dsm
         s_tir.transform.CanonicalizeLoop(),
         s_tir.transform.LowerCrossThreadReduction(),

@@ -129,7 +129,7 @@ def search(name: str, pool: list[dict], trials: int, top: int = 64, builder=None
     from ..hardware import load_hardware
     from ..local_measure import local_builder, local_runner
     from ..meta_schedule import LearnedPlanModel, PlannedSpace
-    from ..meta_schedule.candidate_config import config_from, examples
+    from ..families.configs import config_from, examples
     from ..meta_schedule.planned_space import PlannedSearch, plan_index
     from ..meta_schedule.relax_tuning import H100_TAG
     from ..tuning_database import open_database
@@ -173,20 +173,12 @@ def search(name: str, pool: list[dict], trials: int, top: int = 64, builder=None
     return row
 
 
-def _searchable(name: str) -> bool:
-    """Whether MetaSchedule can search workload ``name``'s planned space (its family's
-    schedules are traces)."""
-    from ..families import match_family
-
-    return match_family(WORKLOADS[name]())[0].traced
-
-
 def with_features(rows: list[dict]) -> list[dict]:
     """The measured ``rows`` with the features of their configurations as planned by this
     commit (a pool keeps its configurations and times; the feature vector follows the code)."""
     from ..families import match_family
     from ..hardware import load_hardware
-    from ..meta_schedule.candidate_config import config_from, examples
+    from ..families.configs import config_from, examples
 
     hw = load_hardware()
     out = []
@@ -239,7 +231,8 @@ def tvm_xgb_search(name: str, configs: list[dict], times: np.ndarray, budget: in
     from tvm.s_tir import meta_schedule as ms
 
     from ..intrin import import_tvm_intrinsics
-    from ..meta_schedule.candidate_config import annotate_config, config_from
+    from ..families.configs import config_from
+    from ..meta_schedule.candidate_config import annotate_config
     from ..meta_schedule.plan_features import PlanFeatureExtractor
 
     func = WORKLOADS[name]()
@@ -408,7 +401,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "search":
         pools = [row for path in args.pools for row in json.loads(Path(path).read_text())["rows"]]
         pooled = list(dict.fromkeys(r["workload"] for r in pools))
-        names = [n for n in dict.fromkeys(n for o in args.only or [""] for n in pooled if o in n) if _searchable(n)]
+        names = [n for n in dict.fromkeys(n for o in args.only or [""] for n in pooled if o in n)]
         results = new_suite(f"{SUITE}_search", device, versions,
                             "MetaSchedule's LocalBuilder and LocalRunner through tvm_dsm's local_measure, median of its repeats")
         results["command"] = f"python -m tvm_dsm.bench.search_quality search --trials {args.trials}"

@@ -12,8 +12,11 @@ from tvm import tirx
 from tvm.s_tir.schedule.schedule import ScheduleError
 
 from ..errors import ClusterError
+from ..hardware import Hardware
+from ..transform.generate_kernels import register_generator
 from .attention import Attention
 from .base import ScheduleFamily
+from .configs import config_from, examples
 from .conv_chain import ConvChain
 from .decode_attention import DecodeAttention
 from .fused_cascade import FusedCascade
@@ -30,6 +33,21 @@ from .top_k_rows import TopKRows
 FAMILIES: tuple[ScheduleFamily, ...] = (ConvChain(), GemmChain(), GemmRowMax(), SplitKGemm(), Attention(),
                                         DecodeAttention(), SoftmaxGemm(), TopKRows(), RowNorm(), FusedCascade(),
                                         SplitKReduction())
+
+
+
+def _generator(family: ScheduleFamily):
+    """The kernel ``family`` writes for a function in the configuration given by its fields."""
+    def generate(func: tirx.PrimFunc, fields: dict, hw: Hardware) -> tirx.PrimFunc:
+        config = config_from(fields, examples(family.space(family.recognize(func), hw)))
+        return family.apply(func, config, hw).mod["main"]
+
+    return generate
+
+
+for _family in FAMILIES:
+    if not _family.traced:
+        register_generator(_family.name, _generator(_family))
 
 
 def hopper_target(target: Any) -> bool:

@@ -28,8 +28,9 @@ class ScheduleFamily(ABC):
     ``predict``.
 
     ``traced``: its schedules are traces of the user's function, which MetaSchedule can record
-    and replay; a family that generates its kernel (a rewrite or a template) is measured but
-    cannot be held by a tuning record. ``symbolic_rows``: its schedules take a function whose
+    and replay; a family that generates its kernel (a rewrite or a template) is recorded as the
+    function marked with its configuration, and tvm-dsm's pipeline writes the kernel when it
+    builds it (:mod:`tvm_dsm.transform.generate_kernels`). ``symbolic_rows``: its schedules take a function whose
     row count is a variable, planned for a known one (:mod:`tvm_dsm.families.row_ranges`).
     """
 

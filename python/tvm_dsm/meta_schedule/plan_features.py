@@ -24,7 +24,8 @@ from ..families import match_family
 from ..families.base import ScheduleFamily
 from ..hardware import Hardware, load_hardware
 from ..learned_ranking import FEATURE_NAMES, plan_features
-from .candidate_config import config_from, examples, recorded_fields
+from ..families.configs import config_from, examples
+from .candidate_config import recorded_fields
 
 __all__ = ["FEATURE_NAMES", "PlanFeatureExtractor", "plan_features"]
 

@@ -16,6 +16,12 @@ which stage counts and cluster sizes fit), so most of a free product of per-knob
 invalid, and rejecting it after sampling starves the search. The mutator gives the per-knob
 moves: neighbours differ in one knob, nested ones (a chain's two GEMMs) included.
 
+A family that writes a new kernel function (attention, decode attention, row norms, fused
+cascades: templates and rewrites) has no schedule trace of the task's function; its candidates
+are the function marked with the sampled configuration, MetaSchedule's CUDA postprocessors pass
+them untouched, and tvm-dsm's pipeline writes the kernel when the candidate is built
+(:mod:`tvm_dsm.transform.generate_kernels`).
+
 A GEMM chain's unfused plans (two split-K GEMM kernels, :mod:`tvm_dsm.rules.unfused_chain`) are
 in the space where s_tir's checks let their schedule be made, since MetaSchedule creates every
 candidate's schedule with them on: every unfused plan whose first GEMM runs on one CTA per
@@ -39,12 +45,13 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.schedule.schedule import ScheduleError
 
-from ..annotations import PLAN_INDEX_KEY, PREDICTED_US_KEY
+from ..annotations import GENERATED_BY_KEY, PLAN_INDEX_KEY, PREDICTED_US_KEY
 from ..driver import Ranking, plan
 from ..errors import ClusterError
 from ..hardware import Hardware, load_hardware
 from ..intrin import import_tvm_intrinsics
 from ..rules.unfused_chain import UnfusedChainConfig
+from ..transform.generate_kernels import mark_generated
 from .candidate_config import annotate_config
 from .cost_model import AnalyticalScores
 from .verify_kernels import VerifyLoweredKernels
@@ -77,9 +84,6 @@ class _Plans:
     def plan(self, mod: tvm.IRModule) -> Ranking:
         # A copy: s_tir may edit in place a function a schedule under MetaSchedule also holds.
         ranking = plan(tvm.ir.load_json(tvm.ir.save_json(mod["main"])), self.hw)
-        if not ranking.family.traced:
-            raise ClusterError(f"the {ranking.family.name} family writes a new kernel function, which a "
-                               "MetaSchedule trace of this one cannot record (tvm_dsm.tune measures it)")
         kept, self._traces = [], {}
         for rank, p in enumerate(ranking.plans):
             if len(kept) == self.top:
@@ -123,7 +127,7 @@ class PlannedSpace(ms.space_generator.PySpaceGenerator):
         self.top, self.hw = top, hw or load_hardware()
         self.plans = _Plans(top, self.hw)
         self.sch_rules = []
-        self.postprocs = [ApplyPlannedConfig(self.plans), *(make() for make in CUDA_POSTPROCS),
+        self.postprocs = [ApplyPlannedConfig(self.plans), *(OnScheduledKernels(make()) for make in CUDA_POSTPROCS),
                           VerifyLoweredKernels(self.hw)]
         self.mutator_probs = {MutatePlannedConfig(self.plans): 1.0}
 
@@ -149,6 +153,26 @@ class PlannedSpace(ms.space_generator.PySpaceGenerator):
 
     def clone(self) -> "PlannedSpace":
         return PlannedSpace(self.top, self.hw)
+
+
+@derived_object
+class OnScheduledKernels(ms.postproc.PyPostproc):
+    """``postproc`` (one of MetaSchedule's) on candidates scheduled as traces; a candidate whose
+    kernel a family writes when it is lowered passes untouched (its function is replaced whole,
+    and the family recognizes it only as written)."""
+
+    def __init__(self, postproc: ms.postproc.Postproc):
+        super().__init__()
+        self.postproc = postproc
+
+    def _initialize_with_tune_context(self, context) -> None:
+        self.postproc._initialize_with_tune_context(context)
+
+    def apply(self, sch: s_tir.Schedule) -> bool:
+        return GENERATED_BY_KEY in _root(sch).annotations or self.postproc.apply(sch)
+
+    def clone(self) -> "OnScheduledKernels":
+        return OnScheduledKernels(self.postproc.clone())
 
 
 def _plan_sample(trace: s_tir.Trace):
@@ -210,7 +234,9 @@ class ApplyPlannedConfig(ms.postproc.PyPostproc):
     """Schedules a candidate in the configuration its plan index names (the family's own
     schedule's trace replayed onto it) and annotates the index, the configuration and its
     prediction on the root block. False (an invalid candidate) where s_tir or the family
-    refuses it."""
+    refuses it. A family that writes a new kernel function instead is named on the root block
+    (``GENERATED_BY_KEY``): tvm-dsm's pipeline writes that kernel in the recorded configuration
+    when the candidate is built (:mod:`tvm_dsm.transform.generate_kernels`)."""
 
     def __init__(self, plans: _Plans):
         super().__init__()
@@ -225,14 +251,18 @@ class ApplyPlannedConfig(ms.postproc.PyPostproc):
             return sample is not None  # already applied (a replayed record)
         index = int(sch.trace.decisions[sample])
         chosen = self.plans.ranking.plans[index]
-        try:
-            self.plans.trace(index).apply_to_schedule(sch, remove_postproc=False)
-        except (ClusterError, ScheduleError, tvm.error.InternalError):
-            return False
+        family = self.plans.ranking.family
+        if family.traced:
+            try:
+                self.plans.trace(index).apply_to_schedule(sch, remove_postproc=False)
+            except (ClusterError, ScheduleError, tvm.error.InternalError):
+                return False
+            annotate_config(sch, chosen.config)
+        else:  # tvm-dsm's pipeline writes the family's kernel when it lowers the function
+            mark_generated(sch, family.name, chosen.config)
         root = sch.get_sblock("root")
         sch.annotate(root, PLAN_INDEX_KEY, sample.outputs[0])
         sch.annotate(root, PREDICTED_US_KEY, float(chosen.predicted_us))
-        annotate_config(sch, chosen.config)
         return True
 
     def clone(self) -> "ApplyPlannedConfig":
