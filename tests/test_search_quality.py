@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from tvm_dsm.bench import search_quality as sq
+from tvm_dsm.bench.results import merge
 from tvm_dsm.meta_schedule.learned_cost_model import ANALYTICAL
 from tvm_dsm.meta_schedule.plan_features import FEATURE_NAMES
 from tvm_dsm.workloads.dense import dense
@@ -111,13 +112,13 @@ def test_tvms_xgb_model_searches_on_the_plan_features(monkeypatch):
 
 def test_merged_search_runs_keep_the_later_row_of_a_workload_and_summarize_them():
     def run(sha, rows):
-        return {"suite": "search_quality_search", "date": "2026-11-29", "versions": {"tvm_dsm": sha},
+        return {"suite": "search_quality_search", "date": "2026-11-29", "device": "GPU", "versions": {"tvm_dsm": sha},
                 "rows": [{"name": n, "ok": True, "trials": 32, "search_seconds": 100.0, "share": s,
                           "gain_over_untuned": g} for n, s, g in rows]}
 
-    merged = sq.merge_searches([run("a", [("x", 0.9, 1.0), ("y", 1.0, 2.0)]),
+    merged = merge([run("a", [("x", 0.9, 1.0), ("y", 1.0, 2.0)]),
                                 run("b", [("x", 1.0, 1.5)])])
-    assert {r["name"]: r["run"] for r in merged["rows"]} == {"x": "b", "y": "a"}
+    assert {r["name"]: r["run"] for r in merged["rows"]} == {"x": "b", "y": "a"} and len(merged["runs"]) == 2
     summary = sq.search_summary(merged["rows"])
     assert summary["within_2pct"] == 2 and summary["workloads"] == 2
     assert summary["geomean_gain_over_untuned"] == pytest.approx(3 ** 0.5)

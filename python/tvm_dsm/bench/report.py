@@ -18,7 +18,7 @@ import json
 import math
 from pathlib import Path
 
-from .results import LATEST, geomean, schema_errors
+from .results import LATEST, geomean, merge, schema_errors
 
 #: Rows shown per suite in RESULTS.md; the rest: ``report FILE``.
 MAX_ROWS = 40
@@ -226,9 +226,17 @@ def main(argv: list[str] | None = None) -> None:
     one = sub.add_parser("report", help="print one results file as a table")
     one.add_argument("file", help="a results JSON, e.g. bench/results/gemm/latest.json")
     one.add_argument("--picks", action="store_true", help="only the planner's picks")
+    both = sub.add_parser("merge", help="merge runs of one suite, later rows replacing earlier ones by name")
+    both.add_argument("runs", nargs="+", help="results JSON, oldest first")
+    both.add_argument("--into", required=True, help="results JSON to write (e.g. bench/results/SUITE/latest.json)")
     args = parser.parse_args(argv)
     if args.command == "report":
         print_file(args.file, args.picks)
+        return
+    if args.command == "merge":
+        merged = merge([json.loads(Path(p).read_text()) for p in args.runs])
+        Path(args.into).write_text(json.dumps(merged, indent=1) + "\n")
+        print(f"{len(merged['rows'])} rows of {len(merged['runs'])} runs -> {args.into}")
         return
     for path in write_all(args.results, args.out):
         print("wrote", path)

@@ -171,3 +171,19 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def merge(runs: list[dict]) -> dict:
+    """Runs of one suite, oldest first, as one: a later run's row replaces an earlier row of the
+    same name; each row's ``run`` names the git sha it ran at (kept where a merged run's rows
+    already name theirs), and ``runs`` lists every run merged."""
+    rows: dict[str, dict] = {}
+    listed: list[dict] = []
+    for run in runs:
+        sha = run["versions"]["tvm_dsm"]
+        for row in run["rows"]:
+            rows[row["name"]] = {**row, "run": row.get("run", sha)}
+        listed += run.get("runs", [{"git_sha": sha, "date": run["date"], "device": run["device"]}])
+    return {**runs[-1], "rows": list(rows.values()), "runs": listed,
+            "how_merged": "a later run's row replaces an earlier row of the same name; each row's 'run' names its git sha"}
+

@@ -61,7 +61,7 @@ from ..workloads.cascades import attention
 from ..workloads.chains import gemm_chain, swiglu_ffn
 from ..workloads.dense import dense, gated_dense
 from ..workloads.norms import topi_norm
-from .results import RESULTS, git_sha, new_suite, write
+from .results import RESULTS, git_sha, merge, new_suite, write
 
 SUITE = "search_quality"
 #: Candidates a search measures at a time (MetaSchedule's trials per iteration).
@@ -344,19 +344,6 @@ def search_summary(rows: list[dict]) -> dict:
             "median_search_seconds": float(np.median([r["search_seconds"] for r in done])) if done else None}
 
 
-def merge_searches(runs: list[dict]) -> dict:
-    """Search runs in order as one: a later run's row of a workload replaces an earlier one;
-    each row's ``run`` names the git sha it ran at."""
-    rows = {}
-    for run in runs:
-        for row in run["rows"]:
-            rows[row["name"]] = {**row, "run": row.get("run", run["versions"]["tvm_dsm"])}
-    merged = {**runs[-1], "rows": list(rows.values())}
-    merged["runs"] = [{"git_sha": run["versions"]["tvm_dsm"], "date": run["date"]} for run in runs]
-    merged["how_merged"] = "a later run's row of a workload replaces an earlier one; each row's 'run' names its git sha"
-    return merged
-
-
 def _geomean(values: list[float]) -> float | None:
     return float(np.exp(np.mean(np.log(values)))) if values else None
 
@@ -388,7 +375,7 @@ def main(argv: list[str] | None = None) -> None:
     import json
 
     if args.command == "merge-search":
-        merged = merge_searches([json.loads(Path(path).read_text()) for path in args.runs])
+        merged = merge([json.loads(Path(path).read_text()) for path in args.runs])
         write(merged, args.out)
         summary = search_summary(merged["rows"])
         (Path(args.out).parent / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
