@@ -16,6 +16,7 @@ from ..driver import BUILD_TIMEOUT_S, load_tvm_dsm
 from ..errors import ClusterError
 from ..families import match_family
 from ..hardware import Hardware, load_hardware
+from ..intrin import import_tvm_intrinsics
 from ..local_measure import local_builder, local_runner
 from ..tuning_database import open_database
 from .learned_cost_model import LearnedPlanModel
@@ -51,6 +52,7 @@ def tuning_contexts(mod: tvm.IRModule, work_dir: str, target=H100_TAG, params=No
     evolutionary search sized for it (:class:`~tvm_dsm.meta_schedule.PlannedSearch`
     for a planned space, MetaSchedule's default otherwise)."""
     target, hw = tvm.target.Target(target), hw or load_hardware()
+    import_tvm_intrinsics()  # before the first TuneContext imports them, slowly from a deep stack
     contexts, weights = [], []
     for task in ms.relax_integration.extract_tasks(mod, target, params):
         space = task_space(task.task_name, task.dispatched[0]["main"], target, top, hw)
