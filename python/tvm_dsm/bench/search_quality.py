@@ -28,7 +28,7 @@ commit's planner.
 
 ``python -m tvm_dsm.bench.search_quality search --pools X [X2 ...] --out Y`` (on the GPU
 machine) runs the search itself: MetaSchedule's ``tune_tir`` over the workload's
-:class:`~tvm_dsm.meta_schedule.PlannedSpace` with the evolutionary search ``tune_relax`` uses
+:class:`~tvm_dsm.meta_schedule.PlannedSpace` with the search ``tune_relax`` uses (:class:`~tvm_dsm.meta_schedule.PlannedSearch`)
 and the learned cost model, ``--trials`` (64) candidates in rounds of :data:`BATCH`. Then, in
 the same process, the best candidate it found, the best of the workload's measured pool and the
 untuned pick are timed side by side; the row's ``share`` is the pool's best over the search's.

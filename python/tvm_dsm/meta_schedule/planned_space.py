@@ -14,7 +14,9 @@ one configuration the lowering still refuses is a failed postprocessor, reported
 One categorical decision rather than one per knob: the knobs are coupled (a tile size decides
 which stage counts and cluster sizes fit), so most of a free product of per-knob decisions is
 invalid, and rejecting it after sampling starves the search. The mutator gives the per-knob
-moves: neighbours differ in one knob, nested ones (a chain's two GEMMs) included.
+moves: neighbours differ in one knob, nested ones (a chain's two GEMMs) included, for
+MetaSchedule's evolutionary search; :class:`PlannedSearch`, the search tvm-dsm runs over the
+space, scores every configuration each round instead (the space is small and enumerable).
 
 A family that writes a new kernel function (attention, decode attention, row norms, fused
 cascades: templates and rewrites) has no schedule trace of the task's function; its candidates
@@ -37,6 +39,7 @@ its predicted time as root-block annotations: :class:`PlanCostModel` scores by t
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import numpy as np
 import tvm
@@ -55,6 +58,8 @@ from ..transform.generate_kernels import mark_generated
 from .candidate_config import annotate_config
 from .cost_model import AnalyticalScores
 from .verify_kernels import VerifyLoweredKernels
+
+logger = logging.getLogger(__name__)
 
 #: How sharply the design space's decision favours the best predicted configurations: a
 #: configuration predicted ``r`` times slower than the best is sampled ``r**-SHARPNESS`` as often.
@@ -187,40 +192,86 @@ def _plan_sample(trace: s_tir.Trace):
 
 @derived_object
 class PlannedSearch(ms.search_strategy.PySearchStrategy):
-    """MetaSchedule's evolutionary search sized for a planned space of ``top`` points, ending
-    its task once a round finds nothing left to measure.
+    """The search of a :class:`PlannedSpace`: every configuration of the pruned space made into
+    a candidate once (its trace with that decision, then the space's postprocessors; those they
+    refuse dropped), and each round the ``num_trials_per_iter`` unmeasured ones the cost model
+    scores best. The space is small and enumerable (``top`` points), so scoring all of it each
+    round finds what an evolutionary search over it would, without replaying thousands of
+    traces; a round with nothing left to measure ends the task (MetaSchedule's task scheduler
+    would otherwise repeat empty rounds until the trial budget is spent). Configurations the
+    database already measured for the task (a resumed run) are not measured again.
 
-    A population of twice the space and two generations a round: MetaSchedule's defaults (2048,
-    four) would run the postprocessors (a replay of the whole schedule, then its lowering)
-    thousands of times for at most ``top`` distinct candidates, and its initial sampling, which
-    insists on 50 unmeasured candidates, would stop the search once fewer are left. A pruned
-    space can run out before the trial budget: the evolutionary search then hands back empty
-    rounds, which MetaSchedule's task scheduler repeats until the budget is spent (minutes of
-    nothing), so an empty round ends the task."""
+    This is the search :mod:`tvm_dsm.bench.search_quality` simulates over measured pools: the
+    first round in the analytical model's order, each later one the best by the model refitted
+    on what was measured."""
 
     def __init__(self, top: int):
         super().__init__()
         self.top = top
-        self.evolutionary = ms.search_strategy.EvolutionarySearch(
-            population_size=max(16, 2 * top), init_min_unmeasured=1, genetic_num_iters=2)
+        self.context = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self.candidates: list[ms.MeasureCandidate] = []
+        self.measured: set[int] = set()  # positions in self.candidates
+        self.trials_left = 0
+        self.per_round = 0
+        self.cost_model = None
 
     def _initialize_with_tune_context(self, context) -> None:
-        self.evolutionary._initialize_with_tune_context(context)
+        self.context = context
 
     def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None, cost_model=None) -> None:
-        self.evolutionary.pre_tuning(max_trials, num_trials_per_iter, design_spaces, database, cost_model)
+        self._reset()
+        self.trials_left, self.per_round, self.cost_model = max_trials, num_trials_per_iter, cost_model
+        (design,) = design_spaces
+        sample = _plan_sample(design.trace)
+        postprocs = self.context.space_generator.postprocs
+        args_info = ms.arg_info.ArgInfo.from_entry_func(self.context.mod, remove_preproc=True)
+        done = _measured_indices(database, self.context.mod)
+        points = len(sample.attrs[0]) if sample is not None else 0
+        for index in range(points):
+            if index in done:
+                continue
+            sch = s_tir.Schedule(self.context.mod)
+            design.trace.with_decision(sample, index, True).apply_to_schedule(sch, remove_postproc=True)
+            sch.enter_postproc()
+            if all(postproc.apply(sch) for postproc in postprocs):
+                self.candidates.append(ms.MeasureCandidate(sch, args_info))
+        logger.info("task %s: %d of the planned space's %d configurations to measure (%d measured before, "
+                    "%d refused by a postprocessor)", self.context.task_name, len(self.candidates), points,
+                    len(done), points - len(done) - len(self.candidates))
 
     def post_tuning(self) -> None:
-        self.evolutionary.post_tuning()
+        self._reset()
 
     def generate_measure_candidates(self):
-        return self.evolutionary.generate_measure_candidates() or None
+        left = [i for i in range(len(self.candidates)) if i not in self.measured]
+        count = min(self.per_round, self.trials_left, len(left))
+        if count <= 0:
+            return None
+        if self.cost_model is not None:
+            scores = np.asarray(self.cost_model.predict(self.context, [self.candidates[i] for i in left]))
+            left = [left[i] for i in np.argsort(-scores, kind="stable")]
+        chosen = left[:count]
+        self.measured.update(chosen)
+        self.trials_left -= count
+        return [self.candidates[i] for i in chosen]
 
     def notify_runner_results(self, measure_candidates, results) -> None:
-        self.evolutionary.notify_runner_results(measure_candidates, results)
+        pass  # the task scheduler's measure callbacks update the cost model and the database
 
     def clone(self) -> "PlannedSearch":
         return PlannedSearch(self.top)
+
+
+def _measured_indices(database: ms.Database | None, mod: tvm.IRModule) -> set[int]:
+    """The plan indices ``database`` holds measurements of for ``mod``."""
+    if database is None or not database.has_workload(mod):
+        return set()
+    workload = database.commit_workload(mod)
+    records = database.get_top_k(workload, 1 << 30)
+    return {i for r in records if (i := plan_index(ms.database.TuningRecord.as_measure_candidate(r).sch)) is not None}
 
 
 def plan_index(sch: s_tir.Schedule) -> int | None:

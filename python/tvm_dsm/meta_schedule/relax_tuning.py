@@ -48,9 +48,9 @@ def task_space(name: str, func: tvm.tirx.PrimFunc, target: tvm.target.Target, to
 
 def tuning_contexts(mod: tvm.IRModule, work_dir: str, target=H100_TAG, params=None, top: int = 64,
                     hw: Hardware | None = None, seed: int | None = None) -> tuple[list[ms.TuneContext], list[float]]:
-    """The tuning contexts of ``mod``'s tasks and their weights, each with its space and an
-    evolutionary search sized for it (:class:`~tvm_dsm.meta_schedule.PlannedSearch`
-    for a planned space, MetaSchedule's default otherwise)."""
+    """The tuning contexts of ``mod``'s tasks and their weights, each with its space and search
+    (:class:`~tvm_dsm.meta_schedule.PlannedSearch` for a planned space, MetaSchedule's
+    evolutionary search otherwise)."""
     target, hw = tvm.target.Target(target), hw or load_hardware()
     import_tvm_intrinsics()  # before the first TuneContext imports them, slowly from a deep stack
     contexts, weights = [], []
