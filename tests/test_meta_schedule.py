@@ -87,7 +87,7 @@ def _planned_tuning(mod, work_dir: str, trials: int, top: int, builder=None, mea
     without_unnamed_meta_schedule_handlers()
     return ms.tir_integration.tune_tir(
         mod, target="nvidia/nvidia-h100", work_dir=work_dir, max_trials_global=trials,
-        num_trials_per_iter=trials // 2, space=PlannedSpace(top=top), strategy=PlannedSearch(top),
+        num_trials_per_iter=trials // 2, space=PlannedSpace(top=top), strategy=PlannedSearch(),
         cost_model=LearnedPlanModel(), builder=builder or InProcessBuilder(), runner=_ScriptedRunner(),
         measure_callbacks=measure_callbacks)
 

@@ -142,7 +142,7 @@ def search(name: str, pool: list[dict], trials: int, top: int = 64, builder=None
         start = time.perf_counter()
         database = ms.tir_integration.tune_tir(
             tvm.IRModule({"main": func}), target=H100_TAG, work_dir=work_dir, max_trials_global=trials,
-            num_trials_per_iter=BATCH, space=space, strategy=PlannedSearch(top), cost_model=LearnedPlanModel(hw),
+            num_trials_per_iter=BATCH, space=space, strategy=PlannedSearch(), cost_model=LearnedPlanModel(hw),
             builder=builder or local_builder(BUILD_TIMEOUT_S, load_tvm_dsm),
             runner=runner or local_runner(load_tvm_dsm), database=open_database(work_dir))
         seconds = time.perf_counter() - start

@@ -195,9 +195,9 @@ class PlannedSearch(ms.search_strategy.PySearchStrategy):
     """The search of a :class:`PlannedSpace`: every configuration of the pruned space made into
     a candidate once (its trace with that decision, then the space's postprocessors; those they
     refuse dropped), and each round the ``num_trials_per_iter`` unmeasured ones the cost model
-    scores best. The space is small and enumerable (``top`` points), so scoring all of it each
-    round finds what an evolutionary search over it would, without replaying thousands of
-    traces; a round with nothing left to measure ends the task (MetaSchedule's task scheduler
+    scores best. The space is small and enumerable (the planner's ``top``), so scoring all of
+    it each round finds what an evolutionary search over it would, without replaying thousands
+    of traces; a round with nothing left to measure ends the task (MetaSchedule's task scheduler
     would otherwise repeat empty rounds until the trial budget is spent). Configurations the
     database already measured for the task (a resumed run) are not measured again.
 
@@ -205,9 +205,8 @@ class PlannedSearch(ms.search_strategy.PySearchStrategy):
     first round in the analytical model's order, each later one the best by the model refitted
     on what was measured."""
 
-    def __init__(self, top: int):
+    def __init__(self):
         super().__init__()
-        self.top = top
         self.context = None
         self._reset()
 
@@ -262,7 +261,7 @@ class PlannedSearch(ms.search_strategy.PySearchStrategy):
         pass  # the task scheduler's measure callbacks update the cost model and the database
 
     def clone(self) -> "PlannedSearch":
-        return PlannedSearch(self.top)
+        return PlannedSearch()
 
 
 def _measured_indices(database: ms.Database | None, mod: tvm.IRModule) -> set[int]:

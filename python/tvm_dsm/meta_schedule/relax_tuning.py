@@ -56,7 +56,7 @@ def tuning_contexts(mod: tvm.IRModule, work_dir: str, target=H100_TAG, params=No
     contexts, weights = [], []
     for task in ms.relax_integration.extract_tasks(mod, target, params):
         space = task_space(task.task_name, task.dispatched[0]["main"], target, top, hw)
-        strategy = "evolutionary" if space == DEFAULT_SPACE else PlannedSearch(top)
+        strategy = "evolutionary" if space == DEFAULT_SPACE else PlannedSearch()
         made, weight = ms.relax_integration.extracted_tasks_to_tune_contexts(
             [task], work_dir, space=space, strategy=strategy, seed=seed)
         contexts += made
