@@ -61,7 +61,7 @@ from ..workloads.cascades import attention
 from ..workloads.chains import gemm_chain, swiglu_ffn
 from ..workloads.dense import dense, gated_dense
 from ..workloads.norms import topi_norm
-from .results import RESULTS, git_sha, merge, new_suite, write
+from .results import RESULTS, geomean, git_sha, merge, new_suite, write
 
 SUITE = "search_quality"
 #: Candidates a search measures at a time (MetaSchedule's trials per iteration).
@@ -324,12 +324,12 @@ def simulate(rows: list[dict]) -> list[dict]:
 def summary(rows: list[dict]) -> dict:
     """Per search and budget: the workloads whose best was found within 2% (share >= 0.98) and
     the geometric mean share; the untuned pick's geometric mean share."""
-    out = {"workloads": len(rows), "untuned_geomean_share": _geomean([r["untuned_share"] for r in rows]),
-           "reranked_geomean_share": _geomean([r["reranked_share"] for r in rows])}
+    out = {"workloads": len(rows), "untuned_geomean_share": geomean([r["untuned_share"] for r in rows]),
+           "reranked_geomean_share": geomean([r["reranked_share"] for r in rows])}
     shares = [k for k in rows[0] if "_share_" in k] if rows else []
     for key in shares:
         found = [r[key] for r in rows]
-        out[key] = {"within_2pct": sum(s >= 0.98 for s in found), "geomean": _geomean(found)}
+        out[key] = {"within_2pct": sum(s >= 0.98 for s in found), "geomean": geomean(found)}
     return out
 
 
@@ -338,14 +338,10 @@ def search_summary(rows: list[dict]) -> dict:
     mean share of it and of the gain over the untuned pick, the trials and seconds spent."""
     done = [r for r in rows if "share" in r]
     return {"workloads": len(done), "within_2pct": sum(r["share"] >= 0.98 for r in done),
-            "geomean_share": _geomean([r["share"] for r in done]),
-            "geomean_gain_over_untuned": _geomean([r["gain_over_untuned"] for r in done if "gain_over_untuned" in r]),
+            "geomean_share": geomean([r["share"] for r in done]),
+            "geomean_gain_over_untuned": geomean([r["gain_over_untuned"] for r in done if "gain_over_untuned" in r]),
             "max_trials": max((r["trials"] for r in done), default=None),
             "median_search_seconds": float(np.median([r["search_seconds"] for r in done])) if done else None}
-
-
-def _geomean(values: list[float]) -> float | None:
-    return float(np.exp(np.mean(np.log(values)))) if values else None
 
 
 def main(argv: list[str] | None = None) -> None:

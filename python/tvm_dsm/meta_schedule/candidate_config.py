@@ -10,15 +10,13 @@ the fields their type (:mod:`tvm_dsm.families.configs`).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import tvm
 from tvm import s_tir
 
 from ..annotations import CONFIG_KEY
-from ..transform.generate_kernels import config_json
-
+from ..transform.generate_kernels import config_json, recorded_config
 
 
 def annotate_config(sch: s_tir.Schedule, config: Any) -> None:
@@ -27,9 +25,5 @@ def annotate_config(sch: s_tir.Schedule, config: Any) -> None:
 
 
 def recorded_fields(mod: tvm.IRModule) -> dict | None:
-    """The configuration fields recorded on ``mod``'s root block, or None if there are none."""
-    body = mod["main"].body
-    root = getattr(body, "block", None)
-    if root is None or CONFIG_KEY not in root.annotations:
-        return None
-    return json.loads(str(root.annotations[CONFIG_KEY]))
+    """The configuration fields recorded on the root block of ``mod``'s function, or None."""
+    return recorded_config(mod["main"])

@@ -49,12 +49,23 @@ def mark_generated(sch: s_tir.Schedule, family: str, config: Any) -> None:
     sch.annotate(root, CONFIG_KEY, config_json(config))
 
 
+def _root_annotations(func: tirx.PrimFunc):
+    root = getattr(func.body, "block", None)
+    return {} if root is None else root.annotations
+
+
+def recorded_config(func: tirx.PrimFunc) -> dict | None:
+    """The configuration fields recorded on ``func``'s root block (``CONFIG_KEY``), or None."""
+    annotations = _root_annotations(func)
+    return json.loads(str(annotations[CONFIG_KEY])) if CONFIG_KEY in annotations else None
+
+
 def generated_by(func: tirx.PrimFunc) -> tuple[str, dict] | None:
     """(family, configuration fields) of a function marked for generation, else None."""
-    root = getattr(func.body, "block", None)
-    if root is None or GENERATED_BY_KEY not in root.annotations:
+    annotations = _root_annotations(func)
+    if GENERATED_BY_KEY not in annotations:
         return None
-    return str(root.annotations[GENERATED_BY_KEY]), json.loads(str(root.annotations[CONFIG_KEY]))
+    return str(annotations[GENERATED_BY_KEY]), recorded_config(func)
 
 
 #: The annotations a tuning candidate carries on top of the function as written.
