@@ -359,6 +359,8 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--out", required=True)
     t.add_argument("--trials", type=int, default=64)
     t.add_argument("--only", nargs="*", help="workload names containing one of these, in this order")
+    t.add_argument("--stop-after", type=float, default=float("inf"),
+                   help="start no further workload after this many seconds (a device call's time limit)")
     g = sub.add_parser("merge-search", help="merge search runs' results, later rows replacing earlier ones")
     g.add_argument("runs", nargs="+", help="search runs' results, oldest first")
     g.add_argument("--out", default=str(RESULTS / f"{SUITE}_search" / "latest.json"))
@@ -389,7 +391,10 @@ def main(argv: list[str] | None = None) -> None:
                             "MetaSchedule's LocalBuilder and LocalRunner through tvm_dsm's local_measure, median of its repeats")
         results["command"] = f"python -m tvm_dsm.bench.search_quality search --trials {args.trials}"
         results["rows"] = []
+        started = time.perf_counter()
         for name in names:
+            if time.perf_counter() - started > args.stop_after:
+                break
             results["rows"].append(search(name, [r for r in pools if r["workload"] == name], args.trials,
                                           log=lambda line: print(line, flush=True)))
             write(results, args.out)
