@@ -111,14 +111,15 @@ def test_tvms_xgb_model_searches_on_the_plan_features(monkeypatch):
 
 
 def test_merged_search_runs_keep_the_later_row_of_a_workload_and_summarize_them():
-    def run(sha, rows):
-        return {"suite": "search_quality_search", "date": "2026-11-29", "device": "GPU", "versions": {"tvm_dsm": sha},
+    def run(sha, rows, device="GPU"):
+        return {"suite": "search_quality_search", "date": "2026-11-29", "device": device, "versions": {"tvm_dsm": sha},
                 "rows": [{"name": n, "ok": True, "trials": 32, "search_seconds": 100.0, "share": s,
                           "gain_over_untuned": g} for n, s, g in rows]}
 
     merged = merge([run("a", [("x", 0.9, 1.0), ("y", 1.0, 2.0)]),
-                                run("b", [("x", 1.0, 1.5)])])
+                                run("b", [("x", 1.0, 1.5)], device="GPU2")])
     assert {r["name"]: r["run"] for r in merged["rows"]} == {"x": "b", "y": "a"} and len(merged["runs"]) == 2
+    assert merged["device"] == "GPU2 (1 rows); GPU (1 rows)"
     summary = sq.search_summary(merged["rows"])
     assert summary["within_2pct"] == 2 and summary["workloads"] == 2
     assert summary["geomean_gain_over_untuned"] == pytest.approx(3 ** 0.5)

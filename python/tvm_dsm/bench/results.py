@@ -10,6 +10,7 @@ import math
 import os
 import platform
 import subprocess
+from collections import Counter
 from datetime import date
 from pathlib import Path
 
@@ -175,15 +176,18 @@ if __name__ == "__main__":
 
 def merge(runs: list[dict]) -> dict:
     """Runs of one suite, oldest first, as one: a later run's row replaces an earlier row of the
-    same name; each row's ``run`` names the git sha it ran at (kept where a merged run's rows
-    already name theirs), and ``runs`` lists every run merged."""
+    same name; each row's ``run`` and ``device`` name the git sha and GPU it ran on (kept where a
+    merged run's rows already name theirs), the merged ``device`` counts the rows per GPU where
+    they differ, and ``runs`` lists every run merged."""
     rows: dict[str, dict] = {}
     listed: list[dict] = []
     for run in runs:
         sha = run["versions"]["tvm_dsm"]
         for row in run["rows"]:
-            rows[row["name"]] = {**row, "run": row.get("run", sha)}
+            rows[row["name"]] = {**row, "run": row.get("run", sha), "device": row.get("device", run["device"])}
         listed += run.get("runs", [{"git_sha": sha, "date": run["date"], "device": run["device"]}])
-    return {**runs[-1], "rows": list(rows.values()), "runs": listed,
+    devices = Counter(row["device"] for row in rows.values())
+    device = next(iter(devices)) if len(devices) == 1 else "; ".join(f"{d} ({n} rows)" for d, n in devices.items())
+    return {**runs[-1], "device": device, "rows": list(rows.values()), "runs": listed,
             "how_merged": "a later run's row replaces an earlier row of the same name; each row's 'run' names its git sha"}
 
