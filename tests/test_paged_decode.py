@@ -17,7 +17,7 @@ from tvm_dsm.errors import ClusterError
 from tvm_dsm.hardware import load_hardware
 from tvm_dsm.kernels.paged_decode import (batch_ranks, default_ranks, find_paged_decode, paged_decode_dispatch,
                                           paged_decode_kernel)
-from tvm_dsm.relax_pipeline import PAGED_DECODE, PRESCHEDULED, schedule_kernels, use_paged_decode
+from tvm_dsm.relax_pipeline import PAGED_DECODE, PRESCHEDULED, RAGGED_PREFILL, schedule_kernels, use_kv_cache_kernels
 
 PAGE = 16
 
@@ -96,19 +96,23 @@ def test_clusters_stay_within_a_ctas_static_shared_memory(assemble):
     assert default_ranks(find_paged_decode(nn_llm_decode(32, 4, 128)), load_hardware()) == 4
 
 
-def test_the_relax_pipeline_replaces_the_decode_kernel_of_an_llm():
+def test_the_relax_pipeline_replaces_the_attention_kernels_of_an_llm():
     from tvm_dsm.workloads.llama import LLAMA_TINY, export_llama
 
     mod = export_llama(LLAMA_TINY, TARGET)[0]
     with tvm.target.Target(TARGET):
-        replaced = use_paged_decode(mod)
+        replaced = use_kv_cache_kernels(mod)
     names = {gv.name_hint: f for gv, f in replaced.functions.items()}
     assert str(names["batch_decode_paged_kv"].attrs["tvm_dsm.family"]) == PAGED_DECODE
     assert "tvm_dsm.family" not in names["batch_decode_paged_kv_sliding_window"].attrs
     assert "tvm_dsm.family" not in mod["batch_decode_paged_kv"].attrs  # the input is left as it was
+    assert "tvm_dsm.family" not in names["batch_prefill_ragged_kv"].attrs  # not by default
+    with tvm.target.Target(TARGET):
+        prefill = use_kv_cache_kernels(mod, names=(RAGGED_PREFILL,))["batch_prefill_ragged_kv"]
+    assert str(prefill.attrs["tvm_dsm.family"]) == RAGGED_PREFILL
     target = tvm.target.Target(TARGET)
     assert schedule_kernels(mod, target)[1]["batch_decode_paged_kv"] == PAGED_DECODE  # the default
-    assert schedule_kernels(mod, target, paged_decode=False)[1]["batch_decode_paged_kv"] == PRESCHEDULED
+    assert schedule_kernels(mod, target, kv_cache_kernels=())[1]["batch_decode_paged_kv"] == PRESCHEDULED
 
 
 def _paged_cache(rng, lengths, kv_heads, head_dim, dtype):
@@ -212,5 +216,5 @@ def test_a_cache_with_rope_inside_attention_keeps_nn_llms_kernel(monkeypatch):
     mod = llama.export_llama(llama.LLAMA_TINY, TARGET)[0]
     assert _rope_inside_attention(mod)
     with tvm.target.Target(TARGET):
-        kept = use_paged_decode(mod)
+        kept = use_kv_cache_kernels(mod)
     assert "tvm_dsm.family" not in kept["batch_decode_paged_kv"].attrs

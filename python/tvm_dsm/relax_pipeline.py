@@ -5,10 +5,12 @@ fuse, dlight, dataflow lowering, finalization) with two changes in the middle: t
 lowered by :func:`tvm_dsm.relax_integration.lower_to_tir` (weight transposes folded into their
 matmuls, GEMM chains grouped for the chain family), and :class:`ScheduleTIR` schedules every
 PrimFunc a tvm-dsm family matches before dlight schedules the rest. Functions that arrive
-scheduled (``nn.llm``'s paged-attention kernels) keep their own schedule, except its decode
-attention, which tvm-dsm's cluster kernel replaces (:func:`use_paged_decode`,
-:mod:`tvm_dsm.kernels.paged_decode`; measured faster in the whole model at batch 1 to 64 and KV
-lengths 541 and 2048, ``bench/results/llm``); ``paged_decode=False`` keeps ``nn.llm``'s. dlight runs under
+scheduled (``nn.llm``'s paged-attention kernels) keep their own schedule, except those named in
+``kv_cache_kernels`` (:func:`use_kv_cache_kernels`): by default its decode attention, which
+tvm-dsm's cluster kernel replaces (:mod:`tvm_dsm.kernels.paged_decode`; measured faster in the
+whole model at batch 1 to 64 and KV lengths 541 and 2048, ``bench/results/llm``); with
+``"ragged_prefill"`` also its prefill attention over the new tokens
+(:mod:`tvm_dsm.kernels.ragged_prefill`, tensor cores); ``()`` keeps ``nn.llm``'s. dlight runs under
 :func:`tvm_dsm.driver.stock_target` (it skips tensor cores on "sm_90a"), after
 :class:`LowBatchDispatch` has given the matmuls of a symbolic batch no family took the low-batch
 GEMV dispatch MLC-LLM adds for decode.
@@ -33,8 +35,7 @@ from .driver import stock_rules, stock_target
 from .errors import ClusterError
 from .families.row_ranges import dispatch, row_variable
 from .hardware import Hardware, load_hardware
-from .kernels.paged_decode import SYMBOL as PAGED_DECODE_SYMBOL
-from .kernels.paged_decode import find_paged_decode, paged_decode_dispatch
+from .kernels import paged_decode, ragged_prefill
 from .relax_top_k import TopKAsRows
 from .relax_integration import CRASH_ATTR, FAMILY_ATTR, Choice, ScheduleTIR, lower_to_tir
 
@@ -84,8 +85,17 @@ def LowBatchDispatch(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - T
     return mod
 
 
-#: The family name :func:`kernel_coverage` gives the replaced paged decode attention.
-PAGED_DECODE = "paged_decode"
+#: The names :func:`kernel_coverage` gives ``nn.llm``'s kernels tvm-dsm replaces.
+PAGED_DECODE, RAGGED_PREFILL = "paged_decode", "ragged_prefill"
+#: ``nn.llm``'s kernels tvm-dsm replaces, by name: the function's symbol, and what builds the
+#: replacement of a function (ClusterError where it does not take it).
+KV_CACHE_KERNELS = {
+    PAGED_DECODE: (paged_decode.SYMBOL, lambda func, hw: paged_decode.paged_decode_dispatch(
+        paged_decode.find_paged_decode(func), hw)),
+    RAGGED_PREFILL: (ragged_prefill.SYMBOL, lambda func, hw: ragged_prefill.ragged_prefill_kernel(func)),
+}
+#: The KV-cache kernels replaced by default (the ragged prefill kernel awaits its GPU check).
+DEFAULT_KV_CACHE_KERNELS = (PAGED_DECODE,)
 #: The KV cache's constructor, and the position of its RoPE mode among the arguments
 #: (``nn.llm.kv_cache``; 2 is ``RopeMode.INLINE``: RoPE inside the attention kernels).
 _KV_CACHE_CREATE, _ROPE_MODE_ARG, _INLINE_ROPE = "vm.builtin.paged_attention_kv_cache_create", 8, 2
@@ -107,26 +117,31 @@ def _rope_inside_attention(mod: tvm.IRModule) -> bool:
     return any(found)
 
 
-def use_paged_decode(mod: tvm.IRModule, hw: Hardware | None = None) -> tvm.IRModule:
-    """``mod`` with ``nn.llm``'s paged decode attention replaced by tvm-dsm's
-    (:mod:`tvm_dsm.kernels.paged_decode`), sized for ``hw``; unchanged where the KV cache
-    applies RoPE inside the attention kernels (that kernel takes K stored rotated)."""
+def use_kv_cache_kernels(mod: tvm.IRModule, hw: Hardware | None = None,
+                         names: tuple[str, ...] = DEFAULT_KV_CACHE_KERNELS) -> tvm.IRModule:
+    """``mod`` with ``nn.llm``'s attention kernels named in ``names`` (keys of
+    :data:`KV_CACHE_KERNELS`) replaced by tvm-dsm's, sized for ``hw``; unchanged where the KV
+    cache applies RoPE inside the attention kernels (tvm-dsm's take K stored rotated)."""
+    if not names:
+        return mod
     if _rope_inside_attention(mod):
-        LOG.info("nn.llm's decode attention kept: the KV cache applies RoPE inside attention")
+        LOG.info("nn.llm's attention kernels kept: the KV cache applies RoPE inside attention")
         return mod
     hw = hw or load_hardware()
     mod = mod.clone()
     for gv, func in list(mod.functions.items()):
         if not isinstance(func, tirx.PrimFunc):
             continue
-        try:
-            found = find_paged_decode(func)
-        except ClusterError as err:
-            if gv.name_hint.startswith(PAGED_DECODE_SYMBOL):
-                LOG.info("%s kept: %s", gv.name_hint, err)
-            continue
-        kernel = paged_decode_dispatch(found, hw)
-        mod.update_func(gv, kernel.with_attr(FAMILY_ATTR, PAGED_DECODE))
+        for name in names:
+            symbol, replace = KV_CACHE_KERNELS[name]
+            try:
+                kernel = replace(func, hw)
+            except ClusterError as err:
+                if gv.name_hint.startswith(symbol):
+                    LOG.info("%s kept: %s", gv.name_hint, err)
+                continue
+            mod.update_func(gv, kernel.with_attr(FAMILY_ATTR, name))
+            break
     return mod
 
 
@@ -156,16 +171,16 @@ def kernel_coverage(mod: tvm.IRModule, prescheduled: set[str]) -> dict[str, str]
 def schedule_kernels(mod: tvm.IRModule, target: tvm.target.Target,
                      database: ms.Database | None = None, hw: Hardware | None = None,
                      choices: dict[str, Choice] | None = None,
-                     paged_decode: bool = True) -> tuple[tvm.IRModule, dict[str, str]]:
+                     kv_cache_kernels: tuple[str, ...] = DEFAULT_KV_CACHE_KERNELS
+                     ) -> tuple[tvm.IRModule, dict[str, str]]:
     """The pipeline up to dlight: :data:`~tvm_dsm.relax_top_k.TopKAsRows`, library dispatch,
-    :func:`lower_to_tir`, with ``paged_decode`` :func:`use_paged_decode`, :class:`ScheduleTIR`
+    :func:`lower_to_tir`, :func:`use_kv_cache_kernels` (``kv_cache_kernels``), :class:`ScheduleTIR`
     (filling ``choices``); the module and its :func:`kernel_coverage`, logged."""
     with target:
         mod = TopKAsRows(mod)  # before library dispatch, which would give R.topk to TVM's sort
         mod = tvm.transform.Sequential(cuda_pipeline.library_dispatch_passes(target))(mod)
         mod = lower_to_tir(mod)
-        if paged_decode:
-            mod = use_paged_decode(mod, hw)
+        mod = use_kv_cache_kernels(mod, hw, kv_cache_kernels)
         prescheduled = _scheduled(mod)
         mod = ScheduleTIR(target, database, hw, survive_crashes=True, choices=choices)(mod)
     taken = kernel_coverage(mod, prescheduled)
@@ -179,17 +194,17 @@ def schedule_kernels(mod: tvm.IRModule, target: tvm.target.Target,
 def tvm_dsm_pipeline(database: ms.Database | None = None, hw: Hardware | None = None,
                      coverage: dict[str, str] | None = None,
                      choices: dict[str, Choice] | None = None,
-                     paged_decode: bool = True) -> tvm.transform.Pass:
+                     kv_cache_kernels: tuple[str, ...] = DEFAULT_KV_CACHE_KERNELS) -> tvm.transform.Pass:
     """The pipeline of the module docstring, for the target ``tvm.compile`` enters
     (``tvm.target.Target.current()``); ``database``: tuning records :class:`ScheduleTIR` prefers
     to the planner's choice; ``coverage``: a dict to fill with :func:`kernel_coverage`;
-    ``choices``: a dict to fill with :class:`ScheduleTIR`'s choices; ``paged_decode``:
-    ``nn.llm``'s decode attention replaced by tvm-dsm's (the default; see the module docstring)."""
+    ``choices``: a dict to fill with :class:`ScheduleTIR`'s choices; ``kv_cache_kernels``:
+    the ``nn.llm`` attention kernels replaced by tvm-dsm's (see the module docstring)."""
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.RelaxPipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         target = tvm.target.Target.current(allow_none=False)
-        mod, taken = schedule_kernels(mod, target, database, hw, choices, paged_decode)
+        mod, taken = schedule_kernels(mod, target, database, hw, choices, kv_cache_kernels)
         if coverage is not None:
             coverage.update(taken)
         with stock_target(target):

@@ -17,7 +17,9 @@ crashes its process costs that configuration only):
   pipeline, sm_90a, ``nn.llm``'s decode attention replaced by tvm-dsm's; its per-kernel
   coverage (family or dlight) goes into the results;
 - ``tvm_dsm_nn_llm_decode``: the same keeping ``nn.llm``'s decode attention
-  (``paged_decode=False``);
+  (``kv_cache_kernels=()``);
+- ``tvm_dsm_ragged_prefill``: the same replacing ``nn.llm``'s prefill attention over the new
+  tokens too (``kv_cache_kernels=("paged_decode", "ragged_prefill")``);
 
 and the same weights in torch (:mod:`tvm_dsm.gpu.torch_llama`: static KV cache, SDPA) eager and
 under ``torch.compile(mode="reduce-overhead")`` (``--no-torch`` leaves them out).
@@ -58,11 +60,15 @@ from typing import Any
 import numpy as np
 
 from ..bench.results import git_sha
+from ..relax_pipeline import DEFAULT_KV_CACHE_KERNELS, PAGED_DECODE, RAGGED_PREFILL
 from .kernel_breakdown import profile_kernels
 from ..workloads.llama import LLAMA_1B, LLAMA_TINY, LlamaConfig
 
 MODELS = {"1b": LLAMA_1B, "1b_bf16": dataclasses.replace(LLAMA_1B, dtype="bfloat16"), "tiny": LLAMA_TINY}
-CONFIGS = ("tvm_default", "tvm_mlc", "tvm_dsm", "tvm_dsm_nn_llm_decode")
+CONFIGS = ("tvm_default", "tvm_mlc", "tvm_dsm", "tvm_dsm_nn_llm_decode", "tvm_dsm_ragged_prefill")
+#: The ``nn.llm`` kernels each tvm-dsm configuration replaces (:mod:`tvm_dsm.relax_pipeline`).
+KV_CACHE_KERNELS = {"tvm_dsm": DEFAULT_KV_CACHE_KERNELS, "tvm_dsm_nn_llm_decode": (),
+                    "tvm_dsm_ragged_prefill": (PAGED_DECODE, RAGGED_PREFILL)}
 #: Untimed decode steps before the timed ones (the first steps of a batch size capture its
 #: CUDA graph; a fresh process also runs its first steps slower).
 WARMUP_STEPS = 10
@@ -142,7 +148,7 @@ def _compile(name: str, mod, target, coverage: dict):
         return tvm.compile(mod, target, relax_pipeline="default", tir_pipeline="s_tir_stock")
     if name == "tvm_mlc":
         return tvm.compile(mod, target, relax_pipeline=mlc_pipeline(), tir_pipeline="s_tir_stock")
-    pipeline = relax.get_pipeline("tvm_dsm", coverage=coverage, paged_decode=name != "tvm_dsm_nn_llm_decode")
+    pipeline = relax.get_pipeline("tvm_dsm", coverage=coverage, kv_cache_kernels=KV_CACHE_KERNELS[name])
     return tvm.compile(mod, target, relax_pipeline=pipeline)
 
 

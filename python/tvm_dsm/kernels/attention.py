@@ -56,7 +56,7 @@ from ..hardware import Hardware
 from ..ir import shuffle_reduce, tree_reduce
 from ..transform.tma_pipeline import encode_tensor_map
 from ..intrin.wgmma import WARPGROUP_ROWS, call_source, mma_async_source, wait_source
-from .attention_pattern import AttentionShape, OperandLayout, find_attention
+from .attention_pattern import AttentionShape, HeadAxis, OperandLayout, find_attention
 from .template import KernelTemplate
 
 #: The running sums' correction when the row max moves from y0_old to y0_new.
@@ -242,8 +242,35 @@ def _head_coordinates(layout: OperandLayout, values: list) -> list:
     return coordinates
 
 
-def attention_kernel(shape: AttentionShape, c: AttentionConfig) -> tirx.PrimFunc:
-    """The fused loop over key tiles (see the module docstring) as one CUDA kernel's TIR."""
+@dataclass(frozen=True)
+class RaggedSequences:
+    """Attention over a batch of sequences packed end to end, as ``nn.llm``'s ragged prefill
+    holds them: q and out ``[tokens, heads, dim]``, k and v ``[keys, kv_heads, dim]``, sequence
+    ``b`` at rows ``q_indptr[b]:q_indptr[b + 1]`` and ``kv_indptr[b]:kv_indptr[b + 1]``; the
+    scale and causality are arguments, causal aligning each sequence's last query with its last
+    key. The kernel also writes each row's log-sum-exp (base 2, as ``nn.llm``'s merge reads it)."""
+
+    heads: int
+    kv_heads: int
+    dim: int
+    dtype: str
+
+    def shape(self) -> AttentionShape:
+        """The layouts of the packed operands (one head axis, grouped on k and v)."""
+        group = self.heads // self.kv_heads
+        rows = OperandLayout(dim=2, seq=0, heads=(HeadAxis(axis=1, var=0),))
+        keys = OperandLayout(dim=2, seq=0, heads=(HeadAxis(axis=1, var=0, divisor=group),))
+        return AttentionShape(self.heads, 0, 0, self.dim, 1.0, True, self.dtype, (self.heads,),
+                              (rows, keys, keys, rows))
+
+
+def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSequences | None = None) -> tirx.PrimFunc:
+    """The fused loop over key tiles (see the module docstring) as one CUDA kernel's TIR; with
+    ``ragged``, over packed sequences with ``nn.llm``'s ragged-prefill parameters (see
+    :class:`RaggedSequences`): a CTA finds its sequence and query tile by walking ``q_indptr``,
+    and stores its rows and their log-sum-exp directly, only those of its own sequence."""
+    if ragged is not None:
+        shape = ragged.shape()
     H, N, KV, D, dtype = shape.heads, shape.q_len, shape.kv_len, padded_dim(shape.dim), shape.dtype
     BM, BN, RB, WG = c.block_m, c.block_n, c.row_blocks, c.warpgroups
     QT, NT = -(-N // BM), -(-KV // BN)  # a tail tile's rows past the end: TMA zero-fills and clips them
@@ -252,8 +279,7 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig) -> tirx.PrimFunc
     K_AT, V_AT = BM * D, BM * D + 2 * BN * D  # element offsets of the K and V slots
     SMEM = V_AT + 2 * BN * D + _ATOM_BYTES // 2  # + room to align the tiles to 1024 bytes
     log2e = 1.0 / math.log(2.0)
-    scale, causal = shape.scale, shape.causal
-    key_tail = KV % BN != 0  # the last key tile runs past the keys
+    is_ragged, is_causal, key_tail = ragged is not None, shape.causal, KV % BN != 0  # key_tail: the last key tile runs past the keys
     h = _helpers(shape, c)
 
     def fix(old, new):
@@ -270,7 +296,12 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig) -> tirx.PrimFunc
         return shuffle_reduce(op, value, 4)
 
     def tiles_before(row_end):  # key tiles that rows below ``row_end`` see
-        return T.min((row_end + BN - 1) // BN, NT) if causal else NT
+        return T.min((row_end + BN - 1) // BN, NT) if is_causal else NT
+
+    def ragged_tiles_before(row_end, seq, causal):  # the same in a packed sequence (``seq``: _SEQ)
+        keys = seq[_SEQ.index("kv_len")]
+        seen = T.min(T.max(row_end + keys - seq[_SEQ.index("q_len")], 0), keys)
+        return (T.if_then_else(causal != 0, seen, keys) + BN - 1) // BN
 
     def barrier(bars, i):
         return T.cuda.cvta_generic_to_shared(bars.access_ptr("r")) + T.uint32(8) * T.Cast("uint32", i)
@@ -297,7 +328,7 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig) -> tirx.PrimFunc
             dst + T.Cast("uint32", panel * rows * _PANEL * 2), T.address_of(maps[name]),
             *coordinates(name, panel, row, heads), barrier)
 
-    @T.macro(hygienic=False)
+    @T.macro
     def key_mask(s, r, half, lane, t, keep):
         """Scores of keys ``keep`` rejects set to -inf, in row block ``r``'s half ``half``."""
         for nf in T.unroll(NF):
@@ -305,135 +336,266 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig) -> tirx.PrimFunc
                 s[_reg(r, NF, nf, half, e)] = T.if_then_else(
                     keep(t * BN + _column(nf, e, lane)), s[_reg(r, NF, nf, half, e)], T.float32(float("-inf")))
 
+    @T.macro
+    def find_sequence(seq, bx, P):
+        """``seq`` (:data:`_SEQ`) of the sequence whose query tiles include tile ``bx`` of the
+        batch's (counted sequence by sequence); its index is ``batch_size`` where none does
+        (``P``: the ragged function's parameters, :class:`_RaggedParams`)."""
+        seq[0] = P.batch_size
+        seq[_SEQ.index("tiles_before")] = 0
+        for b in range(P.batch_size):
+            if seq[0] == P.batch_size:
+                seq[_SEQ.index("tiles")] = (P.q_indptr[b + 1] - P.q_indptr[b] + BM - 1) // BM
+                if bx < seq[_SEQ.index("tiles_before")] + seq[_SEQ.index("tiles")]:
+                    seq[0] = b
+                    seq[_SEQ.index("q_tile")] = (seq[_SEQ.index("tiles")] - 1  # the most keys first
+                                                 - (bx - seq[_SEQ.index("tiles_before")]))
+                else:
+                    seq[_SEQ.index("tiles_before")] = seq[_SEQ.index("tiles_before")] + seq[_SEQ.index("tiles")]
+        if seq[0] < P.batch_size:
+            seq[_SEQ.index("q_start")] = P.q_indptr[seq[0]]
+            seq[_SEQ.index("q_len")] = P.q_indptr[seq[0] + 1] - P.q_indptr[seq[0]]
+            seq[_SEQ.index("kv_start")] = P.kv_indptr[seq[0]]
+            seq[_SEQ.index("kv_len")] = P.kv_indptr[seq[0] + 1] - P.kv_indptr[seq[0]]
+
+    @T.macro
+    def store_rows(o, l, m, fixed, block0, warp, lane, seq, qt, heads, P):
+        """Packed sequences: O / l of this thread's rows of its sequence into ``output``, and
+        their log-sum-exp (base 2) into ``lse``; a row that sees no key gets zeros and -inf."""
+        for r in T.unroll(RB):
+            for half in T.unroll(2):
+                row = T.meta_var(qt * BM + (block0 + r) * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8)
+                fixed[0] = quad(operator.add, l[r * 2 + half])
+                if row < seq[_SEQ.index("q_len")]:
+                    if lane % 4 == 0:
+                        P.lse[seq[_SEQ.index("q_start")] + row, heads[0]] = T.if_then_else(
+                            fixed[0] > T.float32(0), m[r * 2 + half] * T.float32(log2e) + T.log2(fixed[0]),
+                            T.float32(float("-inf")))
+                    fixed[0] = T.if_then_else(fixed[0] > T.float32(0), T.float32(1) / fixed[0], T.float32(0))
+                    for df in T.unroll(DF):
+                        for e in T.unroll(0, 4, step=2):  # columns e and e + 1 are adjacent
+                            if _column(df, e, lane) < shape.dim:
+                                T.evaluate(call("pack", P.output.access_ptr(
+                                    "w", offset=((seq[_SEQ.index("q_start")] + row) * H + heads[0]) * shape.dim
+                                    + _column(df, e, lane), extent=2),
+                                    o[_reg(r, DF, df, half, e)] * fixed[0], o[_reg(r, DF, df, half, e + 1)] * fixed[0]))
+
+    @T.macro
+    def kernel(bx, tx, heads, seq, P):
+        """One CTA's attention (``seq`` and ``P``: its packed sequence and the ragged function's
+        parameters, or None)."""
+        with T.sblock("attention"):
+            T.reads()
+            T.writes()
+            smem = T.sblock_alloc_buffer((SMEM,), dtype, scope="shared.dyn")
+            bars = T.sblock_alloc_buffer((3,), "uint64", scope="shared.dyn")
+            s = T.sblock_alloc_buffer((SN,), "float32", scope="local")
+            p = T.sblock_alloc_buffer((SN,), dtype, scope="local")
+            o = T.sblock_alloc_buffer((ON,), "float32", scope="local")
+            m = T.sblock_alloc_buffer((RB * 2,), "float32", scope="local")
+            l = T.sblock_alloc_buffer((RB * 2,), "float32", scope="local")
+            new_max = T.sblock_alloc_buffer((1,), "float32", scope="local")
+            fixed = T.sblock_alloc_buffer((1,), "float32", scope="local")
+            if is_ragged:
+                qt = T.meta_var(seq[_SEQ.index("q_tile")])
+                q_row0 = T.meta_var(seq[_SEQ.index("q_start")])
+                kv_row0 = T.meta_var(seq[_SEQ.index("kv_start")])
+                scale = T.meta_var(P.sm_scale)
+                scale_log2e = T.meta_var(P.sm_scale * T.float32(log2e))
+            else:
+                qt = T.meta_var(QT - 1 - bx % QT)  # causal: the CTAs with most tiles first
+                q_row0 = T.meta_var(0)
+                kv_row0 = T.meta_var(0)
+                scale = T.meta_var(T.float32(shape.scale))
+                scale_log2e = T.meta_var(T.float32(shape.scale * log2e))
+            block0 = T.meta_var(tx // _WARPGROUP_THREADS * RB)  # the warpgroup's first row block
+            warp = T.meta_var(tx % _WARPGROUP_THREADS // 32)
+            lane = T.meta_var(tx % 32)
+            base = T.int32((_ATOM_BYTES - T.Cast("int32", T.cuda.cvta_generic_to_shared(
+                smem.access_ptr("r"))) % _ATOM_BYTES) % _ATOM_BYTES // 2)
+            if is_ragged:
+                tiles = T.meta_var(ragged_tiles_before(qt * BM + BM, seq, P.causal))  # the CTA's
+                own_tiles = T.meta_var(ragged_tiles_before(qt * BM + (block0 + RB) * WARPGROUP_ROWS, seq, P.causal))
+            else:
+                tiles = T.meta_var(tiles_before(qt * BM + BM))  # the CTA's
+                own_tiles = T.meta_var(tiles_before(qt * BM + (block0 + RB) * WARPGROUP_ROWS))
+            if tx == 0:
+                for i in T.unroll(3):
+                    T.ptx.mbarrier.init.shared__cta.b64(barrier(bars, i), 1)
+                T.ptx.fence.mbarrier_init.release.cluster()
+            T.tvm_storage_sync("shared")
+            if tx == 0:
+                T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(barrier(bars, 2), T.uint32(tile_bytes["q"]))
+                for panel in T.unroll(D // _PANEL):
+                    T.evaluate(copy("q", panel, smem_at(smem, base), q_row0 + qt * BM, heads, barrier(bars, 2)))
+                T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(barrier(bars, 0), T.uint32(tile_bytes["kv"]))
+                for panel in T.unroll(D // _PANEL):
+                    T.evaluate(copy("k", panel, smem_at(smem, base + K_AT), kv_row0, heads, barrier(bars, 0)))
+                    T.evaluate(copy("v", panel, smem_at(smem, base + V_AT), kv_row0, heads, barrier(bars, 0)))
+            for i in T.unroll(ON):
+                o[i] = T.float32(0)
+            for i in T.unroll(RB * 2):
+                m[i] = T.float32(_NEG)
+                l[i] = T.float32(0)
+            T.evaluate(T.cuda.mbarrier_wait(barrier(bars, 2), 0))
+            for t in range(tiles):
+                T.tvm_storage_sync("shared")  # every warp is done with tile t - 1's slot
+                if tx == 0:
+                    if t + 1 < tiles:
+                        T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(
+                            barrier(bars, (t + 1) % 2), T.uint32(tile_bytes["kv"]))
+                        for panel in T.unroll(D // _PANEL):
+                            T.evaluate(copy("k", panel, smem_at(smem, base + K_AT + (t + 1) % 2 * BN * D),
+                                            kv_row0 + (t + 1) * BN, heads, barrier(bars, (t + 1) % 2)))
+                            T.evaluate(copy("v", panel, smem_at(smem, base + V_AT + (t + 1) % 2 * BN * D),
+                                            kv_row0 + (t + 1) * BN, heads, barrier(bars, (t + 1) % 2)))
+                T.evaluate(T.cuda.mbarrier_wait(barrier(bars, t % 2), t // 2 % 2))
+                if t < own_tiles:  # causal: this warpgroup's rows see no key of a later tile
+                    for r in T.unroll(RB):
+                        T.evaluate(call("scores", T.address_of(s[r * NF * 8]),
+                                        T.address_of(smem[base + (block0 + r) * WARPGROUP_ROWS * _PANEL]),
+                                        T.address_of(smem[base + K_AT + t % 2 * BN * D])))
+                    T.evaluate(call("wait_scores", T.address_of(s[0])))
+                    for r in T.unroll(RB):
+                        for half in T.unroll(2):
+                            row = T.meta_var(qt * BM + (block0 + r) * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8)
+                            if is_ragged:
+                                # the sequence's keys, up to the row's own position when causal
+                                last = T.meta_var(T.if_then_else(
+                                    P.causal != 0, row + seq[_SEQ.index("kv_len")] - seq[_SEQ.index("q_len")],
+                                    seq[_SEQ.index("kv_len")] - 1))
+                                keys = T.meta_var(seq[_SEQ.index("kv_len")])
+                                if (t + 1) * BN > T.if_then_else(  # a diagonal tile, or one past the keys
+                                        P.causal != 0, T.min(qt * BM + keys - seq[_SEQ.index("q_len")], keys), keys):
+                                    key_mask(s, r, half, lane, t, lambda key: tirx.And(key <= last, key < keys))
+                            else:
+                                if is_causal:
+                                    if (t + 1) * BN > qt * BM:  # a diagonal tile
+                                        key_mask(s, r, half, lane, t, lambda key: key <= row)
+                                if key_tail:
+                                    if t == NT - 1:  # the keys past the end, zero-filled
+                                        key_mask(s, r, half, lane, t, lambda key: key < KV)
+                            new_max[0] = T.max(m[r * 2 + half], scale * quad(
+                                tirx.max, tree_reduce(tirx.max, row_values(s, r, half))))
+                            fixed[0] = fix(m[r * 2 + half], new_max[0])
+                            m[r * 2 + half] = new_max[0]
+                            for df in T.unroll(DF):
+                                for e in T.unroll(4):
+                                    o[_reg(r, DF, df, half, e)] = o[_reg(r, DF, df, half, e)] * fixed[0]
+                            for nf in T.unroll(NF):
+                                for e in T.unroll(4):
+                                    T.ptx["ex2.approx.ftz.f32"](
+                                        s[_reg(r, NF, nf, half, e)],
+                                        s[_reg(r, NF, nf, half, e)] * scale_log2e
+                                        - new_max[0] * T.float32(log2e))
+                                for e in T.unroll(0, 4, step=2):  # registers e and e + 1 are adjacent
+                                    T.evaluate(call("pack", p.access_ptr("w", offset=_reg(r, NF, nf, half, e), extent=2),
+                                                    s[_reg(r, NF, nf, half, e)], s[_reg(r, NF, nf, half, e + 1)]))
+                            l[r * 2 + half] = l[r * 2 + half] * fixed[0] + tree_reduce(operator.add, row_values(s, r, half))
+                    for r in T.unroll(RB):
+                        T.evaluate(call("values", T.address_of(o[r * DF * 8]), T.address_of(p[r * NF * 8]),
+                                        T.address_of(smem[base + V_AT + t % 2 * BN * D])))
+                    T.evaluate(call("wait_output", T.address_of(o[0])))
+            if is_ragged:
+                store_rows(o, l, m, fixed, block0, warp, lane, seq, qt, heads, P)
+            else:
+                # O / l into Q's slot, laid out as TMA lands Q (64-column panels, 16-byte
+                # chunk c of row r at c ^ (r % 8)), then one TMA store per panel.
+                T.tvm_storage_sync("shared")  # every warp is done reading Q, K and V
+                for r in T.unroll(RB):
+                    for half in T.unroll(2):
+                        fixed[0] = T.float32(1) / quad(operator.add, l[r * 2 + half])
+                        row = T.meta_var((block0 + r) * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8)
+                        for df in T.unroll(DF):
+                            for e in T.unroll(0, 4, step=2):  # columns e and e + 1 are adjacent
+                                col = T.meta_var(_column(df, e, lane))
+                                chunk = T.meta_var(col % _PANEL // 8)  # 16-byte chunk of the panel row
+                                T.evaluate(call("pack", smem.access_ptr("w", offset=base + col // _PANEL * BM * _PANEL
+                                                + row * _PANEL + T.bitwise_xor(chunk, row % 8) * 8
+                                                + col % 8, extent=2),
+                                                o[_reg(r, DF, df, half, e)] * fixed[0],
+                                                o[_reg(r, DF, df, half, e + 1)] * fixed[0]))
+                T.ptx.fence.proxy.async_.shared__cta()  # the stores above, before the copy engine reads
+                T.tvm_storage_sync("shared")
+                if tx == 0:
+                    for panel in T.unroll(D // _PANEL):
+                        T.ptx[f"cp.async.bulk.tensor.{len(shapes['out'])}d.global.shared::cta.bulk_group"](
+                            T.address_of(maps["out"]), *coordinates("out", panel, qt * BM, heads),
+                            smem_at(smem, base + panel * BM * _PANEL))
+                    T.ptx["cp.async.bulk.commit_group"]()
+                    T.ptx["cp.async.bulk.wait_group.read"](0)  # the slot stays until the copy has read it
+
     # (A quoted name in a T.Buffer annotation would declare a variable: the shapes by name.)
     q_shape, k_shape, v_shape, out_shape = (shapes[name] for name in names)
 
-    @T.prim_func(s_tir=True, check_well_formed=False)
-    def fused(q: T.Buffer(q_shape, dtype), k: T.Buffer(k_shape, dtype),
-              v: T.Buffer(v_shape, dtype), out: T.Buffer(out_shape, dtype)):
-        T.func_attr({"tirx.noalias": True})
-        for bx in T.thread_binding(H * QT, thread="blockIdx.x"):
-            for tx in T.thread_binding(_WARPGROUP_THREADS * WG, thread="threadIdx.x"):
-                with T.sblock("attention"):
-                    T.reads()
-                    T.writes()
-                    smem = T.sblock_alloc_buffer((SMEM,), dtype, scope="shared.dyn")
-                    bars = T.sblock_alloc_buffer((3,), "uint64", scope="shared.dyn")
-                    s = T.sblock_alloc_buffer((SN,), "float32", scope="local")
-                    p = T.sblock_alloc_buffer((SN,), dtype, scope="local")
-                    o = T.sblock_alloc_buffer((ON,), "float32", scope="local")
-                    m = T.sblock_alloc_buffer((RB * 2,), "float32", scope="local")
-                    l = T.sblock_alloc_buffer((RB * 2,), "float32", scope="local")
-                    new_max = T.sblock_alloc_buffer((1,), "float32", scope="local")
-                    fixed = T.sblock_alloc_buffer((1,), "float32", scope="local")
-                    heads = T.meta_var(_head_values(bx // QT, shape.head_extents))
-                    qt = T.meta_var(QT - 1 - bx % QT)  # causal: the CTAs with most tiles first
-                    block0 = T.meta_var(tx // _WARPGROUP_THREADS * RB)  # the warpgroup's first row block
-                    warp = T.meta_var(tx % _WARPGROUP_THREADS // 32)
-                    lane = T.meta_var(tx % 32)
-                    base = T.int32((_ATOM_BYTES - T.Cast("int32", T.cuda.cvta_generic_to_shared(
-                        smem.access_ptr("r"))) % _ATOM_BYTES) % _ATOM_BYTES // 2)
-                    tiles = T.meta_var(tiles_before(qt * BM + BM))  # the CTA's
-                    own_tiles = T.meta_var(tiles_before(qt * BM + (block0 + RB) * WARPGROUP_ROWS))
-                    if tx == 0:
-                        for i in T.unroll(3):
-                            T.ptx.mbarrier.init.shared__cta.b64(barrier(bars, i), 1)
-                        T.ptx.fence.mbarrier_init.release.cluster()
-                    T.tvm_storage_sync("shared")
-                    if tx == 0:
-                        T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(barrier(bars, 2), T.uint32(tile_bytes["q"]))
-                        for panel in T.unroll(D // _PANEL):
-                            T.evaluate(copy("q", panel, smem_at(smem, base), qt * BM, heads, barrier(bars, 2)))
-                        T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(barrier(bars, 0), T.uint32(tile_bytes["kv"]))
-                        for panel in T.unroll(D // _PANEL):
-                            T.evaluate(copy("k", panel, smem_at(smem, base + K_AT), 0, heads, barrier(bars, 0)))
-                            T.evaluate(copy("v", panel, smem_at(smem, base + V_AT), 0, heads, barrier(bars, 0)))
-                    for i in T.unroll(ON):
-                        o[i] = T.float32(0)
-                    for i in T.unroll(RB * 2):
-                        m[i] = T.float32(_NEG)
-                        l[i] = T.float32(0)
-                    T.evaluate(T.cuda.mbarrier_wait(barrier(bars, 2), 0))
-                    for t in range(tiles):
-                        T.tvm_storage_sync("shared")  # every warp is done with tile t - 1's slot
-                        if tx == 0:
-                            if t + 1 < tiles:
-                                T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(
-                                    barrier(bars, (t + 1) % 2), T.uint32(tile_bytes["kv"]))
-                                for panel in T.unroll(D // _PANEL):
-                                    T.evaluate(copy("k", panel, smem_at(smem, base + K_AT + (t + 1) % 2 * BN * D),
-                                                    (t + 1) * BN, heads, barrier(bars, (t + 1) % 2)))
-                                    T.evaluate(copy("v", panel, smem_at(smem, base + V_AT + (t + 1) % 2 * BN * D),
-                                                    (t + 1) * BN, heads, barrier(bars, (t + 1) % 2)))
-                        T.evaluate(T.cuda.mbarrier_wait(barrier(bars, t % 2), t // 2 % 2))
-                        if t < own_tiles:  # causal: this warpgroup's rows see no key of a later tile
-                            for r in T.unroll(RB):
-                                T.evaluate(call("scores", T.address_of(s[r * NF * 8]),
-                                                T.address_of(smem[base + (block0 + r) * WARPGROUP_ROWS * _PANEL]),
-                                                T.address_of(smem[base + K_AT + t % 2 * BN * D])))
-                            T.evaluate(call("wait_scores", T.address_of(s[0])))
-                            for r in T.unroll(RB):
-                                for half in T.unroll(2):
-                                    row = T.meta_var(qt * BM + (block0 + r) * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8)
-                                    if causal:
-                                        if (t + 1) * BN > qt * BM:  # a diagonal tile
-                                            key_mask(s, r, half, lane, t, lambda key: key <= row)
-                                    if key_tail:
-                                        if t == NT - 1:  # the keys past the end, zero-filled
-                                            key_mask(s, r, half, lane, t, lambda key: key < KV)
-                                    new_max[0] = T.max(m[r * 2 + half], T.float32(scale) * quad(
-                                        tirx.max, tree_reduce(tirx.max, row_values(s, r, half))))
-                                    fixed[0] = fix(m[r * 2 + half], new_max[0])
-                                    m[r * 2 + half] = new_max[0]
-                                    for df in T.unroll(DF):
-                                        for e in T.unroll(4):
-                                            o[_reg(r, DF, df, half, e)] = o[_reg(r, DF, df, half, e)] * fixed[0]
-                                    for nf in T.unroll(NF):
-                                        for e in T.unroll(4):
-                                            T.ptx["ex2.approx.ftz.f32"](
-                                                s[_reg(r, NF, nf, half, e)],
-                                                s[_reg(r, NF, nf, half, e)] * T.float32(scale * log2e)
-                                                - new_max[0] * T.float32(log2e))
-                                        for e in T.unroll(0, 4, step=2):  # registers e and e + 1 are adjacent
-                                            T.evaluate(call("pack", p.access_ptr("w", offset=_reg(r, NF, nf, half, e), extent=2),
-                                                            s[_reg(r, NF, nf, half, e)], s[_reg(r, NF, nf, half, e + 1)]))
-                                    l[r * 2 + half] = l[r * 2 + half] * fixed[0] + tree_reduce(operator.add, row_values(s, r, half))
-                            for r in T.unroll(RB):
-                                T.evaluate(call("values", T.address_of(o[r * DF * 8]), T.address_of(p[r * NF * 8]),
-                                                T.address_of(smem[base + V_AT + t % 2 * BN * D])))
-                            T.evaluate(call("wait_output", T.address_of(o[0])))
-                    # O / l into Q's slot, laid out as TMA lands Q (64-column panels, 16-byte
-                    # chunk c of row r at c ^ (r % 8)), then one TMA store per panel.
-                    T.tvm_storage_sync("shared")  # every warp is done reading Q, K and V
-                    for r in T.unroll(RB):
-                        for half in T.unroll(2):
-                            fixed[0] = T.float32(1) / quad(operator.add, l[r * 2 + half])
-                            row = T.meta_var((block0 + r) * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8)
-                            for df in T.unroll(DF):
-                                for e in T.unroll(0, 4, step=2):  # columns e and e + 1 are adjacent
-                                    col = T.meta_var(_column(df, e, lane))
-                                    chunk = T.meta_var(col % _PANEL // 8)  # 16-byte chunk of the panel row
-                                    T.evaluate(call("pack", smem.access_ptr("w", offset=base + col // _PANEL * BM * _PANEL
-                                                    + row * _PANEL + T.bitwise_xor(chunk, row % 8) * 8
-                                                    + col % 8, extent=2),
-                                                    o[_reg(r, DF, df, half, e)] * fixed[0],
-                                                    o[_reg(r, DF, df, half, e + 1)] * fixed[0]))
-                    T.ptx.fence.proxy.async_.shared__cta()  # the stores above, before the copy engine reads
-                    T.tvm_storage_sync("shared")
-                    if tx == 0:
-                        for panel in T.unroll(D // _PANEL):
-                            T.ptx[f"cp.async.bulk.tensor.{len(shapes['out'])}d.global.shared::cta.bulk_group"](
-                                T.address_of(maps["out"]), *coordinates("out", panel, qt * BM, heads),
-                                smem_at(smem, base + panel * BM * _PANEL))
-                        T.ptx["cp.async.bulk.commit_group"]()
-                        T.ptx["cp.async.bulk.wait_group.read"](0)  # the slot stays until the copy has read it
+    if is_ragged:
+        KVH, DIM = ragged.kv_heads, shape.dim
 
+        @T.prim_func(s_tir=True, check_well_formed=False)
+        def fused(var_q: T.handle, var_q_indptr: T.handle, var_k: T.handle, var_v: T.handle,
+                  var_kv_indptr: T.handle, var_q_rope_position: T.handle, var_k_rope_pos_offset: T.handle,
+                  var_output: T.handle, var_lse: T.handle, causal: T.int32, rotary_mode: T.int32,
+                  rope_scale: T.float32, rope_theta: T.float32, sm_scale: T.float32):
+            T.func_attr({"tirx.noalias": True})
+            batch_size, qo_len, kv_len = T.int32(), T.int32(), T.int32()
+            q_indptr_elem_offset, kv_indptr_elem_offset = T.int32(), T.int32()
+            q_rope_position_elem_offset, k_rope_pos_offset_elem_offset = T.int32(), T.int32()
+            q = T.match_buffer(var_q, (qo_len, H, DIM), dtype)
+            q_indptr = T.match_buffer(var_q_indptr, (batch_size + 1,), "int32", elem_offset=q_indptr_elem_offset)
+            k = T.match_buffer(var_k, (kv_len, KVH, DIM), dtype)
+            v = T.match_buffer(var_v, (kv_len, KVH, DIM), dtype)
+            kv_indptr = T.match_buffer(var_kv_indptr, (batch_size + 1,), "int32", elem_offset=kv_indptr_elem_offset)
+            q_rope_position = T.match_buffer(var_q_rope_position, (qo_len,), "int32",
+                                             elem_offset=q_rope_position_elem_offset)
+            k_rope_pos_offset = T.match_buffer(var_k_rope_pos_offset, (batch_size,), "int32",
+                                               elem_offset=k_rope_pos_offset_elem_offset)
+            output = T.match_buffer(var_output, (qo_len, H, DIM), dtype)
+            lse = T.match_buffer(var_lse, (qo_len, H), "float32")
+            for bx in T.thread_binding((qo_len + BM - 1) // BM + batch_size, thread="blockIdx.x"):
+                for by in T.thread_binding(H, thread="blockIdx.y"):
+                    for tx in T.thread_binding(_WARPGROUP_THREADS * WG, thread="threadIdx.x"):
+                        with T.sblock("sequence"):
+                            T.reads()
+                            T.writes()
+                            seq = T.sblock_alloc_buffer((len(_SEQ),), "int32", scope="local")
+                            find_sequence(seq, bx, _RaggedParams(q_indptr, kv_indptr, batch_size, causal, sm_scale, output, lse))
+                            if seq[0] < batch_size:
+                                kernel(bx, tx, [by], seq, _RaggedParams(q_indptr, kv_indptr, batch_size, causal, sm_scale, output, lse))
+
+        sources = dict(zip(names, (fused.params[0], fused.params[2], fused.params[3], fused.params[7])))
+    else:
+        @T.prim_func(s_tir=True, check_well_formed=False)
+        def fused(q: T.Buffer(q_shape, dtype), k: T.Buffer(k_shape, dtype),
+                  v: T.Buffer(v_shape, dtype), out: T.Buffer(out_shape, dtype)):
+            T.func_attr({"tirx.noalias": True})
+            for bx in T.thread_binding(H * QT, thread="blockIdx.x"):
+                for tx in T.thread_binding(_WARPGROUP_THREADS * WG, thread="threadIdx.x"):
+                    kernel(bx, tx, _head_values(bx // QT, shape.head_extents), None, None)
+
+        sources = dict(zip(names, fused.params))
     host = []
-    for name, source in zip(maps, fused.params):
+    for name in names:
         layout = layouts[name]
         host += [tirx.Bind(maps[name], T.tvm_stack_alloca("tensormap", 1)),
-                 encode_tensor_map(maps[name], source, BN if name in ("k", "v") else BM, _PANEL, layout.seq,
+                 encode_tensor_map(maps[name], sources[name], BN if name in ("k", "v") else BM, _PANEL, layout.seq,
                                    [layout.dim, layout.seq, *(axis.axis for axis in layout.heads)])]
     return fused.with_body(tirx.SeqStmt([*host, fused.body]))
 
 
+@dataclass(frozen=True)
+class _RaggedParams:
+    """The ragged-prefill function's parameters the kernel reads (:class:`RaggedSequences`)."""
+
+    q_indptr: tirx.Var
+    kv_indptr: tirx.Var
+    batch_size: tirx.Var
+    causal: tirx.Var
+    sm_scale: tirx.Var
+    output: tirx.Var
+    lse: tirx.Var
+
+
+#: A packed sequence's values in a CTA's local buffer (:class:`RaggedSequences`): its index, the
+#: query tiles of the sequences before it and its own, the CTA's query tile (the most keys
+#: first), where its queries and keys start, their counts.
+_SEQ = ("index", "tiles_before", "tiles", "q_tile", "q_start", "q_len", "kv_start", "kv_len")
