@@ -10,13 +10,13 @@ import pytest
 import tvm_dsm
 from conftest import TARGET
 from tvm_dsm.cli import main
-from tvm_dsm.relax_pipeline import DLIGHT, PAGED_DECODE, PRESCHEDULED
+from tvm_dsm.relax_pipeline import DLIGHT, PAGED_DECODE, PRESCHEDULED, RAGGED_PREFILL
 from tvm_dsm.workloads.llama import LLAMA_TINY, export_llama
 from tvm_dsm.workloads.relax_models import swiglu_mlp
 
 ROOT = Path(__file__).parent.parent
 #: nn.llm's paged-attention kernels, scheduled by nn.llm itself.
-PREFILL_ATTENTION_KERNELS = {"batch_prefill_paged_kv", "batch_prefill_ragged_kv"}
+PREFILL_ATTENTION_KERNELS = {"batch_prefill_paged_kv"}
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +34,11 @@ def test_every_matmul_of_the_tiny_llama_is_a_split_k_gemm_per_range_of_rows(tiny
         assert f"{row.row_variable} <= {row.ranges[0].bound}: " in row.format()
 
 
-def test_nn_llm_prefill_is_prescheduled_decode_is_ours_and_the_rest_say_why_dlight(tiny_report):
+def test_nn_llm_paged_prefill_is_prescheduled_its_ragged_prefill_and_decode_ours_and_the_rest_say_why_dlight(tiny_report):
     where = {row.name: row for row in tiny_report.rows}
     assert all(where[name].where == PRESCHEDULED for name in PREFILL_ATTENTION_KERNELS)
     assert where["batch_decode_paged_kv"].where == PAGED_DECODE
+    assert where["batch_prefill_ragged_kv"].where == RAGGED_PREFILL
     dlight = [row for row in tiny_report.rows if row.where == DLIGHT]
     assert dlight and all(row.reason for row in dlight)
     assert all("\n" not in row.format() for row in dlight)  # the reason's first line only

@@ -106,10 +106,11 @@ def test_the_relax_pipeline_replaces_the_attention_kernels_of_an_llm():
     assert str(names["batch_decode_paged_kv"].attrs["tvm_dsm.family"]) == PAGED_DECODE
     assert "tvm_dsm.family" not in names["batch_decode_paged_kv_sliding_window"].attrs
     assert "tvm_dsm.family" not in mod["batch_decode_paged_kv"].attrs  # the input is left as it was
-    assert "tvm_dsm.family" not in names["batch_prefill_ragged_kv"].attrs  # not by default
+    assert str(names["batch_prefill_ragged_kv"].attrs["tvm_dsm.family"]) == RAGGED_PREFILL
+    assert "tvm_dsm.family" not in names["batch_prefill_paged_kv"].attrs
     with tvm.target.Target(TARGET):
-        prefill = use_kv_cache_kernels(mod, names=(RAGGED_PREFILL,))["batch_prefill_ragged_kv"]
-    assert str(prefill.attrs["tvm_dsm.family"]) == RAGGED_PREFILL
+        decode_only = use_kv_cache_kernels(mod, names=(PAGED_DECODE,))
+    assert "tvm_dsm.family" not in decode_only["batch_prefill_ragged_kv"].attrs
     target = tvm.target.Target(TARGET)
     assert schedule_kernels(mod, target)[1]["batch_decode_paged_kv"] == PAGED_DECODE  # the default
     assert schedule_kernels(mod, target, kv_cache_kernels=())[1]["batch_decode_paged_kv"] == PRESCHEDULED

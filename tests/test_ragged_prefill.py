@@ -119,8 +119,8 @@ def test_in_kernel_rope_stops_before_launch_with_the_reason():
                       target=TARGET, tir_pipeline="tvm_dsm")
     q, k, v, q_indptr, kv_indptr = _packed(np.random.default_rng(), [5], [5], 8, 2, 64, np.float16)
     args = [tvm.runtime.tensor(a, dev) for a in (q, q_indptr, k, v, kv_indptr)]
-    zeros = tvm.runtime.tensor(np.zeros(5, np.int32), dev)
+    positions, offsets = (tvm.runtime.tensor(np.zeros(n, np.int32), dev) for n in (5, 1))
     out = tvm.runtime.tensor(np.zeros(q.shape, np.float16), dev)
     lse = tvm.runtime.tensor(np.zeros(q.shape[:2], np.float32), dev)
     with pytest.raises(Exception, match="RoPE"):
-        lib(*args, zeros, zeros, out, lse, 1, 1, 1.0, 1e4, 0.125)
+        lib(*args, positions, offsets, out, lse, 1, 1, 1.0, 1e4, 0.125)

@@ -6,11 +6,12 @@ lowered by :func:`tvm_dsm.relax_integration.lower_to_tir` (weight transposes fol
 matmuls, GEMM chains grouped for the chain family), and :class:`ScheduleTIR` schedules every
 PrimFunc a tvm-dsm family matches before dlight schedules the rest. Functions that arrive
 scheduled (``nn.llm``'s paged-attention kernels) keep their own schedule, except those named in
-``kv_cache_kernels`` (:func:`use_kv_cache_kernels`): by default its decode attention, which
+``kv_cache_kernels`` (:func:`use_kv_cache_kernels`), by default its decode attention, which
 tvm-dsm's cluster kernel replaces (:mod:`tvm_dsm.kernels.paged_decode`; measured faster in the
-whole model at batch 1 to 64 and KV lengths 541 and 2048, ``bench/results/llm``); with
-``"ragged_prefill"`` also its prefill attention over the new tokens
-(:mod:`tvm_dsm.kernels.ragged_prefill`, tensor cores); ``()`` keeps ``nn.llm``'s. dlight runs under
+whole model at batch 1 to 64 and KV lengths 541 and 2048, ``bench/results/llm``), and its
+prefill attention over the new tokens, on tensor cores (:mod:`tvm_dsm.kernels.ragged_prefill`;
+96x ``nn.llm``'s kernel for 64 prompts of 512 tokens, ``bench/results/ragged_prefill``); ``()``
+keeps ``nn.llm``'s. dlight runs under
 :func:`tvm_dsm.driver.stock_target` (it skips tensor cores on "sm_90a"), after
 :class:`LowBatchDispatch` has given the matmuls of a symbolic batch no family took the low-batch
 GEMV dispatch MLC-LLM adds for decode.
@@ -94,8 +95,8 @@ KV_CACHE_KERNELS = {
         paged_decode.find_paged_decode(func), hw)),
     RAGGED_PREFILL: (ragged_prefill.SYMBOL, lambda func, hw: ragged_prefill.ragged_prefill_kernel(func)),
 }
-#: The KV-cache kernels replaced by default (the ragged prefill kernel awaits its GPU check).
-DEFAULT_KV_CACHE_KERNELS = (PAGED_DECODE,)
+#: The KV-cache kernels replaced by default.
+DEFAULT_KV_CACHE_KERNELS = (PAGED_DECODE, RAGGED_PREFILL)
 #: The KV cache's constructor, and the position of its RoPE mode among the arguments
 #: (``nn.llm.kv_cache``; 2 is ``RopeMode.INLINE``: RoPE inside the attention kernels).
 _KV_CACHE_CREATE, _ROPE_MODE_ARG, _INLINE_ROPE = "vm.builtin.paged_attention_kv_cache_create", 8, 2

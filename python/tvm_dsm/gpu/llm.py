@@ -14,12 +14,10 @@ crashes its process costs that configuration only):
   symbolic batch dispatched over dlight's low-batch GEMV (up to 8 rows) and matmul rules, dlight
   for the rest, TVM's stock TIR pipeline, sm_90;
 - ``tvm_dsm``: ``relax_pipeline="tvm_dsm"`` (:mod:`tvm_dsm.relax_pipeline`), tvm-dsm's TIR
-  pipeline, sm_90a, ``nn.llm``'s decode attention replaced by tvm-dsm's; its per-kernel
+  pipeline, sm_90a, ``nn.llm``'s decode and prefill attention replaced by tvm-dsm's; its per-kernel
   coverage (family or dlight) goes into the results;
-- ``tvm_dsm_nn_llm_decode``: the same keeping ``nn.llm``'s decode attention
+- ``tvm_dsm_nn_llm_attention``: the same keeping ``nn.llm``'s decode and prefill attention
   (``kv_cache_kernels=()``);
-- ``tvm_dsm_ragged_prefill``: the same replacing ``nn.llm``'s prefill attention over the new
-  tokens too (``kv_cache_kernels=("paged_decode", "ragged_prefill")``);
 
 and the same weights in torch (:mod:`tvm_dsm.gpu.torch_llama`: static KV cache, SDPA) eager and
 under ``torch.compile(mode="reduce-overhead")`` (``--no-torch`` leaves them out).
@@ -60,15 +58,14 @@ from typing import Any
 import numpy as np
 
 from ..bench.results import git_sha
-from ..relax_pipeline import DEFAULT_KV_CACHE_KERNELS, PAGED_DECODE, RAGGED_PREFILL
+from ..relax_pipeline import DEFAULT_KV_CACHE_KERNELS
 from .kernel_breakdown import profile_kernels
 from ..workloads.llama import LLAMA_1B, LLAMA_TINY, LlamaConfig
 
 MODELS = {"1b": LLAMA_1B, "1b_bf16": dataclasses.replace(LLAMA_1B, dtype="bfloat16"), "tiny": LLAMA_TINY}
-CONFIGS = ("tvm_default", "tvm_mlc", "tvm_dsm", "tvm_dsm_nn_llm_decode", "tvm_dsm_ragged_prefill")
+CONFIGS = ("tvm_default", "tvm_mlc", "tvm_dsm", "tvm_dsm_nn_llm_attention")
 #: The ``nn.llm`` kernels each tvm-dsm configuration replaces (:mod:`tvm_dsm.relax_pipeline`).
-KV_CACHE_KERNELS = {"tvm_dsm": DEFAULT_KV_CACHE_KERNELS, "tvm_dsm_nn_llm_decode": (),
-                    "tvm_dsm_ragged_prefill": (PAGED_DECODE, RAGGED_PREFILL)}
+KV_CACHE_KERNELS = {"tvm_dsm": DEFAULT_KV_CACHE_KERNELS, "tvm_dsm_nn_llm_attention": ()}
 #: Untimed decode steps before the timed ones (the first steps of a batch size capture its
 #: CUDA graph; a fresh process also runs its first steps slower).
 WARMUP_STEPS = 10
