@@ -38,6 +38,12 @@ Causal attention (key t visible to query i iff t <= i) skips the tiles past the 
 the diagonal ones, and runs the CTAs with the most tiles first. A CTA holds one or two
 warpgroups (``AttentionConfig.warpgroups``), each with its own row blocks, all reading the same
 key/value tiles; :func:`default_config` says which shapes take which.
+
+The same kernel takes sequences packed end to end, as ``nn.llm``'s ragged prefill holds them
+(:class:`RaggedSequences`, :mod:`tvm_dsm.kernels.ragged_prefill`): a CTA per (query tile, head)
+of each sequence, its sequence found by walking the index pointers, lengths, scale and
+causality read at run time, and its rows stored from registers within their own sequence (a
+TMA store of a whole tile would write the next sequence's rows), with their log-sum-exp.
 """
 
 from __future__ import annotations
@@ -298,9 +304,9 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
     def tiles_before(row_end):  # key tiles that rows below ``row_end`` see
         return T.min((row_end + BN - 1) // BN, NT) if is_causal else NT
 
-    def ragged_tiles_before(row_end, seq, causal):  # the same in a packed sequence (``seq``: _SEQ)
-        keys = seq[_SEQ.index("kv_len")]
-        seen = T.min(T.max(row_end + keys - seq[_SEQ.index("q_len")], 0), keys)
+    def ragged_tiles_before(row_end, seq, causal):  # the same in a packed sequence
+        keys = seq[_KV_LEN]
+        seen = T.min(T.max(row_end + keys - seq[_Q_LEN], 0), keys)
         return (T.if_then_else(causal != 0, seen, keys) + BN - 1) // BN
 
     def barrier(bars, i):
@@ -338,25 +344,24 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
 
     @T.macro
     def find_sequence(seq, bx, P):
-        """``seq`` (:data:`_SEQ`) of the sequence whose query tiles include tile ``bx`` of the
-        batch's (counted sequence by sequence); its index is ``batch_size`` where none does
-        (``P``: the ragged function's parameters, :class:`_RaggedParams`)."""
-        seq[0] = P.batch_size
-        seq[_SEQ.index("tiles_before")] = 0
+        """``seq`` (positions :data:`_INDEX` to :data:`_KV_LEN`) of the sequence whose query tiles
+        include tile ``bx`` of the batch's (counted sequence by sequence); its index is
+        ``batch_size`` where none does (``P``: the ragged function's parameters)."""
+        seq[_INDEX] = P.batch_size
+        seq[_TILES_BEFORE] = 0
         for b in range(P.batch_size):
-            if seq[0] == P.batch_size:
-                seq[_SEQ.index("tiles")] = (P.q_indptr[b + 1] - P.q_indptr[b] + BM - 1) // BM
-                if bx < seq[_SEQ.index("tiles_before")] + seq[_SEQ.index("tiles")]:
-                    seq[0] = b
-                    seq[_SEQ.index("q_tile")] = (seq[_SEQ.index("tiles")] - 1  # the most keys first
-                                                 - (bx - seq[_SEQ.index("tiles_before")]))
+            if seq[_INDEX] == P.batch_size:
+                seq[_TILES] = (P.q_indptr[b + 1] - P.q_indptr[b] + BM - 1) // BM
+                if bx < seq[_TILES_BEFORE] + seq[_TILES]:
+                    seq[_INDEX] = b
+                    seq[_Q_TILE] = seq[_TILES] - 1 - (bx - seq[_TILES_BEFORE])  # the most keys first
                 else:
-                    seq[_SEQ.index("tiles_before")] = seq[_SEQ.index("tiles_before")] + seq[_SEQ.index("tiles")]
-        if seq[0] < P.batch_size:
-            seq[_SEQ.index("q_start")] = P.q_indptr[seq[0]]
-            seq[_SEQ.index("q_len")] = P.q_indptr[seq[0] + 1] - P.q_indptr[seq[0]]
-            seq[_SEQ.index("kv_start")] = P.kv_indptr[seq[0]]
-            seq[_SEQ.index("kv_len")] = P.kv_indptr[seq[0] + 1] - P.kv_indptr[seq[0]]
+                    seq[_TILES_BEFORE] = seq[_TILES_BEFORE] + seq[_TILES]
+        if seq[_INDEX] < P.batch_size:
+            seq[_Q_START] = P.q_indptr[seq[_INDEX]]
+            seq[_Q_LEN] = P.q_indptr[seq[_INDEX] + 1] - P.q_indptr[seq[_INDEX]]
+            seq[_KV_START] = P.kv_indptr[seq[_INDEX]]
+            seq[_KV_LEN] = P.kv_indptr[seq[_INDEX] + 1] - P.kv_indptr[seq[_INDEX]]
 
     @T.macro
     def store_rows(o, l, m, fixed, block0, warp, lane, seq, qt, heads, P):
@@ -366,9 +371,9 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
             for half in T.unroll(2):
                 row = T.meta_var(qt * BM + (block0 + r) * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8)
                 fixed[0] = quad(operator.add, l[r * 2 + half])
-                if row < seq[_SEQ.index("q_len")]:
+                if row < seq[_Q_LEN]:
                     if lane % 4 == 0:
-                        P.lse[seq[_SEQ.index("q_start")] + row, heads[0]] = T.if_then_else(
+                        P.lse[seq[_Q_START] + row, heads[0]] = T.if_then_else(
                             fixed[0] > T.float32(0), m[r * 2 + half] * T.float32(log2e) + T.log2(fixed[0]),
                             T.float32(float("-inf")))
                     fixed[0] = T.if_then_else(fixed[0] > T.float32(0), T.float32(1) / fixed[0], T.float32(0))
@@ -376,7 +381,7 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
                         for e in T.unroll(0, 4, step=2):  # columns e and e + 1 are adjacent
                             if _column(df, e, lane) < shape.dim:
                                 T.evaluate(call("pack", P.output.access_ptr(
-                                    "w", offset=((seq[_SEQ.index("q_start")] + row) * H + heads[0]) * shape.dim
+                                    "w", offset=((seq[_Q_START] + row) * H + heads[0]) * shape.dim
                                     + _column(df, e, lane), extent=2),
                                     o[_reg(r, DF, df, half, e)] * fixed[0], o[_reg(r, DF, df, half, e + 1)] * fixed[0]))
 
@@ -397,9 +402,9 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
             new_max = T.sblock_alloc_buffer((1,), "float32", scope="local")
             fixed = T.sblock_alloc_buffer((1,), "float32", scope="local")
             if is_ragged:
-                qt = T.meta_var(seq[_SEQ.index("q_tile")])
-                q_row0 = T.meta_var(seq[_SEQ.index("q_start")])
-                kv_row0 = T.meta_var(seq[_SEQ.index("kv_start")])
+                qt = T.meta_var(seq[_Q_TILE])
+                q_row0 = T.meta_var(seq[_Q_START])
+                kv_row0 = T.meta_var(seq[_KV_START])
                 scale = T.meta_var(P.sm_scale)
                 scale_log2e = T.meta_var(P.sm_scale * T.float32(log2e))
             else:
@@ -462,11 +467,11 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
                             if is_ragged:
                                 # the sequence's keys, up to the row's own position when causal
                                 last = T.meta_var(T.if_then_else(
-                                    P.causal != 0, row + seq[_SEQ.index("kv_len")] - seq[_SEQ.index("q_len")],
-                                    seq[_SEQ.index("kv_len")] - 1))
-                                keys = T.meta_var(seq[_SEQ.index("kv_len")])
+                                    P.causal != 0, row + seq[_KV_LEN] - seq[_Q_LEN],
+                                    seq[_KV_LEN] - 1))
+                                keys = T.meta_var(seq[_KV_LEN])
                                 if (t + 1) * BN > T.if_then_else(  # a diagonal tile, or one past the keys
-                                        P.causal != 0, T.min(qt * BM + keys - seq[_SEQ.index("q_len")], keys), keys):
+                                        P.causal != 0, T.min(qt * BM + keys - seq[_Q_LEN], keys), keys):
                                     key_mask(s, r, half, lane, t, lambda key: tirx.And(key <= last, key < keys))
                             else:
                                 if is_causal:
@@ -557,9 +562,9 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
                         with T.sblock("sequence"):
                             T.reads()
                             T.writes()
-                            seq = T.sblock_alloc_buffer((len(_SEQ),), "int32", scope="local")
+                            seq = T.sblock_alloc_buffer((_KV_LEN + 1,), "int32", scope="local")
                             find_sequence(seq, bx, _RaggedParams(q_indptr, kv_indptr, batch_size, causal, sm_scale, output, lse))
-                            if seq[0] < batch_size:
+                            if seq[_INDEX] < batch_size:
                                 kernel(bx, tx, [by], seq, _RaggedParams(q_indptr, kv_indptr, batch_size, causal, sm_scale, output, lse))
 
         sources = dict(zip(names, (fused.params[0], fused.params[2], fused.params[3], fused.params[7])))
@@ -595,7 +600,7 @@ class _RaggedParams:
     lse: tirx.Var
 
 
-#: A packed sequence's values in a CTA's local buffer (:class:`RaggedSequences`): its index, the
-#: query tiles of the sequences before it and its own, the CTA's query tile (the most keys
-#: first), where its queries and keys start, their counts.
-_SEQ = ("index", "tiles_before", "tiles", "q_tile", "q_start", "q_len", "kv_start", "kv_len")
+#: A packed sequence's values in a CTA's local buffer (:class:`RaggedSequences`), by position: its
+#: index, the query tiles of the sequences before it and its own, the CTA's query tile (the most
+#: keys first), where its queries and keys start, their counts.
+_INDEX, _TILES_BEFORE, _TILES, _Q_TILE, _Q_START, _Q_LEN, _KV_START, _KV_LEN = range(8)
