@@ -74,7 +74,14 @@ def _kind(func: tirx.PrimFunc) -> str | None:
 
 def _check(mod: tvm.IRModule):
     """The pattern check: each call's PrimFunc is a matmul where the chain has one, else
-    elementwise (exactly two or three matmuls in all)."""
+    elementwise (exactly two or three matmuls in all). Each PrimFunc's kind is worked out once:
+    the patterns try the same calls many times over."""
+    known: dict[str, str | None] = {}
+
+    def kind(gv) -> str | None:
+        if gv.name_hint not in known:
+            known[gv.name_hint] = _kind(mod[gv])
+        return known[gv.name_hint]
 
     def check(context) -> bool:
         calls = []  # the root call is also among the bindings
@@ -82,7 +89,7 @@ def _check(mod: tvm.IRModule):
             is_call = isinstance(e, relax.Call) and e.op.name == "relax.call_tir"
             if is_call and not any(e.same_as(c) for c in calls):
                 calls.append(e)
-        kinds = [_kind(mod[c.args[0]]) for c in calls]
+        kinds = [kind(c.args[0]) for c in calls]
         return kinds.count("matmul") in (2, 3) and None not in kinds
 
     return check

@@ -38,7 +38,7 @@ from tvm.s_tir.schedule.schedule import ScheduleError
 
 from ..errors import ClusterError
 from ..ir import loads, uses
-from .symbolic import ToSympy, Unsupported, has_rounding
+from .symbolic import ToSympy, Unsupported, has_rounding, simplify
 from .top_k import TopK, parse_top_k
 
 _OPS = {tirx.Add: "sum", tirx.Max: "max", tirx.Min: "min"}
@@ -290,7 +290,7 @@ def _free_of(expr: sympy.Expr, symbols: set) -> bool:
 
 
 def _try_rescale(level: Level, new, old, xs: set, positive: bool = False) -> bool:
-    ratio = sympy.simplify(new / old)
+    ratio = simplify(new / old)
     if not _free_of(ratio, xs) or ratio.has(sympy.nan, sympy.zoo) or has_rounding(ratio):
         return False
     if positive and not ratio.is_positive:
@@ -314,7 +314,7 @@ def _singular_at_zero(ratio: sympy.Expr) -> bool:
 
 
 def _try_shift(level: Level, new, old, xs: set) -> bool:
-    delta = sympy.simplify(new - old)
+    delta = simplify(new - old)
     if not _free_of(delta, xs) or has_rounding(delta):
         return False
     level.form, level.correction = "shift", delta

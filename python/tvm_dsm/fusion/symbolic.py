@@ -7,6 +7,7 @@ left unfused.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import sympy
@@ -97,6 +98,20 @@ class ToSympy:
                 return self(e.args[0]) ** self(e.args[1])
             raise Unsupported(f"call to {name}")
         raise Unsupported(f"{type(e).__name__} expression")
+
+
+def simplify(expr: sympy.Expr) -> sympy.Expr:
+    """``sympy.simplify(expr)``, computed once per expression. A function's proofs run again each
+    time it is matched (by each family that looks at it, by the pass form after the function
+    form, by every build that plans it), and simplify is most of a proof's time. Keyed by
+    ``srepr``, which tells apart what ``==`` may not (a Float from an equal Integer before SymPy
+    1.13)."""
+    return _simplify_once(sympy.srepr(expr), expr)
+
+
+@functools.lru_cache(maxsize=4096)
+def _simplify_once(key: str, expr: sympy.Expr) -> sympy.Expr:
+    return sympy.simplify(expr)
 
 
 def rounded(dtype: str) -> sympy.Function:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from tvm.script import tirx as T
 
 from ..annotations import WGMMA_HELPER_PREFIX as HELPER_PREFIX
-from ..script_parsing import frozen_frames_skipped
+from ..script_parsing import pseudo_files_skipped
 from .registry import register_once
 from .mma import TILE, mma
 
@@ -222,7 +222,7 @@ def register_planned() -> None:
     """Register the intrinsic of every width, operand type and in-flight count a plan may use: a
     MetaSchedule database's traces name them, and a fresh process replaying one has scheduled
     nothing that would register them."""
-    with frozen_frames_skipped():
+    with pseudo_files_skipped():
         for n in TILE_WIDTHS:
             for dtype in _PTX_TYPE:
                 for in_flight in (1, 2):

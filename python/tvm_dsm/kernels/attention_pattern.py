@@ -34,7 +34,7 @@ from tvm.sym import Analyzer, detect_iter_map, inverse_affine_iter_map
 
 from ..errors import ClusterError
 from ..fusion.cascade import Level, find_cascades, inline_elementwise, parse_reduction
-from ..fusion.symbolic import ToSympy, Unsupported
+from ..fusion.symbolic import ToSympy, Unsupported, simplify
 from ..ir import loads, substitute, uses
 
 #: A mask's fill below this is -inf for the softmax: exp of it underflows to 0 in fp32 for any
@@ -135,7 +135,7 @@ def find_decode_attention(func: tirx.PrimFunc) -> DecodeShape:
 
 def _float_constant(e) -> float | None:
     """``e`` as a float if it is a finite number, else None."""
-    e = sympy.simplify(e)
+    e = simplify(e)
     return float(e) if e.is_number and e.is_finite else None
 
 
@@ -516,7 +516,7 @@ def _sympy(expr, leaf) -> sympy.Expr:
 
 def _zero(e) -> bool:
     """Whether ``e`` is provably 0 (``0.0`` included)."""
-    return bool(e.is_zero) or bool(sympy.simplify(e).is_zero)
+    return bool(e.is_zero) or bool(simplify(e).is_zero)
 
 
 def _uses(indices: list, var) -> bool:

@@ -51,7 +51,7 @@ from ..errors import ClusterError
 from ..hardware import Hardware
 from ..fusion.cascade import LoadSymbols, indexed_by, inline_elementwise, only_load, single_fusible_cascade
 from ..fusion.epilogue import bind_stage, find_epilogue
-from ..fusion.symbolic import ToSympy, ToTIR
+from ..fusion.symbolic import ToSympy, ToTIR, simplify
 from ..ir import loads, shuffle_reduce, tree_reduce, with_block_body
 from ..schedule.cluster import MAX_CLUSTER_SIZE
 from ..annotations import CLUSTER_LAUNCH_KEY
@@ -146,10 +146,10 @@ def find_softmax_gemm(func: tirx.PrimFunc) -> SoftmaxGemm:
         raise ClusterError(f"the max must reduce X[row, key] of a 2-D X; got {top.value}")
     sum_index = group.index(total) if total is not None else None
     product_term, v = _element(group, product, x, rest="v", sum_index=sum_index)
-    element = _element(group, total, x)[0] if total is not None else sympy.simplify(product_term / _V)
-    normalizer = sympy.simplify(product_term / (element * _V)) if v is not None else sympy.nan
+    element = _element(group, total, x)[0] if total is not None else simplify(product_term / _V)
+    normalizer = simplify(product_term / (element * _V)) if v is not None else sympy.nan
     if (v is None or v.same_as(x) or element.has(_V) or normalizer.free_symbols - {_L}
-            or sympy.simplify(product_term - element * normalizer * _V) != 0):
+            or simplify(product_term - element * normalizer * _V) != 0):
         raise ClusterError(f"the product level must be the sum level's term times V[key, column] (times a "
                            f"function of the sum); got {product.value}")
     rows, keys = (int(d) for d in x.ty.shape)

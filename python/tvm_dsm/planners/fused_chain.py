@@ -21,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from tvm import s_tir, tirx
@@ -146,7 +148,33 @@ def candidate_configs(shape: ChainShape, smem_only: bool = False,
     return survivors, counts
 
 
+#: The pruned spaces computed last, by (shape, space, GPU description): a chain is planned
+#: again wherever its function is (family matching, ``plan``, ``build``, MetaSchedule's space),
+#: and pruning the 54,000-point space is most of a plan's time.
+_PRUNED: OrderedDict = OrderedDict()
+_PRUNED_KEPT = 256
+_PRUNED_LOCK = threading.Lock()
+
+
 def _pruned(shape: ChainShape, space: dict, hw: Hardware) -> tuple[list[FusedChainConfig], dict[str, int]]:
+    """:func:`_prune`'s survivors and counts, computed once per (shape, space, ``hw``) (a fresh
+    list and dict each call; the configurations are frozen)."""
+    key = (shape, tuple(space.items()), repr(hw))
+    with _PRUNED_LOCK:
+        found = _PRUNED.get(key)
+        if found is not None:
+            _PRUNED.move_to_end(key)
+    if found is None:
+        found = _prune(shape, space, hw)
+        with _PRUNED_LOCK:
+            _PRUNED[key] = found
+            while len(_PRUNED) > _PRUNED_KEPT:
+                _PRUNED.popitem(last=False)
+    survivors, counts = found
+    return list(survivors), dict(counts)
+
+
+def _prune(shape: ChainShape, space: dict, hw: Hardware) -> tuple[list[FusedChainConfig], dict[str, int]]:
     survivors = [FusedChainConfig(s, bm, bn, steps, bk, wm, wn, stages, tma)
                  for s, bm, bn, steps, bk, (wm, wn), stages, tma in itertools.product(*space.values())]
     counts = {"space": len(survivors)}

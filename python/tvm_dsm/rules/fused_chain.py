@@ -187,14 +187,14 @@ def _check_divisible(shape: ChainShape, c: FusedChainConfig, hw: Hardware) -> No
                            f"fragments over {c.warps_m}x{c.warps_n} warps")
     if shape.k % (s * c.block_k):
         raise ClusterError(f"K={shape.k} is not a multiple of {s} CTAs x {c.block_k}")
-    lanes = VECTOR // 2
+    lanes, threads = VECTOR // 2, c.threads
     for what, elements, per in (("a tile of H", c.block_m * c.block_n, 4),
                                 ("an A tile", c.block_m * c.block_k, lanes),
                                 ("a W1 tile", c.block_n * c.block_k, lanes),
                                 ("a W2 tile", shape.l // s * c.block_n, lanes)):
-        if elements % (c.threads * per):
+        if elements % (threads * per):
             raise ClusterError(f"{what} is not a whole number of 16-byte vectors for "
-                               f"{c.threads} threads")
+                               f"{threads} threads")
 
 
 def _check_pipeline(shape: ChainShape, c: FusedChainConfig, hw: Hardware) -> None:
