@@ -708,16 +708,16 @@ def reason_category(reason: str) -> str:
 
 def run_case(seed: int, index: int) -> dict:
     """Generate, fuse, build, run and compare one case (in the current process)."""
+    if seed == HANG_SEED:  # the harness's own checks: a case that hangs, one that kills its worker
+        time.sleep(3600)
+    if seed == CRASH_SEED:
+        os.abort()
     import tvm
     import tvm_ffi
 
     from tvm_dsm.transform import FuseCascadedReductions, fuse_cascaded_reductions
 
     t0 = time.time()
-    if seed == HANG_SEED:  # the harness's own checks: a case that hangs, one that kills its worker
-        time.sleep(3600)
-    if seed == CRASH_SEED:
-        os.abort()
     spec = generate(seed, index)
     out = {"index": index, "features": spec["features"], "status": None, "reasons": [], "problems": [],
            "rel_err": None, "approximate": False}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import subprocess
@@ -11,6 +12,7 @@ import pytest
 import tvm
 
 import tvm_dsm  # noqa: F401  (registers the pipeline)
+from tvm_dsm.script_parsing import pseudo_files_skipped
 
 TARGET = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}, host="llvm")
 
@@ -31,6 +33,22 @@ def without_unnamed_meta_schedule_handlers() -> None:
     logger = logging.getLogger("tvm.s_tir.meta_schedule")
     for handler in [h for h in logger.handlers if h.get_name() is None]:
         logger.removeHandler(handler)
+
+
+_SESSION = contextlib.ExitStack()
+
+
+def pytest_configure(config):
+    """TVMScript parsed while test modules import (module-level ``@T.prim_func`` and
+    ``@I.ir_module``, under the import system's frozen frames) and in tests (nn.llm's KV-cache
+    kernels, Relax models) makes ``inspect.getmodule`` scan every loaded module for each frame
+    of a file not on disk: skip those for the session. What ``inspect`` answers is the same
+    (see :func:`tvm_dsm.script_parsing.pseudo_files_skipped`); only the scans go."""
+    _SESSION.enter_context(pseudo_files_skipped())
+
+
+def pytest_unconfigure(config):
+    _SESSION.close()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -39,11 +39,8 @@ def workloads() -> dict:
     }
 
 
-def picks_cuda(func) -> list[str]:
-    """The CUDA source of the planner's best RANKS configurations of ``func``."""
-    import tvm_dsm
-
-    ranking = tvm_dsm.plan(func)
+def picks_cuda(ranking) -> list[str]:
+    """The CUDA source of the best RANKS configurations of ``ranking`` (``tvm_dsm.plan``'s)."""
     sources = []
     for rank in range(min(RANKS, len(ranking.plans))):
         mod = ranking.schedule(rank).mod
@@ -51,11 +48,13 @@ def picks_cuda(func) -> list[str]:
     return sources
 
 
-def digests(name: str, func) -> list[str]:
-    return [hashlib.sha256(src.encode()).hexdigest() for src in picks_cuda(func)]
+def digests(ranking) -> list[str]:
+    return [hashlib.sha256(src.encode()).hexdigest() for src in picks_cuda(ranking)]
 
 
 if __name__ == "__main__":
-    table = {name: digests(name, func) for name, func in workloads().items()}
+    import tvm_dsm
+
+    table = {name: digests(tvm_dsm.plan(func)) for name, func in workloads().items()}
     GOLDEN.write_text(json.dumps(table, indent=1) + "\n")
     print(f"wrote {GOLDEN}: {sum(map(len, table.values()))} kernels")

@@ -278,9 +278,29 @@ NOT_FUSIBLE = [
 ]
 
 
-def _run(f, seed: int) -> list[np.ndarray]:
-    """Outputs of ``f`` on random inputs in [0.5, 1.5) (positive: sqrt, log and 1/x stay defined)."""
-    ex = tvm.compile(tvm.IRModule({"main": f}), target="llvm")
+def _build(f):
+    return tvm.compile(tvm.IRModule({"main": f}), target="llvm")
+
+
+@pytest.fixture(scope="module")
+def unfused():
+    """Each fusible case's function and its llvm build, made once: the reference of every test
+    of the case."""
+    cache: dict = {}
+
+    def get(case: Case):
+        if case.name not in cache:
+            f = case.build()
+            cache[case.name] = f, _build(f)
+        return cache[case.name]
+
+    return get
+
+
+def _run(f, seed: int, ex=None) -> list[np.ndarray]:
+    """Outputs of ``f`` (built as ``ex``, or now) on random inputs in [0.5, 1.5) (positive: sqrt,
+    log and 1/x stay defined)."""
+    ex = _build(f) if ex is None else ex
     rng = np.random.default_rng(seed)
     n_in = len(f.params) - sum(1 for p in f.params if str(p.name) not in ("x", "v", "w", "b"))
     args = []
@@ -297,13 +317,14 @@ def test_at_least_25_expressions():
 
 
 @pytest.mark.parametrize("case", FUSIBLE, ids=lambda c: c.name)
-def test_fusible_cascade_is_rewritten_and_equal(case):
-    f = case.build()
+def test_fusible_cascade_is_rewritten_and_equal(case, unfused):
+    f, reference = unfused(case)
     fused, reports = fuse_cascaded_reductions(f)
     assert reports and all(r.fusible for r in reports), [str(r) for r in reports]
     assert "fused_" in fused.script()
+    built = _build(fused)
     for seed in (1, 2):
-        for got, want in zip(_run(fused, seed), _run(f, seed)):
+        for got, want in zip(_run(fused, seed, built), _run(f, seed, reference)):
             assert np.isfinite(got).all()  # poisoned outputs: every element written
             assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-5
 
@@ -313,12 +334,12 @@ def test_fusible_cascade_is_rewritten_and_equal(case):
     (4, 4, "T.vectorized(4)"),  # 4 parts of 4-element chunks, each row staged by one vector copy
 ])
 @pytest.mark.parametrize("case", FUSIBLE, ids=lambda c: c.name)
-def test_split_parts_merge_by_the_same_rule(case, parts, vector, marker):
+def test_split_parts_merge_by_the_same_rule(case, parts, vector, marker, unfused):
     """Split partials merge by the rule that fused them: the same outputs as unfused."""
-    f = case.build()
+    f, reference = unfused(case)
     fused, reports = fuse_cascaded_reductions(f, parts=parts, vector=vector)
     assert all(r.fusible for r in reports) and marker in fused.script()
-    for got, want in zip(_run(fused, parts), _run(f, parts)):
+    for got, want in zip(_run(fused, parts), _run(f, parts, reference)):
         assert np.isfinite(got).all()
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-5
 

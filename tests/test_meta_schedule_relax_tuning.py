@@ -86,7 +86,7 @@ def test_tune_relax_tunes_every_task_into_one_database(tmp_path):
     mod = _model()
     tasks = ms.relax_integration.extract_tasks(mod, tvm.target.Target("nvidia/nvidia-h100"))
     without_unnamed_meta_schedule_handlers()
-    database = tune_relax(mod, str(tmp_path), max_trials_global=4 * len(tasks), num_trials_per_iter=4,
+    database = tune_relax(mod, str(tmp_path), max_trials_global=4 * len(tasks), num_trials_per_iter=4, top=8,
                           builder=InProcessBuilder(), runner=_ScriptedRunner())
     records = database.get_all_tuning_records()
     assert len(records) >= len(tasks) >= 3

@@ -26,8 +26,12 @@ def _logits(seed: int) -> np.ndarray:
     return x
 
 
-def _route(func, x: np.ndarray, k: int = K) -> tuple[np.ndarray, np.ndarray]:
-    ex = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
+def _build(func):
+    return tvm.compile(tvm.IRModule({"main": func}), target="llvm")
+
+
+def _route(ex, x: np.ndarray, k: int = K) -> tuple[np.ndarray, np.ndarray]:
+    """The routing weights and indices that ``ex``, a build of a routing function, gives ``x``."""
     weights = tvm.runtime.tensor(np.full((T, k), np.nan, "float32"))
     indices = tvm.runtime.tensor(np.full((T, k), np.iinfo("int32").min, "int32"))
     ex["main"](tvm.runtime.tensor(x), weights, indices)
@@ -57,32 +61,37 @@ def test_moe_routing_fuses_into_one_pass_and_matches(parts, vector):
     assert report.fusible and sorted(report.levels) == ["l", "m", "topk"], str(report)
     assert "topk (top-8): plain" in report.details
     assert _passes_over_x(fused) == 1 and _passes_over_x(func) == 3
+    built = _build(fused)
     for seed in (0, 1):
         x = _logits(seed)
         want_w, want_i = _reference(x)
-        got_w, got_i = _route(fused, x)
+        got_w, got_i = _route(built, x)
         np.testing.assert_array_equal(got_i, want_i)
         assert np.abs(got_w - want_w).max() / np.abs(want_w).max() < 1e-6
 
 
-def test_fused_equals_unfused():
-    """The unfused function (TVM lowers the top-k's own combine) agrees with the fused one."""
+@pytest.fixture(scope="module")
+def unfused_and_fused():
+    """Builds of the routing function with top-3 unfused and fused in 4 parts."""
     func = moe_routing(T, E, K_UNFUSED)
     fused, _ = fuse_cascaded_reductions(func, parts=4)
+    return _build(func), _build(fused)
+
+
+def test_fused_equals_unfused(unfused_and_fused):
+    """The unfused function (TVM lowers the top-k's own combine) agrees with the fused one."""
     x = _logits(2)
-    (unfused_w, unfused_i), (fused_w, fused_i) = (_route(f, x, K_UNFUSED) for f in (func, fused))
+    (unfused_w, unfused_i), (fused_w, fused_i) = (_route(ex, x, K_UNFUSED) for ex in unfused_and_fused)
     np.testing.assert_array_equal(fused_i, unfused_i)
     np.testing.assert_array_equal(fused_i, _reference(x, K_UNFUSED)[1])
     np.testing.assert_allclose(fused_w, unfused_w, rtol=1e-6)
 
 
-def test_packed_keys_rank_signed_zeros_infinities_and_nans_like_comparisons():
+def test_packed_keys_rank_signed_zeros_infinities_and_nans_like_comparisons(unfused_and_fused):
     """fp16 values scan as packed integer keys (tvm_dsm.fusion.top_k_keys): -0 ties with +0
     (lower index first), -inf and NaN never enter (as with the comparisons: they do not beat the
     initial value), a row with fewer finite values than k keeps empty slots, and fp16 extremes
     keep their order. The unfused function, whose combine compares values, is the reference."""
-    func = moe_routing(T, E, K_UNFUSED)
-    fused, _ = fuse_cascaded_reductions(func, parts=4)
     x = _logits(3)
     x[0, :] = np.where(np.arange(E) % 7 == 0, x[0, :], -np.inf)
     x[0, [5, 9, 60]] = [np.float16(-0.0), np.float16(0.0), np.float16(-0.0)]
@@ -93,7 +102,7 @@ def test_packed_keys_rank_signed_zeros_infinities_and_nans_like_comparisons():
     x[5, :] = np.float16(-0.0)
     x[5, ::2] = np.float16(0.0)
     x[6, :] = -(np.arange(E) % 13 + 1) / 4  # negatives only: -0.25 at 0, 13, 26 ranks first
-    (unfused_w, unfused_i), (fused_w, fused_i) = (_route(f, x, K_UNFUSED) for f in (func, fused))
+    (unfused_w, unfused_i), (fused_w, fused_i) = (_route(ex, x, K_UNFUSED) for ex in unfused_and_fused)
     np.testing.assert_array_equal(fused_i, unfused_i)
     np.testing.assert_array_equal(np.isnan(fused_w), np.isnan(unfused_w))
     np.testing.assert_allclose(fused_w, unfused_w, rtol=1e-6)
