@@ -74,20 +74,31 @@ def test_tuning_without_a_gpu_says_so_in_one_line(tmp_path):
         tune_relax(_model(), str(tmp_path), max_trials_global=1)
 
 
-def test_tune_relax_tunes_every_task_into_one_database(tmp_path):
+def test_tune_relax_tunes_every_task_and_the_pipeline_compiles_from_its_records(tmp_path):
     """A whole model tuned with a scripted runner: the matmul in tvm-dsm's space, the softmax and
-    transpose in TVM's, all into the one database, whose records every task has."""
+    transpose in TVM's, all into the one database; the "tvm_dsm" pipeline then schedules each
+    function from its record: the families' with the tuned configuration, the transpose no
+    family takes with MetaSchedule's schedule instead of dlight's."""
     import tvm
     from conftest import without_unnamed_meta_schedule_handlers
     from test_driver import InProcessBuilder, _ScriptedRunner
 
+    from tvm_dsm.hardware import load_hardware
     from tvm_dsm.meta_schedule import tune_relax
+    from tvm_dsm.meta_schedule.relax_tuning import tuning_tasks
+    from tvm_dsm.relax_integration import TUNED_IN_TVM_SPACE
+    from tvm_dsm.relax_pipeline import schedule_kernels
 
-    mod = _model()
-    tasks = ms.relax_integration.extract_tasks(mod, tvm.target.Target("nvidia/nvidia-h100"))
+    mod, target = _model(), tvm.target.Target("nvidia/nvidia-h100")
+    tasks = tuning_tasks(mod, target, load_hardware())
     without_unnamed_meta_schedule_handlers()
     database = tune_relax(mod, str(tmp_path), max_trials_global=4 * len(tasks), num_trials_per_iter=4, top=8,
                           builder=InProcessBuilder(), runner=_ScriptedRunner())
-    records = database.get_all_tuning_records()
-    assert len(records) >= len(tasks) >= 3
+    assert len(database.get_all_tuning_records()) >= len(tasks) >= 3
     assert all(database.has_workload(task.dispatched[0]) for task in tasks)
+
+    choices = {}
+    _, coverage = schedule_kernels(mod, target, database=database, choices=choices)
+    tuned = {name for name, choice in choices.items() if choice.tuned}
+    in_tvm_space = {name for name, where in coverage.items() if where == TUNED_IN_TVM_SPACE}
+    assert tuned and in_tvm_space and tuned | in_tvm_space == {task.task_name for task in tasks}

@@ -185,7 +185,7 @@ def build(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None = No
     (:mod:`tvm_dsm.transform.host_sorts`)."""
     target = tvm.target.Target(target)
     refuse_host_sorts(func)
-    record = _record(database, func, target)
+    record = tuning_record(database, func, target)
     if record is not None:
         return tvm.compile(replay(record.trace, func).mod, target=target)
     try:
@@ -217,7 +217,7 @@ def schedule(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None =
     ClusterError where no family applies, for callers that leave such functions to dlight
     themselves."""
     target = tvm.target.Target(target)
-    record = _record(database, func, target)
+    record = tuning_record(database, func, target)
     if record is not None:
         return replay(record.trace, func)
     try:
@@ -246,7 +246,7 @@ def schedule_row_ranges(func: tirx.PrimFunc, target=H100,
     return kernels, s_tir.Schedule(dispatch(func, branches), enable_check=False)
 
 
-def _record(database: ms.Database | None, func: tirx.PrimFunc,
+def tuning_record(database: ms.Database | None, func: tirx.PrimFunc,
             target) -> ms.database.TuningRecord | None:
     """The tuning record ``database`` holds for ``func``, if any."""
     if database is None:

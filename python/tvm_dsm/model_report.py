@@ -101,7 +101,8 @@ def model_report(coverage: dict[str, str], choices: dict[str, Choice]) -> ModelR
         choice = choices.get(name, Choice())
         if choice.ranges:
             families = dict.fromkeys(r.family for r in choice.ranges)
-            rows.append(KernelRow(name, "/".join(families), choice.ranges, choice.row_variable))
+            tuned = " (tuned)" if choice.tuned else ""
+            rows.append(KernelRow(name, "/".join(families) + tuned, choice.ranges, choice.row_variable))
         elif where.startswith(DLIGHT):
             rows.append(KernelRow(name, DLIGHT, reason=choice.reason))
         else:  # prescheduled, or a kernel tvm-dsm put in the module whole (paged decode)

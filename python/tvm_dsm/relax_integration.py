@@ -7,7 +7,9 @@ whole GEMM chain that :mod:`tvm_dsm.relax_chains` grouped first, for the chain f
 :class:`ScheduleTIR` gives every unscheduled PrimFunc that a tvm-dsm family matches the schedule
 :func:`tvm_dsm.driver.schedule` would build (a tuning record from ``database``, else the
 planner's best) and marks it scheduled, so dlight's ``ApplyDefaultSchedule`` afterwards leaves
-it alone and schedules only what no family covers. :func:`compile_model` is that pipeline.
+it alone and schedules only what no family covers, except a function ``database`` holds a record
+of (tuned in TVM's default design space), which gets that record's schedule
+(``FAMILY_ATTR`` ``"meta_schedule"``). :func:`compile_model` is that pipeline.
 
 ``relax.transform.FuseTransposeMatmul`` comes first: ``R.matmul(x, R.permute_dims(w))`` (a
 ``torch.nn.Linear`` written in Relax) legalizes to a separate transpose kernel otherwise, and
@@ -23,7 +25,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.s_tir import meta_schedule as ms
 
-from .driver import H100, plan, schedule, schedule_row_ranges, stock_rules, stock_target
+from .driver import H100, plan, replay, schedule_row_ranges, stock_rules, stock_target, tuning_record
 from .errors import ClusterError
 from .ir import narrow_indices
 from .families.row_ranges import row_variable
@@ -36,6 +38,9 @@ LOG = logging.getLogger("tvm_dsm.relax")
 
 #: The PrimFunc attribute naming the tvm-dsm family that scheduled the function.
 FAMILY_ATTR = "tvm_dsm.family"
+#: ``FAMILY_ATTR`` of a function no family takes, scheduled from a tuning record of TVM's
+#: default design space.
+TUNED_IN_TVM_SPACE = "meta_schedule"
 #: The PrimFunc attribute holding the error of a family that crashed on the function.
 CRASH_ATTR = "tvm_dsm.crash"
 
@@ -55,11 +60,13 @@ class RangeChoice:
 class Choice:
     """What :class:`ScheduleTIR` did with one PrimFunc: the family of each range of its rows
     (``row_variable`` names the symbolic row count, None for constant extents), or, with no
-    ranges, why no family took it (a family's refusal, or its crash)."""
+    ranges, why no family took it (a family's refusal, or its crash); ``tuned``: the schedule
+    is a tuning record's, not the planner's pick."""
 
     ranges: tuple[RangeChoice, ...] = ()
     row_variable: str | None = None
     reason: str = ""
+    tuned: bool = False
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.ScheduleTIR")
@@ -83,12 +90,15 @@ class ScheduleTIR:
         for gv, func in mod.functions.items():
             if not isinstance(func, tirx.PrimFunc) or func.attrs.get("tirx.is_scheduled", False):
                 continue
-            func = merge_elementwise(narrow_indices(func))
             try:  # a matched family may still refuse (no valid configuration)
-                choice, sch = self._schedule(func)
+                choice, sch = self._schedule(scheduling_form(func))
             except ClusterError as err:
                 LOG.debug("%s: no tvm-dsm family: %s", gv.name_hint, err)
                 self.choices[gv.name_hint] = Choice(reason=str(err))
+                record = tuning_record(self.database, func, self.target)
+                if record is not None:
+                    updates[gv] = replay(record.trace, func).mod["main"].with_attrs(
+                        {"tirx.is_scheduled": True, FAMILY_ATTR: TUNED_IN_TVM_SPACE})
                 continue
             except Exception as err:  # noqa: BLE001  (a family's bug, re-raised unless told)
                 if not self.survive_crashes:
@@ -116,11 +126,17 @@ class ScheduleTIR:
             ranges = (RangeChoice(k.bound, k.family.name, k.predicted_us) for k in kernels)
             return Choice(tuple(ranges), var.name), sch
         ranking = plan(func, self.hw, self.target)
-        if self.database is None:
-            sch = ranking.schedule()
-        else:
-            sch = schedule(func, self.target, database=self.database, hw=self.hw, stock_fallback=False)
-        return Choice((RangeChoice(None, ranking.family.name, ranking.best.predicted_us),)), sch
+        record = tuning_record(self.database, func, self.target)
+        sch = ranking.schedule() if record is None else replay(record.trace, func)
+        return Choice((RangeChoice(None, ranking.family.name, ranking.best.predicted_us),),
+                      tuned=record is not None), sch
+
+
+def scheduling_form(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` as the families see it: int32 indices, elementwise blocks merged
+    (:func:`~tvm_dsm.relax_chains.merge_elementwise`). A tuning task of a function a family
+    takes is this form, since :class:`ScheduleTIR` looks up its tuning records by it."""
+    return merge_elementwise(narrow_indices(func))
 
 
 def lower_to_tir(mod: tvm.IRModule) -> tvm.IRModule:

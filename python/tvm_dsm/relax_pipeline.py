@@ -169,20 +169,27 @@ def kernel_coverage(mod: tvm.IRModule, prescheduled: set[str]) -> dict[str, str]
     return dict(sorted(coverage.items()))
 
 
+def lower_for_scheduling(mod: tvm.IRModule, target: tvm.target.Target, hw: Hardware | None = None,
+                         kv_cache_kernels: tuple[str, ...] = DEFAULT_KV_CACHE_KERNELS) -> tvm.IRModule:
+    """``mod`` as the pipeline schedules it: :data:`~tvm_dsm.relax_top_k.TopKAsRows`, library
+    dispatch, :func:`lower_to_tir`, :func:`use_kv_cache_kernels` (``kv_cache_kernels``). Tuning
+    extracts its tasks from this module, so that the records match the functions compiled."""
+    with target:
+        mod = TopKAsRows(mod)  # before library dispatch, which would give R.topk to TVM's sort
+        mod = tvm.transform.Sequential(cuda_pipeline.library_dispatch_passes(target))(mod)
+        return use_kv_cache_kernels(lower_to_tir(mod), hw, kv_cache_kernels)
+
+
 def schedule_kernels(mod: tvm.IRModule, target: tvm.target.Target,
                      database: ms.Database | None = None, hw: Hardware | None = None,
                      choices: dict[str, Choice] | None = None,
                      kv_cache_kernels: tuple[str, ...] = DEFAULT_KV_CACHE_KERNELS
                      ) -> tuple[tvm.IRModule, dict[str, str]]:
-    """The pipeline up to dlight: :data:`~tvm_dsm.relax_top_k.TopKAsRows`, library dispatch,
-    :func:`lower_to_tir`, :func:`use_kv_cache_kernels` (``kv_cache_kernels``), :class:`ScheduleTIR`
-    (filling ``choices``); the module and its :func:`kernel_coverage`, logged."""
+    """The pipeline up to dlight: :func:`lower_for_scheduling`, :class:`ScheduleTIR` (filling
+    ``choices``); the module and its :func:`kernel_coverage`, logged."""
+    mod = lower_for_scheduling(mod, target, hw, kv_cache_kernels)
+    prescheduled = _scheduled(mod)
     with target:
-        mod = TopKAsRows(mod)  # before library dispatch, which would give R.topk to TVM's sort
-        mod = tvm.transform.Sequential(cuda_pipeline.library_dispatch_passes(target))(mod)
-        mod = lower_to_tir(mod)
-        mod = use_kv_cache_kernels(mod, hw, kv_cache_kernels)
-        prescheduled = _scheduled(mod)
         mod = ScheduleTIR(target, database, hw, survive_crashes=True, choices=choices)(mod)
     taken = kernel_coverage(mod, prescheduled)
     for name, where in taken.items():

@@ -2,22 +2,28 @@
 a task a tvm-dsm family takes in :class:`~tvm_dsm.meta_schedule.PlannedSpace`, any other
 (softmax, a transpose, ...) in TVM's default CUDA design space, with one log line saying why.
 MetaSchedule's own ``tune_relax`` takes one space for every task, so ``PlannedSpace`` alone would
-abort on the first task no family covers."""
+abort on the first task no family covers. The tasks are the functions the "tvm_dsm" pipeline
+compiles, in the form it looks their records up by, so a model compiled with
+``relax.get_pipeline("tvm_dsm", database=...)`` uses what tuning found."""
 
 from __future__ import annotations
 
 import logging
 
 import tvm
+from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 
 from ..device import gpu_or_reason
 from ..driver import BUILD_TIMEOUT_S, load_tvm_dsm
 from ..errors import ClusterError
 from ..families import match_family
+from ..families.row_ranges import row_variable
 from ..hardware import Hardware, load_hardware
 from ..intrin import import_tvm_intrinsics
 from ..local_measure import local_builder, local_runner
+from ..relax_integration import scheduling_form
+from ..relax_pipeline import DEFAULT_KV_CACHE_KERNELS, lower_for_scheduling
 from ..tuning_database import open_database
 from .learned_cost_model import LearnedPlanModel
 from .planned_space import PlannedSearch, PlannedSpace
@@ -46,15 +52,53 @@ def task_space(name: str, func: tvm.tirx.PrimFunc, target: tvm.target.Target, to
     return PlannedSpace(top, hw)
 
 
+def tuning_tasks(mod: tvm.IRModule, target: tvm.target.Target, hw: Hardware, params=None,
+                 kv_cache_kernels: tuple[str, ...] = DEFAULT_KV_CACHE_KERNELS) -> list[ms.ExtractedTask]:
+    """The tasks of ``mod`` as the "tvm_dsm" pipeline compiles it (:func:`lower_for_scheduling`),
+    each function in the form :class:`~tvm_dsm.relax_integration.ScheduleTIR` looks its record
+    up by (:func:`scheduling_form` where a family takes it); not the functions that arrive
+    scheduled, nor those of a symbolic row count (a kernel per range of rows, which a
+    measurement of one size cannot choose), each left out with a log line."""
+    if params:
+        mod = relax.transform.BindParams("main", params)(mod)
+    mod = lower_for_scheduling(mod, target, hw, kv_cache_kernels)
+    for gv, func in list(mod.functions.items()):
+        if not isinstance(func, tvm.tirx.PrimFunc) or func.attrs.get("tirx.is_scheduled", False):
+            continue
+        if not _symbolic_rows(func):
+            try:
+                match_family(scheduling_form(func), target)
+            except ClusterError:
+                continue
+            mod[gv] = scheduling_form(func)
+    tasks = []
+    for task in ms.relax_integration.extract_tasks(mod, target):
+        func = task.dispatched[0]["main"]
+        if func.attrs.get("tirx.is_scheduled", False):
+            logger.info("task %s: arrives scheduled; not tuned", task.task_name)
+        elif _symbolic_rows(func):
+            logger.info("task %s: a symbolic row count, scheduled per range of rows; not tuned", task.task_name)
+        else:
+            tasks.append(task)
+    return tasks
+
+
+def _symbolic_rows(func: tvm.tirx.PrimFunc) -> bool:
+    try:
+        return row_variable(func) is not None
+    except ClusterError:  # symbolic extents other than a row count
+        return True
+
+
 def tuning_contexts(mod: tvm.IRModule, work_dir: str, target=H100_TAG, params=None, top: int = 64,
                     hw: Hardware | None = None, seed: int | None = None) -> tuple[list[ms.TuneContext], list[float]]:
-    """The tuning contexts of ``mod``'s tasks and their weights, each with its space and search
-    (:class:`~tvm_dsm.meta_schedule.PlannedSearch` for a planned space, MetaSchedule's
-    evolutionary search otherwise)."""
+    """The tuning contexts of ``mod``'s tasks (:func:`tuning_tasks`) and their weights, each
+    with its space and search (:class:`~tvm_dsm.meta_schedule.PlannedSearch` for a planned
+    space, MetaSchedule's evolutionary search otherwise)."""
     target, hw = tvm.target.Target(target), hw or load_hardware()
     import_tvm_intrinsics()  # before the first TuneContext imports them, slowly from a deep stack
     contexts, weights = [], []
-    for task in ms.relax_integration.extract_tasks(mod, target, params):
+    for task in tuning_tasks(mod, target, hw, params):
         space = task_space(task.task_name, task.dispatched[0]["main"], target, top, hw)
         strategy = "evolutionary" if space == DEFAULT_SPACE else PlannedSearch()
         made, weight = ms.relax_integration.extracted_tasks_to_tune_contexts(
