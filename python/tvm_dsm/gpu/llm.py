@@ -20,7 +20,8 @@ crashes its process costs that configuration only):
   (``kv_cache_kernels=()``);
 
 and the same weights in torch (:mod:`tvm_dsm.gpu.torch_llama`: static KV cache, SDPA) eager and
-under ``torch.compile(mode="reduce-overhead")`` (``--no-torch`` leaves them out).
+under ``torch.compile`` (decode with ``mode="reduce-overhead"``, prefill Inductor's kernels
+without CUDA graphs), prefill also at each ``--contexts`` length (``--no-torch`` leaves them out).
 
 Then, one configuration at a time on the GPU, for each batch size: prefill a random prompt per
 sequence in one ragged prefill, decode ``--check-steps`` teacher-forced steps (fixed random
@@ -339,12 +340,49 @@ def _decode_floor_ms(config: LlamaConfig, batch: int, context: int, bandwidth: f
     return (config.weight_bytes + kv_bytes) / bandwidth * 1e3
 
 
+def _torch_prefill_ms(model, tokens) -> dict[str, float]:
+    """Warm prefill times of ``model`` (a :class:`~tvm_dsm.gpu.torch_llama.TorchLlama`) over
+    ``tokens``, eager and under ``torch.compile`` (Inductor's kernels; no CUDA graphs, whose
+    static inputs a prefill of new prompts would copy): the median of ``PREFILL_REPEATS`` after
+    the calls that compile and warm up, in milliseconds by contender."""
+    import torch
+
+    times = {}
+    for name, prefill in (("torch_eager", model.prefill), ("torch_compile", torch.compile(model.prefill))):
+        for _ in range(2):
+            prefill(tokens)
+        times[name] = float(np.median([_wall_ms(functools.partial(prefill, tokens), torch.cuda.synchronize)[1]
+                                       for _ in range(PREFILL_REPEATS)]))
+    return times
+
+
+def _run_torch_contexts(config: LlamaConfig, contexts: list[int], batches: list[int], record) -> None:
+    """The torch contenders' warm prefill (:func:`_torch_prefill_ms`) at each prompt length of
+    ``contexts`` and batch size (random tokens): ``record(name, context, batch, row)``."""
+    import torch
+
+    from .torch_llama import TorchLlama
+    from ..workloads.llama import random_weights
+
+    weights, rng = random_weights(config), np.random.default_rng(1)
+    for context in contexts:
+        for batch in batches:
+            model = TorchLlama(config, weights, batch, context)
+            tokens = torch.as_tensor(rng.integers(0, config.vocab_size, (batch, context)), device="cuda")
+            with torch.no_grad():
+                for name, ms in _torch_prefill_ms(model, tokens).items():
+                    record(name, context, batch, {"prefill_ms": round(ms, 3)})
+                    _log(f"  {name} context {context} batch {batch}: prefill {ms:.1f} ms")
+            del model
+            torch.cuda.empty_cache()
+
+
 def _run_torch(config: LlamaConfig, weights, prompts, forced, reference: np.ndarray, batches: list[int],
                check_steps: int, steps: int, bandwidth: float, record) -> None:
     """The torch contenders (:mod:`tvm_dsm.gpu.torch_llama`) at every batch size, checked and
-    timed as the TVM configurations are: ``torch_eager`` (prefill and decode) and
-    ``torch_compile`` (decode under ``torch.compile(mode="reduce-overhead")``: CUDA graphs);
-    each row to ``record(name, batch, row)``."""
+    timed as the TVM configurations are: ``torch_eager`` and ``torch_compile`` (decode under
+    ``torch.compile(mode="reduce-overhead")``: CUDA graphs; prefill as
+    :func:`_torch_prefill_ms`); each row to ``record(name, batch, row)``."""
     import torch
 
     from .torch_llama import TorchLlama
@@ -356,6 +394,7 @@ def _run_torch(config: LlamaConfig, weights, prompts, forced, reference: np.ndar
         forced_tokens = torch.as_tensor(forced[:batch], device="cuda")
         with torch.no_grad():
             first, prefill_ms = _wall_ms(functools.partial(model.prefill, tokens), torch.cuda.synchronize)
+            warm_prefill_ms = _torch_prefill_ms(model, tokens)
             for name, step in (("torch_eager", model.decode),
                                ("torch_compile", torch.compile(model.decode, mode="reduce-overhead"))):
                 got = [first.cpu().numpy()]
@@ -372,6 +411,7 @@ def _run_torch(config: LlamaConfig, weights, prompts, forced, reference: np.ndar
                 floor_ms = _decode_floor_ms(config, batch, context, bandwidth)
                 decode_ms = float(np.median(times))  # reduce-overhead records during the warm-up
                 record(name, batch, {"prefill_ms_first_call": round(prefill_ms, 3) if name == "torch_eager" else None,
+                                     "prefill_ms": round(warm_prefill_ms[name], 3),
                                      "decode_ms_per_step": round(decode_ms, 4), "decode_ms_min": round(min(times), 4),
                                      "decode_ms_steps": [round(t, 3) for t in times], "context": context, "floor_ms": round(floor_ms, 4),
                                      "multiple_of_floor": round(decode_ms / floor_ms, 2), "logits_vs_fp32": checks})
@@ -402,7 +442,8 @@ def schema_rows(configs: dict) -> list[dict]:
             err = row["logits_vs_fp32"]["rel_l2_max"]
             rows.append({"name": f"{name}_batch{batch}", "ok": err < LOGITS_TOLERANCE, "rel_err": err,
                          "ours_us": row["decode_ms_per_step"] * 1e3, "floor_us": row["floor_ms"] * 1e3,
-                         "prefill_ms": row["prefill_ms_first_call"], "coverage": found.get("coverage")})
+                         "prefill_ms": row.get("prefill_ms", row["prefill_ms_first_call"]),
+                         "coverage": found.get("coverage")})
     return rows
 
 
@@ -484,13 +525,24 @@ def run(args) -> None:
             results["configs"].setdefault(name, {"batches": {}})["batches"][str(batch)] = row
             save()
 
-        try:
-            _run_torch(config, weights, prompts, forced, reference, batches, args.check_steps, args.steps,
-                       bandwidth, record_torch)
-        except Exception as err:  # noqa: BLE001  (recorded; the TVM rows stand)
-            results["torch_error"] = f"{type(err).__name__}: {err}"
+        def record_torch_context(name, context, batch, row):
+            results["configs"].setdefault(name, {"batches": {}}).setdefault("contexts", {}).setdefault(
+                str(context), {})[str(batch)] = row
             save()
-            _log(f"torch failed: {err}")
+
+        torch_parts = {  # as the TVM configurations' parts
+            "torch_error": functools.partial(_run_torch, config, weights, prompts, forced, reference, batches,
+                                             args.check_steps, args.steps, bandwidth, record_torch),
+            "torch_contexts_error": functools.partial(_run_torch_contexts, config, args.contexts, batches,
+                                                      record_torch_context),
+        }
+        for key, part in torch_parts.items():
+            try:
+                part()
+            except Exception as err:  # noqa: BLE001  (recorded; the TVM rows stand)
+                results[key] = f"{type(err).__name__}: {err}"
+                save()
+                _log(f"torch failed: {err}")
     _log(f"done: {out}")
 
 

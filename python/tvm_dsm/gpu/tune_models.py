@@ -15,7 +15,8 @@ Per model: compiled untuned; its tasks tuned (:func:`tvm_dsm.meta_schedule.tune_
 of ``--trials`` measured candidates per task, into one JSON database); compiled again from that
 database; both compiled models checked against the model in fp32 (float64 for the MLP) and
 timed with the Relax VM's time evaluator (median of ``REPEATS``). Results are written after each
-model.
+model; with ``--work-dir`` a run cut short resumes its tuning from the databases kept there
+(:func:`~tvm_dsm.meta_schedule.tune_relax` measures only what a database lacks).
 """
 
 from __future__ import annotations
@@ -125,14 +126,17 @@ def main(argv=None) -> None:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--trials", type=int, default=16, help="measured candidates per task")
     parser.add_argument("--out", default="tune_models.json")
+    parser.add_argument("--work-dir", help="the tuning databases' folder (one per model), kept: a run cut "
+                        "short resumes from it (default: a temporary folder)")
     args = parser.parse_args(argv)
     results = res.new_suite("tune_models", torch.cuda.get_device_name(0),
                             {"tvm": tvm.__version__, "torch": torch.__version__, "tvm_dsm": res.git_sha()},
                             f"Relax VM time_evaluator, median of {REPEATS} x {NUMBER} calls")
     results["command"] = f"python -m tvm_dsm.gpu.tune_models --trials {args.trials}"
+    root = Path(args.work_dir or tempfile.mkdtemp(prefix="tvm_dsm_tune_models_"))
     for name in args.models.split(","):
-        with tempfile.TemporaryDirectory() as work_dir:
-            results["rows"].append(run_model(name, args.trials, work_dir))
+        (root / name).mkdir(parents=True, exist_ok=True)
+        results["rows"].append(run_model(name, args.trials, str(root / name)))
         res.write(results, Path(args.out))
         print(res.table(results), flush=True)
 
