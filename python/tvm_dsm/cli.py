@@ -85,6 +85,15 @@ def _target(args):
     return tvm.target.Target({"kind": "cuda", "arch": args.arch}, host="llvm")
 
 
+def _database(args):
+    """The tuning database of ``--database`` (None without it)."""
+    if not args.database:
+        return None
+    from tvm_dsm.tuning_database import open_database
+
+    return open_database(args.database)
+
+
 def cmd_plan(args) -> None:
     import tvm_dsm
 
@@ -98,12 +107,7 @@ def cmd_build(args) -> None:
     import tvm_dsm
 
     target = _target(args)
-    database = None
-    if args.database:
-        from tvm_dsm.tuning_database import open_database
-
-        database = open_database(args.database)
-    executable = tvm_dsm.build(load_function(args.function), target, database=database)
+    executable = tvm_dsm.build(load_function(args.function), target, database=_database(args))
     if args.cuda:
         print(executable.mod.imports[0].inspect_source())
     if args.output:
@@ -221,7 +225,7 @@ def cmd_compile_model(args) -> None:
     mod = RELAX_MODELS[args.model](args.model_config, target)
     progress('compiling through the "tvm_dsm" Relax pipeline')
     compiling = time.perf_counter()
-    executable, report = compile_with_report(mod, target)
+    executable, report = compile_with_report(mod, target, database=_database(args))
     seconds = time.perf_counter() - compiling
     if args.measured:
         report = report.with_measured(measured_kernels(args.measured, batch=args.measured_batch))
@@ -291,6 +295,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--measured", metavar="RESULTS", help="an LLM run's results (python -m "
                    "tvm_dsm.gpu.llm): each kernel's measured time per decode step beside its prediction")
     p.add_argument("--measured-batch", type=int, default=1, help="the batch size of those measurements (default 1)")
+    p.add_argument("--database", help="a MetaSchedule work_dir (tvm_dsm.meta_schedule.tune_relax) to take "
+                   "tuned records from")
     command("workloads", cmd_workloads, "list the workload builders and their arguments", function=False)
     return top
 

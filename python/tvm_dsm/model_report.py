@@ -18,6 +18,7 @@ from pathlib import Path
 
 import tvm
 from tvm import relax
+from tvm.s_tir import meta_schedule as ms
 
 from .driver import H100
 from .families.row_ranges import ROWS_BEYOND
@@ -118,13 +119,13 @@ def relax_report(mod: tvm.IRModule, target=H100, hw: Hardware | None = None) -> 
     return model_report(coverage, choices)
 
 
-def compile_with_report(mod: tvm.IRModule, target=H100,
-                        hw: Hardware | None = None) -> tuple[relax.VMExecutable, ModelReport]:
-    """``mod`` compiled for ``target`` through the "tvm_dsm" pipeline, and that compile's
-    report."""
+def compile_with_report(mod: tvm.IRModule, target=H100, hw: Hardware | None = None,
+                        database: ms.Database | None = None) -> tuple[relax.VMExecutable, ModelReport]:
+    """``mod`` compiled for ``target`` through the "tvm_dsm" pipeline (each function from its
+    tuning record in ``database``, where it has one), and that compile's report."""
     coverage: dict[str, str] = {}
     choices: dict[str, Choice] = {}
-    pipeline = tvm_dsm_pipeline(hw=hw, coverage=coverage, choices=choices)
+    pipeline = tvm_dsm_pipeline(database=database, hw=hw, coverage=coverage, choices=choices)
     executable = tvm.compile(mod, tvm.target.Target(target), relax_pipeline=pipeline)
     return executable, model_report(coverage, choices)
 
