@@ -4,7 +4,8 @@ space, and no ClusterError escapes (no measurement)."""
 from __future__ import annotations
 
 import pytest
-from tvm import relax, te
+from tvm import relax, te, tirx
+from tvm.ir.utils import derived_object
 from tvm.script import relax as R
 from tvm.s_tir import meta_schedule as ms
 
@@ -102,3 +103,50 @@ def test_tune_relax_tunes_every_task_and_the_pipeline_compiles_from_its_records(
     tuned = {name for name, choice in choices.items() if choice.tuned}
     in_tvm_space = {name for name, where in coverage.items() if where == TUNED_IN_TVM_SPACE}
     assert tuned and in_tvm_space and tuned | in_tvm_space == {task.task_name for task in tasks}
+
+
+@derived_object
+class _NoBuild(ms.builder.PyBuilder):
+    """Builds nothing: the scripted runner never loads what it measures (MetaSchedule removes
+    each candidate's folder afterwards)."""
+
+    def build(self, build_inputs):
+        import tempfile
+
+        return [ms.builder.BuilderResult(tempfile.mkdtemp() + "/unbuilt.so", None) for _ in build_inputs]
+
+
+def test_a_symbolic_row_count_is_tuned_per_range_and_compiled_from_those_records(tmp_path):
+    """A matmul over a symbolic batch: one task per range of rows, at the range's row count;
+    the pipeline then schedules each range in its record's configuration (the scripted runner
+    reports later candidates faster, so the records are not the planner's picks)."""
+    import tvm
+    from conftest import without_unnamed_meta_schedule_handlers
+    from test_driver import _ScriptedRunner
+
+    from tvm_dsm.families.row_ranges import ROW_RANGES, ROWS_BEYOND
+    from tvm_dsm.hardware import load_hardware
+    from tvm_dsm.meta_schedule import tune_relax
+    from tvm_dsm.meta_schedule.relax_tuning import tuning_tasks
+    from tvm_dsm.relax_pipeline import schedule_kernels
+
+    n = tirx.Var("n", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor((n, 1024), "float16"))
+    w = relax.Var("w", R.Tensor((2048, 1024), "float16"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(x, relax.op.permute_dims(w)))
+        bb.emit_func_output(out)
+    mod, target = bb.get(), tvm.target.Target("nvidia/nvidia-h100")
+    tasks = tuning_tasks(mod, target, load_hardware())
+    assert sorted(int(t.task_name.rsplit("_rows", 1)[1]) for t in tasks) == sorted((*ROW_RANGES, ROWS_BEYOND))
+    without_unnamed_meta_schedule_handlers()
+    database = tune_relax(mod, str(tmp_path), max_trials_global=3 * len(tasks), num_trials_per_iter=3, top=3,
+                          builder=_NoBuild(), runner=_ScriptedRunner())
+    assert all(database.has_workload(task.dispatched[0]) for task in tasks)
+    choices, tuned_choices = {}, {}
+    schedule_kernels(mod, target, choices=choices)
+    schedule_kernels(mod, target, database=database, choices=tuned_choices)
+    [name] = [name for name, choice in tuned_choices.items() if choice.ranges]
+    assert tuned_choices[name].tuned and not choices[name].tuned

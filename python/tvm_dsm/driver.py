@@ -23,14 +23,14 @@ from tvm.s_tir.schedule.schedule import ScheduleError
 from .device import gpu_or_reason
 from .errors import ClusterError
 from .families import ScheduleFamily, match_family
-from .families.row_ranges import RangeKernel, dispatch, range_kernels, row_variable
+from .families.row_ranges import RangeKernel, dispatch, range_kernels, range_specializations, row_variable
 from .hardware import Hardware, load_hardware
 from .intrin import register_all
 from .ir import narrow_indices
 from .learned_ranking import rerank
 from .local_measure import local_builder, local_runner
 from .planners.report import Plan
-from .transform.generate_kernels import mark_generated
+from .transform.generate_kernels import mark_generated, recorded_config
 from .transform.host_sorts import refuse_host_sorts
 from .transform.split_operators import merge_operators, split_operators
 from .transform.widen_accumulation import widen_accumulation
@@ -190,7 +190,7 @@ def build(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None = No
         return tvm.compile(replay(record.trace, func).mod, target=target)
     try:
         if row_variable(func) is not None:
-            return tvm.compile(schedule_row_ranges(func, target, hw)[1].mod, target=target)
+            return tvm.compile(schedule_row_ranges(func, target, hw, database)[1].mod, target=target)
         ranking = plan(func, hw, target)
     except ClusterError as err:
         try:
@@ -222,7 +222,7 @@ def schedule(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None =
         return replay(record.trace, func)
     try:
         if row_variable(func) is not None:
-            return schedule_row_ranges(func, target, hw)[1]
+            return schedule_row_ranges(func, target, hw, database)[1]
         return plan(func, hw, target).schedule()
     except ClusterError as err:
         if not stock_fallback:
@@ -230,15 +230,19 @@ def schedule(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None =
         return _fallback_schedule(func, target, err, hw)
 
 
-def schedule_row_ranges(func: tirx.PrimFunc, target=H100,
-                        hw: Hardware | None = None) -> tuple[list[RangeKernel], s_tir.Schedule]:
+def schedule_row_ranges(func: tirx.PrimFunc, target=H100, hw: Hardware | None = None,
+                        database: ms.Database | None = None) -> tuple[list[RangeKernel], s_tir.Schedule]:
     """A function whose row count is a variable, scheduled as one kernel per range of rows
     (:mod:`tvm_dsm.families.row_ranges`), with those ranges' kernels; ClusterError where a
-    range has no family that takes a symbolic row count."""
-    # the families' kernels index in int32 (a template's kernel is built on the narrowed
-    # function, whose variables the branches must share)
+    range has no family that takes a symbolic row count. A range whose specialization
+    (:func:`row_range_tasks`) has a record in ``database`` takes the record's configuration."""
     func = narrow_indices(func)
-    func, kernels = _as_written_or_widened(func, lambda f: range_kernels(f, target, hw or load_hardware()))
+
+    def recorded(fixed: tirx.PrimFunc) -> dict | None:
+        record = tuning_record(database, fixed, target)
+        return None if record is None else recorded_config(replay(record.trace, fixed).mod["main"])
+
+    func, kernels = _as_written_or_widened(func, lambda f: range_kernels(f, target, hw or load_hardware(), recorded))
     for kernel in kernels:
         LOG.info("rows up to %s: %s %s", kernel.bound or "any", kernel.family.name, kernel.config)
     # s_tir's checks expect one root block; each range's kernel holds its own
@@ -246,8 +250,16 @@ def schedule_row_ranges(func: tirx.PrimFunc, target=H100,
     return kernels, s_tir.Schedule(dispatch(func, branches), enable_check=False)
 
 
+def row_range_tasks(func: tirx.PrimFunc) -> list[tuple[int, tirx.PrimFunc]]:
+    """A function of a symbolic row count at the row count of each of its ranges, as
+    :func:`schedule_row_ranges` looks their tuning records up: what tuning measures of it."""
+    # the families' kernels index in int32 (a template's kernel is built on the narrowed
+    # function, whose variables the branches must share)
+    return range_specializations(narrow_indices(func))
+
+
 def tuning_record(database: ms.Database | None, func: tirx.PrimFunc,
-            target) -> ms.database.TuningRecord | None:
+                  target) -> ms.database.TuningRecord | None:
     """The tuning record ``database`` holds for ``func``, if any."""
     if database is None:
         return None

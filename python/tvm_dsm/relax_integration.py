@@ -122,9 +122,9 @@ class ScheduleTIR:
         the planner's best either way); ClusterError where no family takes it."""
         var = row_variable(func)
         if var is not None:
-            kernels, sch = schedule_row_ranges(func, self.target, self.hw)
+            kernels, sch = schedule_row_ranges(func, self.target, self.hw, self.database)
             ranges = (RangeChoice(k.bound, k.family.name, k.predicted_us) for k in kernels)
-            return Choice(tuple(ranges), var.name), sch
+            return Choice(tuple(ranges), var.name, tuned=any(k.tuned for k in kernels)), sch
         ranking = plan(func, self.hw, self.target)
         record = tuning_record(self.database, func, self.target)
         sch = ranking.schedule() if record is None else replay(record.trace, func)

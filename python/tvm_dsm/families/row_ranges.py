@@ -8,13 +8,16 @@ schedules the function itself, ``m`` still a variable, in that range's best conf
 kernels of a family with ``symbolic_rows`` compute whole tiles over any ``m``, as they do over a
 row count off the tiles. The function then branches on ``m`` to its range's kernel; TVM lowers
 each branch to a kernel of its own and keeps the test on the host, so a call is one launch.
-Neighbouring ranges whose best configuration is the same share one kernel.
+Neighbouring ranges whose best configuration is the same share one kernel. Tuning measures the
+function at each range's row count (:func:`range_specializations`); a range whose specialization
+has a tuning record takes the record's configuration.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +30,7 @@ from ..ir import branch_on
 from ..planners.report import Plan
 from . import match_family
 from .base import ScheduleFamily
+from .configs import config_from, examples
 
 #: The largest row count of each range but the last: decode batches, small and large prefill
 #: chunks.
@@ -48,6 +52,20 @@ class RangeKernel:
     config: Any
     func: tirx.PrimFunc
     predicted_us: float
+    tuned: bool = False  # the configuration is a tuning record's (:func:`range_kernels`)
+
+
+#: The configuration fields a tuning record holds for a function of constant extents, or None:
+#: what :func:`range_kernels` asks of each range's specialization.
+RecordedConfig = Callable[[tirx.PrimFunc], "dict | None"]
+
+
+def range_specializations(func: tirx.PrimFunc) -> list[tuple[int, tirx.PrimFunc]]:
+    """``func`` at the row count each range is planned for (see the module docstring): the
+    functions a tuning of ``func``'s ranges measures, and whose records :func:`range_kernels`
+    takes."""
+    var = row_variable(func)
+    return [(rows, specialized(func, var, rows)) for rows in (*ROW_RANGES, ROWS_BEYOND)]
 
 
 def row_variable(func: tirx.PrimFunc) -> tirx.Var | None:
@@ -80,26 +98,33 @@ def specialized(func: tirx.PrimFunc, var: tirx.Var, rows: int) -> tirx.PrimFunc:
     return func.specialize(buffers)
 
 
-def range_kernels(func: tirx.PrimFunc, target: Any, hw: Hardware) -> list[RangeKernel]:
+def range_kernels(func: tirx.PrimFunc, target: Any, hw: Hardware,
+                  recorded: RecordedConfig | None = None) -> list[RangeKernel]:
     """The kernel of each range of rows (see the module docstring), the last one taking every
     row count past the others; ClusterError where a range has no family that schedules a
-    symbolic row count, naming it."""
+    symbolic row count, naming it. ``recorded``: where it knows a tuned configuration of a
+    range's specialization (:func:`range_specializations`), that configuration is tried first."""
     var = row_variable(func)
     if var is None:
         raise ClusterError("the function's extents are constants: plan it as it is")
     kernels: list[RangeKernel] = []
-    for bound in (*ROW_RANGES, None):
-        rows = ROWS_BEYOND if bound is None else bound
-        family, shape = match_family(specialized(func, var, rows), target)
+    for (rows, fixed), bound in zip(range_specializations(func), (*ROW_RANGES, None)):
+        family, shape = match_family(fixed, target)
         if not family.symbolic_rows:
             raise ClusterError(f"{family.name} (the family of {var.name} = {rows}) schedules constant "
                                f"extents only; {var.name} is symbolic")
+        plans = family.rank(shape, hw)
+        fields = recorded(fixed) if recorded is not None else None
+        if fields is not None:
+            plans = [family.predict(shape, config_from(fields, examples(family.space(shape, hw))), hw), *plans]
         previous = kernels[-1] if kernels and kernels[-1].family is family else None
-        plan, scheduled = _first_that_applies(family, func, family.rank(shape, hw), var, rows, hw, previous)
+        plan, scheduled = _first_that_applies(family, func, plans, var, rows, hw, previous)
+        tuned = fields is not None and plan.config == family.for_symbolic_rows(plans[0].config)
         if previous is not None and previous.config == plan.config:
-            kernels[-1] = RangeKernel(bound, family, plan.config, previous.func, plan.predicted_us)
+            kernels[-1] = RangeKernel(bound, family, plan.config, previous.func, plan.predicted_us,
+                                      tuned or previous.tuned)
         else:
-            kernels.append(RangeKernel(bound, family, plan.config, scheduled, plan.predicted_us))
+            kernels.append(RangeKernel(bound, family, plan.config, scheduled, plan.predicted_us, tuned))
     return kernels
 
 

@@ -15,7 +15,7 @@ from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 
 from ..device import gpu_or_reason
-from ..driver import BUILD_TIMEOUT_S, load_tvm_dsm
+from ..driver import BUILD_TIMEOUT_S, load_tvm_dsm, row_range_tasks
 from ..errors import ClusterError
 from ..families import match_family
 from ..families.row_ranges import row_variable
@@ -56,38 +56,56 @@ def tuning_tasks(mod: tvm.IRModule, target: tvm.target.Target, hw: Hardware, par
                  kv_cache_kernels: tuple[str, ...] = DEFAULT_KV_CACHE_KERNELS) -> list[ms.ExtractedTask]:
     """The tasks of ``mod`` as the "tvm_dsm" pipeline compiles it (:func:`lower_for_scheduling`),
     each function in the form :class:`~tvm_dsm.relax_integration.ScheduleTIR` looks its record
-    up by (:func:`scheduling_form` where a family takes it); not the functions that arrive
-    scheduled, nor those of a symbolic row count (a kernel per range of rows, which a
-    measurement of one size cannot choose), each left out with a log line."""
+    up by (:func:`scheduling_form` where a family takes it); a function of a symbolic row count
+    as one task per range of rows, at the range's row count (:func:`row_range_tasks`, named
+    ``NAME_rowsR``); not the functions that arrive scheduled, nor those of other symbolic
+    extents, each left out with a log line."""
     if params:
         mod = relax.transform.BindParams("main", params)(mod)
     mod = lower_for_scheduling(mod, target, hw, kv_cache_kernels)
+    ranges = []
     for gv, func in list(mod.functions.items()):
         if not isinstance(func, tvm.tirx.PrimFunc) or func.attrs.get("tirx.is_scheduled", False):
             continue
-        if not _symbolic_rows(func):
-            try:
-                match_family(scheduling_form(func), target)
-            except ClusterError:
-                continue
-            mod[gv] = scheduling_form(func)
+        try:
+            symbolic = row_variable(func) is not None
+        except ClusterError:  # other symbolic extents: left out below
+            continue
+        if symbolic:  # a MetaSchedule task needs constant extents: its ranges are the tasks
+            ranges += _range_tasks(gv.name_hint, scheduling_form(func), target)
+            continue
+        try:
+            match_family(scheduling_form(func), target)
+        except ClusterError:
+            continue
+        mod[gv] = scheduling_form(func)
     tasks = []
     for task in ms.relax_integration.extract_tasks(mod, target):
         func = task.dispatched[0]["main"]
         if func.attrs.get("tirx.is_scheduled", False):
             logger.info("task %s: arrives scheduled; not tuned", task.task_name)
-        elif _symbolic_rows(func):
-            logger.info("task %s: a symbolic row count, scheduled per range of rows; not tuned", task.task_name)
+        elif any(not isinstance(d, tvm.tirx.IntImm) for p in func.params for d in getattr(p.ty, "shape", None) or ()):
+            if not any(t.task_name.startswith(f"{task.task_name}_rows") for t in ranges):
+                logger.info("task %s: symbolic extents no family takes per range of rows; not tuned",
+                            task.task_name)
         else:
             tasks.append(task)
+    return tasks + ranges
+
+
+def _range_tasks(name: str, func: tvm.tirx.PrimFunc, target: tvm.target.Target) -> list[ms.ExtractedTask]:
+    """A task per range of rows of ``func`` that a family schedules over a symbolic row count."""
+    tasks = []
+    for rows, fixed in row_range_tasks(func):
+        try:
+            family, _ = match_family(fixed, target)
+        except ClusterError as err:
+            logger.info("task %s at %d rows: no tvm-dsm family (%s); not tuned", name, rows, err)
+            continue
+        if family.symbolic_rows:
+            fixed_mod = tvm.IRModule({"main": fixed.with_attr("global_symbol", "main")})
+            tasks.append(ms.ExtractedTask(f"{name}_rows{rows}", fixed_mod, target, [fixed_mod], 1))
     return tasks
-
-
-def _symbolic_rows(func: tvm.tirx.PrimFunc) -> bool:
-    try:
-        return row_variable(func) is not None
-    except ClusterError:  # symbolic extents other than a row count
-        return True
 
 
 def tuning_contexts(mod: tvm.IRModule, work_dir: str, target=H100_TAG, params=None, top: int = 64,
