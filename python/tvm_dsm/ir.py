@@ -37,6 +37,18 @@ def substitute(node, mapping: list[tuple[tirx.Var, tvm.ir.PrimExpr]]):
     return tvm_ffi.structural_map(node, [(tirx.Var, remap)])
 
 
+def fresh_definitions(stmt):
+    """``stmt`` with each variable its blocks and ``Let`` expressions define replaced by a new
+    one of its name and type: two schedules of one function placed side by side in one function
+    (a branch per range of rows) may not define the same variables."""
+    defined = [iv.var for block in find_all(stmt, SBlock) for iv in block.iter_vars]
+    defined += [let.var for let in find_all(stmt, tirx.Let)]
+    found: dict = {}
+    for var in defined:
+        found.setdefault(var, tirx.Var(var.name, str(var.ty)))
+    return substitute(stmt, list(found.items()))
+
+
 def replace_node(root, old, new):
     """``root`` with the node ``old`` (by identity) replaced by ``new``."""
     return tvm_ffi.structural_map(root, [(type(old), lambda n: new if n.same_as(old) else n)], order="pre")

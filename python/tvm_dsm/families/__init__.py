@@ -19,6 +19,7 @@ from .base import ScheduleFamily
 from .configs import config_from, examples
 from .conv_chain import ConvChain
 from .decode_attention import DecodeAttention
+from .elementwise import Elementwise
 from .fused_cascade import FusedCascade
 from .gemm_chain import GemmChain
 from .gemm_row_max import GemmRowMax
@@ -29,10 +30,10 @@ from .split_k_reduction import SplitKReduction
 from .top_k_rows import TopKRows
 
 #: Most specific first: a cascade's own kernel (attention, decode attention, softmax·V, top-k
-#: rows, row norms) before the fused rows that take any cascade.
+#: rows, row norms) before the fused rows that take any cascade; elementwise functions last.
 FAMILIES: tuple[ScheduleFamily, ...] = (ConvChain(), GemmChain(), GemmRowMax(), SplitKGemm(), Attention(),
                                         DecodeAttention(), SoftmaxGemm(), TopKRows(), RowNorm(), FusedCascade(),
-                                        SplitKReduction())
+                                        SplitKReduction(), Elementwise())
 
 
 

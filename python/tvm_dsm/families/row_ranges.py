@@ -26,7 +26,7 @@ from tvm.s_tir import SBlock, SBlockRealize
 
 from ..errors import ClusterError
 from ..hardware import Hardware
-from ..ir import branch_on
+from ..ir import branch_on, fresh_definitions
 from ..planners.report import Plan
 from . import match_family
 from .base import ScheduleFamily
@@ -151,5 +151,6 @@ def dispatch(func: tirx.PrimFunc, kernels: list[tuple[int | None, tirx.PrimFunc]
     """``func`` branching on its row variable to the scheduled functions ``kernels`` (each with
     the largest row count it takes, in increasing order; the last, None, takes the rest):
     ``if m <= bound`` in that order, nothing for ``m = 0`` (:func:`tvm_dsm.ir.branch_on`)."""
-    body = branch_on(row_variable(func), kernels)
+    body = branch_on(row_variable(func), [(bound, kernel.with_body(fresh_definitions(kernel.body)) if i else kernel)
+                                          for i, (bound, kernel) in enumerate(kernels)])
     return func.with_body(SBlockRealize([], True, SBlock([], [], [], "root", body)))

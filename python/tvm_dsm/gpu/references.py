@@ -90,6 +90,8 @@ _CASCADES = {
     "log_softmax": lambda x: torch.log_softmax(x, -1),
     "rms_norm": lambda x, w: F.rms_norm(x, w.shape, w, _NORM_EPS),
     "layer_norm": lambda x, w, b: F.layer_norm(x, w.shape, w, b, _NORM_EPS),
+    "split_silu_mul": lambda x: (lambda gate, up: F.silu(gate) * up)(*x.chunk(2, -1)),
+    "cast": lambda x: x.half(),
 }
 
 

@@ -13,6 +13,7 @@ from .base import CHAINS, SWIGLUS, Variant
 from .cascades import cascades, softmax, softmax_gemm, top_k_rows
 from .chains import chains, chains_m, conv_chains
 from .decode import decode, decode_picks
+from .elementwise import elementwise
 from .generality import generality, symbolic_rows
 from .generated import generated
 from .norms import norms
@@ -35,7 +36,8 @@ SUITES = {
     "gemm": gemm, "gemm_m": gemm_m, "gated": gated, "gemm_large_m": gemm_large_m, "fp8": fp8,
     "lm_head": lm_head, "chains": chains, "chains_m": chains_m, "conv_chains": conv_chains,
     "attention": attention, "attention_forms": attention_forms, "generality": generality,
-    "generated": generated, "norms": norms, "real_shapes": real_shapes, "symbolic_rows": symbolic_rows,
+    "generated": generated, "norms": norms, "elementwise": elementwise, "real_shapes": real_shapes,
+    "symbolic_rows": symbolic_rows,
     **EXPERIMENTS,
 }
 

@@ -1,0 +1,68 @@
+"""Elementwise and injective functions streamed at HBM speed, 16 bytes per thread access
+(:mod:`tvm_dsm.rules.elementwise`); one whose accesses cannot move in vectors is left to dlight
+(its fallback is the same kernel one element a thread, its transpose rule tiles). The model is a roofline: every operand read and every output
+written once at HBM bandwidth, at the share of the SMs the grid fills, plus a launch; more
+vectors per thread first where the grid fills the machine several times over (more bytes in
+flight per thread, fewer CTAs to schedule).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tvm import s_tir, tirx
+
+from ..errors import ClusterError
+from ..hardware import Hardware
+from ..rules.elementwise import ElementwiseConfig, find_elementwise, schedule_elementwise
+from ..transform.buffers import buffer_bytes
+from .base import ScheduleFamily
+from .kernel_plan import KernelPlan, default_first, roofline
+
+#: The configurations ranked, and the waves of CTAs past which more vectors per thread come first.
+CONFIGS = tuple(ElementwiseConfig(threads, vectors) for threads in (256, 512) for vectors in (1, 2, 4))
+_MANY_WAVES = 8
+
+
+@dataclass(frozen=True)
+class ElementwiseShape:
+    """The bytes the function reads and writes, its output elements and vector lanes."""
+
+    bytes: int
+    elements: int
+    lanes: int
+
+
+def _constant(buffer) -> bool:
+    return all(isinstance(d, tirx.IntImm) for d in buffer.ty.shape)
+
+
+class Elementwise(ScheduleFamily):
+    name = "elementwise"
+    symbolic_rows = True  # the grid covers any element count, the tail predicated
+
+    def recognize(self, func: tirx.PrimFunc) -> ElementwiseShape:
+        _, lanes = find_elementwise(func)
+        if lanes == 1:  # one element a thread is dlight's fallback; its transpose rule tiles
+            raise ClusterError("an access does not move contiguously along the innermost loop "
+                               "(rules.elementwise.vector_lanes): left to dlight")
+        sch = s_tir.Schedule(func)
+        written = [w.source for rv in sch.get_child_blocks(sch.get_sblock("root")) for w in sch.get(rv).writes]
+        params = [p for p in func.params if hasattr(p.ty, "shape") and _constant(p)]
+        outputs = [p for p in params if any(w.same_as(p) for w in written)]
+        return ElementwiseShape(sum(buffer_bytes(p) for p in params),
+                                sum(math.prod(int(d) for d in p.ty.shape) for p in outputs), lanes)
+
+    def predict(self, shape: ElementwiseShape, config: ElementwiseConfig, hw: Hardware) -> KernelPlan:
+        ctas = math.ceil(shape.elements / shape.lanes / (config.threads * config.vectors_per_thread))
+        return roofline(config, {"hbm": shape.bytes}, {}, {"hbm": hw.hbm_bw}, busy=ctas / hw.sm_count)
+
+    def rank(self, shape: ElementwiseShape, hw: Hardware) -> list[KernelPlan]:
+        waves = shape.elements / shape.lanes / (256 * hw.sm_count)
+        default = ElementwiseConfig(256, 4 if waves > _MANY_WAVES else 1)
+        return default_first([self.predict(shape, c, hw) for c in CONFIGS], default)
+
+    def apply(self, func: tirx.PrimFunc, config: ElementwiseConfig, hw: Hardware) -> s_tir.Schedule:
+        return schedule_elementwise(func, config)
+

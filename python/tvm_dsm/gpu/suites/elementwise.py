@@ -1,0 +1,25 @@
+"""Elementwise functions: the schedule ``tvm_dsm.build`` gives them (the elementwise family's
+16-byte vectors) beside dlight's, at the 1B and 8B Llamas' SwiGLU widths in prefill (512 and
+32768 tokens) and decode (8 rows), and a cast."""
+
+from __future__ import annotations
+
+from ...driver import schedule, stock_schedule
+from ...workloads.elementwise import cast, split_silu_mul
+from .base import Variant, args_of, nbytes_of
+
+#: (workload, rows, width): the SwiGLU's intermediate width, or the cast's row width.
+SHAPES = [("split_silu_mul", rows, width) for rows in (8, 512, 32768) for width in (8192, 14336)]
+SHAPES += [("cast", 4096, 32000)]
+
+
+def elementwise() -> list[Variant]:
+    variants = []
+    for workload, rows, width in SHAPES:
+        func = split_silu_mul(rows, width) if workload == "split_silu_mul" else cast(rows, width)
+        args = args_of(func)
+        for label, mod in (("tvm_dsm", schedule(func).mod), ("dlight", stock_schedule(func).mod)):
+            variants.append(Variant(name=f"{workload}_{rows}x{width}_{label}", workload=workload, mod=mod,
+                                    args=args, bytes=nbytes_of(args), flops=0, plan={"planner": label == "tvm_dsm"},
+                                    peers=("torch_eager", "torch_compile"), extra={"class": "elementwise"}))
+    return variants

@@ -1,0 +1,126 @@
+"""Elementwise and injective functions (casts, activations, a split's halves multiplied, gathers)
+streamed at HBM speed: every block inlined into the ones that write the outputs, each of those a
+grid of CTAs whose threads move 16 bytes per access.
+
+dlight's fallback gives each thread one element: a 2-byte load per input per thread, so an SM
+holds too few bytes in flight to stream from HBM (the 1B Llama's ``split``/``silu``/``multiply``
+ran at 3.4x its floor in prefill). Here the innermost loop is split into vectors of
+``16 / element bytes`` lanes where every access moves along it contiguously (an index
+``x + c`` on the last axis, ``c`` a multiple of the lanes, ``x`` on no other axis, no
+condition on ``x``, and every accessed buffer contiguous with rows a multiple of the lanes), and each thread takes ``vectors_per_thread`` vectors a CTA's width apart,
+so a warp's accesses stay coalesced. A block whose accesses do not move that way (a transpose,
+rotary embedding's rotate-half) keeps one element per vector.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.sym import Analyzer
+from tvm.s_tir.schedule.schedule import ScheduleError
+
+from ..errors import ClusterError
+from ..ir import find_all, is_reduction, uses
+
+#: Bytes a thread moves per access.
+VECTOR_BYTES = 16
+
+
+@dataclass(frozen=True)
+class ElementwiseConfig:
+    """Threads per CTA and vectors per thread (a CTA's width apart)."""
+
+    threads: int = 256
+    vectors_per_thread: int = 1
+
+    def explain(self) -> str:
+        return f"elementwise: {self.threads} threads a CTA, {self.vectors_per_thread} vector(s) of 16 B a thread"
+
+
+def _elem_bytes(buffer) -> int:
+    return max(1, tvm.DataType(str(buffer.ty.dtype)).bits // 8)
+
+
+def output_blocks(sch: s_tir.Schedule) -> list:
+    """The blocks left after inlining every other one into its consumers: those writing the
+    outputs (ClusterError where a block reduces, or one cannot be inlined)."""
+    func = sch.mod["main"]
+    params = [p for p in func.params if hasattr(p.ty, "shape")]
+    for rv in sch.get_child_blocks(sch.get_sblock("root")):
+        block = sch.get(rv)
+        if is_reduction(block):
+            raise ClusterError(f"{block.name_hint} reduces: not an elementwise function")
+        if any(w.source.same_as(p) for w in block.writes for p in params):
+            continue
+        try:
+            sch.compute_inline(rv)
+        except ScheduleError as err:
+            raise ClusterError(f"{block.name_hint} cannot be inlined into its consumers") from err
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    if not blocks:
+        raise ClusterError("no block writes an output")
+    return blocks
+
+
+def vector_lanes(block: tirx.SBlock) -> int:
+    """The elements a thread moves per access of ``block``: ``VECTOR_BYTES`` of its widest
+    element where every access moves contiguously along its innermost iterator (see the module
+    docstring), else 1."""
+    if not block.iter_vars or not isinstance(block.body, tirx.BufferStore):
+        return 1
+    x, extent = block.iter_vars[-1].var, block.iter_vars[-1].dom.extent
+    accesses = [block.body, *find_all(block.body, tvm.ir.TensorLoad)]
+    lanes = VECTOR_BYTES // max(_elem_bytes(a.buffer if isinstance(a, tirx.BufferStore) else a.source)
+                                for a in accesses)
+    if not isinstance(extent, tirx.IntImm) or int(extent) % lanes:
+        return 1
+    analyzer = Analyzer()
+    for access in accesses:
+        buffer = access.buffer if isinstance(access, tirx.BufferStore) else access.source
+        row = buffer.ty.shape[-1] if buffer.ty.shape else None
+        if list(buffer.ty.strides) or not isinstance(row, tirx.IntImm) or int(row) % lanes:
+            return 1  # a row of another length would start vectors off their 16-byte alignment
+        *outer, last = access.indices
+        if any(uses(i, x) for i in outer):
+            return 1
+        if uses(last, x):
+            offset = analyzer.simplify(last - x)
+            if uses(offset, x) or not isinstance(offset, tirx.IntImm) or int(offset) % lanes:
+                return 1
+    conditions = [c.args[0] for c in find_all(block.body, tvm.ir.Call)
+                  if c.op.same_as(tvm.ir.Op.get("prim.if_then_else"))]
+    conditions += [s.condition for s in find_all(block.body, tirx.Select)]
+    return 1 if any(uses(c, x) for c in conditions) else lanes
+
+
+def find_elementwise(func: tirx.PrimFunc) -> tuple[int, int]:
+    """(output blocks, fewest vector lanes among them) of an elementwise function;
+    ClusterError where it is not one."""
+    sch = s_tir.Schedule(func)
+    blocks = output_blocks(sch)
+    return len(blocks), min(vector_lanes(sch.get(b)) for b in blocks)
+
+
+def schedule_elementwise(func: tirx.PrimFunc, config: ElementwiseConfig) -> s_tir.Schedule:
+    """``func`` with each output block a grid of ``config.threads``-thread CTAs, each thread
+    ``config.vectors_per_thread`` vectors (see the module docstring)."""
+    sch = s_tir.Schedule(func)
+    for rv in output_blocks(sch):
+        lanes = vector_lanes(sch.get(rv))
+        loops = sch.get_loops(rv)
+        if not loops:
+            raise ClusterError(f"{sch.get(rv).name_hint} writes a scalar: nothing to spread over threads")
+        vector = None
+        if lanes > 1:
+            inner, vector = sch.split(loops[-1], [None, lanes])
+            loops = [*loops[:-1], inner]
+        fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+        bx, k, tx = sch.split(fused, [None, config.vectors_per_thread, config.threads])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+        sch.unroll(k)
+        if vector is not None:
+            sch.vectorize(vector)
+    return sch

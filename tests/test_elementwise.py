@@ -1,0 +1,102 @@
+"""The elementwise family: 16-byte vectors where every access moves contiguously along the
+innermost loop, one element where any does not; a symbolic row count built as a kernel per range
+of rows; on a GPU, the results against numpy."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import tvm
+from tvm import s_tir, te, tirx, topi
+
+import tvm_dsm
+from tvm_dsm.families import match_family
+from tvm_dsm.rules.elementwise import output_blocks, vector_lanes
+from tvm_dsm.workloads.elementwise import cast, split_silu_mul
+
+
+def _rotate_half(m: int, d: int = 64):
+    x = te.placeholder((m, d), "float16", name="x")
+    half = d // 2
+    return te.create_prim_func([x, te.compute((m, d), lambda i, j: te.if_then_else(
+        j < half, -x[i, j + half], x[i, j - half]), name="r")])
+
+
+def _offset_rows(m: int):
+    """Reads a ``[m, 1004]`` input into a ``[m, 1000]`` output: rows of another length."""
+    x = te.placeholder((m, 1004), "float16", name="x")
+    return te.create_prim_func([x, te.compute((m, 1000), lambda i, j: x[i, j + 4], name="y")])
+
+
+def _transpose(m: int, n: int):
+    x = te.placeholder((m, n), "float16", name="x")
+    return te.create_prim_func([x, topi.transpose(x)])
+
+
+def _lanes(func) -> int:
+    sch = s_tir.Schedule(func)
+    return min(vector_lanes(sch.get(b)) for b in output_blocks(sch))
+
+
+@pytest.mark.parametrize("func, lanes", [
+    (split_silu_mul(64, 1024), 8),  # both halves move along j
+    (cast(64, 1000), 4),  # the widest element (fp32) sets the lanes
+    (_rotate_half(64), 1),  # a condition on j
+    (_transpose(64, 128), 1),  # j indexes the input's rows
+    (_offset_rows(64), 1),  # vectors of odd rows would start off 16-byte alignment
+])
+def test_vector_lanes(func, lanes):
+    assert _lanes(func) == lanes
+
+
+def test_reductions_are_not_elementwise():
+    x = te.placeholder((64, 128), "float32", name="x")
+    k = te.reduce_axis((0, 128))
+    func = te.create_prim_func([x, te.compute((64,), lambda i: te.sum(x[i, k], axis=k))])
+    family, _ = match_family(func)
+    assert family.name != "elementwise"
+
+
+def test_a_symbolic_row_count_builds_a_vectorized_kernel_per_range():
+    """Ranges planned with different vectors per thread sit in one function side by side (their
+    blocks' variables renewed), and every kernel moves 16-byte vectors."""
+    m = tirx.Var("m", "int32")
+    func = split_silu_mul(m, 1024)
+    family, _ = match_family(split_silu_mul(4096, 1024))
+    assert family.name == "elementwise"
+    kernels, _ = tvm_dsm.driver.schedule_row_ranges(func)
+    assert len({k.config for k in kernels}) > 1
+    source = tvm_dsm.build(func).mod.imports[0].inspect_source()
+    names = set(re.findall(r"__global__ void __launch_bounds__\(\d+\) (\w+)\(", source))
+    assert len(names) == len(kernels) and "uint4" in source
+
+
+def test_what_cannot_move_in_vectors_is_left_to_dlight():
+    for func in (_rotate_half(64), _transpose(64, 128), _offset_rows(64)):
+        with pytest.raises(tvm_dsm.ClusterError, match="elementwise: an access does not move contiguously"):
+            match_family(func)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("make, rows", [(lambda m: split_silu_mul(m, 1024), (1, 100, 4096)),
+                                        (lambda m: cast(m, 1000), (7, 2048))])
+def test_on_the_gpu_against_numpy(make, rows):
+    """Built once over a symbolic row count, run at each count with fresh inputs and the output
+    poisoned with NaN, against TVM's stock llvm build of the same function (its own types:
+    these functions compute in their 16-bit inputs' type)."""
+    rng = np.random.default_rng(0)
+    symbolic = tvm_dsm.build(make(tirx.Var("m", "int32")))
+    for count in rows:
+        func = make(count)
+        params = [p.ty for p in func.params]
+        args = [rng.standard_normal([int(d) for d in b.shape]).astype(str(b.dtype)) for b in params]
+        args[-1][...] = np.nan
+        cpu = [tvm.runtime.tensor(a) for a in args]
+        tvm.compile(func, target="llvm", tir_pipeline="s_tir_stock")(*cpu)
+        want = cpu[-1].numpy().astype(np.float64)
+        gpu = [tvm.runtime.tensor(a, tvm.cuda()) for a in args]
+        symbolic(*gpu)
+        got = gpu[-1].numpy().astype(np.float64)
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-3, (make, count)
