@@ -1,9 +1,11 @@
 """Elementwise and injective functions streamed at HBM speed, 16 bytes per thread access
 (:mod:`tvm_dsm.rules.elementwise`); one whose accesses cannot move in vectors is left to dlight
-(its fallback is the same kernel one element a thread, its transpose rule tiles). The model is a roofline: every operand read and every output
-written once at HBM bandwidth, at the share of the SMs the grid fills, plus a launch; more
-vectors per thread first where the grid fills the machine several times over (more bytes in
-flight per thread, fewer CTAs to schedule).
+(its fallback is the same kernel one element a thread; its transpose rule tiles).
+
+The model is a roofline: every operand read and every output written once at HBM bandwidth, at
+the share of the SMs the grid fills, plus a launch. It cannot tell the configurations of a
+filled machine apart; more vectors per thread come first where the grid fills it many times
+over (more bytes in flight per thread, fewer CTAs to schedule).
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from ..transform.buffers import buffer_bytes
 from .base import ScheduleFamily
 from .kernel_plan import KernelPlan, default_first, roofline
 
-#: The configurations ranked, and the waves of CTAs past which more vectors per thread come first.
+#: The configurations ranked.
 CONFIGS = tuple(ElementwiseConfig(threads, vectors) for threads in (256, 512) for vectors in (1, 2, 4))
+#: Waves of 256-thread CTAs past which four vectors per thread come first.
 _MANY_WAVES = 8
 
 

@@ -5,11 +5,12 @@ grid of CTAs whose threads move 16 bytes per access.
 dlight's fallback gives each thread one element: a 2-byte load per input per thread, so an SM
 holds too few bytes in flight to stream from HBM (the 1B Llama's ``split``/``silu``/``multiply``
 ran at 3.4x its floor in prefill). Here the innermost loop is split into vectors of
-``16 / element bytes`` lanes where every access moves along it contiguously (an index
-``x + c`` on the last axis, ``c`` a multiple of the lanes, ``x`` on no other axis, no
-condition on ``x``, and every accessed buffer contiguous with rows a multiple of the lanes), and each thread takes ``vectors_per_thread`` vectors a CTA's width apart,
-so a warp's accesses stay coalesced. A block whose accesses do not move that way (a transpose,
-rotary embedding's rotate-half) keeps one element per vector.
+``16 / element bytes`` lanes where every access moves along it contiguously: an index ``x + c``
+on the last axis (``c`` a multiple of the lanes), ``x`` on no other axis, no condition on
+``x``, and every accessed buffer contiguous with rows a multiple of the lanes. Each thread
+takes ``vectors_per_thread`` vectors a CTA's width apart, so a warp's accesses stay coalesced.
+A block whose accesses do not move that way (a transpose, rotary embedding's rotate-half)
+keeps one element per vector.
 """
 
 from __future__ import annotations
