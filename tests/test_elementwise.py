@@ -100,3 +100,10 @@ def test_on_the_gpu_against_numpy(make, rows):
         symbolic(*gpu)
         got = gpu[-1].numpy().astype(np.float64)
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-3, (make, count)
+
+
+def test_a_gather_moves_its_rows_in_vectors():
+    """An embedding lookup: the index is read once for all lanes, the table's row in vectors."""
+    table = te.placeholder((32000, 2048), "float16", name="table")
+    ids = te.placeholder((128,), "int32", name="ids")
+    assert _lanes(te.create_prim_func([table, ids, topi.take(table, ids, axis=0)])) == 8

@@ -40,6 +40,10 @@ class ElementwiseConfig:
         return f"elementwise: {self.threads} threads a CTA, {self.vectors_per_thread} vector(s) of 16 B a thread"
 
 
+def _buffer(access):
+    return access.buffer if isinstance(access, tirx.BufferStore) else access.source
+
+
 def _elem_bytes(buffer) -> int:
     return max(1, tvm.DataType(str(buffer.ty.dtype)).bits // 8)
 
@@ -73,23 +77,23 @@ def vector_lanes(block: tirx.SBlock) -> int:
         return 1
     x, extent = block.iter_vars[-1].var, block.iter_vars[-1].dom.extent
     accesses = [block.body, *find_all(block.body, tvm.ir.TensorLoad)]
-    lanes = VECTOR_BYTES // max(_elem_bytes(a.buffer if isinstance(a, tirx.BufferStore) else a.source)
-                                for a in accesses)
+    if not all(len(a.indices) for a in accesses) or any(uses(i, x) for a in accesses for i in a.indices[:-1]):
+        return 1
+    moving = [a for a in accesses if uses(a.indices[-1], x)]  # the rest read one element for all lanes
+    if not uses(block.body.indices[-1], x):
+        return 1
+    lanes = VECTOR_BYTES // max(_elem_bytes(_buffer(a)) for a in moving)
     if not isinstance(extent, tirx.IntImm) or int(extent) % lanes:
         return 1
     analyzer = Analyzer()
-    for access in accesses:
-        buffer = access.buffer if isinstance(access, tirx.BufferStore) else access.source
-        row = buffer.ty.shape[-1] if buffer.ty.shape else None
+    for access in moving:
+        buffer = _buffer(access)
+        row = buffer.ty.shape[-1]
         if list(buffer.ty.strides) or not isinstance(row, tirx.IntImm) or int(row) % lanes:
             return 1  # a row of another length would start vectors off their 16-byte alignment
-        *outer, last = access.indices
-        if any(uses(i, x) for i in outer):
+        offset = analyzer.simplify(access.indices[-1] - x)
+        if uses(offset, x) or not isinstance(offset, tirx.IntImm) or int(offset) % lanes:
             return 1
-        if uses(last, x):
-            offset = analyzer.simplify(last - x)
-            if uses(offset, x) or not isinstance(offset, tirx.IntImm) or int(offset) % lanes:
-                return 1
     conditions = [c.args[0] for c in find_all(block.body, tvm.ir.Call)
                   if c.op.same_as(tvm.ir.Op.get("prim.if_then_else"))]
     conditions += [s.condition for s in find_all(block.body, tirx.Select)]
