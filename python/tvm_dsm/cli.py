@@ -21,6 +21,7 @@ from pathlib import Path
 WORKLOADS = {
     "dense": ("dense", "dense"),
     "gated_dense": ("dense", "gated_dense"),
+    "split_silu_mul": ("elementwise", "split_silu_mul"),
     "ffn": ("chains", "gemm_chain"),
     "swiglu_ffn": ("chains", "swiglu_ffn"),
     "conv_chain": ("chains", "conv_chain"),
