@@ -107,3 +107,12 @@ def test_a_gather_moves_its_rows_in_vectors():
     table = te.placeholder((32000, 2048), "float16", name="table")
     ids = te.placeholder((128,), "int32", name="ids")
     assert _lanes(te.create_prim_func([table, ids, topi.take(table, ids, axis=0)])) == 8
+
+
+def test_a_reshape_is_left_to_relax():
+    """A squeeze moves contiguously, but Relax turns a reshape into a view of its input: no
+    kernel of ours (and no tuning task) for it."""
+    x = te.placeholder((1, 512, 2048), "float16", name="x")
+    func = te.create_prim_func([x, te.compute((512, 2048), lambda i, j: x[0, i, j], name="squeeze")])
+    with pytest.raises(tvm_dsm.ClusterError, match="elementwise: a reshape"):
+        match_family(func)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tvm import s_tir, tirx
+from tvm import relax, s_tir, tirx
 
 from ..errors import ClusterError
 from ..hardware import Hardware
@@ -46,6 +46,8 @@ class Elementwise(ScheduleFamily):
     symbolic_rows = True  # the grid covers any element count, the tail predicated
 
     def recognize(self, func: tirx.PrimFunc) -> ElementwiseShape:
+        if relax.analysis.has_reshape_pattern(func):  # Relax's lowering finds the pattern in dlight's schedule
+            raise ClusterError("a reshape: Relax makes it a view of its input, no kernel")
         _, lanes = find_elementwise(func)
         if lanes == 1:  # one element a thread is dlight's fallback; its transpose rule tiles
             raise ClusterError("an access does not move contiguously along the innermost loop "

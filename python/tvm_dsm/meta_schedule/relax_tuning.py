@@ -58,8 +58,8 @@ def tuning_tasks(mod: tvm.IRModule, target: tvm.target.Target, hw: Hardware, par
     each function in the form :class:`~tvm_dsm.relax_integration.ScheduleTIR` looks its record
     up by (:func:`scheduling_form` where a family takes it); a function of a symbolic row count
     as one task per range of rows, at the range's row count (:func:`row_range_tasks`, named
-    ``NAME_rowsR``); not the functions that arrive scheduled, nor those of other symbolic
-    extents, each left out with a log line."""
+    ``NAME_rowsR``); not the functions that arrive scheduled, reshapes (Relax makes them views:
+    no kernel runs) nor functions of other symbolic extents, each left out with a log line."""
     if params:
         mod = relax.transform.BindParams("main", params)(mod)
     mod = lower_for_scheduling(mod, target, hw, kv_cache_kernels)
@@ -84,6 +84,8 @@ def tuning_tasks(mod: tvm.IRModule, target: tvm.target.Target, hw: Hardware, par
         func = task.dispatched[0]["main"]
         if func.attrs.get("tirx.is_scheduled", False):
             logger.info("task %s: arrives scheduled; not tuned", task.task_name)
+        elif relax.analysis.has_reshape_pattern(func):
+            logger.info("task %s: a reshape, which Relax makes a view (no kernel); not tuned", task.task_name)
         elif any(not isinstance(d, tvm.tirx.IntImm) for p in func.params for d in getattr(p.ty, "shape", None) or ()):
             if not any(t.task_name.startswith(f"{task.task_name}_rows") for t in ranges):
                 logger.info("task %s: symbolic extents no family takes per range of rows; not tuned",
