@@ -141,6 +141,7 @@ def test_a_symbolic_row_count_is_tuned_per_range_and_compiled_from_those_records
     mod, target = bb.get(), tvm.target.Target("nvidia/nvidia-h100")
     tasks = tuning_tasks(mod, target, load_hardware())
     assert sorted(int(t.task_name.rsplit("_rows", 1)[1]) for t in tasks) == sorted((*ROW_RANGES, ROWS_BEYOND))
+    assert [t.task_name for t in tuning_tasks(mod, target, load_hardware(), rows=(16,))] == ["fused_NT_matmul_cast_rows16"]
     without_unnamed_meta_schedule_handlers()
     database = tune_relax(mod, str(tmp_path), max_trials_global=3 * len(tasks), num_trials_per_iter=3, top=3,
                           builder=_NoBuild(), runner=_ScriptedRunner())

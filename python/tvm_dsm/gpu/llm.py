@@ -18,6 +18,8 @@ crashes its process costs that configuration only):
   coverage (family or dlight) goes into the results;
 - ``tvm_dsm_nn_llm_attention``: the same keeping ``nn.llm``'s decode and prefill attention
   (``kv_cache_kernels=()``);
+- ``tvm_dsm_tuned``: ``tvm_dsm`` compiled from the tuning records in ``--database``, which
+  ``python3 -m tvm_dsm.gpu.llm tune --work-dir DIR`` writes (:func:`tune_model`);
 
 and the same weights in torch (:mod:`tvm_dsm.gpu.torch_llama`: static KV cache, SDPA) eager and
 under ``torch.compile`` (decode with ``mode="reduce-overhead"``, prefill Inductor's kernels
@@ -64,9 +66,10 @@ from .kernel_breakdown import profile_kernels
 from ..workloads.llama import LLAMA_1B, LLAMA_TINY, LlamaConfig
 
 MODELS = {"1b": LLAMA_1B, "1b_bf16": dataclasses.replace(LLAMA_1B, dtype="bfloat16"), "tiny": LLAMA_TINY}
-CONFIGS = ("tvm_default", "tvm_mlc", "tvm_dsm", "tvm_dsm_nn_llm_attention")
+CONFIGS = ("tvm_default", "tvm_mlc", "tvm_dsm", "tvm_dsm_nn_llm_attention", "tvm_dsm_tuned")
 #: The ``nn.llm`` kernels each tvm-dsm configuration replaces (:mod:`tvm_dsm.relax_pipeline`).
-KV_CACHE_KERNELS = {"tvm_dsm": DEFAULT_KV_CACHE_KERNELS, "tvm_dsm_nn_llm_attention": ()}
+KV_CACHE_KERNELS = {"tvm_dsm": DEFAULT_KV_CACHE_KERNELS, "tvm_dsm_nn_llm_attention": (),
+                    "tvm_dsm_tuned": DEFAULT_KV_CACHE_KERNELS}
 #: Untimed decode steps before the timed ones (the first steps of a batch size capture its
 #: CUDA graph; a fresh process also runs its first steps slower).
 WARMUP_STEPS = 10
@@ -114,7 +117,8 @@ def mlc_pipeline():
     return _pipeline
 
 
-def compile_config(name: str, config: LlamaConfig, lib: Path, info: Path, cuda_graph: bool = False) -> None:
+def compile_config(name: str, config: LlamaConfig, lib: Path, info: Path, cuda_graph: bool = False,
+                   database: str | None = None) -> None:
     """Export and compile the model as configuration ``name``; the library to ``lib``, the
     weight names, compile seconds and (tvm_dsm) kernel coverage as JSON to ``info``.
     ``cuda_graph``: Relax's ``RewriteCUDAGraph`` captures the kernels between the KV cache's
@@ -131,32 +135,59 @@ def compile_config(name: str, config: LlamaConfig, lib: Path, info: Path, cuda_g
     mod, names = export_llama(config, target)
     coverage: dict[str, str] = {}
     with tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": cuda_graph}):
-        executable = _compile(name, mod, target, coverage)
+        executable = _compile(name, mod, target, coverage, database)
     executable.export_library(str(lib))
     info.write_text(json.dumps({"names": names, "compile_s": round(time.time() - start, 1),
                                 "cuda_graph": cuda_graph, "coverage": coverage or None}))
 
 
-def _compile(name: str, mod, target, coverage: dict):
-    """``mod`` compiled as configuration ``name`` (see the module docstring)."""
+def _compile(name: str, mod, target, coverage: dict, database: str | None = None):
+    """``mod`` compiled as configuration ``name`` (see the module docstring; ``database``: the
+    tuning work_dir of ``tvm_dsm_tuned``)."""
     import tvm
     from tvm import relax
+
+    from ..tuning_database import open_database
 
     if name == "tvm_default":
         return tvm.compile(mod, target, relax_pipeline="default", tir_pipeline="s_tir_stock")
     if name == "tvm_mlc":
         return tvm.compile(mod, target, relax_pipeline=mlc_pipeline(), tir_pipeline="s_tir_stock")
-    pipeline = relax.get_pipeline("tvm_dsm", coverage=coverage, kv_cache_kernels=KV_CACHE_KERNELS[name])
+    if name == "tvm_dsm_tuned" and not database:
+        raise ValueError("tvm_dsm_tuned compiles from a tuning database: pass --database WORK_DIR")
+    pipeline = relax.get_pipeline("tvm_dsm", coverage=coverage, kv_cache_kernels=KV_CACHE_KERNELS[name],
+                                  database=open_database(database) if name == "tvm_dsm_tuned" else None)
     return tvm.compile(mod, target, relax_pipeline=pipeline)
 
 
-def _compile_all(configs: list[str], model: str, folder: Path, cuda_graph: bool) -> dict[str, dict]:
+def tune_model(config: LlamaConfig, work_dir: str, rows: tuple[int, ...], trials: int) -> None:
+    """The model's kernels tuned into the JSON database in ``work_dir`` (resumed if it holds
+    records): ``trials`` candidates for each task of :func:`tvm_dsm.meta_schedule.tune_relax`,
+    the functions over the symbolic batch or sequence length at the row ranges planned for
+    ``rows``."""
+    import tvm
+
+    from ..driver import H100
+    from ..hardware import load_hardware
+    from ..meta_schedule import tune_relax
+    from ..meta_schedule.relax_tuning import H100_TAG, tuning_tasks
+    from ..workloads.llama import export_llama
+
+    mod, _ = export_llama(config, tvm.target.Target(H100, host="llvm"))
+    tasks = tuning_tasks(mod, tvm.target.Target(H100_TAG), load_hardware(), rows=rows)
+    _log(f"tuning {len(tasks)} tasks, {trials} trials each, into {work_dir}")
+    tune_relax(mod, work_dir, max_trials_global=trials * len(tasks), num_trials_per_iter=trials, rows=rows)
+
+
+def _compile_all(configs: list[str], model: str, folder: Path, cuda_graph: bool,
+                 database: str | None = None) -> dict[str, dict]:
     """Every configuration compiled in its own process, all at once; per configuration its
     info (:func:`compile_config`) or its error."""
     procs = {}
     for name in configs:
         cmd = [sys.executable, "-m", "tvm_dsm.gpu.llm", "compile", name, "--model", model,
-               "--folder", str(folder), *(["--cuda-graph"] if cuda_graph else [])]
+               "--folder", str(folder), *(["--cuda-graph"] if cuda_graph else []),
+               *(["--database", database] if database else [])]
         log = open(folder / f"{name}.log", "w")
         procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log
     done = {}
@@ -469,7 +500,7 @@ def run(args) -> None:
 
     folder = Path(tempfile.mkdtemp(prefix="tvm_dsm_llm_"))
     _log(f"compiling {args.configs} ({args.model}) in {folder}")
-    compiled = _compile_all(args.configs, args.model, folder, args.cuda_graph)
+    compiled = _compile_all(args.configs, args.model, folder, args.cuda_graph, args.database)
     for name, info in compiled.items():
         results["configs"][name] = {k: v for k, v in info.items() if k != "names"} | {"batches": {}}
     save()
@@ -556,6 +587,13 @@ def main(argv=None) -> None:
     for p in (comp, parser):
         p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True,
                        help="capture the kernels between KV-cache calls in CUDA graphs (default)")
+        p.add_argument("--database", help="the tuning work_dir tvm_dsm_tuned compiles from")
+    tune = sub.add_parser("tune", help="tune the model's kernels into a MetaSchedule database (tune_model)")
+    tune.add_argument("--model", choices=MODELS, default="1b")
+    tune.add_argument("--work-dir", required=True)
+    tune.add_argument("--rows", type=lambda s: tuple(int(r) for r in s.split(",")), default=(16,),
+                      help="the row ranges to tune, by their row count (default 16: decode batches)")
+    tune.add_argument("--trials", type=int, default=8, help="measured candidates per task")
     parser.add_argument("--out", default="llm.json")
     parser.add_argument("--model", choices=MODELS, default="1b")
     parser.add_argument("--configs", type=lambda s: s.split(","), default=list(CONFIGS))
@@ -574,7 +612,9 @@ def main(argv=None) -> None:
     if args.command == "compile":
         folder = Path(args.folder)
         compile_config(args.config, MODELS[args.model], folder / f"{args.config}.so",
-                       folder / f"{args.config}.json", args.cuda_graph)
+                       folder / f"{args.config}.json", args.cuda_graph, args.database)
+    elif args.command == "tune":
+        tune_model(MODELS[args.model], args.work_dir, args.rows, args.trials)
     else:
         run(args)
 

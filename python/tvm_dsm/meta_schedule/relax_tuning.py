@@ -53,12 +53,14 @@ def task_space(name: str, func: tvm.tirx.PrimFunc, target: tvm.target.Target, to
 
 
 def tuning_tasks(mod: tvm.IRModule, target: tvm.target.Target, hw: Hardware, params=None,
-                 kv_cache_kernels: tuple[str, ...] = DEFAULT_KV_CACHE_KERNELS) -> list[ms.ExtractedTask]:
+                 kv_cache_kernels: tuple[str, ...] = DEFAULT_KV_CACHE_KERNELS,
+                 rows: tuple[int, ...] | None = None) -> list[ms.ExtractedTask]:
     """The tasks of ``mod`` as the "tvm_dsm" pipeline compiles it (:func:`lower_for_scheduling`),
     each function in the form :class:`~tvm_dsm.relax_integration.ScheduleTIR` looks its record
     up by (:func:`scheduling_form` where a family takes it); a function of a symbolic row count
     as one task per range of rows, at the range's row count (:func:`row_range_tasks`, named
-    ``NAME_rowsR``); not the functions that arrive scheduled, reshapes (Relax makes them views:
+    ``NAME_rowsR``; ``rows``: only the ranges planned for those row counts, e.g. ``(16,)`` for
+    decode batches); not the functions that arrive scheduled, reshapes (Relax makes them views:
     no kernel runs) nor functions of other symbolic extents, each left out with a log line."""
     if params:
         mod = relax.transform.BindParams("main", params)(mod)
@@ -72,7 +74,7 @@ def tuning_tasks(mod: tvm.IRModule, target: tvm.target.Target, hw: Hardware, par
         except ClusterError:  # other symbolic extents: left out below
             continue
         if symbolic:  # a MetaSchedule task needs constant extents: its ranges are the tasks
-            ranges += _range_tasks(gv.name_hint, scheduling_form(func), target)
+            ranges += _range_tasks(gv.name_hint, scheduling_form(func), target, rows)
             continue
         try:
             match_family(scheduling_form(func), target)
@@ -95,10 +97,14 @@ def tuning_tasks(mod: tvm.IRModule, target: tvm.target.Target, hw: Hardware, par
     return tasks + ranges
 
 
-def _range_tasks(name: str, func: tvm.tirx.PrimFunc, target: tvm.target.Target) -> list[ms.ExtractedTask]:
-    """A task per range of rows of ``func`` that a family schedules over a symbolic row count."""
+def _range_tasks(name: str, func: tvm.tirx.PrimFunc, target: tvm.target.Target,
+                 only: tuple[int, ...] | None) -> list[ms.ExtractedTask]:
+    """A task per range of rows of ``func`` (of those planned for ``only``'s row counts, if
+    given) that a family schedules over a symbolic row count."""
     tasks = []
     for rows, fixed in row_range_tasks(func):
+        if only is not None and rows not in only:
+            continue
         try:
             family, _ = match_family(fixed, target)
         except ClusterError as err:
@@ -111,14 +117,15 @@ def _range_tasks(name: str, func: tvm.tirx.PrimFunc, target: tvm.target.Target) 
 
 
 def tuning_contexts(mod: tvm.IRModule, work_dir: str, target=H100_TAG, params=None, top: int = 64,
-                    hw: Hardware | None = None, seed: int | None = None) -> tuple[list[ms.TuneContext], list[float]]:
+                    hw: Hardware | None = None, seed: int | None = None,
+                    rows: tuple[int, ...] | None = None) -> tuple[list[ms.TuneContext], list[float]]:
     """The tuning contexts of ``mod``'s tasks (:func:`tuning_tasks`) and their weights, each
     with its space and search (:class:`~tvm_dsm.meta_schedule.PlannedSearch` for a planned
     space, MetaSchedule's evolutionary search otherwise)."""
     target, hw = tvm.target.Target(target), hw or load_hardware()
     import_tvm_intrinsics()  # before the first TuneContext imports them, slowly from a deep stack
     contexts, weights = [], []
-    for task in tuning_tasks(mod, target, hw, params):
+    for task in tuning_tasks(mod, target, hw, params, rows=rows):
         space = task_space(task.task_name, task.dispatched[0]["main"], target, top, hw)
         strategy = "evolutionary" if space == DEFAULT_SPACE else PlannedSearch()
         made, weight = ms.relax_integration.extracted_tasks_to_tune_contexts(
@@ -132,8 +139,9 @@ def tune_relax(mod: tvm.IRModule, work_dir: str, max_trials_global: int, *, targ
                params=None, top: int = 64, hw: Hardware | None = None, builder: ms.Builder | None = None,
                runner: ms.Runner | None = None,
                cost_model: ms.CostModel | None = None, num_trials_per_iter: int = 64,
-               seed: int | None = None) -> ms.Database:
-    """Tune every task of ``mod`` (see :func:`tuning_contexts`) with the learned cost model
+               seed: int | None = None, rows: tuple[int, ...] | None = None) -> ms.Database:
+    """Tune every task of ``mod`` (see :func:`tuning_contexts`; ``rows``: of a function over a
+    symbolic row count, only the ranges planned for those counts) with the learned cost model
     (:class:`~tvm_dsm.meta_schedule.LearnedPlanModel`) unless another is given, into the JSON
     database in ``work_dir`` (:func:`~tvm_dsm.tuning_database.open_database`: a run killed
     mid-write resumes from it), showing a progress bar and each task's first failure
@@ -144,7 +152,7 @@ def tune_relax(mod: tvm.IRModule, work_dir: str, max_trials_global: int, *, targ
         raise RuntimeError(f"tune_relax measures on this machine's GPU: {reason} (pass runner=, e.g. "
                            "MetaSchedule's RPCRunner, to measure elsewhere)")
     hw = hw or load_hardware()
-    contexts, weights = tuning_contexts(mod, work_dir, target, params, top, hw, seed=seed)
+    contexts, weights = tuning_contexts(mod, work_dir, target, params, top, hw, seed=seed, rows=rows)
     database = ms.tune.tune_tasks(tasks=contexts, task_weights=weights, work_dir=work_dir,
                               max_trials_global=max_trials_global, num_trials_per_iter=num_trials_per_iter,
                               builder=builder or local_builder(BUILD_TIMEOUT_S, load_tvm_dsm),
