@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 import tvm
 from tvm import s_tir
+from ... import driver
 from ...errors import ClusterError
 from ...hardware import load_hardware
 from ...transform.programmatic_launch import launch_programmatically
@@ -50,6 +51,15 @@ def nbytes_of(args: list[dict]) -> int:
             n *= d
         total += n * tvm.DataType(a["dtype"]).bits // 8
     return total
+
+
+def ours_and_dlight(name: str, workload: str, func, peers: tuple[str, ...], extra: dict) -> list[Variant]:
+    """``func`` twice: as ``tvm_dsm.build`` schedules it (``NAME_tvm_dsm``, the planner's pick)
+    and as dlight does (``NAME_dlight``)."""
+    args = args_of(func)
+    return [Variant(name=f"{name}_{label}", workload=workload, mod=mod, args=args, bytes=nbytes_of(args), flops=0,
+                    plan={"planner": label == "tvm_dsm"}, peers=peers, extra=extra)
+            for label, mod in (("tvm_dsm", driver.schedule(func).mod), ("dlight", driver.stock_schedule(func).mod))]
 
 
 def fitting(func, schedule, plans: list, count: int) -> list:

@@ -4,9 +4,8 @@
 
 from __future__ import annotations
 
-from ...driver import schedule, stock_schedule
 from ...workloads.elementwise import cast, split_silu_mul
-from .base import Variant, args_of, nbytes_of
+from .base import Variant, ours_and_dlight
 
 #: (workload, rows, width): the SwiGLU's intermediate width, or the cast's row width.
 SHAPES = [("split_silu_mul", rows, width) for rows in (8, 512, 32768) for width in (8192, 14336)]
@@ -14,12 +13,8 @@ SHAPES += [("cast", 4096, 32000)]
 
 
 def elementwise() -> list[Variant]:
-    variants = []
-    for workload, rows, width in SHAPES:
-        func = split_silu_mul(rows, width) if workload == "split_silu_mul" else cast(rows, width)
-        args = args_of(func)
-        for label, mod in (("tvm_dsm", schedule(func).mod), ("dlight", stock_schedule(func).mod)):
-            variants.append(Variant(name=f"{workload}_{rows}x{width}_{label}", workload=workload, mod=mod,
-                                    args=args, bytes=nbytes_of(args), flops=0, plan={"planner": label == "tvm_dsm"},
-                                    peers=("torch_eager", "torch_compile"), extra={"class": "elementwise"}))
-    return variants
+    return [variant for workload, rows, width in SHAPES
+            for variant in ours_and_dlight(f"{workload}_{rows}x{width}", workload,
+                                           split_silu_mul(rows, width) if workload == "split_silu_mul"
+                                           else cast(rows, width),
+                                           ("torch_eager", "torch_compile"), {"class": "elementwise"})]

@@ -6,9 +6,8 @@ of issue 50 (softmax 4096 x 32000, RMSNorm and LayerNorm 4096 x 4096) and real m
 
 from __future__ import annotations
 
-from ...driver import schedule, stock_schedule
 from ...workloads.norms import topi_norm
-from .base import Variant, args_of, nbytes_of
+from .base import Variant, ours_and_dlight
 
 #: (operator, rows, width, dtype)
 NORMS = [
@@ -22,12 +21,7 @@ NORMS = [
 
 
 def norms() -> list[Variant]:
-    variants = []
-    for operator, rows, width, dtype in NORMS:
-        func = topi_norm(operator, rows, width, dtype)
-        args = args_of(func)
-        for label, mod in (("tvm_dsm", schedule(func).mod), ("dlight", stock_schedule(func).mod)):
-            variants.append(Variant(name=f"{operator}_{rows}x{width}_{dtype}_{label}", workload=operator, mod=mod,
-                                    args=args, bytes=nbytes_of(args), flops=0, plan={"planner": label == "tvm_dsm"},
-                                    peers=("torch_eager",), extra={"class": operator}))
-    return variants
+    return [variant for operator, rows, width, dtype in NORMS
+            for variant in ours_and_dlight(f"{operator}_{rows}x{width}_{dtype}", operator,
+                                           topi_norm(operator, rows, width, dtype), ("torch_eager",),
+                                           {"class": operator})]
