@@ -65,22 +65,26 @@ def tuning_tasks(mod: tvm.IRModule, target: tvm.target.Target, hw: Hardware, par
     if params:
         mod = relax.transform.BindParams("main", params)(mod)
     mod = lower_for_scheduling(mod, target, hw, kv_cache_kernels)
-    ranges = []
+    ranges, symbolic = [], set()  # symbolic: the functions MetaSchedule cannot measure as they are
     for gv, func in list(mod.functions.items()):
         if not isinstance(func, tvm.tirx.PrimFunc) or func.attrs.get("tirx.is_scheduled", False):
             continue
+        form = scheduling_form(func)
         try:
-            symbolic = row_variable(func) is not None
-        except ClusterError:  # other symbolic extents: left out below
+            var = row_variable(func)
+        except ClusterError as err:
+            logger.info("task %s: not tuned (%s)", gv.name_hint, err)
+            symbolic.add(gv.name_hint)
             continue
-        if symbolic:  # a MetaSchedule task needs constant extents: its ranges are the tasks
-            ranges += _range_tasks(gv.name_hint, scheduling_form(func), target, rows)
+        if var is not None:  # a task needs constant extents: the ranges of rows are the tasks
+            ranges += _range_tasks(gv.name_hint, form, target, rows)
+            symbolic.add(gv.name_hint)
             continue
         try:
-            match_family(scheduling_form(func), target)
+            match_family(form, target)
         except ClusterError:
             continue
-        mod[gv] = scheduling_form(func)
+        mod[gv] = form
     tasks = []
     for task in ms.relax_integration.extract_tasks(mod, target):
         func = task.dispatched[0]["main"]
@@ -88,11 +92,7 @@ def tuning_tasks(mod: tvm.IRModule, target: tvm.target.Target, hw: Hardware, par
             logger.info("task %s: arrives scheduled; not tuned", task.task_name)
         elif relax.analysis.has_reshape_pattern(func):
             logger.info("task %s: a reshape, which Relax makes a view (no kernel); not tuned", task.task_name)
-        elif any(not isinstance(d, tvm.tirx.IntImm) for p in func.params for d in getattr(p.ty, "shape", None) or ()):
-            if not any(t.task_name.startswith(f"{task.task_name}_rows") for t in ranges):
-                logger.info("task %s: symbolic extents no family takes per range of rows; not tuned",
-                            task.task_name)
-        else:
+        elif task.task_name not in symbolic:
             tasks.append(task)
     return tasks + ranges
 
