@@ -48,12 +48,10 @@ class Elementwise(ScheduleFamily):
     def recognize(self, func: tirx.PrimFunc) -> ElementwiseShape:
         if relax.analysis.has_reshape_pattern(func):  # Relax's lowering finds the pattern in dlight's schedule
             raise ClusterError("a reshape: Relax makes it a view of its input, no kernel")
-        _, lanes = find_elementwise(func)
+        lanes, written = find_elementwise(func)
         if lanes == 1:  # one element a thread is dlight's fallback; its transpose rule tiles
             raise ClusterError("an access does not move contiguously along the innermost loop "
                                "(rules.elementwise.vector_lanes): left to dlight")
-        sch = s_tir.Schedule(func)
-        written = [w.source for rv in sch.get_child_blocks(sch.get_sblock("root")) for w in sch.get(rv).writes]
         params = [p for p in func.params if hasattr(p.ty, "shape") and _constant(p)]
         outputs = [p for p in params if any(w.same_as(p) for w in written)]
         return ElementwiseShape(sum(buffer_bytes(p) for p in params),

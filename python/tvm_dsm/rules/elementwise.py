@@ -24,6 +24,7 @@ from tvm.s_tir.schedule.schedule import ScheduleError
 
 from ..errors import ClusterError
 from ..ir import find_all, is_reduction, uses
+from ..transform.buffers import element_bytes
 
 #: Bytes a thread moves per access.
 VECTOR_BYTES = 16
@@ -42,10 +43,6 @@ class ElementwiseConfig:
 
 def _buffer(access):
     return access.buffer if isinstance(access, tirx.BufferStore) else access.source
-
-
-def _elem_bytes(buffer) -> int:
-    return max(1, tvm.DataType(str(buffer.ty.dtype)).bits // 8)
 
 
 def output_blocks(sch: s_tir.Schedule) -> list:
@@ -79,10 +76,10 @@ def vector_lanes(block: tirx.SBlock) -> int:
     accesses = [block.body, *find_all(block.body, tvm.ir.TensorLoad)]
     if not all(len(a.indices) for a in accesses) or any(uses(i, x) for a in accesses for i in a.indices[:-1]):
         return 1
-    moving = [a for a in accesses if uses(a.indices[-1], x)]  # the rest read one element for all lanes
     if not uses(block.body.indices[-1], x):
         return 1
-    lanes = VECTOR_BYTES // max(_elem_bytes(_buffer(a)) for a in moving)
+    moving = [a for a in accesses if uses(a.indices[-1], x)]  # the rest read one element for all lanes
+    lanes = VECTOR_BYTES // max(element_bytes(_buffer(a)) for a in moving)
     if not isinstance(extent, tirx.IntImm) or int(extent) % lanes:
         return 1
     analyzer = Analyzer()
@@ -100,12 +97,12 @@ def vector_lanes(block: tirx.SBlock) -> int:
     return 1 if any(uses(c, x) for c in conditions) else lanes
 
 
-def find_elementwise(func: tirx.PrimFunc) -> tuple[int, int]:
-    """(output blocks, fewest vector lanes among them) of an elementwise function;
-    ClusterError where it is not one."""
+def find_elementwise(func: tirx.PrimFunc) -> tuple[int, list]:
+    """The fewest vector lanes among an elementwise function's output blocks and the buffers
+    they write; ClusterError where it is not one."""
     sch = s_tir.Schedule(func)
-    blocks = output_blocks(sch)
-    return len(blocks), min(vector_lanes(sch.get(b)) for b in blocks)
+    blocks = [sch.get(b) for b in output_blocks(sch)]
+    return min(vector_lanes(b) for b in blocks), [w.source for b in blocks for w in b.writes]
 
 
 def schedule_elementwise(func: tirx.PrimFunc, config: ElementwiseConfig) -> s_tir.Schedule:

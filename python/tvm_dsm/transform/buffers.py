@@ -17,6 +17,11 @@ MAX_STATIC_SMEM = 48 * 1024
 STATIC_SLICES_BUDGET = 40 * 1024
 
 
+def element_bytes(buffer) -> int:
+    """Bytes of one of ``buffer``'s elements (a sub-byte type, such as bool, takes one)."""
+    return -(-tvm.DataType(str(buffer.ty.dtype)).bits // 8)
+
+
 def buffer_bytes(buffer) -> int:
     """Bytes of ``buffer``'s elements."""
     return math.prod(int(d) for d in buffer.ty.shape) * tvm.DataType(str(buffer.ty.dtype)).bits // 8

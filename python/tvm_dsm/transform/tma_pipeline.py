@@ -64,6 +64,7 @@ from tvm.script import tirx as T
 from ..errors import ClusterError
 from ..hardware import Hardware
 from ..ir import find_all, replace_node, substitute, tree_reduce, with_block_body
+from .buffers import element_bytes
 from .programmatic_launch import L2_PREFETCH_KEY
 from ..annotations import EARLY_COPY_KEY, PROGRAMMATIC_LAUNCH_KEY
 from ..annotations import TMA_COPY_KEY, TMA_STAGES_KEY, WGMMA_HELPER_PREFIX
@@ -123,7 +124,7 @@ class TileCopy:
         (a, rows), (b, cols) = ((lp.loop_var, int(lp.extent)) for lp in loops)
         self.rows, self.cols = rows, cols
         self.dtype = str(self.tile.ty.dtype)
-        self.elem_bytes = _elem_bytes(self.tile)
+        self.elem_bytes = element_bytes(self.tile)
         shape = [int(d) for d in self.tile.shape]
         if shape != [rows, cols] or list(self.tile.strides):
             raise ClusterError(f"TMA copy {self.name}: the tile must be one unpadded "
@@ -198,7 +199,7 @@ def encode_tensor_map(tensor_map: tirx.Var, source: tirx.Buffer, rows: int, cols
     default from the innermost outwards. A copy names its coordinates in that order."""
     # a symbolic extent (a batch) is read when the host encodes the map, before each launch
     shape = [int(d) if isinstance(d, tirx.IntImm) else d for d in source.shape]
-    rank, elem_bytes = len(shape), _elem_bytes(source)
+    rank, elem_bytes = len(shape), element_bytes(source)
     axes = list(range(rank))[::-1] if axes is None else axes
     if axes[0] != rank - 1:
         raise ValueError(f"a tensor map's first dimension is the innermost axis; got axes {axes}")
@@ -276,7 +277,7 @@ class _TmaLoop:
             return
         steps = int(self.loop.extent)
         footprint = sum(min(ctas * steps * c.bytes, math.prod(int(d) for d in c.source.shape)
-                            * _elem_bytes(c.source)) for c in self.early)
+                            * element_bytes(c.source)) for c in self.early)
         self.prefetch = footprint <= budget
 
     # -- host -------------------------------------------------------------------------------
@@ -307,7 +308,7 @@ class _TmaLoop:
 
     def _lead(self, slots):
         """Elements of ``slots`` before slot 0 (its alignment)."""
-        return tirx.Cast("int32", self._aligned(slots) - self._address(slots)) // _elem_bytes(slots)
+        return tirx.Cast("int32", self._aligned(slots) - self._address(slots)) // element_bytes(slots)
 
     def _issue(self, step) -> tirx.Stmt:
         """One thread's statements loading K step ``step`` into its slot."""
@@ -379,7 +380,7 @@ class _TmaLoop:
             tile = _pointee(ptr)
             if self.slots.get(tile) is None:
                 return node
-            args[5] = in_slot(tile, swizzled_offset(ptr.args[2] + args[6], _elem_bytes(tile)))
+            args[5] = in_slot(tile, swizzled_offset(ptr.args[2] + args[6], element_bytes(tile)))
             args[6] = tirx.const(0, "int32")
             return tvm.ir.Call(node.op, args, node.attrs, ret_ty=node.ty)
 
@@ -463,10 +464,6 @@ class _TmaLoop:
 def is_wgmma_call(call) -> bool:
     """Whether ``call`` issues warpgroup MMAs through a tvm_dsm.intrin.wgmma helper."""
     return call.op.name == "tirx.cuda.func_call" and call.args[0].value.startswith(WGMMA_HELPER_PREFIX)
-
-
-def _elem_bytes(buffer) -> int:
-    return tvm.DataType(str(buffer.ty.dtype)).bits // 8
 
 
 def _pointee(ptr):
