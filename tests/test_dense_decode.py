@@ -5,6 +5,8 @@ kernel it writes, refusals naming the limit, and (GPU) every form against float6
 
 from __future__ import annotations
 
+import functools
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -80,9 +82,11 @@ def test_short_sequences_keep_clusters_whose_ctas_each_have_a_step():
     step = 4 * 2 * 2  # 4 warps of 2 token slots (16 lanes of 128 columns), 2 tokens each (4 heads a group)
     found = find_dense_decode(te_attention(1, 8, 1, 2 * step, 128, kv_heads=2))
     assert found.unroll == 2
-    assert TEMPLATE.configs(found) == [DenseDecodeConfig(1), DenseDecodeConfig(2)]
+    assert TEMPLATE.configs(found) == [DenseDecodeConfig(1), DenseDecodeConfig(2), DenseDecodeConfig(1, True)]
     with pytest.raises(ClusterError, match="less than one step"):
         TEMPLATE.check(found, DenseDecodeConfig(4))
+    with pytest.raises(ClusterError, match="less than one step of 64 keys"):  # 4 warps of 16 tokens
+        TEMPLATE.check(found, DenseDecodeConfig(2, True))
 
 
 def test_a_head_dim_off_a_power_of_two_pieces_idles_the_lanes_past_the_row(assemble):
@@ -107,7 +111,8 @@ def test_the_planner_takes_grouped_decode_and_reads_each_row_once(assemble):
     func = FORMS["gqa_bhsd"][0]()
     ranking = plan(func, load_hardware())
     assert ranking.family.name == "decode_attention"
-    assert ranking.plans[0].config == DenseDecodeConfig(8)  # 64 pairs x 8: one wave of 4 CTAs an SM
+    # 64 pairs x 8: one wave of 4 CTAs an SM; 4 query heads a row: tensor cores
+    assert ranking.plans[0].config == DenseDecodeConfig(8, tensor_cores=True)
     kv_bytes = 2 * 8 * 8 * 4096 * 128 * 2
     assert kv_bytes < ranking.plans[0].bytes["hbm"] < 1.05 * kv_bytes
     mod = TEMPLATE.fuse(func, DenseDecodeConfig(8))
@@ -118,6 +123,39 @@ def test_the_planner_takes_grouped_decode_and_reads_each_row_once(assemble):
     # pass; + the definition
     assert source.count("ld_vec_global_nc_v4_b32(") == 3 * 2 * 2 + 1
     assemble(source, "dense_decode")
+
+
+@pytest.mark.parametrize(("name", "loads"), [
+    # K: 2 rows of 64 columns (4 loads), V: 4 rows of 16 (2 loads): per step, a first step + two a loop pass
+    ("gqa_bhsd", 3 * (2 * 4 + 4 * 2) + 1),
+    # 8 heads a group, head dim 64: K 2 rows x 2 loads, V 4 rows x 1
+    ("gqa_bshd_scale_on_q", 3 * (2 * 2 + 4 * 1) + 1),
+])
+def test_grouped_heads_take_tensor_cores_reading_each_byte_once_without_spills(name, loads, ptxas_report):
+    """The tensor-core body: mma.sync for the scores and the output (two score tiles and the
+    head dim's k-steps, then an n8 tile per 8 columns of the output), every load 16 bytes
+    straight into registers, and no register spilled at 128 columns (two steps' rows held)."""
+    func = FORMS[name][0]()
+    found = find_dense_decode(func)
+    config = TEMPLATE.default_config(found, load_hardware())
+    assert config.tensor_cores
+    source = cuda_source(TEMPLATE.fuse(func, config), "tvm_dsm")
+    kernel = source[source.index("__global__ void"):]
+    steps = found.head_dim // 16
+    assert kernel.count("mma_sync_aligned_m16n8k16_row_col_f32") == 2 * (2 * steps + found.head_dim // 8)
+    assert source.count("ld_vec_global_nc_v4_b32(") == loads
+    report = ptxas_report(source, f"dense_decode_mma_{name}")
+    assert "0 bytes spill stores" in report, report
+
+
+def test_the_tensor_core_body_names_what_it_cannot_take():
+    wide = find_dense_decode(FORMS["gqa_dim_96"][0]())
+    assert not TEMPLATE.default_config(wide, load_hardware()).tensor_cores
+    with pytest.raises(ClusterError, match=r"tensor cores: needs a head dim in \(64, 128\) \(not 96\)"):
+        TEMPLATE.check(wide, DenseDecodeConfig(1, True))
+    single = find_dense_decode(FORMS["mha_hsd"][0]())  # one query head a row: CUDA cores by default
+    assert not TEMPLATE.default_config(single, load_hardware()).tensor_cores
+    TEMPLATE.check(single, DenseDecodeConfig(1, True))
 
 
 def _reference(layout: str, q, k, v):
@@ -134,16 +172,18 @@ def _reference(layout: str, q, k, v):
     return o[0] if layout == "hsd" else o.transpose(0, 2, 1, 3) if layout == "bshd" else o
 
 
-#: name: (layout of q, k, v and out for the reference, cluster sizes to run; None: the planner's)
+C, TC = DenseDecodeConfig, functools.partial(DenseDecodeConfig, tensor_cores=True)
+#: name: (layout of q, k, v and out for the reference, configurations to run; None: the planner's)
 GPU_FORMS = {
-    "gqa_bhsd": ("bhsd", (None, 1, 2)),
-    "gqa_bshd_scale_on_q": ("bshd", (None, 4)),
-    "mha_hsd": ("hsd", (None,)),
-    "gqa_bf16_probabilities": ("bhsd", (None, 8)),
-    "mqa_16_heads": ("bhsd", (2, 4)),  # the planner gives multi-query heads to the tensor-core kernel
+    "gqa_bhsd": ("bhsd", (None, C(1), C(2), TC(1))),
+    "gqa_bshd_scale_on_q": ("bshd", (None, C(4), TC(2))),
+    "mha_hsd": ("hsd", (None, TC(2))),
+    "gqa_bf16_probabilities": ("bhsd", (None, C(8), TC(4))),
+    # the planner gives multi-query heads to the tensor-core attention kernel
+    "mqa_16_heads": ("bhsd", (C(2), C(4), TC(2))),
     "topi": ("bshd", (None,)),
     "relax": ("bshd", (None,)),
-    "gqa_dim_96": ("bhsd", (None, 1)),
+    "gqa_dim_96": ("bhsd", (None, C(1))),
     "mha_dim_80_bshd": ("bshd", (None,)),
 }
 
@@ -156,16 +196,16 @@ def test_gpu_every_form_matches_float64(name):
     import tvm_dsm
 
     func = FORMS[name][0]()
-    layout, clusters = GPU_FORMS[name]
+    layout, configs = GPU_FORMS[name]
     dtype = np.dtype(ml_dtypes.bfloat16) if "bf16" in name else np.dtype(np.float16)
     shapes = [[int(x) for x in p.ty.shape] for p in func.params]
     dev = tvm.cuda(0)
-    for ranks in clusters:
-        if ranks is None:
+    for config in configs:
+        if config is None:
             assert tvm_dsm.plan(func).family.name == "decode_attention"
             module = tvm_dsm.build(func, TARGET)
         else:
-            module = tvm.compile(TEMPLATE.fuse(func, DenseDecodeConfig(ranks)), target=TARGET, tir_pipeline="tvm_dsm")
+            module = tvm.compile(TEMPLATE.fuse(func, config), target=TARGET, tir_pipeline="tvm_dsm")
         for _ in range(2):
             rng = np.random.default_rng()
             inputs = [(rng.standard_normal(s) * 2).astype(dtype) for s in shapes[:3]]
@@ -174,7 +214,7 @@ def test_gpu_every_form_matches_float64(name):
             ref = _reference(layout, *inputs).reshape(shapes[3])
             got = out.numpy().astype(np.float64)
             tolerance = 1e-2 if dtype != np.float16 else 2e-3
-            assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < tolerance, (name, ranks)
+            assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < tolerance, (name, config)
 
 
 def _variant(v_cols=64, k_cols=64, start=0, sum_init=0.0, out=None):

@@ -52,6 +52,7 @@ def test_the_kernel_launches_a_cluster_per_sequence_and_kv_head_and_assembles(as
     assert "B * 64, 128, 8" in launch and '"clusterCtaIdx.x"' in launch
     source = cuda_source(mod, "tvm_dsm")
     assert "mapa.shared::cluster" in source and "barrier.cluster" in source
+    assert "mma_sync_aligned_m16n8k16_row_col_f32_f16_f16_f32" in source  # 4 query heads a KV row
     assemble(source, "paged_decode")
     alone = cuda_source(tvm.IRModule({"main": paged_decode_kernel(found, 1)}), "tvm_dsm")
     assert "barrier.cluster" not in alone  # one CTA a (sequence, KV head): no cluster
@@ -149,12 +150,15 @@ def _reference(q, kv, group, sm_scale):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("qo_heads, kv_heads, head_dim, dtype, ranks", [
-    (32, 8, 64, "float16", 8), (32, 8, 64, "float16", 1), (28, 4, 128, "bfloat16", 4),
-    (8, 8, 128, "float16", 2), (16, 2, 256, "float16", 1), (32, 8, 64, "float16", None),
-    (32, 32, 96, "float16", 2),
+@pytest.mark.parametrize("qo_heads, kv_heads, head_dim, dtype, ranks, tensor_cores", [
+    (32, 8, 64, "float16", 8, None), (32, 8, 64, "float16", 8, False), (32, 8, 64, "float16", 1, None),
+    (28, 4, 128, "bfloat16", 4, None), (28, 4, 128, "bfloat16", 4, False), (8, 8, 128, "float16", 2, None),
+    (8, 8, 128, "float16", 2, True), (16, 2, 256, "float16", 1, None), (32, 8, 64, "float16", None, None),
+    (32, 32, 96, "float16", 2, None),
 ])
-def test_it_matches_float64_and_nn_llm_on_the_gpu(qo_heads, kv_heads, head_dim, dtype, ranks):
+def test_it_matches_float64_and_nn_llm_on_the_gpu(qo_heads, kv_heads, head_dim, dtype, ranks, tensor_cores):
+    """Both bodies (tensor cores by default where a group shares each row), a sequence of one
+    token, one of exactly a page, one a token past it, an empty one."""
     import ml_dtypes  # noqa: F401  (numpy's bfloat16)
 
     rng = np.random.default_rng()
@@ -167,7 +171,8 @@ def test_it_matches_float64_and_nn_llm_on_the_gpu(qo_heads, kv_heads, head_dim, 
     dev = tvm.cuda(0)
     original = nn_llm_decode(qo_heads, kv_heads, head_dim, dtype)
     found = find_paged_decode(original)  # ranks None: the pipeline's kernel, a cluster size per batch range
-    ours = paged_decode_dispatch(found, load_hardware()) if ranks is None else paged_decode_kernel(found, ranks)
+    ours = (paged_decode_dispatch(found, load_hardware()) if ranks is None
+            else paged_decode_kernel(found, ranks, tensor_cores))
     results = {}
     for name, func, pipeline in (("ours", ours, "tvm_dsm"), ("nn_llm", original, "default")):
         lib = tvm.compile(tvm.IRModule({"main": func}), target=TARGET, tir_pipeline=pipeline)

@@ -7,13 +7,13 @@ or other layout, :mod:`tvm_dsm.kernels.dense_decode`):
 
 - a cluster of ``ranks`` CTAs per pair, each CTA reading one contiguous share of the pair's
   tokens;
-- in a CTA, each warp is token slots of ``D / 8`` lanes (rounded up to a power of two; the
-  lanes past the row idle); a lane loads 8 elements (16 bytes, one vector load) of a token's K
-  and V rows, four tokens a step, the next step's loads issued before this step computes; the
-  slot's lanes reduce the scores of every query head of the group by shuffles, and each slot
-  keeps an online softmax (running max, sum and output) per query head, rescaled once a step,
-  with scores scaled by ``scale * log2(e)`` (base 2);
-- the slots of a warp merge by shuffles, the warps through shared memory; each CTA stores its
+- in a CTA, each warp goes through its tokens with an online softmax (running max, sum and
+  output) per query head, scores scaled by ``scale * log2(e)`` (base 2), the next step's loads
+  issued before this step computes; its products on CUDA cores (:class:`_LaneBody`: a token's
+  row on ``D / 8`` lanes, the scores reduced by shuffles) or on tensor cores
+  (:class:`_MmaBody`: the group's query heads the rows of ``mma.sync`` tiles, 16 tokens a step;
+  where a group shares each row, CUDA cores would do a multiply-add per byte per head);
+- the warps merge through shared memory; each CTA stores its
   state into rank 0's shared memory (DSM stores, which do not wait on the peer as loads would),
   and rank 0 merges them and writes the output (and, where the operands keep one, the base-2
   log-sum-exp).
@@ -53,6 +53,11 @@ HELD_FLOATS = 64
 #: log-sum-exp of an empty sequence).
 EMPTY_MAX = -5e4
 _LOG2E = math.log2(math.e)
+#: The most distinct tokens' rows a thread loads in one step (tensor cores: two of K, four of V).
+ROW_SLOTS = 6
+#: Head dims the tensor-core body takes: a thread's pieces of K and V rows 16-byte multiples,
+#: both files of them in registers.
+MMA_HEAD_DIMS = (64, 128)
 #: Static shared memory a CTA may declare.
 STATIC_SHARED_BYTES = 48 * 1024
 #: CTAs of the kernel an SM holds at once (127 registers a thread, 128 threads a CTA).
@@ -110,12 +115,16 @@ class DecodeOperands(ABC):
         """The pair's tokens."""
 
     @abstractmethod
-    def query(self, h: int, column):
-        """Element ``column`` of the query of the group's ``h``-th head in fp32, times the
-        softmax scale and log2(e) (:func:`scaled_by_log2e`)."""
+    def query(self, h, column):
+        """Element ``column`` of the query of the group's ``h``-th head (q's dtype)."""
+
+    @abstractmethod
+    def scale(self):
+        """The softmax scale (of the scores, before the exponential)."""
 
     def before_loads(self, u: int, token) -> None:
-        """Emit what the ``u``-th token's row loads need (a page lookup); nothing by default."""
+        """Emit what the loads of ``token``'s rows need (a page lookup), as row ``u`` of at most
+        :data:`ROW_SLOTS` a thread loads in one step; nothing by default."""
 
     @abstractmethod
     def row_pointer(self, u: int, kv: int, token, column):
@@ -144,8 +153,22 @@ def most_ranks(operands: DecodeOperands, pairs: int, hw) -> int:
     return ranks
 
 
-def tokens_per_step(operands: DecodeOperands) -> int:
+def tensor_core_limits(operands: DecodeOperands) -> list[tuple[bool, str]]:
+    """(holds, the limit named) for the tensor-core body (see :class:`_MmaBody`)."""
+    return [(operands.head_dim in MMA_HEAD_DIMS, f"a head dim in {MMA_HEAD_DIMS} (not {operands.head_dim})"),
+            (operands.group <= 8, f"at most 8 query heads per KV head (not {operands.group})")]
+
+
+def prefers_tensor_cores(operands: DecodeOperands) -> bool:
+    """Whether the tensor-core body is the default: where a CTA holds several query heads of a
+    group (CUDA cores would do that many multiply-adds per byte read) and it takes them."""
+    return operands.group > 1 and all(ok for ok, _ in tensor_core_limits(operands))
+
+
+def tokens_per_step(operands: DecodeOperands, tensor_cores: bool = False) -> int:
     """Tokens a CTA takes in one step of its loop."""
+    if tensor_cores:
+        return _WARPS * _MmaBody.warp_tokens
     return _WARPS * (_WARP // operands.lanes) * operands.unroll
 
 
@@ -159,11 +182,18 @@ def check_ranks(operands: DecodeOperands, ranks: int) -> None:
                            f"static shared memory per CTA, more than the {STATIC_SHARED_BYTES} B CUDA allows")
 
 
-def decode_kernel(operands: DecodeOperands, ranks: int, name: str, asserts=()) -> tirx.PrimFunc:
-    """The kernel of the module docstring over ``operands`` in clusters of ``ranks``, a function
-    named ``name`` whose body reads the operands' buffers (the caller gives it their parameters;
-    ``asserts``: (condition, message) checked on the host first)."""
+def decode_kernel(operands: DecodeOperands, ranks: int, name: str, asserts=(),
+                  tensor_cores: bool = False) -> tirx.PrimFunc:
+    """The kernel of the module docstring over ``operands`` in clusters of ``ranks``, its
+    products on tensor cores or CUDA cores, a function named ``name`` whose body reads the
+    operands' buffers (the caller gives it their parameters; ``asserts``: (condition, message)
+    checked on the host first)."""
     check_ranks(operands, ranks)
+    if tensor_cores:
+        for ok, limit in tensor_core_limits(operands):
+            if not ok:
+                raise ClusterError(f"decode attention on tensor cores: needs {limit}")
+    body = _MmaBody if tensor_cores else _LaneBody
     with IRBuilder() as ib:
         with B.prim_func(s_tir=True):
             B.func_name(name)
@@ -176,29 +206,25 @@ def decode_kernel(operands: DecodeOperands, ranks: int, name: str, asserts=()) -
                         with B.sblock("decode_attention"):
                             B.reads()
                             B.writes()
-                            _Body(operands, ranks, bx, tx).emit()
+                            body(operands, ranks, bx, tx).emit()
     return ib.get()
 
 
-class _Body:
-    """The statements of thread ``tx`` of CTA ``bx``, emitted into the open block."""
+class _Body(ABC):
+    """The statements of thread ``tx`` of CTA ``bx``, emitted into the open block: the CTA's
+    share of the pair's tokens, its warps' online-softmax states merged through shared memory,
+    the CTAs' through rank 0's (DSM). Subclasses say how a warp goes through its tokens."""
+
+    #: Tokens a warp takes in one step.
+    warp_tokens: int
 
     def __init__(self, operands: DecodeOperands, ranks: int, bx, tx):
         self.operands, self.ranks = operands, ranks
-        g, vec = operands.group, operands.vector
-        self.slots = _WARP // operands.lanes  # token slots of a warp
-        self.stride = _WARPS * self.slots  # tokens a CTA takes per step
-        local = lambda shape, dtype="float32": B.sblock_alloc_buffer(shape, dtype, scope="local")  # noqa: E731
-        self.q_reg, self.o = local((g * vec,)), local((g * vec,))
-        self.m, self.d = local((g,)), local((g,))
-        self.unroll = U = operands.unroll
-        self.s, self.p = local((g * U,)), local((U,))  # a step's scores, one head's weights
-        # K and V pieces as loaded (16-byte words) and as read (the head dim's type), one register
-        # file, for two steps: the next step's loads are in flight while this one computes
-        self.k_words, self.v_words = ([local((U * _WORDS,), "uint32") for _ in range(2)] for _ in range(2))
-        self.span = local((2,), "int32")  # the CTA's first token, past its last
-        self.merged = local((2,))  # a merge's running max and sum
-        self.peer = local((1,), "uint32")
+        g = operands.group
+        self.local = lambda shape, dtype="float32": B.sblock_alloc_buffer(shape, dtype, scope="local")  # noqa: E731
+        self.span = self.local((2,), "int32")  # the CTA's first token, past its last
+        self.merged = self.local((2,))  # a merge's running max and sum
+        self.peer = self.local((1,), "uint32")
         self.warp_o = B.sblock_alloc_buffer((_WARPS, g, operands.head_dim), "float32", scope="shared")
         self.warp_md = B.sblock_alloc_buffer((_WARPS, g, 2), "float32", scope="shared")
         if ranks > 1:  # rank 0's: every CTA's state, pushed there through DSM
@@ -209,12 +235,25 @@ class _Body:
         self.rank = bx % ranks
         self.lane = tx % _WARP
         self.warp = tx // _WARP
-        self.slot = self.warp * self.slots + self.lane // operands.lanes
-        self.part = self.lane % operands.lanes
-        # past the row (a head dim of 12 pieces on 16 lanes): a query of zeros, loads of the
-        # row's last piece, nothing stored
-        self.in_row = self.part < operands.pieces
-        self.piece_column = T.min(self.part, operands.pieces - 1) * operands.vector
+        self.scale = scaled_by_log2e(operands.scale())
+
+    @abstractmethod
+    def _start(self) -> None:
+        """Emit the warp's state before its first token: the query held, nothing summed."""
+
+    @abstractmethod
+    def _load(self, file: int, step) -> None:
+        """Emit the loads of the warp's tokens of ``step`` into register file ``file`` (in flight
+        together; past the share's end a thread reads the share's last token)."""
+
+    @abstractmethod
+    def _update(self, file: int, step) -> None:
+        """Emit the online softmax of the group's heads by ``step``'s tokens (in ``file``)."""
+
+    @abstractmethod
+    def _store_warp_state(self) -> None:
+        """Emit the store of the warp's merged state into ``warp_o`` / ``warp_md``, for every
+        query head of the group."""
 
     def emit(self) -> None:
         if self.ranks == 1:
@@ -232,40 +271,32 @@ class _Body:
             B.evaluate(T.ptx.barrier.cluster.arrive.relaxed.aligned())
             self._emit_cta()
 
+    def _token(self, token):
+        """``token`` clamped into the CTA's share (a thread past its end reads the last one)."""
+        return T.min(token, self.span[1] - 1)
+
     def _emit_cta(self) -> None:
-        ops, g, vec = self.operands, self.operands.group, self.operands.vector
+        ops = self.operands
         ops.begin(self.pair)
         length = ops.length()
         share = (length + self.ranks - 1) // self.ranks
         first, stop = self.span[0], self.span[1]
         B.buffer_store(self.span, self.rank * share, [0])
         B.buffer_store(self.span, T.min(length, self.rank * share + share), [1])
-        for h in range(g):
-            B.buffer_store(self.m, tirx.const(EMPTY_MAX, "float32"), [h])
-            B.buffer_store(self.d, tirx.const(0.0, "float32"), [h])
-            with B.unroll(0, vec) as e:
-                B.buffer_store(self.o, tirx.const(0.0, "float32"), [h * vec + e])
-                query = ops.query(h, self.piece_column + e)
-                if ops.lanes != ops.pieces:
-                    query = T.if_then_else(self.in_row, query, tirx.const(0.0, "float32"))
-                B.buffer_store(self.q_reg, query, [h * vec + e])
+        self._start()
         with B.If(first < stop):  # the same for every thread of the CTA
             with B.Then():
-                U, step_tokens = self.unroll, self.stride * self.unroll
-
-                def tokens(step):
-                    return [first + (step * U + u) * self.stride + self.slot for u in range(U)]
-
+                step_tokens = _WARPS * self.warp_tokens
                 # steps in pairs, one register file each: a step's loads are issued before the
-                # step before it computes (a step past the share loads its last token again and
-                # weighs it 0)
-                self._load(0, tokens(0))
+                # step before it computes
+                self._load(0, 0)
                 with B.serial(0, (stop - first + 2 * step_tokens - 1) // (2 * step_tokens)) as pair:
-                    self._load(1, tokens(2 * pair + 1))
-                    self._update(0, tokens(2 * pair))
-                    self._load(0, tokens(2 * pair + 2))
-                    self._update(1, tokens(2 * pair + 1))
-        self._merge_slots()
+                    self._load(1, 2 * pair + 1)
+                    self._update(0, 2 * pair)
+                    self._load(0, 2 * pair + 2)
+                    self._update(1, 2 * pair + 1)
+        self._store_warp_state()
+        B.evaluate(T.tvm_storage_sync("shared"))
         if self.ranks == 1:
             self._merge_warps(self._write)
             return
@@ -280,77 +311,6 @@ class _Body:
                 self._each_element(lambda h, column: self._combine(
                     self.ranks, lambda r: self.cta_md[r, h, 0], lambda r: self.cta_md[r, h, 1],
                     lambda r: self.cta_o[r, h, column], lambda o, md: self._write(h, column, o, md)))
-
-    def _load(self, file: int, tokens: list) -> None:
-        """The K and V pieces of the slot's ``tokens`` (one step) into register file ``file``:
-        what the loads need, then all of them (in flight together). Past the share's end a slot
-        reads its last token (the shuffles need every lane; :meth:`_update` weighs it 0)."""
-        ops = self.operands
-        clamped = [T.min(token, self.span[1] - 1) for token in tokens]
-        for u, token in enumerate(clamped):
-            ops.before_loads(u, token)
-        for u, token in enumerate(clamped):
-            for kv, words in ((0, self.k_words[file]), (1, self.v_words[file])):
-                B.evaluate(T.ptx.ld.global_.nc.v4.b32(
-                    *(words[u * _WORDS + w] for w in range(_WORDS)), ops.row_pointer(u, kv, token, self.piece_column)))
-
-    def _update(self, file: int, tokens: list) -> None:
-        """The online softmax of every query head of the group by one step's ``tokens`` (their K
-        and V pieces in register file ``file``): the step's scores, reduced over the slot's
-        lanes, then one rescale of the running state for all of them."""
-        ops, g, vec, U = self.operands, self.operands.group, self.operands.vector, self.unroll
-        k_reg, v_reg = (B.decl_buffer((U * vec,), ops.dtype, data=words[file].data, scope="local")
-                        for words in (self.k_words, self.v_words))
-        valid = [token < self.span[1] for token in tokens]
-        for h in range(g):
-            for u in range(U):
-                terms = [self.q_reg[h * vec + e] * T.Cast("float32", k_reg[u * vec + e]) for e in range(vec)]
-                B.buffer_store(self.s, _tree_sum(terms), [h * U + u])
-        mask = 1
-        while mask < ops.lanes:
-            for i in range(g * U):
-                B.buffer_store(self.s, self.s[i] + shuffle_xor(self.s[i], mask), [i])
-            mask *= 2
-        zero = tirx.const(0.0, "float32")
-        for h in range(g):
-            B.buffer_store(self.merged, self.m[h], [0])
-            for u in range(U):
-                B.buffer_store(self.merged, T.if_then_else(
-                    valid[u], T.max(self.merged[0], self.s[h * U + u]), self.merged[0]), [0])
-            alpha = T.exp2(self.m[h] - self.merged[0])
-            for u in range(U):
-                B.buffer_store(self.p, T.if_then_else(valid[u], T.exp2(self.s[h * U + u] - self.merged[0]), zero), [u])
-            B.buffer_store(self.d, self.d[h] * alpha + _tree_sum([self.p[u] for u in range(U)]), [h])
-            with B.unroll(0, vec) as e:
-                B.buffer_store(self.o, self.o[h * vec + e] * alpha + _tree_sum(
-                    [self.p[u] * T.Cast("float32", v_reg[u * vec + e]) for u in range(U)]), [h * vec + e])
-            B.buffer_store(self.m, self.merged[0], [h])
-
-    def _merge_slots(self) -> None:
-        """The warp's slots into its first slot's lanes, by xor shuffles across slots."""
-        ops, vec = self.operands, self.operands.vector
-        mask = ops.lanes
-        while mask < _WARP:
-            for h in range(ops.group):
-                other_m = shuffle_xor(self.m[h], mask)
-                B.buffer_store(self.merged, T.max(self.m[h], other_m), [0])
-                mine, theirs = T.exp2(self.m[h] - self.merged[0]), T.exp2(other_m - self.merged[0])
-                B.buffer_store(self.d, self.d[h] * mine + shuffle_xor(self.d[h], mask) * theirs, [h])
-                for e in range(vec):
-                    o = self.o[h * vec + e]
-                    B.buffer_store(self.o, o * mine + shuffle_xor(o, mask) * theirs, [h * vec + e])
-                B.buffer_store(self.m, self.merged[0], [h])
-            mask *= 2
-        with B.If(tirx.And(self.lane < ops.lanes, self.in_row) if ops.lanes != ops.pieces else self.lane < ops.lanes):
-            with B.Then():
-                for h in range(ops.group):
-                    with B.unroll(0, vec) as e:
-                        B.buffer_store(self.warp_o, self.o[h * vec + e], [self.warp, h, self.part * vec + e])
-                    with B.If(self.part == 0):
-                        with B.Then():
-                            B.buffer_store(self.warp_md, self.m[h], [self.warp, h, 0])
-                            B.buffer_store(self.warp_md, self.d[h], [self.warp, h, 1])
-        B.evaluate(T.tvm_storage_sync("shared"))
 
     def _merge_warps(self, use) -> None:
         """The CTA's warps merged, element by element: ``use(h, column, o, (max, sum))``."""
@@ -404,6 +364,255 @@ class _Body:
         weights = [T.exp2(max_of(r) - merged[0]) for r in range(sources)]
         B.buffer_store(merged, _tree_sum([sum_of(r) * w for r, w in enumerate(weights)]), [1])
         use(_tree_sum([o_of(r) * w for r, w in enumerate(weights)]), (merged[0], merged[1]))
+
+
+class _LaneBody(_Body):
+    """CUDA cores: each warp is token slots of ``D / 8`` lanes (rounded up to a power of two;
+    the lanes past the row idle); a lane loads 8 elements (16 bytes) of a token's K and V rows,
+    :attr:`DecodeOperands.unroll` tokens a step; the slot's lanes reduce the scores of every
+    query head of the group by shuffles, and each slot keeps an online softmax per query head,
+    rescaled once a step; the slots of a warp merge by shuffles."""
+
+    def __init__(self, operands: DecodeOperands, ranks: int, bx, tx):
+        super().__init__(operands, ranks, bx, tx)
+        g, vec, local = operands.group, operands.vector, self.local
+        self.slots = _WARP // operands.lanes  # token slots of a warp
+        self.unroll = U = operands.unroll
+        self.warp_tokens = self.slots * U
+        self.q_reg, self.o = local((g * vec,)), local((g * vec,))
+        self.m, self.d = local((g,)), local((g,))
+        self.s, self.p = local((g * U,)), local((U,))  # a step's scores, one head's weights
+        # K and V pieces as loaded (16-byte words) and as read (the head dim's type), one register
+        # file, for two steps: the next step's loads are in flight while this one computes
+        self.k_words, self.v_words = ([local((U * _WORDS,), "uint32") for _ in range(2)] for _ in range(2))
+        self.slot = self.warp * self.slots + self.lane // operands.lanes
+        self.part = self.lane % operands.lanes
+        # past the row (a head dim of 12 pieces on 16 lanes): a query of zeros, loads of the
+        # row's last piece, nothing stored
+        self.in_row = self.part < operands.pieces
+        self.piece_column = T.min(self.part, operands.pieces - 1) * operands.vector
+
+    def _tokens(self, step) -> list:
+        stride = _WARPS * self.slots
+        return [self.span[0] + (step * self.unroll + u) * stride + self.slot for u in range(self.unroll)]
+
+    def _start(self) -> None:
+        ops, vec = self.operands, self.operands.vector
+        for h in range(ops.group):
+            B.buffer_store(self.m, tirx.const(EMPTY_MAX, "float32"), [h])
+            B.buffer_store(self.d, tirx.const(0.0, "float32"), [h])
+            with B.unroll(0, vec) as e:
+                B.buffer_store(self.o, tirx.const(0.0, "float32"), [h * vec + e])
+                query = T.Cast("float32", ops.query(h, self.piece_column + e)) * self.scale
+                if ops.lanes != ops.pieces:
+                    query = T.if_then_else(self.in_row, query, tirx.const(0.0, "float32"))
+                B.buffer_store(self.q_reg, query, [h * vec + e])
+
+    def _load(self, file: int, step) -> None:
+        """The K and V pieces of the slot's tokens of ``step`` into register file ``file``: what
+        the loads need, then all of them (in flight together). Past the share's end a slot reads
+        its last token (the shuffles need every lane; :meth:`_update` weighs it 0)."""
+        ops = self.operands
+        clamped = [self._token(token) for token in self._tokens(step)]
+        for u, token in enumerate(clamped):
+            ops.before_loads(u, token)
+        for u, token in enumerate(clamped):
+            for kv, words in ((0, self.k_words[file]), (1, self.v_words[file])):
+                B.evaluate(T.ptx.ld.global_.nc.v4.b32(
+                    *(words[u * _WORDS + w] for w in range(_WORDS)), ops.row_pointer(u, kv, token, self.piece_column)))
+
+    def _update(self, file: int, step) -> None:
+        """The online softmax of every query head of the group by one step's tokens (their K
+        and V pieces in register file ``file``): the step's scores, reduced over the slot's
+        lanes, then one rescale of the running state for all of them."""
+        ops, g, vec, U = self.operands, self.operands.group, self.operands.vector, self.unroll
+        k_reg, v_reg = (B.decl_buffer((U * vec,), ops.dtype, data=words[file].data, scope="local")
+                        for words in (self.k_words, self.v_words))
+        valid = [token < self.span[1] for token in self._tokens(step)]
+        for h in range(g):
+            for u in range(U):
+                terms = [self.q_reg[h * vec + e] * T.Cast("float32", k_reg[u * vec + e]) for e in range(vec)]
+                B.buffer_store(self.s, _tree_sum(terms), [h * U + u])
+        mask = 1
+        while mask < ops.lanes:
+            for i in range(g * U):
+                B.buffer_store(self.s, self.s[i] + shuffle_xor(self.s[i], mask), [i])
+            mask *= 2
+        zero = tirx.const(0.0, "float32")
+        for h in range(g):
+            B.buffer_store(self.merged, self.m[h], [0])
+            for u in range(U):
+                B.buffer_store(self.merged, T.if_then_else(
+                    valid[u], T.max(self.merged[0], self.s[h * U + u]), self.merged[0]), [0])
+            alpha = T.exp2(self.m[h] - self.merged[0])
+            for u in range(U):
+                B.buffer_store(self.p, T.if_then_else(valid[u], T.exp2(self.s[h * U + u] - self.merged[0]), zero), [u])
+            B.buffer_store(self.d, self.d[h] * alpha + _tree_sum([self.p[u] for u in range(U)]), [h])
+            with B.unroll(0, vec) as e:
+                B.buffer_store(self.o, self.o[h * vec + e] * alpha + _tree_sum(
+                    [self.p[u] * T.Cast("float32", v_reg[u * vec + e]) for u in range(U)]), [h * vec + e])
+            B.buffer_store(self.m, self.merged[0], [h])
+
+    def _store_warp_state(self) -> None:
+        """The warp's slots merged into its first slot's lanes (xor shuffles across slots), then
+        stored."""
+        ops, vec = self.operands, self.operands.vector
+        mask = ops.lanes
+        while mask < _WARP:
+            for h in range(ops.group):
+                other_m = shuffle_xor(self.m[h], mask)
+                B.buffer_store(self.merged, T.max(self.m[h], other_m), [0])
+                mine, theirs = T.exp2(self.m[h] - self.merged[0]), T.exp2(other_m - self.merged[0])
+                B.buffer_store(self.d, self.d[h] * mine + shuffle_xor(self.d[h], mask) * theirs, [h])
+                for e in range(vec):
+                    o = self.o[h * vec + e]
+                    B.buffer_store(self.o, o * mine + shuffle_xor(o, mask) * theirs, [h * vec + e])
+                B.buffer_store(self.m, self.merged[0], [h])
+            mask *= 2
+        with B.If(tirx.And(self.lane < ops.lanes, self.in_row) if ops.lanes != ops.pieces else self.lane < ops.lanes):
+            with B.Then():
+                for h in range(ops.group):
+                    with B.unroll(0, vec) as e:
+                        B.buffer_store(self.warp_o, self.o[h * vec + e], [self.warp, h, self.part * vec + e])
+                    with B.If(self.part == 0):
+                        with B.Then():
+                            B.buffer_store(self.warp_md, self.m[h], [self.warp, h, 0])
+                            B.buffer_store(self.warp_md, self.d[h], [self.warp, h, 1])
+
+
+class _MmaBody(_Body):
+    """Tensor cores (``mma.sync`` m16n8k16, fp32 accumulation): a warp takes 16 tokens a step,
+    the group's query heads the rows of the A operand (row ``lane // 4``; rows past the group
+    and 8..15 zero).
+
+    Scores ``S = Q K^T`` are two n8 tiles of 8 tokens; their accumulators are already the A
+    operand of ``O += P V`` (the two tiles' tokens its k16), as in flash attention. The head
+    dim is permuted, the same way for Q and K (a dot product does not see the order) and for
+    V and O (the output is stored through the permutation), so that each thread's operand
+    pieces are contiguous in memory and load 16 bytes at a time straight from global memory
+    into registers, with no shared memory: thread ``(q, c) = (lane // 4, lane % 4)`` loads
+    ``D / 4`` columns ``c * D / 4 ..`` of K rows ``q`` and ``8 + q`` and ``D / 8`` columns
+    ``q * D / 8 ..`` of V rows ``2c, 2c + 1, 2c + 8, 2c + 9`` (of the step's 16); a warp
+    reads each byte of its rows once. The running max and sum are per row, the max reduced
+    over the row's four threads by shuffles, the sum once at the end."""
+
+    warp_tokens = 16
+
+    def __init__(self, operands: DecodeOperands, ranks: int, bx, tx):
+        super().__init__(operands, ranks, bx, tx)
+        D, local = operands.head_dim, self.local
+        self.k_cols, self.v_cols = D // 4, D // 8  # columns a thread loads of a K row, of a V row
+        self.q, self.c = self.lane // 4, self.lane % 4
+        self.q_frag = local((D // 16 * 2,), "uint32")  # A's first 8 rows, two words a k-step
+        self.k_words = [local((2 * self.k_cols // 2,), "uint32") for _ in range(2)]
+        self.v_words = [local((4 * self.v_cols // 2,), "uint32") for _ in range(2)]
+        self.s = local((8,))  # two n8 tiles of scores (rows 8..15 unused)
+        self.o = local((2 * self.v_cols,))  # a thread's two columns of each n8 tile of O
+        self.unused = local((2,))  # accumulator rows 8..15 of O
+        self.p_frag, self.v_frag = local((2,), "uint32"), local((2,), "uint32")
+        self.m, self.d = local((1,)), local((1,))
+        self.zero = local((1,), "uint32")
+
+    def _halves(self, words):
+        """``words`` read as q's dtype."""
+        return B.decl_buffer((words.shape[0] * 2,), self.operands.dtype, data=words.data, scope="local")
+
+    def _start(self) -> None:
+        ops, g = self.operands, self.operands.group
+        B.buffer_store(self.m, tirx.const(EMPTY_MAX, "float32"), [0])
+        B.buffer_store(self.d, tirx.const(0.0, "float32"), [0])
+        B.buffer_store(self.zero, tirx.const(0, "uint32"), [0])
+        with B.unroll(0, 2 * self.v_cols) as i:
+            B.buffer_store(self.o, tirx.const(0.0, "float32"), [i])
+        q_half = self._halves(self.q_frag)
+        head = T.min(self.q, g - 1)
+        with B.unroll(0, self.k_cols) as i:  # k-step i // 4: columns 4 * step + 0..3 of the thread's
+            value = ops.query(head, self.c * self.k_cols + i)
+            B.buffer_store(q_half, T.if_then_else(self.q < g, value, tirx.const(0, ops.dtype)), [i])
+
+    def _tokens(self, step):
+        """The step's first token for this warp; K rows ``+ q, + 8 + q``; V rows ``+ 2c (+1, +8,
+        +9)``."""
+        base = self.span[0] + (step * _WARPS + self.warp) * self.warp_tokens
+        k_rows = [base + self.q, base + 8 + self.q]
+        v_rows = [base + 2 * self.c + r for r in (0, 1, 8, 9)]
+        return base, k_rows, v_rows
+
+    def _load(self, file: int, step) -> None:
+        ops = self.operands
+        _, k_rows, v_rows = self._tokens(step)
+        rows = [self._token(t) for t in (*k_rows, *v_rows)]
+        for u, token in enumerate(rows):
+            ops.before_loads(u, token)
+        for u, token in enumerate(rows):
+            kv, cols, words = (0, self.k_cols, self.k_words[file]) if u < 2 else (1, self.v_cols, self.v_words[file])
+            first = self.c * cols if kv == 0 else self.q * cols
+            r = u if kv == 0 else u - 2
+            for piece in range(cols // ops.vector):
+                at = (r * cols // ops.vector + piece) * _WORDS
+                B.evaluate(T.ptx.ld.global_.nc.v4.b32(
+                    *(words[at + w] for w in range(_WORDS)), ops.row_pointer(u, kv, token, first + piece * ops.vector)))
+
+    def _mma(self, d: list, a: list, b: list) -> None:
+        """``d += a b`` (fragments of registers)."""
+        operand = {"float16": "f16", "bfloat16": "bf16"}[self.operands.dtype]
+        instruction = T.ptx.mma.sync.aligned.m16n8k16.row.col.f32
+        for part in (operand, operand, "f32"):
+            instruction = getattr(instruction, part)
+        B.evaluate(instruction(*d, *a, *b, *d))
+
+    def _update(self, file: int, step) -> None:
+        ops, zero = self.operands, self.zero[0]
+        base, _, _ = self._tokens(step)
+        s, k_words = self.s, self.k_words[file]
+        half_words = self.k_cols // 2  # words of one K row a thread holds
+        for t in range(2):
+            for i in range(4):
+                B.buffer_store(s, tirx.const(0.0, "float32"), [4 * t + i])
+            for k in range(ops.head_dim // 16):
+                self._mma([s[4 * t + i] for i in range(4)], [self.q_frag[2 * k], zero, self.q_frag[2 * k + 1], zero],
+                          [k_words[t * half_words + 2 * k], k_words[t * half_words + 2 * k + 1]])
+        # the thread's scores: tile t's tokens base + 8t + 2c + e, in s[4t + e]
+        slots = [(t, e) for t in range(2) for e in range(2)]
+        valid = {(t, e): base + 8 * t + 2 * self.c + e < self.span[1] for t, e in slots}
+        score = {(t, e): s[4 * t + e] * self.scale for t, e in slots}
+        B.buffer_store(self.merged, self.m[0], [0])
+        for key in slots:
+            B.buffer_store(self.merged, T.if_then_else(valid[key], T.max(self.merged[0], score[key]), self.merged[0]), [0])
+        for mask in (1, 2):
+            B.buffer_store(self.merged, T.max(self.merged[0], shuffle_xor(self.merged[0], mask)), [0])
+        alpha = self.merged[1]
+        B.buffer_store(self.merged, T.exp2(self.m[0] - self.merged[0]), [1])
+        B.buffer_store(self.m, self.merged[0], [0])
+        zero_f = tirx.const(0.0, "float32")
+        for key in slots:
+            B.buffer_store(s, T.if_then_else(valid[key], T.exp2(score[key] - self.m[0]), zero_f), [4 * key[0] + key[1]])
+        B.buffer_store(self.d, self.d[0] * alpha + _tree_sum([s[4 * t + e] for t, e in slots]), [0])
+        with B.unroll(0, 2 * self.v_cols) as i:
+            B.buffer_store(self.o, self.o[i] * alpha, [i])
+        p_half, v_half, vf_half = self._halves(self.p_frag), self._halves(self.v_words[file]), self._halves(self.v_frag)
+        for t in range(2):
+            for e in range(2):
+                B.buffer_store(p_half, T.Cast(ops.dtype, s[4 * t + e]), [2 * t + e])
+        for n in range(self.v_cols):  # n8 tile n: O columns (2c + e) * v_cols + n
+            for r in range(4):
+                B.buffer_store(vf_half, v_half[r * self.v_cols + n], [r])
+            self._mma([self.o[2 * n], self.o[2 * n + 1], self.unused[0], self.unused[1]],
+                      [self.p_frag[0], zero, self.p_frag[1], zero], [self.v_frag[0], self.v_frag[1]])
+
+    def _store_warp_state(self) -> None:
+        g = self.operands.group
+        for mask in (1, 2):
+            B.buffer_store(self.d, self.d[0] + shuffle_xor(self.d[0], mask), [0])
+        with B.If(self.q < g):
+            with B.Then():
+                for n in range(self.v_cols):
+                    for e in range(2):
+                        B.buffer_store(self.warp_o, self.o[2 * n + e], [self.warp, self.q, (2 * self.c + e) * self.v_cols + n])
+                with B.If(self.c == 0):
+                    with B.Then():
+                        B.buffer_store(self.warp_md, self.m[0], [self.warp, self.q, 0])
+                        B.buffer_store(self.warp_md, self.d[0], [self.warp, self.q, 1])
 
 
 def scaled_by_log2e(scale):

@@ -23,7 +23,8 @@ from ..hardware import Hardware
 from ..ir import substitute
 from .attention_pattern import DecodeShape, find_decode_attention
 from .decode_attention import (HELD_FLOATS, RESIDENT_CTAS, DecodeOperands, check_ranks, decode_kernel,
-                               scaled_by_log2e, shared_bytes, tokens_per_step)
+                               prefers_tensor_cores, shared_bytes, tensor_core_limits,
+                               tokens_per_step)
 from .template import KernelTemplate
 
 _RANKS = (1, 2, 4, 8)
@@ -31,13 +32,16 @@ _RANKS = (1, 2, 4, 8)
 
 @dataclass(frozen=True)
 class DenseDecodeConfig:
-    """CTAs per (sequence, KV head group) pair, a cluster."""
+    """CTAs per (sequence, KV head group) pair, a cluster; products on tensor cores or CUDA
+    cores (:func:`~tvm_dsm.kernels.decode_attention.decode_kernel`)."""
 
     ranks: int
+    tensor_cores: bool = False
 
     def explain(self) -> str:
         split = f"its keys split over a cluster of {self.ranks}, merged through DSM" if self.ranks > 1 else "one CTA"
-        return f"cluster decode attention: a CTA per group of query heads sharing K/V rows, {split}"
+        cores = "tensor cores" if self.tensor_cores else "CUDA cores"
+        return f"cluster decode attention: a CTA per group of query heads sharing K/V rows, {split}, on {cores}"
 
 
 class DenseOperands(DecodeOperands):
@@ -63,13 +67,13 @@ class DenseOperands(DecodeOperands):
             rest = rest // extent
         self.values = values[::-1]
 
-    def _heads(self, h: int) -> list:
+    def _heads(self, h) -> list:
         """(head variable, value) of the group's ``h``-th head."""
         values = list(self.values)
         values[self.shape.group_var] = values[self.shape.group_var] * self.group + h
         return [(var, T.Cast(var.ty.dtype, value)) for var, value in zip(self.shape.heads, values)]
 
-    def _indices(self, operand: int, h: int, column, token=None) -> list:
+    def _indices(self, operand: int, h, column, token=None) -> list:
         s = self.shape
         at = self._heads(h) + [(s.column, T.Cast(s.column.ty.dtype, column))]
         if token is not None:
@@ -79,9 +83,11 @@ class DenseOperands(DecodeOperands):
     def length(self):
         return tirx.const(self.shape.kv_len, "int32")
 
-    def query(self, h: int, column):
-        q = self.shape.operands[0]
-        return T.Cast("float32", q[tuple(self._indices(0, h, column))]) * scaled_by_log2e(self.shape.scale)
+    def query(self, h, column):
+        return self.shape.operands[0][tuple(self._indices(0, h, column))]
+
+    def scale(self):
+        return self.shape.scale
 
     def row_pointer(self, u: int, kv: int, token, column):
         buffer = self.shape.operands[1 + kv]
@@ -108,22 +114,30 @@ def find_dense_decode(func: tirx.PrimFunc) -> DenseOperands:
 
 def check_config(found: DenseOperands, config: DenseDecodeConfig) -> None:
     check_ranks(found, config.ranks)
-    if config.ranks > 1 and found.shape.kv_len < config.ranks * tokens_per_step(found):
+    if config.tensor_cores:
+        for ok, limit in tensor_core_limits(found):
+            if not ok:
+                raise ClusterError(f"decode attention on tensor cores: needs {limit}")
+    step = tokens_per_step(found, config.tensor_cores)
+    if config.ranks > 1 and found.shape.kv_len < config.ranks * step:
         raise ClusterError(f"decode attention: {found.shape.kv_len} keys leave a cluster of {config.ranks} CTAs "
-                           f"less than one step of {tokens_per_step(found)} keys a CTA")
+                           f"less than one step of {step} keys a CTA")
 
 
 def default_config(found: DenseOperands, hw: Hardware) -> DenseDecodeConfig:
     """The largest cluster that keeps the grid within one wave of resident CTAs (the merge
     through DSM pays only where the pairs alone leave SMs idle), as paged decode measured best
-    (:func:`tvm_dsm.kernels.paged_decode.batch_ranks`)."""
-    fits = [r for r in _RANKS if found.pairs() * r <= hw.sm_count * RESIDENT_CTAS and _fits(found, r)]
-    return DenseDecodeConfig(max(fits, default=1))
+    (:func:`tvm_dsm.kernels.paged_decode.batch_ranks`); tensor cores where a CTA holds several
+    query heads of a group (CUDA cores would do that many multiply-adds per byte read)."""
+    tensor_cores = prefers_tensor_cores(found)
+    fits = [r for r in _RANKS if found.pairs() * r <= hw.sm_count * RESIDENT_CTAS
+            and _fits(found, DenseDecodeConfig(r, tensor_cores))]
+    return DenseDecodeConfig(max(fits, default=1), tensor_cores)
 
 
-def _fits(found: DenseOperands, ranks: int) -> bool:
+def _fits(found: DenseOperands, config: DenseDecodeConfig) -> bool:
     try:
-        check_config(found, DenseDecodeConfig(ranks))
+        check_config(found, config)
     except ClusterError:
         return False
     return True
@@ -136,7 +150,8 @@ class DenseDecodeTemplate(KernelTemplate):
         return find_dense_decode(func)
 
     def configs(self, found: DenseOperands) -> list[DenseDecodeConfig]:
-        configs = [DenseDecodeConfig(r) for r in _RANKS if _fits(found, r)]
+        configs = [c for tensor_cores in (False, True) for r in _RANKS
+                   if _fits(found, c := DenseDecodeConfig(r, tensor_cores))]
         if not configs:
             raise ClusterError(f"decode attention: no cluster fits ({shared_bytes(found, 1)} B of shared memory a CTA)")
         return configs
@@ -148,7 +163,7 @@ class DenseDecodeTemplate(KernelTemplate):
         check_config(found, config)
 
     def kernel(self, found: DenseOperands, config: DenseDecodeConfig) -> tirx.PrimFunc:
-        kernel = decode_kernel(found, config.ranks, "main")
+        kernel = decode_kernel(found, config.ranks, "main", tensor_cores=config.tensor_cores)
         return tirx.PrimFunc(found.shape.func.params, kernel.body, attrs=kernel.attrs)
 
 

@@ -26,8 +26,8 @@ from tvm.tirx.script.builder import ir as B
 from ..errors import ClusterError
 from ..hardware import Hardware
 from ..ir import branch_on
-from .decode_attention import (RESIDENT_CTAS, DecodeOperands, check_ranks, decode_kernel, most_ranks,
-                               scaled_by_log2e)
+from .decode_attention import (RESIDENT_CTAS, ROW_SLOTS, DecodeOperands, check_ranks, decode_kernel, most_ranks,
+                               prefers_tensor_cores)
 
 #: The function ``nn.llm`` builds for decode attention over its paged KV cache, and its
 #: parameters in order.
@@ -107,11 +107,14 @@ def paged_decode_dispatch(found: PagedDecode, hw: Hardware) -> tirx.PrimFunc:
     return kernels[-1][1].with_body(branch_on(found.func.params[0].ty.shape[0], kernels))
 
 
-def paged_decode_kernel(found: PagedDecode, ranks: int) -> tirx.PrimFunc:
+def paged_decode_kernel(found: PagedDecode, ranks: int, tensor_cores: bool | None = None) -> tirx.PrimFunc:
     """The decode kernel over ``found``'s paged cache in clusters of ``ranks``, with ``found``'s
-    parameters."""
+    parameters; on tensor cores where ``tensor_cores`` says, or by default where
+    :func:`~tvm_dsm.kernels.decode_attention.prefers_tensor_cores`."""
     operands = _PagedOperands(found)
     check_ranks(operands, ranks)
+    if tensor_cores is None:
+        tensor_cores = prefers_tensor_cores(operands)
     params = list(found.func.params)
     pages_offset = params[PARAMS.index("pages")].ty.elem_offset
     body = decode_kernel(operands, ranks, SYMBOL, asserts=[
@@ -143,16 +146,18 @@ class _PagedOperands(DecodeOperands):
         self.seq, self.head = pair // self.found.kv_heads, pair % self.found.kv_heads
         # the page table's start, once; each step's pages
         self.first_page = B.sblock_alloc_buffer((1,), "int32", scope="local")
-        self.page = B.sblock_alloc_buffer((self.unroll,), "int32", scope="local")
+        self.page = B.sblock_alloc_buffer((ROW_SLOTS,), "int32", scope="local")
         B.buffer_store(self.first_page, self.indptr[self.seq], [0])
 
     def length(self):
         begin, end = self.indptr[self.seq], self.indptr[self.seq + 1]
         return T.if_then_else(begin != end, (end - begin - 1) * self.found.page_size + self.length_info[self.seq], 0)
 
-    def query(self, h: int, column):
-        q = self.q[self.seq, self.head * self.group + h, column]
-        return T.Cast("float32", q) * scaled_by_log2e(self.sm_scale)
+    def query(self, h, column):
+        return self.q[self.seq, self.head * self.group + h, column]
+
+    def scale(self):
+        return self.sm_scale
 
     def before_loads(self, u: int, token) -> None:
         B.buffer_store(self.page, self.values[self.first_page[0] + token // self.found.page_size], [u])

@@ -4,10 +4,14 @@ through ``tvm_dsm.build``'s path."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+from ...hardware import load_hardware
+from ...kernels import dense_decode
 from ...kernels.attention import CONFIGS as ATTENTION_CONFIGS
 from ...kernels.attention import default_config, find_attention, fuse_attention
 from ...driver import schedule
+from ...errors import ClusterError
 from ...workloads import cascades as cascade_workloads
 from ...workloads.attention_forms import te_attention, topi_attention
 from .base import Variant, args_of, nbytes_of
@@ -90,4 +94,28 @@ def attention_forms() -> list[Variant]:
             flops=4 * products // (2 if causal else 1), peers=("torch_eager", "torch_compile", "torch_sdpa"),
             reference_kwargs={"layout": layout, "causal": causal}, extra={"class": "attention", "causal": causal},
         ))
+    return variants
+
+
+def decode_forms() -> list[Variant]:
+    """Decode attention as users write it (:data:`DECODE_FORMS`): the planner's pick
+    (``NAME_tvm_dsm``) and the same cluster on the other cores (``NAME_tensor_cores`` or
+    ``NAME_cuda_cores``, where they take it), against torch eager, torch.compile and SDPA."""
+    hw, variants = load_hardware(), []
+    for b, h, kv, s, d, layout, dtype in DECODE_FORMS:
+        func = te_attention(b, h, 1, s, d, kv_heads=kv, layout=layout, dtype=dtype)
+        pick = dense_decode.TEMPLATE.default_config(dense_decode.TEMPLATE.find(func), hw)
+        other = dataclasses.replace(pick, tensor_cores=not pick.tensor_cores)
+        args = args_of(func)
+        for label, config in (("tvm_dsm", pick), ("tensor_cores" if other.tensor_cores else "cuda_cores", other)):
+            try:
+                mod = dense_decode.TEMPLATE.fuse(func, config)
+            except ClusterError:
+                continue
+            variants.append(Variant(
+                name=f"decode_{layout}_b{b}h{h}kv{kv}s{s}d{d}_{dtype}_{label}", workload="attention_layout", mod=mod,
+                args=args, bytes=nbytes_of(args), flops=4 * b * h * s * d, plan={"planner": label == "tvm_dsm",
+                                                                                 **dataclasses.asdict(config)},
+                peers=("torch_eager", "torch_compile", "torch_sdpa"), reference_kwargs={"layout": layout, "causal": False},
+                extra={"class": "decode_attention", "causal": False}))
     return variants
