@@ -124,7 +124,7 @@ def paged_decode_kernel(found: PagedDecode, ranks: int, tensor_cores: bool | Non
         (tirx.floormod(pages_offset, operands.vector) == 0,
          "tvm-dsm's paged decode attention loads 16-byte pieces of the pages: their offset must be a "
          "multiple of 16 bytes"),
-    ]).body
+    ], tensor_cores=tensor_cores).body
     attrs = {**dict(found.func.attrs), "tirx.noalias": True}
     return tirx.PrimFunc(params, body, attrs=tvm.ir.make_node("ir.DictAttrs", **attrs))
 
