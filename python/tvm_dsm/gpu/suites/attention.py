@@ -97,25 +97,39 @@ def attention_forms() -> list[Variant]:
     return variants
 
 
+def decode_form_variant(form: tuple, config, label: str) -> Variant | None:
+    """The cluster decode kernel of one of :data:`DECODE_FORMS` in ``config``
+    (``decode_..._LABEL``; ``tvm_dsm``: the planner's pick); None where it does not take it."""
+    b, h, kv, s, d, layout, dtype = form
+    func = te_attention(b, h, 1, s, d, kv_heads=kv, layout=layout, dtype=dtype)
+    try:
+        mod = dense_decode.TEMPLATE.fuse(func, config)
+    except ClusterError:
+        return None
+    args = args_of(func)
+    return Variant(
+        name=f"decode_{layout}_b{b}h{h}kv{kv}s{s}d{d}_{dtype}_{label}", workload="attention_layout", mod=mod,
+        args=args, bytes=nbytes_of(args), flops=4 * b * h * s * d,
+        plan={"planner": label == "tvm_dsm", **dataclasses.asdict(config)},
+        peers=("torch_eager", "torch_compile", "torch_sdpa"), reference_kwargs={"layout": layout, "causal": False},
+        extra={"class": "decode_attention", "causal": False})
+
+
+def decode_pick(form: tuple):
+    """The planner's configuration of one of :data:`DECODE_FORMS`."""
+    b, h, kv, s, d, layout, dtype = form
+    func = te_attention(b, h, 1, s, d, kv_heads=kv, layout=layout, dtype=dtype)
+    return dense_decode.TEMPLATE.default_config(dense_decode.TEMPLATE.find(func), load_hardware())
+
+
 def decode_forms() -> list[Variant]:
     """Decode attention as users write it (:data:`DECODE_FORMS`): the planner's pick
     (``NAME_tvm_dsm``) and the same cluster on the other cores (``NAME_tensor_cores`` or
     ``NAME_cuda_cores``, where they take it), against torch eager, torch.compile and SDPA."""
-    hw, variants = load_hardware(), []
-    for b, h, kv, s, d, layout, dtype in DECODE_FORMS:
-        func = te_attention(b, h, 1, s, d, kv_heads=kv, layout=layout, dtype=dtype)
-        pick = dense_decode.TEMPLATE.default_config(dense_decode.TEMPLATE.find(func), hw)
+    variants = []
+    for form in DECODE_FORMS:
+        pick = decode_pick(form)
         other = dataclasses.replace(pick, tensor_cores=not pick.tensor_cores)
-        args = args_of(func)
-        for label, config in (("tvm_dsm", pick), ("tensor_cores" if other.tensor_cores else "cuda_cores", other)):
-            try:
-                mod = dense_decode.TEMPLATE.fuse(func, config)
-            except ClusterError:
-                continue
-            variants.append(Variant(
-                name=f"decode_{layout}_b{b}h{h}kv{kv}s{s}d{d}_{dtype}_{label}", workload="attention_layout", mod=mod,
-                args=args, bytes=nbytes_of(args), flops=4 * b * h * s * d, plan={"planner": label == "tvm_dsm",
-                                                                                 **dataclasses.asdict(config)},
-                peers=("torch_eager", "torch_compile", "torch_sdpa"), reference_kwargs={"layout": layout, "causal": False},
-                extra={"class": "decode_attention", "causal": False}))
-    return variants
+        variants += [decode_form_variant(form, pick, "tvm_dsm"),
+                     decode_form_variant(form, other, "tensor_cores" if other.tensor_cores else "cuda_cores")]
+    return [v for v in variants if v is not None]

@@ -14,6 +14,8 @@ from .decode import DECODE_SHAPES, decode_picks, decode_plans, decode_variant, d
 from .base import CHAINS, SWIGLUS, Variant, fitting, launched
 from .chains import chain_variant, chain_variants, chain_workload
 from .cascades import cascade_variants
+from .attention import DECODE_FORMS, decode_form_variant, decode_pick
+from ...kernels.dense_decode import DenseDecodeConfig
 
 
 def cascades_rows() -> list[Variant]:
@@ -44,6 +46,16 @@ def decode_staged() -> list[Variant]:
                 DECODE_SHAPES, (1, 2, 4, 8), (8, 16, 32), (2, 4), _COPY_STAGES)
             if groups * dim_lanes(shape) * stages * vector * 32 <= _RING_BYTES
             for v in decode_variant(shape, ranks, groups, vector, dim_lanes(shape), stages, plans)]
+
+
+def decode_form_clusters() -> list[Variant]:
+    """Decode attention as users write it on tensor cores in clusters of 1-8 CTAs, beside the
+    planner's pick (which sizes clusters for four resident CTAs an SM)."""
+    variants = []
+    for form in DECODE_FORMS:
+        variants.append(decode_form_variant(form, decode_pick(form), "tvm_dsm"))
+        variants += [decode_form_variant(form, DenseDecodeConfig(r, True), f"tensor_cores_r{r}") for r in (1, 2, 4, 8)]
+    return [v for v in variants if v is not None]
 
 
 def gemm_wgmma() -> list[Variant]:
