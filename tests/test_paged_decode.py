@@ -79,7 +79,8 @@ def test_buffers_peers_push_into_are_never_shared_with_the_ctas_own(qo_heads, kv
 def test_larger_batches_get_smaller_clusters_one_kernel_each(assemble):
     found = find_paged_decode(nn_llm_decode(32, 8, 64))
     ranges = batch_ranks(found, load_hardware())
-    assert ranges == [(8, 8), (16, 4), (33, 2), (None, 1)]  # one wave of 4 CTAs per SM on 132 SMs
+    # tensor cores (4 query heads a row): a CTA per SM on 132 SMs, 8 KV heads a sequence
+    assert ranges == [(2, 8), (4, 4), (8, 2), (None, 1)]
     mod = tvm.IRModule({"main": paged_decode_dispatch(found, load_hardware())})
     launches = host_launch(mod, "tvm_dsm")
     assert len(launches) == 4

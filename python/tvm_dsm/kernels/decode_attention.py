@@ -60,7 +60,7 @@ ROW_SLOTS = 6
 MMA_HEAD_DIMS = (64, 128)
 #: Static shared memory a CTA may declare.
 STATIC_SHARED_BYTES = 48 * 1024
-#: CTAs of the kernel an SM holds at once (127 registers a thread, 128 threads a CTA).
+#: CTAs of the CUDA-core kernel an SM holds at once (127 registers a thread, 128 threads a CTA).
 RESIDENT_CTAS = 4
 
 
@@ -163,6 +163,16 @@ def prefers_tensor_cores(operands: DecodeOperands) -> bool:
     """Whether the tensor-core body is the default: where a CTA holds several query heads of a
     group (CUDA cores would do that many multiply-adds per byte read) and it takes them."""
     return operands.group > 1 and all(ok for ok, _ in tensor_core_limits(operands))
+
+
+def wave_ctas(hw, tensor_cores: bool) -> int:
+    """The most CTAs a grid should have, the cluster sizes chosen to stay within it (the merge
+    through DSM pays only where the pairs alone leave SMs idle): a wave of resident CTAs on CUDA
+    cores; one CTA an SM on tensor cores, whose CTAs each stream faster (H200,
+    bench/results/decode_form_clusters: of clusters 1-8, the best on each of the four grouped
+    forms; the resident-CTA wave picked 4x too large a cluster at a batch of 8 and 32,
+    1.10x and 1.06x slower)."""
+    return hw.sm_count * (1 if tensor_cores else RESIDENT_CTAS)
 
 
 def tokens_per_step(operands: DecodeOperands, tensor_cores: bool = False) -> int:

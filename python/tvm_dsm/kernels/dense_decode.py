@@ -22,9 +22,9 @@ from ..errors import ClusterError
 from ..hardware import Hardware
 from ..ir import substitute
 from .attention_pattern import DecodeShape, find_decode_attention
-from .decode_attention import (HELD_FLOATS, RESIDENT_CTAS, DecodeOperands, check_ranks, decode_kernel,
+from .decode_attention import (HELD_FLOATS, DecodeOperands, check_ranks, decode_kernel,
                                prefers_tensor_cores, shared_bytes, tensor_core_limits,
-                               tokens_per_step)
+                               tokens_per_step, wave_ctas)
 from .template import KernelTemplate
 
 _RANKS = (1, 2, 4, 8)
@@ -125,12 +125,11 @@ def check_config(found: DenseOperands, config: DenseDecodeConfig) -> None:
 
 
 def default_config(found: DenseOperands, hw: Hardware) -> DenseDecodeConfig:
-    """The largest cluster that keeps the grid within one wave of resident CTAs (the merge
-    through DSM pays only where the pairs alone leave SMs idle), as paged decode measured best
-    (:func:`tvm_dsm.kernels.paged_decode.batch_ranks`); tensor cores where a CTA holds several
-    query heads of a group (CUDA cores would do that many multiply-adds per byte read)."""
+    """Tensor cores where a CTA holds several query heads of a group (CUDA cores would do that
+    many multiply-adds per byte read); the largest cluster that keeps the grid within
+    :func:`~tvm_dsm.kernels.decode_attention.wave_ctas`."""
     tensor_cores = prefers_tensor_cores(found)
-    fits = [r for r in _RANKS if found.pairs() * r <= hw.sm_count * RESIDENT_CTAS
+    fits = [r for r in _RANKS if found.pairs() * r <= wave_ctas(hw, tensor_cores)
             and _fits(found, DenseDecodeConfig(r, tensor_cores))]
     return DenseDecodeConfig(max(fits, default=1), tensor_cores)
 

@@ -26,8 +26,8 @@ from tvm.tirx.script.builder import ir as B
 from ..errors import ClusterError
 from ..hardware import Hardware
 from ..ir import branch_on
-from .decode_attention import (RESIDENT_CTAS, ROW_SLOTS, DecodeOperands, check_ranks, decode_kernel, most_ranks,
-                               prefers_tensor_cores)
+from .decode_attention import (ROW_SLOTS, DecodeOperands, check_ranks, decode_kernel, most_ranks,
+                               prefers_tensor_cores, wave_ctas)
 
 #: The function ``nn.llm`` builds for decode attention over its paged KV cache, and its
 #: parameters in order.
@@ -86,10 +86,9 @@ def default_ranks(found: PagedDecode, hw: Hardware) -> int:
 
 def batch_ranks(found: PagedDecode, hw: Hardware) -> list[tuple[int | None, int]]:
     """Cluster sizes by batch size, ``[(largest batch, ranks), ..., (None, ranks)]``: the most
-    CTAs per (sequence, KV head) that keep the grid within one wave of resident CTAs (the merge
-    through DSM only pays where the sequences and heads alone leave SMs idle), from
-    :func:`default_ranks` down to 1."""
-    slots = hw.sm_count * RESIDENT_CTAS
+    CTAs per (sequence, KV head) that keep the grid within
+    :func:`~tvm_dsm.kernels.decode_attention.wave_ctas`, from :func:`default_ranks` down to 1."""
+    slots = wave_ctas(hw, prefers_tensor_cores(_PagedOperands(found)))
     ranges, ranks = [], default_ranks(found, hw)
     while ranks > 1:
         bound = slots // (found.kv_heads * ranks)
