@@ -17,7 +17,8 @@ from conftest import TARGET, cuda_source, host_launch
 from tvm_dsm.driver import plan
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.hardware import load_hardware
-from tvm_dsm.kernels.dense_decode import TEMPLATE, DenseDecodeConfig, find_dense_decode
+from tvm_dsm.kernels.decode_attention import DecodeConfig
+from tvm_dsm.kernels.dense_decode import TEMPLATE, find_dense_decode
 from tvm_dsm.workloads.attention_forms import relax_attention, te_attention, topi_attention
 
 #: name: (function, query heads, query heads reading one K/V row set in a CTA, pairs)
@@ -82,11 +83,12 @@ def test_short_sequences_keep_clusters_whose_ctas_each_have_a_step():
     step = 4 * 2 * 2  # 4 warps of 2 token slots (16 lanes of 128 columns), 2 tokens each (4 heads a group)
     found = find_dense_decode(te_attention(1, 8, 1, 2 * step, 128, kv_heads=2))
     assert found.unroll == 2
-    assert TEMPLATE.configs(found) == [DenseDecodeConfig(1), DenseDecodeConfig(2), DenseDecodeConfig(1, True)]
+    assert TEMPLATE.configs(found) == [DecodeConfig(1), DecodeConfig(2), DecodeConfig(1, warps=8), DecodeConfig(1, True),
+                                       DecodeConfig(1, True, warps=8)]
     with pytest.raises(ClusterError, match="less than one step"):
-        TEMPLATE.check(found, DenseDecodeConfig(4))
+        TEMPLATE.check(found, DecodeConfig(4))
     with pytest.raises(ClusterError, match="less than one step of 64 keys"):  # 4 warps of 16 tokens
-        TEMPLATE.check(found, DenseDecodeConfig(2, True))
+        TEMPLATE.check(found, DecodeConfig(2, True))
 
 
 def test_a_head_dim_off_a_power_of_two_pieces_idles_the_lanes_past_the_row(assemble):
@@ -94,7 +96,7 @@ def test_a_head_dim_off_a_power_of_two_pieces_idles_the_lanes_past_the_row(assem
     piece again and store nothing."""
     found = find_dense_decode(FORMS["gqa_dim_96"][0]())
     assert (found.pieces, found.lanes) == (12, 16)
-    source = cuda_source(TEMPLATE.fuse(FORMS["gqa_dim_96"][0](), DenseDecodeConfig(2)), "tvm_dsm")
+    source = cuda_source(TEMPLATE.fuse(FORMS["gqa_dim_96"][0](), DecodeConfig(2)), "tvm_dsm")
     assert "min((((int)threadIdx.x) & 15), 11)" in source
     assemble(source, "dense_decode_dim_96")
 
@@ -103,7 +105,7 @@ def test_a_head_dim_off_a_power_of_two_pieces_idles_the_lanes_past_the_row(assem
 def test_legalized_and_topi_forms_build_for_cuda(name, assemble):
     """Relax legalization gives a private function of int64 indices: the kernel is its own
     function, named and indexed for the host launch."""
-    source = cuda_source(TEMPLATE.fuse(FORMS[name][0](), DenseDecodeConfig(2)), "tvm_dsm")
+    source = cuda_source(TEMPLATE.fuse(FORMS[name][0](), DecodeConfig(2)), "tvm_dsm")
     assemble(source, f"dense_decode_{name}")
 
 
@@ -112,10 +114,10 @@ def test_the_planner_takes_grouped_decode_and_reads_each_row_once(assemble):
     ranking = plan(func, load_hardware())
     assert ranking.family.name == "decode_attention"
     # 4 query heads a row: tensor cores, a CTA an SM: 64 pairs x 2
-    assert ranking.plans[0].config == DenseDecodeConfig(2, tensor_cores=True)
+    assert ranking.plans[0].config == DecodeConfig(2, tensor_cores=True)
     kv_bytes = 2 * 8 * 8 * 4096 * 128 * 2
     assert kv_bytes < ranking.plans[0].bytes["hbm"] < 1.05 * kv_bytes
-    mod = TEMPLATE.fuse(func, DenseDecodeConfig(8))
+    mod = TEMPLATE.fuse(func, DecodeConfig(8))
     (launch,) = host_launch(mod, "tvm_dsm")
     assert "512, 128, 8" in launch and '"clusterCtaIdx.x"' in launch
     source = cuda_source(mod, "tvm_dsm")
@@ -152,10 +154,25 @@ def test_the_tensor_core_body_names_what_it_cannot_take():
     wide = find_dense_decode(FORMS["gqa_dim_96"][0]())
     assert not TEMPLATE.default_config(wide, load_hardware()).tensor_cores
     with pytest.raises(ClusterError, match=r"tensor cores: needs a head dim in \(64, 128\) \(not 96\)"):
-        TEMPLATE.check(wide, DenseDecodeConfig(1, True))
+        TEMPLATE.check(wide, DecodeConfig(1, True))
     single = find_dense_decode(FORMS["mha_hsd"][0]())  # one query head a row: CUDA cores by default
     assert not TEMPLATE.default_config(single, load_hardware()).tensor_cores
-    TEMPLATE.check(single, DenseDecodeConfig(1, True))
+    TEMPLATE.check(single, DecodeConfig(1, True))
+
+
+def test_eight_warps_a_cta_keep_their_states_within_static_shared_memory(assemble):
+    """8 heads of 128 columns a group: a warp's states take 4,160 B; 8 warps and 4 ranks' would
+    take 49,920 B, past CUDA's 48 KB of static shared memory."""
+    func = te_attention(2, 32, 1, 4096, 128, kv_heads=4)
+    found = find_dense_decode(func)
+    TEMPLATE.check(found, DecodeConfig(4, True, warps=4))
+    with pytest.raises(ClusterError, match="4 CTAs of 8 warps needs 49920 B of static shared memory"):
+        TEMPLATE.check(found, DecodeConfig(4, True, warps=8))
+    with pytest.raises(ClusterError, match="4 or 8 warps a CTA"):
+        TEMPLATE.check(found, DecodeConfig(1, True, warps=2))
+    source = cuda_source(TEMPLATE.fuse(func, DecodeConfig(2, True, warps=8)), "tvm_dsm")
+    assert "__launch_bounds__(256)" in source
+    assemble(source, "dense_decode_mma_eight_warps")
 
 
 def _reference(layout: str, q, k, v):
@@ -172,10 +189,10 @@ def _reference(layout: str, q, k, v):
     return o[0] if layout == "hsd" else o.transpose(0, 2, 1, 3) if layout == "bshd" else o
 
 
-C, TC = DenseDecodeConfig, functools.partial(DenseDecodeConfig, tensor_cores=True)
+C, TC = DecodeConfig, functools.partial(DecodeConfig, tensor_cores=True)
 #: name: (layout of q, k, v and out for the reference, configurations to run; None: the planner's)
 GPU_FORMS = {
-    "gqa_bhsd": ("bhsd", (None, C(1), C(2), TC(1))),
+    "gqa_bhsd": ("bhsd", (None, C(1), C(2), TC(1), TC(2, warps=8))),
     "gqa_bshd_scale_on_q": ("bshd", (None, C(4), TC(2))),
     "mha_hsd": ("hsd", (None, TC(2))),
     "gqa_bf16_probabilities": ("bhsd", (None, C(8), TC(4))),

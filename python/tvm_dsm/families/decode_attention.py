@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from ..hardware import Hardware
 from ..kernels import dense_decode as rule
+from ..kernels.decode_attention import DecodeConfig
 from ..transform.buffers import buffer_bytes
 from .kernel_plan import KernelPlan, roofline
 from .template_family import TemplateFamily
@@ -23,7 +24,7 @@ class DecodeAttention(TemplateFamily):
     name = "decode_attention"
     template = rule.TEMPLATE
 
-    def predict(self, found: rule.DenseOperands, config: rule.DenseDecodeConfig, hw: Hardware) -> KernelPlan:
+    def predict(self, found: rule.DenseOperands, config: DecodeConfig, hw: Hardware) -> KernelPlan:
         q, k, v, out = found.shape.operands
         reads = found.shape.group // found.group  # times each K/V row is read
         traffic = {"hbm": buffer_bytes(q) + buffer_bytes(out) + reads * (buffer_bytes(k) + buffer_bytes(v))}

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import math
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import tvm
 from tvm import tirx
@@ -39,7 +40,8 @@ from ..schedule.cluster import MAX_PORTABLE_CLUSTER_SIZE
 _WARP = 32
 LOAD_BYTES = 16
 _WORDS = LOAD_BYTES // 4  # 32-bit words of one load
-_WARPS = 4
+#: Warps a CTA may have.
+WARPS = (4, 8)
 #: The most tokens a slot loads a step (two steps' loads in flight): four where a lane holds
 #: few query heads, two where holding twice four tokens' rows would leave too few registers for
 #: enough CTAs an SM (H200, bench/results/decode_forms: 32 heads without groups at 4096 keys 66
@@ -136,19 +138,34 @@ class DecodeOperands(ABC):
         base-2 log-sum-exp where kept; ``column`` 0 stores it)."""
 
 
-def shared_bytes(operands: DecodeOperands, ranks: int) -> int:
+@dataclass(frozen=True)
+class DecodeConfig:
+    """CTAs per pair (a cluster), products on tensor cores or CUDA cores, warps a CTA."""
+
+    ranks: int
+    tensor_cores: bool = False
+    warps: int = 4
+
+    def explain(self) -> str:
+        split = f"its keys split over a cluster of {self.ranks}, merged through DSM" if self.ranks > 1 else "one CTA"
+        cores = "tensor cores" if self.tensor_cores else "CUDA cores"
+        return (f"cluster decode attention: a CTA of {self.warps} warps per group of query heads sharing K/V rows, "
+                f"{split}, on {cores}")
+
+
+def shared_bytes(operands: DecodeOperands, config: DecodeConfig) -> int:
     """Static shared memory of a CTA: each warp's softmax states, and (rank 0's, in a cluster)
     every CTA's."""
     state = operands.group * (operands.head_dim + 2) * 4
-    return _WARPS * state + (ranks * state if ranks > 1 else 0)
+    return config.warps * state + (config.ranks * state if config.ranks > 1 else 0)
 
 
 def most_ranks(operands: DecodeOperands, pairs: int, hw) -> int:
     """The largest cluster a pair may take where ``pairs`` run at once: a portable one, within
-    the static shared memory of a CTA, no more CTAs in all than the SMs."""
+    the static shared memory of a CTA (of the default warps), no more CTAs in all than the SMs."""
     ranks = 1
     while (ranks < MAX_PORTABLE_CLUSTER_SIZE and pairs * ranks < hw.sm_count
-           and shared_bytes(operands, ranks * 2) <= STATIC_SHARED_BYTES):
+           and shared_bytes(operands, DecodeConfig(ranks * 2)) <= STATIC_SHARED_BYTES):
         ranks *= 2
     return ranks
 
@@ -175,35 +192,37 @@ def wave_ctas(hw, tensor_cores: bool) -> int:
     return hw.sm_count * (1 if tensor_cores else RESIDENT_CTAS)
 
 
-def tokens_per_step(operands: DecodeOperands, tensor_cores: bool = False) -> int:
+def tokens_per_step(operands: DecodeOperands, config: DecodeConfig) -> int:
     """Tokens a CTA takes in one step of its loop."""
-    if tensor_cores:
-        return _WARPS * _MmaBody.warp_tokens
-    return _WARPS * (_WARP // operands.lanes) * operands.unroll
+    if config.tensor_cores:
+        return config.warps * _MmaBody.warp_tokens
+    return config.warps * (_WARP // operands.lanes) * operands.unroll
 
 
-def check_ranks(operands: DecodeOperands, ranks: int) -> None:
-    """ClusterError naming the limit a cluster of ``ranks`` breaks."""
+def check_config(operands: DecodeOperands, config: DecodeConfig) -> None:
+    """ClusterError naming the limit ``config`` breaks for ``operands``."""
+    ranks = config.ranks
     if not 1 <= ranks <= MAX_PORTABLE_CLUSTER_SIZE or ranks & (ranks - 1):
         raise ClusterError(f"decode attention: a cluster of 1 to {MAX_PORTABLE_CLUSTER_SIZE} CTAs, a power of two "
                            f"(not {ranks})")
-    if shared_bytes(operands, ranks) > STATIC_SHARED_BYTES:
-        raise ClusterError(f"decode attention: a cluster of {ranks} needs {shared_bytes(operands, ranks)} B of "
-                           f"static shared memory per CTA, more than the {STATIC_SHARED_BYTES} B CUDA allows")
-
-
-def decode_kernel(operands: DecodeOperands, ranks: int, name: str, asserts=(),
-                  tensor_cores: bool = False) -> tirx.PrimFunc:
-    """The kernel of the module docstring over ``operands`` in clusters of ``ranks``, its
-    products on tensor cores or CUDA cores, a function named ``name`` whose body reads the
-    operands' buffers (the caller gives it their parameters; ``asserts``: (condition, message)
-    checked on the host first)."""
-    check_ranks(operands, ranks)
-    if tensor_cores:
+    if config.warps not in WARPS:
+        raise ClusterError(f"decode attention: {' or '.join(map(str, WARPS))} warps a CTA (not {config.warps})")
+    if shared_bytes(operands, config) > STATIC_SHARED_BYTES:
+        raise ClusterError(f"decode attention: a cluster of {ranks} CTAs of {config.warps} warps needs "
+                           f"{shared_bytes(operands, config)} B of static shared memory per CTA, more than the "
+                           f"{STATIC_SHARED_BYTES} B CUDA allows")
+    if config.tensor_cores:
         for ok, limit in tensor_core_limits(operands):
             if not ok:
                 raise ClusterError(f"decode attention on tensor cores: needs {limit}")
-    body = _MmaBody if tensor_cores else _LaneBody
+
+
+def decode_kernel(operands: DecodeOperands, config: DecodeConfig, name: str, asserts=()) -> tirx.PrimFunc:
+    """The kernel of the module docstring over ``operands`` in ``config``, a function named
+    ``name`` whose body reads the operands' buffers (the caller gives it their parameters;
+    ``asserts``: (condition, message) checked on the host first)."""
+    check_config(operands, config)
+    body = _MmaBody if config.tensor_cores else _LaneBody
     with IRBuilder() as ib:
         with B.prim_func(s_tir=True):
             B.func_name(name)
@@ -211,12 +230,12 @@ def decode_kernel(operands: DecodeOperands, ranks: int, name: str, asserts=(),
             with contextlib.ExitStack() as checked:
                 for cond, message in asserts:
                     checked.enter_context(B.Assert(cond, message))
-                with B.thread_binding(operands.pairs() * ranks, thread="blockIdx.x") as bx:
-                    with B.thread_binding(_WARPS * _WARP, thread="threadIdx.x") as tx:
+                with B.thread_binding(operands.pairs() * config.ranks, thread="blockIdx.x") as bx:
+                    with B.thread_binding(config.warps * _WARP, thread="threadIdx.x") as tx:
                         with B.sblock("decode_attention"):
                             B.reads()
                             B.writes()
-                            body(operands, ranks, bx, tx).emit()
+                            body(operands, config, bx, tx).emit()
     return ib.get()
 
 
@@ -228,15 +247,16 @@ class _Body(ABC):
     #: Tokens a warp takes in one step.
     warp_tokens: int
 
-    def __init__(self, operands: DecodeOperands, ranks: int, bx, tx):
-        self.operands, self.ranks = operands, ranks
+    def __init__(self, operands: DecodeOperands, config: DecodeConfig, bx, tx):
+        self.operands, self.ranks, self.warps = operands, config.ranks, config.warps
+        ranks = config.ranks
         g = operands.group
         self.local = lambda shape, dtype="float32": B.sblock_alloc_buffer(shape, dtype, scope="local")  # noqa: E731
         self.span = self.local((2,), "int32")  # the CTA's first token, past its last
         self.merged = self.local((2,))  # a merge's running max and sum
         self.peer = self.local((1,), "uint32")
-        self.warp_o = B.sblock_alloc_buffer((_WARPS, g, operands.head_dim), "float32", scope="shared")
-        self.warp_md = B.sblock_alloc_buffer((_WARPS, g, 2), "float32", scope="shared")
+        self.warp_o = B.sblock_alloc_buffer((self.warps, g, operands.head_dim), "float32", scope="shared")
+        self.warp_md = B.sblock_alloc_buffer((self.warps, g, 2), "float32", scope="shared")
         if ranks > 1:  # rank 0's: every CTA's state, pushed there through DSM
             self.cta_o = B.sblock_alloc_buffer((ranks, g, operands.head_dim), "float32", scope="shared")
             self.cta_md = B.sblock_alloc_buffer((ranks, g, 2), "float32", scope="shared")
@@ -296,7 +316,7 @@ class _Body(ABC):
         self._start()
         with B.If(first < stop):  # the same for every thread of the CTA
             with B.Then():
-                step_tokens = _WARPS * self.warp_tokens
+                step_tokens = self.warps * self.warp_tokens
                 # steps in pairs, one register file each: a step's loads are issued before the
                 # step before it computes
                 self._load(0, 0)
@@ -325,7 +345,7 @@ class _Body(ABC):
     def _merge_warps(self, use) -> None:
         """The CTA's warps merged, element by element: ``use(h, column, o, (max, sum))``."""
         self._each_element(lambda h, column: self._combine(
-            _WARPS, lambda w: self.warp_md[w, h, 0], lambda w: self.warp_md[w, h, 1],
+            self.warps, lambda w: self.warp_md[w, h, 0], lambda w: self.warp_md[w, h, 1],
             lambda w: self.warp_o[w, h, column], lambda o, md: use(h, column, o, md)))
 
     def _push(self, h, column, o, md) -> None:
@@ -358,7 +378,7 @@ class _Body(ABC):
         CTA's threads."""
         ops = self.operands
         elements = ops.group * ops.head_dim
-        threads = _WARPS * _WARP
+        threads = self.warps * _WARP
         with B.serial(0, (elements + threads - 1) // threads) as i:
             index = i * threads + self.tx
             with B.If(index < elements):
@@ -383,8 +403,8 @@ class _LaneBody(_Body):
     query head of the group by shuffles, and each slot keeps an online softmax per query head,
     rescaled once a step; the slots of a warp merge by shuffles."""
 
-    def __init__(self, operands: DecodeOperands, ranks: int, bx, tx):
-        super().__init__(operands, ranks, bx, tx)
+    def __init__(self, operands: DecodeOperands, config: DecodeConfig, bx, tx):
+        super().__init__(operands, config, bx, tx)
         g, vec, local = operands.group, operands.vector, self.local
         self.slots = _WARP // operands.lanes  # token slots of a warp
         self.unroll = U = operands.unroll
@@ -403,7 +423,7 @@ class _LaneBody(_Body):
         self.piece_column = T.min(self.part, operands.pieces - 1) * operands.vector
 
     def _tokens(self, step) -> list:
-        stride = _WARPS * self.slots
+        stride = self.warps * self.slots
         return [self.span[0] + (step * self.unroll + u) * stride + self.slot for u in range(self.unroll)]
 
     def _start(self) -> None:
@@ -508,8 +528,8 @@ class _MmaBody(_Body):
 
     warp_tokens = 16
 
-    def __init__(self, operands: DecodeOperands, ranks: int, bx, tx):
-        super().__init__(operands, ranks, bx, tx)
+    def __init__(self, operands: DecodeOperands, config: DecodeConfig, bx, tx):
+        super().__init__(operands, config, bx, tx)
         D, local = operands.head_dim, self.local
         self.k_cols, self.v_cols = D // 4, D // 8  # columns a thread loads of a K row, of a V row
         self.q, self.c = self.lane // 4, self.lane % 4
@@ -543,7 +563,7 @@ class _MmaBody(_Body):
     def _tokens(self, step):
         """The step's first token for this warp; K rows ``+ q, + 8 + q``; V rows ``+ 2c (+1, +8,
         +9)``."""
-        base = self.span[0] + (step * _WARPS + self.warp) * self.warp_tokens
+        base = self.span[0] + (step * self.warps + self.warp) * self.warp_tokens
         k_rows = [base + self.q, base + 8 + self.q]
         v_rows = [base + 2 * self.c + r for r in (0, 1, 8, 9)]
         return base, k_rows, v_rows

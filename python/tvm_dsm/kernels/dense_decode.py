@@ -12,8 +12,6 @@ dim is innermost works unchanged.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
 from tvm import tirx
 from tvm.script import tirx as T
 from tvm.tirx.script.builder import ir as B
@@ -22,26 +20,12 @@ from ..errors import ClusterError
 from ..hardware import Hardware
 from ..ir import substitute
 from .attention_pattern import DecodeShape, find_decode_attention
-from .decode_attention import (HELD_FLOATS, DecodeOperands, check_ranks, decode_kernel,
-                               prefers_tensor_cores, shared_bytes, tensor_core_limits,
-                               tokens_per_step, wave_ctas)
+from .decode_attention import (HELD_FLOATS, WARPS, DecodeConfig, DecodeOperands, decode_kernel, prefers_tensor_cores,
+                               shared_bytes, tokens_per_step, wave_ctas)
+from .decode_attention import check_config as check_config_limits
 from .template import KernelTemplate
 
 _RANKS = (1, 2, 4, 8)
-
-
-@dataclass(frozen=True)
-class DenseDecodeConfig:
-    """CTAs per (sequence, KV head group) pair, a cluster; products on tensor cores or CUDA
-    cores (:func:`~tvm_dsm.kernels.decode_attention.decode_kernel`)."""
-
-    ranks: int
-    tensor_cores: bool = False
-
-    def explain(self) -> str:
-        split = f"its keys split over a cluster of {self.ranks}, merged through DSM" if self.ranks > 1 else "one CTA"
-        cores = "tensor cores" if self.tensor_cores else "CUDA cores"
-        return f"cluster decode attention: a CTA per group of query heads sharing K/V rows, {split}, on {cores}"
 
 
 class DenseOperands(DecodeOperands):
@@ -112,29 +96,25 @@ def find_dense_decode(func: tirx.PrimFunc) -> DenseOperands:
     return operands
 
 
-def check_config(found: DenseOperands, config: DenseDecodeConfig) -> None:
-    check_ranks(found, config.ranks)
-    if config.tensor_cores:
-        for ok, limit in tensor_core_limits(found):
-            if not ok:
-                raise ClusterError(f"decode attention on tensor cores: needs {limit}")
-    step = tokens_per_step(found, config.tensor_cores)
+def check_config(found: DenseOperands, config: DecodeConfig) -> None:
+    check_config_limits(found, config)
+    step = tokens_per_step(found, config)
     if config.ranks > 1 and found.shape.kv_len < config.ranks * step:
         raise ClusterError(f"decode attention: {found.shape.kv_len} keys leave a cluster of {config.ranks} CTAs "
                            f"less than one step of {step} keys a CTA")
 
 
-def default_config(found: DenseOperands, hw: Hardware) -> DenseDecodeConfig:
+def default_config(found: DenseOperands, hw: Hardware) -> DecodeConfig:
     """Tensor cores where a CTA holds several query heads of a group (CUDA cores would do that
     many multiply-adds per byte read); the largest cluster that keeps the grid within
     :func:`~tvm_dsm.kernels.decode_attention.wave_ctas`."""
     tensor_cores = prefers_tensor_cores(found)
     fits = [r for r in _RANKS if found.pairs() * r <= wave_ctas(hw, tensor_cores)
-            and _fits(found, DenseDecodeConfig(r, tensor_cores))]
-    return DenseDecodeConfig(max(fits, default=1), tensor_cores)
+            and _fits(found, DecodeConfig(r, tensor_cores))]
+    return DecodeConfig(max(fits, default=1), tensor_cores)
 
 
-def _fits(found: DenseOperands, config: DenseDecodeConfig) -> bool:
+def _fits(found: DenseOperands, config: DecodeConfig) -> bool:
     try:
         check_config(found, config)
     except ClusterError:
@@ -148,21 +128,22 @@ class DenseDecodeTemplate(KernelTemplate):
     def find(self, func: tirx.PrimFunc) -> DenseOperands:
         return find_dense_decode(func)
 
-    def configs(self, found: DenseOperands) -> list[DenseDecodeConfig]:
-        configs = [c for tensor_cores in (False, True) for r in _RANKS
-                   if _fits(found, c := DenseDecodeConfig(r, tensor_cores))]
+    def configs(self, found: DenseOperands) -> list[DecodeConfig]:
+        configs = [c for tensor_cores in (False, True) for warps in WARPS for r in _RANKS
+                   if _fits(found, c := DecodeConfig(r, tensor_cores, warps))]
         if not configs:
-            raise ClusterError(f"decode attention: no cluster fits ({shared_bytes(found, 1)} B of shared memory a CTA)")
+            raise ClusterError(f"decode attention: no cluster fits ({shared_bytes(found, DecodeConfig(1))} B of shared "
+                               "memory a CTA)")
         return configs
 
-    def default_config(self, found: DenseOperands, hw: Hardware) -> DenseDecodeConfig:
+    def default_config(self, found: DenseOperands, hw: Hardware) -> DecodeConfig:
         return default_config(found, hw)
 
-    def check(self, found: DenseOperands, config: DenseDecodeConfig) -> None:
+    def check(self, found: DenseOperands, config: DecodeConfig) -> None:
         check_config(found, config)
 
-    def kernel(self, found: DenseOperands, config: DenseDecodeConfig) -> tirx.PrimFunc:
-        kernel = decode_kernel(found, config.ranks, "main", tensor_cores=config.tensor_cores)
+    def kernel(self, found: DenseOperands, config: DecodeConfig) -> tirx.PrimFunc:
+        kernel = decode_kernel(found, config, "main")
         return tirx.PrimFunc(found.shape.func.params, kernel.body, attrs=kernel.attrs)
 
 

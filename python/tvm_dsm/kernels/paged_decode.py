@@ -26,7 +26,7 @@ from tvm.tirx.script.builder import ir as B
 from ..errors import ClusterError
 from ..hardware import Hardware
 from ..ir import branch_on
-from .decode_attention import (ROW_SLOTS, DecodeOperands, check_ranks, decode_kernel, most_ranks,
+from .decode_attention import (ROW_SLOTS, DecodeConfig, DecodeOperands, decode_kernel, most_ranks,
                                prefers_tensor_cores, wave_ctas)
 
 #: The function ``nn.llm`` builds for decode attention over its paged KV cache, and its
@@ -111,19 +111,19 @@ def paged_decode_kernel(found: PagedDecode, ranks: int, tensor_cores: bool | Non
     parameters; on tensor cores where ``tensor_cores`` says, or by default where
     :func:`~tvm_dsm.kernels.decode_attention.prefers_tensor_cores`."""
     operands = _PagedOperands(found)
-    check_ranks(operands, ranks)
     if tensor_cores is None:
         tensor_cores = prefers_tensor_cores(operands)
+    config = DecodeConfig(ranks, tensor_cores)
     params = list(found.func.params)
     pages_offset = params[PARAMS.index("pages")].ty.elem_offset
-    body = decode_kernel(operands, ranks, SYMBOL, asserts=[
+    body = decode_kernel(operands, config, SYMBOL, asserts=[
         (params[PARAMS.index("rotary_mode")] == 0,
          "tvm-dsm's paged decode attention takes K stored rotated (RoPE mode NORMAL or NONE), not RoPE "
          "applied in the kernel"),
         (tirx.floormod(pages_offset, operands.vector) == 0,
          "tvm-dsm's paged decode attention loads 16-byte pieces of the pages: their offset must be a "
          "multiple of 16 bytes"),
-    ], tensor_cores=tensor_cores).body
+    ]).body
     attrs = {**dict(found.func.attrs), "tirx.noalias": True}
     return tirx.PrimFunc(params, body, attrs=tvm.ir.make_node("ir.DictAttrs", **attrs))
 

@@ -15,7 +15,7 @@ from .base import CHAINS, SWIGLUS, Variant, fitting, launched
 from .chains import chain_variant, chain_variants, chain_workload
 from .cascades import cascade_variants
 from .attention import DECODE_FORMS, decode_form_variant, decode_pick
-from ...kernels.dense_decode import DenseDecodeConfig
+from ...kernels.decode_attention import DecodeConfig
 
 
 def cascades_rows() -> list[Variant]:
@@ -49,12 +49,13 @@ def decode_staged() -> list[Variant]:
 
 
 def decode_form_clusters() -> list[Variant]:
-    """Decode attention as users write it on tensor cores in clusters of 1-8 CTAs, beside the
-    planner's pick (which sizes clusters for four resident CTAs an SM)."""
+    """Decode attention as users write it on tensor cores in clusters of 1-8 CTAs of 4 or 8
+    warps, beside the planner's pick."""
     variants = []
     for form in DECODE_FORMS:
         variants.append(decode_form_variant(form, decode_pick(form), "tvm_dsm"))
-        variants += [decode_form_variant(form, DenseDecodeConfig(r, True), f"tensor_cores_r{r}") for r in (1, 2, 4, 8)]
+        variants += [decode_form_variant(form, DecodeConfig(r, True, warps), f"tensor_cores_r{r}_w{warps}")
+                     for warps in (4, 8) for r in (1, 2, 4, 8)]
     return [v for v in variants if v is not None]
 
 
