@@ -69,7 +69,9 @@ def match_family(func: tirx.PrimFunc, target: Any = None) -> tuple[ScheduleFamil
     symbolic = [f"{name}{list(shape)}" for name, shape in shapes.items()
                 if shape is not None and not all(isinstance(d, tirx.IntImm) for d in shape)]
     if symbolic:
-        raise ClusterError(f"no tvm-dsm schedule family takes symbolic extents yet: {', '.join(symbolic)}")
+        raise ClusterError(f"families plan constant extents; {', '.join(symbolic)} are symbolic (a function of one "
+                           "symbolic row count is planned per range of rows by build and schedule: "
+                           "tvm_dsm.families.row_ranges.range_kernels)")
     reasons = []
     for family in FAMILIES:
         try:
