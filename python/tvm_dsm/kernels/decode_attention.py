@@ -57,8 +57,9 @@ EMPTY_MAX = -5e4
 _LOG2E = math.log2(math.e)
 #: The most distinct tokens' rows a thread loads in one step (tensor cores: two of K, four of V).
 ROW_SLOTS = 6
-#: Head dims the tensor-core body takes: a thread's pieces of K and V rows 16-byte multiples,
-#: both files of them in registers.
+#: Head dims the tensor-core body takes: a thread's share of a V row (``D / 8`` columns) whole
+#: 16-byte loads (not 32, 80 or 96), both register files of K and V rows within the 255
+#: registers of a thread (not 256).
 MMA_HEAD_DIMS = (64, 128)
 #: Static shared memory a CTA may declare.
 STATIC_SHARED_BYTES = 48 * 1024
@@ -185,18 +186,14 @@ def prefers_tensor_cores(operands: DecodeOperands) -> bool:
 def wave_ctas(hw, tensor_cores: bool) -> int:
     """The most CTAs a grid should have, the cluster sizes chosen to stay within it (the merge
     through DSM pays only where the pairs alone leave SMs idle): a wave of resident CTAs on CUDA
-    cores; one CTA an SM on tensor cores, whose CTAs each stream faster (H200,
-    bench/results/decode_form_clusters: of clusters 1-8, the best on each of the four grouped
-    forms; the resident-CTA wave picked 4x too large a cluster at a batch of 8 and 32,
-    1.10x and 1.06x slower)."""
+    cores; one CTA an SM on tensor cores, whose CTAs each stream faster (the best of clusters 1-8
+    on each grouped form measured, ``bench/results/decode_form_clusters``)."""
     return hw.sm_count * (1 if tensor_cores else RESIDENT_CTAS)
 
 
 def tokens_per_step(operands: DecodeOperands, config: DecodeConfig) -> int:
     """Tokens a CTA takes in one step of its loop."""
-    if config.tensor_cores:
-        return config.warps * _MmaBody.warp_tokens
-    return config.warps * (_WARP // operands.lanes) * operands.unroll
+    return config.warps * (_MmaBody if config.tensor_cores else _LaneBody).tokens_of(operands)
 
 
 def check_config(operands: DecodeOperands, config: DecodeConfig) -> None:
@@ -249,7 +246,6 @@ class _Body(ABC):
 
     def __init__(self, operands: DecodeOperands, config: DecodeConfig, bx, tx):
         self.operands, self.ranks, self.warps = operands, config.ranks, config.warps
-        ranks = config.ranks
         g = operands.group
         self.local = lambda shape, dtype="float32": B.sblock_alloc_buffer(shape, dtype, scope="local")  # noqa: E731
         self.span = self.local((2,), "int32")  # the CTA's first token, past its last
@@ -257,15 +253,15 @@ class _Body(ABC):
         self.peer = self.local((1,), "uint32")
         self.warp_o = B.sblock_alloc_buffer((self.warps, g, operands.head_dim), "float32", scope="shared")
         self.warp_md = B.sblock_alloc_buffer((self.warps, g, 2), "float32", scope="shared")
-        if ranks > 1:  # rank 0's: every CTA's state, pushed there through DSM
-            self.cta_o = B.sblock_alloc_buffer((ranks, g, operands.head_dim), "float32", scope="shared")
-            self.cta_md = B.sblock_alloc_buffer((ranks, g, 2), "float32", scope="shared")
+        if self.ranks > 1:  # rank 0's: every CTA's state, pushed there through DSM
+            self.cta_o = B.sblock_alloc_buffer((self.ranks, g, operands.head_dim), "float32", scope="shared")
+            self.cta_md = B.sblock_alloc_buffer((self.ranks, g, 2), "float32", scope="shared")
         self.tx = tx
-        self.pair = bx // ranks
-        self.rank = bx % ranks
+        self.pair = bx // self.ranks
+        self.rank = bx % self.ranks
         self.lane = tx % _WARP
         self.warp = tx // _WARP
-        self.scale = scaled_by_log2e(operands.scale())
+        self.scale = _scaled_by_log2e(operands.scale())
 
     @abstractmethod
     def _start(self) -> None:
@@ -292,8 +288,7 @@ class _Body(ABC):
         with B.attr(tvm.ir.StringImm("cluster"), CLUSTER_LAUNCH_KEY, self.ranks):
             # Peers push into rank 0's buffers while it may still be in its token loop, through
             # addresses TVM does not see: touched here, the buffers are live from the start, so
-            # TVM's storage reuse cannot place them over the warps' (it did: warp_md and cta_md
-            # shared one allocation, and an early push overwrote rank 0's warp states).
+            # TVM's storage reuse cannot give the warps' states any part of them.
             for buffer in (self.cta_o, self.cta_md):
                 B.evaluate(buffer.access_ptr("rw"))
             # Every CTA of the cluster has started before any writes into rank 0's shared
@@ -403,12 +398,17 @@ class _LaneBody(_Body):
     query head of the group by shuffles, and each slot keeps an online softmax per query head,
     rescaled once a step; the slots of a warp merge by shuffles."""
 
+    @staticmethod
+    def tokens_of(operands: DecodeOperands) -> int:
+        """Tokens a warp takes in one step: its token slots, ``unroll`` tokens each."""
+        return _WARP // operands.lanes * operands.unroll
+
     def __init__(self, operands: DecodeOperands, config: DecodeConfig, bx, tx):
         super().__init__(operands, config, bx, tx)
         g, vec, local = operands.group, operands.vector, self.local
         self.slots = _WARP // operands.lanes  # token slots of a warp
         self.unroll = U = operands.unroll
-        self.warp_tokens = self.slots * U
+        self.warp_tokens = self.tokens_of(operands)
         self.q_reg, self.o = local((g * vec,)), local((g * vec,))
         self.m, self.d = local((g,)), local((g,))
         self.s, self.p = local((g * U,)), local((U,))  # a step's scores, one head's weights
@@ -520,25 +520,31 @@ class _MmaBody(_Body):
     dim is permuted, the same way for Q and K (a dot product does not see the order) and for
     V and O (the output is stored through the permutation), so that each thread's operand
     pieces are contiguous in memory and load 16 bytes at a time straight from global memory
-    into registers, with no shared memory: thread ``(q, c) = (lane // 4, lane % 4)`` loads
-    ``D / 4`` columns ``c * D / 4 ..`` of K rows ``q`` and ``8 + q`` and ``D / 8`` columns
-    ``q * D / 8 ..`` of V rows ``2c, 2c + 1, 2c + 8, 2c + 9`` (of the step's 16); a warp
-    reads each byte of its rows once. The running max and sum are per row, the max reduced
+    into registers, with no shared memory: the thread of A/C row ``r = lane // 4`` and place
+    ``p = lane % 4`` among the row's four loads ``D / 4`` columns ``p * D / 4 ..`` of K rows
+    ``r`` and ``8 + r`` and ``D / 8`` columns ``r * D / 8 ..`` of V rows ``2p, 2p + 1, 2p + 8,
+    2p + 9`` (of the step's 16); a warp reads each byte of its rows once. The running max and sum are per row, the max reduced
     over the row's four threads by shuffles, the sum once at the end."""
 
-    warp_tokens = 16
+    @staticmethod
+    def tokens_of(operands: DecodeOperands) -> int:
+        """Tokens a warp takes in one step."""
+        return 16
 
     def __init__(self, operands: DecodeOperands, config: DecodeConfig, bx, tx):
         super().__init__(operands, config, bx, tx)
         D, local = operands.head_dim, self.local
+        self.warp_tokens = self.tokens_of(operands)
         self.k_cols, self.v_cols = D // 4, D // 8  # columns a thread loads of a K row, of a V row
-        self.q, self.c = self.lane // 4, self.lane % 4
-        self.q_frag = local((D // 16 * 2,), "uint32")  # A's first 8 rows, two words a k-step
-        self.k_words = [local((2 * self.k_cols // 2,), "uint32") for _ in range(2)]
-        self.v_words = [local((4 * self.v_cols // 2,), "uint32") for _ in range(2)]
+        self.row, self.place = self.lane // 4, self.lane % 4
+        # 16-bit pairs in 32-bit words: Q's columns (A's row, two words a k-step), two K rows'
+        # and four V rows' columns, a register file each for two steps
+        self.q_frag = local((self.k_cols // 2,), "uint32")
+        self.k_words = [local((self.k_cols,), "uint32") for _ in range(2)]
+        self.v_words = [local((2 * self.v_cols,), "uint32") for _ in range(2)]
         self.s = local((8,))  # two n8 tiles of scores (rows 8..15 unused)
         self.o = local((2 * self.v_cols,))  # a thread's two columns of each n8 tile of O
-        self.unused = local((2,))  # accumulator rows 8..15 of O
+        self.unused = local((2,))  # accumulator rows 8..15 of O, written and never read
         self.p_frag, self.v_frag = local((2,), "uint32"), local((2,), "uint32")
         self.m, self.d = local((1,)), local((1,))
         self.zero = local((1,), "uint32")
@@ -555,98 +561,103 @@ class _MmaBody(_Body):
         with B.unroll(0, 2 * self.v_cols) as i:
             B.buffer_store(self.o, tirx.const(0.0, "float32"), [i])
         q_half = self._halves(self.q_frag)
-        head = T.min(self.q, g - 1)
-        with B.unroll(0, self.k_cols) as i:  # k-step i // 4: columns 4 * step + 0..3 of the thread's
-            value = ops.query(head, self.c * self.k_cols + i)
-            B.buffer_store(q_half, T.if_then_else(self.q < g, value, tirx.const(0, ops.dtype)), [i])
+        head = T.min(self.row, g - 1)
+        # q_half[i]: Q column place * D / 4 + i; in k-step i // 4, i % 4 of 0, 1 is A's a0
+        # (k 2p, 2p + 1), of 2, 3 its a2 (k 2p + 8, 2p + 9)
+        with B.unroll(0, self.k_cols) as i:
+            value = ops.query(head, self.place * self.k_cols + i)
+            B.buffer_store(q_half, T.if_then_else(self.row < g, value, tirx.const(0, ops.dtype)), [i])
 
-    def _tokens(self, step):
-        """The step's first token for this warp; K rows ``+ q, + 8 + q``; V rows ``+ 2c (+1, +8,
-        +9)``."""
+    def _rows(self, step):
+        """The warp's first token of ``step``, the thread's K rows (``+ r, + 8 + r``) and V rows
+        (``+ 2p, + 2p + 1, + 2p + 8, + 2p + 9``)."""
         base = self.span[0] + (step * self.warps + self.warp) * self.warp_tokens
-        k_rows = [base + self.q, base + 8 + self.q]
-        v_rows = [base + 2 * self.c + r for r in (0, 1, 8, 9)]
+        k_rows = [base + self.row, base + 8 + self.row]
+        v_rows = [base + 2 * self.place + r for r in (0, 1, 8, 9)]
         return base, k_rows, v_rows
 
     def _load(self, file: int, step) -> None:
         ops = self.operands
-        _, k_rows, v_rows = self._tokens(step)
+        _, k_rows, v_rows = self._rows(step)
         rows = [self._token(t) for t in (*k_rows, *v_rows)]
         for u, token in enumerate(rows):
             ops.before_loads(u, token)
         for u, token in enumerate(rows):
             kv, cols, words = (0, self.k_cols, self.k_words[file]) if u < 2 else (1, self.v_cols, self.v_words[file])
-            first = self.c * cols if kv == 0 else self.q * cols
+            first = self.place * cols if kv == 0 else self.row * cols
             r = u if kv == 0 else u - 2
             for piece in range(cols // ops.vector):
                 at = (r * cols // ops.vector + piece) * _WORDS
                 B.evaluate(T.ptx.ld.global_.nc.v4.b32(
                     *(words[at + w] for w in range(_WORDS)), ops.row_pointer(u, kv, token, first + piece * ops.vector)))
 
-    def _mma(self, d: list, a: list, b: list) -> None:
-        """``d += a b`` (fragments of registers)."""
+    def _mma(self, d: list, a: list, b: list, c: list) -> None:
+        """``d = a b + c`` (fragments of registers; ``c`` may be values)."""
         operand = {"float16": "f16", "bfloat16": "bf16"}[self.operands.dtype]
         instruction = T.ptx.mma.sync.aligned.m16n8k16.row.col.f32
         for part in (operand, operand, "f32"):
             instruction = getattr(instruction, part)
-        B.evaluate(instruction(*d, *a, *b, *d))
+        B.evaluate(instruction(*d, *a, *b, *c))
 
     def _update(self, file: int, step) -> None:
         ops, zero = self.operands, self.zero[0]
-        base, _, _ = self._tokens(step)
+        base, _, _ = self._rows(step)
         s, k_words = self.s, self.k_words[file]
-        half_words = self.k_cols // 2  # words of one K row a thread holds
-        for t in range(2):
+        row_words = self.k_cols // 2  # words of one K row a thread holds
+        for tile in range(2):
             for i in range(4):
-                B.buffer_store(s, tirx.const(0.0, "float32"), [4 * t + i])
+                B.buffer_store(s, tirx.const(0.0, "float32"), [4 * tile + i])
             for k in range(ops.head_dim // 16):
-                self._mma([s[4 * t + i] for i in range(4)], [self.q_frag[2 * k], zero, self.q_frag[2 * k + 1], zero],
-                          [k_words[t * half_words + 2 * k], k_words[t * half_words + 2 * k + 1]])
-        # the thread's scores: tile t's tokens base + 8t + 2c + e, in s[4t + e]
-        slots = [(t, e) for t in range(2) for e in range(2)]
-        valid = {(t, e): base + 8 * t + 2 * self.c + e < self.span[1] for t, e in slots}
-        score = {(t, e): s[4 * t + e] * self.scale for t, e in slots}
+                scores = [s[4 * tile + i] for i in range(4)]
+                self._mma(scores, [self.q_frag[2 * k], zero, self.q_frag[2 * k + 1], zero],
+                          [k_words[tile * row_words + 2 * k], k_words[tile * row_words + 2 * k + 1]], scores)
+        # the thread's scores: tile's tokens base + 8 tile + 2p + e, in s[4 tile + e]
+        held = [(tile, e) for tile in range(2) for e in range(2)]
+        valid = {(tile, e): base + 8 * tile + 2 * self.place + e < self.span[1] for tile, e in held}
+        score = {(tile, e): s[4 * tile + e] * self.scale for tile, e in held}
         B.buffer_store(self.merged, self.m[0], [0])
-        for key in slots:
+        for key in held:
             B.buffer_store(self.merged, T.if_then_else(valid[key], T.max(self.merged[0], score[key]), self.merged[0]), [0])
         for mask in (1, 2):
             B.buffer_store(self.merged, T.max(self.merged[0], shuffle_xor(self.merged[0], mask)), [0])
-        alpha = self.merged[1]
         B.buffer_store(self.merged, T.exp2(self.m[0] - self.merged[0]), [1])
+        alpha = self.merged[1]
         B.buffer_store(self.m, self.merged[0], [0])
         zero_f = tirx.const(0.0, "float32")
-        for key in slots:
+        for key in held:
             B.buffer_store(s, T.if_then_else(valid[key], T.exp2(score[key] - self.m[0]), zero_f), [4 * key[0] + key[1]])
-        B.buffer_store(self.d, self.d[0] * alpha + _tree_sum([s[4 * t + e] for t, e in slots]), [0])
+        B.buffer_store(self.d, self.d[0] * alpha + _tree_sum([s[4 * tile + e] for tile, e in held]), [0])
         with B.unroll(0, 2 * self.v_cols) as i:
             B.buffer_store(self.o, self.o[i] * alpha, [i])
         p_half, v_half, vf_half = self._halves(self.p_frag), self._halves(self.v_words[file]), self._halves(self.v_frag)
-        for t in range(2):
+        for tile in range(2):
             for e in range(2):
-                B.buffer_store(p_half, T.Cast(ops.dtype, s[4 * t + e]), [2 * t + e])
-        for n in range(self.v_cols):  # n8 tile n: O columns (2c + e) * v_cols + n
+                B.buffer_store(p_half, T.Cast(ops.dtype, s[4 * tile + e]), [2 * tile + e])
+        for n in range(self.v_cols):  # n8 tile n: O columns (2p + e) * v_cols + n
             for r in range(4):
                 B.buffer_store(vf_half, v_half[r * self.v_cols + n], [r])
             self._mma([self.o[2 * n], self.o[2 * n + 1], self.unused[0], self.unused[1]],
-                      [self.p_frag[0], zero, self.p_frag[1], zero], [self.v_frag[0], self.v_frag[1]])
+                      [self.p_frag[0], zero, self.p_frag[1], zero], [self.v_frag[0], self.v_frag[1]],
+                      [self.o[2 * n], self.o[2 * n + 1], zero_f, zero_f])
 
     def _store_warp_state(self) -> None:
         g = self.operands.group
         for mask in (1, 2):
             B.buffer_store(self.d, self.d[0] + shuffle_xor(self.d[0], mask), [0])
-        with B.If(self.q < g):
+        with B.If(self.row < g):
             with B.Then():
                 for n in range(self.v_cols):
                     for e in range(2):
-                        B.buffer_store(self.warp_o, self.o[2 * n + e], [self.warp, self.q, (2 * self.c + e) * self.v_cols + n])
-                with B.If(self.c == 0):
+                        column = (2 * self.place + e) * self.v_cols + n
+                        B.buffer_store(self.warp_o, self.o[2 * n + e], [self.warp, self.row, column])
+                with B.If(self.place == 0):
                     with B.Then():
-                        B.buffer_store(self.warp_md, self.m[0], [self.warp, self.q, 0])
-                        B.buffer_store(self.warp_md, self.d[0], [self.warp, self.q, 1])
+                        B.buffer_store(self.warp_md, self.m[0], [self.warp, self.row, 0])
+                        B.buffer_store(self.warp_md, self.d[0], [self.warp, self.row, 1])
 
 
-def scaled_by_log2e(scale):
-    """A softmax scale as the kernel applies it to the query (base-2 exponentials)."""
+def _scaled_by_log2e(scale):
+    """A softmax scale as the kernel applies it (its exponentials are base 2)."""
     return scale * _LOG2E
 
 

@@ -12,6 +12,7 @@ dim is innermost works unchanged.
 from __future__ import annotations
 
 import math
+
 from tvm import tirx
 from tvm.script import tirx as T
 from tvm.tirx.script.builder import ir as B
