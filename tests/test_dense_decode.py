@@ -268,3 +268,23 @@ def test_functions_computing_something_else_are_refused(make, message):
     with pytest.raises(ClusterError, match=message):
         find_dense_decode(make())
     assert find_dense_decode(_variant()).group == 1  # the function they vary is taken
+
+
+def test_the_decode_forms_suite_times_each_pick_beside_the_other_body():
+    """The GPU suite ``decode_forms``: per form the planner's pick (tensor cores where a group
+    shares each row) and the same cluster on the other cores; its kernels lower for CUDA."""
+    from tvm_dsm.gpu.suites import SUITES
+    from tvm_dsm.gpu.suites.attention import DECODE_FORMS
+
+    variants = SUITES["decode_forms"]()
+    picks = [v for v in variants if v.plan["planner"]]
+    assert len(picks) == len(DECODE_FORMS) < len(variants)
+    for pick in picks:
+        form = pick.name.removesuffix("_tvm_dsm")
+        others = [v for v in variants if not v.plan["planner"] and v.name.rsplit("_", 2)[0] == form]
+        for other in others:
+            assert other.plan["tensor_cores"] != pick.plan["tensor_cores"]
+            assert other.plan["ranks"] == pick.plan["ranks"]
+    grouped = picks[0]  # b8 h32/8: four query heads a row
+    assert grouped.plan["tensor_cores"] and grouped.name.endswith("_tvm_dsm")
+    tvm.compile(grouped.mod, target=TARGET)
