@@ -22,8 +22,8 @@ from ..transform.buffers import buffer_bytes
 from .base import ScheduleFamily
 from .kernel_plan import KernelPlan, default_first, roofline
 
-#: The configurations ranked.
-CONFIGS = tuple(ElementwiseConfig(threads, vectors) for threads in (256, 512) for vectors in (1, 2, 4))
+#: The configurations ranked (smaller CTAs spread a few rows' elements over more SMs).
+CONFIGS = tuple(ElementwiseConfig(threads, vectors) for threads in (64, 128, 256, 512) for vectors in (1, 2, 4))
 #: Waves of 256-thread CTAs past which four vectors per thread come first.
 _MANY_WAVES = 8
 

@@ -13,7 +13,7 @@ from .base import CHAINS, SWIGLUS, Variant
 from .cascades import cascades, softmax, softmax_gemm, top_k_rows
 from .chains import chains, chains_m, conv_chains
 from .decode import decode, decode_picks
-from .elementwise import elementwise
+from .elementwise import elementwise, elementwise_configs
 from .generality import generality, symbolic_rows
 from .generated import generated
 from .norms import norms
@@ -24,7 +24,7 @@ from .reductions import collectives, split_k
 EXPERIMENTS = {
     "cascades_rows": experiments.cascades_rows, "chains_pdl": experiments.chains_pdl,
     "chains_tma": experiments.chains_tma, "decode_pdl": experiments.decode_pdl,
-    "decode_staged": experiments.decode_staged, "decode_form_clusters": experiments.decode_form_clusters, "fp8_depths": experiments.fp8_depths,
+    "decode_staged": experiments.decode_staged, "elementwise_configs": elementwise_configs, "decode_form_clusters": experiments.decode_form_clusters, "fp8_depths": experiments.fp8_depths,
     "fp8_sweep": experiments.fp8_sweep, "gemm_depths": experiments.gemm_depths,
     "gemm_stages": experiments.gemm_stages, "gemm_tma": experiments.gemm_tma,
     "gemm_wgmma": experiments.gemm_wgmma, "programmatic_launch": experiments.programmatic_launch,

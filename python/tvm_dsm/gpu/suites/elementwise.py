@@ -4,8 +4,10 @@
 
 from __future__ import annotations
 
+from ...families.elementwise import CONFIGS
+from ...rules.elementwise import schedule_elementwise
 from ...workloads.elementwise import cast, split_silu_mul
-from .base import Variant, ours_and_dlight
+from .base import Variant, args_of, nbytes_of, ours_and_dlight
 
 #: (workload, rows, width): the SwiGLU's intermediate width, or the cast's row width.
 SHAPES = [("split_silu_mul", rows, width) for rows in (8, 512, 32768) for width in (8192, 14336)]
@@ -18,3 +20,23 @@ def elementwise() -> list[Variant]:
                                            split_silu_mul(rows, width) if workload == "split_silu_mul"
                                            else cast(rows, width),
                                            ("torch_eager", "torch_compile"), {"class": "elementwise"})]
+
+
+def elementwise_configs() -> list[Variant]:
+    """The decode-sized SwiGLU activations (8 rows) in every configuration of the family's space,
+    beside the planner's pick: whether smaller CTAs over more SMs shorten a call that fills
+    a fraction of the GPU."""
+    variants = []
+    for rows, width in ((8, 8192), (8, 14336), (1, 8192)):
+        func = split_silu_mul(rows, width)
+        args = args_of(func)
+        variants += [v for v in ours_and_dlight(f"split_silu_mul_{rows}x{width}", "split_silu_mul", func,
+                                                ("torch_eager", "torch_compile"), {"class": "elementwise"})
+                     if v.plan["planner"]]
+        variants += [Variant(name=f"split_silu_mul_{rows}x{width}_t{c.threads}_v{c.vectors_per_thread}",
+                             workload="split_silu_mul", mod=schedule_elementwise(func, c).mod, args=args,
+                             bytes=nbytes_of(args), flops=0, plan={"planner": False, "threads": c.threads,
+                                                                   "vectors_per_thread": c.vectors_per_thread},
+                             peers=("torch_eager", "torch_compile"), extra={"class": "elementwise"})
+                     for c in CONFIGS]
+    return variants
