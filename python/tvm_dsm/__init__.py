@@ -23,9 +23,11 @@ import tvm  # noqa: E402
 if not tvm.base._RUNTIME_ONLY:
     from . import schedule, transform  # noqa: F401
     from .errors import ClusterError  # noqa: F401
+    from .intrin.device_counters import install as _install_device_counters
     from .pipeline import register_pipeline
 
     register_pipeline()
+    _install_device_counters()
 
     def _relax_pipeline(**kwargs):
         """``relax.get_pipeline("tvm_dsm")``: :func:`tvm_dsm.relax_pipeline.tvm_dsm_pipeline`,
