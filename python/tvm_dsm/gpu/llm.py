@@ -176,7 +176,7 @@ def tune_model(config: LlamaConfig, work_dir: str, rows: tuple[int, ...], trials
     mod, _ = export_llama(config, tvm.target.Target(H100, host="llvm"))
     tasks = tuning_tasks(mod, tvm.target.Target(H100_TAG), load_hardware(), rows=rows)
     _log(f"tuning {len(tasks)} tasks, {trials} trials each, into {work_dir}")
-    tune_relax(mod, work_dir, max_trials_global=trials * len(tasks), num_trials_per_iter=trials, rows=rows)
+    tune_relax(mod, work_dir, max_trials_global=trials * len(tasks), num_trials_per_iter=trials, tasks=tasks)
 
 
 def _compile_all(configs: list[str], model: str, folder: Path, cuda_graph: bool,

@@ -90,7 +90,6 @@ def run_batch(builds: dict, config, weights, batch: int, prompt_len: int, pages:
     positions = tvm.get_global_func("vm.builtin.attention_kv_cache_get_query_positions")
     graphs = CudaGraphs()
     tokens = tvm.runtime.tensor(np.ascontiguousarray(forced[:, :1]), dev)
-    ids, ones = tvm.runtime.ShapeTuple(list(range(batch))), tvm.runtime.ShapeTuple([1] * batch)
     vm_ms, graph_ms, errors, captured, logits = [], [], [], None, None
     for step in range(steps):
         column = np.ascontiguousarray(forced[:, step:step + 1])
@@ -105,7 +104,7 @@ def run_batch(builds: dict, config, weights, batch: int, prompt_len: int, pages:
             graphed.decode(token)
             continue
         start = time.perf_counter()
-        graphed._begin(graphed.cache, ids, ones)
+        graphed.begin_decode()
         positions(graphed.cache)  # commits the cache's per-step copy, outside the graph
         tokens.copyfrom(column)
         first = step % PAGE_SIZE == 0
@@ -115,7 +114,7 @@ def run_batch(builds: dict, config, weights, batch: int, prompt_len: int, pages:
             captured, (logits, _) = graphs.capture(
                 stream, lambda: graphed.vm["decode"](tokens, graphed.cache, graphed.params))
         graphs.launch(captured, stream)
-        graphed._end(graphed.cache)
+        graphed.end_forward()
         dev.sync()
         if not first:
             graph_ms.append((time.perf_counter() - start) * 1e3)

@@ -109,7 +109,8 @@ def run_model(name: str, trials: int, work_dir: str) -> dict:
     compile_s = time.time() - start
     tasks = tuning_tasks(mod, tvm.target.Target(H100_TAG), load_hardware())
     start = time.time()
-    database = tune_relax(mod, work_dir, max_trials_global=trials * len(tasks), num_trials_per_iter=trials)
+    database = tune_relax(mod, work_dir, max_trials_global=trials * len(tasks), num_trials_per_iter=trials,
+                          tasks=tasks)
     tune_s = time.time() - start
     tuned, tuned_coverage, choices = _compile(mod, database)
     err, us = _run(tuned, entry, inputs, ref)

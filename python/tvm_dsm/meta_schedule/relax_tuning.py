@@ -117,15 +117,16 @@ def _range_tasks(name: str, func: tvm.tirx.PrimFunc, target: tvm.target.Target,
 
 
 def tuning_contexts(mod: tvm.IRModule, work_dir: str, target=H100_TAG, params=None, top: int = 64,
-                    hw: Hardware | None = None, seed: int | None = None,
-                    rows: tuple[int, ...] | None = None) -> tuple[list[ms.TuneContext], list[float]]:
-    """The tuning contexts of ``mod``'s tasks (:func:`tuning_tasks`) and their weights, each
-    with its space and search (:class:`~tvm_dsm.meta_schedule.PlannedSearch` for a planned
-    space, MetaSchedule's evolutionary search otherwise)."""
+                    hw: Hardware | None = None, seed: int | None = None, rows: tuple[int, ...] | None = None,
+                    tasks: list[ms.ExtractedTask] | None = None) -> tuple[list[ms.TuneContext], list[float]]:
+    """The tuning contexts of ``mod``'s tasks (:func:`tuning_tasks`, unless the caller has them
+    as ``tasks``) and their weights, each with its space and search
+    (:class:`~tvm_dsm.meta_schedule.PlannedSearch` for a planned space, MetaSchedule's
+    evolutionary search otherwise)."""
     target, hw = tvm.target.Target(target), hw or load_hardware()
     import_tvm_intrinsics()  # before the first TuneContext imports them, slowly from a deep stack
     contexts, weights = [], []
-    for task in tuning_tasks(mod, target, hw, params, rows=rows):
+    for task in tasks if tasks is not None else tuning_tasks(mod, target, hw, params, rows=rows):
         space = task_space(task.task_name, task.dispatched[0]["main"], target, top, hw)
         strategy = "evolutionary" if space == DEFAULT_SPACE else PlannedSearch()
         made, weight = ms.relax_integration.extracted_tasks_to_tune_contexts(
@@ -139,9 +140,11 @@ def tune_relax(mod: tvm.IRModule, work_dir: str, max_trials_global: int, *, targ
                params=None, top: int = 64, hw: Hardware | None = None, builder: ms.Builder | None = None,
                runner: ms.Runner | None = None,
                cost_model: ms.CostModel | None = None, num_trials_per_iter: int = 64,
-               seed: int | None = None, rows: tuple[int, ...] | None = None) -> ms.Database:
+               seed: int | None = None, rows: tuple[int, ...] | None = None,
+               tasks: list[ms.ExtractedTask] | None = None) -> ms.Database:
     """Tune every task of ``mod`` (see :func:`tuning_contexts`; ``rows``: of a function over a
-    symbolic row count, only the ranges planned for those counts) with the learned cost model
+    symbolic row count, only the ranges planned for those counts; ``tasks``: the
+    :func:`tuning_tasks` of ``mod`` where the caller has them already) with the learned cost model
     (:class:`~tvm_dsm.meta_schedule.LearnedPlanModel`) unless another is given, into the JSON
     database in ``work_dir`` (:func:`~tvm_dsm.tuning_database.open_database`: a run killed
     mid-write resumes from it), showing a progress bar and each task's first failure
@@ -152,7 +155,7 @@ def tune_relax(mod: tvm.IRModule, work_dir: str, max_trials_global: int, *, targ
         raise RuntimeError(f"tune_relax measures on this machine's GPU: {reason} (pass runner=, e.g. "
                            "MetaSchedule's RPCRunner, to measure elsewhere)")
     hw = hw or load_hardware()
-    contexts, weights = tuning_contexts(mod, work_dir, target, params, top, hw, seed=seed, rows=rows)
+    contexts, weights = tuning_contexts(mod, work_dir, target, params, top, hw, seed=seed, rows=rows, tasks=tasks)
     database = ms.tune.tune_tasks(tasks=contexts, task_weights=weights, work_dir=work_dir,
                               max_trials_global=max_trials_global, num_trials_per_iter=num_trials_per_iter,
                               builder=builder or local_builder(BUILD_TIMEOUT_S, load_tvm_dsm),

@@ -326,11 +326,19 @@ class LlamaSession:
             remove(self.cache, seq_id)
         self.batch = 0
 
+    def begin_decode(self) -> None:
+        """Tell the cache that the next call adds one token to every sequence."""
+        self._begin(self.cache, tvm.runtime.ShapeTuple(list(range(self.batch))),
+                    tvm.runtime.ShapeTuple([1] * self.batch))
+
+    def end_forward(self) -> None:
+        """Tell the cache that the call is done."""
+        self._end(self.cache)
+
     def decode(self, tokens):
         """One step for every sequence: ``tokens`` (a device int32 tensor ``[batch, 1]``) in,
         the fp32 logits ``[batch, 1, vocab]`` (a device tensor) out."""
-        self._begin(self.cache, tvm.runtime.ShapeTuple(list(range(self.batch))),
-                    tvm.runtime.ShapeTuple([1] * self.batch))
+        self.begin_decode()
         logits, self.cache = self.vm["decode"](tokens, self.cache, self.params)
-        self._end(self.cache)
+        self.end_forward()
         return logits

@@ -81,9 +81,9 @@ def attention_forms() -> list[Variant]:
               te_attention(b, h, s, s, d, kv_heads=kv, layout=layout, causal=causal, dtype=dtype),
               b * h * s * s * d, layout, causal)
              for b, h, kv, s, d, layout, causal, dtype in ATTENTION_FORMS]
-    cases += [(f"decode_{layout}_b{b}h{h}kv{kv}s{s}d{d}_{dtype}",
-               te_attention(b, h, 1, s, d, kv_heads=kv, layout=layout, dtype=dtype), b * h * s * d, layout, False)
-              for b, h, kv, s, d, layout, dtype in DECODE_FORMS]
+    for form in DECODE_FORMS:
+        b, h, _, s, d, layout, _ = form
+        cases.append((decode_form_name(form), decode_form_func(form), b * h * s * d, layout, False))
     cases.append(("topi_bshd_b8h16s512d64", topi_attention(8, 16, 512, 512, 64), 8 * 16 * 512 * 512 * 64,
                   "bshd", False))
     variants = []
@@ -97,18 +97,30 @@ def attention_forms() -> list[Variant]:
     return variants
 
 
+def decode_form_func(form: tuple):
+    """One of :data:`DECODE_FORMS` as TE writes it."""
+    b, h, kv, s, d, layout, dtype = form
+    return te_attention(b, h, 1, s, d, kv_heads=kv, layout=layout, dtype=dtype)
+
+
+def decode_form_name(form: tuple) -> str:
+    """The results row name of one of :data:`DECODE_FORMS`."""
+    b, h, kv, s, d, layout, dtype = form
+    return f"decode_{layout}_b{b}h{h}kv{kv}s{s}d{d}_{dtype}"
+
+
 def decode_form_variant(form: tuple, config, label: str) -> Variant | None:
     """The cluster decode kernel of one of :data:`DECODE_FORMS` in ``config``
     (``decode_..._LABEL``; ``tvm_dsm``: the planner's pick); None where it does not take it."""
-    b, h, kv, s, d, layout, dtype = form
-    func = te_attention(b, h, 1, s, d, kv_heads=kv, layout=layout, dtype=dtype)
+    b, h, _, s, d, layout, _ = form
+    func = decode_form_func(form)
     try:
         mod = dense_decode.TEMPLATE.fuse(func, config)
     except ClusterError:
         return None
     args = args_of(func)
     return Variant(
-        name=f"decode_{layout}_b{b}h{h}kv{kv}s{s}d{d}_{dtype}_{label}", workload="attention_layout", mod=mod,
+        name=f"{decode_form_name(form)}_{label}", workload="attention_layout", mod=mod,
         args=args, bytes=nbytes_of(args), flops=4 * b * h * s * d,
         plan={"planner": label == "tvm_dsm", **dataclasses.asdict(config)},
         peers=("torch_eager", "torch_compile", "torch_sdpa"), reference_kwargs={"layout": layout, "causal": False},
@@ -117,9 +129,7 @@ def decode_form_variant(form: tuple, config, label: str) -> Variant | None:
 
 def decode_pick(form: tuple):
     """The planner's configuration of one of :data:`DECODE_FORMS`."""
-    b, h, kv, s, d, layout, dtype = form
-    func = te_attention(b, h, 1, s, d, kv_heads=kv, layout=layout, dtype=dtype)
-    return dense_decode.TEMPLATE.default_config(dense_decode.TEMPLATE.find(func), load_hardware())
+    return dense_decode.TEMPLATE.default_config(dense_decode.TEMPLATE.find(decode_form_func(form)), load_hardware())
 
 
 def decode_forms() -> list[Variant]:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from ... import driver
 from ...families.elementwise import CONFIGS
 from ...rules.elementwise import schedule_elementwise
 from ...workloads.elementwise import cast, split_silu_mul
@@ -30,13 +31,12 @@ def elementwise_configs() -> list[Variant]:
     for rows, width in ((8, 8192), (8, 14336), (1, 8192)):
         func = split_silu_mul(rows, width)
         args = args_of(func)
-        variants += [v for v in ours_and_dlight(f"split_silu_mul_{rows}x{width}", "split_silu_mul", func,
-                                                ("torch_eager", "torch_compile"), {"class": "elementwise"})
-                     if v.plan["planner"]]
-        variants += [Variant(name=f"split_silu_mul_{rows}x{width}_t{c.threads}_v{c.vectors_per_thread}",
-                             workload="split_silu_mul", mod=schedule_elementwise(func, c).mod, args=args,
-                             bytes=nbytes_of(args), flops=0, plan={"planner": False, "threads": c.threads,
-                                                                   "vectors_per_thread": c.vectors_per_thread},
+        schedules = [("tvm_dsm", driver.schedule(func).mod, {"planner": True})]
+        schedules += [(f"t{c.threads}_v{c.vectors_per_thread}", schedule_elementwise(func, c).mod,
+                       {"planner": False, "threads": c.threads, "vectors_per_thread": c.vectors_per_thread})
+                      for c in CONFIGS]
+        variants += [Variant(name=f"split_silu_mul_{rows}x{width}_{label}", workload="split_silu_mul", mod=mod,
+                             args=args, bytes=nbytes_of(args), flops=0, plan=plan,
                              peers=("torch_eager", "torch_compile"), extra={"class": "elementwise"})
-                     for c in CONFIGS]
+                     for label, mod, plan in schedules]
     return variants
