@@ -113,8 +113,8 @@ def test_the_planner_takes_grouped_decode_and_reads_each_row_once(assemble):
     func = FORMS["gqa_bhsd"][0]()
     ranking = plan(func, load_hardware())
     assert ranking.family.name == "decode_attention"
-    # 4 query heads a row: tensor cores, a CTA an SM: 64 pairs x 2
-    assert ranking.plans[0].config == DecodeConfig(2, tensor_cores=True)
+    # 4 query heads a row: tensor cores, a CTA an SM: 64 pairs x 2, of 8 warps each
+    assert ranking.plans[0].config == DecodeConfig(2, tensor_cores=True, warps=8)
     kv_bytes = 2 * 8 * 8 * 4096 * 128 * 2
     assert kv_bytes < ranking.plans[0].bytes["hbm"] < 1.05 * kv_bytes
     mod = TEMPLATE.fuse(func, DecodeConfig(8))

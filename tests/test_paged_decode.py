@@ -15,7 +15,8 @@ from tvm.relax.frontend.nn.llm._decode_kernels import _attention_decode
 from conftest import TARGET, cuda_source, host_launch
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.hardware import load_hardware
-from tvm_dsm.kernels.paged_decode import (batch_ranks, default_ranks, find_paged_decode, paged_decode_dispatch,
+from tvm_dsm.kernels.decode_attention import DecodeConfig
+from tvm_dsm.kernels.paged_decode import (batch_configs, default_ranks, find_paged_decode, paged_decode_dispatch,
                                           paged_decode_kernel)
 from tvm_dsm.relax_pipeline import PAGED_DECODE, PRESCHEDULED, RAGGED_PREFILL, schedule_kernels, use_kv_cache_kernels
 
@@ -47,18 +48,18 @@ def test_it_refuses_with_the_limit_named(make, limit):
 
 def test_the_kernel_launches_a_cluster_per_sequence_and_kv_head_and_assembles(assemble):
     found = find_paged_decode(nn_llm_decode(32, 8, 64))
-    mod = tvm.IRModule({"main": paged_decode_kernel(found, 8)})
+    mod = tvm.IRModule({"main": paged_decode_kernel(found, DecodeConfig(8, True))})
     (launch,) = host_launch(mod, "tvm_dsm")
     assert "B * 64, 128, 8" in launch and '"clusterCtaIdx.x"' in launch
     source = cuda_source(mod, "tvm_dsm")
     assert "mapa.shared::cluster" in source and "barrier.cluster" in source
     assert "mma_sync_aligned_m16n8k16_row_col_f32_f16_f16_f32" in source  # 4 query heads a KV row
     assemble(source, "paged_decode")
-    alone = cuda_source(tvm.IRModule({"main": paged_decode_kernel(found, 1)}), "tvm_dsm")
+    alone = cuda_source(tvm.IRModule({"main": paged_decode_kernel(found)}), "tvm_dsm")
     assert "barrier.cluster" not in alone  # one CTA a (sequence, KV head): no cluster
     assemble(alone, "paged_decode_alone")
     with pytest.raises(ClusterError, match="a power of two"):
-        paged_decode_kernel(found, 3)
+        paged_decode_kernel(found, DecodeConfig(3, True))
 
 
 @pytest.mark.parametrize("qo_heads, kv_heads, head_dim, ranks", [(8, 8, 128, 2), (32, 8, 64, 8), (28, 4, 128, 4)])
@@ -67,7 +68,7 @@ def test_buffers_peers_push_into_are_never_shared_with_the_ctas_own(qo_heads, kv
     they push into that TVM's storage reuse also gave to the warps' states was overwritten
     early (GPU: 19% error, now and then, for 8 heads of 128 on 2 ranks)."""
     source = cuda_source(tvm.IRModule({"main": paged_decode_kernel(
-        find_paged_decode(nn_llm_decode(qo_heads, kv_heads, head_dim)), ranks)}), "tvm_dsm")
+        find_paged_decode(nn_llm_decode(qo_heads, kv_heads, head_dim)), DecodeConfig(ranks, qo_heads > kv_heads))}), "tvm_dsm")
     kernel = source[source.index("__global__ void"):]
     pushed = set(re.findall(r"mapa_u32_shared__cluster_u32\(\w+\[0\], tvm_builtin_cuda_cvta_generic_to_shared"
                             r"\(\(&\((\w+)\[", kernel))
@@ -78,14 +79,19 @@ def test_buffers_peers_push_into_are_never_shared_with_the_ctas_own(qo_heads, kv
 
 def test_larger_batches_get_smaller_clusters_one_kernel_each(assemble):
     found = find_paged_decode(nn_llm_decode(32, 8, 64))
-    ranges = batch_ranks(found, load_hardware())
-    # tensor cores (4 query heads a row): a CTA per SM on 132 SMs, 8 KV heads a sequence
-    assert ranges == [(2, 8), (4, 4), (8, 2), (None, 1)]
+    ranges = batch_configs(found, load_hardware())
+    # tensor cores (4 query heads a row): a CTA per SM on 132 SMs, 8 KV heads a sequence; 8 warps
+    # a CTA while the grid is within one CTA an SM, 4 past it
+    assert [(bound, c.ranks, c.warps) for bound, c in ranges] == [
+        (2, 8, 8), (4, 4, 8), (8, 2, 8), (16, 1, 8), (None, 1, 4)]
+    assert all(c.tensor_cores for _, c in ranges)
     mod = tvm.IRModule({"main": paged_decode_dispatch(found, load_hardware())})
     launches = host_launch(mod, "tvm_dsm")
-    assert len(launches) == 4
-    for (_, ranks), launch in zip(ranges, launches, strict=True):
-        assert (f', 128, {ranks}, launch_params=' if ranks > 1 else ', 128, launch_params=') in launch
+    assert len(launches) == 5
+    for (_, config), launch in zip(ranges, launches, strict=True):
+        threads = 32 * config.warps
+        assert (f', {threads}, {config.ranks}, launch_params=' if config.ranks > 1
+                else f', {threads}, launch_params=') in launch
     assemble(cuda_source(mod, "tvm_dsm"), "paged_decode_dispatch")
 
 
@@ -93,8 +99,8 @@ def test_clusters_stay_within_a_ctas_static_shared_memory(assemble):
     wide = find_paged_decode(nn_llm_decode(16, 2, 256))  # 8 query heads of 256 columns a group
     assert default_ranks(wide, load_hardware()) == 1
     with pytest.raises(ClusterError, match="static shared memory"):
-        paged_decode_kernel(wide, 2)
-    assemble(cuda_source(tvm.IRModule({"main": paged_decode_kernel(wide, 1)}), "tvm_dsm"), "paged_decode_wide")
+        paged_decode_kernel(wide, DecodeConfig(2, True))
+    assemble(cuda_source(tvm.IRModule({"main": paged_decode_kernel(wide)}), "tvm_dsm"), "paged_decode_wide")
     assert default_ranks(find_paged_decode(nn_llm_decode(32, 4, 128)), load_hardware()) == 4
 
 
@@ -151,13 +157,14 @@ def _reference(q, kv, group, sm_scale):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("qo_heads, kv_heads, head_dim, dtype, ranks, tensor_cores", [
-    (32, 8, 64, "float16", 8, None), (32, 8, 64, "float16", 8, False), (32, 8, 64, "float16", 1, None),
-    (28, 4, 128, "bfloat16", 4, None), (28, 4, 128, "bfloat16", 4, False), (8, 8, 128, "float16", 2, None),
-    (8, 8, 128, "float16", 2, True), (16, 2, 256, "float16", 1, None), (32, 8, 64, "float16", None, None),
-    (32, 32, 96, "float16", 2, None),
+@pytest.mark.parametrize("qo_heads, kv_heads, head_dim, dtype, config", [
+    (32, 8, 64, "float16", DecodeConfig(8, True, 8)), (32, 8, 64, "float16", DecodeConfig(8)),
+    (32, 8, 64, "float16", DecodeConfig(1, True)), (28, 4, 128, "bfloat16", DecodeConfig(4, True, 8)),
+    (28, 4, 128, "bfloat16", DecodeConfig(4)), (8, 8, 128, "float16", DecodeConfig(2)),
+    (8, 8, 128, "float16", DecodeConfig(2, True)), (16, 2, 256, "float16", DecodeConfig(1)),
+    (32, 8, 64, "float16", None), (32, 32, 96, "float16", DecodeConfig(2)),
 ])
-def test_it_matches_float64_and_nn_llm_on_the_gpu(qo_heads, kv_heads, head_dim, dtype, ranks, tensor_cores):
+def test_it_matches_float64_and_nn_llm_on_the_gpu(qo_heads, kv_heads, head_dim, dtype, config):
     """Both bodies (tensor cores by default where a group shares each row), a sequence of one
     token, one of exactly a page, one a token past it, an empty one."""
     import ml_dtypes  # noqa: F401  (numpy's bfloat16)
@@ -171,9 +178,9 @@ def test_it_matches_float64_and_nn_llm_on_the_gpu(qo_heads, kv_heads, head_dim, 
     ref_out, ref_lse = _reference(q, kv, qo_heads // kv_heads, sm_scale)
     dev = tvm.cuda(0)
     original = nn_llm_decode(qo_heads, kv_heads, head_dim, dtype)
-    found = find_paged_decode(original)  # ranks None: the pipeline's kernel, a cluster size per batch range
-    ours = (paged_decode_dispatch(found, load_hardware()) if ranks is None
-            else paged_decode_kernel(found, ranks, tensor_cores))
+    found = find_paged_decode(original)  # config None: the pipeline's kernel, one per range of batch sizes
+    ours = (paged_decode_dispatch(found, load_hardware()) if config is None
+            else paged_decode_kernel(found, config))
     results = {}
     for name, func, pipeline in (("ours", ours, "tvm_dsm"), ("nn_llm", original, "default")):
         lib = tvm.compile(tvm.IRModule({"main": func}), target=TARGET, tir_pipeline=pipeline)
@@ -195,7 +202,7 @@ def test_it_matches_float64_and_nn_llm_on_the_gpu(qo_heads, kv_heads, head_dim, 
 @pytest.mark.gpu
 def test_in_kernel_rope_stops_before_launch_with_the_reason():
     dev = tvm.cuda(0)
-    ours = paged_decode_kernel(find_paged_decode(nn_llm_decode(8, 2, 64)), 2)
+    ours = paged_decode_kernel(find_paged_decode(nn_llm_decode(8, 2, 64)), DecodeConfig(2, True))
     lib = tvm.compile(tvm.IRModule({"main": ours}), target=TARGET, tir_pipeline="tvm_dsm")
     rng = np.random.default_rng()
     pages, indptr, ids, last, _ = _paged_cache(rng, [5], 2, 64, np.float16)

@@ -78,6 +78,8 @@ def run_batch(builds: dict, config, weights, batch: int, prompt_len: int, pages:
     import tvm
 
     dev = tvm.cuda(0)
+    # a non-blocking stream (capture cannot use the legacy one): synchronize on it, as the
+    # legacy stream does not wait for it
     stream = dev.create_raw_stream()
     dev.set_raw_stream(stream)  # the caches take the current stream as their compute stream
     steps = PAGE_SIZE * (1 + pages)
@@ -86,7 +88,7 @@ def run_batch(builds: dict, config, weights, batch: int, prompt_len: int, pages:
     forced = rng.integers(0, config.vocab_size, (batch, steps)).astype(np.int32)
     for session in (vm, graphed):
         session.prefill(prompts)
-    dev.sync()
+    dev.sync(stream)
     positions = tvm.get_global_func("vm.builtin.attention_kv_cache_get_query_positions")
     graphs = CudaGraphs()
     tokens = tvm.runtime.tensor(np.ascontiguousarray(forced[:, :1]), dev)
@@ -96,7 +98,7 @@ def run_batch(builds: dict, config, weights, batch: int, prompt_len: int, pages:
         token = tvm.runtime.tensor(column, dev)
         start = time.perf_counter()
         reference = vm.decode(token)
-        dev.sync()
+        dev.sync(stream)
         vm_ms.append((time.perf_counter() - start) * 1e3)
         # read now: the pool may hand the graph's intermediates' memory to this step's tensors
         reference = reference.numpy()
@@ -115,7 +117,7 @@ def run_batch(builds: dict, config, weights, batch: int, prompt_len: int, pages:
                 stream, lambda: graphed.vm["decode"](tokens, graphed.cache, graphed.params))
         graphs.launch(captured, stream)
         graphed.end_forward()
-        dev.sync()
+        dev.sync(stream)
         if not first:
             graph_ms.append((time.perf_counter() - start) * 1e3)
         errors.append(logit_errors(logits.numpy(), reference)["rel_l2_max"])

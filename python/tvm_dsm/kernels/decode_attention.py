@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import tvm
 from tvm import tirx
@@ -189,6 +189,21 @@ def wave_ctas(hw, tensor_cores: bool) -> int:
     cores; one CTA an SM on tensor cores, whose CTAs each stream faster (the best of clusters 1-8
     on each grouped form measured, ``bench/results/decode_form_clusters``)."""
     return hw.sm_count * (1 if tensor_cores else RESIDENT_CTAS)
+
+
+def with_warps(operands: DecodeOperands, config: DecodeConfig, pairs: int, hw, keys: int | None = None) -> DecodeConfig:
+    """``config`` with 8 warps a CTA where they pay, else as it is: on tensor cores, with at
+    most one CTA an SM for ``pairs`` pairs (4 warps then leave an SM's loads in flight short),
+    and, where the key count is known, at least two steps of 8 warps for every CTA (short shares
+    lose more to the merge than they gain). H200, ``bench/results/decode_form_clusters``: at a
+    batch of 8, 32/8 heads of 128 over 4096 keys, 36.8 us with 8 warps against 44.8 with 4; 1000
+    keys over 4 CTAs, 15.1 against 12.9."""
+    wide = replace(config, warps=max(WARPS))
+    if (not config.tensor_cores or pairs * config.ranks > hw.sm_count
+            or (keys is not None and keys < config.ranks * 2 * tokens_per_step(operands, wide))
+            or shared_bytes(operands, wide) > STATIC_SHARED_BYTES):
+        return config
+    return wide
 
 
 def tokens_per_step(operands: DecodeOperands, config: DecodeConfig) -> int:

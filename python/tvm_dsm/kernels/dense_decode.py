@@ -22,7 +22,7 @@ from ..hardware import Hardware
 from ..ir import substitute
 from .attention_pattern import DecodeShape, find_decode_attention
 from .decode_attention import (HELD_FLOATS, WARPS, DecodeConfig, DecodeOperands, decode_kernel, prefers_tensor_cores,
-                               shared_bytes, tokens_per_step, wave_ctas)
+                               shared_bytes, tokens_per_step, wave_ctas, with_warps)
 from .decode_attention import check_config as check_config_limits
 from .template import KernelTemplate
 
@@ -108,11 +108,14 @@ def check_config(found: DenseOperands, config: DecodeConfig) -> None:
 def default_config(found: DenseOperands, hw: Hardware) -> DecodeConfig:
     """Tensor cores where a CTA holds several query heads of a group (CUDA cores would do that
     many multiply-adds per byte read); the largest cluster that keeps the grid within
-    :func:`~tvm_dsm.kernels.decode_attention.wave_ctas`."""
+    :func:`~tvm_dsm.kernels.decode_attention.wave_ctas`; 8 warps a CTA where
+    :func:`~tvm_dsm.kernels.decode_attention.with_warps` says."""
     tensor_cores = prefers_tensor_cores(found)
     fits = [r for r in _RANKS if found.pairs() * r <= wave_ctas(hw, tensor_cores)
             and _fits(found, DecodeConfig(r, tensor_cores))]
-    return DecodeConfig(max(fits, default=1), tensor_cores)
+    config = DecodeConfig(max(fits, default=1), tensor_cores)
+    wide = with_warps(found, config, found.pairs(), hw, found.shape.kv_len)
+    return wide if _fits(found, wide) else config
 
 
 def _fits(found: DenseOperands, config: DecodeConfig) -> bool:

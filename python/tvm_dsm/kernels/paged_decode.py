@@ -27,7 +27,7 @@ from ..errors import ClusterError
 from ..hardware import Hardware
 from ..ir import branch_on
 from .decode_attention import (ROW_SLOTS, DecodeConfig, DecodeOperands, decode_kernel, most_ranks,
-                               prefers_tensor_cores, wave_ctas)
+                               prefers_tensor_cores, wave_ctas, with_warps)
 
 #: The function ``nn.llm`` builds for decode attention over its paged KV cache, and its
 #: parameters in order.
@@ -84,36 +84,40 @@ def default_ranks(found: PagedDecode, hw: Hardware) -> int:
     return most_ranks(_PagedOperands(found), found.kv_heads, hw)
 
 
-def batch_ranks(found: PagedDecode, hw: Hardware) -> list[tuple[int | None, int]]:
-    """Cluster sizes by batch size, ``[(largest batch, ranks), ..., (None, ranks)]``: the most
-    CTAs per (sequence, KV head) that keep the grid within
-    :func:`~tvm_dsm.kernels.decode_attention.wave_ctas`, from :func:`default_ranks` down to 1."""
-    slots = wave_ctas(hw, prefers_tensor_cores(_PagedOperands(found)))
+def batch_configs(found: PagedDecode, hw: Hardware) -> list[tuple[int | None, DecodeConfig]]:
+    """Kernel configurations by batch size, ``[(largest batch, config), ..., (None, config)]``:
+    the most CTAs per (sequence, KV head) that keep the grid within
+    :func:`~tvm_dsm.kernels.decode_attention.wave_ctas`, from :func:`default_ranks` down to 1,
+    with 8 warps a CTA where :func:`~tvm_dsm.kernels.decode_attention.with_warps` says (the key
+    count is known only at run time)."""
+    operands = _PagedOperands(found)
+    tensor_cores = prefers_tensor_cores(operands)
+    slots = wave_ctas(hw, tensor_cores)
+    largest = DecodeConfig(1, tensor_cores)
     ranges, ranks = [], default_ranks(found, hw)
-    while ranks > 1:
+    while ranks >= 1:
         bound = slots // (found.kv_heads * ranks)
         if bound >= 1 and (not ranges or bound > ranges[-1][0]):
-            ranges.append((bound, ranks))
+            config = with_warps(operands, DecodeConfig(ranks, tensor_cores), bound * found.kv_heads, hw)
+            if config != largest:
+                ranges.append((bound, config))
         ranks //= 2
-    return ranges + [(None, 1)]
+    return ranges + [(None, largest)]
 
 
 def paged_decode_dispatch(found: PagedDecode, hw: Hardware) -> tirx.PrimFunc:
-    """``found``'s function as one kernel per range of batch sizes (:func:`batch_ranks`), the
+    """``found``'s function as one kernel per range of batch sizes (:func:`batch_configs`), the
     batch size tested on the host before each launch."""
-    ranges = batch_ranks(found, hw)
-    kernels = [(bound, paged_decode_kernel(found, ranks)) for bound, ranks in ranges]
+    kernels = [(bound, paged_decode_kernel(found, config)) for bound, config in batch_configs(found, hw)]
     return kernels[-1][1].with_body(branch_on(found.func.params[0].ty.shape[0], kernels))
 
 
-def paged_decode_kernel(found: PagedDecode, ranks: int, tensor_cores: bool | None = None) -> tirx.PrimFunc:
-    """The decode kernel over ``found``'s paged cache in clusters of ``ranks``, with ``found``'s
-    parameters; on tensor cores where ``tensor_cores`` says, or by default where
-    :func:`~tvm_dsm.kernels.decode_attention.prefers_tensor_cores`."""
+def paged_decode_kernel(found: PagedDecode, config: DecodeConfig | None = None) -> tirx.PrimFunc:
+    """The decode kernel over ``found``'s paged cache in ``config`` (by default one CTA a
+    (sequence, KV head), on tensor cores where
+    :func:`~tvm_dsm.kernels.decode_attention.prefers_tensor_cores`), with ``found``'s parameters."""
     operands = _PagedOperands(found)
-    if tensor_cores is None:
-        tensor_cores = prefers_tensor_cores(operands)
-    config = DecodeConfig(ranks, tensor_cores)
+    config = config or DecodeConfig(1, prefers_tensor_cores(operands))
     params = list(found.func.params)
     pages_offset = params[PARAMS.index("pages")].ty.elem_offset
     body = decode_kernel(operands, config, SYMBOL, asserts=[
