@@ -24,7 +24,9 @@ from .kernel_plan import KernelPlan, default_first, roofline
 
 #: The configurations ranked (smaller CTAs spread a few rows' elements over more SMs).
 CONFIGS = tuple(ElementwiseConfig(threads, vectors) for threads in (64, 128, 256, 512) for vectors in (1, 2, 4))
-#: Waves of 256-thread CTAs past which four vectors per thread come first.
+#: Waves of 256-thread CTAs past which four vectors per thread come first; below one, CTAs of
+#: 128 threads spread the elements over twice the SMs (H200, ``archive/elementwise_configs.json``:
+#: a SwiGLU product of 8 x 8192, 1.5 us against 1.7; 1 x 8192, 1.4 against 1.5).
 _MANY_WAVES = 8
 
 
@@ -63,7 +65,7 @@ class Elementwise(ScheduleFamily):
 
     def rank(self, shape: ElementwiseShape, hw: Hardware) -> list[KernelPlan]:
         waves = shape.elements / shape.lanes / (256 * hw.sm_count)
-        default = ElementwiseConfig(256, 4 if waves > _MANY_WAVES else 1)
+        default = ElementwiseConfig(128 if waves < 1 else 256, 4 if waves > _MANY_WAVES else 1)
         return default_first([self.predict(shape, c, hw) for c in CONFIGS], default)
 
     def apply(self, func: tirx.PrimFunc, config: ElementwiseConfig, hw: Hardware) -> s_tir.Schedule:
