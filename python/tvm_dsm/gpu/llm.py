@@ -18,6 +18,9 @@ crashes its process costs that configuration only):
   coverage (family or dlight) goes into the results;
 - ``tvm_dsm_nn_llm_attention``: the same keeping ``nn.llm``'s decode and prefill attention
   (``kv_cache_kernels=()``);
+- ``tvm_dsm_step_graphs``: ``tvm_dsm`` compiled without Relax's CUDA-graph rewrite, its decode
+  steps replayed whole from CUDA graphs, the KV cache's attention calls included
+  (:class:`tvm_dsm.workloads.llama.LlamaSession` with ``step_graphs``);
 - ``tvm_dsm_tuned``: ``tvm_dsm`` compiled from the tuning records in ``--database``, which
   ``python3 -m tvm_dsm.gpu.llm tune --work-dir DIR`` writes (:func:`tune_model`);
 
@@ -66,10 +69,12 @@ from .kernel_breakdown import profile_kernels
 from ..workloads.llama import LLAMA_1B, LLAMA_TINY, LlamaConfig
 
 MODELS = {"1b": LLAMA_1B, "1b_bf16": dataclasses.replace(LLAMA_1B, dtype="bfloat16"), "tiny": LLAMA_TINY}
-CONFIGS = ("tvm_default", "tvm_mlc", "tvm_dsm", "tvm_dsm_nn_llm_attention", "tvm_dsm_tuned")
+CONFIGS = ("tvm_default", "tvm_mlc", "tvm_dsm", "tvm_dsm_nn_llm_attention", "tvm_dsm_tuned", "tvm_dsm_step_graphs")
+#: The configurations whose sessions replay decode steps from graphs of their own.
+STEP_GRAPH_CONFIGS = ("tvm_dsm_step_graphs",)
 #: The ``nn.llm`` kernels each tvm-dsm configuration replaces (:mod:`tvm_dsm.relax_pipeline`).
 KV_CACHE_KERNELS = {"tvm_dsm": DEFAULT_KV_CACHE_KERNELS, "tvm_dsm_nn_llm_attention": (),
-                    "tvm_dsm_tuned": DEFAULT_KV_CACHE_KERNELS}
+                    "tvm_dsm_tuned": DEFAULT_KV_CACHE_KERNELS, "tvm_dsm_step_graphs": DEFAULT_KV_CACHE_KERNELS}
 #: Untimed decode steps before the timed ones (the first steps of a batch size capture its
 #: CUDA graph; a fresh process also runs its first steps slower).
 WARMUP_STEPS = 10
@@ -122,13 +127,15 @@ def compile_config(name: str, config: LlamaConfig, lib: Path, info: Path, cuda_g
     """Export and compile the model as configuration ``name``; the library to ``lib``, the
     weight names, compile seconds and (tvm_dsm) kernel coverage as JSON to ``info``.
     ``cuda_graph``: Relax's ``RewriteCUDAGraph`` captures the kernels between the KV cache's
-    calls into CUDA graphs, replayed on later calls (``relax.backend.use_cuda_graph``)."""
+    calls into CUDA graphs, replayed on later calls (``relax.backend.use_cuda_graph``; never for
+    :data:`STEP_GRAPH_CONFIGS`, whose sessions capture whole steps)."""
     import tvm
 
     from ..driver import H100, stock_target
     from ..workloads.llama import export_llama
 
     target = tvm.target.Target(H100, host="llvm")
+    cuda_graph = cuda_graph and name not in STEP_GRAPH_CONFIGS
     if not name.startswith("tvm_dsm"):
         target = stock_target(target)
     start = time.time()
@@ -138,7 +145,8 @@ def compile_config(name: str, config: LlamaConfig, lib: Path, info: Path, cuda_g
         executable = _compile(name, mod, target, coverage, database)
     executable.export_library(str(lib))
     info.write_text(json.dumps({"names": names, "compile_s": round(time.time() - start, 1),
-                                "cuda_graph": cuda_graph, "coverage": coverage or None}))
+                                "cuda_graph": cuda_graph, "step_graphs": name in STEP_GRAPH_CONFIGS,
+                                "coverage": coverage or None}))
 
 
 def _compile(name: str, mod, target, coverage: dict, database: str | None = None):
@@ -284,6 +292,7 @@ def _run_config(executable, info: dict, config: LlamaConfig, weights, prompts, f
              f"floor), prefill {warm_prefill_ms:.1f} ms (first call {prefill_ms:.1f}), "
              f"logits rel err {checks['rel_l2_max']:.2e}; "
              f"{kernels['kernels_per_step']:.0f} kernels, {kernels['kernel_us_per_step']:.0f} us of them")
+        session.close()
         del session
 
 
@@ -298,7 +307,8 @@ def _session(executable, info: dict, config: LlamaConfig, weights, batch: int, p
     pages_per_seq = -(-(prompt_len + decode_steps) // PAGE_SIZE)
     return LlamaSession(executable, tvm.cuda(0), weights, info["names"], config, max_batch_size=batch,
                         max_total_seq_len=batch * pages_per_seq * PAGE_SIZE,
-                        prefill_chunk_size=batch * prompt_len, page_size=PAGE_SIZE)
+                        prefill_chunk_size=batch * prompt_len, page_size=PAGE_SIZE,
+                        step_graphs=info.get("step_graphs", False))
 
 
 def _decode_times(decode_step: Callable[[], Any], steps: int, sync: Callable[[], None]) -> list[float]:
@@ -351,6 +361,7 @@ def _run_contexts(executable, info: dict, config: LlamaConfig, weights, contexts
                                     "floor_ms": round(floor_ms, 4), "multiple_of_floor": round(decode_ms / floor_ms, 2)})
             _log(f"  context {context} batch {batch}: prefill {prefill_ms:.1f} ms, decode {decode_ms:.3f} "
                  f"ms/step ({decode_ms / floor_ms:.2f}x floor)")
+            session.close()
             del session
 
 

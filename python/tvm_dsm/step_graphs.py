@@ -1,0 +1,111 @@
+"""A step function replayed from CUDA graphs: a serving loop's decode call, captured on a stream
+once per layout of the data its kernels take by address, then launched as one graph a step.
+
+A decode step of a Relax model with ``nn.llm``'s KV cache is about 160 kernel launches, and
+Relax's ``RewriteCUDAGraph`` cannot capture the KV cache's ``vm.builtin`` attention calls, so
+the GPU idles between them while the host prepares the next launch (about 0.2 ms a step on a
+1B Llama, every configuration, TVM's own stack's too). Captured whole, the step is one graph
+launch (``bench/results/archive/step_graph.json``: 1.05 against 1.70 ms a step at batch 1).
+
+A graph bakes in every kernel's arguments: buffer addresses and the scalar extents of symbolic
+shapes. A step may be replayed while they stay the same; the caller names that state with a
+*key* (for ``nn.llm``'s cache: the batch size and the pages in use, which fix where its per-step
+arrays sit in its device buffer and their extents; their contents, copied before the launch,
+may change). :class:`StepGraphs` runs a new key's first steps eagerly, captures the step once
+the key has held ``settle`` steps, and replays it while the key holds, so layouts that change
+every step or two (sequences of many lengths crossing pages) cost no captures.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any
+
+#: cudaStreamCaptureModeRelaxed: other threads' CUDA calls stay legal during a capture.
+_CAPTURE_RELAXED = 2
+_CUDART = ("libcudart.so.13", "libcudart.so.12", "libcudart.so")
+
+
+class CudaGraphs:
+    """Stream capture, instantiation and launch of CUDA graphs, through the CUDA runtime library
+    (the one TVM's CUDA runtime uses)."""
+
+    def __init__(self):
+        for name in _CUDART:
+            try:
+                self.lib = ctypes.CDLL(name)
+                break
+            except OSError:
+                continue
+        else:
+            raise OSError(f"no CUDA runtime library found (tried {', '.join(_CUDART)})")
+        self.lib.cudaGetErrorString.restype = ctypes.c_char_p
+
+    def _check(self, code: int, what: str) -> None:
+        if code:
+            raise RuntimeError(f"{what}: {self.lib.cudaGetErrorString(code).decode()}")
+
+    def capture(self, stream: int, body: Callable[[], Any]) -> tuple[ctypes.c_void_p, Any]:
+        """``body()``'s work on ``stream`` as an executable graph (nothing runs), and what
+        ``body`` returned."""
+        handle = ctypes.c_void_p(stream)
+        self._check(self.lib.cudaStreamBeginCapture(handle, _CAPTURE_RELAXED), "cudaStreamBeginCapture")
+        graph = ctypes.c_void_p()
+        try:
+            result = body()
+        finally:
+            self._check(self.lib.cudaStreamEndCapture(handle, ctypes.byref(graph)), "cudaStreamEndCapture")
+        executable = ctypes.c_void_p()
+        self._check(self.lib.cudaGraphInstantiate(ctypes.byref(executable), graph, ctypes.c_ulonglong(0)),
+                    "cudaGraphInstantiate")
+        self._check(self.lib.cudaGraphDestroy(graph), "cudaGraphDestroy")
+        return executable, result
+
+    def launch(self, executable: ctypes.c_void_p, stream: int) -> None:
+        self._check(self.lib.cudaGraphLaunch(executable, ctypes.c_void_p(stream)), "cudaGraphLaunch")
+
+    def destroy(self, executable: ctypes.c_void_p) -> None:
+        self._check(self.lib.cudaGraphExecDestroy(executable), "cudaGraphExecDestroy")
+
+
+class StepGraphs:
+    """``step(key, call)``: ``call()``'s result, eagerly for the first ``settle`` steps of a key,
+    then from a graph captured on ``stream`` and replayed while the key holds (the last ``keep``
+    keys' graphs kept). ``call`` must launch all its work on ``stream`` and read its inputs from
+    the same tensors every step; a replay writes the tensors the captured call returned, so a
+    step's result is valid until the next step."""
+
+    def __init__(self, stream: int, settle: int = 2, keep: int = 4, graphs: CudaGraphs | None = None):
+        if settle < 0 or keep < 1:
+            raise ValueError(f"settle >= 0 and keep >= 1 (not {settle}, {keep})")
+        self.stream, self.settle, self.keep = stream, settle, keep
+        self.graphs = graphs or CudaGraphs()
+        self.captured: OrderedDict[Hashable, tuple[ctypes.c_void_p, Any]] = OrderedDict()
+        self.counts = {"eager": 0, "captured": 0, "replayed": 0}
+        self._key, self._held = None, 0
+
+    def step(self, key: Hashable, call: Callable[[], Any]) -> Any:
+        self._held = self._held + 1 if key == self._key else 1
+        self._key = key
+        if key in self.captured:
+            self.captured.move_to_end(key)
+            executable, result = self.captured[key]
+            self.counts["replayed"] += 1
+        elif self._held <= self.settle:
+            self.counts["eager"] += 1
+            return call()
+        else:
+            executable, result = self.graphs.capture(self.stream, call)
+            self.captured[key] = executable, result
+            while len(self.captured) > self.keep:
+                self.graphs.destroy(self.captured.popitem(last=False)[1][0])
+            self.counts["captured"] += 1
+        self.graphs.launch(executable, self.stream)
+        return result
+
+    def close(self) -> None:
+        """Destroy every graph kept."""
+        while self.captured:
+            self.graphs.destroy(self.captured.popitem()[1][0])
