@@ -95,3 +95,53 @@ def test_tiny_llama_steps_from_graphs_match_the_vm(tmp_path):
         session.close()
     assert np.isfinite(logits[False]).all()
     np.testing.assert_array_equal(logits[True], logits[False])
+
+
+class _Replaying(_Recorder):
+    """A capture keeps its body; a launch runs it again and writes what it returns into the
+    tensors the capture returned, as a replayed graph writes the captured outputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.bodies = {}
+
+    def capture(self, stream, body):
+        executable, result = super().capture(stream, body)
+        self.bodies[executable] = body, result
+        return executable, result
+
+    def launch(self, executable, stream):
+        super().launch(executable, stream)
+        body, result = self.bodies[executable]
+        result[0].copyfrom(body()[0])
+
+
+def test_paged_decode_graphs_key_on_the_caches_pages_and_feed_each_steps_tokens():
+    """A tiny Llama on the CPU: two sequences of 13 and 5 tokens (pages of 16) decoded 24 steps
+    through PagedDecodeGraphs (its replays emulated by running the captured call again) give the
+    logits of the VM's own calls on a second cache; a page taken by either sequence is a new key."""
+    from tvm_dsm.step_graphs import PagedDecodeGraphs
+    from tvm_dsm.workloads.llama import LLAMA_TINY, LlamaSession, export_llama, random_weights
+
+    mod, names = export_llama(LLAMA_TINY, {"kind": "llvm"})
+    executable = tvm.compile(mod, tvm.target.Target({"kind": "llvm"}), tir_pipeline="s_tir_stock")
+    weights, dev, rng = random_weights(LLAMA_TINY), tvm.cpu(), np.random.default_rng()
+    sessions = [LlamaSession(executable, dev, weights, names, LLAMA_TINY, max_batch_size=2,
+                             max_total_seq_len=128, prefill_chunk_size=16) for _ in range(2)]
+    for n in (13, 5):
+        prompt = rng.integers(0, LLAMA_TINY.vocab_size, (1, n))
+        for session in sessions:
+            session.prefill(prompt)
+    plain, graphed = sessions
+    replaying = _Replaying()
+    decode = PagedDecodeGraphs(graphed.vm["decode"], dev, stream=0, graphs=replaying)
+    for step in range(24):
+        tokens = tvm.runtime.tensor(rng.integers(0, LLAMA_TINY.vocab_size, (2, 1)).astype(np.int32), dev)
+        want = plain.decode(tokens).numpy()
+        graphed.begin_decode()
+        got, _ = decode(tokens, graphed.cache, graphed.params)
+        graphed.end_forward()
+        np.testing.assert_array_equal(got.numpy(), want)
+    # pages taken at steps 4 (13 + 4 > 16), 12 (5 + 12 > 16) and 20 (13 + 20 > 32): four keys,
+    # each captured on its third step
+    assert replaying.made == 4 and decode.counts == {"eager": 8, "captured": 4, "replayed": 12}

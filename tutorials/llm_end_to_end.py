@@ -6,8 +6,9 @@ The model is the 1B-class Llama of ``tvm_dsm.workloads.llama``, written as TVM u
 lengths. ``tvm.compile(..., relax_pipeline="tvm_dsm")`` schedules every matmul with a tvm-dsm
 family, one kernel per range of rows; the report says which family took each kernel, with the
 planner's predicted time, or why dlight schedules it. On a Hopper GPU the weights are random:
-a prompt is prefilled, a few tokens decoded, and the logits compared with an fp32 evaluation of
-the same weights. Run: ``python tutorials/llm_end_to_end.py``.
+a prompt is prefilled, a few tokens decoded (each step replayed as one CUDA graph once the
+cache's page layout holds, ``tvm_dsm.step_graphs``), and the logits compared with an fp32
+evaluation of the same weights. Run: ``python tutorials/llm_end_to_end.py``.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def run_on_gpu(executable, names: list[str]) -> None:
     pages = -(-(PROMPT + STEPS) // PAGE_SIZE) + 1
     session = LlamaSession(executable, dev, weights, names, CONFIG, max_batch_size=BATCH,
                            max_total_seq_len=BATCH * pages * PAGE_SIZE,
-                           prefill_chunk_size=BATCH * PROMPT, page_size=PAGE_SIZE)
+                           prefill_chunk_size=BATCH * PROMPT, page_size=PAGE_SIZE, step_graphs=True)
     logits = [session.prefill(prompts).numpy()[0]]  # [batch, vocab] at each prompt's last token
     step_ms = []
     for step in range(STEPS):
@@ -51,8 +52,11 @@ def run_on_gpu(executable, names: list[str]) -> None:
         dev.sync()
         step_ms.append((time.perf_counter() - start) * 1e3)
         logits.append(out.numpy()[:, 0])
+    counts = session.graphs.counts
+    session.close()
     print(f"prefilled {BATCH} x {PROMPT} tokens, decoded {STEPS} steps: "
-          f"{np.median(step_ms):.2f} ms/step (median, batch {BATCH})")
+          f"{np.median(step_ms):.2f} ms/step (median, batch {BATCH}; {counts['replayed']} steps "
+          f"replayed from CUDA graphs, {counts['captured']} captured, {counts['eager']} run by the VM)")
     try:
         import torch  # noqa: F401
     except ImportError:

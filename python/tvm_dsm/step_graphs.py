@@ -23,6 +23,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
 
+import tvm
+
 #: cudaStreamCaptureModeRelaxed: other threads' CUDA calls stay legal during a capture.
 _CAPTURE_RELAXED = 2
 _CUDART = ("libcudart.so.13", "libcudart.so.12", "libcudart.so")
@@ -109,3 +111,34 @@ class StepGraphs:
         """Destroy every graph kept."""
         while self.captured:
             self.graphs.destroy(self.captured.popitem()[1][0])
+
+
+class PagedDecodeGraphs:
+    """``decode(tokens, cache, params)``: a Relax VM decode function over ``nn.llm``'s paged KV
+    cache, its steps replayed by :class:`StepGraphs` on ``stream`` (the cache created while
+    ``stream`` was the thread's current stream, the model compiled without Relax's CUDA-graph
+    rewrite, whose own captures cannot nest in these). Call it between the cache's
+    ``begin_forward`` and ``end_forward``, as the function itself; synchronize ``stream``
+    before reading the result."""
+
+    def __init__(self, function, device, stream: int, **settings):
+        self.function, self.device = function, device
+        self.graphs = StepGraphs(stream, **settings)
+        self.counts = self.graphs.counts  # eager, captured and replayed steps
+        self._inputs: dict[tuple[int, ...], tvm.runtime.Tensor] = {}
+        self._commit = tvm.get_global_func("vm.builtin.attention_kv_cache_get_query_positions")
+        self._pages = tvm.get_global_func("vm.builtin.attention_kv_cache_get_num_available_pages")
+
+    def __call__(self, tokens, cache, params):
+        # the cache copies this step's page tables and positions to the device now, on its copy
+        # stream, so that no graph holds the copy
+        self._commit(cache)
+        shape = tuple(int(d) for d in tokens.shape)
+        held = self._inputs.setdefault(shape, tvm.runtime.empty(shape, tokens.dtype, self.device))
+        held.copyfrom(tokens)
+        self.device.sync()  # the copy ran on the legacy stream, which ``stream`` does not wait on
+        key = (shape, int(self._pages(cache)))  # fixes the extents and offsets of the per-step arrays
+        return self.graphs.step(key, lambda: self.function(held, cache, params))
+
+    def close(self) -> None:
+        self.graphs.close()

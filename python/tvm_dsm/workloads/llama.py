@@ -29,7 +29,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache, RopeMode, TIRPagedKVCache
 
-from ..step_graphs import StepGraphs
+from ..step_graphs import PagedDecodeGraphs
 
 
 @dataclass(frozen=True)
@@ -292,8 +292,8 @@ class LlamaSession:
     With ``step_graphs`` (a CUDA device; the model compiled without Relax's CUDA-graph rewrite)
     every call runs on a stream of the session's own, made the thread's current stream until
     :meth:`close`, and decode steps are replayed from CUDA graphs
-    (:class:`tvm_dsm.step_graphs.StepGraphs`, keyed by the batch size and the cache's pages in
-    use). Each call then returns with its result computed, valid until the next call."""
+    (:class:`tvm_dsm.step_graphs.PagedDecodeGraphs`). Each call then returns with its result
+    computed, valid until the next call."""
 
     def __init__(self, executable, device, weights: dict[str, np.ndarray], names: list[str],
                  config: LlamaConfig, max_batch_size: int, max_total_seq_len: int,
@@ -305,8 +305,7 @@ class LlamaSession:
         if step_graphs:
             self.stream = device.create_raw_stream()
             device.set_raw_stream(self.stream)  # the cache takes the current stream for its kernels
-            self.graphs = StepGraphs(self.stream)
-            self._tokens: dict[int, tvm.runtime.Tensor] = {}
+            self.graphs = PagedDecodeGraphs(self.vm["decode"], device, self.stream)
         shape = tvm.runtime.ShapeTuple
         self.cache = self.vm["create_tir_paged_kv_cache"](
             shape([max_batch_size]), shape([max_total_seq_len]), shape([prefill_chunk_size]),
@@ -354,24 +353,10 @@ class LlamaSession:
         """One step for every sequence: ``tokens`` (a device int32 tensor ``[batch, 1]``) in,
         the fp32 logits ``[batch, 1, vocab]`` (a device tensor) out."""
         self.begin_decode()
-        if self.graphs is None:
-            logits, self.cache = self.vm["decode"](tokens, self.cache, self.params)
-        else:
-            logits = self._graphed_decode(tokens)
+        decode = self.vm["decode"] if self.graphs is None else self.graphs
+        logits, self.cache = decode(tokens, self.cache, self.params)
         self.end_forward()
         self._sync()
-        return logits
-
-    def _graphed_decode(self, tokens):
-        # the cache copies this step's page tables and positions to the device now, on its copy
-        # stream, so that no graph holds the copy
-        tvm.get_global_func("vm.builtin.attention_kv_cache_get_query_positions")(self.cache)
-        batch = int(tokens.shape[0])
-        held = self._tokens.setdefault(batch, tvm.runtime.empty((batch, 1), "int32", self.device))
-        held.copyfrom(tokens)
-        self.device.sync()  # the copy ran on the legacy stream, which the session's does not wait on
-        pages = tvm.get_global_func("vm.builtin.attention_kv_cache_get_num_available_pages")(self.cache)
-        logits, _ = self.graphs.step((batch, int(pages)), lambda: self.vm["decode"](held, self.cache, self.params))
         return logits
 
     def _sync(self) -> None:
