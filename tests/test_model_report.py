@@ -85,7 +85,7 @@ def test_a_runs_per_kernel_times_join_the_report(tiny_report):
     line = next(row.format() for row in joined.rows if row.name == gemm)
     assert line.startswith(f"{gemm}  split_k_gemm") and line.endswith("[measured 6.2 us x 2 a step]")
     assert sum(row.measured_us is not None for row in joined.rows) == 1
-    committed = measured_kernels(ROOT / "bench/results/llm/latest.json", "tvm_dsm", 8)
+    committed = measured_kernels(ROOT / "bench/results/llm/latest.json", batch=8)  # its tvm-dsm configuration
     assert {"rms_norm", "batch_decode_paged_kv"} <= {k["function"] for k in committed}
-    with pytest.raises(ValueError, match="no per-kernel breakdown of tvm_dsm at batch 3"):
-        measured_kernels(ROOT / "bench/results/llm/latest.json", "tvm_dsm", 3)
+    with pytest.raises(ValueError, match="no per-kernel breakdown of tvm_dsm_step_graphs at batch 3"):
+        measured_kernels(ROOT / "bench/results/llm/latest.json", "tvm_dsm_step_graphs", 3)

@@ -130,13 +130,18 @@ def compile_with_report(mod: tvm.IRModule, target=H100, hw: Hardware | None = No
     return executable, model_report(coverage, choices)
 
 
-def measured_kernels(results: str | Path, config: str = "tvm_dsm", batch: int = 1) -> list[dict]:
+def measured_kernels(results: str | Path, config: str | None = None, batch: int = 1) -> list[dict]:
     """The per-kernel breakdown of a decode step that an LLM run (``python -m
-    tvm_dsm.gpu.llm``) recorded for ``config`` at ``batch``; ValueError naming what the file
-    lacks."""
+    tvm_dsm.gpu.llm``) recorded for ``config`` at ``batch`` (by default the first tvm-dsm
+    configuration the run has: ``tvm_dsm``, else one like ``tvm_dsm_step_graphs``); ValueError
+    naming what the file lacks."""
     found = json.loads(Path(results).read_text())
+    configs = found.get("configs", {})
+    if config is None:
+        ours = sorted((name for name in configs if name.startswith("tvm_dsm")), key=lambda name: name != "tvm_dsm")
+        config = ours[0] if ours else "tvm_dsm"
     try:
-        return found["configs"][config]["batches"][str(batch)]["decode_kernels"]["rows"]
+        return configs[config]["batches"][str(batch)]["decode_kernels"]["rows"]
     except KeyError as err:
         raise ValueError(f"{results} has no per-kernel breakdown of {config} at batch {batch} "
                          f"(missing {err})") from None
