@@ -93,16 +93,16 @@ def batch_configs(found: PagedDecode, hw: Hardware) -> list[tuple[int | None, De
     operands = _PagedOperands(found)
     tensor_cores = prefers_tensor_cores(operands)
     slots = wave_ctas(hw, tensor_cores)
-    largest = DecodeConfig(1, tensor_cores)
+    beyond = DecodeConfig(1, tensor_cores)  # the batches past every range
     ranges, ranks = [], default_ranks(found, hw)
     while ranks >= 1:
         bound = slots // (found.kv_heads * ranks)
         if bound >= 1 and (not ranges or bound > ranges[-1][0]):
             config = with_warps(operands, DecodeConfig(ranks, tensor_cores), bound * found.kv_heads, hw)
-            if config != largest:
+            if config != beyond:
                 ranges.append((bound, config))
         ranks //= 2
-    return ranges + [(None, largest)]
+    return ranges + [(None, beyond)]
 
 
 def paged_decode_dispatch(found: PagedDecode, hw: Hardware) -> tirx.PrimFunc:
