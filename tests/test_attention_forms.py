@@ -121,7 +121,7 @@ def _variant(condition=None, head_dim_outer=False):
     (_variant(lambda i, t: t < i), "only the causal mask"),
     (_variant(lambda i, t: t >= i), "only the causal mask"),
     (_variant(head_dim_outer=True), "head dim must be the innermost axis"),
-    (te_attention(1, 2, 128, 128, 192), "head dim 192"),
+    (te_attention(1, 2, 128, 128, 264), "head dim 264"),
     (te_attention(1, 2, 128, 128, 60), "head dim 60"),
     (te_attention(1, 2, 128, 128, 64, dtype="float32"), "float16 or bfloat16"),
 ])

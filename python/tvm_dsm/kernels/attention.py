@@ -115,12 +115,22 @@ class AttentionConfig:
 #: Configurations whose registers fit without spills (ptxas, checked in tests/test_attention.py).
 CONFIGS = (AttentionConfig(64, 1), AttentionConfig(128, 1), AttentionConfig(64, 2),
            AttentionConfig(64, 1, 2), AttentionConfig(128, 1, 2))
-#: Head dims the kernel computes in: one or two 64-column swizzle panels. A head dim between
+#: Head dims the kernel computes in: one to four 64-column swizzle panels. A head dim between
 #: is computed in the next one, TMA filling the columns past it with zeros on loads (they add
 #: nothing to q . k, and P V's extra columns are clipped by the TMA store).
-PADDED_DIMS = (64, 128)
+PADDED_DIMS = (64, 128, 192, 256)
+#: The padded head dims whose kernels have been checked against float64 on a GPU: the planner
+#: and the Relax pipeline take the kernel there only (:func:`check_planned`). The wider ones
+#: build and assemble without spills (tests/test_attention.py) and run where a configuration is
+#: asked for explicitly (``TEMPLATE.fuse(func, config)``, the GPU suites) until their check.
+CHECKED_DIMS = (64, 128)
 #: A TMA tensor map's strides are multiples of 16 bytes: the head dim's rows of 2-byte elements.
 _DIM_MULTIPLE = 8
+#: fp32 accumulator registers a thread may hold (S and O of its row blocks): the most that
+#: ptxas fits without spills next to the rest (head dim 128, two row blocks of 64-key tiles).
+_MAX_ACCUMULATORS = 192
+#: Dynamic shared memory a CTA may opt into on Hopper.
+_MAX_SHARED_BYTES = 227 * 1024
 
 
 def padded_dim(dim: int) -> int:
@@ -128,12 +138,33 @@ def padded_dim(dim: int) -> int:
     return -(-dim // _PANEL) * _PANEL
 
 
+def _shared_elements(D: int, c: AttentionConfig) -> int:
+    """The CTA's shared buffer in elements: Q's tile, two slots each of K and V tiles, and room
+    to align the tiles to 1024 bytes."""
+    return c.block_m * D + 4 * c.block_n * D + _ATOM_BYTES // 2
+
+
 def check_config(shape: AttentionShape, c: AttentionConfig) -> None:
     if shape.dim % _DIM_MULTIPLE or padded_dim(shape.dim) not in PADDED_DIMS:
         raise ClusterError(f"head dim {shape.dim}: the kernel takes multiples of {_DIM_MULTIPLE} (TMA strides are "
-                           f"16-byte multiples) up to {max(PADDED_DIMS)} (registers of one warpgroup's output)")
+                           f"16-byte multiples) up to {max(PADDED_DIMS)} (wgmma's widest N)")
     if c not in CONFIGS:
         raise ClusterError(f"{c}: registers are checked to fit without spills only for {CONFIGS}")
+    D = padded_dim(shape.dim)
+    if c.row_blocks * (D + c.block_n) // 2 > _MAX_ACCUMULATORS:
+        raise ClusterError(f"{c} at head dim {D}: {c.row_blocks * (D + c.block_n) // 2} fp32 accumulators a thread, "
+                           f"more than the {_MAX_ACCUMULATORS} that fit without spills")
+    if _shared_elements(D, c) * 2 > _MAX_SHARED_BYTES:
+        raise ClusterError(f"{c} at head dim {D}: {_shared_elements(D, c) * 2} B of shared memory a CTA, more than "
+                           f"the {_MAX_SHARED_BYTES} B of a Hopper CTA")
+
+
+def check_planned(shape: AttentionShape) -> None:
+    """ClusterError where the planner must not take the kernel for ``shape`` by itself: a head
+    dim outside :data:`CHECKED_DIMS`."""
+    if padded_dim(shape.dim) not in CHECKED_DIMS:
+        raise ClusterError(f"head dim {shape.dim}: the attention kernel builds for it but has not been checked "
+                           f"against float64 on a GPU; planned for head dims up to {max(CHECKED_DIMS)}")
 
 
 def default_config(shape: AttentionShape) -> AttentionConfig:
@@ -141,7 +172,10 @@ def default_config(shape: AttentionShape) -> AttentionConfig:
     keys (half the steps) and 64-key tiles below. At head dim 128 (a key/value tile is twice
     the bytes) two 64-row blocks share each 64-key tile: in one warpgroup without the mask, in
     two with it (the first stops at its own diagonal). Measured through the compile path a
-    user's ``tvm.compile`` takes (docs/attention.md)."""
+    user's ``tvm.compile`` takes (docs/attention.md). Wider heads: two warpgroups of one row
+    block each share the 64-key tiles (two row blocks a warpgroup would spill)."""
+    if padded_dim(shape.dim) > 128:
+        return AttentionConfig(64, warpgroups=2)
     if padded_dim(shape.dim) == 128:
         return AttentionConfig(64, warpgroups=2) if shape.causal else AttentionConfig(64, row_blocks=2)
     return AttentionConfig(128 if shape.kv_len >= 1024 else 64)
@@ -154,10 +188,19 @@ class AttentionTemplate(KernelTemplate):
         return find_attention(func)
 
     def configs(self, shape: AttentionShape) -> list[AttentionConfig]:
-        """:data:`CONFIGS`, where the head dim fits."""
+        """:data:`CONFIGS` that fit the head dim, where the planner may take it (:func:`check_planned`)."""
+        check_planned(shape)
+        fits = []
         for config in CONFIGS:
-            check_config(shape, config)
-        return list(CONFIGS)
+            try:
+                check_config(shape, config)
+            except ClusterError as err:
+                refusal = err
+                continue
+            fits.append(config)
+        if not fits:
+            raise refusal
+        return fits
 
     def default_config(self, shape: AttentionShape, hw: Hardware | None = None) -> AttentionConfig:
         return default_config(shape)
@@ -283,7 +326,7 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
     NF, DF = BN // 16, D // 16  # 16-column fragments of a row block's S and O
     SN, ON = RB * NF * 8, RB * DF * 8  # per-thread fp32 registers of S and O
     K_AT, V_AT = BM * D, BM * D + 2 * BN * D  # element offsets of the K and V slots
-    SMEM = V_AT + 2 * BN * D + _ATOM_BYTES // 2  # + room to align the tiles to 1024 bytes
+    SMEM = _shared_elements(D, c)
     log2e = 1.0 / math.log(2.0)
     is_ragged, is_causal, key_tail = ragged is not None, shape.causal, KV % BN != 0  # key_tail: the last key tile runs past the keys
     h = _helpers(shape, c)
