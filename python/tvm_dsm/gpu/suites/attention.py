@@ -86,15 +86,19 @@ def attention_forms() -> list[Variant]:
         cases.append((decode_form_name(form), decode_form_func(form), b * h * s * d, layout, False))
     cases.append(("topi_bshd_b8h16s512d64", topi_attention(8, 16, 512, 512, 64), 8 * 16 * 512 * 512 * 64,
                   "bshd", False))
-    variants = []
-    for name, func, products, layout, causal in cases:
-        args = args_of(func)
-        variants.append(Variant(
-            name=name, workload="attention_layout", mod=schedule(func).mod, args=args, bytes=nbytes_of(args),
-            flops=4 * products // (2 if causal else 1), peers=("torch_eager", "torch_compile", "torch_sdpa"),
-            reference_kwargs={"layout": layout, "causal": causal}, extra={"class": "attention", "causal": causal},
-        ))
-    return variants
+    return [form_variant(name, func, schedule(func).mod, products, layout, causal)
+            for name, func, products, layout, causal in cases]
+
+
+def form_variant(name: str, func, mod, products: int, layout: str, causal: bool) -> Variant:
+    """An attention form's kernel ``mod`` (of ``func``, ``products`` multiply-adds of each of its
+    two products before the causal half) against torch eager, torch.compile and SDPA."""
+    args = args_of(func)
+    return Variant(
+        name=name, workload="attention_layout", mod=mod, args=args, bytes=nbytes_of(args),
+        flops=4 * products // (2 if causal else 1), peers=("torch_eager", "torch_compile", "torch_sdpa"),
+        reference_kwargs={"layout": layout, "causal": causal}, extra={"class": "attention", "causal": causal},
+    )
 
 
 def decode_form_func(form: tuple):

@@ -14,7 +14,10 @@ from .decode import DECODE_SHAPES, decode_picks, decode_plans, decode_variant, d
 from .base import CHAINS, SWIGLUS, Variant, fitting, launched
 from .chains import chain_variant, chain_variants, chain_workload
 from .cascades import cascade_variants
-from .attention import DECODE_FORMS, decode_form_variant, decode_pick
+from .attention import DECODE_FORMS, decode_form_variant, decode_pick, form_variant
+from ...driver import schedule
+from ...kernels.attention import fuse_attention
+from ...workloads.attention_forms import te_attention
 from ...kernels.decode_attention import DecodeConfig
 
 
@@ -57,6 +60,29 @@ def decode_form_clusters() -> list[Variant]:
         variants += [decode_form_variant(form, DecodeConfig(r, True, warps), f"tensor_cores_r{r}_w{warps}")
                      for warps in (4, 8) for r in (1, 2, 4, 8)]
     return [v for v in variants if v is not None]
+
+
+#: Prefill attention with heads wider than 128 (batch, heads, kv heads, length, head dim, layout,
+#: causal, dtype): Gemma-2-9B's 16 / 8 heads of 256 in bf16, a grouped 256 in [B, H, S, D], 192
+#: without groups, 160 at a length off the tiles.
+WIDE_HEAD_FORMS = [
+    (1, 16, 8, 2048, 256, "bshd", True, "bfloat16"),
+    (4, 8, 4, 1024, 256, "bhsd", True, "float16"),
+    (2, 16, 16, 1024, 192, "bhsd", False, "float16"),
+    (4, 16, 16, 1000, 160, "bshd", True, "float16"),
+]
+
+
+def wide_head_attention() -> list[Variant]:
+    """The tensor-core attention kernel at head dims 160-256 (built on request, not yet planned:
+    ``tvm_dsm.kernels.attention.CHECKED_DIMS``) beside what the planner gives them today."""
+    variants = []
+    for b, h, kv, s, d, layout, causal, dtype in WIDE_HEAD_FORMS:
+        func = te_attention(b, h, s, s, d, kv_heads=kv, layout=layout, causal=causal, dtype=dtype)
+        name = f"te_{layout}_b{b}h{h}kv{kv}s{s}d{d}{'_causal' if causal else ''}_{dtype}"
+        for label, mod in (("tvm_dsm", schedule(func).mod), ("tensor_cores", fuse_attention(func))):
+            variants.append(form_variant(f"{name}_{label}", func, mod, b * h * s * s * d, layout, causal))
+    return variants
 
 
 def gemm_wgmma() -> list[Variant]:
