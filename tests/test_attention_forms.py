@@ -11,9 +11,9 @@ import pytest
 import tvm
 from tvm import te, tirx
 
-from conftest import TARGET, cuda_source
+from conftest import TARGET, cuda_source, host_launch
 from tvm_dsm.errors import ClusterError
-from tvm_dsm.kernels.attention import fuse_attention
+from tvm_dsm.kernels.attention import TEMPLATE, fuse_attention
 from tvm_dsm.kernels.attention_pattern import HeadAxis, find_attention
 from tvm_dsm.workloads.attention_forms import relax_attention, te_attention, topi_attention
 
@@ -193,3 +193,73 @@ def test_gpu_topi_and_relax_forms_match_float64(build, causal):
     ref = _reference("bshd", *inputs, 4, 4, causal)
     got = out.numpy().astype(np.float64)
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+
+
+
+def _symbolic(layout: str, causal: bool, dim: int = 64):
+    """A grouped attention (batch 2, 8 query heads, 2 KV heads) over any sequence length ``S``."""
+    length = te.var("S")
+    return te_attention(2, 8, length, length, dim, kv_heads=2, layout=layout, causal=causal)
+
+
+@pytest.mark.parametrize(("layout", "causal", "dim"), [("bhsd", True, 64), ("bshd", False, 128)])
+def test_a_symbolic_sequence_length_builds_one_kernel_for_every_length(layout, causal, dim, assemble):
+    """Matched at one length, the kernel keeps the variable: its grid and the key mask of the
+    last tile follow it, and an empty sequence launches nothing."""
+    func = _symbolic(layout, causal, dim)
+    shape = TEMPLATE.find(func)
+    length = func.params[0].ty.shape[shape.layouts[0].seq]
+    assert shape.q_len.same_as(length) and shape.kv_len.same_as(length) and shape.causal == causal
+    assert TEMPLATE.default_config(shape).block_n == 64  # 128-key tiles only where a length says so
+    mod = fuse_attention(func)
+    (launch,) = host_launch(mod, "tvm_dsm")
+    assert ", S, " in launch  # the kernel takes the length: its grid (heads x query tiles) and key mask
+    last = mod["main"].body.seq[-1]
+    assert isinstance(last, tirx.IfThenElse) and str(last.condition).endswith("S) > 0")  # empty: no launch
+    source = cuda_source(mod, "tvm_dsm")
+    assemble(source, f"attention_symbolic_{layout}")
+
+
+def test_a_relax_model_of_any_prompt_length_reaches_the_kernel_by_request(assemble):
+    """Relax's attention over an int64 sequence length builds; the planner waits for the kernel's
+    GPU check before it takes one (``Attention.symbolic_rows``)."""
+    from tvm_dsm.families.row_ranges import range_kernels
+    from tvm_dsm.hardware import load_hardware
+
+    length = tirx.Var("S", "int64")
+    func = relax_attention(1, 16, length, length, 128, causal=True)
+    assemble(cuda_source(fuse_attention(func), "tvm_dsm"), "attention_symbolic_relax")
+    with pytest.raises(ClusterError, match=r"attention \(the family of S = 16\) schedules constant extents only"):
+        range_kernels(func, TARGET, load_hardware())
+
+
+def test_a_symbolic_length_that_is_not_the_sequence_is_refused():
+    func = te_attention(te.var("B"), 4, 128, 128, 64)  # any batch: a kernel per range of batches is not built
+    with pytest.raises(ClusterError, match="sequence length of q, k, v and the output alone"):
+        TEMPLATE.find(func)
+
+
+def test_keys_as_many_as_the_head_dim_still_match():
+    """Relax's causal attention at 64 keys of head dim 64: the max over keys of the scores (a sum
+    over the head dim, of the same extent) reduces the scores' own axis, so it starts the cascade
+    rather than joining the scores' group."""
+    shape = find_attention(relax_attention(2, 16, 64, 64, 64, causal=True))
+    assert (shape.q_len, shape.kv_len, shape.dim, shape.causal) == (64, 64, 64, True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("layout", "causal", "dim"), [("bhsd", True, 64), ("bshd", False, 128), ("bshd", True, 128)])
+def test_gpu_one_kernel_of_a_symbolic_length_matches_float64_at_every_length(layout, causal, dim):
+    """One module for lengths of one key, a tile less one, off the tiles and long; fresh inputs,
+    NaN-poisoned outputs."""
+    func = _symbolic(layout, causal, dim)
+    module = tvm.compile(fuse_attention(func), target=TARGET, tir_pipeline="tvm_dsm")
+    dev, rng = tvm.cuda(0), np.random.default_rng()
+    for length in (1, 63, 100, 257, 1024):
+        shapes = [[int(x) if isinstance(x, tirx.IntImm) else length for x in p.ty.shape] for p in func.params]
+        inputs = [(rng.standard_normal(s) * 2).astype(np.float16) for s in shapes[:3]]
+        out = tvm.runtime.tensor(np.full(shapes[3], np.nan, np.float16), dev)
+        module(*(tvm.runtime.tensor(x, dev) for x in inputs), out)
+        ref = _reference(layout, *inputs, 8, 2, causal)
+        error = np.linalg.norm(out.numpy().astype(np.float64) - ref) / np.linalg.norm(ref)
+        assert error < 2e-3, (length, error)

@@ -11,7 +11,8 @@ from tvm.script import relax as R
 import tvm_dsm
 from tvm_dsm.driver import H100, schedule_row_ranges, stock_target
 from tvm_dsm.errors import ClusterError
-from tvm_dsm.families.row_ranges import ROW_RANGES, range_kernels, row_variable
+from tvm_dsm.families.row_ranges import ROW_RANGES, range_kernels
+from tvm_dsm.ir import row_variable
 from tvm_dsm.hardware import load_hardware
 from tvm_dsm.relax_integration import lower_to_tir
 from tvm_dsm.relax_pipeline import low_batch_dispatch

@@ -23,10 +23,10 @@ from tvm.s_tir.schedule.schedule import ScheduleError
 from .device import gpu_or_reason
 from .errors import ClusterError
 from .families import ScheduleFamily, match_family
-from .families.row_ranges import RangeKernel, dispatch, range_kernels, range_specializations, row_variable
+from .families.row_ranges import RangeKernel, dispatch, range_kernels, range_specializations
 from .hardware import Hardware, load_hardware
 from .intrin import register_all
-from .ir import narrow_indices
+from .ir import narrow_indices, row_variable
 from .learned_ranking import rerank
 from .local_measure import local_builder, local_runner
 from .planners.report import Plan

@@ -10,6 +10,8 @@ from tvm import tirx
 from tvm.s_tir import SBlock
 from tvm.tirx.buffer import BufferType
 
+from .errors import ClusterError
+
 
 def find_all(root, node_type, pred: Callable = lambda _node: True) -> list:
     """Every node of ``node_type`` under ``root`` for which ``pred`` holds, in walk order."""
@@ -128,3 +130,33 @@ def narrow_indices(func: tirx.PrimFunc) -> tirx.PrimFunc:
     if any(isinstance(p.ty, BufferType) and str(p.ty.dtype) == "int64" for p in func.params):
         return func
     return tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({"main": func}))["main"]
+
+
+def row_variable(func: tirx.PrimFunc) -> tirx.Var | None:
+    """The variable among the extents of ``func``'s parameters, None where all are constants;
+    ClusterError where there are several, or an extent is an expression of one."""
+    found = {}
+    for param in func.params:
+        for extent in getattr(param.ty, "shape", None) or ():
+            if isinstance(extent, tirx.IntImm):
+                continue
+            if not isinstance(extent, tirx.Var):
+                raise ClusterError(f"{param.name}: the extent {extent} is an expression; tvm-dsm takes "
+                                   "a symbolic extent that is a variable")
+            found[extent.name] = extent
+    if len(found) > 1:
+        raise ClusterError(f"tvm-dsm takes one symbolic extent per function; got {sorted(found)}")
+    return next(iter(found.values()), None)
+
+
+def specialized(func: tirx.PrimFunc, var: tirx.Var, rows: int) -> tirx.PrimFunc:
+    """``func`` with ``var`` bound to ``rows``."""
+    buffers = {}
+    for param in func.params:
+        shape = getattr(param.ty, "shape", None)
+        if shape is not None and any(isinstance(d, tirx.Var) and d.same_as(var) for d in shape):
+            fixed = [tirx.IntImm(str(var.ty), rows) if isinstance(d, tirx.Var) and d.same_as(var) else d
+                     for d in shape]
+            buffers[param] = tirx.decl_buffer(fixed, param.ty.dtype, name=param.name,
+                                              elem_offset=param.ty.elem_offset)
+    return func.specialize(buffers)

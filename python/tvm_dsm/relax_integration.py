@@ -27,8 +27,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from .driver import H100, plan, replay, schedule_row_ranges, stock_rules, stock_target, tuning_record
 from .errors import ClusterError
-from .ir import narrow_indices
-from .families.row_ranges import row_variable
+from .ir import narrow_indices, row_variable
 from .hardware import Hardware
 from .relax_chains import FuseGemmChains, merge_elementwise
 from .relax_matmuls import MatmulsAsMatrices

@@ -34,7 +34,8 @@ from tvm.s_tir import meta_schedule as ms
 
 from .driver import stock_rules, stock_target
 from .errors import ClusterError
-from .families.row_ranges import dispatch, row_variable
+from .families.row_ranges import dispatch
+from .ir import row_variable
 from .hardware import Hardware, load_hardware
 from .kernels import paged_decode, ragged_prefill
 from .relax_top_k import TopKAsRows

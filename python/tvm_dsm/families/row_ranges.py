@@ -26,7 +26,7 @@ from tvm.s_tir import SBlock, SBlockRealize
 
 from ..errors import ClusterError
 from ..hardware import Hardware
-from ..ir import branch_on, fresh_definitions
+from ..ir import branch_on, fresh_definitions, row_variable, specialized
 from ..planners.report import Plan
 from . import match_family
 from .base import ScheduleFamily
@@ -66,36 +66,6 @@ def range_specializations(func: tirx.PrimFunc) -> list[tuple[int, tirx.PrimFunc]
     takes."""
     var = row_variable(func)
     return [(rows, specialized(func, var, rows)) for rows in (*ROW_RANGES, ROWS_BEYOND)]
-
-
-def row_variable(func: tirx.PrimFunc) -> tirx.Var | None:
-    """The variable among the extents of ``func``'s parameters, None where all are constants;
-    ClusterError where there are several, or an extent is an expression of one."""
-    found = {}
-    for param in func.params:
-        for extent in getattr(param.ty, "shape", None) or ():
-            if isinstance(extent, tirx.IntImm):
-                continue
-            if not isinstance(extent, tirx.Var):
-                raise ClusterError(f"{param.name}: the extent {extent} is an expression; tvm-dsm takes "
-                                   "a symbolic extent that is a variable")
-            found[extent.name] = extent
-    if len(found) > 1:
-        raise ClusterError(f"tvm-dsm takes one symbolic extent per function; got {sorted(found)}")
-    return next(iter(found.values()), None)
-
-
-def specialized(func: tirx.PrimFunc, var: tirx.Var, rows: int) -> tirx.PrimFunc:
-    """``func`` with ``var`` bound to ``rows``."""
-    buffers = {}
-    for param in func.params:
-        shape = getattr(param.ty, "shape", None)
-        if shape is not None and any(isinstance(d, tirx.Var) and d.same_as(var) for d in shape):
-            fixed = [tirx.IntImm(str(var.ty), rows) if isinstance(d, tirx.Var) and d.same_as(var) else d
-                     for d in shape]
-            buffers[param] = tirx.decl_buffer(fixed, param.ty.dtype, name=param.name,
-                                              elem_offset=param.ty.elem_offset)
-    return func.specialize(buffers)
 
 
 def range_kernels(func: tirx.PrimFunc, target: Any, hw: Hardware,

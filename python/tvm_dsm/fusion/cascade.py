@@ -136,8 +136,11 @@ def parse_reduction(block) -> Level | None:
 
 def find_cascades(func: tirx.PrimFunc) -> list[list[Level]]:
     """Groups of reduction blocks (program order) over one reduction extent and row shape in
-    which each level after the first reads an earlier level's output or, reading none, reduces
-    data the group already reads."""
+    which each level after the first reads an earlier level's output (a statistic of its row,
+    not indexed by the level's own reduction variable) or, reading none, reduces data the group
+    already reads. A level that reduces over an earlier level's output along its own reduction
+    variable (the max over keys of per-key dot products) starts a group: the earlier level is
+    its producer, whatever their extents (a head dim as long as the keys)."""
     sch = s_tir.Schedule(func)
     blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
     levels = [lvl for lvl in map(parse_reduction, blocks) if lvl is not None]
@@ -149,9 +152,12 @@ def find_cascades(func: tirx.PrimFunc) -> list[list[Level]]:
         # over keys of per-key dot products): it starts a group, the earlier one is its producer.
         if group and group[0].extent == level.extent and len(level.spatial) >= len(group[0].spatial):
             reads = loads(level.value)
-            deps = [n for n, prev in enumerate(group) if any(ld.source.same_as(prev.output) for ld in reads)]
+            produced = any(ld.source.same_as(prev.output) and any(uses(i, level.reduce_var) for i in ld.indices)
+                           for prev in group for ld in reads)
+            deps = [] if produced else [n for n, prev in enumerate(group)
+                                        if any(ld.source.same_as(prev.output) for ld in reads)]
             data = [ld.source for prev in group for ld in loads(prev.value)]
-            sibling = not deps and len(level.spatial) == len(group[0].spatial) and any(
+            sibling = not produced and not deps and len(level.spatial) == len(group[0].spatial) and any(
                 ld.source.same_as(buf) for ld in reads for buf in data)
         if deps or sibling:
             level.deps = deps

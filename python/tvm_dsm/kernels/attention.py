@@ -48,6 +48,7 @@ TMA store of a whole tile would write the next sequence's rows), with their log-
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 from dataclasses import dataclass
@@ -59,7 +60,7 @@ from tvm.script import tirx as T
 from ..errors import ClusterError
 from ..fusion.symbolic import ToTIR
 from ..hardware import Hardware
-from ..ir import shuffle_reduce, tree_reduce
+from ..ir import row_variable, shuffle_reduce, specialized, tree_reduce
 from ..transform.tma_pipeline import encode_tensor_map
 from ..intrin.wgmma import WARPGROUP_ROWS, call_source, mma_async_source, wait_source
 from .attention_pattern import AttentionShape, HeadAxis, OperandLayout, find_attention
@@ -131,6 +132,9 @@ _DIM_MULTIPLE = 8
 _MAX_ACCUMULATORS = 192
 #: Dynamic shared memory a CTA may opt into on Hopper.
 _MAX_SHARED_BYTES = 227 * 1024
+#: The sequence length a function of a symbolic one is matched at (:meth:`AttentionTemplate.find`):
+#: above every head dim, whose extent an equal length would make ambiguous to the matcher.
+_MATCHED_LENGTH = 264
 
 
 def padded_dim(dim: int) -> int:
@@ -169,8 +173,8 @@ def check_planned(shape: AttentionShape) -> None:
 
 def default_config(shape: AttentionShape) -> AttentionConfig:
     """At head dim 64, one warpgroup of 64 query rows per CTA, with 128-key tiles from 1024
-    keys (half the steps) and 64-key tiles below. At head dim 128 (a key/value tile is twice
-    the bytes) two 64-row blocks share each 64-key tile: in one warpgroup without the mask, in
+    keys (half the steps) and 64-key tiles below (and for a symbolic length). At head dim 128 (a
+    key/value tile is twice the bytes) two 64-row blocks share each 64-key tile: in one warpgroup without the mask, in
     two with it (the first stops at its own diagonal). Measured through the compile path a
     user's ``tvm.compile`` takes (docs/attention.md). Wider heads: two warpgroups of one row
     block each share the 64-key tiles (two row blocks a warpgroup would spill)."""
@@ -178,14 +182,27 @@ def default_config(shape: AttentionShape) -> AttentionConfig:
         return AttentionConfig(64, warpgroups=2)
     if padded_dim(shape.dim) == 128:
         return AttentionConfig(64, warpgroups=2) if shape.causal else AttentionConfig(64, row_blocks=2)
-    return AttentionConfig(128 if shape.kv_len >= 1024 else 64)
+    return AttentionConfig(128 if isinstance(shape.kv_len, int) and shape.kv_len >= 1024 else 64)
 
 
 class AttentionTemplate(KernelTemplate):
     """The attention kernel of an unfused attention (:func:`find_attention`), for sm_90a."""
 
     def find(self, func: tirx.PrimFunc) -> AttentionShape:
-        return find_attention(func)
+        """:func:`find_attention`'s shape; where the sequence length is a variable (the query
+        and key positions of every operand, as a model of any prompt length has it), the shape
+        of the function at :data:`_MATCHED_LENGTH` (its layouts, scale and mask do not depend
+        on the length) with the variable as its lengths."""
+        length = row_variable(func)
+        if length is None:
+            return find_attention(func)
+        shape = find_attention(specialized(func, length, _MATCHED_LENGTH))
+        for param, layout in zip(func.params, shape.layouts, strict=True):
+            axes = [n for n, extent in enumerate(param.ty.shape) if extent.same_as(length)]
+            if axes != [layout.seq]:
+                raise ClusterError(f"attention over a symbolic {length.name}: it must be the sequence length of q, k, "
+                                   f"v and the output alone; {param.name} has it at axes {axes}")
+        return dataclasses.replace(shape, q_len=length, kv_len=length)
 
     def configs(self, shape: AttentionShape) -> list[AttentionConfig]:
         """:data:`CONFIGS` that fit the head dim, where the planner may take it (:func:`check_planned`)."""
@@ -320,7 +337,9 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
     and stores its rows and their log-sum-exp directly, only those of its own sequence."""
     if ragged is not None:
         shape = ragged.shape()
-    H, N, KV, D, dtype = shape.heads, shape.q_len, shape.kv_len, padded_dim(shape.dim), shape.dtype
+    H, D, dtype = shape.heads, padded_dim(shape.dim), shape.dtype
+    symbolic = not isinstance(shape.q_len, int)  # one sequence length, a variable (AttentionTemplate.find)
+    N, KV = (T.Cast("int32", n) if symbolic else n for n in (shape.q_len, shape.kv_len))
     BM, BN, RB, WG = c.block_m, c.block_n, c.row_blocks, c.warpgroups
     QT, NT = -(-N // BM), -(-KV // BN)  # a tail tile's rows past the end: TMA zero-fills and clips them
     NF, DF = BN // 16, D // 16  # 16-column fragments of a row block's S and O
@@ -328,7 +347,8 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
     K_AT, V_AT = BM * D, BM * D + 2 * BN * D  # element offsets of the K and V slots
     SMEM = _shared_elements(D, c)
     log2e = 1.0 / math.log(2.0)
-    is_ragged, is_causal, key_tail = ragged is not None, shape.causal, KV % BN != 0  # key_tail: the last key tile runs past the keys
+    # key_tail: the last key tile may run past the keys
+    is_ragged, is_causal, key_tail = ragged is not None, shape.causal, symbolic or KV % BN != 0
     h = _helpers(shape, c)
 
     def fix(old, new):
@@ -360,7 +380,7 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
 
     names = ("q", "k", "v", "out")
     layouts = dict(zip(names, shape.layouts))
-    lengths = {"q": N, "k": KV, "v": KV, "out": N}
+    lengths = {"q": shape.q_len, "k": shape.kv_len, "v": shape.kv_len, "out": shape.q_len}
     shapes = {name: operand_shape(shape, layouts[name], lengths[name]) for name in names}
     maps = {name: tirx.Var(f"{name}_tensormap", T.handle("tensormap").ty) for name in names}
     tile_bytes = {"q": BM * D * 2, "kv": 2 * BN * D * 2}  # whole boxes: TMA counts zero-filled bytes too
@@ -621,13 +641,16 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
                     kernel(bx, tx, _head_values(bx // QT, shape.head_extents), None, None)
 
         sources = dict(zip(names, fused.params))
+    body = fused.body
+    if symbolic:  # no launch of an empty grid (CUDA refuses one)
+        body = tirx.IfThenElse(N > 0, body, None)
     host = []
     for name in names:
         layout = layouts[name]
         host += [tirx.Bind(maps[name], T.tvm_stack_alloca("tensormap", 1)),
                  encode_tensor_map(maps[name], sources[name], BN if name in ("k", "v") else BM, _PANEL, layout.seq,
                                    [layout.dim, layout.seq, *(axis.axis for axis in layout.heads)])]
-    return fused.with_body(tirx.SeqStmt([*host, fused.body]))
+    return fused.with_body(tirx.SeqStmt([*host, body]))
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from ..device import gpu_or_reason
 from ..driver import BUILD_TIMEOUT_S, load_tvm_dsm, row_range_tasks
 from ..errors import ClusterError
 from ..families import match_family
-from ..families.row_ranges import row_variable
+from ..ir import row_variable
 from ..hardware import Hardware, load_hardware
 from ..intrin import import_tvm_intrinsics
 from ..local_measure import local_builder, local_runner
