@@ -12,6 +12,7 @@ import tvm
 from tvm import te, tirx
 
 from conftest import TARGET, cuda_source, host_launch
+from conftest import kernels as cuda_kernels
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.kernels.attention import TEMPLATE, fuse_attention
 from tvm_dsm.kernels.attention_pattern import HeadAxis, find_attention
@@ -263,3 +264,21 @@ def test_gpu_one_kernel_of_a_symbolic_length_matches_float64_at_every_length(lay
         ref = _reference(layout, *inputs, 8, 2, causal)
         error = np.linalg.norm(out.numpy().astype(np.float64) - ref) / np.linalg.norm(ref)
         assert error < 2e-3, (length, error)
+
+
+def test_once_planned_a_symbolic_length_builds_as_a_kernel_per_range_of_lengths(monkeypatch):
+    """What the planner will build once the GPU check lets it (``Attention.symbolic_rows``): the
+    ranges of lengths each take a configuration (128-key tiles from 1024 keys), one dispatch."""
+    import tvm_dsm
+    from tvm_dsm.families.attention import Attention
+    from tvm_dsm.families.row_ranges import range_kernels
+    from tvm_dsm.hardware import load_hardware
+
+    monkeypatch.setattr(Attention, "symbolic_rows", True)
+    length = tirx.Var("S", "int64")
+    func = relax_attention(2, 16, length, length, 64, causal=True)
+    kernels = range_kernels(func, TARGET, load_hardware())
+    assert {k.family.name for k in kernels} == {"attention"}
+    assert [k.config.block_n for k in kernels] == [64, 128]
+    source = tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source()
+    assert len(cuda_kernels(source)) == len(kernels)

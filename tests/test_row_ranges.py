@@ -165,3 +165,21 @@ def test_a_symbolic_rms_norm_on_the_gpu(rows):
     x64 = x.astype(np.float64)
     ref = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + 1e-5) * w
     assert np.linalg.norm(out.numpy() - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def test_a_private_function_of_a_symbolic_row_count_builds():
+    """Relax's legalized functions are private (no global symbol): built alone, the dispatch over
+    ranges of rows is the module's packed ``main`` (without one TVM's codegen meets the buffers
+    themselves and fails)."""
+    from tvm import relax
+
+    rows = tvm.tirx.Var("n", "int64")
+    bb = relax.BlockBuilder()
+    x, w = relax.Var("x", R.Tensor((rows, 4096), "float16")), relax.Var("w", R.Tensor((4096,), "float16"))
+    with bb.function("main", [x, w]):
+        bb.emit_func_output(bb.emit(relax.op.nn.rms_norm(x, w, axes=[-1])))
+    func = next(f for f in relax.transform.LegalizeOps()(bb.get()).functions.values()
+                if isinstance(f, tvm.tirx.PrimFunc))
+    assert "global_symbol" not in func.attrs
+    source = tvm_dsm.build(func, H100).mod.imports[0].inspect_source()
+    assert source.count("__global__") >= 2  # a kernel per range of rows

@@ -185,6 +185,7 @@ def build(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None = No
     (:mod:`tvm_dsm.transform.host_sorts`)."""
     target = tvm.target.Target(target)
     refuse_host_sorts(func)
+    func = _public(func)
     record = tuning_record(database, func, target)
     if record is not None:
         return tvm.compile(replay(record.trace, func).mod, target=target)
@@ -217,6 +218,7 @@ def schedule(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None =
     ClusterError where no family applies, for callers that leave such functions to dlight
     themselves."""
     target = tvm.target.Target(target)
+    func = _public(func)
     record = tuning_record(database, func, target)
     if record is not None:
         return replay(record.trace, func)
@@ -343,6 +345,12 @@ def load_tvm_dsm() -> None:
     import tvm_dsm  # noqa: F401
 
     register_all()
+
+
+def _public(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` compiled alone as the module's packed function ``main``: a private one (Relax's
+    legalized functions) given that symbol, as TVM's packed API needs one to take its buffers."""
+    return func if "global_symbol" in (func.attrs or {}) else func.with_attr("global_symbol", "main")
 
 
 def _module(func: tirx.PrimFunc) -> tvm.IRModule:

@@ -60,7 +60,7 @@ from tvm.script import tirx as T
 from ..errors import ClusterError
 from ..fusion.symbolic import ToTIR
 from ..hardware import Hardware
-from ..ir import row_variable, shuffle_reduce, specialized, tree_reduce
+from ..ir import row_variable, shuffle_reduce, specialized, substitute, tree_reduce
 from ..transform.tma_pipeline import encode_tensor_map
 from ..intrin.wgmma import WARPGROUP_ROWS, call_source, mma_async_source, wait_source
 from .attention_pattern import AttentionShape, HeadAxis, OperandLayout, find_attention
@@ -202,7 +202,7 @@ class AttentionTemplate(KernelTemplate):
             if axes != [layout.seq]:
                 raise ClusterError(f"attention over a symbolic {length.name}: it must be the sequence length of q, k, "
                                    f"v and the output alone; {param.name} has it at axes {axes}")
-        return dataclasses.replace(shape, q_len=length, kv_len=length)
+        return dataclasses.replace(shape, q_len=length, kv_len=length, params=tuple(func.params))
 
     def configs(self, shape: AttentionShape) -> list[AttentionConfig]:
         """:data:`CONFIGS` that fit the head dim, where the planner may take it (:func:`check_planned`)."""
@@ -650,7 +650,11 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
         host += [tirx.Bind(maps[name], T.tvm_stack_alloca("tensormap", 1)),
                  encode_tensor_map(maps[name], sources[name], BN if name in ("k", "v") else BM, _PANEL, layout.seq,
                                    [layout.dim, layout.seq, *(axis.axis for axis in layout.heads)])]
-    return fused.with_body(tirx.SeqStmt([*host, body]))
+    body = tirx.SeqStmt([*host, body])
+    if shape.params:  # the function's own parameters (see AttentionShape.params)
+        return tirx.PrimFunc(list(shape.params), substitute(body, list(zip(fused.params, shape.params))),
+                             attrs=fused.attrs)
+    return fused.with_body(body)
 
 
 @dataclass(frozen=True)

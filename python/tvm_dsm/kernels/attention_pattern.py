@@ -24,7 +24,7 @@ indexed ``h // g`` is grouped-query attention, an axis of extent 1 indexed 0 mul
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import sympy
 import tvm
@@ -81,6 +81,9 @@ class AttentionShape:
     dtype: str = "float16"
     head_extents: tuple[int, ...] = ()
     layouts: tuple[OperandLayout, ...] = ()
+    #: The function's q, k, v and out, where its kernel must keep them (a symbolic length: the
+    #: kernels of its ranges share one function's parameters).
+    params: tuple = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
