@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import tvm
-from tvm import s_tir
+from tvm import s_tir, te, topi
 from tvm.s_tir import meta_schedule as ms
 
 import tvm_dsm
@@ -219,4 +219,25 @@ def test_gpu_unfused_chain_matches_float64(gated, configs):
 @pytest.mark.parametrize("m", [16, 128])
 def test_gpu_planned_chain_matches_float64(m):
     func = swiglu_ffn(m, 3072, 1024, 1024)  # S8
+    assert chain_error_on_gpu(func, tvm_dsm.plan(func).schedule().mod) < 2e-3
+
+
+def _topi_ffn(m: int, n: int, k: int, l: int):
+    """An FFN written with TOPI: ``dense``, ``relu`` and ``cast`` apart (two elementwise blocks
+    between the GEMMs), then ``dense`` and ``cast``."""
+    x = te.placeholder((m, k), "float16", name="x")
+    w1, w2 = te.placeholder((n, k), "float16", name="w1"), te.placeholder((l, n), "float16", name="w2")
+    h = topi.cast(topi.nn.relu(topi.nn.dense(x, w1, out_dtype="float32")), "float16")
+    return te.create_prim_func([x, w1, w2, topi.cast(topi.nn.dense(h, w2, out_dtype="float32"), "float16")])
+
+
+def test_a_topi_ffn_with_its_activation_and_cast_apart_is_a_chain(assemble):
+    ranking = tvm_dsm.plan(_topi_ffn(128, 1024, 768, 256))
+    assert ranking.family.name == "gemm_chain"
+    assemble(cuda_source(ranking.schedule().mod), "topi_ffn")
+
+
+@pytest.mark.gpu
+def test_gpu_topi_ffn_matches_float64():
+    func = _topi_ffn(128, 1024, 768, 256)
     assert chain_error_on_gpu(func, tvm_dsm.plan(func).schedule().mod) < 2e-3

@@ -19,10 +19,10 @@ import itertools
 import tvm
 from tvm import relax, s_tir, tirx
 from tvm.relax.dpl import TuplePattern, is_op, wildcard
-from tvm.s_tir.schedule.schedule import ScheduleError
 
 from .errors import ClusterError
 from .ir import is_reduction
+from .rules.fused_chain import merge_elementwise_blocks
 from .rules.split_k_gemm import find_gemm_operands
 
 #: Name of the composite functions the pattern fusion makes.
@@ -105,17 +105,7 @@ def FuseGemmChains(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM
 
 def merge_elementwise(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` with every elementwise block that feeds only elementwise blocks inlined into
-    them: a chain's activation and cast become the one block that writes its intermediate."""
+    them (:func:`~tvm_dsm.rules.fused_chain.merge_elementwise_blocks`)."""
     sch = s_tir.Schedule(func)
-    params = list(func.params)
-    for rv in sch.get_child_blocks(sch.get_sblock("root")):
-        block = sch.get(rv)
-        if is_reduction(block) or any(w.source.same_as(p) for w in block.writes for p in params):
-            continue
-        consumers = sch.get_consumers(rv)
-        if consumers and not any(is_reduction(sch.get(c)) for c in consumers):
-            try:
-                sch.compute_inline(rv)
-            except ScheduleError:  # e.g. a block s_tir cannot inline: leave it
-                continue
+    merge_elementwise_blocks(sch)
     return sch.mod["main"]

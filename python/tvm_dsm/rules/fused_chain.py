@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
+from tvm.s_tir.schedule.schedule import ScheduleError
 
 from ..errors import ClusterError
 from ..hardware import Hardware
@@ -124,13 +125,33 @@ class ChainBlocks:
     epilogue: list[SBlockRV]  # elementwise blocks after E; the last writes the output
 
 
+def merge_elementwise_blocks(sch: s_tir.Schedule) -> None:
+    """Inline each elementwise block of ``sch``'s function that feeds only elementwise blocks
+    into them: a chain's activation and cast (TOPI writes them as two blocks) become the one
+    block that writes its intermediate. A block writing a parameter, or one s_tir cannot
+    inline, stays."""
+    params = list(sch.mod["main"].params)
+    for rv in sch.get_child_blocks(sch.get_sblock("root")):
+        block = sch.get(rv)
+        if is_reduction(block) or any(w.source.same_as(p) for w in block.writes for p in params):
+            continue
+        consumers = sch.get_consumers(rv)
+        if consumers and not any(is_reduction(sch.get(c)) for c in consumers):
+            try:
+                sch.compute_inline(rv)
+            except ScheduleError:
+                continue
+
+
 def find_chain(sch: s_tir.Schedule) -> tuple[ChainBlocks, ChainShape]:
-    """The chain's blocks and shape; ClusterError says which part of the pattern is missing.
+    """The chain's blocks and shape (its elementwise blocks merged first,
+    :func:`merge_elementwise_blocks`); ClusterError says which part of the pattern is missing.
 
     Expected: one or two matmul blocks ``A[i, k] * W[j, k]`` over the same ``A``, one elementwise
     block combining them into fp16 ``H``, a matmul ``H[i, j] * W2[l, j]``, then elementwise
     blocks. All operands float16, accumulation float32.
     """
+    merge_elementwise_blocks(sch)
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     reductions = [b for b in blocks if is_reduction(sch.get(b))]
     if any(len(sch.get(b).iter_vars) > 3 for b in reductions):
