@@ -80,7 +80,8 @@ def test_probabilities_and_output_are_rounded_in_pairs(config):
 
 
 @pytest.mark.parametrize(("dim", "config"), [*((dim, config) for dim in (64, 128) for config in CONFIGS),
-                                           (192, AttentionConfig(128)), (256, AttentionConfig(64)),
+                                           (192, AttentionConfig(128)), (192, AttentionConfig(64, 1, 2)),
+                                           (256, AttentionConfig(64)),
                                            (256, AttentionConfig(64, 1, 2))])
 def test_every_configuration_fits_in_registers(ptxas_report, dim, config):
     """A spill would put the scores in local memory; CONFIGS lists only the ones that fit, and

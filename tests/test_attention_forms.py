@@ -282,3 +282,13 @@ def test_once_planned_a_symbolic_length_builds_as_a_kernel_per_range_of_lengths(
     assert [k.config.block_n for k in kernels] == [64, 128]
     source = tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source()
     assert len(cuda_kernels(source)) == len(kernels)
+
+
+def test_parameters_in_another_order_are_refused_by_name():
+    """The kernel's signature is (q, k, v, out): a function taking k first would get q and k
+    swapped, so it is refused (and falls back)."""
+    func = te_attention(2, 4, 128, 128, 64)
+    q, k, v, out = func.params
+    swapped = tvm.tirx.PrimFunc([k, q, v, out], func.body, attrs=func.attrs)
+    with pytest.raises(ClusterError, match=r"\(q, k, v, out\) in that order; the function has \['k', 'q'"):
+        find_attention(swapped)

@@ -118,8 +118,10 @@ class _Replaying(_Recorder):
 
 def test_paged_decode_graphs_key_on_the_caches_pages_and_feed_each_steps_tokens():
     """A tiny Llama on the CPU: two sequences of 13 and 5 tokens (pages of 16) decoded 24 steps
-    through PagedDecodeGraphs (its replays emulated by running the captured call again) give the
-    logits of the VM's own calls on a second cache; a page taken by either sequence is a new key."""
+    through PagedDecodeGraphs (its replays emulated by running the captured call again: this
+    checks that each step's tokens reach the held input and which steps are captured; whether a
+    key's graph stays valid only the GPU test can tell) give the logits of the VM's own calls on
+    a second cache; a page taken by either sequence is a new key."""
     from tvm_dsm.step_graphs import PagedDecodeGraphs
     from tvm_dsm.workloads.llama import LLAMA_TINY, LlamaSession, export_llama, random_weights
 

@@ -130,16 +130,19 @@ def compile_with_report(mod: tvm.IRModule, target=H100, hw: Hardware | None = No
     return executable, model_report(coverage, choices)
 
 
+#: The configurations of an LLM run whose kernels the report joins by default, in order: the
+#: "tvm_dsm" pipeline's, with or without whole-step graphs (the same kernels).
+_MEASURED_CONFIGS = ("tvm_dsm", "tvm_dsm_step_graphs")
+
+
 def measured_kernels(results: str | Path, config: str | None = None, batch: int = 1) -> list[dict]:
     """The per-kernel breakdown of a decode step that an LLM run (``python -m
-    tvm_dsm.gpu.llm``) recorded for ``config`` at ``batch`` (by default the first tvm-dsm
-    configuration the run has: ``tvm_dsm``, else one like ``tvm_dsm_step_graphs``); ValueError
-    naming what the file lacks."""
+    tvm_dsm.gpu.llm``) recorded for ``config`` at ``batch`` (by default the first of
+    :data:`_MEASURED_CONFIGS` the run has); ValueError naming what the file lacks."""
     found = json.loads(Path(results).read_text())
     configs = found.get("configs", {})
     if config is None:
-        ours = sorted((name for name in configs if name.startswith("tvm_dsm")), key=lambda name: name != "tvm_dsm")
-        config = ours[0] if ours else "tvm_dsm"
+        config = next((name for name in _MEASURED_CONFIGS if name in configs), _MEASURED_CONFIGS[0])
     try:
         return configs[config]["batches"][str(batch)]["decode_kernels"]["rows"]
     except KeyError as err:

@@ -25,14 +25,15 @@ from typing import Any
 
 import tvm
 
-#: cudaStreamCaptureModeRelaxed: other threads' CUDA calls stay legal during a capture.
+#: cudaStreamCaptureModeRelaxed: calls that are unsafe during a capture stay legal, as the VM's
+#: memory pool allocating while the step is captured.
 _CAPTURE_RELAXED = 2
 _CUDART = ("libcudart.so.13", "libcudart.so.12", "libcudart.so")
 
 
 class CudaGraphs:
     """Stream capture, instantiation and launch of CUDA graphs, through the CUDA runtime library
-    (the one TVM's CUDA runtime uses)."""
+    (the first of :data:`_CUDART` found: the CUDA 13 one TVM 0.27's wheel links)."""
 
     def __init__(self):
         for name in _CUDART:
@@ -119,7 +120,9 @@ class PagedDecodeGraphs:
     ``stream`` was the thread's current stream, the model compiled without Relax's CUDA-graph
     rewrite, whose own captures cannot nest in these). Call it between the cache's
     ``begin_forward`` and ``end_forward``, as the function itself; synchronize ``stream``
-    before reading the result."""
+    before reading the result. The key (the tokens' shape and the pages in use) fixes the layout
+    of the cache's per-step arrays only where every sequence of the cache takes part in every
+    step and none is forked, as in a batch decoding together."""
 
     def __init__(self, function, device, stream: int, **settings):
         self.function, self.device = function, device
@@ -130,11 +133,16 @@ class PagedDecodeGraphs:
         self._pages = tvm.get_global_func("vm.builtin.attention_kv_cache_get_num_available_pages")
 
     def __call__(self, tokens, cache, params):
+        # the previous step's graph reads the held tokens and the cache's per-step arrays, which
+        # this step rewrites from other streams
+        self.device.sync(self.graphs.stream)
         # the cache copies this step's page tables and positions to the device now, on its copy
         # stream, so that no graph holds the copy
         self._commit(cache)
         shape = tuple(int(d) for d in tokens.shape)
-        held = self._inputs.setdefault(shape, tvm.runtime.empty(shape, tokens.dtype, self.device))
+        if shape not in self._inputs:
+            self._inputs[shape] = tvm.runtime.empty(shape, tokens.dtype, self.device)
+        held = self._inputs[shape]
         held.copyfrom(tokens)
         self.device.sync()  # the copy ran on the legacy stream, which ``stream`` does not wait on
         key = (shape, int(self._pages(cache)))  # fixes the extents and offsets of the per-step arrays

@@ -241,6 +241,10 @@ class _Match:
         heads = [var for var in self.m.spatial if not var.same_as(i)]
         causal = self._causal(f.cond, i, t)
         q, k, v, out = f.operands
+        order = [next((n for n, p in enumerate(self.func.params) if p.same_as(op)), None) for op in f.operands]
+        if order != [0, 1, 2, 3]:
+            raise ClusterError("the attention kernel takes its parameters as (q, k, v, out) in that order; the "
+                               f"function has {[p.name for p in self.func.params]}")
         layouts = (self._layout("q", q, q_idx, i, f.dim_var, heads),
                    self._layout("k", k, k_idx, t, f.dim_var, heads),
                    self._layout("v", v, v_idx, t, f.column_var, heads),

@@ -113,9 +113,7 @@ def default_config(found: DenseOperands, hw: Hardware) -> DecodeConfig:
     tensor_cores = prefers_tensor_cores(found)
     fits = [r for r in _RANKS if found.pairs() * r <= wave_ctas(hw, tensor_cores)
             and _fits(found, DecodeConfig(r, tensor_cores))]
-    config = DecodeConfig(max(fits, default=1), tensor_cores)
-    wide = with_warps(found, config, found.pairs(), hw, found.shape.kv_len)
-    return wide if _fits(found, wide) else config
+    return with_warps(found, DecodeConfig(max(fits, default=1), tensor_cores), found.pairs(), hw, found.shape.kv_len)
 
 
 def _fits(found: DenseOperands, config: DecodeConfig) -> bool:

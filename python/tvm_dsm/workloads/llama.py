@@ -365,10 +365,11 @@ class LlamaSession:
 
     def close(self) -> None:
         """Give back the session's stream and graphs, the thread's current stream the default
-        one again."""
+        one again; the session (whose cache computes on that stream) is not used after."""
         if self.graphs is not None:
             self._sync()
             self.graphs.close()
+            self.cache = self.vm = None
             self.device.set_raw_stream(0)
             self.device.free_raw_stream(self.stream)
             self.graphs, self.stream = None, None
