@@ -155,8 +155,9 @@ def check_config(shape: AttentionShape, c: AttentionConfig) -> None:
     if c not in CONFIGS:
         raise ClusterError(f"{c}: registers are checked to fit without spills only for {CONFIGS}")
     D = padded_dim(shape.dim)
-    if c.row_blocks * (D + c.block_n) // 2 > _MAX_ACCUMULATORS:
-        raise ClusterError(f"{c} at head dim {D}: {c.row_blocks * (D + c.block_n) // 2} fp32 accumulators a thread, "
+    accumulators = c.row_blocks * (D + c.block_n) // 2  # S and O of a thread's rows
+    if accumulators > _MAX_ACCUMULATORS:
+        raise ClusterError(f"{c} at head dim {D}: {accumulators} fp32 accumulators a thread, "
                            f"more than the {_MAX_ACCUMULATORS} that fit without spills")
     if _shared_elements(D, c) * 2 > _MAX_SHARED_BYTES:
         raise ClusterError(f"{c} at head dim {D}: {_shared_elements(D, c) * 2} B of shared memory a CTA, more than "

@@ -24,7 +24,9 @@ from .reductions import collectives, split_k
 EXPERIMENTS = {
     "cascades_rows": experiments.cascades_rows, "chains_pdl": experiments.chains_pdl,
     "chains_tma": experiments.chains_tma, "decode_pdl": experiments.decode_pdl,
-    "decode_staged": experiments.decode_staged, "elementwise_configs": elementwise_configs, "decode_form_clusters": experiments.decode_form_clusters, "wide_head_attention": experiments.wide_head_attention, "fp8_depths": experiments.fp8_depths,
+    "decode_staged": experiments.decode_staged, "decode_form_clusters": experiments.decode_form_clusters,
+    "elementwise_configs": elementwise_configs, "wide_head_attention": experiments.wide_head_attention,
+    "fp8_depths": experiments.fp8_depths,
     "fp8_sweep": experiments.fp8_sweep, "gemm_depths": experiments.gemm_depths,
     "gemm_stages": experiments.gemm_stages, "gemm_tma": experiments.gemm_tma,
     "gemm_wgmma": experiments.gemm_wgmma, "programmatic_launch": experiments.programmatic_launch,

@@ -122,13 +122,9 @@ def decode_form_variant(form: tuple, config, label: str) -> Variant | None:
         mod = dense_decode.TEMPLATE.fuse(func, config)
     except ClusterError:
         return None
-    args = args_of(func)
-    return Variant(
-        name=f"{decode_form_name(form)}_{label}", workload="attention_layout", mod=mod,
-        args=args, bytes=nbytes_of(args), flops=4 * b * h * s * d,
-        plan={"planner": label == "tvm_dsm", **dataclasses.asdict(config)},
-        peers=("torch_eager", "torch_compile", "torch_sdpa"), reference_kwargs={"layout": layout, "causal": False},
-        extra={"class": "decode_attention", "causal": False})
+    variant = form_variant(f"{decode_form_name(form)}_{label}", func, mod, b * h * s * d, layout, False)
+    return dataclasses.replace(variant, plan={"planner": label == "tvm_dsm", **dataclasses.asdict(config)},
+                               extra={"class": "decode_attention", "causal": False})
 
 
 def decode_pick(form: tuple):
