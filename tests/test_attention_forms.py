@@ -221,19 +221,6 @@ def test_a_symbolic_sequence_length_builds_one_kernel_for_every_length(layout, c
     assemble(source, f"attention_symbolic_{layout}")
 
 
-def test_a_relax_model_of_any_prompt_length_reaches_the_kernel_by_request(assemble):
-    """Relax's attention over an int64 sequence length builds; the planner waits for the kernel's
-    GPU check before it takes one (``Attention.symbolic_rows``)."""
-    from tvm_dsm.families.row_ranges import range_kernels
-    from tvm_dsm.hardware import load_hardware
-
-    length = tirx.Var("S", "int64")
-    func = relax_attention(1, 16, length, length, 128, causal=True)
-    assemble(cuda_source(fuse_attention(func), "tvm_dsm"), "attention_symbolic_relax")
-    with pytest.raises(ClusterError, match=r"attention \(the family of S = 16\) schedules constant extents only"):
-        range_kernels(func, TARGET, load_hardware())
-
-
 def test_a_symbolic_length_that_is_not_the_sequence_is_refused():
     func = te_attention(te.var("B"), 4, 128, 128, 64)  # any batch: a kernel per range of batches is not built
     with pytest.raises(ClusterError, match="sequence length of q, k, v and the output alone"):
@@ -266,15 +253,13 @@ def test_gpu_one_kernel_of_a_symbolic_length_matches_float64_at_every_length(lay
         assert error < 2e-3, (length, error)
 
 
-def test_once_planned_a_symbolic_length_builds_as_a_kernel_per_range_of_lengths(monkeypatch):
-    """What the planner will build once the GPU check lets it (``Attention.symbolic_rows``): the
-    ranges of lengths each take a configuration (128-key tiles from 1024 keys), one dispatch."""
+def test_a_relax_model_of_any_prompt_length_builds_a_kernel_per_range_of_lengths():
+    """Relax's attention over an int64 sequence length: the ranges of lengths each take a
+    configuration (128-key tiles from 1024 keys), one dispatch."""
     import tvm_dsm
-    from tvm_dsm.families.attention import Attention
     from tvm_dsm.families.row_ranges import range_kernels
     from tvm_dsm.hardware import load_hardware
 
-    monkeypatch.setattr(Attention, "symbolic_rows", True)
     length = tirx.Var("S", "int64")
     func = relax_attention(2, 16, length, length, 64, causal=True)
     kernels = range_kernels(func, TARGET, load_hardware())

@@ -38,6 +38,7 @@ def _keys_read(shape, block_m: int, block_n: int) -> int:
 class Attention(TemplateFamily):
     name = "attention"
     template = rule.TEMPLATE
+    symbolic_rows = True  # a sequence length known when called: the grid and the last key tile's mask follow it
 
     def predict(self, shape, config: rule.AttentionConfig, hw: Hardware) -> KernelPlan:
         row = shape.heads * shape.dim * _ELEMENT_BYTES  # bytes of one position's row, all heads

@@ -120,11 +120,6 @@ CONFIGS = (AttentionConfig(64, 1), AttentionConfig(128, 1), AttentionConfig(64, 
 #: is computed in the next one, TMA filling the columns past it with zeros on loads (they add
 #: nothing to q . k, and P V's extra columns are clipped by the TMA store).
 PADDED_DIMS = (64, 128, 192, 256)
-#: The padded head dims whose kernels have been checked against float64 on a GPU: the planner
-#: and the Relax pipeline take the kernel there only (:func:`check_planned`). The wider ones
-#: build and assemble without spills (tests/test_attention.py) and run where a configuration is
-#: asked for explicitly (``TEMPLATE.fuse(func, config)``, the GPU suites) until their check.
-CHECKED_DIMS = (64, 128)
 #: A TMA tensor map's strides are multiples of 16 bytes: the head dim's rows of 2-byte elements.
 _DIM_MULTIPLE = 8
 #: fp32 accumulator registers a thread may hold (S and O of its row blocks): the most that
@@ -164,14 +159,6 @@ def check_config(shape: AttentionShape, c: AttentionConfig) -> None:
                            f"the {_MAX_SHARED_BYTES} B of a Hopper CTA")
 
 
-def check_planned(shape: AttentionShape) -> None:
-    """ClusterError where the planner must not take the kernel for ``shape`` by itself: a head
-    dim outside :data:`CHECKED_DIMS`."""
-    if padded_dim(shape.dim) not in CHECKED_DIMS:
-        raise ClusterError(f"head dim {shape.dim}: the attention kernel builds for it but has not been checked "
-                           f"against float64 on a GPU; planned for head dims up to {max(CHECKED_DIMS)}")
-
-
 def default_config(shape: AttentionShape) -> AttentionConfig:
     """At head dim 64, one warpgroup of 64 query rows per CTA, with 128-key tiles from 1024
     keys (half the steps) and 64-key tiles below (and for a symbolic length). At head dim 128 (a
@@ -206,8 +193,7 @@ class AttentionTemplate(KernelTemplate):
         return dataclasses.replace(shape, q_len=length, kv_len=length, params=tuple(func.params))
 
     def configs(self, shape: AttentionShape) -> list[AttentionConfig]:
-        """:data:`CONFIGS` that fit the head dim, where the planner may take it (:func:`check_planned`)."""
-        check_planned(shape)
+        """:data:`CONFIGS` that fit the head dim."""
         fits = []
         for config in CONFIGS:
             try:

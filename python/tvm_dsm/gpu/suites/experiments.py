@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+
+from tvm import te
 from ...hardware import load_hardware
 from ...planners.split_k_gemm import PIPELINE_DEPTHS, SHALLOW_PIPELINES, plan_split_k_gemm, predict
 from ...rules.split_k_gemm import GemmShape, SplitKGemmConfig, check_config
@@ -16,7 +18,7 @@ from .chains import chain_variant, chain_variants, chain_workload
 from .cascades import cascade_variants
 from .attention import DECODE_FORMS, decode_form_variant, decode_pick, form_variant
 from ...driver import schedule
-from ...kernels.attention import fuse_attention
+from ...kernels.attention import TEMPLATE as ATTENTION, fuse_attention
 from ...workloads.attention_forms import te_attention
 from ...kernels.decode_attention import DecodeConfig
 
@@ -74,14 +76,37 @@ WIDE_HEAD_FORMS = [
 
 
 def wide_head_attention() -> list[Variant]:
-    """The tensor-core attention kernel at head dims 160-256 (built on request, not yet planned:
-    ``tvm_dsm.kernels.attention.CHECKED_DIMS``) beside what the planner gives them today."""
+    """The tensor-core attention kernel at head dims 160-256 in every configuration that fits,
+    beside the planner's pick."""
     variants = []
     for b, h, kv, s, d, layout, causal, dtype in WIDE_HEAD_FORMS:
         func = te_attention(b, h, s, s, d, kv_heads=kv, layout=layout, causal=causal, dtype=dtype)
         name = f"te_{layout}_b{b}h{h}kv{kv}s{s}d{d}{'_causal' if causal else ''}_{dtype}"
-        for label, mod in (("tvm_dsm", schedule(func).mod), ("tensor_cores", fuse_attention(func))):
-            variants.append(form_variant(f"{name}_{label}", func, mod, b * h * s * s * d, layout, causal))
+        variants.append(form_variant(f"{name}_tvm_dsm", func, schedule(func).mod, b * h * s * s * d, layout, causal))
+        for c in ATTENTION.configs(ATTENTION.find(func)):
+            label = f"n{c.block_n}r{c.row_blocks}w{c.warpgroups}"
+            variants.append(form_variant(f"{name}_{label}", func, fuse_attention(func, c), b * h * s * s * d,
+                                         layout, causal))
+    return variants
+
+
+#: Sequence lengths a symbolic-length attention is called at (symbolic_attention).
+SYMBOLIC_LENGTHS = (1, 16, 128, 1024, 4096)
+
+
+def symbolic_attention() -> list[Variant]:
+    """Grouped causal attention of a symbolic sequence length (a Relax model of any prompt
+    length: one module, a kernel per range of lengths) against the same attention built at each
+    length, at head dims 64 and 128."""
+    variants = []
+    for d in (64, 128):
+        symbolic = te_attention(2, 32, te.var("S"), te.var("S"), d, kv_heads=8, causal=True)
+        any_length = schedule(symbolic).mod
+        for s in SYMBOLIC_LENGTHS:
+            func = te_attention(2, 32, s, s, d, kv_heads=8, causal=True)
+            for label, mod in (("symbolic", any_length), ("static", schedule(func).mod)):
+                variant = form_variant(f"causal_b2h32kv8d{d}_s{s}_{label}", func, mod, 2 * 32 * s * s * d, "bhsd", True)
+                variants.append(dataclasses.replace(variant, extra={**variant.extra, "path": label, "length": s}))
     return variants
 
 
