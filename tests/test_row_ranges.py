@@ -109,15 +109,18 @@ def test_low_batch_dispatch_branches_over_dlight_rules():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows", [1, 15, 16, 17, 100, 1025, 4100])
-def test_symbolic_dense_on_the_gpu_at_every_range(rows):
-    func = dense(te.var("m"), 1024, 512)
+@pytest.mark.parametrize("rows, n", [(1, 1024), (15, 1024), (16, 1024), (17, 1024), (100, 1024), (1025, 1024),
+                                     (4100, 1024), (2500, 3000), (4100, 3000)])
+def test_symbolic_dense_on_the_gpu_at_every_range(rows, n):
+    """Every range's kernel; past 256 rows the clusters walk groups of rows of tiles, the last
+    group shorter (tvm_dsm.transform.raster_clusters)."""
+    func = dense(te.var("m"), n, 512)
     lib = tvm_dsm.build(func)
     dev = tvm.cuda()
     rng = np.random.default_rng(rows)
     x = rng.standard_normal((rows, 512)).astype("float16")
-    w = (rng.standard_normal((1024, 512)) / np.sqrt(512)).astype("float16")
-    out = tvm.runtime.tensor(np.full((rows, 1024), np.nan, "float16"), dev)
+    w = (rng.standard_normal((n, 512)) / np.sqrt(512)).astype("float16")
+    out = tvm.runtime.tensor(np.full((rows, n), np.nan, "float16"), dev)
     lib(tvm.runtime.tensor(x, dev), tvm.runtime.tensor(w, dev), out)
     ref = x.astype("float64") @ w.astype("float64").T
     err = np.linalg.norm(out.numpy().astype("float64") - ref) / np.linalg.norm(ref)

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 #: Loop annotation on the cluster-index loop: the number of CTAs per cluster.
 CLUSTER_SIZE_KEY = "tvm_dsm.cluster_size"
+#: Loop annotation on a GEMM's cluster loop over a symbolic count of rows of tiles: [group,
+#: columns of tiles]; tvm_dsm.transform.raster_clusters walks ``group`` rows per column.
+RASTER_GROUP_KEY = "tvm_dsm.raster_group"
 #: Loop annotation: the loop's iterations commute; start CTA r's walk at peer r (rotation).
 ROTATE_PEERS_KEY = "tvm_dsm.rotate_peers"
 #: Loop annotation: this copy loop between DSM slices moves by cp.async.bulk pushes.

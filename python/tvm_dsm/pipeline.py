@@ -23,6 +23,7 @@ from .transform import AttachClusterLaunch, CheckClusterSchedule, LowerCluster
 from .transform.release_slice_starts import ReleaseSliceStarts
 from .transform.merge_pipeline_barriers import MergePipelineBarriers
 from .transform.programmatic_launch import ProgrammaticLaunch
+from .transform.raster_clusters import RasterClusters
 from .transform.storage_rewrite import StorageRewrite
 from .transform.tma_pipeline import LowerTmaPipeline
 from .annotations import ASYNC_STAGES_KEY
@@ -60,6 +61,7 @@ def _passes(config, async_copy: bool, hw: Hardware) -> list:
         s_tir.transform.InjectPermutedLayout(),
         s_tir.transform.AnnotateIrregularLoop(),
         LowerTmaPipeline(hw),  # tvm-dsm
+        RasterClusters,  # tvm-dsm: after the TMA pipeline, which reads copy indices as the schedule wrote them
         s_tir.transform.InjectSoftwarePipeline(),
         s_tir.transform.TransformMmaBufferLayout(),
         s_tir.transform.LowerOpaqueBlock(),

@@ -28,7 +28,7 @@ from tvm.s_tir.schedule import LoopRV, SBlockRV
 from ..errors import ClusterError
 from ..hardware import Hardware
 from ..ir import is_reduction
-from ..annotations import ASYNC_STAGES_KEY
+from ..annotations import ASYNC_STAGES_KEY, RASTER_GROUP_KEY
 from ..transform.programmatic_launch import launch_programmatically
 from ..transform.tma_pipeline import MAX_BOX as TMA_MAX_BOX
 from ..transform.tma_pipeline import ROW_BYTES as TMA_ROW_BYTES
@@ -478,7 +478,8 @@ def apply_split_k_gemm(
     i_tile, i_in = sch.split(i, [None, c.block_m])
     j_tile, j_in = sch.split(j, [None, c.block_n])
     i_rank, i_row = sch.split(i_in, [s, None])
-    # over a symbolic M the rows of tiles are not known to divide into groups
+    # over a symbolic M the rows of tiles are not known to divide into groups: the cluster
+    # loop is renumbered when lowered (tvm_dsm.transform.raster_clusters)
     group = 1 if shape.symbolic_rows else raster_group(shape.m // c.block_m)
     if group > 1:  # consecutive clusters walk `group` rows of tiles per column of tiles
         i_group, i_tile = sch.split(i_tile, [None, group])
@@ -487,6 +488,8 @@ def apply_split_k_gemm(
     else:
         sch.reorder(i_tile, j_tile, i_rank, i_row, j_in)
         cluster = sch.fuse(i_tile, j_tile)
+        if shape.symbolic_rows and shape.n > c.block_n:
+            sch.annotate(cluster, RASTER_GROUP_KEY, [RASTER_GROUP, shape.n // c.block_n])
     bind_cluster_nest(sch, cluster, i_rank)
     for block in blocks:
         sch.compute_at(block, i_rank, preserve_unit_loops=True)

@@ -80,14 +80,15 @@ def generality() -> list[Variant]:
 #: A 1B-class decoder's linear layers (N, K): fused QKV, gate and up, down, LM head.
 ROW_LAYERS = [(3072, 2048), (16384, 2048), (2048, 8192), (32000, 2048)]
 #: Row counts the symbolic-row dense layers are called with: decode batches, prefill chunks.
-ROW_COUNTS = (1, 4, 8, 16, 17, 64, 256, 1000, 2048)
+ROW_COUNTS = (1, 4, 8, 16, 17, 64, 256, 1000, 2048, 4096)
 
 
 def symbolic_rows() -> list[Variant]:
     """Dense layers of a symbolic row count (``te.var("m")``), each built once per path and
     called at every row count of ROW_COUNTS: tvm-dsm's (``tvm_dsm.build``: a kernel per range
     of rows), TVM's as MLC-LLM schedules it (low-batch GEMV up to 8 rows, dlight's matmul
-    beyond: :func:`tvm_dsm.relax_pipeline.low_batch_dispatch`) and dlight's alone."""
+    beyond: :func:`tvm_dsm.relax_pipeline.low_batch_dispatch`) and dlight's alone; beside them
+    tvm-dsm's build of each row count as a constant (``static``), the mark for the first."""
     from ...driver import stock_schedule, stock_target
     from ...relax_pipeline import low_batch_dispatch
 
@@ -97,14 +98,15 @@ def symbolic_rows() -> list[Variant]:
         paths = {"tvm_dsm": schedule(func).mod, "dlight": stock_schedule(func).mod}
         with stock_target() as target:
             paths["low_batch"] = tvm.IRModule({"main": low_batch_dispatch(func, target)})
-        for path, mod in paths.items():
+        for path, mod in [*paths.items(), ("static", None)]:
             for m in ROW_COUNTS:
                 args = [{"name": "X", "shape": [m, k], "dtype": "float16", "output": False},
                         {"name": "W", "shape": [n, k], "dtype": "float16", "output": False,
                          "scale": 1 / math.sqrt(k)},
                         {"name": "Out", "shape": [m, n], "dtype": "float16", "output": True}]
                 variants.append(Variant(
-                    name=f"rows_{n}x{k}_m{m}_{path}", workload="dense", mod=mod, args=args,
+                    name=f"rows_{n}x{k}_m{m}_{path}", workload="dense",
+                    mod=schedule(dense(m, n, k, "float16")).mod if mod is None else mod, args=args,
                     bytes=nbytes_of(args), flops=2 * m * n * k, peers=("torch_eager",),
                     extra={"class": "symbolic_rows", "path": path, "rows": m}))
     return variants
