@@ -186,3 +186,16 @@ def test_a_private_function_of_a_symbolic_row_count_builds():
     assert "global_symbol" not in func.attrs
     source = tvm_dsm.build(func, H100).mod.imports[0].inspect_source()
     assert source.count("__global__") >= 2  # a kernel per range of rows
+
+
+def test_branches_of_the_same_loops_get_loops_of_their_own():
+    """Two ranges' schedules of one function side by side: each branch defines its own block,
+    loop and let variables (s_tir refuses a variable defined twice)."""
+    from tvm_dsm.ir import find_all, fresh_definitions
+
+    body = dense(24, 64, 32).body
+    copy = fresh_definitions(body)
+    loop_vars = [loop.loop_var for loop in find_all(body, tirx.For)]
+    copied = [loop.loop_var for loop in find_all(copy, tirx.For)]
+    assert len(copied) == len(loop_vars) > 0
+    assert not any(a.same_as(b) for a in copied for b in loop_vars)

@@ -40,11 +40,12 @@ def substitute(node, mapping: list[tuple[tirx.Var, tvm.ir.PrimExpr]]):
 
 
 def fresh_definitions(stmt):
-    """``stmt`` with each variable its blocks and ``Let`` expressions define replaced by a new
+    """``stmt`` with each variable its blocks, loops and ``Let`` expressions define replaced by a new
     one of its name and type: two schedules of one function placed side by side in one function
     (a branch per range of rows) may not define the same variables."""
     defined = [iv.var for block in find_all(stmt, SBlock) for iv in block.iter_vars]
     defined += [let.var for let in find_all(stmt, tirx.Let)]
+    defined += [loop.loop_var for loop in find_all(stmt, tirx.For)]
     found: dict = {}
     for var in defined:
         found.setdefault(var, tirx.Var(var.name, str(var.ty)))

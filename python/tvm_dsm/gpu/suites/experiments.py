@@ -100,7 +100,8 @@ def symbolic_attention() -> list[Variant]:
     length, at head dims 64 and 128."""
     variants = []
     for d in (64, 128):
-        symbolic = te_attention(2, 32, te.var("S"), te.var("S"), d, kv_heads=8, causal=True)
+        length = te.var("S")
+        symbolic = te_attention(2, 32, length, length, d, kv_heads=8, causal=True)
         any_length = schedule(symbolic).mod
         for s in SYMBOLIC_LENGTHS:
             func = te_attention(2, 32, s, s, d, kv_heads=8, causal=True)
