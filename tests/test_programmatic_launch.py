@@ -201,3 +201,36 @@ def test_a_grid_that_would_crowd_the_previous_kernels_idle_sms_is_launched_after
     assert (config.gemm1.cluster_size, config.gemm1.block_n) == (2, 64)
     source = cuda_source(schedule_unfused_chain(func, config, load_hardware()).mod)
     assert "griddepcontrol" in source
+
+
+@pytest.mark.parametrize("read_only", [[], ["W"]], ids=["unmarked", "weight_read_only"])
+def test_a_first_kernel_copies_early_only_parameters_no_kernel_writes(read_only):
+    """A decode GEMV launched programmatically: where its function names W as read-only (a
+    model's weight, tvm_dsm.relax_pipeline), its first pipeline steps' W tiles load before it
+    waits for the previous grid; X (the previous kernel's output) only after it."""
+    from tvm_dsm.annotations import READ_ONLY_PARAMS_KEY
+
+    func = dense(16, 3072, 2048)
+    if read_only:
+        func = func.with_attr(READ_ONLY_PARAMS_KEY, read_only)
+    config = SplitKGemmConfig(1, 16, 64, 64, 1, 2, 3, tma=True, programmatic_launch=True)
+    (body,) = kernels(cuda_source(schedule_split_k_gemm(func, config, load_hardware()).mod)).values()
+    before, after = body.split(WAIT)
+    assert _copied(before) == ({"W_tensormap"} if read_only else set())
+    assert "X_tensormap" in _copied(after)
+
+
+def test_a_function_asked_to_trigger_early_lets_the_next_kernel_launch_as_it_starts():
+    """``TRIGGER_EARLY_KEY``: a kernel not launched programmatically itself (a norm before a
+    decode GEMV) signals its dependents first and never waits."""
+    from tvm_dsm.annotations import TRIGGER_EARLY_KEY
+    from tvm_dsm.driver import schedule
+    from tvm_dsm.workloads.norms import topi_norm
+
+    func = schedule(topi_norm("rms_norm", 4, 2048, "float16")).mod["main"]
+    plain = kernels(cuda_source(tvm.IRModule({"main": func})))
+    early = kernels(cuda_source(tvm.IRModule({"main": func.with_attr(TRIGGER_EARLY_KEY, True)})))
+    assert len(early) == len(plain) >= 1
+    for body in early.values():
+        assert body[body.index("{") + 1:].split()[0] == LAUNCH and WAIT not in body
+    assert not any(LAUNCH in body for body in plain.values())

@@ -38,6 +38,8 @@ from .families.row_ranges import dispatch
 from .ir import row_variable
 from .hardware import Hardware, load_hardware
 from .kernels import paged_decode, ragged_prefill
+from .relax_weights import MarkReadOnlyParams
+from .annotations import TRIGGER_EARLY_KEY
 from .relax_top_k import TopKAsRows
 from .relax_integration import CRASH_ATTR, FAMILY_ATTR, Choice, ScheduleTIR, lower_to_tir
 
@@ -173,12 +175,14 @@ def kernel_coverage(mod: tvm.IRModule, prescheduled: set[str]) -> dict[str, str]
 def lower_for_scheduling(mod: tvm.IRModule, target: tvm.target.Target, hw: Hardware | None = None,
                          kv_cache_kernels: tuple[str, ...] = DEFAULT_KV_CACHE_KERNELS) -> tvm.IRModule:
     """``mod`` as the pipeline schedules it: :data:`~tvm_dsm.relax_top_k.TopKAsRows`, library
-    dispatch, :func:`lower_to_tir`, :func:`use_kv_cache_kernels` (``kv_cache_kernels``). Tuning
+    dispatch, :func:`lower_to_tir`, :func:`use_kv_cache_kernels` (``kv_cache_kernels``),
+    :func:`~tvm_dsm.relax_weights.MarkReadOnlyParams` (weights a kernel may load before it
+    waits for the previous one). Tuning
     extracts its tasks from this module, so that the records match the functions compiled."""
     with target:
         mod = TopKAsRows(mod)  # before library dispatch, which would give R.topk to TVM's sort
         mod = tvm.transform.Sequential(cuda_pipeline.library_dispatch_passes(target))(mod)
-        return use_kv_cache_kernels(lower_to_tir(mod), hw, kv_cache_kernels)
+        return MarkReadOnlyParams(use_kv_cache_kernels(lower_to_tir(mod), hw, kv_cache_kernels))
 
 
 def schedule_kernels(mod: tvm.IRModule, target: tvm.target.Target,
@@ -203,12 +207,16 @@ def schedule_kernels(mod: tvm.IRModule, target: tvm.target.Target,
 def tvm_dsm_pipeline(database: ms.Database | None = None, hw: Hardware | None = None,
                      coverage: dict[str, str] | None = None,
                      choices: dict[str, Choice] | None = None,
-                     kv_cache_kernels: tuple[str, ...] = DEFAULT_KV_CACHE_KERNELS) -> tvm.transform.Pass:
+                     kv_cache_kernels: tuple[str, ...] = DEFAULT_KV_CACHE_KERNELS,
+                     trigger_early: bool = False) -> tvm.transform.Pass:
     """The pipeline of the module docstring, for the target ``tvm.compile`` enters
     (``tvm.target.Target.current()``); ``database``: tuning records :class:`ScheduleTIR` prefers
     to the planner's choice; ``coverage``: a dict to fill with :func:`kernel_coverage`;
     ``choices``: a dict to fill with :class:`ScheduleTIR`'s choices; ``kv_cache_kernels``:
-    the ``nn.llm`` attention kernels replaced by tvm-dsm's (see the module docstring)."""
+    the ``nn.llm`` attention kernels replaced by tvm-dsm's (see the module docstring);
+    ``trigger_early``: every kernel lets the next one launch as it starts
+    (``TRIGGER_EARLY_KEY``), so that a decode step's GEMVs, launched programmatically, load
+    their weights' first tiles while the norm or attention before them runs."""
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.RelaxPipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -219,6 +227,9 @@ def tvm_dsm_pipeline(database: ms.Database | None = None, hw: Hardware | None = 
         with stock_target(target):
             mod = LowBatchDispatch(mod)
             mod = stock_rules()(mod)
+        if trigger_early:
+            mod = tvm.IRModule({gv: f.with_attr(TRIGGER_EARLY_KEY, True) if isinstance(f, tirx.PrimFunc) else f
+                                for gv, f in mod.functions.items()}, attrs=mod.attrs)
         with target:
             return tvm.transform.Sequential(cuda_pipeline.dataflow_lower_passes(target)
                                             + cuda_pipeline.finalize_passes(target))(mod)

@@ -21,6 +21,9 @@ crashes its process costs that configuration only):
 - ``tvm_dsm_step_graphs``: ``tvm_dsm`` compiled without Relax's CUDA-graph rewrite, its decode
   steps replayed whole from CUDA graphs, the KV cache's attention calls included
   (:class:`tvm_dsm.workloads.llama.LlamaSession` with ``step_graphs``);
+- ``tvm_dsm_step_graphs_early``: the same with every kernel letting the next launch as it starts
+  (``relax.get_pipeline("tvm_dsm", trigger_early=True)``): the A/B of the decode GEMVs loading
+  their weights' first tiles while the kernel before them runs;
 - ``tvm_dsm_tuned``: ``tvm_dsm`` compiled from the tuning records in ``--database``, which
   ``python3 -m tvm_dsm.gpu.llm tune --work-dir DIR`` writes (:func:`tune_model`);
 
@@ -69,12 +72,16 @@ from .kernel_breakdown import profile_kernels
 from ..workloads.llama import LLAMA_1B, LLAMA_TINY, LlamaConfig
 
 MODELS = {"1b": LLAMA_1B, "1b_bf16": dataclasses.replace(LLAMA_1B, dtype="bfloat16"), "tiny": LLAMA_TINY}
-CONFIGS = ("tvm_default", "tvm_mlc", "tvm_dsm", "tvm_dsm_nn_llm_attention", "tvm_dsm_tuned", "tvm_dsm_step_graphs")
+CONFIGS = ("tvm_default", "tvm_mlc", "tvm_dsm", "tvm_dsm_nn_llm_attention", "tvm_dsm_tuned", "tvm_dsm_step_graphs",
+           "tvm_dsm_step_graphs_early")
 #: The configurations whose sessions replay decode steps from graphs of their own.
-STEP_GRAPH_CONFIGS = ("tvm_dsm_step_graphs",)
+STEP_GRAPH_CONFIGS = ("tvm_dsm_step_graphs", "tvm_dsm_step_graphs_early")
+#: The configurations whose kernels let the next one launch as they start (``trigger_early``).
+TRIGGER_EARLY_CONFIGS = ("tvm_dsm_step_graphs_early",)
 #: The ``nn.llm`` kernels each tvm-dsm configuration replaces (:mod:`tvm_dsm.relax_pipeline`).
 KV_CACHE_KERNELS = {"tvm_dsm": DEFAULT_KV_CACHE_KERNELS, "tvm_dsm_nn_llm_attention": (),
-                    "tvm_dsm_tuned": DEFAULT_KV_CACHE_KERNELS, "tvm_dsm_step_graphs": DEFAULT_KV_CACHE_KERNELS}
+                    "tvm_dsm_tuned": DEFAULT_KV_CACHE_KERNELS, "tvm_dsm_step_graphs": DEFAULT_KV_CACHE_KERNELS,
+                    "tvm_dsm_step_graphs_early": DEFAULT_KV_CACHE_KERNELS}
 #: Untimed decode steps before the timed ones (the first steps of a batch size capture its
 #: CUDA graph; a fresh process also runs its first steps slower).
 WARMUP_STEPS = 10
@@ -164,7 +171,8 @@ def _compile(name: str, mod, target, coverage: dict, database: str | None = None
     if name == "tvm_dsm_tuned" and not database:
         raise ValueError("tvm_dsm_tuned compiles from a tuning database: pass --database WORK_DIR")
     pipeline = relax.get_pipeline("tvm_dsm", coverage=coverage, kv_cache_kernels=KV_CACHE_KERNELS[name],
-                                  database=open_database(database) if name == "tvm_dsm_tuned" else None)
+                                  database=open_database(database) if name == "tvm_dsm_tuned" else None,
+                                  trigger_early=name in TRIGGER_EARLY_CONFIGS)
     return tvm.compile(mod, target, relax_pipeline=pipeline)
 
 

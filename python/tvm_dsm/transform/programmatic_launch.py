@@ -37,7 +37,8 @@ from tvm import s_tir, tirx
 from tvm.script import tirx as T
 
 from ..ir import find_all, replace_node
-from ..annotations import EARLY_COPY_KEY, PDL_LAUNCH_TAG, PROGRAMMATIC_LAUNCH_KEY
+from ..annotations import (EARLY_COPY_KEY, PDL_LAUNCH_TAG, PROGRAMMATIC_LAUNCH_KEY, READ_ONLY_PARAMS_KEY,
+                           TRIGGER_EARLY_KEY)
 
 #: Statement attribute (node: a parameter) around one thread's L2 prefetch of the tiles
 #: a kernel's CTA will copy from that parameter (tvm_dsm.transform.tma_pipeline): issued
@@ -55,6 +56,13 @@ def launch_programmatically(sch: s_tir.Schedule, enable: bool = True) -> None:
         sch.unannotate(root, PROGRAMMATIC_LAUNCH_KEY)
 
 
+def read_only_params(func: tirx.PrimFunc) -> list:
+    """The parameters of ``func`` that its ``READ_ONLY_PARAMS_KEY`` attribute names (none
+    without it): no kernel of the program writes them."""
+    names = func.attrs.get(READ_ONLY_PARAMS_KEY) if func.attrs is not None else None
+    return [p for p in func.params if names is not None and p.name in {str(n) for n in names}]
+
+
 def _is_marker(stmt) -> bool:
     return isinstance(stmt, tirx.AttrStmt) and stmt.attr_key == PROGRAMMATIC_LAUNCH_KEY
 
@@ -66,23 +74,24 @@ def _is_kernel_launch(stmt) -> bool:
 
 def programmatic_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """Each kernel of ``func`` (its outermost ``blockIdx`` launches) waits for the previous
-    grid, then lets the next one launch; ``func`` requests the launch attribute. A kernel after
-    the first issues its L2 prefetches and early copies (``L2_PREFETCH_KEY``,
-    ``EARLY_COPY_KEY``) of parameters no earlier kernel of ``func`` mentions before it waits
-    (see :func:`_wait_after_early`); every other prefetch is dropped, every other early
-    copy issued after the wait."""
+    grid, then lets the next one launch; ``func`` requests the launch attribute. A kernel issues
+    its L2 prefetches and early copies (``L2_PREFETCH_KEY``, ``EARLY_COPY_KEY``) before it
+    waits (see :func:`_wait_after_early`) where they read a parameter no kernel writes
+    (:func:`read_only_params`) or, in a kernel after the first, one no earlier kernel of
+    ``func`` mentions; every other prefetch is dropped, every other early copy issued after the
+    wait."""
     if not find_all(func.body, tirx.AttrStmt, _is_marker):
-        return func  # (the TMA pipeline prefetches only in functions launched programmatically)
-    launches = find_all(func.body, tirx.AttrStmt, _is_kernel_launch)
-    inner = [n for launch in launches for n in find_all(launch.body, tirx.AttrStmt, _is_kernel_launch)]
-    kernels = [launch for launch in launches if not any(launch.same_as(n) for n in inner)]
+        return _trigger_early(func)  # (the TMA pipeline prefetches only in functions launched programmatically)
+    kernels = _kernels(func.body)
     wait = [tirx.Evaluate(T.ptx.griddepcontrol.wait()),
             tirx.Evaluate(T.ptx.griddepcontrol.launch_dependents())]
     buffers = _Buffers(func.body)
+    read_only = read_only_params(func)
     bodies, named = [], []
     for kernel in kernels:
         early = [m for m in find_all(kernel.body, tirx.AttrStmt, _is_early)
-                 if named and not any(buffers.root(m.node).same_as(b) for b in named)]
+                 if any(buffers.root(m.node).same_as(b) for b in read_only)
+                 or (named and not any(buffers.root(m.node).same_as(b) for b in named))]
         body = _wait_after_early(kernel.body, early, wait) if early else None
         bodies.append(body if body is not None else tirx.SeqStmt([*wait, _unmark(kernel.body)]))
         named += buffers.named_in(kernel)
@@ -90,6 +99,26 @@ def programmatic_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
     body = tvm_ffi.structural_map(body, [(tirx.AttrStmt, lambda s: s.body if _is_marker(s) else s)])
     params = list(func.attrs.get(_LAUNCH_PARAMS_KEY, [])) if func.attrs is not None else []
     return func.with_body(body).with_attr(_LAUNCH_PARAMS_KEY, [*params, PDL_LAUNCH_TAG])
+
+
+def _kernels(body) -> list:
+    """The kernel launches of ``body``: its outermost ``blockIdx`` attributes."""
+    launches = find_all(body, tirx.AttrStmt, _is_kernel_launch)
+    inner = [n for launch in launches for n in find_all(launch.body, tirx.AttrStmt, _is_kernel_launch)]
+    return [launch for launch in launches if not any(launch.same_as(n) for n in inner)]
+
+
+def _trigger_early(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` whose kernels, where its ``TRIGGER_EARLY_KEY`` attribute asks, each let the
+    next kernel launch as they start: a kernel launched programmatically after one of them
+    then loads its weights' first tiles (``read_only_params``) and waits on the GPU while this
+    one runs, instead of launching when it ends. Every CTA of this kernel has started before any
+    of the next one's does, so the next kernel takes only SMs this one has left or shares."""
+    if func.attrs is None or not func.attrs.get(TRIGGER_EARLY_KEY, False):
+        return func
+    kernels = _kernels(func.body)
+    trigger = tirx.Evaluate(T.ptx.griddepcontrol.launch_dependents())
+    return func.with_body(_replace_kernels(func.body, kernels, [tirx.SeqStmt([trigger, k.body]) for k in kernels]))
 
 
 def _replace_kernels(body, kernels: list, bodies: list):

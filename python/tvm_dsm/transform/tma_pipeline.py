@@ -65,7 +65,7 @@ from ..errors import ClusterError
 from ..hardware import Hardware
 from ..ir import find_all, replace_node, substitute, tree_reduce, with_block_body
 from .buffers import element_bytes
-from .programmatic_launch import L2_PREFETCH_KEY
+from .programmatic_launch import L2_PREFETCH_KEY, read_only_params
 from ..annotations import EARLY_COPY_KEY, PROGRAMMATIC_LAUNCH_KEY
 from ..annotations import TMA_COPY_KEY, TMA_STAGES_KEY, WGMMA_HELPER_PREFIX
 
@@ -476,10 +476,15 @@ def _pointee(ptr):
     return None
 
 
+def _launched_programmatically(body) -> bool:
+    return bool(find_all(body, SBlock, lambda b: PROGRAMMATIC_LAUNCH_KEY in b.annotations))
+
+
 def _dependent_kernels(body) -> list:
     """The kernels (outermost ``blockIdx`` loops) after the first of a function launched
-    programmatically: those that may prefetch before waiting for the previous grid."""
-    if not find_all(body, SBlock, lambda b: PROGRAMMATIC_LAUNCH_KEY in b.annotations):
+    programmatically: those that may prefetch any parameter before waiting for the previous
+    grid (the first, only those no kernel writes: ``read_only_params``)."""
+    if not _launched_programmatically(body):
         return []
     launches = find_all(body, tirx.For, lambda lp: _binds(lp, "blockIdx"))
     kernels = [k for k in launches if not any(_encloses(o, k) for o in launches)]
@@ -544,12 +549,15 @@ def lower_tma_pipeline(func: tirx.PrimFunc, hw: Hardware) -> tirx.PrimFunc:
     analyzer = Analyzer()
     host = []
     dependent = _dependent_kernels(body)
-    budget = hw.hbm_bw * PREFETCH_WINDOW_S if dependent else 0.0
+    read_only = read_only_params(func) if _launched_programmatically(body) else []
+    budget = hw.hbm_bw * PREFETCH_WINDOW_S
     for loop in loops:
         lowering = _TmaLoop(loop, _threads(func.body, loop), sources, analyzer,
                             _enclosing(func.body, loop))
         if any(_encloses(k, loop) for k in dependent):
             lowering.plan_prefetch(list(func.params), _ctas(func.body, loop), budget)
+        elif read_only:  # the first kernel: the parameters no kernel writes
+            lowering.plan_prefetch(read_only, _ctas(func.body, loop), budget)
         body = replace_node(body, loop, lowering.lower())
         host += lowering.host()
     if isinstance(body, SBlockRealize):  # the root block: host statements go before the launch
