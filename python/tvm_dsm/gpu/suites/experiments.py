@@ -75,11 +75,11 @@ WIDE_HEAD_FORMS = [
 ]
 
 
-def wide_head_attention() -> list[Variant]:
-    """The tensor-core attention kernel at head dims 160-256 in every configuration that fits,
-    beside the planner's pick."""
+def _attention_configs(forms: list[tuple]) -> list[Variant]:
+    """Each attention form (batch, heads, kv heads, length, head dim, layout, causal, dtype) in
+    every configuration of the tensor-core kernel that fits, beside the planner's pick."""
     variants = []
-    for b, h, kv, s, d, layout, causal, dtype in WIDE_HEAD_FORMS:
+    for b, h, kv, s, d, layout, causal, dtype in forms:
         func = te_attention(b, h, s, s, d, kv_heads=kv, layout=layout, causal=causal, dtype=dtype)
         name = f"te_{layout}_b{b}h{h}kv{kv}s{s}d{d}{'_causal' if causal else ''}_{dtype}"
         variants.append(form_variant(f"{name}_tvm_dsm", func, schedule(func).mod, b * h * s * s * d, layout, causal))
@@ -88,6 +88,29 @@ def wide_head_attention() -> list[Variant]:
             variants.append(form_variant(f"{name}_{label}", func, fuse_attention(func, c), b * h * s * s * d,
                                          layout, causal))
     return variants
+
+
+def wide_head_attention() -> list[Variant]:
+    """The tensor-core attention kernel at head dims 160-256 (:data:`WIDE_HEAD_FORMS`)."""
+    return _attention_configs(WIDE_HEAD_FORMS)
+
+
+#: The real-shape attention cases furthest behind SDPA (bench/results/real_shapes/latest.json:
+#: 0.76-0.85x), as that suite writes them.
+BEHIND_SDPA_FORMS = [
+    (1, 16, 16, 1024, 128, "bhsd", False, "float16"),
+    (1, 16, 16, 4096, 128, "bhsd", True, "float16"),
+    (2, 14, 2, 1024, 64, "bhsd", False, "float16"),
+    (1, 28, 4, 4096, 128, "bhsd", False, "float16"),
+    (1, 32, 8, 2048, 128, "bhsd", False, "float16"),
+    (1, 32, 8, 2048, 128, "bhsd", True, "float16"),
+]
+
+
+def attention_configs() -> list[Variant]:
+    """The attention kernel's configurations on the real-shape cases furthest behind SDPA
+    (:data:`BEHIND_SDPA_FORMS`): whether the pick or the kernel holds them back."""
+    return _attention_configs(BEHIND_SDPA_FORMS)
 
 
 #: Sequence lengths a symbolic-length attention is called at (symbolic_attention).
