@@ -23,35 +23,59 @@ def test_a_llama_s_projections_and_norms_read_their_weights_only():
     assert any("norm" in name for name in marked)
 
 
-def _module(inplace: bool) -> tvm.IRModule:
-    @T.prim_func(private=True, s_tir=True)
-    def scale(x: T.Buffer((4,), "float32"), w: T.Buffer((4,), "float32"), y: T.Buffer((4,), "float32")):
-        for i in range(4):
-            with T.sblock("y"):
-                v = T.axis.spatial(4, i)
-                y[v] = x[v] * w[v]
+@T.prim_func(private=True, s_tir=True)
+def _scale(x: T.Buffer((4,), "float32"), w: T.Buffer((4,), "float32"), y: T.Buffer((4,), "float32")):
+    for i in range(4):
+        with T.sblock("y"):
+            v = T.axis.spatial(4, i)
+            y[v] = x[v] * w[v]
 
-    @T.prim_func(private=True, s_tir=True)
-    def bump(w: T.Buffer((4,), "float32")):
-        for i in range(4):
-            with T.sblock("w"):
-                v = T.axis.spatial(4, i)
-                w[v] = w[v] + T.float32(1)
 
+@T.prim_func(private=True, s_tir=True)
+def _bump(w: T.Buffer((4,), "float32")):
+    for i in range(4):
+        with T.sblock("w"):
+            v = T.axis.spatial(4, i)
+            w[v] = w[v] + T.float32(1)
+
+
+def _two_calls(second) -> tvm.IRModule:
+    """``main(x, w)`` with ``w`` a weight (``num_input`` 1) passed to ``scale`` by ``call_tir``,
+    then whatever ``second(builder, scale, y, w)`` emits."""
     builder = relax.BlockBuilder()
     x, w = relax.Var("x", R.Tensor((4,), "float32")), relax.Var("w", R.Tensor((4,), "float32"))
     with builder.function("main", [x, w], attrs={"num_input": 1}):
-        with builder.dataflow():
-            scale_gv = builder.add_func(scale, "scale")
-            y = builder.emit(relax.call_tir(scale_gv, [x, w], R.Tensor((4,), "float32")))
-            out = builder.emit_output(y)
-        if inplace:
-            bump_gv = builder.add_func(bump, "bump")
-            builder.emit(relax.call_tir_inplace(bump_gv, [w], [0], R.Tensor((4,), "float32")))
-        builder.emit_func_output(out)
+        gv = builder.add_func(_scale, "scale")
+        y = builder.emit(relax.call_tir(gv, [x, w], R.Tensor((4,), "float32")))
+        builder.emit_func_output(second(builder, gv, y, w))
     return builder.get()
 
 
-def test_a_weight_an_in_place_call_receives_is_not_read_only():
-    assert read_only_params(_module(inplace=False)) == {"scale": ["w"]}
-    assert read_only_params(_module(inplace=True)) == {}
+def _plain(builder, gv, y, w):
+    return y
+
+
+def _bumped(builder, gv, y, w):  # an in-place call writes the weight
+    builder.emit(relax.call_tir_inplace(builder.add_func(_bump, "bump"), [w], [0], R.Tensor((4,), "float32")))
+    return y
+
+
+def _called_in_place(builder, gv, y, w):  # scale itself called with an activation where w goes
+    return builder.emit(relax.call_tir_inplace(gv, [y, y, y], [2], R.Tensor((4,), "float32")))
+
+
+def _packed_tuple(builder, gv, y, w):
+    t = builder.emit(relax.Tuple([w]))
+    return builder.emit(relax.call_dps_packed("writes_it", [t], R.Tensor((4,), "float32")))
+
+
+def _returned(builder, gv, y, w):
+    return builder.emit(relax.Tuple([y, w]))
+
+
+def test_only_a_weight_nothing_else_can_write_is_marked():
+    """The weight passed by ``call_tir`` alone is marked; written in place, reached through a
+    tuple by a packed call, returned, or its callee called in place otherwise: nothing is."""
+    assert read_only_params(_two_calls(_plain)) == {"scale": ["w"]}
+    for second in (_bumped, _called_in_place, _packed_tuple, _returned):
+        assert read_only_params(_two_calls(second)) == {}, second.__name__

@@ -214,9 +214,10 @@ def tvm_dsm_pipeline(database: ms.Database | None = None, hw: Hardware | None = 
     to the planner's choice; ``coverage``: a dict to fill with :func:`kernel_coverage`;
     ``choices``: a dict to fill with :class:`ScheduleTIR`'s choices; ``kv_cache_kernels``:
     the ``nn.llm`` attention kernels replaced by tvm-dsm's (see the module docstring);
-    ``trigger_early``: every kernel lets the next one launch as it starts
-    (``TRIGGER_EARLY_KEY``), so that a decode step's GEMVs, launched programmatically, load
-    their weights' first tiles while the norm or attention before them runs."""
+    ``trigger_early``: every kernel not launched programmatically lets the next one launch as
+    it starts (``TRIGGER_EARLY_KEY``; those launched programmatically do after their wait), so
+    that a decode step's GEMVs load their weights' first tiles while the norm or attention
+    before them runs."""
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.RelaxPipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -229,7 +230,7 @@ def tvm_dsm_pipeline(database: ms.Database | None = None, hw: Hardware | None = 
             mod = stock_rules()(mod)
         if trigger_early:
             mod = tvm.IRModule({gv: f.with_attr(TRIGGER_EARLY_KEY, True) if isinstance(f, tirx.PrimFunc) else f
-                                for gv, f in mod.functions.items()}, attrs=mod.attrs)
+                                for gv, f in mod.functions.items()}, attrs=mod.attrs, global_infos=mod.global_infos)
         with target:
             return tvm.transform.Sequential(cuda_pipeline.dataflow_lower_passes(target)
                                             + cuda_pipeline.finalize_passes(target))(mod)

@@ -489,7 +489,7 @@ def apply_split_k_gemm(
         sch.reorder(i_tile, j_tile, i_rank, i_row, j_in)
         cluster = sch.fuse(i_tile, j_tile)
         if shape.symbolic_rows and shape.n > c.block_n:
-            sch.annotate(cluster, RASTER_GROUP_KEY, [RASTER_GROUP, shape.n // c.block_n])
+            sch.annotate(cluster, RASTER_GROUP_KEY, [RASTER_GROUP, -(-shape.n // c.block_n)])
     bind_cluster_nest(sch, cluster, i_rank)
     for block in blocks:
         sch.compute_at(block, i_rank, preserve_unit_loops=True)

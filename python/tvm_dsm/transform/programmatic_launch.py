@@ -13,9 +13,11 @@ left as they are. Every kernel of such a function starts with ``griddepcontrol.w
 any global load or store, so neither a read-after-write nor a write-after-read across kernels
 can race) and then lets its dependents launch.
 
-One exception, where it is safe: a kernel after the first may first read a parameter that no
-earlier kernel of the function names. Every kernel of an earlier function has completed by
-then: the function's first kernel waited for it before it let this one launch. The TMA
+Two exceptions, where it is safe. A kernel after the first may first read a parameter that no
+earlier kernel of the function names: every kernel of an earlier function has completed by
+then, the function's first kernel waited for it before it let this one launch. And any kernel
+may first read a parameter no kernel of the program writes (a model's weight, named by the
+function's ``READ_ONLY_PARAMS_KEY`` attribute: :mod:`tvm_dsm.relax_weights`). The TMA
 pipeline marks two such reads: an L2 prefetch of every tile it will copy from the parameter
 (:data:`tvm_dsm.transform.tma_pipeline.PREFETCH_WINDOW_S`; dropped where not safe) and its
 copies of the first pipeline steps' tiles into shared memory (moved after the wait where not
@@ -27,6 +29,10 @@ Measured on the H100 (bench/results/programmatic_launch/latest.json, numbers in
 docs/lowering.md): unfused chains and single GEMMs whose grid runs in one wave gain, grids of
 several waves lose, also with the trigger at the kernel's end. So the unfused chain asks for it, and a GEMM where its planner expects one wave
 (:attr:`tvm_dsm.rules.split_k_gemm.SplitKGemmConfig.programmatic_launch`).
+
+A kernel that is not launched programmatically lets the next one launch only when it ends,
+unless its function asks for more (``TRIGGER_EARLY_KEY``, :func:`_trigger_early`): then it
+executes ``launch_dependents`` as it starts and never waits.
 """
 
 from __future__ import annotations

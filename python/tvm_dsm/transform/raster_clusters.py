@@ -34,7 +34,9 @@ def grouped_tile(cluster: tirx.PrimExpr, clusters: tirx.PrimExpr, group: int, co
     ``group`` rows of ``columns`` tiles per column (see the module docstring)."""
     per_group = group * columns
     first = tirx.floordiv(cluster, per_group) * group
-    rows = tirx.max(tirx.min(tirx.floordiv(clusters, columns) - first, group), 1)  # >= 1: plain divisions
+    # at least 1 (only a cluster past the last tile would make it less): a provably positive
+    # divisor, which TVM divides without sign corrections
+    rows = tirx.max(tirx.min(tirx.floordiv(clusters, columns) - first, group), 1)
     r = tirx.floormod(cluster, per_group)
     return (first + tirx.floormod(r, rows)) * columns + tirx.floordiv(r, rows)
 

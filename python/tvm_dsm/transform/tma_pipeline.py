@@ -482,8 +482,8 @@ def _launched_programmatically(body) -> bool:
 
 def _dependent_kernels(body) -> list:
     """The kernels (outermost ``blockIdx`` loops) after the first of a function launched
-    programmatically: those that may prefetch any parameter before waiting for the previous
-    grid (the first, only those no kernel writes: ``read_only_params``)."""
+    programmatically: those that may prefetch any parameter no earlier kernel names before
+    waiting for the previous grid (every kernel may prefetch ``read_only_params``)."""
     if not _launched_programmatically(body):
         return []
     launches = find_all(body, tirx.For, lambda lp: _binds(lp, "blockIdx"))
