@@ -32,13 +32,14 @@ import numpy as np
 
 from .families import FAMILIES
 from .families.elementwise import Elementwise
+from .families.per_thread_math import PerThreadMath
 from .hardware import DATA, Hardware
 from .planners.report import Plan
 
-#: The families a plan's features tell apart, a column each: not the elementwise family, whose
-#: roofline has no knob a measurement could correct (a column for it would shift the others'
+#: The families a plan's features tell apart, a column each: not the elementwise families, whose
+#: rooflines have no knob a measurement could correct (a column for it would shift the others'
 #: positions, and with them the model fitted on the committed measurements).
-FAMILY_NAMES = tuple(f.name for f in FAMILIES if f.name != Elementwise.name)
+FAMILY_NAMES = tuple(f.name for f in FAMILIES if f.name not in (Elementwise.name, PerThreadMath.name))
 #: Configuration knobs, by the names the families' configurations use (attributes or properties).
 KNOBS = ("cluster_size", "ranks", "block_m", "block_n", "block_k", "block_j", "warps", "warps_m", "warps_n",
          "warpgroups", "row_blocks", "rows_per_cluster", "rows_per_cta", "rows_per_thread",

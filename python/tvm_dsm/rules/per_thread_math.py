@@ -1,0 +1,199 @@
+"""Injective functions whose transcendental math does not depend on one axis, computed once per
+thread for every element along that axis.
+
+Rotary embedding (``nn.llm``'s ``fused_rope``) rotates each head's query and key by an angle of
+the position and the head dim only: ``cos`` and ``sin`` of ``position / theta ** (2 d / D)``.
+Written as one element per thread, every head recomputes them, and the kernel is bound by its
+``powf``, ``sinf`` and ``cosf`` rather than by its bytes (1B Llama prefill of 2048 tokens: 21 us
+a layer for 25 MB). Unrolling the heads inside a thread does not help by itself: each copy of
+the math sits in its own branch (query, key or value heads), and the CUDA compiler keeps them
+all. So :func:`per_thread_math` rewrites the function: a block over the other axes computes
+each distinct transcendental call once into a small buffer, and the function's block reads it;
+the schedule places that block in each thread (local memory, i.e. registers) and loops over the
+axis inside the thread, unrolled.
+
+Taken where the function has one output block that cannot move in 16-byte vectors (those go to
+:mod:`tvm_dsm.rules.elementwise`), at least one transcendental call, and an axis other than the
+innermost of constant extent up to :data:`MAX_IN_THREAD` that none of those calls uses (``Let``
+variables are followed to their values).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.ir import Range
+from tvm.s_tir import SBlock, SBlockRealize
+from tvm.s_tir.analysis import get_sblock_read_write_region
+
+from ..errors import ClusterError
+from ..ir import find_all, substitute, uses
+from .elementwise import output_blocks, vector_lanes
+
+#: Functions whose evaluation costs tens of instructions.
+TRANSCENDENTAL = frozenset(f"tirx.{name}" for name in (
+    "sin", "cos", "tan", "pow", "exp", "exp2", "log", "log2", "tanh", "erf", "sigmoid"))
+#: The longest axis looped over inside a thread (unrolled).
+MAX_IN_THREAD = 64
+#: The block the rewrite adds, and its buffers' prefix (one buffer a distinct call).
+HOISTED = "per_thread_math"
+
+
+@dataclass(frozen=True)
+class PerThreadMathConfig:
+    """Threads per CTA; each thread takes one point of the other axes."""
+
+    threads: int = 128
+
+    def explain(self) -> str:
+        return f"per-thread math: {self.threads} threads a CTA, the in-thread axis unrolled"
+
+
+@dataclass(frozen=True)
+class PerThreadMath:
+    """The block whose math is computed once per thread, the position and extent of the axis
+    looped over inside a thread, and how many distinct calls are computed once."""
+
+    block: str
+    axis: int
+    extent: int
+    calls: int
+
+
+def _transcendental(expr) -> list:
+    """The outermost transcendental calls in ``expr`` (a call inside another is computed with it)."""
+    calls = [c for c in find_all(expr, tvm.ir.Call) if getattr(c.op, "name", None) in TRANSCENDENTAL]
+    return [c for c in calls if not any(d is not c and find_all(d, tvm.ir.Call, lambda n: n.same_as(c))
+                                        for d in calls)]
+
+
+def _inline_lets(expr, block: SBlock):
+    """``expr`` with the variables of the block's ``Let`` expressions replaced by their values."""
+    lets = [(let.var, let.value) for let in find_all(block.body, tirx.Let)]
+    for _ in lets:
+        expr = substitute(expr, lets)
+    return expr
+
+
+def _distinct(exprs: list) -> list:
+    """``exprs`` without repeats (structurally) and without those inside another of them."""
+    found: list = []
+    for e in exprs:
+        if not any(tvm_ffi.structural_equal(e, f) for f in found):
+            found.append(e)
+    return [e for e in found if not any(f is not e and find_all(f, tvm.ir.Call, lambda n: tvm_ffi.structural_equal(n, e))
+                                        for f in found)]
+
+
+def _analysis(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, SBlock, int, list]:
+    """``func`` with every block but its output block inlined, that block, the position of its
+    in-thread axis and its distinct transcendental calls with ``Let`` variables inlined;
+    ClusterError saying what is missing."""
+    sch = s_tir.Schedule(func)
+    blocks = output_blocks(sch)
+    if len(blocks) != 1:
+        raise ClusterError(f"per-thread math takes one output block, found {len(blocks)}")
+    block = sch.get(blocks[0])
+    if vector_lanes(block) > 1:
+        raise ClusterError("its accesses move in 16-byte vectors: the elementwise family's")
+    calls = _distinct([_inline_lets(c, block) for c in _transcendental(block.body)])
+    if not calls:
+        raise ClusterError("no transcendental function to compute once per thread")
+    if any(find_all(c, tirx.Let) or _uses_let(c, block) for c in calls):
+        raise ClusterError("a transcendental call depends on a variable it binds itself")
+    for position, iv in enumerate(block.iter_vars[:-1]):
+        extent = iv.dom.extent
+        if (isinstance(extent, tirx.IntImm) and 1 < int(extent) <= MAX_IN_THREAD
+                and not any(uses(c, iv.var) for c in calls)):
+            return sch.mod["main"], block, position, calls
+    raise ClusterError("every axis but the innermost is used by its transcendental functions, or longer than "
+                       f"{MAX_IN_THREAD}")
+
+
+def _uses_let(expr, block: SBlock) -> bool:
+    """Whether ``expr`` still names a ``Let`` variable of ``block``."""
+    return any(uses(expr, let.var) for let in find_all(block.body, tirx.Let))
+
+
+def find_per_thread_math(func: tirx.PrimFunc) -> PerThreadMath:
+    """What :func:`per_thread_math` computes once per thread in ``func`` (see the module
+    docstring); ClusterError where it does not apply."""
+    _, block, axis, calls = _analysis(func)
+    return PerThreadMath(block.name_hint, axis, int(block.iter_vars[axis].dom.extent), len(calls))
+
+
+def _with_regions(block: SBlock, buffers: list) -> SBlock:
+    reads, writes = get_sblock_read_write_region(block, {b: b for b in buffers})
+    return SBlock(block.iter_vars, reads, writes, block.name_hint, block.body, block.init, block.alloc_buffers,
+                  block.match_buffers, block.annotations)
+
+
+def per_thread_math(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with its output block's distinct transcendental calls computed first, by a block
+    over its other axes, into a buffer it reads (see the module docstring)."""
+    func, block, axis, calls = _analysis(func)
+    if not isinstance(func.body, SBlockRealize):
+        raise ClusterError("per-thread math takes a function of one root block")
+    dtypes = {str(c.ty) for c in calls}
+    if len(dtypes) != 1:
+        raise ClusterError(f"its transcendental functions return {sorted(dtypes)}: one type expected")
+    others = [iv for i, iv in enumerate(block.iter_vars) if i != axis]
+    dtype = dtypes.pop()
+    hoisted = [tirx.decl_buffer([iv.dom.extent for iv in others], dtype, f"{HOISTED}_{n}") for n in range(len(calls))]
+    buffers = [p for p in func.params if hasattr(p.ty, "shape")] + hoisted
+
+    fresh = [tirx.Var(f"{iv.var.name}_t", iv.var.ty) for iv in others]
+    renamed = list(zip([iv.var for iv in others], fresh))
+    producer = SBlock([tirx.IterVar(iv.dom, v, iv.iter_type) for iv, v in zip(others, fresh)], [], [], HOISTED,
+                      tirx.SeqStmt([tirx.BufferStore(b, substitute(c, renamed), fresh) for b, c in zip(hoisted, calls)]))
+    producer = _with_regions(producer, buffers)
+
+    def replace(call):
+        inlined = _inline_lets(call, block) if getattr(call.op, "name", None) in TRANSCENDENTAL else None
+        index = next((n for n, c in enumerate(calls) if inlined is not None and tvm_ffi.structural_equal(inlined, c)),
+                     None)
+        if index is None:
+            return call
+        return tirx.BufferLoad(hoisted[index], [iv.var for iv in others])
+
+    def drop_unused(let):
+        return let if uses(let.body, let.var) else let.body
+
+    body = tvm_ffi.structural_map(block.body, [(tvm.ir.Call, replace)], order="pre")
+    consumer = SBlock(block.iter_vars, [], [], block.name_hint, tvm_ffi.structural_map(body, [(tirx.Let, drop_unused)]),
+                      block.init, block.alloc_buffers, block.match_buffers, block.annotations)
+    consumer = _with_regions(consumer, buffers)
+
+    loop_vars = [tirx.Var(f"{iv.var.name}_l", iv.var.ty) for iv in others]
+    nest = SBlockRealize(loop_vars, tirx.IntImm("bool", 1), producer)
+    for iv, var in reversed(list(zip(others, loop_vars))):
+        nest = tirx.For(var, iv.dom.min, iv.dom.extent, tirx.ForKind.SERIAL, nest)
+    root = func.body.block
+    body = tirx.SeqStmt([nest, tvm_ffi.structural_map(root.body, [(SBlock, lambda b: consumer if b.same_as(block)
+                                                                    else b)], order="pre")])
+    new_root = SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, body, root.init,
+                      [*root.alloc_buffers, *hoisted], root.match_buffers, root.annotations)
+    return func.with_body(SBlockRealize(func.body.iter_values, func.body.predicate, new_root))
+
+
+def schedule_per_thread_math(func: tirx.PrimFunc, config: PerThreadMathConfig) -> s_tir.Schedule:
+    """:func:`per_thread_math`'s rewrite of ``func``, scheduled: a thread per point of the
+    other axes, the hoisted calls in its registers, the in-thread axis unrolled inside it."""
+    found = find_per_thread_math(func)
+    sch = s_tir.Schedule(per_thread_math(func))
+    consumer, producer = sch.get_sblock(found.block), sch.get_sblock(HOISTED)
+    loops = sch.get_loops(consumer)
+    axis = loops[found.axis]
+    others = [lp for i, lp in enumerate(loops) if i != found.axis]
+    sch.reorder(*others, axis)
+    bx, tx = sch.split(sch.fuse(*others), [None, config.threads])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    sch.compute_at(producer, tx)
+    for n in range(found.calls):
+        sch.set_scope(producer, n, "local")
+    sch.unroll(axis)
+    return sch

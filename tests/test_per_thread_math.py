@@ -1,0 +1,80 @@
+"""Transcendental math computed once per thread (tvm_dsm.rules.per_thread_math): nn.llm's rotary
+embedding."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm.relax.frontend.nn.llm import position_embedding
+
+import tvm_dsm
+from tvm_dsm.driver import plan
+from tvm_dsm.errors import ClusterError
+from tvm_dsm.ir import row_variable, specialized
+from tvm_dsm.rules.per_thread_math import find_per_thread_math, per_thread_math
+from tvm_dsm.workloads.elementwise import split_silu_mul
+
+
+def _rope(theta: float = 10000.0, heads: int = 32, kv_heads: int = 8, dim: int = 64):
+    return position_embedding.llama_rope_with_position_map(theta, 1.0, dim, heads, kv_heads, "float16", {}, None) \
+        .with_attr("global_symbol", "main")
+
+
+def test_rotary_embedding_computes_its_angle_once_per_position_and_head_dim():
+    """The angle's cosine and sine depend on the position and the head dim, not the head: two
+    calls computed once per thread, the 48 heads (32 query, 8 key, 8 value) looped inside."""
+    found = find_per_thread_math(_rope())
+    assert (found.axis, found.extent, found.calls) == (1, 48, 2)
+
+
+def test_the_rewrite_computes_what_the_function_does_on_llvm():
+    """Rewritten and not, built for the CPU: the same q, k and v for random positions."""
+    rng = np.random.default_rng(0)
+    rows = 5
+    args = [rng.standard_normal((rows, 48, 64)).astype("float16"), rng.integers(0, 4096, rows).astype("int32")]
+    outputs = []
+    for func in (_rope(), per_thread_math(_rope())):
+        lib = tvm.compile(tvm.IRModule({"main": func}), target="llvm", tir_pipeline="s_tir_stock")
+        out = [tvm.runtime.tensor(np.full(s, np.nan, "float16")) for s in ((rows, 32, 64), (rows, 8, 64), (rows, 8, 64))]
+        lib(*(tvm.runtime.tensor(a) for a in args), *out, 1)
+        outputs.append([o.numpy() for o in out])
+    for before, after in zip(*outputs):
+        assert not np.isnan(after).any()
+        np.testing.assert_allclose(after.astype("float32"), before.astype("float32"), rtol=2e-3, atol=2e-3)
+
+
+def test_the_kernel_evaluates_each_transcendental_call_once_and_assembles(assemble):
+    """``tvm_dsm.build`` of the symbolic-length function: one kernel for every length, one
+    ``cosf`` and one ``sinf`` a thread (dlight's schedule evaluates them per element and head)."""
+    rope = _rope()
+    assert plan(specialized(rope, row_variable(rope), 256)).family.name == "per_thread_math"
+    source = tvm_dsm.build(_rope()).mod.imports[0].inspect_source()
+    assert source.count("cosf(") == 1 and source.count("sinf(") == 1
+    assemble(source, "per_thread_math_rope")
+
+
+def test_math_on_every_axis_or_a_vector_stream_is_refused():
+    with pytest.raises(ClusterError, match="16-byte vectors"):
+        find_per_thread_math(split_silu_mul(8, 1024))
+
+
+def _rope_float64(qkv: np.ndarray, positions: np.ndarray, heads: int = 32, theta: float = 10000.0):
+    """q, k and v of nn.llm's rotary embedding (rotate-half, head dim 64) in float64."""
+    x = qkv.astype(np.float64)
+    dim = x.shape[-1]
+    freq = positions[:, None].astype(np.float64) / theta ** ((np.arange(dim) * 2 % dim) / dim)
+    rotated = np.concatenate([-x[..., dim // 2:], x[..., :dim // 2]], -1)
+    roped = np.cos(freq)[:, None] * x + np.sin(freq)[:, None] * rotated
+    kv = (x.shape[1] - heads) // 2
+    return roped[:, :heads], roped[:, heads:heads + kv], x[:, heads + kv:]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 7, 300])
+def test_gpu_rotary_embedding_matches_float64(rows):
+    lib, dev, rng = tvm_dsm.build(_rope()), tvm.cuda(), np.random.default_rng(rows)
+    qkv = rng.standard_normal((rows, 48, 64)).astype("float16")
+    positions = rng.integers(0, 2048, rows).astype("int32")  # a 2048-token context
+    out = [tvm.runtime.tensor(np.full(s, np.nan, "float16"), dev) for s in ((rows, 32, 64), (rows, 8, 64), (rows, 8, 64))]
+    lib(tvm.runtime.tensor(qkv, dev), tvm.runtime.tensor(positions, dev), *out, 1)
+    for got, ref in zip(out, _rope_float64(qkv, positions)):
+        assert np.linalg.norm(got.numpy().astype(np.float64) - ref) / np.linalg.norm(ref) < 2e-3
