@@ -220,17 +220,20 @@ def test_a_first_kernel_copies_early_only_parameters_no_kernel_writes(read_only)
     assert "X_tensormap" in _copied(after)
 
 
-def test_a_function_asked_to_trigger_early_lets_the_next_kernel_launch_as_it_starts():
-    """``TRIGGER_EARLY_KEY``: a kernel not launched programmatically itself (a norm before a
-    decode GEMV) signals its dependents first and never waits."""
-    from tvm_dsm.annotations import TRIGGER_EARLY_KEY
+def test_a_function_asked_to_launch_early_is_launched_programmatically_whatever_its_schedule():
+    """``LAUNCH_EARLY_KEY`` on a function dlight or another family scheduled (a norm before a
+    decode GEMV): each kernel waits for the previous grid before anything else, then lets the
+    next launch, and requests the launch attribute."""
+    from tvm_dsm.annotations import LAUNCH_EARLY_KEY
     from tvm_dsm.driver import schedule
     from tvm_dsm.workloads.norms import topi_norm
 
     func = schedule(topi_norm("rms_norm", 4, 2048, "float16")).mod["main"]
-    plain = kernels(cuda_source(tvm.IRModule({"main": func})))
-    early = kernels(cuda_source(tvm.IRModule({"main": func.with_attr(TRIGGER_EARLY_KEY, True)})))
-    assert len(early) == len(plain) >= 1
-    for body in early.values():
-        assert body[body.index("{") + 1:].split()[0] == LAUNCH and WAIT not in body
-    assert not any(LAUNCH in body for body in plain.values())
+    plain = tvm.IRModule({"main": func})
+    early = tvm.IRModule({"main": func.with_attr(LAUNCH_EARLY_KEY, True)})
+    bodies = kernels(cuda_source(early)).values()
+    assert len(bodies) == len(kernels(cuda_source(plain))) >= 1
+    for body in bodies:
+        assert body[body.index("{") + 1:].split()[:2] == [WAIT, LAUNCH]
+    assert all(PDL_LAUNCH_TAG in p for p in _launch_params(early).values())
+    assert not any(PDL_LAUNCH_TAG in p for p in _launch_params(plain).values())

@@ -37,9 +37,10 @@ WGMMA_HELPER_PREFIX = "tvm_dsm_wgmma_"
 #: Root-block annotation asking for it; s_tir lowering keeps ``pragma_`` annotations as
 #: attributes around the function body.
 PROGRAMMATIC_LAUNCH_KEY = "pragma_tvm_dsm_programmatic_launch"
-#: PrimFunc attribute: each kernel of the function lets the next kernel, launched
-#: programmatically, launch as soon as it starts (tvm_dsm.transform.programmatic_launch).
-TRIGGER_EARLY_KEY = "tvm_dsm.trigger_dependents_early"
+#: PrimFunc attribute: launch every kernel of the function programmatically, whatever schedule
+#: wrote it (tvm_dsm.transform.programmatic_launch): it launches while the previous kernel runs
+#: and waits for it before touching memory.
+LAUNCH_EARLY_KEY = "tvm_dsm.launch_early"
 #: PrimFunc attribute: the names of parameters no kernel of the program writes (a model's
 #: weights, from tvm_dsm.relax_pipeline). Even a function's first kernel, launched
 #: programmatically, may read them before it waits for the previous grid.

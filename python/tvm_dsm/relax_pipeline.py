@@ -39,7 +39,7 @@ from .ir import row_variable
 from .hardware import Hardware, load_hardware
 from .kernels import paged_decode, ragged_prefill
 from .relax_weights import MarkReadOnlyParams
-from .annotations import TRIGGER_EARLY_KEY
+from .annotations import LAUNCH_EARLY_KEY
 from .relax_top_k import TopKAsRows
 from .relax_integration import CRASH_ATTR, FAMILY_ATTR, Choice, ScheduleTIR, lower_to_tir
 
@@ -208,16 +208,15 @@ def tvm_dsm_pipeline(database: ms.Database | None = None, hw: Hardware | None = 
                      coverage: dict[str, str] | None = None,
                      choices: dict[str, Choice] | None = None,
                      kv_cache_kernels: tuple[str, ...] = DEFAULT_KV_CACHE_KERNELS,
-                     trigger_early: bool = False) -> tvm.transform.Pass:
+                     launch_early: bool = False) -> tvm.transform.Pass:
     """The pipeline of the module docstring, for the target ``tvm.compile`` enters
     (``tvm.target.Target.current()``); ``database``: tuning records :class:`ScheduleTIR` prefers
     to the planner's choice; ``coverage``: a dict to fill with :func:`kernel_coverage`;
     ``choices``: a dict to fill with :class:`ScheduleTIR`'s choices; ``kv_cache_kernels``:
     the ``nn.llm`` attention kernels replaced by tvm-dsm's (see the module docstring);
-    ``trigger_early``: every kernel not launched programmatically lets the next one launch as
-    it starts (``TRIGGER_EARLY_KEY``; those launched programmatically do after their wait), so
-    that a decode step's GEMVs load their weights' first tiles while the norm or attention
-    before them runs."""
+    ``launch_early``: every kernel launched programmatically (``LAUNCH_EARLY_KEY``): it launches
+    while the one before it runs and waits for it before touching memory, the decode GEMVs
+    loading their weights' first tiles before they wait."""
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.RelaxPipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -228,8 +227,8 @@ def tvm_dsm_pipeline(database: ms.Database | None = None, hw: Hardware | None = 
         with stock_target(target):
             mod = LowBatchDispatch(mod)
             mod = stock_rules()(mod)
-        if trigger_early:
-            mod = tvm.IRModule({gv: f.with_attr(TRIGGER_EARLY_KEY, True) if isinstance(f, tirx.PrimFunc) else f
+        if launch_early:
+            mod = tvm.IRModule({gv: f.with_attr(LAUNCH_EARLY_KEY, True) if isinstance(f, tirx.PrimFunc) else f
                                 for gv, f in mod.functions.items()}, attrs=mod.attrs, global_infos=mod.global_infos)
         with target:
             return tvm.transform.Sequential(cuda_pipeline.dataflow_lower_passes(target)

@@ -21,9 +21,9 @@ crashes its process costs that configuration only):
 - ``tvm_dsm_step_graphs``: ``tvm_dsm`` compiled without Relax's CUDA-graph rewrite, its decode
   steps replayed whole from CUDA graphs, the KV cache's attention calls included
   (:class:`tvm_dsm.workloads.llama.LlamaSession` with ``step_graphs``);
-- ``tvm_dsm_step_graphs_early``: the same with every kernel letting the next launch as it starts
-  (``relax.get_pipeline("tvm_dsm", trigger_early=True)``): the A/B of the decode GEMVs loading
-  their weights' first tiles while the kernel before them runs;
+- ``tvm_dsm_step_graphs_early``: the same with every kernel launched programmatically
+  (``relax.get_pipeline("tvm_dsm", launch_early=True)``): the A/B of each kernel launching while
+  the one before it runs, the decode GEMVs loading their weights' first tiles meanwhile;
 - ``tvm_dsm_tuned``: ``tvm_dsm`` compiled from the tuning records in ``--database``, which
   ``python3 -m tvm_dsm.gpu.llm tune --work-dir DIR`` writes (:func:`tune_model`);
 
@@ -76,8 +76,8 @@ CONFIGS = ("tvm_default", "tvm_mlc", "tvm_dsm", "tvm_dsm_nn_llm_attention", "tvm
            "tvm_dsm_step_graphs_early")
 #: The configurations whose sessions replay decode steps from graphs of their own.
 STEP_GRAPH_CONFIGS = ("tvm_dsm_step_graphs", "tvm_dsm_step_graphs_early")
-#: The configurations whose kernels let the next one launch as they start (``trigger_early``).
-TRIGGER_EARLY_CONFIGS = ("tvm_dsm_step_graphs_early",)
+#: The configurations whose every kernel is launched programmatically (``launch_early``).
+LAUNCH_EARLY_CONFIGS = ("tvm_dsm_step_graphs_early",)
 #: The ``nn.llm`` kernels each tvm-dsm configuration replaces (:mod:`tvm_dsm.relax_pipeline`).
 KV_CACHE_KERNELS = {"tvm_dsm": DEFAULT_KV_CACHE_KERNELS, "tvm_dsm_nn_llm_attention": (),
                     "tvm_dsm_tuned": DEFAULT_KV_CACHE_KERNELS, "tvm_dsm_step_graphs": DEFAULT_KV_CACHE_KERNELS,
@@ -172,7 +172,7 @@ def _compile(name: str, mod, target, coverage: dict, database: str | None = None
         raise ValueError("tvm_dsm_tuned compiles from a tuning database: pass --database WORK_DIR")
     pipeline = relax.get_pipeline("tvm_dsm", coverage=coverage, kv_cache_kernels=KV_CACHE_KERNELS[name],
                                   database=open_database(database) if name == "tvm_dsm_tuned" else None,
-                                  trigger_early=name in TRIGGER_EARLY_CONFIGS)
+                                  launch_early=name in LAUNCH_EARLY_CONFIGS)
     return tvm.compile(mod, target, relax_pipeline=pipeline)
 
 

@@ -30,9 +30,9 @@ docs/lowering.md): unfused chains and single GEMMs whose grid runs in one wave g
 several waves lose, also with the trigger at the kernel's end. So the unfused chain asks for it, and a GEMM where its planner expects one wave
 (:attr:`tvm_dsm.rules.split_k_gemm.SplitKGemmConfig.programmatic_launch`).
 
-A kernel that is not launched programmatically lets the next one launch only when it ends,
-unless its function asks for more (``TRIGGER_EARLY_KEY``, :func:`_trigger_early`): then it
-executes ``launch_dependents`` as it starts and never waits.
+A function whose ``LAUNCH_EARLY_KEY`` attribute is set (``relax.get_pipeline("tvm_dsm",
+launch_early=True)``) has its kernels launched programmatically whatever schedule wrote them
+(dlight's, a prescheduled one): a model's every kernel then launches while the one before it runs.
 """
 
 from __future__ import annotations
@@ -40,11 +40,12 @@ from __future__ import annotations
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
+from tvm.s_tir import SBlock
 from tvm.script import tirx as T
 
 from ..ir import find_all, replace_node
-from ..annotations import (EARLY_COPY_KEY, PDL_LAUNCH_TAG, PROGRAMMATIC_LAUNCH_KEY, READ_ONLY_PARAMS_KEY,
-                           TRIGGER_EARLY_KEY)
+from ..annotations import (EARLY_COPY_KEY, LAUNCH_EARLY_KEY, PDL_LAUNCH_TAG, PROGRAMMATIC_LAUNCH_KEY,
+                           READ_ONLY_PARAMS_KEY)
 
 #: Statement attribute (node: a parameter) around one thread's L2 prefetch of the tiles
 #: a kernel's CTA will copy from that parameter (tvm_dsm.transform.tma_pipeline): issued
@@ -69,6 +70,14 @@ def read_only_params(func: tirx.PrimFunc) -> list:
     return [p for p in func.params if names is not None and p.name in {str(n) for n in names}]
 
 
+def launched_programmatically(func: tirx.PrimFunc) -> bool:
+    """Whether ``func``'s schedule asked for programmatic launch (a root-block annotation, or
+    the attribute lowering leaves of it) or its ``LAUNCH_EARLY_KEY`` attribute does."""
+    return (bool(func.attrs is not None and func.attrs.get(LAUNCH_EARLY_KEY, False))
+            or bool(find_all(func.body, tirx.AttrStmt, _is_marker))
+            or bool(find_all(func.body, SBlock, lambda b: PROGRAMMATIC_LAUNCH_KEY in b.annotations)))
+
+
 def _is_marker(stmt) -> bool:
     return isinstance(stmt, tirx.AttrStmt) and stmt.attr_key == PROGRAMMATIC_LAUNCH_KEY
 
@@ -86,8 +95,8 @@ def programmatic_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
     (:func:`read_only_params`) or, in a kernel after the first, one no earlier kernel of
     ``func`` mentions; every other prefetch is dropped, every other early copy issued after the
     wait."""
-    if not find_all(func.body, tirx.AttrStmt, _is_marker):
-        return _trigger_early(func)  # (the TMA pipeline prefetches only in functions launched programmatically)
+    if not launched_programmatically(func):
+        return func  # (the TMA pipeline prefetches only in functions launched programmatically)
     kernels = _kernels(func.body)
     wait = [tirx.Evaluate(T.ptx.griddepcontrol.wait()),
             tirx.Evaluate(T.ptx.griddepcontrol.launch_dependents())]
@@ -112,19 +121,6 @@ def _kernels(body) -> list:
     launches = find_all(body, tirx.AttrStmt, _is_kernel_launch)
     inner = [n for launch in launches for n in find_all(launch.body, tirx.AttrStmt, _is_kernel_launch)]
     return [launch for launch in launches if not any(launch.same_as(n) for n in inner)]
-
-
-def _trigger_early(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """``func`` whose kernels, where its ``TRIGGER_EARLY_KEY`` attribute asks, each let the
-    next kernel launch as they start: a kernel launched programmatically after one of them
-    then loads its weights' first tiles (``read_only_params``) and waits on the GPU while this
-    one runs, instead of launching when it ends. Every CTA of this kernel has started before any
-    of the next one's does, so the next kernel takes only SMs this one has left or shares."""
-    if func.attrs is None or not func.attrs.get(TRIGGER_EARLY_KEY, False):
-        return func
-    kernels = _kernels(func.body)
-    trigger = tirx.Evaluate(T.ptx.griddepcontrol.launch_dependents())
-    return func.with_body(_replace_kernels(func.body, kernels, [tirx.SeqStmt([trigger, k.body]) for k in kernels]))
 
 
 def _replace_kernels(body, kernels: list, bodies: list):

@@ -65,8 +65,8 @@ from ..errors import ClusterError
 from ..hardware import Hardware
 from ..ir import find_all, replace_node, substitute, tree_reduce, with_block_body
 from .buffers import element_bytes
-from .programmatic_launch import L2_PREFETCH_KEY, read_only_params
-from ..annotations import EARLY_COPY_KEY, PROGRAMMATIC_LAUNCH_KEY
+from .programmatic_launch import L2_PREFETCH_KEY, launched_programmatically, read_only_params
+from ..annotations import EARLY_COPY_KEY
 from ..annotations import TMA_COPY_KEY, TMA_STAGES_KEY, WGMMA_HELPER_PREFIX
 
 #: A kernel launched programmatically after another may warm L2 with all its tiles of a
@@ -476,16 +476,10 @@ def _pointee(ptr):
     return None
 
 
-def _launched_programmatically(body) -> bool:
-    return bool(find_all(body, SBlock, lambda b: PROGRAMMATIC_LAUNCH_KEY in b.annotations))
-
-
 def _dependent_kernels(body) -> list:
     """The kernels (outermost ``blockIdx`` loops) after the first of a function launched
     programmatically: those that may prefetch any parameter no earlier kernel names before
     waiting for the previous grid (every kernel may prefetch ``read_only_params``)."""
-    if not _launched_programmatically(body):
-        return []
     launches = find_all(body, tirx.For, lambda lp: _binds(lp, "blockIdx"))
     kernels = [k for k in launches if not any(_encloses(o, k) for o in launches)]
     return [k for i, k in enumerate(kernels)
@@ -548,8 +542,8 @@ def lower_tma_pipeline(func: tirx.PrimFunc, hw: Hardware) -> tirx.PrimFunc:
         sources += [b for b in body.block.alloc_buffers if b.scope() == "global"]
     analyzer = Analyzer()
     host = []
-    dependent = _dependent_kernels(body)
-    read_only = read_only_params(func) if _launched_programmatically(body) else []
+    dependent = _dependent_kernels(body) if launched_programmatically(func) else []
+    read_only = read_only_params(func) if launched_programmatically(func) else []
     budget = hw.hbm_bw * PREFETCH_WINDOW_S
     for loop in loops:
         lowering = _TmaLoop(loop, _threads(func.body, loop), sources, analyzer,
