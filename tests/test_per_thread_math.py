@@ -7,6 +7,7 @@ import tvm
 from tvm.relax.frontend.nn.llm import position_embedding
 
 import tvm_dsm
+from conftest import kernels
 from tvm_dsm.driver import plan
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.ir import row_variable, specialized
@@ -42,13 +43,18 @@ def test_the_rewrite_computes_what_the_function_does_on_llvm():
         np.testing.assert_allclose(after.astype("float32"), before.astype("float32"), rtol=2e-3, atol=2e-3)
 
 
-def test_the_kernel_evaluates_each_transcendental_call_once_and_assembles(assemble):
-    """``tvm_dsm.build`` of the symbolic-length function: one kernel for every length, one
-    ``cosf`` and one ``sinf`` a thread (dlight's schedule evaluates them per element and head)."""
+def test_the_kernels_evaluate_each_transcendental_call_once_and_assemble(assemble):
+    """``tvm_dsm.build`` of the symbolic-length function: a kernel for up to 256 tokens, its 48
+    heads in 8 parts (a decode step's token spread over 512 threads), one for more, the heads
+    whole; one ``cosf`` and one ``sinf`` a thread (dlight's schedule evaluates them per element
+    and head)."""
     rope = _rope()
-    assert plan(specialized(rope, row_variable(rope), 256)).family.name == "per_thread_math"
-    source = tvm_dsm.build(_rope()).mod.imports[0].inspect_source()
-    assert source.count("cosf(") == 1 and source.count("sinf(") == 1
+    ranking = plan(specialized(rope, row_variable(rope), 256))
+    assert ranking.family.name == "per_thread_math" and ranking.best.config.parts == 8
+    assert plan(specialized(rope, row_variable(rope), 4096)).best.config.parts == 1
+    source = tvm_dsm.build(rope).mod.imports[0].inspect_source()
+    bodies = kernels(source).values()
+    assert len(bodies) == 2 and all(b.count("cosf(") == 1 and b.count("sinf(") == 1 for b in bodies)
     assemble(source, "per_thread_math_rope")
 
 

@@ -4,7 +4,7 @@ embedding), their math computed once per thread for every element along it
 
 The model is a roofline: every operand read and every output written once at HBM bandwidth, at
 the share of the SMs the grid fills (a thread a point of the axes other than the in-thread
-one), plus a launch. It cannot tell CTA sizes of a filled machine apart; 128 threads come first.
+one and part of it), plus a launch.
 """
 
 from __future__ import annotations
@@ -20,12 +20,14 @@ from ..transform.buffers import buffer_bytes
 from .base import ScheduleFamily
 from .kernel_plan import KernelPlan, default_first, roofline
 
-CONFIGS = tuple(rule.PerThreadMathConfig(threads) for threads in (64, 128, 256))
+#: CTA sizes and the most parts an in-thread axis is split into.
+THREADS, MAX_PARTS = (64, 128, 256), 8
 
 
 @dataclass(frozen=True)
 class PerThreadMathShape:
-    """What the rule found, the bytes the function reads and writes and its threads."""
+    """What the rule found, the bytes the function reads and writes, and its points (a thread
+    each where the in-thread axis is whole)."""
 
     found: rule.PerThreadMath
     bytes: int
@@ -45,11 +47,18 @@ class PerThreadMath(ScheduleFamily):
         return PerThreadMathShape(found, sum(buffer_bytes(p) for p in outputs), elements // found.extent)
 
     def predict(self, shape: PerThreadMathShape, config: rule.PerThreadMathConfig, hw: Hardware) -> KernelPlan:
-        ctas = math.ceil(shape.threads / config.threads)
+        ctas = math.ceil(shape.threads * config.parts / config.threads)
         return roofline(config, {"hbm": shape.bytes}, {}, {"hbm": hw.hbm_bw}, busy=ctas / hw.sm_count)
 
     def rank(self, shape: PerThreadMathShape, hw: Hardware) -> list[KernelPlan]:
-        return default_first([self.predict(shape, c, hw) for c in CONFIGS], rule.PerThreadMathConfig())
+        """Every CTA size and split of the in-thread axis; first, 128 threads and the axis whole
+        where the points fill a wave of such CTAs, else split into the most parts (a thread's
+        math is then computed once a part: fewer points need more threads to hide latency)."""
+        parts = [p for p in range(1, MAX_PARTS + 1) if shape.found.extent % p == 0]
+        configs = [rule.PerThreadMathConfig(t, p) for t in THREADS for p in parts]
+        filled = shape.threads >= 128 * hw.sm_count
+        return default_first([self.predict(shape, c, hw) for c in configs],
+                             rule.PerThreadMathConfig(128, 1 if filled else parts[-1]))
 
     def apply(self, func: tirx.PrimFunc, config: rule.PerThreadMathConfig, hw: Hardware) -> s_tir.Schedule:
         return rule.schedule_per_thread_math(func, config)

@@ -44,12 +44,16 @@ HOISTED = "per_thread_math"
 
 @dataclass(frozen=True)
 class PerThreadMathConfig:
-    """Threads per CTA; each thread takes one point of the other axes."""
+    """Threads per CTA, and the parts the in-thread axis is split into: each thread takes one
+    point of the other axes and one part of that axis (its math computed once a part), so that
+    a few points (a decode step's one token) still spread over enough threads."""
 
     threads: int = 128
+    parts: int = 1
 
     def explain(self) -> str:
-        return f"per-thread math: {self.threads} threads a CTA, the in-thread axis unrolled"
+        return (f"per-thread math: {self.threads} threads a CTA, the in-thread axis in {self.parts} part(s), "
+                "each unrolled in a thread")
 
 
 @dataclass(frozen=True)
@@ -181,15 +185,18 @@ def per_thread_math(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
 def schedule_per_thread_math(func: tirx.PrimFunc, config: PerThreadMathConfig) -> s_tir.Schedule:
     """:func:`per_thread_math`'s rewrite of ``func``, scheduled: a thread per point of the
-    other axes, the hoisted calls in its registers, the in-thread axis unrolled inside it."""
+    other axes and part of the in-thread axis, the hoisted calls in its registers, its part of
+    the axis unrolled inside it."""
     found = find_per_thread_math(func)
     sch = s_tir.Schedule(per_thread_math(func))
     consumer, producer = sch.get_sblock(found.block), sch.get_sblock(HOISTED)
+    if found.extent % config.parts:
+        raise ClusterError(f"{config.parts} parts do not divide the in-thread axis of {found.extent}")
     loops = sch.get_loops(consumer)
-    axis = loops[found.axis]
-    others = [lp for i, lp in enumerate(loops) if i != found.axis]
-    sch.reorder(*others, axis)
-    bx, tx = sch.split(sch.fuse(*others), [None, config.threads])
+    part, axis = sch.split(loops[found.axis], [config.parts, None])
+    *outer, inner = [lp for i, lp in enumerate(loops) if i != found.axis]
+    sch.reorder(*outer, part, inner, axis)  # the innermost other axis (contiguous) across neighbouring threads
+    bx, tx = sch.split(sch.fuse(*outer, part, inner), [None, config.threads])
     sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")
     sch.compute_at(producer, tx)
