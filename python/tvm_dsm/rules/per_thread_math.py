@@ -108,6 +108,9 @@ def _analysis(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, SBlock, int, list]:
         raise ClusterError("no transcendental function to compute once per thread")
     if any(find_all(c, tirx.Let) or _uses_let(c, block) for c in calls):
         raise ClusterError("a transcendental call depends on a variable it binds itself")
+    written = [w.source for w in block.writes]
+    if any(load.source.same_as(w) for c in calls for load in find_all(c, tvm.ir.TensorLoad) for w in written):
+        raise ClusterError("a transcendental call reads what the block writes: it cannot be computed first")
     for position, iv in enumerate(block.iter_vars[:-1]):
         extent = iv.dom.extent
         if (isinstance(extent, tirx.IntImm) and 1 < int(extent) <= MAX_IN_THREAD
