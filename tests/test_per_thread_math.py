@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tvm
 from tvm.relax.frontend.nn.llm import position_embedding
+from tvm import te, tirx
 
 import tvm_dsm
 from conftest import kernels
@@ -84,3 +85,24 @@ def test_gpu_rotary_embedding_matches_float64(rows):
     lib(tvm.runtime.tensor(qkv, dev), tvm.runtime.tensor(positions, dev), *out, 1)
     for got, ref in zip(out, _rope_float64(qkv, positions)):
         assert np.linalg.norm(got.numpy().astype(np.float64) - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def _scaled(factor, width: int):
+    """``y[s, h, j] = x[s, h, j] * factor(p, s, j)`` over 16 x 8 x 63 (63 columns: no 16-byte
+    vectors), ``p`` of 16 rows of ``width``."""
+    x = te.placeholder((16, 8, 63), "float32", name="x")
+    p = te.placeholder((16, width), "float32", name="p")
+    y = te.compute((16, 8, 63), lambda s, h, j: x[s, h, j] * factor(p, s, j), name="y")
+    return te.create_prim_func([x, p, y]).with_attr("global_symbol", "main")
+
+
+def test_one_call_is_computed_once_per_thread_and_builds(assemble):
+    func = _scaled(lambda p, s, j: te.exp(p[s, j]), 63)
+    assert find_per_thread_math(func).calls == 1
+    assemble(tvm_dsm.build(func).mod.imports[0].inspect_source(), "per_thread_math_one_call")
+
+
+def test_a_call_that_reads_in_bounds_only_under_its_condition_is_refused():
+    """Computed first, the call would run for j >= 32 too, past the end of p's rows."""
+    with pytest.raises(ClusterError, match="may read outside p"):
+        find_per_thread_math(_scaled(lambda p, s, j: tirx.if_then_else(j < 32, te.cos(p[s, j]), 1.0), 32))

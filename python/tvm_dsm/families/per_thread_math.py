@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from tvm import s_tir, tirx
 
+from ..errors import ClusterError
 from ..hardware import Hardware
 from ..rules import per_thread_math as rule
 from ..transform.buffers import buffer_bytes
@@ -26,8 +27,8 @@ THREADS, MAX_PARTS = (64, 128, 256), 8
 
 @dataclass(frozen=True)
 class PerThreadMathShape:
-    """What the rule found, the bytes the function reads and writes, and its points (a thread
-    each where the in-thread axis is whole)."""
+    """What the rule found, the bytes of the function's parameters (read or written once), and
+    its points (a thread each where the in-thread axis is whole)."""
 
     found: rule.PerThreadMath
     bytes: int
@@ -41,10 +42,10 @@ class PerThreadMath(ScheduleFamily):
 
     def recognize(self, func: tirx.PrimFunc) -> PerThreadMathShape:
         found = rule.find_per_thread_math(func)
-        params = [p for p in func.params if hasattr(p.ty, "shape")]
-        outputs = [p for p in params if all(isinstance(d, tirx.IntImm) for d in p.ty.shape)]
-        elements = max(math.prod(int(d) for d in p.ty.shape) for p in outputs)
-        return PerThreadMathShape(found, sum(buffer_bytes(p) for p in outputs), elements // found.extent)
+        params = [p for p in func.params if hasattr(p.ty, "shape") and all(isinstance(d, tirx.IntImm) for d in p.ty.shape)]
+        if not isinstance(found.points, int):
+            raise ClusterError("per-thread math plans constant extents (a symbolic row count per range of rows)")
+        return PerThreadMathShape(found, sum(buffer_bytes(p) for p in params), found.points)
 
     def predict(self, shape: PerThreadMathShape, config: rule.PerThreadMathConfig, hw: Hardware) -> KernelPlan:
         ctas = math.ceil(shape.threads * config.parts / config.threads)

@@ -28,6 +28,7 @@ from tvm import s_tir, tirx
 from tvm.ir import Range
 from tvm.s_tir import SBlock, SBlockRealize
 from tvm.s_tir.analysis import get_sblock_read_write_region
+from tvm.sym import Analyzer
 
 from ..errors import ClusterError
 from ..ir import find_all, substitute, uses
@@ -59,12 +60,14 @@ class PerThreadMathConfig:
 @dataclass(frozen=True)
 class PerThreadMath:
     """The block whose math is computed once per thread, the position and extent of the axis
-    looped over inside a thread, and how many distinct calls are computed once."""
+    looped over inside a thread, how many distinct calls are computed once, and the points of
+    the other axes."""
 
     block: str
     axis: int
     extent: int
     calls: int
+    points: tirx.PrimExpr | int  # of the other axes: a thread each where the axis is whole
 
 
 def _transcendental(expr) -> list:
@@ -94,8 +97,8 @@ def _distinct(exprs: list) -> list:
 
 def _analysis(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, SBlock, int, list]:
     """``func`` with every block but its output block inlined, that block, the position of its
-    in-thread axis and its distinct transcendental calls with ``Let`` variables inlined;
-    ClusterError saying what is missing."""
+    in-thread axis (the longest that qualifies) and its distinct transcendental calls with
+    ``Let`` variables inlined; ClusterError saying what is missing."""
     sch = s_tir.Schedule(func)
     blocks = output_blocks(sch)
     if len(blocks) != 1:
@@ -103,21 +106,47 @@ def _analysis(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, SBlock, int, list]:
     block = sch.get(blocks[0])
     if vector_lanes(block) > 1:
         raise ClusterError("its accesses move in 16-byte vectors: the elementwise family's")
+    loops = [sch.get(lp).loop_var for lp in sch.get_loops(blocks[0])]
+    bound = find_all(sch.mod["main"].body, SBlockRealize, lambda r: r.block.name_hint == block.name_hint)
+    if (len(bound) != 1 or len(loops) != len(block.iter_vars)
+            or not all(v.same_as(lp) for v, lp in zip(bound[0].iter_values, loops))
+            or not all(isinstance(iv.dom.min, tirx.IntImm) and int(iv.dom.min) == 0 for iv in block.iter_vars)):
+        raise ClusterError("per-thread math takes a block whose iterators are its loops, in order, from 0")
     calls = _distinct([_inline_lets(c, block) for c in _transcendental(block.body)])
     if not calls:
         raise ClusterError("no transcendental function to compute once per thread")
+    if len({str(c.ty) for c in calls}) != 1:
+        raise ClusterError(f"its transcendental functions return {sorted({str(c.ty) for c in calls})}: one type expected")
     if any(find_all(c, tirx.Let) or _uses_let(c, block) for c in calls):
         raise ClusterError("a transcendental call depends on a variable it binds itself")
-    written = [w.source for w in block.writes]
-    if any(load.source.same_as(w) for c in calls for load in find_all(c, tvm.ir.TensorLoad) for w in written):
+    params = [p for p in sch.mod["main"].params if hasattr(p.ty, "shape")]
+    loads = [load for c in calls for load in find_all(c, tvm.ir.TensorLoad)]
+    if not all(any(load.source.same_as(p) for p in params) for load in loads):
+        raise ClusterError("a transcendental call reads a buffer the function defines: it cannot be computed first")
+    if any(load.source.same_as(w.source) for load in loads for w in block.writes):
         raise ClusterError("a transcendental call reads what the block writes: it cannot be computed first")
-    for position, iv in enumerate(block.iter_vars[:-1]):
-        extent = iv.dom.extent
-        if (isinstance(extent, tirx.IntImm) and 1 < int(extent) <= MAX_IN_THREAD
-                and not any(uses(c, iv.var) for c in calls)):
-            return sch.mod["main"], block, position, calls
-    raise ClusterError("every axis but the innermost is used by its transcendental functions, or longer than "
-                       f"{MAX_IN_THREAD}")
+    _check_in_bounds(loads, block)
+    eligible = [n for n, iv in enumerate(block.iter_vars[:-1])
+                if isinstance(iv.dom.extent, tirx.IntImm) and 1 < int(iv.dom.extent) <= MAX_IN_THREAD
+                and not any(uses(c, iv.var) for c in calls)]
+    if not eligible:
+        raise ClusterError("every axis but the innermost is used by its transcendental functions, or longer than "
+                           f"{MAX_IN_THREAD}")
+    return sch.mod["main"], block, max(eligible, key=lambda n: int(block.iter_vars[n].dom.extent)), calls
+
+
+def _check_in_bounds(loads: list, block: SBlock) -> None:
+    """ClusterError unless every index of ``loads`` is provably inside its buffer over the
+    block's whole domain: computed first, the calls run outside the conditions that guarded
+    them."""
+    analyzer = Analyzer()
+    for iv in block.iter_vars:
+        analyzer.bind(iv.var, iv.dom)
+    for load in loads:
+        for index, extent in zip(load.indices, load.source.ty.shape):
+            if not (analyzer.can_prove(index >= 0) and analyzer.can_prove(index < extent)):
+                raise ClusterError(f"{load} may read outside {load.source.name} where its block's conditions do not "
+                                   "hold: it cannot be computed first")
 
 
 def _uses_let(expr, block: SBlock) -> bool:
@@ -129,7 +158,15 @@ def find_per_thread_math(func: tirx.PrimFunc) -> PerThreadMath:
     """What :func:`per_thread_math` computes once per thread in ``func`` (see the module
     docstring); ClusterError where it does not apply."""
     _, block, axis, calls = _analysis(func)
-    return PerThreadMath(block.name_hint, axis, int(block.iter_vars[axis].dom.extent), len(calls))
+    points = 1
+    for n, iv in enumerate(block.iter_vars):
+        if n != axis:
+            points = points * (int(iv.dom.extent) if isinstance(iv.dom.extent, tirx.IntImm) else iv.dom.extent)
+    return PerThreadMath(block.name_hint, axis, int(block.iter_vars[axis].dom.extent), len(calls), points)
+
+
+def _seq(stmts: list):
+    return stmts[0] if len(stmts) == 1 else tirx.SeqStmt(stmts)
 
 
 def _with_regions(block: SBlock, buffers: list) -> SBlock:
@@ -144,18 +181,15 @@ def per_thread_math(func: tirx.PrimFunc) -> tirx.PrimFunc:
     func, block, axis, calls = _analysis(func)
     if not isinstance(func.body, SBlockRealize):
         raise ClusterError("per-thread math takes a function of one root block")
-    dtypes = {str(c.ty) for c in calls}
-    if len(dtypes) != 1:
-        raise ClusterError(f"its transcendental functions return {sorted(dtypes)}: one type expected")
     others = [iv for i, iv in enumerate(block.iter_vars) if i != axis]
-    dtype = dtypes.pop()
+    dtype = str(calls[0].ty)
     hoisted = [tirx.decl_buffer([iv.dom.extent for iv in others], dtype, f"{HOISTED}_{n}") for n in range(len(calls))]
     buffers = [p for p in func.params if hasattr(p.ty, "shape")] + hoisted
 
     fresh = [tirx.Var(f"{iv.var.name}_t", iv.var.ty) for iv in others]
     renamed = list(zip([iv.var for iv in others], fresh))
     producer = SBlock([tirx.IterVar(iv.dom, v, iv.iter_type) for iv, v in zip(others, fresh)], [], [], HOISTED,
-                      tirx.SeqStmt([tirx.BufferStore(b, substitute(c, renamed), fresh) for b, c in zip(hoisted, calls)]))
+                      _seq([tirx.BufferStore(b, substitute(c, renamed), fresh) for b, c in zip(hoisted, calls)]))
     producer = _with_regions(producer, buffers)
 
     def replace(call):
