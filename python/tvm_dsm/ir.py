@@ -52,6 +52,16 @@ def fresh_definitions(stmt):
     return substitute(stmt, list(found.items()))
 
 
+def seq(stmts: list):
+    """``stmts`` as one statement: the statement itself where there is one."""
+    return stmts[0] if len(stmts) == 1 else tirx.SeqStmt(stmts)
+
+
+def items(stmt) -> list:
+    """The statements of ``stmt`` in order: a sequence's, or ``stmt`` alone (:func:`seq`'s inverse)."""
+    return list(stmt.seq) if isinstance(stmt, tirx.SeqStmt) else [stmt]
+
+
 def replace_node(root, old, new):
     """``root`` with the node ``old`` (by identity) replaced by ``new``."""
     return tvm_ffi.structural_map(root, [(type(old), lambda n: new if n.same_as(old) else n)], order="pre")

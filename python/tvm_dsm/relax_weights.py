@@ -22,25 +22,19 @@ a weight (``READ_ONLY_PARAMS_KEY``), conservatively:
 from __future__ import annotations
 
 import tvm
-import tvm_ffi
 from tvm import relax, tirx
 
 from .annotations import READ_ONLY_PARAMS_KEY
+from .ir import find_all
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
-
-
-def _find(root, node_type) -> list:
-    found: list = []
-    tvm_ffi.structural_walk(root, [(node_type, found.append)])
-    return found
 
 
 def _called_functions(mod: tvm.IRModule) -> set[str]:
     """The Relax functions of ``mod`` some function of it calls."""
     relax_functions = {gv.name_hint for gv, f in mod.functions.items() if isinstance(f, relax.Function)}
     return {v.name_hint for f in mod.functions.values() if isinstance(f, relax.Function)
-            for v in _find(f.body, tvm.ir.GlobalVar) if v.name_hint in relax_functions}
+            for v in find_all(f.body, tvm.ir.GlobalVar) if v.name_hint in relax_functions}
 
 
 def _weights(func: relax.Function, bindings: list) -> list[relax.Var]:
@@ -60,10 +54,10 @@ def _weights(func: relax.Function, bindings: list) -> list[relax.Var]:
         if isinstance(binding, relax.VarBinding) and isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR):
             direct = list(value.args[1].fields) if isinstance(value.args[1], relax.Tuple) else []
             rest = [a for a in value.args[1].fields if not isinstance(a, relax.Var)] if direct else [value.args[1]]
-            escaped += [v for part in [*rest, *value.args[2:]] for v in _find(part, relax.Var)]
+            escaped += [v for part in [*rest, *value.args[2:]] for v in find_all(part, relax.Var)]
         else:
-            escaped += _find(value, relax.Var)
-    escaped += _find(func.body.body, relax.Var)  # returned values
+            escaped += find_all(value, relax.Var)
+    escaped += find_all(func.body.body, relax.Var)  # returned values
     if any(p.same_as(e) for p in params for e in escaped):
         return []  # a weight tuple read whole: any of its items might be written through it
     return [v for v in [*items, *(p for p in params if not isinstance(p.ty, relax.TupleType))]
@@ -79,11 +73,11 @@ def read_only_params(mod: tvm.IRModule) -> dict[str, list[str]]:
     for gv, func in mod.functions.items():
         if not isinstance(func, relax.Function):
             continue
-        bindings = _find(func.body, relax.VarBinding) + _find(func.body, relax.MatchCast)
+        bindings = find_all(func.body, relax.VarBinding) + find_all(func.body, relax.MatchCast)
         weights = [] if gv.name_hint in called else _weights(func, bindings)
-        for call in _find(func.body, relax.Call):
+        for call in find_all(func.body, relax.Call):
             if not (call.op.same_as(_CALL_TIR) and isinstance(call.args[1], relax.Tuple)):
-                unsafe.update(v.name_hint for v in _find(call, tvm.ir.GlobalVar))
+                unsafe.update(v.name_hint for v in find_all(call, tvm.ir.GlobalVar))
                 continue
             callee = call.args[0].name_hint
             passed = [isinstance(a, tvm.ir.Constant) or any(a.same_as(w) for w in weights) for a in call.args[1].fields]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.s_tir import SBlock
 
-from ..ir import find_all, replace_node, with_block_body
+from ..ir import find_all, items, replace_node, with_block_body
 from .cascade import Level
 from .fused_block import FusedBlock
 
@@ -21,7 +21,7 @@ def splice(func: tirx.PrimFunc, group: list[Level], parts: int = 1, vector: int 
     """``func`` with the group's loop nests (and its element producers') replaced by the fused
     nest (where the last level was)."""
     root = func.body.block
-    stages = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
+    stages = items(root.body)
     names = {lvl.block for lvl in group} | {p.block for p in (producers or {}).values()}
 
     def blocks_in(stmt) -> set[str]:

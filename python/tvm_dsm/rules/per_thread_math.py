@@ -25,13 +25,12 @@ from dataclasses import dataclass
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
-from tvm.ir import Range
 from tvm.s_tir import SBlock, SBlockRealize
 from tvm.s_tir.analysis import get_sblock_read_write_region
 from tvm.sym import Analyzer
 
 from ..errors import ClusterError
-from ..ir import find_all, substitute, uses
+from ..ir import find_all, seq, substitute, uses
 from .elementwise import output_blocks, vector_lanes
 
 #: Functions whose evaluation costs tens of instructions.
@@ -77,9 +76,13 @@ def _transcendental(expr) -> list:
                                         for d in calls)]
 
 
-def _inline_lets(expr, block: SBlock):
-    """``expr`` with the variables of the block's ``Let`` expressions replaced by their values."""
-    lets = [(let.var, let.value) for let in find_all(block.body, tirx.Let)]
+def _lets(block: SBlock) -> list:
+    """The (variable, value) of each ``Let`` expression in ``block``."""
+    return [(let.var, let.value) for let in find_all(block.body, tirx.Let)]
+
+
+def _inline_lets(expr, lets: list):
+    """``expr`` with the variables of ``lets`` replaced by their values."""
     for _ in lets:
         expr = substitute(expr, lets)
     return expr
@@ -112,12 +115,13 @@ def _analysis(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, SBlock, int, list]:
             or not all(v.same_as(lp) for v, lp in zip(bound[0].iter_values, loops))
             or not all(isinstance(iv.dom.min, tirx.IntImm) and int(iv.dom.min) == 0 for iv in block.iter_vars)):
         raise ClusterError("per-thread math takes a block whose iterators are its loops, in order, from 0")
-    calls = _distinct([_inline_lets(c, block) for c in _transcendental(block.body)])
+    lets = _lets(block)
+    calls = _distinct([_inline_lets(c, lets) for c in _transcendental(block.body)])
     if not calls:
         raise ClusterError("no transcendental function to compute once per thread")
     if len({str(c.ty) for c in calls}) != 1:
         raise ClusterError(f"its transcendental functions return {sorted({str(c.ty) for c in calls})}: one type expected")
-    if any(find_all(c, tirx.Let) or _uses_let(c, block) for c in calls):
+    if any(find_all(c, tirx.Let) or any(uses(c, var) for var, _ in lets) for c in calls):
         raise ClusterError("a transcendental call depends on a variable it binds itself")
     params = [p for p in sch.mod["main"].params if hasattr(p.ty, "shape")]
     loads = [load for c in calls for load in find_all(c, tvm.ir.TensorLoad)]
@@ -149,24 +153,19 @@ def _check_in_bounds(loads: list, block: SBlock) -> None:
                                    "hold: it cannot be computed first")
 
 
-def _uses_let(expr, block: SBlock) -> bool:
-    """Whether ``expr`` still names a ``Let`` variable of ``block``."""
-    return any(uses(expr, let.var) for let in find_all(block.body, tirx.Let))
-
-
 def find_per_thread_math(func: tirx.PrimFunc) -> PerThreadMath:
     """What :func:`per_thread_math` computes once per thread in ``func`` (see the module
     docstring); ClusterError where it does not apply."""
     _, block, axis, calls = _analysis(func)
+    return _found(block, axis, calls)
+
+
+def _found(block: SBlock, axis: int, calls: list) -> PerThreadMath:
     points = 1
     for n, iv in enumerate(block.iter_vars):
         if n != axis:
             points = points * (int(iv.dom.extent) if isinstance(iv.dom.extent, tirx.IntImm) else iv.dom.extent)
     return PerThreadMath(block.name_hint, axis, int(block.iter_vars[axis].dom.extent), len(calls), points)
-
-
-def _seq(stmts: list):
-    return stmts[0] if len(stmts) == 1 else tirx.SeqStmt(stmts)
 
 
 def _with_regions(block: SBlock, buffers: list) -> SBlock:
@@ -178,7 +177,13 @@ def _with_regions(block: SBlock, buffers: list) -> SBlock:
 def per_thread_math(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` with its output block's distinct transcendental calls computed first, by a block
     over its other axes, into a buffer it reads (see the module docstring)."""
+    return _rewritten(func)[0]
+
+
+def _rewritten(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, PerThreadMath]:
+    """:func:`per_thread_math`'s function and what it computes once per thread."""
     func, block, axis, calls = _analysis(func)
+    lets = _lets(block)
     if not isinstance(func.body, SBlockRealize):
         raise ClusterError("per-thread math takes a function of one root block")
     others = [iv for i, iv in enumerate(block.iter_vars) if i != axis]
@@ -189,11 +194,11 @@ def per_thread_math(func: tirx.PrimFunc) -> tirx.PrimFunc:
     fresh = [tirx.Var(f"{iv.var.name}_t", iv.var.ty) for iv in others]
     renamed = list(zip([iv.var for iv in others], fresh))
     producer = SBlock([tirx.IterVar(iv.dom, v, iv.iter_type) for iv, v in zip(others, fresh)], [], [], HOISTED,
-                      _seq([tirx.BufferStore(b, substitute(c, renamed), fresh) for b, c in zip(hoisted, calls)]))
+                      seq([tirx.BufferStore(b, substitute(c, renamed), fresh) for b, c in zip(hoisted, calls)]))
     producer = _with_regions(producer, buffers)
 
     def replace(call):
-        inlined = _inline_lets(call, block) if getattr(call.op, "name", None) in TRANSCENDENTAL else None
+        inlined = _inline_lets(call, lets) if getattr(call.op, "name", None) in TRANSCENDENTAL else None
         index = next((n for n, c in enumerate(calls) if inlined is not None and tvm_ffi.structural_equal(inlined, c)),
                      None)
         if index is None:
@@ -217,15 +222,16 @@ def per_thread_math(func: tirx.PrimFunc) -> tirx.PrimFunc:
                                                                     else b)], order="pre")])
     new_root = SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, body, root.init,
                       [*root.alloc_buffers, *hoisted], root.match_buffers, root.annotations)
-    return func.with_body(SBlockRealize(func.body.iter_values, func.body.predicate, new_root))
+    return (func.with_body(SBlockRealize(func.body.iter_values, func.body.predicate, new_root)),
+            _found(block, axis, calls))
 
 
 def schedule_per_thread_math(func: tirx.PrimFunc, config: PerThreadMathConfig) -> s_tir.Schedule:
     """:func:`per_thread_math`'s rewrite of ``func``, scheduled: a thread per point of the
     other axes and part of the in-thread axis, the hoisted calls in its registers, its part of
     the axis unrolled inside it."""
-    found = find_per_thread_math(func)
-    sch = s_tir.Schedule(per_thread_math(func))
+    rewritten, found = _rewritten(func)
+    sch = s_tir.Schedule(rewritten)
     consumer, producer = sch.get_sblock(found.block), sch.get_sblock(HOISTED)
     if found.extent % config.parts:
         raise ClusterError(f"{config.parts} parts do not divide the in-thread axis of {found.extent}")

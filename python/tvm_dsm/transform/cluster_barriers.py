@@ -15,7 +15,7 @@ from tvm.script import tirx as T
 
 from ..annotations import BULK_DST, BULK_SRC
 from ..errors import ClusterError
-from ..ir import find_all, uses
+from ..ir import find_all, items, uses
 from .bulk_copy import fence_proxy_async
 from .dsm_buffer import REMOTE_LOAD, REMOTE_STORE
 
@@ -117,7 +117,7 @@ class ClusterBarriers:
             out = [tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, body)]
         else:
             out = []
-            for stage in list(stmt.seq) if isinstance(stmt, tirx.SeqStmt) else [stmt]:
+            for stage in items(stmt):
                 t = self._touches(stage)
                 # A peer's slice read while the same buffer is written (or written while read) in
                 # one stage: only barriers inside the stage could order the two.

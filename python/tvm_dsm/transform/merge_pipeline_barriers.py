@@ -27,7 +27,7 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
-from ..ir import is_barrier
+from ..ir import is_barrier, items, seq
 
 _COMMIT = "async_commit_queue_scope"
 _WAIT = "async_wait_queue_scope"
@@ -35,51 +35,44 @@ _IN_FLIGHT = "async_wait_inflight_count"
 _ASYNC = "async_scope"
 
 
-def _items(stmt) -> list:
-    return list(stmt.seq) if isinstance(stmt, tirx.SeqStmt) else [stmt]
-
-
-def _seq(items: list):
-    return items[0] if len(items) == 1 else tirx.SeqStmt(items)
-
 
 def _commit_without_barrier(commit: tirx.AttrStmt):
     """The commit group with its leading barrier removed, or None if it is not only copies
     (its body: index bindings, then ``async_scope`` copies, the first starting with the barrier)."""
-    items = _items(commit.body)
-    copies = [i for i, s in enumerate(items) if not isinstance(s, tirx.Bind)]
-    if not copies or any(not (isinstance(items[i], tirx.AttrStmt) and items[i].attr_key == _ASYNC)
+    stmts = items(commit.body)
+    copies = [i for i, s in enumerate(stmts) if not isinstance(s, tirx.Bind)]
+    if not copies or any(not (isinstance(stmts[i], tirx.AttrStmt) and stmts[i].attr_key == _ASYNC)
                          for i in copies):
         return None
-    first = items[copies[0]]
-    inner = _items(first.body)
+    first = stmts[copies[0]]
+    inner = items(first.body)
     if not is_barrier(inner[0]) or any(is_barrier(s) for s in inner[1:]):
         return None
-    items[copies[0]] = tirx.AttrStmt(first.node, first.attr_key, first.value, _seq(inner[1:]))
-    return tirx.AttrStmt(commit.node, commit.attr_key, commit.value, _seq(items))
+    stmts[copies[0]] = tirx.AttrStmt(first.node, first.attr_key, first.value, seq(inner[1:]))
+    return tirx.AttrStmt(commit.node, commit.attr_key, commit.value, seq(stmts))
 
 
-def _merge(items: list) -> list:
-    """``items`` (a loop body's statements) with each [commit, bindings, wait(n >= 2)] rewritten."""
+def _merge(stmts: list) -> list:
+    """``stmts`` (a loop body's statements) with each [commit, bindings, wait(n >= 2)] rewritten."""
     out, i = [], 0
-    while i < len(items):
-        commit = items[i]
+    while i < len(stmts):
+        commit = stmts[i]
         j = i + 1
-        while j < len(items) and isinstance(items[j], tirx.Bind):
+        while j < len(stmts) and isinstance(stmts[j], tirx.Bind):
             j += 1
-        wait = items[j] if j < len(items) else None
+        wait = stmts[j] if j < len(stmts) else None
         merged = None
         if (isinstance(commit, tirx.AttrStmt) and commit.attr_key == _COMMIT
                 and isinstance(wait, tirx.AttrStmt) and wait.attr_key == _WAIT
                 and isinstance(wait.body, tirx.AttrStmt) and wait.body.attr_key == _IN_FLIGHT
                 and int(wait.body.value) >= 2):
-            rest = _items(wait.body.body)
+            rest = items(wait.body.body)
             copies = _commit_without_barrier(commit)
             if copies is not None and is_barrier(rest[0]):
                 count = wait.body
                 early_wait = tirx.AttrStmt(wait.node, _WAIT, wait.value, tirx.AttrStmt(
                     count.node, _IN_FLIGHT, int(count.value) - 1, rest[0]))
-                merged = [early_wait, copies, *items[i + 1:j], *rest[1:]]
+                merged = [early_wait, copies, *stmts[i + 1:j], *rest[1:]]
         if merged is None:
             out.append(commit)
             i += 1
@@ -95,9 +88,9 @@ def merge_pipeline_barriers(func: tirx.PrimFunc) -> tirx.PrimFunc:
     def on_loop(loop: tirx.For):
         if not isinstance(loop.body, tirx.SeqStmt):
             return loop
-        items = list(loop.body.seq)
-        merged = _merge(items)
-        if len(merged) == len(items) and all(a.same_as(b) for a, b in zip(merged, items)):
+        stmts = list(loop.body.seq)
+        merged = _merge(stmts)
+        if len(merged) == len(stmts) and all(a.same_as(b) for a, b in zip(merged, stmts)):
             return loop
         return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, tirx.SeqStmt(merged),
                         loop.thread_binding, loop.annotations, loop.step)

@@ -60,7 +60,5 @@ def raster_clusters(func: tirx.PrimFunc) -> tirx.PrimFunc:
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.RasterClusters")
 def RasterClusters(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     """:func:`raster_clusters` on every PrimFunc of ``mod``."""
-    updates = {gv: raster_clusters(f) for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
-    for gv, f in updates.items():
-        mod[gv] = f
-    return mod
+    return tvm.IRModule({gv: raster_clusters(f) if isinstance(f, tirx.PrimFunc) else f
+                         for gv, f in mod.functions.items()}, attrs=mod.attrs, global_infos=mod.global_infos)

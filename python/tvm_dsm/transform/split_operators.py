@@ -19,7 +19,7 @@ from tvm.s_tir import SBlock, SBlockRealize
 from tvm.sym import Analyzer
 
 from ..errors import ClusterError
-from ..ir import find_all, loads, uses
+from ..ir import find_all, items, loads, uses
 
 
 @dataclass
@@ -96,7 +96,7 @@ def split_operators(func: tirx.PrimFunc) -> list[Operator]:
     if not isinstance(func.body, SBlockRealize):
         raise ClusterError("splitting into operators needs an s_tir function (one root block)")
     root = func.body.block
-    nests = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
+    nests = items(root.body)
     groups = _groups(nests)
     params = list(func.params)
     used = [_buffers(g) for g in groups]

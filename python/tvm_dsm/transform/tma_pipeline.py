@@ -63,7 +63,7 @@ from tvm.script import tirx as T
 
 from ..errors import ClusterError
 from ..hardware import Hardware
-from ..ir import find_all, replace_node, substitute, tree_reduce, with_block_body
+from ..ir import find_all, items, replace_node, seq, substitute, tree_reduce, with_block_body
 from .buffers import element_bytes
 from .programmatic_launch import L2_PREFETCH_KEY, launched_programmatically, read_only_params
 from ..annotations import EARLY_COPY_KEY
@@ -82,13 +82,6 @@ _L2_PROMOTION_256B = 3
 SLOT_ALIGN = 1024  # the swizzle pattern repeats every 8 rows of 128 bytes
 MAX_BOX = 256
 
-
-def _items(stmt) -> list:
-    return list(stmt.seq) if isinstance(stmt, tirx.SeqStmt) else [stmt]
-
-
-def _seq(items: list):
-    return items[0] if len(items) == 1 else tirx.SeqStmt(items)
 
 
 class _ByIdentity(dict):
@@ -248,7 +241,7 @@ class _TmaLoop:
             raise ClusterError("TMA pipeline: the loop body must be one block")
         self.block = realize.block
         self.copies, self.rest = [], []
-        for item in _items(self.block.body):
+        for item in items(self.block.body):
             if find_all(item, SBlock, lambda b: TMA_COPY_KEY in b.annotations):
                 self.copies.append(TileCopy(item, sources, analyzer, [*outer, loop]))
             else:
@@ -312,7 +305,7 @@ class _TmaLoop:
 
     def _issue(self, step) -> tirx.Stmt:
         """One thread's statements loading K step ``step`` into its slot."""
-        return _seq([self._expect(step), *(self._copy(c, step) for c in self.copies)])
+        return seq([self._expect(step), *(self._copy(c, step) for c in self.copies)])
 
     def _expect(self, step) -> tirx.Stmt:
         """Arrive on ``step``'s slot barrier, announcing the bytes of all its tiles."""
@@ -346,7 +339,7 @@ class _TmaLoop:
         late = [c for c in self.copies if c not in self.early]
         return [steps(self._expect(s)),  # every tile's bytes announced before any copy lands
                 *(tirx.AttrStmt(c.source, EARLY_COPY_KEY, 0, steps(self._copy(c, s))) for c in self.early),
-                *([steps(_seq([self._copy(c, s) for c in late]))] if late else [])]
+                *([steps(seq([self._copy(c, s) for c in late]))] if late else [])]
 
     def _prefetch(self) -> list:
         """Where ``prefetch`` holds, for each early copy: one thread's L2 prefetch of the tiles of
@@ -416,7 +409,7 @@ class _TmaLoop:
         loop, stages, n = self.loop, self.stages, int(self.loop.extent)
         k = loop.loop_var
         slot = tirx.floormod(k, stages)
-        inner = with_block_body(self.block, _seq(self.rest), alloc_buffers=[
+        inner = with_block_body(self.block, seq(self.rest), alloc_buffers=[
             b for b in self.block.alloc_buffers if self.slots.get(b) is None])
         # A step's warpgroup MMAs may still read its slot during the next step (they return
         # with their group in flight): refill a slot two steps after it was read, not one.
@@ -427,7 +420,7 @@ class _TmaLoop:
         inner = self._read_slot(inner, slot)
         ahead = k + lookahead
         parity = lambda step: tirx.floormod(tirx.floordiv(step, stages), 2)  # noqa: E731
-        body = _seq([
+        body = seq([
             tirx.Evaluate(T.tvm_storage_sync("shared")),
             tirx.IfThenElse(tirx.And(self.leader, ahead < n), self._issue(ahead), None),
             tirx.Evaluate(T.cuda.mbarrier_wait(self._barrier(slot), parity(k))),
@@ -440,7 +433,7 @@ class _TmaLoop:
             *self._prefetch(),
             # The descriptors first: the first copy through a map would otherwise wait for its
             # fetch.
-            tirx.IfThenElse(self.leader, _seq([
+            tirx.IfThenElse(self.leader, seq([
                 *(tirx.Evaluate(T.ptx.prefetch.tensormap(T.address_of(m))) for m in self.maps),
                 tirx.For(s, 0, stages, tirx.ForKind.SERIAL, tirx.Evaluate(
                     T.ptx.mbarrier.init.shared__cta.b64(self._barrier(s), 1))),
@@ -456,7 +449,7 @@ class _TmaLoop:
             tirx.IfThenElse(self.leader, tirx.For(s, 0, stages, tirx.ForKind.SERIAL, tirx.Evaluate(
                 T.ptx.mbarrier.inval.shared__cta.b64(self._barrier(s)))), None),
         ]
-        wrapper = SBlock([], self.block.reads, self.block.writes, "tma_pipeline", _seq(stmts),
+        wrapper = SBlock([], self.block.reads, self.block.writes, "tma_pipeline", seq(stmts),
                          alloc_buffers=[*self.slots.values(), self.barriers])
         return SBlockRealize([], True, wrapper)
 
@@ -533,7 +526,7 @@ def lower_tma_pipeline(func: tirx.PrimFunc, hw: Hardware) -> tirx.PrimFunc:
     # Buffers whose address the host holds before the launch: the tensor maps are encoded there.
     # A function may first declare global buffers (workspaces, views of its parameters:
     # tvm_dsm.rules.conv_chain) and then hold its root block.
-    stmts = list(func.body.seq) if isinstance(func.body, tirx.SeqStmt) else [func.body]
+    stmts = items(func.body)
     decls, body = stmts[:-1], stmts[-1]
     if not all(isinstance(d, (tirx.AllocBuffer, tirx.DeclBuffer)) for d in decls):
         decls, body = [], func.body
@@ -542,8 +535,9 @@ def lower_tma_pipeline(func: tirx.PrimFunc, hw: Hardware) -> tirx.PrimFunc:
         sources += [b for b in body.block.alloc_buffers if b.scope() == "global"]
     analyzer = Analyzer()
     host = []
-    dependent = _dependent_kernels(body) if launched_programmatically(func) else []
-    read_only = read_only_params(func) if launched_programmatically(func) else []
+    programmatic = launched_programmatically(func)
+    dependent = _dependent_kernels(body) if programmatic else []
+    read_only = read_only_params(func) if programmatic else []
     budget = hw.hbm_bw * PREFETCH_WINDOW_S
     for loop in loops:
         lowering = _TmaLoop(loop, _threads(func.body, loop), sources, analyzer,
@@ -557,10 +551,10 @@ def lower_tma_pipeline(func: tirx.PrimFunc, hw: Hardware) -> tirx.PrimFunc:
     if isinstance(body, SBlockRealize):  # the root block: host statements go before the launch
         root = body.block
         body = SBlockRealize(body.iter_values, body.predicate,
-                             with_block_body(root, _seq([*host, root.body])))
+                             with_block_body(root, seq([*host, root.body])))
     else:
-        body = _seq([*host, body])
-    body = _seq([*decls, body])
+        body = seq([*host, body])
+    body = seq([*decls, body])
     return func.with_body(body)
 
 

@@ -16,7 +16,7 @@ from tvm import tirx
 from tvm.ir import Range, TensorLoad
 from tvm.s_tir import SBlock, SBlockRealize
 
-from ..ir import find_all, loads, replace_node, substitute
+from ..ir import find_all, items, loads, replace_node, substitute
 
 NARROW = ("float16", "bfloat16")
 
@@ -76,7 +76,7 @@ def widen_accumulation(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
     if not isinstance(func.body, SBlockRealize):
         return None
     root = func.body.block
-    nests = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
+    nests = items(root.body)
     out_nests, added = [], []
     for nest in nests:
         blocks = [r.block for r in find_all(nest, SBlockRealize)]
