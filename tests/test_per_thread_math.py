@@ -45,17 +45,17 @@ def test_the_rewrite_computes_what_the_function_does_on_llvm():
 
 
 def test_the_kernels_evaluate_each_transcendental_call_once_and_assemble(assemble):
-    """``tvm_dsm.build`` of the symbolic-length function: a kernel for up to 256 tokens, its 48
-    heads in 8 parts (a decode step's token spread over 512 threads), one for more, the heads
-    whole; one ``cosf`` and one ``sinf`` a thread (dlight's schedule evaluates them per element
-    and head)."""
+    """``tvm_dsm.build`` of the symbolic-length function: per range of tokens, the heads split into
+    the fewest parts whose threads fill the GPU (a decode step's token: a head a thread; 4096
+    tokens: two parts); one ``cosf`` and one ``sinf`` a thread (dlight's schedule evaluates them
+    per element and head)."""
     rope = _rope()
-    ranking = plan(specialized(rope, row_variable(rope), 256))
-    assert ranking.family.name == "per_thread_math" and ranking.best.config.parts == 8
-    assert plan(specialized(rope, row_variable(rope), 4096)).best.config.parts == 1
+    parts = {rows: plan(specialized(rope, row_variable(rope), rows)) for rows in (16, 256, 1024, 4096)}
+    assert all(ranking.family.name == "per_thread_math" for ranking in parts.values())
+    assert {rows: r.best.config.parts for rows, r in parts.items()} == {16: 48, 256: 24, 1024: 6, 4096: 2}
     source = tvm_dsm.build(rope).mod.imports[0].inspect_source()
     bodies = kernels(source).values()
-    assert len(bodies) == 2 and all(b.count("cosf(") == 1 and b.count("sinf(") == 1 for b in bodies)
+    assert len(bodies) == 4 and all(b.count("cosf(") == 1 and b.count("sinf(") == 1 for b in bodies)
     assemble(source, "per_thread_math_rope")
 
 
