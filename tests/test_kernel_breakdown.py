@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tvm_dsm.gpu.kernel_breakdown import kernel_name, summarize
+from tvm_dsm.gpu.kernel_breakdown import idle_before, kernel_name, summarize
 
 
 def test_a_functions_kernels_are_one_row():
@@ -23,6 +23,16 @@ def test_rows_per_step_largest_first_with_the_rest_summed():
     assert out["kernels_per_step"] == 5.0 and out["kernel_us_per_step"] == 16.5
     assert out["idle_us_per_step"] == 20.0 - 16.5
     assert abs(sum(r["share"] for r in out["rows"]) - 1.0) < 1e-12
+
+
+def test_idle_time_is_placed_before_the_work_it_delayed():
+    """Two steps: a copy overlapping kernel a (no gap), a 6 us gap before b, a 1 us gap before
+    a's second kernel, and an 8 us gap between the steps, before a."""
+    step = [("a_kernel", 0.0, 10.0), ("Memcpy HtoD", 2.0, 4.0), ("b_kernel", 16.0, 20.0), ("a_kernel_1", 21.0, 22.0)]
+    timeline = step + [(name, start + 30.0, end + 30.0) for name, start, end in step]
+    out = idle_before(reversed(timeline), steps=2)
+    assert out == [{"function": "b", "idle_us_per_step": 6.0, "gaps_per_step": 1.0},
+                   {"function": "a", "idle_us_per_step": 5.0, "gaps_per_step": 1.5}]
 
 
 @pytest.mark.gpu
@@ -46,4 +56,4 @@ def test_the_profiler_sees_a_tvm_kernel():
     b = tvm.runtime.tensor(np.zeros(1 << 20, "float32"), dev)
     out = profile_kernels(lambda: lib(a, b), steps=3)
     assert out["kernels_per_step"] == 1.0 and out["rows"][0]["function"] == "main"
-    assert out["kernel_us_per_step"] > 0
+    assert out["kernel_us_per_step"] > 0 and out["idle_before"][0]["function"] == "main"

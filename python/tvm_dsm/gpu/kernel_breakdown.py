@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable
 
 #: Kernels listed by name; the rest are summed into one "other" row.
 TOP = 15
+#: Functions listed by the idle time before them.
+TOP_IDLE = 8
 
 
 def kernel_name(name: str) -> str:
@@ -53,9 +55,27 @@ def summarize(records: Iterable[tuple[str, float]], steps: int, step_us: float |
     return out
 
 
+def idle_before(timeline: Iterable[tuple[str, float, float]], steps: int, top: int = TOP_IDLE) -> list[dict]:
+    """The GPU's idle time before each function's work, per step, largest first, from ``(name,
+    start, end)`` microseconds of every kernel and copy of ``steps`` steps: a gap is the time
+    from the end of all work started before to the next start (copies named as the profiler
+    names them)."""
+    idle: dict[str, float] = defaultdict(float)
+    launches: dict[str, int] = defaultdict(int)
+    busy_until = None
+    for name, start, end in sorted(timeline, key=lambda r: r[1]):
+        key = kernel_name(name)
+        if busy_until is not None and start > busy_until:
+            idle[key] += start - busy_until
+            launches[key] += 1
+        busy_until = end if busy_until is None else max(busy_until, end)
+    ordered = sorted(idle, key=idle.get, reverse=True)[:top]
+    return [{"function": f, "idle_us_per_step": idle[f] / steps, "gaps_per_step": launches[f] / steps} for f in ordered]
+
+
 def profile_kernels(step: Callable[[], object], steps: int = 5, step_us: float | None = None) -> dict:
     """:func:`summarize` of ``steps`` calls of ``step`` under the CUDA profiler (after one
-    warm-up call outside it)."""
+    warm-up call outside it), with :func:`idle_before` as ``idle_before``."""
     import torch
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
@@ -66,6 +86,8 @@ def profile_kernels(step: Callable[[], object], steps: int = 5, step_us: float |
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
-    records = [(e.name, e.time_range.elapsed_us()) for e in prof.events()
-               if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))]
-    return summarize(records, steps, step_us)
+    work = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    records = [(e.name, e.time_range.elapsed_us()) for e in work if not e.name.startswith(("Memcpy", "Memset"))]
+    out = summarize(records, steps, step_us)
+    out["idle_before"] = idle_before([(e.name, e.time_range.start, e.time_range.end) for e in work], steps)
+    return out
