@@ -223,7 +223,7 @@ def test_a_symbolic_sequence_length_builds_one_kernel_for_every_length(layout, c
 
 def test_a_symbolic_length_that_is_not_the_sequence_is_refused():
     func = te_attention(te.var("B"), 4, 128, 128, 64)  # any batch: a kernel per range of batches is not built
-    with pytest.raises(ClusterError, match="sequence length of q, k, v and the output alone"):
+    with pytest.raises(ClusterError, match="sequence lengths of q, k, v and the output alone"):
         TEMPLATE.find(func)
 
 
@@ -277,3 +277,59 @@ def test_parameters_in_another_order_are_refused_by_name():
     swapped = tvm.tirx.PrimFunc([k, q, v, out], func.body, attrs=func.attrs)
     with pytest.raises(ClusterError, match=r"\(q, k, v, out\) in that order; the function has \['k', 'q'"):
         find_attention(swapped)
+
+
+def _two_lengths(layout: str, causal: bool, dim: int):
+    """A grouped attention (batch 2, 8 query heads, 2 KV heads) of ``Q`` queries over ``K`` keys,
+    two variables (a prompt over a cached past, as a Relax model with a KV cache writes it)."""
+    return te_attention(2, 8, te.var("Q"), te.var("K"), dim, kv_heads=2, layout=layout, causal=causal)
+
+
+def test_a_query_length_and_a_key_length_build_the_attention_kernel(assemble):
+    """Two length variables: matched at two lengths, the kernel takes both (its grid follows the
+    queries, its last key tile's mask the keys), one dispatch over ranges of query lengths."""
+    import tvm_dsm
+    from tvm_dsm.families.row_ranges import range_kernels
+    from tvm_dsm.hardware import load_hardware
+
+    func = _two_lengths("bshd", False, 128)
+    shape = TEMPLATE.find(func)
+    q_len, kv_len = (func.params[n].ty.shape[shape.layouts[n].seq] for n in (0, 1))
+    assert shape.q_len.same_as(q_len) and shape.kv_len.same_as(kv_len) and not q_len.same_as(kv_len)
+    kernels = range_kernels(func, TARGET, load_hardware())
+    assert {k.family.name for k in kernels} == {"attention"}
+    source = tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source()
+    assert len(cuda_kernels(source)) == len(kernels)
+    assert all(", int K," in line for line in source.splitlines() if "__global__" in line)  # the key tail's mask
+    assemble(source, "attention_two_lengths")
+
+
+def test_two_lengths_elsewhere_than_the_sequences_are_refused():
+    length = te.var("S")
+    func = te_attention(te.var("B"), 4, length, length, 64)
+    with pytest.raises(ClusterError, match="sequence lengths of q, k, v and the output alone"):
+        TEMPLATE.find(func)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("layout", "causal", "dim"), [("bshd", False, 128), ("bhsd", True, 64)])
+def test_gpu_two_length_variables_match_float64_at_every_pair(layout, causal, dim):
+    """One module for queries fewer, as many as and more than the keys, on and off the tiles;
+    fresh inputs, NaN-poisoned outputs."""
+    import tvm_dsm
+
+    func = _two_lengths(layout, causal, dim)
+    module = tvm_dsm.build(func, TARGET)
+    dev, rng = tvm.cuda(0), np.random.default_rng()
+    seq = [1, 1, 1, 2] if layout == "bshd" else [2, 2, 2, 2]
+    for q_len, kv_len in ((1, 1), (1, 300), (63, 1024), (257, 100), (1024, 1024)):
+        shapes = []
+        for param, n in zip(func.params, seq):
+            length = kv_len if param.name in ("k", "v") else q_len
+            shapes.append([length if axis == n else int(x) for axis, x in enumerate(param.ty.shape)])
+        inputs = [(rng.standard_normal(s) * 2).astype(np.float16) for s in shapes[:3]]
+        out = tvm.runtime.tensor(np.full(shapes[3], np.nan, np.float16), dev)
+        module(*(tvm.runtime.tensor(x, dev) for x in inputs), out)
+        ref = _reference(layout, *inputs, 8, 2, causal)
+        error = np.linalg.norm(out.numpy().astype(np.float64) - ref) / np.linalg.norm(ref)
+        assert error < 2e-3, (q_len, kv_len, error)

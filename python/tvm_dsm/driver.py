@@ -26,7 +26,7 @@ from .families import ScheduleFamily, match_family
 from .families.row_ranges import RangeKernel, dispatch, range_kernels, range_specializations
 from .hardware import Hardware, load_hardware
 from .intrin import register_all
-from .ir import narrow_indices, row_variable
+from .ir import extent_variables, narrow_indices
 from .learned_ranking import rerank
 from .local_measure import local_builder, local_runner
 from .planners.report import Plan
@@ -190,7 +190,7 @@ def build(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None = No
     if record is not None:
         return tvm.compile(replay(record.trace, func).mod, target=target)
     try:
-        if row_variable(func) is not None:
+        if extent_variables(func):
             return tvm.compile(schedule_row_ranges(func, target, hw, database)[1].mod, target=target)
         ranking = plan(func, hw, target)
     except ClusterError as err:
@@ -223,7 +223,7 @@ def schedule(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None =
     if record is not None:
         return replay(record.trace, func)
     try:
-        if row_variable(func) is not None:
+        if extent_variables(func):
             return schedule_row_ranges(func, target, hw, database)[1]
         return plan(func, hw, target).schedule()
     except ClusterError as err:

@@ -143,10 +143,10 @@ def narrow_indices(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({"main": func}))["main"]
 
 
-def row_variable(func: tirx.PrimFunc) -> tirx.Var | None:
-    """The variable among the extents of ``func``'s parameters, None where all are constants;
-    ClusterError where there are several, or an extent is an expression of one."""
-    found = {}
+def extent_variables(func: tirx.PrimFunc) -> list[tirx.Var]:
+    """The variables among the extents of ``func``'s parameters, in the order they first appear;
+    ClusterError where an extent is an expression of one."""
+    found: list[tirx.Var] = []
     for param in func.params:
         for extent in getattr(param.ty, "shape", None) or ():
             if isinstance(extent, tirx.IntImm):
@@ -154,10 +154,19 @@ def row_variable(func: tirx.PrimFunc) -> tirx.Var | None:
             if not isinstance(extent, tirx.Var):
                 raise ClusterError(f"{param.name}: the extent {extent} is an expression; tvm-dsm takes "
                                    "a symbolic extent that is a variable")
-            found[extent.name] = extent
+            if not any(extent.same_as(var) for var in found):
+                found.append(extent)
+    return found
+
+
+def row_variable(func: tirx.PrimFunc) -> tirx.Var | None:
+    """The variable among the extents of ``func``'s parameters, None where all are constants;
+    ClusterError where there are several (:func:`extent_variables`), or an extent is an
+    expression of one."""
+    found = extent_variables(func)
     if len(found) > 1:
-        raise ClusterError(f"tvm-dsm takes one symbolic extent per function; got {sorted(found)}")
-    return next(iter(found.values()), None)
+        raise ClusterError(f"tvm-dsm takes one symbolic extent per function; got {sorted(v.name for v in found)}")
+    return found[0] if found else None
 
 
 def specialized(func: tirx.PrimFunc, var: tirx.Var, rows: int) -> tirx.PrimFunc:

@@ -39,6 +39,7 @@ class Attention(TemplateFamily):
     name = "attention"
     template = rule.TEMPLATE
     symbolic_rows = True  # a sequence length known when called: the grid and the last key tile's mask follow it
+    symbolic_extents = True  # the query and key lengths two variables
 
     def predict(self, shape, config: rule.AttentionConfig, hw: Hardware) -> KernelPlan:
         row = shape.heads * shape.dim * _ELEMENT_BYTES  # bytes of one position's row, all heads

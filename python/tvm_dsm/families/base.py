@@ -38,6 +38,8 @@ class ScheduleFamily(ABC):
     traced: bool = True
     #: ``apply`` takes a function whose row count is a variable (:mod:`.row_ranges`).
     symbolic_rows: bool = False
+    #: ``apply`` takes a function with several extent variables (:mod:`.row_ranges`).
+    symbolic_extents: bool = False
 
     @abstractmethod
     def recognize(self, func: tirx.PrimFunc) -> Any:

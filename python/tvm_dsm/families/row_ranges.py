@@ -11,6 +11,10 @@ each branch to a kernel of its own and keeps the test on the host, so a call is 
 Neighbouring ranges whose best configuration is the same share one kernel. Tuning measures the
 function at each range's row count (:func:`range_specializations`); a range whose specialization
 has a tuning record takes the record's configuration.
+
+A function of several extent variables (attention over a query length and a key length) is
+dispatched on the first (its first parameter's) and planned with every variable at the range's
+row count, by a family whose kernels take them all symbolic (``symbolic_extents``).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from tvm.s_tir import SBlock, SBlockRealize
 
 from ..errors import ClusterError
 from ..hardware import Hardware
-from ..ir import branch_on, fresh_definitions, row_variable, specialized
+from ..ir import branch_on, extent_variables, fresh_definitions, specialized
 from ..planners.report import Plan
 from . import match_family
 from .base import ScheduleFamily
@@ -64,8 +68,14 @@ def range_specializations(func: tirx.PrimFunc) -> list[tuple[int, tirx.PrimFunc]
     """``func`` at the row count each range is planned for (see the module docstring): the
     functions a tuning of ``func``'s ranges measures, and whose records :func:`range_kernels`
     takes."""
-    var = row_variable(func)
-    return [(rows, specialized(func, var, rows)) for rows in (*ROW_RANGES, ROWS_BEYOND)]
+    return [(rows, _with_rows(func, rows)) for rows in (*ROW_RANGES, ROWS_BEYOND)]
+
+
+def _with_rows(func: tirx.PrimFunc, rows: int) -> tirx.PrimFunc:
+    """``func`` with every extent variable bound to ``rows``."""
+    for var in extent_variables(func):
+        func = specialized(func, var, rows)
+    return func
 
 
 def range_kernels(func: tirx.PrimFunc, target: Any, hw: Hardware,
@@ -74,15 +84,19 @@ def range_kernels(func: tirx.PrimFunc, target: Any, hw: Hardware,
     row count past the others; ClusterError where a range has no family that schedules a
     symbolic row count, naming it. ``recorded``: where it knows a tuned configuration of a
     range's specialization (:func:`range_specializations`), that configuration is tried first."""
-    var = row_variable(func)
-    if var is None:
+    variables = extent_variables(func)
+    if not variables:
         raise ClusterError("the function's extents are constants: plan it as it is")
+    var = variables[0]
     kernels: list[RangeKernel] = []
     for (rows, fixed), bound in zip(range_specializations(func), (*ROW_RANGES, None)):
         family, shape = match_family(fixed, target)
         if not family.symbolic_rows:
             raise ClusterError(f"{family.name} (the family of {var.name} = {rows}) schedules constant "
                                f"extents only; {var.name} is symbolic")
+        if len(variables) > 1 and not family.symbolic_extents:
+            raise ClusterError(f"{family.name} takes one symbolic extent per function; got "
+                               f"{sorted(v.name for v in variables)}")
         plans = family.rank(shape, hw)
         fields = recorded(fixed) if recorded is not None else None
         if fields is not None:
@@ -118,9 +132,9 @@ def _first_that_applies(family: ScheduleFamily, func: tirx.PrimFunc, plans: list
 
 
 def dispatch(func: tirx.PrimFunc, kernels: list[tuple[int | None, tirx.PrimFunc]]) -> tirx.PrimFunc:
-    """``func`` branching on its row variable to the scheduled functions ``kernels`` (each with
+    """``func`` branching on its first extent variable to the scheduled functions ``kernels`` (each with
     the largest row count it takes, in increasing order; the last, None, takes the rest):
     ``if m <= bound`` in that order, nothing for ``m = 0`` (:func:`tvm_dsm.ir.branch_on`)."""
-    body = branch_on(row_variable(func), [(bound, kernel.with_body(fresh_definitions(kernel.body)) if i else kernel)
+    body = branch_on(extent_variables(func)[0], [(bound, kernel.with_body(fresh_definitions(kernel.body)) if i else kernel)
                                           for i, (bound, kernel) in enumerate(kernels)])
     return func.with_body(SBlockRealize([], True, SBlock([], [], [], "root", body)))

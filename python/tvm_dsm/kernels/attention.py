@@ -54,13 +54,14 @@ import operator
 from dataclasses import dataclass
 
 import sympy
+import tvm_ffi
 from tvm import tirx
 from tvm.script import tirx as T
 
 from ..errors import ClusterError
 from ..fusion.symbolic import ToTIR
 from ..hardware import Hardware
-from ..ir import row_variable, shuffle_reduce, specialized, substitute, tree_reduce
+from ..ir import extent_variables, shuffle_reduce, specialized, substitute, tree_reduce
 from ..transform.tma_pipeline import encode_tensor_map
 from ..intrin.wgmma import WARPGROUP_ROWS, call_source, mma_async_source, wait_source
 from .attention_pattern import AttentionShape, HeadAxis, OperandLayout, find_attention
@@ -127,9 +128,10 @@ _DIM_MULTIPLE = 8
 _MAX_ACCUMULATORS = 192
 #: Dynamic shared memory a CTA may opt into on Hopper.
 _MAX_SHARED_BYTES = 227 * 1024
-#: The sequence length a function of a symbolic one is matched at (:meth:`AttentionTemplate.find`):
-#: above every head dim, whose extent an equal length would make ambiguous to the matcher.
-_MATCHED_LENGTH = 264
+#: The sequence lengths a function of symbolic ones is matched at (:meth:`AttentionTemplate.find`),
+#: the first variable's, then the second's: above every head dim, whose extent an equal length
+#: would make ambiguous to the matcher.
+_MATCHED_LENGTHS = (264, 328)
 
 
 def padded_dim(dim: int) -> int:
@@ -183,20 +185,31 @@ class AttentionTemplate(KernelTemplate):
     """The attention kernel of an unfused attention (:func:`find_attention`), for sm_90a."""
 
     def find(self, func: tirx.PrimFunc) -> AttentionShape:
-        """:func:`find_attention`'s shape; where the sequence length is a variable (the query
-        and key positions of every operand, as a model of any prompt length has it), the shape
-        of the function at :data:`_MATCHED_LENGTH` (its layouts, scale and mask do not depend
-        on the length) with the variable as its lengths."""
-        length = row_variable(func)
-        if length is None:
+        """:func:`find_attention`'s shape; where sequence lengths are variables (one for the
+        query and key positions, as a model of any prompt length has it, or one for each), the
+        shape of the function at :data:`_MATCHED_LENGTHS` (its layouts, scale and mask do not
+        depend on the lengths) with the variables as its lengths."""
+        lengths = extent_variables(func)
+        if not lengths:
             return find_attention(func)
-        shape = find_attention(specialized(func, length, _MATCHED_LENGTH))
-        for param, layout in zip(func.params, shape.layouts, strict=True):
-            axes = [n for n, extent in enumerate(param.ty.shape) if extent.same_as(length)]
-            if axes != [layout.seq]:
-                raise ClusterError(f"attention over a symbolic {length.name}: it must be the sequence length of q, k, "
-                                   f"v and the output alone; {param.name} has it at axes {axes}")
-        return dataclasses.replace(shape, q_len=length, kv_len=length, params=tuple(func.params))
+        if len(lengths) > len(_MATCHED_LENGTHS):
+            raise ClusterError(f"attention takes a query and a key length; got symbolic {[v.name for v in lengths]}")
+        matched = func
+        for var, value in zip(lengths, _MATCHED_LENGTHS):
+            matched = specialized(matched, var, value)
+        shape = find_attention(matched)
+        seq = {"q_len": [], "kv_len": []}
+        for param, layout, length in zip(func.params, shape.layouts, ("q_len", "kv_len", "kv_len", "q_len"), strict=True):
+            axes = [n for n, extent in enumerate(param.ty.shape) if isinstance(extent, tirx.Var)]
+            if axes not in ([], [layout.seq]):
+                raise ClusterError(f"attention over symbolic lengths: they must be the sequence lengths of q, k, v "
+                                   f"and the output alone; {param.name} has one at axes {axes}")
+            seq[length].append(param.ty.shape[layout.seq])
+        for length, extents in seq.items():
+            if not all(tvm_ffi.structural_equal(extent, extents[0]) for extent in extents):
+                raise ClusterError(f"attention's {length} differs between its operands: {extents}")
+        q_len, kv_len = (e if isinstance(e, tirx.Var) else int(e) for e in (seq["q_len"][0], seq["kv_len"][0]))
+        return dataclasses.replace(shape, q_len=q_len, kv_len=kv_len, params=tuple(func.params))
 
     def configs(self, shape: AttentionShape) -> list[AttentionConfig]:
         """:data:`CONFIGS` that fit the head dim."""
@@ -331,8 +344,8 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
     if ragged is not None:
         shape = ragged.shape()
     H, D, dtype = shape.heads, padded_dim(shape.dim), shape.dtype
-    symbolic = not isinstance(shape.q_len, int)  # one sequence length, a variable (AttentionTemplate.find)
-    N, KV = (T.Cast("int32", n) if symbolic else n for n in (shape.q_len, shape.kv_len))
+    symbolic = not isinstance(shape.q_len, int)  # the query length a variable (AttentionTemplate.find)
+    N, KV = (n if isinstance(n, int) else T.Cast("int32", n) for n in (shape.q_len, shape.kv_len))
     BM, BN, RB, WG = c.block_m, c.block_n, c.row_blocks, c.warpgroups
     QT, NT = -(-N // BM), -(-KV // BN)  # a tail tile's rows past the end: TMA zero-fills and clips them
     NF, DF = BN // 16, D // 16  # 16-column fragments of a row block's S and O
@@ -341,7 +354,8 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
     SMEM = _shared_elements(D, c)
     log2e = 1.0 / math.log(2.0)
     # key_tail: the last key tile may run past the keys
-    is_ragged, is_causal, key_tail = ragged is not None, shape.causal, symbolic or KV % BN != 0
+    is_ragged, is_causal = ragged is not None, shape.causal
+    key_tail = not isinstance(KV, int) or KV % BN != 0
     h = _helpers(shape, c)
 
     def fix(old, new):

@@ -115,22 +115,32 @@ def attention_configs() -> list[Variant]:
 
 #: Sequence lengths a symbolic-length attention is called at (symbolic_attention).
 SYMBOLIC_LENGTHS = (1, 16, 128, 1024, 4096)
+#: (query, key) lengths an attention of two symbolic lengths is called at (symbolic_attention).
+SYMBOLIC_LENGTH_PAIRS = ((1, 4096), (16, 1024), (128, 2048), (1024, 1024), (512, 4096))
 
 
 def symbolic_attention() -> list[Variant]:
     """Grouped causal attention of a symbolic sequence length (a Relax model of any prompt
     length: one module, a kernel per range of lengths) against the same attention built at each
-    length, at head dims 64 and 128."""
+    length, at head dims 64 and 128; and grouped attention over a past (no mask) with a query
+    length and a key length, two variables, against static builds."""
     variants = []
+
+    def compare(name, symbolic_mod, func, flops, causal, **extra):
+        for label, mod in (("symbolic", symbolic_mod), ("static", schedule(func).mod)):
+            variant = form_variant(f"{name}_{label}", func, mod, flops, "bhsd", causal)
+            variants.append(dataclasses.replace(variant, extra={**variant.extra, "path": label, **extra}))
+
     for d in (64, 128):
         length = te.var("S")
-        symbolic = te_attention(2, 32, length, length, d, kv_heads=8, causal=True)
-        any_length = schedule(symbolic).mod
+        any_length = schedule(te_attention(2, 32, length, length, d, kv_heads=8, causal=True)).mod
         for s in SYMBOLIC_LENGTHS:
-            func = te_attention(2, 32, s, s, d, kv_heads=8, causal=True)
-            for label, mod in (("symbolic", any_length), ("static", schedule(func).mod)):
-                variant = form_variant(f"causal_b2h32kv8d{d}_s{s}_{label}", func, mod, 2 * 32 * s * s * d, "bhsd", True)
-                variants.append(dataclasses.replace(variant, extra={**variant.extra, "path": label, "length": s}))
+            compare(f"causal_b2h32kv8d{d}_s{s}", any_length, te_attention(2, 32, s, s, d, kv_heads=8, causal=True),
+                    2 * 32 * s * s * d, True, length=s)
+    any_lengths = schedule(te_attention(2, 32, te.var("Q"), te.var("K"), 128, kv_heads=8)).mod
+    for q, k in SYMBOLIC_LENGTH_PAIRS:
+        compare(f"past_b2h32kv8d128_q{q}k{k}", any_lengths, te_attention(2, 32, q, k, 128, kv_heads=8),
+                2 * 32 * q * k * 128, False, length=q, keys=k)
     return variants
 
 
