@@ -13,8 +13,9 @@ function at each range's row count (:func:`range_specializations`); a range whos
 has a tuning record takes the record's configuration.
 
 A function of several extent variables (attention over a query length and a key length) is
-dispatched on the first (its first parameter's) and planned with every variable at the range's
-row count, by a family whose kernels take them all symbolic (``symbolic_extents``).
+dispatched on the first (its first parameter's) and planned with the first at the range's row
+count and the others at ROWS_BEYOND (a key length is as long as the queries or longer: the past
+of a KV cache), by a family whose kernels take them all symbolic (``symbolic_extents``).
 """
 
 from __future__ import annotations
@@ -72,10 +73,11 @@ def range_specializations(func: tirx.PrimFunc) -> list[tuple[int, tirx.PrimFunc]
 
 
 def _with_rows(func: tirx.PrimFunc, rows: int) -> tirx.PrimFunc:
-    """``func`` with every extent variable bound to ``rows``."""
-    for var in extent_variables(func):
-        func = specialized(func, var, rows)
-    return func
+    """``func`` with its first extent variable bound to ``rows``, the others to ROWS_BEYOND."""
+    first, *others = extent_variables(func)
+    for var in others:
+        func = specialized(func, var, ROWS_BEYOND)
+    return specialized(func, first, rows)
 
 
 def range_kernels(func: tirx.PrimFunc, target: Any, hw: Hardware,

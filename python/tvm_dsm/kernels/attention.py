@@ -164,21 +164,17 @@ def check_config(shape: AttentionShape, c: AttentionConfig) -> None:
 def default_config(shape: AttentionShape) -> AttentionConfig:
     """At head dim 64, one warpgroup of 64 query rows per CTA, with 128-key tiles from 1024
     keys (half the steps) and 64-key tiles below (and for a symbolic length). At head dim 128 (a
-    key/value tile is twice the bytes), from 1024 keys two warpgroups of 64 rows share each
-    128-key tile (on the H200, 4-10% faster than the 64-key choices on four of five model
-    shapes, 2% slower on the fifth: bench/results/archive/attention_configs_s47.json); below,
-    two 64-row blocks share each 64-key tile: in one warpgroup without the mask, in two with it
-    (the first stops at its own diagonal). Measured through the compile path a user's
-    ``tvm.compile`` takes (docs/attention.md). Wider heads: two warpgroups of one row block each
-    share the 64-key tiles (two row blocks a warpgroup would spill)."""
-    long_keys = isinstance(shape.kv_len, int) and shape.kv_len >= 1024
+    key/value tile is twice the bytes) two 64-row blocks share each 64-key tile: in one warpgroup without the mask, in
+    two with it (the first stops at its own diagonal). Measured through the compile path a
+    user's ``tvm.compile`` takes (docs/attention.md); on the H200, 128-key tiles shared by two
+    warpgroups at head dim 128 measured within run-to-run noise of these over 28 model shapes
+    (bench/results/archive/attention_real_shapes_s47.json). Wider heads: two warpgroups of one row
+    block each share the 64-key tiles (two row blocks a warpgroup would spill)."""
     if padded_dim(shape.dim) > 128:
         return AttentionConfig(64, warpgroups=2)
     if padded_dim(shape.dim) == 128:
-        if long_keys:
-            return AttentionConfig(128, warpgroups=2)
         return AttentionConfig(64, warpgroups=2) if shape.causal else AttentionConfig(64, row_blocks=2)
-    return AttentionConfig(128 if long_keys else 64)
+    return AttentionConfig(128 if isinstance(shape.kv_len, int) and shape.kv_len >= 1024 else 64)
 
 
 class AttentionTemplate(KernelTemplate):

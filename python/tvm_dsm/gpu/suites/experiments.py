@@ -285,6 +285,26 @@ def gemm_stages() -> list[Variant]:
     return list({v.name: v for v in reversed(variants)}.values())[::-1]
 
 
+#: (N, K) of the 1B Llama's decode GEMMs: QKV, o_proj, gate/up, down.
+DECODE_GEMM_SHAPES = {"qkv": (3072, 2048), "o_proj": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192)}
+
+
+def decode_gemm_configs() -> list[Variant]:
+    """The decode-batch kernels of the 1B Llama's GEMMs (M = 16, the range a batch of 1-16 runs
+    in): the planner's top 6, and the 10 best predicted of those whose grid covers 90% of the
+    SMs or more (whether W streams faster over more SMs than the model says)."""
+    hw = load_hardware()
+    variants = []
+    for label, (n, k) in DECODE_GEMM_SHAPES.items():
+        shape = GemmShape(16, n, k, True)
+        plans = plan_split_k_gemm(shape, hw)
+        wide = [p for p in plans if n // p.config.block_n * p.config.cluster_size >= 0.9 * hw.sm_count]
+        chosen = {p.config: p for p in (*plans[:6], *sorted(wide, key=lambda p: p.predicted_us)[:10])}
+        for plan in chosen.values():
+            variants.append(gemm_variant(label, 16, n, k, plan.config, plans.index(plan), plan.predicted_us))
+    return list({v.name: v for v in reversed(variants)}.values())[::-1]
+
+
 def gemm_depths() -> list[Variant]:
     """Every G/S layer and batch of ``gemm_m``, and every fp8 shape alone and behind its
     quantization kernel, where the planner's pick changes when its space takes pipelines deeper
