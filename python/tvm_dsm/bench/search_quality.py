@@ -69,12 +69,12 @@ BATCH = 16
 BUDGETS = (16, 32, 64)
 #: The workloads (name: function): GEMMs, gated layers, chains, attention and norms across M,
 #: from the real model shapes (bench/results/real_shapes), including ones whose planned pick
-#: measured below the better torch peer there.
+#: measured below the better torch peer there, and a 1B Llama's decode-batch GEMMs.
 WORKLOADS: dict[str, Callable] = {
     **{f"dense_{n}x{k}_m{m}": (lambda m=m, n=n, k=k: dense(m, n, k)) for m, n, k in (
         (8, 6144, 4096), (16, 8192, 8192), (32, 14336, 4096), (64, 10240, 8192), (128, 9216, 3072),
         (128, 4608, 3584), (128, 8192, 8192), (256, 3072, 2048), (512, 4096, 4096), (1024, 1152, 896),
-        (2048, 4096, 4096))},
+        (2048, 4096, 4096), (16, 3072, 2048), (16, 2048, 2048), (16, 2048, 8192))},
     **{f"gated_{n}x{k}_m{m}": (lambda m=m, n=n, k=k: gated_dense(m, n, k)) for m, n, k in (
         (16, 14336, 4096), (64, 8192, 2048), (256, 4864, 896))},
     **{f"swiglu_{n}x{k}_m{m}": (lambda m=m, n=n, k=k: swiglu_ffn(m, n, k, k)) for m, n, k in (
