@@ -375,9 +375,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "merge-search":
         merged = merge([json.loads(Path(path).read_text()) for path in args.runs])
         write(merged, args.out)
-        summary = search_summary(merged["rows"])
-        (Path(args.out).parent / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-        print(json.dumps(summary, indent=1))
+        merged_summary = search_summary(merged["rows"])
+        (Path(args.out).parent / "summary.json").write_text(json.dumps(merged_summary, indent=1) + "\n")
+        print(json.dumps(merged_summary, indent=1))
         return
     if args.command in ("measure", "search"):
         import torch
