@@ -66,7 +66,7 @@ SPREAD_FACTOR, PERTURB_ULPS, RTOL_ULPS = 64.0, 8.0, 256.0
 RTOL_FLOOR = 2.0 ** -30
 HANG_SEED, CRASH_SEED = -1, -2  # run_case sleeps / aborts: tests of the timeout and crash handling
 
-FEATURES = (  # the grammar's features: each must appear in the CI's 200 cases
+FEATURES = (  # the grammar's features: each must appear in the CI's cases (test_fuzz_cascades)
     "op:sum", "op:max", "op:min", "op:top_k",
     "fn:exp", "fn:log", "fn:abs", "fn:sqrt", "fn:sin", "fn:pow", "fn:neg",
     "bin:add", "bin:sub", "bin:mul", "bin:div", "const",

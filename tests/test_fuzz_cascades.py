@@ -1,4 +1,4 @@
-"""Fuzzing FuseCascadedReductions: 200 seeded cases of the grammar in cascade_fuzz (levels of
+"""Fuzzing FuseCascadedReductions: 120 seeded cases of the grammar in cascade_fuzz (levels of
 sum / max / min / top-k over one axis, terms of exp, log, abs, sqrt, sin, powers, products,
 quotients, sums, constants and casts, levels reading earlier levels, extra axes), each built
 unfused and fused for llvm and compared on four input profiles, in two worker processes with a
@@ -32,7 +32,7 @@ from tvm import te
 import cascade_fuzz as fuzz
 from tvm_dsm.transform import fuse_cascaded_reductions
 
-CI_CASES, CI_SEED = 200, 0
+CI_CASES, CI_SEED = 120, 0
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def _unknown(results):
     return [(r["index"], r["status"], r["problems"][:2]) for r in failing if fuzz.known_bug(r) is None]
 
 
-def test_200_cases_no_hang_no_crash_no_new_failure(results):
+def test_ci_cases_no_hang_no_crash_no_new_failure(results):
     """Every case ends (no hang, no dead worker); every fused result equals the unfused one
     within tolerance and every error is a crash of the pass, except the known bugs."""
     assert len(results) == CI_CASES and sorted(r["index"] for r in results) == list(range(CI_CASES))
@@ -54,13 +54,13 @@ def test_200_cases_no_hang_no_crash_no_new_failure(results):
     assert not _unknown(results), _unknown(results)
     assert not [r for r in results if r["status"] == "error" and r.get("stage") in ("build", "compile unfused",
                                                                                      "run unfused")]
-    assert summary["fused"] >= 40 and summary["refused_cases"] >= 40  # both paths exercised
+    assert summary["fused"] >= 30 and summary["refused_cases"] >= 30  # both paths exercised
     assert summary["rel_err_correct"] < 1e-3
 
 
 def test_every_refusal_names_its_levels_and_a_reason(results):
     refusals = [x for r in results for x in r["reasons"]]
-    assert len(refusals) >= 40
+    assert len(refusals) >= 30
     for x in refusals:
         assert x["reason"].strip() and x["levels"] and all(x["levels"]), x
         assert not x["category"].startswith("other"), x  # every reason is one the pass documents
@@ -68,7 +68,7 @@ def test_every_refusal_names_its_levels_and_a_reason(results):
     assert not [r for r in results if any("not the input" in p for p in r["problems"])]
 
 
-def test_200_cases_all_correct(results):
+def test_ci_cases_all_correct(results):
     summary = fuzz.summarize(results)
     assert summary["wrong"] == 0 and summary["errors"] == 0, summary["failures_by_known_bug"]
 
@@ -82,9 +82,9 @@ def test_generator_is_deterministic_and_seeded():
     assert len(set(specs)) == 4
 
 
-def test_200_cases_cover_the_grammar(results):
+def test_ci_cases_cover_the_grammar(results):
     """Every operator, level kind, cast, shape feature and pass option of the grammar appears in
-    the 200 cases, and each level kind appears in a fused case."""
+    the CI cases, and each level kind appears in a fused case."""
     seen = {f for r in results for f in r["features"]}
     assert set(fuzz.FEATURES) <= seen, set(fuzz.FEATURES) - seen
     fused = {f for r in results if r["status"] == "fused" for f in r["features"]}
