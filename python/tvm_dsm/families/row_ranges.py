@@ -137,6 +137,7 @@ def dispatch(func: tirx.PrimFunc, kernels: list[tuple[int | None, tirx.PrimFunc]
     """``func`` branching on its first extent variable to the scheduled functions ``kernels`` (each with
     the largest row count it takes, in increasing order; the last, None, takes the rest):
     ``if m <= bound`` in that order, nothing for ``m = 0`` (:func:`tvm_dsm.ir.branch_on`)."""
-    body = branch_on(extent_variables(func)[0], [(bound, kernel.with_body(fresh_definitions(kernel.body)) if i else kernel)
-                                          for i, (bound, kernel) in enumerate(kernels)])
+    branches = [(bound, kernel.with_body(fresh_definitions(kernel.body)) if i else kernel)
+                for i, (bound, kernel) in enumerate(kernels)]
+    body = branch_on(extent_variables(func)[0], branches)
     return func.with_body(SBlockRealize([], True, SBlock([], [], [], "root", body)))

@@ -195,7 +195,8 @@ class AttentionTemplate(KernelTemplate):
             matched = specialized(matched, var, value)
         shape = find_attention(matched)
         seq = {"q_len": [], "kv_len": []}
-        for param, layout, length in zip(func.params, shape.layouts, ("q_len", "kv_len", "kv_len", "q_len"), strict=True):
+        lengths_of = ("q_len", "kv_len", "kv_len", "q_len")  # q, k, v, out
+        for param, layout, length in zip(func.params, shape.layouts, lengths_of, strict=True):
             axes = [n for n, extent in enumerate(param.ty.shape) if isinstance(extent, tirx.Var)]
             if axes not in ([], [layout.seq]):
                 raise ClusterError(f"attention over symbolic lengths: they must be the sequence lengths of q, k, v "
