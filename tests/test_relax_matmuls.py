@@ -2,6 +2,7 @@
 llvm, and the form the GEMM families take (residual adds in the epilogue)."""
 
 import numpy as np
+import pytest
 import tvm
 from tvm import relax, tirx
 from tvm.script import ir as I
@@ -59,3 +60,88 @@ def test_products_are_matrices_accumulated_in_fp32_with_the_residual_in_their_ep
     for name in products:
         assert all(len(p.ty.shape) == 2 for p in funcs[name].params if hasattr(p.ty, "shape"))
         assert "float32" in funcs[name].script()  # fp32 accumulator
+
+
+@I.ir_module
+class _BatchAndSequence:
+    """A linear layer with a residual over ``[batch, seq, hidden]``: two extent variables, whose
+    product is the rows of every matrix."""
+
+    @R.function
+    def main(x: R.Tensor(("b", "s", 64), "float16"), w: R.Tensor((96, 64), "float16"),
+             r: R.Tensor(("b", "s", 96), "float16")):
+        with R.dataflow():
+            y = R.add(R.matmul(x, R.permute_dims(w)), r)
+            z = R.matmul(x, R.permute_dims(w))
+            R.output(y, z)
+        return (y, z)
+
+
+def test_a_batch_and_a_sequence_become_one_row_variable_with_the_same_values_on_llvm():
+    """Each matrix of ``b * s`` rows is cast to one variable's rows (the same for both
+    products): the products' PrimFuncs take a row variable bound by their operands, and the
+    module computes what it did, for several batch and sequence lengths."""
+    mod = MatmulsAsMatrices(_BatchAndSequence)
+    script = mod["main"].script()
+    casts = [line for line in script.splitlines() if "R.match_cast(" in line]
+    assert len(casts) >= 2 and all("R.Tensor((rows, " in line for line in casts)  # x and the residual, one variable
+    lowered = lower_to_tir(_BatchAndSequence)
+    products = [f for gv, f in lowered.functions.items() if isinstance(f, tirx.PrimFunc) and "matmul" in gv.name_hint]
+    assert len(products) == 2
+    for func in products:
+        rows = {str(p.ty.shape[0]) for p in func.params if hasattr(p.ty, "shape") and len(p.ty.shape) == 2
+                and not isinstance(p.ty.shape[0], tirx.IntImm)}
+        assert rows == {"rows"}, func.params
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((96, 64)) / 8).astype("float16")
+    for b, s in ((1, 7), (3, 5)):
+        args = [rng.standard_normal((b, s, 64)).astype("float16"), w, rng.standard_normal((b, s, 96)).astype("float16")]
+        for want, got in zip(_run_llvm(_BatchAndSequence, args), _run_llvm(mod, args)):
+            assert got.shape == want.shape == (b, s, 96)
+            assert np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want.astype(np.float64)) < 5e-3
+
+
+def _nn_mlp(hidden: int, inner: int):
+    """A ``relax.frontend.nn`` MLP (``down(silu(up(x)))``, fp16, no bias) exported with
+    ``[batch, seq, hidden]`` activations: the module and its parameter spec."""
+    from tvm.relax.frontend import nn
+
+    class MLP(nn.Module):
+        def __init__(self):
+            self.up = nn.Linear(hidden, inner, bias=False, dtype="float16")
+            self.down = nn.Linear(inner, hidden, bias=False, dtype="float16")
+
+        def forward(self, x):
+            return self.down(nn.op.silu(self.up(x)))
+
+    return MLP().export_tvm({"forward": {"x": nn.spec.Tensor(["batch", "seq", hidden], "float16")}})
+
+
+def test_an_nn_mlp_over_a_batch_and_a_sequence_gets_gemm_kernels():
+    """A ``relax.frontend.nn`` MLP exported with ``[batch, seq, in]`` activations: both linear
+    layers planned per range of rows by the split-K GEMM family."""
+    from tvm_dsm.model_report import relax_report
+
+    mod, _ = _nn_mlp(256, 512)
+    report = relax_report(mod).format()
+    products = [line for line in report.splitlines() if "NT_matmul" in line]
+    assert len(products) == 2 and all("split_k_gemm" in line and "rows <= 16" in line for line in products), report
+
+
+@pytest.mark.gpu
+def test_gpu_an_nn_mlp_over_a_batch_and_a_sequence_matches_float64():
+    """The MLP compiled by tvm-dsm's pipeline, run at several batch and sequence lengths (a
+    range's kernel each), against a float64 evaluation of the same weights."""
+    mod, spec = _nn_mlp(512, 1024)
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    vm = relax.VirtualMachine(tvm.compile(mod, target=target, relax_pipeline=relax.get_pipeline("tvm_dsm")), tvm.cuda())
+    rng = np.random.default_rng()
+    weights = {name: (rng.standard_normal([int(d) for d in p.shape]) / 16).astype("float16") for name, p in spec}
+    up, down = (weights[name].astype(np.float64) for name in ("up.weight", "down.weight"))
+    for b, s in ((1, 1), (2, 37), (3, 300)):
+        x = rng.standard_normal((b, s, 512)).astype("float16")
+        h = x.astype(np.float64) @ up.T
+        ref = (h / (1 + np.exp(-h))) @ down.T
+        out = vm["forward"](tvm.runtime.tensor(x, tvm.cuda()), *(tvm.runtime.tensor(weights[n], tvm.cuda()) for n, _ in spec))
+        got = out.numpy().astype(np.float64)
+        assert got.shape == (b, s, 512) and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3, (b, s)

@@ -9,6 +9,11 @@ batch, or the tokens), a matmul accumulated in fp32 (as cuBLAS and PyTorch accum
 Relax does not fuse a reshape into a matmul's group, so the matmul reaches TIR as one 2-D GEMM
 with its cast as the epilogue, and the reshapes become views (``RewriteDataflowReshape``). A
 residual add of such a product is made on the matrices too, so it stays in the epilogue.
+
+Where the rows are a product of extent variables (``[batch, seq, in]``), each matrix is cast to
+one row variable, the same for the same product: the GEMM families plan a row count that is a
+variable (a kernel per range of rows), and the variable reaches the product's PrimFunc bound by
+its operands' shapes.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import math
 
 import tvm
 import tvm_ffi
-from tvm import relax
+from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.sym import Analyzer
 
@@ -105,6 +110,29 @@ class _Rewriter(PyExprMutator):
         return None
 
 
+@mutator
+class _RowVariables(PyExprMutator):
+    """Every reshape to a matrix whose row count is a product of extent variables, cast to a
+    matrix of one variable row count (the same for the same product in a function)."""
+
+    def __init__(self, mod: tvm.IRModule):
+        super().__init__(mod)
+        self.variables: list[tuple[tirx.PrimExpr, tirx.Var]] = []
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - TVM visitor name
+        call = super().visit_call_(call)
+        shape = call.ty.shape if is_op_call(call, "relax.reshape") else None
+        if shape is None or len(shape.values) != 2 or isinstance(shape.values[0], (tirx.IntImm, tirx.Var)):
+            return call
+        rows, depth = shape.values
+        var = next((v for e, v in self.variables if tvm_ffi.structural_equal(e, rows)), None)
+        if var is None:
+            var = tirx.Var("rows", rows.ty)
+            self.variables.append((rows, var))
+        return self.builder_.match_cast(self.builder_.emit(call),
+                                        relax.TensorType(relax.ShapeExpr([var, depth]), call.ty.dtype))
+
+
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.MatmulsAsMatrices")
 def MatmulsAsMatrices(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass style
     """Every Relax function's 16-bit matmuls by 2-D weights as 2-D matmuls accumulated in fp32
@@ -117,4 +145,11 @@ def MatmulsAsMatrices(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - 
     # in, the extra use would keep Relax from fusing the product's add.
     cleanup = tvm.transform.Sequential([relax.transform.CanonicalizeBindings(),
                                         relax.transform.DeadCodeElimination()])
-    return cleanup(rewriter.builder_.get())
+    mod = cleanup(rewriter.builder_.get())
+    # after the cleanup, whose canonicalization would put the products back for the variables
+    rows = _RowVariables(mod)
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            rows.variables = []
+            rows.builder_.update_func(gv, rows.visit_expr(func))
+    return rows.builder_.get()

@@ -4,6 +4,7 @@ fused rather than scheduled as its first GEMM."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import tvm
@@ -60,9 +61,11 @@ def hopper_target(target: Any) -> bool:
     return target.kind.name == "cuda" and str(target.attrs.get("arch", "")).startswith("sm_90")
 
 
-def match_family(func: tirx.PrimFunc, target: Any = None) -> tuple[ScheduleFamily, Any]:
-    """The first family whose pattern ``func`` holds, with its shape; ClusterError listing why
-    each family does not apply otherwise (or that ``target`` is not a Hopper GPU)."""
+def match_family(func: tirx.PrimFunc, target: Any = None,
+                 families: Sequence[ScheduleFamily] | None = None) -> tuple[ScheduleFamily, Any]:
+    """The first family of ``families`` (default :data:`FAMILIES`) whose pattern ``func`` holds,
+    with its shape; ClusterError listing why each family does not apply otherwise (or that
+    ``target`` is not a Hopper GPU)."""
     if target is not None and not hopper_target(target):
         target = tvm.target.Target(target)
         raise ClusterError(f"tvm-dsm schedules for Hopper GPUs (CUDA sm_90a); the target is "
@@ -75,7 +78,7 @@ def match_family(func: tirx.PrimFunc, target: Any = None) -> tuple[ScheduleFamil
                            "symbolic row count is planned per range of rows by build and schedule: "
                            "tvm_dsm.families.row_ranges.range_kernels)")
     reasons = []
-    for family in FAMILIES:
+    for family in FAMILIES if families is None else families:
         try:
             return family, family.recognize(func)
         except (ClusterError, ScheduleError) as err:  # s_tir refuses what is not its form

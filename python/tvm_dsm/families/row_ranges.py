@@ -33,7 +33,7 @@ from ..errors import ClusterError
 from ..hardware import Hardware
 from ..ir import branch_on, extent_variables, fresh_definitions, specialized
 from ..planners.report import Plan
-from . import match_family
+from . import FAMILIES, match_family
 from .base import ScheduleFamily
 from .configs import config_from, examples
 
@@ -90,15 +90,20 @@ def range_kernels(func: tirx.PrimFunc, target: Any, hw: Hardware,
     if not variables:
         raise ClusterError("the function's extents are constants: plan it as it is")
     var = variables[0]
+    # several variables: only the families that take them are tried
+    families = None if len(variables) == 1 else [f for f in FAMILIES if f.symbolic_extents]
     kernels: list[RangeKernel] = []
     for (rows, fixed), bound in zip(range_specializations(func), (*ROW_RANGES, None)):
-        family, shape = match_family(fixed, target)
+        try:
+            family, shape = match_family(fixed, target, families)
+        except ClusterError as err:
+            if families is None:
+                raise
+            raise ClusterError(f"{sorted(v.name for v in variables)} are symbolic, which only "
+                               f"{[f.name for f in families]} take: {err}") from None
         if not family.symbolic_rows:
             raise ClusterError(f"{family.name} (the family of {var.name} = {rows}) schedules constant "
                                f"extents only; {var.name} is symbolic")
-        if len(variables) > 1 and not family.symbolic_extents:
-            raise ClusterError(f"{family.name} takes one symbolic extent per function; got "
-                               f"{sorted(v.name for v in variables)}")
         plans = family.rank(shape, hw)
         fields = recorded(fixed) if recorded is not None else None
         if fields is not None:
