@@ -117,13 +117,16 @@ def attention_configs() -> list[Variant]:
 SYMBOLIC_LENGTHS = (1, 16, 128, 1024, 4096)
 #: (query, key) lengths an attention of two symbolic lengths is called at (symbolic_attention).
 SYMBOLIC_LENGTH_PAIRS = ((1, 4096), (16, 1024), (128, 2048), (1024, 1024), (512, 4096))
+#: Key lengths a decode attention over a symbolic past is called at (symbolic_attention).
+SYMBOLIC_DECODE_KEYS = (128, 1024, 4096)
 
 
 def symbolic_attention() -> list[Variant]:
     """Grouped causal attention of a symbolic sequence length (a Relax model of any prompt
     length: one module, a kernel per range of lengths) against the same attention built at each
-    length, at head dims 64 and 128; and grouped attention over a past (no mask) with a query
-    length and a key length, two variables, against static builds."""
+    length, at head dims 64 and 128; grouped attention over a past (no mask) with a query length
+    and a key length, two variables; and decode attention (one query) over a past of any length;
+    each against static builds."""
     variants = []
 
     def compare(name, symbolic_mod, func, flops, causal, **extra):
@@ -141,6 +144,10 @@ def symbolic_attention() -> list[Variant]:
     for q, k in SYMBOLIC_LENGTH_PAIRS:
         compare(f"past_b2h32kv8d128_q{q}k{k}", any_lengths, te_attention(2, 32, q, k, 128, kv_heads=8),
                 2 * 32 * q * k * 128, False, length=q, keys=k)
+    any_past = schedule(te_attention(8, 32, 1, te.var("K"), 128, kv_heads=8)).mod
+    for k in SYMBOLIC_DECODE_KEYS:
+        compare(f"decode_b8h32kv8d128_k{k}", any_past, te_attention(8, 32, 1, k, 128, kv_heads=8),
+                8 * 32 * k * 128, False, length=1, keys=k)
     return variants
 
 
