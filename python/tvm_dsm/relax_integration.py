@@ -58,7 +58,7 @@ class RangeChoice:
 @dataclass(frozen=True)
 class Choice:
     """What :class:`ScheduleTIR` did with one PrimFunc: the family of each range of its rows
-    (``row_variable`` names the symbolic row count, None for constant extents), or, with no
+    (``row_variable`` names the variable its ranges are of, None for constant extents), or, with no
     ranges, why no family took it (a family's refusal, or its crash); ``tuned``: the schedule
     is a tuning record's, not the planner's pick."""
 
