@@ -265,6 +265,12 @@ def programmatic_launch() -> list[Variant]:
     return [launched(v, on) for v in variants for on in (False, True)]
 
 
+def _first_of_each_name(variants: list[Variant]) -> list[Variant]:
+    """``variants`` without the later ones of a name: GEMM plans that differ only in their warp
+    layout share one (:func:`~tvm_dsm.gpu.suites.gemm.gemm_variant`), the better-ranked is kept."""
+    return list({v.name: v for v in reversed(variants)}.values())[::-1]
+
+
 #: Dense layers at M = 128 where the planner's pick trailed cuBLAS most (gemm_m.json: 0.65-0.83x).
 _TRAILING_LAYERS = ("G3a", "G6a", "G8a", "G10a", "S2b", "S6b", "S8a")
 
@@ -288,8 +294,7 @@ def gemm_stages() -> list[Variant]:
                     continue
                 predicted = predict(shape, config, hw).predicted_us
                 variants.append(gemm_variant(label, 128, n, k, config, rank, predicted))
-    # Plans that differ only in their warp layout share a name: keep the better-ranked one.
-    return list({v.name: v for v in reversed(variants)}.values())[::-1]
+    return _first_of_each_name(variants)
 
 
 #: (N, K) of the 1B Llama's decode GEMMs: QKV, o_proj, gate/up, down.
@@ -309,7 +314,7 @@ def decode_gemm_configs() -> list[Variant]:
         chosen = {p.config: p for p in (*plans[:6], *sorted(wide, key=lambda p: p.predicted_us)[:10])}
         for plan in chosen.values():
             variants.append(gemm_variant(label, 16, n, k, plan.config, plans.index(plan), plan.predicted_us))
-    return list({v.name: v for v in reversed(variants)}.values())[::-1]
+    return _first_of_each_name(variants)
 
 
 def gemm_depths() -> list[Variant]:
