@@ -14,6 +14,7 @@ from tvm import te, tirx
 from conftest import TARGET, cuda_source, host_launch
 from conftest import kernels as cuda_kernels
 from tvm_dsm.errors import ClusterError
+from tvm_dsm.ir import specialized
 from tvm_dsm.kernels.attention import TEMPLATE, fuse_attention
 from tvm_dsm.kernels.attention_pattern import HeadAxis, find_attention
 from tvm_dsm.workloads.attention_forms import relax_attention, te_attention, topi_attention
@@ -287,7 +288,8 @@ def _two_lengths(layout: str, causal: bool, dim: int):
 
 def test_a_query_length_and_a_key_length_build_the_attention_kernel(assemble):
     """Two length variables: matched at two lengths, the kernel takes both (its grid follows the
-    queries, its last key tile's mask the keys), one dispatch over ranges of query lengths."""
+    queries, its last key tile's mask the keys), one dispatch over ranges of query lengths, one
+    query the decode kernel."""
     import tvm_dsm
     from tvm_dsm.families.row_ranges import range_kernels
     from tvm_dsm.hardware import load_hardware
@@ -297,10 +299,12 @@ def test_a_query_length_and_a_key_length_build_the_attention_kernel(assemble):
     q_len, kv_len = (func.params[n].ty.shape[shape.layouts[n].seq] for n in (0, 1))
     assert shape.q_len.same_as(q_len) and shape.kv_len.same_as(kv_len) and not q_len.same_as(kv_len)
     kernels = range_kernels(func, TARGET, load_hardware())
-    assert {k.family.name for k in kernels} == {"attention"}
+    # one query a head (no mask) is decode attention over the past: a kernel of its own
+    assert [k.family.name for k in kernels] == ["decode_attention", "attention"] and kernels[0].bound == 1
+    one_query = range_kernels(specialized(func, q_len, 1), TARGET, load_hardware())  # ranges of keys in their turn
     source = tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source()
-    assert len(cuda_kernels(source)) == len(kernels)
-    assert all(", int K," in line for line in source.splitlines() if "__global__" in line)  # the key tail's mask
+    assert len(cuda_kernels(source)) == len(one_query) + len(kernels) - 1
+    assert all(", int K" in line for line in source.splitlines() if "__global__" in line)  # the key tail's mask
     assemble(source, "attention_two_lengths")
 
 

@@ -14,6 +14,7 @@ import tvm
 from tvm import te
 
 from conftest import TARGET, cuda_source, host_launch
+from conftest import kernels as cuda_kernels
 from tvm_dsm.driver import plan
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.hardware import load_hardware
@@ -268,6 +269,57 @@ def test_functions_computing_something_else_are_refused(make, message):
     with pytest.raises(ClusterError, match=message):
         find_dense_decode(make())
     assert find_dense_decode(_variant()).group == 1  # the function they vary is taken
+
+
+def _any_past(layout: str = "bhsd", length=None):
+    """Grouped decode attention (batch 2, 32 query heads, 8 KV heads, head dim 128) over a past of
+    any length ``K``, as a model with a KV cache holds it."""
+    return te_attention(2, 32, 1, te.var("K") if length is None else length, 128, kv_heads=8, layout=layout)
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_a_symbolic_past_is_read_to_its_length_at_run_time(layout, assemble):
+    """The key length a variable: the kernel takes the function's own K and V and reads their
+    length when called, one kernel per range of lengths (larger clusters for longer pasts)."""
+    import tvm_dsm
+    from tvm_dsm.families.row_ranges import range_kernels
+
+    func = _any_past(layout)
+    found = find_dense_decode(func)
+    length = func.params[1].ty.shape[1 if layout == "bshd" else 2]
+    assert found.shape.kv_len.same_as(length) and found.group == 4
+    assert [p.same_as(op) for p, op in zip(func.params, found.shape.operands)] == [True] * 4
+    kernels = range_kernels(func, TARGET, load_hardware())
+    assert {k.family.name for k in kernels} == {"decode_attention"}
+    assert len({k.config.ranks for k in kernels}) > 1
+    source = tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source()
+    assert len(cuda_kernels(source)) == len(kernels)
+    assert all(", int K" in line for line in source.splitlines() if "__global__" in line)
+    assemble(source, f"decode_any_past_{layout}")
+
+
+def test_a_symbolic_length_other_than_the_past_is_refused_by_name():
+    with pytest.raises(ClusterError, match="must be the key length of k and v alone"):
+        find_dense_decode(te_attention(te.var("B"), 8, 1, 128, 64))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_gpu_a_symbolic_past_matches_float64_at_every_length(layout):
+    """One module for a past of one key, fewer keys than a cluster's CTAs take a step, off the
+    steps and long; fresh inputs, NaN-poisoned outputs."""
+    import tvm_dsm
+
+    module = tvm_dsm.build(_any_past(layout), TARGET)
+    dev, rng = tvm.cuda(0), np.random.default_rng()
+    for keys in (1, 5, 300, 1000, 4097):
+        shapes = [[int(x) for x in p.ty.shape] for p in _any_past(layout, keys).params]
+        inputs = [(rng.standard_normal(s) * 2).astype(np.float16) for s in shapes[:3]]
+        out = tvm.runtime.tensor(np.full(shapes[3], np.nan, np.float16), dev)
+        module(*(tvm.runtime.tensor(x, dev) for x in inputs), out)
+        ref = _reference(layout, *inputs)
+        error = np.linalg.norm(out.numpy().astype(np.float64) - ref) / np.linalg.norm(ref)
+        assert error < 2e-3, (keys, error)
 
 
 def test_the_decode_forms_suite_times_each_pick_beside_the_other_body():

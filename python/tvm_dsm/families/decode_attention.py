@@ -23,6 +23,7 @@ from .template_family import TemplateFamily
 class DecodeAttention(TemplateFamily):
     name = "decode_attention"
     template = rule.TEMPLATE
+    symbolic_rows = True  # a key length known when called (the past of a KV cache), read at run time
 
     def predict(self, found: rule.DenseOperands, config: DecodeConfig, hw: Hardware) -> KernelPlan:
         q, k, v, out = found.shape.operands

@@ -15,7 +15,11 @@ has a tuning record takes the record's configuration.
 A function of several extent variables (attention over a query length and a key length) is
 dispatched on the first (its first parameter's) and planned with the first at the range's row
 count and the others at ROWS_BEYOND (a key length is as long as the queries or longer: the past
-of a KV cache), by a family whose kernels take them all symbolic (``symbolic_extents``).
+of a KV cache), by a family whose kernels take them all symbolic (``symbolic_extents``). Where another family takes
+such a function at exactly one row (decode attention, one query a head, where the queries'
+range takes attention), that row count gets a kernel of its own: the function at one row, its
+other variables dispatched in their turn, the branch's parameters the function's own (in the
+branch they hold one row).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from tvm.s_tir import SBlock, SBlockRealize
 
 from ..errors import ClusterError
 from ..hardware import Hardware
-from ..ir import branch_on, extent_variables, fresh_definitions, specialized
+from ..ir import branch_on, extent_variables, fresh_definitions, specialized, substitute
 from ..planners.report import Plan
 from . import FAMILIES, match_family
 from .base import ScheduleFamily
@@ -116,7 +120,35 @@ def range_kernels(func: tirx.PrimFunc, target: Any, hw: Hardware,
                                       tuned or previous.tuned)
         else:
             kernels.append(RangeKernel(bound, family, plan.config, scheduled, plan.predicted_us, tuned))
+    if families is not None:
+        one = _one_row_kernel(func, target, hw, kernels[0].family)
+        if one is not None:
+            kernels.insert(0, one)
     return kernels
+
+
+def _one_row_kernel(func: tirx.PrimFunc, target: Any, hw: Hardware,
+                    first: ScheduleFamily) -> RangeKernel | None:
+    """The kernel of ``func`` (of several extent variables) at exactly one row where a family
+    other than ``first`` (the first range's) takes it, else None (see the module docstring)."""
+    one = specialized(func, extent_variables(func)[0], 1)
+    try:
+        if extent_variables(one):
+            kernels = range_kernels(one, target, hw)
+            family, config = kernels[-1].family, kernels[-1].config
+            scheduled = dispatch(one, [(k.bound, k.func) for k in kernels])
+            predicted = kernels[-1].predicted_us
+        else:
+            family, shape = match_family(one, target)
+            plan = family.rank(shape, hw)[0]
+            family, config, predicted = family, plan.config, plan.predicted_us
+            scheduled = family.apply(one, config, hw).mod["main"]
+    except ClusterError:
+        return None
+    if family is first:
+        return None
+    params = list(zip(scheduled.params, func.params))
+    return RangeKernel(1, family, config, func.with_body(substitute(scheduled.body, params)), predicted)
 
 
 def _first_that_applies(family: ScheduleFamily, func: tirx.PrimFunc, plans: list[Plan],

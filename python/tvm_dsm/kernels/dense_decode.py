@@ -7,10 +7,15 @@ proves which query heads read the same K and V rows; a CTA holds such a group (u
 fp16) and reads each row once for all of them, where a kernel per query head reads it once per
 head. The kernel loads through the function's own index expressions, so any layout whose head
 dim is innermost works unchanged.
+
+A key length that is a variable (the past of a KV cache, known when called) is read at run time:
+the function is matched at :data:`MATCHED_KEYS` keys, then its own parameters, of that length,
+take the matched ones' place; a CTA of a cluster whose share of the keys is empty merges nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from tvm import tirx
@@ -19,7 +24,7 @@ from tvm.tirx.script.builder import ir as B
 
 from ..errors import ClusterError
 from ..hardware import Hardware
-from ..ir import substitute
+from ..ir import extent_variables, specialized, substitute, uses
 from .attention_pattern import DecodeShape, find_decode_attention
 from .decode_attention import (HELD_FLOATS, WARPS, DecodeConfig, DecodeOperands, decode_kernel, prefers_tensor_cores,
                                shared_bytes, tokens_per_step, wave_ctas, with_warps)
@@ -27,6 +32,9 @@ from .decode_attention import check_config as check_config_limits
 from .template import KernelTemplate
 
 _RANKS = (1, 2, 4, 8)
+#: The key length a function of a symbolic one is matched at: above every head dim and head
+#: count, whose extents an equal length would make ambiguous to the matcher.
+MATCHED_KEYS = 328
 
 
 class DenseOperands(DecodeOperands):
@@ -66,7 +74,8 @@ class DenseOperands(DecodeOperands):
         return [substitute(i, at) for i in s.indices[operand]]
 
     def length(self):
-        return tirx.const(self.shape.kv_len, "int32")
+        kv_len = self.shape.kv_len
+        return tirx.const(kv_len, "int32") if isinstance(kv_len, int) else T.Cast("int32", kv_len)
 
     def query(self, h, column):
         return self.shape.operands[0][tuple(self._indices(0, h, column))]
@@ -87,7 +96,7 @@ class DenseOperands(DecodeOperands):
 def find_dense_decode(func: tirx.PrimFunc) -> DenseOperands:
     """``func``'s decode attention and where its operands live; ClusterError naming what does not
     match or which limit the kernel has."""
-    operands = DenseOperands(find_decode_attention(func))
+    operands = DenseOperands(_decode_shape(func))
     for ok, limit in operands.limits():
         if not ok:
             raise ClusterError(f"decode attention: needs {limit}")
@@ -97,10 +106,34 @@ def find_dense_decode(func: tirx.PrimFunc) -> DenseOperands:
     return operands
 
 
+def _decode_shape(func: tirx.PrimFunc) -> DecodeShape:
+    """:func:`find_decode_attention`'s shape, over a symbolic key length where the function has
+    one (see the module docstring): K and V indexed by the key alone along their axis of that
+    length, so that no index depends on it."""
+    lengths = extent_variables(func)
+    if not lengths:
+        return find_decode_attention(func)
+    if len(lengths) > 1:
+        raise ClusterError(f"decode attention takes one symbolic length, the keys'; got {[v.name for v in lengths]}")
+    (kv_len,) = lengths
+    shape = find_decode_attention(specialized(func, kv_len, MATCHED_KEYS))
+    positions = [next(n for n, p in enumerate(shape.func.params) if p.same_as(op)) for op in shape.operands]
+    operands = tuple(func.params[n] for n in positions)
+    for n, (param, indices) in enumerate(zip(operands, shape.indices)):
+        axes = [a for a, extent in enumerate(param.ty.shape) if isinstance(extent, tirx.Var)]
+        keyed = [a for a, i in enumerate(indices) if uses(i, shape.key)]
+        expected = [a for a in keyed if isinstance(indices[a], tirx.Var)]
+        if axes != (expected if n in (1, 2) else []) or keyed != axes:
+            raise ClusterError(f"decode attention over a symbolic {kv_len.name}: it must be the key length of k and v "
+                               f"alone, each indexed by the key alone along it; {param.name} has it at axes {axes}, "
+                               f"indexed {[str(i) for i in indices]}")
+    return dataclasses.replace(shape, func=func, operands=operands, kv_len=kv_len)
+
+
 def check_config(found: DenseOperands, config: DecodeConfig) -> None:
     check_config_limits(found, config)
     step = tokens_per_step(found, config)
-    if config.ranks > 1 and found.shape.kv_len < config.ranks * step:
+    if config.ranks > 1 and isinstance(found.shape.kv_len, int) and found.shape.kv_len < config.ranks * step:
         raise ClusterError(f"decode attention: {found.shape.kv_len} keys leave a cluster of {config.ranks} CTAs "
                            f"less than one step of {step} keys a CTA")
 
