@@ -117,16 +117,20 @@ def attention_configs() -> list[Variant]:
 SYMBOLIC_LENGTHS = (1, 16, 128, 1024, 4096)
 #: (query, key) lengths an attention of two symbolic lengths is called at (symbolic_attention).
 SYMBOLIC_LENGTH_PAIRS = ((1, 4096), (16, 1024), (128, 2048), (1024, 1024), (512, 4096))
-#: Key lengths a decode attention over a symbolic past is called at (symbolic_attention).
-SYMBOLIC_DECODE_KEYS = (128, 1024, 4096)
+#: Key lengths a decode attention over a symbolic past is called at (symbolic_attention): fewer
+#: than a cluster's CTAs take a step (some CTAs empty), and longer.
+SYMBOLIC_DECODE_KEYS = (5, 128, 1024, 4096)
+#: (query, key) lengths the attention of one symbolic length, the queries' or the keys', is
+#: called at (symbolic_attention): which of the two variables costs the two-length kernel its time.
+ONE_VARIABLE_PAIRS = ((16, 1024), (128, 2048))
 
 
 def symbolic_attention() -> list[Variant]:
     """Grouped causal attention of a symbolic sequence length (a Relax model of any prompt
     length: one module, a kernel per range of lengths) against the same attention built at each
     length, at head dims 64 and 128; grouped attention over a past (no mask) with a query length
-    and a key length, two variables; and decode attention (one query) over a past of any length;
-    each against static builds."""
+    and a key length, two variables (and either alone); and decode attention (one query) over a
+    past of any length; each against static builds."""
     variants = []
 
     def compare(name, symbolic_mod, func, flops, causal, **extra):
@@ -144,6 +148,12 @@ def symbolic_attention() -> list[Variant]:
     for q, k in SYMBOLIC_LENGTH_PAIRS:
         compare(f"past_b2h32kv8d128_q{q}k{k}", any_lengths, te_attention(2, 32, q, k, 128, kv_heads=8),
                 2 * 32 * q * k * 128, False, length=q, keys=k)
+    for q, k in ONE_VARIABLE_PAIRS:
+        static = te_attention(2, 32, q, k, 128, kv_heads=8)
+        for label, func in (("qvar", te_attention(2, 32, te.var("Q"), k, 128, kv_heads=8)),
+                            ("kvar", te_attention(2, 32, q, te.var("K"), 128, kv_heads=8))):
+            compare(f"past_b2h32kv8d128_q{q}k{k}_{label}", schedule(func).mod, static, 2 * 32 * q * k * 128, False,
+                    length=q, keys=k)
     any_past = schedule(te_attention(8, 32, 1, te.var("K"), 128, kv_heads=8)).mod
     for k in SYMBOLIC_DECODE_KEYS:
         compare(f"decode_b8h32kv8d128_k{k}", any_past, te_attention(8, 32, 1, k, 128, kv_heads=8),
