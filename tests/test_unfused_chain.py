@@ -11,7 +11,7 @@ from tvm.s_tir import meta_schedule as ms
 
 import tvm_dsm
 import tvm_dsm.transform.cluster_launch as cluster_launch
-from conftest import chain_error_on_gpu, cuda_source, kernels
+from conftest import TARGET, chain_error_on_gpu, cuda_source, kernels
 from tvm_dsm.driver import H100, schedule
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.hardware import load_hardware
@@ -21,7 +21,7 @@ from tvm_dsm.rules.split_k_gemm import SplitKGemmConfig, find_gemm, schedule_spl
 from tvm_dsm.rules.unfused_chain import UnfusedChainConfig, schedule_unfused_chain
 from tvm_dsm.transform.buffers import shared_bytes
 from tvm_dsm.workloads.chains import gemm_chain, swiglu_ffn
-from tvm_dsm.workloads.dense import gated_dense
+from tvm_dsm.workloads.dense import gated_dense, matmul
 
 GATED = SplitKGemmConfig(2, 64, 128, 64, 2, 4, 4, tma=True)
 SECOND = SplitKGemmConfig(4, 64, 64, 64, 2, 2, 3, tma=True)
@@ -44,6 +44,28 @@ def test_gated_layer_runs_both_products_on_one_tile_in_one_kernel(assemble):
     assert kernel.count("ld_vec_shared__cluster_v4_f32(") == 2 * GATED.cluster_size * 2
     assert "expf" in kernel  # silu(gate) * up in the reduce-scatter's epilogue
     assemble(source, "gated_dense")
+
+
+def test_a_fused_gate_up_weight_is_read_as_its_two_row_ranges(assemble):
+    """One weight ``W[2n, k]``, the gate's rows first (a model's single gate/up projection): the
+    up product's tiles come from row n on, through one kernel like two weights'."""
+    func = gated_dense(128, 1024, 1024, fused_weight=True)
+    assert find_gemm(s_tir.Schedule(func))[2].products == 2
+    (kernel,) = _kernels(cuda_source(schedule_split_k_gemm(func, GATED, load_hardware()).mod))
+    up_tiles = [line for line in kernel.splitlines() if "W_tensormap_1" in line and "bulk_tensor" in line]
+    assert up_tiles and all("+ 1024)" in line for line in up_tiles)
+    assemble(cuda_source(tvm_dsm.plan(func).schedule().mod), "gated_fused_weight")
+
+
+def test_a_weight_read_from_a_row_on_is_a_gated_layers_alone():
+    """A single product reading W from a row on is not taken as a GEMM (its schedule assumes the
+    weight's rows from 0)."""
+    x = te.placeholder((128, 256), "float16", name="X")
+    w = te.placeholder((512, 256), "float16", name="W")
+    func = te.create_prim_func([x, w, te.compute((128, 256), lambda i, j: matmul(x, w, rows=(256, 256))[i, j]
+                                                  .astype("float16"), name="Y")])
+    with pytest.raises(ClusterError, match=r"indexed \[j, k\] or \[k, j\]"):
+        find_gemm(s_tir.Schedule(func))
 
 
 def _shared_memory_per_kernel(monkeypatch) -> list[int]:
@@ -235,6 +257,25 @@ def test_a_topi_ffn_with_its_activation_and_cast_apart_is_a_chain(assemble):
     ranking = tvm_dsm.plan(_topi_ffn(128, 1024, 768, 256))
     assert ranking.family.name == "gemm_chain"
     assemble(cuda_source(ranking.schedule().mod), "topi_ffn")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [16, 256])
+def test_gpu_a_fused_gate_up_weight_matches_float64(m):
+    """The planner's pick for a fused gate/up weight against float64: silu(x Wg^T) * (x Wu^T)
+    with ``Wg = W[:n]``, ``Wu = W[n:]``; fresh inputs, NaN-poisoned output."""
+    import numpy as np
+
+    func = gated_dense(m, 1024, 2048, fused_weight=True)
+    lib = tvm.compile(tvm_dsm.plan(func).schedule().mod, target=TARGET)
+    dev, rng = tvm.cuda(0), np.random.default_rng()
+    x = rng.standard_normal((m, 2048)).astype(np.float16)
+    w = (rng.standard_normal((2048, 2048)) / np.sqrt(2048)).astype(np.float16)
+    out = tvm.runtime.tensor(np.full((m, 1024), np.nan, np.float16), dev)
+    lib(tvm.runtime.tensor(x, dev), tvm.runtime.tensor(w, dev), out)
+    g, u = (x.astype(np.float64) @ half.astype(np.float64).T for half in (w[:1024], w[1024:]))
+    ref = g / (1 + np.exp(-g)) * u
+    assert np.linalg.norm(out.numpy() - ref) / np.linalg.norm(ref) < 2e-3
 
 
 @pytest.mark.gpu

@@ -151,9 +151,17 @@ class GemmShape:
         return not isinstance(self.m, int)
 
 
-def _index_vars(region) -> list:
-    """The block variables indexing each dimension of ``region`` (None where not a plain var)."""
-    return [r.min if isinstance(r.min, tirx.Var) and int(r.extent) == 1 else None for r in region.region]
+def _index_vars(region, offset_rows: bool = False) -> list:
+    """The block variables indexing each dimension of ``region`` (None where not a plain var);
+    ``offset_rows``: the first dimension's may also be a variable plus a constant (a fused
+    weight's row range)."""
+    found = [r.min if isinstance(r.min, tirx.Var) and int(r.extent) == 1 else None for r in region.region]
+    first = region.region[0]
+    if offset_rows and found[0] is None and int(first.extent) == 1 and isinstance(first.min, tirx.Add):
+        var, offset = first.min.a, first.min.b
+        if isinstance(var, tirx.Var) and isinstance(offset, tirx.IntImm) and offset.value >= 0:
+            found[0] = var
+    return found
 
 
 def find_gemm(sch: s_tir.Schedule) -> tuple[list[SBlockRV], list[SBlockRV], GemmShape]:
@@ -179,7 +187,7 @@ def find_gemm(sch: s_tir.Schedule) -> tuple[list[SBlockRV], list[SBlockRV], Gemm
 def gemm_products(sch: s_tir.Schedule, blocks: list[SBlockRV]) -> GemmShape:
     """The shape of matmul ``blocks`` computed side by side on one output tile: one, or a gated
     layer's gate and up products, which must read the same ``X`` and have one shape."""
-    found = [find_gemm_operands(sch.get(b)) for b in blocks]
+    found = [find_gemm_operands(sch.get(b), fused_weight=len(blocks) > 1) for b in blocks]
     shapes = {shape for shape, _ in found}
     if len(shapes) != 1 or any(not x.same_as(found[0][1][0]) for _, (x, _) in found):
         raise ClusterError(f"the gated products {[sch.get(b).name_hint for b in blocks]} must "
@@ -187,10 +195,11 @@ def gemm_products(sch: s_tir.Schedule, blocks: list[SBlockRV]) -> GemmShape:
     return dataclasses.replace(shapes.pop(), products=len(blocks))
 
 
-def find_gemm_operands(block: tirx.SBlock) -> tuple[GemmShape, tuple]:
+def find_gemm_operands(block: tirx.SBlock, fused_weight: bool = False) -> tuple[GemmShape, tuple]:
     """Shape and operand buffers ``(X, W)`` of a matmul block ``Y[i, j] += X[i, k] * W[j|k, k|j]``
     in float16, bfloat16 or float8_e4m3fn with float32 accumulation; ClusterError names what
-    differs."""
+    differs. ``fused_weight``: W stored ``[n, k]`` may be read from a row on, ``W[c + j, k]``
+    (a gated layer's gate and up products of one fused weight)."""
     kinds = [int(iv.iter_type) for iv in block.iter_vars]
     if kinds != [tirx.IterVar.DataPar, tirx.IterVar.DataPar, tirx.IterVar.CommReduce]:
         raise ClusterError(f"split-K GEMM expects iterators (i, j, k), got {kinds} in {block.name_hint}")
@@ -207,9 +216,9 @@ def find_gemm_operands(block: tirx.SBlock) -> tuple[GemmShape, tuple]:
     x, w = operands
     if [v.same_as(e) if v is not None else False for v, e in zip(_index_vars(x), (i, k))] != [True, True]:
         raise ClusterError(f"{block.name_hint}: the first operand must be indexed [i, k]")
-    w_vars = _index_vars(w)
+    w_vars = _index_vars(w, offset_rows=fused_weight)
     weight_nk = all(a is not None and a.same_as(b) for a, b in zip(w_vars, (j, k)))
-    if not weight_nk and not all(a is not None and a.same_as(b) for a, b in zip(w_vars, (k, j))):
+    if not weight_nk and not all(a is not None and a.same_as(b) for a, b in zip(_index_vars(w), (k, j))):
         raise ClusterError(f"{block.name_hint}: the second operand must be indexed [j, k] or [k, j]")
     dtypes = {str(x.source.ty.dtype), str(w.source.ty.dtype)}
     if len(dtypes) != 1 or not dtypes <= OPERAND_TYPES.keys():
@@ -553,8 +562,10 @@ def split_k_main_loops(sch: s_tir.Schedule, partials: list[tuple], shape: GemmSh
         if not one_loop or index == 0:  # the loop's first product brings X's tile
             x_tile = stage_in_shared(sch, partial, 0, k_step, c.warps, 1, c.block_k, tma=c.tma,
                                      consumers=[p for p, *_ in partials] if one_loop else None)
+        # a gated layer's W tile may start at a row of a fused weight past the tile's own: held
+        # tile-local, its rows are those of the tile whatever the weight's first row
         stage_in_shared(sch, partial, 1, k_step, c.warps, 1 if shape.weight_nk else 0, c.block_k,
-                        tma=c.tma)
+                        rows=c.block_n if shape.weight_nk and shape.products > 1 else None, tma=c.tma)
         if quantize is not None:
             sch.compute_inline(quantize)  # X's tile is computed from the input's tile
             # Quantized 4 at a time: CUDA has float4 and fp8x4 types, no 16-wide ones.

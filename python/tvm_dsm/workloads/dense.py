@@ -42,25 +42,33 @@ def dense(
     return te.create_prim_func([*params, y])
 
 
-def gated_dense(m: int, n: int, k: int, dtype: str = "float16") -> tirx.PrimFunc:
+def gated_dense(m: int, n: int, k: int, dtype: str = "float16", fused_weight: bool = False) -> tirx.PrimFunc:
     """``H = silu(X @ Wg^T) * (X @ Wu^T)`` (the first half of Llama's MLP) with ``X[m, k]``,
-    ``Wg, Wu[n, k]``, both products accumulated in float32 and the result cast to ``dtype``."""
+    ``Wg, Wu[n, k]``, both products accumulated in float32 and the result cast to ``dtype``.
+    ``fused_weight``: one weight ``W[2n, k]``, the gate's rows first (``Wg = W[:n]``, ``Wu =
+    W[n:]``), as a model with one gate/up projection stores it."""
     x = te.placeholder((m, k), dtype, name="X")
-    wg = te.placeholder((n, k), dtype, name="Wg")
-    wu = te.placeholder((n, k), dtype, name="Wu")
-    gate, up = matmul(x, wg), matmul(x, wu)
+    if fused_weight:
+        w = te.placeholder((2 * n, k), dtype, name="W")
+        weights = [w]
+        gate, up = matmul(x, w, rows=(0, n)), matmul(x, w, rows=(n, n))
+    else:
+        weights = [te.placeholder((n, k), dtype, name=name) for name in ("Wg", "Wu")]
+        gate, up = (matmul(x, w) for w in weights)
     silu = ACTIVATIONS["silu"]
     h = te.compute((m, n), lambda i, j: (silu(gate[i, j]) * up[i, j]).astype(dtype), name="H")
-    return te.create_prim_func([x, wg, wu, h])
+    return te.create_prim_func([x, *weights, h])
 
 
-def matmul(x: te.Tensor, w: te.Tensor, weight_layout: str = "nk") -> te.Tensor:
-    """``acc[i, j] = sum_k X[i, k] * W[j, k]`` (or ``W[k, j]``) in float32."""
+def matmul(x: te.Tensor, w: te.Tensor, weight_layout: str = "nk", rows: tuple | None = None) -> te.Tensor:
+    """``acc[i, j] = sum_k X[i, k] * W[j, k]`` (or ``W[k, j]``) in float32; ``rows`` (first,
+    count): of W's rows (``"nk"``) those alone, ``W[first + j, k]``."""
     (m, k), n = x.shape, w.shape[0] if weight_layout == "nk" else w.shape[1]
+    first, n = rows or (0, n)
     r = te.reduce_axis((0, k), name="k")
 
     def weight(j, kk):
-        return w[j, kk] if weight_layout == "nk" else w[kk, j]
+        return w[first + j, kk] if weight_layout == "nk" else w[kk, j]
 
     return te.compute(
         (m, n),
