@@ -30,7 +30,7 @@ from ..intrin.mma import TILE, element_bytes
 from ..rules.split_k_gemm import (
     GemmShape,
     SplitKGemmConfig,
-    apply_padded_split_k_gemm,
+    schedule_split_k_gemm,
     check_config,
     check_edges,
     check_padded_config,
@@ -321,12 +321,6 @@ def schedule_dense(func: tirx.PrimFunc, hw: Hardware | None = None,
     schedule and the plan; ``plan.explain()`` says why (tiles, cluster, bytes and time per
     level). ClusterError names what the function or the configuration does not support."""
     hw = hw or load_hardware()
-    sch = s_tir.Schedule(func)
-    blocks, epilogue, shape = find_gemm(sch)
-    if config is None:
-        plan = plan_split_k_gemm(shape, hw, padded=True)[0]
-    else:
-        check_padded_config(shape, config, hw)
-        plan = predict(shape, config, hw)
-    apply_padded_split_k_gemm(sch, blocks, epilogue, shape, plan.config)
-    return sch, plan
+    _, _, shape = find_gemm(s_tir.Schedule(func))
+    plan = plan_split_k_gemm(shape, hw, padded=True)[0] if config is None else predict(shape, config, hw)
+    return schedule_split_k_gemm(func, plan.config, hw), plan

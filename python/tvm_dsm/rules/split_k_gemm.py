@@ -39,6 +39,7 @@ from ..annotations import ROTATE_PEERS_KEY
 from ..intrin.mma import FP8, MMA_STORE_F32_DSM, OPERAND_TYPES, TILE, VECTOR, element_bytes, k_tile, pad
 from ..intrin.wgmma import MAX_N as WGMMA_MAX_N
 from ..intrin.wgmma import WARPGROUP_ROWS, wgmma_intrin
+from .padded_gated_rows import pad_gated_rows
 from .tensor_core import blockize_fragments, fragment_caches, stage_in_shared, tensorize_fragments, warp_tile
 
 
@@ -310,10 +311,12 @@ def check_padded_config(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware
     the first limit ``shape`` or ``config`` breaks."""
     check_edges(shape)
     tiles = tiled_shape(shape, config)
-    if (shape.symbolic_rows or tiles != shape) and (shape.products > 1 or not shape.weight_nk):
+    # gated products over rows past the tiles are rewritten to whole tiles of rows (padded_gated_rows)
+    overrun = (tiles.n, tiles.k) != (shape.n, shape.k) if shape.products > 1 else shape.symbolic_rows or tiles != shape
+    if overrun and (shape.products > 1 or not shape.weight_nk):
         what = "gated products" if shape.products > 1 else "W stored [K, N] (its predicated cp.async tiles fault)"
-        raise ClusterError(f"{what} run over whole tiles: {shape.m}x{shape.n}x{shape.k} "
-                           f"is not a multiple of {config.block_m}x{config.block_n}x"
+        raise ClusterError(f"{what} run over whole tiles{' of N and K' if shape.products > 1 else ''}: "
+                           f"{shape.m}x{shape.n}x{shape.k} is not a multiple of {config.block_m}x{config.block_n}x"
                            f"{config.cluster_size * config.block_k}")
     check_config(tiles, config, hw)
 
@@ -411,10 +414,23 @@ def raster_group(tiles_m: int) -> int:
 def schedule_split_k_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig, hw: Hardware) -> s_tir.Schedule:
     """Schedule ``func`` (a matmul block plus elementwise epilogue, any M, N and K within
     :func:`check_padded_config`'s limits on ``hw``) as a cluster split-K GEMM with the given
-    configuration (:func:`tvm_dsm.planners.split_k_gemm.schedule_dense` plans one)."""
+    configuration (:func:`tvm_dsm.planners.split_k_gemm.schedule_dense` plans one). A gated
+    layer whose rows overrun the tiles is scheduled as its rewrite to whole tiles of rows
+    (:mod:`tvm_dsm.rules.padded_gated_rows`)."""
     sch = s_tir.Schedule(func)
     blocks, epilogue, shape = find_gemm(sch)
     check_padded_config(shape, config, hw)
+    tiles = tiled_shape(shape, config)
+    if shape.products > 1 and (shape.symbolic_rows or tiles != shape):
+        sch = s_tir.Schedule(pad_gated_rows(func, config.block_m))
+        *_, output, unpad = sch.get_child_blocks(sch.get_sblock("root"))
+        products = list(sch.get_producers(output))
+        fills = sch.get_producers(products[0])  # the zero-filled X both products read
+        apply_split_k_gemm(sch, products, [output], tiles, config)
+        for fill in fills:  # after the tile copies exist (as apply_padded_split_k_gemm's)
+            sch.compute_inline(fill)
+        sch.reverse_compute_inline(unpad)
+        return sch
     apply_padded_split_k_gemm(sch, blocks, epilogue, shape, config)
     return sch
 
