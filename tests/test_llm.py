@@ -15,6 +15,7 @@ from tvm import relax
 from conftest import TARGET, kernels
 from tvm_dsm.driver import stock_target
 from tvm_dsm.relax_pipeline import DLIGHT, PAGED_DECODE, PRESCHEDULED, RAGGED_PREFILL
+from tvm_dsm.relax_gated import FuseGatedProjections
 from tvm_dsm.relax_matmuls import MatmulsAsMatrices
 from tvm_dsm.workloads.llama import (LLAMA_TINY, LlamaSession, export_llama, random_weights,
                                      reference_logits)
@@ -142,11 +143,12 @@ def tiny_llvm():
 def test_tiny_prefill_and_decode_logits_match_float64_on_cpu(as_matrices, tiny_llvm):
     """Two sequences of 9 tokens prefilled together, then one decode step each; also with the
     model's matmuls rewritten as fp32-accumulated matrices (tvm_dsm.relax_matmuls), residual
-    adds and reshapes folded."""
+    adds and reshapes folded, and its gate/up projections as gated GEMMs (tvm_dsm.relax_gated)."""
     config = LLAMA_TINY
     mod, names = tiny_llvm
     if as_matrices:
-        mod = MatmulsAsMatrices(mod)
+        mod = FuseGatedProjections(MatmulsAsMatrices(mod))
+        assert any(gv.name_hint.startswith("gated_projection") for gv in mod.functions)
     executable = tvm.compile(mod, tvm.target.Target({"kind": "llvm"}), tir_pipeline="s_tir_stock")
     weights = random_weights(config)
     session = LlamaSession(executable, tvm.cpu(), weights, names, config, max_batch_size=2,

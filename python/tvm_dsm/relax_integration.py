@@ -30,6 +30,7 @@ from .errors import ClusterError
 from .ir import extent_variables, narrow_indices
 from .hardware import Hardware
 from .relax_chains import FuseGemmChains, merge_elementwise
+from .relax_gated import FuseGatedProjections
 from .relax_matmuls import MatmulsAsMatrices
 from .relax_patterns import RewriteToRelaxOps
 
@@ -140,12 +141,15 @@ def scheduling_form(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
 def lower_to_tir(mod: tvm.IRModule) -> tvm.IRModule:
     """Decomposed operators put back as Relax's (:mod:`tvm_dsm.relax_patterns`), 16-bit
-    matmuls as fp32-accumulated matrix products (:mod:`tvm_dsm.relax_matmuls`),
-    transposes folded into matmuls, operators legalized to TIR, GEMM chains grouped
-    (:mod:`tvm_dsm.relax_chains`), the rest fused by Relax's passes."""
+    matmuls as fp32-accumulated matrix products (:mod:`tvm_dsm.relax_matmuls`), fused gate/up
+    projections as gated GEMMs (:mod:`tvm_dsm.relax_gated`), transposes folded into matmuls,
+    operators legalized to TIR, GEMM chains grouped (:mod:`tvm_dsm.relax_chains`), the rest
+    fused by Relax's passes."""
     return tvm.transform.Sequential([
         RewriteToRelaxOps,
         MatmulsAsMatrices,
+        FuseGatedProjections,
+        relax.transform.DeadCodeElimination(),  # the projections' split halves, before FuseOps
         relax.transform.FuseTransposeMatmul(),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),

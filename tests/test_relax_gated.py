@@ -1,0 +1,95 @@
+"""A fused gate/up projection (``relax.frontend.nn``'s SwiGLU: one linear layer, split in halves,
+``silu(gate) * up``) as one gated GEMM (tvm_dsm.relax_gated): what the pipeline makes of it,
+the same values on llvm, the forms it leaves alone, and (GPU) the model against float64."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+from tvm_dsm.relax_gated import FuseGatedProjections
+from tvm_dsm.relax_integration import lower_to_tir
+from tvm_dsm.relax_matmuls import MatmulsAsMatrices
+
+
+def _nn_swiglu(hidden: int, inner: int, sections: int = 2, axis: int = -1, silu_of: int = 0,
+               shape: tuple = ("batch", "seq")):
+    """A ``relax.frontend.nn`` SwiGLU MLP (fp16, no bias) over ``[*shape, hidden]``: the gate/up
+    projection split into ``sections`` along ``axis``, SiLU of piece ``silu_of`` times the next;
+    the module and its parameter spec."""
+    from tvm.relax.frontend import nn
+
+    width = 2 * inner // sections if axis == -1 else 2 * inner  # of a piece
+
+    class MLP(nn.Module):
+        def __init__(self):
+            self.gate_up = nn.Linear(hidden, 2 * inner, bias=False, dtype="float16")
+            self.down = nn.Linear(width, hidden, bias=False, dtype="float16")
+
+        def forward(self, x):
+            pieces = nn.op.split(self.gate_up(x), sections, axis=axis)
+            return self.down(nn.op.silu(pieces[silu_of]) * pieces[1 - silu_of])
+
+    return MLP().export_tvm({"forward": {"x": nn.spec.Tensor([*shape, hidden], "float16")}})
+
+
+def _calls(mod: tvm.IRModule) -> list[str]:
+    return [line for line in mod["forward"].script().splitlines() if "call_tir(" in line]
+
+
+def test_a_fused_gate_up_projection_becomes_one_gated_gemm():
+    """One call of a gated GEMM where the projection and the split/SiLU/multiply were two, taken
+    by the split-K GEMM per range of rows."""
+    from tvm_dsm.model_report import relax_report
+
+    mod, _ = _nn_swiglu(256, 512)
+    calls = _calls(lower_to_tir(mod))
+    assert sum("gated_projection" in c for c in calls) == 1 and not any("split" in c for c in calls), calls
+    assert len([c for c in calls if "reshape" not in c]) == 2  # the gated GEMM, the down projection
+    rows = [line for line in relax_report(mod).format().splitlines() if line.startswith("gated_projection")]
+    assert len(rows) == 1 and "split_k_gemm" in rows[0], rows
+
+
+def test_the_rewrite_keeps_the_values_on_llvm():
+    mod, spec = _nn_swiglu(64, 96)
+    rng = np.random.default_rng(0)
+    weights = [(rng.standard_normal([int(d) for d in p.shape]) / 8).astype("float16") for _, p in spec]
+    x = rng.standard_normal((2, 5, 64)).astype("float16")
+    h = x.astype(np.float64) @ weights[0].astype(np.float64).T
+    gate, up = h[..., :96], h[..., 96:]
+    ref = (gate / (1 + np.exp(-gate)) * up) @ weights[1].astype(np.float64).T
+    rewritten = FuseGatedProjections(MatmulsAsMatrices(mod))
+    assert any(gv.name_hint.startswith("gated_projection") for gv in rewritten.functions)
+    vm = relax.VirtualMachine(tvm.compile(rewritten, target="llvm"), tvm.cpu())
+    got = vm["forward"](tvm.runtime.tensor(x), *(tvm.runtime.tensor(w) for w in weights)).numpy()
+    assert got.shape == (2, 5, 64) and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+
+
+@pytest.mark.parametrize("form", [dict(sections=4), dict(axis=1, shape=(2, 4)), dict(silu_of=1)])
+def test_other_splits_are_left_alone(form):
+    """Quarters, halves of the sequence, or the SiLU of the second half: not SwiGLU's halves."""
+    mod, _ = _nn_swiglu(64, 96, **form)
+    rewritten = FuseGatedProjections(MatmulsAsMatrices(mod))
+    assert not any(gv.name_hint.startswith("gated_projection") for gv in rewritten.functions)
+
+
+@pytest.mark.gpu
+def test_gpu_a_swiglu_mlp_matches_float64_at_every_batch_and_length():
+    """Compiled by tvm-dsm's pipeline, run at several batch and sequence lengths (a range's
+    kernel each), against a float64 evaluation of the same weights."""
+    mod, spec = _nn_swiglu(512, 1024)
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    vm = relax.VirtualMachine(tvm.compile(mod, target=target, relax_pipeline=relax.get_pipeline("tvm_dsm")), tvm.cuda())
+    rng = np.random.default_rng()
+    weights = [(rng.standard_normal([int(d) for d in p.shape]) / 16).astype("float16") for _, p in spec]
+    gate_up, down = (w.astype(np.float64) for w in weights)
+    for b, s in ((1, 1), (2, 37), (3, 300)):
+        x = rng.standard_normal((b, s, 512)).astype("float16")
+        h = x.astype(np.float64) @ gate_up.T
+        gate, up = h[..., :1024], h[..., 1024:]
+        ref = (gate / (1 + np.exp(-gate)) * up) @ down.T
+        out = vm["forward"](tvm.runtime.tensor(x, tvm.cuda()), *(tvm.runtime.tensor(w, tvm.cuda()) for w in weights))
+        got = out.numpy().astype(np.float64)
+        assert got.shape == (b, s, 512) and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3, (b, s)
