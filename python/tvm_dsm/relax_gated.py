@@ -41,6 +41,10 @@ def _half(mutator: PyExprMutator, expr) -> tuple[relax.Expr, int] | None:
 
 @mutator
 class _GatedProjectionRewriter(PyExprMutator):
+    def __init__(self, mod: tvm.IRModule):
+        super().__init__(mod)
+        self.functions: dict[tuple, tvm.ir.GlobalVar] = {}  # the gated GEMM of each (rows, 2n, k, type)
+
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - TVM visitor name
         call = super().visit_call_(call)
         if not is_op_call(call, "relax.multiply"):
@@ -80,9 +84,16 @@ class _GatedProjectionRewriter(PyExprMutator):
         if not all(isinstance(e, tirx.IntImm) for e in (depth, width, w_depth)) or int(depth) != int(w_depth) \
                 or int(width) % 2:
             return None
-        func = gated_dense(rows, int(width) // 2, int(depth), dtype, fused_weight=True).with_attr("op_pattern", _OPAQUE)
-        callee = self.builder_.add_func(func, "gated_projection")
-        self.builder_.update_func(callee, func.with_attr("global_symbol", callee.name_hint))
+        # rows of its own (bound by X's shape when called): one function for every layer's call
+        key = (int(rows) if isinstance(rows, tirx.IntImm) else str(rows.ty.dtype), int(width), int(depth), dtype)
+        if key not in self.functions:
+            own_rows = rows if isinstance(rows, tirx.IntImm) else tirx.Var("rows", rows.ty.dtype)
+            func = gated_dense(own_rows, int(width) // 2, int(depth), dtype, fused_weight=True).with_attr(
+                "op_pattern", _OPAQUE)
+            callee = self.builder_.add_func(func, "gated_projection")
+            self.builder_.update_func(callee, func.with_attr("global_symbol", callee.name_hint))
+            self.functions[key] = callee
+        callee = self.functions[key]
         out = self.builder_.emit(relax.call_tir(callee, [x, w], relax.TensorType([rows, int(width) // 2], dtype)))
         return out if half.ndim == 2 else relax.op.reshape(out, half.shape)
 
