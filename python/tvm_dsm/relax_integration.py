@@ -139,17 +139,18 @@ def scheduling_form(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return merge_elementwise(narrow_indices(func))
 
 
-def lower_to_tir(mod: tvm.IRModule) -> tvm.IRModule:
+def lower_to_tir(mod: tvm.IRModule, gated_projections: bool = True) -> tvm.IRModule:
     """Decomposed operators put back as Relax's (:mod:`tvm_dsm.relax_patterns`), 16-bit
     matmuls as fp32-accumulated matrix products (:mod:`tvm_dsm.relax_matmuls`), fused gate/up
     projections as gated GEMMs (:mod:`tvm_dsm.relax_gated`), transposes folded into matmuls,
     operators legalized to TIR, GEMM chains grouped (:mod:`tvm_dsm.relax_chains`), the rest
-    fused by Relax's passes."""
+    fused by Relax's passes. ``gated_projections=False`` leaves gate/up projections a GEMM and
+    a fused split/SiLU/multiply (the A/B of the rewrite)."""
+    gated = [FuseGatedProjections, relax.transform.DeadCodeElimination()] if gated_projections else []
     return tvm.transform.Sequential([
         RewriteToRelaxOps,
         MatmulsAsMatrices,
-        FuseGatedProjections,
-        relax.transform.DeadCodeElimination(),  # the projections' split halves, before FuseOps
+        *gated,  # the projections' split halves dead before FuseOps
         relax.transform.FuseTransposeMatmul(),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),

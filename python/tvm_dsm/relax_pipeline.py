@@ -173,26 +173,27 @@ def kernel_coverage(mod: tvm.IRModule, prescheduled: set[str]) -> dict[str, str]
 
 
 def lower_for_scheduling(mod: tvm.IRModule, target: tvm.target.Target, hw: Hardware | None = None,
-                         kv_cache_kernels: tuple[str, ...] = DEFAULT_KV_CACHE_KERNELS) -> tvm.IRModule:
+                         kv_cache_kernels: tuple[str, ...] = DEFAULT_KV_CACHE_KERNELS,
+                         gated_projections: bool = True) -> tvm.IRModule:
     """``mod`` as the pipeline schedules it: :data:`~tvm_dsm.relax_top_k.TopKAsRows`, library
-    dispatch, :func:`lower_to_tir`, :func:`use_kv_cache_kernels` (``kv_cache_kernels``),
+    dispatch, :func:`lower_to_tir` (``gated_projections``), :func:`use_kv_cache_kernels` (``kv_cache_kernels``),
     :func:`~tvm_dsm.relax_weights.MarkReadOnlyParams` (weights a kernel may load before it
     waits for the previous one). Tuning
     extracts its tasks from this module, so that the records match the functions compiled."""
     with target:
         mod = TopKAsRows(mod)  # before library dispatch, which would give R.topk to TVM's sort
         mod = tvm.transform.Sequential(cuda_pipeline.library_dispatch_passes(target))(mod)
-        return MarkReadOnlyParams(use_kv_cache_kernels(lower_to_tir(mod), hw, kv_cache_kernels))
+        return MarkReadOnlyParams(use_kv_cache_kernels(lower_to_tir(mod, gated_projections), hw, kv_cache_kernels))
 
 
 def schedule_kernels(mod: tvm.IRModule, target: tvm.target.Target,
                      database: ms.Database | None = None, hw: Hardware | None = None,
                      choices: dict[str, Choice] | None = None,
-                     kv_cache_kernels: tuple[str, ...] = DEFAULT_KV_CACHE_KERNELS
-                     ) -> tuple[tvm.IRModule, dict[str, str]]:
+                     kv_cache_kernels: tuple[str, ...] = DEFAULT_KV_CACHE_KERNELS,
+                     gated_projections: bool = True) -> tuple[tvm.IRModule, dict[str, str]]:
     """The pipeline up to dlight: :func:`lower_for_scheduling`, :class:`ScheduleTIR` (filling
     ``choices``); the module and its :func:`kernel_coverage`, logged."""
-    mod = lower_for_scheduling(mod, target, hw, kv_cache_kernels)
+    mod = lower_for_scheduling(mod, target, hw, kv_cache_kernels, gated_projections)
     prescheduled = _scheduled(mod)
     with target:
         mod = ScheduleTIR(target, database, hw, survive_crashes=True, choices=choices)(mod)
@@ -208,7 +209,7 @@ def tvm_dsm_pipeline(database: ms.Database | None = None, hw: Hardware | None = 
                      coverage: dict[str, str] | None = None,
                      choices: dict[str, Choice] | None = None,
                      kv_cache_kernels: tuple[str, ...] = DEFAULT_KV_CACHE_KERNELS,
-                     launch_early: bool = False) -> tvm.transform.Pass:
+                     launch_early: bool = False, gated_projections: bool = True) -> tvm.transform.Pass:
     """The pipeline of the module docstring, for the target ``tvm.compile`` enters
     (``tvm.target.Target.current()``); ``database``: tuning records :class:`ScheduleTIR` prefers
     to the planner's choice; ``coverage``: a dict to fill with :func:`kernel_coverage`;
@@ -216,12 +217,13 @@ def tvm_dsm_pipeline(database: ms.Database | None = None, hw: Hardware | None = 
     the ``nn.llm`` attention kernels replaced by tvm-dsm's (see the module docstring);
     ``launch_early``: every kernel launched programmatically (``LAUNCH_EARLY_KEY``): it launches
     while the one before it runs and waits for it before touching memory, the decode GEMVs
-    loading their weights' first tiles before they wait."""
+    loading their weights' first tiles before they wait; ``gated_projections``: fused gate/up
+    projections as one gated GEMM each (:mod:`tvm_dsm.relax_gated`)."""
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.RelaxPipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         target = tvm.target.Target.current(allow_none=False)
-        mod, taken = schedule_kernels(mod, target, database, hw, choices, kv_cache_kernels)
+        mod, taken = schedule_kernels(mod, target, database, hw, choices, kv_cache_kernels, gated_projections)
         if coverage is not None:
             coverage.update(taken)
         with stock_target(target):

@@ -24,6 +24,8 @@ crashes its process costs that configuration only):
 - ``tvm_dsm_step_graphs_early``: the same with every kernel launched programmatically
   (``relax.get_pipeline("tvm_dsm", launch_early=True)``): the A/B of each kernel launching while
   the one before it runs, the decode GEMVs loading their weights' first tiles meanwhile;
+- ``tvm_dsm_step_graphs_ungated``: the same with each SwiGLU's gate/up projection a GEMM and a
+  split/SiLU/multiply kernel (``gated_projections=False``): the A/B of one gated GEMM;
 - ``tvm_dsm_tuned``: ``tvm_dsm`` compiled from the tuning records in ``--database``, which
   ``python3 -m tvm_dsm.gpu.llm tune --work-dir DIR`` writes (:func:`tune_model`);
 
@@ -73,15 +75,18 @@ from ..workloads.llama import LLAMA_1B, LLAMA_TINY, LlamaConfig
 
 MODELS = {"1b": LLAMA_1B, "1b_bf16": dataclasses.replace(LLAMA_1B, dtype="bfloat16"), "tiny": LLAMA_TINY}
 CONFIGS = ("tvm_default", "tvm_mlc", "tvm_dsm", "tvm_dsm_nn_llm_attention", "tvm_dsm_tuned", "tvm_dsm_step_graphs",
-           "tvm_dsm_step_graphs_early")
+           "tvm_dsm_step_graphs_early", "tvm_dsm_step_graphs_ungated")
 #: The configurations whose sessions replay decode steps from graphs of their own.
-STEP_GRAPH_CONFIGS = ("tvm_dsm_step_graphs", "tvm_dsm_step_graphs_early")
+STEP_GRAPH_CONFIGS = ("tvm_dsm_step_graphs", "tvm_dsm_step_graphs_early", "tvm_dsm_step_graphs_ungated")
+#: The configurations whose gate/up projections stay a GEMM and a split/SiLU/multiply.
+UNGATED_CONFIGS = ("tvm_dsm_step_graphs_ungated",)
 #: The configurations whose every kernel is launched programmatically (``launch_early``).
 LAUNCH_EARLY_CONFIGS = ("tvm_dsm_step_graphs_early",)
 #: The ``nn.llm`` kernels each tvm-dsm configuration replaces (:mod:`tvm_dsm.relax_pipeline`).
 KV_CACHE_KERNELS = {"tvm_dsm": DEFAULT_KV_CACHE_KERNELS, "tvm_dsm_nn_llm_attention": (),
                     "tvm_dsm_tuned": DEFAULT_KV_CACHE_KERNELS, "tvm_dsm_step_graphs": DEFAULT_KV_CACHE_KERNELS,
-                    "tvm_dsm_step_graphs_early": DEFAULT_KV_CACHE_KERNELS}
+                    "tvm_dsm_step_graphs_early": DEFAULT_KV_CACHE_KERNELS,
+                    "tvm_dsm_step_graphs_ungated": DEFAULT_KV_CACHE_KERNELS}
 #: Untimed decode steps before the timed ones (the first steps of a batch size capture its
 #: CUDA graph; a fresh process also runs its first steps slower).
 WARMUP_STEPS = 10
@@ -172,7 +177,8 @@ def _compile(name: str, mod, target, coverage: dict, database: str | None = None
         raise ValueError("tvm_dsm_tuned compiles from a tuning database: pass --database WORK_DIR")
     pipeline = relax.get_pipeline("tvm_dsm", coverage=coverage, kv_cache_kernels=KV_CACHE_KERNELS[name],
                                   database=open_database(database) if name == "tvm_dsm_tuned" else None,
-                                  launch_early=name in LAUNCH_EARLY_CONFIGS)
+                                  launch_early=name in LAUNCH_EARLY_CONFIGS,
+                                  gated_projections=name not in UNGATED_CONFIGS)
     return tvm.compile(mod, target, relax_pipeline=pipeline)
 
 
