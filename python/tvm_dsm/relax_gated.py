@@ -18,7 +18,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .relax_matmuls import is_op_call
+from .relax_matmuls import is_op_call, rewrite_functions
 from .workloads.dense import gated_dense
 
 #: Relax's operator pattern of a function ``FuseOps`` must leave alone.
@@ -108,8 +108,4 @@ class _GatedProjectionRewriter(PyExprMutator):
 def FuseGatedProjections(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass style
     """Every Relax function of ``mod`` with its fused gate/up projections made gated GEMMs (see
     the module docstring)."""
-    rewriter = _GatedProjectionRewriter(mod)
-    for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-    return rewriter.builder_.get()
+    return rewrite_functions(mod, _GatedProjectionRewriter(mod))

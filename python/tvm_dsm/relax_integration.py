@@ -27,7 +27,8 @@ from tvm.s_tir import meta_schedule as ms
 
 from .driver import H100, plan, replay, schedule_row_ranges, stock_rules, stock_target, tuning_record
 from .errors import ClusterError
-from .ir import extent_variables, narrow_indices
+from .families.row_ranges import range_variable
+from .ir import narrow_indices
 from .hardware import Hardware
 from .relax_chains import FuseGemmChains, merge_elementwise
 from .relax_gated import FuseGatedProjections
@@ -120,11 +121,11 @@ class ScheduleTIR:
         """``func``'s :class:`Choice` and schedule: one kernel per range of rows for a symbolic
         row count, else a tuning record's schedule or the planner's best (the prediction is
         the planner's best either way); ClusterError where no family takes it."""
-        variables = extent_variables(func)
-        if variables:
+        variable = range_variable(func)
+        if variable is not None:
             kernels, sch = schedule_row_ranges(func, self.target, self.hw, self.database)
             ranges = (RangeChoice(k.bound, k.family.name, k.predicted_us) for k in kernels)
-            return Choice(tuple(ranges), variables[0].name, tuned=any(k.tuned for k in kernels)), sch
+            return Choice(tuple(ranges), variable.name, tuned=any(k.tuned for k in kernels)), sch
         ranking = plan(func, self.hw, self.target)
         record = tuning_record(self.database, func, self.target)
         sch = ranking.schedule() if record is None else replay(record.trace, func)

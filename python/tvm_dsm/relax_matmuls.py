@@ -19,6 +19,7 @@ its operands' shapes.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import tvm
 import tvm_ffi
@@ -40,6 +41,17 @@ def _rewritable(call: relax.Call) -> bool:
     return (isinstance(x, relax.TensorType) and isinstance(w, relax.TensorType)
             and x.dtype in SIXTEEN_BIT and w.dtype == x.dtype and out.dtype == x.dtype
             and x.ndim >= 2 and w.ndim == 2 and x.shape is not None and out.shape is not None)
+
+
+def rewrite_functions(mod: tvm.IRModule, rewriter: PyExprMutator,
+                      before_each: Callable[[], None] = lambda: None) -> tvm.IRModule:
+    """``mod`` (the module ``rewriter`` was made on) with each of its Relax functions rewritten by
+    ``rewriter``; ``before_each`` resets what the rewriter keeps per function."""
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            before_each()
+            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
+    return rewriter.builder_.get()
 
 
 def is_op_call(expr, name: str) -> bool:
@@ -137,19 +149,11 @@ class _RowVariables(PyExprMutator):
 def MatmulsAsMatrices(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass style
     """Every Relax function's 16-bit matmuls by 2-D weights as 2-D matmuls accumulated in fp32
     (see the module docstring)."""
-    rewriter = _Rewriter(mod)
-    for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
     # A reshape folded away leaves its product bound to a second name and its view dead: left
     # in, the extra use would keep Relax from fusing the product's add.
     cleanup = tvm.transform.Sequential([relax.transform.CanonicalizeBindings(),
                                         relax.transform.DeadCodeElimination()])
-    mod = cleanup(rewriter.builder_.get())
+    mod = cleanup(rewrite_functions(mod, _Rewriter(mod)))
     # after the cleanup, whose canonicalization would put the products back for the variables
     rows = _RowVariables(mod)
-    for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            rows.variables = []
-            rows.builder_.update_func(gv, rows.visit_expr(func))
-    return rows.builder_.get()
+    return rewrite_functions(mod, rows, before_each=lambda: setattr(rows, "variables", []))

@@ -27,7 +27,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from .errors import ClusterError
 from .fusion.top_k import column, top_k
 from .kernels.top_k_rows import TEMPLATE, find_top_k_rows
-from .relax_matmuls import is_op_call
+from .relax_matmuls import is_op_call, rewrite_functions
 
 #: Relax's operator-pattern attribute value for a function FuseOps leaves alone.
 _OPAQUE = 8
@@ -107,8 +107,4 @@ class _TopKRewriter(PyExprMutator):
 def TopKAsRows(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass style
     """Every Relax function of ``mod`` with its ``R.topk`` calls rewritten (see the module
     docstring)."""
-    rewriter = _TopKRewriter(mod)
-    for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-    return rewriter.builder_.get()
+    return rewrite_functions(mod, _TopKRewriter(mod))

@@ -69,6 +69,13 @@ class RangeKernel:
 RecordedConfig = Callable[[tirx.PrimFunc], "dict | None"]
 
 
+def range_variable(func: tirx.PrimFunc) -> tirx.Var | None:
+    """The variable ``func``'s ranges of rows are of: its first extent variable (see the module
+    docstring); None where its extents are constants."""
+    variables = extent_variables(func)
+    return variables[0] if variables else None
+
+
 def range_specializations(func: tirx.PrimFunc) -> list[tuple[int, tirx.PrimFunc]]:
     """``func`` at the row count each range is planned for (see the module docstring): the
     functions a tuning of ``func``'s ranges measures, and whose records :func:`range_kernels`
@@ -93,7 +100,7 @@ def range_kernels(func: tirx.PrimFunc, target: Any, hw: Hardware,
     variables = extent_variables(func)
     if not variables:
         raise ClusterError("the function's extents are constants: plan it as it is")
-    var = variables[0]
+    var = range_variable(func)
     # several variables: only the families that take them are tried
     families = None if len(variables) == 1 else [f for f in FAMILIES if f.symbolic_extents]
     kernels: list[RangeKernel] = []
@@ -131,7 +138,7 @@ def _one_row_kernel(func: tirx.PrimFunc, target: Any, hw: Hardware,
                     first: ScheduleFamily) -> RangeKernel | None:
     """The kernel of ``func`` (of several extent variables) at exactly one row where a family
     other than ``first`` (the first range's) takes it, else None (see the module docstring)."""
-    one = specialized(func, extent_variables(func)[0], 1)
+    one = specialized(func, range_variable(func), 1)
     try:
         if extent_variables(one):
             kernels = range_kernels(one, target, hw)
@@ -176,5 +183,5 @@ def dispatch(func: tirx.PrimFunc, kernels: list[tuple[int | None, tirx.PrimFunc]
     ``if m <= bound`` in that order, nothing for ``m = 0`` (:func:`tvm_dsm.ir.branch_on`)."""
     branches = [(bound, kernel.with_body(fresh_definitions(kernel.body)) if i else kernel)
                 for i, (bound, kernel) in enumerate(kernels)]
-    body = branch_on(extent_variables(func)[0], branches)
+    body = branch_on(range_variable(func), branches)
     return func.with_body(SBlockRealize([], True, SBlock([], [], [], "root", body)))
