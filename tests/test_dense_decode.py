@@ -297,6 +297,17 @@ def test_a_symbolic_past_is_read_to_its_length_at_run_time(assemble):
     assemble(source, "decode_any_past")
 
 
+def test_relax_legalized_attention_over_an_int64_past_is_read_at_run_time():
+    """Relax's ``R.nn.attention`` of one query over an int64 key length: the kernel reads the
+    length cast to int32, and each range of lengths is the decode kernel."""
+    from tvm_dsm.families.row_ranges import range_kernels
+
+    func = relax_attention(2, 4, 1, tvm.tirx.Var("K", "int64"), 64)
+    found = find_dense_decode(func)
+    assert str(found.shape.kv_len.ty) == "int64" and str(found.length().ty) == "int32"
+    assert {k.family.name for k in range_kernels(func, TARGET, load_hardware())} == {"decode_attention"}
+
+
 def test_a_symbolic_length_other_than_the_past_is_refused_by_name():
     with pytest.raises(ClusterError, match="must be the key length of k and v alone"):
         find_dense_decode(te_attention(te.var("B"), 8, 1, 128, 64))
