@@ -7,7 +7,8 @@ Relax makes that two kernels: the GEMM writes both halves (``[rows, 2n]``), then
 rewrites it, after :mod:`tvm_dsm.relax_matmuls` has made the product a matrix accumulated in
 fp32, into one call of :func:`tvm_dsm.workloads.dense.gated_dense` over the fused weight: the
 split-K GEMM family computes both products on one output tile and writes ``silu(gate) * up``
-from its epilogue, with the rows a variable (a kernel per range of rows). The products are
+from its epilogue, with the rows a variable (a kernel per range of rows), where the family
+takes the layer (:func:`family_takes`). The products are
 rounded once, at the end, where the model rounded them to 16 bits before the SiLU: never less
 accurate than what was asked.
 """
@@ -18,11 +19,25 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from .driver import plan
+from .errors import ClusterError
 from .relax_matmuls import is_op_call, rewrite_functions
 from .workloads.dense import gated_dense
 
 #: Relax's operator pattern of a function ``FuseOps`` must leave alone.
 _OPAQUE = 8
+#: The row count a gated layer is planned at to learn whether the family takes it.
+_PROBE_ROWS = 16
+
+
+def family_takes(n: int, k: int, dtype: str) -> bool:
+    """Whether the split-K GEMM takes the gated layer of a fused ``[2n, k]`` weight (planned at
+    :data:`_PROBE_ROWS` rows). Where it does not, the layer is left as Relax writes it: split
+    into its operators, the gated function would be three kernels where Relax's form is two."""
+    try:
+        return plan(gated_dense(_PROBE_ROWS, n, k, dtype, fused_weight=True)).family.name == "split_k_gemm"
+    except ClusterError:
+        return False
 
 
 def _binding(mutator: PyExprMutator, expr, op: str) -> relax.Call | None:
@@ -86,6 +101,8 @@ class _GatedProjectionRewriter(PyExprMutator):
             return None
         # rows of its own (bound by X's shape when called): one function for every layer's call
         key = (int(rows) if isinstance(rows, tirx.IntImm) else str(rows.ty.dtype), int(width), int(depth), dtype)
+        if key not in self.functions and not family_takes(int(width) // 2, int(depth), dtype):
+            return None
         if key not in self.functions:
             own_rows = rows if isinstance(rows, tirx.IntImm) else tirx.Var("rows", rows.ty.dtype)
             func = gated_dense(own_rows, int(width) // 2, int(depth), dtype, fused_weight=True).with_attr(
