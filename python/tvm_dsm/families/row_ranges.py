@@ -30,8 +30,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import tvm
 from tvm import tirx
 from tvm.s_tir import SBlock, SBlockRealize
+from tvm.s_tir.schedule.schedule import ScheduleError
 
 from ..errors import ClusterError
 from ..hardware import Hardware
@@ -150,7 +152,7 @@ def _one_row_kernel(func: tirx.PrimFunc, target: Any, hw: Hardware,
             plan = family.rank(shape, hw)[0]
             family, config, predicted = family, plan.config, plan.predicted_us
             scheduled = family.apply(one, config, hw).mod["main"]
-    except ClusterError:
+    except (ClusterError, ScheduleError, tvm.error.InternalError):  # the ranges' kernel takes one row too
         return None
     if family is first:
         return None
