@@ -69,7 +69,7 @@ BATCH = 16
 BUDGETS = (16, 32, 64)
 #: The workloads (name: function): GEMMs, gated layers, chains, attention and norms across M,
 #: from the real model shapes (bench/results/real_shapes), including ones whose planned pick
-#: measured below the better torch peer there, and a 1B Llama's decode-batch GEMMs.
+#: measured below the better torch peer there, and a 1B Llama's decode-batch GEMMs and gated GEMMs.
 WORKLOADS: dict[str, Callable] = {
     **{f"dense_{n}x{k}_m{m}": (lambda m=m, n=n, k=k: dense(m, n, k)) for m, n, k in (
         (8, 6144, 4096), (16, 8192, 8192), (32, 14336, 4096), (64, 10240, 8192), (128, 9216, 3072),
@@ -77,6 +77,9 @@ WORKLOADS: dict[str, Callable] = {
         (2048, 4096, 4096), (16, 3072, 2048), (16, 2048, 2048), (16, 2048, 8192), (16, 16384, 2048))},
     **{f"gated_{n}x{k}_m{m}": (lambda m=m, n=n, k=k: gated_dense(m, n, k)) for m, n, k in (
         (16, 14336, 4096), (64, 8192, 2048), (256, 4864, 896))},
+    # the 1B Llama's SwiGLU as one gated GEMM of its fused gate/up weight (tvm_dsm.relax_gated)
+    **{f"gated_fused_{n}x{k}_m{m}": (lambda m=m, n=n, k=k: gated_dense(m, n, k, fused_weight=True)) for m, n, k in (
+        (16, 8192, 2048), (2048, 8192, 2048))},
     **{f"swiglu_{n}x{k}_m{m}": (lambda m=m, n=n, k=k: swiglu_ffn(m, n, k, k)) for m, n, k in (
         (64, 14336, 4096), (128, 8192, 2048), (1024, 4864, 896))},
     "ffn_relu_4096x1024_m128": lambda: gemm_chain(128, 4096, 1024, 1024, "relu"),
