@@ -1,7 +1,8 @@
 """A gated layer (SwiGLU's gate and up products, two weights or one fused weight) whose rows
 overrun its tiles, a symbolic row count or one off the tiles: rewritten to whole tiles of rows
 (tvm_dsm.rules.padded_gated_rows), scheduled by the split-K GEMM, one kernel per range of rows;
-(GPU) against float64 at row counts on and off the tiles."""
+a SwiGLU chain of any row count on those kernels operator by operator; (GPU) against float64 at
+row counts on and off the tiles."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tvm_dsm.families.row_ranges import range_kernels
 from tvm_dsm.hardware import load_hardware
 from tvm_dsm.ir import is_reduction, loads
 from tvm_dsm.rules.padded_gated_rows import pad_gated_rows
+from tvm_dsm.workloads.chains import swiglu_ffn
 from tvm_dsm.workloads.dense import gated_dense
 
 
@@ -69,5 +71,33 @@ def test_gpu_a_gated_layer_matches_float64_at_every_row_count(fused_weight):
         module(*(tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in (x, *weights)), out)
         g, u = (x.astype(np.float64) @ half.astype(np.float64).T for half in (w[:n], w[n:]))
         ref = g / (1 + np.exp(-g)) * u
+        error = np.linalg.norm(out.numpy() - ref) / np.linalg.norm(ref)
+        assert error < 2e-3, (m, error)
+
+
+def test_a_swiglu_chain_of_any_row_count_runs_its_operators_on_the_gemm_kernels():
+    """The chain family plans constant rows, so a SwiGLU FFN of a symbolic row count is built
+    operator by operator: the gated layer and the down projection each a kernel per range of
+    rows, the intermediate read by TMA (its extent compacted to ``min(m, padded rows)``), none
+    of them dlight's."""
+    source = tvm_dsm.build(swiglu_ffn(te.var("m"), 1024, 512, 512), TARGET).mod.imports[0].inspect_source()
+    found = cuda_kernels(source)
+    assert len(found) > 2 and all("CUtensorMap" in kernel for kernel in found.values())
+
+
+@pytest.mark.gpu
+def test_gpu_a_swiglu_chain_of_any_row_count_matches_float64():
+    """One module at 1, 17, 100 and 300 rows; fresh inputs, NaN-poisoned outputs."""
+    n, k = 1024, 512
+    module = tvm_dsm.build(swiglu_ffn(te.var("m"), n, k, k), TARGET)
+    dev, rng = tvm.cuda(0), np.random.default_rng()
+    for m in (1, 17, 100, 300):
+        x = rng.standard_normal((m, k)).astype(np.float16)
+        wg, wu = ((rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float16) for _ in range(2))
+        w2 = (rng.standard_normal((k, n)) / np.sqrt(n)).astype(np.float16)
+        out = tvm.runtime.tensor(np.full((m, k), np.nan, np.float16), dev)
+        module(*(tvm.runtime.tensor(a, dev) for a in (x, wg, wu, w2)), out)
+        g, u = (x.astype(np.float64) @ w.astype(np.float64).T for w in (wg, wu))
+        ref = (g / (1 + np.exp(-g)) * u) @ w2.astype(np.float64).T
         error = np.linalg.norm(out.numpy() - ref) / np.linalg.norm(ref)
         assert error < 2e-3, (m, error)

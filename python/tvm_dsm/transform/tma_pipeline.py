@@ -171,12 +171,26 @@ def zero_filled_load(value, loops: list):
         analyzer.bind(loop.loop_var, Range.from_min_extent(loop.min, loop.extent))
     in_tensor = tirx.const(True, "bool")
     for index, extent in zip(load.indices, load.source.shape):
-        in_tensor = tirx.And(in_tensor, tirx.And(index >= 0, index < extent))
+        in_tensor = tirx.And(in_tensor, tirx.And(index >= 0, index < _tightest(extent, analyzer)))
     with analyzer.constraint_scope(in_tensor):
         sufficient = analyzer.can_prove(inside)
     with analyzer.constraint_scope(inside):
         necessary = analyzer.can_prove(in_tensor)
     return load if sufficient and necessary else None
+
+
+def _tightest(extent, analyzer: Analyzer):
+    """``extent`` with each ``min(a, b)`` whose one side is provably the smaller replaced by it: an
+    intermediate buffer compacted to the rows its kernels touch has the extent ``min(m, padded
+    rows)``, which the analyzer does not reduce to ``m`` by itself."""
+    if isinstance(extent, tirx.Min):
+        a, b = _tightest(extent.a, analyzer), _tightest(extent.b, analyzer)
+        if analyzer.can_prove(b >= a):
+            return a
+        if analyzer.can_prove(a >= b):
+            return b
+        return tirx.Min(a, b)
+    return extent
 
 
 def is_zero(value) -> bool:
