@@ -21,11 +21,9 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .driver import plan
 from .errors import ClusterError
-from .relax_matmuls import is_op_call, rewrite_functions
+from .relax_matmuls import add_opaque_function, is_op_call, rewrite_functions
 from .workloads.dense import gated_dense
 
-#: Relax's operator pattern of a function ``FuseOps`` must leave alone.
-_OPAQUE = 8
 #: The row count a gated layer is planned at to learn whether the family takes it.
 _PROBE_ROWS = 16
 
@@ -58,7 +56,8 @@ def _half(mutator: PyExprMutator, expr) -> tuple[relax.Expr, int] | None:
 class _GatedProjectionRewriter(PyExprMutator):
     def __init__(self, mod: tvm.IRModule):
         super().__init__(mod)
-        self.functions: dict[tuple, tvm.ir.GlobalVar] = {}  # the gated GEMM of each (rows, 2n, k, type)
+        # the gated GEMM of each (rows, 2n, k, type), None where the family does not take it
+        self.functions: dict[tuple, tvm.ir.GlobalVar | None] = {}
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - TVM visitor name
         call = super().visit_call_(call)
@@ -101,16 +100,14 @@ class _GatedProjectionRewriter(PyExprMutator):
             return None
         # rows of its own (bound by X's shape when called): one function for every layer's call
         key = (int(rows) if isinstance(rows, tirx.IntImm) else str(rows.ty.dtype), int(width), int(depth), dtype)
-        if key not in self.functions and not family_takes(int(width) // 2, int(depth), dtype):
-            return None
         if key not in self.functions:
             own_rows = rows if isinstance(rows, tirx.IntImm) else tirx.Var("rows", rows.ty.dtype)
-            func = gated_dense(own_rows, int(width) // 2, int(depth), dtype, fused_weight=True).with_attr(
-                "op_pattern", _OPAQUE)
-            callee = self.builder_.add_func(func, "gated_projection")
-            self.builder_.update_func(callee, func.with_attr("global_symbol", callee.name_hint))
-            self.functions[key] = callee
+            taken = family_takes(int(width) // 2, int(depth), dtype)
+            self.functions[key] = add_opaque_function(self.builder_, gated_dense(
+                own_rows, int(width) // 2, int(depth), dtype, fused_weight=True), "gated_projection") if taken else None
         callee = self.functions[key]
+        if callee is None:
+            return None
         out = self.builder_.emit(relax.call_tir(callee, [x, w], relax.TensorType([rows, int(width) // 2], dtype)))
         return out if half.ndim == 2 else relax.op.reshape(out, half.shape)
 

@@ -54,6 +54,19 @@ def rewrite_functions(mod: tvm.IRModule, rewriter: PyExprMutator,
     return rewriter.builder_.get()
 
 
+#: Relax's operator-pattern attribute value for a function ``FuseOps`` leaves alone.
+_OPAQUE = 8
+
+
+def add_opaque_function(builder: relax.BlockBuilder, func: tirx.PrimFunc, name: str) -> tvm.ir.GlobalVar:
+    """``func`` added to ``builder``'s module under ``name`` (made unique) as its own symbol,
+    marked for ``FuseOps`` to leave alone: a function written for a family to recognize whole."""
+    func = func.with_attr("op_pattern", _OPAQUE)
+    callee = builder.add_func(func, name)
+    builder.update_func(callee, func.with_attr("global_symbol", callee.name_hint))
+    return callee
+
+
 def is_op_call(expr, name: str) -> bool:
     """Whether ``expr`` is a call of the Relax operator ``name`` (e.g. ``"relax.add"``)."""
     return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name

@@ -27,10 +27,8 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from .errors import ClusterError
 from .fusion.top_k import column, top_k
 from .kernels.top_k_rows import TEMPLATE, find_top_k_rows
-from .relax_matmuls import is_op_call, rewrite_functions
+from .relax_matmuls import add_opaque_function, is_op_call, rewrite_functions
 
-#: Relax's operator-pattern attribute value for a function FuseOps leaves alone.
-_OPAQUE = 8
 #: The row count the family's checks are made at where the model's is symbolic (any whole
 #: number of CTAs' rows).
 _PROBE_ROWS = 128
@@ -92,9 +90,7 @@ class _TopKRewriter(PyExprMutator):
         outputs = top_k_te(placeholder, k)
         # The function as TE writes it (BlockBuilder.call_te's rewriting of it hides the top-k
         # reduction from the family's recognition), under its own symbol.
-        func = te.create_prim_func([placeholder, *outputs]).with_attr("op_pattern", _OPAQUE)
-        callee = self.builder_.add_func(func, "top_k")
-        self.builder_.update_func(callee, func.with_attr("global_symbol", callee.name_hint))
+        callee = add_opaque_function(self.builder_, te.create_prim_func([placeholder, *outputs]), "top_k")
         out = [relax.TensorType([rows, k], x.ty.dtype), relax.TensorType([rows, k], "int32")]
         both = self.builder_.emit(relax.call_tir(callee, [x], out))
         ret = str(call.attrs.ret_type)

@@ -150,7 +150,7 @@ def _one_row_kernel(func: tirx.PrimFunc, target: Any, hw: Hardware,
         else:
             family, shape = match_family(one, target)
             plan = family.rank(shape, hw)[0]
-            family, config, predicted = family, plan.config, plan.predicted_us
+            config, predicted = plan.config, plan.predicted_us
             scheduled = family.apply(one, config, hw).mod["main"]
     except (ClusterError, ScheduleError, tvm.error.InternalError):  # the ranges' kernel takes one row too
         return None
