@@ -10,36 +10,34 @@ import tvm
 from tvm.script import tirx as T
 
 from conftest import TARGET
-from tvm_dsm.intrin.device_counters import arrive, declare, reset
+from tvm_dsm.intrin.device_counters import declare, last_to_arrive
 
-GROUPS, RANKS, COLUMNS = 6, 5, 256
+GROUPS, RANKS, COLUMNS, LANES = 6, 5, 256, 32
 
 
 def _last_cta_sums():
-    """``out[g] = sum(x[g])``: CTA (g, r) sums row r of group g into ``partial``, and the last
-    of the group's CTAs to finish (a counter per group) adds the partials in rank order, then
-    sets the counter back to zero."""
+    """``out[g, t] = sum(x[g, :, t::LANES])``: thread t of CTA (g, r) sums its strided share of
+    row r of group g into ``partial``, and the last of the group's CTAs to finish (a counter per
+    group) adds the partials in rank order, every thread its own column."""
 
     @T.prim_func(s_tir=True)
-    def last_cta_sums(x: T.Buffer((GROUPS, RANKS, COLUMNS), "float32"), partial: T.Buffer((GROUPS, RANKS), "float32"),
-                      out: T.Buffer((GROUPS,), "float32")):
+    def last_cta_sums(x: T.Buffer((GROUPS, RANKS, COLUMNS), "float32"),
+                      partial: T.Buffer((GROUPS, RANKS, LANES), "float32"),
+                      out: T.Buffer((GROUPS, LANES), "float32")):
         T.func_attr({"global_symbol": "main", "tirx.noalias": True})
         for b in T.thread_binding(GROUPS * RANKS, thread="blockIdx.x"):
-            for t in T.thread_binding(1, thread="threadIdx.x"):
+            for t in T.thread_binding(LANES, thread="threadIdx.x"):
                 with T.sblock("group_sum"):
                     acc = T.sblock_alloc_buffer((1,), "float32", scope="local")
-                    arrived = T.sblock_alloc_buffer((1,), "uint32", scope="local")
                     acc[0] = T.float32(0)
-                    for i in range(COLUMNS):
-                        acc[0] = acc[0] + x[b // RANKS, b % RANKS, i]
-                    partial[b // RANKS, b % RANKS] = acc[0]
-                    arrived[0] = arrive("groups", GROUPS, b // RANKS)
-                    if arrived[0] == T.uint32(RANKS - 1):
+                    for i in range(COLUMNS // LANES):
+                        acc[0] = acc[0] + x[b // RANKS, b % RANKS, i * LANES + t]
+                    partial[b // RANKS, b % RANKS, t] = acc[0]
+                    if last_to_arrive("groups", GROUPS, b // RANKS, RANKS):
                         acc[0] = T.float32(0)
                         for r in range(RANKS):
-                            acc[0] = acc[0] + partial[b // RANKS, r]
-                        out[b // RANKS] = acc[0]
-                        T.evaluate(reset("groups", GROUPS, b // RANKS))
+                            acc[0] = acc[0] + partial[b // RANKS, r, t]
+                        out[b // RANKS, t] = acc[0]
 
     return last_cta_sums
 
@@ -54,9 +52,9 @@ def test_generated_cuda_declares_each_named_array_once_and_assembles(assemble):
 
 def test_names_and_sizes_are_checked():
     with pytest.raises(ValueError, match="letters and digits"):
-        arrive("a_b", 4, 0)
+        last_to_arrive("a_b", 4, 0, 2)
     with pytest.raises(ValueError, match="two sizes"):
-        declare("tvm_dsm_arrive_x_4(0); tvm_dsm_reset_x_8(1);")
+        declare("tvm_dsm_last_x_4(0, 2); tvm_dsm_last_x_8(1, 2);")
     assert declare("int main() {}") == "int main() {}"
 
 
@@ -67,14 +65,14 @@ def test_the_last_cta_of_each_group_reduces_launch_after_launch():
     dev = tvm.cuda(0)
     lib = tvm.compile(tvm.IRModule({"main": _last_cta_sums()}), target=TARGET)
     rng = np.random.default_rng()
-    partial = tvm.runtime.tensor(np.zeros((GROUPS, RANKS), np.float32), dev)
+    partial = tvm.runtime.tensor(np.zeros((GROUPS, RANKS, LANES), np.float32), dev)
     for _ in range(3):
         x = rng.standard_normal((GROUPS, RANKS, COLUMNS)).astype(np.float32)
         outs = []
         for _ in range(2):
-            out = tvm.runtime.tensor(np.full(GROUPS, np.nan, np.float32), dev)
+            out = tvm.runtime.tensor(np.full((GROUPS, LANES), np.nan, np.float32), dev)
             lib(tvm.runtime.tensor(x, dev), partial, out)
             outs.append(out.numpy())
-        ref = x.astype(np.float64).sum(axis=(1, 2))
+        ref = x.astype(np.float64).reshape(GROUPS, RANKS, COLUMNS // LANES, LANES).sum(axis=(1, 2))
         assert np.linalg.norm(outs[0] - ref) / np.linalg.norm(ref) < 1e-5
         assert np.array_equal(outs[0], outs[1])

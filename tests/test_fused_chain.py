@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 from tvm import s_tir
 
-from conftest import chain_error_on_gpu, cuda_source
+from conftest import TARGET, chain_error_on_gpu, cuda_source
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.hardware import load_hardware
 from tvm_dsm.planners.fused_chain import candidate_configs, plan_chain, schedule_chain
@@ -20,9 +21,17 @@ from tvm_dsm.workloads.dense import dense
 SMALL = FusedChainConfig(cluster_size=2, block_m=128, block_n=64, n_steps=2, block_k=32)
 
 
-def test_fused_chain_cuda_has_both_gemms_the_all_exchange_and_the_reduce(assemble):
-    source = cuda_source(schedule_fused_chain(gemm_chain(128, 512, 256, 256, "gelu"), SMALL, load_hardware()).mod)
-    assert source.count("__global__") == 4  # fused kernel + inter-cluster reduce, declared and defined
+@pytest.mark.parametrize("one_launch", [True, False])
+def test_fused_chain_cuda_has_both_gemms_the_all_exchange_and_the_reduce(assemble, one_launch):
+    config = dataclasses.replace(SMALL, last_cta_reduce=one_launch)
+    source = cuda_source(schedule_fused_chain(gemm_chain(128, 512, 256, 256, "gelu"), config, load_hardware()).mod)
+    # The fused kernel (declared and defined), and the inter-cluster reduce in a kernel of its
+    # own or run by the last of each output tile's 4 column groups' CTAs to finish (512 / (64
+    # x 2 steps)); a counter per tile (128 / 128 rows x 2 ranks).
+    assert source.count("__global__") == (2 if one_launch else 4)
+    assert (source.count("if (tvm_dsm_last_mainr1_2(") == 1) == one_launch
+    if one_launch:
+        assert re.search(r"tvm_dsm_last_mainr1_2\([^;]*, 4\)\) \{", source)
     assert source.count("mma.sync.aligned.m16n8k16") >= 2  # GEMM0 and GEMM1 on tensor cores
     for needle in ("ldmatrix", "cp.async.cg.shared.global", "mapa.shared::cluster",
                    "ld.shared::cluster.v4.f32", "erff"):
@@ -107,10 +116,11 @@ def test_a_k_of_one_step_per_cta_is_loaded_without_a_pipeline(assemble):
     the inter-cluster reduce is launched programmatically behind it."""
     sch, plan = schedule_chain(gemm_chain(128, 512, 32, 256))
     assert plan.config.stages == 1 and plan.config.programmatic_launch
-    assert "launched programmatically" in plan.summary()
+    assert ("launched programmatically" in plan.summary()) != plan.config.last_cta_reduce
     source = cuda_source(sch.mod)
     assert "cp.async" not in source
-    assert source.count("griddepcontrol_wait();") == 2  # both kernels wait for the previous grid
+    # every kernel (one, or the fused one and the reduce) waits for the previous grid
+    assert source.count("griddepcontrol_wait();") == (1 if plan.config.last_cta_reduce else 2)
     assemble(source, "chain_one_k_step")
     with pytest.raises(ClusterError, match="no fused chain configuration fits M=128 K=24"):
         schedule_chain(gemm_chain(128, 512, 24, 256))  # K not a whole 16-deep fragment
@@ -129,6 +139,7 @@ def test_planner_prunes_and_ranks_fast_and_explains():
     assert list(counts) == ["space", "cluster", "divisible", "pipeline", "copy", "capacity"]
     assert sorted(counts.values(), reverse=True) == list(counts.values())  # each rule prunes
     assert counts["space"] > counts["capacity"] == len(configs) == len(plans) > 0
+    assert all(c.last_cta_reduce for c in configs)  # one launch: the reduce in the last CTA
     assert [p.predicted_us for p in plans] == sorted(p.predicted_us for p in plans)
     text = plans[0].explain()
     assert "all-exchange" in text and "dsm" in text and "predicted" in text
@@ -142,12 +153,40 @@ def test_planner_prunes_and_ranks_fast_and_explains():
 @pytest.mark.parametrize("config", [SMALL, FusedChainConfig(4, 64, 64, 1, 32, 2, 4, 3),
                                     FusedChainConfig(2, 32, 32, 1, 64, 2, 2, 3, tma=True),
                                     FusedChainConfig(2, 32, 32, 1, 16, 1, 2, 1,
+                                                     programmatic_launch=True),
+                                    dataclasses.replace(SMALL, last_cta_reduce=False),
+                                    FusedChainConfig(2, 32, 32, 1, 16, 1, 2, 1, last_cta_reduce=False,
                                                      programmatic_launch=True)])
 def test_gpu_matches_float64(gated, config):
     m, n, l = 128, 512, 256
     k = 32 if config.stages == 1 else 512  # one K step per CTA: G1's K
     func = swiglu_ffn(m, n, k, l) if gated else gemm_chain(m, n, k, l, "relu")
     assert chain_error_on_gpu(func, schedule_fused_chain(func, config, load_hardware()).mod) < 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("m, n, config", [(128, 512, SMALL),
+                                          (1024, 2048, FusedChainConfig(2, 64, 64, 1, 32, 2, 2, 3))])
+def test_gpu_one_launch_outputs_are_bit_identical_call_after_call(gated, m, n, config):
+    """Ten calls on the same inputs (the second case: 1,024 CTAs, several waves, 32 column
+    groups per output tile arriving in any order) give the same bits, and the float64 answer."""
+    import tvm
+
+    k, l = 512, 256
+    func = swiglu_ffn(m, n, k, l) if gated else gemm_chain(m, n, k, l, "relu")
+    mod = schedule_fused_chain(func, config, load_hardware()).mod
+    assert chain_error_on_gpu(func, mod) < 2e-3
+    lib, dev = tvm.compile(mod, target=TARGET), tvm.cuda(0)
+    rng = np.random.default_rng()
+    inputs = [tvm.runtime.tensor((rng.standard_normal(tuple(int(d) for d in p.ty.shape)) * 0.05)
+                                 .astype(np.float16), dev) for p in func.params[:-1]]
+    outputs = []
+    for _ in range(10):
+        out = tvm.runtime.tensor(np.full((m, l), np.nan, np.float16), dev)
+        lib(*inputs, out)
+        outputs.append(out.numpy().view(np.uint16))
+    assert all(np.array_equal(outputs[0], o) for o in outputs[1:])
 
 
 def test_fused_ffn_tutorial_shows_pruning_plan_and_assembled_cuda(capsys):

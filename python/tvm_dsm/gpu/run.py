@@ -129,13 +129,32 @@ def _time_peers(kernel: dict, sets: list[list[torch.Tensor]]) -> dict[str, float
     return {name: graph_time_us(step, len(sets)) for name, step in steps.items()}
 
 
+def bit_identical(func, kernel: dict, runs: int = 10) -> bool:
+    """Whether ``runs`` calls of ``func`` on one set of fresh inputs give bit-identical outputs
+    (no order of arrival, atomic or race shows in the result)."""
+    tensors = _random_inputs(kernel["args"], 1)[0]
+    outputs = _split(kernel, tensors)[1]
+    wrapped = [tvm_ffi.from_dlpack(t) for t in tensors]
+    first = None
+    for _ in range(runs):
+        for out in outputs:
+            out.fill_(float("nan") if out.dtype.is_floating_point else torch.iinfo(out.dtype).min)
+        func(*wrapped)
+        torch.cuda.synchronize()
+        got = [out.clone() for out in outputs]
+        first = first or got
+        if not all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(first, got)):
+            return False
+    return True
+
+
 def verdict(func, kernel: dict, trials: int = 2) -> dict:
     """Whether ``func`` is correct on fresh inputs: its input dtype's tolerance against float64,
-    every output element written."""
+    every output element written; and whether repeated calls give bit-identical outputs."""
     rel_err, written = _check(func, kernel, trials)
     dtype = next(a["dtype"] for a in kernel["args"] if not a["output"])
     return {"dtype": dtype, "ok": rel_err < TOLERANCE[dtype] and written == 1.0,
-            "rel_err": rel_err, "written_fraction": written}
+            "rel_err": rel_err, "written_fraction": written, "bit_identical": bit_identical(func, kernel)}
 
 
 def time_call(func, kernel: dict) -> tuple[float, list[list[torch.Tensor]], list[list]]:
@@ -165,6 +184,7 @@ def run_kernel(folder: Path, kernel: dict, peer_cache: dict, hbm_bw: float, tria
         "expected_ok": kernel["expect_correct"],
         "rel_err": checked["rel_err"],
         "written_fraction": checked["written_fraction"],
+        "bit_identical": checked["bit_identical"],
         "ours_us": ours,
         "peers": peer_cache[key],
         "floor_us": kernel["bytes"] / hbm_bw * 1e6,

@@ -1,12 +1,11 @@
 """Counters that live in a CUDA module: a ``__device__`` array, zero when the module loads and
 kept between launches. A kernel uses them to order its CTAs through global memory within one
-launch: the last CTA of a group to finish an output tile reduces the group's partial tiles,
-then sets the counter back to zero for the next launch. This is what a one-launch split
-reduction needs, without a workspace to clear first.
+launch: the last CTA of a group to finish an output tile reduces the group's partial tiles.
+This is what a one-launch split reduction needs, without a workspace to clear first.
 
-TIR has no module-level variables. So a kernel names its counters by calls, :func:`arrive`
-and :func:`reset`, and the CUDA source TVM generates is post-processed to declare each array
-named (:func:`declare`). TVM calls ``tvm_callback_cuda_postproc`` on every CUDA module it
+TIR has no module-level variables. So a kernel names its counters by a call,
+:func:`last_to_arrive`, and the CUDA source TVM generates is post-processed to declare each
+array named (:func:`declare`). TVM calls ``tvm_callback_cuda_postproc`` on every CUDA module it
 generates, and :func:`install` registers the declaration there. The array belongs to the
 module, so two launches of one kernel must not overlap: a kernel on two streams at once would
 share its counters.
@@ -19,9 +18,8 @@ import re
 import tvm_ffi
 from tvm import tirx
 
-#: The calls a kernel makes on a counter array in the CUDA source:
-#: ``tvm_dsm_arrive_<name>_<count>(i)`` and ``tvm_dsm_reset_<name>_<count>(i)``.
-_CALL = re.compile(r"\btvm_dsm_(?:arrive|reset)_([A-Za-z0-9]+)_(\d+)\(")
+#: The call a kernel makes on a counter array in the CUDA source: ``tvm_dsm_last_<name>_<count>(i, n)``.
+_CALL = re.compile(r"\btvm_dsm_last_([A-Za-z0-9]+)_(\d+)\(")
 _POSTPROC = "tvm_callback_cuda_postproc"
 
 
@@ -31,24 +29,18 @@ def _checked(name: str, count: int) -> str:
     return f"{name}_{count}"
 
 
-def arrive(name: str, count: int, index) -> tirx.PrimExpr:
-    """Counter ``index`` of the module's ``count`` counters named ``name`` (letters and digits)
-    incremented between two fences: this thread's earlier global stores are visible to the
-    thread that sees the increment, and what the threads that arrived first stored is visible
-    to this one after it; the value before (how many arrived first)."""
-    return tirx.call_extern("uint32", f"tvm_dsm_arrive_{_checked(name, count)}", index)
-
-
-def reset(name: str, count: int, index) -> tirx.PrimExpr:
-    """Counter ``index`` of ``name`` set back to zero (by the last to arrive, for the next
-    launch), after a fence."""
-    return tirx.call_extern("void", f"tvm_dsm_reset_{_checked(name, count)}", index)
+def last_to_arrive(name: str, count: int, index, arrivals: int) -> tirx.PrimExpr:
+    """Whether this CTA is the last of ``arrivals`` CTAs to arrive at counter ``index`` of the
+    module's ``count`` counters named ``name`` (letters and digits). Every thread of the CTA
+    must evaluate it (it holds two CTA barriers): every thread fences its global stores, one
+    thread increments the counter, and all learn the answer; the last CTA sets the counter
+    back to zero for the next launch, and what the CTAs before it stored is visible to it."""
+    return tirx.call_extern("bool", f"tvm_dsm_last_{_checked(name, count)}", index, arrivals)
 
 
 def declare(code: str) -> str:
     """``code`` with each counter array its kernels name declared before the first kernel (a
-    ``__device__`` array and its arrive and reset functions), where ``code`` does not declare
-    it yet."""
+    ``__device__`` array and its arrival function), where ``code`` does not declare it yet."""
     arrays = [(name, count) for name, count in sorted(set(_CALL.findall(code)))
               if f"tvm_dsm_counter_array_{name}[" not in code]
     if not arrays:
@@ -59,11 +51,18 @@ def declare(code: str) -> str:
             raise ValueError(f"counter array {name!r} is named with two sizes ({sizes[name]} and {count})")
     declarations = "".join(
         f"__device__ unsigned int tvm_dsm_counter_array_{name}[{count}];\n"
-        f"__device__ __forceinline__ unsigned int tvm_dsm_arrive_{name}_{count}(int i) "
-        f"{{ __threadfence(); unsigned int before = atomicAdd(tvm_dsm_counter_array_{name} + i, 1u); "
-        f"__threadfence(); return before; }}\n"
-        f"__device__ __forceinline__ void tvm_dsm_reset_{name}_{count}(int i) "
-        f"{{ __threadfence(); atomicExch(tvm_dsm_counter_array_{name} + i, 0u); }}\n"
+        f"__device__ __forceinline__ bool tvm_dsm_last_{name}_{count}(int i, unsigned int arrivals) {{\n"
+        "  __threadfence();\n"
+        "  __syncthreads();\n"
+        "  int last = 0;\n"
+        "  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {\n"
+        f"    last = atomicAdd(tvm_dsm_counter_array_{name} + i, 1u) == arrivals - 1u;\n"
+        f"    if (last) atomicExch(tvm_dsm_counter_array_{name} + i, 0u);\n"
+        "  }\n"
+        "  last = __syncthreads_or(last);\n"
+        "  __threadfence();\n"
+        "  return last != 0;\n"
+        "}\n"
         for name, count in arrays)
     first_kernel = code.find('extern "C" __global__')
     at = first_kernel if first_kernel >= 0 else len(code)

@@ -13,8 +13,9 @@ tiles of ``H``; per tile step, all S CTAs:
    in registers across the steps.
 
 Clusters that own different column ranges of ``H`` hold partial sums of the output: each writes
-its fp32 partial (the reduce over ``N`` across clusters) and a second kernel of the same function
-adds them in a fixed order and casts (the deterministic inter-cluster reduce).
+its fp32 partial (the reduce over ``N`` across clusters), and the last CTA to finish each output
+tile adds the tile's partials in column-group order and casts (one launch; the order, not the
+arrival, fixes the result), or a second kernel of the same function does.
 
 With a cluster of one CTA the chain is fused the way SMEM-only compilers fuse it: each CTA
 computes its tiles of ``H`` alone (no split of K, no exchange) and must hold all ``L`` output
@@ -35,6 +36,7 @@ from tvm.s_tir.schedule.schedule import ScheduleError
 
 from ..errors import ClusterError
 from ..hardware import Hardware
+from ..annotations import REDUCE_IN_LAST_CTA_KEY
 from ..ir import is_reduction
 from ..schedule import bind_cluster_nest, check_cluster_size
 from ..transform.programmatic_launch import launch_programmatically
@@ -51,6 +53,9 @@ from ..intrin.mma import PAD, TILE, VECTOR, mma
 from .tensor_core import blockize_fragments, fragment_caches, stage_in_shared, tensorize_fragments, warp_tile
 
 _MAX_ACCUMULATOR_REGISTERS = 128  # fp32 output registers per thread, next to the main loop's
+#: loads of partials the inter-cluster reduce unrolls (its loop over column groups, and over its
+#: rounds of 4 outputs a thread where all fit), so that they are in flight together
+_UNROLLED_LOADS = 64
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,9 @@ class FusedChainConfig:
     warps_n: int = 4
     stages: int = 3
     tma: bool = False  # GEMM0's operand tiles by TMA tensor copies (tvm_dsm.transform.tma_pipeline)
+    #: the inter-cluster reduce run by the last CTA of the fused kernel to finish each output
+    #: tile (one launch), instead of by a second kernel
+    last_cta_reduce: bool = True
     #: launch both kernels with programmatic dependent launch, so the inter-cluster reduce's
     #: launch overlaps the fused kernel: the planner sets it where the fused grid runs in one
     #: wave. Not part of the point's identity.
@@ -314,7 +322,7 @@ def apply_fused_chain(sch: s_tir.Schedule, blocks: ChainBlocks, shape: ChainShap
     warp_tile(sch, rows, cols, [], c.warps_m, c.warps_n)
     tensorize_fragments(sch, gemm1, fragment1, caches, step, True,
                         mma.MMA_store_16x16_f32_global_INTRIN)
-    _schedule_inter_cluster_reduce(sch, blocks, c)
+    _schedule_inter_cluster_reduce(sch, blocks, shape, c)
     if c.programmatic_launch:
         launch_programmatically(sch)
 
@@ -331,21 +339,35 @@ def _schedule_all_exchange(sch: s_tir.Schedule, blocks: ChainBlocks, c: FusedCha
     sch.storage_align(blocks.combine, 0, axis=-2, factor=32, offset=PAD)
 
 
-def _schedule_inter_cluster_reduce(sch: s_tir.Schedule, blocks: ChainBlocks,
+def _schedule_inter_cluster_reduce(sch: s_tir.Schedule, blocks: ChainBlocks, shape: ChainShape,
                                    c: FusedChainConfig) -> None:
-    """The second kernel: each thread adds the column groups' fp32 partials of 4 outputs in
-    group order, then runs the epilogue (cast) on them."""
+    """The inter-cluster reduce, one CTA per output tile (``block_m`` rows of one rank's
+    ``L / S`` columns): each thread adds the column groups' fp32 partials of 4 outputs in group
+    order, then runs the epilogue (cast) on them. A second kernel, or (``last_cta_reduce``) run
+    by the last CTA of the fused kernel to finish the tile
+    (:mod:`tvm_dsm.transform.last_cta_reduce`)."""
     *inner, output = blocks.epilogue
     for stage in inner:
         sch.compute_inline(stage)
     sch.set_scope(blocks.gemm1, 0, "local")
     i, p, group = sch.get_loops(blocks.gemm1)
     p, vector = sch.split(p, [None, 4])
-    cta, thread = sch.split(sch.fuse(i, p), [None, c.threads])
-    sch.reorder(cta, thread, group, vector)
-    sch.bind(cta, "blockIdx.x")
-    sch.bind(thread, "threadIdx.x")
-    sch.reverse_compute_at(output, thread)
+    row_tile, i = sch.split(i, [None, c.block_m])
+    rank, p = sch.split(p, [c.cluster_size, None])
+    sch.reorder(row_tile, rank, i, p, group, vector)
+    tile = sch.fuse(row_tile, rank)
+    rounds, warp, lane = sch.split(sch.fuse(i, p), [None, c.warps_m * c.warps_n, 32])
+    sch.bind(tile, "blockIdx.x")
+    sch.bind(warp, "threadIdx.y")
+    sch.bind(lane, "threadIdx.x")
+    sch.reverse_compute_at(output, lane)
     sch.vectorize(sch.get_loops(output)[-1])
     sch.vectorize(vector)
     sch.decompose_reduction(blocks.gemm1, group)
+    groups = sch.get(group).extent.value
+    if groups <= _UNROLLED_LOADS:
+        sch.unroll(group)  # every group's load in flight at once
+        if groups * sch.get(rounds).extent.value <= _UNROLLED_LOADS:
+            sch.unroll(rounds)
+    if c.last_cta_reduce:
+        sch.annotate(tile, REDUCE_IN_LAST_CTA_KEY, [shape.m // c.block_m, groups])

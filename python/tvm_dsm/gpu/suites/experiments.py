@@ -10,7 +10,7 @@ from ...hardware import load_hardware
 from ...planners.split_k_gemm import PIPELINE_DEPTHS, SHALLOW_PIPELINES, plan_split_k_gemm, predict
 from ...rules.split_k_gemm import GemmShape, SplitKGemmConfig, check_config
 from ...errors import ClusterError
-from ...planners.fused_chain import plan_chain
+from ...planners.fused_chain import plan_chain, predict as predict_chain
 from .gemm import FP8_SHAPES, GEMM_SHAPES, fp8_two_kernels, fp8_variant, fp8_workload, gemm_configs, gemm_variant, layer_shapes
 from .decode import DECODE_SHAPES, decode_picks, decode_plans, decode_variant, dim_lanes
 from .base import CHAINS, SWIGLUS, Variant, fitting, launched
@@ -356,6 +356,20 @@ def gemm_depths() -> list[Variant]:
 
 #: Chains whose torch time is mostly launches: where a fused kernel's second launch matters.
 _SMALL_CHAINS = ("G1", "G2", "G3", "G7", "G9", "G10")
+
+
+def chains_one_launch() -> list[Variant]:
+    """Every chain at M = 128 fused with its inter-cluster reduce in the last CTA of each output
+    tile (one launch) and in a second kernel: the fused planner's top 2 plans, each beside its
+    twin (the same tiles, clusters and pipeline) with the reduce in a kernel of its own."""
+    hw = load_hardware()
+    variants = []
+    for label in {**CHAINS, **SWIGLUS}:
+        func, shape, args = chain_workload(label, 128)
+        for rank, plan in enumerate(plan_chain(shape, hw)[:2]):
+            twin = predict_chain(shape, dataclasses.replace(plan.config, last_cta_reduce=False), hw)
+            variants += [chain_variant(label, shape, func, args, p, rank, hw) for p in (plan, twin)]
+    return variants
 
 
 def chains_pdl() -> list[Variant]:
