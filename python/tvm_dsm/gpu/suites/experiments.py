@@ -372,6 +372,14 @@ def chains_one_launch() -> list[Variant]:
     return variants
 
 
+def chains_picks() -> list[Variant]:
+    """Every chain at M = 128: the family's pick, the fused planner's first plan, the SMEM-only
+    one and the first unfused plan (the chains suite without its lower ranks and samples)."""
+    hw = load_hardware()
+    return [v for label in {**CHAINS, **SWIGLUS} for v in chain_variants(label, 128, 0, hw)
+            if v.plan["pick"] or v.plan["plan_rank"] == 0 or v.plan["smem_only"] or v.plan.get("unfused_rank") == 0]
+
+
 def chains_pdl() -> list[Variant]:
     """The fused plans of the small chains (the planner's top 3 and the SMEM-only one) launched
     programmatically and not: the inter-cluster reduce kernel's launch overlapping the fused
