@@ -81,13 +81,17 @@ class ChainPlan(Plan):
         return self.shape.n // (self.config.block_n * self.config.n_steps)
 
 
-def last_cta_tail_s(hw: Hardware) -> float:
-    """What running the inter-cluster reduce in the last CTA of each output tile adds to the
-    fused kernel: the arrival (a fence, an atomic and two CTA barriers, about two L2 round
-    trips). The reduce itself overlaps the CTAs still computing other tiles: measured against
-    the second kernel on the H200, faster in 29 of 30 chain plans (median 13 us, G2 0.5 us
-    slower; bench/results/archive/chains_one_launch_s49.json)."""
-    return 2 * hw.latency_ns["l2"] * 1e-9
+def last_cta_tail_s(shape: ChainShape, c: FusedChainConfig, hw: Hardware) -> float:
+    """What the inter-cluster reduce adds at the end of the fused kernel when the last CTA to
+    finish each output tile runs it: the arrival (a fence, an atomic and two CTA barriers,
+    about two L2 round trips), then per round of 4 outputs a thread one L2 round trip for its
+    column groups' partials, the tile's partial bytes at one SM's share of L2 bandwidth.
+    (Measured 9.2 and 39.1 us on the H200 for G1 and G4 plans predicted 11.4 and 74.1.)"""
+    groups = shape.n // (c.block_n * c.n_steps)
+    outputs = c.block_m * shape.l // c.cluster_size
+    rounds = math.ceil(outputs / (4 * c.threads))
+    partial_bytes = groups * outputs * 4
+    return (2 + rounds) * hw.latency_ns["l2"] * 1e-9 + partial_bytes / (hw.l2_bw / hw.sm_count)
 
 
 def predict(shape: ChainShape, config: FusedChainConfig, hw: Hardware) -> ChainPlan:
@@ -121,7 +125,7 @@ def predict(shape: ChainShape, config: FusedChainConfig, hw: Hardware) -> ChainP
                 + _BARRIERS_PER_STEP * hw.latency_ns["dsm"]) * 1e-9 + k_steps * STEP_S
     programmatic = waves == 1
     if c.last_cta_reduce:
-        launches = LAUNCH_S + last_cta_tail_s(hw)
+        launches = LAUNCH_S + last_cta_tail_s(shape, c, hw)
     else:
         launches = 2 * LAUNCH_S - (PROGRAMMATIC_SAVING_S if programmatic else 0.0)
     seconds["latency"] = launches + waves * c.n_steps * per_step

@@ -13,9 +13,10 @@ tiles of ``H``; per tile step, all S CTAs:
    in registers across the steps.
 
 Clusters that own different column ranges of ``H`` hold partial sums of the output: each writes
-its fp32 partial (the reduce over ``N`` across clusters), and the last CTA to finish each output
-tile adds the tile's partials in column-group order and casts (one launch; the order, not the
-arrival, fixes the result), or a second kernel of the same function does.
+its fp32 partial (the reduce over ``N`` across clusters), and a second kernel of the same function
+adds them in column-group order and casts (the deterministic inter-cluster reduce). Or, in one
+launch, the last CTA to finish each output tile does so for the tile (the order, not the
+arrival, fixes the result; ``FusedChainConfig.last_cta_reduce``).
 
 With a cluster of one CTA the chain is fused the way SMEM-only compilers fuse it: each CTA
 computes its tiles of ``H`` alone (no split of K, no exchange) and must hold all ``L`` output
@@ -72,8 +73,10 @@ class FusedChainConfig:
     stages: int = 3
     tma: bool = False  # GEMM0's operand tiles by TMA tensor copies (tvm_dsm.transform.tma_pipeline)
     #: the inter-cluster reduce run by the last CTA of the fused kernel to finish each output
-    #: tile (one launch), instead of by a second kernel
-    last_cta_reduce: bool = True
+    #: tile (one launch) instead of by a second kernel over the whole grid. One CTA per tile
+    #: then reduces what the whole grid reduces in the second kernel: measured slower (H200, G1
+    #: 9.2 against 5.1 us, G4 39.1 against 25.8), so the planner keeps the second kernel.
+    last_cta_reduce: bool = False
     #: launch both kernels with programmatic dependent launch, so the inter-cluster reduce's
     #: launch overlaps the fused kernel: the planner sets it where the fused grid runs in one
     #: wave. Not part of the point's identity.
@@ -341,10 +344,10 @@ def _schedule_all_exchange(sch: s_tir.Schedule, blocks: ChainBlocks, c: FusedCha
 
 def _schedule_inter_cluster_reduce(sch: s_tir.Schedule, blocks: ChainBlocks, shape: ChainShape,
                                    c: FusedChainConfig) -> None:
-    """The inter-cluster reduce, one CTA per output tile (``block_m`` rows of one rank's
-    ``L / S`` columns): each thread adds the column groups' fp32 partials of 4 outputs in group
-    order, then runs the epilogue (cast) on them. A second kernel, or (``last_cta_reduce``) run
-    by the last CTA of the fused kernel to finish the tile
+    """The inter-cluster reduce: each thread adds the column groups' fp32 partials of 4 outputs
+    in group order, then runs the epilogue (cast) on them. In a second kernel over the whole
+    grid, or (``last_cta_reduce``) one CTA per output tile (``block_m`` rows of one rank's
+    ``L / S`` columns), run by the last CTA of the fused kernel to finish the tile
     (:mod:`tvm_dsm.transform.last_cta_reduce`)."""
     *inner, output = blocks.epilogue
     for stage in inner:
@@ -352,22 +355,28 @@ def _schedule_inter_cluster_reduce(sch: s_tir.Schedule, blocks: ChainBlocks, sha
     sch.set_scope(blocks.gemm1, 0, "local")
     i, p, group = sch.get_loops(blocks.gemm1)
     p, vector = sch.split(p, [None, 4])
-    row_tile, i = sch.split(i, [None, c.block_m])
-    rank, p = sch.split(p, [c.cluster_size, None])
-    sch.reorder(row_tile, rank, i, p, group, vector)
-    tile = sch.fuse(row_tile, rank)
-    rounds, warp, lane = sch.split(sch.fuse(i, p), [None, c.warps_m * c.warps_n, 32])
-    sch.bind(tile, "blockIdx.x")
-    sch.bind(warp, "threadIdx.y")
-    sch.bind(lane, "threadIdx.x")
-    sch.reverse_compute_at(output, lane)
+    if c.last_cta_reduce:
+        row_tile, i = sch.split(i, [None, c.block_m])
+        rank, p = sch.split(p, [c.cluster_size, None])
+        sch.reorder(row_tile, rank, i, p, group, vector)
+        cta = sch.fuse(row_tile, rank)
+        rounds, warp, lane = sch.split(sch.fuse(i, p), [None, c.warps_m * c.warps_n, 32])
+        sch.bind(warp, "threadIdx.y")
+        sch.bind(lane, "threadIdx.x")
+        thread = lane
+    else:
+        cta, thread = sch.split(sch.fuse(i, p), [None, c.threads])
+        sch.reorder(cta, thread, group, vector)
+        sch.bind(thread, "threadIdx.x")
+    sch.bind(cta, "blockIdx.x")
+    sch.reverse_compute_at(output, thread)
     sch.vectorize(sch.get_loops(output)[-1])
     sch.vectorize(vector)
     sch.decompose_reduction(blocks.gemm1, group)
-    groups = sch.get(group).extent.value
-    if groups <= _UNROLLED_LOADS:
-        sch.unroll(group)  # every group's load in flight at once
-        if groups * sch.get(rounds).extent.value <= _UNROLLED_LOADS:
-            sch.unroll(rounds)
     if c.last_cta_reduce:
-        sch.annotate(tile, REDUCE_IN_LAST_CTA_KEY, [shape.m // c.block_m, groups])
+        groups = sch.get(group).extent.value
+        if groups <= _UNROLLED_LOADS:
+            sch.unroll(group)  # every group's load in flight at once
+            if groups * sch.get(rounds).extent.value <= _UNROLLED_LOADS:
+                sch.unroll(rounds)
+        sch.annotate(cta, REDUCE_IN_LAST_CTA_KEY, [shape.m // c.block_m, groups])
