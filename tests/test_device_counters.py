@@ -44,7 +44,7 @@ def _last_cta_sums():
 
 def test_generated_cuda_declares_each_named_array_once_and_assembles(assemble):
     source = tvm.compile(tvm.IRModule({"main": _last_cta_sums()}), target=TARGET).mod.imports[0].inspect_source()
-    assert source.count(f"__device__ unsigned int tvm_dsm_counter_array_groups[{GROUPS}];") == 1
+    assert source.count(f"__device__ unsigned int tvm_dsm_counter_array_groups[{2 * GROUPS}];") == 1
     assert source.index("tvm_dsm_counter_array_groups") < source.index('extern "C" __global__')
     assert declare(source) == source  # declaring twice changes nothing
     assemble(source, "device_counters")

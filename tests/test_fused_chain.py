@@ -19,20 +19,24 @@ from tvm_dsm.workloads.chains import gemm_chain, swiglu_ffn
 from tvm_dsm.workloads.dense import dense
 
 SMALL = FusedChainConfig(cluster_size=2, block_m=128, block_n=64, n_steps=2, block_k=32)
-ONE_LAUNCH = dataclasses.replace(SMALL, last_cta_reduce=True)
+LAST_CTA, GATHERED = (dataclasses.replace(SMALL, reduce=r) for r in ("last_cta", "gathered"))
 
 
-@pytest.mark.parametrize("one_launch", [True, False])
-def test_fused_chain_cuda_has_both_gemms_the_all_exchange_and_the_reduce(assemble, one_launch):
-    config = ONE_LAUNCH if one_launch else SMALL
+@pytest.mark.parametrize("reduce", ["kernel", "last_cta", "gathered"])
+def test_fused_chain_cuda_has_both_gemms_the_all_exchange_and_the_reduce(assemble, reduce):
+    config = dataclasses.replace(SMALL, reduce=reduce)
     source = cuda_source(schedule_fused_chain(gemm_chain(128, 512, 256, 256, "gelu"), config, load_hardware()).mod)
     # The fused kernel (declared and defined), and the inter-cluster reduce in a kernel of its
-    # own or run by the last of each output tile's 4 column groups' CTAs to finish (512 / (64
-    # x 2 steps)); a counter per tile (128 / 128 rows x 2 ranks).
-    assert source.count("__global__") == (2 if one_launch else 4)
-    assert (source.count("if (tvm_dsm_last_mainr1_2(") == 1) == one_launch
-    if one_launch:
+    # own, or in the fused kernel by the last of each output tile's 4 column groups' CTAs to
+    # finish (512 / (64 x 2 steps)), or by all 4 once they have arrived, each its share; a
+    # counter per tile (128 / 128 rows x 2 ranks).
+    assert source.count("__global__") == (4 if reduce == "kernel" else 2)
+    assert (source.count("if (tvm_dsm_last_mainr1_2(") == 1) == (reduce == "last_cta")
+    if reduce == "last_cta":
         assert re.search(r"tvm_dsm_last_mainr1_2\([^;]*, 4\)\) \{", source)
+    if reduce == "gathered":
+        gathered = source[source.index("tvm_dsm_gather_mainr1_2((((int)blockIdx.x) & 1), 4);"):]
+        assert gathered.index("E_rf_ptr") < gathered.index("tvm_dsm_leave_mainr1_2((((int)blockIdx.x) & 1), 4);")
     assert source.count("mma.sync.aligned.m16n8k16") >= 2  # GEMM0 and GEMM1 on tensor cores
     for needle in ("ldmatrix", "cp.async.cg.shared.global", "mapa.shared::cluster",
                    "ld.shared::cluster.v4.f32", "erff"):
@@ -65,6 +69,22 @@ def test_tma_chain_streams_gemm0_by_tensor_copies_and_keeps_w2_staged(assemble):
     assert "cp.async.cg.shared.global" not in source
     assert source.count("cp_async_bulk_tensor_g2s") >= 6  # prologue and steady state, 3 tiles
     assemble(source, "fused_swiglu_tma")
+
+
+def test_a_gathered_reduce_needs_every_cta_resident_and_launches_no_dependent_early(assemble):
+    """CTAs that wait for each other must all be resident (1,024 CTAs are not), and a kernel
+    launched programmatically lets its dependents launch only when it completes: launched
+    early, they could take the SMs its last CTAs wait for."""
+    with pytest.raises(ClusterError, match="1024 CTAs must all be resident at once"):
+        schedule_fused_chain(gemm_chain(1024, 2048, 512, 256), FusedChainConfig(2, 64, 64, 1, 32, 2, 2, 3,
+                                                                              reduce="gathered"), load_hardware())
+    config = FusedChainConfig(2, 32, 32, 1, 16, 1, 2, 1, reduce="gathered", programmatic_launch=True)
+    source = cuda_source(schedule_fused_chain(gemm_chain(128, 512, 32, 256), config, load_hardware()).mod)
+    assert "griddepcontrol_wait();" in source and "launch_dependents" not in source
+    assemble(source, "chain_gathered")
+    kernel = cuda_source(schedule_fused_chain(gemm_chain(128, 512, 32, 256), dataclasses.replace(
+        config, reduce="kernel"), load_hardware()).mod)
+    assert "launch_dependents" in kernel
 
 
 def test_pattern_is_found_in_any_function_of_the_chain_shape():
@@ -138,8 +158,13 @@ def test_planner_prunes_and_ranks_fast_and_explains():
     configs, counts = candidate_configs(shape)
     assert list(counts) == ["space", "cluster", "divisible", "pipeline", "copy", "capacity"]
     assert sorted(counts.values(), reverse=True) == list(counts.values())  # each rule prunes
-    assert counts["space"] > counts["capacity"] == len(configs) == len(plans) > 0
-    assert not any(c.last_cta_reduce for c in configs)  # the reduce in a kernel over the whole grid
+    assert counts["space"] > counts["capacity"] > 0 and len(configs) == len(plans)
+    # The survivors reducing in a second kernel, then those resident at once gathering in the fused one.
+    kernel = [c for c in configs if c.reduce == "kernel"]
+    assert configs == kernel + [dataclasses.replace(c, reduce="gathered") for c in kernel
+                                if c.cluster_size * 128 // c.block_m * 16384 // (c.block_n * c.n_steps)
+                                <= hw.concurrent_ctas(c.cluster_size, 1)]
+    assert counts["capacity"] == len(kernel)
     assert [p.predicted_us for p in plans] == sorted(p.predicted_us for p in plans)
     text = plans[0].explain()
     assert "all-exchange" in text and "dsm" in text and "predicted" in text
@@ -154,9 +179,8 @@ def test_planner_prunes_and_ranks_fast_and_explains():
                                     FusedChainConfig(2, 32, 32, 1, 64, 2, 2, 3, tma=True),
                                     FusedChainConfig(2, 32, 32, 1, 16, 1, 2, 1,
                                                      programmatic_launch=True),
-                                    ONE_LAUNCH,
-                                    FusedChainConfig(2, 32, 32, 1, 16, 1, 2, 1, last_cta_reduce=True,
-                                                     programmatic_launch=True)])
+                                    LAST_CTA, GATHERED,
+                                    FusedChainConfig(2, 32, 32, 1, 16, 1, 2, 1, reduce="gathered")])
 def test_gpu_matches_float64(gated, config):
     m, n, l = 128, 512, 256
     k = 32 if config.stages == 1 else 512  # one K step per CTA: G1's K
@@ -166,11 +190,11 @@ def test_gpu_matches_float64(gated, config):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("gated", [False, True])
-@pytest.mark.parametrize("m, n, config", [(128, 512, ONE_LAUNCH),
+@pytest.mark.parametrize("m, n, config", [(128, 512, LAST_CTA), (128, 512, GATHERED),
                                           (1024, 2048, FusedChainConfig(2, 64, 64, 1, 32, 2, 2, 3,
-                                                                        last_cta_reduce=True))])
+                                                                        reduce="last_cta"))])
 def test_gpu_one_launch_outputs_are_bit_identical_call_after_call(gated, m, n, config):
-    """Ten calls on the same inputs (the second case: 1,024 CTAs, several waves, 32 column
+    """Ten calls on the same inputs (the last case: 1,024 CTAs, several waves, 32 column
     groups per output tile arriving in any order) give the same bits, and the float64 answer."""
     import tvm
 

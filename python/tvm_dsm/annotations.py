@@ -11,10 +11,10 @@ CLUSTER_SIZE_KEY = "tvm_dsm.cluster_size"
 #: columns of tiles]; tvm_dsm.transform.raster_clusters walks ``group`` rows per column.
 RASTER_GROUP_KEY = "tvm_dsm.raster_group"
 #: Loop annotation on the ``blockIdx.x`` loop of a split reduction's second kernel: [rows of
-#: tiles, arrivals]. tvm_dsm.transform.last_cta_reduce folds the kernel into the cluster kernel
-#: before it: the last of ``arrivals`` CTAs to finish output tile (cluster % rows, rank) runs its
-#: iteration.
-REDUCE_IN_LAST_CTA_KEY = "tvm_dsm.reduce_in_last_cta"
+#: tiles, arrivals, gathered]. tvm_dsm.transform.tile_reduce folds the kernel into the cluster
+#: kernel before it, each tile's iteration run by the last of its ``arrivals`` CTAs to finish
+#: it, or (gathered) shared by them once all have arrived.
+TILE_REDUCE_KEY = "tvm_dsm.tile_reduce"
 #: Loop annotation: the loop's iterations commute; start CTA r's walk at peer r (rotation).
 ROTATE_PEERS_KEY = "tvm_dsm.rotate_peers"
 #: Loop annotation: this copy loop between DSM slices moves by cp.async.bulk pushes.

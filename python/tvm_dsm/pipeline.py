@@ -19,7 +19,7 @@ from .ir import find_all
 from .transform.argument_checks import CheckArguments
 from .transform.generate_kernels import GenerateKernels
 from .transform.hoist_warp_buffers import HoistWarpBuffers
-from .transform.last_cta_reduce import FoldLastCtaReductions
+from .transform.tile_reduce import FoldTileReductions
 from .transform import AttachClusterLaunch, CheckClusterSchedule, LowerCluster
 from .transform.release_slice_starts import ReleaseSliceStarts
 from .transform.merge_pipeline_barriers import MergePipelineBarriers
@@ -52,7 +52,7 @@ def _passes(config, async_copy: bool, hw: Hardware) -> list:
         s_tir.transform.LowerInitBlock(),
         s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
         s_tir.transform.ConvertBlocksToOpaque(),
-        FoldLastCtaReductions,  # tvm-dsm: before the thread bindings are lifted and unified
+        FoldTileReductions,  # tvm-dsm: before the thread bindings are lifted and unified
         s_tir.transform.LiftThreadBinding(),
         s_tir.transform.ManifestSharedMemoryLocalStage(),
         s_tir.transform.CompactBufferAllocation(),

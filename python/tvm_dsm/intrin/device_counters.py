@@ -1,14 +1,20 @@
 """Counters that live in a CUDA module: a ``__device__`` array, zero when the module loads and
 kept between launches. A kernel uses them to order its CTAs through global memory within one
-launch: the last CTA of a group to finish an output tile reduces the group's partial tiles.
-This is what a one-launch split reduction needs, without a workspace to clear first.
+launch, for a one-launch split reduction without a workspace to clear first:
 
-TIR has no module-level variables. So a kernel names its counters by a call,
-:func:`last_to_arrive`, and the CUDA source TVM generates is post-processed to declare each
-array named (:func:`declare`). TVM calls ``tvm_callback_cuda_postproc`` on every CUDA module it
-generates, and :func:`install` registers the declaration there. The array belongs to the
-module, so two launches of one kernel must not overlap: a kernel on two streams at once would
-share its counters.
+* :func:`last_to_arrive`: the last CTA of a group to finish an output tile reduces the group's
+  partial tiles (no CTA waits for another);
+* :func:`gather` and :func:`leave`: every CTA of the group waits until all have written their
+  partials, then reduces its share of the tile. Only for grids whose CTAs are all resident at
+  once (a waiting CTA holds its SM), and a kernel that lets no dependent grid launch before it
+  has gathered.
+
+TIR has no module-level variables. So a kernel names its counters by calls, and the CUDA
+source TVM generates is post-processed to declare each array named (:func:`declare`): two
+counters per index (arrivals, departures). TVM calls ``tvm_callback_cuda_postproc`` on every
+CUDA module it generates, and :func:`install` registers the declaration there. The array
+belongs to the module, so two launches of one kernel must not overlap: a kernel on two
+streams at once would share its counters.
 """
 
 from __future__ import annotations
@@ -18,8 +24,11 @@ import re
 import tvm_ffi
 from tvm import tirx
 
-#: The call a kernel makes on a counter array in the CUDA source: ``tvm_dsm_last_<name>_<count>(i, n)``.
-_CALL = re.compile(r"\btvm_dsm_last_([A-Za-z0-9]+)_(\d+)\(")
+#: The calls a kernel makes on a counter array in the CUDA source: ``tvm_dsm_<call>_<name>_<count>(i, n)``.
+_CALL = re.compile(r"\btvm_dsm_(?:last|gather|leave)_([A-Za-z0-9]+)_(\d+)\(")
+#: Name prefix of the calls that wait for other CTAs (tvm_dsm.transform.programmatic_launch
+#: lets no dependent grid launch early from a kernel that makes one).
+GATHER_PREFIX = "tvm_dsm_gather_"
 _POSTPROC = "tvm_callback_cuda_postproc"
 
 
@@ -38,9 +47,23 @@ def last_to_arrive(name: str, count: int, index, arrivals: int) -> tirx.PrimExpr
     return tirx.call_extern("bool", f"tvm_dsm_last_{_checked(name, count)}", index, arrivals)
 
 
+def gather(name: str, count: int, index, arrivals: int) -> tirx.PrimExpr:
+    """Wait until ``arrivals`` CTAs have arrived at counter ``index`` of ``name`` (this one
+    included). Every thread of the CTA must call it (it holds two CTA barriers): every thread
+    fences its global stores first, and what every arrived CTA stored is visible after it."""
+    return tirx.call_extern("void", f"{GATHER_PREFIX}{_checked(name, count)}", index, arrivals)
+
+
+def leave(name: str, count: int, index, arrivals: int) -> tirx.PrimExpr:
+    """Leave counter ``index`` of ``name`` after :func:`gather` (every thread of the CTA calls
+    it, after its last read of the gathered data); the last of ``arrivals`` CTAs to leave sets
+    the counter back to zero for the next launch."""
+    return tirx.call_extern("void", f"tvm_dsm_leave_{_checked(name, count)}", index, arrivals)
+
+
 def declare(code: str) -> str:
     """``code`` with each counter array its kernels name declared before the first kernel (a
-    ``__device__`` array and its arrival function), where ``code`` does not declare it yet."""
+    ``__device__`` array and its functions), where ``code`` does not declare it yet."""
     arrays = [(name, count) for name, count in sorted(set(_CALL.findall(code)))
               if f"tvm_dsm_counter_array_{name}[" not in code]
     if not arrays:
@@ -49,24 +72,36 @@ def declare(code: str) -> str:
     for name, count in arrays:
         if sizes.setdefault(name, count) != count:
             raise ValueError(f"counter array {name!r} is named with two sizes ({sizes[name]} and {count})")
-    declarations = "".join(
-        f"__device__ unsigned int tvm_dsm_counter_array_{name}[{count}];\n"
-        f"__device__ __forceinline__ bool tvm_dsm_last_{name}_{count}(int i, unsigned int arrivals) {{\n"
-        "  __threadfence();\n"
-        "  __syncthreads();\n"
-        "  int last = 0;\n"
-        "  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {\n"
-        f"    last = atomicAdd(tvm_dsm_counter_array_{name} + i, 1u) == arrivals - 1u;\n"
-        f"    if (last) atomicExch(tvm_dsm_counter_array_{name} + i, 0u);\n"
-        "  }\n"
-        "  last = __syncthreads_or(last);\n"
-        "  __threadfence();\n"
-        "  return last != 0;\n"
-        "}\n"
-        for name, count in arrays)
+    declarations = "".join(_declaration(name, int(count)) for name, count in arrays)
     first_kernel = code.find('extern "C" __global__')
     at = first_kernel if first_kernel >= 0 else len(code)
     return code[:at] + declarations + code[at:]
+
+
+def _declaration(name: str, count: int) -> str:
+    """The CUDA of counter array ``name``: ``count`` arrival counters, then ``count`` departure
+    counters, and the functions on them."""
+    array = f"tvm_dsm_counter_array_{name}"
+    first_thread = "threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0"
+    return (
+        f"__device__ unsigned int {array}[{2 * count}];\n"
+        f"__device__ __forceinline__ bool tvm_dsm_last_{name}_{count}(int i, unsigned int arrivals) {{\n"
+        "  __threadfence();\n  __syncthreads();\n  int last = 0;\n"
+        f"  if ({first_thread}) {{\n"
+        f"    last = atomicAdd({array} + i, 1u) == arrivals - 1u;\n"
+        f"    if (last) atomicExch({array} + i, 0u);\n  }}\n"
+        "  last = __syncthreads_or(last);\n  __threadfence();\n  return last != 0;\n}\n"
+        f"__device__ __forceinline__ void {GATHER_PREFIX}{name}_{count}(int i, unsigned int arrivals) {{\n"
+        "  __threadfence();\n  __syncthreads();\n"
+        f"  if ({first_thread}) {{\n"
+        f"    if (atomicAdd({array} + i, 1u) != arrivals - 1u) {{\n"
+        f"      while (atomicAdd({array} + i, 0u) < arrivals) __nanosleep(32);\n    }}\n  }}\n"
+        "  __syncthreads();\n  __threadfence();\n}\n"
+        f"__device__ __forceinline__ void tvm_dsm_leave_{name}_{count}(int i, unsigned int arrivals) {{\n"
+        "  __syncthreads();\n"
+        f"  if ({first_thread} && atomicAdd({array} + {count} + i, 1u) == arrivals - 1u) {{\n"
+        f"    atomicExch({array} + i, 0u);\n    atomicExch({array} + {count} + i, 0u);\n  }}\n}}\n"
+    )
 
 
 def install() -> None:

@@ -35,6 +35,7 @@ from ..rules.fused_chain import (
     FusedChainConfig,
     apply_fused_chain,
     check_chain_config,
+    check_reduce,
     find_chain,
 )
 from .report import Plan
@@ -71,8 +72,9 @@ class ChainPlan(Plan):
             f"{'TMA' if c.tma else 'cp.async'} steps, "
             f"all-exchange of fp32 partials through DSM, {s.l // c.cluster_size} output columns "
             f"per CTA, {self.groups} cluster column group(s) reduced "
-            + ("by the last CTA to finish each output tile (one launch)" if c.last_cta_reduce else
-               "by a second kernel" + (" (launched programmatically)" if c.programmatic_launch else ""))
+            + {"last_cta": "by the last CTA to finish each output tile (one launch)",
+               "gathered": "by the CTAs of each output tile, each its share (one launch)"}.get(
+                   c.reduce, "by a second kernel" + (" (launched programmatically)" if c.programmatic_launch else ""))
             + f"; {c.shared_bytes(s)} B SMEM per CTA"
         )
 
@@ -81,14 +83,17 @@ class ChainPlan(Plan):
         return self.shape.n // (self.config.block_n * self.config.n_steps)
 
 
-def last_cta_tail_s(shape: ChainShape, c: FusedChainConfig, hw: Hardware) -> float:
-    """What the inter-cluster reduce adds at the end of the fused kernel when the last CTA to
-    finish each output tile runs it: the arrival (a fence, an atomic and two CTA barriers,
-    about two L2 round trips), then per round of 4 outputs a thread one L2 round trip for its
-    column groups' partials, the tile's partial bytes at one SM's share of L2 bandwidth.
-    (Measured 9.2 and 39.1 us on the H200 for G1 and G4 plans predicted 11.4 and 74.1.)"""
+def in_kernel_reduce_s(shape: ChainShape, c: FusedChainConfig, hw: Hardware) -> float:
+    """What the inter-cluster reduce adds at the end of the fused kernel when it runs there per
+    output tile: the arrival (a fence, an atomic and two CTA barriers, about two L2 round
+    trips), then per round of 4 outputs a thread one L2 round trip for its column groups'
+    partials, and the bytes it reads at one SM's share of L2 bandwidth: the whole tile's
+    partials for the last CTA to finish the tile (measured 9.2 and 39.1 us on the H200 for G1
+    and G4 plans predicted 11.4 and 74.1), a share of them for each CTA of a gathered tile."""
     groups = shape.n // (c.block_n * c.n_steps)
     outputs = c.block_m * shape.l // c.cluster_size
+    if c.reduce == "gathered":
+        outputs = math.ceil(outputs / groups)
     rounds = math.ceil(outputs / (4 * c.threads))
     partial_bytes = groups * outputs * 4
     return (2 + rounds) * hw.latency_ns["l2"] * 1e-9 + partial_bytes / (hw.l2_bw / hw.sm_count)
@@ -123,9 +128,9 @@ def predict(shape: ChainShape, config: FusedChainConfig, hw: Hardware) -> ChainP
     k_steps = g * shape.k // (s * c.block_k)
     per_step = ((c.stages - 1) * hw.latency_ns["hbm"] + hw.latency_ns["hbm"]
                 + _BARRIERS_PER_STEP * hw.latency_ns["dsm"]) * 1e-9 + k_steps * STEP_S
-    programmatic = waves == 1
-    if c.last_cta_reduce:
-        launches = LAUNCH_S + last_cta_tail_s(shape, c, hw)
+    programmatic = waves == 1 and c.reduce != "gathered"  # gathering CTAs wait: no early dependents
+    if c.reduce != "kernel":
+        launches = LAUNCH_S + in_kernel_reduce_s(shape, c, hw)
     else:
         launches = 2 * LAUNCH_S - (PROGRAMMATIC_SAVING_S if programmatic else 0.0)
     seconds["latency"] = launches + waves * c.n_steps * per_step
@@ -154,7 +159,9 @@ def candidate_configs(shape: ChainShape, smem_only: bool = False,
                       hw: Hardware | None = None) -> tuple[list[FusedChainConfig], dict[str, int]]:
     """The valid configurations for ``shape`` on ``hw`` (by default the committed H100
     description) and how many candidates remain after each pruning rule (``space``: before
-    any); ``smem_only``: clusters of one CTA instead of the DSM space.
+    any); ``smem_only``: clusters of one CTA instead of the DSM space. The survivors reduce
+    across clusters in a second kernel; those whose CTAs are all resident at once also in the
+    fused kernel (``reduce="gathered"``), after them.
     Where no pipelined configuration fits (a K of one step per CTA, G1's 32), the space of
     unpipelined ones (``stages=1``); only there, as the model was not fitted on them."""
     hw = hw or load_hardware()
@@ -162,7 +169,21 @@ def candidate_configs(shape: ChainShape, smem_only: bool = False,
     survivors, counts = _pruned(shape, space, hw)
     if not survivors:
         survivors, counts = _pruned(shape, {**space, "stages": (1,)}, hw)
-    return survivors, counts
+    return survivors + _gathered(shape, survivors, hw), counts
+
+
+def _gathered(shape: ChainShape, configs: list[FusedChainConfig], hw: Hardware) -> list[FusedChainConfig]:
+    """Those of ``configs`` whose inter-cluster reduce can run gathered in the fused kernel (all
+    their CTAs resident at once), in that form (no other rule depends on the reduce)."""
+    gathered = []
+    for config in configs:
+        config = dataclasses.replace(config, reduce="gathered")
+        try:
+            check_reduce(shape, config, hw)
+        except ClusterError:
+            continue
+        gathered.append(config)
+    return gathered
 
 
 #: The pruned spaces computed last, by (shape, space, GPU description): a chain is planned
@@ -223,6 +244,13 @@ def plan_chain(shape: ChainShape, hw: Hardware, smem_only: bool = False) -> list
     return sorted(plans, key=lambda p: (p.predicted_us, p.config.cluster_size))
 
 
+def planned(shape: ChainShape, config: FusedChainConfig, hw: Hardware) -> ChainPlan:
+    """``config``'s plan for ``shape``: its prediction, after :class:`ClusterError` for the
+    first rule it breaks."""
+    check_chain_config(shape, config, hw)
+    return predict(shape, config, hw)
+
+
 def schedule_chain(func: tirx.PrimFunc, hw: Hardware | None = None,
                    config: FusedChainConfig | None = None) -> tuple[s_tir.Schedule, ChainPlan]:
     """Schedule a user's GEMM chain (FFN or SwiGLU PrimFunc) as one fused cluster kernel: the
@@ -230,10 +258,6 @@ def schedule_chain(func: tirx.PrimFunc, hw: Hardware | None = None,
     hw = hw or load_hardware()
     sch = s_tir.Schedule(func)
     blocks, shape = find_chain(sch)
-    if config is None:
-        plan = plan_chain(shape, hw)[0]
-    else:
-        check_chain_config(shape, config, hw)
-        plan = predict(shape, config, hw)
+    plan = plan_chain(shape, hw)[0] if config is None else planned(shape, config, hw)
     apply_fused_chain(sch, blocks, shape, plan.config)
     return sch, plan

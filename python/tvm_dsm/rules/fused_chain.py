@@ -15,8 +15,8 @@ tiles of ``H``; per tile step, all S CTAs:
 Clusters that own different column ranges of ``H`` hold partial sums of the output: each writes
 its fp32 partial (the reduce over ``N`` across clusters), and a second kernel of the same function
 adds them in column-group order and casts (the deterministic inter-cluster reduce). Or, in one
-launch, the last CTA to finish each output tile does so for the tile (the order, not the
-arrival, fixes the result; ``FusedChainConfig.last_cta_reduce``).
+launch, the CTAs that wrote an output tile's partials do so for the tile (the order, not the
+arrival, fixes the result; ``FusedChainConfig.reduce``).
 
 With a cluster of one CTA the chain is fused the way SMEM-only compilers fuse it: each CTA
 computes its tiles of ``H`` alone (no split of K, no exchange) and must hold all ``L`` output
@@ -37,7 +37,7 @@ from tvm.s_tir.schedule.schedule import ScheduleError
 
 from ..errors import ClusterError
 from ..hardware import Hardware
-from ..annotations import REDUCE_IN_LAST_CTA_KEY
+from ..annotations import TILE_REDUCE_KEY
 from ..ir import is_reduction
 from ..schedule import bind_cluster_nest, check_cluster_size
 from ..transform.programmatic_launch import launch_programmatically
@@ -72,11 +72,13 @@ class FusedChainConfig:
     warps_n: int = 4
     stages: int = 3
     tma: bool = False  # GEMM0's operand tiles by TMA tensor copies (tvm_dsm.transform.tma_pipeline)
-    #: the inter-cluster reduce run by the last CTA of the fused kernel to finish each output
-    #: tile (one launch) instead of by a second kernel over the whole grid. One CTA per tile
-    #: then reduces what the whole grid reduces in the second kernel: measured slower (H200, G1
-    #: 9.2 against 5.1 us, G4 39.1 against 25.8), so the planner keeps the second kernel.
-    last_cta_reduce: bool = False
+    #: where the inter-cluster reduce runs: "kernel", a second kernel over the whole grid;
+    #: "last_cta", the last CTA of the fused kernel to finish each output tile (one launch, but
+    #: one CTA per tile reduces what the whole grid reduces in the second kernel: measured
+    #: slower, H200, G1 9.2 against 5.1 us, G4 39.1 against 25.8); "gathered", every CTA of
+    #: the tile its share once all have written their partials (one launch; only where the
+    #: grid's CTAs are all resident at once, checked by the planner's rules)
+    reduce: str = "kernel"
     #: launch both kernels with programmatic dependent launch, so the inter-cluster reduce's
     #: launch overlaps the fused kernel: the planner sets it where the fused grid runs in one
     #: wave. Not part of the point's identity.
@@ -201,8 +203,25 @@ def find_chain(sch: s_tir.Schedule) -> tuple[ChainBlocks, ChainShape]:
     return ChainBlocks(gemm0, combine, gemm1, blocks[len(gemm0) + 2:]), shape
 
 
+REDUCES = ("kernel", "last_cta", "gathered")
+
+
 def _check_cluster(shape: ChainShape, c: FusedChainConfig, hw: Hardware) -> None:
     check_cluster_size(c.cluster_size)
+    check_reduce(shape, c, hw)
+
+
+def check_reduce(shape: ChainShape, c: FusedChainConfig, hw: Hardware) -> None:
+    """Raise :class:`ClusterError` unless ``c``'s inter-cluster reduce can run where it says."""
+    if c.reduce not in REDUCES:
+        raise ClusterError(f"reduce={c.reduce!r}: one of {', '.join(REDUCES)}")
+    if c.reduce == "gathered":
+        ctas = shape.m // c.block_m * shape.n // (c.block_n * c.n_steps) * c.cluster_size
+        resident = hw.concurrent_ctas(c.cluster_size, 1)
+        if ctas > resident:
+            raise ClusterError(f"a gathered reduce waits for every CTA of a tile: the {ctas} CTAs "
+                               f"must all be resident at once (at most {resident} in clusters of "
+                               f"{c.cluster_size})")
 
 
 def _check_divisible(shape: ChainShape, c: FusedChainConfig, hw: Hardware) -> None:
@@ -346,37 +365,42 @@ def _schedule_inter_cluster_reduce(sch: s_tir.Schedule, blocks: ChainBlocks, sha
                                    c: FusedChainConfig) -> None:
     """The inter-cluster reduce: each thread adds the column groups' fp32 partials of 4 outputs
     in group order, then runs the epilogue (cast) on them. In a second kernel over the whole
-    grid, or (``last_cta_reduce``) one CTA per output tile (``block_m`` rows of one rank's
-    ``L / S`` columns), run by the last CTA of the fused kernel to finish the tile
-    (:mod:`tvm_dsm.transform.last_cta_reduce`)."""
+    grid (``reduce="kernel"``), or in the fused kernel (:mod:`tvm_dsm.transform.tile_reduce`)
+    per output tile (``block_m`` rows of one rank's ``L / S`` columns): by the last CTA to
+    finish the tile (``"last_cta"``), or by all the tile's CTAs, each its share, once all
+    have written their partials (``"gathered"``)."""
     *inner, output = blocks.epilogue
     for stage in inner:
         sch.compute_inline(stage)
     sch.set_scope(blocks.gemm1, 0, "local")
     i, p, group = sch.get_loops(blocks.gemm1)
     p, vector = sch.split(p, [None, 4])
-    if c.last_cta_reduce:
+    groups = shape.n // (c.block_n * c.n_steps)
+    if c.reduce == "kernel":
+        cta, thread = sch.split(sch.fuse(i, p), [None, c.threads])
+        sch.reorder(cta, thread, group, vector)
+        sch.bind(thread, "threadIdx.x")
+    else:
         row_tile, i = sch.split(i, [None, c.block_m])
         rank, p = sch.split(p, [c.cluster_size, None])
         sch.reorder(row_tile, rank, i, p, group, vector)
         cta = sch.fuse(row_tile, rank)
-        rounds, warp, lane = sch.split(sch.fuse(i, p), [None, c.warps_m * c.warps_n, 32])
+        outputs = sch.fuse(i, p)
+        if c.reduce == "gathered":
+            share, outputs = sch.split(outputs, [groups, None])
+            sch.bind(share, "blockIdx.y")
+        rounds, warp, lane = sch.split(outputs, [None, c.warps_m * c.warps_n, 32])
         sch.bind(warp, "threadIdx.y")
         sch.bind(lane, "threadIdx.x")
         thread = lane
-    else:
-        cta, thread = sch.split(sch.fuse(i, p), [None, c.threads])
-        sch.reorder(cta, thread, group, vector)
-        sch.bind(thread, "threadIdx.x")
     sch.bind(cta, "blockIdx.x")
     sch.reverse_compute_at(output, thread)
     sch.vectorize(sch.get_loops(output)[-1])
     sch.vectorize(vector)
     sch.decompose_reduction(blocks.gemm1, group)
-    if c.last_cta_reduce:
-        groups = sch.get(group).extent.value
+    if c.reduce != "kernel":
         if groups <= _UNROLLED_LOADS:
             sch.unroll(group)  # every group's load in flight at once
             if groups * sch.get(rounds).extent.value <= _UNROLLED_LOADS:
                 sch.unroll(rounds)
-        sch.annotate(cta, REDUCE_IN_LAST_CTA_KEY, [shape.m // c.block_m, groups])
+        sch.annotate(cta, TILE_REDUCE_KEY, [shape.m // c.block_m, groups, int(c.reduce == "gathered")])

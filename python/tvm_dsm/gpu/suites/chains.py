@@ -58,7 +58,7 @@ def chain_variant(label: str, shape, func, args, plan, rank, hw, pick: bool = Fa
     return Variant(
         name=f"{label}_m{m}_{'smem' if smem else 'c'}{c.cluster_size}_{c.block_m}x{c.block_n}x{c.block_k}"
         f"_n{c.n_steps}_w{c.warps_m}x{c.warps_n}_s{c.stages}{'_tma' if c.tma else ''}"
-        f"{'_onelaunch' if c.last_cta_reduce else ''}",
+        f"{'' if c.reduce == 'kernel' else '_' + c.reduce}",
         workload="swiglu" if shape.gated else "gemm_chain_relu",
         mod=schedule_chain(func, hw, c)[0].mod,
         args=args,

@@ -10,7 +10,7 @@ from ...hardware import load_hardware
 from ...planners.split_k_gemm import PIPELINE_DEPTHS, SHALLOW_PIPELINES, plan_split_k_gemm, predict
 from ...rules.split_k_gemm import GemmShape, SplitKGemmConfig, check_config
 from ...errors import ClusterError
-from ...planners.fused_chain import plan_chain, predict as predict_chain
+from ...planners.fused_chain import plan_chain, planned
 from .gemm import FP8_SHAPES, GEMM_SHAPES, fp8_two_kernels, fp8_variant, fp8_workload, gemm_configs, gemm_variant, layer_shapes
 from .decode import DECODE_SHAPES, decode_picks, decode_plans, decode_variant, dim_lanes
 from .base import CHAINS, SWIGLUS, Variant, fitting, launched
@@ -359,16 +359,22 @@ _SMALL_CHAINS = ("G1", "G2", "G3", "G7", "G9", "G10")
 
 
 def chains_one_launch() -> list[Variant]:
-    """Every chain at M = 128 fused with its inter-cluster reduce in the last CTA of each output
-    tile (one launch) and in a second kernel: the fused planner's top 2 plans (a second
-    kernel), each beside its twin (the same tiles, clusters and pipeline) in one launch."""
+    """Every chain at M = 128 fused with its inter-cluster reduce in a second kernel and in the
+    fused kernel (by the last CTA to finish each output tile, and gathered where the grid's
+    CTAs are all resident): the fused planner's first 2 plans reducing in a second kernel,
+    each beside its twins (the same tiles, clusters and pipeline)."""
     hw = load_hardware()
     variants = []
     for label in {**CHAINS, **SWIGLUS}:
         func, shape, args = chain_workload(label, 128)
-        for rank, plan in enumerate(plan_chain(shape, hw)[:2]):
-            twin = predict_chain(shape, dataclasses.replace(plan.config, last_cta_reduce=True), hw)
-            variants += [chain_variant(label, shape, func, args, p, rank, hw) for p in (plan, twin)]
+        plans = [p for p in plan_chain(shape, hw) if p.config.reduce == "kernel"][:2]
+        for rank, plan in enumerate(plans):
+            for reduce in ("kernel", "last_cta", "gathered"):
+                try:
+                    twin = planned(shape, dataclasses.replace(plan.config, reduce=reduce), hw)
+                except ClusterError:
+                    continue  # not all resident: no gathered reduce
+                variants.append(chain_variant(label, shape, func, args, twin, rank, hw))
     return variants
 
 
