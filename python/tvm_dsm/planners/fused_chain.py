@@ -35,7 +35,6 @@ from ..rules.fused_chain import (
     FusedChainConfig,
     apply_fused_chain,
     check_chain_config,
-    check_reduce,
     find_chain,
 )
 from .report import Plan
@@ -88,8 +87,10 @@ def in_kernel_reduce_s(shape: ChainShape, c: FusedChainConfig, hw: Hardware) -> 
     output tile: the arrival (a fence, an atomic and two CTA barriers, about two L2 round
     trips), then per round of 4 outputs a thread one L2 round trip for its column groups'
     partials, and the bytes it reads at one SM's share of L2 bandwidth: the whole tile's
-    partials for the last CTA to finish the tile (measured 9.2 and 39.1 us on the H200 for G1
-    and G4 plans predicted 11.4 and 74.1), a share of them for each CTA of a gathered tile."""
+    partials for the last CTA to finish the tile, a share of them for each CTA of a gathered
+    tile. Measured on the H200 (G1 / G10 plans): last CTA 9.3 / 17.5 us, predicted 11.4 /
+    20.4; gathered 6.2 / 11.5, predicted 6.3 / 10.4; the second kernel 4.4 / 9.2, predicted
+    6.0 / 10.0."""
     groups = shape.n // (c.block_n * c.n_steps)
     outputs = c.block_m * shape.l // c.cluster_size
     if c.reduce == "gathered":
@@ -159,9 +160,9 @@ def candidate_configs(shape: ChainShape, smem_only: bool = False,
                       hw: Hardware | None = None) -> tuple[list[FusedChainConfig], dict[str, int]]:
     """The valid configurations for ``shape`` on ``hw`` (by default the committed H100
     description) and how many candidates remain after each pruning rule (``space``: before
-    any); ``smem_only``: clusters of one CTA instead of the DSM space. The survivors reduce
-    across clusters in a second kernel; those whose CTAs are all resident at once also in the
-    fused kernel (``reduce="gathered"``), after them.
+    any); ``smem_only``: clusters of one CTA instead of the DSM space. They reduce across
+    clusters in a second kernel: measured faster than either in-kernel reduce
+    (``FusedChainConfig.reduce``).
     Where no pipelined configuration fits (a K of one step per CTA, G1's 32), the space of
     unpipelined ones (``stages=1``); only there, as the model was not fitted on them."""
     hw = hw or load_hardware()
@@ -169,21 +170,7 @@ def candidate_configs(shape: ChainShape, smem_only: bool = False,
     survivors, counts = _pruned(shape, space, hw)
     if not survivors:
         survivors, counts = _pruned(shape, {**space, "stages": (1,)}, hw)
-    return survivors + _gathered(shape, survivors, hw), counts
-
-
-def _gathered(shape: ChainShape, configs: list[FusedChainConfig], hw: Hardware) -> list[FusedChainConfig]:
-    """Those of ``configs`` whose inter-cluster reduce can run gathered in the fused kernel (all
-    their CTAs resident at once), in that form (no other rule depends on the reduce)."""
-    gathered = []
-    for config in configs:
-        config = dataclasses.replace(config, reduce="gathered")
-        try:
-            check_reduce(shape, config, hw)
-        except ClusterError:
-            continue
-        gathered.append(config)
-    return gathered
+    return survivors, counts
 
 
 #: The pruned spaces computed last, by (shape, space, GPU description): a chain is planned

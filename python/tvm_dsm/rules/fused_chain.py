@@ -77,7 +77,8 @@ class FusedChainConfig:
     #: one CTA per tile reduces what the whole grid reduces in the second kernel: measured
     #: slower, H200, G1 9.2 against 5.1 us, G4 39.1 against 25.8); "gathered", every CTA of
     #: the tile its share once all have written their partials (one launch; only where the
-    #: grid's CTAs are all resident at once, checked by the planner's rules)
+    #: grid's CTAs are all resident at once; measured slower too: G1 5.8 against 4.6 us, G10
+    #: 11.5 against 9.2). The planner keeps the second kernel.
     reduce: str = "kernel"
     #: launch both kernels with programmatic dependent launch, so the inter-cluster reduce's
     #: launch overlaps the fused kernel: the planner sets it where the fused grid runs in one
@@ -215,8 +216,16 @@ def check_reduce(shape: ChainShape, c: FusedChainConfig, hw: Hardware) -> None:
     """Raise :class:`ClusterError` unless ``c``'s inter-cluster reduce can run where it says."""
     if c.reduce not in REDUCES:
         raise ClusterError(f"reduce={c.reduce!r}: one of {', '.join(REDUCES)}")
+    if c.reduce == "kernel":
+        return
+    groups = shape.n // (c.block_n * c.n_steps)
+    vectors = c.block_m * shape.l // c.cluster_size // 4 // (groups if c.reduce == "gathered" else 1)
+    if vectors % c.threads:
+        # the reduce's output stage is not predicated on the threads past the last vector
+        raise ClusterError(f"an in-kernel reduce gives each of the {c.threads} threads the same number "
+                           f"of 4-output vectors: {vectors} per {'share of a ' if c.reduce == 'gathered' else ''}tile")
     if c.reduce == "gathered":
-        ctas = shape.m // c.block_m * shape.n // (c.block_n * c.n_steps) * c.cluster_size
+        ctas = shape.m // c.block_m * groups * c.cluster_size
         resident = hw.concurrent_ctas(c.cluster_size, 1)
         if ctas > resident:
             raise ClusterError(f"a gathered reduce waits for every CTA of a tile: the {ctas} CTAs "
