@@ -15,10 +15,15 @@ def examples(space: list) -> list:
 
 def config_from(fields: dict, candidates: list) -> Any:
     """The configuration ``fields`` describe, typed like the one of ``candidates`` (see
-    :func:`examples`) that has exactly those fields."""
-    for example in candidates:
-        if {f.name for f in dataclasses.fields(example)} == set(fields):
-            return rebuild(fields, example)
+    :func:`examples`) that has exactly those fields, or else those fields and others with
+    defaults (a record written before a field was added: the field takes its default)."""
+    for exact in (True, False):
+        for example in candidates:
+            missing = [f for f in dataclasses.fields(example) if f.name not in fields]
+            if not set(fields) <= {f.name for f in dataclasses.fields(example)} or (exact and missing):
+                continue
+            if all(f.default is not dataclasses.MISSING for f in missing):
+                return rebuild({**fields, **{f.name: f.default for f in missing}}, example)
     raise ValueError(f"no configuration type of the space has the fields {sorted(fields)}")
 
 
