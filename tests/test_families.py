@@ -119,3 +119,29 @@ def test_symbolic_extents_are_refused_by_name_and_built_per_range_of_rows():
         match_family(func, TARGET)
     source = tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source()
     assert len(set(re.findall(r"__global__ void __launch_bounds__\(\d+\) (\w+)\(", source))) > 1
+
+
+def test_a_record_written_before_a_field_existed_takes_the_fields_default():
+    """Tuning records and measured plans store configurations as their fields: a field added
+    since (nested ones included) takes its default, not the example's value; a field the type
+    lacks, or a missing one without a default, finds no type."""
+    import dataclasses
+
+    from tvm_dsm.families.configs import config_from
+    from tvm_dsm.rules.fused_chain import FusedChainConfig
+    from tvm_dsm.rules.split_k_gemm import SplitKGemmConfig
+    from tvm_dsm.rules.unfused_chain import UnfusedChainConfig
+
+    fused = FusedChainConfig(2, 32, 64, 1, 16, 1, 2, 1, reduce="gathered")
+    gemm = SplitKGemmConfig(2, wgmma=True, tma=True)
+    examples = [fused, UnfusedChainConfig(gemm, gemm)]
+    record = {k: v for k, v in dataclasses.asdict(fused).items() if k != "reduce"}
+    assert config_from(record, examples) == dataclasses.replace(fused, reduce="kernel")
+    nested = dataclasses.asdict(SplitKGemmConfig(4, 64, 64))
+    del nested["wgmma"]
+    config = config_from({"gemm0": nested, "gemm1": nested}, examples)
+    assert config.gemm0 == SplitKGemmConfig(4, 64, 64) and not config.gemm1.wgmma
+    with pytest.raises(ValueError, match="no configuration type"):
+        config_from({**record, "unknown": 1}, examples)
+    with pytest.raises(ValueError, match="no configuration type"):
+        config_from({"gemm1": nested}, examples)  # gemm0 has no default

@@ -15,23 +15,39 @@ def examples(space: list) -> list:
 
 def config_from(fields: dict, candidates: list) -> Any:
     """The configuration ``fields`` describe, typed like the one of ``candidates`` (see
-    :func:`examples`) that has exactly those fields, or else those fields and others with
-    defaults (a record written before a field was added: the field takes its default)."""
-    for exact in (True, False):
-        for example in candidates:
-            missing = [f for f in dataclasses.fields(example) if f.name not in fields]
-            if not set(fields) <= {f.name for f in dataclasses.fields(example)} or (exact and missing):
-                continue
-            if all(f.default is not dataclasses.MISSING for f in missing):
-                return rebuild({**fields, **{f.name: f.default for f in missing}}, example)
+    :func:`examples`) whose fields are those of ``fields`` and others with defaults (a record
+    written before a field was added: the field takes its default); an exact match first."""
+    names = set(fields)
+    ordered = sorted(candidates, key=lambda e: names != {f.name for f in dataclasses.fields(e)})
+    for example in ordered:
+        try:
+            return rebuild(fields, example)
+        except ValueError:
+            continue
     raise ValueError(f"no configuration type of the space has the fields {sorted(fields)}")
 
 
+def _default(field: dataclasses.Field) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    raise ValueError(f"no default for the missing field {field.name!r}")
+
+
 def rebuild(fields: dict, example: Any) -> Any:
-    """The configuration of ``example``'s type with ``fields`` (nested dataclasses rebuilt alike)."""
+    """The configuration of ``example``'s type with ``fields`` (nested dataclasses rebuilt alike);
+    a field ``fields`` lacks takes its default. ValueError where ``fields`` names a field the type
+    lacks, or lacks one without a default."""
+    own = {f.name: f for f in dataclasses.fields(example)}
+    if not set(fields) <= set(own):
+        raise ValueError(f"{type(example).__name__} has no field {sorted(set(fields) - set(own))}")
     values = {}
-    for name, value in fields.items():
-        current = getattr(example, name)
+    for name, field in own.items():
+        if name not in fields:
+            values[name] = _default(field)
+            continue
+        value, current = fields[name], getattr(example, name)
         if dataclasses.is_dataclass(current):
             value = rebuild(value, current)
         elif isinstance(current, tuple):

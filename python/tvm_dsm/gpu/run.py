@@ -149,8 +149,9 @@ def bit_identical(func, kernel: dict, runs: int = 10) -> bool:
 
 
 def verdict(func, kernel: dict, trials: int = 2) -> dict:
-    """Whether ``func`` is correct on fresh inputs: its input dtype's tolerance against float64,
-    every output element written; and whether repeated calls give bit-identical outputs."""
+    """Whether ``func`` is correct on fresh inputs (``ok``: its input dtype's tolerance against
+    float64, every output element written), and whether repeated calls give bit-identical
+    outputs (``bit_identical``, reported apart from ``ok``)."""
     rel_err, written = _check(func, kernel, trials)
     dtype = next(a["dtype"] for a in kernel["args"] if not a["output"])
     return {"dtype": dtype, "ok": rel_err < TOLERANCE[dtype] and written == 1.0,

@@ -6,8 +6,8 @@ launch, for a one-launch split reduction without a workspace to clear first:
   partial tiles (no CTA waits for another);
 * :func:`gather` and :func:`leave`: every CTA of the group waits until all have written their
   partials, then reduces its share of the tile. Only for grids whose CTAs are all resident at
-  once (a waiting CTA holds its SM), and a kernel that lets no dependent grid launch before it
-  has gathered.
+  once (a waiting CTA holds its SM). A dependent grid launched programmatically does not take
+  their SMs: it launches once every CTA of the grid has started and triggered it.
 
 TIR has no module-level variables. So a kernel names its counters by calls, and the CUDA
 source TVM generates is post-processed to declare each array named (:func:`declare`): two
@@ -26,9 +26,6 @@ from tvm import tirx
 
 #: The calls a kernel makes on a counter array in the CUDA source: ``tvm_dsm_<call>_<name>_<count>(i, n)``.
 _CALL = re.compile(r"\btvm_dsm_(?:last|gather|leave)_([A-Za-z0-9]+)_(\d+)\(")
-#: Name prefix of the calls that wait for other CTAs (tvm_dsm.transform.programmatic_launch
-#: lets no dependent grid launch early from a kernel that makes one).
-GATHER_PREFIX = "tvm_dsm_gather_"
 _POSTPROC = "tvm_callback_cuda_postproc"
 
 
@@ -51,7 +48,7 @@ def gather(name: str, count: int, index, arrivals: int) -> tirx.PrimExpr:
     """Wait until ``arrivals`` CTAs have arrived at counter ``index`` of ``name`` (this one
     included). Every thread of the CTA must call it (it holds two CTA barriers): every thread
     fences its global stores first, and what every arrived CTA stored is visible after it."""
-    return tirx.call_extern("void", f"{GATHER_PREFIX}{_checked(name, count)}", index, arrivals)
+    return tirx.call_extern("void", f"tvm_dsm_gather_{_checked(name, count)}", index, arrivals)
 
 
 def leave(name: str, count: int, index, arrivals: int) -> tirx.PrimExpr:
@@ -91,7 +88,7 @@ def _declaration(name: str, count: int) -> str:
         f"    last = atomicAdd({array} + i, 1u) == arrivals - 1u;\n"
         f"    if (last) atomicExch({array} + i, 0u);\n  }}\n"
         "  last = __syncthreads_or(last);\n  __threadfence();\n  return last != 0;\n}\n"
-        f"__device__ __forceinline__ void {GATHER_PREFIX}{name}_{count}(int i, unsigned int arrivals) {{\n"
+        f"__device__ __forceinline__ void tvm_dsm_gather_{name}_{count}(int i, unsigned int arrivals) {{\n"
         "  __threadfence();\n  __syncthreads();\n"
         f"  if ({first_thread}) {{\n"
         f"    if (atomicAdd({array} + i, 1u) != arrivals - 1u) {{\n"

@@ -129,7 +129,7 @@ def predict(shape: ChainShape, config: FusedChainConfig, hw: Hardware) -> ChainP
     k_steps = g * shape.k // (s * c.block_k)
     per_step = ((c.stages - 1) * hw.latency_ns["hbm"] + hw.latency_ns["hbm"]
                 + _BARRIERS_PER_STEP * hw.latency_ns["dsm"]) * 1e-9 + k_steps * STEP_S
-    programmatic = waves == 1 and c.reduce != "gathered"  # gathering CTAs wait: no early dependents
+    programmatic = waves == 1
     if c.reduce != "kernel":
         launches = LAUNCH_S + in_kernel_reduce_s(shape, c, hw)
     else:

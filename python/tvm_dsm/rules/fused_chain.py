@@ -74,11 +74,10 @@ class FusedChainConfig:
     tma: bool = False  # GEMM0's operand tiles by TMA tensor copies (tvm_dsm.transform.tma_pipeline)
     #: where the inter-cluster reduce runs: "kernel", a second kernel over the whole grid;
     #: "last_cta", the last CTA of the fused kernel to finish each output tile (one launch, but
-    #: one CTA per tile reduces what the whole grid reduces in the second kernel: measured
-    #: slower, H200, G1 9.2 against 5.1 us, G4 39.1 against 25.8); "gathered", every CTA of
-    #: the tile its share once all have written their partials (one launch; only where the
-    #: grid's CTAs are all resident at once; measured slower too: G1 5.8 against 4.6 us, G10
-    #: 11.5 against 9.2). The planner keeps the second kernel.
+    #: one CTA per tile reduces what the whole grid reduces in the second kernel); "gathered",
+    #: every CTA of the tile its share once all have written their partials (one launch; only
+    #: where the grid's CTAs are all resident at once). Both in-kernel forms measured slower
+    #: than the second kernel (docs/chains.md), so the planner keeps the second kernel.
     reduce: str = "kernel"
     #: launch both kernels with programmatic dependent launch, so the inter-cluster reduce's
     #: launch overlaps the fused kernel: the planner sets it where the fused grid runs in one
@@ -219,11 +218,13 @@ def check_reduce(shape: ChainShape, c: FusedChainConfig, hw: Hardware) -> None:
     if c.reduce == "kernel":
         return
     groups = shape.n // (c.block_n * c.n_steps)
-    vectors = c.block_m * shape.l // c.cluster_size // 4 // (groups if c.reduce == "gathered" else 1)
-    if vectors % c.threads:
+    vectors = c.block_m * shape.l // c.cluster_size // 4  # of 4 outputs, per tile
+    parts = c.threads * (groups if c.reduce == "gathered" else 1)
+    if vectors % parts:
         # the reduce's output stage is not predicated on the threads past the last vector
-        raise ClusterError(f"an in-kernel reduce gives each of the {c.threads} threads the same number "
-                           f"of 4-output vectors: {vectors} per {'share of a ' if c.reduce == 'gathered' else ''}tile")
+        raise ClusterError(f"an in-kernel reduce gives each of its {c.threads} threads"
+                           f"{f' in each of {groups} shares' if c.reduce == 'gathered' else ''} the same "
+                           f"number of 4-output vectors: {vectors} per tile")
     if c.reduce == "gathered":
         ctas = shape.m // c.block_m * groups * c.cluster_size
         resident = hw.concurrent_ctas(c.cluster_size, 1)

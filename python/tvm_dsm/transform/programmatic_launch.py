@@ -43,7 +43,6 @@ from tvm import s_tir, tirx
 from tvm.s_tir import SBlock
 from tvm.script import tirx as T
 
-from ..intrin.device_counters import GATHER_PREFIX
 from ..ir import find_all, replace_node
 from ..annotations import (EARLY_COPY_KEY, LAUNCH_EARLY_KEY, PDL_LAUNCH_TAG, PROGRAMMATIC_LAUNCH_KEY,
                            READ_ONLY_PARAMS_KEY)
@@ -90,8 +89,7 @@ def _is_kernel_launch(stmt) -> bool:
 
 def programmatic_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """Each kernel of ``func`` (its outermost ``blockIdx`` launches) waits for the previous
-    grid, then lets the next one launch (a kernel whose CTAs wait for each other: once it
-    completes); ``func`` requests the launch attribute. A kernel issues
+    grid, then lets the next one launch; ``func`` requests the launch attribute. A kernel issues
     its L2 prefetches and early copies (``L2_PREFETCH_KEY``, ``EARLY_COPY_KEY``) before it
     waits (see :func:`_wait_after_early`) where they read a parameter no kernel writes
     (:func:`read_only_params`) or, in a kernel after the first, one no earlier kernel of
@@ -104,9 +102,8 @@ def programmatic_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
     read_only = read_only_params(func)
     bodies, named = [], []
     for kernel in kernels:
-        wait = [tirx.Evaluate(T.ptx.griddepcontrol.wait())]
-        if not _gathers(kernel):
-            wait.append(tirx.Evaluate(T.ptx.griddepcontrol.launch_dependents()))
+        wait = [tirx.Evaluate(T.ptx.griddepcontrol.wait()),
+                tirx.Evaluate(T.ptx.griddepcontrol.launch_dependents())]
         early = [m for m in find_all(kernel.body, tirx.AttrStmt, _is_early)
                  if any(buffers.root(m.node).same_as(b) for b in read_only)
                  or (named and not any(buffers.root(m.node).same_as(b) for b in named))]
@@ -117,14 +114,6 @@ def programmatic_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
     body = tvm_ffi.structural_map(body, [(tirx.AttrStmt, lambda s: s.body if _is_marker(s) else s)])
     params = list(func.attrs.get(_LAUNCH_PARAMS_KEY, [])) if func.attrs is not None else []
     return func.with_body(body).with_attr(_LAUNCH_PARAMS_KEY, [*params, PDL_LAUNCH_TAG])
-
-
-def _gathers(kernel) -> bool:
-    """Whether ``kernel``'s CTAs wait for each other (:func:`tvm_dsm.intrin.device_counters.gather`):
-    a dependent grid launched early could then take the SMs its last CTAs wait for, so it
-    launches when the kernel completes."""
-    return bool(find_all(kernel.body, tvm.ir.Call, lambda c: isinstance(c.op, tvm.ir.Op)
-                         and c.op.name == "tirx.call_extern" and str(c.args[0].value).startswith(GATHER_PREFIX)))
 
 
 def _kernels(body) -> list:

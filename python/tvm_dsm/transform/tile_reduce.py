@@ -22,6 +22,7 @@ clusters and the marked kernel's iterations.
 from __future__ import annotations
 
 import re
+import zlib
 
 import tvm
 import tvm_ffi
@@ -73,7 +74,8 @@ def _fold(kernel: tirx.For, reduce: tirx.For, counters: str) -> tirx.For:
 
 def fold_tile_reductions(func: tirx.PrimFunc, name: str) -> tirx.PrimFunc:
     """``func`` with each marked reduction kernel folded into the kernel before it; the counters
-    are named after ``name`` (the function's)."""
+    are named after ``name`` (the function's: its letters and digits, and its checksum, which
+    tells apart names that differ elsewhere)."""
     folded = []
 
     def on_seq(seq: tirx.SeqStmt):
@@ -85,7 +87,7 @@ def fold_tile_reductions(func: tirx.PrimFunc, name: str) -> tirx.PrimFunc:
             if i == 0 or not _bound_to(stmts[i - 1], "blockIdx.x"):
                 raise ClusterError("a reduction marked to run in the kernel before it must follow its cluster kernel")
             folded.append(i)
-            counters = re.sub(r"[^A-Za-z0-9]", "", name) + f"r{len(folded)}"
+            counters = f"{re.sub(r'[^A-Za-z0-9]', '', name)}{zlib.crc32(name.encode()):08x}r{len(folded)}"
             stmts[i - 1] = _fold(stmts[i - 1], stmts[i], counters)
             del stmts[i]
         return stmts[0] if len(stmts) == 1 else tirx.SeqStmt(stmts)
