@@ -79,7 +79,7 @@ class ChainPlan(Plan):
 
     @property
     def groups(self) -> int:
-        return self.shape.n // (self.config.block_n * self.config.n_steps)
+        return self.config.column_groups(self.shape)
 
 
 def in_kernel_reduce_s(shape: ChainShape, c: FusedChainConfig, hw: Hardware) -> float:
@@ -91,8 +91,8 @@ def in_kernel_reduce_s(shape: ChainShape, c: FusedChainConfig, hw: Hardware) -> 
     tile. Measured on the H200 (G1 / G10 plans): last CTA 9.3 / 17.5 us, predicted 11.4 /
     20.4; gathered 6.2 / 11.5, predicted 6.3 / 10.4; the second kernel 4.4 / 9.2, predicted
     6.0 / 10.0."""
-    groups = shape.n // (c.block_n * c.n_steps)
-    outputs = c.block_m * shape.l // c.cluster_size
+    groups = c.column_groups(shape)
+    outputs = c.tile_outputs(shape)
     if c.reduce == "gathered":
         outputs = math.ceil(outputs / groups)
     rounds = math.ceil(outputs / (4 * c.threads))
@@ -103,9 +103,8 @@ def in_kernel_reduce_s(shape: ChainShape, c: FusedChainConfig, hw: Hardware) -> 
 def predict(shape: ChainShape, config: FusedChainConfig, hw: Hardware) -> ChainPlan:
     """Bytes per level and predicted time of one (valid) configuration."""
     c, s, g = config, config.cluster_size, len(shape.gemm0)
-    groups = shape.n // (c.block_n * c.n_steps)
-    clusters = shape.m // c.block_m * groups
-    ctas = clusters * s
+    groups = c.column_groups(shape)
+    ctas = c.ctas(shape)
     waves = math.ceil(ctas / hw.sm_count)  # one CTA per SM: the output slice fills the registers
     busy = min(1.0, ctas / hw.sm_count)
     partials = groups * shape.m * shape.l * 4

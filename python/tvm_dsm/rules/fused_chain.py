@@ -88,6 +88,18 @@ class FusedChainConfig:
     def threads(self) -> int:
         return self.main_loop().threads
 
+    def column_groups(self, shape: "ChainShape") -> int:
+        """Clusters that share an output tile, each with the partial sum of its columns of H."""
+        return shape.n // (self.block_n * self.n_steps)
+
+    def tile_outputs(self, shape: "ChainShape") -> int:
+        """Outputs of one CTA's tile: ``block_m`` rows of its rank's ``L / S`` columns."""
+        return self.block_m * shape.l // self.cluster_size
+
+    def ctas(self, shape: "ChainShape") -> int:
+        """CTAs of the fused kernel's grid."""
+        return shape.m // self.block_m * self.column_groups(shape) * self.cluster_size
+
     def main_loop(self) -> SplitKGemmConfig:
         """GEMM0's configuration: a split-K GEMM of one ``block_m x block_n`` tile."""
         return SplitKGemmConfig(self.cluster_size, self.block_m, self.block_n, self.block_k,
@@ -217,8 +229,8 @@ def check_reduce(shape: ChainShape, c: FusedChainConfig, hw: Hardware) -> None:
         raise ClusterError(f"reduce={c.reduce!r}: one of {', '.join(REDUCES)}")
     if c.reduce == "kernel":
         return
-    groups = shape.n // (c.block_n * c.n_steps)
-    vectors = c.block_m * shape.l // c.cluster_size // 4  # of 4 outputs, per tile
+    groups = c.column_groups(shape)
+    vectors = c.tile_outputs(shape) // 4
     parts = c.threads * (groups if c.reduce == "gathered" else 1)
     if vectors % parts:
         # the reduce's output stage is not predicated on the threads past the last vector
@@ -226,7 +238,7 @@ def check_reduce(shape: ChainShape, c: FusedChainConfig, hw: Hardware) -> None:
                            f"{f' in each of {groups} shares' if c.reduce == 'gathered' else ''} the same "
                            f"number of 4-output vectors: {vectors} per tile")
     if c.reduce == "gathered":
-        ctas = shape.m // c.block_m * groups * c.cluster_size
+        ctas = c.ctas(shape)
         resident = hw.concurrent_ctas(c.cluster_size, 1)
         if ctas > resident:
             raise ClusterError(f"a gathered reduce waits for every CTA of a tile: the {ctas} CTAs "
@@ -308,7 +320,7 @@ def apply_fused_chain(sch: s_tir.Schedule, blocks: ChainBlocks, shape: ChainShap
                       config: FusedChainConfig) -> None:
     """Schedule the chain's blocks of ``sch`` in place."""
     c, s = config, config.cluster_size
-    groups = shape.n // (c.block_n * c.n_steps)
+    groups = c.column_groups(shape)
 
     # GEMM0 splits K over the cluster: one partial tile per rank (per gate/up GEMM).
     partials = []
@@ -385,7 +397,7 @@ def _schedule_inter_cluster_reduce(sch: s_tir.Schedule, blocks: ChainBlocks, sha
     sch.set_scope(blocks.gemm1, 0, "local")
     i, p, group = sch.get_loops(blocks.gemm1)
     p, vector = sch.split(p, [None, 4])
-    groups = shape.n // (c.block_n * c.n_steps)
+    groups = c.column_groups(shape)
     if c.reduce == "kernel":
         cta, thread = sch.split(sch.fuse(i, p), [None, c.threads])
         sch.reorder(cta, thread, group, vector)

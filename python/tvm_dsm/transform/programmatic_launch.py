@@ -98,12 +98,12 @@ def programmatic_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
     if not launched_programmatically(func):
         return func  # (the TMA pipeline prefetches only in functions launched programmatically)
     kernels = _kernels(func.body)
+    wait = [tirx.Evaluate(T.ptx.griddepcontrol.wait()),
+            tirx.Evaluate(T.ptx.griddepcontrol.launch_dependents())]
     buffers = _Buffers(func.body)
     read_only = read_only_params(func)
     bodies, named = [], []
     for kernel in kernels:
-        wait = [tirx.Evaluate(T.ptx.griddepcontrol.wait()),
-                tirx.Evaluate(T.ptx.griddepcontrol.launch_dependents())]
         early = [m for m in find_all(kernel.body, tirx.AttrStmt, _is_early)
                  if any(buffers.root(m.node).same_as(b) for b in read_only)
                  or (named and not any(buffers.root(m.node).same_as(b) for b in named))]
