@@ -122,11 +122,11 @@ def test_a_3x3_chain_gathers_its_windows_then_runs_the_chain(assemble):
 
 def test_fused_plans_are_weighed_as_in_the_chain_family():
     """The chain family's fused predictions carry the fused model's measured optimism
-    (FUSED_PICK_BIAS); a convolution chain ranks its GEMM chain the same way, plus the gather."""
+    (``chains.fused_pick_bias``); a convolution chain ranks its GEMM chain the same way, plus the gather."""
     from tvm_dsm.families.conv_chain import conv_rank_key
 
     ranking = tvm_dsm.plan(conv_chain(*CONV_CHAINS["C4"]))
-    keys = [conv_rank_key(p) for p in ranking.plans]
+    keys = [conv_rank_key(p, ranking.hw) for p in ranking.plans]
     assert keys == sorted(keys)
     assert min(p.predicted_us for p in ranking.plans) < ranking.best.predicted_us  # a fused plan
 

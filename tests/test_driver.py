@@ -33,7 +33,7 @@ def test_plan_finds_the_family_and_explains_the_winner(func, family):
     assert ranking.family.name == family
     # chains rank fused plans at their prediction times the fused model's measured optimism;
     # the analytical order, before measurements re-rank its first plans (learned_ranking)
-    key = chain_rank_key if family == "gemm_chain" else (lambda p: p.predicted_us)
+    key = (lambda p: chain_rank_key(p, ranking.hw)) if family == "gemm_chain" else (lambda p: p.predicted_us)
     predicted = [key(p) for p in ranking.family.rank(ranking.shape, ranking.hw)]
     assert predicted == sorted(predicted) and len(predicted) > 1
     text = ranking.explain()

@@ -12,35 +12,50 @@ import pytest
 
 from tvm_dsm.families import match_family
 from tvm_dsm.hardware import load_hardware
-from tvm_dsm.learned_ranking import FEATURE_NAMES, MEASURED_PLANS, MIN_WORKLOADS, RERANKED, PlanResidual, plan_features, rerank
+from tvm_dsm.learned_ranking import (CALIBRATED_FAMILIES, FEATURE_NAMES, MEASURED_PLANS, MIN_WORKLOADS, RERANKED,
+                                     PlanResidual, plan_features, rerank)
 from tvm_dsm.families.configs import config_from, examples
+from tvm_dsm.workloads.chains import swiglu_ffn
 from tvm_dsm.workloads.dense import dense
 
-HW = load_hardware()
+#: The GPU the committed measurements were taken on.
+HW = load_hardware("h200_sxm")
 
 
-def _ranked(m: int, n: int, k: int):
-    family, shape = match_family(dense(m, n, k))
-    return family, shape, family.rank(shape, HW)
+def _ranked(func, hw=HW):
+    family, shape = match_family(func)
+    return family, shape, family.rank(shape, hw)
 
 
 def test_only_the_first_plans_of_a_covered_shape_are_reordered():
-    family, shape, plans = _ranked(8, 6144, 4096)
+    family, shape, plans = _ranked(swiglu_ffn(128, 8192, 2048, 2048))
     reranked = rerank(family.name, shape, plans, HW)
+    assert family.name == "gemm_chain" and reranked != plans
     assert reranked[RERANKED:] == plans[RERANKED:]
     assert sorted(map(id, reranked[:RERANKED])) == sorted(map(id, plans[:RERANKED]))
-    # measured on the H200 (bench/results/search_quality): clusters of 2 beat the model's 4 here
-    assert plans[0].config.cluster_size == 4 and reranked[0].config.cluster_size == 2
+
+
+def test_plans_for_another_gpu_keep_the_analytical_order():
+    """The measurements were taken on the H200: an H100's plans have other features."""
+    family, shape, plans = _ranked(swiglu_ffn(128, 8192, 2048, 2048), load_hardware("h100_sxm"))
+    assert rerank(family.name, shape, plans, load_hardware("h100_sxm")) == plans
+
+
+def test_families_fitted_into_the_constants_keep_the_analytical_order():
+    data = json.loads(MEASURED_PLANS.read_text())
+    assert len({r["workload"] for r in data["rows"] if r["family"] == "split_k_gemm"}) >= MIN_WORKLOADS
+    family, shape, plans = _ranked(dense(8, 6144, 4096))
+    assert family.name in CALIBRATED_FAMILIES and rerank(family.name, shape, plans, HW) == plans
 
 
 @pytest.mark.parametrize("m", [4096, 8192])
 def test_shapes_past_the_measured_rows_keep_the_analytical_order(m):
-    family, shape, plans = _ranked(m, 4096, 4096)
+    family, shape, plans = _ranked(swiglu_ffn(m, 8192, 2048, 2048))
     assert rerank(family.name, shape, plans, HW) == plans
 
 
 def test_families_without_measurements_keep_the_analytical_order():
-    family, shape, plans = _ranked(8, 6144, 4096)
+    family, shape, plans = _ranked(dense(8, 6144, 4096))
     assert rerank("split_k_reduction", shape, plans, HW) == plans
 
 
@@ -59,7 +74,7 @@ def test_families_measured_on_too_few_workloads_keep_the_analytical_order():
 def test_the_correction_follows_consistent_measurements():
     """Measurements twice as slow as predicted wherever the cluster has 4 CTAs: the corrected
     times keep the others' predictions and double those."""
-    _, _, plans = _ranked(16, 8192, 8192)
+    _, _, plans = _ranked(dense(16, 8192, 8192))
     features = np.stack([plan_features("split_k_gemm", p.config, p, HW) for p in plans[:64]])
     slow = np.array([p.config.cluster_size == 4 for p in plans[:64]])
     predicted = np.array([p.predicted_us for p in plans[:64]])

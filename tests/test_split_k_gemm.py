@@ -8,7 +8,7 @@ import pytest
 
 from conftest import cuda_source, dense_relu_error_on_gpu
 from tvm_dsm.errors import ClusterError
-from tvm_dsm.hardware import load_hardware
+from tvm_dsm.hardware import load_hardware, refitted
 from tvm_dsm.planners.split_k_gemm import candidate_configs, plan_split_k_gemm, predict, schedule_dense
 from tvm_dsm.rules.split_k_gemm import GemmShape, SplitKGemmConfig, check_config, schedule_split_k_gemm
 from tvm_dsm.workloads.dense import dense, gated_dense
@@ -135,21 +135,18 @@ def test_planner_charges_grids_that_double_up_sms(monkeypatch):
     assert charged.ctas == 128 > hw.concurrent_ctas(4, 1)
     assert plan_split_k_gemm(shape, hw)[0].config != doubled
     assert charged.predicted_us > predict(shape, even, hw).predicted_us
-    monkeypatch.setattr(planner, "_doubled_up", lambda ctas, one_per_sm: 1.0)  # no charge
+    monkeypatch.setattr(planner, "_doubled_up", lambda ctas, one_per_sm, headroom: 1.0)  # no charge
     assert charged.predicted_us > 1.2 * predict(shape, doubled, hw).predicted_us
 
 
-def test_operand_tiles_come_from_l2_faster_than_a_plain_re_read(monkeypatch):
+def test_operand_tiles_come_from_l2_faster_than_a_plain_re_read():
     """At the microbenchmark's L2 rate, 128 x 4096 x 16384 (G5b) planned 64 CTAs of 128x256
     tiles in clusters of 4 (66.7 us on the H100); at the rate GEMM tiles reach, 128x64 tiles in
     clusters of 2 (54.5 us, bench/results/gemm_tile_l2_ab.json)."""
-    import tvm_dsm.planners.split_k_gemm as planner
-
-    hw = load_hardware()
+    hw = load_hardware("h100_sxm")
     shape = GemmShape(128, 4096, 16384, True)
     fitted = plan_split_k_gemm(shape, hw)[0].config
-    monkeypatch.setattr(planner, "TILE_L2_SPEEDUP", 1.0)
-    plain = plan_split_k_gemm(shape, hw)[0].config
+    plain = plan_split_k_gemm(shape, refitted(hw, **{"gemm.tile_l2_speedup": 1.0}))[0].config
     assert (plain.cluster_size, plain.block_n) == (4, 256)
     assert (fitted.cluster_size, fitted.block_m, fitted.block_n) == (2, 128, 64)
 
@@ -183,20 +180,16 @@ def test_80_column_tiles_fill_the_sms_for_n_8960():
         check_config(shape, SplitKGemmConfig(1, 128, 80, 64, 8, 1, 4, tma=False, wgmma=False), load_hardware())
 
 
-def test_planner_charges_the_reduce_scatter_at_half_the_dsm_bandwidth(monkeypatch):
+def test_planner_charges_the_reduce_scatter_at_half_the_dsm_bandwidth():
     """S2b (128 x 2048 x 5632): clusters of 8 with 128x256 tiles measured 20.2 us, clusters of 4
     with 128x128 tiles 16.8 (bench/results/gemm_dsm_reduce_ab.json, H100); with the DSM term at
     the microbenchmark's bandwidth the planner picked the former (where L2 was counted at the
     microbenchmark's rate too, as then; at the tiles' rate, 128x256 tiles lose on L2 alone)."""
-    import tvm_dsm.planners.split_k_gemm as planner
-
-    hw = load_hardware()
+    hw = refitted(load_hardware("h100_sxm"), **{"gemm.tile_l2_speedup": 1.0})
     shape = GemmShape(128, 2048, 5632, True)
-    monkeypatch.setattr(planner, "TILE_L2_SPEEDUP", 1.0)
     pick = plan_split_k_gemm(shape, hw)[0].config
     assert (pick.cluster_size, pick.block_m, pick.block_n) == (4, 128, 128)
-    monkeypatch.setattr(planner, "DSM_REDUCE_EFFICIENCY", 1.0)
-    pick = plan_split_k_gemm(shape, hw)[0].config
+    pick = plan_split_k_gemm(shape, refitted(hw, **{"gemm.dsm_reduce_efficiency": 1.0}))[0].config
     assert (pick.cluster_size, pick.block_m, pick.block_n) == (8, 128, 256)
 
 
@@ -279,7 +272,7 @@ def test_gpu_deep_pipelines_match_float64(config):
 
 def _ranked(shape: GemmShape) -> tuple[list, dict]:
     """The planner's plans for ``shape``, best first, and each configuration's rank."""
-    from tvm_dsm.hardware import load_hardware
+    from tvm_dsm.hardware import load_hardware, refitted
     from tvm_dsm.planners.split_k_gemm import plan_split_k_gemm
 
     plans = plan_split_k_gemm(shape, load_hardware())

@@ -15,7 +15,7 @@ from conftest import TARGET, chain_error_on_gpu, cuda_source, kernels
 from tvm_dsm.driver import H100, schedule
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.hardware import load_hardware
-from tvm_dsm.planners.unfused_chain import LATE_LAUNCH_S, UnfusedChainPlan, plan_unfused_chain
+from tvm_dsm.planners.unfused_chain import UnfusedChainPlan, plan_unfused_chain
 from tvm_dsm.rules.fused_chain import find_chain
 from tvm_dsm.rules.split_k_gemm import SplitKGemmConfig, find_gemm, schedule_split_k_gemm
 from tvm_dsm.rules.unfused_chain import UnfusedChainConfig, schedule_unfused_chain
@@ -154,7 +154,7 @@ def test_family_ranks_fused_and_unfused_plans_by_one_model():
         kinds = {type(p.config) for p in ranking.plans}
         assert UnfusedChainConfig in kinds and len(kinds) == 2
         assert isinstance(ranking.best.config, UnfusedChainConfig) == unfused
-        keys = [chain_rank_key(p) for p in ranking.family.rank(ranking.shape, ranking.hw)]  # before re-ranking
+        keys = [chain_rank_key(p, ranking.hw) for p in ranking.family.rank(ranking.shape, ranking.hw)]  # before re-ranking
         assert keys == sorted(keys)
     ranking = tvm_dsm.plan(swiglu_ffn(128, 11008, 4096, 4096))
     text = "\n".join(p.explain() for p in ranking.plans[:40] if isinstance(p, UnfusedChainPlan))
@@ -163,13 +163,14 @@ def test_family_ranks_fused_and_unfused_plans_by_one_model():
 
 def test_unfused_plan_adds_its_gemms_level_by_level():
     """Each GEMM's prediction holds its own launch; launched while GEMM0 runs, GEMM1's is
-    hidden (LATE_LAUNCH_S less; launched after it, see test_programmatic_launch)."""
+    hidden (``chains.late_launch_s`` less; launched after it, see test_programmatic_launch)."""
     _, shape = find_chain(s_tir.Schedule(gemm_chain(128, 3072, 768, 768)))
-    plans = plan_unfused_chain(shape, load_hardware())
+    hw = load_hardware()
+    plans = plan_unfused_chain(shape, hw)
     best = plans[0]
     assert isinstance(best, UnfusedChainPlan) and best.config.programmatic_launch
     first, second = best.gemms
-    assert best.predicted_us == pytest.approx(first.predicted_us + second.predicted_us - LATE_LAUNCH_S * 1e6)
+    assert best.predicted_us == pytest.approx(first.predicted_us + second.predicted_us - hw.fitted("chains.late_launch_s") * 1e6)
     assert best.bytes["hbm"] == first.bytes["hbm"] + second.bytes["hbm"]
     # H's round trip is counted: written by GEMM0 (fp16 output), read again by GEMM1.
     assert first.bytes["hbm"] >= 128 * 3072 * 2 and second.bytes["hbm"] >= 128 * 3072 * 2

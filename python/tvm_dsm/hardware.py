@@ -1,22 +1,36 @@
 """The hardware description the cost model reads: measured, not copied from papers.
 
 ``python -m tvm_dsm.hardware measure --out FILE`` builds ``src/hwbench/hwbench.cu`` with nvcc on
-a GPU machine, runs it and writes its JSON (plus the date); the H100 result is committed as
-``tvm_dsm/data/h100_sxm.json`` and loaded by :func:`load_hardware`.
+a GPU machine, runs it and writes its JSON (plus the date); one description per GPU is committed
+as ``tvm_dsm/data/<gpu>.json`` (``h100_sxm``, ``h200_sxm``), beside the cost models' constants
+fitted on that GPU (``<gpu>_calibration.json``, :mod:`tvm_dsm.calibration`).
+:func:`load_hardware` loads the GPU this process plans for: ``TVM_DSM_GPU`` where set (to plan
+on a machine without the GPU), else the CUDA device present, else the H100.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
+import logging
+import os
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 
+from .calibration import calibration
+
 DATA = Path(__file__).parent / "data"
+#: The description planned for where neither ``TVM_DSM_GPU`` nor a CUDA device names one.
+DEFAULT_GPU = "h100_sxm"
+#: The environment variable naming the description to plan for (a file name in DATA, no suffix).
+GPU_VARIABLE = "TVM_DSM_GPU"
+
+logger = logging.getLogger(__name__)
 BENCH_SOURCE = Path(__file__).resolve().parents[2] / "src" / "hwbench" / "hwbench.cu"
 
 
@@ -42,6 +56,16 @@ class Hardware:
     dsm_peak_clusters: dict[int, int] = field(default_factory=dict)
     #: Clusters of each size resident at once, by CTAs per SM (1 and 2 measured).
     active_clusters: dict[int, dict[int, int]] = field(default_factory=dict)
+    #: The cost models' constants fitted on this GPU (:mod:`tvm_dsm.calibration`), by key.
+    calibration: dict[str, float] = field(default_factory=dict)
+
+    def fitted(self, key: str) -> float:
+        """The constant ``key`` (e.g. ``"gemm.launch_s"``) fitted on this GPU."""
+        try:
+            return self.calibration[key]
+        except KeyError:
+            raise KeyError(f"no fitted constant {key!r} for {self.device}: add it to its "
+                           "data/<gpu>_calibration.json") from None
 
     def dsm_bw(self, cluster_size: int) -> float:
         """Aggregate DSM read bandwidth with clusters of ``cluster_size`` CTAs."""
@@ -96,15 +120,59 @@ class Hardware:
 
 
 @functools.cache
-def load_hardware(name: str = "h100_sxm") -> Hardware:
-    """Load a committed hardware description (``tvm_dsm/data/<name>.json``), once per process."""
+def load_hardware(name: str | None = None) -> Hardware:
+    """A committed hardware description (``tvm_dsm/data/<name>.json``) with the constants fitted
+    on that GPU, once per process; ``name`` None: the GPU this process plans for
+    (:func:`gpu_name`)."""
+    name = name or gpu_name()
     path = DATA / f"{name}.json"
     if not path.exists():
         raise FileNotFoundError(
             f"no hardware description {path}; measure one with `python -m tvm_dsm.hardware "
             "measure` on the GPU"
         )
-    return Hardware.from_json(json.loads(path.read_text()))
+    constants = {key: entry["value"] for key, entry in calibration(name).items()}
+    return dataclasses.replace(Hardware.from_json(json.loads(path.read_text())), calibration=constants)
+
+
+def refitted(hw: Hardware, **constants: float) -> Hardware:
+    """``hw`` with the fitted constants named (by key, e.g. ``**{"gemm.step_s": 2e-8}``) set to
+    other values: what a fit tries, what a test asks of the model."""
+    unknown = sorted(set(constants) - set(hw.calibration))
+    if unknown:
+        raise KeyError(f"no fitted constants {unknown} for {hw.device}")
+    return dataclasses.replace(hw, calibration={**hw.calibration, **constants})
+
+
+def descriptions() -> dict[str, str]:
+    """The committed descriptions: the device name each was measured on -> its file name."""
+    return {json.loads(p.read_text())["device"]: p.stem for p in sorted(DATA.glob("*.json"))
+            if (DATA / f"{p.stem}_calibration.json").exists()}
+
+
+def description_for(device: str) -> str | None:
+    """The description measured on a device named ``device`` (as CUDA names it), None if none."""
+    return descriptions().get(device)
+
+
+@functools.cache
+def gpu_name() -> str:
+    """The description to plan for: ``TVM_DSM_GPU`` where set, else the first CUDA device's
+    where one is present and described, else :data:`DEFAULT_GPU` (logged where a device
+    without a description is present)."""
+    named = os.environ.get(GPU_VARIABLE)
+    if named:
+        return named
+    import tvm
+
+    device = tvm.cuda(0)
+    if not device.exist:
+        return DEFAULT_GPU
+    found = description_for(device.device_name)
+    if found is None:
+        logger.warning("no hardware description for %s: planning for %s (measure one with "
+                       "`python -m tvm_dsm.hardware measure`)", device.device_name, DEFAULT_GPU)
+    return found or DEFAULT_GPU
 
 
 def measure(out: Path, arch: str = "sm_90a") -> dict:

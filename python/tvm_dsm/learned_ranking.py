@@ -146,16 +146,24 @@ RERANKED = 16
 #: correction learned from one or two shapes carries their quirks (held out on the H200 pools,
 #: one attention workload re-ranked by the other measured 0.68x of the analytical pick).
 MIN_WORKLOADS = 3
+#: Families whose measurements are fitted into the GPU's constants instead
+#: (:mod:`tvm_dsm.bench.calibrate`): their analytical order is kept. On the H200 pools the
+#: refit split-K GEMM model picked within 3.5% of the fastest measured (geometric mean of 18
+#: workloads), re-ranked by the committed measurements within 7%.
+CALIBRATED_FAMILIES = ("split_k_gemm",)
 
 
 @functools.cache
-def _measured(family: str) -> tuple[PlanResidual, int] | None:
-    """The correction learned from the committed measurements of ``family``'s plans, with the
-    largest row count they cover; None where they hold fewer than :data:`MIN_WORKLOADS`
-    workloads."""
+def _measured(family: str, device: str) -> tuple[PlanResidual, int] | None:
+    """The correction learned from the committed measurements of ``family``'s plans on
+    ``device``, with the largest row count they cover; None where they were taken on another
+    GPU (its plans have other features, its kernels other times) or hold fewer than
+    :data:`MIN_WORKLOADS` workloads."""
     data = json.loads(MEASURED_PLANS.read_text()) if MEASURED_PLANS.exists() else {}
     if tuple(data.get("feature_names", ())) != FEATURE_NAMES:
         return None  # written by other code: its columns mean other things (regenerate it)
+    if data.get("device") != device:
+        return None
     rows = [r for r in data["rows"] if r["family"] == family]
     if len({r["workload"] for r in rows}) < MIN_WORKLOADS:
         return None
@@ -174,11 +182,11 @@ def row_count(shape: Any) -> int | None:
 
 
 def rerank(family: str, shape: Any, plans: list[Plan], hw: Hardware) -> list[Plan]:
-    """``plans`` (the analytical ranking of ``shape``) with its first :data:`RERANKED` re-ordered
-    by the correction learned from the committed measurements of ``family``, where those cover
-    ``shape``'s row count (``shape.m`` up to the largest measured) and hold enough workloads;
-    unchanged elsewhere."""
-    measured = _measured(family)
+    """``plans`` (the analytical ranking of ``shape`` on ``hw``) with its first :data:`RERANKED`
+    re-ordered by the correction learned from the committed measurements of ``family`` on
+    ``hw``'s GPU, where those cover ``shape``'s row count (``shape.m`` up to the largest
+    measured) and hold enough workloads; unchanged elsewhere."""
+    measured = None if family in CALIBRATED_FAMILIES else _measured(family, hw.device)
     m = row_count(shape)
     if measured is None or m is None or m > measured[1] or len(plans) < 2:
         return plans

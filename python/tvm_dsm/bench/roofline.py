@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..calibration import fitted
+from ..hardware import load_hardware
 
 #: Marker of each series: ours, then the torch peers.
 _MARKERS = {"ours": "o", "torch_eager": "x", "torch_compile": "+", "torch_sdpa": "^"}
@@ -42,7 +42,7 @@ def plot(results: dict, path: str | Path) -> Path:
     if not series:
         raise ValueError(f"{results['suite']}: no row has flops and a floor to place on a roofline")
     bandwidth = results.get("versions", {}).get("hbm_copy_bytes_per_s") or results.get("hbm_bytes_per_s")
-    peak = fitted("gemm.wgmma_flops")
+    peak = load_hardware().fitted("gemm.wgmma_flops")
     fig, ax = plt.subplots(figsize=(7, 4.5))
     low = min(x for pts in series.values() for x, _ in pts) / 2
     high = max(x for pts in series.values() for x, _ in pts) * 2

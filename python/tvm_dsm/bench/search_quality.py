@@ -176,14 +176,18 @@ def search(name: str, pool: list[dict], trials: int, top: int = 64, builder=None
     return row
 
 
-def with_features(rows: list[dict]) -> list[dict]:
+def with_features(rows: list[dict], device: str) -> list[dict]:
     """The measured ``rows`` with the features of their configurations as planned by this
-    commit (a pool keeps its configurations and times; the feature vector follows the code)."""
+    commit for ``device``, the GPU they were measured on (a pool keeps its configurations and
+    times; the feature vector follows the code)."""
     from ..families import match_family
-    from ..hardware import load_hardware
+    from ..hardware import description_for, load_hardware
     from ..families.configs import config_from, examples
 
-    hw = load_hardware()
+    name = description_for(device)
+    if name is None:
+        raise ValueError(f"no hardware description for {device}, where the pools were measured")
+    hw = load_hardware(name)
     out = []
     for name in dict.fromkeys(r["workload"] for r in rows):
         family, shape = match_family(WORKLOADS[name]())
@@ -417,7 +421,10 @@ def main(argv: list[str] | None = None) -> None:
                         {"measured_with": [run["versions"] for run in runs], "simulated_with": git_sha()},
                         "no timing: " + " ".join(args.measured))
     results["command"] = "python -m tvm_dsm.bench.search_quality simulate " + " ".join(args.measured)
-    rows = with_features([row for run in runs for row in run["rows"]])
+    devices = {run["device"] for run in runs}
+    if len(devices) > 1:
+        raise SystemExit(f"pools measured on several GPUs ({', '.join(sorted(devices))}): one at a time")
+    rows = with_features([row for run in runs for row in run["rows"]], runs[0]["device"])
     if args.command == "prior":
         prior = {"source": results["command"].replace("simulate", "prior"), "measured_with": results["versions"]["measured_with"],
                  "device": runs[0]["device"], "feature_names": list(FEATURE_NAMES),

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from ..hardware import Hardware
 from ..kernels import attention as rule
-from .kernel_plan import TILE_L2_SPEEDUP, WGMMA_FLOPS, KernelPlan, roofline
+from .kernel_plan import KernelPlan, roofline
 from .template_family import TemplateFamily
 
 #: Bytes of an element of q, k, v and the output (the kernel takes fp16).
@@ -49,6 +49,4 @@ class Attention(TemplateFamily):
         }
         flops = 4 * shape.heads * shape.q_len * shape.kv_len * shape.dim // (2 if shape.causal else 1)
         ctas = shape.heads * -(-shape.q_len // config.block_m)
-        return roofline(config, traffic, {"mma": flops},
-                        {"hbm": hw.hbm_bw, "l2": hw.l2_bw * TILE_L2_SPEEDUP, "mma": WGMMA_FLOPS},
-                        busy=ctas / hw.sm_count)
+        return roofline(config, traffic, {"mma": flops}, hw, busy=ctas / hw.sm_count)

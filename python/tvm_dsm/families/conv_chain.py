@@ -4,6 +4,7 @@ plan runs (:mod:`tvm_dsm.rules.conv_chain`)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from tvm import s_tir, tirx
@@ -15,13 +16,6 @@ from ..planners.report import Plan
 from ..rules.conv_chain import ConvChainConfig, ConvChainShape, conv_kernels, copies, find_conv_chain, gemm_view
 from .base import ScheduleFamily
 from .gemm_chain import GemmChain
-from ..calibration import fitted
-
-#: What a fused plan's prediction is weighed by against an unfused one for a convolution chain
-#: (the chain family's FUSED_PICK_BIAS, fitted the same way): the median measured over predicted
-#: time of fused and of unfused kernels on C1-C8 at batch 1 and 8, H100
-#: (bench/results/conv_chains/latest.json, docs/chains.md).
-CONV_FUSED_PICK_BIAS = fitted("conv_chains.fused_pick_bias")
 
 
 @dataclass(frozen=True)
@@ -37,12 +31,14 @@ class ConvChainPlan(Plan):
         return f"conv chain as a {c.rows}x{c.depth} GEMM chain, {inputs}; " + self.chain.summary()
 
 
-def conv_rank_key(plan: ConvChainPlan) -> float:
-    """Its GEMM chain's prediction with the convolution chains' own fused bias, plus the gather
-    kernels' time."""
+def conv_rank_key(plan: ConvChainPlan, hw: Hardware) -> float:
+    """Its GEMM chain's prediction with the convolution chains' own fused bias on ``hw``
+    (``conv_chains.fused_pick_bias``, fitted as the chain family's: the median measured over
+    predicted time of fused and of unfused kernels; on the H100 C1-C8 at batch 1 and 8,
+    bench/results/conv_chains/latest.json, docs/chains.md), plus the gather kernels' time."""
     fused = isinstance(plan.chain, ChainPlan)
     gather_us = plan.predicted_us - plan.chain.predicted_us
-    return plan.chain.predicted_us * (CONV_FUSED_PICK_BIAS if fused else 1.0) + gather_us
+    return plan.chain.predicted_us * (hw.fitted("conv_chains.fused_pick_bias") if fused else 1.0) + gather_us
 
 
 def _sizes(shape: ConvChainShape) -> list[tuple[int, int]]:
@@ -76,7 +72,7 @@ class ConvChain(ScheduleFamily):
                                          seconds={**{k: v / hw.hbm_bw for k, v in level.items()}, **p.seconds},
                                          predicted_us=p.predicted_us + gathered / hw.hbm_bw * 1e6,
                                          config=ConvChainConfig(p.config, rows, depth), chain=p) for p in plans),
-                          key=conv_rank_key)
+                          key=functools.partial(conv_rank_key, hw=hw))
         raise ClusterError("no GEMM chain schedule fits the convolution chain's pixel matrix: " + "; ".join(reasons))
 
     def apply(self, func: tirx.PrimFunc, config: ConvChainConfig, hw: Hardware) -> s_tir.Schedule:

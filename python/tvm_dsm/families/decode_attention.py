@@ -29,4 +29,4 @@ class DecodeAttention(TemplateFamily):
         q, k, v, out = found.shape.operands
         reads = found.shape.group // found.group  # times each K/V row is read
         traffic = {"hbm": buffer_bytes(q) + buffer_bytes(out) + reads * (buffer_bytes(k) + buffer_bytes(v))}
-        return roofline(config, traffic, {}, {"hbm": hw.hbm_bw}, busy=found.pairs() * config.ranks / hw.sm_count)
+        return roofline(config, traffic, {}, hw, busy=found.pairs() * config.ranks / hw.sm_count)

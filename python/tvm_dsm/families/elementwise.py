@@ -61,7 +61,7 @@ class Elementwise(ScheduleFamily):
 
     def predict(self, shape: ElementwiseShape, config: ElementwiseConfig, hw: Hardware) -> KernelPlan:
         ctas = math.ceil(shape.elements / shape.lanes / (config.threads * config.vectors_per_thread))
-        return roofline(config, {"hbm": shape.bytes}, {}, {"hbm": hw.hbm_bw}, busy=ctas / hw.sm_count)
+        return roofline(config, {"hbm": shape.bytes}, {}, hw, busy=ctas / hw.sm_count)
 
     def rank(self, shape: ElementwiseShape, hw: Hardware) -> list[KernelPlan]:
         waves = shape.elements / shape.lanes / (256 * hw.sm_count)

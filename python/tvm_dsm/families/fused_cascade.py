@@ -16,7 +16,7 @@ from ..ir import loads
 from ..planners.cascade_split import CascadeSplit, plan_cascade_split, schedule_cascade
 from ..transform.buffers import buffer_bytes
 from .base import ScheduleFamily
-from .kernel_plan import CUDA_CORE_FLOPS, ELEMENT_OPS, KernelPlan, roofline
+from .kernel_plan import ELEMENT_OPS, KernelPlan, roofline
 
 
 class CascadePlan(KernelPlan):
@@ -78,7 +78,7 @@ class FusedCascade(ScheduleFamily):
 
     def rank(self, func: tirx.PrimFunc, hw: Hardware) -> list[CascadePlan]:
         return [roofline(plan_cascade_split(func, hw), {"hbm": sum(buffer_bytes(p) for p in func.params)},
-                         {"fp32": element_ops(func)}, {"hbm": hw.hbm_bw, "fp32": CUDA_CORE_FLOPS}, plan=CascadePlan)]
+                         {"fp32": element_ops(func)}, hw, plan=CascadePlan)]
 
     def apply(self, func: tirx.PrimFunc, config: CascadeSplit, hw: Hardware) -> s_tir.Schedule:
         return schedule_cascade(func, split=config)[0]

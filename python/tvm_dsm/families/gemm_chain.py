@@ -10,18 +10,19 @@ from tvm import s_tir, tirx
 
 from ..errors import ClusterError
 from ..hardware import Hardware
-from ..planners.fused_chain import FUSED_PICK_BIAS, ChainPlan, plan_chain
+from ..planners.fused_chain import ChainPlan, plan_chain
 from ..planners.report import Plan
-from ..planners.unfused_chain import plan_unfused_chain
+from ..planners.split_k_gemm import predict as predict_gemm
+from ..planners.unfused_chain import combine, plan_unfused_chain
 from ..rules.fused_chain import ChainShape, FusedChainConfig, find_chain, schedule_fused_chain
-from ..rules.unfused_chain import UnfusedChainConfig, schedule_unfused_chain
+from ..rules.unfused_chain import UnfusedChainConfig, check_unfused_config, gemm_shapes, schedule_unfused_chain
 from .base import ScheduleFamily
 
 
-def chain_rank_key(plan: Plan) -> float:
-    """What a chain plan is ranked by among fused and unfused plans: its prediction, a fused
-    one's weighted by FUSED_PICK_BIAS (the fused model's measured optimism)."""
-    return plan.predicted_us * (FUSED_PICK_BIAS if isinstance(plan, ChainPlan) else 1.0)
+def chain_rank_key(plan: Plan, hw: Hardware) -> float:
+    """What a chain plan is ranked by among fused and unfused plans on ``hw``: its prediction, a
+    fused one's weighted by ``chains.fused_pick_bias`` (the fused model's measured optimism)."""
+    return plan.predicted_us * (hw.fitted("chains.fused_pick_bias") if isinstance(plan, ChainPlan) else 1.0)
 
 
 class GemmChain(ScheduleFamily):
@@ -44,7 +45,16 @@ class GemmChain(ScheduleFamily):
                 reasons.append(f"{kind}: {err}")
         if not plans:
             raise ClusterError("no GEMM chain schedule fits: " + "; ".join(reasons))
-        return sorted(plans, key=chain_rank_key)
+        return sorted(plans, key=functools.partial(chain_rank_key, hw=hw))
+
+    def predict(self, shape: ChainShape, config: FusedChainConfig | UnfusedChainConfig, hw: Hardware) -> Plan:
+        """An unfused configuration's plan from its two kernels' (valid on ``hw``, whether or
+        not among the kernels' first plans the ranking pairs); a fused one's from the space."""
+        if isinstance(config, UnfusedChainConfig):
+            check_unfused_config(shape, config, hw)
+            first, second = (predict_gemm(s, c, hw) for s, c in zip(gemm_shapes(shape), (config.gemm0, config.gemm1)))
+            return combine(shape, first, second, hw)
+        return super().predict(shape, config, hw)
 
     def apply(self, func: tirx.PrimFunc, config: FusedChainConfig | UnfusedChainConfig,
               hw: Hardware) -> s_tir.Schedule:

@@ -9,18 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..calibration import fitted
+from ..hardware import Hardware
 from ..planners.report import Plan
 
-#: One kernel launch (the GEMM model's fitted value).
-LAUNCH_S = fitted("gemm.launch_s")
-#: Dense fp16 warpgroup-MMA throughput (FLOP/s), the tensor-core peak.
-WGMMA_FLOPS = fitted("gemm.wgmma_flops")
-#: fp32 throughput of the CUDA cores (FLOP/s, an FMA counting 2).
-CUDA_CORE_FLOPS = fitted("cuda_cores.fp32_flops")
-#: How much faster than the hardware file's plain L2 re-read rate operand tiles copied into
-#: shared memory come from L2 (fitted on the GEMM sweeps, whose tiles move the same way).
-TILE_L2_SPEEDUP = fitted("gemm.tile_l2_speedup")
 #: CUDA-core operations of one term of a cascade's reduction, an estimate: a subtract, an
 #: exponential (a multiply and an ex2) and an accumulate; a max or a plain sum takes fewer.
 ELEMENT_OPS = 4
@@ -36,15 +27,28 @@ class KernelPlan(Plan):
         return self.config.explain()
 
 
-def roofline(config: Any, traffic: dict[str, int], work: dict[str, float], rates: dict[str, float],
-             busy: float = 1.0, plan: type[KernelPlan] = KernelPlan) -> KernelPlan:
+def hardware_rates(hw: Hardware) -> dict[str, float]:
+    """The rates of ``hw`` a roofline divides by, per memory level or compute unit (bytes or
+    operations a second): HBM; L2 as operand tiles copied into shared memory read it (the GEMM
+    sweeps' ``gemm.tile_l2_speedup`` over the plain re-read rate); the warpgroup MMAs' dense
+    fp16 peak; the CUDA cores' fp32 rate (an FMA counting 2)."""
+    return {"hbm": hw.hbm_bw, "l2": hw.l2_bw * hw.fitted("gemm.tile_l2_speedup"),
+            "mma": hw.fitted("gemm.wgmma_flops"), "fp32": hw.fitted("cuda_cores.fp32_flops")}
+
+
+def roofline(config: Any, traffic: dict[str, int], work: dict[str, float], hw: Hardware,
+             busy: float = 1.0, plan: type[KernelPlan] = KernelPlan,
+             rates: dict[str, float] | None = None) -> KernelPlan:
     """``config``'s plan: ``traffic`` bytes per memory level and ``work`` operations per compute
-    unit, each at its rate in ``rates`` scaled by ``busy`` (the share of SMs the grid occupies),
-    the slowest plus a launch."""
+    unit, each at its rate on ``hw`` (:func:`hardware_rates`, or ``rates`` where it names the
+    level) scaled by ``busy`` (the share of SMs the grid occupies), the slowest plus a launch
+    (the GEMM model's fitted ``gemm.launch_s``)."""
     share = min(busy, 1.0)
-    seconds = {name: amount / (rates[name] * share) for name, amount in {**traffic, **work}.items()}
-    total = max(seconds.values(), default=0.0) + LAUNCH_S
-    seconds["launch"] = LAUNCH_S
+    rate = {**hardware_rates(hw), **(rates or {})}
+    seconds = {name: amount / (rate[name] * share) for name, amount in {**traffic, **work}.items()}
+    launch = hw.fitted("gemm.launch_s")
+    total = max(seconds.values(), default=0.0) + launch
+    seconds["launch"] = launch
     return plan(bytes=dict(traffic), seconds=seconds, predicted_us=total * 1e6, config=config)
 
 

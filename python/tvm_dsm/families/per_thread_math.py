@@ -52,7 +52,7 @@ class PerThreadMath(ScheduleFamily):
 
     def predict(self, shape: PerThreadMathShape, config: rule.PerThreadMathConfig, hw: Hardware) -> KernelPlan:
         ctas = math.ceil(shape.threads * config.parts / config.threads)
-        return roofline(config, {"hbm": shape.bytes}, {}, {"hbm": hw.hbm_bw}, busy=ctas / hw.sm_count)
+        return roofline(config, {"hbm": shape.bytes}, {}, hw, busy=ctas / hw.sm_count)
 
     def rank(self, shape: PerThreadMathShape, hw: Hardware) -> list[KernelPlan]:
         """Every CTA size and split of the in-thread axis; first, 128 threads and the fewest parts

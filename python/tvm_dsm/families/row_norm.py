@@ -17,7 +17,7 @@ import dataclasses
 from ..hardware import Hardware
 from ..kernels import row_norm as rule
 from ..transform.buffers import buffer_bytes
-from .kernel_plan import CUDA_CORE_FLOPS, ELEMENT_OPS, KernelPlan, roofline
+from .kernel_plan import ELEMENT_OPS, KernelPlan, roofline
 from .template_family import TemplateFamily
 
 
@@ -34,5 +34,4 @@ class RowNorm(TemplateFamily):
         ctas = found.rows // config.rows_per_cta * config.ranks
         element_ops = ELEMENT_OPS * found.rows * found.width * (len(found.levels) + len(found.stages))
         return roofline(config, {"hbm": sum(buffer_bytes(p) for p in found.func.params)},
-                        {"fp32": element_ops}, {"hbm": hw.hbm_bw, "fp32": CUDA_CORE_FLOPS},
-                        busy=ctas / hw.sm_count)
+                        {"fp32": element_ops}, hw, busy=ctas / hw.sm_count)

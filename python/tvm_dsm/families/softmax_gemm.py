@@ -20,7 +20,7 @@ import tvm
 from ..hardware import Hardware
 from ..kernels import softmax_gemm as rule
 from ..transform.buffers import buffer_bytes
-from .kernel_plan import CUDA_CORE_FLOPS, ELEMENT_OPS, TILE_L2_SPEEDUP, KernelPlan, roofline
+from .kernel_plan import ELEMENT_OPS, KernelPlan, roofline
 from .template_family import TemplateFamily
 
 _STATE_BYTES = 4  # fp32 max, sum and outputs
@@ -40,9 +40,9 @@ class SoftmaxGemm(TemplateFamily):
             "hbm": sum(buffer_bytes(p) for p in found.params),
             "l2": x * column_tiles + v * row_blocks,
         }
-        rates = {"hbm": hw.hbm_bw, "l2": hw.l2_bw * TILE_L2_SPEEDUP, "fp32": CUDA_CORE_FLOPS}
+        rates = {}
         if c.ranks > 1:
             traffic["dsm"] = ctas * (c.ranks - 1) // c.ranks * c.block_m * (c.block_j + 2) * _STATE_BYTES
             rates["dsm"] = hw.dsm_bw(c.ranks)
         work = {"fp32": 2 * s.rows * s.keys * s.columns + ELEMENT_OPS * s.rows * s.keys * column_tiles}
-        return roofline(c, traffic, work, rates, busy=ctas / hw.sm_count)
+        return roofline(c, traffic, work, hw, busy=ctas / hw.sm_count, rates=rates)

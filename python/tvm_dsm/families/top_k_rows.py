@@ -25,4 +25,4 @@ class TopKRows(TemplateFamily):
     symbolic_rows = True  # a token count known when called: the last CTA's spare row slots write nothing
 
     def predict(self, found: rule.TopKRows, config: rule.TopKRowsConfig, hw: Hardware) -> KernelPlan:
-        return roofline(config, {"hbm": sum(buffer_bytes(p) for p in found.func.params)}, {}, {"hbm": hw.hbm_bw})
+        return roofline(config, {"hbm": sum(buffer_bytes(p) for p in found.func.params)}, {}, hw)

@@ -38,18 +38,15 @@ from ..rules.fused_chain import (
     find_chain,
 )
 from .report import Plan
-from .split_k_gemm import LAUNCH_S, MMA_SYNC_PEAK, STEP_S, stream_share
-from ..calibration import fitted
+from .split_k_gemm import stream_share
 
 _BARRIERS_PER_STEP = 3
-#: Measured over predicted time of the fused planner's pick (median 1.40), over that of the best
-#: unfused plan (0.79): the fused model misses part of its kernel's cost, so where the two kinds
-#: are ranked together a fused plan counts at its prediction times the ratio. Fitted on 30 chain
-#: workloads and batches, H100 (bench/results/archive/chains.json and the runs in docs/chains.md).
-FUSED_PICK_BIAS = fitted("chains.fused_pick_bias")
-#: What launching the inter-cluster reduce programmatically behind a one-wave fused kernel saves
-#: (fitted on bench/results/chains_pdl/latest.json, H100).
-PROGRAMMATIC_SAVING_S = fitted("chains.programmatic_reduce_saving_s")
+#: The fused model misses part of its kernel's cost: ``chains.fused_pick_bias`` (``hw.fitted``)
+#: is the measured over predicted time of the fused planner's pick over that of the best
+#: unfused plan, by which a fused plan counts where the two kinds are ranked together; the
+#: time launching the inter-cluster reduce programmatically behind a one-wave fused kernel
+#: saves is ``chains.programmatic_reduce_saving_s``. On the H100: 30 chain workloads
+#: (bench/results/archive/chains.json, docs/chains.md), bench/results/chains_pdl/latest.json.
 
 
 @dataclass(frozen=True)
@@ -118,21 +115,22 @@ def predict(shape: ChainShape, config: FusedChainConfig, hw: Hardware) -> ChainP
         "dsm": g * shape.m * shape.n * 4 * s * s,
     }
     flops = 2 * shape.m * shape.n * (g * shape.k + shape.l)
-    stream = stream_share(c.tma)  # GEMM0's operands: most of the bytes
+    stream = stream_share(c.tma, hw)  # GEMM0's operands: most of the bytes
     seconds = {
         "hbm": traffic["hbm"] / (hw.hbm_bw * stream * busy),
         "l2": traffic["l2"] / (hw.l2_bw * stream * busy),
         "dsm": traffic["dsm"] / (hw.dsm_bw(s) * busy),
-        "mma": flops / (MMA_SYNC_PEAK * busy),
+        "mma": flops / (hw.fitted("gemm.mma_sync_flops") * busy),
     }
     k_steps = g * shape.k // (s * c.block_k)
     per_step = ((c.stages - 1) * hw.latency_ns["hbm"] + hw.latency_ns["hbm"]
-                + _BARRIERS_PER_STEP * hw.latency_ns["dsm"]) * 1e-9 + k_steps * STEP_S
+                + _BARRIERS_PER_STEP * hw.latency_ns["dsm"]) * 1e-9 + k_steps * hw.fitted("gemm.step_s")
     programmatic = waves == 1
     if c.reduce != "kernel":
-        launches = LAUNCH_S + in_kernel_reduce_s(shape, c, hw)
+        launches = hw.fitted("gemm.launch_s") + in_kernel_reduce_s(shape, c, hw)
     else:
-        launches = 2 * LAUNCH_S - (PROGRAMMATIC_SAVING_S if programmatic else 0.0)
+        launches = 2 * hw.fitted("gemm.launch_s") - (
+            hw.fitted("chains.programmatic_reduce_saving_s") if programmatic else 0.0)
     seconds["latency"] = launches + waves * c.n_steps * per_step
     total = max(seconds["hbm"], seconds["l2"], seconds["mma"]) + seconds["dsm"] + seconds["latency"]
     return ChainPlan(bytes=traffic, seconds=seconds, predicted_us=total * 1e6,

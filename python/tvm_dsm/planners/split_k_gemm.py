@@ -41,58 +41,37 @@ from ..rules.split_k_gemm import (
 )
 from ..intrin.wgmma import TILE_WIDTHS
 from .report import Plan
-from ..calibration import fitted
 
-#: Dense fp16 mma.sync throughput of an H100 SXM (FLOP/s). fp8 m16n8k32 is counted at this
-#: rate too: it doubles it on paper, but ldmatrix cannot transpose 8-bit tiles (docs/gemm.md).
-MMA_SYNC_PEAK = fitted("gemm.mma_sync_flops")
-#: Dense fp16 warpgroup-MMA throughput (the H100 SXM's tensor-core peak).
-WGMMA_PEAK = fitted("gemm.wgmma_flops")
 #: Bytes in flight one SM needs to sustain its share of HBM bandwidth: Little's law with the
 #: ~700-cycle HBM latency at 2.8 TB/s over 132 SMs gives ~15 KB; pipelines overlap less than
 #: ideally, so twice that.
 _BYTES_IN_FLIGHT_PER_SM = 32 * 1024
 _REGISTERS_PER_THREAD = 128  # what the mma main loop compiles to, roughly (fragments + addresses)
-#: A kernel launch and a CTA's per-K-step overhead (barrier, instruction issue); the chain
-#: planner uses the same terms.
-LAUNCH_S = fitted("gemm.launch_s")
-STEP_S = fitted("gemm.step_s")
-#: A cp.async tile's latency under full load. The fragment prefetch of the next tile makes its
-#: copy land one step early, so a K step waits this long over ``stages - 2`` steps of lookahead.
-#: Fitted on the H100 GEMM suite (bench/results/gemm/latest.json).
-LOADED_LATENCY_S = fitted("gemm.cp_async_loaded_latency_s")
-#: The same for a TMA tile (tvm_dsm.transform.tma_pipeline), which is awaited in the step that
-#: uses it, so ``stages - 1`` steps of lookahead. Fitted on bench/results/gemm_tma/latest.json.
-TMA_LATENCY_S = fitted("gemm.tma_loaded_latency_s")
-#: At most this many times its share of HBM bandwidth does one SM pull, given the bytes in
-#: flight. Fitted on bench/results/gemm_wgmma/latest.json.
-SM_PULL_CAP = fitted("gemm.sm_pull_cap")
-#: Share of mma.sync's tensor-core time the memory stream does not hide: the warps that wait
-#: for tiles also issue every ldmatrix and mma.sync. Fitted on
-#: bench/results/gemm_wgmma/latest.json.
-MMA_SYNC_EXPOSED = fitted("gemm.mma_sync_exposed")
-#: How much more than its fair share of bandwidth an SM pulls while others idle. A grid a little
-#: larger than one CTA per SM doubles up some SMs, and those finish last, sped up by this much.
-#: The same cap bounds what a busy SM pulls from L2 when others idle. Fitted on the H100 GEMM
-#: sweeps (docs/gemm.md).
-SM_HEADROOM = fitted("gemm.sm_headroom")
-#: Share of the measured DSM read bandwidth (tvm_dsm.hardware) the reduce-scatter reaches.
-#: Fitted on the H100 GEMM sweeps (docs/gemm.md); it does not credit the batched loads of
-#: rules.split_k_gemm.sum_partials, which speed up 128-thread tiles in clusters of 2.
-DSM_REDUCE_EFFICIENCY = fitted("gemm.dsm_reduce_efficiency")
-#: How much faster than the hardware file's L2 read rate (a plain re-read microbenchmark) the
-#: operand tiles of a GEMM come from L2. Fitted on the H100 gemm, gated and fp8 sweeps
-#: (docs/gemm.md).
-TILE_L2_SPEEDUP = fitted("gemm.tile_l2_speedup")
-#: Share of TMA's streaming rate that per-thread cp.async copies reach: the same GEMM operand
-#: tiles streamed alone took 66.5 us by cp.async and 53.1 us by TMA on the H100
-#: (src/hwbench/operand_stream.cu, bench/results/archive/operand_stream.json).
-CP_ASYNC_STREAM_EFFICIENCY = fitted("gemm.cp_async_stream_efficiency")
+#: The constants fitted on the GPU's measured GEMMs (``hw.fitted``, data/<gpu>_calibration.json,
+#: each with what it is and what it was fitted on):
+#:
+#: - ``gemm.mma_sync_flops``, ``gemm.wgmma_flops``: tensor-core throughput of mma.sync (fp8
+#:   m16n8k32 counted at its rate: ldmatrix cannot transpose 8-bit tiles) and warpgroup MMAs;
+#: - ``gemm.launch_s``, ``gemm.step_s``: a kernel launch, a CTA's per-K-step overhead (the chain
+#:   planner uses the same terms);
+#: - ``gemm.cp_async_loaded_latency_s``: a cp.async tile's latency under load, over ``stages - 2``
+#:   steps of lookahead (the fragment prefetch lands a copy one step early);
+#:   ``gemm.tma_loaded_latency_s``: a TMA tile's, awaited in the step that uses it, over
+#:   ``stages - 1``;
+#: - ``gemm.sm_pull_cap``: most multiples of its HBM share one SM pulls given the bytes in flight;
+#:   ``gemm.sm_headroom``: how much more than its fair share a busy SM pulls while others idle
+#:   (a grid a little over one CTA per SM finishes on its doubled-up SMs that much sooner; the
+#:   same cap bounds L2);
+#: - ``gemm.mma_sync_exposed``: share of mma.sync time the memory stream does not hide;
+#:   ``gemm.dsm_reduce_efficiency``: share of the DSM read rate the reduce-scatter reaches;
+#:   ``gemm.tile_l2_speedup``: operand tiles from L2 over the plain re-read rate;
+#:   ``gemm.cp_async_stream_efficiency``: share of TMA's streaming rate cp.async copies reach.
 
 
-def stream_share(tma: bool) -> float:
-    """Share of the streaming bandwidth a main loop's operand copies reach (TMA: all of it)."""
-    return 1.0 if tma else CP_ASYNC_STREAM_EFFICIENCY
+def stream_share(tma: bool, hw: Hardware) -> float:
+    """Share of the streaming bandwidth a main loop's operand copies reach on ``hw`` (TMA: all
+    of it)."""
+    return 1.0 if tma else hw.fitted("gemm.cp_async_stream_efficiency")
 
 
 @dataclass(frozen=True)
@@ -154,13 +133,15 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
     # warpgroup MMAs too: the picks match the measured best so). Gated products in one K loop
     # keep two warpgroup-MMA groups in flight into the next step, which costs a step of
     # lookahead (docs/gemm.md).
-    lookahead, latency = (c.stages - 1, TMA_LATENCY_S) if c.tma else (max(1, c.stages - 2), LOADED_LATENCY_S)
+    lookahead, latency = ((c.stages - 1, hw.fitted("gemm.tma_loaded_latency_s")) if c.tma else
+                          (max(1, c.stages - 2), hw.fitted("gemm.cp_async_loaded_latency_s")))
     if c.wgmma and w_tiles > 1:
         lookahead = c.stages - 2
-    stream = stream_share(c.tma)
-    in_flight = min(per_sm * lookahead * tile_bytes, SM_PULL_CAP * _BYTES_IN_FLIGHT_PER_SM)
+    stream = stream_share(c.tma, hw)
+    headroom = hw.fitted("gemm.sm_headroom")
+    in_flight = min(per_sm * lookahead * tile_bytes, hw.fitted("gemm.sm_pull_cap") * _BYTES_IN_FLIGHT_PER_SM)
     pull = busy_sms / hw.sm_count * in_flight / _BYTES_IN_FLIGHT_PER_SM
-    tail = waves / (ctas / slots) if ctas > slots else _doubled_up(ctas, hw.concurrent_ctas(s, 1))
+    tail = waves / (ctas / slots) if ctas > slots else _doubled_up(ctas, hw.concurrent_ctas(s, 1), headroom)
     # Groups of rows of tiles run one after another (the grid walks raster_group rows of tiles
     # per column): W comes from HBM again for each group unless they all run at once or W
     # stays in L2.
@@ -175,21 +156,21 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
     k_steps = loops * tiles.k // s // c.block_k
     seconds = {
         "hbm": traffic["hbm"] / (hw.hbm_bw * stream * min(1.0, pull)) * tail,
-        # L2 feeds each busy SM at most SM_HEADROOM times its share of the aggregate rate: idle
+        # L2 feeds each busy SM at most ``headroom`` times its share of the aggregate rate: idle
         # SMs leave the rest unused.
-        "l2": traffic["l2"] / (hw.l2_bw * TILE_L2_SPEEDUP * stream
-                               * min(1.0, SM_HEADROOM * busy_sms / hw.sm_count)) * tail,
-        "dsm": traffic["dsm"] / (hw.dsm_bw(s) * DSM_REDUCE_EFFICIENCY) if s > 1 else 0.0,
-        "mma": flops / ((WGMMA_PEAK * 2 / elem if c.wgmma else MMA_SYNC_PEAK)
+        "l2": traffic["l2"] / (hw.l2_bw * hw.fitted("gemm.tile_l2_speedup") * stream
+                               * min(1.0, headroom * busy_sms / hw.sm_count)) * tail,
+        "dsm": traffic["dsm"] / (hw.dsm_bw(s) * hw.fitted("gemm.dsm_reduce_efficiency")) if s > 1 else 0.0,
+        "mma": flops / ((hw.fitted("gemm.wgmma_flops") * 2 / elem if c.wgmma else hw.fitted("gemm.mma_sync_flops"))
                         * min(1.0, busy_sms / hw.sm_count)) * tail,
         "pipeline": k_steps * waves * latency / lookahead,
     }
     fill = (c.stages - 1) * hw.latency_ns["hbm"] * 1e-9 * waves * loops  # pipeline fill per wave
     barriers = 2 * hw.latency_ns["dsm"] * 1e-9 if s > 1 else 0.0
-    steps = k_steps * waves * STEP_S
-    seconds["latency"] = LAUNCH_S + fill + barriers + steps
+    steps = k_steps * waves * hw.fitted("gemm.step_s")
+    seconds["latency"] = hw.fitted("gemm.launch_s") + fill + barriers + steps
     total = (max(seconds["hbm"], seconds["l2"], seconds["mma"], seconds["pipeline"])
-             + (0.0 if c.wgmma else MMA_SYNC_EXPOSED * seconds["mma"])
+             + (0.0 if c.wgmma else hw.fitted("gemm.mma_sync_exposed") * seconds["mma"])
              + seconds["dsm"] + seconds["latency"])
     # A grid of one wave launches programmatically; grids of several waves run slower that way
     # (tvm_dsm.transform.programmatic_launch).
@@ -198,11 +179,12 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
                     ctas=ctas, resident=resident, smem=smem, products=g)
 
 
-def _doubled_up(ctas: int, one_per_sm: int) -> float:
+def _doubled_up(ctas: int, one_per_sm: int, headroom: float) -> float:
     """Slowdown of a wave that puts ``ceil(x)`` CTAs on some SMs where ``x`` is the average
-    (``one_per_sm``: the CTAs that fit at one per SM): the busiest SMs set the time."""
+    (``one_per_sm``: the CTAs that fit at one per SM): the busiest SMs set the time, sped up
+    by ``headroom`` (``gemm.sm_headroom``)."""
     x = ctas / one_per_sm
-    return max(1.0, math.ceil(x) / x / SM_HEADROOM) if x > 1 else 1.0
+    return max(1.0, math.ceil(x) / x / headroom) if x > 1 else 1.0
 
 
 #: Pipeline depths of the space. Deeper than 4 pays where the main loop waits on its loads
@@ -303,6 +285,11 @@ def plan_split_k_gemm(shape: GemmShape, hw: Hardware, quantized: bool = False,
             "(M must be a multiple of 16, N a multiple of 64, K a multiple of 32 "
             "giving each CTA one or at least 3 pipeline steps)"
         )
+    return ranked(shape, plans)
+
+
+def ranked(shape: GemmShape, plans: list[GemmPlan]) -> list[GemmPlan]:
+    """``plans`` of ``shape`` in the planner's order (:func:`plan_split_k_gemm`)."""
     if shape.m <= TILE:
         # Taller tiles compute only padding rows here. The model does not see what that costs
         # (its MMA term stays under the HBM term), but 128-row warpgroup tiles measured twice

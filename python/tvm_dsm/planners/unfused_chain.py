@@ -16,24 +16,18 @@ from ..rules.fused_chain import ChainShape
 from ..rules.unfused_chain import UnfusedChainConfig, gemm_shapes
 from .report import Plan
 from .split_k_gemm import GemmPlan, plan_split_k_gemm
-from ..calibration import fitted
 
 #: Configurations of each GEMM combined into the ranking (TOP x TOP pairs).
 TOP = 4
 #: Launched programmatically, a kernel's CTAs are placed while the previous kernel runs: on
 #: the SMs it leaves idle, and beside its CTAs where shared memory allows. Where those places
-#: take at least this share of the grid but not all of it (the grid is then crowded there),
-#: the chain runs slower than launched after the previous kernel; where not crowded the
-#: programmatic launch saves about a launch. Fitted on the H100
-#: (bench/results/archive/chains_programmatic_ab.json, docs/chains.md).
-CROWDED_SHARE = fitted("chains.crowded_share")
-#: A crowded grid's loss, as a share of its kernel's predicted time (the median over the
-#: crowded chains of the same measurements).
-CROWDING = fitted("chains.crowding")
-#: What a chain launched kernel after kernel loses where nothing crowds (the median of the same
-#: measurements). Each GEMM's prediction holds the launch of a kernel run alone, so a
-#: programmatic launch takes this off the sum of the two (less its crowding), once per chain.
-LATE_LAUNCH_S = fitted("chains.late_launch_s")
+#: take at least ``chains.crowded_share`` of the grid but not all of it (the grid is then
+#: crowded there), the chain runs slower than launched after the previous kernel, by
+#: ``chains.crowding`` of its kernel's predicted time; where not crowded the programmatic launch
+#: saves ``chains.late_launch_s``, what a chain launched kernel after kernel loses (each GEMM's
+#: prediction holds the launch of a kernel run alone, so that comes off the sum of the two, less
+#: the crowding, once per chain). Constants fitted on the GPU (``hw.fitted``; on the H100 from
+#: bench/results/archive/chains_programmatic_ab.json, docs/chains.md).
 
 
 @dataclass(frozen=True)
@@ -63,9 +57,10 @@ def combine(shape: ChainShape, first: GemmPlan, second: GemmPlan, hw: Hardware) 
     seconds = {lv: sum(p.seconds.get(lv, 0.0) for p in plans) for lv in levels}
     # Launched programmatically (GEMM1's launch hidden behind GEMM0) unless GEMM1's grid would
     # be crowded for longer than a launch
-    crowding = CROWDING * second.predicted_us * 1e-6 if crowded(first, second, hw) else 0.0
-    programmatic = crowding < LATE_LAUNCH_S
-    launch = min(crowding, LATE_LAUNCH_S) - LATE_LAUNCH_S  # the cheaper launch vs two kernels alone
+    crowding = hw.fitted("chains.crowding") * second.predicted_us * 1e-6 if crowded(first, second, hw) else 0.0
+    late_launch = hw.fitted("chains.late_launch_s")
+    programmatic = crowding < late_launch
+    launch = min(crowding, late_launch) - late_launch  # the cheaper launch vs two kernels alone
     seconds["latency"] = seconds.get("latency", 0.0) + launch
     return UnfusedChainPlan(
         bytes=nbytes, seconds=seconds,
@@ -77,11 +72,11 @@ def combine(shape: ChainShape, first: GemmPlan, second: GemmPlan, hw: Hardware) 
 
 def crowded(first: GemmPlan, second: GemmPlan, hw: Hardware) -> bool:
     """Whether a programmatic launch of ``second`` behind ``first`` would place at least
-    ``CROWDED_SHARE`` of its CTAs, but not all, while ``first`` runs."""
+    ``chains.crowded_share`` of its CTAs, but not all, while ``first`` runs."""
     busy = min(hw.sm_count, math.ceil(first.ctas / first.resident))
     beside = max(0, hw.smem_per_sm - first.resident * first.smem) // second.smem
     places = (hw.sm_count - busy) * second.resident + busy * beside
-    return CROWDED_SHARE * second.ctas <= places < second.ctas
+    return hw.fitted("chains.crowded_share") * second.ctas <= places < second.ctas
 
 
 def plan_unfused_chain(shape: ChainShape, hw: Hardware) -> list[UnfusedChainPlan]:

@@ -1,0 +1,163 @@
+"""Fit a GPU's GEMM constants (:mod:`tvm_dsm.calibration`) to measured configuration pools, so
+that the split-K GEMM planner's first plan is the fastest measured.
+
+``python -m tvm_dsm.bench.calibrate --gpu h200_sxm POOLS... --out FILE`` reads pools that
+``python -m tvm_dsm.bench.search_quality measure`` wrote on that GPU (every candidate of a
+workload built and timed), keeps the split-K GEMM workloads (dense and gated layers), and
+searches the ``gemm.*`` constants of :data:`FITTED` one at a time over :data:`MULTIPLIERS` of
+their current value, keeping a change where it lowers the *pick share*: over the workloads, the
+geometric mean of the measured time of the plan the model ranks first among the measured ones
+over the fastest measured. It reports that share per workload before and after, also held out
+(each workload's pick by the constants fitted on the others), writes the fitted constants into
+``data/<gpu>_calibration.json`` (each changed one's source saying so) and the per-workload
+shares into ``FILE``.
+
+What it cannot see: a pool holds the configurations the model of its day ranked first (its top
+100 or fewer), so a refit model is judged on its order among them; a configuration it now ranks
+first outside the pool was not measured (the GPU suites measure the picks themselves).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..calibration import DATA
+from ..families import match_family
+from ..families.configs import config_from, examples
+from ..hardware import Hardware, load_hardware, refitted
+from ..planners.split_k_gemm import predict, ranked
+from .results import git_sha, new_suite, write
+from .search_quality import WORKLOADS
+
+#: The constants of the GEMM model refit, in the order searched.
+FITTED = ("gemm.step_s", "gemm.tma_loaded_latency_s", "gemm.sm_pull_cap", "gemm.sm_headroom",
+          "gemm.launch_s", "gemm.cp_async_loaded_latency_s", "gemm.tile_l2_speedup",
+          "gemm.dsm_reduce_efficiency", "gemm.mma_sync_exposed")
+#: Values tried for a constant, as multiples of its current value.
+MULTIPLIERS = (0.25, 0.5, 0.7, 0.85, 1.0, 1.2, 1.5, 2.0, 3.0, 4.0)
+#: Passes over FITTED.
+PASSES = 2
+#: A change is kept where it lowers the pick share by more than this (ties keep the value).
+MIN_GAIN = 1e-4
+
+
+@dataclass(frozen=True)
+class Pool:
+    """One workload's measured configurations: its shape and (configuration, microseconds)."""
+
+    workload: str
+    shape: object
+    measured: tuple
+
+
+def pools(paths: Iterable[Path], device: str) -> list[Pool]:
+    """The split-K GEMM pools measured on ``device`` in the files at ``paths``."""
+    rows: dict[str, list[dict]] = {}
+    for path in paths:
+        run = json.loads(Path(path).read_text())
+        if run["device"] != device:
+            continue
+        for r in run["rows"]:
+            if r.get("ok") and r.get("ours_us") and r["family"] == "split_k_gemm" and r["workload"] in WORKLOADS:
+                rows.setdefault(r["workload"], []).append(r)
+    found = []
+    for name, measured in rows.items():
+        family, shape = match_family(WORKLOADS[name]())
+        typed = examples(family.space(shape, load_hardware()))
+        found.append(Pool(name, shape, tuple((config_from(r["config"], typed), r["ours_us"]) for r in measured)))
+    return found
+
+
+def pick_share(pool: Pool, hw: Hardware) -> float:
+    """The measured time of the plan ``hw``'s model ranks first among ``pool``'s over its
+    fastest."""
+    plans = [(predict(pool.shape, config, hw), t) for config, t in pool.measured]
+    first = ranked(pool.shape, [p for p, _ in plans])[0]
+    chosen = next(t for p, t in plans if p is first)
+    return chosen / min(t for _, t in pool.measured)
+
+
+def geomean_share(found: list[Pool], hw: Hardware) -> float:
+    return math.exp(sum(math.log(pick_share(p, hw)) for p in found) / len(found))
+
+
+def fit(found: list[Pool], hw: Hardware, log=lambda line: None) -> Hardware:
+    """``hw`` with the constants of :data:`FITTED` searched to lower the pick share on ``found``."""
+    base = dict(hw.calibration)
+    best = geomean_share(found, hw)
+    for _ in range(PASSES):
+        for key in FITTED:
+            for multiple in MULTIPLIERS:
+                trial = refitted(hw, **{key: base[key] * multiple})
+                share = geomean_share(found, trial)
+                if share < best - MIN_GAIN:
+                    best, hw = share, trial
+        log(f"pick share {best:.4f}: " + ", ".join(f"{k} x{hw.fitted(k) / base[k]:.3g}" for k in FITTED
+                                                   if hw.fitted(k) != base[k]))
+    return hw
+
+
+def held_out(found: list[Pool], hw: Hardware, log=lambda line: None) -> dict[str, float]:
+    """Each workload's pick share by the constants fitted on the other workloads."""
+    shares = {}
+    for pool in found:
+        refit = fit([p for p in found if p is not pool], hw)
+        shares[pool.workload] = pick_share(pool, refit)
+        log(f"  held out {pool.workload}: {shares[pool.workload]:.3f}")
+    return shares
+
+
+def write_calibration(gpu: str, fitted_hw: Hardware, before: Hardware, note: str) -> Path:
+    """``data/<gpu>_calibration.json`` with the fitted values of the constants that changed."""
+    path = DATA / f"{gpu}_calibration.json"
+    data = json.loads(path.read_text())
+    for key in FITTED:
+        if fitted_hw.fitted(key) != before.fitted(key):
+            entry = data["constants"][key]
+            entry["value"] = float(fitted_hw.fitted(key))
+            entry["source"] = note
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("pools", nargs="+", type=Path, help="search_quality measure outputs")
+    parser.add_argument("--gpu", required=True, help="the description fitted (data/<gpu>.json)")
+    parser.add_argument("--out", type=Path, required=True, help="the per-workload shares (results JSON)")
+    parser.add_argument("--no-held-out", action="store_true", help="skip the held-out shares (minutes)")
+    args = parser.parse_args(argv)
+    hw = load_hardware(args.gpu)
+    found = pools(args.pools, hw.device)
+    if len(found) < 3:
+        raise SystemExit(f"{len(found)} split-K GEMM pools measured on {hw.device}: too few to fit")
+    fitted_hw = fit(found, hw, log=print)
+    shares_before = {p.workload: pick_share(p, hw) for p in found}
+    shares_after = {p.workload: pick_share(p, fitted_hw) for p in found}
+    held = {} if args.no_held_out else held_out(found, hw, log=print)
+    results = new_suite("calibration", hw.device, {"fitted_with": git_sha()},
+                        "no timing: pick shares over measured pools " + " ".join(map(str, args.pools)))
+    results["command"] = "python -m tvm_dsm.bench.calibrate --gpu " + args.gpu + " " + " ".join(map(str, args.pools))
+    results["constants"] = {k: {"before": hw.fitted(k), "after": fitted_hw.fitted(k)} for k in FITTED}
+    results["rows"] = [{"name": p.workload, "candidates": len(p.measured), "share_before": round(shares_before[p.workload], 4),
+                        "share_after": round(shares_after[p.workload], 4),
+                        **({"share_held_out": round(held[p.workload], 4)} if held else {})} for p in found]
+    geo = (lambda values: math.exp(sum(map(math.log, values)) / len(values)))
+    results["summary"] = {"workloads": len(found), "share_before": geo(shares_before.values()),
+                          "share_after": geo(shares_after.values()),
+                          **({"share_held_out": geo(held.values())} if held else {})}
+    write(results, args.out)
+    note = (f"fitted on {sum(len(p.measured) for p in found)} measured plans of {len(found)} split-K GEMM "
+            f"workloads (python -m tvm_dsm.bench.calibrate, {args.out}): pick share "
+            f"{results['summary']['share_before']:.3f} -> {results['summary']['share_after']:.3f}"
+            + (f", held out {results['summary']['share_held_out']:.3f}" if held else ""))
+    print(f"{write_calibration(args.gpu, fitted_hw, hw, note)}: {note}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""tvm_dsm.bench.calibrate and the per-GPU constants: a fit finds the constant that orders a
+pool as measured, the committed H200 fit is what this code computes, and a GPU's plans use its
+own constants."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tvm_dsm.bench import calibrate
+from tvm_dsm.hardware import description_for, load_hardware, refitted
+from tvm_dsm.planners.split_k_gemm import plan_split_k_gemm, predict
+from tvm_dsm.rules.split_k_gemm import GemmShape
+
+RESULTS = Path(__file__).parent.parent / "bench" / "results" / "calibration" / "h200_sxm.json"
+
+
+def _pool(name: str, shape: GemmShape, timed_by, top: int = 24) -> calibrate.Pool:
+    """``shape``'s first ``top`` plans on the H100, each "measured" as ``timed_by`` predicts it."""
+    configs = [p.config for p in plan_split_k_gemm(shape, load_hardware("h100_sxm"))[:top]]
+    return calibrate.Pool(name, shape, tuple((c, predict(shape, c, timed_by).predicted_us) for c in configs))
+
+
+def test_a_fit_recovers_the_constant_that_ordered_the_measurements():
+    """Pools "measured" by the model with a quarter of the per-step overhead and three times the
+    TMA latency: the unfitted model's picks are off, the fitted one picks their fastest."""
+    hw = load_hardware("h100_sxm")
+    truth = refitted(hw, **{"gemm.step_s": hw.fitted("gemm.step_s") * 0.25,
+                            "gemm.tma_loaded_latency_s": hw.fitted("gemm.tma_loaded_latency_s") * 3})
+    pools = [_pool(f"dense_{m}x{n}x{k}", GemmShape(m, n, k, True), truth)
+             for m, n, k in ((16, 8192, 8192), (64, 10240, 8192), (128, 4608, 3584), (1024, 1152, 896))]
+    assert calibrate.geomean_share(pools, hw) > 1.01
+    fitted = calibrate.fit(pools, hw)
+    assert calibrate.geomean_share(pools, fitted) == pytest.approx(1.0)
+    assert all(calibrate.pick_share(p, fitted) == pytest.approx(1.0) for p in pools)
+
+
+def test_the_committed_h200_fit_is_what_this_code_computes():
+    """``python -m tvm_dsm.bench.calibrate`` wrote these shares with these constants: a model
+    changed since would plan by constants fitted to another model (refit it)."""
+    results = json.loads(RESULTS.read_text())
+    hw = load_hardware("h200_sxm")
+    for key, values in results["constants"].items():
+        assert hw.fitted(key) == pytest.approx(values["after"]), key
+    rows = {r["name"]: r for r in results["rows"]}
+    pools = {p.workload: p for p in calibrate.pools(sorted(RESULTS.parents[1].glob("search_quality/pools_*.json")),
+                                                    hw.device) if p.workload in rows}
+    assert len(pools) == results["summary"]["workloads"]
+    for name in ("dense_10240x8192_m64", "dense_2048x2048_m16", "gated_8192x2048_m64"):
+        assert calibrate.pick_share(pools[name], hw) == pytest.approx(rows[name]["share_after"], abs=1e-3)
+    assert results["summary"]["share_after"] < results["summary"]["share_before"]
+
+
+def test_each_gpu_plans_with_its_own_constants():
+    h100, h200 = load_hardware("h100_sxm"), load_hardware("h200_sxm")
+    assert description_for(h100.device) == "h100_sxm" and description_for(h200.device) == "h200_sxm"
+    assert h200.fitted("gemm.step_s") != h100.fitted("gemm.step_s")
+    shape = GemmShape(64, 10240, 8192, True)
+    config = plan_split_k_gemm(shape, h100)[0].config
+    assert predict(shape, config, h100).predicted_us != predict(shape, config, h200).predicted_us
+    with pytest.raises(KeyError, match="no fitted constants"):
+        refitted(h100, **{"gemm.no_such_constant": 1.0})
