@@ -1,9 +1,11 @@
 """Fit a GPU's GEMM constants (:mod:`tvm_dsm.calibration`) to measured configuration pools, so
 that the split-K GEMM planner's first plan is the fastest measured.
 
-``python -m tvm_dsm.bench.calibrate --gpu h200_sxm POOLS... --out FILE`` reads pools that
-``python -m tvm_dsm.bench.search_quality measure`` wrote on that GPU (every candidate of a
-workload built and timed), keeps the split-K GEMM workloads (dense and gated layers), and
+``python -m tvm_dsm.bench.calibrate --gpu h200_sxm POOLS... --out FILE`` reads pools measured
+on that GPU -- ``python -m tvm_dsm.bench.search_quality measure`` outputs (every candidate of a
+workload built and timed) and GPU suite runs of several configurations of one dense layer
+(``dense_candidates``), each run's candidates of a workload one pool, as its times compare --
+keeps the split-K GEMM workloads (dense and gated layers), and
 searches the ``gemm.*`` constants of :data:`FITTED` one at a time over :data:`MULTIPLIERS` of
 their current value, keeping a change where it lowers the *pick share*: over the workloads, the
 geometric mean of the measured time of the plan the model ranks first among the measured ones
@@ -20,9 +22,11 @@ first outside the pool was not measured (the GPU suites measure the picks themse
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +35,8 @@ from ..families import match_family
 from ..families.configs import config_from, examples
 from ..hardware import Hardware, load_hardware, refitted
 from ..planners.split_k_gemm import predict, ranked
+from ..rules.split_k_gemm import SplitKGemmConfig
+from ..workloads.dense import dense
 from .results import git_sha, new_suite, write
 from .search_quality import WORKLOADS
 
@@ -48,28 +54,48 @@ MIN_GAIN = 1e-4
 
 @dataclass(frozen=True)
 class Pool:
-    """One workload's measured configurations: its shape and (configuration, microseconds)."""
+    """One workload's configurations measured in one run: its shape, (configuration,
+    microseconds), and the run's file name."""
 
     workload: str
     shape: object
     measured: tuple
+    source: str = ""
+
+
+_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(SplitKGemmConfig))
+
+
+def _measured(run: dict) -> Iterator[tuple[str, Callable, dict, float]]:
+    """A run's split-K GEMM measurements: (workload, its function, configuration fields, us)."""
+    for r in run["rows"]:
+        if not (r.get("ok") and r.get("ours_us")):
+            continue
+        if r.get("family") == "split_k_gemm" and r["workload"] in WORKLOADS:  # a search_quality pool
+            yield r["workload"], WORKLOADS[r["workload"]], r["config"], r["ours_us"]
+        elif r.get("workload") == "dense" and all(f in r.get("plan", {}) for f in _CONFIG_FIELDS):  # a GPU suite row
+            yield (f"dense_{r['n']}x{r['k']}_m{r['m']}", functools.partial(dense, r["m"], r["n"], r["k"]),
+                   {f: r["plan"][f] for f in _CONFIG_FIELDS}, r["ours_us"])
 
 
 def pools(paths: Iterable[Path], device: str) -> list[Pool]:
-    """The split-K GEMM pools measured on ``device`` in the files at ``paths``."""
-    rows: dict[str, list[dict]] = {}
+    """The split-K GEMM pools measured on ``device`` in the files at ``paths``: each file's
+    measurements of a workload, where it holds two or more."""
+    found = []
     for path in paths:
         run = json.loads(Path(path).read_text())
         if run["device"] != device:
             continue
-        for r in run["rows"]:
-            if r.get("ok") and r.get("ours_us") and r["family"] == "split_k_gemm" and r["workload"] in WORKLOADS:
-                rows.setdefault(r["workload"], []).append(r)
-    found = []
-    for name, measured in rows.items():
-        family, shape = match_family(WORKLOADS[name]())
-        typed = examples(family.space(shape, load_hardware()))
-        found.append(Pool(name, shape, tuple((config_from(r["config"], typed), r["ours_us"]) for r in measured)))
+        by_workload: dict[str, list] = {}
+        for name, function, fields, us in _measured(run):
+            by_workload.setdefault(name, [function]).append((fields, us))
+        for name, (function, *measured) in by_workload.items():
+            if len(measured) < 2:
+                continue
+            family, shape = match_family(function())
+            typed = examples(family.space(shape, load_hardware()))
+            found.append(Pool(name, shape, tuple((config_from(fields, typed), us) for fields, us in measured),
+                              Path(path).name))
     return found
 
 
@@ -102,13 +128,13 @@ def fit(found: list[Pool], hw: Hardware, log=lambda line: None) -> Hardware:
     return hw
 
 
-def held_out(found: list[Pool], hw: Hardware, log=lambda line: None) -> dict[str, float]:
-    """Each workload's pick share by the constants fitted on the other workloads."""
-    shares = {}
+def held_out(found: list[Pool], hw: Hardware, log=lambda line: None) -> list[float]:
+    """Each pool's pick share by the constants fitted on the other workloads' pools."""
+    shares = []
     for pool in found:
-        refit = fit([p for p in found if p is not pool], hw)
-        shares[pool.workload] = pick_share(pool, refit)
-        log(f"  held out {pool.workload}: {shares[pool.workload]:.3f}")
+        refit = fit([p for p in found if p.workload != pool.workload], hw)
+        shares.append(pick_share(pool, refit))
+        log(f"  held out {pool.workload} ({pool.source}): {shares[-1]:.3f}")
     return shares
 
 
@@ -137,23 +163,23 @@ def main(argv: list[str] | None = None) -> None:
     if len(found) < 3:
         raise SystemExit(f"{len(found)} split-K GEMM pools measured on {hw.device}: too few to fit")
     fitted_hw = fit(found, hw, log=print)
-    shares_before = {p.workload: pick_share(p, hw) for p in found}
-    shares_after = {p.workload: pick_share(p, fitted_hw) for p in found}
-    held = {} if args.no_held_out else held_out(found, hw, log=print)
+    shares_before = [pick_share(p, hw) for p in found]
+    shares_after = [pick_share(p, fitted_hw) for p in found]
+    held = [] if args.no_held_out else held_out(found, hw, log=print)
     results = new_suite("calibration", hw.device, {"fitted_with": git_sha()},
                         "no timing: pick shares over measured pools " + " ".join(map(str, args.pools)))
     results["command"] = "python -m tvm_dsm.bench.calibrate --gpu " + args.gpu + " " + " ".join(map(str, args.pools))
     results["constants"] = {k: {"before": hw.fitted(k), "after": fitted_hw.fitted(k)} for k in FITTED}
-    results["rows"] = [{"name": p.workload, "candidates": len(p.measured), "share_before": round(shares_before[p.workload], 4),
-                        "share_after": round(shares_after[p.workload], 4),
-                        **({"share_held_out": round(held[p.workload], 4)} if held else {})} for p in found]
+    results["rows"] = [{"name": p.workload, "source": p.source, "candidates": len(p.measured),
+                        "share_before": round(shares_before[i], 4), "share_after": round(shares_after[i], 4),
+                        **({"share_held_out": round(held[i], 4)} if held else {})} for i, p in enumerate(found)]
     geo = (lambda values: math.exp(sum(map(math.log, values)) / len(values)))
-    results["summary"] = {"workloads": len(found), "share_before": geo(shares_before.values()),
-                          "share_after": geo(shares_after.values()),
-                          **({"share_held_out": geo(held.values())} if held else {})}
+    results["summary"] = {"pools": len(found), "workloads": len({p.workload for p in found}),
+                          "share_before": geo(shares_before), "share_after": geo(shares_after),
+                          **({"share_held_out": geo(held)} if held else {})}
     write(results, args.out)
-    note = (f"fitted on {sum(len(p.measured) for p in found)} measured plans of {len(found)} split-K GEMM "
-            f"workloads (python -m tvm_dsm.bench.calibrate, {args.out}): pick share "
+    note = (f"fitted on {sum(len(p.measured) for p in found)} measured plans of "
+            f"{results['summary']['workloads']} split-K GEMM workloads (python -m tvm_dsm.bench.calibrate, {args.out}): pick share "
             f"{results['summary']['share_before']:.3f} -> {results['summary']['share_after']:.3f}"
             + (f", held out {results['summary']['share_held_out']:.3f}" if held else ""))
     print(f"{write_calibration(args.gpu, fitted_hw, hw, note)}: {note}")

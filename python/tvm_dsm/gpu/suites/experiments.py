@@ -394,3 +394,35 @@ def chains_pdl() -> list[Variant]:
     variants = [v for label in _SMALL_CHAINS for v in chain_variants(label, 128, 0, hw)
                 if not v.plan.get("unfused")]
     return [launched(v, on) for v in variants for on in (False, True)]
+
+
+#: Row counts of the real-shape dense layers the GPU models' candidates are measured at.
+_CANDIDATE_ROWS = (16, 64, 128, 512, 1024)
+
+
+def dense_candidates(top: int = 2) -> list[Variant]:
+    """The real-shape dense layers (tvm_dsm.gpu.suites.real_shapes) at :data:`_CANDIDATE_ROWS`
+    where the H100's and this GPU's split-K GEMM models pick differently: the first ``top`` plans
+    of this GPU's model and the H100's first, side by side (pools for python -m
+    tvm_dsm.bench.calibrate: which model's order the measurements follow)."""
+    from .real_shapes import cases
+
+    hw, h100 = load_hardware(), load_hardware("h100_sxm")
+    variants = []
+    for case in cases():
+        if case.cls != "dense" or case.shape[0] not in _CANDIDATE_ROWS:
+            continue
+        m, n, k = case.shape
+        shape = GemmShape(m, n, k, True)
+        try:
+            ours, theirs = plan_split_k_gemm(shape, hw), plan_split_k_gemm(shape, h100)
+        except ClusterError:
+            continue
+        if ours[0].config == theirs[0].config:
+            continue
+        chosen = {p.config: (rank, p.predicted_us) for rank, p in enumerate(ours[:top])}
+        chosen.setdefault(theirs[0].config, (None, predict(shape, theirs[0].config, hw).predicted_us))
+        variants += [gemm_variant(f"dense_{n}x{k}", m, n, k, config, rank, predicted)
+                     for config, (rank, predicted) in chosen.items()]
+    return variants
+

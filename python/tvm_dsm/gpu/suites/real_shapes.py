@@ -26,6 +26,7 @@ first (``--only swiglu_`` runs one class).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -122,13 +123,16 @@ class _Built:
     fields: dict = field(default_factory=dict)
 
 
-def _family(func) -> str:
-    """The family ``tvm_dsm.build`` schedules ``func`` with, or "fallback" (dlight, or one
+def _plan(func) -> dict:
+    """The family ``tvm_dsm.build`` schedules ``func`` with and its configuration's fields (a
+    measured pick: python -m tvm_dsm.bench.calibrate reads them), or "fallback" (dlight, or one
     schedule per operator)."""
     try:
-        return plan(func).family.name
+        best = plan(func)
     except ClusterError:
-        return "fallback"
+        return {"family": "fallback"}
+    config = best.best.config
+    return {"family": best.family.name, **(dataclasses.asdict(config) if dataclasses.is_dataclass(config) else {})}
 
 
 def _swiglu(case: Case) -> _Built:
@@ -180,7 +184,7 @@ def variant(case: Case) -> Variant:
             a["scale"] = scale
     peers = _PEERS[case.cls]
     return Variant(name=built.name, workload=built.workload, mod=schedule(built.func).mod, args=args,
-                   bytes=nbytes_of(args), flops=built.flops, plan={"family": _family(built.func)}, peers=peers,
+                   bytes=nbytes_of(args), flops=built.flops, plan=_plan(built.func), peers=peers,
                    reference_kwargs=built.reference_kwargs,
                    extra={"class": case.cls, "uses": list(case.uses), **built.fields})
 
