@@ -73,7 +73,7 @@ def _measured(run: dict) -> Iterator[tuple[str, Callable, dict, float]]:
             continue
         if r.get("family") == "split_k_gemm" and r["workload"] in WORKLOADS:  # a search_quality pool
             yield r["workload"], WORKLOADS[r["workload"]], r["config"], r["ours_us"]
-        elif r.get("workload") == "dense" and all(f in r.get("plan", {}) for f in _CONFIG_FIELDS):  # a GPU suite row
+        elif r["name"].startswith("dense_") and all(f in r.get("plan", {}) for f in _CONFIG_FIELDS):  # a GPU suite row
             yield (f"dense_{r['n']}x{r['k']}_m{r['m']}", functools.partial(dense, r["m"], r["n"], r["k"]),
                    {f: r["plan"][f] for f in _CONFIG_FIELDS}, r["ours_us"])
 
