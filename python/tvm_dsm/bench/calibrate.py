@@ -4,15 +4,20 @@ that the split-K GEMM planner's first plan is the fastest measured.
 ``python -m tvm_dsm.bench.calibrate --gpu h200_sxm POOLS... --out FILE`` reads pools measured
 on that GPU -- ``python -m tvm_dsm.bench.search_quality measure`` outputs (every candidate of a
 workload built and timed) and GPU suite runs of several configurations of one dense layer
-(``dense_candidates``), each run's candidates of a workload one pool, as its times compare --
-keeps the split-K GEMM workloads (dense and gated layers), and
+(``dense_candidates``; a model's decode GEMMs under two plans, ``batch`` the rows they were
+called with), each run's candidates of a workload one pool, as its times compare --
+keeps the split-K GEMM workloads (dense and gated layers) timed as they run in a model --
+from HBM: a run whose inputs were rotated past L2, or a layer whose operands outgrow it
+(MetaSchedule's runner repeats a kernel on the same buffers, so a small layer's weights come
+from a warm L2 there, where fewer pipeline stages pay: on the H200, the 1B Llama's down
+projection planned from such pools ran 18% slower in the model) -- and
 searches the ``gemm.*`` constants of :data:`FITTED` one at a time over :data:`MULTIPLIERS` of
 their current value, keeping a change where it lowers the *pick share*: over the workloads, the
 geometric mean of the measured time of the plan the model ranks first among the measured ones
-over the fastest measured. It reports that share per workload before and after, also held out
-(each workload's pick by the constants fitted on the others), writes the fitted constants into
-``data/<gpu>_calibration.json`` (each changed one's source saying so) and the per-workload
-shares into ``FILE``.
+over the fastest measured. It writes that share per pool before and after the fit, also held
+out (each workload's pick by the constants fitted on the others), into ``FILE``; with
+``--write``, the fitted constants into ``data/<gpu>_calibration.json`` (each changed one's
+source saying so) -- where the held-out share says the fit carries to other shapes.
 
 What it cannot see: a pool holds the configurations the model of its day ranked first (its top
 100 or fewer), so a refit model is judged on its order among them; a configuration it now ranks
@@ -41,7 +46,7 @@ from .results import git_sha, new_suite, write
 from .search_quality import WORKLOADS
 
 #: The constants of the GEMM model refit, in the order searched.
-FITTED = ("gemm.step_s", "gemm.tma_loaded_latency_s", "gemm.sm_pull_cap", "gemm.sm_headroom",
+FITTED = ("gemm.step_s", "gemm.tma_loaded_latency_s", "gemm.bytes_in_flight_per_sm", "gemm.sm_pull_cap", "gemm.sm_headroom",
           "gemm.launch_s", "gemm.cp_async_loaded_latency_s", "gemm.tile_l2_speedup",
           "gemm.dsm_reduce_efficiency", "gemm.mma_sync_exposed")
 #: Values tried for a constant, as multiples of its current value.
@@ -74,17 +79,25 @@ def _measured(run: dict) -> Iterator[tuple[str, Callable, dict, float]]:
         if r.get("family") == "split_k_gemm" and r["workload"] in WORKLOADS:  # a search_quality pool
             yield r["workload"], WORKLOADS[r["workload"]], r["config"], r["ours_us"]
         elif r["name"].startswith("dense_") and all(f in r.get("plan", {}) for f in _CONFIG_FIELDS):  # a GPU suite row
-            yield (f"dense_{r['n']}x{r['k']}_m{r['m']}", functools.partial(dense, r["m"], r["n"], r["k"]),
+            batch = f"_b{r['batch']}" if "batch" in r else ""  # a model's kernel called with fewer rows
+            yield (f"dense_{r['n']}x{r['k']}_m{r['m']}{batch}", functools.partial(dense, r["m"], r["n"], r["k"]),
                    {f: r["plan"][f] for f in _CONFIG_FIELDS}, r["ours_us"])
 
 
-def pools(paths: Iterable[Path], device: str) -> list[Pool]:
-    """The split-K GEMM pools measured on ``device`` in the files at ``paths``: each file's
-    measurements of a workload, where it holds two or more."""
+def from_hbm(run: dict, shape, hw: Hardware) -> bool:
+    """Whether ``run`` timed ``shape``'s kernels reading their operands from HBM: its inputs
+    rotated past L2 between calls, or the operands more than twice the L2."""
+    operands = (shape.m * shape.k + shape.products * shape.n * shape.k + shape.m * shape.n) * 2
+    return "rotated past L2" in run.get("timing", "") or operands > 2 * hw.l2_bytes
+
+
+def pools(paths: Iterable[Path], hw: Hardware) -> list[Pool]:
+    """The split-K GEMM pools measured on ``hw``'s GPU in the files at ``paths``: each file's
+    measurements of a workload, where it holds two or more read from HBM (:func:`from_hbm`)."""
     found = []
     for path in paths:
         run = json.loads(Path(path).read_text())
-        if run["device"] != device:
+        if run["device"] != hw.device:
             continue
         by_workload: dict[str, list] = {}
         for name, function, fields, us in _measured(run):
@@ -93,7 +106,9 @@ def pools(paths: Iterable[Path], device: str) -> list[Pool]:
             if len(measured) < 2:
                 continue
             family, shape = match_family(function())
-            typed = examples(family.space(shape, load_hardware()))
+            if not from_hbm(run, shape, hw):
+                continue
+            typed = examples(family.space(shape, hw))
             found.append(Pool(name, shape, tuple((config_from(fields, typed), us) for fields, us in measured),
                               Path(path).name))
     return found
@@ -157,9 +172,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gpu", required=True, help="the description fitted (data/<gpu>.json)")
     parser.add_argument("--out", type=Path, required=True, help="the per-workload shares (results JSON)")
     parser.add_argument("--no-held-out", action="store_true", help="skip the held-out shares (minutes)")
+    parser.add_argument("--write", action="store_true", help="write the fitted constants into data/<gpu>_calibration.json")
     args = parser.parse_args(argv)
     hw = load_hardware(args.gpu)
-    found = pools(args.pools, hw.device)
+    found = pools(args.pools, hw)
     if len(found) < 3:
         raise SystemExit(f"{len(found)} split-K GEMM pools measured on {hw.device}: too few to fit")
     fitted_hw = fit(found, hw, log=print)
@@ -182,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{results['summary']['workloads']} split-K GEMM workloads (python -m tvm_dsm.bench.calibrate, {args.out}): pick share "
             f"{results['summary']['share_before']:.3f} -> {results['summary']['share_after']:.3f}"
             + (f", held out {results['summary']['share_held_out']:.3f}" if held else ""))
-    print(f"{write_calibration(args.gpu, fitted_hw, hw, note)}: {note}")
+    print(f"{write_calibration(args.gpu, fitted_hw, hw, note)}: {note}" if args.write else note)
 
 
 if __name__ == "__main__":

@@ -42,10 +42,6 @@ from ..rules.split_k_gemm import (
 from ..intrin.wgmma import TILE_WIDTHS
 from .report import Plan
 
-#: Bytes in flight one SM needs to sustain its share of HBM bandwidth: Little's law with the
-#: ~700-cycle HBM latency at 2.8 TB/s over 132 SMs gives ~15 KB; pipelines overlap less than
-#: ideally, so twice that.
-_BYTES_IN_FLIGHT_PER_SM = 32 * 1024
 _REGISTERS_PER_THREAD = 128  # what the mma main loop compiles to, roughly (fragments + addresses)
 #: The constants fitted on the GPU's measured GEMMs (``hw.fitted``, data/<gpu>_calibration.json,
 #: each with what it is and what it was fitted on):
@@ -58,7 +54,9 @@ _REGISTERS_PER_THREAD = 128  # what the mma main loop compiles to, roughly (frag
 #:   steps of lookahead (the fragment prefetch lands a copy one step early);
 #:   ``gemm.tma_loaded_latency_s``: a TMA tile's, awaited in the step that uses it, over
 #:   ``stages - 1``;
-#: - ``gemm.sm_pull_cap``: most multiples of its HBM share one SM pulls given the bytes in flight;
+#: - ``gemm.bytes_in_flight_per_sm``: what one SM keeps in flight to pull its share of HBM
+#:   bandwidth (Little's law over the loaded latency);
+#:   ``gemm.sm_pull_cap``: most multiples of its HBM share one SM pulls given the bytes in flight;
 #:   ``gemm.sm_headroom``: how much more than its fair share a busy SM pulls while others idle
 #:   (a grid a little over one CTA per SM finishes on its doubled-up SMs that much sooner; the
 #:   same cap bounds L2);
@@ -139,8 +137,9 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
         lookahead = c.stages - 2
     stream = stream_share(c.tma, hw)
     headroom = hw.fitted("gemm.sm_headroom")
-    in_flight = min(per_sm * lookahead * tile_bytes, hw.fitted("gemm.sm_pull_cap") * _BYTES_IN_FLIGHT_PER_SM)
-    pull = busy_sms / hw.sm_count * in_flight / _BYTES_IN_FLIGHT_PER_SM
+    needed = hw.fitted("gemm.bytes_in_flight_per_sm")
+    in_flight = min(per_sm * lookahead * tile_bytes, hw.fitted("gemm.sm_pull_cap") * needed)
+    pull = busy_sms / hw.sm_count * in_flight / needed
     tail = waves / (ctas / slots) if ctas > slots else _doubled_up(ctas, hw.concurrent_ctas(s, 1), headroom)
     # Groups of rows of tiles run one after another (the grid walks raster_group rows of tiles
     # per column): W comes from HBM again for each group unless they all run at once or W
