@@ -149,7 +149,7 @@ MIN_WORKLOADS = 3
 #: Families whose measurements are fitted into the GPU's constants instead
 #: (:mod:`tvm_dsm.bench.calibrate`): their analytical order is kept. On the H200 pools the
 #: refit split-K GEMM model picked within 3.5% of the fastest measured (geometric mean of 18
-#: workloads), re-ranked by the committed measurements within 7%.
+#: workloads), re-ranked by the committed measurements within 7% (in sample, both).
 CALIBRATED_FAMILIES = ("split_k_gemm",)
 
 
