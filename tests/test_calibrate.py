@@ -76,3 +76,25 @@ def test_only_kernels_timed_from_hbm_are_fitted():
     rotated = calibrate.pools([RESULTS.parent / "dense_candidates_h200.json"], hw)
     assert not small and "dense_10240x8192_m64" in large and "dense_3072x2048_m256" not in large
     assert any(p.shape.m * p.shape.n * p.shape.k < 2 ** 30 for p in rotated)
+
+
+def test_tvm_dsm_gpu_names_the_gpu_planned_for(monkeypatch):
+    """A machine without the GPU plans for it by name (the default: the GPU present, else the
+    H100)."""
+    from tvm_dsm import hardware
+
+    def fresh():
+        hardware.gpu_name.cache_clear()
+        hardware.load_hardware.cache_clear()
+
+    monkeypatch.setenv(hardware.GPU_VARIABLE, "h200_sxm")
+    fresh()
+    try:
+        assert hardware.gpu_name() == "h200_sxm" and load_hardware().device == "NVIDIA H200"
+        monkeypatch.setenv(hardware.GPU_VARIABLE, "no_such_gpu")
+        fresh()
+        with pytest.raises(FileNotFoundError, match="no hardware description"):
+            load_hardware()
+    finally:
+        monkeypatch.undo()
+        fresh()
