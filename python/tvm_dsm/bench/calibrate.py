@@ -42,7 +42,7 @@ from ..hardware import Hardware, load_hardware, refitted
 from ..planners.split_k_gemm import predict, ranked
 from ..rules.split_k_gemm import SplitKGemmConfig
 from ..workloads.dense import dense
-from .results import git_sha, new_suite, write
+from .results import L2_ROTATED, git_sha, new_suite, write
 from .search_quality import WORKLOADS
 
 #: The constants of the GEMM model refit, in the order searched.
@@ -88,7 +88,7 @@ def from_hbm(run: dict, shape, hw: Hardware) -> bool:
     """Whether ``run`` timed ``shape``'s kernels reading their operands from HBM: its inputs
     rotated past L2 between calls, or the operands more than twice the L2."""
     operands = (shape.m * shape.k + shape.products * shape.n * shape.k + shape.m * shape.n) * 2
-    return "rotated past L2" in run.get("timing", "") or operands > 2 * hw.l2_bytes
+    return L2_ROTATED in run.get("timing", "") or operands > 2 * hw.l2_bytes
 
 
 def pools(paths: Iterable[Path], hw: Hardware) -> list[Pool]:

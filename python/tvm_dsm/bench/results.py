@@ -21,6 +21,11 @@ RESULTS = Path(__file__).resolve().parents[3] / "bench" / "results"
 LATEST = "latest.json"
 #: The keys every suite header and every row must have (``bench/results/<suite>/latest.json``).
 HEADER_KEYS = ("suite", "device", "date", "versions", "timing", "rows")
+#: What a run's "timing" says where each call read fresh inputs from HBM (tvm_dsm.bench.timing),
+#: as tvm_dsm.bench.calibrate tells such runs from those of a warm L2.
+L2_ROTATED = "inputs rotated past L2"
+#: The "timing" of the GPU suites (tvm_dsm.bench.timing.graph_time_us).
+GRAPH_TIMING = f"CUDA events over CUDA-graph replays ({L2_ROTATED}), median of 50"
 ROW_KEYS = ("name", "ok", "rel_err")
 
 

@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..bench.results import GRAPH_TIMING
+
 ARCH = "sm_90a"
 #: tvm-dsm option candidates: (compiler, fast_math, register_usage_level)
 CANDIDATES = [(c, fm, r) for c in ("nvcc", "nvrtc") for fm in (True, False) for r in (None, 10)]
@@ -341,7 +343,7 @@ def report(raw: dict, fixed: tuple[str, str], date: str, extras: dict | None = N
         "suite": "compile_paths", "device": raw["device"], "date": date,
         "versions": {"tvm": raw["tvm"], "tvm_dsm": raw["tvm_dsm"], "torch": raw["torch"],
                      "cuda": raw["versions"].get("nvcc"), **{k: v for k, v in raw["versions"].items() if k != "nvcc"}},
-        "timing": f"CUDA events over CUDA-graph replays (inputs rotated past L2), median of 50 replays, mean of "
+        "timing": f"{GRAPH_TIMING} replays, mean of "
                   f"{raw['rounds']} rounds in opposite path orders; one process, one warm H100",
         "fixed": {"fixed_nvcc_mode": nvcc_key, "fixed_nvrtc": nvrtc_key},
         "paths_legend": {

@@ -95,7 +95,7 @@ def main() -> None:
     stock_target = tvm.target.Target(STOCK_TARGET, host="llvm")
     results = res.new_suite("gemm_meta_schedule", torch.cuda.get_device_name(),
                             {"tvm": tvm.__version__, "torch": torch.__version__},
-                            "CUDA events over CUDA-graph replays (inputs rotated past L2), median of 50")
+                            res.GRAPH_TIMING)
     hbm_bw = measure_hbm_bandwidth()
     for label in args.shapes:
         n, k = GEMM_SHAPES[label]
