@@ -52,18 +52,26 @@ ROWS_BEYOND = 4096
 ATTEMPTS = 4
 
 
+#: The name a range scheduled by TVM's stock rules (dlight) goes by (:func:`stock_one_row_kernel`).
+STOCK = "dlight"
+
+
 @dataclass(frozen=True)
 class RangeKernel:
     """The kernel of the rows up to ``bound`` (None: every row count past the ranges before),
     with its configuration's predicted time at the range's largest row count (``bound``, or
-    ROWS_BEYOND for the last range)."""
+    ROWS_BEYOND for the last range); ``family`` None: TVM's stock schedule, no prediction."""
 
     bound: int | None
-    family: ScheduleFamily
+    family: ScheduleFamily | None
     config: Any
     func: tirx.PrimFunc
-    predicted_us: float
+    predicted_us: float | None
     tuned: bool = False  # the configuration is a tuning record's (:func:`range_kernels`)
+
+    @property
+    def family_name(self) -> str:
+        return self.family.name if self.family is not None else STOCK
 
 
 #: The configuration fields a tuning record holds for a function of constant extents, or None:
@@ -158,6 +166,25 @@ def _one_row_kernel(func: tirx.PrimFunc, target: Any, hw: Hardware,
         return None
     params = list(zip(scheduled.params, func.params))
     return RangeKernel(1, family, config, func.with_body(substitute(scheduled.body, params)), predicted)
+
+
+def stock_one_row_kernel(func: tirx.PrimFunc, stock: Callable[[tirx.PrimFunc], tirx.PrimFunc],
+                         refusal: Callable[[tirx.PrimFunc], str | None]) -> RangeKernel | None:
+    """The kernel of ``func`` (one extent variable) at exactly one row where its family refuses
+    that row and TVM's stock rules schedule it: a decode batch of one, where the GEMM family
+    leaves a matrix-vector product to dlight's GEMV as it does for a constant M = 1. None where
+    the family takes one row (the first range's kernel does) or the stock rules do not.
+    ``refusal``: why no family takes the one-row function (None where one does); ``stock``: the
+    one-row function scheduled by a stock rule (ClusterError where none takes it)."""
+    one = specialized(func, range_variable(func), 1)
+    if refusal(one) is None:
+        return None
+    try:
+        scheduled = stock(one)
+    except (ClusterError, ScheduleError, tvm.error.InternalError):
+        return None
+    params = list(zip(scheduled.params, func.params))
+    return RangeKernel(1, None, None, func.with_body(substitute(scheduled.body, params)), None)
 
 
 def _first_that_applies(family: ScheduleFamily, func: tirx.PrimFunc, plans: list[Plan],
