@@ -119,13 +119,13 @@ def _nn_mlp(hidden: int, inner: int):
 
 def test_an_nn_mlp_over_a_batch_and_a_sequence_gets_gemm_kernels():
     """A ``relax.frontend.nn`` MLP exported with ``[batch, seq, in]`` activations: both linear
-    layers planned per range of rows by the split-K GEMM family."""
+    layers planned per range of rows by the split-K GEMM family, one row by the row GEMV."""
     from tvm_dsm.model_report import relax_report
 
     mod, _ = _nn_mlp(256, 512)
     report = relax_report(mod).format()
     products = [line for line in report.splitlines() if "NT_matmul" in line]
-    assert len(products) == 2 and all("split_k_gemm" in line and "<= 16: split_k_gemm" in line for line in products), report
+    assert len(products) == 2 and all("rows <= 1: row_gemv" in line and "<= 16: split_k_gemm" in line for line in products), report
 
 
 @pytest.mark.gpu

@@ -35,7 +35,8 @@ def test_row_variable_finds_the_one_symbolic_extent():
 
 def test_each_range_gets_its_planned_configuration_and_equal_neighbours_merge():
     func = dense(te.var("m"), 2048, 2048)
-    kernels = range_kernels(func, H100, load_hardware())
+    one, *kernels = range_kernels(func, H100, load_hardware())
+    assert (one.bound, one.family.name) == (1, "row_gemv")  # a batch of one: a GEMV
     assert 1 < len(kernels) <= len(ROW_RANGES) + 1
     assert kernels[-1].bound is None
     bounds = [k.bound for k in kernels[:-1]]
@@ -49,7 +50,8 @@ def test_each_range_gets_its_planned_configuration_and_equal_neighbours_merge():
 def test_symbolic_dense_builds_one_kernel_per_range_and_the_cuda_compiles(assemble):
     func = dense(te.var("m"), 4096, 1024, "bfloat16")
     kernels, sch = schedule_row_ranges(func, H100)
-    assert [k.family_name for k in kernels] == ["dlight", *["split_k_gemm"] * (len(kernels) - 1)]
+    assert [k.family.name for k in kernels] == ["row_gemv", *["split_k_gemm"] * (len(kernels) - 1)]
+    assert kernels[0].bound == 1
     source = tvm.compile(sch.mod, target=tvm.target.Target(H100)).mod.imports[0].inspect_source()
     assert _kernels(source) == len(kernels)
     assert "int m)" in source  # the row count reaches each kernel (stores and tensor maps clip on it)
@@ -95,19 +97,7 @@ def test_relax_linear_reaches_the_gemm_family_as_an_fp32_accumulated_matrix_prod
     (func,) = matmuls
     assert [len(p.ty.shape) for p in func.params] == [2, 2, 2]
     kernels, _ = schedule_row_ranges(func, H100)
-    assert {k.family_name for k in kernels} == {"dlight", "split_k_gemm"}
-
-
-@pytest.mark.parametrize("k, one_row", [(2048, "dlight"), (4096, "dlight"), (8192, "split_k_gemm")])
-def test_one_row_takes_dlights_gemv_up_to_its_longest_reduction(k, one_row):
-    """A batch of one is a matrix-vector product, which the GEMM family leaves to dlight's GEMV
-    at a constant M = 1 too; past STOCK_GEMV_MAX_K that schedule streams K serially and the
-    16-row range's split-K GEMM takes the one row as well."""
-    kernels, sch = schedule_row_ranges(dense(te.var("m"), 2048, k), H100)
-    assert kernels[0].family_name == one_row
-    assert kernels[0].bound == (1 if one_row == "dlight" else 16)
-    assert kernels[0].predicted_us is None if one_row == "dlight" else kernels[0].predicted_us > 0
-    assert tvm.compile(sch.mod, target=tvm.target.Target(H100)) is not None
+    assert [k.family.name for k in kernels[:2]] == ["row_gemv", "split_k_gemm"]
 
 
 def test_low_batch_dispatch_branches_over_dlight_rules():

@@ -11,7 +11,6 @@ says why not.
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, field
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -19,17 +18,15 @@ from typing import Any
 import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir import meta_schedule as ms
-from tvm.s_tir import SBlock
 from tvm.s_tir.schedule.schedule import ScheduleError
 
 from .device import gpu_or_reason
 from .errors import ClusterError
 from .families import ScheduleFamily, match_family
-from .families.row_ranges import (RangeKernel, dispatch, range_kernels, range_specializations,
-                                  stock_one_row_kernel)
+from .families.row_ranges import RangeKernel, dispatch, range_kernels, range_specializations
 from .hardware import Hardware, load_hardware
 from .intrin import register_all
-from .ir import extent_variables, find_all, narrow_indices
+from .ir import extent_variables, narrow_indices
 from .learned_ranking import rerank
 from .local_measure import local_builder, local_runner
 from .planners.report import Plan
@@ -247,25 +244,12 @@ def schedule_row_ranges(func: tirx.PrimFunc, target=H100, hw: Hardware | None = 
         record = tuning_record(database, fixed, target)
         return None if record is None else recorded_config(replay(record.trace, fixed).mod["main"])
 
-    hw = hw or load_hardware()
-    func, kernels = _as_written_or_widened(func, lambda f: range_kernels(f, target, hw, recorded))
-    if len(extent_variables(func)) == 1 and kernels[0].bound != 1:
-        one = stock_one_row_kernel(func, lambda f: stock_gemv(f, target), lambda f: _refusal(f, hw, target))
-        kernels = kernels if one is None else [one, *kernels]
+    func, kernels = _as_written_or_widened(func, lambda f: range_kernels(f, target, hw or load_hardware(), recorded))
     for kernel in kernels:
-        LOG.info("rows up to %s: %s %s", kernel.bound or "any", kernel.family_name, kernel.config)
+        LOG.info("rows up to %s: %s %s", kernel.bound or "any", kernel.family.name, kernel.config)
     # s_tir's checks expect one root block; each range's kernel holds its own
     branches = [(kernel.bound, kernel.func) for kernel in kernels]
     return kernels, s_tir.Schedule(dispatch(func, branches), enable_check=False)
-
-
-def _refusal(func: tirx.PrimFunc, hw: Hardware, target) -> str | None:
-    """Why no tvm-dsm family plans ``func`` (constant extents), None where one does."""
-    try:
-        plan(func, hw, target)
-    except ClusterError as err:
-        return str(err)
-    return None
 
 
 def row_range_tasks(func: tirx.PrimFunc) -> list[tuple[int, tirx.PrimFunc]]:
@@ -379,33 +363,6 @@ def stock_schedule(func: tirx.PrimFunc, target=H100) -> s_tir.Schedule:
     with stock_target(target):
         mod = stock_rules()(_module(func))
     return s_tir.Schedule(mod)
-
-
-#: The longest reduction dlight's GEMV rule is given at one row. Its CUDA schedule gives each
-#: CTA 16 rows of the matrix and streams their K with 32 threads one vector at a time, so a
-#: long K with few rows is latency-bound: in the 1B Llama's decode at batch 1 (H200,
-#: bench/results/archive/llama_1b_one_row_gemv*_s51.json) it took 3.7 and 5.1 us for the 2048-
-#: and 3072-row projections of K = 2048 where the split-K GEMM took 6.6 and 6.7, but 29.1 us
-#: for the down projection (2048 rows, K = 8192) where the split-K GEMM took 13.1.
-STOCK_GEMV_MAX_K = 4096
-
-
-def stock_gemv(func: tirx.PrimFunc, target=H100) -> tirx.PrimFunc:
-    """``func`` scheduled by dlight's GEMV rule alone (a matrix-vector product streaming its
-    matrix from HBM, with its epilogue); ClusterError where that rule does not take it or its
-    reduction is longer than STOCK_GEMV_MAX_K."""
-    from tvm.s_tir import dlight as dl
-
-    reduced = [math.prod(int(v.dom.extent) for v in block.iter_vars if v.iter_type == tirx.IterVar.CommReduce)
-               for block in find_all(func.body, SBlock)]
-    if max(reduced, default=0) > STOCK_GEMV_MAX_K:
-        raise ClusterError(f"a reduction of {max(reduced)} > {STOCK_GEMV_MAX_K}: dlight's GEMV streams it "
-                           f"serially (STOCK_GEMV_MAX_K)")
-    with stock_target(target):
-        scheduled = dl.ApplyDefaultSchedule(dl.gpu.GEMV())(_module(func))["main"]
-    if not scheduled.attrs.get("tirx.is_scheduled", False):
-        raise ClusterError("not a matrix-vector product dlight's GEMV rule takes")
-    return scheduled
 
 
 def stock_target(target=H100) -> tvm.target.Target:

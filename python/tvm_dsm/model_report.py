@@ -62,8 +62,7 @@ class KernelRow:
             rows = (f"<= {r.bound}" if r.bound is not None
                     else f"> {previous.bound}" if previous is not None else "any")
             at = f" (at {ROWS_BEYOND})" if r.bound is None else ""
-            predicted = "" if r.predicted_us is None else f"{r.predicted_us:.1f} us{at}"
-            parts.append(f"{rows}: {r.family + ' ' if several else ''}{predicted}".rstrip())
+            parts.append(f"{rows}: {r.family + ' ' if several else ''}{r.predicted_us:.1f} us{at}")
         return f"  {self.row_variable} " + ", ".join(parts)
 
 
@@ -102,10 +101,8 @@ def model_report(coverage: dict[str, str], choices: dict[str, Choice]) -> ModelR
     for name, where in sorted(coverage.items()):
         choice = choices.get(name, Choice())
         if choice.ranges:
-            # a range TVM's stock rules schedule (one row: dlight's GEMV) shows in the detail only
-            families = dict.fromkeys(r.family for r in choice.ranges if r.predicted_us is not None)
             tuned = " (tuned)" if choice.tuned else ""
-            rows.append(KernelRow(name, "/".join(families) + tuned, choice.ranges, choice.row_variable))
+            rows.append(KernelRow(name, choice.families + tuned, choice.ranges, choice.row_variable))
         elif where.startswith(DLIGHT):
             rows.append(KernelRow(name, DLIGHT, reason=choice.reason))
         else:  # prescheduled, or a kernel tvm-dsm put in the module whole (paged decode)

@@ -50,12 +50,11 @@ CRASH_ATTR = "tvm_dsm.crash"
 class RangeChoice:
     """The family that schedules a function's rows up to ``bound`` (None: every row count past
     the ranges before; for a function of constant extents, the one range) and its plan's
-    predicted time (for a symbolic row count, at the range's largest row count; None for a
-    range TVM's stock rules schedule)."""
+    predicted time (for a symbolic row count, at the range's largest row count)."""
 
     bound: int | None
     family: str
-    predicted_us: float | None
+    predicted_us: float
 
 
 @dataclass(frozen=True)
@@ -69,6 +68,11 @@ class Choice:
     row_variable: str | None = None
     reason: str = ""
     tuned: bool = False
+
+    @property
+    def families(self) -> str:
+        """The families of its ranges in order, each once, joined by "/"."""
+        return "/".join(dict.fromkeys(r.family for r in self.ranges))
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.ScheduleTIR")
@@ -112,8 +116,7 @@ class ScheduleTIR:
                 updates[gv] = mod[gv].with_attr(CRASH_ATTR, crash)
                 continue
             self.choices[gv.name_hint] = choice
-            family = next(r.family for r in choice.ranges if r.predicted_us is not None)
-            updates[gv] = sch.mod["main"].with_attrs({"tirx.is_scheduled": True, FAMILY_ATTR: family})
+            updates[gv] = sch.mod["main"].with_attrs({"tirx.is_scheduled": True, FAMILY_ATTR: choice.families})
         for gv, func in updates.items():
             mod[gv] = func
         return mod
@@ -125,7 +128,7 @@ class ScheduleTIR:
         variable = range_variable(func)
         if variable is not None:
             kernels, sch = schedule_row_ranges(func, self.target, self.hw, self.database)
-            ranges = (RangeChoice(k.bound, k.family_name, k.predicted_us) for k in kernels)
+            ranges = (RangeChoice(k.bound, k.family.name, k.predicted_us) for k in kernels)
             return Choice(tuple(ranges), variable.name, tuned=any(k.tuned for k in kernels)), sch
         ranking = plan(func, self.hw, self.target)
         record = tuning_record(self.database, func, self.target)

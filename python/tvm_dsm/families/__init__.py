@@ -25,18 +25,20 @@ from .fused_cascade import FusedCascade
 from .gemm_chain import GemmChain
 from .gemm_row_max import GemmRowMax
 from .per_thread_math import PerThreadMath
+from .row_gemv import RowGemvFamily
 from .row_norm import RowNorm
 from .softmax_gemm import SoftmaxGemm
 from .split_k_gemm import SplitKGemm
 from .split_k_reduction import SplitKReduction
 from .top_k_rows import TopKRows
 
-#: Most specific first: a cascade's own kernel (attention, decode attention, softmax·V, top-k
-#: rows, row norms) before the fused rows that take any cascade; elementwise functions last
-#: (those whose math is computed once per thread before those that stream in vectors).
-FAMILIES: tuple[ScheduleFamily, ...] = (ConvChain(), GemmChain(), GemmRowMax(), SplitKGemm(), Attention(),
-                                        DecodeAttention(), SoftmaxGemm(), TopKRows(), RowNorm(), FusedCascade(),
-                                        SplitKReduction(), PerThreadMath(), Elementwise())
+#: Most specific first: one row of a matmul before the GEMMs; a cascade's own kernel (attention,
+#: decode attention, softmax·V, top-k rows, row norms) before the fused rows that take any
+#: cascade; elementwise functions last (those whose math is computed once per thread before
+#: those that stream in vectors).
+FAMILIES: tuple[ScheduleFamily, ...] = (ConvChain(), GemmChain(), GemmRowMax(), RowGemvFamily(), SplitKGemm(),
+                                        Attention(), DecodeAttention(), SoftmaxGemm(), TopKRows(), RowNorm(),
+                                        FusedCascade(), SplitKReduction(), PerThreadMath(), Elementwise())
 
 
 

@@ -15,11 +15,13 @@ has a tuning record takes the record's configuration.
 A function of several extent variables (attention over a query length and a key length) is
 dispatched on the first (its first parameter's) and planned with the first at the range's row
 count and the others at ROWS_BEYOND (a key length is as long as the queries or longer: the past
-of a KV cache), by a family whose kernels take them all symbolic (``symbolic_extents``). Where another family takes
-such a function at exactly one row (decode attention, one query a head, where the queries'
-range takes attention), that row count gets a kernel of its own: the function at one row, its
-other variables dispatched in their turn, the branch's parameters the function's own (in the
-branch they hold one row).
+of a KV cache), by a family whose kernels take them all symbolic (``symbolic_extents``).
+
+Where another family takes a function at exactly one row (a matmul's row GEMV, a decode batch of
+one, where the first range takes the split-K GEMM; decode attention, one query a head, where the
+queries' range takes attention), that row count gets a kernel of its own: the function at one
+row, other variables dispatched in their turn, the branch's parameters the function's own (in
+the branch they hold one row).
 """
 
 from __future__ import annotations
@@ -52,26 +54,18 @@ ROWS_BEYOND = 4096
 ATTEMPTS = 4
 
 
-#: The name a range scheduled by TVM's stock rules (dlight) goes by (:func:`stock_one_row_kernel`).
-STOCK = "dlight"
-
-
 @dataclass(frozen=True)
 class RangeKernel:
     """The kernel of the rows up to ``bound`` (None: every row count past the ranges before),
     with its configuration's predicted time at the range's largest row count (``bound``, or
-    ROWS_BEYOND for the last range); ``family`` None: TVM's stock schedule, no prediction."""
+    ROWS_BEYOND for the last range)."""
 
     bound: int | None
-    family: ScheduleFamily | None
+    family: ScheduleFamily
     config: Any
     func: tirx.PrimFunc
-    predicted_us: float | None
+    predicted_us: float
     tuned: bool = False  # the configuration is a tuning record's (:func:`range_kernels`)
-
-    @property
-    def family_name(self) -> str:
-        return self.family.name if self.family is not None else STOCK
 
 
 #: The configuration fields a tuning record holds for a function of constant extents, or None:
@@ -137,17 +131,16 @@ def range_kernels(func: tirx.PrimFunc, target: Any, hw: Hardware,
                                       tuned or previous.tuned)
         else:
             kernels.append(RangeKernel(bound, family, plan.config, scheduled, plan.predicted_us, tuned))
-    if families is not None:
-        one = _one_row_kernel(func, target, hw, kernels[0].family)
-        if one is not None:
-            kernels.insert(0, one)
+    one = _one_row_kernel(func, target, hw, kernels[0].family)
+    if one is not None:
+        kernels.insert(0, one)
     return kernels
 
 
 def _one_row_kernel(func: tirx.PrimFunc, target: Any, hw: Hardware,
                     first: ScheduleFamily) -> RangeKernel | None:
-    """The kernel of ``func`` (of several extent variables) at exactly one row where a family
-    other than ``first`` (the first range's) takes it, else None (see the module docstring)."""
+    """The kernel of ``func`` at exactly one row where a family other than ``first`` (the first
+    range's) takes it, else None (see the module docstring)."""
     one = specialized(func, range_variable(func), 1)
     try:
         if extent_variables(one):
@@ -166,25 +159,6 @@ def _one_row_kernel(func: tirx.PrimFunc, target: Any, hw: Hardware,
         return None
     params = list(zip(scheduled.params, func.params))
     return RangeKernel(1, family, config, func.with_body(substitute(scheduled.body, params)), predicted)
-
-
-def stock_one_row_kernel(func: tirx.PrimFunc, stock: Callable[[tirx.PrimFunc], tirx.PrimFunc],
-                         refusal: Callable[[tirx.PrimFunc], str | None]) -> RangeKernel | None:
-    """The kernel of ``func`` (one extent variable) at exactly one row where its family refuses
-    that row and TVM's stock rules schedule it: a decode batch of one, where the GEMM family
-    leaves a matrix-vector product to dlight's GEMV as it does for a constant M = 1. None where
-    the family takes one row (the first range's kernel does) or the stock rules do not.
-    ``refusal``: why no family takes the one-row function (None where one does); ``stock``: the
-    one-row function scheduled by a stock rule (ClusterError where none takes it)."""
-    one = specialized(func, range_variable(func), 1)
-    if refusal(one) is None:
-        return None
-    try:
-        scheduled = stock(one)
-    except (ClusterError, ScheduleError, tvm.error.InternalError):
-        return None
-    params = list(zip(scheduled.params, func.params))
-    return RangeKernel(1, None, None, func.with_body(substitute(scheduled.body, params)), None)
 
 
 def _first_that_applies(family: ScheduleFamily, func: tirx.PrimFunc, plans: list[Plan],

@@ -30,6 +30,7 @@ EXPERIMENTS = {
     "elementwise_configs": elementwise_configs, "wide_head_attention": experiments.wide_head_attention,
     "symbolic_attention": experiments.symbolic_attention, "attention_configs": experiments.attention_configs,
     "fp8_depths": experiments.fp8_depths, "decode_gemm_configs": experiments.decode_gemm_configs,
+    "row_gemv_configs": experiments.row_gemv_configs,
     "fp8_sweep": experiments.fp8_sweep, "gemm_depths": experiments.gemm_depths,
     "gemm_stages": experiments.gemm_stages, "gemm_tma": experiments.gemm_tma,
     "gemm_wgmma": experiments.gemm_wgmma, "programmatic_launch": experiments.programmatic_launch,

@@ -1,0 +1,120 @@
+"""One row of a matmul as a row GEMV (tvm_dsm.rules.row_gemv, tvm_dsm.families.row_gemv): what
+it takes, what it refuses, its kernels' structure, and (GPU) every configuration against float64."""
+
+import re
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+
+import tvm_dsm
+from tvm_dsm.driver import H100, plan
+from tvm_dsm.errors import ClusterError
+from tvm_dsm.relax_integration import scheduling_form
+from tvm_dsm.rules.row_gemv import (RowGemvConfig, candidate_configs, check_config, default_config,
+                                    find_row_gemv, schedule_row_gemv)
+from tvm_dsm.workloads import gemv
+from tvm_dsm.workloads.dense import dense, gated_dense
+
+
+def _residual_dense(n: int, k: int, rows: int = 1):
+    """``(x @ W^T).astype(fp16) + r``: a Relax linear with its residual add, written in TE."""
+    x = te.placeholder((1, rows, k), "float16", name="x")
+    w = te.placeholder((n, k), "float16", name="w")
+    r = te.placeholder((1, rows, n), "float16", name="r")
+    red = te.reduce_axis((0, k), "k")
+    mm = te.compute((1, rows, n), lambda b, i, j: te.sum(x[b, i, red].astype("float32") * w[j, red].astype("float32"),
+                                                         axis=red), name="mm")
+    out = te.compute((1, rows, n), lambda b, i, j: mm[b, i, j].astype("float16") + r[b, i, j], name="out")
+    return te.create_prim_func([x, w, r, out])
+
+
+def _gated_halves(n: int, k: int):
+    """One product over a fused [2N, K] gate/up weight, then ``silu(g) * u`` of its halves: the
+    epilogue reads the product N columns off the element it writes."""
+    x = te.placeholder((1, k), "float16", name="x")
+    w = te.placeholder((2 * n, k), "float16", name="w")
+    red = te.reduce_axis((0, k), "k")
+    mm = te.compute((1, 2 * n), lambda i, j: te.sum(x[i, red].astype("float32") * w[j, red].astype("float32"),
+                                                    axis=red), name="mm")
+    out = te.compute((1, n), lambda i, j: (mm[i, j] * te.sigmoid(mm[i, j]) * mm[i, j + n]).astype("float16"),
+                     name="out")
+    return te.create_prim_func([x, w, out])
+
+
+def test_one_row_of_a_matmul_is_a_row_gemv_with_its_epilogue():
+    found = find_row_gemv(scheduling_form(_residual_dense(2048, 8192)))
+    assert (found.n, found.k, found.elem_bytes, found.epilogue is not None) == (2048, 8192, 2, True)
+    assert plan(_residual_dense(2048, 8192)).family.name == "row_gemv"
+    assert plan(dense(1, 3072, 2048, "bfloat16")).family.name == "row_gemv"
+
+
+@pytest.mark.parametrize("func, reason", [
+    (lambda: dense(2, 2048, 2048), "one row"),
+    (lambda: gemv(2048, 2048), "one row of a matmul"),  # the split-K reduction's
+    (lambda: gated_dense(1, 1024, 512, fused_weight=True), "one reduction block"),
+    (lambda: _gated_halves(1024, 512), "off the element it writes"),
+])
+def test_what_is_not_one_row_of_a_matmul_is_refused_by_name(func, reason):
+    with pytest.raises(ClusterError, match=reason):
+        find_row_gemv(scheduling_form(func()))
+
+
+def test_the_default_is_the_sweeps_fastest_form_and_every_candidate_is_valid():
+    short, long = (find_row_gemv(scheduling_form(dense(1, 2048, k))) for k in (2048, 8192))
+    assert default_config(short) == RowGemvConfig(8, 64, 2)
+    assert default_config(long) == RowGemvConfig(4, 128, 4)
+    for found in (short, long):
+        configs = candidate_configs(found)
+        assert default_config(found) in configs
+        for config in configs:
+            check_config(found, config)
+    with pytest.raises(ClusterError, match="multiple of a step"):
+        check_config(short, RowGemvConfig(1, 256, 2))  # 256 lanes x 8 x 2 = 4096 > K
+
+
+@pytest.mark.parametrize("config", [RowGemvConfig(8, 64, 2), RowGemvConfig(1, 64, 4), RowGemvConfig(2, 256, 1)])
+def test_lanes_split_k_and_rows_split_the_ctas(config):
+    """The lanes are threadIdx.x of both the partial sums and their reduction, the rows of a CTA
+    threadIdx.y, whatever unit loops a configuration leaves (one step a lane included)."""
+    found = find_row_gemv(scheduling_form(_residual_dense(2048, 2048)))
+    script = schedule_row_gemv(found, config).mod["main"].script()
+    bindings = re.findall(r'T.thread_binding\((\d+), thread="(\w+\.\w)"\)', script)
+    assert bindings == [(str(2048 // config.rows_per_cta), "blockIdx.x"), (str(config.rows_per_cta), "threadIdx.y"),
+                        (str(config.threads_per_row), "threadIdx.x"), (str(config.threads_per_row), "threadIdx.x")]
+
+
+def test_a_row_gemv_compiles_for_hopper(assemble):
+    lib = tvm_dsm.build(_residual_dense(2048, 8192), H100)
+    assemble(lib.mod.imports[0].inspect_source(), "row_gemv")
+
+
+def _check(lib, n: int, k: int, rows: int = 1) -> float:
+    dev, rng = tvm.cuda(), np.random.default_rng()
+    x = rng.standard_normal((1, rows, k)).astype("float16")
+    w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype("float16")
+    r = rng.standard_normal((1, rows, n)).astype("float16")
+    out = tvm.runtime.tensor(np.full((1, rows, n), np.nan, "float16"), dev)
+    lib(*(tvm.runtime.tensor(a, dev) for a in (x, w, r)), out)
+    ref = x.astype("float64") @ w.astype("float64").T + r
+    return float(np.linalg.norm(out.numpy().astype("float64") - ref) / np.linalg.norm(ref))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [512, 2048, 8192])
+def test_gpu_every_configuration_matches_float64(k):
+    n = 1024
+    func = _residual_dense(n, k)
+    found = find_row_gemv(scheduling_form(func))
+    for config in candidate_configs(found):
+        lib = tvm.compile(schedule_row_gemv(found, config).mod, target=tvm.target.Target(H100))
+        assert _check(lib, n, k) < 2e-3, config
+
+
+@pytest.mark.gpu
+def test_gpu_a_symbolic_row_count_takes_the_row_gemv_at_one_row():
+    func = _residual_dense(1024, 2048, rows=te.var("m"))
+    lib = tvm_dsm.build(func)
+    for rows in (1, 2, 17):
+        assert _check(lib, 1024, 2048, rows) < 2e-3, rows
