@@ -73,12 +73,12 @@ def test_a_runs_per_kernel_times_join_the_report(tiny_report):
     prediction (the rows a run's breakdown records: function, µs per step, launches)."""
     from tvm_dsm.model_report import measured_kernels
 
-    gemm = next(row.name for row in tiny_report.rows if row.where == "split_k_gemm")
+    gemm = next(row.name for row in tiny_report.rows if row.where == "row_gemv/split_k_gemm")
     joined = tiny_report.with_measured([
         {"function": gemm, "us_per_step": 12.5, "launches_per_step": 2.0},
         {"function": "a_kernel_the_model_does_not_have", "us_per_step": 1.0, "launches_per_step": 1.0}])
     line = next(row.format() for row in joined.rows if row.name == gemm)
-    assert line.startswith(f"{gemm}  split_k_gemm") and line.endswith("[measured 6.2 us x 2 a step]")
+    assert line.startswith(f"{gemm}  row_gemv/split_k_gemm") and line.endswith("[measured 6.2 us x 2 a step]")
     assert sum(row.measured_us is not None for row in joined.rows) == 1
     committed = measured_kernels(ROOT / "bench/results/llm/latest.json", batch=8)  # its tvm-dsm configuration
     assert {"rms_norm", "batch_decode_paged_kv"} <= {k["function"] for k in committed}

@@ -38,14 +38,16 @@ def test_the_rewrite_reads_x_once_zero_filled_and_copies_the_real_rows_last():
 
 @pytest.mark.parametrize("fused_weight", [True, False])
 def test_a_gated_layer_of_any_row_count_builds_a_kernel_per_range(fused_weight):
-    """Each range's kernel computes whole tiles of rows and stores those below the row count."""
+    """Each range's kernel computes whole tiles of rows and stores those below the row count;
+    one row is a gated row GEMV (no rows to clip)."""
     func = gated_dense(te.var("m"), 1024, 2048, fused_weight=fused_weight)
-    kernels = range_kernels(func, TARGET, load_hardware())
+    one, *kernels = range_kernels(func, TARGET, load_hardware())
+    assert (one.bound, one.family.name) == (1, "row_gemv")
     assert {k.family.name for k in kernels} == {"split_k_gemm"} and len(kernels) > 1
     source = tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source()
     found = cuda_kernels(source)
-    assert len(found) == len(kernels)
-    assert all(") < m)" in kernel for kernel in found.values())
+    assert len(found) == 1 + len(kernels)
+    assert sum(") < m)" in kernel for kernel in found.values()) == len(kernels)
 
 
 def test_rows_off_the_tiles_take_the_gated_kernel():
