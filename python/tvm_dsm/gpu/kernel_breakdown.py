@@ -6,6 +6,12 @@ launches CUDA work in this process, CUDA graphs included) a few times under the 
 :func:`summarize` folds the kernel records into per-kernel rows: launches and device time per
 step, share of the step's kernel time. Against the step's wall time, the difference is what no
 kernel ran for (launch gaps, host work, synchronization).
+
+A kernel launched programmatically (:mod:`tvm_dsm.transform.programmatic_launch`) starts while
+the previous one runs and waits for it in ``griddepcontrol.wait``: its device time includes that
+wait, so its row overstates it and the kernels' total can exceed the step (the 1B Llama's
+one-row GEMVs: ``bench/results/archive/llama_1b_row_gemv_s51.json``). Compare such kernels by
+the step's wall time.
 """
 
 from __future__ import annotations
