@@ -120,11 +120,18 @@ def test_a_copy_predicate_is_dropped_only_where_it_says_inside_the_tensor():
     (dense(100, 3000, 1004, "bfloat16"), "K a multiple of 8"),
     (dense(64, 3004, 1024, weight_layout="kn"), "N a multiple of 8"),
     (dense(64, 3002, 1024), "N must be a multiple of 4"),
-    (dense(1, 3000, 1000), "fewer than 16"),  # one row: its K takes too few GEMV lanes
 ])
 def test_refusals_name_the_limit(func, limit):
     with pytest.raises(ClusterError, match=limit):
         tvm_dsm.plan(func)
+
+
+def test_the_gemm_family_leaves_one_row_to_a_gemv():
+    from tvm_dsm.families.split_k_gemm import SplitKGemm
+
+    family = SplitKGemm()
+    with pytest.raises(ClusterError, match="M=1 is a GEMV"):
+        family.rank(family.recognize(dense(1, 4096, 4096)), load_hardware())
 
 
 def test_shapes_that_fit_keep_whole_tiles():

@@ -63,21 +63,80 @@ def test_a_gated_layer_is_two_row_gemvs_meeting_in_its_epilogue(fused_weight):
     assert source.count("__global__") == 2  # one kernel, declared and defined
 
 
+def _product(n: int = 1024, k: int = 2048, weight_dtype: str = "float16", scale=None):
+    """fp16 ``x[1, k]``, ``W[n, k]`` and their fp32 product ``mm[1, n]`` (times ``scale[j]``
+    inside the sum, if given)."""
+    x = te.placeholder((1, k), "float16", name="x")
+    w = te.placeholder((n, k), weight_dtype, name="w")
+    red = te.reduce_axis((0, k), "k")
+
+    def term(i, j):
+        product = x[i, red].astype("float32") * w[j, red].astype("float32")
+        return product if scale is None else product * scale[j].astype("float32")
+
+    return x, w, te.compute((1, n), lambda i, j: te.sum(term(i, j), axis=red), name="mm")
+
+
+def _weight_only_int8():
+    """fp16 x, an int8 W and its per-column scale in the epilogue: loads of two element sizes."""
+    s = te.placeholder((1024,), "float16", name="s")
+    x, w, mm = _product(weight_dtype="int8")
+    out = te.compute((1, 1024), lambda i, j: (mm[i, j] * s[j].astype("float32")).astype("float16"), name="out")
+    return te.create_prim_func([x, w, s, out])
+
+
+def _scaled_inside_the_sum():
+    s = te.placeholder((1024,), "float16", name="s")
+    x, w, mm = _product(scale=s)
+    return te.create_prim_func([x, w, s, mm])
+
+
+def _product_also_returned():
+    x, w, mm = _product()
+    return te.create_prim_func([x, w, mm, te.compute((1, 1024), lambda i, j: mm[i, j].astype("float16"), name="out")])
+
+
+def _broadcast_epilogue():
+    x, w, mm = _product()
+    return te.create_prim_func([x, w, te.compute((1, 1024, 4), lambda i, j, c: mm[i, j].astype("float16"), name="out")])
+
+
+def _reversed_epilogue():
+    """``out[j] = y[n - 1 - j]``: the epilogue reads another CTA's column."""
+    x, w, mm = _product()
+    return te.create_prim_func([x, w, te.compute((1, 1024), lambda i, j: mm[i, 1023 - j].astype("float16"), name="out")])
+
+
 @pytest.mark.parametrize("func, reason", [
     (lambda: dense(2, 2048, 2048), "one row"),
     (lambda: gemv(2048, 2048), "one row of a matmul"),  # the split-K reduction's
-    (lambda: _gated_halves(1024, 512), "off the element it writes"),
+    (lambda: _gated_halves(1024, 512), "covers its 2048 columns"),  # halves of one product
+    (lambda: dense(1, 2048, 2048, weight_layout="kn"), "along K as its innermost index"),
+    (_weight_only_int8, "one element size"),
+    (_scaled_inside_the_sum, "reads s along K"),
+    (_product_also_returned, "buffers of its own"),
+    (_broadcast_epilogue, "covers its 1024 columns"),
+    (_reversed_epilogue, "at the element it writes"),
+    (lambda: dense(1, 3000, 1000), "more than 16 a lane"),  # K's 125 vectors: one lane each row
 ])
 def test_what_is_not_one_row_of_a_matmul_is_refused_by_name(func, reason):
     with pytest.raises(ClusterError, match=reason):
         find_row_gemv(scheduling_form(func()))
 
 
+def test_what_it_refuses_still_builds_on_dlights_schedule():
+    """A refusal leaves the function to the fallback: a module, not an error."""
+    for func in (_weight_only_int8(), dense(1, 2048, 2048, weight_layout="kn"), dense(1, 3000, 1000)):
+        assert tvm_dsm.build(func, H100) is not None
+
+
 def test_the_default_is_the_sweeps_fastest_form_and_every_candidate_is_valid():
     short, long = (find_row_gemv(scheduling_form(dense(1, 2048, k))) for k in (2048, 8192))
     assert default_config(short) == RowGemvConfig(8, 64, 2)
     assert default_config(long) == RowGemvConfig(4, 128, 4)
-    for found in (short, long):
+    small = find_row_gemv(scheduling_form(dense(1, 1000, 576)))  # SmolLM's hidden size: 8 lanes of 9 vectors
+    assert default_config(small) == RowGemvConfig(8, 8, 1)
+    for found in (short, long, small):
         configs = candidate_configs(found)
         assert default_config(found) in configs
         for config in configs:
@@ -117,7 +176,7 @@ def _check(lib, n: int, k: int, rows: int = 1) -> float:
 @pytest.mark.parametrize("k", [512, 2048, 8192])
 def test_gpu_configurations_of_one_and_two_steps_match_float64(k):
     """The default, and every configuration whose lanes take K in one or two steps (one step
-    leaves unit loops, which once shifted the loops the rule binds: wrong values)."""
+    leaves unit loops among those the rule binds by position)."""
     n = 1024
     func = _residual_dense(n, k)
     found = find_row_gemv(scheduling_form(func))

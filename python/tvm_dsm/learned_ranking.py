@@ -38,9 +38,9 @@ from .hardware import DATA, Hardware
 from .planners.report import Plan
 
 #: The families a plan's features tell apart, a column each: not the elementwise families and
-#: the row GEMV, whose rooflines have no knob a measurement could correct (their measured
-#: default comes first; a column for them would shift the others' positions, and with them the
-#: model fitted on the committed measurements).
+#: the row GEMV, whose rooflines cannot tell their configurations apart (their measured default
+#: comes first) and of which no measured pools are committed (a column for them would shift
+#: the others' positions, and with them the model fitted on the committed measurements).
 FAMILY_NAMES = tuple(f.name for f in FAMILIES
                      if f.name not in (Elementwise.name, PerThreadMath.name, RowGemvFamily.name))
 #: Configuration knobs, by the names the families' configurations use (attributes or properties).

@@ -5,7 +5,8 @@ one epilogue (``silu(gate[j]) * up[j]``).
 
 Each CTA owns ``rows_per_cta`` rows of W (``threadIdx.y``), of each product; ``threads_per_row``
 lanes (``threadIdx.x``) split each row's K, every lane loading 16-byte vectors of W and x,
-``unroll`` of them issued before the first multiply-add; the lanes' partial sums meet in a
+``unroll`` of them a step in unrolled code (so their loads may issue ahead of the multiply-adds,
+which the compiler schedules); the lanes' partial sums meet in a
 cross-thread reduction (warp shuffles, through shared memory past one warp), then the epilogue
 runs on the row's results. Against dlight's GEMV rule (16 rows a CTA, 32 lanes a row) more lanes
 a row keep a long K from serializing: on the 1B Llama's 2048 x 8192 down projection at one row
@@ -19,9 +20,10 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from ..errors import ClusterError
+from ..ir import uses
 from ..transform.buffers import element_bytes
+from .elementwise import VECTOR_BYTES
 
-VECTOR_BYTES = 16
 MAX_THREADS = 1024
 
 
@@ -62,11 +64,12 @@ class RowGemv:
 
 
 def find_row_gemv(func: tirx.PrimFunc) -> RowGemv:
-    """``func`` as one or two reduction blocks over (unit rows, ``n`` columns, ``k``) each
-    reading a matrix of ``k`` columns, then at most one elementwise block reading each product
-    where it writes (a residual, a bias, a cast; a gated layer's ``silu(gate) * up``); ClusterError
-    naming what differs. A matrix-vector product without the unit row (``y[i] = sum_k A[i, k]
-    x[k]``) is the split-K reduction's."""
+    """``func`` as one or two reduction blocks over (unit rows, ``n`` columns, ``k``), each a
+    sum of ``x[.., k] * W[j, k]`` (``k`` innermost in both, x and W of one element size), then
+    at most one elementwise block over the ``n`` columns reading every product where it writes
+    (a residual, a bias, a cast; a gated layer's ``silu(gate) * up``), the products its own
+    buffers; ClusterError naming what differs. A matrix-vector product without the unit row
+    (``y[i] = sum_k A[i, k] x[k]``) is the split-K reduction's."""
     sch = s_tir.Schedule(func)
     blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
     reductions = [b for b in blocks if any(v.iter_type == tirx.IterVar.CommReduce for v in b.iter_vars)]
@@ -80,57 +83,90 @@ def find_row_gemv(func: tirx.PrimFunc) -> RowGemv:
     if len(shapes) != 1:
         raise ClusterError(f"the products of a row GEMV have one shape, got {sorted(shapes)}")
     ((n, k, elem_bytes),) = shapes
+    products = [block.writes[0].source for block in reductions]
+    if any(r.source.same_as(p) for block in reductions for r in block.reads for p in products):
+        raise ClusterError("a row GEMV's product reads the other's")
     if epilogue is not None:
-        products = [block.writes[0].source for block in reductions]
-        written = epilogue.writes[0].region
-        for read in epilogue.reads:
-            if any(read.source.same_as(p) for p in products) and not all(  # (one region a buffer)
-                    tvm_ffi.structural_equal(a.min, b.min) and tvm_ffi.structural_equal(a.extent, b.extent)
-                    for a, b in zip(read.region, written)):
-                raise ClusterError("the epilogue reads a product off the element it writes")
+        _check_epilogue(func, epilogue, products, n)
     found = RowGemv(func, n, k, elem_bytes, tuple(b.name_hint for b in reductions),
                     None if epilogue is None else epilogue.name_hint)
+    vectors = k // found.vector
     if k % found.vector:
         raise ClusterError(f"K={k}: a row GEMV loads {found.vector} elements a vector; K must be a multiple")
+    if vectors // _default_lanes(found) > MAX_VECTORS_PER_LANE:
+        raise ClusterError(f"K={k}: its {vectors} vectors split over {_default_lanes(found)} lanes at most "
+                           f"(a power of two dividing them): more than {MAX_VECTORS_PER_LANE} a lane")
     return found
 
 
+#: The most 16-byte vectors of K one lane reads (the measured default reads 4): past it a row's
+#: loads serialize, and dlight's GEMV, whose lanes predicate a tail, keeps the function.
+MAX_VECTORS_PER_LANE = 16
+
+
 def _product_shape(block) -> tuple[int, int, int]:
-    """(columns, K, W's element bytes) of one reduction block of a row GEMV; ClusterError
-    naming what differs."""
+    """(columns, K, element bytes) of one reduction block of a row GEMV: it reads exactly a
+    matrix ``W[j, k]`` and a row ``x[.., k]`` (no column index), of one element size, K the
+    innermost index of both; ClusterError naming what differs."""
     spatial = [v for v in block.iter_vars if v.iter_type == tirx.IterVar.DataPar]
     reduce = [v for v in block.iter_vars if v.iter_type == tirx.IterVar.CommReduce]
     if not all(isinstance(v.dom.extent, tirx.IntImm) for v in (*spatial, *reduce)) or len(reduce) != 1:
         raise ClusterError("a row GEMV has constant extents and one reduced axis")
     if len(spatial) < 2 or any(int(v.dom.extent) != 1 for v in spatial[:-1]):
         raise ClusterError("a row GEMV computes one row of a matmul (unit rows, then the columns)")
+    column, depth = spatial[-1].var, reduce[0].var
     n, k = int(spatial[-1].dom.extent), int(reduce[0].dom.extent)
-    matrices = [r.source for r in block.reads
-                if len(r.source.ty.shape) == 2 and int(r.source.ty.shape[1]) == k and int(r.source.ty.shape[0]) >= n]
-    if not matrices:
-        raise ClusterError(f"a row GEMV reads a matrix of {k} columns and {n} rows or more (W as [N, K])")
-    return n, k, element_bytes(matrices[0])
+    matrix, row = [], []
+    for read in block.reads:
+        indices = [r.min for r in read.region]
+        if not tvm_ffi.structural_equal(indices[-1], depth) or any(uses(i, depth) for i in indices[:-1]):
+            raise ClusterError(f"a row GEMV reads {read.source.name} along K as its innermost index only")
+        (matrix if any(uses(i, column) for i in indices) else row).append(read.source)
+    if len(matrix) != 1 or len(row) != 1 or len(matrix[0].ty.shape) != 2:
+        raise ClusterError(f"a row GEMV reads one matrix W[j, k] and one row x[.., k]; got {len(matrix)} and {len(row)}")
+    if element_bytes(matrix[0]) != element_bytes(row[0]):
+        raise ClusterError("a row GEMV's x and W have one element size (16-byte loads of both)")
+    return n, k, element_bytes(matrix[0])
+
+
+def _check_epilogue(func: tirx.PrimFunc, epilogue, products: list, n: int) -> None:
+    """ClusterError unless ``epilogue`` covers the ``n`` columns, reads every product, each
+    exactly at the element it writes, and the products are the function's own buffers."""
+    params = list(func.params)
+    if any(p.same_as(q) for p in products for q in params):
+        raise ClusterError("a row GEMV with an epilogue keeps its products in buffers of its own")
+    columns = [v for v in epilogue.iter_vars if v.iter_type == tirx.IterVar.DataPar]
+    if int(columns[-1].dom.extent) != n or any(int(v.dom.extent) != 1 for v in columns[:-1]):
+        raise ClusterError(f"a row GEMV's epilogue covers its {n} columns of one row")
+    written = epilogue.writes[0].region
+    for product in products:
+        reads = [r for r in epilogue.reads if r.source.same_as(product)]
+        # a block's read region of a buffer covers all its accesses: one element, if only one
+        if len(reads) != 1 or len(reads[0].region) != len(written) or not all(
+                tvm_ffi.structural_equal(a.min, b.min) and tvm_ffi.structural_equal(a.extent, b.extent)
+                for a, b in zip(reads[0].region, written)):
+            raise ClusterError("the epilogue reads each product once, at the element it writes")
 
 
 def default_config(found: RowGemv) -> RowGemvConfig:
     """The configuration measured fastest on the 1B Llama's decode GEMMs at one row (H200,
     ``bench/results/archive/row_gemv_configs_s51.json``): a lane per 32 elements of K (4
     vectors), up to 128 lanes a row, 512 threads a CTA, the lane's vectors in two or more steps
-    of at most 4 unrolled loads; each a power of two that divides the extents (ClusterError
-    where K's vectors take too few lanes: dlight's GEMV predicates a tail). QKV 4.9 us
+    of at most 4 unrolled loads; each a power of two that divides the extents. QKV 4.9 us
     (dlight's GEMV 5.4), o_proj 4.1 (4.2), the gate/up projection 17.2 (18.3), the down
     projection (K = 8192) 9.8 (11.5); each within 0.1 us of the best configuration."""
-    vectors = found.k // found.vector
-    wanted = min(128, max(1, found.k // 32))
-    lanes = _largest_power_of_two(vectors, wanted)
-    needed = min(32, 1 << (wanted.bit_length() - 1))
-    if lanes < needed:
-        raise ClusterError(f"K={found.k}: its {vectors} vectors split over {lanes} lanes at most (a power of two "
-                           f"dividing them), fewer than {needed}")
-    unroll = _largest_power_of_two(vectors // lanes, max(1, min(4, vectors // lanes // 2)))
+    lanes = _default_lanes(found)
+    per_lane = found.k // found.vector // lanes
+    unroll = _largest_power_of_two(per_lane, max(1, min(4, per_lane // 2)))
     config = RowGemvConfig(_largest_power_of_two(found.n, max(1, min(8, 512 // lanes))), lanes, unroll)
     check_config(found, config)
     return config
+
+
+def _default_lanes(found: RowGemv) -> int:
+    """A lane per 32 elements of K, at most 128: the largest power of two that divides K's
+    vectors below that."""
+    return _largest_power_of_two(found.k // found.vector, min(128, max(1, found.k // 32)))
 
 
 def _largest_power_of_two(extent: int, most: int) -> int:
@@ -148,7 +184,7 @@ UNROLLS = (1, 2, 4, 8)
 
 def candidate_configs(found: RowGemv) -> list[RowGemvConfig]:
     """Every configuration of :data:`ROWS_PER_CTA` x :data:`THREADS_PER_ROW` x :data:`UNROLLS`
-    valid for ``found`` (the default among them, whatever the extents)."""
+    valid for ``found``, and the default (whose lanes may be fewer than those)."""
     configs = []
     for rows in ROWS_PER_CTA:
         for lanes in THREADS_PER_ROW:
@@ -194,15 +230,15 @@ def schedule_row_gemv(found: RowGemv, config: RowGemvConfig) -> s_tir.Schedule:
     sch.bind(cta, "blockIdx.x")
     sch.bind(row, "threadIdx.y")
     for name, partial in zip(found.reductions, partials):
-        _stage_lanes(sch, sch.get_sblock(name), partial, row, found.epilogue is not None)
+        _sum_over_lanes(sch, sch.get_sblock(name), partial, row, result_in_register=found.epilogue is not None)
     return sch
 
 
-def _stage_lanes(sch: s_tir.Schedule, block, partial, row, local: bool) -> None:
+def _sum_over_lanes(sch: s_tir.Schedule, lane_sum, partial, row, result_in_register: bool) -> None:
     """A product's ``partial`` sums under ``row`` with every loop kept (unit ones too: the
     lanes, the row's unit axes, then the steps, the unrolled loads and the vector), each lane's
-    unrolled vectors of W and x staged in registers; its lane sum ``block`` a cross-thread
-    reduction, its result in a register where ``local`` (an epilogue reads it)."""
+    unrolled vectors of W and x staged in registers; ``lane_sum`` a cross-thread reduction of
+    them, its result in a register where ``result_in_register`` (an epilogue reads it)."""
     sch.compute_at(partial, row, preserve_unit_loops=True)
     loops = sch.get_loops(partial)
     lane, unrolled = loops[2], loops[-2]
@@ -212,7 +248,7 @@ def _stage_lanes(sch: s_tir.Schedule, block, partial, row, local: bool) -> None:
         sch.compute_at(staged, unrolled)  # unrolled: the step's loads are issued before its multiplies
         sch.vectorize(sch.get_loops(staged)[-1])
     sch.unroll(unrolled)
-    sch.bind(sch.get_loops(block)[-1], "threadIdx.x")
+    sch.bind(sch.get_loops(lane_sum)[-1], "threadIdx.x")
     sch.set_scope(partial, 0, "local")
-    if local:
-        sch.set_scope(block, 0, "local")
+    if result_in_register:
+        sch.set_scope(lane_sum, 0, "local")

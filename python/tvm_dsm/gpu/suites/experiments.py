@@ -332,7 +332,7 @@ def decode_gemm_configs() -> list[Variant]:
 
 def row_gemv_configs() -> list[Variant]:
     """The 1B Llama's decode GEMMs at one row (``DECODE_GEMM_SHAPES``) on the row GEMV rule
-    (:mod:`tvm_dsm.rules.row_gemv`) in every configuration of at most 512 threads and 2-4
+    (:mod:`tvm_dsm.rules.row_gemv`) in every configuration of at most 512 threads and at most 4
     unrolled loads, beside dlight's schedule (its GEMV rule)."""
     variants = []
     for label, (n, k) in DECODE_GEMM_SHAPES.items():
