@@ -30,7 +30,7 @@ MAX_THREADS = 1024
 @dataclass(frozen=True)
 class RowGemvConfig:
     """``rows_per_cta`` rows of W a CTA, ``threads_per_row`` lanes splitting each row's K,
-    ``unroll`` 16-byte loads a lane issues before it multiplies."""
+    ``unroll`` 16-byte loads of each operand a lane takes a step, in unrolled code."""
 
     rows_per_cta: int
     threads_per_row: int
@@ -245,7 +245,7 @@ def _sum_over_lanes(sch: s_tir.Schedule, lane_sum, partial, row, result_in_regis
     sch.bind(lane, "threadIdx.x")
     for index in range(len(sch.get(partial).reads)):
         staged = sch.cache_read(partial, index, "local", consumer_blocks=[partial])  # (x: the other product's too)
-        sch.compute_at(staged, unrolled)  # unrolled: the step's loads are issued before its multiplies
+        sch.compute_at(staged, unrolled)  # a vector a load; unrolled, the compiler may issue them ahead
         sch.vectorize(sch.get_loops(staged)[-1])
     sch.unroll(unrolled)
     sch.bind(sch.get_loops(lane_sum)[-1], "threadIdx.x")

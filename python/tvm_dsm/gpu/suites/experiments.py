@@ -14,13 +14,13 @@ from ...planners.split_k_gemm import PIPELINE_DEPTHS, SHALLOW_PIPELINES, plan_sp
 from ...rules.split_k_gemm import GemmShape, SplitKGemmConfig, check_config
 from ...errors import ClusterError
 from ...planners.fused_chain import plan_chain, planned
-from .gemm import FP8_SHAPES, GEMM_SHAPES, fp8_two_kernels, fp8_variant, fp8_workload, gemm_configs, gemm_variant, layer_shapes
+from .gemm import FP8_SHAPES, GEMM_SHAPES, dlight_variant, fp8_two_kernels, fp8_variant, fp8_workload, gemm_configs, gemm_variant, layer_shapes
 from .decode import DECODE_SHAPES, decode_picks, decode_plans, decode_variant, dim_lanes
 from .base import CHAINS, SWIGLUS, Variant, args_of, fitting, launched, nbytes_of
 from .chains import chain_variant, chain_variants, chain_workload
 from .cascades import cascade_variants
 from .attention import DECODE_FORMS, decode_form_variant, decode_pick, form_variant
-from ...driver import schedule, stock_schedule
+from ...driver import schedule
 from ...kernels.attention import TEMPLATE as ATTENTION, fuse_attention
 from ...workloads.attention_forms import te_attention
 from ...kernels.decode_attention import DecodeConfig
@@ -332,25 +332,22 @@ def decode_gemm_configs() -> list[Variant]:
 
 def row_gemv_configs() -> list[Variant]:
     """The 1B Llama's decode GEMMs at one row (``DECODE_GEMM_SHAPES``) on the row GEMV rule
-    (:mod:`tvm_dsm.rules.row_gemv`) in every configuration of at most 512 threads and at most 4
-    unrolled loads, beside dlight's schedule (its GEMV rule)."""
+    (:mod:`tvm_dsm.rules.row_gemv`) in every configuration of 32 or more lanes a row, at most 512
+    threads and 2 or 4 unrolled loads (archive/row_gemv_configs_s51.json), beside dlight's."""
     variants = []
     for label, (n, k) in DECODE_GEMM_SHAPES.items():
         func = scheduling_form(dense(1, n, k))
         args = args_of(func)
         found = find_row_gemv(func)
         for config in row_gemv_candidates(found):
-            if config.threads > 512 or config.unroll > 4:
+            if config.threads_per_row < 32 or config.threads > 512 or config.unroll not in (2, 4):
                 continue
             variants.append(Variant(
                 name=f"{label}_m1_gemv_r{config.rows_per_cta}_t{config.threads_per_row}_u{config.unroll}",
                 workload="dense", mod=schedule_row_gemv(found, config).mod, args=args, bytes=nbytes_of(args),
                 flops=2 * n * k, plan=dataclasses.asdict(config), peers=("torch_eager",),
                 extra={"shape": label, "m": 1, "n": n, "k": k}))
-        variants.append(Variant(
-            name=f"{label}_m1_dlight_gemv", workload="dense", mod=stock_schedule(func).mod,
-            args=args, bytes=nbytes_of(args), flops=2 * n * k, plan={"schedule": "dlight GEMV"},
-            peers=("torch_eager",), extra={"shape": label, "m": 1, "n": n, "k": k, "stock": "dlight"}))
+        variants.append(dlight_variant(label, 1, n, k))
     return variants
 
 

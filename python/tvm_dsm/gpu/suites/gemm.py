@@ -90,7 +90,7 @@ def gemm_m() -> list[Variant]:
             try:
                 plan = plan_split_k_gemm(GemmShape(m, n, k, True), hw)[0]
             except ClusterError:
-                variants.append(dataclasses.replace(_dlight_variant(label, m, n, k),
+                variants.append(dataclasses.replace(dlight_variant(label, m, n, k),
                                                     peers=("torch_eager", "torch_compile")))
                 continue
             variants.append(gemm_variant(label, m, n, k, plan.config, 0, plan.predicted_us))
@@ -158,7 +158,7 @@ def gemm_large_m() -> list[Variant]:
     return variants
 
 
-def _dlight_variant(label: str, m: int, n: int, k: int) -> Variant:
+def dlight_variant(label: str, m: int, n: int, k: int) -> Variant:
     """TVM's stock dlight schedule for the same layer (tvm_dsm.driver.stock_schedule)."""
     func = dense(m, n, k)
     args = args_of(func)
@@ -182,7 +182,7 @@ def gemm() -> list[Variant]:
         configs = gemm_configs(GemmShape(m, n, k, True), 4 if m == 128 else 2, hw)
         for config, (rank, predicted) in configs:
             variants.append(gemm_variant(label, m, n, k, config, rank, predicted))
-        variants.append(_dlight_variant(label, m, n, k))
+        variants.append(dlight_variant(label, m, n, k))
         pick, (rank, predicted) = configs[0]
         if m in (128, 4096):  # the planner's pick in bf16 (its own row group: "<label>_bf16")
             variants.append(gemm_variant(f"{label}_bf16", m, n, k, pick, rank, predicted,
