@@ -161,6 +161,40 @@ def test_a_row_gemv_compiles_for_hopper(assemble):
     assemble(lib.mod.imports[0].inspect_source(), "row_gemv")
 
 
+WAIT = "tvm_builtin_ptx_griddepcontrol_wait();"
+PREFETCH = re.compile(r"prefetch_L2_global\(\(&\((\w+)_ptr\[(.*?)\]\)\), \(uint\)(\d+)\)")
+
+
+def _prefetched_before_the_wait(func, read_only: list[str]) -> list[tuple[str, str, int]]:
+    """(weight, first element, bytes) of each L2 prefetch the kernel of ``func`` issues before it
+    waits for the previous grid, its weights named read-only as a model's are."""
+    from tvm_dsm.annotations import READ_ONLY_PARAMS_KEY
+
+    func = func.with_attr(READ_ONLY_PARAMS_KEY, read_only) if read_only else func
+    source = tvm_dsm.build(func, H100).mod.imports[0].inspect_source()
+    body = source[source.index("__global__"):]
+    assert WAIT in body
+    before, after = body.split(WAIT, 1)
+    assert "prefetch_L2" not in after
+    return [(name, re.sub(r"\(int\)|[() ]", "", first), int(size)) for name, first, size in PREFETCH.findall(before)]
+
+
+@pytest.mark.parametrize("fused_weight", [True, False])
+def test_each_cta_prefetches_its_rows_of_a_read_only_weight_before_it_waits(fused_weight):
+    """Launched programmatically, each CTA of a gated layer's row GEMV (8 rows of 2048, fp16)
+    prefetches its rows of each product's weight into L2 before waiting for the previous kernel:
+    32 KB from row 8 b (and, of a fused [2N, K] weight, from row N + 8 b); nothing where the
+    weight may be written by an earlier kernel (not named read-only)."""
+    func = gated_dense(1, 8192, 2048, fused_weight=fused_weight)
+    names = [p.name for p in func.params if len(p.ty.shape) == 2 and int(p.ty.shape[0]) > 1]
+    found = _prefetched_before_the_wait(func, names)
+    if fused_weight:
+        assert found == [(names[0], "blockIdx.x*16384", 32768), (names[0], "blockIdx.x*16384+16777216", 32768)]
+    else:
+        assert sorted(found) == sorted((name, "blockIdx.x*16384", 32768) for name in names)
+    assert _prefetched_before_the_wait(func, []) == []
+
+
 def _check(lib, n: int, k: int, rows: int = 1) -> float:
     dev, rng = tvm.cuda(), np.random.default_rng()
     x = rng.standard_normal((1, rows, k)).astype("float16")

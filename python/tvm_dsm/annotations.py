@@ -42,6 +42,10 @@ WGMMA_HELPER_PREFIX = "tvm_dsm_wgmma_"
 #: Root-block annotation asking for it; s_tir lowering keeps ``pragma_`` annotations as
 #: attributes around the function body.
 PROGRAMMATIC_LAUNCH_KEY = "pragma_tvm_dsm_programmatic_launch"
+#: Root-block annotation (a pragma) of a schedule whose CTAs each stream whole rows of a weight,
+#: its value the rows a CTA reads: launched programmatically, each CTA prefetches them into L2
+#: before it waits for the previous grid (tvm_dsm.transform.weight_prefetch).
+PREFETCH_ROWS_KEY = "pragma_tvm_dsm_prefetch_rows"
 #: PrimFunc attribute: launch every kernel of the function programmatically, whatever schedule
 #: wrote it (tvm_dsm.transform.programmatic_launch): it launches while the previous kernel runs
 #: and waits for it before touching memory.

@@ -8,7 +8,11 @@ lanes (``threadIdx.x``) split each row's K, every lane loading 16-byte vectors o
 ``unroll`` of them a step in unrolled code (so their loads may issue ahead of the multiply-adds,
 which the compiler schedules); the lanes' partial sums meet in a
 cross-thread reduction (warp shuffles, through shared memory past one warp), then the epilogue
-runs on the row's results. Against dlight's GEMV rule (16 rows a CTA, 32 lanes a row) more lanes
+runs on the row's results. The kernel launches programmatically, each CTA prefetching its rows of
+a model's weight into L2 before it waits for the kernel before it
+(:mod:`tvm_dsm.transform.weight_prefetch`): HBM streams them while that kernel (a norm,
+attention) runs; on the 1B Llama's decode at one row, 0.883 ms a step against 0.924 (H200,
+``bench/results/archive/llama_1b_weight_prefetch_s52.json``). Against dlight's GEMV rule (16 rows a CTA, 32 lanes a row) more lanes
 a row keep a long K from serializing: on the 1B Llama's 2048 x 8192 down projection at one row
 9.8 us against dlight's 11.5 (H200, ``bench/results/archive/row_gemv_configs_s51.json``).
 """
@@ -19,9 +23,11 @@ from dataclasses import dataclass
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from ..annotations import PREFETCH_ROWS_KEY
 from ..errors import ClusterError
 from ..ir import uses
 from ..transform.buffers import element_bytes
+from ..transform.programmatic_launch import launch_programmatically
 from .elementwise import VECTOR_BYTES
 
 MAX_THREADS = 1024
@@ -229,6 +235,8 @@ def schedule_row_gemv(found: RowGemv, config: RowGemvConfig) -> s_tir.Schedule:
     cta, row = sch.split(sch.fuse(*columns), [None, config.rows_per_cta])
     sch.bind(cta, "blockIdx.x")
     sch.bind(row, "threadIdx.y")
+    sch.annotate(sch.get_sblock("root"), PREFETCH_ROWS_KEY, config.rows_per_cta)
+    launch_programmatically(sch)
     for name, partial in zip(found.reductions, partials):
         _sum_over_lanes(sch, sch.get_sblock(name), partial, row, result_in_register=found.epilogue is not None)
     return sch
