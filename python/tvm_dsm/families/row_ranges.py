@@ -47,7 +47,7 @@ from .configs import config_from, examples
 
 #: The largest row count of each range but the last: decode batches, small and large prefill
 #: chunks.
-ROW_RANGES = (16, 64, 256, 1024)
+ROW_RANGES = (16, 64, 128, 256, 512, 1024, 2048)
 #: The row count the range past the last bound is planned for.
 ROWS_BEYOND = 4096
 #: Configurations of a range tried, best predicted first, before the range is refused.
