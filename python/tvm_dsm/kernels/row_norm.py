@@ -49,15 +49,22 @@ _MAX_THREADS = 1024
 #: Bytes of the row a thread holds in registers: 32 registers in CTAs of up to 512 threads
 #: (128 registers a thread available), 16 in CTAs of 1024 (64 available).
 _HELD_BYTES = {512: 128, 1024: 64}
-#: Pieces a thread aims to hold: enough loads in flight per thread to cover HBM latency.
+#: Pieces a thread of a long row aims to hold: enough loads in flight per thread to cover HBM
+#: latency.
 _PIECES_PER_THREAD = 4
+#: The fewest threads a row takes where it has the pieces (a piece a thread below that): on an
+#: H200 one CTA of 256 threads a row was the fastest configuration of RMSNorm 2048, 4096 and 8192
+#: wide at 16-128 rows, or within 5% of it (``bench/results/archive/row_norm_configs_s52.json``);
+#: a quarter of the pieces (64 threads at 2048, 128 at 4096) ran 5-25% slower.
+_ROW_THREADS = 256
 #: Threads of a CTA when rows are shorter than that many pieces (several rows a CTA).
 _CTA_THREADS = 128
-#: The shortest row few rows spread over a cluster: below it the cluster's exchange costs more
-#: than the CTAs' shorter reads save (measured on an H200, RMSNorm against torch.compile's one
-#: CTA a row: rows of 4-8 KB over 2-4 CTAs 0.73-0.85x, 16 KB over 8 CTAs 0.89-1.03x; grids of
-#: twice the SMs' CTAs 0.63-0.71x, hence the grid is kept within the SMs).
-_SPREAD_MIN_ROW_BYTES = 16384
+#: Rows shorter than this never spread over a cluster: the cluster's exchange costs more than the
+#: CTAs' shorter reads save (H200, RMSNorm: rows of 4-8 KB over 2-4 CTAs 0.73-0.85x torch.compile's
+#: one CTA a row; 16 KB rows at 1-64 rows 1.15-1.25x slower over 2-8 CTAs than one CTA of 256
+#: threads, ``archive/row_norm_configs_s52.json``; grids of twice the SMs' CTAs 0.63-0.71x, hence
+#: a spread grid is kept within the SMs).
+_SPREAD_MIN_ROW_BYTES = 32768
 _COMBINE = {"sum": operator.add, "max": tirx.max, "min": tirx.min}
 _FLOATS = ("float16", "bfloat16", "float32")
 
@@ -341,10 +348,12 @@ def check_fits(found: RowNorm) -> None:
 
 
 def default_config(found: RowNorm, hw: Hardware) -> RowNormConfig:
-    """The fewest CTAs a row whose threads each hold about ``_PIECES_PER_THREAD`` pieces within
-    the register limit, split over a cluster further while the rows alone leave SMs of ``hw``
-    idle (the grid kept within them) where a row holds ``_SPREAD_MIN_ROW_BYTES`` or more;
-    ClusterError naming the limit where a row does not fit (:func:`check_fits`)."""
+    """The fewest CTAs a row within the register limit, split over a cluster further while the
+    rows alone leave SMs of ``hw`` idle (the grid kept within them) where a row holds
+    ``_SPREAD_MIN_ROW_BYTES`` or more; a CTA's threads each hold about ``_PIECES_PER_THREAD``
+    pieces, at least ``_ROW_THREADS`` threads where the row has as many pieces (else a piece
+    each), within the register limit; ClusterError naming the limit where a row does not fit
+    (:func:`check_fits`)."""
     check_fits(found)
     row_bytes = found.width * found.held_bytes
     ranks = 1
@@ -354,8 +363,9 @@ def default_config(found: RowNorm, hw: Hardware) -> RowNormConfig:
                 and found.pieces >= 2 * ranks * _WARP * _PIECES_PER_THREAD)):
         ranks *= 2
     per_cta = -(-found.pieces // ranks)
+    aim = min(per_cta, max(_ROW_THREADS, -(-per_cta // _PIECES_PER_THREAD)))
     threads = 1
-    while threads < _MAX_THREADS and threads * _PIECES_PER_THREAD < per_cta:
+    while threads < _MAX_THREADS and threads < aim:
         threads *= 2
     while threads < _MAX_THREADS and -(-per_cta // threads) * found.vector * found.held_bytes > held_limit(threads):
         threads *= 2

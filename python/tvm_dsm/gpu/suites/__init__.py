@@ -31,6 +31,7 @@ EXPERIMENTS = {
     "symbolic_attention": experiments.symbolic_attention, "attention_configs": experiments.attention_configs,
     "fp8_depths": experiments.fp8_depths, "decode_gemm_configs": experiments.decode_gemm_configs,
     "row_gemv_configs": experiments.row_gemv_configs,
+    "row_norm_configs": experiments.row_norm_configs,
     "fp8_sweep": experiments.fp8_sweep, "gemm_depths": experiments.gemm_depths,
     "gemm_stages": experiments.gemm_stages, "gemm_tma": experiments.gemm_tma,
     "gemm_wgmma": experiments.gemm_wgmma, "programmatic_launch": experiments.programmatic_launch,

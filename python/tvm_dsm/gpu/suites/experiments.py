@@ -9,6 +9,9 @@ from tvm import te
 from ...hardware import load_hardware
 from ...workloads.dense import dense
 from ...relax_integration import scheduling_form
+from ...kernels.row_norm import (candidate_configs as row_norm_candidates, default_config as row_norm_default,
+                                 find_row_norm, fuse_row_norm)
+from ...workloads.norms import topi_norm
 from ...rules.row_gemv import candidate_configs as row_gemv_candidates, find_row_gemv, schedule_row_gemv
 from ...planners.split_k_gemm import PIPELINE_DEPTHS, SHALLOW_PIPELINES, plan_split_k_gemm, predict
 from ...rules.split_k_gemm import GemmShape, SplitKGemmConfig, check_config
@@ -348,6 +351,37 @@ def row_gemv_configs() -> list[Variant]:
                 flops=2 * n * k, plan=dataclasses.asdict(config), peers=("torch_eager",),
                 extra={"shape": label, "m": 1, "n": n, "k": k}))
         variants.append(dlight_variant(label, 1, n, k))
+    return variants
+
+
+#: (width, rows) of RMSNorm: where the row norm's default trailed torch.compile (real_shapes:
+#: 8192 wide at 32 and 64 rows, 0.60-0.64x), the rows beside them, and the other hidden sizes.
+ROW_NORM_SWEEP = ([(8192, m) for m in (1, 16, 32, 64, 128)] + [(4096, m) for m in (32, 64, 128)]
+                  + [(width, m) for width in (2048, 3072, 3584) for m in (1, 16, 64, 128)])
+
+
+def row_norm_configs() -> list[Variant]:
+    """RMSNorm (TOPI's, fp16) at :data:`ROW_NORM_SWEEP` in every configuration of the row norm
+    kernel (:mod:`tvm_dsm.kernels.row_norm`) of a warp or more a row and portable clusters, beside
+    torch eager and torch.compile (timed once a shape)."""
+    hw = load_hardware()
+    variants = []
+    for width, rows in ROW_NORM_SWEEP:
+        func = topi_norm("rms_norm", rows, width, "float16")
+        args = args_of(func)
+        form = scheduling_form(func)
+        found = find_row_norm(form)
+        default = row_norm_default(found, hw)
+        for config in row_norm_candidates(found):
+            if config.threads_per_row < 32 or config.ranks > 8:
+                continue
+            is_default = config == default
+            variants.append(Variant(
+                name=f"norm_{width}_m{rows}_t{config.threads_per_row}_r{config.rows_per_cta}_c{config.ranks}",
+                workload="rms_norm", mod=fuse_row_norm(form, config), args=args,
+                bytes=nbytes_of(args), flops=0, plan={**dataclasses.asdict(config), "default": is_default},
+                peers=("torch_eager", "torch_compile"),
+                extra={"width": width, "m": rows}))
     return variants
 
 
