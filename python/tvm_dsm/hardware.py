@@ -29,6 +29,8 @@ DATA = Path(__file__).parent / "data"
 DEFAULT_GPU = "h100_sxm"
 #: The environment variable naming the description to plan for (a file name in DATA, no suffix).
 GPU_VARIABLE = "TVM_DSM_GPU"
+#: Threads a CTA may have: CUDA's limit on every GPU tvm-dsm targets.
+MAX_CTA_THREADS = 1024
 
 logger = logging.getLogger(__name__)
 BENCH_SOURCE = Path(__file__).resolve().parents[2] / "src" / "hwbench" / "hwbench.cu"

@@ -31,7 +31,8 @@ class RowGemvFamily(ScheduleFamily):
                         busy=found.n // config.rows_per_cta / hw.sm_count)
 
     def rank(self, found: RowGemv, hw: Hardware) -> list[KernelPlan]:
-        return default_first([self.predict(found, c, hw) for c in candidate_configs(found)], default_config(found))
+        default = default_config(found)
+        return default_first([self.predict(found, c, hw) for c in candidate_configs(found, default)], default)
 
     def apply(self, func: tirx.PrimFunc, config: RowGemvConfig, hw: Hardware) -> s_tir.Schedule:
         return schedule_row_gemv(find_row_gemv(func), config)

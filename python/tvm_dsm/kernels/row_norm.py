@@ -38,14 +38,13 @@ from tvm.tirx.script.builder import ir as B
 from ..annotations import CLUSTER_LAUNCH_KEY
 from ..errors import ClusterError
 from ..fusion.cascade import Level, indexed_by, inline_elementwise, parse_reduction
-from ..hardware import Hardware
+from ..hardware import MAX_CTA_THREADS, Hardware
 from ..ir import fast_exp, is_reduction, loads, narrow_indices, shuffle_xor, substitute, tree_reduce, uses
 from ..schedule.cluster import MAX_CLUSTER_SIZE
 from .template import KernelTemplate
 
 _LOAD_BYTES = 16
 _WARP = 32
-_MAX_THREADS = 1024
 #: Bytes of the row a thread holds in registers: 32 registers in CTAs of up to 512 threads
 #: (128 registers a thread available), 16 in CTAs of 1024 (64 available).
 _HELD_BYTES = {512: 128, 1024: 64}
@@ -281,7 +280,7 @@ def check_config(found: RowNorm, c: RowNormConfig) -> None:
         (c.threads_per_row & (c.threads_per_row - 1) == 0, f"threads_per_row={c.threads_per_row}: a power of two"),
         (c.threads_per_row >= _WARP or c.rows_per_cta * c.threads_per_row % _WARP == 0 or c.rows_per_cta == 1,
          f"{c.rows_per_cta} rows of {c.threads_per_row} threads do not fill whole warps"),
-        (c.threads <= _MAX_THREADS, f"{c.threads} threads a CTA: at most {_MAX_THREADS}"),
+        (c.threads <= MAX_CTA_THREADS, f"{c.threads} threads a CTA: at most {MAX_CTA_THREADS}"),
         (1 <= c.ranks <= MAX_CLUSTER_SIZE, f"a cluster of {c.ranks}: 1 to {MAX_CLUSTER_SIZE} CTAs"),
         (c.ranks == 1 or c.rows_per_cta == 1, "a cluster shares one row a CTA"),
         (c.rows_per_cta == 1 if found.symbolic_rows else found.rows % c.rows_per_cta == 0,
@@ -341,7 +340,7 @@ def candidate_configs(found: RowNorm) -> list[RowNormConfig]:
 
 def check_fits(found: RowNorm) -> None:
     """ClusterError naming the limit where a row exceeds a cluster of 16 CTAs' registers."""
-    most = MAX_CLUSTER_SIZE * _MAX_THREADS * held_limit(_MAX_THREADS)
+    most = MAX_CLUSTER_SIZE * MAX_CTA_THREADS * held_limit(MAX_CTA_THREADS)
     if found.width * found.held_bytes > most:
         raise ClusterError(f"a row of {found.width} elements ({found.width * found.held_bytes} B held) exceeds "
                            f"the registers of a cluster of {MAX_CLUSTER_SIZE} CTAs ({most} B)")
@@ -358,16 +357,16 @@ def default_config(found: RowNorm, hw: Hardware) -> RowNormConfig:
     row_bytes = found.width * found.held_bytes
     ranks = 1
     while ranks < MAX_CLUSTER_SIZE and (
-            -(-found.pieces // (ranks * _MAX_THREADS)) * found.vector * found.held_bytes > held_limit(_MAX_THREADS)
+            -(-found.pieces // (ranks * MAX_CTA_THREADS)) * found.vector * found.held_bytes > held_limit(MAX_CTA_THREADS)
             or (found.rows * ranks * 2 <= hw.sm_count and row_bytes >= _SPREAD_MIN_ROW_BYTES
                 and found.pieces >= 2 * ranks * _WARP * _PIECES_PER_THREAD)):
         ranks *= 2
     per_cta = -(-found.pieces // ranks)
     aim = min(per_cta, max(_ROW_THREADS, -(-per_cta // _PIECES_PER_THREAD)))
     threads = 1
-    while threads < _MAX_THREADS and threads < aim:
+    while threads < MAX_CTA_THREADS and threads < aim:
         threads *= 2
-    while threads < _MAX_THREADS and -(-per_cta // threads) * found.vector * found.held_bytes > held_limit(threads):
+    while threads < MAX_CTA_THREADS and -(-per_cta // threads) * found.vector * found.held_bytes > held_limit(threads):
         threads *= 2
     config = RowNormConfig(threads, _rows_per_cta(found, threads) if ranks == 1 else 1, ranks)
     check_config(found, config)

@@ -48,7 +48,7 @@ from tvm.script import tirx as T
 from tvm.tirx.script.builder import ir as B
 
 from ..errors import ClusterError
-from ..hardware import Hardware
+from ..hardware import MAX_CTA_THREADS, Hardware
 from ..fusion.cascade import LoadSymbols, indexed_by, inline_elementwise, only_load, single_fusible_cascade
 from ..fusion.epilogue import bind_stage, find_epilogue
 from ..fusion.symbolic import ToSympy, ToTIR, simplify
@@ -227,7 +227,7 @@ def check_config(shape: SoftmaxGemmShape, c: SoftmaxGemmConfig) -> None:
          f"the {c.block_k}x{c.block_j} V tile must split into 4-element pieces over {c.threads} threads"),
         (c.ranks in range(1, MAX_CLUSTER_SIZE + 1) and c.block_m % c.ranks == 0,
          f"ranks={c.ranks}: a cluster of 1-{MAX_CLUSTER_SIZE} CTAs dividing block_m={c.block_m}"),
-        (c.threads <= 1024, f"{c.threads} threads per CTA"),
+        (c.threads <= MAX_CTA_THREADS, f"{c.threads} threads per CTA"),
     ]
     for ok, message in checks:
         if not ok:

@@ -46,7 +46,7 @@ from ..fusion.cascade import (Level, indexed_by, inline_elementwise, only_load, 
                               single_fusible_cascade)
 from ..fusion.epilogue import bind_stage, find_epilogue
 from ..fusion.top_k import identity
-from ..hardware import Hardware
+from ..hardware import MAX_CTA_THREADS, Hardware
 from ..ir import fast_exp, loads, narrow_indices, shuffle_xor, substitute, tree_reduce
 from .template import KernelTemplate
 
@@ -169,7 +169,7 @@ def check_config(found: TopKRows, c: TopKRowsConfig) -> None:
          f"the {found.width}-wide row does not split into {c.lanes} lanes of {vector}-element pieces"),
         (found.row_bytes(c.rows_per_cta) <= _SHARED_BYTES,
          f"{c.rows_per_cta} rows of {found.width} elements exceed {_SHARED_BYTES} bytes of shared memory"),
-        (c.threads % _WARP == 0 and c.threads <= 1024, f"{c.threads} threads a CTA: whole warps, at most 1024"),
+        (c.threads % _WARP == 0 and c.threads <= MAX_CTA_THREADS, f"{c.threads} threads a CTA: whole warps, at most {MAX_CTA_THREADS}"),
     ]
     for ok, message in checks:
         if not ok:

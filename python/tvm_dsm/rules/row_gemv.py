@@ -25,12 +25,11 @@ from tvm import s_tir, tirx
 
 from ..annotations import PREFETCH_ROWS_KEY
 from ..errors import ClusterError
+from ..hardware import MAX_CTA_THREADS
 from ..ir import uses
 from ..transform.buffers import element_bytes
 from ..transform.programmatic_launch import launch_programmatically
 from .elementwise import VECTOR_BYTES
-
-MAX_THREADS = 1024
 
 
 @dataclass(frozen=True)
@@ -188,9 +187,10 @@ THREADS_PER_ROW = (4, 8, 16, 32, 64, 128, 256)
 UNROLLS = (1, 2, 4, 8)
 
 
-def candidate_configs(found: RowGemv) -> list[RowGemvConfig]:
+def candidate_configs(found: RowGemv, default: RowGemvConfig | None = None) -> list[RowGemvConfig]:
     """Every configuration of :data:`ROWS_PER_CTA` x :data:`THREADS_PER_ROW` x :data:`UNROLLS`
-    valid for ``found``, and the default (whose lanes may be fewer than those)."""
+    valid for ``found``, and the default (whose lanes may be fewer than those; computed unless
+    given)."""
     configs = []
     for rows in ROWS_PER_CTA:
         for lanes in THREADS_PER_ROW:
@@ -201,14 +201,14 @@ def candidate_configs(found: RowGemv) -> list[RowGemvConfig]:
                 except ClusterError:
                     continue
                 configs.append(config)
-    default = default_config(found)
+    default = default or default_config(found)
     return configs if default in configs else [default, *configs]
 
 
 def check_config(found: RowGemv, config: RowGemvConfig) -> None:
     """ClusterError naming the first limit ``config`` breaks for ``found``."""
-    if config.threads > MAX_THREADS:
-        raise ClusterError(f"{config.threads} threads a CTA > {MAX_THREADS}")
+    if config.threads > MAX_CTA_THREADS:
+        raise ClusterError(f"{config.threads} threads a CTA > {MAX_CTA_THREADS}")
     if found.n % config.rows_per_cta:
         raise ClusterError(f"N={found.n} is not a multiple of {config.rows_per_cta} rows a CTA")
     step = config.threads_per_row * found.vector * config.unroll

@@ -17,6 +17,7 @@ from tvm import s_tir, tirx
 from ..fusion.cascade import GroupReport, element_producers, find_cascades, inline_elementwise, prove
 from ..fusion.rewrite import splice
 from ..fusion.symbolic import Unsupported
+from ..hardware import MAX_CTA_THREADS
 
 LOG = logging.getLogger("tvm_dsm.fusion")
 
@@ -117,8 +118,8 @@ def _check_split(group, producers: dict, parts: int, lanes: int, ranks: int,
     if rows_per_cta > 1 and not (shuffle and ranks == 1 and parts * lanes <= 32):
         return (f"rows_per_cta={rows_per_cta}: a row's parts must merge inside one warp (shuffle, "
                 f"one rank, parts * lanes <= 32; here {parts} x {lanes}, ranks={ranks})")
-    if rows_per_cta < 1 or rows_per_cta & (rows_per_cta - 1) or rows_per_cta * parts // ranks * lanes > 1024:
-        return f"rows_per_cta={rows_per_cta}: a power of two, at most 1024 threads per CTA"
+    if rows_per_cta < 1 or rows_per_cta & (rows_per_cta - 1) or rows_per_cta * parts // ranks * lanes > MAX_CTA_THREADS:
+        return f"rows_per_cta={rows_per_cta}: a power of two, at most {MAX_CTA_THREADS} threads per CTA"
     if copy_stages and (copy_stages < 2 or lanes < 2):
         return (f"copy_stages={copy_stages}: a ring of at least 2 chunks, for the slices of "
                 "lanes > 1")
