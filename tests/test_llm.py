@@ -96,6 +96,27 @@ def test_tvm_dsm_pipeline_schedules_every_kernel_and_reports_each(tvm_dsm_schedu
     assert any(m.startswith("tvm-dsm families scheduled") for m in messages)
 
 
+def test_each_one_row_gemv_prefetches_its_weight_before_waiting_for_the_kernel_before(tvm_dsm_scheduled):
+    """In every linear layer the model's decode batch of one takes on the row GEMV, that kernel
+    (its function's one-row branch) prefetches rows of the layer's weight, which the pipeline
+    names read-only, into L2 before ``griddepcontrol.wait``; the other branches' kernels do not."""
+    import re
+
+    from conftest import cuda_source
+    from tvm_dsm.annotations import READ_ONLY_PARAMS_KEY
+
+    scheduled, coverage, _ = tvm_dsm_scheduled
+    layers = [name for name, where in coverage.items() if where.startswith("row_gemv")]
+    assert len(layers) >= 5  # QKV, o_proj (two forms), gated, down, LM head
+    for name in layers:
+        func = scheduled[name]
+        weights = {str(w) for w in func.attrs[READ_ONLY_PARAMS_KEY]}
+        bodies = kernels(cuda_source(tvm.IRModule({"main": func}))).values()
+        early = [re.findall(r"prefetch_L2_global\(\(&\((\w+)_ptr\[", b.split("griddepcontrol_wait")[0])
+                 for b in bodies]
+        assert [set(e) for e in early if e] == [weights], name
+
+
 def test_no_tvm_dsm_family_crashes_on_the_model(tvm_dsm_scheduled):
     """The model's functions have symbolic batch and sequence lengths: a family takes them or
     refuses them by name (no crash), and dlight schedules the rest."""
