@@ -62,6 +62,13 @@ def items(stmt) -> list:
     return list(stmt.seq) if isinstance(stmt, tirx.SeqStmt) else [stmt]
 
 
+def is_thread_extent(stmt, tag: str) -> bool:
+    """Whether ``stmt`` is a thread binding (a ``thread_extent`` attribute) whose tag is ``tag``
+    or starts with it (``"threadIdx"``: any of x, y, z)."""
+    return (isinstance(stmt, tirx.AttrStmt) and stmt.attr_key == "thread_extent"
+            and str(stmt.node.thread_tag).startswith(tag))
+
+
 def replace_node(root, old, new):
     """``root`` with the node ``old`` (by identity) replaced by ``new``."""
     return tvm_ffi.structural_map(root, [(type(old), lambda n: new if n.same_as(old) else n)], order="pre")

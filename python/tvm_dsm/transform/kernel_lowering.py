@@ -12,21 +12,13 @@ from tvm.sym import Analyzer
 from ..annotations import (BULK_COPY_KEY, BULK_DST, CLUSTER_LAUNCH_KEY, RELEASABLE_START_KEY,
                            ROOT_ONLY_KEY, ROTATE_PEERS_KEY)
 from ..errors import ClusterError
-from ..ir import find_all, replace_node, substitute, uses
+from ..ir import find_all, is_thread_extent, replace_node, substitute, uses
 from ..schedule.cluster import RANK_TAG
 from ..schedule.dsm import DSM_SCOPE
 from .buffers import STATIC_SLICES_BUDGET, buffer_bytes, buffers_used, shared_bytes
 from .bulk_copy import BulkCopy
 from .cluster_barriers import MARKER_KINDS, ClusterBarriers
 from .dsm_buffer import DSMBuffer
-
-
-def is_thread_extent(stmt, tag: str) -> bool:
-    return (
-        isinstance(stmt, tirx.AttrStmt)
-        and stmt.attr_key == "thread_extent"
-        and str(stmt.node.thread_tag) == tag
-    )
 
 
 def _passed_to_calls(body, buffer) -> bool:

@@ -28,10 +28,10 @@ import tvm
 from tvm import tirx
 
 from ..errors import ClusterError
-from ..ir import find_all, replace_node
+from ..ir import find_all, is_thread_extent, replace_node
 from ..schedule.cluster import RANK_TAG
 from ..schedule.dsm import DSM_SCOPE
-from .kernel_lowering import ClusterKernelLowering, is_thread_extent
+from .kernel_lowering import ClusterKernelLowering
 
 __all__ = ["LowerCluster", "lower_cluster_function"]
 

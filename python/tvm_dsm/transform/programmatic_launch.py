@@ -43,7 +43,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir import SBlock
 from tvm.script import tirx as T
 
-from ..ir import find_all, replace_node
+from ..ir import find_all, is_thread_extent, replace_node
 from ..annotations import (EARLY_COPY_KEY, LAUNCH_EARLY_KEY, PDL_LAUNCH_TAG, PROGRAMMATIC_LAUNCH_KEY,
                            READ_ONLY_PARAMS_KEY)
 
@@ -82,11 +82,6 @@ def _is_marker(stmt) -> bool:
     return isinstance(stmt, tirx.AttrStmt) and stmt.attr_key == PROGRAMMATIC_LAUNCH_KEY
 
 
-def _is_kernel_launch(stmt) -> bool:
-    return (isinstance(stmt, tirx.AttrStmt) and stmt.attr_key == "thread_extent"
-            and stmt.node.thread_tag.startswith("blockIdx"))
-
-
 def programmatic_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """Each kernel of ``func`` (its outermost ``blockIdx`` launches) waits for the previous
     grid, then lets the next one launch; ``func`` requests the launch attribute. A kernel issues
@@ -114,6 +109,10 @@ def programmatic_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
     body = tvm_ffi.structural_map(body, [(tirx.AttrStmt, lambda s: s.body if _is_marker(s) else s)])
     params = list(func.attrs.get(_LAUNCH_PARAMS_KEY, [])) if func.attrs is not None else []
     return func.with_body(body).with_attr(_LAUNCH_PARAMS_KEY, [*params, PDL_LAUNCH_TAG])
+
+
+def _is_kernel_launch(stmt) -> bool:
+    return is_thread_extent(stmt, "blockIdx")
 
 
 def _kernels(body) -> list:

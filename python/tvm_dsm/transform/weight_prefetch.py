@@ -27,18 +27,13 @@ from tvm.script import tirx as T
 from tvm.sym import Analyzer
 
 from ..annotations import PREFETCH_ROWS_KEY
-from ..ir import find_all, substitute, uses
+from ..ir import find_all, is_thread_extent, substitute, uses
 from .buffers import element_bytes
 from .programmatic_launch import L2_PREFETCH_KEY, launched_programmatically
 
 
 def _is_mark(stmt) -> bool:
     return isinstance(stmt, tirx.AttrStmt) and stmt.attr_key == PREFETCH_ROWS_KEY
-
-
-def _thread_extent(stmt, tag: str) -> bool:
-    return (isinstance(stmt, tirx.AttrStmt) and stmt.attr_key == "thread_extent"
-            and str(stmt.node.thread_tag).startswith(tag))
 
 
 def prefetch_weight_rows(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -53,7 +48,7 @@ def prefetch_weight_rows(func: tirx.PrimFunc) -> tirx.PrimFunc:
     def rewrite(mark):
         body = mark.body
         if programmatic:
-            for kernel in find_all(body, tirx.AttrStmt, lambda s: _thread_extent(s, "blockIdx.x")):
+            for kernel in find_all(body, tirx.AttrStmt, lambda s: is_thread_extent(s, "blockIdx.x")):
                 body = _prefetched(body, kernel, int(mark.value), list(func.params))
         return body
 
@@ -63,11 +58,12 @@ def prefetch_weight_rows(func: tirx.PrimFunc) -> tirx.PrimFunc:
 def _prefetched(body, kernel: tirx.AttrStmt, rows: int, params: list):
     """``body`` with ``kernel``'s innermost thread binding's body led by the prefetches."""
     block = kernel.node.var
-    threads = find_all(kernel, tirx.AttrStmt, lambda s: _thread_extent(s, "threadIdx"))
+    threads = find_all(kernel, tirx.AttrStmt, lambda s: is_thread_extent(s, "threadIdx"))
     if not threads:
         return body
     prefetches, seen = [], []
     analyzer = Analyzer()
+    leader = tirx.all(*(tirx.EQ(t.node.var, 0) for t in threads))  # one thread a CTA issues them
     for load in find_all(kernel.body, tvm.ir.TensorLoad, lambda ld: len(ld.indices) == 2 and uses(ld.indices[0], block)):
         weight = next((p for p in params if p.same_as(load.source)), None)
         if weight is None:
@@ -81,11 +77,10 @@ def _prefetched(body, kernel: tirx.AttrStmt, rows: int, params: list):
         size = rows * k * element_bytes(weight)
         issue = tirx.Evaluate(T.ptx["cp.async.bulk.prefetch.L2.global"](
             weight.access_ptr("r", offset=first * k), tirx.const(int(size), "uint32")))
-        leader = tirx.all(*(tirx.EQ(t.node.var, 0) for t in threads))
         prefetches.append(tirx.AttrStmt(weight, L2_PREFETCH_KEY, 0, tirx.IfThenElse(leader, issue, None)))
     if not prefetches:
         return body
-    innermost = next(t for t in threads if not find_all(t.body, tirx.AttrStmt, lambda s: _thread_extent(s, "threadIdx")))
+    innermost = next(t for t in threads if not find_all(t.body, tirx.AttrStmt, lambda s: is_thread_extent(s, "threadIdx")))
     led = tirx.AttrStmt(innermost.node, innermost.attr_key, innermost.value,
                         tirx.SeqStmt([*prefetches, innermost.body]))
     return tvm_ffi.structural_map(body, [(tirx.AttrStmt, lambda s: led if s.same_as(innermost) else s)], order="pre")
