@@ -12,9 +12,10 @@ runs on the row's results. The kernel launches programmatically, each CTA prefet
 a model's weight into L2 before it waits for the kernel before it
 (:mod:`tvm_dsm.transform.weight_prefetch`): HBM streams them while that kernel (a norm,
 attention) runs; on the 1B Llama's decode at one row, 0.883 ms a step against 0.924 (H200,
-``bench/results/archive/llama_1b_weight_prefetch_s52.json``). Against dlight's GEMV rule (16 rows a CTA, 32 lanes a row) more lanes
-a row keep a long K from serializing: on the 1B Llama's 2048 x 8192 down projection at one row
-9.8 us against dlight's 11.5 (H200, ``bench/results/archive/row_gemv_configs_s51.json``).
+``bench/results/archive/llama_1b_weight_prefetch_s52.json``). Against dlight's GEMV rule (16
+rows a CTA, 32 lanes a row) more lanes a row keep a long K from serializing: on the 1B Llama's
+2048 x 8192 down projection at one row 9.8 us against dlight's 11.5 (H200,
+``bench/results/archive/row_gemv_configs_s51.json``).
 """
 from __future__ import annotations
 
