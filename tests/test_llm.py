@@ -189,3 +189,14 @@ def test_tiny_prefill_and_decode_logits_match_float64_on_cpu(as_matrices, tiny_l
         session.reset()
         assert session.batch == 0
         np.testing.assert_array_equal(session.prefill(prompts).numpy()[0], prefilled)
+        # a chunk of 9 tokens: one sequence a call, the same logits, and decode goes on from both
+        chunked = LlamaSession(executable, tvm.cpu(), weights, names, config, max_batch_size=2,
+                               max_total_seq_len=64, prefill_chunk_size=9)
+        np.testing.assert_allclose(chunked.prefill(prompts).numpy()[0], prefilled, rtol=1e-3, atol=1e-3)
+        np.testing.assert_allclose(
+            chunked.decode(tvm.runtime.tensor(following.astype(np.int32), tvm.cpu())).numpy()[:, 0],
+            decoded, rtol=1e-3, atol=1e-3)
+        short = LlamaSession(executable, tvm.cpu(), weights, names, config, max_batch_size=2,
+                             max_total_seq_len=64, prefill_chunk_size=8)
+        with pytest.raises(ValueError, match="longer than the prefill chunk"):
+            short.prefill(prompts)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tvm
 from tvm import te, tirx
+from tvm.sym import Analyzer
 from tvm.script import ir as I
 from tvm.script import relax as R
 
@@ -12,7 +13,7 @@ import tvm_dsm
 from tvm_dsm.driver import H100, schedule_row_ranges, stock_target
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.families.row_ranges import ROW_RANGES, range_kernels
-from tvm_dsm.ir import row_variable
+from tvm_dsm.ir import row_variable, substitute
 from tvm_dsm.hardware import load_hardware
 from tvm_dsm.relax_integration import lower_to_tir
 from tvm_dsm.relax_pipeline import low_batch_dispatch
@@ -63,10 +64,34 @@ def test_an_empty_batch_launches_nothing():
     tested on the host before every range's test."""
     m = te.var("m")
     _, sch = schedule_row_ranges(dense(m, 2048, 2048), H100)
-    outer = sch.mod["main"].body.block.body
+    check, outer = sch.mod["main"].body.block.body  # the int32 extent check, then the ranges
+    assert isinstance(check, tirx.AssertStmt)
     assert isinstance(outer, tirx.IfThenElse) and outer.else_case is None
     assert "0 < m" in str(outer.condition) or "m > 0" in str(outer.condition)
     assert tvm.compile(sch.mod, target=tvm.target.Target(H100)) is not None
+
+
+def test_a_call_past_int32_indexing_is_refused_naming_the_limit():
+    """The kernels index in int32: an output of 2^31 elements (262144 rows of 8192) would be
+    addressed past its last int32 index, so the host refuses it before any launch."""
+    m = te.var("m")
+    _, sch = schedule_row_ranges(dense(m, 8192, 2048), H100)
+    check = sch.mod["main"].body.block.body[0]
+    assert isinstance(check, tirx.AssertStmt)
+    assert "fewer than 2^31 elements" in str(check) and "split the call" in str(check)
+    analyzer = Analyzer()
+    holds = {rows: bool(analyzer.simplify(substitute(check.condition, [(m, tirx.const(rows, "int32"))])))
+             for rows in (1, 262143, 262144, 2 ** 30)}
+    assert holds == {1: True, 262143: True, 262144: False, 2 ** 30: False}
+
+
+@pytest.mark.gpu
+def test_a_call_past_int32_indexing_raises_on_the_gpu():
+    lib, dev = tvm_dsm.build(dense(te.var("m"), 8192, 2048)), tvm.cuda()
+    rows = 2 ** 31 // 8192
+    x, w = tvm.runtime.empty((rows, 2048), "float16", dev), tvm.runtime.empty((8192, 2048), "float16", dev)
+    with pytest.raises(ValueError, match="fewer than 2"):
+        lib(x, w, tvm.runtime.empty((rows, 8192), "float16", dev))
 
 
 def test_a_family_without_symbolic_rows_is_refused_by_name():

@@ -55,6 +55,8 @@ ROW_RANGES = (16, 64, 128, 256, 512, 1024, 2048)
 ROWS_BEYOND = 4096
 #: Configurations of a range tried, best predicted first, before the range is refused.
 ATTEMPTS = 4
+#: Elements a tensor argument of an int32-indexed kernel holds fewer of (its last index fits).
+INT32_ELEMENTS = 2 ** 31
 
 
 @dataclass(frozen=True)
@@ -186,8 +188,34 @@ def _first_that_applies(family: ScheduleFamily, func: tirx.PrimFunc, plans: list
 def dispatch(func: tirx.PrimFunc, kernels: list[tuple[int | None, tirx.PrimFunc]]) -> tirx.PrimFunc:
     """``func`` branching on its first extent variable to the scheduled functions ``kernels`` (each with
     the largest row count it takes, in increasing order; the last, None, takes the rest):
-    ``if m <= bound`` in that order, nothing for ``m = 0`` (:func:`tvm_dsm.ir.branch_on`)."""
+    ``if m <= bound`` in that order, nothing for ``m = 0`` (:func:`tvm_dsm.ir.branch_on`), after
+    the :func:`int32_extent_check` of an int32 variable."""
     branches = [(bound, kernel.with_body(fresh_definitions(kernel.body)) if i else kernel)
                 for i, (bound, kernel) in enumerate(kernels)]
-    body = branch_on(range_variable(func), branches)
+    var = range_variable(func)
+    body = branch_on(var, branches)
+    if str(var.ty) == "int32":
+        body = tirx.SeqStmt([int32_extent_check(func), body])
     return func.with_body(SBlockRealize([], True, SBlock([], [], [], "root", body)))
+
+
+def int32_extent_check(func: tirx.PrimFunc) -> tirx.AssertStmt:
+    """``assert`` (ValueError, on the host, before any launch) that every tensor argument of
+    ``func`` whose shape has a variable holds fewer than :data:`INT32_ELEMENTS` elements. The
+    families' kernels index in int32 (:func:`tvm_dsm.ir.narrow_indices`); a call past that
+    would address past the 2^31st element, a fault or a wrong answer, so it is refused naming
+    the limit."""
+    shapes = [(param.name, list(param.ty.shape)) for param in func.params
+              if any(not isinstance(e, tirx.IntImm) for e in getattr(param.ty, "shape", None) or ())]
+    condition, names = tirx.const(True, "bool"), []
+    for name, shape in shapes:
+        elements = tirx.const(1, "int64")
+        for extent in shape:
+            elements = elements * tirx.Cast("int64", extent)
+        condition = tirx.And(condition, elements < tirx.const(INT32_ELEMENTS, "int64"))
+        names.append(f"{name} {[str(e) for e in shape]}")
+    symbol = func.attrs.get("global_symbol", "the function") if func.attrs is not None else "the function"
+    message = (f"`{symbol}`: tvm-dsm's kernels of a symbolic shape index in int32, so each tensor "
+               f"argument holds fewer than 2^31 elements ({', '.join(names)}); split the call "
+               "(a smaller batch or prefill chunk)")
+    return tirx.AssertStmt(condition, tvm.ir.StringImm("ValueError"), [message])

@@ -31,7 +31,8 @@ crashes its process costs that configuration only):
 
 and the same weights in torch (:mod:`tvm_dsm.gpu.torch_llama`: static KV cache, SDPA) eager and
 under ``torch.compile`` (decode with ``mode="reduce-overhead"``, prefill Inductor's kernels
-without CUDA graphs), prefill also at each ``--contexts`` length (``--no-torch`` leaves them out).
+without CUDA graphs), prefill and decode also at each ``--contexts`` length (``--no-torch`` leaves
+them out).
 
 Then, one configuration at a time on the GPU, for each batch size: prefill a random prompt per
 sequence in one ragged prefill, decode ``--check-steps`` teacher-forced steps (fixed random
@@ -99,6 +100,10 @@ PREFILL_PROFILED = 2
 #: Seconds one configuration's compile process may take.
 COMPILE_TIMEOUT_S = 300
 PAGE_SIZE = 16
+#: The most tokens one prefill call takes (whole sequences a call, as a server chunks its
+#: prefill): the tvm-dsm kernels' tensors stay under 2^31 elements (the widest activation, the
+#: 16384-wide gate/up product, at 65536 tokens holds 2^30).
+PREFILL_CHUNK_TOKENS = 65536
 
 
 def _log(message: str) -> None:
@@ -321,7 +326,7 @@ def _session(executable, info: dict, config: LlamaConfig, weights, batch: int, p
     pages_per_seq = -(-(prompt_len + decode_steps) // PAGE_SIZE)
     return LlamaSession(executable, tvm.cuda(0), weights, info["names"], config, max_batch_size=batch,
                         max_total_seq_len=batch * pages_per_seq * PAGE_SIZE,
-                        prefill_chunk_size=batch * prompt_len, page_size=PAGE_SIZE,
+                        prefill_chunk_size=min(batch * prompt_len, PREFILL_CHUNK_TOKENS), page_size=PAGE_SIZE,
                         step_graphs=info.get("step_graphs", False))
 
 
@@ -412,9 +417,23 @@ def _torch_prefill_ms(model, tokens) -> dict[str, float]:
     return times
 
 
-def _run_torch_contexts(config: LlamaConfig, contexts: list[int], batches: list[int], record) -> None:
-    """The torch contenders' warm prefill (:func:`_torch_prefill_ms`) at each prompt length of
-    ``contexts`` and batch size (random tokens): ``record(name, context, batch, row)``."""
+def _torch_decode_times(step, tokens, first_position: int, steps: int) -> list[float]:
+    """Wall times (ms) of ``steps`` decode steps ``step(tokens, position)`` from
+    ``first_position`` on, after ``WARMUP_STEPS`` untimed ones at ``first_position`` (where
+    ``mode="reduce-overhead"`` compiles and records)."""
+    import torch
+
+    positions = [torch.tensor(first_position + s, device="cuda") for s in range(steps)]
+    for _ in range(WARMUP_STEPS):
+        step(tokens, positions[0])
+    return [_wall_ms(functools.partial(step, tokens, p), torch.cuda.synchronize)[1] for p in positions]
+
+
+def _run_torch_contexts(config: LlamaConfig, contexts: list[int], batches: list[int], steps: int,
+                        bandwidth: float, record) -> None:
+    """The torch contenders' warm prefill (:func:`_torch_prefill_ms`) and decode (after that
+    prefill, as :func:`_run_torch`) at each prompt length of ``contexts`` and batch size (random
+    tokens): ``record(name, context, batch, row)``."""
     import torch
 
     from .torch_llama import TorchLlama
@@ -423,12 +442,21 @@ def _run_torch_contexts(config: LlamaConfig, contexts: list[int], batches: list[
     weights, rng = random_weights(config), np.random.default_rng(1)
     for context in contexts:
         for batch in batches:
-            model = TorchLlama(config, weights, batch, context)
+            torch._dynamo.reset()  # each shape compiles afresh, never past dynamo's recompile limit
+            model = TorchLlama(config, weights, batch, context + steps + 1)
             tokens = torch.as_tensor(rng.integers(0, config.vocab_size, (batch, context)), device="cuda")
             with torch.no_grad():
-                for name, ms in _torch_prefill_ms(model, tokens).items():
-                    record(name, context, batch, {"prefill_ms": round(ms, 3)})
-                    _log(f"  {name} context {context} batch {batch}: prefill {ms:.1f} ms")
+                prefill_ms = _torch_prefill_ms(model, tokens)
+                for name, step in (("torch_eager", model.decode),
+                                   ("torch_compile", torch.compile(model.decode, mode="reduce-overhead"))):
+                    decode_ms = float(np.median(_torch_decode_times(step, tokens[:, :1], context, steps)))
+                    floor_ms = _decode_floor_ms(config, batch, context + steps // 2, bandwidth)
+                    record(name, context, batch, {"prefill_ms": round(prefill_ms[name], 3),
+                                                  "decode_ms_per_step": round(decode_ms, 4),
+                                                  "floor_ms": round(floor_ms, 4),
+                                                  "multiple_of_floor": round(decode_ms / floor_ms, 2)})
+                    _log(f"  {name} context {context} batch {batch}: prefill {prefill_ms[name]:.1f} ms, "
+                         f"decode {decode_ms:.3f} ms/step ({decode_ms / floor_ms:.2f}x floor)")
             del model
             torch.cuda.empty_cache()
 
@@ -445,6 +473,7 @@ def _run_torch(config: LlamaConfig, weights, prompts, forced, reference: np.ndar
 
     prompt_len = prompts.shape[1]
     for batch in batches:
+        torch._dynamo.reset()  # as in _run_torch_contexts
         model = TorchLlama(config, weights, batch, prompt_len + check_steps + steps + 1)
         tokens = torch.as_tensor(prompts[:batch], device="cuda")
         forced_tokens = torch.as_tensor(forced[:batch], device="cuda")
@@ -458,11 +487,7 @@ def _run_torch(config: LlamaConfig, weights, prompts, forced, reference: np.ndar
                     position = torch.tensor(prompt_len + s, device="cuda")
                     got.append(step(forced_tokens[:, s:s + 1], position).cpu().numpy())
                 checks = logit_errors(np.stack(got, axis=1), reference[:batch])
-                positions = [torch.tensor(prompt_len + check_steps + s, device="cuda") for s in range(steps)]
-                for _ in range(WARMUP_STEPS):
-                    step(forced_tokens[:, :1], positions[0])
-                times = [_wall_ms(functools.partial(step, forced_tokens[:, :1], p), torch.cuda.synchronize)[1]
-                         for p in positions]
+                times = _torch_decode_times(step, forced_tokens[:, :1], prompt_len + check_steps, steps)
                 context = prompt_len + check_steps + steps // 2
                 floor_ms = _decode_floor_ms(config, batch, context, bandwidth)
                 decode_ms = float(np.median(times))  # reduce-overhead records during the warm-up
@@ -590,7 +615,7 @@ def run(args) -> None:
             "torch_error": functools.partial(_run_torch, config, weights, prompts, forced, reference, batches,
                                              args.check_steps, args.steps, bandwidth, record_torch),
             "torch_contexts_error": functools.partial(_run_torch_contexts, config, args.contexts, batches,
-                                                      record_torch_context),
+                                                      args.steps, bandwidth, record_torch_context),
         }
         for key, part in torch_parts.items():
             try:
@@ -621,7 +646,8 @@ def main(argv=None) -> None:
     tune.add_argument("--trials", type=int, default=8, help="measured candidates per task")
     parser.add_argument("--out", default="llm.json")
     parser.add_argument("--model", choices=MODELS, default="1b")
-    parser.add_argument("--configs", type=lambda s: s.split(","), default=list(CONFIGS))
+    parser.add_argument("--configs", type=lambda s: [c for c in s.split(",") if c], default=list(CONFIGS),
+                        help="the TVM configurations to compile and run (comma-separated; empty: torch only)")
     parser.add_argument("--batches", type=lambda s: [int(b) for b in s.split(",")],
                         default=[1, 8, 32])
     parser.add_argument("--prompt", type=int, default=512)

@@ -310,13 +310,27 @@ class LlamaSession:
         self.cache = self.vm["create_tir_paged_kv_cache"](
             shape([max_batch_size]), shape([max_total_seq_len]), shape([prefill_chunk_size]),
             shape([page_size]), shape([0]))
-        self.batch = 0
+        self.batch, self.prefill_chunk_size = 0, prefill_chunk_size
         self._begin = tvm.get_global_func("vm.builtin.kv_state_begin_forward")
         self._end = tvm.get_global_func("vm.builtin.kv_state_end_forward")
 
     def prefill(self, prompts: np.ndarray):
-        """Add one sequence per row of ``prompts`` ``[batch, seq]`` and run them as one ragged
-        prefill; the fp32 logits ``[1, batch, vocab]`` (a device tensor) at each last token."""
+        """Add one sequence per row of ``prompts`` ``[batch, seq]`` and run them as ragged
+        prefills of whole sequences, as many a call as ``prefill_chunk_size`` tokens hold (a
+        server's chunked prefill); the fp32 logits ``[1, batch, vocab]`` (a device tensor) at each
+        last token."""
+        batch, seq = prompts.shape
+        if seq > self.prefill_chunk_size:
+            raise ValueError(f"a prompt of {seq} tokens is longer than the prefill chunk "
+                             f"({self.prefill_chunk_size} tokens)")
+        per_call = self.prefill_chunk_size // seq
+        logits = [self._prefill_call(prompts[start:start + per_call]) for start in range(0, batch, per_call)]
+        if len(logits) == 1:
+            return logits[0]
+        return tvm.runtime.tensor(np.concatenate([part.numpy() for part in logits], axis=1), self.device)
+
+    def _prefill_call(self, prompts: np.ndarray):
+        """One ragged prefill of the new sequences ``prompts`` ``[batch, seq]``; their logits."""
         batch, seq = prompts.shape
         add = tvm.get_global_func("vm.builtin.kv_state_add_sequence")
         for seq_id in range(self.batch, self.batch + batch):
