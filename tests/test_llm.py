@@ -14,7 +14,7 @@ from tvm import relax
 
 from conftest import TARGET, kernels
 from tvm_dsm.driver import stock_target
-from tvm_dsm.relax_pipeline import DLIGHT, PAGED_DECODE, PRESCHEDULED, RAGGED_PREFILL
+from tvm_dsm.relax_pipeline import DLIGHT, KV_APPEND, PAGED_DECODE, PRESCHEDULED, RAGGED_PREFILL
 from tvm_dsm.relax_gated import FuseGatedProjections
 from tvm_dsm.relax_matmuls import MatmulsAsMatrices
 from tvm_dsm.workloads.llama import (LLAMA_TINY, LlamaSession, export_llama, random_weights,
@@ -90,6 +90,7 @@ def test_tvm_dsm_pipeline_schedules_every_kernel_and_reports_each(tvm_dsm_schedu
     assert PREFILL_ATTENTION_KERNELS <= {k for k, v in coverage.items() if v == PRESCHEDULED}
     assert coverage["batch_decode_paged_kv"] == PAGED_DECODE
     assert coverage["batch_prefill_ragged_kv"] == RAGGED_PREFILL
+    assert coverage["tir_kv_cache_transpose_append"] == KV_APPEND
     assert any(v.startswith(DLIGHT) for v in coverage.values())
     for name, where in coverage.items():
         assert f"{name}: {where}" in messages

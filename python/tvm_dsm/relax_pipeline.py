@@ -10,8 +10,9 @@ scheduled (``nn.llm``'s paged-attention kernels) keep their own schedule, except
 tvm-dsm's cluster kernel replaces (:mod:`tvm_dsm.kernels.paged_decode`; measured faster in the
 whole model at batch 1 to 64 and KV lengths 541 and 2048, ``bench/results/llm``), and its
 prefill attention over the new tokens, on tensor cores (:mod:`tvm_dsm.kernels.ragged_prefill`;
-96x ``nn.llm``'s kernel for 64 prompts of 512 tokens, ``bench/results/ragged_prefill``); ``()``
-keeps ``nn.llm``'s. dlight runs under
+96x ``nn.llm``'s kernel for 64 prompts of 512 tokens, ``bench/results/ragged_prefill``), and its
+append of keys and values to the pages in 16-byte vectors (:mod:`tvm_dsm.kernels.kv_append`);
+``()`` keeps ``nn.llm``'s. dlight runs under
 :func:`tvm_dsm.driver.stock_target` (it skips tensor cores on "sm_90a"), after
 :class:`LowBatchDispatch` has given the matmuls of a symbolic batch no family took the low-batch
 GEMV dispatch MLC-LLM adds for decode.
@@ -37,7 +38,7 @@ from .errors import ClusterError
 from .families.row_ranges import dispatch
 from .ir import row_variable
 from .hardware import Hardware, load_hardware
-from .kernels import paged_decode, ragged_prefill
+from .kernels import kv_append, paged_decode, ragged_prefill
 from .relax_weights import MarkReadOnlyParams
 from .annotations import LAUNCH_EARLY_KEY
 from .relax_top_k import TopKAsRows
@@ -90,16 +91,17 @@ def LowBatchDispatch(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - T
 
 
 #: The names :func:`kernel_coverage` gives ``nn.llm``'s kernels tvm-dsm replaces.
-PAGED_DECODE, RAGGED_PREFILL = "paged_decode", "ragged_prefill"
+PAGED_DECODE, RAGGED_PREFILL, KV_APPEND = "paged_decode", "ragged_prefill", "kv_append"
 #: ``nn.llm``'s kernels tvm-dsm replaces, by name: the function's symbol, and what builds the
 #: replacement of a function (ClusterError where it does not take it).
 KV_CACHE_KERNELS = {
     PAGED_DECODE: (paged_decode.SYMBOL, lambda func, hw: paged_decode.paged_decode_dispatch(
         paged_decode.find_paged_decode(func), hw)),
     RAGGED_PREFILL: (ragged_prefill.SYMBOL, lambda func, hw: ragged_prefill.ragged_prefill_kernel(func)),
+    KV_APPEND: (kv_append.SYMBOL, lambda func, hw: kv_append.kv_append_kernel(func)),
 }
 #: The KV-cache kernels replaced by default.
-DEFAULT_KV_CACHE_KERNELS = (PAGED_DECODE, RAGGED_PREFILL)
+DEFAULT_KV_CACHE_KERNELS = (PAGED_DECODE, RAGGED_PREFILL, KV_APPEND)
 #: The KV cache's constructor, and the position of its RoPE mode among the arguments
 #: (``nn.llm.kv_cache``; 2 is ``RopeMode.INLINE``: RoPE inside the attention kernels).
 _KV_CACHE_CREATE, _ROPE_MODE_ARG, _INLINE_ROPE = "vm.builtin.paged_attention_kv_cache_create", 8, 2
@@ -123,7 +125,7 @@ def _rope_inside_attention(mod: tvm.IRModule) -> bool:
 
 def use_kv_cache_kernels(mod: tvm.IRModule, hw: Hardware | None = None,
                          names: tuple[str, ...] = DEFAULT_KV_CACHE_KERNELS) -> tvm.IRModule:
-    """``mod`` with ``nn.llm``'s attention kernels named in ``names`` (keys of
+    """``mod`` with ``nn.llm``'s KV-cache kernels named in ``names`` (keys of
     :data:`KV_CACHE_KERNELS`) replaced by tvm-dsm's, sized for ``hw``; unchanged where the KV
     cache applies RoPE inside the attention kernels (tvm-dsm's take K stored rotated)."""
     if not names:
