@@ -510,22 +510,65 @@ def _versions() -> dict:
             "git_sha": git_sha()}
 
 
-#: Logits of the fp16 model against the fp32 evaluation: the bound of a correct decode.
-LOGITS_TOLERANCE = 2e-2
+#: Logits of the fp16 model against the fp32 evaluation, teacher-forced: the bound of a correct
+#: decode (issue 51's acceptance).
+LOGITS_TOLERANCE = 5e-3
 
 
-def schema_rows(configs: dict) -> list[dict]:
-    """One results row (tvm_dsm.bench.results' schema) per configuration and batch: the decode
-    step's time, its floor, and the logits' error against fp32."""
+def _points(found: dict, prompt_len: int) -> dict[tuple[str, int, int], tuple[float, dict]]:
+    """A configuration's measurements by (phase, prompt length, batch): the time in
+    microseconds (a decode step's, or a prefill's) and the row it came from."""
+    points = {}
+    rows = [(prompt_len, int(b), row) for b, row in found.get("batches", {}).items()]
+    rows += [(int(c), int(b), row) for c, by_batch in found.get("contexts", {}).items() for b, row in by_batch.items()]
+    for context, batch, row in rows:
+        if row.get("decode_ms_per_step") is not None:
+            points["decode", context, batch] = row["decode_ms_per_step"] * 1e3, row
+        if row.get("prefill_ms") is not None:
+            points["prefill", context, batch] = row["prefill_ms"] * 1e3, row
+    return points
+
+
+def schema_rows(configs: dict, prompt_len: int) -> list[dict]:
+    """One results row (tvm_dsm.bench.results' schema) per tvm-dsm configuration, phase, prompt
+    length and batch: its time, the other configurations' (TVM's stack, torch) at the same point
+    as peers, the decode floor, and where the logits were checked their error against fp32."""
+    points = {name: _points(found, prompt_len) for name, found in configs.items()}
     rows = []
-    for name, found in configs.items():
-        for batch, row in found.get("batches", {}).items():
-            err = row["logits_vs_fp32"]["rel_l2_max"]
-            rows.append({"name": f"{name}_batch{batch}", "ok": err < LOGITS_TOLERANCE, "rel_err": err,
-                         "ours_us": row["decode_ms_per_step"] * 1e3, "floor_us": row["floor_ms"] * 1e3,
-                         "prefill_ms": row.get("prefill_ms", row["prefill_ms_first_call"]),
-                         "coverage": found.get("coverage")})
+    for name, own in points.items():
+        if not name.startswith("tvm_dsm"):
+            continue
+        for (phase, context, batch), (us, row) in sorted(own.items()):
+            checked = row.get("logits_vs_fp32")
+            err = checked["rel_l2_max"] if checked else None
+            rows.append({"name": f"{name}_{phase}_len{context}_batch{batch}", "phase": phase, "context": context,
+                         "batch": batch, "ok": err is None or err < LOGITS_TOLERANCE, "rel_err": err, "ours_us": us,
+                         "peers": {other: found[phase, context, batch][0] for other, found in points.items()
+                                   if not other.startswith("tvm_dsm") and (phase, context, batch) in found},
+                         "floor_us": row["floor_ms"] * 1e3 if phase == "decode" and "floor_ms" in row else None})
     return rows
+
+
+def merge(paths: list[Path], out: Path) -> dict:
+    """The LLM results of ``paths`` (runs of different configurations, as a torch-only run beside
+    a tvm-dsm one, or of other points of one) as one results file at ``out``: their
+    configurations together, a later file's point replacing an earlier one's, each run's device,
+    date and versions under ``runs``, and the rows of :func:`schema_rows` over them all."""
+    results = [json.loads(Path(p).read_text()) for p in paths]
+    merged = {k: v for k, v in results[0].items() if k not in ("configs", "rows")}
+    merged["configs"] = {}
+    for r in results:
+        for name, found in r["configs"].items():
+            into = merged["configs"].setdefault(name, {})
+            into.update({k: v for k, v in found.items() if k not in ("batches", "contexts")})
+            into.setdefault("batches", {}).update(found.get("batches", {}))
+            for context, by_batch in found.get("contexts", {}).items():
+                into.setdefault("contexts", {}).setdefault(context, {}).update(by_batch)
+    merged["runs"] = [{"file": str(p), **{k: r.get(k) for k in ("device", "date", "versions")},
+                       "configs": sorted(r["configs"])} for p, r in zip(paths, results)]
+    merged["rows"] = schema_rows(merged["configs"], merged["prompt_len"])
+    out.write_text(json.dumps(merged, indent=1))
+    return merged
 
 
 def run(args) -> None:
@@ -546,7 +589,7 @@ def run(args) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def save():
-        out.write_text(json.dumps(results | {"rows": schema_rows(results["configs"])}, indent=1))
+        out.write_text(json.dumps(results | {"rows": schema_rows(results["configs"], args.prompt)}, indent=1))
 
     folder = Path(tempfile.mkdtemp(prefix="tvm_dsm_llm_"))
     _log(f"compiling {args.configs} ({args.model}) in {folder}")
@@ -644,6 +687,9 @@ def main(argv=None) -> None:
     tune.add_argument("--rows", type=lambda s: tuple(int(r) for r in s.split(",")), default=(16,),
                       help="the row ranges to tune, by their row count (default 16: decode batches)")
     tune.add_argument("--trials", type=int, default=8, help="measured candidates per task")
+    join = sub.add_parser("merge", help="merge the results of runs of different configurations into one file")
+    join.add_argument("paths", nargs="+", type=Path)
+    join.add_argument("--out", type=Path, required=True)
     parser.add_argument("--out", default="llm.json")
     parser.add_argument("--model", choices=MODELS, default="1b")
     parser.add_argument("--configs", type=lambda s: [c for c in s.split(",") if c], default=list(CONFIGS),
@@ -666,6 +712,8 @@ def main(argv=None) -> None:
                        folder / f"{args.config}.json", args.cuda_graph, args.database)
     elif args.command == "tune":
         tune_model(MODELS[args.model], args.work_dir, args.rows, args.trials)
+    elif args.command == "merge":
+        merge(args.paths, args.out)
     else:
         run(args)
 
