@@ -555,7 +555,7 @@ def merge(paths: list[Path], out: Path) -> dict:
     configurations together, a later file's point replacing an earlier one's, each run's device,
     date and versions under ``runs``, and the rows of :func:`schema_rows` over them all."""
     results = [json.loads(Path(p).read_text()) for p in paths]
-    merged = {k: v for k, v in results[0].items() if k not in ("configs", "rows")}
+    merged = {k: v for k, v in results[-1].items() if k not in ("configs", "rows")}
     merged["configs"] = {}
     for r in results:
         for name, found in r["configs"].items():
