@@ -5,6 +5,7 @@ and decode logits match a float64 evaluation of the same weights."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import numpy as np
@@ -201,3 +202,36 @@ def test_tiny_prefill_and_decode_logits_match_float64_on_cpu(as_matrices, tiny_l
                              max_total_seq_len=64, prefill_chunk_size=8)
         with pytest.raises(ValueError, match="longer than the prefill chunk"):
             short.prefill(prompts)
+
+
+def _run(date: str, configs: dict) -> dict:
+    return {"suite": "llm", "device": "GPU", "date": date, "versions": {}, "prompt_len": 512, "configs": configs}
+
+
+def test_merged_runs_give_a_row_per_point_with_the_other_contenders_as_peers(tmp_path):
+    from tvm_dsm.gpu.llm import merge
+
+    checked = {"decode_ms_per_step": 1.0, "prefill_ms": 3.0, "floor_ms": 0.5, "logits_vs_fp32": {"rel_l2_max": 2e-3}}
+    ours = _run("day 1", {"tvm_dsm_step_graphs": {
+        "batches": {"1": checked, "8": checked | {"logits_vs_fp32": {"rel_l2_max": 9e-3}}},
+        "contexts": {"2048": {"1": {"decode_ms_per_step": 2.0, "prefill_ms": 9.0, "floor_ms": 0.6}}}}})
+    early = _run("day 1", {"torch_compile": {"batches": {"1": {"decode_ms_per_step": 9.9, "prefill_ms": 9.9}},
+                                             "contexts": {"2048": {"1": {"decode_ms_per_step": 3.0}}}}})
+    late = _run("day 2", {"torch_compile": {"batches": {"1": {"decode_ms_per_step": 1.5, "prefill_ms": 4.0}}}})
+    paths = []
+    for n, run in enumerate((ours, early, late)):
+        paths.append(tmp_path / f"{n}.json")
+        paths[-1].write_text(json.dumps(run))
+    merged = merge(paths, tmp_path / "merged.json")
+    rows = {r["name"]: r for r in merged["rows"]}
+    assert sorted(rows) == [f"tvm_dsm_step_graphs_{p}" for p in (
+        "decode_len2048_batch1", "decode_len512_batch1", "decode_len512_batch8",
+        "prefill_len2048_batch1", "prefill_len512_batch1", "prefill_len512_batch8")]
+    one = rows["tvm_dsm_step_graphs_decode_len512_batch1"]
+    assert one["peers"] == {"torch_compile": 1500.0}  # the later run's point replaced the earlier's
+    assert (one["ours_us"], one["floor_us"], one["ok"]) == (1000.0, 500.0, True)
+    assert rows["tvm_dsm_step_graphs_decode_len2048_batch1"]["peers"] == {"torch_compile": 3000.0}  # kept
+    assert rows["tvm_dsm_step_graphs_prefill_len512_batch1"]["floor_us"] is None
+    assert not rows["tvm_dsm_step_graphs_decode_len512_batch8"]["ok"]  # 9e-3 past the 5e-3 bound
+    assert rows["tvm_dsm_step_graphs_decode_len512_batch8"]["peers"] == {}
+    assert merged["date"] == "day 2" and [r["date"] for r in merged["runs"]] == ["day 1", "day 1", "day 2"]
