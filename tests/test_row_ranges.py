@@ -85,6 +85,25 @@ def test_a_call_past_int32_indexing_is_refused_naming_the_limit():
     assert holds == {1: True, 262143: True, 262144: False, 2 ** 30: False}
 
 
+def test_a_static_tensor_of_2_31_elements_goes_to_dlight():
+    """As Relax legalizes a linear (int64 extents), with an output of 2^31 elements: no family
+    takes it (their kernels index in int32; this one's stores overflowed), and build falls back
+    to dlight, whose indices TVM narrows only where their bounds allow."""
+    def i64(v):
+        return tirx.IntImm("int64", v)
+
+    rows, n, k = 2 ** 31 // 8192, 8192, 64
+    x = te.placeholder((i64(rows), i64(k)), "float16", name="x")
+    w = te.placeholder((i64(n), i64(k)), "float16", name="w")
+    r = te.reduce_axis((i64(0), i64(k)), "r")
+    y = te.compute((i64(rows), i64(n)), lambda i, j: te.sum(x[i, r] * w[j, r], axis=r), name="y")
+    func = te.create_prim_func([x, w, y])
+    with pytest.raises(ClusterError, match=r"index in int32; y\[262144, 8192\] hold 2\^31"):
+        tvm_dsm.plan(func)
+    source = tvm_dsm.build(func).mod.imports[0].inspect_source()
+    assert "__global__" in source and "CUtensorMap" not in source  # dlight's kernel, not a GEMM family's
+
+
 @pytest.mark.gpu
 def test_a_call_past_int32_indexing_raises_on_the_gpu():
     lib, dev = tvm_dsm.build(dense(te.var("m"), 8192, 2048)), tvm.cuda()

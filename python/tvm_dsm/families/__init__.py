@@ -4,6 +4,7 @@ fused rather than scheduled as its first GEMM."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,6 +33,11 @@ from .split_k_gemm import SplitKGemm
 from .split_k_reduction import SplitKReduction
 from .top_k_rows import TopKRows
 
+#: Elements a tensor of a tvm-dsm kernel holds fewer of: the kernels index in int32, so a
+#: function with a larger tensor is refused (dlight takes it; TVM narrows its indices only where
+#: their bounds allow) and a call of a symbolic one with a larger tensor stops before launch
+#: (:func:`row_ranges.int32_extent_check`).
+INT32_ELEMENTS = 2 ** 31
 #: Most specific first: one row of a matmul before the GEMMs; a cascade's own kernel (attention,
 #: decode attention, softmax·V, top-k rows, row norms) before the fused rows that take any
 #: cascade; elementwise functions last (those whose math is computed once per thread before
@@ -79,6 +85,10 @@ def match_family(func: tirx.PrimFunc, target: Any = None,
         raise ClusterError(f"families plan constant extents; {', '.join(symbolic)} are symbolic (a function of one "
                            "symbolic row count is planned per range of rows by build and schedule: "
                            "tvm_dsm.families.row_ranges.range_kernels)")
+    large = [f"{name}{[int(d) for d in shape]}" for name, shape in shapes.items()
+             if shape is not None and math.prod(int(d) for d in shape) >= INT32_ELEMENTS]
+    if large:
+        raise ClusterError(f"tvm-dsm's kernels index in int32; {', '.join(large)} hold 2^31 elements or more")
     reasons = []
     for family in FAMILIES if families is None else families:
         try:

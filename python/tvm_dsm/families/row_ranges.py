@@ -41,7 +41,7 @@ from ..errors import ClusterError
 from ..hardware import Hardware
 from ..ir import branch_on, extent_variables, fresh_definitions, specialized, substitute
 from ..planners.report import Plan
-from . import FAMILIES, match_family
+from . import FAMILIES, INT32_ELEMENTS, match_family
 from .base import ScheduleFamily
 from .configs import config_from, examples
 
@@ -55,8 +55,6 @@ ROW_RANGES = (16, 64, 128, 256, 512, 1024, 2048)
 ROWS_BEYOND = 4096
 #: Configurations of a range tried, best predicted first, before the range is refused.
 ATTEMPTS = 4
-#: Elements a tensor argument of an int32-indexed kernel holds fewer of (its last index fits).
-INT32_ELEMENTS = 2 ** 31
 
 
 @dataclass(frozen=True)
