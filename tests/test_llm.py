@@ -211,7 +211,9 @@ def _run(date: str, configs: dict) -> dict:
 def test_merged_runs_give_a_row_per_point_with_the_other_contenders_as_peers(tmp_path):
     from tvm_dsm.gpu.llm import merge
 
-    checked = {"decode_ms_per_step": 1.0, "prefill_ms": 3.0, "floor_ms": 0.5, "logits_vs_fp32": {"rel_l2_max": 2e-3}}
+    profile = {"rows": [{"function": f"k{n}", "us_per_step": float(n), "launches_per_step": 2.0} for n in range(6)]}
+    checked = {"decode_ms_per_step": 1.0, "prefill_ms": 3.0, "floor_ms": 0.5, "logits_vs_fp32": {"rel_l2_max": 2e-3},
+               "decode_kernels": profile}
     ours = _run("day 1", {"tvm_dsm_step_graphs": {
         "batches": {"1": checked, "8": checked | {"logits_vs_fp32": {"rel_l2_max": 9e-3}}},
         "contexts": {"2048": {"1": {"decode_ms_per_step": 2.0, "prefill_ms": 9.0, "floor_ms": 0.6}}}}})
@@ -232,6 +234,8 @@ def test_merged_runs_give_a_row_per_point_with_the_other_contenders_as_peers(tmp
     assert (one["ours_us"], one["floor_us"], one["ok"]) == (1000.0, 500.0, True)
     assert rows["tvm_dsm_step_graphs_decode_len2048_batch1"]["peers"] == {"torch_compile": 3000.0}  # kept
     assert rows["tvm_dsm_step_graphs_prefill_len512_batch1"]["floor_us"] is None
+    assert [k["function"] for k in one["kernels"]] == ["k5", "k4", "k3", "k2"]  # what holds it back
+    assert rows["tvm_dsm_step_graphs_prefill_len512_batch1"]["kernels"] is None  # not profiled
     assert not rows["tvm_dsm_step_graphs_decode_len512_batch8"]["ok"]  # 9e-3 past the 5e-3 bound
     assert rows["tvm_dsm_step_graphs_decode_len512_batch8"]["peers"] == {}
     assert merged["date"] == "day 2" and [r["date"] for r in merged["runs"]] == ["day 1", "day 1", "day 2"]

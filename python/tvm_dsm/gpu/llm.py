@@ -532,7 +532,8 @@ def _points(found: dict, prompt_len: int) -> dict[tuple[str, int, int], tuple[fl
 def schema_rows(configs: dict, prompt_len: int) -> list[dict]:
     """One results row (tvm_dsm.bench.results' schema) per tvm-dsm configuration, phase, prompt
     length and batch: its time, the other configurations' (TVM's stack, torch) at the same point
-    as peers, the decode floor, and where the logits were checked their error against fp32."""
+    as peers, the decode floor, where the logits were checked their error against fp32, and where
+    the phase was profiled its heaviest kernels."""
     points = {name: _points(found, prompt_len) for name, found in configs.items()}
     rows = []
     for name, own in points.items():
@@ -545,8 +546,23 @@ def schema_rows(configs: dict, prompt_len: int) -> list[dict]:
                          "batch": batch, "ok": err is None or err < LOGITS_TOLERANCE, "rel_err": err, "ours_us": us,
                          "peers": {other: found[phase, context, batch][0] for other, found in points.items()
                                    if not other.startswith("tvm_dsm") and (phase, context, batch) in found},
-                         "floor_us": row["floor_ms"] * 1e3 if phase == "decode" and "floor_ms" in row else None})
+                         "floor_us": row["floor_ms"] * 1e3 if phase == "decode" and "floor_ms" in row else None,
+                         "kernels": _heaviest(row.get(f"{phase}_kernels"))})
     return rows
+
+
+#: Kernels a results row names, the most time first.
+HEAVIEST = 4
+
+
+def _heaviest(breakdown: dict | None) -> list[dict] | None:
+    """The :data:`HEAVIEST` functions of a per-kernel breakdown (:mod:`tvm_dsm.gpu.kernel_breakdown`)
+    that took the most time, with their microseconds and launches a call: what holds a row back."""
+    if not breakdown:
+        return None
+    ranked = sorted(breakdown["rows"], key=lambda r: -r["us_per_step"])[:HEAVIEST]
+    return [{"function": r["function"], "us": round(r["us_per_step"], 1), "launches": r["launches_per_step"]}
+            for r in ranked]
 
 
 def merge(paths: list[Path], out: Path) -> dict:
