@@ -25,6 +25,11 @@ def test_it_refuses_what_it_cannot_vectorize_or_is_not_the_append():
         kv_append_kernel(_kv_cache_transpose_append(8, 36, "float16"))
     with pytest.raises(ClusterError, match="more than a CTA's"):
         kv_append_kernel(_kv_cache_transpose_append(128, 128, "float16"))
+    func = _kv_cache_transpose_append(8, 64, "float16")
+    pages = func.params[0]
+    shifted = tvm.tirx.decl_buffer(pages.ty.shape, pages.ty.dtype, "pages", elem_offset=4)
+    with pytest.raises(ClusterError, match="misaligned"):
+        kv_append_kernel(func.specialize({pages: shifted}))
     renamed = _kv_cache_transpose_append(8, 64, "float16").with_attr("global_symbol", "other")
     with pytest.raises(ClusterError, match="not nn.llm's KV append"):
         kv_append_kernel(renamed)

@@ -202,6 +202,8 @@ def test_tiny_prefill_and_decode_logits_match_float64_on_cpu(as_matrices, tiny_l
                              max_total_seq_len=64, prefill_chunk_size=8)
         with pytest.raises(ValueError, match="longer than the prefill chunk"):
             short.prefill(prompts)
+        with pytest.raises(ValueError, match="at least one prompt"):
+            short.prefill(prompts[:0])
 
 
 def _run(date: str, configs: dict) -> dict:
@@ -239,3 +241,6 @@ def test_merged_runs_give_a_row_per_point_with_the_other_contenders_as_peers(tmp
     assert not rows["tvm_dsm_step_graphs_decode_len512_batch8"]["ok"]  # 9e-3 past the 5e-3 bound
     assert rows["tvm_dsm_step_graphs_decode_len512_batch8"]["peers"] == {}
     assert merged["date"] == "day 2" and [r["date"] for r in merged["runs"]] == ["day 1", "day 1", "day 2"]
+    (tmp_path / "other.json").write_text(json.dumps(late | {"prompt_len": 128}))
+    with pytest.raises(ValueError, match="differ in prompt_len"):
+        merge([paths[0], tmp_path / "other.json"], tmp_path / "bad.json")

@@ -18,7 +18,8 @@ from tvm_dsm.hardware import load_hardware
 from tvm_dsm.kernels.decode_attention import DecodeConfig
 from tvm_dsm.kernels.paged_decode import (batch_configs, default_ranks, find_paged_decode, paged_decode_dispatch,
                                           paged_decode_kernel)
-from tvm_dsm.relax_pipeline import PAGED_DECODE, PRESCHEDULED, RAGGED_PREFILL, schedule_kernels, use_kv_cache_kernels
+from tvm_dsm.relax_pipeline import (KV_APPEND, PAGED_DECODE, PRESCHEDULED, RAGGED_PREFILL, schedule_kernels,
+                                    use_kv_cache_kernels)
 
 PAGE = 16
 
@@ -217,7 +218,8 @@ def test_in_kernel_rope_stops_before_launch_with_the_reason():
 
 def test_a_cache_with_rope_inside_attention_keeps_nn_llms_kernel(monkeypatch):
     """The kernel takes K stored rotated: where the KV cache is created with RoPE applied inside
-    the attention kernels (RopeMode.INLINE), the pipeline leaves nn.llm's decode kernel."""
+    the attention kernels (RopeMode.INLINE), the pipeline leaves nn.llm's decode and prefill
+    kernels, and still replaces the KV append (a copy, the same either way)."""
     from types import SimpleNamespace
 
     from tvm.relax.frontend.nn.llm.kv_cache import RopeMode
@@ -232,3 +234,5 @@ def test_a_cache_with_rope_inside_attention_keeps_nn_llms_kernel(monkeypatch):
     with tvm.target.Target(TARGET):
         kept = use_kv_cache_kernels(mod)
     assert "tvm_dsm.family" not in kept["batch_decode_paged_kv"].attrs
+    assert "tvm_dsm.family" not in kept["batch_prefill_ragged_kv"].attrs
+    assert str(kept["tir_kv_cache_transpose_append"].attrs["tvm_dsm.family"]) == KV_APPEND

@@ -47,7 +47,7 @@ def test_a_compiled_decode_step_is_one_graph_writing_its_layer_buffers_in_place(
     with torch.no_grad():
         explained = torch._dynamo.explain(model.decode)(tokens, position)
         assert explained.graph_break_count == 0 and explained.graph_count == 1
-        model.decode(tokens, position)
+        torch.compile(model.decode)(tokens, position)
     for layer in range(config.num_layers):
         for cache in model.cache(layer):
             assert cache.shape == (2, config.num_key_value_heads, 16, config.head_dim)

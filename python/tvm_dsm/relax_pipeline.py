@@ -126,12 +126,12 @@ def _rope_inside_attention(mod: tvm.IRModule) -> bool:
 def use_kv_cache_kernels(mod: tvm.IRModule, hw: Hardware | None = None,
                          names: tuple[str, ...] = DEFAULT_KV_CACHE_KERNELS) -> tvm.IRModule:
     """``mod`` with ``nn.llm``'s KV-cache kernels named in ``names`` (keys of
-    :data:`KV_CACHE_KERNELS`) replaced by tvm-dsm's, sized for ``hw``; unchanged where the KV
-    cache applies RoPE inside the attention kernels (tvm-dsm's take K stored rotated)."""
-    if not names:
-        return mod
-    if _rope_inside_attention(mod):
+    :data:`KV_CACHE_KERNELS`) replaced by tvm-dsm's, sized for ``hw``; the attention kernels
+    kept where the KV cache applies RoPE inside them (tvm-dsm's take K stored rotated)."""
+    if names and _rope_inside_attention(mod):
         LOG.info("nn.llm's attention kernels kept: the KV cache applies RoPE inside attention")
+        names = tuple(n for n in names if n not in (PAGED_DECODE, RAGGED_PREFILL))
+    if not names:
         return mod
     hw = hw or load_hardware()
     mod = mod.clone()

@@ -17,7 +17,7 @@ crashes its process costs that configuration only):
   pipeline, sm_90a, ``nn.llm``'s decode and prefill attention replaced by tvm-dsm's; its per-kernel
   coverage (family or dlight) goes into the results;
 - ``tvm_dsm_nn_llm_attention``: the same keeping ``nn.llm``'s decode and prefill attention
-  (``kv_cache_kernels=()``);
+  (``kv_cache_kernels=(KV_APPEND,)``);
 - ``tvm_dsm_step_graphs``: ``tvm_dsm`` compiled without Relax's CUDA-graph rewrite, its decode
   steps replayed whole from CUDA graphs, the KV cache's attention calls included
   (:class:`tvm_dsm.workloads.llama.LlamaSession` with ``step_graphs``);
@@ -35,7 +35,7 @@ without CUDA graphs), prefill and decode also at each ``--contexts`` length (``-
 them out).
 
 Then, one configuration at a time on the GPU, for each batch size: prefill a random prompt per
-sequence in one ragged prefill, decode ``--check-steps`` teacher-forced steps (fixed random
+sequence in ragged prefills (whole sequences, up to ``PREFILL_CHUNK_TOKENS`` a call), decode ``--check-steps`` teacher-forced steps (fixed random
 tokens) whose logits and the prefill's are compared with an fp32 torch evaluation of the same
 weights (:func:`tvm_dsm.workloads.llama.reference_logits`), then, after a few untimed steps,
 time ``--steps`` decode steps: host wall time around each step with the device synchronized
@@ -70,7 +70,7 @@ from typing import Any
 import numpy as np
 
 from ..bench.results import git_sha
-from ..relax_pipeline import DEFAULT_KV_CACHE_KERNELS
+from ..relax_pipeline import DEFAULT_KV_CACHE_KERNELS, KV_APPEND
 from .kernel_breakdown import profile_kernels
 from ..workloads.llama import LLAMA_1B, LLAMA_TINY, LlamaConfig
 
@@ -84,7 +84,7 @@ UNGATED_CONFIGS = ("tvm_dsm_step_graphs_ungated",)
 #: The configurations whose every kernel is launched programmatically (``launch_early``).
 LAUNCH_EARLY_CONFIGS = ("tvm_dsm_step_graphs_early",)
 #: The ``nn.llm`` kernels each tvm-dsm configuration replaces (:mod:`tvm_dsm.relax_pipeline`).
-KV_CACHE_KERNELS = {"tvm_dsm": DEFAULT_KV_CACHE_KERNELS, "tvm_dsm_nn_llm_attention": (),
+KV_CACHE_KERNELS = {"tvm_dsm": DEFAULT_KV_CACHE_KERNELS, "tvm_dsm_nn_llm_attention": (KV_APPEND,),
                     "tvm_dsm_tuned": DEFAULT_KV_CACHE_KERNELS, "tvm_dsm_step_graphs": DEFAULT_KV_CACHE_KERNELS,
                     "tvm_dsm_step_graphs_early": DEFAULT_KV_CACHE_KERNELS,
                     "tvm_dsm_step_graphs_ungated": DEFAULT_KV_CACHE_KERNELS}
@@ -300,13 +300,10 @@ def _run_config(executable, info: dict, config: LlamaConfig, weights, prompts, f
         warm_prefill_ms = _warm_prefill_ms(session, prompts[:batch], dev.sync)
         prefill_kernels = _prefill_kernels(session, prompts[:batch], warm_prefill_ms)
         record(batch, {"prefill_ms_first_call": round(prefill_ms, 3),
-                       "prefill_ms": round(warm_prefill_ms, 3), "prefill_kernels": prefill_kernels,
-                       "decode_ms_per_step": round(decode_ms, 4),
-                       "decode_ms_min": round(min(times), 4),
-                       "decode_ms_steps": [round(t, 3) for t in times], "context": context,
-                       "floor_ms": round(floor_ms, 4),
-                       "multiple_of_floor": round(decode_ms / floor_ms, 2),
-                       "logits_vs_fp32": checks, "decode_kernels": kernels})
+                       "prefill_ms": round(warm_prefill_ms, 3), "prefill_kernels": prefill_kernels}
+               | _decode_timing(decode_ms, floor_ms)
+               | {"decode_ms_min": round(min(times), 4), "decode_ms_steps": [round(t, 3) for t in times],
+                  "context": context, "logits_vs_fp32": checks, "decode_kernels": kernels})
         _log(f"  batch {batch}: decode {decode_ms:.3f} ms/step ({decode_ms / floor_ms:.2f}x "
              f"floor), prefill {warm_prefill_ms:.1f} ms (first call {prefill_ms:.1f}), "
              f"logits rel err {checks['rel_l2_max']:.2e}; "
@@ -318,7 +315,7 @@ def _run_config(executable, info: dict, config: LlamaConfig, weights, prompts, f
 def _session(executable, info: dict, config: LlamaConfig, weights, batch: int, prompt_len: int,
              decode_steps: int):
     """A session whose cache holds ``batch`` sequences of ``prompt_len`` tokens and
-    ``decode_steps`` more each, prefilled in one chunk."""
+    ``decode_steps`` more each, prefilled in calls of up to :data:`PREFILL_CHUNK_TOKENS` tokens."""
     import tvm
 
     from ..workloads.llama import LlamaSession
@@ -375,9 +372,8 @@ def _run_contexts(executable, info: dict, config: LlamaConfig, weights, contexts
             token = tvm.runtime.tensor(prompts[:, :1].astype(np.int32), dev)
             decode_ms = float(np.median(_decode_times(functools.partial(session.decode, token), steps, dev.sync)))
             floor_ms = _decode_floor_ms(config, batch, context + WARMUP_STEPS + steps // 2, bandwidth)
-            record(context, batch, {"prefill_ms": round(prefill_ms, 3), "prefill_kernels": kernels,
-                                    "decode_ms_per_step": round(decode_ms, 4),
-                                    "floor_ms": round(floor_ms, 4), "multiple_of_floor": round(decode_ms / floor_ms, 2)})
+            record(context, batch, {"prefill_ms": round(prefill_ms, 3), "prefill_kernels": kernels}
+                   | _decode_timing(decode_ms, floor_ms))
             _log(f"  context {context} batch {batch}: prefill {prefill_ms:.1f} ms, decode {decode_ms:.3f} "
                  f"ms/step ({decode_ms / floor_ms:.2f}x floor)")
             session.close()
@@ -417,6 +413,20 @@ def _torch_prefill_ms(model, tokens) -> dict[str, float]:
     return times
 
 
+def _torch_decoders(model) -> list[tuple[str, Callable]]:
+    """The torch contenders' decode steps of ``model``: eager, and under
+    ``torch.compile(mode="reduce-overhead")`` (one CUDA graph a step)."""
+    import torch
+
+    return [("torch_eager", model.decode), ("torch_compile", torch.compile(model.decode, mode="reduce-overhead"))]
+
+
+def _decode_timing(decode_ms: float, floor_ms: float) -> dict:
+    """A results row's decode fields: the time a step, the floor and their ratio."""
+    return {"decode_ms_per_step": round(decode_ms, 4), "floor_ms": round(floor_ms, 4),
+            "multiple_of_floor": round(decode_ms / floor_ms, 2)}
+
+
 def _torch_decode_times(step, tokens, first_position: int, steps: int) -> list[float]:
     """Wall times (ms) of ``steps`` decode steps ``step(tokens, position)`` from
     ``first_position`` on, after ``WARMUP_STEPS`` untimed ones at ``first_position`` (where
@@ -447,14 +457,11 @@ def _run_torch_contexts(config: LlamaConfig, contexts: list[int], batches: list[
             tokens = torch.as_tensor(rng.integers(0, config.vocab_size, (batch, context)), device="cuda")
             with torch.no_grad():
                 prefill_ms = _torch_prefill_ms(model, tokens)
-                for name, step in (("torch_eager", model.decode),
-                                   ("torch_compile", torch.compile(model.decode, mode="reduce-overhead"))):
+                for name, step in _torch_decoders(model):
                     decode_ms = float(np.median(_torch_decode_times(step, tokens[:, :1], context, steps)))
                     floor_ms = _decode_floor_ms(config, batch, context + steps // 2, bandwidth)
-                    record(name, context, batch, {"prefill_ms": round(prefill_ms[name], 3),
-                                                  "decode_ms_per_step": round(decode_ms, 4),
-                                                  "floor_ms": round(floor_ms, 4),
-                                                  "multiple_of_floor": round(decode_ms / floor_ms, 2)})
+                    record(name, context, batch, {"prefill_ms": round(prefill_ms[name], 3)}
+                           | _decode_timing(decode_ms, floor_ms))
                     _log(f"  {name} context {context} batch {batch}: prefill {prefill_ms[name]:.1f} ms, "
                          f"decode {decode_ms:.3f} ms/step ({decode_ms / floor_ms:.2f}x floor)")
             del model
@@ -480,8 +487,7 @@ def _run_torch(config: LlamaConfig, weights, prompts, forced, reference: np.ndar
         with torch.no_grad():
             first, prefill_ms = _wall_ms(functools.partial(model.prefill, tokens), torch.cuda.synchronize)
             warm_prefill_ms = _torch_prefill_ms(model, tokens)
-            for name, step in (("torch_eager", model.decode),
-                               ("torch_compile", torch.compile(model.decode, mode="reduce-overhead"))):
+            for name, step in _torch_decoders(model):
                 got = [first.cpu().numpy()]
                 for s in range(check_steps):
                     position = torch.tensor(prompt_len + s, device="cuda")
@@ -492,10 +498,9 @@ def _run_torch(config: LlamaConfig, weights, prompts, forced, reference: np.ndar
                 floor_ms = _decode_floor_ms(config, batch, context, bandwidth)
                 decode_ms = float(np.median(times))  # reduce-overhead records during the warm-up
                 record(name, batch, {"prefill_ms_first_call": round(prefill_ms, 3) if name == "torch_eager" else None,
-                                     "prefill_ms": round(warm_prefill_ms[name], 3),
-                                     "decode_ms_per_step": round(decode_ms, 4), "decode_ms_min": round(min(times), 4),
-                                     "decode_ms_steps": [round(t, 3) for t in times], "context": context, "floor_ms": round(floor_ms, 4),
-                                     "multiple_of_floor": round(decode_ms / floor_ms, 2), "logits_vs_fp32": checks})
+                                     "prefill_ms": round(warm_prefill_ms[name], 3)} | _decode_timing(decode_ms, floor_ms)
+                       | {"decode_ms_min": round(min(times), 4), "decode_ms_steps": [round(t, 3) for t in times],
+                          "context": context, "logits_vs_fp32": checks})
                 _log(f"  {name} batch {batch}: decode {decode_ms:.3f} ms/step ({decode_ms / floor_ms:.2f}x floor), "
                      f"logits rel err {checks['rel_l2_max']:.2e}")
         del model
@@ -521,11 +526,11 @@ def _points(found: dict, prompt_len: int) -> dict[tuple[str, int, int], tuple[fl
     points = {}
     rows = [(prompt_len, int(b), row) for b, row in found.get("batches", {}).items()]
     rows += [(int(c), int(b), row) for c, by_batch in found.get("contexts", {}).items() for b, row in by_batch.items()]
-    for context, batch, row in rows:
+    for context, batch, row in rows:  # a --contexts length equal to the prompt's keeps the checked row
         if row.get("decode_ms_per_step") is not None:
-            points["decode", context, batch] = row["decode_ms_per_step"] * 1e3, row
+            points.setdefault(("decode", context, batch), (row["decode_ms_per_step"] * 1e3, row))
         if row.get("prefill_ms") is not None:
-            points["prefill", context, batch] = row["prefill_ms"] * 1e3, row
+            points.setdefault(("prefill", context, batch), (row["prefill_ms"] * 1e3, row))
     return points
 
 
@@ -571,15 +576,22 @@ def merge(paths: list[Path], out: Path) -> dict:
     configurations together, a later file's point replacing an earlier one's, each run's device,
     date and versions under ``runs``, and the rows of :func:`schema_rows` over them all."""
     results = [json.loads(Path(p).read_text()) for p in paths]
+    for key in ("model", "prompt_len"):
+        if len({json.dumps(r.get(key), sort_keys=True) for r in results}) > 1:
+            raise ValueError(f"the runs differ in {key}: their points are not the same points")
     merged = {k: v for k, v in results[-1].items() if k not in ("configs", "rows")}
     merged["configs"] = {}
     for r in results:
         for name, found in r["configs"].items():
-            into = merged["configs"].setdefault(name, {})
-            into.update({k: v for k, v in found.items() if k not in ("batches", "contexts")})
-            into.setdefault("batches", {}).update(found.get("batches", {}))
+            earlier = merged["configs"].get(name, {})
+            # the latest run of a configuration says how it compiled and what failed
+            into = {k: v for k, v in found.items() if k not in ("batches", "contexts")}
+            into["batches"] = {**earlier.get("batches", {}), **found.get("batches", {})}
+            contexts = {c: dict(by_batch) for c, by_batch in earlier.get("contexts", {}).items()}
             for context, by_batch in found.get("contexts", {}).items():
-                into.setdefault("contexts", {}).setdefault(context, {}).update(by_batch)
+                contexts.setdefault(context, {}).update(by_batch)
+            into["contexts"] = contexts
+            merged["configs"][name] = into
     merged["runs"] = [{"file": str(p), **{k: r.get(k) for k in ("device", "date", "versions")},
                        "configs": sorted(r["configs"])} for p, r in zip(paths, results)]
     merged["rows"] = schema_rows(merged["configs"], merged["prompt_len"])

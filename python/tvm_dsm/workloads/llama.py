@@ -320,6 +320,8 @@ class LlamaSession:
         server's chunked prefill); the fp32 logits ``[1, batch, vocab]`` (a device tensor) at each
         last token."""
         batch, seq = prompts.shape
+        if batch == 0 or seq == 0:
+            raise ValueError(f"prefill takes at least one prompt of at least one token, not {batch} of {seq}")
         if seq > self.prefill_chunk_size:
             raise ValueError(f"a prompt of {seq} tokens is longer than the prefill chunk "
                              f"({self.prefill_chunk_size} tokens)")
