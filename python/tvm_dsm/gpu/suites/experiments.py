@@ -317,20 +317,34 @@ def gemm_stages() -> list[Variant]:
 DECODE_GEMM_SHAPES = {"qkv": (3072, 2048), "o_proj": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192)}
 
 
-def decode_gemm_configs() -> list[Variant]:
-    """The decode-batch kernels of the 1B Llama's GEMMs (M = 16, the range a batch of 1-16 runs
-    in): the planner's top 6, and the 10 best predicted of those whose grid covers 90% of the
-    SMs or more (whether W streams faster over more SMs than the model says)."""
+def _llama_gemm_configs(rows: int) -> list[Variant]:
+    """The 1B Llama's GEMMs (``DECODE_GEMM_SHAPES``) at ``rows`` rows: the planner's top 6, and the
+    10 best predicted of those whose grid covers 90% of the SMs or more (whether W streams faster
+    over more SMs than the model says)."""
     hw = load_hardware()
     variants = []
     for label, (n, k) in DECODE_GEMM_SHAPES.items():
-        shape = GemmShape(16, n, k, True)
+        shape = GemmShape(rows, n, k, True)
         plans = plan_split_k_gemm(shape, hw)
-        wide = [p for p in plans if n // p.config.block_n * p.config.cluster_size >= 0.9 * hw.sm_count]
+        wide = [p for p in plans
+                if -(-rows // p.config.block_m) * (n // p.config.block_n) * p.config.cluster_size >= 0.9 * hw.sm_count]
         chosen = {p.config: p for p in (*plans[:6], *sorted(wide, key=lambda p: p.predicted_us)[:10])}
         for plan in chosen.values():
-            variants.append(gemm_variant(label, 16, n, k, plan.config, plans.index(plan), plan.predicted_us))
+            variants.append(gemm_variant(label, rows, n, k, plan.config, plans.index(plan), plan.predicted_us))
     return _first_of_each_name(variants)
+
+
+def decode_gemm_configs() -> list[Variant]:
+    """The decode-batch kernels of the 1B Llama's GEMMs at M = 16, the range a batch of 1-16 runs
+    in (:func:`_llama_gemm_configs`)."""
+    return _llama_gemm_configs(16)
+
+
+def prefill_gemm_configs() -> list[Variant]:
+    """The 1B Llama's GEMMs at 128 and 512 rows, the ranges short prefills run in
+    (:func:`_llama_gemm_configs`): in the model its down projection ran 28 and 59 us a layer
+    there, 290 TF/s at 512 rows (``archive/llama_1b_grid_ours_s53.json``)."""
+    return [v for rows in (128, 512) for v in _llama_gemm_configs(rows)]
 
 
 def row_gemv_configs() -> list[Variant]:
