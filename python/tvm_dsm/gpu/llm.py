@@ -355,10 +355,11 @@ def _prefill_kernels(session, prompts: np.ndarray, prefill_ms: float) -> dict:
 
 
 def _run_contexts(executable, info: dict, config: LlamaConfig, weights, contexts: list[int],
-                  batches: list[int], steps: int, bandwidth: float, record) -> None:
+                  batches: list[int], steps: int, bandwidth: float, record, time_prefill: bool = True) -> None:
     """Prefill and decode timed at each prompt length of ``contexts`` and batch size (random
     tokens; the logits are checked at the main prompt length only): one row per (context,
-    batch) to ``record``."""
+    batch) to ``record``. ``time_prefill=False`` prefills once, untimed, to fill the cache for
+    decode (a stack whose prefill takes minutes at long contexts)."""
     import tvm
 
     dev = tvm.cuda(0)
@@ -367,15 +368,19 @@ def _run_contexts(executable, info: dict, config: LlamaConfig, weights, contexts
         for batch in batches:
             prompts = rng.integers(0, config.vocab_size, (batch, context))
             session = _session(executable, info, config, weights, batch, context, WARMUP_STEPS + steps)
-            prefill_ms = _warm_prefill_ms(session, prompts, dev.sync)
-            kernels = _prefill_kernels(session, prompts, prefill_ms) if batch == batches[0] else None
+            prefill = {}
+            if time_prefill:
+                prefill_ms = _warm_prefill_ms(session, prompts, dev.sync)
+                prefill = {"prefill_ms": round(prefill_ms, 3),
+                           "prefill_kernels": _prefill_kernels(session, prompts, prefill_ms) if batch == batches[0] else None}
+            else:
+                session.prefill(prompts)
             token = tvm.runtime.tensor(prompts[:, :1].astype(np.int32), dev)
             decode_ms = float(np.median(_decode_times(functools.partial(session.decode, token), steps, dev.sync)))
             floor_ms = _decode_floor_ms(config, batch, context + WARMUP_STEPS + steps // 2, bandwidth)
-            record(context, batch, {"prefill_ms": round(prefill_ms, 3), "prefill_kernels": kernels}
-                   | _decode_timing(decode_ms, floor_ms))
-            _log(f"  context {context} batch {batch}: prefill {prefill_ms:.1f} ms, decode {decode_ms:.3f} "
-                 f"ms/step ({decode_ms / floor_ms:.2f}x floor)")
+            record(context, batch, prefill | _decode_timing(decode_ms, floor_ms))
+            _log(f"  context {context} batch {batch}: prefill {prefill.get('prefill_ms', 'untimed')} ms, decode "
+                 f"{decode_ms:.3f} ms/step ({decode_ms / floor_ms:.2f}x floor)")
             session.close()
             del session
 
@@ -661,7 +666,8 @@ def run(args) -> None:
             "error": functools.partial(_run_config, executable, info, config, weights, prompts, forced,
                                        reference, batches, args.check_steps, args.steps, bandwidth, record),
             "contexts_error": functools.partial(_run_contexts, executable, info, config, weights, args.contexts,
-                                                batches, args.steps, bandwidth, record_context),
+                                                batches, args.steps, bandwidth, record_context,
+                                                args.context_prefill),
         }
         for key, part in parts.items():
             try:
@@ -728,6 +734,9 @@ def main(argv=None) -> None:
     parser.add_argument("--contexts", type=lambda s: [int(c) for c in s.split(",")], default=[],
                         help="more prompt lengths at which prefill and decode are timed (logits "
                              "are checked at --prompt), e.g. 2048,8192")
+    parser.add_argument("--context-prefill", action=argparse.BooleanOptionalAction, default=True,
+                        help="time prefill at the --contexts lengths (--no-context-prefill: prefill once, "
+                             "untimed, and time decode only)")
     parser.add_argument("--check-steps", type=int, default=32,
                         help="teacher-forced decode steps whose logits are checked against fp32")
     parser.add_argument("--steps", type=int, default=30)
