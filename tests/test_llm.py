@@ -211,7 +211,7 @@ def _run(date: str, configs: dict) -> dict:
 
 
 def test_merged_runs_give_a_row_per_point_with_the_other_contenders_as_peers(tmp_path):
-    from tvm_dsm.gpu.llm import merge
+    from tvm_dsm.gpu.llm_results import merge
 
     profile = {"rows": [{"function": f"k{n}", "us_per_step": float(n), "launches_per_step": 2.0} for n in range(6)]}
     checked = {"decode_ms_per_step": 1.0, "prefill_ms": 3.0, "floor_ms": 0.5, "logits_vs_fp32": {"rel_l2_max": 2e-3},
