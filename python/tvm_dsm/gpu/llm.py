@@ -35,20 +35,20 @@ without CUDA graphs), prefill and decode also at each ``--contexts`` length (``-
 them out).
 
 Then, one configuration at a time on the GPU, for each batch size: prefill a random prompt per
-sequence in ragged prefills (whole sequences, up to ``PREFILL_CHUNK_TOKENS`` a call), decode ``--check-steps`` teacher-forced steps (fixed random
-tokens) whose logits and the prefill's are compared with an fp32 torch evaluation of the same
-weights (:func:`tvm_dsm.workloads.llama.reference_logits`), then, after a few untimed steps,
-time ``--steps`` decode steps: host wall time around each step with the device synchronized
-before and after, median; five more steps under the CUDA profiler give the per-kernel
-breakdown of a step (:mod:`tvm_dsm.gpu.kernel_breakdown`); last, the prefill is timed again,
-warm, into an emptied cache, and broken down by kernel too. ``--contexts`` times prefill and
-decode at more prompt lengths (random tokens, not checked; the prefill broken down at the
-first batch size). Every
-configuration is compiled with Relax's CUDA-graph rewrite on (``--no-cuda-graph`` turns it off):
-the kernels between the KV cache's calls are captured once per batch size and replayed, as
-MLC-LLM serves. The floor is the bytes one step must read (weights and
-KV cache) over the HBM bandwidth measured in the same run. Results are written after every
-step, so a job cut short leaves what it measured.
+sequence in ragged prefills (whole sequences, up to ``PREFILL_CHUNK_TOKENS`` a call), decode
+``--check-steps`` teacher-forced steps (fixed random tokens) whose logits and the prefill's are
+compared with an fp32 torch evaluation of the same weights
+(:func:`tvm_dsm.workloads.llama.reference_logits`), then, after a few untimed steps, time
+``--steps`` decode steps: host wall time around each step with the device synchronized before
+and after, median; five more steps under the CUDA profiler give the per-kernel breakdown of a
+step (:mod:`tvm_dsm.gpu.kernel_breakdown`); last, the prefill is timed again, warm, into an
+emptied cache, and broken down by kernel too. ``--contexts`` times prefill and decode at more
+prompt lengths (random tokens, not checked; the prefill broken down at the first batch size).
+Every configuration is compiled with Relax's CUDA-graph rewrite on (``--no-cuda-graph`` turns it
+off): the kernels between the KV cache's calls are captured once per batch size and replayed, as
+MLC-LLM serves. The floor is the bytes one step must read (weights and KV cache) over the HBM
+bandwidth measured in the same run. Results are written after every step, so a job cut short
+leaves what it measured.
 """
 
 from __future__ import annotations

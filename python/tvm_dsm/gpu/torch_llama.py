@@ -2,15 +2,16 @@
 contenders of the LLM run (:mod:`tvm_dsm.gpu.llm`).
 
 Weights in the model's type, a static KV cache of one buffer a layer and per keys and values
-(``[batch, kv heads, max length, head dim]``, as ``transformers``' StaticCache), RMSNorm and RoPE
-in the model's type, attention by ``scaled_dot_product_attention`` (grouped-query heads through
-``enable_gqa``): causal over the prompt in prefill, over the cache up to the current position in
-decode (a boolean mask over the static length, the form that keeps every shape fixed).
-:meth:`TorchLlama.decode` takes the position as a tensor, gathers its RoPE angles (a 0-d index
-would read it on the host, a graph break) and writes each layer's new key and value in place into
-that layer's buffers (static inputs whose in-place writes CUDA graphs allow; written through a
-view of a buffer shared by every layer, torch.compile copies the whole cache at each write), so ``torch.compile(mode="reduce-overhead")`` captures one decode step as
-one CUDA graph and replays it: the strongest torch form of a serving step.
+(``[batch, kv heads, max length, head dim]``, as ``transformers``' StaticCache), RMSNorm and
+RoPE in the model's type, attention by ``scaled_dot_product_attention`` (grouped-query heads
+through ``enable_gqa``): causal over the prompt in prefill, over the cache up to the current
+position in decode (a boolean mask over the static length, the form that keeps every shape
+fixed). :meth:`TorchLlama.decode` takes the position as a tensor, gathers its RoPE angles (a 0-d
+index would read it on the host, a graph break) and writes each layer's new key and value in
+place into that layer's buffers (static inputs whose in-place writes CUDA graphs allow; written
+through a view of a buffer shared by every layer, torch.compile copies the whole cache at each
+write), so ``torch.compile(mode="reduce-overhead")`` captures one decode step as one CUDA graph
+and replays it: the strongest torch form of a serving step.
 """
 
 from __future__ import annotations

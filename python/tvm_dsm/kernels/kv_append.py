@@ -19,14 +19,13 @@ from tvm import s_tir, tirx
 from ..errors import ClusterError
 from ..hardware import MAX_CTA_THREADS
 from ..ir import branch_on
+from ..rules.elementwise import VECTOR_BYTES
 
 #: The function ``nn.llm`` builds to append keys and values to the pages, and its parameters.
 SYMBOL = "tir_kv_cache_transpose_append"
 PARAMS = ("pages", "k_data", "v_data", "position_map")
 #: Its blocks, one a store of keys and one of values, in one loop nest (token, head, head dim).
 BLOCKS = ("k_transpose_append", "v_transpose_append")
-#: Bytes a thread copies at once.
-VECTOR_BYTES = 16
 
 
 def kv_append_kernel(func: tirx.PrimFunc) -> tirx.PrimFunc:

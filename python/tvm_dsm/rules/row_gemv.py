@@ -99,8 +99,9 @@ def find_row_gemv(func: tirx.PrimFunc) -> RowGemv:
     vectors = k // found.vector
     if k % found.vector:
         raise ClusterError(f"K={k}: a row GEMV loads {found.vector} elements a vector; K must be a multiple")
-    if vectors // _default_lanes(found) > MAX_VECTORS_PER_LANE:
-        raise ClusterError(f"K={k}: its {vectors} vectors split over {_default_lanes(found)} lanes at most "
+    lanes = _default_lanes(found)
+    if vectors // lanes > MAX_VECTORS_PER_LANE:
+        raise ClusterError(f"K={k}: its {vectors} vectors split over {lanes} lanes at most "
                            f"(a power of two dividing them): more than {MAX_VECTORS_PER_LANE} a lane")
     return found
 
