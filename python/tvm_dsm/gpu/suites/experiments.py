@@ -317,21 +317,26 @@ def gemm_stages() -> list[Variant]:
 DECODE_GEMM_SHAPES = {"qkv": (3072, 2048), "o_proj": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192)}
 
 
-def _llama_gemm_configs(rows: int) -> list[Variant]:
-    """The 1B Llama's GEMMs (``DECODE_GEMM_SHAPES``) at ``rows`` rows: the planner's top 6, and the
-    10 best predicted of those whose grid covers 90% of the SMs or more (whether W streams faster
-    over more SMs than the model says)."""
+def _gemm_configs(shapes: dict[str, tuple[int, int]], rows: int, top: int = 6, wide: int = 10) -> list[Variant]:
+    """The GEMMs ``shapes`` ((N, K) by label) at ``rows`` rows: the planner's first ``top``, and
+    the ``wide`` best predicted of those whose grid covers 90% of the SMs or more (whether W
+    streams faster over more SMs than the model says)."""
     hw = load_hardware()
     variants = []
-    for label, (n, k) in DECODE_GEMM_SHAPES.items():
+    for label, (n, k) in shapes.items():
         shape = GemmShape(rows, n, k, True)
         plans = plan_split_k_gemm(shape, hw)
-        wide = [p for p in plans
-                if -(-rows // p.config.block_m) * (n // p.config.block_n) * p.config.cluster_size >= 0.9 * hw.sm_count]
-        chosen = {p.config: p for p in (*plans[:6], *sorted(wide, key=lambda p: p.predicted_us)[:10])}
+        filling = [p for p in plans
+                   if -(-rows // p.config.block_m) * (n // p.config.block_n) * p.config.cluster_size >= 0.9 * hw.sm_count]
+        chosen = {p.config: p for p in (*plans[:top], *sorted(filling, key=lambda p: p.predicted_us)[:wide])}
         for plan in chosen.values():
             variants.append(gemm_variant(label, rows, n, k, plan.config, plans.index(plan), plan.predicted_us))
     return _first_of_each_name(variants)
+
+
+def _llama_gemm_configs(rows: int) -> list[Variant]:
+    """The 1B Llama's GEMMs (``DECODE_GEMM_SHAPES``) at ``rows`` rows (:func:`_gemm_configs`)."""
+    return _gemm_configs(DECODE_GEMM_SHAPES, rows)
 
 
 def decode_gemm_configs() -> list[Variant]:
@@ -345,6 +350,24 @@ def prefill_gemm_configs() -> list[Variant]:
     (:func:`_llama_gemm_configs`): in the model its down projection ran 28 and 59 us a layer
     there, 290 TF/s at 512 rows (``archive/llama_1b_grid_ours_s53.json``)."""
     return [v for rows in (128, 512) for v in _llama_gemm_configs(rows)]
+
+
+def trailing_dense_configs(below: float = 0.85) -> list[Variant]:
+    """The real-shape dense layers whose committed row (bench/results/real_shapes/latest.json)
+    runs below ``below`` of the better torch peer, each at its rows: the planner's first 4 and the
+    4 best predicted that fill the machine (:func:`_gemm_configs`). Whether a configuration of
+    the space keeps up with cuBLAS there (then the model's order is wrong) or none does (then the
+    kernel is)."""
+    import json
+
+    from ...bench import results as res
+
+    by_rows: dict[int, dict[str, tuple[int, int]]] = {}
+    for row in json.loads(res.latest_path("real_shapes").read_text())["rows"]:
+        peers = [t for t in row.get("peers", {}).values() if t]
+        if row["class"] == "dense" and row.get("ours_us") and peers and min(peers) / row["ours_us"] < below:
+            by_rows.setdefault(row["m"], {})[f"dense_{row['n']}x{row['k']}"] = (row["n"], row["k"])
+    return [v for rows, shapes in sorted(by_rows.items()) for v in _gemm_configs(shapes, rows, 4, 4)]
 
 
 def row_gemv_configs() -> list[Variant]:
