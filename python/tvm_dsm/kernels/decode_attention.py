@@ -57,6 +57,10 @@ EMPTY_MAX = -5e4
 _LOG2E = math.log2(math.e)
 #: The most distinct tokens' rows a thread loads in one step (tensor cores: two of K, four of V).
 ROW_SLOTS = 6
+#: Register files of a thread's K and V rows: a step's loads are in flight while the step before
+#: computes. What the loads of a step need (a page lookup) is kept per file, in
+#: ``FILES * ROW_SLOTS`` slots, and looked up one step before they are issued.
+FILES = 2
 #: Head dims the tensor-core body takes: a thread's share of a V row (``D / 8`` columns) whole
 #: 16-byte loads (not 32, 80 or 96), both register files of K and V rows within the 255
 #: registers of a thread (not 256).
@@ -125,13 +129,14 @@ class DecodeOperands(ABC):
     def scale(self):
         """The softmax scale (of the scores, before the exponential)."""
 
-    def before_loads(self, u: int, token) -> None:
-        """Emit what the loads of ``token``'s rows need (a page lookup), as row ``u`` of at most
-        :data:`ROW_SLOTS` a thread loads in one step; nothing by default."""
+    def before_loads(self, slot: int, token) -> None:
+        """Emit what the loads of ``token``'s rows need (a page lookup) into ``slot`` of
+        ``FILES * ROW_SLOTS`` (a register file's rows of one step); nothing by default."""
 
     @abstractmethod
-    def row_pointer(self, u: int, kv: int, token, column):
-        """The address of ``token``'s K (``kv`` 0) or V (1) row at ``column``."""
+    def row_pointer(self, slot: int, kv: int, token, column):
+        """The address of ``token``'s K (``kv`` 0) or V (1) row at ``column``, what
+        :meth:`before_loads` emitted for it in ``slot``."""
 
     @abstractmethod
     def write(self, h: int, column, value, lse) -> None:
@@ -283,9 +288,19 @@ class _Body(ABC):
         """Emit the warp's state before its first token: the query held, nothing summed."""
 
     @abstractmethod
+    def _step_tokens(self, step) -> list:
+        """The tokens whose rows the thread loads in ``step``, at most :data:`ROW_SLOTS`, each
+        clamped into the share (past its end a thread reads the share's last token)."""
+
+    @abstractmethod
     def _load(self, file: int, step) -> None:
         """Emit the loads of the warp's tokens of ``step`` into register file ``file`` (in flight
-        together; past the share's end a thread reads the share's last token)."""
+        together), from what :meth:`_look_up` emitted for them."""
+
+    def _look_up(self, file: int, step) -> None:
+        """Emit what the loads of ``step`` into register file ``file`` need (their pages)."""
+        for u, token in enumerate(self._step_tokens(step)):
+            self.operands.before_loads(file * ROW_SLOTS + u, token)
 
     @abstractmethod
     def _update(self, file: int, step) -> None:
@@ -328,12 +343,16 @@ class _Body(ABC):
             with B.Then():
                 step_tokens = self.warps * self.warp_tokens
                 # steps in pairs, one register file each: a step's loads are issued before the
-                # step before it computes
+                # step before it computes, what they need (their pages) looked up before that
+                self._look_up(0, 0)
                 self._load(0, 0)
+                self._look_up(1, 1)
                 with B.serial(0, (stop - first + 2 * step_tokens - 1) // (2 * step_tokens)) as pair:
                     self._load(1, 2 * pair + 1)
+                    self._look_up(0, 2 * pair + 2)
                     self._update(0, 2 * pair)
                     self._load(0, 2 * pair + 2)
+                    self._look_up(1, 2 * pair + 3)
                     self._update(1, 2 * pair + 1)
         self._store_warp_state()
         B.evaluate(T.tvm_storage_sync("shared"))
@@ -453,18 +472,19 @@ class _LaneBody(_Body):
                     query = T.if_then_else(self.in_row, query, tirx.const(0.0, "float32"))
                 B.buffer_store(self.q_reg, query, [h * vec + e])
 
+    def _step_tokens(self, step) -> list:
+        return [self._token(token) for token in self._tokens(step)]
+
     def _load(self, file: int, step) -> None:
-        """The K and V pieces of the slot's tokens of ``step`` into register file ``file``: what
-        the loads need, then all of them (in flight together). Past the share's end a slot reads
-        its last token (the shuffles need every lane; :meth:`_update` weighs it 0)."""
+        """The K and V pieces of the slot's tokens of ``step`` into register file ``file``, all
+        in flight together. Past the share's end a slot reads its last token (the shuffles need
+        every lane; :meth:`_update` weighs it 0)."""
         ops = self.operands
-        clamped = [self._token(token) for token in self._tokens(step)]
-        for u, token in enumerate(clamped):
-            ops.before_loads(u, token)
-        for u, token in enumerate(clamped):
+        for u, token in enumerate(self._step_tokens(step)):
             for kv, words in ((0, self.k_words[file]), (1, self.v_words[file])):
                 B.evaluate(T.ptx.ld.global_.nc.v4.b32(
-                    *(words[u * _WORDS + w] for w in range(_WORDS)), ops.row_pointer(u, kv, token, self.piece_column)))
+                    *(words[u * _WORDS + w] for w in range(_WORDS)),
+                    ops.row_pointer(file * ROW_SLOTS + u, kv, token, self.piece_column)))
 
     def _update(self, file: int, step) -> None:
         """The online softmax of every query head of the group by one step's tokens (their K
@@ -593,20 +613,21 @@ class _MmaBody(_Body):
         v_rows = [base + 2 * self.place + r for r in (0, 1, 8, 9)]
         return base, k_rows, v_rows
 
+    def _step_tokens(self, step) -> list:
+        _, k_rows, v_rows = self._rows(step)
+        return [self._token(t) for t in (*k_rows, *v_rows)]
+
     def _load(self, file: int, step) -> None:
         ops = self.operands
-        _, k_rows, v_rows = self._rows(step)
-        rows = [self._token(t) for t in (*k_rows, *v_rows)]
-        for u, token in enumerate(rows):
-            ops.before_loads(u, token)
-        for u, token in enumerate(rows):
+        for u, token in enumerate(self._step_tokens(step)):
             kv, cols, words = (0, self.k_cols, self.k_words[file]) if u < 2 else (1, self.v_cols, self.v_words[file])
             first = self.place * cols if kv == 0 else self.row * cols
             r = u if kv == 0 else u - 2
             for piece in range(cols // ops.vector):
                 at = (r * cols // ops.vector + piece) * _WORDS
                 B.evaluate(T.ptx.ld.global_.nc.v4.b32(
-                    *(words[at + w] for w in range(_WORDS)), ops.row_pointer(u, kv, token, first + piece * ops.vector)))
+                    *(words[at + w] for w in range(_WORDS)),
+                    ops.row_pointer(file * ROW_SLOTS + u, kv, token, first + piece * ops.vector)))
 
     def _mma(self, d: list, a: list, b: list, c: list) -> None:
         """``d = a b + c`` (fragments of registers; ``c`` may be values)."""

@@ -83,7 +83,7 @@ class DenseOperands(DecodeOperands):
     def scale(self):
         return self.shape.scale
 
-    def row_pointer(self, u: int, kv: int, token, column):
+    def row_pointer(self, slot: int, kv: int, token, column):
         buffer = self.shape.operands[1 + kv]
         (flat,) = buffer.offset_of(self._indices(1 + kv, 0, column, token))
         return buffer.access_ptr("r", offset=flat)

@@ -26,7 +26,7 @@ from tvm.tirx.script.builder import ir as B
 from ..errors import ClusterError
 from ..hardware import Hardware
 from ..ir import branch_on
-from .decode_attention import (ROW_SLOTS, DecodeConfig, DecodeOperands, decode_kernel, most_ranks,
+from .decode_attention import (FILES, ROW_SLOTS, DecodeConfig, DecodeOperands, decode_kernel, most_ranks,
                                prefers_tensor_cores, wave_ctas, with_warps)
 
 #: The function ``nn.llm`` builds for decode attention over its paged KV cache, and its
@@ -147,9 +147,9 @@ class _PagedOperands(DecodeOperands):
 
     def begin(self, pair) -> None:
         self.seq, self.head = pair // self.found.kv_heads, pair % self.found.kv_heads
-        # the page table's start, once; each step's pages
+        # the page table's start, once; the pages of each register file's step
         self.first_page = B.sblock_alloc_buffer((1,), "int32", scope="local")
-        self.page = B.sblock_alloc_buffer((ROW_SLOTS,), "int32", scope="local")
+        self.page = B.sblock_alloc_buffer((FILES * ROW_SLOTS,), "int32", scope="local")
         B.buffer_store(self.first_page, self.indptr[self.seq], [0])
 
     def length(self):
@@ -162,12 +162,12 @@ class _PagedOperands(DecodeOperands):
     def scale(self):
         return self.sm_scale
 
-    def before_loads(self, u: int, token) -> None:
-        B.buffer_store(self.page, self.values[self.first_page[0] + token // self.found.page_size], [u])
+    def before_loads(self, slot: int, token) -> None:
+        B.buffer_store(self.page, self.values[self.first_page[0] + token // self.found.page_size], [slot])
 
-    def row_pointer(self, u: int, kv: int, token, column):
+    def row_pointer(self, slot: int, kv: int, token, column):
         f = self.found
-        flat = (((self.page[u] * 2 + kv) * f.kv_heads + self.head) * f.page_size + token % f.page_size) \
+        flat = (((self.page[slot] * 2 + kv) * f.kv_heads + self.head) * f.page_size + token % f.page_size) \
             * f.head_dim + column
         return self.pages.access_ptr("r", offset=flat)
 
