@@ -32,6 +32,7 @@ EXPERIMENTS = {
     "fp8_depths": experiments.fp8_depths, "decode_gemm_configs": experiments.decode_gemm_configs,
     "prefill_gemm_configs": experiments.prefill_gemm_configs,
     "trailing_dense_configs": experiments.trailing_dense_configs,
+    "llama_decode_clusters": experiments.llama_decode_clusters,
     "row_gemv_configs": experiments.row_gemv_configs,
     "row_norm_configs": experiments.row_norm_configs,
     "fp8_sweep": experiments.fp8_sweep, "gemm_depths": experiments.gemm_depths,

@@ -59,15 +59,28 @@ def decode_staged() -> list[Variant]:
             for v in decode_variant(shape, ranks, groups, vector, dim_lanes(shape), stages, plans)]
 
 
-def decode_form_clusters() -> list[Variant]:
-    """Decode attention as users write it on tensor cores in clusters of 1-8 CTAs of 4 or 8
-    warps, beside the planner's pick."""
+def decode_form_clusters(forms: list[tuple] = DECODE_FORMS) -> list[Variant]:
+    """Decode attention as users write it (``forms``: batch, heads, kv heads, keys, head dim,
+    layout, dtype) on tensor cores in clusters of 1-8 CTAs of 4 or 8 warps, beside the planner's
+    pick."""
     variants = []
-    for form in DECODE_FORMS:
+    for form in forms:
         variants.append(decode_form_variant(form, decode_pick(form), "tvm_dsm"))
         variants += [decode_form_variant(form, DecodeConfig(r, True, warps), f"tensor_cores_r{r}_w{warps}")
                      for warps in (4, 8) for r in (1, 2, 4, 8)]
     return [v for v in variants if v is not None]
+
+
+#: The 1B Llama's decode attention (32 query / 8 KV heads of 64) at the decode grid's batches of
+#: 8-64 and contexts of 512-8192, where torch.compile's step beat tvm-dsm's (llm/latest.json).
+LLAMA_DECODE_FORMS = [(b, 32, 8, s, 64, "bhsd", "float16") for b in (8, 32, 64) for s in (512, 2048, 8192)]
+
+
+def llama_decode_clusters() -> list[Variant]:
+    """:func:`decode_form_clusters` at :data:`LLAMA_DECODE_FORMS`, contiguous K/V where the model's
+    cache is paged: whether another cluster or warp count streams the KV cache faster at batches
+    past one CTA an SM, against SDPA on the same shapes."""
+    return decode_form_clusters(LLAMA_DECODE_FORMS)
 
 
 #: Prefill attention with heads wider than 128 (batch, heads, kv heads, length, head dim, layout,
