@@ -206,6 +206,37 @@ def test_tiny_prefill_and_decode_logits_match_float64_on_cpu(as_matrices, tiny_l
             short.prefill(prompts[:0])
 
 
+def test_decode_steps_prepared_ahead_give_the_same_logits_and_are_taken_back(tiny_llvm):
+    """A session that prepares each next decode step while the device computes gives the
+    logits of one that does not: over decode steps, a prefill of a new sequence between them
+    (the prepared step taken back), decoding all three together, and a reset."""
+    config = LLAMA_TINY
+    mod, names = tiny_llvm
+    executable = tvm.compile(mod, tvm.target.Target({"kind": "llvm"}), tir_pipeline="s_tir_stock")
+    weights = random_weights(config)
+    rng = np.random.default_rng(2)
+    prompts, late = rng.integers(0, config.vocab_size, (2, 9)), rng.integers(0, config.vocab_size, (1, 5))
+    steps = rng.integers(0, config.vocab_size, (4, 3, 1)).astype(np.int32)
+
+    def run(prepare_ahead: bool) -> list[np.ndarray]:
+        session = LlamaSession(executable, tvm.cpu(), weights, names, config, max_batch_size=3,
+                               max_total_seq_len=96, prefill_chunk_size=32, prepare_ahead=prepare_ahead)
+        out = [session.prefill(prompts).numpy()]
+        out += [session.decode(tvm.runtime.tensor(steps[i, :2], tvm.cpu())).numpy() for i in range(2)]
+        out.append(session.prefill(late).numpy())
+        out.append(session.decode(tvm.runtime.tensor(steps[2], tvm.cpu())).numpy())
+        session.reset()
+        out.append(session.prefill(prompts).numpy())
+        out.append(session.decode(tvm.runtime.tensor(steps[3, :2], tvm.cpu())).numpy())
+        return out
+
+    for got, want in zip(run(True), run(False)):
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match="prepare_ahead needs step_graphs"):
+        LlamaSession(executable, tvm.cuda(0), weights, names, config, max_batch_size=1, max_total_seq_len=16,
+                     prefill_chunk_size=16, prepare_ahead=True)
+
+
 def _run(date: str, configs: dict) -> dict:
     return {"suite": "llm", "device": "GPU", "date": date, "versions": {}, "prompt_len": 512, "configs": configs}
 

@@ -26,6 +26,9 @@ crashes its process costs that configuration only):
   the one before it runs, the decode GEMVs loading their weights' first tiles meanwhile;
 - ``tvm_dsm_step_graphs_ungated``: the same with each SwiGLU's gate/up projection a GEMM and a
   split/SiLU/multiply kernel (``gated_projections=False``): the A/B of one gated GEMM;
+- ``tvm_dsm_step_graphs_ahead``: ``tvm_dsm_step_graphs`` whose session calls the cache's
+  ``begin_forward`` for the next step while the device computes this one (``prepare_ahead``):
+  the A/B of the host's page-table bookkeeping between steps;
 - ``tvm_dsm_tuned``: ``tvm_dsm`` compiled from the tuning records in ``--database``, which
   ``python3 -m tvm_dsm.gpu.llm tune --work-dir DIR`` writes (:func:`tune_model`);
 
@@ -77,9 +80,12 @@ from ..workloads.llama import LLAMA_1B, LLAMA_TINY, LlamaConfig
 
 MODELS = {"1b": LLAMA_1B, "1b_bf16": dataclasses.replace(LLAMA_1B, dtype="bfloat16"), "tiny": LLAMA_TINY}
 CONFIGS = ("tvm_default", "tvm_mlc", "tvm_dsm", "tvm_dsm_nn_llm_attention", "tvm_dsm_tuned", "tvm_dsm_step_graphs",
-           "tvm_dsm_step_graphs_early", "tvm_dsm_step_graphs_ungated")
+           "tvm_dsm_step_graphs_early", "tvm_dsm_step_graphs_ungated", "tvm_dsm_step_graphs_ahead")
 #: The configurations whose sessions replay decode steps from graphs of their own.
-STEP_GRAPH_CONFIGS = ("tvm_dsm_step_graphs", "tvm_dsm_step_graphs_early", "tvm_dsm_step_graphs_ungated")
+STEP_GRAPH_CONFIGS = ("tvm_dsm_step_graphs", "tvm_dsm_step_graphs_early", "tvm_dsm_step_graphs_ungated",
+                      "tvm_dsm_step_graphs_ahead")
+#: The configurations whose sessions prepare each next decode step ahead (``prepare_ahead``).
+PREPARE_AHEAD_CONFIGS = ("tvm_dsm_step_graphs_ahead",)
 #: The configurations whose gate/up projections stay a GEMM and a split/SiLU/multiply.
 UNGATED_CONFIGS = ("tvm_dsm_step_graphs_ungated",)
 #: The configurations whose every kernel is launched programmatically (``launch_early``).
@@ -88,7 +94,8 @@ LAUNCH_EARLY_CONFIGS = ("tvm_dsm_step_graphs_early",)
 KV_CACHE_KERNELS = {"tvm_dsm": DEFAULT_KV_CACHE_KERNELS, "tvm_dsm_nn_llm_attention": (KV_APPEND,),
                     "tvm_dsm_tuned": DEFAULT_KV_CACHE_KERNELS, "tvm_dsm_step_graphs": DEFAULT_KV_CACHE_KERNELS,
                     "tvm_dsm_step_graphs_early": DEFAULT_KV_CACHE_KERNELS,
-                    "tvm_dsm_step_graphs_ungated": DEFAULT_KV_CACHE_KERNELS}
+                    "tvm_dsm_step_graphs_ungated": DEFAULT_KV_CACHE_KERNELS,
+                    "tvm_dsm_step_graphs_ahead": DEFAULT_KV_CACHE_KERNELS}
 #: Untimed decode steps before the timed ones (the first steps of a batch size capture its
 #: CUDA graph; a fresh process also runs its first steps slower).
 WARMUP_STEPS = 10
@@ -164,6 +171,7 @@ def compile_config(name: str, config: LlamaConfig, lib: Path, info: Path, cuda_g
     executable.export_library(str(lib))
     info.write_text(json.dumps({"names": names, "compile_s": round(time.time() - start, 1),
                                 "cuda_graph": cuda_graph, "step_graphs": name in STEP_GRAPH_CONFIGS,
+                                "prepare_ahead": name in PREPARE_AHEAD_CONFIGS,
                                 "coverage": coverage or None}))
 
 
@@ -325,7 +333,7 @@ def _session(executable, info: dict, config: LlamaConfig, weights, batch: int, p
     return LlamaSession(executable, tvm.cuda(0), weights, info["names"], config, max_batch_size=batch,
                         max_total_seq_len=batch * pages_per_seq * PAGE_SIZE,
                         prefill_chunk_size=min(batch * prompt_len, PREFILL_CHUNK_TOKENS), page_size=PAGE_SIZE,
-                        step_graphs=info.get("step_graphs", False))
+                        step_graphs=info.get("step_graphs", False), prepare_ahead=info.get("prepare_ahead", False))
 
 
 def _decode_times(decode_step: Callable[[], Any], steps: int, sync: Callable[[], None]) -> list[float]:
