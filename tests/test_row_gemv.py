@@ -195,6 +195,25 @@ def test_each_cta_prefetches_its_rows_of_a_read_only_weight_before_it_waits(fuse
     assert _prefetched_before_the_wait(func, []) == []
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_relax_legalized_row_prefetches_with_its_int64_indices(dtype):
+    """One row of a Relax-legalized matmul (int64 indices and thread variables), launched
+    programmatically with its weight read-only, builds and prefetches its CTA's rows."""
+    from tvm import relax
+
+    from tvm_dsm.annotations import READ_ONLY_PARAMS_KEY
+    from tvm_dsm.workloads.generated import relax_prim_func
+
+    def body(bb, x, w):
+        product = bb.emit(relax.op.matmul(x, bb.emit(relax.op.permute_dims(w)), out_dtype="float32"))
+        return relax.op.astype(product, dtype)
+
+    func = relax_prim_func([("x", (1, 4096), dtype), ("w", (4096, 4096), dtype)], body)
+    assert "T.int64(4096)" in func.script()
+    source = tvm_dsm.build(func.with_attr(READ_ONLY_PARAMS_KEY, ["w"]), H100).mod.imports[0].inspect_source()
+    assert WAIT in source and "prefetch_L2" in source.split(WAIT, 1)[0]
+
+
 def _check(lib, n: int, k: int, rows: int = 1) -> float:
     dev, rng = tvm.cuda(), np.random.default_rng()
     x = rng.standard_normal((1, rows, k)).astype("float16")

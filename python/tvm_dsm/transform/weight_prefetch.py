@@ -63,7 +63,7 @@ def _prefetched(body, kernel: tirx.AttrStmt, rows: int, params: list):
         return body
     prefetches, seen = [], []
     analyzer = Analyzer()
-    leader = tirx.all(*(tirx.EQ(t.node.var, 0) for t in threads))  # one thread a CTA issues them
+    leader = tirx.all(*(tirx.EQ(t.node.var, tirx.const(0, t.node.var.ty)) for t in threads))  # one thread a CTA issues them
     for load in find_all(kernel.body, tvm.ir.TensorLoad, lambda ld: len(ld.indices) == 2 and uses(ld.indices[0], block)):
         weight = next((p for p in params if p.same_as(load.source)), None)
         if weight is None:

@@ -200,7 +200,7 @@ def _f32(x: te.Tensor) -> te.Tensor:
     return x if x.dtype == "float32" else topi.cast(x, "float32")
 
 
-def _relax_func(inputs: list[tuple[str, tuple, str]], body: Callable) -> tirx.PrimFunc:
+def relax_prim_func(inputs: list[tuple[str, tuple, str]], body: Callable) -> tirx.PrimFunc:
     """The one PrimFunc of a Relax function over ``inputs`` (name, shape, dtype) whose dataflow
     ``body(bb, *vars)`` emits, after the passes ``relax.build`` runs before it schedules:
     a transposed weight folded into its matmul, LegalizeOps, operator fusion."""
@@ -243,7 +243,7 @@ def _dense(style, m, n, k, dtype, layout):
         wt = bb.emit(relax.op.permute_dims(w)) if layout == "nk" else w
         return relax.op.astype(bb.emit(relax.op.matmul(x, wt, out_dtype="float32")), dtype)
 
-    return _relax_func([("x", (_rows(m, style), k), dtype), ("w", (n, k) if layout == "nk" else (k, n), dtype)], body)
+    return relax_prim_func([("x", (_rows(m, style), k), dtype), ("w", (n, k) if layout == "nk" else (k, n), dtype)], body)
 
 
 def _gated_dense(style, m, n, k, dtype, layout):
@@ -307,7 +307,7 @@ def _row_op(style, m, width, dtype, op):
                 return relax.op.nn.layer_norm(x, *wb, axes=[-1], epsilon=EPS)
             return getattr(relax.op.nn, op)(x, axis=-1)
 
-        return _relax_func(inputs, body)
+        return relax_prim_func(inputs, body)
     x = te.placeholder((m, width), dtype, name="x")
     w = te.placeholder((width,), dtype, name="w")
     b = te.placeholder((width,), dtype, name="b")
