@@ -63,6 +63,27 @@ def test_the_kernel_launches_a_cluster_per_sequence_and_kv_head_and_assembles(as
         paged_decode_kernel(found, DecodeConfig(3, True))
 
 
+@pytest.mark.parametrize("head_dim, tensor_cores", [(64, True), (128, False)])
+def test_three_register_files_issue_each_steps_loads_two_steps_ahead_without_spilling(head_dim, tensor_cores,
+                                                                                       ptxas_report):
+    """Three register files hold a third step's K/V loads (more registers than two) without
+    spilling; three files of 128-wide rows on tensor cores would need more than 255 registers,
+    refused naming it."""
+    found = find_paged_decode(nn_llm_decode(32, 8, head_dim))
+    report = {}
+    for files in (2, 3):
+        source = cuda_source(tvm.IRModule({"main": paged_decode_kernel(found, DecodeConfig(1, tensor_cores, 4, files))}),
+                             "tvm_dsm")
+        report[files] = ptxas_report(source, f"paged_decode_files{files}_{head_dim}")
+        assert " 0 bytes spill stores" in report[files], report[files]
+    registers = {f: int(re.search(r"Used (\d+) registers", r).group(1)) for f, r in report.items()}
+    assert registers[3] > registers[2]  # the third file's loads held
+    with pytest.raises(ClusterError, match="255 registers"):
+        paged_decode_kernel(find_paged_decode(nn_llm_decode(32, 8, 128)), DecodeConfig(1, True, 4, files=3))
+    with pytest.raises(ClusterError, match="2 or 3 register files"):
+        paged_decode_kernel(found, DecodeConfig(1, tensor_cores, 4, files=4))
+
+
 @pytest.mark.parametrize("qo_heads, kv_heads, head_dim, ranks", [(8, 8, 128, 2), (32, 8, 64, 8), (28, 4, 128, 4)])
 def test_buffers_peers_push_into_are_never_shared_with_the_ctas_own(qo_heads, kv_heads, head_dim, ranks):
     """Peers push their states into rank 0 while it may still be in its token loop: a buffer
@@ -164,6 +185,8 @@ def _reference(q, kv, group, sm_scale):
     (28, 4, 128, "bfloat16", DecodeConfig(4)), (8, 8, 128, "float16", DecodeConfig(2)),
     (8, 8, 128, "float16", DecodeConfig(2, True)), (16, 2, 256, "float16", DecodeConfig(1)),
     (32, 8, 64, "float16", None), (32, 32, 96, "float16", DecodeConfig(2)),
+    (32, 8, 64, "float16", DecodeConfig(1, True, 4, files=3)), (32, 8, 64, "float16", DecodeConfig(2, True, 8, files=3)),
+    (28, 4, 128, "bfloat16", DecodeConfig(2, files=3)),
 ])
 def test_it_matches_float64_and_nn_llm_on_the_gpu(qo_heads, kv_heads, head_dim, dtype, config):
     """Both bodies (tensor cores by default where a group shares each row), a sequence of one

@@ -8,11 +8,12 @@ or other layout, :mod:`tvm_dsm.kernels.dense_decode`):
 - a cluster of ``ranks`` CTAs per pair, each CTA reading one contiguous share of the pair's
   tokens;
 - in a CTA, each warp goes through its tokens with an online softmax (running max, sum and
-  output) per query head, scores scaled by ``scale * log2(e)`` (base 2), the next step's loads
-  issued before this step computes; its products on CUDA cores (:class:`_LaneBody`: a token's
-  row on ``D / 8`` lanes, the scores reduced by shuffles) or on tensor cores
-  (:class:`_MmaBody`: the group's query heads the rows of ``mma.sync`` tiles, 16 tokens a step;
-  where a group shares each row, CUDA cores would do a multiply-add per byte per head);
+  output) per query head, scores scaled by ``scale * log2(e)`` (base 2), the loads of the next
+  ``files - 1`` steps in flight while this step computes (a register file a step); its
+  products on CUDA cores (:class:`_LaneBody`: a token's row on ``D / 8`` lanes, the scores
+  reduced by shuffles) or on tensor cores (:class:`_MmaBody`: the group's query heads the rows
+  of ``mma.sync`` tiles, 16 tokens a step; where a group shares each row, CUDA cores would do a
+  multiply-add per byte per head);
 - the warps merge through shared memory; each CTA stores its
   state into rank 0's shared memory (DSM stores, which do not wait on the peer as loads would),
   and rank 0 merges them and writes the output (and, where the operands keep one, the base-2
@@ -57,10 +58,11 @@ EMPTY_MAX = -5e4
 _LOG2E = math.log2(math.e)
 #: The most distinct tokens' rows a thread loads in one step (tensor cores: two of K, four of V).
 ROW_SLOTS = 6
-#: Register files of a thread's K and V rows: a step's loads are in flight while the step before
-#: computes. What the loads of a step need (a page lookup) is kept per file, in
-#: ``FILES * ROW_SLOTS`` slots, and looked up one step before they are issued.
-FILES = 2
+#: Register files of a thread's K and V rows a configuration may have (``DecodeConfig.files``):
+#: a step's loads are issued ``files - 1`` steps before it computes. What the loads of a step need
+#: (a page lookup) is kept per file, in ``files * ROW_SLOTS`` slots, and looked up one step
+#: before they are issued.
+FILES = (2, 3)
 #: Head dims the tensor-core body takes: a thread's share of a V row (``D / 8`` columns) whole
 #: 16-byte loads (not 32, 80 or 96), both register files of K and V rows within the 255
 #: registers of a thread (not 256).
@@ -131,7 +133,7 @@ class DecodeOperands(ABC):
 
     def before_loads(self, slot: int, token) -> None:
         """Emit what the loads of ``token``'s rows need (a page lookup) into ``slot`` of
-        ``FILES * ROW_SLOTS`` (a register file's rows of one step); nothing by default."""
+        ``files * ROW_SLOTS`` (a register file's rows of one step); nothing by default."""
 
     @abstractmethod
     def row_pointer(self, slot: int, kv: int, token, column):
@@ -146,11 +148,13 @@ class DecodeOperands(ABC):
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """CTAs per pair (a cluster), products on tensor cores or CUDA cores, warps a CTA."""
+    """CTAs per pair (a cluster), products on tensor cores or CUDA cores, warps a CTA, register
+    files of K and V rows (steps whose loads are in flight, the one computing included)."""
 
     ranks: int
     tensor_cores: bool = False
     warps: int = 4
+    files: int = 2
 
     def explain(self) -> str:
         split = f"its keys split over a cluster of {self.ranks}, merged through DSM" if self.ranks > 1 else "one CTA"
@@ -224,6 +228,8 @@ def check_config(operands: DecodeOperands, config: DecodeConfig) -> None:
                            f"(not {ranks})")
     if config.warps not in WARPS:
         raise ClusterError(f"decode attention: {' or '.join(map(str, WARPS))} warps a CTA (not {config.warps})")
+    if config.files not in FILES:
+        raise ClusterError(f"decode attention: {' or '.join(map(str, FILES))} register files (not {config.files})")
     if shared_bytes(operands, config) > STATIC_SHARED_BYTES:
         raise ClusterError(f"decode attention: a cluster of {ranks} CTAs of {config.warps} warps needs "
                            f"{shared_bytes(operands, config)} B of static shared memory per CTA, more than the "
@@ -232,6 +238,10 @@ def check_config(operands: DecodeOperands, config: DecodeConfig) -> None:
         for ok, limit in tensor_core_limits(operands):
             if not ok:
                 raise ClusterError(f"decode attention on tensor cores: needs {limit}")
+        if config.files > 2 and operands.head_dim > 64:
+            raise ClusterError(f"decode attention on tensor cores: {config.files} register files of K and V rows "
+                               f"of {operands.head_dim} columns need more than a thread's 255 registers "
+                               "(2 files, or head dims up to 64)")
 
 
 def decode_kernel(operands: DecodeOperands, config: DecodeConfig, name: str, asserts=()) -> tirx.PrimFunc:
@@ -265,7 +275,7 @@ class _Body(ABC):
     warp_tokens: int
 
     def __init__(self, operands: DecodeOperands, config: DecodeConfig, bx, tx):
-        self.operands, self.ranks, self.warps = operands, config.ranks, config.warps
+        self.operands, self.ranks, self.warps, self.files = operands, config.ranks, config.warps, config.files
         g = operands.group
         self.local = lambda shape, dtype="float32": B.sblock_alloc_buffer(shape, dtype, scope="local")  # noqa: E731
         self.span = self.local((2,), "int32")  # the CTA's first token, past its last
@@ -341,19 +351,19 @@ class _Body(ABC):
         self._start()
         with B.If(first < stop):  # the same for every thread of the CTA
             with B.Then():
-                step_tokens = self.warps * self.warp_tokens
-                # steps in pairs, one register file each: a step's loads are issued before the
-                # step before it computes, what they need (their pages) looked up before that
-                self._look_up(0, 0)
-                self._load(0, 0)
-                self._look_up(1, 1)
-                with B.serial(0, (stop - first + 2 * step_tokens - 1) // (2 * step_tokens)) as pair:
-                    self._load(1, 2 * pair + 1)
-                    self._look_up(0, 2 * pair + 2)
-                    self._update(0, 2 * pair)
-                    self._load(0, 2 * pair + 2)
-                    self._look_up(1, 2 * pair + 3)
-                    self._update(1, 2 * pair + 1)
+                # step s in register file s % F: its loads are issued F - 1 steps before it
+                # computes, what they need (their pages) looked up a step before that
+                F, group_tokens = self.files, self.files * self.warps * self.warp_tokens
+                for s in range(F - 1):
+                    self._look_up(s, s)
+                    self._load(s, s)
+                self._look_up(F - 1, F - 1)
+                with B.serial(0, (stop - first + group_tokens - 1) // group_tokens) as group:
+                    for j in range(F):
+                        step = F * group + j
+                        self._load((j + F - 1) % F, step + F - 1)
+                        self._look_up(j, step + F)
+                        self._update(j, step)
         self._store_warp_state()
         B.evaluate(T.tvm_storage_sync("shared"))
         if self.ranks == 1:
@@ -446,9 +456,9 @@ class _LaneBody(_Body):
         self.q_reg, self.o = local((g * vec,)), local((g * vec,))
         self.m, self.d = local((g,)), local((g,))
         self.s, self.p = local((g * U,)), local((U,))  # a step's scores, one head's weights
-        # K and V pieces as loaded (16-byte words) and as read (the head dim's type), one register
-        # file, for two steps: the next step's loads are in flight while this one computes
-        self.k_words, self.v_words = ([local((U * _WORDS,), "uint32") for _ in range(2)] for _ in range(2))
+        # K and V pieces as loaded (16-byte words) and as read (the head dim's type), a register
+        # file a step in flight
+        self.k_words, self.v_words = ([local((U * _WORDS,), "uint32") for _ in range(self.files)] for _ in range(2))
         self.slot = self.warp * self.slots + self.lane // operands.lanes
         self.part = self.lane % operands.lanes
         # past the row (a head dim of 12 pieces on 16 lanes): a query of zeros, loads of the
@@ -573,10 +583,10 @@ class _MmaBody(_Body):
         self.k_cols, self.v_cols = D // 4, D // 8  # columns a thread loads of a K row, of a V row
         self.row, self.place = self.lane // 4, self.lane % 4
         # 16-bit pairs in 32-bit words: Q's columns (A's row, two words a k-step), two K rows'
-        # and four V rows' columns, a register file each for two steps
+        # and four V rows' columns, a register file a step in flight
         self.q_frag = local((self.k_cols // 2,), "uint32")
-        self.k_words = [local((self.k_cols,), "uint32") for _ in range(2)]
-        self.v_words = [local((2 * self.v_cols,), "uint32") for _ in range(2)]
+        self.k_words = [local((self.k_cols,), "uint32") for _ in range(self.files)]
+        self.v_words = [local((2 * self.v_cols,), "uint32") for _ in range(self.files)]
         self.s = local((8,))  # two n8 tiles of scores (rows 8..15 unused)
         self.o = local((2 * self.v_cols,))  # a thread's two columns of each n8 tile of O
         # accumulator rows 8..15 of O, never read: their inputs are left as they are (zeros

@@ -149,7 +149,7 @@ class _PagedOperands(DecodeOperands):
         self.seq, self.head = pair // self.found.kv_heads, pair % self.found.kv_heads
         # the page table's start, once; the pages of each register file's step
         self.first_page = B.sblock_alloc_buffer((1,), "int32", scope="local")
-        self.page = B.sblock_alloc_buffer((FILES * ROW_SLOTS,), "int32", scope="local")
+        self.page = B.sblock_alloc_buffer((max(FILES) * ROW_SLOTS,), "int32", scope="local")
         B.buffer_store(self.first_page, self.indptr[self.seq], [0])
 
     def length(self):

@@ -78,9 +78,12 @@ LLAMA_DECODE_FORMS = [(b, 32, 8, s, 64, "bhsd", "float16") for b in (8, 32, 64) 
 
 def llama_decode_clusters() -> list[Variant]:
     """:func:`decode_form_clusters` at :data:`LLAMA_DECODE_FORMS`, contiguous K/V where the model's
-    cache is paged: whether another cluster or warp count streams the KV cache faster at batches
+    cache is paged, and clusters of 1-2 CTAs with three register files (two steps' loads in
+    flight): whether another cluster, warp count or depth streams the KV cache faster at batches
     past one CTA an SM, against SDPA on the same shapes."""
-    return decode_form_clusters(LLAMA_DECODE_FORMS)
+    deeper = [decode_form_variant(form, DecodeConfig(r, True, warps, files=3), f"tensor_cores_r{r}_w{warps}_f3")
+              for form in LLAMA_DECODE_FORMS for warps in (4, 8) for r in (1, 2)]
+    return decode_form_clusters(LLAMA_DECODE_FORMS) + [v for v in deeper if v is not None]
 
 
 #: Prefill attention with heads wider than 128 (batch, heads, kv heads, length, head dim, layout,
