@@ -14,4 +14,4 @@ demo: $(STAMP)
 	$(PY) tutorials/split_k_reduction.py
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n auto --dist loadfile
+	$(PY) -m pytest -q -n auto --dist worksteal

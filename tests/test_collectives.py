@@ -26,7 +26,8 @@ def test_collective_assembles_with_vector_dsm_loads(kind, dtype, vector, cluster
     source = cuda_source(sch.mod)
     assert "ld_vec_shared__cluster_v" in source and vector in source
     assert "tvm_builtin_ptx_ld_shared__cluster" not in source  # no scalar fallback
-    assemble(source, f"{kind}_{dtype}_{cluster}")
+    if cluster == 16:  # the same instructions at any cluster size: assembled once
+        assemble(source, f"{kind}_{dtype}_{cluster}")
 
 
 def test_all_exchange_starts_each_cta_at_its_own_rank():
@@ -91,7 +92,8 @@ def test_bulk_collective_assembles_with_mbarrier_completed_pushes(kind, dtype, c
     source = cuda_source(sch.mod)
     for ptx in BULK_PTX:
         assert ptx in source, ptx
-    assemble(source, f"{kind}_bulk_{dtype}_{cluster}")
+    if cluster == 16:  # the same instructions at any cluster size: assembled once
+        assemble(source, f"{kind}_bulk_{dtype}_{cluster}")
 
 
 def test_bulk_copy_is_fenced_then_waited_on_its_own_mbarrier():
