@@ -208,30 +208,47 @@ def test_tiny_prefill_and_decode_logits_match_float64_on_cpu(as_matrices, tiny_l
 
 def test_decode_steps_prepared_ahead_give_the_same_logits_and_are_taken_back(tiny_llvm):
     """A session that prepares each next decode step while the device computes gives the
-    logits of one that does not: over decode steps, a prefill of a new sequence between them
-    (the prepared step taken back), decoding all three together, and a reset."""
+    logits of one that does not: over decode steps up to a full page (the prepared step takes a
+    new page), a prefill of a new sequence between them (the prepared step taken back, its page
+    freed), decoding all three together and a reset; and in a cache with no page to spare at the
+    last step, where it prepares nothing rather than run out of pages."""
     config = LLAMA_TINY
     mod, names = tiny_llvm
     executable = tvm.compile(mod, tvm.target.Target({"kind": "llvm"}), tir_pipeline="s_tir_stock")
     weights = random_weights(config)
     rng = np.random.default_rng(2)
-    prompts, late = rng.integers(0, config.vocab_size, (2, 9)), rng.integers(0, config.vocab_size, (1, 5))
+    prompts, late = rng.integers(0, config.vocab_size, (2, 14)), rng.integers(0, config.vocab_size, (1, 5))
     steps = rng.integers(0, config.vocab_size, (4, 3, 1)).astype(np.int32)
+    pages = tvm.get_global_func("vm.builtin.attention_kv_cache_get_num_available_pages")
 
-    def run(prepare_ahead: bool) -> list[np.ndarray]:
-        session = LlamaSession(executable, tvm.cpu(), weights, names, config, max_batch_size=3,
-                               max_total_seq_len=96, prefill_chunk_size=32, prepare_ahead=prepare_ahead)
-        out = [session.prefill(prompts).numpy()]
-        out += [session.decode(tvm.runtime.tensor(steps[i, :2], tvm.cpu())).numpy() for i in range(2)]
-        out.append(session.prefill(late).numpy())
-        out.append(session.decode(tvm.runtime.tensor(steps[2], tvm.cpu())).numpy())
-        session.reset()
-        out.append(session.prefill(prompts).numpy())
-        out.append(session.decode(tvm.runtime.tensor(steps[3, :2], tvm.cpu())).numpy())
-        return out
+    def session(prepare_ahead: bool, max_total_seq_len: int) -> LlamaSession:
+        return LlamaSession(executable, tvm.cpu(), weights, names, config, max_batch_size=3,
+                            max_total_seq_len=max_total_seq_len, prefill_chunk_size=32, prepare_ahead=prepare_ahead)
 
-    for got, want in zip(run(True), run(False)):
+    def decode(s: LlamaSession, tokens: np.ndarray) -> np.ndarray:
+        return s.decode(tvm.runtime.tensor(tokens, tvm.cpu())).numpy()
+
+    def run(prepare_ahead: bool) -> tuple[list[np.ndarray], list[int]]:
+        s = session(prepare_ahead, 96)
+        out = [s.prefill(prompts).numpy()] + [decode(s, steps[i, :2]) for i in range(2)]  # 16 tokens each
+        free = [int(pages(s.cache))]
+        out.append(s.prefill(late).numpy())
+        free.append(int(pages(s.cache)))
+        out.append(decode(s, steps[2]))
+        s.reset()
+        out += [s.prefill(prompts).numpy(), decode(s, steps[3, :2])]
+        return out, free
+
+    (ahead, ahead_free), (plain, plain_free) = run(True), run(False)
+    for got, want in zip(ahead, plain):
         np.testing.assert_array_equal(got, want)
+    assert ahead_free[0] == plain_free[0] - 2  # the prepared 17th tokens took a page each
+    assert ahead_free[1] == plain_free[1]  # and gave them back before the prefill
+    exact = [session(prepare_ahead, 32) for prepare_ahead in (True, False)]  # 2 pages a sequence
+    for s in exact:
+        s.prefill(prompts)
+    for i in range(2):
+        np.testing.assert_array_equal(*(decode(s, steps[i, :2]) for s in exact))
     with pytest.raises(ValueError, match="prepare_ahead needs step_graphs"):
         LlamaSession(executable, tvm.cuda(0), weights, names, config, max_batch_size=1, max_total_seq_len=16,
                      prefill_chunk_size=16, prepare_ahead=True)

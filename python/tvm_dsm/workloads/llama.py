@@ -299,8 +299,10 @@ class LlamaSession:
     launched, calls the cache's ``begin_forward`` for the next step while the device computes:
     host-only bookkeeping (each sequence one token longer, a page where it needs one, the page
     tables), 0.01 ms at batch 1 and 0.1-0.3 ms at 32-64 (measured on a CPU), which a serving loop
-    otherwise pays between steps. The next decode call starts from it; any other call first
-    takes the token back (``popn``: the cache has no sliding window, so nothing else moved).
+    otherwise pays between steps, where the cache has the pages for it (a session sized for
+    exactly the tokens it decodes has none to spare at its last step). The next decode call
+    starts from it; a prefill first takes the token back (``popn``: the cache has no sliding
+    window, so nothing else moved), a reset removes it with its sequences.
     Without step graphs a GPU step copies its page tables while it runs, from the host arrays
     the next ``begin_forward`` rewrites: refused there."""
 
@@ -323,7 +325,8 @@ class LlamaSession:
         self.cache = self.vm["create_tir_paged_kv_cache"](
             shape([max_batch_size]), shape([max_total_seq_len]), shape([prefill_chunk_size]),
             shape([page_size]), shape([0]))
-        self.batch, self.prefill_chunk_size = 0, prefill_chunk_size
+        self.batch, self.prefill_chunk_size, self.page_size = 0, prefill_chunk_size, page_size
+        self.lengths: list[int] = []  # each sequence's tokens in the cache
         self.prepare_ahead, self._prepared = prepare_ahead, False
         self._begin = tvm.get_global_func("vm.builtin.kv_state_begin_forward")
         self._end = tvm.get_global_func("vm.builtin.kv_state_end_forward")
@@ -355,6 +358,7 @@ class LlamaSession:
             add(self.cache, seq_id)
         ids = list(range(self.batch, self.batch + batch))
         self.batch += batch
+        self.lengths += [seq] * batch
         last = np.arange(1, batch + 1, dtype=np.int32) * seq - 1
         self._begin(self.cache, tvm.runtime.ShapeTuple(ids), tvm.runtime.ShapeTuple([seq] * batch))
         logits, self.cache = self.vm["prefill"](
@@ -367,16 +371,17 @@ class LlamaSession:
     def reset(self) -> None:
         """Remove every sequence (their pages return to the cache), as a server does when
         requests finish; the next prefill starts from sequence 0 again."""
-        self._take_back_prepared()
+        self._prepared = False  # a prepared token goes with its sequence
         remove = tvm.get_global_func("vm.builtin.kv_state_remove_sequence")
         for seq_id in range(self.batch):
             remove(self.cache, seq_id)
-        self.batch = 0
+        self.batch, self.lengths = 0, []
 
     def begin_decode(self) -> None:
         """Tell the cache that the next call adds one token to every sequence."""
         self._begin(self.cache, tvm.runtime.ShapeTuple(list(range(self.batch))),
                     tvm.runtime.ShapeTuple([1] * self.batch))
+        self.lengths = [n + 1 for n in self.lengths]
 
     def end_forward(self) -> None:
         """Tell the cache that the call is done."""
@@ -391,17 +396,24 @@ class LlamaSession:
         decode = self.vm["decode"] if self.graphs is None else self.graphs
         logits, self.cache = decode(tokens, self.cache, self.params)
         self.end_forward()
-        if self.prepare_ahead:
+        if self.prepare_ahead and self._room_for_a_token():
             self.begin_decode()
             self._prepared = True
         self._sync()
         return logits
+
+    def _room_for_a_token(self) -> bool:
+        """Whether the cache has the pages for one more token of every sequence (a sequence
+        whose pages are full takes a new one)."""
+        needed = sum(1 for n in self.lengths if n % self.page_size == 0)
+        return needed <= int(tvm.get_global_func("vm.builtin.attention_kv_cache_get_num_available_pages")(self.cache))
 
     def _take_back_prepared(self) -> None:
         """Undo the ``begin_forward`` of a prepared decode step (see the class docstring)."""
         if self._prepared:
             for seq_id in range(self.batch):
                 self._pop(self.cache, seq_id, 1)
+            self.lengths = [n - 1 for n in self.lengths]
             self._prepared = False
 
     def _sync(self) -> None:
