@@ -163,8 +163,14 @@ def tiny_llvm():
     return export_llama(LLAMA_TINY, {"kind": "llvm"})
 
 
+@pytest.fixture(scope="module")
+def tiny_llvm_executable(tiny_llvm):
+    """The tiny model as exported, compiled for the CPU by TVM's stock pipelines."""
+    return tvm.compile(tiny_llvm[0], tvm.target.Target({"kind": "llvm"}), tir_pipeline="s_tir_stock")
+
+
 @pytest.mark.parametrize("as_matrices", [False, True])
-def test_tiny_prefill_and_decode_logits_match_float64_on_cpu(as_matrices, tiny_llvm):
+def test_tiny_prefill_and_decode_logits_match_float64_on_cpu(as_matrices, tiny_llvm, tiny_llvm_executable):
     """Two sequences of 9 tokens prefilled together, then one decode step each; also with the
     model's matmuls rewritten as fp32-accumulated matrices (tvm_dsm.relax_matmuls), residual
     adds and reshapes folded, and its gate/up projections as gated GEMMs (tvm_dsm.relax_gated)."""
@@ -173,7 +179,8 @@ def test_tiny_prefill_and_decode_logits_match_float64_on_cpu(as_matrices, tiny_l
     if as_matrices:
         mod = FuseGatedProjections(MatmulsAsMatrices(mod))
         assert any(gv.name_hint.startswith("gated_projection") for gv in mod.functions)
-    executable = tvm.compile(mod, tvm.target.Target({"kind": "llvm"}), tir_pipeline="s_tir_stock")
+    executable = (tvm.compile(mod, tvm.target.Target({"kind": "llvm"}), tir_pipeline="s_tir_stock") if as_matrices
+                  else tiny_llvm_executable)
     weights = random_weights(config)
     session = LlamaSession(executable, tvm.cpu(), weights, names, config, max_batch_size=2,
                            max_total_seq_len=64, prefill_chunk_size=32)
@@ -206,15 +213,14 @@ def test_tiny_prefill_and_decode_logits_match_float64_on_cpu(as_matrices, tiny_l
             short.prefill(prompts[:0])
 
 
-def test_decode_steps_prepared_ahead_give_the_same_logits_and_are_taken_back(tiny_llvm):
+def test_decode_steps_prepared_ahead_give_the_same_logits_and_are_taken_back(tiny_llvm, tiny_llvm_executable):
     """A session that prepares each next decode step while the device computes gives the
     logits of one that does not: over decode steps up to a full page (the prepared step takes a
     new page), a prefill of a new sequence between them (the prepared step taken back, its page
     freed), decoding all three together and a reset; and in a cache with no page to spare at the
     last step, where it prepares nothing rather than run out of pages."""
     config = LLAMA_TINY
-    mod, names = tiny_llvm
-    executable = tvm.compile(mod, tvm.target.Target({"kind": "llvm"}), tir_pipeline="s_tir_stock")
+    names, executable = tiny_llvm[1], tiny_llvm_executable
     weights = random_weights(config)
     rng = np.random.default_rng(2)
     prompts, late = rng.integers(0, config.vocab_size, (2, 14)), rng.integers(0, config.vocab_size, (1, 5))
