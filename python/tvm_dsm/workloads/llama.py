@@ -331,6 +331,7 @@ class LlamaSession:
         self._begin = tvm.get_global_func("vm.builtin.kv_state_begin_forward")
         self._end = tvm.get_global_func("vm.builtin.kv_state_end_forward")
         self._pop = tvm.get_global_func("vm.builtin.kv_state_popn")
+        self._free_pages = tvm.get_global_func("vm.builtin.attention_kv_cache_get_num_available_pages")
 
     def prefill(self, prompts: np.ndarray):
         """Add one sequence per row of ``prompts`` ``[batch, seq]`` and run them as ragged
@@ -406,7 +407,7 @@ class LlamaSession:
         """Whether the cache has the pages for one more token of every sequence (a sequence
         whose pages are full takes a new one)."""
         needed = sum(1 for n in self.lengths if n % self.page_size == 0)
-        return needed <= int(tvm.get_global_func("vm.builtin.attention_kv_cache_get_num_available_pages")(self.cache))
+        return needed <= int(self._free_pages(self.cache))
 
     def _take_back_prepared(self) -> None:
         """Undo the ``begin_forward`` of a prepared decode step (see the class docstring)."""

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 
 from tvm import te
+from ...bench.results import latest_path
 from ...hardware import load_hardware
 from ...workloads.dense import dense
 from ...relax_integration import scheduling_form
@@ -374,12 +376,8 @@ def trailing_dense_configs(below: float = 0.85) -> list[Variant]:
     4 best predicted that fill the machine (:func:`_gemm_configs`). Whether a configuration of
     the space keeps up with cuBLAS there (then the model's order is wrong) or none does (then the
     kernel is)."""
-    import json
-
-    from ...bench import results as res
-
     by_rows: dict[int, dict[str, tuple[int, int]]] = {}
-    for row in json.loads(res.latest_path("real_shapes").read_text())["rows"]:
+    for row in json.loads(latest_path("real_shapes").read_text())["rows"]:
         peers = [t for t in row.get("peers", {}).values() if t]
         if row["class"] == "dense" and row.get("ours_us") and peers and min(peers) / row["ours_us"] < below:
             by_rows.setdefault(row["m"], {})[f"dense_{row['n']}x{row['k']}"] = (row["n"], row["k"])
