@@ -6,6 +6,7 @@ kernel it writes, refusals naming the limit, and (GPU) every form against float6
 from __future__ import annotations
 
 import functools
+import re
 
 import ml_dtypes
 import numpy as np
@@ -18,7 +19,7 @@ from conftest import kernels as cuda_kernels
 from tvm_dsm.driver import plan
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.hardware import load_hardware
-from tvm_dsm.kernels.decode_attention import DecodeConfig
+from tvm_dsm.kernels.decode_attention import TWICE_RESIDENT_HEAD_DIMS, DecodeConfig
 from tvm_dsm.kernels.dense_decode import TEMPLATE, find_dense_decode
 from tvm_dsm.workloads.attention_forms import relax_attention, te_attention, topi_attention
 
@@ -149,6 +150,28 @@ def test_grouped_heads_take_tensor_cores_reading_each_byte_once_without_spills(n
     assert source.count("ld_vec_global_nc_v4_b32(") == loads
     report = ptxas_report(source, f"dense_decode_mma_{name}")
     assert "0 bytes spill stores" in report, report
+
+
+@pytest.mark.parametrize(("batch", "expected"), [
+    (8, DecodeConfig(2, True, warps=8, files=3)),  # 128 CTAs: one an SM
+    (32, DecodeConfig(1, True, warps=8)),  # 256: two an SM
+    (64, DecodeConfig(1, True)),  # 512: four an SM
+])
+def test_the_grid_sets_the_warps_and_register_files(batch, expected):
+    """The 1B Llama's decode attention (32 query / 8 KV heads of 64, 8192 keys): the most loads
+    in flight an SM that keep the grid one wave."""
+    found = find_dense_decode(te_attention(batch, 32, 1, 8192, 64, kv_heads=8))
+    assert TEMPLATE.default_config(found, load_hardware()) == expected
+
+
+@pytest.mark.parametrize("dim", [64, 128])
+def test_two_ctas_of_eight_warps_fit_an_sm_at_the_head_dims_said(dim, ptxas_report):
+    """Two register files, 8 warps: at most 128 registers a thread lets two CTAs share an SM's
+    64K registers, as decode_attention.TWICE_RESIDENT_HEAD_DIMS counts on."""
+    func = te_attention(32, 32, 1, 2048, dim, kv_heads=8)
+    source = cuda_source(TEMPLATE.fuse(func, DecodeConfig(1, True, warps=8)), "tvm_dsm")
+    registers = int(re.search(r"Used (\d+) registers", ptxas_report(source, f"dense_decode_wide_{dim}")).group(1))
+    assert (registers <= 128) == (dim in TWICE_RESIDENT_HEAD_DIMS), registers
 
 
 def test_the_tensor_core_body_names_what_it_cannot_take():

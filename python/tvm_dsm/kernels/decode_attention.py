@@ -71,6 +71,10 @@ MMA_HEAD_DIMS = (64, 128)
 STATIC_SHARED_BYTES = 48 * 1024
 #: CTAs of the CUDA-core kernel an SM holds at once (127 registers a thread, 128 threads a CTA).
 RESIDENT_CTAS = 4
+#: Head dims at which two tensor-core CTAs of 8 warps and two register files fit an SM's 64K
+#: registers (ptxas: 112-114 registers a thread at 64 with 4 or 8 query heads a group, 199-201 at
+#: 128; checked in tests/test_dense_decode.py).
+TWICE_RESIDENT_HEAD_DIMS = (64,)
 
 
 class DecodeOperands(ABC):
@@ -200,19 +204,44 @@ def wave_ctas(hw, tensor_cores: bool) -> int:
     return hw.sm_count * (1 if tensor_cores else RESIDENT_CTAS)
 
 
-def with_warps(operands: DecodeOperands, config: DecodeConfig, pairs: int, hw, keys: int | None = None) -> DecodeConfig:
-    """``config`` with 8 warps a CTA where they pay, else as it is: on tensor cores, with at
-    most one CTA an SM for ``pairs`` pairs (4 warps then leave an SM's loads in flight short),
-    and, where the key count is known, at least two steps of 8 warps for every CTA (short shares
-    lose more to the merge than they gain). H200, ``bench/results/decode_form_clusters``: at a
-    batch of 8, 32/8 heads of 128 over 4096 keys, 36.8 us with 8 warps against 44.8 with 4; 1000
-    keys over 4 CTAs, 15.1 against 12.9."""
+def with_depth(operands: DecodeOperands, config: DecodeConfig, pairs: int, hw, keys: int | None = None) -> DecodeConfig:
+    """``config`` with the warps and register files that keep the most K/V loads in flight on
+    each SM while the grid of ``pairs`` pairs stays one wave, on tensor cores (CUDA-core configs
+    are returned as they are):
+
+    - at most one CTA an SM: 8 warps, and three register files where the head dim allows them;
+    - two CTAs an SM: 8 warps where two such CTAs fit an SM's registers
+      (:data:`TWICE_RESIDENT_HEAD_DIMS`);
+    - more: as it is (4 warps, two files: a third file or 8 warps would push the grid past a wave).
+
+    Where the key count is known, a CTA keeps at least two steps of 8 warps (short shares lose
+    more to the merge than they gain). H200, the 1B Llama's shapes (32/8 heads of 64,
+    ``bench/results/llama_decode_clusters``): a batch of 8 in clusters of 2 (128 CTAs) at 8192 keys
+    36.9 us with 8 warps and three files, 42.4 with two, 68.4 with 4 warps; a batch of 32 (256
+    CTAs) 124.4 us with 8 warps, 153.5 with 4, 130.0 with 8 warps and three files (one CTA an
+    SM); a batch of 64 (512 CTAs) 245.9 with 4 warps, 244.3 with 8."""
+    if not config.tensor_cores:
+        return config
     wide = replace(config, warps=max(WARPS))
-    if (not config.tensor_cores or pairs * config.ranks > hw.sm_count
-            or (keys is not None and keys < config.ranks * 2 * tokens_per_step(operands, wide))
+    if ((keys is not None and keys < config.ranks * 2 * tokens_per_step(operands, wide))
             or shared_bytes(operands, wide) > STATIC_SHARED_BYTES):
         return config
-    return wide
+    per_sm = -(-pairs * config.ranks // hw.sm_count)
+    if per_sm <= 1:
+        deeper = replace(wide, files=max(FILES))
+        return deeper if holds(check_config, operands, deeper) else wide
+    if per_sm <= 2 and operands.head_dim in TWICE_RESIDENT_HEAD_DIMS:
+        return wide
+    return config
+
+
+def holds(check, operands: DecodeOperands, config: DecodeConfig) -> bool:
+    """Whether ``check(operands, config)`` passes (raises no ClusterError)."""
+    try:
+        check(operands, config)
+    except ClusterError:
+        return False
+    return True
 
 
 def tokens_per_step(operands: DecodeOperands, config: DecodeConfig) -> int:

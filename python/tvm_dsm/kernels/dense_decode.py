@@ -26,8 +26,8 @@ from ..errors import ClusterError
 from ..hardware import Hardware
 from ..ir import extent_variables, specialized, substitute, uses
 from .attention_pattern import DecodeShape, find_decode_attention
-from .decode_attention import (HELD_FLOATS, WARPS, DecodeConfig, DecodeOperands, decode_kernel, prefers_tensor_cores,
-                               shared_bytes, tokens_per_step, wave_ctas, with_warps)
+from .decode_attention import (HELD_FLOATS, WARPS, DecodeConfig, DecodeOperands, decode_kernel, holds,
+                               prefers_tensor_cores, shared_bytes, tokens_per_step, wave_ctas, with_depth)
 from .decode_attention import check_config as check_config_limits
 from .template import KernelTemplate
 
@@ -142,19 +142,15 @@ def default_config(found: DenseOperands, hw: Hardware) -> DecodeConfig:
     """Tensor cores where a CTA holds several query heads of a group (CUDA cores would do that
     many multiply-adds per byte read); the largest cluster that keeps the grid within
     :func:`~tvm_dsm.kernels.decode_attention.wave_ctas`; 8 warps a CTA where
-    :func:`~tvm_dsm.kernels.decode_attention.with_warps` says."""
+    :func:`~tvm_dsm.kernels.decode_attention.with_depth` says."""
     tensor_cores = prefers_tensor_cores(found)
     fits = [r for r in _RANKS if found.pairs() * r <= wave_ctas(hw, tensor_cores)
             and _fits(found, DecodeConfig(r, tensor_cores))]
-    return with_warps(found, DecodeConfig(max(fits, default=1), tensor_cores), found.pairs(), hw, found.shape.kv_len)
+    return with_depth(found, DecodeConfig(max(fits, default=1), tensor_cores), found.pairs(), hw, found.shape.kv_len)
 
 
 def _fits(found: DenseOperands, config: DecodeConfig) -> bool:
-    try:
-        check_config(found, config)
-    except ClusterError:
-        return False
-    return True
+    return holds(check_config, found, config)
 
 
 class DenseDecodeTemplate(KernelTemplate):

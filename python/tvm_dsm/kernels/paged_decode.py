@@ -27,7 +27,7 @@ from ..errors import ClusterError
 from ..hardware import Hardware
 from ..ir import branch_on
 from .decode_attention import (FILES, ROW_SLOTS, DecodeConfig, DecodeOperands, decode_kernel, most_ranks,
-                               prefers_tensor_cores, wave_ctas, with_warps)
+                               prefers_tensor_cores, wave_ctas, with_depth)
 
 #: The function ``nn.llm`` builds for decode attention over its paged KV cache, and its
 #: parameters in order.
@@ -88,21 +88,27 @@ def batch_configs(found: PagedDecode, hw: Hardware) -> list[tuple[int | None, De
     """Kernel configurations by batch size, ``[(largest batch, config), ..., (None, config)]``:
     the most CTAs per (sequence, KV head) that keep the grid within
     :func:`~tvm_dsm.kernels.decode_attention.wave_ctas`, from :func:`default_ranks` down to 1,
-    with 8 warps a CTA where :func:`~tvm_dsm.kernels.decode_attention.with_warps` says (the key
-    count is known only at run time)."""
+    then one CTA a pair up to twice that grid; each with the warps and register files
+    :func:`~tvm_dsm.kernels.decode_attention.with_depth` gives its largest grid (the key count
+    is known only at run time)."""
     operands = _PagedOperands(found)
     tensor_cores = prefers_tensor_cores(operands)
     slots = wave_ctas(hw, tensor_cores)
     beyond = DecodeConfig(1, tensor_cores)  # the batches past every range
-    ranges, ranks = [], default_ranks(found, hw)
-    while ranks >= 1:
-        bound = slots // (found.kv_heads * ranks)
+    steps = [(ranks, slots // (found.kv_heads * ranks)) for ranks in _halvings(default_ranks(found, hw))]
+    steps.append((1, 2 * slots // found.kv_heads))
+    ranges = []
+    for ranks, bound in steps:
         if bound >= 1 and (not ranges or bound > ranges[-1][0]):
-            config = with_warps(operands, DecodeConfig(ranks, tensor_cores), bound * found.kv_heads, hw)
+            config = with_depth(operands, DecodeConfig(ranks, tensor_cores), bound * found.kv_heads, hw)
             if config != beyond:
                 ranges.append((bound, config))
-        ranks //= 2
     return ranges + [(None, beyond)]
+
+
+def _halvings(ranks: int) -> list[int]:
+    """``ranks``, its half, ... down to 1."""
+    return [ranks >> i for i in range(ranks.bit_length())]
 
 
 def paged_decode_dispatch(found: PagedDecode, hw: Hardware) -> tirx.PrimFunc:
