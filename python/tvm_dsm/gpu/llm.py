@@ -46,7 +46,8 @@ compared with an fp32 torch evaluation of the same weights
 and after, median; five more steps under the CUDA profiler give the per-kernel breakdown of a
 step (:mod:`tvm_dsm.gpu.kernel_breakdown`); last, the prefill is timed again, warm, into an
 emptied cache, and broken down by kernel too. ``--contexts`` times prefill and decode at more
-prompt lengths (random tokens, not checked; the prefill broken down at the first batch size).
+prompt lengths (random tokens, not checked; decode broken down by kernel at each, the prefill
+at the first batch size).
 Every configuration is compiled with Relax's CUDA-graph rewrite on (``--no-cuda-graph`` turns it
 off): the kernels between the KV cache's calls are captured once per batch size and replayed, as
 MLC-LLM serves. The floor is the bytes one step must read (weights and KV cache) over the HBM
@@ -376,7 +377,8 @@ def _run_contexts(executable, info: dict, config: LlamaConfig, weights, contexts
     for context in contexts:
         for batch in batches:
             prompts = rng.integers(0, config.vocab_size, (batch, context))
-            session = _session(executable, info, config, weights, batch, context, WARMUP_STEPS + steps)
+            session = _session(executable, info, config, weights, batch, context,
+                               WARMUP_STEPS + steps + PROFILED_STEPS)
             prefill = {}
             if time_prefill:
                 prefill_ms = _warm_prefill_ms(session, prompts, dev.sync)
@@ -385,9 +387,11 @@ def _run_contexts(executable, info: dict, config: LlamaConfig, weights, contexts
             else:
                 session.prefill(prompts)
             token = tvm.runtime.tensor(prompts[:, :1].astype(np.int32), dev)
-            decode_ms = float(np.median(_decode_times(functools.partial(session.decode, token), steps, dev.sync)))
+            decode_step = functools.partial(session.decode, token)
+            decode_ms = float(np.median(_decode_times(decode_step, steps, dev.sync)))
             floor_ms = _decode_floor_ms(config, batch, context + WARMUP_STEPS + steps // 2, bandwidth)
-            record(context, batch, prefill | _decode_timing(decode_ms, floor_ms))
+            kernels = profile_kernels(decode_step, steps=PROFILED_STEPS - 1, step_us=decode_ms * 1e3)
+            record(context, batch, prefill | _decode_timing(decode_ms, floor_ms) | {"decode_kernels": kernels})
             _log(f"  context {context} batch {batch}: prefill {prefill.get('prefill_ms', 'untimed')} ms, decode "
                  f"{decode_ms:.3f} ms/step ({decode_ms / floor_ms:.2f}x floor)")
             session.close()
