@@ -65,7 +65,8 @@ def test_bad_settings_are_refused():
 @pytest.mark.gpu
 def test_tiny_llama_steps_from_graphs_match_the_vm(tmp_path):
     """Two sequences of 13 and 5 tokens (pages of 16: they cross at different steps), 40
-    teacher-forced steps, the same kernels: the graphs' logits equal the VM's bit for bit."""
+    teacher-forced steps, the same kernels: the graphs' logits (each next step prepared ahead,
+    the default at two sequences) equal the VM's bit for bit."""
     import json
 
     from tvm_dsm.gpu.llm import compile_config
@@ -90,6 +91,7 @@ def test_tiny_llama_steps_from_graphs_match_the_vm(tmp_path):
             steps.append(session.decode(tvm.runtime.tensor(forced[:, step:step + 1], dev)).numpy())
         logits[graphed] = np.stack(steps)
         if graphed:
+            assert session._prepared  # the next step's begin_forward already called
             counts = session.graphs.counts
             assert counts["captured"] >= 2 and counts["replayed"] >= 20, counts
         session.close()

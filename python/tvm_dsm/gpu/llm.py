@@ -27,8 +27,9 @@ crashes its process costs that configuration only):
 - ``tvm_dsm_step_graphs_ungated``: the same with each SwiGLU's gate/up projection a GEMM and a
   split/SiLU/multiply kernel (``gated_projections=False``): the A/B of one gated GEMM;
 - ``tvm_dsm_step_graphs_ahead``: ``tvm_dsm_step_graphs`` whose session calls the cache's
-  ``begin_forward`` for the next step while the device computes this one (``prepare_ahead``):
-  the A/B of the host's page-table bookkeeping between steps;
+  ``begin_forward`` for the next step while the device computes this one (``prepare_ahead``) at
+  every batch size, where the other sessions do from
+  :data:`~tvm_dsm.workloads.llama.PREPARE_AHEAD_FROM_BATCH` on;
 - ``tvm_dsm_tuned``: ``tvm_dsm`` compiled from the tuning records in ``--database``, which
   ``python3 -m tvm_dsm.gpu.llm tune --work-dir DIR`` writes (:func:`tune_model`);
 
@@ -172,7 +173,7 @@ def compile_config(name: str, config: LlamaConfig, lib: Path, info: Path, cuda_g
     executable.export_library(str(lib))
     info.write_text(json.dumps({"names": names, "compile_s": round(time.time() - start, 1),
                                 "cuda_graph": cuda_graph, "step_graphs": name in STEP_GRAPH_CONFIGS,
-                                "prepare_ahead": name in PREPARE_AHEAD_CONFIGS,
+                                "prepare_ahead": True if name in PREPARE_AHEAD_CONFIGS else None,
                                 "coverage": coverage or None}))
 
 
@@ -334,7 +335,7 @@ def _session(executable, info: dict, config: LlamaConfig, weights, batch: int, p
     return LlamaSession(executable, tvm.cuda(0), weights, info["names"], config, max_batch_size=batch,
                         max_total_seq_len=batch * pages_per_seq * PAGE_SIZE,
                         prefill_chunk_size=min(batch * prompt_len, PREFILL_CHUNK_TOKENS), page_size=PAGE_SIZE,
-                        step_graphs=info.get("step_graphs", False), prepare_ahead=info.get("prepare_ahead", False))
+                        step_graphs=info.get("step_graphs", False), prepare_ahead=info.get("prepare_ahead"))
 
 
 def _decode_times(decode_step: Callable[[], Any], steps: int, sync: Callable[[], None]) -> list[float]:

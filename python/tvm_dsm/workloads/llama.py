@@ -284,6 +284,14 @@ def reference_logits(config: LlamaConfig, weights: dict[str, Any], token_ids: np
     return x @ head.T
 
 
+#: The batch from which a session with step graphs prepares each next decode step ahead by
+#: default (H200, 1B Llama, the same process with and without: at batch 1 0.964 against 0.869 ms a
+#: step, at 8 1.140 against 1.268, at 32 and 64 over 2048-8192 keys 0.17-0.54 ms less;
+#: ``bench/results/archive/llama_1b_prepare_ahead_ab_s55.json``,
+#: ``llama_1b_prepare_ahead_contexts_s55.json``).
+PREPARE_AHEAD_FROM_BATCH = 2
+
+
 class LlamaSession:
     """A compiled model (:func:`export_llama`) driven on a device, as a serving loop drives it:
     one paged KV cache, sequence ids ``0 .. batch - 1``. The cache's ``begin_forward`` tells
@@ -304,12 +312,13 @@ class LlamaSession:
     starts from it; a prefill first takes the token back (``popn``: the cache has no sliding
     window, so nothing else moved), a reset removes it with its sequences.
     Without step graphs a GPU step copies its page tables while it runs, from the host arrays
-    the next ``begin_forward`` rewrites: refused there."""
+    the next ``begin_forward`` rewrites: refused there. By default (None) a session with step
+    graphs prepares ahead from :data:`PREPARE_AHEAD_FROM_BATCH` sequences on."""
 
     def __init__(self, executable, device, weights: dict[str, np.ndarray], names: list[str],
                  config: LlamaConfig, max_batch_size: int, max_total_seq_len: int,
                  prefill_chunk_size: int, page_size: int = 16, step_graphs: bool = False,
-                 prepare_ahead: bool = False):
+                 prepare_ahead: bool | None = None):
         if prepare_ahead and not step_graphs and device.dlpack_device_type() != tvm.cpu().dlpack_device_type():
             raise ValueError("prepare_ahead needs step_graphs on a GPU: without them a step's page tables "
                              "are copied to the device while it runs, from the arrays the next step rewrites")
@@ -397,11 +406,16 @@ class LlamaSession:
         decode = self.vm["decode"] if self.graphs is None else self.graphs
         logits, self.cache = decode(tokens, self.cache, self.params)
         self.end_forward()
-        if self.prepare_ahead and self._room_for_a_token():
+        if self._prepares_ahead() and self._room_for_a_token():
             self.begin_decode()
             self._prepared = True
         self._sync()
         return logits
+
+    def _prepares_ahead(self) -> bool:
+        if self.prepare_ahead is None:
+            return self.graphs is not None and self.batch >= PREPARE_AHEAD_FROM_BATCH
+        return self.prepare_ahead
 
     def _room_for_a_token(self) -> bool:
         """Whether the cache has the pages for one more token of every sequence (a sequence
