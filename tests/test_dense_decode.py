@@ -164,13 +164,16 @@ def test_the_grid_sets_the_warps_and_register_files(batch, expected):
     assert TEMPLATE.default_config(found, load_hardware()) == expected
 
 
-@pytest.mark.parametrize("dim", [64, 128])
-def test_two_ctas_of_eight_warps_fit_an_sm_at_the_head_dims_said(dim, ptxas_report):
-    """Two register files, 8 warps: at most 128 registers a thread lets two CTAs share an SM's
-    64K registers, as decode_attention.TWICE_RESIDENT_HEAD_DIMS counts on."""
-    func = te_attention(32, 32, 1, 2048, dim, kv_heads=8)
+@pytest.mark.parametrize(("dim", "kv_heads", "dtype"), [
+    (64, 8, "float16"), (64, 4, "bfloat16"), (128, 8, "float16"), (128, 4, "bfloat16")])
+def test_two_ctas_of_eight_warps_fit_an_sm_at_the_head_dims_said(dim, kv_heads, dtype, ptxas_report):
+    """Two register files, 8 warps, 4 or 8 query heads a group: at most 128 registers a thread
+    lets two CTAs share an SM's 64K registers, as decode_attention.TWICE_RESIDENT_HEAD_DIMS
+    counts on."""
+    func = te_attention(32, 32, 1, 2048, dim, kv_heads=kv_heads, dtype=dtype)
     source = cuda_source(TEMPLATE.fuse(func, DecodeConfig(1, True, warps=8)), "tvm_dsm")
-    registers = int(re.search(r"Used (\d+) registers", ptxas_report(source, f"dense_decode_wide_{dim}")).group(1))
+    report = ptxas_report(source, f"dense_decode_wide_{dim}_{kv_heads}_{dtype}")
+    registers = int(re.search(r"Used (\d+) registers", report).group(1))
     assert (registers <= 128) == (dim in TWICE_RESIDENT_HEAD_DIMS), registers
 
 
@@ -217,7 +220,7 @@ C, TC = DecodeConfig, functools.partial(DecodeConfig, tensor_cores=True)
 #: name: (layout of q, k, v and out for the reference, configurations to run; None: the planner's)
 GPU_FORMS = {
     "gqa_bhsd": ("bhsd", (None, C(1), C(2), TC(1), TC(2, warps=8))),
-    "gqa_bshd_scale_on_q": ("bshd", (None, C(4), TC(2))),
+    "gqa_bshd_scale_on_q": ("bshd", (None, C(4), TC(2), TC(2, warps=8, files=3))),
     "mha_hsd": ("hsd", (None, TC(2))),
     "gqa_bf16_probabilities": ("bhsd", (None, C(8), TC(4))),
     # the planner gives multi-query heads to the tensor-core attention kernel

@@ -108,6 +108,9 @@ def test_larger_batches_get_smaller_clusters_one_kernel_each(assemble):
     assert [(bound, c.ranks, c.warps, c.files) for bound, c in ranges] == [
         (2, 8, 8, 3), (4, 4, 8, 3), (8, 2, 8, 3), (16, 1, 8, 3), (33, 1, 8, 2), (None, 1, 4, 2)]
     assert all(c.tensor_cores for _, c in ranges)
+    wide = batch_configs(find_paged_decode(nn_llm_decode(32, 8, 128)), load_hardware())
+    # head dim 128: two files only, and two CTAs of 8 warps do not fit an SM's registers
+    assert [(bound, c.ranks, c.warps, c.files) for bound, c in wide][-2:] == [(16, 1, 8, 2), (None, 1, 4, 2)]
     mod = tvm.IRModule({"main": paged_decode_dispatch(found, load_hardware())})
     launches = host_launch(mod, "tvm_dsm")
     assert len(launches) == 6
@@ -187,7 +190,8 @@ def _reference(q, kv, group, sm_scale):
     (8, 8, 128, "float16", DecodeConfig(2, True)), (16, 2, 256, "float16", DecodeConfig(1)),
     (32, 8, 64, "float16", None), (32, 32, 96, "float16", DecodeConfig(2)),
     (32, 8, 64, "float16", DecodeConfig(1, True, 4, files=3)), (32, 8, 64, "float16", DecodeConfig(2, True, 8, files=3)),
-    (28, 4, 128, "bfloat16", DecodeConfig(2, files=3)),
+    (28, 4, 128, "bfloat16", DecodeConfig(2, files=3)), (32, 8, 64, "float16", DecodeConfig(8, True, 8, files=3)),
+    (32, 8, 64, "float16", DecodeConfig(1, True, 8)),
 ])
 def test_it_matches_float64_and_nn_llm_on_the_gpu(qo_heads, kv_heads, head_dim, dtype, config):
     """Both bodies (tensor cores by default where a group shares each row), a sequence of one

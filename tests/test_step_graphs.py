@@ -97,6 +97,12 @@ def test_tiny_llama_steps_from_graphs_match_the_vm(tmp_path):
         session.close()
     assert np.isfinite(logits[False]).all()
     np.testing.assert_array_equal(logits[True], logits[False])
+    alone = LlamaSession(executable, dev, weights, names, LLAMA_TINY, max_batch_size=1, max_total_seq_len=64,
+                         prefill_chunk_size=16, step_graphs=True)
+    alone.prefill(prompts[0])
+    alone.decode(tvm.runtime.tensor(forced[:1, :1], dev))
+    assert not alone._prepared  # one sequence: each step's begin_forward at its start
+    alone.close()
 
 
 class _Replaying(_Recorder):

@@ -20,16 +20,17 @@ crashes its process costs that configuration only):
   (``kv_cache_kernels=(KV_APPEND,)``);
 - ``tvm_dsm_step_graphs``: ``tvm_dsm`` compiled without Relax's CUDA-graph rewrite, its decode
   steps replayed whole from CUDA graphs, the KV cache's attention calls included
-  (:class:`tvm_dsm.workloads.llama.LlamaSession` with ``step_graphs``);
+  (:class:`tvm_dsm.workloads.llama.LlamaSession` with ``step_graphs``), each next step's
+  ``begin_forward`` called while the device computes this one from
+  :data:`~tvm_dsm.workloads.llama.PREPARE_AHEAD_FROM_BATCH` sequences on (the session's default);
 - ``tvm_dsm_step_graphs_early``: the same with every kernel launched programmatically
   (``relax.get_pipeline("tvm_dsm", launch_early=True)``): the A/B of each kernel launching while
   the one before it runs, the decode GEMVs loading their weights' first tiles meanwhile;
 - ``tvm_dsm_step_graphs_ungated``: the same with each SwiGLU's gate/up projection a GEMM and a
   split/SiLU/multiply kernel (``gated_projections=False``): the A/B of one gated GEMM;
-- ``tvm_dsm_step_graphs_ahead``: ``tvm_dsm_step_graphs`` whose session calls the cache's
-  ``begin_forward`` for the next step while the device computes this one (``prepare_ahead``) at
-  every batch size, where the other sessions do from
-  :data:`~tvm_dsm.workloads.llama.PREPARE_AHEAD_FROM_BATCH` on;
+- ``tvm_dsm_step_graphs_behind``: ``tvm_dsm_step_graphs`` whose session calls each step's
+  ``begin_forward`` at the step's start (``prepare_ahead=False``): the A/B of the host's
+  page-table bookkeeping between steps;
 - ``tvm_dsm_tuned``: ``tvm_dsm`` compiled from the tuning records in ``--database``, which
   ``python3 -m tvm_dsm.gpu.llm tune --work-dir DIR`` writes (:func:`tune_model`);
 
@@ -82,12 +83,13 @@ from ..workloads.llama import LLAMA_1B, LLAMA_TINY, LlamaConfig
 
 MODELS = {"1b": LLAMA_1B, "1b_bf16": dataclasses.replace(LLAMA_1B, dtype="bfloat16"), "tiny": LLAMA_TINY}
 CONFIGS = ("tvm_default", "tvm_mlc", "tvm_dsm", "tvm_dsm_nn_llm_attention", "tvm_dsm_tuned", "tvm_dsm_step_graphs",
-           "tvm_dsm_step_graphs_early", "tvm_dsm_step_graphs_ungated", "tvm_dsm_step_graphs_ahead")
+           "tvm_dsm_step_graphs_early", "tvm_dsm_step_graphs_ungated", "tvm_dsm_step_graphs_behind")
 #: The configurations whose sessions replay decode steps from graphs of their own.
 STEP_GRAPH_CONFIGS = ("tvm_dsm_step_graphs", "tvm_dsm_step_graphs_early", "tvm_dsm_step_graphs_ungated",
-                      "tvm_dsm_step_graphs_ahead")
-#: The configurations whose sessions prepare each next decode step ahead (``prepare_ahead``).
-PREPARE_AHEAD_CONFIGS = ("tvm_dsm_step_graphs_ahead",)
+                      "tvm_dsm_step_graphs_behind")
+#: The configurations whose sessions never prepare a decode step ahead (``prepare_ahead=False``;
+#: the others take the session's default).
+PREPARE_BEHIND_CONFIGS = ("tvm_dsm_step_graphs_behind",)
 #: The configurations whose gate/up projections stay a GEMM and a split/SiLU/multiply.
 UNGATED_CONFIGS = ("tvm_dsm_step_graphs_ungated",)
 #: The configurations whose every kernel is launched programmatically (``launch_early``).
@@ -97,7 +99,7 @@ KV_CACHE_KERNELS = {"tvm_dsm": DEFAULT_KV_CACHE_KERNELS, "tvm_dsm_nn_llm_attenti
                     "tvm_dsm_tuned": DEFAULT_KV_CACHE_KERNELS, "tvm_dsm_step_graphs": DEFAULT_KV_CACHE_KERNELS,
                     "tvm_dsm_step_graphs_early": DEFAULT_KV_CACHE_KERNELS,
                     "tvm_dsm_step_graphs_ungated": DEFAULT_KV_CACHE_KERNELS,
-                    "tvm_dsm_step_graphs_ahead": DEFAULT_KV_CACHE_KERNELS}
+                    "tvm_dsm_step_graphs_behind": DEFAULT_KV_CACHE_KERNELS}
 #: Untimed decode steps before the timed ones (the first steps of a batch size capture its
 #: CUDA graph; a fresh process also runs its first steps slower).
 WARMUP_STEPS = 10
@@ -173,7 +175,7 @@ def compile_config(name: str, config: LlamaConfig, lib: Path, info: Path, cuda_g
     executable.export_library(str(lib))
     info.write_text(json.dumps({"names": names, "compile_s": round(time.time() - start, 1),
                                 "cuda_graph": cuda_graph, "step_graphs": name in STEP_GRAPH_CONFIGS,
-                                "prepare_ahead": True if name in PREPARE_AHEAD_CONFIGS else None,
+                                "prepare_ahead": False if name in PREPARE_BEHIND_CONFIGS else None,
                                 "coverage": coverage or None}))
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import tvm
@@ -72,8 +73,8 @@ STATIC_SHARED_BYTES = 48 * 1024
 #: CTAs of the CUDA-core kernel an SM holds at once (127 registers a thread, 128 threads a CTA).
 RESIDENT_CTAS = 4
 #: Head dims at which two tensor-core CTAs of 8 warps and two register files fit an SM's 64K
-#: registers (ptxas: 112-114 registers a thread at 64 with 4 or 8 query heads a group, 199-201 at
-#: 128; checked in tests/test_dense_decode.py).
+#: registers (ptxas: 112-114 registers a thread at 64 with 4 or 8 query heads a group, fp16 or
+#: bf16; 199-201 at 128; checked in tests/test_dense_decode.py).
 TWICE_RESIDENT_HEAD_DIMS = (64,)
 
 
@@ -223,7 +224,7 @@ def with_depth(operands: DecodeOperands, config: DecodeConfig, pairs: int, hw, k
     if not config.tensor_cores:
         return config
     wide = replace(config, warps=max(WARPS))
-    if ((keys is not None and keys < config.ranks * 2 * tokens_per_step(operands, wide))
+    if ((isinstance(keys, int) and keys < config.ranks * 2 * tokens_per_step(operands, wide))
             or shared_bytes(operands, wide) > STATIC_SHARED_BYTES):
         return config
     per_sm = -(-pairs * config.ranks // hw.sm_count)
@@ -235,7 +236,8 @@ def with_depth(operands: DecodeOperands, config: DecodeConfig, pairs: int, hw, k
     return config
 
 
-def holds(check, operands: DecodeOperands, config: DecodeConfig) -> bool:
+def holds(check: Callable[[DecodeOperands, DecodeConfig], None], operands: DecodeOperands,
+          config: DecodeConfig) -> bool:
     """Whether ``check(operands, config)`` passes (raises no ClusterError)."""
     try:
         check(operands, config)

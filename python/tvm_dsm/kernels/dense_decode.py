@@ -141,8 +141,8 @@ def check_config(found: DenseOperands, config: DecodeConfig) -> None:
 def default_config(found: DenseOperands, hw: Hardware) -> DecodeConfig:
     """Tensor cores where a CTA holds several query heads of a group (CUDA cores would do that
     many multiply-adds per byte read); the largest cluster that keeps the grid within
-    :func:`~tvm_dsm.kernels.decode_attention.wave_ctas`; 8 warps a CTA where
-    :func:`~tvm_dsm.kernels.decode_attention.with_depth` says."""
+    :func:`~tvm_dsm.kernels.decode_attention.wave_ctas`; the warps and register files
+    :func:`~tvm_dsm.kernels.decode_attention.with_depth` gives that grid."""
     tensor_cores = prefers_tensor_cores(found)
     fits = [r for r in _RANKS if found.pairs() * r <= wave_ctas(hw, tensor_cores)
             and _fits(found, DecodeConfig(r, tensor_cores))]

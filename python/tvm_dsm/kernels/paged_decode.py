@@ -90,7 +90,7 @@ def batch_configs(found: PagedDecode, hw: Hardware) -> list[tuple[int | None, De
     :func:`~tvm_dsm.kernels.decode_attention.wave_ctas`, from :func:`default_ranks` down to 1,
     then one CTA a pair up to twice that grid; each with the warps and register files
     :func:`~tvm_dsm.kernels.decode_attention.with_depth` gives its largest grid (the key count
-    is known only at run time)."""
+    is known only at run time). Neighbouring ranges of one configuration are one range."""
     operands = _PagedOperands(found)
     tensor_cores = prefers_tensor_cores(operands)
     slots = wave_ctas(hw, tensor_cores)
@@ -101,8 +101,11 @@ def batch_configs(found: PagedDecode, hw: Hardware) -> list[tuple[int | None, De
     for ranks, bound in steps:
         if bound >= 1 and (not ranges or bound > ranges[-1][0]):
             config = with_depth(operands, DecodeConfig(ranks, tensor_cores), bound * found.kv_heads, hw)
-            if config != beyond:
-                ranges.append((bound, config))
+            if ranges and ranges[-1][1] == config:
+                ranges.pop()
+            ranges.append((bound, config))
+    while ranges and ranges[-1][1] == beyond:
+        ranges.pop()
     return ranges + [(None, beyond)]
 
 

@@ -413,6 +413,8 @@ class LlamaSession:
         return logits
 
     def _prepares_ahead(self) -> bool:
+        """Whether a decode call prepares the next step: ``prepare_ahead``, or by default (None)
+        with step graphs from :data:`PREPARE_AHEAD_FROM_BATCH` sequences on."""
         if self.prepare_ahead is None:
             return self.graphs is not None and self.batch >= PREPARE_AHEAD_FROM_BATCH
         return self.prepare_ahead
