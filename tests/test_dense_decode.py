@@ -376,3 +376,19 @@ def test_the_decode_forms_suite_times_each_pick_beside_the_other_body():
     grouped = picks[0]  # b8 h32/8: four query heads a row
     assert grouped.plan["tensor_cores"] and grouped.name.endswith("_tvm_dsm")
     tvm.compile(grouped.mod, target=TARGET)
+
+
+def test_the_small_batch_suite_sets_three_files_beside_two_at_each_cluster():
+    """The GPU suite ``llama_decode_small_batches``: per form the pick and clusters of 2-8 CTAs of
+    8 warps with two and three register files (a cluster whose CTAs would get less than a step of
+    keys is refused with both)."""
+    from tvm_dsm.gpu.suites import SUITES
+    from tvm_dsm.gpu.suites.experiments import LLAMA_SMALL_BATCH_FORMS
+
+    variants = SUITES["llama_decode_small_batches"]()
+    assert len({v.name for v in variants}) == len(variants)
+    assert sum(v.plan["planner"] for v in variants) == len(LLAMA_SMALL_BATCH_FORMS)
+    configs = [(v.name.split("_float16")[0], v.plan["ranks"], v.plan["files"])
+               for v in variants if not v.plan["planner"]]
+    assert sorted(c[:2] for c in configs if c[2] == 2) == sorted(c[:2] for c in configs if c[2] == 3)
+    assert len(configs) == len(LLAMA_SMALL_BATCH_FORMS) * 3 * 2 - 2 * 2  # 512 keys: no cluster of 8

@@ -33,6 +33,7 @@ EXPERIMENTS = {
     "prefill_gemm_configs": experiments.prefill_gemm_configs,
     "trailing_dense_configs": experiments.trailing_dense_configs,
     "llama_decode_clusters": experiments.llama_decode_clusters,
+    "llama_decode_small_batches": experiments.llama_decode_small_batches,
     "row_gemv_configs": experiments.row_gemv_configs,
     "row_norm_configs": experiments.row_norm_configs,
     "fp8_sweep": experiments.fp8_sweep, "gemm_depths": experiments.gemm_depths,

@@ -88,6 +88,22 @@ def llama_decode_clusters() -> list[Variant]:
     return decode_form_clusters(LLAMA_DECODE_FORMS) + [v for v in deeper if v is not None]
 
 
+#: The 1B Llama's decode attention at batches of 1 and 4, where the grid rule
+#: (:func:`~tvm_dsm.kernels.decode_attention.with_depth`) puts clusters of 4-8 CTAs of 8 warps
+#: and three register files.
+LLAMA_SMALL_BATCH_FORMS = [(b, 32, 8, s, 64, "bhsd", "float16") for b in (1, 4) for s in (512, 2048, 8192)]
+
+
+def llama_decode_small_batches() -> list[Variant]:
+    """:data:`LLAMA_SMALL_BATCH_FORMS` in clusters of 2-8 CTAs of 8 warps with two and three
+    register files, beside the planner's pick and SDPA: whether three files pay where each CTA
+    holds a small share of the keys."""
+    variants = [decode_form_variant(form, decode_pick(form), "tvm_dsm") for form in LLAMA_SMALL_BATCH_FORMS]
+    variants += [decode_form_variant(form, DecodeConfig(r, True, 8, files), f"tensor_cores_r{r}_w8_f{files}")
+                 for form in LLAMA_SMALL_BATCH_FORMS for r in (2, 4, 8) for files in (2, 3)]
+    return [v for v in variants if v is not None]
+
+
 #: Prefill attention with heads wider than 128 (batch, heads, kv heads, length, head dim, layout,
 #: causal, dtype): Gemma-2-9B's 16 / 8 heads of 256 in bf16, a grouped 256 in [B, H, S, D], 192
 #: without groups, 160 at a length off the tiles.
