@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -175,6 +176,11 @@ def assemble(nvcc_folder):
         return (nvcc_folder / f"{name}.cubin").read_bytes()
 
     return run
+
+
+def registers(report: str) -> int:
+    """The registers a thread of the (first) kernel in ptxas's resource ``report`` uses."""
+    return int(re.search(r"Used (\d+) registers", report).group(1))
 
 
 @pytest.fixture(scope="session")

@@ -4,14 +4,13 @@ against float64."""
 
 from __future__ import annotations
 
-import re
 
 import numpy as np
 import pytest
 import tvm
 from tvm.s_tir import SBlock
 
-from conftest import TARGET, cuda_source
+from conftest import TARGET, cuda_source, registers
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.kernels.attention import CONFIGS, AttentionConfig, default_config, find_attention, fuse_attention
 from tvm_dsm.ir import find_all, replace_node
@@ -101,8 +100,8 @@ def test_two_warpgroup_configurations_keep_two_ctas_per_sm(ptxas_report, dim, ca
     made it 1.2-1.3x slower on the H100 (bench/results/attention_producer_ab.json)."""
     func = attention(2, 256, 512, dim, causal)
     report = ptxas_report(cuda_source(fuse_attention(func, config)), f"attention_d{dim}_causal{causal}_two_ctas")
-    registers = int(re.search(r"Used (\d+) registers", report).group(1))
-    assert registers * 256 * 2 <= 64 * 1024, registers
+    used = registers(report)
+    assert used * 256 * 2 <= 64 * 1024, used
 
 
 @pytest.mark.parametrize(("func", "config", "message"), [

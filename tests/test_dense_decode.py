@@ -6,7 +6,6 @@ kernel it writes, refusals naming the limit, and (GPU) every form against float6
 from __future__ import annotations
 
 import functools
-import re
 
 import ml_dtypes
 import numpy as np
@@ -14,7 +13,7 @@ import pytest
 import tvm
 from tvm import te
 
-from conftest import TARGET, cuda_source, host_launch
+from conftest import TARGET, cuda_source, host_launch, registers
 from conftest import kernels as cuda_kernels
 from tvm_dsm.driver import plan
 from tvm_dsm.errors import ClusterError
@@ -173,8 +172,8 @@ def test_two_ctas_of_eight_warps_fit_an_sm_at_the_head_dims_said(dim, kv_heads, 
     func = te_attention(32, 32, 1, 2048, dim, kv_heads=kv_heads, dtype=dtype)
     source = cuda_source(TEMPLATE.fuse(func, DecodeConfig(1, True, warps=8)), "tvm_dsm")
     report = ptxas_report(source, f"dense_decode_wide_{dim}_{kv_heads}_{dtype}")
-    registers = int(re.search(r"Used (\d+) registers", report).group(1))
-    assert (registers <= 128) == (dim in TWICE_RESIDENT_HEAD_DIMS), registers
+    used = registers(report)
+    assert (used <= 128) == (dim in TWICE_RESIDENT_HEAD_DIMS), used
 
 
 def test_the_tensor_core_body_names_what_it_cannot_take():

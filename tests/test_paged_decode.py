@@ -12,7 +12,7 @@ import pytest
 import tvm
 from tvm.relax.frontend.nn.llm._decode_kernels import _attention_decode
 
-from conftest import TARGET, cuda_source, host_launch
+from conftest import TARGET, cuda_source, host_launch, registers
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.hardware import load_hardware
 from tvm_dsm.kernels.decode_attention import DecodeConfig
@@ -76,8 +76,8 @@ def test_three_register_files_issue_each_steps_loads_two_steps_ahead_without_spi
                              "tvm_dsm")
         report[files] = ptxas_report(source, f"paged_decode_files{files}_{head_dim}")
         assert " 0 bytes spill stores" in report[files], report[files]
-    registers = {f: int(re.search(r"Used (\d+) registers", r).group(1)) for f, r in report.items()}
-    assert registers[3] > registers[2]  # the third file's loads held
+    used = {f: registers(r) for f, r in report.items()}
+    assert used[3] > used[2]  # the third file's loads held
     with pytest.raises(ClusterError, match="255 registers"):
         paged_decode_kernel(find_paged_decode(nn_llm_decode(32, 8, 128)), DecodeConfig(1, True, 4, files=3))
     with pytest.raises(ClusterError, match="2 or 3 register files"):

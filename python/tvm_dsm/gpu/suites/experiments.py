@@ -61,6 +61,13 @@ def decode_staged() -> list[Variant]:
             for v in decode_variant(shape, ranks, groups, vector, dim_lanes(shape), stages, plans)]
 
 
+def _tensor_core_variant(form: tuple, config: DecodeConfig) -> Variant | None:
+    """The decode kernel of ``form`` in ``config`` on tensor cores, named by its cluster, warps
+    and (past two) register files: ``..._tensor_cores_r2_w8``, ``..._tensor_cores_r2_w8_f3``."""
+    files = f"_f{config.files}" if config.files != 2 else ""
+    return decode_form_variant(form, config, f"tensor_cores_r{config.ranks}_w{config.warps}{files}")
+
+
 def decode_form_clusters(forms: list[tuple] = DECODE_FORMS) -> list[Variant]:
     """Decode attention as users write it (``forms``: batch, heads, kv heads, keys, head dim,
     layout, dtype) on tensor cores in clusters of 1-8 CTAs of 4 or 8 warps, beside the planner's
@@ -68,8 +75,7 @@ def decode_form_clusters(forms: list[tuple] = DECODE_FORMS) -> list[Variant]:
     variants = []
     for form in forms:
         variants.append(decode_form_variant(form, decode_pick(form), "tvm_dsm"))
-        variants += [decode_form_variant(form, DecodeConfig(r, True, warps), f"tensor_cores_r{r}_w{warps}")
-                     for warps in (4, 8) for r in (1, 2, 4, 8)]
+        variants += [_tensor_core_variant(form, DecodeConfig(r, True, warps)) for warps in (4, 8) for r in (1, 2, 4, 8)]
     return [v for v in variants if v is not None]
 
 
@@ -83,7 +89,7 @@ def llama_decode_clusters() -> list[Variant]:
     cache is paged, and clusters of 1-2 CTAs with three register files (two steps' loads in
     flight): whether another cluster, warp count or depth streams the KV cache faster at batches
     past one CTA an SM, against SDPA on the same shapes."""
-    deeper = [decode_form_variant(form, DecodeConfig(r, True, warps, files=3), f"tensor_cores_r{r}_w{warps}_f3")
+    deeper = [_tensor_core_variant(form, DecodeConfig(r, True, warps, files=3))
               for form in LLAMA_DECODE_FORMS for warps in (4, 8) for r in (1, 2)]
     return decode_form_clusters(LLAMA_DECODE_FORMS) + [v for v in deeper if v is not None]
 
@@ -99,7 +105,7 @@ def llama_decode_small_batches() -> list[Variant]:
     register files, beside the planner's pick and SDPA: whether three files pay where each CTA
     holds a small share of the keys."""
     variants = [decode_form_variant(form, decode_pick(form), "tvm_dsm") for form in LLAMA_SMALL_BATCH_FORMS]
-    variants += [decode_form_variant(form, DecodeConfig(r, True, 8, files), f"tensor_cores_r{r}_w8_f{files}")
+    variants += [_tensor_core_variant(form, DecodeConfig(r, True, 8, files))
                  for form in LLAMA_SMALL_BATCH_FORMS for r in (2, 4, 8) for files in (2, 3)]
     return [v for v in variants if v is not None]
 
