@@ -152,7 +152,9 @@ def test_grouped_heads_take_tensor_cores_reading_each_byte_once_without_spills(n
 
 
 @pytest.mark.parametrize(("batch", "expected"), [
-    (8, DecodeConfig(2, True, warps=8, files=3)),  # 128 CTAs: one an SM
+    (1, DecodeConfig(8, True, warps=8, files=3)),  # 64 CTAs in clusters of 8: one an SM
+    (4, DecodeConfig(4, True, warps=8)),  # 128 in clusters of 4: 120 run at once at one an SM
+    (8, DecodeConfig(2, True, warps=8, files=3)),  # 128 in clusters of 2: one an SM
     (32, DecodeConfig(1, True, warps=8)),  # 256: two an SM
     (64, DecodeConfig(1, True)),  # 512: four an SM
 ])

@@ -210,10 +210,17 @@ def with_depth(operands: DecodeOperands, config: DecodeConfig, pairs: int, hw, k
     each SM while the grid of ``pairs`` pairs stays one wave, on tensor cores (CUDA-core configs
     are returned as they are):
 
-    - at most one CTA an SM: 8 warps, and three register files where the head dim allows them;
-    - two CTAs an SM: 8 warps where two such CTAs fit an SM's registers
+    - the grid runs at once at one CTA an SM: 8 warps, and three register files where the head
+      dim allows them;
+    - at two CTAs an SM: 8 warps where two such CTAs fit an SM's registers
       (:data:`TWICE_RESIDENT_HEAD_DIMS`);
-    - more: as it is (4 warps, two files: a third file or 8 warps would push the grid past a wave).
+    - otherwise as it is (4 warps, two files: a third file or 8 warps would push the grid past
+      a wave).
+
+    A cluster's CTAs share a GPC, so clusters of 4 or more strand SMs
+    (:meth:`~tvm_dsm.hardware.Hardware.concurrent_ctas`): a batch of 4 in clusters of 4 is 128
+    CTAs, more than the 120 that run at once at one an SM; with three files it took 33.9 us at
+    8192 keys against 24.8 with two (H200, ``bench/results/llama_decode_small_batches``).
 
     Where the key count is known, a CTA keeps at least two steps of 8 warps (short shares lose
     more to the merge than they gain). H200, the 1B Llama's shapes (32/8 heads of 64,
@@ -227,11 +234,11 @@ def with_depth(operands: DecodeOperands, config: DecodeConfig, pairs: int, hw, k
     if ((isinstance(keys, int) and keys < config.ranks * 2 * tokens_per_step(operands, wide))
             or shared_bytes(operands, wide) > STATIC_SHARED_BYTES):
         return config
-    per_sm = -(-pairs * config.ranks // hw.sm_count)
-    if per_sm <= 1:
+    ctas = pairs * config.ranks
+    if ctas <= hw.concurrent_ctas(config.ranks, 1):
         deeper = replace(wide, files=max(FILES))
         return deeper if holds(check_config, operands, deeper) else wide
-    if per_sm <= 2 and operands.head_dim in TWICE_RESIDENT_HEAD_DIMS:
+    if ctas <= hw.concurrent_ctas(config.ranks, 2) and operands.head_dim in TWICE_RESIDENT_HEAD_DIMS:
         return wide
     return config
 

@@ -86,24 +86,24 @@ def default_ranks(found: PagedDecode, hw: Hardware) -> int:
 
 def batch_configs(found: PagedDecode, hw: Hardware) -> list[tuple[int | None, DecodeConfig]]:
     """Kernel configurations by batch size, ``[(largest batch, config), ..., (None, config)]``:
-    the most CTAs per (sequence, KV head) that keep the grid within
+    each batch in the most CTAs per (sequence, KV head) that keep its grid within
     :func:`~tvm_dsm.kernels.decode_attention.wave_ctas`, from :func:`default_ranks` down to 1,
-    then one CTA a pair up to twice that grid; each with the warps and register files
-    :func:`~tvm_dsm.kernels.decode_attention.with_depth` gives its largest grid (the key count
-    is known only at run time). Neighbouring ranges of one configuration are one range."""
+    then one CTA a pair up to twice that grid; with the warps and register files
+    :func:`~tvm_dsm.kernels.decode_attention.with_depth` gives the batch's grid (the key count is
+    known only at run time). Neighbouring batches of one configuration are one range."""
     operands = _PagedOperands(found)
     tensor_cores = prefers_tensor_cores(operands)
     slots = wave_ctas(hw, tensor_cores)
     beyond = DecodeConfig(1, tensor_cores)  # the batches past every range
-    steps = [(ranks, slots // (found.kv_heads * ranks)) for ranks in _halvings(default_ranks(found, hw))]
-    steps.append((1, 2 * slots // found.kv_heads))
+    bounds = [(slots // (found.kv_heads * ranks), ranks) for ranks in _halvings(default_ranks(found, hw))]
+    bounds.append((2 * slots // found.kv_heads, 1))
     ranges = []
-    for ranks, bound in steps:
-        if bound >= 1 and (not ranges or bound > ranges[-1][0]):
-            config = with_depth(operands, DecodeConfig(ranks, tensor_cores), bound * found.kv_heads, hw)
-            if ranges and ranges[-1][1] == config:
-                ranges.pop()
-            ranges.append((bound, config))
+    for batch in range(1, max(bound for bound, _ in bounds) + 1):
+        ranks = next(ranks for bound, ranks in bounds if batch <= bound)
+        config = with_depth(operands, DecodeConfig(ranks, tensor_cores), batch * found.kv_heads, hw)
+        if ranges and ranges[-1][1] == config:
+            ranges.pop()
+        ranges.append((batch, config))
     while ranges and ranges[-1][1] == beyond:
         ranges.pop()
     return ranges + [(None, beyond)]
