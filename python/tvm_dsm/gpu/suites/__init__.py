@@ -31,6 +31,7 @@ EXPERIMENTS = {
     "symbolic_attention": experiments.symbolic_attention, "attention_configs": experiments.attention_configs,
     "fp8_depths": experiments.fp8_depths, "decode_gemm_configs": experiments.decode_gemm_configs,
     "prefill_gemm_configs": experiments.prefill_gemm_configs,
+    "decode_gemm_pool_rotated": experiments.decode_gemm_pool_rotated,
     "trailing_dense_configs": experiments.trailing_dense_configs,
     "llama_decode_clusters": experiments.llama_decode_clusters,
     "llama_decode_small_batches": experiments.llama_decode_small_batches,

@@ -7,7 +7,7 @@ import itertools
 import json
 
 from tvm import te
-from ...bench.results import latest_path
+from ...bench.results import RESULTS, latest_path
 from ...hardware import load_hardware
 from ...workloads.dense import dense
 from ...relax_integration import scheduling_form
@@ -390,6 +390,28 @@ def prefill_gemm_configs() -> list[Variant]:
     (:func:`_llama_gemm_configs`): in the model its down projection ran 28 and 59 us a layer
     there, 290 TF/s at 512 rows (``archive/llama_1b_grid_ours_s53.json``)."""
     return [v for rows in (128, 512) for v in _llama_gemm_configs(rows)]
+
+
+#: A search_quality pool of the 1B Llama's decode-batch GEMMs at 32 and 64 rows, timed by
+#: MetaSchedule's runner, which repeats a kernel on operands that stay in L2.
+DECODE_POOL = "search_quality/pools_dense_decode_m32_64.json"
+
+
+def decode_gemm_pool_rotated(fastest: int = 6) -> list[Variant]:
+    """Each dense workload of :data:`DECODE_POOL` in its ``fastest`` configurations there and its
+    planner's pick, re-timed with inputs rotated past L2: what those kernels do on weights read
+    from HBM, as in a model's decode step (pools for python -m tvm_dsm.bench.calibrate)."""
+    rows = [r for r in json.loads((RESULTS / DECODE_POOL).read_text())["rows"]
+            if r["ok"] and r["family"] == "split_k_gemm" and r["workload"].startswith("dense_")]
+    variants = []
+    for workload in dict.fromkeys(r["workload"] for r in rows):
+        measured = sorted((r for r in rows if r["workload"] == workload), key=lambda r: r["ours_us"])
+        chosen = [*measured[:fastest], *(r for r in measured[fastest:] if r["rank"] == 0)]
+        n, k = (int(x) for x in workload.split("_")[1].split("x"))
+        m = int(workload.rsplit("_m", 1)[1])
+        variants += [gemm_variant(f"dense_{n}x{k}", m, n, k, SplitKGemmConfig(**r["config"]), r["rank"],
+                                  r["predicted_us"]) for r in chosen]
+    return _first_of_each_name(variants)
 
 
 def trailing_dense_configs(below: float = 0.85) -> list[Variant]:
