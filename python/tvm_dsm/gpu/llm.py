@@ -39,7 +39,8 @@ under ``torch.compile`` (decode with ``mode="reduce-overhead"``, prefill Inducto
 without CUDA graphs), prefill and decode also at each ``--contexts`` length (``--no-torch`` leaves
 them out).
 
-Then, one configuration at a time on the GPU, for each batch size: prefill a random prompt per
+Then, one configuration at a time on the GPU (its weights copied there once, shared by its
+sessions as a server holds them), for each batch size: prefill a random prompt per
 sequence in ragged prefills (whole sequences, up to ``PREFILL_CHUNK_TOKENS`` a call), decode
 ``--check-steps`` teacher-forced steps (fixed random tokens) whose logits and the prefill's are
 compared with an fp32 torch evaluation of the same weights
@@ -286,7 +287,7 @@ def torch_reference(config: LlamaConfig, weights, prompts, forced, check_steps: 
     return out
 
 
-def _run_config(executable, info: dict, config: LlamaConfig, weights, prompts, forced,
+def _run_config(executable, info: dict, config: LlamaConfig, params: list, prompts, forced,
                 reference: np.ndarray, batches: list[int], check_steps: int, steps: int,
                 bandwidth: float, record) -> None:
     """Prefill, check and time decode at every batch size; each batch's row to ``record``."""
@@ -295,7 +296,7 @@ def _run_config(executable, info: dict, config: LlamaConfig, weights, prompts, f
     dev = tvm.cuda(0)
     prompt_len = prompts.shape[1]
     for batch in batches:
-        session = _session(executable, info, config, weights, batch, prompt_len,
+        session = _session(executable, info, config, params, batch, prompt_len,
                            check_steps + WARMUP_STEPS + steps + PROFILED_STEPS)
         logits, prefill_ms = _wall_ms(functools.partial(session.prefill, prompts[:batch]), dev.sync)
         got = [logits.numpy()[0]]
@@ -325,16 +326,17 @@ def _run_config(executable, info: dict, config: LlamaConfig, weights, prompts, f
         del session
 
 
-def _session(executable, info: dict, config: LlamaConfig, weights, batch: int, prompt_len: int,
+def _session(executable, info: dict, config: LlamaConfig, params: list, batch: int, prompt_len: int,
              decode_steps: int):
-    """A session whose cache holds ``batch`` sequences of ``prompt_len`` tokens and
-    ``decode_steps`` more each, prefilled in calls of up to :data:`PREFILL_CHUNK_TOKENS` tokens."""
+    """A session on ``params`` (the device weights its configuration's sessions share) whose
+    cache holds ``batch`` sequences of ``prompt_len`` tokens and ``decode_steps`` more each,
+    prefilled in calls of up to :data:`PREFILL_CHUNK_TOKENS` tokens."""
     import tvm
 
     from ..workloads.llama import LlamaSession
 
     pages_per_seq = -(-(prompt_len + decode_steps) // PAGE_SIZE)
-    return LlamaSession(executable, tvm.cuda(0), weights, info["names"], config, max_batch_size=batch,
+    return LlamaSession(executable, tvm.cuda(0), params, info["names"], config, max_batch_size=batch,
                         max_total_seq_len=batch * pages_per_seq * PAGE_SIZE,
                         prefill_chunk_size=min(batch * prompt_len, PREFILL_CHUNK_TOKENS), page_size=PAGE_SIZE,
                         step_graphs=info.get("step_graphs", False), prepare_ahead=info.get("prepare_ahead"))
@@ -367,7 +369,7 @@ def _prefill_kernels(session, prompts: np.ndarray, prefill_ms: float) -> dict:
     return profile_kernels(prefill, steps=PREFILL_PROFILED, step_us=prefill_ms * 1e3)
 
 
-def _run_contexts(executable, info: dict, config: LlamaConfig, weights, contexts: list[int],
+def _run_contexts(executable, info: dict, config: LlamaConfig, params: list, contexts: list[int],
                   batches: list[int], steps: int, bandwidth: float, record, time_prefill: bool = True) -> None:
     """Prefill and decode timed at each prompt length of ``contexts`` and batch size (random
     tokens; the logits are checked at the main prompt length only): one row per (context,
@@ -380,7 +382,7 @@ def _run_contexts(executable, info: dict, config: LlamaConfig, weights, contexts
     for context in contexts:
         for batch in batches:
             prompts = rng.integers(0, config.vocab_size, (batch, context))
-            session = _session(executable, info, config, weights, batch, context,
+            session = _session(executable, info, config, params, batch, context,
                                WARMUP_STEPS + steps + PROFILED_STEPS)
             prefill = {}
             if time_prefill:
@@ -541,7 +543,7 @@ def run(args) -> None:
     import tvm
 
     from .run import measure_hbm_bandwidth
-    from ..workloads.llama import random_weights
+    from ..workloads.llama import device_params, random_weights
 
     config = MODELS[args.model]
     results = {"suite": "llm", "device": torch.cuda.get_device_name(0),
@@ -594,10 +596,11 @@ def run(args) -> None:
             results["configs"][name].setdefault("contexts", {}).setdefault(str(context), {})[str(batch)] = row
             save()
 
+        params = device_params(weights, info["names"], config, tvm.cuda(0))  # shared by the sessions
         parts = {  # a failure of one is recorded under its key; the other still runs
-            "error": functools.partial(_run_config, executable, info, config, weights, prompts, forced,
+            "error": functools.partial(_run_config, executable, info, config, params, prompts, forced,
                                        reference, batches, args.check_steps, args.steps, bandwidth, record),
-            "contexts_error": functools.partial(_run_contexts, executable, info, config, weights, args.contexts,
+            "contexts_error": functools.partial(_run_contexts, executable, info, config, params, args.contexts,
                                                 batches, args.steps, bandwidth, record_context,
                                                 args.context_prefill),
         }
@@ -608,6 +611,7 @@ def run(args) -> None:
                 results["configs"][name][key] = f"run: {type(err).__name__}: {err}"
                 save()
                 _log(f"{name} failed: {err}")
+        del params, parts
     if args.torch:
         _log("torch: eager and torch.compile (reduce-overhead)")
 

@@ -292,10 +292,18 @@ def reference_logits(config: LlamaConfig, weights: dict[str, Any], token_ids: np
 PREPARE_AHEAD_FROM_BATCH = 2
 
 
+def device_params(weights: dict[str, np.ndarray], names: list[str], config: LlamaConfig, device) -> list:
+    """``weights`` in the model's type on ``device``, in ``names`` order: a compiled model's
+    parameters (:func:`export_llama`'s names)."""
+    return [tvm.runtime.tensor(weights[n].astype(numpy_dtype(config.dtype)), device) for n in names]
+
+
 class LlamaSession:
     """A compiled model (:func:`export_llama`) driven on a device, as a serving loop drives it:
     one paged KV cache, sequence ids ``0 .. batch - 1``. The cache's ``begin_forward`` tells
     the attention kernels each sequence's new tokens before every prefill or decode call.
+    ``weights``: arrays by name, copied to the device in ``names`` order (``params``); or another
+    session's ``params``, shared (a server loads its weights once for all its sessions).
 
     With ``step_graphs`` (a CUDA device; the model compiled without Relax's CUDA-graph rewrite)
     every call runs on a stream of the session's own, made the thread's current stream until
@@ -315,7 +323,7 @@ class LlamaSession:
     the next ``begin_forward`` rewrites: refused there. By default (None) a session with step
     graphs prepares ahead from :data:`PREPARE_AHEAD_FROM_BATCH` sequences on."""
 
-    def __init__(self, executable, device, weights: dict[str, np.ndarray], names: list[str],
+    def __init__(self, executable, device, weights: dict[str, np.ndarray] | list, names: list[str],
                  config: LlamaConfig, max_batch_size: int, max_total_seq_len: int,
                  prefill_chunk_size: int, page_size: int = 16, step_graphs: bool = False,
                  prepare_ahead: bool | None = None):
@@ -324,7 +332,7 @@ class LlamaSession:
                              "are copied to the device while it runs, from the arrays the next step rewrites")
         self.vm = relax.VirtualMachine(executable, device)
         self.device, self.config = device, config
-        self.params = [tvm.runtime.tensor(weights[n].astype(numpy_dtype(config.dtype)), device) for n in names]
+        self.params = weights if isinstance(weights, list) else device_params(weights, names, config, device)
         self.graphs, self.stream = None, None
         if step_graphs:
             self.stream = device.create_raw_stream()
