@@ -32,6 +32,7 @@ EXPERIMENTS = {
     "fp8_depths": experiments.fp8_depths, "decode_gemm_configs": experiments.decode_gemm_configs,
     "prefill_gemm_configs": experiments.prefill_gemm_configs,
     "decode_gemm_pool_rotated": experiments.decode_gemm_pool_rotated,
+    "gemm_k_scaling": experiments.gemm_k_scaling,
     "trailing_dense_configs": experiments.trailing_dense_configs,
     "llama_decode_clusters": experiments.llama_decode_clusters,
     "llama_decode_small_batches": experiments.llama_decode_small_batches,

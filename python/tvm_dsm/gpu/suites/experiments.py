@@ -414,6 +414,35 @@ def decode_gemm_pool_rotated(fastest: int = 6) -> list[Variant]:
     return _first_of_each_name(variants)
 
 
+#: (M, N) of the K-scaling series: a decode batch's and a prefill chunk's rows over the 1B
+#: Llama's hidden size; and the depths each is timed at.
+_K_SCALING_ROWS = ((128, 2048), (512, 2048))
+_K_SCALING_DEPTHS = (512, 1024, 2048, 4096, 8192)
+
+
+def gemm_k_scaling() -> list[Variant]:
+    """Where a GEMM's time goes, by depth: for each (M, N) of :data:`_K_SCALING_ROWS`, the
+    planner's pick at K = 2048 and the same tiles without a cluster (no DSM reduction), each at
+    every K of :data:`_K_SCALING_DEPTHS` it fits, beside cuBLAS. A line through a series' times
+    splits them into a fixed part (launch, pipeline fill, reduction, epilogue, tail) and a part
+    per unit of K (the main loop's rate), for the kernel and cuBLAS alike: which of the two
+    trails where no configuration keeps up with cuBLAS (``trailing_dense_configs``)."""
+    hw = load_hardware()
+    variants = []
+    for m, n in _K_SCALING_ROWS:
+        pick = plan_split_k_gemm(GemmShape(m, n, 2048, True), hw)[0].config
+        for config in dict.fromkeys([pick, dataclasses.replace(pick, cluster_size=1)]):
+            for k in _K_SCALING_DEPTHS:
+                shape = GemmShape(m, n, k, True)
+                try:
+                    check_config(shape, config, hw)
+                except ClusterError:
+                    continue
+                variants.append(gemm_variant(f"dense_{n}x{k}", m, n, k, config, None,
+                                             predict(shape, config, hw).predicted_us))
+    return variants
+
+
 def trailing_dense_configs(below: float = 0.85) -> list[Variant]:
     """The real-shape dense layers whose committed row (bench/results/real_shapes/latest.json)
     runs below ``below`` of the better torch peer, each at its rows: the planner's first 4 and the
