@@ -414,9 +414,9 @@ def decode_gemm_pool_rotated(fastest: int = 6) -> list[Variant]:
     return _first_of_each_name(variants)
 
 
-#: (M, N) of the K-scaling series: a decode batch's and a prefill chunk's rows over the 1B
+#: (M, N) of the K-scaling series: decode batches' and prefill chunks' rows over the 1B
 #: Llama's hidden size; and the depths each is timed at.
-_K_SCALING_ROWS = ((128, 2048), (512, 2048))
+_K_SCALING_ROWS = ((32, 2048), (128, 2048), (512, 2048))
 _K_SCALING_DEPTHS = (512, 1024, 2048, 4096, 8192)
 
 
