@@ -195,3 +195,25 @@ def test_a_sanitizer_sample_spreads_over_every_class():
     assert {c: classes.count(c) for c in "abc"} == {"a": 3, "b": 2, "c": 2}  # round robin
     assert stratified_sample(kernels, 7) == picked  # seeded
     assert len(stratified_sample(kernels, 100)) == len(kernels)
+
+
+def test_k_scaling_summary_splits_each_series_into_a_fixed_part_and_a_rate_per_k():
+    """Times linear in K (a fixed part plus a main loop) come back as that line, per series and
+    for cuBLAS per row count; a failed kernel is left out of its series."""
+    from tvm_dsm.bench.gemm_summary import summarise_depths
+
+    def row(m, tag, k, us, cublas_us, ok=True):
+        return {"name": f"dense_2048x{k}_m{m}_{tag}", "m": m, "n": 2048, "k": k, "ok": ok, "ours_us": us,
+                "peers": {"torch_eager": cublas_us}}
+
+    rows = [row(32, "c8_32x64x64_s3_tma", k, 3.0 + 1.5 * k / 1024, 2.0 + 1.75 * k / 1024) for k in (512, 2048, 8192)]
+    rows += [row(32, "c1_32x64x64_s3_tma", k, 1.0 + 4.0 * k / 1024, 2.0 + 1.75 * k / 1024) for k in (1024, 4096)]
+    rows.append(row(32, "c1_32x64x64_s3_tma", 8192, 0.0, 16.0, ok=False))
+    summary = summarise_depths({"device": "GPU", "date": "today", "suite": "gemm_k_scaling", "rows": rows})
+    lines = {s["config"]: s for s in summary["series"]}
+    assert lines["c8_32x64x64_s3_tma"]["fixed_us"] == pytest.approx(3.0)
+    assert lines["c8_32x64x64_s3_tma"]["us_per_1024_k"] == pytest.approx(1.5)
+    assert lines["c1_32x64x64_s3_tma"]["points"] == [(1024, 5.0), (4096, 17.0)]
+    assert lines["c1_32x64x64_s3_tma"]["fixed_us"] == pytest.approx(1.0)
+    ((cublas,),) = [summary["cublas"]]
+    assert (cublas["fixed_us"], cublas["us_per_1024_k"]) == (pytest.approx(2.0), pytest.approx(1.75))

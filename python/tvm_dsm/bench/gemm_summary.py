@@ -4,7 +4,8 @@ eager (cuBLAS), torch.compile and the HBM floor; the model's rank correlation; t
 cluster-size ablation. ``python -m tvm_dsm.bench.gemm_summary bench/results/gemm/latest.json``
 writes ``summary.json`` and ``plot.png`` beside it (the plot is not committed) and prints the
 table; given a ``gemm_m`` run (``bench/results/gemm_m/latest.json``), its ``summary.json``: the
-pick against cuBLAS per batch. Another file (``archive/X.json``) gets ``X_summary.json``."""
+pick against cuBLAS per batch; given a ``gemm_k_scaling`` run, its fixed part and main-loop rate
+per series against cuBLAS's. Another file (``archive/X.json``) gets ``X_summary.json``."""
 
 from __future__ import annotations
 
@@ -111,6 +112,37 @@ def summarise_batches(results: dict) -> dict:
     }
 
 
+def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares (intercept, slope) of ``points`` (x, y)."""
+    n = len(points)
+    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+    slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+    return my - slope * mx, slope
+
+
+def summarise_depths(results: dict) -> dict:
+    """The ``gemm_k_scaling`` suite (one configuration per series, timed at several K): per
+    series, and per row count for cuBLAS, the line through its times against K: the fixed part
+    (us at K = 0: launch, fill, reduction, epilogue, tail) and the part per 1024 of K (the main
+    loop's rate)."""
+    series, cublas = defaultdict(list), defaultdict(dict)
+    for row in results["rows"]:
+        if row["ok"]:
+            series[(row["m"], row["n"], row["name"].rsplit(f"_m{row['m']}_", 1)[1])].append((row["k"], row["ours_us"]))
+        cublas[(row["m"], row["n"])][row["k"]] = row["peers"]["torch_eager"]
+
+    def fitted(points):
+        fixed, per_k = _line([(k / 1024, us) for k, us in points])
+        return {"fixed_us": fixed, "us_per_1024_k": per_k, "points": sorted(points)}
+
+    return {
+        "device": results["device"], "date": results["date"], "source": results["suite"],
+        "series": [{"m": m, "n": n, "config": tag, **fitted(points)}
+                   for (m, n, tag), points in sorted(series.items()) if len(points) > 1],
+        "cublas": [{"m": m, "n": n, **fitted(list(times.items()))} for (m, n), times in sorted(cublas.items())],
+    }
+
+
 #: (legend, key of a shape's summary) per bar series of the dense-layer plot.
 SERIES = [("tvm-dsm (planner)", "pick_us"), ("tvm-dsm (best measured)", "best_us"),
           ("TVM dlight", "dlight_us"), ("TVM MetaSchedule (stock)", "meta_schedule_us"),
@@ -165,6 +197,13 @@ def main() -> None:
             print(f"M={m:>5}: " + "  ".join(f"{r['shape']} {r['us']:.1f}/{r['cublas_us']:.1f}"
                                              for r in rows)
                   + f"  geomean vs cuBLAS {summary['geomean_vs_cublas_by_m'][m]:.2f}x")
+        return
+    if results["suite"] == "gemm_k_scaling":
+        summary = summarise_depths(results)
+        derived_path(source, "summary").write_text(json.dumps(summary, indent=1))
+        for line in (*summary["series"], *({"config": "cuBLAS", **c} for c in summary["cublas"])):
+            print(f"M={line['m']:>4} N={line['n']} {line['config']:>24}: {line['fixed_us']:6.2f} us "
+                  f"+ {line['us_per_1024_k']:6.2f} us per 1024 of K")
         return
     baseline = meta_schedule_baseline(source)
     summary = summarise(results, json.loads(baseline.read_text()) if baseline else None, source_name(source))
