@@ -209,7 +209,10 @@ def test_k_scaling_summary_splits_each_series_into_a_fixed_part_and_a_rate_per_k
     rows = [row(32, "c8_32x64x64_s3_tma", k, 3.0 + 1.5 * k / 1024, 2.0 + 1.75 * k / 1024) for k in (512, 2048, 8192)]
     rows += [row(32, "c1_32x64x64_s3_tma", k, 1.0 + 4.0 * k / 1024, 2.0 + 1.75 * k / 1024) for k in (1024, 4096)]
     rows.append(row(32, "c1_32x64x64_s3_tma", 8192, 0.0, 16.0, ok=False))
+    rows.append(row(64, "c4_64x128x64_s4_tma_wg", 2048, 9.0, 8.0))  # one depth only: no line
+    rows.append({"name": "dense_2048x4096_m32_c2_32x64x64_s3_tma", "ok": False, "error": "build"})  # never ran
     summary = summarise_depths({"device": "GPU", "date": "today", "suite": "gemm_k_scaling", "rows": rows})
+    assert {s["m"] for s in summary["series"]} == {c["m"] for c in summary["cublas"]} == {32}
     lines = {s["config"]: s for s in summary["series"]}
     assert lines["c8_32x64x64_s3_tma"]["fixed_us"] == pytest.approx(3.0)
     assert lines["c8_32x64x64_s3_tma"]["us_per_1024_k"] == pytest.approx(1.5)

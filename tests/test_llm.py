@@ -202,6 +202,9 @@ def test_tiny_prefill_and_decode_logits_match_float64_on_cpu(as_matrices, tiny_l
                                max_total_seq_len=64, prefill_chunk_size=32)  # the same weights, not a copy
         assert all(a.same_as(b) for a, b in zip(sharing.params, session.params, strict=True))
         np.testing.assert_array_equal(sharing.prefill(prompts).numpy()[0], prefilled)
+        with pytest.raises(ValueError, match="parameters in order"):
+            LlamaSession(executable, tvm.cpu(), session.params[1:], names, config, max_batch_size=2,
+                         max_total_seq_len=64, prefill_chunk_size=32)
         # a chunk of 9 tokens: one sequence a call, the same logits, and decode goes on from both
         chunked = LlamaSession(executable, tvm.cpu(), weights, names, config, max_batch_size=2,
                                max_total_seq_len=64, prefill_chunk_size=9)

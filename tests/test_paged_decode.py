@@ -99,7 +99,7 @@ def test_buffers_peers_push_into_are_never_shared_with_the_ctas_own(qo_heads, kv
         assert not re.search(rf"\b{name}\[[^\]]*\] = ", kernel), f"{name} is written locally too"
 
 
-def test_larger_batches_get_smaller_clusters_one_kernel_each():
+def test_larger_batches_get_smaller_clusters_one_kernel_each(assemble):
     found = find_paged_decode(nn_llm_decode(32, 8, 64))
     ranges = batch_configs(found, load_hardware())
     # tensor cores (4 query heads a row): a CTA per SM on 132 SMs, 8 KV heads a sequence; 8 warps
@@ -119,6 +119,7 @@ def test_larger_batches_get_smaller_clusters_one_kernel_each():
         threads = 32 * config.warps
         assert (f', {threads}, {config.ranks}, launch_params=' if config.ranks > 1
                 else f', {threads}, launch_params=') in launch
+    assemble(cuda_source(mod, "tvm_dsm"), "paged_decode_dispatch")
 
 
 def test_clusters_stay_within_a_ctas_static_shared_memory(assemble):

@@ -127,6 +127,8 @@ def summarise_depths(results: dict) -> dict:
     loop's rate)."""
     series, cublas = defaultdict(list), defaultdict(dict)
     for row in results["rows"]:
+        if not row.get("peers"):  # a kernel that did not build or run: no shape, no timing
+            continue
         if row["ok"]:
             series[(row["m"], row["n"], row["name"].rsplit(f"_m{row['m']}_", 1)[1])].append((row["k"], row["ours_us"]))
         cublas[(row["m"], row["n"])][row["k"]] = row["peers"]["torch_eager"]
@@ -135,11 +137,14 @@ def summarise_depths(results: dict) -> dict:
         fixed, per_k = _line([(k / 1024, us) for k, us in points])
         return {"fixed_us": fixed, "us_per_1024_k": per_k, "points": sorted(points)}
 
+    def lines(groups: dict) -> list[tuple]:  # those timed at two depths or more: a line through them
+        return [(key, points) for key, points in sorted(groups.items()) if len({k for k, _ in points}) > 1]
+
     return {
         "device": results["device"], "date": results["date"], "source": results["suite"],
-        "series": [{"m": m, "n": n, "config": tag, **fitted(points)}
-                   for (m, n, tag), points in sorted(series.items()) if len(points) > 1],
-        "cublas": [{"m": m, "n": n, **fitted(list(times.items()))} for (m, n), times in sorted(cublas.items())],
+        "series": [{"m": m, "n": n, "config": tag, **fitted(points)} for (m, n, tag), points in lines(series)],
+        "cublas": [{"m": m, "n": n, **fitted(points)}
+                   for (m, n), points in lines({key: list(times.items()) for key, times in cublas.items()})],
     }
 
 

@@ -596,7 +596,12 @@ def run(args) -> None:
             results["configs"][name].setdefault("contexts", {}).setdefault(str(context), {})[str(batch)] = row
             save()
 
-        params = device_params(weights, info["names"], config, tvm.cuda(0))  # shared by the sessions
+        try:
+            params = device_params(weights, info["names"], config, tvm.cuda(0))  # shared by the sessions
+        except Exception as err:  # noqa: BLE001  (recorded; the other configurations go on)
+            results["configs"][name]["error"] = f"weights: {type(err).__name__}: {err}"
+            save()
+            continue
         parts = {  # a failure of one is recorded under its key; the other still runs
             "error": functools.partial(_run_config, executable, info, config, params, prompts, forced,
                                        reference, batches, args.check_steps, args.steps, bandwidth, record),

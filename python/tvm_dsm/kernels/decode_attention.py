@@ -217,7 +217,7 @@ def with_depth(operands: DecodeOperands, config: DecodeConfig, pairs: int, hw, k
     - otherwise as it is (4 warps, two files: a third file or 8 warps would push the grid past
       a wave).
 
-    A cluster's CTAs share a GPC, so clusters of 4 or more strand SMs
+    A cluster's CTAs share a GPC, so clusters of 3 or more strand SMs
     (:meth:`~tvm_dsm.hardware.Hardware.concurrent_ctas`): a batch of 4 in clusters of 4 is 128
     CTAs, more than the 120 that run at once at one an SM; with three files it took 33.9 us at
     8192 keys against 24.8 with two (H200, ``bench/results/llama_decode_small_batches``).

@@ -18,6 +18,7 @@ Exported functions (:func:`export_llama`), batch and sequence lengths symbolic:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -323,7 +324,7 @@ class LlamaSession:
     the next ``begin_forward`` rewrites: refused there. By default (None) a session with step
     graphs prepares ahead from :data:`PREPARE_AHEAD_FROM_BATCH` sequences on."""
 
-    def __init__(self, executable, device, weights: dict[str, np.ndarray] | list, names: list[str],
+    def __init__(self, executable, device, weights: dict[str, np.ndarray] | Sequence, names: list[str],
                  config: LlamaConfig, max_batch_size: int, max_total_seq_len: int,
                  prefill_chunk_size: int, page_size: int = 16, step_graphs: bool = False,
                  prepare_ahead: bool | None = None):
@@ -332,7 +333,12 @@ class LlamaSession:
                              "are copied to the device while it runs, from the arrays the next step rewrites")
         self.vm = relax.VirtualMachine(executable, device)
         self.device, self.config = device, config
-        self.params = weights if isinstance(weights, list) else device_params(weights, names, config, device)
+        if isinstance(weights, dict):
+            self.params = device_params(weights, names, config, device)
+        elif len(weights) == len(names):
+            self.params = list(weights)
+        else:
+            raise ValueError(f"a session's params are the model's {len(names)} parameters in order, not {len(weights)}")
         self.graphs, self.stream = None, None
         if step_graphs:
             self.stream = device.create_raw_stream()
