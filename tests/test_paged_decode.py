@@ -122,6 +122,29 @@ def test_larger_batches_get_smaller_clusters_one_kernel_each(assemble):
     assemble(cuda_source(mod, "tvm_dsm"), "paged_decode_dispatch")
 
 
+@pytest.mark.parametrize(("qo_heads", "kv_heads", "head_dim", "dtype"), [
+    (8, 1, 64, "float16"), (4, 1, 128, "bfloat16"), (32, 4, 64, "float16"), (28, 4, 128, "bfloat16"),
+    (8, 8, 64, "float16")])
+def test_every_batch_range_builds_and_keeps_its_deepest_grid_within_what_runs_at_once(qo_heads, kv_heads,
+                                                                                     head_dim, dtype):
+    """Models of one to eight KV heads and groups of one to eight: the ranges' bounds rise, every
+    range's kernel builds (its configuration passes the kernel's checks), and at each range's
+    largest batch a grid of three register files runs at once at one CTA an SM, one of 8 warps at
+    two (clusters of 4 and 8 strand SMs: Hardware.concurrent_ctas)."""
+    hw = load_hardware()
+    found = find_paged_decode(nn_llm_decode(qo_heads, kv_heads, head_dim, dtype))
+    ranges = batch_configs(found, hw)
+    bounds = [bound for bound, _ in ranges[:-1]]
+    assert bounds == sorted(set(bounds)) and ranges[-1][0] is None
+    paged_decode_dispatch(found, hw)
+    for bound, config in ranges[:-1]:
+        ctas = bound * kv_heads * config.ranks
+        if config.files == 3:
+            assert ctas <= hw.concurrent_ctas(config.ranks, 1), (bound, config)
+        elif config.warps == 8:
+            assert ctas <= hw.concurrent_ctas(config.ranks, 2), (bound, config)
+
+
 def test_clusters_stay_within_a_ctas_static_shared_memory(assemble):
     wide = find_paged_decode(nn_llm_decode(16, 2, 256))  # 8 query heads of 256 columns a group
     assert default_ranks(wide, load_hardware()) == 1
