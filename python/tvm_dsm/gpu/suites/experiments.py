@@ -94,10 +94,11 @@ def llama_decode_clusters() -> list[Variant]:
     return decode_form_clusters(LLAMA_DECODE_FORMS) + [v for v in deeper if v is not None]
 
 
-#: The 1B Llama's decode attention at batches of 1 and 4, where the grid rule
-#: (:func:`~tvm_dsm.kernels.decode_attention.with_depth`) puts clusters of 4-8 CTAs of 8 warps
-#: and three register files.
-LLAMA_SMALL_BATCH_FORMS = [(b, 32, 8, s, 64, "bhsd", "float16") for b in (1, 4) for s in (512, 2048, 8192)]
+#: The 1B Llama's decode attention at batches of 1-4, where the grid rule
+#: (:func:`~tvm_dsm.kernels.decode_attention.with_depth`) puts clusters of 4-8 CTAs of 8 warps,
+#: with three register files where the grid runs at once (batches 1 and 3) and two where it
+#: does not (2 and 4: 128 CTAs).
+LLAMA_SMALL_BATCH_FORMS = [(b, 32, 8, s, 64, "bhsd", "float16") for b in (1, 2, 3, 4) for s in (512, 2048, 8192)]
 
 
 def llama_decode_small_batches() -> list[Variant]:
