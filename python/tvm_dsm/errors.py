@@ -1,4 +1,7 @@
-"""The one error type tvm-dsm raises for schedules it cannot lower correctly."""
+"""The one error type tvm-dsm raises for schedules it cannot lower correctly, and a check of a
+configuration asked as a yes or no."""
+
+from collections.abc import Callable
 
 import tvm_ffi
 
@@ -10,3 +13,12 @@ class ClusterError(ValueError):
     Raised instead of generating a kernel that silently computes the wrong answer: each message
     names the limit or the unsupported construct.
     """
+
+
+def passes(check: Callable[..., object], *args) -> bool:
+    """Whether ``check(*args)`` (a configuration's checks) raises no ClusterError."""
+    try:
+        check(*args)
+    except ClusterError:
+        return False
+    return True

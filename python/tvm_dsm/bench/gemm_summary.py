@@ -15,6 +15,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
+
 from .results import LATEST, derived_path, geomean, plot_path, source_name
 
 
@@ -112,14 +114,6 @@ def summarise_batches(results: dict) -> dict:
     }
 
 
-def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """Least-squares (intercept, slope) of ``points`` (x, y)."""
-    n = len(points)
-    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
-    slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
-    return my - slope * mx, slope
-
-
 def summarise_depths(results: dict) -> dict:
     """The ``gemm_k_scaling`` suite (one configuration per series, timed at several K): per
     series, and per row count for cuBLAS, the line through its times against K: the fixed part
@@ -133,9 +127,9 @@ def summarise_depths(results: dict) -> dict:
             series[(row["m"], row["n"], row["name"].rsplit(f"_m{row['m']}_", 1)[1])].append((row["k"], row["ours_us"]))
         cublas[(row["m"], row["n"])][row["k"]] = row["peers"]["torch_eager"]
 
-    def fitted(points):
-        fixed, per_k = _line([(k / 1024, us) for k, us in points])
-        return {"fixed_us": fixed, "us_per_1024_k": per_k, "points": sorted(points)}
+    def fitted(points):  # the least-squares line through the times against K / 1024
+        per_k, fixed = np.polyfit([k / 1024 for k, _ in points], [us for _, us in points], 1)
+        return {"fixed_us": float(fixed), "us_per_1024_k": float(per_k), "points": sorted(points)}
 
     def lines(groups: dict) -> list[tuple]:  # those timed at two depths or more: a line through them
         return [(key, points) for key, points in sorted(groups.items()) if len({k for k, _ in points}) > 1]

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import tvm
@@ -35,7 +34,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script.builder import ir as B
 
 from ..annotations import CLUSTER_LAUNCH_KEY
-from ..errors import ClusterError
+from ..errors import ClusterError, passes
 from ..ir import shuffle_xor, tree_reduce
 from ..schedule.cluster import MAX_PORTABLE_CLUSTER_SIZE
 
@@ -237,20 +236,10 @@ def with_depth(operands: DecodeOperands, config: DecodeConfig, pairs: int, hw, k
     ctas = pairs * config.ranks
     if ctas <= hw.concurrent_ctas(config.ranks, 1):
         deeper = replace(wide, files=max(FILES))
-        return deeper if holds(check_config, operands, deeper) else wide
+        return deeper if passes(check_config, operands, deeper) else wide
     if ctas <= hw.concurrent_ctas(config.ranks, 2) and operands.head_dim in TWICE_RESIDENT_HEAD_DIMS:
         return wide
     return config
-
-
-def holds(check: Callable[[DecodeOperands, DecodeConfig], None], operands: DecodeOperands,
-          config: DecodeConfig) -> bool:
-    """Whether ``check(operands, config)`` passes (raises no ClusterError)."""
-    try:
-        check(operands, config)
-    except ClusterError:
-        return False
-    return True
 
 
 def tokens_per_step(operands: DecodeOperands, config: DecodeConfig) -> int:

@@ -22,11 +22,11 @@ from tvm import tirx
 from tvm.script import tirx as T
 from tvm.tirx.script.builder import ir as B
 
-from ..errors import ClusterError
+from ..errors import ClusterError, passes
 from ..hardware import Hardware
 from ..ir import extent_variables, specialized, substitute, uses
 from .attention_pattern import DecodeShape, find_decode_attention
-from .decode_attention import (HELD_FLOATS, WARPS, DecodeConfig, DecodeOperands, decode_kernel, holds,
+from .decode_attention import (HELD_FLOATS, WARPS, DecodeConfig, DecodeOperands, decode_kernel,
                                prefers_tensor_cores, shared_bytes, tokens_per_step, wave_ctas, with_depth)
 from .decode_attention import check_config as check_config_limits
 from .template import KernelTemplate
@@ -150,7 +150,7 @@ def default_config(found: DenseOperands, hw: Hardware) -> DecodeConfig:
 
 
 def _fits(found: DenseOperands, config: DecodeConfig) -> bool:
-    return holds(check_config, found, config)
+    return passes(check_config, found, config)
 
 
 class DenseDecodeTemplate(KernelTemplate):

@@ -36,7 +36,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script.builder import ir as B
 
 from ..annotations import CLUSTER_LAUNCH_KEY
-from ..errors import ClusterError
+from ..errors import ClusterError, passes
 from ..fusion.cascade import Level, indexed_by, inline_elementwise, parse_reduction
 from ..hardware import MAX_CTA_THREADS, Hardware
 from ..ir import fast_exp, is_reduction, loads, narrow_indices, shuffle_xor, substitute, tree_reduce, uses
@@ -330,9 +330,7 @@ def candidate_configs(found: RowNorm) -> list[RowNormConfig]:
             config = RowNormConfig(threads, _rows_per_cta(found, threads) if ranks == 1 else 1, ranks)
             if threads > 1 and (threads // 2) * ranks >= found.pieces:
                 continue  # idle threads: half as many hold the row
-            try:
-                check_config(found, config)
-            except ClusterError:
+            if not passes(check_config, found, config):
                 continue
             configs.append(config)
     return configs

@@ -47,7 +47,7 @@ from tvm.s_tir import SBlock
 from tvm.script import tirx as T
 from tvm.tirx.script.builder import ir as B
 
-from ..errors import ClusterError
+from ..errors import ClusterError, passes
 from ..hardware import MAX_CTA_THREADS, Hardware
 from ..fusion.cascade import LoadSymbols, indexed_by, inline_elementwise, only_load, single_fusible_cascade
 from ..fusion.epilogue import bind_stage, find_epilogue
@@ -249,9 +249,7 @@ def fitting_configs(shape: SoftmaxGemmShape) -> list[SoftmaxGemmConfig]:
     smallest tile that fits; ClusterError naming the limit where none does."""
     fitting = []
     for config in _TILES:
-        try:
-            check_config(shape, config)
-        except ClusterError:
+        if not passes(check_config, shape, config):
             continue
         fitting.append(config)
     if not fitting:

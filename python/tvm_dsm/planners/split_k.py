@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import ClusterError
+from ..errors import ClusterError, passes
 from ..hardware import Hardware
 from ..rules.split_k_reduction import SplitKReductionConfig, check_config
 from .report import Plan
@@ -66,9 +66,7 @@ def plan_split_k_reduction(rows: int, depth: int, hw: Hardware, *, elem_bytes: i
     for s in (1, 2, 4, 8, 16):
         for mt in (16, 32, 64):
             config = SplitKReductionConfig(s, mt, warps)
-            try:
-                check_config(rows, depth, config)
-            except ClusterError:
+            if not passes(check_config, rows, depth, config):
                 continue
             plans.append(predict(rows, depth, elem_bytes, extra_input_bytes, config, hw))
     if not plans:

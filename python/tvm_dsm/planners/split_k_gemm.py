@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from tvm import s_tir, tirx
 
-from ..errors import ClusterError
+from ..errors import ClusterError, passes
 from ..hardware import Hardware, load_hardware
 from ..rules.quantized_gemm import check_quantized_config
 from ..rules.quantized_gemm import shared_bytes as quantized_shared_bytes
@@ -249,9 +249,7 @@ def _candidates(shape: GemmShape, check, pipelines: tuple[int, ...], hw: Hardwar
             warps_m = 2 if bm >= 64 else 1
             warps_n = 4 if bn >= 128 else 2
         config = SplitKGemmConfig(s, bm, bn, bk, warps_m, warps_n, stages, tma, wgmma)
-        try:
-            check(shape, config, hw)
-        except ClusterError:
+        if not passes(check, shape, config, hw):
             continue
         configs.append(config)
     return configs

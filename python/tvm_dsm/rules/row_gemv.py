@@ -25,7 +25,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from ..annotations import PREFETCH_ROWS_KEY
-from ..errors import ClusterError
+from ..errors import ClusterError, passes
 from ..hardware import MAX_CTA_THREADS
 from ..ir import uses
 from ..transform.buffers import element_bytes
@@ -198,9 +198,7 @@ def candidate_configs(found: RowGemv, default: RowGemvConfig | None = None) -> l
         for lanes in THREADS_PER_ROW:
             for unroll in UNROLLS:
                 config = RowGemvConfig(rows, lanes, unroll)
-                try:
-                    check_config(found, config)
-                except ClusterError:
+                if not passes(check_config, found, config):
                     continue
                 configs.append(config)
     default = default or default_config(found)

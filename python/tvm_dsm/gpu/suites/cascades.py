@@ -7,7 +7,7 @@ import itertools
 import tvm
 from tvm import te, topi
 from ...driver import plan, stock_schedule
-from ...errors import ClusterError
+from ...errors import ClusterError, passes
 from ...hardware import load_hardware
 from ...planners.cascade_split import plan_cascade_split, schedule_cascade
 from ...rules.fused_rows import schedule_fused_rows
@@ -108,9 +108,7 @@ def softmax_gemm() -> list[Variant]:
         for bm, bk, bj, tm, ranks, tn in itertools.product((16, 32), (32, 64), (32, 64), (2, 4),
                                                             (1, 2, 4, 8, 16), (4, 8)):
             config = softmax_gemm_rule.SoftmaxGemmConfig(bm, bk, bj, tm, ranks, tn)
-            try:
-                softmax_gemm_rule.check_config(shape, config)
-            except ClusterError:
+            if not passes(softmax_gemm_rule.check_config, shape, config):
                 continue
             ctas = size[0] // bm * (size[2] // bj) * ranks
             if 64 <= config.threads <= 256 and 64 <= ctas <= 1024 and config != pick:
@@ -182,9 +180,7 @@ def top_k_rows() -> list[Variant]:
         pick = top_k_rows_rule.default_config(found)
         for lanes, rows in itertools.product((1, 2, 4, 8, 16, 32), (1, 2, 4, 8, 16, 32, 64, 128, 256)):
             config = top_k_rows_rule.TopKRowsConfig(lanes, rows)
-            try:
-                top_k_rows_rule.check_config(found, config)
-            except ClusterError:
+            if not passes(top_k_rows_rule.check_config, found, config):
                 continue
             if 32 <= config.threads <= 256 or config == pick:
                 variants.append(_top_k_rows_variant(func, size, config, config == pick))

@@ -17,7 +17,7 @@ from ...workloads.norms import topi_norm
 from ...rules.row_gemv import candidate_configs as row_gemv_candidates, find_row_gemv, schedule_row_gemv
 from ...planners.split_k_gemm import PIPELINE_DEPTHS, SHALLOW_PIPELINES, plan_split_k_gemm, predict
 from ...rules.split_k_gemm import GemmShape, SplitKGemmConfig, check_config
-from ...errors import ClusterError
+from ...errors import ClusterError, passes
 from ...planners.fused_chain import plan_chain, planned
 from .gemm import FP8_SHAPES, GEMM_SHAPES, dlight_variant, fp8_two_kernels, fp8_variant, fp8_workload, gemm_configs, gemm_variant, layer_shapes
 from .decode import DECODE_SHAPES, decode_picks, decode_plans, decode_variant, dim_lanes
@@ -221,9 +221,7 @@ def gemm_wgmma() -> list[Variant]:
         variants.append(gemm_variant(label, m, n, k, pick.config, 0, pick.predicted_us))
         for s, (bm, bn), stages in itertools.product((1, 2, 4, 8), ((64, 128), (128, 128), (128, 256), (64, 256)), (4,)):
             config = SplitKGemmConfig(s, bm, bn, 64, bm // 16, 1, stages, tma=True, wgmma=True)
-            try:
-                check_config(shape, config, hw)
-            except ClusterError:
+            if not passes(check_config, shape, config, hw):
                 continue
             variants.append(gemm_variant(label, m, n, k, config, None,
                                           predict(shape, config, hw).predicted_us))
@@ -264,9 +262,7 @@ def gemm_tma() -> list[Variant]:
         for config, (rank, predicted) in gemm_configs(shape, 3, hw):
             for tma in (False, True):
                 c = dataclasses.replace(config, tma=tma)
-                try:
-                    check_config(shape, c, hw)
-                except ClusterError:
+                if not passes(check_config, shape, c, hw):
                     continue
                 variants.append(gemm_variant(label, m, n, k, c, rank, predicted))
     return variants
@@ -345,9 +341,7 @@ def gemm_stages() -> list[Variant]:
         for rank, plan in enumerate(plan_split_k_gemm(shape, hw)[:3]):
             for stages in PIPELINE_DEPTHS:
                 config = dataclasses.replace(plan.config, stages=stages)
-                try:
-                    check_config(shape, config, hw)
-                except ClusterError:
+                if not passes(check_config, shape, config, hw):
                     continue
                 predicted = predict(shape, config, hw).predicted_us
                 variants.append(gemm_variant(label, 128, n, k, config, rank, predicted))
@@ -435,9 +429,7 @@ def gemm_k_scaling() -> list[Variant]:
         for config in dict.fromkeys([pick, dataclasses.replace(pick, cluster_size=1)]):
             for k in _K_SCALING_DEPTHS:
                 shape = GemmShape(m, n, k, True)
-                try:
-                    check_config(shape, config, hw)
-                except ClusterError:
+                if not passes(check_config, shape, config, hw):
                     continue
                 variants.append(gemm_variant(f"dense_{n}x{k}", m, n, k, config, None,
                                              predict(shape, config, hw).predicted_us))

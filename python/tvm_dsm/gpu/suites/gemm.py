@@ -11,7 +11,7 @@ from ...planners.split_k_gemm import plan_split_k_gemm, predict
 from ...rules.split_k_gemm import GemmShape, SplitKGemmConfig, check_config, schedule_split_k_gemm
 from ...workloads.dense import dense, gated_dense, quantized_dense, scaled_dense
 from ...rules.quantized_gemm import schedule_quantize_then_gemm, schedule_quantized_gemm
-from ...errors import ClusterError
+from ...errors import ClusterError, passes
 from ...planners.gemm_row_max import plan_gemm_row_max, row_max_shape
 from ...rules.gemm_row_max import schedule_gemm_row_max
 from ...workloads.lm_head import lm_head_max
@@ -147,9 +147,7 @@ def gemm_large_m() -> list[Variant]:
         for s, (bm, bn) in itertools.product((1, 2, 4), ((128, 128), (128, 256), (256, 64), (256, 128))):
             for stages in (4, 3):
                 config = SplitKGemmConfig(s, bm, bn, 64, bm // 16, 1, stages, tma=True, wgmma=True)
-                try:
-                    check_config(shape, config, hw)
-                except ClusterError:
+                if not passes(check_config, shape, config, hw):
                     continue
                 chosen.setdefault(config, None)
                 break
