@@ -102,12 +102,12 @@ def test_buffers_peers_push_into_are_never_shared_with_the_ctas_own(qo_heads, kv
 def test_larger_batches_get_smaller_clusters_one_kernel_each(assemble):
     found = find_paged_decode(nn_llm_decode(32, 8, 64))
     ranges = batch_configs(found, load_hardware())
-    # tensor cores (4 query heads a row): a CTA per SM on 132 SMs, 8 KV heads a sequence; 8 warps
-    # and three register files while the grid runs at once at one CTA an SM (clusters of 4 and 8:
-    # 120 CTAs, so batches 2 and 4 are past it), 8 warps and two files at two, 4 warps past that
+    # tensor cores (4 query heads a row), 8 KV heads a sequence, head dim 64 (two CTAs of 8 warps fit
+    # an SM): each batch in the most CTAs a pair that run at once two an SM (clusters of 4 and 8:
+    # 240 of them, 264 in clusters of 1-2); three register files where the grid runs at once at
+    # one an SM (clusters of 4 and 8: 120), 4 warps past every range
     assert [(bound, c.ranks, c.warps, c.files) for bound, c in ranges] == [
-        (1, 8, 8, 3), (2, 8, 8, 2), (3, 4, 8, 3), (4, 4, 8, 2), (8, 2, 8, 3), (16, 1, 8, 3), (33, 1, 8, 2),
-        (None, 1, 4, 2)]
+        (1, 8, 8, 3), (3, 8, 8, 2), (7, 4, 8, 2), (8, 2, 8, 3), (16, 2, 8, 2), (33, 1, 8, 2), (None, 1, 4, 2)]
     assert all(c.tensor_cores for _, c in ranges)
     wide = batch_configs(find_paged_decode(nn_llm_decode(32, 8, 128)), load_hardware())
     # head dim 128: two files only, and two CTAs of 8 warps do not fit an SM's registers

@@ -21,8 +21,7 @@ crashes its process costs that configuration only):
 - ``tvm_dsm_step_graphs``: ``tvm_dsm`` compiled without Relax's CUDA-graph rewrite, its decode
   steps replayed whole from CUDA graphs, the KV cache's attention calls included
   (:class:`tvm_dsm.workloads.llama.LlamaSession` with ``step_graphs``), each next step's
-  ``begin_forward`` called while the device computes this one from
-  :data:`~tvm_dsm.workloads.llama.PREPARE_AHEAD_FROM_BATCH` sequences on (the session's default);
+  ``begin_forward`` called while the device computes this one (the session's default);
 - ``tvm_dsm_step_graphs_early``: the same with every kernel launched programmatically
   (``relax.get_pipeline("tvm_dsm", launch_early=True)``): the A/B of each kernel launching while
   the one before it runs, the decode GEMVs loading their weights' first tiles meanwhile;

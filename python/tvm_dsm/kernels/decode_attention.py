@@ -196,12 +196,18 @@ def prefers_tensor_cores(operands: DecodeOperands) -> bool:
     return operands.group > 1 and all(ok for ok, _ in tensor_core_limits(operands))
 
 
-def wave_ctas(hw, tensor_cores: bool) -> int:
-    """The most CTAs a grid should have, the cluster sizes chosen to stay within it (the merge
-    through DSM pays only where the pairs alone leave SMs idle): a wave of resident CTAs on CUDA
-    cores; one CTA an SM on tensor cores, whose CTAs each stream faster (the best of clusters 1-8
-    on each grouped form measured, ``bench/results/decode_form_clusters``)."""
-    return hw.sm_count * (1 if tensor_cores else RESIDENT_CTAS)
+def wave_ctas(operands: DecodeOperands, hw, ranks: int, tensor_cores: bool) -> int:
+    """The most CTAs a grid in clusters of ``ranks`` should have, the cluster sizes chosen to stay
+    within it (the merge through DSM pays only where the pairs alone leave SMs idle): a wave of
+    resident CTAs on CUDA cores; on tensor cores, whose CTAs each stream faster, those that run at
+    once two an SM where two CTAs of 8 warps fit an SM's registers
+    (:data:`TWICE_RESIDENT_HEAD_DIMS`), else one an SM. H200, the 1B Llama's 32/8 heads of 64 at
+    a batch of 3 (``bench/results/llama_decode_small_batches``): clusters of 8 (192 CTAs, two an
+    SM, two files) 17.3 us at 8192 keys and 7.2 at 2048, against 19.0 and 8.4 in clusters of 4
+    (96 CTAs, three files)."""
+    if not tensor_cores:
+        return hw.sm_count * RESIDENT_CTAS
+    return hw.concurrent_ctas(ranks, 2 if operands.head_dim in TWICE_RESIDENT_HEAD_DIMS else 1)
 
 
 def with_depth(operands: DecodeOperands, config: DecodeConfig, pairs: int, hw, keys: int | None = None) -> DecodeConfig:

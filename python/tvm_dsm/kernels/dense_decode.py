@@ -144,7 +144,7 @@ def default_config(found: DenseOperands, hw: Hardware) -> DecodeConfig:
     :func:`~tvm_dsm.kernels.decode_attention.wave_ctas`; the warps and register files
     :func:`~tvm_dsm.kernels.decode_attention.with_depth` gives that grid."""
     tensor_cores = prefers_tensor_cores(found)
-    fits = [r for r in _RANKS if found.pairs() * r <= wave_ctas(hw, tensor_cores)
+    fits = [r for r in _RANKS if found.pairs() * r <= wave_ctas(found, hw, r, tensor_cores)
             and _fits(found, DecodeConfig(r, tensor_cores))]
     return with_depth(found, DecodeConfig(max(fits, default=1), tensor_cores), found.pairs(), hw, found.shape.kv_len)
 

@@ -87,16 +87,15 @@ def default_ranks(found: PagedDecode, hw: Hardware) -> int:
 def batch_configs(found: PagedDecode, hw: Hardware) -> list[tuple[int | None, DecodeConfig]]:
     """Kernel configurations by batch size, ``[(largest batch, config), ..., (None, config)]``:
     each batch in the most CTAs per (sequence, KV head) that keep its grid within
-    :func:`~tvm_dsm.kernels.decode_attention.wave_ctas`, from :func:`default_ranks` down to 1,
-    then one CTA a pair up to twice that grid; with the warps and register files
+    :func:`~tvm_dsm.kernels.decode_attention.wave_ctas`, from :func:`default_ranks` down to 1;
+    with the warps and register files
     :func:`~tvm_dsm.kernels.decode_attention.with_depth` gives the batch's grid (the key count is
     known only at run time). Neighbouring batches of one configuration are one range."""
     operands = _PagedOperands(found)
     tensor_cores = prefers_tensor_cores(operands)
-    slots = wave_ctas(hw, tensor_cores)
     beyond = DecodeConfig(1, tensor_cores)  # the batches past every range
-    bounds = [(slots // (found.kv_heads * ranks), ranks) for ranks in _halvings(default_ranks(found, hw))]
-    bounds.append((2 * slots // found.kv_heads, 1))
+    bounds = [(wave_ctas(operands, hw, ranks, tensor_cores) // (found.kv_heads * ranks), ranks)
+              for ranks in _halvings(default_ranks(found, hw))]
     ranges = []
     for batch in range(1, max(bound for bound, _ in bounds) + 1):
         ranks = next(ranks for bound, ranks in bounds if batch <= bound)

@@ -285,14 +285,6 @@ def reference_logits(config: LlamaConfig, weights: dict[str, Any], token_ids: np
     return x @ head.T
 
 
-#: The batch from which a session with step graphs prepares each next decode step ahead by
-#: default (H200, 1B Llama, the same process with and without: at batch 1 0.964 against 0.869 ms a
-#: step, at 8 1.140 against 1.268, at 32 and 64 over 2048-8192 keys 0.17-0.54 ms less;
-#: ``bench/results/archive/llama_1b_prepare_ahead_ab_s55.json``,
-#: ``llama_1b_prepare_ahead_contexts_s55.json``).
-PREPARE_AHEAD_FROM_BATCH = 2
-
-
 def device_params(weights: dict[str, np.ndarray], names: list[str], config: LlamaConfig, device) -> list:
     """``weights`` in the model's type on ``device``, in ``names`` order: a compiled model's
     parameters (:func:`export_llama`'s names)."""
@@ -322,7 +314,10 @@ class LlamaSession:
     window, so nothing else moved), a reset removes it with its sequences.
     Without step graphs a GPU step copies its page tables while it runs, from the host arrays
     the next ``begin_forward`` rewrites: refused there. By default (None) a session with step
-    graphs prepares ahead from :data:`PREPARE_AHEAD_FROM_BATCH` sequences on."""
+    graphs prepares ahead at every batch (H200, 1B Llama at batch 1, eight alternating pairs in four
+    processes: 0.978x the step time without, median; at 8 1.140 against 1.268 ms, at 32 and 64 over
+    2048-8192 keys 0.17-0.54 ms less: ``bench/results/archive/llama_1b_session_order_s57.json``,
+    ``llama_1b_prepare_ahead_contexts_s55.json``)."""
 
     def __init__(self, executable, device, weights: dict[str, np.ndarray] | Sequence, names: list[str],
                  config: LlamaConfig, max_batch_size: int, max_total_seq_len: int,
@@ -428,9 +423,9 @@ class LlamaSession:
 
     def _prepares_ahead(self) -> bool:
         """Whether a decode call prepares the next step: ``prepare_ahead``, or by default (None)
-        with step graphs from :data:`PREPARE_AHEAD_FROM_BATCH` sequences on."""
+        with step graphs."""
         if self.prepare_ahead is None:
-            return self.graphs is not None and self.batch >= PREPARE_AHEAD_FROM_BATCH
+            return self.graphs is not None
         return self.prepare_ahead
 
     def _room_for_a_token(self) -> bool:

@@ -94,20 +94,22 @@ def llama_decode_clusters() -> list[Variant]:
     return decode_form_clusters(LLAMA_DECODE_FORMS) + [v for v in deeper if v is not None]
 
 
-#: The 1B Llama's decode attention at batches of 1-4, where the grid rule
-#: (:func:`~tvm_dsm.kernels.decode_attention.with_depth`) puts clusters of 4-8 CTAs of 8 warps,
-#: with three register files where the grid runs at once (batches 1 and 3) and two where it
-#: does not (2 and 4: 128 CTAs).
-LLAMA_SMALL_BATCH_FORMS = [(b, 32, 8, s, 64, "bhsd", "float16") for b in (1, 2, 3, 4) for s in (512, 2048, 8192)]
+#: The 1B Llama's decode attention at batches of 1-16, where the grid rule
+#: (:func:`~tvm_dsm.kernels.decode_attention.wave_ctas`,
+#: :func:`~tvm_dsm.kernels.decode_attention.with_depth`) puts clusters of 1-8 CTAs of 8 warps,
+#: with three register files where the grid runs at once at one CTA an SM and two where it runs
+#: at once at two.
+LLAMA_SMALL_BATCH_FORMS = [(b, 32, 8, s, 64, "bhsd", "float16") for b in (1, 2, 3, 4, 6, 12, 16)
+                           for s in (512, 2048, 8192)]
 
 
 def llama_decode_small_batches() -> list[Variant]:
-    """:data:`LLAMA_SMALL_BATCH_FORMS` in clusters of 2-8 CTAs of 8 warps with two and three
-    register files, beside the planner's pick and SDPA: whether three files pay where each CTA
-    holds a small share of the keys."""
+    """:data:`LLAMA_SMALL_BATCH_FORMS` in clusters of 1-8 CTAs of 8 warps with two and three
+    register files, beside the planner's pick and SDPA: which split of the keys and which depth
+    pay at each batch."""
     variants = [decode_form_variant(form, decode_pick(form), "tvm_dsm") for form in LLAMA_SMALL_BATCH_FORMS]
     variants += [_tensor_core_variant(form, DecodeConfig(r, True, 8, files))
-                 for form in LLAMA_SMALL_BATCH_FORMS for r in (2, 4, 8) for files in (2, 3)]
+                 for form in LLAMA_SMALL_BATCH_FORMS for r in (1, 2, 4, 8) for files in (2, 3)]
     return [v for v in variants if v is not None]
 
 
