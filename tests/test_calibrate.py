@@ -4,12 +4,14 @@ own constants."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
 from tvm_dsm.bench import calibrate
+from tvm_dsm.bench.results import L2_ROTATED
 from tvm_dsm.hardware import description_for, load_hardware, refitted
 from tvm_dsm.planners.split_k_gemm import plan_split_k_gemm, predict
 from tvm_dsm.rules.split_k_gemm import GemmShape
@@ -47,7 +49,9 @@ def test_the_committed_h200_fit_is_what_this_code_computes():
     rows = {(r["name"], r["source"]): r for r in results["rows"]}
     files = sorted({RESULTS.parents[1] / "search_quality" / source for _, source in rows}
                    | {RESULTS.parent / source for _, source in rows})
-    pools = {(p.workload, p.source): p for p in calibrate.pools([f for f in files if f.exists()], hw)}
+    across = sorted({RESULTS.parents[1] / "archive" / run for _, source in rows if "+" in source
+                     for run in source.split("+")})
+    pools = {(p.workload, p.source): p for p in calibrate.pools([f for f in files if f.exists()], hw, across)}
     assert set(pools) == set(rows)
     for key in sorted(rows)[::7]:
         assert calibrate.pick_share(pools[key], hw) == pytest.approx(rows[key]["share_after"], abs=1e-3), key
@@ -98,3 +102,26 @@ def test_tvm_dsm_gpu_names_the_gpu_planned_for(monkeypatch):
     finally:
         monkeypatch.undo()
         fresh()
+
+
+def test_runs_of_one_plan_a_layer_pool_over_the_runs(tmp_path):
+    """``--across``: each run of a suite holds one plan of a layer; pooled over the runs, a
+    layer's distinct plans form one pool, a plan measured in two runs counts with its mean, and a
+    layer every run planned alike forms none."""
+    hw = load_hardware("h200_sxm")
+    first, second = (p.config for p in plan_split_k_gemm(GemmShape(256, 4096, 4096, True), hw)[:2])
+
+    def run(path: str, plans: list[tuple[int, object, float]]) -> Path:
+        rows = [{"name": f"dense_4096x4096_m{m}", "ok": True, "ours_us": us, "m": m, "n": 4096, "k": 4096,
+                 "plan": {"family": "split_k_gemm", **dataclasses.asdict(config)}} for m, config, us in plans]
+        (tmp_path / path).write_text(json.dumps({"device": hw.device, "timing": L2_ROTATED, "rows": rows}))
+        return tmp_path / path
+
+    runs = [run("a.json", [(256, first, 30.0), (512, first, 50.0)]),
+            run("b.json", [(256, second, 20.0), (512, first, 52.0)]),
+            run("c.json", [(256, first, 34.0)])]
+    assert calibrate.pools(runs, hw) == []  # one plan a layer in each run
+    pooled = calibrate.pools([], hw, runs)
+    assert [p.workload for p in pooled] == ["dense_4096x4096_m256"]
+    assert sorted(pooled[0].measured, key=lambda m: m[1]) == [(second, 20.0), (first, 32.0)]
+    assert pooled[0].source == "a.json+b.json+c.json"

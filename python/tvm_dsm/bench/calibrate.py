@@ -91,26 +91,33 @@ def from_hbm(run: dict, shape, hw: Hardware) -> bool:
     return L2_ROTATED in run.get("timing", "") or operands > 2 * hw.l2_bytes
 
 
-def pools(paths: Iterable[Path], hw: Hardware) -> list[Pool]:
-    """The split-K GEMM pools measured on ``hw``'s GPU in the files at ``paths``: each file's
-    measurements of a workload, where it holds two or more read from HBM (:func:`from_hbm`)."""
-    found = []
-    for path in paths:
-        run = json.loads(Path(path).read_text())
-        if run["device"] != hw.device:
-            continue
-        by_workload: dict[str, list] = {}
+def pools(paths: Iterable[Path], hw: Hardware, across: Iterable[Path] = ()) -> list[Pool]:
+    """The split-K GEMM pools measured on ``hw``'s GPU: each file's (``paths``) measurements of a
+    workload, and each workload's measurements over all the files ``across`` (runs of one suite
+    and timing, each with one plan of a layer: the plans of several plannings compared), where a
+    pool holds two or more configurations read from HBM (:func:`from_hbm`). A configuration
+    measured in several runs counts with its mean time."""
+    runs = [(Path(path), run) for path in [*paths, *across]
+            if (run := json.loads(Path(path).read_text()))["device"] == hw.device]
+    pooled = set(map(Path, across))
+    grouped: dict[tuple[str, str], list] = {}
+    for path, run in runs:
         for name, function, fields, us in _measured(run):
-            by_workload.setdefault(name, [function]).append((fields, us))
-        for name, (function, *measured) in by_workload.items():
-            if len(measured) < 2:
-                continue
-            family, shape = match_family(function())
-            if not from_hbm(run, shape, hw):
-                continue
-            typed = examples(family.space(shape, hw))
-            found.append(Pool(name, shape, tuple((config_from(fields, typed), us) for fields, us in measured),
-                              Path(path).name))
+            source = "+".join(sorted(p.name for p in pooled)) if path in pooled else path.name
+            grouped.setdefault((source, name), [function]).append((fields, us, run))
+    found = []
+    for (source, name), (function, *measured) in grouped.items():
+        family, shape = match_family(function())
+        if not all(from_hbm(run, shape, hw) for _, _, run in measured):
+            continue
+        times: dict[str, list] = {}
+        for fields, us, _ in measured:
+            times.setdefault(json.dumps(fields, sort_keys=True), []).append(us)
+        if len(times) < 2:
+            continue
+        typed = examples(family.space(shape, hw))
+        found.append(Pool(name, shape, tuple((config_from(json.loads(fields), typed), sum(us) / len(us))
+                                             for fields, us in times.items()), source))
     return found
 
 
@@ -169,13 +176,15 @@ def write_calibration(gpu: str, fitted_hw: Hardware, before: Hardware, note: str
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("pools", nargs="+", type=Path, help="search_quality measure outputs")
+    parser.add_argument("--across", nargs="*", type=Path, default=[],
+                        help="runs of one suite whose plans of each layer are pooled over the runs")
     parser.add_argument("--gpu", required=True, help="the description fitted (data/<gpu>.json)")
     parser.add_argument("--out", type=Path, required=True, help="the per-workload shares (results JSON)")
     parser.add_argument("--no-held-out", action="store_true", help="skip the held-out shares (minutes)")
     parser.add_argument("--write", action="store_true", help="write the fitted constants into data/<gpu>_calibration.json")
     args = parser.parse_args(argv)
     hw = load_hardware(args.gpu)
-    found = pools(args.pools, hw)
+    found = pools(args.pools, hw, args.across)
     if len(found) < 3:
         raise SystemExit(f"{len(found)} split-K GEMM pools measured on {hw.device}: too few to fit")
     fitted_hw = fit(found, hw, log=print)
@@ -184,7 +193,8 @@ def main(argv: list[str] | None = None) -> None:
     held = [] if args.no_held_out else held_out(found, hw, log=print)
     results = new_suite("calibration", hw.device, {"fitted_with": git_sha()},
                         "no timing: pick shares over measured pools " + " ".join(map(str, args.pools)))
-    results["command"] = "python -m tvm_dsm.bench.calibrate --gpu " + args.gpu + " " + " ".join(map(str, args.pools))
+    results["command"] = ("python -m tvm_dsm.bench.calibrate --gpu " + args.gpu + " " + " ".join(map(str, args.pools))
+                          + (" --across " + " ".join(map(str, args.across)) if args.across else ""))
     results["constants"] = {k: {"before": hw.fitted(k), "after": fitted_hw.fitted(k)} for k in FITTED}
     results["rows"] = [{"name": p.workload, "source": p.source, "candidates": len(p.measured),
                         "share_before": round(shares_before[i], 4), "share_after": round(shares_after[i], 4),

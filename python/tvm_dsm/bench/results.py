@@ -164,21 +164,6 @@ def plot(results: dict, path: str | Path) -> Path:
     return path
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``python -m tvm_dsm.bench.results FILE.json``: print the table and write the plot beside
-    it (``plot.png`` for ``<suite>/latest.json``, else ``FILE.png``; not committed)."""
-    import sys
-
-    for name in argv if argv is not None else sys.argv[1:]:
-        results = json.loads(Path(name).read_text())
-        print(table(results))
-        print("plot:", plot(results, plot_path(name)))
-
-
-if __name__ == "__main__":
-    main()
-
-
 def merge(runs: list[dict]) -> dict:
     """Runs of one suite, oldest first, as one: a later run's row replaces an earlier row of the
     same name; each row's ``run`` and ``device`` name the git sha and GPU it ran on (kept where a
@@ -196,3 +181,17 @@ def merge(runs: list[dict]) -> dict:
     return {**runs[-1], "device": device, "rows": list(rows.values()), "runs": listed,
             "how_merged": "a later run's row replaces an earlier row of the same name; each row's 'run' names its git sha"}
 
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m tvm_dsm.bench.results FILE.json``: print the table and write the plot beside
+    it (``plot.png`` for ``<suite>/latest.json``, else ``FILE.png``; not committed)."""
+    import sys
+
+    for name in argv if argv is not None else sys.argv[1:]:
+        results = json.loads(Path(name).read_text())
+        print(table(results))
+        print("plot:", plot(results, plot_path(name)))
+
+
+if __name__ == "__main__":
+    main()

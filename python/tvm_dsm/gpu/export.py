@@ -3,19 +3,24 @@
 ``python -m tvm_dsm.gpu.export SUITE [--out .gpu/kernels] [--only NAME ...]`` writes
 ``<out>/<SUITE>/`` with one shared library per kernel (those whose name contains one of the
 ``--only`` strings, if given) (CUDA source inside: TVM compiles it when the module is loaded) and a
-``manifest.json`` the device runner (:mod:`tvm_dsm.gpu.run`) reads.
+``manifest.json`` the device runner (:mod:`tvm_dsm.gpu.run`) reads. Kernels are planned for
+``--gpu`` (a description under ``tvm_dsm/data``; by default the GPU this process plans for:
+:func:`~tvm_dsm.hardware.gpu_name`), which the manifest names: the runner refuses them on another
+GPU, whose users would get other plans.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import tvm
 
 from ..errors import ClusterError
 from ..bench import results as res
+from ..hardware import GPU_VARIABLE, description_for, gpu_name
 from .suites import SUITES
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
@@ -59,9 +64,19 @@ def export_variants(suite: str, variants, out_dir: Path) -> Path:
             }
         )
         print(f"built {variant.name}")
-    manifest = {"suite": suite, "tvm": tvm.__version__, "tvm_dsm": res.git_sha(), "kernels": kernels}
+    manifest = {"suite": suite, "tvm": tvm.__version__, "tvm_dsm": res.git_sha(), "planned_for": gpu_name(),
+                "kernels": kernels}
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return folder
+
+
+def check_planned_for(manifest: dict, device: str) -> None:
+    """Refuse kernels planned for another GPU than ``device`` (the manifest's ``planned_for``):
+    their times are not what a user of this GPU gets, whose build plans for it."""
+    planned, present = manifest.get("planned_for"), description_for(device)
+    if planned and present and planned != present:
+        raise SystemExit(f"{manifest['suite']}: kernels planned for {planned}, this GPU is {device} ({present}): "
+                         f"export them with --gpu {present}")
 
 
 def main() -> None:
@@ -69,7 +84,11 @@ def main() -> None:
     parser.add_argument("suite", choices=sorted(SUITES))
     parser.add_argument("--out", type=Path, default=Path(".gpu/kernels"))
     parser.add_argument("--only", nargs="*", help="export the kernels whose name contains one of these")
+    parser.add_argument("--gpu", help="the GPU description planned for (e.g. h200_sxm; default: the GPU present, "
+                                      f"else {GPU_VARIABLE}, else the default description)")
     args = parser.parse_args()
+    if args.gpu:
+        os.environ[GPU_VARIABLE] = args.gpu
     print("exported to", export_suite(args.suite, args.out, args.only))
 
 

@@ -27,6 +27,7 @@ import tvm_ffi
 
 from ..bench import results as res
 from ..bench.timing import graph_time_us, input_sets_for, python_call_us
+from .export import check_planned_for
 from .references import REFERENCES
 from .watchdog import DONE, START, Fault, announce, python_worker, supervise
 
@@ -241,6 +242,7 @@ def run_worker(args, kernels: list[dict], manifest: dict) -> None:
         versions = {
             "tvm": manifest["tvm"],
             "tvm_dsm": manifest["tvm_dsm"],
+            "planned_for": manifest.get("planned_for"),
             "torch": torch.__version__,
             "cuda": _cuda_version(),
             "hbm_copy_bytes_per_s": hbm_bw,
@@ -278,6 +280,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--resume", action="store_true", help="(internal) the worker: add to --out's rows")
     args = parser.parse_args(argv)
     manifest = json.loads((args.folder / "manifest.json").read_text())
+    check_planned_for(manifest, torch.cuda.get_device_name())
     if args.names is not None:
         run_worker(args, [k for k in manifest["kernels"] if k["name"] in args.names], manifest)
         return
