@@ -25,6 +25,7 @@ EXPERIMENTS = {
     "cascades_rows": experiments.cascades_rows, "chains_pdl": experiments.chains_pdl,
     "chains_one_launch": experiments.chains_one_launch, "chains_picks": experiments.chains_picks,
     "dense_candidates": experiments.dense_candidates,
+    "swiglu_candidates": experiments.swiglu_candidates,
     "chains_tma": experiments.chains_tma, "decode_pdl": experiments.decode_pdl,
     "decode_staged": experiments.decode_staged, "decode_form_clusters": experiments.decode_form_clusters,
     "elementwise_configs": elementwise_configs, "wide_head_attention": experiments.wide_head_attention,

@@ -584,15 +584,29 @@ def dense_candidates(top: int = 2) -> list[Variant]:
     tvm_dsm.bench.calibrate: which model's order the measurements follow)."""
     from .real_shapes import cases
 
+    return _candidates([case.shape for case in cases() if case.cls == "dense" and case.shape[0] in _CANDIDATE_ROWS], top)
+
+
+def swiglu_candidates(top: int = 2) -> list[Variant]:
+    """The same over the GEMMs a real-shape SwiGLU's operators run one by one where the chain is
+    not fused (gate and up ``m x ffn x hidden``, down ``m x hidden x ffn``), at every row count
+    past one the suite measures."""
+    from .real_shapes import cases
+
+    shapes = {shape for case in cases() if case.cls == "swiglu" and case.shape[0] > 1
+              for m, n, k in [case.shape] for shape in ((m, n, k), (m, k, n))}
+    return _candidates(sorted(shapes), top)
+
+
+def _candidates(shapes: list[tuple[int, int, int]], top: int) -> list[Variant]:
+    """Per (m, n, k) where the two models' first plans differ: this GPU's first ``top`` and the
+    H100's first."""
     hw, h100 = load_hardware(), load_hardware("h100_sxm")
     variants = []
-    for case in cases():
-        if case.cls != "dense" or case.shape[0] not in _CANDIDATE_ROWS:
-            continue
-        m, n, k = case.shape
+    for m, n, k in shapes:
         shape = GemmShape(m, n, k, True)
         try:
-            ours, theirs = plan_split_k_gemm(shape, hw), plan_split_k_gemm(shape, h100)
+            ours, theirs = plan_split_k_gemm(shape, hw, padded=True), plan_split_k_gemm(shape, h100, padded=True)
         except ClusterError:
             continue
         if ours[0].config == theirs[0].config:
