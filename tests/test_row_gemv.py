@@ -118,10 +118,21 @@ def _reversed_epilogue():
     (_broadcast_epilogue, "covers its 1024 columns"),
     (_reversed_epilogue, "at the element it writes"),
     (lambda: dense(1, 3000, 1000), "more than 16 a lane"),  # K's 125 vectors: one lane each row
+    (lambda: dense(1, 8192, 28672), "more than 16 a lane"),  # 28 a lane, dlight's grid 512 CTAs
 ])
 def test_what_is_not_one_row_of_a_matmul_is_refused_by_name(func, reason):
     with pytest.raises(ClusterError, match=reason):
         find_row_gemv(scheduling_form(func()))
+
+
+def test_a_long_k_is_taken_where_dlights_grid_leaves_sms_short():
+    """Past 16 vectors a lane the rule keeps a row where as many lanes split it as dlight's GEMV
+    gives it and dlight's grid of 16 rows a CTA leaves SMs fewer than two CTAs: a SwiGLU's down
+    projection at one row, K = 4864 (19 vectors over 32 lanes) and 18944 (37 over 64)."""
+    for n, k, lanes in ((896, 4864, 32), (3584, 18944, 64)):
+        found = find_row_gemv(scheduling_form(dense(1, n, k)))
+        assert default_config(found).threads_per_row == lanes
+        assert k // found.vector // lanes > 16
 
 
 def test_what_it_refuses_still_builds_on_dlights_schedule():

@@ -26,7 +26,7 @@ from tvm import s_tir, tirx
 
 from ..annotations import PREFETCH_ROWS_KEY
 from ..errors import ClusterError, passes
-from ..hardware import MAX_CTA_THREADS
+from ..hardware import MAX_CTA_THREADS, load_hardware
 from ..ir import uses
 from ..transform.buffers import element_bytes
 from ..transform.programmatic_launch import launch_programmatically
@@ -100,15 +100,27 @@ def find_row_gemv(func: tirx.PrimFunc) -> RowGemv:
     if k % found.vector:
         raise ClusterError(f"K={k}: a row GEMV loads {found.vector} elements a vector; K must be a multiple")
     lanes = _default_lanes(found)
-    if vectors // lanes > MAX_VECTORS_PER_LANE:
+    if vectors // lanes > MAX_VECTORS_PER_LANE and not _beats_dlight_at_length(found, lanes):
         raise ClusterError(f"K={k}: its {vectors} vectors split over {lanes} lanes at most "
                            f"(a power of two dividing them): more than {MAX_VECTORS_PER_LANE} a lane")
     return found
 
 
 #: The most 16-byte vectors of K one lane reads (the measured default reads 4): past it a row's
-#: loads serialize, and dlight's GEMV, whose lanes predicate a tail, keeps the function.
+#: loads serialize, and dlight's GEMV, whose lanes predicate a tail, keeps the function (except
+#: where :func:`_beats_dlight_at_length`).
 MAX_VECTORS_PER_LANE = 16
+#: Lanes and rows dlight's GEMV gives a row and a CTA.
+DLIGHT_GEMV_LANES, DLIGHT_GEMV_ROWS = 32, 16
+
+
+def _beats_dlight_at_length(found: RowGemv, lanes: int) -> bool:
+    """Whether the rule keeps a row GEMV past :data:`MAX_VECTORS_PER_LANE` a lane: where as many
+    lanes split a row as dlight's GEMV gives it and dlight's grid leaves SMs fewer than two CTAs.
+    H200, the SwiGLU down projections at one row (``bench/results/archive/row_gemv_long_k_s57.json``):
+    896 x 4864 (dlight's 56 CTAs) and 3584 x 18944 (224) ran their chains 23.1 -> 13.9 us and
+    136 -> 118; 8192 x 28672 (dlight's 512 CTAs) 337 -> 373, which dlight keeps."""
+    return lanes >= DLIGHT_GEMV_LANES and found.n < DLIGHT_GEMV_ROWS * 2 * load_hardware().sm_count
 
 
 def _product_shape(block) -> tuple[int, int, int]:
