@@ -394,3 +394,15 @@ def test_the_small_batch_suite_sets_three_files_beside_two_at_each_cluster():
     assert sorted(c[:2] for c in configs if c[2] == 2) == sorted(c[:2] for c in configs if c[2] == 3)
     short = sum(form[3] == 512 for form in LLAMA_SMALL_BATCH_FORMS)
     assert len(configs) == len(LLAMA_SMALL_BATCH_FORMS) * 4 * 2 - short * 2  # 512 keys: no cluster of 8
+
+
+def test_a_grid_that_runs_at_once_two_ctas_an_sm_takes_the_larger_cluster():
+    """Head dim 64 (two CTAs of 8 warps fit an SM): a batch of 3 of the 1B Llama's 32/8 heads
+    takes clusters of 8 (192 CTAs, at once two an SM) with two register files; head dim 128
+    (one CTA an SM) keeps the grid within the SMs."""
+    from tvm_dsm.gpu.suites.attention import decode_pick
+
+    pick = decode_pick((3, 32, 8, 8192, 64, "bhsd", "float16"))
+    assert (pick.ranks, pick.warps, pick.files, pick.tensor_cores) == (8, 8, 2, True)
+    wide = decode_pick((3, 32, 8, 8192, 128, "bhsd", "float16"))
+    assert 3 * 8 * wide.ranks <= load_hardware().sm_count

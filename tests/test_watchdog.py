@@ -155,18 +155,3 @@ def test_gpu_runner_kills_a_deadlocked_kernel_and_runs_the_rest(tmp_path):
     assert rows["b_deadlock"]["ok"] is False and rows["b_deadlock"]["fault"] == "hang"
     assert "b_deadlock: watchdog: hang" in proc.stdout
 
-
-def test_the_runner_refuses_kernels_planned_for_another_gpu(tmp_path):
-    """An export names the GPU its kernels were planned for; the runner refuses them on another
-    (an H200 user's build plans for the H200), and takes them where the manifest names none."""
-    from tvm_dsm.gpu.export import check_planned_for, export_variants
-    from tvm_dsm.hardware import gpu_name
-
-    manifest = json.loads((export_variants("empty", [], tmp_path) / "manifest.json").read_text())
-    assert manifest["planned_for"] == gpu_name()
-    h100 = {**manifest, "planned_for": "h100_sxm"}
-    check_planned_for(h100, "NVIDIA H100 80GB HBM3")
-    with pytest.raises(SystemExit, match="planned for h100_sxm, this GPU is NVIDIA H200 .h200_sxm.: export them "
-                                         "with --gpu h200_sxm"):
-        check_planned_for(h100, "NVIDIA H200")
-    check_planned_for({**manifest, "planned_for": None}, "NVIDIA H200")

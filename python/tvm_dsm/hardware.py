@@ -157,6 +157,16 @@ def description_for(device: str) -> str | None:
     return descriptions().get(device)
 
 
+def check_planned_for(manifest: dict, device: str) -> None:
+    """Refuse exported kernels (``manifest``: :mod:`tvm_dsm.gpu.export`'s) planned for another GPU
+    than ``device`` (as CUDA names it): their times are not what a user of this GPU gets, whose
+    build plans for it. A manifest naming no GPU, or a device without a description, passes."""
+    planned, present = manifest.get("planned_for"), description_for(device)
+    if planned and present and planned != present:
+        raise SystemExit(f"{manifest['suite']}: kernels planned for {planned}, this GPU is {device} ({present}): "
+                         f"export them with --gpu {present}")
+
+
 @functools.cache
 def gpu_name() -> str:
     """The description to plan for: ``TVM_DSM_GPU`` where set, else the first CUDA device's

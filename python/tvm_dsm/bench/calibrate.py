@@ -5,7 +5,9 @@ that the split-K GEMM planner's first plan is the fastest measured.
 on that GPU -- ``python -m tvm_dsm.bench.search_quality measure`` outputs (every candidate of a
 workload built and timed) and GPU suite runs of several configurations of one dense layer
 (``dense_candidates``; a model's decode GEMMs under two plans, ``batch`` the rows they were
-called with), each run's candidates of a workload one pool, as its times compare --
+called with), each run's candidates of a workload one pool, as its times compare; with
+``--across RUNS``, runs of one suite that each hold one plan of a layer (``real_shapes`` under
+several plannings), each layer's plans over the runs one pool --
 keeps the split-K GEMM workloads (dense and gated layers) timed as they run in a model --
 from HBM: a run whose inputs were rotated past L2, or a layer whose operands outgrow it
 (MetaSchedule's runner repeats a kernel on the same buffers, so a small layer's weights come
@@ -59,8 +61,9 @@ MIN_GAIN = 1e-4
 
 @dataclass(frozen=True)
 class Pool:
-    """One workload's configurations measured in one run: its shape, (configuration,
-    microseconds), and the run's file name."""
+    """One workload's configurations as measured: its shape, (configuration, microseconds), and
+    the file name of the run that measured them (of the runs, joined by ``+``, for a pool over
+    several: :func:`pools`' ``across``)."""
 
     workload: str
     shape: object
@@ -96,28 +99,31 @@ def pools(paths: Iterable[Path], hw: Hardware, across: Iterable[Path] = ()) -> l
     workload, and each workload's measurements over all the files ``across`` (runs of one suite
     and timing, each with one plan of a layer: the plans of several plannings compared), where a
     pool holds two or more configurations read from HBM (:func:`from_hbm`). A configuration
-    measured in several runs counts with its mean time."""
-    runs = [(Path(path), run) for path in [*paths, *across]
-            if (run := json.loads(Path(path).read_text()))["device"] == hw.device]
-    pooled = set(map(Path, across))
-    grouped: dict[tuple[str, str], list] = {}
-    for path, run in runs:
+    measured in several runs counts with its mean time; an ``across`` pool's source names the
+    runs that measured it."""
+    pooled = {Path(p): True for p in across}
+    files = {**{Path(p): False for p in paths if Path(p) not in pooled}, **pooled}
+    grouped: dict[tuple, list] = {}
+    for path, is_pooled in files.items():
+        run = json.loads(path.read_text())
+        if run["device"] != hw.device:
+            continue
         for name, function, fields, us in _measured(run):
-            source = "+".join(sorted(p.name for p in pooled)) if path in pooled else path.name
-            grouped.setdefault((source, name), [function]).append((fields, us, run))
+            grouped.setdefault((None if is_pooled else path, name), [function]).append((fields, us, run, path.name))
     found = []
-    for (source, name), (function, *measured) in grouped.items():
+    for (_, name), (function, *measured) in grouped.items():
         family, shape = match_family(function())
-        if not all(from_hbm(run, shape, hw) for _, _, run in measured):
+        if not all(from_hbm(run, shape, hw) for _, _, run, _ in measured):
             continue
         times: dict[str, list] = {}
-        for fields, us, _ in measured:
+        for fields, us, _, _ in measured:
             times.setdefault(json.dumps(fields, sort_keys=True), []).append(us)
         if len(times) < 2:
             continue
         typed = examples(family.space(shape, hw))
         found.append(Pool(name, shape, tuple((config_from(json.loads(fields), typed), sum(us) / len(us))
-                                             for fields, us in times.items()), source))
+                                             for fields, us in times.items()),
+                          "+".join(sorted({source for *_, source in measured}))))
     return found
 
 
@@ -192,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     shares_after = [pick_share(p, fitted_hw) for p in found]
     held = [] if args.no_held_out else held_out(found, hw, log=print)
     results = new_suite("calibration", hw.device, {"fitted_with": git_sha()},
-                        "no timing: pick shares over measured pools " + " ".join(map(str, args.pools)))
+                        "no timing: pick shares over measured pools " + " ".join(map(str, [*args.pools, *args.across])))
     results["command"] = ("python -m tvm_dsm.bench.calibrate --gpu " + args.gpu + " " + " ".join(map(str, args.pools))
                           + (" --across " + " ".join(map(str, args.across)) if args.across else ""))
     results["constants"] = {k: {"before": hw.fitted(k), "after": fitted_hw.fitted(k)} for k in FITTED}

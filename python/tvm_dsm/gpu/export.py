@@ -20,7 +20,7 @@ import tvm
 
 from ..errors import ClusterError
 from ..bench import results as res
-from ..hardware import GPU_VARIABLE, description_for, gpu_name
+from ..hardware import GPU_VARIABLE, descriptions, gpu_name, load_hardware
 from .suites import SUITES
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
@@ -70,25 +70,19 @@ def export_variants(suite: str, variants, out_dir: Path) -> Path:
     return folder
 
 
-def check_planned_for(manifest: dict, device: str) -> None:
-    """Refuse kernels planned for another GPU than ``device`` (the manifest's ``planned_for``):
-    their times are not what a user of this GPU gets, whose build plans for it."""
-    planned, present = manifest.get("planned_for"), description_for(device)
-    if planned and present and planned != present:
-        raise SystemExit(f"{manifest['suite']}: kernels planned for {planned}, this GPU is {device} ({present}): "
-                         f"export them with --gpu {present}")
-
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("suite", choices=sorted(SUITES))
     parser.add_argument("--out", type=Path, default=Path(".gpu/kernels"))
     parser.add_argument("--only", nargs="*", help="export the kernels whose name contains one of these")
-    parser.add_argument("--gpu", help="the GPU description planned for (e.g. h200_sxm; default: the GPU present, "
-                                      f"else {GPU_VARIABLE}, else the default description)")
-    args = parser.parse_args()
+    parser.add_argument("--gpu", choices=sorted(descriptions().values()),
+                        help=f"the GPU description planned for (default: {GPU_VARIABLE} where set, else the GPU "
+                             "present, else the default description)")
+    args = parser.parse_args(argv)
     if args.gpu:
         os.environ[GPU_VARIABLE] = args.gpu
+        gpu_name.cache_clear()
+        load_hardware.cache_clear()
     print("exported to", export_suite(args.suite, args.out, args.only))
 
 

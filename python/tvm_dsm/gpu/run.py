@@ -27,7 +27,7 @@ import tvm_ffi
 
 from ..bench import results as res
 from ..bench.timing import graph_time_us, input_sets_for, python_call_us
-from .export import check_planned_for
+from ..hardware import check_planned_for
 from .references import REFERENCES
 from .watchdog import DONE, START, Fault, announce, python_worker, supervise
 

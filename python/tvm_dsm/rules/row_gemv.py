@@ -100,27 +100,33 @@ def find_row_gemv(func: tirx.PrimFunc) -> RowGemv:
     if k % found.vector:
         raise ClusterError(f"K={k}: a row GEMV loads {found.vector} elements a vector; K must be a multiple")
     lanes = _default_lanes(found)
-    if vectors // lanes > MAX_VECTORS_PER_LANE and not _beats_dlight_at_length(found, lanes):
+    if vectors // lanes > MAX_VECTORS_PER_LANE and not _dlight_grid_leaves_sms_short(found, lanes):
         raise ClusterError(f"K={k}: its {vectors} vectors split over {lanes} lanes at most "
-                           f"(a power of two dividing them): more than {MAX_VECTORS_PER_LANE} a lane")
+                           f"(a power of two dividing them): more than {MAX_VECTORS_PER_LANE} a lane (up to "
+                           f"{MAX_LONG_VECTORS_PER_LANE} where {DLIGHT_GEMV_LANES}+ lanes split a row of fewer "
+                           f"than {DLIGHT_GEMV_ROWS * 2} x the SMs' columns)")
     return found
 
 
 #: The most 16-byte vectors of K one lane reads (the measured default reads 4): past it a row's
 #: loads serialize, and dlight's GEMV, whose lanes predicate a tail, keeps the function (except
-#: where :func:`_beats_dlight_at_length`).
+#: where :func:`_dlight_grid_leaves_sms_short`, up to :data:`MAX_LONG_VECTORS_PER_LANE`).
 MAX_VECTORS_PER_LANE = 16
+#: The most a lane reads where dlight's grid leaves SMs short (measured up to 37).
+MAX_LONG_VECTORS_PER_LANE = 48
 #: Lanes and rows dlight's GEMV gives a row and a CTA.
 DLIGHT_GEMV_LANES, DLIGHT_GEMV_ROWS = 32, 16
 
 
-def _beats_dlight_at_length(found: RowGemv, lanes: int) -> bool:
-    """Whether the rule keeps a row GEMV past :data:`MAX_VECTORS_PER_LANE` a lane: where as many
-    lanes split a row as dlight's GEMV gives it and dlight's grid leaves SMs fewer than two CTAs.
+def _dlight_grid_leaves_sms_short(found: RowGemv, lanes: int) -> bool:
+    """Whether the rule keeps a row GEMV past :data:`MAX_VECTORS_PER_LANE` a lane (up to
+    :data:`MAX_LONG_VECTORS_PER_LANE`): where as many lanes split a row as dlight's GEMV gives it
+    and dlight's grid leaves SMs fewer than two CTAs (the SM count of the GPU planned for).
     H200, the SwiGLU down projections at one row (``bench/results/archive/row_gemv_long_k_s57.json``):
     896 x 4864 (dlight's 56 CTAs) and 3584 x 18944 (224) ran their chains 23.1 -> 13.9 us and
     136 -> 118; 8192 x 28672 (dlight's 512 CTAs) 337 -> 373, which dlight keeps."""
-    return lanes >= DLIGHT_GEMV_LANES and found.n < DLIGHT_GEMV_ROWS * 2 * load_hardware().sm_count
+    return (lanes >= DLIGHT_GEMV_LANES and found.k // found.vector // lanes <= MAX_LONG_VECTORS_PER_LANE
+            and found.n < DLIGHT_GEMV_ROWS * 2 * load_hardware().sm_count)
 
 
 def _product_shape(block) -> tuple[int, int, int]:

@@ -317,7 +317,7 @@ class LlamaSession:
     graphs prepares ahead at every batch (H200, 1B Llama at batch 1, eight alternating pairs in four
     processes: 0.978x the step time without, median; at 8 1.140 against 1.268 ms, at 32 and 64 over
     2048-8192 keys 0.17-0.54 ms less: ``bench/results/archive/llama_1b_session_order_s57.json``,
-    ``llama_1b_prepare_ahead_contexts_s55.json``)."""
+    ``llama_1b_prepare_ahead_ab_s55.json``, ``llama_1b_prepare_ahead_contexts_s55.json``)."""
 
     def __init__(self, executable, device, weights: dict[str, np.ndarray] | Sequence, names: list[str],
                  config: LlamaConfig, max_batch_size: int, max_total_seq_len: int,
