@@ -125,3 +125,13 @@ def test_runs_of_one_plan_a_layer_pool_over_the_runs(tmp_path):
     assert [p.workload for p in pooled] == ["dense_4096x4096_m256"]
     assert sorted(pooled[0].measured, key=lambda m: m[1]) == [(second, 20.0), (first, 32.0)]
     assert pooled[0].source == "a.json+b.json+c.json"
+
+
+def test_a_pool_says_whether_it_measured_the_models_first_plan():
+    """A fit is judged among the plans a pool measured; where the model's first plan over the
+    whole space is not among them, the pool cannot say how fast the pick runs."""
+    hw = load_hardware("h200_sxm")
+    shape = GemmShape(16, 8192, 28672, True)
+    first, second, third = (p.config for p in plan_split_k_gemm(shape, hw, padded=True)[:3])
+    assert calibrate.first_plan_measured(calibrate.Pool("w", shape, ((second, 2.0), (first, 1.0))), hw)
+    assert not calibrate.first_plan_measured(calibrate.Pool("w", shape, ((second, 2.0), (third, 1.0))), hw)
