@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from tvm import s_tir, tirx
 
-from ..errors import ClusterError
+from ..errors import ClusterError, passes
 from ..hardware import Hardware, load_hardware
 from ..rules.gemm_row_max import check_row_max_config, find_gemm_row_max, schedule_gemm_row_max
 from ..rules.split_k_gemm import GemmShape, SplitKGemmConfig
@@ -32,13 +32,8 @@ def row_max_shape(func: tirx.PrimFunc) -> RowMaxShape:
 def plan_gemm_row_max(shape: RowMaxShape, hw: Hardware | None = None) -> list[GemmPlan]:
     """Every valid configuration, best predicted first."""
     hw = hw or load_hardware()
-    plans = []
-    for config in candidate_configs(shape.gemm, hw=hw):
-        try:
-            check_row_max_config(shape.gemm, shape.group, config, hw)
-        except ClusterError:
-            continue
-        plans.append(predict(shape.gemm, config, hw))
+    plans = [predict(shape.gemm, config, hw) for config in candidate_configs(shape.gemm, hw=hw)
+             if passes(check_row_max_config, shape.gemm, shape.group, config, hw)]
     if not plans:
         g = shape.gemm
         raise ClusterError(f"no GEMM row max configuration fits {g.m}x{g.n}x{g.k} with groups of "
