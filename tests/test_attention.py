@@ -172,13 +172,25 @@ def test_two_warpgroups_share_each_key_tile():
         return [line for line in loop.splitlines() if "if (t <" in line and "threadIdx.x) >> 7)" in line]
 
     assert not skips(loop)  # unmasked: every warpgroup computes every tile
-    # Causal at head dim 128 (the pick there; unmasked, one warpgroup of two row blocks): a
-    # warpgroup skips the tiles past its rows' diagonal.
-    assert default_config(find_attention(attention(2, 256, 512, 128))) == AttentionConfig(64, 2)
-    causal = attention(2, 256, 512, 128, True)
+    # Causal at head dim 128 over more CTAs than SMs and fewer than 2048 keys (the pick there;
+    # unmasked, one warpgroup of two row blocks): a warpgroup skips the tiles past its rows' diagonal.
+    assert default_config(find_attention(attention(64, 1024, 512, 128))) == AttentionConfig(64, 2)
+    causal = attention(64, 1024, 512, 128, True)
     assert default_config(find_attention(causal)) == AttentionConfig(64, 1, 2)
     source = cuda_source(fuse_attention(causal))
     assert len(skips(source[source.index("for (int t = 0"):])) == 1
+
+
+@pytest.mark.parametrize("heads, q_len, kv_len, causal, expected", [
+    (16, 1024, 1024, False, AttentionConfig(128, 1, 2)),  # 128 CTAs of 128 rows: one wave
+    (32, 1024, 1024, False, AttentionConfig(64, 2)),  # 256: two row blocks, two CTAs an SM
+    (32, 2048, 2048, True, AttentionConfig(128, 1, 2)),  # masked, 2048 keys
+    (32, 1024, 1024, True, AttentionConfig(64, 1, 2)),
+])
+def test_head_dim_128_picks_by_wave_and_keys(heads, q_len, kv_len, causal, expected):
+    """Two warpgroups share 128-key tiles where a CTA of 128 rows per SM is one wave (on the
+    H100's and H200's 132 SMs) or, masked, from 2048 keys; elsewhere the 64-key forms."""
+    assert default_config(find_attention(attention(heads, q_len, kv_len, 128, causal))) == expected
 
 
 def test_tutorial_proves_fuses_and_assembles(capsys):

@@ -15,7 +15,7 @@ from conftest import TARGET, cuda_source, host_launch
 from conftest import kernels as cuda_kernels
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.ir import specialized
-from tvm_dsm.kernels.attention import TEMPLATE, fuse_attention
+from tvm_dsm.kernels.attention import TEMPLATE, AttentionConfig, fuse_attention
 from tvm_dsm.kernels.attention_pattern import HeadAxis, find_attention
 from tvm_dsm.workloads.attention_forms import relax_attention, te_attention, topi_attention
 
@@ -299,8 +299,12 @@ def test_a_query_length_and_a_key_length_build_the_attention_kernel(assemble):
     q_len, kv_len = (func.params[n].ty.shape[shape.layouts[n].seq] for n in (0, 1))
     assert shape.q_len.same_as(q_len) and shape.kv_len.same_as(kv_len) and not q_len.same_as(kv_len)
     kernels = range_kernels(func, TARGET, load_hardware())
-    # one query a head (no mask) is decode attention over the past: a kernel of its own
-    assert [k.family.name for k in kernels] == ["decode_attention", "attention"] and kernels[0].bound == 1
+    # one query a head (no mask) is decode attention over the past: a kernel of its own; more
+    # queries the attention kernel, in the configuration of their range (up to 1024 queries the
+    # 128-row CTAs of 16 heads are one wave: default_config)
+    names = [k.family.name for k in kernels]
+    assert names[0] == "decode_attention" and kernels[0].bound == 1 and set(names[1:]) == {"attention"}
+    assert [k.config for k in kernels[1:]] == [AttentionConfig(128, 1, 2), AttentionConfig(64, 2)]
     one_query = range_kernels(specialized(func, q_len, 1), TARGET, load_hardware())  # ranges of keys in their turn
     source = tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source()
     assert len(cuda_kernels(source)) == len(one_query) + len(kernels) - 1

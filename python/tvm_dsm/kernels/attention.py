@@ -60,7 +60,7 @@ from tvm.script import tirx as T
 
 from ..errors import ClusterError
 from ..fusion.symbolic import ToTIR
-from ..hardware import Hardware
+from ..hardware import Hardware, load_hardware
 from ..ir import extent_variables, shuffle_reduce, specialized, substitute, tree_reduce
 from ..transform.tma_pipeline import encode_tensor_map
 from ..intrin.wgmma import WARPGROUP_ROWS, call_source, mma_async_source, wait_source
@@ -132,6 +132,9 @@ _MAX_SHARED_BYTES = 227 * 1024
 #: the first variable's, then the second's: above every head dim, whose extent an equal length
 #: would make ambiguous to the matcher.
 _MATCHED_LENGTHS = (264, 328)
+#: Keys from which causal attention at head dims 80-128 shares 128-key tiles between two
+#: warpgroups (:func:`default_config`).
+_LONG_CAUSAL_KEYS = 2048
 
 
 def padded_dim(dim: int) -> int:
@@ -161,18 +164,26 @@ def check_config(shape: AttentionShape, c: AttentionConfig) -> None:
                            f"the {_MAX_SHARED_BYTES} B of a Hopper CTA")
 
 
-def default_config(shape: AttentionShape) -> AttentionConfig:
+def default_config(shape: AttentionShape, hw: Hardware | None = None) -> AttentionConfig:
     """At head dim 64, one warpgroup of 64 query rows per CTA, with 128-key tiles from 1024
-    keys (half the steps) and 64-key tiles below (and for a symbolic length). At head dim 128 (a
-    key/value tile is twice the bytes) two 64-row blocks share each 64-key tile: in one warpgroup without the mask, in
-    two with it (the first stops at its own diagonal). Measured through the compile path a
-    user's ``tvm.compile`` takes (docs/attention.md); on the H200, 128-key tiles shared by two
-    warpgroups at head dim 128 measured within run-to-run noise of these over 28 model shapes
-    (bench/results/archive/attention_real_shapes_s47.json). Wider heads: two warpgroups of one row
-    block each share the 64-key tiles (two row blocks a warpgroup would spill)."""
+    keys (half the steps) and 64-key tiles below (and for a symbolic length). At head dims 80-128
+    (a key/value tile is twice the bytes) two 64-row blocks share each 64-key tile: in one
+    warpgroup without the mask, in two with it (the first stops at its own diagonal); but two
+    warpgroups share 128-key tiles where the CTAs of 128 query rows are one wave on ``hw``'s SMs
+    (the two warpgroups of a CTA run on their own SM quarters, while two one-warpgroup CTAs
+    would not find a second SM each) and, with the mask, from 2048 keys. Wider heads: two
+    warpgroups of one row block each share the 64-key tiles (two row blocks a warpgroup would
+    spill). Measured through the compile path a user's ``tvm.compile`` takes (docs/attention.md);
+    the head-dim 80-128 choice on the H200, every candidate beside SDPA at the 32 real-model
+    shapes of those head dims (bench/results/archive/attention_configs_real_shapes_s58.json)."""
     if padded_dim(shape.dim) > 128:
         return AttentionConfig(64, warpgroups=2)
     if padded_dim(shape.dim) == 128:
+        sms = (hw or load_hardware()).sm_count
+        one_wave = isinstance(shape.q_len, int) and shape.heads * -(-shape.q_len // 128) <= sms
+        long_causal = shape.causal and isinstance(shape.kv_len, int) and shape.kv_len >= _LONG_CAUSAL_KEYS
+        if one_wave or long_causal:
+            return AttentionConfig(128, warpgroups=2)
         return AttentionConfig(64, warpgroups=2) if shape.causal else AttentionConfig(64, row_blocks=2)
     return AttentionConfig(128 if isinstance(shape.kv_len, int) and shape.kv_len >= 1024 else 64)
 
@@ -223,7 +234,7 @@ class AttentionTemplate(KernelTemplate):
         return fits
 
     def default_config(self, shape: AttentionShape, hw: Hardware | None = None) -> AttentionConfig:
-        return default_config(shape)
+        return default_config(shape, hw)
 
     def check(self, shape: AttentionShape, config: AttentionConfig) -> None:
         check_config(shape, config)
