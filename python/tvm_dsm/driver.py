@@ -314,12 +314,9 @@ def _per_operator(func: tirx.PrimFunc, operators: list, target, hw: Hardware | N
 
 
 def _operators(func: tirx.PrimFunc) -> list:
-    """``func``'s operators (:func:`split_operators`), a gated layer's two products one operator
-    where that leaves more than one (a SwiGLU chain: the gated layer, then the down projection);
-    none where it is not in that form."""
+    """``func``'s operators (:func:`split_operators`), none where it is not in that form."""
     try:
-        gated = split_operators(func, gated=True)
-        return gated if len(gated) > 1 else split_operators(func)
+        return split_operators(func)
     except ClusterError:
         return []
 

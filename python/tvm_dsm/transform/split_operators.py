@@ -63,25 +63,13 @@ def _same_extents(a: list, b: list) -> bool:
     return len(a) == len(b) and all(analyzer.can_prove_equal(x, y) for x, y in zip(a, b))
 
 
-def _second_product(block: SBlock, group: list[tirx.Stmt]) -> bool:
-    """Whether ``block`` is the second product of a gated layer whose first is ``group``'s only
-    nest: both matmuls over the same spatial extents, the second not reading the first."""
-    first = _block(group[0])
-    return (len(group) == 1 and _is_matmul(first) and _is_matmul(block)
-            and _same_extents(_spatial(block), _spatial(first))
-            and not any(region.source.same_as(w.source) for region in block.reads for w in first.writes))
-
-
-def _groups(nests: list[tirx.Stmt], gated: bool) -> list[list[tirx.Stmt]]:
+def _groups(nests: list[tirx.Stmt]) -> list[list[tirx.Stmt]]:
     """Each reduction with the elementwise nests after it over the same spatial extents (an
-    epilogue); with ``gated``, a gated layer's two products with their epilogue; other
-    elementwise nests (padding, slicing) in groups of their own."""
+    epilogue); other elementwise nests (padding, slicing) in groups of their own."""
     groups: list[list[tirx.Stmt]] = []
     for nest in nests:
         block = _block(nest)
         if groups and not _is_reduction(block) and _same_extents(_spatial(block), _spatial(_block(groups[-1][0]))):
-            groups[-1].append(nest)
-        elif groups and gated and _second_product(block, groups[-1]):
             groups[-1].append(nest)
         else:
             groups.append([nest])
@@ -102,17 +90,14 @@ def _buffers(nests: list[tirx.Stmt]) -> tuple[list[tirx.Var], list[tirx.Var]]:
     return read, written
 
 
-def split_operators(func: tirx.PrimFunc, gated: bool = False) -> list[Operator]:
+def split_operators(func: tirx.PrimFunc) -> list[Operator]:
     """``func`` as one function per operator (ClusterError if it is not a sequence of loop nests
-    of one block each under its root block, the form TE and Relax legalization produce). With
-    ``gated`` a gated layer (``silu(X Wg^T) * (X Wu^T)``: two products over the same rows and
-    columns, then their epilogue) stays one operator, which the split-K GEMM schedules as one
-    kernel reading each tile of X once for both products."""
+    of one block each under its root block, the form TE and Relax legalization produce)."""
     if not isinstance(func.body, SBlockRealize):
         raise ClusterError("splitting into operators needs an s_tir function (one root block)")
     root = func.body.block
     nests = items(root.body)
-    groups = _groups(nests, gated)
+    groups = _groups(nests)
     params = list(func.params)
     used = [_buffers(g) for g in groups]
     operators = []
