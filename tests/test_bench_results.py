@@ -164,9 +164,14 @@ def test_class_summary_reproduces_the_committed_real_shapes_summary():
 
     from tvm_dsm.bench.class_summary import summarise
 
+    from tvm_dsm.bench.class_summary import load_evidence
+
     folder = RESULTS / "real_shapes"
-    summary = summarise(json.loads((folder / "latest.json").read_text()))
     committed = json.loads((folder / "summary.json").read_text())
+    root = RESULTS.parents[1]
+    evidence = {name: results for name, results in zip(
+        committed["evidence"], load_evidence([str(root / name) for name in committed["evidence"]]).values())}
+    summary = summarise(json.loads((folder / "latest.json").read_text()), evidence)
     assert {k: v for k, v in committed.items() if k != "source"} == {k: v for k, v in summary.items() if k != "source"}
     assert set(summary["classes"]) == {"attention", "dense", "norm", "swiglu"}
 
@@ -183,7 +188,30 @@ def test_class_summary_counts_slow_rows_and_leaves_wrong_ones_out():
     dense = summarise(suite)["classes"]["dense"]
     assert dense["rows"] == 2 and abs(dense["geomean"] - 1.0) < 1e-12
     assert dense["below"] == ["b"] and dense["worst"] == {"name": "b", "ratio": 0.5}
+    assert dense["below_why"] == {"b": "no other build of it measured"}
     assert summarise(suite)["not_ok"] == ["c"]
+
+
+def test_a_row_below_is_explained_by_the_fastest_build_of_it_measured_elsewhere():
+    """A configuration sweep whose best build also trails its peer: the kernels; one whose best
+    build keeps up: the plan. Wrong rows and other workloads are not evidence."""
+    from tvm_dsm.bench.class_summary import summarise
+
+    suite = results.new_suite("demo", "cpu", {"tvm": "x"}, "none")
+    suite["rows"] += [{"name": "d_m128", "ok": True, "rel_err": 0.0, "class": "dense", "ours_us": 10.0,
+                       "peers": {"t": 7.0}}]
+    sweep = results.new_suite("sweep", "cpu", {"tvm": "x"}, "none")
+    sweep["rows"] += [
+        {"name": "d_m128_c1", "ok": True, "ours_us": 9.0, "peers": {"t": 7.1}},
+        {"name": "d_m128_c2", "ok": True, "ours_us": 9.5, "peers": {"t": 7.0}},
+        {"name": "d_m128_c3", "ok": False, "ours_us": 5.0, "peers": {"t": 7.0}},  # wrong: no evidence
+        {"name": "d_m1280_c1", "ok": True, "ours_us": 1.0, "peers": {"t": 7.0}},  # another workload
+    ]
+    why = summarise(suite, {"sweep.json": sweep})["classes"]["dense"]["below_why"]["d_m128"]
+    assert why.startswith("the kernels trail: the fastest build measured (2 in all), d_m128_c1 (sweep.json), ran 9.0 us, 0.79x")
+    sweep["rows"][0]["peers"] = {"t": 9.0}
+    why = summarise(suite, {"sweep.json": sweep})["classes"]["dense"]["below_why"]["d_m128"]
+    assert why.startswith("the plan trails") and "1.00x" in why
 
 
 def test_a_sanitizer_sample_spreads_over_every_class():
