@@ -170,8 +170,8 @@ def default_config(shape: AttentionShape, hw: Hardware | None = None) -> Attenti
     (a key/value tile is twice the bytes) two 64-row blocks share each 64-key tile: in one
     warpgroup without the mask, in two with it (the first stops at its own diagonal); but two
     warpgroups share 128-key tiles where the CTAs of 128 query rows are one wave on ``hw``'s SMs
-    (the two warpgroups of a CTA run on their own SM quarters, while two one-warpgroup CTAs
-    would not find a second SM each) and, with the mask, from 2048 keys. Wider heads: two
+    (a CTA an SM: two warpgroups give it 8 warps where one warpgroup of two row blocks gives it
+    4) and, with the mask, from 2048 keys (half the steps of the long rows). Wider heads: two
     warpgroups of one row block each share the 64-key tiles (two row blocks a warpgroup would
     spill). Measured through the compile path a user's ``tvm.compile`` takes (docs/attention.md);
     the head-dim 80-128 choice on the H200, every candidate beside SDPA at the 32 real-model
