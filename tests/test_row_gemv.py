@@ -51,6 +51,23 @@ def test_one_row_of_a_matmul_is_a_row_gemv_with_its_epilogue():
     assert plan(dense(1, 3072, 2048, "bfloat16")).family.name == "row_gemv"
 
 
+@pytest.mark.parametrize("func", [lambda: _residual_dense(2048, 8192, rows=2), lambda: dense(2, 2048, 2048),
+                                  lambda: gated_dense(2, 8192, 2048, fused_weight=True)])
+def test_two_rows_load_each_vector_of_w_once_for_both(func):
+    """Two rows of x (a decode batch of two): a lane loads each vector of W once and multiplies it
+    into both rows' sums, so W streams once as at one row; each row's lanes meet in their own sum."""
+    found = find_row_gemv(scheduling_form(func()))
+    config = default_config(found)
+    assert found.rows == 2 and plan(func()).family.name == "row_gemv"
+    source = tvm.compile(schedule_row_gemv(found, config).mod, target=H100).mod.imports[0].inspect_source()
+    # per step: each product's unrolled vectors of W, each loaded once (a fused gate/up weight
+    # is read by both products)
+    assert len(re.findall(r"= \*\(uint4\*\)\(W[a-z]*_ptr", source, re.IGNORECASE)) == config.unroll * len(found.reductions)
+    # x: each product's, in a loop over the rows
+    assert len(re.findall(r"= \*\(uint4\*\)\(X_ptr", source, re.IGNORECASE)) == config.unroll * len(found.reductions)
+    assert re.search(r"_rf_local_ptr\[1\]", source)  # the second row's partial sum
+
+
 @pytest.mark.parametrize("fused_weight", [True, False])
 def test_a_gated_layer_is_two_row_gemvs_meeting_in_its_epilogue(fused_weight):
     """``silu(x Wg^T) * (x Wu^T)``: both products of a CTA's rows in one kernel, the epilogue on
@@ -108,8 +125,8 @@ def _reversed_epilogue():
 
 
 @pytest.mark.parametrize("func, reason", [
-    (lambda: dense(2, 2048, 2048), "one row"),
-    (lambda: gemv(2048, 2048), "one row of a matmul"),  # the split-K reduction's
+    (lambda: dense(3, 2048, 2048), "1 to 2 rows"),
+    (lambda: gemv(2048, 2048), "rows of a matmul"),  # the split-K reduction's
     (lambda: _gated_halves(1024, 512), "covers its 2048 columns"),  # halves of one product
     (lambda: dense(1, 2048, 2048, weight_layout="kn"), "along K as its innermost index"),
     (_weight_only_int8, "one element size"),

@@ -1,6 +1,6 @@
-"""One row of a matmul (a decode batch of one) as a GEMV streaming W at HBM speed
-(:mod:`tvm_dsm.rules.row_gemv`), where the split-K GEMM family refuses M = 1: its 16-row
-tensor-core tile would compute 15 rows for nothing, and its clusters' reduction costs a GEMV
+"""One or two rows of a matmul (a decode batch of one or two) as a GEMV streaming W at HBM speed
+(:mod:`tvm_dsm.rules.row_gemv`), where the split-K GEMM family's 16-row tensor-core tile would
+compute 15 or 14 rows for nothing (it refuses M = 1), and its clusters' reduction costs a GEMV
 more than the product.
 
 The model is a roofline: W, x and the epilogue's operands read once and the row written once at

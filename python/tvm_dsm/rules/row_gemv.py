@@ -1,7 +1,8 @@
 """One row times a matrix (``y[j] = sum_k x[k] W[j, k]``, the matmul of a decode batch of
 one) with its elementwise epilogue, streaming W from HBM with enough loads in flight; or two
 such products over the same row (a SwiGLU's gate and up halves of one fused weight) meeting in
-one epilogue (``silu(gate[j]) * up[j]``).
+one epilogue (``silu(gate[j]) * up[j]``). Two rows (a decode batch of two) take the same
+schedule with each lane's vector of W, loaded once, multiplied into both rows' sums.
 
 Each CTA owns ``rows_per_cta`` rows of W (``threadIdx.y``), of each product; ``threads_per_row``
 lanes (``threadIdx.x``) split each row's K, every lane loading 16-byte vectors of W and x,
@@ -53,9 +54,9 @@ class RowGemvConfig:
 
 @dataclass(frozen=True)
 class RowGemv:
-    """A one-row matmul ``func`` as this rule sees it: ``n`` outputs over ``k`` of each product,
-    W's element bytes, the reduction blocks' names (one, or a gated layer's two) and the
-    epilogue block's (None without one)."""
+    """A one- or few-row matmul ``func`` as this rule sees it: ``n`` outputs a row over ``k`` of
+    each product, W's element bytes, the reduction blocks' names (one, or a gated layer's two),
+    the epilogue block's (None without one) and the rows."""
 
     func: tirx.PrimFunc
     n: int
@@ -63,6 +64,7 @@ class RowGemv:
     elem_bytes: int
     reductions: tuple[str, ...]
     epilogue: str | None
+    rows: int = 1  # rows of x (up to MAX_ROWS): each lane's vector of W multiplies all of them
 
     @property
     def vector(self) -> int:
@@ -70,12 +72,12 @@ class RowGemv:
 
 
 def find_row_gemv(func: tirx.PrimFunc) -> RowGemv:
-    """``func`` as one or two reduction blocks over (unit rows, ``n`` columns, ``k``), each a
-    sum of ``x[.., k] * W[j, k]`` (``k`` innermost in both, x and W of one element size), then
-    at most one elementwise block over the ``n`` columns reading every product where it writes
-    (a residual, a bias, a cast; a gated layer's ``silu(gate) * up``), the products its own
-    buffers; ClusterError naming what differs. A matrix-vector product without the unit row
-    (``y[i] = sum_k A[i, k] x[k]``) is the split-K reduction's."""
+    """``func`` as one or two reduction blocks over (one row, or up to :data:`MAX_ROWS`; ``n``
+    columns; ``k``), each a sum of ``x[i, k] * W[j, k]`` (``k`` innermost in both, x and W of
+    one element size), then at most one elementwise block over the rows and columns reading every
+    product where it writes (a residual, a bias, a cast; a gated layer's ``silu(gate) * up``),
+    the products its own buffers; ClusterError naming what differs. A matrix-vector product
+    without the unit row (``y[i] = sum_k A[i, k] x[k]``) is the split-K reduction's."""
     sch = s_tir.Schedule(func)
     blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
     reductions = [b for b in blocks if any(v.iter_type == tirx.IterVar.CommReduce for v in b.iter_vars)]
@@ -88,14 +90,14 @@ def find_row_gemv(func: tirx.PrimFunc) -> RowGemv:
     shapes = {_product_shape(block) for block in reductions}
     if len(shapes) != 1:
         raise ClusterError(f"the products of a row GEMV have one shape, got {sorted(shapes)}")
-    ((n, k, elem_bytes),) = shapes
+    ((rows, n, k, elem_bytes),) = shapes
     products = [block.writes[0].source for block in reductions]
     if any(r.source.same_as(p) for block in reductions for r in block.reads for p in products):
         raise ClusterError("a row GEMV's product reads the other's")
     if epilogue is not None:
-        _check_epilogue(func, epilogue, products, n)
+        _check_epilogue(func, epilogue, products, rows, n)
     found = RowGemv(func, n, k, elem_bytes, tuple(b.name_hint for b in reductions),
-                    None if epilogue is None else epilogue.name_hint)
+                    None if epilogue is None else epilogue.name_hint, rows)
     vectors = k // found.vector
     if k % found.vector:
         raise ClusterError(f"K={k}: a row GEMV loads {found.vector} elements a vector; K must be a multiple")
@@ -108,6 +110,11 @@ def find_row_gemv(func: tirx.PrimFunc) -> RowGemv:
     return found
 
 
+#: The most rows of x the rule takes: each lane multiplies its vector of W into every row. At 2 rows
+#: it ran the 2048 x 2048 and 2048 x 8192 products in 4.1 and 11.8 us against the split-K GEMM's
+#: 6.0 and 15.3 (torch 6.1, 13.8); at 8 rows it lost on every shape, the lanes' multiply-adds
+#: bound (H200, ``bench/results/archive/batched_row_gemv_s58.json``).
+MAX_ROWS = 2
 #: The most 16-byte vectors of K one lane reads (the measured default reads 4): past it a row's
 #: loads serialize, and dlight's GEMV, whose lanes predicate a tail, keeps the function (except
 #: where :func:`_dlight_grid_leaves_sms_short`, up to :data:`MAX_LONG_VECTORS_PER_LANE`).
@@ -129,16 +136,18 @@ def _dlight_grid_leaves_sms_short(found: RowGemv, lanes: int) -> bool:
             and found.n < DLIGHT_GEMV_ROWS * 2 * load_hardware().sm_count)
 
 
-def _product_shape(block) -> tuple[int, int, int]:
-    """(columns, K, element bytes) of one reduction block of a row GEMV: it reads exactly a
-    matrix ``W[j, k]`` and a row ``x[.., k]`` (no column index), of one element size, K the
-    innermost index of both; ClusterError naming what differs."""
+def _product_shape(block) -> tuple[int, int, int, int]:
+    """(rows, columns, K, element bytes) of one reduction block of a row GEMV: it reads exactly
+    a matrix ``W[j, k]`` (no row index) and rows ``x[.., k]`` (no column index), of one element
+    size, K the innermost index of both; ClusterError naming what differs."""
     spatial = [v for v in block.iter_vars if v.iter_type == tirx.IterVar.DataPar]
     reduce = [v for v in block.iter_vars if v.iter_type == tirx.IterVar.CommReduce]
     if not all(isinstance(v.dom.extent, tirx.IntImm) for v in (*spatial, *reduce)) or len(reduce) != 1:
         raise ClusterError("a row GEMV has constant extents and one reduced axis")
-    if len(spatial) < 2 or any(int(v.dom.extent) != 1 for v in spatial[:-1]):
-        raise ClusterError("a row GEMV computes one row of a matmul (unit rows, then the columns)")
+    outer = [v for v in spatial[:-1] if int(v.dom.extent) != 1]
+    rows = int(outer[0].dom.extent) if outer else 1
+    if len(spatial) < 2 or len(outer) > 1 or rows > MAX_ROWS:
+        raise ClusterError(f"a row GEMV computes 1 to {MAX_ROWS} rows of a matmul (rows, then the columns)")
     column, depth = spatial[-1].var, reduce[0].var
     n, k = int(spatial[-1].dom.extent), int(reduce[0].dom.extent)
     matrix, row = [], []
@@ -149,20 +158,24 @@ def _product_shape(block) -> tuple[int, int, int]:
         (matrix if any(uses(i, column) for i in indices) else row).append(read.source)
     if len(matrix) != 1 or len(row) != 1 or len(matrix[0].ty.shape) != 2:
         raise ClusterError(f"a row GEMV reads one matrix W[j, k] and one row x[.., k]; got {len(matrix)} and {len(row)}")
+    if outer and any(uses(r.min, outer[0].var) for read in block.reads if read.source.same_as(matrix[0])
+                     for r in read.region):
+        raise ClusterError("a row GEMV's W is the same for every row")
     if element_bytes(matrix[0]) != element_bytes(row[0]):
         raise ClusterError("a row GEMV's x and W have one element size (16-byte loads of both)")
-    return n, k, element_bytes(matrix[0])
+    return rows, n, k, element_bytes(matrix[0])
 
 
-def _check_epilogue(func: tirx.PrimFunc, epilogue, products: list, n: int) -> None:
-    """ClusterError unless ``epilogue`` covers the ``n`` columns, reads every product, each
-    exactly at the element it writes, and the products are the function's own buffers."""
+def _check_epilogue(func: tirx.PrimFunc, epilogue, products: list, rows: int, n: int) -> None:
+    """ClusterError unless ``epilogue`` covers the ``rows`` x ``n`` outputs, reads every product,
+    each exactly at the element it writes, and the products are the function's own buffers."""
     params = list(func.params)
     if any(p.same_as(q) for p in products for q in params):
         raise ClusterError("a row GEMV with an epilogue keeps its products in buffers of its own")
     columns = [v for v in epilogue.iter_vars if v.iter_type == tirx.IterVar.DataPar]
-    if int(columns[-1].dom.extent) != n or any(int(v.dom.extent) != 1 for v in columns[:-1]):
-        raise ClusterError(f"a row GEMV's epilogue covers its {n} columns of one row")
+    outer = [int(v.dom.extent) for v in columns[:-1] if int(v.dom.extent) != 1]
+    if int(columns[-1].dom.extent) != n or outer not in ([], [rows]) or (rows > 1 and not outer):
+        raise ClusterError(f"a row GEMV's epilogue covers its {n} columns of its {rows} row(s)")
     written = epilogue.writes[0].region
     for product in products:
         reads = [r for r in epilogue.reads if r.source.same_as(product)]
@@ -238,6 +251,8 @@ def check_config(found: RowGemv, config: RowGemvConfig) -> None:
 def schedule_row_gemv(found: RowGemv, config: RowGemvConfig) -> s_tir.Schedule:
     """The schedule of the module docstring for ``found`` in ``config``."""
     check_config(found, config)
+    if found.rows > 1:
+        return _schedule_rows(found, config)
     sch = s_tir.Schedule(found.func)
     partials = []
     for name in found.reductions:  # K over the lanes: their partial sums, then the lanes' sum
@@ -278,3 +293,52 @@ def _sum_over_lanes(sch: s_tir.Schedule, lane_sum, partial, row, result_in_regis
     sch.set_scope(partial, 0, "local")
     if result_in_register:
         sch.set_scope(lane_sum, 0, "local")
+
+
+def _schedule_rows(found: RowGemv, config: RowGemvConfig) -> s_tir.Schedule:
+    """The schedule for ``found.rows`` rows: the one-row schedule's CTAs, lanes and loads, each
+    lane's partial sums of every row under its loads, so that a vector of W, loaded once,
+    multiplies each row's vector of x (the rows innermost); the lanes' sums a cross-thread
+    reduction per row."""
+    sch = s_tir.Schedule(found.func)
+    partials = []
+    for name in found.reductions:
+        k = sch.get_loops(sch.get_sblock(name))[-1]
+        _, _, lane, _ = sch.split(k, [None, config.unroll, config.threads_per_row, found.vector])
+        partials.append(sch.rfactor(lane, factor_axis=0))
+    owner = sch.get_sblock(found.epilogue or found.reductions[0])
+    spatial = sch.get_loops(owner) if found.epilogue is not None else sch.get_loops(owner)[:-1]
+    rows = sch.fuse(*spatial[:-1]) if len(spatial) > 2 else spatial[0]
+    column = spatial[-1]
+    sch.reorder(column, rows)
+    if found.epilogue is not None:
+        for name in found.reductions:
+            sch.compute_at(sch.get_sblock(name), column)
+    cta, row = sch.split(column, [None, config.rows_per_cta])
+    sch.bind(cta, "blockIdx.x")
+    sch.bind(row, "threadIdx.y")
+    sch.annotate(sch.get_sblock("root"), PREFETCH_ROWS_KEY, config.rows_per_cta)
+    launch_programmatically(sch)
+    for name, partial in zip(found.reductions, partials):
+        sch.compute_at(partial, row, preserve_unit_loops=True)
+        loops = sch.get_loops(partial)
+        lane, (steps, unrolled, vector) = loops[2], loops[-3:]
+        (of_rows,) = [loop for loop in loops[3:-3] if int(sch.get(loop).extent) == found.rows]
+        sch.reorder(steps, unrolled, vector, of_rows)
+        sch.bind(lane, "threadIdx.x")
+        for index in range(len(sch.get(partial).reads)):
+            staged = sch.cache_read(partial, index, "local", consumer_blocks=[partial])
+            sch.compute_at(staged, unrolled)
+            sch.vectorize(sch.get_loops(staged)[-1])
+        for loop in (unrolled, vector, of_rows):
+            sch.unroll(loop)
+        lane_sum = sch.get_sblock(name)
+        summed = sch.get_loops(lane_sum)
+        lanes = [loop for loop in summed if int(sch.get(loop).extent) == config.threads_per_row][-1]
+        (sum_rows,) = [loop for loop in summed[2:] if int(sch.get(loop).extent) == found.rows]
+        sch.reorder(sum_rows, lanes)  # the lanes innermost: a cross-thread reduction's must be
+        sch.bind(lanes, "threadIdx.x")
+        sch.set_scope(partial, 0, "local")
+        if found.epilogue is not None:
+            sch.set_scope(lane_sum, 0, "local")
+    return sch
