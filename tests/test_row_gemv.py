@@ -126,6 +126,7 @@ def _reversed_epilogue():
 
 @pytest.mark.parametrize("func, reason", [
     (lambda: dense(3, 2048, 2048), "1 to 2 rows"),
+    (lambda: dense(2, 64, 64), "2 rows take at least 4 lanes a row"),  # K = 64: 2 lanes
     (lambda: gemv(2048, 2048), "rows of a matmul"),  # the split-K reduction's
     (lambda: _gated_halves(1024, 512), "covers its 2048 columns"),  # halves of one product
     (lambda: dense(1, 2048, 2048, weight_layout="kn"), "along K as its innermost index"),

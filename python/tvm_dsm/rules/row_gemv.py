@@ -102,6 +102,9 @@ def find_row_gemv(func: tirx.PrimFunc) -> RowGemv:
     if k % found.vector:
         raise ClusterError(f"K={k}: a row GEMV loads {found.vector} elements a vector; K must be a multiple")
     lanes = _default_lanes(found)
+    if rows > 1 and lanes < MIN_LANES_FOR_ROWS:
+        raise ClusterError(f"K={k}: {rows} rows take at least {MIN_LANES_FOR_ROWS} lanes a row (a lane per 32 "
+                           f"elements of K gives {lanes})")
     if vectors // lanes > MAX_VECTORS_PER_LANE and not _dlight_grid_leaves_sms_short(found, lanes):
         raise ClusterError(f"K={k}: its {vectors} vectors split over {lanes} lanes at most "
                            f"(a power of two dividing them): more than {MAX_VECTORS_PER_LANE} a lane (up to "
@@ -115,6 +118,9 @@ def find_row_gemv(func: tirx.PrimFunc) -> RowGemv:
 #: 6.0 and 15.3 (torch 6.1, 13.8); at 8 rows it lost on every shape, the lanes' multiply-adds
 #: bound (H200, ``bench/results/archive/batched_row_gemv_s58.json``).
 MAX_ROWS = 2
+#: The fewest lanes a row of several rows' schedule takes (more lanes than rows: each row's lane
+#: sum is told from the rows by its extent).
+MIN_LANES_FOR_ROWS = 4
 #: The most 16-byte vectors of K one lane reads (the measured default reads 4): past it a row's
 #: loads serialize, and dlight's GEMV, whose lanes predicate a tail, keeps the function (except
 #: where :func:`_dlight_grid_leaves_sms_short`, up to :data:`MAX_LONG_VECTORS_PER_LANE`).
@@ -240,6 +246,8 @@ def check_config(found: RowGemv, config: RowGemvConfig) -> None:
     """ClusterError naming the first limit ``config`` breaks for ``found``."""
     if config.threads > MAX_CTA_THREADS:
         raise ClusterError(f"{config.threads} threads a CTA > {MAX_CTA_THREADS}")
+    if found.rows > 1 and config.threads_per_row < MIN_LANES_FOR_ROWS:
+        raise ClusterError(f"{found.rows} rows take at least {MIN_LANES_FOR_ROWS} lanes a row, not {config.threads_per_row}")
     if found.n % config.rows_per_cta:
         raise ClusterError(f"N={found.n} is not a multiple of {config.rows_per_cta} rows a CTA")
     step = config.threads_per_row * found.vector * config.unroll
