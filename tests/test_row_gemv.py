@@ -255,31 +255,51 @@ def _check(lib, n: int, k: int, rows: int = 1) -> float:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 2])
 @pytest.mark.parametrize("k", [512, 2048, 8192])
-def test_gpu_configurations_of_one_and_two_steps_match_float64(k):
+def test_gpu_configurations_of_one_and_two_steps_match_float64(k, rows):
     """The default, and every configuration whose lanes take K in one or two steps (one step
-    leaves unit loops among those the rule binds by position)."""
+    leaves unit loops among those the rule binds by position), at one and two rows."""
     n = 1024
-    func = _residual_dense(n, k)
+    func = _residual_dense(n, k, rows=rows)
     found = find_row_gemv(scheduling_form(func))
     steps = {c: k // (c.threads_per_row * found.vector * c.unroll) for c in candidate_configs(found)}
     for config in [default_config(found), *(c for c, s in steps.items() if s <= 2 and c.rows_per_cta in (1, 8))]:
         lib = tvm.compile(schedule_row_gemv(found, config).mod, target=tvm.target.Target(H100))
-        assert _check(lib, n, k) < 2e-3, config
+        assert _check(lib, n, k, rows) < 2e-3, config
 
 
 @pytest.mark.gpu
-def test_gpu_a_gated_layer_matches_float64():
+@pytest.mark.parametrize("rows", [1, 2])
+def test_gpu_a_gated_layer_matches_float64(rows):
     n, k = 1024, 2048
-    lib = tvm_dsm.build(gated_dense(1, n, k, fused_weight=True))
+    lib = tvm_dsm.build(gated_dense(rows, n, k, fused_weight=True))
     dev, rng = tvm.cuda(), np.random.default_rng()
-    x = rng.standard_normal((1, k)).astype("float16")
+    x = rng.standard_normal((rows, k)).astype("float16")
     w = (rng.standard_normal((2 * n, k)) / np.sqrt(k)).astype("float16")
-    out = tvm.runtime.tensor(np.full((1, n), np.nan, "float16"), dev)
+    out = tvm.runtime.tensor(np.full((rows, n), np.nan, "float16"), dev)
     lib(tvm.runtime.tensor(x, dev), tvm.runtime.tensor(w, dev), out)
     gate, up = (x.astype("float64") @ half.astype("float64").T for half in (w[:n], w[n:]))
     ref = gate / (1 + np.exp(-gate)) * up
     assert np.linalg.norm(out.numpy().astype("float64") - ref) / np.linalg.norm(ref) < 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, tolerance", [("bfloat16", 2e-3), ("float32", 1e-5)])
+def test_gpu_two_rows_in_other_types_match_float64(dtype, tolerance):
+    """Two rows in bf16 (16-byte vectors of 8) and fp32 (of 4), no epilogue past the cast."""
+    import ml_dtypes
+
+    n, k = 1024, 2048
+    lib = tvm_dsm.build(dense(2, n, k, dtype))
+    host = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32
+    dev, rng = tvm.cuda(), np.random.default_rng()
+    x = rng.standard_normal((2, k)).astype(host)
+    w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(host)
+    out = tvm.runtime.tensor(np.full((2, n), np.nan, host), dev)
+    lib(tvm.runtime.tensor(x, dev), tvm.runtime.tensor(w, dev), out)
+    ref = x.astype("float64") @ w.astype("float64").T
+    assert np.linalg.norm(out.numpy().astype("float64") - ref) / np.linalg.norm(ref) < tolerance
 
 
 @pytest.mark.gpu
