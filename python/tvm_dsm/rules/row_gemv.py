@@ -259,8 +259,6 @@ def check_config(found: RowGemv, config: RowGemvConfig) -> None:
 def schedule_row_gemv(found: RowGemv, config: RowGemvConfig) -> s_tir.Schedule:
     """The schedule of the module docstring for ``found`` in ``config``."""
     check_config(found, config)
-    if found.rows > 1:
-        return _schedule_rows(found, config)
     sch = s_tir.Schedule(found.func)
     partials = []
     for name in found.reductions:  # K over the lanes: their partial sums, then the lanes' sum
@@ -269,84 +267,54 @@ def schedule_row_gemv(found: RowGemv, config: RowGemvConfig) -> s_tir.Schedule:
         partials.append(sch.rfactor(lane, factor_axis=0))
     if found.epilogue is None:
         columns = sch.get_loops(sch.get_sblock(found.reductions[0]))[:-1]
-    else:  # each product's lane sum where the epilogue reads it
+    else:
         columns = sch.get_loops(sch.get_sblock(found.epilogue))
+    if found.rows > 1:  # the rows inside each column: the CTAs split the columns alone
+        rows = sch.fuse(*columns[:-1]) if len(columns) > 2 else columns[0]
+        sch.reorder(columns[-1], rows)
+        columns = columns[-1:]
+    if found.epilogue is not None:  # each product's lane sum where the epilogue reads it
         for name in found.reductions:  # (its lane loop innermost: a cross-thread reduction's must be)
             sch.compute_at(sch.get_sblock(name), columns[-1])
-    cta, row = sch.split(sch.fuse(*columns), [None, config.rows_per_cta])
+    cta, row = sch.split(sch.fuse(*columns) if len(columns) > 1 else columns[0], [None, config.rows_per_cta])
     sch.bind(cta, "blockIdx.x")
     sch.bind(row, "threadIdx.y")
     sch.annotate(sch.get_sblock("root"), PREFETCH_ROWS_KEY, config.rows_per_cta)
     launch_programmatically(sch)
     for name, partial in zip(found.reductions, partials):
-        _sum_over_lanes(sch, sch.get_sblock(name), partial, row, result_in_register=found.epilogue is not None)
+        _sum_over_lanes(sch, sch.get_sblock(name), partial, row, found, config)
     return sch
 
 
-def _sum_over_lanes(sch: s_tir.Schedule, lane_sum, partial, row, result_in_register: bool) -> None:
+def _sum_over_lanes(sch: s_tir.Schedule, lane_sum, partial, row, found: RowGemv, config: RowGemvConfig) -> None:
     """A product's ``partial`` sums under ``row`` with every loop kept (unit ones too: the
-    lanes, the row's unit axes, then the steps, the unrolled loads and the vector), each lane's
+    lanes, the row's axes, then the steps, the unrolled loads and the vector), each lane's
     unrolled vectors of W and x staged in registers; ``lane_sum`` a cross-thread reduction of
-    them, its result in a register where ``result_in_register`` (an epilogue reads it)."""
+    them, its result in a register where an epilogue reads it. With several rows, each lane's
+    sums of every row sit innermost, under its loads, so that a vector of W, loaded once,
+    multiplies each row's vector of x; the lanes' sums a cross-thread reduction per row."""
     sch.compute_at(partial, row, preserve_unit_loops=True)
     loops = sch.get_loops(partial)
-    lane, unrolled = loops[2], loops[-2]
+    lane, (steps, unrolled, vector) = loops[2], loops[-3:]
+    if found.rows > 1:
+        (of_rows,) = [loop for loop in loops[3:-3] if int(sch.get(loop).extent) == found.rows]
+        sch.reorder(steps, unrolled, vector, of_rows)
     sch.bind(lane, "threadIdx.x")
     for index in range(len(sch.get(partial).reads)):
         staged = sch.cache_read(partial, index, "local", consumer_blocks=[partial])  # (x: the other product's too)
         sch.compute_at(staged, unrolled)  # a vector a load; unrolled, the compiler may issue them ahead
         sch.vectorize(sch.get_loops(staged)[-1])
     sch.unroll(unrolled)
-    sch.bind(sch.get_loops(lane_sum)[-1], "threadIdx.x")
-    sch.set_scope(partial, 0, "local")
-    if result_in_register:
-        sch.set_scope(lane_sum, 0, "local")
-
-
-def _schedule_rows(found: RowGemv, config: RowGemvConfig) -> s_tir.Schedule:
-    """The schedule for ``found.rows`` rows: the one-row schedule's CTAs, lanes and loads, each
-    lane's partial sums of every row under its loads, so that a vector of W, loaded once,
-    multiplies each row's vector of x (the rows innermost); the lanes' sums a cross-thread
-    reduction per row."""
-    sch = s_tir.Schedule(found.func)
-    partials = []
-    for name in found.reductions:
-        k = sch.get_loops(sch.get_sblock(name))[-1]
-        _, _, lane, _ = sch.split(k, [None, config.unroll, config.threads_per_row, found.vector])
-        partials.append(sch.rfactor(lane, factor_axis=0))
-    owner = sch.get_sblock(found.epilogue or found.reductions[0])
-    spatial = sch.get_loops(owner) if found.epilogue is not None else sch.get_loops(owner)[:-1]
-    rows = sch.fuse(*spatial[:-1]) if len(spatial) > 2 else spatial[0]
-    column = spatial[-1]
-    sch.reorder(column, rows)
-    if found.epilogue is not None:
-        for name in found.reductions:
-            sch.compute_at(sch.get_sblock(name), column)
-    cta, row = sch.split(column, [None, config.rows_per_cta])
-    sch.bind(cta, "blockIdx.x")
-    sch.bind(row, "threadIdx.y")
-    sch.annotate(sch.get_sblock("root"), PREFETCH_ROWS_KEY, config.rows_per_cta)
-    launch_programmatically(sch)
-    for name, partial in zip(found.reductions, partials):
-        sch.compute_at(partial, row, preserve_unit_loops=True)
-        loops = sch.get_loops(partial)
-        lane, (steps, unrolled, vector) = loops[2], loops[-3:]
-        (of_rows,) = [loop for loop in loops[3:-3] if int(sch.get(loop).extent) == found.rows]
-        sch.reorder(steps, unrolled, vector, of_rows)
-        sch.bind(lane, "threadIdx.x")
-        for index in range(len(sch.get(partial).reads)):
-            staged = sch.cache_read(partial, index, "local", consumer_blocks=[partial])
-            sch.compute_at(staged, unrolled)
-            sch.vectorize(sch.get_loops(staged)[-1])
-        for loop in (unrolled, vector, of_rows):
-            sch.unroll(loop)
-        lane_sum = sch.get_sblock(name)
-        summed = sch.get_loops(lane_sum)
+    summed = sch.get_loops(lane_sum)
+    if found.rows > 1:
+        sch.unroll(vector)
+        sch.unroll(of_rows)
         lanes = [loop for loop in summed if int(sch.get(loop).extent) == config.threads_per_row][-1]
         (sum_rows,) = [loop for loop in summed[2:] if int(sch.get(loop).extent) == found.rows]
         sch.reorder(sum_rows, lanes)  # the lanes innermost: a cross-thread reduction's must be
         sch.bind(lanes, "threadIdx.x")
-        sch.set_scope(partial, 0, "local")
-        if found.epilogue is not None:
-            sch.set_scope(lane_sum, 0, "local")
-    return sch
+    else:
+        sch.bind(summed[-1], "threadIdx.x")
+    sch.set_scope(partial, 0, "local")
+    if found.epilogue is not None:
+        sch.set_scope(lane_sum, 0, "local")
