@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..calibration import DATA
-from ..families import FAMILIES, match_family
+from ..families.split_k_gemm import SplitKGemm
 from ..families.configs import config_from, examples
 from ..hardware import Hardware, load_hardware, refitted
 from ..planners.split_k_gemm import plan_split_k_gemm, predict, ranked
@@ -111,9 +111,9 @@ def pools(paths: Iterable[Path], hw: Hardware, across: Iterable[Path] = ()) -> l
         for name, function, fields, us in _measured(run):
             grouped.setdefault((None if is_pooled else path, name), [function]).append((fields, us, run, path.name))
     found = []
-    split_k = [f for f in FAMILIES if f.name == "split_k_gemm"]  # what the pools' configurations are of
+    family = SplitKGemm()  # what the pools' configurations are of
     for (_, name), (function, *measured) in grouped.items():
-        family, shape = match_family(function(), families=split_k)
+        shape = family.recognize(function())
         if not all(from_hbm(run, shape, hw) for _, _, run, _ in measured):
             continue
         times: dict[str, list] = {}
