@@ -87,21 +87,17 @@ def test_tvm_dsm_gpu_names_the_gpu_planned_for(monkeypatch):
     H100)."""
     from tvm_dsm import hardware
 
-    def fresh():
-        hardware.gpu_name.cache_clear()
-        hardware.load_hardware.cache_clear()
-
     monkeypatch.setenv(hardware.GPU_VARIABLE, "h200_sxm")
-    fresh()
+    hardware.forget_planned_gpu()
     try:
         assert hardware.gpu_name() == "h200_sxm" and load_hardware().device == "NVIDIA H200"
         monkeypatch.setenv(hardware.GPU_VARIABLE, "no_such_gpu")
-        fresh()
+        hardware.forget_planned_gpu()
         with pytest.raises(FileNotFoundError, match="no hardware description"):
             load_hardware()
     finally:
         monkeypatch.undo()
-        fresh()
+        hardware.forget_planned_gpu()
 
 
 def test_runs_of_one_plan_a_layer_pool_over_the_runs(tmp_path):

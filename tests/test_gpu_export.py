@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tvm_dsm.gpu import export
-from tvm_dsm.hardware import GPU_VARIABLE, check_planned_for, gpu_name, load_hardware
+from tvm_dsm.hardware import GPU_VARIABLE, check_planned_for, forget_planned_gpu, load_hardware
 
 RUNNER = Path(export.__file__).with_name("run.py")
 
@@ -19,11 +19,9 @@ RUNNER = Path(export.__file__).with_name("run.py")
 def planned_gpu(monkeypatch):
     """The GPU planned for, reset around the test (``gpu_name`` and ``load_hardware`` cache it)."""
     monkeypatch.delenv(GPU_VARIABLE, raising=False)
-    gpu_name.cache_clear()
-    load_hardware.cache_clear()
+    forget_planned_gpu()
     yield
-    gpu_name.cache_clear()
-    load_hardware.cache_clear()
+    forget_planned_gpu()
 
 
 def test_export_plans_for_the_gpu_named_and_says_so(tmp_path, monkeypatch, planned_gpu):

@@ -167,6 +167,14 @@ def check_planned_for(manifest: dict, device: str) -> None:
                          f"export them with --gpu {present}")
 
 
+def forget_planned_gpu() -> None:
+    """Forget the GPU this process plans for and its description (:func:`gpu_name` and
+    :func:`load_hardware` keep them once read), so that the next call reads ``TVM_DSM_GPU``
+    again."""
+    gpu_name.cache_clear()
+    load_hardware.cache_clear()
+
+
 @functools.cache
 def gpu_name() -> str:
     """The description to plan for: ``TVM_DSM_GPU`` where set, else the first CUDA device's

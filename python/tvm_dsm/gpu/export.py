@@ -20,7 +20,7 @@ import tvm
 
 from ..errors import ClusterError
 from ..bench import results as res
-from ..hardware import GPU_VARIABLE, descriptions, gpu_name, load_hardware
+from ..hardware import GPU_VARIABLE, descriptions, forget_planned_gpu, gpu_name
 from .suites import SUITES
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
@@ -81,8 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.gpu:
         os.environ[GPU_VARIABLE] = args.gpu
-        gpu_name.cache_clear()
-        load_hardware.cache_clear()
+        forget_planned_gpu()
     print("exported to", export_suite(args.suite, args.out, args.only))
 
 
