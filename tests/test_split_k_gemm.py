@@ -10,7 +10,7 @@ from conftest import cuda_source, dense_relu_error_on_gpu
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.hardware import load_hardware, refitted
 from tvm_dsm.planners.split_k_gemm import candidate_configs, plan_split_k_gemm, predict, schedule_dense
-from tvm_dsm.rules.split_k_gemm import GemmShape, SplitKGemmConfig, check_config, schedule_split_k_gemm
+from tvm_dsm.rules.split_k_gemm import GemmShape, SplitKGemmConfig, check_config, schedule_split_k_gemm, tiled_shape
 from tvm_dsm.workloads.dense import dense, gated_dense
 
 SMALL = SplitKGemmConfig(cluster_size=2, block_m=64, block_n=64, block_k=32, warps_m=2, warps_n=2, stages=3)
@@ -198,6 +198,36 @@ def test_one_fragment_of_rows_is_a_gemm_too(assemble):
     sch, plan = schedule_dense(dense(16, 4096, 4096))
     assert plan.config.block_m == 16 and plan.config.warps_m == 1
     assemble(cuda_source(sch.mod), "gemm_m16")
+
+
+@pytest.mark.parametrize("m, height", [(17, 32), (24, 32), (32, 32), (33, 64), (48, 64), (64, 64)])
+def test_a_short_row_of_tiles_is_as_tall_as_its_rows_need(m, height):
+    """M up to 64: tiles of the least height that holds M are ranked first. 48 rows run on one
+    padded 64-row tile, not three whole 16-row ones (the 1B Llama's LM head: 36.8 against
+    84.6 us), and 17 on 32-row tiles, not 128- or 64-row ones whose zero-filled rows made the
+    gate/up GEMM 2x slower (bench/results/archive/tile_heights_s59.json)."""
+    hw = load_hardware("h200_sxm")
+    for n, k in ((16384, 2048), (32000, 2048), (2048, 8192), (3072, 2048)):
+        plans = plan_split_k_gemm(GemmShape(m, n, k, True), hw, padded=True)
+        heights = [p.config.block_m for p in plans]
+        assert heights == sorted(heights, key=lambda h: h != height) and heights[0] == height, (m, n, k)
+
+
+def test_short_rows_are_padded_in_m_only():
+    """The padded tiles short rows add run past M, never past N or K where whole ones fit
+    (those were not measured against the whole ones)."""
+    shape = GemmShape(16, 896, 896, True)
+    configs = candidate_configs(shape, padded=True, hw=load_hardware("h200_sxm"))
+    assert any(c.block_m > 16 for c in configs)
+    assert all((tiled_shape(shape, c).n, tiled_shape(shape, c).k) == (896, 896) for c in configs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [17, 48])
+def test_gpu_short_rows_on_padded_tiles_match_float64(m):
+    """The tile heights above, on the GPU: rows past M zero-filled by TMA, never stored."""
+    config = plan_split_k_gemm(GemmShape(m, 2048, 2048, True), load_hardware(), padded=True)[0].config
+    assert dense_relu_error_on_gpu(m, 2048, 2048, config) < 2e-3
 
 
 def test_a_matmul_that_writes_the_output_itself_gets_a_copy_stage(assemble):

@@ -49,8 +49,10 @@ from .configs import config_from, examples
 #: chunks. A range's kernel is planned at its largest row count, so a range's bottom may leave
 #: SMs idle: a 512-token prefill on a range ending at 1024 ran the 1B Llama's down projection on
 #: 128 x 256 tiles, half the SMs idle (prefill 3.18 against 2.72 ms with a range ending at 512,
-#: H200, ``bench/results/archive/llama_1b_row_ranges_s52.json``).
-ROW_RANGES = (16, 64, 128, 256, 512, 1024, 2048)
+#: H200, ``bench/results/archive/llama_1b_row_ranges_s52.json``); a decode batch of 17 on a
+#: range ending at 64 ran the gate/up GEMM on 64-row tiles at 34.9 us, where 32-row tiles take
+#: 19.2 (``bench/results/archive/tile_heights_s59.json``).
+ROW_RANGES = (16, 32, 64, 128, 256, 512, 1024, 2048)
 #: The row count the range past the last bound is planned for.
 ROWS_BEYOND = 4096
 #: Configurations of a range tried, best predicted first, before the range is refused.

@@ -194,6 +194,12 @@ PIPELINE_DEPTHS = (3, 4, 5, 6, 8)
 SHALLOW_PIPELINES = (3, 4)
 
 
+#: Tile heights of the space up to one 128-row warpgroup pair.
+TILE_HEIGHTS = (16, 32, 64, 128)
+#: The most rows :func:`short_tile_height` runs on one row of tiles: as far as it was measured.
+SHORT_ROWS = 64
+
+
 def candidate_configs(shape: GemmShape, quantized: bool = False,
                       pipelines: tuple[int, ...] | None = None,
                       padded: bool = False, hw: Hardware | None = None) -> list[SplitKGemmConfig]:
@@ -205,7 +211,9 @@ def candidate_configs(shape: GemmShape, quantized: bool = False,
     (``stages=1``); only there, as the model was not fitted on them. ``padded``: where no
     configuration fits whole tiles, those whose tiles run past M, N or K, as
     :func:`~tvm_dsm.rules.split_k_gemm.apply_padded_split_k_gemm` schedules them (whole tiles
-    are kept where they fit: padded ones were not measured against them)."""
+    are kept where they fit: padded ones were not measured against them), and both where M
+    fits one short row of tiles (:func:`short_tile_height`: 48 rows run on one padded 64-row
+    tile, not three 16-row ones)."""
     hw = hw or load_hardware()
     if pipelines is None:
         pipelines = SHALLOW_PIPELINES if quantized else PIPELINE_DEPTHS
@@ -213,12 +221,23 @@ def candidate_configs(shape: GemmShape, quantized: bool = False,
         checks = [check_quantized_config]
     else:
         checks = [check_config, check_padded_config] if padded else [check_config]
+        if padded and short_tile_height(shape.m) is not None:
+            checks = [_check_short_rows_config, *checks]
     for check in checks:
         for depths in (pipelines, (1,)):
             configs = _candidates(shape, check, depths, hw)
             if configs:
                 return configs
     return []
+
+
+def _check_short_rows_config(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> None:
+    """:func:`check_padded_config` for tiles that run past M only (whole tiles included)."""
+    tiles = tiled_shape(shape, config)
+    if (tiles.n, tiles.k) != (shape.n, shape.k):
+        raise ClusterError(f"{shape.n}x{shape.k} is not a multiple of the tile's {config.block_n} columns "
+                           f"and the cluster's {config.cluster_size * config.block_k}-deep K steps")
+    check_padded_config(shape, config, hw)
 
 
 #: Output tile widths of the space. 80 and 192 are for warpgroup MMAs only (any multiple of 8
@@ -264,8 +283,8 @@ def plan_split_k_gemm(shape: GemmShape, hw: Hardware, quantized: bool = False,
     HBM and L2 limits (where the pipeline term binds, a few large CTAs pull their tiles slower
     than many small ones), then tiles of up to 128 rows before shorter ones (a 128x64 and a
     64x128 tile move the same bytes in the model; the taller one runs faster with wgmma). The
-    measurements behind both: docs/gemm.md. Where M fits one 16-row tile, only 16-row tiles
-    are ranked (taller ones compute padding; see the code)."""
+    measurements behind both: docs/gemm.md. Where M fits one short row of tiles, tiles of
+    the height that holds it are ranked first (:func:`short_tile_height`; see :func:`ranked`)."""
     if padded:
         check_edges(shape)  # refused whatever the configuration: say which limit
     plans = [predict(shape, c, hw, quantized)
@@ -285,15 +304,29 @@ def plan_split_k_gemm(shape: GemmShape, hw: Hardware, quantized: bool = False,
     return ranked(shape, plans)
 
 
+def short_tile_height(m) -> int | None:
+    """The tile height a GEMM of ``m`` rows runs on where ``m`` fits one short row of tiles
+    (up to :data:`SHORT_ROWS`): the least of :data:`TILE_HEIGHTS` that holds them; None past
+    that, or for a symbolic ``m``."""
+    if not isinstance(m, int) or m > SHORT_ROWS:
+        return None
+    return min(h for h in TILE_HEIGHTS if h >= m)
+
+
 def ranked(shape: GemmShape, plans: list[GemmPlan]) -> list[GemmPlan]:
     """``plans`` of ``shape`` in the planner's order (:func:`plan_split_k_gemm`)."""
-    if shape.m <= TILE:
-        # Taller tiles compute only padding rows here. The model does not see what that costs
-        # (its MMA term stays under the HBM term), but 128-row warpgroup tiles measured twice
-        # the HBM floor at M = 2-8 where 16-row tiles ran near it (the SwiGLU operators of
-        # N = 14336 and 28672, bench/results/real_shapes, H200).
-        plans = [p for p in plans if p.config.block_m == TILE] or plans
-    return sorted(plans, key=lambda p: (p.predicted_us, p.config.cluster_size, -p.config.stages,
+    height = short_tile_height(shape.m)
+    # Where M fits one short row of tiles, tiles of the height that holds it come first: the
+    # model sees neither cost of the others. Taller tiles compute padding rows, and their TMA
+    # copies fill them with zeros, which is slow: the 1B Llama's gate/up GEMM (N = 16384) at
+    # M = 17 took 34.1 us on 64-row warpgroup tiles against 24.2 at M = 64 on the same kernel,
+    # and its LM head 50.9 against 36.0; 128-row tiles measured twice the HBM floor at M = 2-8
+    # (bench/results/real_shapes). Shorter tiles stream W once per row of tiles: 16-row tiles
+    # at M = 17 took 28.7 us, 32-row ones 19.2. Over the 1B Llama's five GEMMs at M = 17, 24,
+    # 33, 48 and 64 this height was the fastest measured, or within 2% of it
+    # (bench/results/archive/tile_heights_s59.json, H200).
+    return sorted(plans, key=lambda p: (height is not None and p.config.block_m != height,
+                                        p.predicted_us, p.config.cluster_size, -p.config.stages,
                                         max(p.seconds["hbm"], p.seconds["l2"]),
                                         -min(p.config.block_m, 128)))
 

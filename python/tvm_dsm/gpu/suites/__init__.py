@@ -31,7 +31,7 @@ EXPERIMENTS = {
     "elementwise_configs": elementwise_configs, "wide_head_attention": experiments.wide_head_attention,
     "symbolic_attention": experiments.symbolic_attention, "attention_configs": experiments.attention_configs,
     "fp8_depths": experiments.fp8_depths, "decode_gemm_configs": experiments.decode_gemm_configs,
-    "prefill_gemm_configs": experiments.prefill_gemm_configs,
+    "prefill_gemm_configs": experiments.prefill_gemm_configs, "tile_heights": experiments.tile_heights,
     "decode_gemm_pool_rotated": experiments.decode_gemm_pool_rotated,
     "gemm_k_scaling": experiments.gemm_k_scaling,
     "trailing_dense_configs": experiments.trailing_dense_configs,

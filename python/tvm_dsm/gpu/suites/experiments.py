@@ -389,6 +389,31 @@ def prefill_gemm_configs() -> list[Variant]:
     return [v for rows in (128, 512) for v in _llama_gemm_configs(rows)]
 
 
+#: Row counts between the 16-row tile and the 64-row warpgroup tile, where the tile height is
+#: the choice: a decode batch past 16, a short prefill chunk.
+RAGGED_ROWS = (17, 24, 33, 48, 64)
+#: The 1B Llama's GEMMs with its LM head.
+LLAMA_GEMM_SHAPES = {**DECODE_GEMM_SHAPES, "lm_head": (32000, 2048)}
+
+
+def tile_heights() -> list[Variant]:
+    """The 1B Llama's GEMMs (:data:`LLAMA_GEMM_SHAPES`) at :data:`RAGGED_ROWS`: for each tile
+    height of the space, its best predicted configuration (whether the planner's tie-break
+    between 64- and 128-row warpgroup tiles, and between those and 16/32-row tiles, holds where
+    most of a tall tile's rows are padding)."""
+    hw = load_hardware()
+    variants = []
+    for label, (n, k) in LLAMA_GEMM_SHAPES.items():
+        for rows in RAGGED_ROWS:
+            plans = plan_split_k_gemm(GemmShape(rows, n, k, True), hw, padded=True)
+            best = {}
+            for rank, p in enumerate(plans):
+                best.setdefault((p.config.block_m, p.config.wgmma), (rank, p))
+            for rank, p in best.values():
+                variants.append(gemm_variant(label, rows, n, k, p.config, rank, p.predicted_us))
+    return _first_of_each_name(variants)
+
+
 #: A search_quality pool of the 1B Llama's decode-batch GEMMs at 32 and 64 rows, timed by
 #: MetaSchedule's runner, which repeats a kernel on operands that stay in L2.
 DECODE_POOL = "search_quality/pools_dense_decode_m32_64.json"

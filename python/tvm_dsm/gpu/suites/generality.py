@@ -80,7 +80,7 @@ def generality() -> list[Variant]:
 #: A 1B-class decoder's linear layers (N, K): fused QKV, gate and up, down, LM head.
 ROW_LAYERS = [(3072, 2048), (16384, 2048), (2048, 8192), (32000, 2048)]
 #: Row counts the symbolic-row dense layers are called with: decode batches, prefill chunks.
-ROW_COUNTS = (1, 4, 8, 16, 17, 64, 256, 1000, 2048, 4096)
+ROW_COUNTS = (1, 4, 8, 16, 17, 48, 64, 100, 256, 1000, 2048, 4096)
 
 
 def symbolic_rows() -> list[Variant]:
