@@ -15,14 +15,20 @@ class _Recorder:
     """CudaGraphs' calls recorded; a capture runs the body (as the CUDA runtime runs the host
     part of captured work) and returns a numbered graph."""
 
-    def __init__(self):
+    def __init__(self, updates: bool = True):
         self.calls: list[tuple[str, int]] = []
-        self.made = 0
+        self.made, self.updates = 0, updates
 
-    def capture(self, stream, body):
+    def capture(self, stream, body, reuse=None):
+        result = body()
+        if reuse is not None and self.updates:
+            self.calls.append(("update", reuse))
+            return reuse, result
+        if reuse is not None:
+            self.destroy(reuse)
         self.made += 1
         self.calls.append(("capture", self.made))
-        return self.made, body()
+        return self.made, result
 
     def launch(self, executable, stream):
         self.calls.append(("launch", executable))
@@ -47,26 +53,46 @@ def test_keys_that_change_every_step_cost_no_capture_and_old_graphs_are_destroye
     for key in "abcdef":
         graphs.step(key, lambda: None)
     assert recorder.made == 0 and graphs.counts["eager"] == 6
-    for key in "aabbcc":  # each key captured on its second step; the first of three evicted
+    for key in "aabbcc":  # each key captured on its second step; the first's graph updated to the third's
         graphs.step(key, lambda: None)
-    assert [c for c in recorder.calls if c[0] != "launch"] == [("capture", 1), ("capture", 2), ("capture", 3),
-                                                               ("destroy", 1)]
+    assert [c for c in recorder.calls if c[0] != "launch"] == [("capture", 1), ("capture", 2), ("update", 1)]
     graphs.step("b", lambda: None)  # kept: replayed at once
     assert recorder.calls[-1] == ("launch", 2)
     graphs.close()
-    assert sorted(c[1] for c in recorder.calls if c[0] == "destroy") == [1, 2, 3]
+    assert sorted(c[1] for c in recorder.calls if c[0] == "destroy") == [1, 2]
+
+
+def test_a_graph_whose_update_is_refused_is_destroyed_and_a_new_one_made():
+    recorder = _Recorder(updates=False)
+    graphs = StepGraphs(stream=7, settle=0, keep=1, graphs=recorder)
+    for key in "ab":
+        graphs.step(key, lambda: None)
+    assert [c for c in recorder.calls if c[0] != "launch"] == [("capture", 1), ("destroy", 1), ("capture", 2)]
+
+
+def test_a_key_after_a_stable_one_is_captured_at_its_first_step():
+    """A batch decoding together: the layout holds a page's worth of steps, then changes; the
+    new layout's step is captured at once rather than run eagerly ``settle`` times."""
+    recorder = _Recorder()
+    graphs = StepGraphs(stream=7, settle=2, keep=4, stable=4, graphs=recorder)
+    for key in "aaaaaabbc":
+        graphs.step(key, lambda: None)
+    # a: two eager steps, then captured; b (after 6 steps of a): at once; c (after 2 of b): eager
+    assert graphs.counts == {"eager": 3, "captured": 2, "replayed": 4}
 
 
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="keep >= 1"):
         StepGraphs(stream=0, keep=0, graphs=_Recorder())
+    with pytest.raises(ValueError, match="stable >= 1"):
+        StepGraphs(stream=0, stable=0, graphs=_Recorder())
 
 
 @pytest.mark.gpu
 def test_tiny_llama_steps_from_graphs_match_the_vm(tmp_path):
     """Two sequences of 13 and 5 tokens (pages of 16: they cross at different steps), 40
     teacher-forced steps, the same kernels: the graphs' logits (each next step prepared ahead,
-    the default at two sequences) equal the VM's bit for bit."""
+    the default at every batch) equal the VM's bit for bit."""
     import json
 
     from tvm_dsm.gpu.llm import compile_config
@@ -101,7 +127,7 @@ def test_tiny_llama_steps_from_graphs_match_the_vm(tmp_path):
                          prefill_chunk_size=16, step_graphs=True)
     alone.prefill(prompts[0])
     alone.decode(tvm.runtime.tensor(forced[:1, :1], dev))
-    assert not alone._prepared  # one sequence: each step's begin_forward at its start
+    assert alone._prepared  # one sequence too: the next step's begin_forward already called
     alone.close()
 
 
@@ -113,8 +139,8 @@ class _Replaying(_Recorder):
         super().__init__()
         self.bodies = {}
 
-    def capture(self, stream, body):
-        executable, result = super().capture(stream, body)
+    def capture(self, stream, body, reuse=None):
+        executable, result = super().capture(stream, body, reuse)
         self.bodies[executable] = body, result
         return executable, result
 
@@ -153,5 +179,6 @@ def test_paged_decode_graphs_key_on_the_caches_pages_and_feed_each_steps_tokens(
         graphed.end_forward()
         np.testing.assert_array_equal(got.numpy(), want)
     # pages taken at steps 4 (13 + 4 > 16), 12 (5 + 12 > 16) and 20 (13 + 20 > 32): four keys,
-    # each captured on its third step
-    assert replaying.made == 4 and decode.counts == {"eager": 8, "captured": 4, "replayed": 12}
+    # the first two captured on their third step, the last two (each after a key held 8 steps,
+    # StepGraphs.stable) on their first
+    assert replaying.made == 4 and decode.counts == {"eager": 4, "captured": 4, "replayed": 16}
