@@ -305,3 +305,21 @@ def test_merged_runs_give_a_row_per_point_with_the_other_contenders_as_peers(tmp
     (tmp_path / "other.json").write_text(json.dumps(late | {"prompt_len": 128}))
     with pytest.raises(ValueError, match="differ in prompt_len"):
         merge([paths[0], tmp_path / "other.json"], tmp_path / "bad.json")
+
+
+def test_decode_rows_carry_the_mean_step_where_runs_recorded_it(tmp_path):
+    """The median is a decode row's figure; the mean (graph captures of new page layouts
+    included) is the per-token latency over the steps, ours and each peer's where recorded."""
+    from tvm_dsm.gpu.llm import _decode_timing
+    from tvm_dsm.gpu.llm_results import merge
+
+    steps = [1.0] * 13 + [1.3, 1.3, 2.5]  # a page's worth of steps: two eager, one capture
+    ours = _decode_timing(steps, 0.5)
+    assert (ours["decode_ms_per_step"], ours["decode_ms_mean"], ours["multiple_of_floor"]) == (1.0, 1.1313, 2.0)
+    run = _run("day 1", {"tvm_dsm_step_graphs": {"batches": {"1": ours}},
+                         "torch_compile": {"batches": {"1": _decode_timing([1.2, 1.2, 1.2], 0.5)}},
+                         "tvm_mlc": {"batches": {"1": {"decode_ms_per_step": 2.0, "floor_ms": 0.5}}}})
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    row = merge([tmp_path / "run.json"], tmp_path / "merged.json")["rows"][0]
+    assert row["ours_us"] == 1000.0 and row["ours_mean_us"] == pytest.approx(1131.3)
+    assert row["peers_mean"] == {"torch_compile": pytest.approx(1200.0)}  # tvm_mlc's run has none

@@ -314,7 +314,7 @@ def _run_config(executable, info: dict, config: LlamaConfig, params: list, promp
         prefill_kernels = _prefill_kernels(session, prompts[:batch], warm_prefill_ms)
         record(batch, {"prefill_ms_first_call": round(prefill_ms, 3),
                        "prefill_ms": round(warm_prefill_ms, 3), "prefill_kernels": prefill_kernels}
-               | _decode_timing(decode_ms, floor_ms)
+               | _decode_timing(times, floor_ms)
                | {"decode_ms_min": round(min(times), 4), "decode_ms_steps": [round(t, 3) for t in times],
                   "context": context, "logits_vs_fp32": checks, "decode_kernels": kernels})
         _log(f"  batch {batch}: decode {decode_ms:.3f} ms/step ({decode_ms / floor_ms:.2f}x "
@@ -392,10 +392,11 @@ def _run_contexts(executable, info: dict, config: LlamaConfig, params: list, con
                 session.prefill(prompts)
             token = tvm.runtime.tensor(prompts[:, :1].astype(np.int32), dev)
             decode_step = functools.partial(session.decode, token)
-            decode_ms = float(np.median(_decode_times(decode_step, steps, dev.sync)))
+            times = _decode_times(decode_step, steps, dev.sync)
+            decode_ms = float(np.median(times))
             floor_ms = _decode_floor_ms(config, batch, context + WARMUP_STEPS + steps // 2, bandwidth)
             kernels = profile_kernels(decode_step, steps=PROFILED_STEPS - 1, step_us=decode_ms * 1e3)
-            record(context, batch, prefill | _decode_timing(decode_ms, floor_ms) | {"decode_kernels": kernels})
+            record(context, batch, prefill | _decode_timing(times, floor_ms) | {"decode_kernels": kernels})
             _log(f"  context {context} batch {batch}: prefill {prefill.get('prefill_ms', 'untimed')} ms, decode "
                  f"{decode_ms:.3f} ms/step ({decode_ms / floor_ms:.2f}x floor)")
             session.close()
@@ -443,10 +444,13 @@ def _torch_decoders(model) -> list[tuple[str, Callable]]:
     return [("torch_eager", model.decode), ("torch_compile", torch.compile(model.decode, mode="reduce-overhead"))]
 
 
-def _decode_timing(decode_ms: float, floor_ms: float) -> dict:
-    """A results row's decode fields: the time a step, the floor and their ratio."""
-    return {"decode_ms_per_step": round(decode_ms, 4), "floor_ms": round(floor_ms, 4),
-            "multiple_of_floor": round(decode_ms / floor_ms, 2)}
+def _decode_timing(times: list[float], floor_ms: float) -> dict:
+    """A results row's decode fields from the step times ``times`` (ms): the median step (the
+    row's figure), the mean (the per-token latency over those steps, a step that captures a new
+    page layout's graph included), the floor and the median's multiple of it."""
+    decode_ms = float(np.median(times))
+    return {"decode_ms_per_step": round(decode_ms, 4), "decode_ms_mean": round(float(np.mean(times)), 4),
+            "floor_ms": round(floor_ms, 4), "multiple_of_floor": round(decode_ms / floor_ms, 2)}
 
 
 def _torch_decode_times(step, tokens, first_position: int, steps: int) -> list[float]:
@@ -480,10 +484,11 @@ def _run_torch_contexts(config: LlamaConfig, contexts: list[int], batches: list[
             with torch.no_grad():
                 prefill_ms = _torch_prefill_ms(model, tokens)
                 for name, step in _torch_decoders(model):
-                    decode_ms = float(np.median(_torch_decode_times(step, tokens[:, :1], context, steps)))
+                    times = _torch_decode_times(step, tokens[:, :1], context, steps)
+                    decode_ms = float(np.median(times))
                     floor_ms = _decode_floor_ms(config, batch, context + steps // 2, bandwidth)
                     record(name, context, batch, {"prefill_ms": round(prefill_ms[name], 3)}
-                           | _decode_timing(decode_ms, floor_ms))
+                           | _decode_timing(times, floor_ms))
                     _log(f"  {name} context {context} batch {batch}: prefill {prefill_ms[name]:.1f} ms, "
                          f"decode {decode_ms:.3f} ms/step ({decode_ms / floor_ms:.2f}x floor)")
             del model
@@ -520,7 +525,7 @@ def _run_torch(config: LlamaConfig, weights, prompts, forced, reference: np.ndar
                 floor_ms = _decode_floor_ms(config, batch, context, bandwidth)
                 decode_ms = float(np.median(times))  # reduce-overhead records during the warm-up
                 record(name, batch, {"prefill_ms_first_call": round(prefill_ms, 3) if name == "torch_eager" else None,
-                                     "prefill_ms": round(warm_prefill_ms[name], 3)} | _decode_timing(decode_ms, floor_ms)
+                                     "prefill_ms": round(warm_prefill_ms[name], 3)} | _decode_timing(times, floor_ms)
                        | {"decode_ms_min": round(min(times), 4), "decode_ms_steps": [round(t, 3) for t in times],
                           "context": context, "logits_vs_fp32": checks})
                 _log(f"  {name} batch {batch}: decode {decode_ms:.3f} ms/step ({decode_ms / floor_ms:.2f}x floor), "

@@ -32,8 +32,8 @@ def _points(found: dict, prompt_len: int) -> dict[tuple[str, int, int], tuple[fl
 def schema_rows(configs: dict, prompt_len: int) -> list[dict]:
     """One results row (tvm_dsm.bench.results' schema) per tvm-dsm configuration, phase, prompt
     length and batch: its time, the other configurations' (TVM's stack, torch) at the same point
-    as peers, the decode floor, where the logits were checked their error against fp32, and where
-    the phase was profiled its heaviest kernels."""
+    as peers, the decode floor, where the logits were checked their error against fp32, where
+    the phase was profiled its heaviest kernels, and where recorded the mean decode steps."""
     points = {name: _points(found, prompt_len) for name, found in configs.items()}
     rows = []
     for name, own in points.items():
@@ -47,8 +47,29 @@ def schema_rows(configs: dict, prompt_len: int) -> list[dict]:
                          "peers": {other: found[phase, context, batch][0] for other, found in points.items()
                                    if not other.startswith("tvm_dsm") and (phase, context, batch) in found},
                          "floor_us": row["floor_ms"] * 1e3 if phase == "decode" and "floor_ms" in row else None,
-                         "kernels": _heaviest(row.get(f"{phase}_kernels"))})
+                         "kernels": _heaviest(row.get(f"{phase}_kernels"))}
+                        | _means(phase, row, {other: found[phase, context, batch][1] for other, found in points.items()
+                                              if not other.startswith("tvm_dsm") and (phase, context, batch) in found}))
     return rows
+
+
+def _means(phase: str, row: dict, peers: dict[str, dict]) -> dict:
+    """A decode row's mean steps in microseconds, ours and the peers' where their runs recorded
+    them (``decode_ms_mean``, or every step's time: the per-token latency, graph captures of new
+    page layouts included; the row's own figure is the median)."""
+    ours = _mean_ms(row) if phase == "decode" else None
+    if ours is None:
+        return {}
+    means = {name: _mean_ms(r) for name, r in peers.items()}
+    return {"ours_mean_us": ours * 1e3,
+            "peers_mean": {name: mean * 1e3 for name, mean in means.items() if mean is not None}}
+
+
+def _mean_ms(row: dict) -> float | None:
+    if row.get("decode_ms_mean") is not None:
+        return row["decode_ms_mean"]
+    steps = row.get("decode_ms_steps")
+    return sum(steps) / len(steps) if steps else None
 
 
 #: Kernels a results row names, the most time first.
