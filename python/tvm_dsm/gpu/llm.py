@@ -45,7 +45,8 @@ sequence in ragged prefills (whole sequences, up to ``PREFILL_CHUNK_TOKENS`` a c
 compared with an fp32 torch evaluation of the same weights
 (:func:`tvm_dsm.workloads.llama.reference_logits`), then, after a few untimed steps, time
 ``--steps`` decode steps: host wall time around each step with the device synchronized before
-and after, median; five more steps under the CUDA profiler give the per-kernel breakdown of a
+and after, the median (the row's figure) and the mean (a new page layout's capture included);
+five more steps under the CUDA profiler give the per-kernel breakdown of a
 step (:mod:`tvm_dsm.gpu.kernel_breakdown`); last, the prefill is timed again, warm, into an
 emptied cache, and broken down by kernel too. ``--contexts`` times prefill and decode at more
 prompt lengths (random tokens, not checked; decode broken down by kernel at each, the prefill
@@ -684,7 +685,9 @@ def main(argv=None) -> None:
                              "untimed, and time decode only)")
     parser.add_argument("--check-steps", type=int, default=32,
                         help="teacher-forced decode steps whose logits are checked against fp32")
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=64,
+                        help="timed decode steps: four pages' worth (16 tokens a page), so that the mean holds "
+                             "the new page layouts' graph captures in their share")
     parser.add_argument("--torch", action=argparse.BooleanOptionalAction, default=True,
                         help="also run the torch contenders (eager, torch.compile) on the same weights")
     args = parser.parse_args(argv)
