@@ -350,8 +350,9 @@ def gemm_stages() -> list[Variant]:
     return _first_of_each_name(variants)
 
 
-#: (N, K) of the 1B Llama's decode GEMMs: QKV, o_proj, gate/up, down.
-DECODE_GEMM_SHAPES = {"qkv": (3072, 2048), "o_proj": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192)}
+#: The 1B Llama's GEMMs (N, K): fused QKV, attention output, gate and up, down, LM head.
+LLAMA_GEMM_SHAPES = {"qkv": (3072, 2048), "o_proj": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192),
+                     "lm_head": (32000, 2048)}
 
 
 def _gemm_configs(shapes: dict[str, tuple[int, int]], rows: int, top: int = 6, wide: int = 10) -> list[Variant]:
@@ -372,8 +373,8 @@ def _gemm_configs(shapes: dict[str, tuple[int, int]], rows: int, top: int = 6, w
 
 
 def _llama_gemm_configs(rows: int) -> list[Variant]:
-    """The 1B Llama's GEMMs (``DECODE_GEMM_SHAPES``) at ``rows`` rows (:func:`_gemm_configs`)."""
-    return _gemm_configs(DECODE_GEMM_SHAPES, rows)
+    """The 1B Llama's GEMMs (``LLAMA_GEMM_SHAPES``) at ``rows`` rows (:func:`_gemm_configs`)."""
+    return _gemm_configs(LLAMA_GEMM_SHAPES, rows)
 
 
 def decode_gemm_configs() -> list[Variant]:
@@ -392,8 +393,6 @@ def prefill_gemm_configs() -> list[Variant]:
 #: Row counts between the 16-row tile and the 64-row warpgroup tile, where the tile height is
 #: the choice: a decode batch past 16, a short prefill chunk.
 RAGGED_ROWS = (17, 24, 33, 48, 64)
-#: The 1B Llama's GEMMs with its LM head.
-LLAMA_GEMM_SHAPES = {**DECODE_GEMM_SHAPES, "lm_head": (32000, 2048)}
 
 
 def tile_heights() -> list[Variant]:
@@ -478,11 +477,11 @@ def trailing_dense_configs(below: float = 0.85) -> list[Variant]:
 
 
 def row_gemv_configs() -> list[Variant]:
-    """The 1B Llama's decode GEMMs at one row (``DECODE_GEMM_SHAPES``) on the row GEMV rule
+    """The 1B Llama's decode GEMMs at one row (``LLAMA_GEMM_SHAPES``) on the row GEMV rule
     (:mod:`tvm_dsm.rules.row_gemv`) in every configuration of 32 or more lanes a row, at most 512
     threads and 2 or 4 unrolled loads (archive/row_gemv_configs_s51.json), beside dlight's."""
     variants = []
-    for label, (n, k) in DECODE_GEMM_SHAPES.items():
+    for label, (n, k) in LLAMA_GEMM_SHAPES.items():
         func = scheduling_form(dense(1, n, k))
         args = args_of(func)
         found = find_row_gemv(func)
