@@ -32,6 +32,7 @@ from .local_measure import local_builder, local_runner
 from .planners.report import Plan
 from .transform.generate_kernels import mark_generated, recorded_config
 from .transform.host_sorts import refuse_host_sorts
+from .transform.rows_as_matrix import over_original_tensors, rows_as_matrix
 from .transform.split_operators import merge_operators, split_operators
 from .transform.widen_accumulation import widen_accumulation
 from .tuning_database import open_database
@@ -271,13 +272,17 @@ def tuning_record(database: ms.Database | None, func: tirx.PrimFunc,
 
 def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
                        hw: Hardware | None, families: bool = True) -> s_tir.Schedule:
-    """The schedule of a function no tvm-dsm family takes whole (``reason`` logged at INFO):
-    TVM's stock schedule (dlight); where dlight cannot schedule it whole (two GEMMs in one
+    """The schedule of a function no tvm-dsm family takes whole: a family's over matrices
+    where its tensors' leading axes are rows (:func:`_as_matrices`); else (``reason`` logged
+    at INFO) TVM's stock schedule (dlight); where dlight cannot schedule it whole (two GEMMs in one
     function), one schedule per operator (:mod:`tvm_dsm.transform.split_operators`: a family's,
     such as the split-K GEMM's at any M, N and K, else dlight's; dlight's only without
     ``families``); else ClusterError with the reasons. Matmuls written to accumulate in 16 bits
     accumulate in fp32 here too (:mod:`tvm_dsm.transform.widen_accumulation`): never less
     accurate than asked, and the same numbers whichever path schedules the function."""
+    matrices = _as_matrices(func, target, hw) if families else None
+    if matrices is not None:
+        return matrices
     LOG.info("tvm-dsm falls back from its families: %s", reason)
     func = widen_accumulation(func) or func
     operators = _operators(func)
@@ -303,6 +308,22 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
         raise per_operator_error
     LOG.info("scheduling its %d operators one by one (dlight: %s)", len(operators), whole)
     return _per_operator(func, operators, target, hw, families)
+
+
+def _as_matrices(func: tirx.PrimFunc, target, hw: Hardware | None) -> s_tir.Schedule | None:
+    """``func`` scheduled by a family over matrices, its tensors' leading row axes merged
+    (:mod:`tvm_dsm.transform.rows_as_matrix`), called with its own tensors; None where it has
+    no such axes or no family takes the matrices."""
+    flat = rows_as_matrix(func)
+    if flat is None:
+        return None
+    try:
+        scheduled = schedule(flat, target, hw=hw, stock_fallback=False)
+    except ClusterError as err:
+        LOG.info("as matrices (its leading axes merged into rows) no family takes it either: %s", err)
+        return None
+    LOG.info("scheduled as matrices: its tensors' leading axes merged into rows")
+    return s_tir.Schedule(over_original_tensors(func, scheduled.mod["main"]), enable_check=False)
 
 
 def _per_operator(func: tirx.PrimFunc, operators: list, target, hw: Hardware | None,

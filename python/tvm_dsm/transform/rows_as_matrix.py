@@ -1,0 +1,149 @@
+"""Tensors whose leading axes are rows, as matrices: ``x[b, s, k] @ W`` as a GEMM of ``b * s`` rows.
+
+A linear layer written over activations of rank 3 (``x[batch, seq, in]``: hand-written TE, or a
+Relax ``matmul`` legalized outside tvm-dsm's pipeline) is a GEMM whose rows are the leading
+axes taken together, but its blocks iterate ``(b, s, j, k)``, and the GEMM families take
+``(i, j, k)``. Where every block of a function iterates the same leading row axes first and
+every tensor indexed by them is indexed by exactly those, first and in order (the weights and
+a bias by none), :func:`rows_as_matrix` gives the function over matrices: those tensors with
+their leading axes merged into one (``s_tir``'s ``transform_layout``) and the blocks' row
+iterators into one (``transform_block_layout``). :func:`over_original_tensors` then puts a
+schedule of that function back behind the original signature, each merged tensor declared on
+its original's data: the same memory read as a matrix, so a call takes the original tensors.
+
+The merged row count must be a constant or one variable (a batch of any size over rows of one
+token, or one sequence of any length): the families dispatch a symbolic row count on one
+variable (:mod:`tvm_dsm.families.row_ranges`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.ir import TensorLoad
+from tvm.s_tir import SBlock, SBlockRealize
+from tvm.sym import Analyzer
+
+from ..errors import ClusterError
+from ..ir import find_all, items, uses, with_block_body
+
+
+def _nest_block(nest: tirx.Stmt) -> SBlock:
+    """The one block of a loop nest in the form TE and legalization write (each loop one
+    iterator of the block), else ClusterError."""
+    loops = []
+    while isinstance(nest, tirx.For):
+        loops.append(nest)
+        nest = nest.body
+    if not isinstance(nest, SBlockRealize) or len(loops) != len(nest.iter_values) or not all(
+            value.same_as(loop.loop_var) for value, loop in zip(nest.iter_values, loops)):
+        raise ClusterError("rows as a matrix: a loop nest is not one loop per iterator of one block")
+    return nest.block
+
+
+def _accesses(block: SBlock) -> list[tuple[tirx.Var, list]]:
+    """(buffer, indices) of every load and store in ``block``'s body and initialization."""
+    stmts = [block.body] + ([block.init] if block.init is not None else [])
+    found = []
+    for stmt in stmts:
+        found += [(s.buffer, list(s.indices)) for s in find_all(stmt, tirx.BufferStore)]
+        found += [(t.source, list(t.indices)) for t in find_all(stmt, TensorLoad)]
+    return found
+
+
+def _row_axes(func: tirx.PrimFunc) -> tuple[int, list, list] | None:
+    """(how many leading axes are rows, their extents, the buffers indexed by them) where
+    ``func`` has that form (see the module docstring), else None."""
+    if not isinstance(func.body, SBlockRealize):
+        return None
+    try:
+        blocks = [_nest_block(nest) for nest in items(func.body.block.body)]
+    except ClusterError:
+        return None
+    products = [b for b in blocks if b.init is not None and any(
+        len(buf.shape) >= 3 for buf, _ in _accesses(b) if any(w.source.same_as(buf) for w in b.writes))]
+    if not products:
+        return None
+    rows = len(products[0].writes[0].source.shape) - 1
+    extents = [iv.dom.extent for iv in products[0].iter_vars[:rows]]
+    analyzer = Analyzer()
+    indexed: list = []
+    for block in blocks:
+        row_vars = [iv.var for iv in block.iter_vars[:rows]]
+        if (len(block.iter_vars) <= rows
+                or any(iv.iter_type != tirx.IterVar.DataPar for iv in block.iter_vars[:rows])
+                or not all(analyzer.can_prove_equal(iv.dom.extent, e)
+                           for iv, e in zip(block.iter_vars[:rows], extents))):
+            return None
+        for buf, indices in _accesses(block):
+            if not any(uses(i, v) for i in indices for v in row_vars):
+                continue  # a weight or a bias: indexed by none of the rows
+            leading, rest = indices[:rows], indices[rows:]
+            if (len(indices) <= rows or not all(i.same_as(v) for i, v in zip(leading, row_vars))
+                    or any(uses(i, v) for i in rest for v in row_vars)):
+                return None
+            if not any(buf.same_as(b) for b in indexed):
+                indexed.append(buf)
+        # a row variable read other than as a row index (a position, a mask) keeps its axes
+        values = [_without_loads(s.value) for s in find_all(block.body, tirx.BufferStore)]
+        if any(uses(value, v) for value in values for v in row_vars):
+            return None
+    return rows, extents, indexed
+
+
+def _without_loads(value):
+    """``value`` with each load replaced by zero: what it computes from its indices' variables
+    other than through the tensors it reads."""
+    return tvm_ffi.structural_map(value, [(TensorLoad, lambda load: tirx.const(0, str(load.ty)))])
+
+
+def _merged(axes: list, extents: list, rows: int):
+    """The first ``rows`` of ``axes`` as one row index (row-major), then the rest."""
+    return [functools.reduce(lambda acc, pair: acc * pair[1] + pair[0], zip(axes[1:rows], extents[1:rows]),
+                             axes[0]), *axes[rows:]]
+
+
+def _merging(ndim: int, extents: list, rows: int) -> tirx.IndexMap:
+    """The index map of ``ndim`` axes merging the first ``rows`` (of ``extents``), in the
+    extents' index type."""
+    return tirx.IndexMap.from_func(lambda *axes: _merged(list(axes), extents, rows), ndim=ndim,
+                                   index_dtype=str(extents[0].ty))
+
+
+def rows_as_matrix(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
+    """``func`` over matrices (see the module docstring), or None where its tensors have no
+    leading row axes to merge or the merged row count is not a constant or one variable."""
+    found = _row_axes(func)
+    if found is None:
+        return None
+    rows, extents, indexed = found
+    if rows < 2:
+        return None  # already a matrix
+    count = Analyzer().simplify(functools.reduce(lambda a, b: a * b, extents))
+    if not (isinstance(count, tirx.IntImm) or isinstance(count, tirx.Var)):
+        return None
+    sch = s_tir.Schedule(func)
+    done = []
+    for block_rv in sch.get_child_blocks(sch.get_sblock("root")):
+        block = sch.get(block_rv)
+        for kind, regions in (("read", block.reads), ("write", block.writes)):
+            for index, region in enumerate(regions):
+                buf = region.source
+                if any(buf.same_as(b) for b in indexed) and not any(buf.same_as(d) for d in done):
+                    sch.transform_layout(block_rv, (kind, index), _merging(len(buf.shape), extents, rows))
+                    done.append(buf)
+        sch.transform_block_layout(block_rv, _merging(len(block.iter_vars), extents, rows))
+    return sch.mod["main"]
+
+
+def over_original_tensors(func: tirx.PrimFunc, scheduled: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``scheduled`` (a schedule of :func:`rows_as_matrix`'s function for ``func``) called as
+    ``func``: each of its parameters declared on the data of ``func``'s parameter in its place."""
+    decls = [tirx.DeclBuffer(merged, data=original.data) for original, merged in zip(func.params, scheduled.params)
+             if not merged.same_as(original)]
+    root = scheduled.body
+    body = SBlockRealize(root.iter_values, root.predicate, with_block_body(root.block, root.block.body))
+    return tirx.PrimFunc(func.params, tirx.SeqStmt([*decls, body]) if decls else body, func.ret_type,
+                         scheduled.attrs)

@@ -1,0 +1,137 @@
+"""Linear layers over activations of rank 3 (``x[b, s, k] @ W^T``) taken as GEMMs of ``b * s``
+rows (tvm_dsm.transform.rows_as_matrix): the merged function computes what the original does,
+the families schedule it behind the original signature, and forms whose leading axes are not
+only rows are left as they are."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te, topi, tirx
+
+import tvm_dsm
+from conftest import TARGET, cuda_source
+from tvm_dsm.transform.rows_as_matrix import over_original_tensors, rows_as_matrix
+
+
+def linear(batch, seq, k, n, dtype="float16", bias=False, position=False):
+    """``o[b, s, n] = relu(sum_k x[b, s, k] w[n, k] (+ bias[n]) (+ pos[s, n]))``, accumulated in
+    fp32 and cast to ``dtype``, written in TE as a user would."""
+    x = te.placeholder((batch, seq, k), dtype, "x")
+    w = te.placeholder((n, k), dtype, "w")
+    r = te.reduce_axis((0, k), "r")
+    y = te.compute((batch, seq, n), lambda b, s, j: te.sum(x[b, s, r].astype("float32") * w[j, r].astype("float32"),
+                                                          axis=r), name="y")
+    extra, params = [], [x, w]
+    if bias:
+        extra.append(te.placeholder((n,), "float32", "bias"))
+        params.append(extra[-1])
+    if position:
+        extra.append(te.placeholder((seq, n), "float32", "pos"))
+        params.append(extra[-1])
+
+    def out(b, s, j):
+        v = y[b, s, j]
+        if bias:
+            v = v + extra[0][j]
+        if position:
+            v = v + extra[-1][s, j]
+        return te.max(v, tirx.const(0, "float32")).astype(dtype)
+
+    o = te.compute((batch, seq, n), out, name="o")
+    return te.create_prim_func([*params, o])
+
+
+def _run_on_llvm(func, arrays: list, out_shape) -> np.ndarray:
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target="llvm")
+    out = tvm.runtime.tensor(np.full(out_shape, np.nan, "float32"))
+    lib["main"](*(tvm.runtime.tensor(a) for a in arrays), out)
+    return out.numpy()
+
+
+@pytest.mark.parametrize(("batch", "seq"), [(3, 5), (1, 7), (4, 1)])
+def test_the_merged_function_computes_the_original(batch, seq):
+    rng = np.random.default_rng(0)
+    k, n = 16, 24
+    func = linear(batch, seq, k, n, dtype="float32", bias=True)
+    flat = rows_as_matrix(func)
+    assert [len(p.ty.shape) for p in flat.params] == [2, 2, 1, 2]
+    x, w, b = rng.standard_normal((batch, seq, k)), rng.standard_normal((n, k)), rng.standard_normal(n)
+    got = _run_on_llvm(over_original_tensors(func, flat), [a.astype("float32") for a in (x, w, b)], (batch, seq, n))
+    ref = np.maximum(x @ w.T + b, 0)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-5
+
+
+def test_a_symbolic_batch_merges_into_a_symbolic_row_count():
+    rng = np.random.default_rng(1)
+    func = linear(te.var("batch"), 1, 16, 8, dtype="float32")
+    flat = rows_as_matrix(func)
+    assert isinstance(flat.params[0].ty.shape[0], tirx.Var)
+    for batch in (1, 5):
+        x, w = rng.standard_normal((batch, 1, 16)), rng.standard_normal((8, 16))
+        got = _run_on_llvm(over_original_tensors(func, flat), [x.astype("float32"), w.astype("float32")], (batch, 1, 8))
+        ref = np.maximum(x @ w.T, 0)
+        assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-5
+
+
+def _batched_weights():
+    a = te.placeholder((4, 32, 64), "float16", "a")
+    b = te.placeholder((4, 48, 64), "float16", "b")
+    return te.create_prim_func([a, b, topi.nn.batch_matmul(a, b, out_dtype="float32")])
+
+
+def _matrix():
+    x = te.placeholder((8, 64), "float16", "x")
+    w = te.placeholder((16, 64), "float16", "w")
+    return te.create_prim_func([x, w, topi.nn.dense(x, w, out_dtype="float32")])
+
+
+@pytest.mark.parametrize("func", [
+    pytest.param(linear(2, 8, 64, 32, position=True), id="a row axis read as a position"),
+    pytest.param(_batched_weights(), id="the batch axis indexes the weights too"),
+    pytest.param(linear(te.var("batch"), te.var("seq"), 64, 32), id="rows a product of two variables"),
+    pytest.param(_matrix(), id="already a matrix"),
+])
+def test_forms_whose_leading_axes_are_not_only_rows_are_left_alone(func):
+    assert rows_as_matrix(func) is None
+
+
+def test_a_rank_3_linear_builds_as_a_split_k_gemm(caplog):
+    func = linear(4, 128, 1024, 4096)
+    with caplog.at_level(logging.INFO, logger="tvm_dsm.driver"):
+        sch = tvm_dsm.driver.schedule(func, TARGET)
+    assert "scheduled as matrices" in caplog.text
+    assert [len(p.ty.shape) for p in sch.mod["main"].params] == [3, 2, 3]  # called as written
+    source = cuda_source(sch.mod)
+    assert "mma" in source and "tensormap" in source.lower()
+
+
+def test_a_symbolic_batch_of_one_token_rows_builds_a_kernel_per_range(caplog):
+    with caplog.at_level(logging.INFO, logger="tvm_dsm.driver"):
+        lib = tvm_dsm.build(linear(te.var("batch"), 1, 2048, 2048), TARGET)
+    assert "scheduled as matrices" in caplog.text
+    assert lib.mod.imports[0].inspect_source().count("__global__") > 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("batch", "seq", "dtype"), [(4, 128, "float16"), (3, 37, "bfloat16"), (7, 1, "float16")])
+def test_a_rank_3_linear_is_correct_on_the_gpu(batch, seq, dtype):
+    import ml_dtypes
+
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    rng = np.random.default_rng(2)
+    k, n = 1024, 768
+    x = rng.standard_normal((batch, seq, k)).astype(np_dtype)
+    w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np_dtype)
+    b = rng.standard_normal(n).astype("float32")
+    lib = tvm_dsm.build(linear(batch, seq, k, n, dtype=dtype, bias=True), TARGET)
+    dev = tvm.cuda(0)
+    out = tvm.runtime.tensor(np.full((batch, seq, n), np.nan).astype(np_dtype), dev)
+    lib(*(tvm.runtime.tensor(a, dev) for a in (x, w, b)), out)
+    got = out.numpy().astype(np.float64)
+    assert not np.isnan(got).any()
+    ref = np.maximum(x.astype(np.float64) @ w.astype(np.float64).T + b, 0)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
