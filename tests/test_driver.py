@@ -9,7 +9,7 @@ import tempfile
 import numpy as np
 import pytest
 import tvm
-from tvm import te
+from tvm import te, topi
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
@@ -108,6 +108,35 @@ def test_unsupported_function_gets_the_reasons_and_a_stock_build(caplog):
     assert "falls back from its families" in caplog.text
     source = tvm.compile(sch.mod, target=tvm_dsm.driver.H100).mod.imports[0].inspect_source()
     assert "__cluster_dims__" not in source and "mapa" not in source
+
+
+def _two_outputs_named_alike():
+    """Two TOPI dense layers of one input, of different widths: both outputs are named
+    ``T_matmul_NT``."""
+    x = te.placeholder((64, 256), "float16", "x")
+    w1, w2 = te.placeholder((128, 256), "float16", "w1"), te.placeholder((96, 256), "float16", "w2")
+    return te.create_prim_func([x, w1, w2, topi.nn.dense(x, w1, out_dtype="float32"),
+                                topi.nn.dense(x, w2, out_dtype="float32")])
+
+
+def test_arguments_named_alike_build_each_checked_against_its_own_shape():
+    func = _two_outputs_named_alike()
+    assert [p.name for p in func.params][3:] == ["T_matmul_NT", "T_matmul_NT"]
+    host = tvm_dsm.build(func).mod.inspect_source("ll")
+    assert "Invalid T_matmul_NT.shape[1] when calling `main`: expected 128" in host
+    assert "Invalid T_matmul_NT.shape[1] when calling `main`: expected 96" in host
+
+
+@pytest.mark.gpu
+def test_arguments_named_alike_run_on_the_gpu():
+    rng = np.random.default_rng(0)
+    x, w1, w2 = (rng.standard_normal(s).astype("float16") for s in ((64, 256), (128, 256), (96, 256)))
+    dev = tvm.cuda(0)
+    outs = [tvm.runtime.tensor(np.full((64, n), np.nan, "float32"), dev) for n in (128, 96)]
+    tvm_dsm.build(_two_outputs_named_alike())(*(tvm.runtime.tensor(a, dev) for a in (x, w1, w2)), *outs)
+    for out, w in zip(outs, (w1, w2)):
+        ref = x.astype(np.float64) @ w.astype(np.float64).T
+        assert np.linalg.norm(out.numpy() - ref) / np.linalg.norm(ref) < 1e-5
 
 
 def test_build_takes_the_next_plan_where_one_does_not_lower(monkeypatch, caplog):

@@ -21,6 +21,8 @@ bytes) about the data pointer, which would fold an alignment check placed after 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import tvm
 import tvm_ffi
 from tvm import tirx
@@ -38,11 +40,22 @@ _ARR_DATA, _ARR_SHAPE, _INT64_ARRAY_ELEM = 1, 2, 17
 _PACKED_CALLING_CONV = 1
 
 
-def _arguments(func: tirx.PrimFunc) -> dict[str, tuple[tirx.Var, tirx.Var, list]]:
-    """Each tensor argument's name, its DLTensor handle, the variable MakePackedAPI binds to
-    its shape pointer and its declared shape, from the ``Bind(shape_var, tvm_struct_get(handle,
-    0, kArrShape))`` and ``decl_buffer(shape, data=reinterpret(tvm_struct_get(handle, 0,
-    kArrData)))`` MakePackedAPI writes."""
+@dataclass(frozen=True)
+class _Argument:
+    """A tensor argument: the buffer MakePackedAPI declares on it, its DLTensor handle, the
+    variable bound to its shape pointer, and its declared shape."""
+
+    buffer: tirx.Var
+    handle: tirx.Var
+    dims: tirx.Var
+    shape: list
+
+
+def _arguments(func: tirx.PrimFunc) -> list[_Argument]:
+    """Each tensor argument, from the ``Bind(shape_var, tvm_struct_get(handle, 0, kArrShape))``
+    and ``decl_buffer(shape, data=reinterpret(tvm_struct_get(handle, 0, kArrData)))``
+    MakePackedAPI writes. Matched by identity, not by name: two arguments may share a name (TOPI
+    names each ``dense`` output ``T_matmul_NT``)."""
 
     def field_of(value, field):
         """The handle whose DLTensor ``field`` ``value`` reads, if it reads one."""
@@ -51,18 +64,15 @@ def _arguments(func: tirx.PrimFunc) -> dict[str, tuple[tirx.Var, tirx.Var, list]
             return value.args[0]
         return None
 
-    shape_vars = {}
-    for bind in find_all(func.body, tirx.Bind):
-        handle = field_of(bind.value, _ARR_SHAPE)
-        if handle is not None:
-            shape_vars[str(handle.name)] = bind.var
-    found = {}
+    shape_vars = [(field_of(bind.value, _ARR_SHAPE), bind.var) for bind in find_all(func.body, tirx.Bind)]
+    found = []
     for decl in find_all(func.body, tirx.DeclBuffer):
         data = decl.data
         reinterpreted = isinstance(data, tvm.ir.Call) and data.op.name == "tirx.reinterpret"
         handle = field_of(data.args[0], _ARR_DATA) if reinterpreted else None
-        if handle is not None and str(handle.name) in shape_vars:
-            found[str(decl.buffer.name)] = handle, shape_vars[str(handle.name)], list(decl.buffer.shape)
+        dims = next((var for h, var in shape_vars if h is not None and handle is not None and h.same_as(handle)), None)
+        if dims is not None:
+            found.append(_Argument(decl.buffer, handle, dims, list(decl.buffer.shape)))
     return found
 
 
@@ -107,11 +117,14 @@ def check_arguments(func: tirx.PrimFunc) -> tirx.PrimFunc:
     function = str(func.attrs["global_symbol"]).removeprefix("__tvm_ffi_")
 
     def check_first(attr):
-        name = str(attr.node.name) if isinstance(attr.node, tirx.Var) else None
-        if attr.attr_key != "storage_alignment" or name not in arguments:
+        if attr.attr_key != "storage_alignment" or not isinstance(attr.node, tirx.Var):
             return attr
-        handle, dims, shape = arguments[name]
-        checks = [*shape_checks(name, dims, shape, function), alignment_check(name, handle, function)]
+        argument = next((a for a in arguments if a.buffer.same_as(attr.node)), None)
+        if argument is None:
+            return attr
+        name = str(argument.buffer.name)
+        checks = [*shape_checks(name, argument.dims, argument.shape, function),
+                  alignment_check(name, argument.handle, function)]
         return tirx.SeqStmt([*checks, attr])
 
     return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.AttrStmt, check_first)]))
