@@ -101,6 +101,43 @@ def test_a_batch_and_a_sequence_become_one_row_variable_with_the_same_values_on_
             assert np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want.astype(np.float64)) < 5e-3
 
 
+@I.ir_module
+class _Epilogues:
+    """Linear layers over ``[batch, seq, hidden]`` as ``nn.Linear`` with a bias writes them, each
+    followed by element-wise operators: a bias and GELU, a bias ``[1, 1, N]`` subtracted from
+    the product (operand order kept) and scaled, a bias and a residual."""
+
+    @R.function
+    def main(x: R.Tensor(("b", "s", 64), "float16"), w1: R.Tensor((128, 64), "float16"),
+             b1: R.Tensor((128,), "float16"), c1: R.Tensor((1, 1, 128), "float16"),
+             w2: R.Tensor((64, 128), "float16"), b2: R.Tensor((64,), "float16")):
+        with R.dataflow():
+            h = R.nn.gelu_tanh(R.add(R.matmul(x, R.permute_dims(w1)), b1))
+            g = R.multiply(R.subtract(c1, R.matmul(x, R.permute_dims(w1))), R.const(0.5, "float16"))
+            y = R.add(R.add(R.matmul(h, R.permute_dims(w2)), b2), x)
+            R.output(y, g)
+        return (y, g)
+
+
+def test_biases_activations_and_residuals_run_in_the_products_epilogues_with_the_same_values():
+    mod = lower_to_tir(_Epilogues)
+    calls = [line for line in mod["main"].script().splitlines() if "call_tir(" in line]
+    products = [line for line in calls if "matmul" in line]
+    assert len(products) == 3, calls
+    assert any("_add" in line and "gelu_tanh" in line for line in products), calls
+    assert any("subtract" in line and "multiply" in line for line in products), calls
+    assert any(line.count("_add") == 2 for line in products), calls
+    assert not [line for line in calls if "matmul" not in line and any(
+        op in line for op in ("add", "gelu", "subtract", "multiply"))], calls
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal((2, 3, 64)).astype("float16"), (rng.standard_normal((128, 64)) / 8).astype("float16"),
+            rng.standard_normal(128).astype("float16"), rng.standard_normal((1, 1, 128)).astype("float16"),
+            (rng.standard_normal((64, 128)) / 8).astype("float16"), rng.standard_normal(64).astype("float16")]
+    for want, got in zip(_run_llvm(_Epilogues, args), _run_llvm(MatmulsAsMatrices(_Epilogues), args)):
+        assert got.shape == want.shape
+        assert np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want.astype(np.float64)) < 5e-3
+
+
 def _nn_mlp(hidden: int, inner: int):
     """A ``relax.frontend.nn`` MLP (``down(silu(up(x)))``, fp16, no bias) exported with
     ``[batch, seq, hidden]`` activations: the module and its parameter spec."""

@@ -7,8 +7,9 @@ legalizes to a matmul that accumulates in 16 bits. :func:`MatmulsAsMatrices` rew
 batch, or the tokens), a matmul accumulated in fp32 (as cuBLAS and PyTorch accumulate a 16-bit
 ``nn.Linear``: rounding only at the end), a cast back, and a reshape to the original shape.
 Relax does not fuse a reshape into a matmul's group, so the matmul reaches TIR as one 2-D GEMM
-with its cast as the epilogue, and the reshapes become views (``RewriteDataflowReshape``). A
-residual add of such a product is made on the matrices too, so it stays in the epilogue.
+with its cast as the epilogue, and the reshapes become views (``RewriteDataflowReshape``). What
+follows such a product element by element (a bias, an activation, a residual add, a gate's
+product) is made on the matrices too, so it stays in the epilogue.
 
 Where the rows are a product of extent variables (``[batch, seq, in]``), each matrix is cast to
 one row variable, the same for the same product: the GEMM families plan a row count that is a
@@ -72,6 +73,12 @@ def is_op_call(expr, name: str) -> bool:
     return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name
 
 
+#: Element-wise Relax operators an epilogue takes: on a product's matrix, they fuse into it.
+ELEMENTWISE_UNARY = ("relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.silu", "relax.nn.relu", "relax.sigmoid",
+                     "relax.tanh")
+ELEMENTWISE_BINARY = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
+
+
 @mutator
 class _Rewriter(PyExprMutator):
     def __init__(self, mod: tvm.IRModule):
@@ -83,9 +90,9 @@ class _Rewriter(PyExprMutator):
         call = super().visit_call_(call)
         if _rewritable(call):
             return self._matrix_product(call)
-        if is_op_call(call, "relax.add"):
-            summed = self._matrix_sum(call)
-            return call if summed is None else summed
+        if isinstance(call.op, tvm.ir.Op) and call.op.name in (*ELEMENTWISE_UNARY, *ELEMENTWISE_BINARY):
+            mapped = self._matrix_elementwise(call)
+            return call if mapped is None else mapped
         if is_op_call(call, "relax.reshape"):  # a view of a product reshaped back to its matrix: the matrix
             matrix = self._matrix_viewed(call.args[0])
             if matrix is not None and tvm_ffi.structural_equal(matrix.ty.shape, call.ty.shape):
@@ -116,22 +123,41 @@ class _Rewriter(PyExprMutator):
         self.matrices.append(matrix)
         return relax.op.reshape(matrix, relax.ShapeExpr(shape))
 
-    def _matrix_sum(self, call: relax.Call) -> relax.Expr | None:
-        """A residual add of one of the pass's products (viewed in its original shape) and a
-        tensor of that shape, added as matrices: Relax then fuses the add into the product's
-        epilogue (a reshape between them would end the group)."""
-        for ours, other in (call.args, call.args[::-1]):
+    def _matrix_elementwise(self, call: relax.Call) -> relax.Expr | None:
+        """``call`` (an element-wise operator) of one of the pass's products viewed in its
+        original shape, applied to the product's matrix instead: Relax then fuses it into the
+        product's epilogue (a reshape between them would end the group). The other operand of
+        a binary one is a tensor of the result's shape (a residual: its matrix), one broadcast
+        along the rows (a bias ``[N]`` or ``[1, .., 1, N]``: as ``[N]``) or a scalar."""
+        shape = call.ty.shape if isinstance(call.ty, relax.TensorType) else None
+        for position, ours in enumerate(call.args):
             matrix = self._matrix_viewed(ours)
-            if matrix is None:
+            if matrix is None or shape is None:
                 continue
-            if not (isinstance(other.ty, relax.TensorType) and other.ty.dtype == matrix.ty.dtype
-                    and other.ty.shape is not None and tvm_ffi.structural_equal(other.ty.shape, call.ty.shape)):
+            others = [self._as_matrix_operand(other, matrix, shape)
+                      for i, other in enumerate(call.args) if i != position]
+            if any(o is None for o in others):
                 return None
+            args = others[:position] + [matrix] + others[position:]
+            mapped = self.builder_.emit(relax.Call(call.op, args, call.attrs, call.ty_args))
+            return self._viewed(mapped, list(shape.values))
+        return None
+
+    def _as_matrix_operand(self, other: relax.Expr, matrix: relax.Var, shape: relax.ShapeExpr) -> relax.Expr | None:
+        """``other`` as the operand of an element-wise operator on ``matrix`` (the result's
+        ``shape`` viewed as a matrix), or None where it broadcasts otherwise."""
+        ty = other.ty
+        if not (isinstance(ty, relax.TensorType) and ty.dtype == matrix.ty.dtype and ty.shape is not None):
+            return None
+        dims, width = list(ty.shape.values), shape.values[-1]
+        if tvm_ffi.structural_equal(ty.shape, shape):
             flat = self._matrix_viewed(other)
-            if flat is None:
-                flat = self.builder_.emit(relax.op.reshape(other, matrix.ty.shape))
-            total = self.builder_.emit(relax.op.add(matrix, flat))
-            return self._viewed(total, list(call.ty.shape.values))
+            return flat if flat is not None else self.builder_.emit(relax.op.reshape(other, matrix.ty.shape))
+        analyzer = Analyzer()
+        if not dims or all(analyzer.can_prove_equal(d, 1) for d in dims):
+            return other  # a scalar
+        if analyzer.can_prove_equal(dims[-1], width) and all(analyzer.can_prove_equal(d, 1) for d in dims[:-1]):
+            return other if len(dims) == 1 else self.builder_.emit(relax.op.reshape(other, relax.ShapeExpr([width])))
         return None
 
 
