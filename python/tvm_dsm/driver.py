@@ -326,6 +326,16 @@ def _as_matrices(func: tirx.PrimFunc, target, hw: Hardware | None) -> s_tir.Sche
     return s_tir.Schedule(over_original_tensors(func, scheduled.mod["main"]), enable_check=False)
 
 
+def schedule_operators(func: tirx.PrimFunc, target=H100, hw: Hardware | None = None) -> s_tir.Schedule:
+    """``func``, holding two or more matmuls, scheduled one operator at a time (a family's
+    schedule where one takes the operator, dlight's otherwise): what a function no family takes
+    whole gets where dlight cannot schedule it either; ClusterError for any other function."""
+    operators = _operators(func)
+    if sum(op.matmul for op in operators) < 2:
+        raise ClusterError("scheduling operator by operator is for functions of two or more matmuls")
+    return _per_operator(func, operators, target, hw, True)
+
+
 def _per_operator(func: tirx.PrimFunc, operators: list, target, hw: Hardware | None,
                   families: bool) -> s_tir.Schedule:
     """``func`` with each of its ``operators`` scheduled on its own: by :func:`schedule` (a

@@ -17,21 +17,18 @@ from __future__ import annotations
 import itertools
 
 import tvm
-from tvm import relax, s_tir, tirx
-from tvm.relax.dpl import TuplePattern, is_op, wildcard
+from tvm import s_tir, tirx
+from tvm.relax.dpl import wildcard
 
 from .errors import ClusterError
 from .ir import is_reduction
+from .relax_grouping import call_tir, group_calls
 from .rules.fused_chain import merge_elementwise_blocks
 from .rules.split_k_gemm import find_gemm_operands
 
 #: Name of the composite functions the pattern fusion makes.
 COMPOSITE = "tvm_dsm.gemm_chain"
 _MAX_ELEMENTWISE = 3  # operators between the matmuls, and after the second
-
-
-def _call(*args):
-    return is_op("relax.call_tir")(wildcard(), TuplePattern(list(args)))
 
 
 def chain_patterns() -> list:
@@ -43,16 +40,16 @@ def chain_patterns() -> list:
     for between, after, gated in itertools.product(range(_MAX_ELEMENTWISE, 0, -1),
                                                    range(_MAX_ELEMENTWISE, 0, -1), (True, False)):
         x = wildcard()
-        h = _call(x, wildcard())
+        h = call_tir(x, wildcard())
         if gated:
             if between < 2:
                 continue
-            h = _call(_call(h), _call(x, wildcard()))
+            h = call_tir(call_tir(h), call_tir(x, wildcard()))
         for _ in range(between - (2 if gated else 0)):
-            h = _call(h)
-        out = _call(h, wildcard())
+            h = call_tir(h)
+        out = call_tir(h, wildcard())
         for _ in range(after):
-            out = _call(out)
+            out = call_tir(out)
         patterns.append(out)
     return patterns
 
@@ -72,35 +69,16 @@ def _kind(func: tirx.PrimFunc) -> str | None:
         return None
 
 
-def _check(mod: tvm.IRModule):
-    """The pattern check: each call's PrimFunc is a matmul where the chain has one, else
-    elementwise (exactly two or three matmuls in all). Each PrimFunc's kind is worked out once:
-    the patterns try the same calls many times over."""
-    known: dict[str, str | None] = {}
-
-    def kind(gv) -> str | None:
-        if gv.name_hint not in known:
-            known[gv.name_hint] = _kind(mod[gv])
-        return known[gv.name_hint]
-
-    def check(context) -> bool:
-        calls = []  # the root call is also among the bindings
-        for e in [*context.matched_bindings.values(), context.matched_expr]:
-            is_call = isinstance(e, relax.Call) and e.op.name == "relax.call_tir"
-            if is_call and not any(e.same_as(c) for c in calls):
-                calls.append(e)
-        kinds = [kind(c.args[0]) for c in calls]
-        return kinds.count("matmul") in (2, 3) and None not in kinds
-
-    return check
+def _accept(kinds: list[str | None]) -> bool:
+    """Each call's PrimFunc is a matmul where the chain has one, else elementwise (exactly two or
+    three matmuls in all)."""
+    return kinds.count("matmul") in (2, 3) and None not in kinds
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.FuseGemmChains")
 def FuseGemmChains(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass style
     """Group each GEMM chain of ``mod`` into one function (see the module docstring)."""
-    check = _check(mod)
-    patterns = [(COMPOSITE, pattern, {}, check) for pattern in chain_patterns()]
-    return relax.transform.FuseOpsByPattern(patterns, bind_constants=False, annotate_codegen=False)(mod)
+    return group_calls(mod, COMPOSITE, chain_patterns(), _kind, _accept)
 
 
 def merge_elementwise(func: tirx.PrimFunc) -> tirx.PrimFunc:

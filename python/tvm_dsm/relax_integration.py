@@ -25,11 +25,13 @@ import tvm
 from tvm import relax, tirx
 from tvm.s_tir import meta_schedule as ms
 
-from .driver import H100, plan, replay, schedule_row_ranges, stock_rules, stock_target, tuning_record
+from .driver import (H100, plan, replay, schedule_operators, schedule_row_ranges, stock_rules, stock_target,
+                     tuning_record)
 from .errors import ClusterError
 from .families.row_ranges import range_variable
 from .ir import narrow_indices
 from .hardware import Hardware
+from .relax_attention import FuseAttention
 from .relax_chains import FuseGemmChains, merge_elementwise
 from .relax_gated import FuseGatedProjections
 from .relax_matmuls import MatmulsAsMatrices
@@ -42,6 +44,9 @@ FAMILY_ATTR = "tvm_dsm.family"
 #: ``FAMILY_ATTR`` of a function no family takes, scheduled from a tuning record of TVM's
 #: default design space.
 TUNED_IN_TVM_SPACE = "meta_schedule"
+#: ``FAMILY_ATTR`` of a function of two or more matmuls no family takes whole, scheduled one
+#: operator at a time (:func:`tvm_dsm.driver.schedule_operators`).
+PER_OPERATOR = "per_operator"
 #: The PrimFunc attribute holding the error of a family that crashed on the function.
 CRASH_ATTR = "tvm_dsm.crash"
 
@@ -105,6 +110,12 @@ class ScheduleTIR:
                 if record is not None:
                     updates[gv] = replay(record.trace, func).mod["main"].with_attrs(
                         {"tirx.is_scheduled": True, FAMILY_ATTR: TUNED_IN_TVM_SPACE})
+                    continue
+                try:  # two matmuls no family takes together (a grouped chain or attention)
+                    sch = schedule_operators(scheduling_form(func), self.target, self.hw)
+                except ClusterError:
+                    continue  # dlight's
+                updates[gv] = sch.mod["main"].with_attrs({"tirx.is_scheduled": True, FAMILY_ATTR: PER_OPERATOR})
                 continue
             except Exception as err:  # noqa: BLE001  (a family's bug, re-raised unless told)
                 if not self.survive_crashes:
@@ -148,8 +159,9 @@ def lower_to_tir(mod: tvm.IRModule, gated_projections: bool = True) -> tvm.IRMod
     """Decomposed operators put back as Relax's (:mod:`tvm_dsm.relax_patterns`), 16-bit
     matmuls as fp32-accumulated matrix products (:mod:`tvm_dsm.relax_matmuls`), fused gate/up
     projections as gated GEMMs (:mod:`tvm_dsm.relax_gated`), transposes folded into matmuls,
-    operators legalized to TIR, GEMM chains grouped (:mod:`tvm_dsm.relax_chains`), the rest
-    fused by Relax's passes. ``gated_projections=False`` leaves gate/up projections a GEMM and
+    operators legalized to TIR, GEMM chains and spelled-out attention grouped
+    (:mod:`tvm_dsm.relax_chains`, :mod:`tvm_dsm.relax_attention`), the rest fused by Relax's
+    passes. ``gated_projections=False`` leaves gate/up projections a GEMM and
     a fused split/SiLU/multiply (the A/B of the rewrite)."""
     gated = [FuseGatedProjections, relax.transform.DeadCodeElimination()] if gated_projections else []
     return tvm.transform.Sequential([
@@ -160,6 +172,7 @@ def lower_to_tir(mod: tvm.IRModule, gated_projections: bool = True) -> tvm.IRMod
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         FuseGemmChains,
+        FuseAttention,
         relax.transform.FuseOps(),
         relax.transform.FuseTIR(),
         relax.transform.DeadCodeElimination(),

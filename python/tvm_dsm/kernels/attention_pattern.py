@@ -424,10 +424,16 @@ class _Match:
 
     def _output_block(self, normalized: bool):
         """The block writing the output: the weighted sum divided by the row sum (or, with the
-        probabilities normalized, copied), cast to the output's type."""
+        probabilities normalized, copied), cast to the output's type; or, with the
+        probabilities normalized, the weighted sum itself accumulating into the output (a
+        Relax ``matmul`` of the softmax and v)."""
         writers = [b for b in self.blocks if any(w.source.same_as(p) for w in b.writes for p in self.func.params)]
         if len(writers) != 1 or not isinstance(writers[0].body, tirx.BufferStore):
             raise ClusterError("attention writes one output, from one block")
+        if writers[0].name_hint == self.o.block:  # the weighted sum accumulates into the output
+            if not normalized:
+                raise ClusterError("a weighted sum written as the output must be of the normalized probabilities")
+            return writers[0]
         store = writers[0].body
         O, L = sympy.Symbol("O", real=True), sympy.Symbol("L", real=True)
         value = _sympy(store.value, self._leaf(sympy.Symbol("S", real=True)))
@@ -445,6 +451,8 @@ class _Match:
         """The output's indices in the rows' variables: the output block reads the weighted
         sum at an affine map of its own variables (a reshape, a transpose), inverted."""
         store = block.body
+        if block.name_hint == self.o.block:  # the weighted sum is the output
+            return self._indices(store, self._canonical(self.o))
         o_load = next(ld for ld in loads(store.value) if ld.source.same_as(self.o.output))
         units = [(iv.var, tirx.const(0, iv.var.ty)) for iv in block.iter_vars if int(iv.dom.extent) == 1]
         ranges = {iv.var: iv.dom for iv in block.iter_vars if int(iv.dom.extent) > 1}

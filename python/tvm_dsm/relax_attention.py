@@ -1,0 +1,72 @@
+"""Group attention a Relax model spells out into one TIR function, so the attention family sees it.
+
+A model written with ``relax.frontend.nn`` operators (BERT's and ViT's self-attention: ``matmul(q,
+k^T) * scale``, ``softmax``, ``matmul(p, v)``) reaches TIR as three functions after ``FuseOps``
+(a reduction ends a group): a batched matmul that dlight schedules, a softmax, another batched
+matmul, the scores and probabilities written to memory and read back between them. The attention
+family recognizes attention by meaning within one function (:mod:`tvm_dsm.kernels.attention_pattern`).
+:func:`FuseAttention` groups the calls first with Relax's pattern fusion, after ``LegalizeOps``: a
+product of two activations, at most :data:`_MAX_ELEMENTWISE` element-wise operators (a scale), a
+softmax (a row max and a row sum), and a product of the probabilities with a third activation.
+``FuseTIR`` then makes one PrimFunc of each group. A group the attention family refuses is
+scheduled operator by operator (:class:`tvm_dsm.relax_integration.ScheduleTIR`).
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.relax.dpl import wildcard
+
+from .ir import find_all, is_reduction
+from .relax_grouping import call_tir, group_calls
+
+#: Name of the composite functions the pattern fusion makes.
+COMPOSITE = "tvm_dsm.attention"
+_MAX_ELEMENTWISE = 2  # operators between the scores and the softmax
+
+
+def attention_patterns() -> list:
+    """The scores' product, ``between`` element-wise operators, the softmax, the product with
+    v; most operators first (pattern fusion takes the first match)."""
+    patterns = []
+    for between in range(_MAX_ELEMENTWISE, -1, -1):
+        scores = call_tir(wildcard(), wildcard())
+        for _ in range(between):
+            scores = call_tir(scores)
+        patterns.append(call_tir(call_tir(scores), wildcard()))
+    return patterns
+
+
+def _kind(func: tirx.PrimFunc) -> str | None:
+    """``"product"`` (one reduction block, a sum of products of two tensors of one 16-bit
+    type and one rank, 3 or 4: activations, not a weight), ``"softmax"`` (a row max and a row sum, then element-wise blocks),
+    ``"elementwise"`` (no reduction) or None."""
+    sch = s_tir.Schedule(func)
+    blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    reductions = [b for b in blocks if is_reduction(b)]
+    if not reductions:
+        return "elementwise"
+    if len(blocks) == 1:
+        block = blocks[0]
+        operands = [r.source for r in block.reads if not r.source.same_as(block.writes[0].source)]
+        types = {str(o.ty.dtype) for o in operands}
+        ranks = {len(o.ty.shape) for o in operands}
+        if len(operands) == 2 and len(types) == 1 and types <= {"float16", "bfloat16"} and ranks in ({3}, {4}):
+            return "product"  # of two activations, batched alike (a weight is a matrix)
+        return None
+    if len(reductions) == 2 and find_all(reductions[0].body, tirx.Max) and not find_all(reductions[1].body, tirx.Max):
+        return "softmax"
+    return None
+
+
+def _accept(kinds: list[str | None]) -> bool:
+    """The calls' PrimFuncs are two products, a softmax and element-wise operators (the
+    patterns order them)."""
+    return kinds.count("product") == 2 and kinds.count("softmax") == 1 and kinds.count("elementwise") == len(kinds) - 3
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvm_dsm.FuseAttention")
+def FuseAttention(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass style
+    """Group each spelled-out attention of ``mod`` into one function (see the module docstring)."""
+    return group_calls(mod, COMPOSITE, attention_patterns(), _kind, _accept)

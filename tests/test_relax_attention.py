@@ -1,0 +1,129 @@
+"""Attention a relax.frontend.nn model spells out (``matmul(q, k^T) * scale``, ``softmax``,
+``matmul(p, v)``: BERT's and ViT's self-attention) grouped into one TIR function
+(tvm_dsm.relax_attention): the attention family takes it, at constant and symbolic sequence
+lengths, the grouped module computes what the ungrouped one does, and a group no family takes
+whole is scheduled operator by operator."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, te, tirx, topi
+from tvm.relax.frontend import nn
+from tvm.relax.frontend.nn import op
+
+import tvm_dsm
+from conftest import TARGET, cuda_source
+from tvm_dsm.errors import ClusterError
+from tvm_dsm.model_report import relax_report
+from tvm_dsm.relax_attention import FuseAttention
+from tvm_dsm.relax_integration import lower_to_tir
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention as BERT writes it, without projections: q, k and v
+    ``[batch, heads, seq, head_dim]``."""
+
+    def __init__(self, head_dim: int):
+        self.scale = 1.0 / head_dim ** 0.5
+
+    def forward(self, q, k, v):
+        p = op.softmax(op.matmul(q, op.permute_dims(k, (0, 1, 3, 2))) * self.scale, axis=-1)
+        return op.matmul(p, v)
+
+
+def _exported(batch, heads, seq, head_dim, dtype="float16"):
+    spec = {name: nn.spec.Tensor([batch, heads, seq, head_dim], dtype) for name in "qkv"}
+    mod, _ = SelfAttention(head_dim).export_tvm({"forward": spec})
+    return mod
+
+
+@pytest.mark.parametrize("seq", [128, "seq"])
+def test_spelled_out_attention_is_one_function_the_attention_family_takes(seq):
+    report = relax_report(_exported(2, 4, seq, 64))
+    grouped = [row for row in report.rows if "softmax" in row.name]
+    assert [row.where for row in grouped] == ["attention"], report.format()
+    assert not [row for row in report.rows if "matmul" in row.name and row.where != "attention"], report.format()
+
+
+def test_the_grouped_attention_computes_what_the_operators_do_on_llvm():
+    mod = _exported(1, 2, 16, 8)
+    grouped = lower_to_tir(mod)
+    assert sum("softmax" in gv.name_hint and "matmul" in gv.name_hint for gv in grouped.functions) == 1
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, 16, 8)).astype("float16") for _ in range(3))
+
+    def run(executable):
+        vm = relax.VirtualMachine(executable, tvm.cpu())
+        return vm["forward"](*(tvm.runtime.tensor(a) for a in (q, k, v))).numpy().astype(np.float64)
+
+    got = run(tvm.compile(grouped, target="llvm", tir_pipeline="s_tir_stock"))
+    operators = run(tvm.compile(mod, target="llvm", tir_pipeline="s_tir_stock"))
+    np.testing.assert_array_equal(got, operators)  # the same arithmetic, in one function
+    s = q.astype(np.float64) @ k.astype(np.float64).transpose(0, 1, 3, 2) / np.sqrt(8)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    ref = (p / p.sum(-1, keepdims=True)) @ v.astype(np.float64)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 5e-3  # fp16 arithmetic throughout
+
+
+def test_a_softmax_between_two_weight_products_is_not_attention():
+    """``softmax(x W1^T) W2^T`` has the calls of attention but multiplies by weights: the pattern
+    check leaves it to FuseOps (no attention group)."""
+
+    class SoftmaxMLP(nn.Module):
+        def __init__(self):
+            self.a = nn.Linear(64, 64, bias=False, dtype="float16")
+            self.b = nn.Linear(64, 64, bias=False, dtype="float16")
+
+        def forward(self, x):
+            return self.b(op.softmax(self.a(x), axis=-1))
+
+    mod, _ = SoftmaxMLP().export_tvm({"forward": {"x": nn.spec.Tensor([4, 8, 64], "float16")}})
+    mod = relax.transform.LegalizeOps()(mod)
+    grouped = FuseAttention(mod)
+    assert not [gv for gv, f in grouped.functions.items()
+                if isinstance(f, relax.Function) and f.attrs is not None and "Composite" in f.attrs]
+
+
+def _two_products():
+    """Two fp32 GEMMs in one function: no family takes it whole, nor dlight."""
+    x = te.placeholder((64, 128), "float32", "x")
+    w1 = te.placeholder((256, 128), "float32", "w1")
+    w2 = te.placeholder((128, 256), "float32", "w2")
+    h = topi.nn.relu(topi.nn.dense(x, w1))
+    return te.create_prim_func([x, w1, w2, topi.nn.dense(h, w2)])
+
+
+def test_a_function_of_two_matmuls_is_scheduled_operator_by_operator():
+    sch = tvm_dsm.driver.schedule_operators(_two_products(), TARGET)
+    assert cuda_source(sch.mod).count("__global__") >= 2
+    x = te.placeholder((64, 128), "float32", "x")
+    w = te.placeholder((256, 128), "float32", "w")
+    with pytest.raises(ClusterError, match="two or more matmuls"):
+        tvm_dsm.driver.schedule_operators(te.create_prim_func([x, w, topi.nn.dense(x, w)]), TARGET)
+
+
+def test_schedule_tir_schedules_two_matmuls_no_family_takes_operator_by_operator():
+    from tvm_dsm.relax_integration import FAMILY_ATTR, PER_OPERATOR, ScheduleTIR
+
+    mod = tvm.IRModule({"two_products": _two_products().with_attr("global_symbol", "two_products")})
+    func = ScheduleTIR(TARGET)(mod)["two_products"]
+    assert func.attrs[FAMILY_ATTR] == PER_OPERATOR and func.attrs["tirx.is_scheduled"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seq", [128, 200])
+def test_spelled_out_attention_is_correct_on_the_gpu(seq):
+    mod = _exported(2, 4, seq, 64)
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((2, 4, seq, 64)).astype("float16") for _ in range(3))
+    executable = tvm.compile(mod, target=TARGET, relax_pipeline="tvm_dsm")
+    dev = tvm.cuda(0)
+    vm = relax.VirtualMachine(executable, dev)
+    got = vm["forward"](*(tvm.runtime.tensor(a, dev) for a in (q, k, v))).numpy().astype(np.float64)
+    q64, k64, v64 = (a.astype(np.float64) for a in (q, k, v))
+    s = q64 @ k64.transpose(0, 1, 3, 2) / 8
+    p = np.exp(s - s.max(-1, keepdims=True))
+    ref = (p / p.sum(-1, keepdims=True)) @ v64
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
