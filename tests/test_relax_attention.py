@@ -86,6 +86,14 @@ def test_a_softmax_between_two_weight_products_is_not_attention():
                 if isinstance(f, relax.Function) and f.attrs is not None and "Composite" in f.attrs]
 
 
+@pytest.mark.parametrize(("batch", "head_dim"), [("batch", 64), (2, 20)])
+def test_attention_the_family_cannot_take_stays_three_functions(batch, head_dim):
+    """A symbolic batch, or a head dim off the family's multiples of 8, is not grouped: its
+    operators keep their own functions (the products dlight's)."""
+    report = relax_report(_exported(batch, 4, 128, head_dim))
+    assert not [row for row in report.rows if "softmax" in row.name and "matmul" in row.name], report.format()
+
+
 def _two_products():
     """Two fp32 GEMMs in one function: no family takes it whole, nor dlight."""
     x = te.placeholder((64, 128), "float32", "x")

@@ -8,8 +8,9 @@ family recognizes attention by meaning within one function (:mod:`tvm_dsm.kernel
 :func:`FuseAttention` groups the calls first with Relax's pattern fusion, after ``LegalizeOps``: a
 product of two activations, at most :data:`_MAX_ELEMENTWISE` element-wise operators (a scale), a
 softmax (a row max and a row sum), and a product of the probabilities with a third activation.
-``FuseTIR`` then makes one PrimFunc of each group. A group the attention family refuses is
-scheduled operator by operator (:class:`tvm_dsm.relax_integration.ScheduleTIR`).
+``FuseTIR`` then makes one PrimFunc of each group. Only attention of the attention family's
+form is grouped (constant heads and batch, head dims a multiple of 8 up to 256); a group no
+family takes is scheduled operator by operator (:class:`tvm_dsm.relax_integration.ScheduleTIR`).
 """
 
 from __future__ import annotations
@@ -38,9 +39,19 @@ def attention_patterns() -> list:
     return patterns
 
 
+def _attention_operand(buf) -> bool:
+    """Whether ``buf`` (k of the scores' product, v of the output's: ``[..heads, keys, dim]``)
+    has the form the attention family takes: constant heads (batch included) and a head dim
+    that is a constant multiple of 8 up to 256; the keys may be a variable."""
+    *heads, _, dim = buf.ty.shape
+    return (all(isinstance(d, tirx.IntImm) for d in heads) and isinstance(dim, tirx.IntImm)
+            and int(dim) % 8 == 0 and int(dim) <= 256)
+
+
 def _kind(func: tirx.PrimFunc) -> str | None:
     """``"product"`` (one reduction block, a sum of products of two tensors of one 16-bit
-    type and one rank, 3 or 4: activations, not a weight), ``"softmax"`` (a row max and a row sum, then element-wise blocks),
+    type and one rank, 3 or 4: activations, not a weight; the second in the attention family's
+    form, :func:`_attention_operand`), ``"softmax"`` (a row max and a row sum, then element-wise blocks),
     ``"elementwise"`` (no reduction) or None."""
     sch = s_tir.Schedule(func)
     blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
@@ -53,7 +64,7 @@ def _kind(func: tirx.PrimFunc) -> str | None:
         types = {str(o.ty.dtype) for o in operands}
         ranks = {len(o.ty.shape) for o in operands}
         if len(operands) == 2 and len(types) == 1 and types <= {"float16", "bfloat16"} and ranks in ({3}, {4}):
-            return "product"  # of two activations, batched alike (a weight is a matrix)
+            return "product" if _attention_operand(operands[1]) else None  # activations, not a weight
         return None
     if len(reductions) == 2 and find_all(reductions[0].body, tirx.Max) and not find_all(reductions[1].body, tirx.Max):
         return "softmax"
