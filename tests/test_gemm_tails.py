@@ -190,6 +190,23 @@ def test_dense_off_the_tiles_is_correct_on_the_gpu(m, n, k, dtype, layout):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 5, 48, 300])
+def test_a_16_bit_product_written_in_fp32_is_correct_on_the_gpu(m):
+    """An LM head whose logits are cast to fp32 (Relax fuses the cast into the GEMM's epilogue):
+    16-bit operands, an fp32 output, rows a variable."""
+    rng = np.random.default_rng(0)
+    n, k = 1000, 512
+    x, w = rng.standard_normal((m, k)), rng.standard_normal((n, k)) / np.sqrt(k)
+    lib = tvm_dsm.build(dense(te.var("m"), n, k, "float16", out_dtype="float32"), TARGET)
+    dev = tvm.cuda(0)
+    rounded = [a.astype("float16") for a in (x, w)]
+    out = tvm.runtime.tensor(np.full((m, n), np.nan, "float32"), dev)
+    lib(*(tvm.runtime.tensor(a, dev) for a in rounded), out)
+    ref = rounded[0].astype(np.float64) @ rounded[1].astype(np.float64).T
+    assert np.linalg.norm(out.numpy() - ref) / np.linalg.norm(ref) < 1e-5
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_an_ffn_off_the_tiles_is_correct_on_the_gpu(dtype):
     m, n, k, l = 100, 3000, 1000, 1000

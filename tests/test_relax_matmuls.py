@@ -138,6 +138,39 @@ def test_biases_activations_and_residuals_run_in_the_products_epilogues_with_the
         assert np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want.astype(np.float64)) < 5e-3
 
 
+@I.ir_module
+class _RowWise:
+    """Norms and a softmax over the last axis of ``[batch, seq, hidden]`` tensors, a residual
+    stream through a linear layer between them."""
+
+    @R.function
+    def main(x: R.Tensor(("b", "s", 64), "float16"), w: R.Tensor((64, 64), "float16"),
+             g: R.Tensor((64,), "float16"), beta: R.Tensor((64,), "float16")):
+        with R.dataflow():
+            h = R.nn.layer_norm(x, g, beta, axes=[-1], epsilon=1e-5)
+            y = R.add(R.matmul(h, R.permute_dims(w)), x)
+            z = R.nn.rms_norm(y, g, axes=[2], epsilon=1e-6)
+            p = R.nn.softmax(z, axis=-1)
+            q = R.nn.softmax(z, axis=1)  # over the sequence: left as it is
+            R.output(p, q)
+        return (p, q)
+
+
+def test_norms_and_softmax_over_the_last_axis_are_row_functions_of_one_row_variable():
+    mod = lower_to_tir(_RowWise)
+    funcs = {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
+    row_wise = {name: f for name, f in funcs.items() if any(op in name for op in ("norm", "softmax"))}
+    over_rows = [name for name, f in row_wise.items()
+                 if all(len(p.ty.shape) <= 2 for p in f.params if hasattr(p.ty, "shape"))]
+    assert len(over_rows) == 3 and len(row_wise) == 4, list(row_wise)  # the softmax over axis 1 keeps its rank
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal((2, 3, 64)).astype("float16"), (rng.standard_normal((64, 64)) / 8).astype("float16"),
+            rng.standard_normal(64).astype("float16"), rng.standard_normal(64).astype("float16")]
+    for want, got in zip(_run_llvm(_RowWise, args), _run_llvm(MatmulsAsMatrices(_RowWise), args)):
+        assert got.shape == want.shape
+        assert np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want.astype(np.float64)) < 5e-3
+
+
 def _nn_mlp(hidden: int, inner: int):
     """A ``relax.frontend.nn`` MLP (``down(silu(up(x)))``, fp16, no bias) exported with
     ``[batch, seq, hidden]`` activations: the module and its parameter spec."""

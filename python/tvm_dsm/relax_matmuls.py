@@ -1,4 +1,4 @@
-"""Relax matmuls in the form the GEMM families take: matrices, accumulated in fp32.
+"""Relax matmuls and row-wise operators as matrices, the form the families take (products in fp32).
 
 A model written in ``relax.frontend.nn`` multiplies activations of rank 3 (``[batch, 1, in]``
 when decoding, ``[1, tokens, in]`` in prefill) by ``[in, out]`` weights, and a 16-bit ``nn.Linear``
@@ -9,7 +9,10 @@ batch, or the tokens), a matmul accumulated in fp32 (as cuBLAS and PyTorch accum
 Relax does not fuse a reshape into a matmul's group, so the matmul reaches TIR as one 2-D GEMM
 with its cast as the epilogue, and the reshapes become views (``RewriteDataflowReshape``). What
 follows such a product element by element (a bias, an activation, a residual add, a gate's
-product) is made on the matrices too, so it stays in the epilogue.
+product, a cast) is made on the matrices too, so it stays in the epilogue; a norm or softmax
+over the last axis of a tensor whose leading axes hold two variables or more (``[batch, seq,
+hidden]``) is made on its matrix of rows, one row variable as for the products, so the row
+families take it.
 
 Where the rows are a product of extent variables (``[batch, seq, in]``), each matrix is cast to
 one row variable, the same for the same product: the GEMM families plan a row count that is a
@@ -27,6 +30,8 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.sym import Analyzer
+
+from .ir import find_all
 
 #: Activation types whose matmuls the pass rewrites.
 SIXTEEN_BIT = ("float16", "bfloat16")
@@ -74,9 +79,26 @@ def is_op_call(expr, name: str) -> bool:
 
 
 #: Element-wise Relax operators an epilogue takes: on a product's matrix, they fuse into it.
-ELEMENTWISE_UNARY = ("relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.silu", "relax.nn.relu", "relax.sigmoid",
-                     "relax.tanh")
+ELEMENTWISE_UNARY = ("relax.astype", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.silu", "relax.nn.relu",
+                     "relax.sigmoid", "relax.tanh")
 ELEMENTWISE_BINARY = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
+
+
+#: Row-wise Relax operators (over the last axis) the row families take on a matrix.
+ROW_WISE = ("relax.nn.layer_norm", "relax.nn.rms_norm", "relax.nn.softmax", "relax.nn.log_softmax")
+
+
+def _rows_of_several_variables(call: relax.Call) -> bool:
+    """Whether ``call`` (of :data:`ROW_WISE`) reduces over the last axis alone of a tensor whose
+    leading axes hold two extent variables or more (``[batch, seq, hidden]``): a row count no
+    family takes unless it is one variable. (With one, the families take the tensor as it is,
+    and a reshape would only cut it off from the operators Relax fuses with it.)"""
+    ty = call.args[0].ty
+    if not (isinstance(ty, relax.TensorType) and ty.shape is not None and ty.ndim >= 3):
+        return False
+    axes = list(call.attrs.axes) if hasattr(call.attrs, "axes") else [call.attrs.axis]
+    variables = {v.name for d in ty.shape.values[:-1] for v in find_all(d, tirx.Var)}
+    return [int(a) % ty.ndim for a in axes] == [ty.ndim - 1] and len(variables) >= 2
 
 
 @mutator
@@ -93,6 +115,8 @@ class _Rewriter(PyExprMutator):
         if isinstance(call.op, tvm.ir.Op) and call.op.name in (*ELEMENTWISE_UNARY, *ELEMENTWISE_BINARY):
             mapped = self._matrix_elementwise(call)
             return call if mapped is None else mapped
+        if isinstance(call.op, tvm.ir.Op) and call.op.name in ROW_WISE and _rows_of_several_variables(call):
+            return self._matrix_row_wise(call)
         if is_op_call(call, "relax.reshape"):  # a view of a product reshaped back to its matrix: the matrix
             matrix = self._matrix_viewed(call.args[0])
             if matrix is not None and tvm_ffi.structural_equal(matrix.ty.shape, call.ty.shape):
@@ -122,6 +146,26 @@ class _Rewriter(PyExprMutator):
     def _viewed(self, matrix: relax.Var, shape: list) -> relax.Expr:
         self.matrices.append(matrix)
         return relax.op.reshape(matrix, relax.ShapeExpr(shape))
+
+    def _matrix_row_wise(self, call: relax.Call) -> relax.Expr:
+        """``call`` (a norm or softmax over the last axis of a tensor of rows of several
+        variables) on the tensor as a matrix of its rows, cast to one row variable
+        (:class:`_RowVariables`), which the row-wise families take."""
+        data = call.args[0]
+        shape = list(data.ty.shape.values)
+        matrix = self._matrix_viewed(data)
+        if matrix is None:
+            rows = Analyzer().simplify(math.prod(shape[1:-1], start=shape[0]))
+            matrix = self.builder_.emit(relax.op.reshape(data, relax.ShapeExpr([rows, shape[-1]])))
+        attrs, name = call.attrs, call.op.name
+        if name == "relax.nn.layer_norm":
+            on_rows = relax.op.nn.layer_norm(matrix, call.args[1], call.args[2], axes=[-1], epsilon=attrs.epsilon,
+                                             center=attrs.center, scale=attrs.scale)
+        elif name == "relax.nn.rms_norm":
+            on_rows = relax.op.nn.rms_norm(matrix, call.args[1], axes=[-1], epsilon=attrs.epsilon)
+        else:
+            on_rows = getattr(relax.op.nn, name.removeprefix("relax.nn."))(matrix, axis=-1)
+        return self._viewed(self.builder_.emit(on_rows), shape)
 
     def _matrix_elementwise(self, call: relax.Call) -> relax.Expr | None:
         """``call`` (an element-wise operator) of one of the pass's products viewed in its
