@@ -1,6 +1,7 @@
 """A fused gate/up projection (``relax.frontend.nn``'s SwiGLU: one linear layer, split in halves,
-``silu(gate) * up``) as one gated GEMM (tvm_dsm.relax_gated): what the pipeline makes of it,
-the same values on llvm, the forms it leaves alone, and (GPU) the model against float64."""
+``silu(gate) * up``), or a gate and an up projection of one input, as one gated GEMM
+(tvm_dsm.relax_gated): what the pipeline makes of it, the same values on llvm, the forms it
+leaves alone, and (GPU) the model against float64."""
 
 from __future__ import annotations
 
@@ -65,6 +66,47 @@ def test_the_rewrite_keeps_the_values_on_llvm():
     vm = relax.VirtualMachine(tvm.compile(rewritten, target="llvm"), tvm.cpu())
     got = vm["forward"](tvm.runtime.tensor(x), *(tvm.runtime.tensor(w) for w in weights)).numpy()
     assert got.shape == (2, 5, 64) and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def _nn_swiglu_pair(hidden: int, inner: int, up_input: str = "x"):
+    """A SwiGLU MLP with a gate and an up projection of their own (as torch and Hugging Face
+    write it): ``down(silu(gate(x)) * up(x))``, or with ``up_input`` "other" the up projection of
+    a second input (not a gated layer)."""
+    from tvm.relax.frontend import nn
+
+    class MLP(nn.Module):
+        def __init__(self):
+            self.gate = nn.Linear(hidden, inner, bias=False, dtype="float16")
+            self.up = nn.Linear(hidden, inner, bias=False, dtype="float16")
+            self.down = nn.Linear(inner, hidden, bias=False, dtype="float16")
+
+        def forward(self, x, other):
+            return self.down(nn.op.silu(self.gate(x)) * self.up(x if up_input == "x" else other))
+
+    spec = {"x": nn.spec.Tensor(["batch", "seq", hidden], "float16"),
+            "other": nn.spec.Tensor(["batch", "seq", hidden], "float16")}
+    return MLP().export_tvm({"forward": spec})
+
+
+def test_a_gate_and_an_up_projection_of_one_input_become_one_gated_gemm_with_the_same_values():
+    mod, spec = _nn_swiglu_pair(64, 128)
+    calls = _calls(lower_to_tir(mod))
+    assert sum("gated_projection" in c for c in calls) == 1, calls
+    assert len([c for c in calls if "reshape" not in c]) == 2, calls  # the gated GEMM, the down projection
+    rng = np.random.default_rng(0)
+    weights = [(rng.standard_normal([int(d) for d in p.shape]) / 8).astype("float16") for _, p in spec]
+    x, other = (rng.standard_normal((2, 5, 64)).astype("float16") for _ in range(2))
+    gate, up = (x.astype(np.float64) @ w.astype(np.float64).T for w in weights[:2])
+    ref = (gate / (1 + np.exp(-gate)) * up) @ weights[2].astype(np.float64).T
+    vm = relax.VirtualMachine(tvm.compile(FuseGatedProjections(MatmulsAsMatrices(mod)), target="llvm"), tvm.cpu())
+    got = vm["forward"](*(tvm.runtime.tensor(a) for a in (x, other, *weights))).numpy()
+    assert got.shape == (2, 5, 64) and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def test_projections_of_two_inputs_are_not_a_gated_layer():
+    mod, _ = _nn_swiglu_pair(64, 128, up_input="other")
+    rewritten = FuseGatedProjections(MatmulsAsMatrices(mod))
+    assert not any(gv.name_hint.startswith("gated_projection") for gv in rewritten.functions)
 
 
 @pytest.mark.parametrize("form", [dict(sections=4), dict(axis=1, shape=(2, 4)), dict(silu_of=1), dict(inner=96)])

@@ -55,8 +55,8 @@ def chain_patterns() -> list:
 
 
 def _kind(func: tirx.PrimFunc) -> str | None:
-    """``"matmul"`` (one matmul block, weights ``[out, in]``), ``"elementwise"`` (no reduction)
-    or None."""
+    """``"matmul"`` (one matmul block, weights ``[out, in]``, a constant row count: the chain
+    family plans constant extents), ``"elementwise"`` (no reduction) or None."""
     sch = s_tir.Schedule(func)
     blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
     if not any(is_reduction(b) for b in blocks):
@@ -64,7 +64,8 @@ def _kind(func: tirx.PrimFunc) -> str | None:
     if len(blocks) != 1:
         return None
     try:
-        return "matmul" if find_gemm_operands(blocks[0])[0].weight_nk else None
+        shape = find_gemm_operands(blocks[0])[0]
+        return "matmul" if shape.weight_nk and not shape.symbolic_rows else None
     except ClusterError:
         return None
 

@@ -16,6 +16,7 @@ accurate than what was asked.
 from __future__ import annotations
 
 import tvm
+import tvm_ffi
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
@@ -28,12 +29,13 @@ from .workloads.dense import gated_dense
 _PROBE_ROWS = 16
 
 
-def family_takes(n: int, k: int, dtype: str) -> bool:
-    """Whether the split-K GEMM takes the gated layer of a fused ``[2n, k]`` weight (planned at
-    :data:`_PROBE_ROWS` rows). Where it does not, the layer is left as Relax writes it: split
-    into its operators, the gated function would be three kernels where Relax's form is two."""
+def family_takes(n: int, k: int, dtype: str, fused_weight: bool = True) -> bool:
+    """Whether the split-K GEMM takes the gated layer of a fused ``[2n, k]`` weight (or of two
+    ``[n, k]`` weights), planned at :data:`_PROBE_ROWS` rows. Where it does not, the layer is
+    left as Relax writes it: split into its operators, the gated function would be three
+    kernels where Relax's form is two."""
     try:
-        return plan(gated_dense(_PROBE_ROWS, n, k, dtype, fused_weight=True)).family.name == "split_k_gemm"
+        return plan(gated_dense(_PROBE_ROWS, n, k, dtype, fused_weight=fused_weight)).family.name == "split_k_gemm"
     except ClusterError:
         return False
 
@@ -56,7 +58,7 @@ def _half(mutator: PyExprMutator, expr) -> tuple[relax.Expr, int] | None:
 class _GatedProjectionRewriter(PyExprMutator):
     def __init__(self, mod: tvm.IRModule):
         super().__init__(mod)
-        # the gated GEMM of each (rows, 2n, k, type), None where the family does not take it
+        # the gated GEMM of each (rows, n, k, type, fused weight), None where the family does not take it
         self.functions: dict[tuple, tvm.ir.GlobalVar | None] = {}
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - TVM visitor name
@@ -65,24 +67,21 @@ class _GatedProjectionRewriter(PyExprMutator):
             return call
         for silu_arg, up_arg in (call.args, call.args[::-1]):
             silu = _binding(self, silu_arg, "relax.nn.silu")
-            gate, up = (_half(self, e) for e in (silu.args[0] if silu is not None else None, up_arg))
-            if gate is None or up is None or not gate[0].same_as(up[0]) or (gate[1], up[1]) != (0, 1):
+            if silu is None:
                 continue
-            rewritten = self._gated(up_arg.ty, gate[0])
+            gate, up = (_half(self, e) for e in (silu.args[0], up_arg))
+            if gate is not None and up is not None and gate[0].same_as(up[0]) and (gate[1], up[1]) == (0, 1):
+                rewritten = self._gated(up_arg.ty, gate[0])
+            else:
+                rewritten = self._gated_pair(silu.args[0], up_arg)
             if rewritten is not None:
                 return rewritten
         return call
 
-    def _gated(self, half: relax.TensorType, halves) -> relax.Expr | None:
-        """``silu(gate) * up`` of ``halves`` (a split's variable; each half of type ``half``) as
-        one gated GEMM, or None where they are not the halves of a fused projection the
-        rewrite takes."""
-        split = _binding(self, halves, "relax.split")
-        if split is None or not self._halves_of_last_axis(split):
-            return None
-        product = split.args[0]
-        reshape = _binding(self, product, "relax.reshape")
-        cast = _binding(self, reshape.args[0] if reshape is not None else product, "relax.astype")
+    def _product(self, expr) -> tuple[relax.Expr, relax.Expr, relax.Call] | None:
+        """(x, W, the cast) where ``expr`` is ``astype(matmul(x, permute_dims(W)))``: a matrix
+        product accumulated in fp32 and rounded to x's 16-bit type (:mod:`tvm_dsm.relax_matmuls`)."""
+        cast = _binding(self, expr, "relax.astype")
         matmul = _binding(self, cast.args[0], "relax.matmul") if cast is not None else None
         transpose = _binding(self, matmul.args[1], "relax.permute_dims") if matmul is not None else None
         if transpose is None:
@@ -93,23 +92,80 @@ class _GatedProjectionRewriter(PyExprMutator):
                 and matmul.ty.dtype == "float32" and (transpose.attrs.axes is None
                                                      or [int(a) for a in transpose.attrs.axes] == [1, 0])):
             return None
+        return x, w, cast
+
+    def _same_input(self, a, b) -> bool:
+        """Whether ``a`` and ``b`` are one matrix: one variable, or views of one variable of one
+        type (reshapes, cast to one row variable, :mod:`tvm_dsm.relax_matmuls`)."""
+        return a.same_as(b) or (self._viewed(a).same_as(self._viewed(b)) and tvm_ffi.structural_equal(a.ty, b.ty))
+
+    def _viewed(self, expr):
+        """The variable ``expr`` views: through the reshapes and casts of shape bound to it."""
+        while isinstance(expr, relax.Var):
+            value = self.lookup_binding(expr)
+            if is_op_call(value, "relax.reshape"):
+                expr = value.args[0]
+            elif isinstance(value, relax.Var):  # a match_cast of a shape
+                expr = value
+            else:
+                break
+        return expr
+
+    def _gated_pair(self, gate, up) -> relax.Expr | None:
+        """``silu(gate) * up`` of two products of one input by weights ``[n, k]`` (a gate and an
+        up projection of their own, as torch and ``nn`` users write SwiGLU) as one gated GEMM,
+        or None where they are not such products or the family does not take them."""
+        products = [self._product(e) for e in (gate, up)]
+        if None in products or not self._same_input(products[0][0], products[1][0]):
+            return None
+        (x, wg, _), (_, wu, _) = products
+        if not tvm_ffi.structural_equal(wg.ty.shape, wu.ty.shape):
+            return None
+        rows, depth = x.ty.shape.values
+        width, w_depth = wg.ty.shape.values
+        if not isinstance(width, tirx.IntImm):
+            return None
+        return self._call_gated(x, [wg, wu], rows, int(width), depth, w_depth, fused_weight=False)
+
+    def _gated(self, half: relax.TensorType, halves) -> relax.Expr | None:
+        """``silu(gate) * up`` of ``halves`` (a split's variable; each half of type ``half``) as
+        one gated GEMM, or None where they are not the halves of a fused projection the
+        rewrite takes."""
+        split = _binding(self, halves, "relax.split")
+        if split is None or not self._halves_of_last_axis(split):
+            return None
+        product = split.args[0]
+        reshape = _binding(self, product, "relax.reshape")
+        found = self._product(reshape.args[0] if reshape is not None else product)
+        if found is None:
+            return None
+        x, w, _ = found
         rows, depth = x.ty.shape.values
         width, w_depth = w.ty.shape.values
-        if not all(isinstance(e, tirx.IntImm) for e in (depth, width, w_depth)) or int(depth) != int(w_depth) \
-                or int(width) % 2:
+        if not isinstance(width, tirx.IntImm) or int(width) % 2:
             return None
+        out = self._call_gated(x, [w], rows, int(width) // 2, depth, w_depth, fused_weight=True)
+        return out if out is None or half.ndim == 2 else relax.op.reshape(out, half.shape)
+
+    def _call_gated(self, x, weights: list, rows, width: int, depth, w_depth, fused_weight: bool) -> relax.Expr | None:
+        """A call of the gated GEMM of ``width`` outputs over ``x`` and ``weights``, or None where
+        the depths are not one constant or the family does not take the layer."""
+        if not all(isinstance(e, tirx.IntImm) for e in (depth, w_depth)) or int(depth) != int(w_depth):
+            return None
+        dtype = x.ty.dtype
         # rows of its own (bound by X's shape when called): one function for every layer's call
-        key = (int(rows) if isinstance(rows, tirx.IntImm) else str(rows.ty.dtype), int(width), int(depth), dtype)
+        key = (int(rows) if isinstance(rows, tirx.IntImm) else str(rows.ty.dtype), int(width), int(depth), dtype,
+               fused_weight)
         if key not in self.functions:
             own_rows = rows if isinstance(rows, tirx.IntImm) else tirx.Var("rows", rows.ty.dtype)
-            taken = family_takes(int(width) // 2, int(depth), dtype)
+            taken = family_takes(int(width), int(depth), dtype, fused_weight)
             self.functions[key] = add_opaque_function(self.builder_, gated_dense(
-                own_rows, int(width) // 2, int(depth), dtype, fused_weight=True), "gated_projection") if taken else None
+                own_rows, int(width), int(depth), dtype, fused_weight=fused_weight),
+                "gated_projection") if taken else None
         callee = self.functions[key]
         if callee is None:
             return None
-        out = self.builder_.emit(relax.call_tir(callee, [x, w], relax.TensorType([rows, int(width) // 2], dtype)))
-        return out if half.ndim == 2 else relax.op.reshape(out, half.shape)
+        return self.builder_.emit(relax.call_tir(callee, [x, *weights], relax.TensorType([rows, int(width)], dtype)))
 
     @staticmethod
     def _halves_of_last_axis(split: relax.Call) -> bool:

@@ -107,6 +107,9 @@ class _Rewriter(PyExprMutator):
         super().__init__(mod)
         #: The 2-D results the pass made (each viewed back in its original shape by a reshape).
         self.matrices: list[relax.Var] = []
+        #: (tensor, its matrix): one reshape of a tensor however many products read it, so that
+        #: products of one input (a gate and an up projection) read one matrix.
+        self.reshaped: list[tuple[relax.Expr, relax.Var]] = []
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - TVM visitor name
         call = super().visit_call_(call)
@@ -134,14 +137,28 @@ class _Rewriter(PyExprMutator):
         x, w = call.args
         lead, depth = list(x.ty.shape.values[:-1]), x.ty.shape.values[-1]
         out_shape = list(call.ty.shape.values)
-        rows = Analyzer().simplify(math.prod(lead[1:], start=lead[0]))
         if len(lead) > 1:
-            x = self.builder_.emit(relax.op.reshape(x, relax.ShapeExpr([rows, depth])))
+            x = self._matrix_of(x)
         product = self.builder_.emit(relax.op.matmul(x, w, out_dtype="float32"))
         result = relax.op.astype(product, call.ty.dtype)
         if len(lead) == 1:
             return result
         return self._viewed(self.builder_.emit(result), out_shape)
+
+    def _matrix_of(self, tensor: relax.Expr) -> relax.Var:
+        """``tensor`` (of rank 3 or more) as a matrix of its rows: the matrix it views, or its
+        reshape (one per tensor)."""
+        viewed = self._matrix_viewed(tensor)
+        if viewed is not None:
+            return viewed
+        known = next((m for t, m in self.reshaped if t.same_as(tensor)), None)
+        if known is not None:
+            return known
+        shape = list(tensor.ty.shape.values)
+        rows = Analyzer().simplify(math.prod(shape[1:-1], start=shape[0]))
+        matrix = self.builder_.emit(relax.op.reshape(tensor, relax.ShapeExpr([rows, shape[-1]])))
+        self.reshaped.append((tensor, matrix))
+        return matrix
 
     def _viewed(self, matrix: relax.Var, shape: list) -> relax.Expr:
         self.matrices.append(matrix)
@@ -153,10 +170,7 @@ class _Rewriter(PyExprMutator):
         (:class:`_RowVariables`), which the row-wise families take."""
         data = call.args[0]
         shape = list(data.ty.shape.values)
-        matrix = self._matrix_viewed(data)
-        if matrix is None:
-            rows = Analyzer().simplify(math.prod(shape[1:-1], start=shape[0]))
-            matrix = self.builder_.emit(relax.op.reshape(data, relax.ShapeExpr([rows, shape[-1]])))
+        matrix = self._matrix_of(data)
         attrs, name = call.attrs, call.op.name
         if name == "relax.nn.layer_norm":
             on_rows = relax.op.nn.layer_norm(matrix, call.args[1], call.args[2], axes=[-1], epsilon=attrs.epsilon,
@@ -195,8 +209,7 @@ class _Rewriter(PyExprMutator):
             return None
         dims, width = list(ty.shape.values), shape.values[-1]
         if tvm_ffi.structural_equal(ty.shape, shape):
-            flat = self._matrix_viewed(other)
-            return flat if flat is not None else self.builder_.emit(relax.op.reshape(other, matrix.ty.shape))
+            return self._matrix_of(other)
         analyzer = Analyzer()
         if not dims or all(analyzer.can_prove_equal(d, 1) for d in dims):
             return other  # a scalar
