@@ -68,10 +68,10 @@ def test_the_rewrite_keeps_the_values_on_llvm():
     assert got.shape == (2, 5, 64) and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
 
 
-def _nn_swiglu_pair(hidden: int, inner: int, up_input: str = "x"):
+def _nn_swiglu_pair(hidden: int, inner: int, up_input: str = "x", activation: str = "silu"):
     """A SwiGLU MLP with a gate and an up projection of their own (as torch and Hugging Face
-    write it): ``down(silu(gate(x)) * up(x))``, or with ``up_input`` "other" the up projection of
-    a second input (not a gated layer)."""
+    write it): ``down(silu(gate(x)) * up(x))`` (GeGLU: ``activation`` "gelu_tanh"), or with
+    ``up_input`` "other" the up projection of a second input (not a gated layer)."""
     from tvm.relax.frontend import nn
 
     class MLP(nn.Module):
@@ -81,15 +81,18 @@ def _nn_swiglu_pair(hidden: int, inner: int, up_input: str = "x"):
             self.down = nn.Linear(inner, hidden, bias=False, dtype="float16")
 
         def forward(self, x, other):
-            return self.down(nn.op.silu(self.gate(x)) * self.up(x if up_input == "x" else other))
+            g = self.gate(x)
+            act = nn.op.silu(g) if activation == "silu" else nn.op.gelu(g, approximate="tanh")
+            return self.down(act * self.up(x if up_input == "x" else other))
 
     spec = {"x": nn.spec.Tensor(["batch", "seq", hidden], "float16"),
             "other": nn.spec.Tensor(["batch", "seq", hidden], "float16")}
     return MLP().export_tvm({"forward": spec})
 
 
-def test_a_gate_and_an_up_projection_of_one_input_become_one_gated_gemm_with_the_same_values():
-    mod, spec = _nn_swiglu_pair(64, 128)
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_a_gate_and_an_up_projection_of_one_input_become_one_gated_gemm_with_the_same_values(activation):
+    mod, spec = _nn_swiglu_pair(64, 128, activation=activation)
     calls = _calls(lower_to_tir(mod))
     assert sum("gated_projection" in c for c in calls) == 1, calls
     assert len([c for c in calls if "reshape" not in c]) == 2, calls  # the gated GEMM, the down projection
@@ -97,7 +100,9 @@ def test_a_gate_and_an_up_projection_of_one_input_become_one_gated_gemm_with_the
     weights = [(rng.standard_normal([int(d) for d in p.shape]) / 8).astype("float16") for _, p in spec]
     x, other = (rng.standard_normal((2, 5, 64)).astype("float16") for _ in range(2))
     gate, up = (x.astype(np.float64) @ w.astype(np.float64).T for w in weights[:2])
-    ref = (gate / (1 + np.exp(-gate)) * up) @ weights[2].astype(np.float64).T
+    act = (gate / (1 + np.exp(-gate)) if activation == "silu"
+           else 0.5 * gate * (1 + np.tanh(np.sqrt(2 / np.pi) * (gate + 0.044715 * gate ** 3))))
+    ref = (act * up) @ weights[2].astype(np.float64).T
     vm = relax.VirtualMachine(tvm.compile(FuseGatedProjections(MatmulsAsMatrices(mod)), target="llvm"), tvm.cpu())
     got = vm["forward"](*(tvm.runtime.tensor(a) for a in (x, other, *weights))).numpy()
     assert got.shape == (2, 5, 64) and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
@@ -136,5 +141,24 @@ def test_gpu_a_swiglu_mlp_matches_float64_at_every_batch_and_length():
         gate, up = h[..., :1024], h[..., 1024:]
         ref = (gate / (1 + np.exp(-gate)) * up) @ down.T
         out = vm["forward"](tvm.runtime.tensor(x, tvm.cuda()), *(tvm.runtime.tensor(w, tvm.cuda()) for w in weights))
+        got = out.numpy().astype(np.float64)
+        assert got.shape == (b, s, 512) and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3, (b, s)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_gpu_a_gated_mlp_of_two_projections_matches_float64(activation):
+    mod, spec = _nn_swiglu_pair(512, 1024, activation=activation)
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    vm = relax.VirtualMachine(tvm.compile(mod, target=target, relax_pipeline=relax.get_pipeline("tvm_dsm")), tvm.cuda())
+    rng = np.random.default_rng()
+    weights = [(rng.standard_normal([int(d) for d in p.shape]) / 16).astype("float16") for _, p in spec]
+    for b, s in ((1, 1), (2, 37), (3, 300)):
+        x = rng.standard_normal((b, s, 512)).astype("float16")
+        gate, up = (x.astype(np.float64) @ w.astype(np.float64).T for w in weights[:2])
+        act = (gate / (1 + np.exp(-gate)) if activation == "silu"
+               else 0.5 * gate * (1 + np.tanh(np.sqrt(2 / np.pi) * (gate + 0.044715 * gate ** 3))))
+        ref = (act * up) @ weights[2].astype(np.float64).T
+        out = vm["forward"](*(tvm.runtime.tensor(a, tvm.cuda()) for a in (x, x, *weights)))
         got = out.numpy().astype(np.float64)
         assert got.shape == (b, s, 512) and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3, (b, s)

@@ -1,16 +1,16 @@
-"""A fused gate/up projection as one gated GEMM: ``silu(gate) * up`` of the halves of one
-``x @ W^T`` (``W[2n, k]``, the gate's rows first), the way a ``relax.frontend.nn`` Llama MLP
-writes SwiGLU (``op.split(self.gate_up_proj(x), 2, axis=-1)``).
+"""Gated projections as one gated GEMM: ``act(gate) * up`` (SwiGLU's SiLU, GeGLU's GELU) of the
+halves of one ``x @ W^T`` (``W[2n, k]``, the gate's rows first, the way a ``relax.frontend.nn``
+Llama MLP writes it: ``op.split(self.gate_up_proj(x), 2, axis=-1)``), or of a gate and an up
+projection of one input (two ``Linear`` layers, as torch users write it).
 
-Relax makes that two kernels: the GEMM writes both halves (``[rows, 2n]``), then a fused
-``split``/``silu``/``multiply`` reads them back and writes ``[rows, n]``. :func:`FuseGatedProjections`
-rewrites it, after :mod:`tvm_dsm.relax_matmuls` has made the product a matrix accumulated in
-fp32, into one call of :func:`tvm_dsm.workloads.dense.gated_dense` over the fused weight: the
-split-K GEMM family computes both products on one output tile and writes ``silu(gate) * up``
-from its epilogue, with the rows a variable (a kernel per range of rows), where the family
-takes the layer (:func:`family_takes`). The products are
-rounded once, at the end, where the model rounded them to 16 bits before the SiLU: never less
-accurate than what was asked.
+Relax makes the first two kernels, the GEMM writing both halves (``[rows, 2n]``) and a fused
+``split``/``silu``/``multiply`` reading them back, and the second three. :func:`FuseGatedProjections`
+rewrites either, after :mod:`tvm_dsm.relax_matmuls` has made the products matrices accumulated in
+fp32, into one call of :func:`tvm_dsm.workloads.dense.gated_dense`: the split-K GEMM family
+computes both products on one output tile and writes ``act(gate) * up`` from its epilogue, with
+the rows a variable (a kernel per range of rows), where the family takes the layer
+(:func:`family_takes`). The products are rounded once, at the end, where the model rounded them
+to 16 bits before the activation: never less accurate than what was asked.
 """
 
 from __future__ import annotations
@@ -29,13 +29,20 @@ from .workloads.dense import gated_dense
 _PROBE_ROWS = 16
 
 
-def family_takes(n: int, k: int, dtype: str, fused_weight: bool = True) -> bool:
+#: The gate activations a gated GEMM takes: Relax's operator, and its name in
+#: :data:`tvm_dsm.workloads.dense.ACTIVATIONS`.
+GATE_ACTIVATIONS = {"relax.nn.silu": "silu", "relax.nn.gelu": "gelu", "relax.nn.gelu_tanh": "gelu_tanh",
+                    "relax.nn.relu": "relu"}
+
+
+def family_takes(n: int, k: int, dtype: str, fused_weight: bool = True, activation: str = "silu") -> bool:
     """Whether the split-K GEMM takes the gated layer of a fused ``[2n, k]`` weight (or of two
     ``[n, k]`` weights), planned at :data:`_PROBE_ROWS` rows. Where it does not, the layer is
     left as Relax writes it: split into its operators, the gated function would be three
     kernels where Relax's form is two."""
     try:
-        return plan(gated_dense(_PROBE_ROWS, n, k, dtype, fused_weight=fused_weight)).family.name == "split_k_gemm"
+        func = gated_dense(_PROBE_ROWS, n, k, dtype, fused_weight=fused_weight, activation=activation)
+        return plan(func).family.name == "split_k_gemm"
     except ClusterError:
         return False
 
@@ -58,22 +65,23 @@ def _half(mutator: PyExprMutator, expr) -> tuple[relax.Expr, int] | None:
 class _GatedProjectionRewriter(PyExprMutator):
     def __init__(self, mod: tvm.IRModule):
         super().__init__(mod)
-        # the gated GEMM of each (rows, n, k, type, fused weight), None where the family does not take it
+        # the gated GEMM of each (rows, n, k, type, fused weight, activation), None where the family does not take it
         self.functions: dict[tuple, tvm.ir.GlobalVar | None] = {}
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - TVM visitor name
         call = super().visit_call_(call)
         if not is_op_call(call, "relax.multiply"):
             return call
-        for silu_arg, up_arg in (call.args, call.args[::-1]):
-            silu = _binding(self, silu_arg, "relax.nn.silu")
-            if silu is None:
+        for act_arg, up_arg in (call.args, call.args[::-1]):
+            act = self.lookup_binding(act_arg) if isinstance(act_arg, relax.Var) else None
+            if not (isinstance(act, relax.Call) and isinstance(act.op, tvm.ir.Op) and act.op.name in GATE_ACTIVATIONS):
                 continue
-            gate, up = (_half(self, e) for e in (silu.args[0], up_arg))
+            activation = GATE_ACTIVATIONS[act.op.name]
+            gate, up = (_half(self, e) for e in (act.args[0], up_arg))
             if gate is not None and up is not None and gate[0].same_as(up[0]) and (gate[1], up[1]) == (0, 1):
-                rewritten = self._gated(up_arg.ty, gate[0])
+                rewritten = self._gated(up_arg.ty, gate[0], activation)
             else:
-                rewritten = self._gated_pair(silu.args[0], up_arg)
+                rewritten = self._gated_pair(act.args[0], up_arg, activation)
             if rewritten is not None:
                 return rewritten
         return call
@@ -111,8 +119,8 @@ class _GatedProjectionRewriter(PyExprMutator):
                 break
         return expr
 
-    def _gated_pair(self, gate, up) -> relax.Expr | None:
-        """``silu(gate) * up`` of two products of one input by weights ``[n, k]`` (a gate and an
+    def _gated_pair(self, gate, up, activation: str) -> relax.Expr | None:
+        """``act(gate) * up`` of two products of one input by weights ``[n, k]`` (a gate and an
         up projection of their own, as torch and ``nn`` users write SwiGLU) as one gated GEMM,
         or None where they are not such products or the family does not take them."""
         products = [self._product(e) for e in (gate, up)]
@@ -125,10 +133,10 @@ class _GatedProjectionRewriter(PyExprMutator):
         width, w_depth = wg.ty.shape.values
         if not isinstance(width, tirx.IntImm):
             return None
-        return self._call_gated(x, [wg, wu], rows, int(width), depth, w_depth, fused_weight=False)
+        return self._call_gated(x, [wg, wu], rows, int(width), depth, w_depth, False, activation)
 
-    def _gated(self, half: relax.TensorType, halves) -> relax.Expr | None:
-        """``silu(gate) * up`` of ``halves`` (a split's variable; each half of type ``half``) as
+    def _gated(self, half: relax.TensorType, halves, activation: str) -> relax.Expr | None:
+        """``act(gate) * up`` of ``halves`` (a split's variable; each half of type ``half``) as
         one gated GEMM, or None where they are not the halves of a fused projection the
         rewrite takes."""
         split = _binding(self, halves, "relax.split")
@@ -144,23 +152,25 @@ class _GatedProjectionRewriter(PyExprMutator):
         width, w_depth = w.ty.shape.values
         if not isinstance(width, tirx.IntImm) or int(width) % 2:
             return None
-        out = self._call_gated(x, [w], rows, int(width) // 2, depth, w_depth, fused_weight=True)
+        out = self._call_gated(x, [w], rows, int(width) // 2, depth, w_depth, True, activation)
         return out if out is None or half.ndim == 2 else relax.op.reshape(out, half.shape)
 
-    def _call_gated(self, x, weights: list, rows, width: int, depth, w_depth, fused_weight: bool) -> relax.Expr | None:
-        """A call of the gated GEMM of ``width`` outputs over ``x`` and ``weights``, or None where
-        the depths are not one constant or the family does not take the layer."""
+    def _call_gated(self, x, weights: list, rows, width: int, depth, w_depth, fused_weight: bool,
+                    activation: str) -> relax.Expr | None:
+        """A call of the gated GEMM (gate ``activation``) of ``width`` outputs over ``x`` and
+        ``weights``, or None where the depths are not one constant or the family does not take
+        the layer."""
         if not all(isinstance(e, tirx.IntImm) for e in (depth, w_depth)) or int(depth) != int(w_depth):
             return None
         dtype = x.ty.dtype
         # rows of its own (bound by X's shape when called): one function for every layer's call
         key = (int(rows) if isinstance(rows, tirx.IntImm) else str(rows.ty.dtype), int(width), int(depth), dtype,
-               fused_weight)
+               fused_weight, activation)
         if key not in self.functions:
             own_rows = rows if isinstance(rows, tirx.IntImm) else tirx.Var("rows", rows.ty.dtype)
-            taken = family_takes(int(width), int(depth), dtype, fused_weight)
+            taken = family_takes(int(width), int(depth), dtype, fused_weight, activation)
             self.functions[key] = add_opaque_function(self.builder_, gated_dense(
-                own_rows, int(width), int(depth), dtype, fused_weight=fused_weight),
+                own_rows, int(width), int(depth), dtype, fused_weight=fused_weight, activation=activation),
                 "gated_projection") if taken else None
         callee = self.functions[key]
         if callee is None:

@@ -10,6 +10,8 @@ ACTIVATIONS = {
     "relu": lambda x: tirx.max(x, tirx.const(0, x.dtype)),
     "silu": lambda x: x * tirx.sigmoid(x),
     "gelu": lambda x: x * tirx.const(0.5, x.dtype) * (tirx.const(1, x.dtype) + tirx.erf(x * tirx.const(0.7071067811865476, x.dtype))),
+    "gelu_tanh": lambda x: x * tirx.const(0.5, x.dtype) * (tirx.const(1, x.dtype) + tirx.tanh(
+        tirx.const(0.7978845608028654, x.dtype) * (x + tirx.const(0.044715, x.dtype) * x * x * x))),
 }
 
 
@@ -42,11 +44,13 @@ def dense(
     return te.create_prim_func([*params, y])
 
 
-def gated_dense(m: int, n: int, k: int, dtype: str = "float16", fused_weight: bool = False) -> tirx.PrimFunc:
-    """``H = silu(X @ Wg^T) * (X @ Wu^T)`` (the first half of Llama's MLP) with ``X[m, k]``,
-    ``Wg, Wu[n, k]``, both products accumulated in float32 and the result cast to ``dtype``.
-    ``fused_weight``: one weight ``W[2n, k]``, the gate's rows first (``Wg = W[:n]``, ``Wu =
-    W[n:]``), as a model with one gate/up projection stores it."""
+def gated_dense(m: int, n: int, k: int, dtype: str = "float16", fused_weight: bool = False,
+                activation: str = "silu") -> tirx.PrimFunc:
+    """``H = silu(X @ Wg^T) * (X @ Wu^T)`` (the first half of Llama's MLP; another of
+    ACTIVATIONS of the gate: GeGLU's ``gelu_tanh``) with ``X[m, k]``, ``Wg, Wu[n, k]``, both
+    products accumulated in float32 and the result cast to ``dtype``. ``fused_weight``: one
+    weight ``W[2n, k]``, the gate's rows first (``Wg = W[:n]``, ``Wu = W[n:]``), as a model with
+    one gate/up projection stores it."""
     x = te.placeholder((m, k), dtype, name="X")
     if fused_weight:
         w = te.placeholder((2 * n, k), dtype, name="W")
@@ -55,8 +59,8 @@ def gated_dense(m: int, n: int, k: int, dtype: str = "float16", fused_weight: bo
     else:
         weights = [te.placeholder((n, k), dtype, name=name) for name in ("Wg", "Wu")]
         gate, up = (matmul(x, w) for w in weights)
-    silu = ACTIVATIONS["silu"]
-    h = te.compute((m, n), lambda i, j: (silu(gate[i, j]) * up[i, j]).astype(dtype), name="H")
+    act = ACTIVATIONS[activation]
+    h = te.compute((m, n), lambda i, j: (act(gate[i, j]) * up[i, j]).astype(dtype), name="H")
     return te.create_prim_func([x, *weights, h])
 
 
