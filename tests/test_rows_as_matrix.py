@@ -57,22 +57,28 @@ def test_the_merged_function_computes_the_original(batch, seq):
     rng = np.random.default_rng(0)
     k, n = 16, 24
     func = linear(batch, seq, k, n, dtype="float32", bias=True)
-    flat = rows_as_matrix(func)
-    assert [len(p.ty.shape) for p in flat.params] == [2, 2, 1, 2]
+    matrices = rows_as_matrix(func)
+    assert [len(p.ty.shape) for p in matrices.func.params] == [2, 2, 1, 2] and matrices.rows is None
     x, w, b = rng.standard_normal((batch, seq, k)), rng.standard_normal((n, k)), rng.standard_normal(n)
-    got = _run_on_llvm(over_original_tensors(func, flat), [a.astype("float32") for a in (x, w, b)], (batch, seq, n))
+    got = _run_on_llvm(over_original_tensors(func, matrices, matrices.func), [a.astype("float32") for a in (x, w, b)],
+                       (batch, seq, n))
     ref = np.maximum(x @ w.T + b, 0)
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-5
 
 
-def test_a_symbolic_batch_merges_into_a_symbolic_row_count():
+@pytest.mark.parametrize(("batch", "seq", "bound"), [("batch", 1, False), ("batch", "seq", True), (1, "seq", False)])
+def test_symbolic_rows_merge_into_one_row_variable(batch, seq, bound):
+    """A symbolic batch of one-token rows, or a batch and a sequence both symbolic (the matrices
+    then take a row variable of their own, bound to the product when called)."""
     rng = np.random.default_rng(1)
-    func = linear(te.var("batch"), 1, 16, 8, dtype="float32")
-    flat = rows_as_matrix(func)
-    assert isinstance(flat.params[0].ty.shape[0], tirx.Var)
-    for batch in (1, 5):
-        x, w = rng.standard_normal((batch, 1, 16)), rng.standard_normal((8, 16))
-        got = _run_on_llvm(over_original_tensors(func, flat), [x.astype("float32"), w.astype("float32")], (batch, 1, 8))
+    func = linear(*(te.var(d) if isinstance(d, str) else d for d in (batch, seq)), 16, 8, dtype="float32")
+    matrices = rows_as_matrix(func)
+    assert isinstance(matrices.func.params[0].ty.shape[0], tirx.Var) and (matrices.rows is not None) == bound
+    for b, s in ((1, 1), (3, 5)):
+        b, s = (b if isinstance(batch, str) else batch), (s if isinstance(seq, str) else seq)
+        x, w = rng.standard_normal((b, s, 16)), rng.standard_normal((8, 16))
+        got = _run_on_llvm(over_original_tensors(func, matrices, matrices.func),
+                           [x.astype("float32"), w.astype("float32")], (b, s, 8))
         ref = np.maximum(x @ w.T, 0)
         assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-5
 
@@ -92,7 +98,7 @@ def _matrix():
 @pytest.mark.parametrize("func", [
     pytest.param(linear(2, 8, 64, 32, position=True), id="a row axis read as a position"),
     pytest.param(_batched_weights(), id="the batch axis indexes the weights too"),
-    pytest.param(linear(te.var("batch"), te.var("seq"), 64, 32), id="rows a product of two variables"),
+    pytest.param(linear(3, te.var("seq"), 64, 32), id="rows a constant times a variable"),
     pytest.param(_matrix(), id="already a matrix"),
 ])
 def test_forms_whose_leading_axes_are_not_only_rows_are_left_alone(func):
@@ -109,11 +115,28 @@ def test_a_rank_3_linear_builds_as_a_split_k_gemm(caplog):
     assert "mma" in source and "tensormap" in source.lower()
 
 
-def test_a_symbolic_batch_of_one_token_rows_builds_a_kernel_per_range(caplog):
+@pytest.mark.parametrize("seq", [1, "seq"])
+def test_a_symbolic_batch_builds_a_kernel_per_range_of_rows(caplog, seq):
     with caplog.at_level(logging.INFO, logger="tvm_dsm.driver"):
-        lib = tvm_dsm.build(linear(te.var("batch"), 1, 2048, 2048), TARGET)
+        lib = tvm_dsm.build(linear(te.var("batch"), te.var(seq) if isinstance(seq, str) else seq, 2048, 2048), TARGET)
     assert "scheduled as matrices" in caplog.text
     assert lib.mod.imports[0].inspect_source().count("__global__") > 2
+
+
+@pytest.mark.gpu
+def test_a_linear_of_a_symbolic_batch_and_sequence_is_correct_on_the_gpu():
+    rng = np.random.default_rng(3)
+    k, n = 512, 384
+    w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype("float16")
+    lib = tvm_dsm.build(linear(te.var("batch"), te.var("seq"), k, n), TARGET)
+    dev = tvm.cuda(0)
+    for batch, seq in ((1, 1), (2, 37), (5, 300)):
+        x = rng.standard_normal((batch, seq, k)).astype("float16")
+        out = tvm.runtime.tensor(np.full((batch, seq, n), np.nan, "float16"), dev)
+        lib(tvm.runtime.tensor(x, dev), tvm.runtime.tensor(w, dev), out)
+        got = out.numpy().astype(np.float64)
+        ref = np.maximum(x.astype(np.float64) @ w.astype(np.float64).T, 0)
+        assert not np.isnan(got).any() and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3, (batch, seq)
 
 
 @pytest.mark.gpu

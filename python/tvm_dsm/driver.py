@@ -314,16 +314,16 @@ def _as_matrices(func: tirx.PrimFunc, target, hw: Hardware | None) -> s_tir.Sche
     """``func`` scheduled by a family over matrices, its tensors' leading row axes merged
     (:mod:`tvm_dsm.transform.rows_as_matrix`), called with its own tensors; None where it has
     no such axes or no family takes the matrices."""
-    flat = rows_as_matrix(func)
-    if flat is None:
+    matrices = rows_as_matrix(func)
+    if matrices is None:
         return None
     try:
-        scheduled = schedule(flat, target, hw=hw, stock_fallback=False)
+        scheduled = schedule(matrices.func, target, hw=hw, stock_fallback=False)
     except ClusterError as err:
         LOG.info("as matrices (its leading axes merged into rows) no family takes it either: %s", err)
         return None
     LOG.info("scheduled as matrices: its tensors' leading axes merged into rows")
-    return s_tir.Schedule(over_original_tensors(func, scheduled.mod["main"]), enable_check=False)
+    return s_tir.Schedule(over_original_tensors(func, matrices, scheduled.mod["main"]), enable_check=False)
 
 
 def schedule_operators(func: tirx.PrimFunc, target=H100, hw: Hardware | None = None) -> s_tir.Schedule:

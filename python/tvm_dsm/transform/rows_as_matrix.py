@@ -11,14 +11,15 @@ iterators into one (``transform_block_layout``). :func:`over_original_tensors` t
 schedule of that function back behind the original signature, each merged tensor declared on
 its original's data: the same memory read as a matrix, so a call takes the original tensors.
 
-The merged row count must be a constant or one variable (a batch of any size over rows of one
-token, or one sequence of any length): the families dispatch a symbolic row count on one
-variable (:mod:`tvm_dsm.families.row_ranges`).
+The families dispatch a symbolic row count on one variable (:mod:`tvm_dsm.families.row_ranges`):
+where the rows are a product of variables (``[batch, seq, hidden]``, both symbolic), the matrices
+take one row variable of their own, bound to that product when the function is called.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import tvm_ffi
 from tvm import s_tir, tirx
@@ -27,7 +28,7 @@ from tvm.s_tir import SBlock, SBlockRealize
 from tvm.sym import Analyzer
 
 from ..errors import ClusterError
-from ..ir import find_all, items, uses, with_block_body
+from ..ir import find_all, items, uses
 
 
 def _nest_block(nest: tirx.Stmt) -> SBlock:
@@ -112,18 +113,32 @@ def _merging(ndim: int, extents: list, rows: int) -> tirx.IndexMap:
                                    index_dtype=str(extents[0].ty))
 
 
-def rows_as_matrix(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
+@dataclass(frozen=True)
+class Matrices:
+    """A function over matrices (:func:`rows_as_matrix`) and, where the original's rows are a
+    product of variables (``[batch, seq, hidden]``), the row variable it takes instead and the
+    product that variable is bound to when it is called as the original."""
+
+    func: tirx.PrimFunc
+    rows: tuple[tirx.Var, tirx.PrimExpr] | None = None
+
+
+def rows_as_matrix(func: tirx.PrimFunc) -> Matrices | None:
     """``func`` over matrices (see the module docstring), or None where its tensors have no
-    leading row axes to merge or the merged row count is not a constant or one variable."""
+    leading row axes to merge."""
     found = _row_axes(func)
-    if found is None:
-        return None
+    if found is None or found[0] < 2:
+        return None  # no row axes, or already a matrix
+    binding = None
+    count = Analyzer().simplify(functools.reduce(lambda a, b: a * b, found[1]))
+    if not isinstance(count, (tirx.IntImm, tirx.Var)):
+        rows = tirx.Var("rows", str(count.ty))
+        func = _over_one_row_variable(func, *found, rows)
+        found = _row_axes(func) if func is not None else None
+        if found is None:
+            return None
+        binding = (rows, count)
     rows, extents, indexed = found
-    if rows < 2:
-        return None  # already a matrix
-    count = Analyzer().simplify(functools.reduce(lambda a, b: a * b, extents))
-    if not (isinstance(count, tirx.IntImm) or isinstance(count, tirx.Var)):
-        return None
     sch = s_tir.Schedule(func)
     done = []
     for block_rv in sch.get_child_blocks(sch.get_sblock("root")):
@@ -135,15 +150,38 @@ def rows_as_matrix(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
                     sch.transform_layout(block_rv, (kind, index), _merging(len(buf.shape), extents, rows))
                     done.append(buf)
         sch.transform_block_layout(block_rv, _merging(len(block.iter_vars), extents, rows))
-    return sch.mod["main"]
+    return Matrices(sch.mod["main"], binding)
 
 
-def over_original_tensors(func: tirx.PrimFunc, scheduled: tirx.PrimFunc) -> tirx.PrimFunc:
-    """``scheduled`` (a schedule of :func:`rows_as_matrix`'s function for ``func``) called as
-    ``func``: each of its parameters declared on the data of ``func``'s parameter in its place."""
-    decls = [tirx.DeclBuffer(merged, data=original.data) for original, merged in zip(func.params, scheduled.params)
-             if not merged.same_as(original)]
-    root = scheduled.body
-    body = SBlockRealize(root.iter_values, root.predicate, with_block_body(root.block, root.block.body))
-    return tirx.PrimFunc(func.params, tirx.SeqStmt([*decls, body]) if decls else body, func.ret_type,
-                         scheduled.attrs)
+def _over_one_row_variable(func: tirx.PrimFunc, rows: int, extents: list, indexed: list,
+                           variable: tirx.Var) -> tirx.PrimFunc | None:
+    """``func`` with its row extents (a product of variables) replaced by ``variable`` and ones:
+    each row-indexed parameter ``[b, s, ..]`` as ``[variable, 1, ..]``; None where a row extent is
+    a constant, a row-indexed parameter's leading extents are not the rows' or another
+    parameter's extents hold a row variable."""
+    if not all(isinstance(e, tirx.Var) for e in extents):
+        return None  # a constant times a variable: no parameter's extent to bind the variable by
+    row_vars = list(extents)
+    buffers = {}
+    for param in func.params:
+        shape = list(getattr(param.ty, "shape", None) or ())
+        if any(param.same_as(b) for b in indexed):
+            if not all(tvm_ffi.structural_equal(d, e) for d, e in zip(shape[:rows], extents)):
+                return None
+            one = [tirx.IntImm(str(variable.ty), 1)] * (rows - 1)
+            buffers[param] = tirx.decl_buffer([variable, *one, *shape[rows:]], param.ty.dtype, name=param.name,
+                                              elem_offset=param.ty.elem_offset)
+        elif any(uses(d, v) for d in shape for v in row_vars):
+            return None
+    return func.specialize(buffers)
+
+
+def over_original_tensors(func: tirx.PrimFunc, matrices: Matrices, scheduled: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``scheduled`` (a schedule of ``matrices.func``, :func:`rows_as_matrix`'s for ``func``)
+    called as ``func``: its row variable bound to the product of ``func``'s row extents, each of
+    its parameters declared on the data of ``func``'s parameter in its place."""
+    stmts = [tirx.Bind(*matrices.rows)] if matrices.rows is not None else []
+    stmts += [tirx.DeclBuffer(merged, data=original.data) for original, merged in zip(func.params, scheduled.params)
+              if not merged.same_as(original)]
+    return tirx.PrimFunc(func.params, tirx.SeqStmt([*stmts, scheduled.body]) if stmts else scheduled.body,
+                         func.ret_type, scheduled.attrs)

@@ -97,7 +97,7 @@ class TileCopy:
     element lies in ``G`` (a tile past the tensor's edge, see :func:`zero_filled_load`).
     ``outer``: the loops around the copy's nest, whose ranges that proof uses."""
 
-    def __init__(self, nest, sources: list, analyzer: Analyzer, outer: list):
+    def __init__(self, nest, sources: list, analyzer: Analyzer, outer: list, lets: list = ()):
         loops = []
         while isinstance(nest, tirx.For):
             loops.append(nest)
@@ -108,7 +108,7 @@ class TileCopy:
         store = realize.block.body
         load = store.value if isinstance(store, tirx.BufferStore) else None
         if load is not None and not isinstance(load, tvm.ir.TensorLoad):
-            load = zero_filled_load(load, [*outer, *loops])
+            load = zero_filled_load(load, [*outer, *loops], lets)
         if not isinstance(load, tvm.ir.TensorLoad) or not analyzer.can_prove(realize.predicate):
             raise ClusterError(f"TMA copy {realize.block.name_hint}: not a plain, unpredicated copy, "
                                "nor one whose predicate says only that it reads inside the tensor")
@@ -155,18 +155,21 @@ class TileCopy:
         return [tirx.Cast("int32", substitute(o, [(loop_var, step)])) for o in self.origin[::-1]]
 
 
-def zero_filled_load(value, loops: list):
+def zero_filled_load(value, loops: list, lets: list = ()):
     """The load ``G[i]`` of a copied value ``if_then_else(inside, G[i], 0)`` whose condition
     holds exactly where ``i`` lies in ``G`` (proven over the ranges of ``loops``, the loops
     around the copy); None for any other value. A TMA copy of it needs no predicate: where a
     box leaves the tensor its map describes, the copy lands zeros (and still counts the whole
-    box's bytes on its mbarrier)."""
+    box's bytes on its mbarrier). ``lets``: the function's variables bound before its kernels
+    (a view's extent, :mod:`tvm_dsm.transform.rows_as_matrix`), as ``tirx.Bind`` statements."""
     if not (isinstance(value, tvm.ir.Call) and value.op.same_as(tvm.ir.Op.get("prim.if_then_else"))):
         return None
     inside, load, otherwise = value.args
     if not isinstance(load, tvm.ir.TensorLoad) or not is_zero(otherwise):
         return None
     analyzer = Analyzer()
+    for let in lets:
+        analyzer.bind(let.var, let.value)
     for loop in loops:
         analyzer.bind(loop.loop_var, Range.from_min_extent(loop.min, loop.extent))
     in_tensor = tirx.const(True, "bool")
@@ -238,8 +241,8 @@ class _TmaLoop:
     """One loop marked ``TMA_STAGES_KEY``, rewritten as described in the module docstring."""
 
     def __init__(self, loop: tirx.For, threads: list, sources: list, analyzer: Analyzer,
-                 outer: list):
-        """``outer``: the loops around ``loop``."""
+                 outer: list, lets: list = ()):
+        """``outer``: the loops around ``loop``; ``lets``: the function's bound variables."""
         self.loop = loop
         #: In a dependent kernel, the copies from parameters: their first steps' tiles may load
         #: before the previous grid ends (see ``_prologue``), and ``prefetch`` says whether all
@@ -257,7 +260,7 @@ class _TmaLoop:
         self.copies, self.rest = [], []
         for item in items(self.block.body):
             if find_all(item, SBlock, lambda b: TMA_COPY_KEY in b.annotations):
-                self.copies.append(TileCopy(item, sources, analyzer, [*outer, loop]))
+                self.copies.append(TileCopy(item, sources, analyzer, [*outer, loop], lets))
             else:
                 self.rest.append(item)
         if not self.copies:
@@ -539,12 +542,14 @@ def lower_tma_pipeline(func: tirx.PrimFunc, hw: Hardware) -> tirx.PrimFunc:
         return func
     # Buffers whose address the host holds before the launch: the tensor maps are encoded there.
     # A function may first declare global buffers (workspaces, views of its parameters:
-    # tvm_dsm.rules.conv_chain) and then hold its root block.
+    # tvm_dsm.rules.conv_chain, tvm_dsm.transform.rows_as_matrix, with the variables their
+    # shapes use) and then hold its root block.
     stmts = items(func.body)
     decls, body = stmts[:-1], stmts[-1]
-    if not all(isinstance(d, (tirx.AllocBuffer, tirx.DeclBuffer)) for d in decls):
+    if not all(isinstance(d, (tirx.AllocBuffer, tirx.DeclBuffer, tirx.Bind)) for d in decls):
         decls, body = [], func.body
-    sources = list(func.params) + [d.buffer for d in decls if str(d.buffer.ty.storage_scope) == "global"]
+    sources = list(func.params) + [d.buffer for d in decls
+                                   if not isinstance(d, tirx.Bind) and str(d.buffer.ty.storage_scope) == "global"]
     if isinstance(body, SBlockRealize):
         sources += [b for b in body.block.alloc_buffers if b.scope() == "global"]
     analyzer = Analyzer()
@@ -555,7 +560,7 @@ def lower_tma_pipeline(func: tirx.PrimFunc, hw: Hardware) -> tirx.PrimFunc:
     budget = hw.hbm_bw * PREFETCH_WINDOW_S
     for loop in loops:
         lowering = _TmaLoop(loop, _threads(func.body, loop), sources, analyzer,
-                            _enclosing(func.body, loop))
+                            _enclosing(func.body, loop), [d for d in decls if isinstance(d, tirx.Bind)])
         if any(_encloses(k, loop) for k in dependent):
             lowering.plan_prefetch(list(func.params), _ctas(func.body, loop), budget)
         elif read_only:  # the first kernel: the parameters no kernel writes
