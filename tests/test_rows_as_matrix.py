@@ -66,10 +66,12 @@ def test_the_merged_function_computes_the_original(batch, seq):
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-5
 
 
-@pytest.mark.parametrize(("batch", "seq", "bound"), [("batch", 1, False), ("batch", "seq", True), (1, "seq", False)])
+@pytest.mark.parametrize(("batch", "seq", "bound"), [("batch", 1, False), ("batch", "seq", True), (1, "seq", False),
+                                                     (3, "seq", True)])
 def test_symbolic_rows_merge_into_one_row_variable(batch, seq, bound):
-    """A symbolic batch of one-token rows, or a batch and a sequence both symbolic (the matrices
-    then take a row variable of their own, bound to the product when called)."""
+    """A symbolic batch of one-token rows, a symbolic sequence, or rows a product (a batch and a
+    sequence both symbolic, a constant batch of a symbolic sequence: the matrices then take a
+    row variable of their own, bound to the product when called)."""
     rng = np.random.default_rng(1)
     func = linear(*(te.var(d) if isinstance(d, str) else d for d in (batch, seq)), 16, 8, dtype="float32")
     matrices = rows_as_matrix(func)
@@ -98,7 +100,6 @@ def _matrix():
 @pytest.mark.parametrize("func", [
     pytest.param(linear(2, 8, 64, 32, position=True), id="a row axis read as a position"),
     pytest.param(_batched_weights(), id="the batch axis indexes the weights too"),
-    pytest.param(linear(3, te.var("seq"), 64, 32), id="rows a constant times a variable"),
     pytest.param(_matrix(), id="already a matrix"),
 ])
 def test_forms_whose_leading_axes_are_not_only_rows_are_left_alone(func):
@@ -115,12 +116,36 @@ def test_a_rank_3_linear_builds_as_a_split_k_gemm(caplog):
     assert "mma" in source and "tensormap" in source.lower()
 
 
-@pytest.mark.parametrize("seq", [1, "seq"])
-def test_a_symbolic_batch_builds_a_kernel_per_range_of_rows(caplog, seq):
+@pytest.mark.parametrize(("batch", "seq"), [("batch", 1), ("batch", "seq"), (2, "seq")])
+def test_symbolic_rows_build_a_kernel_per_range_of_rows(caplog, batch, seq):
+    dims = [te.var(d) if isinstance(d, str) else d for d in (batch, seq)]
     with caplog.at_level(logging.INFO, logger="tvm_dsm.driver"):
-        lib = tvm_dsm.build(linear(te.var("batch"), te.var(seq) if isinstance(seq, str) else seq, 2048, 2048), TARGET)
+        lib = tvm_dsm.build(linear(*dims, 2048, 2048), TARGET)
     assert "scheduled as matrices" in caplog.text
     assert lib.mod.imports[0].inspect_source().count("__global__") > 2
+
+
+def _legalized_linear(batch, seq):
+    """``x @ W^T`` of ``x[batch, seq, 1024]`` as Relax legalizes a matmul (int64 extents)."""
+    from tvm import relax
+    from tvm_dsm.workloads.generated import relax_prim_func
+
+    def body(bb, x, w):
+        product = bb.emit(relax.op.matmul(x, bb.emit(relax.op.permute_dims(w)), out_dtype="float32"))
+        return relax.op.astype(product, "float16")
+
+    return relax_prim_func([("x", (batch, seq, 1024), "float16"), ("w", (768, 1024), "float16")], body)
+
+
+@pytest.mark.parametrize("seq", [64, "seq"])
+def test_a_relax_legalized_linear_of_rank_3_builds_as_matrices(caplog, seq):
+    """Relax's int64 form, a constant batch of 2: at a symbolic sequence TVM's own schedules
+    cannot build it (dlight's matmul rule fails); as matrices it takes a kernel per range."""
+    func = _legalized_linear(2, tirx.Var("seq", "int64") if seq == "seq" else seq)
+    with caplog.at_level(logging.INFO, logger="tvm_dsm.driver"):
+        lib = tvm_dsm.build(func.with_attr("global_symbol", "main"), TARGET)
+    assert "scheduled as matrices" in caplog.text
+    assert lib.mod.imports[0].inspect_source().count("__global__") >= (2 if seq == "seq" else 1)
 
 
 @pytest.mark.gpu
@@ -158,3 +183,18 @@ def test_a_rank_3_linear_is_correct_on_the_gpu(batch, seq, dtype):
     assert not np.isnan(got).any()
     ref = np.maximum(x.astype(np.float64) @ w.astype(np.float64).T + b, 0)
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+
+
+@pytest.mark.gpu
+def test_a_relax_legalized_linear_of_a_symbolic_sequence_is_correct_on_the_gpu():
+    rng = np.random.default_rng(4)
+    w = (rng.standard_normal((768, 1024)) / 32).astype("float16")
+    lib = tvm_dsm.build(_legalized_linear(2, tirx.Var("seq", "int64")).with_attr("global_symbol", "main"), TARGET)
+    dev = tvm.cuda(0)
+    for seq in (1, 37, 300):
+        x = rng.standard_normal((2, seq, 1024)).astype("float16")
+        out = tvm.runtime.tensor(np.full((2, seq, 768), np.nan, "float16"), dev)
+        lib(tvm.runtime.tensor(x, dev), tvm.runtime.tensor(w, dev), out)
+        got = out.numpy().astype(np.float64)
+        ref = x.astype(np.float64) @ w.astype(np.float64).T
+        assert not np.isnan(got).any() and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3, seq

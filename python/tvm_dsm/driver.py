@@ -319,11 +319,12 @@ def _as_matrices(func: tirx.PrimFunc, target, hw: Hardware | None) -> s_tir.Sche
         return None
     try:
         scheduled = schedule(matrices.func, target, hw=hw, stock_fallback=False)
+        wrapped = over_original_tensors(func, matrices, scheduled.mod["main"])
     except ClusterError as err:
         LOG.info("as matrices (its leading axes merged into rows) no family takes it either: %s", err)
         return None
     LOG.info("scheduled as matrices: its tensors' leading axes merged into rows")
-    return s_tir.Schedule(over_original_tensors(func, matrices, scheduled.mod["main"]), enable_check=False)
+    return s_tir.Schedule(wrapped, enable_check=False)
 
 
 def schedule_operators(func: tirx.PrimFunc, target=H100, hw: Hardware | None = None) -> s_tir.Schedule:

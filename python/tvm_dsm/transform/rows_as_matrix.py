@@ -12,8 +12,9 @@ schedule of that function back behind the original signature, each merged tensor
 its original's data: the same memory read as a matrix, so a call takes the original tensors.
 
 The families dispatch a symbolic row count on one variable (:mod:`tvm_dsm.families.row_ranges`):
-where the rows are a product of variables (``[batch, seq, hidden]``, both symbolic), the matrices
-take one row variable of their own, bound to that product when the function is called.
+where the rows are a product (``[batch, seq, hidden]`` with both symbolic, or ``[2, seq,
+hidden]``), the matrices take a row variable of their own in its place, bound to that product
+when the function is called.
 """
 
 from __future__ import annotations
@@ -116,8 +117,9 @@ def _merging(ndim: int, extents: list, rows: int) -> tirx.IndexMap:
 @dataclass(frozen=True)
 class Matrices:
     """A function over matrices (:func:`rows_as_matrix`) and, where the original's rows are a
-    product of variables (``[batch, seq, hidden]``), the row variable it takes instead and the
-    product that variable is bound to when it is called as the original."""
+    product with a variable (``[batch, seq, hidden]``, ``[2, seq, hidden]``), the row variable
+    it takes instead and the product that variable is bound to when it is called as the
+    original."""
 
     func: tirx.PrimFunc
     rows: tuple[tirx.Var, tirx.PrimExpr] | None = None
@@ -129,15 +131,6 @@ def rows_as_matrix(func: tirx.PrimFunc) -> Matrices | None:
     found = _row_axes(func)
     if found is None or found[0] < 2:
         return None  # no row axes, or already a matrix
-    binding = None
-    count = Analyzer().simplify(functools.reduce(lambda a, b: a * b, found[1]))
-    if not isinstance(count, (tirx.IntImm, tirx.Var)):
-        rows = tirx.Var("rows", str(count.ty))
-        func = _over_one_row_variable(func, *found, rows)
-        found = _row_axes(func) if func is not None else None
-        if found is None:
-            return None
-        binding = (rows, count)
     rows, extents, indexed = found
     sch = s_tir.Schedule(func)
     done = []
@@ -150,37 +143,38 @@ def rows_as_matrix(func: tirx.PrimFunc) -> Matrices | None:
                     sch.transform_layout(block_rv, (kind, index), _merging(len(buf.shape), extents, rows))
                     done.append(buf)
         sch.transform_block_layout(block_rv, _merging(len(block.iter_vars), extents, rows))
-    return Matrices(sch.mod["main"], binding)
-
-
-def _over_one_row_variable(func: tirx.PrimFunc, rows: int, extents: list, indexed: list,
-                           variable: tirx.Var) -> tirx.PrimFunc | None:
-    """``func`` with its row extents (a product of variables) replaced by ``variable`` and ones:
-    each row-indexed parameter ``[b, s, ..]`` as ``[variable, 1, ..]``; None where a row extent is
-    a constant, a row-indexed parameter's leading extents are not the rows' or another
-    parameter's extents hold a row variable."""
-    if not all(isinstance(e, tirx.Var) for e in extents):
-        return None  # a constant times a variable: no parameter's extent to bind the variable by
-    row_vars = list(extents)
-    buffers = {}
-    for param in func.params:
-        shape = list(getattr(param.ty, "shape", None) or ())
-        if any(param.same_as(b) for b in indexed):
-            if not all(tvm_ffi.structural_equal(d, e) for d, e in zip(shape[:rows], extents)):
-                return None
-            one = [tirx.IntImm(str(variable.ty), 1)] * (rows - 1)
-            buffers[param] = tirx.decl_buffer([variable, *one, *shape[rows:]], param.ty.dtype, name=param.name,
-                                              elem_offset=param.ty.elem_offset)
-        elif any(uses(d, v) for d in shape for v in row_vars):
-            return None
-    return func.specialize(buffers)
+    merged = sch.mod["main"]
+    count = Analyzer().simplify(functools.reduce(lambda a, b: a * b, extents))
+    if isinstance(count, (tirx.IntImm, tirx.Var)):
+        return Matrices(merged)
+    # a product of extents (batch * seq, 3 * seq): a row variable of the matrices' own
+    variable = tirx.Var("rows", str(count.ty))
+    merged = tvm_ffi.structural_map(
+        merged, [(type(count), lambda e: variable if tvm_ffi.structural_equal(e, count) else e)])
+    if any(uses(d, v) for p in merged.params for d in getattr(p.ty, "shape", None) or ()
+           for v in find_all(count, tirx.Var)):
+        return None  # the product written otherwise somewhere: the row variable would not stand for it
+    return Matrices(merged, (variable, count))
 
 
 def over_original_tensors(func: tirx.PrimFunc, matrices: Matrices, scheduled: tirx.PrimFunc) -> tirx.PrimFunc:
     """``scheduled`` (a schedule of ``matrices.func``, :func:`rows_as_matrix`'s for ``func``)
-    called as ``func``: its row variable bound to the product of ``func``'s row extents, each of
-    its parameters declared on the data of ``func``'s parameter in its place."""
-    stmts = [tirx.Bind(*matrices.rows)] if matrices.rows is not None else []
+    called as ``func``: the variables of its parameters' shapes bound (the row variable to the
+    product of ``func``'s row extents, a variable narrowed to int32 by scheduling to ``func``'s
+    of its name), each of its parameters declared on the data of ``func``'s parameter in its
+    place."""
+    own = {v.name: v for p in func.params for d in getattr(p.ty, "shape", None) or () for v in find_all(d, tirx.Var)}
+    if matrices.rows is not None:
+        own[matrices.rows[0].name] = matrices.rows[1]
+    stmts, bound = [], []
+    for param in scheduled.params:
+        for var in (v for d in getattr(param.ty, "shape", None) or () for v in find_all(d, tirx.Var)):
+            if not any(var.same_as(o) for o in [*bound, *own.values()]):
+                value = own.get(var.name)
+                if value is None:
+                    raise ClusterError(f"rows as a matrix: the schedule's extent {var.name} is none of the function's")
+                stmts.append(tirx.Bind(var, value if str(value.ty) == str(var.ty) else tirx.Cast(str(var.ty), value)))
+                bound.append(var)
     stmts += [tirx.DeclBuffer(merged, data=original.data) for original, merged in zip(func.params, scheduled.params)
               if not merged.same_as(original)]
     return tirx.PrimFunc(func.params, tirx.SeqStmt([*stmts, scheduled.body]) if stmts else scheduled.body,
