@@ -112,6 +112,20 @@ def test_layer_norm_levels_run_in_two_waves_and_the_residual_holds_both_rows():
     assert [h.name for h in residual.held] == ["x", "r"] and residual.vector == 8
 
 
+def test_a_softmax_over_a_symbolic_width_is_refused_naming_it_and_built_by_dlight():
+    """Attention scores of a symbolic number of keys (Relax's int64 form): the row norm takes a
+    constant width; the function still builds (TVM's schedule)."""
+    from tvm import tirx
+    from tvm_dsm.workloads.generated import relax_prim_func
+
+    keys = tirx.Var("keys", "int64")
+    func = relax_prim_func([("s", (2, 8, keys, keys), "float16")],
+                           lambda bb, s: relax.op.nn.softmax(s, axis=-1)).with_attr("global_symbol", "main")
+    with pytest.raises(ClusterError, match="reduces over keys elements: a row norm's rows have a constant width"):
+        tvm_dsm.driver.schedule(func, stock_fallback=False)
+    assert "__global__" in tvm_dsm.build(func).mod.imports[0].inspect_source()
+
+
 def test_a_reduction_over_another_axis_is_refused():
     x = te.placeholder((64, 4096), "float32", name="x")
     with pytest.raises(ClusterError, match="reduces over the last axis"):

@@ -125,27 +125,32 @@ def test_symbolic_rows_build_a_kernel_per_range_of_rows(caplog, batch, seq):
     assert lib.mod.imports[0].inspect_source().count("__global__") > 2
 
 
-def _legalized_linear(batch, seq):
-    """``x @ W^T`` of ``x[batch, seq, 1024]`` as Relax legalizes a matmul (int64 extents)."""
+def _legalized_linear(batch, seq, layout: str = "nk"):
+    """``x @ W^T`` (``x @ W`` with ``layout`` "kn") of ``x[batch, seq, 1024]`` as Relax
+    legalizes a matmul (int64 extents)."""
     from tvm import relax
     from tvm_dsm.workloads.generated import relax_prim_func
 
     def body(bb, x, w):
-        product = bb.emit(relax.op.matmul(x, bb.emit(relax.op.permute_dims(w)), out_dtype="float32"))
-        return relax.op.astype(product, "float16")
+        weight = bb.emit(relax.op.permute_dims(w)) if layout == "nk" else w
+        return relax.op.astype(bb.emit(relax.op.matmul(x, weight, out_dtype="float32")), "float16")
 
-    return relax_prim_func([("x", (batch, seq, 1024), "float16"), ("w", (768, 1024), "float16")], body)
+    w_shape = (768, 1024) if layout == "nk" else (1024, 768)
+    return relax_prim_func([("x", (batch, seq, 1024), "float16"), ("w", w_shape, "float16")], body)
 
 
-@pytest.mark.parametrize("seq", [64, "seq"])
-def test_a_relax_legalized_linear_of_rank_3_builds_as_matrices(caplog, seq):
+@pytest.mark.parametrize(("seq", "layout", "by"), [(64, "nk", "a family"), ("seq", "nk", "a family"),
+                                                   ("seq", "kn", "dlight")])
+def test_a_relax_legalized_linear_of_rank_3_builds_as_matrices(caplog, seq, layout, by):
     """Relax's int64 form, a constant batch of 2: at a symbolic sequence TVM's own schedules
-    cannot build it (dlight's matmul rule fails); as matrices it takes a kernel per range."""
-    func = _legalized_linear(2, tirx.Var("seq", "int64") if seq == "seq" else seq)
+    cannot build it (dlight's matmul rule fails on the tensors); as matrices it takes a kernel
+    per range of rows, or (weights [K, N], which the GEMM family takes at constant rows only)
+    dlight's schedule of the matrices."""
+    func = _legalized_linear(2, tirx.Var("seq", "int64") if seq == "seq" else seq, layout)
     with caplog.at_level(logging.INFO, logger="tvm_dsm.driver"):
         lib = tvm_dsm.build(func.with_attr("global_symbol", "main"), TARGET)
-    assert "scheduled as matrices" in caplog.text
-    assert lib.mod.imports[0].inspect_source().count("__global__") >= (2 if seq == "seq" else 1)
+    assert f"scheduled as matrices (its tensors' leading axes merged into rows) by {by}" in caplog.text
+    assert lib.mod.imports[0].inspect_source().count("__global__") >= (2 if by == "a family" and seq == "seq" else 1)
 
 
 @pytest.mark.gpu

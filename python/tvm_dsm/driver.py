@@ -274,8 +274,8 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
                        hw: Hardware | None, families: bool = True) -> s_tir.Schedule:
     """The schedule of a function no tvm-dsm family takes whole: a family's over matrices
     where its tensors' leading axes are rows (:func:`_as_matrices`); else (``reason`` logged
-    at INFO) TVM's stock schedule (dlight); where dlight cannot schedule it whole (two GEMMs in one
-    function), one schedule per operator (:mod:`tvm_dsm.transform.split_operators`: a family's,
+    at INFO) TVM's stock schedule (dlight), of the matrices where dlight fails on the tensors;
+    where dlight cannot schedule it whole (two GEMMs in one function), one schedule per operator (:mod:`tvm_dsm.transform.split_operators`: a family's,
     such as the split-K GEMM's at any M, N and K, else dlight's; dlight's only without
     ``families``); else ClusterError with the reasons. Matmuls written to accumulate in 16 bits
     accumulate in fp32 here too (:mod:`tvm_dsm.transform.widen_accumulation`): never less
@@ -301,6 +301,9 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
         return stock_schedule(func, target)
     except ScheduleError as err:  # raised inside a dlight rule
         whole = str(err).strip().splitlines()[-1]
+    matrices = _as_matrices(func, target, hw, families=False)  # dlight may take the matrices
+    if matrices is not None:
+        return matrices
     if len(operators) < 2:
         raise ClusterError(f"neither tvm-dsm nor TVM's stock schedules (dlight) can schedule "
                            f"this function. tvm-dsm: {reason}\ndlight: {whole}")
@@ -310,20 +313,24 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
     return _per_operator(func, operators, target, hw, families)
 
 
-def _as_matrices(func: tirx.PrimFunc, target, hw: Hardware | None) -> s_tir.Schedule | None:
-    """``func`` scheduled by a family over matrices, its tensors' leading row axes merged
+def _as_matrices(func: tirx.PrimFunc, target, hw: Hardware | None, families: bool = True) -> s_tir.Schedule | None:
+    """``func`` scheduled by a family (without ``families``: by dlight, which may take the
+    matrices where it fails on the tensors) over matrices, its tensors' leading row axes merged
     (:mod:`tvm_dsm.transform.rows_as_matrix`), called with its own tensors; None where it has
-    no such axes or no family takes the matrices."""
+    no such axes or nothing takes the matrices."""
     matrices = rows_as_matrix(func)
     if matrices is None:
         return None
     try:
-        scheduled = schedule(matrices.func, target, hw=hw, stock_fallback=False)
+        scheduled = (schedule(matrices.func, target, hw=hw, stock_fallback=False) if families
+                     else stock_schedule(matrices.func, target))
         wrapped = over_original_tensors(func, matrices, scheduled.mod["main"])
-    except ClusterError as err:
-        LOG.info("as matrices (its leading axes merged into rows) no family takes it either: %s", err)
+    except (ClusterError, ScheduleError) as err:
+        LOG.info("as matrices (its leading axes merged into rows) %s takes it either: %s",
+                 "no family" if families else "dlight", str(err).strip().splitlines()[-1])
         return None
-    LOG.info("scheduled as matrices: its tensors' leading axes merged into rows")
+    LOG.info("scheduled as matrices (its tensors' leading axes merged into rows) by %s",
+             "a family" if families else "dlight")
     return s_tir.Schedule(wrapped, enable_check=False)
 
 

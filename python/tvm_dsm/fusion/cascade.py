@@ -92,13 +92,16 @@ class GroupReport:
 
 
 def parse_reduction(block) -> Level | None:
-    """The block as a Level, or None if it is not a single-axis sum/max/min/top-k reduction."""
+    """The block as a Level, or None if it is not a single-axis sum/max/min/top-k reduction over
+    a constant extent (the fused kernels' loops are constant; a symbolic one is left to others)."""
     if block.init is None:
         return None
     kinds = [int(iv.iter_type) for iv in block.iter_vars]
     if kinds.count(tirx.IterVar.CommReduce) != 1 or kinds[-1] != tirx.IterVar.CommReduce:
         return None
     *spatial, reduce = block.iter_vars
+    if not isinstance(reduce.dom.extent, tirx.IntImm):
+        return None
     top_k = parse_top_k(block)
     if top_k is not None:
         return Level(block=str(block.name_hint), op="top_k", output=top_k.values[0],

@@ -163,6 +163,9 @@ def find_row_norm(func: tirx.PrimFunc) -> RowNorm:
     stages = []
     for block in blocks:
         if is_reduction(block):
+            if not isinstance(block.iter_vars[-1].dom.extent, tirx.IntImm):
+                raise ClusterError(f"{block.name_hint} reduces over {block.iter_vars[-1].dom.extent} elements: a row "
+                                   "norm's rows have a constant width")
             level = parse_reduction(block)
             if level is None or level.op not in _COMBINE:
                 raise ClusterError(f"{block.name_hint}: a row norm's reductions are single-axis sums, maxima "
