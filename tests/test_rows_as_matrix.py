@@ -14,6 +14,7 @@ from tvm import te, topi, tirx
 
 import tvm_dsm
 from conftest import TARGET, cuda_source
+from tvm_dsm.errors import ClusterError
 from tvm_dsm.transform.rows_as_matrix import over_original_tensors, rows_as_matrix
 
 
@@ -104,6 +105,13 @@ def _matrix():
 ])
 def test_forms_whose_leading_axes_are_not_only_rows_are_left_alone(func):
     assert rows_as_matrix(func) is None
+
+
+def test_plan_says_a_rank_3_linear_is_planned_as_matrices():
+    func = linear(4, 128, 1024, 4096)
+    with pytest.raises(ClusterError, match="take it as matrices"):
+        tvm_dsm.plan(func)
+    assert tvm_dsm.plan(rows_as_matrix(func).func).family.name == "split_k_gemm"
 
 
 def test_a_rank_3_linear_builds_as_a_split_k_gemm(caplog):

@@ -108,8 +108,17 @@ def plan(func: tirx.PrimFunc, hw: Hardware | None = None, target=None) -> Rankin
     whose matmuls accumulate in 16 bits is planned as accumulating in fp32
     (:mod:`tvm_dsm.transform.widen_accumulation`) where no family takes it as written. The
     analytical ranking's first plans are re-ordered by what was measured on similar shapes
-    (:func:`tvm_dsm.learned_ranking.rerank`)."""
-    func, (family, shape) = _as_written_or_widened(func, lambda f: match_family(f, target))
+    (:func:`tvm_dsm.learned_ranking.rerank`). Where no family takes a function whose tensors'
+    leading axes are rows, the error says so: ``build`` takes it as matrices, which
+    ``plan(rows_as_matrix(func).func)`` ranks."""
+    try:
+        func, (family, shape) = _as_written_or_widened(func, lambda f: match_family(f, target))
+    except ClusterError as err:
+        if rows_as_matrix(func) is None:
+            raise
+        raise ClusterError(f"{err}\nIts tensors' leading axes are rows: build and schedule take it as matrices "
+                           "(tvm_dsm.transform.rows_as_matrix), which plan(rows_as_matrix(func).func) "
+                           "ranks") from None
     hw = hw or load_hardware()
     return Ranking(family, shape, rerank(family.name, shape, family.rank(shape, hw), hw), func, hw)
 
