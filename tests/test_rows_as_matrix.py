@@ -92,6 +92,17 @@ def _batched_weights():
     return te.create_prim_func([a, b, topi.nn.batch_matmul(a, b, out_dtype="float32")])
 
 
+def _longer_tensor_than_its_rows():
+    """``x[4, 256, 64]`` of which the rows ``s < 128`` are read: merged, row ``b * 128 + s`` is
+    not where ``x[b, s]`` lies."""
+    x = te.placeholder((4, 256, 64), "float16", "x")
+    w = te.placeholder((32, 64), "float16", "w")
+    r = te.reduce_axis((0, 64), "r")
+    y = te.compute((4, 128, 32), lambda b, s, j: te.sum(x[b, s, r].astype("float32") * w[j, r].astype("float32"),
+                                                       axis=r), name="y")
+    return te.create_prim_func([x, w, y])
+
+
 def _matrix():
     x = te.placeholder((8, 64), "float16", "x")
     w = te.placeholder((16, 64), "float16", "w")
@@ -102,6 +113,7 @@ def _matrix():
     pytest.param(linear(2, 8, 64, 32, position=True), id="a row axis read as a position"),
     pytest.param(_batched_weights(), id="the batch axis indexes the weights too"),
     pytest.param(_matrix(), id="already a matrix"),
+    pytest.param(_longer_tensor_than_its_rows(), id="a tensor longer than the rows read"),
 ])
 def test_forms_whose_leading_axes_are_not_only_rows_are_left_alone(func):
     assert rows_as_matrix(func) is None

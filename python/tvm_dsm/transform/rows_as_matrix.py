@@ -87,6 +87,11 @@ def _row_axes(func: tirx.PrimFunc) -> tuple[int, list, list] | None:
                     or any(uses(i, v) for i in rest for v in row_vars)):
                 return None
             if not any(buf.same_as(b) for b in indexed):
+                # merged in memory as the rows are merged in the loops: the same leading extents
+                # (a tensor longer than the rows iterate would be read at the wrong rows), compact
+                if (not all(analyzer.can_prove_equal(d, e) for d, e in zip(buf.ty.shape[:rows], extents))
+                        or list(buf.ty.strides) or not analyzer.can_prove_equal(buf.ty.elem_offset, 0)):
+                    return None
                 indexed.append(buf)
         # a row variable read other than as a row index (a position, a mask) keeps its axes
         values = [_without_loads(s.value) for s in find_all(block.body, tirx.BufferStore)]
