@@ -110,10 +110,11 @@ class _Epilogues:
     @R.function
     def main(x: R.Tensor(("b", "s", 64), "float16"), w1: R.Tensor((128, 64), "float16"),
              b1: R.Tensor((128,), "float16"), c1: R.Tensor((1, 1, 128), "float16"),
-             w2: R.Tensor((64, 128), "float16"), b2: R.Tensor((64,), "float16")):
+             w2: R.Tensor((64, 128), "float16"), b2: R.Tensor((64,), "float16"),
+             scale: R.Tensor((1, 1, 1), "float16")):
         with R.dataflow():
             h = R.nn.gelu_tanh(R.add(R.matmul(x, R.permute_dims(w1)), b1))
-            g = R.multiply(R.subtract(c1, R.matmul(x, R.permute_dims(w1))), R.const(0.5, "float16"))
+            g = R.multiply(R.multiply(R.subtract(c1, R.matmul(x, R.permute_dims(w1))), R.const(0.5, "float16")), scale)
             y = R.add(R.add(R.matmul(h, R.permute_dims(w2)), b2), x)
             R.output(y, g)
         return (y, g)
@@ -129,10 +130,15 @@ def test_biases_activations_and_residuals_run_in_the_products_epilogues_with_the
     assert any(line.count("_add") == 2 for line in products), calls
     assert not [line for line in calls if "matmul" not in line and any(
         op in line for op in ("add", "gelu", "subtract", "multiply"))], calls
+    funcs = [f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc) and "matmul" in gv.name_hint]
+    rows = [p for f in funcs for p in f.params
+            if hasattr(p.ty, "shape") and not all(isinstance(d, tirx.IntImm) for d in p.ty.shape)]
+    assert len(rows) >= 6 and all(len(p.ty.shape) == 2 for p in rows)  # activations as matrices
     rng = np.random.default_rng(0)
     args = [rng.standard_normal((2, 3, 64)).astype("float16"), (rng.standard_normal((128, 64)) / 8).astype("float16"),
             rng.standard_normal(128).astype("float16"), rng.standard_normal((1, 1, 128)).astype("float16"),
-            (rng.standard_normal((64, 128)) / 8).astype("float16"), rng.standard_normal(64).astype("float16")]
+            (rng.standard_normal((64, 128)) / 8).astype("float16"), rng.standard_normal(64).astype("float16"),
+            np.full((1, 1, 1), 1.5, "float16")]
     for want, got in zip(_run_llvm(_Epilogues, args), _run_llvm(MatmulsAsMatrices(_Epilogues), args)):
         assert got.shape == want.shape
         assert np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want.astype(np.float64)) < 5e-3

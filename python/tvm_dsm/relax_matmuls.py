@@ -211,8 +211,8 @@ class _Rewriter(PyExprMutator):
         if tvm_ffi.structural_equal(ty.shape, shape):
             return self._matrix_of(other)
         analyzer = Analyzer()
-        if not dims or all(analyzer.can_prove_equal(d, 1) for d in dims):
-            return other  # a scalar
+        if not dims or all(analyzer.can_prove_equal(d, 1) for d in dims):  # a scalar, kept of rank 1 at most
+            return other if len(dims) <= 1 else self.builder_.emit(relax.op.reshape(other, relax.ShapeExpr([1])))
         if analyzer.can_prove_equal(dims[-1], width) and all(analyzer.can_prove_equal(d, 1) for d in dims[:-1]):
             return other if len(dims) == 1 else self.builder_.emit(relax.op.reshape(other, relax.ShapeExpr([width])))
         return None
