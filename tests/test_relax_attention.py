@@ -135,3 +135,26 @@ def test_spelled_out_attention_is_correct_on_the_gpu(seq):
     p = np.exp(s - s.max(-1, keepdims=True))
     ref = (p / p.sum(-1, keepdims=True)) @ v64
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def _weighted_sum_into_the_output(normalized: bool):
+    """Attention in TE whose weighted sum accumulates straight into the output (fp16), as a
+    legalized ``matmul(softmax(..), v)`` writes it; ``normalized`` False: of the unnormalized
+    exponentials (not attention: no division by the row sum anywhere)."""
+    shape = (1, 2, 64, 64)
+    q, k, v = (te.placeholder(shape, "float16", n) for n in "qkv")
+    r = te.reduce_axis((0, 64), "r")
+    s = te.compute((1, 2, 64, 64), lambda b, h, i, j: te.sum(q[b, h, i, r] * k[b, h, j, r], axis=r), name="s")
+    p = topi.nn.softmax(s, axis=-1) if normalized else te.compute(s.shape, lambda *i: te.exp(s(*i)), name="e")
+    t = te.reduce_axis((0, 64), "t")
+    out = te.compute(shape, lambda b, h, i, d: te.sum(p[b, h, i, t] * v[b, h, t, d], axis=t), name="out")
+    return te.create_prim_func([q, k, v, out])
+
+
+def test_a_weighted_sum_accumulating_into_the_output_is_attention_where_normalized():
+    from tvm_dsm.families import FAMILIES, match_family
+
+    assert match_family(_weighted_sum_into_the_output(True))[0].name == "attention"
+    attention = next(f for f in FAMILIES if f.name == "attention")
+    with pytest.raises(ClusterError, match="exp-weighted sum|normalized probabilities|row sum"):
+        attention.recognize(_weighted_sum_into_the_output(False))

@@ -433,14 +433,13 @@ class _Match:
         if writers[0].name_hint == self.o.block:  # the weighted sum accumulates into the output
             if not normalized:
                 raise ClusterError("a weighted sum written as the output must be of the normalized probabilities")
-            return writers[0]
-        store = writers[0].body
-        O, L = sympy.Symbol("O", real=True), sympy.Symbol("L", real=True)
-        value = _sympy(store.value, self._leaf(sympy.Symbol("S", real=True)))
-        want = O if normalized else O / L
-        if not _zero(value - want):
-            raise ClusterError(f"the output must be the weighted sum {'' if normalized else 'divided by the row sum'}; "
-                               f"got {value}")
+        else:
+            O, L = sympy.Symbol("O", real=True), sympy.Symbol("L", real=True)
+            value = _sympy(writers[0].body.value, self._leaf(sympy.Symbol("S", real=True)))
+            want = O if normalized else O / L
+            if not _zero(value - want):
+                raise ClusterError(f"the output must be the weighted sum "
+                                   f"{'' if normalized else 'divided by the row sum'}; got {value}")
         extra = [b for b in self.blocks if b.name_hint not in {writers[0].name_hint, self.m.block, self.l.block,
                                                                  self.o.block} and b.init is None]
         if extra:
