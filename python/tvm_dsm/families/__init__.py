@@ -69,6 +69,14 @@ def hopper_target(target: Any) -> bool:
     return target.kind.name == "cuda" and str(target.attrs.get("arch", "")).startswith("sm_90")
 
 
+def int32_overflows(func: tirx.PrimFunc) -> list[str]:
+    """The parameters of ``func`` (constant extents) that hold 2^31 elements or more, which
+    tvm-dsm's int32-indexed kernels do not take: ``name[shape]`` each."""
+    shapes = {p.name: getattr(p.ty, "shape", None) for p in func.params}
+    return [f"{name}{[int(d) for d in shape]}" for name, shape in shapes.items()
+            if shape is not None and math.prod(int(d) for d in shape) >= INT32_ELEMENTS]
+
+
 def match_family(func: tirx.PrimFunc, target: Any = None,
                  families: Sequence[ScheduleFamily] | None = None) -> tuple[ScheduleFamily, Any]:
     """The first family of ``families`` (default :data:`FAMILIES`) whose pattern ``func`` holds,
@@ -85,8 +93,7 @@ def match_family(func: tirx.PrimFunc, target: Any = None,
         raise ClusterError(f"families plan constant extents; {', '.join(symbolic)} are symbolic (a function of one "
                            "symbolic row count is planned per range of rows by build and schedule: "
                            "tvm_dsm.families.row_ranges.range_kernels)")
-    large = [f"{name}{[int(d) for d in shape]}" for name, shape in shapes.items()
-             if shape is not None and math.prod(int(d) for d in shape) >= INT32_ELEMENTS]
+    large = int32_overflows(func)
     if large:
         raise ClusterError(f"tvm-dsm's kernels index in int32; {', '.join(large)} hold 2^31 elements or more")
     reasons = []

@@ -41,7 +41,7 @@ from ..errors import ClusterError
 from ..hardware import Hardware
 from ..ir import branch_on, extent_variables, fresh_definitions, specialized, substitute
 from ..planners.report import Plan
-from . import FAMILIES, INT32_ELEMENTS, match_family
+from . import FAMILIES, INT32_ELEMENTS, int32_overflows, match_family
 from .base import ScheduleFamily
 from .configs import config_from, examples
 
@@ -114,6 +114,13 @@ def range_kernels(func: tirx.PrimFunc, target: Any, hw: Hardware,
     families = None if len(variables) == 1 else [f for f in FAMILIES if f.symbolic_extents]
     kernels: list[RangeKernel] = []
     for (rows, fixed), bound in zip(range_specializations(func), (*ROW_RANGES, None)):
+        if kernels and int32_overflows(fixed):
+            # planned at these rows (the other variables at ROWS_BEYOND: a batch of long
+            # attention) the tensors outgrow int32 indices: the last range's kernel takes the
+            # rest (a call that large is refused when it runs, naming the limit)
+            last = kernels[-1]
+            kernels[-1] = RangeKernel(None, last.family, last.config, last.func, last.predicted_us, last.tuned)
+            break
         try:
             family, shape = match_family(fixed, target, families)
         except ClusterError as err:

@@ -49,6 +49,7 @@ TMA store of a whole tile would write the next sequence's rows), with their log-
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import operator
 from dataclasses import dataclass
@@ -128,10 +129,10 @@ _DIM_MULTIPLE = 8
 _MAX_ACCUMULATORS = 192
 #: Dynamic shared memory a CTA may opt into on Hopper.
 _MAX_SHARED_BYTES = 227 * 1024
-#: The sequence lengths a function of symbolic ones is matched at (:meth:`AttentionTemplate.find`),
-#: the first variable's, then the second's: above every head dim, whose extent an equal length
-#: would make ambiguous to the matcher.
-_MATCHED_LENGTHS = (264, 328)
+#: The extents a function of symbolic ones is matched at (:meth:`AttentionTemplate.find`), the
+#: first variable's, then the second's, the third's (lengths or a batch): above every head dim,
+#: whose extent an equal length would make ambiguous to the matcher.
+_MATCHED_LENGTHS = (264, 328, 392)
 #: Keys from which causal attention at head dims 80-128 shares 128-key tiles between two
 #: warpgroups (:func:`default_config`).
 _LONG_CAUSAL_KEYS = 2048
@@ -180,7 +181,8 @@ def default_config(shape: AttentionShape, hw: Hardware | None = None) -> Attenti
         return AttentionConfig(64, warpgroups=2)
     if padded_dim(shape.dim) == 128:
         sms = (hw or load_hardware()).sm_count
-        one_wave = isinstance(shape.q_len, int) and shape.heads * -(-shape.q_len // 128) <= sms
+        one_wave = (isinstance(shape.q_len, int) and isinstance(shape.heads, int)
+                    and shape.heads * -(-shape.q_len // 128) <= sms)
         long_causal = shape.causal and isinstance(shape.kv_len, int) and shape.kv_len >= _LONG_CAUSAL_KEYS
         if one_wave or long_causal:
             return AttentionConfig(128, warpgroups=2)
@@ -192,32 +194,47 @@ class AttentionTemplate(KernelTemplate):
     """The attention kernel of an unfused attention (:func:`find_attention`), for sm_90a."""
 
     def find(self, func: tirx.PrimFunc) -> AttentionShape:
-        """:func:`find_attention`'s shape; where sequence lengths are variables (one for the
-        query and key positions, as a model of any prompt length has it, or one for each), the
+        """:func:`find_attention`'s shape; where extents are variables (one for the query and
+        key positions, as a model of any prompt length has it, or one for each; a batch), the
         shape of the function at :data:`_MATCHED_LENGTHS` (its layouts, scale and mask do not
-        depend on the lengths) with the variables as its lengths."""
-        lengths = extent_variables(func)
-        if not lengths:
+        depend on them) with the variables as its lengths and head extents."""
+        variables = extent_variables(func)
+        if not variables:
             return find_attention(func)
-        if len(lengths) > len(_MATCHED_LENGTHS):
-            raise ClusterError(f"attention takes a query and a key length; got symbolic {[v.name for v in lengths]}")
-        matched = func
-        for var, value in zip(lengths, _MATCHED_LENGTHS):
+        if len(variables) > len(_MATCHED_LENGTHS):
+            raise ClusterError(f"attention takes a query length, a key length and a batch; got symbolic "
+                               f"{[v.name for v in variables]}")
+        matched, matched_at = func, {}
+        for var, value in zip(variables, _MATCHED_LENGTHS):
             matched = specialized(matched, var, value)
+            matched_at[var.name] = value
         shape = find_attention(matched)
         seq = {"q_len": [], "kv_len": []}
+        heads: dict[int, tirx.PrimExpr] = {}  # a head variable's extent, where it is symbolic
         lengths_of = ("q_len", "kv_len", "kv_len", "q_len")  # q, k, v, out
         for param, layout, length in zip(func.params, shape.layouts, lengths_of, strict=True):
-            axes = [n for n, extent in enumerate(param.ty.shape) if isinstance(extent, tirx.Var)]
-            if axes not in ([], [layout.seq]):
-                raise ClusterError(f"attention over symbolic lengths: they must be the sequence lengths of q, k, v "
-                                   f"and the output alone; {param.name} has one at axes {axes}")
+            # an outer head axis (no modulus): its variable counts extent x divisor values (a
+            # batch, or batch and heads flattened into one variable, read as var // heads)
+            outer = {axis.axis: axis for axis in layout.heads if axis.var is not None and not axis.modulus}
+            for n, extent in enumerate(param.ty.shape):
+                if not isinstance(extent, tirx.Var) or n == layout.seq:
+                    continue
+                axis = outer.get(n)
+                values = extent * axis.divisor if axis is not None else None
+                if (axis is None or not tvm_ffi.structural_equal(heads.setdefault(axis.var, values), values)
+                        # the rows run over every value the tensor holds there (not a constant few)
+                        or shape.head_extents[axis.var] != matched_at[extent.name] * axis.divisor):
+                    raise ClusterError(f"attention over symbolic extents: they must be the sequence lengths of q, "
+                                       f"k, v and the output, or an outer head axis (a batch) all four index "
+                                       f"alike; {param.name} has {extent.name} at axis {n}")
             seq[length].append(param.ty.shape[layout.seq])
         for length, extents in seq.items():
             if not all(tvm_ffi.structural_equal(extent, extents[0]) for extent in extents):
                 raise ClusterError(f"attention's {length} differs between its operands: {extents}")
         q_len, kv_len = (e if isinstance(e, tirx.Var) else int(e) for e in (seq["q_len"][0], seq["kv_len"][0]))
-        return dataclasses.replace(shape, q_len=q_len, kv_len=kv_len, params=tuple(func.params))
+        head_extents = tuple(heads.get(n, extent) for n, extent in enumerate(shape.head_extents))
+        return dataclasses.replace(shape, heads=math.prod(head_extents) if heads else shape.heads, q_len=q_len,
+                                   kv_len=kv_len, head_extents=head_extents, params=tuple(func.params))
 
     def configs(self, shape: AttentionShape) -> list[AttentionConfig]:
         """:data:`CONFIGS` that fit the head dim."""
@@ -300,7 +317,9 @@ def operand_shape(shape: AttentionShape, layout: OperandLayout, length: int) -> 
     dims[layout.dim], dims[layout.seq] = shape.dim, length
     for axis in layout.heads:
         extent = 1 if axis.var is None else -(-shape.head_extents[axis.var] // axis.divisor)
-        dims[axis.axis] = min(extent, axis.modulus) if axis.modulus else extent
+        if axis.modulus:
+            extent = min(extent, axis.modulus) if isinstance(extent, int) else tirx.min(extent, axis.modulus)
+        dims[axis.axis] = extent
     return dims
 
 
@@ -351,9 +370,10 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
     and stores its rows and their log-sum-exp directly, only those of its own sequence."""
     if ragged is not None:
         shape = ragged.shape()
-    H, D, dtype = shape.heads, padded_dim(shape.dim), shape.dtype
+    D, dtype = padded_dim(shape.dim), shape.dtype
     symbolic = not isinstance(shape.q_len, int)  # the query length a variable (AttentionTemplate.find)
-    N, KV = (n if isinstance(n, int) else T.Cast("int32", n) for n in (shape.q_len, shape.kv_len))
+    # a batch, query and key length that are variables (AttentionTemplate.find), indexed in int32
+    H, N, KV = (n if isinstance(n, int) else T.Cast("int32", n) for n in (shape.heads, shape.q_len, shape.kv_len))
     BM, BN, RB, WG = c.block_m, c.block_n, c.row_blocks, c.warpgroups
     QT, NT = -(-N // BM), -(-KV // BN)  # a tail tile's rows past the end: TMA zero-fills and clips them
     NF, DF = BN // 16, D // 16  # 16-column fragments of a row block's S and O
@@ -657,8 +677,9 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
 
         sources = dict(zip(names, fused.params))
     body = fused.body
-    if symbolic:  # no launch of an empty grid (CUDA refuses one)
-        body = tirx.IfThenElse(N > 0, body, None)
+    empty = [extent > 0 for extent in (N, H) if not isinstance(extent, int)]
+    if empty:  # no launch of an empty grid (CUDA refuses one)
+        body = tirx.IfThenElse(functools.reduce(tirx.And, empty), body, None)
     host = []
     for name in names:
         layout = layouts[name]
