@@ -282,6 +282,19 @@ def test_gpu_one_kernel_of_a_symbolic_length_matches_float64_at_every_length(lay
         assert error < 2e-3, (length, error)
 
 
+def _error_on_gpu(module, func, layout: str, causal: bool, extent) -> float:
+    """``module`` (``func`` built) run on fresh inputs of the shapes ``extent(param, dim)`` gives
+    (a dimension's extent), its output NaN-poisoned, against float64 (8 query heads, 2 KV)."""
+    rng = np.random.default_rng()
+    dev = tvm.cuda(0)
+    shapes = [[int(x) if isinstance(x, tirx.IntImm) else extent(p, x) for x in p.ty.shape] for p in func.params]
+    inputs = [(rng.standard_normal(s) * 2).astype(np.float16) for s in shapes[:3]]
+    out = tvm.runtime.tensor(np.full(shapes[3], np.nan, np.float16), dev)
+    module(*(tvm.runtime.tensor(x, dev) for x in inputs), out)
+    ref = _reference(layout, *inputs, 8, 2, causal)
+    return float(np.linalg.norm(out.numpy().astype(np.float64) - ref) / np.linalg.norm(ref))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(("layout", "causal"), [("bshd", True), ("bhsd", False)])
 def test_gpu_a_symbolic_batch_and_length_match_float64(layout, causal):
@@ -293,17 +306,8 @@ def test_gpu_a_symbolic_batch_and_length_match_float64(layout, causal):
     length = te.var("S")
     func = te_attention(te.var("B"), 8, length, length, 64, kv_heads=2, layout=layout, causal=causal)
     module = tvm_dsm.build(func, TARGET)
-    dev, rng = tvm.cuda(0), np.random.default_rng()
     for batch, seq in ((1, 1), (3, 100), (8, 257)):
-        def extent(x):
-            return int(x) if isinstance(x, tirx.IntImm) else batch if x.name == "B" else seq
-
-        shapes = [[extent(x) for x in p.ty.shape] for p in func.params]
-        inputs = [(rng.standard_normal(s) * 2).astype(np.float16) for s in shapes[:3]]
-        out = tvm.runtime.tensor(np.full(shapes[3], np.nan, np.float16), dev)
-        module(*(tvm.runtime.tensor(x, dev) for x in inputs), out)
-        ref = _reference(layout, *inputs, 8, 2, causal)
-        error = np.linalg.norm(out.numpy().astype(np.float64) - ref) / np.linalg.norm(ref)
+        error = _error_on_gpu(module, func, layout, causal, lambda _, x: batch if x.name == "B" else seq)
         assert error < 2e-3, (batch, seq, error)
 
 
@@ -389,15 +393,6 @@ def test_gpu_two_length_variables_match_float64_at_every_pair(layout, causal, di
 
     func = _two_lengths(layout, causal, dim)
     module = tvm_dsm.build(func, TARGET)
-    dev, rng = tvm.cuda(0), np.random.default_rng()
     for q_len, kv_len in ((1, 1), (1, 300), (63, 1024), (257, 100), (1024, 1024)):
-        shapes = []
-        for param in func.params:
-            length = kv_len if param.name in ("k", "v") else q_len
-            shapes.append([length if isinstance(x, tirx.Var) else int(x) for x in param.ty.shape])
-        inputs = [(rng.standard_normal(s) * 2).astype(np.float16) for s in shapes[:3]]
-        out = tvm.runtime.tensor(np.full(shapes[3], np.nan, np.float16), dev)
-        module(*(tvm.runtime.tensor(x, dev) for x in inputs), out)
-        ref = _reference(layout, *inputs, 8, 2, causal)
-        error = np.linalg.norm(out.numpy().astype(np.float64) - ref) / np.linalg.norm(ref)
+        error = _error_on_gpu(module, func, layout, causal, lambda p, _: kv_len if p.name in ("k", "v") else q_len)
         assert error < 2e-3, (q_len, kv_len, error)
