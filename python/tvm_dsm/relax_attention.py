@@ -41,10 +41,10 @@ def attention_patterns() -> list:
 
 def _attention_operand(buf) -> bool:
     """Whether ``buf`` (k of the scores' product, v of the output's: ``[..heads, keys, dim]``)
-    has the form the attention family takes: constant heads (batch included) and a head dim
-    that is a constant multiple of 8 up to 256; the keys may be a variable."""
+    has the form the attention family takes: constant heads, a head dim that is a constant
+    multiple of 8 up to 256; the keys and the batch (the outer axis of four) may be variables."""
     *heads, _, dim = buf.ty.shape
-    return (all(isinstance(d, tirx.IntImm) for d in heads) and isinstance(dim, tirx.IntImm)
+    return (all(isinstance(d, tirx.IntImm) for d in heads[len(heads) - 1:]) and isinstance(dim, tirx.IntImm)
             and int(dim) % 8 == 0 and int(dim) <= 256)
 
 

@@ -9,10 +9,10 @@ batch, or the tokens), a matmul accumulated in fp32 (as cuBLAS and PyTorch accum
 Relax does not fuse a reshape into a matmul's group, so the matmul reaches TIR as one 2-D GEMM
 with its cast as the epilogue, and the reshapes become views (``RewriteDataflowReshape``). What
 follows such a product element by element (a bias, an activation, a residual add, a gate's
-product, a cast) is made on the matrices too, so it stays in the epilogue; a norm or softmax
-over the last axis of a tensor whose leading axes hold two variables or more (``[batch, seq,
-hidden]``) is made on its matrix of rows, one row variable as for the products, so the row
-families take it.
+product, a cast) is made on the matrices too, so it stays in the epilogue; a norm over the
+last axis of a tensor whose leading axes hold two variables or more (``[batch, seq, hidden]``)
+is made on its matrix of rows, one row variable as for the products, so the row norm family
+takes it.
 
 Where the rows are a product of extent variables (``[batch, seq, in]``), each matrix is cast to
 one row variable, the same for the same product: the GEMM families plan a row count that is a
@@ -84,8 +84,9 @@ ELEMENTWISE_UNARY = ("relax.astype", "relax.nn.gelu", "relax.nn.gelu_tanh", "rel
 ELEMENTWISE_BINARY = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
 
 
-#: Row-wise Relax operators (over the last axis) the row families take on a matrix.
-ROW_WISE = ("relax.nn.layer_norm", "relax.nn.rms_norm", "relax.nn.softmax", "relax.nn.log_softmax")
+#: Row-wise Relax operators (over the last axis) the row families take on a matrix. (Not a
+#: softmax: over attention scores it would cut the attention apart, :mod:`tvm_dsm.relax_attention`.)
+ROW_WISE = ("relax.nn.layer_norm", "relax.nn.rms_norm")
 
 
 def _rows_of_several_variables(call: relax.Call) -> bool:
@@ -96,7 +97,7 @@ def _rows_of_several_variables(call: relax.Call) -> bool:
     ty = call.args[0].ty
     if not (isinstance(ty, relax.TensorType) and ty.shape is not None and ty.ndim >= 3):
         return False
-    axes = list(call.attrs.axes) if hasattr(call.attrs, "axes") else [call.attrs.axis]
+    axes = list(call.attrs.axes)
     variables = {v.name for d in ty.shape.values[:-1] for v in find_all(d, tirx.Var)}
     return [int(a) % ty.ndim for a in axes] == [ty.ndim - 1] and len(variables) >= 2
 
@@ -165,9 +166,9 @@ class _Rewriter(PyExprMutator):
         return relax.op.reshape(matrix, relax.ShapeExpr(shape))
 
     def _matrix_row_wise(self, call: relax.Call) -> relax.Expr:
-        """``call`` (a norm or softmax over the last axis of a tensor of rows of several
-        variables) on the tensor as a matrix of its rows, cast to one row variable
-        (:class:`_RowVariables`), which the row-wise families take."""
+        """``call`` (a norm over the last axis of a tensor of rows of several variables) on the
+        tensor as a matrix of its rows, cast to one row variable (:class:`_RowVariables`), which
+        the row norm family takes."""
         data = call.args[0]
         shape = list(data.ty.shape.values)
         matrix = self._matrix_of(data)
@@ -175,10 +176,8 @@ class _Rewriter(PyExprMutator):
         if name == "relax.nn.layer_norm":
             on_rows = relax.op.nn.layer_norm(matrix, call.args[1], call.args[2], axes=[-1], epsilon=attrs.epsilon,
                                              center=attrs.center, scale=attrs.scale)
-        elif name == "relax.nn.rms_norm":
-            on_rows = relax.op.nn.rms_norm(matrix, call.args[1], axes=[-1], epsilon=attrs.epsilon)
         else:
-            on_rows = getattr(relax.op.nn, name.removeprefix("relax.nn."))(matrix, axis=-1)
+            on_rows = relax.op.nn.rms_norm(matrix, call.args[1], axes=[-1], epsilon=attrs.epsilon)
         return self._viewed(self.builder_.emit(on_rows), shape)
 
     def _matrix_elementwise(self, call: relax.Call) -> relax.Expr | None:
