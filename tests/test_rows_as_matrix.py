@@ -86,6 +86,32 @@ def test_symbolic_rows_merge_into_one_row_variable(batch, seq, bound):
         assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-5
 
 
+def _rms_norm(batch, seq, width: int = 64, dtype: str = "float32"):
+    x = te.placeholder((batch, seq, width), dtype, "x")
+    w = te.placeholder((width,), dtype, "w")
+    return te.create_prim_func([x, w, topi.nn.rms_norm(x, w, axis=[2], epsilon=1e-6)])
+
+
+def test_a_norm_over_a_batch_and_a_sequence_merges_with_the_same_values():
+    """The statistics hold one value a row (indexed by the rows alone); the weight's cast iterates
+    no row and stays as it is."""
+    func = _rms_norm(te.var("batch"), te.var("seq"))
+    matrices = rows_as_matrix(func)
+    assert matrices is not None and matrices.rows is not None
+    rng = np.random.default_rng(5)
+    for b, s in ((1, 1), (2, 7)):
+        x, w = rng.standard_normal((b, s, 64)).astype("float32"), rng.standard_normal(64).astype("float32")
+        got = _run_on_llvm(over_original_tensors(func, matrices, matrices.func), [x, w], (b, s, 64))
+        ref = x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6) * w
+        assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-5
+
+
+def test_a_norm_over_a_symbolic_batch_and_sequence_builds_the_row_norm(caplog):
+    with caplog.at_level(logging.INFO, logger="tvm_dsm.driver"):
+        tvm_dsm.build(_rms_norm(te.var("batch"), te.var("seq"), 2048, "float16"), TARGET)
+    assert "row_norm" in caplog.text and "scheduled as matrices" in caplog.text
+
+
 def _batched_weights():
     a = te.placeholder((4, 32, 64), "float16", "a")
     b = te.placeholder((4, 48, 64), "float16", "b")
@@ -223,3 +249,19 @@ def test_a_relax_legalized_linear_of_a_symbolic_sequence_is_correct_on_the_gpu()
         got = out.numpy().astype(np.float64)
         ref = x.astype(np.float64) @ w.astype(np.float64).T
         assert not np.isnan(got).any() and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3, seq
+
+
+@pytest.mark.gpu
+def test_a_norm_over_a_symbolic_batch_and_sequence_is_correct_on_the_gpu():
+    rng = np.random.default_rng(6)
+    lib = tvm_dsm.build(_rms_norm(te.var("batch"), te.var("seq"), 2048, "float16"), TARGET)
+    w = rng.standard_normal(2048).astype("float16")
+    dev = tvm.cuda(0)
+    for batch, seq in ((1, 1), (3, 37), (4, 300)):
+        x = rng.standard_normal((batch, seq, 2048)).astype("float16")
+        out = tvm.runtime.tensor(np.full(x.shape, np.nan, "float16"), dev)
+        lib(tvm.runtime.tensor(x, dev), tvm.runtime.tensor(w, dev), out)
+        x64 = x.astype(np.float64)
+        ref = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + 1e-6) * w.astype(np.float64)
+        got = out.numpy().astype(np.float64)
+        assert not np.isnan(got).any() and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3, (batch, seq)

@@ -1,5 +1,7 @@
 """Tensors whose leading axes are rows, as matrices: ``x[b, s, k] @ W`` as a GEMM of ``b * s`` rows.
 
+(Likewise a norm over ``x[b, s, h]``: rows of ``h``, its statistics one value a row.)
+
 A linear layer written over activations of rank 3 (``x[batch, seq, in]``: hand-written TE, or a
 Relax ``matmul`` legalized outside tvm-dsm's pipeline) is a GEMM whose rows are the leading
 axes taken together, but its blocks iterate ``(b, s, j, k)``, and the GEMM families take
@@ -55,35 +57,45 @@ def _accesses(block: SBlock) -> list[tuple[tirx.Var, list]]:
     return found
 
 
-def _row_axes(func: tirx.PrimFunc) -> tuple[int, list, list] | None:
-    """(how many leading axes are rows, their extents, the buffers indexed by them) where
-    ``func`` has that form (see the module docstring), else None."""
+def _row_axes(func: tirx.PrimFunc) -> tuple[int, list, list, list] | None:
+    """(how many leading axes are rows, their extents, the buffers indexed by them, the names of
+    the blocks iterating them) where ``func`` has that form (see the module docstring), else
+    None. A block of no row (a weight's cast) touches none of those buffers."""
     if not isinstance(func.body, SBlockRealize):
         return None
     try:
         blocks = [_nest_block(nest) for nest in items(func.body.block.body)]
     except ClusterError:
         return None
+    # the rows: the leading axes of a product's output (a linear layer), else of the function's
+    # output (a norm: its statistics hold one value a row, indexed by the rows alone)
+    params = list(func.params)
     products = [b for b in blocks if b.init is not None and any(
         len(buf.shape) >= 3 for buf, _ in _accesses(b) if any(w.source.same_as(buf) for w in b.writes))]
-    if not products:
+    outputs = [b for b in blocks if len(b.writes) == 1 and len(b.writes[0].source.shape) >= 3
+               and any(b.writes[0].source.same_as(p) for p in params)]
+    defining = (products or outputs or [None])[0]
+    if defining is None:
         return None
-    rows = len(products[0].writes[0].source.shape) - 1
-    extents = [iv.dom.extent for iv in products[0].iter_vars[:rows]]
+    rows = len(defining.writes[0].source.shape) - 1
+    extents = [iv.dom.extent for iv in defining.iter_vars[:rows]]
     analyzer = Analyzer()
     indexed: list = []
+    row_blocks, rowless = [], []
     for block in blocks:
         row_vars = [iv.var for iv in block.iter_vars[:rows]]
-        if (len(block.iter_vars) <= rows
+        if (len(block.iter_vars) < rows
                 or any(iv.iter_type != tirx.IterVar.DataPar for iv in block.iter_vars[:rows])
                 or not all(analyzer.can_prove_equal(iv.dom.extent, e)
                            for iv, e in zip(block.iter_vars[:rows], extents))):
-            return None
+            rowless.append(block)
+            continue
+        row_blocks.append(str(block.name_hint))
         for buf, indices in _accesses(block):
             if not any(uses(i, v) for i in indices for v in row_vars):
                 continue  # a weight or a bias: indexed by none of the rows
             leading, rest = indices[:rows], indices[rows:]
-            if (len(indices) <= rows or not all(i.same_as(v) for i, v in zip(leading, row_vars))
+            if (len(indices) < rows or not all(i.same_as(v) for i, v in zip(leading, row_vars))
                     or any(uses(i, v) for i in rest for v in row_vars)):
                 return None
             if not any(buf.same_as(b) for b in indexed):
@@ -97,7 +109,9 @@ def _row_axes(func: tirx.PrimFunc) -> tuple[int, list, list] | None:
         values = [_without_loads(s.value) for s in find_all(block.body, tirx.BufferStore)]
         if any(uses(value, v) for value in values for v in row_vars):
             return None
-    return rows, extents, indexed
+    if any(buf.same_as(b) for block in rowless for buf, _ in _accesses(block) for b in indexed):
+        return None
+    return rows, extents, indexed, row_blocks
 
 
 def _without_loads(value):
@@ -136,11 +150,13 @@ def rows_as_matrix(func: tirx.PrimFunc) -> Matrices | None:
     found = _row_axes(func)
     if found is None or found[0] < 2:
         return None  # no row axes, or already a matrix
-    rows, extents, indexed = found
+    rows, extents, indexed, row_blocks = found
     sch = s_tir.Schedule(func)
     done = []
     for block_rv in sch.get_child_blocks(sch.get_sblock("root")):
         block = sch.get(block_rv)
+        if str(block.name_hint) not in row_blocks:
+            continue
         for kind, regions in (("read", block.reads), ("write", block.writes)):
             for index, region in enumerate(regions):
                 buf = region.source
