@@ -36,6 +36,7 @@ from .relax_chains import FuseGemmChains, merge_elementwise
 from .relax_gated import FuseGatedProjections
 from .relax_matmuls import MatmulsAsMatrices
 from .relax_patterns import RewriteToRelaxOps
+from .relax_precision import NormsInFp32
 
 LOG = logging.getLogger("tvm_dsm.relax")
 
@@ -156,7 +157,8 @@ def scheduling_form(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
 
 def lower_to_tir(mod: tvm.IRModule, gated_projections: bool = True) -> tvm.IRModule:
-    """Decomposed operators put back as Relax's (:mod:`tvm_dsm.relax_patterns`), 16-bit
+    """Decomposed operators put back as Relax's (:mod:`tvm_dsm.relax_patterns`), bf16 layer
+    norms in fp32 (:mod:`tvm_dsm.relax_precision`: TVM cannot legalize them), 16-bit
     matmuls as fp32-accumulated matrix products (:mod:`tvm_dsm.relax_matmuls`), fused gate/up
     projections as gated GEMMs (:mod:`tvm_dsm.relax_gated`), transposes folded into matmuls,
     operators legalized to TIR, GEMM chains and spelled-out attention grouped
@@ -166,6 +168,7 @@ def lower_to_tir(mod: tvm.IRModule, gated_projections: bool = True) -> tvm.IRMod
     gated = [FuseGatedProjections, relax.transform.DeadCodeElimination()] if gated_projections else []
     return tvm.transform.Sequential([
         RewriteToRelaxOps,
+        NormsInFp32,
         MatmulsAsMatrices,
         *gated,  # the projections' split halves dead before FuseOps
         relax.transform.FuseTransposeMatmul(),
