@@ -115,8 +115,10 @@ def test_schedule_tir_schedules_two_matmuls_no_family_takes_operator_by_operator
     from tvm_dsm.relax_integration import FAMILY_ATTR, PER_OPERATOR, ScheduleTIR
 
     mod = tvm.IRModule({"two_products": _two_products().with_attr("global_symbol", "two_products")})
-    func = ScheduleTIR(TARGET)(mod)["two_products"]
+    choices = {}
+    func = ScheduleTIR(TARGET, choices=choices)(mod)["two_products"]
     assert func.attrs[FAMILY_ATTR] == PER_OPERATOR and func.attrs["tirx.is_scheduled"]
+    assert choices["two_products"].reason == "its operators: dlight, dlight"  # fp32 GEMMs: no family's
 
 
 @pytest.mark.gpu

@@ -353,6 +353,22 @@ def schedule_operators(func: tirx.PrimFunc, target=H100, hw: Hardware | None = N
     return _per_operator(func, operators, target, hw, True)
 
 
+def operator_families(func: tirx.PrimFunc, target=H100, hw: Hardware | None = None) -> list[str]:
+    """What :func:`schedule_operators` schedules each operator of ``func`` with, in order: a
+    family's name (those of its ranges of rows, joined by "/"), or "dlight"."""
+    names = []
+    for op in _operators(func):
+        try:
+            if extent_variables(op.func):
+                kernels = range_kernels(narrow_indices(op.func), target, hw or load_hardware())
+                names.append("/".join(dict.fromkeys(k.family.name for k in kernels)))
+            else:
+                names.append(plan(op.func, hw, target).family.name)
+        except ClusterError:
+            names.append("dlight")
+    return names
+
+
 def _per_operator(func: tirx.PrimFunc, operators: list, target, hw: Hardware | None,
                   families: bool) -> s_tir.Schedule:
     """``func`` with each of its ``operators`` scheduled on its own: by :func:`schedule` (a

@@ -30,10 +30,11 @@ from .relax_pipeline import DLIGHT, schedule_kernels, tvm_dsm_pipeline
 @dataclass(frozen=True)
 class KernelRow:
     """One PrimFunc: ``where`` it is scheduled (a family's name, ``"dlight"``,
-    ``"prescheduled"``, or a kernel tvm-dsm put in whole such as ``"paged_decode"``), the family
-    and prediction of each range of its rows (one range, bound None, for constant extents), for
-    dlight why no family takes it (its first line printed), and after a run its measured device
-    time per model step with its launches."""
+    ``"prescheduled"``, ``"per_operator"``, or a kernel tvm-dsm put in whole such as
+    ``"paged_decode"``), the family and prediction of each range of its rows (one range, bound
+    None, for constant extents), for dlight why no family takes it (its first line printed), per
+    operator what took each, and after a run its measured device time per model step with its
+    launches."""
 
     name: str
     where: str
@@ -50,7 +51,7 @@ class KernelRow:
         return f"{self.name:<{width}}  {self.where}{self._detail()}{measured}"
 
     def _detail(self) -> str:
-        if self.where == DLIGHT:
+        if self.where == DLIGHT or not self.ranges:
             return f": {_first_line(self.reason)}" if self.reason else ""
         if not self.ranges:
             return ""
@@ -105,8 +106,8 @@ def model_report(coverage: dict[str, str], choices: dict[str, Choice]) -> ModelR
             rows.append(KernelRow(name, choice.families + tuned, choice.ranges, choice.row_variable))
         elif where.startswith(DLIGHT):
             rows.append(KernelRow(name, DLIGHT, reason=choice.reason))
-        else:  # prescheduled, or a kernel tvm-dsm put in the module whole (paged decode)
-            rows.append(KernelRow(name, where))
+        else:  # prescheduled, per operator, or a kernel tvm-dsm put in the module whole (paged decode)
+            rows.append(KernelRow(name, where, reason=choice.reason))
     return ModelReport(tuple(rows))
 
 

@@ -25,8 +25,8 @@ import tvm
 from tvm import relax, tirx
 from tvm.s_tir import meta_schedule as ms
 
-from .driver import (H100, plan, replay, schedule_operators, schedule_row_ranges, stock_rules, stock_target,
-                     tuning_record)
+from .driver import (H100, operator_families, plan, replay, schedule_operators, schedule_row_ranges, stock_rules,
+                     stock_target, tuning_record)
 from .errors import ClusterError
 from .families.row_ranges import range_variable
 from .ir import narrow_indices
@@ -113,9 +113,12 @@ class ScheduleTIR:
                         {"tirx.is_scheduled": True, FAMILY_ATTR: TUNED_IN_TVM_SPACE})
                     continue
                 try:  # two matmuls no family takes together (a grouped chain or attention)
-                    sch = schedule_operators(scheduling_form(func), self.target, self.hw)
+                    form = scheduling_form(func)
+                    sch = schedule_operators(form, self.target, self.hw)
                 except ClusterError:
                     continue  # dlight's
+                families = ", ".join(operator_families(form, self.target, self.hw))
+                self.choices[gv.name_hint] = Choice(reason=f"its operators: {families}")
                 updates[gv] = sch.mod["main"].with_attrs({"tirx.is_scheduled": True, FAMILY_ATTR: PER_OPERATOR})
                 continue
             except Exception as err:  # noqa: BLE001  (a family's bug, re-raised unless told)
