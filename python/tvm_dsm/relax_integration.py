@@ -35,6 +35,7 @@ from .relax_attention import FuseAttention
 from .relax_chains import FuseGemmChains, merge_elementwise
 from .relax_gated import FuseGatedProjections
 from .relax_matmuls import MatmulsAsMatrices
+from .relax_patches import PatchesAsMatrices
 from .relax_patterns import RewriteToRelaxOps
 from .relax_precision import NormsInFp32
 
@@ -161,8 +162,8 @@ def scheduling_form(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
 def lower_to_tir(mod: tvm.IRModule, gated_projections: bool = True) -> tvm.IRModule:
     """Decomposed operators put back as Relax's (:mod:`tvm_dsm.relax_patterns`), bf16 layer
-    norms in fp32 (:mod:`tvm_dsm.relax_precision`: TVM cannot legalize them), 16-bit
-    matmuls as fp32-accumulated matrix products (:mod:`tvm_dsm.relax_matmuls`), fused gate/up
+    norms in fp32 (:mod:`tvm_dsm.relax_precision`: TVM cannot legalize them), patch embeddings
+    as GEMMs (:mod:`tvm_dsm.relax_patches`), 16-bit matmuls as fp32-accumulated matrix products (:mod:`tvm_dsm.relax_matmuls`), fused gate/up
     projections as gated GEMMs (:mod:`tvm_dsm.relax_gated`), transposes folded into matmuls,
     operators legalized to TIR, GEMM chains and spelled-out attention grouped
     (:mod:`tvm_dsm.relax_chains`, :mod:`tvm_dsm.relax_attention`), the rest fused by Relax's
@@ -172,6 +173,7 @@ def lower_to_tir(mod: tvm.IRModule, gated_projections: bool = True) -> tvm.IRMod
     return tvm.transform.Sequential([
         RewriteToRelaxOps,
         NormsInFp32,
+        PatchesAsMatrices,
         MatmulsAsMatrices,
         *gated,  # the projections' split halves dead before FuseOps
         relax.transform.FuseTransposeMatmul(),
