@@ -284,8 +284,9 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
     """The schedule of a function no tvm-dsm family takes whole: a family's over matrices
     where its tensors' leading axes are rows (:func:`_as_matrices`); else (``reason`` logged
     at INFO) TVM's stock schedule (dlight), of the matrices where dlight fails on the tensors;
-    where dlight cannot schedule it whole (two GEMMs in one function), one schedule per operator (:mod:`tvm_dsm.transform.split_operators`: a family's,
-    such as the split-K GEMM's at any M, N and K, else dlight's; dlight's only without
+    where dlight cannot schedule it whole (two GEMMs in one function), one schedule per operator
+    (:mod:`tvm_dsm.transform.split_operators`: a family's, such as the split-K GEMM's at any M,
+    N and K, else dlight's; dlight's only without
     ``families``); else ClusterError with the reasons. Matmuls written to accumulate in 16 bits
     accumulate in fp32 here too (:mod:`tvm_dsm.transform.widen_accumulation`): never less
     accurate than asked, and the same numbers whichever path schedules the function."""

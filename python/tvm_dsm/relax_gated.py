@@ -86,8 +86,8 @@ class _GatedProjectionRewriter(PyExprMutator):
                 return rewritten
         return call
 
-    def _product(self, expr) -> tuple[relax.Expr, relax.Expr, relax.Call] | None:
-        """(x, W, the cast) where ``expr`` is ``astype(matmul(x, permute_dims(W)))``: a matrix
+    def _product(self, expr) -> tuple[relax.Expr, relax.Expr] | None:
+        """(x, W) where ``expr`` is ``astype(matmul(x, permute_dims(W)))``: a matrix
         product accumulated in fp32 and rounded to x's 16-bit type (:mod:`tvm_dsm.relax_matmuls`)."""
         cast = _binding(self, expr, "relax.astype")
         matmul = _binding(self, cast.args[0], "relax.matmul") if cast is not None else None
@@ -100,33 +100,16 @@ class _GatedProjectionRewriter(PyExprMutator):
                 and matmul.ty.dtype == "float32" and (transpose.attrs.axes is None
                                                      or [int(a) for a in transpose.attrs.axes] == [1, 0])):
             return None
-        return x, w, cast
-
-    def _same_input(self, a, b) -> bool:
-        """Whether ``a`` and ``b`` are one matrix: one variable, or views of one variable of one
-        type (reshapes, cast to one row variable, :mod:`tvm_dsm.relax_matmuls`)."""
-        return a.same_as(b) or (self._viewed(a).same_as(self._viewed(b)) and tvm_ffi.structural_equal(a.ty, b.ty))
-
-    def _viewed(self, expr):
-        """The variable ``expr`` views: through the reshapes and casts of shape bound to it."""
-        while isinstance(expr, relax.Var):
-            value = self.lookup_binding(expr)
-            if is_op_call(value, "relax.reshape"):
-                expr = value.args[0]
-            elif isinstance(value, relax.Var):  # a match_cast of a shape
-                expr = value
-            else:
-                break
-        return expr
+        return x, w
 
     def _gated_pair(self, gate, up, activation: str) -> relax.Expr | None:
         """``act(gate) * up`` of two products of one input by weights ``[n, k]`` (a gate and an
         up projection of their own, as torch and ``nn`` users write SwiGLU) as one gated GEMM,
         or None where they are not such products or the family does not take them."""
         products = [self._product(e) for e in (gate, up)]
-        if None in products or not self._same_input(products[0][0], products[1][0]):
+        if None in products or not products[0][0].same_as(products[1][0]):  # one matrix: relax_matmuls
             return None
-        (x, wg, _), (_, wu, _) = products
+        (x, wg), (_, wu) = products
         if not tvm_ffi.structural_equal(wg.ty.shape, wu.ty.shape):
             return None
         rows, depth = x.ty.shape.values
@@ -147,7 +130,7 @@ class _GatedProjectionRewriter(PyExprMutator):
         found = self._product(reshape.args[0] if reshape is not None else product)
         if found is None:
             return None
-        x, w, _ = found
+        x, w = found
         rows, depth = x.ty.shape.values
         width, w_depth = w.ty.shape.values
         if not isinstance(width, tirx.IntImm) or int(width) % 2:
