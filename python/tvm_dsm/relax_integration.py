@@ -103,8 +103,10 @@ class ScheduleTIR:
         for gv, func in mod.functions.items():
             if not isinstance(func, tirx.PrimFunc) or func.attrs.get("tirx.is_scheduled", False):
                 continue
+            form = None
             try:  # a matched family may still refuse (no valid configuration)
-                choice, sch = self._schedule(scheduling_form(func))
+                form = scheduling_form(func)
+                choice, sch = self._schedule(form)
             except ClusterError as err:
                 LOG.debug("%s: no tvm-dsm family: %s", gv.name_hint, err)
                 self.choices[gv.name_hint] = Choice(reason=str(err))
@@ -113,8 +115,9 @@ class ScheduleTIR:
                     updates[gv] = replay(record.trace, func).mod["main"].with_attrs(
                         {"tirx.is_scheduled": True, FAMILY_ATTR: TUNED_IN_TVM_SPACE})
                     continue
+                if form is None:
+                    continue  # dlight's
                 try:  # two matmuls no family takes together (a grouped chain or attention)
-                    form = scheduling_form(func)
                     sch = schedule_operators(form, self.target, self.hw)
                 except ClusterError:
                     continue  # dlight's
