@@ -32,7 +32,7 @@ from .local_measure import local_builder, local_runner
 from .planners.report import Plan
 from .transform.generate_kernels import mark_generated, recorded_config
 from .transform.host_sorts import refuse_host_sorts
-from .transform.rows_as_matrix import over_original_tensors, rows_as_matrix
+from .transform.rows_as_matrix import has_row_axes, over_original_tensors, rows_as_matrix
 from .transform.split_operators import merge_operators, split_operators
 from .transform.widen_accumulation import widen_accumulation
 from .tuning_database import open_database
@@ -114,7 +114,7 @@ def plan(func: tirx.PrimFunc, hw: Hardware | None = None, target=None) -> Rankin
     try:
         func, (family, shape) = _as_written_or_widened(func, lambda f: match_family(f, target))
     except ClusterError as err:
-        if rows_as_matrix(func) is None:
+        if not has_row_axes(func):
             raise
         raise ClusterError(f"{err}\nIts tensors' leading axes are rows: build and schedule take it as matrices "
                            "(tvm_dsm.transform.rows_as_matrix), which plan(rows_as_matrix(func).func) "

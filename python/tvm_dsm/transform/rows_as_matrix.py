@@ -144,6 +144,13 @@ class Matrices:
     rows: tuple[tirx.Var, tirx.PrimExpr] | None = None
 
 
+def has_row_axes(func: tirx.PrimFunc) -> bool:
+    """Whether ``func``'s tensors have leading row axes to merge (the analysis alone, without
+    the schedule :func:`rows_as_matrix` runs)."""
+    found = _row_axes(func)
+    return found is not None and found[0] >= 2  # else no row axes, or already a matrix
+
+
 def rows_as_matrix(func: tirx.PrimFunc) -> Matrices | None:
     """``func`` over matrices (see the module docstring), or None where its tensors have no
     leading row axes to merge."""
