@@ -9,8 +9,9 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import tvm
-from tvm import te
+from tvm import te, topi
 
+from tvm_dsm.fusion.cascade import find_cascades
 from tvm_dsm.transform import FuseCascadedReductions, fuse_cascaded_reductions
 
 M, K, J = 6, 48, 8
@@ -405,3 +406,15 @@ def test_part_starting_at_zero_stays_finite():
         results.append(y.numpy())
     assert np.isfinite(results[0]).all()
     np.testing.assert_allclose(results[0], results[1], rtol=1e-5)
+
+
+@pytest.mark.parametrize("second_rows, grouped", [(96, False), (128, True)])
+def test_sibling_reductions_group_only_over_the_same_rows(second_rows, grouped):
+    """Two products of one input (TOPI's dense twice) are computed in one loop only where their
+    rows are the same: over 128 and 96 columns, one loop would read w2 past its rows and write
+    the 96-wide output with the 128-wide one's indices."""
+    x = te.placeholder((64, 256), "float16", "x")
+    w1, w2 = te.placeholder((128, 256), "float16", "w1"), te.placeholder((second_rows, 256), "float16", "w2")
+    func = te.create_prim_func([x, w1, w2, topi.nn.dense(x, w1, out_dtype="float32"),
+                                topi.nn.dense(x, w2, out_dtype="float32")])
+    assert bool(find_cascades(func)) == grouped

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import sympy
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule.schedule import ScheduleError
 
@@ -61,6 +62,7 @@ class Level:
     reduce_var: tirx.Var
     extent: int
     value: tvm.ir.PrimExpr
+    rows: tuple = ()  # the spatial axes' extents
     deps: list[int] = field(default_factory=list)
     top_k: TopK | None = None  # op "top_k": its value and index outputs
     # filled by the proof
@@ -107,7 +109,7 @@ def parse_reduction(block) -> Level | None:
         return Level(block=str(block.name_hint), op="top_k", output=top_k.values[0],
                      init=tvm.te.min_value(str(top_k.value.ty.dtype)),
                      spatial=[iv.var for iv in spatial], reduce_var=reduce.var,
-                     extent=int(reduce.dom.extent), value=top_k.value, top_k=top_k)
+                     extent=int(reduce.dom.extent), value=top_k.value, rows=_extents(spatial), top_k=top_k)
     if not isinstance(block.body, tirx.BufferStore):
         return None
     store, value = block.body, block.body.value
@@ -134,7 +136,18 @@ def parse_reduction(block) -> Level | None:
         reduce_var=reduce.var,
         extent=int(reduce.dom.extent),
         value=operand,
+        rows=_extents(spatial),
     )
+
+
+def _extents(iter_vars) -> tuple:
+    return tuple(iv.dom.extent for iv in iter_vars)
+
+
+def _same_rows(level: Level, first: Level) -> bool:
+    """Whether ``level``'s leading spatial axes span ``first``'s rows (its extents, in order)."""
+    return len(level.rows) >= len(first.rows) and all(
+        tvm_ffi.structural_equal(a, b) for a, b in zip(level.rows, first.rows))
 
 
 def find_cascades(func: tirx.PrimFunc) -> list[list[Level]]:
@@ -153,7 +166,7 @@ def find_cascades(func: tirx.PrimFunc) -> list[list[Level]]:
         deps, sibling = [], False
         # A level with fewer spatial axes reduces over an earlier level's other axis (the max
         # over keys of per-key dot products): it starts a group, the earlier one is its producer.
-        if group and group[0].extent == level.extent and len(level.spatial) >= len(group[0].spatial):
+        if group and group[0].extent == level.extent and _same_rows(level, group[0]):
             reads = loads(level.value)
             produced = any(ld.source.same_as(prev.output) and any(uses(i, level.reduce_var) for i in ld.indices)
                            for prev in group for ld in reads)
