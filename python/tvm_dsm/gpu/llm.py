@@ -290,14 +290,15 @@ def torch_reference(config: LlamaConfig, weights, prompts, forced, check_steps: 
 def _run_config(executable, info: dict, config: LlamaConfig, params: list, prompts, forced,
                 reference: np.ndarray, batches: list[int], check_steps: int, steps: int,
                 bandwidth: float, record) -> None:
-    """Prefill, check and time decode at every batch size; each batch's row to ``record``."""
+    """Prefill, check and time decode at every batch size; each batch's row to ``record``
+    (its kernels are profiled later: :func:`_profile_config`)."""
     import tvm
 
     dev = tvm.cuda(0)
     prompt_len = prompts.shape[1]
     for batch in batches:
         session = _session(executable, info, config, params, batch, prompt_len,
-                           check_steps + WARMUP_STEPS + steps + PROFILED_STEPS)
+                           check_steps + WARMUP_STEPS + steps)
         logits, prefill_ms = _wall_ms(functools.partial(session.prefill, prompts[:batch]), dev.sync)
         got = [logits.numpy()[0]]
         for step in range(check_steps):
@@ -305,23 +306,49 @@ def _run_config(executable, info: dict, config: LlamaConfig, params: list, promp
             got.append(session.decode(token).numpy()[:, 0])
         checks = logit_errors(np.stack(got, axis=1), reference[:batch])
         token = tvm.runtime.tensor(forced[:batch, :1].astype(np.int32), dev)
-        decode_step = functools.partial(session.decode, token)
-        times = _decode_times(decode_step, steps, dev.sync)
+        times = _decode_times(functools.partial(session.decode, token), steps, dev.sync)
         context = prompt_len + check_steps + WARMUP_STEPS + steps // 2
         floor_ms = _decode_floor_ms(config, batch, context, bandwidth)
         decode_ms = float(np.median(times))
-        kernels = profile_kernels(decode_step, steps=PROFILED_STEPS - 1, step_us=decode_ms * 1e3)
         warm_prefill_ms = _warm_prefill_ms(session, prompts[:batch], dev.sync)
-        prefill_kernels = _prefill_kernels(session, prompts[:batch], warm_prefill_ms)
-        record(batch, {"prefill_ms_first_call": round(prefill_ms, 3),
-                       "prefill_ms": round(warm_prefill_ms, 3), "prefill_kernels": prefill_kernels}
+        record(batch, {"prefill_ms_first_call": round(prefill_ms, 3), "prefill_ms": round(warm_prefill_ms, 3)}
                | _decode_timing(times, floor_ms)
                | {"decode_ms_min": round(min(times), 4), "decode_ms_steps": [round(t, 3) for t in times],
-                  "context": context, "logits_vs_fp32": checks, "decode_kernels": kernels})
+                  "context": context, "logits_vs_fp32": checks})
         _log(f"  batch {batch}: decode {decode_ms:.3f} ms/step ({decode_ms / floor_ms:.2f}x "
              f"floor), prefill {warm_prefill_ms:.1f} ms (first call {prefill_ms:.1f}), "
-             f"logits rel err {checks['rel_l2_max']:.2e}; "
-             f"{kernels['kernels_per_step']:.0f} kernels, {kernels['kernel_us_per_step']:.0f} us of them")
+             f"logits rel err {checks['rel_l2_max']:.2e}")
+        session.close()
+        del session
+
+
+def _profile_config(executable, info: dict, config: LlamaConfig, params: list, points: list[tuple],
+                    record) -> None:
+    """The per-kernel breakdown of each timed point ``(prompts, decode_ms, prefill_ms or None,
+    key)``: a fresh session prefilled with ``prompts``, ``WARMUP_STEPS`` decode steps, then
+    :data:`PROFILED_STEPS` under the CUDA profiler (and the prefill, where ``prefill_ms`` is
+    given); ``record(key, {"decode_kernels": ..., "prefill_kernels": ...})``. Run after every
+    timing of the run: a torch.profiler session leaves the CUDA profiling interface attached to
+    the process, which then adds about 37 us to every CUDA-graph launch (H200, a decode step's
+    graph: 5.5 us before the first profile, 41-45 after; ``bench/results/archive/llama_1b_host_parts_s61.json``),
+    and torch's contenders are never profiled."""
+    import tvm
+
+    dev = tvm.cuda(0)
+    for prompts, decode_ms, prefill_ms, key in points:
+        session = _session(executable, info, config, params, prompts.shape[0], prompts.shape[1],
+                           WARMUP_STEPS + PROFILED_STEPS)
+        session.prefill(prompts)
+        token = tvm.runtime.tensor(prompts[:, :1].astype(np.int32), dev)
+        decode_step = functools.partial(session.decode, token)
+        for _ in range(WARMUP_STEPS):
+            decode_step()
+        kernels = {"decode_kernels": profile_kernels(decode_step, steps=PROFILED_STEPS - 1, step_us=decode_ms * 1e3)}
+        if prefill_ms is not None:
+            kernels["prefill_kernels"] = _prefill_kernels(session, prompts, prefill_ms)
+        record(key, kernels)
+        _log(f"  {key}: {kernels['decode_kernels']['kernels_per_step']:.0f} kernels, "
+             f"{kernels['decode_kernels']['kernel_us_per_step']:.0f} us of them a decode step")
         session.close()
         del session
 
@@ -372,36 +399,37 @@ def _prefill_kernels(session, prompts: np.ndarray, prefill_ms: float) -> dict:
 def _run_contexts(executable, info: dict, config: LlamaConfig, params: list, contexts: list[int],
                   batches: list[int], steps: int, bandwidth: float, record, time_prefill: bool = True) -> None:
     """Prefill and decode timed at each prompt length of ``contexts`` and batch size (random
-    tokens; the logits are checked at the main prompt length only): one row per (context,
-    batch) to ``record``. ``time_prefill=False`` prefills once, untimed, to fill the cache for
-    decode (a stack whose prefill takes minutes at long contexts)."""
+    tokens, :func:`context_prompts`; the logits are checked at the main prompt length only):
+    one row per (context, batch) to ``record``. ``time_prefill=False`` prefills once, untimed,
+    to fill the cache for decode (a stack whose prefill takes minutes at long contexts)."""
     import tvm
 
     dev = tvm.cuda(0)
+    for context, batch, prompts in context_prompts(config, contexts, batches):
+        session = _session(executable, info, config, params, batch, context, WARMUP_STEPS + steps)
+        prefill = {}
+        if time_prefill:
+            prefill = {"prefill_ms": round(_warm_prefill_ms(session, prompts, dev.sync), 3)}
+        else:
+            session.prefill(prompts)
+        token = tvm.runtime.tensor(prompts[:, :1].astype(np.int32), dev)
+        times = _decode_times(functools.partial(session.decode, token), steps, dev.sync)
+        decode_ms = float(np.median(times))
+        floor_ms = _decode_floor_ms(config, batch, context + WARMUP_STEPS + steps // 2, bandwidth)
+        record(context, batch, prefill | _decode_timing(times, floor_ms))
+        _log(f"  context {context} batch {batch}: prefill {prefill.get('prefill_ms', 'untimed')} ms, decode "
+             f"{decode_ms:.3f} ms/step ({decode_ms / floor_ms:.2f}x floor)")
+        session.close()
+        del session
+
+
+def context_prompts(config: LlamaConfig, contexts: list[int], batches: list[int]):
+    """``(context, batch, prompts)`` of every point :func:`_run_contexts` times, in its order:
+    the same random tokens each time it is called."""
     rng = np.random.default_rng(1)
     for context in contexts:
         for batch in batches:
-            prompts = rng.integers(0, config.vocab_size, (batch, context))
-            session = _session(executable, info, config, params, batch, context,
-                               WARMUP_STEPS + steps + PROFILED_STEPS)
-            prefill = {}
-            if time_prefill:
-                prefill_ms = _warm_prefill_ms(session, prompts, dev.sync)
-                prefill = {"prefill_ms": round(prefill_ms, 3),
-                           "prefill_kernels": _prefill_kernels(session, prompts, prefill_ms) if batch == batches[0] else None}
-            else:
-                session.prefill(prompts)
-            token = tvm.runtime.tensor(prompts[:, :1].astype(np.int32), dev)
-            decode_step = functools.partial(session.decode, token)
-            times = _decode_times(decode_step, steps, dev.sync)
-            decode_ms = float(np.median(times))
-            floor_ms = _decode_floor_ms(config, batch, context + WARMUP_STEPS + steps // 2, bandwidth)
-            kernels = profile_kernels(decode_step, steps=PROFILED_STEPS - 1, step_us=decode_ms * 1e3)
-            record(context, batch, prefill | _decode_timing(times, floor_ms) | {"decode_kernels": kernels})
-            _log(f"  context {context} batch {batch}: prefill {prefill.get('prefill_ms', 'untimed')} ms, decode "
-                 f"{decode_ms:.3f} ms/step ({decode_ms / floor_ms:.2f}x floor)")
-            session.close()
-            del session
+            yield context, batch, rng.integers(0, config.vocab_size, (batch, context))
 
 
 def _wall_ms(call: Callable[[], Any], sync: Callable[[], None]) -> tuple[Any, float]:
@@ -476,24 +504,23 @@ def _run_torch_contexts(config: LlamaConfig, contexts: list[int], batches: list[
     from .torch_llama import TorchLlama
     from ..workloads.llama import random_weights
 
-    weights, rng = random_weights(config), np.random.default_rng(1)
-    for context in contexts:
-        for batch in batches:
-            torch._dynamo.reset()  # each shape compiles afresh, never past dynamo's recompile limit
-            model = TorchLlama(config, weights, batch, context + steps + 1)
-            tokens = torch.as_tensor(rng.integers(0, config.vocab_size, (batch, context)), device="cuda")
-            with torch.no_grad():
-                prefill_ms = _torch_prefill_ms(model, tokens)
-                for name, step in _torch_decoders(model):
-                    times = _torch_decode_times(step, tokens[:, :1], context, steps)
-                    decode_ms = float(np.median(times))
-                    floor_ms = _decode_floor_ms(config, batch, context + steps // 2, bandwidth)
-                    record(name, context, batch, {"prefill_ms": round(prefill_ms[name], 3)}
-                           | _decode_timing(times, floor_ms))
-                    _log(f"  {name} context {context} batch {batch}: prefill {prefill_ms[name]:.1f} ms, "
-                         f"decode {decode_ms:.3f} ms/step ({decode_ms / floor_ms:.2f}x floor)")
-            del model
-            torch.cuda.empty_cache()
+    weights = random_weights(config)
+    for context, batch, prompts in context_prompts(config, contexts, batches):
+        torch._dynamo.reset()  # each shape compiles afresh, never past dynamo's recompile limit
+        model = TorchLlama(config, weights, batch, context + steps + 1)
+        tokens = torch.as_tensor(prompts, device="cuda")
+        with torch.no_grad():
+            prefill_ms = _torch_prefill_ms(model, tokens)
+            for name, step in _torch_decoders(model):
+                times = _torch_decode_times(step, tokens[:, :1], context, steps)
+                decode_ms = float(np.median(times))
+                floor_ms = _decode_floor_ms(config, batch, context + steps // 2, bandwidth)
+                record(name, context, batch, {"prefill_ms": round(prefill_ms[name], 3)}
+                       | _decode_timing(times, floor_ms))
+                _log(f"  {name} context {context} batch {batch}: prefill {prefill_ms[name]:.1f} ms, "
+                     f"decode {decode_ms:.3f} ms/step ({decode_ms / floor_ms:.2f}x floor)")
+        del model
+        torch.cuda.empty_cache()
 
 
 def _run_torch(config: LlamaConfig, weights, prompts, forced, reference: np.ndarray, batches: list[int],
@@ -581,13 +608,14 @@ def run(args) -> None:
     reference = torch_reference(config, weights, prompts, forced, args.check_steps)
     save()
 
+    loaded = {}  # the configurations' executables, profiled after every timing (_profile_config)
     for name in args.configs:
         info = compiled[name]
         if "error" in info:
             continue
         _log(f"loading {name} (its CUDA compiles now)")
         try:
-            executable = tvm.runtime.load_module(str(folder / f"{name}.so"))
+            executable = loaded[name] = tvm.runtime.load_module(str(folder / f"{name}.so"))
         except Exception as err:  # noqa: BLE001  (recorded; the other configurations go on)
             results["configs"][name]["error"] = f"load: {type(err).__name__}: {err}"
             save()
@@ -647,6 +675,31 @@ def run(args) -> None:
                 results[key] = f"{type(err).__name__}: {err}"
                 save()
                 _log(f"torch failed: {err}")
+    for name, executable in loaded.items():
+        _log(f"profiling {name}")
+        rows = results["configs"][name]
+        points = [(prompts[:batch], row["decode_ms_per_step"], row["prefill_ms"], ("batches", str(batch)))
+                  for batch in batches if (row := rows["batches"].get(str(batch)))]
+        points += [(context_prompts_, row["decode_ms_per_step"], row.get("prefill_ms") if batch == batches[0] else None,
+                    ("contexts", str(context), str(batch)))
+                   for context, batch, context_prompts_ in context_prompts(config, args.contexts, batches)
+                   if (row := rows.get("contexts", {}).get(str(context), {}).get(str(batch)))]
+
+        def record_kernels(key, kernels, rows=rows):
+            row = rows
+            for part in key:
+                row = row[part]
+            row.update(kernels)
+            save()
+
+        try:
+            params = device_params(weights, compiled[name]["names"], config, tvm.cuda(0))
+            _profile_config(executable, compiled[name], config, params, points, record_kernels)
+        except Exception as err:  # noqa: BLE001  (recorded; the timings stand)
+            rows["profile_error"] = f"{type(err).__name__}: {err}"
+            save()
+            _log(f"profiling {name} failed: {err}")
+        del params
     _log(f"done: {out}")
 
 
