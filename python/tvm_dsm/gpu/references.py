@@ -214,6 +214,7 @@ def _rms_norm_fp8(x, w, eps):
 #: module's numpy references, which the CPU tests check against TVM's llvm build).
 _GENERATED = {
     "dense": lambda x, w, layout: x @ _weight(w, layout),
+    "projections": lambda x, *ws, layout: tuple(x @ _weight(w, layout) for w in ws),
     "gated_dense": lambda x, wg, wu, layout: F.silu(x @ _weight(wg, layout)) * (x @ _weight(wu, layout)),
     "ffn": lambda a, w1, w2, layout, activation: getattr(F, activation)(a @ _weight(w1, layout)) @ _weight(w2, layout),
     "swiglu": lambda a, wg, wu, w2, layout: (F.silu(a @ _weight(wg, layout)) * (a @ _weight(wu, layout)))

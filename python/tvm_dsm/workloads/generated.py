@@ -2,7 +2,7 @@
 families and its fallback reach beyond the hand-picked suites.
 
 :func:`generate` draws ``count`` :class:`Case` s round-robin over the op classes (:data:`CLASSES`:
-dense, gated dense, FFN/SwiGLU chain, attention prefill, decode attention, RMSNorm/LayerNorm (and
+dense, several projections of one input (q, k, v), gated dense, FFN/SwiGLU chain, attention prefill, decode attention, RMSNorm/LayerNorm (and
 RMSNorm followed by per-token fp8 quantization), softmax, logsumexp/cross-entropy, MoE routing),
 each in one user style (hand-written TE, TOPI operators, or a Relax function legalized and
 fused into one PrimFunc, whose indices are int64), dtype (fp16, bf16, fp32), weight layout
@@ -31,7 +31,7 @@ from .dense import ACTIVATIONS, matmul
 from .norms import EPS
 
 CLASSES = ("dense", "gated_dense", "ffn", "attention", "decode_attention", "norm", "softmax",
-           "logsumexp", "moe_routing")
+           "logsumexp", "moe_routing", "projections")
 
 DTYPES = ("float16", "bfloat16", "float32")
 
@@ -176,6 +176,7 @@ def _moe_routing(x, k: int):
 
 REFERENCES: dict[str, Callable] = {
     "dense": lambda x, w, layout: x @ _weight(w, layout),
+    "projections": lambda x, *ws, layout: tuple(x @ _weight(w, layout) for w in ws),
     "gated_dense": lambda x, wg, wu, layout: _silu(x @ _weight(wg, layout)) * (x @ _weight(wu, layout)),
     "ffn": lambda a, w1, w2, layout, activation: _ACTIVATIONS[activation](a @ _weight(w1, layout)) @ _weight(w2, layout),
     "swiglu": lambda a, wg, wu, w2, layout: (_silu(a @ _weight(wg, layout)) * (a @ _weight(wu, layout)))
@@ -244,6 +245,19 @@ def _dense(style, m, n, k, dtype, layout):
         return relax.op.astype(bb.emit(relax.op.matmul(x, wt, out_dtype="float32")), dtype)
 
     return relax_prim_func([("x", (_rows(m, style), k), dtype), ("w", (n, k) if layout == "nk" else (k, n), dtype)], body)
+
+
+def _projections(style, m, widths, k, dtype, layout):
+    """Several projections of one input in one function, one output each (an attention layer's
+    q, k and v written together: the widths differ under grouped-query attention)."""
+    x = te.placeholder((m, k), dtype, name="X")
+    ws = [te.placeholder((n, k) if layout == "nk" else (k, n), dtype, name=f"W{i}") for i, n in enumerate(widths)]
+    if style == "te":
+        outs = [topi.cast(matmul(x, w, layout), dtype) for w in ws]
+    else:
+        product = topi.nn.dense if layout == "nk" else topi.nn.matmul
+        outs = [topi.cast(product(x, w, out_dtype="float32"), dtype) for w in ws]
+    return te.create_prim_func([x, *ws, *outs])
 
 
 def _gated_dense(style, m, n, k, dtype, layout):
@@ -469,6 +483,13 @@ def _gemm_case(draw: _Draw, op_class: str):
         func = _gated_dense(style, te.var("m") if symbolic else m, n, k, dtype, layout)
         return (style, func, m, symbolic, {"op": "gated_dense", "layout": layout}, 1,
                 {"Wg": k ** -0.5, "Wu": k ** -0.5}, f"{m}x{n}x{k}_{layout}", 4 * m * n * k)
+    if op_class == "projections":
+        m, n, k = draw.gemm(3)
+        widths = (n, *(max(1, n // draw.pick((1, 4, 8))) for _ in range(2)))
+        func = _projections(style, te.var("m") if symbolic else m, widths, k, dtype, layout)
+        return (style, func, m, symbolic, {"op": "projections", "layout": layout}, len(widths),
+                {f"W{i}": k ** -0.5 for i in range(len(widths))}, f"{m}x{'_'.join(map(str, widths))}x{k}_{layout}",
+                2 * m * sum(widths) * k)
     m, n, k = draw.gemm(3)
     activation = draw.pick(("relu", "gelu", "silu", "swiglu"))
     func = _ffn(style, te.var("m") if symbolic else m, n, k, dtype, layout, activation)
@@ -552,7 +573,7 @@ def _row_case(draw: _Draw, op_class: str):
     return style, func, m, symbolic, params, n_out, {}, f"{op}_{m}x{width}", 0
 
 
-_DRAWS = {"dense": _gemm_case, "gated_dense": _gemm_case, "ffn": _gemm_case, "attention": _attention_case,
+_DRAWS = {"dense": _gemm_case, "gated_dense": _gemm_case, "ffn": _gemm_case, "projections": _gemm_case, "attention": _attention_case,
           "decode_attention": _attention_case, "norm": _row_case, "softmax": _row_case, "logsumexp": _row_case,
           "moe_routing": _row_case}
 
