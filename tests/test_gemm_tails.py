@@ -25,14 +25,31 @@ FORMS = [(dtype, layout) for dtype in ("bfloat16", "float16") for layout in ("nk
 TMA_WGMMA = SplitKGemmConfig(2, 64, 128, 64, 4, 1, 4, tma=True, wgmma=True)
 
 
-@pytest.mark.parametrize(("m", "n", "k"), SHAPES)
+#: Rows off the 16-row tiles over [K, N] weights of whole tiles in N and K.
+KN_ROW_TAILS = [(2, 4096, 4096), (7, 512, 14336), (37, 256, 512), (100, 2048, 1024)]
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [s for s in SHAPES if s[1:] != (4096, 4096)])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_weights_stored_k_by_n_take_whole_tiles_only(m, n, k, dtype):
-    """Off the tiles, W stored [K, N] is copied by predicated cp.async tiles, which faulted on the
-    H100 (illegal address; bench/results/generality: ffn 37x512x1024x256 [K, N]): refused, so
-    the driver's fallback (dlight, or one schedule per operator) takes it."""
-    with pytest.raises(ClusterError, match=r"W stored \[K, N\].*whole tiles"):
+def test_weights_stored_k_by_n_take_whole_tiles_of_n_and_k_only(m, n, k, dtype):
+    """Off the tiles in N or K, W stored [K, N] would be copied by predicated cp.async tiles of
+    W: refused, so the driver's fallback (dlight, or one schedule per operator) takes it."""
+    with pytest.raises(ClusterError, match=r"W stored \[K, N\].*whole tiles of N and K"):
         tvm_dsm.plan(dense(m, n, k, dtype, weight_layout="kn"))
+
+
+@pytest.mark.parametrize(("m", "n", "k"), KN_ROW_TAILS)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_weights_stored_k_by_n_take_rows_off_the_tiles_transposed_by_ldmatrix(m, n, k, dtype, assemble):
+    """Rows past M are x's alone (zero-filled cp.async copies of x); W's tiles are whole and
+    reach the fragments through ldmatrix.trans, in bf16 too (not TVM's 8-bit gather loop, which
+    an untyped ldmatrix call took, reading outside shared memory)."""
+    ranking = tvm_dsm.plan(dense(m, n, k, dtype, weight_layout="kn"))
+    assert ranking.family.name == "split_k_gemm" and not ranking.best.config.tma
+    assert tiled_shape(ranking.shape, ranking.best.config).m != m
+    source = cuda_source(ranking.schedule().mod)
+    assert "ldmatrix.sync.aligned.m8n8.x4.trans" in source and "for (int i = 0; i < 16; ++i)" not in source
+    assemble(source, f"kn_rows_{m}x{n}x{k}_{dtype}")
 
 
 @pytest.mark.parametrize(("m", "n", "k"), SHAPES)
@@ -187,6 +204,35 @@ def test_dense_off_the_tiles_is_correct_on_the_gpu(m, n, k, dtype, layout):
         return np.maximum(x @ (w.T if layout == "nk" else w) + b, 0)
 
     assert _relative_error_on_gpu(func, [x, w, b], reference, (m, n), _numpy_dtype(dtype)) < 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("m", "n", "k"), KN_ROW_TAILS)
+@pytest.mark.parametrize("rows", ["constant", "symbolic"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_weights_stored_k_by_n_at_rows_off_the_tiles_are_correct_on_the_gpu(m, n, k, rows, dtype):
+    rng = np.random.default_rng()
+    x, w = rng.standard_normal((m, k)), rng.standard_normal((k, n)) / np.sqrt(k)
+    func = dense(m if rows == "constant" else te.var("m"), n, k, dtype, weight_layout="kn")
+    assert _relative_error_on_gpu(func, [x, w], lambda x, w: x @ w, (m, n), _numpy_dtype(dtype)) < 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_an_ffn_of_weights_stored_k_by_n_at_37_rows_is_correct_on_the_gpu(dtype):
+    """The FFN that once faulted: W1 and W2 stored [K, N], 37 rows."""
+    m, n, k, l = 37, 512, 1024, 256
+    rng = np.random.default_rng()
+    a, w1, w2 = rng.standard_normal((m, k)), rng.standard_normal((k, n)) / np.sqrt(k), rng.standard_normal((n, l)) / np.sqrt(n)
+    np_dtype = _numpy_dtype(dtype)
+
+    def reference(a, w1, w2):
+        return np.maximum(a @ w1, 0).astype(np_dtype).astype(np.float64) @ w2
+
+    a_, w1_, w2_ = (te.placeholder(shape, dtype, name) for shape, name in (((m, k), "A"), ((k, n), "W1"), ((n, l), "W2")))
+    h = te.compute((m, n), lambda i, j: te.max(matmul(a_, w1_, "kn")[i, j], 0).astype(dtype), name="H")
+    func = te.create_prim_func([a_, w1_, w2_, te.compute((m, l), lambda i, j: matmul(h, w2_, "kn")[i, j].astype(dtype))])
+    assert _relative_error_on_gpu(func, [a, w1, w2], reference, (m, l), np_dtype) < 2e-3
 
 
 @pytest.mark.gpu

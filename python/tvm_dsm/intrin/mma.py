@@ -14,6 +14,7 @@ import threading
 from types import ModuleType
 
 import tvm
+import tvm_ffi
 from tvm.s_tir import TensorIntrin
 
 from ..errors import ClusterError
@@ -100,11 +101,24 @@ def retyped(name: str, dtype: str) -> str:
         return name
     def retyped():
         fp16 = TensorIntrin.get(name)
-        return tuple(tvm.script.from_source(f.script().replace('"float16"', f'"{dtype}"')
-                                            .replace('"fp16"', f'"{OPERAND_TYPES[dtype]}"'))
+        return tuple(_ldmatrix_typed(tvm.script.from_source(f.script().replace('"float16"', f'"{dtype}"')
+                                                            .replace('"fp16"', f'"{OPERAND_TYPES[dtype]}"')), dtype)
                      for f in (fp16.desc, fp16.impl))
 
     return register_once(f"tvm_dsm.{name}_{dtype}", retyped)
+
+
+def _ldmatrix_typed(func, dtype: str):
+    """``func`` with its ldmatrix calls typed ``dtype``. The script of a call prints no type, and
+    parsed back it is int8, which TVM's CUDA codegen takes for an 8-bit transposed ldmatrix and
+    emulates with a gather loop whose indices are wrong for these tiles (a bf16 W stored [K, N]
+    read outside shared memory: an illegal address on the H200)."""
+    def typed(call):
+        if call.op.name.endswith("ldmatrix"):
+            return tvm.ir.Call(call.op, call.args, call.attrs, ret_ty=tvm.ir.PrimType(dtype))
+        return call
+
+    return func.with_body(tvm_ffi.structural_map(func.body, [(tvm.ir.Call, typed)]))
 
 
 def fragment_map(i, j):

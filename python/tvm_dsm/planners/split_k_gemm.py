@@ -291,9 +291,9 @@ def plan_split_k_gemm(shape: GemmShape, hw: Hardware, quantized: bool = False,
              for c in candidate_configs(shape, quantized, pipelines, padded, hw)]
     if padded and not plans:
         whole = ("a gated layer's products" if shape.products > 1 else
-                 "W stored [K, N] (its predicated cp.async tiles fault)" if not shape.weight_nk else "")
+                 "W stored [K, N]" if not shape.weight_nk else "")
         raise ClusterError(f"no cluster split-K GEMM configuration fits {shape.m}x{shape.n}x"
-                           f"{shape.k}" + (f" ({whole} run over whole tiles: M a multiple of 16, N of "
+                           f"{shape.k}" + (f" ({whole} run over whole tiles of N and K: N a multiple of "
                                            "64, K of 32)" if whole else ""))
     if not plans:
         raise ClusterError(
