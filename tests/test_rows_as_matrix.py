@@ -171,9 +171,9 @@ def test_symbolic_rows_build_a_kernel_per_range_of_rows(caplog, batch, seq):
     assert lib.mod.imports[0].inspect_source().count("__global__") > 2
 
 
-def _legalized_linear(batch, seq, layout: str = "nk"):
-    """``x @ W^T`` (``x @ W`` with ``layout`` "kn") of ``x[batch, seq, 1024]`` as Relax
-    legalizes a matmul (int64 extents)."""
+def _legalized_linear(batch, seq, layout: str = "nk", n: int = 768):
+    """``x @ W^T`` (``x @ W`` with ``layout`` "kn") of ``x[batch, seq, 1024]``, ``n`` wide, as
+    Relax legalizes a matmul (int64 extents)."""
     from tvm import relax
     from tvm_dsm.workloads.generated import relax_prim_func
 
@@ -181,18 +181,18 @@ def _legalized_linear(batch, seq, layout: str = "nk"):
         weight = bb.emit(relax.op.permute_dims(w)) if layout == "nk" else w
         return relax.op.astype(bb.emit(relax.op.matmul(x, weight, out_dtype="float32")), "float16")
 
-    w_shape = (768, 1024) if layout == "nk" else (1024, 768)
+    w_shape = (n, 1024) if layout == "nk" else (1024, n)
     return relax_prim_func([("x", (batch, seq, 1024), "float16"), ("w", w_shape, "float16")], body)
 
 
-@pytest.mark.parametrize(("seq", "layout", "by"), [(64, "nk", "a family"), ("seq", "nk", "a family"),
-                                                   ("seq", "kn", "dlight")])
-def test_a_relax_legalized_linear_of_rank_3_builds_as_matrices(caplog, seq, layout, by):
+@pytest.mark.parametrize(("seq", "layout", "n", "by"), [(64, "nk", 768, "a family"), ("seq", "nk", 768, "a family"),
+                                                        ("seq", "kn", 768, "a family"), ("seq", "kn", 760, "dlight")])
+def test_a_relax_legalized_linear_of_rank_3_builds_as_matrices(caplog, seq, layout, n, by):
     """Relax's int64 form, a constant batch of 2: at a symbolic sequence TVM's own schedules
     cannot build it (dlight's matmul rule fails on the tensors); as matrices it takes a kernel
-    per range of rows, or (weights [K, N], which the GEMM family takes at constant rows only)
-    dlight's schedule of the matrices."""
-    func = _legalized_linear(2, tirx.Var("seq", "int64") if seq == "seq" else seq, layout)
+    per range of rows, or (weights [K, N] off the GEMM family's tiles of N) dlight's schedule of
+    the matrices."""
+    func = _legalized_linear(2, tirx.Var("seq", "int64") if seq == "seq" else seq, layout, n)
     with caplog.at_level(logging.INFO, logger="tvm_dsm.driver"):
         lib = tvm_dsm.build(func.with_attr("global_symbol", "main"), TARGET)
     assert f"scheduled as matrices (its tensors' leading axes merged into rows) by {by}" in caplog.text

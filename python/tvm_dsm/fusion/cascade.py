@@ -145,9 +145,12 @@ def _extents(iter_vars) -> tuple:
 
 
 def _same_rows(level: Level, first: Level) -> bool:
-    """Whether ``level``'s leading spatial axes span ``first``'s rows (its extents, in order)."""
-    return len(level.rows) >= len(first.rows) and all(
-        tvm_ffi.structural_equal(a, b) for a, b in zip(level.rows, first.rows))
+    """Whether ``level`` runs over ``first``'s rows: the same extents, unit axes aside."""
+    def rows(lvl):
+        return [e for e in lvl.rows if not (isinstance(e, tirx.IntImm) and int(e) == 1)]
+
+    a, b = rows(level), rows(first)
+    return len(a) == len(b) and all(tvm_ffi.structural_equal(x, y) for x, y in zip(a, b))
 
 
 def find_cascades(func: tirx.PrimFunc) -> list[list[Level]]:
@@ -166,14 +169,15 @@ def find_cascades(func: tirx.PrimFunc) -> list[list[Level]]:
         deps, sibling = [], False
         # A level with fewer spatial axes reduces over an earlier level's other axis (the max
         # over keys of per-key dot products): it starts a group, the earlier one is its producer.
-        if group and group[0].extent == level.extent and _same_rows(level, group[0]):
+        if group and group[0].extent == level.extent and len(level.spatial) >= len(group[0].spatial):
             reads = loads(level.value)
             produced = any(ld.source.same_as(prev.output) and any(uses(i, level.reduce_var) for i in ld.indices)
                            for prev in group for ld in reads)
             deps = [] if produced else [n for n, prev in enumerate(group)
                                         if any(ld.source.same_as(prev.output) for ld in reads)]
             data = [ld.source for prev in group for ld in loads(prev.value)]
-            sibling = not produced and not deps and len(level.spatial) == len(group[0].spatial) and any(
+            # a level reading none of the group's results joins it only over the same rows
+            sibling = not produced and not deps and _same_rows(level, group[0]) and any(
                 ld.source.same_as(buf) for ld in reads for buf in data)
         if deps or sibling:
             level.deps = deps
