@@ -692,14 +692,13 @@ def run(args) -> None:
             row.update(kernels)
             save()
 
-        try:
-            params = device_params(weights, compiled[name]["names"], config, tvm.cuda(0))
-            _profile_config(executable, compiled[name], config, params, points, record_kernels)
+        try:  # the weights copied again: each configuration's copy was freed after its timings
+            _profile_config(executable, compiled[name], config,
+                            device_params(weights, compiled[name]["names"], config, tvm.cuda(0)), points, record_kernels)
         except Exception as err:  # noqa: BLE001  (recorded; the timings stand)
             rows["profile_error"] = f"{type(err).__name__}: {err}"
             save()
             _log(f"profiling {name} failed: {err}")
-        del params
     _log(f"done: {out}")
 
 
