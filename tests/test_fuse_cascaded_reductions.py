@@ -418,3 +418,21 @@ def test_sibling_reductions_group_only_over_the_same_rows(second_rows, grouped):
     func = te.create_prim_func([x, w1, w2, topi.nn.dense(x, w1, out_dtype="float32"),
                                 topi.nn.dense(x, w2, out_dtype="float32")])
     assert bool(find_cascades(func)) == grouped
+
+
+@pytest.mark.parametrize(("first", "second", "grouped"), [
+    ((64,), (64,), True), ((64,), (64, 1), True),  # a kept unit axis after the rows
+    ((64, 1), (64,), False),  # fewer axes than the first level's: left unfused
+    ((64,), (1, 64), False), ((64, 1), (1, 64), False)])  # the same rows at another position
+def test_siblings_pair_their_row_axes_by_position(first, second, grouped):
+    """The fused loop pairs a sibling's axes with the first level's by position: a unit axis
+    before the rows would have it write row i at [i, 0] of a [1, 64] buffer."""
+    x = te.placeholder((64, 32), "float32", "x")
+
+    def row_sum(shape, square):
+        k = te.reduce_axis((0, 32), "k")
+        row = shape.index(64)
+        return te.compute(shape, lambda *ax: te.sum(x[ax[row], k] * (x[ax[row], k] if square else 1.0), axis=k))
+
+    func = te.create_prim_func([x, row_sum(first, False), row_sum(second, True)])
+    assert bool(find_cascades(func)) == grouped

@@ -145,12 +145,11 @@ def _extents(iter_vars) -> tuple:
 
 
 def _same_rows(level: Level, first: Level) -> bool:
-    """Whether ``level`` runs over ``first``'s rows: the same extents, unit axes aside."""
-    def rows(lvl):
-        return [e for e in lvl.rows if not (isinstance(e, tirx.IntImm) and int(e) == 1)]
-
-    a, b = rows(level), rows(first)
-    return len(a) == len(b) and all(tvm_ffi.structural_equal(x, y) for x, y in zip(a, b))
+    """Whether ``level`` runs over ``first``'s rows: its leading axes of ``first``'s extents, in
+    order, any after them of one (the fused loop pairs the levels' axes by position)."""
+    lead, rest = level.rows[:len(first.rows)], level.rows[len(first.rows):]
+    return (len(lead) == len(first.rows) and all(tvm_ffi.structural_equal(a, b) for a, b in zip(lead, first.rows))
+            and all(isinstance(e, tirx.IntImm) and int(e) == 1 for e in rest))
 
 
 def find_cascades(func: tirx.PrimFunc) -> list[list[Level]]:

@@ -46,11 +46,11 @@ compared with an fp32 torch evaluation of the same weights
 (:func:`tvm_dsm.workloads.llama.reference_logits`), then, after a few untimed steps, time
 ``--steps`` decode steps: host wall time around each step with the device synchronized before
 and after, the median (the row's figure) and the mean (a new page layout's capture included);
-five more steps under the CUDA profiler give the per-kernel breakdown of a
-step (:mod:`tvm_dsm.gpu.kernel_breakdown`); last, the prefill is timed again, warm, into an
-emptied cache, and broken down by kernel too. ``--contexts`` times prefill and decode at more
-prompt lengths (random tokens, not checked; decode broken down by kernel at each, the prefill
-at the first batch size).
+last, the prefill is timed again, warm, into an emptied cache. ``--contexts`` times prefill and
+decode at more prompt lengths (random tokens, not checked). After every timing, torch's
+included, each point is broken down by kernel in a fresh session (the weights copied again):
+decode steps under the CUDA profiler (:mod:`tvm_dsm.gpu.kernel_breakdown`), and the prefill (at
+the first batch size only for the ``--contexts`` lengths); see :func:`_profile_config`.
 Every configuration is compiled with Relax's CUDA-graph rewrite on (``--no-cuda-graph`` turns it
 off): the kernels between the KV cache's calls are captured once per batch size and replayed, as
 MLC-LLM serves. The floor is the bytes one step must read (weights and KV cache) over the HBM
@@ -104,7 +104,7 @@ KV_CACHE_KERNELS = {"tvm_dsm": DEFAULT_KV_CACHE_KERNELS, "tvm_dsm_nn_llm_attenti
 #: Untimed decode steps before the timed ones (the first steps of a batch size capture its
 #: CUDA graph; a fresh process also runs its first steps slower).
 WARMUP_STEPS = 10
-#: Decode steps the per-kernel breakdown runs after the timed ones (one outside the profiler).
+#: Decode steps of a point's per-kernel breakdown (:func:`_profile_config`; one outside the profiler).
 PROFILED_STEPS = 6
 #: Prefills timed (into an emptied cache) after the first; the median is reported.
 PREFILL_REPEATS = 3
@@ -325,9 +325,11 @@ def _run_config(executable, info: dict, config: LlamaConfig, params: list, promp
 def _profile_config(executable, info: dict, config: LlamaConfig, params: list, points: list[tuple],
                     record) -> None:
     """The per-kernel breakdown of each timed point ``(prompts, decode_ms, prefill_ms or None,
-    key)``: a fresh session prefilled with ``prompts``, ``WARMUP_STEPS`` decode steps, then
-    :data:`PROFILED_STEPS` under the CUDA profiler (and the prefill, where ``prefill_ms`` is
-    given); ``record(key, {"decode_kernels": ..., "prefill_kernels": ...})``. Run after every
+    key)``: a fresh session prefilled with ``prompts``, ``WARMUP_STEPS`` decode steps, one more,
+    then ``PROFILED_STEPS - 1`` under the CUDA profiler (and the prefill, where ``prefill_ms`` is
+    given); ``record(key, {"decode_kernels": ..., "prefill_kernels": ...})``. Its steps read
+    fewer keys than the timed ones (those after the check steps and half the timed steps), so
+    the idle time it derives from ``decode_ms`` is a little high. Run after every
     timing of the run: a torch.profiler session leaves the CUDA profiling interface attached to
     the process, which then adds about 37 us to every CUDA-graph launch (H200, a decode step's
     graph: 5.5 us before the first profile, 41-45 after; ``bench/results/archive/llama_1b_host_parts_s61.json``),
@@ -675,6 +677,11 @@ def run(args) -> None:
                 results[key] = f"{type(err).__name__}: {err}"
                 save()
                 _log(f"torch failed: {err}")
+    if args.torch:  # torch.compile's last model and graph pool freed before TVM's sessions
+        import torch
+
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
     for name, executable in loaded.items():
         _log(f"profiling {name}")
         rows = results["configs"][name]
@@ -684,6 +691,8 @@ def run(args) -> None:
                     ("contexts", str(context), str(batch)))
                    for context, batch, context_prompts_ in context_prompts(config, args.contexts, batches)
                    if (row := rows.get("contexts", {}).get(str(context), {}).get(str(batch)))]
+        if not points:
+            continue
 
         def record_kernels(key, kernels, rows=rows):
             row = rows

@@ -96,7 +96,7 @@ def retyped(name: str, dtype: str) -> str:
     """The fp16 intrinsic ``name`` for another 16-bit operand type, registered on first use.
     TVM 0.27 ships ldmatrix and mma.sync intrinsics for fp16 only; ldmatrix moves b16 whatever
     the type, and mma.sync differs only in its operand type name, so the bf16 ones are the fp16
-    ones with the types renamed."""
+    ones with the types renamed (and their ldmatrix calls typed: :func:`_ldmatrix_typed`)."""
     if dtype == "float16":
         return name
     def retyped():
@@ -113,8 +113,10 @@ def _ldmatrix_typed(func, dtype: str):
     parsed back it is int8, which TVM's CUDA codegen takes for an 8-bit transposed ldmatrix and
     emulates with a gather loop whose indices are wrong for these tiles (a bf16 W stored [K, N]
     read outside shared memory: an illegal address on the H200)."""
+    ldmatrix = tvm.ir.Op.get("tirx.ptx_legacy.ldmatrix")
+
     def typed(call):
-        if call.op.name.endswith("ldmatrix"):
+        if call.op.same_as(ldmatrix):
             return tvm.ir.Call(call.op, call.args, call.attrs, ret_ty=tvm.ir.PrimType(dtype))
         return call
 

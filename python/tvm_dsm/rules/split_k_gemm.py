@@ -282,11 +282,6 @@ def tiled_shape(shape: GemmShape, config: SplitKGemmConfig) -> GemmShape:
                                k=whole(shape.k, config.cluster_size * config.block_k))
 
 
-#: Columns of Y each epilogue store writes as one vector, where N is a multiple of them (else one
-#: by one: rows of Y off 16-byte alignment).
-STORE_COLUMNS = 4
-
-
 def check_edges(shape: GemmShape) -> None:
     """What tiles running past M, N or K (:func:`apply_padded_split_k_gemm`) need of ``shape``
     under any configuration; ClusterError names the limit it breaks."""
@@ -532,7 +527,7 @@ def apply_split_k_gemm(
     # compute_at regenerated the sums' loops in block-variable order: (peers, rows, cols)
     sums = [sch.get_loops(b)[-3:] for b in blocks]
     sum_partials(sch, blocks, output, [(rows, cols, peers) for peers, rows, cols in sums], c.warps,
-                 in_registers, vector_store=shape.n % STORE_COLUMNS == 0)
+                 in_registers)
     if c.programmatic_launch:
         launch_programmatically(sch)
 
@@ -622,14 +617,15 @@ def split_k_main_loops(sch: s_tir.Schedule, partials: list[tuple], shape: GemmSh
 
 def sum_partials(sch: s_tir.Schedule, blocks: list[SBlockRV], output: SBlockRV,
                  loops: list[tuple[LoopRV, LoopRV, LoopRV]], warps: int,
-                 in_registers: bool = True, vector_store: bool = True) -> None:
+                 in_registers: bool = True) -> None:
     """Schedule the blocks summing the cluster's partial tiles (each with its ``(rows, cols,
     peers)`` loops) and ``output``, the epilogue reading the sums: each thread sums 4 fp32
     columns of a few consecutive rows over the peers (one ld.shared::cluster.v4 per row and
     peer, all in flight, starting at its own rank) and computes ``output`` from the sums in
     registers. Several blocks (a gated chain's gate and up) share their thread loops, so the
-    epilogue sees all sums at once. ``output`` stores its 4 columns as one vector, or
-    (``vector_store=False``: rows of Y not 16-byte aligned, N not a multiple of 4) one by one.
+    epilogue sees all sums at once. ``output`` stores its 4 columns as one vector; where a
+    padded tile's store is predicated by column (N not a multiple of 4), TVM's vectorizer leaves
+    the 4 stores one by one.
 
     ``in_registers=False`` keeps the sums in shared memory and gives ``output`` its own thread
     loops (same shape): for an epilogue that also reads a block s_tir cannot move into the
@@ -659,7 +655,7 @@ def sum_partials(sch: s_tir.Schedule, blocks: list[SBlockRV], output: SBlockRV,
         _, warp, thread, _, _ = _over_threads(sch, *sch.get_loops(output)[-2:], warps)
         sch.bind(warp, "threadIdx.y")
         sch.bind(thread, "threadIdx.x")
-    (sch.vectorize if vector_store else sch.unroll)(sch.get_loops(output)[-1])
+    sch.vectorize(sch.get_loops(output)[-1])
     for block, (batched, peers, vector) in zip(blocks, inner):
         sch.annotate(peers, ROTATE_PEERS_KEY, 1)
         sch.vectorize(vector)  # before decompose_reduction: vectorize needs a reduction block
