@@ -323,3 +323,23 @@ def test_decode_rows_carry_the_mean_step_where_runs_recorded_it(tmp_path):
     row = merge([tmp_path / "run.json"], tmp_path / "merged.json")["rows"][0]
     assert row["ours_us"] == 1000.0 and row["ours_mean_us"] == pytest.approx(1131.3)
     assert row["peers_mean"] == {"torch_compile": pytest.approx(1200.0)}  # tvm_mlc's run has none
+
+
+def test_each_timed_point_is_profiled_from_its_own_prompts_and_times():
+    """The profiling pass (after every timing) re-creates what each timed point ran: the main
+    prompts cut to the batch, the other lengths' prompts drawn as their timing drew them; points
+    that were not timed (a failed batch) are left out."""
+    from tvm_dsm.gpu.llm import context_prompts, profiled_points
+
+    prompts = np.arange(8 * 5).reshape(8, 5)
+    rows = {"batches": {"1": {"decode_ms_per_step": 1.0, "prefill_ms": 2.0},
+                        "8": {"decode_ms_per_step": 1.5, "prefill_ms": 9.0}},
+            "contexts": {"16": {"1": {"decode_ms_per_step": 3.0, "prefill_ms": 4.0},
+                                "8": {"decode_ms_per_step": 5.0, "prefill_ms": 6.0}}}}
+    points = profiled_points(rows, LLAMA_TINY, prompts, [1, 4, 8], [16])
+    assert [p[3] for p in points] == [("batches", "1"), ("batches", "8"), ("contexts", "16", "1"),
+                                      ("contexts", "16", "8")]
+    assert [p[1:3] for p in points] == [(1.0, 2.0), (1.5, 9.0), (3.0, 4.0), (5.0, None)]
+    assert points[1][0].shape == (8, 5) and (points[0][0] == prompts[:1]).all()
+    drawn = {(c, b): t for c, b, t in context_prompts(LLAMA_TINY, [16], [1, 4, 8])}
+    assert (points[3][0] == drawn[(16, 8)]).all() and points[3][0].shape == (8, 16)

@@ -425,6 +425,22 @@ def _run_contexts(executable, info: dict, config: LlamaConfig, params: list, con
         del session
 
 
+def profiled_points(rows: dict, config: LlamaConfig, prompts: np.ndarray, batches: list[int],
+                    contexts: list[int]) -> list[tuple]:
+    """:func:`_profile_config`'s points for a configuration's timed ``rows`` (its results'
+    ``batches`` and ``contexts``): each timed point's prompts (the main ``prompts`` cut to the
+    batch; :func:`context_prompts` at the other lengths), decode step and prefill time (the
+    prefill at the other lengths at the first batch size only) and where its row lies; points
+    that were not timed are left out."""
+    points = [(prompts[:batch], row["decode_ms_per_step"], row["prefill_ms"], ("batches", str(batch)))
+              for batch in batches if (row := rows["batches"].get(str(batch)))]
+    points += [(tokens, row["decode_ms_per_step"], row.get("prefill_ms") if batch == batches[0] else None,
+                ("contexts", str(context), str(batch)))
+               for context, batch, tokens in context_prompts(config, contexts, batches)
+               if (row := rows.get("contexts", {}).get(str(context), {}).get(str(batch)))]
+    return points
+
+
 def context_prompts(config: LlamaConfig, contexts: list[int], batches: list[int]):
     """``(context, batch, prompts)`` of every point :func:`_run_contexts` times, in its order:
     the same random tokens each time it is called."""
@@ -685,12 +701,7 @@ def run(args) -> None:
     for name, executable in loaded.items():
         _log(f"profiling {name}")
         rows = results["configs"][name]
-        points = [(prompts[:batch], row["decode_ms_per_step"], row["prefill_ms"], ("batches", str(batch)))
-                  for batch in batches if (row := rows["batches"].get(str(batch)))]
-        points += [(context_prompts_, row["decode_ms_per_step"], row.get("prefill_ms") if batch == batches[0] else None,
-                    ("contexts", str(context), str(batch)))
-                   for context, batch, context_prompts_ in context_prompts(config, args.contexts, batches)
-                   if (row := rows.get("contexts", {}).get(str(context), {}).get(str(batch)))]
+        points = profiled_points(rows, config, prompts, batches, args.contexts)
         if not points:
             continue
 
