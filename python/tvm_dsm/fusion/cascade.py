@@ -152,6 +152,18 @@ def _same_rows(level: Level, first: Level) -> bool:
             and all(isinstance(e, tirx.IntImm) and int(e) == 1 for e in rest))
 
 
+def _is_product(level: Level) -> bool:
+    """Whether ``level`` reads a tensor along some of its rows' axes but not all (``x[i, k]`` of
+    outputs ``[i, j]``): a matmul, whose operands every output row shares, not a reduction of
+    each row's own data (which reads along all of them, or none: a broadcast weight)."""
+    rows = [v for v, e in zip(level.spatial, level.rows) if not (isinstance(e, tirx.IntImm) and int(e) == 1)]
+    for load in loads(level.value):
+        used = [any(uses(i, v) for i in load.indices) for v in rows]
+        if any(used) and not all(used):
+            return True
+    return False
+
+
 def find_cascades(func: tirx.PrimFunc) -> list[list[Level]]:
     """Groups of reduction blocks (program order) over one reduction extent and row shape in
     which each level after the first reads an earlier level's output (a statistic of its row,
@@ -175,8 +187,9 @@ def find_cascades(func: tirx.PrimFunc) -> list[list[Level]]:
             deps = [] if produced else [n for n, prev in enumerate(group)
                                         if any(ld.source.same_as(prev.output) for ld in reads)]
             data = [ld.source for prev in group for ld in loads(prev.value)]
-            # a level reading none of the group's results joins it only over the same rows
-            sibling = not produced and not deps and _same_rows(level, group[0]) and any(
+            # a level reading none of the group's results joins it only over the same rows, and
+            # only as a reduction of its rows (a matmul beside another is the GEMM families')
+            sibling = not produced and not deps and _same_rows(level, group[0]) and not _is_product(level) and any(
                 ld.source.same_as(buf) for ld in reads for buf in data)
         if deps or sibling:
             level.deps = deps
