@@ -440,3 +440,27 @@ def test_siblings_pair_their_row_axes_by_position(first, second, grouped):
 
     func = te.create_prim_func([x, row_sum(first, False), row_sum(second, True)])
     assert bool(find_cascades(func)) == grouped
+
+
+@pytest.mark.parametrize(("shape", "fused"), [((64,), True), ((64, 1), True), ((1, 64), False)])
+def test_a_statistic_of_the_rows_joins_only_with_its_rows_leading(shape, fused):
+    """A variance over the mean's rows fuses where its leading axes are those rows; written
+    ``[1, 64]`` after a ``[64]`` mean, the fused loop would store row i at [i, 0]."""
+    x = te.placeholder((64, 32), "float32", "x")
+    k, k2 = te.reduce_axis((0, 32), "k"), te.reduce_axis((0, 32), "k2")
+    mean = te.compute((64,), lambda i: te.sum(x[i, k], axis=k), name="mean")
+    row = shape.index(64)
+    var = te.compute(shape, lambda *ax: te.sum((x[ax[row], k2] - mean[ax[row]]) * (x[ax[row], k2] - mean[ax[row]]),
+                                                axis=k2), name="var")
+    func = te.create_prim_func([x, mean, var])
+    rewritten, _ = fuse_cascaded_reductions(func)
+    assert (rewritten is not func) == fused
+    data = np.random.default_rng().standard_normal((64, 32)).astype("float32")
+    outs = []
+    for f in (func, rewritten):
+        args = [tvm.runtime.tensor(data), tvm.runtime.tensor(np.full(64, np.nan, "float32")),
+                tvm.runtime.tensor(np.full(shape, np.nan, "float32"))]
+        tvm.compile(f, target="llvm")(*args)
+        outs.append([a.numpy() for a in args[1:]])
+    for got, want in zip(outs[1], outs[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-5)

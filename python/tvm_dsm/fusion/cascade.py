@@ -144,19 +144,30 @@ def _extents(iter_vars) -> tuple:
     return tuple(iv.dom.extent for iv in iter_vars)
 
 
+def _is_one(extent) -> bool:
+    return isinstance(extent, tirx.IntImm) and int(extent) == 1
+
+
+def _leads_with_rows(level: Level, first: Level) -> bool:
+    """Whether ``level``'s leading axes are ``first``'s rows, position by position (the fused
+    loop pairs them so), a unit axis of ``first`` (a kept dimension) standing for any."""
+    return len(level.rows) >= len(first.rows) and all(
+        _is_one(b) or tvm_ffi.structural_equal(a, b) for a, b in zip(level.rows, first.rows))
+
+
 def _same_rows(level: Level, first: Level) -> bool:
-    """Whether ``level`` runs over ``first``'s rows: its leading axes of ``first``'s extents, in
-    order, any after them of one (the fused loop pairs the levels' axes by position)."""
+    """Whether ``level`` runs over exactly ``first``'s rows: its leading axes of ``first``'s
+    extents, in order, any after them of one."""
     lead, rest = level.rows[:len(first.rows)], level.rows[len(first.rows):]
     return (len(lead) == len(first.rows) and all(tvm_ffi.structural_equal(a, b) for a, b in zip(lead, first.rows))
-            and all(isinstance(e, tirx.IntImm) and int(e) == 1 for e in rest))
+            and all(_is_one(e) for e in rest))
 
 
 def _is_product(level: Level) -> bool:
     """Whether ``level`` reads a tensor along some of its rows' axes but not all (``x[i, k]`` of
     outputs ``[i, j]``): a matmul, whose operands every output row shares, not a reduction of
     each row's own data (which reads along all of them, or none: a broadcast weight)."""
-    rows = [v for v, e in zip(level.spatial, level.rows) if not (isinstance(e, tirx.IntImm) and int(e) == 1)]
+    rows = [v for v, e in zip(level.spatial, level.rows) if not _is_one(e)]
     for load in loads(level.value):
         used = [any(uses(i, v) for i in load.indices) for v in rows]
         if any(used) and not all(used):
@@ -179,8 +190,9 @@ def find_cascades(func: tirx.PrimFunc) -> list[list[Level]]:
         group = groups[-1] if groups else None
         deps, sibling = [], False
         # A level with fewer spatial axes reduces over an earlier level's other axis (the max
-        # over keys of per-key dot products): it starts a group, the earlier one is its producer.
-        if group and group[0].extent == level.extent and len(level.spatial) >= len(group[0].spatial):
+        # over keys of per-key dot products): it starts a group, the earlier one is its producer;
+        # so does one whose leading axes are not the group's rows.
+        if group and group[0].extent == level.extent and _leads_with_rows(level, group[0]):
             reads = loads(level.value)
             produced = any(ld.source.same_as(prev.output) and any(uses(i, level.reduce_var) for i in ld.indices)
                            for prev in group for ld in reads)
