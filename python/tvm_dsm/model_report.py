@@ -53,8 +53,6 @@ class KernelRow:
     def _detail(self) -> str:
         if self.where == DLIGHT or not self.ranges:
             return f": {_first_line(self.reason)}" if self.reason else ""
-        if not self.ranges:
-            return ""
         if self.row_variable is None:
             return f"  {self.ranges[0].predicted_us:.1f} us"
         several = len({r.family for r in self.ranges}) > 1

@@ -166,7 +166,8 @@ def scheduling_form(func: tirx.PrimFunc) -> tirx.PrimFunc:
 def lower_to_tir(mod: tvm.IRModule, gated_projections: bool = True) -> tvm.IRModule:
     """Decomposed operators put back as Relax's (:mod:`tvm_dsm.relax_patterns`), bf16 layer
     norms in fp32 (:mod:`tvm_dsm.relax_precision`: TVM cannot legalize them), patch embeddings
-    as GEMMs (:mod:`tvm_dsm.relax_patches`), 16-bit matmuls as fp32-accumulated matrix products (:mod:`tvm_dsm.relax_matmuls`), fused gate/up
+    as GEMMs (:mod:`tvm_dsm.relax_patches`), 16-bit matmuls as fp32-accumulated matrix products
+    (:mod:`tvm_dsm.relax_matmuls`), fused gate/up
     projections as gated GEMMs (:mod:`tvm_dsm.relax_gated`), transposes folded into matmuls,
     operators legalized to TIR, GEMM chains and spelled-out attention grouped
     (:mod:`tvm_dsm.relax_chains`, :mod:`tvm_dsm.relax_attention`), the rest fused by Relax's

@@ -2,8 +2,9 @@
 families and its fallback reach beyond the hand-picked suites.
 
 :func:`generate` draws ``count`` :class:`Case` s round-robin over the op classes (:data:`CLASSES`:
-dense, several projections of one input (q, k, v), gated dense, FFN/SwiGLU chain, attention prefill, decode attention, RMSNorm/LayerNorm (and
-RMSNorm followed by per-token fp8 quantization), softmax, logsumexp/cross-entropy, MoE routing),
+dense, several projections of one input (q, k, v), gated dense, FFN/SwiGLU chain, attention
+prefill, decode attention, RMSNorm/LayerNorm (and RMSNorm followed by per-token fp8
+quantization), softmax, logsumexp/cross-entropy, MoE routing),
 each in one user style (hand-written TE, TOPI operators, or a Relax function legalized and
 fused into one PrimFunc, whose indices are int64), dtype (fp16, bf16, fp32), weight layout
 ([N, K] as torch.nn.Linear stores it, or [K, N]) and size (real-model widths and sizes off the
@@ -227,18 +228,22 @@ def _rows(m, style: str):
     return tirx.Var("m", "int64") if style == "relax" else m
 
 
+def _topi_product(x: te.Tensor, w: te.Tensor, layout: str) -> te.Tensor:
+    """``x @ W`` in float32 by TOPI's operator for the weight's layout: ``dense`` for [N, K],
+    ``matmul`` for [K, N]."""
+    return (topi.nn.dense if layout == "nk" else topi.nn.matmul)(x, w, out_dtype="float32")
+
+
+def _product(style: str, x: te.Tensor, w: te.Tensor, layout: str) -> te.Tensor:
+    """``x @ W`` in float32 as ``style`` ("te" or "topi") writes it."""
+    return matmul(x, w, layout) if style == "te" else _topi_product(x, w, layout)
+
+
 def _dense(style, m, n, k, dtype, layout):
-    if style == "te":
+    if style in ("te", "topi"):
         x = te.placeholder((m, k), dtype, name="X")
         w = te.placeholder((n, k) if layout == "nk" else (k, n), dtype, name="W")
-        acc = matmul(x, w, layout)
-        return te.create_prim_func([x, w, topi.cast(acc, dtype)])
-    if style == "topi":
-        x = te.placeholder((m, k), dtype, name="X")
-        w = te.placeholder((n, k) if layout == "nk" else (k, n), dtype, name="W")
-        acc = (topi.nn.dense(x, w, out_dtype="float32") if layout == "nk"
-               else topi.nn.matmul(x, w, out_dtype="float32"))
-        return te.create_prim_func([x, w, topi.cast(acc, dtype)])
+        return te.create_prim_func([x, w, topi.cast(_product(style, x, w, layout), dtype)])
 
     def body(bb, x, w):
         wt = bb.emit(relax.op.permute_dims(w)) if layout == "nk" else w
@@ -252,12 +257,7 @@ def _projections(style, m, widths, k, dtype, layout):
     q, k and v written together: the widths differ under grouped-query attention)."""
     x = te.placeholder((m, k), dtype, name="X")
     ws = [te.placeholder((n, k) if layout == "nk" else (k, n), dtype, name=f"W{i}") for i, n in enumerate(widths)]
-    if style == "te":
-        outs = [topi.cast(matmul(x, w, layout), dtype) for w in ws]
-    else:
-        product = topi.nn.dense if layout == "nk" else topi.nn.matmul
-        outs = [topi.cast(product(x, w, out_dtype="float32"), dtype) for w in ws]
-    return te.create_prim_func([x, *ws, *outs])
+    return te.create_prim_func([x, *ws, *(topi.cast(_product(style, x, w, layout), dtype) for w in ws)])
 
 
 def _gated_dense(style, m, n, k, dtype, layout):
@@ -267,8 +267,7 @@ def _gated_dense(style, m, n, k, dtype, layout):
         gate, up = matmul(x, wg, layout), matmul(x, wu, layout)
         h = te.compute(gate.shape, lambda i, j: (ACTIVATIONS["silu"](gate[i, j]) * up[i, j]).astype(dtype), name="H")
     else:
-        product = topi.nn.dense if layout == "nk" else topi.nn.matmul
-        gate, up = (product(x, w, out_dtype="float32") for w in (wg, wu))
+        gate, up = (_topi_product(x, w, layout) for w in (wg, wu))
         h = topi.cast(topi.multiply(topi.multiply(gate, topi.sigmoid(gate)), up), dtype)
     return te.create_prim_func([x, wg, wu, h])
 
@@ -290,8 +289,7 @@ def _ffn(style, m, n, k, dtype, layout, activation):
             h = te.compute(c.shape, lambda i, j: ACTIVATIONS[activation](c[i, j]).astype(dtype), name="H")
         out = topi.cast(matmul(h, w2, layout), dtype)
     else:
-        product = topi.nn.dense if layout == "nk" else topi.nn.matmul
-        products = [product(a, w, out_dtype="float32") for w in weights]
+        products = [_topi_product(a, w, layout) for w in weights]
         if activation == "swiglu":
             gate, up = products
             h = topi.multiply(topi.multiply(gate, topi.sigmoid(gate)), up)
@@ -300,7 +298,7 @@ def _ffn(style, m, n, k, dtype, layout, activation):
                  "gelu": lambda c: topi.multiply(topi.multiply(c, 0.5),
                                                  topi.add(topi.erf(topi.multiply(c, 1 / math.sqrt(2))), 1.0)),
                  }[activation](products[0])
-        out = topi.cast(product(topi.cast(h, dtype), w2, out_dtype="float32"), dtype)
+        out = topi.cast(_topi_product(topi.cast(h, dtype), w2, layout), dtype)
     return te.create_prim_func([a, *weights, w2, out])
 
 
@@ -573,9 +571,9 @@ def _row_case(draw: _Draw, op_class: str):
     return style, func, m, symbolic, params, n_out, {}, f"{op}_{m}x{width}", 0
 
 
-_DRAWS = {"dense": _gemm_case, "gated_dense": _gemm_case, "ffn": _gemm_case, "projections": _gemm_case, "attention": _attention_case,
-          "decode_attention": _attention_case, "norm": _row_case, "softmax": _row_case, "logsumexp": _row_case,
-          "moe_routing": _row_case}
+_DRAWS = {"dense": _gemm_case, "gated_dense": _gemm_case, "ffn": _gemm_case, "projections": _gemm_case,
+          "attention": _attention_case, "decode_attention": _attention_case, "norm": _row_case, "softmax": _row_case,
+          "logsumexp": _row_case, "moe_routing": _row_case}
 
 
 def generate(seed: int, count: int, small: bool = False) -> list[Case]:
