@@ -14,13 +14,11 @@ import pytest
 import tvm
 
 import tvm_dsm
+from tvm_dsm.bench.tolerance import tolerance
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.workloads.generated import CLASSES, DTYPES, generate
 
 from conftest import TARGET
-
-#: Relative error bounds against float64, as the GPU runner's (tvm_dsm.gpu.run.TOLERANCE).
-TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 2 ** -8}
 
 #: What a refusal must name: a resource of the GPU.
 HARDWARE_LIMIT = re.compile(r"shared memory|register|threads|cluster size|bytes", re.IGNORECASE)
@@ -68,7 +66,7 @@ def test_reference_matches_llvm(case):
     tvm.compile(case.func, target="llvm")(*[tvm.runtime.tensor(x) for x in inputs], *outputs)
     errors = [_relative_error(out.numpy(), want) for out, want in zip(outputs, case.reference(*inputs))]
     # a function that rounds its scores to 16 bits stays within a few times its tolerance
-    bound = TOLERANCE[case.inputs[0]["dtype"]] * (1 if case.within_tolerance else 4)
+    bound = tolerance(a["dtype"] for a in case.args) * (1 if case.within_tolerance else 4)
     assert max(errors) < bound, errors
 
 

@@ -26,15 +26,12 @@ import tvm
 import tvm_ffi
 
 from ..bench import results as res
+from ..bench.tolerance import tolerance
 from ..bench.timing import graph_time_us, input_sets_for, python_call_us
 from ..hardware import check_planned_for
 from .references import REFERENCES
 from .watchdog import DONE, START, Fault, announce, python_worker, supervise
 
-#: Relative error bounds against float64: bf16 outputs carry 8 mantissa bits (unit roundoff
-#: 2^-8), so their bound is that roundoff, not the fp16 one.
-TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 2 ** -8,
-             "float8_e4m3fn": 2e-3}  # exact fp8 products, fp32 sums, fp16 output
 
 
 def measure_hbm_bandwidth(copies: int = 8) -> float:
@@ -150,12 +147,13 @@ def bit_identical(func, kernel: dict, runs: int = 10) -> bool:
 
 
 def verdict(func, kernel: dict, trials: int = 2) -> dict:
-    """Whether ``func`` is correct on fresh inputs (``ok``: its input dtype's tolerance against
-    float64, every output element written), and whether repeated calls give bit-identical
+    """Whether ``func`` is correct on fresh inputs (``ok``: within its dtypes' tolerance of
+    float64 (:mod:`tvm_dsm.bench.tolerance`), every output element written), and whether repeated calls give bit-identical
     outputs (``bit_identical``, reported apart from ``ok``)."""
     rel_err, written = _check(func, kernel, trials)
     dtype = next(a["dtype"] for a in kernel["args"] if not a["output"])
-    return {"dtype": dtype, "ok": rel_err < TOLERANCE[dtype] and written == 1.0,
+    bound = tolerance(a["dtype"] for a in kernel["args"])
+    return {"dtype": dtype, "ok": rel_err < bound and written == 1.0,
             "rel_err": rel_err, "written_fraction": written, "bit_identical": bit_identical(func, kernel)}
 
 
