@@ -27,15 +27,22 @@ TMA_WGMMA = SplitKGemmConfig(2, 64, 128, 64, 4, 1, 4, tma=True, wgmma=True)
 
 #: Rows off the 16-row tiles over [K, N] weights of whole tiles in N and K.
 KN_ROW_TAILS = [(2, 4096, 4096), (7, 512, 14336), (37, 256, 512), (100, 2048, 1024)]
+#: [K, N] weights off the tiles in N, K or both (and rows off them too).
+KN_EDGES = [(100, 3000, 1000), (100, 3000, 1024), (2, 4096, 1000), (37, 264, 4104)]
 
 
-@pytest.mark.parametrize(("m", "n", "k"), [s for s in SHAPES if s[1:] != (4096, 4096)] + [(100, 3000, 1024)])
+@pytest.mark.parametrize(("m", "n", "k"), KN_EDGES)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_weights_stored_k_by_n_take_whole_tiles_of_n_and_k_only(m, n, k, dtype):
-    """Off the tiles in N or K, W stored [K, N] would be copied by predicated cp.async tiles of
-    W: refused, so the driver's fallback (dlight, or one schedule per operator) takes it."""
-    with pytest.raises(ClusterError, match=r"W stored \[K, N\].*whole tiles of N and K"):
-        tvm_dsm.plan(dense(m, n, k, dtype, weight_layout="kn"))
+def test_weights_stored_k_by_n_off_the_tiles_copy_their_edges_predicated(m, n, k, dtype, assemble):
+    """Off the tiles in N or K, W stored [K, N] reaches shared memory by cp.async copies of
+    16-byte pieces (N a multiple of 8), those past N or K predicated off and zero-filled."""
+    ranking = tvm_dsm.plan(dense(m, n, k, dtype, weight_layout="kn"))
+    assert ranking.family.name == "split_k_gemm"
+    tiles = tiled_shape(ranking.shape, ranking.best.config)
+    assert (tiles.n, tiles.k) != (n, k) and not ranking.best.config.tma
+    source = cuda_source(ranking.schedule().mod)
+    assert "@p cp.async.cg.shared.global" in source and "@!p st.shared.v4.u32" in source
+    assemble(source, f"kn_edges_{m}x{n}x{k}_{dtype}")
 
 
 @pytest.mark.parametrize(("m", "n", "k"), KN_ROW_TAILS)
@@ -219,7 +226,7 @@ def test_dense_off_the_tiles_is_correct_on_the_gpu(m, n, k, dtype, layout):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("m", "n", "k"), KN_ROW_TAILS)
+@pytest.mark.parametrize(("m", "n", "k"), KN_ROW_TAILS + KN_EDGES)
 @pytest.mark.parametrize("rows", ["constant", "symbolic"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_weights_stored_k_by_n_at_rows_off_the_tiles_are_correct_on_the_gpu(m, n, k, rows, dtype):

@@ -290,11 +290,9 @@ def plan_split_k_gemm(shape: GemmShape, hw: Hardware, quantized: bool = False,
     plans = [predict(shape, c, hw, quantized)
              for c in candidate_configs(shape, quantized, pipelines, padded, hw)]
     if padded and not plans:
-        whole = ("a gated layer's products" if shape.products > 1 else
-                 "W stored [K, N]" if not shape.weight_nk else "")
         raise ClusterError(f"no cluster split-K GEMM configuration fits {shape.m}x{shape.n}x"
-                           f"{shape.k}" + (f" ({whole} run over whole tiles of N and K: N a multiple of "
-                                           "64, K of 32)" if whole else ""))
+                           f"{shape.k}" + (" (a gated layer's products run over whole tiles of N and K: "
+                                           "N a multiple of 64, K of 32)" if shape.products > 1 else ""))
     if not plans:
         raise ClusterError(
             f"no cluster split-K GEMM configuration fits {shape.m}x{shape.n}x{shape.k} "

@@ -304,14 +304,13 @@ def check_padded_config(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware
     the first limit ``shape`` or ``config`` breaks."""
     check_edges(shape)
     tiles = tiled_shape(shape, config)
-    # Gated products (their rows past the tiles rewritten to whole tiles: padded_gated_rows) and a
-    # weight stored [K, N] (whose tiles would need predicated cp.async copies of W's edges, never
-    # run on a GPU) run over whole tiles of N and K; the rows past M are x's alone, zero-filled as
-    # for any weight.
-    if (shape.products > 1 or not shape.weight_nk) and (tiles.n, tiles.k) != (shape.n, shape.k):
-        what = "gated products" if shape.products > 1 else "W stored [K, N]"
-        raise ClusterError(f"{what} run over whole tiles of N and K: {shape.n}x{shape.k} is not a multiple of "
-                           f"{config.block_n}x{config.cluster_size * config.block_k}")
+    # Gated products (their rows past the tiles rewritten to whole tiles: padded_gated_rows) run
+    # over whole tiles of N and K; the rows past M are x's alone, zero-filled as for any weight.
+    # A weight stored [K, N] takes predicated cp.async copies of its edges (16-byte pieces: N a
+    # multiple of 8, check_edges), which zero-fill past N and K.
+    if shape.products > 1 and (tiles.n, tiles.k) != (shape.n, shape.k):
+        raise ClusterError(f"gated products run over whole tiles of N and K: {shape.n}x{shape.k} is not a "
+                           f"multiple of {config.block_n}x{config.cluster_size * config.block_k}")
     check_config(tiles, config, hw)
 
 
