@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import numpy as np
 import tvm
 
 import tvm_dsm  # noqa: F401  (registers the pipeline)
@@ -144,6 +145,21 @@ def chain_error_on_gpu(func, mod: tvm.IRModule) -> float:
         h = np.maximum(x @ weights[0].astype(np.float64).T, 0)
     ref = h @ weights[-1].astype(np.float64).T
     return float(np.linalg.norm(out.numpy() - ref) / np.linalg.norm(ref))
+
+
+def relative_error_on_gpu(func, inputs: list, reference, out_shape: tuple, dtype) -> float:
+    """``func`` built by ``tvm_dsm.build`` and run on ``inputs`` (float64, rounded to ``dtype``)
+    with a NaN-poisoned output, against ``reference`` of the rounded inputs in float64; asserts
+    every output element was written."""
+    lib = tvm_dsm.build(func, TARGET)
+    dev = tvm.cuda(0)
+    rounded = [a.astype(dtype) for a in inputs]
+    out = tvm.runtime.tensor(np.full(out_shape, np.nan).astype(dtype), dev)
+    lib(*(tvm.runtime.tensor(a, dev) for a in rounded), out)
+    got = out.numpy().astype(np.float64)
+    assert not np.isnan(got).any()
+    ref = reference(*(a.astype(np.float64) for a in rounded))
+    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
 
 
 def _nvcc(folder: Path, source: str, name: str, *flags: str) -> subprocess.CompletedProcess:

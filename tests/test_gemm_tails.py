@@ -11,7 +11,7 @@ from tvm import s_tir, te, tirx
 from tvm.s_tir import SBlockRealize
 
 import tvm_dsm
-from conftest import TARGET, cuda_source, kernels
+from conftest import TARGET, cuda_source, kernels, relative_error_on_gpu
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.hardware import load_hardware
 from tvm_dsm.ir import find_all
@@ -190,21 +190,6 @@ def test_an_ffn_off_the_tiles_takes_the_family_per_operator():
     assert len(gemms) == 2 and all("cp_async_bulk_tensor" in body for body in gemms)
 
 
-def _relative_error_on_gpu(func, inputs: list, reference, out_shape: tuple, dtype) -> float:
-    """``func`` built by ``tvm_dsm.build`` and run on ``inputs`` (float64, rounded to ``dtype``)
-    with a NaN-poisoned output, against ``reference`` of the rounded inputs in float64; asserts
-    every output element was written."""
-    lib = tvm_dsm.build(func, TARGET)
-    dev = tvm.cuda(0)
-    rounded = [a.astype(dtype) for a in inputs]
-    out = tvm.runtime.tensor(np.full(out_shape, np.nan).astype(dtype), dev)
-    lib(*(tvm.runtime.tensor(a, dev) for a in rounded), out)
-    got = out.numpy().astype(np.float64)
-    assert not np.isnan(got).any()
-    ref = reference(*(a.astype(np.float64) for a in rounded))
-    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
-
-
 def _numpy_dtype(dtype: str):
     return ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
 
@@ -222,7 +207,7 @@ def test_dense_off_the_tiles_is_correct_on_the_gpu(m, n, k, dtype, layout):
     def reference(x, w, b):
         return np.maximum(x @ (w.T if layout == "nk" else w) + b, 0)
 
-    assert _relative_error_on_gpu(func, [x, w, b], reference, (m, n), _numpy_dtype(dtype)) < 2e-3
+    assert relative_error_on_gpu(func, [x, w, b], reference, (m, n), _numpy_dtype(dtype)) < 2e-3
 
 
 @pytest.mark.gpu
@@ -233,7 +218,7 @@ def test_weights_stored_k_by_n_at_rows_off_the_tiles_are_correct_on_the_gpu(m, n
     rng = np.random.default_rng()
     x, w = rng.standard_normal((m, k)), rng.standard_normal((k, n)) / np.sqrt(k)
     func = dense(m if rows == "constant" else te.var("m"), n, k, dtype, weight_layout="kn")
-    assert _relative_error_on_gpu(func, [x, w], lambda x, w: x @ w, (m, n), _numpy_dtype(dtype)) < 2e-3
+    assert relative_error_on_gpu(func, [x, w], lambda x, w: x @ w, (m, n), _numpy_dtype(dtype)) < 2e-3
 
 
 @pytest.mark.gpu
@@ -243,7 +228,7 @@ def test_widths_off_four_columns_are_correct_on_the_gpu(m, n, k, rows):
     rng = np.random.default_rng()
     x, w, b = rng.standard_normal((m, k)), rng.standard_normal((n, k)) / np.sqrt(k), rng.standard_normal(n)
     func = dense(m if rows == "constant" else te.var("m"), n, k, "float16", bias=True, activation="relu")
-    error = _relative_error_on_gpu(func, [x, w, b], lambda x, w, b: np.maximum(x @ w.T + b, 0), (m, n), np.float16)
+    error = relative_error_on_gpu(func, [x, w, b], lambda x, w, b: np.maximum(x @ w.T + b, 0), (m, n), np.float16)
     assert error < 2e-3
 
 
@@ -262,7 +247,7 @@ def test_an_ffn_of_weights_stored_k_by_n_at_37_rows_is_correct_on_the_gpu(dtype)
     a_, w1_, w2_ = (te.placeholder(shape, dtype, name) for shape, name in (((m, k), "A"), ((k, n), "W1"), ((n, l), "W2")))
     h = te.compute((m, n), lambda i, j: te.max(matmul(a_, w1_, "kn")[i, j], 0).astype(dtype), name="H")
     func = te.create_prim_func([a_, w1_, w2_, te.compute((m, l), lambda i, j: matmul(h, w2_, "kn")[i, j].astype(dtype))])
-    assert _relative_error_on_gpu(func, [a, w1, w2], reference, (m, l), np_dtype) < 2e-3
+    assert relative_error_on_gpu(func, [a, w1, w2], reference, (m, l), np_dtype) < 2e-3
 
 
 @pytest.mark.gpu
@@ -297,4 +282,4 @@ def test_an_ffn_off_the_tiles_is_correct_on_the_gpu(dtype):
         return h @ w2.T
 
     func = gemm_chain(m, n, k, l, dtype=dtype)
-    assert _relative_error_on_gpu(func, [a, w1, w2], reference, (m, l), np_dtype) < 2e-3
+    assert relative_error_on_gpu(func, [a, w1, w2], reference, (m, l), np_dtype) < 2e-3

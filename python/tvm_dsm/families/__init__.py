@@ -28,6 +28,7 @@ from .gemm_row_max import GemmRowMax
 from .per_thread_math import PerThreadMath
 from .row_gemv import RowGemvFamily
 from .row_norm import RowNorm
+from .simt_gemm import SimtGemm
 from .softmax_gemm import SoftmaxGemm
 from .split_k_gemm import SplitKGemm
 from .split_k_reduction import SplitKReduction
@@ -42,7 +43,7 @@ INT32_ELEMENTS = 2 ** 31
 #: decode attention, softmax·V, top-k rows, row norms) before the fused rows that take any
 #: cascade; elementwise functions last (those whose math is computed once per thread before
 #: those that stream in vectors).
-FAMILIES: tuple[ScheduleFamily, ...] = (ConvChain(), GemmChain(), GemmRowMax(), RowGemvFamily(), SplitKGemm(),
+FAMILIES: tuple[ScheduleFamily, ...] = (ConvChain(), GemmChain(), GemmRowMax(), RowGemvFamily(), SplitKGemm(), SimtGemm(),
                                         Attention(), DecodeAttention(), SoftmaxGemm(), TopKRows(), RowNorm(),
                                         FusedCascade(), SplitKReduction(), PerThreadMath(), Elementwise())
 

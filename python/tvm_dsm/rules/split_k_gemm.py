@@ -20,6 +20,7 @@ tiles stay on chip.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from tvm import s_tir, tirx
@@ -165,8 +166,10 @@ def _index_vars(region, offset_rows: bool = False) -> list:
     return found
 
 
-def find_gemm(sch: s_tir.Schedule) -> tuple[list[SBlockRV], list[SBlockRV], GemmShape]:
-    """The function's matmul block(s), their elementwise consumers (epilogue) and the shape.
+def find_gemm(sch: s_tir.Schedule, operand_types: Collection[str] = OPERAND_TYPES.keys(),
+              ) -> tuple[list[SBlockRV], list[SBlockRV], GemmShape]:
+    """The function's matmul block(s), their elementwise consumers (epilogue) and the shape
+    (operands of one of ``operand_types``: by default the tensor cores').
 
     ClusterError names what does not fit: the rule needs one (i, j, k) reduction block reading
     ``X[i, k]`` and ``W[j, k]`` or ``W[k, j]`` (or two such blocks over the same ``X``, a gated
@@ -182,13 +185,14 @@ def find_gemm(sch: s_tir.Schedule) -> tuple[list[SBlockRV], list[SBlockRV], Gemm
             "then the epilogue combining them) first, then elementwise epilogue blocks; got "
             f"{[sch.get(b).name_hint for b in blocks]}"
         )
-    return reductions, list(blocks[len(reductions):]), gemm_products(sch, reductions)
+    return reductions, list(blocks[len(reductions):]), gemm_products(sch, reductions, operand_types)
 
 
-def gemm_products(sch: s_tir.Schedule, blocks: list[SBlockRV]) -> GemmShape:
+def gemm_products(sch: s_tir.Schedule, blocks: list[SBlockRV],
+                  operand_types: Collection[str] = OPERAND_TYPES.keys()) -> GemmShape:
     """The shape of matmul ``blocks`` computed side by side on one output tile: one, or a gated
     layer's gate and up products, which must read the same ``X`` and have one shape."""
-    found = [find_gemm_operands(sch.get(b), fused_weight=len(blocks) > 1) for b in blocks]
+    found = [find_gemm_operands(sch.get(b), len(blocks) > 1, operand_types) for b in blocks]
     shapes = {shape for shape, _ in found}
     if len(shapes) != 1 or any(not x.same_as(found[0][1][0]) for _, (x, _) in found):
         raise ClusterError(f"the gated products {[sch.get(b).name_hint for b in blocks]} must "
@@ -196,9 +200,11 @@ def gemm_products(sch: s_tir.Schedule, blocks: list[SBlockRV]) -> GemmShape:
     return dataclasses.replace(shapes.pop(), products=len(blocks))
 
 
-def find_gemm_operands(block: tirx.SBlock, fused_weight: bool = False) -> tuple[GemmShape, tuple]:
+def find_gemm_operands(block: tirx.SBlock, fused_weight: bool = False,
+                       operand_types: Collection[str] = OPERAND_TYPES.keys()) -> tuple[GemmShape, tuple]:
     """Shape and operand buffers ``(X, W)`` of a matmul block ``Y[i, j] += X[i, k] * W[j|k, k|j]``
-    in float16, bfloat16 or float8_e4m3fn with float32 accumulation; ClusterError names what
+    with float32 accumulation, operands of one of ``operand_types`` (by default the tensor
+    cores': float16, bfloat16, float8_e4m3fn); ClusterError names what
     differs. ``fused_weight``: W stored ``[n, k]`` may be read from a row on, ``W[c + j, k]``
     (a gated layer's gate and up products of one fused weight)."""
     kinds = [int(iv.iter_type) for iv in block.iter_vars]
@@ -222,9 +228,9 @@ def find_gemm_operands(block: tirx.SBlock, fused_weight: bool = False) -> tuple[
     if not weight_nk and not all(a is not None and a.same_as(b) for a, b in zip(_index_vars(w), (k, j))):
         raise ClusterError(f"{block.name_hint}: the second operand must be indexed [j, k] or [k, j]")
     dtypes = {str(x.source.ty.dtype), str(w.source.ty.dtype)}
-    if len(dtypes) != 1 or not dtypes <= OPERAND_TYPES.keys():
-        raise ClusterError(f"split-K GEMM multiplies two operands of one type among "
-                           f"{sorted(OPERAND_TYPES)}, got {sorted(dtypes)}")
+    if len(dtypes) != 1 or not dtypes <= set(operand_types):
+        raise ClusterError(f"the GEMM multiplies two operands of one type among "
+                           f"{sorted(operand_types)}, got {sorted(dtypes)}")
     dtype = dtypes.pop()
     if dtype == FP8 and not weight_nk:
         raise ClusterError(f"{block.name_hint}: fp8 GEMMs need the weight stored [n, k] (ldmatrix "

@@ -1,0 +1,105 @@
+"""A GEMM of fp32 operands on the CUDA cores (:mod:`tvm_dsm.rules.simt_gemm`), exact to fp32,
+at any M, N and K, for the fp32 products the tensor-core families refuse.
+
+The model: the CTAs' K steps run one after another, each waiting for its copies from global
+memory (the HBM latency) unless the CTAs sharing an SM fill the wait with their multiply-adds
+(CUDA-core FLOPs, and the shared-memory reads feeding them, at the SM's share of the measured
+rates); rounds of resident CTAs follow each other; HBM and L2 bytes bound it from below; split-K
+adds its partial tiles' traffic and the second kernel's launch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from tvm import s_tir, tirx
+
+from ..errors import ClusterError
+from ..hardware import Hardware
+from ..rules.simt_gemm import SimtGemmConfig, check_config, find_simt_gemm, schedule_simt_gemm, whole
+from ..rules.split_k_gemm import GemmShape
+from .base import ScheduleFamily
+from .kernel_plan import KernelPlan, hardware_rates
+
+BLOCK_M = (16, 32, 64, 128)
+BLOCK_N = (32, 64, 128)
+BLOCK_K = (8, 16)
+THREAD_M = (1, 2, 4, 8)
+THREAD_N = (4, 8)
+SPLIT_K = (1, 2, 4, 8, 16, 32)
+#: Threads an SM holds at once (every CUDA architecture since Volta: 64 warps).
+SM_THREADS = 2048
+#: Registers a thread needs besides its ``thread_m x thread_n`` accumulators and operand vectors
+#: (addresses, loop state): an estimate for the occupancy bound.
+OTHER_REGISTERS = 32
+#: Predictions this close to the best count as equal: the model's terms are estimates.
+TIE = 1.05
+
+
+class SimtGemm(ScheduleFamily):
+    name = "simt_gemm"
+    symbolic_rows = True
+
+    def recognize(self, func: tirx.PrimFunc) -> GemmShape:
+        return find_simt_gemm(func)
+
+    def space(self, shape: GemmShape, hw: Hardware) -> list[SimtGemmConfig]:
+        configs = []
+        for fields in itertools.product(BLOCK_M, BLOCK_N, BLOCK_K, THREAD_M, THREAD_N, SPLIT_K):
+            config = SimtGemmConfig(*fields)
+            try:
+                check_config(shape, config)
+            except ClusterError:
+                continue
+            if ctas_per_sm(config, hw):
+                configs.append(config)
+        return configs
+
+    def predict(self, shape: GemmShape, config: SimtGemmConfig, hw: Hardware) -> KernelPlan:
+        c, rate = config, hardware_rates(hw)
+        m, n, k = whole(_rows(shape), c.block_m), whole(shape.n, c.block_n), whole(shape.k, c.block_k * c.split_k)
+        ctas = m // c.block_m * (n // c.block_n) * c.split_k
+        resident = ctas_per_sm(c, hw)
+        sharing = min(resident, math.ceil(ctas / hw.sm_count))
+        step_flops = 2 * c.block_m * c.block_n * c.block_k
+        step_compute = max(step_flops / (rate["fp32"] / hw.sm_count),
+                           step_flops / 2 * 4 * (c.thread_m + c.thread_n) / (c.thread_m * c.thread_n)
+                           / (hw.smem_bw / hw.sm_count))
+        steps = k // (c.block_k * c.split_k)
+        rounds = math.ceil(ctas / (hw.sm_count * resident))
+        main = rounds * steps * max(hw.latency_ns["hbm"] * 1e-9, sharing * step_compute)
+        partials = 2 * c.split_k * m * n * 4 if c.split_k > 1 else 0
+        traffic = {"hbm": 4 * (_rows(shape) * shape.k + shape.n * shape.k + _rows(shape) * shape.n) + partials,
+                   "l2": 4 * (m * k * (n // c.block_n) + n * k * (m // c.block_m))}
+        seconds = {level: amount / rate[level] for level, amount in traffic.items()}
+        seconds["main_loop"] = main
+        launches = 2 if c.split_k > 1 else 1
+        seconds["launch"] = launches * hw.fitted("gemm.launch_s")
+        total = max(v for name, v in seconds.items() if name != "launch") + seconds["launch"]
+        return KernelPlan(bytes=traffic, seconds=seconds, predicted_us=total * 1e6, config=c)
+
+    def rank(self, shape: GemmShape, hw: Hardware) -> list[KernelPlan]:
+        plans = [self.predict(shape, c, hw) for c in self.space(shape, hw)]
+        if not plans:
+            raise ClusterError(f"no fp32 GEMM configuration fits {shape.m}x{shape.n}x{shape.k}")
+        # within TIE of the best: fewer partial tiles (a second kernel the model barely charges),
+        # then more multiply-adds per shared load
+        best = min(p.predicted_us for p in plans)
+        return sorted(plans, key=lambda p: (p.predicted_us > best * TIE, p.config.split_k,
+                                            -p.config.thread_m * p.config.thread_n, p.predicted_us))
+
+    def apply(self, func: tirx.PrimFunc, config: SimtGemmConfig, hw: Hardware) -> s_tir.Schedule:
+        return schedule_simt_gemm(func, config)
+
+
+def _rows(shape: GemmShape) -> int:
+    """M, or where it is symbolic the rows it is planned for (the range's, see row_ranges)."""
+    return shape.m if isinstance(shape.m, int) else 1
+
+
+def ctas_per_sm(config: SimtGemmConfig, hw: Hardware) -> int:
+    """CTAs of ``config`` resident on one SM at once: its threads, shared memory and registers."""
+    c = config
+    registers = c.thread_m * c.thread_n + c.thread_m + c.thread_n + OTHER_REGISTERS
+    return min(SM_THREADS // c.threads, hw.smem_per_sm // c.shared_bytes(), hw.regs_per_sm // (c.threads * registers))

@@ -1,0 +1,182 @@
+"""A GEMM of fp32 operands (``Y = epilogue(X @ W^T)`` or ``X @ W``) on the CUDA cores, exact to
+fp32: the tensor cores take no fp32 operand (TF32 keeps 10 mantissa bits, fewer than asked), so
+the product is tiled as the classic register-blocked GEMM.
+
+Each CTA owns a ``block_m x block_n`` output tile, each thread a ``thread_m x thread_n`` block of
+it in registers; a K step copies ``block_k`` columns of X's and W's tiles into shared memory
+(transposed to ``[k, m]`` and ``[k, n]``, so a warp's reads of one k fall in distinct banks, as
+16-byte vectors where the thread's columns allow), and every thread multiplies its row and
+column vectors into its block, ``thread_m * thread_n`` multiply-adds per ``thread_m + thread_n``
+shared loads. A short M or N leaves few tiles: ``split_k`` CTAs then share each tile's K, writing
+partial tiles that a second kernel sums in a fixed order (the same result every run) under the
+epilogue. Sizes off the tiles are padded inside the kernel: the operand copies read zeros past
+M, N and K, and the stores are predicated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import s_tir, tirx
+from tvm.s_tir.schedule import SBlockRV
+
+from ..errors import ClusterError
+from ..hardware import MAX_CTA_THREADS
+from .split_k_gemm import GemmShape, find_gemm, find_gemm_operands
+
+#: The operand type this rule takes (the tensor-core rules take the 16- and 8-bit ones).
+FP32 = "float32"
+#: Bytes of one vectorized copy or register load (four fp32 elements).
+VECTOR_ELEMENTS = 4
+#: Threads of a reduction of the partial tiles, and of one CTA at the least.
+SUM_THREADS = 256
+MIN_THREADS = 64
+
+
+@dataclass(frozen=True)
+class SimtGemmConfig:
+    """Output tile ``block_m x block_n`` a CTA, ``thread_m x thread_n`` of it a thread,
+    ``block_k`` columns of K a step, ``split_k`` CTAs sharing each tile's K."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    thread_m: int
+    thread_n: int
+    split_k: int = 1
+
+    @property
+    def threads(self) -> int:
+        return (self.block_m // self.thread_m) * (self.block_n // self.thread_n)
+
+    def shared_bytes(self) -> int:
+        return (self.block_m + self.block_n) * self.block_k * 4
+
+    def explain(self) -> str:
+        split = f", K split over {self.split_k} CTAs summed by a second kernel" if self.split_k > 1 else ""
+        return (f"fp32 CUDA-core GEMM: {self.block_m}x{self.block_n} tiles, {self.thread_m}x{self.thread_n} "
+                f"a thread ({self.threads} threads), {self.block_k}-deep K steps{split}")
+
+
+def find_simt_gemm(func: tirx.PrimFunc) -> GemmShape:
+    """The shape of ``func``'s fp32 matmul (one product, then elementwise epilogue blocks, as
+    the split-K GEMM rule reads them); ClusterError names what differs."""
+    _, _, shape = find_gemm(s_tir.Schedule(func), operand_types=(FP32,))
+    if shape.products != 1:
+        raise ClusterError("the fp32 GEMM computes one product (a gated layer's two run one by one)")
+    return shape
+
+
+def whole(extent, tile: int):
+    """``extent`` rounded up to whole tiles (an expression where it is symbolic)."""
+    if isinstance(extent, int):
+        return -(-extent // tile) * tile
+    return tirx.floordiv(extent + (tile - 1), tile) * tile
+
+
+def check_config(shape: GemmShape, config: SimtGemmConfig) -> None:
+    """ClusterError naming the first limit ``config`` breaks for ``shape``."""
+    c = config
+    if c.block_m % c.thread_m or c.block_n % c.thread_n:
+        raise ClusterError(f"{c.block_m}x{c.block_n} tiles do not split into {c.thread_m}x{c.thread_n} blocks")
+    if not MIN_THREADS <= c.threads <= MAX_CTA_THREADS:
+        raise ClusterError(f"{c.threads} threads a CTA: between {MIN_THREADS} and {MAX_CTA_THREADS}")
+    if (c.block_m + c.block_n) * c.block_k % c.threads:
+        raise ClusterError(f"{c.threads} threads do not split the {c.block_m}+{c.block_n} x {c.block_k} tile copies")
+    if c.split_k > 1 and shape.k < c.split_k * c.block_k * 2:
+        raise ClusterError(f"K={shape.k} gives {c.split_k} CTAs fewer than two {c.block_k}-deep steps each")
+
+
+def schedule_simt_gemm(func: tirx.PrimFunc, config: SimtGemmConfig) -> s_tir.Schedule:
+    """``func`` (see :func:`find_simt_gemm`) scheduled as the register-blocked GEMM of
+    ``config`` (the module docstring)."""
+    c = config
+    sch = s_tir.Schedule(func)
+    (matmul,), epilogue, shape = find_gemm(sch, operand_types=(FP32,))
+    check_config(shape, c)
+    padded = not isinstance(shape.m, int) or (shape.m % c.block_m, shape.n % c.block_n,
+                                             shape.k % (c.block_k * c.split_k)) != (0, 0, 0)
+    fills = []
+    if padded:
+        sch.pad_einsum(matmul, [c.block_m, c.block_n, c.block_k * c.split_k])
+        fills = list(sch.get_producers(matmul))
+        names = {sch.get(b).name_hint for b in epilogue}
+        # the copy out of a padded Y first, where M or N is padded
+        epilogue = [b for b in sch.get_consumers(matmul) if sch.get(b).name_hint not in names] + epilogue
+    _, (x, w) = find_gemm_operands(sch.get(matmul), operand_types=(FP32,))  # padded ones where padded
+    *inner, output = epilogue if epilogue else [None]
+    for stage in inner:
+        sch.compute_inline(stage)
+    if c.split_k > 1:
+        _, _, k = sch.get_loops(matmul)
+        k_part, _ = sch.split(k, [c.split_k, None])
+        partials = sch.rfactor(k_part, factor_axis=0)
+        i, j, part, k = sch.get_loops(partials)
+        _tile_product(sch, partials, (part, i, j, k), x, w, c, shape)
+    else:
+        _tile_product(sch, matmul, (None, *sch.get_loops(matmul)), x, w, c, shape)
+    for fill in fills:  # inlined into the shared-memory copies: zeros past M, N and K
+        sch.compute_inline(fill)
+    if c.split_k > 1:
+        _sum_partials(sch, matmul, output)
+    elif output is not None:
+        sch.reverse_compute_inline(output)
+    return sch
+
+
+def _tile_product(sch: s_tir.Schedule, block: SBlockRV, loops: tuple, x: tirx.Buffer, w: tirx.Buffer,
+                  c: SimtGemmConfig, shape: GemmShape) -> None:
+    """The register-blocked main loop of ``block`` over its ``loops`` (the split-K part, None
+    for the whole product; then i, j, k), its accumulators written back by the threads owning
+    them."""
+    part, i, j, k = loops
+    part = [part] if part is not None else []
+    i_tile, i_thread, i_reg = sch.split(i, [None, c.block_m // c.thread_m, c.thread_m])
+    j_tile, j_thread, j_reg = sch.split(j, [None, c.block_n // c.thread_n, c.thread_n])
+    k_step, k_in = sch.split(k, [None, c.block_k])
+    # the rows of tiles outermost: over a symbolic M the grid's other axes divide by constants
+    sch.reorder(i_tile, j_tile, *part, i_thread, j_thread, k_step, k_in, i_reg, j_reg)
+    sch.bind(sch.fuse(i_tile, j_tile, *part), "blockIdx.x")
+    sch.bind(i_thread, "threadIdx.y")
+    sch.bind(j_thread, "threadIdx.x")
+    accumulators = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(accumulators, j_thread, preserve_unit_loops=True)
+
+    reads = [r.source for r in sch.get(block).reads]
+    for operand, contiguous_k in ((x, True), (w, shape.weight_nk)):
+        index = next(n for n, b in enumerate(reads) if b.same_as(operand))
+        shared = sch.cache_read(block, index, "shared")
+        sch.compute_at(shared, k_step, preserve_unit_loops=True)
+        rows, cols = sch.get_loops(shared)[-2:]
+        if contiguous_k:  # [rows, k] in global memory: stored [k, rows], the banks a warp reads
+            sch.transform_layout(shared, ("write", 0), lambda a, b: (b, a))
+        fused = sch.fuse(rows, cols)
+        # 16-byte global loads along the rows where every row starts 16 bytes apart
+        row, tile_row = (shape.k, c.block_k) if contiguous_k else (shape.n, c.block_n)
+        vector = VECTOR_ELEMENTS if row % VECTOR_ELEMENTS == 0 == tile_row % VECTOR_ELEMENTS else 1
+        _, ty, tx, lanes = sch.split(fused, [None, c.block_m // c.thread_m, c.block_n // c.thread_n, vector])
+        sch.bind(ty, "threadIdx.y")
+        sch.bind(tx, "threadIdx.x")
+        sch.vectorize(lanes)
+        registers = sch.cache_read(block, index, "local")
+        sch.compute_at(registers, k_in, preserve_unit_loops=True)
+        inner = sch.get_loops(registers)[-1]
+        if sch.get(inner).extent.value % VECTOR_ELEMENTS == 0:
+            sch.vectorize(inner)
+        reads = [r.source for r in sch.get(block).reads]
+    sch.decompose_reduction(block, k_step)
+    for loop in (k_in, i_reg, j_reg):
+        sch.unroll(loop)
+
+
+def _sum_partials(sch: s_tir.Schedule, total: SBlockRV, output: SBlockRV | None) -> None:
+    """The second kernel: each thread sums one output element's partials in part order and
+    applies the epilogue (``output``, the copy into the function's output) to it."""
+    result = sch.cache_write(total, 0, "local")
+    if output is not None:
+        sch.reverse_compute_inline(output)
+    i, j = sch.get_loops(result)
+    block_x, thread_x = sch.split(sch.fuse(i, j), [None, SUM_THREADS])
+    sch.bind(block_x, "blockIdx.x")
+    sch.bind(thread_x, "threadIdx.x")
+    sch.compute_at(total, thread_x, preserve_unit_loops=True)

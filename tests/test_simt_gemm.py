@@ -1,0 +1,76 @@
+"""fp32 GEMMs on the CUDA cores (tvm_dsm.rules.simt_gemm): exact to fp32 at any M, N and K, in
+TE, TOPI and both weight layouts; split-K partials summed by a second kernel."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tvm import te, topi
+
+import tvm_dsm
+from conftest import cuda_source, kernels, relative_error_on_gpu
+from tvm_dsm.errors import ClusterError
+from tvm_dsm.families.simt_gemm import SimtGemm
+from tvm_dsm.hardware import load_hardware
+from tvm_dsm.rules.simt_gemm import SimtGemmConfig, check_config, find_simt_gemm
+from tvm_dsm.workloads.dense import dense
+
+#: (m, n, k, layout): a short M and N over a long K (split-K), tiles off every extent, a
+#: GEMV row, a large square.
+SHAPES = [(13, 127, 3000, "nk"), (100, 3000, 1000, "kn"), (257, 1024, 1021, "nk"), (1, 5120, 4096, "kn"),
+          (7, 1021, 14336, "nk"), (1024, 1024, 1024, "nk")]
+
+
+def _topi_dense(m, n, k):
+    x = te.placeholder((m, k), "float32", name="x")
+    w = te.placeholder((n, k), "float32", name="w")
+    return te.create_prim_func([x, w, topi.nn.relu(topi.nn.dense(x, w))])
+
+
+@pytest.mark.parametrize(("m", "n", "k", "layout"), SHAPES)
+def test_fp32_products_take_the_cuda_core_gemm(m, n, k, layout, assemble):
+    ranking = tvm_dsm.plan(dense(m, n, k, "float32", weight_layout=layout, bias=True, activation="relu"))
+    if m <= 2 and layout == "nk":  # a decode row: the row GEMV streams W
+        assert ranking.family.name == "row_gemv"
+        return
+    assert ranking.family.name == "simt_gemm"
+    source = cuda_source(ranking.schedule().mod)
+    assert len(kernels(source)) == (2 if ranking.best.config.split_k > 1 else 1)
+    assert "mma" not in source  # exact fp32: no TF32 tensor cores
+    assemble(source, f"simt_{m}x{n}x{k}_{layout}")
+
+
+def test_topi_dense_plans_the_family():
+    assert tvm_dsm.plan(_topi_dense(64, 1000, 512)).family.name == "simt_gemm"
+
+
+def test_short_grids_split_k_and_large_ones_do_not():
+    hw = load_hardware()
+    assert tvm_dsm.plan(dense(13, 127, 3000, "float32")).best.config.split_k > 1
+    assert tvm_dsm.plan(dense(1024, 4096, 4096, "float32")).best.config.split_k == 1
+    plans = SimtGemm().rank(find_simt_gemm(dense(13, 127, 3000, "float32")), hw)
+    assert all(p.seconds["main_loop"] > 0 for p in plans)
+
+
+def test_refusals_name_the_limit():
+    with pytest.raises(ClusterError, match="one type among"):
+        find_simt_gemm(dense(64, 128, 256, "float16"))
+    with pytest.raises(ClusterError, match="threads"):
+        check_config(find_simt_gemm(dense(64, 128, 256, "float32")), SimtGemmConfig(16, 32, 8, 4, 4))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("m", "n", "k", "layout"), SHAPES)
+@pytest.mark.parametrize("rows", ["constant", "symbolic"])
+def test_fp32_gemm_is_correct_on_the_gpu(m, n, k, layout, rows):
+    rng = np.random.default_rng()
+    x = rng.standard_normal((m, k))
+    w = rng.standard_normal((n, k) if layout == "nk" else (k, n))
+    b = rng.standard_normal(n)
+    func = dense(m if rows == "constant" else te.var("m"), n, k, "float32", weight_layout=layout,
+                 bias=True, activation="relu")
+
+    def reference(x, w, b):
+        return np.maximum(x @ (w.T if layout == "nk" else w) + b, 0)
+
+    assert relative_error_on_gpu(func, [x, w, b], reference, (m, n), np.float32) < 1e-5
