@@ -641,3 +641,41 @@ def _candidates(shapes: list[tuple[int, int, int]], top: int) -> list[Variant]:
                      for config, (rank, predicted) in chosen.items()]
     return variants
 
+
+
+#: (m, n, k) of fp32 products: a long K over a short M (split-K), a short M and N, a middle one,
+#: square ones; the configurations of SIMT_SWEEP_TILES with and without the split-K the model
+#: picks.
+SIMT_SWEEP_SHAPES = [(128, 1024, 14336), (128, 1024, 3000), (37, 3000, 1024), (13, 127, 3000),
+                     (1024, 1024, 1024), (1024, 4096, 4096)]
+#: (block_m, block_n, thread_m, thread_n) of the sweep: 64 to 256 threads, 4x4 to 8x8 a thread.
+SIMT_SWEEP_TILES = [(32, 128, 8, 8), (64, 128, 8, 8), (128, 128, 8, 8), (64, 64, 4, 4), (32, 64, 4, 4),
+                    (64, 128, 4, 8), (16, 128, 2, 8)]
+
+
+def simt_gemm_configs() -> list[Variant]:
+    """fp32 dense layers ([N, K] weights) at SIMT_SWEEP_SHAPES on the CUDA-core GEMM rule
+    (:mod:`tvm_dsm.rules.simt_gemm`) in the sweep's configurations (16-deep K steps), each
+    with torch eager as the peer: which the family's model should rank first."""
+    from ...families.simt_gemm import SimtGemm
+    from ...rules.simt_gemm import SimtGemmConfig, check_config as check_simt, find_simt_gemm, schedule_simt_gemm
+
+    hw, family, variants = load_hardware(), SimtGemm(), []
+    for m, n, k in SIMT_SWEEP_SHAPES:
+        func = dense(m, n, k, "float32")
+        shape = find_simt_gemm(func)
+        picked = family.rank(shape, hw)[0].config
+        args = args_of(func)
+        for bm, bn, tm, tn in SIMT_SWEEP_TILES:
+            for split in sorted({1, picked.split_k}):
+                config = SimtGemmConfig(bm, bn, 16, tm, tn, split)
+                if not passes(check_simt, shape, config):
+                    continue
+                variants.append(Variant(
+                    name=f"simt_{m}x{n}x{k}_{bm}x{bn}_t{tm}x{tn}_s{split}", workload="dense",
+                    mod=schedule_simt_gemm(func, config).mod, args=args, bytes=nbytes_of(args),
+                    flops=2 * m * n * k, plan={**dataclasses.asdict(config), "picked": config == picked,
+                                               "predicted_us": family.predict(shape, config, hw).predicted_us},
+                    peers=("torch_eager",),
+                    extra={"m": m, "n": n, "k": k}))
+    return variants
