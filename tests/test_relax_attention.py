@@ -118,7 +118,7 @@ def test_schedule_tir_schedules_two_matmuls_no_family_takes_operator_by_operator
     choices = {}
     func = ScheduleTIR(TARGET, choices=choices)(mod)["two_products"]
     assert func.attrs[FAMILY_ATTR] == PER_OPERATOR and func.attrs["tirx.is_scheduled"]
-    assert choices["two_products"].reason == "its operators: dlight, dlight"  # fp32 GEMMs: no family's
+    assert choices["two_products"].reason == "its operators: simt_gemm, simt_gemm"  # fp32: CUDA cores
 
 
 @pytest.mark.gpu
