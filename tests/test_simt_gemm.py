@@ -40,6 +40,26 @@ def test_fp32_products_take_the_cuda_core_gemm(m, n, k, layout, assemble):
     assemble(source, f"simt_{m}x{n}x{k}_{layout}")
 
 
+#: 16-bit products whose rows do not start 16 bytes apart (K, or [K, N]'s N, off 8 elements).
+ODD_ROWS = [(64, 4096, 1021, "kn", "float16"), (257, 1024, 1021, "nk", "bfloat16"), (7, 1000, 127, "nk", "float16"),
+            (257, 127, 2048, "kn", "bfloat16")]
+
+
+@pytest.mark.parametrize(("m", "n", "k", "layout", "dtype"), ODD_ROWS)
+def test_16_bit_rows_the_tensor_cores_cannot_copy_take_the_cuda_cores(m, n, k, layout, dtype, assemble):
+    ranking = tvm_dsm.plan(dense(m, n, k, dtype, weight_layout=layout))
+    assert ranking.family.name == "simt_gemm"
+    assemble(cuda_source(ranking.schedule().mod), f"simt_{m}x{n}x{k}_{layout}_{dtype}")
+
+
+def test_16_bit_products_the_tensor_cores_take_stay_theirs():
+    assert tvm_dsm.plan(dense(64, 4096, 1024, "float16", weight_layout="kn")).family.name == "split_k_gemm"
+    with pytest.raises(ClusterError, match="take the tensor-core GEMM"):
+        find_simt_gemm(dense(64, 4096, 1024, "float16"))
+    with pytest.raises(ClusterError, match="GEMV"):
+        find_simt_gemm(dense(1, 4096, 1021, "float16"))
+
+
 def test_topi_dense_plans_the_family():
     assert tvm_dsm.plan(_topi_dense(64, 1000, 512)).family.name == "simt_gemm"
 
@@ -54,7 +74,7 @@ def test_short_grids_split_k_and_large_ones_do_not():
 
 def test_refusals_name_the_limit():
     with pytest.raises(ClusterError, match="one type among"):
-        find_simt_gemm(dense(64, 128, 256, "float16"))
+        find_simt_gemm(dense(64, 128, 256, "float8_e4m3fn"))
     with pytest.raises(ClusterError, match="threads"):
         check_config(find_simt_gemm(dense(64, 128, 256, "float32")), SimtGemmConfig(16, 32, 8, 4, 4))
 
@@ -74,3 +94,17 @@ def test_fp32_gemm_is_correct_on_the_gpu(m, n, k, layout, rows):
         return np.maximum(x @ (w.T if layout == "nk" else w) + b, 0)
 
     assert relative_error_on_gpu(func, [x, w, b], reference, (m, n), np.float32) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("m", "n", "k", "layout", "dtype"), ODD_ROWS)
+def test_16_bit_rows_off_16_bytes_are_correct_on_the_gpu(m, n, k, layout, dtype):
+    import ml_dtypes
+
+    rng = np.random.default_rng()
+    x = rng.standard_normal((m, k))
+    w = rng.standard_normal((n, k) if layout == "nk" else (k, n)) / np.sqrt(k)
+    func = dense(m, n, k, dtype, weight_layout=layout)
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16
+    error = relative_error_on_gpu(func, [x, w], lambda x, w: x @ (w.T if layout == "nk" else w), (m, n), np_dtype)
+    assert error < (2 ** -8 if dtype == "bfloat16" else 2e-3)

@@ -1,5 +1,5 @@
-"""A GEMM of fp32 operands on the CUDA cores (:mod:`tvm_dsm.rules.simt_gemm`), exact to fp32,
-at any M, N and K, for the fp32 products the tensor-core families refuse.
+"""A GEMM on the CUDA cores (:mod:`tvm_dsm.rules.simt_gemm`) at any M, N and K, for the products
+the tensor-core families refuse: fp32 operands (exact to fp32), 16-bit ones of rows off 16 bytes.
 
 The model: the CTAs' K steps run one after another, each waiting for its copies from global
 memory (the HBM latency) unless the CTAs sharing an SM fill the wait with their multiply-adds
@@ -19,6 +19,7 @@ from ..errors import ClusterError
 from ..hardware import Hardware
 from ..rules.simt_gemm import SimtGemmConfig, check_config, find_simt_gemm, schedule_simt_gemm, whole
 from ..rules.split_k_gemm import GemmShape
+from ..intrin.mma import element_bytes
 from .base import ScheduleFamily
 from .kernel_plan import KernelPlan, hardware_rates
 
@@ -77,8 +78,9 @@ class SimtGemm(ScheduleFamily):
         together = sharing * step_compute / min(1.0, sharing * chains / CHAINS_FOR_PEAK)
         main = rounds * steps * max(alone, together)
         partials = 2 * c.split_k * m * n * 4 if c.split_k > 1 else 0
-        traffic = {"hbm": 4 * (_rows(shape) * shape.k + shape.n * shape.k + _rows(shape) * shape.n) + partials,
-                   "l2": 4 * (m * k * (n // c.block_n) + n * k * (m // c.block_m))}
+        elem = element_bytes(shape.dtype)
+        traffic = {"hbm": elem * (_rows(shape) * shape.k + shape.n * shape.k + _rows(shape) * shape.n) + partials,
+                   "l2": elem * (m * k * (n // c.block_n) + n * k * (m // c.block_m))}
         seconds = {level: amount / rate[level] for level, amount in traffic.items()}
         seconds["main_loop"] = main
         launches = 2 if c.split_k > 1 else 1

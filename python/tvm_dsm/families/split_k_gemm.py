@@ -8,7 +8,8 @@ from tvm import s_tir, tirx
 
 from ..hardware import Hardware
 from ..planners import split_k_gemm as model
-from ..rules.split_k_gemm import GemmShape, SplitKGemmConfig, find_gemm, schedule_split_k_gemm
+from ..rules.split_k_gemm import (GemmShape, SplitKGemmConfig, check_rows_aligned, find_gemm,
+                                  schedule_split_k_gemm)
 from .base import ScheduleFamily
 
 
@@ -17,7 +18,9 @@ class SplitKGemm(ScheduleFamily):
     symbolic_rows = True
 
     def recognize(self, func: tirx.PrimFunc) -> GemmShape:
-        return find_gemm(s_tir.Schedule(func))[2]
+        shape = find_gemm(s_tir.Schedule(func))[2]
+        check_rows_aligned(shape)  # else the CUDA-core GEMM's (no configuration copies its rows)
+        return shape
 
     def space(self, shape: GemmShape, hw: Hardware) -> list[SplitKGemmConfig]:
         return model.candidate_configs(shape, padded=True, hw=hw)

@@ -1,6 +1,7 @@
-"""A GEMM of fp32 operands (``Y = epilogue(X @ W^T)`` or ``X @ W``) on the CUDA cores, exact to
-fp32: the tensor cores take no fp32 operand (TF32 keeps 10 mantissa bits, fewer than asked), so
-the product is tiled as the classic register-blocked GEMM.
+"""A GEMM (``Y = epilogue(X @ W^T)`` or ``X @ W``) on the CUDA cores, for the products the
+tensor-core GEMM does not take: fp32 operands, exact to fp32 (TF32 keeps 10 mantissa bits, fewer
+than asked), and 16-bit ones whose rows do not start 16 bytes apart (an odd K), accumulated in
+fp32; the product is tiled as the classic register-blocked GEMM.
 
 Each CTA owns a ``block_m x block_n`` output tile, each thread a ``thread_m x thread_n`` block of
 it in registers; a K step copies ``block_k`` columns of X's and W's tiles into shared memory
@@ -20,12 +21,14 @@ from dataclasses import dataclass
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import SBlockRV
 
-from ..errors import ClusterError
+from ..errors import ClusterError, passes
 from ..hardware import MAX_CTA_THREADS
-from .split_k_gemm import GemmShape, find_gemm, find_gemm_operands
+from .split_k_gemm import GemmShape, check_rows_aligned, find_gemm, find_gemm_operands
 
-#: The operand type this rule takes (the tensor-core rules take the 16- and 8-bit ones).
+#: The operand types this rule takes: fp32, which the tensor cores do not take exactly, and the
+#: 16-bit types where the tensor-core GEMM cannot copy their rows.
 FP32 = "float32"
+OPERAND_TYPES = (FP32, "float16", "bfloat16")
 #: Bytes of one vectorized copy or register load (four fp32 elements).
 VECTOR_ELEMENTS = 4
 #: Threads of a reduction of the partial tiles, and of one CTA at the least.
@@ -59,11 +62,18 @@ class SimtGemmConfig:
 
 
 def find_simt_gemm(func: tirx.PrimFunc) -> GemmShape:
-    """The shape of ``func``'s fp32 matmul (one product, then elementwise epilogue blocks, as
-    the split-K GEMM rule reads them); ClusterError names what differs."""
-    _, _, shape = find_gemm(s_tir.Schedule(func), operand_types=(FP32,))
+    """The shape of ``func``'s matmul (one product, then elementwise epilogue blocks, as the
+    split-K GEMM rule reads them): of fp32 operands, or of 16-bit ones whose rows do not start
+    16 bytes apart (an odd K; the tensor-core GEMM's copies move 16-byte pieces), more than one
+    row; ClusterError names what differs."""
+    _, _, shape = find_gemm(s_tir.Schedule(func), operand_types=OPERAND_TYPES)
     if shape.products != 1:
-        raise ClusterError("the fp32 GEMM computes one product (a gated layer's two run one by one)")
+        raise ClusterError("the CUDA-core GEMM computes one product (a gated layer's two run one by one)")
+    if shape.dtype != FP32:
+        if passes(check_rows_aligned, shape):
+            raise ClusterError(f"{shape.dtype} products whose rows start 16 bytes apart take the tensor-core GEMM")
+        if shape.m == 1:
+            raise ClusterError("one row is a GEMV: TVM's GEMV schedule streams W at the HBM floor")
     return shape
 
 
@@ -92,7 +102,7 @@ def schedule_simt_gemm(func: tirx.PrimFunc, config: SimtGemmConfig) -> s_tir.Sch
     ``config`` (the module docstring)."""
     c = config
     sch = s_tir.Schedule(func)
-    (matmul,), epilogue, shape = find_gemm(sch, operand_types=(FP32,))
+    (matmul,), epilogue, shape = find_gemm(sch, operand_types=OPERAND_TYPES)
     check_config(shape, c)
     padded = not isinstance(shape.m, int) or (shape.m % c.block_m, shape.n % c.block_n,
                                              shape.k % (c.block_k * c.split_k)) != (0, 0, 0)
@@ -103,7 +113,7 @@ def schedule_simt_gemm(func: tirx.PrimFunc, config: SimtGemmConfig) -> s_tir.Sch
         names = {sch.get(b).name_hint for b in epilogue}
         # the copy out of a padded Y first, where M or N is padded
         epilogue = [b for b in sch.get_consumers(matmul) if sch.get(b).name_hint not in names] + epilogue
-    _, (x, w) = find_gemm_operands(sch.get(matmul), operand_types=(FP32,))  # padded ones where padded
+    _, (x, w) = find_gemm_operands(sch.get(matmul), operand_types=OPERAND_TYPES)  # padded ones where padded
     *inner, output = epilogue if epilogue else [None]
     for stage in inner:
         sch.compute_inline(stage)

@@ -291,12 +291,16 @@ def tiled_shape(shape: GemmShape, config: SplitKGemmConfig) -> GemmShape:
 def check_edges(shape: GemmShape) -> None:
     """What tiles running past M, N or K (:func:`apply_padded_split_k_gemm`) need of ``shape``
     under any configuration; ClusterError names the limit it breaks."""
-    elem = element_bytes(shape.dtype)
     if not shape.symbolic_rows and shape.m == 1:
         raise ClusterError("M=1 is a GEMV: TVM's GEMV schedule streams W at the HBM floor, a "
                            "16-row tensor-core tile would compute 15 rows for nothing")
-    # Operand rows start 16 bytes apart: TMA tensor maps take 16-byte multiples as strides, and
-    # cp.async copies 16-byte pieces.
+    check_rows_aligned(shape)
+
+
+def check_rows_aligned(shape: GemmShape) -> None:
+    """Operand rows start 16 bytes apart: TMA tensor maps take 16-byte multiples as strides, and
+    cp.async copies 16-byte pieces; ClusterError names the extent that breaks it."""
+    elem = element_bytes(shape.dtype)
     for what, extent, row in (("K", shape.k, True), ("N", shape.n, not shape.weight_nk)):
         if row and extent * elem % VECTOR:
             raise ClusterError(f"{what}={extent}: operand rows of {extent} x {elem} B must be a "

@@ -39,6 +39,7 @@ EXPERIMENTS = {
     "llama_decode_small_batches": experiments.llama_decode_small_batches,
     "row_gemv_configs": experiments.row_gemv_configs,
     "simt_gemm_configs": experiments.simt_gemm_configs,
+    "wide_decode_gemm_configs": experiments.wide_decode_gemm_configs,
     "row_norm_configs": experiments.row_norm_configs,
     "fp8_sweep": experiments.fp8_sweep, "gemm_depths": experiments.gemm_depths,
     "gemm_stages": experiments.gemm_stages, "gemm_tma": experiments.gemm_tma,

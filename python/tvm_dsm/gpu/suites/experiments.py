@@ -679,3 +679,26 @@ def simt_gemm_configs() -> list[Variant]:
                     peers=("torch_eager",),
                     extra={"m": m, "n": n, "k": k}))
     return variants
+
+
+#: A 70B-class SwiGLU's operators at decode rows (28672 x 8192 gate/up, 8192 x 28672 down) and a
+#: narrower GEMM at the same rows, where the chain runs operator by operator (real_shapes: 0.70x
+#: torch at 4 and 8 rows).
+WIDE_DECODE_SHAPES = [(4, 28672, 8192), (4, 8192, 28672), (8, 28672, 8192), (4, 10240, 8192)]
+
+
+def wide_decode_gemm_configs() -> list[Variant]:
+    """The split-K GEMM at WIDE_DECODE_SHAPES in the model's best configuration of each cluster
+    size and tile width (3-stage pipelines and the deepest that fits), torch eager beside it."""
+    hw, variants = load_hardware(), []
+    for m, n, k in WIDE_DECODE_SHAPES:
+        shape = GemmShape(m, n, k, True)
+        plans = plan_split_k_gemm(shape, hw, padded=True)
+        best = {}
+        for rank, p in enumerate(plans):
+            c = p.config
+            key = (c.cluster_size, c.block_n, c.stages == 3)
+            best.setdefault(key, (c, rank, p.predicted_us))
+        variants += [gemm_variant(f"dense_{n}x{k}", m, n, k, config, rank, predicted)
+                     for config, rank, predicted in best.values()]
+    return variants
