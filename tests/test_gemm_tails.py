@@ -13,6 +13,7 @@ from tvm.s_tir import SBlockRealize
 import tvm_dsm
 from conftest import TARGET, cuda_source, kernels, relative_error_on_gpu
 from tvm_dsm.errors import ClusterError
+from tvm_dsm.families.split_k_gemm import SplitKGemm
 from tvm_dsm.hardware import load_hardware
 from tvm_dsm.ir import find_all
 from tvm_dsm.rules.split_k_gemm import SplitKGemmConfig, find_gemm, schedule_split_k_gemm, tiled_shape
@@ -144,9 +145,10 @@ def test_a_copy_predicate_is_dropped_only_where_it_says_inside_the_tensor():
     (dense(100, 3000, 1004, "bfloat16"), "K a multiple of 8"),
     (dense(64, 3004, 1024, weight_layout="kn"), "N a multiple of 8"),
 ])
-def test_refusals_name_the_limit(func, limit):
+def test_rows_off_16_bytes_are_refused_naming_the_limit_and_go_to_the_cuda_cores(func, limit):
     with pytest.raises(ClusterError, match=limit):
-        tvm_dsm.plan(func)
+        SplitKGemm().recognize(func)
+    assert tvm_dsm.plan(func).family.name == "simt_gemm"
 
 
 #: Vocabularies whose rows of Y are not 16-byte aligned (GPT-2's; Llama 2's with a token added).

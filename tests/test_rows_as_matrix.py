@@ -186,12 +186,11 @@ def _legalized_linear(batch, seq, layout: str = "nk", n: int = 768):
 
 
 @pytest.mark.parametrize(("seq", "layout", "n", "by"), [(64, "nk", 768, "a family"), ("seq", "nk", 768, "a family"),
-                                                        ("seq", "kn", 768, "a family"), ("seq", "kn", 758, "dlight")])
+                                                        ("seq", "kn", 768, "a family"), ("seq", "kn", 758, "a family")])
 def test_a_relax_legalized_linear_of_rank_3_builds_as_matrices(caplog, seq, layout, n, by):
     """Relax's int64 form, a constant batch of 2: at a symbolic sequence TVM's own schedules
     cannot build it (dlight's matmul rule fails on the tensors); as matrices it takes a kernel
-    per range of rows, or (weights [K, N] off the GEMM family's tiles of N) dlight's schedule of
-    the matrices."""
+    per range of rows (the CUDA-core GEMM's where [K, N] rows are off 16 bytes)."""
     func = _legalized_linear(2, tirx.Var("seq", "int64") if seq == "seq" else seq, layout, n)
     with caplog.at_level(logging.INFO, logger="tvm_dsm.driver"):
         lib = tvm_dsm.build(func.with_attr("global_symbol", "main"), TARGET)

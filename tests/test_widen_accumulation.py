@@ -55,11 +55,11 @@ def test_a_16_bit_accumulated_matmul_takes_the_gemm_family(make, dtype):
 
 
 def test_the_fallback_schedule_accumulates_in_fp32_too():
-    """[K, N] weights 250 wide (rows off 16 bytes, which the GEMM family's copies need): no family
+    """One row over [K, N] weights 250 wide (a GEMV whose W rows are off 16 bytes): no family
     takes the function; TVM's schedule gets the widened form, from build and schedule alike."""
     from tvm_dsm.driver import schedule, stock_schedule
 
-    func = te_matmul_kn(100, 250, 512)
+    func = te_matmul_kn(1, 250, 512)
     with pytest.raises(tvm_dsm.errors.ClusterError):
         tvm_dsm.plan(func)
     widened = stock_schedule(widen_accumulation(func), tvm.target.Target(TARGET)).mod
