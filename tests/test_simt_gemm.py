@@ -10,10 +10,11 @@ from tvm import te, topi
 import tvm_dsm
 from conftest import cuda_source, kernels, relative_error_on_gpu
 from tvm_dsm.errors import ClusterError
+from tvm_dsm.families import match_family
 from tvm_dsm.families.simt_gemm import SimtGemm
 from tvm_dsm.hardware import load_hardware
 from tvm_dsm.rules.simt_gemm import SimtGemmConfig, check_config, find_simt_gemm
-from tvm_dsm.workloads.dense import dense
+from tvm_dsm.workloads.dense import dense, gated_dense
 
 #: (m, n, k, layout): a short M and N over a long K (split-K), tiles off every extent, a
 #: GEMV row, a large square.
@@ -72,9 +73,40 @@ def test_short_grids_split_k_and_large_ones_do_not():
     assert all(p.seconds["main_loop"] > 0 for p in plans)
 
 
+def _reduction(m, n, k, combine):
+    x = te.placeholder((m, k), "float32", name="x")
+    w = te.placeholder((n, k), "float32", name="w")
+    r = te.reduce_axis((0, k), "r")
+    return te.create_prim_func([x, w, te.compute((m, n), lambda i, j: combine(x[i, r], w[j, r], r), name="y")])
+
+
+@pytest.mark.parametrize("combine", [lambda a, b, r: te.max(a + b, axis=r), lambda a, b, r: te.sum(te.exp(a * b), axis=r),
+                                     lambda a, b, r: te.sum(a + b, axis=r)])
+def test_reductions_that_are_no_sum_of_products_are_refused(combine):
+    """Padded K reads zeros: a max or a sum of exponentials over them would change (a row of
+    negative maxima would come out 0), so the rule takes sums of products only."""
+    func = _reduction(64, 4096, 1000, combine)
+    with pytest.raises(ClusterError, match="sum of products|zero"):
+        find_simt_gemm(func)
+    try:
+        family, _ = match_family(func)
+    except ClusterError:
+        return
+    assert family.name != "simt_gemm"
+
+
+def test_plans_past_the_tie_keep_the_predicted_order():
+    plans = SimtGemm().rank(find_simt_gemm(dense(13, 127, 3000, "float32")), load_hardware())
+    best = plans[0].predicted_us
+    outside = [p.predicted_us for p in plans if p.predicted_us > best * 1.05]
+    assert outside == sorted(outside) and plans[len(plans) - len(outside):][0].predicted_us == min(outside)
+
+
 def test_refusals_name_the_limit():
     with pytest.raises(ClusterError, match="one type among"):
         find_simt_gemm(dense(64, 128, 256, "float8_e4m3fn"))
+    with pytest.raises(ClusterError, match="one product"):
+        find_simt_gemm(gated_dense(64, 128, 256, "float32"))
     with pytest.raises(ClusterError, match="threads"):
         check_config(find_simt_gemm(dense(64, 128, 256, "float32")), SimtGemmConfig(16, 32, 8, 4, 4))
 

@@ -19,5 +19,10 @@ TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 2 ** -8, "float8_e4m3
 
 def tolerance(dtypes: Iterable[str]) -> float:
     """The relative error bound of a result whose inputs and floating-point outputs have
-    ``dtypes`` (integer outputs, such as expert indices, must match exactly and add none)."""
-    return max(TOLERANCE[d] for d in dtypes if d in TOLERANCE)
+    ``dtypes`` (integer ones, such as expert indices, must match exactly and add none);
+    ValueError where none of them has a bound."""
+    dtypes = list(dtypes)
+    bounds = [TOLERANCE[d] for d in dtypes if d in TOLERANCE]
+    if not bounds:
+        raise ValueError(f"no tolerance for a result of {sorted(set(dtypes))}: one of {sorted(TOLERANCE)} expected")
+    return max(bounds)

@@ -43,9 +43,9 @@ INT32_ELEMENTS = 2 ** 31
 #: decode attention, softmax·V, top-k rows, row norms) before the fused rows that take any
 #: cascade; elementwise functions last (those whose math is computed once per thread before
 #: those that stream in vectors).
-FAMILIES: tuple[ScheduleFamily, ...] = (ConvChain(), GemmChain(), GemmRowMax(), RowGemvFamily(), SplitKGemm(), SimtGemm(),
-                                        Attention(), DecodeAttention(), SoftmaxGemm(), TopKRows(), RowNorm(),
-                                        FusedCascade(), SplitKReduction(), PerThreadMath(), Elementwise())
+FAMILIES: tuple[ScheduleFamily, ...] = (ConvChain(), GemmChain(), GemmRowMax(), RowGemvFamily(), SplitKGemm(),
+                                        SimtGemm(), Attention(), DecodeAttention(), SoftmaxGemm(), TopKRows(),
+                                        RowNorm(), FusedCascade(), SplitKReduction(), PerThreadMath(), Elementwise())
 
 
 

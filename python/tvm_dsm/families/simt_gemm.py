@@ -17,9 +17,9 @@ from tvm import s_tir, tirx
 
 from ..errors import ClusterError
 from ..hardware import Hardware
-from ..rules.simt_gemm import SimtGemmConfig, check_config, find_simt_gemm, schedule_simt_gemm, whole
-from ..rules.split_k_gemm import GemmShape
 from ..intrin.mma import element_bytes
+from ..rules.simt_gemm import SimtGemmConfig, check_config, find_simt_gemm, schedule_simt_gemm
+from ..rules.split_k_gemm import GemmShape, whole
 from .base import ScheduleFamily
 from .kernel_plan import KernelPlan, hardware_rates
 
@@ -57,15 +57,15 @@ class SimtGemm(ScheduleFamily):
                 check_config(shape, config)
             except ClusterError:
                 continue
-            if ctas_per_sm(config, hw):
+            if ctas_per_sm(config, _element_bytes(shape), hw):
                 configs.append(config)
         return configs
 
     def predict(self, shape: GemmShape, config: SimtGemmConfig, hw: Hardware) -> KernelPlan:
         c, rate = config, hardware_rates(hw)
-        m, n, k = whole(_rows(shape), c.block_m), whole(shape.n, c.block_n), whole(shape.k, c.block_k * c.split_k)
+        m, n, k = whole(shape.m, c.block_m), whole(shape.n, c.block_n), whole(shape.k, c.block_k * c.split_k)
         ctas = m // c.block_m * (n // c.block_n) * c.split_k
-        resident = ctas_per_sm(c, hw)
+        resident = ctas_per_sm(c, _element_bytes(shape), hw)
         sharing = min(resident, math.ceil(ctas / hw.sm_count))
         step_flops = 2 * c.block_m * c.block_n * c.block_k
         step_compute = step_flops / (rate["fp32"] / hw.sm_count)
@@ -78,8 +78,8 @@ class SimtGemm(ScheduleFamily):
         together = sharing * step_compute / min(1.0, sharing * chains / CHAINS_FOR_PEAK)
         main = rounds * steps * max(alone, together)
         partials = 2 * c.split_k * m * n * 4 if c.split_k > 1 else 0
-        elem = element_bytes(shape.dtype)
-        traffic = {"hbm": elem * (_rows(shape) * shape.k + shape.n * shape.k + _rows(shape) * shape.n) + partials,
+        elem = _element_bytes(shape)
+        traffic = {"hbm": elem * (shape.m * shape.k + shape.n * shape.k) + 4 * shape.m * shape.n + partials,
                    "l2": elem * (m * k * (n // c.block_n) + n * k * (m // c.block_m))}
         seconds = {level: amount / rate[level] for level, amount in traffic.items()}
         seconds["main_loop"] = main
@@ -91,22 +91,24 @@ class SimtGemm(ScheduleFamily):
     def rank(self, shape: GemmShape, hw: Hardware) -> list[KernelPlan]:
         plans = [self.predict(shape, c, hw) for c in self.space(shape, hw)]
         if not plans:
-            raise ClusterError(f"no fp32 GEMM configuration fits {shape.m}x{shape.n}x{shape.k}")
+            raise ClusterError(f"no CUDA-core GEMM configuration fits {shape.m}x{shape.n}x{shape.k}")
         # within TIE of the best: fewer partial tiles (a second kernel the model barely charges)
         best = min(p.predicted_us for p in plans)
-        return sorted(plans, key=lambda p: (p.predicted_us > best * TIE, p.config.split_k, p.predicted_us))
+        return sorted(plans, key=lambda p: (p.predicted_us > best * TIE,
+                                            p.config.split_k if p.predicted_us <= best * TIE else 0, p.predicted_us))
 
     def apply(self, func: tirx.PrimFunc, config: SimtGemmConfig, hw: Hardware) -> s_tir.Schedule:
         return schedule_simt_gemm(func, config)
 
 
-def _rows(shape: GemmShape) -> int:
-    """M, or where it is symbolic the rows it is planned for (the range's, see row_ranges)."""
-    return shape.m if isinstance(shape.m, int) else 1
+def _element_bytes(shape: GemmShape) -> int:
+    return 4 if shape.dtype == "float32" else element_bytes(shape.dtype)
 
 
-def ctas_per_sm(config: SimtGemmConfig, hw: Hardware) -> int:
-    """CTAs of ``config`` resident on one SM at once: its threads, shared memory and registers."""
+def ctas_per_sm(config: SimtGemmConfig, operand_bytes: int, hw: Hardware) -> int:
+    """CTAs of ``config`` (operands of ``operand_bytes`` elements) resident on one SM at once:
+    its threads, shared memory and registers."""
     c = config
     registers = c.thread_m * c.thread_n + c.thread_m + c.thread_n + OTHER_REGISTERS
-    return min(SM_THREADS // c.threads, hw.smem_per_sm // c.shared_bytes(), hw.regs_per_sm // (c.threads * registers))
+    return min(SM_THREADS // c.threads, hw.smem_per_sm // c.shared_bytes(operand_bytes),
+               hw.regs_per_sm // (c.threads * registers))

@@ -33,7 +33,6 @@ from .references import REFERENCES
 from .watchdog import DONE, START, Fault, announce, python_worker, supervise
 
 
-
 def measure_hbm_bandwidth(copies: int = 8) -> float:
     """Device-to-device copy of 1 GiB: bytes read + written per second. ``copies`` back to back
     between the events, so the launch latency is hidden behind the previous copy (not in a CUDA

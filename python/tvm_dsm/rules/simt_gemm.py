@@ -5,8 +5,8 @@ fp32; the product is tiled as the classic register-blocked GEMM.
 
 Each CTA owns a ``block_m x block_n`` output tile, each thread a ``thread_m x thread_n`` block of
 it in registers; a K step copies ``block_k`` columns of X's and W's tiles into shared memory
-(transposed to ``[k, m]`` and ``[k, n]``, so a warp's reads of one k fall in distinct banks, as
-16-byte vectors where the thread's columns allow), and every thread multiplies its row and
+(transposed to ``[k, m]`` and ``[k, n]``, so a warp's reads of one k fall in distinct banks, in
+vectors of four elements where the rows allow), and every thread multiplies its row and
 column vectors into its block, ``thread_m * thread_n`` multiply-adds per ``thread_m + thread_n``
 shared loads. A short M or N leaves few tiles: ``split_k`` CTAs then share each tile's K, writing
 partial tiles that a second kernel sums in a fixed order (the same result every run) under the
@@ -19,20 +19,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tvm import s_tir, tirx
+from tvm.ir import TensorLoad  # what tirx.BufferLoad builds
 from tvm.s_tir.schedule import SBlockRV
 
 from ..errors import ClusterError, passes
 from ..hardware import MAX_CTA_THREADS
-from .split_k_gemm import GemmShape, check_rows_aligned, find_gemm, find_gemm_operands
+from .split_k_gemm import (GemmShape, check_rows_aligned, find_gemm, find_gemm_operands, inline_all_but_last,
+                           pad_product)
 
 #: The operand types this rule takes: fp32, which the tensor cores do not take exactly, and the
 #: 16-bit types where the tensor-core GEMM cannot copy their rows.
 FP32 = "float32"
 OPERAND_TYPES = (FP32, "float16", "bfloat16")
-#: Bytes of one vectorized copy or register load (four fp32 elements).
+#: Elements of one vectorized copy or register load (16 bytes of fp32, 8 of a 16-bit type).
 VECTOR_ELEMENTS = 4
-#: Threads of a reduction of the partial tiles, and of one CTA at the least.
+#: Threads a CTA of the kernel summing split-K partial tiles.
 SUM_THREADS = 256
+#: Threads a CTA of the GEMM at the least (two warps).
 MIN_THREADS = 64
 
 
@@ -52,12 +55,13 @@ class SimtGemmConfig:
     def threads(self) -> int:
         return (self.block_m // self.thread_m) * (self.block_n // self.thread_n)
 
-    def shared_bytes(self) -> int:
-        return (self.block_m + self.block_n) * self.block_k * 4
+    def shared_bytes(self, element_bytes: int) -> int:
+        """Shared memory of one K step's X and W tiles of ``element_bytes`` elements."""
+        return (self.block_m + self.block_n) * self.block_k * element_bytes
 
     def explain(self) -> str:
         split = f", K split over {self.split_k} CTAs summed by a second kernel" if self.split_k > 1 else ""
-        return (f"fp32 CUDA-core GEMM: {self.block_m}x{self.block_n} tiles, {self.thread_m}x{self.thread_n} "
+        return (f"CUDA-core GEMM: {self.block_m}x{self.block_n} tiles, {self.thread_m}x{self.thread_n} "
                 f"a thread ({self.threads} threads), {self.block_k}-deep K steps{split}")
 
 
@@ -66,9 +70,11 @@ def find_simt_gemm(func: tirx.PrimFunc) -> GemmShape:
     split-K GEMM rule reads them): of fp32 operands, or of 16-bit ones whose rows do not start
     16 bytes apart (an odd K; the tensor-core GEMM's copies move 16-byte pieces), more than one
     row; ClusterError names what differs."""
-    _, _, shape = find_gemm(s_tir.Schedule(func), operand_types=OPERAND_TYPES)
-    if shape.products != 1:
+    sch = s_tir.Schedule(func)
+    products, _, shape = find_gemm(sch, operand_types=OPERAND_TYPES)
+    if len(products) != 1:
         raise ClusterError("the CUDA-core GEMM computes one product (a gated layer's two run one by one)")
+    check_sum_of_products(sch.get(products[0]))
     if shape.dtype != FP32:
         if passes(check_rows_aligned, shape):
             raise ClusterError(f"{shape.dtype} products whose rows start 16 bytes apart take the tensor-core GEMM")
@@ -77,11 +83,22 @@ def find_simt_gemm(func: tirx.PrimFunc) -> GemmShape:
     return shape
 
 
-def whole(extent, tile: int):
-    """``extent`` rounded up to whole tiles (an expression where it is symbolic)."""
-    if isinstance(extent, int):
-        return -(-extent // tile) * tile
-    return tirx.floordiv(extent + (tile - 1), tile) * tile
+def check_sum_of_products(block: tirx.SBlock) -> None:
+    """``block`` starts its output at zero and adds one product of two loads (each perhaps cast)
+    a step: what the zeros of padded K add nothing to. ClusterError otherwise (a max, a sum of
+    exponentials: the tensor-core rule's tensorize refuses them, this rule must say so)."""
+    init, body = block.init, block.body
+    if not (isinstance(init, tirx.BufferStore) and isinstance(init.value, tirx.FloatImm) and init.value.value == 0):
+        raise ClusterError(f"{block.name_hint} does not start its sums at zero")
+    value = body.value if isinstance(body, tirx.BufferStore) else None
+    if not (isinstance(value, tirx.Add) and isinstance(value.a, TensorLoad)
+            and value.a.source.same_as(body.buffer) and isinstance(value.b, tirx.Mul)
+            and all(isinstance(_uncast(f), TensorLoad) for f in (value.b.a, value.b.b))):
+        raise ClusterError(f"{block.name_hint} is not a sum of products of two loads")
+
+
+def _uncast(expr: tirx.PrimExpr) -> tirx.PrimExpr:
+    return expr.value if isinstance(expr, tirx.Cast) else expr
 
 
 def check_config(shape: GemmShape, config: SimtGemmConfig) -> None:
@@ -91,8 +108,6 @@ def check_config(shape: GemmShape, config: SimtGemmConfig) -> None:
         raise ClusterError(f"{c.block_m}x{c.block_n} tiles do not split into {c.thread_m}x{c.thread_n} blocks")
     if not MIN_THREADS <= c.threads <= MAX_CTA_THREADS:
         raise ClusterError(f"{c.threads} threads a CTA: between {MIN_THREADS} and {MAX_CTA_THREADS}")
-    if (c.block_m + c.block_n) * c.block_k % c.threads:
-        raise ClusterError(f"{c.threads} threads do not split the {c.block_m}+{c.block_n} x {c.block_k} tile copies")
     if c.split_k > 1 and shape.k < c.split_k * c.block_k * 2:
         raise ClusterError(f"K={shape.k} gives {c.split_k} CTAs fewer than two {c.block_k}-deep steps each")
 
@@ -104,19 +119,12 @@ def schedule_simt_gemm(func: tirx.PrimFunc, config: SimtGemmConfig) -> s_tir.Sch
     sch = s_tir.Schedule(func)
     (matmul,), epilogue, shape = find_gemm(sch, operand_types=OPERAND_TYPES)
     check_config(shape, c)
-    padded = not isinstance(shape.m, int) or (shape.m % c.block_m, shape.n % c.block_n,
-                                             shape.k % (c.block_k * c.split_k)) != (0, 0, 0)
+    padding = [c.block_m, c.block_n, c.block_k * c.split_k]
     fills = []
-    if padded:
-        sch.pad_einsum(matmul, [c.block_m, c.block_n, c.block_k * c.split_k])
-        fills = list(sch.get_producers(matmul))
-        names = {sch.get(b).name_hint for b in epilogue}
-        # the copy out of a padded Y first, where M or N is padded
-        epilogue = [b for b in sch.get_consumers(matmul) if sch.get(b).name_hint not in names] + epilogue
+    if not isinstance(shape.m, int) or any(e % p for e, p in zip((shape.m, shape.n, shape.k), padding)):
+        fills, epilogue = pad_product(sch, matmul, epilogue, padding)
     _, (x, w) = find_gemm_operands(sch.get(matmul), operand_types=OPERAND_TYPES)  # padded ones where padded
-    *inner, output = epilogue if epilogue else [None]
-    for stage in inner:
-        sch.compute_inline(stage)
+    output = inline_all_but_last(sch, epilogue) if epilogue else None
     if c.split_k > 1:
         _, _, k = sch.get_loops(matmul)
         k_part, _ = sch.split(k, [c.split_k, None])

@@ -276,14 +276,16 @@ def check_config(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> No
                            "a CTA of the GPU may use")
 
 
+def whole(extent, tile: int):
+    """``extent`` rounded up to whole tiles (an expression where it is symbolic)."""
+    if isinstance(extent, int):
+        return -(-extent // tile) * tile
+    return tirx.floordiv(extent + (tile - 1), tile) * tile
+
+
 def tiled_shape(shape: GemmShape, config: SplitKGemmConfig) -> GemmShape:
     """``shape`` with M and N rounded up to whole output tiles and K to whole K steps of every
     rank: the extents the kernel computes (:func:`apply_padded_split_k_gemm`)."""
-    def whole(extent, tile: int):
-        if isinstance(extent, int):
-            return -(-extent // tile) * tile
-        return tirx.floordiv(extent + (tile - 1), tile) * tile
-
     return dataclasses.replace(shape, m=whole(shape.m, config.block_m), n=whole(shape.n, config.block_n),
                                k=whole(shape.k, config.cluster_size * config.block_k))
 
@@ -454,25 +456,40 @@ def apply_padded_split_k_gemm(sch: s_tir.Schedule, blocks: list[SBlockRV], epilo
         apply_split_k_gemm(sch, blocks, epilogue, shape, c)
         return
     (matmul,) = blocks  # check_padded_config: one product
-    sch.pad_einsum(matmul, [c.block_m, c.block_n, c.cluster_size * c.block_k])
-    zero_fills = sch.get_producers(matmul)
+    zero_fills, stages = pad_product(sch, matmul, epilogue, [c.block_m, c.block_n, c.cluster_size * c.block_k])
     output = None  # where the output tile overruns Y: the block moved into its store
-    if shape.symbolic_rows or (tiles.m, tiles.n) != (shape.m, shape.n):
+    if len(stages) > len(epilogue):
         # The padded product's copy into the real output, then the function's epilogue: one
         # block over M x N, moved into the padded tile's store once the kernel is scheduled
         # (the store's predicate, there earlier, fails s_tir's region-cover check once the
         # partial products are blockized, and no tile copy could be placed).
-        epilogue_names = {sch.get(b).name_hint for b in epilogue}
-        (unpad,) = [b for b in sch.get_consumers(matmul) if sch.get(b).name_hint not in epilogue_names]
-        *inner, output = [unpad, *epilogue]
-        for stage in inner:
-            sch.compute_inline(stage)
+        output = inline_all_but_last(sch, stages)
         epilogue = [sch.cache_write(matmul, 0, "global")]
     apply_split_k_gemm(sch, blocks, epilogue, tiles, c)
     for fill in zero_fills:  # after the tile copies exist: s_tir inlines into them
         sch.compute_inline(fill)
     if output is not None:
         sch.reverse_compute_inline(output)
+
+
+def pad_product(sch: s_tir.Schedule, matmul: SBlockRV, epilogue: list[SBlockRV],
+                padding: list[int]) -> tuple[list[SBlockRV], list[SBlockRV]]:
+    """``matmul`` padded to multiples of ``padding`` (s_tir's ``pad_einsum``): the zero fills of
+    its padded operands (to inline into their tile copies once those exist), and the blocks
+    after it: the copy out of the padded output where M or N was padded, then ``epilogue``."""
+    names = {sch.get(b).name_hint for b in epilogue}
+    sch.pad_einsum(matmul, padding)
+    copy_out = [b for b in sch.get_consumers(matmul) if sch.get(b).name_hint not in names]
+    return list(sch.get_producers(matmul)), [*copy_out, *epilogue]
+
+
+def inline_all_but_last(sch: s_tir.Schedule, stages: list[SBlockRV]) -> SBlockRV:
+    """``stages`` (elementwise blocks, each reading the one before) inlined into the last,
+    which is returned."""
+    *inner, last = stages
+    for stage in inner:
+        sch.compute_inline(stage)
+    return last
 
 
 def apply_split_k_gemm(

@@ -642,7 +642,6 @@ def _candidates(shapes: list[tuple[int, int, int]], top: int) -> list[Variant]:
     return variants
 
 
-
 #: (m, n, k) of fp32 products: a long K over a short M (split-K), a short M and N, a middle one,
 #: square ones; the configurations of SIMT_SWEEP_TILES with and without the split-K the model
 #: picks.
@@ -689,7 +688,8 @@ WIDE_DECODE_SHAPES = [(4, 28672, 8192), (4, 8192, 28672), (8, 28672, 8192), (4, 
 
 def wide_decode_gemm_configs() -> list[Variant]:
     """The split-K GEMM at WIDE_DECODE_SHAPES in the model's best configuration of each cluster
-    size and tile width (3-stage pipelines and the deepest that fits), torch eager beside it."""
+    size and tile width, one of 3-stage pipelines and one of the other depths, torch eager
+    beside it."""
     hw, variants = load_hardware(), []
     for m, n, k in WIDE_DECODE_SHAPES:
         shape = GemmShape(m, n, k, True)
