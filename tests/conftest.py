@@ -9,8 +9,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import numpy as np
+import pytest
 import tvm
 
 import tvm_dsm  # noqa: F401  (registers the pipeline)
@@ -104,7 +104,6 @@ def host_launch(mod: tvm.IRModule, pipeline: str = "default") -> list[str]:
 def dense_relu_error_on_gpu(m: int, n: int, k: int, config) -> float:
     """Relative error vs float64 of the split-K GEMM ``relu(X @ W^T + b)`` scheduled with
     ``config``, run on the GPU with fresh random inputs and a NaN-poisoned output."""
-
     from tvm_dsm.hardware import load_hardware
     from tvm_dsm.rules.split_k_gemm import schedule_split_k_gemm
     from tvm_dsm.workloads.dense import dense
@@ -126,7 +125,6 @@ def chain_error_on_gpu(func, mod: tvm.IRModule) -> float:
     """Relative error vs float64 of ``mod``, a schedule of the GEMM chain ``func`` (FFN with
     ReLU, or SwiGLU: gate and up weights first), run on the GPU with fresh random inputs
     (weights scaled like torch.nn.Linear's) and a NaN-poisoned output."""
-
     lib = tvm.compile(mod, target=TARGET)
     dev = tvm.cuda(0)
     rng = np.random.default_rng()

@@ -13,11 +13,11 @@ from __future__ import annotations
 import itertools
 import math
 
+import tvm
 from tvm import s_tir, tirx
 
 from ..errors import ClusterError
 from ..hardware import Hardware
-from ..intrin.mma import element_bytes
 from ..rules.simt_gemm import SimtGemmConfig, check_config, find_simt_gemm, schedule_simt_gemm
 from ..rules.split_k_gemm import GemmShape, whole
 from .base import ScheduleFamily
@@ -92,17 +92,21 @@ class SimtGemm(ScheduleFamily):
         plans = [self.predict(shape, c, hw) for c in self.space(shape, hw)]
         if not plans:
             raise ClusterError(f"no CUDA-core GEMM configuration fits {shape.m}x{shape.n}x{shape.k}")
-        # within TIE of the best: fewer partial tiles (a second kernel the model barely charges)
         best = min(p.predicted_us for p in plans)
-        return sorted(plans, key=lambda p: (p.predicted_us > best * TIE,
-                                            p.config.split_k if p.predicted_us <= best * TIE else 0, p.predicted_us))
+
+        def order(plan: KernelPlan) -> tuple:
+            # within TIE of the best: fewer partial tiles (a second kernel the model barely charges)
+            tied = plan.predicted_us <= best * TIE
+            return (not tied, plan.config.split_k if tied else 0, plan.predicted_us)
+
+        return sorted(plans, key=order)
 
     def apply(self, func: tirx.PrimFunc, config: SimtGemmConfig, hw: Hardware) -> s_tir.Schedule:
         return schedule_simt_gemm(func, config)
 
 
 def _element_bytes(shape: GemmShape) -> int:
-    return 4 if shape.dtype == "float32" else element_bytes(shape.dtype)
+    return tvm.DataType(shape.dtype).bits // 8
 
 
 def ctas_per_sm(config: SimtGemmConfig, operand_bytes: int, hw: Hardware) -> int:

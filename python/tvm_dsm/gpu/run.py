@@ -147,8 +147,8 @@ def bit_identical(func, kernel: dict, runs: int = 10) -> bool:
 
 def verdict(func, kernel: dict, trials: int = 2) -> dict:
     """Whether ``func`` is correct on fresh inputs (``ok``: within its dtypes' tolerance of
-    float64 (:mod:`tvm_dsm.bench.tolerance`), every output element written), and whether repeated calls give bit-identical
-    outputs (``bit_identical``, reported apart from ``ok``)."""
+    float64, :mod:`tvm_dsm.bench.tolerance`; every output element written), and whether repeated
+    calls give bit-identical outputs (``bit_identical``, reported apart from ``ok``)."""
     rel_err, written = _check(func, kernel, trials)
     dtype = next(a["dtype"] for a in kernel["args"] if not a["output"])
     bound = tolerance(a["dtype"] for a in kernel["args"])

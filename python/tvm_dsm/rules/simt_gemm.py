@@ -78,7 +78,7 @@ def find_simt_gemm(func: tirx.PrimFunc) -> GemmShape:
     if shape.dtype != FP32:
         if passes(check_rows_aligned, shape):
             raise ClusterError(f"{shape.dtype} products whose rows start 16 bytes apart take the tensor-core GEMM")
-        if shape.m == 1:
+        if not shape.symbolic_rows and shape.m == 1:
             raise ClusterError("one row is a GEMV: TVM's GEMV schedule streams W at the HBM floor")
     return shape
 
@@ -160,9 +160,8 @@ def _tile_product(sch: s_tir.Schedule, block: SBlockRV, loops: tuple, x: tirx.Bu
     accumulators = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(accumulators, j_thread, preserve_unit_loops=True)
 
-    reads = [r.source for r in sch.get(block).reads]
     for operand, contiguous_k in ((x, True), (w, shape.weight_nk)):
-        index = next(n for n, b in enumerate(reads) if b.same_as(operand))
+        index = next(n for n, r in enumerate(sch.get(block).reads) if r.source.same_as(operand))
         shared = sch.cache_read(block, index, "shared")
         sch.compute_at(shared, k_step, preserve_unit_loops=True)
         rows, cols = sch.get_loops(shared)[-2:]
@@ -181,7 +180,6 @@ def _tile_product(sch: s_tir.Schedule, block: SBlockRV, loops: tuple, x: tirx.Bu
         inner = sch.get_loops(registers)[-1]
         if sch.get(inner).extent.value % VECTOR_ELEMENTS == 0:
             sch.vectorize(inner)
-        reads = [r.source for r in sch.get(block).reads]
     sch.decompose_reduction(block, k_step)
     for loop in (k_in, i_reg, j_reg):
         sch.unroll(loop)

@@ -507,9 +507,7 @@ def apply_split_k_gemm(
     c, s = config, config.cluster_size
     if not epilogue:  # the matmul writes the output itself: its sums reach it through a copy
         epilogue = [sch.cache_write(blocks[0], 0, "global")]
-    *inner_epilogue, output = epilogue
-    for stage in inner_epilogue:
-        sch.compute_inline(stage)
+    output = inline_all_but_last(sch, epilogue)
 
     # Split K over the cluster: each rfactor block computes one partial tile per rank.
     partials = []
