@@ -86,6 +86,29 @@ def test_planner_keeps_many_short_rows_in_one_warp_each():
     assert (split.parts, split.ranks, split.lanes, split.vector) == (32, 1, 1, 8)
 
 
+@pytest.mark.parametrize(("tokens", "share"), [(2048, 4), (7, 1), (6, 2)])
+def test_rows_share_ctas_only_in_whole_ctas(tokens, share):
+    """60 experts in 8 parts of 4-element chunks fill a quarter of a warp: rows share CTAs,
+    as many as divide the rows (7 rows are not 2 CTAs of 4, which the schedule refuses)."""
+    split = plan_cascade_split(moe_routing(tokens, 60, 1, "bfloat16"))
+    assert (split.parts, split.vector, split.rows_per_cta) == (8, 4, share)
+    schedule_cascade(moe_routing(tokens, 60, 1, "bfloat16"), split=split)
+
+
+@pytest.mark.parametrize("width", [1000, 3000])
+def test_rows_the_parts_do_not_divide_split_with_a_predicated_last_step(width):
+    """A 1000- or 3000-wide fp16 row is 125 or 375 chunks of 8: no power-of-two parts divide
+    them, the planner splits anyway (the last step predicated) and the schedule builds."""
+    split = plan_cascade_split(moe_routing(64, width, 2))
+    assert split.vector == 8 and (width // 8) % split.parts
+    schedule_cascade(moe_routing(64, width, 2), split=split)
+
+
+def test_rows_of_an_odd_width_are_not_split_into_single_elements():
+    with pytest.raises(ClusterError, match="1021 does not split"):
+        plan_cascade_split(moe_routing(64, 1021, 2))
+
+
 def test_cluster_rows_written_by_the_final_merge_run_on_every_rank():
     """A cascade whose outputs the ``*_final`` block writes directly (softmax statistics): the
     row block binds the ranks inside, so it is not a once-per-cluster stage guarded to rank 0

@@ -15,6 +15,7 @@ import tvm_dsm
 from conftest import TARGET
 from tvm_dsm.fusion.cascade import find_cascades
 from tvm_dsm.transform import FuseCascadedReductions, fuse_cascaded_reductions
+from tvm_dsm.workloads.cascades import decode_attention
 
 M, K, J = 6, 48, 8
 
@@ -345,6 +346,35 @@ def test_split_parts_merge_by_the_same_rule(case, parts, vector, marker, unfused
     for got, want in zip(_run(fused, parts), _run(f, parts, reference)):
         assert np.isfinite(got).all()
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-5
+
+
+@pytest.mark.parametrize(("parts", "vector"), [
+    (8, 4),  # 12 chunks of K = 48: parts 0-3 read two, parts 4-7 one
+    (32, 1),  # 48 elements over 32 parts
+])
+@pytest.mark.parametrize("case", FUSIBLE, ids=lambda c: c.name)
+def test_parts_that_do_not_divide_the_chunks_predicate_their_last_step(case, parts, vector, unfused):
+    """Where the parts do not divide a row's chunks, the parts past the last chunk skip their
+    last step: the same outputs as unfused."""
+    f, reference = unfused(case)
+    fused, reports = fuse_cascaded_reductions(f, parts=parts, vector=vector)
+    assert all(r.fusible for r in reports), [str(r) for r in reports]
+    assert "T.min(" in fused.script()  # the clamped chunk
+    for got, want in zip(_run(fused, parts), _run(f, parts, reference)):
+        assert np.isfinite(got).all()
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-5
+
+
+def test_fewer_chunks_than_parts_are_refused():
+    f = logsumexp()
+    fused, reports = fuse_cascaded_reductions(f, parts=16, vector=4)  # 12 chunks
+    assert fused.same_as(f) and "at least one for each of 16 parts" in reports[0].reason
+
+
+def test_a_cascade_with_an_element_producer_splits_evenly_only():
+    f = decode_attention(4, 120, 64)  # 15 chunks of 8 keys over 8 parts
+    fused, reports = fuse_cascaded_reductions(f, parts=8, vector=8)
+    assert fused.same_as(f) and "element producer" in reports[0].reason
 
 
 @pytest.mark.parametrize("case", NOT_FUSIBLE, ids=lambda c: c.name)

@@ -34,6 +34,7 @@ from .transform.generate_kernels import mark_generated, recorded_config
 from .transform.host_sorts import refuse_host_sorts
 from .transform.rows_as_matrix import has_row_axes, over_original_tensors, rows_as_matrix
 from .transform.split_operators import merge_operators, split_operators
+from .transform.reductions_first import reductions_first
 from .transform.widen_accumulation import widen_accumulation
 from .tuning_database import open_database
 
@@ -85,21 +86,31 @@ class Ranking:
 
 
 def _as_written_or_widened(func: tirx.PrimFunc, attempt: Callable[[tirx.PrimFunc], Any]) -> tuple[tirx.PrimFunc, Any]:
-    """``(func, attempt(func))``; where that raises ClusterError and ``func``'s matmuls
-    accumulate in 16 bits, the same for ``func`` accumulating them in fp32
-    (:mod:`tvm_dsm.transform.widen_accumulation`), else the first error."""
+    """``(form, attempt(form))`` for the first form of ``func`` that ``attempt`` takes without a
+    ClusterError: as written; its matmuls accumulating in fp32 where they accumulate in 16 bits
+    (:mod:`tvm_dsm.transform.widen_accumulation`); its blocks with reductions first where they
+    are written in another order (:mod:`tvm_dsm.transform.reductions_first`); both. Else the
+    first error."""
     try:
         return func, attempt(func)
     except ClusterError as err:
-        widened = widen_accumulation(func)
-        if widened is None:
-            raise
+        first = err
+    widened = widen_accumulation(func)
+    reordered = reductions_first(func)
+    forms = [(widened, "its matmuls accumulate in 16 bits; scheduled accumulating in fp32, rounded once"),
+             (reordered, "its blocks are scheduled with its reductions first"),
+             (reordered and widen_accumulation(reordered),
+              "its blocks are scheduled with its reductions first, its matmuls accumulating in fp32")]
+    for form, how in forms:
+        if form is None:
+            continue
         try:
-            result = attempt(widened)
+            result = attempt(form)
         except ClusterError:
-            raise err from None
-        LOG.info("its matmuls accumulate in 16 bits; scheduled accumulating in fp32, rounded once")
-        return widened, result
+            continue
+        LOG.info(how)
+        return form, result
+    raise first from None
 
 
 def plan(func: tirx.PrimFunc, hw: Hardware | None = None, target=None) -> Ranking:

@@ -106,10 +106,11 @@ class FusedBlock:
                     seen.append(buf)
         return [tirx.BufferRegion(b, [Range(0, d) for d in b.ty.shape]) for b in seen]
 
-    def _scan(self, rows: list, element, steps: int):
+    def _scan(self, rows: list, element, steps: int, valid=None):
         """Running states after ``steps`` x ``vector`` elements ``element(t, v)`` of the
         reduction axis; each step first copies the ``vector`` elements of every row the levels
-        read whole into registers with one vectorized load."""
+        read whole into registers with one vectorized load. With ``valid``, step t updates the
+        states only where ``valid(t)`` holds."""
         state, accumulators = self._alloc_states([])
         new = {j: T.sblock_alloc_buffer([1], self.rules[j].dtype, scope="local") for j in self.read_by_others}
         for j, rule in enumerate(self.rules):
@@ -137,12 +138,16 @@ class FusedBlock:
             self._produce(rows, element(t, 0))
             # Level by level over the chunk: a level's dependencies have their values after the
             # whole chunk before it starts, so its correction is applied once per chunk.
-            for j, rule in enumerate(self.rules):
-                for v in range(self.vector):
-                    self.staged_at = v
-                    rule.update(self, rows, element(t, v), state, new, accumulators[j], v == 0)
-            for j in sorted(self.read_by_others):
-                T.buffer_store(state[j], new[j][0], [0])
+            with contextlib.ExitStack() as predicated:
+                if valid is not None:
+                    predicated.enter_context(T.If(valid(t)))
+                    predicated.enter_context(T.Then())
+                for j, rule in enumerate(self.rules):
+                    for v in range(self.vector):
+                        self.staged_at = v
+                        rule.update(self, rows, element(t, v), state, new, accumulators[j], v == 0)
+                for j in sorted(self.read_by_others):
+                    T.buffer_store(state[j], new[j][0], [0])
             pending = [(self.staged[b], nxt) for b, nxt in staged_next.items()]
             pending += [(self.slices[b][0], nxt) for b, (nxt, _, _) in slices_next.items()]
             for current, nxt in pending:
@@ -303,9 +308,13 @@ class FusedBlock:
         reads = self._read_regions()
         with self._thread_block("_part", lambda p: reads,
                                 lambda p: [_slot_region(b, p) for b in _buffers(partial, partial_acc)]) as p:
-            vec = self.vector
-            state, accumulators = self._scan(rows, lambda t, v: (t * parts + p) * vec + v,
-                                             self.extent // (parts * vec))
+            vec, chunks = self.vector, self.extent // self.vector
+            if chunks % parts:  # the last step's chunk past the row for some parts: read the
+                # row's last chunk instead (a load in bounds), and leave the states unchanged
+                state, accumulators = self._scan(rows, lambda t, v: tirx.min(t * parts + p, chunks - 1) * vec + v,
+                                                 -(-chunks // parts), valid=lambda t: t * parts + p < chunks)
+            else:
+                state, accumulators = self._scan(rows, lambda t, v: (t * parts + p) * vec + v, chunks // parts)
             self._copy_states((state, accumulators), (partial, partial_acc), [p])
         spread, ranks = self.warp_parts, self.ranks
         remaining = parts // spread

@@ -31,8 +31,10 @@ def fuse_cascaded_reductions(
     ``parts`` > 1 splits each row's reduction axis into that many strided parts (a child block a
     schedule binds to threads) whose partial states are merged by the same corrections. With
     ``vector`` > 1 each part reads chunks of that many consecutive elements, every row read whole
-    loaded by one vectorized copy per chunk (16 bytes: 8 for fp16 data). ``parts * vector`` must
-    divide the reduction extent.
+    loaded by one vectorized copy per chunk (16 bytes: 8 for fp16 data). ``vector`` must divide
+    the reduction extent, into at least ``parts`` chunks; where the parts do not divide the
+    chunks, the last step of some parts is predicated off (with an element producer, ``parts *
+    vector`` must divide the extent).
 
     A sum over another axis that a level reads one element at a time (decode attention's
     scores, ``s[row, k] = sum_d q[row, d] key[row, k, d]``) is computed inside the loop as each
@@ -63,10 +65,10 @@ def fuse_cascaded_reductions(
         if report.fusible and parts & (parts - 1):
             report.fusible = False
             report.reason = f"parts={parts}: the parts merge in a tree, so a power of two"
-        if report.fusible and group[0].extent % (parts * vector):
+        if report.fusible and (group[0].extent % vector or group[0].extent < parts * vector):
             report.fusible = False
-            report.reason = (f"{parts} parts of {vector}-element chunks do not divide the "
-                             f"reduction extent {group[0].extent}")
+            report.reason = (f"{vector}-element chunks, at least one for each of {parts} parts, do "
+                             f"not divide the reduction extent {group[0].extent}")
         if report.fusible:
             between = _reader_between_levels(inlined, group)
             if between:
@@ -74,6 +76,10 @@ def fuse_cascaded_reductions(
                 report.reason = (f"{between} reads a level's result between the levels "
                                  f"{group[0].block} and {group[-1].block}: the fused loop writes it last")
         producers = element_producers(inlined, group) if report.fusible else {}
+        if producers and group[0].extent % (parts * vector):
+            report.fusible = False
+            report.reason = (f"{parts} parts of {vector}-element chunks do not divide the reduction extent "
+                             f"{group[0].extent} (a cascade with an element producer splits evenly)")
         problem = (_check_split(group, producers, parts, lanes, ranks, copy_stages, shuffle, rows_per_cta)
                    if report.fusible else None)
         if problem:
