@@ -72,11 +72,19 @@ def test_rows_that_do_not_fill_a_warp_share_one_and_only_they_are_written():
     assert "min(((int)threadIdx.x), 15)" in source and "if (((int)threadIdx.x) < 16)" in source
 
 
-def test_a_row_of_no_whole_16_byte_pieces_is_refused_naming_the_split():
-    """60 fp16 experts (120-byte rows) leave no lane a whole piece: the family refuses it by name
-    and the driver goes on to the fused rows."""
+def test_rows_off_16_bytes_are_copied_in_the_widest_pieces_that_divide_them():
+    """60 fp16 experts (Qwen1.5-MoE's router: 120-byte rows) are 15 pieces of 8 bytes."""
     func = moe_routing(16, 60, 2, "float16")
-    with pytest.raises(ClusterError, match="60-wide row does not split into 1 lanes of 8-element pieces"):
+    found = find_top_k_rows(func)
+    assert found.vector == 4 and default_config(found).lanes == 1
+    assert "cp.async.ca.shared.global [%0], [%1], 8" in cuda_source(fuse_top_k_rows(func))
+
+
+def test_a_row_of_no_whole_4_byte_pieces_is_refused_naming_the_limit():
+    """61 fp16 experts: no piece cp.async copies divides the row; the family refuses it by name
+    and the driver goes on to the fused rows."""
+    func = moe_routing(16, 61, 2, "float16")
+    with pytest.raises(ClusterError, match="not whole pieces of 4, 8 or 16 bytes"):
         default_config(find_top_k_rows(func))
     assert TopKRows().match(func) is None
 
@@ -185,7 +193,8 @@ def _reference(x: np.ndarray, k: int):
 @pytest.mark.parametrize("rows, experts, k, dtype", [(4096, 4096, 8, "float16"), (1024, 2048, 8, "float16"),
                                                      (16384, 8, 2, "float16"), (4096, 64, 6, "float16"),
                                                      (2048, 256, 8, "float16"), (4096, 4096, 8, "float32"),
-                                                     (8192, 64, 6, "float32")])
+                                                     (8192, 64, 6, "float32"), (2048, 60, 4, "float16"),
+                                                     (257, 60, 2, "float16")])
 def test_gpu_planned_routing_matches_a_stable_sort(rows, experts, k, dtype):
     from conftest import TARGET
 

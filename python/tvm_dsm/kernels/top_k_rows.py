@@ -50,7 +50,7 @@ from ..hardware import MAX_CTA_THREADS, Hardware
 from ..ir import fast_exp, loads, narrow_indices, shuffle_xor, substitute, tree_reduce
 from .template import KernelTemplate
 
-_LOAD_BYTES = 16
+_LOAD_BYTES, _MIN_COPY_BYTES = 16, 4  # the widest and narrowest cp.async copies
 _WARP = 32
 #: Static shared memory of a CTA (the rows it stages).
 _SHARED_BYTES = 48 * 1024
@@ -100,8 +100,13 @@ class TopKRows:
 
     @property
     def vector(self) -> int:
-        """Elements of X in one 16-byte piece (a lane's copy unit)."""
-        return _LOAD_BYTES // self.element_bytes
+        """Elements of X in a lane's copy unit: a 16-byte piece, or the widest power of two of
+        elements that divides the row (60 experts in fp16: 8-byte pieces), so that every
+        row's pieces start on their own size."""
+        vector = _LOAD_BYTES // self.element_bytes
+        while self.width % vector:
+            vector //= 2
+        return vector
 
     def row_bytes(self, rows: int) -> int:
         """Shared memory for ``rows`` staged rows."""
@@ -165,6 +170,9 @@ def check_config(found: TopKRows, c: TopKRowsConfig) -> None:
     vector = found.vector
     checks = [
         (c.lanes in (1, 2, 4, 8, 16, 32), f"lanes={c.lanes}: a power of two <= 32"),
+        (vector * found.element_bytes >= _MIN_COPY_BYTES,
+         f"rows of {found.width} x {found.element_bytes} B are not whole pieces of {_MIN_COPY_BYTES}, 8 or "
+         f"{_LOAD_BYTES} bytes (cp.async's sizes)"),
         (found.width % (c.lanes * vector) == 0,
          f"the {found.width}-wide row does not split into {c.lanes} lanes of {vector}-element pieces"),
         (found.row_bytes(c.rows_per_cta) <= _SHARED_BYTES,
@@ -228,6 +236,8 @@ def top_k_rows_kernel(found: TopKRows, c: TopKRowsConfig) -> tirx.PrimFunc:  # n
     x_dtype = str(x.ty.dtype)
     X_BYTES = found.element_bytes
     VEC = found.vector  # check_config: every lane holds whole pieces
+    # cp.async.cg copies 16 bytes only; .ca also 4 and 8
+    copy_piece = T.ptx.cp.async_.cg.shared.global_ if VEC * X_BYTES == _LOAD_BYTES else T.ptx.cp.async_.ca.shared.global_
     PIECES = found.width // L // VEC
     K = top.top_k.k
     LOG_L = L.bit_length() - 1
@@ -335,9 +345,9 @@ def top_k_rows_kernel(found: TopKRows, c: TopKRowsConfig) -> tirx.PrimFunc:  # n
                     # put a __syncthreads after (docs/cascades.md).
                     base[0] = T.cuda.cvta_generic_to_shared(T.address_of(xs[r, 0]))
                     for q in T.unroll(PIECES):
-                        T.evaluate(T.ptx.cp.async_.cg.shared.global_(
+                        T.evaluate(copy_piece(
                             base[0] + T.Cast("uint32", key_of(q, 0, lane) * X_BYTES),
-                            T.address_of(x[row, key_of(q, 0, lane)]), _LOAD_BYTES, T.bool(False)))
+                            T.address_of(x[row, key_of(q, 0, lane)]), VEC * X_BYTES, T.bool(False)))
                     T.evaluate(T.ptx.cp.async_.commit_group())
                     T.evaluate(T.ptx.cp.async_.wait_group(0))
                     st[0] = T.float32(_LOWEST)
