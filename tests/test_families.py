@@ -96,6 +96,34 @@ def test_fused_rows_count_element_work_beside_the_bytes():
     assert 0 < ranking.best.seconds["fp32"] < ranking.best.seconds["hbm"]
 
 
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+def test_fused_rows_take_sums_along_rows_not_across_them(layout):
+    """One row's gated products (silu(x W_g) * (x W_u)) are two sums per output column: the
+    fused rows take them where each column's weights are a contiguous row (W [N, K]), and refuse
+    W [K, N], whose column walk reads one 2-byte element per sector."""
+    from tvm import te
+
+    from tvm_dsm.families.fused_cascade import FusedCascade
+
+    k, n = 1024, 512
+    x = te.placeholder((1, k), "float16", name="x")
+    wg, wu = (te.placeholder((n, k) if layout == "nk" else (k, n), "float16", name=name) for name in ("wg", "wu"))
+
+    def product(w):
+        r = te.reduce_axis((0, k), "r")
+        at = (lambda j: w[j, r]) if layout == "nk" else (lambda j: w[r, j])
+        return te.compute((1, n), lambda i, j: te.sum(x[i, r].astype("float32") * at(j).astype("float32"), axis=r))
+
+    gate, up = product(wg), product(wu)
+    y = te.compute((1, n), lambda i, j: (gate[i, j] / (1 + te.exp(-gate[i, j])) * up[i, j]).astype("float16"))
+    func = te.create_prim_func([x, wg, wu, y])
+    if layout == "nk":
+        assert FusedCascade().recognize(func) is func
+    else:
+        with pytest.raises(ClusterError, match="read with a row index after the reduced one"):
+            FusedCascade().recognize(func)
+
+
 def test_symbolic_extents_are_refused_by_name_and_built_per_range_of_rows():
     """A Relax model with a dynamic batch gives PrimFuncs with symbolic extents: families plan
     constant extents (refused by name, not a crash inside a family, pointing to the ranges), and

@@ -164,12 +164,29 @@ def test_widths_off_four_columns_store_one_column_at_a_time(m, n, k, assemble):
     assemble(source, f"odd_width_{m}x{n}x{k}")
 
 
-def test_the_gemm_family_leaves_one_row_to_a_gemv():
+def test_the_gemm_family_leaves_one_row_of_weights_stored_n_by_k_to_the_row_gemv():
     from tvm_dsm.families.split_k_gemm import SplitKGemm
 
     family = SplitKGemm()
     with pytest.raises(ClusterError, match="M=1 is a GEMV"):
         family.rank(family.recognize(dense(1, 4096, 4096)), load_hardware())
+
+
+def test_one_row_of_weights_stored_k_by_n_takes_the_split_k_gemm():
+    """x @ W with W [K, N] at one row: the row GEMV reads rows of W [N, K], and TVM's GEMV of
+    the columns ran 1x3000x2048 fp16 in 11.9 us against torch's 7.0 (H200, generality run);
+    the 16-row tile's tensor-core work is free beside reading W."""
+    assert tvm_dsm.plan(dense(1, 3000, 2048, weight_layout="kn")).family.name == "split_k_gemm"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("n", "k"), [(3000, 2048), (4096, 1000), (14336, 4096)])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_one_row_of_weights_stored_k_by_n_is_correct_on_the_gpu(n, k, dtype):
+    rng = np.random.default_rng()
+    x, w = rng.standard_normal((1, k)), rng.standard_normal((k, n)) / np.sqrt(k)
+    func = dense(1, n, k, dtype, weight_layout="kn")
+    assert relative_error_on_gpu(func, [x, w], lambda x, w: x @ w, (1, n), _numpy_dtype(dtype)) < 2e-3
 
 
 def test_shapes_that_fit_keep_whole_tiles():

@@ -12,7 +12,7 @@ from tvm import s_tir, tirx
 from ..errors import ClusterError
 from ..fusion.cascade import analyze, element_producers, find_cascades, inline_elementwise
 from ..hardware import Hardware
-from ..ir import loads
+from ..ir import loads, uses
 from ..planners.cascade_split import CascadeSplit, plan_cascade_split, schedule_cascade
 from ..transform.buffers import buffer_bytes
 from .base import ScheduleFamily
@@ -48,6 +48,16 @@ def element_ops(func: tirx.PrimFunc) -> int:
     return ops
 
 
+def _read_across_rows(level, rows: list) -> str | None:
+    """The first tensor ``level`` reads with one of its ``rows`` indices after its reduced one
+    (``W[k, j]`` for rows ``j``), if any: a thread walking a row reads elements a row apart."""
+    for load in loads(level.value):
+        position = next((p for p, i in enumerate(load.indices) if uses(i, level.reduce_var)), None)
+        if position is not None and any(uses(i, v) for i in load.indices[position + 1:] for v in rows):
+            return load.source.name
+    return None
+
+
 class FusedCascade(ScheduleFamily):
     name = "fused_cascade"
     traced = False  # FuseCascadedReductions writes a new function
@@ -64,6 +74,13 @@ class FusedCascade(ScheduleFamily):
         if refused:
             raise ClusterError("; ".join(refused))
         levels = [lvl for group, _ in groups for lvl in group]
+        for group, _ in groups:
+            rows = len(group[0].spatial)  # a level's axes past the rows are its own output's
+            strided = next((found for lvl in group if (found := _read_across_rows(lvl, lvl.spatial[:rows]))), None)
+            if strided:
+                raise ClusterError(f"{strided} is read with a row index after the reduced one: a row's "
+                                   "elements lie a row apart (a GEMV over W [K, N]), which the fused rows read "
+                                   "a sector per element")
         results = [buf for lvl in levels for buf in lvl.results]
         sch = s_tir.Schedule(inline_elementwise(func))
         for rv in sch.get_child_blocks(sch.get_sblock("root")):

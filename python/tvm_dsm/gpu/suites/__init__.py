@@ -15,7 +15,6 @@ from .chains import chains, chains_m, conv_chains
 from .decode import decode, decode_picks
 from .elementwise import elementwise, elementwise_configs
 from .generality import generality, symbolic_rows
-from .generated import generated
 from .norms import norms
 from .real_shapes import real_shapes
 from .gemm import GEMM_SHAPES, fp8, gated, gemm, gemm_large_m, gemm_m, layer_shapes, lm_head
@@ -52,8 +51,7 @@ SUITES = {
     "gemm": gemm, "gemm_m": gemm_m, "gated": gated, "gemm_large_m": gemm_large_m, "fp8": fp8,
     "lm_head": lm_head, "chains": chains, "chains_m": chains_m, "conv_chains": conv_chains,
     "attention": attention, "attention_forms": attention_forms, "decode_forms": decode_forms,
-    "generality": generality,
-    "generated": generated, "norms": norms, "elementwise": elementwise, "real_shapes": real_shapes,
+    "generality": generality, "norms": norms, "elementwise": elementwise, "real_shapes": real_shapes,
     "symbolic_rows": symbolic_rows,
     **EXPERIMENTS,
 }

@@ -1,7 +1,8 @@
-"""Functions written the way users write them, built through ``tvm_dsm.build``'s path (a family,
-dlight, or one schedule per operator): FFNs with ``[K, N]`` weights, bf16, fp32 and sizes off
-the tiles, and dense layers at decode batch sizes (2-13 rows, a 1B-class decoder's linear layers) and prime
-ones."""
+"""The generality run: every function of the seeded generator (:mod:`.generated`: the op
+classes in the styles users write them) and hand-written user forms, all through
+``tvm_dsm.build``'s path (a family, dlight, or one schedule per operator): FFNs with ``[K, N]``
+weights, bf16, fp32 and sizes off the tiles, and dense layers at decode batch sizes (2-13 rows,
+a 1B-class decoder's linear layers) and prime ones."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from tvm import te
 
 from ...driver import schedule
 from .base import Variant, args_of, nbytes_of
+from .generated import generated
 
 
 def _matmul(x, w, name: str, nk: bool):
@@ -65,6 +67,11 @@ def _variant(name: str, func, workload: str, scale: list, flops: int) -> Variant
 
 
 def generality() -> list[Variant]:
+    """The generated functions, then the user forms."""
+    return generated() + user_forms()
+
+
+def user_forms() -> list[Variant]:
     variants = []
     for m, n, k, l, dtype, nk in FFNS:
         layout = "nk" if nk else "kn"
