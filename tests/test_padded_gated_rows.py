@@ -23,7 +23,7 @@ from tvm_dsm.workloads.dense import gated_dense
 
 
 def test_the_rewrite_reads_x_once_zero_filled_and_copies_the_real_rows_last():
-    func = pad_gated_rows(gated_dense(te.var("m"), 256, 512, fused_weight=True), 16)
+    func = pad_gated_rows(gated_dense(te.var("m"), 256, 512, fused_weight=True), [16, 64, 128])
     sch = s_tir.Schedule(func)
     fill, gate, up, output, copy = (sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root")))
     assert not is_reduction(fill) and "if_then_else" in str(fill.body)
@@ -50,6 +50,19 @@ def test_a_gated_layer_of_any_row_count_builds_a_kernel_per_range(fused_weight):
     assert sum(") < m)" in kernel for kernel in found.values()) == len(kernels)
 
 
+@pytest.mark.parametrize("fused_weight", [True, False])
+def test_columns_and_k_off_the_tiles_read_each_weight_through_a_zero_filled_copy(fused_weight):
+    """N = 3000 and K = 1000 off 64-wide tiles: X is filled once for both products, each
+    product's weight (a fused weight's gate and up rows) once, and the build is one kernel."""
+    func = gated_dense(13, 3000, 1000, fused_weight=fused_weight)
+    sch = s_tir.Schedule(pad_gated_rows(func, [16, 64, 128]))
+    blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    fills = [b for b in blocks if not is_reduction(b) and "if_then_else" in str(b.body)]
+    assert len(fills) == 3 and sum(is_reduction(b) for b in blocks) == 2
+    assert tvm_dsm.plan(func).family.name == "split_k_gemm"
+    assert len(cuda_kernels(tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source())) == 1
+
+
 def test_rows_off_the_tiles_take_the_gated_kernel():
     func = gated_dense(100, 1024, 2048, fused_weight=True)
     assert tvm_dsm.plan(func).family.name == "split_k_gemm"
@@ -57,11 +70,11 @@ def test_rows_off_the_tiles_take_the_gated_kernel():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(("n", "k"), [(1024, 2048), (3000, 1000)])
 @pytest.mark.parametrize("fused_weight", [True, False])
-def test_gpu_a_gated_layer_matches_float64_at_every_row_count(fused_weight):
+def test_gpu_a_gated_layer_matches_float64_at_every_row_count(fused_weight, n, k):
     """One module of a symbolic row count at 1, 7, 16, 17, 100 and 300 rows, and a build at 100
-    rows; fresh inputs, NaN-poisoned outputs."""
-    n, k = 1024, 2048
+    rows, with N and K on the tiles and off them; fresh inputs, NaN-poisoned outputs."""
     symbolic = tvm_dsm.build(gated_dense(te.var("m"), n, k, fused_weight=fused_weight), TARGET)
     static = tvm_dsm.build(gated_dense(100, n, k, fused_weight=fused_weight), TARGET)
     dev, rng = tvm.cuda(0), np.random.default_rng()

@@ -114,13 +114,13 @@ def test_projections_of_two_inputs_are_not_a_gated_layer():
     assert not any(gv.name_hint.startswith("gated_projection") for gv in rewritten.functions)
 
 
-@pytest.mark.parametrize("form", [dict(sections=4), dict(axis=1, shape=(2, 4)), dict(silu_of=1), dict(inner=96)])
+@pytest.mark.parametrize("form", [dict(sections=4), dict(axis=1, shape=(2, 4)), dict(silu_of=1), dict(hidden=60)])
 def test_other_splits_are_left_alone(form):
     """Quarters, halves of the sequence, the SiLU of the second half (not SwiGLU's halves), or
-    halves of 96 columns, which the gated GEMM does not take (whole tiles of N): left as Relax
-    writes them."""
-    inner = form.get("inner", 128)
-    mod, _ = _nn_swiglu(64, inner, **{key: value for key, value in form.items() if key != "inner"})
+    halves of a product over a 60-wide input, which the gated GEMM does not take (rows of 120
+    bytes: its copies move 16-byte pieces): left as Relax writes them."""
+    mod, _ = _nn_swiglu(form.get("hidden", 64), 128,
+                        **{key: value for key, value in form.items() if key != "hidden"})
     rewritten = FuseGatedProjections(MatmulsAsMatrices(mod))
     assert not any(gv.name_hint.startswith("gated_projection") for gv in rewritten.functions)
 

@@ -316,13 +316,9 @@ def check_padded_config(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware
     the first limit ``shape`` or ``config`` breaks."""
     check_edges(shape)
     tiles = tiled_shape(shape, config)
-    # Gated products (their rows past the tiles rewritten to whole tiles: padded_gated_rows) run
-    # over whole tiles of N and K; the rows past M are x's alone, zero-filled as for any weight.
     # A weight stored [K, N] takes predicated cp.async copies of its edges (16-byte pieces: N a
-    # multiple of 8, check_edges), which zero-fill past N and K.
-    if shape.products > 1 and (tiles.n, tiles.k) != (shape.n, shape.k):
-        raise ClusterError(f"gated products run over whole tiles of N and K: {shape.n}x{shape.k} is not a "
-                           f"multiple of {config.block_n}x{config.cluster_size * config.block_k}")
+    # multiple of 8, check_edges), which zero-fill past N and K; gated products are rewritten to
+    # whole tiles first (padded_gated_rows), their fills inlined into the same copies.
     check_config(tiles, config, hw)
 
 
@@ -427,10 +423,11 @@ def schedule_split_k_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig, hw: Har
     check_padded_config(shape, config, hw)
     tiles = tiled_shape(shape, config)
     if shape.products > 1 and (shape.symbolic_rows or tiles != shape):
-        sch = s_tir.Schedule(pad_gated_rows(func, config.block_m))
+        sch = s_tir.Schedule(pad_gated_rows(func, [config.block_m, config.block_n, config.cluster_size * config.block_k]))
         *_, output, unpad = sch.get_child_blocks(sch.get_sblock("root"))
         products = list(sch.get_producers(output))
-        fills = sch.get_producers(products[0])  # the zero-filled X both products read
+        # the zero-filled X both products read, and each one's padded weight
+        fills = list({sch.get(f).name_hint: f for p in products for f in sch.get_producers(p)}.values())
         apply_split_k_gemm(sch, products, [output], tiles, config)
         for fill in fills:  # after the tile copies exist (as apply_padded_split_k_gemm's)
             sch.compute_inline(fill)
