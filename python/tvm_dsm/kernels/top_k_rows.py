@@ -173,12 +173,6 @@ def check_config(found: TopKRows, c: TopKRowsConfig) -> None:
         (vector * found.element_bytes >= _MIN_COPY_BYTES,
          f"rows of {found.width} x {found.element_bytes} B are not whole pieces of {_MIN_COPY_BYTES}, 8 or "
          f"{_LOAD_BYTES} bytes (cp.async's sizes)"),
-        # The fused rows split such short rows over more threads: 2048 x 60 fp16 experts in 1.7 us
-        # against 4.2 here (H200, archive/generality_top_k_narrow_rows_s63.json); they take
-        # constant row counts only.
-        (vector * found.element_bytes == _LOAD_BYTES or found.symbolic_rows,
-         f"rows of {found.width} x {found.element_bytes} B off 16 bytes at a constant row count: the "
-         "fused rows' split"),
         (found.width % (c.lanes * vector) == 0,
          f"the {found.width}-wide row does not split into {c.lanes} lanes of {vector}-element pieces"),
         (found.row_bytes(c.rows_per_cta) <= _SHARED_BYTES,
