@@ -213,7 +213,7 @@ def test_gpu_planned_routing_matches_a_stable_sort(rows, experts, k, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("experts, k", [(64, 6), (256, 8), (8, 2)])
+@pytest.mark.parametrize("experts, k", [(64, 6), (256, 8), (8, 2), (60, 4)])
 def test_gpu_one_module_routes_any_token_count(experts, k):
     """One module built for a symbolic token count, called at counts inside each range and off
     the CTAs' rows (1, 17, 100, 4099): every token's experts and weights, nothing written past
