@@ -81,6 +81,21 @@ def test_a_cascade_whose_stage_reads_the_data_again_goes_to_the_row_norm_kernel(
     assert tvm_dsm.plan(func).family.name == "row_norm"
 
 
+def test_a_form_the_planner_took_is_tuned_and_replayed(tmp_path):
+    """TOPI's gated layer is planned with its reductions first: tune records that form, and
+    schedule and build find and replay its record from the function as written."""
+    from test_reductions_first import topi_gated
+
+    func = topi_gated(128, 512, 1024)
+    measured = tvm_dsm.tune(func, str(tmp_path), top_k=2, builder=InProcessBuilder(), runner=_ScriptedRunner())
+    assert [m.rank for m in measured] == [1, 0]
+    database = ms.database.JSONDatabase(work_dir=str(tmp_path))
+    chosen = tvm_dsm.driver.schedule(func, database=database)
+    expected = tvm_dsm.plan(func).schedule(1)
+    tvm.ir.assert_structural_equal(chosen.mod, expected.mod)
+    tvm_dsm.build(func, database=database)
+
+
 def test_tune_records_a_generated_kernel_and_build_replays_it(tmp_path):
     """A fused cascade's kernel is generated, not a trace of the function: tune records the
     function marked with its configuration, and a build from the database writes that kernel."""

@@ -120,8 +120,18 @@ def test_fused_rows_take_sums_along_rows_not_across_them(layout):
     if layout == "nk":
         assert FusedCascade().recognize(func) is func
     else:
-        with pytest.raises(ClusterError, match="read with a row index after the reduced one"):
+        with pytest.raises(ClusterError, match="read with a row index innermost"):
             FusedCascade().recognize(func)
+
+
+def test_fused_rows_take_attention_over_heads_stored_after_the_keys():
+    """Decode attention over K/V stored [B, S, H, D] reads V[b, t, h, e]: a row index (h) after
+    the key, but each key's values a contiguous row of D."""
+    from tvm_dsm.families.fused_cascade import FusedCascade
+    from tvm_dsm.workloads.attention_forms import te_attention
+
+    func = te_attention(1, 8, 1, 1024, 80, layout="bshd", dtype="float32")
+    assert FusedCascade().recognize(func) is func
 
 
 def test_symbolic_extents_are_refused_by_name_and_built_per_range_of_rows():

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import tvm
@@ -85,45 +85,51 @@ class Ranking:
         return sch
 
 
-def _as_written_or_widened(func: tirx.PrimFunc, attempt: Callable[[tirx.PrimFunc], Any]) -> tuple[tirx.PrimFunc, Any]:
-    """``(form, attempt(form))`` for the first form of ``func`` that ``attempt`` takes without a
-    ClusterError: as written; its matmuls accumulating in fp32 where they accumulate in 16 bits
-    (:mod:`tvm_dsm.transform.widen_accumulation`); its blocks with reductions first where they
-    are written in another order (:mod:`tvm_dsm.transform.reductions_first`); both. Else the
-    first error."""
-    try:
-        return func, attempt(func)
-    except ClusterError as err:
-        first = err
+def _forms(func: tirx.PrimFunc) -> Iterator[tuple[tirx.PrimFunc, str | None]]:
+    """``func``'s forms that compute the same values, in the order they are tried, each with
+    what is logged where one is taken: as written; its matmuls accumulating in fp32 where they
+    accumulate in 16 bits (:mod:`tvm_dsm.transform.widen_accumulation`); its blocks with
+    reductions first where they are written in another order
+    (:mod:`tvm_dsm.transform.reductions_first`); both. Each is made when it is asked for."""
+    yield func, None
     widened = widen_accumulation(func)
+    if widened is not None:
+        yield widened, "its matmuls accumulate in 16 bits; scheduled accumulating in fp32, rounded once"
     reordered = reductions_first(func)
-    forms = [(widened, "its matmuls accumulate in 16 bits; scheduled accumulating in fp32, rounded once"),
-             (reordered, "its blocks are scheduled with its reductions first"),
-             (reordered and widen_accumulation(reordered),
-              "its blocks are scheduled with its reductions first, its matmuls accumulating in fp32")]
-    for form, how in forms:
-        if form is None:
-            continue
+    if reordered is not None:
+        yield reordered, "its blocks are scheduled with its reductions first"
+        both = widen_accumulation(reordered)
+        if both is not None:
+            yield both, "its blocks are scheduled with its reductions first, its matmuls accumulating in fp32"
+
+
+def _first_form_taken(func: tirx.PrimFunc, attempt: Callable[[tirx.PrimFunc], Any]) -> tuple[tirx.PrimFunc, Any]:
+    """``(form, attempt(form))`` for the first of ``func``'s forms (:func:`_forms`) that
+    ``attempt`` takes without a ClusterError; else the error of ``func`` as written."""
+    first = None
+    for form, how in _forms(func):
         try:
             result = attempt(form)
-        except ClusterError:
+        except ClusterError as err:
+            first = first or err
             continue
-        LOG.info(how)
+        if how is not None:
+            LOG.info(how)
         return form, result
-    raise first from None
+    raise first
 
 
 def plan(func: tirx.PrimFunc, hw: Hardware | None = None, target=None) -> Ranking:
     """Rank every valid configuration of the family ``func`` belongs to (ClusterError if none
-    applies, naming why each family does not, or if ``target`` is not a Hopper GPU). A function
-    whose matmuls accumulate in 16 bits is planned as accumulating in fp32
-    (:mod:`tvm_dsm.transform.widen_accumulation`) where no family takes it as written. The
+    applies, naming why each family does not, or if ``target`` is not a Hopper GPU). Where no
+    family takes the function as written, its other forms are tried (:func:`_forms`: matmuls
+    accumulating in fp32, reductions first); the ranking holds the form taken. The
     analytical ranking's first plans are re-ordered by what was measured on similar shapes
     (:func:`tvm_dsm.learned_ranking.rerank`). Where no family takes a function whose tensors'
     leading axes are rows, the error says so: ``build`` takes it as matrices, which
     ``plan(rows_as_matrix(func).func)`` ranks."""
     try:
-        func, (family, shape) = _as_written_or_widened(func, lambda f: match_family(f, target))
+        func, (family, shape) = _first_form_taken(func, lambda f: match_family(f, target))
     except ClusterError as err:
         if not has_row_axes(func):
             raise
@@ -169,7 +175,7 @@ def tune(func: tirx.PrimFunc, work_dir: str, *, target=H100, top_k: int = 8,
     built = builder.build([ms.builder.BuilderInput(s.mod, target) for s in schedules])
     args_info = ms.arg_info.ArgInfo.from_prim_func(func)
     database = open_database(work_dir)
-    workload = database.commit_workload(_module(func))
+    workload = database.commit_workload(_module(ranking.func))  # the form planned (what build looks up)
     results = []
     to_run = [(i, b) for i, b in enumerate(built) if b.error_msg is None]
     futures = runner.run([ms.runner.RunnerInput(b.artifact_path, target.kind.name, args_info)
@@ -207,9 +213,9 @@ def build(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None = No
     target = tvm.target.Target(target)
     refuse_host_sorts(func)
     func = _public(func)
-    record = tuning_record(database, func, target)
-    if record is not None:
-        return tvm.compile(replay(record.trace, func).mod, target=target)
+    recorded = _recorded(database, func, target)
+    if recorded is not None:
+        return tvm.compile(replay(recorded[1].trace, recorded[0]).mod, target=target)
     try:
         if extent_variables(func):
             return tvm.compile(schedule_row_ranges(func, target, hw, database)[1].mod, target=target)
@@ -240,9 +246,9 @@ def schedule(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None =
     themselves."""
     target = tvm.target.Target(target)
     func = _public(func)
-    record = tuning_record(database, func, target)
-    if record is not None:
-        return replay(record.trace, func)
+    recorded = _recorded(database, func, target)
+    if recorded is not None:
+        return replay(recorded[1].trace, recorded[0])
     try:
         if extent_variables(func):
             return schedule_row_ranges(func, target, hw, database)[1]
@@ -265,7 +271,7 @@ def schedule_row_ranges(func: tirx.PrimFunc, target=H100, hw: Hardware | None = 
         record = tuning_record(database, fixed, target)
         return None if record is None else recorded_config(replay(record.trace, fixed).mod["main"])
 
-    func, kernels = _as_written_or_widened(func, lambda f: range_kernels(f, target, hw or load_hardware(), recorded))
+    func, kernels = _first_form_taken(func, lambda f: range_kernels(f, target, hw or load_hardware(), recorded))
     for kernel in kernels:
         LOG.info("rows up to %s: %s %s", kernel.bound or "any", kernel.family.name, kernel.config)
     # s_tir's checks expect one root block; each range's kernel holds its own
@@ -279,6 +285,19 @@ def row_range_tasks(func: tirx.PrimFunc) -> list[tuple[int, tirx.PrimFunc]]:
     # the families' kernels index in int32 (a template's kernel is built on the narrowed
     # function, whose variables the branches must share)
     return range_specializations(narrow_indices(func))
+
+
+def _recorded(database: ms.Database | None, func: tirx.PrimFunc,
+              target) -> tuple[tirx.PrimFunc, ms.database.TuningRecord] | None:
+    """The tuning record ``database`` holds for ``func`` or one of its forms (:func:`_forms`:
+    ``tune`` records the form the planner took), with that form; None where it holds none."""
+    if database is None:
+        return None
+    for form, _ in _forms(func):
+        record = tuning_record(database, form, target)
+        if record is not None:
+            return form, record
+    return None
 
 
 def tuning_record(database: ms.Database | None, func: tirx.PrimFunc,

@@ -49,11 +49,14 @@ def element_ops(func: tirx.PrimFunc) -> int:
 
 
 def _read_across_rows(level, rows: list) -> str | None:
-    """The first tensor ``level`` reads with one of its ``rows`` indices after its reduced one
-    (``W[k, j]`` for rows ``j``), if any: a thread walking a row reads elements a row apart."""
+    """The first tensor ``level`` reads along its reduced index whose innermost index is one of
+    its ``rows`` (``W[k, j]`` for rows ``j``), if any: a thread walking a row reads elements a
+    row apart. (``V[b, t, h, e]``, rows ``b, h`` and the level's own axis ``e`` innermost, reads
+    contiguous rows of ``e``.)"""
     for load in loads(level.value):
-        position = next((p for p, i in enumerate(load.indices) if uses(i, level.reduce_var)), None)
-        if position is not None and any(uses(i, v) for i in load.indices[position + 1:] for v in rows):
+        *_, innermost = load.indices
+        if (any(uses(i, level.reduce_var) for i in load.indices) and not uses(innermost, level.reduce_var)
+                and any(uses(innermost, v) for v in rows)):
             return load.source.name
     return None
 
@@ -78,7 +81,7 @@ class FusedCascade(ScheduleFamily):
             rows = len(group[0].spatial)  # a level's axes past the rows are its own output's
             strided = next((found for lvl in group if (found := _read_across_rows(lvl, lvl.spatial[:rows]))), None)
             if strided:
-                raise ClusterError(f"{strided} is read with a row index after the reduced one: a row's "
+                raise ClusterError(f"{strided} is read with a row index innermost, after the reduced one: a row's "
                                    "elements lie a row apart (a GEMV over W [K, N]), which the fused rows read "
                                    "a sector per element")
         results = [buf for lvl in levels for buf in lvl.results]

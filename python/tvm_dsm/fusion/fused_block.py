@@ -295,7 +295,8 @@ class FusedBlock:
 
     def _split_and_merge(self, rows: list) -> None:
         """Part p scans the ``vector``-element chunks p, p + P, ... (adjacent parts read adjacent
-        chunks) into partial states; the parts of a warp merge them by shuffles (with
+        chunks; where P does not divide the chunks, the last step of the parts past the row's
+        last chunk leaves their states as they are) into partial states; the parts of a warp merge them by shuffles (with
         ``shuffle``), then the rest merge pairwise in a tree with the levels' corrections:
         while n > ``ranks`` partials remain, part p < n/2 absorbs part p + n/2 into
         a new buffer of n/2 partials (one ``*_merge`` block per round, a schedule binds it to

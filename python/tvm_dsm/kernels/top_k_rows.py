@@ -9,7 +9,8 @@ below a thread's k-th best would not help there: the 32 lanes of a warp test dif
 elements, and some lane almost always inserts.
 
 Here each row is copied whole into shared memory (each of its ``lanes`` threads, one warp's,
-copies its own 16-byte pieces by ``cp.async`` and reads back only those: no barrier), so the
+copies its own pieces, 16 bytes or the widest of 8 and 4 that divides the row, by ``cp.async``
+and reads back only those: no barrier), so the
 row can be visited again for the price of a shared-memory read:
 
     m    = max over the row                 each lane's max, then a shuffle over the row's lanes
@@ -171,8 +172,8 @@ def check_config(found: TopKRows, c: TopKRowsConfig) -> None:
     checks = [
         (c.lanes in (1, 2, 4, 8, 16, 32), f"lanes={c.lanes}: a power of two <= 32"),
         (vector * found.element_bytes >= _MIN_COPY_BYTES,
-         f"rows of {found.width} x {found.element_bytes} B are not whole pieces of {_MIN_COPY_BYTES}, 8 or "
-         f"{_LOAD_BYTES} bytes (cp.async's sizes)"),
+         f"rows of {found.width} x {found.element_bytes} B are not whole pieces of {_MIN_COPY_BYTES} bytes or "
+         f"more (cp.async copies {_MIN_COPY_BYTES}, 8 or {_LOAD_BYTES})"),
         (found.width % (c.lanes * vector) == 0,
          f"the {found.width}-wide row does not split into {c.lanes} lanes of {vector}-element pieces"),
         (found.row_bytes(c.rows_per_cta) <= _SHARED_BYTES,

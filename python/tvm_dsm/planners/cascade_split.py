@@ -4,8 +4,11 @@ measuring.
 A fused cascade reads each row once, so it runs at HBM speed exactly when enough loads are in
 flight: by Little's law the threads must together hold ``HBM bandwidth x loaded latency``
 bytes of outstanding loads. Each thread holds ``vector`` elements of every row it reads
-(16-byte loads; with an element producer, each lane a 16-byte slice of the key and value rows),
-twice: the fused loop loads the next chunk while it applies the current one.
+(16-byte loads, or the widest of 8, 4 and 2 bytes that divides the row; with an element producer,
+each lane a 16-byte slice of the key and value rows), twice: the fused loop loads the next chunk
+while it applies the current one. Rows the parts' chunks do not divide are split anyway, the
+last step of some parts predicated off; rows of an odd width are refused (single-element loads
+ran 1.5x slower than TVM's stock schedule, docs/guide.md).
 Only resident threads count: an SM holds at most 32 CTAs and 2048 threads (sm_90), so many
 small CTAs (many rows, few threads each) saturate before the loads do. The plan takes the
 fewest parts that reach that bytes in flight (or 90 % of the most any split reaches), adding
@@ -119,6 +122,9 @@ def _plan(func: tirx.PrimFunc, hw: Hardware | None) -> tuple[CascadeSplit, s_tir
         vector = _LOAD_BYTES // elem
         while extent % vector:
             vector //= 2
+        if vector == 1:
+            raise ClusterError(f"rows of an odd width ({extent}) read an element a load: TVM's stock "
+                               "schedule runs them faster (docs/guide.md)")
         vectors = (vector,)
 
         def step_bytes(vector: int) -> int:  # one load of the vector's elements
@@ -137,13 +143,9 @@ def _plan(func: tirx.PrimFunc, hw: Hardware | None) -> tuple[CascadeSplit, s_tir
 
     def splits(parts: int, vector: int) -> bool:
         """Whether ``parts`` parts read the row in ``vector``-element chunks: evenly with an
-        element producer or single elements (an odd width), else at least one chunk a part
-        (the last step predicated where the parts do not divide the chunks). Odd widths read
-        an element a load: 1021-wide rows at 1-2 rows ran 2.3-2.4 us so split against 1.6
-        for TVM's stock schedule (archive/generated_uneven_cascades_s63.json)."""
-        if producers or vector == 1:
-            return extent % (parts * vector) == 0
-        return extent >= parts * vector
+        element producer, else at least one chunk a part (the last step predicated where the
+        parts do not divide the chunks)."""
+        return extent % (parts * vector) == 0 if producers else extent >= parts * vector
 
     candidates = [
         (ranks, groups, vector) for ranks, groups, vector in itertools.product(_RANKS, _GROUPS, vectors)
@@ -219,6 +221,6 @@ def schedule_cascade(func: tirx.PrimFunc, hw: Hardware | None = None, split: Cas
 
 
 def _elem_bytes(expr) -> int:
-    """Bytes of the narrowest buffer element the expression loads (what 16-byte loads carry)."""
+    """Bytes of the narrowest buffer element the expression loads (what a load's elements are)."""
     sizes = [tvm.DataType(str(ld.source.ty.dtype)).bits // 8 for ld in loads(expr)]
     return min(sizes) if sizes else 4

@@ -40,7 +40,7 @@ from ..annotations import ROTATE_PEERS_KEY
 from ..intrin.mma import FP8, MMA_STORE_F32_DSM, OPERAND_TYPES, TILE, VECTOR, element_bytes, k_tile, pad
 from ..intrin.wgmma import MAX_N as WGMMA_MAX_N
 from ..intrin.wgmma import WARPGROUP_ROWS, wgmma_intrin
-from .padded_gated_rows import pad_gated_rows
+from .padded_gated_tiles import pad_gated_to_tiles
 from .tensor_core import blockize_fragments, fragment_caches, stage_in_shared, tensorize_fragments, warp_tile
 
 
@@ -318,7 +318,7 @@ def check_padded_config(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware
     tiles = tiled_shape(shape, config)
     # A weight stored [K, N] takes predicated cp.async copies of its edges (16-byte pieces: N a
     # multiple of 8, check_edges), which zero-fill past N and K; gated products are rewritten to
-    # whole tiles first (padded_gated_rows), their fills inlined into the same copies.
+    # whole tiles first (padded_gated_tiles), their fills inlined into the same copies.
     check_config(tiles, config, hw)
 
 
@@ -416,14 +416,14 @@ def schedule_split_k_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig, hw: Har
     """Schedule ``func`` (a matmul block plus elementwise epilogue, any M, N and K within
     :func:`check_padded_config`'s limits on ``hw``) as a cluster split-K GEMM with the given
     configuration (:func:`tvm_dsm.planners.split_k_gemm.schedule_dense` plans one). A gated
-    layer whose rows overrun the tiles is scheduled as its rewrite to whole tiles of rows
-    (:mod:`tvm_dsm.rules.padded_gated_rows`)."""
+    layer whose M, N or K overrun the tiles is scheduled as its rewrite to whole tiles
+    (:mod:`tvm_dsm.rules.padded_gated_tiles`)."""
     sch = s_tir.Schedule(func)
     blocks, epilogue, shape = find_gemm(sch)
     check_padded_config(shape, config, hw)
     tiles = tiled_shape(shape, config)
     if shape.products > 1 and (shape.symbolic_rows or tiles != shape):
-        sch = s_tir.Schedule(pad_gated_rows(func, [config.block_m, config.block_n, config.cluster_size * config.block_k]))
+        sch = s_tir.Schedule(pad_gated_to_tiles(func, [config.block_m, config.block_n, config.cluster_size * config.block_k]))
         *_, output, unpad = sch.get_child_blocks(sch.get_sblock("root"))
         products = list(sch.get_producers(output))
         # the zero-filled X both products read, and each one's padded weight

@@ -31,7 +31,7 @@ def fuse_cascaded_reductions(
     ``parts`` > 1 splits each row's reduction axis into that many strided parts (a child block a
     schedule binds to threads) whose partial states are merged by the same corrections. With
     ``vector`` > 1 each part reads chunks of that many consecutive elements, every row read whole
-    loaded by one vectorized copy per chunk (16 bytes: 8 for fp16 data). ``vector`` must divide
+    loaded by one vectorized copy per chunk (at most 16 bytes: 8 fp16 elements). ``vector`` must divide
     the reduction extent, into at least ``parts`` chunks; where the parts do not divide the
     chunks, the last step of some parts is predicated off (with an element producer, ``parts *
     vector`` must divide the extent).

@@ -1,8 +1,8 @@
 """A gated layer (SwiGLU's gate and up products, two weights or one fused weight) whose rows
-overrun its tiles, a symbolic row count or one off the tiles: rewritten to whole tiles of rows
-(tvm_dsm.rules.padded_gated_rows), scheduled by the split-K GEMM, one kernel per range of rows;
-a SwiGLU chain of any row count on those kernels operator by operator; (GPU) against float64 at
-row counts on and off the tiles."""
+overrun its tiles (a symbolic row count or one off the tiles), or whose N or K do: rewritten to
+whole tiles (tvm_dsm.rules.padded_gated_tiles), scheduled by the split-K GEMM, one kernel per
+range of rows; a SwiGLU chain of any row count on those kernels operator by operator; (GPU)
+against float64 at row counts and widths on and off the tiles."""
 
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ from conftest import kernels as cuda_kernels
 from tvm_dsm.families.row_ranges import range_kernels
 from tvm_dsm.hardware import load_hardware
 from tvm_dsm.ir import is_reduction, loads
-from tvm_dsm.rules.padded_gated_rows import pad_gated_rows
+from tvm_dsm.rules.padded_gated_tiles import pad_gated_to_tiles
 from tvm_dsm.workloads.chains import swiglu_ffn
 from tvm_dsm.workloads.dense import gated_dense
 
 
 def test_the_rewrite_reads_x_once_zero_filled_and_copies_the_real_rows_last():
-    func = pad_gated_rows(gated_dense(te.var("m"), 256, 512, fused_weight=True), [16, 64, 128])
+    func = pad_gated_to_tiles(gated_dense(te.var("m"), 256, 512, fused_weight=True), [16, 64, 128])
     sch = s_tir.Schedule(func)
     fill, gate, up, output, copy = (sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root")))
     assert not is_reduction(fill) and "if_then_else" in str(fill.body)
@@ -55,7 +55,7 @@ def test_columns_and_k_off_the_tiles_read_each_weight_through_a_zero_filled_copy
     """N = 3000 and K = 1000 off 64-wide tiles: X is filled once for both products, each
     product's weight (a fused weight's gate and up rows) once, and the build is one kernel."""
     func = gated_dense(13, 3000, 1000, fused_weight=fused_weight)
-    sch = s_tir.Schedule(pad_gated_rows(func, [16, 64, 128]))
+    sch = s_tir.Schedule(pad_gated_to_tiles(func, [16, 64, 128]))
     blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
     fills = [b for b in blocks if not is_reduction(b) and "if_then_else" in str(b.body)]
     assert len(fills) == 3 and sum(is_reduction(b) for b in blocks) == 2

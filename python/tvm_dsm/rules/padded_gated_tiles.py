@@ -24,7 +24,7 @@ from ..errors import ClusterError
 from ..ir import find_all, is_reduction, substitute, with_block_body
 
 
-def pad_gated_rows(func: tirx.PrimFunc, tiles: list[int]) -> tirx.PrimFunc:
+def pad_gated_to_tiles(func: tirx.PrimFunc, tiles: list[int]) -> tirx.PrimFunc:
     """``func``, a gated layer, computing whole ``tiles`` (``[rows, columns, K]``, see the
     module docstring); past N and K each product reads its own zero-filled copy of its weight,
     which the schedule inlines into the weight's tile copies."""
