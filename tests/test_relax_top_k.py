@@ -49,7 +49,7 @@ def test_a_router_top_k_becomes_the_kernels_function(shape, dtype, topk):
     ((4, "tokens"), {"k": 2, "axis": 0}),            # over the rows
     ((2, 8, 64), {"k": 4}),                          # 3-D
     (("tokens", 64), {"k": 4, "dtype": "int64"}),    # int64 indices: the kernel writes int32
-    (("tokens", 100), {"k": 4}),                     # rows of no whole 16-byte pieces
+    (("tokens", 101), {"k": 4}),                     # rows of no whole 4-byte pieces
 ])
 def test_any_other_top_k_is_left_to_relax(shape, topk):
     assert _kept(TopKAsRows(_module(shape, **topk)))
@@ -95,4 +95,5 @@ def test_two_different_top_ks_get_two_symbols_and_compile():
 
 def test_the_family_check_names_what_it_takes():
     assert family_takes("float16", 64, 4) and family_takes("float32", 4096, 8)
-    assert not family_takes("float16", 100, 4)  # 100 halves: no whole 16-byte pieces
+    assert family_takes("float16", 100, 4)  # 100 halves: 8-byte pieces
+    assert not family_takes("float16", 101, 4)  # no whole 4-byte pieces
