@@ -30,6 +30,7 @@ from .ir import extent_variables, narrow_indices
 from .learned_ranking import rerank
 from .local_measure import local_builder, local_runner
 from .planners.report import Plan
+from .rules.aligned_rows import pad_rows_to_vectors
 from .transform.generate_kernels import mark_generated, recorded_config
 from .transform.host_sorts import refuse_host_sorts
 from .transform.rows_as_matrix import has_row_axes, over_original_tensors, rows_as_matrix
@@ -325,6 +326,10 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
         return matrices
     LOG.info("tvm-dsm falls back from its families: %s", reason)
     func = widen_accumulation(func) or func
+    aligned = pad_rows_to_vectors(func) if families else None
+    if aligned is not None:
+        LOG.info("its 16-bit rows are off 16 bytes: copied to whole rows, then the tensor-core GEMM")
+        return _per_operator(aligned, _operators(aligned), target, hw, families)
     operators = _operators(func)
     per_operator_error = None
     if families and sum(op.matmul for op in operators) >= 2:

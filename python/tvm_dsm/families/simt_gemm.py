@@ -10,6 +10,7 @@ adds its partial tiles' traffic and the second kernel's launch.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -17,8 +18,10 @@ import tvm
 from tvm import s_tir, tirx
 
 from ..errors import ClusterError
-from ..hardware import Hardware
-from ..rules.simt_gemm import SimtGemmConfig, check_config, find_simt_gemm, schedule_simt_gemm
+from ..hardware import Hardware, load_hardware
+from ..planners.split_k_gemm import plan_split_k_gemm
+from ..rules.aligned_rows import ALIGNED_ELEMENTS
+from ..rules.simt_gemm import FP32, SimtGemmConfig, check_config, find_simt_gemm, schedule_simt_gemm
 from ..rules.split_k_gemm import GemmShape, whole
 from .base import ScheduleFamily
 from .kernel_plan import KernelPlan, hardware_rates
@@ -38,6 +41,11 @@ OTHER_REGISTERS = 32
 #: lanes over a multiply-add's latency, and the shared loads between): the value whose picks
 #: came closest to the sweep's best (1.07x of it, geomean over its six shapes).
 CHAINS_FOR_PEAK = 4096
+#: How much slower a step runs where the operands' rows are off 16 bytes (16-bit products: the
+#: tile copies move an element a load): the measured over predicted time of the two such
+#: products large enough to be bound by their steps, 257x1024x1021 bf16 (49.8 us, 13.3 predicted)
+#: and 64x4096x1021 fp16 (27.7, 13.7), geomean (H200, ``bench/results/generality/latest.json``).
+ELEMENT_COPY_SLOWDOWN = 2.7
 #: Predictions this close to the best count as equal: the model's terms are estimates.
 TIE = 1.05
 
@@ -47,7 +55,17 @@ class SimtGemm(ScheduleFamily):
     symbolic_rows = True
 
     def recognize(self, func: tirx.PrimFunc) -> GemmShape:
-        return find_simt_gemm(func)
+        """:func:`find_simt_gemm`'s shape; a 16-bit product over ``[N, K]`` weights at a constant
+        row count is refused where its operands copied to whole 16-byte rows and multiplied on
+        the tensor cores (:mod:`tvm_dsm.rules.aligned_rows`) are predicted faster."""
+        shape = find_simt_gemm(func)
+        if shape.dtype != FP32 and shape.weight_nk and not shape.symbolic_rows:
+            hw = load_hardware()
+            padded, here = padded_tensor_core_us(shape, hw), self.rank(shape, hw)[0].predicted_us
+            if padded is not None and padded < here:
+                raise ClusterError(f"{shape.m}x{shape.n}x{shape.k} {shape.dtype}: copies padded to whole 16-byte rows, "
+                                   f"then the tensor cores, predicted {padded:.1f} us against {here:.1f} on the CUDA cores")
+        return shape
 
     def space(self, shape: GemmShape, hw: Hardware) -> list[SimtGemmConfig]:
         configs = []
@@ -69,6 +87,8 @@ class SimtGemm(ScheduleFamily):
         sharing = min(resident, math.ceil(ctas / hw.sm_count))
         step_flops = 2 * c.block_m * c.block_n * c.block_k
         step_compute = step_flops / (rate["fp32"] / hw.sm_count)
+        if shape.dtype != FP32:  # rows off 16 bytes: the tile copies move an element a load
+            step_compute *= ELEMENT_COPY_SLOWDOWN
         steps = k // (c.block_k * c.split_k)
         rounds = math.ceil(ctas / (hw.sm_count * resident))
         chains = c.threads * c.thread_m * c.thread_n  # independent accumulators of a CTA
@@ -103,6 +123,22 @@ class SimtGemm(ScheduleFamily):
 
     def apply(self, func: tirx.PrimFunc, config: SimtGemmConfig, hw: Hardware) -> s_tir.Schedule:
         return schedule_simt_gemm(func, config)
+
+
+def padded_tensor_core_us(shape: GemmShape, hw: Hardware) -> float | None:
+    """Predicted time of a 16-bit product over ``[N, K]`` weights whose rows are off 16 bytes,
+    run as :mod:`tvm_dsm.rules.aligned_rows` runs it: X and W copied to rows of whole 16-byte pieces
+    (each copy a kernel reading and writing its operand at the HBM rate), then the tensor-core
+    split-K GEMM's best plan over the padded extents; None where that GEMM has no plan."""
+    k = whole(shape.k, ALIGNED_ELEMENTS)
+    aligned = dataclasses.replace(shape, k=k)
+    try:
+        plans = plan_split_k_gemm(aligned, hw, padded=True)
+    except ClusterError:
+        return None
+    elem = _element_bytes(shape)
+    copied = elem * (shape.m + shape.n) * (shape.k + k)
+    return plans[0].predicted_us + 1e6 * (copied / hardware_rates(hw)["hbm"] + 2 * hw.fitted("gemm.launch_s"))
 
 
 def _element_bytes(shape: GemmShape) -> int:

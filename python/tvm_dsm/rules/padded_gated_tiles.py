@@ -51,10 +51,10 @@ def pad_gated_to_tiles(func: tirx.PrimFunc, tiles: list[int]) -> tirx.PrimFunc:
     for block in sch.get_producers(output):
         if not is_reduction(sch.get(block)):  # pad_einsum's copies of the padded products
             sch.compute_inline(block)
-    return _share_padded_input(sch.mod["main"])
+    return share_padded_input(sch.mod["main"])
 
 
-def _share_padded_input(func: tirx.PrimFunc) -> tirx.PrimFunc:
+def share_padded_input(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` with the products' zero-filled copies of X made one: the second product reads
     the first's, the second copy gone (``func`` itself where X is not padded)."""
     root = func.body.block

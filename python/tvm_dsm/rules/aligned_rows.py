@@ -1,0 +1,60 @@
+"""A 16-bit GEMM with weights ``[N, K]`` whose rows do not start 16 bytes apart (an odd K),
+given zero-filled copies of its operands whose rows do.
+
+The tensor-core GEMM copies its tiles in 16-byte pieces (TMA), so it cannot read such rows; the
+CUDA-core GEMM can, at a fraction of the tensor cores' rate. :func:`pad_rows_to_vectors` pads
+each product (s_tir's ``pad_einsum``) to a multiple of 8 elements in K: copies of X and W with
+zeros past their rows' ends and the product over the padded K. Split into operators
+(:mod:`tvm_dsm.transform.split_operators`) the copies are element-wise kernels and the product a
+GEMM the tensor-core family takes. Zeros past K add nothing to the sums. (Weights ``[K, N]``
+stay on the CUDA cores: their GEMM over a padded copy, merged back into one function, does not
+lower yet.)
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir import SBlock, SBlockRealize
+from tvm.s_tir.schedule.schedule import ScheduleError
+
+from ..errors import ClusterError, passes
+from ..ir import find_all, is_reduction, with_block_body
+from .padded_gated_tiles import share_padded_input
+from .simt_gemm import FP32, OPERAND_TYPES
+from .split_k_gemm import check_rows_aligned, find_gemm
+
+#: 16-bit elements in 16 bytes: what padded rows are whole multiples of.
+ALIGNED_ELEMENTS = 8
+
+
+def pad_rows_to_vectors(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
+    """``func`` with its products reading zero-filled copies of their operands padded to whole
+    16-byte rows (the module docstring); None where ``func`` is not one or two 16-bit products
+    over ``[N, K]`` weights with elementwise blocks after them, or their rows already start 16
+    bytes apart."""
+    sch = s_tir.Schedule(func)
+    try:
+        products, _, shape = find_gemm(sch, operand_types=OPERAND_TYPES)
+    except (ClusterError, ScheduleError):  # not a GEMM's form (no root block: s_tir says so)
+        return None
+    if shape.dtype == FP32 or not shape.weight_nk or passes(check_rows_aligned, shape):
+        return None
+    for product in products:
+        sch.pad_einsum(product, [1, 1, ALIGNED_ELEMENTS])
+    return _copies_first(share_padded_input(sch.mod["main"]))
+
+
+def _copies_first(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with the zero-filled copies (blocks that read parameters only) first: split into
+    operators, they are then one run of element-wise blocks before the products, not a block
+    after a product that a product's operator would take."""
+    root = func.body.block
+    nests = list(root.body.seq)
+    params = list(func.params)
+
+    def is_copy(nest) -> bool:
+        (block,) = find_all(nest, SBlock)
+        return all(any(r.source.same_as(p) for p in params) for r in block.reads) and not is_reduction(block)
+
+    ordered = [n for n in nests if is_copy(n)] + [n for n in nests if not is_copy(n)]
+    return func.with_body(SBlockRealize([], True, with_block_body(root, tirx.SeqStmt(ordered), root.alloc_buffers)))
