@@ -5,6 +5,8 @@ float64."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import tvm
@@ -35,22 +37,45 @@ def test_rows_on_16_bytes_weights_k_by_n_and_fp32_are_left_as_written(func):
     assert pad_rows_to_vectors(func) is None
 
 
-def test_the_padded_function_computes_the_same_values():
-    func = gated_dense(5, 24, 13, "float32")  # fp32: llvm runs it; padded as a 16-bit one would be
-    from tvm import s_tir
-
-    from tvm_dsm.rules.split_k_gemm import find_gemm
-    sch = s_tir.Schedule(func)
-    for product in find_gemm(sch, operand_types=("float32",))[0]:
-        sch.pad_einsum(product, [1, 1, 8])
+@pytest.mark.parametrize("func", [gated_dense(5, 24, 13), dense(5, 24, 13, bias=True)], ids=["gated", "bias"])
+def test_the_padded_function_computes_the_same_values(func):
+    """fp16 on llvm: X and W zero-filled past K (one copy of X for both gated products), the
+    epilogue reading the products as before."""
+    padded = pad_rows_to_vectors(func)
+    assert sum(name.startswith("X_pad") for name in _shapes(padded)) == 1
     rng = np.random.default_rng(0)
-    x, wg, wu = (rng.standard_normal(s).astype("float32") for s in ((5, 13), (24, 13), (24, 13)))
+    inputs = [rng.standard_normal([int(d) for d in p.ty.shape]).astype("float16") for p in func.params[:-1]]
     outputs = []
-    for f in (func, sch.mod["main"]):
-        out = tvm.runtime.tensor(np.full((5, 24), np.nan, "float32"))
-        tvm.compile(tvm.IRModule({"main": f}), target="llvm")["main"](*(tvm.runtime.tensor(a) for a in (x, wg, wu)), out)
+    for f in (func, padded):
+        out = tvm.runtime.tensor(np.full((5, 24), np.nan, "float16"))
+        tvm.compile(tvm.IRModule({"main": f}), target="llvm")["main"](*(tvm.runtime.tensor(a) for a in inputs), out)
         outputs.append(out.numpy())
-    np.testing.assert_allclose(outputs[1], outputs[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(outputs[1], outputs[0])
+
+
+@pytest.mark.parametrize("func", [
+    dense(1, 4096, 1021),  # one row: the GEMV reads W once, a copy would read and write it again
+    gated_dense(te.var("m"), 1024, 1021),  # a symbolic row count: the CUDA cores' per range
+    gated_dense(4, 256, 1021),  # small: predicted faster on the CUDA cores
+], ids=["one_row", "symbolic", "small"])
+def test_products_the_copies_do_not_pay_for_build_without_them(func, caplog):
+    with caplog.at_level(logging.INFO, logger="tvm_dsm.driver"):
+        tvm_dsm.build(func, TARGET)
+    assert "copied to whole rows" not in caplog.text
+
+
+def test_a_fused_weight_is_padded_product_by_product():
+    """s_tir pads no product reading a fused weight from a row on (W[n + j, k]); operator by
+    operator, each product is padded on its own."""
+    func = gated_dense(257, 1024, 1021, fused_weight=True)
+    assert pad_rows_to_vectors(func) is None
+    tvm_dsm.build(func, TARGET)
+
+
+def test_a_large_gated_layer_is_copied_to_whole_rows(caplog):
+    with caplog.at_level(logging.INFO, logger="tvm_dsm.driver"):
+        tvm_dsm.build(gated_dense(257, 1024, 1021), TARGET)
+    assert "copied to whole rows" in caplog.text
 
 
 def test_a_large_product_takes_the_tensor_cores_and_a_small_one_the_cuda_cores():
@@ -63,17 +88,18 @@ def test_a_large_product_takes_the_tensor_cores_and_a_small_one_the_cuda_cores()
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("m", "n", "k"), [(257, 1024, 1021), (100, 3000, 1023)])
-@pytest.mark.parametrize("gated", [False, True])
-def test_gpu_padded_rows_match_float64(m, n, k, gated):
+@pytest.mark.parametrize("form", ["dense", "gated", "fused_weight"])
+def test_gpu_padded_rows_match_float64(m, n, k, form):
     from tvm_dsm.workloads.generated import _silu
 
     rng = np.random.default_rng()
     x = rng.standard_normal((m, k)).astype(np.float16)
-    weights = [(rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float16) for _ in range(2 if gated else 1)]
-    func = gated_dense(m, n, k) if gated else dense(m, n, k)
+    weights = [(rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float16) for _ in range(1 if form == "dense" else 2)]
+    func = dense(m, n, k) if form == "dense" else gated_dense(m, n, k, fused_weight=form == "fused_weight")
+    args = [x, np.concatenate(weights)] if form == "fused_weight" else [x, *weights]
     dev = tvm.cuda(0)
     out = tvm.runtime.tensor(np.full((m, n), np.nan, np.float16), dev)
-    tvm_dsm.build(func, TARGET)(*(tvm.runtime.tensor(a, dev) for a in (x, *weights)), out)
+    tvm_dsm.build(func, TARGET)(*(tvm.runtime.tensor(a, dev) for a in args), out)
     products = [x.astype(np.float64) @ w.astype(np.float64).T for w in weights]
-    ref = _silu(products[0]) * products[1] if gated else products[0]
+    ref = products[0] if form == "dense" else _silu(products[0]) * products[1]
     assert np.linalg.norm(out.numpy() - ref) / np.linalg.norm(ref) < 2e-3

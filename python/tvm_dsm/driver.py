@@ -30,7 +30,8 @@ from .ir import extent_variables, narrow_indices
 from .learned_ranking import rerank
 from .local_measure import local_builder, local_runner
 from .planners.report import Plan
-from .rules.aligned_rows import pad_rows_to_vectors
+from .families.simt_gemm import padded_or_not
+from .rules.aligned_rows import misaligned_products, pad_rows_to_vectors
 from .transform.generate_kernels import mark_generated, recorded_config
 from .transform.host_sorts import refuse_host_sorts
 from .transform.rows_as_matrix import has_row_axes, over_original_tensors, rows_as_matrix
@@ -315,6 +316,8 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
     """The schedule of a function no tvm-dsm family takes whole: a family's over matrices
     where its tensors' leading axes are rows (:func:`_as_matrices`); else (``reason`` logged
     at INFO) TVM's stock schedule (dlight), of the matrices where dlight fails on the tensors;
+    16-bit products over ``[N, K]`` weights whose rows are off 16 bytes, where predicted faster,
+    over copies padded to whole rows (:mod:`tvm_dsm.rules.aligned_rows`), a schedule per operator;
     where dlight cannot schedule it whole (two GEMMs in one function), one schedule per operator
     (:mod:`tvm_dsm.transform.split_operators`: a family's, such as the split-K GEMM's at any M,
     N and K, else dlight's; dlight's only without
@@ -326,10 +329,15 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
         return matrices
     LOG.info("tvm-dsm falls back from its families: %s", reason)
     func = widen_accumulation(func) or func
-    aligned = pad_rows_to_vectors(func) if families else None
-    if aligned is not None:
-        LOG.info("its 16-bit rows are off 16 bytes: copied to whole rows, then the tensor-core GEMM")
-        return _per_operator(aligned, _operators(aligned), target, hw, families)
+    if families and _pads_faster(func, hw):
+        try:
+            aligned = pad_rows_to_vectors(func)
+            if aligned is not None:
+                scheduled = _per_operator(aligned, _operators(aligned), target, hw, families)
+                LOG.info("its 16-bit rows are off 16 bytes: copied to whole rows, a kernel per operator")
+                return scheduled
+        except Exception as err:  # noqa: BLE001  (the unpadded paths below still apply)
+            LOG.info("its 16-bit rows padded to whole rows do not schedule (%s)", str(err).strip().splitlines()[-1])
     operators = _operators(func)
     per_operator_error = None
     if families and sum(op.matmul for op in operators) >= 2:
@@ -356,6 +364,17 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
         raise per_operator_error
     LOG.info("scheduling its %d operators one by one (dlight: %s)", len(operators), whole)
     return _per_operator(func, operators, target, hw, families)
+
+
+def _pads_faster(func: tirx.PrimFunc, hw: Hardware | None) -> bool:
+    """Whether ``func``'s 16-bit products over ``[N, K]`` weights, rows off 16 bytes
+    (:func:`~tvm_dsm.rules.aligned_rows.misaligned_products`), are predicted faster over copies
+    padded to whole rows than on the CUDA cores, each product alone."""
+    shape = misaligned_products(func)
+    if shape is None:
+        return False
+    padded, here = padded_or_not(shape, hw or load_hardware())
+    return padded is not None and padded < here
 
 
 def _as_matrices(func: tirx.PrimFunc, target, hw: Hardware | None, families: bool = True) -> s_tir.Schedule | None:

@@ -59,9 +59,8 @@ class SimtGemm(ScheduleFamily):
         row count is refused where its operands copied to whole 16-byte rows and multiplied on
         the tensor cores (:mod:`tvm_dsm.rules.aligned_rows`) are predicted faster."""
         shape = find_simt_gemm(func)
-        if shape.dtype != FP32 and shape.weight_nk and not shape.symbolic_rows:
-            hw = load_hardware()
-            padded, here = padded_tensor_core_us(shape, hw), self.rank(shape, hw)[0].predicted_us
+        if shape.dtype != FP32 and shape.weight_nk:
+            padded, here = padded_or_not(shape, load_hardware())
             if padded is not None and padded < here:
                 raise ClusterError(f"{shape.m}x{shape.n}x{shape.k} {shape.dtype}: copies padded to whole 16-byte rows, "
                                    f"then the tensor cores, predicted {padded:.1f} us against {here:.1f} on the CUDA cores")
@@ -123,6 +122,17 @@ class SimtGemm(ScheduleFamily):
 
     def apply(self, func: tirx.PrimFunc, config: SimtGemmConfig, hw: Hardware) -> s_tir.Schedule:
         return schedule_simt_gemm(func, config)
+
+
+def padded_or_not(shape: GemmShape, hw: Hardware) -> tuple[float | None, float | None]:
+    """Predicted times of one 16-bit product of ``shape`` (rows off 16 bytes) over padded copies
+    on the tensor cores (:func:`padded_tensor_core_us`) and on the CUDA cores; (None, None) for
+    a symbolic row count (planned per range of rows) or a single row (its GEMV reads W once,
+    copies would read and write it again)."""
+    if shape.symbolic_rows or shape.m == 1:
+        return None, None
+    one = dataclasses.replace(shape, products=1)
+    return padded_tensor_core_us(one, hw), SimtGemm().rank(one, hw)[0].predicted_us
 
 
 def padded_tensor_core_us(shape: GemmShape, hw: Hardware) -> float | None:

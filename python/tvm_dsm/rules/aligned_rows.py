@@ -1,4 +1,5 @@
-"""A 16-bit GEMM with weights ``[N, K]`` whose rows do not start 16 bytes apart (an odd K),
+"""A 16-bit GEMM with weights ``[N, K]`` whose rows do not start 16 bytes apart (K not a multiple
+of 8),
 given zero-filled copies of its operands whose rows do.
 
 The tensor-core GEMM copies its tiles in 16-byte pieces (TMA), so it cannot read such rows; the
@@ -21,40 +22,51 @@ from ..errors import ClusterError, passes
 from ..ir import find_all, is_reduction, with_block_body
 from .padded_gated_tiles import share_padded_input
 from .simt_gemm import FP32, OPERAND_TYPES
-from .split_k_gemm import check_rows_aligned, find_gemm
+from .split_k_gemm import GemmShape, check_rows_aligned, find_gemm
 
 #: 16-bit elements in 16 bytes: what padded rows are whole multiples of.
 ALIGNED_ELEMENTS = 8
 
 
-def pad_rows_to_vectors(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
-    """``func`` with its products reading zero-filled copies of their operands padded to whole
-    16-byte rows (the module docstring); None where ``func`` is not one or two 16-bit products
-    over ``[N, K]`` weights with elementwise blocks after them, or their rows already start 16
-    bytes apart."""
-    sch = s_tir.Schedule(func)
+def misaligned_products(func: tirx.PrimFunc) -> GemmShape | None:
+    """The shape of ``func``'s product(s) where :func:`pad_rows_to_vectors` applies: one or two
+    16-bit products over ``[N, K]`` weights, K not a multiple of 8, elementwise blocks after
+    them; else None."""
     try:
-        products, _, shape = find_gemm(sch, operand_types=OPERAND_TYPES)
+        _, _, shape = find_gemm(s_tir.Schedule(func), operand_types=OPERAND_TYPES)
     except (ClusterError, ScheduleError):  # not a GEMM's form (no root block: s_tir says so)
         return None
     if shape.dtype == FP32 or not shape.weight_nk or passes(check_rows_aligned, shape):
         return None
-    for product in products:
-        sch.pad_einsum(product, [1, 1, ALIGNED_ELEMENTS])
-    return _copies_first(share_padded_input(sch.mod["main"]))
+    return shape
 
 
-def _copies_first(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """``func`` with the zero-filled copies (blocks that read parameters only) first: split into
-    operators, they are then one run of element-wise blocks before the products, not a block
-    after a product that a product's operator would take."""
+def pad_rows_to_vectors(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
+    """``func`` with its products reading zero-filled copies of their operands padded to whole
+    16-byte rows (the module docstring); None where :func:`misaligned_products` finds none, or
+    s_tir cannot pad them (a fused weight read from a row on is not an einsum)."""
+    if misaligned_products(func) is None:
+        return None
+    sch = s_tir.Schedule(func)
+    try:
+        for product in find_gemm(sch, operand_types=OPERAND_TYPES)[0]:
+            sch.pad_einsum(product, [1, 1, ALIGNED_ELEMENTS])
+        return _parameter_reads_first(share_padded_input(sch.mod["main"]))
+    except (ClusterError, ScheduleError):
+        return None
+
+
+def _parameter_reads_first(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with the element-wise blocks that read parameters only (the zero-filled copies)
+    first: split into operators, they are then one run of element-wise blocks before the
+    products, not a block after a product that the product's operator would take."""
     root = func.body.block
     nests = list(root.body.seq)
     params = list(func.params)
 
-    def is_copy(nest) -> bool:
+    def reads_parameters(nest) -> bool:
         (block,) = find_all(nest, SBlock)
         return all(any(r.source.same_as(p) for p in params) for r in block.reads) and not is_reduction(block)
 
-    ordered = [n for n in nests if is_copy(n)] + [n for n in nests if not is_copy(n)]
+    ordered = [n for n in nests if reads_parameters(n)] + [n for n in nests if not reads_parameters(n)]
     return func.with_body(SBlockRealize([], True, with_block_body(root, tirx.SeqStmt(ordered), root.alloc_buffers)))
