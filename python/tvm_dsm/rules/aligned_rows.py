@@ -8,8 +8,8 @@ each product (s_tir's ``pad_einsum``) to a multiple of 8 elements in K: copies o
 zeros past their rows' ends and the product over the padded K. Split into operators
 (:mod:`tvm_dsm.transform.split_operators`) the copies are element-wise kernels and the product a
 GEMM the tensor-core family takes. Zeros past K add nothing to the sums. (Weights ``[K, N]``
-stay on the CUDA cores: their GEMM over a padded copy, merged back into one function, does not
-lower yet.)
+stay on the CUDA cores: their GEMM over a padded copy, merged back into one function, fails
+TVM's InjectPTXAsyncCopy on the weight tile's copy.)
 """
 
 from __future__ import annotations
