@@ -16,7 +16,6 @@ import tvm_dsm
 from conftest import TARGET
 from conftest import kernels as cuda_kernels
 from tvm_dsm.errors import ClusterError
-from tvm_dsm.families.simt_gemm import SimtGemm
 from tvm_dsm.rules.aligned_rows import pad_rows_to_vectors
 from tvm_dsm.workloads.dense import dense, gated_dense
 
@@ -64,6 +63,14 @@ def test_products_the_copies_do_not_pay_for_build_without_them(func, caplog):
     assert "copied to whole rows" not in caplog.text
 
 
+def test_a_symbolic_row_count_keeps_the_cuda_cores_in_every_range():
+    """Each range is planned at a constant specialization, where copies might be predicted
+    faster: the padded path needs constant rows, so the ranges keep the CUDA-core GEMM."""
+    func = dense(te.var("m", "int64"), 1024, 1021)
+    kernels, _ = tvm_dsm.driver.schedule_row_ranges(func)
+    assert {k.family.name for k in kernels} == {"simt_gemm"}
+
+
 def test_a_fused_weight_is_padded_product_by_product():
     """s_tir pads no product reading a fused weight from a row on (W[n + j, k]); operator by
     operator, each product is padded on its own."""
@@ -80,10 +87,10 @@ def test_a_large_gated_layer_is_copied_to_whole_rows(caplog):
 
 def test_a_large_product_takes_the_tensor_cores_and_a_small_one_the_cuda_cores():
     with pytest.raises(ClusterError, match="copies padded to whole 16-byte rows, then the tensor cores"):
-        SimtGemm().recognize(dense(257, 1024, 1021, "bfloat16"))
+        tvm_dsm.plan(dense(257, 1024, 1021, "bfloat16"))
     found = cuda_kernels(tvm_dsm.build(dense(257, 1024, 1021, "bfloat16"), TARGET).mod.imports[0].inspect_source())
     assert len(found) == 3 and sum("CUtensorMap" in k for k in found.values()) == 1  # two copies, the GEMM
-    assert SimtGemm().recognize(dense(7, 1000, 127)).k == 127
+    assert tvm_dsm.plan(dense(7, 1000, 127)).family.name == "simt_gemm"
 
 
 @pytest.mark.gpu

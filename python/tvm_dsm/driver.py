@@ -30,7 +30,7 @@ from .ir import extent_variables, narrow_indices
 from .learned_ranking import rerank
 from .local_measure import local_builder, local_runner
 from .planners.report import Plan
-from .families.simt_gemm import padded_or_not
+from .families.simt_gemm import SimtGemm, padded_or_not
 from .rules.aligned_rows import misaligned_products, pad_rows_to_vectors
 from .transform.generate_kernels import mark_generated, recorded_config
 from .transform.host_sorts import refuse_host_sorts
@@ -139,6 +139,12 @@ def plan(func: tirx.PrimFunc, hw: Hardware | None = None, target=None) -> Rankin
                            "(tvm_dsm.transform.rows_as_matrix), which plan(rows_as_matrix(func).func) "
                            "ranks") from None
     hw = hw or load_hardware()
+    if family.name == SimtGemm.name and _pads_faster(func, hw):
+        # (a function of a symbolic row count keeps the CUDA cores: its ranges are planned
+        # without this check, and the padded copies are built for constant row counts only)
+        raise ClusterError(f"{shape.m}x{shape.n}x{shape.k} {shape.dtype}: copies padded to whole 16-byte rows, then "
+                           "the tensor cores, are predicted faster than the CUDA cores: build pads them "
+                           "(tvm_dsm.rules.aligned_rows)")
     return Ranking(family, shape, rerank(family.name, shape, family.rank(shape, hw), hw), func, hw)
 
 

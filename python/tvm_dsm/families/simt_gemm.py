@@ -18,7 +18,7 @@ import tvm
 from tvm import s_tir, tirx
 
 from ..errors import ClusterError
-from ..hardware import Hardware, load_hardware
+from ..hardware import Hardware
 from ..planners.split_k_gemm import plan_split_k_gemm
 from ..rules.aligned_rows import ALIGNED_ELEMENTS
 from ..rules.simt_gemm import FP32, SimtGemmConfig, check_config, find_simt_gemm, schedule_simt_gemm
@@ -55,16 +55,7 @@ class SimtGemm(ScheduleFamily):
     symbolic_rows = True
 
     def recognize(self, func: tirx.PrimFunc) -> GemmShape:
-        """:func:`find_simt_gemm`'s shape; a 16-bit product over ``[N, K]`` weights at a constant
-        row count is refused where its operands copied to whole 16-byte rows and multiplied on
-        the tensor cores (:mod:`tvm_dsm.rules.aligned_rows`) are predicted faster."""
-        shape = find_simt_gemm(func)
-        if shape.dtype != FP32 and shape.weight_nk:
-            padded, here = padded_or_not(shape, load_hardware())
-            if padded is not None and padded < here:
-                raise ClusterError(f"{shape.m}x{shape.n}x{shape.k} {shape.dtype}: copies padded to whole 16-byte rows, "
-                                   f"then the tensor cores, predicted {padded:.1f} us against {here:.1f} on the CUDA cores")
-        return shape
+        return find_simt_gemm(func)
 
     def space(self, shape: GemmShape, hw: Hardware) -> list[SimtGemmConfig]:
         configs = []
