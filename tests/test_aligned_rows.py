@@ -55,8 +55,9 @@ def test_the_padded_function_computes_the_same_values(func):
 @pytest.mark.parametrize("func", [
     dense(1, 4096, 1021),  # one row: the GEMV reads W once, a copy would read and write it again
     gated_dense(te.var("m"), 1024, 1021),  # a symbolic row count: the CUDA cores' per range
+    gated_dense(te.var("m", "int64"), 1024, 1021),  # as Relax legalizes it (operators narrowed to int32)
     gated_dense(4, 256, 1021),  # small: predicted faster on the CUDA cores
-], ids=["one_row", "symbolic", "small"])
+], ids=["one_row", "symbolic", "symbolic_int64", "small"])
 def test_products_the_copies_do_not_pay_for_build_without_them(func, caplog):
     with caplog.at_level(logging.INFO, logger="tvm_dsm.driver"):
         tvm_dsm.build(func, TARGET)
@@ -110,3 +111,22 @@ def test_gpu_padded_rows_match_float64(m, n, k, form):
     products = [x.astype(np.float64) @ w.astype(np.float64).T for w in weights]
     ref = products[0] if form == "dense" else _silu(products[0]) * products[1]
     assert np.linalg.norm(out.numpy() - ref) / np.linalg.norm(ref) < 2e-3
+
+
+@pytest.mark.gpu
+def test_gpu_a_gated_layer_of_an_int64_row_count_matches_float64():
+    """Operator by operator (no family takes the gated layer whole at K = 1021), one module
+    called at 1, 17 and 100 rows."""
+    from tvm_dsm.workloads.generated import _silu
+
+    n, k = 1024, 1021
+    module = tvm_dsm.build(gated_dense(te.var("m", "int64"), n, k), TARGET)
+    rng, dev = np.random.default_rng(), tvm.cuda(0)
+    for m in (1, 17, 100):
+        x = rng.standard_normal((m, k)).astype(np.float16)
+        wg, wu = ((rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float16) for _ in range(2))
+        out = tvm.runtime.tensor(np.full((m, n), np.nan, np.float16), dev)
+        module(*(tvm.runtime.tensor(a, dev) for a in (x, wg, wu)), out)
+        g, u = (x.astype(np.float64) @ w.astype(np.float64).T for w in (wg, wu))
+        ref = _silu(g) * u
+        assert np.linalg.norm(out.numpy() - ref) / np.linalg.norm(ref) < 2e-3, m

@@ -344,6 +344,9 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
                 return scheduled
         except Exception as err:  # noqa: BLE001  (the unpadded paths below still apply)
             LOG.info("its 16-bit rows padded to whole rows do not schedule (%s)", str(err).strip().splitlines()[-1])
+    # indexed in int32 as every range's kernel is (tvm_dsm.ir.narrow_indices): the operators'
+    # schedules then share the merged function's row-count variable
+    func = narrow_indices(func) if extent_variables(func) else func
     operators = _operators(func)
     per_operator_error = None
     if families and sum(op.matmul for op in operators) >= 2:
