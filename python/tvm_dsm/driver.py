@@ -30,7 +30,7 @@ from .ir import extent_variables, narrow_indices
 from .learned_ranking import rerank
 from .local_measure import local_builder, local_runner
 from .planners.report import Plan
-from .families.simt_gemm import SimtGemm, padded_or_not
+from .families.simt_gemm import SimtGemm, pads_faster
 from .rules.aligned_rows import misaligned_products, pad_rows_to_vectors
 from .transform.generate_kernels import mark_generated, recorded_config
 from .transform.host_sorts import refuse_host_sorts
@@ -139,7 +139,7 @@ def plan(func: tirx.PrimFunc, hw: Hardware | None = None, target=None) -> Rankin
                            "(tvm_dsm.transform.rows_as_matrix), which plan(rows_as_matrix(func).func) "
                            "ranks") from None
     hw = hw or load_hardware()
-    if family.name == SimtGemm.name and _pads_faster(func, hw):
+    if family.name == SimtGemm.name and pads_faster(shape, hw):
         # (a function of a symbolic row count keeps the CUDA cores: its ranges are planned
         # without this check, and the padded copies are built for constant row counts only)
         raise ClusterError(f"{shape.m}x{shape.n}x{shape.k} {shape.dtype}: copies padded to whole 16-byte rows, then "
@@ -335,7 +335,8 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
         return matrices
     LOG.info("tvm-dsm falls back from its families: %s", reason)
     func = widen_accumulation(func) or func
-    if families and _pads_faster(func, hw):
+    misaligned = misaligned_products(func) if families else None
+    if misaligned is not None and pads_faster(misaligned, hw or load_hardware()):
         try:
             aligned = pad_rows_to_vectors(func)
             if aligned is not None:
@@ -373,17 +374,6 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
         raise per_operator_error
     LOG.info("scheduling its %d operators one by one (dlight: %s)", len(operators), whole)
     return _per_operator(func, operators, target, hw, families)
-
-
-def _pads_faster(func: tirx.PrimFunc, hw: Hardware | None) -> bool:
-    """Whether ``func``'s 16-bit products over ``[N, K]`` weights, rows off 16 bytes
-    (:func:`~tvm_dsm.rules.aligned_rows.misaligned_products`), are predicted faster over copies
-    padded to whole rows than on the CUDA cores, each product alone."""
-    shape = misaligned_products(func)
-    if shape is None:
-        return False
-    padded, here = padded_or_not(shape, hw or load_hardware())
-    return padded is not None and padded < here
 
 
 def _as_matrices(func: tirx.PrimFunc, target, hw: Hardware | None, families: bool = True) -> s_tir.Schedule | None:

@@ -81,6 +81,14 @@ def with_block_body(block: SBlock, body, alloc_buffers=None) -> SBlock:
                   block.match_buffers, block.annotations)
 
 
+def largest_power_of_two(extent: int, most: int) -> int:
+    """The largest power of two that divides ``extent`` and is at most ``most``."""
+    power = 1
+    while power * 2 <= most and extent % (power * 2) == 0:
+        power *= 2
+    return power
+
+
 def is_reduction(block: tirx.SBlock) -> bool:
     """Whether ``block`` reduces over one of its iterators."""
     return any(int(iv.iter_type) == tirx.IterVar.CommReduce for iv in block.iter_vars)

@@ -115,15 +115,17 @@ class SimtGemm(ScheduleFamily):
         return schedule_simt_gemm(func, config)
 
 
-def padded_or_not(shape: GemmShape, hw: Hardware) -> tuple[float | None, float | None]:
-    """Predicted times of one 16-bit product of ``shape`` (rows off 16 bytes) over padded copies
-    on the tensor cores (:func:`padded_tensor_core_us`) and on the CUDA cores; (None, None) for
-    a symbolic row count (planned per range of rows) or a single row (its GEMV reads W once,
-    copies would read and write it again)."""
-    if shape.symbolic_rows or shape.m == 1:
-        return None, None
+def pads_faster(shape: GemmShape, hw: Hardware) -> bool:
+    """Whether one 16-bit product of ``shape`` (``[N, K]`` weights, rows off 16 bytes) is
+    predicted faster over padded copies on the tensor cores (:func:`padded_tensor_core_us`) than
+    on the CUDA cores; never for fp32 or ``[K, N]`` weights (no padded path), a symbolic row count
+    (planned per range of rows) or a single row (its GEMV reads W once, copies would read and
+    write it again)."""
+    if shape.dtype == FP32 or not shape.weight_nk or shape.symbolic_rows or shape.m == 1:
+        return False
     one = dataclasses.replace(shape, products=1)
-    return padded_tensor_core_us(one, hw), SimtGemm().rank(one, hw)[0].predicted_us
+    padded = padded_tensor_core_us(one, hw)
+    return padded is not None and padded < SimtGemm().rank(one, hw)[0].predicted_us
 
 
 def padded_tensor_core_us(shape: GemmShape, hw: Hardware) -> float | None:

@@ -39,7 +39,7 @@ from ..annotations import CLUSTER_LAUNCH_KEY
 from ..errors import ClusterError, passes
 from ..fusion.cascade import Level, indexed_by, inline_elementwise, parse_reduction
 from ..hardware import MAX_CTA_THREADS, Hardware
-from ..ir import fast_exp, is_reduction, loads, narrow_indices, shuffle_xor, substitute, tree_reduce, uses
+from ..ir import fast_exp, is_reduction, largest_power_of_two, loads, narrow_indices, shuffle_xor, substitute, tree_reduce, uses
 from ..schedule.cluster import MAX_CLUSTER_SIZE
 from .template import KernelTemplate
 
@@ -215,9 +215,7 @@ def find_row_norm(func: tirx.PrimFunc) -> RowNorm:
     if not any(_reads_held(block, held) for block in stages):
         raise ClusterError("no element-wise stage reads the row again: not a normalization")
     widest = max(_bytes(b) for b in [*held, *(s.body.buffer for s in stages)])
-    vector = _LOAD_BYTES // widest
-    while width % vector:
-        vector //= 2
+    vector = largest_power_of_two(width, _LOAD_BYTES // widest)
     return RowNorm(func, rows_shape, width, tuple(levels), tuple(held), tuple(stages), vector, tuple(row_stages))
 
 

@@ -48,7 +48,7 @@ from ..fusion.cascade import (Level, indexed_by, inline_elementwise, only_load, 
 from ..fusion.epilogue import bind_stage, find_epilogue
 from ..fusion.top_k import identity
 from ..hardware import MAX_CTA_THREADS, Hardware
-from ..ir import fast_exp, loads, narrow_indices, shuffle_xor, substitute, tree_reduce
+from ..ir import fast_exp, largest_power_of_two, loads, narrow_indices, shuffle_xor, substitute, tree_reduce
 from .template import KernelTemplate
 
 _LOAD_BYTES, _MIN_COPY_BYTES = 16, 4  # the widest and narrowest cp.async copies
@@ -104,10 +104,7 @@ class TopKRows:
         """Elements of X in a lane's copy unit: a 16-byte piece, or the widest power of two of
         elements that divides the row (60 experts in fp16: 8-byte pieces), so that every
         row's pieces start on their own size."""
-        vector = _LOAD_BYTES // self.element_bytes
-        while self.width % vector:
-            vector //= 2
-        return vector
+        return largest_power_of_two(self.width, _LOAD_BYTES // self.element_bytes)
 
     def row_bytes(self, rows: int) -> int:
         """Shared memory for ``rows`` staged rows."""

@@ -36,7 +36,7 @@ from tvm import s_tir, tirx
 from ..errors import ClusterError
 from ..fusion.cascade import element_producers, find_cascades, inline_elementwise
 from ..hardware import Hardware, load_hardware
-from ..ir import loads
+from ..ir import largest_power_of_two, loads
 from ..rules.fused_rows import schedule_fused_rows
 from ..transform.cascaded_reductions import fuse_cascaded_reductions
 
@@ -119,9 +119,7 @@ def _plan(func: tirx.PrimFunc, hw: Hardware | None) -> tuple[CascadeSplit, s_tir
         elem = _elem_bytes(first.value)
         # the widest load (16 bytes, or the widest power of two of elements) that rows of this
         # width start on: every row's chunks then start on it too
-        vector = _LOAD_BYTES // elem
-        while extent % vector:
-            vector //= 2
+        vector = largest_power_of_two(extent, _LOAD_BYTES // elem)
         if vector == 1:
             raise ClusterError(f"rows of an odd width ({extent}) read an element a load: TVM's stock "
                                "schedule runs them faster (docs/guide.md)")
@@ -164,10 +162,7 @@ def _plan(func: tirx.PrimFunc, hw: Hardware | None) -> tuple[CascadeSplit, s_tir
         ranks, groups, _ = c
         if not (top_k and ranks == 1):
             return 1
-        share = max(1, 32 // (groups * lanes))
-        while rows % share:  # whole CTAs of rows
-            share //= 2
-        return share
+        return largest_power_of_two(rows, max(1, 32 // (groups * lanes)))  # whole CTAs of rows
 
     def in_flight(c) -> int:
         ranks, groups, vector = c

@@ -1,6 +1,5 @@
 """A 16-bit GEMM with weights ``[N, K]`` whose rows do not start 16 bytes apart (K not a multiple
-of 8),
-given zero-filled copies of its operands whose rows do.
+of 8), given zero-filled copies of its operands whose rows do.
 
 The tensor-core GEMM copies its tiles in 16-byte pieces (TMA), so it cannot read such rows; the
 CUDA-core GEMM can, at a fraction of the tensor cores' rate. :func:`pad_rows_to_vectors` pads
@@ -20,36 +19,44 @@ from tvm.s_tir.schedule.schedule import ScheduleError
 
 from ..errors import ClusterError, passes
 from ..ir import find_all, is_reduction, with_block_body
+from ..intrin.mma import VECTOR
 from .padded_gated_tiles import share_padded_input
 from .simt_gemm import FP32, OPERAND_TYPES
 from .split_k_gemm import GemmShape, check_rows_aligned, find_gemm
 
-#: 16-bit elements in 16 bytes: what padded rows are whole multiples of.
-ALIGNED_ELEMENTS = 8
+#: 16-bit elements in one 16-byte copy: what padded rows are whole multiples of.
+ALIGNED_ELEMENTS = VECTOR // 2
 
 
-def misaligned_products(func: tirx.PrimFunc) -> GemmShape | None:
-    """The shape of ``func``'s product(s) where :func:`pad_rows_to_vectors` applies: one or two
-    16-bit products over ``[N, K]`` weights, K not a multiple of 8, elementwise blocks after
-    them; else None."""
+def _misaligned_gemm(sch: s_tir.Schedule) -> tuple[list, GemmShape] | None:
+    """The product blocks and shape of ``sch``'s function where :func:`pad_rows_to_vectors`
+    applies: one or two 16-bit products over ``[N, K]`` weights, K not a multiple of 8,
+    elementwise blocks after them; else None."""
     try:
-        _, _, shape = find_gemm(s_tir.Schedule(func), operand_types=OPERAND_TYPES)
+        products, _, shape = find_gemm(sch, operand_types=OPERAND_TYPES)
     except (ClusterError, ScheduleError):  # not a GEMM's form (no root block: s_tir says so)
         return None
     if shape.dtype == FP32 or not shape.weight_nk or passes(check_rows_aligned, shape):
         return None
-    return shape
+    return products, shape
+
+
+def misaligned_products(func: tirx.PrimFunc) -> GemmShape | None:
+    """The shape of ``func``'s product(s) where :func:`pad_rows_to_vectors` applies, else None."""
+    found = _misaligned_gemm(s_tir.Schedule(func))
+    return None if found is None else found[1]
 
 
 def pad_rows_to_vectors(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
     """``func`` with its products reading zero-filled copies of their operands padded to whole
     16-byte rows (the module docstring); None where :func:`misaligned_products` finds none, or
     s_tir cannot pad them (a fused weight read from a row on is not an einsum)."""
-    if misaligned_products(func) is None:
-        return None
     sch = s_tir.Schedule(func)
+    found = _misaligned_gemm(sch)
+    if found is None:
+        return None
     try:
-        for product in find_gemm(sch, operand_types=OPERAND_TYPES)[0]:
+        for product in found[0]:
             sch.pad_einsum(product, [1, 1, ALIGNED_ELEMENTS])
         return _parameter_reads_first(share_padded_input(sch.mod["main"]))
     except (ClusterError, ScheduleError):

@@ -28,7 +28,7 @@ from tvm import s_tir, tirx
 from ..annotations import PREFETCH_ROWS_KEY
 from ..errors import ClusterError, passes
 from ..hardware import MAX_CTA_THREADS, load_hardware
-from ..ir import uses
+from ..ir import largest_power_of_two, uses
 from ..transform.buffers import element_bytes
 from ..transform.programmatic_launch import launch_programmatically
 from .elementwise import VECTOR_BYTES
@@ -201,8 +201,8 @@ def default_config(found: RowGemv) -> RowGemvConfig:
     projection (K = 8192) 9.8 (11.5); each within 0.1 us of the best configuration."""
     lanes = _default_lanes(found)
     per_lane = found.k // found.vector // lanes
-    unroll = _largest_power_of_two(per_lane, max(1, min(4, per_lane // 2)))
-    config = RowGemvConfig(_largest_power_of_two(found.n, max(1, min(8, 512 // lanes))), lanes, unroll)
+    unroll = largest_power_of_two(per_lane, max(1, min(4, per_lane // 2)))
+    config = RowGemvConfig(largest_power_of_two(found.n, max(1, min(8, 512 // lanes))), lanes, unroll)
     check_config(found, config)
     return config
 
@@ -210,15 +210,7 @@ def default_config(found: RowGemv) -> RowGemvConfig:
 def _default_lanes(found: RowGemv) -> int:
     """A lane per 32 elements of K, at most 128: the largest power of two that divides K's
     vectors below that."""
-    return _largest_power_of_two(found.k // found.vector, min(128, max(1, found.k // 32)))
-
-
-def _largest_power_of_two(extent: int, most: int) -> int:
-    """The largest power of two that divides ``extent`` and is at most ``most``."""
-    power = 1
-    while power * 2 <= most and extent % (power * 2) == 0:
-        power *= 2
-    return power
+    return largest_power_of_two(found.k // found.vector, min(128, max(1, found.k // 32)))
 
 
 ROWS_PER_CTA = (1, 2, 4, 8)

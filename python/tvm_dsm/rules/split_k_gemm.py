@@ -28,7 +28,7 @@ from tvm.s_tir.schedule import LoopRV, SBlockRV
 
 from ..errors import ClusterError
 from ..hardware import Hardware
-from ..ir import is_reduction
+from ..ir import is_reduction, largest_power_of_two
 from ..annotations import ASYNC_STAGES_KEY, RASTER_GROUP_KEY
 from ..transform.programmatic_launch import launch_programmatically
 from ..transform.tma_pipeline import MAX_BOX as TMA_MAX_BOX
@@ -406,10 +406,7 @@ RASTER_GROUP = 8
 
 def raster_group(tiles_m: int) -> int:
     """The largest power of two up to RASTER_GROUP dividing the rows of tiles."""
-    group = RASTER_GROUP
-    while tiles_m % group:
-        group //= 2
-    return group
+    return largest_power_of_two(tiles_m, RASTER_GROUP)
 
 
 def schedule_split_k_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig, hw: Hardware) -> s_tir.Schedule:

@@ -14,9 +14,9 @@ their order, so the function computes the same values.
 from __future__ import annotations
 
 from tvm import tirx
-from tvm.s_tir import SBlock, SBlockRealize
+from tvm.s_tir import SBlockRealize
 
-from ..ir import find_all, is_reduction
+from ..ir import find_all, is_reduction, with_block_body
 
 
 def _block(stmt: tirx.Stmt):
@@ -54,8 +54,6 @@ def reductions_first(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
         order.append(next((i for i in ready if is_reduction(blocks[i])), ready[0]))
     if order == list(range(len(stmts))):
         return None
-    body = tirx.SeqStmt([stmts[i] for i in order])
-    new_root = SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, body, root.init,
-                           root.alloc_buffers, root.match_buffers, root.annotations)
     realize = func.body
-    return func.with_body(SBlockRealize(realize.iter_values, realize.predicate, new_root))
+    return func.with_body(SBlockRealize(realize.iter_values, realize.predicate,
+                                        with_block_body(root, tirx.SeqStmt([stmts[i] for i in order]))))
