@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -219,6 +220,20 @@ def test_short_rows_are_padded_in_m_only():
     configs = candidate_configs(shape, padded=True, hw=load_hardware("h200_sxm"))
     assert any(c.block_m > 16 for c in configs)
     assert all((tiled_shape(shape, c).n, tiled_shape(shape, c).k) == (896, 896) for c in configs)
+
+
+@pytest.mark.parametrize("products", [1, 2])
+def test_tiles_past_m_keep_enough_bytes_in_flight(products):
+    """At 4 rows, 16 x 64 tiles 3 stages deep (one product's tiles 20 KiB ahead) ran up to 1.4x
+    slower than 4 deep (bench/results/archive/short_tile_depths_s64.json): refused where the
+    tile runs past M, kept at 16 rows."""
+    hw = load_hardware("h200_sxm")
+    shallow = SplitKGemmConfig(1, 16, 64, 64, 1, 2, 3, True)
+    for m, n, k in ((4, 28672, 8192), (8, 14336, 4096), (16, 14336, 4096)):
+        shape = GemmShape(m, n, k, True, products=products)
+        configs = candidate_configs(shape, padded=True, hw=hw)
+        assert (shallow in configs) == (m == 16), (m, n, k)
+        assert dataclasses.replace(shallow, stages=4) in configs
 
 
 @pytest.mark.gpu

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-from conftest import TARGET
+from conftest import TARGET, relative_error_on_gpu
 from tvm import te
 
 import tvm_dsm
@@ -75,10 +75,82 @@ def test_matmuls_are_told_from_reductions_of_one_tensor():
     assert not any(op.matmul for op in split_operators(topi_norm("layer_norm", 4, 64, "float16")))
 
 
-def test_a_single_row_swiglu_chain_takes_a_gemv_per_matmul_not_a_thread_per_output():
+def test_a_single_row_swiglu_chain_takes_a_gemv_per_operator_not_a_thread_per_output():
     """No chain plan takes M = 1, and dlight's only schedule for the whole function is its
     Fallback rule (every output element a thread, its K loop serial: 13 ms on the GPU where the
-    operators take 40 us): each matmul is scheduled as an operator of its own."""
+    operators take 40 us): the gated products are one operator (the row GEMV's gated form), the
+    down projection another."""
+    assert tvm_dsm.driver.operator_families(swiglu_ffn(1, 8192, 2048, 2048)) == ["row_gemv", "row_gemv"]
     source = tvm_dsm.build(swiglu_ffn(1, 8192, 2048, 2048), TARGET).mod.imports[0].inspect_source()
-    assert source.count("__global__") >= 6  # a kernel per GEMM, declared and defined
+    assert source.count("__global__") == 4  # a kernel per operator, declared and defined
     assert "__shfl" in source  # the GEMV's warp reductions
+
+
+@pytest.mark.parametrize("rows", [4, te.var("m")], ids=["constant_rows", "symbolic_rows"])
+def test_a_gated_layers_products_are_one_operator_and_compute_the_same_on_llvm(rows):
+    func = swiglu_ffn(rows, 48, 32, 16, "float32")
+    apart, together = split_operators(func), split_operators(func, products_together=True)
+    assert [op.products for op in apart] == [1, 1, 1]
+    assert [op.products for op in together] == [2, 1]
+    assert [p.name for p in together[0].func.params] == ["A", "Wg", "Wu", "H"]
+    merged = merge_operators(func, [op.func for op in together])
+    rng = np.random.default_rng()
+    shapes = [[4 if isinstance(d, tvm.tirx.Var) else int(d) for d in p.ty.shape] for p in func.params]
+    args = [rng.standard_normal(shape).astype("float32") for shape in shapes]
+    tensors = [tvm.runtime.tensor(a) for a in args[:-1]] + [tvm.runtime.tensor(np.full_like(args[-1], np.nan))]
+    tvm.compile(tvm.IRModule({"main": merged}), target="llvm")(*tensors)
+    a, wg, wu, w2 = (x.astype(np.float64) for x in args[:4])
+    gate = a @ wg.T
+    ref = (gate / (1 + np.exp(-gate)) * (a @ wu.T)) @ w2.T
+    out = tensors[-1].numpy()
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-5
+
+
+def _two_products(shared_x: bool, combined: bool):
+    x = te.placeholder((16, 64), "float16", name="x")
+    y = x if shared_x else te.placeholder((16, 64), "float16", name="y")
+    w = te.placeholder((64, 64), "float16", name="w")
+    v = te.placeholder((64, 64), "float16", name="v")
+    r, q = te.reduce_axis((0, 64), "r"), te.reduce_axis((0, 64), "q")
+    a = te.compute((16, 64), lambda i, j: te.sum(x[i, r].astype("float32") * w[j, r].astype("float32"), axis=r), name="a")
+    b = te.compute((16, 64), lambda i, j: te.sum(y[i, q].astype("float32") * v[j, q].astype("float32"), axis=q), name="b")
+    if combined:
+        out = te.compute((16, 64), lambda i, j: (a[i, j] * b[i, j]).astype("float16"), name="out")
+        return te.create_prim_func([x, *([] if shared_x else [y]), w, v, out])
+    a16 = te.compute((16, 64), lambda i, j: a[i, j].astype("float16"), name="a16")
+    b16 = te.compute((16, 64), lambda i, j: b[i, j].astype("float16"), name="b16")
+    return te.create_prim_func([x, w, v, a16, b16])
+
+
+def test_products_that_are_no_gated_layer_stay_apart():
+    """Two matmuls of different inputs, or two projections of one X each written out, are not a
+    gated layer: split apart, and not taken as one by the split-K GEMM."""
+    for func in (_two_products(shared_x=False, combined=True), _two_products(shared_x=True, combined=False)):
+        assert [op.products for op in split_operators(func, products_together=True)] == [1, 1]
+    with pytest.raises(tvm_dsm.ClusterError, match="combining them"):
+        tvm_dsm.plan(_two_products(shared_x=True, combined=False))
+    assert tvm_dsm.plan(_two_products(shared_x=True, combined=True)).shape.products == 2
+
+
+def test_gated_products_together_where_a_family_takes_them():
+    """At 4 rows the gated split-K GEMM computes both products (2 kernels in all, not 3)."""
+    func = swiglu_ffn(4, 8192, 2048, 2048)
+    assert tvm_dsm.driver.operator_families(func) == ["split_k_gemm", "split_k_gemm"]
+    assert tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source().count("__global__") == 4
+
+
+def _swiglu_reference(a, wg, wu, w2):
+    gate = a @ wg.T
+    return (gate / (1 + np.exp(-gate)) * (a @ wu.T)) @ w2.T
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("rows", "m"), [(1, 1), (2, 2), (4, 4), (13, 13), ("m", 1), ("m", 4), ("m", 37)])
+def test_gpu_gated_products_together_match_float64(rows, m):
+    """The gated products as one operator (row GEMV at 1-2 rows, the gated split-K GEMM past
+    that, by ranges of rows where the count is symbolic), then the down projection."""
+    func = swiglu_ffn(te.var("m") if rows == "m" else rows, 2048, 1024, 1024)
+    rng = np.random.default_rng()
+    weights = [rng.standard_normal(s) / np.sqrt(s[1]) for s in ((2048, 1024), (2048, 1024), (1024, 2048))]
+    inputs = [rng.standard_normal((m, 1024)), *weights]
+    assert relative_error_on_gpu(func, inputs, _swiglu_reference, (m, 1024), "float16") < 2e-3

@@ -126,15 +126,9 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
     busy_sms = min(hw.sm_count, math.ceil(ctas / waves))
     per_sm = math.ceil(ctas / waves / hw.sm_count)
     # Bandwidth the busy SMs can pull: bytes in flight per SM over the HBM latency.
+    lookahead = steps_ahead(c, g)
     tile_bytes = (c.block_m + w_tiles * c.block_n) * c.block_k * elem
-    # A TMA tile is awaited in the step that reads it, refilled stages - 1 steps ahead (behind
-    # warpgroup MMAs too: the picks match the measured best so). Gated products in one K loop
-    # keep two warpgroup-MMA groups in flight into the next step, which costs a step of
-    # lookahead (docs/gemm.md).
-    lookahead, latency = ((c.stages - 1, hw.fitted("gemm.tma_loaded_latency_s")) if c.tma else
-                          (max(1, c.stages - 2), hw.fitted("gemm.cp_async_loaded_latency_s")))
-    if c.wgmma and w_tiles > 1:
-        lookahead = c.stages - 2
+    latency = hw.fitted("gemm.tma_loaded_latency_s" if c.tma else "gemm.cp_async_loaded_latency_s")
     stream = stream_share(c.tma, hw)
     headroom = hw.fitted("gemm.sm_headroom")
     needed = hw.fitted("gemm.bytes_in_flight_per_sm")
@@ -176,6 +170,18 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
     config = dataclasses.replace(config, programmatic_launch=waves == 1)
     return GemmPlan(bytes=traffic, seconds=seconds, predicted_us=total * 1e6, config=config,
                     ctas=ctas, resident=resident, smem=smem, products=g)
+
+
+def steps_ahead(config: SplitKGemmConfig, products: int) -> int:
+    """The K steps a CTA's main loop loads its tiles ahead of the step that reads them."""
+    c = config
+    # A TMA tile is awaited in the step that reads it, refilled stages - 1 steps ahead (behind
+    # warpgroup MMAs too: the picks match the measured best so). Gated products in one K loop
+    # keep two warpgroup-MMA groups in flight into the next step, which costs a step of
+    # lookahead (docs/gemm.md).
+    if c.wgmma and shared_k_loop(c, products) and products > 1:
+        return c.stages - 2
+    return c.stages - 1 if c.tma else max(1, c.stages - 2)
 
 
 def _doubled_up(ctas: int, one_per_sm: int, headroom: float) -> float:
@@ -231,12 +237,27 @@ def candidate_configs(shape: GemmShape, quantized: bool = False,
     return []
 
 
+#: Bytes of one product's tiles a CTA keeps in flight at least where its tile runs past M (TMA
+#: fills the rows past M with zeros). Below it the main loop waits on its loads, which the
+#: model's HBM and pipeline terms do not see: at 4 rows, 16 x 64 tiles 3 stages deep (20 KiB
+#: ahead) took 1.06-1.41x the time of the same tiles 4 deep on each of three GEMMs and three gated
+#: GEMMs of 8192-28672 x 2048-8192 (bench/results/archive/short_tile_depths_s64.json, H200). At
+#: 16 rows (no rows past M) they were not slower: 3-deep picks kept.
+MIN_SHORT_TILE_BYTES_AHEAD = 24 * 1024
+
+
 def _check_short_rows_config(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> None:
-    """:func:`check_padded_config` for tiles that run past M only (whole tiles included)."""
+    """:func:`check_padded_config` for tiles that run past M only (whole tiles included), each
+    CTA of a tile past M at least :data:`MIN_SHORT_TILE_BYTES_AHEAD` ahead."""
     tiles = tiled_shape(shape, config)
     if (tiles.n, tiles.k) != (shape.n, shape.k):
         raise ClusterError(f"{shape.n}x{shape.k} is not a multiple of the tile's {config.block_n} columns "
                            f"and the cluster's {config.cluster_size * config.block_k}-deep K steps")
+    c = config
+    ahead = steps_ahead(c, shape.products) * (c.block_m + c.block_n) * c.block_k * element_bytes(shape.dtype)
+    if c.stages > 1 and shape.m < c.block_m and ahead < MIN_SHORT_TILE_BYTES_AHEAD:
+        raise ClusterError(f"{c.block_m}x{c.block_n} tiles {c.stages} stages deep keep {ahead} B of each "
+                           f"product's tiles in flight per CTA, fewer than {MIN_SHORT_TILE_BYTES_AHEAD}")
     check_padded_config(shape, config, hw)
 
 

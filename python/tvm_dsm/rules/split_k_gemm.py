@@ -178,7 +178,8 @@ def find_gemm(sch: s_tir.Schedule, operand_types: Collection[str] = OPERAND_TYPE
     """
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     reductions = [b for b in blocks if is_reduction(sch.get(b))]
-    uncombined = len(reductions) == 2 == len(blocks)  # gated products nothing combines
+    # gated products no epilogue block combines (two projections of one X, each its own output)
+    uncombined = len(reductions) == 2 and not _combines(sch, reductions, blocks[2:])
     if not 1 <= len(reductions) <= 2 or reductions != blocks[: len(reductions)] or uncombined:
         raise ClusterError(
             "split-K GEMM expects one matmul block (or a gated layer's two over the same input, "
@@ -186,6 +187,18 @@ def find_gemm(sch: s_tir.Schedule, operand_types: Collection[str] = OPERAND_TYPE
             f"{[sch.get(b).name_hint for b in blocks]}"
         )
     return reductions, list(blocks[len(reductions):]), gemm_products(sch, reductions, operand_types)
+
+
+def _combines(sch: s_tir.Schedule, products: list[SBlockRV], epilogue: list[SBlockRV]) -> bool:
+    """Whether an ``epilogue`` block computes from every one of ``products`` (through the
+    epilogue blocks before it)."""
+    sources: list[tuple[tirx.Buffer, set[int]]] = [(sch.get(p).writes[0].source, {i}) for i, p in enumerate(products)]
+    for block in map(sch.get, epilogue):
+        found = {i for region in block.reads for buffer, of in sources if region.source.same_as(buffer) for i in of}
+        if len(found) == len(products):
+            return True
+        sources += [(region.source, found) for region in block.writes]
+    return False
 
 
 def gemm_products(sch: s_tir.Schedule, blocks: list[SBlockRV],

@@ -3,7 +3,9 @@
 TVM's stock GPU schedules (dlight) and tvm-dsm's families each take one operator: a matmul with
 its epilogue, a reduction, an elementwise map. A function holding two GEMMs (an FFN that no
 family fuses: weights ``[K, N]``, fp32, sizes off the tiles) is split into one function per
-operator: a reduction with the elementwise blocks after it, or a run of elementwise blocks. A
+operator: a reduction with the elementwise blocks after it, or a run of elementwise blocks
+(``products_together``: a gated layer's two products, ``silu(X @ Wg^T) * (X @ Wu^T)``, are one
+operator, which the gated split-K GEMM and the row GEMV compute in one kernel reading X once). A
 buffer passed between operators becomes a parameter of each function that touches it.
 :func:`merge_operators` puts the scheduled functions back into one, those buffers allocated in
 global memory, so the result is called like the original and runs one kernel (or more) per
@@ -31,6 +33,7 @@ class Operator:
     outputs: list[tirx.Var]
     reduces: bool  # it holds a reduction, not only elementwise maps
     matmul: bool  # that reduction multiplies two tensors over its reduced axis (a GEMM, a BMM)
+    products: int = 1  # the matmuls it holds: two for a gated layer's products together
 
 
 def _block(nest: tirx.Stmt) -> SBlock:
@@ -44,13 +47,33 @@ def _is_reduction(block: SBlock) -> bool:
     return block.init is not None or any(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars)
 
 
+def _reduced_operands(block: SBlock) -> list[tirx.Buffer]:
+    """The tensors ``block`` reads along a reduced axis."""
+    reduced = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+    along = []
+    for store in find_all(block.body, tirx.BufferStore):
+        for load in loads(store.value):
+            if any(uses(i, v) for i in load.indices for v in reduced) and not any(load.source.same_as(b) for b in along):
+                along.append(load.source)
+    return along
+
+
 def _is_matmul(block: SBlock) -> bool:
     """A reduction reading two or more tensors along a reduced axis: a matmul (a mean, a
     variance or a norm reads one tensor along it)."""
-    reduced = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
-    along = {load.source for store in find_all(block.body, tirx.BufferStore) for load in loads(store.value)
-             if any(uses(i, v) for i in load.indices for v in reduced)}
-    return bool(reduced) and len(along) >= 2
+    return len(_reduced_operands(block)) >= 2
+
+
+def _second_product(group: list[tirx.Stmt], nest: tirx.Stmt) -> bool:
+    """Whether ``nest`` is the second product of a gated layer whose first leads ``group`` (with
+    its epilogue): both matmuls over the same spatial extents, sharing one operand (X), each with
+    its own other."""
+    first, second = _block(group[0]), _block(nest)
+    if any(_is_reduction(_block(n)) for n in group[1:]) or not (_is_matmul(first) and _is_matmul(second)):
+        return False
+    a, b = _reduced_operands(first), _reduced_operands(second)
+    shared = [x for x in a if any(x.same_as(y) for y in b)]
+    return len(shared) == 1 and len(a) == len(b) == 2 and _same_extents(_spatial(first), _spatial(second))
 
 
 def _spatial(block: SBlock) -> list:
@@ -63,17 +86,40 @@ def _same_extents(a: list, b: list) -> bool:
     return len(a) == len(b) and all(analyzer.can_prove_equal(x, y) for x, y in zip(a, b))
 
 
-def _groups(nests: list[tirx.Stmt]) -> list[list[tirx.Stmt]]:
+def _groups(nests: list[tirx.Stmt], products_together: bool) -> list[list[tirx.Stmt]]:
     """Each reduction with the elementwise nests after it over the same spatial extents (an
-    epilogue); other elementwise nests (padding, slicing) in groups of their own."""
+    epilogue); other elementwise nests (padding, slicing) in groups of their own;
+    ``products_together``: a gated layer's second product in its first one's group."""
     groups: list[list[tirx.Stmt]] = []
     for nest in nests:
         block = _block(nest)
         if groups and not _is_reduction(block) and _same_extents(_spatial(block), _spatial(_block(groups[-1][0]))):
             groups[-1].append(nest)
+        elif groups and products_together and _second_product(groups[-1], nest):
+            groups[-1].append(nest)
         else:
             groups.append([nest])
     return groups
+
+
+def _outputs(groups: list[list[tirx.Stmt]], i: int, params: list) -> list[tirx.Buffer]:
+    """What group ``i`` writes that a parameter holds or a later group reads or writes."""
+    later = [b for g in groups[i + 1:] for r, w in [_buffers(g)] for b in r + w]
+    return [b for b in _buffers(groups[i])[1]
+            if any(b.same_as(p) for p in params) or any(b.same_as(x) for x in later)]
+
+
+def _combined_products(groups: list[list[tirx.Stmt]], params: list) -> list[list[tirx.Stmt]]:
+    """``groups`` with each pair of products split apart again unless the group combines them
+    into one output (a gated layer's H; not two projections of one X, each its own output)."""
+    result = []
+    for i, group in enumerate(groups):
+        second = [j for j, n in enumerate(group) if j and _is_reduction(_block(n))]
+        if second and len(_outputs(groups, i, params)) != 1:
+            result += [group[:second[0]], group[second[0]:]]
+        else:
+            result.append(group)
+    return result
 
 
 def _buffers(nests: list[tirx.Stmt]) -> tuple[list[tirx.Var], list[tirx.Var]]:
@@ -90,21 +136,22 @@ def _buffers(nests: list[tirx.Stmt]) -> tuple[list[tirx.Var], list[tirx.Var]]:
     return read, written
 
 
-def split_operators(func: tirx.PrimFunc) -> list[Operator]:
+def split_operators(func: tirx.PrimFunc, products_together: bool = False) -> list[Operator]:
     """``func`` as one function per operator (ClusterError if it is not a sequence of loop nests
-    of one block each under its root block, the form TE and Relax legalization produce)."""
+    of one block each under its root block, the form TE and Relax legalization produce);
+    ``products_together``: a gated layer's two products one operator."""
     if not isinstance(func.body, SBlockRealize):
         raise ClusterError("splitting into operators needs an s_tir function (one root block)")
     root = func.body.block
     nests = items(root.body)
-    groups = _groups(nests)
     params = list(func.params)
+    groups = _groups(nests, products_together)
+    if products_together:
+        groups = _combined_products(groups, params)
     used = [_buffers(g) for g in groups]
     operators = []
     for i, (nests_i, (read, written)) in enumerate(zip(groups, used)):
-        later = [b for r, w in used[i + 1:] for b in r + w]
-        outputs = [b for b in written
-                   if any(b.same_as(p) for p in params) or any(b.same_as(x) for x in later)]
+        outputs = _outputs(groups, i, params)
         local = [b for b in written if not any(b.same_as(o) for o in outputs)]
         inputs = [b for b in read if not any(b.same_as(w) for w in written)]
         body = SBlockRealize([], True, SBlock([], [], [], "root", tirx.SeqStmt(nests_i) if len(nests_i) > 1
@@ -112,7 +159,8 @@ def split_operators(func: tirx.PrimFunc) -> list[Operator]:
         sub = tirx.PrimFunc(inputs + outputs, body)
         sub = sub.with_attr({"global_symbol": "main", "tirx.noalias": True, "s_tir": True})
         first = _block(nests_i[0])
-        operators.append(Operator(sub, inputs, outputs, _is_reduction(first), _is_matmul(first)))
+        operators.append(Operator(sub, inputs, outputs, _is_reduction(first), _is_matmul(first),
+                                  sum(_is_matmul(_block(n)) for n in nests_i)))
     return operators
 
 
