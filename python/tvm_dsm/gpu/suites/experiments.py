@@ -16,10 +16,11 @@ from ...kernels.row_norm import (candidate_configs as row_norm_candidates, defau
 from ...workloads.norms import topi_norm
 from ...rules.row_gemv import candidate_configs as row_gemv_candidates, find_row_gemv, schedule_row_gemv
 from ...planners.split_k_gemm import PIPELINE_DEPTHS, SHALLOW_PIPELINES, plan_split_k_gemm, predict
-from ...rules.split_k_gemm import GemmShape, SplitKGemmConfig, check_config
+from ...rules.split_k_gemm import GemmShape, SplitKGemmConfig, check_config, check_padded_config
 from ...errors import ClusterError, passes
 from ...planners.fused_chain import plan_chain, planned
-from .gemm import FP8_SHAPES, GEMM_SHAPES, dlight_variant, fp8_two_kernels, fp8_variant, fp8_workload, gemm_configs, gemm_variant, layer_shapes
+from .gemm import (FP8_SHAPES, GEMM_SHAPES, dlight_variant, fp8_two_kernels, fp8_variant, fp8_workload, gated_variant,
+                   gemm_configs, gemm_variant, layer_shapes)
 from .decode import DECODE_SHAPES, decode_picks, decode_plans, decode_variant, dim_lanes
 from .base import CHAINS, SWIGLUS, Variant, args_of, fitting, launched, nbytes_of
 from .chains import chain_variant, chain_variants, chain_workload
@@ -411,6 +412,25 @@ def tile_heights() -> list[Variant]:
             for rank, p in best.values():
                 variants.append(gemm_variant(label, rows, n, k, p.config, rank, p.predicted_us))
     return _first_of_each_name(variants)
+
+
+def short_tile_depths() -> list[Variant]:
+    """GEMMs and gated GEMMs of three SwiGLU shapes at 4 rows, on 16-row tiles (12 past M) of
+    64-256 columns, 3-6 stages and clusters of 1-4, the planner's pick marked: how deep a
+    tile past M must pipeline (``MIN_SHORT_TILE_BYTES_AHEAD``)."""
+    hw = load_hardware()
+    variants = []
+    for n, k in ((28672, 8192), (14336, 4096), (8192, 2048)):
+        for products, make in ((1, gemm_variant), (2, gated_variant)):
+            shape = GemmShape(4, n, k, True, products=products)
+            pick = plan_split_k_gemm(shape, hw, padded=True)[0].config
+            sweep = (SplitKGemmConfig(s, 16, bn, 64, 1, min(4, bn // 32), stages, True)
+                     for s, bn, stages in itertools.product((1, 2, 4), (64, 128, 256), (3, 4, 6)))
+            for config in dict.fromkeys([pick, *sweep]):
+                if passes(check_padded_config, shape, config, hw):
+                    variants.append(make(f"{'g' if products == 2 else 'd'}{n}x{k}", 4, n, k, config,
+                                         0 if config == pick else None, predict(shape, config, hw).predicted_us))
+    return variants
 
 
 #: A search_quality pool of the 1B Llama's decode-batch GEMMs at 32 and 64 rows, timed by

@@ -113,23 +113,29 @@ def gated() -> list[Variant]:
             config = SplitKGemmConfig(s, bm, bn, 64, wm, wn, stages, True)
             if config in ranked:
                 chosen.setdefault(config, ranked[config])
-        func = gated_dense(128, n, k)
-        args = args_of(func)
-        # Weights like torch.nn.Linear's: with unit ones, silu(g) * u of K = 4096 sums (std 64)
-        # overflowed fp16 in about one element per million, also in the float64 reference's
-        # place (S3g: 1 element inf, 2 of 229 kernels "wrong" in a run, a different 1 of 5 the
-        # next).
-        for a in args[1:3]:
-            a["scale"] = k ** -0.5
-        for config, (rank, predicted) in chosen.items():
-            variants.append(Variant(
-                name=f"{label}g_m128_{gemm_tag(config)}", workload="gated_dense",
-                mod=schedule_split_k_gemm(func, config, hw).mod, args=args, bytes=nbytes_of(args),
-                flops=2 * 2 * 128 * n * k,
-                plan={**vars(config), "plan_rank": rank, "predicted_us": predicted},
-                extra={"shape": f"{label}g", "m": 128, "n": n, "k": k},
-            ))
+        variants += [gated_variant(f"{label}g", 128, n, k, config, rank, predicted)
+                     for config, (rank, predicted) in chosen.items()]
     return variants
+
+
+def gated_variant(label: str, m: int, n: int, k: int, config, plan_rank: int | None,
+                  predicted_us: float) -> Variant:
+    """A gated layer (both products in one split-K kernel) of ``config``."""
+    func = gated_dense(m, n, k)
+    args = args_of(func)
+    # Weights like torch.nn.Linear's: with unit ones, silu(g) * u of K = 4096 sums (std 64)
+    # overflowed fp16 in about one element per million, also in the float64 reference's
+    # place (S3g: 1 element inf, 2 of 229 kernels "wrong" in a run, a different 1 of 5 the
+    # next).
+    for a in args[1:3]:
+        a["scale"] = k ** -0.5
+    return Variant(
+        name=f"{label}_m{m}_{gemm_tag(config)}", workload="gated_dense",
+        mod=schedule_split_k_gemm(func, config, load_hardware()).mod, args=args, bytes=nbytes_of(args),
+        flops=2 * 2 * m * n * k,
+        plan={**vars(config), "plan_rank": plan_rank, "predicted_us": predicted_us},
+        extra={"shape": label, "m": m, "n": n, "k": k},
+    )
 
 
 def gemm_large_m() -> list[Variant]:
