@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 import tvm
-from tvm import te
+from tvm import te, topi
 
 import tvm_dsm
 from tvm_dsm.driver import H100, plan
@@ -125,7 +125,9 @@ def _reversed_epilogue():
 
 
 @pytest.mark.parametrize("func, reason", [
-    (lambda: dense(3, 2048, 2048), "1 to 2 rows"),
+    (lambda: dense(3, 2048, 2048), "1 to 2 rows of 2-byte elements"),
+    (lambda: dense(9, 2048, 2048, "float32"), "1 to 8 rows of 4-byte elements"),
+    (lambda: dense(8, 2048, 64, "float32"), "8 rows take at least 16 lanes a row"),  # K = 64: 2 lanes
     (lambda: dense(2, 64, 64), "2 rows take at least 4 lanes a row"),  # K = 64: 2 lanes
     (lambda: gemv(2048, 2048), "rows of a matmul"),  # the split-K reduction's
     (lambda: _gated_halves(1024, 512), "covers its 2048 columns"),  # halves of one product
@@ -284,19 +286,35 @@ def test_gpu_a_gated_layer_matches_float64(rows):
     assert np.linalg.norm(out.numpy().astype("float64") - ref) / np.linalg.norm(ref) < 2e-3
 
 
+def test_fp32_takes_up_to_8_rows_and_topi_silu_is_one_epilogue():
+    """fp32 has no tensor-core GEMM: up to 8 rows stream W once (the CUDA-core GEMM's 32-row tile
+    took 2 x 14336 x 3000 in 130.6 us, torch 69.7). TOPI's SiLU (a sigmoid block, then the
+    product) is inlined into one epilogue: a gated layer written so is one kernel."""
+    for rows in (3, 8):
+        assert find_row_gemv(dense(rows, 2048, 2048, "float32")).rows == rows
+        assert plan(dense(rows, 2048, 2048, "float32")).family.name == "row_gemv"
+    x = te.placeholder((2, 2048), "float32", name="x")
+    wg, wu = (te.placeholder((1024, 2048), "float32", name=n) for n in ("wg", "wu"))
+    gate, up = (topi.nn.dense(x, w) for w in (wg, wu))
+    func = te.create_prim_func([x, wg, wu, topi.multiply(topi.multiply(gate, topi.sigmoid(gate)), up)])
+    found = find_row_gemv(func)
+    assert found.rows == 2 and len(found.reductions) == 2 and found.epilogue is not None
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype, tolerance", [("bfloat16", 2e-3), ("float32", 1e-5)])
-def test_gpu_two_rows_in_other_types_match_float64(dtype, tolerance):
-    """Two rows in bf16 (16-byte vectors of 8) and fp32 (of 4), no epilogue past the cast."""
+@pytest.mark.parametrize("dtype, rows, tolerance", [("bfloat16", 2, 2e-3), ("float32", 2, 1e-5),
+                                                   ("float32", 5, 1e-5), ("float32", 8, 1e-5)])
+def test_gpu_several_rows_in_other_types_match_float64(dtype, rows, tolerance):
+    """Two rows in bf16 (16-byte vectors of 8), 2-8 in fp32 (of 4), no epilogue past the cast."""
     import ml_dtypes
 
     n, k = 1024, 2048
-    lib = tvm_dsm.build(dense(2, n, k, dtype))
+    lib = tvm_dsm.build(dense(rows, n, k, dtype))
     host = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32
     dev, rng = tvm.cuda(), np.random.default_rng()
-    x = rng.standard_normal((2, k)).astype(host)
+    x = rng.standard_normal((rows, k)).astype(host)
     w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(host)
-    out = tvm.runtime.tensor(np.full((2, n), np.nan, host), dev)
+    out = tvm.runtime.tensor(np.full((rows, n), np.nan, host), dev)
     lib(tvm.runtime.tensor(x, dev), tvm.runtime.tensor(w, dev), out)
     ref = x.astype("float64") @ w.astype("float64").T
     assert np.linalg.norm(out.numpy().astype("float64") - ref) / np.linalg.norm(ref) < tolerance

@@ -32,6 +32,7 @@ from ..ir import largest_power_of_two, uses
 from ..transform.buffers import element_bytes
 from ..transform.programmatic_launch import launch_programmatically
 from .elementwise import VECTOR_BYTES
+from .fused_chain import merge_elementwise_blocks
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class RowGemv:
     elem_bytes: int
     reductions: tuple[str, ...]
     epilogue: str | None
-    rows: int = 1  # rows of x (up to MAX_ROWS): each lane's vector of W multiplies all of them
+    rows: int = 1  # rows of x (up to MAX_ROWS of its elements): each lane's vector of W multiplies all
 
     @property
     def vector(self) -> int:
@@ -72,13 +73,18 @@ class RowGemv:
 
 
 def find_row_gemv(func: tirx.PrimFunc) -> RowGemv:
-    """``func`` as one or two reduction blocks over (one row, or up to :data:`MAX_ROWS`; ``n``
+    """``func`` as one or two reduction blocks over (one row, or up to :data:`MAX_ROWS` of its
+    element size; ``n``
     columns; ``k``), each a sum of ``x[i, k] * W[j, k]`` (``k`` innermost in both, x and W of
     one element size), then at most one elementwise block over the rows and columns reading every
     product where it writes (a residual, a bias, a cast; a gated layer's ``silu(gate) * up``),
     the products its own buffers; ClusterError naming what differs. A matrix-vector product
-    without the unit row (``y[i] = sum_k A[i, k] x[k]``) is the split-K reduction's."""
+    without the unit row (``y[i] = sum_k A[i, k] x[k]``) is the split-K reduction's. Elementwise
+    blocks feeding only elementwise blocks (TOPI's SiLU: a sigmoid, then the product) are first
+    inlined into them (the found function is that one)."""
     sch = s_tir.Schedule(func)
+    merge_elementwise_blocks(sch)
+    func = sch.mod["main"]
     blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
     reductions = [b for b in blocks if any(v.iter_type == tirx.IterVar.CommReduce for v in b.iter_vars)]
     if (not 1 <= len(reductions) <= 2 or any(a is not b for a, b in zip(blocks, reductions))
@@ -102,8 +108,8 @@ def find_row_gemv(func: tirx.PrimFunc) -> RowGemv:
     if k % found.vector:
         raise ClusterError(f"K={k}: a row GEMV loads {found.vector} elements a vector; K must be a multiple")
     lanes = _default_lanes(found)
-    if rows > 1 and lanes < MIN_LANES_FOR_ROWS:
-        raise ClusterError(f"K={k}: {rows} rows take at least {MIN_LANES_FOR_ROWS} lanes a row (a lane per 32 "
+    if rows > 1 and lanes < min_lanes(rows):
+        raise ClusterError(f"K={k}: {rows} rows take at least {min_lanes(rows)} lanes a row (a lane per 32 "
                            f"elements of K gives {lanes})")
     if vectors // lanes > MAX_VECTORS_PER_LANE and not _dlight_grid_leaves_sms_short(found, lanes):
         raise ClusterError(f"K={k}: its {vectors} vectors split over {lanes} lanes at most "
@@ -113,11 +119,13 @@ def find_row_gemv(func: tirx.PrimFunc) -> RowGemv:
     return found
 
 
-#: The most rows of x the rule takes: each lane multiplies its vector of W into every row. At 2 rows
-#: it ran the 2048 x 2048 and 2048 x 8192 products in 4.1 and 11.8 us against the split-K GEMM's
-#: 6.0 and 15.3 (torch 6.1, 13.8); at 8 rows it lost on every shape, the lanes' multiply-adds
-#: bound (H200, ``bench/results/archive/batched_row_gemv_s58.json``).
-MAX_ROWS = 2
+#: The most rows of x the rule takes, by element bytes: each lane multiplies its vector of W into
+#: every row. 16-bit: at 2 rows it ran the 2048 x 2048 and 2048 x 8192 products in 4.1 and 11.8 us
+#: against the split-K GEMM's 6.0 and 15.3 (torch 6.1, 13.8); at 8 rows it lost on every shape,
+#: the lanes' conversions and multiply-adds bound (H200,
+#: ``bench/results/archive/batched_row_gemv_s58.json``). fp32 has no tensor-core GEMM to lose to
+#: and half the multiply-adds per byte of W: up to 8 rows.
+MAX_ROWS = {2: 2, 4: 8}
 #: The fewest lanes a row of several rows' schedule takes (more lanes than rows: each row's lane
 #: sum is told from the rows by its extent).
 MIN_LANES_FOR_ROWS = 4
@@ -129,6 +137,12 @@ MAX_VECTORS_PER_LANE = 16
 MAX_LONG_VECTORS_PER_LANE = 48
 #: Lanes and rows dlight's GEMV gives a row and a CTA.
 DLIGHT_GEMV_LANES, DLIGHT_GEMV_ROWS = 32, 16
+
+
+def min_lanes(rows: int) -> int:
+    """The fewest lanes a row of ``rows`` rows' schedule takes: :data:`MIN_LANES_FOR_ROWS`, and
+    more than the rows."""
+    return max(MIN_LANES_FOR_ROWS, 2 * rows)
 
 
 def _dlight_grid_leaves_sms_short(found: RowGemv, lanes: int) -> bool:
@@ -152,8 +166,8 @@ def _product_shape(block) -> tuple[int, int, int, int]:
         raise ClusterError("a row GEMV has constant extents and one reduced axis")
     outer = [v for v in spatial[:-1] if int(v.dom.extent) != 1]
     rows = int(outer[0].dom.extent) if outer else 1
-    if len(spatial) < 2 or len(outer) > 1 or rows > MAX_ROWS:
-        raise ClusterError(f"a row GEMV computes 1 to {MAX_ROWS} rows of a matmul (rows, then the columns)")
+    if len(spatial) < 2 or len(outer) > 1:
+        raise ClusterError("a row GEMV computes rows of a matmul (rows, then the columns)")
     column, depth = spatial[-1].var, reduce[0].var
     n, k = int(spatial[-1].dom.extent), int(reduce[0].dom.extent)
     matrix, row = [], []
@@ -169,6 +183,9 @@ def _product_shape(block) -> tuple[int, int, int, int]:
         raise ClusterError("a row GEMV's W is the same for every row")
     if element_bytes(matrix[0]) != element_bytes(row[0]):
         raise ClusterError("a row GEMV's x and W have one element size (16-byte loads of both)")
+    most = MAX_ROWS.get(element_bytes(matrix[0]), 1)
+    if rows > most:
+        raise ClusterError(f"a row GEMV computes 1 to {most} rows of {element_bytes(matrix[0])}-byte elements")
     return rows, n, k, element_bytes(matrix[0])
 
 
@@ -238,8 +255,8 @@ def check_config(found: RowGemv, config: RowGemvConfig) -> None:
     """ClusterError naming the first limit ``config`` breaks for ``found``."""
     if config.threads > MAX_CTA_THREADS:
         raise ClusterError(f"{config.threads} threads a CTA > {MAX_CTA_THREADS}")
-    if found.rows > 1 and config.threads_per_row < MIN_LANES_FOR_ROWS:
-        raise ClusterError(f"{found.rows} rows take at least {MIN_LANES_FOR_ROWS} lanes a row, not {config.threads_per_row}")
+    if found.rows > 1 and config.threads_per_row < min_lanes(found.rows):
+        raise ClusterError(f"{found.rows} rows take at least {min_lanes(found.rows)} lanes a row, not {config.threads_per_row}")
     if found.n % config.rows_per_cta:
         raise ClusterError(f"N={found.n} is not a multiple of {config.rows_per_cta} rows a CTA")
     step = config.threads_per_row * found.vector * config.unroll

@@ -700,6 +700,32 @@ def simt_gemm_configs() -> list[Variant]:
     return variants
 
 
+#: fp32 dense layers at 2-8 rows: the row GEMV's and the CUDA-core GEMM's.
+FP32_ROW_SHAPES = [(m, n, k) for m in (2, 4, 6, 8) for n, k in ((2048, 2048), (5120, 5120), (14336, 4096), (4096, 14336))]
+
+
+def fp32_row_gemv() -> list[Variant]:
+    """fp32 dense layers ([N, K] weights) at FP32_ROW_SHAPES on the row GEMV (its default
+    configuration) and on the CUDA-core GEMM (the model's pick), torch eager beside: up to how
+    many rows the row GEMV streams W faster (``row_gemv.MAX_ROWS``)."""
+    from ...families.row_gemv import RowGemvFamily
+    from ...families.simt_gemm import SimtGemm
+
+    hw, variants = load_hardware(), []
+    for m, n, k in FP32_ROW_SHAPES:
+        func = dense(m, n, k, "float32")
+        args = args_of(func)
+        for family in (RowGemvFamily(), SimtGemm()):
+            shape = family.recognize(func)
+            best = family.rank(shape, hw)[0]
+            variants.append(Variant(
+                name=f"{family.name}_{m}x{n}x{k}", workload="dense", mod=family.apply(func, best.config, hw).mod,
+                args=args, bytes=nbytes_of(args), flops=2 * m * n * k,
+                plan={"family": family.name, **dataclasses.asdict(best.config), "predicted_us": best.predicted_us},
+                peers=("torch_eager",), extra={"m": m, "n": n, "k": k}))
+    return variants
+
+
 #: A 70B-class SwiGLU's operators at decode rows (28672 x 8192 gate/up, 8192 x 28672 down) and a
 #: narrower GEMM at the same rows, where the chain runs operator by operator (real_shapes: 0.70x
 #: torch at 4 and 8 rows).
