@@ -22,7 +22,7 @@ from tvm.s_tir.schedule.schedule import ScheduleError
 
 from .device import gpu_or_reason
 from .errors import ClusterError
-from .families import ScheduleFamily, match_family
+from .families import ScheduleFamily, matching_families
 from .families.row_ranges import RangeKernel, dispatch, range_kernels, range_specializations
 from .hardware import Hardware, load_hardware
 from .intrin import register_all
@@ -131,7 +131,7 @@ def plan(func: tirx.PrimFunc, hw: Hardware | None = None, target=None) -> Rankin
     leading axes are rows, the error says so: ``build`` takes it as matrices, which
     ``plan(rows_as_matrix(func).func)`` ranks."""
     try:
-        func, (family, shape) = _first_form_taken(func, lambda f: match_family(f, target))
+        func, matches = _first_form_taken(func, lambda f: matching_families(f, target))
     except ClusterError as err:
         if not has_row_axes(func):
             raise
@@ -139,13 +139,33 @@ def plan(func: tirx.PrimFunc, hw: Hardware | None = None, target=None) -> Rankin
                            "(tvm_dsm.transform.rows_as_matrix), which plan(rows_as_matrix(func).func) "
                            "ranks") from None
     hw = hw or load_hardware()
+    family, shape, plans = _fastest_family(matches, hw)
     if family.name == SimtGemm.name and pads_faster(shape, hw):
         # (a function of a symbolic row count keeps the CUDA cores: its ranges are planned
         # without this check, and the padded copies are built for constant row counts only)
         raise ClusterError(f"{shape.m}x{shape.n}x{shape.k} {shape.dtype}: copies padded to whole 16-byte rows, then "
                            "the tensor cores, are predicted faster than the CUDA cores: build pads them "
                            "(tvm_dsm.rules.aligned_rows)")
-    return Ranking(family, shape, rerank(family.name, shape, family.rank(shape, hw), hw), func, hw)
+    return Ranking(family, shape, plans, func, hw)
+
+
+def _fastest_family(matches: list, hw: Hardware) -> tuple[ScheduleFamily, Any, list[Plan]]:
+    """Of the families whose pattern a function holds (``matches``: family and shape, most
+    specific first), the one whose best plan is predicted fastest, with its ranking (each
+    re-ranked by what was measured, :func:`tvm_dsm.learned_ranking.rerank`): a decode
+    attention written as attention over one query reaches the decode kernel. A generic family
+    (``ScheduleFamily.generic``: its model sees bytes, not compute) only where no other takes
+    the function. ClusterError, the first family's, where none has a valid plan."""
+    ranked, refusals = [], []
+    specific = [(family, shape) for family, shape in matches if not family.generic]
+    for family, shape in specific or matches[:1]:
+        try:
+            ranked.append((family, shape, rerank(family.name, shape, family.rank(shape, hw), hw)))
+        except ClusterError as err:
+            refusals.append(err)
+    if not ranked:
+        raise refusals[0]
+    return min(ranked, key=lambda r: r[2][0].predicted_us)
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,13 @@ def match_family(func: tirx.PrimFunc, target: Any = None,
     """The first family of ``families`` (default :data:`FAMILIES`) whose pattern ``func`` holds,
     with its shape; ClusterError listing why each family does not apply otherwise (or that
     ``target`` is not a Hopper GPU)."""
+    return matching_families(func, target, families, first=True)[0]
+
+
+def matching_families(func: tirx.PrimFunc, target: Any = None, families: Sequence[ScheduleFamily] | None = None,
+                      first: bool = False) -> list[tuple[ScheduleFamily, Any]]:
+    """Every family of ``families`` (default :data:`FAMILIES`) whose pattern ``func`` holds, in
+    that order, with its shape (``first``: the first alone); ClusterError as :func:`match_family`."""
     if target is not None and not hopper_target(target):
         target = tvm.target.Target(target)
         raise ClusterError(f"tvm-dsm schedules for Hopper GPUs (CUDA sm_90a); the target is "
@@ -97,10 +104,15 @@ def match_family(func: tirx.PrimFunc, target: Any = None,
     large = int32_overflows(func)
     if large:
         raise ClusterError(f"tvm-dsm's kernels index in int32; {', '.join(large)} hold 2^31 elements or more")
-    reasons = []
+    reasons, found = [], []
     for family in FAMILIES if families is None else families:
         try:
-            return family, family.recognize(func)
+            found.append((family, family.recognize(func)))
         except (ClusterError, ScheduleError) as err:  # s_tir refuses what is not its form
             reasons.append(f"{family.name}: {err}")
-    raise ClusterError("no tvm-dsm schedule family applies:\n  " + "\n  ".join(reasons))
+            continue
+        if first:
+            break
+    if not found:
+        raise ClusterError("no tvm-dsm schedule family applies:\n  " + "\n  ".join(reasons))
+    return found

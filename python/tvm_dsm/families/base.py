@@ -40,6 +40,10 @@ class ScheduleFamily(ABC):
     symbolic_rows: bool = False
     #: ``apply`` takes a function with several extent variables (:mod:`.row_ranges`).
     symbolic_extents: bool = False
+    #: It takes any function of a broad form (any cascade, any reduction, any elementwise
+    #: function) on a model of bytes alone, no compute: the driver compares the predictions of
+    #: the other families that take a function, and uses a generic one only where none does.
+    generic: bool = False
 
     @abstractmethod
     def recognize(self, func: tirx.PrimFunc) -> Any:

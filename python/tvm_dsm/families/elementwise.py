@@ -45,6 +45,7 @@ def _constant(buffer) -> bool:
 
 class Elementwise(ScheduleFamily):
     name = "elementwise"
+    generic = True
     symbolic_rows = True  # the grid covers any element count, the tail predicated
 
     def recognize(self, func: tirx.PrimFunc) -> ElementwiseShape:

@@ -63,6 +63,7 @@ def _read_across_rows(level, rows: list) -> str | None:
 
 class FusedCascade(ScheduleFamily):
     name = "fused_cascade"
+    generic = True
     traced = False  # FuseCascadedReductions writes a new function
 
     def recognize(self, func: tirx.PrimFunc) -> tirx.PrimFunc:

@@ -40,6 +40,7 @@ class PerThreadMathShape:
 
 class PerThreadMath(ScheduleFamily):
     name = "per_thread_math"
+    generic = True
     traced = False  # the function gets a block of its own before it is scheduled
     symbolic_rows = True  # the grid covers any row count, the tail predicated
 

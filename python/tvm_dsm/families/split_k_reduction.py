@@ -28,6 +28,7 @@ class ReductionShape:
 
 class SplitKReduction(ScheduleFamily):
     name = "split_k_reduction"
+    generic = True
 
     def recognize(self, func: tirx.PrimFunc) -> ReductionShape:
         sch = s_tir.Schedule(func)
