@@ -137,7 +137,6 @@ def _reversed_epilogue():
     (_product_also_returned, "buffers of its own"),
     (_broadcast_epilogue, "covers its 1024 columns"),
     (_reversed_epilogue, "at the element it writes"),
-    (lambda: dense(1, 3000, 1000), "more than 16 a lane"),  # K's 125 vectors: one lane each row
     (lambda: dense(1, 8192, 28672), "more than 16 a lane"),  # 28 a lane, dlight's grid 512 CTAs
     (lambda: dense(1, 2048, 65536), "more than 16 a lane"),  # 64 a lane: past 48
 ])
@@ -299,6 +298,32 @@ def test_fp32_takes_up_to_8_rows_and_topi_silu_is_one_epilogue():
     func = te.create_prim_func([x, wg, wu, topi.multiply(topi.multiply(gate, topi.sigmoid(gate)), up)])
     found = find_row_gemv(func)
     assert found.rows == 2 and len(found.reductions) == 2 and found.epilogue is not None
+
+
+@pytest.mark.parametrize(("rows", "k", "dtype", "lanes"), [(1, 3000, "bfloat16", 75), (2, 3000, "float32", 75),
+                                                         (8, 1000, "float32", 25)])
+def test_a_k_whose_vectors_no_power_of_two_divides_splits_over_a_divisor(rows, k, dtype, lanes):
+    """K = 3000 in bf16 is 375 vectors: a power of two of lanes would be one lane reading all of
+    them (dlight's GEMV took 1 x 127 x 3000 in 20.9 us, torch 6.0); 75 lanes read 5 each."""
+    found = find_row_gemv(dense(rows, 1024, k, dtype))
+    assert default_config(found).threads_per_row == lanes
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("rows", "n", "k", "dtype"), [(1, 127, 3000, "bfloat16"), (2, 1024, 3000, "float32"),
+                                                      (8, 1000, 1000, "float32")])
+def test_gpu_lanes_of_no_power_of_two_match_float64(rows, n, k, dtype):
+    import ml_dtypes
+
+    host = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32
+    lib = tvm_dsm.build(dense(rows, n, k, dtype))
+    dev, rng = tvm.cuda(), np.random.default_rng()
+    x = rng.standard_normal((rows, k)).astype(host)
+    w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(host)
+    out = tvm.runtime.tensor(np.full((rows, n), np.nan, host), dev)
+    lib(tvm.runtime.tensor(x, dev), tvm.runtime.tensor(w, dev), out)
+    ref = x.astype("float64") @ w.astype("float64").T
+    assert np.linalg.norm(out.numpy().astype("float64") - ref) / np.linalg.norm(ref) < (2e-3 if dtype == "bfloat16" else 1e-5)
 
 
 @pytest.mark.gpu

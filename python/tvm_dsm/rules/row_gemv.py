@@ -226,8 +226,20 @@ def default_config(found: RowGemv) -> RowGemvConfig:
 
 def _default_lanes(found: RowGemv) -> int:
     """A lane per 32 elements of K, at most 128: the largest power of two that divides K's
-    vectors below that."""
-    return largest_power_of_two(found.k // found.vector, min(128, max(1, found.k // 32)))
+    vectors below that; where that leaves a lane more than :data:`MAX_LONG_VECTORS_PER_LANE`
+    vectors (K = 3000 in bf16: 375 vectors, one lane), the largest divisor below it (75 lanes
+    of 5) where that is a warp or more, or for fp32, whose other kernels run on the CUDA cores.
+    H200 (``bench/results/archive/generality_row_gemv_lanes_s64.json``): 1 x 127 x 3000 bf16
+    on 75 lanes 2.2 us (dlight's GEMV 20.9, torch 6.1), fp32 2 x 14336 x 3000 45.3 (the CUDA-core
+    GEMM 130.6, torch 69.5), an fp32 FFN of one row over K = 1000 on 25 lanes 6.6 (19.3, torch
+    14.3); 16-bit rows over K = 1000 on 25 lanes ran 10-16% slower than the split-K GEMM."""
+    vectors, most = found.k // found.vector, min(128, max(1, found.k // 32))
+    lanes = largest_power_of_two(vectors, most)
+    if vectors // lanes > MAX_LONG_VECTORS_PER_LANE:
+        divisor = max(d for d in range(1, most + 1) if vectors % d == 0)
+        if divisor >= DLIGHT_GEMV_LANES or found.elem_bytes == 4:
+            lanes = divisor
+    return lanes
 
 
 ROWS_PER_CTA = (1, 2, 4, 8)
