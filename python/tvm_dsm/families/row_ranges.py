@@ -21,7 +21,8 @@ Where another family takes a function at exactly one row (a matmul's row GEMV, a
 one, where the first range takes the split-K GEMM; decode attention, one query a head, where the
 queries' range takes attention), that row count gets a kernel of its own: the function at one
 row, other variables dispatched in their turn, the branch's parameters the function's own (in
-the branch they hold one row).
+the branch they hold one row); so do 2, 3, ... rows while that family takes them (the row
+GEMV's 2 rows, 8 in fp32), as a constant row count gets them.
 """
 
 from __future__ import annotations
@@ -143,17 +144,27 @@ def range_kernels(func: tirx.PrimFunc, target: Any, hw: Hardware,
                                       tuned or previous.tuned)
         else:
             kernels.append(RangeKernel(bound, family, plan.config, scheduled, plan.predicted_us, tuned))
-    one = _one_row_kernel(func, target, hw, kernels[0].family)
-    if one is not None:
-        kernels.insert(0, one)
+    return _few_row_kernels(func, target, hw, kernels[0].family) + kernels
+
+
+def _few_row_kernels(func: tirx.PrimFunc, target: Any, hw: Hardware, first: ScheduleFamily) -> list[RangeKernel]:
+    """The kernels of ``func`` at exactly 1, 2, ... rows, in order, as long as a family other than
+    ``first`` (the first range's) takes that row count: a row GEMV's up to 2 rows of 16-bit
+    elements, 8 of fp32, as a constant row count gets them (see the module docstring)."""
+    kernels = []
+    for rows in range(1, ROW_RANGES[0]):
+        kernel = _exact_rows_kernel(func, target, hw, first, rows)
+        if kernel is None:
+            break
+        kernels.append(kernel)
     return kernels
 
 
-def _one_row_kernel(func: tirx.PrimFunc, target: Any, hw: Hardware,
-                    first: ScheduleFamily) -> RangeKernel | None:
-    """The kernel of ``func`` at exactly one row where a family other than ``first`` (the first
-    range's) takes it, else None (see the module docstring)."""
-    one = specialized(func, range_variable(func), 1)
+def _exact_rows_kernel(func: tirx.PrimFunc, target: Any, hw: Hardware,
+                       first: ScheduleFamily, rows: int) -> RangeKernel | None:
+    """The kernel of ``func`` at exactly ``rows`` rows where a family other than ``first`` takes
+    it, else None."""
+    one = specialized(func, range_variable(func), rows)
     try:
         if extent_variables(one):
             kernels = range_kernels(one, target, hw)
@@ -170,7 +181,7 @@ def _one_row_kernel(func: tirx.PrimFunc, target: Any, hw: Hardware,
     if family is first:
         return None
     params = list(zip(scheduled.params, func.params))
-    return RangeKernel(1, family, config, func.with_body(substitute(scheduled.body, params)), predicted)
+    return RangeKernel(rows, family, config, func.with_body(substitute(scheduled.body, params)), predicted)
 
 
 def _first_that_applies(family: ScheduleFamily, func: tirx.PrimFunc, plans: list[Plan],
