@@ -99,9 +99,10 @@ def test_tvm_dsm_pipeline_schedules_every_kernel_and_reports_each(tvm_dsm_schedu
 
 
 def test_each_one_row_gemv_prefetches_its_weight_before_waiting_for_the_kernel_before(tvm_dsm_scheduled):
-    """In every linear layer the model's decode batch of one takes on the row GEMV, that kernel
-    (its function's one-row branch) prefetches rows of the layer's weight, which the pipeline
-    names read-only, into L2 before ``griddepcontrol.wait``; the other branches' kernels do not."""
+    """In every linear layer the model's decode batches of one and two take on the row GEMV,
+    those kernels (its function's one- and two-row branches) prefetch rows of the layer's weight,
+    which the pipeline names read-only, into L2 before ``griddepcontrol.wait``; the other
+    branches' kernels do not."""
     import re
 
     from conftest import cuda_source
@@ -116,7 +117,7 @@ def test_each_one_row_gemv_prefetches_its_weight_before_waiting_for_the_kernel_b
         bodies = kernels(cuda_source(tvm.IRModule({"main": func}))).values()
         early = [re.findall(r"prefetch_L2_global\(\(&\((\w+)_ptr\[", b.split("griddepcontrol_wait")[0])
                  for b in bodies]
-        assert [set(e) for e in early if e] == [weights], name
+        assert [set(e) for e in early if e] == [weights] * 2, name
 
 
 def test_no_tvm_dsm_family_crashes_on_the_model(tvm_dsm_scheduled):

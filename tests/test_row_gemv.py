@@ -137,6 +137,7 @@ def _reversed_epilogue():
     (_product_also_returned, "buffers of its own"),
     (_broadcast_epilogue, "covers its 1024 columns"),
     (_reversed_epilogue, "at the element it writes"),
+    (lambda: dense(1, 3000, 1000), "more than 16 a lane"),  # 125 vectors: 1 lane (25 lanes: under a warp)
     (lambda: dense(1, 8192, 28672), "more than 16 a lane"),  # 28 a lane, dlight's grid 512 CTAs
     (lambda: dense(1, 2048, 65536), "more than 16 a lane"),  # 64 a lane: past 48
 ])

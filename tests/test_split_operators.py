@@ -99,9 +99,7 @@ def test_a_gated_layers_products_are_one_operator_and_compute_the_same_on_llvm(r
     args = [rng.standard_normal(shape).astype("float32") for shape in shapes]
     tensors = [tvm.runtime.tensor(a) for a in args[:-1]] + [tvm.runtime.tensor(np.full_like(args[-1], np.nan))]
     tvm.compile(tvm.IRModule({"main": merged}), target="llvm")(*tensors)
-    a, wg, wu, w2 = (x.astype(np.float64) for x in args[:4])
-    gate = a @ wg.T
-    ref = (gate / (1 + np.exp(-gate)) * (a @ wu.T)) @ w2.T
+    ref = _swiglu_reference(*(x.astype(np.float64) for x in args[:4]))
     out = tensors[-1].numpy()
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-5
 
@@ -123,9 +121,16 @@ def _two_products(shared_x: bool, combined: bool):
 
 
 def test_products_that_are_no_gated_layer_stay_apart():
-    """Two matmuls of different inputs, or two projections of one X each written out, are not a
-    gated layer: split apart, and not taken as one by the split-K GEMM."""
-    for func in (_two_products(shared_x=False, combined=True), _two_products(shared_x=True, combined=False)):
+    """Two matmuls of different inputs (or of one weight), or two projections of one X each
+    written out, are not a gated layer: split apart, and not taken as one by the split-K GEMM."""
+    x, y = (te.placeholder((16, 64), "float16", name=n) for n in ("x", "y"))
+    w = te.placeholder((64, 64), "float16", name="w")
+    r, q = te.reduce_axis((0, 64), "r"), te.reduce_axis((0, 64), "q")
+    a = te.compute((16, 64), lambda i, j: te.sum(x[i, r].astype("float32") * w[j, r].astype("float32"), axis=r), name="a")
+    b = te.compute((16, 64), lambda i, j: te.sum(y[i, q].astype("float32") * w[j, q].astype("float32"), axis=q), name="b")
+    shared_weight = te.create_prim_func([x, y, w, te.compute((16, 64), lambda i, j: (a[i, j] * b[i, j]).astype("float16"))])
+    for func in (_two_products(shared_x=False, combined=True), _two_products(shared_x=True, combined=False),
+                 shared_weight):
         assert [op.products for op in split_operators(func, products_together=True)] == [1, 1]
     with pytest.raises(tvm_dsm.ClusterError, match="combining them"):
         tvm_dsm.plan(_two_products(shared_x=True, combined=False))

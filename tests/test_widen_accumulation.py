@@ -93,4 +93,4 @@ def test_a_16_bit_accumulated_matmul_is_correct_on_the_gpu(make):
 
 def test_a_symbolic_batch_16_bit_dense_takes_the_gemm_family_per_row_range():
     kernels, _ = tvm_dsm.driver.schedule_row_ranges(topi_dense(te.var("m"), 1024, 512))
-    assert [k.family.name for k in kernels] == ["row_gemv", *["split_k_gemm"] * (len(kernels) - 1)]
+    assert [k.family.name for k in kernels] == ["row_gemv"] * 2 + ["split_k_gemm"] * (len(kernels) - 2)

@@ -22,7 +22,7 @@ from tvm.s_tir.schedule.schedule import ScheduleError
 
 from .device import gpu_or_reason
 from .errors import ClusterError
-from .families import ScheduleFamily, matching_families
+from .families import ScheduleFamily, fastest_family, matching_families
 from .families.row_ranges import RangeKernel, dispatch, range_kernels, range_specializations
 from .hardware import Hardware, load_hardware
 from .intrin import register_all
@@ -139,7 +139,8 @@ def plan(func: tirx.PrimFunc, hw: Hardware | None = None, target=None) -> Rankin
                            "(tvm_dsm.transform.rows_as_matrix), which plan(rows_as_matrix(func).func) "
                            "ranks") from None
     hw = hw or load_hardware()
-    family, shape, plans = _fastest_family(matches, hw)
+    family, shape, plans = fastest_family(
+        matches, hw, lambda family, shape: rerank(family.name, shape, family.rank(shape, hw), hw))
     if family.name == SimtGemm.name and pads_faster(shape, hw):
         # (a function of a symbolic row count keeps the CUDA cores: its ranges are planned
         # without this check, and the padded copies are built for constant row counts only)
@@ -147,25 +148,6 @@ def plan(func: tirx.PrimFunc, hw: Hardware | None = None, target=None) -> Rankin
                            "the tensor cores, are predicted faster than the CUDA cores: build pads them "
                            "(tvm_dsm.rules.aligned_rows)")
     return Ranking(family, shape, plans, func, hw)
-
-
-def _fastest_family(matches: list, hw: Hardware) -> tuple[ScheduleFamily, Any, list[Plan]]:
-    """Of the families whose pattern a function holds (``matches``: family and shape, most
-    specific first), the one whose best plan is predicted fastest, with its ranking (each
-    re-ranked by what was measured, :func:`tvm_dsm.learned_ranking.rerank`): a decode
-    attention written as attention over one query reaches the decode kernel. A generic family
-    (``ScheduleFamily.generic``: its model sees bytes, not compute) only where no other takes
-    the function. ClusterError, the first family's, where none has a valid plan."""
-    ranked, refusals = [], []
-    specific = [(family, shape) for family, shape in matches if not family.generic]
-    for family, shape in specific or matches[:1]:
-        try:
-            ranked.append((family, shape, rerank(family.name, shape, family.rank(shape, hw), hw)))
-        except ClusterError as err:
-            refusals.append(err)
-    if not ranked:
-        raise refusals[0]
-    return min(ranked, key=lambda r: r[2][0].predicted_us)
 
 
 @dataclass(frozen=True)
@@ -454,15 +436,19 @@ def _per_operator(func: tirx.PrimFunc, operators: list, target, hw: Hardware | N
     gated split-K GEMM or row GEMV: one kernel, X read once, no product through global memory;
     a SwiGLU chain of 4 rows over 28672 x 8192 ran 479 us a product at a time against torch's
     338, bench/results/real_shapes)."""
-    together = _operators(func, products_together=True) if families else []
-    if len(together) < len(operators):
-        try:
-            return _merged(func, [schedule(op.func, target, hw=hw, stock_fallback=op.products < 2) for op in together])
-        except ClusterError as err:
-            LOG.info("no family takes its gated products together (%s): each product alone",
-                     str(err).strip().splitlines()[0])
-    return _merged(func, [schedule(op.func, target, hw=hw) if families else stock_schedule(op.func, target)
-                          for op in operators])
+    if not families:
+        return _merged(func, [stock_schedule(op.func, target) for op in operators])
+    together = _operators(func, products_together=True)
+    scheduled = {}
+    for op in together:
+        if op.products > 1:
+            try:
+                scheduled[id(op)] = schedule(op.func, target, hw=hw, stock_fallback=False)
+            except (ClusterError, ScheduleError, tvm.error.InternalError) as err:
+                LOG.info("no family takes its gated products together (%s): each product alone",
+                         str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)
+                return _merged(func, [schedule(o.func, target, hw=hw) for o in operators])
+    return _merged(func, [scheduled.get(id(op)) or schedule(op.func, target, hw=hw) for op in together])
 
 
 def _operators(func: tirx.PrimFunc, products_together: bool = False) -> list:

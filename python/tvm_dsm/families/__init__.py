@@ -1,11 +1,12 @@
 """The schedule families tvm-dsm applies to a PrimFunc (:class:`~.base.ScheduleFamily`), one
-module each, and the order the driver tries them in: most specific first, so a GEMM chain is
-fused rather than scheduled as its first GEMM."""
+module each, in order of specificity (a GEMM chain before the GEMM that is its first half), and
+the choice among those that take a function: the one whose best plan is predicted fastest
+(:func:`fastest_family`)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import tvm
@@ -84,6 +85,27 @@ def match_family(func: tirx.PrimFunc, target: Any = None,
     with its shape; ClusterError listing why each family does not apply otherwise (or that
     ``target`` is not a Hopper GPU)."""
     return matching_families(func, target, families, first=True)[0]
+
+
+def fastest_family(matches: Sequence[tuple[ScheduleFamily, Any]], hw: Hardware,
+                   ranking: Callable[[ScheduleFamily, Any], list] | None = None) -> tuple[ScheduleFamily, Any, list]:
+    """Of the families whose pattern a function holds (``matches``, :func:`matching_families`),
+    the one whose best plan is predicted fastest, with its shape and ranking (``ranking``: the
+    plans of a family and shape, by default its own ``rank``): a decode attention written as
+    attention over one query reaches the decode kernel. A generic family
+    (``ScheduleFamily.generic``: its model sees bytes, not compute) only where no other takes
+    the function. ClusterError, the first family's, where none has a valid plan."""
+    ranking = ranking or (lambda family, shape: family.rank(shape, hw))
+    ranked, refusals = [], []
+    specific = [(family, shape) for family, shape in matches if not family.generic]
+    for family, shape in specific or matches[:1]:
+        try:
+            ranked.append((family, shape, ranking(family, shape)))
+        except ClusterError as err:
+            refusals.append(err)
+    if not ranked:
+        raise refusals[0]
+    return min(ranked, key=lambda r: r[2][0].predicted_us)
 
 
 def matching_families(func: tirx.PrimFunc, target: Any = None, families: Sequence[ScheduleFamily] | None = None,

@@ -42,7 +42,7 @@ from ..errors import ClusterError
 from ..hardware import Hardware
 from ..ir import branch_on, extent_variables, fresh_definitions, specialized, substitute
 from ..planners.report import Plan
-from . import FAMILIES, INT32_ELEMENTS, int32_overflows, match_family
+from . import FAMILIES, INT32_ELEMENTS, fastest_family, int32_overflows, match_family, matching_families
 from .base import ScheduleFamily
 from .configs import config_from, examples
 
@@ -162,21 +162,20 @@ def _few_row_kernels(func: tirx.PrimFunc, target: Any, hw: Hardware, first: Sche
 
 def _exact_rows_kernel(func: tirx.PrimFunc, target: Any, hw: Hardware,
                        first: ScheduleFamily, rows: int) -> RangeKernel | None:
-    """The kernel of ``func`` at exactly ``rows`` rows where a family other than ``first`` takes
-    it, else None."""
-    one = specialized(func, range_variable(func), rows)
+    """The kernel of ``func`` at exactly ``rows`` rows where the family a constant row count
+    gets (:func:`~tvm_dsm.families.fastest_family`) is not ``first``, else None."""
+    fixed = specialized(func, range_variable(func), rows)
     try:
-        if extent_variables(one):
-            kernels = range_kernels(one, target, hw)
+        if extent_variables(fixed):
+            kernels = range_kernels(fixed, target, hw)
             family, config = kernels[-1].family, kernels[-1].config
-            scheduled = dispatch(one, [(k.bound, k.func) for k in kernels])
+            scheduled = dispatch(fixed, [(k.bound, k.func) for k in kernels])
             predicted = kernels[-1].predicted_us
         else:
-            family, shape = match_family(one, target)
-            plan = family.rank(shape, hw)[0]
-            config, predicted = plan.config, plan.predicted_us
-            scheduled = family.apply(one, config, hw).mod["main"]
-    except (ClusterError, ScheduleError, tvm.error.InternalError):  # the ranges' kernel takes one row too
+            family, _, plans = fastest_family(matching_families(fixed, target), hw)
+            config, predicted = plans[0].config, plans[0].predicted_us
+            scheduled = family.apply(fixed, config, hw).mod["main"]
+    except (ClusterError, ScheduleError, tvm.error.InternalError):  # the ranges' kernel takes these rows too
         return None
     if family is first:
         return None

@@ -20,7 +20,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.utils import shash2hex
 
 from ..errors import ClusterError
-from ..families import match_family
+from ..driver import plan
 from ..families.base import ScheduleFamily
 from ..hardware import Hardware, load_hardware
 from ..learned_ranking import FEATURE_NAMES, plan_features
@@ -48,9 +48,9 @@ class PlanFeatureExtractor(ms.feature_extractor.PyFeatureExtractor):
         second."""
         key = shash2hex(tvm.IRModule({"main": mod["main"]}))
         if key not in self._tasks:
-            family, shape = match_family(mod["main"])
-            plans = {plan.config: plan for plan in family.rank(shape, self.hw)}
-            self._tasks[key] = (family, shape, plans, examples(list(plans)))
+            ranking = plan(mod["main"], self.hw)  # the family plan() takes, as PlannedSpace's
+            plans = {p.config: p for p in ranking.plans}
+            self._tasks[key] = (ranking.family, ranking.shape, plans, examples(list(plans)))
         return self._tasks[key]
 
     def features(self, mod: tvm.IRModule, candidate: tvm.IRModule) -> np.ndarray:

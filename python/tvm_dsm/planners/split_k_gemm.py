@@ -179,7 +179,7 @@ def steps_ahead(config: SplitKGemmConfig, products: int) -> int:
     # warpgroup MMAs too: the picks match the measured best so). Gated products in one K loop
     # keep two warpgroup-MMA groups in flight into the next step, which costs a step of
     # lookahead (docs/gemm.md).
-    if c.wgmma and shared_k_loop(c, products) and products > 1:
+    if c.wgmma and shared_k_loop(c, products):
         return c.stages - 2
     return c.stages - 1 if c.tma else max(1, c.stages - 2)
 
@@ -237,8 +237,8 @@ def candidate_configs(shape: GemmShape, quantized: bool = False,
     return []
 
 
-#: Bytes of one product's tiles a CTA keeps in flight at least where its tile runs past M (TMA
-#: fills the rows past M with zeros). Below it the main loop waits on its loads, which the
+#: Bytes of one product's tiles a CTA keeps in flight at least where M fits in one tile of rows
+#: and the tile runs past it (TMA fills the rows past M with zeros). Below it the main loop waits on its loads, which the
 #: model's HBM and pipeline terms do not see: at 4 rows, 16 x 64 tiles 3 stages deep (20 KiB
 #: ahead) took 1.06-1.41x the time of the same tiles 4 deep on each of three GEMMs and three gated
 #: GEMMs of 8192-28672 x 2048-8192 (bench/results/archive/short_tile_depths_s64.json, H200). At

@@ -113,7 +113,7 @@ def find_row_gemv(func: tirx.PrimFunc) -> RowGemv:
                            f"elements of K gives {lanes})")
     if vectors // lanes > MAX_VECTORS_PER_LANE and not _dlight_grid_leaves_sms_short(found, lanes):
         raise ClusterError(f"K={k}: its {vectors} vectors split over {lanes} lanes at most "
-                           f"(a power of two dividing them): more than {MAX_VECTORS_PER_LANE} a lane (up to "
+                           f"(a divisor of them): more than {MAX_VECTORS_PER_LANE} a lane (up to "
                            f"{MAX_LONG_VECTORS_PER_LANE} where {DLIGHT_GEMV_LANES}+ lanes split a row of fewer "
                            f"than {DLIGHT_GEMV_ROWS * 2} x the SMs' columns)")
     return found
@@ -124,8 +124,8 @@ def find_row_gemv(func: tirx.PrimFunc) -> RowGemv:
 #: against the split-K GEMM's 6.0 and 15.3 (torch 6.1, 13.8); at 8 rows it lost on every shape,
 #: the lanes' conversions and multiply-adds bound (H200,
 #: ``bench/results/archive/batched_row_gemv_s58.json``). fp32 has no tensor-core GEMM to lose to
-#: and half the multiply-adds per byte of W: up to 8 rows.
-MAX_ROWS = {2: 2, 4: 8}
+#: and half the multiply-adds per byte of W: up to 8 rows. fp8 as 16-bit.
+MAX_ROWS = {1: 2, 2: 2, 4: 8}
 #: The fewest lanes a row of several rows' schedule takes (more lanes than rows: each row's lane
 #: sum is told from the rows by its extent).
 MIN_LANES_FOR_ROWS = 4
@@ -141,7 +141,8 @@ DLIGHT_GEMV_LANES, DLIGHT_GEMV_ROWS = 32, 16
 
 def min_lanes(rows: int) -> int:
     """The fewest lanes a row of ``rows`` rows' schedule takes: :data:`MIN_LANES_FOR_ROWS`, and
-    more than the rows."""
+    twice the rows (more lanes than rows: each row's lane sum is told from the rows by its
+    extent)."""
     return max(MIN_LANES_FOR_ROWS, 2 * rows)
 
 

@@ -66,14 +66,18 @@ def _is_matmul(block: SBlock) -> bool:
 
 def _second_product(group: list[tirx.Stmt], nest: tirx.Stmt) -> bool:
     """Whether ``nest`` is the second product of a gated layer whose first leads ``group`` (with
-    its epilogue): both matmuls over the same spatial extents, sharing one operand (X), each with
-    its own other."""
+    its epilogue): both matmuls over the same spatial extents, sharing one operand, the rows' X
+    (not indexed by the output column), each with its own weight."""
     first, second = _block(group[0]), _block(nest)
     if any(_is_reduction(_block(n)) for n in group[1:]) or not (_is_matmul(first) and _is_matmul(second)):
         return False
     a, b = _reduced_operands(first), _reduced_operands(second)
     shared = [x for x in a if any(x.same_as(y) for y in b)]
-    return len(shared) == 1 and len(a) == len(b) == 2 and _same_extents(_spatial(first), _spatial(second))
+    if len(shared) != 1 or len(a) != 2 or len(b) != 2 or not _same_extents(_spatial(first), _spatial(second)):
+        return False
+    column = [iv.var for iv in first.iter_vars if iv.iter_type == tirx.IterVar.DataPar][-1]
+    return not any(uses(i, column) for store in find_all(first.body, tirx.BufferStore) for load in loads(store.value)
+                   if load.source.same_as(shared[0]) for i in load.indices)
 
 
 def _spatial(block: SBlock) -> list:
@@ -111,15 +115,30 @@ def _outputs(groups: list[list[tirx.Stmt]], i: int, params: list) -> list[tirx.B
 
 def _combined_products(groups: list[list[tirx.Stmt]], params: list) -> list[list[tirx.Stmt]]:
     """``groups`` with each pair of products split apart again unless the group combines them
-    into one output (a gated layer's H; not two projections of one X, each its own output)."""
+    into one output computed from both (a gated layer's H; not two projections of one X, each
+    its own output)."""
     result = []
     for i, group in enumerate(groups):
         second = [j for j, n in enumerate(group) if j and _is_reduction(_block(n))]
-        if second and len(_outputs(groups, i, params)) != 1:
+        outputs = _outputs(groups, i, params)
+        if second and not (len(outputs) == 1 and _computed_from_both(group, second[0], outputs[0])):
             result += [group[:second[0]], group[second[0]:]]
         else:
             result.append(group)
     return result
+
+
+def _computed_from_both(group: list[tirx.Stmt], second: int, output: tirx.Buffer) -> bool:
+    """Whether ``output`` of ``group`` is computed (through its elementwise blocks) from both
+    products, the first leading the group and the second at ``second``."""
+    sources = [(_block(group[0]).writes[0].source, {0}), (_block(group[second]).writes[0].source, {1})]
+    for nest in group:
+        block = _block(nest)
+        if _is_reduction(block):
+            continue
+        found = {i for region in block.reads for buffer, of in sources if region.source.same_as(buffer) for i in of}
+        sources += [(region.source, found) for region in block.writes]
+    return any(buffer.same_as(output) and of == {0, 1} for buffer, of in sources)
 
 
 def _buffers(nests: list[tirx.Stmt]) -> tuple[list[tirx.Var], list[tirx.Var]]:
