@@ -282,3 +282,22 @@ def test_plan_takes_the_family_predicted_fastest_of_those_that_take_the_function
     assert [f.name for f, _ in matching_families(func)] == ["attention", "decode_attention", "fused_cascade"]
     assert tvm_dsm.plan(func).family.name == "decode_attention"
     assert tvm_dsm.plan(_decode_attention_te(1, 32, 4, 128, 64, "float16")).family.name == "decode_attention"
+
+
+def test_another_family_displaces_the_most_specific_only_by_the_margin():
+    """The families' models are fitted each on its own kernels: a later family is taken only
+    where predicted faster by FAMILY_MARGIN; a generic one only alone."""
+    from types import SimpleNamespace
+
+    from tvm_dsm.families import FAMILY_MARGIN, fastest_family
+
+    def family(name, us, generic=False):
+        return SimpleNamespace(name=name, generic=generic, rank=lambda shape, hw: [SimpleNamespace(predicted_us=us)])
+
+    def pick(*families):
+        return fastest_family([(f, None) for f in families], hw=None)[0].name
+
+    assert pick(family("first", 10.0), family("later", 10.0 / FAMILY_MARGIN * 1.01)) == "first"
+    assert pick(family("first", 10.0), family("later", 10.0 / FAMILY_MARGIN * 0.99), family("last", 5.0)) == "last"
+    assert pick(family("first", 10.0), family("generic", 1.0, generic=True)) == "first"
+    assert pick(family("generic", 1.0, generic=True), family("other generic", 0.5, generic=True)) == "generic"

@@ -87,11 +87,20 @@ def match_family(func: tirx.PrimFunc, target: Any = None,
     return matching_families(func, target, families, first=True)[0]
 
 
+#: How much faster another family's best plan must be predicted than the most specific one's to
+#: be taken: the families' models are fitted each on its own kernels, not against each other.
+#: The decode kernel over one query was predicted 6x faster than the prefill kernel's padded
+#: query tiles (measured 2x); on a self-attention of 16-64 tokens the two were within 20% of each
+#: other, where the most specific keeps it.
+FAMILY_MARGIN = 1.25
+
+
 def fastest_family(matches: Sequence[tuple[ScheduleFamily, Any]], hw: Hardware,
                    ranking: Callable[[ScheduleFamily, Any], list] | None = None) -> tuple[ScheduleFamily, Any, list]:
-    """Of the families whose pattern a function holds (``matches``, :func:`matching_families`),
-    the one whose best plan is predicted fastest, with its shape and ranking (``ranking``: the
-    plans of a family and shape, by default its own ``rank``): a decode attention written as
+    """Of the families whose pattern a function holds (``matches``, :func:`matching_families`,
+    most specific first), the first, unless another's best plan is predicted faster by
+    :data:`FAMILY_MARGIN` (then the fastest of those), with its shape and ranking (``ranking``:
+    the plans of a family and shape, by default its own ``rank``): a decode attention written as
     attention over one query reaches the decode kernel. A generic family
     (``ScheduleFamily.generic``: its model sees bytes, not compute) only where no other takes
     the function. ClusterError, the first family's, where none has a valid plan."""
@@ -105,7 +114,9 @@ def fastest_family(matches: Sequence[tuple[ScheduleFamily, Any]], hw: Hardware,
             refusals.append(err)
     if not ranked:
         raise refusals[0]
-    return min(ranked, key=lambda r: r[2][0].predicted_us)
+    first = ranked[0][2][0].predicted_us
+    faster = [r for r in ranked[1:] if r[2][0].predicted_us * FAMILY_MARGIN < first]
+    return min(faster, key=lambda r: r[2][0].predicted_us) if faster else ranked[0]
 
 
 def matching_families(func: tirx.PrimFunc, target: Any = None, families: Sequence[ScheduleFamily] | None = None,
