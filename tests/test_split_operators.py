@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tvm
 from conftest import TARGET, relative_error_on_gpu
-from tvm import te
+from tvm import te, topi
 
 import tvm_dsm
 from tvm_dsm.gpu.suites.generality import FFNS, dense, ffn
@@ -159,3 +159,53 @@ def test_gpu_gated_products_together_match_float64(rows, m):
     weights = [rng.standard_normal(s) / np.sqrt(s[1]) for s in ((2048, 1024), (2048, 1024), (1024, 2048))]
     inputs = [rng.standard_normal((m, 1024)), *weights]
     assert relative_error_on_gpu(func, inputs, _swiglu_reference, (m, 1024), "float16") < 2e-3
+
+
+def _random_products(rng):
+    """Two or three matmuls over small random extents, each reading X or another input, some
+    sharing a weight, combined, cast or written out at random: the forms split_operators groups
+    or keeps apart (gated layers, projections of one X, unrelated products)."""
+    m, k, n = (int(rng.integers(2, 9)) for _ in range(3))
+    xs = [te.placeholder((m, k), "float32", name=f"x{i}") for i in range(2)]
+    ws = [te.placeholder((n, k), "float32", name=f"w{i}") for i in range(3)]
+    def product(i, x, w):
+        r = te.reduce_axis((0, k), f"r{i}")
+        return te.compute((m, n), lambda a, b: te.sum(x[a, r] * w[b, r], axis=r), name=f"p{i}")
+
+    def scaled(i, p):
+        return te.compute((m, n), lambda a, b: p[a, b] * 2.0, name=f"c{i}")
+
+    products = [product(i, xs[int(rng.integers(0, 2))], ws[int(rng.integers(0, 3))])
+                for i in range(int(rng.integers(2, 4)))]
+    outputs, kind = [], rng.integers(0, 3)
+    if kind == 0:  # a gated layer's combine (of the first two: SiLU as TOPI writes it), the rest written out
+        gate = topi.multiply(products[0], topi.sigmoid(products[0]))
+        outputs.append(topi.multiply(gate, products[1]))
+        outputs += products[2:]
+    elif kind == 1:  # each product scaled on its own
+        outputs += [scaled(i, p) for i, p in enumerate(products)]
+    else:  # all summed
+        outputs.append(te.compute((m, n), lambda a, b: sum(p[a, b] for p in products), name="total"))
+    inputs = sorted({t for p in products for t in p.op.input_tensors}, key=lambda t: t.op.name)
+    return te.create_prim_func([*inputs, *outputs])
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_products_split_together_and_merged_compute_the_same_on_llvm(seed):
+    """Whatever split_operators groups (products together or apart), merging the operators back
+    computes what the function does."""
+    rng = np.random.default_rng(seed)
+    func = _random_products(rng)
+    operators = split_operators(func, products_together=True)
+    merged = merge_operators(func, [op.func for op in operators])
+    params = list(func.params)
+    outputs = len(params) - sum(1 for p in params if p.name.startswith(("x", "w")))
+    args = [rng.standard_normal([int(d) for d in p.ty.shape]).astype("float32") for p in params]
+    results = []
+    for f in (func, merged):
+        tensors = [tvm.runtime.tensor(a) for a in args[:-outputs]] + [
+            tvm.runtime.tensor(np.full_like(a, np.nan)) for a in args[-outputs:]]
+        tvm.compile(tvm.IRModule({"main": f}), target="llvm")(*tensors)
+        results.append([t.numpy() for t in tensors[-outputs:]])
+    for got, want in zip(*results[::-1]):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

@@ -194,5 +194,6 @@ def merge_operators(func: tirx.PrimFunc, scheduled: list[tirx.PrimFunc]) -> tirx
                                                      alloc_buffers=list(inner.alloc_buffers),
                                                      annotations=inner.annotations)))
     passed = [b for b in root.alloc_buffers if any(b.same_as(p) for sub in scheduled for p in sub.params)]
-    body = SBlockRealize([], True, SBlock([], [], [], "root", tirx.SeqStmt(parts), alloc_buffers=passed))
+    body = SBlockRealize([], True, SBlock([], [], [], "root", tirx.SeqStmt(parts) if len(parts) > 1 else parts[0],
+                                          alloc_buffers=passed))
     return tirx.PrimFunc(func.params, body, func.ret_type, func.attrs)
