@@ -301,3 +301,11 @@ def test_another_family_displaces_the_most_specific_only_by_the_margin():
     assert pick(family("first", 10.0), family("later", 10.0 / FAMILY_MARGIN * 0.99), family("last", 5.0)) == "last"
     assert pick(family("first", 10.0), family("generic", 1.0, generic=True)) == "first"
     assert pick(family("generic", 1.0, generic=True), family("other generic", 0.5, generic=True)) == "generic"
+
+
+@pytest.mark.parametrize("shape", [(0, 64, 64), (4, 64, 0)], ids=["no_rows", "no_depth"])
+def test_a_tensor_of_no_elements_is_refused_by_name(shape):
+    """Stock TVM fails on these too (a schedule error, an internal check): the error names the
+    tensor and its zero extent instead."""
+    with pytest.raises(ClusterError, match=r"an extent of 0 \(no elements\)"):
+        tvm_dsm.build(dense(*shape), {"kind": "cuda", "arch": "sm_90a"})

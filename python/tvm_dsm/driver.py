@@ -222,6 +222,7 @@ def build(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None = No
     (:mod:`tvm_dsm.transform.host_sorts`)."""
     target = tvm.target.Target(target)
     refuse_host_sorts(func)
+    refuse_empty_tensors(func)
     func = _public(func)
     recorded = _recorded(database, func, target)
     if recorded is not None:
@@ -247,6 +248,16 @@ def build(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None = No
                           f"{refusals[-1] if refusals else 'no plan'}")
     LOG.warning("%s; TVM's stock schedule instead", reason)
     return tvm.compile(_fallback_schedule(func, target, reason, hw).mod, target=target)
+
+
+def refuse_empty_tensors(func: tirx.PrimFunc) -> None:
+    """ClusterError naming the parameters of ``func`` with a constant extent of 0: no elements,
+    nothing for a kernel to compute (TVM's stock schedules refuse such a function too, with an
+    error of their own)."""
+    empty = [f"{p.name}{[int(d) if isinstance(d, tirx.IntImm) else str(d) for d in p.ty.shape]}"
+             for p in func.params if any(isinstance(d, tirx.IntImm) and int(d) == 0 for d in getattr(p.ty, "shape", ()))]
+    if empty:
+        raise ClusterError(f"{', '.join(empty)}: an extent of 0 (no elements); a kernel needs at least one")
 
 
 def schedule(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None = None,
