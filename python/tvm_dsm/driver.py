@@ -130,6 +130,7 @@ def plan(func: tirx.PrimFunc, hw: Hardware | None = None, target=None) -> Rankin
     (:func:`tvm_dsm.learned_ranking.rerank`). Where no family takes a function whose tensors'
     leading axes are rows, the error says so: ``build`` takes it as matrices, which
     ``plan(rows_as_matrix(func).func)`` ranks."""
+    refuse_empty_tensors(func)
     try:
         func, matches = _first_form_taken(func, lambda f: matching_families(f, target))
     except ClusterError as err:
