@@ -89,6 +89,16 @@ def largest_power_of_two(extent: int, most: int) -> int:
     return power
 
 
+def computed_from(products: list, blocks: list[SBlock]) -> list[tuple]:
+    """Each of the buffers ``products``, and each buffer the (elementwise) ``blocks`` write in
+    order, with the indices of the products it is computed from (through the blocks before it)."""
+    sources = [(buffer, {i}) for i, buffer in enumerate(products)]
+    for block in blocks:
+        found = {i for region in block.reads for buffer, of in sources if region.source.same_as(buffer) for i in of}
+        sources += [(region.source, found) for region in block.writes]
+    return sources
+
+
 def is_reduction(block: tirx.SBlock) -> bool:
     """Whether ``block`` reduces over one of its iterators."""
     return any(int(iv.iter_type) == tirx.IterVar.CommReduce for iv in block.iter_vars)

@@ -238,11 +238,12 @@ def candidate_configs(shape: GemmShape, quantized: bool = False,
 
 
 #: Bytes of one product's tiles a CTA keeps in flight at least where M fits in one tile of rows
-#: and the tile runs past it (TMA fills the rows past M with zeros). Below it the main loop waits on its loads, which the
-#: model's HBM and pipeline terms do not see: at 4 rows, 16 x 64 tiles 3 stages deep (20 KiB
-#: ahead) took 1.06-1.41x the time of the same tiles 4 deep on each of three GEMMs and three gated
-#: GEMMs of 8192-28672 x 2048-8192 (bench/results/archive/short_tile_depths_s64.json, H200). At
-#: 16 rows (no rows past M) they were not slower: 3-deep picks kept.
+#: and the tile runs past it (TMA fills the rows past M with zeros). Below it the main loop waits
+#: on its loads, which the model's HBM and pipeline terms do not see: at 4 rows, 16 x 64 tiles 3
+#: stages deep (20 KiB ahead) took 1.06-1.41x the time of the same tiles 4 deep on each of three
+#: GEMMs and three gated GEMMs of 8192-28672 x 2048-8192
+#: (bench/results/archive/short_tile_depths_s64.json, H200). At 16 rows (no rows past M) they were
+#: not slower: 3-deep picks kept.
 MIN_SHORT_TILE_BYTES_AHEAD = 24 * 1024
 
 

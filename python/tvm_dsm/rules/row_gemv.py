@@ -74,8 +74,7 @@ class RowGemv:
 
 def find_row_gemv(func: tirx.PrimFunc) -> RowGemv:
     """``func`` as one or two reduction blocks over (one row, or up to :data:`MAX_ROWS` of its
-    element size; ``n``
-    columns; ``k``), each a sum of ``x[i, k] * W[j, k]`` (``k`` innermost in both, x and W of
+    element size; ``n`` columns; ``k``), each a sum of ``x[i, k] * W[j, k]`` (``k`` innermost in both, x and W of
     one element size), then at most one elementwise block over the rows and columns reading every
     product where it writes (a residual, a bias, a cast; a gated layer's ``silu(gate) * up``),
     the products its own buffers; ClusterError naming what differs. A matrix-vector product

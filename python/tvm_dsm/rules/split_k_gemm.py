@@ -28,7 +28,7 @@ from tvm.s_tir.schedule import LoopRV, SBlockRV
 
 from ..errors import ClusterError
 from ..hardware import Hardware
-from ..ir import is_reduction, largest_power_of_two
+from ..ir import computed_from, is_reduction, largest_power_of_two
 from ..annotations import ASYNC_STAGES_KEY, RASTER_GROUP_KEY
 from ..transform.programmatic_launch import launch_programmatically
 from ..transform.tma_pipeline import MAX_BOX as TMA_MAX_BOX
@@ -192,13 +192,8 @@ def find_gemm(sch: s_tir.Schedule, operand_types: Collection[str] = OPERAND_TYPE
 def _combines(sch: s_tir.Schedule, products: list[SBlockRV], epilogue: list[SBlockRV]) -> bool:
     """Whether an ``epilogue`` block computes from every one of ``products`` (through the
     epilogue blocks before it)."""
-    sources: list[tuple[tirx.Buffer, set[int]]] = [(sch.get(p).writes[0].source, {i}) for i, p in enumerate(products)]
-    for block in map(sch.get, epilogue):
-        found = {i for region in block.reads for buffer, of in sources if region.source.same_as(buffer) for i in of}
-        if len(found) == len(products):
-            return True
-        sources += [(region.source, found) for region in block.writes]
-    return False
+    written = [sch.get(p).writes[0].source for p in products]
+    return any(len(of) == len(products) for _, of in computed_from(written, [sch.get(b) for b in epilogue]))
 
 
 def gemm_products(sch: s_tir.Schedule, blocks: list[SBlockRV],

@@ -13,7 +13,7 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
-from ..ir import find_all
+from ..ir import find_all, seq
 
 
 def _is_warp_buffer(stmt) -> bool:
@@ -31,11 +31,9 @@ def _hoisted(launch: tirx.AttrStmt) -> tirx.Stmt:
     if not inside:
         return launch
 
-    def drop(seq: tirx.SeqStmt):
-        kept = [s for s in seq.seq if not _is_warp_buffer(s)]
-        if len(kept) == len(seq.seq):
-            return seq
-        return tirx.SeqStmt(kept) if len(kept) > 1 else kept[0]
+    def drop(stmts: tirx.SeqStmt):
+        kept = [s for s in stmts.seq if not _is_warp_buffer(s)]
+        return stmts if len(kept) == len(stmts.seq) else seq(kept)
 
     body = tvm_ffi.structural_map(launch.body, [(tirx.SeqStmt, drop)])
     return tirx.SeqStmt([*inside, tirx.AttrStmt(launch.node, launch.attr_key, launch.value, body)])

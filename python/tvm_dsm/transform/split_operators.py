@@ -21,7 +21,7 @@ from tvm.s_tir import SBlock, SBlockRealize
 from tvm.sym import Analyzer
 
 from ..errors import ClusterError
-from ..ir import find_all, items, loads, uses
+from ..ir import computed_from, find_all, items, loads, seq, uses
 
 
 @dataclass
@@ -106,21 +106,21 @@ def _groups(nests: list[tirx.Stmt], products_together: bool) -> list[list[tirx.S
     return groups
 
 
-def _outputs(groups: list[list[tirx.Stmt]], i: int, params: list) -> list[tirx.Buffer]:
-    """What group ``i`` writes that a parameter holds or a later group reads or writes."""
-    later = [b for g in groups[i + 1:] for r, w in [_buffers(g)] for b in r + w]
-    return [b for b in _buffers(groups[i])[1]
-            if any(b.same_as(p) for p in params) or any(b.same_as(x) for x in later)]
+def _outputs(used: list[tuple[list, list]], i: int, params: list) -> list[tirx.Buffer]:
+    """What group ``i`` writes (``used``: each group's :func:`_buffers`) that a parameter holds
+    or a later group reads or writes."""
+    later = [b for r, w in used[i + 1:] for b in r + w]
+    return [b for b in used[i][1] if any(b.same_as(p) for p in params) or any(b.same_as(x) for x in later)]
 
 
 def _combined_products(groups: list[list[tirx.Stmt]], params: list) -> list[list[tirx.Stmt]]:
     """``groups`` with each pair of products split apart again unless the group combines them
     into one output computed from both (a gated layer's H; not two projections of one X, each
     its own output)."""
-    result = []
+    result, used = [], [_buffers(g) for g in groups]
     for i, group in enumerate(groups):
         second = [j for j, n in enumerate(group) if j and _is_reduction(_block(n))]
-        outputs = _outputs(groups, i, params)
+        outputs = _outputs(used, i, params)
         if second and not (len(outputs) == 1 and _computed_from_both(group, second[0], outputs[0])):
             result += [group[:second[0]], group[second[0]:]]
         else:
@@ -131,14 +131,9 @@ def _combined_products(groups: list[list[tirx.Stmt]], params: list) -> list[list
 def _computed_from_both(group: list[tirx.Stmt], second: int, output: tirx.Buffer) -> bool:
     """Whether ``output`` of ``group`` is computed (through its elementwise blocks) from both
     products, the first leading the group and the second at ``second``."""
-    sources = [(_block(group[0]).writes[0].source, {0}), (_block(group[second]).writes[0].source, {1})]
-    for nest in group:
-        block = _block(nest)
-        if _is_reduction(block):
-            continue
-        found = {i for region in block.reads for buffer, of in sources if region.source.same_as(buffer) for i in of}
-        sources += [(region.source, found) for region in block.writes]
-    return any(buffer.same_as(output) and of == {0, 1} for buffer, of in sources)
+    products = [_block(group[0]).writes[0].source, _block(group[second]).writes[0].source]
+    elementwise = [_block(n) for n in group if not _is_reduction(_block(n))]
+    return any(buffer.same_as(output) and of == {0, 1} for buffer, of in computed_from(products, elementwise))
 
 
 def _buffers(nests: list[tirx.Stmt]) -> tuple[list[tirx.Var], list[tirx.Var]]:
@@ -170,11 +165,10 @@ def split_operators(func: tirx.PrimFunc, products_together: bool = False) -> lis
     used = [_buffers(g) for g in groups]
     operators = []
     for i, (nests_i, (read, written)) in enumerate(zip(groups, used)):
-        outputs = _outputs(groups, i, params)
+        outputs = _outputs(used, i, params)
         local = [b for b in written if not any(b.same_as(o) for o in outputs)]
         inputs = [b for b in read if not any(b.same_as(w) for w in written)]
-        body = SBlockRealize([], True, SBlock([], [], [], "root", tirx.SeqStmt(nests_i) if len(nests_i) > 1
-                                              else nests_i[0], alloc_buffers=local))
+        body = SBlockRealize([], True, SBlock([], [], [], "root", seq(nests_i), alloc_buffers=local))
         sub = tirx.PrimFunc(inputs + outputs, body)
         sub = sub.with_attr({"global_symbol": "main", "tirx.noalias": True, "s_tir": True})
         first = _block(nests_i[0])
@@ -194,6 +188,5 @@ def merge_operators(func: tirx.PrimFunc, scheduled: list[tirx.PrimFunc]) -> tirx
                                                      alloc_buffers=list(inner.alloc_buffers),
                                                      annotations=inner.annotations)))
     passed = [b for b in root.alloc_buffers if any(b.same_as(p) for sub in scheduled for p in sub.params)]
-    body = SBlockRealize([], True, SBlock([], [], [], "root", tirx.SeqStmt(parts) if len(parts) > 1 else parts[0],
-                                          alloc_buffers=passed))
+    body = SBlockRealize([], True, SBlock([], [], [], "root", seq(parts), alloc_buffers=passed))
     return tirx.PrimFunc(func.params, body, func.ret_type, func.attrs)
