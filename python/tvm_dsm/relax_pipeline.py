@@ -211,7 +211,7 @@ def tvm_dsm_pipeline(database: ms.Database | None = None, hw: Hardware | None = 
                      coverage: dict[str, str] | None = None,
                      choices: dict[str, Choice] | None = None,
                      kv_cache_kernels: tuple[str, ...] = DEFAULT_KV_CACHE_KERNELS,
-                     launch_early: bool = False, gated_projections: bool = True) -> tvm.transform.Pass:
+                     launch_early: bool = True, gated_projections: bool = True) -> tvm.transform.Pass:
     """The pipeline of the module docstring, for the target ``tvm.compile`` enters
     (``tvm.target.Target.current()``); ``database``: tuning records :class:`ScheduleTIR` prefers
     to the planner's choice; ``coverage``: a dict to fill with :func:`kernel_coverage`;
@@ -219,7 +219,9 @@ def tvm_dsm_pipeline(database: ms.Database | None = None, hw: Hardware | None = 
     the ``nn.llm`` attention kernels replaced by tvm-dsm's (see the module docstring);
     ``launch_early``: every kernel launched programmatically (``LAUNCH_EARLY_KEY``): it launches
     while the one before it runs and waits for it before touching memory, the decode GEMVs
-    loading their weights' first tiles before they wait; ``gated_projections``: fused gate/up
+    loading their weights' first tiles before they wait (1B Llama decode on an H200: 0.871 ->
+    0.827 ms a step at batch 1, 1.014 -> 0.966 at 8, 1.217 -> 1.136 at 32; ``False``: only the
+    kernels whose schedules ask for it); ``gated_projections``: fused gate/up
     projections as one gated GEMM each (:mod:`tvm_dsm.relax_gated`)."""
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.RelaxPipeline")

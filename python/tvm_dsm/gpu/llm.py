@@ -22,9 +22,9 @@ crashes its process costs that configuration only):
   steps replayed whole from CUDA graphs, the KV cache's attention calls included
   (:class:`tvm_dsm.workloads.llama.LlamaSession` with ``step_graphs``), each next step's
   ``begin_forward`` called while the device computes this one (the session's default);
-- ``tvm_dsm_step_graphs_early``: the same with every kernel launched programmatically
-  (``relax.get_pipeline("tvm_dsm", launch_early=True)``): the A/B of each kernel launching while
-  the one before it runs, the decode GEMVs loading their weights' first tiles meanwhile;
+- ``tvm_dsm_step_graphs_late``: the same with only the kernels whose schedules ask for it
+  launched programmatically (``relax.get_pipeline("tvm_dsm", launch_early=False)``): the A/B of
+  each kernel launching while the one before it runs;
 - ``tvm_dsm_step_graphs_ungated``: the same with each SwiGLU's gate/up projection a GEMM and a
   split/SiLU/multiply kernel (``gated_projections=False``): the A/B of one gated GEMM;
 - ``tvm_dsm_step_graphs_behind``: ``tvm_dsm_step_graphs`` whose session calls each step's
@@ -84,21 +84,22 @@ from ..workloads.llama import LLAMA_1B, LLAMA_TINY, LlamaConfig
 
 MODELS = {"1b": LLAMA_1B, "1b_bf16": dataclasses.replace(LLAMA_1B, dtype="bfloat16"), "tiny": LLAMA_TINY}
 CONFIGS = ("tvm_default", "tvm_mlc", "tvm_dsm", "tvm_dsm_nn_llm_attention", "tvm_dsm_tuned", "tvm_dsm_step_graphs",
-           "tvm_dsm_step_graphs_early", "tvm_dsm_step_graphs_ungated", "tvm_dsm_step_graphs_behind")
+           "tvm_dsm_step_graphs_late", "tvm_dsm_step_graphs_ungated", "tvm_dsm_step_graphs_behind")
 #: The configurations whose sessions replay decode steps from graphs of their own.
-STEP_GRAPH_CONFIGS = ("tvm_dsm_step_graphs", "tvm_dsm_step_graphs_early", "tvm_dsm_step_graphs_ungated",
+STEP_GRAPH_CONFIGS = ("tvm_dsm_step_graphs", "tvm_dsm_step_graphs_late", "tvm_dsm_step_graphs_ungated",
                       "tvm_dsm_step_graphs_behind")
 #: The configurations whose sessions never prepare a decode step ahead (``prepare_ahead=False``;
 #: the others take the session's default).
 PREPARE_BEHIND_CONFIGS = ("tvm_dsm_step_graphs_behind",)
 #: The configurations whose gate/up projections stay a GEMM and a split/SiLU/multiply.
 UNGATED_CONFIGS = ("tvm_dsm_step_graphs_ungated",)
-#: The configurations whose every kernel is launched programmatically (``launch_early``).
-LAUNCH_EARLY_CONFIGS = ("tvm_dsm_step_graphs_early",)
+#: The configurations whose kernels launch programmatically only where their schedules ask
+#: (``launch_early=False``; the others launch every kernel so).
+LAUNCH_LATE_CONFIGS = ("tvm_dsm_step_graphs_late",)
 #: The ``nn.llm`` kernels each tvm-dsm configuration replaces (:mod:`tvm_dsm.relax_pipeline`).
 KV_CACHE_KERNELS = {"tvm_dsm": DEFAULT_KV_CACHE_KERNELS, "tvm_dsm_nn_llm_attention": (KV_APPEND,),
                     "tvm_dsm_tuned": DEFAULT_KV_CACHE_KERNELS, "tvm_dsm_step_graphs": DEFAULT_KV_CACHE_KERNELS,
-                    "tvm_dsm_step_graphs_early": DEFAULT_KV_CACHE_KERNELS,
+                    "tvm_dsm_step_graphs_late": DEFAULT_KV_CACHE_KERNELS,
                     "tvm_dsm_step_graphs_ungated": DEFAULT_KV_CACHE_KERNELS,
                     "tvm_dsm_step_graphs_behind": DEFAULT_KV_CACHE_KERNELS}
 #: Untimed decode steps before the timed ones (the first steps of a batch size capture its
@@ -196,7 +197,7 @@ def _compile(name: str, mod, target, coverage: dict, database: str | None = None
         raise ValueError("tvm_dsm_tuned compiles from a tuning database: pass --database WORK_DIR")
     pipeline = relax.get_pipeline("tvm_dsm", coverage=coverage, kv_cache_kernels=KV_CACHE_KERNELS[name],
                                   database=open_database(database) if name == "tvm_dsm_tuned" else None,
-                                  launch_early=name in LAUNCH_EARLY_CONFIGS,
+                                  launch_early=name not in LAUNCH_LATE_CONFIGS,
                                   gated_projections=name not in UNGATED_CONFIGS)
     return tvm.compile(mod, target, relax_pipeline=pipeline)
 
