@@ -30,18 +30,24 @@ TMA_WGMMA = SplitKGemmConfig(2, 64, 128, 64, 4, 1, 4, tma=True, wgmma=True)
 KN_ROW_TAILS = [(2, 4096, 4096), (7, 512, 14336), (37, 256, 512), (100, 2048, 1024)]
 #: [K, N] weights off the tiles in N, K or both (and rows off them too).
 KN_EDGES = [(100, 3000, 1000), (100, 3000, 1024), (2, 4096, 1000), (37, 264, 4104)]
+#: Warpgroup MMAs over [K, N] weights: whole tiles, N and K off them, rows off them.
+MN_MAJOR = SplitKGemmConfig(1, 128, 64, 64, 8, 1, 4, tma=True, wgmma=True)
+MN_MAJOR_SHAPES = [(128, 1024, 2048), (100, 3000, 1000), (37, 264, 4104)]
+PTX_TYPES = {"float16": "f16", "bfloat16": "bf16"}
 
 
 @pytest.mark.parametrize(("m", "n", "k"), KN_EDGES)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_weights_stored_k_by_n_off_the_tiles_copy_their_edges_predicated(m, n, k, dtype, assemble):
-    """Off the tiles in N or K, W stored [K, N] reaches shared memory by cp.async copies of
-    16-byte pieces (N a multiple of 8), those past N or K predicated off and zero-filled."""
+    """Off the tiles in N or K, W stored [K, N] reaches shared memory, in the configurations
+    without TMA, by cp.async copies of 16-byte pieces (N a multiple of 8), those past N or K
+    predicated off and zero-filled."""
     ranking = tvm_dsm.plan(dense(m, n, k, dtype, weight_layout="kn"))
     assert ranking.family.name == "split_k_gemm"
-    tiles = tiled_shape(ranking.shape, ranking.best.config)
-    assert (tiles.n, tiles.k) != (n, k) and not ranking.best.config.tma
-    source = cuda_source(ranking.schedule().mod)
+    rank = next(r for r, plan in enumerate(ranking.plans) if not plan.config.tma)
+    tiles = tiled_shape(ranking.shape, ranking.plans[rank].config)
+    assert (tiles.n, tiles.k) != (n, k)
+    source = cuda_source(ranking.schedule(rank).mod)
     assert "@p cp.async.cg.shared.global" in source and "@!p st.shared.v4.u32" in source
     assemble(source, f"kn_edges_{m}x{n}x{k}_{dtype}")
 
@@ -49,15 +55,56 @@ def test_weights_stored_k_by_n_off_the_tiles_copy_their_edges_predicated(m, n, k
 @pytest.mark.parametrize(("m", "n", "k"), KN_ROW_TAILS)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_weights_stored_k_by_n_take_rows_off_the_tiles_transposed_by_ldmatrix(m, n, k, dtype, assemble):
-    """Rows past M are x's alone (zero-filled cp.async copies of x); W's tiles are whole and
-    reach the fragments through ldmatrix.trans, in bf16 too (not TVM's 8-bit gather loop, which
-    an untyped ldmatrix call took, reading outside shared memory)."""
+    """Rows past M are x's alone (zero-filled copies of x); in the configurations on mma.sync,
+    W's tiles are whole and reach the fragments through ldmatrix.trans, in bf16 too (not TVM's
+    8-bit gather loop, which an untyped ldmatrix call took, reading outside shared memory)."""
     ranking = tvm_dsm.plan(dense(m, n, k, dtype, weight_layout="kn"))
     assert ranking.family.name == "split_k_gemm"
-    assert tiled_shape(ranking.shape, ranking.best.config).m != m
-    source = cuda_source(ranking.schedule().mod)
+    rank = next(r for r, plan in enumerate(ranking.plans) if not plan.config.wgmma)
+    assert tiled_shape(ranking.shape, ranking.plans[rank].config).m != m
+    source = cuda_source(ranking.schedule(rank).mod)
     assert "ldmatrix.sync.aligned.m8n8.x4.trans" in source and "for (int i = 0; i < 16; ++i)" not in source
     assemble(source, f"kn_rows_{m}x{n}x{k}_{dtype}")
+
+
+@pytest.mark.parametrize(("m", "n", "k"), MN_MAJOR_SHAPES)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_weights_stored_k_by_n_take_tma_tiles_of_rows_of_n_that_wgmma_reads_mn_major(m, n, k, dtype, assemble):
+    """W stored [K, N] reaches shared memory as TMA tiles of 64 N-contiguous elements a K row
+    (zero-filled past N and K), which the warpgroup MMA reads MN-major: no transposing copy."""
+    mod = _kn_schedule(m, n, k, dtype, MN_MAJOR).mod
+    source = cuda_source(mod)
+    assert "cp.async.bulk.tensor.2d" in source and f"m64n64k16.f32.{PTX_TYPES[dtype]}" in source
+    assert ", p, 1, 1, 0, 1;" in source  # B transposed (MN-major), A not
+    assemble(source, f"kn_mn_major_{m}x{n}x{k}_{dtype}")
+
+
+def test_the_planner_takes_mn_major_tiles_for_weights_stored_k_by_n():
+    config = tvm_dsm.plan(dense(1024, 2048, 1024, "float16", weight_layout="kn")).best.config
+    assert config.tma and config.wgmma and config.block_n == 64
+
+
+def _kn_schedule(m, n, k, dtype, config):
+    ranking = tvm_dsm.plan(dense(m, n, k, dtype, weight_layout="kn"))
+    return ranking.family.apply(ranking.func, config, ranking.hw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("m", "n", "k"), MN_MAJOR_SHAPES)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_weights_stored_k_by_n_read_mn_major_are_correct_on_the_gpu(m, n, k, dtype):
+    rng = np.random.default_rng()
+    np_dtype = _numpy_dtype(dtype)
+    x = rng.standard_normal((m, k)).astype(np_dtype)
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np_dtype)
+    lib = tvm.compile(_kn_schedule(m, n, k, dtype, MN_MAJOR).mod, target=TARGET)
+    dev = tvm.cuda(0)
+    out = tvm.runtime.tensor(np.full((m, n), np.nan).astype(np_dtype), dev)
+    lib(tvm.runtime.tensor(x, dev), tvm.runtime.tensor(w, dev), out)
+    got = out.numpy().astype(np.float64)
+    ref = x.astype(np.float64) @ w.astype(np.float64)
+    assert not np.isnan(got).any()
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
 
 
 @pytest.mark.parametrize(("m", "n", "k"), SHAPES)

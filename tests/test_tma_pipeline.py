@@ -120,7 +120,7 @@ def test_swizzle_is_cuda_128_byte_swizzle(elem_bytes):
 
 
 @pytest.mark.parametrize(("func", "config", "message"), [
-    (dense(128, 256, 1024, weight_layout="kn"), TMA, "W stored \\[n, k\\]"),
+    (dense(128, 256, 1024, weight_layout="kn"), TMA, "W stored \\[k, n\\] are rows of N"),
     (dense(128, 256, 1024), SplitKGemmConfig(2, 64, 128, 32, 2, 4, 4, tma=True), "block_k"),
     (dense(128, 512, 1024), SplitKGemmConfig(1, 64, 512, 64, 2, 4, 3, tma=True), "at most 256 rows"),
 ])
@@ -144,9 +144,11 @@ def test_fp8_tiles_of_128_bytes_stream_with_tma(assemble):
 
 def test_planner_prefers_tma_where_it_applies():
     """Measured on the H100 (bench/results/gemm_tma.json): TMA beat cp.async on 9 of the 10
-    shapes' best configurations; the planner's pick for a K-contiguous weight uses it."""
+    shapes' best configurations; the planner's pick for a K-contiguous weight uses it, and for
+    a weight stored [K, N] TMA tiles of rows of N for warpgroup MMAs reading them MN-major."""
     assert plan_split_k_gemm(GemmShape(128, 4096, 4096, True), _hw())[0].config.tma
-    assert not plan_split_k_gemm(GemmShape(128, 4096, 4096, False), _hw())[0].config.tma
+    kn = plan_split_k_gemm(GemmShape(128, 4096, 4096, False), _hw())[0].config
+    assert kn.tma and kn.wgmma and kn.block_n == 64
 
 
 def _hw():

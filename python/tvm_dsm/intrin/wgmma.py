@@ -8,9 +8,11 @@ fragments. So the schedule keeps TVM's per-warp model -- each warp multiplies it
 and the intrinsic is the per-warp 16 x N x K step:
 
 - X's 16 x K rows and W's N x K tile are read from shared memory through matrix descriptors.
-  Both must be the 128-byte-swizzled K-contiguous tiles TMA copies land
-  (:mod:`tvm_dsm.transform.tma_pipeline` points the helper at the tiles' slot); the warp's
-  X descriptor starts at its warpgroup's first row, 16 rows per warp before its own;
+  Both are the 128-byte-swizzled tiles TMA copies land
+  (:mod:`tvm_dsm.transform.tma_pipeline` points the helper at the tiles' slot): X's
+  K-contiguous; W's K-contiguous too, or, for a weight stored ``[K, N]``, a K x 64 tile of
+  128-byte rows of N (MN-major, the transpose bit of 16-bit wgmma: no transposing copy); the
+  warp's X descriptor starts at its warpgroup's first row, 16 rows per warp before its own;
 - the accumulator is TVM's warp-scope fragment buffer, N/16 fragments of 16x16.
 
 Each call issues the K/16 multiplies (fp8 e4m3: K/32 of ``m64nNk32``) as one group and
@@ -122,19 +124,23 @@ __forceinline__ __device__ void {name}(float* d, const {ctype}* a, const {ctype}
 """
 
 
-def helper_source(name: str, n: int, depth: int, dtype: str, in_flight: int = 1) -> str:
+def helper_source(name: str, n: int, depth: int, dtype: str, in_flight: int = 1,
+                  b_mn_major: bool = False) -> str:
     """CUDA of one call: ``depth / k`` wgmma ``m64n{n}k{k}`` (k: :func:`k_per_step`), both
     operands by descriptor, committed as one group, returning with at most ``in_flight``
     groups in flight, this one among them (fp8: awaited and added to the accumulator in fp32).
     Descriptors: 128-byte swizzle, 8-row atoms 1024 bytes apart; each K step starts 32 bytes
-    further along the row (the hardware applies the swizzle to the address it forms): the
-    descriptors are formed once and a step adds 32 / 16 to their start address field."""
+    further along a K-contiguous row (the hardware applies the swizzle to the address it forms):
+    the descriptors are formed once and a step adds 32 / 16 to their start address field.
+    ``b_mn_major``: W's tile is ``depth`` rows of ``n`` = 64 N-contiguous elements (one 128-byte
+    panel), a K step 16 of its rows further on."""
     ctype = _C_TYPE[dtype]
     warp_rows = TILE * _SWIZZLE_ROW_BYTES  # bytes of one warp's 16 rows of X
     atoms = 8 * _SWIZZLE_ROW_BYTES
     fp8 = dtype == "float8_e4m3fn"
+    b_step = (k_per_step(dtype) * _SWIZZLE_ROW_BYTES if b_mn_major else _K_STEP_BYTES) // 16
     step = mma_async_source(n, dtype, a=f"a_desc + k * {_K_STEP_BYTES // 16}",
-                            b=f"b_desc + k * {_K_STEP_BYTES // 16}",
+                            b=f"b_desc + k * {b_step}", b_transposed=b_mn_major,
                             **({"accumulate": "k", "acc": "t"} if fp8 else {}))
     if fp8:
         # Hopper's fp8 wgmma adds its products into the accumulator with about 14 mantissa
@@ -155,43 +161,51 @@ def helper_source(name: str, n: int, depth: int, dtype: str, in_flight: int = 1)
         accumulators = ""
     setup = f"""  uint32_t warp = ((threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x) >> 5;
   uint64_t a_desc = {name}_desc(static_cast<uint32_t>(__cvta_generic_to_shared(a)) - (warp & 3) * {warp_rows}, 16, {atoms});
-  uint64_t b_desc = {name}_desc(static_cast<uint32_t>(__cvta_generic_to_shared(b)), 16, {atoms});{accumulators}"""
+  uint64_t b_desc = {name}_desc(static_cast<uint32_t>(__cvta_generic_to_shared(b)), {depth * _SWIZZLE_ROW_BYTES if b_mn_major else 16}, {atoms});{accumulators}"""
     return call_source(name, ctype, setup, depth // k_per_step(dtype), step, finish)
 
 
-def wgmma_intrin(n: int, depth: int, dtype: str, in_flight: int = 1) -> str:
+def wgmma_intrin(n: int, depth: int, dtype: str, in_flight: int = 1, b_mn_major: bool = False) -> str:
     """The tensor intrinsic multiplying a warp's 16 x ``depth`` rows of X by an ``n x depth``
-    W tile, both in shared memory, into ``n / 16`` accumulator fragments; registered on first
-    use. ``in_flight``: groups a call may leave in flight, one per call of a K step (a gated
-    layer's gate and up in one loop: 2, so neither call waits for the other's group)."""
+    W tile (``b_mn_major``: a ``depth x n`` one, W stored ``[K, N]``; 16-bit types, ``n`` =
+    :data:`MN_MAJOR_N`), both in shared memory, into ``n / 16`` accumulator fragments;
+    registered on first use. ``in_flight``: groups a call may leave in flight, one per call of a
+    K step (a gated layer's gate and up in one loop: 2, so neither call waits for the other's group)."""
     if dtype not in _PTX_TYPE or n % TILE or not TILE <= n <= MAX_N or depth % k_per_step(dtype):
         raise ValueError(f"no wgmma for {n}x{depth} {dtype} tiles")
+    if b_mn_major and (dtype == "float8_e4m3fn" or n != MN_MAJOR_N):
+        raise ValueError(f"MN-major wgmma operands are 16-bit tiles {MN_MAJOR_N} wide, got {n} of {dtype}")
     groups = f"_g{in_flight}" if in_flight > 1 else ""
-    name = f"{HELPER_PREFIX}m64n{n}k{depth}_{_PTX_TYPE[dtype]}{groups}"
-    return register_once(name, lambda: _desc_impl(name, n, depth, dtype, in_flight))
+    name = f"{HELPER_PREFIX}m64n{n}k{depth}_{_PTX_TYPE[dtype]}{groups}{'_mn' if b_mn_major else ''}"
+    return register_once(name, lambda: _desc_impl(name, n, depth, dtype, in_flight, b_mn_major))
 
 
-def _desc_impl(name: str, n: int, depth: int, dtype: str, in_flight: int):
+def _desc_impl(name: str, n: int, depth: int, dtype: str, in_flight: int, b_mn_major: bool):
     cols = n // TILE
     layout = mma.shared_16x16_to_ldmatrix_32x8_layout
-    source = helper_source(name, n, depth, dtype, in_flight)
+    source = helper_source(name, n, depth, dtype, in_flight, b_mn_major)
+    b_shape = (depth, n) if b_mn_major else (n, depth)
+
+    def b_index(j, k):
+        return (k, j) if b_mn_major else (j, k)
 
     @T.prim_func(s_tir=True)
     def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
         A = T.match_buffer(a, (TILE, depth), dtype, align=64, offset_factor=1, scope="shared.dyn")
-        B = T.match_buffer(b, (n, depth), dtype, align=64, offset_factor=1, scope="shared.dyn")
+        B = T.match_buffer(b, b_shape, dtype, align=64, offset_factor=1, scope="shared.dyn")
         C = T.match_buffer(c, (cols, 32, 8), "float32", align=64, offset_factor=16, scope="warp")
         with T.sblock("root"):
-            T.reads(C[0:cols, 0:32, 0:8], A[0:TILE, 0:depth], B[0:n, 0:depth])
+            T.reads(C[0:cols, 0:32, 0:8], A[0:TILE, 0:depth], B[0:b_shape[0], 0:b_shape[1]])
             T.writes(C[0:cols, 0:32, 0:8])
             for i, j, k in T.grid(TILE, n, depth):
                 with T.sblock("C"):
                     vi, vj, vk = T.axis.remap("SSR", [i, j, k])
                     lane, reg = T.meta_var(layout(vi, vj % TILE))
-                    T.reads(C[vj // TILE, lane, reg], A[vi, vk], B[vj, vk])
+                    bj, bk = T.meta_var(b_index(vj, vk))
+                    T.reads(C[vj // TILE, lane, reg], A[vi, vk], B[bj, bk])
                     T.writes(C[vj // TILE, lane, reg])
                     C[vj // TILE, lane, reg] = C[vj // TILE, lane, reg] + T.Cast(
-                        "float32", A[vi, vk]) * T.Cast("float32", B[vj, vk])
+                        "float32", A[vi, vk]) * T.Cast("float32", B[bj, bk])
 
     @T.prim_func(s_tir=True)
     def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
@@ -201,11 +215,11 @@ def _desc_impl(name: str, n: int, depth: int, dtype: str, in_flight: int):
         b1 = T.int32()
         A = T.match_buffer(a, (TILE, depth), dtype, align=64, offset_factor=1, scope="shared.dyn",
                            strides=[a0, a1])
-        B = T.match_buffer(b, (n, depth), dtype, align=64, offset_factor=1, scope="shared.dyn",
+        B = T.match_buffer(b, b_shape, dtype, align=64, offset_factor=1, scope="shared.dyn",
                            strides=[b0, b1])
         C = T.match_buffer(c, (cols, 32, 8), "float32", align=64, offset_factor=16, scope="warp")
         with T.sblock("root"):
-            T.reads(C[0:cols, 0:32, 0:8], A[0:TILE, 0:depth], B[0:n, 0:depth])
+            T.reads(C[0:cols, 0:32, 0:8], A[0:TILE, 0:depth], B[0:b_shape[0], 0:b_shape[1]])
             T.writes(C[0:cols, 0:32, 0:8])
             for tx in T.thread_binding(0, 32, "threadIdx.x"):
                 T.evaluate(T.cuda.func_call(name, T.address_of(C[0, tx, 0]), A.access_ptr("r"),
@@ -216,6 +230,9 @@ def _desc_impl(name: str, n: int, depth: int, dtype: str, in_flight: int):
 
 #: The tile widths the split-K planner gives warpgroup MMAs (its ``BLOCK_N``).
 TILE_WIDTHS = (64, 80, 128, 192, 256)
+#: The width of an MN-major W tile: one 128-byte row of 16-bit elements a K row, what a TMA
+#: copy lands swizzled.
+MN_MAJOR_N = 64
 
 
 def register_planned() -> None:
@@ -226,4 +243,7 @@ def register_planned() -> None:
         for n in TILE_WIDTHS:
             for dtype in _PTX_TYPE:
                 for in_flight in (1, 2):
-                    wgmma_intrin(n, _SWIZZLE_ROW_BYTES // (_K_STEP_BYTES // k_per_step(dtype)), dtype, in_flight)
+                    depth = _SWIZZLE_ROW_BYTES // (_K_STEP_BYTES // k_per_step(dtype))
+                    wgmma_intrin(n, depth, dtype, in_flight)
+                    if n == MN_MAJOR_N and dtype != "float8_e4m3fn":
+                        wgmma_intrin(n, depth, dtype, in_flight, b_mn_major=True)

@@ -39,6 +39,7 @@ from ..schedule import bind_cluster_nest, bind_rank, check_cluster_size
 from ..annotations import ROTATE_PEERS_KEY
 from ..intrin.mma import FP8, MMA_STORE_F32_DSM, OPERAND_TYPES, TILE, VECTOR, element_bytes, k_tile, pad
 from ..intrin.wgmma import MAX_N as WGMMA_MAX_N
+from ..intrin.wgmma import MN_MAJOR_N as WGMMA_MN_MAJOR_N
 from ..intrin.wgmma import WARPGROUP_ROWS, wgmma_intrin
 from .padded_gated_tiles import pad_gated_to_tiles
 from .tensor_core import blockize_fragments, fragment_caches, stage_in_shared, tensorize_fragments, warp_tile
@@ -347,12 +348,20 @@ def check_pipeline(k_steps: int, stages: int, tma: bool) -> None:
 
 
 def check_tma(shape: GemmShape, config: SplitKGemmConfig) -> None:
-    """TMA copies land 128-byte swizzled rows, whole K-contiguous tiles of at most 256 rows."""
-    if config.block_k * element_bytes(shape.dtype) != TMA_ROW_BYTES:
+    """TMA copies land tiles of 128-byte swizzled rows, at most 256 of them: X's and an ``[n,
+    k]`` W's K-contiguous, a ``[k, n]`` W's N-contiguous (block_n of them 128 bytes, for
+    warpgroup MMAs)."""
+    elem = element_bytes(shape.dtype)
+    if config.block_k * elem != TMA_ROW_BYTES:
         raise ClusterError(f"TMA operand tiles need block_k * element size = {TMA_ROW_BYTES} B, "
-                           f"got {config.block_k} x {element_bytes(shape.dtype)}")
-    if not shape.weight_nk:
-        raise ClusterError("TMA operand tiles need W stored [n, k] (K-contiguous rows)")
+                           f"got {config.block_k} x {elem}")
+    if not shape.weight_nk and config.block_n * elem != TMA_ROW_BYTES:
+        raise ClusterError(f"TMA tiles of W stored [k, n] are rows of N: block_n * element size = "
+                           f"{TMA_ROW_BYTES} B, got {config.block_n} x {elem}")
+    if not shape.weight_nk and not config.wgmma:
+        # measured 1.6-2.0x slower than cp.async tiles (archive/generality_kn_mn_major_s65.json)
+        raise ClusterError("TMA tiles of W stored [k, n] are for warpgroup MMAs (read MN-major); "
+                           "mma.sync's ldmatrix.trans takes them by cp.async")
     if max(config.block_m, config.block_n) > TMA_MAX_BOX:
         raise ClusterError(f"TMA copies at most {TMA_MAX_BOX} rows per tile")
 
@@ -376,12 +385,15 @@ MAX_REGISTERS_PER_THREAD = 255
 
 
 def check_wgmma(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> None:
-    """A warpgroup MMA reads its operands from TMA's swizzled K-contiguous tiles (fp16, bf16 or
-    fp8 e4m3), with each of 4 consecutive warps holding 16 rows of a 64-row warpgroup tile and
-    all its columns."""
+    """A warpgroup MMA reads its operands from TMA's swizzled tiles (fp16, bf16 or fp8 e4m3;
+    a W stored ``[k, n]``: 16-bit, tiles one 128-byte row of N wide), with each of 4 consecutive
+    warps holding 16 rows of a 64-row warpgroup tile and all its columns."""
     c = config
     if shape.dtype not in ("float16", "bfloat16", FP8):
         raise ClusterError(f"wgmma main loops take fp16, bf16 or fp8 e4m3 operands, got {shape.dtype}")
+    if not shape.weight_nk and (shape.dtype == FP8 or c.block_n != WGMMA_MN_MAJOR_N):
+        raise ClusterError(f"wgmma reads a W stored [k, n] MN-major: 16-bit tiles {WGMMA_MN_MAJOR_N} "
+                           f"wide, got {c.block_n} of {shape.dtype}")
     if not c.tma:
         raise ClusterError("wgmma reads the swizzled tiles TMA copies land: needs tma=True")
     if c.block_m % WARPGROUP_ROWS or c.block_n > WGMMA_MAX_N:
@@ -616,7 +628,8 @@ def split_k_main_loops(sch: s_tir.Schedule, partials: list[tuple], shape: GemmSh
             bind_rank(sch, rank)  # after the operand caches: their region is one CTA's K slice
         tensorize_fragments(sch, partial, fragment, caches, k_step, shape.weight_nk,
                             MMA_STORE_F32_DSM,
-                            wgmma_intrin(*c.warpgroup, shape.dtype, len(partials) if one_loop else 1)
+                            wgmma_intrin(*c.warpgroup, shape.dtype, len(partials) if one_loop else 1,
+                                         b_mn_major=not shape.weight_nk)
                             if c.wgmma else None)
         if not c.wgmma:  # fragments one 16-wide K step ahead (a wgmma step takes the whole tile)
             sch.annotate(k_frag, "software_pipeline_stage", [0, 0, 1])
