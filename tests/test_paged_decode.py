@@ -13,7 +13,6 @@ import tvm
 from tvm.relax.frontend.nn.llm._decode_kernels import _attention_decode
 
 from conftest import TARGET, cuda_source, host_launch, registers
-from tvm_dsm.annotations import LAUNCH_EARLY_KEY
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.hardware import load_hardware
 from tvm_dsm.kernels.decode_attention import DecodeConfig
@@ -62,18 +61,6 @@ def test_the_kernel_launches_a_cluster_per_sequence_and_kv_head_and_assembles(as
     assemble(alone, "paged_decode_alone")
     with pytest.raises(ClusterError, match="a power of two"):
         paged_decode_kernel(found, DecodeConfig(3, True))
-
-
-def test_launched_programmatically_it_looks_up_its_pages_before_it_waits():
-    """The page tables are the host's (written before a step's kernels, by no kernel): read
-    while the kernel before it runs; the query and the pages' rows only after the wait."""
-    found = find_paged_decode(nn_llm_decode(32, 8, 64))
-    kernel = paged_decode_kernel(found, DecodeConfig(8, True)).with_attr(LAUNCH_EARLY_KEY, True)
-    source = cuda_source(tvm.IRModule({"main": kernel}), "tvm_dsm")
-    body = source[source.index("__global__"):]
-    before, after = body.split("griddepcontrol_wait();", 1)
-    assert all(f"{name}_ptr[" in before for name in ("page_table_values", "page_table_indptr", "length_info"))
-    assert "Q_ptr[" not in before and "pages_ptr[" not in before and "Q_ptr[" in after
 
 
 @pytest.mark.parametrize("head_dim, tensor_cores", [(64, True), (128, False)])
@@ -244,10 +231,8 @@ def test_it_matches_float64_and_nn_llm_on_the_gpu(qo_heads, kv_heads, head_dim, 
     ref_out, ref_lse = _reference(q, kv, qo_heads // kv_heads, sm_scale)
     dev = tvm.cuda(0)
     original = nn_llm_decode(qo_heads, kv_heads, head_dim, dtype)
-    found = find_paged_decode(original)
-    # config None: the pipeline's kernels, one per range of batch sizes, launched programmatically
-    # as the pipeline launches them (the page tables read before the kernel waits)
-    ours = (paged_decode_dispatch(found, load_hardware()).with_attr(LAUNCH_EARLY_KEY, True) if config is None
+    found = find_paged_decode(original)  # config None: the pipeline's kernel, one per range of batch sizes
+    ours = (paged_decode_dispatch(found, load_hardware()) if config is None
             else paged_decode_kernel(found, config))
     results = {}
     for name, func, pipeline in (("ours", ours, "tvm_dsm"), ("nn_llm", original, "default")):

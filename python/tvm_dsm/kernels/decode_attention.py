@@ -121,10 +121,7 @@ class DecodeOperands(ABC):
 
     @abstractmethod
     def begin(self, pair) -> None:
-        """Emit what the CTAs of ``pair`` look up once, before anything else reads. What it and
-        :meth:`before_loads` read may be marked ``EARLY_COPY_KEY`` (one buffer a statement): where
-        no kernel writes that buffer, a kernel launched programmatically reads it before it waits
-        for the previous grid (:mod:`tvm_dsm.transform.programmatic_launch`)."""
+        """Emit what the CTAs of ``pair`` look up once, before anything else reads."""
 
     @abstractmethod
     def length(self):
@@ -138,11 +135,9 @@ class DecodeOperands(ABC):
     def scale(self):
         """The softmax scale (of the scores, before the exponential)."""
 
-    def before_loads(self, slot: int, token, needed=True) -> None:
+    def before_loads(self, slot: int, token) -> None:
         """Emit what the loads of ``token``'s rows need (a page lookup) into ``slot`` of
-        ``files * ROW_SLOTS`` (a register file's rows of one step), where ``needed`` holds (a
-        lookup that might not be needed must read nothing then); nothing by default. Lookups
-        of the first steps come before the query is read (see :meth:`begin`)."""
+        ``files * ROW_SLOTS`` (a register file's rows of one step); nothing by default."""
 
     @abstractmethod
     def row_pointer(self, slot: int, kv: int, token, column):
@@ -345,11 +340,10 @@ class _Body(ABC):
         """Emit the loads of the warp's tokens of ``step`` into register file ``file`` (in flight
         together), from what :meth:`_look_up` emitted for them."""
 
-    def _look_up(self, file: int, step, needed=True) -> None:
-        """Emit what the loads of ``step`` into register file ``file`` need (their pages), where
-        ``needed`` holds."""
+    def _look_up(self, file: int, step) -> None:
+        """Emit what the loads of ``step`` into register file ``file`` need (their pages)."""
         for u, token in enumerate(self._step_tokens(step)):
-            self.operands.before_loads(file * ROW_SLOTS + u, token, needed)
+            self.operands.before_loads(file * ROW_SLOTS + u, token)
 
     @abstractmethod
     def _update(self, file: int, step) -> None:
@@ -387,17 +381,16 @@ class _Body(ABC):
         first, stop = self.span[0], self.span[1]
         B.buffer_store(self.span, self.rank * share, [0])
         B.buffer_store(self.span, T.min(length, self.rank * share + share), [1])
-        # step s in register file s % F: its loads are issued F - 1 steps before it computes,
-        # what they need (their pages) looked up a step before that; the first F steps' before
-        # the query is read (what they read, nothing earlier kernels write)
-        F, group_tokens = self.files, self.files * self.warps * self.warp_tokens
-        for s in range(F):
-            self._look_up(s, s, first < stop)
         self._start()
         with B.If(first < stop):  # the same for every thread of the CTA
             with B.Then():
+                # step s in register file s % F: its loads are issued F - 1 steps before it
+                # computes, what they need (their pages) looked up a step before that
+                F, group_tokens = self.files, self.files * self.warps * self.warp_tokens
                 for s in range(F - 1):
+                    self._look_up(s, s)
                     self._load(s, s)
+                self._look_up(F - 1, F - 1)
                 with B.serial(0, (stop - first + group_tokens - 1) // group_tokens) as group:
                     for j in range(F):
                         step = F * group + j

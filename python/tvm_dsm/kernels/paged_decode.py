@@ -7,10 +7,7 @@ at batch 1 with 8 KV heads that is 8 CTAs on 132 SMs, 24 us a layer at a context
 parameters, so the KV cache calls it unchanged, and changes how the work is spread: a cluster of
 CTAs per (sequence, KV head), smaller clusters for larger batches (one kernel per range of batch
 sizes, :func:`paged_decode_dispatch`). Its rows are looked up per token in the page table; it
-writes the output and the log-sum-exp (base 2, as ``nn.llm``'s merge kernels read it). The page
-tables are the host's (:data:`HOST_WRITTEN`): launched programmatically, as the Relax pipeline
-launches it, the kernel looks up its sequence's pages while the kernel before it runs, and waits
-for that kernel only before it reads the query and the pages' rows.
+writes the output and the log-sum-exp (base 2, as ``nn.llm``'s merge kernels read it).
 
 It takes the cache whose RoPE is applied before K is appended (``rotary_mode == 0``); a call
 with in-kernel RoPE stops with an error before launch. Sliding-window caches keep ``nn.llm``'s
@@ -26,7 +23,6 @@ from tvm import tirx
 from tvm.script import tirx as T
 from tvm.tirx.script.builder import ir as B
 
-from ..annotations import EARLY_COPY_KEY, READ_ONLY_PARAMS_KEY
 from ..errors import ClusterError
 from ..hardware import Hardware
 from ..ir import branch_on
@@ -39,9 +35,6 @@ SYMBOL = "batch_decode_paged_kv"
 PARAMS = ("Q", "pages", "page_table_indptr", "page_table_values", "length_info",
           "k_rope_pos_offset", "q_rope_position", "output", "lse", "rotary_mode", "rope_scale",
           "rope_theta", "sm_scale")
-#: The parameters the host writes (``nn.llm``'s auxiliary arrays, copied before a step's kernels)
-#: and no kernel does: a kernel launched programmatically reads them before it waits.
-HOST_WRITTEN = ("page_table_indptr", "page_table_values", "length_info")
 
 
 @dataclass(frozen=True)
@@ -143,7 +136,7 @@ def paged_decode_kernel(found: PagedDecode, config: DecodeConfig | None = None) 
          "tvm-dsm's paged decode attention loads 16-byte pieces of the pages: their offset must be a "
          "multiple of 16 bytes"),
     ]).body
-    attrs = {**dict(found.func.attrs), "tirx.noalias": True, READ_ONLY_PARAMS_KEY: list(HOST_WRITTEN)}
+    attrs = {**dict(found.func.attrs), "tirx.noalias": True}
     return tirx.PrimFunc(params, body, attrs=tvm.ir.make_node("ir.DictAttrs", **attrs))
 
 
@@ -162,19 +155,14 @@ class _PagedOperands(DecodeOperands):
 
     def begin(self, pair) -> None:
         self.seq, self.head = pair // self.found.kv_heads, pair % self.found.kv_heads
-        # the page table's start and end and the last page's length, once; the pages of each
-        # register file's step. The host writes them before a step's kernels (nn.llm's
-        # auxiliary arrays), so they are read before the kernel waits (HOST_WRITTEN).
-        self.pages_at = B.sblock_alloc_buffer((3,), "int32", scope="local")
+        # the page table's start, once; the pages of each register file's step
+        self.first_page = B.sblock_alloc_buffer((1,), "int32", scope="local")
         self.page = B.sblock_alloc_buffer((max(FILES) * ROW_SLOTS,), "int32", scope="local")
-        for index, (buffer, at) in enumerate(((self.indptr, self.seq), (self.indptr, self.seq + 1),
-                                              (self.length_info, self.seq))):
-            with B.attr(buffer, EARLY_COPY_KEY, 0):
-                B.buffer_store(self.pages_at, buffer[at], [index])
+        B.buffer_store(self.first_page, self.indptr[self.seq], [0])
 
     def length(self):
-        begin, end, last = self.pages_at[0], self.pages_at[1], self.pages_at[2]
-        return T.if_then_else(begin != end, (end - begin - 1) * self.found.page_size + last, 0)
+        begin, end = self.indptr[self.seq], self.indptr[self.seq + 1]
+        return T.if_then_else(begin != end, (end - begin - 1) * self.found.page_size + self.length_info[self.seq], 0)
 
     def query(self, h, column):
         return self.q[self.seq, self.head * self.group + h, column]
@@ -182,10 +170,8 @@ class _PagedOperands(DecodeOperands):
     def scale(self):
         return self.sm_scale
 
-    def before_loads(self, slot: int, token, needed=True) -> None:
-        page = self.values[self.pages_at[0] + token // self.found.page_size]
-        with B.attr(self.values, EARLY_COPY_KEY, 0):
-            B.buffer_store(self.page, page if needed is True else T.if_then_else(needed, page, 0), [slot])
+    def before_loads(self, slot: int, token) -> None:
+        B.buffer_store(self.page, self.values[self.first_page[0] + token // self.found.page_size], [slot])
 
     def row_pointer(self, slot: int, kv: int, token, column):
         f = self.found
