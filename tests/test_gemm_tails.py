@@ -30,8 +30,11 @@ TMA_WGMMA = SplitKGemmConfig(2, 64, 128, 64, 4, 1, 4, tma=True, wgmma=True)
 KN_ROW_TAILS = [(2, 4096, 4096), (7, 512, 14336), (37, 256, 512), (100, 2048, 1024)]
 #: [K, N] weights off the tiles in N, K or both (and rows off them too).
 KN_EDGES = [(100, 3000, 1000), (100, 3000, 1024), (2, 4096, 1000), (37, 264, 4104)]
-#: Warpgroup MMAs over [K, N] weights: whole tiles, N and K off them, rows off them.
-MN_MAJOR = SplitKGemmConfig(1, 128, 64, 64, 8, 1, 4, tma=True, wgmma=True)
+#: Warpgroup MMAs over [K, N] weights, tiles of one, two and four 64-column panels: whole tiles,
+#: N and K off them, rows off them.
+MN_MAJOR = [SplitKGemmConfig(1, 128, 64, 64, 8, 1, 4, tma=True, wgmma=True),
+            SplitKGemmConfig(1, 128, 128, 64, 8, 1, 4, tma=True, wgmma=True),
+            SplitKGemmConfig(2, 64, 256, 64, 4, 1, 4, tma=True, wgmma=True)]
 MN_MAJOR_SHAPES = [(128, 1024, 2048), (100, 3000, 1000), (37, 264, 4104)]
 PTX_TYPES = {"float16": "f16", "bfloat16": "bf16"}
 
@@ -69,19 +72,22 @@ def test_weights_stored_k_by_n_take_rows_off_the_tiles_transposed_by_ldmatrix(m,
 
 @pytest.mark.parametrize(("m", "n", "k"), MN_MAJOR_SHAPES)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_weights_stored_k_by_n_take_tma_tiles_of_rows_of_n_that_wgmma_reads_mn_major(m, n, k, dtype, assemble):
-    """W stored [K, N] reaches shared memory as TMA tiles of 64 N-contiguous elements a K row
-    (zero-filled past N and K), which the warpgroup MMA reads MN-major: no transposing copy."""
-    mod = _kn_schedule(m, n, k, dtype, MN_MAJOR).mod
-    source = cuda_source(mod)
-    assert "cp.async.bulk.tensor.2d" in source and f"m64n64k16.f32.{PTX_TYPES[dtype]}" in source
+@pytest.mark.parametrize("config", MN_MAJOR)
+def test_weights_stored_k_by_n_take_tma_tiles_of_rows_of_n_that_wgmma_reads_mn_major(m, n, k, dtype, config, assemble):
+    """W stored [K, N] reaches shared memory as TMA tiles of 64 N-contiguous elements a K row,
+    one box a 64-column panel (zero-filled past N and K), which the warpgroup MMA reads MN-major:
+    no transposing copy."""
+    source = cuda_source(_kn_schedule(m, n, k, dtype, config).mod)
+    assert f"m64n{config.block_n}k16.f32.{PTX_TYPES[dtype]}" in source
     assert ", p, 1, 1, 0, 1;" in source  # B transposed (MN-major), A not
-    assemble(source, f"kn_mn_major_{m}x{n}x{k}_{dtype}")
+    copies = source.count("mbarrier__complete_tx__bytes((")
+    assert copies == 2 * (1 + config.block_n // 64)  # prologue and loop: X's box and W's panels
+    assemble(source, f"kn_mn_major_{m}x{n}x{k}_{dtype}_{config.block_n}")
 
 
 def test_the_planner_takes_mn_major_tiles_for_weights_stored_k_by_n():
     config = tvm_dsm.plan(dense(1024, 2048, 1024, "float16", weight_layout="kn")).best.config
-    assert config.tma and config.wgmma and config.block_n == 64
+    assert config.tma and config.wgmma and config.block_n % 64 == 0
 
 
 def _kn_schedule(m, n, k, dtype, config):
@@ -92,12 +98,13 @@ def _kn_schedule(m, n, k, dtype, config):
 @pytest.mark.gpu
 @pytest.mark.parametrize(("m", "n", "k"), MN_MAJOR_SHAPES)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_weights_stored_k_by_n_read_mn_major_are_correct_on_the_gpu(m, n, k, dtype):
+@pytest.mark.parametrize("config", MN_MAJOR)
+def test_weights_stored_k_by_n_read_mn_major_are_correct_on_the_gpu(m, n, k, dtype, config):
     rng = np.random.default_rng()
     np_dtype = _numpy_dtype(dtype)
     x = rng.standard_normal((m, k)).astype(np_dtype)
     w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np_dtype)
-    lib = tvm.compile(_kn_schedule(m, n, k, dtype, MN_MAJOR).mod, target=TARGET)
+    lib = tvm.compile(_kn_schedule(m, n, k, dtype, config).mod, target=TARGET)
     dev = tvm.cuda(0)
     out = tvm.runtime.tensor(np.full((m, n), np.nan).astype(np_dtype), dev)
     lib(tvm.runtime.tensor(x, dev), tvm.runtime.tensor(w, dev), out)

@@ -132,8 +132,8 @@ def helper_source(name: str, n: int, depth: int, dtype: str, in_flight: int = 1,
     Descriptors: 128-byte swizzle, 8-row atoms 1024 bytes apart; each K step starts 32 bytes
     further along a K-contiguous row (the hardware applies the swizzle to the address it forms):
     the descriptors are formed once and a step adds 32 / 16 to their start address field.
-    ``b_mn_major``: W's tile is ``depth`` rows of ``n`` = 64 N-contiguous elements (one 128-byte
-    panel), a K step 16 of its rows further on."""
+    ``b_mn_major``: W's tile is panels of ``depth`` rows of 64 N-contiguous elements (128
+    bytes), one panel after the other, a K step 16 of their rows further on."""
     ctype = _C_TYPE[dtype]
     warp_rows = TILE * _SWIZZLE_ROW_BYTES  # bytes of one warp's 16 rows of X
     atoms = 8 * _SWIZZLE_ROW_BYTES
@@ -167,14 +167,14 @@ def helper_source(name: str, n: int, depth: int, dtype: str, in_flight: int = 1,
 
 def wgmma_intrin(n: int, depth: int, dtype: str, in_flight: int = 1, b_mn_major: bool = False) -> str:
     """The tensor intrinsic multiplying a warp's 16 x ``depth`` rows of X by an ``n x depth``
-    W tile (``b_mn_major``: a ``depth x n`` one, W stored ``[K, N]``; 16-bit types, ``n`` =
-    :data:`MN_MAJOR_N`), both in shared memory, into ``n / 16`` accumulator fragments;
+    W tile (``b_mn_major``: a ``depth x n`` one, W stored ``[K, N]``; 16-bit types, panels of
+    :data:`MN_MAJOR_N` columns), both in shared memory, into ``n / 16`` accumulator fragments;
     registered on first use. ``in_flight``: groups a call may leave in flight, one per call of a
     K step (a gated layer's gate and up in one loop: 2, so neither call waits for the other's group)."""
     if dtype not in _PTX_TYPE or n % TILE or not TILE <= n <= MAX_N or depth % k_per_step(dtype):
         raise ValueError(f"no wgmma for {n}x{depth} {dtype} tiles")
-    if b_mn_major and (dtype == "float8_e4m3fn" or n != MN_MAJOR_N):
-        raise ValueError(f"MN-major wgmma operands are 16-bit tiles {MN_MAJOR_N} wide, got {n} of {dtype}")
+    if b_mn_major and (dtype == "float8_e4m3fn" or n % MN_MAJOR_N):
+        raise ValueError(f"MN-major wgmma operands are 16-bit tiles of {MN_MAJOR_N}-wide panels, got {n} of {dtype}")
     groups = f"_g{in_flight}" if in_flight > 1 else ""
     name = f"{HELPER_PREFIX}m64n{n}k{depth}_{_PTX_TYPE[dtype]}{groups}{'_mn' if b_mn_major else ''}"
     return register_once(name, lambda: _desc_impl(name, n, depth, dtype, in_flight, b_mn_major))
@@ -230,8 +230,9 @@ def _desc_impl(name: str, n: int, depth: int, dtype: str, in_flight: int, b_mn_m
 
 #: The tile widths the split-K planner gives warpgroup MMAs (its ``BLOCK_N``).
 TILE_WIDTHS = (64, 80, 128, 192, 256)
-#: The width of an MN-major W tile: one 128-byte row of 16-bit elements a K row, what a TMA
-#: copy lands swizzled.
+#: The width of a panel of an MN-major W tile: one 128-byte row of 16-bit elements a K row, what
+#: a TMA box lands swizzled; a wider tile is panels one after the other (the descriptor's
+#: leading offset steps from one to the next).
 MN_MAJOR_N = 64
 
 
@@ -245,5 +246,5 @@ def register_planned() -> None:
                 for in_flight in (1, 2):
                     depth = _SWIZZLE_ROW_BYTES // (_K_STEP_BYTES // k_per_step(dtype))
                     wgmma_intrin(n, depth, dtype, in_flight)
-                    if n == MN_MAJOR_N and dtype != "float8_e4m3fn":
+                    if n % MN_MAJOR_N == 0 and dtype != "float8_e4m3fn":
                         wgmma_intrin(n, depth, dtype, in_flight, b_mn_major=True)

@@ -349,15 +349,15 @@ def check_pipeline(k_steps: int, stages: int, tma: bool) -> None:
 
 def check_tma(shape: GemmShape, config: SplitKGemmConfig) -> None:
     """TMA copies land tiles of 128-byte swizzled rows, at most 256 of them: X's and an ``[n,
-    k]`` W's K-contiguous, a ``[k, n]`` W's N-contiguous (block_n of them 128 bytes, for
-    warpgroup MMAs)."""
+    k]`` W's K-contiguous, a ``[k, n]`` W's N-contiguous (panels of 128-byte rows, one after
+    the other, for warpgroup MMAs)."""
     elem = element_bytes(shape.dtype)
     if config.block_k * elem != TMA_ROW_BYTES:
         raise ClusterError(f"TMA operand tiles need block_k * element size = {TMA_ROW_BYTES} B, "
                            f"got {config.block_k} x {elem}")
-    if not shape.weight_nk and config.block_n * elem != TMA_ROW_BYTES:
-        raise ClusterError(f"TMA tiles of W stored [k, n] are rows of N: block_n * element size = "
-                           f"{TMA_ROW_BYTES} B, got {config.block_n} x {elem}")
+    if not shape.weight_nk and config.block_n * elem % TMA_ROW_BYTES:
+        raise ClusterError(f"TMA tiles of W stored [k, n] are rows of N in {TMA_ROW_BYTES}-byte panels: "
+                           f"block_n * element size a multiple of it, got {config.block_n} x {elem}")
     if not shape.weight_nk and not config.wgmma:
         # measured 1.6-2.0x slower than cp.async tiles (archive/generality_kn_mn_major_s65.json)
         raise ClusterError("TMA tiles of W stored [k, n] are for warpgroup MMAs (read MN-major); "
@@ -386,14 +386,14 @@ MAX_REGISTERS_PER_THREAD = 255
 
 def check_wgmma(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> None:
     """A warpgroup MMA reads its operands from TMA's swizzled tiles (fp16, bf16 or fp8 e4m3;
-    a W stored ``[k, n]``: 16-bit, tiles one 128-byte row of N wide), with each of 4 consecutive
+    a W stored ``[k, n]``: 16-bit, tiles of 64-column panels), with each of 4 consecutive
     warps holding 16 rows of a 64-row warpgroup tile and all its columns."""
     c = config
     if shape.dtype not in ("float16", "bfloat16", FP8):
         raise ClusterError(f"wgmma main loops take fp16, bf16 or fp8 e4m3 operands, got {shape.dtype}")
-    if not shape.weight_nk and (shape.dtype == FP8 or c.block_n != WGMMA_MN_MAJOR_N):
-        raise ClusterError(f"wgmma reads a W stored [k, n] MN-major: 16-bit tiles {WGMMA_MN_MAJOR_N} "
-                           f"wide, got {c.block_n} of {shape.dtype}")
+    if not shape.weight_nk and (shape.dtype == FP8 or c.block_n % WGMMA_MN_MAJOR_N):
+        raise ClusterError(f"wgmma reads a W stored [k, n] MN-major: 16-bit tiles of "
+                           f"{WGMMA_MN_MAJOR_N}-wide panels, got {c.block_n} of {shape.dtype}")
     if not c.tma:
         raise ClusterError("wgmma reads the swizzled tiles TMA copies land: needs tma=True")
     if c.block_m % WARPGROUP_ROWS or c.block_n > WGMMA_MAX_N:

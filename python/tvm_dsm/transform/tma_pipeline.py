@@ -122,9 +122,14 @@ class TileCopy:
         if shape != [rows, cols] or list(self.tile.strides):
             raise ClusterError(f"TMA copy {self.name}: the tile must be one unpadded "
                                f"{rows}x{cols} buffer, got shape {shape}")
-        if cols * self.elem_bytes != ROW_BYTES or rows > MAX_BOX:
-            raise ClusterError(f"TMA copy {self.name}: tiles need rows of {ROW_BYTES} bytes and "
-                               f"at most {MAX_BOX} rows, got {rows}x{cols} {self.dtype}")
+        if cols * self.elem_bytes % ROW_BYTES or rows > MAX_BOX:
+            raise ClusterError(f"TMA copy {self.name}: tiles need rows of whole {ROW_BYTES}-byte "
+                               f"panels and at most {MAX_BOX} rows, got {rows}x{cols} {self.dtype}")
+        #: Columns of one panel (a box of the tensor map): a tile wider than 128 bytes lands as
+        #: that many boxes, panel after panel, each rows x 128 bytes (what a warpgroup MMA reads
+        #: MN-major; ldmatrix reads single panels only).
+        self.panel_cols = ROW_BYTES // self.elem_bytes
+        self.panels = cols // self.panel_cols
         if not all(analyzer.can_prove_equal(i, v) for i, v in zip(store.indices, (a, b))):
             raise ClusterError(f"TMA copy {self.name}: must write tile[a, b] in loop order")
         if not any(self.source.same_as(p) for p in sources) or list(self.source.strides):
@@ -147,12 +152,14 @@ class TileCopy:
         return self.rows * self.cols * self.elem_bytes
 
     def encode(self, tensor_map: tirx.Var) -> tirx.Stmt:
-        """Host statement encoding this copy's tensor map (CUDA's innermost-first order)."""
-        return encode_tensor_map(tensor_map, self.source, self.rows, self.cols, self.row_axis)
+        """Host statement encoding this copy's tensor map (CUDA's innermost-first order): boxes
+        of one panel."""
+        return encode_tensor_map(tensor_map, self.source, self.rows, self.panel_cols, self.row_axis)
 
-    def coordinates(self, loop_var: tirx.Var, step) -> list:
-        """The tile's origin at K step ``step``, innermost axis first."""
-        return [tirx.Cast("int32", substitute(o, [(loop_var, step)])) for o in self.origin[::-1]]
+    def coordinates(self, loop_var: tirx.Var, step, panel: int = 0) -> list:
+        """The origin of the tile's ``panel`` at K step ``step``, innermost axis first."""
+        coords = [tirx.Cast("int32", substitute(o, [(loop_var, step)])) for o in self.origin[::-1]]
+        return [coords[0] + panel * self.panel_cols, *coords[1:]] if panel else coords
 
 
 def zero_filled_load(value, loops: list, lets: list = ()):
@@ -266,11 +273,12 @@ class _TmaLoop:
         if not self.copies:
             raise ClusterError("TMA pipeline: the loop copies no marked tile")
         self.slots = _ByIdentity({
-            c.tile: tirx.decl_buffer((self.stages * c.rows + SLOT_ALIGN // ROW_BYTES, c.cols),
+            c.tile: tirx.decl_buffer((self.stages * c.rows * c.panels + SLOT_ALIGN // ROW_BYTES, c.panel_cols),
                                      c.dtype, f"{c.tile.name}_tma", scope="shared.dyn",
                                      data_alignment=16)
             for c in self.copies
         })
+        self.panels = _ByIdentity({c.tile: c.panels for c in self.copies})
         self.maps = [tirx.Var(f"{c.source.name}_tensormap", T.handle("tensormap").ty)
                      for c in self.copies]
         # barrier s completes when slot s has received its tiles' bytes
@@ -337,10 +345,11 @@ class _TmaLoop:
     def _copy(self, copy: TileCopy, step) -> tirx.Stmt:
         slot = tirx.floormod(step, self.stages)
         dst = self._aligned(self.slots.get(copy.tile)) + tirx.Cast("uint32", slot * copy.bytes)
-        return tirx.Evaluate(T.ptx[
+        return seq([tirx.Evaluate(T.ptx[
             f"cp.async.bulk.tensor.{copy.rank}d.shared::cluster.global.mbarrier::complete_tx::bytes"
-        ](dst, T.address_of(self._map(copy)), *copy.coordinates(self.loop.loop_var, step),
-          self._barrier(slot)))
+        ](dst + tirx.const(panel * copy.rows * ROW_BYTES, "uint32"), T.address_of(self._map(copy)),
+          *copy.coordinates(self.loop.loop_var, step, panel), self._barrier(slot)))
+            for panel in range(copy.panels)])
 
     def _prologue(self, lookahead: int) -> list:
         """One thread's loads of the first ``lookahead`` steps. In a dependent kernel, the
@@ -364,10 +373,10 @@ class _TmaLoop:
         stmts = []
         for copy in self.early if self.prefetch else []:
             s = tirx.Var("prefetch_step", "int32")
-            coords = copy.coordinates(self.loop.loop_var, s)
-            issue = tirx.For(s, 0, self.loop.extent, tirx.ForKind.SERIAL, tirx.Evaluate(T.ptx[
+            issue = tirx.For(s, 0, self.loop.extent, tirx.ForKind.SERIAL, seq([tirx.Evaluate(T.ptx[
                 f"cp.async.bulk.prefetch.tensor.{copy.rank}d.L2.global.tile"
-            ](T.address_of(self._map(copy)), *coords)))
+            ](T.address_of(self._map(copy)), *copy.coordinates(self.loop.loop_var, s, panel)))
+                for panel in range(copy.panels)]))
             stmts.append(tirx.AttrStmt(copy.source, L2_PREFETCH_KEY, 0,
                                        tirx.IfThenElse(self.leader, issue, None)))
         return stmts
@@ -390,6 +399,9 @@ class _TmaLoop:
             tile = _pointee(ptr)
             if self.slots.get(tile) is None:
                 return node
+            if self.panels.get(tile) != 1:
+                raise ClusterError(f"TMA pipeline: ldmatrix reads tiles of one {ROW_BYTES}-byte panel; "
+                                   f"{tile.name} has {self.panels.get(tile)}")
             args[5] = in_slot(tile, swizzled_offset(ptr.args[2] + args[6], element_bytes(tile)))
             args[6] = tirx.const(0, "int32")
             return tvm.ir.Call(node.op, args, node.attrs, ret_ty=node.ty)
@@ -403,6 +415,9 @@ class _TmaLoop:
             for at, ptr in enumerate(args):
                 tile = _pointee(ptr)
                 if tile is not None and self.slots.get(tile) is not None:
+                    if self.panels.get(tile) != 1 and not Analyzer().can_prove_equal(ptr.args[2], 0):
+                        raise ClusterError(f"TMA pipeline: a warpgroup MMA reads {tile.name}'s panels "
+                                           "from the tile's start only")
                     args[at] = in_slot(tile, ptr.args[2])
             return tvm.ir.Call(node.op, args, node.attrs, ret_ty=node.ty)
 
@@ -410,9 +425,9 @@ class _TmaLoop:
             slots = self.slots.get(node.source)
             if slots is None:
                 return node
-            rows = int(node.source.shape[0])
+            rows = int(node.source.shape[0]) * self.panels.get(node.source)
             return tirx.BufferRegion(slots, [Range.from_min_extent(slot * rows, rows),
-                                             Range(0, int(node.source.shape[1]))])
+                                             Range(0, int(slots.shape[1]))])
 
         body = tvm_ffi.structural_map(body, [(tvm.ir.Call, lambda c: wgmma(ldmatrix(c))),
                                              (tvm.ir.TensorRegion, region)])
