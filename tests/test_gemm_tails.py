@@ -85,9 +85,21 @@ def test_weights_stored_k_by_n_take_tma_tiles_of_rows_of_n_that_wgmma_reads_mn_m
     assemble(source, f"kn_mn_major_{m}x{n}x{k}_{dtype}_{config.block_n}")
 
 
-def test_the_planner_takes_mn_major_tiles_for_weights_stored_k_by_n():
-    config = tvm_dsm.plan(dense(1024, 2048, 1024, "float16", weight_layout="kn")).best.config
-    assert config.tma and config.wgmma and config.block_n % 64 == 0
+def test_a_dependent_kernel_copies_every_panel_of_a_read_only_weight_before_it_waits():
+    """Launched programmatically with W a model's weight (read-only), the first steps' tiles of
+    each of W's panels are copied (and, small enough, all its tiles prefetched into L2) before
+    ``griddepcontrol.wait``; X's after it."""
+    from tvm_dsm.annotations import LAUNCH_EARLY_KEY, READ_ONLY_PARAMS_KEY
+
+    func = _kn_schedule(128, 256, 1024, "float16", MN_MAJOR[1]).mod["main"]
+    func = func.with_attr(READ_ONLY_PARAMS_KEY, ["W"]).with_attr(LAUNCH_EARLY_KEY, True)
+    source = cuda_source(tvm.IRModule({"main": func}))
+    before, after = source[source.index("__global__"):].split("griddepcontrol_wait();", 1)
+    copies = before.split("complete_tx__bytes((")[1:]
+    assert len(copies) == 2 and all("W_tensormap" in c for c in copies)  # two panels
+    assert "* 128) + 64)" in copies[1]  # the second panel 64 columns on
+    assert before.count("prefetch_tensor_2d_L2_global_tile(") == 2
+    assert "X_tensormap" in after.split("for (int ax")[0]  # X's first tiles only after the wait
 
 
 def _kn_schedule(m, n, k, dtype, config):

@@ -120,6 +120,17 @@ def test_each_one_row_gemv_prefetches_its_weight_before_waiting_for_the_kernel_b
         assert [set(e) for e in early if e] == [weights] * 2, name
 
 
+def test_the_pipeline_launches_every_kernel_of_the_model_programmatically(tvm_dsm_scheduled):
+    """By default every device function, whichever schedule wrote it, asks for programmatic
+    launch (the host's shape functions launch nothing)."""
+    from tvm_dsm.annotations import LAUNCH_EARLY_KEY
+
+    scheduled, coverage, _ = tvm_dsm_scheduled
+    functions = [f for f in scheduled.functions.values()
+                 if isinstance(f, tvm.tirx.PrimFunc) and not f.attrs.get("tirx.is_host_func", False)]
+    assert len(functions) >= len(coverage) and all(f.attrs.get(LAUNCH_EARLY_KEY, False) for f in functions)
+
+
 def test_no_tvm_dsm_family_crashes_on_the_model(tvm_dsm_scheduled):
     """The model's functions have symbolic batch and sequence lengths: a family takes them or
     refuses them by name (no crash), and dlight schedules the rest."""

@@ -13,6 +13,7 @@ import tvm
 from tvm.relax.frontend.nn.llm._decode_kernels import _attention_decode
 
 from conftest import TARGET, cuda_source, host_launch, registers
+from tvm_dsm.annotations import LAUNCH_EARLY_KEY
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.hardware import load_hardware
 from tvm_dsm.kernels.decode_attention import DecodeConfig
@@ -231,8 +232,10 @@ def test_it_matches_float64_and_nn_llm_on_the_gpu(qo_heads, kv_heads, head_dim, 
     ref_out, ref_lse = _reference(q, kv, qo_heads // kv_heads, sm_scale)
     dev = tvm.cuda(0)
     original = nn_llm_decode(qo_heads, kv_heads, head_dim, dtype)
-    found = find_paged_decode(original)  # config None: the pipeline's kernel, one per range of batch sizes
-    ours = (paged_decode_dispatch(found, load_hardware()) if config is None
+    found = find_paged_decode(original)
+    # config None: the pipeline's kernels, one per range of batch sizes, launched programmatically
+    # as the pipeline launches them
+    ours = (paged_decode_dispatch(found, load_hardware()).with_attr(LAUNCH_EARLY_KEY, True) if config is None
             else paged_decode_kernel(found, config))
     results = {}
     for name, func, pipeline in (("ours", ours, "tvm_dsm"), ("nn_llm", original, "default")):

@@ -123,6 +123,8 @@ def test_swizzle_is_cuda_128_byte_swizzle(elem_bytes):
     (dense(128, 256, 1024, weight_layout="kn"), TMA, "W stored \\[k, n\\] are for warpgroup MMAs"),
     (dense(128, 256, 1024), SplitKGemmConfig(2, 64, 128, 32, 2, 4, 4, tma=True), "block_k"),
     (dense(128, 512, 1024), SplitKGemmConfig(1, 64, 512, 64, 2, 4, 3, tma=True), "at most 256 rows"),
+    (dense(128, 240, 1024, weight_layout="kn"), SplitKGemmConfig(1, 128, 80, 64, 8, 1, 4, tma=True, wgmma=True),
+     "rows of N in 128-byte panels"),
 ])
 def test_unsupported_tiles_get_clear_errors(func, config, message):
     with pytest.raises(ClusterError, match=message):

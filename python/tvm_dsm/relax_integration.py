@@ -13,7 +13,8 @@ of (tuned in TVM's default design space), which gets that record's schedule
 
 ``relax.transform.FuseTransposeMatmul`` comes first: ``R.matmul(x, R.permute_dims(w))`` (a
 ``torch.nn.Linear`` written in Relax) legalizes to a separate transpose kernel otherwise, and
-the matmul would read ``W`` as ``[k, n]``, which TMA copies cannot stream.
+the matmul would read ``W`` as ``[k, n]``: a transpose kernel more, and tiles only warpgroup
+MMAs read from TMA (fp8 ones not at all).
 """
 
 from __future__ import annotations

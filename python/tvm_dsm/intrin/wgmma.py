@@ -10,8 +10,9 @@ and the intrinsic is the per-warp 16 x N x K step:
 - X's 16 x K rows and W's N x K tile are read from shared memory through matrix descriptors.
   Both are the 128-byte-swizzled tiles TMA copies land
   (:mod:`tvm_dsm.transform.tma_pipeline` points the helper at the tiles' slot): X's
-  K-contiguous; W's K-contiguous too, or, for a weight stored ``[K, N]``, a K x 64 tile of
-  128-byte rows of N (MN-major, the transpose bit of 16-bit wgmma: no transposing copy); the
+  K-contiguous; W's K-contiguous too, or, for a weight stored ``[K, N]``, a K x N tile in
+  panels of K rows of 64 N-contiguous elements (MN-major, the transpose bit of 16-bit wgmma: no
+  transposing copy); the
   warp's X descriptor starts at its warpgroup's first row, 16 rows per warp before its own;
 - the accumulator is TVM's warp-scope fragment buffer, N/16 fragments of 16x16.
 

@@ -39,7 +39,6 @@ from ..schedule import bind_cluster_nest, bind_rank, check_cluster_size
 from ..annotations import ROTATE_PEERS_KEY
 from ..intrin.mma import FP8, MMA_STORE_F32_DSM, OPERAND_TYPES, TILE, VECTOR, element_bytes, k_tile, pad
 from ..intrin.wgmma import MAX_N as WGMMA_MAX_N
-from ..intrin.wgmma import MN_MAJOR_N as WGMMA_MN_MAJOR_N
 from ..intrin.wgmma import WARPGROUP_ROWS, wgmma_intrin
 from .padded_gated_tiles import pad_gated_to_tiles
 from .tensor_core import blockize_fragments, fragment_caches, stage_in_shared, tensorize_fragments, warp_tile
@@ -325,9 +324,10 @@ def check_padded_config(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware
     the first limit ``shape`` or ``config`` breaks."""
     check_edges(shape)
     tiles = tiled_shape(shape, config)
-    # A weight stored [K, N] takes predicated cp.async copies of its edges (16-byte pieces: N a
-    # multiple of 8, check_edges), which zero-fill past N and K; gated products are rewritten to
-    # whole tiles first (padded_gated_tiles), their fills inlined into the same copies.
+    # A weight stored [K, N] takes TMA boxes, which land zeros past N and K, or predicated
+    # cp.async copies of its edges (16-byte pieces: N a multiple of 8, check_edges), which
+    # zero-fill there; gated products are rewritten to whole tiles first (padded_gated_tiles),
+    # their fills inlined into the same copies.
     check_config(tiles, config, hw)
 
 
@@ -386,14 +386,11 @@ MAX_REGISTERS_PER_THREAD = 255
 
 def check_wgmma(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> None:
     """A warpgroup MMA reads its operands from TMA's swizzled tiles (fp16, bf16 or fp8 e4m3;
-    a W stored ``[k, n]``: 16-bit, tiles of 64-column panels), with each of 4 consecutive
+    a W stored ``[k, n]``: 16-bit, tiles of 64-column panels, :func:`check_tma`), with each of 4 consecutive
     warps holding 16 rows of a 64-row warpgroup tile and all its columns."""
     c = config
     if shape.dtype not in ("float16", "bfloat16", FP8):
         raise ClusterError(f"wgmma main loops take fp16, bf16 or fp8 e4m3 operands, got {shape.dtype}")
-    if not shape.weight_nk and (shape.dtype == FP8 or c.block_n % WGMMA_MN_MAJOR_N):
-        raise ClusterError(f"wgmma reads a W stored [k, n] MN-major: 16-bit tiles of "
-                           f"{WGMMA_MN_MAJOR_N}-wide panels, got {c.block_n} of {shape.dtype}")
     if not c.tma:
         raise ClusterError("wgmma reads the swizzled tiles TMA copies land: needs tma=True")
     if c.block_m % WARPGROUP_ROWS or c.block_n > WGMMA_MAX_N:

@@ -72,8 +72,8 @@ def stage_in_shared(sch: s_tir.Schedule, block: SBlockRV, index: int, at: LoopRV
 
     By default the threads copy 16-byte vectors (cp.async once pipelined) into rows padded
     against bank conflicts. ``tma``: the copy stays one unpadded tile, marked for
-    :mod:`tvm_dsm.transform.tma_pipeline`, which issues it as one TMA tensor copy into a
-    128-byte-swizzled layout (bank-conflict free without padding). ``consumers``: the blocks
+    :mod:`tvm_dsm.transform.tma_pipeline`, which issues it as TMA tensor copies (one a 128-byte
+    panel) into a 128-byte-swizzled layout (bank-conflict free without padding). ``consumers``: the blocks
     reading the tile (default: ``block`` alone), e.g. two products of one X in one loop."""
     cache = sch.cache_read(block, index, "shared.dyn", consumer_blocks=consumers or [block])
     sch.compute_at(cache, at)

@@ -30,8 +30,8 @@ docs/lowering.md): unfused chains and single GEMMs whose grid runs in one wave g
 several waves lose, also with the trigger at the kernel's end. So the unfused chain asks for it, and a GEMM where its planner expects one wave
 (:attr:`tvm_dsm.rules.split_k_gemm.SplitKGemmConfig.programmatic_launch`).
 
-A function whose ``LAUNCH_EARLY_KEY`` attribute is set (``relax.get_pipeline("tvm_dsm",
-launch_early=True)``) has its kernels launched programmatically whatever schedule wrote them
+A function whose ``LAUNCH_EARLY_KEY`` attribute is set (what ``relax.get_pipeline("tvm_dsm")``
+does to a model's every function unless ``launch_early=False``) has its kernels launched programmatically whatever schedule wrote them
 (dlight's, a prescheduled one): a model's every kernel then launches while the one before it runs.
 """
 

@@ -19,7 +19,8 @@ run where s_tir's own software pipeline would run, rewrites the loop into::
            may load while the previous kernel finishes; see programmatic_launch)
     for k:
         __syncthreads()                      # every warp is done with the slot refilled below
-        one thread: issue step k+S-1 into slot (k+S-1) % S (expect_tx, one TMA copy per tile)
+        one thread: issue step k+S-1 into slot (k+S-1) % S (expect_tx, one TMA copy per
+                    128-byte panel of a tile)
         mbarrier wait on slot k % S, parity (k / S) % 2
         the body, reading slot k % S
     __syncthreads(); the mbarriers invalidated
@@ -42,7 +43,8 @@ What a copy must be (otherwise ClusterError): ``tile[a, b] = G[.., r0 + a, .., k
 the whole unpadded tile, with ``G`` a contiguous global buffer the host allocates before the
 launch (a parameter, or an intermediate of the function's root block such as the ``H`` between
 the kernels of an unfused GEMM chain), ``b`` its innermost
-axis, rows of exactly 128 bytes and at most 256 rows (TMA's box limit). A tile that runs past
+axis, rows of whole 128-byte panels and at most 256 rows (TMA's box limit; a tile wider than one
+panel lands as one box a panel, panel after panel, for warpgroup MMAs only). A tile that runs past
 ``G``'s edge (a GEMM padded to whole tiles, :func:`tvm_dsm.rules.split_k_gemm.apply_padded_split_k_gemm`)
 may copy ``if_then_else(inside, G[..], 0)`` where ``inside`` holds exactly inside ``G``: the
 tensor map describes ``G`` as it is, so the copy is issued unpredicated and TMA lands zeros
@@ -127,9 +129,13 @@ class TileCopy:
                                f"panels and at most {MAX_BOX} rows, got {rows}x{cols} {self.dtype}")
         #: Columns of one panel (a box of the tensor map): a tile wider than 128 bytes lands as
         #: that many boxes, panel after panel, each rows x 128 bytes (what a warpgroup MMA reads
-        #: MN-major; ldmatrix reads single panels only).
+        #: MN-major, its descriptor's leading offset one panel's bytes; ldmatrix reads single
+        #: panels only). Each panel starts on a swizzle atom: whole 8-row groups.
         self.panel_cols = ROW_BYTES // self.elem_bytes
         self.panels = cols // self.panel_cols
+        if self.panels > 1 and (rows * ROW_BYTES) % SLOT_ALIGN:
+            raise ClusterError(f"TMA copy {self.name}: a tile of {self.panels} panels needs rows in "
+                               f"whole swizzle atoms ({SLOT_ALIGN // ROW_BYTES}), got {rows}")
         if not all(analyzer.can_prove_equal(i, v) for i, v in zip(store.indices, (a, b))):
             raise ClusterError(f"TMA copy {self.name}: must write tile[a, b] in loop order")
         if not any(self.source.same_as(p) for p in sources) or list(self.source.strides):
@@ -278,7 +284,6 @@ class _TmaLoop:
                                      data_alignment=16)
             for c in self.copies
         })
-        self.panels = _ByIdentity({c.tile: c.panels for c in self.copies})
         self.maps = [tirx.Var(f"{c.source.name}_tensormap", T.handle("tensormap").ty)
                      for c in self.copies]
         # barrier s completes when slot s has received its tiles' bytes
@@ -337,6 +342,10 @@ class _TmaLoop:
         total = sum(c.bytes for c in self.copies)
         return tirx.Evaluate(T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(
             self._barrier(tirx.floormod(step, self.stages)), tirx.const(total, "uint32")))
+
+    def _copy_of(self, tile) -> TileCopy:
+        """The copy landing ``tile``."""
+        return next(c for c in self.copies if c.tile.same_as(tile))
 
     def _map(self, copy: TileCopy) -> tirx.Var:
         """The tensor map ``copy`` reads through."""
@@ -399,9 +408,9 @@ class _TmaLoop:
             tile = _pointee(ptr)
             if self.slots.get(tile) is None:
                 return node
-            if self.panels.get(tile) != 1:
+            if self._copy_of(tile).panels != 1:
                 raise ClusterError(f"TMA pipeline: ldmatrix reads tiles of one {ROW_BYTES}-byte panel; "
-                                   f"{tile.name} has {self.panels.get(tile)}")
+                                   f"{tile.name} has {self._copy_of(tile).panels}")
             args[5] = in_slot(tile, swizzled_offset(ptr.args[2] + args[6], element_bytes(tile)))
             args[6] = tirx.const(0, "int32")
             return tvm.ir.Call(node.op, args, node.attrs, ret_ty=node.ty)
@@ -415,7 +424,7 @@ class _TmaLoop:
             for at, ptr in enumerate(args):
                 tile = _pointee(ptr)
                 if tile is not None and self.slots.get(tile) is not None:
-                    if self.panels.get(tile) != 1 and not Analyzer().can_prove_equal(ptr.args[2], 0):
+                    if self._copy_of(tile).panels != 1 and not Analyzer().can_prove_equal(ptr.args[2], 0):
                         raise ClusterError(f"TMA pipeline: a warpgroup MMA reads {tile.name}'s panels "
                                            "from the tile's start only")
                     args[at] = in_slot(tile, ptr.args[2])
@@ -425,7 +434,7 @@ class _TmaLoop:
             slots = self.slots.get(node.source)
             if slots is None:
                 return node
-            rows = int(node.source.shape[0]) * self.panels.get(node.source)
+            rows = int(node.source.shape[0]) * self._copy_of(node.source).panels
             return tirx.BufferRegion(slots, [Range.from_min_extent(slot * rows, rows),
                                              Range(0, int(slots.shape[1]))])
 
