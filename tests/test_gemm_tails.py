@@ -85,6 +85,20 @@ def test_weights_stored_k_by_n_take_tma_tiles_of_rows_of_n_that_wgmma_reads_mn_m
     assemble(source, f"kn_mn_major_{m}x{n}x{k}_{dtype}_{config.block_n}")
 
 
+def test_a_gated_layer_over_weights_stored_k_by_n_takes_tiles_of_one_panel():
+    """Its two products' loop over tiles of several panels has not run on a GPU: refused by name."""
+    x = te.placeholder((128, 1024), "float16", name="X")
+    wg, wu = (te.placeholder((1024, 512), "float16", name=name) for name in ("Wg", "Wu"))
+    gate, up = matmul(x, wg, weight_layout="kn"), matmul(x, wu, weight_layout="kn")
+    h = te.compute((128, 512), lambda i, j: (gate[i, j] * te.sigmoid(gate[i, j]) * up[i, j]).astype("float16"),
+                   name="H")
+    ranking = tvm_dsm.plan(te.create_prim_func([x, wg, wu, h]))
+    assert ranking.shape.products == 2 and any(p.config.tma for p in ranking.plans)
+    assert all(p.config.block_n == 64 for p in ranking.plans if p.config.tma)
+    with pytest.raises(ClusterError, match="one 128-byte panel"):
+        ranking.family.apply(ranking.func, MN_MAJOR[1], ranking.hw)
+
+
 def test_a_dependent_kernel_copies_every_panel_of_a_read_only_weight_before_it_waits():
     """Launched programmatically with W a model's weight (read-only), the first steps' tiles of
     each of W's panels are copied (and, small enough, all its tiles prefetched into L2) before
