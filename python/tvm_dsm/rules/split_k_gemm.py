@@ -389,8 +389,8 @@ MAX_REGISTERS_PER_THREAD = 255
 
 def check_wgmma(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> None:
     """A warpgroup MMA reads its operands from TMA's swizzled tiles (fp16, bf16 or fp8 e4m3;
-    a W stored ``[k, n]``: 16-bit, tiles of 64-column panels, :func:`check_tma`), with each of 4 consecutive
-    warps holding 16 rows of a 64-row warpgroup tile and all its columns."""
+    a W stored ``[k, n]``: 16-bit, tiles of 64-column panels, :func:`check_tma`), with each of 4
+    consecutive warps holding 16 rows of a 64-row warpgroup tile and all its columns."""
     c = config
     if shape.dtype not in ("float16", "bfloat16", FP8):
         raise ClusterError(f"wgmma main loops take fp16, bf16 or fp8 e4m3 operands, got {shape.dtype}")

@@ -31,8 +31,9 @@ several waves lose, also with the trigger at the kernel's end. So the unfused ch
 (:attr:`tvm_dsm.rules.split_k_gemm.SplitKGemmConfig.programmatic_launch`).
 
 A function whose ``LAUNCH_EARLY_KEY`` attribute is set (what ``relax.get_pipeline("tvm_dsm")``
-does to a model's every function unless ``launch_early=False``) has its kernels launched programmatically whatever schedule wrote them
-(dlight's, a prescheduled one): a model's every kernel then launches while the one before it runs.
+does to a model's every function unless ``launch_early=False``) has its kernels launched
+programmatically whatever schedule wrote them (dlight's, a prescheduled one): a model's every
+kernel then launches while the one before it runs.
 """
 
 from __future__ import annotations
