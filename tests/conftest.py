@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tvm
+from tvm import s_tir
 
 import tvm_dsm  # noqa: F401  (registers the pipeline)
 from tvm_dsm.script_parsing import pseudo_files_skipped
@@ -144,10 +145,10 @@ def chain_error_on_gpu(func, mod: tvm.IRModule) -> float:
 
 
 def relative_error_on_gpu(func, inputs: list, reference, out_shape: tuple, dtype) -> float:
-    """``func`` built by ``tvm_dsm.build`` and run on ``inputs`` (float64, rounded to ``dtype``)
-    with a NaN-poisoned output, against ``reference`` of the rounded inputs in float64; asserts
-    every output element was written."""
-    lib = tvm_dsm.build(func, TARGET)
+    """``func`` built by ``tvm_dsm.build`` (a schedule: compiled as it is) and run on ``inputs``
+    (float64, rounded to ``dtype``) with a NaN-poisoned output, against ``reference`` of the
+    rounded inputs in float64; asserts every output element was written."""
+    lib = tvm.compile(func.mod, target=TARGET) if isinstance(func, s_tir.Schedule) else tvm_dsm.build(func, TARGET)
     dev = tvm.cuda(0)
     rounded = [a.astype(dtype) for a in inputs]
     out = tvm.runtime.tensor(np.full(out_shape, np.nan).astype(dtype), dev)

@@ -12,8 +12,8 @@ and the intrinsic is the per-warp 16 x N x K step:
   (:mod:`tvm_dsm.transform.tma_pipeline` points the helper at the tiles' slot): X's
   K-contiguous; W's K-contiguous too, or, for a weight stored ``[K, N]``, a K x N tile in
   panels of K rows of 64 N-contiguous elements (MN-major, the transpose bit of 16-bit wgmma: no
-  transposing copy); the
-  warp's X descriptor starts at its warpgroup's first row, 16 rows per warp before its own;
+  transposing copy); the warp's X descriptor starts at its warpgroup's first row, 16 rows per
+  warp before its own;
 - the accumulator is TVM's warp-scope fragment buffer, N/16 fragments of 16x16.
 
 Each call issues the K/16 multiplies (fp8 e4m3: K/32 of ``m64nNk32``) as one group and
@@ -234,7 +234,7 @@ TILE_WIDTHS = (64, 80, 128, 192, 256)
 #: The width of a panel of an MN-major W tile: one 128-byte row of 16-bit elements a K row, what
 #: a TMA box lands swizzled; a wider tile is panels one after the other (the descriptor's
 #: leading offset steps from one to the next).
-MN_MAJOR_N = 64
+MN_MAJOR_N = _SWIZZLE_ROW_BYTES // 2
 
 
 def register_planned() -> None:

@@ -355,16 +355,17 @@ def check_tma(shape: GemmShape, config: SplitKGemmConfig) -> None:
     if config.block_k * elem != TMA_ROW_BYTES:
         raise ClusterError(f"TMA operand tiles need block_k * element size = {TMA_ROW_BYTES} B, "
                            f"got {config.block_k} x {elem}")
-    if not shape.weight_nk and config.block_n * elem % TMA_ROW_BYTES:
-        raise ClusterError(f"TMA tiles of W stored [k, n] are rows of N in {TMA_ROW_BYTES}-byte panels: "
-                           f"block_n * element size a multiple of it, got {config.block_n} x {elem}")
-    if not shape.weight_nk and shape.products > 1 and config.block_n * elem > TMA_ROW_BYTES:
-        # the two-product (gated) loop over tiles of several panels has not run on a GPU
-        raise ClusterError("a gated layer over W stored [k, n] takes TMA tiles of one 128-byte panel")
-    if not shape.weight_nk and not config.wgmma:
-        # measured 1.6-2.0x slower than cp.async tiles (archive/generality_kn_mn_major_s65.json)
-        raise ClusterError("TMA tiles of W stored [k, n] are for warpgroup MMAs (read MN-major); "
-                           "mma.sync's ldmatrix.trans takes them by cp.async")
+    if not shape.weight_nk:
+        if config.block_n * elem % TMA_ROW_BYTES:
+            raise ClusterError(f"TMA tiles of W stored [k, n] are rows of N in {TMA_ROW_BYTES}-byte panels: "
+                               f"block_n * element size a multiple of it, got {config.block_n} x {elem}")
+        if shape.products > 1 and config.block_n * elem > TMA_ROW_BYTES:
+            # the two-product (gated) loop over tiles of several panels has not run on a GPU
+            raise ClusterError("a gated layer over W stored [k, n] takes TMA tiles of one 128-byte panel")
+        if not config.wgmma:
+            # measured 1.6-2.0x slower than cp.async tiles (archive/generality_kn_mn_major_s65.json)
+            raise ClusterError("TMA tiles of W stored [k, n] are for warpgroup MMAs (read MN-major); "
+                               "mma.sync's ldmatrix.trans takes them by cp.async")
     if max(config.block_m, config.block_n) > TMA_MAX_BOX:
         raise ClusterError(f"TMA copies at most {TMA_MAX_BOX} rows per tile")
 
