@@ -85,18 +85,52 @@ def test_weights_stored_k_by_n_take_tma_tiles_of_rows_of_n_that_wgmma_reads_mn_m
     assemble(source, f"kn_mn_major_{m}x{n}x{k}_{dtype}_{config.block_n}")
 
 
-def test_a_gated_layer_over_weights_stored_k_by_n_takes_tiles_of_one_panel():
-    """Its two products' loop over tiles of several panels has not run on a GPU: refused by name."""
-    x = te.placeholder((128, 1024), "float16", name="X")
-    wg, wu = (te.placeholder((1024, 512), "float16", name=name) for name in ("Wg", "Wu"))
+#: Gated layers over [K, N] weights: two products a step, each W tile of one or two panels.
+GATED_MN_MAJOR = [SplitKGemmConfig(1, 128, 64, 64, 8, 1, 4, tma=True, wgmma=True),
+                  SplitKGemmConfig(1, 128, 128, 64, 8, 1, 4, tma=True, wgmma=True),
+                  SplitKGemmConfig(2, 64, 128, 64, 4, 1, 3, tma=True, wgmma=True)]
+GATED_MN_MAJOR_SHAPES = [(128, 512, 1024), (100, 3000, 1000), (37, 264, 4104)]
+
+
+def _gated_kn(m, n, k):
+    """``silu(X @ Wg) * (X @ Wu)`` with both weights stored [K, N]."""
+    x = te.placeholder((m, k), "float16", name="X")
+    wg, wu = (te.placeholder((k, n), "float16", name=name) for name in ("Wg", "Wu"))
     gate, up = matmul(x, wg, weight_layout="kn"), matmul(x, wu, weight_layout="kn")
-    h = te.compute((128, 512), lambda i, j: (gate[i, j] * te.sigmoid(gate[i, j]) * up[i, j]).astype("float16"),
+    h = te.compute((m, n), lambda i, j: (gate[i, j] * te.sigmoid(gate[i, j]) * up[i, j]).astype("float16"),
                    name="H")
-    ranking = tvm_dsm.plan(te.create_prim_func([x, wg, wu, h]))
-    assert ranking.shape.products == 2 and any(p.config.tma for p in ranking.plans)
-    assert all(p.config.block_n == 64 for p in ranking.plans if p.config.tma)
-    with pytest.raises(ClusterError, match="one 128-byte panel"):
-        ranking.family.apply(ranking.func, MN_MAJOR[1], ranking.hw)
+    return te.create_prim_func([x, wg, wu, h])
+
+
+def _gated_kn_schedule(m, n, k, config):
+    ranking = tvm_dsm.plan(_gated_kn(m, n, k))
+    assert ranking.shape.products == 2
+    return ranking.family.apply(ranking.func, config, ranking.hw)
+
+
+@pytest.mark.parametrize("config", GATED_MN_MAJOR)
+def test_a_gated_layer_over_weights_stored_k_by_n_copies_each_products_panels(config, assemble):
+    """Each step copies X's box and, of each product, W's tile in boxes of one 64-column panel,
+    which the two products' warpgroup MMAs read MN-major."""
+    source = cuda_source(_gated_kn_schedule(128, 512, 1024, config).mod)
+    assert f"m64n{config.block_n}k16.f32.f16" in source and ", p, 1, 1, 0, 1;" in source
+    assert source.count("mbarrier__complete_tx__bytes((") == 2 * (1 + 2 * config.block_n // 64)
+    assemble(source, f"gated_kn_mn_major_{config.block_n}_c{config.cluster_size}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("m", "n", "k"), GATED_MN_MAJOR_SHAPES)
+@pytest.mark.parametrize("config", GATED_MN_MAJOR)
+def test_a_gated_layer_over_weights_stored_k_by_n_is_correct_on_the_gpu(m, n, k, config):
+    rng = np.random.default_rng()
+    x, wg, wu = rng.standard_normal((m, k)), *(rng.standard_normal((k, n)) / np.sqrt(k) for _ in range(2))
+
+    def reference(x, wg, wu):
+        gate = x @ wg
+        return gate / (1 + np.exp(-gate)) * (x @ wu)
+
+    sch = _gated_kn_schedule(m, n, k, config)
+    assert relative_error_on_gpu(sch, [x, wg, wu], reference, (m, n), np.float16) < 2e-3
 
 
 def test_a_dependent_kernel_copies_every_panel_of_a_read_only_weight_before_it_waits():

@@ -359,9 +359,6 @@ def check_tma(shape: GemmShape, config: SplitKGemmConfig) -> None:
         if config.block_n * elem % TMA_ROW_BYTES:
             raise ClusterError(f"TMA tiles of W stored [k, n] are rows of N in {TMA_ROW_BYTES}-byte panels: "
                                f"block_n * element size a multiple of it, got {config.block_n} x {elem}")
-        if shape.products > 1 and config.block_n * elem > TMA_ROW_BYTES:
-            # the two-product (gated) loop over tiles of several panels has not run on a GPU
-            raise ClusterError("a gated layer over W stored [k, n] takes TMA tiles of one 128-byte panel")
         if not config.wgmma:
             # measured 1.6-2.0x slower than cp.async tiles (archive/generality_kn_mn_major_s65.json)
             raise ClusterError("TMA tiles of W stored [k, n] are for warpgroup MMAs (read MN-major); "
