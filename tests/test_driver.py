@@ -81,6 +81,26 @@ def test_a_cascade_whose_stage_reads_the_data_again_goes_to_the_row_norm_kernel(
     assert tvm_dsm.plan(func).family.name == "row_norm"
 
 
+def test_a_reduction_over_the_rows_of_a_cascades_results_is_built_by_dlight():
+    """A mean over the rows of each row's cross-entropy (a row max, an exp-sum, then a sum over
+    rows): the fused cascade runs its rows in CTAs of their own, so it refuses the function and
+    build falls back to dlight, which compiles it (it crashed in lowering when taken)."""
+    from tvm_dsm.families.fused_cascade import FusedCascade
+
+    rows, width = 256, 1000
+    logits = te.placeholder((rows, width), "float16", name="logits")
+    labels = te.placeholder((rows,), "int64", name="labels")
+    k, k2, r = te.reduce_axis((0, width), "k"), te.reduce_axis((0, width), "k2"), te.reduce_axis((0, rows), "r")
+    mx = te.compute((rows,), lambda i: te.max(logits[i, k].astype("float32"), axis=k), name="mx")
+    s = te.compute((rows,), lambda i: te.sum(te.exp(logits[i, k2].astype("float32") - mx[i]), axis=k2), name="s")
+    loss = te.compute((rows,), lambda i: te.log(s[i]) + mx[i] - logits[i, labels[i]].astype("float32"), name="loss")
+    mean = te.compute((1,), lambda _: te.sum(loss[r] / rows, axis=r), name="mean_loss")
+    func = te.create_prim_func([logits, labels, mean])
+    with pytest.raises(ClusterError, match="mean_loss reduces .* over the rows"):
+        FusedCascade().recognize(func)
+    tvm_dsm.build(func)
+
+
 def test_a_form_the_planner_took_is_tuned_and_replayed(tmp_path):
     """TOPI's gated layer is planned with its reductions first: tune records that form, and
     schedule and build find and replay its record from the function as written."""

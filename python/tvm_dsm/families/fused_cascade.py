@@ -61,6 +61,16 @@ def _read_across_rows(level, rows: list) -> str | None:
     return None
 
 
+def _reduces_results_across_rows(block, results: list) -> str | None:
+    """The first of the cascade's ``results`` that ``block`` reduces over (its reduced axis in
+    the result's index: a mean over rows of each row's loss), if any."""
+    reduced = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+    for load in loads(block.body):
+        if any(load.source.same_as(b) for b in results) and any(uses(i, v) for i in load.indices for v in reduced):
+            return load.source.name
+    return None
+
+
 class FusedCascade(ScheduleFamily):
     name = "fused_cascade"
     generic = True
@@ -89,8 +99,14 @@ class FusedCascade(ScheduleFamily):
         sch = s_tir.Schedule(inline_elementwise(func))
         for rv in sch.get_child_blocks(sch.get_sblock("root")):
             block = sch.get(rv)
-            if block.name_hint in {lvl.block for lvl in levels} or block.init is not None:
-                continue  # a level, or a reduction producing its data (attention's scores)
+            if block.name_hint in {lvl.block for lvl in levels}:
+                continue
+            across = _reduces_results_across_rows(block, results)
+            if across:
+                raise ClusterError(f"{block.name_hint} reduces {across} over the rows: the fused rows run in CTAs "
+                                   "of their own, which do not meet")
+            if block.init is not None:
+                continue  # a reduction producing the cascade's data (attention's scores)
             again = [ld.source.name for ld in loads(block.body) if not any(ld.source.same_as(b) for b in results)]
             if again:
                 raise ClusterError(f"{block.name_hint} reads {sorted(set(again))} besides the cascade's results: "
