@@ -396,3 +396,102 @@ def test_gpu_two_length_variables_match_float64_at_every_pair(layout, causal, di
     for q_len, kv_len in ((1, 1), (1, 300), (63, 1024), (257, 100), (1024, 1024)):
         error = _error_on_gpu(module, func, layout, causal, lambda p, _: kv_len if p.name in ("k", "v") else q_len)
         assert error < 2e-3, (q_len, kv_len, error)
+
+
+def _bshd_causal_by_where(batch=2, heads=4, length=257, dim=128, dtype="bfloat16"):
+    """Causal attention over ``[B, S, H, D]``: the mask a bool tensor selected by ``topi.where``,
+    TOPI's softmax, the weighted sum written in the output's ``[B, S, H, D]`` order."""
+    from tvm import topi
+
+    q, k, v = (te.placeholder((batch, length, heads, dim), dtype, name=n) for n in "qkv")
+    d, t = te.reduce_axis((0, dim), "d"), te.reduce_axis((0, length), "t")
+    qk = te.compute((batch, heads, length, length), lambda b, h, i, j: te.sum(
+        q[b, i, h, d].astype("float32") * k[b, j, h, d].astype("float32"), axis=d), name="qk")
+    scaled = te.compute(qk.shape, lambda b, h, i, j: qk[b, h, i, j] * (1.0 / np.sqrt(dim)), name="scaled")
+    keep = te.compute((length, length), lambda i, j: j <= i, name="keep")
+    lowest = te.compute((1,), lambda _: tirx.const(-1e30, "float32"), name="lowest")
+    masked = topi.where(topi.broadcast_to(keep, qk.shape), scaled, topi.broadcast_to(lowest, qk.shape))
+    p = topi.cast(topi.nn.softmax(masked, axis=-1), dtype)
+    pv = te.compute((batch, length, heads, dim), lambda b, i, h, e: te.sum(
+        p[b, h, i, t].astype("float32") * v[b, t, h, e].astype("float32"), axis=t), name="pv")
+    out = te.compute(pv.shape, lambda *i: pv(*i).astype(dtype), name="out")
+    return te.create_prim_func([q, k, v, out])
+
+
+def _scale_in_the_exponent(heads=12, length=100, dim=80):
+    """``[H, S, D]`` attention whose row max is over the raw scores and whose exponent scales
+    the difference: ``exp((S - max S) / sqrt(D))``."""
+    q, k, v = (te.placeholder((heads, length, dim), "float16", name=n) for n in "qkv")
+    d, t, t1, t2 = (te.reduce_axis((0, e), n) for e, n in ((dim, "d"), (length, "t"), (length, "t1"), (length, "t2")))
+    scale = 1.0 / np.sqrt(dim)
+    s = te.compute((heads, length, length), lambda h, i, j: te.sum(
+        q[h, i, d].astype("float32") * k[h, j, d].astype("float32"), axis=d), name="s")
+    m = te.compute((heads, length), lambda h, i: te.max(s[h, i, t1], axis=t1), name="m")
+    e = te.compute(s.shape, lambda h, i, j: te.exp((s[h, i, j] - m[h, i]) * scale), name="e")
+    l = te.compute((heads, length), lambda h, i: te.sum(e[h, i, t2], axis=t2), name="l")
+    o = te.compute((heads, length, dim), lambda h, i, c: te.sum(
+        (e[h, i, t] / l[h, i]).astype("float16").astype("float32") * v[h, t, c].astype("float32"), axis=t), name="o")
+    out = te.compute(o.shape, lambda *i: o(*i).astype("float16"), name="out")
+    return te.create_prim_func([q, k, v, out])
+
+
+def _decode_bshd(batch=4, keys=1000, heads=16, dim=80):
+    """Decode attention over ``[B, S, H, D]`` tensors (one query), TOPI's softmax, the weighted
+    sum written ``[B, 1, H, D]``."""
+    from tvm import topi
+
+    q = te.placeholder((batch, 1, heads, dim), "float16", name="q")
+    k, v = (te.placeholder((batch, keys, heads, dim), "float16", name=n) for n in "kv")
+    d, t = te.reduce_axis((0, dim), "d"), te.reduce_axis((0, keys), "t")
+    qk = te.compute((batch, heads, 1, keys), lambda b, h, i, j: te.sum(
+        q[b, i, h, d].astype("float32") * k[b, j, h, d].astype("float32"), axis=d), name="qk")
+    p = topi.nn.softmax(te.compute(qk.shape, lambda *i: qk(*i) * (dim ** -0.5), name="s"), axis=-1)
+    pv = te.compute((batch, 1, heads, dim), lambda b, i, h, e: te.sum(
+        p[b, h, i, t] * v[b, t, h, e].astype("float32"), axis=t), name="pv")
+    out = te.compute(pv.shape, lambda *i: pv(*i).astype("float16"), name="out")
+    return te.create_prim_func([q, k, v, out])
+
+
+def test_a_weighted_sum_written_in_another_order_than_the_statistics_is_attention(assemble):
+    """The weighted sum iterates ``[B, S, H, D]`` while the statistics' rows are ``[B, H, S]``
+    (its variables are put in the statistics' order), the mask a bool tensor compared with 0."""
+    shape = find_attention(_bshd_causal_by_where())
+    assert shape.causal and shape.dtype == "bfloat16" and (shape.q_len, shape.dim) == (257, 128)
+    q, _, _, out = shape.layouts
+    assert q.seq == out.seq == 1
+    assemble(cuda_source(fuse_attention(_bshd_causal_by_where())), "attention_bshd_where")
+
+
+def test_a_scale_inside_the_exponent_is_the_attentions_scale(assemble):
+    shape = find_attention(_scale_in_the_exponent())
+    assert shape.scale == pytest.approx(1 / np.sqrt(80)) and not shape.causal
+    assemble(cuda_source(fuse_attention(_scale_in_the_exponent())), "attention_scale_in_exp")
+
+
+def test_decode_attention_over_bshd_tensors_takes_the_decode_kernel():
+    import tvm_dsm
+
+    assert tvm_dsm.plan(_decode_bshd()).family.name == "decode_attention"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["bshd_where", "scale_in_exp", "decode_bshd"])
+def test_gpu_attention_forms_read_by_their_variables_match_float64(form):
+    import tvm_dsm
+
+    func, layout, causal, dtype = {
+        "bshd_where": (_bshd_causal_by_where(), "bshd", True, ml_dtypes.bfloat16),
+        "scale_in_exp": (_scale_in_the_exponent(), "hsd", False, np.float16),
+        "decode_bshd": (_decode_bshd(), "bshd", False, np.float16),
+    }[form]
+    module = tvm_dsm.build(func, TARGET)
+    shapes = [[int(x) for x in p.ty.shape] for p in func.params]
+    rng = np.random.default_rng()
+    inputs = [(rng.standard_normal(s) * 2).astype(dtype) for s in shapes[:3]]
+    dev = tvm.cuda(0)
+    out = tvm.runtime.tensor(np.full(shapes[3], np.nan, dtype), dev)
+    module(*(tvm.runtime.tensor(x, dev) for x in inputs), out)
+    heads = shapes[0][0] if layout == "hsd" else shapes[0][2]
+    ref = _reference(layout, *inputs, heads, heads, causal)
+    got = out.numpy().astype(np.float64)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < (1e-2 if dtype is not np.float16 else 2e-3)

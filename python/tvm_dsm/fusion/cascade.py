@@ -474,6 +474,35 @@ def indexed_by(load, *variables) -> bool:
     return all(isinstance(i, tirx.Var) and i.same_as(v) for i, v in zip(load.indices, variables))
 
 
+def rows_in_level_order(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with each reduction block that reads an earlier reduction's result at its own
+    variables iterating those first, in the order the result is indexed: an output written
+    ``[B, S, H, D]`` from statistics of rows ``[B, H, S]`` (attention's weighted sum of V) then
+    leads with the statistics' rows, which :func:`find_cascades` pairs by position. The buffers
+    and what each block computes are unchanged."""
+    sch = s_tir.Schedule(func)
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    outputs = [sch.get(rv).writes[0].source for rv in blocks if sch.get(rv).init is not None]
+    for rv in blocks:
+        block = sch.get(rv)
+        if block.init is None:
+            continue
+        spatial = [n for n, iv in enumerate(block.iter_vars) if iv.iter_type == tirx.IterVar.DataPar]
+        own = [block.iter_vars[n].var for n in spatial]
+        for load in loads(block.body):
+            if load.source.same_as(block.writes[0].source) or not any(load.source.same_as(o) for o in outputs):
+                continue
+            lead = [next((n for n in spatial if block.iter_vars[n].var.same_as(i)), None) for i in load.indices]
+            if None in lead or len(set(lead)) != len(lead) or not all(isinstance(i, tirx.Var) for i in load.indices):
+                continue
+            order = lead + [n for n in spatial if n not in lead]
+            order += [n for n in range(len(block.iter_vars)) if n not in order]
+            if order != list(range(len(block.iter_vars))) and len(own) == len(spatial):
+                sch.reorder_block_iter_var(rv, order)
+            break
+    return sch.mod["main"]
+
+
 def inline_elementwise(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """Inline every element-wise block that writes an intermediate buffer (not a parameter)."""
     sch = s_tir.Schedule(func)

@@ -33,7 +33,7 @@ from tvm import s_tir, tirx
 from tvm.sym import Analyzer, detect_iter_map, inverse_affine_iter_map
 
 from ..errors import ClusterError
-from ..fusion.cascade import Level, find_cascades, inline_elementwise, parse_reduction
+from ..fusion.cascade import Level, find_cascades, inline_elementwise, parse_reduction, rows_in_level_order
 from ..fusion.symbolic import ToSympy, Unsupported, simplify
 from ..ir import loads, substitute, uses
 
@@ -145,7 +145,7 @@ def _float_constant(e) -> float | None:
 class _Match:
     def __init__(self, func: tirx.PrimFunc):
         self.func = func
-        self.inlined = inline_elementwise(func)
+        self.inlined = rows_in_level_order(inline_elementwise(func))
         groups = find_cascades(self.inlined)
         if len(groups) != 1:
             raise ClusterError(f"attention is one cascade (max, exp-sum, exp-weighted sum); found {len(groups)}")
@@ -220,8 +220,8 @@ class _Match:
         d = scores.reduce_var
         self._bind(d, scores.extent)
         q_load, k_load, score_scale = self._score_product(scores, to_rows)
-        cond, scale, fill = self._max_form()
-        normalized = self._sum_forms(scale, fill, cond)
+        cond, max_scale, fill = self._max_form()
+        scale, normalized = self._sum_forms(max_scale, fill, cond)
         c, v_load = self._output_level()
         out_block = self._output_block(normalized)
         operands = [q_load.source, k_load.source, v_load.source, out_block.body.buffer]
@@ -376,19 +376,26 @@ class _Match:
 
         return leaf
 
-    def _sum_forms(self, scale: float, fill, cond) -> bool:
-        """Check the exp-sum and the exp-weighted sum of v; whether the latter divides by the
-        exp-sum (the probabilities normalized before the product)."""
+    def _sum_forms(self, max_scale: float, fill, cond) -> tuple[float, bool]:
+        """Check the exp-sum and the exp-weighted sum of v: terms ``exp(c * scores)`` times a
+        factor of the row alone (the max's shift, ``exp(-M)`` or ``exp(-c M)`` where the scale
+        sits inside the exponent: the division cancels it, and the kernel shifts by its own
+        running max); the scale ``c`` and whether the weighted sum divides by the exp-sum (the
+        probabilities normalized before the product)."""
         s, M, L, V = (sympy.Symbol(n, real=True) for n in ("S", "M", "L", "V"))
         v = self._v_load().source
         for level in (self.l, self.o):
             if _select_condition(level.value) is not None and not _same_condition(
                     _select_condition(level.value), cond, self._canonical(level)):
                 raise ClusterError(f"{level.block} is masked differently from the row max")
-        p_kept = sympy.exp(scale * s - M)
         l_kept = _sympy(_with_branch(self.l.value, True), self._leaf(s))
-        if not _zero(l_kept - p_kept):
-            raise ClusterError(f"the row sum must be of exp(c * scores - max); got {l_kept}")
+        exponent = sympy.expand(sympy.log(l_kept), force=True) if l_kept.func == sympy.exp else None
+        scale = _float_constant(sympy.diff(exponent, s)) if exponent is not None else None
+        shift = sympy.simplify(exponent - scale * s) if scale is not None else None
+        if scale is None or scale <= 0 or shift.has(s) or (cond is not None and scale != max_scale):
+            raise ClusterError(f"the row sum must be of exp(c * scores - a shift of the row), c > 0 (c of the "
+                               f"row max where a mask fills it); got {l_kept}")
+        p_kept = l_kept
         o_kept = _sympy(_with_branch(self.o.value, True), self._leaf(s, V=v))
         normalized = _zero(o_kept - p_kept * V / L)
         if not normalized and not _zero(o_kept - p_kept * V):
@@ -398,14 +405,14 @@ class _Match:
             # A masked key adds nothing to either sum: its term is 0 outright (the max's fill
             # then only shifts the exponents, which the division cancels), or it is the term
             # of a score that is -inf (or below -1e9, whose exp underflows to 0).
-            p_fill = sympy.exp(fill - M)
+            p_fill = sympy.exp(fill + shift)
             hidden = fill == -sympy.oo or float(fill) <= _MASKED
             for level, weight in ((self.l, 1), (self.o, V / L if normalized else V)):
                 masked = _sympy(_with_branch(level.value, False), self._leaf(s, V=v))
                 if not (_zero(masked) or (hidden and _zero(masked - p_fill * weight))):
                     raise ClusterError(f"{level.block} must leave the masked keys out (a term of 0, or the score "
                                        f"-inf or below {_MASKED:g}); a masked key adds {masked}")
-        return normalized
+        return scale, normalized
 
     def _v_load(self):
         found = [ld for ld in loads(self.o.value) if any(ld.source.same_as(p) for p in self.func.params)]
@@ -460,7 +467,8 @@ class _Match:
             raise ClusterError(f"the output block must read each weighted-sum element once; reads "
                                f"{self.o.output.name}{list(o_load.indices)}")
         to_rows = self._canonical(self.o)
-        in_rows = [substitute(var, to_rows) for var in self.o.spatial]
+        (written,) = [b.body.indices for b in self.blocks if b.name_hint == self.o.block]
+        in_rows = [substitute(i, to_rows) for i in written]  # the weighted sum's axes, in its buffer's order
         try:
             inverse = inverse_affine_iter_map(found.indices, in_rows)
         except tvm.error.InternalError as err:
@@ -510,10 +518,33 @@ class _Match:
     def _causal(self, cond, i, t) -> bool:
         if cond is None:
             return False
+        cond = _without_bool_casts(cond)
         analyzer = self.analyzer
         if analyzer.can_prove(tirx.Or(tirx.Not(cond), t <= i)) and analyzer.can_prove(tirx.Or(cond, i < t)):
             return True
         raise ClusterError(f"only the causal mask (key t <= query i) is supported; got {cond}")
+
+
+def _without_bool_casts(cond):
+    """``cond`` with comparisons of a boolean cast to an integer written as the boolean: a mask
+    tensor of ``t <= i`` read back as ``0 < int(t <= i)`` (``topi.where`` over a bool tensor)."""
+    def boolean(e):
+        return e.value if isinstance(e, tirx.Cast) and e.value.ty.dtype == "bool" else None
+
+    def is_const(e, value) -> bool:
+        return isinstance(e, tirx.IntImm) and int(e) == value
+
+    def plain(node):
+        a, b = boolean(node.a), boolean(node.b)
+        if isinstance(node, tirx.LT) and b is not None and is_const(node.a, 0):
+            return b
+        if isinstance(node, (tirx.GT, tirx.NE)) and a is not None and is_const(node.b, 0):
+            return a
+        if isinstance(node, tirx.EQ) and a is not None and is_const(node.b, 1):
+            return a
+        return node
+
+    return tvm_ffi.structural_map(cond, [(kind, plain) for kind in (tirx.LT, tirx.GT, tirx.NE, tirx.EQ)])
 
 
 def _rank(level: Level) -> int:
