@@ -160,22 +160,28 @@ def _reference(layout: str, q, k, v, heads, kv_heads, causal):
 ])
 def test_gpu_every_te_form_matches_float64(name, sizes):
     """Through ``tvm_dsm.build`` (the planner's pick), NaN-poisoned output, fresh inputs."""
+    batch, heads, q_len, kv_len, dim = sizes
+    dtype = ml_dtypes.bfloat16 if FORMS[name].get("dtype") == "bfloat16" else np.float16
+    error = _built_error(_form(name, batch, heads, q_len, kv_len, dim), FORMS[name].get("layout", "bhsd"), heads,
+                         FORMS[name].get("kv_heads", heads), FORMS[name].get("causal", False), dtype)
+    assert error < (1e-2 if dtype is not np.float16 else 2e-3)
+
+
+def _built_error(func, layout: str, heads: int, kv_heads: int, causal: bool, dtype) -> float:
+    """``func`` through ``tvm_dsm.build`` (the planner's pick) on fresh inputs with a
+    NaN-poisoned output: its relative error against :func:`_reference`."""
     import tvm_dsm
 
-    batch, heads, q_len, kv_len, dim = sizes
-    func = _form(name, batch, heads, q_len, kv_len, dim)
     module = tvm_dsm.build(func, TARGET)
-    dtype = ml_dtypes.bfloat16 if FORMS[name].get("dtype") == "bfloat16" else np.float16
     shapes = [[int(x) for x in p.ty.shape] for p in func.params]
     rng = np.random.default_rng()
     inputs = [(rng.standard_normal(s) * 2).astype(dtype) for s in shapes[:3]]
     dev = tvm.cuda(0)
     out = tvm.runtime.tensor(np.full(shapes[3], np.nan, dtype), dev)
     module(*(tvm.runtime.tensor(x, dev) for x in inputs), out)
-    kv_heads = FORMS[name].get("kv_heads", heads)
-    ref = _reference(FORMS[name].get("layout", "bhsd"), *inputs, heads, kv_heads, FORMS[name].get("causal", False))
+    ref = _reference(layout, *inputs, heads, kv_heads, causal)
     got = out.numpy().astype(np.float64)
-    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < (1e-2 if dtype is not np.float16 else 2e-3)
+    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
 
 
 @pytest.mark.gpu
@@ -477,21 +483,11 @@ def test_decode_attention_over_bshd_tensors_takes_the_decode_kernel():
 @pytest.mark.gpu
 @pytest.mark.parametrize("form", ["bshd_where", "scale_in_exp", "decode_bshd"])
 def test_gpu_attention_forms_read_by_their_variables_match_float64(form):
-    import tvm_dsm
-
     func, layout, causal, dtype = {
         "bshd_where": (_bshd_causal_by_where(), "bshd", True, ml_dtypes.bfloat16),
         "scale_in_exp": (_scale_in_the_exponent(), "hsd", False, np.float16),
         "decode_bshd": (_decode_bshd(), "bshd", False, np.float16),
     }[form]
-    module = tvm_dsm.build(func, TARGET)
-    shapes = [[int(x) for x in p.ty.shape] for p in func.params]
-    rng = np.random.default_rng()
-    inputs = [(rng.standard_normal(s) * 2).astype(dtype) for s in shapes[:3]]
-    dev = tvm.cuda(0)
-    out = tvm.runtime.tensor(np.full(shapes[3], np.nan, dtype), dev)
-    module(*(tvm.runtime.tensor(x, dev) for x in inputs), out)
-    heads = shapes[0][0] if layout == "hsd" else shapes[0][2]
-    ref = _reference(layout, *inputs, heads, heads, causal)
-    got = out.numpy().astype(np.float64)
-    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < (1e-2 if dtype is not np.float16 else 2e-3)
+    shape = [int(x) for x in func.params[0].ty.shape]
+    heads = shape[0] if layout == "hsd" else shape[2]
+    assert _built_error(func, layout, heads, heads, causal, dtype) < (1e-2 if dtype is not np.float16 else 2e-3)
