@@ -11,6 +11,7 @@ import pytest
 import tvm
 from tvm import te, topi
 from tvm.ir.utils import derived_object
+from tvm.script import tirx as T
 from tvm.s_tir import meta_schedule as ms
 
 import tvm_dsm
@@ -331,3 +332,66 @@ def test_a_tensor_of_no_elements_is_refused_by_name(shape):
                  lambda: tvm_dsm.plan(dense(*shape))):
         with pytest.raises(ClusterError, match=r"an extent of 0 \(no elements\)"):
             make()
+
+
+def _int8_products():
+    """An int8 GEMM accumulating in int32 (dlight's int8 WMMA schedule for "sm_90" does not lower)."""
+    x, w = te.placeholder((256, 256), "int8", name="x"), te.placeholder((256, 256), "int8", name="w")
+    k = te.reduce_axis((0, 256), name="k")
+    y = te.compute((256, 256), lambda i, j: te.sum(x[i, k].astype("int32") * w[j, k].astype("int32"), axis=k), name="y")
+    return te.create_prim_func([x, w, y])
+
+
+def _gate_and_up_columns_of_one_product():
+    """``silu(c[:, j]) * c[:, j + 1024]`` of one product: an epilogue reading two columns."""
+    x, w = te.placeholder((128, 512), "float16", name="x"), te.placeholder((2048, 512), "float16", name="w")
+    k = te.reduce_axis((0, 512), name="k")
+    c = te.compute((128, 2048), lambda i, j: te.sum(x[i, k].astype("float32") * w[j, k].astype("float32"), axis=k),
+                   name="c")
+    h = te.compute((128, 1024), lambda i, j: (c[i, j] * te.sigmoid(c[i, j]) * c[i, j + 1024]).astype("float16"),
+                   name="h")
+    return te.create_prim_func([x, w, h])
+
+
+@T.prim_func(s_tir=True)
+def _gemv_into_a_plain_allocation(a: T.Buffer((2, 4096), "float16"), w: T.Buffer((1000, 4096), "float16"),
+                                  o: T.Buffer((2, 1000), "float16")):
+    c = T.alloc_buffer((2, 1000), "float32")  # not a block's allocation
+    for i, j, k in T.grid(2, 1000, 4096):
+        with T.sblock("mm"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                c[vi, vj] = T.float32(0)
+            c[vi, vj] = c[vi, vj] + T.Cast("float32", a[vi, vk]) * T.Cast("float32", w[vj, vk])
+    for i, j in T.grid(2, 1000):
+        with T.sblock("gelu"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            o[vi, vj] = T.Cast("float16", c[vi, vj] * T.float32(0.5) * (T.float32(1) + T.erf(c[vi, vj] * T.float32(0.7071))))
+
+
+@T.prim_func(s_tir=True)
+def _update_without_init(a: T.Buffer((128, 128), "float16"), b: T.Buffer((128, 128), "float16"),
+                         c: T.Buffer((128, 128), "float32")):
+    for i, j in T.grid(128, 128):
+        with T.sblock("zero"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            c[vi, vj] = T.float32(0)
+    for i, j, k in T.grid(128, 128, 128):
+        with T.sblock("update"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            c[vi, vj] = c[vi, vj] + T.Cast("float32", a[vi, vk]) * T.Cast("float32", b[vk, vj])
+
+
+@pytest.mark.parametrize("make", [_int8_products, _gate_and_up_columns_of_one_product, lambda: _gemv_into_a_plain_allocation])
+def test_functions_a_family_fails_on_or_dlight_asserts_on_still_build(make, caplog):
+    """Written by users (a sweep of 64 independently written GEMMs): a family's schedule that
+    fails is a warning and a fallback, dlight's rules that assert leave its fallback rule, and
+    dlight's int8 tensor-core schedule that does not lower leaves its CUDA-core one."""
+    with caplog.at_level(logging.WARNING, logger="tvm_dsm.driver"):
+        lib = tvm_dsm.build(make())
+    assert "__global__" in lib.mod.imports[0].inspect_source()
+
+
+def test_a_function_nothing_schedules_is_refused_with_both_reasons():
+    with pytest.raises(ClusterError, match="neither tvm-dsm nor TVM's stock schedules"):
+        tvm_dsm.build(_update_without_init)

@@ -233,11 +233,11 @@ def build(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None = No
             return tvm.compile(schedule_row_ranges(func, target, hw, database)[1].mod, target=target)
         ranking = plan(func, hw, target)
     except ClusterError as err:
-        try:
-            return tvm.compile(_fallback_schedule(func, target, err, hw).mod, target=target)
-        except ClusterError as lowering:  # an operator's tvm-dsm kernel does not lower merged
-            LOG.warning("the merged operators do not lower (%s); every operator takes dlight's", lowering)
-            return tvm.compile(_fallback_schedule(func, target, err, hw, families=False).mod, target=target)
+        return _compiled_fallback(func, target, err, hw)
+    except FAMILY_FAILURES as err:
+        LOG.warning("a tvm-dsm family failed on the function (a tvm-dsm bug); TVM's stock schedule instead",
+                    exc_info=True)
+        return _compiled_fallback(func, target, ClusterError(f"{type(err).__name__}: {err}"), hw)
     refusals = []
     for rank in range(min(BUILD_ATTEMPTS, len(ranking.plans))):
         try:
@@ -245,10 +245,45 @@ def build(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None = No
         except ClusterError as err:
             LOG.warning("tvm-dsm's plan #%d does not lower: %s", rank + 1, err)
             refusals.append(err)
+        except FAMILY_FAILURES as err:
+            LOG.warning("tvm-dsm's plan #%d failed (a tvm-dsm bug)", rank + 1, exc_info=True)
+            refusals.append(err)
     reason = ClusterError(f"none of tvm-dsm's {len(refusals)} best plans lowers; the last: "
                           f"{refusals[-1] if refusals else 'no plan'}")
     LOG.warning("%s; TVM's stock schedule instead", reason)
-    return tvm.compile(_fallback_schedule(func, target, reason, hw).mod, target=target)
+    return _compiled_fallback(func, target, reason, hw)
+
+
+#: What a family's schedule or its lowering raises besides a refusal where the family took a
+#: function it should have refused (a tvm-dsm bug: s_tir refusing a primitive, a TVM check in
+#: lowering, an assertion): ``build`` warns and builds as for a refusal.
+FAMILY_FAILURES = (ScheduleError, RuntimeError, ValueError, AssertionError)
+
+
+def _compiled_fallback(func: tirx.PrimFunc, target, reason: ClusterError, hw: Hardware | None):
+    """``func`` compiled from :func:`_fallback_schedule`; where that does not lower, from its
+    schedule without tvm-dsm's families; where dlight's tensor-core schedule for "sm_90" does not
+    lower either (its int8 WMMA products), from dlight's schedule for ``target`` itself, which
+    keeps to the CUDA cores. ClusterError where nothing schedules the function."""
+    try:
+        return tvm.compile(_fallback_schedule(func, target, reason, hw).mod, target=target)
+    except (ClusterError, *FAMILY_FAILURES) as lowering:  # an operator's tvm-dsm kernel does not lower merged
+        LOG.warning("the fallback with tvm-dsm's families does not lower (%s); dlight's alone", _last_line(lowering))
+    try:
+        return tvm.compile(_fallback_schedule(func, target, reason, hw, families=False).mod, target=target)
+    except FAMILY_FAILURES as lowering:
+        LOG.warning("dlight's tensor-core schedule does not lower (%s); its CUDA-core one", _last_line(lowering))
+    try:
+        return tvm.compile(stock_schedule(func, target, tensor_cores=False).mod, target=target)
+    except FAMILY_FAILURES as err:
+        raise ClusterError(f"neither tvm-dsm nor TVM's stock schedules (dlight) can schedule this function. "
+                           f"tvm-dsm: {reason}\ndlight: {_last_line(err)}") from None
+
+
+def _last_line(err: BaseException) -> str:
+    """The last line of ``err``'s message (where TVM puts the reason), or its type's name."""
+    text = str(err).strip()
+    return text.splitlines()[-1] if text else type(err).__name__
 
 
 def refuse_empty_tensors(func: tirx.PrimFunc) -> None:
@@ -372,18 +407,16 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
             return _per_operator(func, operators, target, hw, families)
         except Exception as err:  # noqa: BLE001  (dlight's rules assert on forms they misjudge)
             per_operator_error = err
-            LOG.info("its operators one by one do not schedule (%s); dlight's schedule whole",
-                     str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__)
+            LOG.info("its operators one by one do not schedule (%s); dlight's schedule whole", _last_line(err))
     try:
         return stock_schedule(func, target)
-    except ScheduleError as err:  # raised inside a dlight rule
-        whole = str(err).strip().splitlines()[-1]
+    except (ScheduleError, AssertionError) as err:  # raised inside a dlight rule
+        whole = _last_line(err)
     matrices = _as_matrices(func, target, hw, families=False)  # dlight may take the matrices
     if matrices is not None:
         return matrices
     if len(operators) < 2:
-        raise ClusterError(f"neither tvm-dsm nor TVM's stock schedules (dlight) can schedule "
-                           f"this function. tvm-dsm: {reason}\ndlight: {whole}")
+        return _stock_fallback_rule(func, target, reason, whole)
     if per_operator_error is not None:  # tried above: its error, not the same work again
         raise per_operator_error
     LOG.info("scheduling its %d operators one by one (dlight: %s)", len(operators), whole)
@@ -507,12 +540,28 @@ def _module(func: tirx.PrimFunc) -> tvm.IRModule:
     return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
 
 
-def stock_schedule(func: tirx.PrimFunc, target=H100) -> s_tir.Schedule:
+def stock_schedule(func: tirx.PrimFunc, target=H100, tensor_cores: bool = True) -> s_tir.Schedule:
     """dlight's GPU rules (the schedules ``tvm.compile`` users get without tvm-dsm), for
-    :func:`stock_target`; the module still compiles for ``target``."""
-    with stock_target(target):
+    :func:`stock_target` (without ``tensor_cores``: for ``target`` itself, where dlight's rules
+    keep to the CUDA cores); the module still compiles for ``target``."""
+    with stock_target(target) if tensor_cores else tvm.target.Target(target):
         mod = stock_rules()(_module(func))
     return s_tir.Schedule(mod)
+
+
+def _stock_fallback_rule(func: tirx.PrimFunc, target, reason: ClusterError, whole: str) -> s_tir.Schedule:
+    """dlight's fallback rule alone (its other rules asserted on the function: a product whose
+    result is a plain allocation, not a block's), else ClusterError with both reasons."""
+    from tvm.s_tir import dlight as dl
+
+    try:
+        with stock_target(target):
+            scheduled = s_tir.Schedule(dl.ApplyDefaultSchedule(dl.gpu.Fallback())(_module(func)))
+    except (ScheduleError, AssertionError, RuntimeError) as err:
+        raise ClusterError(f"neither tvm-dsm nor TVM's stock schedules (dlight) can schedule this function. "
+                           f"tvm-dsm: {reason}\ndlight: {whole}; its fallback rule alone: {_last_line(err)}") from None
+    LOG.info("dlight's rules fail on it (%s): its fallback rule alone", whole)
+    return scheduled
 
 
 def stock_target(target=H100) -> tvm.target.Target:
