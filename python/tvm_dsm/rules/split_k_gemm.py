@@ -23,12 +23,13 @@ import dataclasses
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 
 from ..errors import ClusterError
 from ..hardware import Hardware
-from ..ir import computed_from, is_reduction, largest_power_of_two
+from ..ir import computed_from, is_reduction, largest_power_of_two, loads
 from ..annotations import ASYNC_STAGES_KEY, RASTER_GROUP_KEY
 from ..transform.programmatic_launch import launch_programmatically
 from ..transform.tma_pipeline import MAX_BOX as TMA_MAX_BOX
@@ -186,7 +187,28 @@ def find_gemm(sch: s_tir.Schedule, operand_types: Collection[str] = OPERAND_TYPE
             "then the epilogue combining them) first, then elementwise epilogue blocks; got "
             f"{[sch.get(b).name_hint for b in blocks]}"
         )
-    return reductions, list(blocks[len(reductions):]), gemm_products(sch, reductions, operand_types)
+    epilogue = list(blocks[len(reductions):])
+    _check_epilogue_reads_its_element(sch, reductions, epilogue)
+    return reductions, epilogue, gemm_products(sch, reductions, operand_types)
+
+
+def _check_epilogue_reads_its_element(sch: s_tir.Schedule, products: list[SBlockRV], epilogue: list[SBlockRV]) -> None:
+    """ClusterError where an epilogue block reads a product (or an earlier epilogue block's
+    result) other than at the element it writes (``silu(c[i, j]) * c[i, j + n]``, gate and up
+    columns of one product): a CTA's tile holds its own outputs only."""
+    computed = [sch.get(b).writes[0].source for b in products]
+    for rv in epilogue:
+        block = sch.get(rv)
+        store = block.body
+        if not isinstance(store, tirx.BufferStore):
+            continue
+        for load in loads(store.value):
+            if any(load.source.same_as(b) for b in computed) and not (
+                    len(load.indices) == len(store.indices)
+                    and all(tvm_ffi.structural_equal(a, b) for a, b in zip(load.indices, store.indices))):
+                raise ClusterError(f"the epilogue {block.name_hint} reads {load.source.name}{list(load.indices)}, not the "
+                                   f"element it writes ({list(store.indices)}): a CTA's tile holds its own outputs only")
+        computed.append(block.writes[0].source)
 
 
 def _combines(sch: s_tir.Schedule, products: list[SBlockRV], epilogue: list[SBlockRV]) -> bool:
