@@ -395,3 +395,8 @@ def test_functions_a_family_fails_on_or_dlight_asserts_on_still_build(make, capl
 def test_a_function_nothing_schedules_is_refused_with_both_reasons():
     with pytest.raises(ClusterError, match="neither tvm-dsm nor TVM's stock schedules"):
         tvm_dsm.build(_update_without_init)
+
+
+def test_an_epilogue_reading_another_column_of_its_product_is_refused_by_the_gemm_families():
+    with pytest.raises(ClusterError, match=r"split_k_gemm: the epilogue h reads c\[v_i, v_j \+ 1024\], not the element"):
+        tvm_dsm.plan(_gate_and_up_columns_of_one_product())
