@@ -382,14 +382,23 @@ def _update_without_init(a: T.Buffer((128, 128), "float16"), b: T.Buffer((128, 1
             c[vi, vj] = c[vi, vj] + T.Cast("float32", a[vi, vk]) * T.Cast("float32", b[vk, vj])
 
 
-@pytest.mark.parametrize("make", [_int8_products, _gate_and_up_columns_of_one_product, lambda: _gemv_into_a_plain_allocation])
-def test_functions_a_family_fails_on_or_dlight_asserts_on_still_build(make, caplog):
-    """Written by users (a sweep of 64 independently written GEMMs): a family's schedule that
-    fails is a warning and a fallback, dlight's rules that assert leave its fallback rule, and
-    dlight's int8 tensor-core schedule that does not lower leaves its CUDA-core one."""
-    with caplog.at_level(logging.WARNING, logger="tvm_dsm.driver"):
-        lib = tvm_dsm.build(make())
+@pytest.mark.parametrize("make", [_int8_products, _gate_and_up_columns_of_one_product])
+def test_functions_the_families_refuse_and_dlight_fails_on_still_build(make):
+    """Written by users (a sweep of 64 independently written GEMMs): dlight's tensor-core
+    schedule of an int8 GEMM for "sm_90" does not lower, so its CUDA-core one builds it; an
+    epilogue over two columns of one product, which the GEMM families refuse and dlight's
+    matmul rule asserts on, gets dlight's fallback rule."""
+    lib = tvm_dsm.build(make())
     assert "__global__" in lib.mod.imports[0].inspect_source()
+
+
+def test_an_intermediate_allocated_outside_the_blocks_is_the_root_blocks():
+    """``T.alloc_buffer`` outside a block (a statement, which s_tir's primitives take for an
+    output) is allocated by the root block, as ``T.sblock_alloc_buffer`` writes it: the row GEMV
+    takes the function and its schedule applies."""
+    assert tvm_dsm.plan(_gemv_into_a_plain_allocation).family.name == "row_gemv"
+    source = tvm_dsm.build(_gemv_into_a_plain_allocation).mod.imports[0].inspect_source()
+    assert source.count("__global__") == 2  # one kernel (declaration and definition)
 
 
 def test_a_function_nothing_schedules_is_refused_with_both_reasons():
@@ -400,3 +409,21 @@ def test_a_function_nothing_schedules_is_refused_with_both_reasons():
 def test_an_epilogue_reading_another_column_of_its_product_is_refused_by_the_gemm_families():
     with pytest.raises(ClusterError, match=r"split_k_gemm: the epilogue h reads c\[v_i, v_j \+ 1024\], not the element"):
         tvm_dsm.plan(_gate_and_up_columns_of_one_product())
+
+
+def test_a_family_schedule_that_fails_is_a_warning_and_a_stock_build(monkeypatch, caplog):
+    """A family that takes a function and then fails on it (a tvm-dsm bug: s_tir refusing a
+    primitive) does not fail the build: a warning, then TVM's stock schedule."""
+    from tvm.s_tir.schedule.schedule import ScheduleError
+
+    func = dense(128, 256, 512)
+    ranking_type = type(tvm_dsm.plan(func))
+
+    def fails(self, rank=0):
+        raise ScheduleError("a primitive refused")
+
+    monkeypatch.setattr(ranking_type, "schedule", fails)
+    with caplog.at_level(logging.WARNING, logger="tvm_dsm.driver"):
+        lib = tvm_dsm.build(func)
+    assert "failed (a tvm-dsm bug)" in caplog.text
+    assert "__global__" in lib.mod.imports[0].inspect_source()

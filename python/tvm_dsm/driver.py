@@ -26,7 +26,7 @@ from .families import ScheduleFamily, fastest_family, matching_families
 from .families.row_ranges import RangeKernel, dispatch, range_kernels, range_specializations
 from .hardware import Hardware, load_hardware
 from .intrin import register_all
-from .ir import extent_variables, narrow_indices
+from .ir import block_allocations, extent_variables, narrow_indices
 from .learned_ranking import rerank
 from .local_measure import local_builder, local_runner
 from .planners.report import Plan
@@ -131,6 +131,7 @@ def plan(func: tirx.PrimFunc, hw: Hardware | None = None, target=None) -> Rankin
     leading axes are rows, the error says so: ``build`` takes it as matrices, which
     ``plan(rows_as_matrix(func).func)`` ranks."""
     refuse_empty_tensors(func)
+    func = block_allocations(func)
     try:
         func, matches = _first_form_taken(func, lambda f: matching_families(f, target))
     except ClusterError as err:
@@ -532,7 +533,9 @@ def load_tvm_dsm() -> None:
 
 def _public(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` compiled alone as the module's packed function ``main``: a private one (Relax's
-    legalized functions) given that symbol, as TVM's packed API needs one to take its buffers."""
+    legalized functions) given that symbol, as TVM's packed API needs one to take its buffers;
+    its statement allocations the root block's (:func:`~tvm_dsm.ir.block_allocations`)."""
+    func = block_allocations(func)
     return func if "global_symbol" in (func.attrs or {}) else func.with_attr("global_symbol", "main")
 
 

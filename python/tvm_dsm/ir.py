@@ -81,6 +81,25 @@ def with_block_body(block: SBlock, body, alloc_buffers=None) -> SBlock:
                   block.match_buffers, block.annotations)
 
 
+def block_allocations(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with the buffers its root block's body allocates as statements
+    (``T.alloc_buffer`` written outside a block) allocated by the root block instead, as
+    ``T.sblock_alloc_buffer`` writes them: s_tir's primitives and dlight's rules take a
+    statement's buffer for an output, which no schedule may inline or move."""
+    from tvm.s_tir import SBlockRealize
+
+    if not isinstance(func.body, SBlockRealize):
+        return func
+    root = func.body.block
+    stmts = items(root.body)
+    allocated = [s.buffer for s in stmts if isinstance(s, tirx.AllocBuffer)]
+    if not allocated:
+        return func
+    body = seq([s for s in stmts if not isinstance(s, tirx.AllocBuffer)])
+    block = with_block_body(root, body, [*root.alloc_buffers, *allocated])
+    return func.with_body(SBlockRealize(func.body.iter_values, func.body.predicate, block))
+
+
 def largest_power_of_two(extent: int, most: int) -> int:
     """The largest power of two that divides ``extent`` and is at most ``most``."""
     power = 1
