@@ -424,14 +424,18 @@ def _bshd_causal_by_where(batch=2, heads=4, length=257, dim=128, dtype="bfloat16
     return te.create_prim_func([q, k, v, out])
 
 
-def _scale_in_the_exponent(heads=12, length=100, dim=80):
+def _scale_in_the_exponent(heads=12, length=100, dim=80, causal=False):
     """``[H, S, D]`` attention whose row max is over the raw scores and whose exponent scales
-    the difference: ``exp((S - max S) / sqrt(D))``."""
+    the difference: ``exp((S - max S) / sqrt(D))``; ``causal``: the scores past the diagonal
+    filled with fp32's lowest value before the max."""
     q, k, v = (te.placeholder((heads, length, dim), "float16", name=n) for n in "qkv")
     d, t, t1, t2 = (te.reduce_axis((0, e), n) for e, n in ((dim, "d"), (length, "t"), (length, "t1"), (length, "t2")))
     scale = 1.0 / np.sqrt(dim)
-    s = te.compute((heads, length, length), lambda h, i, j: te.sum(
-        q[h, i, d].astype("float32") * k[h, j, d].astype("float32"), axis=d), name="s")
+    raw = te.compute((heads, length, length), lambda h, i, j: te.sum(
+        q[h, i, d].astype("float32") * k[h, j, d].astype("float32"), axis=d), name="raw")
+    lowest = tirx.const(-3.4e38, "float32")
+    s = te.compute(raw.shape, lambda h, i, j: te.if_then_else(j <= i, raw[h, i, j], lowest) if causal else raw[h, i, j],
+                   name="s")
     m = te.compute((heads, length), lambda h, i: te.max(s[h, i, t1], axis=t1), name="m")
     e = te.compute(s.shape, lambda h, i, j: te.exp((s[h, i, j] - m[h, i]) * scale), name="e")
     l = te.compute((heads, length), lambda h, i: te.sum(e[h, i, t2], axis=t2), name="l")
@@ -468,10 +472,11 @@ def test_a_weighted_sum_written_in_another_order_than_the_statistics_is_attentio
     assemble(cuda_source(fuse_attention(_bshd_causal_by_where())), "attention_bshd_where")
 
 
-def test_a_scale_inside_the_exponent_is_the_attentions_scale(assemble):
-    shape = find_attention(_scale_in_the_exponent())
-    assert shape.scale == pytest.approx(1 / np.sqrt(80)) and not shape.causal
-    assemble(cuda_source(fuse_attention(_scale_in_the_exponent())), "attention_scale_in_exp")
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_scale_inside_the_exponent_is_the_attentions_scale(causal, assemble):
+    shape = find_attention(_scale_in_the_exponent(causal=causal))
+    assert shape.scale == pytest.approx(1 / np.sqrt(80)) and shape.causal == causal
+    assemble(cuda_source(fuse_attention(_scale_in_the_exponent(causal=causal))), f"attention_scale_in_exp_{causal}")
 
 
 def test_decode_attention_over_bshd_tensors_takes_the_decode_kernel():
@@ -481,11 +486,12 @@ def test_decode_attention_over_bshd_tensors_takes_the_decode_kernel():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("form", ["bshd_where", "scale_in_exp", "decode_bshd"])
+@pytest.mark.parametrize("form", ["bshd_where", "scale_in_exp", "scale_in_exp_causal", "decode_bshd"])
 def test_gpu_attention_forms_read_by_their_variables_match_float64(form):
     func, layout, causal, dtype = {
         "bshd_where": (_bshd_causal_by_where(), "bshd", True, ml_dtypes.bfloat16),
         "scale_in_exp": (_scale_in_the_exponent(), "hsd", False, np.float16),
+        "scale_in_exp_causal": (_scale_in_the_exponent(causal=True), "hsd", True, np.float16),
         "decode_bshd": (_decode_bshd(), "bshd", False, np.float16),
     }[form]
     shape = [int(x) for x in func.params[0].ty.shape]

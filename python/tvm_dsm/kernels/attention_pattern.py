@@ -220,8 +220,8 @@ class _Match:
         d = scores.reduce_var
         self._bind(d, scores.extent)
         q_load, k_load, score_scale = self._score_product(scores, to_rows)
-        cond, max_scale, fill = self._max_form()
-        scale, normalized = self._sum_forms(max_scale, fill, cond)
+        cond = self._max_form()
+        scale, normalized = self._sum_forms(cond)
         c, v_load = self._output_level()
         out_block = self._output_block(normalized)
         operands = [q_load.source, k_load.source, v_load.source, out_block.body.buffer]
@@ -340,9 +340,9 @@ class _Match:
         q_load, k_load = (params[1], params[0]) if _uses(first, t) else (params[0], params[1])
         return q_load, k_load, constant
 
-    def _max_form(self) -> tuple:
-        """The mask's condition (or None), the scale c and the mask's fill, from the row max
-        of ``c * S``."""
+    def _max_form(self):
+        """The mask's condition (or None), checking that the row max is of ``c * S`` (``c > 0``)
+        and a masked score a constant."""
         value = self.m.value
         cond = _select_condition(value)
         s = sympy.Symbol("S", real=True)
@@ -350,12 +350,9 @@ class _Match:
         scale = _float_constant(kept / s)
         if scale is None or scale <= 0:
             raise ClusterError(f"the row max must be over c * scores with a constant c > 0; got {kept}")
-        fill = None
-        if cond is not None:
-            fill = _sympy(_with_branch(value, False), self._leaf(s))
-            if not fill.is_number:
-                raise ClusterError(f"a masked score must be a constant; got {fill}")
-        return cond, scale, fill
+        if cond is not None and not _sympy(_with_branch(value, False), self._leaf(s)).is_number:
+            raise ClusterError(f"a masked score must be a constant; got {_sympy(_with_branch(value, False), self._leaf(s))}")
+        return cond
 
     def _leaf(self, s: sympy.Symbol, **named):
         """Symbols for a level's loads: the scores ``s``, the row statistics M and L, the
@@ -376,7 +373,7 @@ class _Match:
 
         return leaf
 
-    def _sum_forms(self, max_scale: float, fill, cond) -> tuple[float, bool]:
+    def _sum_forms(self, cond) -> tuple[float, bool]:
         """Check the exp-sum and the exp-weighted sum of v: terms ``exp(c * scores)`` times a
         factor of the row alone (the max's shift, ``exp(-M)`` or ``exp(-c M)`` where the scale
         sits inside the exponent: the division cancels it, and the kernel shifts by its own
@@ -392,9 +389,8 @@ class _Match:
         exponent = sympy.expand(sympy.log(l_kept), force=True) if l_kept.func == sympy.exp else None
         scale = _float_constant(sympy.diff(exponent, s)) if exponent is not None else None
         shift = sympy.simplify(exponent - scale * s) if scale is not None else None
-        if scale is None or scale <= 0 or shift.has(s) or (cond is not None and scale != max_scale):
-            raise ClusterError(f"the row sum must be of exp(c * scores - a shift of the row), c > 0 (c of the "
-                               f"row max where a mask fills it); got {l_kept}")
+        if scale is None or scale <= 0 or shift.has(s):
+            raise ClusterError(f"the row sum must be of exp(c * scores - a shift of the row), c > 0; got {l_kept}")
         p_kept = l_kept
         o_kept = _sympy(_with_branch(self.o.value, True), self._leaf(s, V=v))
         normalized = _zero(o_kept - p_kept * V / L)
@@ -403,13 +399,11 @@ class _Match:
                                f"got {o_kept}")
         if cond is not None:
             # A masked key adds nothing to either sum: its term is 0 outright (the max's fill
-            # then only shifts the exponents, which the division cancels), or it is the term
-            # of a score that is -inf (or below -1e9, whose exp underflows to 0).
-            p_fill = sympy.exp(fill + shift)
-            hidden = fill == -sympy.oo or float(fill) <= _MASKED
+            # then only shifts the exponents, which the division cancels), or it is the row's
+            # shift times exp of -inf (or of an exponent below -1e9, which underflows to 0).
             for level, weight in ((self.l, 1), (self.o, V / L if normalized else V)):
                 masked = _sympy(_with_branch(level.value, False), self._leaf(s, V=v))
-                if not (_zero(masked) or (hidden and _zero(masked - p_fill * weight))):
+                if not (_zero(masked) or _underflows(sympy.simplify(masked / (sympy.exp(shift) * weight)))):
                     raise ClusterError(f"{level.block} must leave the masked keys out (a term of 0, or the score "
                                        f"-inf or below {_MASKED:g}); a masked key adds {masked}")
         return scale, normalized
@@ -523,6 +517,18 @@ class _Match:
         if analyzer.can_prove(tirx.Or(tirx.Not(cond), t <= i)) and analyzer.can_prove(tirx.Or(cond, i < t)):
             return True
         raise ClusterError(f"only the causal mask (key t <= query i) is supported; got {cond}")
+
+
+def _underflows(term) -> bool:
+    """Whether ``term`` is ``exp(x)`` of a constant ``x`` at or below the masked fill (-inf, or
+    below -1e9; SymPy may have evaluated it, ``exp(-3.4e38 * c)`` as a tiny number): a masked
+    key's weight, 0 beside any score of smaller magnitude."""
+    if term.is_number:
+        return term == 0 or (term > 0 and float(sympy.log(term)) <= _MASKED)
+    if term.func != sympy.exp or not term.args[0].is_number:
+        return False
+    exponent = term.args[0]
+    return exponent == -sympy.oo or float(exponent) <= _MASKED
 
 
 def _without_bool_casts(cond):
