@@ -268,7 +268,7 @@ def _compiled_fallback(func: tirx.PrimFunc, target, reason: ClusterError, hw: Ha
     keeps to the CUDA cores. ClusterError where nothing schedules the function."""
     try:
         return tvm.compile(_fallback_schedule(func, target, reason, hw).mod, target=target)
-    except (ClusterError, *FAMILY_FAILURES) as lowering:  # an operator's tvm-dsm kernel does not lower merged
+    except (ClusterError, *FAMILY_FAILURES) as lowering:  # a tvm-dsm kernel of an operator does not lower
         LOG.warning("the fallback with tvm-dsm's families does not lower (%s); dlight's alone", _last_line(lowering))
     try:
         return tvm.compile(_fallback_schedule(func, target, reason, hw, families=False).mod, target=target)
@@ -277,8 +277,13 @@ def _compiled_fallback(func: tirx.PrimFunc, target, reason: ClusterError, hw: Ha
     try:
         return tvm.compile(stock_schedule(func, target, tensor_cores=False).mod, target=target)
     except FAMILY_FAILURES as err:
-        raise ClusterError(f"neither tvm-dsm nor TVM's stock schedules (dlight) can schedule this function. "
-                           f"tvm-dsm: {reason}\ndlight: {_last_line(err)}") from None
+        raise _unschedulable(reason, _last_line(err)) from None
+
+
+def _unschedulable(reason: ClusterError, dlight: str) -> ClusterError:
+    """The refusal of a function neither tvm-dsm nor dlight schedules, with both reasons."""
+    return ClusterError(f"neither tvm-dsm nor TVM's stock schedules (dlight) can schedule this function. "
+                        f"tvm-dsm: {reason}\ndlight: {dlight}")
 
 
 def _last_line(err: BaseException) -> str:
@@ -553,16 +558,16 @@ def stock_schedule(func: tirx.PrimFunc, target=H100, tensor_cores: bool = True) 
 
 
 def _stock_fallback_rule(func: tirx.PrimFunc, target, reason: ClusterError, whole: str) -> s_tir.Schedule:
-    """dlight's fallback rule alone (its other rules asserted on the function: a product whose
-    result is a plain allocation, not a block's), else ClusterError with both reasons."""
+    """dlight's fallback rule alone (its other rules failed on the function with ``whole``: its
+    matmul rule asserts on an epilogue over two columns of one product), else ClusterError with
+    both reasons."""
     from tvm.s_tir import dlight as dl
 
     try:
         with stock_target(target):
             scheduled = s_tir.Schedule(dl.ApplyDefaultSchedule(dl.gpu.Fallback())(_module(func)))
     except (ScheduleError, AssertionError, RuntimeError) as err:
-        raise ClusterError(f"neither tvm-dsm nor TVM's stock schedules (dlight) can schedule this function. "
-                           f"tvm-dsm: {reason}\ndlight: {whole}; its fallback rule alone: {_last_line(err)}") from None
+        raise _unschedulable(reason, f"{whole}; its fallback rule alone: {_last_line(err)}") from None
     LOG.info("dlight's rules fail on it (%s): its fallback rule alone", whole)
     return scheduled
 

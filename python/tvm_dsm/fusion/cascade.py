@@ -488,7 +488,6 @@ def rows_in_level_order(func: tirx.PrimFunc) -> tirx.PrimFunc:
         if block.init is None:
             continue
         spatial = [n for n, iv in enumerate(block.iter_vars) if iv.iter_type == tirx.IterVar.DataPar]
-        own = [block.iter_vars[n].var for n in spatial]
         for load in loads(block.body):
             if load.source.same_as(block.writes[0].source) or not any(load.source.same_as(o) for o in outputs):
                 continue
@@ -497,7 +496,7 @@ def rows_in_level_order(func: tirx.PrimFunc) -> tirx.PrimFunc:
                 continue
             order = lead + [n for n in spatial if n not in lead]
             order += [n for n in range(len(block.iter_vars)) if n not in order]
-            if order != list(range(len(block.iter_vars))) and len(own) == len(spatial):
+            if order != list(range(len(block.iter_vars))):
                 sch.reorder_block_iter_var(rv, order)
             break
     return sch.mod["main"]

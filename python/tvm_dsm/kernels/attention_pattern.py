@@ -12,13 +12,16 @@ casts, the scale, the mask), attention is five blocks:
 - the output, that sum divided by the row sum (or copied), cast to the output's type.
 
 Each of these forms is checked exactly, symbolically (SymPy), so the scale may sit on q, on the
-scores or in the max, and the mask may be a select, ``if_then_else`` or an added ``0 / -inf``
-term; a mask is accepted only when its condition is provably ``t <= i`` (PyTorch's
-``is_causal``). Index expressions are read after substituting every block's variables by the
-row max's (the query rows and the key ``t``) and simplifying within their ranges, so
-``[H, S, D]``, ``[B, H, S, D]``, ``[B, S, H, D]`` and reshaped forms all read as "the head dim
-innermost, one position axis, the other axes indexed by head variables": a key/value axis
-indexed ``h // g`` is grouped-query attention, an axis of extent 1 indexed 0 multi-query.
+scores, in the max or inside the exponent (any shift of a row cancels in the division), and the
+mask may be a select, ``if_then_else``, an added ``0 / -inf`` term or a bool tensor compared
+with 0; a mask is accepted only when its condition is provably ``t <= i`` (PyTorch's
+``is_causal``). A weighted sum iterating in the output's order (``[B, S, H, D]``) is read with
+its variables in the statistics' order (:func:`~tvm_dsm.fusion.cascade.rows_in_level_order`).
+Index expressions are read after substituting every block's variables by the row max's (the
+query rows and the key ``t``) and simplifying within their ranges, so ``[H, S, D]``,
+``[B, H, S, D]``, ``[B, S, H, D]`` and reshaped forms all read as "the head dim innermost, one
+position axis, the other axes indexed by head variables": a key/value axis indexed ``h // g`` is
+grouped-query attention, an axis of extent 1 indexed 0 multi-query.
 """
 
 from __future__ import annotations
@@ -350,8 +353,9 @@ class _Match:
         scale = _float_constant(kept / s)
         if scale is None or scale <= 0:
             raise ClusterError(f"the row max must be over c * scores with a constant c > 0; got {kept}")
-        if cond is not None and not _sympy(_with_branch(value, False), self._leaf(s)).is_number:
-            raise ClusterError(f"a masked score must be a constant; got {_sympy(_with_branch(value, False), self._leaf(s))}")
+        fill = _sympy(_with_branch(value, False), self._leaf(s)) if cond is not None else None
+        if fill is not None and not fill.is_number:
+            raise ClusterError(f"a masked score must be a constant; got {fill}")
         return cond
 
     def _leaf(self, s: sympy.Symbol, **named):
