@@ -18,7 +18,7 @@ from tvm_dsm.errors import ClusterError
 from tvm_dsm.ir import extent_variables, specialized
 from tvm_dsm.kernels.attention import TEMPLATE, AttentionConfig, fuse_attention
 from tvm_dsm.kernels.attention_pattern import HeadAxis, find_attention
-from tvm_dsm.workloads.attention_forms import relax_attention, te_attention, topi_attention
+from tvm_dsm.workloads.attention_forms import attention_with_terms, relax_attention, te_attention, topi_attention
 
 #: (name, arguments of te_attention after batch, heads, q_len, kv_len, dim)
 FORMS = {
@@ -121,8 +121,6 @@ def _variant(condition=None, head_dim_outer=False):
 
 
 @pytest.mark.parametrize(("func", "message"), [
-    (_variant(lambda i, t: t < i), "only the causal mask"),
-    (_variant(lambda i, t: t >= i), "only the causal mask"),
     (_variant(head_dim_outer=True), "head dim must be the innermost axis"),
     (te_attention(1, 2, 128, 128, 264), "head dim 264"),
     (te_attention(1, 2, 128, 128, 60), "head dim 60"),
@@ -354,7 +352,7 @@ def test_parameters_in_another_order_are_refused_by_name():
     func = te_attention(2, 4, 128, 128, 64)
     q, k, v, out = func.params
     swapped = tvm.tirx.PrimFunc([k, q, v, out], func.body, attrs=func.attrs)
-    with pytest.raises(ClusterError, match=r"\(q, k, v, out\) in that order; the function has \['k', 'q'"):
+    with pytest.raises(ClusterError, match=r"\(q, k, v, out\) in that order \(other inputs may sit between them\); the function has \['k', 'q'"):
         find_attention(swapped)
 
 
@@ -497,3 +495,123 @@ def test_gpu_attention_forms_read_by_their_variables_match_float64(form):
     shape = [int(x) for x in func.params[0].ty.shape]
     heads = shape[0] if layout == "hsd" else shape[2]
     assert _built_error(func, layout, heads, heads, causal, dtype) < (1e-2 if dtype is not np.float16 else 2e-3)
+
+
+#: What each form of :func:`attention_with_terms` reads: (masked, causal tiles skipped, inputs besides q, k, v).
+TERMS = {"bias": (False, False, 1), "alibi": (True, True, 1), "softcap": (False, False, 0),
+         "window": (True, True, 0), "fp16_fill": (True, False, 0), "strict": (True, False, 0),
+         "after": (True, False, 0), "padding": (True, False, 1)}
+
+
+@pytest.mark.parametrize("terms", sorted(TERMS))
+def test_an_exponent_of_more_than_the_scaled_score_is_computed_by_the_kernel(terms, assemble):
+    """A bias, ALiBi, a soft cap or a mask other than the causal one: the kernel computes each
+    key's exponent as the function writes it (a masked key gets the function's fill exactly,
+    so rows it empties come out as the function computes them); tiles past the diagonal are
+    skipped only where the mask provably rejects them, keeps the diagonal and the fill
+    underflows (-65504 need not)."""
+    masked, skipped, inputs = TERMS[terms]
+    func = attention_with_terms(terms)
+    shape = find_attention(func)
+    assert shape.terms is not None and shape.scale == 1.0
+    assert (shape.terms.mask is not None, shape.causal, len(shape.params) - 4) == (masked, skipped, inputs)
+    assert shape.positions == (0, 1, 2, 3 + inputs)
+    source = cuda_source(fuse_attention(func))
+    assert len(cuda_kernels(source)) == 1
+    assert assemble(source, f"attention_terms_{terms}")
+
+
+def test_the_scaled_score_alone_keeps_the_plain_kernel():
+    shape = find_attention(_form("causal_select"))
+    assert shape.terms is None and shape.causal and shape.params == ()
+
+
+def test_score_terms_are_refused_where_the_kernel_has_no_form_for_them():
+    """Decode attention takes the scaled score alone; a symbolic length, (q, k, v, out) alone."""
+    from tvm_dsm.kernels.attention_pattern import find_decode_attention
+
+    with pytest.raises(ClusterError, match="decode attention takes the scaled score alone"):
+        find_decode_attention(_decode_with_soft_cap())
+    length = tirx.Var("S", "int32")
+    with pytest.raises(ClusterError, match="symbolic extents takes"):
+        TEMPLATE.find(_symbolic_with_soft_cap(length))
+
+
+def _decode_with_soft_cap(heads=8, keys=300, dim=64):
+    q = te.placeholder((heads, dim), "float16", name="q")
+    k, v = (te.placeholder((heads, keys, dim), "float16", name=n) for n in "kv")
+    d, t1, t2, t3 = (te.reduce_axis((0, e), n) for e, n in ((dim, "d"), (keys, "t1"), (keys, "t2"), (keys, "t3")))
+    raw = te.compute((heads, keys), lambda h, t: te.sum(q[h, d].astype("float32") * k[h, t, d].astype("float32"),
+                                                         axis=d), name="raw")
+    s = te.compute(raw.shape, lambda h, t: te.tanh(raw[h, t] * 0.125 / 30.0) * 30.0, name="s")
+    m = te.compute((heads,), lambda h: te.max(s[h, t1], axis=t1), name="m")
+    l = te.compute((heads,), lambda h: te.sum(te.exp(s[h, t2] - m[h]), axis=t2), name="l")
+    o = te.compute((heads, dim), lambda h, c: te.sum(te.exp(s[h, t3] - m[h]) * v[h, t3, c].astype("float32"),
+                                                     axis=t3), name="o")
+    out = te.compute(o.shape, lambda h, c: (o[h, c] / l[h]).astype("float16"), name="out")
+    return te.create_prim_func([q, k, v, out])
+
+
+def _symbolic_with_soft_cap(length):
+    q, k, v = (te.placeholder((4, length, 64), "float16", name=n) for n in "qkv")
+    d, t1, t2, t3 = (te.reduce_axis((0, e), n) for e, n in ((64, "d"), (length, "t1"), (length, "t2"), (length, "t3")))
+    raw = te.compute((4, length, length), lambda h, i, t: te.sum(
+        q[h, i, d].astype("float32") * k[h, t, d].astype("float32"), axis=d), name="raw")
+    s = te.compute(raw.shape, lambda h, i, t: te.tanh(raw[h, i, t] * 0.125 / 30.0) * 30.0, name="s")
+    m = te.compute((4, length), lambda h, i: te.max(s[h, i, t1], axis=t1), name="m")
+    l = te.compute((4, length), lambda h, i: te.sum(te.exp(s[h, i, t2] - m[h, i]), axis=t2), name="l")
+    o = te.compute((4, length, 64), lambda h, i, c: te.sum(te.exp(s[h, i, t3] - m[h, i]) * v[h, t3, c].astype("float32"),
+                                                           axis=t3), name="o")
+    out = te.compute(o.shape, lambda h, i, c: (o[h, i, c] / l[h, i]).astype("float16"), name="out")
+    return te.create_prim_func([q, k, v, out])
+
+
+def _terms_reference(terms: str, q, k, v, extra) -> np.ndarray:
+    """float64 attention of :func:`attention_with_terms`'s form over [1, H, S, D] inputs."""
+    q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    x = np.einsum("bhid,bhtd->bhit", q, k) / np.sqrt(q.shape[-1])
+    i, t = np.indices(x.shape[-2:])
+    lowest = -3.4028234663852886e38
+    if terms == "bias":
+        x = x + extra.astype(np.float64)
+    elif terms == "alibi":
+        x = np.where(t <= i, x + extra.astype(np.float64)[None, :, None, None] * (t - i), lowest)
+    elif terms == "softcap":
+        x = np.tanh(x / 30.0) * 30.0
+    elif terms == "window":
+        x = np.where((t <= i) & (t > i - 64), x, lowest)
+    elif terms == "fp16_fill":
+        x = np.where(t <= i, x, -65504.0)
+    elif terms in ("strict", "after"):
+        x = np.where(t < i if terms == "strict" else t >= i, x, -np.inf)
+    elif terms == "padding":
+        x = np.where(extra[None, None, None, :], x, lowest)
+    with np.errstate(invalid="ignore"):
+        p = np.exp(x - x.max(-1, keepdims=True))
+        return (p @ v) / p.sum(-1, keepdims=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("terms", sorted(TERMS))
+def test_gpu_an_exponent_of_more_than_the_scaled_score_matches_float64(terms):
+    """Through ``tvm_dsm.build``; a row the mask empties (``strict``'s first) is NaN in both."""
+    import tvm_dsm
+
+    func = attention_with_terms(terms, heads=4, length=333, dim=128)
+    module = tvm_dsm.build(func, TARGET)
+    shapes = [[int(x) for x in p.ty.shape] for p in func.params]
+    rng = np.random.default_rng()
+    q, k, v = ((rng.standard_normal(s) * 2).astype(np.float16) for s in shapes[:3])
+    extra = {"bias": lambda s: (rng.standard_normal(s) * 3).astype(np.float16),
+             "alibi": lambda s: (2.0 ** -np.arange(1, s[0] + 1)).astype(np.float32),
+             "padding": lambda s: rng.random(s) < 0.7}.get(terms)
+    inputs = [q, k, v] + ([extra(shapes[3])] if extra else [])
+    dev = tvm.cuda(0)
+    out = tvm.runtime.tensor(np.full(shapes[-1], np.nan, np.float16), dev)
+    module(*(tvm.runtime.tensor(x, dev) for x in inputs), out)
+    ref = _terms_reference(terms, q, k, v, inputs[3] if extra else None)
+    got = out.numpy().astype(np.float64)
+    empty = np.isnan(ref)
+    assert np.array_equal(np.isnan(got), empty)
+    error = np.linalg.norm(got[~empty] - ref[~empty]) / np.linalg.norm(ref[~empty])
+    assert error < 2e-3, error

@@ -40,7 +40,8 @@ _ROUNDED_PREFIX = "rounded_to_"
 class ToSympy:
     """Translate a TIR expression; ``leaf`` names each buffer load (or returns None to reject it)
     and, through its ``opaque`` method, each select (a mask: one more operand as far as the proof
-    is concerned, or Unsupported if it reads a level's result).
+    is concerned, or Unsupported if it reads a level's result); ``variable``, where given, names
+    each loop variable (a value that depends on the position, as a bias of ``j - i`` does).
 
     ``rounding_casts`` collects casts to a narrower float type: the fused form rounds at other
     points than the unfused one, so a group containing them is only approximately equal. With
@@ -51,9 +52,11 @@ class ToSympy:
     narrower type, the fused form, computing it wider, stays finite).
     """
 
-    def __init__(self, leaf: Callable[[tvm.ir.TensorLoad], sympy.Symbol], round_whole_terms: bool = False):
+    def __init__(self, leaf: Callable[[tvm.ir.TensorLoad], sympy.Symbol], round_whole_terms: bool = False,
+                 variable: Callable[[tirx.Var], sympy.Symbol] | None = None):
         self.leaf = leaf
         self.round_whole_terms = round_whole_terms
+        self.variable = variable
         self.rounding_casts: list[str] = []
 
     def __call__(self, e) -> sympy.Expr:  # noqa: C901 - one case per node type
@@ -65,7 +68,9 @@ class ToSympy:
                 return sympy.oo if value > 0 else -sympy.oo
             return sympy.Integer(value) if isinstance(e, tirx.IntImm) else sympy.Float(value)
         if isinstance(e, tirx.Var):  # the value would move with the loop: no separable form
-            raise Unsupported(f"loop index {e.name} in the value")
+            if self.variable is None:
+                raise Unsupported(f"loop index {e.name} in the value")
+            return self.variable(e)
         binary = {
             tirx.Add: lambda a, b: a + b,
             tirx.Sub: lambda a, b: a - b,

@@ -134,6 +134,46 @@ def _attention_layout(q, k, v, layout: str = "bhsd", causal: bool = False):
     return _heads_first(_attention(q, k, v, causal), layout)
 
 
+def _logits_with_terms(q, k, extra, terms: str):
+    """The exponents of :func:`tvm_dsm.workloads.attention_forms.attention_with_terms`'s form
+    ``terms`` (scores in q's type, the terms in at least fp32)."""
+    x = (q @ k.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32)) / q.shape[-1] ** 0.5
+    i = torch.arange(x.shape[-2], device=x.device)[:, None]
+    t = torch.arange(x.shape[-1], device=x.device)[None, :]
+    lowest = torch.finfo(torch.float32).min
+    if terms == "bias":
+        return x + extra
+    if terms == "alibi":
+        return torch.where(t <= i, x + extra[:, None, None] * (t - i), lowest)
+    if terms == "softcap":
+        return torch.tanh(x / 30.0) * 30.0
+    if terms == "window":
+        return torch.where((t <= i) & (t > i - 64), x, lowest)
+    if terms == "fp16_fill":
+        return torch.where(t <= i, x, -65504.0)
+    if terms == "padding":
+        return torch.where(extra, x, lowest)
+    raise ValueError(terms)
+
+
+def _attention_with_terms(q, k, v, *extra, terms: str):
+    p = torch.softmax(_logits_with_terms(q, k, extra[0] if extra else None, terms), -1)
+    return p.to(v.dtype) @ v
+
+
+def _sdpa_with_terms(q, k, v, *extra, terms: str):
+    """SDPA with the terms as its ``attn_mask`` (built per call where they are not an input)."""
+    mask = {
+        "bias": lambda: extra[0],
+        "padding": lambda: extra[0][None, None, None, :],
+        "alibi": lambda: _logits_with_terms(torch.zeros_like(q[..., :1]), torch.zeros_like(k[..., :1]),
+                                            extra[0], "alibi").to(q.dtype),
+        "window": lambda: _logits_with_terms(torch.zeros_like(q[..., :1]), torch.zeros_like(k[..., :1]),
+                                             None, "window") == 0,
+    }[terms]()
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
 def _sdpa_layout(q, k, v, layout: str = "bhsd", causal: bool = False):
     q, k, v = (_heads_first(x, layout) for x in (q, k, v))
     out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
@@ -281,6 +321,13 @@ REFERENCES: dict[str, Reference] = {
         float64=lambda q, k, v, **kw: _attention_layout(q.double(), k.double(), v.double(), **kw),
         torch_eager=_attention_layout,
         torch_sdpa=_sdpa_layout,
+    ),
+    "attention_terms": Reference(
+        float64=lambda q, k, v, *extra, terms: _attention_with_terms(
+            q.double(), k.double(), v.double(), *(x if x.dtype == torch.bool else x.double() for x in extra),
+            terms=terms),
+        torch_eager=_attention_with_terms,
+        torch_sdpa=_sdpa_with_terms,
     ),
     "dense": Reference(
         float64=lambda x, w: x.double() @ w.double().T,

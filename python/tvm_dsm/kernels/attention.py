@@ -209,6 +209,9 @@ class AttentionTemplate(KernelTemplate):
             matched = specialized(matched, var, value)
             matched_at[var.name] = value
         shape = find_attention(matched)
+        if shape.terms is not None or shape.positions != (0, 1, 2, 3):
+            raise ClusterError("attention over symbolic extents takes (q, k, v, out) alone, its exponent the scaled "
+                               "score (no bias, mask tensor or other terms)")
         seq = {"q_len": [], "kv_len": []}
         heads: dict[int, tirx.PrimExpr] = {}  # a head variable's extent, where it is symbolic
         lengths_of = ("q_len", "kv_len", "kv_len", "q_len")  # q, k, v, out
@@ -432,6 +435,38 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
             dst + T.Cast("uint32", panel * rows * _PANEL * 2), T.address_of(maps[name]),
             *coordinates(name, panel, row, heads), barrier)
 
+    terms = shape.terms
+    row_tail = not isinstance(N, int) or N % BM != 0
+
+    def exponent(score, row, key, heads):
+        """A key's exponent (:class:`ScoreTerms`); -inf past the queries and keys, whose rows
+        of the other inputs the terms must not read."""
+        value = terms.at(score, row, key, heads)
+        bounds = [cond for cond, tail in ((row < N, row_tail), (key < KV, key_tail)) if tail]
+        if not bounds:
+            return value
+        return T.if_then_else(functools.reduce(tirx.And, bounds), value, T.float32(float("-inf")))
+
+    # The running max's start: below every exponent a key may have, the terms' fill included (a
+    # row that fill empties then weighs its keys alike, as the function does).
+    start = min(_NEG, terms.fill) if terms is not None and math.isfinite(terms.fill) else _NEG
+
+    def power(score, row_max, scale_log2e):
+        """The base-2 exponent of a key's weight: one multiply-add of the scaled score; with
+        score terms, the difference taken first (a fill of fp32's lowest value against a row
+        max still at its start would overflow as ``score * log2 e``)."""
+        if terms is None:
+            return score * scale_log2e - row_max * T.float32(log2e)
+        return (score - row_max) * T.float32(log2e)
+
+    @T.macro
+    def score_terms(s, r, half, lane, t, row, heads):
+        """Row block ``r``'s half ``half`` of the scores replaced by their exponents."""
+        for nf in T.unroll(NF):
+            for e in T.unroll(4):
+                s[_reg(r, NF, nf, half, e)] = exponent(s[_reg(r, NF, nf, half, e)], row, t * BN + _column(nf, e, lane),
+                                                       heads)
+
     @T.macro
     def key_mask(s, r, half, lane, t, keep):
         """Scores of keys ``keep`` rejects set to -inf, in row block ``r``'s half ``half``."""
@@ -538,7 +573,7 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
             for i in T.unroll(ON):
                 o[i] = T.float32(0)
             for i in T.unroll(RB * 2):
-                m[i] = T.float32(_NEG)
+                m[i] = T.float32(start)
                 l[i] = T.float32(0)
             T.evaluate(T.cuda.mbarrier_wait(barrier(bars, 2), 0))
             for t in range(tiles):
@@ -572,7 +607,9 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
                                         P.causal != 0, T.min(qt * BM + keys - seq[_Q_LEN], keys), keys):
                                     key_mask(s, r, half, lane, t, lambda key: tirx.And(key <= last, key < keys))
                             else:
-                                if is_causal:
+                                if terms is not None:  # the mask, if any, is the terms' (causal: implied)
+                                    score_terms(s, r, half, lane, t, row, heads)
+                                elif is_causal:
                                     if (t + 1) * BN > qt * BM:  # a diagonal tile
                                         key_mask(s, r, half, lane, t, lambda key: key <= row)
                                 if key_tail:
@@ -589,8 +626,7 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
                                 for e in T.unroll(4):
                                     T.ptx["ex2.approx.ftz.f32"](
                                         s[_reg(r, NF, nf, half, e)],
-                                        s[_reg(r, NF, nf, half, e)] * scale_log2e
-                                        - new_max[0] * T.float32(log2e))
+                                        power(s[_reg(r, NF, nf, half, e)], new_max[0], scale_log2e))
                                 for e in T.unroll(0, 4, step=2):  # registers e and e + 1 are adjacent
                                     T.evaluate(call("pack", p.access_ptr("w", offset=_reg(r, NF, nf, half, e), extent=2),
                                                     s[_reg(r, NF, nf, half, e)], s[_reg(r, NF, nf, half, e + 1)]))
@@ -688,7 +724,8 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
                                    [layout.dim, layout.seq, *(axis.axis for axis in layout.heads)])]
     body = tirx.SeqStmt([*host, body])
     if shape.params:  # the function's own parameters (see AttentionShape.params)
-        return tirx.PrimFunc(list(shape.params), substitute(body, list(zip(fused.params, shape.params))),
+        operands = [shape.params[n] for n in shape.positions]
+        return tirx.PrimFunc(list(shape.params), substitute(body, list(zip(fused.params, operands))),
                              attrs=fused.attrs)
     return fused.with_body(body)
 

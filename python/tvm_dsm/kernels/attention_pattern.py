@@ -6,16 +6,20 @@ from how they are named or ordered. After element-wise blocks are inlined (trans
 casts, the scale, the mask), attention is five blocks:
 
 - the scores, a sum over the head dim ``d`` of ``q * k`` (times constants),
-- a row max over the keys ``t`` of ``c * S`` (S a score),
-- a row sum of ``exp(c * S - max)``,
-- a row sum of ``exp(c * S - max) * v`` (or with the probability normalized, ``/ sum``),
+- a row max over the keys ``t`` of the scores (masked, scaled or otherwise),
+- a row sum of ``exp(f - max)``,
+- a row sum of ``exp(f - max) * v`` (or with the probability normalized, ``/ sum``),
 - the output, that sum divided by the row sum (or copied), cast to the output's type.
 
 Each of these forms is checked exactly, symbolically (SymPy), so the scale may sit on q, on the
 scores, in the max or inside the exponent (any shift of a row cancels in the division), and the
 mask may be a select, ``if_then_else``, an added ``0 / -inf`` term or a bool tensor compared
-with 0; a mask is accepted only when its condition is provably ``t <= i`` (PyTorch's
-``is_causal``). A weighted sum iterating in the output's order (``[B, S, H, D]``) is read with
+with 0. Where ``f`` is a constant times the score and the mask is provably ``t <= i``
+(PyTorch's ``is_causal``) with a fill that underflows, the kernel's own scale and causal tiles
+take it; any other ``f`` -- a bias or mask tensor added, ALiBi's ``slope[h] * (t - i)``, a
+tanh soft cap -- and any other mask (a sliding window, a padding mask read from a tensor) the
+kernel computes per key as written (:class:`ScoreTerms`), a masked key getting the function's
+own fill. A weighted sum iterating in the output's order (``[B, S, H, D]``) is read with
 its variables in the statistics' order (:func:`~tvm_dsm.fusion.cascade.rows_in_level_order`).
 Index expressions are read after substituting every block's variables by the row max's (the
 query rows and the key ``t``) and simplifying within their ranges, so ``[H, S, D]``,
@@ -26,6 +30,7 @@ grouped-query attention, an axis of extent 1 indexed 0 multi-query.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -37,12 +42,14 @@ from tvm.sym import Analyzer, detect_iter_map, inverse_affine_iter_map
 
 from ..errors import ClusterError
 from ..fusion.cascade import Level, find_cascades, inline_elementwise, parse_reduction, rows_in_level_order
-from ..fusion.symbolic import ToSympy, Unsupported, simplify
+from ..fusion.symbolic import ToSympy, ToTIR, Unsupported, simplify
 from ..ir import loads, substitute, uses
 
 #: A mask's fill below this is -inf for the softmax: exp of it underflows to 0 in fp32 for any
 #: score of smaller magnitude, and a causal row always keeps its diagonal key.
 _MASKED = -1.0e9
+#: The score q . k in the symbolic forms.
+_SCORE = sympy.Symbol("S", real=True)
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,40 @@ class OperandLayout:
 
 
 @dataclass(frozen=True)
+class ScoreTerms:
+    """A key's exponent where it is more than the scaled score: ``value`` (fp32) of the score
+    ``score`` (q . k), the query position ``query``, the key ``key``, the head variables
+    ``heads`` (in :class:`AttentionShape`'s order) and loads of the function's other inputs (a
+    bias or mask tensor, ALiBi's slopes); a key ``mask`` rejects gets the exponent ``fill`` the
+    function gives it (-inf where its weight is 0), so rows the mask empties come out as the
+    function computes them. ``skip_past_diagonal``: the mask rejects every key past the query
+    and keeps the query's own, with a fill that underflows beside it, so the kernel skips the
+    key tiles past the diagonal as causal attention does."""
+
+    value: tirx.PrimExpr
+    score: tirx.Var
+    query: tirx.Var
+    key: tirx.Var
+    heads: tuple
+    mask: object = None
+    fill: float = float("-inf")
+    skip_past_diagonal: bool = False
+
+    def at(self, score, query, key, heads) -> tirx.PrimExpr:
+        """The exponent of the key at ``key`` of the query at ``query`` in heads ``heads``,
+        ``score`` its q . k, as TIR (positions cast to the function's index types)."""
+        def cast(var, value):
+            return value if value.ty.dtype == var.ty.dtype else tirx.Cast(var.ty.dtype, value)
+
+        places = [(self.score, score), (self.query, cast(self.query, query)), (self.key, cast(self.key, key)),
+                  *((var, cast(var, value)) for var, value in zip(self.heads, heads))]
+        value = substitute(self.value, places)
+        if self.mask is None:
+            return value
+        return tirx.Select(substitute(self.mask, places), value, tirx.const(self.fill, "float32"))
+
+
+@dataclass(frozen=True)
 class AttentionShape:
     """An attention's sizes and operand layouts. ``heads``: all query heads, the product of
     ``head_extents`` (the extents of the head variables: batch, heads, ... in the rows' order);
@@ -84,9 +125,14 @@ class AttentionShape:
     dtype: str = "float16"
     head_extents: tuple[int, ...] = ()
     layouts: tuple[OperandLayout, ...] = ()
-    #: The function's q, k, v and out, where its kernel must keep them (a symbolic length: the
-    #: kernels of its ranges share one function's parameters).
+    #: The function's parameters, where its kernel must keep them (a symbolic length: the
+    #: kernels of its ranges share one function's parameters; other inputs the score terms read).
     params: tuple = field(default=(), compare=False)
+    #: Positions of q, k, v and out among ``params``.
+    positions: tuple[int, ...] = (0, 1, 2, 3)
+    #: What the kernel computes for a key's exponent where it is more than ``scale`` times the
+    #: score (``scale`` is then 1).
+    terms: ScoreTerms | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -126,6 +172,18 @@ class _Forms:
     scale: float
     dim: int
     dtype: str
+    exponent: "_Exponent"
+
+
+@dataclass(frozen=True)
+class _Exponent:
+    """The sums' exponent, read: its part that varies with the key (``of_key``, SymPy over the
+    score ``S``, position symbols and the inputs' loads), the masked keys' value of that part
+    (``fill``; None without a mask) and whether it is ``scale`` times the score alone."""
+
+    of_key: sympy.Expr
+    fill: float | None
+    plain: bool
 
 
 def find_attention(func: tirx.PrimFunc) -> AttentionShape:
@@ -166,6 +224,10 @@ class _Match:
         self.blocks = self._root_blocks()
         self.analyzer = Analyzer()
         self.ranges = {}
+        #: symbols of the other inputs' loads and of the positions the sums' exponent reads, by
+        #: name: the load in the row max's variables, or the variable (see :meth:`_reader`)
+        self.inputs: dict[str, tvm.ir.PrimExpr] = {}
+        self.places: dict[str, tirx.Var] = {}
         for n, var in enumerate(self.m.spatial):
             self._bind(var, self.m.output.ty.shape[n])
         self._bind(self.m.reduce_var, self.m.extent)
@@ -224,7 +286,7 @@ class _Match:
         self._bind(d, scores.extent)
         q_load, k_load, score_scale = self._score_product(scores, to_rows)
         cond = self._max_form()
-        scale, normalized = self._sum_forms(cond)
+        scale, normalized, exponent = self._sum_forms(cond)
         c, v_load = self._output_level()
         out_block = self._output_block(normalized)
         operands = [q_load.source, k_load.source, v_load.source, out_block.body.buffer]
@@ -234,7 +296,10 @@ class _Match:
                                f"{[str(b.ty.dtype) for b in operands]}")
         indices = (self._indices(q_load, to_rows), self._indices(k_load, to_rows),
                    self._indices(v_load, self._canonical(self.o)), self._out_indices(out_block, c))
-        return _Forms(tuple(operands), indices, d, c, cond, score_scale * scale, scores.extent, dtypes.pop())
+        # in the kernel's units: S the product q . k, which the scores are a constant times
+        exponent = dataclasses.replace(exponent, of_key=exponent.of_key.subs(_SCORE, score_scale * _SCORE))
+        return _Forms(tuple(operands), indices, d, c, cond, score_scale * scale, scores.extent, dtypes.pop(),
+                      exponent)
 
     def shape(self) -> AttentionShape:
         f = self._forms()
@@ -242,19 +307,45 @@ class _Match:
         q_idx, k_idx, v_idx, out_idx = f.indices
         i = self._query_position(q_idx, k_idx, f.cond)
         heads = [var for var in self.m.spatial if not var.same_as(i)]
-        causal = self._causal(f.cond, i, t)
         q, k, v, out = f.operands
         order = [next((n for n, p in enumerate(self.func.params) if p.same_as(op)), None) for op in f.operands]
-        if order != [0, 1, 2, 3]:
-            raise ClusterError("the attention kernel takes its parameters as (q, k, v, out) in that order; the "
-                               f"function has {[p.name for p in self.func.params]}")
+        if None in order or order != sorted(order):
+            raise ClusterError("the attention kernel takes its parameters as (q, k, v, out) in that order (other "
+                               f"inputs may sit between them); the function has {[p.name for p in self.func.params]}")
+        causal, terms = False, None
+        if f.cond is not None or not f.exponent.plain:
+            if f.exponent.plain and self._causal(f.cond, i, t) and _underflows(f.exponent.fill):
+                causal = True
+            else:
+                terms = self._terms(f, i, t, heads)
+                causal = terms.skip_past_diagonal
         layouts = (self._layout("q", q, q_idx, i, f.dim_var, heads),
                    self._layout("k", k, k_idx, t, f.dim_var, heads),
                    self._layout("v", v, v_idx, t, f.column_var, heads),
                    self._layout("out", out, out_idx, i, f.column_var, heads))
         extents = tuple(self.ranges[var] for var in heads)
-        return AttentionShape(math.prod(extents), self.ranges[i], self.m.extent, f.dim, f.scale, causal, f.dtype,
-                              extents, layouts)
+        params = tuple(self.func.params) if terms is not None or order != [0, 1, 2, 3] else ()
+        scale = f.scale if terms is None else 1.0  # the terms' exponent holds it
+        return AttentionShape(math.prod(extents), self.ranges[i], self.m.extent, f.dim, scale, causal, f.dtype,
+                              extents, layouts, params, tuple(order), terms)
+
+    def _terms(self, f: _Forms, i, t, heads: list) -> ScoreTerms:
+        """The exponent the kernel computes for each key (:class:`ScoreTerms`), from the sums'."""
+        score = tirx.Var("score", "float32")
+        symbols = {_SCORE.name: score}
+        symbols.update((name, tirx.Cast("float32", var)) for name, var in self.places.items())
+        symbols.update((name, load if load.ty.dtype == "float32" else tirx.Cast("float32", load))
+                       for name, load in self.inputs.items())
+        try:
+            value = ToTIR(symbols, "float32")(f.exponent.of_key)
+        except Unsupported as err:
+            raise ClusterError(f"attention's exponent {f.exponent.of_key}: {err}") from err
+        mask = _without_bool_casts(f.cond) if f.cond is not None else None
+        fill = f.exponent.fill if mask is not None else float("-inf")
+        skip = (mask is not None and _underflows(fill) and self.ranges[i] <= self.ranges[t]
+                and _implies(self.analyzer, mask, t <= i)
+                and self.analyzer.can_prove(substitute(mask, [(t, i)])))
+        return ScoreTerms(value, score, i, t, tuple(heads), mask, fill, skip)
 
     def decode(self) -> DecodeShape:
         """Without a mask every query row is independent: the rows' variables are all heads
@@ -269,6 +360,9 @@ class _Match:
         q_idx, k_idx, v_idx, out_idx = indices
         if f.cond is not None:
             raise ClusterError("decode attention (one query a head) takes no mask")
+        if not f.exponent.plain:
+            raise ClusterError(f"decode attention takes the scaled score alone as a key's exponent; got "
+                               f"{f.exponent.of_key}")
         if self.ranges[f.column_var] != f.dim:
             raise ClusterError(f"decode attention: v and the output have {self.ranges[f.column_var]} columns, "
                                f"q and k {f.dim}")
@@ -344,16 +438,15 @@ class _Match:
         return q_load, k_load, constant
 
     def _max_form(self):
-        """The mask's condition (or None), checking that the row max is of ``c * S`` (``c > 0``)
-        and a masked score a constant."""
+        """The mask's condition (or None), checking that the row max reads the scores and a
+        masked score is a constant. What the max is of only shifts the exponents of a row, which
+        the division cancels: the kernel shifts by its own running max of the exponents."""
         value = self.m.value
-        cond = _select_condition(value)
-        s = sympy.Symbol("S", real=True)
-        kept = _sympy(_with_branch(value, True), self._leaf(s))
-        scale = _float_constant(kept / s)
-        if scale is None or scale <= 0:
-            raise ClusterError(f"the row max must be over c * scores with a constant c > 0; got {kept}")
-        fill = _sympy(_with_branch(value, False), self._leaf(s)) if cond is not None else None
+        cond = _select_condition(value, self.func.params)
+        kept = _sympy(_with_branch(value, True), *self._reader(self.m, _SCORE))
+        if not kept.has(_SCORE):
+            raise ClusterError(f"the row max must be over the scores; got {kept}")
+        fill = _sympy(_with_branch(value, False), *self._reader(self.m, _SCORE)) if cond is not None else None
         if fill is not None and not fill.is_number:
             raise ClusterError(f"a masked score must be a constant; got {fill}")
         return cond
@@ -377,45 +470,101 @@ class _Match:
 
         return leaf
 
-    def _sum_forms(self, cond) -> tuple[float, bool]:
-        """Check the exp-sum and the exp-weighted sum of v: terms ``exp(c * scores)`` times a
-        factor of the row alone (the max's shift, ``exp(-M)`` or ``exp(-c M)`` where the scale
-        sits inside the exponent: the division cancels it, and the kernel shifts by its own
-        running max); the scale ``c`` and whether the weighted sum divides by the exp-sum (the
-        probabilities normalized before the product)."""
-        s, M, L, V = (sympy.Symbol(n, real=True) for n in ("S", "M", "L", "V"))
+    def _reader(self, level: Level, s: sympy.Symbol, **named) -> tuple:
+        """The leaf and the variable namer of a value of ``level`` that may read the function's
+        other inputs (a bias or mask tensor, ALiBi's slopes) and the positions (``j - i``): an
+        input's load and a variable are named by their form in the row max's variables, one
+        symbol wherever a level reads them (:attr:`inputs`, :attr:`places`)."""
+        mapping = [] if level is self.m else self._canonical(level)
+        own = list(self.m.spatial) + [self.m.reduce_var]
+        leaf = self._leaf(s, **named)
+
+        def read(load):
+            if any(load.source.same_as(p) for p in self.func.params) and not any(
+                    load.source.same_as(b) for b in named.values()):
+                at = substitute(load, mapping) if mapping else load
+                key = str(at)
+                name = next((n for n, seen in self.inputs.items() if str(seen) == key), None)
+                if name is None:
+                    name = f"input{len(self.inputs)}"
+                    self.inputs[name] = at
+                return sympy.Symbol(name, real=True)
+            return leaf(load)
+
+        def variable(var):
+            mine = next((m for theirs, m in mapping if theirs.same_as(var)), var)
+            n = next((n for n, v in enumerate(own) if v.same_as(mine)), None)
+            if n is None:
+                raise Unsupported(f"variable {var.name}, not a position of the rows or the key")
+            self.places[f"place{n}"] = mine
+            return sympy.Symbol(f"place{n}", real=True)
+
+        return read, variable
+
+    def _of_key(self) -> set:
+        """The symbols that vary with the key: the score, the key variable and the inputs' loads
+        it indexes."""
+        t = self.m.reduce_var
+        keyed = {_SCORE, *(sympy.Symbol(n, real=True) for n, var in self.places.items() if var.same_as(t))}
+        keyed.update(sympy.Symbol(n, real=True) for n, load in self.inputs.items() if uses(load, t))
+        return keyed
+
+    def _sum_forms(self, cond) -> tuple[float, bool, _Exponent]:
+        """Check the exp-sum and the exp-weighted sum of v: terms ``exp(f)`` times a factor of
+        the row alone (the max's shift, ``exp(-M)`` or ``exp(-c M)`` where the scale sits inside
+        the exponent: the division cancels it, and the kernel shifts by its own running max),
+        ``f`` the rest of the exponent: ``c * scores`` (``c > 0``), or any function of the
+        score, the positions and the other inputs' loads (a bias, a soft cap); the scale ``c`` (1 for the latter), whether the weighted sum divides by the
+        exp-sum (the probabilities normalized before the product), and the exponent read."""
+        s, M, L, V = _SCORE, *(sympy.Symbol(n, real=True) for n in ("M", "L", "V"))
         v = self._v_load().source
         for level in (self.l, self.o):
-            if _select_condition(level.value) is not None and not _same_condition(
-                    _select_condition(level.value), cond, self._canonical(level)):
+            if _select_condition(level.value, self.func.params) is not None and not _same_condition(
+                    _select_condition(level.value, self.func.params), cond, self._canonical(level)):
                 raise ClusterError(f"{level.block} is masked differently from the row max")
-        l_kept = _sympy(_with_branch(self.l.value, True), self._leaf(s))
+        l_kept = _sympy(_with_branch(self.l.value, True), *self._reader(self.l, s))
         exponent = sympy.expand(sympy.log(l_kept), force=True) if l_kept.func == sympy.exp else None
-        scale = _float_constant(sympy.diff(exponent, s)) if exponent is not None else None
-        shift = sympy.simplify(exponent - scale * s) if scale is not None else None
-        if scale is None or scale <= 0 or shift.has(s):
-            raise ClusterError(f"the row sum must be of exp(c * scores - a shift of the row), c > 0; got {l_kept}")
+        if exponent is None:
+            raise ClusterError(f"the row sum must be of exp(f(scores) - a shift of the row); got {l_kept}")
+        keyed = self._of_key()
+        shift = sympy.Add(*(term for term in sympy.Add.make_args(exponent) if term.free_symbols & {M, L}))
+        of_key = sympy.simplify(exponent - shift)
+        if not of_key.has(s) or of_key.free_symbols & {M, L} or shift.free_symbols & keyed:
+            raise ClusterError(f"the row sum must be of exp(f(scores) - a shift of the row); got {l_kept}")
+        scale = _float_constant(of_key / s)
+        plain = scale is not None and scale > 0
         p_kept = l_kept
-        o_kept = _sympy(_with_branch(self.o.value, True), self._leaf(s, V=v))
+        o_kept = _sympy(_with_branch(self.o.value, True), *self._reader(self.o, s, V=v))
         normalized = _zero(o_kept - p_kept * V / L)
         if not normalized and not _zero(o_kept - p_kept * V):
-            raise ClusterError(f"the weighted sum must be of exp(c * scores - max) * v (or / the row sum); "
+            raise ClusterError(f"the weighted sum must be of exp(f(scores) - max) * v (or / the row sum); "
                                f"got {o_kept}")
+        fill = None
         if cond is not None:
-            # A masked key adds nothing to either sum: its term is 0 outright (the max's fill
-            # then only shifts the exponents, which the division cancels), or it is the row's
-            # shift times exp of -inf (or of an exponent below -1e9, which underflows to 0).
+            # A masked key's term in either sum is 0, or the row's shift times exp(F) for one
+            # constant F: the exponent the kernel gives it.
+            fills = set()
             for level, weight in ((self.l, 1), (self.o, V / L if normalized else V)):
-                masked = _sympy(_with_branch(level.value, False), self._leaf(s, V=v))
-                if not (_zero(masked) or _underflows(sympy.simplify(masked / (sympy.exp(shift) * weight)))):
-                    raise ClusterError(f"{level.block} must leave the masked keys out (a term of 0, or the score "
-                                       f"-inf or below {_MASKED:g}); a masked key adds {masked}")
-        return scale, normalized
+                masked = _sympy(_with_branch(level.value, False), *self._reader(level, s, V=v))
+                fills.add(_masked_exponent(masked, sympy.exp(shift) * weight))
+            if None in fills or len(fills) != 1:
+                raise ClusterError(f"the sums must give a masked key one weight exp(F) (F a constant, or -inf: a "
+                                   f"term of 0); {self.l.block} and {self.o.block} give it "
+                                   f"{_sympy(_with_branch(self.l.value, False), *self._reader(self.l, s))} and "
+                                   f"{_sympy(_with_branch(self.o.value, False), *self._reader(self.o, s, V=v))}")
+            fill = fills.pop()
+        return (scale if plain else 1.0), normalized, _Exponent(of_key, fill, plain)
 
     def _v_load(self):
-        found = [ld for ld in loads(self.o.value) if any(ld.source.same_as(p) for p in self.func.params)]
+        """The weighted sum's load of v: the one input it reads that the row sum does not (that
+        one's other inputs are the exponent's)."""
+        params = self.func.params
+        exponent = {ld.source.name for ld in loads(self.l.value) if any(ld.source.same_as(p) for p in params)}
+        found = [ld for ld in loads(self.o.value)
+                 if any(ld.source.same_as(p) for p in params) and ld.source.name not in exponent]
         if len({ld.source.name for ld in found}) != 1:
-            raise ClusterError(f"the weighted sum must read one input, v; reads {sorted({ld.source.name for ld in found})}")
+            raise ClusterError(f"the weighted sum must read one input besides the exponent's, v; reads "
+                               f"{sorted({ld.source.name for ld in found})}")
         return found[0]
 
     def _output_level(self) -> tuple:
@@ -507,32 +656,47 @@ class _Match:
         the mask compares with the key, if masked). Without a mask every such variable gives
         the same result (rows are independent); the longest is tiled along."""
         candidates = [var for var in self.m.spatial if _uses(q_idx, var) and not _uses(k_idx, var)]
-        if cond is not None:
-            candidates = [var for var in candidates if uses(cond, var)]
+        if cond is not None:  # the one the mask compares, where it compares one
+            candidates = [var for var in candidates if uses(cond, var)] or candidates
         if not candidates:
             raise ClusterError("q must be indexed by a query position the keys are not (and the mask compares)")
         return max(candidates, key=lambda var: self.ranges[var])
 
     def _causal(self, cond, i, t) -> bool:
-        if cond is None:
-            return False
+        """Whether ``cond`` is provably the causal mask: key ``t`` kept iff ``t <= i``."""
         cond = _without_bool_casts(cond)
         analyzer = self.analyzer
-        if analyzer.can_prove(tirx.Or(tirx.Not(cond), t <= i)) and analyzer.can_prove(tirx.Or(cond, i < t)):
-            return True
-        raise ClusterError(f"only the causal mask (key t <= query i) is supported; got {cond}")
+        return analyzer.can_prove(tirx.Or(tirx.Not(cond), t <= i)) and analyzer.can_prove(tirx.Or(cond, i < t))
 
 
-def _underflows(term) -> bool:
-    """Whether ``term`` is ``exp(x)`` of a constant ``x`` at or below the masked fill (-inf, or
-    below -1e9; SymPy may have evaluated it, ``exp(-3.4e38 * c)`` as a tiny number): a masked
-    key's weight, 0 beside any score of smaller magnitude."""
-    if term.is_number:
-        return term == 0 or (term > 0 and float(sympy.log(term)) <= _MASKED)
-    if term.func != sympy.exp or not term.args[0].is_number:
-        return False
-    exponent = term.args[0]
-    return exponent == -sympy.oo or float(exponent) <= _MASKED
+def _underflows(fill: float | None) -> bool:
+    """Whether a masked key's exponent ``fill`` is at or below :data:`_MASKED`: its weight is 0
+    beside any score of smaller magnitude, so tiles of masked keys may be skipped."""
+    return fill is not None and fill <= _MASKED
+
+
+def _implies(analyzer: Analyzer, cond, goal) -> bool:
+    """Whether ``cond`` provably implies ``goal`` (a conjunction: where one of its terms does)."""
+    if isinstance(cond, tirx.And):
+        return _implies(analyzer, cond.a, goal) or _implies(analyzer, cond.b, goal)
+    return analyzer.can_prove(tirx.Or(tirx.Not(cond), goal))
+
+
+def _masked_exponent(term, base) -> float | None:
+    """``F`` where a masked key's ``term`` is ``exp(F) * base`` for a constant ``F`` (-inf: a
+    term of 0; SymPy may have evaluated ``exp(-3.4e38 * c)`` as a tiny number); None where it
+    is not of that form."""
+    if _zero(term):
+        return float("-inf")
+    ratio = simplify(term / base)
+    if ratio.is_number:
+        if ratio.is_zero:
+            return float("-inf")
+        return float(sympy.log(ratio)) if ratio.is_positive else None
+    if ratio.func == sympy.exp and ratio.args[0].is_number:
+        exponent = ratio.args[0]
+        return float("-inf") if exponent == -sympy.oo else float(exponent)
+    return None
 
 
 def _without_bool_casts(cond):
@@ -562,9 +726,9 @@ def _rank(level: Level) -> int:
     return sum(int(level.output.ty.shape[n]) > 1 for n in range(len(level.spatial)))
 
 
-def _sympy(expr, leaf) -> sympy.Expr:
+def _sympy(expr, leaf, variable=None) -> sympy.Expr:
     try:
-        return ToSympy(leaf)(expr)
+        return ToSympy(leaf, variable=variable)(expr)
     except Unsupported as err:
         raise ClusterError(f"attention: unsupported {err} in {expr}") from err
 
@@ -616,14 +780,17 @@ def _parts(node) -> tuple:
     return tuple(node.args)
 
 
-def _select_condition(expr):
+def _select_condition(expr, params):
     """The one condition of the masks in ``expr`` (None without a mask); ClusterError for
-    several different ones or a mask reading memory."""
+    several different ones or a mask reading memory other than the function's inputs
+    ``params``."""
     conds = [_parts(node)[0] for node in _selects(expr)]
     if not conds:
         return None
-    if any(loads(c) for c in conds) or not all(tvm_ffi.structural_equal(c, conds[0]) for c in conds):
-        raise ClusterError(f"attention takes one mask computed from the positions; got {[str(c) for c in conds]}")
+    reads_inputs_only = all(any(ld.source.same_as(p) for p in params) for c in conds for ld in loads(c))
+    if not reads_inputs_only or not all(tvm_ffi.structural_equal(c, conds[0]) for c in conds):
+        raise ClusterError(f"attention takes one mask computed from the positions and its inputs; got "
+                           f"{[str(c) for c in conds]}")
     return conds[0]
 
 

@@ -13,6 +13,9 @@ returns the input type; they differ in what a matcher could trip on:
 - :func:`relax_attention`: ``R.nn.attention`` (what ``relax.frontend.nn``'s
   ``scaled_dot_product_attention`` emits) legalized: fp16 scores, a causal mask that zeroes the
   masked scores and then their exponentials.
+- :func:`attention_with_terms`: more than the scaled score in the exponent (a bias or mask
+  tensor, ALiBi, a soft cap) or a mask other than the causal one (a sliding window, a padding
+  mask, a fill that does not underflow).
 """
 
 from __future__ import annotations
@@ -130,3 +133,45 @@ def relax_attention(batch: int, heads: int, q_len: int, kv_len: int, dim: int, c
         bb.emit_func_output(out)
     mod = relax.transform.LegalizeOps()(bb.get())
     return next(f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+
+
+def attention_with_terms(terms: str, heads: int = 4, length: int = 200, dim: int = 64, dtype: str = "float16"):
+    """``[1, H, S, D]`` attention with more than the scaled score in its exponent, written by
+    hand: ``bias`` an additive fp16 mask tensor ``[S, S]`` (q, k, v, mask, out); ``alibi``
+    ALiBi's ``slope[h] * (t - i)``, causal (q, k, v, slopes, out); ``softcap`` a tanh soft cap of
+    30; ``window`` causal within the last 64 keys, filled with fp32's lowest value;
+    ``fp16_fill`` causal filled with -65504 (whose weight need not underflow); ``strict`` the
+    keys before the query only (row 0 sees none); ``after`` the keys from the query on;
+    ``padding`` a bool tensor ``[S]`` of the keys kept (q, k, v, keep, out)."""
+    q, k, v = (te.placeholder((1, heads, length, dim), dtype, name=n) for n in "qkv")
+    inputs = {"bias": te.placeholder((length, length), "float16", name="mask"),
+              "alibi": te.placeholder((heads,), "float32", name="slopes"),
+              "padding": te.placeholder((length,), "bool", name="keep")}
+    extra = inputs.get(terms)
+    d = te.reduce_axis((0, dim), "d")
+    raw = te.compute((1, heads, length, length), lambda b, h, i, t: te.sum(
+        q[b, h, i, d].astype("float32") * k[b, h, t, d].astype("float32"), axis=d), name="raw")
+    lowest = tirx.const(-3.4028234663852886e38, "float32")
+
+    def logit(b, h, i, t):
+        x = raw[b, h, i, t] * (1.0 / math.sqrt(dim))
+        return {
+            "bias": lambda: x + extra[i, t].astype("float32"),
+            "alibi": lambda: te.if_then_else(t <= i, x + extra[h] * (t - i).astype("float32"), lowest),
+            "softcap": lambda: te.tanh(x / 30.0) * 30.0,
+            "window": lambda: te.if_then_else(tirx.all(t <= i, t > i - 64), x, lowest),
+            "fp16_fill": lambda: tirx.Select(t <= i, x, tirx.const(-65504.0, "float32")),
+            "strict": lambda: tirx.Select(t < i, x, tirx.const(float("-inf"), "float32")),
+            "after": lambda: tirx.Select(t >= i, x, tirx.const(float("-inf"), "float32")),
+            "padding": lambda: te.if_then_else(extra[t], x, lowest),
+        }[terms]()
+
+    s = te.compute(raw.shape, logit, name="logits")
+    t1, t2, t3 = (te.reduce_axis((0, length), n) for n in ("t1", "t2", "t3"))
+    m = te.compute(s.shape[:3], lambda b, h, i: te.max(s[b, h, i, t1], axis=t1), name="m")
+    e = te.compute(s.shape, lambda b, h, i, t: te.exp(s[b, h, i, t] - m[b, h, i]), name="e")
+    l = te.compute(s.shape[:3], lambda b, h, i: te.sum(e[b, h, i, t2], axis=t2), name="l")
+    o = te.compute((1, heads, length, dim), lambda b, h, i, c: te.sum(
+        e[b, h, i, t3] * v[b, h, t3, c].astype("float32"), axis=t3), name="o")
+    out = te.compute(o.shape, lambda b, h, i, c: (o[b, h, i, c] / l[b, h, i]).astype(dtype), name="out")
+    return te.create_prim_func([q, k, v, *([extra] if extra is not None else []), out])

@@ -8,7 +8,7 @@ domain, and ``experiments`` for the one-off sweeps and ablations behind design c
 from __future__ import annotations
 
 from . import experiments
-from .attention import attention, attention_forms, decode_forms
+from .attention import attention, attention_forms, attention_terms, decode_forms
 from .base import CHAINS, SWIGLUS, Variant
 from .cascades import cascades, softmax, softmax_gemm, top_k_rows
 from .chains import chains, chains_m, conv_chains
@@ -50,7 +50,8 @@ SUITES = {
     "softmax_gemm": softmax_gemm, "top_k_rows": top_k_rows, "decode": decode, "decode_picks": decode_picks,
     "gemm": gemm, "gemm_m": gemm_m, "gated": gated, "gemm_large_m": gemm_large_m, "fp8": fp8,
     "lm_head": lm_head, "chains": chains, "chains_m": chains_m, "conv_chains": conv_chains,
-    "attention": attention, "attention_forms": attention_forms, "decode_forms": decode_forms,
+    "attention": attention, "attention_forms": attention_forms, "attention_terms": attention_terms,
+    "decode_forms": decode_forms,
     "generality": generality, "norms": norms, "elementwise": elementwise, "real_shapes": real_shapes,
     "symbolic_rows": symbolic_rows,
     **EXPERIMENTS,

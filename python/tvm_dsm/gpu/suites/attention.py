@@ -13,7 +13,7 @@ from ...kernels.attention import default_config, find_attention, fuse_attention
 from ...driver import schedule
 from ...errors import ClusterError
 from ...workloads import cascades as cascade_workloads
-from ...workloads.attention_forms import te_attention, topi_attention
+from ...workloads.attention_forms import attention_with_terms, te_attention, topi_attention
 from .base import Variant, args_of, nbytes_of
 
 
@@ -143,3 +143,26 @@ def decode_forms() -> list[Variant]:
         variants += [decode_form_variant(form, pick, "tvm_dsm"),
                      decode_form_variant(form, other, "tensor_cores" if other.tensor_cores else "cuda_cores")]
     return [v for v in variants if v is not None]
+
+
+#: Forms of :func:`~tvm_dsm.workloads.attention_forms.attention_with_terms` timed, and whether
+#: SDPA takes them (its ``attn_mask``; a soft cap it has no form for).
+TERMS = {"bias": True, "alibi": True, "softcap": False, "window": True, "fp16_fill": False, "padding": True}
+
+
+def attention_terms(shapes: tuple = ((16, 2048, 128), (32, 1024, 64))) -> list[Variant]:
+    """Attention with score terms or a mask other than the causal one (heads, length, head
+    dim of ``shapes``, batch 1), through the driver's schedule, against torch eager and SDPA
+    given the same terms as its mask."""
+    variants = []
+    for (heads, length, dim), (terms, sdpa) in itertools.product(shapes, TERMS.items()):
+        func = attention_with_terms(terms, heads, length, dim)
+        args = args_of(func)
+        causal = terms in ("alibi", "window", "fp16_fill")
+        variants.append(Variant(
+            name=f"attention_{terms}_h{heads}s{length}d{dim}", workload="attention_terms", mod=schedule(func).mod,
+            args=args, bytes=nbytes_of(args), flops=4 * heads * length * length * dim // (2 if causal else 1),
+            peers=("torch_eager", "torch_sdpa") if sdpa else ("torch_eager",), reference_kwargs={"terms": terms},
+            extra={"class": "attention", "terms": terms}))
+    return variants
+
