@@ -57,6 +57,21 @@ def residual_rms_norm(rows: int, width: int, dtype: str = "float32") -> tvm.tirx
     return te.create_prim_func([x, r, w, out])
 
 
+def returned_residual_rms_norm(rows: int, width: int, dtype: str = "float16") -> tvm.tirx.PrimFunc:
+    """Fused add-RMSNorm as an LLM layer writes it: the sum ``h = x + r`` is returned (the next
+    layer's residual) and normalized; the statistics read the output ``h``."""
+    x = te.placeholder((rows, width), dtype, name="x")
+    r = te.placeholder((rows, width), dtype, name="r")
+    w = te.placeholder((width,), dtype, name="w")
+    h = te.compute((rows, width), lambda i, j: x[i, j] + r[i, j], name="h")
+    k = te.reduce_axis((0, width), "k")
+    ss = te.compute((rows,), lambda i: te.sum(h[i, k].astype("float32") * h[i, k].astype("float32"), axis=k),
+                    name="ss")
+    out = te.compute((rows, width), lambda i, j: (h[i, j].astype("float32") * te.rsqrt(ss[i] / width + EPS)
+                                                  * w[j].astype("float32")).astype(dtype), name="out")
+    return te.create_prim_func([x, r, w, h, out])
+
+
 def hand_layer_norm(rows: int, width: int, dtype: str = "float32") -> tvm.tirx.PrimFunc:
     """LayerNorm written by hand over a 3-D input: mean, then the mean square deviation."""
     x = te.placeholder((2, rows // 2, width), dtype, name="x")
@@ -110,6 +125,18 @@ def test_layer_norm_levels_run_in_two_waves_and_the_residual_holds_both_rows():
     assert [lvl.op for lvl in ln.levels] == ["sum", "sum"] and ln.waves() == [[0], [1]]
     residual = find_row_norm(residual_rms_norm(64, 4096, "float16"))
     assert [h.name for h in residual.held] == ["x", "r"] and residual.vector == 8
+
+
+def test_a_returned_residual_sum_is_computed_from_the_held_rows(assemble):
+    """The statistics of fused add-RMSNorm read its output ``h``: the kernel holds x and r and
+    computes h from them, writing it as one more stage."""
+    func = returned_residual_rms_norm(64, 4096)
+    found = find_row_norm(func)
+    assert [h.name for h in found.held] == ["x", "r"]
+    assert sorted(stage.body.buffer.name for stage in found.stages) == ["h", "out"]
+    assert tvm_dsm.plan(func).family.name == "row_norm"
+    source = cuda_source(fuse_row_norm(func, hw=load_hardware()))
+    assert len(kernels(source)) == 1 and assemble(source, "returned_residual_rms_norm")
 
 
 def test_a_softmax_over_a_symbolic_width_is_refused_naming_it_and_built_by_dlight():
@@ -306,3 +333,22 @@ def test_rmsnorm_with_fp8_quantization_matches_on_the_gpu(rows, width):
     assert np.abs(scale.numpy() - amax / 448) .max() / (amax / 448).max() < 2e-3
     got = q.numpy().astype(np.float64) * scale.numpy()[:, None]
     assert np.linalg.norm(got - y) / np.linalg.norm(y) < 0.05  # e4m3 keeps 3 mantissa bits
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("rows", "width"), [(1, 2048), (100, 4096), (4096, 8192)])
+def test_a_returned_residual_sum_and_its_norm_match_float64_on_the_gpu(rows, width):
+    func = returned_residual_rms_norm(rows, width)
+    lib = tvm_dsm.build(func)
+    dev = tvm.cuda(0)
+    rng = np.random.default_rng()
+    x, r = (rng.standard_normal((rows, width)).astype(np.float16) for _ in range(2))
+    w = rng.standard_normal(width).astype(np.float16)
+    h, out = (tvm.runtime.tensor(np.full((rows, width), np.nan, np.float16), dev) for _ in range(2))
+    lib(*(tvm.runtime.tensor(a, dev) for a in (x, r, w)), h, out)
+    # the sum rounded to fp16, as the function stores and reads it
+    want_h = (x.astype(np.float64) + r).astype(np.float16).astype(np.float64)
+    want = want_h / np.sqrt((want_h ** 2).mean(-1, keepdims=True) + EPS) * w
+    assert np.array_equal(h.numpy().astype(np.float64), want_h)
+    got = out.numpy().astype(np.float64)
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-3

@@ -155,7 +155,7 @@ def find_row_norm(func: tirx.PrimFunc) -> RowNorm:
     """The normalization of ``func`` as the kernel takes it; ClusterError naming what does not
     match (a reduction over another axis, a stage reading a row the statistics do not, ...)."""
     func = narrow_indices(func)
-    func = inline_elementwise(func)
+    func = inline_elementwise(_outputs_recomputed(func))
     sch = s_tir.Schedule(func)
     blocks = [sch.get(rv) for rv in sch.get_child_blocks(sch.get_sblock("root"))]
     params = list(func.params)
@@ -217,6 +217,33 @@ def find_row_norm(func: tirx.PrimFunc) -> RowNorm:
     widest = max(_bytes(b) for b in [*held, *(s.body.buffer for s in stages)])
     vector = largest_power_of_two(width, _LOAD_BYTES // widest)
     return RowNorm(func, rows_shape, width, tuple(levels), tuple(held), tuple(stages), vector, tuple(row_stages))
+
+
+def _outputs_recomputed(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with each load of an output an element-wise block writes replaced by that
+    block's value at the load's indices: a residual sum the norm then reduces (``h = x + r``,
+    returned and normalized, as fused add-RMSNorm is) is computed from the rows the kernel holds,
+    where reading the output back would wait for the whole row to be written."""
+    sch = s_tir.Schedule(func)
+    writers = []
+    for rv in sch.get_child_blocks(sch.get_sblock("root")):
+        block = sch.get(rv)
+        store = block.body
+        variables = [iv.var for iv in block.iter_vars]
+        if (not is_reduction(block) and isinstance(store, tirx.BufferStore)
+                and any(store.buffer.same_as(p) for p in func.params)
+                and len(store.indices) == len(variables) and indexed_by(store, *variables)):
+            writers.append((store.buffer, variables, store.value))
+    if not writers:
+        return func
+
+    def value_at(load):
+        for buffer, variables, value in writers:
+            if load.source.same_as(buffer):
+                return substitute(value, list(zip(variables, load.indices)))
+        return load
+
+    return func.with_body(tvm_ffi.structural_map(func.body, [(tvm.ir.TensorLoad, value_at)]))
 
 
 def _block(blocks, name: str):
