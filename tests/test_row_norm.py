@@ -88,10 +88,25 @@ def hand_layer_norm(rows: int, width: int, dtype: str = "float32") -> tvm.tirx.P
     return te.create_prim_func([x, out])
 
 
+def composed(form: str, rows: int, width: int, dtype: str = "float32") -> tvm.tirx.PrimFunc:
+    """Softmax or RMSNorm composed of TOPI's element-wise ops and reductions that keep the
+    reduced dimension (``keepdims=True``, ``[rows, 1]`` statistics), as users compose them."""
+    x = te.placeholder((rows, width), dtype, name="x")
+    xf = topi.cast(x, "float32")
+    if form == "softmax":
+        e = topi.exp(topi.subtract(xf, topi.max(xf, axis=-1, keepdims=True)))
+        return te.create_prim_func([x, topi.cast(topi.divide(e, topi.sum(e, axis=-1, keepdims=True)), dtype)])
+    w = te.placeholder((width,), dtype, name="w")
+    mean_square = topi.divide(topi.sum(topi.multiply(xf, xf), axis=-1, keepdims=True), float(width))
+    y = topi.multiply(topi.multiply(xf, topi.rsqrt(topi.add(mean_square, EPS))), topi.cast(w, "float32"))
+    return te.create_prim_func([x, w, topi.cast(y, dtype)])
+
+
 FORMS = {
     **{f"topi_{f}": (lambda f: lambda *a: topi_norm(f, *a))(f)
        for f in ("softmax", "log_softmax", "rms_norm", "layer_norm")},
     **{f"relax_{f}": (lambda f: lambda *a: relax_form(f, *a))(f) for f in ("softmax", "rms_norm", "layer_norm")},
+    **{f"composed_{f}": (lambda f: lambda *a: composed(f, *a))(f) for f in ("softmax", "rms_norm")},
     "te_residual_rms_norm": residual_rms_norm,
     "te_layer_norm": hand_layer_norm,
 }

@@ -100,6 +100,34 @@ def block_allocations(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return func.with_body(SBlockRealize(func.body.iter_values, func.body.predicate, block))
 
 
+def without_unit_iter_vars(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with each block's spatial iterators of extent 1 that index only what the block
+    writes replaced by their one value: a reduction that keeps its reduced dimension
+    (``keepdims``, ``[rows, 1]`` results) iterates over its rows alone, as one written without it
+    does. (An iterator of extent 1 that reads an input, the one row of ``[1, width]``, stays.)"""
+    from tvm.s_tir import SBlockRealize
+
+    def rewrite(realize):
+        block = realize.block
+        written = [w.source for w in block.writes]
+        read_indices = [i for ld in loads(block.body) if not any(ld.source.same_as(w) for w in written)
+                        for i in ld.indices]
+
+        def is_unit(iv) -> bool:
+            return (iv.iter_type == tirx.IterVar.DataPar and isinstance(iv.dom.extent, tirx.IntImm)
+                    and iv.dom.extent.value == 1 and not any(uses(i, iv.var) for i in read_indices))
+
+        keep = [n for n, iv in enumerate(block.iter_vars) if not is_unit(iv)]
+        if len(keep) == len(block.iter_vars):
+            return realize
+        units = [(iv.var, iv.dom.min) for iv in block.iter_vars if is_unit(iv)]
+        kept = SBlock([block.iter_vars[n] for n in keep], block.reads, block.writes, block.name_hint, block.body,
+                      block.init, list(block.alloc_buffers), block.match_buffers, block.annotations)
+        return SBlockRealize([realize.iter_values[n] for n in keep], realize.predicate, substitute(kept, units))
+
+    return func.with_body(tvm_ffi.structural_map(func.body, [(SBlockRealize, rewrite)]))
+
+
 def largest_power_of_two(extent: int, most: int) -> int:
     """The largest power of two that divides ``extent`` and is at most ``most``."""
     power = 1

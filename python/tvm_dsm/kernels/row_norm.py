@@ -39,7 +39,8 @@ from ..annotations import CLUSTER_LAUNCH_KEY
 from ..errors import ClusterError, passes
 from ..fusion.cascade import Level, indexed_by, inline_elementwise, parse_reduction
 from ..hardware import MAX_CTA_THREADS, Hardware
-from ..ir import fast_exp, is_reduction, largest_power_of_two, loads, narrow_indices, shuffle_xor, substitute, tree_reduce, uses
+from ..ir import (fast_exp, is_reduction, largest_power_of_two, loads, narrow_indices, shuffle_xor, substitute,
+                  tree_reduce, uses, without_unit_iter_vars)
 from ..schedule.cluster import MAX_CLUSTER_SIZE
 from .template import KernelTemplate
 
@@ -154,7 +155,7 @@ def _is_row_load(load, row_vars, last_var, rows_shape, width) -> bool:
 def find_row_norm(func: tirx.PrimFunc) -> RowNorm:
     """The normalization of ``func`` as the kernel takes it; ClusterError naming what does not
     match (a reduction over another axis, a stage reading a row the statistics do not, ...)."""
-    func = narrow_indices(func)
+    func = without_unit_iter_vars(narrow_indices(func))
     func = inline_elementwise(_outputs_recomputed(func))
     sch = s_tir.Schedule(func)
     blocks = [sch.get(rv) for rv in sch.get_child_blocks(sch.get_sblock("root"))]
@@ -191,7 +192,7 @@ def find_row_norm(func: tirx.PrimFunc) -> RowNorm:
         for load in loads(level.value):
             earlier = next((j for j, prev in enumerate(levels[:n]) if load.source.same_as(prev.output)), None)
             if earlier is not None:
-                if not indexed_by(load, *level.spatial):
+                if not _reads_row_result(load, level.spatial):
                     raise ClusterError(f"{level.block} reads {load}: an earlier level's result of another row")
                 level.deps.append(earlier)
             elif _is_row_load(load, level.spatial, level.reduce_var, rows_shape, width):
@@ -268,7 +269,7 @@ def _check_stage(block, params, results, held, rows_shape, width) -> None:
     *row_vars, last = variables
     for load in loads(store.value):
         if any(load.source.same_as(r) for r in results):
-            if not (len(load.indices) == len(row_vars) and indexed_by(load, *row_vars)):
+            if not _reads_row_result(load, row_vars):
                 raise ClusterError(f"{block.name_hint} reads {load}: a level's result of another row")
         elif _is_row_load(load, row_vars, last, rows_shape, width):
             if not any(load.source.same_as(h) for h in held):
@@ -289,10 +290,17 @@ def _check_row_stage(block, params, results, rows_shape) -> None:
             and _same(extents, rows_shape) and len(store.indices) == len(variables) and indexed_by(store, *variables)):
         raise ClusterError(f"{block.name_hint}: a stage of the rows' shape {rows_shape} writes out[*rows]")
     for load in loads(store.value):
-        if not (any(load.source.same_as(r) for r in results) and len(load.indices) == len(variables)
-                and indexed_by(load, *variables)):
+        if not (any(load.source.same_as(r) for r in results) and _reads_row_result(load, variables)):
             raise ClusterError(f"{block.name_hint} reads {load}: a stage once a row reads only the levels' "
                                "results of its row")
+
+
+def _reads_row_result(load, row_vars) -> bool:
+    """Whether ``load`` reads a level's result at the rows ``row_vars`` (then 0 along a kept
+    dimension of extent 1, ``keepdims``)."""
+    kept = load.indices[len(row_vars):]
+    return (len(load.indices) >= len(row_vars) and indexed_by(load, *row_vars)
+            and all(isinstance(i, tirx.IntImm) and i.value == 0 for i in kept))
 
 
 def _column_load(load, last) -> bool:
