@@ -19,6 +19,7 @@ from tvm_dsm.ir import extent_variables, specialized
 from tvm_dsm.kernels.attention import TEMPLATE, AttentionConfig, fuse_attention
 from tvm_dsm.kernels.attention_pattern import HeadAxis, find_attention
 from tvm_dsm.workloads.attention_forms import attention_with_terms, relax_attention, te_attention, topi_attention
+from tvm_dsm.workloads.generated import REFERENCES
 
 #: (name, arguments of te_attention after batch, heads, q_len, kv_len, dim)
 FORMS = {
@@ -566,29 +567,23 @@ def _symbolic_with_soft_cap(length):
     return te.create_prim_func([q, k, v, out])
 
 
-def _terms_reference(terms: str, q, k, v, extra) -> np.ndarray:
-    """float64 attention of :func:`attention_with_terms`'s form over [1, H, S, D] inputs."""
-    q, k, v = (x.astype(np.float64) for x in (q, k, v))
-    x = np.einsum("bhid,bhtd->bhit", q, k) / np.sqrt(q.shape[-1])
-    i, t = np.indices(x.shape[-2:])
-    lowest = -3.4028234663852886e38
-    if terms == "bias":
-        x = x + extra.astype(np.float64)
-    elif terms == "alibi":
-        x = np.where(t <= i, x + extra.astype(np.float64)[None, :, None, None] * (t - i), lowest)
-    elif terms == "softcap":
-        x = np.tanh(x / 30.0) * 30.0
-    elif terms == "window":
-        x = np.where((t <= i) & (t > i - 64), x, lowest)
-    elif terms == "fp16_fill":
-        x = np.where(t <= i, x, -65504.0)
-    elif terms in ("strict", "after"):
-        x = np.where(t < i if terms == "strict" else t >= i, x, -np.inf)
-    elif terms == "padding":
-        x = np.where(extra[None, None, None, :], x, lowest)
-    with np.errstate(invalid="ignore"):
-        p = np.exp(x - x.max(-1, keepdims=True))
-        return (p @ v) / p.sum(-1, keepdims=True)
+@pytest.mark.parametrize("terms", sorted(TERMS))
+def test_the_float64_reference_of_each_form_is_what_llvm_computes(terms):
+    """The reference the GPU checks the kernel against is the function's own meaning: TVM's
+    llvm build of the unscheduled function (fp32 inputs) agrees with it, masked rows included."""
+    func = attention_with_terms(terms, heads=2, length=70, dim=16, dtype="float32")
+    shapes = [[int(x) for x in p.ty.shape] for p in func.params]
+    dtypes = [str(p.ty.dtype) for p in func.params]
+    rng = np.random.default_rng()
+    inputs = [rng.random(shape) < 0.7 if dtype == "bool" else rng.standard_normal(shape).astype(dtype)
+              for shape, dtype in zip(shapes[:-1], dtypes)]
+    out = tvm.runtime.tensor(np.zeros(shapes[-1], "float32"))
+    tvm.compile(func, target="llvm")(*(tvm.runtime.tensor(x) for x in inputs), out)
+    ref = REFERENCES["attention_terms"](*(x.astype(np.float64) for x in inputs), terms=terms)
+    got = out.numpy().astype(np.float64)
+    empty = np.isnan(ref)
+    assert np.array_equal(np.isnan(got), empty) and empty.any() == (terms == "strict")
+    assert np.linalg.norm(got[~empty] - ref[~empty]) / np.linalg.norm(ref[~empty]) < 1e-5
 
 
 @pytest.mark.gpu
@@ -609,7 +604,7 @@ def test_gpu_an_exponent_of_more_than_the_scaled_score_matches_float64(terms):
     dev = tvm.cuda(0)
     out = tvm.runtime.tensor(np.full(shapes[-1], np.nan, np.float16), dev)
     module(*(tvm.runtime.tensor(x, dev) for x in inputs), out)
-    ref = _terms_reference(terms, q, k, v, inputs[3] if extra else None)
+    ref = REFERENCES["attention_terms"](*(x.astype(np.float64) for x in inputs), terms=terms)
     got = out.numpy().astype(np.float64)
     empty = np.isnan(ref)
     assert np.array_equal(np.isnan(got), empty)

@@ -152,7 +152,7 @@ def _logits_with_terms(q, k, extra, terms: str):
     if terms == "fp16_fill":
         return torch.where(t <= i, x, -65504.0)
     if terms == "padding":
-        return torch.where(extra, x, lowest)
+        return torch.where(extra != 0, x, lowest)
     raise ValueError(terms)
 
 
@@ -260,6 +260,7 @@ _GENERATED = {
     "swiglu": lambda a, wg, wu, w2, layout: (F.silu(a @ _weight(wg, layout)) * (a @ _weight(wu, layout)))
     @ _weight(w2, layout),
     "attention": _any_attention,
+    "attention_terms": _attention_with_terms,
     "decode_attention": lambda q, k, v: _attention_layout(q[:, :, None], k, v)[:, :, 0],
     "rms_norm": lambda x, w, eps: F.rms_norm(x, w.shape, w, eps),
     "layer_norm": lambda x, w, b, eps: F.layer_norm(x, w.shape, w, b, eps),
@@ -323,9 +324,7 @@ REFERENCES: dict[str, Reference] = {
         torch_sdpa=_sdpa_layout,
     ),
     "attention_terms": Reference(
-        float64=lambda q, k, v, *extra, terms: _attention_with_terms(
-            q.double(), k.double(), v.double(), *(x if x.dtype == torch.bool else x.double() for x in extra),
-            terms=terms),
+        float64=lambda *t, terms: _attention_with_terms(*(a.double() for a in t), terms=terms),
         torch_eager=_attention_with_terms,
         torch_sdpa=_sdpa_with_terms,
     ),

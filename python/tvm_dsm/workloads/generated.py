@@ -3,7 +3,7 @@ families and its fallback reach beyond the hand-picked suites.
 
 :func:`generate` draws ``count`` :class:`Case` s round-robin over the op classes (:data:`CLASSES`:
 dense, several projections of one input (q, k, v), gated dense, FFN/SwiGLU chain, attention
-prefill, decode attention, RMSNorm/LayerNorm (and RMSNorm followed by per-token fp8
+prefill (also with a bias, ALiBi, a soft cap or a mask other than the causal one), decode attention, RMSNorm/LayerNorm (and RMSNorm followed by per-token fp8
 quantization), softmax, logsumexp/cross-entropy, MoE routing),
 each in one user style (hand-written TE, TOPI operators, or a Relax function legalized and
 fused into one PrimFunc, whose indices are int64), dtype (fp16, bf16, fp32), weight layout
@@ -26,7 +26,7 @@ import numpy as np
 import tvm
 from tvm import relax, te, tirx, topi
 
-from .attention_forms import relax_attention, te_attention, topi_attention
+from .attention_forms import attention_with_terms, relax_attention, te_attention, topi_attention
 from .cascades import moe_routing
 from .dense import ACTIVATIONS, matmul
 from .norms import EPS
@@ -151,6 +151,32 @@ def _attention(q, k, v, layout: str = "bhsd", causal: bool = False):
     return {"bhsd": out, "bshd": out.transpose(0, 2, 1, 3), "hsd": out[0]}[layout]
 
 
+#: Forms of :func:`~tvm_dsm.workloads.attention_forms.attention_with_terms` the generator draws
+#: (not those that leave a row without keys: its output is NaN by definition).
+ATTENTION_TERMS = ("bias", "alibi", "softcap", "window", "fp16_fill", "padding")
+
+
+def _attention_terms(q, k, v, *extra, terms: str):
+    """:func:`~tvm_dsm.workloads.attention_forms.attention_with_terms`'s form ``terms`` over
+    [1, H, S, D] inputs (``extra``: its mask, slopes or kept keys)."""
+    x = q @ k.transpose(0, 1, 3, 2) / math.sqrt(q.shape[-1])
+    i, t = np.indices(x.shape[-2:])
+    lowest = float(np.finfo(np.float32).min)
+    masked = {
+        "bias": lambda: x + extra[0],
+        "alibi": lambda: np.where(t <= i, x + extra[0][None, :, None, None] * (t - i), lowest),
+        "softcap": lambda: np.tanh(x / 30.0) * 30.0,
+        "window": lambda: np.where((t <= i) & (t > i - 64), x, lowest),
+        "fp16_fill": lambda: np.where(t <= i, x, -65504.0),
+        "strict": lambda: np.where(t < i, x, -np.inf),
+        "after": lambda: np.where(t >= i, x, -np.inf),
+        "padding": lambda: np.where(extra[0][None, None, None, :] != 0, x, lowest),
+    }[terms]()
+    with np.errstate(invalid="ignore"):  # a row without keys: NaN, as the function computes it
+        p = np.exp(masked - masked.max(-1, keepdims=True))
+        return (p @ v) / p.sum(-1, keepdims=True)
+
+
 def _decode_attention(q, k, v):
     """One query per (batch, head): q [B, H, D], the KV cache k, v [B, Hkv, S, D]."""
     return _attention(q[:, :, None], k, v)[:, :, 0]
@@ -183,6 +209,7 @@ REFERENCES: dict[str, Callable] = {
     "swiglu": lambda a, wg, wu, w2, layout: (_silu(a @ _weight(wg, layout)) * (a @ _weight(wu, layout)))
     @ _weight(w2, layout),
     "attention": _attention,
+    "attention_terms": _attention_terms,
     "decode_attention": _decode_attention,
     "rms_norm": lambda x, w, eps: x / _rms(x, eps) * w,
     "layer_norm": lambda x, w, b, eps: (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + eps) * w + b,
@@ -516,7 +543,12 @@ def _attention_case(draw: _Draw, op_class: str):
                 f"b{batch}h{heads}s{keys}d{dim}", flops * keys)
     q_len, kv_len = draw.pick(lengths), draw.pick(lengths)
     causal = draw.rng.random() < 0.5
-    style = draw.pick(("te", "te", "topi", "relax"))
+    style = draw.pick(("te", "te", "topi", "relax", "te_terms"))
+    if style == "te_terms":
+        terms = draw.pick(ATTENTION_TERMS)
+        func = attention_with_terms(terms, heads, q_len, dim, dtype)
+        return ("te", func, None, False, {"op": "attention_terms", "terms": terms}, 1, {},
+                f"{terms}_h{heads}s{q_len}d{dim}", 4 * heads * dim * q_len * q_len)
     if style == "te":
         layout = draw.pick(("bhsd", "bshd", "hsd"))
         batch = 1 if layout == "hsd" else batch
