@@ -36,6 +36,7 @@ from .transform.generate_kernels import mark_generated, recorded_config
 from .transform.host_sorts import refuse_host_sorts
 from .transform.rows_as_matrix import has_row_axes, over_original_tensors, rows_as_matrix
 from .transform.split_operators import merge_operators, split_operators
+from .transform.product_order import products_in_gemm_order
 from .transform.reductions_first import reductions_first
 from .transform.widen_accumulation import widen_accumulation
 from .tuning_database import open_database
@@ -92,17 +93,29 @@ def _forms(func: tirx.PrimFunc) -> Iterator[tuple[tirx.PrimFunc, str | None]]:
     what is logged where one is taken: as written; its matmuls accumulating in fp32 where they
     accumulate in 16 bits (:mod:`tvm_dsm.transform.widen_accumulation`); its blocks with
     reductions first where they are written in another order
-    (:mod:`tvm_dsm.transform.reductions_first`); both. Each is made when it is asked for."""
-    yield func, None
-    widened = widen_accumulation(func)
-    if widened is not None:
-        yield widened, "its matmuls accumulate in 16 bits; scheduled accumulating in fp32, rounded once"
-    reordered = reductions_first(func)
-    if reordered is not None:
-        yield reordered, "its blocks are scheduled with its reductions first"
-        both = widen_accumulation(reordered)
-        if both is not None:
-            yield both, "its blocks are scheduled with its reductions first, its matmuls accumulating in fp32"
+    (:mod:`tvm_dsm.transform.reductions_first`); both; then the same of its products in the
+    GEMM families' order (:mod:`tvm_dsm.transform.product_order`). Each is made when it is
+    asked for."""
+    ordered = products_in_gemm_order(func)
+    for base, how in ((func, None), (ordered, "its products' iterators and operands in the GEMM order")):
+        if base is None:
+            continue
+        yield base, how
+        widened = widen_accumulation(base)
+        if widened is not None:
+            yield widened, _joined(how, "its matmuls accumulate in 16 bits; scheduled accumulating in fp32, "
+                                        "rounded once")
+        reordered = reductions_first(base)
+        if reordered is not None:
+            yield reordered, _joined(how, "its blocks are scheduled with its reductions first")
+            both = widen_accumulation(reordered)
+            if both is not None:
+                yield both, _joined(how, "its blocks are scheduled with its reductions first, its matmuls "
+                                         "accumulating in fp32")
+
+
+def _joined(first: str | None, then: str) -> str:
+    return then if first is None else f"{first}; {then}"
 
 
 def _first_form_taken(func: tirx.PrimFunc, attempt: Callable[[tirx.PrimFunc], Any]) -> tuple[tirx.PrimFunc, Any]:
