@@ -226,14 +226,17 @@ def _outputs_recomputed(func: tirx.PrimFunc) -> tirx.PrimFunc:
     returned and normalized, as fused add-RMSNorm is) is computed from the rows the kernel holds,
     where reading the output back would wait for the whole row to be written."""
     sch = s_tir.Schedule(func)
+    blocks = [sch.get(rv) for rv in sch.get_child_blocks(sch.get_sblock("root"))]
     writers = []
-    for rv in sch.get_child_blocks(sch.get_sblock("root")):
-        block = sch.get(rv)
+    for block in blocks:
         store = block.body
         variables = [iv.var for iv in block.iter_vars]
         if (not is_reduction(block) and isinstance(store, tirx.BufferStore)
                 and any(store.buffer.same_as(p) for p in func.params)
-                and len(store.indices) == len(variables) and indexed_by(store, *variables)):
+                and len(store.indices) == len(variables) and indexed_by(store, *variables)
+                # written once, from other tensors (an update in place reads what it replaces)
+                and sum(w.source.same_as(store.buffer) for b in blocks for w in b.writes) == 1
+                and not any(ld.source.same_as(store.buffer) for ld in loads(store.value))):
             writers.append((store.buffer, variables, store.value))
     if not writers:
         return func
