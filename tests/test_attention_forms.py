@@ -610,3 +610,62 @@ def test_gpu_an_exponent_of_more_than_the_scaled_score_matches_float64(terms):
     assert np.array_equal(np.isnan(got), empty)
     error = np.linalg.norm(got[~empty] - ref[~empty]) / np.linalg.norm(ref[~empty])
     assert error < 2e-3, error
+
+
+def _with_log_sum_exp(heads=4, length=200, dim=64, causal=False, extra_max=False):
+    """Attention that also writes each row's log-sum-exp ``log(l) + max`` (what a backward pass
+    reads), as hand-written TE; ``extra_max``: the row max written too (a third output)."""
+    q, k, v = (te.placeholder((1, heads, length, dim), "float16", name=n) for n in "qkv")
+    d = te.reduce_axis((0, dim), "d")
+    raw = te.compute((1, heads, length, length), lambda b, h, i, t: te.sum(
+        q[b, h, i, d].astype("float32") * k[b, h, t, d].astype("float32"), axis=d), name="raw")
+    s = te.compute(raw.shape, lambda b, h, i, t: te.if_then_else(t <= i, raw[b, h, i, t] * (dim ** -0.5),
+                                                                  tirx.const(float("-inf"), "float32"))
+                   if causal else raw[b, h, i, t] * (dim ** -0.5), name="s")
+    t1, t2, t3 = (te.reduce_axis((0, length), n) for n in ("t1", "t2", "t3"))
+    m = te.compute(s.shape[:3], lambda b, h, i: te.max(s[b, h, i, t1], axis=t1), name="m")
+    l = te.compute(s.shape[:3], lambda b, h, i: te.sum(te.exp(s[b, h, i, t2] - m[b, h, i]), axis=t2), name="l")
+    lse = te.compute(s.shape[:3], lambda b, h, i: te.log(l[b, h, i]) + m[b, h, i], name="lse")
+    o = te.compute((1, heads, length, dim), lambda b, h, i, c: te.sum(
+        te.exp(s[b, h, i, t3] - m[b, h, i]) * v[b, h, t3, c].astype("float32"), axis=t3), name="o")
+    out = te.compute(o.shape, lambda b, h, i, c: (o[b, h, i, c] / l[b, h, i]).astype("float16"), name="out")
+    row_max = te.compute(s.shape[:3], lambda b, h, i: m[b, h, i] * 1.0, name="row_max")
+    return te.create_prim_func([q, k, v, out, lse, *([row_max] if extra_max else [])])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_log_sum_exp_output_is_written_by_the_kernel(causal, assemble):
+    shape = find_attention(_with_log_sum_exp(causal=causal))
+    assert len(shape.row_outputs) == 1 and shape.causal == causal and shape.positions == (0, 1, 2, 3)
+    source = cuda_source(fuse_attention(_with_log_sum_exp(causal=causal)))
+    assert len(cuda_kernels(source)) == 1 and "lse_ptr[" in source
+    assert assemble(source, f"attention_log_sum_exp_{causal}")
+
+
+def test_two_outputs_of_the_row_statistics_are_refused_by_name():
+    with pytest.raises(ClusterError, match="at most one output of the row statistics"):
+        find_attention(_with_log_sum_exp(extra_max=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_the_output_and_its_log_sum_exp_match_float64(causal):
+    import tvm_dsm
+
+    func = _with_log_sum_exp(heads=4, length=333, dim=128, causal=causal)
+    module = tvm_dsm.build(func, TARGET)
+    rng = np.random.default_rng()
+    q, k, v = ((rng.standard_normal((1, 4, 333, 128)) * 2).astype(np.float16) for _ in range(3))
+    dev = tvm.cuda(0)
+    out = tvm.runtime.tensor(np.full((1, 4, 333, 128), np.nan, np.float16), dev)
+    lse = tvm.runtime.tensor(np.full((1, 4, 333), np.nan, np.float32), dev)
+    module(*(tvm.runtime.tensor(x, dev) for x in (q, k, v)), out, lse)
+    x = np.einsum("bhid,bhtd->bhit", q.astype(np.float64), k.astype(np.float64)) / np.sqrt(128)
+    if causal:
+        x = np.where(np.tril(np.ones((333, 333), bool)), x, -np.inf)
+    top = x.max(-1, keepdims=True)
+    want_lse = np.log(np.exp(x - top).sum(-1)) + top[..., 0]
+    want = (np.exp(x - top) @ v.astype(np.float64)) / np.exp(x - top).sum(-1, keepdims=True)
+    got = out.numpy().astype(np.float64)
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-3
+    assert np.abs(lse.numpy() - want_lse).max() < 1e-3 * np.abs(want_lse).max()

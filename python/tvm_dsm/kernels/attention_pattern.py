@@ -111,6 +111,29 @@ class ScoreTerms:
 
 
 @dataclass(frozen=True)
+class RowOutput:
+    """A second output of one value a query row, a function of the row's log-sum-exp of the
+    exponents (``lse = log(sum) + max``, what a backward pass or a merge of partial attentions
+    reads): ``buffer[indices] = value``, ``indices`` over the query position and the head
+    variables, ``value`` over ``lse`` (a placeholder), fp32."""
+
+    buffer: object
+    indices: tuple
+    value: tirx.PrimExpr
+    lse: tirx.Var
+
+    def at(self, lse, query, query_var, heads, head_vars) -> tuple:
+        """``(indices, value)`` for the row of ``query`` in heads ``heads``, whose log-sum-exp is
+        ``lse``."""
+        def cast(var, value):
+            return value if value.ty.dtype == var.ty.dtype else tirx.Cast(var.ty.dtype, value)
+
+        places = [(query_var, cast(query_var, query)), *((v, cast(v, h)) for v, h in zip(head_vars, heads))]
+        return ([substitute(i, places) for i in self.indices],
+                tirx.Cast(str(self.buffer.ty.dtype), substitute(self.value, [(self.lse, lse)])))
+
+
+@dataclass(frozen=True)
 class AttentionShape:
     """An attention's sizes and operand layouts. ``heads``: all query heads, the product of
     ``head_extents`` (the extents of the head variables: batch, heads, ... in the rows' order);
@@ -133,6 +156,10 @@ class AttentionShape:
     #: What the kernel computes for a key's exponent where it is more than ``scale`` times the
     #: score (``scale`` is then 1).
     terms: ScoreTerms | None = field(default=None, compare=False)
+    #: Outputs of one value a row besides ``out`` (a log-sum-exp), with the query position and
+    #: head variables their indices are over.
+    row_outputs: tuple = field(default=(), compare=False)
+    row_vars: tuple = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -173,6 +200,7 @@ class _Forms:
     dim: int
     dtype: str
     exponent: "_Exponent"
+    row_blocks: tuple = ()  # blocks writing an output of one value a row (a log-sum-exp)
 
 
 @dataclass(frozen=True)
@@ -184,6 +212,7 @@ class _Exponent:
     of_key: sympy.Expr
     fill: float | None
     plain: bool
+    shift: sympy.Expr = sympy.Integer(0)  # of the row: the sums' exponent less ``of_key``
 
 
 def find_attention(func: tirx.PrimFunc) -> AttentionShape:
@@ -288,7 +317,7 @@ class _Match:
         cond = self._max_form()
         scale, normalized, exponent = self._sum_forms(cond)
         c, v_load = self._output_level()
-        out_block = self._output_block(normalized)
+        out_block, row_blocks = self._output_block(normalized)
         operands = [q_load.source, k_load.source, v_load.source, out_block.body.buffer]
         dtypes = {str(b.ty.dtype) for b in operands}
         if len(dtypes) != 1 or not dtypes <= {"float16", "bfloat16"}:
@@ -299,7 +328,7 @@ class _Match:
         # in the kernel's units: S the product q . k, which the scores are a constant times
         exponent = dataclasses.replace(exponent, of_key=exponent.of_key.subs(_SCORE, score_scale * _SCORE))
         return _Forms(tuple(operands), indices, d, c, cond, score_scale * scale, scores.extent, dtypes.pop(),
-                      exponent)
+                      exponent, tuple(row_blocks))
 
     def shape(self) -> AttentionShape:
         f = self._forms()
@@ -324,10 +353,44 @@ class _Match:
                    self._layout("v", v, v_idx, t, f.column_var, heads),
                    self._layout("out", out, out_idx, i, f.column_var, heads))
         extents = tuple(self.ranges[var] for var in heads)
-        params = tuple(self.func.params) if terms is not None or order != [0, 1, 2, 3] else ()
+        if len(f.row_blocks) > 1:
+            raise ClusterError(f"attention writes at most one output of the row statistics; writes "
+                               f"{[str(b.name_hint) for b in f.row_blocks]}")
+        row_outputs = tuple(self._row_output(block, f.exponent) for block in f.row_blocks)
+        params = tuple(self.func.params) if terms is not None or row_outputs or order != [0, 1, 2, 3] else ()
         scale = f.scale if terms is None else 1.0  # the terms' exponent holds it
         return AttentionShape(math.prod(extents), self.ranges[i], self.m.extent, f.dim, scale, causal, f.dtype,
-                              extents, layouts, params, tuple(order), terms)
+                              extents, layouts, params, tuple(order), terms, row_outputs, (i, *heads))
+
+    def _row_output(self, block, exponent: _Exponent) -> RowOutput:
+        """A block writing one value a row from the row max M and sum L, read as a function of
+        the row's log-sum-exp: ``L = exp(lse + shift(M))`` (the sums' own exponent) must leave M
+        out of the value (``log(L) + M`` is the log-sum-exp itself)."""
+        M, L, lse = (sympy.Symbol(n, real=True) for n in ("M", "L", "lse"))
+        store = block.body
+        value = _sympy(store.value, self._leaf(_SCORE))
+        of_lse = simplify(value.subs(L, sympy.exp(lse + exponent.shift)))
+        if of_lse.has(M) or of_lse.has(L) or of_lse.has(_SCORE):
+            raise ClusterError(f"{block.name_hint} must write a function of the row's log-sum-exp "
+                               f"(log(sum) + max); writes {value}")
+        # its indices in the row max's variables: it reads the statistics at its own variables
+        stat = next((ld for ld in loads(store.value) if ld.source.same_as(self.m.output) or ld.source.same_as(
+            self.l.output)), None)
+        if stat.source.same_as(self.m.output):
+            mine = list(self.m.spatial)
+        else:
+            pairs = self._canonical(self.l)
+            mine = [next(m for theirs, m in pairs if theirs.same_as(v)) for v in self.l.spatial]
+        if not all(isinstance(i, tirx.Var) for i in stat.indices):
+            raise ClusterError(f"{block.name_hint} must read the row statistics at its own variables")
+        mapping = list(zip(stat.indices, mine))
+        indices = tuple(self.analyzer.simplify(substitute(i, mapping)) for i in store.indices)
+        lse_var = tirx.Var("lse", "float32")
+        try:
+            emitted = ToTIR({"lse": lse_var}, "float32")(of_lse)
+        except Unsupported as err:
+            raise ClusterError(f"{block.name_hint}: {err}") from err
+        return RowOutput(store.buffer, indices, emitted, lse_var)
 
     def _terms(self, f: _Forms, i, t, heads: list) -> ScoreTerms:
         """The exponent the kernel computes for each key (:class:`ScoreTerms`), from the sums'."""
@@ -363,6 +426,8 @@ class _Match:
         if not f.exponent.plain:
             raise ClusterError(f"decode attention takes the scaled score alone as a key's exponent; got "
                                f"{f.exponent.of_key}")
+        if f.row_blocks:
+            raise ClusterError("decode attention writes one output")
         if self.ranges[f.column_var] != f.dim:
             raise ClusterError(f"decode attention: v and the output have {self.ranges[f.column_var]} columns, "
                                f"q and k {f.dim}")
@@ -553,7 +618,7 @@ class _Match:
                                    f"{_sympy(_with_branch(self.l.value, False), *self._reader(self.l, s))} and "
                                    f"{_sympy(_with_branch(self.o.value, False), *self._reader(self.o, s, V=v))}")
             fill = fills.pop()
-        return (scale if plain else 1.0), normalized, _Exponent(of_key, fill, plain)
+        return (scale if plain else 1.0), normalized, _Exponent(of_key, fill, plain, shift)
 
     def _v_load(self):
         """The weighted sum's load of v: the one input it reads that the row sum does not (that
@@ -582,8 +647,13 @@ class _Match:
         probabilities normalized, the weighted sum itself accumulating into the output (a
         Relax ``matmul`` of the softmax and v)."""
         writers = [b for b in self.blocks if any(w.source.same_as(p) for w in b.writes for p in self.func.params)]
+        statistics = (self.m.output, self.l.output)
+        row_blocks = [b for b in writers if b.name_hint not in (self.m.block, self.l.block, self.o.block)
+                      and isinstance(b.body, tirx.BufferStore) and loads(b.body.value)
+                      and all(any(ld.source.same_as(x) for x in statistics) for ld in loads(b.body.value))]
+        writers = [b for b in writers if b not in row_blocks]
         if len(writers) != 1 or not isinstance(writers[0].body, tirx.BufferStore):
-            raise ClusterError("attention writes one output, from one block")
+            raise ClusterError("attention writes one output, from one block (and outputs of the row statistics)")
         if writers[0].name_hint == self.o.block:  # the weighted sum accumulates into the output
             if not normalized:
                 raise ClusterError("a weighted sum written as the output must be of the normalized probabilities")
@@ -594,11 +664,11 @@ class _Match:
             if not _zero(value - want):
                 raise ClusterError(f"the output must be the weighted sum "
                                    f"{'' if normalized else 'divided by the row sum'}; got {value}")
-        extra = [b for b in self.blocks if b.name_hint not in {writers[0].name_hint, self.m.block, self.l.block,
-                                                                 self.o.block} and b.init is None]
+        taken = {writers[0].name_hint, self.m.block, self.l.block, self.o.block, *(b.name_hint for b in row_blocks)}
+        extra = [b for b in self.blocks if b.name_hint not in taken and b.init is None]
         if extra:
             raise ClusterError(f"attention has no other stage; found {[str(b.name_hint) for b in extra]}")
-        return writers[0]
+        return writers[0], row_blocks
 
     def _out_indices(self, block, c) -> list:
         """The output's indices in the rows' variables: the output block reads the weighted
