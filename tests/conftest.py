@@ -68,6 +68,11 @@ def cuda_source(mod: tvm.IRModule, pipeline: str = "default") -> str:
     return tvm.compile(mod, target=TARGET, tir_pipeline=pipeline).mod.imports[0].inspect_source()
 
 
+def relax_cuda_source(module) -> str:
+    """The CUDA source of a compiled Relax module: its (nested) imports', depth first."""
+    return "".join((m.inspect_source() if m.kind == "cuda" else "") + relax_cuda_source(m) for m in module.imports)
+
+
 def named_alike(source: str) -> str:
     """``source`` with its kernels named by position (a kernel is named after its function's
     symbol, which a generated kernel and the function it replaces may spell differently)."""

@@ -527,15 +527,19 @@ def test_the_scaled_score_alone_keeps_the_plain_kernel():
     assert shape.terms is None and shape.causal and shape.params == ()
 
 
-def test_score_terms_are_refused_where_the_kernel_has_no_form_for_them():
-    """Decode attention takes the scaled score alone; a symbolic length, (q, k, v, out) alone."""
+def test_score_terms_over_a_symbolic_length_build_one_kernel_and_decode_refuses_them(assemble):
+    """A soft cap over any sequence length: one kernel, its terms over the function's own
+    parameters; decode attention takes the scaled score alone."""
     from tvm_dsm.kernels.attention_pattern import find_decode_attention
 
     with pytest.raises(ClusterError, match="decode attention takes the scaled score alone"):
         find_decode_attention(_decode_with_soft_cap())
-    length = tirx.Var("S", "int32")
-    with pytest.raises(ClusterError, match="symbolic extents takes"):
-        TEMPLATE.find(_symbolic_with_soft_cap(length))
+    func = _symbolic_with_soft_cap(tirx.Var("S", "int32"))
+    shape = TEMPLATE.find(func)
+    assert shape.terms is not None and isinstance(shape.q_len, tirx.Var)
+    source = cuda_source(fuse_attention(func))
+    assert len(cuda_kernels(source)) == 1 and "tanhf" in source
+    assert assemble(source, "attention_terms_symbolic")
 
 
 def _decode_with_soft_cap(heads=8, keys=300, dim=64):

@@ -13,7 +13,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from conftest import TARGET, kernels
+from conftest import TARGET, kernels, relax_cuda_source
 from tvm_dsm.driver import stock_target
 from tvm_dsm.relax_pipeline import DLIGHT, KV_APPEND, PAGED_DECODE, PRESCHEDULED, RAGGED_PREFILL
 from tvm_dsm.relax_gated import FuseGatedProjections
@@ -58,12 +58,6 @@ class _Records(logging.Handler):
 
     def emit(self, record):
         self.messages.append(record.getMessage())
-
-
-def _cuda_source(module) -> str:
-    """The CUDA source of the (nested) imports of a compiled Relax module."""
-    return "".join((m.inspect_source() if m.kind == "cuda" else "") + _cuda_source(m)
-                   for m in module.imports)
 
 
 def _dims(param) -> list:
@@ -165,7 +159,7 @@ def test_tvm_default_pipeline_compiles_the_model_for_the_h100(tiny_cuda):
     mod, _ = tiny_cuda
     executable = tvm.compile(mod, stock_target(TARGET), relax_pipeline="default",
                              tir_pipeline="s_tir_stock")
-    names = set(kernels(_cuda_source(executable.mod)))
+    names = set(kernels(relax_cuda_source(executable.mod)))
     assert any(name.startswith("batch_decode_paged_kv") for name in names)
     assert any("matmul" in name for name in names)
 

@@ -14,7 +14,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
 import tvm_dsm
-from conftest import TARGET, cuda_source
+from conftest import TARGET, cuda_source, relax_cuda_source
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.model_report import relax_report
 from tvm_dsm.relax_attention import FuseAttention
@@ -31,6 +31,24 @@ class SelfAttention(nn.Module):
     def forward(self, q, k, v):
         p = op.softmax(op.matmul(q, op.permute_dims(k, (0, 1, 3, 2))) * self.scale, axis=-1)
         return op.matmul(p, v)
+
+
+class MaskedSelfAttention(nn.Module):
+    """BERT's self-attention with its additive padding mask ``[batch, 1, 1, seq]``."""
+
+    def __init__(self, head_dim: int):
+        self.scale = 1.0 / head_dim ** 0.5
+
+    def forward(self, q, k, v, mask):
+        scores = op.matmul(q, op.permute_dims(k, (0, 1, 3, 2))) * self.scale + mask
+        return op.matmul(op.softmax(scores, axis=-1), v)
+
+
+def _exported_masked(batch, heads, seq, head_dim, dtype="float16"):
+    spec = {**{name: nn.spec.Tensor([batch, heads, seq, head_dim], dtype) for name in "qkv"},
+            "mask": nn.spec.Tensor([batch, 1, 1, seq], dtype)}
+    mod, _ = MaskedSelfAttention(head_dim).export_tvm({"forward": spec})
+    return mod
 
 
 def _exported(batch, heads, seq, head_dim, dtype="float16"):
@@ -65,6 +83,32 @@ def test_the_grouped_attention_computes_what_the_operators_do_on_llvm():
     p = np.exp(s - s.max(-1, keepdims=True))
     ref = (p / p.sum(-1, keepdims=True)) @ v.astype(np.float64)
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 5e-3  # fp16 arithmetic throughout
+
+
+@pytest.mark.parametrize(("batch", "seq"), [(2, 128), (2, "seq"), ("batch", "seq")])
+def test_attention_with_an_additive_mask_is_one_function_the_attention_family_takes(batch, seq, assemble):
+    mod = _exported_masked(batch, 4, seq, 64)
+    report = relax_report(mod)
+    assert [row.where for row in report.rows if "softmax" in row.name] == ["attention"], report.format()
+    source = relax_cuda_source(tvm.compile(mod, target=TARGET, relax_pipeline="tvm_dsm").mod)
+    assert "mask" in source and assemble(source, f"relax_masked_attention_{batch}_{seq}")
+
+
+
+def test_the_grouped_masked_attention_computes_what_the_operators_do_on_llvm():
+    mod = _exported_masked(1, 2, 16, 8)
+    grouped = lower_to_tir(mod)
+    assert sum("softmax" in gv.name_hint and "add" in gv.name_hint for gv in grouped.functions) == 1
+    rng = np.random.default_rng()
+    q, k, v = (rng.standard_normal((1, 2, 16, 8)).astype("float16") for _ in range(3))
+    mask = np.where(rng.random((1, 1, 1, 16)) < 0.25, -1e4, 0).astype("float16")
+
+    def run(executable):
+        vm = relax.VirtualMachine(executable, tvm.cpu())
+        return vm["forward"](*(tvm.runtime.tensor(a) for a in (q, k, v, mask))).numpy()
+
+    np.testing.assert_array_equal(run(tvm.compile(grouped, target="llvm", tir_pipeline="s_tir_stock")),
+                                  run(tvm.compile(mod, target="llvm", tir_pipeline="s_tir_stock")))
 
 
 def test_a_softmax_between_two_weight_products_is_not_attention():
@@ -159,3 +203,21 @@ def test_a_weighted_sum_accumulating_into_the_output_is_attention_where_normaliz
     attention = next(f for f in FAMILIES if f.name == "attention")
     with pytest.raises(ClusterError, match="exp-weighted sum|normalized probabilities|row sum"):
         attention.recognize(_weighted_sum_into_the_output(False))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seq", [200, "seq"])
+def test_masked_attention_is_correct_on_the_gpu(seq):
+    mod = _exported_masked(2, 4, seq, 64)
+    rng = np.random.default_rng()
+    q, k, v = (rng.standard_normal((2, 4, 200, 64)).astype("float16") for _ in range(3))
+    mask = np.where(rng.random((2, 1, 1, 200)) < 0.25, -1e4, 0).astype("float16")
+    executable = tvm.compile(mod, target=TARGET, relax_pipeline="tvm_dsm")
+    dev = tvm.cuda(0)
+    vm = relax.VirtualMachine(executable, dev)
+    got = vm["forward"](*(tvm.runtime.tensor(a, dev) for a in (q, k, v, mask))).numpy().astype(np.float64)
+    q64, k64, v64 = (a.astype(np.float64) for a in (q, k, v))
+    s = q64 @ k64.transpose(0, 1, 3, 2) / 8 + mask.astype(np.float64)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    ref = (p / p.sum(-1, keepdims=True)) @ v64
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3

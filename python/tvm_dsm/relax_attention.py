@@ -7,13 +7,17 @@ matmul, the scores and probabilities written to memory and read back between the
 family recognizes attention by meaning within one function (:mod:`tvm_dsm.kernels.attention_pattern`).
 :func:`FuseAttention` groups the calls first with Relax's pattern fusion, after ``LegalizeOps``: a
 product of two activations, at most :data:`_MAX_ELEMENTWISE` element-wise operators (a scale), a
-softmax (a row max and a row sum), and a product of the probabilities with a third activation.
+softmax (a row max and a row sum), and a product of the probabilities with a third activation;
+an element-wise operator may take another input (BERT's additive mask), which the attention
+kernel adds per key (:class:`tvm_dsm.kernels.attention_pattern.ScoreTerms`).
 ``FuseTIR`` then makes one PrimFunc of each group. Only attention of the attention family's
 form is grouped (constant heads and batch, head dims a multiple of 8 up to 256); a group no
 family takes is scheduled operator by operator (:class:`tvm_dsm.relax_integration.ScheduleTIR`).
 """
 
 from __future__ import annotations
+
+import itertools
 
 import tvm
 from tvm import s_tir, tirx
@@ -28,14 +32,17 @@ _MAX_ELEMENTWISE = 2  # operators between the scores and the softmax
 
 
 def attention_patterns() -> list:
-    """The scores' product, ``between`` element-wise operators, the softmax, the product with
+    """The scores' product, ``between`` element-wise operators (each of the scores alone, a
+    scale, or of the scores and another input, an additive mask), the softmax, the product with
     v; most operators first (pattern fusion takes the first match)."""
+    steps = (lambda s: call_tir(s), lambda s: call_tir(s, wildcard()), lambda s: call_tir(wildcard(), s))
     patterns = []
     for between in range(_MAX_ELEMENTWISE, -1, -1):
-        scores = call_tir(wildcard(), wildcard())
-        for _ in range(between):
-            scores = call_tir(scores)
-        patterns.append(call_tir(call_tir(scores), wildcard()))
+        for chosen in itertools.product(steps, repeat=between):
+            scores = call_tir(wildcard(), wildcard())
+            for step in chosen:
+                scores = step(scores)
+            patterns.append(call_tir(call_tir(scores), wildcard()))
     return patterns
 
 

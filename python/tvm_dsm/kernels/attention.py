@@ -209,13 +209,11 @@ class AttentionTemplate(KernelTemplate):
             matched = specialized(matched, var, value)
             matched_at[var.name] = value
         shape = find_attention(matched)
-        if shape.terms is not None or shape.positions != (0, 1, 2, 3):
-            raise ClusterError("attention over symbolic extents takes (q, k, v, out) alone, its exponent the scaled "
-                               "score (no bias, mask tensor or other terms)")
         seq = {"q_len": [], "kv_len": []}
         heads: dict[int, tirx.PrimExpr] = {}  # a head variable's extent, where it is symbolic
         lengths_of = ("q_len", "kv_len", "kv_len", "q_len")  # q, k, v, out
-        for param, layout, length in zip(func.params, shape.layouts, lengths_of, strict=True):
+        operands = [func.params[n] for n in shape.positions]
+        for param, layout, length in zip(operands, shape.layouts, lengths_of, strict=True):
             # an outer head axis (no modulus): its variable counts extent x divisor values (a
             # batch, or batch and heads flattened into one variable, read as var // heads)
             outer = {axis.axis: axis for axis in layout.heads if axis.var is not None and not axis.modulus}
@@ -236,8 +234,15 @@ class AttentionTemplate(KernelTemplate):
                 raise ClusterError(f"attention's {length} differs between its operands: {extents}")
         q_len, kv_len = (e if isinstance(e, tirx.Var) else int(e) for e in (seq["q_len"][0], seq["kv_len"][0]))
         head_extents = tuple(heads.get(n, extent) for n, extent in enumerate(shape.head_extents))
+        # the other inputs and outputs the terms and row outputs read: the function's own
+        own = list(zip(matched.params, func.params))
+        terms = shape.terms and dataclasses.replace(
+            shape.terms, value=substitute(shape.terms.value, own),
+            mask=None if shape.terms.mask is None else substitute(shape.terms.mask, own))
+        row_outputs = tuple(dataclasses.replace(r, buffer=substitute(r.buffer, own)) for r in shape.row_outputs)
         return dataclasses.replace(shape, heads=math.prod(head_extents) if heads else shape.heads, q_len=q_len,
-                                   kv_len=kv_len, head_extents=head_extents, params=tuple(func.params))
+                                   kv_len=kv_len, head_extents=head_extents, params=tuple(func.params), terms=terms,
+                                   row_outputs=row_outputs)
 
     def configs(self, shape: AttentionShape) -> list[AttentionConfig]:
         """:data:`CONFIGS` that fit the head dim."""
