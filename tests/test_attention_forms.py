@@ -542,6 +542,24 @@ def test_score_terms_over_a_symbolic_length_build_one_kernel_and_decode_refuses_
     assert assemble(source, "attention_terms_symbolic")
 
 
+def test_a_mask_written_with_a_symbolic_length_is_refused():
+    """``t >= S - 100`` read at one length would keep that length's keys at every other."""
+    length = tirx.Var("S", "int32")
+    q, k, v = (te.placeholder((4, length, 64), "float16", name=n) for n in "qkv")
+    d, t1, t2, t3 = (te.reduce_axis((0, e), n) for e, n in ((64, "d"), (length, "t1"), (length, "t2"), (length, "t3")))
+    raw = te.compute((4, length, length), lambda h, i, t: te.sum(
+        q[h, i, d].astype("float32") * k[h, t, d].astype("float32"), axis=d), name="raw")
+    s = te.compute(raw.shape, lambda h, i, t: te.if_then_else(
+        t >= length - 100, raw[h, i, t] * 0.125, tirx.const(float("-inf"), "float32")), name="s")
+    m = te.compute((4, length), lambda h, i: te.max(s[h, i, t1], axis=t1), name="m")
+    l = te.compute((4, length), lambda h, i: te.sum(te.exp(s[h, i, t2] - m[h, i]), axis=t2), name="l")
+    o = te.compute((4, length, 64), lambda h, i, c: te.sum(
+        te.exp(s[h, i, t3] - m[h, i]) * v[h, t3, c].astype("float32"), axis=t3), name="o")
+    out = te.compute(o.shape, lambda h, i, c: (o[h, i, c] / l[h, i]).astype("float16"), name="out")
+    with pytest.raises(ClusterError, match="depend on the lengths"):
+        TEMPLATE.find(te.create_prim_func([q, k, v, out]))
+
+
 def _decode_with_soft_cap(heads=8, keys=300, dim=64):
     q = te.placeholder((heads, dim), "float16", name="q")
     k, v = (te.placeholder((heads, keys, dim), "float16", name=n) for n in "kv")

@@ -133,6 +133,9 @@ _MAX_SHARED_BYTES = 227 * 1024
 #: first variable's, then the second's, the third's (lengths or a batch): above every head dim,
 #: whose extent an equal length would make ambiguous to the matcher.
 _MATCHED_LENGTHS = (264, 328, 392)
+#: Other extents the score terms of a function of symbolic ones are read at, to check that they
+#: do not depend on them.
+_OTHER_LENGTHS = (280, 344, 408)
 #: Keys from which causal attention at head dims 80-128 shares 128-key tiles between two
 #: warpgroups (:func:`default_config`).
 _LONG_CAUSAL_KEYS = 2048
@@ -190,6 +193,31 @@ def default_config(shape: AttentionShape, hw: Hardware | None = None) -> Attenti
     return AttentionConfig(128 if isinstance(shape.kv_len, int) and shape.kv_len >= 1024 else 64)
 
 
+def _check_terms_free_of_lengths(func: tirx.PrimFunc, variables: list, matched: tirx.PrimFunc,
+                                 shape: AttentionShape) -> None:
+    """ClusterError unless ``shape``'s score terms and row outputs (read from ``matched``, the
+    function at :data:`_MATCHED_LENGTHS`) are the same at other lengths: a mask written with the
+    lengths (``t <= i + (Sk - Sq)``) would be read as its value at the matched ones."""
+    other = func
+    for var, value in zip(variables, _OTHER_LENGTHS):
+        other = specialized(other, var, value)
+    again = find_attention(other)
+
+    def read(found: AttentionShape, source: tirx.PrimFunc) -> list:
+        own = list(zip(source.params, func.params))
+        terms = found.terms
+        parts = [] if terms is None else [terms.value, terms.mask, terms.fill]
+        parts += [x for r in found.row_outputs for x in (r.indices, r.value)]
+        return [substitute(x, own) if x is not None and not isinstance(x, float) else x for x in parts]
+
+    first, second = read(shape, matched), read(again, other)
+    if len(first) != len(second) or not all(
+            a == b if isinstance(a, float) or a is None else tvm_ffi.structural_equal(a, b, map_free_vars=True)
+            for a, b in zip(first, second)):
+        raise ClusterError(f"attention over symbolic extents: its score terms or mask depend on the lengths "
+                           f"{[v.name for v in variables]} (read at one length, they would hold at that one only)")
+
+
 class AttentionTemplate(KernelTemplate):
     """The attention kernel of an unfused attention (:func:`find_attention`), for sm_90a."""
 
@@ -209,6 +237,8 @@ class AttentionTemplate(KernelTemplate):
             matched = specialized(matched, var, value)
             matched_at[var.name] = value
         shape = find_attention(matched)
+        if shape.terms is not None or shape.row_outputs:
+            _check_terms_free_of_lengths(func, variables, matched, shape)
         seq = {"q_len": [], "kv_len": []}
         heads: dict[int, tirx.PrimExpr] = {}  # a head variable's extent, where it is symbolic
         lengths_of = ("q_len", "kv_len", "kv_len", "q_len")  # q, k, v, out
