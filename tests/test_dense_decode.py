@@ -72,7 +72,7 @@ def test_groups_are_what_both_k_and_v_share():
 
 @pytest.mark.parametrize(("make", "message"), [
     (lambda: te_attention(2, 8, 1, 256, 512, kv_heads=2), "a head dim that is a multiple of 8 up to 256"),
-    (lambda: te_attention(2, 8, 1, 256, 64, causal=True), "takes no mask"),
+    (lambda: te_attention(2, 8, 1, 256, 64, causal=True), "must provably keep the last key"),
     (lambda: te_attention(2, 8, 1, 256, 64, dtype="float32"), "float16 or bfloat16"),
 ])
 def test_what_the_kernel_cannot_take_is_refused_by_name(make, message):

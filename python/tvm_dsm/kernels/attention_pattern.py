@@ -183,6 +183,9 @@ class DecodeShape:
     dtype: str
     group_var: int
     group: int
+    #: the exponent where it is more than ``scale`` times the score (``scale`` is then 1): its
+    #: query position, if any, is 0
+    terms: "ScoreTerms | None" = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -392,8 +395,9 @@ class _Match:
             raise ClusterError(f"{block.name_hint}: {err}") from err
         return RowOutput(store.buffer, indices, emitted, lse_var)
 
-    def _terms(self, f: _Forms, i, t, heads: list) -> ScoreTerms:
-        """The exponent the kernel computes for each key (:class:`ScoreTerms`), from the sums'."""
+    def _terms(self, f: _Forms, i, t, heads: list, skipping: bool = True) -> ScoreTerms:
+        """The exponent the kernel computes for each key (:class:`ScoreTerms`), from the sums';
+        ``skipping``: whether key tiles past the diagonal may be skipped."""
         score = tirx.Var("score", "float32")
         symbols = {_SCORE.name: score}
         symbols.update((name, tirx.Cast("float32", var)) for name, var in self.places.items())
@@ -405,7 +409,7 @@ class _Match:
             raise ClusterError(f"attention's exponent {f.exponent.of_key}: {err}") from err
         mask = _without_bool_casts(f.cond) if f.cond is not None else None
         fill = f.exponent.fill if mask is not None else float("-inf")
-        skip = (mask is not None and _underflows(fill) and self.ranges[i] <= self.ranges[t]
+        skip = (skipping and mask is not None and _underflows(fill) and self.ranges[i] <= self.ranges[t]
                 and _implies(self.analyzer, mask, t <= i)
                 and self.analyzer.can_prove(substitute(mask, [(t, i)])))
         return ScoreTerms(value, score, i, t, tuple(heads), mask, fill, skip)
@@ -421,11 +425,7 @@ class _Match:
         # v and the output are indexed by their own column variable: read as q's
         indices = [tuple(self.analyzer.simplify(substitute(i, [(f.column_var, d)])) for i in idx) for idx in f.indices]
         q_idx, k_idx, v_idx, out_idx = indices
-        if f.cond is not None:
-            raise ClusterError("decode attention (one query a head) takes no mask")
-        if not f.exponent.plain:
-            raise ClusterError(f"decode attention takes the scaled score alone as a key's exponent; got "
-                               f"{f.exponent.of_key}")
+        terms = self._decode_terms(f, t, heads) if f.cond is not None or not f.exponent.plain else None
         if f.row_blocks:
             raise ClusterError("decode attention writes one output")
         if self.ranges[f.column_var] != f.dim:
@@ -451,7 +451,22 @@ class _Match:
                                f"{[str(i) for i in out_idx]}")
         group_var, group = self._kv_group(heads, (k_idx, v_idx))
         return DecodeShape(self.func, f.operands, tuple(heads), tuple(self.ranges[v] for v in heads), t, d,
-                           tuple(indices), self.m.extent, f.dim, f.scale, f.dtype, group_var, group)
+                           tuple(indices), self.m.extent, f.dim, 1.0 if terms else f.scale, f.dtype, group_var, group,
+                           terms)
+
+    def _decode_terms(self, f: _Forms, t, heads: list) -> ScoreTerms:
+        """The exponent of one query's keys (:class:`ScoreTerms`, its query position 0). A mask
+        must provably keep the last key: a row it empties weighs its keys by the fill, which the
+        decode kernel's running max does not start below. A fill that underflows is -inf."""
+        units = [var for var in self.m.spatial if self.ranges[var] == 1]
+        query = units[0] if units else tirx.Var("query", "int32")
+        terms = self._terms(f, query, t, heads, skipping=False)
+        if terms.mask is not None:
+            last = substitute(terms.mask, [(t, tirx.const(self.m.extent - 1, t.ty.dtype)),
+                                           *((v, tirx.const(0, v.ty.dtype)) for v in units)])
+            if not self.analyzer.can_prove(last):
+                raise ClusterError(f"decode attention: a mask must provably keep the last key; got {terms.mask}")
+        return dataclasses.replace(terms, fill=float("-inf") if _underflows(terms.fill) else terms.fill)
 
     def _check_inits(self) -> None:
         """The sums start at 0 and the max at its type's lowest value or -inf (the kernel's own

@@ -135,6 +135,15 @@ class DecodeOperands(ABC):
     def scale(self):
         """The softmax scale (of the scores, before the exponential)."""
 
+    #: Whether :meth:`exponent` computes more than the scaled score.
+    has_terms = False
+
+    def exponent(self, h, token, score):
+        """The base-2 exponent of ``token``'s key for the group's ``h``-th head, whose score
+        times ``scale() * log2 e`` is ``score``: that score, unless the operands have score
+        terms (a soft cap, a bias, a mask) to compute (:attr:`has_terms`)."""
+        return score
+
     def before_loads(self, slot: int, token) -> None:
         """Emit what the loads of ``token``'s rows need (a page lookup) into ``slot`` of
         ``files * ROW_SLOTS`` (a register file's rows of one step); nothing by default."""
@@ -546,6 +555,10 @@ class _LaneBody(_Body):
             for i in range(g * U):
                 B.buffer_store(self.s, self.s[i] + shuffle_xor(self.s[i], mask), [i])
             mask *= 2
+        if ops.has_terms:
+            for h in range(g):
+                for u, token in enumerate(self._tokens(step)):
+                    B.buffer_store(self.s, ops.exponent(h, self._token(token), self.s[h * U + u]), [h * U + u])
         zero = tirx.const(0.0, "float32")
         for h in range(g):
             B.buffer_store(self.merged, self.m[h], [0])
@@ -695,7 +708,9 @@ class _MmaBody(_Body):
         # the thread's scores: tile's tokens base + 8 tile + 2p + e, in s[4 tile + e]
         held = [(tile, e) for tile in range(2) for e in range(2)]
         valid = {(tile, e): base + 8 * tile + 2 * self.place + e < self.span[1] for tile, e in held}
-        score = {(tile, e): s[4 * tile + e] * self.scale for tile, e in held}
+        head = T.min(self.row, ops.group - 1)  # rows past the group hold zeros
+        score = {(tile, e): ops.exponent(head, self._token(base + 8 * tile + 2 * self.place + e),
+                                         s[4 * tile + e] * self.scale) for tile, e in held}
         B.buffer_store(self.merged, self.m[0], [0])
         for key in held:
             B.buffer_store(self.merged, T.if_then_else(valid[key], T.max(self.merged[0], score[key]), self.merged[0]), [0])

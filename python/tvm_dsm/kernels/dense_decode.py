@@ -32,6 +32,7 @@ from .decode_attention import check_config as check_config_limits
 from .template import KernelTemplate
 
 _RANKS = (1, 2, 4, 8)
+_LOG2E = math.log2(math.e)
 #: The key length a function of a symbolic one is matched at: above every head dim and head
 #: count, whose extents an equal length would make ambiguous to the matcher.
 MATCHED_KEYS = 328
@@ -83,6 +84,18 @@ class DenseOperands(DecodeOperands):
     def scale(self):
         return self.shape.scale
 
+    @property
+    def has_terms(self) -> bool:
+        return self.shape.terms is not None
+
+    def exponent(self, h, token, score):
+        terms = self.shape.terms
+        if terms is None:
+            return score
+        heads = [value for _, value in self._heads(h)]
+        natural = terms.at(score * tirx.const(1 / _LOG2E, "float32"), tirx.const(0, "int32"), token, heads)
+        return natural * tirx.const(_LOG2E, "float32")
+
     def row_pointer(self, slot: int, kv: int, token, column):
         buffer = self.shape.operands[1 + kv]
         (flat,) = buffer.offset_of(self._indices(1 + kv, 0, column, token))
@@ -127,6 +140,9 @@ def _decode_shape(func: tirx.PrimFunc) -> DecodeShape:
             raise ClusterError(f"decode attention over a symbolic {kv_len.name}: it must be the key length of k and v "
                                f"alone, each indexed by the key alone along it; {param.name} has it at axes {axes}, "
                                f"indexed {[str(i) for i in indices]}")
+    if shape.terms is not None:
+        raise ClusterError(f"decode attention over a symbolic {kv_len.name} takes the scaled score alone (score terms "
+                           "are read at one length)")
     return dataclasses.replace(shape, func=func, operands=operands, kv_len=kv_len)
 
 

@@ -63,11 +63,13 @@ def _loops_in_iterator_order(sch: s_tir.Schedule, rv) -> None:
 
 def products_in_gemm_order(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
     """``func`` with each product of two operands in the order above; None where every one
-    already is."""
+    already is (or where the function has no root block to read them from)."""
+    if not isinstance(func.body, SBlockRealize):
+        return None
     sch = s_tir.Schedule(func)
     changed = False
     swaps = []
-    for rv in sch.get_child_blocks(sch.get_sblock("root")):
+    for rv in sch.get_child_blocks(sch.get_sblock(func.body.block.name_hint)):
         block = sch.get(rv)
         if not is_reduction(block) or len(_operands(block)) != 2:
             continue
