@@ -18,7 +18,8 @@ from tvm_dsm.errors import ClusterError
 from tvm_dsm.ir import extent_variables, specialized
 from tvm_dsm.kernels.attention import TEMPLATE, AttentionConfig, fuse_attention
 from tvm_dsm.kernels.attention_pattern import HeadAxis, find_attention
-from tvm_dsm.workloads.attention_forms import attention_with_terms, relax_attention, te_attention, topi_attention
+from tvm_dsm.workloads.attention_forms import (attention_with_terms, decode_attention_with_terms, relax_attention,
+                                              te_attention, topi_attention)
 from tvm_dsm.workloads.generated import REFERENCES
 
 #: (name, arguments of te_attention after batch, heads, q_len, kv_len, dim)
@@ -556,43 +557,13 @@ def test_a_mask_written_with_a_symbolic_length_is_refused():
         TEMPLATE.find(te.create_prim_func([q, k, v, out]))
 
 
-def _decode_with_terms(terms: str, batch=2, heads=8, kv_heads=2, keys=300, dim=64):
-    """Grouped decode attention (q ``[B, H, D]``, k and v ``[B, Hkv, S, D]``) with a tanh soft cap
-    (``softcap``), the last 100 keys only (``window``, Mistral's sliding window at the newest
-    query), ALiBi's ``slope[h] * (t - (S - 1))`` (``alibi``, q, k, v, slopes, out), or the first
-    keys only (``first``, which a decode kernel cannot take: it may not keep the last key)."""
-    group = heads // kv_heads
-    q = te.placeholder((batch, heads, dim), "float16", name="q")
-    k, v = (te.placeholder((batch, kv_heads, keys, dim), "float16", name=n) for n in "kv")
-    slopes = te.placeholder((heads,), "float32", name="slopes")
-    d, t1, t2, t3 = (te.reduce_axis((0, e), n) for e, n in ((dim, "d"), (keys, "t1"), (keys, "t2"), (keys, "t3")))
-    raw = te.compute((batch, heads, keys), lambda b, h, t: te.sum(
-        q[b, h, d].astype("float32") * k[b, h // group, t, d].astype("float32"), axis=d), name="raw")
-    lowest = tirx.const(-3.4028234663852886e38, "float32")
-
-    def logit(b, h, t):
-        x = raw[b, h, t] * (dim ** -0.5)
-        return {"softcap": lambda: te.tanh(x / 30.0) * 30.0,
-                "window": lambda: te.if_then_else(t >= keys - 100, x, lowest),
-                "alibi": lambda: x + slopes[h] * (t - (keys - 1)).astype("float32"),
-                "first": lambda: te.if_then_else(t < 100, x, lowest)}[terms]()
-
-    s = te.compute(raw.shape, logit, name="s")
-    m = te.compute((batch, heads), lambda b, h: te.max(s[b, h, t1], axis=t1), name="m")
-    l = te.compute((batch, heads), lambda b, h: te.sum(te.exp(s[b, h, t2] - m[b, h]), axis=t2), name="l")
-    o = te.compute((batch, heads, dim), lambda b, h, c: te.sum(
-        te.exp(s[b, h, t3] - m[b, h]) * v[b, h // group, t3, c].astype("float32"), axis=t3), name="o")
-    out = te.compute(o.shape, lambda b, h, c: (o[b, h, c] / l[b, h]).astype("float16"), name="out")
-    return te.create_prim_func([q, k, v, *([slopes] if terms == "alibi" else []), out])
-
-
 @pytest.mark.parametrize("terms", ["softcap", "window", "alibi"])
 @pytest.mark.parametrize("tensor_cores", [False, True])
 def test_decode_attention_computes_its_score_terms(terms, tensor_cores, assemble):
     from tvm_dsm.kernels.decode_attention import DecodeConfig
     from tvm_dsm.kernels.dense_decode import TEMPLATE as DECODE, find_dense_decode
 
-    func = _decode_with_terms(terms)
+    func = decode_attention_with_terms(terms)
     found = find_dense_decode(func)
     assert found.has_terms and found.shape.scale == 1.0 and found.shape.group == 4
     source = cuda_source(DECODE.fuse(func, DecodeConfig(2, tensor_cores)))
@@ -603,7 +574,7 @@ def test_a_decode_mask_that_may_drop_the_last_key_is_refused():
     from tvm_dsm.kernels.attention_pattern import find_decode_attention
 
     with pytest.raises(ClusterError, match="must provably keep the last key"):
-        find_decode_attention(_decode_with_terms("first"))
+        find_decode_attention(decode_attention_with_terms("first"))
 
 
 @pytest.mark.gpu
@@ -611,7 +582,7 @@ def test_a_decode_mask_that_may_drop_the_last_key_is_refused():
 def test_gpu_decode_attention_with_score_terms_matches_float64(terms):
     import tvm_dsm
 
-    func = _decode_with_terms(terms, batch=4, heads=32, kv_heads=8, keys=1000, dim=128)
+    func = decode_attention_with_terms(terms, batch=4, heads=32, kv_heads=8, keys=1000, dim=128)
     module = tvm_dsm.build(func, TARGET)
     rng = np.random.default_rng()
     q = (rng.standard_normal((4, 32, 128)) * 2).astype(np.float16)
@@ -621,14 +592,7 @@ def test_gpu_decode_attention_with_score_terms_matches_float64(terms):
     dev = tvm.cuda(0)
     out = tvm.runtime.tensor(np.full((4, 32, 128), np.nan, np.float16), dev)
     module(*(tvm.runtime.tensor(x, dev) for x in inputs), out)
-    k64, v64 = (np.repeat(x.astype(np.float64), 4, axis=1) for x in (k, v))
-    x = np.einsum("bhd,bhtd->bht", q.astype(np.float64), k64) / np.sqrt(128)
-    t = np.arange(1000)
-    x = {"softcap": lambda: np.tanh(x / 30.0) * 30.0,
-         "window": lambda: np.where(t >= 900, x, -np.inf),
-         "alibi": lambda: x + slopes.astype(np.float64)[None, :, None] * (t - 999)}[terms]()
-    p = np.exp(x - x.max(-1, keepdims=True))
-    want = np.einsum("bht,bhtd->bhd", p, v64) / p.sum(-1)[..., None]
+    want = REFERENCES["decode_attention_terms"](*(x.astype(np.float64) for x in inputs), terms=terms)
     got = out.numpy().astype(np.float64)
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-3
 

@@ -174,6 +174,23 @@ def _sdpa_with_terms(q, k, v, *extra, terms: str):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
+def _decode_attention_terms(q, k, v, *extra, terms: str):
+    """:func:`tvm_dsm.workloads.attention_forms.decode_attention_with_terms`'s form ``terms``:
+    q [B, H, D], k and v [B, Hkv, S, D] (``extra``: ALiBi's slopes)."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    x = torch.einsum("bhd,bhtd->bht", q, k).to(torch.promote_types(q.dtype, torch.float32)) / q.shape[-1] ** 0.5
+    keys = k.shape[2]
+    t = torch.arange(keys, device=x.device)
+    if terms == "softcap":
+        x = torch.tanh(x / 30.0) * 30.0
+    elif terms == "window":
+        x = torch.where(t >= keys - 100, x, torch.finfo(torch.float32).min)
+    else:
+        x = x + extra[0][None, :, None] * (t - (keys - 1))
+    return torch.einsum("bht,bhtd->bhd", torch.softmax(x, -1), v.to(x.dtype))
+
+
 def _sdpa_layout(q, k, v, layout: str = "bhsd", causal: bool = False):
     q, k, v = (_heads_first(x, layout) for x in (q, k, v))
     out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
@@ -262,7 +279,9 @@ _GENERATED = {
     "attention": _any_attention,
     "attention_terms": _attention_with_terms,
     "decode_attention": lambda q, k, v: _attention_layout(q[:, :, None], k, v)[:, :, 0],
+    "decode_attention_terms": _decode_attention_terms,
     "rms_norm": lambda x, w, eps: F.rms_norm(x, w.shape, w, eps),
+    "rms_norm_residual": lambda x, r, w, eps: (x + r, F.rms_norm(x + r, w.shape, w, eps)),
     "layer_norm": lambda x, w, b, eps: F.layer_norm(x, w.shape, w, b, eps),
     "rms_norm_fp8": _rms_norm_fp8,
     "softmax": lambda x: torch.softmax(x, -1),

@@ -15,7 +15,7 @@ returns the input type; they differ in what a matcher could trip on:
   masked scores and then their exponentials.
 - :func:`attention_with_terms`: more than the scaled score in the exponent (a bias or mask
   tensor, ALiBi, a soft cap) or a mask other than the causal one (a sliding window, a padding
-  mask, a fill that does not underflow).
+  mask, a fill that does not underflow); :func:`decode_attention_with_terms`, one query a head.
 """
 
 from __future__ import annotations
@@ -175,3 +175,34 @@ def attention_with_terms(terms: str, heads: int = 4, length: int = 200, dim: int
         e[b, h, i, t3] * v[b, h, t3, c].astype("float32"), axis=t3), name="o")
     out = te.compute(o.shape, lambda b, h, i, c: (o[b, h, i, c] / l[b, h, i]).astype(dtype), name="out")
     return te.create_prim_func([q, k, v, *([extra] if extra is not None else []), out])
+
+
+def decode_attention_with_terms(terms: str, batch: int = 2, heads: int = 8, kv_heads: int = 2, keys: int = 300,
+                                dim: int = 64, dtype: str = "float16"):
+    """Grouped decode attention (q ``[B, H, D]``, k and v ``[B, Hkv, S, D]``) with a tanh soft cap
+    (``softcap``), the last 100 keys only (``window``, Mistral's sliding window at the newest
+    query), ALiBi's ``slope[h] * (t - (S - 1))`` (``alibi``, q, k, v, slopes, out), or the first
+    keys only (``first``, which a decode kernel cannot take: it may not keep the last key)."""
+    group = heads // kv_heads
+    q = te.placeholder((batch, heads, dim), dtype, name="q")
+    k, v = (te.placeholder((batch, kv_heads, keys, dim), dtype, name=n) for n in "kv")
+    slopes = te.placeholder((heads,), "float32", name="slopes")
+    d, t1, t2, t3 = (te.reduce_axis((0, e), n) for e, n in ((dim, "d"), (keys, "t1"), (keys, "t2"), (keys, "t3")))
+    raw = te.compute((batch, heads, keys), lambda b, h, t: te.sum(
+        q[b, h, d].astype("float32") * k[b, h // group, t, d].astype("float32"), axis=d), name="raw")
+    lowest = tirx.const(-3.4028234663852886e38, "float32")
+
+    def logit(b, h, t):
+        x = raw[b, h, t] * (1.0 / math.sqrt(dim))
+        return {"softcap": lambda: te.tanh(x / 30.0) * 30.0,
+                "window": lambda: te.if_then_else(t >= keys - 100, x, lowest),
+                "alibi": lambda: x + slopes[h] * (t - (keys - 1)).astype("float32"),
+                "first": lambda: te.if_then_else(t < 100, x, lowest)}[terms]()
+
+    s = te.compute(raw.shape, logit, name="s")
+    m = te.compute((batch, heads), lambda b, h: te.max(s[b, h, t1], axis=t1), name="m")
+    l = te.compute((batch, heads), lambda b, h: te.sum(te.exp(s[b, h, t2] - m[b, h]), axis=t2), name="l")
+    o = te.compute((batch, heads, dim), lambda b, h, c: te.sum(
+        te.exp(s[b, h, t3] - m[b, h]) * v[b, h // group, t3, c].astype("float32"), axis=t3), name="o")
+    out = te.compute(o.shape, lambda b, h, c: (o[b, h, c] / l[b, h]).astype(dtype), name="out")
+    return te.create_prim_func([q, k, v, *([slopes] if terms == "alibi" else []), out])

@@ -5,8 +5,9 @@ families and its fallback reach beyond the hand-picked suites.
 dense, several projections of one input (q, k, v), gated dense, FFN/SwiGLU chain, attention
 prefill (also with a bias, ALiBi, a soft cap or a mask other than the causal one), decode attention, RMSNorm/LayerNorm (and RMSNorm followed by per-token fp8
 quantization), softmax, logsumexp/cross-entropy, MoE routing),
-each in one user style (hand-written TE, TOPI operators, or a Relax function legalized and
-fused into one PrimFunc, whose indices are int64), dtype (fp16, bf16, fp32), weight layout
+each in one user style (hand-written TE, TOPI operators, TOPI's element-wise operators and
+reductions composed with ``keepdims``, or a Relax function legalized and fused into one
+PrimFunc, whose indices are int64), dtype (fp16, bf16, fp32), weight layout
 ([N, K] as torch.nn.Linear stores it, or [K, N]) and size (real-model widths and sizes off the
 tiles, primes included), some with a symbolic row count ``m``. Each case carries its argument
 specs (concrete shapes: a symbolic ``m`` bound to a drawn value) and a float64 numpy
@@ -26,7 +27,8 @@ import numpy as np
 import tvm
 from tvm import relax, te, tirx, topi
 
-from .attention_forms import attention_with_terms, relax_attention, te_attention, topi_attention
+from .attention_forms import (attention_with_terms, decode_attention_with_terms, relax_attention, te_attention,
+                              topi_attention)
 from .cascades import moe_routing
 from .dense import ACTIVATIONS, matmul
 from .norms import EPS
@@ -177,6 +179,26 @@ def _attention_terms(q, k, v, *extra, terms: str):
         return (p @ v) / p.sum(-1, keepdims=True)
 
 
+#: Forms of :func:`~tvm_dsm.workloads.attention_forms.decode_attention_with_terms` the
+#: generator draws.
+DECODE_TERMS = ("softcap", "window", "alibi")
+
+
+def _decode_attention_terms(q, k, v, *extra, terms: str):
+    """:func:`~tvm_dsm.workloads.attention_forms.decode_attention_with_terms`'s form ``terms``:
+    q [B, H, D], k and v [B, Hkv, S, D] (``extra``: ALiBi's slopes)."""
+    group = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, group, 1), np.repeat(v, group, 1)
+    x = np.einsum("bhd,bhtd->bht", q, k) / math.sqrt(q.shape[-1])
+    keys = k.shape[2]
+    t = np.arange(keys)
+    x = {"softcap": lambda: np.tanh(x / 30.0) * 30.0,
+         "window": lambda: np.where(t >= keys - 100, x, float(np.finfo(np.float32).min)),
+         "alibi": lambda: x + extra[0][None, :, None] * (t - (keys - 1))}[terms]()
+    p = np.exp(x - x.max(-1, keepdims=True))
+    return np.einsum("bht,bhtd->bhd", p, v) / p.sum(-1)[..., None]
+
+
 def _decode_attention(q, k, v):
     """One query per (batch, head): q [B, H, D], the KV cache k, v [B, Hkv, S, D]."""
     return _attention(q[:, :, None], k, v)[:, :, 0]
@@ -211,7 +233,9 @@ REFERENCES: dict[str, Callable] = {
     "attention": _attention,
     "attention_terms": _attention_terms,
     "decode_attention": _decode_attention,
+    "decode_attention_terms": _decode_attention_terms,
     "rms_norm": lambda x, w, eps: x / _rms(x, eps) * w,
+    "rms_norm_residual": lambda x, r, w, eps: (x + r, (x + r) / _rms(x + r, eps) * w),
     "layer_norm": lambda x, w, b, eps: (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + eps) * w + b,
     "rms_norm_fp8": _rms_norm_fp8,
     "softmax": _softmax,
@@ -335,6 +359,8 @@ def _row_op(style, m, width, dtype, op):
     out: ``dtype``). TE and TOPI compute in fp32 (16-bit inputs cast up first, as
     mixed-precision models keep these in fp32); Relax applies the operator to ``dtype`` as a
     graph in that type has it (a cast before it would not fuse into the same PrimFunc)."""
+    if style == "composed":
+        return _composed_row_op(m, width, dtype, op)
     if style == "relax":
         inputs = [("x", (_rows(m, style), width), dtype), ("w", (width,), dtype), ("b", (width,), dtype)]
         inputs = inputs[:{"rms_norm": 2, "layer_norm": 3}.get(op, 1)]
@@ -379,6 +405,36 @@ def _row_op(style, m, width, dtype, op):
     else:
         y = te.compute((m,), lambda i: te.log(total[i]) + top[i], name="lse")
     return te.create_prim_func([x, y])
+
+
+def _composed_row_op(m, width, dtype, op):
+    """``op`` ("softmax", "log_softmax", "rms_norm") composed of TOPI's element-wise operators
+    and reductions that keep the reduced dimension (``keepdims=True``), in fp32."""
+    x = te.placeholder((m, width), dtype, name="x")
+    xf = topi.cast(x, "float32")
+    if op == "rms_norm":
+        w = te.placeholder((width,), dtype, name="w")
+        mean_square = topi.divide(topi.sum(topi.multiply(xf, xf), axis=-1, keepdims=True), float(width))
+        y = topi.multiply(topi.multiply(xf, topi.rsqrt(topi.add(mean_square, EPS))), topi.cast(w, "float32"))
+        return te.create_prim_func([x, w, topi.cast(y, dtype)])
+    shifted = topi.subtract(xf, topi.max(xf, axis=-1, keepdims=True))
+    total = topi.sum(topi.exp(shifted), axis=-1, keepdims=True)
+    y = topi.divide(topi.exp(shifted), total) if op == "softmax" else topi.subtract(shifted, topi.log(total))
+    return te.create_prim_func([x, topi.cast(y, dtype)])
+
+
+def _rms_norm_residual(m, width, dtype):
+    """Fused add-RMSNorm: ``h = x + r`` returned (the next layer's residual) and normalized."""
+    x = te.placeholder((m, width), dtype, name="x")
+    r = te.placeholder((m, width), dtype, name="residual")
+    w = te.placeholder((width,), dtype, name="w")
+    h = te.compute((m, width), lambda i, j: x[i, j] + r[i, j], name="h")
+    k = te.reduce_axis((0, width), "k")
+    total = te.compute((m,), lambda i: te.sum(h[i, k].astype("float32") * h[i, k].astype("float32"), axis=k),
+                       name="sum_squares")
+    y = te.compute((m, width), lambda i, j: (h[i, j].astype("float32") * te.rsqrt(total[i] / width + EPS)
+                                             * w[j].astype("float32")).astype(dtype), name="y")
+    return te.create_prim_func([x, r, w, h, y])
 
 
 def _cross_entropy(m, width, dtype):
@@ -534,6 +590,11 @@ def _attention_case(draw: _Draw, op_class: str):
     flops = 4 * batch * heads * dim
     if op_class == "decode_attention":
         keys = draw.pick((17, 64, 100) if draw.small else (128, 1000, 2048, 4099, 8192))
+        if draw.rng.random() < 0.2:
+            terms = draw.pick(DECODE_TERMS)
+            func = decode_attention_with_terms(terms, batch, heads, kv_heads, keys, dim, dtype)
+            return ("te", func, None, False, {"op": "decode_attention_terms", "terms": terms}, 1, {},
+                    f"{terms}_b{batch}h{heads}kv{kv_heads}s{keys}d{dim}", flops * keys)
         if draw.rng.random() < 0.8:
             func = _decode_attention_te(batch, heads, kv_heads, keys, dim, dtype)
             return ("te", func, None, False, {"op": "decode_attention"}, 1, {},
@@ -583,11 +644,12 @@ def _row_case(draw: _Draw, op_class: str):
         symbolic = _symbolic(draw)
         func = moe_routing(te.var("m") if symbolic else m, experts, k, dtype)
         return ("te", func, m, symbolic, {"op": "moe_routing", "k": k}, 2, {}, f"{m}x{experts}_top{k}", 0)
-    ops = {"norm": ("rms_norm", "layer_norm", "rms_norm_fp8"), "softmax": ("softmax",),
+    ops = {"norm": ("rms_norm", "layer_norm", "rms_norm_fp8", "rms_norm_residual"), "softmax": ("softmax",),
            "logsumexp": ("logsumexp", "log_softmax", "cross_entropy")}[op_class]
     op = draw.pick(ops)
-    style = {"rms_norm_fp8": ("te",), "cross_entropy": ("te",), "logsumexp": ("te",),
-             "log_softmax": ("topi", "relax")}.get(op, ("te", "topi", "relax"))
+    style = {"rms_norm_fp8": ("te",), "rms_norm_residual": ("te",), "cross_entropy": ("te",), "logsumexp": ("te",),
+             "layer_norm": ("te", "topi", "relax"), "log_softmax": ("topi", "relax", "composed")
+             }.get(op, ("te", "topi", "relax", "composed"))
     style = draw.pick(style)
     if style == "relax" and op == "layer_norm":
         dtype = draw.pick(("float16", "float32"))  # TOPI's layer_norm refuses bf16
@@ -595,6 +657,8 @@ def _row_case(draw: _Draw, op_class: str):
     rows = _rows(te.var("m") if symbolic else m, style)
     if op == "rms_norm_fp8":
         func, n_out, params = _rms_norm_fp8(rows, width, dtype), 2, {"op": op, "eps": EPS}
+    elif op == "rms_norm_residual":
+        func, n_out, params = _rms_norm_residual(rows, width, dtype), 2, {"op": op, "eps": EPS}
     elif op == "cross_entropy":
         func, n_out, params = _cross_entropy(rows, width, dtype), 1, {"op": op}
     else:
