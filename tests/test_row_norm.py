@@ -19,7 +19,7 @@ from tvm_dsm.hardware import load_hardware
 from tvm_dsm.families import match_family
 from tvm_dsm.kernels.row_norm import (RowNormConfig, candidate_configs, check_config, default_config, find_row_norm,
                                     fuse_row_norm, pieces_per_thread)
-from tvm_dsm.workloads.norms import EPS, topi_norm
+from tvm_dsm.workloads.norms import EPS, composed_norm, residual_rms_norm_returned, topi_norm
 
 from conftest import cuda_source, kernels
 
@@ -57,21 +57,6 @@ def residual_rms_norm(rows: int, width: int, dtype: str = "float32") -> tvm.tirx
     return te.create_prim_func([x, r, w, out])
 
 
-def returned_residual_rms_norm(rows: int, width: int, dtype: str = "float16") -> tvm.tirx.PrimFunc:
-    """Fused add-RMSNorm as an LLM layer writes it: the sum ``h = x + r`` is returned (the next
-    layer's residual) and normalized; the statistics read the output ``h``."""
-    x = te.placeholder((rows, width), dtype, name="x")
-    r = te.placeholder((rows, width), dtype, name="r")
-    w = te.placeholder((width,), dtype, name="w")
-    h = te.compute((rows, width), lambda i, j: x[i, j] + r[i, j], name="h")
-    k = te.reduce_axis((0, width), "k")
-    ss = te.compute((rows,), lambda i: te.sum(h[i, k].astype("float32") * h[i, k].astype("float32"), axis=k),
-                    name="ss")
-    out = te.compute((rows, width), lambda i, j: (h[i, j].astype("float32") * te.rsqrt(ss[i] / width + EPS)
-                                                  * w[j].astype("float32")).astype(dtype), name="out")
-    return te.create_prim_func([x, r, w, h, out])
-
-
 def hand_layer_norm(rows: int, width: int, dtype: str = "float32") -> tvm.tirx.PrimFunc:
     """LayerNorm written by hand over a 3-D input: mean, then the mean square deviation."""
     x = te.placeholder((2, rows // 2, width), dtype, name="x")
@@ -88,25 +73,11 @@ def hand_layer_norm(rows: int, width: int, dtype: str = "float32") -> tvm.tirx.P
     return te.create_prim_func([x, out])
 
 
-def composed(form: str, rows: int, width: int, dtype: str = "float32") -> tvm.tirx.PrimFunc:
-    """Softmax or RMSNorm composed of TOPI's element-wise ops and reductions that keep the
-    reduced dimension (``keepdims=True``, ``[rows, 1]`` statistics), as users compose them."""
-    x = te.placeholder((rows, width), dtype, name="x")
-    xf = topi.cast(x, "float32")
-    if form == "softmax":
-        e = topi.exp(topi.subtract(xf, topi.max(xf, axis=-1, keepdims=True)))
-        return te.create_prim_func([x, topi.cast(topi.divide(e, topi.sum(e, axis=-1, keepdims=True)), dtype)])
-    w = te.placeholder((width,), dtype, name="w")
-    mean_square = topi.divide(topi.sum(topi.multiply(xf, xf), axis=-1, keepdims=True), float(width))
-    y = topi.multiply(topi.multiply(xf, topi.rsqrt(topi.add(mean_square, EPS))), topi.cast(w, "float32"))
-    return te.create_prim_func([x, w, topi.cast(y, dtype)])
-
-
 FORMS = {
     **{f"topi_{f}": (lambda f: lambda *a: topi_norm(f, *a))(f)
        for f in ("softmax", "log_softmax", "rms_norm", "layer_norm")},
     **{f"relax_{f}": (lambda f: lambda *a: relax_form(f, *a))(f) for f in ("softmax", "rms_norm", "layer_norm")},
-    **{f"composed_{f}": (lambda f: lambda *a: composed(f, *a))(f) for f in ("softmax", "rms_norm")},
+    **{f"composed_{f}": (lambda f: lambda *a: composed_norm(f, *a))(f) for f in ("softmax", "rms_norm")},
     "te_residual_rms_norm": residual_rms_norm,
     "te_layer_norm": hand_layer_norm,
 }
@@ -145,10 +116,10 @@ def test_layer_norm_levels_run_in_two_waves_and_the_residual_holds_both_rows():
 def test_a_returned_residual_sum_is_computed_from_the_held_rows(assemble):
     """The statistics of fused add-RMSNorm read its output ``h``: the kernel holds x and r and
     computes h from them, writing it as one more stage."""
-    func = returned_residual_rms_norm(64, 4096)
+    func = residual_rms_norm_returned(64, 4096)
     found = find_row_norm(func)
-    assert [h.name for h in found.held] == ["x", "r"]
-    assert sorted(stage.body.buffer.name for stage in found.stages) == ["h", "out"]
+    assert [h.name for h in found.held] == ["x", "residual"]
+    assert sorted(stage.body.buffer.name for stage in found.stages) == ["h", "y"]
     assert tvm_dsm.plan(func).family.name == "row_norm"
     source = cuda_source(fuse_row_norm(func, hw=load_hardware()))
     assert len(kernels(source)) == 1 and assemble(source, "returned_residual_rms_norm")
@@ -353,7 +324,7 @@ def test_rmsnorm_with_fp8_quantization_matches_on_the_gpu(rows, width):
 @pytest.mark.gpu
 @pytest.mark.parametrize(("rows", "width"), [(1, 2048), (100, 4096), (4096, 8192)])
 def test_a_returned_residual_sum_and_its_norm_match_float64_on_the_gpu(rows, width):
-    func = returned_residual_rms_norm(rows, width)
+    func = residual_rms_norm_returned(rows, width)
     lib = tvm_dsm.build(func)
     dev = tvm.cuda(0)
     rng = np.random.default_rng()

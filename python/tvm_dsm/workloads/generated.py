@@ -31,7 +31,7 @@ from .attention_forms import (attention_with_terms, decode_attention_with_terms,
                               topi_attention)
 from .cascades import moe_routing
 from .dense import ACTIVATIONS, matmul
-from .norms import EPS
+from .norms import EPS, composed_norm, residual_rms_norm_returned
 
 CLASSES = ("dense", "gated_dense", "ffn", "attention", "decode_attention", "norm", "softmax",
            "logsumexp", "moe_routing", "projections")
@@ -360,7 +360,7 @@ def _row_op(style, m, width, dtype, op):
     mixed-precision models keep these in fp32); Relax applies the operator to ``dtype`` as a
     graph in that type has it (a cast before it would not fuse into the same PrimFunc)."""
     if style == "composed":
-        return _composed_row_op(m, width, dtype, op)
+        return composed_norm(op, m, width, dtype)
     if style == "relax":
         inputs = [("x", (_rows(m, style), width), dtype), ("w", (width,), dtype), ("b", (width,), dtype)]
         inputs = inputs[:{"rms_norm": 2, "layer_norm": 3}.get(op, 1)]
@@ -405,36 +405,6 @@ def _row_op(style, m, width, dtype, op):
     else:
         y = te.compute((m,), lambda i: te.log(total[i]) + top[i], name="lse")
     return te.create_prim_func([x, y])
-
-
-def _composed_row_op(m, width, dtype, op):
-    """``op`` ("softmax", "log_softmax", "rms_norm") composed of TOPI's element-wise operators
-    and reductions that keep the reduced dimension (``keepdims=True``), in fp32."""
-    x = te.placeholder((m, width), dtype, name="x")
-    xf = topi.cast(x, "float32")
-    if op == "rms_norm":
-        w = te.placeholder((width,), dtype, name="w")
-        mean_square = topi.divide(topi.sum(topi.multiply(xf, xf), axis=-1, keepdims=True), float(width))
-        y = topi.multiply(topi.multiply(xf, topi.rsqrt(topi.add(mean_square, EPS))), topi.cast(w, "float32"))
-        return te.create_prim_func([x, w, topi.cast(y, dtype)])
-    shifted = topi.subtract(xf, topi.max(xf, axis=-1, keepdims=True))
-    total = topi.sum(topi.exp(shifted), axis=-1, keepdims=True)
-    y = topi.divide(topi.exp(shifted), total) if op == "softmax" else topi.subtract(shifted, topi.log(total))
-    return te.create_prim_func([x, topi.cast(y, dtype)])
-
-
-def _rms_norm_residual(m, width, dtype):
-    """Fused add-RMSNorm: ``h = x + r`` returned (the next layer's residual) and normalized."""
-    x = te.placeholder((m, width), dtype, name="x")
-    r = te.placeholder((m, width), dtype, name="residual")
-    w = te.placeholder((width,), dtype, name="w")
-    h = te.compute((m, width), lambda i, j: x[i, j] + r[i, j], name="h")
-    k = te.reduce_axis((0, width), "k")
-    total = te.compute((m,), lambda i: te.sum(h[i, k].astype("float32") * h[i, k].astype("float32"), axis=k),
-                       name="sum_squares")
-    y = te.compute((m, width), lambda i, j: (h[i, j].astype("float32") * te.rsqrt(total[i] / width + EPS)
-                                             * w[j].astype("float32")).astype(dtype), name="y")
-    return te.create_prim_func([x, r, w, h, y])
 
 
 def _cross_entropy(m, width, dtype):
@@ -658,7 +628,7 @@ def _row_case(draw: _Draw, op_class: str):
     if op == "rms_norm_fp8":
         func, n_out, params = _rms_norm_fp8(rows, width, dtype), 2, {"op": op, "eps": EPS}
     elif op == "rms_norm_residual":
-        func, n_out, params = _rms_norm_residual(rows, width, dtype), 2, {"op": op, "eps": EPS}
+        func, n_out, params = residual_rms_norm_returned(rows, width, dtype), 2, {"op": op, "eps": EPS}
     elif op == "cross_entropy":
         func, n_out, params = _cross_entropy(rows, width, dtype), 1, {"op": op}
     else:
