@@ -34,21 +34,34 @@ class SelfAttention(nn.Module):
 
 
 class MaskedSelfAttention(nn.Module):
-    """BERT's self-attention with its additive padding mask ``[batch, 1, 1, seq]``."""
+    """Self-attention with a mask: BERT's additive padding mask ``[batch, 1, 1, seq]``
+    (``add``), or a bool mask ``[1, 1, seq, seq]`` selecting the scores over a tensor of -1e4,
+    as GPT-2's ``masked_fill`` writes it (``where``)."""
 
-    def __init__(self, head_dim: int):
-        self.scale = 1.0 / head_dim ** 0.5
+    def __init__(self, head_dim: int, form: str):
+        self.scale, self.form = 1.0 / head_dim ** 0.5, form
 
     def forward(self, q, k, v, mask):
-        scores = op.matmul(q, op.permute_dims(k, (0, 1, 3, 2))) * self.scale + mask
+        scores = op.matmul(q, op.permute_dims(k, (0, 1, 3, 2))) * self.scale
+        if self.form == "add":
+            scores = scores + mask
+        else:
+            scores = op.where(mask, scores, op.full(scores.shape, -1e4, scores.dtype))
         return op.matmul(op.softmax(scores, axis=-1), v)
 
 
-def _exported_masked(batch, heads, seq, head_dim, dtype="float16"):
-    spec = {**{name: nn.spec.Tensor([batch, heads, seq, head_dim], dtype) for name in "qkv"},
-            "mask": nn.spec.Tensor([batch, 1, 1, seq], dtype)}
-    mod, _ = MaskedSelfAttention(head_dim).export_tvm({"forward": spec})
+def _exported_masked(batch, heads, seq, head_dim, form="add", dtype="float16"):
+    mask = nn.spec.Tensor([batch, 1, 1, seq], dtype) if form == "add" else nn.spec.Tensor([1, 1, seq, seq], "bool")
+    spec = {**{name: nn.spec.Tensor([batch, heads, seq, head_dim], dtype) for name in "qkv"}, "mask": mask}
+    mod, _ = MaskedSelfAttention(head_dim, form).export_tvm({"forward": spec})
     return mod
+
+
+def _mask(form: str, batch: int, seq: int, rng) -> np.ndarray:
+    """A padding mask (a quarter of the keys -1e4), or a causal bool mask."""
+    if form == "add":
+        return np.where(rng.random((batch, 1, 1, seq)) < 0.25, -1e4, 0).astype("float16")
+    return np.tril(np.ones((seq, seq), bool))[None, None]
 
 
 def _exported(batch, heads, seq, head_dim, dtype="float16"):
@@ -85,23 +98,25 @@ def test_the_grouped_attention_computes_what_the_operators_do_on_llvm():
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 5e-3  # fp16 arithmetic throughout
 
 
-@pytest.mark.parametrize(("batch", "seq"), [(2, 128), (2, "seq"), ("batch", "seq")])
-def test_attention_with_an_additive_mask_is_one_function_the_attention_family_takes(batch, seq, assemble):
-    mod = _exported_masked(batch, 4, seq, 64)
+@pytest.mark.parametrize(("form", "batch", "seq"), [("add", 2, 128), ("add", 2, "seq"), ("add", "batch", "seq"),
+                                                  ("where", 2, 128)])
+def test_attention_with_a_mask_is_one_function_the_attention_family_takes(form, batch, seq, assemble):
+    mod = _exported_masked(batch, 4, seq, 64, form)
     report = relax_report(mod)
     assert [row.where for row in report.rows if "softmax" in row.name] == ["attention"], report.format()
     source = relax_cuda_source(tvm.compile(mod, target=TARGET, relax_pipeline="tvm_dsm").mod)
-    assert "mask" in source and assemble(source, f"relax_masked_attention_{batch}_{seq}")
+    assert "mask" in source and assemble(source, f"relax_masked_attention_{form}_{batch}_{seq}")
 
 
 
-def test_the_grouped_masked_attention_computes_what_the_operators_do_on_llvm():
-    mod = _exported_masked(1, 2, 16, 8)
+@pytest.mark.parametrize("form", ["add", "where"])
+def test_the_grouped_masked_attention_computes_what_the_operators_do_on_llvm(form):
+    mod = _exported_masked(1, 2, 16, 8, form)
     grouped = lower_to_tir(mod)
-    assert sum("softmax" in gv.name_hint and "add" in gv.name_hint for gv in grouped.functions) == 1
+    assert sum("softmax" in gv.name_hint and form in gv.name_hint for gv in grouped.functions) == 1
     rng = np.random.default_rng()
     q, k, v = (rng.standard_normal((1, 2, 16, 8)).astype("float16") for _ in range(3))
-    mask = np.where(rng.random((1, 1, 1, 16)) < 0.25, -1e4, 0).astype("float16")
+    mask = _mask(form, 1, 16, rng)
 
     def run(executable):
         vm = relax.VirtualMachine(executable, tvm.cpu())
@@ -206,18 +221,19 @@ def test_a_weighted_sum_accumulating_into_the_output_is_attention_where_normaliz
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("seq", [200, "seq"])
-def test_masked_attention_is_correct_on_the_gpu(seq):
-    mod = _exported_masked(2, 4, seq, 64)
+@pytest.mark.parametrize(("form", "seq"), [("add", 200), ("add", "seq"), ("where", 200)])
+def test_masked_attention_is_correct_on_the_gpu(form, seq):
+    mod = _exported_masked(2, 4, seq, 64, form)
     rng = np.random.default_rng()
     q, k, v = (rng.standard_normal((2, 4, 200, 64)).astype("float16") for _ in range(3))
-    mask = np.where(rng.random((2, 1, 1, 200)) < 0.25, -1e4, 0).astype("float16")
+    mask = _mask(form, 2, 200, rng)
     executable = tvm.compile(mod, target=TARGET, relax_pipeline="tvm_dsm")
     dev = tvm.cuda(0)
     vm = relax.VirtualMachine(executable, dev)
     got = vm["forward"](*(tvm.runtime.tensor(a, dev) for a in (q, k, v, mask))).numpy().astype(np.float64)
     q64, k64, v64 = (a.astype(np.float64) for a in (q, k, v))
-    s = q64 @ k64.transpose(0, 1, 3, 2) / 8 + mask.astype(np.float64)
+    s = q64 @ k64.transpose(0, 1, 3, 2) / 8
+    s = s + mask.astype(np.float64) if form == "add" else np.where(mask, s, -1e4)
     p = np.exp(s - s.max(-1, keepdims=True))
     ref = (p / p.sum(-1, keepdims=True)) @ v64
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3

@@ -8,8 +8,8 @@ family recognizes attention by meaning within one function (:mod:`tvm_dsm.kernel
 :func:`FuseAttention` groups the calls first with Relax's pattern fusion, after ``LegalizeOps``: a
 product of two activations, at most :data:`_MAX_ELEMENTWISE` element-wise operators (a scale), a
 softmax (a row max and a row sum), and a product of the probabilities with a third activation;
-an element-wise operator may take another input (BERT's additive mask), which the attention
-kernel adds per key (:class:`tvm_dsm.kernels.attention_pattern.ScoreTerms`).
+an element-wise operator may take other inputs (BERT's additive mask, a ``where`` over a bool
+mask), which the attention kernel computes per key (:class:`tvm_dsm.kernels.attention_pattern.ScoreTerms`).
 ``FuseTIR`` then makes one PrimFunc of each group. Only attention of the attention family's
 form is grouped (constant heads and batch, head dims a multiple of 8 up to 256); a group no
 family takes is scheduled operator by operator (:class:`tvm_dsm.relax_integration.ScheduleTIR`).
@@ -33,9 +33,11 @@ _MAX_ELEMENTWISE = 2  # operators between the scores and the softmax
 
 def attention_patterns() -> list:
     """The scores' product, ``between`` element-wise operators (each of the scores alone, a
-    scale, or of the scores and another input, an additive mask), the softmax, the product with
-    v; most operators first (pattern fusion takes the first match)."""
-    steps = (lambda s: call_tir(s), lambda s: call_tir(s, wildcard()), lambda s: call_tir(wildcard(), s))
+    scale, or of the scores and other inputs: an additive mask, ``where(mask, scores, fill)``),
+    the softmax, the product with v; most operators first (pattern fusion takes the first
+    match)."""
+    steps = [lambda s, arity=arity, at=at: call_tir(*(s if n == at else wildcard() for n in range(arity)))
+             for arity in (1, 2, 3) for at in range(arity)]
     patterns = []
     for between in range(_MAX_ELEMENTWISE, -1, -1):
         for chosen in itertools.product(steps, repeat=between):

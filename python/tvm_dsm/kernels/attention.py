@@ -484,7 +484,8 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
 
     # The running max's start: below every exponent a key may have, the terms' fill included (a
     # row that fill empties then weighs its keys alike, as the function does).
-    start = min(_NEG, terms.fill) if terms is not None and math.isfinite(terms.fill) else _NEG
+    finite_fill = terms is not None and isinstance(terms.fill, float) and math.isfinite(terms.fill)
+    start = min(_NEG, terms.fill) if finite_fill else _NEG
 
     row_output = shape.row_outputs[0] if shape.row_outputs else None
 

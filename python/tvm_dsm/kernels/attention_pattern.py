@@ -93,7 +93,7 @@ class ScoreTerms:
     key: tirx.Var
     heads: tuple
     mask: object = None
-    fill: float = float("-inf")
+    fill: object = float("-inf")  # a float, or an fp32 expression (a fill tensor's load)
     skip_past_diagonal: bool = False
 
     def at(self, score, query, key, heads) -> tirx.PrimExpr:
@@ -107,7 +107,8 @@ class ScoreTerms:
         value = substitute(self.value, places)
         if self.mask is None:
             return value
-        return tirx.Select(substitute(self.mask, places), value, tirx.const(self.fill, "float32"))
+        fill = tirx.const(self.fill, "float32") if isinstance(self.fill, float) else substitute(self.fill, places)
+        return tirx.Select(substitute(self.mask, places), value, fill)
 
 
 @dataclass(frozen=True)
@@ -213,7 +214,7 @@ class _Exponent:
     (``fill``; None without a mask) and whether it is ``scale`` times the score alone."""
 
     of_key: sympy.Expr
-    fill: float | None
+    fill: object  # a float, a SymPy expression of the inputs' loads (a fill tensor), or None
     plain: bool
     shift: sympy.Expr = sympy.Integer(0)  # of the row: the sums' exponent less ``of_key``
 
@@ -409,6 +410,8 @@ class _Match:
             raise ClusterError(f"attention's exponent {f.exponent.of_key}: {err}") from err
         mask = _without_bool_casts(f.cond) if f.cond is not None else None
         fill = f.exponent.fill if mask is not None else float("-inf")
+        if not isinstance(fill, float):
+            fill = ToTIR(symbols, "float32")(fill)
         skip = (skipping and mask is not None and _underflows(fill) and self.ranges[i] <= self.ranges[t]
                 and _implies(self.analyzer, mask, t <= i)
                 and self.analyzer.can_prove(substitute(mask, [(t, i)])))
@@ -527,8 +530,8 @@ class _Match:
         if not kept.has(_SCORE):
             raise ClusterError(f"the row max must be over the scores; got {kept}")
         fill = _sympy(_with_branch(value, False), *self._reader(self.m, _SCORE)) if cond is not None else None
-        if fill is not None and not fill.is_number:
-            raise ClusterError(f"a masked score must be a constant; got {fill}")
+        if fill is not None and (fill.has(_SCORE) or not fill.free_symbols <= set(map(_symbol, self.inputs))):
+            raise ClusterError(f"a masked score must be a constant or read the inputs alone; got {fill}")
         return cond
 
     def _leaf(self, s: sympy.Symbol, **named):
@@ -626,7 +629,7 @@ class _Match:
             fills = set()
             for level, weight in ((self.l, 1), (self.o, V / L if normalized else V)):
                 masked = _sympy(_with_branch(level.value, False), *self._reader(level, s, V=v))
-                fills.add(_masked_exponent(masked, sympy.exp(shift) * weight))
+                fills.add(_masked_exponent(masked, sympy.exp(shift) * weight, set(map(_symbol, self.inputs))))
             if None in fills or len(fills) != 1:
                 raise ClusterError(f"the sums must give a masked key one weight exp(F) (F a constant, or -inf: a "
                                    f"term of 0); {self.l.block} and {self.o.block} give it "
@@ -754,10 +757,14 @@ class _Match:
         return analyzer.can_prove(tirx.Or(tirx.Not(cond), t <= i)) and analyzer.can_prove(tirx.Or(cond, i < t))
 
 
-def _underflows(fill: float | None) -> bool:
-    """Whether a masked key's exponent ``fill`` is at or below :data:`_MASKED`: its weight is 0
-    beside any score of smaller magnitude, so tiles of masked keys may be skipped."""
-    return fill is not None and fill <= _MASKED
+def _underflows(fill) -> bool:
+    """Whether a masked key's exponent ``fill`` is a number at or below :data:`_MASKED`: its
+    weight is 0 beside any score of smaller magnitude, so tiles of masked keys may be skipped."""
+    return isinstance(fill, float) and fill <= _MASKED
+
+
+def _symbol(name: str) -> sympy.Symbol:
+    return sympy.Symbol(name, real=True)
 
 
 def _implies(analyzer: Analyzer, cond, goal) -> bool:
@@ -767,10 +774,11 @@ def _implies(analyzer: Analyzer, cond, goal) -> bool:
     return analyzer.can_prove(tirx.Or(tirx.Not(cond), goal))
 
 
-def _masked_exponent(term, base) -> float | None:
+def _masked_exponent(term, base, inputs: set):
     """``F`` where a masked key's ``term`` is ``exp(F) * base`` for a constant ``F`` (-inf: a
-    term of 0; SymPy may have evaluated ``exp(-3.4e38 * c)`` as a tiny number); None where it
-    is not of that form."""
+    term of 0; SymPy may have evaluated ``exp(-3.4e38 * c)`` as a tiny number), or for an
+    expression of the ``inputs``' loads alone (a fill tensor); None where it is not of that
+    form."""
     if _zero(term):
         return float("-inf")
     ratio = simplify(term / base)
@@ -781,6 +789,8 @@ def _masked_exponent(term, base) -> float | None:
     if ratio.func == sympy.exp and ratio.args[0].is_number:
         exponent = ratio.args[0]
         return float("-inf") if exponent == -sympy.oo else float(exponent)
+    if ratio.func == sympy.exp and ratio.args[0].free_symbols <= inputs:
+        return ratio.args[0]
     return None
 
 
