@@ -494,3 +494,54 @@ def test_a_statistic_of_the_rows_joins_only_with_its_rows_leading(shape, fused):
         outs.append([a.numpy() for a in args[1:]])
     for got, want in zip(outs[1], outs[0]):
         np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def _cross_entropy(rows: int, width: int, dtype: str = "float32"):
+    """Cross-entropy against integer labels, as a training loop writes it: the row's log-sum-exp
+    less the logit of its label (one element a row, gathered)."""
+    logits = te.placeholder((rows, width), dtype, name="logits")
+    labels = te.placeholder((rows,), "int64", name="labels")
+    k1, k2 = te.reduce_axis((0, width), "k1"), te.reduce_axis((0, width), "k2")
+    top = te.compute((rows,), lambda i: te.max(logits[i, k1].astype("float32"), axis=k1), name="top")
+    total = te.compute((rows,), lambda i: te.sum(te.exp(logits[i, k2].astype("float32") - top[i]), axis=k2),
+                       name="total")
+    loss = te.compute((rows,), lambda i: te.log(total[i]) + top[i] - logits[i, labels[i]].astype("float32"),
+                      name="loss")
+    return te.create_prim_func([logits, labels, loss])
+
+
+def test_a_cross_entropy_against_labels_is_one_fused_kernel(assemble):
+    """The gather of each row's label logit is one element a row, not a second pass over the data:
+    the fused rows take the function, and its rewrite computes what it does on llvm."""
+    from conftest import cuda_source
+
+    assert tvm_dsm.plan(_cross_entropy(4096, 32000)).family.name == "fused_cascade"
+    assert assemble(cuda_source(tvm_dsm.driver.schedule(_cross_entropy(4096, 32000)).mod), "cross_entropy_labels")
+    func = _cross_entropy(M, K)
+    fused, _ = fuse_cascaded_reductions(func)
+    assert not fused.same_as(func)
+    rng = np.random.default_rng()
+    x = rng.standard_normal((M, K)).astype("float32")
+    labels = rng.integers(0, K, M).astype("int64")
+    outs = []
+    for f in (func, fused):
+        out = tvm.runtime.tensor(np.zeros(M, "float32"))
+        tvm.compile(f, target="llvm")(tvm.runtime.tensor(x), tvm.runtime.tensor(labels), out)
+        outs.append(out.numpy().astype(np.float64))
+    want = np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1)) + x.max(-1) - x[np.arange(M), labels]
+    for got in outs:
+        assert np.abs(got - want).max() < 1e-5 * np.abs(want).max()
+
+
+@pytest.mark.gpu
+def test_gpu_a_cross_entropy_against_labels_matches_float64():
+    func = _cross_entropy(4096, 32000, "float16")
+    rng = np.random.default_rng()
+    x = (rng.standard_normal((4096, 32000)) * 3).astype("float16")
+    labels = rng.integers(0, 32000, 4096).astype("int64")
+    dev = tvm.cuda(0)
+    out = tvm.runtime.tensor(np.full(4096, np.nan, "float32"), dev)
+    tvm_dsm.build(func, TARGET)(tvm.runtime.tensor(x, dev), tvm.runtime.tensor(labels, dev), out)
+    x64 = x.astype(np.float64)
+    want = np.log(np.exp(x64 - x64.max(-1, keepdims=True)).sum(-1)) + x64.max(-1) - x64[np.arange(4096), labels]
+    assert np.linalg.norm(out.numpy() - want) / np.linalg.norm(want) < 1e-5

@@ -8,11 +8,12 @@ from __future__ import annotations
 import math
 
 from tvm import s_tir, tirx
+from tvm.tirx.buffer import BufferType
 
 from ..errors import ClusterError
 from ..fusion.cascade import analyze, element_producers, find_cascades, inline_elementwise
 from ..hardware import Hardware
-from ..ir import loads, uses
+from ..ir import find_all, loads, uses
 from ..planners.cascade_split import CascadeSplit, plan_cascade_split, schedule_cascade
 from ..transform.buffers import buffer_bytes
 from .base import ScheduleFamily
@@ -108,7 +109,7 @@ class FusedCascade(ScheduleFamily):
             if block.init is not None:
                 continue  # a reduction producing the cascade's data (attention's scores)
             again = [ld.source.name for ld in loads(block.body) if not any(ld.source.same_as(b) for b in results)]
-            if again:
+            if again and not _once_a_row(block, levels):
                 raise ClusterError(f"{block.name_hint} reads {sorted(set(again))} besides the cascade's results: "
                                    "a second pass over the data, which the fused kernels do not make fast")
         return func
@@ -119,3 +120,18 @@ class FusedCascade(ScheduleFamily):
 
     def apply(self, func: tirx.PrimFunc, config: CascadeSplit, hw: Hardware) -> s_tir.Schedule:
         return schedule_cascade(func, split=config)[0]
+
+
+def _once_a_row(block, levels: list) -> bool:
+    """Whether ``block`` computes one value a row of the cascade (its iterators span no more
+    than the rows) from loads indexed by its row alone: a cross-entropy's ``logits[i, labels[i]]``
+    reads one element a row, not the data again."""
+    extents = [*levels[0].rows, *(iv.dom.extent for iv in block.iter_vars)]
+    if not all(isinstance(e, (int, tirx.IntImm)) for e in extents):
+        return False
+    rows = math.prod(int(e) for e in levels[0].rows)
+    if math.prod(int(iv.dom.extent) for iv in block.iter_vars) > rows:
+        return False
+    own = [iv.var for iv in block.iter_vars]
+    return all(any(v.same_as(o) for o in own) for ld in loads(block.body) for i in ld.indices
+               for v in find_all(i, tirx.Var) if not isinstance(v.ty, BufferType))
