@@ -268,7 +268,8 @@ class AttentionTemplate(KernelTemplate):
         own = list(zip(matched.params, func.params))
         terms = shape.terms and dataclasses.replace(
             shape.terms, value=substitute(shape.terms.value, own),
-            mask=None if shape.terms.mask is None else substitute(shape.terms.mask, own))
+            mask=None if shape.terms.mask is None else substitute(shape.terms.mask, own),
+            fill=shape.terms.fill if isinstance(shape.terms.fill, float) else substitute(shape.terms.fill, own))
         row_outputs = tuple(dataclasses.replace(r, buffer=substitute(r.buffer, own)) for r in shape.row_outputs)
         return dataclasses.replace(shape, heads=math.prod(head_extents) if heads else shape.heads, q_len=q_len,
                                    kv_len=kv_len, head_extents=head_extents, params=tuple(func.params), terms=terms,
