@@ -557,8 +557,7 @@ def test_a_mask_written_with_a_symbolic_length_is_refused():
         TEMPLATE.find(te.create_prim_func([q, k, v, out]))
 
 
-@pytest.mark.parametrize("terms", ["softcap", "window", "alibi"])
-@pytest.mark.parametrize("tensor_cores", [False, True])
+@pytest.mark.parametrize(("terms", "tensor_cores"), [("softcap", False), ("window", True), ("alibi", True)])
 def test_decode_attention_computes_its_score_terms(terms, tensor_cores, assemble):
     from tvm_dsm.kernels.decode_attention import DecodeConfig
     from tvm_dsm.kernels.dense_decode import TEMPLATE as DECODE, find_dense_decode

@@ -98,8 +98,7 @@ def test_the_grouped_attention_computes_what_the_operators_do_on_llvm():
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 5e-3  # fp16 arithmetic throughout
 
 
-@pytest.mark.parametrize(("form", "batch", "seq"), [("add", 2, 128), ("add", 2, "seq"), ("add", "batch", "seq"),
-                                                  ("where", 2, 128), ("where", 2, "seq")])
+@pytest.mark.parametrize(("form", "batch", "seq"), [("add", 2, 128), ("add", "batch", "seq"), ("where", 2, "seq")])
 def test_attention_with_a_mask_is_one_function_the_attention_family_takes(form, batch, seq, assemble):
     mod = _exported_masked(batch, 4, seq, 64, form)
     report = relax_report(mod)
