@@ -1,7 +1,8 @@
 """Attention as users write it (tvm_dsm.workloads.attention_forms: TE in several layouts and
-styles, TOPI) reaches the tensor-core attention kernel: what is read from each form, the CUDA it
-builds, refusals that name the limit, and (GPU) every form through ``tvm_dsm.build`` against
-float64."""
+styles, TOPI; with score terms: a bias, ALiBi, a soft cap, other masks, a log-sum-exp output;
+decode with terms) reaches the tensor-core attention kernel or the decode kernel: what is read
+from each form, the CUDA it builds, refusals that name the limit, the references against TVM's
+llvm build, and (GPU) every form through ``tvm_dsm.build`` against float64."""
 
 from __future__ import annotations
 
