@@ -74,11 +74,24 @@ def replace_node(root, old, new):
     return tvm_ffi.structural_map(root, [(type(old), lambda n: new if n.same_as(old) else n)], order="pre")
 
 
+def with_block_fields(block: SBlock, **fields) -> SBlock:
+    """``block`` with the named fields (``iter_vars``, ``reads``, ``body``, ...) in place of its
+    own."""
+    names = ("iter_vars", "reads", "writes", "name_hint", "body", "init", "alloc_buffers", "match_buffers",
+             "annotations")
+    unknown = set(fields) - set(names)
+    if unknown:
+        raise TypeError(f"SBlock has no field {sorted(unknown)}")
+    values = {name: fields[name] if name in fields else getattr(block, name) for name in names}
+    values["alloc_buffers"] = list(values["alloc_buffers"])
+    return SBlock(*(values[name] for name in names))
+
+
 def with_block_body(block: SBlock, body, alloc_buffers=None) -> SBlock:
     """``block`` with ``body`` (and ``alloc_buffers``, if given) in place of its own."""
-    return SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, body, block.init,
-                  list(block.alloc_buffers) if alloc_buffers is None else alloc_buffers,
-                  block.match_buffers, block.annotations)
+    if alloc_buffers is None:
+        return with_block_fields(block, body=body)
+    return with_block_fields(block, body=body, alloc_buffers=alloc_buffers)
 
 
 def block_allocations(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -121,8 +134,7 @@ def without_unit_iter_vars(func: tirx.PrimFunc) -> tirx.PrimFunc:
         if len(keep) == len(block.iter_vars):
             return realize
         units = [(iv.var, iv.dom.min) for iv in block.iter_vars if is_unit(iv)]
-        kept = SBlock([block.iter_vars[n] for n in keep], block.reads, block.writes, block.name_hint, block.body,
-                      block.init, list(block.alloc_buffers), block.match_buffers, block.annotations)
+        kept = with_block_fields(block, iter_vars=[block.iter_vars[n] for n in keep])
         return SBlockRealize([realize.iter_values[n] for n in keep], realize.predicate, substitute(kept, units))
 
     return func.with_body(tvm_ffi.structural_map(func.body, [(SBlockRealize, rewrite)]))

@@ -490,12 +490,6 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
 
     row_output = shape.row_outputs[0] if shape.row_outputs else None
 
-    def row_value(lse, row, heads):  # a row output's value (RowOutput)
-        return row_output.at(lse, row, shape.row_vars[0], heads, shape.row_vars[1:])[1]
-
-    def row_indices(row, heads):
-        return row_output.at(T.float32(0), row, shape.row_vars[0], heads, shape.row_vars[1:])[0]
-
     def power(score, row_max, scale_log2e):
         """The base-2 exponent of a key's weight: one multiply-add of the scaled score; with
         score terms, the difference taken first (a fill of fp32's lowest value against a row
@@ -690,8 +684,8 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
                             fixed[0] = quad(operator.add, l[r * 2 + half])
                             if lane % 4 == 0 and row < N:
                                 T.buffer_store(row_output.buffer,
-                                               row_value(T.log(fixed[0]) + m[r * 2 + half], row, heads),
-                                               row_indices(row, heads))
+                                               row_output.value_of(T.log(fixed[0]) + m[r * 2 + half]),
+                                               row_output.indices_at(row, heads))
                 # O / l into Q's slot, laid out as TMA lands Q (64-column panels, 16-byte
                 # chunk c of row r at c ^ (r % 8)), then one TMA store per panel.
                 T.tvm_storage_sync("shared")  # every warp is done reading Q, K and V

@@ -98,12 +98,8 @@ class ScoreTerms:
 
     def at(self, score, query, key, heads) -> tirx.PrimExpr:
         """The exponent of the key at ``key`` of the query at ``query`` in heads ``heads``,
-        ``score`` its q . k, as TIR (positions cast to the function's index types)."""
-        def cast(var, value):
-            return value if value.ty.dtype == var.ty.dtype else tirx.Cast(var.ty.dtype, value)
-
-        places = [(self.score, score), (self.query, cast(self.query, query)), (self.key, cast(self.key, key)),
-                  *((var, cast(var, value)) for var, value in zip(self.heads, heads))]
+        ``score`` its q . k, as TIR."""
+        places = [(self.score, score), *_positions([self.query, self.key, *self.heads], [query, key, *heads])]
         value = substitute(self.value, places)
         if self.mask is None:
             return value
@@ -111,27 +107,34 @@ class ScoreTerms:
         return tirx.Select(substitute(self.mask, places), value, fill)
 
 
+def _positions(variables: list, values: list) -> list:
+    """``(variable, value)`` pairs, each value cast to its variable's index type."""
+    return [(var, value if value.ty.dtype == var.ty.dtype else tirx.Cast(var.ty.dtype, value))
+            for var, value in zip(variables, values)]
+
+
 @dataclass(frozen=True)
 class RowOutput:
     """A second output of one value a query row, a function of the row's log-sum-exp of the
     exponents (``lse = log(sum) + max``, what a backward pass or a merge of partial attentions
-    reads): ``buffer[indices] = value``, ``indices`` over the query position and the head
-    variables, ``value`` over ``lse`` (a placeholder), fp32."""
+    reads): ``buffer[indices] = value``, ``indices`` over the query position ``query`` and the
+    head variables ``heads``, ``value`` over ``lse`` (a placeholder), fp32."""
 
     buffer: object
     indices: tuple
     value: tirx.PrimExpr
     lse: tirx.Var
+    query: tirx.Var
+    heads: tuple
 
-    def at(self, lse, query, query_var, heads, head_vars) -> tuple:
-        """``(indices, value)`` for the row of ``query`` in heads ``heads``, whose log-sum-exp is
-        ``lse``."""
-        def cast(var, value):
-            return value if value.ty.dtype == var.ty.dtype else tirx.Cast(var.ty.dtype, value)
+    def indices_at(self, query, heads) -> list:
+        """The output's indices of the row of ``query`` in heads ``heads``."""
+        places = _positions([self.query, *self.heads], [query, *heads])
+        return [substitute(i, places) for i in self.indices]
 
-        places = [(query_var, cast(query_var, query)), *((v, cast(v, h)) for v, h in zip(head_vars, heads))]
-        return ([substitute(i, places) for i in self.indices],
-                tirx.Cast(str(self.buffer.ty.dtype), substitute(self.value, [(self.lse, lse)])))
+    def value_of(self, lse) -> tirx.PrimExpr:
+        """The output's value for a row whose log-sum-exp is ``lse``."""
+        return tirx.Cast(str(self.buffer.ty.dtype), substitute(self.value, [(self.lse, lse)]))
 
 
 @dataclass(frozen=True)
@@ -157,10 +160,8 @@ class AttentionShape:
     #: What the kernel computes for a key's exponent where it is more than ``scale`` times the
     #: score (``scale`` is then 1).
     terms: ScoreTerms | None = field(default=None, compare=False)
-    #: Outputs of one value a row besides ``out`` (a log-sum-exp), with the query position and
-    #: head variables their indices are over.
+    #: Outputs of one value a row besides ``out`` (a log-sum-exp).
     row_outputs: tuple = field(default=(), compare=False)
-    row_vars: tuple = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -360,17 +361,17 @@ class _Match:
         if len(f.row_blocks) > 1:
             raise ClusterError(f"attention writes at most one output of the row statistics; writes "
                                f"{[str(b.name_hint) for b in f.row_blocks]}")
-        row_outputs = tuple(self._row_output(block, f.exponent) for block in f.row_blocks)
+        row_outputs = tuple(self._row_output(block, f.exponent, i, heads) for block in f.row_blocks)
         params = tuple(self.func.params) if terms is not None or row_outputs or order != [0, 1, 2, 3] else ()
         scale = f.scale if terms is None else 1.0  # the terms' exponent holds it
         return AttentionShape(math.prod(extents), self.ranges[i], self.m.extent, f.dim, scale, causal, f.dtype,
-                              extents, layouts, params, tuple(order), terms, row_outputs, (i, *heads))
+                              extents, layouts, params, tuple(order), terms, row_outputs)
 
-    def _row_output(self, block, exponent: _Exponent) -> RowOutput:
+    def _row_output(self, block, exponent: _Exponent, i, heads: list) -> RowOutput:
         """A block writing one value a row from the row max M and sum L, read as a function of
         the row's log-sum-exp: ``L = exp(lse + shift(M))`` (the sums' own exponent) must leave M
         out of the value (``log(L) + M`` is the log-sum-exp itself)."""
-        M, L, lse = (sympy.Symbol(n, real=True) for n in ("M", "L", "lse"))
+        M, L, lse = (_symbol(n) for n in ("M", "L", "lse"))
         store = block.body
         value = _sympy(store.value, self._leaf(_SCORE))
         of_lse = simplify(value.subs(L, sympy.exp(lse + exponent.shift)))
@@ -378,8 +379,8 @@ class _Match:
             raise ClusterError(f"{block.name_hint} must write a function of the row's log-sum-exp "
                                f"(log(sum) + max); writes {value}")
         # its indices in the row max's variables: it reads the statistics at its own variables
-        stat = next((ld for ld in loads(store.value) if ld.source.same_as(self.m.output) or ld.source.same_as(
-            self.l.output)), None)
+        stat = next(ld for ld in loads(store.value) if ld.source.same_as(self.m.output) or ld.source.same_as(
+            self.l.output))
         if stat.source.same_as(self.m.output):
             mine = list(self.m.spatial)
         else:
@@ -394,7 +395,7 @@ class _Match:
             emitted = ToTIR({"lse": lse_var}, "float32")(of_lse)
         except Unsupported as err:
             raise ClusterError(f"{block.name_hint}: {err}") from err
-        return RowOutput(store.buffer, indices, emitted, lse_var)
+        return RowOutput(store.buffer, indices, emitted, lse_var, i, tuple(heads))
 
     def _terms(self, f: _Forms, i, t, heads: list, skipping: bool = True) -> ScoreTerms:
         """The exponent the kernel computes for each key (:class:`ScoreTerms`), from the sums';
@@ -571,7 +572,7 @@ class _Match:
                 if name is None:
                     name = f"input{len(self.inputs)}"
                     self.inputs[name] = at
-                return sympy.Symbol(name, real=True)
+                return _symbol(name)
             return leaf(load)
 
         def variable(var):
@@ -580,7 +581,7 @@ class _Match:
             if n is None:
                 raise Unsupported(f"variable {var.name}, not a position of the rows or the key")
             self.places[f"place{n}"] = mine
-            return sympy.Symbol(f"place{n}", real=True)
+            return _symbol(f"place{n}")
 
         return read, variable
 
@@ -588,8 +589,8 @@ class _Match:
         """The symbols that vary with the key: the score, the key variable and the inputs' loads
         it indexes."""
         t = self.m.reduce_var
-        keyed = {_SCORE, *(sympy.Symbol(n, real=True) for n, var in self.places.items() if var.same_as(t))}
-        keyed.update(sympy.Symbol(n, real=True) for n, load in self.inputs.items() if uses(load, t))
+        keyed = {_SCORE, *(_symbol(n) for n, var in self.places.items() if var.same_as(t))}
+        keyed.update(_symbol(n) for n, load in self.inputs.items() if uses(load, t))
         return keyed
 
     def _sum_forms(self, cond) -> tuple[float, bool, _Exponent]:
@@ -597,13 +598,14 @@ class _Match:
         the row alone (the max's shift, ``exp(-M)`` or ``exp(-c M)`` where the scale sits inside
         the exponent: the division cancels it, and the kernel shifts by its own running max),
         ``f`` the rest of the exponent: ``c * scores`` (``c > 0``), or any function of the
-        score, the positions and the other inputs' loads (a bias, a soft cap); the scale ``c`` (1 for the latter), whether the weighted sum divides by the
-        exp-sum (the probabilities normalized before the product), and the exponent read."""
-        s, M, L, V = _SCORE, *(sympy.Symbol(n, real=True) for n in ("M", "L", "V"))
+        score, the positions and the other inputs' loads (a bias, a soft cap); the scale ``c``
+        (1 for the latter), whether the weighted sum divides by the exp-sum (the probabilities
+        normalized before the product), and the exponent read."""
+        s, M, L, V = _SCORE, *(_symbol(n) for n in ("M", "L", "V"))
         v = self._v_load().source
         for level in (self.l, self.o):
-            if _select_condition(level.value, self.func.params) is not None and not _same_condition(
-                    _select_condition(level.value, self.func.params), cond, self._canonical(level)):
+            own = _select_condition(level.value, self.func.params)
+            if own is not None and not _same_condition(own, cond, self._canonical(level)):
                 raise ClusterError(f"{level.block} is masked differently from the row max")
         l_kept = _sympy(_with_branch(self.l.value, True), *self._reader(self.l, s))
         exponent = sympy.expand(sympy.log(l_kept), force=True) if l_kept.func == sympy.exp else None
@@ -616,10 +618,9 @@ class _Match:
             raise ClusterError(f"the row sum must be of exp(f(scores) - a shift of the row); got {l_kept}")
         scale = _float_constant(of_key / s)
         plain = scale is not None and scale > 0
-        p_kept = l_kept
         o_kept = _sympy(_with_branch(self.o.value, True), *self._reader(self.o, s, V=v))
-        normalized = _zero(o_kept - p_kept * V / L)
-        if not normalized and not _zero(o_kept - p_kept * V):
+        normalized = _zero(o_kept - l_kept * V / L)
+        if not normalized and not _zero(o_kept - l_kept * V):
             raise ClusterError(f"the weighted sum must be of exp(f(scores) - max) * v (or / the row sum); "
                                f"got {o_kept}")
         fill = None

@@ -55,7 +55,8 @@ HELD_FLOATS = 64
 #: stays 0 rather than NaN (``nn.llm``'s kernels use the same value; it is also the
 #: log-sum-exp of an empty sequence).
 EMPTY_MAX = -5e4
-_LOG2E = math.log2(math.e)
+#: log2(e): the kernels' exponentials are base 2.
+LOG2E = math.log2(math.e)
 #: The most distinct tokens' rows a thread loads in one step (tensor cores: two of K, four of V).
 ROW_SLOTS = 6
 #: Register files of a thread's K and V rows a configuration may have (``DecodeConfig.files``):
@@ -754,7 +755,7 @@ class _MmaBody(_Body):
 
 def _scaled_by_log2e(scale):
     """A softmax scale as the kernel applies it (its exponentials are base 2)."""
-    return scale * _LOG2E
+    return scale * LOG2E
 
 
 def _tree_sum(values: list):

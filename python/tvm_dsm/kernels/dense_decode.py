@@ -26,13 +26,12 @@ from ..errors import ClusterError, passes
 from ..hardware import Hardware
 from ..ir import extent_variables, specialized, substitute, uses
 from .attention_pattern import DecodeShape, find_decode_attention
-from .decode_attention import (HELD_FLOATS, WARPS, DecodeConfig, DecodeOperands, decode_kernel,
+from .decode_attention import (HELD_FLOATS, LOG2E, WARPS, DecodeConfig, DecodeOperands, decode_kernel,
                                prefers_tensor_cores, shared_bytes, tokens_per_step, wave_ctas, with_depth)
 from .decode_attention import check_config as check_config_limits
 from .template import KernelTemplate
 
 _RANKS = (1, 2, 4, 8)
-_LOG2E = math.log2(math.e)
 #: The key length a function of a symbolic one is matched at: above every head dim and head
 #: count, whose extents an equal length would make ambiguous to the matcher.
 MATCHED_KEYS = 328
@@ -93,8 +92,8 @@ class DenseOperands(DecodeOperands):
         if terms is None:
             return score
         heads = [value for _, value in self._heads(h)]
-        natural = terms.at(score * tirx.const(1 / _LOG2E, "float32"), tirx.const(0, "int32"), token, heads)
-        return natural * tirx.const(_LOG2E, "float32")
+        natural = terms.at(score * tirx.const(1 / LOG2E, "float32"), tirx.const(0, "int32"), token, heads)
+        return natural * tirx.const(LOG2E, "float32")
 
     def row_pointer(self, slot: int, kv: int, token, column):
         buffer = self.shape.operands[1 + kv]

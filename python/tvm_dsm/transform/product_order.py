@@ -16,7 +16,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import SBlock, SBlockRealize
 
-from ..ir import find_all, is_reduction, loads
+from ..ir import find_all, is_reduction, loads, with_block_fields
 
 
 def _operands(block) -> list:
@@ -45,9 +45,7 @@ def _swapped(block: SBlock) -> SBlock:
         return mul
 
     reads = [w if r.same_as(x) else x if r.same_as(w) else r for r in block.reads]
-    body = tvm_ffi.structural_map(block.body, [(tirx.Mul, swap)])
-    return SBlock(block.iter_vars, reads, block.writes, block.name_hint, body, block.init,
-                  list(block.alloc_buffers), block.match_buffers, block.annotations)
+    return with_block_fields(block, reads=reads, body=tvm_ffi.structural_map(block.body, [(tirx.Mul, swap)]))
 
 
 def _loops_in_iterator_order(sch: s_tir.Schedule, rv) -> None:

@@ -3,8 +3,9 @@ families and its fallback reach beyond the hand-picked suites.
 
 :func:`generate` draws ``count`` :class:`Case` s round-robin over the op classes (:data:`CLASSES`:
 dense, several projections of one input (q, k, v), gated dense, FFN/SwiGLU chain, attention
-prefill (also with a bias, ALiBi, a soft cap or a mask other than the causal one), decode attention, RMSNorm/LayerNorm (and RMSNorm followed by per-token fp8
-quantization), softmax, logsumexp/cross-entropy, MoE routing),
+prefill and decode (also with a bias, ALiBi, a soft cap or a mask other than the causal one),
+RMSNorm/LayerNorm (and RMSNorm followed by per-token fp8 quantization, fused add-RMSNorm),
+softmax, logsumexp/cross-entropy, MoE routing),
 each in one user style (hand-written TE, TOPI operators, TOPI's element-wise operators and
 reductions composed with ``keepdims``, or a Relax function legalized and fused into one
 PrimFunc, whose indices are int64), dtype (fp16, bf16, fp32), weight layout
