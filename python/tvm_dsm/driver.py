@@ -96,26 +96,28 @@ def _forms(func: tirx.PrimFunc) -> Iterator[tuple[tirx.PrimFunc, str | None]]:
     (:mod:`tvm_dsm.transform.reductions_first`); both; then the same of its products in the
     GEMM families' order (:mod:`tvm_dsm.transform.product_order`). Each is made when it is
     asked for."""
+    yield from _rewritten_forms(func, None)
     ordered = products_in_gemm_order(func)
-    for base, how in ((func, None), (ordered, "its products' iterators and operands in the GEMM order")):
-        if base is None:
-            continue
-        yield base, how
-        widened = widen_accumulation(base)
-        if widened is not None:
-            yield widened, _joined(how, "its matmuls accumulate in 16 bits; scheduled accumulating in fp32, "
-                                        "rounded once")
-        reordered = reductions_first(base)
-        if reordered is not None:
-            yield reordered, _joined(how, "its blocks are scheduled with its reductions first")
-            both = widen_accumulation(reordered)
-            if both is not None:
-                yield both, _joined(how, "its blocks are scheduled with its reductions first, its matmuls "
-                                         "accumulating in fp32")
+    if ordered is not None:
+        yield from _rewritten_forms(ordered, "its products' iterators and operands in the GEMM order")
 
 
-def _joined(first: str | None, then: str) -> str:
-    return then if first is None else f"{first}; {then}"
+def _rewritten_forms(base: tirx.PrimFunc, how: str | None) -> Iterator[tuple[tirx.PrimFunc, str | None]]:
+    """``base`` (reached as ``how`` says), then its accumulation-widened and reductions-first
+    forms (:func:`_forms`), each made when it is asked for."""
+    def joined(then: str) -> str:
+        return then if how is None else f"{how}; {then}"
+
+    yield base, how
+    widened = widen_accumulation(base)
+    if widened is not None:
+        yield widened, joined("its matmuls accumulate in 16 bits; scheduled accumulating in fp32, rounded once")
+    reordered = reductions_first(base)
+    if reordered is not None:
+        yield reordered, joined("its blocks are scheduled with its reductions first")
+        both = widen_accumulation(reordered)
+        if both is not None:
+            yield both, joined("its blocks are scheduled with its reductions first, its matmuls accumulating in fp32")
 
 
 def _first_form_taken(func: tirx.PrimFunc, attempt: Callable[[tirx.PrimFunc], Any]) -> tuple[tirx.PrimFunc, Any]:
