@@ -533,15 +533,30 @@ def test_a_cross_entropy_against_labels_is_one_fused_kernel(assemble):
         assert np.abs(got - want).max() < 1e-5 * np.abs(want).max()
 
 
+def test_a_cross_entropy_over_a_symbolic_row_count_takes_the_fused_rows_in_every_range(assemble):
+    """A training loop's batch of tokens is a variable: every range of rows gets the fused rows
+    (one row a CTA or cluster), not TVM's fallback of a thread walking each row alone."""
+    from conftest import cuda_source
+    from tvm_dsm.families.row_ranges import range_kernels
+    from tvm_dsm.hardware import load_hardware
+
+    func = _cross_entropy(te.var("m"), 32000, "float16")
+    kernels = range_kernels(func, TARGET, load_hardware())
+    assert {k.family.name for k in kernels} == {"fused_cascade"}
+    assert all(k.config.rows_per_cta == 1 for k in kernels)
+    assert assemble(cuda_source(tvm_dsm.driver.schedule(func, TARGET).mod), "symbolic_cross_entropy")
+
+
 @pytest.mark.gpu
-def test_gpu_a_cross_entropy_against_labels_matches_float64():
-    func = _cross_entropy(4096, 32000, "float16")
+@pytest.mark.parametrize("rows, symbolic", [(4096, False), (1, True), (17, True), (300, True)])
+def test_gpu_a_cross_entropy_against_labels_matches_float64(rows, symbolic):
+    func = _cross_entropy(te.var("m") if symbolic else rows, 32000, "float16")
     rng = np.random.default_rng()
-    x = (rng.standard_normal((4096, 32000)) * 3).astype("float16")
-    labels = rng.integers(0, 32000, 4096).astype("int64")
+    x = (rng.standard_normal((rows, 32000)) * 3).astype("float16")
+    labels = rng.integers(0, 32000, rows).astype("int64")
     dev = tvm.cuda(0)
-    out = tvm.runtime.tensor(np.full(4096, np.nan, "float32"), dev)
+    out = tvm.runtime.tensor(np.full(rows, np.nan, "float32"), dev)
     tvm_dsm.build(func, TARGET)(tvm.runtime.tensor(x, dev), tvm.runtime.tensor(labels, dev), out)
     x64 = x.astype(np.float64)
-    want = np.log(np.exp(x64 - x64.max(-1, keepdims=True)).sum(-1)) + x64.max(-1) - x64[np.arange(4096), labels]
+    want = np.log(np.exp(x64 - x64.max(-1, keepdims=True)).sum(-1)) + x64.max(-1) - x64[np.arange(rows), labels]
     assert np.linalg.norm(out.numpy() - want) / np.linalg.norm(want) < 1e-5

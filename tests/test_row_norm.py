@@ -83,9 +83,10 @@ FORMS = {
 }
 
 
+@pytest.mark.parametrize("width", [1, 4096])
 @pytest.mark.parametrize("form", sorted(FORMS))
-def test_each_form_is_planned_by_the_row_norm_family(form):
-    ranking = tvm_dsm.plan(FORMS[form](64, 4096))
+def test_each_form_is_planned_by_the_row_norm_family(form, width):
+    ranking = tvm_dsm.plan(FORMS[form](64, width))
     assert ranking.family.name == "row_norm" and not ranking.family.traced
     assert "read from HBM once" in ranking.explain() and ranking.best.seconds["hbm"] > 0
 

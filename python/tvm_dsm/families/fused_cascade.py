@@ -5,6 +5,7 @@ own (attention, softmax·V, top-k rows) are taken by their families first, where
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from tvm import s_tir, tirx
@@ -76,6 +77,11 @@ class FusedCascade(ScheduleFamily):
     name = "fused_cascade"
     generic = True
     traced = False  # FuseCascadedReductions writes a new function
+    symbolic_rows = True  # the fused rows' nest runs over the row count, known when called
+
+    def for_symbolic_rows(self, config: CascadeSplit) -> CascadeSplit:
+        """One row a CTA: a symbolic row count need not divide into CTAs of several rows."""
+        return dataclasses.replace(config, rows_per_cta=1)
 
     def recognize(self, func: tirx.PrimFunc) -> tirx.PrimFunc:
         """``func`` itself if it holds cascaded reductions that all fuse and whose elementwise

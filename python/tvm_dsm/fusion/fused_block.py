@@ -60,7 +60,7 @@ class FusedBlock:
         self.slice_at = 0  # inside a lane's slice loop: the position in the slice
         first = group[0]
         self.rows = len(first.spatial)
-        self.row_extents = [int(first.output.ty.shape[a]) for a in range(self.rows)]
+        self.row_extents = [first.output.ty.shape[a] for a in range(self.rows)]  # symbolic: a variable row count
         self.rules = [level_rule(lvl, j, self.rows) for j, lvl in enumerate(group)]
         self.extent = first.extent
         self.parts = parts

@@ -299,11 +299,14 @@ def _check_row_stage(block, params, results, rows_shape) -> None:
 
 
 def _reads_row_result(load, row_vars) -> bool:
-    """Whether ``load`` reads a level's result at the rows ``row_vars`` (then 0 along a kept
-    dimension of extent 1, ``keepdims``)."""
+    """Whether ``load`` reads a level's result at the rows ``row_vars``, then along kept
+    dimensions of extent 1 (``keepdims``), where any index in bounds is 0 (a row of width 1
+    indexes them with its reduced iterator)."""
     kept = load.indices[len(row_vars):]
+    extents = load.source.ty.shape[len(row_vars):]
     return (len(load.indices) >= len(row_vars) and indexed_by(load, *row_vars)
-            and all(isinstance(i, tirx.IntImm) and i.value == 0 for i in kept))
+            and all(isinstance(e, tirx.IntImm) and e.value == 1 or isinstance(i, tirx.IntImm) and i.value == 0
+                    for i, e in zip(kept, extents)))
 
 
 def _column_load(load, last) -> bool:

@@ -7,8 +7,8 @@ bytes of outstanding loads. Each thread holds ``vector`` elements of every row i
 (16-byte loads, or the widest of 8, 4 and 2 bytes that divides the row; with an element producer,
 each lane a 16-byte slice of the key and value rows), twice: the fused loop loads the next chunk
 while it applies the current one. Rows the parts' chunks do not divide are split anyway, the
-last step of some parts predicated off; rows of an odd width are refused (single-element loads
-ran 1.5x slower than TVM's stock schedule, docs/guide.md).
+last step of some parts predicated off; rows of an odd width are refused where TVM's stock
+reduction schedules take the function (single-element loads ran 1.5x slower, docs/guide.md).
 Only resident threads count: an SM holds at most 32 CTAs and 2048 threads (sm_90), so many
 small CTAs (many rows, few threads each) saturate before the loads do. The plan takes the
 fewest parts that reach that bytes in flight (or 90 % of the most any split reaches), adding
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import tvm
 from tvm import s_tir, tirx
+from tvm.s_tir.schedule.schedule import ScheduleError
 
 from ..errors import ClusterError
 from ..fusion.cascade import element_producers, find_cascades, inline_elementwise
@@ -120,9 +121,9 @@ def _plan(func: tirx.PrimFunc, hw: Hardware | None) -> tuple[CascadeSplit, s_tir
         # the widest load (16 bytes, or the widest power of two of elements) that rows of this
         # width start on: every row's chunks then start on it too
         vector = largest_power_of_two(extent, _LOAD_BYTES // elem)
-        if vector == 1:
+        if vector == 1 and _stock_reduction_takes(func):
             raise ClusterError(f"rows of an odd width ({extent}) read an element a load: TVM's stock "
-                               "schedule runs them faster (docs/guide.md)")
+                               "reduction schedule runs them faster (docs/guide.md)")
         vectors = (vector,)
 
         def step_bytes(vector: int) -> int:  # one load of the vector's elements
@@ -213,6 +214,25 @@ def schedule_cascade(func: tirx.PrimFunc, hw: Hardware | None = None, split: Cas
         if sch is not None:  # built while planning
             return sch, split
     return _schedule(func, split), split
+
+
+def _stock_reduction_takes(func: tirx.PrimFunc) -> bool:
+    """Whether one of dlight's reduction rules schedules ``func`` (rather than its fallback, a
+    thread walking each row alone: a cross-entropy's three sums ran 30x slower than the fused
+    rows there, even with their single-element loads)."""
+    from tvm.s_tir import dlight as dl
+
+    from ..driver import stock_target
+
+    target = stock_target()
+    with target:
+        for rule in (dl.gpu.Reduction(), dl.gpu.GeneralReduction()):
+            try:
+                if rule.apply(func, target, False) is not None:
+                    return True
+            except (ScheduleError, AssertionError, tvm.error.InternalError):  # a rule misjudging the form
+                continue
+    return False
 
 
 def _elem_bytes(expr) -> int:

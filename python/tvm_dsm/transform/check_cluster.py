@@ -17,7 +17,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir import SBlock
 
 from ..errors import ClusterError
-from ..ir import find_all
+from ..ir import find_all, with_block_fields
 from ..schedule.cluster import MAX_CLUSTER_SIZE, RANK_TAG
 from ..annotations import CLUSTER_SIZE_KEY
 from ..schedule.dsm import DSM_SCOPE
@@ -36,12 +36,12 @@ def _thread_tag(loop: tirx.For) -> str | None:
     return str(loop.thread_binding.thread_tag)
 
 
-def check_function(func: tirx.PrimFunc) -> list[str]:
+def check_function(func: tirx.PrimFunc) -> list[SBlock]:
     """Raise :class:`ClusterError` for unsupported cluster bindings or storage scopes; return the
-    names of the blocks that run once per cluster and write DSM or global memory."""
+    blocks that run once per cluster and write DSM or global memory."""
     cluster_stack: list[int | None] = []
     in_rank: list[bool] = []
-    root_only: list[str] = []
+    root_only: list[SBlock] = []
     errors: list[str] = []  # raised after the walk: exceptions do not cross the FFI callback
 
     def visit_for(loop: tirx.For, visitor) -> None:
@@ -83,7 +83,7 @@ def check_function(func: tirx.PrimFunc) -> list[str]:
         # A block whose own body binds the rank (a fused cascade's row) leaves that to its children.
         ranks_inside = find_all(block.body, tirx.For, lambda f: _thread_tag(f) == RANK_TAG)
         if in_cluster and not in_rank and writes_cluster_wide and not ranks_inside:
-            root_only.append(str(block.name_hint))
+            root_only.append(block)
         visitor.default_visit(block)
 
     def visit_var(var: tirx.Var, _visitor) -> None:
@@ -106,11 +106,15 @@ def check_function(func: tirx.PrimFunc) -> list[str]:
 
 @tirx.transform.prim_func_pass(opt_level=0, name="tvm_dsm.CheckClusterSchedule")
 def CheckClusterSchedule(func: tirx.PrimFunc, _mod: tvm.IRModule, _ctx) -> tirx.PrimFunc:
-    """Pass form of :func:`check_function`; marks once-per-cluster DSM writers."""
+    """Pass form of :func:`check_function`; marks once-per-cluster DSM writers (by identity: the
+    branches of a function dispatching on its row count hold blocks of one name)."""
     root_only = check_function(func)
     if not root_only:
         return func
-    sch = s_tir.Schedule(func)
-    for name in root_only:
-        sch.annotate(sch.get_sblock(name), ROOT_ONLY_KEY, 1)
-    return sch.mod["main"]
+
+    def mark(block: SBlock) -> SBlock:
+        if not any(block.same_as(b) for b in root_only):
+            return block
+        return with_block_fields(block, annotations={**block.annotations, ROOT_ONLY_KEY: 1})
+
+    return func.with_body(tvm_ffi.structural_map(func.body, [(SBlock, mark)], order="pre"))
