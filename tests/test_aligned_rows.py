@@ -1,5 +1,5 @@
-"""16-bit GEMMs over [N, K] weights whose rows are off 16 bytes (an odd K): zero-filled copies
-padded to whole rows, then the tensor-core GEMM (tvm_dsm.rules.aligned_rows), where that is
+"""16-bit GEMMs whose operand rows are off 16 bytes (an odd K; with [K, N] weights also an odd
+N): zero-filled copies padded to whole rows, then the tensor-core GEMM (tvm_dsm.rules.aligned_rows), where that is
 predicted faster than the CUDA-core GEMM; same values as written (llvm), and (GPU) against
 float64."""
 
@@ -30,23 +30,34 @@ def test_both_operands_are_padded_to_whole_16_byte_rows():
     assert (shapes["X_pad"], shapes["W_pad"]) == ([257, 1024], [1024, 1024])
 
 
-@pytest.mark.parametrize("func", [dense(257, 1024, 1024), dense(64, 4096, 1021, weight_layout="kn"),
+def test_weights_k_by_n_are_padded_along_each_misaligned_row():
+    """W [K, N]: an odd N pads W's rows and the product's columns (its real ones copied out), an
+    odd K pads X's rows and W's row count."""
+    assert _shapes(pad_rows_to_vectors(dense(64, 1021, 4096, weight_layout="kn")))["W_pad"] == [4096, 1024]
+    shapes = _shapes(pad_rows_to_vectors(dense(64, 4096, 1021, weight_layout="kn")))
+    assert (shapes["X_pad"], shapes["W_pad"]) == ([64, 1024], [1024, 4096])
+
+
+@pytest.mark.parametrize("func", [dense(257, 1024, 1024), dense(64, 4096, 1024, weight_layout="kn"),
                                   dense(64, 1024, 1021, "float32")])
-def test_rows_on_16_bytes_weights_k_by_n_and_fp32_are_left_as_written(func):
+def test_rows_on_16_bytes_and_fp32_are_left_as_written(func):
     assert pad_rows_to_vectors(func) is None
 
 
-@pytest.mark.parametrize("func", [gated_dense(5, 24, 13), dense(5, 24, 13, bias=True)], ids=["gated", "bias"])
+@pytest.mark.parametrize("func", [gated_dense(5, 24, 13), dense(5, 24, 13, bias=True),
+                                  dense(5, 24, 13, weight_layout="kn"), dense(5, 13, 24, weight_layout="kn")],
+                         ids=["gated", "bias", "kn_odd_k", "kn_odd_n"])
 def test_the_padded_function_computes_the_same_values(func):
-    """fp16 on llvm: X and W zero-filled past K (one copy of X for both gated products), the
-    epilogue reading the products as before."""
+    """fp16 on llvm: X and W zero-filled past K (one copy of X for both gated products), or W
+    past N, the epilogue reading the products as before."""
     padded = pad_rows_to_vectors(func)
-    assert sum(name.startswith("X_pad") for name in _shapes(padded)) == 1
+    assert sum(name.startswith("X_pad") for name in _shapes(padded)) <= 1
     rng = np.random.default_rng(0)
     inputs = [rng.standard_normal([int(d) for d in p.ty.shape]).astype("float16") for p in func.params[:-1]]
     outputs = []
+    shape = [int(d) for d in func.params[-1].ty.shape]
     for f in (func, padded):
-        out = tvm.runtime.tensor(np.full((5, 24), np.nan, "float16"))
+        out = tvm.runtime.tensor(np.full(shape, np.nan, "float16"))
         tvm.compile(tvm.IRModule({"main": f}), target="llvm")["main"](*(tvm.runtime.tensor(a) for a in inputs), out)
         outputs.append(out.numpy())
     np.testing.assert_array_equal(outputs[1], outputs[0])
@@ -95,21 +106,24 @@ def test_a_large_product_takes_the_tensor_cores_and_a_small_one_the_cuda_cores()
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("m", "n", "k"), [(257, 1024, 1021), (100, 3000, 1023)])
-@pytest.mark.parametrize("form", ["dense", "gated", "fused_weight"])
+@pytest.mark.parametrize(("m", "n", "k"), [(257, 1024, 1021), (100, 3000, 1023), (64, 1021, 4096)])
+@pytest.mark.parametrize("form", ["dense", "dense_kn", "gated", "fused_weight"])
 def test_gpu_padded_rows_match_float64(m, n, k, form):
     from tvm_dsm.workloads.generated import _silu
 
     rng = np.random.default_rng()
     x = rng.standard_normal((m, k)).astype(np.float16)
-    weights = [(rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float16) for _ in range(1 if form == "dense" else 2)]
-    func = dense(m, n, k) if form == "dense" else gated_dense(m, n, k, fused_weight=form == "fused_weight")
-    args = [x, np.concatenate(weights)] if form == "fused_weight" else [x, *weights]
+    weights = [(rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float16)
+               for _ in range(1 if form.startswith("dense") else 2)]
+    func = (dense(m, n, k, weight_layout=form[6:] or "nk") if form.startswith("dense")
+            else gated_dense(m, n, k, fused_weight=form == "fused_weight"))
+    args = ([x, np.concatenate(weights)] if form == "fused_weight" else [x, weights[0].T.copy()] if form == "dense_kn"
+            else [x, *weights])
     dev = tvm.cuda(0)
     out = tvm.runtime.tensor(np.full((m, n), np.nan, np.float16), dev)
     tvm_dsm.build(func, TARGET)(*(tvm.runtime.tensor(a, dev) for a in args), out)
     products = [x.astype(np.float64) @ w.astype(np.float64).T for w in weights]
-    ref = products[0] if form == "dense" else _silu(products[0]) * products[1]
+    ref = products[0] if form.startswith("dense") else _silu(products[0]) * products[1]
     assert np.linalg.norm(out.numpy() - ref) / np.linalg.norm(ref) < 2e-3
 
 

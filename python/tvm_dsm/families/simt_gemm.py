@@ -20,7 +20,7 @@ from tvm import s_tir, tirx
 from ..errors import ClusterError
 from ..hardware import Hardware
 from ..planners.split_k_gemm import plan_split_k_gemm
-from ..rules.aligned_rows import ALIGNED_ELEMENTS
+from ..rules.aligned_rows import ALIGNED_ELEMENTS, padded_columns
 from ..rules.simt_gemm import FP32, SimtGemmConfig, check_config, find_simt_gemm, schedule_simt_gemm
 from ..rules.split_k_gemm import GemmShape, whole
 from .base import ScheduleFamily
@@ -116,12 +116,11 @@ class SimtGemm(ScheduleFamily):
 
 
 def pads_faster(shape: GemmShape, hw: Hardware) -> bool:
-    """Whether one 16-bit product of ``shape`` (``[N, K]`` weights, rows off 16 bytes) is
-    predicted faster over padded copies on the tensor cores (:func:`padded_tensor_core_us`) than
-    on the CUDA cores; never for fp32 or ``[K, N]`` weights (no padded path), a symbolic row count
-    (planned per range of rows) or a single row (its GEMV reads W once, copies would read and
-    write it again)."""
-    if shape.dtype == FP32 or not shape.weight_nk or shape.symbolic_rows or shape.m == 1:
+    """Whether one 16-bit product of ``shape`` (rows off 16 bytes) is predicted faster over
+    padded copies on the tensor cores (:func:`padded_tensor_core_us`) than on the CUDA cores;
+    never for fp32 (no padded path), a symbolic row count (planned per range of rows) or a single
+    row (its GEMV reads W once, copies would read and write it again)."""
+    if shape.dtype == FP32 or shape.symbolic_rows or shape.m == 1:
         return False
     one = dataclasses.replace(shape, products=1)
     padded = padded_tensor_core_us(one, hw)
@@ -129,19 +128,23 @@ def pads_faster(shape: GemmShape, hw: Hardware) -> bool:
 
 
 def padded_tensor_core_us(shape: GemmShape, hw: Hardware) -> float | None:
-    """Predicted time of a 16-bit product over ``[N, K]`` weights whose rows are off 16 bytes,
-    run as :mod:`tvm_dsm.rules.aligned_rows` runs it: X and W copied to rows of whole 16-byte pieces
-    (each copy a kernel reading and writing its operand at the HBM rate), then the tensor-core
-    split-K GEMM's best plan over the padded extents; None where that GEMM has no plan."""
-    k = whole(shape.k, ALIGNED_ELEMENTS)
-    aligned = dataclasses.replace(shape, k=k)
+    """Predicted time of a 16-bit product whose operand rows are off 16 bytes, run as
+    :mod:`tvm_dsm.rules.aligned_rows` runs it: X and W copied to rows of whole 16-byte pieces
+    (each copy a kernel reading and writing its operand at the HBM rate; a padded N also copies
+    the output's real columns out), then the tensor-core split-K GEMM's best plan over the
+    padded extents; None where that GEMM has no plan."""
+    k, n = whole(shape.k, ALIGNED_ELEMENTS), whole(shape.n, padded_columns(shape))
+    aligned = dataclasses.replace(shape, k=k, n=n)
     try:
         plans = plan_split_k_gemm(aligned, hw, padded=True)
     except ClusterError:
         return None
     elem = _element_bytes(shape)
-    copied = elem * (shape.m + shape.n) * (shape.k + k)
-    return plans[0].predicted_us + 1e6 * (copied / hardware_rates(hw)["hbm"] + 2 * hw.fitted("gemm.launch_s"))
+    copied = elem * (shape.m * (shape.k + k) + shape.n * shape.k + n * k)
+    copies = 2
+    if n != shape.n:
+        copied, copies = copied + elem * shape.m * (n + shape.n), copies + 1
+    return plans[0].predicted_us + 1e6 * (copied / hardware_rates(hw)["hbm"] + copies * hw.fitted("gemm.launch_s"))
 
 
 def _element_bytes(shape: GemmShape) -> int:

@@ -1,14 +1,13 @@
-"""A 16-bit GEMM with weights ``[N, K]`` whose rows do not start 16 bytes apart (K not a multiple
-of 8), given zero-filled copies of its operands whose rows do.
+"""A 16-bit GEMM whose operand rows do not start 16 bytes apart (K not a multiple of 8; with
+weights ``[K, N]``, also N), given zero-filled copies of its operands whose rows do.
 
 The tensor-core GEMM copies its tiles in 16-byte pieces (TMA), so it cannot read such rows; the
 CUDA-core GEMM can, at a fraction of the tensor cores' rate. :func:`pad_rows_to_vectors` pads
-each product (s_tir's ``pad_einsum``) to a multiple of 8 elements in K: copies of X and W with
-zeros past their rows' ends and the product over the padded K. Split into operators
-(:mod:`tvm_dsm.transform.split_operators`) the copies are element-wise kernels and the product a
-GEMM the tensor-core family takes. Zeros past K add nothing to the sums. (Weights ``[K, N]``
-stay on the CUDA cores: their GEMM over a padded copy, merged back into one function, fails
-TVM's InjectPTXAsyncCopy on the weight tile's copy.)
+each product (s_tir's ``pad_einsum``) to a multiple of 8 elements in K, and for ``[K, N]``
+weights in N: copies of X and W with zeros past their rows' ends, the product over the padded
+extents, and for a padded N the output's real columns copied out of the padded product. Split
+into operators (:mod:`tvm_dsm.transform.split_operators`) the copies are element-wise kernels
+and the product a GEMM the tensor-core family takes. Zeros past K add nothing to the sums.
 """
 
 from __future__ import annotations
@@ -30,15 +29,21 @@ ALIGNED_ELEMENTS = VECTOR // 2
 
 def _misaligned_gemm(sch: s_tir.Schedule) -> tuple[list, GemmShape] | None:
     """The product blocks and shape of ``sch``'s function where :func:`pad_rows_to_vectors`
-    applies: one or two 16-bit products over ``[N, K]`` weights, K not a multiple of 8,
-    elementwise blocks after them; else None."""
+    applies: one or two 16-bit products whose operand rows are off 16 bytes, elementwise blocks
+    after them; else None."""
     try:
         products, _, shape = find_gemm(sch, operand_types=OPERAND_TYPES)
     except (ClusterError, ScheduleError):  # not a GEMM's form (no root block: s_tir says so)
         return None
-    if shape.dtype == FP32 or not shape.weight_nk or passes(check_rows_aligned, shape):
+    if shape.dtype == FP32 or passes(check_rows_aligned, shape):
         return None
     return products, shape
+
+
+def padded_columns(shape: GemmShape) -> int:
+    """What N is padded to a multiple of: 8 where the weights ``[K, N]`` have rows of N elements
+    off 16 bytes, else 1."""
+    return 1 if shape.weight_nk or shape.n % ALIGNED_ELEMENTS == 0 else ALIGNED_ELEMENTS
 
 
 def misaligned_products(func: tirx.PrimFunc) -> GemmShape | None:
@@ -56,8 +61,9 @@ def pad_rows_to_vectors(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
     if found is None:
         return None
     try:
-        for product in found[0]:
-            sch.pad_einsum(product, [1, 1, ALIGNED_ELEMENTS])
+        products, shape = found
+        for product in products:
+            sch.pad_einsum(product, [1, padded_columns(shape), ALIGNED_ELEMENTS])
         return _parameter_reads_first(share_padded_input(sch.mod["main"]))
     except (ClusterError, ScheduleError):
         return None
