@@ -17,7 +17,7 @@ from conftest import TARGET, cuda_source, host_launch
 from conftest import kernels as cuda_kernels
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.ir import extent_variables, specialized
-from tvm_dsm.kernels.attention import TEMPLATE, AttentionConfig, fuse_attention
+from tvm_dsm.kernels.attention import TEMPLATE, AttentionConfig, fuse_attention, prefetches_terms
 from tvm_dsm.kernels.attention_pattern import HeadAxis, find_attention
 from tvm_dsm.workloads.attention_forms import (attention_with_terms, decode_attention_with_terms, relax_attention,
                                               te_attention, topi_attention)
@@ -522,6 +522,29 @@ def test_an_exponent_of_more_than_the_scaled_score_is_computed_by_the_kernel(ter
     source = cuda_source(fuse_attention(func))
     assert len(cuda_kernels(source)) == 1
     assert assemble(source, f"attention_terms_{terms}")
+
+
+def test_a_bias_is_loaded_while_the_scores_mma_runs_where_its_registers_fit():
+    """The bias elements a thread adds to its scores are loaded between the scores' MMA and its
+    wait (the MMA hides their latency), where a register each fits beside the accumulators: not
+    at head dim 128 in two row blocks, nor without a tensor to load (a soft cap)."""
+    func = attention_with_terms("bias", 32, 1024, 64)
+    assert prefetches_terms(find_attention(func), AttentionConfig(128, 1))
+    assert not prefetches_terms(find_attention(func), AttentionConfig(128, 1, prefetch_terms=False))
+    assert not prefetches_terms(find_attention(attention_with_terms("bias", 16, 2048, 128)), AttentionConfig(64, 2))
+    assert not prefetches_terms(find_attention(attention_with_terms("softcap", 32, 1024, 64)), AttentionConfig(128, 1))
+    source = cuda_source(fuse_attention(func, AttentionConfig(128, 1)))
+    loop = source[source.index('extern "C" __global__'):]
+    wait = loop.index("tvm_dsm_attention_wait64(")
+    assert loop.count("mask_ptr[", 0, wait) == 64 and "mask_ptr[" not in loop[wait:]
+
+
+@pytest.mark.parametrize("config", [AttentionConfig(128, 1), AttentionConfig(128, 1, 2)])
+def test_a_prefetched_bias_fits_in_registers_at_the_most_accumulators(ptxas_report, config):
+    func = attention_with_terms("bias", 16, 512, 128)
+    assert prefetches_terms(find_attention(func), config)
+    report = ptxas_report(cuda_source(fuse_attention(func, config)), f"attention_bias_w{config.warpgroups}")
+    assert "0 bytes spill stores" in report and "0 bytes stack frame" in report
 
 
 def test_the_scaled_score_alone_keeps_the_plain_kernel():

@@ -98,12 +98,13 @@ __forceinline__ __device__ void {name}({element}* dst, float lo, float hi) {{
 class AttentionConfig:
     """``block_n`` keys per tile; ``row_blocks`` 64-row blocks of queries per warpgroup, one
     after another; ``warpgroups`` per CTA, each with its own row blocks and all sharing the key
-    and value tiles
-    (:func:`default_config` picks them)."""
+    and value tiles (:func:`default_config` picks them); ``prefetch_terms``: score terms' tensor
+    elements loaded while the scores' MMA runs, where registers allow (:func:`prefetches_terms`)."""
 
     block_n: int = 64
     row_blocks: int = 1
     warpgroups: int = 1
+    prefetch_terms: bool = True
 
     @property
     def block_m(self) -> int:
@@ -156,7 +157,7 @@ def check_config(shape: AttentionShape, c: AttentionConfig) -> None:
     if shape.dim % _DIM_MULTIPLE or padded_dim(shape.dim) not in PADDED_DIMS:
         raise ClusterError(f"head dim {shape.dim}: the kernel takes multiples of {_DIM_MULTIPLE} (TMA strides are "
                            f"16-byte multiples) up to {max(PADDED_DIMS)} (wgmma's widest N)")
-    if c not in CONFIGS:
+    if dataclasses.replace(c, prefetch_terms=True) not in CONFIGS:
         raise ClusterError(f"{c}: registers are checked to fit without spills only for {CONFIGS}")
     D = padded_dim(shape.dim)
     accumulators = c.row_blocks * (D + c.block_n) // 2  # S and O of a thread's rows
@@ -302,6 +303,17 @@ class AttentionTemplate(KernelTemplate):
 TEMPLATE = AttentionTemplate()
 #: The fused kernel of a function (an unfused attention), in a configuration or the default's.
 fuse_attention = TEMPLATE.fuse
+
+
+def prefetches_terms(shape: AttentionShape, c: AttentionConfig) -> bool:
+    """Whether the kernel loads its score terms' tensor elements (a bias, a mask) into registers
+    while the scores' MMA runs, rather than after it: where it reads any, and a register each
+    fits beside the S and O accumulators within :data:`_MAX_ACCUMULATORS`."""
+    if not c.prefetch_terms or shape.terms is None or not shape.terms.tensor_loads():
+        return False
+    scores = c.row_blocks * c.block_n // 16 * 8
+    values = c.row_blocks * padded_dim(shape.dim) // 16 * 8
+    return scores * (1 + len(shape.terms.tensor_loads())) + values <= _MAX_ACCUMULATORS
 
 
 def _reg(block: int, frags: int, fragment, half, e):
@@ -473,15 +485,35 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
 
     terms = shape.terms
     row_tail = not isinstance(N, int) or N % BM != 0
+    # The terms' tensor elements (a bias, a mask) are loaded while the scores' MMA runs, where
+    # their registers fit beside the accumulators (:func:`prefetches_terms`).
+    prefetched = terms.tensor_loads() if terms is not None and prefetches_terms(shape, c) else []
+    prefetching = bool(prefetched)
 
-    def exponent(score, row, key, heads):
-        """A key's exponent (:class:`ScoreTerms`); -inf past the queries and keys, whose rows
-        of the other inputs the terms must not read."""
-        value = terms.at(score, row, key, heads)
+    def in_bounds(row, key):
+        """The condition of a key inside the queries and keys (None where no tile has a tail):
+        past them the terms must not read the other inputs' rows."""
         bounds = [cond for cond, tail in ((row < N, row_tail), (key < KV, key_tail)) if tail]
-        if not bounds:
-            return value
-        return T.if_then_else(functools.reduce(tirx.And, bounds), value, T.float32(float("-inf")))
+        return functools.reduce(tirx.And, bounds) if bounds else None
+
+    def exponent(score, row, key, heads, pre=None, reg=None):
+        """A key's exponent (:class:`ScoreTerms`), its tensor elements read from ``pre`` at
+        ``reg`` where they were prefetched; -inf past the queries and keys."""
+        loaded = ([T.Cast(str(ld.ty.dtype), pre[n * SN + reg]) for n, ld in enumerate(prefetched)]
+                  if prefetched else None)
+        value = terms.at(score, row, key, heads, loaded)
+        inside = in_bounds(row, key)
+        return value if inside is None else T.if_then_else(inside, value, T.float32(float("-inf")))
+
+    def prefetch(pre, r, half, nf, e, lane, t, row, heads):
+        """Register ``reg`` of ``pre`` holding each prefetched element at the key of row block
+        ``r``, half ``half``, fragment ``nf``, element ``e`` (0 past the queries and keys)."""
+        key = t * BN + _column(nf, e, lane)
+        inside = in_bounds(row, key)
+        for n, load in enumerate(prefetched):
+            value = T.Cast("float32", terms.load_at(load, row, key, heads))
+            T.buffer_store(pre, value if inside is None else T.if_then_else(inside, value, T.float32(0)),
+                           [n * SN + _reg(r, NF, nf, half, e)])
 
     # The running max's start: below every exponent a key may have, the terms' fill included (a
     # row that fill empties then weighs its keys alike, as the function does).
@@ -499,12 +531,22 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
         return (score - row_max) * T.float32(log2e)
 
     @T.macro
-    def score_terms(s, r, half, lane, t, row, heads):
+    def score_terms(s, pre, r, half, lane, t, row, heads):
         """Row block ``r``'s half ``half`` of the scores replaced by their exponents."""
         for nf in T.unroll(NF):
             for e in T.unroll(4):
                 s[_reg(r, NF, nf, half, e)] = exponent(s[_reg(r, NF, nf, half, e)], row, t * BN + _column(nf, e, lane),
-                                                       heads)
+                                                       heads, pre, _reg(r, NF, nf, half, e))
+
+    @T.macro
+    def prefetch_terms(pre, lane, t, qt, block0, warp, heads):
+        """The terms' tensor elements of the tile's keys, for every row this thread holds."""
+        for r in T.unroll(RB):
+            for half in T.unroll(2):
+                for nf in T.unroll(NF):
+                    for e in T.unroll(4):
+                        prefetch(pre, r, half, nf, e, lane, t,
+                                 qt * BM + (block0 + r) * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8, heads)
 
     @T.macro
     def key_mask(s, r, half, lane, t, keep):
@@ -573,6 +615,7 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
             l = T.sblock_alloc_buffer((RB * 2,), "float32", scope="local")
             new_max = T.sblock_alloc_buffer((1,), "float32", scope="local")
             fixed = T.sblock_alloc_buffer((1,), "float32", scope="local")
+            pre = T.sblock_alloc_buffer((max(1, SN * len(prefetched)),), "float32", scope="local")
             if is_ragged:
                 qt = T.meta_var(seq[_Q_TILE])
                 q_row0 = T.meta_var(seq[_Q_START])
@@ -632,6 +675,8 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
                         T.evaluate(call("scores", T.address_of(s[r * NF * 8]),
                                         T.address_of(smem[base + (block0 + r) * WARPGROUP_ROWS * _PANEL]),
                                         T.address_of(smem[base + K_AT + t % 2 * BN * D])))
+                    if prefetching:
+                        prefetch_terms(pre, lane, t, qt, block0, warp, heads)
                     T.evaluate(call("wait_scores", T.address_of(s[0])))
                     for r in T.unroll(RB):
                         for half in T.unroll(2):
@@ -647,7 +692,7 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
                                     key_mask(s, r, half, lane, t, lambda key: tirx.And(key <= last, key < keys))
                             else:
                                 if terms is not None:  # the mask, if any, is the terms' (causal: implied)
-                                    score_terms(s, r, half, lane, t, row, heads)
+                                    score_terms(s, pre, r, half, lane, t, row, heads)
                                 elif is_causal:
                                     if (t + 1) * BN > qt * BM:  # a diagonal tile
                                         key_mask(s, r, half, lane, t, lambda key: key <= row)

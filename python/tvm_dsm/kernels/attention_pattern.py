@@ -96,15 +96,39 @@ class ScoreTerms:
     fill: object = float("-inf")  # a float, or an fp32 expression (a fill tensor's load)
     skip_past_diagonal: bool = False
 
-    def at(self, score, query, key, heads) -> tirx.PrimExpr:
+    def tensor_loads(self) -> list:
+        """The loads of other inputs that the terms read at each key (a bias or mask tensor's
+        element; not a slope read once a head), each once: what a kernel may issue before the
+        scores are ready."""
+        found: list = []
+        parts = [self.value, *([] if self.mask is None else [self.mask]),
+                 *([] if isinstance(self.fill, float) else [self.fill])]
+        for load in (ld for part in parts for ld in loads(part)):
+            if any(uses(i, self.key) for i in load.indices) and not any(
+                    tvm_ffi.structural_equal(load, f) for f in found):
+                found.append(load)
+        return found
+
+    def load_at(self, load, query, key, heads) -> tirx.PrimExpr:
+        """One of :meth:`tensor_loads` at the key ``key`` of the query ``query`` in heads ``heads``."""
+        return substitute(load, _positions([self.query, self.key, *self.heads], [query, key, *heads]))
+
+    def at(self, score, query, key, heads, loaded: list | None = None) -> tirx.PrimExpr:
         """The exponent of the key at ``key`` of the query at ``query`` in heads ``heads``,
-        ``score`` its q . k, as TIR."""
+        ``score`` its q . k, as TIR; ``loaded``: the values of :meth:`tensor_loads` there (in
+        its order), read in their place."""
+        replaced = list(zip(self.tensor_loads(), loaded)) if loaded is not None else []
+
+        def read(part):
+            return tvm_ffi.structural_map(part, [(tvm.ir.TensorLoad, lambda ld: next(
+                (v for f, v in replaced if tvm_ffi.structural_equal(ld, f)), ld))]) if replaced else part
+
         places = [(self.score, score), *_positions([self.query, self.key, *self.heads], [query, key, *heads])]
-        value = substitute(self.value, places)
+        value = substitute(read(self.value), places)
         if self.mask is None:
             return value
-        fill = tirx.const(self.fill, "float32") if isinstance(self.fill, float) else substitute(self.fill, places)
-        return tirx.Select(substitute(self.mask, places), value, fill)
+        fill = tirx.const(self.fill, "float32") if isinstance(self.fill, float) else substitute(read(self.fill), places)
+        return tirx.Select(substitute(read(self.mask), places), value, fill)
 
 
 def _positions(variables: list, values: list) -> list:

@@ -27,8 +27,8 @@ from .chains import chain_variant, chain_variants, chain_workload
 from .cascades import cascade_variants
 from .attention import DECODE_FORMS, decode_form_variant, decode_pick, form_variant
 from ...driver import schedule
-from ...kernels.attention import TEMPLATE as ATTENTION, fuse_attention
-from ...workloads.attention_forms import te_attention
+from ...kernels.attention import TEMPLATE as ATTENTION, fuse_attention, prefetches_terms
+from ...workloads.attention_forms import attention_with_terms, te_attention
 from ...kernels.decode_attention import DecodeConfig
 
 
@@ -143,6 +143,32 @@ def _attention_configs(forms: list[tuple]) -> list[Variant]:
 def wide_head_attention() -> list[Variant]:
     """The tensor-core attention kernel at head dims 160-256 (:data:`WIDE_HEAD_FORMS`)."""
     return _attention_configs(WIDE_HEAD_FORMS)
+
+
+def attention_terms_prefetch(shapes: tuple = ((16, 2048, 128), (32, 1024, 64))) -> list[Variant]:
+    """Attention with a bias or padding mask tensor (heads, length, head dim of ``shapes``) in
+    every configuration of the kernel, its tensor elements loaded while the scores' MMA runs
+    (where registers allow) and after it, beside the planner's pick."""
+    variants = []
+    for (heads, length, dim), terms in itertools.product(shapes, ("bias", "padding")):
+        func = attention_with_terms(terms, heads, length, dim)
+        args = args_of(func)
+        name = f"attention_{terms}_h{heads}s{length}d{dim}"
+        shape = ATTENTION.find(func)
+
+        def variant(label: str, mod) -> Variant:
+            return Variant(name=f"{name}_{label}", workload="attention_terms", mod=mod, args=args,
+                           bytes=nbytes_of(args), flops=4 * heads * length * length * dim,
+                           peers=("torch_sdpa",), reference_kwargs={"terms": terms},
+                           extra={"class": "attention", "terms": terms})
+
+        variants.append(variant("tvm_dsm", schedule(func).mod))
+        for c in ATTENTION.configs(shape):
+            label = f"n{c.block_n}r{c.row_blocks}w{c.warpgroups}"
+            variants.append(variant(f"{label}_after", fuse_attention(func, dataclasses.replace(c, prefetch_terms=False))))
+            if prefetches_terms(shape, c):
+                variants.append(variant(f"{label}_prefetched", fuse_attention(func, c)))
+    return variants
 
 
 #: The real-shape attention cases furthest behind SDPA (bench/results/real_shapes/latest.json:
