@@ -529,6 +529,7 @@ def test_a_bias_is_loaded_while_the_scores_mma_runs_where_its_registers_fit():
     wait (the MMA hides their latency), where a register each fits beside the accumulators: not
     at head dim 128 in two row blocks, nor without a tensor to load (a soft cap)."""
     func = attention_with_terms("bias", 32, 1024, 64)
+    assert TEMPLATE.default_config(find_attention(func)) == AttentionConfig(64)  # 128-key tiles without it
     assert prefetches_terms(find_attention(func), AttentionConfig(128, 1))
     assert not prefetches_terms(find_attention(func), AttentionConfig(128, 1, prefetch_terms=False))
     assert not prefetches_terms(find_attention(attention_with_terms("bias", 16, 2048, 128)), AttentionConfig(64, 2))

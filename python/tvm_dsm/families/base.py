@@ -71,6 +71,11 @@ class ScheduleFamily(ABC):
                 return plan
         raise ClusterError(f"{config} is not a valid {self.name} configuration here")
 
+    def leaves_symbolic_rows(self, func: tirx.PrimFunc) -> str | None:
+        """Why a function of a symbolic row count (``func``, of a family with ``symbolic_rows``)
+        is better left to TVM's stock schedules, or None where this family takes it."""
+        return None
+
     def for_symbolic_rows(self, config: Any) -> Any:
         """The configuration nearest ``config`` whose kernel takes a symbolic row count (for a
         family with ``symbolic_rows``; ``config`` itself where it does)."""

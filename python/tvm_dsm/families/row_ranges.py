@@ -132,6 +132,10 @@ def range_kernels(func: tirx.PrimFunc, target: Any, hw: Hardware,
         if not family.symbolic_rows:
             raise ClusterError(f"{family.name} (the family of {var.name} = {rows}) schedules constant "
                                f"extents only; {var.name} is symbolic")
+        left = family.leaves_symbolic_rows(func)
+        if left:
+            raise ClusterError(f"{family.name} (the family of {var.name} = {rows}) leaves a symbolic {var.name} "
+                               f"to TVM's stock schedules: {left}")
         plans = family.rank(shape, hw)
         fields = recorded(fixed) if recorded is not None else None
         if fields is not None:

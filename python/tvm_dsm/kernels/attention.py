@@ -180,7 +180,11 @@ def default_config(shape: AttentionShape, hw: Hardware | None = None) -> Attenti
     warpgroups of one row block each share the 64-key tiles (two row blocks a warpgroup would
     spill). Measured through the compile path a user's ``tvm.compile`` takes (docs/attention.md);
     the head-dim 80-128 choice on the H200, every candidate beside SDPA at the 32 real-model
-    shapes of those head dims (bench/results/archive/attention_configs_real_shapes_s58.json)."""
+    shapes of those head dims (bench/results/archive/attention_configs_real_shapes_s58.json).
+    Score terms reading a tensor at each key (a bias) keep 64-key tiles at head dim 64: their
+    elements, loaded while the scores' MMA runs, then take half the registers (H32 S1024 D64
+    with a bias [S, S] 51.4 us against 79.1 on 128-key tiles, H200,
+    bench/results/archive/attention_terms_prefetch_s68.json)."""
     if padded_dim(shape.dim) > 128:
         return AttentionConfig(64, warpgroups=2)
     if padded_dim(shape.dim) == 128:
@@ -191,7 +195,9 @@ def default_config(shape: AttentionShape, hw: Hardware | None = None) -> Attenti
         if one_wave or long_causal:
             return AttentionConfig(128, warpgroups=2)
         return AttentionConfig(64, warpgroups=2) if shape.causal else AttentionConfig(64, row_blocks=2)
-    return AttentionConfig(128 if isinstance(shape.kv_len, int) and shape.kv_len >= 1024 else 64)
+    reads_tensors = shape.terms is not None and bool(shape.terms.tensor_loads())
+    long = isinstance(shape.kv_len, int) and shape.kv_len >= 1024
+    return AttentionConfig(128 if long and not reads_tensors else 64)
 
 
 def _check_terms_free_of_lengths(func: tirx.PrimFunc, variables: list, matched: tirx.PrimFunc,

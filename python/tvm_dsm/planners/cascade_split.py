@@ -121,7 +121,7 @@ def _plan(func: tirx.PrimFunc, hw: Hardware | None) -> tuple[CascadeSplit, s_tir
         # the widest load (16 bytes, or the widest power of two of elements) that rows of this
         # width start on: every row's chunks then start on it too
         vector = largest_power_of_two(extent, _LOAD_BYTES // elem)
-        if vector == 1 and _stock_reduction_takes(func):
+        if vector == 1 and stock_reduction_takes(func):
             raise ClusterError(f"rows of an odd width ({extent}) read an element a load: TVM's stock "
                                "reduction schedule runs them faster (docs/guide.md)")
         vectors = (vector,)
@@ -216,7 +216,7 @@ def schedule_cascade(func: tirx.PrimFunc, hw: Hardware | None = None, split: Cas
     return _schedule(func, split), split
 
 
-def _stock_reduction_takes(func: tirx.PrimFunc) -> bool:
+def stock_reduction_takes(func: tirx.PrimFunc) -> bool:
     """Whether one of dlight's reduction rules schedules ``func`` (rather than its fallback, a
     thread walking each row alone: a cross-entropy's three sums ran 30x slower than the fused
     rows there, even with their single-element loads)."""
