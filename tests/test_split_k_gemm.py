@@ -213,6 +213,17 @@ def test_a_short_row_of_tiles_is_as_tall_as_its_rows_need(m, height):
         assert heights == sorted(heights, key=lambda h: h != height) and heights[0] == height, (m, n, k)
 
 
+@pytest.mark.parametrize("m", [1, 13, 32])
+def test_a_short_row_over_k_by_n_weights_takes_64_row_mma_sync_tiles(m):
+    """Weights [K, N] reach mma.sync through ldmatrix.trans; there 64-row tiles ran fastest at
+    1-32 rows, 16-row ones up to 1.5x and warpgroup tiles (W by TMA) up to 3x slower
+    (bench/results/archive/kn_tile_heights_s68.json)."""
+    hw = load_hardware("h200_sxm")
+    for n, k in ((14336, 2048), (4096, 14336), (16384, 2048)):
+        best = plan_split_k_gemm(GemmShape(m, n, k, False), hw, padded=True)[0].config
+        assert (best.block_m, best.wgmma) == (64, False), (m, n, k)
+
+
 def test_short_rows_are_padded_in_m_only():
     """The padded tiles short rows add run past M, never past N or K where whole ones fit
     (those were not measured against the whole ones)."""

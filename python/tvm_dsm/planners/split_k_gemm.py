@@ -324,18 +324,38 @@ def plan_split_k_gemm(shape: GemmShape, hw: Hardware, quantized: bool = False,
     return ranked(shape, plans)
 
 
-def short_tile_height(m) -> int | None:
+def short_tile_height(m, weight_kn: bool = False) -> int | None:
     """The tile height a GEMM of ``m`` rows runs on where ``m`` fits one short row of tiles
-    (up to :data:`SHORT_ROWS`): the least of :data:`TILE_HEIGHTS` that holds them; None past
-    that, or for a symbolic ``m``."""
+    (up to :data:`SHORT_ROWS`): the least of :data:`TILE_HEIGHTS` that holds them; for one
+    product over weights ``[K, N]`` (``weight_kn``), :data:`KN_SHORT_TILE_HEIGHT` (see
+    :func:`ranked`); None past that, or for a symbolic ``m``."""
     if not isinstance(m, int) or m > SHORT_ROWS:
         return None
-    return min(h for h in TILE_HEIGHTS if h >= m)
+    return KN_SHORT_TILE_HEIGHT if weight_kn else min(h for h in TILE_HEIGHTS if h >= m)
+
+
+def _one_kn_product(shape: GemmShape) -> bool:
+    """Whether ``shape`` is one product over weights ``[K, N]`` (what :data:`KN_SHORT_TILE_HEIGHT`
+    was measured on; gated layers keep the tiles measured over ``[N, K]`` weights)."""
+    return not shape.weight_nk and shape.products == 1
+
+
+#: The tile height of a GEMM over ``[K, N]`` weights whose rows fit one short row of tiles, on
+#: mma.sync (W's tiles through ``ldmatrix.trans``): over three such GEMMs of 14336 x 2048,
+#: 4096 x 14336 and 16384 x 2048 at 1, 4, 13 and 32 rows it was the fastest measured, or within
+#: 5% of it, where 16-row tiles took up to 1.5x its time and warpgroup tiles (W by TMA,
+#: MN-major) up to 3x (bench/results/archive/kn_tile_heights_s68.json, H200).
+KN_SHORT_TILE_HEIGHT = 64
 
 
 def ranked(shape: GemmShape, plans: list[GemmPlan]) -> list[GemmPlan]:
     """``plans`` of ``shape`` in the planner's order (:func:`plan_split_k_gemm`)."""
-    height = short_tile_height(shape.m)
+    kn = _one_kn_product(shape)
+    height = short_tile_height(shape.m, kn)
+
+    def short(c: SplitKGemmConfig) -> bool:
+        return c.block_m == height and not (kn and c.wgmma)
+
     # Where M fits one short row of tiles, tiles of the height that holds it come first: the
     # model sees neither cost of the others. Taller tiles compute padding rows, and their TMA
     # copies fill them with zeros, which is slow: the 1B Llama's gate/up GEMM (N = 16384) at
@@ -345,7 +365,7 @@ def ranked(shape: GemmShape, plans: list[GemmPlan]) -> list[GemmPlan]:
     # at M = 17 took 28.7 us, 32-row ones 19.2. Over the 1B Llama's five GEMMs at M = 17, 24,
     # 33, 48 and 64 this height was the fastest measured, or within 2% of it
     # (bench/results/archive/tile_heights_s59.json, H200).
-    return sorted(plans, key=lambda p: (height is not None and p.config.block_m != height,
+    return sorted(plans, key=lambda p: (height is not None and not short(p.config),
                                         p.predicted_us, p.config.cluster_size, -p.config.stages,
                                         max(p.seconds["hbm"], p.seconds["l2"]),
                                         -min(p.config.block_m, 128)))

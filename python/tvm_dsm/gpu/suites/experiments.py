@@ -440,6 +440,33 @@ def tile_heights() -> list[Variant]:
     return _first_of_each_name(variants)
 
 
+#: Weights stored [K, N] (``x @ W``: GPT-2's Conv1D, JAX models) as (N, K) by label, at decode
+#: batches: the shapes whose short tiles trailed torch in the generality run.
+KN_GEMM_SHAPES = {"kn_up": (14336, 2048), "kn_down": (4096, 14336), "kn_wide": (16384, 2048)}
+KN_ROWS = (1, 4, 13, 32)
+
+
+def kn_tile_heights() -> list[Variant]:
+    """GEMMs over [K, N] weights (:data:`KN_GEMM_SHAPES`) at :data:`KN_ROWS` rows: for each tile
+    height and MMA of the space, its best predicted configuration (whether the short tiles'
+    rule, measured over [N, K] weights, holds where W reaches the tensor cores through
+    ``ldmatrix.trans`` on 16-row tiles but through TMA on warpgroup tiles)."""
+    hw = load_hardware()
+    variants = []
+    for label, (n, k) in KN_GEMM_SHAPES.items():
+        for rows in KN_ROWS:
+            plans = plan_split_k_gemm(GemmShape(rows, n, k, False), hw, padded=True)
+            best = {}
+            for rank, p in enumerate(plans):
+                best.setdefault((p.config.block_m, p.config.wgmma), (rank, p))
+            for rank, p in best.values():
+                variant = gemm_variant(label, rows, n, k, p.config, rank, p.predicted_us, weight_layout="kn")
+                variants.append(dataclasses.replace(  # the float64 and torch references of x @ W
+                    variant, workload="generated", reference_kwargs={"op": "dense", "layout": "kn"},
+                    peers=("torch_eager",)))
+    return _first_of_each_name(variants)
+
+
 def short_tile_depths() -> list[Variant]:
     """GEMMs and gated GEMMs of three SwiGLU shapes at 4 rows, on 16-row tiles (12 past M) of
     64-256 columns, 3-6 stages and clusters of 1-4, the planner's pick marked: how deep a

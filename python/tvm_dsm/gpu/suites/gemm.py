@@ -35,8 +35,10 @@ def gemm_tag(c: SplitKGemmConfig) -> str:
 
 
 def gemm_variant(label: str, m: int, n: int, k: int, config, plan_rank: int | None,
-                  predicted_us: float, epilogue: bool = False, dtype: str = "float16") -> Variant:
-    func = dense(m, n, k, dtype=dtype, bias=epilogue, activation="silu" if epilogue else "identity")
+                  predicted_us: float, epilogue: bool = False, dtype: str = "float16",
+                  weight_layout: str = "nk") -> Variant:
+    func = dense(m, n, k, dtype=dtype, weight_layout=weight_layout, bias=epilogue,
+                 activation="silu" if epilogue else "identity")
     args = args_of(func)
     c = config
     return Variant(
