@@ -422,22 +422,33 @@ def prefill_gemm_configs() -> list[Variant]:
 RAGGED_ROWS = (17, 24, 33, 48, 64)
 
 
+def _best_of_each_tile(shapes: dict[str, tuple[int, int]], row_counts: tuple[int, ...],
+                       weight_layout: str = "nk") -> list[Variant]:
+    """The GEMMs ``shapes`` ((N, K) by label) at each of ``row_counts``: for each tile height
+    and MMA of the space, its best predicted configuration."""
+    hw = load_hardware()
+    variants = []
+    for label, (n, k) in shapes.items():
+        for rows in row_counts:
+            plans = plan_split_k_gemm(GemmShape(rows, n, k, weight_layout == "nk"), hw, padded=True)
+            best = {}
+            for rank, p in enumerate(plans):
+                best.setdefault((p.config.block_m, p.config.wgmma), (rank, p))
+            for rank, p in best.values():
+                variant = gemm_variant(label, rows, n, k, p.config, rank, p.predicted_us, weight_layout=weight_layout)
+                if weight_layout == "kn":  # the float64 and torch references of x @ W
+                    variant = dataclasses.replace(variant, workload="generated", peers=("torch_eager",),
+                                                  reference_kwargs={"op": "dense", "layout": "kn"})
+                variants.append(variant)
+    return _first_of_each_name(variants)
+
+
 def tile_heights() -> list[Variant]:
     """The 1B Llama's GEMMs (:data:`LLAMA_GEMM_SHAPES`) at :data:`RAGGED_ROWS`: for each tile
     height of the space, its best predicted configuration (whether the planner's tie-break
     between 64- and 128-row warpgroup tiles, and between those and 16/32-row tiles, holds where
     most of a tall tile's rows are padding)."""
-    hw = load_hardware()
-    variants = []
-    for label, (n, k) in LLAMA_GEMM_SHAPES.items():
-        for rows in RAGGED_ROWS:
-            plans = plan_split_k_gemm(GemmShape(rows, n, k, True), hw, padded=True)
-            best = {}
-            for rank, p in enumerate(plans):
-                best.setdefault((p.config.block_m, p.config.wgmma), (rank, p))
-            for rank, p in best.values():
-                variants.append(gemm_variant(label, rows, n, k, p.config, rank, p.predicted_us))
-    return _first_of_each_name(variants)
+    return _best_of_each_tile(LLAMA_GEMM_SHAPES, RAGGED_ROWS)
 
 
 #: Weights stored [K, N] (``x @ W``: GPT-2's Conv1D, JAX models) as (N, K) by label, at decode
@@ -447,24 +458,11 @@ KN_ROWS = (1, 4, 13, 32)
 
 
 def kn_tile_heights() -> list[Variant]:
-    """GEMMs over [K, N] weights (:data:`KN_GEMM_SHAPES`) at :data:`KN_ROWS` rows: for each tile
-    height and MMA of the space, its best predicted configuration (whether the short tiles'
-    rule, measured over [N, K] weights, holds where W reaches the tensor cores through
-    ``ldmatrix.trans`` on 16-row tiles but through TMA on warpgroup tiles)."""
-    hw = load_hardware()
-    variants = []
-    for label, (n, k) in KN_GEMM_SHAPES.items():
-        for rows in KN_ROWS:
-            plans = plan_split_k_gemm(GemmShape(rows, n, k, False), hw, padded=True)
-            best = {}
-            for rank, p in enumerate(plans):
-                best.setdefault((p.config.block_m, p.config.wgmma), (rank, p))
-            for rank, p in best.values():
-                variant = gemm_variant(label, rows, n, k, p.config, rank, p.predicted_us, weight_layout="kn")
-                variants.append(dataclasses.replace(  # the float64 and torch references of x @ W
-                    variant, workload="generated", reference_kwargs={"op": "dense", "layout": "kn"},
-                    peers=("torch_eager",)))
-    return _first_of_each_name(variants)
+    """GEMMs over [K, N] weights (:data:`KN_GEMM_SHAPES`) at :data:`KN_ROWS` rows, each tile
+    height and MMA's best (whether the short tiles' rule, measured over [N, K] weights, holds
+    where W reaches the tensor cores through ``ldmatrix.trans`` on mma.sync but through TMA on
+    warpgroup tiles)."""
+    return _best_of_each_tile(KN_GEMM_SHAPES, KN_ROWS, "kn")
 
 
 def short_tile_depths() -> list[Variant]:
