@@ -11,7 +11,7 @@ ROOT = Path(__file__).parent.parent / "python" / "tvm_dsm"
 #: Lowest first. A module may import from its own layer and the ones before it.
 LAYERS = (
     {"errors", "ir", "hardware", "script_parsing", "annotations", "device", "compile_options", "compile_cache", "calibration",
-     "step_graphs"},
+     "step_graphs", "stock"},
     {"schedule"},
     {"intrin"},
     {"fusion"},

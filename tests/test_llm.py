@@ -14,7 +14,7 @@ import tvm
 from tvm import relax
 
 from conftest import TARGET, kernels, relax_cuda_source
-from tvm_dsm.driver import stock_target
+from tvm_dsm.stock import stock_target
 from tvm_dsm.relax_pipeline import DLIGHT, KV_APPEND, PAGED_DECODE, PRESCHEDULED, RAGGED_PREFILL
 from tvm_dsm.relax_gated import FuseGatedProjections
 from tvm_dsm.relax_matmuls import MatmulsAsMatrices

@@ -10,7 +10,8 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 import tvm_dsm
-from tvm_dsm.driver import H100, schedule_row_ranges, stock_target
+from tvm_dsm.driver import H100, schedule_row_ranges
+from tvm_dsm.stock import stock_target
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.families.row_ranges import ROW_RANGES, range_kernels
 from tvm_dsm.ir import row_variable, substitute

@@ -24,12 +24,13 @@ from .device import gpu_or_reason
 from .errors import ClusterError
 from .families import ScheduleFamily, fastest_family, matching_families
 from .families.row_ranges import RangeKernel, dispatch, range_kernels, range_specializations
-from .hardware import Hardware, load_hardware
+from .hardware import H100, Hardware, load_hardware
 from .intrin import register_all
 from .ir import block_allocations, extent_variables, narrow_indices
 from .learned_ranking import rerank
 from .local_measure import local_builder, local_runner
 from .planners.report import Plan
+from .stock import stock_rules, stock_target
 from .families.simt_gemm import SimtGemm, pads_faster
 from .rules.aligned_rows import misaligned_products, pad_rows_to_vectors
 from .transform.generate_kernels import mark_generated, recorded_config
@@ -45,9 +46,6 @@ LOG = logging.getLogger("tvm_dsm.driver")
 
 #: Seconds a MetaSchedule builder worker may take for one candidate (it imports tvm-dsm first).
 BUILD_TIMEOUT_S = 300
-
-#: An H100 SXM (sm_90a: the cluster and DSM instructions need the architecture-specific set).
-H100 = {"kind": "cuda", "arch": "sm_90a"}
 
 
 @dataclass
@@ -585,20 +583,3 @@ def _stock_fallback_rule(func: tirx.PrimFunc, target, reason: ClusterError, whol
         raise _unschedulable(reason, f"{whole}; its fallback rule alone: {_last_line(err)}") from None
     LOG.info("dlight's rules fail on it (%s): its fallback rule alone", whole)
     return scheduled
-
-
-def stock_target(target=H100) -> tvm.target.Target:
-    """The target dlight schedules for: dlight skips tensor cores when the arch is "sm_90a"
-    (it cannot parse the suffix), so "sm_90" there."""
-    target = tvm.target.Target(target)
-    if str(target.attrs.get("arch", "")) == "sm_90a":
-        target = tvm.target.Target({**dict(target.export()), "arch": "sm_90"})
-    return target
-
-
-def stock_rules() -> tvm.transform.Pass:
-    """dlight's default GPU rules, as one pass (apply it under :func:`stock_target`)."""
-    from tvm.s_tir import dlight as dl
-
-    return dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
-                                   dl.gpu.GeneralReduction(), dl.gpu.Fallback())

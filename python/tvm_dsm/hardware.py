@@ -31,6 +31,9 @@ DEFAULT_GPU = "h100_sxm"
 GPU_VARIABLE = "TVM_DSM_GPU"
 #: Threads a CTA may have: CUDA's limit on every GPU tvm-dsm targets.
 MAX_CTA_THREADS = 1024
+#: The TVM target of an H100 SXM (sm_90a: the cluster and DSM instructions need the
+#: architecture-specific set), tvm-dsm's default.
+H100 = {"kind": "cuda", "arch": "sm_90a"}
 
 logger = logging.getLogger(__name__)
 BENCH_SOURCE = Path(__file__).resolve().parents[2] / "src" / "hwbench" / "hwbench.cu"

@@ -26,8 +26,8 @@ import tvm
 from tvm import relax, tirx
 from tvm.s_tir import meta_schedule as ms
 
-from .driver import (H100, operator_families, plan, replay, schedule_operators, schedule_row_ranges, stock_rules,
-                     stock_target, tuning_record)
+from .driver import H100, operator_families, plan, replay, schedule_operators, schedule_row_ranges, tuning_record
+from .stock import stock_rules, stock_target
 from .errors import ClusterError
 from .families.row_ranges import range_variable
 from .ir import narrow_indices

@@ -13,7 +13,7 @@ prefill attention over the new tokens, on tensor cores (:mod:`tvm_dsm.kernels.ra
 96x ``nn.llm``'s kernel for 64 prompts of 512 tokens, ``bench/results/ragged_prefill``), and its
 append of keys and values to the pages in 16-byte vectors (:mod:`tvm_dsm.kernels.kv_append`);
 ``()`` keeps ``nn.llm``'s. dlight runs under
-:func:`tvm_dsm.driver.stock_target` (it skips tensor cores on "sm_90a"), after
+:func:`tvm_dsm.stock.stock_target` (it skips tensor cores on "sm_90a"), after
 :class:`LowBatchDispatch` has given the matmuls of a symbolic batch no family took the low-batch
 GEMV dispatch MLC-LLM adds for decode.
 
@@ -33,7 +33,7 @@ from tvm import relax, tirx
 from tvm.relax.backend.cuda import pipeline as cuda_pipeline
 from tvm.s_tir import meta_schedule as ms
 
-from .driver import stock_rules, stock_target
+from .stock import stock_rules, stock_target
 from .errors import ClusterError
 from .families.row_ranges import dispatch
 from .ir import row_variable

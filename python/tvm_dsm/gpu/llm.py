@@ -133,7 +133,7 @@ def mlc_pipeline():
     from tvm import relax
     from tvm.relax.backend.cuda import pipeline as cuda
 
-    from ..driver import stock_rules, stock_target
+    from ..stock import stock_rules, stock_target
     from ..relax_pipeline import LowBatchDispatch
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.gpu.MlcStylePipeline")
@@ -162,7 +162,8 @@ def compile_config(name: str, config: LlamaConfig, lib: Path, info: Path, cuda_g
     :data:`STEP_GRAPH_CONFIGS`, whose sessions capture whole steps)."""
     import tvm
 
-    from ..driver import H100, stock_target
+    from ..hardware import H100
+    from ..stock import stock_target
     from ..workloads.llama import export_llama
 
     target = tvm.target.Target(H100, host="llvm")

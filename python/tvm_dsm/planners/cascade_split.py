@@ -39,6 +39,7 @@ from ..fusion.cascade import element_producers, find_cascades, inline_elementwis
 from ..hardware import Hardware, load_hardware
 from ..ir import largest_power_of_two, loads
 from ..rules.fused_rows import schedule_fused_rows
+from ..stock import stock_target
 from ..transform.cascaded_reductions import fuse_cascaded_reductions
 
 #: Loaded / unloaded HBM latency under full-bandwidth streaming, for rows in one CTA and rows
@@ -221,8 +222,6 @@ def stock_reduction_takes(func: tirx.PrimFunc) -> bool:
     thread walking each row alone: a cross-entropy's three sums ran 30x slower than the fused
     rows there, even with their single-element loads)."""
     from tvm.s_tir import dlight as dl
-
-    from ..driver import stock_target
 
     target = stock_target()
     with target:

@@ -96,7 +96,8 @@ def symbolic_rows() -> list[Variant]:
     of rows), TVM's as MLC-LLM schedules it (low-batch GEMV up to 8 rows, dlight's matmul
     beyond: :func:`tvm_dsm.relax_pipeline.low_batch_dispatch`) and dlight's alone; beside them
     tvm-dsm's build of each row count as a constant (``static``), the mark for the first."""
-    from ...driver import stock_schedule, stock_target
+    from ...driver import stock_schedule
+    from ...stock import stock_target
     from ...relax_pipeline import low_batch_dispatch
 
     variants = []
