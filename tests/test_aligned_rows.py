@@ -105,6 +105,17 @@ def test_a_large_product_takes_the_tensor_cores_and_a_small_one_the_cuda_cores()
     assert tvm_dsm.plan(dense(7, 1000, 127)).family.name == "simt_gemm"
 
 
+def test_a_copied_k_by_n_weight_is_read_by_tma_where_cp_async_would_not_lower(caplog):
+    """At 64 rows a [K, N] product ranks mma.sync tiles first, whose cp.async copies TVM cannot
+    inject reading a copy made in the function: the padded product takes TMA tiles instead, and
+    the module lowers without falling back."""
+    with caplog.at_level(logging.INFO, logger="tvm_dsm.driver"):
+        source = tvm_dsm.build(dense(64, 4096, 1021, weight_layout="kn"), TARGET).mod.imports[0].inspect_source()
+    assert "copied to whole rows" in caplog.text and "does not lower" not in caplog.text
+    found = cuda_kernels(source)
+    assert len(found) == 3 and sum("CUtensorMap" in k for k in found.values()) == 1
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(("m", "n", "k"), [(257, 1024, 1021), (100, 3000, 1023), (64, 1021, 4096)])
 @pytest.mark.parametrize("form", ["dense", "dense_kn", "gated", "fused_weight"])

@@ -36,6 +36,9 @@ BULK_SRC = "tvm_dsm.bulk_src"
 TMA_STAGES_KEY = "tvm_dsm.tma_stages"
 #: Block annotation (set by the schedule): a shared-memory tile copy to issue as a TMA copy.
 TMA_COPY_KEY = "tvm_dsm.tma_copy"
+#: Block annotation (set by tvm_dsm.rules.aligned_rows): a product reading zero-filled copies of
+#: its operands that the same function makes.
+COPIED_OPERANDS_KEY = "tvm_dsm.copied_operands"
 #: Name prefix of the CUDA helpers issuing warpgroup MMAs on a copied tile
 #: (tvm_dsm.intrin.wgmma): the pass points their tile pointer at the slot.
 WGMMA_HELPER_PREFIX = "tvm_dsm_wgmma_"

@@ -16,6 +16,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir import SBlock, SBlockRealize
 from tvm.s_tir.schedule.schedule import ScheduleError
 
+from ..annotations import COPIED_OPERANDS_KEY
 from ..errors import ClusterError, passes
 from ..ir import find_all, is_reduction, with_block_body
 from ..intrin.mma import VECTOR
@@ -64,6 +65,7 @@ def pad_rows_to_vectors(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
         products, shape = found
         for product in products:
             sch.pad_einsum(product, [1, padded_columns(shape), ALIGNED_ELEMENTS])
+            sch.annotate(product, COPIED_OPERANDS_KEY, True)
         return _parameter_reads_first(share_padded_input(sch.mod["main"]))
     except (ClusterError, ScheduleError):
         return None

@@ -30,7 +30,7 @@ from tvm.s_tir.schedule import LoopRV, SBlockRV
 from ..errors import ClusterError
 from ..hardware import Hardware
 from ..ir import computed_from, is_reduction, largest_power_of_two, loads
-from ..annotations import ASYNC_STAGES_KEY, RASTER_GROUP_KEY
+from ..annotations import ASYNC_STAGES_KEY, COPIED_OPERANDS_KEY, RASTER_GROUP_KEY
 from ..transform.programmatic_launch import launch_programmatically
 from ..transform.tma_pipeline import MAX_BOX as TMA_MAX_BOX
 from ..transform.tma_pipeline import ROW_BYTES as TMA_ROW_BYTES
@@ -138,7 +138,9 @@ def reused_shared_bytes(freed: list[int], allocated: list[int]) -> int:
 class GemmShape:
     """What the rule found in the function: ``m x n x k``, ``W`` stored ``[n, k]`` or ``[k, n]``,
     both operands of type ``dtype``; ``products``: matmuls of that shape over the same ``X`` whose
-    tiles one epilogue combines (2: a gated layer, ``silu(X @ Wg^T) * (X @ Wu^T)``)."""
+    tiles one epilogue combines (2: a gated layer, ``silu(X @ Wg^T) * (X @ Wu^T)``);
+    ``operands_copied``: the operands are zero-filled copies the function makes
+    (:mod:`tvm_dsm.rules.aligned_rows`)."""
 
     m: int | tirx.PrimExpr  # symbolic: rows known when the kernel runs (symbolic_rows)
     n: int
@@ -146,6 +148,7 @@ class GemmShape:
     weight_nk: bool
     dtype: str = "float16"
     products: int = 1
+    operands_copied: bool = False
 
     @property
     def symbolic_rows(self) -> bool:
@@ -265,7 +268,8 @@ def find_gemm_operands(block: tirx.SBlock, fused_weight: bool = False,
     if dtype == FP8 and not weight_nk:
         raise ClusterError(f"{block.name_hint}: fp8 GEMMs need the weight stored [n, k] (ldmatrix "
                            "cannot transpose 8-bit elements); got [k, n]")
-    return GemmShape(m, n, depth, weight_nk, dtype), (x.source, w.source)
+    copied = bool(block.annotations.get(COPIED_OPERANDS_KEY, False))
+    return GemmShape(m, n, depth, weight_nk, dtype, operands_copied=copied), (x.source, w.source)
 
 
 def check_config(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> None:
@@ -290,6 +294,9 @@ def check_config(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> No
         raise ClusterError(f"the {c.block_m}x{c.block_n} tile does not scatter over {s} CTAs "
                            f"in 16-byte vectors of {c.threads} threads")
     if not c.tma:  # cp.async: each thread copies 16-byte pieces (a TMA copy moves a tile whole)
+        if shape.operands_copied and not shape.weight_nk:
+            raise ClusterError("a [K, N] weight copied within the function reaches its tiles by TMA only: "
+                               "TVM's InjectPTXAsyncCopy fails on cp.async reading it")
         lanes = VECTOR // element_bytes(shape.dtype)
         for rows in (c.block_m, c.block_n):
             if (rows * c.block_k) % (c.threads * lanes):
