@@ -224,6 +224,14 @@ def test_a_short_row_over_k_by_n_weights_takes_64_row_mma_sync_tiles(m):
         assert (best.block_m, best.wgmma) == (64, False), (m, n, k)
 
 
+def test_k_by_n_weights_beyond_what_was_measured_keep_the_short_tile_rule():
+    """Past 32 rows, or under 2^24 weight elements, those tiles lost in the generality run
+    (bench/results/archive/generality_kn_rule_s68.json): the rule for [N, K] weights holds."""
+    hw = load_hardware("h200_sxm")
+    assert plan_split_k_gemm(GemmShape(64, 4096, 14336, False), hw, padded=True)[0].config.wgmma
+    assert plan_split_k_gemm(GemmShape(1, 5120, 1000, False), hw, padded=True)[0].config.block_m == 16
+
+
 def test_short_rows_are_padded_in_m_only():
     """The padded tiles short rows add run past M, never past N or K where whole ones fit
     (those were not measured against the whole ones)."""

@@ -335,9 +335,14 @@ def short_tile_height(m, weight_kn: bool = False) -> int | None:
 
 
 def _one_kn_product(shape: GemmShape) -> bool:
-    """Whether ``shape`` is one product over weights ``[K, N]`` (what :data:`KN_SHORT_TILE_HEIGHT`
-    was measured on; gated layers keep the tiles measured over ``[N, K]`` weights)."""
-    return not shape.weight_nk and shape.products == 1
+    """Whether ``shape`` is what :data:`KN_SHORT_TILE_HEIGHT` was measured on: one product over
+    weights ``[K, N]`` of at least :data:`KN_SHORT_TILE_WEIGHTS` elements at up to
+    :data:`KN_SHORT_TILE_ROWS` rows. Elsewhere its tiles lost: 64 x 4096 x 14336 39.2 -> 48.0 us,
+    37 rows over 5120 x 640 25.5 -> 36.5, 1 x 5120 x 1000 6.1 -> 7.1 (H200,
+    bench/results/archive/generality_kn_rule_s68.json); gated layers keep the tiles measured
+    over ``[N, K]`` weights."""
+    return (not shape.weight_nk and shape.products == 1 and isinstance(shape.m, int)
+            and shape.m <= KN_SHORT_TILE_ROWS and shape.n * shape.k >= KN_SHORT_TILE_WEIGHTS)
 
 
 #: The tile height of a GEMM over ``[K, N]`` weights whose rows fit one short row of tiles, on
@@ -346,6 +351,8 @@ def _one_kn_product(shape: GemmShape) -> bool:
 #: 5% of it, where 16-row tiles took up to 1.5x its time and warpgroup tiles (W by TMA,
 #: MN-major) up to 3x (bench/results/archive/kn_tile_heights_s68.json, H200).
 KN_SHORT_TILE_HEIGHT = 64
+#: The most rows and the fewest weight elements :data:`KN_SHORT_TILE_HEIGHT` was measured over.
+KN_SHORT_TILE_ROWS, KN_SHORT_TILE_WEIGHTS = 32, 1 << 24
 
 
 def ranked(shape: GemmShape, plans: list[GemmPlan]) -> list[GemmPlan]:
