@@ -557,11 +557,10 @@ def test_a_cascade_over_a_symbolic_row_count_takes_the_fused_rows_where_dlight_h
     from tvm_dsm.families.row_ranges import range_kernels
     from tvm_dsm.hardware import load_hardware
 
-    func = _soft_cross_entropy(te.var("m"), 32000)
-    kernels = range_kernels(func, TARGET, load_hardware())
+    kernels, sch = tvm_dsm.driver.schedule_row_ranges(_soft_cross_entropy(te.var("m"), 32000), TARGET)
     assert {k.family.name for k in kernels} == {"fused_cascade"}
     assert all(k.config.rows_per_cta == 1 for k in kernels)
-    assert assemble(cuda_source(tvm_dsm.driver.schedule(func, TARGET).mod), "symbolic_cross_entropy")
+    assert assemble(cuda_source(sch.mod), "symbolic_cross_entropy")
     with pytest.raises(ClusterError, match="dlight's reduction rules take it"):
         range_kernels(_cross_entropy(te.var("m"), 32000, "float16"), TARGET, load_hardware())
 
