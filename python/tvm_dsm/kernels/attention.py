@@ -512,8 +512,8 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
         return value if inside is None else T.if_then_else(inside, value, T.float32(float("-inf")))
 
     def prefetch(pre, r, half, nf, e, lane, t, row, heads):
-        """Register ``reg`` of ``pre`` holding each prefetched element at the key of row block
-        ``r``, half ``half``, fragment ``nf``, element ``e`` (0 past the queries and keys)."""
+        """Each prefetched element at the key of row block ``r``, half ``half``, fragment ``nf``,
+        element ``e`` of row ``row`` into its register of ``pre`` (0 past the queries and keys)."""
         key = t * BN + _column(nf, e, lane)
         inside = in_bounds(row, key)
         for n, load in enumerate(prefetched):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import tvm
 import tvm_ffi
-from tvm import s_tir, tirx
+from tvm import tirx
 from tvm.s_tir import SBlock
 
 from ..errors import ClusterError

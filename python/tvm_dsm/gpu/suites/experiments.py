@@ -435,11 +435,8 @@ def _best_of_each_tile(shapes: dict[str, tuple[int, int]], row_counts: tuple[int
             for rank, p in enumerate(plans):
                 best.setdefault((p.config.block_m, p.config.wgmma), (rank, p))
             for rank, p in best.values():
-                variant = gemm_variant(label, rows, n, k, p.config, rank, p.predicted_us, weight_layout=weight_layout)
-                if weight_layout == "kn":  # the float64 and torch references of x @ W
-                    variant = dataclasses.replace(variant, workload="generated", peers=("torch_eager",),
-                                                  reference_kwargs={"op": "dense", "layout": "kn"})
-                variants.append(variant)
+                variants.append(gemm_variant(label, rows, n, k, p.config, rank, p.predicted_us,
+                                             weight_layout=weight_layout))
     return _first_of_each_name(variants)
 
 

@@ -37,13 +37,22 @@ def gemm_tag(c: SplitKGemmConfig) -> str:
 def gemm_variant(label: str, m: int, n: int, k: int, config, plan_rank: int | None,
                   predicted_us: float, epilogue: bool = False, dtype: str = "float16",
                   weight_layout: str = "nk") -> Variant:
+    """The split-K GEMM of ``m x n x k`` in ``config``; weights ``[K, N]`` (``weight_layout="kn"``,
+    no epilogue) are checked and timed with the generated functions' references of ``x @ W``
+    (the dense references take ``[N, K]``)."""
     func = dense(m, n, k, dtype=dtype, weight_layout=weight_layout, bias=epilogue,
                  activation="silu" if epilogue else "identity")
     args = args_of(func)
     c = config
+    references = {"workload": "dense_bias_silu" if epilogue else "dense"}
+    if weight_layout == "kn":
+        if epilogue:
+            raise ValueError("GEMMs over [K, N] weights are measured without an epilogue")
+        references = {"workload": "generated", "reference_kwargs": {"op": "dense", "layout": "kn"},
+                      "peers": ("torch_eager",)}
     return Variant(
         name=f"{label}_m{m}_{gemm_tag(c)}" + ("_bias_silu" if epilogue else ""),
-        workload="dense_bias_silu" if epilogue else "dense",
+        **references,
         mod=schedule_split_k_gemm(func, config, load_hardware()).mod,
         args=args,
         bytes=nbytes_of(args),
