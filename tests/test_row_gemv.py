@@ -131,7 +131,7 @@ def _reversed_epilogue():
     (lambda: dense(2, 64, 64), "2 rows take at least 4 lanes a row"),  # K = 64: 2 lanes
     (lambda: gemv(2048, 2048), "rows of a matmul"),  # the split-K reduction's
     (lambda: _gated_halves(1024, 512), "covers its 2048 columns"),  # halves of one product
-    (lambda: dense(1, 2048, 2048, weight_layout="kn"), "along K as its innermost index"),
+    (lambda: dense(1, 2048, 2048, weight_layout="kn"), r"as W\[j, k\], K innermost"),
     (_weight_only_int8, "one element size"),
     (_scaled_inside_the_sum, "reads s along K"),
     (_product_also_returned, "buffers of its own"),

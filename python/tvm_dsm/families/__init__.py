@@ -19,6 +19,7 @@ from ..hardware import Hardware
 from ..transform.generate_kernels import register_generator
 from .attention import Attention
 from .base import ScheduleFamily
+from .column_gemv import ColumnGemvFamily
 from .configs import config_from, examples
 from .conv_chain import ConvChain
 from .decode_attention import DecodeAttention
@@ -44,7 +45,8 @@ INT32_ELEMENTS = 2 ** 31
 #: decode attention, softmax·V, top-k rows, row norms) before the fused rows that take any
 #: cascade; elementwise functions last (those whose math is computed once per thread before
 #: those that stream in vectors).
-FAMILIES: tuple[ScheduleFamily, ...] = (ConvChain(), GemmChain(), GemmRowMax(), RowGemvFamily(), SplitKGemm(),
+FAMILIES: tuple[ScheduleFamily, ...] = (ConvChain(), GemmChain(), GemmRowMax(), RowGemvFamily(), ColumnGemvFamily(),
+                                        SplitKGemm(),
                                         SimtGemm(), Attention(), DecodeAttention(), SoftmaxGemm(), TopKRows(),
                                         RowNorm(), FusedCascade(), SplitKReduction(), PerThreadMath(), Elementwise())
 

@@ -75,40 +75,21 @@ class RowGemv:
 def find_row_gemv(func: tirx.PrimFunc) -> RowGemv:
     """``func`` as one or two reduction blocks over (one row, or up to :data:`MAX_ROWS` of its
     element size; ``n`` columns; ``k``), each a sum of ``x[i, k] * W[j, k]`` (``k`` innermost in both, x and W of
-    one element size), then at most one elementwise block over the rows and columns reading every
-    product where it writes (a residual, a bias, a cast; a gated layer's ``silu(gate) * up``),
-    the products its own buffers; ClusterError naming what differs. A matrix-vector product
-    without the unit row (``y[i] = sum_k A[i, k] x[k]``) is the split-K reduction's. Elementwise
-    blocks feeding only elementwise blocks (TOPI's SiLU: a sigmoid, then the product) are first
-    inlined into them (the found function is that one)."""
-    sch = s_tir.Schedule(func)
-    merge_elementwise_blocks(sch)
-    func = sch.mod["main"]
-    blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
-    reductions = [b for b in blocks if any(v.iter_type == tirx.IterVar.CommReduce for v in b.iter_vars)]
-    if (not 1 <= len(reductions) <= 2 or any(a is not b for a, b in zip(blocks, reductions))
-            or len(blocks) > len(reductions) + 1):
-        raise ClusterError("a row GEMV is one or two reduction blocks, then at most one elementwise block")
-    epilogue = blocks[len(reductions)] if len(blocks) > len(reductions) else None
-    if len(reductions) == 2 and epilogue is None:
-        raise ClusterError("two row GEMVs meet in an epilogue")
-    shapes = {_product_shape(block) for block in reductions}
-    if len(shapes) != 1:
-        raise ClusterError(f"the products of a row GEMV have one shape, got {sorted(shapes)}")
-    ((rows, n, k, elem_bytes),) = shapes
-    products = [block.writes[0].source for block in reductions]
-    if any(r.source.same_as(p) for block in reductions for r in block.reads for p in products):
-        raise ClusterError("a row GEMV's product reads the other's")
-    if epilogue is not None:
-        _check_epilogue(func, epilogue, products, rows, n)
-    found = RowGemv(func, n, k, elem_bytes, tuple(b.name_hint for b in reductions),
-                    None if epilogue is None else epilogue.name_hint, rows)
+    one element size), then at most one elementwise block (:func:`find_gemv`); ClusterError
+    naming what differs. A matrix-vector product without the unit row
+    (``y[i] = sum_k A[i, k] x[k]``) is the split-K reduction's; W stored ``[K, N]`` the column
+    GEMV's (:mod:`tvm_dsm.rules.column_gemv`)."""
+    found = find_gemv(func, weight_nk=True)
+    most = MAX_ROWS.get(found.elem_bytes, 1)
+    if found.rows > most:
+        raise ClusterError(f"a row GEMV computes 1 to {most} rows of {found.elem_bytes}-byte elements")
+    k = found.k
     vectors = k // found.vector
     if k % found.vector:
         raise ClusterError(f"K={k}: a row GEMV loads {found.vector} elements a vector; K must be a multiple")
     lanes = _default_lanes(found)
-    if rows > 1 and lanes < min_lanes(rows):
-        raise ClusterError(f"K={k}: {rows} rows take at least {min_lanes(rows)} lanes a row (a lane per 32 "
+    if found.rows > 1 and lanes < min_lanes(found.rows):
+        raise ClusterError(f"K={k}: {found.rows} rows take at least {min_lanes(found.rows)} lanes a row (a lane per 32 "
                            f"elements of K gives {lanes})")
     if vectors // lanes > MAX_VECTORS_PER_LANE and not _dlight_grid_leaves_sms_short(found, lanes):
         raise ClusterError(f"K={k}: its {vectors} vectors split over {lanes} lanes at most "
@@ -116,6 +97,38 @@ def find_row_gemv(func: tirx.PrimFunc) -> RowGemv:
                            f"{MAX_LONG_VECTORS_PER_LANE} where {DLIGHT_GEMV_LANES}+ lanes split a row of fewer "
                            f"than {DLIGHT_GEMV_ROWS * 2} x the SMs' columns)")
     return found
+
+
+def find_gemv(func: tirx.PrimFunc, weight_nk: bool) -> RowGemv:
+    """``func`` as one or two reduction blocks, each a product of a few rows of x and a matrix W
+    stored ``[N, K]`` (``weight_nk``) or ``[K, N]`` (:func:`_product_shape`), all of one shape,
+    then at most one elementwise block over the rows and columns reading every product where it
+    writes (a residual, a bias, a cast; a gated layer's ``silu(gate) * up``), the products its
+    own buffers; ClusterError naming what differs. Elementwise blocks feeding only elementwise
+    blocks (TOPI's SiLU: a sigmoid, then the product) are first inlined into them (the found
+    function is that one)."""
+    sch = s_tir.Schedule(func)
+    merge_elementwise_blocks(sch)
+    func = sch.mod["main"]
+    blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    reductions = [b for b in blocks if any(v.iter_type == tirx.IterVar.CommReduce for v in b.iter_vars)]
+    if (not 1 <= len(reductions) <= 2 or any(a is not b for a, b in zip(blocks, reductions))
+            or len(blocks) > len(reductions) + 1):
+        raise ClusterError("a GEMV is one or two reduction blocks, then at most one elementwise block")
+    epilogue = blocks[len(reductions)] if len(blocks) > len(reductions) else None
+    if len(reductions) == 2 and epilogue is None:
+        raise ClusterError("two GEMVs meet in an epilogue")
+    shapes = {_product_shape(block, weight_nk) for block in reductions}
+    if len(shapes) != 1:
+        raise ClusterError(f"the products of a GEMV have one shape, got {sorted(shapes)}")
+    ((rows, n, k, elem_bytes),) = shapes
+    products = [block.writes[0].source for block in reductions]
+    if any(r.source.same_as(p) for block in reductions for r in block.reads for p in products):
+        raise ClusterError("a GEMV's product reads the other's")
+    if epilogue is not None:
+        _check_epilogue(func, epilogue, products, rows, n)
+    return RowGemv(func, n, k, elem_bytes, tuple(b.name_hint for b in reductions),
+                   None if epilogue is None else epilogue.name_hint, rows)
 
 
 #: The most rows of x the rule takes, by element bytes: each lane multiplies its vector of W into
@@ -156,37 +169,51 @@ def _dlight_grid_leaves_sms_short(found: RowGemv, lanes: int) -> bool:
             and found.n < DLIGHT_GEMV_ROWS * 2 * load_hardware().sm_count)
 
 
-def _product_shape(block) -> tuple[int, int, int, int]:
-    """(rows, columns, K, element bytes) of one reduction block of a row GEMV: it reads exactly
-    a matrix ``W[j, k]`` (no row index) and rows ``x[.., k]`` (no column index), of one element
-    size, K the innermost index of both; ClusterError naming what differs."""
+def _product_shape(block, weight_nk: bool) -> tuple[int, int, int, int]:
+    """(rows, columns, K, element bytes) of one reduction block of a GEMV: it reads exactly a
+    matrix W (no row index: ``W[j, k]``, K its innermost index, where ``weight_nk``, else
+    ``W[k, j]``, the column innermost) and rows ``x[.., k]`` (no column index, K innermost), of
+    one element size; ClusterError naming what differs."""
     spatial = [v for v in block.iter_vars if v.iter_type == tirx.IterVar.DataPar]
     reduce = [v for v in block.iter_vars if v.iter_type == tirx.IterVar.CommReduce]
     if not all(isinstance(v.dom.extent, tirx.IntImm) for v in (*spatial, *reduce)) or len(reduce) != 1:
-        raise ClusterError("a row GEMV has constant extents and one reduced axis")
+        raise ClusterError("a GEMV has constant extents and one reduced axis")
     outer = [v for v in spatial[:-1] if int(v.dom.extent) != 1]
     rows = int(outer[0].dom.extent) if outer else 1
     if len(spatial) < 2 or len(outer) > 1:
-        raise ClusterError("a row GEMV computes rows of a matmul (rows, then the columns)")
+        raise ClusterError("a GEMV computes rows of a matmul (rows, then the columns)")
     column, depth = spatial[-1].var, reduce[0].var
     n, k = int(spatial[-1].dom.extent), int(reduce[0].dom.extent)
     matrix, row = [], []
     for read in block.reads:
         indices = [r.min for r in read.region]
-        if not tvm_ffi.structural_equal(indices[-1], depth) or any(uses(i, depth) for i in indices[:-1]):
-            raise ClusterError(f"a row GEMV reads {read.source.name} along K as its innermost index only")
-        (matrix if any(uses(i, column) for i in indices) else row).append(read.source)
-    if len(matrix) != 1 or len(row) != 1 or len(matrix[0].ty.shape) != 2:
-        raise ClusterError(f"a row GEMV reads one matrix W[j, k] and one row x[.., k]; got {len(matrix)} and {len(row)}")
-    if outer and any(uses(r.min, outer[0].var) for read in block.reads if read.source.same_as(matrix[0])
-                     for r in read.region):
-        raise ClusterError("a row GEMV's W is the same for every row")
-    if element_bytes(matrix[0]) != element_bytes(row[0]):
-        raise ClusterError("a row GEMV's x and W have one element size (16-byte loads of both)")
-    most = MAX_ROWS.get(element_bytes(matrix[0]), 1)
-    if rows > most:
-        raise ClusterError(f"a row GEMV computes 1 to {most} rows of {element_bytes(matrix[0])}-byte elements")
-    return rows, n, k, element_bytes(matrix[0])
+        if not any(uses(i, depth) for i in indices):
+            raise ClusterError(f"a GEMV reads {read.source.name} along K (a factor outside the sum)")
+        if any(uses(i, column) for i in indices):
+            matrix.append((read.source, indices))
+        else:
+            row.append((read.source, indices))
+    if len(matrix) != 1 or len(row) != 1 or len(matrix[0][0].ty.shape) != 2:
+        raise ClusterError(f"a GEMV reads one matrix W and one row x[.., k]; got {len(matrix)} and {len(row)}")
+    (w, w_indices), (x, x_indices) = matrix[0], row[0]
+    # the row of W a column reads may sit at an offset (a gated layer's halves of one weight)
+    if weight_nk and not (tvm_ffi.structural_equal(w_indices[1], depth) and uses(w_indices[0], column)
+                          and not uses(w_indices[0], depth)):
+        raise ClusterError("this GEMV reads its matrix as W[j, k], K innermost")
+    if not weight_nk and not (tvm_ffi.structural_equal(w_indices[0], depth) and _column_at_offset(w_indices[1], column)):
+        raise ClusterError("this GEMV reads its matrix as W[k, j + c], the column innermost")
+    if not tvm_ffi.structural_equal(x_indices[-1], depth) or any(uses(i, depth) for i in x_indices[:-1]):
+        raise ClusterError(f"a GEMV reads {x.name} along K as its innermost index only")
+    if element_bytes(w) != element_bytes(x):
+        raise ClusterError("a GEMV's x and W have one element size (vector loads of both)")
+    return rows, n, k, element_bytes(w)
+
+
+def _column_at_offset(index: tirx.PrimExpr, column: tirx.Var) -> bool:
+    """Whether ``index`` is ``column`` or ``column + c`` for a constant ``c``."""
+    if isinstance(index, tirx.Add):
+        return tvm_ffi.structural_equal(index.a, column) and isinstance(index.b, tirx.IntImm)
+    return tvm_ffi.structural_equal(index, column)
 
 
 def _check_epilogue(func: tirx.PrimFunc, epilogue, products: list, rows: int, n: int) -> None:

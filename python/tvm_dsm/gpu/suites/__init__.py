@@ -37,7 +37,7 @@ EXPERIMENTS = {
     "trailing_dense_configs": experiments.trailing_dense_configs,
     "llama_decode_clusters": experiments.llama_decode_clusters,
     "llama_decode_small_batches": experiments.llama_decode_small_batches,
-    "row_gemv_configs": experiments.row_gemv_configs,
+    "row_gemv_configs": experiments.row_gemv_configs, "column_gemv_configs": experiments.column_gemv_configs,
     "simt_gemm_configs": experiments.simt_gemm_configs, "fp32_row_gemv": experiments.fp32_row_gemv,
     "wide_decode_gemm_configs": experiments.wide_decode_gemm_configs,
     "row_norm_configs": experiments.row_norm_configs,

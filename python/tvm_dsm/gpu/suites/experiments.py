@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 
 from tvm import te
 from ...bench.results import RESULTS, latest_path
@@ -795,4 +796,51 @@ def wide_decode_gemm_configs() -> list[Variant]:
             best.setdefault(key, (c, rank, p.predicted_us))
         variants += [gemm_variant(f"dense_{n}x{k}", m, n, k, config, rank, predicted)
                      for config, rank, predicted in best.values()]
+    return variants
+
+
+#: GEMMs over [K, N] weights at decode batches, (rows, N, K, dtype): the 1B-8B Llamas' projections
+#: and the generality run's fp32 ones that trailed torch on the CUDA-core or tensor-core GEMMs.
+COLUMN_GEMV_SHAPES = [(1, 14336, 2048, "float16"), (4, 14336, 2048, "float16"), (8, 14336, 2048, "bfloat16"),
+                      (1, 2048, 2048, "float16"), (8, 2048, 2048, "float16"), (2, 4096, 14336, "bfloat16"),
+                      (1, 4096, 512, "float32"), (1, 5120, 1000, "float32"), (8, 14336, 1000, "float32"),
+                      (16, 4096, 4096, "float32"), (4, 1021, 4096, "float16"), (4, 2048, 8192, "bfloat16")]
+#: The configurations swept at each shape (besides the default): lanes x unroll x pipelined, each
+#: at the slices closest to 256 and 512 threads.
+COLUMN_GEMV_SWEEP = tuple(itertools.product((2, 4, 8), (4, 8), (False, True)))
+
+
+def column_gemv_configs() -> list[Variant]:
+    """GEMMs over [K, N] weights (:data:`COLUMN_GEMV_SHAPES`) on the column GEMV rule
+    (:mod:`tvm_dsm.rules.column_gemv`) in :data:`COLUMN_GEMV_SWEEP`'s valid configurations and its
+    default, beside the family the planner picks without it (the tensor-core or CUDA-core GEMM):
+    the default's rule and the rows up to which the rule wins."""
+    from ...families import FAMILIES, fastest_family, matching_families
+    from ...rules.column_gemv import (candidate_configs, check_config as check_column, default_config,
+                                      find_column_gemv, schedule_column_gemv)
+
+    hw, variants = load_hardware(), []
+    others = [f for f in FAMILIES if f.name != "column_gemv"]
+    for m, n, k, dtype in COLUMN_GEMV_SHAPES:
+        func = scheduling_form(dense(m, n, k, dtype, weight_layout="kn"))
+        args = args_of(func)
+        found = find_column_gemv(func)
+        default = default_config(found)
+        common = {"workload": "generated", "reference_kwargs": {"op": "dense", "layout": "kn"},
+                  "peers": ("torch_eager",), "args": args, "bytes": nbytes_of(args), "flops": 2 * m * n * k,
+                  "extra": {"m": m, "n": n, "k": k, "dtype": dtype}}
+        label = f"kn_{m}x{n}x{k}_{dtype}"
+        candidates = candidate_configs(found)
+        swept = [min((c for c in candidates if (c.lanes, c.unroll, c.pipelined) == point),
+                     key=lambda c: abs(math.log2(c.threads / threads)), default=None)
+                 for point in COLUMN_GEMV_SWEEP for threads in (256, 512)]
+        for config in dict.fromkeys([default, *(c for c in swept if c is not None)]):
+            if passes(check_column, found, config):
+                variants.append(Variant(name=f"{label}_l{config.lanes}_s{config.slices}_u{config.unroll}"
+                                             + ("_p" if config.pipelined else ""),
+                                        mod=schedule_column_gemv(found, config).mod,
+                                        plan={**dataclasses.asdict(config), "default": config == default}, **common))
+        family, shape, plans = fastest_family(matching_families(func, families=others), hw)
+        variants.append(Variant(name=f"{label}_{family.name}", mod=family.apply(func, plans[0].config, hw).mod,
+                                plan={"family": family.name}, **common))
     return variants

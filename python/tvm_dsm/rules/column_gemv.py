@@ -1,0 +1,247 @@
+"""A few rows times a matrix stored ``[K, N]`` (``y[i, j] = sum_k x[i, k] W[k, j]``: GPT-2's
+Conv1D, JAX and Keras layers, a Relax ``matmul`` with its weight not transposed) at a decode
+batch, with its elementwise epilogue, or two such products over the same rows meeting in one
+(a gated layer), streaming W from HBM at any element type.
+
+W's rows run along the columns of the output, so the lanes of a warp (``threadIdx.x``) take
+neighbouring 16-byte vectors of a row of W (``vector`` columns each, loads that coalesce), and
+``slices`` thread rows (``threadIdx.y``) split K, each over a contiguous range of it in steps of
+``unroll`` rows of W, whose loads are issued together before their multiply-adds (the last
+CTA's columns past N and the last slices' steps past K predicated off); every thread
+keeps its ``rows x vector`` sums in registers, multiplying each vector of W, loaded once, into
+every row of x (whose ``unroll`` elements a row come in one vector load). A CTA owns
+``lanes x vector`` columns; its slices' partial sums meet once in shared memory, where every
+thread of the CTA adds the slices of its outputs in a fixed order (the same result every run)
+and applies the epilogue.
+
+The [N, K] layout is the row GEMV's (:mod:`tvm_dsm.rules.row_gemv`), whose lanes split K instead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tvm import s_tir, tirx
+
+from ..errors import ClusterError, passes
+from ..hardware import MAX_CTA_THREADS, load_hardware
+from ..ir import largest_power_of_two, uses
+from ..transform.programmatic_launch import launch_programmatically
+from .elementwise import VECTOR_BYTES
+from .row_gemv import RowGemv, find_gemv
+
+#: The most rows of x the rule takes, by element bytes (H200,
+#: ``bench/results/archive/column_gemv_configs_s69.json``): 16-bit rows up to 4 ran faster than
+#: or level with the tensor-core GEMM (4 x 14336 x 2048 19.8 us against 22.8), 8 slower (27.4
+#: against 23.1); fp32 up to 8 ran at half the CUDA-core GEMM's time (8 x 14336 x 1000 27.3 us
+#: against 51.2), 16 rows took their best configuration to beat it (38.6 against 50.2).
+MAX_ROWS = {4: 8, 2: 4, 1: 4}
+#: Shared memory the slices' partial sums may take (the static limit of a CTA).
+SHARED_BYTES = 48 * 1024
+#: Threads a CTA at the least (two warps).
+MIN_THREADS = 64
+#: The most steps a slice takes pipelined: the loop is unrolled (its double-buffered registers
+#: indexed by constants), its code growing with them.
+MAX_PIPELINED_STEPS = 32
+
+
+@dataclass(frozen=True)
+class ColumnGemvConfig:
+    """``lanes`` threads across a CTA's columns (a vector each), ``slices`` thread rows
+    splitting K, ``unroll`` rows of W a thread loads a step."""
+
+    lanes: int
+    slices: int
+    unroll: int = 4
+    pipelined: bool = False
+
+    @property
+    def threads(self) -> int:
+        return self.lanes * self.slices
+
+    def explain(self) -> str:
+        return (f"column GEMV: {self.lanes} lanes of a vector across the columns, {self.slices} slices of K, "
+                f"{self.unroll} rows of W a step")
+
+
+def find_column_gemv(func: tirx.PrimFunc) -> RowGemv:
+    """``func`` as one or two products of up to :data:`MAX_ROWS` rows of x and a matrix
+    ``W[k, j]`` and at most one elementwise block (:func:`~.row_gemv.find_gemv`); ClusterError
+    naming what differs."""
+    found = find_gemv(func, weight_nk=False)
+    most = MAX_ROWS.get(found.elem_bytes, 1)
+    if found.rows > most:
+        raise ClusterError(f"a column GEMV computes 1 to {most} rows of {found.elem_bytes}-byte elements")
+    return found
+
+
+def vector_columns(found: RowGemv) -> int:
+    """Columns of W a lane loads at once: 16 bytes where N is a multiple of them (each row of W
+    then starts a whole number of vectors in), else the largest power of two dividing N."""
+    return largest_power_of_two(found.n, found.vector)
+
+
+def row_vector(found: RowGemv, config: ColumnGemvConfig) -> int:
+    """Elements of a row of x a thread loads at once: its step's ``unroll`` elements, up to 16
+    bytes, a power of two dividing K (each row of x starts a whole number of them in)."""
+    return largest_power_of_two(found.k, min(config.unroll, found.vector))
+
+
+def shared_bytes(found: RowGemv, config: ColumnGemvConfig) -> int:
+    """Shared memory of the slices' fp32 partial sums of every product."""
+    columns = config.lanes * vector_columns(found)
+    return 4 * config.slices * found.rows * columns * len(found.reductions)
+
+
+def ctas(found: RowGemv, config: ColumnGemvConfig) -> int:
+    """CTAs of the grid: one per ``lanes x vector`` columns, the last one's past N predicated off."""
+    return -(-found.n // (config.lanes * vector_columns(found)))
+
+
+def check_config(found: RowGemv, config: ColumnGemvConfig) -> None:
+    """ClusterError naming the first limit ``config`` breaks for ``found``."""
+    c = config
+    if not MIN_THREADS <= c.threads <= MAX_CTA_THREADS:
+        raise ClusterError(f"{c.threads} threads a CTA: between {MIN_THREADS} and {MAX_CTA_THREADS}")
+    # whole steps (TVM's compute_at drops the predicate of a reduction's tail)
+    if found.k % (c.slices * c.unroll):
+        raise ClusterError(f"K={found.k} is not a multiple of {c.slices} slices x {c.unroll} rows of W a step")
+    if c.pipelined and not 2 <= steps(found, c) <= MAX_PIPELINED_STEPS:
+        raise ClusterError(f"{steps(found, c)} steps a slice: pipelined (unrolled), 2 to {MAX_PIPELINED_STEPS}")
+    if shared_bytes(found, c) > SHARED_BYTES:
+        raise ClusterError(f"the slices' partial sums take {shared_bytes(found, c)} bytes of shared memory "
+                           f"> {SHARED_BYTES}")
+
+
+def steps(found: RowGemv, config: ColumnGemvConfig) -> int:
+    """Steps of each slice: its share of K over the step's rows."""
+    return found.k // (config.slices * config.unroll)
+
+
+LANES = (2, 4, 8, 16, 32)
+UNROLLS = (1, 2, 4, 8)
+#: The most slices of K a CTA (any divisor of K's steps up to it).
+MAX_SLICES = 128
+
+
+def candidate_configs(found: RowGemv) -> list[ColumnGemvConfig]:
+    """Every valid configuration for ``found`` of :data:`LANES` x :data:`UNROLLS`, each divisor
+    of the steps of K up to :data:`MAX_SLICES` slices, pipelined or not."""
+    return [c for lanes in LANES for unroll in UNROLLS if found.k % unroll == 0
+            for slices in range(2, MAX_SLICES + 1) if found.k // unroll % slices == 0
+            for pipelined in (False, True)
+            if passes(check_config, found, c := ColumnGemvConfig(lanes, slices, unroll, pipelined))]
+
+
+#: The slices, lanes and bytes of W a thread loads a step the default aims at: the sweep's best
+#: at most shapes (H200, ``bench/results/archive/column_gemv_configs_s69.json``).
+DEFAULT_SLICES, DEFAULT_LANES, DEFAULT_STEP_BYTES = 64, 8, 64
+#: A thread's fp32 sums (rows x vector) past which the default takes fewer lanes in proportion:
+#: 4 rows of a 16-bit type ran fastest on 4 lanes, 8 rows on 2.
+DEFAULT_SUMS = 16
+#: The share of the SMs below which the default trades lanes for slices (more, narrower CTAs):
+#: 1 x 2048 x 2048 fp16 on 32 CTAs of 8 lanes took 10.1 us, on 64 of 4 lanes and 128 slices 6.9.
+FEWEST_CTAS_PER_SM = 0.25
+
+
+def default_config(found: RowGemv) -> ColumnGemvConfig:
+    """Pipelined wherever a slice's steps allow, then the slices closest to
+    :data:`DEFAULT_SLICES`, the lanes to :data:`DEFAULT_LANES` (fewer where a thread holds more
+    than :data:`DEFAULT_SUMS` sums; half as many, twice the slices, while the CTAs would number
+    under :data:`FEWEST_CTAS_PER_SM` of the SMs), the step's loads to
+    :data:`DEFAULT_STEP_BYTES` a thread. Over the sweep's 9 shapes it takes (whose times the
+    constants were chosen by) its pick ran 1.0-1.09x the best configuration's time."""
+    configs = candidate_configs(found)
+    if not configs:
+        raise ClusterError(f"no column GEMV configuration fits {found.rows}x{found.n}x{found.k}")
+    vector = vector_columns(found)
+    lanes = max(2, DEFAULT_LANES * DEFAULT_SUMS // max(found.rows * vector, DEFAULT_SUMS))
+    slices = DEFAULT_SLICES
+    while lanes > 2 and -(-found.n // (lanes * vector)) < FEWEST_CTAS_PER_SM * load_hardware().sm_count:
+        lanes, slices = lanes // 2, slices * 2
+    unroll = max(1, DEFAULT_STEP_BYTES // (vector * found.elem_bytes))
+
+    def order(c: ColumnGemvConfig) -> tuple:
+        return (not c.pipelined, abs(math.log2(c.slices / slices)), abs(math.log2(c.lanes / lanes)),
+                abs(math.log2(c.unroll / unroll)))
+
+    return min(configs, key=order)
+
+
+def schedule_column_gemv(found: RowGemv, config: ColumnGemvConfig) -> s_tir.Schedule:
+    """The schedule of the module docstring for ``found`` in ``config``."""
+    check_config(found, config)
+    c, vector = config, vector_columns(found)
+    sch = s_tir.Schedule(found.func)
+    if found.epilogue is None:  # the product's write-back takes the epilogue's place
+        last = sch.cache_write(sch.get_sblock(found.reductions[0]), 0, "local")
+    else:
+        last = sch.get_sblock(found.epilogue)
+    *outer, column = sch.get_loops(last)
+    cta, in_cta = sch.split(column, [None, c.lanes * vector])
+    sch.reorder(cta, *outer, in_cta)
+    sch.bind(cta, "blockIdx.x")
+    launch_programmatically(sch)
+    partials = []
+    for name in found.reductions:  # K over the slices: their partial sums, then the slices' sum
+        depth = sch.get_loops(sch.get_sblock(name))[-1]
+        part, _, _ = sch.split(depth, [c.slices, None, c.unroll])
+        partials.append(sch.rfactor(part, factor_axis=0))
+    # each output's sum of slices where it is written, the slices' sums at the CTA's loop (placed
+    # while the CTA's loops are exact: they cover its columns alone)
+    for name, partial in zip(found.reductions, partials):
+        total = sch.get_sblock(name)
+        sch.compute_at(total, in_cta)
+        sch.set_scope(total, 0, "local")
+        sch.compute_at(partial, cta, preserve_unit_loops=True)
+        _slice_sums(sch, partial, found, c, vector)
+    # the CTA's outputs over its threads: lanes along the columns, thread rows over the rows and
+    # the columns' vectors
+    in_vector, lane = sch.split(in_cta, [vector, c.lanes])
+    _, thread_row = sch.split(sch.fuse(*outer, in_vector) if outer else in_vector, [None, c.slices])
+    sch.bind(thread_row, "threadIdx.y")
+    sch.bind(lane, "threadIdx.x")
+    return sch
+
+
+def _slice_sums(sch: s_tir.Schedule, partial, found: RowGemv, c: ColumnGemvConfig, vector: int) -> None:
+    """A product's ``partial`` sums of each slice, computed at the CTA's loop: thread rows over
+    the slices, lanes over the columns' vectors; each thread's sums in registers over its steps
+    (W's ``unroll`` rows and x's elements loaded first, then every row's multiply-adds), written
+    to the slices' shared buffer at the end."""
+    part, *rows, columns, steps, unrolled = sch.get_loops(partial)[1:]
+    lane, in_vector = sch.split(columns, [c.lanes, vector])
+    sch.reorder(part, lane, steps, unrolled, *rows, in_vector)
+    sch.bind(part, "threadIdx.y")
+    sch.bind(lane, "threadIdx.x")
+    sch.set_scope(partial, 0, "shared")
+    sums = sch.cache_write(partial, 0, "local")
+    sch.reverse_compute_at(sums, lane)
+    _, stored = sch.split(sch.get_loops(sums)[-1], [None, largest_power_of_two(vector, 4)])
+    sch.vectorize(stored)  # 16-byte stores at the most
+    block = sch.get(partial)
+    w_index = next(n for n, r in enumerate(block.reads) if _reads_columns(r, block))
+    for index in (w_index, 1 - w_index):
+        staged = sch.cache_read(partial, index, "local", consumer_blocks=[partial])
+        sch.compute_at(staged, steps)
+        inner = sch.get_loops(staged)[-1]
+        width = vector if index == w_index else row_vector(found, c)
+        if width > 1:
+            _, inner = sch.split(inner, [None, width])
+            sch.vectorize(inner)
+    sch.decompose_reduction(partial, steps)
+    for loop in (unrolled, *rows, in_vector):
+        sch.unroll(loop)
+    if c.pipelined:  # the next step's loads issued before this step's multiply-adds, the steps
+        # unrolled (the double-buffered registers then indexed by constants)
+        sch.annotate(steps, "software_pipeline_stage", [0, 0, 1])
+        sch.annotate(steps, "software_pipeline_order", [0, 1, 2])
+        sch.unroll(steps)
+
+
+def _reads_columns(read, block) -> bool:
+    """Whether ``read`` (of ``block``, a product's partial sums) is W's: it varies with the
+    output column, the block's last spatial iterator."""
+    column = [v for v in block.iter_vars if v.iter_type == tirx.IterVar.DataPar][-1].var
+    return any(uses(r.min, column) for r in read.region)

@@ -1,0 +1,166 @@
+"""A few rows of a matmul over a [K, N] weight as a column GEMV (tvm_dsm.rules.column_gemv,
+tvm_dsm.families.column_gemv): the forms users write it in (TE, TOPI, Relax, gated, epilogues),
+what it refuses, its kernels' loads, and (GPU) its configurations against float64."""
+
+import re
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te, topi
+
+import tvm_dsm
+from tvm_dsm.driver import H100, plan
+from tvm_dsm.errors import ClusterError
+from tvm_dsm.hardware import load_hardware
+from tvm_dsm.relax_integration import scheduling_form
+from tvm_dsm.rules.column_gemv import (ColumnGemvConfig, candidate_configs, check_config, default_config,
+                                       find_column_gemv, schedule_column_gemv)
+from tvm_dsm.workloads import generated
+from tvm_dsm.workloads.dense import dense
+
+
+def _gated(rows: int, n: int, k: int, dtype: str = "float16"):
+    """``silu(x @ Wg) * (x @ Wu)`` over [K, N] weights, TOPI's matmul and SiLU (a sigmoid block,
+    then the products)."""
+    x = te.placeholder((rows, k), dtype, name="x")
+    wg, wu = (te.placeholder((k, n), dtype, name=name) for name in ("wg", "wu"))
+    gate, up = (topi.nn.matmul(x, w, out_dtype="float32") for w in (wg, wu))
+    return te.create_prim_func([x, wg, wu, topi.cast(topi.multiply(topi.multiply(gate, topi.sigmoid(gate)), up), dtype)])
+
+
+FORMS = {
+    "te": lambda: dense(4, 2048, 1024, weight_layout="kn"),
+    "fp32_8_rows": lambda: dense(8, 2048, 1024, "float32", weight_layout="kn"),
+    "te_bias_gelu": lambda: dense(2, 2048, 1024, "bfloat16", weight_layout="kn", bias=True, activation="gelu"),
+    "topi": lambda: generated._dense("topi", 3, 4096, 512, "float32", "kn"),
+    "relax_int64": lambda: generated._dense("relax", 4, 2048, 2048, "float16", "kn"),
+    "gated": lambda: _gated(2, 1024, 2048),
+}
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_the_forms_users_write_are_column_gemvs_and_planned_so(form):
+    func = FORMS[form]()
+    found = find_column_gemv(scheduling_form(func))
+    assert found.rows in (2, 3, 4, 8) and len(found.reductions) == (2 if form == "gated" else 1)
+    assert plan(func).family.name == "column_gemv"
+
+
+@pytest.mark.parametrize("func, reason", [
+    (lambda: dense(5, 2048, 2048, weight_layout="kn"), "1 to 4 rows of 2-byte elements"),
+    (lambda: dense(9, 2048, 2048, "float32", weight_layout="kn"), "1 to 8 rows of 4-byte elements"),
+    (lambda: dense(2, 2048, 2048), r"as W\[k, j \+ c\], the column innermost"),  # the row GEMV's
+])
+def test_what_is_not_a_column_gemv_is_refused_by_name(func, reason):
+    with pytest.raises(ClusterError, match=reason):
+        find_column_gemv(scheduling_form(func()))
+
+
+def test_past_a_decode_batch_the_tensor_core_gemm_is_planned():
+    """At 8 rows of a 16-bit type W is reused enough for the tensor cores (the GEMV's multiply-adds
+    on the CUDA cores bound it)."""
+    for rows in (8, 64):
+        assert plan(dense(rows, 4096, 2048, weight_layout="kn")).family.name == "split_k_gemm"
+
+
+@pytest.mark.parametrize(("rows", "n", "k", "dtype", "expected"), [
+    (1, 14336, 2048, "float16", ColumnGemvConfig(8, 64, 4, True)),  # the sweep's best: 16.5 us
+    (4, 14336, 2048, "float16", ColumnGemvConfig(4, 64, 4, True)),  # 32 sums a thread: 4 lanes (19.8)
+    (8, 14336, 1000, "float32", ColumnGemvConfig(4, 50, 4, True)),  # 50 slices: a divisor of K's steps
+    (1, 1000, 127, "float32", ColumnGemvConfig(4, 127, 1, False)),  # one step a slice: none to pipeline
+    (1, 2048, 2048, "float16", ColumnGemvConfig(4, 128, 4, True)),  # 32 CTAs of 8 lanes: 64 of 4 (6.9 us)
+    (4, 1021, 4096, "float16", ColumnGemvConfig(8, 64, 8, True)),  # a column a load: 8 rows a step (8.1)
+])
+def test_the_default_is_the_sweeps_best_form(rows, n, k, dtype, expected):
+    found = find_column_gemv(dense(rows, n, k, dtype, weight_layout="kn"))
+    assert default_config(found) == expected
+    for config in candidate_configs(found):
+        check_config(found, config)
+
+
+def _kernel(func, config=None) -> str:
+    found = find_column_gemv(scheduling_form(func))
+    sch = schedule_column_gemv(found, config or default_config(found))
+    return tvm.compile(sch.mod, target=tvm.target.Target(H100)).mod.imports[0].inspect_source()
+
+
+@pytest.mark.parametrize("dtype, vector", [("float16", "uint4"), ("bfloat16", "uint4"), ("float32", "float4")])
+def test_each_thread_loads_its_steps_rows_of_w_in_16_byte_vectors_then_multiplies(dtype, vector, assemble):
+    """A step's rows of W (4 by default) load as 16-byte vectors before the step's multiply-adds;
+    the rows of x as vectors of the step's elements; one barrier between the slices' sums and
+    their total."""
+    source = _kernel(dense(4, 2048, 1024, dtype, weight_layout="kn"))
+    body = source[source.index("__global__"):]
+    loads = re.findall(rf"\*\(({vector})\*\)\(W_local_ptr", body)
+    assert loads and body.count("__syncthreads()") == 1
+    first_load, first_fma = body.index("W_local_ptr +"), body.index("acc_rf_shared_local_ptr[0] + (")
+    assert first_load < first_fma
+    assemble(source, f"column_gemv_{dtype}")
+
+
+def test_columns_off_the_tiles_are_predicated_and_k_split_in_whole_steps(assemble):
+    """N = 1021 (one column a load: no power of two above 1 divides it) over CTAs of 64 columns:
+    the last CTA's columns are predicated off. K = 500 splits into 25 slices of 5 steps of 4
+    rows (any divisor of its steps: a tail's predicate would be lost by TVM's compute_at)."""
+    found = find_column_gemv(dense(3, 1021, 500, weight_layout="kn"))
+    source = _kernel(dense(3, 1021, 500, weight_layout="kn"), ColumnGemvConfig(16, 25, 4))
+    assert "< 1021)" in source and "threadIdx.y) * 20" in source
+    assemble(source, "column_gemv_tails")
+    with pytest.raises(ClusterError, match="K=500 is not a multiple of 16 slices x 4 rows"):
+        check_config(found, ColumnGemvConfig(16, 16, 4))
+    assert all(500 % (c.slices * c.unroll) == 0 for c in candidate_configs(found))
+
+
+def test_pipelined_steps_load_the_next_step_before_this_ones_multiply_adds():
+    """Pipelined, a slice's steps are unrolled with two register buffers of W indexed by
+    constants (a buffer indexed by the loop would live in local memory)."""
+    func = dense(2, 4096, 14336, "bfloat16", weight_layout="kn")
+    source = _kernel(func, ColumnGemvConfig(4, 64, 8, pipelined=True))
+    body = source[source.index("__global__"):]
+    assert "& 1)" not in body and "W_local_ptr + ((ax0_2 * 8) + 64)" in body
+    with pytest.raises(ClusterError, match="2 to 32"):
+        check_config(find_column_gemv(func), ColumnGemvConfig(4, 16, 8, pipelined=True))
+
+
+def _run(func, rows: int, n: int, k: int, dtype: str, gated: bool = False, lib=None) -> float:
+    """Relative L2 error of ``func``'s build against float64 on fresh inputs, output NaN-poisoned."""
+    import ml_dtypes
+
+    host = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    lib = lib or tvm_dsm.build(func)
+    dev, rng = tvm.cuda(), np.random.default_rng()
+    x = rng.standard_normal((rows, k)).astype(host)
+    ws = [(rng.standard_normal((k, n)) / np.sqrt(k)).astype(host) for _ in range(2 if gated else 1)]
+    out = tvm.runtime.tensor(np.full((rows, n), np.nan, host), dev)
+    lib(tvm.runtime.tensor(x, dev), *(tvm.runtime.tensor(w, dev) for w in ws), out)
+    products = [x.astype("float64") @ w.astype("float64") for w in ws]
+    ref = products[0] / (1 + np.exp(-products[0])) * products[1] if gated else products[0]
+    return float(np.linalg.norm(out.numpy().astype("float64") - ref) / np.linalg.norm(ref))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("rows", "n", "k", "dtype"), [
+    (1, 4096, 512, "float32"), (8, 1024, 1000, "float32"), (4, 2048, 1024, "float16"), (4, 2048, 2048, "bfloat16"),
+    (3, 1021, 500, "float16"), (1, 1000, 127, "float32")])
+def test_gpu_configurations_match_float64(rows, n, k, dtype):
+    """The default and a spread of the space (slices, lanes, rows a step, pipelined or not), fp32
+    to 1e-5 and 16-bit to 2e-3, with columns off the tiles and K split over divisors."""
+    func = dense(rows, n, k, dtype, weight_layout="kn")
+    found = find_column_gemv(func)
+    configs = candidate_configs(found)
+    chosen = [default_config(found), *configs[::max(1, len(configs) // 3)]]
+    for config in dict.fromkeys(chosen):
+        lib = tvm.compile(schedule_column_gemv(found, config).mod, target=tvm.target.Target(H100))
+        assert _run(func, rows, n, k, dtype, lib=lib) < (1e-5 if dtype == "float32" else 2e-3), config
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 2, 4])
+def test_gpu_a_gated_layer_matches_float64(rows):
+    assert _run(_gated(rows, 1024, 2048), rows, 1024, 2048, "float16", gated=True) < 2e-3
+
+
+@pytest.mark.gpu
+def test_gpu_a_relax_legalized_matmul_matches_float64():
+    assert _run(FORMS["relax_int64"](), 4, 2048, 2048, "float16") < 2e-3
