@@ -164,3 +164,34 @@ def test_gpu_a_gated_layer_matches_float64(rows):
 @pytest.mark.gpu
 def test_gpu_a_relax_legalized_matmul_matches_float64():
     assert _run(FORMS["relax_int64"](), 4, 2048, 2048, "float16") < 2e-3
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_one_column_a_lane_and_one_row_keep_the_slices_buffer_the_ctas_tile(rows):
+    """N = 375 (odd: one column a load) at 1-2 rows: the write-back of each thread's sums is its
+    lane's loop alone, and the slices' buffer is the CTA's tile (slices x rows x columns), not
+    widened by the thread rows left idle in the final sum."""
+    func = dense(rows, 375, 4096, "float32", weight_layout="kn")
+    found = find_column_gemv(func)
+    config = default_config(found)
+    source = _kernel(func)
+    (size,) = {int(s) for s in re.findall(r"acc_rf_shared_ptr\[(\d+)\]", source)}
+    assert size == config.slices * rows * config.lanes
+
+
+def test_a_family_that_fails_to_schedule_leaves_the_function_to_dlight(monkeypatch, caplog):
+    """A family's schedule raising (a bug) is logged as a warning and TVM's stock schedule taken,
+    for the function alone (an operator of a split function keeps the others' kernels)."""
+    from tvm.s_tir.schedule.schedule import ScheduleError
+
+    from tvm_dsm.families.column_gemv import ColumnGemvFamily
+    from tvm_dsm.driver import schedule
+
+    def fail(*args):
+        raise ScheduleError("injected")
+
+    monkeypatch.setattr(ColumnGemvFamily, "apply", lambda self, *a: fail())
+    with caplog.at_level("WARNING", logger="tvm_dsm.driver"):
+        sch = schedule(dense(2, 2048, 1024, weight_layout="kn"))
+    assert "failed to schedule" in caplog.text and "injected" in caplog.text
+    assert "rf_shared" not in sch.mod.script()

@@ -199,6 +199,7 @@ def schedule_column_gemv(found: RowGemv, config: ColumnGemvConfig) -> s_tir.Sche
     # the CTA's outputs over its threads: lanes along the columns, thread rows over the rows and
     # the columns' vectors
     in_vector, lane = sch.split(in_cta, [vector, c.lanes])
+    # (a split past the extent predicates the thread rows left over)
     _, thread_row = sch.split(sch.fuse(*outer, in_vector) if outer else in_vector, [None, c.slices])
     sch.bind(thread_row, "threadIdx.y")
     sch.bind(lane, "threadIdx.x")
@@ -216,10 +217,15 @@ def _slice_sums(sch: s_tir.Schedule, partial, found: RowGemv, c: ColumnGemvConfi
     sch.bind(part, "threadIdx.y")
     sch.bind(lane, "threadIdx.x")
     sch.set_scope(partial, 0, "shared")
+    # the CTA's columns at their place in its tile: the buffer is the tile whatever the extents
+    # TVM unifies the thread loops to before it compacts buffers
+    columns_per_cta = c.lanes * vector
+    sch.transform_layout(partial, ("write", 0), lambda *index: (*index[:-1], index[-1] % columns_per_cta))
     sums = sch.cache_write(partial, 0, "local")
     sch.reverse_compute_at(sums, lane)
-    _, stored = sch.split(sch.get_loops(sums)[-1], [None, largest_power_of_two(vector, 4)])
-    sch.vectorize(stored)  # 16-byte stores at the most
+    if vector > 1:  # 16-byte stores at the most (one column a lane: its loop is the lanes')
+        _, stored = sch.split(sch.get_loops(sums)[-1], [None, largest_power_of_two(vector, 4)])
+        sch.vectorize(stored)
     block = sch.get(partial)
     w_index = next(n for n, r in enumerate(block.reads) if _reads_columns(r, block))
     for index in (w_index, 1 - w_index):
