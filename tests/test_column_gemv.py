@@ -57,6 +57,20 @@ def test_what_is_not_a_column_gemv_is_refused_by_name(func, reason):
         find_column_gemv(scheduling_form(func()))
 
 
+@pytest.mark.parametrize(("func", "family"), [
+    (lambda: _gated(2, 4096, 14336, "bfloat16"), "split_k_gemm"),  # gated past K = 4096
+    (lambda: dense(4, 2048, 8192, "bfloat16", weight_layout="kn"), "split_k_gemm"),  # 64 CTAs of 64 bytes a row
+    (lambda: dense(2, 128, 14336, weight_layout="kn"), "split_k_gemm"),  # 8 CTAs
+    (lambda: dense(1, 1000, 14336, "float32", weight_layout="kn"), "simt_gemm"),  # 63 CTAs of 64 bytes
+    (lambda: dense(2, 4096, 14336, "bfloat16", weight_layout="kn"), "column_gemv"),  # 128 CTAs of 64 bytes
+])
+def test_past_k_4096_a_column_gemv_fills_half_the_sms_with_64_byte_rows(func, family):
+    """Each CTA streams its columns of W over all of K: past K = 4096 the GEMV needs half the SMs'
+    CTAs each reading 64 bytes of a row (and a gated pair is the split-K GEMM's), where the
+    generality run measured it slower than the split-K or CUDA-core GEMM."""
+    assert plan(func()).family.name == family
+
+
 def test_past_a_decode_batch_the_tensor_core_gemm_is_planned():
     """At 8 rows of a 16-bit type W is reused enough for the tensor cores (the GEMV's multiply-adds
     on the CUDA cores bound it)."""

@@ -73,6 +73,9 @@ def find_column_gemv(func: tirx.PrimFunc) -> RowGemv:
     most = MAX_ROWS.get(found.elem_bytes, 1)
     if found.rows > most:
         raise ClusterError(f"a column GEMV computes 1 to {most} rows of {found.elem_bytes}-byte elements")
+    if len(found.reductions) == 2 and found.k > LONG_K:
+        raise ClusterError(f"K={found.k}: a gated column GEMV takes K up to {LONG_K} (2 x 4096 x 14336 bf16 ran "
+                           "136.8 us against the gated split-K GEMM's 89.2)")
     return found
 
 
@@ -127,11 +130,14 @@ MAX_SLICES = 128
 
 def candidate_configs(found: RowGemv) -> list[ColumnGemvConfig]:
     """Every valid configuration for ``found`` of :data:`LANES` x :data:`UNROLLS`, each divisor
-    of the steps of K up to :data:`MAX_SLICES` slices, pipelined or not."""
+    of the steps of K up to :data:`MAX_SLICES` slices, pipelined or not; past :data:`LONG_K`,
+    those of :func:`min_ctas` CTAs or more, each reading :data:`LONG_K_ROW_BYTES` of a row."""
     return [c for lanes in LANES for unroll in UNROLLS if found.k % unroll == 0
             for slices in range(2, MAX_SLICES + 1) if found.k // unroll % slices == 0
             for pipelined in (False, True)
-            if passes(check_config, found, c := ColumnGemvConfig(lanes, slices, unroll, pipelined))]
+            if passes(check_config, found, c := ColumnGemvConfig(lanes, slices, unroll, pipelined))
+            and (found.k <= LONG_K or (ctas(found, c) >= min_ctas(found)
+                                       and c.lanes * vector_columns(found) * found.elem_bytes >= LONG_K_ROW_BYTES))]
 
 
 #: The slices, lanes and bytes of W a thread loads a step the default aims at: the sweep's best
@@ -144,13 +150,31 @@ DEFAULT_SUMS = 16
 #: 1 x 2048 x 2048 fp16 on 32 CTAs of 8 lanes took 10.1 us, on 64 of 4 lanes and 128 slices 6.9.
 FEWEST_CTAS_PER_SM = 0.25
 
+#: K past which a column GEMV must fill half the SMs, and a gated one is refused: each CTA
+#: streams its columns of W over the whole of K, which a split-K GEMM spreads over clusters.
+#: H200 generality run (``bench/results/archive/generality_column_gemv_s69.json``): three
+#: projections over K = 14336 at 2 rows on 64, 64 and 8 CTAs 112.7 us against the split-K
+#: GEMM's 36.1, an fp32 down projection (N = 1000, K = 14336) on 63 CTAs slower than the
+#: CUDA-core GEMM (its FFN 92.8 -> 105.8 us).
+LONG_K = 4096
+#: Bytes of each row of W a CTA reads past :data:`LONG_K`, at the least: 4 x 2048 x 8192 bf16 on
+#: 2 lanes (32 bytes a row, a sector) ran 22.2-25.6 us against the split-K GEMM's 17.8.
+LONG_K_ROW_BYTES = 64
+
+
+def min_ctas(found: RowGemv) -> float:
+    """The fewest CTAs a configuration for ``found`` should have: :data:`FEWEST_CTAS_PER_SM` of
+    the SMs, half of them past :data:`LONG_K`."""
+    share = 0.5 if found.k > LONG_K else FEWEST_CTAS_PER_SM
+    return share * load_hardware().sm_count
+
 
 def default_config(found: RowGemv) -> ColumnGemvConfig:
     """Pipelined wherever a slice's steps allow, then the slices closest to
     :data:`DEFAULT_SLICES`, the lanes to :data:`DEFAULT_LANES` (fewer where a thread holds more
-    than :data:`DEFAULT_SUMS` sums; half as many, twice the slices, while the CTAs would number
-    under :data:`FEWEST_CTAS_PER_SM` of the SMs), the step's loads to
-    :data:`DEFAULT_STEP_BYTES` a thread. Over the sweep's 9 shapes it takes (whose times the
+    than :data:`DEFAULT_SUMS` sums; half as many while the CTAs would number under
+    :func:`min_ctas`, with twice the slices up to :data:`LONG_K`), the step's loads to
+    :data:`DEFAULT_STEP_BYTES` a thread. Over the sweep's 8 shapes it takes (whose times the
     constants were chosen by) its pick ran 1.0-1.09x the best configuration's time."""
     configs = candidate_configs(found)
     if not configs:
@@ -158,8 +182,8 @@ def default_config(found: RowGemv) -> ColumnGemvConfig:
     vector = vector_columns(found)
     lanes = max(2, DEFAULT_LANES * DEFAULT_SUMS // max(found.rows * vector, DEFAULT_SUMS))
     slices = DEFAULT_SLICES
-    while lanes > 2 and -(-found.n // (lanes * vector)) < FEWEST_CTAS_PER_SM * load_hardware().sm_count:
-        lanes, slices = lanes // 2, slices * 2
+    while lanes > 2 and -(-found.n // (lanes * vector)) < min_ctas(found):
+        lanes, slices = lanes // 2, slices * (2 if found.k <= LONG_K else 1)
     unroll = max(1, DEFAULT_STEP_BYTES // (vector * found.elem_bytes))
 
     def order(c: ColumnGemvConfig) -> tuple:
