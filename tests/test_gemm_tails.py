@@ -27,9 +27,9 @@ TMA_WGMMA = SplitKGemmConfig(2, 64, 128, 64, 4, 1, 4, tma=True, wgmma=True)
 
 
 #: Rows off the 16-row tiles over [K, N] weights of whole tiles in N and K.
-KN_ROW_TAILS = [(2, 4096, 4096), (7, 512, 14336), (37, 256, 512), (100, 2048, 1024)]
+KN_ROW_TAILS = [(5, 4096, 4096), (7, 512, 14336), (37, 256, 512), (100, 2048, 1024)]
 #: [K, N] weights off the tiles in N, K or both (and rows off them too).
-KN_EDGES = [(100, 3000, 1000), (100, 3000, 1024), (2, 4096, 1000), (37, 264, 4104)]
+KN_EDGES = [(100, 3000, 1000), (100, 3000, 1024), (5, 4096, 1000), (37, 264, 4104)]
 #: Warpgroup MMAs over [K, N] weights, tiles of one, two and four 64-column panels: whole tiles,
 #: N and K off them, rows off them.
 MN_MAJOR = [SplitKGemmConfig(1, 128, 64, 64, 8, 1, 4, tma=True, wgmma=True),

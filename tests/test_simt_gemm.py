@@ -31,8 +31,8 @@ def _topi_dense(m, n, k):
 @pytest.mark.parametrize(("m", "n", "k", "layout"), SHAPES)
 def test_fp32_products_take_the_cuda_core_gemm(m, n, k, layout, assemble):
     ranking = tvm_dsm.plan(dense(m, n, k, "float32", weight_layout=layout, bias=True, activation="relu"))
-    if m <= 8 and layout == "nk":  # decode rows: the row GEMV streams W (fp32: up to 8 rows)
-        assert ranking.family.name == "row_gemv"
+    if m <= 8:  # decode rows: a GEMV streams W (fp32: up to 8 rows; [K, N] weights the column GEMV)
+        assert ranking.family.name == ("row_gemv" if layout == "nk" else "column_gemv")
         return
     assert ranking.family.name == "simt_gemm"
     source = cuda_source(ranking.schedule().mod)

@@ -55,17 +55,31 @@ def test_a_16_bit_accumulated_matmul_takes_the_gemm_family(make, dtype):
 
 
 def test_the_fallback_schedule_accumulates_in_fp32_too():
-    """One row over [K, N] weights 250 wide (a GEMV whose W rows are off 16 bytes): no family
-    takes the function; TVM's schedule gets the widened form, from build and schedule alike."""
+    """One row over [K, N] weights 250 wide and 8192 deep (too few CTAs for the column GEMV over
+    so long a K): no family takes the function; TVM's schedule gets the widened form, from build
+    and schedule alike."""
     from tvm_dsm.driver import schedule, stock_schedule
 
-    func = te_matmul_kn(1, 250, 512)
+    func = te_matmul_kn(1, 250, 8192)
     with pytest.raises(tvm_dsm.errors.ClusterError):
         tvm_dsm.plan(func)
     widened = stock_schedule(widen_accumulation(func), tvm.target.Target(TARGET)).mod
     as_written = stock_schedule(func, tvm.target.Target(TARGET)).mod
     tvm.ir.assert_structural_equal(schedule(func).mod, widened)
     assert not tvm_ffi.structural_equal(as_written, widened)
+
+
+def test_a_gemv_written_to_accumulate_in_16_bits_is_planned_widened():
+    """The GEMVs take fp32 sums only: a decode row accumulated in fp16 as written reaches the
+    column GEMV in its widened form."""
+    from tvm_dsm.rules.column_gemv import find_column_gemv
+
+    func = te_matmul_kn(1, 256, 512)
+    with pytest.raises(tvm_dsm.errors.ClusterError, match="accumulates in fp32"):
+        find_column_gemv(func)
+    ranking = tvm_dsm.plan(func)
+    assert ranking.family.name == "column_gemv"
+    find_column_gemv(ranking.func)  # the form planned sums in fp32
 
 
 def test_functions_without_a_16_bit_product_are_left_alone():

@@ -333,16 +333,11 @@ def schedule(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None =
         if not stock_fallback:
             raise
         return _fallback_schedule(func, target, err, hw)
-    except (ScheduleError, tvm.error.InternalError) as err:  # a family's schedule failed on it
+    except FAMILY_FAILURES as err:  # a family's schedule failed on it (a tvm-dsm bug), as in build
         if not stock_fallback:
             raise
-        LOG.warning("a tvm-dsm family failed to schedule %s (%s); TVM's stock schedules take it",
-                    func.attrs.get("global_symbol", "the function") if func.attrs else "the function",
-                    _last_line(err))
-        try:
-            return stock_schedule(func, target)
-        except (ScheduleError, AssertionError):
-            raise err from None
+        LOG.warning("a tvm-dsm family failed to schedule the function (%s); the fallback instead", _last_line(err))
+        return _fallback_schedule(func, target, ClusterError(f"{type(err).__name__}: {err}"), hw)
 
 
 def schedule_row_ranges(func: tirx.PrimFunc, target=H100, hw: Hardware | None = None,

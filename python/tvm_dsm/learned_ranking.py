@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from .families import FAMILIES
+from .families.column_gemv import ColumnGemvFamily
 from .families.elementwise import Elementwise
 from .families.per_thread_math import PerThreadMath
 from .families.row_gemv import RowGemvFamily
@@ -39,12 +40,12 @@ from .hardware import DATA, Hardware
 from .planners.report import Plan
 
 #: The families a plan's features tell apart, a column each: not the elementwise families and
-#: the row GEMV, whose rooflines cannot tell their configurations apart (their measured default
+#: the GEMVs, whose rooflines cannot tell their configurations apart (their measured default
 #: comes first), nor the fp32 GEMM (its model fitted on its own sweep): no measured pools of
 #: theirs are committed (a column for them would shift the others' positions, and with them the
 #: model fitted on the committed measurements).
-FAMILY_NAMES = tuple(f.name for f in FAMILIES
-                     if f.name not in (Elementwise.name, PerThreadMath.name, RowGemvFamily.name, SimtGemm.name))
+FAMILY_NAMES = tuple(f.name for f in FAMILIES if f.name not in (
+    Elementwise.name, PerThreadMath.name, RowGemvFamily.name, ColumnGemvFamily.name, SimtGemm.name))
 #: Configuration knobs, by the names the families' configurations use (attributes or properties).
 KNOBS = ("cluster_size", "ranks", "block_m", "block_n", "block_k", "block_j", "warps", "warps_m", "warps_n",
          "warpgroups", "row_blocks", "rows_per_cluster", "rows_per_cta", "rows_per_thread",

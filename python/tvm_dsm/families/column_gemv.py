@@ -16,7 +16,7 @@ from tvm import s_tir, tirx
 from ..hardware import Hardware
 from ..rules.column_gemv import (ColumnGemvConfig, candidate_configs, default_config, find_column_gemv,
                                  ctas, schedule_column_gemv)
-from ..rules.row_gemv import RowGemv
+from ..rules.row_gemv import Gemv
 from ..transform.buffers import buffer_bytes
 from .base import ScheduleFamily
 from .kernel_plan import KernelPlan, default_first, roofline
@@ -25,15 +25,15 @@ from .kernel_plan import KernelPlan, default_first, roofline
 class ColumnGemvFamily(ScheduleFamily):
     name = "column_gemv"
 
-    def recognize(self, func: tirx.PrimFunc) -> RowGemv:
+    def recognize(self, func: tirx.PrimFunc) -> Gemv:
         return find_column_gemv(func)
 
-    def predict(self, found: RowGemv, config: ColumnGemvConfig, hw: Hardware) -> KernelPlan:
+    def predict(self, found: Gemv, config: ColumnGemvConfig, hw: Hardware) -> KernelPlan:
         flops = 2 * found.rows * found.n * found.k * len(found.reductions)
         return roofline(config, {"hbm": sum(buffer_bytes(p) for p in found.func.params)}, {"fp32": flops}, hw,
                         busy=ctas(found, config) / hw.sm_count)
 
-    def rank(self, found: RowGemv, hw: Hardware) -> list[KernelPlan]:
+    def rank(self, found: Gemv, hw: Hardware) -> list[KernelPlan]:
         default = default_config(found)
         return default_first([self.predict(found, c, hw) for c in candidate_configs(found)], default)
 

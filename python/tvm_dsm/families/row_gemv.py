@@ -13,7 +13,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 
 from ..hardware import Hardware
-from ..rules.row_gemv import (RowGemv, RowGemvConfig, candidate_configs, default_config, find_row_gemv,
+from ..rules.row_gemv import (Gemv, RowGemvConfig, candidate_configs, default_config, find_row_gemv,
                               schedule_row_gemv)
 from ..transform.buffers import buffer_bytes
 from .base import ScheduleFamily
@@ -23,14 +23,14 @@ from .kernel_plan import KernelPlan, default_first, roofline
 class RowGemvFamily(ScheduleFamily):
     name = "row_gemv"
 
-    def recognize(self, func: tirx.PrimFunc) -> RowGemv:
+    def recognize(self, func: tirx.PrimFunc) -> Gemv:
         return find_row_gemv(func)
 
-    def predict(self, found: RowGemv, config: RowGemvConfig, hw: Hardware) -> KernelPlan:
+    def predict(self, found: Gemv, config: RowGemvConfig, hw: Hardware) -> KernelPlan:
         return roofline(config, {"hbm": sum(buffer_bytes(p) for p in found.func.params)}, {}, hw,
                         busy=found.n // config.rows_per_cta / hw.sm_count)
 
-    def rank(self, found: RowGemv, hw: Hardware) -> list[KernelPlan]:
+    def rank(self, found: Gemv, hw: Hardware) -> list[KernelPlan]:
         default = default_config(found)
         return default_first([self.predict(found, c, hw) for c in candidate_configs(found, default)], default)
 

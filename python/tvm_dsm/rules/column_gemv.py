@@ -6,8 +6,8 @@ batch, with its elementwise epilogue, or two such products over the same rows me
 W's rows run along the columns of the output, so the lanes of a warp (``threadIdx.x``) take
 neighbouring 16-byte vectors of a row of W (``vector`` columns each, loads that coalesce), and
 ``slices`` thread rows (``threadIdx.y``) split K, each over a contiguous range of it in steps of
-``unroll`` rows of W, whose loads are issued together before their multiply-adds (the last
-CTA's columns past N and the last slices' steps past K predicated off); every thread
+``unroll`` rows of W, whose loads are issued together before their multiply-adds (K splits
+into whole steps; the last CTA's columns past N are predicated off); every thread
 keeps its ``rows x vector`` sums in registers, multiplying each vector of W, loaded once, into
 every row of x (whose ``unroll`` elements a row come in one vector load). A CTA owns
 ``lanes x vector`` columns; its slices' partial sums meet once in shared memory, where every
@@ -29,14 +29,15 @@ from ..hardware import MAX_CTA_THREADS, load_hardware
 from ..ir import largest_power_of_two, uses
 from ..transform.programmatic_launch import launch_programmatically
 from .elementwise import VECTOR_BYTES
-from .row_gemv import RowGemv, find_gemv
+from .row_gemv import Gemv, find_gemv
 
 #: The most rows of x the rule takes, by element bytes (H200,
 #: ``bench/results/archive/column_gemv_configs_s69.json``): 16-bit rows up to 4 ran faster than
 #: or level with the tensor-core GEMM (4 x 14336 x 2048 19.8 us against 22.8), 8 slower (27.4
 #: against 23.1); fp32 up to 8 ran at half the CUDA-core GEMM's time (8 x 14336 x 1000 27.3 us
-#: against 51.2), 16 rows took their best configuration to beat it (38.6 against 50.2).
-MAX_ROWS = {4: 8, 2: 4, 1: 4}
+#: against 51.2), 16 rows (16 x 4096 x 4096) took their best configuration to beat it (38.6
+#: against 50.2). 8-bit types are not taken (not measured).
+MAX_ROWS = {4: 8, 2: 4}
 #: Shared memory the slices' partial sums may take (the static limit of a CTA).
 SHARED_BYTES = 48 * 1024
 #: Threads a CTA at the least (two warps).
@@ -45,11 +46,34 @@ MIN_THREADS = 64
 #: indexed by constants), its code growing with them.
 MAX_PIPELINED_STEPS = 32
 
+#: The share of the SMs below which the default trades lanes for slices (more, narrower CTAs):
+#: 1 x 2048 x 2048 fp16 on 32 CTAs of 8 lanes took 10.1 us, on 64 of 4 lanes and 128 slices 6.9.
+FEWEST_CTAS_PER_SM = 0.25
+#: K past which a column GEMV must fill half the SMs, and a gated one is refused: each CTA
+#: streams its columns of W over the whole of K, which a split-K GEMM spreads over clusters.
+#: H200 generality run (``bench/results/archive/generality_column_gemv_s69.json``): three
+#: projections over K = 14336 at 2 rows on 64, 64 and 8 CTAs 112.7 us against the split-K
+#: GEMM's 36.1, an fp32 down projection (N = 1000, K = 14336) on 63 CTAs slower than the
+#: CUDA-core GEMM (its FFN 92.8 -> 105.8 us), the gated 2 x 4096 x 14336 bf16 136.8 us against
+#: the gated split-K GEMM's 89.2.
+LONG_K = 4096
+#: Bytes of each row of W a CTA reads past :data:`LONG_K`, at the least: 4 x 2048 x 8192 bf16 on
+#: 2 lanes (32 bytes a row, a sector) ran 22.2-26.5 us against the split-K GEMM's 17.8.
+LONG_K_ROW_BYTES = 64
+
+
+def min_ctas(found: Gemv) -> float:
+    """The fewest CTAs a configuration for ``found`` should have: :data:`FEWEST_CTAS_PER_SM` of
+    the SMs, half of them past :data:`LONG_K`."""
+    share = 0.5 if found.k > LONG_K else FEWEST_CTAS_PER_SM
+    return share * load_hardware().sm_count
+
 
 @dataclass(frozen=True)
 class ColumnGemvConfig:
     """``lanes`` threads across a CTA's columns (a vector each), ``slices`` thread rows
-    splitting K, ``unroll`` rows of W a thread loads a step."""
+    splitting K, ``unroll`` rows of W a thread loads a step; ``pipelined``: the next step's
+    loads issued before this step's multiply-adds."""
 
     lanes: int
     slices: int
@@ -62,10 +86,10 @@ class ColumnGemvConfig:
 
     def explain(self) -> str:
         return (f"column GEMV: {self.lanes} lanes of a vector across the columns, {self.slices} slices of K, "
-                f"{self.unroll} rows of W a step")
+                f"{self.unroll} rows of W a step" + (", pipelined" if self.pipelined else ""))
 
 
-def find_column_gemv(func: tirx.PrimFunc) -> RowGemv:
+def find_column_gemv(func: tirx.PrimFunc) -> Gemv:
     """``func`` as one or two products of up to :data:`MAX_ROWS` rows of x and a matrix
     ``W[k, j]`` and at most one elementwise block (:func:`~.row_gemv.find_gemv`); ClusterError
     naming what differs."""
@@ -74,35 +98,38 @@ def find_column_gemv(func: tirx.PrimFunc) -> RowGemv:
     if found.rows > most:
         raise ClusterError(f"a column GEMV computes 1 to {most} rows of {found.elem_bytes}-byte elements")
     if len(found.reductions) == 2 and found.k > LONG_K:
-        raise ClusterError(f"K={found.k}: a gated column GEMV takes K up to {LONG_K} (2 x 4096 x 14336 bf16 ran "
-                           "136.8 us against the gated split-K GEMM's 89.2)")
+        raise ClusterError(f"K={found.k}: a gated column GEMV takes K up to {LONG_K}")
+    if not candidate_configs(found):
+        raise ClusterError(f"no column GEMV configuration fits {found.rows} x {found.n} x {found.k} (past K = "
+                           f"{LONG_K}: {min_ctas(found):.0f}+ CTAs of {LONG_K_ROW_BYTES}+ bytes of a row of W)")
     return found
 
 
-def vector_columns(found: RowGemv) -> int:
-    """Columns of W a lane loads at once: 16 bytes where N is a multiple of them (each row of W
-    then starts a whole number of vectors in), else the largest power of two dividing N."""
-    return largest_power_of_two(found.n, found.vector)
+def vector_columns(found: Gemv) -> int:
+    """Columns of W a lane loads at once: 16 bytes where N and the alignment of the columns read
+    of each row of W are multiples of them (each row's columns then start a whole number of
+    vectors in), else the largest power of two dividing both."""
+    return largest_power_of_two(math.gcd(found.n, found.row_alignment), found.vector)
 
 
-def row_vector(found: RowGemv, config: ColumnGemvConfig) -> int:
+def row_vector(found: Gemv, config: ColumnGemvConfig) -> int:
     """Elements of a row of x a thread loads at once: its step's ``unroll`` elements, up to 16
     bytes, a power of two dividing K (each row of x starts a whole number of them in)."""
     return largest_power_of_two(found.k, min(config.unroll, found.vector))
 
 
-def shared_bytes(found: RowGemv, config: ColumnGemvConfig) -> int:
+def shared_bytes(found: Gemv, config: ColumnGemvConfig) -> int:
     """Shared memory of the slices' fp32 partial sums of every product."""
     columns = config.lanes * vector_columns(found)
     return 4 * config.slices * found.rows * columns * len(found.reductions)
 
 
-def ctas(found: RowGemv, config: ColumnGemvConfig) -> int:
+def ctas(found: Gemv, config: ColumnGemvConfig) -> int:
     """CTAs of the grid: one per ``lanes x vector`` columns, the last one's past N predicated off."""
     return -(-found.n // (config.lanes * vector_columns(found)))
 
 
-def check_config(found: RowGemv, config: ColumnGemvConfig) -> None:
+def check_config(found: Gemv, config: ColumnGemvConfig) -> None:
     """ClusterError naming the first limit ``config`` breaks for ``found``."""
     c = config
     if not MIN_THREADS <= c.threads <= MAX_CTA_THREADS:
@@ -117,7 +144,7 @@ def check_config(found: RowGemv, config: ColumnGemvConfig) -> None:
                            f"> {SHARED_BYTES}")
 
 
-def steps(found: RowGemv, config: ColumnGemvConfig) -> int:
+def steps(found: Gemv, config: ColumnGemvConfig) -> int:
     """Steps of each slice: its share of K over the step's rows."""
     return found.k // (config.slices * config.unroll)
 
@@ -128,12 +155,11 @@ UNROLLS = (1, 2, 4, 8)
 MAX_SLICES = 128
 
 
-def candidate_configs(found: RowGemv) -> list[ColumnGemvConfig]:
+def candidate_configs(found: Gemv) -> list[ColumnGemvConfig]:
     """Every valid configuration for ``found`` of :data:`LANES` x :data:`UNROLLS`, each divisor
     of the steps of K up to :data:`MAX_SLICES` slices, pipelined or not; past :data:`LONG_K`,
     those of :func:`min_ctas` CTAs or more, each reading :data:`LONG_K_ROW_BYTES` of a row."""
-    return [c for lanes in LANES for unroll in UNROLLS if found.k % unroll == 0
-            for slices in range(2, MAX_SLICES + 1) if found.k // unroll % slices == 0
+    return [c for lanes in LANES for unroll in UNROLLS for slices in range(2, MAX_SLICES + 1)
             for pipelined in (False, True)
             if passes(check_config, found, c := ColumnGemvConfig(lanes, slices, unroll, pipelined))
             and (found.k <= LONG_K or (ctas(found, c) >= min_ctas(found)
@@ -146,43 +172,18 @@ DEFAULT_SLICES, DEFAULT_LANES, DEFAULT_STEP_BYTES = 64, 8, 64
 #: A thread's fp32 sums (rows x vector) past which the default takes fewer lanes in proportion:
 #: 4 rows of a 16-bit type ran fastest on 4 lanes, 8 rows on 2.
 DEFAULT_SUMS = 16
-#: The share of the SMs below which the default trades lanes for slices (more, narrower CTAs):
-#: 1 x 2048 x 2048 fp16 on 32 CTAs of 8 lanes took 10.1 us, on 64 of 4 lanes and 128 slices 6.9.
-FEWEST_CTAS_PER_SM = 0.25
-
-#: K past which a column GEMV must fill half the SMs, and a gated one is refused: each CTA
-#: streams its columns of W over the whole of K, which a split-K GEMM spreads over clusters.
-#: H200 generality run (``bench/results/archive/generality_column_gemv_s69.json``): three
-#: projections over K = 14336 at 2 rows on 64, 64 and 8 CTAs 112.7 us against the split-K
-#: GEMM's 36.1, an fp32 down projection (N = 1000, K = 14336) on 63 CTAs slower than the
-#: CUDA-core GEMM (its FFN 92.8 -> 105.8 us).
-LONG_K = 4096
-#: Bytes of each row of W a CTA reads past :data:`LONG_K`, at the least: 4 x 2048 x 8192 bf16 on
-#: 2 lanes (32 bytes a row, a sector) ran 22.2-25.6 us against the split-K GEMM's 17.8.
-LONG_K_ROW_BYTES = 64
-
-
-def min_ctas(found: RowGemv) -> float:
-    """The fewest CTAs a configuration for ``found`` should have: :data:`FEWEST_CTAS_PER_SM` of
-    the SMs, half of them past :data:`LONG_K`."""
-    share = 0.5 if found.k > LONG_K else FEWEST_CTAS_PER_SM
-    return share * load_hardware().sm_count
-
-
-def default_config(found: RowGemv) -> ColumnGemvConfig:
+def default_config(found: Gemv) -> ColumnGemvConfig:
     """Pipelined wherever a slice's steps allow, then the slices closest to
     :data:`DEFAULT_SLICES`, the lanes to :data:`DEFAULT_LANES` (fewer where a thread holds more
     than :data:`DEFAULT_SUMS` sums; half as many while the CTAs would number under
     :func:`min_ctas`, with twice the slices up to :data:`LONG_K`), the step's loads to
     :data:`DEFAULT_STEP_BYTES` a thread. Over the sweep's 8 shapes it takes (whose times the
-    constants were chosen by) its pick ran 1.0-1.09x the best configuration's time."""
-    configs = candidate_configs(found)
-    if not configs:
-        raise ClusterError(f"no column GEMV configuration fits {found.rows}x{found.n}x{found.k}")
+    constants were chosen by) its pick ran 1.0-1.04x the best configuration's time."""
+    configs = candidate_configs(found)  # not empty: find_column_gemv refuses where it is
     vector = vector_columns(found)
     lanes = max(2, DEFAULT_LANES * DEFAULT_SUMS // max(found.rows * vector, DEFAULT_SUMS))
     slices = DEFAULT_SLICES
-    while lanes > 2 and -(-found.n // (lanes * vector)) < min_ctas(found):
+    while lanes > 2 and ctas(found, ColumnGemvConfig(lanes, slices)) < min_ctas(found):
         lanes, slices = lanes // 2, slices * (2 if found.k <= LONG_K else 1)
     unroll = max(1, DEFAULT_STEP_BYTES // (vector * found.elem_bytes))
 
@@ -193,7 +194,7 @@ def default_config(found: RowGemv) -> ColumnGemvConfig:
     return min(configs, key=order)
 
 
-def schedule_column_gemv(found: RowGemv, config: ColumnGemvConfig) -> s_tir.Schedule:
+def schedule_column_gemv(found: Gemv, config: ColumnGemvConfig) -> s_tir.Schedule:
     """The schedule of the module docstring for ``found`` in ``config``."""
     check_config(found, config)
     c, vector = config, vector_columns(found)
@@ -230,14 +231,14 @@ def schedule_column_gemv(found: RowGemv, config: ColumnGemvConfig) -> s_tir.Sche
     return sch
 
 
-def _slice_sums(sch: s_tir.Schedule, partial, found: RowGemv, c: ColumnGemvConfig, vector: int) -> None:
+def _slice_sums(sch: s_tir.Schedule, partial, found: Gemv, c: ColumnGemvConfig, vector: int) -> None:
     """A product's ``partial`` sums of each slice, computed at the CTA's loop: thread rows over
     the slices, lanes over the columns' vectors; each thread's sums in registers over its steps
     (W's ``unroll`` rows and x's elements loaded first, then every row's multiply-adds), written
     to the slices' shared buffer at the end."""
-    part, *rows, columns, steps, unrolled = sch.get_loops(partial)[1:]
+    part, *rows, columns, step_loop, unrolled = sch.get_loops(partial)[1:]
     lane, in_vector = sch.split(columns, [c.lanes, vector])
-    sch.reorder(part, lane, steps, unrolled, *rows, in_vector)
+    sch.reorder(part, lane, step_loop, unrolled, *rows, in_vector)
     sch.bind(part, "threadIdx.y")
     sch.bind(lane, "threadIdx.x")
     sch.set_scope(partial, 0, "shared")
@@ -254,20 +255,20 @@ def _slice_sums(sch: s_tir.Schedule, partial, found: RowGemv, c: ColumnGemvConfi
     w_index = next(n for n, r in enumerate(block.reads) if _reads_columns(r, block))
     for index in (w_index, 1 - w_index):
         staged = sch.cache_read(partial, index, "local", consumer_blocks=[partial])
-        sch.compute_at(staged, steps)
+        sch.compute_at(staged, step_loop)
         inner = sch.get_loops(staged)[-1]
         width = vector if index == w_index else row_vector(found, c)
         if width > 1:
             _, inner = sch.split(inner, [None, width])
             sch.vectorize(inner)
-    sch.decompose_reduction(partial, steps)
+    sch.decompose_reduction(partial, step_loop)
     for loop in (unrolled, *rows, in_vector):
         sch.unroll(loop)
     if c.pipelined:  # the next step's loads issued before this step's multiply-adds, the steps
         # unrolled (the double-buffered registers then indexed by constants)
-        sch.annotate(steps, "software_pipeline_stage", [0, 0, 1])
-        sch.annotate(steps, "software_pipeline_order", [0, 1, 2])
-        sch.unroll(steps)
+        sch.annotate(step_loop, "software_pipeline_stage", [0, 0, 1])
+        sch.annotate(step_loop, "software_pipeline_order", [0, 1, 2])
+        sch.unroll(step_loop)
 
 
 def _reads_columns(read, block) -> bool:

@@ -20,6 +20,7 @@ rows a CTA, 32 lanes a row) more lanes a row keep a long K from serializing: on 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import tvm_ffi
@@ -54,10 +55,12 @@ class RowGemvConfig:
 
 
 @dataclass(frozen=True)
-class RowGemv:
-    """A one- or few-row matmul ``func`` as this rule sees it: ``n`` outputs a row over ``k`` of
-    each product, W's element bytes, the reduction blocks' names (one, or a gated layer's two),
-    the epilogue block's (None without one) and the rows."""
+class Gemv:
+    """A one- or few-row matmul ``func`` as the GEMV rules (this one, and the column GEMV's for
+    ``[K, N]`` weights) see it: ``n`` outputs a row over ``k`` of each product, W's element
+    bytes, the reduction blocks' names (one, or a gated layer's two), the epilogue block's (None
+    without one), the rows (each vector of W, loaded once, multiplies every row) and the
+    alignment of the elements read of each row of W (:func:`_product_shape`)."""
 
     func: tirx.PrimFunc
     n: int
@@ -65,14 +68,15 @@ class RowGemv:
     elem_bytes: int
     reductions: tuple[str, ...]
     epilogue: str | None
-    rows: int = 1  # rows of x (up to MAX_ROWS of its elements): each lane's vector of W multiplies all
+    rows: int = 1
+    row_alignment: int = 1
 
     @property
     def vector(self) -> int:
         return VECTOR_BYTES // self.elem_bytes
 
 
-def find_row_gemv(func: tirx.PrimFunc) -> RowGemv:
+def find_row_gemv(func: tirx.PrimFunc) -> Gemv:
     """``func`` as one or two reduction blocks over (one row, or up to :data:`MAX_ROWS` of its
     element size; ``n`` columns; ``k``), each a sum of ``x[i, k] * W[j, k]`` (``k`` innermost in both, x and W of
     one element size), then at most one elementwise block (:func:`find_gemv`); ClusterError
@@ -99,7 +103,7 @@ def find_row_gemv(func: tirx.PrimFunc) -> RowGemv:
     return found
 
 
-def find_gemv(func: tirx.PrimFunc, weight_nk: bool) -> RowGemv:
+def find_gemv(func: tirx.PrimFunc, weight_nk: bool) -> Gemv:
     """``func`` as one or two reduction blocks, each a product of a few rows of x and a matrix W
     stored ``[N, K]`` (``weight_nk``) or ``[K, N]`` (:func:`_product_shape`), all of one shape,
     then at most one elementwise block over the rows and columns reading every product where it
@@ -118,17 +122,20 @@ def find_gemv(func: tirx.PrimFunc, weight_nk: bool) -> RowGemv:
     epilogue = blocks[len(reductions)] if len(blocks) > len(reductions) else None
     if len(reductions) == 2 and epilogue is None:
         raise ClusterError("two GEMVs meet in an epilogue")
-    shapes = {_product_shape(block, weight_nk) for block in reductions}
+    found = [_product_shape(block, weight_nk) for block in reductions]
+    shapes = {shape for shape, _ in found}
     if len(shapes) != 1:
         raise ClusterError(f"the products of a GEMV have one shape, got {sorted(shapes)}")
     ((rows, n, k, elem_bytes),) = shapes
     products = [block.writes[0].source for block in reductions]
+    if any(str(p.dtype) != "float32" for p in products):
+        raise ClusterError("a GEMV accumulates in fp32 (sums written in 16 bits are widened first)")
     if any(r.source.same_as(p) for block in reductions for r in block.reads for p in products):
         raise ClusterError("a GEMV's product reads the other's")
     if epilogue is not None:
         _check_epilogue(func, epilogue, products, rows, n)
-    return RowGemv(func, n, k, elem_bytes, tuple(b.name_hint for b in reductions),
-                   None if epilogue is None else epilogue.name_hint, rows)
+    return Gemv(func, n, k, elem_bytes, tuple(b.name_hint for b in reductions),
+                None if epilogue is None else epilogue.name_hint, rows, math.gcd(*(a for _, a in found)))
 
 
 #: The most rows of x the rule takes, by element bytes: each lane multiplies its vector of W into
@@ -158,7 +165,7 @@ def min_lanes(rows: int) -> int:
     return max(MIN_LANES_FOR_ROWS, 2 * rows)
 
 
-def _dlight_grid_leaves_sms_short(found: RowGemv, lanes: int) -> bool:
+def _dlight_grid_leaves_sms_short(found: Gemv, lanes: int) -> bool:
     """Whether the rule keeps a row GEMV past :data:`MAX_VECTORS_PER_LANE` a lane (up to
     :data:`MAX_LONG_VECTORS_PER_LANE`): where as many lanes split a row as dlight's GEMV gives it
     and dlight's grid leaves SMs fewer than two CTAs (the SM count of the GPU planned for).
@@ -169,11 +176,13 @@ def _dlight_grid_leaves_sms_short(found: RowGemv, lanes: int) -> bool:
             and found.n < DLIGHT_GEMV_ROWS * 2 * load_hardware().sm_count)
 
 
-def _product_shape(block, weight_nk: bool) -> tuple[int, int, int, int]:
-    """(rows, columns, K, element bytes) of one reduction block of a GEMV: it reads exactly a
-    matrix W (no row index: ``W[j, k]``, K its innermost index, where ``weight_nk``, else
-    ``W[k, j]``, the column innermost) and rows ``x[.., k]`` (no column index, K innermost), of
-    one element size; ClusterError naming what differs."""
+def _product_shape(block, weight_nk: bool) -> tuple[tuple[int, int, int, int], int]:
+    """(rows, columns, K, element bytes) of one reduction block of a GEMV, and the alignment of
+    the elements it reads of each row of W (the elements a row of W holds, and the offset of its
+    first column read, if any: the largest number dividing both). It reads exactly a matrix W
+    (no row index: ``W[j, k]``, K its innermost index, where ``weight_nk``, else ``W[k, j + c]``,
+    the column innermost) and rows ``x[.., k]`` (no column index, K innermost), of one element
+    size; ClusterError naming what differs."""
     spatial = [v for v in block.iter_vars if v.iter_type == tirx.IterVar.DataPar]
     reduce = [v for v in block.iter_vars if v.iter_type == tirx.IterVar.CommReduce]
     if not all(isinstance(v.dom.extent, tirx.IntImm) for v in (*spatial, *reduce)) or len(reduce) != 1:
@@ -196,6 +205,8 @@ def _product_shape(block, weight_nk: bool) -> tuple[int, int, int, int]:
     if len(matrix) != 1 or len(row) != 1 or len(matrix[0][0].ty.shape) != 2:
         raise ClusterError(f"a GEMV reads one matrix W and one row x[.., k]; got {len(matrix)} and {len(row)}")
     (w, w_indices), (x, x_indices) = matrix[0], row[0]
+    if any(uses(i, v.var) for i in w_indices for v in spatial[:-1]):
+        raise ClusterError("a GEMV's W is the same for every row")
     # the row of W a column reads may sit at an offset (a gated layer's halves of one weight)
     if weight_nk and not (tvm_ffi.structural_equal(w_indices[1], depth) and uses(w_indices[0], column)
                           and not uses(w_indices[0], depth)):
@@ -206,7 +217,9 @@ def _product_shape(block, weight_nk: bool) -> tuple[int, int, int, int]:
         raise ClusterError(f"a GEMV reads {x.name} along K as its innermost index only")
     if element_bytes(w) != element_bytes(x):
         raise ClusterError("a GEMV's x and W have one element size (vector loads of both)")
-    return rows, n, k, element_bytes(w)
+    row_length = int(w.ty.shape[-1])
+    offset = int(w_indices[1].b) if not weight_nk and isinstance(w_indices[1], tirx.Add) else 0
+    return (rows, n, k, element_bytes(w)), math.gcd(row_length, offset)
 
 
 def _column_at_offset(index: tirx.PrimExpr, column: tirx.Var) -> bool:
@@ -221,11 +234,11 @@ def _check_epilogue(func: tirx.PrimFunc, epilogue, products: list, rows: int, n:
     each exactly at the element it writes, and the products are the function's own buffers."""
     params = list(func.params)
     if any(p.same_as(q) for p in products for q in params):
-        raise ClusterError("a row GEMV with an epilogue keeps its products in buffers of its own")
+        raise ClusterError("a GEMV with an epilogue keeps its products in buffers of its own")
     columns = [v for v in epilogue.iter_vars if v.iter_type == tirx.IterVar.DataPar]
     outer = [int(v.dom.extent) for v in columns[:-1] if int(v.dom.extent) != 1]
     if int(columns[-1].dom.extent) != n or outer not in ([], [rows]) or (rows > 1 and not outer):
-        raise ClusterError(f"a row GEMV's epilogue covers its {n} columns of its {rows} row(s)")
+        raise ClusterError(f"a GEMV's epilogue covers its {n} columns of its {rows} row(s)")
     written = epilogue.writes[0].region
     for product in products:
         reads = [r for r in epilogue.reads if r.source.same_as(product)]
@@ -236,7 +249,7 @@ def _check_epilogue(func: tirx.PrimFunc, epilogue, products: list, rows: int, n:
             raise ClusterError("the epilogue reads each product once, at the element it writes")
 
 
-def default_config(found: RowGemv) -> RowGemvConfig:
+def default_config(found: Gemv) -> RowGemvConfig:
     """The configuration measured fastest on the 1B Llama's decode GEMMs at one row (H200,
     ``bench/results/archive/row_gemv_configs_s51.json``): a lane per 32 elements of K (4
     vectors), up to 128 lanes a row, 512 threads a CTA, the lane's vectors in two or more steps
@@ -251,7 +264,7 @@ def default_config(found: RowGemv) -> RowGemvConfig:
     return config
 
 
-def _default_lanes(found: RowGemv) -> int:
+def _default_lanes(found: Gemv) -> int:
     """A lane per 32 elements of K, at most 128: the largest power of two that divides K's
     vectors below that; where that leaves a lane more than :data:`MAX_LONG_VECTORS_PER_LANE`
     vectors (K = 3000 in bf16: 375 vectors, one lane), the largest divisor below it (75 lanes
@@ -274,7 +287,7 @@ THREADS_PER_ROW = (4, 8, 16, 32, 64, 128, 256)
 UNROLLS = (1, 2, 4, 8)
 
 
-def candidate_configs(found: RowGemv, default: RowGemvConfig | None = None) -> list[RowGemvConfig]:
+def candidate_configs(found: Gemv, default: RowGemvConfig | None = None) -> list[RowGemvConfig]:
     """Every configuration of :data:`ROWS_PER_CTA` x :data:`THREADS_PER_ROW` x :data:`UNROLLS`
     valid for ``found``, and the default (whose lanes may be fewer than those; computed unless
     given)."""
@@ -290,7 +303,7 @@ def candidate_configs(found: RowGemv, default: RowGemvConfig | None = None) -> l
     return configs if default in configs else [default, *configs]
 
 
-def check_config(found: RowGemv, config: RowGemvConfig) -> None:
+def check_config(found: Gemv, config: RowGemvConfig) -> None:
     """ClusterError naming the first limit ``config`` breaks for ``found``."""
     if config.threads > MAX_CTA_THREADS:
         raise ClusterError(f"{config.threads} threads a CTA > {MAX_CTA_THREADS}")
@@ -304,7 +317,7 @@ def check_config(found: RowGemv, config: RowGemvConfig) -> None:
                            f"({config.threads_per_row} lanes x {found.vector} x {config.unroll} unrolled)")
 
 
-def schedule_row_gemv(found: RowGemv, config: RowGemvConfig) -> s_tir.Schedule:
+def schedule_row_gemv(found: Gemv, config: RowGemvConfig) -> s_tir.Schedule:
     """The schedule of the module docstring for ``found`` in ``config``."""
     check_config(found, config)
     sch = s_tir.Schedule(found.func)
@@ -334,7 +347,7 @@ def schedule_row_gemv(found: RowGemv, config: RowGemvConfig) -> s_tir.Schedule:
     return sch
 
 
-def _sum_over_lanes(sch: s_tir.Schedule, lane_sum, partial, row, found: RowGemv, config: RowGemvConfig) -> None:
+def _sum_over_lanes(sch: s_tir.Schedule, lane_sum, partial, row, found: Gemv, config: RowGemvConfig) -> None:
     """A product's ``partial`` sums under ``row`` with every loop kept (unit ones too: the
     lanes, the row's axes, then the steps, the unrolled loads and the vector), each lane's
     unrolled vectors of W and x staged in registers; ``lane_sum`` a cross-thread reduction of
