@@ -159,7 +159,8 @@ def candidate_configs(found: Gemv) -> list[ColumnGemvConfig]:
     """Every valid configuration for ``found`` of :data:`LANES` x :data:`UNROLLS`, each divisor
     of the steps of K up to :data:`MAX_SLICES` slices, pipelined or not; past :data:`LONG_K`,
     those of :func:`min_ctas` CTAs or more, each reading :data:`LONG_K_ROW_BYTES` of a row."""
-    return [c for lanes in LANES for unroll in UNROLLS for slices in range(2, MAX_SLICES + 1)
+    divisors = {unroll: [s for s in range(2, MAX_SLICES + 1) if found.k % (s * unroll) == 0] for unroll in UNROLLS}
+    return [c for lanes in LANES for unroll in UNROLLS for slices in divisors[unroll]  # (whole steps only)
             for pipelined in (False, True)
             if passes(check_config, found, c := ColumnGemvConfig(lanes, slices, unroll, pipelined))
             and (found.k <= LONG_K or (ctas(found, c) >= min_ctas(found)
