@@ -29,6 +29,16 @@ def _gated(rows: int, n: int, k: int, dtype: str = "float16"):
     return te.create_prim_func([x, wg, wu, topi.cast(topi.multiply(topi.multiply(gate, topi.sigmoid(gate)), up), dtype)])
 
 
+def _int8(rows: int):
+    """An int8 x int8 product over a [K, N] weight, summed in fp32 (a type no sweep measured)."""
+    x = te.placeholder((rows, 1024), "int8", name="x")
+    w = te.placeholder((1024, 2048), "int8", name="w")
+    r = te.reduce_axis((0, 1024), "k")
+    y = te.compute((rows, 2048), lambda i, j: te.sum(x[i, r].astype("float32") * w[r, j].astype("float32"), axis=r),
+                   name="y")
+    return te.create_prim_func([x, w, y])
+
+
 FORMS = {
     "te": lambda: dense(4, 2048, 1024, weight_layout="kn"),
     "fp32_8_rows": lambda: dense(8, 2048, 1024, "float32", weight_layout="kn"),
@@ -51,6 +61,7 @@ def test_the_forms_users_write_are_column_gemvs_and_planned_so(form):
     (lambda: dense(5, 2048, 2048, weight_layout="kn"), "1 to 4 rows of 2-byte elements"),
     (lambda: dense(9, 2048, 2048, "float32", weight_layout="kn"), "1 to 8 rows of 4-byte elements"),
     (lambda: dense(2, 2048, 2048), r"as W\[k, j \+ c\], the column innermost"),  # the row GEMV's
+    (lambda: _int8(1), "not 1-byte ones"),
 ])
 def test_what_is_not_a_column_gemv_is_refused_by_name(func, reason):
     with pytest.raises(ClusterError, match=reason):

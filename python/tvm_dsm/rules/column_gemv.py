@@ -94,7 +94,9 @@ def find_column_gemv(func: tirx.PrimFunc) -> Gemv:
     ``W[k, j]`` and at most one elementwise block (:func:`~.row_gemv.find_gemv`); ClusterError
     naming what differs."""
     found = find_gemv(func, weight_nk=False)
-    most = MAX_ROWS.get(found.elem_bytes, 1)
+    if found.elem_bytes not in MAX_ROWS:
+        raise ClusterError(f"a column GEMV takes fp32 and 16-bit operands, not {found.elem_bytes}-byte ones")
+    most = MAX_ROWS[found.elem_bytes]
     if found.rows > most:
         raise ClusterError(f"a column GEMV computes 1 to {most} rows of {found.elem_bytes}-byte elements")
     if len(found.reductions) == 2 and found.k > LONG_K:
