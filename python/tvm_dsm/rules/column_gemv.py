@@ -162,11 +162,11 @@ def candidate_configs(found: Gemv) -> list[ColumnGemvConfig]:
     of the steps of K up to :data:`MAX_SLICES` slices, pipelined or not; past :data:`LONG_K`,
     those of :func:`min_ctas` CTAs or more, each reading :data:`LONG_K_ROW_BYTES` of a row."""
     divisors = {unroll: [s for s in range(2, MAX_SLICES + 1) if found.k % (s * unroll) == 0] for unroll in UNROLLS}
+    fewest, lane_bytes = min_ctas(found), vector_columns(found) * found.elem_bytes
     return [c for lanes in LANES for unroll in UNROLLS for slices in divisors[unroll]  # (whole steps only)
             for pipelined in (False, True)
             if passes(check_config, found, c := ColumnGemvConfig(lanes, slices, unroll, pipelined))
-            and (found.k <= LONG_K or (ctas(found, c) >= min_ctas(found)
-                                       and c.lanes * vector_columns(found) * found.elem_bytes >= LONG_K_ROW_BYTES))]
+            and (found.k <= LONG_K or (ctas(found, c) >= fewest and lanes * lane_bytes >= LONG_K_ROW_BYTES))]
 
 
 #: The slices, lanes and bytes of W a thread loads a step the default aims at: the sweep's best
@@ -175,6 +175,8 @@ DEFAULT_SLICES, DEFAULT_LANES, DEFAULT_STEP_BYTES = 64, 8, 64
 #: A thread's fp32 sums (rows x vector) past which the default takes fewer lanes in proportion:
 #: 4 rows of a 16-bit type ran fastest on 4 lanes, 8 rows on 2.
 DEFAULT_SUMS = 16
+
+
 def default_config(found: Gemv) -> ColumnGemvConfig:
     """Pipelined wherever a slice's steps allow, then the slices closest to
     :data:`DEFAULT_SLICES`, the lanes to :data:`DEFAULT_LANES` (fewer where a thread holds more

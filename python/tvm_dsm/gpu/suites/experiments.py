@@ -814,27 +814,30 @@ def column_gemv_configs() -> list[Variant]:
     """GEMMs over [K, N] weights (:data:`COLUMN_GEMV_SHAPES`) on the column GEMV rule
     (:mod:`tvm_dsm.rules.column_gemv`) in :data:`COLUMN_GEMV_SWEEP`'s valid configurations and its
     default, beside the family the planner picks without it (the tensor-core or CUDA-core GEMM):
-    the default's rule and the rows up to which the rule wins."""
+    the default's rule and the rows up to which the rule wins. The shapes are read past the
+    family's row limits (which this sweep set); one that no configuration fits (past K = 4096
+    on too few CTAs) gets the other family's kernel alone."""
     from ...families import FAMILIES, fastest_family, matching_families
     from ...rules.column_gemv import (candidate_configs, check_config as check_column, default_config,
-                                      find_column_gemv, schedule_column_gemv)
+                                      schedule_column_gemv)
+    from ...rules.row_gemv import find_gemv
 
     hw, variants = load_hardware(), []
     others = [f for f in FAMILIES if f.name != "column_gemv"]
     for m, n, k, dtype in COLUMN_GEMV_SHAPES:
         func = scheduling_form(dense(m, n, k, dtype, weight_layout="kn"))
         args = args_of(func)
-        found = find_column_gemv(func)
-        default = default_config(found)
+        found = find_gemv(func, weight_nk=False)
         common = {"workload": "generated", "reference_kwargs": {"op": "dense", "layout": "kn"},
                   "peers": ("torch_eager",), "args": args, "bytes": nbytes_of(args), "flops": 2 * m * n * k,
                   "extra": {"m": m, "n": n, "k": k, "dtype": dtype}}
         label = f"kn_{m}x{n}x{k}_{dtype}"
         candidates = candidate_configs(found)
+        default = default_config(found) if candidates else None
         swept = [min((c for c in candidates if (c.lanes, c.unroll, c.pipelined) == point),
                      key=lambda c: abs(math.log2(c.threads / threads)), default=None)
                  for point in COLUMN_GEMV_SWEEP for threads in (256, 512)]
-        for config in dict.fromkeys([default, *(c for c in swept if c is not None)]):
+        for config in dict.fromkeys(c for c in [default, *swept] if c is not None):
             if passes(check_column, found, config):
                 variants.append(Variant(name=f"{label}_l{config.lanes}_s{config.slices}_u{config.unroll}"
                                              + ("_p" if config.pipelined else ""),
