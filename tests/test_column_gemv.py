@@ -14,7 +14,7 @@ from tvm_dsm.driver import H100, plan
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.hardware import load_hardware
 from tvm_dsm.relax_integration import scheduling_form
-from tvm_dsm.rules.column_gemv import (ColumnGemvConfig, candidate_configs, check_config, default_config,
+from tvm_dsm.rules.column_gemv import (ColumnGemvConfig, candidate_configs, check_config, ctas, default_config,
                                        find_column_gemv, schedule_column_gemv)
 from tvm_dsm.workloads import generated
 from tvm_dsm.workloads.dense import dense
@@ -70,15 +70,16 @@ def test_what_is_not_a_column_gemv_is_refused_by_name(func, reason):
 
 @pytest.mark.parametrize(("func", "family"), [
     (lambda: _gated(2, 4096, 14336, "bfloat16"), "split_k_gemm"),  # gated past K = 4096
-    (lambda: dense(4, 2048, 8192, "bfloat16", weight_layout="kn"), "split_k_gemm"),  # 64 CTAs of 64 bytes a row
-    (lambda: dense(2, 128, 14336, weight_layout="kn"), "split_k_gemm"),  # 8 CTAs
-    (lambda: dense(1, 1000, 14336, "float32", weight_layout="kn"), "simt_gemm"),  # 63 CTAs of 64 bytes
-    (lambda: dense(2, 4096, 14336, "bfloat16", weight_layout="kn"), "column_gemv"),  # 128 CTAs of 64 bytes
+    (lambda: dense(2, 128, 14336, weight_layout="kn"), "split_k_gemm"),  # 4 CTAs of 64 bytes a row: 32 in clusters
+    (lambda: dense(1, 1000, 14336, "float32", weight_layout="kn"), "column_gemv"),  # 32 CTAs x clusters of 8
+    (lambda: dense(4, 2048, 8192, "bfloat16", weight_layout="kn"), "column_gemv"),  # 64 CTAs x clusters of 4
+    (lambda: dense(2, 4096, 14336, "bfloat16", weight_layout="kn"), "column_gemv"),
 ])
 def test_past_k_4096_a_column_gemv_fills_half_the_sms_with_64_byte_rows(func, family):
-    """Each CTA streams its columns of W over all of K: past K = 4096 the GEMV needs half the SMs'
-    CTAs each reading 64 bytes of a row (and a gated pair is the split-K GEMM's), where the
-    generality run measured it slower than the split-K or CUDA-core GEMM."""
+    """Each CTA streams its columns of W over its share of K: past K = 4096 the GEMV needs half
+    the SMs' CTAs (clusters splitting K count each of theirs) each reading 64 bytes of a row,
+    and a gated pair is the split-K GEMM's: the generality run measured lone CTAs over all of K
+    slower than the split-K or CUDA-core GEMM."""
     assert plan(func()).family.name == family
 
 
@@ -90,12 +91,13 @@ def test_past_a_decode_batch_the_tensor_core_gemm_is_planned():
 
 
 @pytest.mark.parametrize(("rows", "n", "k", "dtype", "expected"), [
-    (1, 14336, 2048, "float16", ColumnGemvConfig(8, 64, 4, True)),  # the sweep's best: 16.5 us
-    (4, 14336, 2048, "float16", ColumnGemvConfig(4, 64, 4, True)),  # 32 sums a thread: 4 lanes (19.8)
+    (1, 14336, 2048, "float16", ColumnGemvConfig(8, 32, 4, True, 2)),  # 224 CTAs: clusters of 2 (16.4 us, best 16.3)
+    (4, 14336, 2048, "float16", ColumnGemvConfig(4, 64, 4, True)),  # 32 sums a thread: 4 lanes, 448 CTAs (19.8)
     (8, 14336, 1000, "float32", ColumnGemvConfig(4, 50, 4, True)),  # 50 slices: a divisor of K's steps
-    (1, 1000, 127, "float32", ColumnGemvConfig(4, 127, 1, False)),  # one step a slice: none to pipeline
-    (1, 2048, 2048, "float16", ColumnGemvConfig(4, 128, 4, True)),  # 32 CTAs of 8 lanes: 64 of 4 (6.9 us)
-    (4, 1021, 4096, "float16", ColumnGemvConfig(8, 64, 8, True)),  # a column a load: 8 rows a step (8.1)
+    (1, 1000, 127, "float32", ColumnGemvConfig(4, 127, 1, False)),  # one step a slice, no cluster divides K
+    (1, 2048, 2048, "float16", ColumnGemvConfig(8, 32, 4, True, 8)),  # 32 CTAs x 8 (5.8 us; lone CTAs 6.7)
+    (1, 512, 4096, "float32", ColumnGemvConfig(4, 64, 4, True, 8)),  # 16 of 8 lanes x 8: then 4 lanes (5.8 us)
+    (4, 2048, 8192, "bfloat16", ColumnGemvConfig(4, 64, 4, True, 4)),  # 64 x 4 (16.2 us, split-K 17.6)
 ])
 def test_the_default_is_the_sweeps_best_form(rows, n, k, dtype, expected):
     found = find_column_gemv(dense(rows, n, k, dtype, weight_layout="kn"))
@@ -113,7 +115,7 @@ def test_each_thread_loads_its_steps_rows_of_w_in_16_byte_vectors_then_multiplie
     """A step's rows of W (4 by default) load as 16-byte vectors before the step's multiply-adds;
     the rows of x as vectors of the step's elements; one barrier between the slices' sums and
     their total."""
-    source = _kernel(dense(4, 2048, 1024, dtype, weight_layout="kn"))
+    source = _kernel(dense(4, 2048, 1024, dtype, weight_layout="kn"), ColumnGemvConfig(8, 32, 4))  # lone CTAs
     body = source[source.index("__global__"):]
     loads = re.findall(rf"= \*\(({vector})\*\)\(W_ptr", body)  # 16-byte loads from global memory
     assert loads and body.count("__syncthreads()") == 1
@@ -144,6 +146,37 @@ def test_pipelined_steps_load_the_next_step_before_this_ones_multiply_adds():
     assert "& 1)" not in body and "W_local_ptr + ((ax0_2 * 8) + 64)" in body
     with pytest.raises(ClusterError, match="2 to 32"):
         check_config(find_column_gemv(func), ColumnGemvConfig(4, 16, 8, pipelined=True))
+
+
+def test_a_cluster_splits_k_and_adds_its_peers_partials_through_dsm(assemble):
+    """1 x 512 x 4096 fp32 on 8 CTAs of 32 columns and 4 ranks each: every CTA sums its quarter
+    of K over 32 slices into its own slice of DSM (the slices' buffer is its tile alone, not
+    one a rank), then after a cluster barrier reads its peers' partials of its 8 columns."""
+    func = dense(1, 512, 4096, "float32", weight_layout="kn")
+    found = find_column_gemv(func)
+    config = ColumnGemvConfig(8, 32, 4, True, cluster_size=4)
+    source = _kernel(func, config)
+    assert "mapa.shared::cluster" in source and "ld.shared::cluster" in source
+    body = source[source.index("__global__"):]
+    assert body.count("tvm_builtin_cuda_cluster_sync()") == 2  # the peers wrote; the peers read
+    (slices,) = {int(s) for s in re.findall(r"acc_rf_rf_shared__cluster_slice_ptr\[(\d+)\]", body)}
+    assert slices == config.slices * config.lanes * 4  # slices x the CTA's 32 columns
+    assert "W_local_ptr[32]" in body  # a step's 4 rows of 8 lanes' vectors, twice (pipelined)
+    assemble(source, "column_gemv_cluster")
+    with pytest.raises(ClusterError, match="16 columns do not split over its cluster's 32 CTAs|out of range"):
+        check_config(found, ColumnGemvConfig(4, 32, 4, cluster_size=32))
+    with pytest.raises(ClusterError, match="not a multiple of 8 CTAs x 128 slices"):
+        check_config(found, ColumnGemvConfig(8, 128, 8, cluster_size=8))
+
+
+def test_past_k_4096_narrow_outputs_take_clusters_to_fill_the_sms():
+    """Past K = 4096 a column GEMV's CTAs must number half the SMs: a narrow output (N = 1000 over
+    K = 14336) reaches them with K split over a cluster rather than by reading fewer columns of
+    each row of W."""
+    found = find_column_gemv(dense(1, 1000, 14336, "float32", weight_layout="kn"))
+    config = default_config(found)
+    assert config.cluster_size > 1 and config.lanes * 16 >= 64
+    assert ctas(found, config) >= load_hardware().sm_count / 2
 
 
 def _run(func, rows: int, n: int, k: int, dtype: str, gated: bool = False, lib=None) -> float:
@@ -179,6 +212,30 @@ def test_gpu_configurations_match_float64(rows, n, k, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(("rows", "n", "k", "dtype"), [
+    (1, 512, 4096, "float32"), (7, 1000, 14336, "float32"), (2, 512, 14336, "float16"), (3, 1021, 2048, "bfloat16")])
+def test_gpu_clusters_splitting_k_match_float64(rows, n, k, dtype):
+    """Each cluster size's configurations (a spread of them), the partials added through DSM."""
+    func = dense(rows, n, k, dtype, weight_layout="kn")
+    found = find_column_gemv(func)
+    for size in (2, 4, 8):
+        configs = [c for c in candidate_configs(found) if c.cluster_size == size]
+        for config in configs[::max(1, len(configs) // 2)]:
+            lib = tvm.compile(schedule_column_gemv(found, config).mod, target=tvm.target.Target(H100))
+            assert _run(func, rows, n, k, dtype, lib=lib) < (1e-5 if dtype == "float32" else 2e-3), config
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("size", [1, 2, 4])
+def test_gpu_a_gated_layer_on_clusters_matches_float64(size):
+    func = _gated(2, 1024, 2048)
+    found = find_column_gemv(func)
+    config = next(c for c in candidate_configs(found) if c.cluster_size == size and c.pipelined)
+    lib = tvm.compile(schedule_column_gemv(found, config).mod, target=tvm.target.Target(H100))
+    assert _run(func, 2, 1024, 2048, "float16", gated=True, lib=lib) < 2e-3
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 2, 4])
 def test_gpu_a_gated_layer_matches_float64(rows):
     assert _run(_gated(rows, 1024, 2048), rows, 1024, 2048, "float16", gated=True) < 2e-3
@@ -195,12 +252,13 @@ def test_one_column_a_lane_and_one_row_keep_the_slices_buffer_the_ctas_tile(rows
     lane's loop alone, and the slices' buffer is the CTA's tile (slices x rows x columns), not
     widened by the thread rows left idle in the final sum."""
     func = dense(rows, 375, 4096, "float32", weight_layout="kn")
-    found = find_column_gemv(func)
-    config = default_config(found)
-    source = _kernel(func)
-    (size,) = {int(s) for s in re.findall(r"acc_rf_shared_ptr\[(\d+)\]", source)}
-    assert size == config.slices * rows * config.lanes
-    assert not re.search(r"\*\(float[24]\*\)\(acc_rf_shared_ptr", source)  # one sum a store
+    for config in (ColumnGemvConfig(8, 64, 4, True), default_config(find_column_gemv(func))):
+        source = _kernel(func, config)
+        # the slices' buffer: shared, or in a cluster the CTA's slice of one in DSM
+        slices = "acc_rf_rf_shared__cluster_slice_ptr" if config.cluster_size > 1 else "acc_rf_shared_ptr"
+        (size,) = {int(s) for s in re.findall(rf"{slices}\[(\d+)\]", source)}
+        assert size == config.slices * rows * config.lanes
+        assert not re.search(rf"\*\(float[24]\*\)\({slices}", source)  # one sum a store
 
 
 def test_a_family_that_fails_to_schedule_leaves_the_function_to_dlight(monkeypatch, caplog):

@@ -14,12 +14,20 @@ every row of x (whose ``unroll`` elements a row come in one vector load). A CTA 
 thread of the CTA adds the slices of its outputs in a fixed order (the same result every run)
 and applies the epilogue.
 
+A few columns over a long K (a narrow output: N = 128 to 1000 over K = 4096 to 14336) leave few
+CTAs, each streaming its columns of W over the whole of K. A cluster of ``cluster_size`` CTAs
+then splits K: each CTA's slices sum its range into its slice of a distributed shared memory
+buffer (:func:`~tvm_dsm.schedule.place_in_dsm`), and after the cluster barrier each CTA adds
+its peers' partials of a share of the columns in rank order (one kernel, the same result every
+run).
+
 The [N, K] layout is the row GEMV's (:mod:`tvm_dsm.rules.row_gemv`), whose lanes split K instead.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tvm import s_tir, tirx
@@ -27,6 +35,7 @@ from tvm import s_tir, tirx
 from ..errors import ClusterError, passes
 from ..hardware import MAX_CTA_THREADS, load_hardware
 from ..ir import largest_power_of_two, uses
+from ..schedule import DSM_SCOPE, bind_cluster_nest, bind_rank, check_cluster_size, place_in_dsm
 from ..transform.programmatic_launch import launch_programmatically
 from .elementwise import VECTOR_BYTES
 from .row_gemv import Gemv, find_gemv
@@ -46,9 +55,6 @@ MIN_THREADS = 64
 #: indexed by constants), its code growing with them.
 MAX_PIPELINED_STEPS = 32
 
-#: The share of the SMs below which the default trades lanes for slices (more, narrower CTAs):
-#: 1 x 2048 x 2048 fp16 on 32 CTAs of 8 lanes took 10.1 us, on 64 of 4 lanes and 128 slices 6.9.
-FEWEST_CTAS_PER_SM = 0.25
 #: K past which a column GEMV must fill half the SMs, and a gated one is refused: each CTA
 #: streams its columns of W over the whole of K, which a split-K GEMM spreads over clusters.
 #: H200 generality run (``bench/results/archive/generality_column_gemv_s69.json``): three
@@ -57,16 +63,15 @@ FEWEST_CTAS_PER_SM = 0.25
 #: CUDA-core GEMM (its FFN 92.8 -> 105.8 us), the gated 2 x 4096 x 14336 bf16 136.8 us against
 #: the gated split-K GEMM's 89.2.
 LONG_K = 4096
-#: Bytes of each row of W a CTA reads past :data:`LONG_K`, at the least: 4 x 2048 x 8192 bf16 on
-#: 2 lanes (32 bytes a row, a sector) ran 22.2-26.5 us against the split-K GEMM's 17.8.
+#: Bytes of each row of W a CTA reads past :data:`LONG_K`, and the default's, at the least:
+#: 4 x 2048 x 8192 bf16 on 2 lanes (32 bytes a row, a sector) ran 22.2-26.5 us against the
+#: split-K GEMM's 17.8.
 LONG_K_ROW_BYTES = 64
 
 
-def min_ctas(found: Gemv) -> float:
-    """The fewest CTAs a configuration for ``found`` should have: :data:`FEWEST_CTAS_PER_SM` of
-    the SMs, half of them past :data:`LONG_K`."""
-    share = 0.5 if found.k > LONG_K else FEWEST_CTAS_PER_SM
-    return share * load_hardware().sm_count
+def min_ctas() -> float:
+    """The fewest CTAs a configuration past :data:`LONG_K` has: half the SMs."""
+    return 0.5 * load_hardware().sm_count
 
 
 @dataclass(frozen=True)
@@ -79,14 +84,17 @@ class ColumnGemvConfig:
     slices: int
     unroll: int = 4
     pipelined: bool = False
+    #: CTAs of a cluster splitting K, their partial sums added through DSM
+    cluster_size: int = 1
 
     @property
     def threads(self) -> int:
         return self.lanes * self.slices
 
     def explain(self) -> str:
+        cluster = f", K split over clusters of {self.cluster_size}" if self.cluster_size > 1 else ""
         return (f"column GEMV: {self.lanes} lanes of a vector across the columns, {self.slices} slices of K, "
-                f"{self.unroll} rows of W a step" + (", pipelined" if self.pipelined else ""))
+                f"{self.unroll} rows of W a step" + (", pipelined" if self.pipelined else "") + cluster)
 
 
 def find_column_gemv(func: tirx.PrimFunc) -> Gemv:
@@ -103,7 +111,7 @@ def find_column_gemv(func: tirx.PrimFunc) -> Gemv:
         raise ClusterError(f"K={found.k}: a gated column GEMV takes K up to {LONG_K}")
     if not candidate_configs(found):
         raise ClusterError(f"no column GEMV configuration fits {found.rows} x {found.n} x {found.k} (past K = "
-                           f"{LONG_K}: {min_ctas(found):.0f}+ CTAs of {LONG_K_ROW_BYTES}+ bytes of a row of W)")
+                           f"{LONG_K}: {min_ctas():.0f}+ CTAs of {LONG_K_ROW_BYTES}+ bytes of a row of W)")
     return found
 
 
@@ -121,14 +129,16 @@ def row_vector(found: Gemv, config: ColumnGemvConfig) -> int:
 
 
 def shared_bytes(found: Gemv, config: ColumnGemvConfig) -> int:
-    """Shared memory of the slices' fp32 partial sums of every product."""
+    """Shared memory of the slices' fp32 partial sums of every product, and in a cluster of the
+    partials its CTAs exchange."""
     columns = config.lanes * vector_columns(found)
-    return 4 * config.slices * found.rows * columns * len(found.reductions)
+    return 4 * found.rows * columns * len(found.reductions) * (config.slices + (config.cluster_size > 1))
 
 
 def ctas(found: Gemv, config: ColumnGemvConfig) -> int:
-    """CTAs of the grid: one per ``lanes x vector`` columns, the last one's past N predicated off."""
-    return -(-found.n // (config.lanes * vector_columns(found)))
+    """CTAs of the grid: one per ``lanes x vector`` columns (the last one's past N predicated
+    off) and rank of a cluster."""
+    return -(-found.n // (config.lanes * vector_columns(found))) * config.cluster_size
 
 
 def check_config(found: Gemv, config: ColumnGemvConfig) -> None:
@@ -136,9 +146,14 @@ def check_config(found: Gemv, config: ColumnGemvConfig) -> None:
     c = config
     if not MIN_THREADS <= c.threads <= MAX_CTA_THREADS:
         raise ClusterError(f"{c.threads} threads a CTA: between {MIN_THREADS} and {MAX_CTA_THREADS}")
+    check_cluster_size(c.cluster_size)
     # whole steps (TVM's compute_at drops the predicate of a reduction's tail)
-    if found.k % (c.slices * c.unroll):
-        raise ClusterError(f"K={found.k} is not a multiple of {c.slices} slices x {c.unroll} rows of W a step")
+    if found.k % (c.cluster_size * c.slices * c.unroll):
+        ctas = f"{c.cluster_size} CTAs x " if c.cluster_size > 1 else ""
+        raise ClusterError(f"K={found.k} is not a multiple of {ctas}{c.slices} slices x {c.unroll} rows of W a step")
+    if (c.lanes * vector_columns(found)) % c.cluster_size:
+        raise ClusterError(f"a CTA's {c.lanes * vector_columns(found)} columns do not split over its cluster's "
+                           f"{c.cluster_size} CTAs")
     if c.pipelined and not 2 <= steps(found, c) <= MAX_PIPELINED_STEPS:
         raise ClusterError(f"{steps(found, c)} steps a slice: pipelined (unrolled), 2 to {MAX_PIPELINED_STEPS}")
     if shared_bytes(found, c) > SHARED_BYTES:
@@ -148,24 +163,27 @@ def check_config(found: Gemv, config: ColumnGemvConfig) -> None:
 
 def steps(found: Gemv, config: ColumnGemvConfig) -> int:
     """Steps of each slice: its share of K over the step's rows."""
-    return found.k // (config.slices * config.unroll)
+    return found.k // (config.cluster_size * config.slices * config.unroll)
 
 
 LANES = (2, 4, 8, 16, 32)
 UNROLLS = (1, 2, 4, 8)
 #: The most slices of K a CTA (any divisor of K's steps up to it).
 MAX_SLICES = 128
+#: CTAs of a cluster splitting K (portable sizes).
+CLUSTER_SIZES = (1, 2, 4, 8)
 
 
 def candidate_configs(found: Gemv) -> list[ColumnGemvConfig]:
-    """Every valid configuration for ``found`` of :data:`LANES` x :data:`UNROLLS`, each divisor
-    of the steps of K up to :data:`MAX_SLICES` slices, pipelined or not; past :data:`LONG_K`,
-    those of :func:`min_ctas` CTAs or more, each reading :data:`LONG_K_ROW_BYTES` of a row."""
-    divisors = {unroll: [s for s in range(2, MAX_SLICES + 1) if found.k % (s * unroll) == 0] for unroll in UNROLLS}
-    fewest, lane_bytes = min_ctas(found), vector_columns(found) * found.elem_bytes
-    return [c for lanes in LANES for unroll in UNROLLS for slices in divisors[unroll]  # (whole steps only)
-            for pipelined in (False, True)
-            if passes(check_config, found, c := ColumnGemvConfig(lanes, slices, unroll, pipelined))
+    """Every valid configuration for ``found`` of :data:`LANES` x :data:`UNROLLS` x
+    :data:`CLUSTER_SIZES`, each divisor of the steps of K up to :data:`MAX_SLICES` slices,
+    pipelined or not; past :data:`LONG_K`, those of :func:`min_ctas` CTAs or more, each reading
+    :data:`LONG_K_ROW_BYTES` of a row."""
+    fewest, lane_bytes = min_ctas(), vector_columns(found) * found.elem_bytes
+    return [c for cluster in CLUSTER_SIZES for unroll in UNROLLS
+            for slices in range(2, MAX_SLICES + 1) if found.k % (cluster * slices * unroll) == 0  # (whole steps)
+            for lanes in LANES for pipelined in (False, True)
+            if passes(check_config, found, c := ColumnGemvConfig(lanes, slices, unroll, pipelined, cluster))
             and (found.k <= LONG_K or (ctas(found, c) >= fewest and lanes * lane_bytes >= LONG_K_ROW_BYTES))]
 
 
@@ -175,26 +193,41 @@ DEFAULT_SLICES, DEFAULT_LANES, DEFAULT_STEP_BYTES = 64, 8, 64
 #: A thread's fp32 sums (rows x vector) past which the default takes fewer lanes in proportion:
 #: 4 rows of a 16-bit type ran fastest on 4 lanes, 8 rows on 2.
 DEFAULT_SUMS = 16
+#: CTAs the default reaches, clusters splitting K first (then fewer lanes, more columns' CTAs),
+#: a share of the SMs: about two an SM. Threads of a CTA in a cluster: 256. H200 sweep
+#: (``bench/results/archive/column_gemv_clusters_s70.json``, 10 shapes): this rule's picks ran
+#: 1.0-1.16x the best configuration measured; 1 x 512 x 4096 fp32 on 8-CTA clusters 5.8 us
+#: against 10.5 on 64 lone CTAs (torch 6.6), 1 x 1000 x 14336 fp32 21.8 (the CUDA-core GEMM
+#: 43.6, torch 18.5), 4 x 2048 x 8192 bf16 16.2 (the split-K GEMM 17.6), 1 x 2048 x 2048 fp16
+#: 5.8 (6.7); wide outputs (14336 columns) keep lone CTAs of 512 threads.
+DEFAULT_CTAS_PER_SM = 1.9
+CLUSTER_THREADS = 256
 
 
 def default_config(found: Gemv) -> ColumnGemvConfig:
-    """Pipelined wherever a slice's steps allow, then the slices closest to
-    :data:`DEFAULT_SLICES`, the lanes to :data:`DEFAULT_LANES` (fewer where a thread holds more
-    than :data:`DEFAULT_SUMS` sums; half as many while the CTAs would number under
-    :func:`min_ctas`, with twice the slices up to :data:`LONG_K`), the step's loads to
-    :data:`DEFAULT_STEP_BYTES` a thread. Over the sweep's 8 shapes it takes (whose times the
-    constants were chosen by) its pick ran 1.0-1.04x the best configuration's time."""
+    """Pipelined wherever a slice's steps allow, then the cluster size, slices, lanes and step
+    closest to these: :data:`DEFAULT_LANES` lanes (fewer where a thread holds more than
+    :data:`DEFAULT_SUMS` sums), clusters up to 8 CTAs (as K allows), then half as many lanes
+    (down to :data:`LONG_K_ROW_BYTES` of a row of W a CTA), until the CTAs number
+    :data:`DEFAULT_CTAS_PER_SM` of the SMs; :data:`DEFAULT_SLICES` slices, or
+    :data:`CLUSTER_THREADS` threads in a cluster; the step's loads :data:`DEFAULT_STEP_BYTES`
+    a thread."""
     configs = candidate_configs(found)  # not empty: find_column_gemv refuses where it is
     vector = vector_columns(found)
     lanes = max(2, DEFAULT_LANES * DEFAULT_SUMS // max(found.rows * vector, DEFAULT_SUMS))
-    slices = DEFAULT_SLICES
-    while lanes > 2 and ctas(found, ColumnGemvConfig(lanes, slices)) < min_ctas(found):
-        lanes, slices = lanes // 2, slices * (2 if found.k <= LONG_K else 1)
+    target, cluster, sizes = DEFAULT_CTAS_PER_SM * load_hardware().sm_count, 1, {c.cluster_size for c in configs}
+    while cluster * 2 in sizes and ctas(found, ColumnGemvConfig(lanes, 1, cluster_size=cluster)) < target:
+        cluster *= 2
+    row_bytes = vector * found.elem_bytes  # of a lane
+    while (lanes // 2 * row_bytes >= LONG_K_ROW_BYTES
+           and ctas(found, ColumnGemvConfig(lanes, 1, cluster_size=cluster)) < target):
+        lanes //= 2
+    slices = DEFAULT_SLICES if cluster == 1 else CLUSTER_THREADS // lanes
     unroll = max(1, DEFAULT_STEP_BYTES // (vector * found.elem_bytes))
 
     def order(c: ColumnGemvConfig) -> tuple:
-        return (not c.pipelined, abs(math.log2(c.slices / slices)), abs(math.log2(c.lanes / lanes)),
-                abs(math.log2(c.unroll / unroll)))
+        return (abs(math.log2(c.cluster_size / cluster)), not c.pipelined, abs(math.log2(c.slices / slices)),
+                abs(math.log2(c.lanes / lanes)), abs(math.log2(c.unroll / unroll)))
 
     return min(configs, key=order)
 
@@ -210,43 +243,86 @@ def schedule_column_gemv(found: Gemv, config: ColumnGemvConfig) -> s_tir.Schedul
         last = sch.get_sblock(found.epilogue)
     *outer, column = sch.get_loops(last)
     cta, in_cta = sch.split(column, [None, c.lanes * vector])
-    sch.reorder(cta, *outer, in_cta)
-    sch.bind(cta, "blockIdx.x")
+    if c.cluster_size > 1:  # each CTA of a cluster adds up its peers' partials of a share of the columns
+        rank, in_cta = sch.split(in_cta, [c.cluster_size, None])
+        sch.reorder(cta, rank, *outer, in_cta)
+        bind_cluster_nest(sch, cta, rank)
+    else:
+        sch.reorder(cta, *outer, in_cta)
+        sch.bind(cta, "blockIdx.x")
     launch_programmatically(sch)
     partials = []
-    for name in found.reductions:  # K over the slices: their partial sums, then the slices' sum
+    for name in found.reductions:  # K over the slices (of each rank): their partial sums, then their sum
         depth = sch.get_loops(sch.get_sblock(name))[-1]
-        part, _, _ = sch.split(depth, [c.slices, None, c.unroll])
-        partials.append(sch.rfactor(part, factor_axis=0))
-    # each output's sum of slices where it is written, the slices' sums at the CTA's loop (placed
-    # while the CTA's loops are exact: they cover its columns alone)
-    for name, partial in zip(found.reductions, partials):
+        if c.cluster_size > 1:
+            by_rank, _, _, _ = sch.split(depth, [c.cluster_size, c.slices, None, c.unroll])
+            by_rank = sch.rfactor(by_rank, factor_axis=0)
+            # the slices' buffer indexed by rank first: placed in DSM, each CTA holds its own slice
+            partials.append((by_rank, sch.rfactor(sch.get_loops(by_rank)[-3], factor_axis=1)))
+        else:
+            part, _, _ = sch.split(depth, [c.slices, None, c.unroll])
+            partials.append((None, sch.rfactor(part, factor_axis=0)))
+    # each output's sum where it is written, the partial sums at the CTA's loop (placed while the
+    # CTA's loops are exact: they cover its columns alone)
+    for name, (by_rank, by_slice) in zip(found.reductions, partials):
         total = sch.get_sblock(name)
         sch.compute_at(total, in_cta)
         sch.set_scope(total, 0, "local")
-        sch.compute_at(partial, cta, preserve_unit_loops=True)
-        _slice_sums(sch, partial, found, c, vector)
-    # the CTA's outputs over its threads: lanes along the columns, thread rows over the rows and
-    # the columns' vectors
-    in_vector, lane = sch.split(in_cta, [vector, c.lanes])
-    # (a split past the extent predicates the thread rows left over)
-    _, thread_row = sch.split(sch.fuse(*outer, in_vector) if outer else in_vector, [None, c.slices])
-    sch.bind(thread_row, "threadIdx.y")
-    sch.bind(lane, "threadIdx.x")
+        if by_rank is None:
+            sch.compute_at(by_slice, cta, preserve_unit_loops=True)
+            _slice_sums(sch, by_slice, sch.get_loops(by_slice)[1:], found, c, vector)
+        else:
+            _rank_sums(sch, cta, by_rank, by_slice, found, c, vector)
+    _over_threads(sch, in_cta, outer, c)
     return sch
 
 
-def _slice_sums(sch: s_tir.Schedule, partial, found: Gemv, c: ColumnGemvConfig, vector: int) -> None:
-    """A product's ``partial`` sums of each slice, computed at the CTA's loop: thread rows over
-    the slices, lanes over the columns' vectors; each thread's sums in registers over its steps
-    (W's ``unroll`` rows and x's elements loaded first, then every row's multiply-adds), written
-    to the slices' shared buffer at the end."""
-    part, *rows, columns, step_loop, unrolled = sch.get_loops(partial)[1:]
+def _over_threads(sch: s_tir.Schedule, columns, rows: list, c: ColumnGemvConfig) -> None:
+    """Outputs of a CTA over its threads: lanes along the ``columns``, thread rows over the
+    ``rows`` and the columns' vectors (a split past the extent predicates the threads left
+    over)."""
+    in_vector, lane = sch.split(columns, [None, c.lanes])
+    _, thread_row = sch.split(sch.fuse(*rows, in_vector) if rows else in_vector, [None, c.slices])
+    sch.bind(thread_row, "threadIdx.y")
+    sch.bind(lane, "threadIdx.x")
+
+
+def _rank_sums(sch: s_tir.Schedule, cta, by_rank, by_slice, found: Gemv, c: ColumnGemvConfig, vector: int) -> None:
+    """A cluster's split of a product: each CTA's slices' partial sums (``by_slice``), their sum
+    over the slices (``by_rank``) stored into the CTA's slice of a DSM buffer, both computed at
+    the cluster's loop under the rank's."""
+    sch.compute_at(by_rank, cta, preserve_unit_loops=True)
+    _, part, rank, *cells = sch.get_loops(by_rank)  # (regenerated in block-variable order)
+    sch.reorder(rank, *cells, part)
+    sch.compute_at(by_slice, rank, preserve_unit_loops=True)
+    # the rank bound after the operands' caches are placed (s_tir's compute_at rejects a scope
+    # with a rank-bound producer), before the reduction is decomposed (a bound loop's subtree
+    # must be complete blocks)
+    _slice_sums(sch, by_slice, sch.get_loops(by_slice)[2:], found, c, vector, lambda: bind_rank(sch, rank), DSM_SCOPE)
+    *rows, columns, _ = sch.get_loops(by_rank)[2:]
+    exchanged = sch.cache_write(by_rank, 0, "local")  # summed in a register, stored once
+    sch.reverse_compute_at(exchanged, columns)  # before the thread split: both blocks take its predicate
+    place_in_dsm(sch, exchanged, 0)
+    columns_per_cta = c.lanes * vector
+    sch.transform_layout(exchanged, ("write", 0), lambda *index: (*index[:-1], index[-1] % columns_per_cta))
+    _over_threads(sch, columns, rows, c)
+
+
+def _slice_sums(sch: s_tir.Schedule, partial, loops: list, found: Gemv, c: ColumnGemvConfig, vector: int,
+                before_decompose: Callable[[], None] | None = None, scope: str = "shared") -> None:
+    """A product's ``partial`` sums of each slice over its ``loops`` (the slices, rows and
+    columns, then the steps and a step's rows of W), computed at the CTA's loop: thread rows
+    over the slices, lanes over the columns' vectors; each thread's sums in registers over its
+    steps (W's ``unroll`` rows and x's elements loaded first, then every row's multiply-adds),
+    written to the slices' buffer at the end (in ``scope``: in a cluster, the CTA's slice of a
+    DSM buffer indexed by rank first, which no other CTA reads). ``before_decompose`` runs once
+    the operands' caches are placed."""
+    part, *rows, columns, step_loop, unrolled = loops
     lane, in_vector = sch.split(columns, [c.lanes, vector])
     sch.reorder(part, lane, step_loop, unrolled, *rows, in_vector)
     sch.bind(part, "threadIdx.y")
     sch.bind(lane, "threadIdx.x")
-    sch.set_scope(partial, 0, "shared")
+    sch.set_scope(partial, 0, scope)
     # the CTA's columns at their place in its tile: the buffer is the tile whatever the extents
     # TVM unifies the thread loops to before it compacts buffers
     columns_per_cta = c.lanes * vector
@@ -266,6 +342,8 @@ def _slice_sums(sch: s_tir.Schedule, partial, found: Gemv, c: ColumnGemvConfig, 
         if width > 1:
             _, inner = sch.split(inner, [None, width])
             sch.vectorize(inner)
+    if before_decompose is not None:
+        before_decompose()
     sch.decompose_reduction(partial, step_loop)
     for loop in (unrolled, *rows, in_vector):
         sch.unroll(loop)

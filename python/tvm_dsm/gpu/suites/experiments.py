@@ -463,6 +463,29 @@ def kn_tile_heights() -> list[Variant]:
     return _best_of_each_tile(KN_GEMM_SHAPES, KN_ROWS, "kn")
 
 
+#: Layers whose rows run one past the 256-row tiles (generality: 257 x 2048 x 1024 fp16 and
+#: 257 x 4096 x 3000 bf16 at 0.59x and 0.46x of torch), and the row counts around it.
+PAST_TILE_SHAPES = {"d2048x1024": (2048, 1024, "float16"), "d4096x3000": (4096, 3000, "bfloat16")}
+PAST_TILE_ROWS = (256, 257, 320, 384)
+
+
+def past_tile_rows() -> list[Variant]:
+    """Dense layers of :data:`PAST_TILE_SHAPES` at :data:`PAST_TILE_ROWS` rows, each in the
+    planner's picks at 256 and 257 rows: whether a layer one row past its tiles runs slower for
+    the padded tile (257 against 320 and 384, whole tiles of the same count) or for its plan."""
+    hw = load_hardware()
+    variants = []
+    for label, (n, k, dtype) in PAST_TILE_SHAPES.items():
+        picks = [plan_split_k_gemm(GemmShape(m, n, k, True, dtype=dtype), hw, padded=True)[0] for m in (256, 257)]
+        for m in PAST_TILE_ROWS:
+            shape = GemmShape(m, n, k, True, dtype=dtype)
+            for pick in dict.fromkeys(p.config for p in picks):
+                if passes(check_padded_config, shape, pick, hw):
+                    variants.append(gemm_variant(label, m, n, k, pick, None, predict(shape, pick, hw).predicted_us,
+                                                 dtype=dtype))
+    return variants
+
+
 def short_tile_depths() -> list[Variant]:
     """GEMMs and gated GEMMs of three SwiGLU shapes at 4 rows, on 16-row tiles (12 past M) of
     64-256 columns, 3-6 stages and clusters of 1-4, the planner's pick marked: how deep a
@@ -810,6 +833,31 @@ COLUMN_GEMV_SHAPES = [(1, 14336, 2048, "float16"), (4, 14336, 2048, "float16"), 
 COLUMN_GEMV_SWEEP = tuple(itertools.product((2, 4, 8), (4, 8), (False, True)))
 
 
+#: [K, N] decode GEMMs (rows, N, K, dtype) whose columns leave few CTAs against their K (the
+#: generality run's 1 x 512 x 4096 and 1 x 1000 x 14336 fp32 at 0.66x and 0.35x of torch), and
+#: wide ones beside them.
+COLUMN_GEMV_CLUSTER_SHAPES = [(1, 512, 4096, "float32"), (1, 1000, 14336, "float32"), (7, 1000, 14336, "float32"),
+                              (2, 512, 14336, "float16"), (4, 2048, 8192, "bfloat16"), (2, 4096, 14336, "bfloat16"),
+                              (1, 2048, 2048, "float16"), (4, 1024, 4096, "float16"), (1, 14336, 2048, "float16"),
+                              (8, 14336, 1000, "float32")]
+
+
+def column_gemv_clusters() -> list[Variant]:
+    """The column GEMV with K split over clusters of 1-8 CTAs (:data:`COLUMN_GEMV_CLUSTER_SHAPES`),
+    2-8 lanes, 4 rows of W a step, pipelined, at the slices closest to 256 and 512 threads, beside its default and the
+    family the planner picks without it: where a cluster beats narrower CTAs."""
+    return _column_gemv_variants(COLUMN_GEMV_CLUSTER_SHAPES, [
+        (lambda c, lanes=lanes, cluster=cluster: (c.lanes, c.cluster_size, c.unroll, c.pipelined) == (lanes, cluster, 4, True))
+        for lanes in (2, 4, 8) for cluster in (1, 2, 4, 8)])
+
+
+def column_gemv_defaults() -> list[Variant]:
+    """Every shape of the column GEMV sweeps (:data:`COLUMN_GEMV_SHAPES`,
+    :data:`COLUMN_GEMV_CLUSTER_SHAPES`) in the rule's default alone, beside the family the planner
+    picks without it: the default rule checked on shapes it was and was not chosen by."""
+    return _column_gemv_variants(list(dict.fromkeys(COLUMN_GEMV_SHAPES + COLUMN_GEMV_CLUSTER_SHAPES)), [])
+
+
 def column_gemv_configs() -> list[Variant]:
     """GEMMs over [K, N] weights (:data:`COLUMN_GEMV_SHAPES`) on the column GEMV rule
     (:mod:`tvm_dsm.rules.column_gemv`) in :data:`COLUMN_GEMV_SWEEP`'s valid configurations and its
@@ -817,6 +865,15 @@ def column_gemv_configs() -> list[Variant]:
     the default's rule and the rows up to which the rule wins. The shapes are read past the
     family's row limits (which this sweep set); one that no configuration fits (past K = 4096
     on too few CTAs) gets the other family's kernel alone."""
+    return _column_gemv_variants(COLUMN_GEMV_SHAPES, [
+        (lambda c, point=point: (c.lanes, c.unroll, c.pipelined, c.cluster_size) == (*point, 1))
+        for point in COLUMN_GEMV_SWEEP])
+
+
+def _column_gemv_variants(shapes: list[tuple], points: list) -> list[Variant]:
+    """Each shape's column GEMVs: its default, and for each of ``points`` (a predicate on a
+    configuration) the valid one whose threads are closest to 256 and to 512; then the family
+    the planner picks without the column GEMV."""
     from ...families import FAMILIES, fastest_family, matching_families
     from ...rules.column_gemv import (candidate_configs, check_config as check_column, default_config,
                                       schedule_column_gemv)
@@ -824,7 +881,7 @@ def column_gemv_configs() -> list[Variant]:
 
     hw, variants = load_hardware(), []
     others = [f for f in FAMILIES if f.name != "column_gemv"]
-    for m, n, k, dtype in COLUMN_GEMV_SHAPES:
+    for m, n, k, dtype in shapes:
         func = scheduling_form(dense(m, n, k, dtype, weight_layout="kn"))
         args = args_of(func)
         found = find_gemv(func, weight_nk=False)
@@ -834,13 +891,14 @@ def column_gemv_configs() -> list[Variant]:
         label = f"kn_{m}x{n}x{k}_{dtype}"
         candidates = candidate_configs(found)
         default = default_config(found) if candidates else None
-        swept = [min((c for c in candidates if (c.lanes, c.unroll, c.pipelined) == point),
-                     key=lambda c: abs(math.log2(c.threads / threads)), default=None)
-                 for point in COLUMN_GEMV_SWEEP for threads in (256, 512)]
+        swept = [min((c for c in candidates if point(c)), key=lambda c: abs(math.log2(c.threads / threads)),
+                     default=None)
+                 for point in points for threads in (256, 512)]
         for config in dict.fromkeys(c for c in [default, *swept] if c is not None):
             if passes(check_column, found, config):
                 variants.append(Variant(name=f"{label}_l{config.lanes}_s{config.slices}_u{config.unroll}"
-                                             + ("_p" if config.pipelined else ""),
+                                             + ("_p" if config.pipelined else "")
+                                             + (f"_c{config.cluster_size}" if config.cluster_size > 1 else ""),
                                         mod=schedule_column_gemv(found, config).mod,
                                         plan={**dataclasses.asdict(config), "default": config == default}, **common))
         family, shape, plans = fastest_family(matching_families(func, families=others), hw)
