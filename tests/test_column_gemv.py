@@ -95,9 +95,11 @@ def test_past_a_decode_batch_the_tensor_core_gemm_is_planned():
     (4, 14336, 2048, "float16", ColumnGemvConfig(4, 64, 4, True)),  # 32 sums a thread: 4 lanes, 448 CTAs (19.8)
     (8, 14336, 1000, "float32", ColumnGemvConfig(4, 50, 4, True)),  # 50 slices: a divisor of K's steps
     (1, 1000, 127, "float32", ColumnGemvConfig(4, 127, 1, False)),  # one step a slice, no cluster divides K
-    (1, 2048, 2048, "float16", ColumnGemvConfig(8, 32, 4, True, 8)),  # 32 CTAs x 8 (5.8 us; lone CTAs 6.7)
-    (1, 512, 4096, "float32", ColumnGemvConfig(4, 64, 4, True, 8)),  # 16 of 8 lanes x 8: then 4 lanes (5.8 us)
+    (1, 2048, 2048, "float16", ColumnGemvConfig(8, 32, 4, True, 4)),  # 32 CTAs x 4, 512 rows of K each (5.4 us)
+    (1, 512, 4096, "float32", ColumnGemvConfig(8, 32, 4, True, 8)),  # 16 CTAs x 8 (5.7 us; lone CTAs 10.5)
     (4, 2048, 8192, "bfloat16", ColumnGemvConfig(4, 64, 4, True, 4)),  # 64 x 4 (16.2 us, split-K 17.6)
+    (1, 4096, 512, "float32", ColumnGemvConfig(8, 64, 4, True)),  # K = 512: no cluster (4.7 us)
+    (4, 1021, 4096, "float16", ColumnGemvConfig(8, 64, 8, True)),  # a column a load: lone CTAs (8.1 us)
 ])
 def test_the_default_is_the_sweeps_best_form(rows, n, k, dtype, expected):
     found = find_column_gemv(dense(rows, n, k, dtype, weight_layout="kn"))

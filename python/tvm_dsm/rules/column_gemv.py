@@ -70,7 +70,8 @@ LONG_K_ROW_BYTES = 64
 
 
 def min_ctas() -> float:
-    """The fewest CTAs a configuration past :data:`LONG_K` has: half the SMs."""
+    """The fewest CTAs a configuration past :data:`LONG_K` has, and the default narrows its CTAs
+    to reach: half the SMs."""
     return 0.5 * load_hardware().sm_count
 
 
@@ -193,34 +194,44 @@ DEFAULT_SLICES, DEFAULT_LANES, DEFAULT_STEP_BYTES = 64, 8, 64
 #: A thread's fp32 sums (rows x vector) past which the default takes fewer lanes in proportion:
 #: 4 rows of a 16-bit type ran fastest on 4 lanes, 8 rows on 2.
 DEFAULT_SUMS = 16
-#: CTAs the default reaches, clusters splitting K first (then fewer lanes, more columns' CTAs),
-#: a share of the SMs: about two an SM. Threads of a CTA in a cluster: 256. H200 sweep
-#: (``bench/results/archive/column_gemv_clusters_s70.json``, 10 shapes): this rule's picks ran
-#: 1.0-1.16x the best configuration measured; 1 x 512 x 4096 fp32 on 8-CTA clusters 5.8 us
-#: against 10.5 on 64 lone CTAs (torch 6.6), 1 x 1000 x 14336 fp32 21.8 (the CUDA-core GEMM
-#: 43.6, torch 18.5), 4 x 2048 x 8192 bf16 16.2 (the split-K GEMM 17.6), 1 x 2048 x 2048 fp16
-#: 5.8 (6.7); wide outputs (14336 columns) keep lone CTAs of 512 threads.
+#: CTAs the default's clusters (splitting K) reach, a share of the SMs: about two an SM. Threads
+#: of a CTA in a cluster: 256. H200 sweep (``bench/results/archive/column_gemv_clusters_s70.json``,
+#: 10 shapes): 1 x 512 x 4096 fp32 on 8-CTA clusters 5.7 us against 10.5 on 64 lone CTAs (torch 6.6),
+#: 1 x 1000 x 14336 fp32 21.8 (the CUDA-core GEMM 43.6, torch 18.5), 4 x 2048 x 8192 bf16 16.2
+#: (the split-K GEMM 17.6), 1 x 2048 x 2048 fp16 5.4 (6.7); wide outputs keep lone CTAs or
+#: clusters of 2 at the same time.
 DEFAULT_CTAS_PER_SM = 1.9
 CLUSTER_THREADS = 256
+#: Rows of W each CTA of a default cluster keeps at the least; and the default clusters only
+#: columns read in 16-byte vectors. H200 runs of a default without these
+#: (``bench/results/archive/generality_column_clusters_s70.json``,
+#: ``bench/results/archive/column_gemv_defaults_s70.json``), lone CTAs against its clusters:
+#: 2 x 1021 x 512 fp16 2.5 -> 3.0 us, 4 x 1021 x 4096 fp16 8.1 -> 10.0 (a column a load), 2 x
+#: 3000 x 2048 bf16 6.2 -> 7.1 (256 rows of K a CTA).
+MIN_CLUSTER_DEPTH = 512
 
 
 def default_config(found: Gemv) -> ColumnGemvConfig:
     """Pipelined wherever a slice's steps allow, then the cluster size, slices, lanes and step
     closest to these: :data:`DEFAULT_LANES` lanes (fewer where a thread holds more than
-    :data:`DEFAULT_SUMS` sums), clusters up to 8 CTAs (as K allows), then half as many lanes
-    (down to :data:`LONG_K_ROW_BYTES` of a row of W a CTA), until the CTAs number
-    :data:`DEFAULT_CTAS_PER_SM` of the SMs; :data:`DEFAULT_SLICES` slices, or
+    :data:`DEFAULT_SUMS` sums), clusters up to 8 CTAs (as K allows, each CTA keeping
+    :data:`MIN_CLUSTER_DEPTH` of it, and only over 16-byte vectors) until the CTAs number
+    :data:`DEFAULT_CTAS_PER_SM` of the SMs, then half as many lanes (down to
+    :data:`LONG_K_ROW_BYTES` of a row of W a CTA) while they number under :func:`min_ctas`; :data:`DEFAULT_SLICES` slices, or
     :data:`CLUSTER_THREADS` threads in a cluster; the step's loads :data:`DEFAULT_STEP_BYTES`
     a thread."""
     configs = candidate_configs(found)  # not empty: find_column_gemv refuses where it is
     vector = vector_columns(found)
     lanes = max(2, DEFAULT_LANES * DEFAULT_SUMS // max(found.rows * vector, DEFAULT_SUMS))
-    target, cluster, sizes = DEFAULT_CTAS_PER_SM * load_hardware().sm_count, 1, {c.cluster_size for c in configs}
+    target, cluster = DEFAULT_CTAS_PER_SM * load_hardware().sm_count, 1
+    # clusters where each CTA keeps MIN_CLUSTER_DEPTH of K, and W's rows load in whole vectors
+    sizes = {c.cluster_size for c in configs if found.k // c.cluster_size >= MIN_CLUSTER_DEPTH} if (
+        vector * found.elem_bytes == VECTOR_BYTES) else {1}
     while cluster * 2 in sizes and ctas(found, ColumnGemvConfig(lanes, 1, cluster_size=cluster)) < target:
         cluster *= 2
     row_bytes = vector * found.elem_bytes  # of a lane
     while (lanes // 2 * row_bytes >= LONG_K_ROW_BYTES
-           and ctas(found, ColumnGemvConfig(lanes, 1, cluster_size=cluster)) < target):
+           and ctas(found, ColumnGemvConfig(lanes, 1, cluster_size=cluster)) < min_ctas()):
         lanes //= 2
     slices = DEFAULT_SLICES if cluster == 1 else CLUSTER_THREADS // lanes
     unroll = max(1, DEFAULT_STEP_BYTES // (vector * found.elem_bytes))

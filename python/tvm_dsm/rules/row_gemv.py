@@ -88,6 +88,9 @@ def find_row_gemv(func: tirx.PrimFunc) -> Gemv:
     most = MAX_ROWS.get(found.elem_bytes, 1)
     if found.rows > most:
         raise ClusterError(f"a row GEMV computes 1 to {most} rows of {found.elem_bytes}-byte elements")
+    if k_vector(found) < found.vector and found.rows > MAX_NARROW_ROWS:
+        raise ClusterError(f"K={found.k}: rows of W off 16 bytes (narrower loads) take a row GEMV at 1 to "
+                           f"{MAX_NARROW_ROWS} rows")
     k = found.k
     vectors = k // k_vector(found)
     lanes = _default_lanes(found)
@@ -151,6 +154,11 @@ def k_vector(found: Gemv) -> int:
 #: ``bench/results/archive/batched_row_gemv_s58.json``). fp32 has no tensor-core GEMM to lose to
 #: and half the multiply-adds per byte of W: up to 8 rows. fp8 as 16-bit.
 MAX_ROWS = {1: 2, 2: 2, 4: 8}
+#: The most rows of x where W's rows are off 16 bytes (narrower loads, :func:`k_vector`): H200
+#: generality run (``bench/results/archive/generality_column_clusters_s70.json``), an fp32 FFN
+#: of one row over K = 127 31.6 -> 3.7 us against the CUDA-core GEMM (torch 10.0), fp32
+#: projections of 7 rows over K = 127 21.3 -> 27.2.
+MAX_NARROW_ROWS = 2
 #: The fewest lanes a row of several rows' schedule takes (more lanes than rows: each row's lane
 #: sum is told from the rows by its extent).
 MIN_LANES_FOR_ROWS = 4
