@@ -279,11 +279,12 @@ def test_the_gemm_family_leaves_one_row_of_weights_stored_n_by_k_to_the_row_gemv
         family.rank(family.recognize(dense(1, 4096, 4096)), load_hardware())
 
 
-def test_one_row_of_weights_stored_k_by_n_takes_the_split_k_gemm():
+def test_one_row_of_weights_stored_k_by_n_streams_w_on_a_tvm_dsm_family():
     """x @ W with W [K, N] at one row: the row GEMV reads rows of W [N, K], and TVM's GEMV of
-    the columns ran 1x3000x2048 fp16 in 11.9 us against torch's 7.0 (H200, generality run);
-    the 16-row tile's tensor-core work is free beside reading W."""
-    assert tvm_dsm.plan(dense(1, 3000, 2048, weight_layout="kn")).family.name == "split_k_gemm"
+    the columns ran 1x3000x2048 fp16 in 11.9 us against torch's 7.0 (H200, generality run); the
+    column GEMV or the split-K GEMM (whose 16-row tile's tensor-core work is free beside reading
+    W) takes it, whichever the models predict faster."""
+    assert tvm_dsm.plan(dense(1, 3000, 2048, weight_layout="kn")).family.name in ("column_gemv", "split_k_gemm")
 
 
 @pytest.mark.gpu

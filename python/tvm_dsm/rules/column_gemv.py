@@ -47,6 +47,14 @@ from .row_gemv import Gemv, find_gemv
 #: against 51.2), 16 rows (16 x 4096 x 4096) took their best configuration to beat it (38.6
 #: against 50.2). 8-bit types are not taken (not measured).
 MAX_ROWS = {4: 8, 2: 4}
+#: Columns a column GEMV of several rows of a 16-bit type takes at the least where they load in
+#: 16-byte vectors (the split-K GEMM's copies take them too). H200
+#: (``bench/results/archive/column_gemv_defaults_depth_s70.json``), against the split-K GEMM:
+#: 2 x 1024 x 14336 fp16 19.3 us against 12.4, 4 x 1024 x 4096 7.5 against 5.3, 2 x 512 x 14336
+#: 12.4 against 12.1; 4 x 2048 x 8192 bf16 16.2 against 17.7, 4 x 14336 x 2048 19.9 against
+#: 22.6. Odd columns (a column a load) keep it: 2 x 1021 x 512 fp16 2.5 us against the CUDA-core
+#: GEMM's 5.5 (``bench/results/archive/generality_column_gemv_s69.json``).
+MIN_COLUMNS_FOR_ROWS = 2048
 #: Shared memory the slices' partial sums may take (the static limit of a CTA).
 SHARED_BYTES = 48 * 1024
 #: Threads a CTA at the least (two warps).
@@ -110,6 +118,10 @@ def find_column_gemv(func: tirx.PrimFunc) -> Gemv:
         raise ClusterError(f"a column GEMV computes 1 to {most} rows of {found.elem_bytes}-byte elements")
     if len(found.reductions) == 2 and found.k > LONG_K:
         raise ClusterError(f"K={found.k}: a gated column GEMV takes K up to {LONG_K}")
+    if (found.elem_bytes == 2 and found.rows > 1 and found.n < MIN_COLUMNS_FOR_ROWS
+            and vector_columns(found) * found.elem_bytes == VECTOR_BYTES):
+        raise ClusterError(f"N={found.n}: a column GEMV of {found.rows} rows of a 16-bit type takes "
+                           f"{MIN_COLUMNS_FOR_ROWS}+ columns where they load in 16-byte vectors")
     if not candidate_configs(found):
         raise ClusterError(f"no column GEMV configuration fits {found.rows} x {found.n} x {found.k} (past K = "
                            f"{LONG_K}: {min_ctas():.0f}+ CTAs of {LONG_K_ROW_BYTES}+ bytes of a row of W)")
@@ -223,12 +235,13 @@ def default_config(found: Gemv) -> ColumnGemvConfig:
     configs = candidate_configs(found)  # not empty: find_column_gemv refuses where it is
     vector = vector_columns(found)
     lanes = max(2, DEFAULT_LANES * DEFAULT_SUMS // max(found.rows * vector, DEFAULT_SUMS))
-    target, cluster = DEFAULT_CTAS_PER_SM * load_hardware().sm_count, 1
-    # clusters where each CTA keeps MIN_CLUSTER_DEPTH of K, and W's rows load in whole vectors
-    sizes = {c.cluster_size for c in configs if found.k // c.cluster_size >= MIN_CLUSTER_DEPTH} if (
-        vector * found.elem_bytes == VECTOR_BYTES) else {1}
-    while cluster * 2 in sizes and ctas(found, ColumnGemvConfig(lanes, 1, cluster_size=cluster)) < target:
-        cluster *= 2
+    target = DEFAULT_CTAS_PER_SM * load_hardware().sm_count
+    # clusters where each CTA keeps MIN_CLUSTER_DEPTH of K, and W's rows load in whole vectors:
+    # the smallest of the valid sizes that reaches the target, else the largest
+    sizes = sorted({c.cluster_size for c in configs if found.k // c.cluster_size >= MIN_CLUSTER_DEPTH} if (
+        vector * found.elem_bytes == VECTOR_BYTES) else {1})
+    cluster = next((s for s in sizes if ctas(found, ColumnGemvConfig(lanes, 1, cluster_size=s)) >= target),
+                   sizes[-1] if sizes else 1)
     row_bytes = vector * found.elem_bytes  # of a lane
     while (lanes // 2 * row_bytes >= LONG_K_ROW_BYTES
            and ctas(found, ColumnGemvConfig(lanes, 1, cluster_size=cluster)) < min_ctas()):

@@ -839,7 +839,7 @@ COLUMN_GEMV_SWEEP = tuple(itertools.product((2, 4, 8), (4, 8), (False, True)))
 COLUMN_GEMV_CLUSTER_SHAPES = [(1, 512, 4096, "float32"), (1, 1000, 14336, "float32"), (7, 1000, 14336, "float32"),
                               (2, 512, 14336, "float16"), (4, 2048, 8192, "bfloat16"), (2, 4096, 14336, "bfloat16"),
                               (1, 2048, 2048, "float16"), (4, 1024, 4096, "float16"), (1, 14336, 2048, "float16"),
-                              (8, 14336, 1000, "float32")]
+                              (8, 14336, 1000, "float32"), (2, 1024, 14336, "float16"), (2, 3000, 2048, "bfloat16")]
 
 
 def column_gemv_clusters() -> list[Variant]:
