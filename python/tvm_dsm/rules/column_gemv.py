@@ -229,9 +229,9 @@ def default_config(found: Gemv) -> ColumnGemvConfig:
     :data:`DEFAULT_SUMS` sums), clusters up to 8 CTAs (as K allows, each CTA keeping
     :data:`MIN_CLUSTER_DEPTH` of it, and only over 16-byte vectors) until the CTAs number
     :data:`DEFAULT_CTAS_PER_SM` of the SMs, then half as many lanes (down to
-    :data:`LONG_K_ROW_BYTES` of a row of W a CTA) while they number under :func:`min_ctas`; :data:`DEFAULT_SLICES` slices, or
-    :data:`CLUSTER_THREADS` threads in a cluster; the step's loads :data:`DEFAULT_STEP_BYTES`
-    a thread."""
+    :data:`LONG_K_ROW_BYTES` of a row of W a CTA) while they number under :func:`min_ctas`;
+    :data:`DEFAULT_SLICES` slices, or :data:`CLUSTER_THREADS` threads in a cluster; the step's
+    loads :data:`DEFAULT_STEP_BYTES` a thread."""
     configs = candidate_configs(found)  # not empty: find_column_gemv refuses where it is
     vector = vector_columns(found)
     lanes = max(2, DEFAULT_LANES * DEFAULT_SUMS // max(found.rows * vector, DEFAULT_SUMS))
