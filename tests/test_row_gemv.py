@@ -14,7 +14,7 @@ from tvm_dsm.driver import H100, plan
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.relax_integration import scheduling_form
 from tvm_dsm.rules.row_gemv import (RowGemvConfig, candidate_configs, check_config, default_config,
-                                    find_row_gemv, k_vector, schedule_row_gemv)
+                                    find_row_gemv, schedule_row_gemv)
 from tvm_dsm.workloads import gemv
 from tvm_dsm.workloads.dense import dense, gated_dense
 
@@ -187,9 +187,8 @@ def test_lanes_split_k_and_rows_split_the_ctas(config):
                         (str(config.threads_per_row), "threadIdx.x"), (str(config.threads_per_row), "threadIdx.x")]
 
 
-@pytest.mark.parametrize("func", [lambda: _residual_dense(2048, 8192), lambda: dense(2, 3000, 254, "bfloat16")])
-def test_a_row_gemv_compiles_for_hopper(assemble, func):
-    lib = tvm_dsm.build(func(), H100)
+def test_a_row_gemv_compiles_for_hopper(assemble):
+    lib = tvm_dsm.build(_residual_dense(2048, 8192), H100)
     assemble(lib.mod.imports[0].inspect_source(), "row_gemv")
 
 
@@ -311,28 +310,10 @@ def test_a_k_whose_vectors_no_power_of_two_divides_splits_over_a_divisor(rows, k
     assert default_config(found).threads_per_row == lanes
 
 
-@pytest.mark.parametrize(("rows", "k", "dtype", "vector", "lanes"), [
-    (1, 127, "float32", 1, 127), (2, 381, "float32", 1, 127), (2, 254, "bfloat16", 2, 127), (1, 1020, "float16", 4, 255 // 3)])
-def test_a_k_off_16_bytes_loads_narrower_vectors_over_a_divisor_of_lanes(rows, k, dtype, vector, lanes):
-    """Rows of W that do not start 16 bytes apart load the largest power of two of elements
-    dividing K (a prime K one at a time), split over the largest divisor of their count up to
-    128 lanes where fewer would leave a lane more than 16: an FFN of one fp32 row over K = 127
-    took 31.7 us on the CUDA-core GEMM's 32-row tile (torch 10.0), 3.7 so. Up to 2 rows: 7 rows
-    over K = 127 ran slower than on the CUDA-core GEMM."""
-    found = find_row_gemv(dense(rows, 3000, k, dtype))
-    config = default_config(found)
-    assert (k_vector(found), config.threads_per_row) == (vector, lanes)
-    assert plan(dense(rows, 3000, k, dtype)).family.name == "row_gemv"
-    check_config(found, config)
-    with pytest.raises(ClusterError, match="off 16 bytes .* 1 to 2 rows"):  # 7 rows of K = 127 ran slower
-        find_row_gemv(dense(3, 3000, 127, "float32"))
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize(("rows", "n", "k", "dtype"), [
     (2, 1024, 2048, "bfloat16"), (2, 1024, 2048, "float32"), (5, 1024, 2048, "float32"), (8, 1024, 2048, "float32"),
-    (1, 127, 3000, "bfloat16"), (2, 1024, 3000, "float32"), (8, 1000, 1000, "float32"),
-    (1, 3000, 127, "float32"), (2, 1000, 254, "bfloat16"), (2, 509, 381, "float32")])
+    (1, 127, 3000, "bfloat16"), (2, 1024, 3000, "float32"), (8, 1000, 1000, "float32")])
 def test_gpu_rows_in_other_types_and_lanes_of_no_power_of_two_match_float64(rows, n, k, dtype):
     """Two rows in bf16 (16-byte vectors of 8), 2-8 in fp32 (of 4), no epilogue past the cast;
     and K's vectors over 75 and 25 lanes."""

@@ -9,6 +9,7 @@ from tvm import te, topi
 
 import tvm_dsm
 from conftest import cuda_source, kernels, relative_error_on_gpu
+from tvm_dsm.driver import H100
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.families import match_family
 from tvm_dsm.families.simt_gemm import SimtGemm
@@ -60,6 +61,27 @@ def test_16_bit_products_the_tensor_cores_take_stay_theirs():
         find_simt_gemm(dense(64, 4096, 1024, "float16"))
     with pytest.raises(ClusterError, match="GEMV"):
         find_simt_gemm(dense(1, 4096, 1021, "float16"))
+
+
+def test_one_fp32_row_over_k_off_16_bytes_is_left_to_tvms_gemv(caplog):
+    """One fp32 row over W [N, K] with K = 127: the row GEMV takes whole 16-byte vectors only,
+    and TVM's GEMV took the product of an FFN of one row in a fraction of the CUDA-core GEMM's
+    32-row tile (the FFN 31.6 -> 3.8 us, H200 generality run). Two rows keep the CUDA-core GEMM."""
+    with pytest.raises(ClusterError, match="one fp32 row over W \\[N, K\\] with K off 16 bytes"):
+        find_simt_gemm(dense(1, 3000, 127, "float32"))
+    assert find_simt_gemm(dense(2, 3000, 127, "float32")).m == 2
+    with caplog.at_level("INFO", logger="tvm_dsm.driver"):
+        assert tvm_dsm.build(dense(1, 3000, 127, "float32"), H100) is not None
+    assert "falls back" in caplog.text and "failed to schedule" not in caplog.text
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [127, 381])
+def test_gpu_one_fp32_row_over_k_off_16_bytes_matches_float64(k):
+    rng = np.random.default_rng()
+    x, w = rng.standard_normal((1, k)), rng.standard_normal((3000, k))
+    assert relative_error_on_gpu(dense(1, 3000, k, "float32"), [x, w], lambda x, w: x @ w.T, (1, 3000),
+                                 np.float32) < 1e-5
 
 
 def test_topi_dense_plans_the_family():

@@ -63,6 +63,10 @@ MIN_THREADS = 64
 #: indexed by constants), its code growing with them.
 MAX_PIPELINED_STEPS = 32
 
+#: The share of the SMs below which the default trades lanes for slices (more, narrower CTAs)
+#: up to :data:`LONG_K`: 1 x 2048 x 2048 fp16 on 32 CTAs of 8 lanes took 10.1 us, on 64 of 4
+#: lanes and 128 slices 6.9.
+FEWEST_CTAS_PER_SM = 0.25
 #: K past which a column GEMV must fill half the SMs, and a gated one is refused: each CTA
 #: streams its columns of W over the whole of K, which a split-K GEMM spreads over clusters.
 #: H200 generality run (``bench/results/archive/generality_column_gemv_s69.json``): three
@@ -189,11 +193,13 @@ CLUSTER_SIZES = (1, 2, 4, 8)
 
 def candidate_configs(found: Gemv) -> list[ColumnGemvConfig]:
     """Every valid configuration for ``found`` of :data:`LANES` x :data:`UNROLLS` x
-    :data:`CLUSTER_SIZES`, each divisor of the steps of K up to :data:`MAX_SLICES` slices,
+    :data:`CLUSTER_SIZES` (clusters where columns load in 16-byte vectors), each divisor of the
+    steps of K up to :data:`MAX_SLICES` slices,
     pipelined or not; past :data:`LONG_K`, those of :func:`min_ctas` CTAs or more, each reading
     :data:`LONG_K_ROW_BYTES` of a row."""
     fewest, lane_bytes = min_ctas(), vector_columns(found) * found.elem_bytes
-    return [c for cluster in CLUSTER_SIZES for unroll in UNROLLS
+    clusters = CLUSTER_SIZES if lane_bytes == VECTOR_BYTES else (1,)  # (measured over 16-byte vectors only)
+    return [c for cluster in clusters for unroll in UNROLLS
             for slices in range(2, MAX_SLICES + 1) if found.k % (cluster * slices * unroll) == 0  # (whole steps)
             for lanes in LANES for pipelined in (False, True)
             if passes(check_config, found, c := ColumnGemvConfig(lanes, slices, unroll, pipelined, cluster))
@@ -214,8 +220,8 @@ DEFAULT_SUMS = 16
 #: clusters of 2 at the same time.
 DEFAULT_CTAS_PER_SM = 1.9
 CLUSTER_THREADS = 256
-#: Rows of W each CTA of a default cluster keeps at the least; and the default clusters only
-#: columns read in 16-byte vectors. H200 runs of a default without these
+#: Rows of W each CTA of a default cluster keeps at the least; clusters split only columns read
+#: in 16-byte vectors (the sweeps measured no other). H200 runs of a default without these
 #: (``bench/results/archive/generality_column_clusters_s70.json``,
 #: ``bench/results/archive/column_gemv_defaults_s70.json``), lone CTAs against its clusters:
 #: 2 x 1021 x 512 fp16 2.5 -> 3.0 us, 4 x 1021 x 4096 fp16 8.1 -> 10.0 (a column a load), 2 x
@@ -227,26 +233,29 @@ def default_config(found: Gemv) -> ColumnGemvConfig:
     """Pipelined wherever a slice's steps allow, then the cluster size, slices, lanes and step
     closest to these: :data:`DEFAULT_LANES` lanes (fewer where a thread holds more than
     :data:`DEFAULT_SUMS` sums), clusters up to 8 CTAs (as K allows, each CTA keeping
-    :data:`MIN_CLUSTER_DEPTH` of it, and only over 16-byte vectors) until the CTAs number
-    :data:`DEFAULT_CTAS_PER_SM` of the SMs, then half as many lanes (down to
-    :data:`LONG_K_ROW_BYTES` of a row of W a CTA) while they number under :func:`min_ctas`;
-    :data:`DEFAULT_SLICES` slices, or :data:`CLUSTER_THREADS` threads in a cluster; the step's
+    :data:`MIN_CLUSTER_DEPTH` of it) until the CTAs number :data:`DEFAULT_CTAS_PER_SM` of the
+    SMs, then half as many lanes while they number under :func:`min_ctas` past :data:`LONG_K`
+    (down to :data:`LONG_K_ROW_BYTES` of a row of W a CTA), :data:`FEWEST_CTAS_PER_SM` of the
+    SMs up to it; :data:`DEFAULT_SLICES` slices (twice as many for each halving of a lone CTA's
+    lanes up to :data:`LONG_K`), or :data:`CLUSTER_THREADS` threads in a cluster; the step's
     loads :data:`DEFAULT_STEP_BYTES` a thread."""
     configs = candidate_configs(found)  # not empty: find_column_gemv refuses where it is
     vector = vector_columns(found)
     lanes = max(2, DEFAULT_LANES * DEFAULT_SUMS // max(found.rows * vector, DEFAULT_SUMS))
     target = DEFAULT_CTAS_PER_SM * load_hardware().sm_count
-    # clusters where each CTA keeps MIN_CLUSTER_DEPTH of K, and W's rows load in whole vectors:
-    # the smallest of the valid sizes that reaches the target, else the largest
-    sizes = sorted({c.cluster_size for c in configs if found.k // c.cluster_size >= MIN_CLUSTER_DEPTH} if (
-        vector * found.elem_bytes == VECTOR_BYTES) else {1})
+    # clusters where each CTA keeps MIN_CLUSTER_DEPTH of K: the smallest of the valid sizes that
+    # reaches the target, else the largest
+    sizes = sorted({c.cluster_size for c in configs if found.k // c.cluster_size >= MIN_CLUSTER_DEPTH})
     cluster = next((s for s in sizes if ctas(found, ColumnGemvConfig(lanes, 1, cluster_size=s)) >= target),
                    sizes[-1] if sizes else 1)
-    row_bytes = vector * found.elem_bytes  # of a lane
-    while (lanes // 2 * row_bytes >= LONG_K_ROW_BYTES
-           and ctas(found, ColumnGemvConfig(lanes, 1, cluster_size=cluster)) < min_ctas()):
-        lanes //= 2
     slices = DEFAULT_SLICES if cluster == 1 else CLUSTER_THREADS // lanes
+    # then narrower CTAs (past LONG_K down to LONG_K_ROW_BYTES of a row of W; up to it, with
+    # twice the slices)
+    long_k, row_bytes = found.k > LONG_K, vector * found.elem_bytes  # (of a lane)
+    fewest = min_ctas() if long_k else FEWEST_CTAS_PER_SM * load_hardware().sm_count
+    while (lanes > 2 and (not long_k or lanes // 2 * row_bytes >= LONG_K_ROW_BYTES)
+           and ctas(found, ColumnGemvConfig(lanes, 1, cluster_size=cluster)) < fewest):
+        lanes, slices = lanes // 2, slices * (1 if long_k or cluster > 1 else 2)
     unroll = max(1, DEFAULT_STEP_BYTES // (vector * found.elem_bytes))
 
     def order(c: ColumnGemvConfig) -> tuple:

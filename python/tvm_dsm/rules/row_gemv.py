@@ -5,8 +5,7 @@ one epilogue (``silu(gate[j]) * up[j]``). Two rows (a decode batch of two) take 
 schedule with each lane's vector of W, loaded once, multiplied into both rows' sums.
 
 Each CTA owns ``rows_per_cta`` rows of W (``threadIdx.y``), of each product; ``threads_per_row``
-lanes (``threadIdx.x``) split each row's K, every lane loading 16-byte vectors of W and x
-(narrower where K is not a multiple of them, :func:`k_vector`),
+lanes (``threadIdx.x``) split each row's K, every lane loading 16-byte vectors of W and x,
 ``unroll`` of them a step in unrolled code (so their loads may issue ahead of the multiply-adds,
 which the compiler schedules); the lanes' partial sums meet in a
 cross-thread reduction (warp shuffles, through shared memory past one warp), then the epilogue
@@ -88,11 +87,10 @@ def find_row_gemv(func: tirx.PrimFunc) -> Gemv:
     most = MAX_ROWS.get(found.elem_bytes, 1)
     if found.rows > most:
         raise ClusterError(f"a row GEMV computes 1 to {most} rows of {found.elem_bytes}-byte elements")
-    if k_vector(found) < found.vector and found.rows > MAX_NARROW_ROWS:
-        raise ClusterError(f"K={found.k}: rows of W off 16 bytes (narrower loads) take a row GEMV at 1 to "
-                           f"{MAX_NARROW_ROWS} rows")
     k = found.k
-    vectors = k // k_vector(found)
+    vectors = k // found.vector
+    if k % found.vector:
+        raise ClusterError(f"K={k}: a row GEMV loads {found.vector} elements a vector; K must be a multiple")
     lanes = _default_lanes(found)
     if found.rows > 1 and lanes < min_lanes(found.rows):
         raise ClusterError(f"K={k}: {found.rows} rows take at least {min_lanes(found.rows)} lanes a row (a lane per 32 "
@@ -140,13 +138,6 @@ def find_gemv(func: tirx.PrimFunc, weight_nk: bool) -> Gemv:
                 None if epilogue is None else epilogue.name_hint, rows, math.gcd(*(a for _, a in found)))
 
 
-def k_vector(found: Gemv) -> int:
-    """Elements of a row of W (and of x) a lane loads at once: 16 bytes where K is a multiple of
-    them, else the largest power of two dividing K (every row then starts a whole number of
-    vectors in; an odd K loads one element at a time)."""
-    return largest_power_of_two(found.k, found.vector)
-
-
 #: The most rows of x the rule takes, by element bytes: each lane multiplies its vector of W into
 #: every row. 16-bit: at 2 rows it ran the 2048 x 2048 and 2048 x 8192 products in 4.1 and 11.8 us
 #: against the split-K GEMM's 6.0 and 15.3 (torch 6.1, 13.8); at 8 rows it lost on every shape,
@@ -154,11 +145,6 @@ def k_vector(found: Gemv) -> int:
 #: ``bench/results/archive/batched_row_gemv_s58.json``). fp32 has no tensor-core GEMM to lose to
 #: and half the multiply-adds per byte of W: up to 8 rows. fp8 as 16-bit.
 MAX_ROWS = {1: 2, 2: 2, 4: 8}
-#: The most rows of x where W's rows are off 16 bytes (narrower loads, :func:`k_vector`): H200
-#: generality run (``bench/results/archive/generality_column_clusters_s70.json``), an fp32 FFN
-#: of one row over K = 127 31.6 -> 3.7 us against the CUDA-core GEMM (torch 10.0), fp32
-#: projections of 7 rows over K = 127 21.3 -> 27.2.
-MAX_NARROW_ROWS = 2
 #: The fewest lanes a row of several rows' schedule takes (more lanes than rows: each row's lane
 #: sum is told from the rows by its extent).
 MIN_LANES_FOR_ROWS = 4
@@ -168,8 +154,6 @@ MIN_LANES_FOR_ROWS = 4
 MAX_VECTORS_PER_LANE = 16
 #: The most a lane reads where dlight's grid leaves SMs short (measured up to 37).
 MAX_LONG_VECTORS_PER_LANE = 48
-#: The most lanes a row.
-MAX_LANES = 128
 #: Lanes and rows dlight's GEMV gives a row and a CTA.
 DLIGHT_GEMV_LANES, DLIGHT_GEMV_ROWS = 32, 16
 
@@ -188,7 +172,7 @@ def _dlight_grid_leaves_sms_short(found: Gemv, lanes: int) -> bool:
     H200, the SwiGLU down projections at one row (``bench/results/archive/row_gemv_long_k_s57.json``):
     896 x 4864 (dlight's 56 CTAs) and 3584 x 18944 (224) ran their chains 23.1 -> 13.9 us and
     136 -> 118; 8192 x 28672 (dlight's 512 CTAs) 337 -> 373, which dlight keeps."""
-    return (lanes >= DLIGHT_GEMV_LANES and found.k // k_vector(found) // lanes <= MAX_LONG_VECTORS_PER_LANE
+    return (lanes >= DLIGHT_GEMV_LANES and found.k // found.vector // lanes <= MAX_LONG_VECTORS_PER_LANE
             and found.n < DLIGHT_GEMV_ROWS * 2 * load_hardware().sm_count)
 
 
@@ -273,7 +257,7 @@ def default_config(found: Gemv) -> RowGemvConfig:
     (dlight's GEMV 5.4), o_proj 4.1 (4.2), the gate/up projection 17.2 (18.3), the down
     projection (K = 8192) 9.8 (11.5); each within 0.1 us of the best configuration."""
     lanes = _default_lanes(found)
-    per_lane = found.k // k_vector(found) // lanes
+    per_lane = found.k // found.vector // lanes
     unroll = largest_power_of_two(per_lane, max(1, min(4, per_lane // 2)))
     config = RowGemvConfig(largest_power_of_two(found.n, max(1, min(8, 512 // lanes))), lanes, unroll)
     check_config(found, config)
@@ -284,23 +268,17 @@ def _default_lanes(found: Gemv) -> int:
     """A lane per 32 elements of K, at most 128: the largest power of two that divides K's
     vectors below that; where that leaves a lane more than :data:`MAX_LONG_VECTORS_PER_LANE`
     vectors (K = 3000 in bf16: 375 vectors, one lane), the largest divisor below it (75 lanes
-    of 5) where that is a warp or more, or for fp32, whose other kernels run on the CUDA cores;
-    where a lane of narrow vectors (K off 16 bytes: no 16-byte path of any kernel takes its rows)
-    would still hold more than :data:`MAX_VECTORS_PER_LANE`, as a prime K of single elements
-    does, the largest divisor up to :data:`MAX_LANES`.
+    of 5) where that is a warp or more, or for fp32, whose other kernels run on the CUDA cores.
     H200 (``bench/results/archive/generality_row_gemv_lanes_s64.json``): 1 x 127 x 3000 bf16
     on 75 lanes 2.2 us (dlight's GEMV 20.9, torch 6.1), fp32 2 x 14336 x 3000 45.3 (the CUDA-core
     GEMM 130.6, torch 69.5), an fp32 FFN of one row over K = 1000 on 25 lanes 6.6 (19.3, torch
     14.3); 16-bit rows over K = 1000 on 25 lanes ran 10-16% slower than the split-K GEMM."""
-    vectors, most = found.k // k_vector(found), min(MAX_LANES, max(1, found.k // 32))
+    vectors, most = found.k // found.vector, min(128, max(1, found.k // 32))
     lanes = largest_power_of_two(vectors, most)
     if vectors // lanes > MAX_LONG_VECTORS_PER_LANE:
         divisor = max(d for d in range(1, most + 1) if vectors % d == 0)
         if divisor >= DLIGHT_GEMV_LANES or found.elem_bytes == 4:
             lanes = divisor
-    narrow = k_vector(found) < found.vector
-    if narrow and vectors // lanes > MAX_VECTORS_PER_LANE and not _dlight_grid_leaves_sms_short(found, lanes):
-        lanes = max(lanes, max(d for d in range(1, MAX_LANES + 1) if vectors % d == 0))
     return lanes
 
 
@@ -333,10 +311,10 @@ def check_config(found: Gemv, config: RowGemvConfig) -> None:
         raise ClusterError(f"{found.rows} rows take at least {min_lanes(found.rows)} lanes a row, not {config.threads_per_row}")
     if found.n % config.rows_per_cta:
         raise ClusterError(f"N={found.n} is not a multiple of {config.rows_per_cta} rows a CTA")
-    step = config.threads_per_row * k_vector(found) * config.unroll
+    step = config.threads_per_row * found.vector * config.unroll
     if found.k % step:
         raise ClusterError(f"K={found.k} is not a multiple of a step's {step} elements "
-                           f"({config.threads_per_row} lanes x {k_vector(found)} x {config.unroll} unrolled)")
+                           f"({config.threads_per_row} lanes x {found.vector} x {config.unroll} unrolled)")
 
 
 def schedule_row_gemv(found: Gemv, config: RowGemvConfig) -> s_tir.Schedule:
@@ -346,7 +324,7 @@ def schedule_row_gemv(found: Gemv, config: RowGemvConfig) -> s_tir.Schedule:
     partials = []
     for name in found.reductions:  # K over the lanes: their partial sums, then the lanes' sum
         k = sch.get_loops(sch.get_sblock(name))[-1]
-        _, _, lane, _ = sch.split(k, [None, config.unroll, config.threads_per_row, k_vector(found)])
+        _, _, lane, _ = sch.split(k, [None, config.unroll, config.threads_per_row, found.vector])
         partials.append(sch.rfactor(lane, factor_axis=0))
     if found.epilogue is None:
         columns = sch.get_loops(sch.get_sblock(found.reductions[0]))[:-1]

@@ -75,11 +75,18 @@ def find_simt_gemm(func: tirx.PrimFunc) -> GemmShape:
     if len(products) != 1:
         raise ClusterError("the CUDA-core GEMM computes one product (a gated layer's two run one by one)")
     check_sum_of_products(sch.get(products[0]))
+    one_row = not shape.symbolic_rows and shape.m == 1
     if shape.dtype != FP32:
         if passes(check_rows_aligned, shape):
             raise ClusterError(f"{shape.dtype} products whose rows start 16 bytes apart take the tensor-core GEMM")
-        if not shape.symbolic_rows and shape.m == 1:
+        if one_row:
             raise ClusterError("one row is a GEMV: TVM's GEMV schedule streams W at the HBM floor")
+    elif one_row and shape.weight_nk and not passes(check_rows_aligned, shape):
+        # (the row GEMV takes fp32 rows of whole 16-byte vectors) H200 generality run
+        # (bench/results/archive/generality_clusters_depth_s70.json): an fp32 FFN of one row over
+        # K = 127 31.6 -> 3.8 us with its first product on TVM's GEMV (torch 10.0)
+        raise ClusterError("one fp32 row over W [N, K] with K off 16 bytes is a GEMV: TVM's GEMV schedule "
+                           "streams W at the HBM floor")
     return shape
 
 
