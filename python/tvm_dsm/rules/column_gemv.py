@@ -234,11 +234,11 @@ def default_config(found: Gemv) -> ColumnGemvConfig:
     closest to these: :data:`DEFAULT_LANES` lanes (fewer where a thread holds more than
     :data:`DEFAULT_SUMS` sums), clusters up to 8 CTAs (as K allows, each CTA keeping
     :data:`MIN_CLUSTER_DEPTH` of it) until the CTAs number :data:`DEFAULT_CTAS_PER_SM` of the
-    SMs, then half as many lanes while they number under :func:`min_ctas` past :data:`LONG_K`
-    (down to :data:`LONG_K_ROW_BYTES` of a row of W a CTA), :data:`FEWEST_CTAS_PER_SM` of the
-    SMs up to it; :data:`DEFAULT_SLICES` slices (twice as many for each halving of a lone CTA's
-    lanes up to :data:`LONG_K`), or :data:`CLUSTER_THREADS` threads in a cluster; the step's
-    loads :data:`DEFAULT_STEP_BYTES` a thread."""
+    SMs, then half as many lanes while they number under :func:`min_ctas` (down to
+    :data:`LONG_K_ROW_BYTES` of a row of W a CTA), or for lone CTAs up to :data:`LONG_K` under
+    :data:`FEWEST_CTAS_PER_SM` of the SMs; :data:`DEFAULT_SLICES` slices (lone CTAs up to
+    :data:`LONG_K`: twice as many for each halving of their lanes), or :data:`CLUSTER_THREADS`
+    threads in a cluster; the step's loads :data:`DEFAULT_STEP_BYTES` a thread."""
     configs = candidate_configs(found)  # not empty: find_column_gemv refuses where it is
     vector = vector_columns(found)
     lanes = max(2, DEFAULT_LANES * DEFAULT_SUMS // max(found.rows * vector, DEFAULT_SUMS))
@@ -248,14 +248,15 @@ def default_config(found: Gemv) -> ColumnGemvConfig:
     sizes = sorted({c.cluster_size for c in configs if found.k // c.cluster_size >= MIN_CLUSTER_DEPTH})
     cluster = next((s for s in sizes if ctas(found, ColumnGemvConfig(lanes, 1, cluster_size=s)) >= target),
                    sizes[-1] if sizes else 1)
-    slices = DEFAULT_SLICES if cluster == 1 else CLUSTER_THREADS // lanes
-    # then narrower CTAs (past LONG_K down to LONG_K_ROW_BYTES of a row of W; up to it, with
-    # twice the slices)
-    long_k, row_bytes = found.k > LONG_K, vector * found.elem_bytes  # (of a lane)
-    fewest = min_ctas() if long_k else FEWEST_CTAS_PER_SM * load_hardware().sm_count
-    while (lanes > 2 and (not long_k or lanes // 2 * row_bytes >= LONG_K_ROW_BYTES)
+    # then narrower CTAs: clustered or past LONG_K under half the SMs, down to LONG_K_ROW_BYTES of
+    # a row of W; lone ones up to it under FEWEST_CTAS_PER_SM of them, with twice the slices
+    lone = cluster == 1 and found.k <= LONG_K
+    fewest = (FEWEST_CTAS_PER_SM * load_hardware().sm_count) if lone else min_ctas()
+    floor, row_bytes, halvings = 0 if lone else LONG_K_ROW_BYTES, vector * found.elem_bytes, 0
+    while (lanes > 2 and lanes // 2 * row_bytes >= floor
            and ctas(found, ColumnGemvConfig(lanes, 1, cluster_size=cluster)) < fewest):
-        lanes, slices = lanes // 2, slices * (1 if long_k or cluster > 1 else 2)
+        lanes, halvings = lanes // 2, halvings + 1
+    slices = DEFAULT_SLICES * 2 ** (halvings if lone else 0) if cluster == 1 else CLUSTER_THREADS // lanes
     unroll = max(1, DEFAULT_STEP_BYTES // (vector * found.elem_bytes))
 
     def order(c: ColumnGemvConfig) -> tuple:
