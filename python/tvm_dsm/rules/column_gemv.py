@@ -27,7 +27,7 @@ The [N, K] layout is the row GEMV's (:mod:`tvm_dsm.rules.row_gemv`), whose lanes
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from tvm import s_tir, tirx
@@ -126,7 +126,7 @@ def find_column_gemv(func: tirx.PrimFunc) -> Gemv:
             and vector_columns(found) * found.elem_bytes == VECTOR_BYTES):
         raise ClusterError(f"N={found.n}: a column GEMV of {found.rows} rows of a 16-bit type takes "
                            f"{MIN_COLUMNS_FOR_ROWS}+ columns where they load in 16-byte vectors")
-    if not candidate_configs(found):
+    if next(_candidates(found), None) is None:
         raise ClusterError(f"no column GEMV configuration fits {found.rows} x {found.n} x {found.k} (past K = "
                            f"{LONG_K}: {min_ctas():.0f}+ CTAs of {LONG_K_ROW_BYTES}+ bytes of a row of W)")
     return found
@@ -194,16 +194,20 @@ CLUSTER_SIZES = (1, 2, 4, 8)
 def candidate_configs(found: Gemv) -> list[ColumnGemvConfig]:
     """Every valid configuration for ``found`` of :data:`LANES` x :data:`UNROLLS` x
     :data:`CLUSTER_SIZES` (clusters where columns load in 16-byte vectors), each divisor of the
-    steps of K up to :data:`MAX_SLICES` slices,
-    pipelined or not; past :data:`LONG_K`, those of :func:`min_ctas` CTAs or more, each reading
-    :data:`LONG_K_ROW_BYTES` of a row."""
+    steps of K up to :data:`MAX_SLICES` slices, pipelined or not; past :data:`LONG_K`, those of
+    :func:`min_ctas` CTAs or more, each reading :data:`LONG_K_ROW_BYTES` of a row."""
+    return list(_candidates(found))
+
+
+def _candidates(found: Gemv) -> Iterator[ColumnGemvConfig]:
+    """:func:`candidate_configs` one at a time."""
     fewest, lane_bytes = min_ctas(), vector_columns(found) * found.elem_bytes
     clusters = CLUSTER_SIZES if lane_bytes == VECTOR_BYTES else (1,)  # (measured over 16-byte vectors only)
-    return [c for cluster in clusters for unroll in UNROLLS
+    return (c for cluster in clusters for unroll in UNROLLS
             for slices in range(2, MAX_SLICES + 1) if found.k % (cluster * slices * unroll) == 0  # (whole steps)
             for lanes in LANES for pipelined in (False, True)
             if passes(check_config, found, c := ColumnGemvConfig(lanes, slices, unroll, pipelined, cluster))
-            and (found.k <= LONG_K or (ctas(found, c) >= fewest and lanes * lane_bytes >= LONG_K_ROW_BYTES))]
+            and (found.k <= LONG_K or (ctas(found, c) >= fewest and lanes * lane_bytes >= LONG_K_ROW_BYTES)))
 
 
 #: The slices, lanes and bytes of W a thread loads a step the default aims at: the sweep's best
@@ -242,7 +246,8 @@ def default_config(found: Gemv) -> ColumnGemvConfig:
     configs = candidate_configs(found)  # not empty: find_column_gemv refuses where it is
     vector = vector_columns(found)
     lanes = max(2, DEFAULT_LANES * DEFAULT_SUMS // max(found.rows * vector, DEFAULT_SUMS))
-    target = DEFAULT_CTAS_PER_SM * load_hardware().sm_count
+    sms = load_hardware().sm_count
+    target = DEFAULT_CTAS_PER_SM * sms
     # clusters where each CTA keeps MIN_CLUSTER_DEPTH of K: the smallest of the valid sizes that
     # reaches the target, else the largest
     sizes = sorted({c.cluster_size for c in configs if found.k // c.cluster_size >= MIN_CLUSTER_DEPTH})
@@ -251,7 +256,7 @@ def default_config(found: Gemv) -> ColumnGemvConfig:
     # then narrower CTAs: clustered or past LONG_K under half the SMs, down to LONG_K_ROW_BYTES of
     # a row of W; lone ones up to it under FEWEST_CTAS_PER_SM of them, with twice the slices
     lone = cluster == 1 and found.k <= LONG_K
-    fewest = (FEWEST_CTAS_PER_SM * load_hardware().sm_count) if lone else min_ctas()
+    fewest = FEWEST_CTAS_PER_SM * sms if lone else min_ctas()
     floor, row_bytes, halvings = 0 if lone else LONG_K_ROW_BYTES, vector * found.elem_bytes, 0
     while (lanes > 2 and lanes // 2 * row_bytes >= floor
            and ctas(found, ColumnGemvConfig(lanes, 1, cluster_size=cluster)) < fewest):
@@ -337,8 +342,7 @@ def _rank_sums(sch: s_tir.Schedule, cta, by_rank, by_slice, found: Gemv, c: Colu
     exchanged = sch.cache_write(by_rank, 0, "local")  # summed in a register, stored once
     sch.reverse_compute_at(exchanged, columns)  # before the thread split: both blocks take its predicate
     place_in_dsm(sch, exchanged, 0)
-    columns_per_cta = c.lanes * vector
-    sch.transform_layout(exchanged, ("write", 0), lambda *index: (*index[:-1], index[-1] % columns_per_cta))
+    _as_cta_tile(sch, exchanged, c.lanes * vector)
     _over_threads(sch, columns, rows, c)
 
 
@@ -357,10 +361,7 @@ def _slice_sums(sch: s_tir.Schedule, partial, loops: list, found: Gemv, c: Colum
     sch.bind(part, "threadIdx.y")
     sch.bind(lane, "threadIdx.x")
     sch.set_scope(partial, 0, scope)
-    # the CTA's columns at their place in its tile: the buffer is the tile whatever the extents
-    # TVM unifies the thread loops to before it compacts buffers
-    columns_per_cta = c.lanes * vector
-    sch.transform_layout(partial, ("write", 0), lambda *index: (*index[:-1], index[-1] % columns_per_cta))
+    _as_cta_tile(sch, partial, c.lanes * vector)
     sums = sch.cache_write(partial, 0, "local")
     sch.reverse_compute_at(sums, lane)
     if vector > 1:  # 16-byte stores at the most (one column a lane: its loop is the lanes')
@@ -386,6 +387,13 @@ def _slice_sums(sch: s_tir.Schedule, partial, loops: list, found: Gemv, c: Colum
         sch.annotate(step_loop, "software_pipeline_stage", [0, 0, 1])
         sch.annotate(step_loop, "software_pipeline_order", [0, 1, 2])
         sch.unroll(step_loop)
+
+
+def _as_cta_tile(sch: s_tir.Schedule, block, columns_per_cta: int) -> None:
+    """The buffer ``block`` writes laid out as the CTA's tile, each column at its place in it: the
+    buffer is the tile whatever the extents TVM unifies the thread loops to before it compacts
+    buffers."""
+    sch.transform_layout(block, ("write", 0), lambda *index: (*index[:-1], index[-1] % columns_per_cta))
 
 
 def _reads_columns(read, block) -> bool:

@@ -844,11 +844,12 @@ COLUMN_GEMV_CLUSTER_SHAPES = [(1, 512, 4096, "float32"), (1, 1000, 14336, "float
 
 def column_gemv_clusters() -> list[Variant]:
     """The column GEMV with K split over clusters of 1-8 CTAs (:data:`COLUMN_GEMV_CLUSTER_SHAPES`),
-    2-8 lanes, 4 rows of W a step, pipelined, at the slices closest to 256 and 512 threads, beside its default and the
-    family the planner picks without it: where a cluster beats narrower CTAs."""
+    2-8 lanes, 4 rows of W a step, pipelined, at the slices closest to 256 and 512 threads,
+    beside its default and the family the planner picks without it: where a cluster beats
+    narrower CTAs."""
     return _column_gemv_variants(COLUMN_GEMV_CLUSTER_SHAPES, [
-        (lambda c, lanes=lanes, cluster=cluster: (c.lanes, c.cluster_size, c.unroll, c.pipelined) == (lanes, cluster, 4, True))
-        for lanes in (2, 4, 8) for cluster in (1, 2, 4, 8)])
+        (lambda c, point=point: (c.lanes, c.cluster_size, c.unroll, c.pipelined) == (*point, 4, True))
+        for point in itertools.product((2, 4, 8), (1, 2, 4, 8))])
 
 
 def column_gemv_defaults() -> list[Variant]:
