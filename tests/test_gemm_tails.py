@@ -246,6 +246,26 @@ def test_a_copy_predicate_is_dropped_only_where_it_says_inside_the_tensor():
     assert zero_filled_load(*_copied_value(1000, otherwise=1.0)) is None  # TMA fills zeros only
 
 
+def test_a_copy_from_an_intermediate_compacted_to_its_kernels_rows_keeps_no_predicate():
+    """Operators of a symbolic row count share an intermediate compacted to the rows their
+    kernels touch: each range's padded rows and a few exact row counts', ``min(m, max(...,
+    (m + 15) // 16 * 16 - 1, 3) + 1)`` rows. Its copies read inside it exactly where the rows are
+    below ``m`` (the generality suite's FFN 7x1000x4096 [K, N] of a symbolic row count)."""
+    m, tile, a, b = (tirx.Var(name, "int32") for name in ("m", "tile", "a", "b"))
+    rows = tirx.Max(tirx.Max(tirx.Max(0, (m + 15) // 16 * 16 - 1), (m + 63) // 64 * 64 - 1), 3) + 1
+    h = tirx.decl_buffer((tirx.Min(m, rows), 1000), "float16", "H")
+    loops = [tirx.For(var, 0, extent, tirx.ForKind.SERIAL, tirx.Evaluate(0))
+             for var, extent in ((tile, (m + 63) // 64), (a, 64), (b, 64))]
+    row = tile * 64 + a
+
+    def copied(bound):
+        return tirx.if_then_else(tirx.And(row < bound, b < 1000), tirx.BufferLoad(h, [row, b]),
+                                 tirx.const(0, "float16"))
+
+    assert zero_filled_load(copied(m), loops) is not None
+    assert zero_filled_load(copied(m - 1), loops) is None  # zeros inside the tensor
+
+
 @pytest.mark.parametrize(("func", "limit"), [
     (dense(13, 512, 1001), "K a multiple of 8"),
     (dense(13, 512, 1004, "bfloat16"), "K a multiple of 8"),

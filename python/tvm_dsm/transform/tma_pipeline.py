@@ -201,12 +201,30 @@ def _tightest(extent, analyzer: Analyzer):
     rows)``, which the analyzer does not reduce to ``m`` by itself."""
     if isinstance(extent, tirx.Min):
         a, b = _tightest(extent.a, analyzer), _tightest(extent.b, analyzer)
-        if analyzer.can_prove(b >= a):
+        if _at_least(b, a, analyzer):
             return a
-        if analyzer.can_prove(a >= b):
+        if _at_least(a, b, analyzer):
             return b
         return tirx.Min(a, b)
     return extent
+
+
+def _at_least(x, y, analyzer: Analyzer) -> bool:
+    """Whether ``x >= y`` provably, ``x`` or an expression below it made by keeping one side of
+    each of its maxima: the rows kernels touch are a max over their ranges' padded rows and a
+    few exact row counts' (``max(..., (m + 15) // 16 * 16 - 1, 3) + 1``), which the analyzer does
+    not show to reach ``m`` although one term alone does."""
+    return any(analyzer.can_prove(lower >= y) for lower in _below(x))
+
+
+def _below(x) -> list:
+    """``x`` and the expressions made from it by replacing each ``max(a, b)`` by ``a`` or ``b``
+    (each at most ``x``), through sums."""
+    if isinstance(x, tirx.Max):
+        return [x, *_below(x.a), *_below(x.b)]
+    if isinstance(x, tirx.Add):
+        return [x, *(tirx.Add(a, b) for a in _below(x.a) for b in _below(x.b))]
+    return [x]
 
 
 def is_zero(value) -> bool:
