@@ -42,10 +42,7 @@ MIN_THREADS = 64
 @dataclass(frozen=True)
 class SimtGemmConfig:
     """Output tile ``block_m x block_n`` a CTA, ``thread_m x thread_n`` of it a thread,
-    ``block_k`` columns of K a step, ``split_k`` CTAs sharing each tile's K; ``pipelined``: two
-    shared-memory buffers a K step, the next step's tiles copied in while this one multiplies
-    (one CTA barrier a step instead of two; the copies stay synchronous: s_tir's ``cp.async``
-    injection would copy a vector of the transposed tiles to one contiguous row)."""
+    ``block_k`` columns of K a step, ``split_k`` CTAs sharing each tile's K."""
 
     block_m: int
     block_n: int
@@ -53,7 +50,6 @@ class SimtGemmConfig:
     thread_m: int
     thread_n: int
     split_k: int = 1
-    pipelined: bool = False
 
     @property
     def threads(self) -> int:
@@ -191,9 +187,6 @@ def _tile_product(sch: s_tir.Schedule, block: SBlockRV, loops: tuple, x: tirx.Bu
         inner = sch.get_loops(registers)[-1]
         if sch.get(inner).extent.value % VECTOR_ELEMENTS == 0:
             sch.vectorize(inner)
-    if c.pipelined:  # the X and W tile copies one step ahead of the multiply-adds
-        sch.annotate(k_step, "software_pipeline_stage", [0, 0, 1])
-        sch.annotate(k_step, "software_pipeline_order", [0, 1, 2])
     sch.decompose_reduction(block, k_step)
     for loop in (k_in, i_reg, j_reg):
         sch.unroll(loop)

@@ -772,40 +772,6 @@ def simt_gemm_configs() -> list[Variant]:
     return variants
 
 
-#: fp32 layers the CUDA-core GEMM runs at 0.45-0.8x of torch in the generality suite
-#: (bench/results/generality/latest.json), and the sweep's larger shapes.
-SIMT_SLOW_SHAPES = [(512, 2048, 127), (512, 1024, 4096), (100, 5120, 3000), (128, 3000, 1000), (257, 1021, 2048),
-                    (100, 1024, 4096), (64, 1024, 3000), (1024, 1024, 1024), (1024, 4096, 4096)]
-
-
-def simt_gemm_pipelined() -> list[Variant]:
-    """fp32 dense layers at SIMT_SLOW_SHAPES on the CUDA-core GEMM: the model's pick, the pick
-    with the tile copies one K step ahead (``pipelined``), and the sweep's tiles pipelined, with
-    torch eager beside."""
-    from ...families.simt_gemm import SimtGemm
-    from ...rules.simt_gemm import SimtGemmConfig, check_config as check_simt, find_simt_gemm, schedule_simt_gemm
-
-    hw, family, variants = load_hardware(), SimtGemm(), []
-    for m, n, k in SIMT_SLOW_SHAPES:
-        func = dense(m, n, k, "float32")
-        shape = find_simt_gemm(func)
-        picked = family.rank(shape, hw)[0].config
-        args = args_of(func)
-        configs = [picked, dataclasses.replace(picked, pipelined=True)]
-        configs += [SimtGemmConfig(bm, bn, 16, tm, tn, picked.split_k, True) for bm, bn, tm, tn in SIMT_SWEEP_TILES]
-        for config in dict.fromkeys(configs):
-            if not passes(check_simt, shape, config):
-                continue
-            c = config
-            variants.append(Variant(
-                name=f"simt_{m}x{n}x{k}_{c.block_m}x{c.block_n}_t{c.thread_m}x{c.thread_n}_s{c.split_k}"
-                     + ("_pipelined" if c.pipelined else ""), workload="dense",
-                mod=schedule_simt_gemm(func, config).mod, args=args, bytes=nbytes_of(args),
-                flops=2 * m * n * k, plan={**dataclasses.asdict(config), "picked": config == picked},
-                peers=("torch_eager",), extra={"m": m, "n": n, "k": k}))
-    return variants
-
-
 #: fp32 dense layers at 2-8 rows: the row GEMV's and the CUDA-core GEMM's.
 FP32_ROW_SHAPES = [(m, n, k) for m in (2, 4, 6, 8) for n, k in ((2048, 2048), (5120, 5120), (14336, 4096), (4096, 14336))]
 
