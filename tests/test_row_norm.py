@@ -279,6 +279,32 @@ def test_forms_match_float64_on_the_gpu(form, rows, width, dtype, tolerance):
     assert _error_on_gpu(form, rows, width, dtype) < tolerance
 
 
+def test_relax_bf16_softmax_is_evaluated_in_fp32_and_rounded_once():
+    """Relax legalizes a bf16 softmax with its exponentials and their sum in bf16 (8 bits each:
+    4.4e-3 from float64 as written); the kernel computes them in fp32 and rounds the output
+    only."""
+    source = cuda_source(fuse_row_norm(relax_form("softmax", 7, 4096, "bfloat16"), hw=load_hardware()))
+    assert "__expf((((float)" in source and "hexp" not in source
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["relax_softmax", "relax_rms_norm", "relax_layer_norm", "topi_log_softmax"])
+@pytest.mark.parametrize(("rows", "width"), [(7, 4096), (1028, 5120)])
+def test_bf16_forms_match_float64_within_the_bf16_bound_on_the_gpu(form, rows, width):
+    import ml_dtypes
+
+    func = FORMS[form](rows, width, "bfloat16")
+    lib, dev = tvm_dsm.build(func), tvm.cuda(0)
+    rng = np.random.default_rng()
+    *inputs, out = [tuple(int(d) for d in p.ty.shape) for p in func.params]
+    args = [(rng.standard_normal(s) * 2).astype(ml_dtypes.bfloat16) for s in inputs]
+    result = tvm.runtime.tensor(np.full(out, np.nan, ml_dtypes.bfloat16), dev)
+    lib(*(tvm.runtime.tensor(a, dev) for a in args), result)
+    ref = _reference(form, args).reshape(out)
+    got = result.numpy().astype(np.float64)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype, tolerance", [("float32", 1e-5), ("float16", 2e-3)])
 def test_a_128k_vocabulary_softmax_of_8_rows_runs_on_a_cluster_of_16(dtype, tolerance):

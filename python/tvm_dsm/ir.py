@@ -217,6 +217,50 @@ def fast_exp(call):
     return call
 
 
+#: Float types a kernel evaluates in fp32 (:func:`in_fp32`).
+NARROW_FLOATS = ("float16", "bfloat16")
+_ARITHMETIC = (tirx.Add, tirx.Sub, tirx.Mul, tirx.Div, tirx.Min, tirx.Max)
+_COMPARISONS = (tirx.EQ, tirx.NE, tirx.LT, tirx.LE, tirx.GT, tirx.GE)
+#: Calls whose fp32 form is the same function of widened arguments.
+_MATH_CALLS = {f"tirx.{name}" for name in ("exp", "exp2", "exp10", "log", "log2", "log10", "log1p", "sqrt", "rsqrt",
+                                           "tanh", "sigmoid", "erf", "fabs", "pow", "floor", "ceil", "round",
+                                           "nearbyint", "trunc", "sin", "cos", "if_then_else")}
+
+
+def _narrow(expr) -> bool:
+    return str(expr.ty.dtype) in NARROW_FLOATS
+
+
+def in_fp32(expr):
+    """``expr`` with its fp16 and bf16 arithmetic evaluated in fp32: its 16-bit loads and
+    constants widened, each operation, math call and ``if_then_else`` over them in fp32, casts
+    to a 16-bit type dropped (the value stays fp32); an fp32 value where ``expr`` is a 16-bit
+    float, its own type otherwise. What a kernel computes so is closer to the exact values than
+    the function's roundings, never further: torch's 16-bit softmax and norms compute in fp32
+    likewise, while Relax's legalized bf16 softmax rounds its exponentials and their sum to 8
+    bits each."""
+    if isinstance(expr, _COMPARISONS) and _narrow(expr.a):
+        return type(expr)(in_fp32(expr.a), in_fp32(expr.b))
+    if isinstance(expr, (tirx.And, tirx.Or)):
+        return type(expr)(in_fp32(expr.a), in_fp32(expr.b))
+    if isinstance(expr, tirx.Not):
+        return tirx.Not(in_fp32(expr.a))
+    if not _narrow(expr):
+        return expr
+    if isinstance(expr, tirx.FloatImm):
+        return tirx.const(expr.value, "float32")
+    if isinstance(expr, tirx.Cast):
+        inner = expr.value
+        return in_fp32(inner) if _narrow(inner) or str(inner.ty.dtype) == "float32" else tirx.Cast("float32", inner)
+    if isinstance(expr, _ARITHMETIC):
+        return type(expr)(in_fp32(expr.a), in_fp32(expr.b))
+    if isinstance(expr, tirx.Select):
+        return tirx.Select(in_fp32(expr.condition), in_fp32(expr.true_value), in_fp32(expr.false_value))
+    if isinstance(expr, tvm.ir.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name in _MATH_CALLS:
+        return tirx.call_intrin("float32", expr.op, *[in_fp32(a) for a in expr.args])
+    return tirx.Cast("float32", expr)  # a load, or what is evaluated as written, then widened
+
+
 def narrow_indices(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` indexed in int32 (Relax legalizes with int64 extents; tvm-dsm's kernels index in
     int32), or as it is where TVM's narrowing refuses it: a function with an int64 tensor (a

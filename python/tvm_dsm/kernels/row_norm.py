@@ -16,8 +16,10 @@ loaded once, in 16-byte pieces, into the registers of the threads that own them:
 
 Levels that do not read each other's results (LayerNorm's sum and sum of squares) share one
 pass and one combine. Each level is evaluated as the user wrote it, with the earlier levels'
-final values: no online correction, so any expression works; its terms accumulate in fp32
-(16-bit inputs widened) and the result is rounded to the level's type once. A row too long for
+final values: no online correction, so any expression works. Every expression is evaluated in
+fp32 (16-bit loads widened, :func:`~tvm_dsm.ir.in_fp32`), the levels' results are kept in fp32,
+and only what is stored is rounded to its type: never further from the exact values than the
+function's own roundings (Relax's bf16 softmax rounds its exponentials and their sum to 8 bits). A row too long for
 one CTA's registers is split over a cluster of up to 16 CTAs, which also spread a few long
 rows over the SMs (a 128K-vocabulary softmax of 8 rows).
 """
@@ -39,7 +41,7 @@ from ..annotations import CLUSTER_LAUNCH_KEY
 from ..errors import ClusterError, passes
 from ..fusion.cascade import Level, indexed_by, inline_elementwise, parse_reduction
 from ..hardware import MAX_CTA_THREADS, Hardware
-from ..ir import (fast_exp, is_reduction, largest_power_of_two, loads, narrow_indices, shuffle_xor, substitute,
+from ..ir import (fast_exp, in_fp32, is_reduction, largest_power_of_two, loads, narrow_indices, shuffle_xor, substitute,
                   tree_reduce, uses, without_unit_iter_vars)
 from ..schedule.cluster import MAX_CLUSTER_SIZE
 from .template import KernelTemplate
@@ -528,9 +530,9 @@ class _KernelBody:
                         B.buffer_store(p, T.Cast(str(p.ty.dtype), self.stats[n]), self.row)
                     for block in found.row_stages:
                         store = block.body
-                        value = self._statistics(store.value)
+                        value = self._statistics(in_fp32(store.value))
                         value = substitute(value, list(zip([iv.var for iv in block.iter_vars], self.row)))
-                        B.buffer_store(store.buffer, value, self.row)
+                        B.buffer_store(store.buffer, _as(store.buffer, value), self.row)
 
     def _emit_wave(self, wave: list[int]) -> None:
         """Levels reading only earlier waves: one pass over the held row, one combine."""
@@ -542,7 +544,7 @@ class _KernelBody:
                 self._load_columns(q, [levels[n].value for n in wave])
                 for n in wave:
                     level, op = levels[n], _COMBINE[levels[n].op]
-                    terms = [_widen(self._value(level.value, level.spatial, level.reduce_var, q, e))
+                    terms = [_widen(self._value(in_fp32(level.value), level.spatial, level.reduce_var, q, e))
                              for e in range(self.vec)]
                     B.buffer_store(acc, op(acc[n], tree_reduce(op, terms)), [n])
         mask = 1
@@ -573,10 +575,9 @@ class _KernelBody:
                         T.Cast("uint32", r)))
                     B.evaluate(T.ptx.ld.shared__cluster.f32(self.remote[0], self.peer[0]))
                     B.buffer_store(acc, _COMBINE[levels[n].op](acc[n], self.remote[0]), [n])
-        for n in wave:  # the level's own init once, rounded to its type
+        for n in wave:  # the level's own init once; kept in fp32 (rounded only where stored)
             level = levels[n]
-            total = _COMBINE[level.op](_widen(level.init), acc[n])
-            B.buffer_store(self.stats, _widen(T.Cast(str(level.output.ty.dtype), total)), [n])
+            B.buffer_store(self.stats, _COMBINE[level.op](_widen(level.init), acc[n]), [n])
 
     def _load_columns(self, q: int, values: list | None) -> None:
         """Piece ``q`` of each column tensor that ``values`` read (every one where None; one
@@ -595,7 +596,7 @@ class _KernelBody:
             store = block.body
             *row_vars, last = [iv.var for iv in block.iter_vars]
             for e in range(self.vec):
-                B.buffer_store(out, self._value(store.value, row_vars, last, q, e), [e])
+                B.buffer_store(out, _as(out, self._value(in_fp32(store.value), row_vars, last, q, e)), [e])
             with B.vectorized(0, self.vec) as e:
                 B.buffer_store(store.buffer, out[e], [*self.row, self._column(q) + e])
 
@@ -616,10 +617,11 @@ class _KernelBody:
         return _If(tree_reduce(tirx.And, conds) if conds else None)
 
     def _statistic(self, load):
-        """A load of a level's result, read from the statistics; None for any other load."""
+        """A load of a level's result, read from the statistics (fp32: the expressions reading
+        them are evaluated in fp32, :func:`~tvm_dsm.ir.in_fp32`); None for any other load."""
         for n, level in enumerate(self.found.levels):
             if load.source.same_as(level.output):
-                return T.Cast(str(level.output.ty.dtype), self.stats[n])
+                return self.stats[n]
         return None
 
     def _statistics(self, expr):
@@ -685,3 +687,8 @@ def _identity(op: str):
 
 def _widen(value):
     return value if str(value.ty.dtype) == "float32" else T.Cast("float32", value)
+
+
+def _as(buf, value):
+    """``value`` rounded to ``buf``'s type where it differs (an fp32 result stored in 16 bits)."""
+    return value if str(value.ty.dtype) == str(buf.ty.dtype) else T.Cast(str(buf.ty.dtype), value)
