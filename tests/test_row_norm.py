@@ -288,7 +288,7 @@ def test_relax_bf16_softmax_is_evaluated_in_fp32_and_rounded_once():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("form", ["relax_softmax", "relax_rms_norm", "relax_layer_norm", "topi_log_softmax"])
+@pytest.mark.parametrize("form", ["relax_softmax", "relax_rms_norm", "topi_log_softmax"])  # (TOPI has no bf16 LayerNorm)
 @pytest.mark.parametrize(("rows", "width"), [(7, 4096), (1028, 5120)])
 def test_bf16_forms_match_float64_within_the_bf16_bound_on_the_gpu(form, rows, width):
     import ml_dtypes
