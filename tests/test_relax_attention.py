@@ -23,13 +23,18 @@ from tvm_dsm.relax_integration import lower_to_tir
 
 class SelfAttention(nn.Module):
     """Multi-head self-attention as BERT writes it, without projections: q, k and v
-    ``[batch, heads, seq, head_dim]``."""
+    ``[batch, heads, seq, head_dim]``; ``upcast``: the softmax in fp32 and its probabilities
+    cast back, as Hugging Face's Llama and Qwen2 write it (``softmax(s, dtype=float32).to(q.dtype)``)."""
 
-    def __init__(self, head_dim: int):
-        self.scale = 1.0 / head_dim ** 0.5
+    def __init__(self, head_dim: int, upcast: bool = False):
+        self.scale, self.upcast = 1.0 / head_dim ** 0.5, upcast
 
     def forward(self, q, k, v):
-        p = op.softmax(op.matmul(q, op.permute_dims(k, (0, 1, 3, 2))) * self.scale, axis=-1)
+        scores = op.matmul(q, op.permute_dims(k, (0, 1, 3, 2))) * self.scale
+        if self.upcast:
+            p = op.astype(op.softmax(op.astype(scores, "float32"), axis=-1), q.dtype)
+        else:
+            p = op.softmax(scores, axis=-1)
         return op.matmul(p, v)
 
 
@@ -64,15 +69,16 @@ def _mask(form: str, batch: int, seq: int, rng) -> np.ndarray:
     return np.tril(np.ones((seq, seq), bool))[None, None]
 
 
-def _exported(batch, heads, seq, head_dim, dtype="float16"):
+def _exported(batch, heads, seq, head_dim, dtype="float16", upcast=False):
     spec = {name: nn.spec.Tensor([batch, heads, seq, head_dim], dtype) for name in "qkv"}
-    mod, _ = SelfAttention(head_dim).export_tvm({"forward": spec})
+    mod, _ = SelfAttention(head_dim, upcast).export_tvm({"forward": spec})
     return mod
 
 
-@pytest.mark.parametrize(("batch", "seq"), [(2, 128), (2, "seq"), ("batch", "seq")])
-def test_spelled_out_attention_is_one_function_the_attention_family_takes(batch, seq):
-    report = relax_report(_exported(batch, 4, seq, 64))
+@pytest.mark.parametrize(("batch", "seq", "upcast"), [(2, 128, False), (2, "seq", False), ("batch", "seq", False),
+                                                      (2, 128, True), ("batch", "seq", True)])
+def test_spelled_out_attention_is_one_function_the_attention_family_takes(batch, seq, upcast):
+    report = relax_report(_exported(batch, 4, seq, 64, upcast=upcast))
     grouped = [row for row in report.rows if "softmax" in row.name]
     assert [row.where for row in grouped] == ["attention"], report.format()
     assert not [row for row in report.rows if "matmul" in row.name and row.where != "attention"], report.format()
@@ -180,9 +186,9 @@ def test_schedule_tir_schedules_two_matmuls_no_family_takes_operator_by_operator
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("seq", [128, 200])
-def test_spelled_out_attention_is_correct_on_the_gpu(seq):
-    mod = _exported(2, 4, seq, 64)
+@pytest.mark.parametrize(("seq", "upcast"), [(128, False), (200, False), (200, True)])
+def test_spelled_out_attention_is_correct_on_the_gpu(seq, upcast):
+    mod = _exported(2, 4, seq, 64, upcast=upcast)
     rng = np.random.default_rng(1)
     q, k, v = (rng.standard_normal((2, 4, seq, 64)).astype("float16") for _ in range(3))
     executable = tvm.compile(mod, target=TARGET, relax_pipeline="tvm_dsm")

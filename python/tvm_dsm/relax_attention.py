@@ -33,18 +33,23 @@ _MAX_ELEMENTWISE = 2  # operators between the scores and the softmax
 
 def attention_patterns() -> list:
     """The scores' product, ``between`` element-wise operators (each of the scores alone, a
-    scale, or of the scores and other inputs: an additive mask, ``where(mask, scores, fill)``),
-    the softmax, the product with v; most operators first (pattern fusion takes the first
-    match)."""
+    scale, a cast, or of the scores and other inputs: an additive mask, ``where(mask, scores,
+    fill)``), the softmax, at most one operator of the probabilities alone (a cast back to the
+    16-bit type, where the model upcasts the softmax: ``softmax(s.float()).to(dtype)``), the
+    product with v; most operators first (pattern fusion takes the first match)."""
     steps = [lambda s, arity=arity, at=at: call_tir(*(s if n == at else wildcard() for n in range(arity)))
              for arity in (1, 2, 3) for at in range(arity)]
     patterns = []
-    for between in range(_MAX_ELEMENTWISE, -1, -1):
-        for chosen in itertools.product(steps, repeat=between):
-            scores = call_tir(wildcard(), wildcard())
-            for step in chosen:
-                scores = step(scores)
-            patterns.append(call_tir(call_tir(scores), wildcard()))
+    for cast_back in (True, False):
+        for between in range(_MAX_ELEMENTWISE, -1, -1):
+            for chosen in itertools.product(steps, repeat=between):
+                scores = call_tir(wildcard(), wildcard())
+                for step in chosen:
+                    scores = step(scores)
+                probabilities = call_tir(scores)
+                if cast_back:
+                    probabilities = call_tir(probabilities)
+                patterns.append(call_tir(probabilities, wildcard()))
     return patterns
 
 
