@@ -203,6 +203,26 @@ def test_an_nn_mlp_over_a_batch_and_a_sequence_gets_gemm_kernels():
     assert len(products) == 2 and all("rows <= 1: row_gemv" in line and "<= 16: split_k_gemm" in line for line in products), report
 
 
+@pytest.mark.parametrize(("dtype", "out_dtype", "family"), [("float32", None, "simt_gemm"),
+                                                           ("float16", "float32", "split_k_gemm")])
+def test_fp32_and_fp32_result_linears_over_tokens_get_gemm_kernels(dtype, out_dtype, family):
+    """``nn.Linear`` over ``[1, tokens, in]`` in fp32, or 16-bit with ``out_dtype="float32"``:
+    the product of a matrix of rows, which a GEMM family takes (a 3-D product goes to dlight)."""
+    from tvm.relax.frontend import nn
+    from tvm_dsm.model_report import relax_report
+
+    class Linear(nn.Module):
+        def __init__(self):
+            self.fc = nn.Linear(512, 1024, bias=False, dtype=dtype, out_dtype=out_dtype)
+
+        def forward(self, x):
+            return self.fc(x)
+
+    mod, _ = Linear().export_tvm({"forward": {"x": nn.spec.Tensor([1, 64, 512], dtype)}})
+    report = relax_report(mod)
+    assert [row.where for row in report.rows if "matmul" in row.name] == [family], report.format()
+
+
 @pytest.mark.gpu
 def test_gpu_an_nn_mlp_over_a_batch_and_a_sequence_matches_float64():
     """The MLP compiled by tvm-dsm's pipeline, run at several batch and sequence lengths (a

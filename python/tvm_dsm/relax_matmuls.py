@@ -5,7 +5,9 @@ when decoding, ``[1, tokens, in]`` in prefill) by ``[in, out]`` weights, and a 1
 legalizes to a matmul that accumulates in 16 bits. :func:`MatmulsAsMatrices` rewrites each such
 ``R.matmul`` into a reshape of the activation to ``[rows, in]`` (one symbolic row count: the
 batch, or the tokens), a matmul accumulated in fp32 (as cuBLAS and PyTorch accumulate a 16-bit
-``nn.Linear``: rounding only at the end), a cast back, and a reshape to the original shape.
+``nn.Linear``: rounding only at the end), a cast back, and a reshape to the original shape; an
+fp32 matmul, or a 16-bit one with an fp32 result, likewise without the cast (the GEMM families
+take matrices, not a product over ``[1, tokens, in]``).
 Relax does not fuse a reshape into a matmul's group, so the matmul reaches TIR as one 2-D GEMM
 with its cast as the epilogue, and the reshapes become views (``RewriteDataflowReshape``). What
 follows such a product element by element (a bias, an activation, a residual add, a gate's
@@ -33,19 +35,20 @@ from tvm.sym import Analyzer
 
 from .ir import find_all
 
-#: Activation types whose matmuls the pass rewrites.
+#: Activation types whose matmuls the pass accumulates in fp32 and casts back.
 SIXTEEN_BIT = ("float16", "bfloat16")
+FP32 = "float32"
 
 
 def _rewritable(call: relax.Call) -> bool:
-    """A matmul of a 16-bit activation of rank >= 2 by a 2-D weight of the same type, whose
-    result is of that type."""
+    """A matmul of an activation of rank >= 2 by a 2-D weight of the same type (16-bit or
+    fp32), whose result is of that type or fp32 (``nn.Linear(..., out_dtype="float32")``)."""
     if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.matmul"):
         return False
     x, w = (arg.ty for arg in call.args)
     out = call.ty
     return (isinstance(x, relax.TensorType) and isinstance(w, relax.TensorType)
-            and x.dtype in SIXTEEN_BIT and w.dtype == x.dtype and out.dtype == x.dtype
+            and x.dtype in (*SIXTEEN_BIT, FP32) and w.dtype == x.dtype and out.dtype in (x.dtype, FP32)
             and x.ndim >= 2 and w.ndim == 2 and x.shape is not None and out.shape is not None)
 
 
@@ -140,11 +143,11 @@ class _Rewriter(PyExprMutator):
         out_shape = list(call.ty.shape.values)
         if len(lead) > 1:
             x = self._matrix_of(x)
-        product = self.builder_.emit(relax.op.matmul(x, w, out_dtype="float32"))
-        result = relax.op.astype(product, call.ty.dtype)
+        product = self.builder_.emit(relax.op.matmul(x, w, out_dtype=FP32))
+        result = product if call.ty.dtype == FP32 else self.builder_.emit(relax.op.astype(product, call.ty.dtype))
         if len(lead) == 1:
             return result
-        return self._viewed(self.builder_.emit(result), out_shape)
+        return self._viewed(result, out_shape)
 
     def _matrix_of(self, tensor: relax.Expr) -> relax.Var:
         """``tensor`` (of rank 3 or more) as a matrix of its rows: the matrix it views, or its
