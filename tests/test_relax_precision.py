@@ -1,6 +1,6 @@
-"""bf16 layer norms, which TVM 0.27 cannot legalize, computed in fp32 (tvm_dsm.relax_precision):
-the rewritten module legalizes and the row norm family takes the norm; on the GPU it matches
-float64."""
+"""Relax operators TVM 0.27 cannot legalize in 16 bits (tvm_dsm.relax_precision): bf16 layer
+norms computed in fp32 (the row norm family takes them; on the GPU they match float64), and a
+16-bit attention's explicit scale moved onto its query (the same values on llvm)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from tvm import relax
 from tvm.relax.frontend import nn
 
 from tvm_dsm.model_report import relax_report
-from tvm_dsm.relax_precision import NormsInFp32
+from tvm_dsm.relax_precision import AttentionScaleOnQuery, NormsInFp32
 
 
 class _Norm(nn.Module):
@@ -58,3 +58,38 @@ def test_gpu_a_bf16_layer_norm_matches_float64():
         ref = ((x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5)
                * weight.astype(np.float64) + bias.astype(np.float64))
         assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2 ** -8, (b, s)
+
+
+class _ScaledAttention(nn.Module):
+    """``scaled_dot_product_attention`` with an explicit scale (q, k, v ``[batch, seq, heads,
+    dim]``), then an output projection of its heads."""
+
+    def __init__(self, scale: float, causal: bool):
+        self.scale, self.causal = scale, causal
+        self.out = nn.Linear(16, 16, bias=False, dtype="float16")
+
+    def forward(self, q, k, v):
+        a = nn.op.scaled_dot_product_attention(q, k, v, is_causal=self.causal, scale=self.scale)
+        return self.out(nn.op.reshape(a, [1, 16, 16]))
+
+
+@pytest.mark.parametrize(("scale", "causal"), [(0.125, False), (0.3, True)])
+def test_an_explicit_attention_scale_on_16_bit_tensors_builds_and_keeps_the_values(scale, causal):
+    spec = {name: nn.spec.Tensor([1, 16, 2, 8], "float16") for name in "qkv"}
+    mod, _ = _ScaledAttention(scale, causal).export_tvm({"forward": spec})
+    gpu = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    with pytest.raises(Exception, match="same datatype|float32"):  # TVM's own pipeline
+        tvm.compile(mod, target=gpu)
+    tvm.compile(mod, target=gpu, relax_pipeline="tvm_dsm")
+    vm = relax.VirtualMachine(tvm.compile(AttentionScaleOnQuery(mod), target="llvm"), tvm.cpu())
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((1, 16, 2, 8)).astype("float16") for _ in range(3))
+    w = (rng.standard_normal((16, 16)) / 4).astype("float16")
+    got = vm["forward"](*(tvm.runtime.tensor(a) for a in (q, k, v, w))).numpy().astype(np.float64)
+    q64, k64, v64 = (a.astype(np.float64).transpose(0, 2, 1, 3) for a in (q, k, v))
+    s = q64 @ k64.transpose(0, 1, 3, 2) * scale
+    if causal:
+        s = np.where(np.tril(np.ones((16, 16), bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    ref = ((p / p.sum(-1, keepdims=True)) @ v64).transpose(0, 2, 1, 3).reshape(1, 16, 16) @ w.astype(np.float64).T
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 5e-3  # fp16 arithmetic on llvm

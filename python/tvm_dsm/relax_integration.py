@@ -38,7 +38,7 @@ from .relax_gated import FuseGatedProjections
 from .relax_matmuls import MatmulsAsMatrices
 from .relax_patches import PatchesAsMatrices
 from .relax_patterns import RewriteToRelaxOps
-from .relax_precision import NormsInFp32
+from .relax_precision import AttentionScaleOnQuery, NormsInFp32
 
 LOG = logging.getLogger("tvm_dsm.relax")
 
@@ -166,7 +166,8 @@ def scheduling_form(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
 def lower_to_tir(mod: tvm.IRModule, gated_projections: bool = True) -> tvm.IRModule:
     """Decomposed operators put back as Relax's (:mod:`tvm_dsm.relax_patterns`), bf16 layer
-    norms in fp32 (:mod:`tvm_dsm.relax_precision`: TVM cannot legalize them), patch embeddings
+    norms in fp32 and 16-bit attention's explicit scale on its query (:mod:`tvm_dsm.relax_precision`:
+    TVM cannot legalize them), patch embeddings
     as GEMMs (:mod:`tvm_dsm.relax_patches`), 16-bit matmuls as fp32-accumulated matrix products
     (:mod:`tvm_dsm.relax_matmuls`), fused gate/up
     projections as gated GEMMs (:mod:`tvm_dsm.relax_gated`), transposes folded into matmuls,
@@ -178,6 +179,7 @@ def lower_to_tir(mod: tvm.IRModule, gated_projections: bool = True) -> tvm.IRMod
     return tvm.transform.Sequential([
         RewriteToRelaxOps,
         NormsInFp32,
+        AttentionScaleOnQuery,
         PatchesAsMatrices,
         MatmulsAsMatrices,
         *gated,  # the projections' split halves dead before FuseOps
