@@ -152,7 +152,7 @@ class Cube:
 
 @I.ir_module
 class Float16Statistics:
-    """Near miss: the statistics in fp16 (TOPI's rms_norm would widen them to fp32)."""
+    """The whole norm in fp16: its statistics rounded to 11 bits (TOPI's rms_norm widens them)."""
 
     @R.function
     def main(x: R.Tensor((2, 3, 64), "float16"), w: R.Tensor((64,), "float16")):
@@ -190,8 +190,49 @@ class OtherRow:
         return out
 
 
-@pytest.mark.parametrize("mod", [MeanOverRows, Cube, Float16Statistics, RowWeight, OtherRow],
-                         ids=["mean_over_rows", "cube", "fp16_statistics", "row_weight", "other_row"])
+def _hand_written(divisor: float) -> tvm.IRModule:
+    """An fp32 norm written by hand: the sum of squares divided by ``divisor`` (the width makes it
+    the mean), ``x / sqrt(..)``, times the weight."""
+    bb = relax.BlockBuilder()
+    x, w = relax.Var("x", R.Tensor((2, 3, WIDTH), "float32")), relax.Var("w", R.Tensor((WIDTH,), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            var = relax.op.divide(relax.op.sum(relax.op.multiply(x, x), axis=[-1], keepdims=True),
+                                  relax.const(divisor, "float32"))
+            root = relax.op.sqrt(relax.op.add(var, relax.const(1e-6, "float32")))
+            out = bb.emit_output(relax.op.multiply(relax.op.divide(x, root), w))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+HandWritten = _hand_written(WIDTH)
+SumOverOtherWidth = _hand_written(WIDTH / 2)  # near miss: not the mean
+
+
+@pytest.mark.parametrize("mod", [MeanOverRows, Cube, RowWeight, OtherRow, SumOverOtherWidth],
+                         ids=["mean_over_rows", "cube", "row_weight", "other_row", "sum_over_other_width"])
 def test_a_near_miss_is_left_unchanged(mod):
     assert rewrite_rms_norms(mod["main"]).same_as(mod["main"])
     assert tvm_ffi.structural_equal(RewriteToRelaxOps(mod), mod)
+
+
+@pytest.mark.parametrize("mod, dtype", [(HandWritten, "float32"), (Float16Statistics, "float16")],
+                         ids=["fp32_sum_and_sqrt", "fp16_statistics"])
+def test_a_norm_written_otherwise_becomes_r_nn_rms_norm_no_further_from_float64(mod, dtype):
+    """A sum over the width and a division by the root (fp32: the same values up to one
+    rounding), or a norm wholly in fp16, whose statistics TOPI computes in fp32 (closer to
+    float64 than the graph's fp16 roundings)."""
+    rewritten = RewriteToRelaxOps(mod)
+    ops = _ops(rewritten)
+    assert ops == ["relax.nn.rms_norm"], rewritten.script()
+    assert [row.where for row in relax_report(mod).rows] == ["row_norm"]
+    rng = np.random.default_rng(1)
+    x, w = (rng.standard_normal(shape).astype(dtype) for shape in ((2, 3, WIDTH), (WIDTH,)))
+    before, after = (_run(m, x, w).astype(np.float64) for m in (mod, rewritten))
+    x64 = x.astype(np.float64)
+    ref = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + (1e-6 if dtype == "float32" else 1e-5)) * w
+    error = lambda got: np.linalg.norm(got - ref) / np.linalg.norm(ref)  # noqa: E731
+    if dtype == "float32":  # both at fp32's rounding
+        assert error(after) < 1e-6 and np.linalg.norm(after - before) / np.linalg.norm(before) < 1e-6
+    else:
+        assert error(after) < error(before)

@@ -15,9 +15,12 @@ arrives as ``astype``, ``power``, ``mean``, ``add``, ``rsqrt``, ``multiply``, ``
 back as that operator; :data:`RewriteToRelaxOps` applies it to every Relax function of a module,
 and :func:`tvm_dsm.relax_integration.lower_to_tir` runs it first.
 
-The rewrite never changes what is computed beyond the order of the sum's terms: it matches only
-where TOPI's ``rms_norm`` does the same arithmetic (the statistics in fp32, ``mean`` as the sum
-divided by the width, ``x * rsqrt(mean + eps)``), and where the graph rounds the normalized row
+The rewrite never changes what is computed beyond the order of the sum's terms and the rounding
+of one fp32 operation: it matches only where TOPI's ``rms_norm`` does the same arithmetic (the
+statistics in fp32, ``mean`` as the sum divided by the width (written so, or as ``mean``),
+``x * rsqrt(mean + eps)`` (or ``x / sqrt(mean + eps)``)), or a norm written wholly in a 16-bit
+type, whose statistics TOPI computes in fp32 and rounds once (never further from the exact
+values than the graph's own 16-bit roundings), and where the graph rounds the normalized row
 before multiplying by the weight (the ``.to(x.dtype)`` of a 16-bit model) it keeps that rounding:
 the norm is taken with a weight of ones (a multiplication by 1.0, exact) and the weight is
 multiplied afterwards, in the graph's type, as before (Relax fuses that multiplication into the
@@ -82,7 +85,9 @@ def _same_type(a, b) -> bool:
 
 
 def rms_norm_pattern():
-    """The decomposed RMSNorm: ``(x * rsqrt(mean(x ** 2, -1) + eps)) [.astype(t)] * weight``.
+    """The decomposed RMSNorm: ``(x * rsqrt(mean(x ** 2, -1) + eps)) [.astype(t)] * weight``,
+    the mean also written ``sum(..) / width`` (or ``* (1 / width)``), the normalization also
+    ``x / sqrt(..)``.
 
     Returns the pattern's root and its named parts (a dict of patterns: ``x``, ``square``,
     ``mean``, ``eps``, ``normalized``, ``cast``, ``weight``, ``root``); the square is
@@ -91,11 +96,15 @@ def rms_norm_pattern():
     rewriter checks."""
     x, eps, weight = wildcard(), is_const(), wildcard()
     square = is_op("relax.power")(x, is_const()) | is_op("relax.multiply")(x, x)
-    mean = is_op("relax.mean")(square)
-    normalized = is_op("relax.multiply")(x, is_op("relax.rsqrt")(is_op("relax.add")(mean, eps)))
+    total = is_op("relax.sum")(square)
+    mean = (is_op("relax.mean")(square) | is_op("relax.divide")(total, is_const())
+            | is_op("relax.multiply")(total, is_const()))
+    shifted = is_op("relax.add")(mean, eps)
+    normalized = (is_op("relax.multiply")(x, is_op("relax.rsqrt")(shifted))
+                  | is_op("relax.divide")(x, is_op("relax.sqrt")(shifted)))
     cast = is_op("relax.astype")(normalized)
     root = is_op("relax.multiply")(cast | normalized, weight)
-    return root, {"x": x, "square": square, "mean": mean, "eps": eps, "normalized": normalized,
+    return root, {"x": x, "square": square, "total": total, "mean": mean, "eps": eps, "normalized": normalized,
                   "cast": cast, "weight": weight, "root": root}
 
 
@@ -104,7 +113,7 @@ def _rms_norm_replacement(orig: relax.Call, m: dict, parts: dict) -> relax.Expr:
     TOPI's ``rms_norm`` would not compute the same thing."""
     x, weight, normalized = m[parts["x"]], m[parts["weight"]], m[parts["normalized"]]
     x_ty, w_ty = _tensor(x), _tensor(weight)
-    if x_ty is None or w_ty is None or x_ty.dtype != _STATS or x_ty.ndim < 1 or w_ty.ndim != 1:
+    if x_ty is None or w_ty is None or x_ty.dtype not in _OUT_TYPES or x_ty.ndim < 1 or w_ty.ndim != 1:
         return orig
     width = x_ty.shape.values[-1]
     if not Analyzer().can_prove_equal(w_ty.shape.values[0], width):
@@ -112,14 +121,18 @@ def _rms_norm_replacement(orig: relax.Call, m: dict, parts: dict) -> relax.Expr:
     square = m[parts["square"]]
     if is_op_call(square, "relax.power") and _scalar(square.args[1]) != 2.0:
         return orig
-    mean = m[parts["mean"]]
-    axes = [int(a) for a in mean.attrs.axis] if mean.attrs.axis is not None else None
-    if not mean.attrs.keepdims or axes not in ([-1], [x_ty.ndim - 1]):
+    if not _mean_over_last_axis(m[parts["mean"]], m.get(parts["total"]), x_ty.ndim, width):
         return orig
     eps = _scalar(m[parts["eps"]])
-    if eps is None or not math.isfinite(eps) or _tensor(m[parts["eps"]]).dtype != _STATS:
+    if eps is None or not math.isfinite(eps) or _tensor(m[parts["eps"]]).dtype != x_ty.dtype:
         return orig
     cast = m.get(parts["cast"])
+    if x_ty.dtype != _STATS:  # the whole norm in 16 bits: TOPI's, in fp32 rounded once, is closer
+        if cast is not None or w_ty.dtype != x_ty.dtype or _tensor(normalized) is None \
+                or _tensor(normalized).dtype != x_ty.dtype:
+            return orig
+        new = relax.op.nn.rms_norm(x, weight, axes=[-1], epsilon=eps)
+        return new if _same_type(relax.TensorType(x_ty.shape, w_ty.dtype), orig.ty) else orig
     out_dtype = str(cast.attrs.dtype) if cast is not None else _STATS
     if out_dtype not in _OUT_TYPES or w_ty.dtype != out_dtype or _tensor(normalized) is None \
             or _tensor(normalized).dtype != _STATS:
@@ -143,6 +156,24 @@ def _rms_norm_replacement(orig: relax.Call, m: dict, parts: dict) -> relax.Expr:
         new = relax.op.multiply(norm, weight)
     # The result has x's shape and the weight's type: the matched expression's, or no rewrite.
     return new if _same_type(relax.TensorType(x_ty.shape, w_ty.dtype), orig.ty) else orig
+
+
+def _mean_over_last_axis(mean: relax.Call, total: relax.Call | None, ndim: int, width) -> bool:
+    """Whether ``mean`` (``mean(square)``, or ``total / c`` or ``total * c`` of ``total =
+    sum(square)``) is the mean over the last axis of ``ndim``, dimensions kept: ``c`` the width
+    (or its reciprocal, to fp32's precision) where it is a sum."""
+    reduced = mean
+    if not is_op_call(mean, "relax.mean"):
+        reduced, c = total, _scalar(mean.args[1])
+        if reduced is None:
+            return False
+        if c is None or not isinstance(width, tvm.tirx.IntImm):
+            return False
+        want = int(width) if is_op_call(mean, "relax.divide") else 1.0 / int(width)
+        if abs(c - want) > want * 2.0 ** -23:
+            return False
+    axes = [int(a) for a in reduced.attrs.axis] if reduced.attrs.axis is not None else None
+    return bool(reduced.attrs.keepdims) and axes in ([-1], [ndim - 1])
 
 
 def _ones(width, dtype: str) -> relax.Expr:
