@@ -76,7 +76,7 @@ def _exported(batch, heads, seq, head_dim, dtype="float16", upcast=False):
 
 
 @pytest.mark.parametrize(("batch", "seq", "upcast"), [(2, 128, False), (2, "seq", False), ("batch", "seq", False),
-                                                      (2, 128, True), ("batch", "seq", True)])
+                                                      ("batch", "seq", True)])
 def test_spelled_out_attention_is_one_function_the_attention_family_takes(batch, seq, upcast):
     report = relax_report(_exported(batch, 4, seq, 64, upcast=upcast))
     grouped = [row for row in report.rows if "softmax" in row.name]
