@@ -1,24 +1,49 @@
 """A function that sorts with TVM's CPU sort (TOPI's generic topk) is refused at build time,
-naming the GPU form, and that form builds CUDA kernels."""
+naming the GPU form, and that form builds CUDA kernels; but a MoE router written with it (the
+topk of a softmax) is built as the fused router, which computes what TOPI's does."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+import tvm
 from conftest import TARGET
 from tvm import te, topi
 
 import tvm_dsm
+from tvm_dsm.transform.host_sorts import router_top_k
 
 
 def _router_logits():
     return te.placeholder((13, 128), "float32", name="logits")
 
 
-def test_topis_generic_topk_is_refused_naming_the_gpu_form():
+@pytest.mark.parametrize("index_dtype, softmax", [("int32", False), ("int64", True)],
+                         ids=["of_the_logits", "int64_indices"])
+def test_topis_generic_topk_is_refused_naming_the_gpu_form(index_dtype, softmax):
     x = _router_logits()
-    values, indices = topi.topk(topi.nn.softmax(x), k=2, ret_type="both", dtype="int32")
+    values, indices = topi.topk(topi.nn.softmax(x) if softmax else x, k=2, ret_type="both", dtype=index_dtype)
     with pytest.raises(tvm_dsm.ClusterError, match=r"tvm\.contrib\.sort\.topk.*topi\.gpu\.topk"):
         tvm_dsm.build(te.create_prim_func([x, values, indices]), TARGET)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_router_written_with_topis_topk_is_the_fused_router_computing_what_topi_does(dtype):
+    x = te.placeholder((13, 64), dtype, name="logits")
+    wide = x if dtype == "float32" else topi.cast(x, "float32")
+    func = te.create_prim_func([x, *topi.topk(topi.nn.softmax(wide), k=2, ret_type="both", dtype="int32")])
+    assert tvm_dsm.plan(func).family.name == "top_k_rows"
+    assert "__global__" in tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source()
+    logits = np.random.default_rng(5).standard_normal((13, 64)).astype(dtype)
+    outputs = []
+    for f in (func, router_top_k(func)):  # TOPI's (the CPU sort) and the router's, on llvm
+        args = [tvm.runtime.tensor(logits), tvm.runtime.tensor(np.zeros((13, 2), "float32")),
+                tvm.runtime.tensor(np.zeros((13, 2), "int32"))]
+        tvm.compile(f, target="llvm")(*args)
+        outputs.append([a.numpy() for a in args[1:]])
+    (values, indices), (router_values, router_indices) = outputs
+    np.testing.assert_array_equal(router_indices, indices)
+    np.testing.assert_allclose(router_values, values, rtol=1e-6)
 
 
 def test_the_gpu_topk_with_outputs_named_apart_builds_cuda_kernels():

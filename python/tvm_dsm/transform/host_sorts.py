@@ -4,15 +4,25 @@ the host calls on the arguments' data. Built for a GPU, that data lives in devic
 kernel computes the sort (TVM's own build makes no CUDA kernel for it either), so the module
 would fail only when it runs. :func:`refuse_host_sorts` refuses such a function at build time,
 naming TVM's GPU form of the operator (``topi.gpu.*``, which Relax's DispatchSortScan picks for
-GPU targets)."""
+GPU targets).
+
+One such function has a kernel of its own: a MoE router written with TOPI, the k best of
+``topi.topk(topi.nn.softmax(logits [cast to fp32]), k, ret_type="both", dtype="int32")``.
+:func:`router_top_k` recognizes it by rebuilding that composition at the function's shape and
+comparing, and gives the fused router's form (:func:`tvm_dsm.workloads.cascades.moe_routing`:
+the experts ranked by their logits, which the softmax keeps in order, ties to the lower index as
+TVM's sort keeps them; their probabilities from the row max and exp-sum), which the top-k rows
+family takes."""
 
 from __future__ import annotations
 
 import tvm
-from tvm import tirx
+import tvm_ffi
+from tvm import te, tirx, topi
 
 from ..errors import ClusterError
 from ..ir import find_all
+from ..workloads.cascades import moe_routing
 
 #: TVM's CPU sorts, by packed-function name: the TOPI operator whose generic form calls it, and
 #: the TOPI operator that sorts on the GPU.
@@ -43,3 +53,26 @@ def refuse_host_sorts(func: tirx.PrimFunc) -> None:
         f"with {gpu}, TVM's GPU sort (the one Relax's DispatchSortScan picks for GPU targets), "
         "and give its outputs distinct names: TVM 0.27 cannot bind two parameters of one name "
         "for a GPU (topk's two slices are both T_strided_slice)")
+
+
+def router_top_k(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
+    """``func`` as the fused router where it is TOPI's generic topk of a softmax of 2-D logits
+    (see the module docstring), else None."""
+    params = list(func.params)
+    if len(params) != 3 or not all(isinstance(p.ty, tvm.tirx.buffer.BufferType) for p in params):
+        return None
+    logits, values, indices = (p.ty for p in params)
+    if len(logits.shape) != 2 or len(values.shape) != 2 or str(indices.dtype) != "int32":
+        return None
+    try:
+        tokens, experts, k = (int(d) for d in (*logits.shape, values.shape[1]))
+    except TypeError:  # a symbolic extent
+        return None
+    x = te.placeholder((tokens, experts), str(logits.dtype), name="logits")
+    wide = x if x.dtype == "float32" else topi.cast(x, "float32")
+    written = te.create_prim_func([x, *topi.topk(topi.nn.softmax(wide), k=k, ret_type="both", dtype="int32")])
+    if not tvm_ffi.structural_equal(written.body, func.body, map_free_vars=True) or \
+            not tvm_ffi.structural_equal(written.params, func.params, map_free_vars=True):
+        return None
+    return moe_routing(tokens, experts, k, str(logits.dtype)).with_attr(
+        "global_symbol", (func.attrs or {}).get("global_symbol", "main"))

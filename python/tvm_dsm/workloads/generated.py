@@ -53,15 +53,6 @@ MAX_MACS = 1 << 32
 #: Largest finite float8_e4m3fn: per-token quantization maps each row's max |y| onto it.
 FP8_MAX = 448.0
 
-#: Cases tvm_dsm.build gets wrong or crashes on with something other than a ClusterError naming
-#: a limit: (op class, style (None: any), which of its cases, the first line of what happens).
-KNOWN_FAILURES = [
-    ("moe_routing", "topi", lambda case: True,
-     "tvm_dsm.build: ClusterError: topi.topk's generic form calls TVM's CPU sort tvm.contrib.sort.topk on "
-     "the host (TVM's own build makes no CUDA kernel either); topi.gpu.topk is the GPU form"),
-]
-
-
 #: (op class, style, input types) whose function rounds beyond its dtype's tolerance against
 #: float64 by its own definition: Relax's legalized attention computes its scores in the 16-bit
 #: input type, and its softmax its exponentials and exp-sum (in bf16, 8 bits each).
@@ -83,11 +74,6 @@ class Case:
     params: dict  # "op" (a key of REFERENCES) and its keyword arguments
     symbolic: bool = False
     flops: int = 0
-
-    @property
-    def known_failure(self) -> str | None:
-        return next((what for op_class, style, applies, what in KNOWN_FAILURES
-                     if op_class == self.op_class and style in (None, self.style) and applies(self)), None)
 
     @property
     def within_tolerance(self) -> bool:
