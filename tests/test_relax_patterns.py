@@ -236,3 +236,34 @@ def test_a_norm_written_otherwise_becomes_r_nn_rms_norm_no_further_from_float64(
         assert error(after) < 1e-6 and np.linalg.norm(after - before) / np.linalg.norm(before) < 1e-6
     else:
         assert error(after) < error(before)
+
+
+def _spelled_out(form: str, dtype: str, last_axis: bool = True) -> tvm.IRModule:
+    """A softmax or log-softmax over rows of ``[2, 3, 64]`` written with max, exp, sum, log (over
+    the middle axis instead where not ``last_axis``: a near miss)."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor((2, 3, WIDTH), dtype))
+    axis = [-1] if last_axis else [1]
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            shifted = bb.emit(relax.op.subtract(x, relax.op.max(x, axis=axis, keepdims=True)))
+            exp = bb.emit(relax.op.exp(shifted))
+            total = bb.emit(relax.op.sum(exp, axis=axis, keepdims=True))
+            out = relax.op.divide(exp, total) if form == "softmax" else relax.op.subtract(shifted, relax.op.log(total))
+            out = bb.emit_output(out)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("form", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_spelled_out_softmax_becomes_the_relax_operator_with_the_same_values(form, dtype):
+    mod = _spelled_out(form, dtype)
+    rewritten = RewriteToRelaxOps(mod)
+    assert _ops(rewritten) == [f"relax.nn.{form}"], rewritten.script()
+    assert [row.where for row in relax_report(mod).rows] == ["row_norm"]
+    x = (np.random.default_rng(2).standard_normal((2, 3, WIDTH)) * 3).astype(dtype)
+    np.testing.assert_allclose(_run(rewritten, x), _run(mod, x), rtol=1e-6 if dtype == "float32" else 2e-3,
+                               atol=1e-7 if dtype == "float32" else 1e-3)
+    assert tvm_ffi.structural_equal(RewriteToRelaxOps(_spelled_out(form, dtype, last_axis=False)),
+                                    _spelled_out(form, dtype, last_axis=False), map_free_vars=True)

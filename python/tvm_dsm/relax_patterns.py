@@ -13,7 +13,10 @@ arrives as ``astype``, ``power``, ``mean``, ``add``, ``rsqrt``, ``multiply``, ``
 ``R.nn.rms_norm`` legalizes to TOPI's ``rms_norm``, one PrimFunc that family takes whole (as
 ``relax.frontend.nn`` models produce it). :func:`rewrite_rms_norms` puts the decomposed form
 back as that operator; :data:`RewriteToRelaxOps` applies it to every Relax function of a module,
-and :func:`tvm_dsm.relax_integration.lower_to_tir` runs it first.
+and :func:`tvm_dsm.relax_integration.lower_to_tir` runs it first. A softmax or log-softmax written
+out the same way (``exp(x - max(x)) / sum(..)``, ``(x - max(x)) - log(sum(exp(..)))``, cut into
+four kernels by ``FuseOps``) is put back as ``R.nn.softmax`` / ``R.nn.log_softmax``
+(:func:`rewrite_softmaxes`), whose TOPI legalization is the same arithmetic.
 
 The rewrite never changes what is computed beyond the order of the sum's terms and the rounding
 of one fp32 operation: it matches only where TOPI's ``rms_norm`` does the same arithmetic (the
@@ -204,8 +207,45 @@ def _rewrite(pattern, rewriter, func: relax.Function) -> relax.Function:
     return new if changed else func
 
 
+def softmax_patterns() -> dict:
+    """The softmax and log-softmax over a row spelled out, ``exp(x - max(x)) / sum(exp(x -
+    max(x)))`` and ``(x - max(x)) - log(sum(exp(x - max(x))))``: {name: (root, parts)} (parts:
+    ``x``, ``max``, ``sum``), as TOPI's ``softmax`` and ``log_softmax`` compute them."""
+    x = wildcard()
+    row_max = is_op("relax.max")(x)
+    shifted = is_op("relax.subtract")(x, row_max)
+    exp = is_op("relax.exp")(shifted)
+    total = is_op("relax.sum")(exp)
+    softmax = is_op("relax.divide")(exp, total)
+    log_softmax = is_op("relax.subtract")(shifted, is_op("relax.log")(total))
+    parts = {"x": x, "max": row_max, "sum": total}
+    return {"softmax": (softmax, parts), "log_softmax": (log_softmax, parts)}
+
+
+def _over_last_axis(reduction: relax.Call, ndim: int) -> bool:
+    """Whether ``reduction`` (a max or sum) is over the last axis of ``ndim``, dimensions kept."""
+    axes = [int(a) for a in reduction.attrs.axis] if reduction.attrs.axis is not None else None
+    return bool(reduction.attrs.keepdims) and axes in ([-1], [ndim - 1])
+
+
+def rewrite_softmaxes(func: relax.Function) -> relax.Function:
+    """``func`` with every spelled-out softmax and log-softmax over the last axis
+    (:func:`softmax_patterns`) as ``R.nn.softmax`` / ``R.nn.log_softmax`` (legalized to the same
+    arithmetic, one function the row norm family takes); ``func`` itself where none matches."""
+    operators = {"softmax": relax.op.nn.softmax, "log_softmax": relax.op.nn.log_softmax}
+    for name, (root, parts) in softmax_patterns().items():
+        def replacement(orig, m, parts=parts, operator=operators[name]):
+            x_ty = _tensor(m[parts["x"]])
+            if x_ty is None or x_ty.ndim < 1 or x_ty.dtype not in _OUT_TYPES or not all(
+                    _over_last_axis(m[parts[r]], x_ty.ndim) for r in ("max", "sum")):
+                return orig
+            return operator(m[parts["x"]], axis=-1)
+        func = _rewrite(root, replacement, func)
+    return func
+
+
 #: The rewrites :data:`RewriteToRelaxOps` applies, in order.
-REWRITES = (rewrite_rms_norms,)
+REWRITES = (rewrite_rms_norms, rewrite_softmaxes)
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.RewriteToRelaxOps")
