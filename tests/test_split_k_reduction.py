@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import TARGET, cuda_source
+from conftest import TARGET, cuda_source, kernels
 
 from tvm_dsm import ClusterError
 from tvm_dsm.rules import SplitKReductionConfig, schedule_split_k_reduction
@@ -42,6 +42,25 @@ def test_not_a_row_reduction():
         schedule_split_k_reduction(te.create_prim_func([a, b]), SplitKReductionConfig(2, 16))
 
 
+def _sum_of_squares(m: int, k: int):
+    """``sum(x * x)`` over rows as Relax fuses it: a multiply block, then the sum."""
+    from tvm import te
+
+    x = te.placeholder((m, k), name="x")
+    square = te.compute((m, k), lambda i, j: x[i, j] * x[i, j], name="square")
+    r = te.reduce_axis((0, k), "r")
+    return te.create_prim_func([x, te.compute((m,), lambda i: te.sum(square[i, r], axis=r), name="total")])
+
+
+def test_an_element_wise_producer_is_inlined_into_the_row_reduction(assemble):
+    import tvm_dsm
+
+    func = _sum_of_squares(64, 1000)
+    assert tvm_dsm.plan(func).family.name == "split_k_reduction"
+    source = cuda_source(schedule_split_k_reduction(func, SplitKReductionConfig(2, 16)).mod)
+    assert len(kernels(source)) == 1 and assemble(source, "sum_of_squares")
+
+
 def test_trace_records_the_cluster_decisions():
     sch = schedule_split_k_reduction(row_sum(256, 4096), SplitKReductionConfig(8, 32))
     text = str(sch.trace)
@@ -64,4 +83,17 @@ def test_gpu_matches_float64(cluster, m, k):
     y = tvm.runtime.tensor(np.full(m, np.nan, np.float32), dev)
     func(tvm.runtime.tensor(a, dev), tvm.runtime.tensor(x, dev), y)
     ref = a.astype(np.float64) @ x.astype(np.float64)
+    assert np.linalg.norm(y.numpy() - ref) / np.linalg.norm(ref) < 1e-5
+
+
+@pytest.mark.gpu
+def test_gpu_a_sum_of_squares_matches_float64():
+    import tvm
+    import tvm_dsm
+
+    lib, dev = tvm_dsm.build(_sum_of_squares(64, 1000), TARGET), tvm.cuda(0)
+    x = np.random.default_rng().standard_normal((64, 1000), dtype=np.float32)
+    y = tvm.runtime.tensor(np.full(64, np.nan, np.float32), dev)
+    lib(tvm.runtime.tensor(x, dev), y)
+    ref = (x.astype(np.float64) ** 2).sum(-1)
     assert np.linalg.norm(y.numpy() - ref) / np.linalg.norm(ref) < 1e-5

@@ -11,7 +11,7 @@ from tvm import s_tir, tirx
 from ..errors import ClusterError
 from ..hardware import Hardware
 from ..planners import split_k as model
-from ..rules.split_k_reduction import SplitKReductionConfig, reduction_extents, schedule_split_k_reduction
+from ..rules.split_k_reduction import SplitKReductionConfig, reduction_block, schedule_split_k_reduction
 from ..transform.buffers import buffer_bytes
 from .base import ScheduleFamily
 
@@ -32,11 +32,8 @@ class SplitKReduction(ScheduleFamily):
 
     def recognize(self, func: tirx.PrimFunc) -> ReductionShape:
         sch = s_tir.Schedule(func)
-        blocks = sch.get_child_blocks(sch.get_sblock("root"))
-        if len(blocks) != 1:
-            raise ClusterError(f"a split-K row reduction is one block, got {len(blocks)}")
-        rows, depth = reduction_extents(sch, blocks[0])
-        reads = [r.source for r in sch.get(blocks[0]).reads]
+        block, rows, depth = reduction_block(sch)
+        reads = [r.source for r in sch.get(block).reads]
         matrix = next((b for b in reads if len(b.ty.shape) == 2), None)
         if matrix is None:
             raise ClusterError("a split-K row reduction reads a [rows, K] matrix")

@@ -33,13 +33,20 @@ class SplitKReductionConfig:
         return 32 * self.warps
 
 
-def _reduction_block(sch: s_tir.Schedule) -> tuple[s_tir.schedule.SBlockRV, int, int]:
-    """The function's single (rows, k) reduction block, with its two extents."""
+def reduction_block(sch: s_tir.Schedule) -> tuple[s_tir.schedule.SBlockRV, int, int]:
+    """The function's single (rows, k) reduction block, with its two extents, its element-wise
+    producers (``sum(x * x)`` as Relax fuses it: a multiply, then the sum) inlined into it."""
+    *producers, last = sch.get_child_blocks(sch.get_sblock("root"))
+    for block in producers:
+        try:
+            sch.compute_inline(block)
+        except tvm.s_tir.schedule.ScheduleError:
+            break
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     if len(blocks) != 1:
         raise ClusterError(
-            f"split-K reduction expects one block (inline elementwise producers first), got "
-            f"{len(blocks)}"
+            f"split-K reduction expects one reduction block after element-wise producers, got "
+            f"{len(blocks)} blocks"
         )
     return (blocks[0], *reduction_extents(sch, blocks[0]))
 
@@ -95,9 +102,10 @@ def check_config(rows: int, depth: int, config: SplitKReductionConfig) -> None:
 def schedule_split_k_reduction(
     func: tirx.PrimFunc, config: SplitKReductionConfig
 ) -> s_tir.Schedule:
-    """Schedule ``func`` (one row-reduction block) as a cluster split-K kernel."""
+    """Schedule ``func`` (one row-reduction block, after element-wise producers) as a cluster
+    split-K kernel."""
     sch = s_tir.Schedule(func)
-    block, rows, depth = _reduction_block(sch)
+    block, rows, depth = reduction_block(sch)
     check_config(rows, depth, config)  # before rows_per_cluster is divided among the ranks
     s = config.cluster_size
     apply_split_k_reduction(sch, block, s, config.rows_per_cluster // s, config.warps)
