@@ -73,7 +73,8 @@ class _ScaledAttention(nn.Module):
         return self.out(nn.op.reshape(a, [1, 16, 16]))
 
 
-def test_an_explicit_attention_scale_on_16_bit_tensors_builds_and_keeps_the_values(scale=0.3, causal=True):
+def test_an_explicit_attention_scale_on_16_bit_tensors_builds_and_keeps_the_values():
+    scale, causal = 0.3, True  # a factor off a power of two, and the mask
     spec = {name: nn.spec.Tensor([1, 16, 2, 8], "float16") for name in "qkv"}
     mod, _ = _ScaledAttention(scale, causal).export_tvm({"forward": spec})
     gpu = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})

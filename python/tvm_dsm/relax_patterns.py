@@ -161,22 +161,24 @@ def _rms_norm_replacement(orig: relax.Call, m: dict, parts: dict) -> relax.Expr:
     return new if _same_type(relax.TensorType(x_ty.shape, w_ty.dtype), orig.ty) else orig
 
 
+def _over_last_axis(reduction: relax.Call, ndim: int) -> bool:
+    """Whether ``reduction`` (a mean, max or sum) is over the last axis of ``ndim``, dimensions
+    kept."""
+    axes = [int(a) for a in reduction.attrs.axis] if reduction.attrs.axis is not None else None
+    return bool(reduction.attrs.keepdims) and axes in ([-1], [ndim - 1])
+
+
 def _mean_over_last_axis(mean: relax.Call, total: relax.Call | None, ndim: int, width) -> bool:
     """Whether ``mean`` (``mean(square)``, or ``total / c`` or ``total * c`` of ``total =
     sum(square)``) is the mean over the last axis of ``ndim``, dimensions kept: ``c`` the width
     (or its reciprocal, to fp32's precision) where it is a sum."""
-    reduced = mean
-    if not is_op_call(mean, "relax.mean"):
-        reduced, c = total, _scalar(mean.args[1])
-        if reduced is None:
-            return False
-        if c is None or not isinstance(width, tvm.tirx.IntImm):
-            return False
-        want = int(width) if is_op_call(mean, "relax.divide") else 1.0 / int(width)
-        if abs(c - want) > want * 2.0 ** -23:
-            return False
-    axes = [int(a) for a in reduced.attrs.axis] if reduced.attrs.axis is not None else None
-    return bool(reduced.attrs.keepdims) and axes in ([-1], [ndim - 1])
+    if is_op_call(mean, "relax.mean"):
+        return _over_last_axis(mean, ndim)
+    c = _scalar(mean.args[1])
+    if total is None or c is None or not isinstance(width, tvm.tirx.IntImm):
+        return False
+    want = int(width) if is_op_call(mean, "relax.divide") else 1.0 / int(width)
+    return abs(c - want) <= want * 2.0 ** -23 and _over_last_axis(total, ndim)
 
 
 def _ones(width, dtype: str) -> relax.Expr:
@@ -220,12 +222,6 @@ def softmax_patterns() -> dict:
     log_softmax = is_op("relax.subtract")(shifted, is_op("relax.log")(total))
     parts = {"x": x, "max": row_max, "sum": total}
     return {"softmax": (softmax, parts), "log_softmax": (log_softmax, parts)}
-
-
-def _over_last_axis(reduction: relax.Call, ndim: int) -> bool:
-    """Whether ``reduction`` (a max or sum) is over the last axis of ``ndim``, dimensions kept."""
-    axes = [int(a) for a in reduction.attrs.axis] if reduction.attrs.axis is not None else None
-    return bool(reduction.attrs.keepdims) and axes in ([-1], [ndim - 1])
 
 
 def rewrite_softmaxes(func: relax.Function) -> relax.Function:

@@ -36,8 +36,7 @@ class SplitKReductionConfig:
 def reduction_block(sch: s_tir.Schedule) -> tuple[s_tir.schedule.SBlockRV, int, int]:
     """The function's single (rows, k) reduction block, with its two extents, its element-wise
     producers (``sum(x * x)`` as Relax fuses it: a multiply, then the sum) inlined into it."""
-    *producers, last = sch.get_child_blocks(sch.get_sblock("root"))
-    for block in producers:
+    for block in sch.get_child_blocks(sch.get_sblock("root"))[:-1]:  # the producers, in order
         try:
             sch.compute_inline(block)
         except tvm.s_tir.schedule.ScheduleError:

@@ -41,9 +41,14 @@ def _packed_name(call: tvm.ir.Call) -> str | None:
     return name.value if isinstance(name, tvm.ir.StringImm) else None
 
 
+def _host_sort(func: tirx.PrimFunc) -> str | None:
+    """The name of the first of TVM's CPU sorts ``func`` calls, if any."""
+    return next((n for n in map(_packed_name, find_all(func.body, tvm.ir.Call)) if n in CPU_SORTS), None)
+
+
 def refuse_host_sorts(func: tirx.PrimFunc) -> None:
     """ClusterError if ``func`` calls one of TVM's CPU sorts, naming it and the GPU form."""
-    sort = next((n for n in map(_packed_name, find_all(func.body, tvm.ir.Call)) if n in CPU_SORTS), None)
+    sort = _host_sort(func)
     if sort is None:
         return
     generic, gpu = CPU_SORTS[sort]
@@ -59,7 +64,8 @@ def router_top_k(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
     """``func`` as the fused router where it is TOPI's generic topk of a softmax of 2-D logits
     (see the module docstring), else None."""
     params = list(func.params)
-    if len(params) != 3 or not all(isinstance(p.ty, tvm.tirx.buffer.BufferType) for p in params):
+    if _host_sort(func) != "tvm.contrib.sort.topk" or len(params) != 3 or not all(
+            isinstance(p.ty, tvm.tirx.buffer.BufferType) for p in params):
         return None
     logits, values, indices = (p.ty for p in params)
     if len(logits.shape) != 2 or len(values.shape) != 2 or str(indices.dtype) != "int32":
