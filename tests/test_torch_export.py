@@ -1,8 +1,10 @@
 """A Llama decoder layer written as a torch user writes it (nn.Linear, SDPA, an RMSNorm
-module), exported with ``torch.export`` and imported with ``from_exported_program``: the
-"tvm_dsm" pipeline's report names a family for its projections and for both RMSNorms (put back
-as ``R.nn.rms_norm`` by tvm_dsm.relax_patterns) and no kernel crashes, and that rewrite computes
-what torch does (where torch is installed; the GPU machine has it)."""
+module), exported with ``torch.export`` and imported with tvm-dsm's importer
+(:mod:`tvm_dsm.relax_torch`): the "tvm_dsm" pipeline's report names a family for its projections,
+its attention and both RMSNorms (put back as ``R.nn.rms_norm`` by tvm_dsm.relax_patterns) and no
+kernel crashes; the imported model computes what torch does, in torch's types; SDPA's arguments
+(scale, masks, grouped heads) mean what they mean in torch (where torch is installed; the GPU
+machine has it)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from tvm_dsm.relax_torch import from_exported_program  # noqa: E402
 from tvm_dsm.workloads.torch_layers import DecoderLayer, exported_decoder_layer  # noqa: E402
 
 
@@ -18,21 +21,23 @@ def test_a_torch_exported_decoder_layer_gets_tvm_dsm_kernels_and_none_crashes():
     from tvm_dsm.model_report import relax_report
 
     layer = DecoderLayer().half().eval()
-    mod, _ = exported_decoder_layer(layer, torch.randn(1, 128, 256, dtype=torch.float16))
+    mod, _ = exported_decoder_layer(layer, torch.randn(1, 128, 256, dtype=torch.float16), from_exported_program)
     report = relax_report(mod)
     assert not [row.name for row in report.rows if "crashed" in row.reason], report.format()
     assert report.counts().get("split_k_gemm", 0) >= 3  # the projections' distinct shapes
+    assert report.counts().get("attention", 0) == 1, report.format()
     norms = [row.name for row in report.rows if row.where == "row_norm"]
-    assert len(norms) == 2 and all("rms_norm" in name for name in norms), report.format()
+    assert norms and all("rms_norm" in name for name in norms), report.format()
 
 
 def _run(mod, x, params):
     import tvm
     from tvm import relax
 
+    params = [p.detach().numpy() if hasattr(p, "detach") else p for p in params]
     executable = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"}), tir_pipeline="s_tir_stock")
     vm = relax.VirtualMachine(executable, tvm.cpu())
-    out = vm["main"](tvm.runtime.tensor(x.numpy()), *params)
+    out = vm["main"](tvm.runtime.tensor(x.numpy()), *(tvm.runtime.tensor(p) for p in params))
     return out[0].numpy()
 
 
@@ -48,7 +53,7 @@ def test_the_rms_norm_rewrite_computes_what_torch_does_in_fp32():
         for norm in (layer.input_norm, layer.post_norm):
             norm.weight.normal_()
     x = torch.randn(2, 8, 64)
-    mod, params = exported_decoder_layer(layer, x)
+    mod, params = exported_decoder_layer(layer, x, from_exported_program)
     rewritten = RewriteToRelaxOps(mod)
     calls = []
     relax.analysis.post_order_visit(rewritten["main"], lambda e: calls.append(e.op.name) if isinstance(
@@ -58,3 +63,75 @@ def test_the_rms_norm_rewrite_computes_what_torch_does_in_fp32():
         want = layer(x).numpy()
     for got in (_run(mod, x, params), _run(rewritten, x, params)):
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5
+
+
+def _relative_error(got, want) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+def test_a_16_bit_layer_keeps_torchs_types_and_values():
+    """TVM's importer widens every product to fp32 and returns fp32; tvm-dsm's returns fp16, as
+    torch does, within fp16's bound of the layer in float64."""
+    from tvm.relax.frontend.torch import from_exported_program as tvm_import
+
+    torch.manual_seed(1)
+    layer = DecoderLayer(hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128).half().eval()
+    x = torch.randn(2, 8, 64, dtype=torch.float16)
+    with torch.no_grad():
+        want = layer.double()(x.double()).numpy()
+    layer.half()
+    ours_mod, params = exported_decoder_layer(layer, x, from_exported_program)
+    stock_mod, _ = exported_decoder_layer(layer, x, tvm_import)
+    assert ours_mod["main"].body.ty.fields[0].dtype == "float16"
+    assert stock_mod["main"].body.ty.fields[0].dtype == "float32"
+    got = _run(ours_mod, x, params)
+    assert got.dtype == np.float16 and _relative_error(got, want) < 2e-3
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self, **kwargs):
+        super().__init__()
+        self.kwargs = kwargs
+
+    def forward(self, q, k, v, mask=None):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, **self.kwargs)
+
+
+@pytest.mark.parametrize("kwargs, mask", [
+    ({"scale": 0.3}, None),
+    ({"is_causal": True}, None),
+    ({"enable_gqa": True}, None),
+    ({}, "bool"),
+    ({"scale": 0.2}, "float"),
+])
+def test_scaled_dot_product_attention_means_what_it_means_in_torch(kwargs, mask):
+    """TVM's own converter drops ``scale`` and ``enable_gqa``; tvm-dsm's keeps them (fp32, llvm)."""
+    import tvm
+    from tvm import relax
+
+    torch.manual_seed(2)
+    kv_heads = 2 if kwargs.get("enable_gqa") else 4
+    q = torch.randn(2, 4, 6, 16)
+    k, v = torch.randn(2, kv_heads, 9, 16), torch.randn(2, kv_heads, 9, 16)
+    args = [q, k, v]
+    if mask == "bool":
+        args.append(torch.rand(6, 9) > 0.3)
+        args[-1][:, 0] = True  # every query keeps a key
+    elif mask == "float":
+        args.append(torch.randn(2, 1, 6, 9))
+    module = _Attention(**kwargs)
+    mod = from_exported_program(torch.export.export(module, tuple(args)))
+    executable = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"}), tir_pipeline="s_tir_stock")
+    got = relax.VirtualMachine(executable, tvm.cpu())["main"](*(tvm.runtime.tensor(a.numpy()) for a in args))
+    with torch.no_grad():
+        want = module(*(a.double() if a.is_floating_point() else a for a in args)).numpy()
+    assert _relative_error(got[0].numpy(), want) < 1e-5
+
+
+def test_attention_with_dropout_is_refused_by_name():
+
+    q = torch.randn(1, 2, 4, 8)
+    program = torch.export.export(_Attention(dropout_p=0.1), (q, q, q))
+    with pytest.raises(ValueError, match="dropout_p"):
+        from_exported_program(program)

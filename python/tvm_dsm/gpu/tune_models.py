@@ -39,6 +39,7 @@ from ..hardware import load_hardware
 from ..meta_schedule import tune_relax
 from ..meta_schedule.relax_tuning import H100_TAG, tuning_tasks
 from ..relax_integration import TUNED_IN_TVM_SPACE
+from ..relax_torch import from_exported_program
 from ..workloads.llama import LLAMA_1B, LlamaMLP
 from ..workloads.torch_layers import DecoderLayer, exported_decoder_layer
 
@@ -74,7 +75,7 @@ def torch_decoder_layer(rng: np.random.Generator) -> tuple[tvm.IRModule, str, li
     x = torch.from_numpy(rng.standard_normal((1, TOKENS, c.hidden_size)).astype(np.float16))
     with torch.no_grad():
         ref = layer.cuda()(x.float().cuda()).double().cpu().numpy()
-    mod, params = exported_decoder_layer(layer.half().cpu(), x)
+    mod, params = exported_decoder_layer(layer.half().cpu(), x, from_exported_program)
     return mod, "main", [x.numpy(), *(p.numpy() for p in params)], ref
 
 

@@ -45,12 +45,13 @@ class DecoderLayer(torch.nn.Module):
         return x + self.down(torch.nn.functional.silu(self.gate(h)) * self.up(h))
 
 
-def exported_decoder_layer(layer: DecoderLayer, example: torch.Tensor):
+def exported_decoder_layer(layer: DecoderLayer, example: torch.Tensor, importer):
     """``layer`` (in ``example``'s dtype) as a Relax module whose ``main`` takes the input then
-    the parameters, and those parameters (torch tensors, in order)."""
+    the parameters, and those parameters (torch tensors, in order), imported by ``importer``:
+    tvm-dsm's (:func:`tvm_dsm.relax_torch.from_exported_program`) or TVM's own
+    ``from_exported_program``."""
     from tvm.relax.frontend import detach_params
-    from tvm.relax.frontend.torch import from_exported_program
 
     program = torch.export.export(layer, (example,))
-    mod, params = detach_params(from_exported_program(program, keep_params_as_input=True))
+    mod, params = detach_params(importer(program, keep_params_as_input=True))
     return mod, params["main"]

@@ -1,0 +1,124 @@
+"""Import a ``torch.export`` program into Relax computing what torch computes, in its types.
+
+TVM 0.27's importer (``tvm.relax.frontend.torch.from_exported_program``) does two things to a
+16-bit model that keep it off tvm-dsm's kernels:
+
+- every matrix product (``linear``, ``mm``, ``bmm``, ``matmul``, ``addmm``, ``baddbmm``, the
+  convolutions) of 16-bit operands gets an fp32 result that is never rounded back, so everything
+  after a model's first linear layer runs in fp32 (the attention, the MLP's products on CUDA
+  cores against a widened weight) and the model returns fp32 where torch returns fp16;
+- torch's decomposition table, which it applies first, spells ``scaled_dot_product_attention``
+  out as its CPU math: q, k and v widened to fp32, a causal mask built as a tensor, a softmax
+  and two batched products, which no attention kernel takes (and TVM's own converter of the
+  whole operator ignores its ``scale`` and ``enable_gqa`` arguments).
+
+:func:`from_exported_program` is that importer with two changes, made through its own extension
+point (``custom_convert_map``): each product's result rounded to the type torch gives it (the
+sum still accumulated in fp32, as cuBLAS does for torch), and ``scaled_dot_product_attention``
+kept whole and converted into ``R.nn.attention`` with its scale, its mask (a bool mask as an
+additive one) and grouped-query heads, which the attention family takes. Dropout is refused by
+name: this is inference.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+
+from tvm import relax
+
+#: torch operators (fx target names) that TVM converts into products with fp32 results.
+PRODUCTS = ("linear.default", "mm.default", "bmm.default", "matmul.default", "addmm.default", "baddbmm.default",
+            "conv1d.default", "conv2d.default", "conv3d.default", "convolution.default")
+ATTENTION = "scaled_dot_product_attention.default"
+
+_stock_converters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def from_exported_program(program, **kwargs) -> "relax.IRModule":
+    """``program`` (a ``torch.export.ExportedProgram``) as a Relax module, as TVM's
+    ``from_exported_program`` makes it (its keyword arguments too) but with torch's types kept
+    and its attention whole (see the module docstring). A ``custom_convert_map`` given is
+    applied over this one's."""
+    import torch
+    from tvm.relax.frontend.torch import from_exported_program as tvm_import
+
+    table = torch.export.default_decompositions()
+    table.pop(torch.ops.aten.scaled_dot_product_attention.default, None)
+    converters = {**torch_converters(), **(kwargs.pop("custom_convert_map", None) or {})}
+    kwargs.pop("run_ep_decomposition", None)
+    return tvm_import(program.run_decompositions(table), custom_convert_map=converters,
+                      run_ep_decomposition=False, **kwargs)
+
+
+def torch_converters() -> dict:
+    """The converters :func:`from_exported_program` adds to TVM's importer, by torch operator:
+    products in torch's result type, attention as ``R.nn.attention``."""
+    return {**{name: _in_torch_type(name) for name in PRODUCTS}, ATTENTION: _attention}
+
+
+def _stock(importer, name: str):
+    """TVM's own converter of ``name`` (the importer's map holds this module's in its place)."""
+    if importer not in _stock_converters:
+        _stock_converters[importer] = importer.create_convert_map()
+    return _stock_converters[importer][name]
+
+
+def _torch_dtype(importer, node) -> str:
+    return importer._convert_data_type(node.meta["val"].dtype)  # noqa: SLF001 - the importer's own mapping
+
+
+def _in_torch_type(name: str):
+    def convert(node, importer) -> relax.Var:
+        result = _stock(importer, name)(node)
+        dtype = _torch_dtype(importer, node)
+        if dtype in ("float16", "bfloat16") and result.ty.dtype == "float32":
+            result = importer.block_builder.emit(relax.op.astype(result, dtype))
+        return result
+    return convert
+
+
+def _argument(node, position: int, name: str, default=None):
+    return node.args[position] if len(node.args) > position else node.kwargs.get(name, default)
+
+
+def _attention(node, importer) -> relax.Var:
+    """``scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale=,
+    enable_gqa=)`` over ``[..., heads, length, dim]`` tensors (rank 2 to 4) as ``R.nn.attention``
+    over ``[batch, length, heads, dim]`` ones."""
+    bb = importer.block_builder
+    q, k, v = (importer.env[a] for a in node.args[:3])
+    if _argument(node, 4, "dropout_p", 0.0):
+        raise ValueError("scaled_dot_product_attention with dropout_p > 0 is training; tvm-dsm imports inference")
+    rank = len(q.ty.shape)
+    if not 2 <= rank <= 4 or {len(k.ty.shape), len(v.ty.shape)} != {rank}:
+        raise ValueError(f"scaled_dot_product_attention over rank-{rank} tensors: tvm-dsm imports ranks 2 to 4 "
+                         "([..., heads, length, dim], q, k and v of one rank)")
+    q, k, v = (bb.emit(relax.op.reshape(t, [1] * (4 - rank) + list(t.ty.shape))) if rank < 4 else t
+               for t in (q, k, v))
+    heads, kv_heads = int(q.ty.shape[1]), int(k.ty.shape[1])
+    if node.kwargs.get("enable_gqa", False) and heads != kv_heads:
+        k, v = (bb.emit(relax.op.repeat(t, heads // kv_heads, axis=1)) for t in (k, v))
+    to_bshd = [0, 2, 1, 3]
+    q, k, v = (bb.emit(relax.op.permute_dims(t, to_bshd)) for t in (q, k, v))
+    bias = _additive_mask(importer, _argument(node, 3, "attn_mask"), q.ty.dtype)
+    scale = node.kwargs.get("scale")
+    out = bb.emit(relax.op.nn.attention(q, k, v, bias=bias, scale=None if scale is None else float(scale),
+                                        causal_mask="TopLeft" if _argument(node, 5, "is_causal", False) else None))
+    out = bb.emit(relax.op.permute_dims(out, to_bshd))
+    return out if rank == 4 else bb.emit(relax.op.reshape(out, list(out.ty.shape)[4 - rank:]))
+
+
+def _additive_mask(importer, mask_node, dtype: str) -> relax.Expr | None:
+    """torch's ``attn_mask`` as ``R.nn.attention``'s bias: four dimensions (leading ones
+    added), in the scores' type; a bool mask (True: the key takes part) as 0 or -inf."""
+    if mask_node is None:
+        return None
+    bb = importer.block_builder
+    mask = importer.env[mask_node]
+    shape = list(mask.ty.shape)
+    if len(shape) < 4:
+        mask = bb.emit(relax.op.reshape(mask, [1] * (4 - len(shape)) + shape))
+    if mask.ty.dtype == "bool":
+        return bb.emit(relax.op.where(mask, relax.const(0.0, dtype), relax.const(-math.inf, dtype)))
+    return mask if mask.ty.dtype == dtype else bb.emit(relax.op.astype(mask, dtype))
