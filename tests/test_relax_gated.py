@@ -162,3 +162,55 @@ def test_gpu_a_gated_mlp_of_two_projections_matches_float64(activation):
         out = vm["forward"](*(tvm.runtime.tensor(a, tvm.cuda()) for a in (x, x, *weights)))
         got = out.numpy().astype(np.float64)
         assert got.shape == (b, s, 512) and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3, (b, s)
+
+
+def _torch_form_mlp(hidden: int, inner: int) -> tvm.IRModule:
+    """A SwiGLU MLP with its residual as ``tvm_dsm.relax_torch`` imports a torch model's: each
+    ``mm`` 2-D over ``view``s of ``[batch, tokens, hidden]``, its fp32 result rounded to fp16,
+    ``silu`` as torch decomposes it (``x * sigmoid(x)`` in fp32 between casts), the residual added
+    to the 3-D view."""
+    from tvm.script import relax as R
+
+    rows = 2 * 5
+
+    @R.function
+    def main(x: R.Tensor((2, 5, hidden), "float16"), w_gate: R.Tensor((inner, hidden), "float16"),
+             w_up: R.Tensor((inner, hidden), "float16"), w_down: R.Tensor((hidden, inner), "float16")):
+        with R.dataflow():
+            x_gate = R.reshape(x, (rows, hidden))
+            gate = R.astype(R.matmul(x_gate, R.permute_dims(w_gate, [1, 0]), out_dtype="float32"), "float16")
+            gate32 = R.astype(R.reshape(gate, (2, 5, inner)), "float32")
+            act = R.astype(R.multiply(gate32, R.sigmoid(gate32)), "float16")
+            x_up = R.reshape(x, (rows, hidden))
+            up = R.astype(R.matmul(x_up, R.permute_dims(w_up, [1, 0]), out_dtype="float32"), "float16")
+            h = R.reshape(R.multiply(act, R.reshape(up, (2, 5, inner))), (rows, inner))
+            down = R.astype(R.matmul(h, R.permute_dims(w_down, [1, 0]), out_dtype="float32"), "float16")
+            out = R.add(x, R.reshape(down, (2, 5, hidden)))
+            R.output(out)
+        return out
+
+    return tvm.IRModule({"main": main})
+
+
+def test_a_torch_imported_swiglu_is_one_gated_gemm_and_its_residual_in_the_down_projection():
+    """The gate (torch's SiLU between casts) and up projections over two views of one input
+    become one gated GEMM; the residual add of the 3-D view runs in the down projection's
+    epilogue (no add function of its own); the same values on llvm."""
+    from tvm_dsm.relax_patterns import RewriteToRelaxOps
+
+    mod = _torch_form_mlp(64, 128)
+    lowered = lower_to_tir(mod)
+    calls = [line for line in lowered["main"].script().splitlines() if "call_tir(" in line]
+    assert sum("gated_projection" in c for c in calls) == 1, calls
+    products = [c for c in calls if "matmul" in c]
+    assert len(products) == 1 and "add" in products[0].split("call_tir(")[1].split(",")[0], calls
+    assert not [c for c in calls if "add" in c and "matmul" not in c], calls
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 5, 64)).astype("float16")
+    weights = [(rng.standard_normal(s) / 8).astype("float16") for s in ((128, 64), (128, 64), (64, 128))]
+    gate, up = (x.astype(np.float64) @ w.astype(np.float64).T for w in weights[:2])
+    ref = x + (gate / (1 + np.exp(-gate)) * up) @ weights[2].astype(np.float64).T
+    rewritten = FuseGatedProjections(MatmulsAsMatrices(RewriteToRelaxOps(mod)))
+    vm = relax.VirtualMachine(tvm.compile(rewritten, target="llvm"), tvm.cpu())
+    got = vm["main"](*(tvm.runtime.tensor(a) for a in (x, *weights))).numpy()
+    assert got.shape == (2, 5, 64) and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3

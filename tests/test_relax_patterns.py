@@ -267,3 +267,28 @@ def test_a_spelled_out_softmax_becomes_the_relax_operator_with_the_same_values(f
                                atol=1e-7 if dtype == "float32" else 1e-3)
     assert tvm_ffi.structural_equal(RewriteToRelaxOps(_spelled_out(form, dtype, last_axis=False)),
                                     _spelled_out(form, dtype, last_axis=False), map_free_vars=True)
+
+
+def test_transposes_that_undo_each_other_are_removed_and_others_composed():
+    """torch's ``transpose(1, 2)`` then the attention operator's layout back: no transpose; two
+    that do not cancel: one transpose of their composition, the same values."""
+    from tvm.script import relax as R
+    from tvm_dsm.relax_patterns import RewriteToRelaxOps
+
+    @R.function
+    def main(x: R.Tensor((2, 3, 4, 5), "float32")):
+        with R.dataflow():
+            undone = R.permute_dims(R.permute_dims(x, [0, 2, 1, 3]), [0, 2, 1, 3])
+            composed = R.permute_dims(R.permute_dims(x, [0, 2, 1, 3]), [3, 0, 2, 1])
+            out = (R.add(undone, x), composed)
+            R.output(out)
+        return out
+
+    mod = tvm.IRModule({"main": main})
+    rewritten = RewriteToRelaxOps(mod)
+    assert _ops(rewritten).count("relax.permute_dims") == 1, rewritten.script()
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 5)).astype("float32")
+    vm = relax.VirtualMachine(tvm.compile(rewritten, target="llvm"), tvm.cpu())
+    doubled, composed = vm["main"](tvm.runtime.tensor(x))
+    np.testing.assert_array_equal(doubled.numpy(), 2 * x)
+    np.testing.assert_array_equal(composed.numpy(), x.transpose(0, 2, 1, 3).transpose(3, 0, 2, 1))

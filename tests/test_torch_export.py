@@ -1,7 +1,7 @@
 """A Llama decoder layer written as a torch user writes it (nn.Linear, SDPA, an RMSNorm
 module), exported with ``torch.export`` and imported with tvm-dsm's importer
-(:mod:`tvm_dsm.relax_torch`): the "tvm_dsm" pipeline's report names a family for its projections,
-its attention and both RMSNorms (put back as ``R.nn.rms_norm`` by tvm_dsm.relax_patterns) and no
+(:mod:`tvm_dsm.relax_torch`): the "tvm_dsm" pipeline's report names a family for its projections
+(the gate and up one gated GEMM, the residuals in their epilogues), its attention and both RMSNorms (put back as ``R.nn.rms_norm`` by tvm_dsm.relax_patterns) and no
 kernel crashes; the imported model computes what torch does, in torch's types; SDPA's arguments
 (scale, masks, grouped heads) mean what they mean in torch (where torch is installed; the GPU
 machine has it)."""
@@ -26,6 +26,8 @@ def test_a_torch_exported_decoder_layer_gets_tvm_dsm_kernels_and_none_crashes():
     assert not [row.name for row in report.rows if "crashed" in row.reason], report.format()
     assert report.counts().get("split_k_gemm", 0) >= 3  # the projections' distinct shapes
     assert report.counts().get("attention", 0) == 1, report.format()
+    assert any(row.name.startswith("gated_projection") for row in report.rows), report.format()
+    assert not [row.name for row in report.rows if row.where == "dlight" and "add" in row.name], report.format()
     norms = [row.name for row in report.rows if row.where == "row_norm"]
     assert norms and all("rms_norm" in name for name in norms), report.format()
 

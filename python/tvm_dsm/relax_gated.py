@@ -73,23 +73,43 @@ class _GatedProjectionRewriter(PyExprMutator):
         if not is_op_call(call, "relax.multiply"):
             return call
         for act_arg, up_arg in (call.args, call.args[::-1]):
-            act = self.lookup_binding(act_arg) if isinstance(act_arg, relax.Var) else None
-            if not (isinstance(act, relax.Call) and isinstance(act.op, tvm.ir.Op) and act.op.name in GATE_ACTIVATIONS):
+            found = self._activation(act_arg)
+            if found is None:
                 continue
-            activation = GATE_ACTIVATIONS[act.op.name]
-            gate, up = (_half(self, e) for e in (act.args[0], up_arg))
+            activation, gate_arg = found
+            gate, up = (_half(self, e) for e in (gate_arg, up_arg))
             if gate is not None and up is not None and gate[0].same_as(up[0]) and (gate[1], up[1]) == (0, 1):
                 rewritten = self._gated(up_arg.ty, gate[0], activation)
             else:
-                rewritten = self._gated_pair(act.args[0], up_arg, activation)
+                rewritten = self._gated_pair(gate_arg, up_arg, activation)
             if rewritten is not None:
                 return rewritten
         return call
 
+    def _activation(self, expr) -> tuple[str, relax.Expr] | None:
+        """(the activation's name, its input) where ``expr`` is a gate activation of a product:
+        ``act(gate)``, or ``act(gate)`` computed on the gate widened to fp32 and rounded back to
+        its 16-bit type (torch's decomposition of ``silu``)."""
+        act = self.lookup_binding(expr) if isinstance(expr, relax.Var) else None
+        narrowed = act if is_op_call(act, "relax.astype") else None
+        if narrowed is not None:
+            act = self.lookup_binding(narrowed.args[0]) if isinstance(narrowed.args[0], relax.Var) else None
+        if not (isinstance(act, relax.Call) and isinstance(act.op, tvm.ir.Op) and act.op.name in GATE_ACTIVATIONS):
+            return None
+        gate = act.args[0]
+        if narrowed is not None:
+            widened = _binding(self, gate, "relax.astype")
+            if widened is None or act.ty.dtype != "float32" or widened.args[0].ty.dtype != narrowed.ty.dtype:
+                return None
+            gate = widened.args[0]
+        return GATE_ACTIVATIONS[act.op.name], gate
+
     def _product(self, expr) -> tuple[relax.Expr, relax.Expr] | None:
         """(x, W) where ``expr`` is ``astype(matmul(x, permute_dims(W)))``: a matrix
-        product accumulated in fp32 and rounded to x's 16-bit type (:mod:`tvm_dsm.relax_matmuls`)."""
-        cast = _binding(self, expr, "relax.astype")
+        product accumulated in fp32 and rounded to x's 16-bit type (:mod:`tvm_dsm.relax_matmuls`),
+        or that reshaped (torch's ``view`` back to ``[batch, tokens, n]``)."""
+        reshape = _binding(self, expr, "relax.reshape")
+        cast = _binding(self, reshape.args[0] if reshape is not None else expr, "relax.astype")
         matmul = _binding(self, cast.args[0], "relax.matmul") if cast is not None else None
         transpose = _binding(self, matmul.args[1], "relax.permute_dims") if matmul is not None else None
         if transpose is None:
@@ -107,7 +127,7 @@ class _GatedProjectionRewriter(PyExprMutator):
         up projection of their own, as torch and ``nn`` users write SwiGLU) as one gated GEMM,
         or None where they are not such products or the family does not take them."""
         products = [self._product(e) for e in (gate, up)]
-        if None in products or not products[0][0].same_as(products[1][0]):  # one matrix: relax_matmuls
+        if None in products or not self._same_matrix(products[0][0], products[1][0]):
             return None
         (x, wg), (_, wu) = products
         if not tvm_ffi.structural_equal(wg.ty.shape, wu.ty.shape):
@@ -116,7 +136,18 @@ class _GatedProjectionRewriter(PyExprMutator):
         width, w_depth = wg.ty.shape.values
         if not isinstance(width, tirx.IntImm):
             return None
-        return self._call_gated(x, [wg, wu], rows, int(width), depth, w_depth, False, activation)
+        out = self._call_gated(x, [wg, wu], rows, int(width), depth, w_depth, False, activation)
+        return out if out is None or up.ty.ndim == 2 else relax.op.reshape(out, up.ty.shape)
+
+    def _same_matrix(self, a, b) -> bool:
+        """Whether ``a`` and ``b`` are one matrix: one variable (:mod:`tvm_dsm.relax_matmuls`
+        makes one), or reshapes of one variable to one shape (torch's ``view`` before each
+        ``mm``)."""
+        if a.same_as(b):
+            return True
+        ra, rb = (_binding(self, e, "relax.reshape") for e in (a, b))
+        return (ra is not None and rb is not None and ra.args[0].same_as(rb.args[0])
+                and tvm_ffi.structural_equal(a.ty.shape, b.ty.shape))
 
     def _gated(self, half: relax.TensorType, halves, activation: str) -> relax.Expr | None:
         """``act(gate) * up`` of ``halves`` (a split's variable; each half of type ``half``) as

@@ -128,7 +128,32 @@ class _Rewriter(PyExprMutator):
             matrix = self._matrix_viewed(call.args[0])
             if matrix is not None and tvm_ffi.structural_equal(matrix.ty.shape, call.ty.shape):
                 return matrix
+            if self._splits_product_rows(call):  # a frontend's own view of its 2-D product (torch's ``view``)
+                self.matrices.append(call.args[0])
         return call
+
+    def _splits_product_rows(self, reshape: relax.Call) -> bool:
+        """Whether ``reshape`` views a 2-D matmul's result (or its cast) with the rows split
+        over leading axes, its columns last: element-wise operators of the view may then be
+        made on the product's matrix as on the pass's own."""
+        source = reshape.args[0]
+        value = self._value(source)
+        if is_op_call(value, "relax.astype"):
+            value = self._value(value.args[0])
+        if not (is_op_call(value, "relax.matmul") and source.ty.ndim == 2 and reshape.ty.ndim > 2
+                and reshape.ty.shape is not None):
+            return False
+        rows, width = source.ty.shape.values
+        dims = list(reshape.ty.shape.values)
+        analyzer = Analyzer()
+        return analyzer.can_prove_equal(dims[-1], width) and analyzer.can_prove_equal(math.prod(dims[:-1]), rows)
+
+    def _value(self, expr) -> relax.Expr | None:
+        """What the variable ``expr`` is bound to, through variables bound to variables (a
+        product this pass rewrote binds the original name to the new one)."""
+        while isinstance(expr, relax.Var):
+            expr = self.lookup_binding(expr)
+        return expr
 
     def _matrix_viewed(self, expr) -> relax.Var | None:
         """The pass's 2-D product that ``expr`` (a variable) views in another shape, if any."""

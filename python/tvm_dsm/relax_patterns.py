@@ -29,21 +29,17 @@ the norm is taken with a weight of ones (a multiplication by 1.0, exact) and the
 multiplied afterwards, in the graph's type, as before (Relax fuses that multiplication into the
 norm's PrimFunc). A graph it does not match is returned unchanged.
 
-``from_exported_program`` of a 16-bit model gives the second norm of a decoder layer an fp32
-row (the importer's ``mm`` produces fp32, so the residual stream is fp32): there the norm reads
-the fp32 row and its result is cast before the weight, all in the one PrimFunc.
+TVM's ``from_exported_program`` of a 16-bit model gives the second norm of a decoder layer an
+fp32 row (its ``mm`` produces fp32, so the residual stream is fp32): there the norm reads the
+fp32 row and its result is cast before the weight, all in the one PrimFunc. torch's
+decomposition of ``silu`` (``x * sigmoid(x)``, in fp32 between two casts) becomes ``R.nn.silu``
+(:func:`rewrite_silus`), the same product, which the gated GEMM rewrite recognizes as a gate.
 
-Scaled dot-product attention is not rewritten. ``from_exported_program`` runs torch's
-decompositions first (without them it cannot import the ``repeat_interleave`` of grouped-query
-attention), so SDPA arrives as its math form: q and k each scaled by ``sqrt(scale)``, a ``bmm``,
-an added 0/-inf causal mask, ``softmax``, a ``where`` zeroing fully masked rows, a ``bmm``, all in
-fp32 (the decomposition casts 16-bit q, k and v to fp32, and the importer's ``mm``/``bmm`` make
-fp32 q, k and v anyway), and only the output cast back. tvm-dsm's attention family takes q, k, v
-and the output in fp16 or bf16 (tensor-core operands, the probabilities rounded to 16 bits for
-the second product): handing it this attention would round q, k, v and the probabilities, a
-change of precision, not of rounding order. ``R.nn.attention`` would not help either: it is also
-fp32 here (so no family takes it), and its legalization masks by zeroing scores (``trilu``), not
-with -inf, which changes the softmax's max and its underflow.
+Scaled dot-product attention is not rewritten here. TVM's importer lets torch decompose SDPA
+into its CPU math (q, k, v cast to fp32, a 0/-inf mask tensor, a ``where`` zeroing fully masked
+rows); handing that to the attention family would round q, k, v and the probabilities to 16
+bits, a change of precision, not of rounding order. :mod:`tvm_dsm.relax_torch` imports SDPA whole
+instead, as ``R.nn.attention`` in the model's 16-bit type.
 """
 
 from __future__ import annotations
@@ -240,8 +236,35 @@ def rewrite_softmaxes(func: relax.Function) -> relax.Function:
     return func
 
 
+def rewrite_silus(func: relax.Function) -> relax.Function:
+    """``func`` with every ``x * sigmoid(x)`` (torch's decomposition of ``silu``) as
+    ``R.nn.silu(x)``, which TOPI legalizes to that product in ``x``'s type (so the gated GEMM
+    rewrite, :mod:`tvm_dsm.relax_gated`, sees a gate); ``func`` itself where none matches."""
+    x = wildcard()
+    root = is_op("relax.multiply")(x, is_op("relax.sigmoid")(x)) | is_op("relax.multiply")(is_op("relax.sigmoid")(x), x)
+    return _rewrite(root, lambda orig, m: relax.op.nn.silu(m[x]), func)
+
+
+def rewrite_permutes(func: relax.Function) -> relax.Function:
+    """``func`` with every transpose of a transpose as one transpose, or none where they undo
+    each other (torch's ``transpose(1, 2)`` into ``[batch, heads, tokens, dim]`` and the
+    attention operator's own layout back, :mod:`tvm_dsm.relax_torch`): a copy kernel fewer each;
+    ``func`` itself where none matches."""
+    x = wildcard()
+    inner = is_op("relax.permute_dims")(x)
+    root = is_op("relax.permute_dims")(inner)
+
+    def replacement(orig, m):
+        ndim = _tensor(m[x]).ndim if _tensor(m[x]) is not None else -1
+        first, second = (list(range(ndim))[::-1] if c.attrs.axes is None else [int(a) for a in c.attrs.axes]
+                         for c in (m[inner], orig))
+        composed = [first[a] for a in second]
+        return m[x] if composed == list(range(ndim)) else relax.op.permute_dims(m[x], composed)
+    return _rewrite(root, replacement, func)
+
+
 #: The rewrites :data:`RewriteToRelaxOps` applies, in order.
-REWRITES = (rewrite_rms_norms, rewrite_softmaxes)
+REWRITES = (rewrite_rms_norms, rewrite_softmaxes, rewrite_silus, rewrite_permutes)
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.RewriteToRelaxOps")

@@ -119,7 +119,7 @@ def run_shape(batch: int, tokens: int, configs: list[str]) -> dict:
             row["errors"][name] = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
             print(f"  {name}: {row['errors'][name]}")
             continue
-        err = res.relative_error(out.astype(np.float64), ref)
+        err = res.relative_error(torch.from_numpy(out.astype(np.float64)), torch.from_numpy(ref))
         row["errors"][name] = err
         row["timing"][name] = how
         if name == "ours":
