@@ -73,3 +73,23 @@ def test_gpu_a_patch_embedding_matches_float64():
     got = vm["forward"](*(tvm.runtime.tensor(a, tvm.cuda()) for a in (x, *weights))).numpy().astype(np.float64)
     ref = _patches(*(a.astype(np.float64) for a in (x, *weights)), 16)
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def test_a_patch_embedding_with_an_fp32_result_is_a_gemm_too():
+    """TVM's torch importer gives every 16-bit convolution an fp32 result: the rewrite takes it
+    (no cast after the product)."""
+    from tvm.script import relax as R
+
+    @R.function
+    def main(x: R.Tensor((2, 3, 32, 32), "float16"), w: R.Tensor((64, 3, 8, 8), "float16")):
+        out = R.nn.conv2d(x, w, strides=8, out_dtype="float32")
+        return out
+
+    rewritten = PatchesAsMatrices(tvm.IRModule({"main": main}))
+    assert "R.nn.conv2d" not in rewritten.script()
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((2, 3, 32, 32)).astype("float16"), (rng.standard_normal((64, 3, 8, 8)) / 8).astype("float16")
+    got = relax.VirtualMachine(tvm.compile(rewritten, target="llvm"), tvm.cpu())["main"](
+        tvm.runtime.tensor(x), tvm.runtime.tensor(w)).numpy()
+    ref = _patches(x.astype(np.float64), w.astype(np.float64), np.zeros(64), 8)
+    assert got.dtype == np.float32 and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-5

@@ -292,3 +292,61 @@ def test_transposes_that_undo_each_other_are_removed_and_others_composed():
     doubled, composed = vm["main"](tvm.runtime.tensor(x))
     np.testing.assert_array_equal(doubled.numpy(), 2 * x)
     np.testing.assert_array_equal(composed.numpy(), x.transpose(0, 2, 1, 3).transpose(3, 0, 2, 1))
+
+
+def _spelled_attention(scale_op: str = "divide", mask: bool = True, dtype: str = "float16") -> tvm.IRModule:
+    """BERT's attention as tvm_dsm.relax_torch imports ``softmax(q @ k.transpose(-1, -2) / 8 +
+    mask) @ v`` over ``[2, 4, 16, 64]``: batched views of each operand, each product's fp32
+    result cast and viewed back."""
+    bb = relax.BlockBuilder()
+    q, k, v = (relax.Var(n, relax.TensorType((2, 4, 16, 64), dtype)) for n in "qkv")
+    m = relax.Var("m", relax.TensorType((2, 1, 1, 16), dtype))
+    with bb.function("main", [q, k, v, m]):
+        with bb.dataflow():
+            def batched(t, shape):
+                return bb.emit(relax.op.reshape(bb.emit(relax.op.broadcast_to(t, t.ty.shape)), shape))
+
+            def product(a, b, shape):
+                wide = bb.emit(relax.op.matmul(a, b, out_dtype="float32"))
+                return bb.emit(relax.op.reshape(bb.emit(relax.op.astype(wide, dtype)), shape))
+
+            kt = bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))
+            s = product(batched(q, (8, 16, 64)), batched(kt, (8, 64, 16)), (2, 4, 16, 16))
+            if scale_op == "divide":
+                s = bb.emit(relax.op.divide(s, relax.const(8.0, dtype)))
+            if mask:
+                s = bb.emit(relax.op.add(s, m))
+            p = bb.emit(relax.op.nn.softmax(s, axis=-1))
+            out = bb.emit_output(product(batched(p, (8, 16, 16)), batched(v, (8, 16, 64)), (2, 4, 16, 64)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("scale_op, mask", [("divide", True), ("none", False)])
+def test_spelled_out_16_bit_attention_becomes_r_nn_attention_the_family_takes(scale_op, mask):
+    from tvm_dsm.model_report import relax_report
+    from tvm_dsm.relax_patterns import RewriteToRelaxOps
+
+    mod = _spelled_attention(scale_op, mask)
+    rewritten = RewriteToRelaxOps(mod)
+    ops = _ops(rewritten)
+    assert "relax.nn.softmax" not in ops and "relax.matmul" not in ops, rewritten.script()
+    assert relax_report(mod).counts().get("attention", 0) == 1
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((2, 4, 16, 64)).astype("float16") for _ in range(3))
+    m = np.where(rng.random((2, 1, 1, 16)) < 0.2, -1e4, 0).astype("float16")
+    s = q.astype(np.float64) @ k.astype(np.float64).transpose(0, 1, 3, 2) / (8.0 if scale_op == "divide" else 1.0)
+    s = s + (m.astype(np.float64) if mask else 0)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    ref = (p / p.sum(-1, keepdims=True)) @ v.astype(np.float64)
+    vm = relax.VirtualMachine(tvm.compile(rewritten, target="llvm"), tvm.cpu())
+    got = vm["main"](*(tvm.runtime.tensor(a) for a in (q, k, v, m))).numpy().astype(np.float64)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 5e-3
+
+
+def test_spelled_out_fp32_attention_is_left_alone():
+    """The attention family computes 16-bit attention (probabilities rounded): an fp32 one
+    stays as written."""
+    from tvm_dsm.relax_patterns import RewriteToRelaxOps
+
+    assert "relax.nn.softmax" in _ops(RewriteToRelaxOps(_spelled_attention(dtype="float32")))

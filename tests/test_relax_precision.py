@@ -93,3 +93,29 @@ def test_an_explicit_attention_scale_on_16_bit_tensors_builds_and_keeps_the_valu
     p = np.exp(s - s.max(-1, keepdims=True))
     ref = ((p / p.sum(-1, keepdims=True)) @ v64).transpose(0, 2, 1, 3).reshape(1, 16, 16) @ w.astype(np.float64).T
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 5e-3  # fp16 arithmetic on llvm
+
+
+def test_an_explicit_scale_with_a_bias_moves_onto_the_query_too():
+    """``R.nn.attention`` with a bias is ``relax.nn.attention_bias``: its 16-bit explicit scale
+    fails to build as well, and moves onto the query the same way."""
+    from tvm.script import relax as R
+
+    @R.function
+    def main(q: R.Tensor((1, 16, 2, 8), "float16"), k: R.Tensor((1, 16, 2, 8), "float16"),
+             v: R.Tensor((1, 16, 2, 8), "float16"), bias: R.Tensor((1, 1, 16, 16), "float16")):
+        out = R.nn.attention(q, k, v, bias, scale=0.3)
+        return out
+
+    mod = tvm.IRModule({"main": main})
+    rewritten = AttentionScaleOnQuery(mod)
+    assert "scale=None" in rewritten.script().split("R.nn.attention_bias")[1].split("\n")[0]
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal((1, 16, 2, 8)).astype("float16") for _ in range(3))
+    bias = rng.standard_normal((1, 1, 16, 16)).astype("float16")
+    got = relax.VirtualMachine(tvm.compile(rewritten, target="llvm"), tvm.cpu())["main"](
+        *(tvm.runtime.tensor(a) for a in (q, k, v, bias))).numpy().astype(np.float64)
+    q64, k64, v64 = (a.astype(np.float64).transpose(0, 2, 1, 3) for a in (q, k, v))
+    s = q64 @ k64.transpose(0, 1, 3, 2) * 0.3 + bias.astype(np.float64)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    ref = ((p / p.sum(-1, keepdims=True)) @ v64).transpose(0, 2, 1, 3)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 5e-3

@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tvm_dsm.relax_torch import from_exported_program  # noqa: E402
-from tvm_dsm.workloads.torch_layers import DecoderLayer, exported_decoder_layer  # noqa: E402
+from tvm_dsm.workloads.torch_layers import BertLayer, DecoderLayer, GPT2Block, exported_decoder_layer  # noqa: E402
 
 
 def test_a_torch_exported_decoder_layer_gets_tvm_dsm_kernels_and_none_crashes():
@@ -137,3 +137,21 @@ def test_attention_with_dropout_is_refused_by_name():
     program = torch.export.export(_Attention(dropout_p=0.1), (q, q, q))
     with pytest.raises(ValueError, match="dropout_p"):
         from_exported_program(program)
+
+
+@pytest.mark.parametrize("model", ["gpt2", "bert"])
+def test_biased_16_bit_layers_import_and_keep_their_values(model):
+    """TVM's importer fails on a 16-bit linear layer with a bias (it adds the fp16 bias to its
+    fp32 product); tvm-dsm's adds it in fp32 and rounds once. BERT's spelled-out attention with
+    its mask reaches the attention family (values: tvm_dsm.gpu.torch_layer against float64)."""
+    from tvm.relax.frontend.torch import from_exported_program as tvm_import
+    from tvm_dsm.model_report import relax_report
+
+    torch.manual_seed(3)
+    layer = (GPT2Block(64, 4) if model == "gpt2" else BertLayer(64, 4)).half().eval()
+    x = torch.randn(2, 8, 64, dtype=torch.float16)
+    inputs = (x,) if model == "gpt2" else (x, torch.where(torch.rand(2, 1, 1, 8) < 0.25, -1e4, 0.0).half())
+    with pytest.raises(Exception, match="same datatype"):
+        exported_decoder_layer(layer, inputs, tvm_import)
+    mod, _ = exported_decoder_layer(layer, inputs, from_exported_program)
+    assert relax_report(mod).counts().get("attention", 0) == 1

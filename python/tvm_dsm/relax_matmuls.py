@@ -133,15 +133,20 @@ class _Rewriter(PyExprMutator):
         return call
 
     def _splits_product_rows(self, reshape: relax.Call) -> bool:
-        """Whether ``reshape`` views a 2-D matmul's result (or its cast) with the rows split
-        over leading axes, its columns last: element-wise operators of the view may then be
-        made on the product's matrix as on the pass's own."""
+        """Whether ``reshape`` views a 2-D matmul's result (or what element-wise operators made
+        of it: a bias, a cast) with the rows split over leading axes, its columns last:
+        element-wise operators of the view may then be made on the product's matrix as on the
+        pass's own."""
         source = reshape.args[0]
+        if not (source.ty.ndim == 2 and reshape.ty.ndim > 2 and reshape.ty.shape is not None):
+            return False
         value = self._value(source)
-        if is_op_call(value, "relax.astype"):
-            value = self._value(value.args[0])
-        if not (is_op_call(value, "relax.matmul") and source.ty.ndim == 2 and reshape.ty.ndim > 2
-                and reshape.ty.shape is not None):
+        while isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in (
+                *ELEMENTWISE_UNARY, *ELEMENTWISE_BINARY):
+            operands = [a for a in value.args if isinstance(a.ty, relax.TensorType)
+                        and tvm_ffi.structural_equal(a.ty.shape, source.ty.shape)]
+            value = self._value(operands[0]) if operands else None
+        if not is_op_call(value, "relax.matmul"):
             return False
         rows, width = source.ty.shape.values
         dims = list(reshape.ty.shape.values)

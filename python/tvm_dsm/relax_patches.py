@@ -7,8 +7,8 @@ it is a GEMM of ``N * (H / p) * (W / p)`` rows by ``C * p * p``: :data:`PatchesA
 such an ``R.nn.conv2d`` (NCHW, OIHW, no padding, no dilation, one group, strides equal to the
 kernel, the image a whole number of patches) into the image's patches as a matrix (a reshape and
 a transpose), a matmul accumulated in fp32 (the split-K GEMM family's form, as
-:mod:`tvm_dsm.relax_matmuls` makes a linear layer), a cast to the convolution's type and the
-result back in NCHW.
+:mod:`tvm_dsm.relax_matmuls` makes a linear layer), a cast to the convolution's type (none where
+it asks for fp32, as TVM's torch importer makes every convolution) and the result back in NCHW.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from .relax_matmuls import SIXTEEN_BIT as _SIXTEEN_BIT
 from .relax_matmuls import is_op_call, rewrite_functions
 
 
@@ -47,7 +48,8 @@ def _patch_size(call: relax.Call) -> tuple[int, int] | None:
 class _Rewriter(PyExprMutator):
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - TVM visitor name
         call = super().visit_call_(call)
-        if not is_op_call(call, "relax.nn.conv2d") or call.ty.dtype not in ("float16", "bfloat16"):
+        if not (is_op_call(call, "relax.nn.conv2d") and call.args[0].ty.dtype in _SIXTEEN_BIT
+                and call.ty.dtype in (call.args[0].ty.dtype, "float32")):
             return call
         patch = _patch_size(call)
         if patch is None:
@@ -62,8 +64,8 @@ class _Rewriter(PyExprMutator):
         patches = emit(relax.op.reshape(patches, relax.ShapeExpr([rows, depth])))
         weight = emit(relax.op.reshape(w, relax.ShapeExpr([o, depth])))
         product = emit(relax.op.matmul(patches, emit(relax.op.permute_dims(weight)), out_dtype="float32"))
-        pixels = emit(relax.op.reshape(emit(relax.op.astype(product, call.ty.dtype)),
-                                       relax.ShapeExpr([n, h // ph, wd // pw, o])))
+        result = product if call.ty.dtype == "float32" else emit(relax.op.astype(product, call.ty.dtype))
+        pixels = emit(relax.op.reshape(result, relax.ShapeExpr([n, h // ph, wd // pw, o])))
         return relax.op.permute_dims(pixels, [0, 3, 1, 2])
 
 

@@ -263,8 +263,77 @@ def rewrite_permutes(func: relax.Function) -> relax.Function:
     return _rewrite(root, replacement, func)
 
 
+def attention_pattern():
+    """Attention spelled out over ``[batch, heads, tokens, dim]`` tensors as torch exports
+    ``softmax(q @ k.transpose(-1, -2) / c + mask) @ v``: each product over batched views
+    (``reshape(broadcast_to(..))``, torch's ``bmm`` of 4-D tensors), its result perhaps cast and viewed back, the scores scaled
+    by a constant (divided or multiplied) and a mask added, either optional. Returns the root
+    and its named parts (``q``, ``kt``, ``v``, ``scale``, ``scaling``, ``mask``, ``softmax``)."""
+    q, k, v, scale, mask = wildcard(), wildcard(), wildcard(), is_const(), wildcard()
+    kt = is_op("relax.permute_dims")(k)
+
+    def batched(a):  # torch's bmm of 4-D tensors (Relax's own 4-D matmul is left to FuseAttention)
+        return is_op("relax.reshape")(is_op("relax.broadcast_to")(a, wildcard()), wildcard())
+
+    def viewed(product):
+        cast = is_op("relax.astype")(product) | product
+        return is_op("relax.reshape")(cast, wildcard()) | cast
+
+    scores = viewed(is_op("relax.matmul")(batched(q), batched(kt)))
+    scaling = is_op("relax.divide")(scores, scale) | is_op("relax.multiply")(scores, scale)
+    masked = is_op("relax.add")(scaling | scores, mask)
+    softmax = is_op("relax.nn.softmax")(masked | scaling | scores)
+    root = viewed(is_op("relax.matmul")(batched(softmax), batched(v)))
+    return root, {"q": q, "k": k, "kt": kt, "v": v, "scale": scale, "scaling": scaling, "mask": mask,
+                  "softmax": softmax}
+
+
+def _attention_replacement(orig: relax.Expr, m: dict, parts: dict) -> relax.Expr:
+    """``R.nn.attention`` of a match (:func:`attention_pattern`), or ``orig`` where it is not
+    16-bit attention over ``[batch, heads, tokens, dim]`` with ``kt`` the transpose of k's last
+    two axes, the softmax over the keys and a mask broadcast over the scores."""
+    q, k, v, kt = m[parts["q"]], m[parts["k"]], m[parts["v"]], m[parts["kt"]]
+    out_ty, q_ty, v_ty = _tensor(orig), _tensor(q), _tensor(v)
+    if (None in (out_ty, q_ty, v_ty) or q_ty.ndim != 4 or q_ty.dtype not in ("float16", "bfloat16")
+            or kt.attrs.axes is None or [int(a) for a in kt.attrs.axes] != [0, 1, 3, 2]):
+        return orig
+    if not (_tensor(k) is not None and _tensor(k).dtype == v_ty.dtype == q_ty.dtype == out_ty.dtype
+            and out_ty.ndim == 4 and int(m[parts["softmax"]].attrs.axis) in (-1, 3)):
+        return orig
+    scale = 1.0
+    if parts["scaling"] in m:
+        factor = _scalar(m[parts["scale"]])
+        if factor is None or factor == 0.0:
+            return orig
+        scale = 1.0 / factor if is_op_call(m[parts["scaling"]], "relax.divide") else factor
+    bias = None
+    if parts["mask"] in m:
+        bias = m[parts["mask"]]
+        mask_ty = _tensor(bias)
+        if mask_ty is None or mask_ty.ndim > 4 or mask_ty.dtype not in ("float16", "bfloat16", "float32"):
+            return orig
+        if mask_ty.ndim < 4:
+            bias = relax.op.reshape(bias, [1] * (4 - mask_ty.ndim) + list(mask_ty.shape.values))
+        if mask_ty.dtype != q_ty.dtype:
+            bias = relax.op.astype(bias, q_ty.dtype)
+    bshd = [0, 2, 1, 3]
+    out = relax.op.nn.attention(*(relax.op.permute_dims(t, bshd) for t in (q, k, v)), bias=bias, scale=scale)
+    return relax.op.permute_dims(out, bshd)
+
+
+def rewrite_attentions(func: relax.Function) -> relax.Function:
+    """``func`` with every 16-bit attention spelled out (:func:`attention_pattern`) as
+    ``R.nn.attention``, which the attention family takes: the scores and softmax in fp32
+    there, only the probabilities rounded for the second product (the spelled-out graph
+    rounds the scores, the scaled scores and the probabilities to 16 bits); ``func`` itself
+    where none matches."""
+    root, parts = attention_pattern()
+    return _rewrite(root, lambda orig, m: _attention_replacement(orig, m, parts), func)
+
+
 #: The rewrites :data:`RewriteToRelaxOps` applies, in order.
-REWRITES = (rewrite_rms_norms, rewrite_softmaxes, rewrite_silus, rewrite_permutes)
+REWRITES = (rewrite_rms_norms, rewrite_softmaxes, rewrite_silus, rewrite_attentions,
+            rewrite_permutes)  # attention matches k's transpose alone; its own layout cancels torch's
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.RewriteToRelaxOps")

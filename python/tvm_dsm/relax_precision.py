@@ -8,7 +8,7 @@ accurate than the bf16 arithmetic asked for. Relax fuses the casts into the norm
 which the row norm family takes.
 
 ``R.nn.attention`` (``nn.op.scaled_dot_product_attention``) of 16-bit tensors with an explicit
-``scale`` legalizes to a multiplication by an fp32 constant whose result the function declares
+``scale`` (with or without a bias) legalizes to a multiplication by an fp32 constant whose result the function declares
 16-bit, which fails to build ("asserts result type T.float16, but its source ... imply
 T.float32"); the default scale, ``1 / sqrt(head dim)``, builds. :data:`AttentionScaleOnQuery`
 moves an explicit scale onto the query: ``q * (scale * sqrt(head dim))`` in the query's type,
@@ -26,6 +26,8 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .relax_matmuls import SIXTEEN_BIT, is_op_call, rewrite_functions
 
+#: Relax's attention operators (``R.nn.attention`` is ``relax.nn.attention_bias`` with a bias).
+_ATTENTIONS = ("relax.nn.attention", "relax.nn.attention_bias")
 #: The type whose layer norms are computed in fp32.
 _NARROW = "bfloat16"
 
@@ -53,7 +55,7 @@ def NormsInFp32(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pa
 class _ScaleRewriter(PyExprMutator):
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - TVM visitor name
         call = super().visit_call_(call)
-        if not (is_op_call(call, "relax.nn.attention") and call.ty.dtype in SIXTEEN_BIT
+        if not (any(is_op_call(call, op) for op in _ATTENTIONS) and call.ty.dtype in SIXTEEN_BIT
                 and call.attrs.scale is not None):
             return call
         q, *rest = call.args

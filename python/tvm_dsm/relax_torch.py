@@ -3,18 +3,20 @@
 TVM 0.27's importer (``tvm.relax.frontend.torch.from_exported_program``) does two things to a
 16-bit model that keep it off tvm-dsm's kernels:
 
-- every matrix product (``linear``, ``mm``, ``bmm``, ``matmul``, ``addmm``, ``baddbmm``, the
-  convolutions) of 16-bit operands gets an fp32 result that is never rounded back, so everything
-  after a model's first linear layer runs in fp32 (the attention, the MLP's products on CUDA
-  cores against a widened weight) and the model returns fp32 where torch returns fp16;
+- every matrix product (``linear``, ``mm``, ``bmm``, ``matmul``, ``addmm``, the convolutions)
+  of 16-bit operands gets an fp32 result that is never rounded back, so everything after a
+  model's first linear layer runs in fp32 (the attention, the MLP's products on CUDA cores
+  against a widened weight) and the model returns fp32 where torch returns fp16; a 16-bit bias
+  is added to that fp32 result as it is, which fails ("Binary operators must have the same
+  datatype"): a fp16 GPT-2, BERT or ViT does not import at all;
 - torch's decomposition table, which it applies first, spells ``scaled_dot_product_attention``
   out as its CPU math: q, k and v widened to fp32, a causal mask built as a tensor, a softmax
   and two batched products, which no attention kernel takes (and TVM's own converter of the
   whole operator ignores its ``scale`` and ``enable_gqa`` arguments).
 
 :func:`from_exported_program` is that importer with two changes, made through its own extension
-point (``custom_convert_map``): each product's result rounded to the type torch gives it (the
-sum still accumulated in fp32, as cuBLAS does for torch), and ``scaled_dot_product_attention``
+point (``custom_convert_map``): each product's result, its bias added in fp32, rounded to the
+type torch gives it (the sum still accumulated in fp32, as cuBLAS does for torch), and ``scaled_dot_product_attention``
 kept whole and converted into ``R.nn.attention`` with its scale, its mask (a bool mask as an
 additive one) and grouped-query heads, which the attention family takes. Dropout is refused by
 name: this is inference.
@@ -27,11 +29,14 @@ import weakref
 
 from tvm import relax
 
-#: torch operators (fx target names) that TVM converts into products with fp32 results.
-PRODUCTS = ("linear.default", "mm.default", "bmm.default", "matmul.default", "addmm.default", "baddbmm.default",
-            "conv1d.default", "conv2d.default", "conv3d.default", "convolution.default")
+#: torch operators (fx target names) that TVM converts into products with fp32 results, with
+#: the position of the addend (a bias) each takes, if any.
+PRODUCTS = {"linear.default": 2, "mm.default": None, "bmm.default": None, "matmul.default": None,
+            "addmm.default": 0, "conv1d.default": 2, "conv2d.default": 2, "conv3d.default": 2,
+            "convolution.default": 2}
 ATTENTION = "scaled_dot_product_attention.default"
 
+_SIXTEEN_BIT = ("float16", "bfloat16")
 _stock_converters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -70,9 +75,19 @@ def _torch_dtype(importer, node) -> str:
 
 def _in_torch_type(name: str):
     def convert(node, importer) -> relax.Var:
-        result = _stock(importer, name)(node)
         dtype = _torch_dtype(importer, node)
-        if dtype in ("float16", "bfloat16") and result.ty.dtype == "float32":
+        addend = PRODUCTS[name]
+        addend = node.args[addend] if addend is not None and len(node.args) > addend else None
+        widened = addend in importer.env and str(getattr(importer.env[addend].ty, "dtype", "")) in _SIXTEEN_BIT
+        if widened:  # TVM adds it, as it is, to the fp32 product (and fails on the mismatch)
+            narrow = importer.env[addend]
+            importer.env[addend] = importer.block_builder.emit(relax.op.astype(narrow, "float32"))
+        try:
+            result = _stock(importer, name)(node)
+        finally:
+            if widened:
+                importer.env[addend] = narrow
+        if dtype in _SIXTEEN_BIT and result.ty.dtype == "float32":
             result = importer.block_builder.emit(relax.op.astype(result, dtype))
         return result
     return convert

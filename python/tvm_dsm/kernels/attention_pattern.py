@@ -244,6 +244,17 @@ class _Exponent:
     shift: sympy.Expr = sympy.Integer(0)  # of the row: the sums' exponent less ``of_key``
 
 
+def _within_level(level: Level, indices) -> list:
+    """``indices`` simplified over ``level``'s variables' ranges: an index a legalization
+    reshaped and reshaped back (``(k // 128 + i) // 128 + b) % 24`` over ``k < 128``, ``i <
+    128``, ``b < 24``) is its variable again (a variable stays one, unit extents too)."""
+    analyzer = Analyzer()
+    extents = [*zip(level.spatial, level.rows), (level.reduce_var, level.extent)]
+    for var, extent in extents:
+        analyzer.bind(var, tvm.ir.Range(tirx.const(0, var.ty), tirx.const(int(extent), var.ty)))
+    return [i if isinstance(i, tirx.Var) else analyzer.simplify(i) for i in indices]
+
+
 def find_attention(func: tirx.PrimFunc) -> AttentionShape:
     """What attention ``func`` computes; ClusterError naming what does not match."""
     return _Match(func).shape()
@@ -314,7 +325,7 @@ class _Match:
     def _canonical(self, level: Level) -> list[tuple]:
         """``level``'s variables as the row max's: matched through their loads of the scores."""
         own = self._scores_load(self.m).indices
-        other = self._scores_load(level).indices
+        other = _within_level(level, self._scores_load(level).indices)
         mapping = []
         for mine, theirs in zip(own, other):
             if not isinstance(theirs, tirx.Var):

@@ -1,9 +1,16 @@
-"""A Llama decoder layer written as a torch user writes it: ``nn.Linear`` projections, an RMSNorm
-module, SDPA with causal masking and the KV heads repeated for grouped-query attention, SwiGLU.
-Imported into Relax with ``torch.export`` and ``from_exported_program``
-(:func:`exported_decoder_layer`), it is the model a torch user hands TVM."""
+"""Transformer layers written as torch users write them, the models a torch user hands TVM
+through ``torch.export`` (:func:`exported_decoder_layer`):
+
+- :class:`DecoderLayer`: a Llama decoder layer: ``nn.Linear`` projections, an RMSNorm module,
+  SDPA with causal masking and the KV heads repeated for grouped-query attention, SwiGLU;
+- :class:`GPT2Block`: pre-norm ``nn.LayerNorm``, one biased qkv projection split in three,
+  causal SDPA, a GELU (tanh) MLP;
+- :class:`BertLayer`: post-norm, attention spelled out (``softmax(q @ k^T / sqrt(d) + mask) @
+  v``) with an additive mask, a GELU MLP."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -45,13 +52,49 @@ class DecoderLayer(torch.nn.Module):
         return x + self.down(torch.nn.functional.silu(self.gate(h)) * self.up(h))
 
 
-def exported_decoder_layer(layer: DecoderLayer, example: torch.Tensor, importer):
-    """``layer`` (in ``example``'s dtype) as a Relax module whose ``main`` takes the input then
-    the parameters, and those parameters (torch tensors, in order), imported by ``importer``:
-    tvm-dsm's (:func:`tvm_dsm.relax_torch.from_exported_program`) or TVM's own
-    ``from_exported_program``."""
+class GPT2Block(torch.nn.Module):
+    def __init__(self, hidden=768, heads=12):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = torch.nn.LayerNorm(hidden), torch.nn.LayerNorm(hidden)
+        self.qkv, self.proj = torch.nn.Linear(hidden, 3 * hidden), torch.nn.Linear(hidden, hidden)
+        self.fc, self.out = torch.nn.Linear(hidden, 4 * hidden), torch.nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+                   for z in self.qkv(self.ln1(x)).split(d, dim=2))
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).contiguous().view(b, t, d))
+        return x + self.out(torch.nn.functional.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
+class BertLayer(torch.nn.Module):
+    def __init__(self, hidden=768, heads=12):
+        super().__init__()
+        self.heads = heads
+        linear = torch.nn.Linear
+        self.q, self.k, self.v, self.o = linear(hidden, hidden), linear(hidden, hidden), linear(hidden, hidden), \
+            linear(hidden, hidden)
+        self.fc, self.out = linear(hidden, 4 * hidden), linear(4 * hidden, hidden)
+        self.ln1, self.ln2 = torch.nn.LayerNorm(hidden), torch.nn.LayerNorm(hidden)
+
+    def forward(self, x, mask):
+        b, t, d = x.shape
+        q, k, v = (p(x).view(b, t, self.heads, d // self.heads).permute(0, 2, 1, 3) for p in (self.q, self.k, self.v))
+        scores = q @ k.transpose(-1, -2) / math.sqrt(d // self.heads) + mask
+        a = (scores.softmax(-1) @ v).permute(0, 2, 1, 3).reshape(b, t, d)
+        x = self.ln1(x + self.o(a))
+        return self.ln2(x + self.out(torch.nn.functional.gelu(self.fc(x))))
+
+
+def exported_decoder_layer(layer: torch.nn.Module, example, importer):
+    """``layer`` (in its example inputs' dtype; ``example`` one tensor or a tuple) as a Relax
+    module whose ``main`` takes the inputs then the parameters, and those parameters (torch
+    tensors, in order), imported by ``importer``: tvm-dsm's
+    (:func:`tvm_dsm.relax_torch.from_exported_program`) or TVM's own ``from_exported_program``."""
     from tvm.relax.frontend import detach_params
 
-    program = torch.export.export(layer, (example,))
+    program = torch.export.export(layer, example if isinstance(example, tuple) else (example,))
     mod, params = detach_params(importer(program, keep_params_as_input=True))
     return mod, params["main"]
