@@ -17,7 +17,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .relax_matmuls import SIXTEEN_BIT as _SIXTEEN_BIT
+from .relax_matmuls import SIXTEEN_BIT
 from .relax_matmuls import is_op_call, rewrite_functions
 
 
@@ -48,7 +48,7 @@ def _patch_size(call: relax.Call) -> tuple[int, int] | None:
 class _Rewriter(PyExprMutator):
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - TVM visitor name
         call = super().visit_call_(call)
-        if not (is_op_call(call, "relax.nn.conv2d") and call.args[0].ty.dtype in _SIXTEEN_BIT
+        if not (is_op_call(call, "relax.nn.conv2d") and call.args[0].ty.dtype in SIXTEEN_BIT
                 and call.ty.dtype in (call.args[0].ty.dtype, "float32")):
             return call
         patch = _patch_size(call)

@@ -53,7 +53,7 @@ from tvm import relax
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 from tvm.sym import Analyzer
 
-from .relax_matmuls import is_op_call
+from .relax_matmuls import SIXTEEN_BIT, is_op_call
 
 #: The type the statistics are computed in, by TOPI's ``rms_norm`` and by the matched graphs.
 _STATS = "float32"
@@ -241,7 +241,7 @@ def rewrite_silus(func: relax.Function) -> relax.Function:
     ``R.nn.silu(x)``, which TOPI legalizes to that product in ``x``'s type (so the gated GEMM
     rewrite, :mod:`tvm_dsm.relax_gated`, sees a gate); ``func`` itself where none matches."""
     x = wildcard()
-    root = is_op("relax.multiply")(x, is_op("relax.sigmoid")(x)) | is_op("relax.multiply")(is_op("relax.sigmoid")(x), x)
+    root = is_op("relax.multiply")(x, is_op("relax.sigmoid")(x))  # the matcher takes either operand order
     return _rewrite(root, lambda orig, m: relax.op.nn.silu(m[x]), func)
 
 
@@ -294,7 +294,7 @@ def _attention_replacement(orig: relax.Expr, m: dict, parts: dict) -> relax.Expr
     two axes, the softmax over the keys and a mask broadcast over the scores."""
     q, k, v, kt = m[parts["q"]], m[parts["k"]], m[parts["v"]], m[parts["kt"]]
     out_ty, q_ty, v_ty = _tensor(orig), _tensor(q), _tensor(v)
-    if (None in (out_ty, q_ty, v_ty) or q_ty.ndim != 4 or q_ty.dtype not in ("float16", "bfloat16")
+    if (None in (out_ty, q_ty, v_ty) or q_ty.ndim != 4 or q_ty.dtype not in SIXTEEN_BIT
             or kt.attrs.axes is None or [int(a) for a in kt.attrs.axes] != [0, 1, 3, 2]):
         return orig
     if not (_tensor(k) is not None and _tensor(k).dtype == v_ty.dtype == q_ty.dtype == out_ty.dtype
@@ -308,17 +308,25 @@ def _attention_replacement(orig: relax.Expr, m: dict, parts: dict) -> relax.Expr
         scale = 1.0 / factor if is_op_call(m[parts["scaling"]], "relax.divide") else factor
     bias = None
     if parts["mask"] in m:
-        bias = m[parts["mask"]]
-        mask_ty = _tensor(bias)
-        if mask_ty is None or mask_ty.ndim > 4 or mask_ty.dtype not in ("float16", "bfloat16", "float32"):
+        mask_ty = _tensor(m[parts["mask"]])
+        if mask_ty is None or mask_ty.ndim > 4 or mask_ty.dtype not in (*SIXTEEN_BIT, "float32"):
             return orig
-        if mask_ty.ndim < 4:
-            bias = relax.op.reshape(bias, [1] * (4 - mask_ty.ndim) + list(mask_ty.shape.values))
-        if mask_ty.dtype != q_ty.dtype:
-            bias = relax.op.astype(bias, q_ty.dtype)
+        bias = attention_bias(m[parts["mask"]], q_ty.dtype)
     bshd = [0, 2, 1, 3]
     out = relax.op.nn.attention(*(relax.op.permute_dims(t, bshd) for t in (q, k, v)), bias=bias, scale=scale)
     return relax.op.permute_dims(out, bshd)
+
+
+def attention_bias(mask: relax.Expr, dtype: str) -> relax.Expr:
+    """A mask over attention scores (up to four dimensions, broadcast over them) as
+    ``R.nn.attention``'s bias: four dimensions (leading ones added), in the scores' ``dtype``;
+    a bool mask (True: the key takes part) as 0 or -inf."""
+    ty = mask.ty
+    if ty.ndim < 4:
+        mask = relax.op.reshape(mask, [1] * (4 - ty.ndim) + list(ty.shape.values))
+    if ty.dtype == "bool":
+        return relax.op.where(mask, relax.const(0.0, dtype), relax.const(-math.inf, dtype))
+    return mask if ty.dtype == dtype else relax.op.astype(mask, dtype)
 
 
 def rewrite_attentions(func: relax.Function) -> relax.Function:

@@ -24,10 +24,12 @@ name: this is inference.
 
 from __future__ import annotations
 
-import math
 import weakref
 
 from tvm import relax
+
+from .relax_matmuls import SIXTEEN_BIT
+from .relax_patterns import attention_bias
 
 #: torch operators (fx target names) that TVM converts into products with fp32 results, with
 #: the position of the addend (a bias) each takes, if any.
@@ -36,7 +38,6 @@ PRODUCTS = {"linear.default": 2, "mm.default": None, "bmm.default": None, "matmu
             "convolution.default": 2}
 ATTENTION = "scaled_dot_product_attention.default"
 
-_SIXTEEN_BIT = ("float16", "bfloat16")
 _stock_converters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -78,7 +79,7 @@ def _in_torch_type(name: str):
         dtype = _torch_dtype(importer, node)
         addend = PRODUCTS[name]
         addend = node.args[addend] if addend is not None and len(node.args) > addend else None
-        widened = addend in importer.env and str(getattr(importer.env[addend].ty, "dtype", "")) in _SIXTEEN_BIT
+        widened = addend in importer.env and str(getattr(importer.env[addend].ty, "dtype", "")) in SIXTEEN_BIT
         if widened:  # TVM adds it, as it is, to the fp32 product (and fails on the mismatch)
             narrow = importer.env[addend]
             importer.env[addend] = importer.block_builder.emit(relax.op.astype(narrow, "float32"))
@@ -87,7 +88,7 @@ def _in_torch_type(name: str):
         finally:
             if widened:
                 importer.env[addend] = narrow
-        if dtype in _SIXTEEN_BIT and result.ty.dtype == "float32":
+        if dtype in SIXTEEN_BIT and result.ty.dtype == "float32":
             result = importer.block_builder.emit(relax.op.astype(result, dtype))
         return result
     return convert
@@ -116,24 +117,10 @@ def _attention(node, importer) -> relax.Var:
         k, v = (bb.emit(relax.op.repeat(t, heads // kv_heads, axis=1)) for t in (k, v))
     to_bshd = [0, 2, 1, 3]
     q, k, v = (bb.emit(relax.op.permute_dims(t, to_bshd)) for t in (q, k, v))
-    bias = _additive_mask(importer, _argument(node, 3, "attn_mask"), q.ty.dtype)
+    mask = _argument(node, 3, "attn_mask")
+    bias = None if mask is None else bb.emit(attention_bias(importer.env[mask], q.ty.dtype))
     scale = node.kwargs.get("scale")
     out = bb.emit(relax.op.nn.attention(q, k, v, bias=bias, scale=None if scale is None else float(scale),
                                         causal_mask="TopLeft" if _argument(node, 5, "is_causal", False) else None))
     out = bb.emit(relax.op.permute_dims(out, to_bshd))
     return out if rank == 4 else bb.emit(relax.op.reshape(out, list(out.ty.shape)[4 - rank:]))
-
-
-def _additive_mask(importer, mask_node, dtype: str) -> relax.Expr | None:
-    """torch's ``attn_mask`` as ``R.nn.attention``'s bias: four dimensions (leading ones
-    added), in the scores' type; a bool mask (True: the key takes part) as 0 or -inf."""
-    if mask_node is None:
-        return None
-    bb = importer.block_builder
-    mask = importer.env[mask_node]
-    shape = list(mask.ty.shape)
-    if len(shape) < 4:
-        mask = bb.emit(relax.op.reshape(mask, [1] * (4 - len(shape)) + shape))
-    if mask.ty.dtype == "bool":
-        return bb.emit(relax.op.where(mask, relax.const(0.0, dtype), relax.const(-math.inf, dtype)))
-    return mask if mask.ty.dtype == dtype else bb.emit(relax.op.astype(mask, dtype))
