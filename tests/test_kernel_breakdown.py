@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tvm_dsm.gpu.kernel_breakdown import idle_before, kernel_name, summarize
+from tvm_dsm.gpu.kernel_breakdown import critical_path, idle_before, kernel_name, summarize
 
 
 def test_a_functions_kernels_are_one_row():
@@ -33,6 +33,19 @@ def test_idle_time_is_placed_before_the_work_it_delayed():
     out = idle_before(reversed(timeline), steps=2)
     assert out == [{"function": "b", "idle_us_per_step": 6.0, "gaps_per_step": 1.0},
                    {"function": "a", "idle_us_per_step": 5.0, "gaps_per_step": 1.5}]
+
+
+def test_a_programmatic_launchs_wait_is_billed_to_the_kernel_it_waits_for():
+    """b starts at 2 and waits for a (ends at 10), then runs to 14; c runs inside b's time; a copy
+    from 20 to 21 counts for no function; d after an idle gap counts from its own start."""
+    timeline = [("b_kernel", 2.0, 14.0), ("a_kernel", 0.0, 10.0), ("c_kernel", 11.0, 13.0),
+                ("Memcpy HtoD", 20.0, 21.0), ("d_kernel", 25.0, 30.0)]
+    critical = critical_path(timeline)
+    assert critical == {"a": 10.0, "b": 4.0, "c": 0.0, "d": 5.0}
+    out = summarize([(n, e - s) for n, s, e in timeline if not n.startswith("Memcpy")], steps=1,
+                    critical=critical, top=2)
+    assert [(r["function"], r["critical_us_per_step"]) for r in out["rows"]] == [
+        ("b", 4.0), ("a", 10.0), ("other (2 functions)", 5.0)]
 
 
 @pytest.mark.gpu

@@ -9,9 +9,10 @@ kernel ran for (launch gaps, host work, synchronization).
 
 A kernel launched programmatically (:mod:`tvm_dsm.transform.programmatic_launch`) starts while
 the previous one runs and waits for it in ``griddepcontrol.wait``: its device time includes that
-wait, so its row overstates it and the kernels' total can exceed the step (the 1B Llama's
-one-row GEMVs: ``bench/results/archive/llama_1b_row_gemv_s51.json``). Compare such kernels by
-the step's wall time.
+wait, so its ``us_per_step`` overstates it and the kernels' total can exceed the step (the 1B
+Llama's one-row GEMVs: ``bench/results/archive/llama_1b_row_gemv_s51.json``). Each row's
+``critical_us_per_step`` (:func:`critical_path`) counts only the time a function's kernels
+extend the GPU's busy time, which sums to that busy time: what a faster kernel would save.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from collections.abc import Callable, Iterable
 TOP = 15
 #: Functions listed by the idle time before them.
 TOP_IDLE = 8
+#: The profiler's names of copies and fills, which are not kernels.
+_COPIES = ("Memcpy", "Memset")
 
 
 def kernel_name(name: str) -> str:
@@ -33,10 +36,11 @@ def kernel_name(name: str) -> str:
 
 
 def summarize(records: Iterable[tuple[str, float]], steps: int, step_us: float | None = None,
-              top: int = TOP) -> dict:
+              top: int = TOP, critical: dict[str, float] | None = None) -> dict:
     """Per-function rows from ``(kernel name, device microseconds)`` records of ``steps`` steps:
     launches and microseconds per step, share of the kernels' time, largest first; the step's
-    kernel time, and (given its wall time ``step_us``) the time no kernel ran."""
+    kernel time, and (given its wall time ``step_us``) the time no kernel ran. ``critical``: each
+    function's :func:`critical_path` microseconds over the steps, given per step in its row."""
     launches: dict[str, int] = defaultdict(int)
     micros: dict[str, float] = defaultdict(float)
     for name, us in records:
@@ -53,6 +57,9 @@ def summarize(records: Iterable[tuple[str, float]], steps: int, step_us: float |
         rows.append({"function": f"other ({len(rest)} functions)",
                      "launches_per_step": sum(launches[f] for f in rest) / steps,
                      "us_per_step": other / steps, "share": other / total if total else 0.0})
+    if critical is not None:
+        for row, functions in zip(rows, [[f] for f in ordered[:top]] + [rest]):
+            row["critical_us_per_step"] = sum(critical.get(f, 0.0) for f in functions) / steps
     out = {"steps": steps, "kernels_per_step": sum(launches.values()) / steps,
            "kernel_us_per_step": total / steps, "rows": rows}
     if step_us is not None:
@@ -79,6 +86,22 @@ def idle_before(timeline: Iterable[tuple[str, float, float]], steps: int, top: i
     return [{"function": f, "idle_us_per_step": idle[f] / steps, "gaps_per_step": launches[f] / steps} for f in ordered]
 
 
+def critical_path(timeline: Iterable[tuple[str, float, float]]) -> dict[str, float]:
+    """Per function, the microseconds its kernels extend the GPU's busy time, from ``(name,
+    start, end)`` of every kernel and copy (copies left out of the result): each from the later
+    of its start and the end of all work started before it, to its end (nothing where it ends
+    first). A kernel waiting in ``griddepcontrol.wait`` overlaps its predecessor, so the wait is
+    billed to the predecessor; the values sum to the time the GPU was busy."""
+    extends: dict[str, float] = defaultdict(float)
+    busy_until = None
+    for name, start, end in sorted(timeline, key=lambda r: r[1]):
+        begin = start if busy_until is None else max(start, busy_until)
+        if not name.startswith(_COPIES):
+            extends[kernel_name(name)] += max(0.0, end - begin)
+        busy_until = end if busy_until is None else max(busy_until, end)
+    return dict(extends)
+
+
 def profile_kernels(step: Callable[[], object], steps: int = 5, step_us: float | None = None) -> dict:
     """:func:`summarize` of ``steps`` calls of ``step`` under the CUDA profiler (after one
     warm-up call outside it), with :func:`idle_before` as ``idle_before``."""
@@ -93,7 +116,8 @@ def profile_kernels(step: Callable[[], object], steps: int = 5, step_us: float |
             step()
         torch.cuda.synchronize()
     work = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-    records = [(e.name, e.time_range.elapsed_us()) for e in work if not e.name.startswith(("Memcpy", "Memset"))]
-    out = summarize(records, steps, step_us)
-    out["idle_before"] = idle_before([(e.name, e.time_range.start, e.time_range.end) for e in work], steps)
+    records = [(e.name, e.time_range.elapsed_us()) for e in work if not e.name.startswith(_COPIES)]
+    timeline = [(e.name, e.time_range.start, e.time_range.end) for e in work]
+    out = summarize(records, steps, step_us, critical=critical_path(timeline))
+    out["idle_before"] = idle_before(timeline, steps)
     return out

@@ -78,11 +78,16 @@ HEAVIEST = 4
 
 def _heaviest(breakdown: dict | None) -> list[dict] | None:
     """The :data:`HEAVIEST` functions of a per-kernel breakdown (:mod:`tvm_dsm.gpu.kernel_breakdown`)
-    that took the most time, with their microseconds and launches a call: what holds a row back."""
+    that took the most time, with their microseconds and launches a call: what holds a row back.
+    Where the breakdown has each function's time on the critical path (what it adds to the GPU's
+    busy time, a programmatic launch's wait not counted), ranked and given by that (``us``),
+    with the device time beside it (``device_us``)."""
     if not breakdown:
         return None
-    ranked = sorted(breakdown["rows"], key=lambda r: -r["us_per_step"])[:HEAVIEST]
-    return [{"function": r["function"], "us": round(r["us_per_step"], 1), "launches": r["launches_per_step"]}
+    key = "critical_us_per_step" if all("critical_us_per_step" in r for r in breakdown["rows"]) else "us_per_step"
+    ranked = sorted(breakdown["rows"], key=lambda r: -r[key])[:HEAVIEST]
+    return [{"function": r["function"], "us": round(r[key], 1), "launches": r["launches_per_step"],
+             **({"device_us": round(r["us_per_step"], 1)} if key != "us_per_step" else {})}
             for r in ranked]
 
 

@@ -16,7 +16,10 @@ Per model and shape (batch x tokens, fp16, random weights), in one run:
 Every output against the layer evaluated in float64 on the GPU from the same fp16 weights; every
 contender timed with :func:`tvm_dsm.bench.timing.graph_time_us` (CUDA events over CUDA-graph
 replays, inputs rotated past L2; a Relax VM call is captured like any other), the Relax VM's
-time evaluator where a capture fails (the row says which).
+time evaluator where a capture fails (the row says which). After every timing of the run (a
+profiler session slows later graph launches: :func:`tvm_dsm.gpu.llm._profile_config`), each
+row's ``ours`` call is profiled kernel by kernel (``kernels``:
+:func:`tvm_dsm.gpu.kernel_breakdown.profile_kernels`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from tvm import relax
 
 from ..bench import results as res
 from ..bench.timing import graph_time_us, input_sets_for
+from .kernel_breakdown import profile_kernels
 from ..hardware import H100
 from ..relax_torch import from_exported_program
 from ..stock import stock_target
@@ -102,7 +106,13 @@ def _time_vm(step, vm, sets, weights) -> tuple[float, str]:
         return timer(*sets[0], *weights).median * 1e6, "time_evaluator"
 
 
-def run_shape(model: str, batch: int, tokens: int, configs: list[str]) -> dict:
+#: Profiled calls of a row's ``ours`` module (after one untimed).
+PROFILED_CALLS = 5
+
+
+def run_shape(model: str, batch: int, tokens: int, configs: list[str], keep: dict | None = None) -> dict:
+    """The row of ``model`` at ``batch`` x ``tokens``; ``keep[row name]``: its ``ours`` call,
+    for a profile after the run's timings."""
     torch.manual_seed(batch * 10_000 + tokens)
     layer = _layer(model)
     sets = input_sets_for(batch * tokens * MODELS[model][1] * 2, cap=8)
@@ -132,6 +142,8 @@ def run_shape(model: str, batch: int, tokens: int, configs: list[str]) -> dict:
                 got = step(0)
                 out = (got if hasattr(got, "numpy") else got[0]).numpy().astype(np.float32)
                 us, how = _time_vm(step, vm, on_gpu, weights)
+                if config == "ours" and keep is not None:
+                    keep[row["name"]] = step, vm, on_gpu, weights
         except Exception as err:  # noqa: BLE001 - a contender that fails is a row's finding
             row["errors"][config] = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
             print(f"  {config}: {row['errors'][config]}")
@@ -161,9 +173,15 @@ def main(argv=None) -> None:
                             {"tvm": tvm.__version__, "torch": torch.__version__, "tvm_dsm": res.git_sha()},
                             "CUDA events over CUDA-graph replays (inputs rotated past L2), median")
     results["command"] = f"python -m tvm_dsm.gpu.torch_layer --configs {args.configs} --models {args.models}"
+    calls: dict = {}
     for model in args.models.split(","):
         for batch, tokens in MODELS[model][2]:
-            results["rows"].append(run_shape(model, batch, tokens, args.configs.split(",")))
+            results["rows"].append(run_shape(model, batch, tokens, args.configs.split(","), calls))
+            res.write(results, args.out)
+    for row in results["rows"]:
+        if row["name"] in calls:
+            step = calls.pop(row["name"])[0]
+            row["kernels"] = profile_kernels(lambda: step(0), steps=PROFILED_CALLS, step_us=row["ours_us"])
             res.write(results, args.out)
     print(res.table(results))
 
