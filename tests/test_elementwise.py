@@ -35,6 +35,15 @@ def _transpose(m: int, n: int):
     return te.create_prim_func([x, topi.transpose(x)])
 
 
+def _packed_split(rows: int = 128, width: int = 128):
+    """A fused QKV projection's output ``[rows, 3 * width]`` reshaped to ``[2, rows / 2, 3 *
+    width]`` and split in three, as Relax legalizes a torch model's ``qkv.split(width, dim=2)``:
+    the reshape reads ``x[(b * rows / 2 + j // (3 * width) + i) % rows, j % (3 * width)]``."""
+    x = te.placeholder((rows, 3 * width), "float16", name="x")
+    parts = topi.split(topi.reshape(x, (2, rows // 2, 3 * width)), [width, 2 * width], axis=2)
+    return te.create_prim_func([x, *parts])
+
+
 def _lanes(func) -> int:
     sch = s_tir.Schedule(func)
     return min(vector_lanes(sch.get(b)) for b in output_blocks(sch))
@@ -46,6 +55,7 @@ def _lanes(func) -> int:
     (_rotate_half(64), 1),  # a condition on j
     (_transpose(64, 128), 1),  # j indexes the input's rows
     (_offset_rows(64), 1),  # vectors of odd rows would start off 16-byte alignment
+    (_packed_split(), 8),  # the reshape's row and column, simplified within the ranges, move along j
 ])
 def test_vector_lanes(func, lanes):
     assert _lanes(func) == lanes
@@ -100,6 +110,26 @@ def test_on_the_gpu_against_numpy(make, rows):
         symbolic(*gpu)
         got = gpu[-1].numpy().astype(np.float64)
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-3, (make, count)
+
+
+def test_a_packed_projections_split_is_one_vectorized_kernel_a_part():
+    family, _ = match_family(_packed_split())
+    assert family.name == "elementwise"
+    source = tvm_dsm.build(_packed_split()).mod.imports[0].inspect_source()
+    names = set(re.findall(r"__global__ void __launch_bounds__\(\d+\) (\w+)\(", source))
+    assert len(names) == 3 and source.count("*(uint4*)") >= 6
+
+
+@pytest.mark.gpu
+def test_a_packed_projections_split_on_the_gpu():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((128, 384)).astype("float16")
+    outs = [np.full((2, 64, 128), np.nan, "float16") for _ in range(3)]
+    gpu = [tvm.runtime.tensor(a, tvm.cuda()) for a in (x, *outs)]
+    tvm_dsm.build(_packed_split())(*gpu)
+    want = np.split(x.reshape(2, 64, 384), 3, axis=2)
+    for got, part in zip(gpu[1:], want):
+        np.testing.assert_array_equal(got.numpy(), part)
 
 
 def test_a_gather_moves_its_rows_in_vectors():

@@ -73,22 +73,26 @@ def vector_lanes(block: tirx.SBlock) -> int:
     if not block.iter_vars or not isinstance(block.body, tirx.BufferStore):
         return 1
     x, extent = block.iter_vars[-1].var, block.iter_vars[-1].dom.extent
-    accesses = [block.body, *find_all(block.body, tvm.ir.TensorLoad)]
-    if not all(len(a.indices) for a in accesses) or any(uses(i, x) for a in accesses for i in a.indices[:-1]):
+    analyzer = Analyzer()
+    for iv in block.iter_vars:  # a reshape's `(i * n + x // n) % m` reads `i * n` within the ranges
+        analyzer.bind(iv.var, iv.dom)
+    accesses = [(a, [analyzer.simplify(i) for i in a.indices])
+                for a in [block.body, *find_all(block.body, tvm.ir.TensorLoad)]]
+    if not all(len(indices) for _, indices in accesses) or any(
+            uses(i, x) for _, indices in accesses for i in indices[:-1]):
         return 1
-    if not uses(block.body.indices[-1], x):
+    if not uses(accesses[0][1][-1], x):
         return 1
-    moving = [a for a in accesses if uses(a.indices[-1], x)]  # the rest read one element for all lanes
-    lanes = VECTOR_BYTES // max(element_bytes(_buffer(a)) for a in moving)
+    moving = [(a, indices) for a, indices in accesses if uses(indices[-1], x)]  # the rest: one element for all lanes
+    lanes = VECTOR_BYTES // max(element_bytes(_buffer(a)) for a, _ in moving)
     if not isinstance(extent, tirx.IntImm) or int(extent) % lanes:
         return 1
-    analyzer = Analyzer()
-    for access in moving:
+    for access, indices in moving:
         buffer = _buffer(access)
         row = buffer.ty.shape[-1]
         if list(buffer.ty.strides) or not isinstance(row, tirx.IntImm) or int(row) % lanes:
             return 1  # a row of another length would start vectors off their 16-byte alignment
-        offset = analyzer.simplify(access.indices[-1] - x)
+        offset = analyzer.simplify(indices[-1] - x)
         if uses(offset, x) or not isinstance(offset, tirx.IntImm) or int(offset) % lanes:
             return 1
     conditions = [c.args[0] for c in find_all(block.body, tvm.ir.Call)

@@ -418,6 +418,18 @@ def prefill_gemm_configs() -> list[Variant]:
     return [v for rows in (128, 512) for v in _llama_gemm_configs(rows)]
 
 
+#: The GEMMs (N, K) of a 768-wide encoder or decoder layer (BERT-base, GPT-2 small, ViT-B):
+#: fused QKV, attention output, MLP up and down.
+WIDTH_768_GEMM_SHAPES = {"qkv": (2304, 768), "proj": (768, 768), "fc": (3072, 768), "out": (768, 3072)}
+
+
+def width_768_gemm_configs() -> list[Variant]:
+    """Those GEMMs at 1024 and 4096 rows (a batch of 8 x 512 tokens), the ranks the torch
+    layers' models run at (:func:`_gemm_configs`): whether the planner's pick or its tiles hold
+    them back (GPT-2 and BERT layers at 8 x 512, bench/results/torch_layer)."""
+    return [v for rows in (1024, 4096) for v in _gemm_configs(WIDTH_768_GEMM_SHAPES, rows)]
+
+
 #: Row counts between the 16-row tile and the 64-row warpgroup tile, where the tile height is
 #: the choice: a decode batch past 16, a short prefill chunk.
 RAGGED_ROWS = (17, 24, 33, 48, 64)
