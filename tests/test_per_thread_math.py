@@ -49,7 +49,7 @@ def test_the_kernels_evaluate_each_transcendental_call_once_and_assemble(assembl
     """``tvm_dsm.build`` of the symbolic-length function: per range of tokens, the heads split into
     the fewest parts whose threads fill the GPU (a decode step's token: a head a thread; 4096
     tokens: two parts); one ``cosf`` and one ``sinf`` a thread (dlight's schedule evaluates them
-    per element and head)."""
+    per element and head), and q, k and v moved in 16-byte vectors."""
     rope = _rope()
     parts = {rows: plan(specialized(rope, row_variable(rope), rows)) for rows in (16, 256, 1024, 4096)}
     assert all(ranking.family.name == "per_thread_math" for ranking in parts.values())
@@ -59,6 +59,8 @@ def test_the_kernels_evaluate_each_transcendental_call_once_and_assemble(assembl
     splits = [plan(specialized(rope, row_variable(rope), rows)).best.config.parts for rows in (*ROW_RANGES, ROWS_BEYOND)]
     distinct = 1 + sum(a != b for a, b in zip(splits, splits[1:]))  # neighbouring ranges of one split share a kernel
     assert len(bodies) == distinct >= 4 and all(b.count("cosf(") == 1 and b.count("sinf(") == 1 for b in bodies)
+    # a thread takes 8 head-dim elements: rotate-half's d < 32 holds alike for each vector of them
+    assert find_per_thread_math(rope).lanes == 8 and all("*(uint4*)(qkv_ptr" in b for b in bodies)
     assemble(source, "per_thread_math_rope")
 
 
@@ -79,7 +81,7 @@ def _rope_float64(qkv: np.ndarray, positions: np.ndarray, heads: int = 32, theta
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows", [1, 7, 300])
+@pytest.mark.parametrize("rows", [1, 7, 300, 5000])
 def test_gpu_rotary_embedding_matches_float64(rows):
     lib, dev, rng = tvm_dsm.build(_rope()), tvm.cuda(), np.random.default_rng(rows)
     qkv = rng.standard_normal((rows, 48, 64)).astype("float16")

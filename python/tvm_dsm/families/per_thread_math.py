@@ -31,7 +31,7 @@ RESIDENT_THREADS_PER_SM = 2048
 @dataclass(frozen=True)
 class PerThreadMathShape:
     """What the rule found, the bytes of the function's parameters (read or written once), and
-    its points (a thread each where the in-thread axis is whole)."""
+    its threads where the in-thread axis is whole."""
 
     found: rule.PerThreadMath
     bytes: int
@@ -49,7 +49,7 @@ class PerThreadMath(ScheduleFamily):
         params = [p for p in func.params if hasattr(p.ty, "shape") and all(isinstance(d, tirx.IntImm) for d in p.ty.shape)]
         if not isinstance(found.points, int):
             raise ClusterError("per-thread math plans constant extents (a symbolic row count per range of rows)")
-        return PerThreadMathShape(found, sum(buffer_bytes(p) for p in params), found.points)
+        return PerThreadMathShape(found, sum(buffer_bytes(p) for p in params), found.threads)
 
     def predict(self, shape: PerThreadMathShape, config: rule.PerThreadMathConfig, hw: Hardware) -> KernelPlan:
         ctas = math.ceil(shape.threads * config.parts / config.threads)
@@ -59,11 +59,12 @@ class PerThreadMath(ScheduleFamily):
         """Every CTA size and split of the in-thread axis; first, 128 threads and the fewest parts
         whose threads fill every SM's resident threads (each thread's loads along its part follow
         one another, so only threads hide their latency: measured on nn.llm's rotary embedding,
-        the axis whole at 512 tokens took twice dlight's time, at 4096 half), else the most."""
+        the axis whole at 512 tokens took twice dlight's time, at 4096 half), a thread moving a
+        vector counted as its lanes' threads (the elements in flight), else the most."""
         parts = [p for p in range(1, shape.found.extent + 1) if shape.found.extent % p == 0]
         configs = [rule.PerThreadMathConfig(t, p) for t in THREADS for p in parts]
         resident = RESIDENT_THREADS_PER_SM * hw.sm_count
-        filling = next((p for p in parts if shape.threads * p >= resident), parts[-1])
+        filling = next((p for p in parts if shape.threads * shape.found.lanes * p >= resident), parts[-1])
         return default_first([self.predict(shape, c, hw) for c in configs], rule.PerThreadMathConfig(128, filling))
 
     def apply(self, func: tirx.PrimFunc, config: rule.PerThreadMathConfig, hw: Hardware) -> s_tir.Schedule:

@@ -23,7 +23,7 @@ from tvm.sym import Analyzer
 from tvm.s_tir.schedule.schedule import ScheduleError
 
 from ..errors import ClusterError
-from ..ir import find_all, is_reduction, uses
+from ..ir import find_all, is_reduction, substitute, uses
 from ..transform.buffers import element_bytes
 
 #: Bytes a thread moves per access.
@@ -66,22 +66,27 @@ def output_blocks(sch: s_tir.Schedule) -> list:
     return blocks
 
 
-def vector_lanes(block: tirx.SBlock) -> int:
+def vector_lanes(block: tirx.SBlock, uniform_conditions: bool = False) -> int:
     """The elements a thread moves per access of ``block``: ``VECTOR_BYTES`` of its widest
     element where every access moves contiguously along its innermost iterator (see the module
-    docstring), else 1."""
-    if not block.iter_vars or not isinstance(block.body, tirx.BufferStore):
+    docstring), else 1. ``uniform_conditions``: a condition on that iterator is allowed where it
+    holds alike for every lane of a vector (rotate-half's ``d < D / 2``), and so are stores in
+    branches (rotary embedding's query, key and value heads)."""
+    if not block.iter_vars:
+        return 1
+    stores = find_all(block.body, tirx.BufferStore)
+    if not stores or (not uniform_conditions and not isinstance(block.body, tirx.BufferStore)):
         return 1
     x, extent = block.iter_vars[-1].var, block.iter_vars[-1].dom.extent
     analyzer = Analyzer()
     for iv in block.iter_vars:  # a reshape's `(i * n + x // n) % m` reads `i * n` within the ranges
         analyzer.bind(iv.var, iv.dom)
     accesses = [(a, [analyzer.simplify(i) for i in a.indices])
-                for a in [block.body, *find_all(block.body, tvm.ir.TensorLoad)]]
+                for a in [*stores, *find_all(block.body, tvm.ir.TensorLoad)]]
     if not all(len(indices) for _, indices in accesses) or any(
             uses(i, x) for _, indices in accesses for i in indices[:-1]):
         return 1
-    if not uses(accesses[0][1][-1], x):
+    if not all(uses(indices[-1], x) for _, indices in accesses[:len(stores)]):
         return 1
     moving = [(a, indices) for a, indices in accesses if uses(indices[-1], x)]  # the rest: one element for all lanes
     lanes = VECTOR_BYTES // max(element_bytes(_buffer(a)) for a, _ in moving)
@@ -98,7 +103,25 @@ def vector_lanes(block: tirx.SBlock) -> int:
     conditions = [c.args[0] for c in find_all(block.body, tvm.ir.Call)
                   if c.op.same_as(tvm.ir.Op.get("prim.if_then_else"))]
     conditions += [s.condition for s in find_all(block.body, tirx.Select)]
-    return 1 if any(uses(c, x) for c in conditions) else lanes
+    conditions += [s.condition for s in find_all(block.body, tirx.IfThenElse)]
+    varying = [c for c in conditions if uses(c, x)]
+    if not varying:
+        return lanes
+    if not uniform_conditions:
+        return 1
+    return lanes if all(_uniform(c, x, lanes, analyzer) for c in varying) else 1
+
+
+def _uniform(condition, x: tirx.Var, lanes: int, analyzer: Analyzer) -> bool:
+    """Whether ``condition`` is the same for the ``lanes`` values of ``x`` in each aligned vector:
+    with ``x = lanes * vector + lane``, it or its negation simplifies to an expression without
+    ``lane``."""
+    vector, lane = tirx.Var("vector", x.ty), tirx.Var("lane", x.ty)
+    within = Analyzer()
+    within.bind(lane, tvm.ir.Range(0, lanes))
+    within.bind(vector, tvm.ir.Range(0, analyzer.const_int_bound(x).max_value // lanes + 1))
+    split = substitute(condition, [(x, vector * lanes + lane)])
+    return any(not uses(within.simplify(c), lane) for c in (split, tirx.Not(split)))
 
 
 def find_elementwise(func: tirx.PrimFunc) -> tuple[int, list]:

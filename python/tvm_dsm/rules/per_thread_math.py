@@ -12,10 +12,17 @@ each distinct transcendental call once into a small buffer, and the function's b
 the schedule places that block in each thread (local memory, i.e. registers) and loops over the
 axis inside the thread, unrolled.
 
-Taken where the function has one output block that cannot move in 16-byte vectors (those go to
-:mod:`tvm_dsm.rules.elementwise`), at least one transcendental call, and an axis other than the
-innermost of constant extent up to :data:`MAX_IN_THREAD` that none of those calls uses (``Let``
-variables are followed to their values).
+Where every access moves contiguously along the innermost axis and each condition on it holds
+alike for a 16-byte vector's elements (rotate-half's ``d < D / 2``:
+:func:`~tvm_dsm.rules.elementwise.vector_lanes` with ``uniform_conditions``), a thread takes a
+vector of that axis: its loads and stores move 16 bytes, its math computed for the vector's
+elements (1B Llama prefill, 16384 tokens: 101 us a layer with 2-byte accesses, 40 us at HBM
+speed, bench/results/archive/llama_1b_critical_path_8192_s73.json).
+
+Taken where the function has one output block that cannot move in 16-byte vectors without
+branches (those go to :mod:`tvm_dsm.rules.elementwise`), at least one transcendental call, and an
+axis other than the innermost of constant extent up to :data:`MAX_IN_THREAD` that none of those
+calls uses (``Let`` variables are followed to their values).
 """
 
 from __future__ import annotations
@@ -66,7 +73,13 @@ class PerThreadMath:
     axis: int
     extent: int
     calls: int
-    points: tirx.PrimExpr | int  # of the other axes: a thread each where the axis is whole
+    points: tirx.PrimExpr | int  # of the other axes
+    lanes: int = 1  # elements of the innermost axis a thread takes (a 16-byte vector, or 1)
+
+    @property
+    def threads(self) -> tirx.PrimExpr | int:
+        """Threads where the in-thread axis is whole: a point of the other axes and vector each."""
+        return self.points // self.lanes
 
 
 def _transcendental(expr) -> list:
@@ -165,7 +178,8 @@ def _found(block: SBlock, axis: int, calls: list) -> PerThreadMath:
     for n, iv in enumerate(block.iter_vars):
         if n != axis:
             points = points * (int(iv.dom.extent) if isinstance(iv.dom.extent, tirx.IntImm) else iv.dom.extent)
-    return PerThreadMath(block.name_hint, axis, int(block.iter_vars[axis].dom.extent), len(calls), points)
+    return PerThreadMath(block.name_hint, axis, int(block.iter_vars[axis].dom.extent), len(calls), points,
+                         vector_lanes(block, uniform_conditions=True))
 
 
 def _with_regions(block: SBlock, buffers: list) -> SBlock:
@@ -228,8 +242,8 @@ def _rewritten(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, PerThreadMath]:
 
 def schedule_per_thread_math(func: tirx.PrimFunc, config: PerThreadMathConfig) -> s_tir.Schedule:
     """:func:`per_thread_math`'s rewrite of ``func``, scheduled: a thread per point of the
-    other axes and part of the in-thread axis, the hoisted calls in its registers, its part of
-    the axis unrolled inside it."""
+    other axes (a vector of the innermost, where it moves in vectors) and part of the in-thread
+    axis, the hoisted calls in its registers, its part of the axis unrolled inside it."""
     rewritten, found = _rewritten(func)
     sch = s_tir.Schedule(rewritten)
     consumer, producer = sch.get_sblock(found.block), sch.get_sblock(HOISTED)
@@ -238,7 +252,11 @@ def schedule_per_thread_math(func: tirx.PrimFunc, config: PerThreadMathConfig) -
     loops = sch.get_loops(consumer)
     part, axis = sch.split(loops[found.axis], [config.parts, None])
     *outer, inner = [lp for i, lp in enumerate(loops) if i != found.axis]
-    sch.reorder(*outer, part, inner, axis)  # the innermost other axis (contiguous) across neighbouring threads
+    lane = None
+    if found.lanes > 1:
+        inner, lane = sch.split(inner, [None, found.lanes])
+    sch.reorder(*outer, part, inner, axis, *([lane] if lane is not None else []))
+    # the innermost other axis (contiguous) across neighbouring threads
     bx, tx = sch.split(sch.fuse(*outer, part, inner), [None, config.threads])
     sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")
@@ -246,4 +264,6 @@ def schedule_per_thread_math(func: tirx.PrimFunc, config: PerThreadMathConfig) -
     for n in range(found.calls):
         sch.set_scope(producer, n, "local")
     sch.unroll(axis)
+    if lane is not None:
+        sch.vectorize(lane)
     return sch
