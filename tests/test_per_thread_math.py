@@ -13,6 +13,7 @@ from tvm_dsm.driver import plan
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.families.row_ranges import ROW_RANGES, ROWS_BEYOND
 from tvm_dsm.ir import row_variable, specialized
+from tvm_dsm.rules import per_thread_math as rule
 from tvm_dsm.rules.per_thread_math import find_per_thread_math, per_thread_math
 from tvm_dsm.workloads.elementwise import split_silu_mul
 
@@ -46,22 +47,34 @@ def test_the_rewrite_computes_what_the_function_does_on_llvm():
 
 
 def test_the_kernels_evaluate_each_transcendental_call_once_and_assemble(assemble):
-    """``tvm_dsm.build`` of the symbolic-length function: per range of tokens, the heads split into
-    the fewest parts whose threads fill the GPU (a decode step's token: a head a thread; 4096
-    tokens: two parts); one ``cosf`` and one ``sinf`` a thread (dlight's schedule evaluates them
-    per element and head), and q, k and v moved in 16-byte vectors."""
+    """``tvm_dsm.build`` of the symbolic-length function: a thread takes 8 head-dim elements
+    (rotate-half's ``d < 32`` holds alike for each vector of them) and two of the 48 heads at
+    every token count, so every range shares one kernel; one ``cosf`` and one ``sinf`` a thread
+    (dlight's schedule evaluates them per element and head), q, k and v moved in 16-byte vectors."""
     rope = _rope()
-    parts = {rows: plan(specialized(rope, row_variable(rope), rows)) for rows in (16, 256, 1024, 4096)}
-    assert all(ranking.family.name == "per_thread_math" for ranking in parts.values())
-    assert {rows: r.best.config.parts for rows, r in parts.items()} == {16: 48, 256: 24, 1024: 6, 4096: 2}
+    assert find_per_thread_math(rope).lanes == 8
+    splits = [plan(specialized(rope, row_variable(rope), rows)) for rows in (*ROW_RANGES, ROWS_BEYOND)]
+    assert all(r.family.name == "per_thread_math" and r.best.config.parts == 24 for r in splits)
     source = tvm_dsm.build(rope).mod.imports[0].inspect_source()
-    bodies = kernels(source).values()
-    splits = [plan(specialized(rope, row_variable(rope), rows)).best.config.parts for rows in (*ROW_RANGES, ROWS_BEYOND)]
-    distinct = 1 + sum(a != b for a, b in zip(splits, splits[1:]))  # neighbouring ranges of one split share a kernel
-    assert len(bodies) == distinct >= 4 and all(b.count("cosf(") == 1 and b.count("sinf(") == 1 for b in bodies)
-    # a thread takes 8 head-dim elements: rotate-half's d < 32 holds alike for each vector of them
-    assert find_per_thread_math(rope).lanes == 8 and all("*(uint4*)(qkv_ptr" in b for b in bodies)
+    bodies = list(kernels(source).values())
+    assert len(bodies) == 1 and bodies[0].count("cosf(") == 1 and bodies[0].count("sinf(") == 1
+    assert "*(uint4*)(qkv_ptr" in bodies[0]
     assemble(source, "per_thread_math_rope")
+
+
+def test_a_thread_moving_elements_fills_the_gpu_with_parts():
+    """Without vectors (the head dim's conditions vary within a vector), the heads split into
+    the fewest parts whose threads fill the GPU: a decode step's token, a head a thread; 4096
+    tokens, two parts."""
+    rope = _rope()
+    lanes = rule.vector_lanes
+    try:
+        rule.vector_lanes = lambda block, uniform_conditions=False: lanes(block)
+        parts = {rows: plan(specialized(rope, row_variable(rope), rows)).best.config.parts
+                 for rows in (16, 256, 1024, 4096)}
+    finally:
+        rule.vector_lanes = lanes
+    assert parts == {16: 48, 256: 24, 1024: 6, 4096: 2}
 
 
 def test_math_on_every_axis_or_a_vector_stream_is_refused():

@@ -56,16 +56,23 @@ class PerThreadMath(ScheduleFamily):
         return roofline(config, {"hbm": shape.bytes}, {}, hw, busy=ctas / hw.sm_count)
 
     def rank(self, shape: PerThreadMathShape, hw: Hardware) -> list[KernelPlan]:
-        """Every CTA size and split of the in-thread axis; first, 128 threads and the fewest parts
-        whose threads fill every SM's resident threads (each thread's loads along its part follow
-        one another, so only threads hide their latency: measured on nn.llm's rotary embedding,
-        the axis whole at 512 tokens took twice dlight's time, at 4096 half), a thread moving a
-        vector counted as its lanes' threads (the elements in flight), else the most."""
-        parts = [p for p in range(1, shape.found.extent + 1) if shape.found.extent % p == 0]
+        """Every CTA size and split of the in-thread axis; first, 128 threads and: where a thread
+        moves elements one at a time, the fewest parts whose threads fill every SM's resident
+        threads (each thread's loads along its part follow one another, so only threads hide
+        their latency: measured on nn.llm's rotary embedding, the axis whole at 512 tokens took
+        twice dlight's time, at 4096 half), else the most; where it moves 16-byte vectors, two
+        elements of the axis a thread (the 1B Llama's rotary embedding, 48 heads: 9.8 us at 2048
+        tokens against 12.6-27.6 with 4-48 heads a thread, 62.2 at 16384 against 63.7-84.6;
+        H200, bench/results/archive/rope_parts_s73.json)."""
+        extent = shape.found.extent
+        parts = [p for p in range(1, extent + 1) if extent % p == 0]
         configs = [rule.PerThreadMathConfig(t, p) for t in THREADS for p in parts]
-        resident = RESIDENT_THREADS_PER_SM * hw.sm_count
-        filling = next((p for p in parts if shape.threads * shape.found.lanes * p >= resident), parts[-1])
-        return default_first([self.predict(shape, c, hw) for c in configs], rule.PerThreadMathConfig(128, filling))
+        if shape.found.lanes > 1:
+            default = extent // 2 if extent % 2 == 0 else extent
+        else:
+            resident = RESIDENT_THREADS_PER_SM * hw.sm_count
+            default = next((p for p in parts if shape.threads * p >= resident), parts[-1])
+        return default_first([self.predict(shape, c, hw) for c in configs], rule.PerThreadMathConfig(128, default))
 
     def apply(self, func: tirx.PrimFunc, config: rule.PerThreadMathConfig, hw: Hardware) -> s_tir.Schedule:
         return rule.schedule_per_thread_math(func, config)
