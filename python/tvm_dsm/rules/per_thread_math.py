@@ -16,8 +16,8 @@ Where every access moves contiguously along the innermost axis and each conditio
 alike for a 16-byte vector's elements (rotate-half's ``d < D / 2``:
 :func:`~tvm_dsm.rules.elementwise.vector_lanes` with ``uniform_conditions``), a thread takes a
 vector of that axis: its loads and stores move 16 bytes, its math computed for the vector's
-elements (1B Llama prefill, 16384 tokens: 101 us a layer with 2-byte accesses, 40 us at HBM
-speed, bench/results/archive/llama_1b_critical_path_8192_s73.json).
+elements (the 1B Llama's at 16384 tokens: 62.2 us against 101.4 with 2-byte accesses, 47.4 at
+HBM speed; H200, bench/results/archive/rope_parts_s73.json).
 
 Taken where the function has one output block that cannot move in 16-byte vectors without
 branches (those go to :mod:`tvm_dsm.rules.elementwise`), at least one transcendental call, and an
