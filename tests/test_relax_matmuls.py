@@ -20,12 +20,12 @@ class _Block:
 
     @R.function
     def main(x: R.Tensor(("b", 1, 64), "float16"), w1: R.Tensor((64, 64), "float16"),
-             w2: R.Tensor((128, 64), "float16")):
+             w2: R.Tensor((128, 64), "float16"), w3: R.Tensor((64, 64), "float16")):
         b = T.int64()
         with R.dataflow():
             h = R.matmul(x, R.permute_dims(w1))
             s = R.add(R.reshape(h, R.shape([b, 64])), R.reshape(x, R.shape([b, 64])))
-            t = R.add(R.matmul(x, R.permute_dims(w1)), x)
+            t = R.add(R.matmul(x, R.permute_dims(w3)), x)
             u = R.matmul(R.reshape(s, R.shape([b, 1, 64])), R.permute_dims(w2))
             R.output(t, u)
         return (t, u)
@@ -40,7 +40,7 @@ def test_the_rewrite_keeps_the_values_on_llvm():
     rng = np.random.default_rng(0)
     args = [rng.standard_normal((5, 1, 64)).astype("float16"),
             (rng.standard_normal((64, 64)) / 8).astype("float16"),
-            (rng.standard_normal((128, 64)) / 8).astype("float16")]
+            (rng.standard_normal((128, 64)) / 8).astype("float16"), (rng.standard_normal((64, 64)) / 8).astype("float16")]
     before, after = _run_llvm(_Block, args), _run_llvm(MatmulsAsMatrices(_Block), args)
     for want, got in zip(before, after):
         assert got.shape == want.shape
@@ -69,10 +69,10 @@ class _BatchAndSequence:
 
     @R.function
     def main(x: R.Tensor(("b", "s", 64), "float16"), w: R.Tensor((96, 64), "float16"),
-             r: R.Tensor(("b", "s", 96), "float16")):
+             r: R.Tensor(("b", "s", 96), "float16"), v: R.Tensor((96, 64), "float16")):
         with R.dataflow():
             y = R.add(R.matmul(x, R.permute_dims(w)), r)
-            z = R.matmul(x, R.permute_dims(w))
+            z = R.matmul(x, R.permute_dims(v))
             R.output(y, z)
         return (y, z)
 
@@ -93,9 +93,9 @@ def test_a_batch_and_a_sequence_become_one_row_variable_with_the_same_values_on_
                 and not isinstance(p.ty.shape[0], tirx.IntImm)}
         assert rows == {"rows"}, func.params
     rng = np.random.default_rng(0)
-    w = (rng.standard_normal((96, 64)) / 8).astype("float16")
+    w, v = ((rng.standard_normal((96, 64)) / 8).astype("float16") for _ in range(2))
     for b, s in ((1, 7), (3, 5)):
-        args = [rng.standard_normal((b, s, 64)).astype("float16"), w, rng.standard_normal((b, s, 96)).astype("float16")]
+        args = [rng.standard_normal((b, s, 64)).astype("float16"), w, rng.standard_normal((b, s, 96)).astype("float16"), v]
         for want, got in zip(_run_llvm(_BatchAndSequence, args), _run_llvm(mod, args)):
             assert got.shape == want.shape == (b, s, 96)
             assert np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want.astype(np.float64)) < 5e-3
@@ -111,10 +111,10 @@ class _Epilogues:
     def main(x: R.Tensor(("b", "s", 64), "float16"), w1: R.Tensor((128, 64), "float16"),
              b1: R.Tensor((128,), "float16"), c1: R.Tensor((1, 1, 128), "float16"),
              w2: R.Tensor((64, 128), "float16"), b2: R.Tensor((64,), "float16"),
-             scale: R.Tensor((1, 1, 1), "float16")):
+             scale: R.Tensor((1, 1, 1), "float16"), w3: R.Tensor((128, 64), "float16")):
         with R.dataflow():
             h = R.nn.gelu_tanh(R.add(R.matmul(x, R.permute_dims(w1)), b1))
-            g = R.multiply(R.multiply(R.subtract(c1, R.matmul(x, R.permute_dims(w1))), R.const(0.5, "float16")), scale)
+            g = R.multiply(R.multiply(R.subtract(c1, R.matmul(x, R.permute_dims(w3))), R.const(0.5, "float16")), scale)
             y = R.add(R.add(R.matmul(h, R.permute_dims(w2)), b2), x)
             R.output(y, g)
         return (y, g)
@@ -138,7 +138,7 @@ def test_biases_activations_and_residuals_run_in_the_products_epilogues_with_the
     args = [rng.standard_normal((2, 3, 64)).astype("float16"), (rng.standard_normal((128, 64)) / 8).astype("float16"),
             rng.standard_normal(128).astype("float16"), rng.standard_normal((1, 1, 128)).astype("float16"),
             (rng.standard_normal((64, 128)) / 8).astype("float16"), rng.standard_normal(64).astype("float16"),
-            np.full((1, 1, 1), 1.5, "float16")]
+            np.full((1, 1, 1), 1.5, "float16"), (rng.standard_normal((128, 64)) / 8).astype("float16")]
     for want, got in zip(_run_llvm(_Epilogues, args), _run_llvm(MatmulsAsMatrices(_Epilogues), args)):
         assert got.shape == want.shape
         assert np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want.astype(np.float64)) < 5e-3

@@ -79,6 +79,21 @@ class Float32Row:
         return out
 
 
+@I.ir_module
+class CastTwice:
+    """Qwen2's and T5's form: ``w * (x.float() * rsqrt(x.float().pow(2).mean(-1) + eps)).to(t)``,
+    the row widened twice (two casts of one value until common subexpressions are merged)."""
+
+    @R.function
+    def main(x: R.Tensor((2, 3, 64), "float16"), w: R.Tensor((64,), "float16")):
+        with R.dataflow():
+            mean = R.mean(R.power(R.astype(x, "float32"), R.const(2.0, "float32")), axis=[-1], keepdims=True)
+            normed = R.multiply(R.astype(x, "float32"), R.rsqrt(R.add(mean, R.const(1e-6, "float32"))))
+            out = R.multiply(w, R.astype(normed, "float16"))
+            R.output(out)
+        return out
+
+
 def _ops(mod: tvm.IRModule) -> list[str]:
     found = []
 
@@ -116,8 +131,19 @@ def test_a_decomposed_rms_norm_becomes_r_nn_rms_norm_with_the_same_values(mod, d
     np.testing.assert_array_equal(after, before)  # the same arithmetic, the sum in the same order
 
 
-@pytest.mark.parametrize("mod", [TorchStyle, SymbolicRows, Float32Row], ids=["fp16", "bf16_symbolic_rows",
-                                                                           "fp32_row_fp16_weight"])
+def test_a_row_widened_twice_is_one_norm_once_its_casts_are_merged():
+    """The rewrite matches the row as one value: after Relax's common-subexpression elimination
+    (the pipeline's first pass) the two casts are one, and the norm the same values."""
+    assert "relax.nn.rms_norm" not in _ops(RewriteToRelaxOps(CastTwice))
+    rewritten = RewriteToRelaxOps(relax.transform.EliminateCommonSubexpr()(CastTwice))
+    assert _ops(rewritten).count("relax.nn.rms_norm") == 1, rewritten.script()
+    rng = np.random.default_rng(1)
+    x, w = (rng.standard_normal((2, 3, WIDTH)) * 3).astype("float16"), rng.standard_normal(WIDTH).astype("float16")
+    np.testing.assert_array_equal(_run(rewritten, x, w), _run(CastTwice, x, w))
+
+
+@pytest.mark.parametrize("mod", [TorchStyle, SymbolicRows, Float32Row, CastTwice],
+                         ids=["fp16", "bf16_symbolic_rows", "fp32_row_fp16_weight", "cast_twice"])
 def test_the_rewritten_norm_is_one_kernel_the_row_norm_family_takes(mod):
     """Without the rewrite Relax cuts it in three (the cast, the square, the rest)."""
     report = relax_report(mod)
@@ -292,6 +318,41 @@ def test_transposes_that_undo_each_other_are_removed_and_others_composed():
     doubled, composed = vm["main"](tvm.runtime.tensor(x))
     np.testing.assert_array_equal(doubled.numpy(), 2 * x)
     np.testing.assert_array_equal(composed.numpy(), x.transpose(0, 2, 1, 3).transpose(3, 0, 2, 1))
+
+
+def test_a_packed_projection_unbound_after_its_transpose_is_sliced_where_it_lies():
+    """timm's ViT: ``qkv.reshape(B, N, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)``, then the
+    attention operator's layout: each part a slice of the reshaped projection, no transpose left
+    (the whole-tensor transpose kernel gone); a slice and squeeze whose transpose moves only a
+    unit axis (``y.permute(1, 0, 2)[:, 1:3].squeeze(0)``) none either; one that stays
+    (``y.permute(2, 0, 1)[1:3]``) keeps it; the same values."""
+
+    @R.function
+    def main(qkv: R.Tensor((2, 5, 96), "float32"), y: R.Tensor((4, 1, 6), "float32")):
+        with R.dataflow():
+            packed = R.permute_dims(R.reshape(qkv, R.shape([2, 5, 3, 2, 16])), [2, 0, 3, 1, 4])
+            parts = [R.permute_dims(R.squeeze(R.strided_slice(packed, [0], [i], [i + 1]), [0]), [0, 2, 1, 3])
+                     for i in range(3)]
+            kept = R.squeeze(R.strided_slice(R.permute_dims(y, [1, 0, 2]), [1], [1], [3]), [0])
+            moved = R.strided_slice(R.permute_dims(y, [2, 0, 1]), [0], [1], [3])
+            out = (R.nn.attention(parts[0], parts[1], parts[2]), kept, moved)
+            R.output(out)
+        return out
+
+    mod = tvm.IRModule({"main": main})
+    rewritten = RewriteToRelaxOps(mod)
+    assert _ops(rewritten).count("relax.permute_dims") == 1, rewritten.script()
+    assert tvm_ffi.structural_equal(rewritten["main"].ty, mod["main"].ty)
+    rng = np.random.default_rng(3)
+    args = [rng.standard_normal((2, 5, 96)).astype("float32"), rng.standard_normal((4, 1, 6)).astype("float32")]
+    vms = [relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu()) for m in (mod, rewritten)]
+    (want_a, want_k, want_m), (got_a, got_k, got_m) = (vm["main"](*(tvm.runtime.tensor(a) for a in args))
+                                                       for vm in vms)
+    np.testing.assert_allclose(got_a.numpy(), want_a.numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(got_k.numpy(), args[1].transpose(1, 0, 2)[0, 1:3])
+    np.testing.assert_array_equal(want_k.numpy(), got_k.numpy())
+    np.testing.assert_array_equal(got_m.numpy(), args[1].transpose(2, 0, 1)[1:3])
+    np.testing.assert_array_equal(want_m.numpy(), got_m.numpy())
 
 
 def _spelled_attention(scale_op: str = "divide", mask: bool = True, dtype: str = "float16") -> tvm.IRModule:

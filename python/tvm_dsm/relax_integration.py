@@ -165,7 +165,8 @@ def scheduling_form(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
 
 def lower_to_tir(mod: tvm.IRModule, gated_projections: bool = True) -> tvm.IRModule:
-    """Decomposed operators put back as Relax's (:mod:`tvm_dsm.relax_patterns`), bf16 layer
+    """Common subexpressions computed once (a torch model's ``x.float()`` written twice in its
+    RMSNorm is one cast), decomposed operators put back as Relax's (:mod:`tvm_dsm.relax_patterns`), bf16 layer
     norms in fp32 and 16-bit attention's explicit scale on its query (:mod:`tvm_dsm.relax_precision`:
     TVM cannot legalize them), patch embeddings
     as GEMMs (:mod:`tvm_dsm.relax_patches`), 16-bit matmuls as fp32-accumulated matrix products
@@ -177,6 +178,7 @@ def lower_to_tir(mod: tvm.IRModule, gated_projections: bool = True) -> tvm.IRMod
     a fused split/SiLU/multiply (the A/B of the rewrite)."""
     gated = [FuseGatedProjections, relax.transform.DeadCodeElimination()] if gated_projections else []
     return tvm.transform.Sequential([
+        relax.transform.EliminateCommonSubexpr(),  # one node for the same value, which the rewrites match as one
         RewriteToRelaxOps,
         NormsInFp32,
         AttentionScaleOnQuery,

@@ -263,6 +263,51 @@ def rewrite_permutes(func: relax.Function) -> relax.Function:
     return _rewrite(root, replacement, func)
 
 
+def _permutation(call: relax.Call, ndim: int) -> list[int]:
+    """The axes of a ``permute_dims`` (all of them reversed where it names none)."""
+    return list(range(ndim))[::-1] if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
+
+
+def _permuted(x: relax.Expr, perm: list[int]) -> relax.Expr:
+    """``permute_dims(x, perm)``, or ``x`` where ``perm`` keeps every axis in place."""
+    return x if perm == sorted(perm) else relax.op.permute_dims(x, perm)
+
+
+def rewrite_slices_before_permutes(func: relax.Function) -> relax.Function:
+    """``func`` with every slice and squeeze of a transpose taken before it: ``strided_slice(
+    permute_dims(x, p), axes)`` as ``permute_dims(strided_slice(x, p[axes]), p)``, and
+    ``squeeze(permute_dims(x, p), axes)`` as a squeeze of ``x`` then the rest of ``p``. A packed
+    QKV projection unbound after its transpose (timm's ViT: ``qkv.reshape(B, N, 3, H,
+    D).permute(2, 0, 3, 1, 4).unbind(0)``) then slices the projection where it lies, in 16-byte
+    vectors, and its transpose meets the attention's own and cancels (:func:`rewrite_permutes`):
+    the whole-tensor transpose kernel is gone; ``func`` itself where none matches."""
+    x = wildcard()
+    permuted = is_op("relax.permute_dims")(x)
+    sliced = is_op("relax.strided_slice")(permuted, varg_default_wildcard=True)
+    squeezed = is_op("relax.squeeze")(permuted)
+
+    def slice_first(orig, m):
+        ty = _tensor(m[x])
+        if ty is None or not isinstance(orig.args[1], relax.Tuple):
+            return orig
+        perm = _permutation(m[permuted], ty.ndim)
+        axes = [perm[int(a) % ty.ndim] for a in orig.args[1].fields]
+        inner = relax.op.strided_slice(m[x], axes, *orig.args[2:], assume_inbound=orig.attrs.assume_inbound)
+        return _permuted(inner, perm)
+
+    def squeeze_first(orig, m):
+        ty = _tensor(m[x])
+        if ty is None or orig.attrs.axis is None:
+            return orig
+        perm = _permutation(m[permuted], ty.ndim)
+        gone = {perm[int(a) % ty.ndim] for a in orig.attrs.axis}
+        kept = [a for a in perm if a not in gone]
+        renumbered = [sorted(kept).index(a) for a in kept]
+        return _permuted(relax.op.squeeze(m[x], sorted(gone)), renumbered)
+
+    return _rewrite(squeezed, squeeze_first, _rewrite(sliced, slice_first, func))
+
+
 def attention_pattern():
     """Attention spelled out over ``[batch, heads, tokens, dim]`` tensors as torch exports
     ``softmax(q @ k.transpose(-1, -2) / c + mask) @ v``: each product over batched views
@@ -341,6 +386,7 @@ def rewrite_attentions(func: relax.Function) -> relax.Function:
 
 #: The rewrites :data:`RewriteToRelaxOps` applies, in order.
 REWRITES = (rewrite_rms_norms, rewrite_softmaxes, rewrite_silus, rewrite_attentions,
+            rewrite_slices_before_permutes,
             rewrite_permutes)  # attention matches k's transpose alone; its own layout cancels torch's
 
 
