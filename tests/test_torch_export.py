@@ -14,7 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tvm_dsm.relax_torch import from_exported_program  # noqa: E402
-from tvm_dsm.workloads.torch_layers import BertLayer, DecoderLayer, GPT2Block, exported_decoder_layer  # noqa: E402
+from tvm_dsm.workloads.torch_layers import (BertLayer, DecoderLayer, GPT2Block, QwenLayer, ViTBlock,  # noqa: E402
+                                            exported_decoder_layer)
 
 
 def test_a_torch_exported_decoder_layer_gets_tvm_dsm_kernels_and_none_crashes():
@@ -155,3 +156,22 @@ def test_biased_16_bit_layers_import_and_keep_their_values(model):
         exported_decoder_layer(layer, inputs, tvm_import)
     mod, _ = exported_decoder_layer(layer, inputs, from_exported_program)
     assert relax_report(mod).counts().get("attention", 0) == 1
+
+
+def test_qwen2_and_vit_layers_as_their_modeling_code_writes_them_get_tvm_dsm_kernels():
+    """Qwen2's RMSNorm widens its row twice (one norm once common subexpressions merge); timm's
+    ViT unbinds its packed qkv after a transpose (sliced where it lies: no transpose kernel)."""
+    from tvm_dsm.model_report import relax_report
+
+    torch.manual_seed(4)
+    qwen, _ = exported_decoder_layer(QwenLayer().half().eval(), torch.randn(2, 16, 256, dtype=torch.float16),
+                                     from_exported_program)
+    report = relax_report(qwen)
+    norms = [row.name for row in report.rows if row.where == "row_norm"]
+    assert norms and all("rms_norm" in name for name in norms), report.format()
+    assert report.counts().get("attention", 0) == 1 and report.counts().get("split_k_gemm", 0) >= 4, report.format()
+    vit, _ = exported_decoder_layer(ViTBlock(128, 4).half().eval(), torch.randn(2, 17, 128, dtype=torch.float16),
+                                    from_exported_program)
+    report = relax_report(vit)
+    assert report.counts().get("attention", 0) == 1, report.format()
+    assert not [row.name for row in report.rows if "transpose" in row.name], report.format()

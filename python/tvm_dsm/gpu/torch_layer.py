@@ -1,6 +1,6 @@
 """A torch user's models through TVM: transformer layers written in torch
 (:mod:`tvm_dsm.workloads.torch_layers`: the 1B Llama's decoder layer, a GPT-2 block, a BERT
-layer), exported with ``torch.export``, imported, compiled and run.
+layer, a Qwen2-0.5B layer, a ViT-B/16 block), exported with ``torch.export``, imported, compiled and run.
 
 ``bash .gpu/full-b/on-device python3 -m tvm_dsm.gpu.torch_layer --out $OUT/torch_layer.json``
 (the full compiler: see ../shared/gpu/README.md).
@@ -39,7 +39,7 @@ from ..hardware import H100
 from ..relax_torch import from_exported_program
 from ..stock import stock_target
 from ..workloads.llama import LLAMA_1B
-from ..workloads.torch_layers import BertLayer, DecoderLayer, GPT2Block, exported_decoder_layer
+from ..workloads.torch_layers import BertLayer, DecoderLayer, GPT2Block, QwenLayer, ViTBlock, exported_decoder_layer
 
 #: model name: (the layer, its hidden width, the shapes (batch, tokens) it runs at).
 MODELS = {
@@ -48,6 +48,8 @@ MODELS = {
               LLAMA_1B.hidden_size, ((1, 128), (1, 512), (1, 2048), (8, 512))),
     "gpt2": (GPT2Block, 768, ((1, 1024), (8, 512))),
     "bert": (BertLayer, 768, ((8, 128), (8, 512))),
+    "qwen2": (lambda: QwenLayer(896, 14, 2, 4864), 896, ((1, 512), (8, 512))),  # Qwen2-0.5B
+    "vit": (ViTBlock, 768, ((8, 197), (32, 197))),  # ViT-B/16 at 224 x 224
 }
 #: ``||out - ref|| / ||ref||`` of an fp16 layer with fp32 accumulation.
 TOLERANCE = 5e-3
