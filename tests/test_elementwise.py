@@ -44,6 +44,15 @@ def _packed_split(rows: int = 128, width: int = 128):
     return te.create_prim_func([x, *parts])
 
 
+def _repeated_heads(rows: int = 64, kv_heads: int = 2, group: int = 7, dim: int = 64):
+    """Grouped-query attention's keys repeated for every query head, as Hugging Face's
+    ``repeat_kv`` writes it (``expand`` then ``reshape``) over a projection ``[rows, kv_heads *
+    dim]``: ``out[r, h, d] = k[r, h // group * dim + d]``, a column offset of the other iterators."""
+    k = te.placeholder((rows, kv_heads * dim), "float16", name="k")
+    out = te.compute((rows, kv_heads * group, dim), lambda r, h, d: k[r, h // group * dim + d], name="repeated")
+    return te.create_prim_func([k, out])
+
+
 def _lanes(func) -> int:
     sch = s_tir.Schedule(func)
     return min(vector_lanes(sch.get(b)) for b in output_blocks(sch))
@@ -56,6 +65,8 @@ def _lanes(func) -> int:
     (_transpose(64, 128), 1),  # j indexes the input's rows
     (_offset_rows(64), 1),  # vectors of odd rows would start off 16-byte alignment
     (_packed_split(), 8),  # the reshape's row and column, simplified within the ranges, move along j
+    (_repeated_heads(), 8),  # a column offset h // g * D, a multiple of the lanes
+    (_repeated_heads(dim=36), 1),  # h // g * 36 is not
 ])
 def test_vector_lanes(func, lanes):
     assert _lanes(func) == lanes
@@ -118,6 +129,20 @@ def test_a_packed_projections_split_is_one_vectorized_kernel_a_part():
     source = tvm_dsm.build(_packed_split()).mod.imports[0].inspect_source()
     names = set(re.findall(r"__global__ void __launch_bounds__\(\d+\) (\w+)\(", source))
     assert len(names) == 3 and source.count("*(uint4*)") >= 6
+
+
+def test_repeated_kv_heads_move_in_vectors():
+    source = tvm_dsm.build(_repeated_heads()).mod.imports[0].inspect_source()
+    assert "*(uint4*)(k_ptr" in source and "*(uint4*)(repeated_ptr" in source
+
+
+@pytest.mark.gpu
+def test_repeated_kv_heads_on_the_gpu():
+    k = np.random.default_rng(2).standard_normal((64, 128)).astype("float16")
+    out = np.full((64, 14, 64), np.nan, "float16")
+    gpu = [tvm.runtime.tensor(a, tvm.cuda()) for a in (k, out)]
+    tvm_dsm.build(_repeated_heads())(*gpu)
+    np.testing.assert_array_equal(gpu[1].numpy(), np.repeat(k.reshape(64, 2, 64), 7, axis=1))
 
 
 @pytest.mark.gpu

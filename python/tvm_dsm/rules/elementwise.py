@@ -6,7 +6,8 @@ dlight's fallback gives each thread one element: a 2-byte load per input per thr
 holds too few bytes in flight to stream from HBM (the 1B Llama's ``split``/``silu``/``multiply``
 ran at 3.4x its floor in prefill). Here the innermost loop is split into vectors of
 ``16 / element bytes`` lanes where every access moves along it contiguously: an index ``x + c``
-on the last axis (``c`` a multiple of the lanes), ``x`` on no other axis, no condition on
+on the last axis (``c`` a multiple of the lanes, a constant or an expression of the other
+iterators such as a head's columns ``h // g * D``), ``x`` on no other axis, no condition on
 ``x``, and every accessed buffer contiguous with rows a multiple of the lanes. Each thread
 takes ``vectors_per_thread`` vectors a CTA's width apart, so a warp's accesses stay coalesced.
 A block whose accesses do not move that way (a transpose, rotary embedding's rotate-half)
@@ -97,8 +98,8 @@ def vector_lanes(block: tirx.SBlock, uniform_conditions: bool = False) -> int:
         row = buffer.ty.shape[-1]
         if list(buffer.ty.strides) or not isinstance(row, tirx.IntImm) or int(row) % lanes:
             return 1  # a row of another length would start vectors off their 16-byte alignment
-        offset = analyzer.simplify(indices[-1] - x)
-        if uses(offset, x) or not isinstance(offset, tirx.IntImm) or int(offset) % lanes:
+        offset = analyzer.simplify(indices[-1] - x)  # a constant, or a head's columns (h // g * D)
+        if uses(offset, x) or not analyzer.can_prove(tirx.floormod(offset, lanes) == 0):
             return 1
     conditions = [c.args[0] for c in find_all(block.body, tvm.ir.Call)
                   if c.op.same_as(tvm.ir.Op.get("prim.if_then_else"))]
