@@ -17,8 +17,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .relax_matmuls import SIXTEEN_BIT
-from .relax_matmuls import is_op_call, rewrite_functions
+from .relax_matmuls import SIXTEEN_BIT, is_op_call, rewrite_functions
 
 
 def _ints(values) -> list[int] | None:

@@ -245,6 +245,16 @@ def rewrite_silus(func: relax.Function) -> relax.Function:
     return _rewrite(root, lambda orig, m: relax.op.nn.silu(m[x]), func)
 
 
+def _permutation(call: relax.Call, ndim: int) -> list[int]:
+    """The axes of a ``permute_dims`` (all of them reversed where it names none)."""
+    return list(range(ndim))[::-1] if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
+
+
+def _permuted(x: relax.Expr, perm: list[int]) -> relax.Expr:
+    """``permute_dims(x, perm)``, or ``x`` where ``perm`` keeps every axis in place."""
+    return x if perm == sorted(perm) else relax.op.permute_dims(x, perm)
+
+
 def rewrite_permutes(func: relax.Function) -> relax.Function:
     """``func`` with every transpose of a transpose as one transpose, or none where they undo
     each other (torch's ``transpose(1, 2)`` into ``[batch, heads, tokens, dim]`` and the
@@ -256,21 +266,9 @@ def rewrite_permutes(func: relax.Function) -> relax.Function:
 
     def replacement(orig, m):
         ndim = _tensor(m[x]).ndim if _tensor(m[x]) is not None else -1
-        first, second = (list(range(ndim))[::-1] if c.attrs.axes is None else [int(a) for a in c.attrs.axes]
-                         for c in (m[inner], orig))
-        composed = [first[a] for a in second]
-        return m[x] if composed == list(range(ndim)) else relax.op.permute_dims(m[x], composed)
+        first, second = (_permutation(c, ndim) for c in (m[inner], orig))
+        return _permuted(m[x], [first[a] for a in second])
     return _rewrite(root, replacement, func)
-
-
-def _permutation(call: relax.Call, ndim: int) -> list[int]:
-    """The axes of a ``permute_dims`` (all of them reversed where it names none)."""
-    return list(range(ndim))[::-1] if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
-
-
-def _permuted(x: relax.Expr, perm: list[int]) -> relax.Expr:
-    """``permute_dims(x, perm)``, or ``x`` where ``perm`` keeps every axis in place."""
-    return x if perm == sorted(perm) else relax.op.permute_dims(x, perm)
 
 
 def rewrite_slices_before_permutes(func: relax.Function) -> relax.Function:

@@ -68,6 +68,15 @@ def summarize(records: Iterable[tuple[str, float]], steps: int, step_us: float |
     return out
 
 
+def _in_start_order(timeline: Iterable[tuple[str, float, float]]):
+    """``(name, start, end, busy_until)`` of each piece of work in the order it started, with
+    the end of all work started before it (its own start for the first)."""
+    busy_until = None
+    for name, start, end in sorted(timeline, key=lambda r: r[1]):
+        yield name, start, end, start if busy_until is None else busy_until
+        busy_until = end if busy_until is None else max(busy_until, end)
+
+
 def idle_before(timeline: Iterable[tuple[str, float, float]], steps: int, top: int = TOP_IDLE) -> list[dict]:
     """The GPU's idle time before each function's work, per step, largest first, from ``(name,
     start, end)`` microseconds of every kernel and copy of ``steps`` steps: a gap is the time
@@ -75,13 +84,11 @@ def idle_before(timeline: Iterable[tuple[str, float, float]], steps: int, top: i
     names them)."""
     idle: dict[str, float] = defaultdict(float)
     launches: dict[str, int] = defaultdict(int)
-    busy_until = None
-    for name, start, end in sorted(timeline, key=lambda r: r[1]):
-        key = kernel_name(name)
-        if busy_until is not None and start > busy_until:
+    for name, start, _, busy_until in _in_start_order(timeline):
+        if start > busy_until:
+            key = kernel_name(name)
             idle[key] += start - busy_until
             launches[key] += 1
-        busy_until = end if busy_until is None else max(busy_until, end)
     ordered = sorted(idle, key=idle.get, reverse=True)[:top]
     return [{"function": f, "idle_us_per_step": idle[f] / steps, "gaps_per_step": launches[f] / steps} for f in ordered]
 
@@ -93,12 +100,9 @@ def critical_path(timeline: Iterable[tuple[str, float, float]]) -> dict[str, flo
     first). A kernel waiting in ``griddepcontrol.wait`` overlaps its predecessor, so the wait is
     billed to the predecessor; the values sum to the time the GPU was busy."""
     extends: dict[str, float] = defaultdict(float)
-    busy_until = None
-    for name, start, end in sorted(timeline, key=lambda r: r[1]):
-        begin = start if busy_until is None else max(start, busy_until)
+    for name, start, end, busy_until in _in_start_order(timeline):
         if not name.startswith(_COPIES):
-            extends[kernel_name(name)] += max(0.0, end - begin)
-        busy_until = end if busy_until is None else max(busy_until, end)
+            extends[kernel_name(name)] += max(0.0, end - max(start, busy_until))
     return dict(extends)
 
 

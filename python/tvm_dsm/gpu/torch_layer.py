@@ -113,8 +113,8 @@ PROFILED_CALLS = 5
 
 
 def run_shape(model: str, batch: int, tokens: int, configs: list[str], keep: dict | None = None) -> dict:
-    """The row of ``model`` at ``batch`` x ``tokens``; ``keep[row name]``: its ``ours`` call,
-    for a profile after the run's timings."""
+    """The row of ``model`` at ``batch`` x ``tokens``; ``keep[row name]``: its ``ours`` call
+    (a closure holding the VM and its tensors), for a profile after the run's timings."""
     torch.manual_seed(batch * 10_000 + tokens)
     layer = _layer(model)
     sets = input_sets_for(batch * tokens * MODELS[model][1] * 2, cap=8)
@@ -145,7 +145,7 @@ def run_shape(model: str, batch: int, tokens: int, configs: list[str], keep: dic
                 out = (got if hasattr(got, "numpy") else got[0]).numpy().astype(np.float32)
                 us, how = _time_vm(step, vm, on_gpu, weights)
                 if config == "ours" and keep is not None:
-                    keep[row["name"]] = step, vm, on_gpu, weights
+                    keep[row["name"]] = step
         except Exception as err:  # noqa: BLE001 - a contender that fails is a row's finding
             row["errors"][config] = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
             print(f"  {config}: {row['errors'][config]}")
@@ -182,7 +182,7 @@ def main(argv=None) -> None:
             res.write(results, args.out)
     for row in results["rows"]:
         if row["name"] in calls:
-            step = calls.pop(row["name"])[0]
+            step = calls.pop(row["name"])
             row["kernels"] = profile_kernels(lambda: step(0), steps=PROFILED_CALLS, step_us=row["ours_us"])
             res.write(results, args.out)
     print(res.table(results))
