@@ -34,6 +34,18 @@ PAD = 8  # fp16 elements of padding per shared row: ldmatrix rows land in differ
 #: which tvm_dsm.transform.lower_cluster turns into the CTA's own shared-memory stores).
 MMA_STORE_F32_DSM = "tvm_dsm.mma_store_16x16_f32_dsm"
 
+#: fp32 elements of padding after each row of an accumulator tile stored to shared memory by
+#: :data:`MMA_STORE_F32_DSM` (rows ``cols + 8`` apart: storage_align factor 16, offset 8). One
+#: store of a warp covers 8 rows x 4 column pairs of a fragment; rows a multiple of 32 floats
+#: apart put those in 4 banks (8-way conflicts), rows 8 floats off put them in 16 (2-way, the
+#: least for 32 scalar stores).
+ACCUMULATOR_PAD = 8
+
+
+def accumulator_tile_bytes(rows: int, cols: int) -> int:
+    """Shared-memory bytes of a ``rows x cols`` fp32 accumulator tile with its row padding."""
+    return rows * (cols + ACCUMULATOR_PAD) * 4
+
 #: ldmatrix of fp8 A [m, k] and B [n, k] tiles from dynamic shared memory (TVM 0.27 registers
 #: the fp8 ones for static shared memory only). ldmatrix cannot transpose 8-bit elements, so fp8
 #: needs K-contiguous operands: X [m, k] and W [n, k].

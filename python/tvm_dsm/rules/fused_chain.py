@@ -50,7 +50,7 @@ from .split_k_gemm import (
     split_k_main_loops,
     sum_partials,
 )
-from ..intrin.mma import PAD, TILE, VECTOR, mma
+from ..intrin.mma import PAD, TILE, VECTOR, accumulator_tile_bytes, mma
 from .tensor_core import blockize_fragments, fragment_caches, stage_in_shared, tensorize_fragments, warp_tile
 
 _MAX_ACCUMULATOR_REGISTERS = 128  # fp32 output registers per thread, next to the main loop's
@@ -116,7 +116,7 @@ class FusedChainConfig:
         chains' plans: exact, or over where stated.)"""
         loop = self.main_loop()
         products = len(shape.gemm0)
-        partials = products * self.block_m * self.block_n * 4
+        partials = products * accumulator_tile_bytes(self.block_m, self.block_n)
         w2 = shape.l // self.cluster_size * (self.block_n + PAD) * 2
         operands = loop.pipeline_bytes(products=products) + loop.barrier_bytes + w2
         if self.n_steps > 1:

@@ -45,7 +45,7 @@ from .split_k_gemm import (
     split_k_main_loops,
     sum_partials,
 )
-from ..intrin.mma import FP8, VECTOR, pad
+from ..intrin.mma import FP8, VECTOR, accumulator_tile_bytes, pad
 from .tensor_core import blockize_fragments
 
 
@@ -83,7 +83,7 @@ def shared_bytes(config: SplitKGemmConfig) -> int:
     c = config
     row = c.block_k + pad(FP8)  # bytes per fp8 row; an fp16 row is twice that
     operands = c.stages * (2 * c.block_m + c.block_n) * row + 2 * c.block_m * row
-    return max(operands, c.block_m * c.block_n * 4) + c.block_m // c.cluster_size * c.block_n * 4
+    return max(operands, accumulator_tile_bytes(c.block_m, c.block_n)) + c.block_m // c.cluster_size * c.block_n * 4
 
 
 def check_quantized_config(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> None:

@@ -38,7 +38,7 @@ from ..transform.tma_pipeline import SLOT_ALIGN as TMA_SLOT_ALIGN
 from ..annotations import TMA_STAGES_KEY
 from ..schedule import bind_cluster_nest, bind_rank, check_cluster_size
 from ..annotations import ROTATE_PEERS_KEY
-from ..intrin.mma import FP8, MMA_STORE_F32_DSM, OPERAND_TYPES, TILE, VECTOR, element_bytes, k_tile, pad
+from ..intrin.mma import FP8, MMA_STORE_F32_DSM, accumulator_tile_bytes, OPERAND_TYPES, TILE, VECTOR, element_bytes, k_tile, pad
 from ..intrin.wgmma import MAX_N as WGMMA_MAX_N
 from ..intrin.wgmma import WARPGROUP_ROWS, wgmma_intrin
 from .padded_gated_tiles import pad_gated_to_tiles
@@ -84,7 +84,7 @@ class SplitKGemmConfig:
         loop (:func:`shared_k_loop`) stream every W tile beside X's, and their partial tiles are
         placed over the pipeline's buffers as TVM's allocator places them; in loops one after
         the other, each earlier partial tile is held next to the later pipelines."""
-        tile = self.block_m * self.block_n * 4
+        tile = accumulator_tile_bytes(self.block_m, self.block_n)
         if shared_k_loop(self, products):
             freed = [self.slots(dtype, self.block_m)] + [self.slots(dtype, self.block_n)] * products
             return reused_shared_bytes([*freed, self.barrier_bytes], [tile] * products)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 
-from ..intrin.mma import (FP8, MMA_STORE_F32_DSM, TILE, VECTOR, element_bytes, fp8_fragment_map,
+from ..intrin.mma import (ACCUMULATOR_PAD, FP8, MMA_STORE_F32_DSM, TILE, VECTOR, element_bytes, fp8_fragment_map,
                           fragment_map, k_tile, library, mma, operand_intrinsics, pad)
 from ..schedule import place_in_dsm
 from ..annotations import TMA_COPY_KEY
@@ -148,5 +148,11 @@ def tensorize_fragments(sch: s_tir.Schedule, block: SBlockRV, fragment_name: str
     sch.tensorize(sch.get_loops(init)[-2], mma.MMA_fill_16x16_f32_INTRIN)
     if store_intrin == MMA_STORE_F32_DSM:
         place_in_dsm(sch, accumulator, 0)
+    loops = sch.get_loops(accumulator)
+    around = loops[[sch.get(x).same_as(sch.get(accumulator_loop)) for x in loops].index(True) - 1]
+    tile = sch.get(accumulator).writes[0].source
     sch.tensorize(accumulator_loop, store_intrin)
+    if store_intrin == MMA_STORE_F32_DSM:  # on the block tensorize made, which keeps no annotation
+        stored = next(b for b in sch.get_child_blocks(around) if sch.get(b).writes[0].source.same_as(tile))
+        sch.storage_align(stored, 0, axis=-2, factor=2 * ACCUMULATOR_PAD, offset=ACCUMULATOR_PAD)
 

@@ -23,8 +23,10 @@ def element_bytes(buffer) -> int:
 
 
 def buffer_bytes(buffer) -> int:
-    """Bytes of ``buffer``'s elements."""
-    return math.prod(int(d) for d in buffer.ty.shape) * tvm.DataType(str(buffer.ty.dtype)).bits // 8
+    """Bytes of ``buffer``'s elements, with the padding of a strided layout."""
+    shape, strides = buffer.ty.shape, buffer.ty.strides
+    elements = int(shape[0]) * int(strides[0]) if len(strides) else math.prod(int(d) for d in shape)
+    return elements * tvm.DataType(str(buffer.ty.dtype)).bits // 8
 
 
 def shared_bytes(body, scope: str) -> int:

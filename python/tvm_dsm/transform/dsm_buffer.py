@@ -50,12 +50,17 @@ class DSMBuffer:
         if self.dtype not in _PTX_TYPES:
             raise ClusterError(f"DSM buffer {buffer.name}: dtype {self.dtype} is not supported")
         self.buffer = buffer
-        self.slice = tirx.decl_buffer(shape[1:], self.dtype, f"{buffer.name}_slice", scope=scope)
-        self.strides = []
-        stride = 1
-        for extent in reversed(shape[1:]):
-            self.strides.insert(0, stride)
-            stride = stride * extent
+        # a padded layout (storage_align: rows apart by more than their length, so a warp's
+        # stores down a column fall in different banks) keeps its strides in the slice
+        strides = list(buffer.ty.strides)[1:] if len(buffer.ty.strides) else None
+        self.slice = tirx.decl_buffer(shape[1:], self.dtype, f"{buffer.name}_slice", strides=strides,
+                                      scope=scope)
+        self.strides = strides or []
+        if not strides:
+            stride = 1
+            for extent in reversed(shape[1:]):
+                self.strides.insert(0, stride)
+                stride = stride * extent
 
     def offset(self, indices) -> tvm.ir.PrimExpr:
         """The element offset of slice ``indices`` (without the rank) in the slice."""
