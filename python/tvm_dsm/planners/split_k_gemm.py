@@ -214,21 +214,18 @@ def candidate_configs(shape: GemmShape, quantized: bool = False,
     ``quantized``: valid for the fused per-token quantization too; ``pipelines``: the pipeline
     depths (stages) to consider (default: SHALLOW_PIPELINES for the fused quantization, else
     PIPELINE_DEPTHS). Where no pipelined configuration fits (K = 32), the unpipelined ones
-    (``stages=1``); only there, as the model was not fitted on them. ``padded``: where no
-    configuration fits whole tiles, those whose tiles run past M, N or K, as
-    :func:`~tvm_dsm.rules.split_k_gemm.apply_padded_split_k_gemm` schedules them (whole tiles
-    are kept where they fit: padded ones were not measured against them), and both where M
-    fits one short row of tiles (:func:`short_tile_height`: 48 rows run on one padded 64-row
-    tile, not three 16-row ones)."""
+    (``stages=1``); only there, as the model was not fitted on them. ``padded``: tiles may also
+    run past M, as :func:`~tvm_dsm.rules.split_k_gemm.apply_padded_split_k_gemm` schedules them
+    (TMA fills the rows past M with zeros, the model counts their work): 6304 rows (ViT-B/16 at
+    batch 32) run on 128-row warpgroup tiles, not on the 32-row mma.sync ones that divide them
+    (2.4x slower predicted). Past N or K only where no configuration fits them whole."""
     hw = hw or load_hardware()
     if pipelines is None:
         pipelines = SHALLOW_PIPELINES if quantized else PIPELINE_DEPTHS
     if quantized:
         checks = [check_quantized_config]
     else:
-        checks = [check_config, check_padded_config] if padded else [check_config]
-        if padded and short_tile_height(shape.m) is not None:
-            checks = [_check_short_rows_config, *checks]
+        checks = [_check_rows_past_m_config, check_padded_config] if padded else [check_config]
     for check in checks:
         for depths in (pipelines, (1,)):
             configs = _candidates(shape, check, depths, hw)
@@ -247,7 +244,7 @@ def candidate_configs(shape: GemmShape, quantized: bool = False,
 MIN_SHORT_TILE_BYTES_AHEAD = 24 * 1024
 
 
-def _check_short_rows_config(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> None:
+def _check_rows_past_m_config(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> None:
     """:func:`check_padded_config` for tiles that run past M only (whole tiles included), each
     CTA of a tile past M at least :data:`MIN_SHORT_TILE_BYTES_AHEAD` ahead."""
     tiles = tiled_shape(shape, config)
