@@ -317,10 +317,16 @@ def test_one_row_of_weights_stored_k_by_n_is_correct_on_the_gpu(n, k, dtype):
     assert relative_error_on_gpu(func, [x, w], lambda x, w: x @ w, (1, n), _numpy_dtype(dtype)) < 2e-3
 
 
-def test_shapes_that_fit_keep_whole_tiles():
-    """Where whole tiles fit, no configuration pads: those were measured, padded ones not."""
-    ranking = tvm_dsm.plan(dense(128, 4096, 4096))
-    assert all(tiled_shape(ranking.shape, p.config) == ranking.shape for p in ranking.plans)
+def test_shapes_that_fit_keep_whole_tiles_of_n_and_k():
+    """Where N and K fit whole tiles no configuration pads them; tiles may run past M (TMA
+    fills those rows with zeros): 6304 rows, a multiple of 32 only, run on taller warpgroup
+    tiles rather than 32-row mma.sync ones."""
+    for m in (128, 6304):
+        ranking = tvm_dsm.plan(dense(m, 2304, 768))
+        tiled = [tiled_shape(ranking.shape, p.config) for p in ranking.plans]
+        assert all((t.n, t.k) == (2304, 768) for t in tiled)
+    assert any(t.m > 6304 for t in tiled)
+    assert ranking.plans[0].config.wgmma and ranking.plans[0].config.block_m >= 64
 
 
 def test_the_padded_plan_counts_whole_tiles():

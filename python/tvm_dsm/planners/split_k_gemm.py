@@ -253,7 +253,7 @@ def _check_rows_past_m_config(shape: GemmShape, config: SplitKGemmConfig, hw: Ha
                            f"and the cluster's {config.cluster_size * config.block_k}-deep K steps")
     c = config
     ahead = steps_ahead(c, shape.products) * (c.block_m + c.block_n) * c.block_k * element_bytes(shape.dtype)
-    if c.stages > 1 and shape.m < c.block_m and ahead < MIN_SHORT_TILE_BYTES_AHEAD:
+    if c.stages > 1 and not shape.symbolic_rows and shape.m < c.block_m and ahead < MIN_SHORT_TILE_BYTES_AHEAD:
         raise ClusterError(f"{c.block_m}x{c.block_n} tiles {c.stages} stages deep keep {ahead} B of each "
                            f"product's tiles in flight per CTA, fewer than {MIN_SHORT_TILE_BYTES_AHEAD}")
     check_padded_config(shape, config, hw)
