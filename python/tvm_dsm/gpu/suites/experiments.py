@@ -391,7 +391,7 @@ def _gemm_configs(shapes: dict[str, tuple[int, int]], rows: int, top: int = 6, w
     variants = []
     for label, (n, k) in shapes.items():
         shape = GemmShape(rows, n, k, True)
-        plans = plan_split_k_gemm(shape, hw)
+        plans = plan_split_k_gemm(shape, hw, padded=True)
         filling = [p for p in plans
                    if -(-rows // p.config.block_m) * (n // p.config.block_n) * p.config.cluster_size >= 0.9 * hw.sm_count]
         chosen = {p.config: p for p in (*plans[:top], *sorted(filling, key=lambda p: p.predicted_us)[:wide])}
@@ -428,6 +428,13 @@ def width_768_gemm_configs() -> list[Variant]:
     layers' models run at (:func:`_gemm_configs`): whether the planner's pick or its tiles hold
     them back (GPT-2 and BERT layers at 8 x 512, bench/results/torch_layer)."""
     return [v for rows in (1024, 4096) for v in _gemm_configs(WIDTH_768_GEMM_SHAPES, rows)]
+
+
+def vit_gemm_configs() -> list[Variant]:
+    """Those GEMMs at a ViT-B/16's token counts (197 a image: batches of 8 and 32), rows off
+    every tile height but 16 and 32: whether the picks over tiles past M hold
+    (bench/results/torch_layer: the batch of 32 at 0.69x torch.compile)."""
+    return [v for rows in (8 * 197, 32 * 197) for v in _gemm_configs(WIDTH_768_GEMM_SHAPES, rows)]
 
 
 #: Row counts between the 16-row tile and the 64-row warpgroup tile, where the tile height is
