@@ -335,6 +335,36 @@ def test_the_padded_plan_counts_whole_tiles():
     assert plan.ctas == 2 * 24 * 2  # 128 x 3072 in 64 x 128 tiles, clusters of 2
 
 
+def _linear_with_a_widened_bias(m: int, n: int, k: int) -> tirx.PrimFunc:
+    """``x @ w.T + b`` with the bias widened to fp32 in a block of its own, as Relax legalizes
+    a torch Linear."""
+    x = te.placeholder((m, k), "float16", name="x")
+    w = te.placeholder((n, k), "float16", name="w")
+    b = te.placeholder((n,), "float16", name="b")
+    r = te.reduce_axis((0, k), "r")
+    acc = te.compute((m, n), lambda i, j: te.sum(x[i, r].astype("float32") * w[j, r].astype("float32"), axis=r),
+                     name="acc")
+    wide = te.compute((n,), lambda j: b[j].astype("float32"), name="wide_bias")
+    y = te.compute((m, n), lambda i, j: (acc[i, j] + wide[j]).astype("float16"), name="y")
+    return te.create_prim_func([x, w, b, y])
+
+
+def test_a_bias_widened_in_a_block_of_its_own_is_read_in_the_gemms_epilogue():
+    """The widening reads no product: it is inlined into the epilogue, one TMA kernel."""
+    source = tvm_dsm.build(_linear_with_a_widened_bias(6304, 2304, 768), TARGET).mod.imports[0].inspect_source()
+    (gemm,) = kernels(source).values()
+    assert "cp_async_bulk_tensor" in gemm and "b_ptr" in gemm
+
+
+@pytest.mark.gpu
+def test_a_bias_widened_in_a_block_of_its_own_on_the_gpu():
+    rng = np.random.default_rng(7)
+    inputs = [rng.standard_normal((300, 256)), rng.standard_normal((768, 256)) / 16, rng.standard_normal(768)]
+    error = relative_error_on_gpu(_linear_with_a_widened_bias(300, 768, 256), inputs, lambda x, w, b: x @ w.T + b,
+                                  (300, 768), np.float16)
+    assert error < 2e-3
+
+
 def test_an_ffn_off_the_tiles_takes_the_family_per_operator():
     """Two GEMMs in one function: dlight takes neither, and each operator gets a split-K GEMM
     kernel of its own, padded inside (no kernel copies rows)."""

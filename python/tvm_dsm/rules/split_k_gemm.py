@@ -198,20 +198,23 @@ def find_gemm(sch: s_tir.Schedule, operand_types: Collection[str] = OPERAND_TYPE
 def _check_epilogue_reads_its_element(sch: s_tir.Schedule, products: list[SBlockRV], epilogue: list[SBlockRV]) -> None:
     """ClusterError where an epilogue block reads a product (or an earlier epilogue block's
     result) other than at the element it writes (``silu(c[i, j]) * c[i, j + n]``, gate and up
-    columns of one product): a CTA's tile holds its own outputs only."""
+    columns of one product): a CTA's tile holds its own outputs only. A block that reads no
+    product (a bias widened to fp32 before it is added, as Relax legalizes a torch Linear) is
+    inlined into its readers with the rest of the epilogue, so its result is read anywhere."""
     computed = [sch.get(b).writes[0].source for b in products]
     for rv in epilogue:
         block = sch.get(rv)
         store = block.body
         if not isinstance(store, tirx.BufferStore):
             continue
-        for load in loads(store.value):
-            if any(load.source.same_as(b) for b in computed) and not (
-                    len(load.indices) == len(store.indices)
+        read = [load for load in loads(store.value) if any(load.source.same_as(b) for b in computed)]
+        for load in read:
+            if not (len(load.indices) == len(store.indices)
                     and all(tvm_ffi.structural_equal(a, b) for a, b in zip(load.indices, store.indices))):
                 raise ClusterError(f"the epilogue {block.name_hint} reads {load.source.name}{list(load.indices)}, not the "
                                    f"element it writes ({list(store.indices)}): a CTA's tile holds its own outputs only")
-        computed.append(block.writes[0].source)
+        if read:
+            computed.append(block.writes[0].source)
 
 
 def _combines(sch: s_tir.Schedule, products: list[SBlockRV], epilogue: list[SBlockRV]) -> bool:
