@@ -27,6 +27,7 @@ from .base import CHAINS, SWIGLUS, Variant, args_of, fitting, launched, nbytes_o
 from .chains import chain_variant, chain_variants, chain_workload
 from .cascades import cascade_variants
 from .attention import DECODE_FORMS, decode_form_variant, decode_pick, form_variant
+from ...annotations import LAUNCH_EARLY_KEY, READ_ONLY_PARAMS_KEY
 from ...driver import schedule
 from ...kernels.attention import TEMPLATE as ATTENTION, fuse_attention, prefetches_terms
 from ...workloads.attention_forms import attention_with_terms, te_attention
@@ -428,6 +429,32 @@ def width_768_gemm_configs() -> list[Variant]:
     layers' models run at (:func:`_gemm_configs`): whether the planner's pick or its tiles hold
     them back (GPT-2 and BERT layers at 8 x 512, bench/results/torch_layer)."""
     return [v for rows in (1024, 4096) for v in _gemm_configs(WIDTH_768_GEMM_SHAPES, rows)]
+
+
+#: Biased GEMMs (M, N, K) of the layers whose GEMMs ran slower in the model than alone: ViT-B/16
+#: at 32 x 197 tokens (qkv, fc1, fc2, proj), BERT-base at 8 x 512 (qkv) and the 1B Llama's o_proj
+#: at 32 x 512.
+MODEL_GEMM_SHAPES = ((6304, 2304, 768), (6304, 3072, 768), (6304, 768, 3072), (6304, 768, 768),
+                     (4096, 2304, 768), (16384, 2048, 2048))
+
+
+def launch_early_gemms() -> list[Variant]:
+    """Each of :data:`MODEL_GEMM_SHAPES` (bias and SiLU epilogue) scheduled as the "tvm_dsm"
+    pipeline schedules a model's function: as a function alone (``plain``), launched early
+    (``early``: ``LAUNCH_EARLY_KEY``, no weights named) and launched early with its weight and
+    bias named read-only (``early_weights``: their first tiles copied before the wait, all their
+    tiles prefetched into L2 where they fit PREFETCH_WINDOW_S), what a Relax model's function gets."""
+    variants = []
+    for m, n, k in MODEL_GEMM_SHAPES:
+        func = dense(m, n, k, bias=True, activation="silu")
+        forms = {"plain": func, "early": func.with_attr(LAUNCH_EARLY_KEY, True),
+                 "early_weights": func.with_attrs({LAUNCH_EARLY_KEY: True, READ_ONLY_PARAMS_KEY: ["W", "bias"]})}
+        for label, form in forms.items():
+            args = args_of(form)
+            variants.append(Variant(name=f"dense_bias_silu_{m}x{n}x{k}_{label}", workload="dense_bias_silu",
+                                    mod=schedule(form).mod, args=args, bytes=nbytes_of(args), flops=2 * m * n * k,
+                                    extra={"m": m, "n": n, "k": k, "form": label}))
+    return variants
 
 
 def vit_gemm_configs() -> list[Variant]:
