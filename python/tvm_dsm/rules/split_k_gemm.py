@@ -713,7 +713,7 @@ def sum_partials(sch: s_tir.Schedule, blocks: list[SBlockRV], output: SBlockRV,
     if len(threads) > 1:
         sch.merge(*threads)
     # (outer, warp, thread, batched, peers, vector)
-    _, warp, thread = sch.get_loops(blocks[0])[-6:-3]
+    outer, warp, thread = sch.get_loops(blocks[0])[-6:-3]
     sch.bind(warp, "threadIdx.y")
     sch.bind(thread, "threadIdx.x")
     if in_registers:
@@ -721,9 +721,14 @@ def sum_partials(sch: s_tir.Schedule, blocks: list[SBlockRV], output: SBlockRV,
         if batch > 1:  # the batch's rows (a unit loop has none): their sums stay in registers
             sch.unroll(sch.get_loops(output)[-2])
     else:
-        _, warp, thread, _, _ = _over_threads(sch, *sch.get_loops(output)[-2:], warps)
+        outer, warp, thread, _, _ = _over_threads(sch, *sch.get_loops(output)[-2:], warps)
         sch.bind(warp, "threadIdx.y")
         sch.bind(thread, "threadIdx.x")
+    # Unrolled, an epilogue's loads of its other inputs (a bias, a residual) are issued together:
+    # in a loop each waited one L2 round trip before its store (ViT-B/16's qkv at 6304 rows: 24 a
+    # thread). Not behind peers' loads: those are volatile, and no load moves above them.
+    if n_peers == 1:
+        sch.unroll(outer)
     sch.vectorize(sch.get_loops(output)[-1])
     for block, (batched, peers, vector) in zip(blocks, inner):
         sch.annotate(peers, ROTATE_PEERS_KEY, 1)
