@@ -215,17 +215,25 @@ def candidate_configs(shape: GemmShape, quantized: bool = False,
     depths (stages) to consider (default: SHALLOW_PIPELINES for the fused quantization, else
     PIPELINE_DEPTHS). Where no pipelined configuration fits (K = 32), the unpipelined ones
     (``stages=1``); only there, as the model was not fitted on them. ``padded``: tiles may also
-    run past M, as :func:`~tvm_dsm.rules.split_k_gemm.apply_padded_split_k_gemm` schedules them
-    (TMA fills the rows past M with zeros, the model counts their work): 6304 rows (ViT-B/16 at
-    batch 32) run on 128-row warpgroup tiles, not on the 32-row mma.sync ones that divide them
-    (2.4x slower predicted). Past N or K only where no configuration fits them whole."""
+    run past M, N or K, as :func:`~tvm_dsm.rules.split_k_gemm.apply_padded_split_k_gemm`
+    schedules them (TMA fills what lies past the edges with zeros, the model counts their
+    work). Where whole tiles fit, taller ones may run past M but N and K stay whole: 6304 rows
+    (ViT-B/16 at batch 32, a multiple of 32 only) run on 128-row warpgroup tiles, not on the
+    32-row mma.sync ones that divide them (2.4x slower predicted, 2x measured). Where M fits
+    one short row of tiles, tiles of the height that holds it come first
+    (:func:`short_tile_height`: 48 rows run on one padded 64-row tile, not three 16-row ones)."""
     hw = hw or load_hardware()
     if pipelines is None:
         pipelines = SHALLOW_PIPELINES if quantized else PIPELINE_DEPTHS
     if quantized:
         checks = [check_quantized_config]
     else:
-        checks = [_check_rows_past_m_config, check_padded_config] if padded else [check_config]
+        checks = [check_config]
+        if padded:  # M of whole tiles: taller tiles may run past it; else any tiles past M, N, K
+            whole = any(_candidates(shape, check_config, depths, hw) for depths in (pipelines, (1,)))
+            checks = [_check_rows_past_m_config, check_padded_config] if whole else [check_padded_config]
+            if not whole and short_tile_height(shape.m) is not None:
+                checks = [_check_rows_past_m_config, *checks]
     for check in checks:
         for depths in (pipelines, (1,)):
             configs = _candidates(shape, check, depths, hw)
