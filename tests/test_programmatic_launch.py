@@ -237,3 +237,33 @@ def test_a_function_asked_to_launch_early_is_launched_programmatically_whatever_
         assert body[body.index("{") + 1:].split()[:2] == [WAIT, LAUNCH]
     assert all(PDL_LAUNCH_TAG in p for p in _launch_params(early).values())
     assert not any(PDL_LAUNCH_TAG in p for p in _launch_params(plain).values())
+
+
+def _biased_layer_source(m: int, n: int, k: int) -> str:
+    """The CUDA of ``silu(x @ W.T + bias)`` as a model's function gets it: launched early, its
+    weight and bias named read-only."""
+    from tvm_dsm.annotations import LAUNCH_EARLY_KEY, READ_ONLY_PARAMS_KEY
+    from tvm_dsm.driver import schedule
+
+    func = dense(m, n, k, bias=True, activation="silu")
+    func = func.with_attrs({LAUNCH_EARLY_KEY: True, READ_ONLY_PARAMS_KEY: ["W", "bias"]})
+    return cuda_source(schedule(func).mod)
+
+
+def test_a_grid_of_several_waves_does_not_prefetch_its_weight_again_and_again():
+    """A 1.5 MB weight fits the prefetch window: at 128 rows (one wave) it is prefetched; at
+    6304 rows (600 CTAs) each CTA of a later wave would prefetch its panel again (ViT-B/16's
+    qkv: 15% slower, bench/results/archive/launch_early_gemms_before_s74.json), so it is not,
+    and its first tiles still load before the wait."""
+    assert "prefetch_tensor_2d_L2_global_tile" in _biased_layer_source(128, 1024, 768)
+    many = _biased_layer_source(6304, 1024, 768)
+    before = many.split("main_kernel(")[-1].split(WAIT)[0]
+    assert "prefetch_tensor_2d" not in many and re.search(r"g2s\w*\(.*&\(W_tensormap\)", before)
+
+
+def test_an_epilogue_reading_a_bias_is_unrolled():
+    """The bias loads of a CTA without peers are issued together, not one L2 round trip per
+    iteration of a loop (6304 x 2304 x 768 at 128 x 192 tiles: 24 a thread)."""
+    (gemm,) = kernels(_biased_layer_source(6304, 2304, 768)).values()
+    epilogue = gemm.split("griddepcontrol_wait")[-1]
+    assert epilogue.count("bias_ptr +") >= 8

@@ -308,18 +308,22 @@ class _TmaLoop:
         self.barriers = tirx.decl_buffer((self.stages,), "uint64", "tma_mbarrier",
                                          scope="shared.dyn", data_alignment=8)
 
-    def plan_prefetch(self, params: list, ctas: int | None, budget: float) -> None:
-        """Let the copies from ``params`` prefetch all their tiles into L2 when the ``ctas``
-        CTAs of the kernel (None: a symbolic grid, not prefetched) request at most ``budget``
-        bytes so (see ``PREFETCH_WINDOW_S``), and copy their first steps' tiles early (see
-        ``_prologue``). Requests, not distinct bytes: in a grid of several waves every CTA
-        prefetches its tiles again, mostly ones already in L2 (ViT-B/16's qkv at 6304 rows, 600
-        CTAs, a 3.5 MB weight: 173 MB of requests, 15% slower than without them)."""
+    def plan_prefetch(self, params: list, ctas: int | None, budget: float, sm_count: int) -> None:
+        """Let the copies from ``params`` prefetch all their tiles into L2 when the kernel's
+        ``ctas`` CTAs (None: a symbolic grid, not prefetched) run in one wave of one CTA per SM
+        (``sm_count``) and those tiles take at most ``budget`` bytes (see
+        ``PREFETCH_WINDOW_S``), and copy their first steps' tiles early (see ``_prologue``). In
+        a grid of several waves every CTA of a later wave would prefetch again what the first
+        brought (ViT-B/16's qkv at 6304 rows, 600 CTAs, a 3.5 MB weight: 15% slower)."""
         self.early = [c for c in self.copies if any(c.source.same_as(p) for p in params)]
-        if ctas is None:
+        if ctas is None or ctas > sm_count:
+            return
+        if not all(isinstance(d, tirx.IntImm) for c in self.early for d in c.source.shape):
             return
         steps = int(self.loop.extent)
-        self.prefetch = sum(ctas * steps * c.bytes for c in self.early) <= budget
+        footprint = sum(min(ctas * steps * c.bytes, math.prod(int(d) for d in c.source.shape)
+                            * element_bytes(c.source)) for c in self.early)
+        self.prefetch = footprint <= budget
 
     # -- host -------------------------------------------------------------------------------
     def host(self) -> list:
@@ -604,9 +608,9 @@ def lower_tma_pipeline(func: tirx.PrimFunc, hw: Hardware) -> tirx.PrimFunc:
         lowering = _TmaLoop(loop, _threads(func.body, loop), sources, analyzer,
                             _enclosing(func.body, loop), [d for d in decls if isinstance(d, tirx.Bind)])
         if any(_encloses(k, loop) for k in dependent):
-            lowering.plan_prefetch(list(func.params), _ctas(func.body, loop), budget)
+            lowering.plan_prefetch(list(func.params), _ctas(func.body, loop), budget, hw.sm_count)
         elif read_only:  # the first kernel: the parameters no kernel writes
-            lowering.plan_prefetch(read_only, _ctas(func.body, loop), budget)
+            lowering.plan_prefetch(read_only, _ctas(func.body, loop), budget, hw.sm_count)
         body = replace_node(body, loop, lowering.lower())
         host += lowering.host()
     if isinstance(body, SBlockRealize):  # the root block: host statements go before the launch
