@@ -121,7 +121,8 @@ def tensorize_fragments(sch: s_tir.Schedule, block: SBlockRV, fragment_name: str
                         weight_nk: bool, store_intrin: str,
                         wgmma: str | None = None) -> None:
     """ldmatrix, mma.sync, the accumulator fill (before ``init_at``) and ``store_intrin`` for the
-    fragment caches; an accumulator stored to DSM is placed there. ``wgmma``: the multiply is
+    fragment caches; an accumulator stored to DSM is placed there, its rows padded
+    (:data:`~tvm_dsm.intrin.mma.ACCUMULATOR_PAD`). ``wgmma``: the multiply is
     this warpgroup MMA intrinsic over N/16 fragments (:func:`tvm_dsm.intrin.wgmma.wgmma_intrin`),
     both operands read from shared memory."""
     library()  # registers tvm-dsm's intrinsics, the DSM store among them
@@ -146,13 +147,21 @@ def tensorize_fragments(sch: s_tir.Schedule, block: SBlockRV, fragment_name: str
         fragment_tile(sch, init)  # the fill goes 16x16 fragment by fragment
     sch.tensorize(sch.get_loops(sch.get_sblock(fragment_name))[-3], multiply)
     sch.tensorize(sch.get_loops(init)[-2], mma.MMA_fill_16x16_f32_INTRIN)
-    if store_intrin == MMA_STORE_F32_DSM:
-        place_in_dsm(sch, accumulator, 0)
-    loops = sch.get_loops(accumulator)
-    around = loops[[sch.get(x).same_as(sch.get(accumulator_loop)) for x in loops].index(True) - 1]
+    if store_intrin != MMA_STORE_F32_DSM:
+        sch.tensorize(accumulator_loop, store_intrin)
+        return
+    place_in_dsm(sch, accumulator, 0)
     tile = sch.get(accumulator).writes[0].source
+    around = _loop_around(sch, accumulator, accumulator_loop)
     sch.tensorize(accumulator_loop, store_intrin)
-    if store_intrin == MMA_STORE_F32_DSM:  # on the block tensorize made, which keeps no annotation
-        stored = next(b for b in sch.get_child_blocks(around) if sch.get(b).writes[0].source.same_as(tile))
-        sch.storage_align(stored, 0, axis=-2, factor=2 * ACCUMULATOR_PAD, offset=ACCUMULATOR_PAD)
+    # rows ACCUMULATOR_PAD floats apart, set on the block tensorize made (it keeps no annotation)
+    stored = next(b for b in sch.get_child_blocks(around) if sch.get(b).writes[0].source.same_as(tile))
+    sch.storage_align(stored, 0, axis=-2, factor=2 * ACCUMULATOR_PAD, offset=ACCUMULATOR_PAD)
+
+
+def _loop_around(sch: s_tir.Schedule, block: SBlockRV, loop: LoopRV) -> LoopRV:
+    """The loop directly around ``loop``, one of ``block``'s loops below the outermost."""
+    loops = sch.get_loops(block)
+    index = next(i for i, x in enumerate(loops) if sch.get(x).same_as(sch.get(loop)))
+    return loops[index - 1]
 
