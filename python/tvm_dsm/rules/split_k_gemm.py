@@ -38,7 +38,8 @@ from ..transform.tma_pipeline import SLOT_ALIGN as TMA_SLOT_ALIGN
 from ..annotations import TMA_STAGES_KEY
 from ..schedule import bind_cluster_nest, bind_rank, check_cluster_size
 from ..annotations import ROTATE_PEERS_KEY
-from ..intrin.mma import FP8, MMA_STORE_F32_DSM, accumulator_tile_bytes, OPERAND_TYPES, TILE, VECTOR, element_bytes, k_tile, pad
+from ..intrin.mma import (FP8, MMA_STORE_F32_DSM, OPERAND_TYPES, TILE, VECTOR, accumulator_tile_bytes, element_bytes,
+                          k_tile, pad)
 from ..intrin.wgmma import MAX_N as WGMMA_MAX_N
 from ..intrin.wgmma import WARPGROUP_ROWS, wgmma_intrin
 from .padded_gated_tiles import pad_gated_to_tiles
