@@ -385,9 +385,10 @@ LLAMA_GEMM_SHAPES = {"qkv": (3072, 2048), "o_proj": (2048, 2048), "gate_up": (16
 
 
 def _gemm_configs(shapes: dict[str, tuple[int, int]], rows: int, top: int = 6, wide: int = 10) -> list[Variant]:
-    """The GEMMs ``shapes`` ((N, K) by label) at ``rows`` rows: the planner's first ``top``, and
-    the ``wide`` best predicted of those whose grid covers 90% of the SMs or more (whether W
-    streams faster over more SMs than the model says)."""
+    """The GEMMs ``shapes`` ((N, K) by label) at ``rows`` rows, planned as the family plans
+    them (tiles past the edges allowed): the planner's first ``top``, and the ``wide`` best
+    predicted of those whose grid covers 90% of the SMs or more (whether W streams faster over
+    more SMs than the model says)."""
     hw = load_hardware()
     variants = []
     for label, (n, k) in shapes.items():
