@@ -78,7 +78,7 @@ def _compile(name: str, layer: torch.nn.Module, example: tuple):
     """(the compiled module, its parameters) of configuration ``name``."""
     from tvm.relax.frontend.torch import from_exported_program as tvm_import
 
-    ours = name in ("ours", "ours_launch_late")
+    ours = name in ("ours", *ABLATIONS)
     mod, params = exported_decoder_layer(layer, example, from_exported_program if ours else tvm_import)
     target = tvm.target.Target(H100, host="llvm")
     if name == "tvm_stock":

@@ -227,18 +227,26 @@ def candidate_configs(shape: GemmShape, quantized: bool = False,
         pipelines = SHALLOW_PIPELINES if quantized else PIPELINE_DEPTHS
     if quantized:
         checks = [check_quantized_config]
-    else:
+    elif not padded:
         checks = [check_config]
-        if padded:  # M of whole tiles: taller tiles may run past it; else any tiles past M, N, K
-            whole = any(_candidates(shape, check_config, depths, hw) for depths in (pipelines, (1,)))
-            checks = [_check_rows_past_m_config, check_padded_config] if whole else [check_padded_config]
-            if not whole and short_tile_height(shape.m) is not None:
-                checks = [_check_rows_past_m_config, *checks]
+    elif _fitting(shape, check_config, pipelines, hw) or short_tile_height(shape.m) is not None:
+        checks = [_check_rows_past_m_config, check_padded_config]
+    else:  # no whole tile fits: any tiles past M, N or K
+        checks = [check_padded_config]
     for check in checks:
-        for depths in (pipelines, (1,)):
-            configs = _candidates(shape, check, depths, hw)
-            if configs:
-                return configs
+        configs = _fitting(shape, check, pipelines, hw)
+        if configs:
+            return configs
+    return []
+
+
+def _fitting(shape: GemmShape, check, pipelines: tuple[int, ...], hw: Hardware) -> list[SplitKGemmConfig]:
+    """The configurations ``check`` passes at the ``pipelines`` depths, else the unpipelined
+    ones (see :func:`candidate_configs`)."""
+    for depths in (pipelines, (1,)):
+        configs = _candidates(shape, check, depths, hw)
+        if configs:
+            return configs
     return []
 
 

@@ -4,6 +4,8 @@ peer's copy of that slice."""
 
 from __future__ import annotations
 
+import math
+
 import tvm
 from tvm import tirx
 from tvm.script import tirx as T
@@ -52,15 +54,10 @@ class DSMBuffer:
         self.buffer = buffer
         # a padded layout (storage_align: rows apart by more than their length, so a warp's
         # stores down a column fall in different banks) keeps its strides in the slice
-        strides = list(buffer.ty.strides)[1:] if len(buffer.ty.strides) else None
-        self.slice = tirx.decl_buffer(shape[1:], self.dtype, f"{buffer.name}_slice", strides=strides,
+        padded = list(buffer.ty.strides)[1:]
+        self.slice = tirx.decl_buffer(shape[1:], self.dtype, f"{buffer.name}_slice", strides=padded or None,
                                       scope=scope)
-        self.strides = strides or []
-        if not strides:
-            stride = 1
-            for extent in reversed(shape[1:]):
-                self.strides.insert(0, stride)
-                stride = stride * extent
+        self.strides = padded or [math.prod(shape[a + 1:]) for a in range(1, len(shape))]
 
     def offset(self, indices) -> tvm.ir.PrimExpr:
         """The element offset of slice ``indices`` (without the rank) in the slice."""

@@ -316,9 +316,8 @@ class _TmaLoop:
         a grid of several waves every CTA of a later wave would prefetch again what the first
         brought (ViT-B/16's qkv at 6304 rows, 600 CTAs, a 3.5 MB weight: 15% slower)."""
         self.early = [c for c in self.copies if any(c.source.same_as(p) for p in params)]
-        if ctas is None or ctas > sm_count:
-            return
-        if not all(isinstance(d, tirx.IntImm) for c in self.early for d in c.source.shape):
+        if (ctas is None or ctas > sm_count
+                or not all(isinstance(d, tirx.IntImm) for c in self.early for d in c.source.shape)):
             return
         steps = int(self.loop.extent)
         footprint = sum(min(ctas * steps * c.bytes, math.prod(int(d) for d in c.source.shape)
