@@ -953,3 +953,44 @@ def _column_gemv_variants(shapes: list[tuple], points: list) -> list[Variant]:
         variants.append(Variant(name=f"{label}_{family.name}", mod=family.apply(func, plans[0].config, hw).mod,
                                 plan={"family": family.name}, **common))
     return variants
+
+
+#: Mid-size GEMMs (M, N, K), tile multiples, where the split-K kernel trails cuBLAS by 10-30%.
+MULTICAST_SHAPES = ((1024, 4608, 3584), (512, 3072, 2048), (1024, 2304, 768), (4096, 2304, 768), (4096, 3072, 768),
+                    (4096, 768, 3072), (384, 4096, 3072), (256, 4096, 4096), (512, 14336, 4096), (4096, 4096, 4096),
+                    (256, 3072, 2048), (2048, 2048, 2048))
+
+
+def multicast_gemm() -> list[Variant]:
+    """Scratch: the warp-specialized GEMM (:mod:`tvm_dsm.kernels.gemm`) with its tiles' shared
+    operand multicast over clusters of 1-4 CTAs, beside the split-K GEMM's pick, on
+    :data:`MULTICAST_SHAPES`."""
+    import tvm
+    from ...kernels.gemm import GemmConfig, gemm_kernel
+    configs = [GemmConfig(bn, 2, s, regs, 8, c, along) for bn, s, regs in ((128, 4, None), (128, 6, None),
+                                                                           (256, 3, (40, 232)), (256, 4, (40, 232)))
+               for c, along in ((1, "n"), (2, "n"), (2, "m"), (4, "n"))]
+    variants = []
+    for m, n, k in MULTICAST_SHAPES:
+        func = dense(m, n, k)
+        args = args_of(func)
+        label = f"dense_{m}x{n}x{k}"
+        variants.append(Variant(name=f"{label}_split_k", workload="dense", mod=schedule(func).mod, args=args,
+                                bytes=nbytes_of(args), flops=2 * m * n * k, extra={"m": m, "n": n, "k": k}))
+        for config in configs:
+            if not _fits(m, n, k, config):
+                continue
+            variants.append(Variant(name=f"{label}_{config.tag}", workload="dense",
+                                    mod=tvm.IRModule({"main": gemm_kernel(m, n, k, "float16", config)}), args=args,
+                                    bytes=nbytes_of(args), flops=2 * m * n * k,
+                                    plan=dataclasses.asdict(config), extra={"m": m, "n": n, "k": k}))
+    return variants
+
+
+def _fits(m, n, k, config) -> bool:
+    from ...kernels.gemm import check_config as check_gemm
+    try:
+        check_gemm(m, n, k, config)
+    except ClusterError:
+        return False
+    return True
