@@ -83,7 +83,9 @@ def _measured(run: dict) -> Iterator[tuple[str, Callable, dict, float]]:
             yield r["workload"], WORKLOADS[r["workload"]], r["config"], r["ours_us"]
         elif r["name"].startswith("dense_") and all(f in r.get("plan", {}) for f in _CONFIG_FIELDS):  # a GPU suite row
             batch = f"_b{r['batch']}" if "batch" in r else ""  # a model's kernel called with fewer rows
-            yield (f"dense_{r['n']}x{r['k']}_m{r['m']}{batch}", functools.partial(dense, r["m"], r["n"], r["k"]),
+            dtype = r.get("dtype", "float16")
+            yield (f"dense_{r['n']}x{r['k']}_m{r['m']}{batch}" + ("" if dtype == "float16" else f"_{dtype}"),
+                   functools.partial(dense, r["m"], r["n"], r["k"], dtype=dtype),
                    {f: r["plan"][f] for f in _CONFIG_FIELDS}, r["ours_us"])
 
 

@@ -230,7 +230,7 @@ def _desc_impl(name: str, n: int, depth: int, dtype: str, in_flight: int, b_mn_m
 
 
 #: The tile widths the split-K planner gives warpgroup MMAs (its ``BLOCK_N``).
-TILE_WIDTHS = (64, 80, 128, 192, 256)
+TILE_WIDTHS = (64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256)
 #: The width of a panel of an MN-major W tile: one 128-byte row of 16-bit elements a K row, what
 #: a TMA box lands swizzled; a wider tile is panels one after the other (the descriptor's
 #: leading offset steps from one to the next).

@@ -81,6 +81,7 @@ class GemmPlan(Plan):
     resident: int  # CTAs per SM
     smem: int  # bytes of dynamic shared memory per CTA
     products: int = 1  # a gated layer's two products (GemmShape.products)
+    busy_sms: int = 0  # SMs a wave of the grid occupies
 
     def summary(self) -> str:
         c = self.config
@@ -169,7 +170,7 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
     # (tvm_dsm.transform.programmatic_launch).
     config = dataclasses.replace(config, programmatic_launch=waves == 1)
     return GemmPlan(bytes=traffic, seconds=seconds, predicted_us=total * 1e6, config=config,
-                    ctas=ctas, resident=resident, smem=smem, products=g)
+                    ctas=ctas, resident=resident, smem=smem, products=g, busy_sms=busy_sms)
 
 
 def steps_ahead(config: SplitKGemmConfig, products: int) -> int:
@@ -275,13 +276,13 @@ def _check_rows_past_m_config(shape: GemmShape, config: SplitKGemmConfig, hw: Ha
     check_padded_config(shape, config, hw)
 
 
-#: Output tile widths of the space. 80 and 192 are for warpgroup MMAs only (any multiple of 8
-#: columns up to 256; the mma.sync paths are built and checked on powers of two): where N is a
-#: multiple of them but the powers of two make more than a wave or strand SMs, they fill the
+#: Output tile widths of the space. All but the powers of two are for warpgroup MMAs only (any
+#: multiple of 8 columns up to 256; the mma.sync paths are built and checked on powers of two):
+#: where the powers of two make more than a wave or strand SMs, a width between them fills the
 #: machine (docs/gemm.md). The wgmma intrinsics of every width are registered at import
 #: (database replay), so the widths are defined there.
 BLOCK_N = TILE_WIDTHS
-WGMMA_ONLY_BLOCK_N = (80, 192)
+WGMMA_ONLY_BLOCK_N = tuple(n for n in BLOCK_N if n not in (64, 128, 256))
 
 
 def _candidates(shape: GemmShape, check, pipelines: tuple[int, ...], hw: Hardware) -> list[SplitKGemmConfig]:
@@ -314,11 +315,11 @@ def plan_split_k_gemm(shape: GemmShape, hw: Hardware, quantized: bool = False,
                       padded: bool = False) -> list[GemmPlan]:
     """All valid configurations, best predicted first (``quantized``: see :func:`predict`;
     ``padded``: see :func:`candidate_configs`).
-    Equal predictions go to fewer CTAs per cluster, deeper pipelines, the plan furthest from its
-    HBM and L2 limits (where the pipeline term binds, a few large CTAs pull their tiles slower
-    than many small ones), then tiles of up to 128 rows before shorter ones (a 128x64 and a
-    64x128 tile move the same bytes in the model; the taller one runs faster with wgmma). The
-    measurements behind both: docs/gemm.md. Where M fits one short row of tiles, tiles of
+    Equal predictions go to fewer CTAs per cluster, deeper pipelines, grids that occupy more
+    SMs, the plan furthest from its HBM and L2 limits (where the pipeline term binds, a few
+    large CTAs pull their tiles slower than many small ones), then tiles of up to 128 rows
+    before shorter ones (a 128x64 and a 64x128 tile move the same bytes in the model; the
+    taller one runs faster with wgmma). The measurements behind them: docs/gemm.md. Where M fits one short row of tiles, tiles of
     the height that holds it are ranked first (:func:`short_tile_height`; see :func:`ranked`)."""
     if padded:
         check_edges(shape)  # refused whatever the configuration: say which limit
@@ -387,7 +388,7 @@ def ranked(shape: GemmShape, plans: list[GemmPlan]) -> list[GemmPlan]:
     # (bench/results/archive/tile_heights_s59.json, H200).
     return sorted(plans, key=lambda p: (height is not None and not short(p.config),
                                         p.predicted_us, p.config.cluster_size, -p.config.stages,
-                                        max(p.seconds["hbm"], p.seconds["l2"]),
+                                        -p.busy_sms, max(p.seconds["hbm"], p.seconds["l2"]),
                                         -min(p.config.block_m, 128)))
 
 

@@ -953,3 +953,44 @@ def _column_gemv_variants(shapes: list[tuple], points: list) -> list[Variant]:
         variants.append(Variant(name=f"{label}_{family.name}", mod=family.apply(func, plans[0].config, hw).mod,
                                 plan={"family": family.name}, **common))
     return variants
+
+
+#: Dense layers (M, N, K, dtype) where the split-K pick trailed torch by 10-30%: the real-shape
+#: layers under 0.9x (bench/results/real_shapes/latest.json), a ViT-B/16's and BERT's at their
+#: token counts, and generated ones of 257 rows.
+TILE_WIDTH_SHAPES = (
+    (128, 2048, 2048, "float16"), (128, 3072, 2048, "float16"), (128, 3072, 3072, "float16"),
+    (128, 3584, 3584, "float16"), (128, 4608, 3584, "float16"), (128, 5120, 2048, "float16"),
+    (128, 6144, 2048, "float16"), (128, 6144, 4096, "float16"), (128, 8192, 8192, "float16"),
+    (128, 9216, 3072, "float16"), (256, 2048, 2048, "float16"), (256, 3072, 2048, "float16"),
+    (512, 2048, 2048, "float16"), (512, 3072, 2048, "float16"), (512, 10240, 8192, "float16"),
+    (1024, 896, 896, "float16"), (1024, 1152, 896, "float16"), (1024, 4608, 3584, "float16"),
+    (1024, 5120, 2048, "float16"), (384, 4096, 3072, "float16"), (257, 4096, 3000, "bfloat16"),
+    (257, 2048, 1024, "float16"), (6304, 2304, 768, "float16"), (6304, 768, 3072, "float16"),
+    (4096, 2304, 768, "float16"), (1576, 3072, 768, "float16"))
+#: The tile widths of the space before widths off 64, 128 and 256 other than 80 and 192.
+FORMER_WIDTHS = (64, 80, 128, 192, 256)
+
+
+def tile_widths() -> list[Variant]:
+    """Each of :data:`TILE_WIDTH_SHAPES` in the analytical planner's first plan among the former
+    widths (``FORMER_WIDTHS``, marked ``former_pick``) and the best predicted configuration of
+    the eight best predicted tile shapes of the space (``pick``: the first): whether widths of 96-240 columns fill the machine with fewer idle SMs
+    and padded columns, as cuBLAS's 96- and 144-wide tiles do."""
+    hw = load_hardware()
+    variants = []
+    for m, n, k, dtype in TILE_WIDTH_SHAPES:
+        shape = GemmShape(m, n, k, True, dtype=dtype)
+        plans = plan_split_k_gemm(shape, hw, padded=True)
+        former = next(p for p in plans if p.config.block_n in FORMER_WIDTHS)
+        best = {}
+        for rank, p in enumerate(plans):
+            best.setdefault((p.config.block_m, p.config.block_n), (rank, p))
+        label = f"dense_{n}x{k}" + ("_bf16" if dtype == "bfloat16" else "")
+        chosen = dict(sorted(best.values(), key=lambda rp: rp[0])[:8])
+        chosen.setdefault(plans.index(former), former)
+        for rank, p in chosen.items():
+            variant = gemm_variant(label, m, n, k, p.config, rank, p.predicted_us, dtype=dtype)
+            variants.append(dataclasses.replace(variant, extra={**variant.extra, "former_pick": p is former,
+                                                                 "pick": rank == 0}))
+    return variants
