@@ -319,8 +319,9 @@ def plan_split_k_gemm(shape: GemmShape, hw: Hardware, quantized: bool = False,
     SMs, the plan furthest from its HBM and L2 limits (where the pipeline term binds, a few
     large CTAs pull their tiles slower than many small ones), then tiles of up to 128 rows
     before shorter ones (a 128x64 and a 64x128 tile move the same bytes in the model; the
-    taller one runs faster with wgmma). The measurements behind them: docs/gemm.md. Where M fits one short row of tiles, tiles of
-    the height that holds it are ranked first (:func:`short_tile_height`; see :func:`ranked`)."""
+    taller one runs faster with wgmma). The measurements behind them: docs/gemm.md. Where M
+    fits one short row of tiles, tiles of the height that holds it are ranked first
+    (:func:`short_tile_height`; see :func:`ranked`)."""
     if padded:
         check_edges(shape)  # refused whatever the configuration: say which limit
     plans = [predict(shape, c, hw, quantized)

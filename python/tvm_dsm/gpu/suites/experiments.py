@@ -968,15 +968,16 @@ TILE_WIDTH_SHAPES = (
     (1024, 5120, 2048, "float16"), (384, 4096, 3072, "float16"), (257, 4096, 3000, "bfloat16"),
     (257, 2048, 1024, "float16"), (6304, 2304, 768, "float16"), (6304, 768, 3072, "float16"),
     (4096, 2304, 768, "float16"), (1576, 3072, 768, "float16"))
-#: The tile widths of the space before widths off 64, 128 and 256 other than 80 and 192.
+#: The tile widths of the space before the widths between them (96-240 in steps of 16).
 FORMER_WIDTHS = (64, 80, 128, 192, 256)
 
 
 def tile_widths() -> list[Variant]:
-    """Each of :data:`TILE_WIDTH_SHAPES` in the analytical planner's first plan among the former
-    widths (``FORMER_WIDTHS``, marked ``former_pick``) and the best predicted configuration of
-    the eight best predicted tile shapes of the space (``pick``: the first): whether widths of 96-240 columns fill the machine with fewer idle SMs
-    and padded columns, as cuBLAS's 96- and 144-wide tiles do."""
+    """Each of :data:`TILE_WIDTH_SHAPES` in the planner's first plan among the former widths
+    (:data:`FORMER_WIDTHS`, marked ``former_pick``) and in the best predicted configuration of
+    each of the eight best predicted tile shapes of the space (``pick``: the first): whether
+    widths of 96-240 columns fill the machine with fewer idle SMs and padded columns, as
+    cuBLAS's 96- and 144-wide tiles do."""
     hw = load_hardware()
     variants = []
     for m, n, k, dtype in TILE_WIDTH_SHAPES:
