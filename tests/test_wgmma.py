@@ -128,11 +128,26 @@ def test_planner_picks_wgmma_where_a_warpgroup_tile_fits():
         assert plan_split_k_gemm(GemmShape(m, 4096, 4096, True), hw)[0].config.wgmma, m
 
 
+@pytest.mark.parametrize("config", [wgmma_config(1, block_n=144, stages=5), wgmma_config(2, block_m=64, block_n=112),
+                                    wgmma_config(1, block_m=256, block_n=160, stages=3)])
+def test_widths_between_powers_of_two_keep_their_accumulators_in_registers(config, ptxas_report):
+    """Tiles 96-240 columns wide (``TILE_WIDTHS``: N of m64nNk16 in steps of 16) fill the
+    machine where powers of two do not; their MMAs, copies and epilogue build for any N the
+    tiles do not divide (the last column of tiles past N), without spills."""
+    sch = schedule_split_k_gemm(dense(256, 1000, 1024), config, load_hardware())
+    source = cuda_source(sch.mod)
+    assert f"m64n{config.block_n}k16" in source
+    report = ptxas_report(source, f"wgmma_width_{config.block_n}")
+    assert re.search(r"\b0 bytes stack frame, 0 bytes spill stores", report), report
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(("m", "n", "k", "config"), [
     (128, 1024, 4096, wgmma_config(1)), (128, 1024, 4096, wgmma_config(4, block_n=256)),
     (64, 768, 3072, wgmma_config(2, block_m=64)), (256, 512, 2048, wgmma_config(2, stages=3)),
     (256, 1024, 2048, wgmma_config(2, block_m=256)),
+    (128, 1008, 2048, wgmma_config(1, block_n=144, stages=5)), (256, 896, 1024, wgmma_config(2, block_m=64, block_n=112)),
+    (512, 1280, 2048, wgmma_config(1, block_m=256, block_n=160, stages=3)),
 ])
 def test_gpu_matches_float64(m, n, k, config):
     assert dense_relu_error_on_gpu(m, n, k, config) < 2e-3
