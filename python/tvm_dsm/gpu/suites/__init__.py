@@ -35,6 +35,7 @@ EXPERIMENTS = {
     "prefill_gemm_configs": experiments.prefill_gemm_configs, "tile_heights": experiments.tile_heights,
     "width_768_gemm_configs": experiments.width_768_gemm_configs,
     "vit_gemm_configs": experiments.vit_gemm_configs, "tile_widths": experiments.tile_widths,
+    "model_gemm_widths": experiments.model_gemm_widths,
     "launch_early_gemms": experiments.launch_early_gemms,
     "decode_gemm_pool_rotated": experiments.decode_gemm_pool_rotated,
     "gemm_k_scaling": experiments.gemm_k_scaling, "short_tile_depths": experiments.short_tile_depths,

@@ -17,11 +17,11 @@ from ...kernels.row_norm import (candidate_configs as row_norm_candidates, defau
 from ...workloads.norms import topi_norm
 from ...rules.row_gemv import candidate_configs as row_gemv_candidates, find_row_gemv, schedule_row_gemv
 from ...planners.split_k_gemm import PIPELINE_DEPTHS, SHALLOW_PIPELINES, plan_split_k_gemm, predict
-from ...rules.split_k_gemm import GemmShape, SplitKGemmConfig, check_config, check_padded_config
+from ...rules.split_k_gemm import GemmShape, SplitKGemmConfig, check_config, check_padded_config, schedule_split_k_gemm
 from ...errors import ClusterError, passes
 from ...planners.fused_chain import plan_chain, planned
 from .gemm import (FP8_SHAPES, GEMM_SHAPES, dlight_variant, fp8_two_kernels, fp8_variant, fp8_workload, gated_variant,
-                   gemm_configs, gemm_variant, layer_shapes)
+                   gemm_configs, gemm_tag, gemm_variant, layer_shapes)
 from .decode import DECODE_SHAPES, decode_picks, decode_plans, decode_variant, dim_lanes
 from .base import CHAINS, SWIGLUS, Variant, args_of, fitting, launched, nbytes_of
 from .chains import chain_variant, chain_variants, chain_workload
@@ -994,4 +994,41 @@ def tile_widths() -> list[Variant]:
             variant = gemm_variant(label, m, n, k, p.config, rank, p.predicted_us, dtype=dtype)
             variants.append(dataclasses.replace(variant, extra={**variant.extra, "former_pick": p is former,
                                                                  "pick": rank == 0}))
+    return variants
+
+
+#: The 768-wide layers' GEMMs (M, N, K) whose picks changed with the tile widths: ViT-B/16 at 8 x
+#: 197 tokens, BERT-base at 8 x 128 and 8 x 512.
+WIDTH_768_MODEL_GEMMS = ((1576, 2304, 768), (1576, 768, 768), (1576, 3072, 768), (1576, 768, 3072),
+                         (1024, 2304, 768), (1024, 768, 768), (4096, 2304, 768))
+#: Tile shapes (rows, columns) measured beside the picks on each of them.
+WIDTH_768_MODEL_TILES = ((64, 192), (128, 96), (128, 128), (128, 160), (128, 192), (128, 240), (128, 256),
+                         (256, 144))
+
+
+def model_gemm_widths() -> list[Variant]:
+    """Each of :data:`WIDTH_768_MODEL_GEMMS` as a model's function gets it (bias and SiLU,
+    launched early with its weight and bias read-only: ``launch_early_gemms``' ``early_weights``)
+    in the planner's pick (role ``pick``), its first plan over the former widths
+    (:data:`FORMER_WIDTHS`, ``former_widths_first``) and the best predicted configuration of
+    each of :data:`WIDTH_768_MODEL_TILES`: which tiles a ViT's and a BERT's 1024-4096-row GEMMs
+    of K = 768 want inside a model."""
+    hw = load_hardware()
+    variants = []
+    for m, n, k in WIDTH_768_MODEL_GEMMS:
+        form = dense(m, n, k, bias=True, activation="silu").with_attrs(
+            {LAUNCH_EARLY_KEY: True, READ_ONLY_PARAMS_KEY: ["W", "bias"]})
+        args = args_of(form)
+        plans = plan_split_k_gemm(GemmShape(m, n, k, True), hw, padded=True)
+        chosen = {plans[0].config: "pick"}
+        chosen.setdefault(next(p for p in plans if p.config.block_n in FORMER_WIDTHS).config, "former_widths_first")
+        for tile in WIDTH_768_MODEL_TILES:
+            best = next((p for p in plans if (p.config.block_m, p.config.block_n) == tile), None)
+            if best is not None:
+                chosen.setdefault(best.config, "tile")
+        for config, role in chosen.items():
+            variants.append(Variant(name=f"dense_bias_silu_{m}x{n}x{k}_{gemm_tag(config)}", workload="dense_bias_silu",
+                                    mod=schedule_split_k_gemm(form, config, hw).mod, args=args,
+                                    bytes=nbytes_of(args), flops=2 * m * n * k, plan=dataclasses.asdict(config),
+                                    extra={"m": m, "n": n, "k": k, "role": role}))
     return variants
