@@ -282,7 +282,8 @@ def _check_rows_past_m_config(shape: GemmShape, config: SplitKGemmConfig, hw: Ha
 #: machine (docs/gemm.md). The wgmma intrinsics of every width are registered at import
 #: (database replay), so the widths are defined there.
 BLOCK_N = TILE_WIDTHS
-WGMMA_ONLY_BLOCK_N = tuple(n for n in BLOCK_N if n not in (64, 128, 256))
+MMA_SYNC_BLOCK_N = (64, 128, 256)
+WGMMA_ONLY_BLOCK_N = tuple(n for n in BLOCK_N if n not in MMA_SYNC_BLOCK_N)
 
 
 def _candidates(shape: GemmShape, check, pipelines: tuple[int, ...], hw: Hardware) -> list[SplitKGemmConfig]:

@@ -439,6 +439,12 @@ MODEL_GEMM_SHAPES = ((6304, 2304, 768), (6304, 3072, 768), (6304, 768, 3072), (6
                      (4096, 2304, 768), (16384, 2048, 2048))
 
 
+def _as_model_function(func):
+    """``func`` as the "tvm_dsm" pipeline gives it in a model: launched early, its weight and
+    bias named read-only."""
+    return func.with_attrs({LAUNCH_EARLY_KEY: True, READ_ONLY_PARAMS_KEY: ["W", "bias"]})
+
+
 def launch_early_gemms() -> list[Variant]:
     """Each of :data:`MODEL_GEMM_SHAPES` (bias and SiLU epilogue) scheduled as the "tvm_dsm"
     pipeline schedules a model's function: as a function alone (``plain``), launched early
@@ -449,7 +455,7 @@ def launch_early_gemms() -> list[Variant]:
     for m, n, k in MODEL_GEMM_SHAPES:
         func = dense(m, n, k, bias=True, activation="silu")
         forms = {"plain": func, "early": func.with_attr(LAUNCH_EARLY_KEY, True),
-                 "early_weights": func.with_attrs({LAUNCH_EARLY_KEY: True, READ_ONLY_PARAMS_KEY: ["W", "bias"]})}
+                 "early_weights": _as_model_function(func)}
         for label, form in forms.items():
             args = args_of(form)
             variants.append(Variant(name=f"dense_bias_silu_{m}x{n}x{k}_{label}", workload="dense_bias_silu",
@@ -972,6 +978,19 @@ TILE_WIDTH_SHAPES = (
 FORMER_WIDTHS = (64, 80, 128, 192, 256)
 
 
+def _former_widths_first(plans: list) -> object:
+    """The first of ``plans`` (a planner's order) whose tiles have one of :data:`FORMER_WIDTHS`."""
+    return next(p for p in plans if p.config.block_n in FORMER_WIDTHS)
+
+
+def _first_of_each_tile_shape(plans: list) -> dict[tuple[int, int], tuple[int, object]]:
+    """(rank, plan) of the first of ``plans`` for each (block_m, block_n), in rank order."""
+    first: dict[tuple[int, int], tuple[int, object]] = {}
+    for rank, p in enumerate(plans):
+        first.setdefault((p.config.block_m, p.config.block_n), (rank, p))
+    return first
+
+
 def tile_widths() -> list[Variant]:
     """Each of :data:`TILE_WIDTH_SHAPES` in the planner's first plan among the former widths
     (:data:`FORMER_WIDTHS`, marked ``former_pick``) and in the best predicted configuration of
@@ -983,12 +1002,9 @@ def tile_widths() -> list[Variant]:
     for m, n, k, dtype in TILE_WIDTH_SHAPES:
         shape = GemmShape(m, n, k, True, dtype=dtype)
         plans = plan_split_k_gemm(shape, hw, padded=True)
-        former = next(p for p in plans if p.config.block_n in FORMER_WIDTHS)
-        best = {}
-        for rank, p in enumerate(plans):
-            best.setdefault((p.config.block_m, p.config.block_n), (rank, p))
+        former = _former_widths_first(plans)
         label = f"dense_{n}x{k}" + ("_bf16" if dtype == "bfloat16" else "")
-        chosen = dict(sorted(best.values(), key=lambda rp: rp[0])[:8])
+        chosen = dict(list(_first_of_each_tile_shape(plans).values())[:8])
         chosen.setdefault(plans.index(former), former)
         for rank, p in chosen.items():
             variant = gemm_variant(label, m, n, k, p.config, rank, p.predicted_us, dtype=dtype)
@@ -1016,16 +1032,15 @@ def model_gemm_widths() -> list[Variant]:
     hw = load_hardware()
     variants = []
     for m, n, k in WIDTH_768_MODEL_GEMMS:
-        form = dense(m, n, k, bias=True, activation="silu").with_attrs(
-            {LAUNCH_EARLY_KEY: True, READ_ONLY_PARAMS_KEY: ["W", "bias"]})
+        form = _as_model_function(dense(m, n, k, bias=True, activation="silu"))
         args = args_of(form)
         plans = plan_split_k_gemm(GemmShape(m, n, k, True), hw, padded=True)
         chosen = {plans[0].config: "pick"}
-        chosen.setdefault(next(p for p in plans if p.config.block_n in FORMER_WIDTHS).config, "former_widths_first")
+        chosen.setdefault(_former_widths_first(plans).config, "former_widths_first")
+        first = _first_of_each_tile_shape(plans)
         for tile in WIDTH_768_MODEL_TILES:
-            best = next((p for p in plans if (p.config.block_m, p.config.block_n) == tile), None)
-            if best is not None:
-                chosen.setdefault(best.config, "tile")
+            if tile in first:
+                chosen.setdefault(first[tile][1].config, "tile")
         for config, role in chosen.items():
             variants.append(Variant(name=f"dense_bias_silu_{m}x{n}x{k}_{gemm_tag(config)}", workload="dense_bias_silu",
                                     mod=schedule_split_k_gemm(form, config, hw).mod, args=args,
