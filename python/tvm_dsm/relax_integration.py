@@ -33,6 +33,7 @@ from .families.row_ranges import range_variable
 from .ir import narrow_indices
 from .hardware import Hardware
 from .relax_attention import FuseAttention
+from .relax_packed_attention import PackedAttentionOperands
 from .relax_chains import FuseGemmChains, merge_elementwise
 from .relax_gated import FuseGatedProjections
 from .relax_matmuls import MatmulsAsMatrices
@@ -168,7 +169,8 @@ def lower_to_tir(mod: tvm.IRModule, gated_projections: bool = True) -> tvm.IRMod
     """Common subexpressions computed once (a torch model's ``x.float()`` written twice in its
     RMSNorm is one cast), decomposed operators put back as Relax's (:mod:`tvm_dsm.relax_patterns`), bf16 layer
     norms in fp32 and 16-bit attention's explicit scale on its query (:mod:`tvm_dsm.relax_precision`:
-    TVM cannot legalize them), patch embeddings
+    TVM cannot legalize them), attention reading q, k and v in place from a packed projection
+    (:mod:`tvm_dsm.relax_packed_attention`), patch embeddings
     as GEMMs (:mod:`tvm_dsm.relax_patches`), 16-bit matmuls as fp32-accumulated matrix products
     (:mod:`tvm_dsm.relax_matmuls`), fused gate/up
     projections as gated GEMMs (:mod:`tvm_dsm.relax_gated`), transposes folded into matmuls,
@@ -182,6 +184,7 @@ def lower_to_tir(mod: tvm.IRModule, gated_projections: bool = True) -> tvm.IRMod
         RewriteToRelaxOps,
         NormsInFp32,
         AttentionScaleOnQuery,
+        PackedAttentionOperands,
         PatchesAsMatrices,
         MatmulsAsMatrices,
         *gated,  # the projections' split halves dead before FuseOps

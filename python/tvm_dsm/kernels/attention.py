@@ -373,8 +373,8 @@ def operand_shape(shape: AttentionShape, layout: OperandLayout, length: int) -> 
     dims = [0] * (len(layout.heads) + 2)
     dims[layout.dim], dims[layout.seq] = shape.dim, length
     for axis in layout.heads:
-        extent = 1 if axis.var is None else -(-shape.head_extents[axis.var] // axis.divisor)
-        if axis.modulus:
+        extent = axis.extent or (1 if axis.var is None else -(-shape.head_extents[axis.var] // axis.divisor))
+        if axis.modulus and not axis.extent:
             extent = min(extent, axis.modulus) if isinstance(extent, int) else tirx.min(extent, axis.modulus)
         dims[axis.axis] = extent
     return dims
@@ -392,9 +392,13 @@ def _head_coordinates(layout: OperandLayout, values: list) -> list:
     """A copy's coordinates along ``layout``'s head axes, in the tensor map's order."""
     coordinates = []
     for axis in layout.heads:
-        x = 0 if axis.var is None else values[axis.var]
+        if axis.var is None:
+            coordinates.append(axis.offset)
+            continue
+        x = values[axis.var]
         x = x // axis.divisor if axis.divisor > 1 else x
-        coordinates.append(x % axis.modulus if axis.modulus else x)
+        x = x % axis.modulus if axis.modulus else x
+        coordinates.append(x + axis.offset if axis.offset else x)
     return coordinates
 
 

@@ -54,15 +54,20 @@ _SCORE = sympy.Symbol("S", real=True)
 
 @dataclass(frozen=True)
 class HeadAxis:
-    """An operand axis indexed by a head variable: ``(var // divisor) % modulus`` (``var`` the
-    position of the variable in the rows; ``modulus`` 0: none), or 0 where ``var`` is None.
-    A divisor > 1 on a key/value axis is grouped-query attention; a flattened ``B * H`` axis
-    read as ``[B, H]`` is two axes of one variable, ``// H`` and ``% H``."""
+    """An operand axis indexed by a head variable: ``(var // divisor) % modulus + offset``
+    (``var`` the position of the variable in the rows; ``modulus`` 0: none), or ``offset`` where
+    ``var`` is None. A divisor > 1 on a key/value axis is grouped-query attention; a flattened
+    ``B * H`` axis read as ``[B, H]`` is two axes of one variable, ``// H`` and ``% H``; an offset
+    reads heads of a tensor that holds more (q, k and v of one packed projection,
+    :mod:`tvm_dsm.relax_packed_attention`), whose ``extent`` along the axis is then recorded (0:
+    the heads the variable reaches)."""
 
     axis: int
     var: int | None
     divisor: int = 1
     modulus: int = 0
+    offset: int = 0
+    extent: int = 0
 
 
 @dataclass(frozen=True)
@@ -772,6 +777,9 @@ class _Match:
                 raise ClusterError(f"{where}: axis {n} must be indexed by a head variable (h, h // g, h % g)")
             if not self.analyzer.can_prove(index < shape[n]):
                 raise ClusterError(f"{where}: axis {n} has {shape[n]} heads, fewer than its index reaches")
+            reached = 1 if axis.var is None else -(-self.ranges[heads[axis.var]] // axis.divisor)
+            if shape[n] != (min(reached, axis.modulus) if axis.modulus else reached):  # it holds more heads
+                axis = dataclasses.replace(axis, extent=shape[n])
             axes.append(axis)
         return OperandLayout(len(indices) - 1, seq[0], tuple(axes))
 
@@ -874,10 +882,14 @@ def _uses(indices: list, var) -> bool:
 
 
 def _head_axis(axis: int, index, heads: list) -> HeadAxis | None:
-    """``axis`` as a :class:`HeadAxis` if ``index`` is 0, ``h``, ``h // a``, ``h % b``,
-    ``h // a % b`` or ``h % b // a`` (``a`` dividing ``b``) of a head variable ``h``."""
+    """``axis`` as a :class:`HeadAxis` if ``index`` is a constant, ``h``, ``h // a``, ``h % b``,
+    ``h // a % b`` or ``h % b // a`` (``a`` dividing ``b``) of a head variable ``h``, or one of
+    those plus a constant."""
     if isinstance(index, tirx.IntImm):
-        return HeadAxis(axis, None) if index.value == 0 else None
+        return HeadAxis(axis, None, offset=int(index.value)) if index.value >= 0 else None
+    if isinstance(index, tirx.Add) and isinstance(index.b, tirx.IntImm) and index.b.value > 0:
+        inner = _head_axis(axis, index.a, heads)
+        return None if inner is None or inner.var is None else dataclasses.replace(inner, offset=int(index.b.value))
     divisor = modulus = None
     if isinstance(index, tirx.FloorDiv) and isinstance(index.b, tirx.IntImm):
         index, divisor = index.a, int(index.b.value)

@@ -1,0 +1,120 @@
+"""Attention whose q, k and v are cut from one packed projection (GPT-2's ``split``, ViT's
+``reshape(B, S, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)``) reads them in place
+(tvm_dsm.relax_packed_attention): no copy kernels, the attention family's kernel copying each
+operand's tiles from heads ``offset ..`` of the projection's output."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+from conftest import TARGET, relax_cuda_source
+from tvm_dsm.kernels.attention_pattern import find_attention
+from tvm_dsm.relax_packed_attention import PackedAttentionOperands
+from tvm_dsm.relax_pipeline import schedule_kernels
+
+
+def _packed_attention(form: str, b: int, s: int, h: int, d: int, causal: bool = False,
+                      dtype: str = "float16") -> tvm.IRModule:
+    """``main(qkv)``: attention of q, k and v cut from ``qkv`` (``[B, S, 3 H D]``) the way
+    the torch importer writes ``form``: ``"split"`` (GPT-2), ``"unbind"`` (ViT), or
+    ``"columns"``: a split whose heads interleave in the columns (not heads in place: left as it is)."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("qkv", relax.TensorType((b, s, 3 * h * d), dtype))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            operands = []
+            if form == "unbind":
+                y = bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(x, (b, s, 3, h, d))), [2, 0, 3, 1, 4]))
+                for i in range(3):
+                    t = bb.emit(relax.op.squeeze(bb.emit(relax.op.strided_slice(y, [0], [i], [i + 1], [1])), [0]))
+                    operands.append(bb.emit(relax.op.permute_dims(t, [0, 2, 1, 3])))
+            else:
+                shape = (b, s, 3 * h, d) if form == "split" else (b, s, 3 * h * d)
+                parts = bb.emit(relax.op.split(bb.emit(relax.op.reshape(x, shape)), 3, axis=2))
+                for i in range(3):
+                    t = bb.emit(relax.TupleGetItem(parts, i))
+                    if form == "columns":  # heads interleaved in the columns: [b, s, d, h]
+                        t = bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(t, (b, s, d, h))), [0, 1, 3, 2]))
+                    operands.append(t)
+            out = bb.emit_output(relax.op.nn.attention(*operands, causal_mask="TopLeft" if causal else None))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _reference(qkv: np.ndarray, h: int, d: int, causal: bool) -> np.ndarray:
+    b, s, _ = qkv.shape
+    q, k, v = (a.transpose(0, 2, 1, 3) for a in np.split(qkv.astype(np.float64).reshape(b, s, 3 * h, d), 3, axis=2))
+    scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d)
+    if causal:
+        scores = np.where(np.tril(np.ones((s, s), bool)), scores, -np.inf)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    return ((p / p.sum(-1, keepdims=True)) @ v).transpose(0, 2, 1, 3)
+
+
+def _attention_calls(mod: tvm.IRModule) -> list[relax.Call]:
+    calls = []
+    relax.analysis.post_order_visit(mod["main"].body, lambda e: calls.append(e) if isinstance(e, relax.Call) else None)
+    return calls
+
+
+@pytest.mark.parametrize("form", ["split", "unbind"])
+def test_cuts_of_one_projection_are_read_in_place(form):
+    """The attention takes the projection itself (reshaped to ``[B, S, 3 H, D]``, a view) and
+    computes what the cut operands gave it (fp32 on the CPU, exactly)."""
+    b, s, h, d = 2, 37, 4, 16
+    mod = _packed_attention(form, b, s, h, d, causal=True, dtype="float32")
+    packed = relax.transform.DeadCodeElimination()(PackedAttentionOperands(mod))
+    ops = {c.op.name for c in _attention_calls(packed) if isinstance(c.op, tvm.ir.Op)}
+    assert "relax.split" not in ops and "relax.strided_slice" not in ops and "relax.permute_dims" not in ops, ops
+    (call,) = [c for c in _attention_calls(packed)
+               if isinstance(c.args[0], tvm.ir.GlobalVar) and c.args[0].name_hint == "attention"]
+    q, k, v = call.args[1].fields  # one view of the projection
+    assert q.same_as(k) and q.same_as(v) and [int(x) for x in q.ty.shape.values] == [b, s, 3 * h, d]
+    qkv = np.random.default_rng(0).standard_normal((b, s, 3 * h * d)).astype("float32")
+    outs = []
+    for m in (mod, packed):
+        vm = relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())
+        outs.append(vm["main"](tvm.runtime.tensor(qkv)).numpy())
+    np.testing.assert_array_equal(outs[0], outs[1])
+    assert np.linalg.norm(outs[1] - _reference(qkv, h, d, True)) / np.linalg.norm(outs[1]) < 1e-5
+
+
+def test_other_cuts_are_left_as_they_are():
+    """Heads interleaved in the columns are not heads of the projection: the attention keeps
+    its three cut operands."""
+    calls = _attention_calls(PackedAttentionOperands(_packed_attention("columns", 2, 16, 4, 48)))
+    assert [len(c.args) for c in calls if isinstance(c.op, tvm.ir.Op) and c.op.name == "relax.nn.attention"] == [3]
+
+
+@pytest.mark.parametrize("form", ["split", "unbind"])
+def test_the_attention_family_copies_tiles_from_heads_of_the_projection(form):
+    """The pipeline's attention function reads one ``[B, S, 3 H, D]`` tensor for q, k and v,
+    k at heads H .., v at 2 H ..; the attention family schedules it, and no copy kernel is
+    left (the reshape is a view)."""
+    b, s, h, d = 8, 197, 12, 64
+    _, taken = schedule_kernels(_packed_attention(form, b, s, h, d), tvm.target.Target(TARGET))
+    assert taken["attention"] == "attention", taken
+    assert set(taken) == {"attention", "reshape"}, taken
+    lowered = tvm.IRModule({"attention": relax.transform.LegalizeOps()(
+        relax.transform.DeadCodeElimination()(PackedAttentionOperands(_packed_attention(form, b, s, h, d))))["attention"]})
+    shape = find_attention(lowered["attention"])
+    offsets = [{a.offset for a in layout.heads if a.extent} for layout in shape.layouts[:3]]
+    assert offsets == [{0}, {h}, {2 * h}], shape.layouts
+    executable = tvm.compile(_packed_attention(form, b, s, h, d), target=TARGET, relax_pipeline="tvm_dsm")
+    assert "cp.async.bulk.tensor.4d" in relax_cuda_source(executable.mod)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("form", "causal"), [("split", True), ("unbind", False), ("split", False)])
+def test_packed_attention_is_correct_on_the_gpu(form, causal):
+    b, s, h, d = 2, 197, 12, 64
+    mod = _packed_attention(form, b, s, h, d, causal)
+    qkv = np.random.default_rng().standard_normal((b, s, 3 * h * d)).astype("float16")
+    dev = tvm.cuda(0)
+    vm = relax.VirtualMachine(tvm.compile(mod, target=TARGET, relax_pipeline="tvm_dsm"), dev)
+    got = vm["main"](tvm.runtime.tensor(qkv, dev)).numpy().astype(np.float64)
+    ref = _reference(qkv, h, d, causal)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
