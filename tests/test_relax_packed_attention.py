@@ -1,7 +1,8 @@
 """Attention whose q, k and v are cut from one packed projection (GPT-2's ``split``, ViT's
-``reshape(B, S, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)``) reads them in place
-(tvm_dsm.relax_packed_attention): no copy kernels, the attention family's kernel copying each
-operand's tiles from heads ``offset ..`` of the projection's output."""
+``reshape(B, S, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)``) or repeated for grouped-query heads
+(``repeat_kv``) reads them in place (tvm_dsm.relax_packed_attention): no copy kernels, the
+attention family's kernel copying each operand's tiles from heads ``offset ..`` of the tensor they
+were cut from."""
 
 from __future__ import annotations
 
@@ -44,6 +45,24 @@ def _packed_attention(form: str, b: int, s: int, h: int, d: int, causal: bool = 
     return bb.get()
 
 
+def _repeated_kv(b: int, s: int, h: int, kv: int, d: int, dtype: str = "float16") -> tvm.IRModule:
+    """``main(q, k, v)``: grouped-query attention as Hugging Face's models write it, k and v
+    (``[B, KV, S, D]``) repeated for each query head (``repeat_kv``: expand, reshape) and
+    transposed to the attention's ``[B, S, H, D]``."""
+    bb = relax.BlockBuilder()
+    q = relax.Var("q", relax.TensorType((b, s, h, d), dtype))
+    k, v = (relax.Var(n, relax.TensorType((b, kv, s, d), dtype)) for n in "kv")
+    with bb.function("main", [q, k, v]):
+        with bb.dataflow():
+            repeated = []
+            for t in (k, v):
+                t = bb.emit(relax.op.broadcast_to(bb.emit(relax.op.expand_dims(t, 2)), (b, kv, h // kv, s, d)))
+                repeated.append(bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(t, (b, h, s, d))), [0, 2, 1, 3])))
+            out = bb.emit_output(relax.op.nn.attention(q, *repeated, causal_mask="TopLeft"))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
 def _reference(qkv: np.ndarray, h: int, d: int, causal: bool) -> np.ndarray:
     b, s, _ = qkv.shape
     q, k, v = (a.transpose(0, 2, 1, 3) for a in np.split(qkv.astype(np.float64).reshape(b, s, 3 * h, d), 3, axis=2))
@@ -82,6 +101,30 @@ def test_cuts_of_one_projection_are_read_in_place(form):
     assert np.linalg.norm(outs[1] - _reference(qkv, h, d, True)) / np.linalg.norm(outs[1]) < 1e-5
 
 
+def test_repeated_kv_heads_are_read_once_a_group():
+    """``repeat_kv``'s copies are not made: the attention reads k and v as they are
+    (``[B, KV, S, D]``), K/V head ``h // group`` for query head ``h``; exact on the CPU, and the
+    attention family reads the keys as grouped-query heads."""
+    b, s, h, kv, d = 2, 40, 8, 2, 16
+    mod = _repeated_kv(b, s, h, kv, d, "float32")
+    packed = relax.transform.DeadCodeElimination()(PackedAttentionOperands(mod))
+    ops = {c.op.name for c in _attention_calls(packed) if isinstance(c.op, tvm.ir.Op)}
+    assert not ops & {"relax.broadcast_to", "relax.expand_dims", "relax.permute_dims"}, ops
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal((b, s, h, d)), *(rng.standard_normal((b, kv, s, d)) for _ in "kv")]
+    outs = []
+    for m in (mod, packed):
+        vm = relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())
+        outs.append(vm["main"](*(tvm.runtime.tensor(a.astype("float32")) for a in inputs)).numpy())
+    np.testing.assert_array_equal(outs[0], outs[1])
+    lowered = relax.transform.LegalizeOps()(relax.transform.DeadCodeElimination()(
+        PackedAttentionOperands(_repeated_kv(8, 197, 14, 2, 64))))
+    layouts = find_attention(lowered["attention"]).layouts
+    # k and v as they are, [B, KV, S, D]: the head axis (1) reads h // 7, the batch (0) the row's // 14
+    assert [(layout.seq, layout.heads[-1].axis, layout.heads[-1].divisor) for layout in layouts] == \
+        [(1, 2, 1), (2, 1, 7), (2, 1, 7), (1, 2, 1)], layouts
+
+
 def test_other_cuts_are_left_as_they_are():
     """Heads interleaved in the columns are not heads of the projection: the attention keeps
     its three cut operands."""
@@ -105,6 +148,20 @@ def test_the_attention_family_copies_tiles_from_heads_of_the_projection(form):
     assert offsets == [{0}, {h}, {2 * h}], shape.layouts
     executable = tvm.compile(_packed_attention(form, b, s, h, d), target=TARGET, relax_pipeline="tvm_dsm")
     assert "cp.async.bulk.tensor.4d" in relax_cuda_source(executable.mod)
+
+
+@pytest.mark.gpu
+def test_repeated_kv_attention_is_correct_on_the_gpu():
+    b, s, h, kv, d = 2, 197, 14, 2, 64
+    rng = np.random.default_rng()
+    q, k, v = (rng.standard_normal(shape).astype("float16") for shape in ((b, s, h, d), (b, kv, s, d), (b, kv, s, d)))
+    dev = tvm.cuda(0)
+    vm = relax.VirtualMachine(tvm.compile(_repeated_kv(b, s, h, kv, d), target=TARGET, relax_pipeline="tvm_dsm"), dev)
+    got = vm["main"](*(tvm.runtime.tensor(a, dev) for a in (q, k, v))).numpy().astype(np.float64)
+    packed = np.concatenate([q.reshape(b, s, h * d), *(np.repeat(t, h // kv, axis=1).transpose(0, 2, 1, 3).reshape(b, s, h * d)
+                                                           for t in (k, v))], axis=2)
+    ref = _reference(packed, h, d, True)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
 
 
 @pytest.mark.gpu

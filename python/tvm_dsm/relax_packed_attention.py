@@ -1,18 +1,20 @@
-"""Attention that reads q, k and v in place from one packed projection.
+"""Attention that reads q, k and v in place from the tensors they were cut from.
 
 GPT-2, ViT, Falcon, Phi and many others project q, k and v in one GEMM and cut its output apart
-(``qkv.split(C, dim=-1)``, ``qkv.reshape(B, S, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)``);
-Relax runs each cut (``split``, ``strided_slice``, ``squeeze``, ``permute_dims``, ``reshape``) as a
-copy kernel before the attention. :data:`PackedAttentionOperands` rewrites ``R.nn.attention``
-whose operands are such cuts of a tensor: the tensor is reshaped (a view, no copy) to
-``[B, S, heads, D]`` and the attention reads each operand as heads ``offset .. offset + H`` of it,
-so the attention kernel's tensor maps copy the tiles straight from the projection's output
-(:class:`tvm_dsm.kernels.attention_pattern.HeadAxis` ``offset``).
+(``qkv.split(C, dim=-1)``, ``qkv.reshape(B, S, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)``), and
+grouped-query models repeat each K/V head for its query heads (``repeat_kv``: ``expand`` then
+``reshape``); Relax runs each cut (``split``, ``strided_slice``, ``squeeze``, ``permute_dims``,
+``reshape``, ``broadcast_to``, ``repeat``) as a copy kernel before the attention.
+:data:`PackedAttentionOperands` rewrites ``R.nn.attention`` whose operands are such cuts of a
+tensor: the tensor is reshaped (a view, no copy) to ``[B, S, heads, D]`` or ``[B, heads, S, D]``
+and the attention reads operand head ``h`` as head ``offset + h // group`` of it, so the attention
+kernel's tensor maps copy the tiles straight from the projection's output, each K/V head once
+for its group (:class:`tvm_dsm.kernels.attention_pattern.HeadAxis` ``offset`` and ``divisor``).
 
 Which element an operand's ``[b, s, h, d]`` is of the tensor is worked out by running the cuts
 on the tensor's flat element indices (numpy, every element: exact, not sampled); an operand is
-rewritten only where that is ``((b * S + s) * heads + offset + h) * D + d`` for one ``offset``,
-and left as it is otherwise (other cuts, symbolic shapes).
+rewritten only where that is such a head of such a view, and left as it is otherwise (other
+cuts, symbolic shapes).
 """
 
 from __future__ import annotations
@@ -39,9 +41,10 @@ def _static(shape) -> tuple[int, ...] | None:
     return tuple(int(v) for v in values)
 
 
-#: Relax operators that cut or rearrange one tensor without computing (``relax.split`` is read
-#: through its ``TupleGetItem``).
-_CUTS = ("relax.permute_dims", "relax.reshape", "relax.squeeze", "relax.expand_dims", "relax.strided_slice")
+#: Relax operators that cut, rearrange or repeat one tensor without computing (``relax.split``
+#: is read through its ``TupleGetItem``).
+_CUTS = ("relax.permute_dims", "relax.reshape", "relax.squeeze", "relax.expand_dims", "relax.strided_slice",
+         "relax.broadcast_to", "relax.repeat")
 
 
 def _cut(call: relax.Call, flat: np.ndarray) -> np.ndarray:
@@ -55,6 +58,10 @@ def _cut(call: relax.Call, flat: np.ndarray) -> np.ndarray:
         for a, b, e, s in zip(axes, begin, end, strides):
             index[a] = slice(b, e, s)
         return flat[tuple(index)]
+    if is_op_call(call, "relax.broadcast_to"):
+        return np.broadcast_to(flat, _static(call.ty.shape))
+    if is_op_call(call, "relax.repeat"):
+        return np.repeat(flat, int(call.attrs.repeats), axis=int(call.attrs.axis))
     return flat.reshape(_static(call.ty.shape))  # reshape, squeeze, expand_dims
 
 
@@ -66,12 +73,26 @@ def _split_part(split: relax.Call, index: int, flat: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class _Operand:
-    """Where an attention operand's elements sit in the tensor it was cut from: ``source``
-    (that tensor) read as ``[B, S, heads, D]``, the operand its heads ``offset ..``."""
+    """Where an attention operand's elements sit in the tensor its cuts start from: ``source``
+    read as ``[B, S, heads, D]`` (``heads_first``: ``[B, heads, S, D]``), the operand's head ``h``
+    its head ``offset + h // group`` (``group`` > 1: grouped-query heads repeated for each query
+    head, as ``repeat_kv`` writes them)."""
 
     source: relax.Expr
     heads: int
     offset: int
+    group: int = 1
+    heads_first: bool = False
+
+    def view_shape(self, b: int, s: int, d: int) -> tuple[int, ...]:
+        return (b, self.heads, s, d) if self.heads_first else (b, s, self.heads, d)
+
+    def read(self, tensor: te.Tensor, shape: tuple[int, ...]) -> te.Tensor:
+        """The operand (``shape``: ``[B, S, H, D]``) read in place from ``tensor``, the source's view."""
+        def at(b, s, h, d):
+            head = self.offset + (h // self.group if self.group > 1 else h)
+            return tensor[b, head, s, d] if self.heads_first else tensor[b, s, head, d]
+        return te.compute(shape, at, name="packed_heads")
 
 
 def _packed(binding_of, operand: relax.Expr) -> _Operand | None:
@@ -97,17 +118,20 @@ def _packed(binding_of, operand: relax.Expr) -> _Operand | None:
         flat = step(flat)
     b, s, h, d = shape
     heads = size // (b * s * d)
-    if flat.shape != shape or heads * b * s * d != size or flat[0, 0, 0, 0] % d:
+    if flat.shape != shape or heads * b * s * d != size:
         return None
-    offset = int(flat[0, 0, 0, 0]) // d
-    grid = np.indices(shape, dtype=np.int64)
-    expected = ((grid[0] * s + grid[1]) * heads + offset + grid[2]) * d + grid[3]
-    return _Operand(value, heads, offset) if offset + h <= heads and np.array_equal(flat, expected) else None
-
-
-def _heads_of(tensor: te.Tensor, shape: tuple[int, ...], offset: int) -> te.Tensor:
-    """Heads ``offset .. offset + shape[2]`` of ``tensor`` (``[B, S, heads, D]``), read in place."""
-    return te.compute(shape, lambda b, s, h, d: tensor[b, s, offset + h, d], name="packed_heads")
+    group = int(np.sum(flat[0, 0, :, 0] == flat[0, 0, 0, 0]))  # query heads reading the first head
+    first = int(flat[0, 0, 0, 0])
+    bi, si, hi, di = np.indices(shape, dtype=np.int64)
+    for heads_first, stride in ((False, d), (True, s * d)):
+        offset = first // stride
+        if h % group or first % stride or offset + h // group > heads:
+            continue
+        head = offset + hi // group
+        expected = ((bi * heads + head) * s + si if heads_first else (bi * s + si) * heads + head) * d + di
+        if np.array_equal(flat, expected):
+            return _Operand(value, heads, offset, group, heads_first)
+    return None
 
 
 @mutator
@@ -119,28 +143,27 @@ class _PackedRewriter(PyExprMutator):
         found = [_packed(self.lookup_binding, arg) for arg in call.args]
         if not any(found):
             return call
-        # q, k and v stay three arguments, one tensor each or the same view of the projection:
-        # a call of one argument is what RewriteDataflowReshape tries as a reshape.
-        views: dict[tuple, relax.Expr] = {}
-        args, offsets = [], []
+        # q, k and v stay three arguments, each its own tensor or a view of the one it was cut from
+        # (one view a source and shape): a call of one argument is what RewriteDataflowReshape
+        # tries as a reshape.
+        views: list[tuple[relax.Expr, tuple, relax.Expr]] = []
+        args = []
         for arg, packed in zip(call.args, found):
             if packed is None:
                 args.append(arg)
-                offsets.append(None)
                 continue
             b, s, _, d = _static(arg.ty.shape)
-            key = (packed.source, packed.heads)
-            view = next((v for k, v in views.items() if k[0].same_as(key[0]) and k[1] == key[1]), None)
+            shape = packed.view_shape(b, s, d)
+            view = next((v for source, at, v in views if source.same_as(packed.source) and at == shape), None)
             if view is None:
-                view = views[key] = self.builder_.emit(relax.op.reshape(packed.source, (b, s, packed.heads, d)))
+                view = self.builder_.emit(relax.op.reshape(packed.source, shape))
+                views.append((packed.source, shape, view))
             args.append(view)
-            offsets.append(packed.offset)
         shapes = [_static(arg.ty.shape) for arg in call.args]
         scale, causal = call.attrs.scale, call.attrs.causal_mask
 
         def attention(*tensors):
-            q, k, v = (t if offset is None else _heads_of(t, shape, offset)
-                       for t, offset, shape in zip(tensors, offsets, shapes))
+            q, k, v = (t if packed is None else packed.read(t, shape) for t, packed, shape in zip(tensors, found, shapes))
             return _te_attention(q, k, v, None, scale, causal)
 
         return self.builder_.call_te(attention, *args, primfunc_name_hint="attention")
