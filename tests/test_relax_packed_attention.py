@@ -125,6 +125,14 @@ def test_repeated_kv_heads_are_read_once_a_group():
         [(1, 2, 1), (2, 1, 7), (2, 1, 7), (1, 2, 1)], layouts
 
 
+def test_a_long_prompt_is_proved_symbolically():
+    """16 x 4096 tokens of 32 heads of 128 (a 800-million-element projection): the element each
+    operand reads is proved, not enumerated."""
+    packed = PackedAttentionOperands(_packed_attention("split", 16, 4096, 32, 128))
+    (call,) = [c for c in _attention_calls(packed) if isinstance(c.args[0], tvm.ir.GlobalVar)]
+    assert [int(x) for x in call.args[1].fields[0].ty.shape.values] == [16, 4096, 96, 128]
+
+
 def test_other_cuts_are_left_as_they_are():
     """Heads interleaved in the columns are not heads of the projection: the attention keeps
     its three cut operands."""

@@ -11,10 +11,10 @@ and the attention reads operand head ``h`` as head ``offset + h // group`` of it
 kernel's tensor maps copy the tiles straight from the projection's output, each K/V head once
 for its group (:class:`tvm_dsm.kernels.attention_pattern.HeadAxis` ``offset`` and ``divisor``).
 
-Which element an operand's ``[b, s, h, d]`` is of the tensor is worked out by running the cuts
-on the tensor's flat element indices (numpy, every element: exact, not sampled); an operand is
-rewritten only where that is such a head of such a view, and left as it is otherwise (other
-cuts, symbolic shapes).
+Which element an operand's ``[b, s, h, d]`` is of the tensor is composed symbolically through
+the cuts and proved equal to such a head of such a view by TVM's arithmetic analyzer (over the
+operand's index ranges); an operand is rewritten only where that proof holds, and left as it is
+otherwise (other cuts, symbolic shapes).
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import tvm
 from tvm import relax, te
 from tvm.relax.expr_functor import PyExprMutator, mutator
+from tvm.sym import Analyzer
 from tvm.relax.transform.legalize_ops.nn import _te_attention  # the legalization of R.nn.attention itself
 
+from .ir import substitute
 from .relax_matmuls import is_op_call, rewrite_functions
 
 #: ``R.nn.attention``'s operator name.
@@ -41,34 +42,79 @@ def _static(shape) -> tuple[int, ...] | None:
     return tuple(int(v) for v in values)
 
 
+def _ints(expr) -> list[int] | None:
+    """A tuple of constant integers (a strided slice's axes, begins, ends, strides), or None."""
+    fields = getattr(expr, "fields", None)
+    if fields is None:
+        return None
+    values = [f if isinstance(f, tvm.tirx.IntImm) else getattr(f, "value", None) for f in fields]  # IntImm or PrimValue
+    return [int(v) for v in values] if all(isinstance(v, tvm.tirx.IntImm) for v in values) else None
+
+
+def _unravel(flat, shape: tuple[int, ...]) -> list:
+    """Row-major indices of element ``flat`` of a tensor of ``shape``."""
+    out = []
+    for n in range(len(shape)):
+        inner = math.prod(shape[n + 1:])
+        out.append(tvm.tirx.floormod(tvm.tirx.floordiv(flat, inner), shape[n]) if n else tvm.tirx.floordiv(flat, inner))
+    return out
+
+
+def _ravel(indices: list, shape: tuple[int, ...]):
+    flat = tvm.tirx.const(0, "int64")
+    for index, extent in zip(indices, shape):
+        flat = flat * extent + index
+    return flat
+
+
+def _input_indices(call, out: list, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list | None:
+    """The input element a cut ``call`` (of :data:`_CUTS`) reads for output element ``out``, or
+    None where its form is not one read here."""
+    if is_op_call(call, "relax.permute_dims"):
+        axes = list(range(len(out)))[::-1] if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
+        at = [None] * len(out)
+        for j, a in enumerate(axes):
+            at[a] = out[j]
+        return at
+    if is_op_call(call, "relax.strided_slice"):
+        axes, begin, end = (_ints(call.args[n]) for n in (1, 2, 3))
+        strides = _ints(call.args[4]) if len(call.args) > 4 and call.args[4] is not None else None
+        strides = strides or [1] * len(axes or [])
+        if axes is None or begin is None or end is None:
+            return None
+        at = list(out)
+        for a, b, st in zip(axes, begin, strides):
+            a = a % len(out)
+            if st <= 0 or not 0 <= b < in_shape[a]:  # forward, in-bounds slices only
+                return None
+            at[a] = b + out[a] * st
+        return at
+    if is_op_call(call, "relax.broadcast_to"):
+        lead = len(out_shape) - len(in_shape)
+        return [tvm.tirx.const(0, "int64") if n == 1 and out_shape[lead + a] != 1 else out[lead + a]
+                for a, n in enumerate(in_shape)]
+    if is_op_call(call, "relax.repeat"):
+        if call.attrs.axis is None:
+            return None
+        axis = int(call.attrs.axis) % len(out)
+        return [tvm.tirx.floordiv(i, int(call.attrs.repeats)) if n == axis else i for n, i in enumerate(out)]
+    return _unravel(_ravel(out, out_shape), in_shape)  # reshape, squeeze, expand_dims: row-major
+
+
 #: Relax operators that cut, rearrange or repeat one tensor without computing (``relax.split``
 #: is read through its ``TupleGetItem``).
 _CUTS = ("relax.permute_dims", "relax.reshape", "relax.squeeze", "relax.expand_dims", "relax.strided_slice",
          "relax.broadcast_to", "relax.repeat")
 
 
-def _cut(call: relax.Call, flat: np.ndarray) -> np.ndarray:
-    """``call`` (one of :data:`_CUTS`) applied to ``flat``."""
-    if is_op_call(call, "relax.permute_dims"):
-        axes = call.attrs.axes
-        return np.transpose(flat, None if axes is None else [int(a) for a in axes])
-    if is_op_call(call, "relax.strided_slice"):
-        index = [slice(None)] * flat.ndim
-        axes, begin, end, strides = ([int(x.value) for x in call.args[n].fields] for n in range(1, 5))
-        for a, b, e, s in zip(axes, begin, end, strides):
-            index[a] = slice(b, e, s)
-        return flat[tuple(index)]
-    if is_op_call(call, "relax.broadcast_to"):
-        return np.broadcast_to(flat, _static(call.ty.shape))
-    if is_op_call(call, "relax.repeat"):
-        return np.repeat(flat, int(call.attrs.repeats), axis=int(call.attrs.axis))
-    return flat.reshape(_static(call.ty.shape))  # reshape, squeeze, expand_dims
-
-
-def _split_part(split: relax.Call, index: int, flat: np.ndarray) -> np.ndarray:
+def _split_offset(split: relax.Call, index: int, in_shape: tuple[int, ...]) -> tuple[int, int] | None:
+    """(axis, first element along it) of part ``index`` of ``split``."""
+    axis = int(split.attrs.axis) % len(in_shape)
     sections = split.attrs.indices_or_sections
-    cuts = int(sections) if isinstance(sections, tvm.tirx.IntImm) else [int(i) for i in sections]
-    return np.split(flat, cuts, axis=int(split.attrs.axis))[index]
+    if isinstance(sections, tvm.tirx.IntImm):
+        return axis, index * in_shape[axis] // int(sections)
+    starts = [0, *(int(i) for i in sections)]
+    return (axis, starts[index]) if index < len(starts) else None
 
 
 @dataclass(frozen=True)
@@ -97,39 +143,59 @@ class _Operand:
 
 def _packed(binding_of, operand: relax.Expr) -> _Operand | None:
     """``operand`` (``[B, S, H, D]``) as heads of the tensor its cuts start from, or None."""
-    steps, value = [], operand
-    while isinstance(value, relax.Var):
-        bound = binding_of(value)
+    shape = _static(operand.ty.shape)
+    if shape is None:
+        return None
+    indices = [tvm.tirx.Var(n, "int64") for n in "bshd"]
+    analyzer = Analyzer()
+    for var, extent in zip(indices, shape):
+        analyzer.bind(var, tvm.ir.Range(tvm.tirx.const(0, "int64"), tvm.tirx.const(extent, "int64")))
+    at, value, cuts = list(indices), operand, 0
+    while isinstance(value, relax.Var):  # walk back through the cuts, element ``at`` of each
+        bound, out_shape = binding_of(value), _static(value.ty.shape)
         if isinstance(bound, relax.TupleGetItem) and is_op_call(binding_of(bound.tuple_value), "relax.split"):
             split = binding_of(bound.tuple_value)
-            steps.append(lambda flat, split=split, index=bound.index: _split_part(split, index, flat))
+            in_shape = _static(split.args[0].ty.shape)
+            found = _split_offset(split, bound.index, in_shape) if in_shape else None
+            if found is None:
+                break
+            axis, first = found
+            at = [i + first if n == axis else i for n, i in enumerate(at)]
             value = split.args[0]
-        elif any(is_op_call(bound, op) for op in _CUTS) and _static(bound.ty.shape) is not None:
-            steps.append(lambda flat, call=bound: _cut(call, flat))
-            value = bound.args[0]
+        elif any(is_op_call(bound, op) for op in _CUTS) and out_shape and _static(bound.args[0].ty.shape):
+            read = _input_indices(bound, at, _static(bound.args[0].ty.shape), out_shape)
+            if read is None:
+                break
+            at, value = read, bound.args[0]
         else:
             break
-    shape, source_shape = _static(operand.ty.shape), _static(getattr(value.ty, "shape", None))
-    if not steps or shape is None or source_shape is None:
+        cuts += 1
+    source_shape = _static(getattr(value.ty, "shape", None))
+    if not cuts or source_shape is None:
         return None
-    size = math.prod(source_shape)
-    flat = np.arange(size, dtype=np.int64).reshape(source_shape)
-    for step in reversed(steps):
-        flat = step(flat)
     b, s, h, d = shape
+    size = math.prod(source_shape)
     heads = size // (b * s * d)
-    if flat.shape != shape or heads * b * s * d != size:
+    if heads * b * s * d != size:
         return None
-    group = int(np.sum(flat[0, 0, :, 0] == flat[0, 0, 0, 0]))  # query heads reading the first head
-    first = int(flat[0, 0, 0, 0])
-    bi, si, hi, di = np.indices(shape, dtype=np.int64)
+    flat = analyzer.simplify(_ravel(at, source_shape))
+
+    def element(*values) -> int | None:  # the source element of operand element ``values``
+        e = analyzer.simplify(substitute(flat, [(v, tvm.tirx.const(x, "int64")) for v, x in zip(indices, values)]))
+        return int(e.value) if isinstance(e, tvm.tirx.IntImm) else None
+
+    first = element(0, 0, 0, 0)
+    group = next((g for g in range(1, h + 1) if g == h or element(0, 0, g, 0) != first), h)
+    if first is None or h % group:
+        return None
+    bi, si, hi, di = indices
     for heads_first, stride in ((False, d), (True, s * d)):
         offset = first // stride
-        if h % group or first % stride or offset + h // group > heads:
+        if first % stride or offset + h // group > heads:
             continue
-        head = offset + hi // group
+        head = offset + tvm.tirx.floordiv(hi, group)
         expected = ((bi * heads + head) * s + si if heads_first else (bi * s + si) * heads + head) * d + di
-        if np.array_equal(flat, expected):
+        if analyzer.can_prove_equal(flat, expected):
             return _Operand(value, heads, offset, group, heads_first)
     return None
 
