@@ -131,7 +131,7 @@ def test_planner_picks_wgmma_where_a_warpgroup_tile_fits():
 @pytest.mark.parametrize("config", [wgmma_config(1, block_n=144, stages=5), wgmma_config(2, block_m=64, block_n=112),
                                     wgmma_config(1, block_m=256, block_n=160, stages=3)])
 def test_widths_between_powers_of_two_keep_their_accumulators_in_registers(config, ptxas_report):
-    """Tiles 96-240 columns wide (``TILE_WIDTHS``: N of m64nNk16 in steps of 16) fill the
+    """Tiles 96-224 columns wide (``TILE_WIDTHS``: N of m64nNk16 in steps of 16) fill the
     machine where powers of two do not; their MMAs, copies and epilogue build for any N the
     tiles do not divide (the last column of tiles past N), without spills."""
     sch = schedule_split_k_gemm(dense(256, 1000, 1024), config, load_hardware())

@@ -229,8 +229,11 @@ def _desc_impl(name: str, n: int, depth: int, dtype: str, in_flight: int, b_mn_m
     return desc, impl
 
 
-#: The tile widths the split-K planner gives warpgroup MMAs (its ``BLOCK_N``).
-TILE_WIDTHS = (64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256)
+#: The tile widths the split-K planner gives warpgroup MMAs (its ``BLOCK_N``): 64-256 in steps
+#: of 16 but 240, which ran 1.47-1.53x the fastest configuration, and 1.12-1.28x the 256-wide
+#: tile of the same height, on all four layers it was measured on (H200,
+#: bench/results/archive/model_gemm_widths_s76.json, tile_widths_s75.json).
+TILE_WIDTHS = (64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 256)
 #: The width of a panel of an MN-major W tile: one 128-byte row of 16-bit elements a K row, what
 #: a TMA box lands swizzled; a wider tile is panels one after the other (the descriptor's
 #: leading offset steps from one to the next).
