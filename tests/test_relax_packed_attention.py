@@ -125,9 +125,50 @@ def test_repeated_kv_heads_are_read_once_a_group():
         [(1, 2, 1), (2, 1, 7), (2, 1, 7), (1, 2, 1)], layouts
 
 
-def test_a_long_prompt_is_proved_symbolically():
-    """16 x 4096 tokens of 32 heads of 128 (a 800-million-element projection): the element each
-    operand reads is proved, not enumerated."""
+def _cut_forms(form: str) -> tvm.IRModule:
+    """``main(x)`` (``x``: ``[1, 4, 10, 8]``, fp32) with attention over cuts that must be read as
+    they are or left alone: ``"uneven"``, a split into 3 (heads 4-7, the second of parts 4, 4, 2);
+    ``"strided"``, every other head (not heads in place); ``"negative_axis"``, heads 5-9 by a
+    slice along axis -2; ``"after_block"``, the cuts in a dataflow block and the attention after it;
+    ``"symbolic"``, a sequence length that is a variable."""
+    bb = relax.BlockBuilder()
+    seq = tvm.tirx.Var("n", "int64") if form == "symbolic" else 4
+    x = relax.Var("x", relax.TensorType((1, seq, 10, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            if form in ("uneven", "symbolic"):
+                t = bb.emit(relax.TupleGetItem(bb.emit(relax.op.split(x, 3, axis=2)), 1))
+            elif form == "strided":
+                t = bb.emit(relax.op.strided_slice(x, [2], [0], [10], [2]))
+            else:
+                t = bb.emit(relax.op.strided_slice(x, [-2], [5], [10], [1]))
+            t = bb.emit_output(t) if form == "after_block" else t
+            if form != "after_block":
+                out = bb.emit_output(relax.op.nn.attention(t, t, t))
+        if form == "after_block":
+            out = bb.emit(relax.op.nn.attention(t, t, t))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize(("form", "rewritten"), [("uneven", True), ("strided", False), ("negative_axis", True),
+                                                 ("after_block", True), ("symbolic", False)])
+def test_every_cut_is_read_where_it_is_or_left_alone(form, rewritten):
+    mod = _cut_forms(form)
+    packed = PackedAttentionOperands(mod)
+    relax.analysis.well_formed(packed)  # raises on a variable out of its scope
+    attentions = [c for c in _attention_calls(packed) if isinstance(c.op, tvm.ir.Op) and c.op.name == "relax.nn.attention"]
+    assert len(attentions) == (0 if rewritten else 1)
+    if form == "symbolic":
+        return
+    x = np.random.default_rng(0).standard_normal((1, 4, 10, 8)).astype("float32")
+    outs = [relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+            for m in (mod, packed)]
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_a_long_prompt_is_rewritten():
+    """16 x 4096 tokens of 32 heads of 128 (an 800-million-element projection) is read in place."""
     packed = PackedAttentionOperands(_packed_attention("split", 16, 4096, 32, 128))
     (call,) = [c for c in _attention_calls(packed) if isinstance(c.args[0], tvm.ir.GlobalVar)]
     assert [int(x) for x in call.args[1].fields[0].ty.shape.values] == [16, 4096, 96, 128]

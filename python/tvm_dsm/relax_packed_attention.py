@@ -26,7 +26,9 @@ import tvm
 from tvm import relax, te
 from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.sym import Analyzer
-from tvm.relax.transform.legalize_ops.nn import _te_attention  # the legalization of R.nn.attention itself
+# TVM's own legalization of R.nn.attention (q, k, v, bias, scale, causal_mask -> te.Tensor), so
+# that the rewritten attention computes exactly what the operator does
+from tvm.relax.transform.legalize_ops.nn import _te_attention
 
 from .ir import substitute
 from .relax_matmuls import is_op_call, rewrite_functions
@@ -78,9 +80,8 @@ def _input_indices(call, out: list, in_shape: tuple[int, ...], out_shape: tuple[
         return at
     if is_op_call(call, "relax.strided_slice"):
         axes, begin, end = (_ints(call.args[n]) for n in (1, 2, 3))
-        strides = _ints(call.args[4]) if len(call.args) > 4 and call.args[4] is not None else None
-        strides = strides or [1] * len(axes or [])
-        if axes is None or begin is None or end is None:
+        strides = _ints(call.args[4]) if len(call.args) > 4 else [1] * len(axes or [])
+        if axes is None or begin is None or end is None or strides is None:
             return None
         at = list(out)
         for a, b, st in zip(axes, begin, strides):
@@ -107,14 +108,14 @@ _CUTS = ("relax.permute_dims", "relax.reshape", "relax.squeeze", "relax.expand_d
          "relax.broadcast_to", "relax.repeat")
 
 
-def _split_offset(split: relax.Call, index: int, in_shape: tuple[int, ...]) -> tuple[int, int] | None:
-    """(axis, first element along it) of part ``index`` of ``split``."""
+def _split_offset(split: relax.Call, index: int, in_shape: tuple[int, ...]) -> tuple[int, int]:
+    """(axis, first element along it) of part ``index`` of ``split``: ``n`` sections are
+    ``ceil(L / n)`` long (the last shorter), or the parts start at the given indices."""
     axis = int(split.attrs.axis) % len(in_shape)
     sections = split.attrs.indices_or_sections
     if isinstance(sections, tvm.tirx.IntImm):
-        return axis, index * in_shape[axis] // int(sections)
-    starts = [0, *(int(i) for i in sections)]
-    return (axis, starts[index]) if index < len(starts) else None
+        return axis, index * -(-in_shape[axis] // int(sections))
+    return axis, [0, *(int(i) for i in sections)][index]
 
 
 @dataclass(frozen=True)
@@ -141,37 +142,38 @@ class _Operand:
         return te.compute(shape, at, name="packed_heads")
 
 
-def _packed(binding_of, operand: relax.Expr) -> _Operand | None:
-    """``operand`` (``[B, S, H, D]``) as heads of the tensor its cuts start from, or None."""
-    shape = _static(operand.ty.shape)
-    if shape is None:
+def _sized(shape) -> tuple[int, ...] | None:
+    """``shape`` as constant extents, none of them 0, or None."""
+    extents = _static(shape)
+    return extents if extents is not None and 0 not in extents else None
+
+
+def _step_back(binding_of, value: relax.Var, at: list) -> tuple[relax.Expr, list] | None:
+    """The tensor cut ``value`` is bound to reads, and the element of it that element ``at`` of
+    ``value`` is; None where ``value`` is not a cut of one tensor."""
+    bound = binding_of(value)
+    if isinstance(bound, relax.Var):  # another name for it (a dataflow block's output)
+        return bound, at
+    if isinstance(bound, relax.TupleGetItem) and isinstance(bound.tuple_value, relax.Var):
+        split = binding_of(bound.tuple_value)
+        in_shape = _sized(split.args[0].ty.shape) if is_op_call(split, "relax.split") else None
+        if in_shape is None:
+            return None
+        axis, first = _split_offset(split, bound.index, in_shape)
+        return split.args[0], [i + first if n == axis else i for n, i in enumerate(at)]
+    if not any(is_op_call(bound, op) for op in _CUTS):
         return None
-    indices = [tvm.tirx.Var(n, "int64") for n in "bshd"]
-    analyzer = Analyzer()
-    for var, extent in zip(indices, shape):
-        analyzer.bind(var, tvm.ir.Range(tvm.tirx.const(0, "int64"), tvm.tirx.const(extent, "int64")))
-    at, value, cuts = list(indices), operand, 0
-    while isinstance(value, relax.Var):  # walk back through the cuts, element ``at`` of each
-        bound, out_shape = binding_of(value), _static(value.ty.shape)
-        if isinstance(bound, relax.TupleGetItem) and is_op_call(binding_of(bound.tuple_value), "relax.split"):
-            split = binding_of(bound.tuple_value)
-            in_shape = _static(split.args[0].ty.shape)
-            found = _split_offset(split, bound.index, in_shape) if in_shape else None
-            if found is None:
-                break
-            axis, first = found
-            at = [i + first if n == axis else i for n, i in enumerate(at)]
-            value = split.args[0]
-        elif any(is_op_call(bound, op) for op in _CUTS) and out_shape and _static(bound.args[0].ty.shape):
-            read = _input_indices(bound, at, _static(bound.args[0].ty.shape), out_shape)
-            if read is None:
-                break
-            at, value = read, bound.args[0]
-        else:
-            break
-        cuts += 1
-    source_shape = _static(getattr(value.ty, "shape", None))
-    if not cuts or source_shape is None:
+    in_shape, out_shape = _sized(bound.args[0].ty.shape), _sized(value.ty.shape)
+    read = _input_indices(bound, at, in_shape, out_shape) if in_shape and out_shape else None
+    return None if read is None else (bound.args[0], read)
+
+
+def _as_heads(source: relax.Expr, at: list, shape: tuple[int, ...], indices: list,
+              analyzer: Analyzer) -> _Operand | None:
+    """The operand (``shape``, element ``indices`` of it being element ``at`` of ``source``) as
+    heads of a view of ``source``, where the analyzer proves it one."""
+    source_shape = _sized(getattr(source.ty, "shape", None))
+    if source_shape is None:
         return None
     b, s, h, d = shape
     size = math.prod(source_shape)
@@ -185,8 +187,10 @@ def _packed(binding_of, operand: relax.Expr) -> _Operand | None:
         return int(e.value) if isinstance(e, tvm.tirx.IntImm) else None
 
     first = element(0, 0, 0, 0)
-    group = next((g for g in range(1, h + 1) if g == h or element(0, 0, g, 0) != first), h)
-    if first is None or h % group:
+    if first is None:
+        return None
+    group = next((g for g in range(1, h) if element(0, 0, g, 0) != first), h)  # query heads reading one
+    if h % group:
         return None
     bi, si, hi, di = indices
     for heads_first, stride in ((False, d), (True, s * d)):
@@ -196,8 +200,30 @@ def _packed(binding_of, operand: relax.Expr) -> _Operand | None:
         head = offset + tvm.tirx.floordiv(hi, group)
         expected = ((bi * heads + head) * s + si if heads_first else (bi * s + si) * heads + head) * d + di
         if analyzer.can_prove_equal(flat, expected):
-            return _Operand(value, heads, offset, group, heads_first)
+            return _Operand(source, heads, offset, group, heads_first)
     return None
+
+
+def _packed(binding_of, operand: relax.Expr, in_dataflow: bool) -> _Operand | None:
+    """``operand`` (``[B, S, H, D]``) as heads of the furthest tensor its cuts start from that is
+    in scope where the attention is (``in_dataflow``: inside a dataflow block), or None."""
+    shape = _sized(operand.ty.shape)
+    if shape is None:
+        return None
+    indices = [tvm.tirx.Var(n, "int64") for n in "bshd"]
+    analyzer = Analyzer()
+    for var, extent in zip(indices, shape):
+        analyzer.bind(var, tvm.ir.Range(tvm.tirx.const(0, "int64"), tvm.tirx.const(extent, "int64")))
+    reached = []  # (tensor, element) of each tensor in scope the cuts read, nearest first
+    at, value, past_block_output = list(indices), operand, False
+    while isinstance(value, relax.Var) and (step := _step_back(binding_of, value, at)) is not None:
+        past_block_output = past_block_output or not isinstance(value, relax.DataflowVar)
+        value, at = step
+        # a dataflow block's variables are out of scope outside it, and in later blocks
+        if not (isinstance(value, relax.DataflowVar) and (past_block_output or not in_dataflow)):
+            reached.append(step)
+    return next((found for source, at in reversed(reached)
+                 if (found := _as_heads(source, at, shape, indices, analyzer)) is not None), None)
 
 
 @mutator
@@ -206,13 +232,14 @@ class _PackedRewriter(PyExprMutator):
         call = super().visit_call_(call)
         if not is_op_call(call, _ATTENTION) or call.attrs.window_size is not None:
             return call
-        found = [_packed(self.lookup_binding, arg) for arg in call.args]
+        in_dataflow = any(isinstance(arg, relax.DataflowVar) for arg in call.args)
+        found = [_packed(self.lookup_binding, arg, in_dataflow) for arg in call.args]
         if not any(found):
             return call
-        # q, k and v stay three arguments, each its own tensor or a view of the one it was cut from
-        # (one view a source and shape): a call of one argument is what RewriteDataflowReshape
-        # tries as a reshape.
-        views: list[tuple[relax.Expr, tuple, relax.Expr]] = []
+        # q, k and v stay three arguments even where one view serves them all: TVM's
+        # RewriteDataflowReshape takes any call of one argument for a reshape, and would fail on
+        # the scheduled attention kernel.
+        views: list[tuple[relax.Expr, tuple, relax.Expr]] = []  # (source, view shape, view)
         args = []
         for arg, packed in zip(call.args, found):
             if packed is None:
@@ -220,7 +247,8 @@ class _PackedRewriter(PyExprMutator):
                 continue
             b, s, _, d = _static(arg.ty.shape)
             shape = packed.view_shape(b, s, d)
-            view = next((v for source, at, v in views if source.same_as(packed.source) and at == shape), None)
+            view = next((v for source, view_shape, v in views if source.same_as(packed.source) and view_shape == shape),
+                        None)
             if view is None:
                 view = self.builder_.emit(relax.op.reshape(packed.source, shape))
                 views.append((packed.source, shape, view))
