@@ -208,7 +208,7 @@ def _packed(binding_of, operand: relax.Expr, in_dataflow: bool) -> _Operand | No
     """``operand`` (``[B, S, H, D]``) as heads of the furthest tensor its cuts start from that is
     in scope where the attention is (``in_dataflow``: inside a dataflow block), or None."""
     shape = _sized(operand.ty.shape)
-    if shape is None:
+    if shape is None or len(shape) != 4:
         return None
     indices = [tvm.tirx.Var(n, "int64") for n in "bshd"]
     analyzer = Analyzer()
