@@ -81,6 +81,12 @@ def is_op_call(expr, name: str) -> bool:
     return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name
 
 
+def constant_ints(values) -> list[int] | None:
+    """``values`` (a shape's extents, an operator's attributes, a tuple argument's fields) as
+    ints, or None where one is not a constant."""
+    return [int(v) for v in values] if all(isinstance(v, (int, tirx.IntImm)) for v in values) else None
+
+
 #: Element-wise Relax operators an epilogue takes: on a product's matrix, they fuse into it.
 ELEMENTWISE_UNARY = ("relax.astype", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.silu", "relax.nn.relu",
                      "relax.sigmoid", "relax.tanh")

@@ -31,26 +31,22 @@ from tvm.sym import Analyzer
 from tvm.relax.transform.legalize_ops.nn import _te_attention
 
 from .ir import substitute
-from .relax_matmuls import is_op_call, rewrite_functions
+from .relax_matmuls import constant_ints, is_op_call, rewrite_functions
 
 #: ``R.nn.attention``'s operator name.
 _ATTENTION = "relax.nn.attention"
 
 
 def _static(shape) -> tuple[int, ...] | None:
-    values = getattr(shape, "values", None)
-    if values is None or not all(isinstance(v, tvm.tirx.IntImm) for v in values):
-        return None
-    return tuple(int(v) for v in values)
+    """A shape's constant extents, or None."""
+    extents = constant_ints(shape.values) if getattr(shape, "values", None) is not None else None
+    return None if extents is None else tuple(extents)
 
 
 def _ints(expr) -> list[int] | None:
-    """A tuple of constant integers (a strided slice's axes, begins, ends, strides), or None."""
+    """A tuple argument of constant integers (a strided slice's axes, begins, ends, strides), or None."""
     fields = getattr(expr, "fields", None)
-    if fields is None:
-        return None
-    values = [f if isinstance(f, tvm.tirx.IntImm) else getattr(f, "value", None) for f in fields]  # IntImm or PrimValue
-    return [int(v) for v in values] if all(isinstance(v, tvm.tirx.IntImm) for v in values) else None
+    return None if fields is None else constant_ints(fields)
 
 
 def _unravel(flat, shape: tuple[int, ...]) -> list:
@@ -241,11 +237,12 @@ class _PackedRewriter(PyExprMutator):
         # the scheduled attention kernel.
         views: list[tuple[relax.Expr, tuple, relax.Expr]] = []  # (source, view shape, view)
         args = []
-        for arg, packed in zip(call.args, found):
-            if packed is None:
+        shapes = [_static(arg.ty.shape) for arg in call.args]
+        for arg, packed, operand_shape in zip(call.args, found, shapes):
+            if packed is None:  # its shape may be symbolic
                 args.append(arg)
                 continue
-            b, s, _, d = _static(arg.ty.shape)
+            b, s, _, d = operand_shape
             shape = packed.view_shape(b, s, d)
             view = next((v for source, view_shape, v in views if source.same_as(packed.source) and view_shape == shape),
                         None)
@@ -253,7 +250,6 @@ class _PackedRewriter(PyExprMutator):
                 view = self.builder_.emit(relax.op.reshape(packed.source, shape))
                 views.append((packed.source, shape, view))
             args.append(view)
-        shapes = [_static(arg.ty.shape) for arg in call.args]
         scale, causal = call.attrs.scale, call.attrs.causal_mask
 
         def attention(*tensors):

@@ -14,14 +14,10 @@ it asks for fp32, as TVM's torch importer makes every convolution) and the resul
 from __future__ import annotations
 
 import tvm
-from tvm import relax, tirx
+from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .relax_matmuls import SIXTEEN_BIT, is_op_call, rewrite_functions
-
-
-def _ints(values) -> list[int] | None:
-    return [int(v) for v in values] if all(isinstance(v, (int, tirx.IntImm)) for v in values) else None
+from .relax_matmuls import SIXTEEN_BIT, constant_ints, is_op_call, rewrite_functions
 
 
 def _patch_size(call: relax.Call) -> tuple[int, int] | None:
@@ -29,14 +25,14 @@ def _patch_size(call: relax.Call) -> tuple[int, int] | None:
     (see the module docstring), else None."""
     a = call.attrs
     x, w = call.args
-    image = _ints(x.ty.shape.values) if x.ty.shape is not None else None
-    kernel = _ints(w.ty.shape.values) if w.ty.shape is not None else None
+    image = constant_ints(x.ty.shape.values) if x.ty.shape is not None else None
+    kernel = constant_ints(w.ty.shape.values) if w.ty.shape is not None else None
     if image is None or kernel is None or len(image) != 4:
         return None
     if ((str(a.data_layout), str(a.kernel_layout)) != ("NCHW", "OIHW") or str(a.out_layout) not in ("NCHW", "")
             or int(a.groups) != 1):
         return None
-    strides, padding, dilation = _ints(a.strides), _ints(a.padding), _ints(a.dilation)
+    strides, padding, dilation = constant_ints(a.strides), constant_ints(a.padding), constant_ints(a.dilation)
     ph, pw = kernel[2:]
     if strides != [ph, pw] or any(padding) or dilation != [1, 1] or image[2] % ph or image[3] % pw:
         return None

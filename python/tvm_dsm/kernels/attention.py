@@ -373,10 +373,7 @@ def operand_shape(shape: AttentionShape, layout: OperandLayout, length: int) -> 
     dims = [0] * (len(layout.heads) + 2)
     dims[layout.dim], dims[layout.seq] = shape.dim, length
     for axis in layout.heads:
-        extent = axis.extent or (1 if axis.var is None else -(-shape.head_extents[axis.var] // axis.divisor))
-        if axis.modulus and not axis.extent:
-            extent = min(extent, axis.modulus) if isinstance(extent, int) else tirx.min(extent, axis.modulus)
-        dims[axis.axis] = extent
+        dims[axis.axis] = axis.extent or axis.reached(shape.head_extents)
     return dims
 
 

@@ -69,6 +69,16 @@ class HeadAxis:
     offset: int = 0
     extent: int = 0
 
+    def reached(self, head_extents: tuple):
+        """The heads along the axis that the head variable reaches (``head_extents``: the head
+        variables' extents, constants or expressions)."""
+        if self.var is None:
+            return 1
+        heads = -(-head_extents[self.var] // self.divisor)
+        if not self.modulus:
+            return heads
+        return min(heads, self.modulus) if isinstance(heads, int) else tirx.min(heads, self.modulus)
+
 
 @dataclass(frozen=True)
 class OperandLayout:
@@ -777,8 +787,7 @@ class _Match:
                 raise ClusterError(f"{where}: axis {n} must be indexed by a head variable (h, h // g, h % g)")
             if not self.analyzer.can_prove(index < shape[n]):
                 raise ClusterError(f"{where}: axis {n} has {shape[n]} heads, fewer than its index reaches")
-            reached = 1 if axis.var is None else -(-self.ranges[heads[axis.var]] // axis.divisor)
-            if shape[n] != (min(reached, axis.modulus) if axis.modulus else reached):  # it holds more heads
+            if shape[n] != axis.reached([self.ranges[var] for var in heads]):  # it holds more heads
                 axis = dataclasses.replace(axis, extent=shape[n])
             axes.append(axis)
         return OperandLayout(len(indices) - 1, seq[0], tuple(axes))
