@@ -79,6 +79,12 @@ def _attention_calls(mod: tvm.IRModule) -> list[relax.Call]:
     return calls
 
 
+def _on_llvm(mods, *inputs: np.ndarray) -> list[np.ndarray]:
+    """Each of ``mods``' ``main`` run on the CPU on ``inputs``."""
+    return [relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())["main"](
+        *(tvm.runtime.tensor(a) for a in inputs)).numpy() for m in mods]
+
+
 @pytest.mark.parametrize("form", ["split", "unbind"])
 def test_cuts_of_one_projection_are_read_in_place(form):
     """The attention takes the projection itself (reshaped to ``[B, S, 3 H, D]``, a view) and
@@ -93,10 +99,7 @@ def test_cuts_of_one_projection_are_read_in_place(form):
     q, k, v = call.args[1].fields  # one view of the projection
     assert q.same_as(k) and q.same_as(v) and [int(x) for x in q.ty.shape.values] == [b, s, 3 * h, d]
     qkv = np.random.default_rng(0).standard_normal((b, s, 3 * h * d)).astype("float32")
-    outs = []
-    for m in (mod, packed):
-        vm = relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())
-        outs.append(vm["main"](tvm.runtime.tensor(qkv)).numpy())
+    outs = _on_llvm((mod, packed), qkv)
     np.testing.assert_array_equal(outs[0], outs[1])
     assert np.linalg.norm(outs[1] - _reference(qkv, h, d, True)) / np.linalg.norm(outs[1]) < 1e-5
 
@@ -111,11 +114,8 @@ def test_repeated_kv_heads_are_read_once_a_group():
     ops = {c.op.name for c in _attention_calls(packed) if isinstance(c.op, tvm.ir.Op)}
     assert not ops & {"relax.broadcast_to", "relax.expand_dims", "relax.permute_dims"}, ops
     rng = np.random.default_rng(0)
-    inputs = [rng.standard_normal((b, s, h, d)), *(rng.standard_normal((b, kv, s, d)) for _ in "kv")]
-    outs = []
-    for m in (mod, packed):
-        vm = relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())
-        outs.append(vm["main"](*(tvm.runtime.tensor(a.astype("float32")) for a in inputs)).numpy())
+    inputs = [rng.standard_normal(shape).astype("float32") for shape in ((b, s, h, d), (b, kv, s, d), (b, kv, s, d))]
+    outs = _on_llvm((mod, packed), *inputs)
     np.testing.assert_array_equal(outs[0], outs[1])
     lowered = relax.transform.LegalizeOps()(relax.transform.DeadCodeElimination()(
         PackedAttentionOperands(_repeated_kv(8, 197, 14, 2, 64))))
@@ -161,9 +161,7 @@ def test_every_cut_is_read_where_it_is_or_left_alone(form, rewritten):
     assert len(attentions) == (0 if rewritten else 1)
     if form == "symbolic":
         return
-    x = np.random.default_rng(0).standard_normal((1, 4, 10, 8)).astype("float32")
-    outs = [relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
-            for m in (mod, packed)]
+    outs = _on_llvm((mod, packed), np.random.default_rng(0).standard_normal((1, 4, 10, 8)).astype("float32"))
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
