@@ -37,6 +37,7 @@ from .relax_packed_attention import PackedAttentionOperands
 from .relax_chains import FuseGemmChains, merge_elementwise
 from .relax_gated import FuseGatedProjections
 from .relax_matmuls import MatmulsAsMatrices
+from .relax_siblings import FuseSiblingProjections
 from .relax_patches import PatchesAsMatrices
 from .relax_patterns import RewriteToRelaxOps
 from .relax_precision import AttentionScaleOnQuery, NormsInFp32
@@ -195,6 +196,7 @@ def lower_to_tir(mod: tvm.IRModule, gated_projections: bool = True) -> tvm.IRMod
         FuseAttention,
         relax.transform.FuseOps(),
         relax.transform.FuseTIR(),
+        FuseSiblingProjections,
         relax.transform.DeadCodeElimination(),
     ])(mod)
 

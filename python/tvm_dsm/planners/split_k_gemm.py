@@ -80,13 +80,15 @@ class GemmPlan(Plan):
     ctas: int
     resident: int  # CTAs per SM
     smem: int  # bytes of dynamic shared memory per CTA
-    products: int = 1  # a gated layer's two products (GemmShape.products)
+    products: int = 1  # products of one input computed side by side (GemmShape.products)
+    outputs: int = 1  # 1: the epilogue combines them (a gated layer); else one output each
     busy_sms: int = 0  # SMs a wave of the grid occupies
 
     def summary(self) -> str:
         c = self.config
         order = "in one K loop" if shared_k_loop(c, self.products) else "one main loop after the other"
-        gated = f" of {self.products} gated products, {order}" if self.products > 1 else ""
+        kind = "gated products" if self.outputs == 1 else "sibling products (an output each)"
+        gated = f" of {self.products} {kind}, {order}" if self.products > 1 else ""
         split = (f"K split over clusters of {c.cluster_size} CTAs, partials reduce-scattered "
                  "through DSM" if c.cluster_size > 1 else "K whole in each CTA (no cluster)")
         return (
@@ -170,7 +172,7 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
     # (tvm_dsm.transform.programmatic_launch).
     config = dataclasses.replace(config, programmatic_launch=waves == 1)
     return GemmPlan(bytes=traffic, seconds=seconds, predicted_us=total * 1e6, config=config,
-                    ctas=ctas, resident=resident, smem=smem, products=g, busy_sms=busy_sms)
+                    ctas=ctas, resident=resident, smem=smem, products=g, outputs=shape.outputs, busy_sms=busy_sms)
 
 
 def steps_ahead(config: SplitKGemmConfig, products: int) -> int:
@@ -329,8 +331,9 @@ def plan_split_k_gemm(shape: GemmShape, hw: Hardware, quantized: bool = False,
              for c in candidate_configs(shape, quantized, pipelines, padded, hw)]
     if padded and not plans:
         raise ClusterError(f"no cluster split-K GEMM configuration fits {shape.m}x{shape.n}x"
-                           f"{shape.k}" + (" (a gated layer's products run over whole tiles of N and K: "
-                                           "N a multiple of 64, K of 32)" if shape.products > 1 else ""))
+                           f"{shape.k}" + (" (products of one input run over whole tiles of N and K: "
+                                           "N a multiple of 64, K of 32; sibling products with outputs "
+                                           "of their own over whole tiles of M too)" if shape.products > 1 else ""))
     if not plans:
         raise ClusterError(
             f"no cluster split-K GEMM configuration fits {shape.m}x{shape.n}x{shape.k} "

@@ -136,7 +136,7 @@ def schedule_quantized_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig, hw: H
     partial, fragment = blockize_fragments(sch, partial, [rank], p_i, p_j, p_k)
     split_k_main_loops(sch, [(partial, fragment, *sch.get_loops(partial)[-4:])], shape, c, quantize)
     peers, rows, cols = sch.get_loops(gemm)[-3:]
-    sum_partials(sch, [gemm], output, [(rows, cols, peers)], c.warps, in_registers=False)
+    sum_partials(sch, [gemm], [output], [(rows, cols, peers)], c.warps, in_registers=False)
     # The sums' tile in shared memory holds the CTA's own rows only (s_tir sizes it for all).
     sch.transform_layout(gemm, ("write", 0), lambda i, j: (i % (c.block_m // s), j % c.block_n),
                          assume_injective_transform=True)

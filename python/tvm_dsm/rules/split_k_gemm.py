@@ -138,8 +138,10 @@ def reused_shared_bytes(freed: list[int], allocated: list[int]) -> int:
 @dataclass(frozen=True)
 class GemmShape:
     """What the rule found in the function: ``m x n x k``, ``W`` stored ``[n, k]`` or ``[k, n]``,
-    both operands of type ``dtype``; ``products``: matmuls of that shape over the same ``X`` whose
-    tiles one epilogue combines (2: a gated layer, ``silu(X @ Wg^T) * (X @ Wu^T)``);
+    both operands of type ``dtype``; ``products``: matmuls of that shape over the same ``X``
+    computed side by side on each output tile; ``outputs``: 1 where one epilogue combines them
+    (2 products: a gated layer, ``silu(X @ Wg^T) * (X @ Wu^T)``), else ``products``: sibling
+    projections, each product's epilogue writing an output of its own (a layer's q, k and v);
     ``operands_copied``: the operands are zero-filled copies the function makes
     (:mod:`tvm_dsm.rules.aligned_rows`)."""
 
@@ -150,6 +152,7 @@ class GemmShape:
     dtype: str = "float16"
     products: int = 1
     operands_copied: bool = False
+    outputs: int = 1
 
     @property
     def symbolic_rows(self) -> bool:
@@ -171,29 +174,56 @@ def _index_vars(region, offset_rows: bool = False) -> list:
     return found
 
 
+#: The most sibling products (:class:`GemmShape`) one kernel computes side by side: a layer's
+#: q, k and v.
+MAX_SIBLINGS = 3
+
+
 def find_gemm(sch: s_tir.Schedule, operand_types: Collection[str] = OPERAND_TYPES.keys(),
               ) -> tuple[list[SBlockRV], list[SBlockRV], GemmShape]:
     """The function's matmul block(s), their elementwise consumers (epilogue) and the shape
     (operands of one of ``operand_types``: by default the tensor cores').
 
     ClusterError names what does not fit: the rule needs one (i, j, k) reduction block reading
-    ``X[i, k]`` and ``W[j, k]`` or ``W[k, j]`` (or two such blocks over the same ``X``, a gated
-    layer's gate and up products), followed only by elementwise blocks (none: the matmul
-    writes the output).
+    ``X[i, k]`` and ``W[j, k]`` or ``W[k, j]`` (or several such blocks over the same ``X``: a
+    gated layer's gate and up products, which the epilogue combines, or up to
+    :data:`MAX_SIBLINGS` sibling products, each with an epilogue and output of its own), followed
+    only by elementwise blocks (none: the matmul writes the output).
     """
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     reductions = [b for b in blocks if is_reduction(sch.get(b))]
-    # gated products no epilogue block combines (two projections of one X, each its own output)
-    uncombined = len(reductions) == 2 and not _combines(sch, reductions, blocks[2:])
-    if not 1 <= len(reductions) <= 2 or reductions != blocks[: len(reductions)] or uncombined:
+    epilogue = list(blocks[len(reductions):])
+    combined = len(reductions) == 2 and _combines(sch, reductions, epilogue)
+    if (not 1 <= len(reductions) <= MAX_SIBLINGS or reductions != blocks[: len(reductions)]
+            or (len(reductions) > 1 and not combined and not _separate_outputs(sch, reductions, epilogue))):
         raise ClusterError(
             "split-K GEMM expects one matmul block (or a gated layer's two over the same input, "
-            "then the epilogue combining them) first, then elementwise epilogue blocks; got "
+            f"then the epilogue combining them, or up to {MAX_SIBLINGS} over the same input, each "
+            "with an epilogue and output of its own) first, then elementwise epilogue blocks; got "
             f"{[sch.get(b).name_hint for b in blocks]}"
         )
-    epilogue = list(blocks[len(reductions):])
     _check_epilogue_reads_its_element(sch, reductions, epilogue)
-    return reductions, epilogue, gemm_products(sch, reductions, operand_types)
+    shape = gemm_products(sch, reductions, operand_types)
+    return reductions, epilogue, dataclasses.replace(shape, outputs=1 if combined else shape.products)
+
+
+def _writes_output(sch: s_tir.Schedule, block: SBlockRV) -> bool:
+    """Whether ``block`` writes a buffer of the function's parameters."""
+    written = sch.get(block).writes[0].source
+    return any(written.same_as(b) for b in sch.mod["main"].params)
+
+
+def _separate_outputs(sch: s_tir.Schedule, products: list[SBlockRV], epilogue: list[SBlockRV]) -> bool:
+    """Whether each of ``products`` reaches an output of its own: each output written from one
+    product (directly, or through ``epilogue`` blocks that each read at most one), and one
+    output per product."""
+    written = [sch.get(p).writes[0].source for p in products]
+    found = computed_from(written, [sch.get(b) for b in epilogue])
+    if any(len(of) > 1 for _, of in found):
+        return False
+    outputs = [b for b in [*products, *epilogue] if _writes_output(sch, b)]
+    reached = [next(of for buffer, of in found if buffer.same_as(sch.get(b).writes[0].source)) for b in outputs]
+    return sorted(i for of in reached for i in of) == list(range(len(products)))
 
 
 def _check_epilogue_reads_its_element(sch: s_tir.Schedule, products: list[SBlockRV], epilogue: list[SBlockRV]) -> None:
@@ -357,6 +387,10 @@ def check_padded_config(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware
     the first limit ``shape`` or ``config`` breaks."""
     check_edges(shape)
     tiles = tiled_shape(shape, config)
+    if shape.outputs > 1 and (shape.symbolic_rows or tiles != shape):
+        raise ClusterError(f"sibling products (one output each) run over whole tiles only: {shape.m}x{shape.n}x"
+                           f"{shape.k} is not whole {config.block_m}x{config.block_n} tiles and K steps of "
+                           f"{config.cluster_size * config.block_k}")
     # A weight stored [K, N] takes TMA boxes, which land zeros past N and K, or predicated
     # cp.async copies of its edges (16-byte pieces: N a multiple of 8, check_edges), which
     # zero-fill there; gated products are rewritten to whole tiles first (padded_gated_tiles),
@@ -537,6 +571,16 @@ def inline_all_but_last(sch: s_tir.Schedule, stages: list[SBlockRV]) -> SBlockRV
     return last
 
 
+def inline_into_outputs(sch: s_tir.Schedule, epilogue: list[SBlockRV]) -> list[SBlockRV]:
+    """The ``epilogue`` blocks writing the function's outputs, in order, every other one
+    inlined into the blocks reading it (sibling products' epilogues, :func:`_separate_outputs`)."""
+    outputs = [b for b in epilogue if _writes_output(sch, b)]
+    for block in epilogue:
+        if not any(sch.get(block).same_as(sch.get(o)) for o in outputs):
+            sch.compute_inline(block)
+    return outputs
+
+
 def apply_split_k_gemm(
     sch: s_tir.Schedule,
     blocks: list[SBlockRV],
@@ -550,9 +594,12 @@ def apply_split_k_gemm(
     place. ``in_registers=False``: the epilogue gets its own thread loops (see
     :func:`sum_partials`), for one that reads what another kernel of the schedule computes."""
     c, s = config, config.cluster_size
-    if not epilogue:  # the matmul writes the output itself: its sums reach it through a copy
-        epilogue = [sch.cache_write(blocks[0], 0, "global")]
-    output = inline_all_but_last(sch, epilogue)
+    # a matmul writing an output itself: its sums reach it through a copy
+    epilogue = [*epilogue, *(sch.cache_write(b, 0, "global") for b in blocks if _writes_output(sch, b))]
+    outputs = inline_into_outputs(sch, epilogue) if shape.outputs > 1 else [inline_all_but_last(sch, epilogue)]
+    for depth in range(2 if len(outputs) > 1 else 0):  # sibling outputs: one loop nest over their tiles
+        sch.merge(*(sch.get_loops(o)[depth] for o in outputs))
+    output = outputs[0]
 
     # Split K over the cluster: each rfactor block computes one partial tile per rank.
     partials = []
@@ -595,7 +642,7 @@ def apply_split_k_gemm(
     split_k_main_loops(sch, main_loops, shape, c)
     # compute_at regenerated the sums' loops in block-variable order: (peers, rows, cols)
     sums = [sch.get_loops(b)[-3:] for b in blocks]
-    sum_partials(sch, blocks, output, [(rows, cols, peers) for peers, rows, cols in sums], c.warps,
+    sum_partials(sch, blocks, outputs, [(rows, cols, peers) for peers, rows, cols in sums], c.warps,
                  in_registers)
     if c.programmatic_launch:
         launch_programmatically(sch)
@@ -685,19 +732,19 @@ def split_k_main_loops(sch: s_tir.Schedule, partials: list[tuple], shape: GemmSh
         sch.annotate(k_step, ASYNC_STAGES_KEY, [0])
 
 
-def sum_partials(sch: s_tir.Schedule, blocks: list[SBlockRV], output: SBlockRV,
+def sum_partials(sch: s_tir.Schedule, blocks: list[SBlockRV], outputs: list[SBlockRV],
                  loops: list[tuple[LoopRV, LoopRV, LoopRV]], warps: int,
                  in_registers: bool = True) -> None:
     """Schedule the blocks summing the cluster's partial tiles (each with its ``(rows, cols,
-    peers)`` loops) and ``output``, the epilogue reading the sums: each thread sums 4 fp32
-    columns of a few consecutive rows over the peers (one ld.shared::cluster.v4 per row and
-    peer, all in flight, starting at its own rank) and computes ``output`` from the sums in
-    registers. Several blocks (a gated chain's gate and up) share their thread loops, so the
-    epilogue sees all sums at once. ``output`` stores its 4 columns as one vector; where a
-    padded tile's store is predicated by column (N not a multiple of 4), TVM's vectorizer leaves
-    the 4 stores one by one.
+    peers)`` loops) and ``outputs``, the epilogue blocks reading the sums: each thread sums 4
+    fp32 columns of a few consecutive rows over the peers (one ld.shared::cluster.v4 per row and
+    peer, all in flight, starting at its own rank) and computes the outputs from the sums in
+    registers. Several blocks (a gated chain's gate and up, sibling products) share their thread
+    loops, so the epilogue sees all sums at once. Each output stores its 4 columns as one vector;
+    where a padded tile's store is predicated by column (N not a multiple of 4), TVM's vectorizer
+    leaves the 4 stores one by one.
 
-    ``in_registers=False`` keeps the sums in shared memory and gives ``output`` its own thread
+    ``in_registers=False`` keeps the sums in shared memory and gives each output its own thread
     loops (same shape): for an epilogue that also reads a block s_tir cannot move into the
     sums' thread loop (one computed at the cluster loop, such as a row scale)."""
     rows, cols, peers = loops[0]  # the products summed side by side have one shape
@@ -717,20 +764,22 @@ def sum_partials(sch: s_tir.Schedule, blocks: list[SBlockRV], output: SBlockRV,
     outer, warp, thread = sch.get_loops(blocks[0])[-6:-3]
     sch.bind(warp, "threadIdx.y")
     sch.bind(thread, "threadIdx.x")
-    if in_registers:
-        sch.reverse_compute_at(output, thread)
-        if batch > 1:  # the batch's rows (a unit loop has none): their sums stay in registers
-            sch.unroll(sch.get_loops(output)[-2])
-    else:
-        outer, warp, thread, _, _ = _over_threads(sch, *sch.get_loops(output)[-2:], warps)
-        sch.bind(warp, "threadIdx.y")
-        sch.bind(thread, "threadIdx.x")
+    for output in outputs:
+        if in_registers:
+            sch.reverse_compute_at(output, thread)
+            if batch > 1:  # the batch's rows (a unit loop has none): their sums stay in registers
+                sch.unroll(sch.get_loops(output)[-2])
+        else:
+            _, own_warp, own_thread, _, _ = _over_threads(sch, *sch.get_loops(output)[-2:], warps)
+            sch.bind(own_warp, "threadIdx.y")
+            sch.bind(own_thread, "threadIdx.x")
     # Unrolled, an epilogue's loads of its other inputs (a bias, a residual) are issued together:
     # in a loop each waited one L2 round trip before its store (ViT-B/16's qkv at 6304 rows: 24 a
     # thread). Not behind peers' loads: those are volatile, and no load moves above them.
     if n_peers == 1:
         sch.unroll(outer)
-    sch.vectorize(sch.get_loops(output)[-1])
+    for output in outputs:
+        sch.vectorize(sch.get_loops(output)[-1])
     for block, (batched, peers, vector) in zip(blocks, inner):
         sch.annotate(peers, ROTATE_PEERS_KEY, 1)
         sch.vectorize(vector)  # before decompose_reduction: vectorize needs a reduction block
