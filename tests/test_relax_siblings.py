@@ -56,17 +56,19 @@ def test_sibling_products_are_one_kernel_with_an_output_each():
         assert f"y{i}_ptr + " in kernel  # each output stored by the one kernel
 
 
-@pytest.mark.parametrize("case, message", [
-    ("mixed", "each with an epilogue and output of its own"),
-    ("rows_off_tiles", "whole tiles"),
-])
-def test_siblings_that_are_not_separate_or_whole_are_refused(case, message):
-    if case == "mixed":
-        with pytest.raises(ClusterError, match=message):
-            find_gemm(s_tir.Schedule(_projections(256, 256, 256, 3, mix=True)))
-    else:
-        with pytest.raises(ClusterError, match=message):
-            tvm_dsm.plan(_projections(1000, 256, 256, 2))
+def test_products_an_epilogue_mixes_are_refused():
+    with pytest.raises(ClusterError, match="each with an epilogue and output of its own"):
+        find_gemm(s_tir.Schedule(_projections(256, 256, 256, 3, mix=True)))
+
+
+@pytest.mark.parametrize("m, n, k", [(1000, 256, 256), (37, 200, 520)])
+def test_sibling_products_off_the_tiles_are_padded(m, n, k):
+    """Rows, columns and depth off the tiles: each product padded, X's zero-filled copy shared,
+    each output copied back to its real rows and columns, still one kernel."""
+    func = _projections(m, n, k, 3)
+    assert tvm_dsm.plan(func).shape.outputs == 3
+    (kernel,) = kernels(tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source()).values()
+    assert all(f"y{i}_ptr + " in kernel for i in range(3))
 
 
 def _linear_layer(rows: int, width: int, heads_width: int, later_weight: bool = False) -> tvm.IRModule:
@@ -134,6 +136,8 @@ def _run(func, inputs: list[np.ndarray], outputs: list[tuple], dtype) -> list[np
     (512, 512, 2048, 2, "float16", False, "nk"),
     (256, 256, 1024, 3, "bfloat16", True, "nk"),
     (512, 256, 1024, 2, "float16", True, "kn"),
+    (1000, 768, 760, 3, "float16", True, "nk"),
+    (37, 200, 520, 2, "bfloat16", False, "nk"),
 ])
 def test_gpu_sibling_products_match_float64(m, n, k, count, dtype, bias, layout):
     func = _projections(m, n, k, count, dtype, bias, layout)
@@ -151,8 +155,9 @@ def test_gpu_sibling_products_match_float64(m, n, k, count, dtype, bias, layout)
 
 
 @pytest.mark.gpu
-def test_gpu_relax_projections_of_one_input_match_float64():
-    rows, width = 1024, 768
+@pytest.mark.parametrize("rows", [1024, 1000])
+def test_gpu_relax_projections_of_one_input_match_float64(rows):
+    width = 768
     mod = _linear_layer(rows, width, width)
     coverage = {}
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})

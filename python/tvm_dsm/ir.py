@@ -158,6 +158,14 @@ def computed_from(products: list, blocks: list[SBlock]) -> list[tuple]:
     return sources
 
 
+def product_outputs(products: list, blocks: list[SBlock]) -> list[int]:
+    """For each of the buffers ``products``, the position in ``blocks`` (elementwise, one write
+    each, in order) of the last block computed from it alone: its epilogue's output where each
+    product has an epilogue of its own."""
+    found = computed_from(products, blocks)[len(products):]
+    return [max(n for n, (_, of) in enumerate(found) if of == {i}) for i in range(len(products))]
+
+
 def is_reduction(block: tirx.SBlock) -> bool:
     """Whether ``block`` reduces over one of its iterators."""
     return any(int(iv.iter_type) == tirx.IterVar.CommReduce for iv in block.iter_vars)

@@ -14,7 +14,8 @@ The weights stay where they are (no concatenation at each call, as TVM's
 
 A group is merged only where the family takes the merged function and predicts it faster than
 the products one after the other; calls whose other arguments are computed after the group's
-first call are left alone.
+first call are left alone, and so are products of a symbolic row count (a kernel per range of
+rows, the fewest on the row GEMV, which takes one product or a gated pair).
 """
 
 from __future__ import annotations
@@ -64,8 +65,9 @@ def _own_definitions(func: tirx.PrimFunc, input_position: int, x: tirx.Buffer, n
     """``func`` (one call's function, perhaps the same as another's) with variables and buffers
     of its own, its parameters named apart (suffix ``_n``: the pipeline tells weights by name),
     and its blocks (s_tir finds blocks by name), and its parameter ``input_position`` replaced by
-    the shared input ``x`` (of one static shape)."""
+    the shared input ``x`` (its extent variables by x's)."""
     func = _RENEW_DEFS(func)
+    func = func.specialize({func.params[input_position]: x})  # its extent variables bound to x's
     renamed = [x if k == input_position else tirx.decl_buffer(p.ty.shape, p.ty.dtype, name=f"{p.name}_{n}")
                for k, p in enumerate(func.params)]
     body = tvm_ffi.structural_map(substitute(func.body, list(zip(func.params, renamed))), [
@@ -132,7 +134,9 @@ class _Merger:
             return None
         x = value.args[1].fields[found[0]].ty
         if x.shape is None or not all(isinstance(d, tirx.IntImm) for d in x.shape.values):
-            return None  # the family takes sibling products over whole tiles of a static shape
+            # a symbolic row count is a kernel per range of rows, the row GEMV's at the fewest,
+            # which computes products one at a time
+            return None
         return value.args[0], list(value.args[1].fields), found
 
     def _groups(self, bindings: list) -> list[list[int]]:

@@ -378,7 +378,7 @@ def _schedule_all_exchange(sch: s_tir.Schedule, blocks: ChainBlocks, c: FusedCha
     for block in blocks.gemm0:
         peers, rows, cols = sch.get_loops(block)[-3:]
         loops.append((rows, cols, peers))
-    sum_partials(sch, blocks.gemm0, blocks.combine, loops, c.main_loop().warps)
+    sum_partials(sch, blocks.gemm0, [blocks.combine], loops, c.main_loop().warps)
     sch.set_scope(blocks.combine, 0, "shared.dyn")
     sch.storage_align(blocks.combine, 0, axis=-2, factor=32, offset=PAD)
 

@@ -21,18 +21,28 @@ from tvm import s_tir, tirx
 from tvm.s_tir import SBlock, SBlockRealize
 
 from ..errors import ClusterError
-from ..ir import find_all, is_reduction, substitute, with_block_body
+from ..ir import computed_from, find_all, is_reduction, product_outputs, substitute, with_block_body
 
 
 def pad_gated_to_tiles(func: tirx.PrimFunc, tiles: list[int]) -> tirx.PrimFunc:
-    """``func``, a gated layer, computing whole ``tiles`` (``[rows, columns, K]``, see the
-    module docstring); past N and K each product reads its own zero-filled copy of its weight,
-    which the schedule inlines into the weight's tile copies."""
+    """``func``, a gated layer (or sibling products of one X, each epilogue and output padded
+    on its own), computing whole ``tiles`` (``[rows, columns, K]``, see the module docstring);
+    past N and K each product reads its own zero-filled copy of its weight, which the schedule
+    inlines into the weight's tile copies."""
     block_m, block_n, _ = tiles
     sch = s_tir.Schedule(func)
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     products = [b for b in blocks if is_reduction(sch.get(b))]
     epilogue = [b for b in blocks if not is_reduction(sch.get(b))]
+    # a sibling product written out as it is: its sums reach its output through a copy
+    epilogue += [sch.cache_write(p, 0, "global") for p in products
+                 if any(sch.get(p).writes[0].source.same_as(b) for b in func.params)]
+    # the epilogue's outputs: the last block, combining the products (a gated layer), or each
+    # sibling product's own
+    written = [sch.get(p).writes[0].source for p in products]
+    found = computed_from(written, [sch.get(b) for b in epilogue])
+    combined = found[-1][1] == set(range(len(products)))
+    outputs = [len(epilogue) - 1] if combined else product_outputs(written, [sch.get(b) for b in epilogue])
     reindexed = []
     for product in products:
         block = sch.get(product)
@@ -44,19 +54,37 @@ def pad_gated_to_tiles(func: tirx.PrimFunc, tiles: list[int]) -> tirx.PrimFunc:
     for block in reindexed:
         sch.compute_inline(block)
     copies = [c for product in products for c in sch.get_consumers(product)]
-    for block in [*copies, *epilogue[:-1]]:  # the products' row copies, then the inner epilogue
+    inner = [b for n, b in enumerate(epilogue) if n not in outputs]
+    for block in [*copies, *inner]:  # the products' row copies, then the inner epilogue
         sch.compute_inline(block)
-    output = epilogue[-1]
-    sch.pad_einsum(output, [block_m, block_n])
-    for block in sch.get_producers(output):
-        if not is_reduction(sch.get(block)):  # pad_einsum's copies of the padded products
-            sch.compute_inline(block)
-    return share_padded_input(sch.mod["main"])
+    for output in [epilogue[n] for n in outputs]:
+        sch.pad_einsum(output, [block_m, block_n])
+        for block in sch.get_producers(output):
+            if not is_reduction(sch.get(block)):  # pad_einsum's copies of the padded products
+                sch.compute_inline(block)
+    return _products_first(share_padded_input(sch.mod["main"]))
+
+
+def _products_first(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with its root's statements in the split-K GEMM's order: the zero fills the
+    products read, the products, the epilogue, then the copies of the outputs' real rows and
+    columns (a sibling product's each)."""
+    root = func.body.block
+    nests = list(root.body.seq)
+    blocks = [find_all(nest, SBlock)[0] for nest in nests]
+    products = [n for n, b in enumerate(blocks) if is_reduction(b)]
+    read = [r.source for n in products for r in blocks[n].reads]
+    fills = [n for n, b in enumerate(blocks) if n not in products and any(b.writes[0].source.same_as(r) for r in read)]
+    rest = [n for n in range(len(nests)) if n not in products and n not in fills]
+    copies = [n for n in rest if any(blocks[n].writes[0].source.same_as(p) for p in func.params)]
+    order = [*fills, *products, *(n for n in rest if n not in copies), *copies]
+    body = tirx.SeqStmt([nests[n] for n in order])
+    return func.with_body(SBlockRealize([], True, with_block_body(root, body)))
 
 
 def share_padded_input(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """``func`` with the products' zero-filled copies of X made one: the second product reads
-    the first's, the second copy gone (``func`` itself where X is not padded)."""
+    """``func`` with the products' zero-filled copies of X made one: the later products read
+    the first's, their copies gone (``func`` itself where X is not padded)."""
     root = func.body.block
     nests = list(root.body.seq)
     pads = []  # (position, block) of each copy of a parameter into a buffer of the function's own
@@ -68,21 +96,22 @@ def share_padded_input(func: tirx.PrimFunc) -> tirx.PrimFunc:
             pads.append((n, block))
             copied.append(param)
 
-    # X's two copies: the parameter copied twice the same way (a fused weight padded past N is
-    # also copied twice, its gate's rows and its up's; a weight of its own once)
+    # X's copies: the parameter copied more than once the same way (a fused weight padded past
+    # N is also copied twice, its gate's rows and its up's; a weight of its own once)
     def same(first, second) -> bool:
         kept, dropped = first.writes[0].source, second.writes[0].source
         return tvm_ffi.structural_equal(first.body, substitute(second.body, [(dropped, kept)]), map_free_vars=True)
 
     pairs = [[pad for pad, q in zip(pads, copied) if q.same_as(param)] for param in func.params]
-    pairs = [pair for pair in pairs if len(pair) == 2 and same(pair[0][1], pair[1][1])]
+    pairs = [pair for pair in pairs if len(pair) > 1 and all(same(pair[0][1], b) for _, b in pair[1:])]
     if not pairs:  # X's rows and K are whole tiles: no copy of it
         return func
     if len(pairs) > 1:
         raise ClusterError(f"a gated layer padded to whole tiles has {len(pairs)} inputs its products copy alike")
-    (_, first), (second_at, second) = pairs[0]
-    kept, dropped = first.writes[0].source, second.writes[0].source
-    del nests[second_at]
-    body = substitute(tirx.SeqStmt(nests), [(dropped, kept)])
-    allocs = [b for b in root.alloc_buffers if not b.same_as(dropped)]
+    (_, first), *later = pairs[0]
+    kept = first.writes[0].source
+    dropped = [block.writes[0].source for _, block in later]
+    nests = [nest for n, nest in enumerate(nests) if n not in {at for at, _ in later}]
+    body = substitute(tirx.SeqStmt(nests), [(d, kept) for d in dropped])
+    allocs = [b for b in root.alloc_buffers if not any(b.same_as(d) for d in dropped)]
     return func.with_body(SBlockRealize([], True, with_block_body(root, body, allocs)))

@@ -29,7 +29,7 @@ from tvm.s_tir.schedule import LoopRV, SBlockRV
 
 from ..errors import ClusterError
 from ..hardware import Hardware
-from ..ir import computed_from, is_reduction, largest_power_of_two, loads
+from ..ir import computed_from, is_reduction, largest_power_of_two, loads, product_outputs
 from ..annotations import ASYNC_STAGES_KEY, COPIED_OPERANDS_KEY, RASTER_GROUP_KEY
 from ..transform.programmatic_launch import launch_programmatically
 from ..transform.tma_pipeline import MAX_BOX as TMA_MAX_BOX
@@ -387,10 +387,6 @@ def check_padded_config(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware
     the first limit ``shape`` or ``config`` breaks."""
     check_edges(shape)
     tiles = tiled_shape(shape, config)
-    if shape.outputs > 1 and (shape.symbolic_rows or tiles != shape):
-        raise ClusterError(f"sibling products (one output each) run over whole tiles only: {shape.m}x{shape.n}x"
-                           f"{shape.k} is not whole {config.block_m}x{config.block_n} tiles and K steps of "
-                           f"{config.cluster_size * config.block_k}")
     # A weight stored [K, N] takes TMA boxes, which land zeros past N and K, or predicated
     # cp.async copies of its edges (16-byte pieces: N a multiple of 8, check_edges), which
     # zero-fill there; gated products are rewritten to whole tiles first (padded_gated_tiles),
@@ -506,14 +502,17 @@ def schedule_split_k_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig, hw: Har
     tiles = tiled_shape(shape, config)
     if shape.products > 1 and (shape.symbolic_rows or tiles != shape):
         sch = s_tir.Schedule(pad_gated_to_tiles(func, [config.block_m, config.block_n, config.cluster_size * config.block_k]))
-        *_, output, unpad = sch.get_child_blocks(sch.get_sblock("root"))
-        products = list(sch.get_producers(output))
-        # the zero-filled X both products read, and each one's padded weight
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+        unpads = [b for b in blocks if _writes_output(sch, b)]  # each output's copy of its real rows and columns
+        outputs = [sch.get_producers(u)[0] for u in unpads]
+        products = [b for b in blocks if is_reduction(sch.get(b))]
+        # the zero-filled X the products read, and each one's padded weight
         fills = list({sch.get(f).name_hint: f for p in products for f in sch.get_producers(p)}.values())
-        apply_split_k_gemm(sch, products, [output], tiles, config)
+        apply_split_k_gemm(sch, products, outputs, tiles, config)
         for fill in fills:  # after the tile copies exist (as apply_padded_split_k_gemm's)
             sch.compute_inline(fill)
-        sch.reverse_compute_inline(unpad)
+        for unpad in unpads:
+            sch.reverse_compute_inline(unpad)
         return sch
     apply_padded_split_k_gemm(sch, blocks, epilogue, shape, config)
     return sch
@@ -571,14 +570,14 @@ def inline_all_but_last(sch: s_tir.Schedule, stages: list[SBlockRV]) -> SBlockRV
     return last
 
 
-def inline_into_outputs(sch: s_tir.Schedule, epilogue: list[SBlockRV]) -> list[SBlockRV]:
-    """The ``epilogue`` blocks writing the function's outputs, in order, every other one
-    inlined into the blocks reading it (sibling products' epilogues, :func:`_separate_outputs`)."""
-    outputs = [b for b in epilogue if _writes_output(sch, b)]
-    for block in epilogue:
-        if not any(sch.get(block).same_as(sch.get(o)) for o in outputs):
+def inline_into_outputs(sch: s_tir.Schedule, products: list[SBlockRV], epilogue: list[SBlockRV]) -> list[SBlockRV]:
+    """Sibling ``products``' epilogue blocks: the last computed from each product (its output),
+    in the products' order, every other one inlined into the blocks reading it."""
+    positions = product_outputs([sch.get(p).writes[0].source for p in products], [sch.get(b) for b in epilogue])
+    for n, block in enumerate(epilogue):
+        if n not in positions:
             sch.compute_inline(block)
-    return outputs
+    return [epilogue[n] for n in positions]
 
 
 def apply_split_k_gemm(
@@ -596,7 +595,8 @@ def apply_split_k_gemm(
     c, s = config, config.cluster_size
     # a matmul writing an output itself: its sums reach it through a copy
     epilogue = [*epilogue, *(sch.cache_write(b, 0, "global") for b in blocks if _writes_output(sch, b))]
-    outputs = inline_into_outputs(sch, epilogue) if shape.outputs > 1 else [inline_all_but_last(sch, epilogue)]
+    outputs = (inline_into_outputs(sch, blocks, epilogue) if shape.outputs > 1
+               else [inline_all_but_last(sch, epilogue)])
     for depth in range(2 if len(outputs) > 1 else 0):  # sibling outputs: one loop nest over their tiles
         sch.merge(*(sch.get_loops(o)[depth] for o in outputs))
     output = outputs[0]
