@@ -98,3 +98,12 @@ def test_cascade_pass_leaves_the_quantized_gemm_unfused_by_default():
     fused, reports = fuse_cascaded_reductions(func)
     assert fused.same_as(func)
     assert any("rounding cast" in str(r) for r in reports)
+
+
+def test_quantized_gemm_without_peers_unrolls_its_epilogue():
+    """One CTA a tile (no peers to read): the epilogue's own loop over the tile is unrolled, as
+    every split-K epilogue without peers is, so its loads of the scales are issued together:
+    each of 128 threads stores its 64 x 128 / (4 x 128) = 16 vectors in straight-line code."""
+    config = SplitKGemmConfig(1, 64, 128, 64, 2, 2, 3)
+    sch = schedule_quantized_gemm(quantized_dense(64, 1024, 1024), config, load_hardware())
+    assert cuda_source(sch.mod).count("(half4*)(Y_ptr") == 64 * 128 // (4 * config.threads)

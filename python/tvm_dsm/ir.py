@@ -158,6 +158,11 @@ def computed_from(products: list, blocks: list[SBlock]) -> list[tuple]:
     return sources
 
 
+def writes_parameter(func: tirx.PrimFunc, block: SBlock) -> bool:
+    """Whether ``block`` writes one of ``func``'s parameters (an output of the function)."""
+    return any(block.writes[0].source.same_as(p) for p in func.params)
+
+
 def product_outputs(products: list, blocks: list[SBlock]) -> list[int]:
     """For each of the buffers ``products``, the position in ``blocks`` (elementwise, one write
     each, in order) of the last block computed from it alone: its epilogue's output where each

@@ -30,7 +30,7 @@ from tvm.s_tir.schedule.schedule import ScheduleError
 
 from .driver import plan
 from .errors import ClusterError
-from .ir import items, substitute, with_block_fields
+from .ir import items, substitute, with_block_fields, writes_parameter
 from .rules.split_k_gemm import MAX_SIBLINGS, find_gemm, find_gemm_operands
 
 LOG = logging.getLogger("tvm_dsm.relax")
@@ -85,9 +85,9 @@ def _one_product(func: tirx.PrimFunc) -> tuple[int, tuple] | None:
         blocks, _, shape = find_gemm(sch)
     except (ClusterError, ScheduleError, tvm.error.InternalError):
         return None
-    outputs = [p for p in func.params if any(p.same_as(r.source) for b in sch.get_child_blocks(sch.get_sblock("root"))
-                                                 for r in sch.get(b).writes)]
-    if shape.products != 1 or len(outputs) != 1 or not outputs[0].same_as(func.params[-1]):
+    writers = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))
+               if writes_parameter(func, sch.get(b))]
+    if shape.products != 1 or len(writers) != 1 or not writers[0].writes[0].source.same_as(func.params[-1]):
         return None
     x = find_gemm_operands(sch.get(blocks[0]))[1][0]
     position = next(n for n, p in enumerate(func.params) if p.same_as(x))
@@ -103,7 +103,7 @@ class _Merger:
         self.builder = relax.BlockBuilder(mod)
         self.products: dict[str, tuple[int, tuple] | None] = {}
         self.predicted: dict[str, float | None] = {}
-        self.merged: dict[tuple, tvm.ir.GlobalVar] = {}
+        self.merged: dict[tuple, tvm.ir.GlobalVar | None] = {}
 
     def _product(self, gv: tvm.ir.GlobalVar):
         if gv.name_hint not in self.products:
@@ -139,10 +139,10 @@ class _Merger:
             return None
         return value.args[0], list(value.args[1].fields), found
 
-    def _groups(self, bindings: list) -> list[list[int]]:
-        """Positions in ``bindings`` of each group of sibling calls: one input, one shape,
-        every other argument bound before the group's first call."""
-        groups: list[tuple[relax.Var, tuple, list[int]]] = []
+    def _groups(self, bindings: list) -> list[list[tuple[int, tuple]]]:
+        """Each group of sibling calls in ``bindings``, as (position, :meth:`_candidate`) of each
+        member: one input, one shape, every other argument bound before the group's first call."""
+        groups: list[tuple[relax.Var, tuple, list[tuple[int, tuple]]]] = []
         for n, binding in enumerate(bindings):
             found = self._candidate(binding)
             if found is None:
@@ -151,14 +151,13 @@ class _Merger:
             x = args[position]
             group = next((g for g in groups if g[0].same_as(x) and g[1] == key and len(g[2]) < MAX_SIBLINGS), None)
             if group is None:
-                groups.append((x, key, [n]))
+                groups.append((x, key, [(n, found)]))
             else:
-                group[2].append(n)
+                group[2].append((n, found))
         result = []
         for _, _, members in groups:
-            later = [b.var for b in bindings[members[0]:]]
-            ready = [m for m in members
-                     if not any(a.same_as(v) for a in self._candidate(bindings[m])[1] for v in later)]
+            later = [b.var for b in bindings[members[0][0]:]]
+            ready = [(m, found) for m, found in members if not any(a.same_as(v) for a in found[1] for v in later)]
             if len(ready) > 1:
                 result.append(ready)
         return result
@@ -187,8 +186,8 @@ class _Merger:
     def rewrite_block(self, block: relax.DataflowBlock) -> relax.DataflowBlock:
         bindings = list(block.bindings)
         replaced: dict[int, list] = {}
-        for members in self._groups(bindings):
-            calls = [self._candidate(bindings[m]) for m in members]
+        for group in self._groups(bindings):
+            members, calls = [m for m, _ in group], [found for _, found in group]
             callee = self._merged_callee(calls)
             if callee is None:
                 continue

@@ -332,8 +332,7 @@ def plan_split_k_gemm(shape: GemmShape, hw: Hardware, quantized: bool = False,
     if padded and not plans:
         raise ClusterError(f"no cluster split-K GEMM configuration fits {shape.m}x{shape.n}x"
                            f"{shape.k}" + (" (products of one input run over whole tiles of N and K: "
-                                           "N a multiple of 64, K of 32; sibling products with outputs "
-                                           "of their own over whole tiles of M too)" if shape.products > 1 else ""))
+                                           "N a multiple of 64, K of 32)" if shape.products > 1 else ""))
     if not plans:
         raise ClusterError(
             f"no cluster split-K GEMM configuration fits {shape.m}x{shape.n}x{shape.k} "

@@ -19,30 +19,33 @@ from __future__ import annotations
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import SBlock, SBlockRealize
+from tvm.s_tir.schedule import SBlockRV
 
 from ..errors import ClusterError
-from ..ir import computed_from, find_all, is_reduction, product_outputs, substitute, with_block_body
+from ..ir import find_all, is_reduction, product_outputs, substitute, with_block_body, writes_parameter
 
 
-def pad_gated_to_tiles(func: tirx.PrimFunc, tiles: list[int]) -> tirx.PrimFunc:
-    """``func``, a gated layer (or sibling products of one X, each epilogue and output padded
-    on its own), computing whole ``tiles`` (``[rows, columns, K]``, see the module docstring);
-    past N and K each product reads its own zero-filled copy of its weight, which the schedule
-    inlines into the weight's tile copies."""
+def outputs_through_copies(sch: s_tir.Schedule, products: list[SBlockRV]) -> list[SBlockRV]:
+    """A copy of each of ``products`` that writes an output of the function as it is, the
+    product then summed into a buffer of its own: the epilogue blocks its sums reach the
+    output through."""
+    func = sch.mod["main"]
+    return [sch.cache_write(p, 0, "global") for p in products if writes_parameter(func, sch.get(p))]
+
+
+def pad_gated_to_tiles(func: tirx.PrimFunc, tiles: list[int], separate_outputs: bool = False) -> tirx.PrimFunc:
+    """``func``, a gated layer (or, ``separate_outputs``, sibling products of one X, each
+    epilogue and output padded on its own), computing whole ``tiles`` (``[rows, columns, K]``,
+    see the module docstring); past N and K each product reads its own zero-filled copy of its
+    weight, which the schedule inlines into the weight's tile copies."""
     block_m, block_n, _ = tiles
     sch = s_tir.Schedule(func)
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     products = [b for b in blocks if is_reduction(sch.get(b))]
-    epilogue = [b for b in blocks if not is_reduction(sch.get(b))]
-    # a sibling product written out as it is: its sums reach its output through a copy
-    epilogue += [sch.cache_write(p, 0, "global") for p in products
-                 if any(sch.get(p).writes[0].source.same_as(b) for b in func.params)]
-    # the epilogue's outputs: the last block, combining the products (a gated layer), or each
-    # sibling product's own
-    written = [sch.get(p).writes[0].source for p in products]
-    found = computed_from(written, [sch.get(b) for b in epilogue])
-    combined = found[-1][1] == set(range(len(products)))
-    outputs = [len(epilogue) - 1] if combined else product_outputs(written, [sch.get(b) for b in epilogue])
+    epilogue = [b for b in blocks if not is_reduction(sch.get(b))] + outputs_through_copies(sch, products)
+    # the epilogue's outputs: the last block, combining the products, or each sibling product's own
+    outputs = (product_outputs([sch.get(p).writes[0].source for p in products], [sch.get(b) for b in epilogue])
+               if separate_outputs else [len(epilogue) - 1])
     reindexed = []
     for product in products:
         block = sch.get(product)
@@ -76,7 +79,7 @@ def _products_first(func: tirx.PrimFunc) -> tirx.PrimFunc:
     read = [r.source for n in products for r in blocks[n].reads]
     fills = [n for n, b in enumerate(blocks) if n not in products and any(b.writes[0].source.same_as(r) for r in read)]
     rest = [n for n in range(len(nests)) if n not in products and n not in fills]
-    copies = [n for n in rest if any(blocks[n].writes[0].source.same_as(p) for p in func.params)]
+    copies = [n for n in rest if writes_parameter(func, blocks[n])]
     order = [*fills, *products, *(n for n in rest if n not in copies), *copies]
     body = tirx.SeqStmt([nests[n] for n in order])
     return func.with_body(SBlockRealize([], True, with_block_body(root, body)))

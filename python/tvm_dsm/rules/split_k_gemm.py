@@ -29,7 +29,7 @@ from tvm.s_tir.schedule import LoopRV, SBlockRV
 
 from ..errors import ClusterError
 from ..hardware import Hardware
-from ..ir import computed_from, is_reduction, largest_power_of_two, loads, product_outputs
+from ..ir import computed_from, is_reduction, largest_power_of_two, loads, product_outputs, writes_parameter
 from ..annotations import ASYNC_STAGES_KEY, COPIED_OPERANDS_KEY, RASTER_GROUP_KEY
 from ..transform.programmatic_launch import launch_programmatically
 from ..transform.tma_pipeline import MAX_BOX as TMA_MAX_BOX
@@ -42,7 +42,7 @@ from ..intrin.mma import (FP8, MMA_STORE_F32_DSM, OPERAND_TYPES, TILE, VECTOR, a
                           k_tile, pad)
 from ..intrin.wgmma import MAX_N as WGMMA_MAX_N
 from ..intrin.wgmma import WARPGROUP_ROWS, wgmma_intrin
-from .padded_gated_tiles import pad_gated_to_tiles
+from .padded_gated_tiles import outputs_through_copies, pad_gated_to_tiles
 from .tensor_core import blockize_fragments, fragment_caches, stage_in_shared, tensorize_fragments, warp_tile
 
 
@@ -207,12 +207,6 @@ def find_gemm(sch: s_tir.Schedule, operand_types: Collection[str] = OPERAND_TYPE
     return reductions, epilogue, dataclasses.replace(shape, outputs=1 if combined else shape.products)
 
 
-def _writes_output(sch: s_tir.Schedule, block: SBlockRV) -> bool:
-    """Whether ``block`` writes a buffer of the function's parameters."""
-    written = sch.get(block).writes[0].source
-    return any(written.same_as(b) for b in sch.mod["main"].params)
-
-
 def _separate_outputs(sch: s_tir.Schedule, products: list[SBlockRV], epilogue: list[SBlockRV]) -> bool:
     """Whether each of ``products`` reaches an output of its own: each output written from one
     product (directly, or through ``epilogue`` blocks that each read at most one), and one
@@ -221,7 +215,7 @@ def _separate_outputs(sch: s_tir.Schedule, products: list[SBlockRV], epilogue: l
     found = computed_from(written, [sch.get(b) for b in epilogue])
     if any(len(of) > 1 for _, of in found):
         return False
-    outputs = [b for b in [*products, *epilogue] if _writes_output(sch, b)]
+    outputs = [b for b in [*products, *epilogue] if writes_parameter(sch.mod["main"], sch.get(b))]
     reached = [next(of for buffer, of in found if buffer.same_as(sch.get(b).writes[0].source)) for b in outputs]
     return sorted(i for of in reached for i in of) == list(range(len(products)))
 
@@ -501,9 +495,11 @@ def schedule_split_k_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig, hw: Har
     check_padded_config(shape, config, hw)
     tiles = tiled_shape(shape, config)
     if shape.products > 1 and (shape.symbolic_rows or tiles != shape):
-        sch = s_tir.Schedule(pad_gated_to_tiles(func, [config.block_m, config.block_n, config.cluster_size * config.block_k]))
+        sch = s_tir.Schedule(pad_gated_to_tiles(func, [config.block_m, config.block_n, config.cluster_size * config.block_k],
+                                                separate_outputs=shape.outputs > 1))
         blocks = sch.get_child_blocks(sch.get_sblock("root"))
-        unpads = [b for b in blocks if _writes_output(sch, b)]  # each output's copy of its real rows and columns
+        # each output's copy of its real rows and columns
+        unpads = [b for b in blocks if writes_parameter(sch.mod["main"], sch.get(b))]
         outputs = [sch.get_producers(u)[0] for u in unpads]
         products = [b for b in blocks if is_reduction(sch.get(b))]
         # the zero-filled X the products read, and each one's padded weight
@@ -593,12 +589,13 @@ def apply_split_k_gemm(
     place. ``in_registers=False``: the epilogue gets its own thread loops (see
     :func:`sum_partials`), for one that reads what another kernel of the schedule computes."""
     c, s = config, config.cluster_size
-    # a matmul writing an output itself: its sums reach it through a copy
-    epilogue = [*epilogue, *(sch.cache_write(b, 0, "global") for b in blocks if _writes_output(sch, b))]
-    outputs = (inline_into_outputs(sch, blocks, epilogue) if shape.outputs > 1
-               else [inline_all_but_last(sch, epilogue)])
-    for depth in range(2 if len(outputs) > 1 else 0):  # sibling outputs: one loop nest over their tiles
-        sch.merge(*(sch.get_loops(o)[depth] for o in outputs))
+    epilogue = [*epilogue, *outputs_through_copies(sch, blocks)]
+    if shape.outputs > 1:
+        outputs = inline_into_outputs(sch, blocks, epilogue)
+        for depth in (0, 1):  # one loop nest over the sibling outputs' tiles
+            sch.merge(*(sch.get_loops(o)[depth] for o in outputs))
+    else:
+        outputs = [inline_all_but_last(sch, epilogue)]
     output = outputs[0]
 
     # Split K over the cluster: each rfactor block computes one partial tile per rank.
@@ -764,20 +761,23 @@ def sum_partials(sch: s_tir.Schedule, blocks: list[SBlockRV], outputs: list[SBlo
     outer, warp, thread = sch.get_loops(blocks[0])[-6:-3]
     sch.bind(warp, "threadIdx.y")
     sch.bind(thread, "threadIdx.x")
+    own_outer = []  # each output's outer loop, where it has thread loops of its own
     for output in outputs:
         if in_registers:
             sch.reverse_compute_at(output, thread)
             if batch > 1:  # the batch's rows (a unit loop has none): their sums stay in registers
                 sch.unroll(sch.get_loops(output)[-2])
         else:
-            _, own_warp, own_thread, _, _ = _over_threads(sch, *sch.get_loops(output)[-2:], warps)
+            loop, own_warp, own_thread, _, _ = _over_threads(sch, *sch.get_loops(output)[-2:], warps)
             sch.bind(own_warp, "threadIdx.y")
             sch.bind(own_thread, "threadIdx.x")
+            own_outer.append(loop)
     # Unrolled, an epilogue's loads of its other inputs (a bias, a residual) are issued together:
     # in a loop each waited one L2 round trip before its store (ViT-B/16's qkv at 6304 rows: 24 a
     # thread). Not behind peers' loads: those are volatile, and no load moves above them.
     if n_peers == 1:
-        sch.unroll(outer)
+        for loop in own_outer or [outer]:  # the loops holding the epilogue's loads
+            sch.unroll(loop)
     for output in outputs:
         sch.vectorize(sch.get_loops(output)[-1])
     for block, (batched, peers, vector) in zip(blocks, inner):
