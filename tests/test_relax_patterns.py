@@ -94,15 +94,19 @@ class CastTwice:
         return out
 
 
-def _ops(mod: tvm.IRModule) -> list[str]:
+def _calls(mod: tvm.IRModule) -> list[relax.Call]:
     found = []
 
     def visit(expr):
         if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
-            found.append(expr.op.name)
+            found.append(expr)
 
     relax.analysis.post_order_visit(mod["main"], visit)
     return found
+
+
+def _ops(mod: tvm.IRModule) -> list[str]:
+    return [call.op.name for call in _calls(mod)]
 
 
 def _run(mod: tvm.IRModule, *args: np.ndarray) -> np.ndarray:
@@ -411,3 +415,105 @@ def test_spelled_out_fp32_attention_is_left_alone():
     from tvm_dsm.relax_patterns import RewriteToRelaxOps
 
     assert "relax.nn.softmax" in _ops(RewriteToRelaxOps(_spelled_attention(dtype="float32")))
+
+
+def _index_mask(bb: relax.BlockBuilder, tokens: int, window: int | None) -> relax.Var:
+    """A causal mask (a window of ``window`` keys, where given) built from ``arange`` as traced
+    models build it: ``where(key > query [| query - key >= window], finfo(float32).min, 0)``
+    over ``[1, 1, tokens, tokens]``."""
+    query = bb.emit(relax.op.expand_dims(bb.emit(relax.op.arange(0, tokens, 1, "int64")), [-1]))
+    key = bb.emit(relax.op.expand_dims(bb.emit(relax.op.arange(0, tokens, 1, "int64")), [-2]))
+    masked = bb.emit(relax.op.greater(key, query))
+    if window is not None:
+        far = bb.emit(relax.op.greater_equal(bb.emit(relax.op.subtract(query, key)), relax.const(window, "int64")))
+        masked = bb.emit(relax.op.bitwise_or(masked, far))
+    fill = bb.emit(relax.op.full((tokens, tokens), relax.const(np.finfo(np.float32).min, "float32"), "float32"))
+    mask = bb.emit(relax.op.where(masked, fill, relax.const(0.0, "float32")))
+    return bb.emit(relax.op.reshape(mask, (1, 1, tokens, tokens)))
+
+
+def _eager_attention(window: int | None = None, round_probabilities: bool = True,
+                     tokens: int = 16) -> tvm.IRModule:
+    """Hugging Face's eager attention (Phi-2, GPT-NeoX) as tvm_dsm.relax_torch imports it over
+    fp16 ``[1, 4, tokens, 64]``: q and k widened to fp32, ``k.float().transpose(2, 3)``, the fp32
+    scores scaled and masked by an index-built causal mask (:func:`_index_mask`), the softmax
+    in fp32 rounded back to fp16 for the product with v (``round_probabilities``; else v
+    widened instead, as torch's decomposition of SDPA computes)."""
+    bb = relax.BlockBuilder()
+    shape = (1, 4, tokens, 64)
+    q, k, v = (relax.Var(n, relax.TensorType(shape, "float16")) for n in "qkv")
+    with bb.function("main", [q, k, v]):
+        with bb.dataflow():
+            def batched(t, batched_shape):
+                return bb.emit(relax.op.reshape(bb.emit(relax.op.broadcast_to(t, t.ty.shape)), batched_shape))
+
+            wide_q = bb.emit(relax.op.astype(q, "float32"))
+            kt = bb.emit(relax.op.permute_dims(bb.emit(relax.op.astype(k, "float32")), [0, 1, 3, 2]))
+            s = bb.emit(relax.op.matmul(batched(wide_q, (4, tokens, 64)), batched(kt, (4, 64, tokens)), out_dtype="float32"))
+            s = bb.emit(relax.op.divide(bb.emit(relax.op.reshape(s, (1, 4, tokens, tokens))), relax.const(8.0, "float32")))
+            p = bb.emit(relax.op.nn.softmax(bb.emit(relax.op.add(s, _index_mask(bb, tokens, window))), axis=-1))
+            if round_probabilities:
+                p, values = bb.emit(relax.op.astype(p, "float16")), v
+            else:
+                values = bb.emit(relax.op.astype(v, "float32"))
+            out = bb.emit(relax.op.matmul(batched(p, (4, tokens, tokens)), batched(values, (4, tokens, 64)),
+                                          out_dtype="float32"))
+            out = bb.emit_output(bb.emit(relax.op.reshape(bb.emit(relax.op.astype(out, "float16")), shape)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _attention_reference(q, k, v, window: int | None) -> np.ndarray:
+    q, k, v = (t.astype(np.float64) for t in (q, k, v))
+    tokens = q.shape[2]
+    keep = np.tri(tokens, tokens, 0, dtype=bool)
+    if window is not None:
+        keep &= ~np.tri(tokens, tokens, -window, dtype=bool)
+    s = np.where(keep, q @ k.transpose(0, 1, 3, 2) / 8.0, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ v
+
+
+@pytest.mark.parametrize("window, causal", [(None, True), (32, True), (5, False)])
+def test_eager_attention_with_an_index_built_mask_becomes_attention_causal_where_it_is(window, causal):
+    """q and k widened to fp32 and the probabilities rounded back change no value: the
+    attention becomes ``R.nn.attention``; its mask, computed from constants alone, is the causal
+    flag where it keeps exactly the causal keys (a window at least the sequence), and stays a bias
+    where it is anything else (a window of 5 of 16 keys). Same values on llvm as float64."""
+    mod = _eager_attention(window)
+    rewritten = RewriteToRelaxOps(mod)
+    ops = _ops(rewritten)
+    assert "relax.nn.softmax" not in ops and "relax.matmul" not in ops, rewritten.script()
+    assert ("relax.nn.attention" in ops and "relax.arange" not in ops) if causal else "relax.nn.attention_bias" in ops
+    if causal:
+        (call,) = [c for c in _calls(rewritten) if c.op.name == "relax.nn.attention"]
+        assert call.attrs.causal_mask == "TopLeft"
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((1, 4, 16, 64)).astype("float16") for _ in range(3))
+    ref = _attention_reference(q, k, v, window)
+    vm = relax.VirtualMachine(tvm.compile(rewritten, target="llvm"), tvm.cpu())
+    got = vm["main"](*(tvm.runtime.tensor(a) for a in (q, k, v))).numpy().astype(np.float64)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def test_attention_whose_probabilities_stay_fp32_is_left_alone():
+    """v widened and the probabilities not rounded (torch's decomposition of SDPA): the kernel
+    would round them to 16 bits, a change of precision, so the graph stays as written."""
+    assert "relax.nn.softmax" in _ops(RewriteToRelaxOps(_eager_attention(round_probabilities=False)))
+
+
+@pytest.mark.parametrize("queries, keys, fill, want", [
+    (6, 6, -np.inf, "TopLeft"),
+    (6, 6, np.finfo(np.float16).min, "TopLeft"),
+    (4, 9, np.finfo(np.float32).min, "BottomRight"),
+    (6, 6, -1e4, None),  # a fill a large score could outweigh
+])
+def test_a_constant_mask_reads_as_causal_only_where_it_is(queries, keys, fill, want):
+    from tvm_dsm.relax_patterns import _causal_kind
+
+    shift = keys - queries if want == "BottomRight" else 0
+    mask = np.where(np.tri(queries, keys, shift, dtype=bool), 0.0, fill)[None, None].repeat(2, axis=1)
+    assert _causal_kind(mask) == want
+    off = mask.copy()
+    off[0, 1, -1, 0] = fill  # one kept key masked in one head
+    assert _causal_kind(off) is None

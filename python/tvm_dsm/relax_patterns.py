@@ -35,10 +35,14 @@ fp32 row and its result is cast before the weight, all in the one PrimFunc. torc
 decomposition of ``silu`` (``x * sigmoid(x)``, in fp32 between two casts) becomes ``R.nn.silu``
 (:func:`rewrite_silus`), the same product, which the gated GEMM rewrite recognizes as a gate.
 
-Scaled dot-product attention is not rewritten here. TVM's importer lets torch decompose SDPA
-into its CPU math (q, k, v cast to fp32, a 0/-inf mask tensor, a ``where`` zeroing fully masked
-rows); handing that to the attention family would round q, k, v and the probabilities to 16
-bits, a change of precision, not of rounding order. :mod:`tvm_dsm.relax_torch` imports SDPA whole
+Attention a model spells out (BERT's ``softmax(q @ k^T / c + mask) @ v``, Hugging Face's eager
+attention with q and k widened to fp32 and the probabilities rounded back before the product
+with v) becomes ``R.nn.attention`` (:func:`rewrite_attentions`), and a mask computed from
+constants alone that is exactly causal (``arange`` comparisons, ``triu`` of a ``full``, as traced
+models pass it) becomes the causal flag (:func:`rewrite_causal_masks`). Scaled dot-product
+attention as TVM's importer lets torch decompose it (v widened too, the probabilities never
+rounded) is not rewritten: the attention family would round the probabilities to 16 bits, a
+change of precision, not of rounding order. :mod:`tvm_dsm.relax_torch` imports SDPA whole
 instead, as ``R.nn.attention`` in the model's 16-bit type.
 """
 
@@ -310,10 +314,16 @@ def attention_pattern():
     """Attention spelled out over ``[batch, heads, tokens, dim]`` tensors as torch exports
     ``softmax(q @ k.transpose(-1, -2) / c + mask) @ v``: each product over batched views
     (``reshape(broadcast_to(..))``, torch's ``bmm`` of 4-D tensors), its result perhaps cast and viewed back, the scores scaled
-    by a constant (divided or multiplied) and a mask added, either optional. Returns the root
-    and its named parts (``q``, ``kt``, ``v``, ``scale``, ``scaling``, ``mask``, ``softmax``)."""
+    by a constant (divided or multiplied) and a mask added, either optional. q and k may be
+    widened to fp32 before the scores and the probabilities rounded back before the second
+    product, as Hugging Face's eager attention writes it (``q.float() @ k.float().transpose(2,
+    3)``, ``softmax(.., dtype=float32).to(v.dtype)``). Returns the root and its named parts
+    (``q``, ``k``, ``kt``, ``v``, ``scale``, ``scaling``, ``mask``, ``softmax``, and the casts
+    ``q_wide``, ``k_wide``, ``kt_wide``, ``rounded``)."""
     q, k, v, scale, mask = wildcard(), wildcard(), wildcard(), is_const(), wildcard()
-    kt = is_op("relax.permute_dims")(k)
+    q_wide, k_wide = is_op("relax.astype")(q), is_op("relax.astype")(k)
+    kt = is_op("relax.permute_dims")(k_wide | k)
+    kt_wide = is_op("relax.astype")(kt)
 
     def batched(a):  # torch's bmm of 4-D tensors (Relax's own 4-D matmul is left to FuseAttention)
         return is_op("relax.reshape")(is_op("relax.broadcast_to")(a, wildcard()), wildcard())
@@ -322,26 +332,36 @@ def attention_pattern():
         cast = is_op("relax.astype")(product) | product
         return is_op("relax.reshape")(cast, wildcard()) | cast
 
-    scores = viewed(is_op("relax.matmul")(batched(q), batched(kt)))
+    scores = viewed(is_op("relax.matmul")(batched(q_wide | q), batched(kt_wide | kt)))
     scaling = is_op("relax.divide")(scores, scale) | is_op("relax.multiply")(scores, scale)
     masked = is_op("relax.add")(scaling | scores, mask)
     softmax = is_op("relax.nn.softmax")(masked | scaling | scores)
-    root = viewed(is_op("relax.matmul")(batched(softmax), batched(v)))
+    rounded = is_op("relax.astype")(softmax)
+    root = viewed(is_op("relax.matmul")(batched(rounded | softmax), batched(v)))
     return root, {"q": q, "k": k, "kt": kt, "v": v, "scale": scale, "scaling": scaling, "mask": mask,
-                  "softmax": softmax}
+                  "softmax": softmax, "q_wide": q_wide, "k_wide": k_wide, "kt_wide": kt_wide, "rounded": rounded}
+
+
+def _exact_casts(m: dict, parts: dict, dtype: str) -> bool:
+    """Whether the matched casts of q and k widen them to fp32 (exact) and the probabilities'
+    cast rounds them to the operands' ``dtype`` (the attention kernel's own rounding)."""
+    widened = all(m[parts[name]].attrs.dtype == "float32" for name in ("q_wide", "k_wide", "kt_wide") if parts[name] in m)
+    return widened and (parts["rounded"] not in m or m[parts["rounded"]].attrs.dtype == dtype)
 
 
 def _attention_replacement(orig: relax.Expr, m: dict, parts: dict) -> relax.Expr:
     """``R.nn.attention`` of a match (:func:`attention_pattern`), or ``orig`` where it is not
     16-bit attention over ``[batch, heads, tokens, dim]`` with ``kt`` the transpose of k's last
-    two axes, the softmax over the keys and a mask broadcast over the scores."""
+    two axes, the softmax over the keys, a mask broadcast over the scores and casts that change
+    no value (:func:`_exact_casts`)."""
     q, k, v, kt = m[parts["q"]], m[parts["k"]], m[parts["v"]], m[parts["kt"]]
     out_ty, q_ty, v_ty = _tensor(orig), _tensor(q), _tensor(v)
     if (None in (out_ty, q_ty, v_ty) or q_ty.ndim != 4 or q_ty.dtype not in SIXTEEN_BIT
             or kt.attrs.axes is None or [int(a) for a in kt.attrs.axes] != [0, 1, 3, 2]):
         return orig
     if not (_tensor(k) is not None and _tensor(k).dtype == v_ty.dtype == q_ty.dtype == out_ty.dtype
-            and out_ty.ndim == 4 and int(m[parts["softmax"]].attrs.axis) in (-1, 3)):
+            and out_ty.ndim == 4 and int(m[parts["softmax"]].attrs.axis) in (-1, 3)
+            and _exact_casts(m, parts, q_ty.dtype)):
         return orig
     scale = 1.0
     if parts["scaling"] in m:
@@ -382,8 +402,95 @@ def rewrite_attentions(func: relax.Function) -> relax.Function:
     return _rewrite(root, lambda orig, m: _attention_replacement(orig, m, parts), func)
 
 
+#: A mask's value at or below this is "masked" for a causal mask read as a constant: the fills
+#: models use (-inf, the 16- and 32-bit types' minimum) lie below it, and exp of a score shifted
+#: by it underflows to 0 in fp32 for any score a 16-bit model's product yields.
+_MASKED_FILL = -3.0e4
+#: The most elements of a mask :func:`rewrite_causal_masks` evaluates (a [4096, 4096] mask).
+_MAX_MASK_ELEMENTS = 1 << 24
+_ATTENTION_BIAS = "relax.nn.attention_bias"
+
+
+def _closed(expr: relax.Expr, values: dict) -> list | None:
+    """The bindings (var, value) ``expr`` is computed from, in order, where it depends on
+    nothing but constants (no parameter of the function); else None."""
+    order, seen = [], set()
+
+    def visit(e) -> bool:
+        if isinstance(e, relax.Var):
+            if e in seen:
+                return True
+            if e not in values:
+                return False  # a parameter: known only when the function runs
+            seen.add(e)
+            if not visit(values[e]):
+                return False
+            order.append((e, values[e]))
+            return True
+        if isinstance(e, relax.Call):
+            return isinstance(e.op, tvm.ir.Op) and all(visit(a) for a in e.args)
+        if isinstance(e, relax.Tuple):
+            return all(visit(f) for f in e.fields)
+        return isinstance(e, (tvm.ir.Constant, relax.ShapeExpr, tvm.ir.StringImm))  # prim values are constants
+
+    return order if visit(expr) else None
+
+
+def _evaluate(expr: relax.Var, bindings: list) -> np.ndarray:
+    """The value of ``expr``, bound by ``bindings`` to constants alone, computed on the host."""
+    out = relax.Var("mask", expr.ty)
+    block = relax.DataflowBlock([*(relax.VarBinding(v, value) for v, value in bindings), relax.VarBinding(out, expr)])
+    mod = tvm.IRModule({"main": relax.Function([], relax.SeqExpr([block], out), expr.ty)})
+    executable = tvm.compile(relax.transform.LegalizeOps()(mod), "llvm")
+    return relax.VirtualMachine(executable, tvm.cpu())["main"]().numpy()
+
+
+def _causal_kind(mask: np.ndarray) -> str | None:
+    """``"TopLeft"`` or ``"BottomRight"`` where ``mask`` (an additive bias over ``[.., queries,
+    keys]``) keeps exactly the keys a causal mask of that alignment keeps (0 there) and masks the
+    others (at most :data:`_MASKED_FILL`), in every leading slice; else None."""
+    if mask.ndim < 2 or not np.issubdtype(mask.dtype, np.floating):
+        return None
+    kept, masked = mask == 0, mask <= _MASKED_FILL
+    if not np.all(kept | masked):
+        return None
+    queries, keys = mask.shape[-2:]
+    for kind, shift in (("TopLeft", 0), ("BottomRight", keys - queries)):
+        if np.array_equal(kept, np.broadcast_to(np.tri(queries, keys, shift, dtype=bool), kept.shape)):
+            return kind
+    return None
+
+
+def rewrite_causal_masks(func: relax.Function) -> relax.Function:
+    """``func`` with each ``R.nn.attention`` whose bias is computed from constants alone (a
+    causal mask a model builds from ``arange``, ``triu`` or ``full`` and passes as a tensor, as
+    traced Hugging Face models do) and is exactly causal (:func:`_causal_kind`) given the
+    causal flag instead: the attention kernel skips the masked tiles where it would read the
+    mask for every score. A mask that is anything else (a sliding window shorter than the
+    sequence, padding) stays a bias; ``func`` itself where none changes."""
+    values = relax.analysis.get_var2val(func)
+    verdicts: dict = {}
+
+    def replacement(orig: relax.Call, _m) -> relax.Expr:
+        bias = orig.args[3]
+        if orig.attrs.causal_mask is not None or orig.attrs.window_size is not None:
+            return orig
+        if bias not in verdicts:
+            bindings = _closed(bias, values) if isinstance(bias, relax.Var) else None
+            shape = _tensor(bias)
+            small = shape is not None and math.prod(int(d) for d in shape.shape.values) <= _MAX_MASK_ELEMENTS
+            verdicts[bias] = _causal_kind(_evaluate(bias, bindings)) if bindings and small else None
+        kind = verdicts[bias]
+        if kind is None:
+            return orig
+        return relax.op.nn.attention(*orig.args[:3], scale=orig.attrs.scale, causal_mask=kind)
+
+    pattern = is_op(_ATTENTION_BIAS)(wildcard(), wildcard(), wildcard(), wildcard())
+    return _rewrite(pattern, replacement, func)
+
+
 #: The rewrites :data:`RewriteToRelaxOps` applies, in order.
-REWRITES = (rewrite_rms_norms, rewrite_softmaxes, rewrite_silus, rewrite_attentions,
+REWRITES = (rewrite_rms_norms, rewrite_softmaxes, rewrite_silus, rewrite_attentions, rewrite_causal_masks,
             rewrite_slices_before_permutes,
             rewrite_permutes)  # attention matches k's transpose alone; its own layout cancels torch's
 

@@ -39,7 +39,8 @@ from ..hardware import H100
 from ..relax_torch import from_exported_program
 from ..stock import stock_target
 from ..workloads.llama import LLAMA_1B
-from ..workloads.torch_layers import BertLayer, DecoderLayer, GPT2Block, QwenLayer, ViTBlock, exported_decoder_layer
+from ..workloads.torch_layers import (BertLayer, CLIPEncoderLayer, DecoderLayer, GemmaLayer, GPT2Block, MistralLayer,
+                                      Phi2Layer, QwenLayer, ViTBlock, WhisperEncoderLayer, exported_decoder_layer)
 
 #: model name: (the layer, its hidden width, the shapes (batch, tokens) it runs at).
 MODELS = {
@@ -50,6 +51,12 @@ MODELS = {
     "bert": (BertLayer, 768, ((8, 128), (8, 512))),
     "qwen2": (lambda: QwenLayer(896, 14, 2, 4864), 896, ((1, 512), (8, 512))),  # Qwen2-0.5B
     "vit": (ViTBlock, 768, ((8, 197), (32, 197))),  # ViT-B/16 at 224 x 224
+    "gemma": (lambda: GemmaLayer(2048, 8, 1, 256, 16384, positions=8192), 2048, ((1, 2048), (8, 512))),  # Gemma-2B
+    "phi2": (lambda: Phi2Layer(2560, 32, 10240, 32), 2560, ((1, 2048), (8, 512))),
+    "mistral": (lambda: MistralLayer(4096, 32, 8, 14336, window=4096, positions=8192), 4096,
+                ((1, 2048), (1, 8192))),  # Mistral-7B: the window bites past 4096 tokens
+    "whisper": (lambda: WhisperEncoderLayer(1280, 20, 5120), 1280, ((1, 1500), (4, 1500))),  # large-v3 encoder
+    "clip": (lambda: CLIPEncoderLayer(1024, 16, 4096), 1024, ((8, 257), (32, 257))),  # ViT-L/14 at 224 x 224
 }
 #: ``||out - ref|| / ||ref||`` of an fp16 layer with fp32 accumulation.
 TOLERANCE = 5e-3

@@ -11,7 +11,19 @@ through ``torch.export`` (:func:`exported_decoder_layer`):
   q, k and v projections, rotate-half RoPE on ``[batch, heads, tokens, dim]``, the KV heads
   repeated by ``expand`` and ``reshape``, an RMSNorm that widens the row twice, SwiGLU;
 - :class:`ViTBlock`: timm's ViT block: one packed qkv projection reshaped, permuted to ``[3,
-  batch, heads, tokens, dim]`` and unbound, non-causal SDPA, a GELU (erf) MLP."""
+  batch, heads, tokens, dim]`` and unbound, non-causal SDPA, a GELU (erf) MLP;
+- :class:`GemmaLayer`: Gemma-1's decoder layer as Hugging Face writes it: an fp32 RMSNorm scaling by
+  ``1 + weight``, a head dimension independent of the width, multi-query attention (the one KV head
+  repeated), rotate-half RoPE, causal SDPA, a GeGLU MLP (GELU (tanh) gate);
+- :class:`Phi2Layer`: Phi-2 as Hugging Face writes it: one LayerNorm feeding attention and MLP in
+  parallel, biased projections, RoPE on the first ``rotary_dim`` dimensions of each head only,
+  attention spelled out in fp32 with an additive ``triu`` causal mask, a GELU (tanh) MLP;
+- :class:`MistralLayer`: Mistral-7B's layer with sliding-window attention: a boolean mask (causal and
+  the window) built from ``arange`` and handed to SDPA as ``attn_mask``, GQA, RoPE, SwiGLU;
+- :class:`WhisperEncoderLayer`: Whisper's encoder layer: pre-norm, k projection without bias, q
+  scaled before ``softmax(q @ k^T) @ v`` spelled out, a GELU (erf) MLP, fp16 activations clamped;
+- :class:`CLIPEncoderLayer`: CLIP's vision encoder layer: pre-norm, biased projections, non-causal
+  SDPA given its ``scale``, a quick-GELU (``x * sigmoid(1.702 x)``) MLP."""
 
 from __future__ import annotations
 
@@ -150,6 +162,171 @@ class ViTBlock(torch.nn.Module):
         x = x + self.proj(a.transpose(1, 2).reshape(b, n, c))
         return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.norm2(x))))
 
+
+def _rope(positions, dim, theta):
+    angles = torch.outer(torch.arange(positions).float(), 1.0 / theta ** (torch.arange(0, dim, 2).float() / dim))
+    return torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _repeat_kv(x, group):
+    b, kv, t, d = x.shape
+    return x[:, :, None].expand(b, kv, group, t, d).reshape(b, kv * group, t, d)
+
+
+class _RotaryDecoder(torch.nn.Module):
+    """What Gemma's and Mistral's layers share as their modeling code writes them: bias-free
+    q, k, v, o and gated-MLP projections (``q_proj`` ... ``down_proj``), rotate-half RoPE
+    buffers, and q, k, v as ``[batch, heads, tokens, head_dim]`` with q and k rotated."""
+
+    def __init__(self, hidden, heads, kv_heads, head_dim, intermediate, positions, theta):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        linear = lambda i, o: torch.nn.Linear(i, o, bias=False)  # noqa: E731
+        self.q_proj, self.k_proj, self.v_proj = (linear(hidden, n * head_dim) for n in (heads, kv_heads, kv_heads))
+        self.o_proj = linear(heads * head_dim, hidden)
+        self.gate_proj, self.up_proj = linear(hidden, intermediate), linear(hidden, intermediate)
+        self.down_proj = linear(intermediate, hidden)
+        cos, sin = _rope(positions, head_dim, theta)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def rotated_qkv(self, h):
+        b, t, _ = h.shape
+        q = self.q_proj(h).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(h).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(h).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = self.cos[:t].to(h.dtype)[None, None], self.sin[:t].to(h.dtype)[None, None]
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
+
+class GemmaRMSNorm(torch.nn.Module):
+    def __init__(self, width: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(width))
+        self.eps = eps
+
+    def forward(self, x):
+        x32 = x.float()
+        out = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (out * (1.0 + self.weight.float())).type_as(x)
+
+
+class GemmaLayer(_RotaryDecoder):
+    def __init__(self, hidden=256, heads=4, kv_heads=1, head_dim=64, intermediate=512, positions=4096, theta=10000.0):
+        super().__init__(hidden, heads, kv_heads, head_dim, intermediate, positions, theta)
+        self.input_layernorm, self.post_attention_layernorm = GemmaRMSNorm(hidden), GemmaRMSNorm(hidden)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = self.rotated_qkv(self.input_layernorm(x))
+        group = self.heads // self.kv_heads
+        a = torch.nn.functional.scaled_dot_product_attention(q, _repeat_kv(k, group), _repeat_kv(v, group),
+                                                             is_causal=True, scale=self.head_dim ** -0.5)
+        x = x + self.o_proj(a.transpose(1, 2).reshape(b, t, -1))
+        h = self.post_attention_layernorm(x)
+        gelu = torch.nn.functional.gelu(self.gate_proj(h), approximate="tanh")
+        return x + self.down_proj(gelu * self.up_proj(h))
+
+
+class Phi2Layer(torch.nn.Module):
+    def __init__(self, hidden=320, heads=4, intermediate=1280, rotary_dim=32, positions=2048, theta=10000.0):
+        super().__init__()
+        self.heads, self.head_dim, self.rotary_dim = heads, hidden // heads, rotary_dim
+        self.input_layernorm = torch.nn.LayerNorm(hidden, eps=1e-5)
+        self.q_proj, self.k_proj, self.v_proj = (torch.nn.Linear(hidden, hidden) for _ in range(3))
+        self.dense = torch.nn.Linear(hidden, hidden)
+        self.fc1, self.fc2 = torch.nn.Linear(hidden, intermediate), torch.nn.Linear(intermediate, hidden)
+        cos, sin = _rope(positions, rotary_dim, theta)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def _attention(self, h):
+        b, t, _ = h.shape
+        q, k, v = (p(h).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        cos, sin = self.cos[:t].to(h.dtype)[None, None], self.sin[:t].to(h.dtype)[None, None]
+        r = self.rotary_dim
+        q = torch.cat((q[..., :r] * cos + _rotate_half(q[..., :r]) * sin, q[..., r:]), dim=-1)
+        k = torch.cat((k[..., :r] * cos + _rotate_half(k[..., :r]) * sin, k[..., r:]), dim=-1)
+        scores = torch.matmul(q.to(torch.float32), k.to(torch.float32).transpose(2, 3)) / math.sqrt(self.head_dim)
+        mask = torch.full((t, t), torch.finfo(torch.float32).min, device=h.device).triu(1)
+        weights = torch.softmax(scores + mask[None, None], dim=-1, dtype=torch.float32).to(v.dtype)
+        return self.dense(torch.matmul(weights, v).transpose(1, 2).reshape(b, t, -1))
+
+    def forward(self, x):
+        h = self.input_layernorm(x)
+        return self._attention(h) + self.fc2(torch.nn.functional.gelu(self.fc1(h), approximate="tanh")) + x
+
+
+class MistralLayer(_RotaryDecoder):
+    def __init__(self, hidden=256, heads=4, kv_heads=2, intermediate=512, window=64, positions=4096, theta=10000.0):
+        super().__init__(hidden, heads, kv_heads, hidden // heads, intermediate, positions, theta)
+        self.window = window
+        self.input_layernorm, self.post_attention_layernorm = RMSNorm(hidden), RMSNorm(hidden)
+
+    def sliding_window_mask(self, t, device=None):
+        query, key = torch.arange(t, device=device)[:, None], torch.arange(t, device=device)[None, :]
+        return ~((key > query) | (query - key >= self.window))
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = self.rotated_qkv(self.input_layernorm(x))
+        group = self.heads // self.kv_heads
+        a = torch.nn.functional.scaled_dot_product_attention(
+            q, _repeat_kv(k, group), _repeat_kv(v, group), attn_mask=self.sliding_window_mask(t, x.device)[None, None])
+        x = x + self.o_proj(a.transpose(1, 2).reshape(b, t, -1))
+        h = self.post_attention_layernorm(x)
+        return x + self.down_proj(torch.nn.functional.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+class WhisperEncoderLayer(torch.nn.Module):
+    def __init__(self, hidden=256, heads=4, intermediate=1024):
+        super().__init__()
+        self.heads, self.head_dim = heads, hidden // heads
+        self.scaling = self.head_dim ** -0.5
+        self.self_attn_layer_norm, self.final_layer_norm = torch.nn.LayerNorm(hidden), torch.nn.LayerNorm(hidden)
+        self.q_proj, self.v_proj, self.out_proj = (torch.nn.Linear(hidden, hidden) for _ in range(3))
+        self.k_proj = torch.nn.Linear(hidden, hidden, bias=False)
+        self.fc1, self.fc2 = torch.nn.Linear(hidden, intermediate), torch.nn.Linear(intermediate, hidden)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        h = self.self_attn_layer_norm(x)
+        q = (self.q_proj(h) * self.scaling).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(h).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(h).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        weights = torch.softmax(torch.matmul(q, k.transpose(2, 3)), dim=-1)
+        x = x + self.out_proj(torch.matmul(weights, v).transpose(1, 2).reshape(b, t, d))
+        x = x + self.fc2(torch.nn.functional.gelu(self.fc1(self.final_layer_norm(x))))
+        if x.dtype == torch.float16:
+            clamp = torch.finfo(x.dtype).max - 1000
+            x = torch.clamp(x, min=-clamp, max=clamp)
+        return x
+
+
+class CLIPEncoderLayer(torch.nn.Module):
+    def __init__(self, hidden=256, heads=4, intermediate=1024):
+        super().__init__()
+        self.heads, self.head_dim = heads, hidden // heads
+        self.scale = self.head_dim ** -0.5
+        self.layer_norm1, self.layer_norm2 = torch.nn.LayerNorm(hidden), torch.nn.LayerNorm(hidden)
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (torch.nn.Linear(hidden, hidden) for _ in range(4))
+        self.fc1, self.fc2 = torch.nn.Linear(hidden, intermediate), torch.nn.Linear(intermediate, hidden)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        h = self.layer_norm1(x)
+        q, k, v = (p(h).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=self.scale)
+        x = x + self.out_proj(a.transpose(1, 2).reshape(b, t, d))
+        h = self.fc1(self.layer_norm2(x))
+        return x + self.fc2(h * torch.sigmoid(1.702 * h))
 
 def exported_decoder_layer(layer: torch.nn.Module, example, importer):
     """``layer`` (in its example inputs' dtype; ``example`` one tensor or a tuple) as a Relax
