@@ -175,3 +175,24 @@ def test_qwen2_and_vit_layers_as_their_modeling_code_writes_them_get_tvm_dsm_ker
     report = relax_report(vit)
     assert report.counts().get("attention", 0) == 1, report.format()
     assert not [row.name for row in report.rows if "transpose" in row.name], report.format()
+
+
+@pytest.mark.parametrize("model, attention", [("phi2", "attention"), ("mistral", "attention"),
+                                              ("mistral_window", "attention_bias")])
+def test_hugging_face_attention_with_its_own_mask_reaches_the_attention_kernel(model, attention):
+    """Phi-2's eager attention (q, k widened to fp32, a ``triu`` causal mask of fp32's minimum, the
+    probabilities rounded back) and Mistral's SDPA with a boolean sliding-window mask built from
+    ``arange``: one attention kernel, causal (no mask kernel) where the mask is causal, a bias where
+    the window is shorter than the sequence (the values: tests/test_relax_patterns.py on llvm, the
+    layers against float64 on the GPU in ``tvm_dsm.gpu.torch_layer``)."""
+    from tvm_dsm.model_report import relax_report
+    from tvm_dsm.workloads.torch_layers import MistralLayer, Phi2Layer
+
+    torch.manual_seed(5)
+    layer = {"phi2": lambda: Phi2Layer(160, 2, 320, 32), "mistral": lambda: MistralLayer(128, 2, 1, 256, window=64),
+             "mistral_window": lambda: MistralLayer(128, 2, 1, 256, window=8)}[model]().half().eval()
+    x = torch.randn(1, 24, layer.q_proj.in_features, dtype=torch.float16)
+    report = relax_report(exported_decoder_layer(layer, x, from_exported_program)[0])
+    assert [row.name for row in report.rows if row.where == "attention"] == [attention], report.format()
+    masks = [row.name for row in report.rows if "where" in row.name or "greater" in row.name]
+    assert bool(masks) == (attention == "attention_bias"), report.format()
