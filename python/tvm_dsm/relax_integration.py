@@ -39,6 +39,7 @@ from .relax_gated import FuseGatedProjections
 from .relax_matmuls import MatmulsAsMatrices
 from .relax_siblings import FuseSiblingProjections
 from .relax_patches import PatchesAsMatrices
+from .relax_attention_masks import AttentionMasksFromConstants
 from .relax_patterns import RewriteToRelaxOps
 from .relax_precision import AttentionScaleOnQuery, NormsInFp32
 
@@ -168,7 +169,8 @@ def scheduling_form(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
 def lower_to_tir(mod: tvm.IRModule, gated_projections: bool = True) -> tvm.IRModule:
     """Common subexpressions computed once (a torch model's ``x.float()`` written twice in its
-    RMSNorm is one cast), decomposed operators put back as Relax's (:mod:`tvm_dsm.relax_patterns`), bf16 layer
+    RMSNorm is one cast), decomposed operators put back as Relax's (:mod:`tvm_dsm.relax_patterns`),
+    attention masks computed from constants read as causal or windowed (:mod:`tvm_dsm.relax_attention_masks`), bf16 layer
     norms in fp32 and 16-bit attention's explicit scale on its query (:mod:`tvm_dsm.relax_precision`:
     TVM cannot legalize them), attention reading q, k and v in place from a packed projection
     (:mod:`tvm_dsm.relax_packed_attention`), patch embeddings
@@ -183,6 +185,7 @@ def lower_to_tir(mod: tvm.IRModule, gated_projections: bool = True) -> tvm.IRMod
     return tvm.transform.Sequential([
         relax.transform.EliminateCommonSubexpr(),  # one node for the same value, which the rewrites match as one
         RewriteToRelaxOps,
+        AttentionMasksFromConstants,
         NormsInFp32,
         AttentionScaleOnQuery,
         PackedAttentionOperands,

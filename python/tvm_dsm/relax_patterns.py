@@ -37,9 +37,8 @@ decomposition of ``silu`` (``x * sigmoid(x)``, in fp32 between two casts) become
 
 Attention a model spells out (BERT's ``softmax(q @ k^T / c + mask) @ v``, Hugging Face's eager
 attention with q and k widened to fp32 and the probabilities rounded back before the product
-with v) becomes ``R.nn.attention`` (:func:`rewrite_attentions`), and a mask computed from
-constants alone that is exactly causal (``arange`` comparisons, ``triu`` of a ``full``, as traced
-models pass it) becomes the causal flag (:func:`rewrite_causal_masks`). Scaled dot-product
+with v) becomes ``R.nn.attention`` (:func:`rewrite_attentions`; its mask, where the model
+computes it from constants, is read by :mod:`tvm_dsm.relax_attention_masks`). Scaled dot-product
 attention as TVM's importer lets torch decompose it (v widened too, the probabilities never
 rounded) is not rewritten: the attention family would round the probabilities to 16 bits, a
 change of precision, not of rounding order. :mod:`tvm_dsm.relax_torch` imports SDPA whole
@@ -402,95 +401,8 @@ def rewrite_attentions(func: relax.Function) -> relax.Function:
     return _rewrite(root, lambda orig, m: _attention_replacement(orig, m, parts), func)
 
 
-#: A mask's value at or below this is "masked" for a causal mask read as a constant: the fills
-#: models use (-inf, the 16- and 32-bit types' minimum) lie below it, and exp of a score shifted
-#: by it underflows to 0 in fp32 for any score a 16-bit model's product yields.
-_MASKED_FILL = -3.0e4
-#: The most elements of a mask :func:`rewrite_causal_masks` evaluates (a [4096, 4096] mask).
-_MAX_MASK_ELEMENTS = 1 << 24
-_ATTENTION_BIAS = "relax.nn.attention_bias"
-
-
-def _closed(expr: relax.Expr, values: dict) -> list | None:
-    """The bindings (var, value) ``expr`` is computed from, in order, where it depends on
-    nothing but constants (no parameter of the function); else None."""
-    order, seen = [], set()
-
-    def visit(e) -> bool:
-        if isinstance(e, relax.Var):
-            if e in seen:
-                return True
-            if e not in values:
-                return False  # a parameter: known only when the function runs
-            seen.add(e)
-            if not visit(values[e]):
-                return False
-            order.append((e, values[e]))
-            return True
-        if isinstance(e, relax.Call):
-            return isinstance(e.op, tvm.ir.Op) and all(visit(a) for a in e.args)
-        if isinstance(e, relax.Tuple):
-            return all(visit(f) for f in e.fields)
-        return isinstance(e, (tvm.ir.Constant, relax.ShapeExpr, tvm.ir.StringImm))  # prim values are constants
-
-    return order if visit(expr) else None
-
-
-def _evaluate(expr: relax.Var, bindings: list) -> np.ndarray:
-    """The value of ``expr``, bound by ``bindings`` to constants alone, computed on the host."""
-    out = relax.Var("mask", expr.ty)
-    block = relax.DataflowBlock([*(relax.VarBinding(v, value) for v, value in bindings), relax.VarBinding(out, expr)])
-    mod = tvm.IRModule({"main": relax.Function([], relax.SeqExpr([block], out), expr.ty)})
-    executable = tvm.compile(relax.transform.LegalizeOps()(mod), "llvm")
-    return relax.VirtualMachine(executable, tvm.cpu())["main"]().numpy()
-
-
-def _causal_kind(mask: np.ndarray) -> str | None:
-    """``"TopLeft"`` or ``"BottomRight"`` where ``mask`` (an additive bias over ``[.., queries,
-    keys]``) keeps exactly the keys a causal mask of that alignment keeps (0 there) and masks the
-    others (at most :data:`_MASKED_FILL`), in every leading slice; else None."""
-    if mask.ndim < 2 or not np.issubdtype(mask.dtype, np.floating):
-        return None
-    kept, masked = mask == 0, mask <= _MASKED_FILL
-    if not np.all(kept | masked):
-        return None
-    queries, keys = mask.shape[-2:]
-    for kind, shift in (("TopLeft", 0), ("BottomRight", keys - queries)):
-        if np.array_equal(kept, np.broadcast_to(np.tri(queries, keys, shift, dtype=bool), kept.shape)):
-            return kind
-    return None
-
-
-def rewrite_causal_masks(func: relax.Function) -> relax.Function:
-    """``func`` with each ``R.nn.attention`` whose bias is computed from constants alone (a
-    causal mask a model builds from ``arange``, ``triu`` or ``full`` and passes as a tensor, as
-    traced Hugging Face models do) and is exactly causal (:func:`_causal_kind`) given the
-    causal flag instead: the attention kernel skips the masked tiles where it would read the
-    mask for every score. A mask that is anything else (a sliding window shorter than the
-    sequence, padding) stays a bias; ``func`` itself where none changes."""
-    values = relax.analysis.get_var2val(func)
-    verdicts: dict = {}
-
-    def replacement(orig: relax.Call, _m) -> relax.Expr:
-        bias = orig.args[3]
-        if orig.attrs.causal_mask is not None or orig.attrs.window_size is not None:
-            return orig
-        if bias not in verdicts:
-            bindings = _closed(bias, values) if isinstance(bias, relax.Var) else None
-            shape = _tensor(bias)
-            small = shape is not None and math.prod(int(d) for d in shape.shape.values) <= _MAX_MASK_ELEMENTS
-            verdicts[bias] = _causal_kind(_evaluate(bias, bindings)) if bindings and small else None
-        kind = verdicts[bias]
-        if kind is None:
-            return orig
-        return relax.op.nn.attention(*orig.args[:3], scale=orig.attrs.scale, causal_mask=kind)
-
-    pattern = is_op(_ATTENTION_BIAS)(wildcard(), wildcard(), wildcard(), wildcard())
-    return _rewrite(pattern, replacement, func)
-
-
 #: The rewrites :data:`RewriteToRelaxOps` applies, in order.
-REWRITES = (rewrite_rms_norms, rewrite_softmaxes, rewrite_silus, rewrite_attentions, rewrite_causal_masks,
+REWRITES = (rewrite_rms_norms, rewrite_softmaxes, rewrite_silus, rewrite_attentions,
             rewrite_slices_before_permutes,
             rewrite_permutes)  # attention matches k's transpose alone; its own layout cancels torch's
 

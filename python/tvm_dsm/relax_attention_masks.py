@@ -1,0 +1,187 @@
+"""Attention masks a model computes from constants, read for what they are.
+
+A traced model passes its causal mask as a tensor: Hugging Face's decoders build it from
+``arange`` comparisons or ``triu`` of a ``full`` of the type's minimum, Mistral's sliding window
+from ``arange`` too, and ``R.nn.attention`` then adds it to every score (the attention kernel
+reads it for every key and computes every key tile). Such a mask depends on no input of the
+model: :class:`AttentionMasksFromConstants` evaluates it on the host (Relax's own legalization,
+built for LLVM) and, where it keeps exactly the keys of a causal mask, gives the attention the
+causal flag instead (the kernel skips the tiles past the diagonal); where it keeps a causal band
+of the ``window`` newest keys (a sliding window shorter than the sequence), the attention
+becomes a TIR function that writes the band as an index condition, which the attention family
+reads as a mask of the scores (:class:`tvm_dsm.kernels.attention_pattern.ScoreTerms`: the tiles
+past the diagonal skipped, the window computed per key); TVM cannot legalize
+``R.nn.attention(window_size=)``. Any other mask stays the bias it was.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import tvm
+from tvm import relax, te, tirx
+from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+#: A mask's value at or below this masks its key: the fills models use (-inf, the 16- and 32-bit
+#: types' minimum) lie below it, and exp of a score shifted by it underflows to 0 in fp32 for
+#: any score a 16-bit model's product yields.
+MASKED_FILL = -3.0e4
+#: The most elements of a mask evaluated on the host (an [8192, 8192] mask).
+MAX_MASK_ELEMENTS = 1 << 26
+#: The fill of a masked score in the windowed attention function: fp32's lowest value, whose
+#: exponent underflows beside any kept key.
+_LOWEST = -3.4028234663852886e38
+_ATTENTION_BIAS = "relax.nn.attention_bias"
+
+
+def _closed(expr: relax.Expr, values: dict) -> list | None:
+    """The bindings (var, value) ``expr`` is computed from, in order, where it depends on
+    nothing but constants (no parameter of the function); else None."""
+    order, seen = [], set()
+
+    def visit(e) -> bool:
+        if isinstance(e, relax.Var):
+            if e in seen:
+                return True
+            if e not in values:
+                return False  # a parameter: known only when the function runs
+            seen.add(e)
+            if not visit(values[e]):
+                return False
+            order.append((e, values[e]))
+            return True
+        if isinstance(e, relax.Call):
+            return isinstance(e.op, tvm.ir.Op) and all(visit(a) for a in e.args)
+        if isinstance(e, relax.Tuple):
+            return all(visit(f) for f in e.fields)
+        return isinstance(e, (tvm.ir.Constant, relax.ShapeExpr, tvm.ir.StringImm))  # prim values are constants
+
+    return order if visit(expr) else None
+
+
+def _evaluate(expr: relax.Var, bindings: list) -> np.ndarray:
+    """The value of ``expr``, bound by ``bindings`` to constants alone, computed on the host."""
+    out = relax.Var("mask", expr.ty)
+    block = relax.DataflowBlock([*(relax.VarBinding(v, value) for v, value in bindings), relax.VarBinding(out, expr)])
+    mod = tvm.IRModule({"main": relax.Function([], relax.SeqExpr([block], out), expr.ty)})
+    executable = tvm.compile(relax.transform.LegalizeOps()(mod), "llvm")
+    return relax.VirtualMachine(executable, tvm.cpu())["main"]().numpy()
+
+
+def causal_band(mask: np.ndarray) -> tuple[str, int | None] | None:
+    """``(alignment, window)`` where ``mask`` (an additive bias over ``[.., queries, keys]``,
+    the same in every leading slice) keeps (0) exactly the keys of a causal mask of that
+    alignment (``"TopLeft"``: key ``j`` of query ``i`` where ``j <= i``; ``"BottomRight"``:
+    ``j <= i + keys - queries``) within the ``window`` newest of them (None: all of them) and
+    masks the others (at most :data:`MASKED_FILL`); else None."""
+    if mask.ndim < 2 or not np.issubdtype(mask.dtype, np.floating):
+        return None
+    kept, masked = mask == 0, mask <= MASKED_FILL
+    if not np.all(kept | masked):
+        return None
+    queries, keys = mask.shape[-2:]
+    rows = kept.reshape(-1, queries, keys)
+    if not all(np.array_equal(rows[0], r) for r in rows[1:]):
+        return None
+    kept = rows[0]
+    for alignment, shift in (("TopLeft", 0), ("BottomRight", keys - queries)):
+        causal = np.tri(queries, keys, shift, dtype=bool)
+        if not np.any(causal) or np.any(kept & ~causal):
+            continue
+        window = int(kept.sum(axis=1).max())
+        if np.array_equal(kept, causal & ~np.tri(queries, keys, shift - window, dtype=bool)):
+            return alignment, None if np.array_equal(kept, causal) else window
+    return None
+
+
+def windowed_attention(q_ty: relax.TensorType, k_ty: relax.TensorType, v_ty: relax.TensorType, scale: float,
+                       shift: int, window: int) -> tirx.PrimFunc:
+    """Attention over ``[batch, tokens, heads, dim]`` operands (``R.nn.attention``'s layout; k
+    and v may have fewer heads, each shared by a group of q's) in which query ``i`` sees the keys
+    ``i + shift - window < j <= i + shift``, the scores scaled by ``scale`` and the softmax in
+    fp32, as a TIR function (q, k, v, out)."""
+    batch, queries, heads, dim = (int(x) for x in q_ty.shape.values)
+    _, keys, kv_heads, _ = (int(x) for x in k_ty.shape.values)
+    dim_v = int(v_ty.shape.values[-1])
+    group = heads // kv_heads
+    q = te.placeholder(q_ty.shape.values, q_ty.dtype, name="q")
+    k = te.placeholder(k_ty.shape.values, k_ty.dtype, name="k")
+    v = te.placeholder(v_ty.shape.values, v_ty.dtype, name="v")
+    d = te.reduce_axis((0, dim), "d")
+    raw = te.compute((batch, heads, queries, keys), lambda b, h, i, j: te.sum(
+        q[b, i, h, d].astype("float32") * k[b, j, h // group, d].astype("float32"), axis=d), name="scores")
+    logits = te.compute(raw.shape, lambda b, h, i, j: te.if_then_else(
+        tirx.all(j <= i + shift, j > i + shift - window), raw[b, h, i, j] * tirx.const(scale, "float32"),
+        tirx.const(_LOWEST, "float32")), name="logits")
+    t1, t2, t3 = (te.reduce_axis((0, keys), n) for n in ("t1", "t2", "t3"))
+    top = te.compute(raw.shape[:3], lambda b, h, i: te.max(logits[b, h, i, t1], axis=t1), name="row_max")
+    weights = te.compute(raw.shape, lambda b, h, i, j: te.exp(logits[b, h, i, j] - top[b, h, i]), name="weights")
+    total = te.compute(raw.shape[:3], lambda b, h, i: te.sum(weights[b, h, i, t2], axis=t2), name="row_sum")
+    summed = te.compute((batch, heads, queries, dim_v), lambda b, h, i, c: te.sum(
+        weights[b, h, i, t3] * v[b, t3, h // group, c].astype("float32"), axis=t3), name="weighted")
+    out = te.compute((batch, queries, heads, dim_v), lambda b, i, h, c: (
+        summed[b, h, i, c] / total[b, h, i]).astype(q_ty.dtype), name="out")
+    return te.create_prim_func([q, k, v, out]).without_attr("global_symbol")
+
+
+def _static(ty) -> bool:
+    return isinstance(ty, relax.TensorType) and ty.shape is not None and all(
+        isinstance(x, tirx.IntImm) for x in ty.shape.values)
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvm_dsm.AttentionMasksFromConstants")
+def AttentionMasksFromConstants(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass style
+    """Every ``R.nn.attention`` of ``mod``'s Relax functions whose bias is computed from
+    constants alone read as the module docstring says: the causal flag, a windowed attention
+    function, or left as it was; ``mod`` itself where none changes."""
+    builder = relax.BlockBuilder(mod)
+    updates = {}
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            new = _rewrite_masks(func, builder)
+            if not new.same_as(func):
+                updates[gv] = new
+    if not updates:
+        return mod
+    for gv, func in updates.items():
+        builder.update_func(gv, func)
+    return builder.get()
+
+
+def _rewrite_masks(func: relax.Function, builder: relax.BlockBuilder) -> relax.Function:
+    values = relax.analysis.get_var2val(func)
+    bands: dict = {}
+    changed = []
+
+    def band_of(bias) -> tuple[str, int | None] | None:
+        if bias not in bands:
+            bindings = _closed(bias, values) if isinstance(bias, relax.Var) else None
+            ty = bias.ty
+            small = _static(ty) and math.prod(int(x) for x in ty.shape.values) <= MAX_MASK_ELEMENTS
+            bands[bias] = causal_band(_evaluate(bias, bindings)) if bindings and small else None
+        return bands[bias]
+
+    def replacement(orig: relax.Call, _matches) -> relax.Expr:
+        q, k, v, bias = orig.args
+        if orig.attrs.causal_mask is not None or orig.attrs.window_size is not None:
+            return orig
+        band = band_of(bias)
+        if band is None:
+            return orig
+        alignment, window = band
+        changed.append(orig)
+        if window is None:
+            return relax.op.nn.attention(q, k, v, scale=orig.attrs.scale, causal_mask=alignment)
+        q_ty, k_ty, v_ty = q.ty, k.ty, v.ty
+        if not all(_static(t) for t in (q_ty, k_ty, v_ty)) or int(q_ty.shape.values[2]) % int(k_ty.shape.values[2]):
+            changed.pop()
+            return orig
+        scale = float(orig.attrs.scale) if orig.attrs.scale is not None else 1.0 / math.sqrt(int(q_ty.shape.values[3]))
+        shift = 0 if alignment == "TopLeft" else int(k_ty.shape.values[1]) - int(q_ty.shape.values[1])
+        gv = builder.add_func(windowed_attention(q_ty, k_ty, v_ty, scale, shift, window), "windowed_attention")
+        out_shape = [*q_ty.shape.values[:3], v_ty.shape.values[3]]
+        return relax.call_tir(gv, [q, k, v], relax.TensorType(out_shape, q_ty.dtype))
+
+    new = rewrite_call(is_op(_ATTENTION_BIAS)(wildcard(), wildcard(), wildcard(), wildcard()), replacement, func)
+    return new if changed else func

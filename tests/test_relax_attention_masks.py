@@ -1,0 +1,157 @@
+"""tvm_dsm.relax_attention_masks: attention masks computed from constants (as traced models build
+them from ``arange``, ``triu`` and ``full``) read as the causal flag or as a windowed attention
+function the attention family takes, with the same values as float64; any other mask stays a
+bias."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from conftest import TARGET
+from tvm_dsm.model_report import relax_report
+from tvm_dsm.relax_attention_masks import AttentionMasksFromConstants, causal_band
+from tvm_dsm.relax_patterns import RewriteToRelaxOps
+
+
+def _index_mask(bb: relax.BlockBuilder, tokens: int, window: int | None) -> relax.Var:
+    """``where(key > query [| query - key >= window], finfo(float32).min, 0)`` over ``[1, 1,
+    tokens, tokens]``, built from ``arange``."""
+    query = bb.emit(relax.op.expand_dims(bb.emit(relax.op.arange(0, tokens, 1, "int64")), [-1]))
+    key = bb.emit(relax.op.expand_dims(bb.emit(relax.op.arange(0, tokens, 1, "int64")), [-2]))
+    masked = bb.emit(relax.op.greater(key, query))
+    if window is not None:
+        far = bb.emit(relax.op.greater_equal(bb.emit(relax.op.subtract(query, key)), relax.const(window, "int64")))
+        masked = bb.emit(relax.op.bitwise_or(masked, far))
+    fill = bb.emit(relax.op.full((tokens, tokens), relax.const(np.finfo(np.float32).min, "float32"), "float32"))
+    mask = bb.emit(relax.op.where(masked, fill, relax.const(0.0, "float32")))
+    return bb.emit(relax.op.reshape(mask, (1, 1, tokens, tokens)))
+
+
+def _eager_attention(window: int | None = None, round_probabilities: bool = True, tokens: int = 16,
+                     kv_heads: int = 4) -> tvm.IRModule:
+    """Hugging Face's eager attention (Phi-2, GPT-NeoX) as tvm_dsm.relax_torch imports it over
+    fp16 ``[1, 4, tokens, 64]`` (k and v ``kv_heads``, repeated as ``repeat_kv`` does): q and k
+    widened to fp32, ``k.float().transpose(2, 3)``, the fp32 scores scaled and masked by an
+    index-built mask (:func:`_index_mask`), the softmax in fp32 rounded back to fp16 for the
+    product with v (``round_probabilities``; else v widened instead, as torch's decomposition of
+    SDPA computes)."""
+    bb = relax.BlockBuilder()
+    shape = (1, 4, tokens, 64)
+    q = relax.Var("q", relax.TensorType(shape, "float16"))
+    k, v = (relax.Var(n, relax.TensorType((1, kv_heads, tokens, 64), "float16")) for n in "kv")
+    with bb.function("main", [q, k, v]):
+        with bb.dataflow():
+            def batched(t, batched_shape):
+                return bb.emit(relax.op.reshape(bb.emit(relax.op.broadcast_to(t, t.ty.shape)), batched_shape))
+
+            def repeated(t):
+                wide = bb.emit(relax.op.broadcast_to(bb.emit(relax.op.expand_dims(t, [2])), (1, kv_heads, 4 // kv_heads, tokens, 64)))
+                return bb.emit(relax.op.reshape(wide, shape))
+
+            wide_q = bb.emit(relax.op.astype(q, "float32"))
+            kt = bb.emit(relax.op.permute_dims(bb.emit(relax.op.astype(repeated(k), "float32")), [0, 1, 3, 2]))
+            s = bb.emit(relax.op.matmul(batched(wide_q, (4, tokens, 64)), batched(kt, (4, 64, tokens)), out_dtype="float32"))
+            s = bb.emit(relax.op.divide(bb.emit(relax.op.reshape(s, (1, 4, tokens, tokens))), relax.const(8.0, "float32")))
+            p = bb.emit(relax.op.nn.softmax(bb.emit(relax.op.add(s, _index_mask(bb, tokens, window))), axis=-1))
+            if round_probabilities:
+                p, values = bb.emit(relax.op.astype(p, "float16")), repeated(v)
+            else:
+                values = bb.emit(relax.op.astype(repeated(v), "float32"))
+            out = bb.emit(relax.op.matmul(batched(p, (4, tokens, tokens)), batched(values, (4, tokens, 64)),
+                                          out_dtype="float32"))
+            out = bb.emit_output(bb.emit(relax.op.reshape(bb.emit(relax.op.astype(out, "float16")), shape)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _calls(mod: tvm.IRModule) -> list[relax.Call]:
+    found = []
+    relax.analysis.post_order_visit(mod["main"], lambda e: found.append(e) if isinstance(e, relax.Call) else None)
+    return found
+
+
+def _ops(mod: tvm.IRModule) -> list[str]:
+    return [c.op.name for c in _calls(mod) if isinstance(c.op, tvm.ir.Op)]
+
+
+def _inputs(tokens: int, kv_heads: int, rng) -> list[np.ndarray]:
+    return [rng.standard_normal((1, heads, tokens, 64)).astype("float16") for heads in (4, kv_heads, kv_heads)]
+
+
+def _reference(q, k, v, window: int | None) -> np.ndarray:
+    q, k, v = (t.astype(np.float64) for t in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat(group, axis=1), v.repeat(group, axis=1)
+    tokens = q.shape[2]
+    keep = np.tri(tokens, tokens, 0, dtype=bool)
+    if window is not None:
+        keep &= ~np.tri(tokens, tokens, -window, dtype=bool)
+    s = np.where(keep, q @ k.transpose(0, 1, 3, 2) / 8.0, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ v
+
+
+@pytest.mark.parametrize("window, kv_heads, form", [(None, 4, "causal"), (32, 4, "causal"), (5, 4, "windowed"),
+                                                    (5, 2, "windowed")])
+def test_an_index_built_mask_becomes_the_causal_flag_or_a_windowed_attention(window, kv_heads, form):
+    """Eager attention becomes ``R.nn.attention`` (q and k widened, the probabilities rounded
+    back: no value changes); its mask, computed from constants alone, becomes the causal flag
+    where it keeps exactly the causal keys (a window at least the sequence), and a windowed
+    attention function where it keeps the 5 newest of them; the attention family takes either;
+    the same values on llvm as float64."""
+    mod = _eager_attention(window, kv_heads=kv_heads)
+    rewritten = AttentionMasksFromConstants(RewriteToRelaxOps(mod))
+    ops = _ops(rewritten)
+    assert not {"relax.nn.softmax", "relax.matmul", "relax.nn.attention_bias", "relax.arange"} & set(ops), rewritten.script()
+    if form == "causal":
+        (call,) = [c for c in _calls(rewritten) if isinstance(c.op, tvm.ir.Op) and c.op.name == "relax.nn.attention"]
+        assert call.attrs.causal_mask == "TopLeft"
+    else:
+        assert any(gv.name_hint.startswith("windowed_attention") for gv in rewritten.functions), rewritten.script()
+    assert relax_report(rewritten).counts().get("attention", 0) == 1, relax_report(rewritten).format()
+    q, k, v = _inputs(16, kv_heads, np.random.default_rng(7))
+    vm = relax.VirtualMachine(tvm.compile(rewritten, target="llvm"), tvm.cpu())
+    got = vm["main"](*(tvm.runtime.tensor(a) for a in (q, k, v))).numpy().astype(np.float64)
+    ref = _reference(q, k, v, window)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def test_attention_whose_probabilities_stay_fp32_is_left_alone():
+    """v widened and the probabilities not rounded (torch's decomposition of SDPA): the kernel
+    would round them to 16 bits, a change of precision, so the graph stays as written."""
+    assert "relax.nn.softmax" in _ops(RewriteToRelaxOps(_eager_attention(round_probabilities=False)))
+
+
+@pytest.mark.parametrize("queries, keys, fill, window, want", [
+    (6, 6, -np.inf, None, ("TopLeft", None)),
+    (6, 6, np.finfo(np.float16).min, 3, ("TopLeft", 3)),
+    (4, 9, np.finfo(np.float32).min, None, ("BottomRight", None)),
+    (4, 9, -np.inf, 2, ("BottomRight", 2)),
+    (6, 6, -1e4, None, None),  # a fill a large score could outweigh
+])
+def test_a_constant_mask_reads_as_a_causal_band_only_where_it_is_one(queries, keys, fill, window, want):
+    shift = keys - queries if want and want[0] == "BottomRight" else 0
+    keep = np.tri(queries, keys, shift, dtype=bool)
+    if window is not None:
+        keep &= ~np.tri(queries, keys, shift - window, dtype=bool)
+    mask = np.where(keep, 0.0, fill)[None, None].repeat(2, axis=1)
+    assert causal_band(mask) == want
+    off = mask.copy()
+    off[0, 1, -1, queries - 1 + shift] = fill  # the last query's own key masked in one head
+    assert causal_band(off) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("window, kv_heads", [(None, 2), (64, 2), (64, 4)])
+def test_masked_eager_attention_is_correct_on_the_gpu(window, kv_heads):
+    """200 tokens (not a multiple of the tiles), causal or a window of 64 keys, grouped or not:
+    the "tvm_dsm" pipeline's kernels against float64."""
+    q, k, v = _inputs(200, kv_heads, np.random.default_rng())
+    dev = tvm.cuda(0)
+    mod = _eager_attention(window, tokens=200, kv_heads=kv_heads)
+    vm = relax.VirtualMachine(tvm.compile(mod, target=TARGET, relax_pipeline="tvm_dsm"), dev)
+    got = vm["main"](*(tvm.runtime.tensor(a, dev) for a in (q, k, v))).numpy().astype(np.float64)
+    ref = _reference(q, k, v, window)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
