@@ -118,6 +118,20 @@ def test_an_index_built_mask_becomes_the_causal_flag_or_a_windowed_attention(win
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
 
 
+def test_a_causal_mask_held_as_a_constant_becomes_the_causal_flag():
+    """``R.nn.attention`` given a constant ``[1, 1, 16, 16]`` causal bias (fp16's minimum above
+    the diagonal): the causal flag, the bias gone."""
+    bb = relax.BlockBuilder()
+    q, k, v = (relax.Var(n, relax.TensorType((1, 16, 4, 64), "float16")) for n in "qkv")
+    mask = np.where(np.tri(16, 16, dtype=bool), 0, np.finfo(np.float16).min).astype("float16")[None, None]
+    with bb.function("main", [q, k, v]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.nn.attention(q, k, v, bias=relax.const(mask))))
+        bb.emit_func_output(out)
+    (call,) = _calls(AttentionMasksFromConstants(bb.get()))
+    assert call.op.name == "relax.nn.attention" and call.attrs.causal_mask == "TopLeft" and len(call.args) == 3
+
+
 def test_attention_whose_probabilities_stay_fp32_is_left_alone():
     """v widened and the probabilities not rounded (torch's decomposition of SDPA): the kernel
     would round them to 16 bits, a change of precision, so the graph stays as written."""

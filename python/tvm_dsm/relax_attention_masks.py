@@ -156,10 +156,13 @@ def _rewrite_masks(func: relax.Function, builder: relax.BlockBuilder) -> relax.F
 
     def band_of(bias) -> tuple[str, int | None] | None:
         if bias not in bands:
-            bindings = _closed(bias, values) if isinstance(bias, relax.Var) else None
-            ty = bias.ty
-            small = _static(ty) and math.prod(int(x) for x in ty.shape.values) <= MAX_MASK_ELEMENTS
-            bands[bias] = causal_band(_evaluate(bias, bindings)) if bindings and small else None
+            if isinstance(bias, tvm.ir.Constant) and hasattr(bias.value, "numpy"):  # a mask held as a constant
+                bands[bias] = causal_band(bias.value.numpy())
+            else:
+                bindings = _closed(bias, values) if isinstance(bias, relax.Var) else None
+                ty = bias.ty
+                small = _static(ty) and math.prod(int(x) for x in ty.shape.values) <= MAX_MASK_ELEMENTS
+                bands[bias] = causal_band(_evaluate(bias, bindings)) if bindings and small else None
         return bands[bias]
 
     def replacement(orig: relax.Call, _matches) -> relax.Expr:
