@@ -62,6 +62,12 @@ def items(stmt) -> list:
     return list(stmt.seq) if isinstance(stmt, tirx.SeqStmt) else [stmt]
 
 
+def binds_threads(func: tirx.PrimFunc) -> bool:
+    """Whether ``func`` already binds its loops to threads (a kernel written with TVM's IR
+    builder, such as TOPI's GPU scatter and sort): scheduled as written, no block to schedule."""
+    return bool(find_all(func.body, tirx.AttrStmt, lambda s: s.attr_key == "thread_extent"))
+
+
 def is_thread_extent(stmt, tag: str) -> bool:
     """Whether ``stmt`` is a thread binding (a ``thread_extent`` attribute) whose tag is ``tag``
     or starts with it (``"threadIdx"``: any of x, y, z)."""

@@ -30,7 +30,7 @@ from .driver import H100, operator_families, plan, replay, schedule_operators, s
 from .stock import stock_rules, stock_target
 from .errors import ClusterError
 from .families.row_ranges import range_variable
-from .ir import narrow_indices
+from .ir import binds_threads, narrow_indices
 from .hardware import Hardware
 from .relax_attention import FuseAttention
 from .relax_packed_attention import PackedAttentionOperands
@@ -105,7 +105,7 @@ class ScheduleTIR:
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         updates = {}
         for gv, func in mod.functions.items():
-            if not isinstance(func, tirx.PrimFunc) or func.attrs.get("tirx.is_scheduled", False):
+            if not isinstance(func, tirx.PrimFunc) or func.attrs.get("tirx.is_scheduled", False) or binds_threads(func):
                 continue
             form = None
             try:  # a matched family may still refuse (no valid configuration)

@@ -36,7 +36,7 @@ from tvm.s_tir import meta_schedule as ms
 from .stock import stock_rules, stock_target
 from .errors import ClusterError
 from .families.row_ranges import dispatch
-from .ir import row_variable
+from .ir import binds_threads, row_variable
 from .hardware import Hardware, load_hardware
 from .kernels import kv_append, paged_decode, ragged_prefill
 from .relax_weights import MarkReadOnlyParams
@@ -153,7 +153,7 @@ def use_kv_cache_kernels(mod: tvm.IRModule, hw: Hardware | None = None,
 
 def _scheduled(mod: tvm.IRModule) -> set[str]:
     return {gv.name_hint for gv, f in mod.functions.items()
-            if isinstance(f, tirx.PrimFunc) and f.attrs.get("tirx.is_scheduled", False)}
+            if isinstance(f, tirx.PrimFunc) and (f.attrs.get("tirx.is_scheduled", False) or binds_threads(f))}
 
 
 def kernel_coverage(mod: tvm.IRModule, prescheduled: set[str]) -> dict[str, str]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import weakref
 
+import tvm
 from tvm import relax
 
 from .relax_matmuls import SIXTEEN_BIT
@@ -98,6 +99,23 @@ def _argument(node, position: int, name: str, default=None):
     return node.args[position] if len(node.args) > position else node.kwargs.get(name, default)
 
 
+def _with_shape(bb, tensor: relax.Expr, arg, operands) -> relax.Expr:
+    """``tensor`` with its shape, where an operator of symbolic extents left it unknown (its rank
+    known): the shape torch traced for ``arg`` (``meta["val"]``), each symbolic extent the
+    variable of that name in the other ``operands``' shapes, cast to it (checked when the model
+    runs); ``tensor`` itself where its shape is known or torch's cannot be spelled so (TVM's
+    attention operator cannot infer its result from an operand of unknown shape)."""
+    val = getattr(arg, "meta", {}).get("val")
+    if tensor.ty.shape is not None or val is None:
+        return tensor
+    named = {str(x): x for t in operands if t.ty.shape is not None for x in t.ty.shape.values
+             if isinstance(x, tvm.tirx.Var)}
+    dims = [int(d) if isinstance(d, int) else named.get(str(d)) for d in val.shape]
+    if None in dims:
+        return tensor
+    return bb.match_cast(tensor, relax.TensorType(dims, tensor.ty.dtype))
+
+
 def _attention(node, importer) -> relax.Var:
     """``scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale=,
     enable_gqa=)`` over ``[..., heads, length, dim]`` tensors (rank 2 to 4) as ``R.nn.attention``
@@ -106,15 +124,19 @@ def _attention(node, importer) -> relax.Var:
     q, k, v = (importer.env[a] for a in node.args[:3])
     if _argument(node, 4, "dropout_p", 0.0):
         raise ValueError("scaled_dot_product_attention with dropout_p > 0 is training; tvm-dsm imports inference")
-    rank = len(q.ty.shape)
-    if not 2 <= rank <= 4 or {len(k.ty.shape), len(v.ty.shape)} != {rank}:
+    q, k, v = (_with_shape(bb, t, arg, (q, k, v)) for t, arg in zip((q, k, v), node.args[:3]))
+    rank = q.ty.ndim
+    if not 2 <= rank <= 4 or {k.ty.ndim, v.ty.ndim} != {rank}:
         raise ValueError(f"scaled_dot_product_attention over rank-{rank} tensors: tvm-dsm imports ranks 2 to 4 "
                          "([..., heads, length, dim], q, k and v of one rank)")
-    q, k, v = (bb.emit(relax.op.reshape(t, [1] * (4 - rank) + list(t.ty.shape))) if rank < 4 else t
-               for t in (q, k, v))
-    heads, kv_heads = int(q.ty.shape[1]), int(k.ty.shape[1])
-    if node.kwargs.get("enable_gqa", False) and heads != kv_heads:
-        k, v = (bb.emit(relax.op.repeat(t, heads // kv_heads, axis=1)) for t in (k, v))
+    q, k, v = (bb.emit(relax.op.expand_dims(t, list(range(4 - rank)))) if rank < 4 else t for t in (q, k, v))
+    if node.kwargs.get("enable_gqa", False):
+        heads, kv_heads = (t.ty.shape.values[1] if t.ty.shape is not None else None for t in (q, k))
+        if not isinstance(heads, tvm.tirx.IntImm) or not isinstance(kv_heads, tvm.tirx.IntImm):
+            raise ValueError("scaled_dot_product_attention(enable_gqa=True) over tensors whose head counts are "
+                             "not known when the model is imported: tvm-dsm repeats the KV heads by a constant")
+        if int(heads) != int(kv_heads):
+            k, v = (bb.emit(relax.op.repeat(t, int(heads) // int(kv_heads), axis=1)) for t in (k, v))
     to_bshd = [0, 2, 1, 3]
     q, k, v = (bb.emit(relax.op.permute_dims(t, to_bshd)) for t in (q, k, v))
     mask = _argument(node, 3, "attn_mask")
@@ -123,4 +145,4 @@ def _attention(node, importer) -> relax.Var:
     out = bb.emit(relax.op.nn.attention(q, k, v, bias=bias, scale=None if scale is None else float(scale),
                                         causal_mask="TopLeft" if _argument(node, 5, "is_causal", False) else None))
     out = bb.emit(relax.op.permute_dims(out, to_bshd))
-    return out if rank == 4 else bb.emit(relax.op.reshape(out, list(out.ty.shape)[4 - rank:]))
+    return out if rank == 4 else bb.emit(relax.op.squeeze(out, list(range(4 - rank))))

@@ -23,7 +23,24 @@ through ``torch.export`` (:func:`exported_decoder_layer`):
 - :class:`WhisperEncoderLayer`: Whisper's encoder layer: pre-norm, k projection without bias, q
   scaled before ``softmax(q @ k^T) @ v`` spelled out, a GELU (erf) MLP, fp16 activations clamped;
 - :class:`CLIPEncoderLayer`: CLIP's vision encoder layer: pre-norm, biased projections, non-causal
-  SDPA given its ``scale``, a quick-GELU (``x * sigmoid(1.702 x)``) MLP."""
+  SDPA given its ``scale``, a quick-GELU (``x * sigmoid(1.702 x)``) MLP;
+- :class:`GPTNeoXLayer`: Pythia / GPT-NeoX as Hugging Face writes it: a packed biased qkv projection
+  interleaved per head (``[batch, tokens, heads, 3 * dim]`` split on the last axis), RoPE on the first
+  ``rotary_pct`` of each head, eager attention as ``baddbmm`` into zeros on ``[batch * heads, ...]``
+  views masked by ``where`` with a boolean ``tril``, a parallel residual over two LayerNorms, a GELU MLP;
+- :class:`FalconLayer`: Falcon-7B: one LayerNorm feeding attention and MLP in parallel, multi-query
+  attention from a packed bias-free projection (``heads`` query heads, then one key and one value
+  head), RoPE, causal SDPA on the key and value expanded to every head, a bias-free GELU MLP;
+- :class:`BloomLayer`: BLOOM: no position embedding but ALiBi, per-head slopes times key positions fed
+  to ``baddbmm`` as the scores' starting value, a packed qkv projection viewed ``[..., heads, 3,
+  dim]``, a ``masked_fill`` causal mask, softmax in fp32, ``bmm`` with v, a GELU (tanh) MLP;
+- :class:`OPTDecoderLayer`: OPT: pre-norm, biased projections, q scaled after its projection, eager
+  ``bmm`` attention on ``[batch * heads, ...]`` with an additive float causal mask built by
+  ``full`` and ``masked_fill_``, the scores clamped at the dtype's minimum, softmax in fp32 when they
+  are fp16, a ReLU MLP on the tokens flattened;
+- :class:`MixtralMoEBlock`: Mixtral's sparse MoE block rewritten for static shapes: an fp32 softmax
+  router, ``topk`` and the top-k weights renormalised, then scattered into a dense ``[tokens,
+  experts]`` matrix weighting every expert's SwiGLU, each computed on all tokens."""
 
 from __future__ import annotations
 
@@ -327,6 +344,181 @@ class CLIPEncoderLayer(torch.nn.Module):
         x = x + self.out_proj(a.transpose(1, 2).reshape(b, t, d))
         h = self.fc1(self.layer_norm2(x))
         return x + self.fc2(h * torch.sigmoid(1.702 * h))
+
+
+class GPTNeoXLayer(torch.nn.Module):
+    def __init__(self, hidden=256, heads=4, intermediate=1024, rotary_pct=0.25, positions=2048, theta=10000.0):
+        super().__init__()
+        self.heads, self.head_dim = heads, hidden // heads
+        self.rotary_ndims = int(self.head_dim * rotary_pct)
+        self.input_layernorm, self.post_attention_layernorm = torch.nn.LayerNorm(hidden), torch.nn.LayerNorm(hidden)
+        self.query_key_value, self.dense = torch.nn.Linear(hidden, 3 * hidden), torch.nn.Linear(hidden, hidden)
+        self.dense_h_to_4h, self.dense_4h_to_h = torch.nn.Linear(hidden, intermediate), torch.nn.Linear(intermediate, hidden)
+        cos, sin = _rope(positions, self.rotary_ndims, theta)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def _attn(self, q, k, v):
+        b, heads, t, d = q.shape
+        scores = torch.zeros(b * heads, t, t, dtype=q.dtype, device=q.device)
+        scores = torch.baddbmm(scores, q.reshape(b * heads, t, d), k.reshape(b * heads, t, d).transpose(1, 2),
+                               beta=1.0, alpha=1.0 / math.sqrt(d)).view(b, heads, t, t)
+        causal_mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+        scores = torch.where(causal_mask, scores, torch.finfo(scores.dtype).min)
+        return torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v)
+
+    def _attention(self, h):
+        b, t, _ = h.shape
+        d, r = self.head_dim, self.rotary_ndims
+        qkv = self.query_key_value(h).view(b, t, self.heads, 3 * d)
+        q, k, v = (qkv[..., i * d:(i + 1) * d].permute(0, 2, 1, 3) for i in range(3))
+        cos, sin = self.cos[:t].to(h.dtype)[None, None], self.sin[:t].to(h.dtype)[None, None]
+        q = torch.cat((q[..., :r] * cos + _rotate_half(q[..., :r]) * sin, q[..., r:]), dim=-1)
+        k = torch.cat((k[..., :r] * cos + _rotate_half(k[..., :r]) * sin, k[..., r:]), dim=-1)
+        return self.dense(self._attn(q, k, v).permute(0, 2, 1, 3).reshape(b, t, -1))
+
+    def forward(self, x):
+        mlp = self.dense_4h_to_h(torch.nn.functional.gelu(self.dense_h_to_4h(self.post_attention_layernorm(x))))
+        return x + self._attention(self.input_layernorm(x)) + mlp
+
+
+class FalconLayer(torch.nn.Module):
+    def __init__(self, hidden=256, heads=4, intermediate=1024, positions=2048, theta=10000.0):
+        super().__init__()
+        self.heads, self.head_dim = heads, hidden // heads
+        self.input_layernorm = torch.nn.LayerNorm(hidden)
+        linear = lambda i, o: torch.nn.Linear(i, o, bias=False)  # noqa: E731
+        self.query_key_value, self.dense = linear(hidden, (heads + 2) * self.head_dim), linear(heads * self.head_dim, hidden)
+        self.dense_h_to_4h, self.dense_4h_to_h = linear(hidden, intermediate), linear(intermediate, hidden)
+        cos, sin = _rope(positions, self.head_dim, theta)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        h = self.input_layernorm(x)
+        qkv = self.query_key_value(h).view(b, t, self.heads + 2, self.head_dim)
+        q, k, v = (z.transpose(1, 2) for z in qkv.split([self.heads, 1, 1], dim=2))
+        cos, sin = self.cos[:t].to(x.dtype)[None, None], self.sin[:t].to(x.dtype)[None, None]
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        shape = (b, self.heads, t, self.head_dim)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k.expand(shape), v.expand(shape), is_causal=True)
+        attention = self.dense(a.transpose(1, 2).reshape(b, t, -1))
+        return self.dense_4h_to_h(torch.nn.functional.gelu(self.dense_h_to_4h(h))) + attention + x
+
+
+def _alibi_slopes(heads):
+    closest = 2 ** math.floor(math.log2(heads))
+    base = torch.tensor(2 ** (-(2 ** -(math.log2(closest) - 3))), dtype=torch.float32)
+    slopes = torch.pow(base, torch.arange(1, 1 + closest, dtype=torch.int32))
+    if closest != heads:
+        extra_base = torch.tensor(2 ** (-(2 ** -(math.log2(2 * closest) - 3))), dtype=torch.float32)
+        extra_powers = torch.arange(1, 1 + 2 * min(closest, heads - closest), 2, dtype=torch.int32)
+        slopes = torch.cat([slopes, torch.pow(extra_base, extra_powers)], dim=0)
+    return slopes
+
+
+class BloomLayer(torch.nn.Module):
+    def __init__(self, hidden=256, heads=4, intermediate=1024):
+        super().__init__()
+        self.heads, self.head_dim = heads, hidden // heads
+        self.input_layernorm, self.post_attention_layernorm = torch.nn.LayerNorm(hidden), torch.nn.LayerNorm(hidden)
+        self.query_key_value, self.dense = torch.nn.Linear(hidden, 3 * hidden), torch.nn.Linear(hidden, hidden)
+        self.dense_h_to_4h, self.dense_4h_to_h = torch.nn.Linear(hidden, intermediate), torch.nn.Linear(intermediate, hidden)
+        self.register_buffer("slopes", _alibi_slopes(heads), persistent=False)
+
+    def build_alibi_tensor(self, b, t, dtype, device=None):
+        alibi = self.slopes[None, :, None] * torch.arange(t, device=device, dtype=torch.float32)[None, None]
+        return alibi.expand(b, self.heads, t).reshape(b * self.heads, 1, t).to(dtype)
+
+    def _attention(self, h):
+        b, t, hidden = h.shape
+        q, k, v = self.query_key_value(h).view(b, t, self.heads, 3, self.head_dim).unbind(3)
+        q = q.transpose(1, 2).reshape(b * self.heads, t, self.head_dim)
+        k = k.permute(0, 2, 3, 1).reshape(b * self.heads, self.head_dim, t)
+        v = v.transpose(1, 2).reshape(b * self.heads, t, self.head_dim)
+        scores = self.build_alibi_tensor(b, t, h.dtype, h.device).baddbmm(
+            q, k, beta=1.0, alpha=1.0 / math.sqrt(self.head_dim)).view(b, self.heads, t, t)
+        causal_mask = torch.ones(t, t, dtype=torch.bool, device=h.device).triu(1)
+        scores = scores.masked_fill(causal_mask, torch.finfo(scores.dtype).min)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(h.dtype)
+        context = torch.bmm(probs.view(b * self.heads, t, t), v).view(b, self.heads, t, self.head_dim)
+        return self.dense(context.permute(0, 2, 1, 3).reshape(b, t, hidden))
+
+    def forward(self, x):
+        x = x + self._attention(self.input_layernorm(x))
+        h = torch.nn.functional.gelu(self.dense_h_to_4h(self.post_attention_layernorm(x)), approximate="tanh")
+        return x + self.dense_4h_to_h(h)
+
+
+class OPTDecoderLayer(torch.nn.Module):
+    def __init__(self, hidden=256, heads=4, intermediate=1024):
+        super().__init__()
+        self.heads, self.head_dim = heads, hidden // heads
+        self.scaling = self.head_dim ** -0.5
+        self.self_attn_layer_norm, self.final_layer_norm = torch.nn.LayerNorm(hidden), torch.nn.LayerNorm(hidden)
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (torch.nn.Linear(hidden, hidden) for _ in range(4))
+        self.fc1, self.fc2 = torch.nn.Linear(hidden, intermediate), torch.nn.Linear(intermediate, hidden)
+
+    @staticmethod
+    def _make_causal_mask(t, dtype, device=None):
+        mask = torch.full((t, t), torch.finfo(dtype).min, device=device)
+        mask_cond = torch.arange(t, device=device)
+        mask.masked_fill_(mask_cond < (mask_cond + 1).view(t, 1), 0)
+        return mask.to(dtype)[None, None]
+
+    def _attention(self, h):
+        b, t, d = h.shape
+        shape = lambda z: z.view(b, t, self.heads, self.head_dim).transpose(1, 2).reshape(b * self.heads, t, -1)  # noqa: E731
+        q, k, v = shape(self.q_proj(h) * self.scaling), shape(self.k_proj(h)), shape(self.v_proj(h))
+        scores = torch.bmm(q, k.transpose(1, 2)).view(b, self.heads, t, t) + self._make_causal_mask(t, h.dtype, h.device)
+        scores = torch.clamp(scores, min=torch.finfo(scores.dtype).min).view(b * self.heads, t, t)
+        if scores.dtype == torch.float16:
+            weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(torch.float16)
+        else:
+            weights = torch.softmax(scores, dim=-1)
+        a = torch.bmm(weights, v).view(b, self.heads, t, self.head_dim).transpose(1, 2).reshape(b, t, d)
+        return self.out_proj(a)
+
+    def forward(self, x):
+        x = x + self._attention(self.self_attn_layer_norm(x))
+        shape = x.shape
+        x = x.reshape(-1, x.size(-1))
+        return (x + self.fc2(torch.relu(self.fc1(self.final_layer_norm(x))))).view(shape)
+
+
+class MixtralExpert(torch.nn.Module):
+    def __init__(self, hidden, intermediate):
+        super().__init__()
+        self.w1, self.w3 = (torch.nn.Linear(hidden, intermediate, bias=False) for _ in range(2))
+        self.w2 = torch.nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x):
+        return self.w2(torch.nn.functional.silu(self.w1(x)) * self.w3(x))
+
+
+class MixtralMoEBlock(torch.nn.Module):
+    def __init__(self, hidden=256, intermediate=512, experts=8, top_k=2):
+        super().__init__()
+        self.experts_count, self.top_k = experts, top_k
+        self.gate = torch.nn.Linear(hidden, experts, bias=False)
+        self.experts = torch.nn.ModuleList(MixtralExpert(hidden, intermediate) for _ in range(experts))
+
+    def routing(self, h):
+        weights = torch.softmax(self.gate(h), dim=1, dtype=torch.float)
+        weights, selected = torch.topk(weights, self.top_k, dim=-1)
+        weights = (weights / weights.sum(dim=-1, keepdim=True)).to(h.dtype)
+        return torch.zeros(h.shape[0], self.experts_count, dtype=h.dtype, device=h.device).scatter(1, selected, weights)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        h = x.reshape(-1, d)
+        weights = self.routing(h)
+        out = torch.zeros_like(h)
+        for e, expert in enumerate(self.experts):
+            out = out + weights[:, e, None] * expert(h)
+        return out.view(b, t, d)
+
 
 def exported_decoder_layer(layer: torch.nn.Module, example, importer):
     """``layer`` (in its example inputs' dtype; ``example`` one tensor or a tuple) as a Relax
