@@ -169,3 +169,48 @@ def test_masked_eager_attention_is_correct_on_the_gpu(window, kv_heads):
     got = vm["main"](*(tvm.runtime.tensor(a, dev) for a in (q, k, v))).numpy().astype(np.float64)
     ref = _reference(q, k, v, window)
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def _baddbmm_attention(tokens: int = 16) -> tvm.IRModule:
+    """GPT-NeoX's eager attention as tvm_dsm.relax_torch imports it over fp16 ``[1, 4, tokens,
+    64]``: q and k viewed as ``[heads, tokens, 64]`` (k transposed after its view) and widened,
+    ``baddbmm`` of a zero tensor (``zeros + 0.125 * q @ k^T``) rounded to fp16 and viewed back,
+    ``where(causal, scores, -65504)`` with the causal condition built from ``arange``, the
+    softmax in fp16."""
+    bb = relax.BlockBuilder()
+    shape = (1, 4, tokens, 64)
+    q, k, v = (relax.Var(n, relax.TensorType(shape, "float16")) for n in "qkv")
+    with bb.function("main", [q, k, v]):
+        with bb.dataflow():
+            qv = bb.emit(relax.op.astype(bb.emit(relax.op.reshape(q, (4, tokens, 64))), "float32"))
+            kt = bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(k, (4, tokens, 64))), [0, 2, 1]))
+            s = bb.emit(relax.op.matmul(qv, bb.emit(relax.op.astype(kt, "float32")), out_dtype="float32"))
+            zeros = bb.emit(relax.op.astype(bb.emit(relax.op.zeros((4, tokens, tokens), "float16")), "float32"))
+            s = bb.emit(relax.op.add(zeros, bb.emit(relax.op.multiply(s, relax.const(0.125, "float32")))))
+            s = bb.emit(relax.op.reshape(bb.emit(relax.op.astype(s, "float16")), (1, 4, tokens, tokens)))
+            query = bb.emit(relax.op.expand_dims(bb.emit(relax.op.arange(0, tokens, 1, "int64")), [-1]))
+            key = bb.emit(relax.op.expand_dims(bb.emit(relax.op.arange(0, tokens, 1, "int64")), [-2]))
+            keep = bb.emit(relax.op.less_equal(key, query))
+            s = bb.emit(relax.op.where(keep, s, relax.const(-65504.0, "float16")))
+            p = bb.emit(relax.op.nn.softmax(s, axis=-1))
+            batched = [bb.emit(relax.op.reshape(bb.emit(relax.op.broadcast_to(t, t.ty.shape)), (4, tokens, d)))
+                       for t, d in ((p, tokens), (v, 64))]
+            out = bb.emit(relax.op.astype(bb.emit(relax.op.matmul(*batched, out_dtype="float32")), "float16"))
+            out = bb.emit_output(bb.emit(relax.op.reshape(out, shape)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_baddbmm_attention_with_a_where_mask_becomes_causal_attention():
+    """GPT-NeoX's form (views of [heads, tokens, dim], a zero addend, the mask a ``where``):
+    ``R.nn.attention`` with the causal flag, the same values on llvm as float64."""
+    rewritten = AttentionMasksFromConstants(RewriteToRelaxOps(_baddbmm_attention()))
+    ops = _ops(rewritten)
+    assert not {"relax.nn.softmax", "relax.matmul", "relax.where", "relax.nn.attention_bias"} & set(ops), rewritten.script()
+    (call,) = [c for c in _calls(rewritten) if isinstance(c.op, tvm.ir.Op) and c.op.name == "relax.nn.attention"]
+    assert call.attrs.causal_mask == "TopLeft"
+    q, k, v = _inputs(16, 4, np.random.default_rng(9))
+    vm = relax.VirtualMachine(tvm.compile(rewritten, target="llvm"), tvm.cpu())
+    got = vm["main"](*(tvm.runtime.tensor(a) for a in (q, k, v))).numpy().astype(np.float64)
+    ref = _reference(q, k, v, None)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3

@@ -331,20 +331,46 @@ def attention_pattern():
         cast = is_op("relax.astype")(product) | product
         return is_op("relax.reshape")(cast, wildcard()) | cast
 
-    scores = viewed(is_op("relax.matmul")(batched(q_wide | q), batched(kt_wide | kt)))
+    # or as GPT-NeoX's baddbmm: [batch * heads, tokens, dim] views, k's transposed after its view
+    q_view, k_view = is_op("relax.reshape")(q, wildcard()), is_op("relax.reshape")(k, wildcard())
+    q_view_wide, kt_view = is_op("relax.astype")(q_view), is_op("relax.permute_dims")(k_view)
+    kt_view_wide = is_op("relax.astype")(kt_view)
+    scores = viewed(is_op("relax.matmul")(batched(q_wide | q) | q_view_wide | q_view,
+                                          batched(kt_wide | kt) | kt_view_wide | kt_view))
     scaling = is_op("relax.divide")(scores, scale) | is_op("relax.multiply")(scores, scale)
     masked = is_op("relax.add")(scaling | scores, mask)
-    softmax = is_op("relax.nn.softmax")(masked | scaling | scores)
+    # baddbmm's addend (a zero tensor, ALiBi's bias) added over the batched product, viewed after
+    biased = viewed(masked) | masked
+    keep, fill = wildcard(), is_const()
+    selected = (is_op("relax.where")(keep, biased | scaling | scores, fill)
+                | is_op("relax.where")(keep, fill, biased | scaling | scores))  # masked_fill
+    logits = selected | biased | scaling | scores
+    softmax = is_op("relax.nn.softmax")(is_op("relax.astype")(logits) | logits)
     rounded = is_op("relax.astype")(softmax)
     root = viewed(is_op("relax.matmul")(batched(rounded | softmax), batched(v)))
     return root, {"q": q, "k": k, "kt": kt, "v": v, "scale": scale, "scaling": scaling, "mask": mask,
-                  "softmax": softmax, "q_wide": q_wide, "k_wide": k_wide, "kt_wide": kt_wide, "rounded": rounded}
+                  "masked": masked, "selected": selected, "keep": keep, "fill": fill,
+                  "softmax": softmax, "q_wide": q_wide, "k_wide": k_wide, "kt_wide": kt_wide, "rounded": rounded,
+                  "q_view": q_view, "k_view": k_view, "kt_view": kt_view, "q_view_wide": q_view_wide,
+                  "kt_view_wide": kt_view_wide}
+
+
+def _merges_heads(view: relax.Expr, tensor: relax.Expr) -> bool:
+    """Whether ``view`` reshapes the 4-D ``tensor`` ``[batch, heads, tokens, dim]`` into ``[batch *
+    heads, tokens, dim]``."""
+    ty, out = _tensor(tensor), _tensor(view)
+    if ty is None or out is None or ty.ndim != 4 or out.ndim != 3:
+        return False
+    b, h, t, d = ty.shape.values
+    analyzer = Analyzer()
+    return all(analyzer.can_prove_equal(x, y) for x, y in zip(out.shape.values, (b * h, t, d)))
 
 
 def _exact_casts(m: dict, parts: dict, dtype: str) -> bool:
     """Whether the matched casts of q and k widen them to fp32 (exact) and the probabilities'
     cast rounds them to the operands' ``dtype`` (the attention kernel's own rounding)."""
-    widened = all(m[parts[name]].attrs.dtype == "float32" for name in ("q_wide", "k_wide", "kt_wide") if parts[name] in m)
+    widened = all(m[parts[name]].attrs.dtype == "float32" for name in ("q_wide", "k_wide", "kt_wide", "q_view_wide",
+                                                                          "kt_view_wide") if parts[name] in m)
     return widened and (parts["rounded"] not in m or m[parts["rounded"]].attrs.dtype == dtype)
 
 
@@ -353,11 +379,19 @@ def _attention_replacement(orig: relax.Expr, m: dict, parts: dict) -> relax.Expr
     16-bit attention over ``[batch, heads, tokens, dim]`` with ``kt`` the transpose of k's last
     two axes, the softmax over the keys, a mask broadcast over the scores and casts that change
     no value (:func:`_exact_casts`)."""
-    q, k, v, kt = m[parts["q"]], m[parts["k"]], m[parts["v"]], m[parts["kt"]]
+    q, k, v = m[parts["q"]], m[parts["k"]], m[parts["v"]]
     out_ty, q_ty, v_ty = _tensor(orig), _tensor(q), _tensor(v)
-    if (None in (out_ty, q_ty, v_ty) or q_ty.ndim != 4 or q_ty.dtype not in SIXTEEN_BIT
-            or kt.attrs.axes is None or [int(a) for a in kt.attrs.axes] != [0, 1, 3, 2]):
+    if None in (out_ty, q_ty, v_ty) or q_ty.ndim != 4 or q_ty.dtype not in SIXTEEN_BIT:
         return orig
+    if parts["kt"] in m:  # k's last two axes swapped
+        kt = m[parts["kt"]]
+        if kt.attrs.axes is None or [int(a) for a in kt.attrs.axes] != [0, 1, 3, 2]:
+            return orig
+    else:  # [batch * heads, tokens, dim] views, k's swapped after its view
+        kt = m[parts["kt_view"]]
+        if kt.attrs.axes is None or [int(a) for a in kt.attrs.axes] != [0, 2, 1] \
+                or not all(_merges_heads(m[parts[view]], t) for view, t in (("q_view", q), ("k_view", k))):
+            return orig
     if not (_tensor(k) is not None and _tensor(k).dtype == v_ty.dtype == q_ty.dtype == out_ty.dtype
             and out_ty.ndim == 4 and int(m[parts["softmax"]].attrs.axis) in (-1, 3)
             and _exact_casts(m, parts, q_ty.dtype)):
@@ -370,24 +404,62 @@ def _attention_replacement(orig: relax.Expr, m: dict, parts: dict) -> relax.Expr
         scale = 1.0 / factor if is_op_call(m[parts["scaling"]], "relax.divide") else factor
     bias = None
     if parts["mask"] in m:
-        mask_ty = _tensor(m[parts["mask"]])
+        mask, mask_ty = m[parts["mask"]], _tensor(m[parts["mask"]])
         if mask_ty is None or mask_ty.ndim > 4 or mask_ty.dtype not in (*SIXTEEN_BIT, "float32"):
             return orig
-        bias = attention_bias(m[parts["mask"]], q_ty.dtype)
+        if _tensor(m[parts["masked"]]).ndim == 3:  # added over [batch * heads, queries, keys]
+            bias = _unbatched(mask, q_ty)
+            if bias is None or mask_ty.dtype == "bool":
+                return orig
+            bias = bias if mask_ty.dtype == q_ty.dtype else relax.op.astype(bias, q_ty.dtype)
+        else:
+            bias = attention_bias(mask, q_ty.dtype)
+    if parts["selected"] in m:  # where(keep, scores, fill) or where(masked, fill, scores)
+        selected, keep = m[parts["selected"]], m[parts["keep"]]
+        fill = _scalar(m[parts["fill"]])
+        if fill is None or fill > _MASKED_FILL or _tensor(keep) is None or _tensor(keep).dtype != "bool" \
+                or _tensor(keep).ndim > 4:
+            return orig
+        where = attention_bias(keep, q_ty.dtype, keep_when=not selected.args[1].same_as(m[parts["fill"]]))
+        bias = where if bias is None else relax.op.add(bias, where)
     bshd = [0, 2, 1, 3]
     out = relax.op.nn.attention(*(relax.op.permute_dims(t, bshd) for t in (q, k, v)), bias=bias, scale=scale)
     return relax.op.permute_dims(out, bshd)
 
 
-def attention_bias(mask: relax.Expr, dtype: str) -> relax.Expr:
+#: A fill at or below this masks its key: exp of a score shifted by it underflows to 0 in fp32
+#: for any score a 16-bit model's product yields (the fills models use: -inf, the 16- and 32-bit
+#: types' minimum).
+_MASKED_FILL = -3.0e4
+
+
+def _unbatched(mask: relax.Expr, q_ty: relax.TensorType) -> relax.Expr | None:
+    """A bias added over ``[batch * heads, queries, keys]`` products (baddbmm's addend, as BLOOM
+    adds ALiBi) viewed over ``[batch, heads, queries, keys]``, or None where its leading axis is
+    neither that product nor 1."""
+    ty = _tensor(mask)
+    batch, heads = q_ty.shape.values[:2]
+    if ty.ndim != 3:
+        return relax.op.reshape(mask, [1] * (4 - ty.ndim) + list(ty.shape.values)) if ty.ndim < 3 else None
+    lead, rest = ty.shape.values[0], list(ty.shape.values[1:])
+    analyzer = Analyzer()
+    if analyzer.can_prove_equal(lead, 1):
+        return relax.op.reshape(mask, [1, 1, *rest])
+    if analyzer.can_prove_equal(lead, batch * heads):
+        return relax.op.reshape(mask, [batch, heads, *rest])
+    return None
+
+
+def attention_bias(mask: relax.Expr, dtype: str, keep_when: bool = True) -> relax.Expr:
     """A mask over attention scores (up to four dimensions, broadcast over them) as
     ``R.nn.attention``'s bias: four dimensions (leading ones added), in the scores' ``dtype``;
-    a bool mask (True: the key takes part) as 0 or -inf."""
+    a bool mask as 0 where it is ``keep_when`` (the key takes part), else -inf."""
     ty = mask.ty
     if ty.ndim < 4:
         mask = relax.op.reshape(mask, [1] * (4 - ty.ndim) + list(ty.shape.values))
     if ty.dtype == "bool":
-        return relax.op.where(mask, relax.const(0.0, dtype), relax.const(-math.inf, dtype))
+        kept, masked = relax.const(0.0, dtype), relax.const(-math.inf, dtype)
+        return relax.op.where(mask, *((kept, masked) if keep_when else (masked, kept)))
     return mask if ty.dtype == dtype else relax.op.astype(mask, dtype)
 
 

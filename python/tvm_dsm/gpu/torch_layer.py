@@ -1,6 +1,8 @@
 """A torch user's models through TVM: transformer layers written in torch
-(:mod:`tvm_dsm.workloads.torch_layers`: the 1B Llama's decoder layer, a GPT-2 block, a BERT
-layer, a Qwen2-0.5B layer, a ViT-B/16 block), exported with ``torch.export``, imported, compiled and run.
+(:mod:`tvm_dsm.workloads.torch_layers`: the 1B Llama's decoder layer, GPT-2, BERT, Qwen2-0.5B,
+ViT-B/16, Gemma-2B, Phi-2, Mistral-7B, Whisper-large-v3's encoder, CLIP-L, Pythia-1.4B, Falcon-7B,
+BLOOM-560m and OPT-1.3B layers, a Mixtral-style MoE block), exported with ``torch.export``,
+imported, compiled and run.
 
 ``bash .gpu/full-b/on-device python3 -m tvm_dsm.gpu.torch_layer --out $OUT/torch_layer.json``
 (the full compiler: see ../shared/gpu/README.md).
@@ -39,8 +41,9 @@ from ..hardware import H100
 from ..relax_torch import from_exported_program
 from ..stock import stock_target
 from ..workloads.llama import LLAMA_1B
-from ..workloads.torch_layers import (BertLayer, CLIPEncoderLayer, DecoderLayer, GemmaLayer, GPT2Block, MistralLayer,
-                                      Phi2Layer, QwenLayer, ViTBlock, WhisperEncoderLayer, exported_decoder_layer)
+from ..workloads.torch_layers import (BertLayer, BloomLayer, CLIPEncoderLayer, DecoderLayer, FalconLayer, GemmaLayer,
+                                      GPT2Block, GPTNeoXLayer, MistralLayer, MixtralMoEBlock, OPTDecoderLayer, Phi2Layer,
+                                      QwenLayer, ViTBlock, WhisperEncoderLayer, exported_decoder_layer)
 
 #: model name: (the layer, its hidden width, the shapes (batch, tokens) it runs at).
 MODELS = {
@@ -57,6 +60,11 @@ MODELS = {
                 ((1, 2048), (1, 8192))),  # Mistral-7B: the window bites past 4096 tokens
     "whisper": (lambda: WhisperEncoderLayer(1280, 20, 5120), 1280, ((1, 1500), (4, 1500))),  # large-v3 encoder
     "clip": (lambda: CLIPEncoderLayer(1024, 16, 4096), 1024, ((8, 257), (32, 257))),  # ViT-L/14 at 224 x 224
+    "neox": (lambda: GPTNeoXLayer(2048, 16, 8192, 0.25), 2048, ((1, 2048), (8, 512))),  # Pythia-1.4B
+    "falcon": (lambda: FalconLayer(4544, 71, 18176), 4544, ((1, 2048), (8, 512))),  # Falcon-7B
+    "bloom": (lambda: BloomLayer(1024, 16, 4096), 1024, ((1, 2048), (8, 512))),  # BLOOM-560m
+    "opt": (lambda: OPTDecoderLayer(2048, 32, 8192), 2048, ((1, 2048), (8, 512))),  # OPT-1.3B
+    "moe": (lambda: MixtralMoEBlock(1024, 2816, 8, 2), 1024, ((1, 2048), (8, 512))),  # 8 experts, top 2
 }
 #: ``||out - ref|| / ||ref||`` of an fp16 layer with fp32 accumulation.
 TOLERANCE = 5e-3
