@@ -462,7 +462,7 @@ class OPTDecoderLayer(torch.nn.Module):
 
     @staticmethod
     def _make_causal_mask(t, dtype, device=None):
-        mask = torch.full((t, t), torch.finfo(dtype).min, device=device)
+        mask = torch.full((t, t), torch.finfo(dtype).min, dtype=dtype, device=device)
         mask_cond = torch.arange(t, device=device)
         mask.masked_fill_(mask_cond < (mask_cond + 1).view(t, 1), 0)
         return mask.to(dtype)[None, None]
