@@ -66,8 +66,16 @@ MODELS = {
     "opt": (lambda: OPTDecoderLayer(2048, 32, 8192), 2048, ((1, 2048), (8, 512))),  # OPT-1.3B
     "moe": (lambda: MixtralMoEBlock(1024, 2816, 8, 2), 1024, ((1, 2048), (8, 512))),  # 8 experts, top 2
 }
-#: ``||out - ref|| / ||ref||`` of an fp16 layer with fp32 accumulation.
+#: ``||out - ref|| / ||ref||`` of an fp16 layer with fp32 accumulation; a layer whose model
+#: rounds more than that itself (BLOOM builds its ALiBi bias in fp16) is held to torch's own error
+#: (:func:`within_bound`).
 TOLERANCE = 5e-3
+
+
+def within_bound(error: float, torch_errors: list[float]) -> bool:
+    """Whether ``error`` (from float64) is within :data:`TOLERANCE`, or no further than 1.1x the
+    closest of torch's own runs of the same fp16 layer (``torch_errors``)."""
+    return error < TOLERANCE or bool(torch_errors) and error <= 1.1 * min(torch_errors)
 
 
 def _layer(model: str) -> torch.nn.Module:
@@ -177,7 +185,8 @@ def run_shape(model: str, batch: int, tokens: int, configs: list[str], keep: dic
         else:
             row["peers"][config] = us
         print(f"  {row['name']} {config}: {us:.1f} us, rel err {err:.2e} ({how})", flush=True)
-    row["ok"] = row.get("rel_err") is not None and row["rel_err"] < TOLERANCE
+    torch_errors = [e for name, e in row["errors"].items() if name.startswith("torch") and isinstance(e, float)]
+    row["ok"] = row.get("rel_err") is not None and within_bound(row["rel_err"], torch_errors)
     return row
 
 
