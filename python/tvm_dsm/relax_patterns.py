@@ -334,6 +334,9 @@ def attention_pattern():
     # or as GPT-NeoX's baddbmm: [batch * heads, tokens, dim] views, k's transposed after its view
     q_view, k_view = is_op("relax.reshape")(q, wildcard()), is_op("relax.reshape")(k, wildcard())
     q_view_wide, kt_view = is_op("relax.astype")(q_view), is_op("relax.permute_dims")(k_view)
+    # or as BLOOM's: k ([batch, tokens, heads, dim]) transposed to [batch, heads, dim, tokens], then viewed
+    k_tokens_last = is_op("relax.permute_dims")(k)
+    kt_view = kt_view | is_op("relax.reshape")(k_tokens_last, wildcard())
     kt_view_wide = is_op("relax.astype")(kt_view)
     scores = viewed(is_op("relax.matmul")(batched(q_wide | q) | q_view_wide | q_view,
                                           batched(kt_wide | kt) | kt_view_wide | kt_view))
@@ -347,23 +350,25 @@ def attention_pattern():
     logits = selected | biased | scaling | scores
     softmax = is_op("relax.nn.softmax")(is_op("relax.astype")(logits) | logits)
     rounded = is_op("relax.astype")(softmax)
-    root = viewed(is_op("relax.matmul")(batched(rounded | softmax), batched(v)))
+    v_view = is_op("relax.reshape")(v, wildcard())
+    root = viewed(is_op("relax.matmul")(batched(rounded | softmax) | is_op("relax.reshape")(rounded | softmax, wildcard()),
+                                        batched(v) | v_view))
     return root, {"q": q, "k": k, "kt": kt, "v": v, "scale": scale, "scaling": scaling, "mask": mask,
                   "masked": masked, "selected": selected, "keep": keep, "fill": fill,
                   "softmax": softmax, "q_wide": q_wide, "k_wide": k_wide, "kt_wide": kt_wide, "rounded": rounded,
                   "q_view": q_view, "k_view": k_view, "kt_view": kt_view, "q_view_wide": q_view_wide,
-                  "kt_view_wide": kt_view_wide}
+                  "kt_view_wide": kt_view_wide, "k_tokens_last": k_tokens_last, "v_view": v_view}
 
 
-def _merges_heads(view: relax.Expr, tensor: relax.Expr) -> bool:
-    """Whether ``view`` reshapes the 4-D ``tensor`` ``[batch, heads, tokens, dim]`` into ``[batch *
-    heads, tokens, dim]``."""
-    ty, out = _tensor(tensor), _tensor(view)
+def _merges_heads(view: relax.Expr, tensor: relax.Expr, first: int = 0) -> bool:
+    """Whether ``view`` reshapes the 4-D ``tensor`` (``[batch, heads, x, y]``) into ``[batch *
+    heads, x, y]`` (``first``: the expression is the view's own operand, at this position)."""
+    ty, out = _tensor(tensor if not first else view.args[0]), _tensor(view)
     if ty is None or out is None or ty.ndim != 4 or out.ndim != 3:
         return False
-    b, h, t, d = ty.shape.values
+    b, h, x, y = ty.shape.values
     analyzer = Analyzer()
-    return all(analyzer.can_prove_equal(x, y) for x, y in zip(out.shape.values, (b * h, t, d)))
+    return all(analyzer.can_prove_equal(p, r) for p, r in zip(out.shape.values, (b * h, x, y)))
 
 
 def _exact_casts(m: dict, parts: dict, dtype: str) -> bool:
@@ -381,17 +386,26 @@ def _attention_replacement(orig: relax.Expr, m: dict, parts: dict) -> relax.Expr
     no value (:func:`_exact_casts`)."""
     q, k, v = m[parts["q"]], m[parts["k"]], m[parts["v"]]
     out_ty, q_ty, v_ty = _tensor(orig), _tensor(q), _tensor(v)
+    k_heads_first = None  # the permutation taking k to [batch, heads, tokens, dim], where it is not
     if None in (out_ty, q_ty, v_ty) or q_ty.ndim != 4 or q_ty.dtype not in SIXTEEN_BIT:
         return orig
     if parts["kt"] in m:  # k's last two axes swapped
         kt = m[parts["kt"]]
         if kt.attrs.axes is None or [int(a) for a in kt.attrs.axes] != [0, 1, 3, 2]:
             return orig
+    elif parts["k_tokens_last"] in m:  # k [batch, tokens, heads, dim] transposed to [.., dim, tokens], viewed
+        kt = m[parts["k_tokens_last"]]
+        if kt.attrs.axes is None or [int(a) for a in kt.attrs.axes] != [0, 2, 3, 1] \
+                or not _merges_heads(m[parts["q_view"]], q) or not _merges_heads(m[parts["kt_view"]], kt, 2):
+            return orig
+        k_heads_first = [0, 2, 1, 3]  # [batch, heads, tokens, dim], like q
     else:  # [batch * heads, tokens, dim] views, k's swapped after its view
         kt = m[parts["kt_view"]]
         if kt.attrs.axes is None or [int(a) for a in kt.attrs.axes] != [0, 2, 1] \
                 or not all(_merges_heads(m[parts[view]], t) for view, t in (("q_view", q), ("k_view", k))):
             return orig
+    if parts["v_view"] in m and not _merges_heads(m[parts["v_view"]], v):
+        return orig
     if not (_tensor(k) is not None and _tensor(k).dtype == v_ty.dtype == q_ty.dtype == out_ty.dtype
             and out_ty.ndim == 4 and int(m[parts["softmax"]].attrs.axis) in (-1, 3)
             and _exact_casts(m, parts, q_ty.dtype)):
@@ -423,6 +437,8 @@ def _attention_replacement(orig: relax.Expr, m: dict, parts: dict) -> relax.Expr
         where = attention_bias(keep, q_ty.dtype, keep_when=not selected.args[1].same_as(m[parts["fill"]]))
         bias = where if bias is None else relax.op.add(bias, where)
     bshd = [0, 2, 1, 3]
+    if k_heads_first is not None:
+        k = relax.op.permute_dims(k, k_heads_first)
     out = relax.op.nn.attention(*(relax.op.permute_dims(t, bshd) for t in (q, k, v)), bias=bias, scale=scale)
     return relax.op.permute_dims(out, bshd)
 
