@@ -214,3 +214,58 @@ def test_baddbmm_attention_with_a_where_mask_becomes_causal_attention():
     got = vm["main"](*(tvm.runtime.tensor(a) for a in (q, k, v))).numpy().astype(np.float64)
     ref = _reference(q, k, v, None)
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def _bloom_attention(tokens: int = 16, heads: int = 4) -> tuple[tvm.IRModule, np.ndarray]:
+    """BLOOM's eager attention as tvm_dsm.relax_torch imports it, over fp16 q, k, v ``[1, tokens,
+    heads, 64]``: q and v viewed as ``[heads, tokens, 64]``, k transposed to ``[1, heads, 64,
+    tokens]`` before its view, ``baddbmm`` of the ALiBi bias (``slope[h] * key``, ``[heads, 1,
+    tokens]``, built from constants) and ``0.125 * q @ k``, rounded to fp16 and viewed back,
+    ``masked_fill(key > query, -65504)``, the softmax in fp32 rounded back; and the slopes."""
+    slopes = 2.0 ** -np.arange(1, heads + 1, dtype=np.float32)
+    bb = relax.BlockBuilder()
+    q, k, v = (relax.Var(n, relax.TensorType((1, tokens, heads, 64), "float16")) for n in "qkv")
+    with bb.function("main", [q, k, v]):
+        with bb.dataflow():
+            def view(t, axes, shape):
+                return bb.emit(relax.op.reshape(bb.emit(relax.op.permute_dims(t, axes)), shape))
+
+            qv, vv = (view(t, [0, 2, 1, 3], (heads, tokens, 64)) for t in (q, v))
+            kt = view(k, [0, 2, 3, 1], (heads, 64, tokens))
+            keys = bb.emit(relax.op.reshape(bb.emit(relax.op.arange(0, tokens, 1, "float32")), (1, 1, tokens)))
+            alibi = bb.emit(relax.op.multiply(relax.const(slopes.reshape(heads, 1, 1)), keys))
+            s = bb.emit(relax.op.matmul(bb.emit(relax.op.astype(qv, "float32")), bb.emit(relax.op.astype(kt, "float32")),
+                                        out_dtype="float32"))
+            s = bb.emit(relax.op.add(alibi, bb.emit(relax.op.multiply(s, relax.const(0.125, "float32")))))
+            s = bb.emit(relax.op.reshape(bb.emit(relax.op.astype(s, "float16")), (1, heads, tokens, tokens)))
+            query = bb.emit(relax.op.expand_dims(bb.emit(relax.op.arange(0, tokens, 1, "int64")), [-1]))
+            key = bb.emit(relax.op.expand_dims(bb.emit(relax.op.arange(0, tokens, 1, "int64")), [-2]))
+            s = bb.emit(relax.op.where(bb.emit(relax.op.greater(key, query)), relax.const(-65504.0, "float16"), s))
+            p = bb.emit(relax.op.astype(bb.emit(relax.op.nn.softmax(bb.emit(relax.op.astype(s, "float32")), axis=-1)),
+                                        "float16"))
+            out = bb.emit(relax.op.matmul(bb.emit(relax.op.reshape(p, (heads, tokens, tokens))), vv, out_dtype="float32"))
+            out = bb.emit(relax.op.reshape(bb.emit(relax.op.astype(out, "float16")), (1, heads, tokens, 64)))
+            out = bb.emit_output(bb.emit(relax.op.permute_dims(out, [0, 2, 1, 3])))
+        bb.emit_func_output(out)
+    return bb.get(), slopes
+
+
+def test_bloom_attention_with_alibi_reaches_the_attention_family_with_its_values():
+    """BLOOM's form (k transposed before its view, the ALiBi bias added over the batched product,
+    ``masked_fill``): ``R.nn.attention`` with the ALiBi as its bias, taken by the attention
+    family; the same values on llvm as float64."""
+    mod, slopes = _bloom_attention()
+    rewritten = AttentionMasksFromConstants(RewriteToRelaxOps(mod))
+    ops = _ops(rewritten)
+    assert "relax.nn.attention_bias" in ops and not {"relax.nn.softmax", "relax.matmul"} & set(ops), rewritten.script()
+    assert relax_report(rewritten).counts().get("attention", 0) == 1, relax_report(rewritten).format()
+    rng = np.random.default_rng(11)
+    q, k, v = (rng.standard_normal((1, 16, 4, 64)).astype("float16") for _ in range(3))
+    vm = relax.VirtualMachine(tvm.compile(rewritten, target="llvm"), tvm.cpu())
+    got = vm["main"](*(tvm.runtime.tensor(a) for a in (q, k, v))).numpy().astype(np.float64)
+    q64, k64, v64 = (t.astype(np.float64).transpose(0, 2, 1, 3) for t in (q, k, v))
+    s = q64 @ k64.transpose(0, 1, 3, 2) * 0.125 + slopes.reshape(1, 4, 1, 1) * np.arange(16)
+    s = np.where(np.tri(16, 16, dtype=bool), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    ref = ((p / p.sum(-1, keepdims=True)) @ v64).transpose(0, 2, 1, 3)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
