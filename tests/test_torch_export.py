@@ -222,3 +222,24 @@ def test_a_layer_is_held_to_torchs_own_error_where_the_model_rounds_more():
 
     assert within_bound(4e-3, []) and not within_bound(6e-3, [])
     assert within_bound(1.05e-2, [1.0e-2, 1.3e-2]) and not within_bound(1.2e-2, [1.0e-2, 1.3e-2])
+
+
+def test_attention_of_a_symbolic_length_imports_where_tvms_importer_does():
+    """Mistral's layer exported with a symbolic token count: the rotary slices leave q's shape
+    unknown to Relax, and TVM's attention operator cannot infer its result from it (it crashed
+    the process); q is cast to the shape torch traced, the length the variable k's shape names."""
+    import tvm
+    from tvm import relax
+    from tvm_dsm.workloads.torch_layers import MistralLayer
+
+    layer = MistralLayer(128, 2, 1, 256, window=4096).half().eval()
+    tokens = torch.export.Dim("tokens", min=2, max=1024)
+    program = torch.export.export(layer, (torch.randn(1, 24, 128, dtype=torch.float16),),
+                                  dynamic_shapes={"x": {1: tokens}})
+    mod = from_exported_program(program)
+    calls = []
+    relax.analysis.post_order_visit(mod["main"], lambda e: calls.append(e) if isinstance(e, relax.Call) and isinstance(
+        e.op, tvm.ir.Op) and e.op.name.startswith("relax.nn.attention") else None)
+    (attention,) = calls
+    q_shape = attention.args[0].ty.shape
+    assert q_shape is not None and isinstance(q_shape.values[1], tvm.tirx.Var), mod.script()
