@@ -12,8 +12,9 @@ becomes a TIR function that writes the band as an index condition, which the att
 reads as a mask of the scores (:class:`tvm_dsm.kernels.attention_pattern.ScoreTerms`: the tiles
 past the diagonal skipped, the window computed per key); TVM cannot legalize
 ``R.nn.attention(window_size=)``. Any other mask stays the bias it was. Each mask is evaluated
-once a function (the layers of a model share it): an [8192, 8192] mask took 10 s and 2.3 GB on a
-2-core host; larger ones (:data:`MAX_MASK_ELEMENTS`) and masks of symbolic extents stay biases.
+once a function (the layers of a model share it): a Mistral-7B layer of 8192 tokens, its [8192,
+8192] mask evaluated, exported and planned in 14 s with 2.3 GB at most on a 2-core host; larger
+masks (:data:`MAX_MASK_ELEMENTS`) and masks of symbolic extents stay biases.
 """
 
 from __future__ import annotations
