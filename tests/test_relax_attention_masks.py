@@ -191,7 +191,7 @@ def _baddbmm_attention(tokens: int = 16) -> tvm.IRModule:
             query = bb.emit(relax.op.expand_dims(bb.emit(relax.op.arange(0, tokens, 1, "int64")), [-1]))
             key = bb.emit(relax.op.expand_dims(bb.emit(relax.op.arange(0, tokens, 1, "int64")), [-2]))
             keep = bb.emit(relax.op.less_equal(key, query))
-            s = bb.emit(relax.op.where(keep, s, relax.const(-65504.0, "float16")))
+            s = bb.emit(relax.op.where(keep, s, bb.emit(relax.const(-65504.0, "float16"))))
             p = bb.emit(relax.op.nn.softmax(s, axis=-1))
             batched = [bb.emit(relax.op.reshape(bb.emit(relax.op.broadcast_to(t, t.ty.shape)), (4, tokens, d)))
                        for t, d in ((p, tokens), (v, 64))]
@@ -240,7 +240,8 @@ def _bloom_attention(tokens: int = 16, heads: int = 4) -> tuple[tvm.IRModule, np
             s = bb.emit(relax.op.reshape(bb.emit(relax.op.astype(s, "float16")), (1, heads, tokens, tokens)))
             query = bb.emit(relax.op.expand_dims(bb.emit(relax.op.arange(0, tokens, 1, "int64")), [-1]))
             key = bb.emit(relax.op.expand_dims(bb.emit(relax.op.arange(0, tokens, 1, "int64")), [-2]))
-            s = bb.emit(relax.op.where(bb.emit(relax.op.greater(key, query)), relax.const(-65504.0, "float16"), s))
+            fill = bb.emit(relax.const(-65504.0, "float16"))  # bound to a variable, as torch's importer binds it
+            s = bb.emit(relax.op.where(bb.emit(relax.op.greater(key, query)), fill, s))
             p = bb.emit(relax.op.astype(bb.emit(relax.op.nn.softmax(bb.emit(relax.op.astype(s, "float32")), axis=-1)),
                                         "float16"))
             out = bb.emit(relax.op.matmul(bb.emit(relax.op.reshape(p, (heads, tokens, tokens))), vv, out_dtype="float32"))
@@ -269,3 +270,57 @@ def test_bloom_attention_with_alibi_reaches_the_attention_family_with_its_values
     p = np.exp(s - s.max(-1, keepdims=True))
     ref = ((p / p.sum(-1, keepdims=True)) @ v64).transpose(0, 2, 1, 3)
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def _opt_attention(tokens: int = 16, empty_row: bool = False) -> tvm.IRModule:
+    """OPT's eager attention as tvm_dsm.relax_torch imports it over fp16 ``[1, 4, tokens, 64]``
+    (q already scaled by 1/8): ``bmm`` of ``[heads, tokens, 64]`` views, viewed back and an
+    additive causal mask added (``full`` of fp16's minimum, 0 where ``key < query + 1``),
+    ``clamp(min=finfo.min)``, viewed again, the softmax in fp32 rounded back, ``bmm`` with v.
+    ``empty_row``: the mask also hides every key of the first query."""
+    bb = relax.BlockBuilder()
+    shape = (1, 4, tokens, 64)
+    q, k, v = (relax.Var(n, relax.TensorType(shape, "float16")) for n in "qkv")
+    with bb.function("main", [q, k, v]):
+        with bb.dataflow():
+            qv, kv, vv = (bb.emit(relax.op.reshape(t, (4, tokens, 64))) for t in (q, k, v))
+            kt = bb.emit(relax.op.permute_dims(kv, [0, 2, 1]))
+            s = bb.emit(relax.op.astype(bb.emit(relax.op.matmul(qv, kt, out_dtype="float32")), "float16"))
+            s = bb.emit(relax.op.reshape(s, shape[:2] + (tokens, tokens)))
+            fill = bb.emit(relax.op.full((tokens, tokens), relax.const(-65504.0, "float16"), "float16"))
+            keys = bb.emit(relax.op.arange(0, tokens, 1, "int64"))
+            bound = bb.emit(relax.op.reshape(bb.emit(relax.op.add(keys, relax.const(1 - empty_row, "int64"))),
+                                             (tokens, 1)))
+            mask = bb.emit(relax.op.where(bb.emit(relax.op.less(keys, bound)), bb.emit(relax.const(0.0, "float16")),
+                                          fill))
+            s = bb.emit(relax.op.add(s, bb.emit(relax.op.reshape(mask, (1, 1, tokens, tokens)))))
+            s = bb.emit(relax.op.reshape(bb.emit(relax.op.clip(s, -65504.0, float("inf"))), (4, tokens, tokens)))
+            p = bb.emit(relax.op.astype(bb.emit(relax.op.nn.softmax(bb.emit(relax.op.astype(s, "float32")), axis=-1)),
+                                        "float16"))
+            out = bb.emit(relax.op.astype(bb.emit(relax.op.matmul(p, vv, out_dtype="float32")), "float16"))
+            out = bb.emit_output(bb.emit(relax.op.reshape(out, shape)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_opts_clamped_scores_become_causal_attention_with_their_values():
+    """OPT's clamp of the masked scores at fp16's minimum changes only masked scores where the
+    constant mask keeps a key in every row: ``R.nn.attention`` with the causal flag, the same
+    values on llvm as float64 (q taken as already scaled)."""
+    rewritten = AttentionMasksFromConstants(RewriteToRelaxOps(_opt_attention()))
+    ops = _ops(rewritten)
+    assert not {"relax.nn.softmax", "relax.clip", "relax.nn.attention_bias"} & set(ops), rewritten.script()
+    (call,) = [c for c in _calls(rewritten) if isinstance(c.op, tvm.ir.Op) and c.op.name == "relax.nn.attention"]
+    assert call.attrs.causal_mask == "TopLeft" and float(call.attrs.scale) == 1.0
+    q, k, v = _inputs(16, 4, np.random.default_rng(13))
+    vm = relax.VirtualMachine(tvm.compile(rewritten, target="llvm"), tvm.cpu())
+    got = vm["main"](*(tvm.runtime.tensor(a) for a in (q * np.float16(0.125), k, v))).numpy().astype(np.float64)
+    ref = _reference(q, k, v, None)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def test_a_clamp_is_kept_where_the_mask_empties_a_row():
+    """A query whose every key is masked: the clamp makes its scores equal (the function weighs
+    them alike), which the attention kernel's -inf would not; the softmax stays spelled out."""
+    ops = _ops(AttentionMasksFromConstants(RewriteToRelaxOps(_opt_attention(empty_row=True))))
+    assert "relax.clip" in ops and "relax.nn.softmax" in ops and "relax.nn.attention" not in ops

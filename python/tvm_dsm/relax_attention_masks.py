@@ -63,13 +63,25 @@ def _closed(expr: relax.Expr, values: dict) -> list | None:
     return order if visit(expr) else None
 
 
-def _evaluate(expr: relax.Var, bindings: list) -> np.ndarray:
+def _evaluate(expr: relax.Expr, bindings: list) -> np.ndarray:
     """The value of ``expr``, bound by ``bindings`` to constants alone, computed on the host."""
     out = relax.Var("mask", expr.ty)
     block = relax.DataflowBlock([*(relax.VarBinding(v, value) for v, value in bindings), relax.VarBinding(out, expr)])
     mod = tvm.IRModule({"main": relax.Function([], relax.SeqExpr([block], out), expr.ty)})
     executable = tvm.compile(relax.transform.LegalizeOps()(mod), "llvm")
     return relax.VirtualMachine(executable, tvm.cpu())["main"]().numpy()
+
+
+def constant_mask(expr: relax.Expr, values: dict) -> np.ndarray | None:
+    """The value of ``expr`` (a constant, or a variable or call over ``values``, a function's
+    bindings) where it is computed from constants alone, of static shape and at most
+    :data:`MAX_MASK_ELEMENTS` elements, evaluated on the host; else None."""
+    if isinstance(expr, tvm.ir.Constant) and hasattr(expr.value, "numpy"):
+        return expr.value.numpy()
+    bindings = _closed(expr, values) if isinstance(expr, (relax.Var, relax.Call)) else None
+    ty = expr.ty
+    small = _static(ty) and math.prod(int(x) for x in ty.shape.values) <= MAX_MASK_ELEMENTS
+    return _evaluate(expr, bindings) if bindings is not None and small else None
 
 
 def causal_band(mask: np.ndarray) -> tuple[str, int | None] | None:
@@ -159,13 +171,8 @@ def _rewrite_masks(func: relax.Function, builder: relax.BlockBuilder) -> relax.F
 
     def band_of(bias) -> tuple[str, int | None] | None:
         if bias not in bands:
-            if isinstance(bias, tvm.ir.Constant) and hasattr(bias.value, "numpy"):  # a mask held as a constant
-                bands[bias] = causal_band(bias.value.numpy())
-            else:
-                bindings = _closed(bias, values) if isinstance(bias, relax.Var) else None
-                ty = bias.ty
-                small = _static(ty) and math.prod(int(x) for x in ty.shape.values) <= MAX_MASK_ELEMENTS
-                bands[bias] = causal_band(_evaluate(bias, bindings)) if bindings and small else None
+            mask = constant_mask(bias, values)
+            bands[bias] = None if mask is None else causal_band(mask)
         return bands[bias]
 
     def replacement(orig: relax.Call, _matches) -> relax.Expr:

@@ -56,6 +56,7 @@ from tvm import relax
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 from tvm.sym import Analyzer
 
+from .relax_attention_masks import constant_mask
 from .relax_matmuls import SIXTEEN_BIT, is_op_call
 
 #: The type the statistics are computed in, by TOPI's ``rms_norm`` and by the matched graphs.
@@ -71,7 +72,10 @@ def _tensor(expr) -> relax.TensorType | None:
 
 
 def _scalar(expr) -> float | None:
-    """The value of a one-element float constant, or None."""
+    """The value of a one-element float constant or a float immediate (``R.clip``'s bounds), or
+    None."""
+    if isinstance(expr, tvm.tirx.FloatImm):
+        return float(expr.value)
     if not isinstance(expr, tvm.ir.Constant):
         return None
     value = expr.value.numpy()
@@ -345,16 +349,19 @@ def attention_pattern():
     # baddbmm's addend (a zero tensor, ALiBi's bias) added over the batched product, viewed after
     biased = viewed(masked) | masked
     keep, fill = wildcard(), is_const()
-    selected = (is_op("relax.where")(keep, biased | scaling | scores, fill)
-                | is_op("relax.where")(keep, fill, biased | scaling | scores))  # masked_fill
-    logits = selected | biased | scaling | scores
+    kept = is_op("relax.where")(keep, biased | scaling | scores, fill)
+    selected = kept | is_op("relax.where")(keep, fill, biased | scaling | scores)  # masked_fill
+    # OPT's clamp of the masked scores at the type's minimum (the sum overflows to -inf in fp16)
+    clamped = is_op("relax.clip")(masked, wildcard(), wildcard())
+    logits = selected | viewed(clamped) | biased | scaling | scores
     softmax = is_op("relax.nn.softmax")(is_op("relax.astype")(logits) | logits)
     rounded = is_op("relax.astype")(softmax)
     v_view = is_op("relax.reshape")(v, wildcard())
-    root = viewed(is_op("relax.matmul")(batched(rounded | softmax) | is_op("relax.reshape")(rounded | softmax, wildcard()),
+    root = viewed(is_op("relax.matmul")(batched(rounded | softmax) | is_op("relax.reshape")(rounded | softmax, wildcard())
+                                        | rounded | softmax,  # the softmax over [batch * heads] views
                                         batched(v) | v_view))
     return root, {"q": q, "k": k, "kt": kt, "v": v, "scale": scale, "scaling": scaling, "mask": mask,
-                  "masked": masked, "selected": selected, "keep": keep, "fill": fill,
+                  "masked": masked, "clamped": clamped, "selected": selected, "kept": kept, "keep": keep, "fill": fill,
                   "softmax": softmax, "q_wide": q_wide, "k_wide": k_wide, "kt_wide": kt_wide, "rounded": rounded,
                   "q_view": q_view, "k_view": k_view, "kt_view": kt_view, "q_view_wide": q_view_wide,
                   "kt_view_wide": kt_view_wide, "k_tokens_last": k_tokens_last, "v_view": v_view}
@@ -379,7 +386,7 @@ def _exact_casts(m: dict, parts: dict, dtype: str) -> bool:
     return widened and (parts["rounded"] not in m or m[parts["rounded"]].attrs.dtype == dtype)
 
 
-def _attention_replacement(orig: relax.Expr, m: dict, parts: dict) -> relax.Expr:
+def _attention_replacement(orig: relax.Expr, m: dict, parts: dict, values: dict) -> relax.Expr:
     """``R.nn.attention`` of a match (:func:`attention_pattern`), or ``orig`` where it is not
     16-bit attention over ``[batch, heads, tokens, dim]`` with ``kt`` the transpose of k's last
     two axes, the softmax over the keys, a mask broadcast over the scores and casts that change
@@ -428,13 +435,17 @@ def _attention_replacement(orig: relax.Expr, m: dict, parts: dict) -> relax.Expr
             bias = bias if mask_ty.dtype == q_ty.dtype else relax.op.astype(bias, q_ty.dtype)
         else:
             bias = attention_bias(mask, q_ty.dtype)
+    if parts["clamped"] in m and not _clamps_masked_keys_alone(m[parts["clamped"]], m.get(parts["mask"]), values):
+        return orig
     if parts["selected"] in m:  # where(keep, scores, fill) or where(masked, fill, scores)
-        selected, keep = m[parts["selected"]], m[parts["keep"]]
+        keep = m[parts["keep"]]
         fill = _scalar(m[parts["fill"]])
         if fill is None or fill > _MASKED_FILL or _tensor(keep) is None or _tensor(keep).dtype != "bool" \
                 or _tensor(keep).ndim > 4:
             return orig
-        where = attention_bias(keep, q_ty.dtype, keep_when=not selected.args[1].same_as(m[parts["fill"]]))
+        # which form matched, not which argument is the fill's node: an imported fill is a
+        # variable bound to the constant the match names
+        where = attention_bias(keep, q_ty.dtype, keep_when=parts["kept"] in m)
         bias = where if bias is None else relax.op.add(bias, where)
     bshd = [0, 2, 1, 3]
     if k_heads_first is not None:
@@ -447,6 +458,21 @@ def _attention_replacement(orig: relax.Expr, m: dict, parts: dict) -> relax.Expr
 #: for any score a 16-bit model's product yields (the fills models use: -inf, the 16- and 32-bit
 #: types' minimum).
 _MASKED_FILL = -3.0e4
+
+
+def _clamps_masked_keys_alone(clip: relax.Call, mask: relax.Expr | None, values: dict) -> bool:
+    """Whether ``clip`` (of the scores plus ``mask``) raises nothing but masked scores and leaves
+    no row without a kept key, so the softmax after it is the softmax without it: its lower
+    bound masks (at most :data:`_MASKED_FILL`, and no upper bound below fp16's largest value),
+    and ``mask`` is computed from constants alone and keeps a key (0) in every query's row. The
+    attention kernel computes the scores in fp32, where the sum the clamp guards does not
+    overflow."""
+    low, high = (_scalar(a) for a in clip.args[1:])
+    if mask is None or low is None or high is None or low > _MASKED_FILL or high < 65504.0:
+        return False
+    value = constant_mask(mask, values)
+    return value is not None and value.ndim >= 2 and bool(np.all(np.any(value == 0, axis=-1))) \
+        and bool(np.all((value == 0) | (value <= _MASKED_FILL)))
 
 
 def _unbatched(mask: relax.Expr, q_ty: relax.TensorType) -> relax.Expr | None:
@@ -486,7 +512,8 @@ def rewrite_attentions(func: relax.Function) -> relax.Function:
     rounds the scores, the scaled scores and the probabilities to 16 bits); ``func`` itself
     where none matches."""
     root, parts = attention_pattern()
-    return _rewrite(root, lambda orig, m: _attention_replacement(orig, m, parts), func)
+    values = relax.analysis.get_var2val(func)
+    return _rewrite(root, lambda orig, m: _attention_replacement(orig, m, parts, values), func)
 
 
 #: The rewrites :data:`RewriteToRelaxOps` applies, in order.
