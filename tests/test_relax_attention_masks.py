@@ -264,11 +264,37 @@ def test_bloom_attention_with_alibi_reaches_the_attention_family_with_its_values
     q, k, v = (rng.standard_normal((1, 16, 4, 64)).astype("float16") for _ in range(3))
     vm = relax.VirtualMachine(tvm.compile(rewritten, target="llvm"), tvm.cpu())
     got = vm["main"](*(tvm.runtime.tensor(a) for a in (q, k, v))).numpy().astype(np.float64)
+    ref = _bloom_reference(q, k, v, slopes)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def _bloom_reference(q, k, v, slopes) -> np.ndarray:
+    """Causal attention over ``[1, tokens, heads, 64]`` with ALiBi (``slope[h] * key``), float64."""
+    tokens, heads = q.shape[1:3]
     q64, k64, v64 = (t.astype(np.float64).transpose(0, 2, 1, 3) for t in (q, k, v))
-    s = q64 @ k64.transpose(0, 1, 3, 2) * 0.125 + slopes.reshape(1, 4, 1, 1) * np.arange(16)
-    s = np.where(np.tri(16, 16, dtype=bool), s, -np.inf)
+    s = q64 @ k64.transpose(0, 1, 3, 2) * 0.125 + slopes.reshape(1, heads, 1, 1) * np.arange(tokens)
+    s = np.where(np.tri(tokens, tokens, dtype=bool), s, -np.inf)
     p = np.exp(s - s.max(-1, keepdims=True))
-    ref = ((p / p.sum(-1, keepdims=True)) @ v64).transpose(0, 2, 1, 3)
+    return ((p / p.sum(-1, keepdims=True)) @ v64).transpose(0, 2, 1, 3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["bloom", "opt"])
+def test_bloom_and_opt_attention_are_correct_on_the_gpu(form):
+    """BLOOM's (ALiBi a bias, the mask a ``masked_fill`` of a bound fill) and OPT's (the masked
+    sum clamped) eager attention over 200 tokens: the "tvm_dsm" pipeline's kernels against
+    float64."""
+    rng = np.random.default_rng()
+    dev = tvm.cuda(0)
+    if form == "bloom":
+        mod, slopes = _bloom_attention(tokens=200)
+        inputs = [rng.standard_normal((1, 200, 4, 64)).astype("float16") for _ in range(3)]
+        ref = _bloom_reference(*inputs, slopes)
+    else:
+        mod, (q, k, v) = _opt_attention(tokens=200), _inputs(200, 4, rng)
+        inputs, ref = [q * np.float16(0.125), k, v], _reference(q, k, v, None)
+    vm = relax.VirtualMachine(tvm.compile(mod, target=TARGET, relax_pipeline="tvm_dsm"), dev)
+    got = vm["main"](*(tvm.runtime.tensor(a, dev) for a in inputs)).numpy().astype(np.float64)
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
 
 
