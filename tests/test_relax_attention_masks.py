@@ -279,22 +279,31 @@ def _bloom_reference(q, k, v, slopes) -> np.ndarray:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("form", ["bloom", "opt"])
-def test_bloom_and_opt_attention_are_correct_on_the_gpu(form):
-    """BLOOM's (ALiBi a bias, the mask a ``masked_fill`` of a bound fill) and OPT's (the masked
-    sum clamped) eager attention over 200 tokens: the "tvm_dsm" pipeline's kernels against
-    float64."""
+@pytest.mark.parametrize("form", ["bloom", "opt", "padded"])
+def test_hugging_face_attention_forms_are_correct_on_the_gpu(form):
+    """BLOOM's (ALiBi a bias, the mask a ``masked_fill`` of a bound fill), OPT's (the masked sum
+    clamped) and a padding mask's (an input that empties the first queries' rows: finite there)
+    eager attention over 200 tokens: the "tvm_dsm" pipeline's kernels against float64."""
     rng = np.random.default_rng()
     dev = tvm.cuda(0)
     if form == "bloom":
         mod, slopes = _bloom_attention(tokens=200)
         inputs = [rng.standard_normal((1, 200, 4, 64)).astype("float16") for _ in range(3)]
         ref = _bloom_reference(*inputs, slopes)
-    else:
+    elif form == "opt":
         mod, (q, k, v) = _opt_attention(tokens=200), _inputs(200, 4, rng)
         inputs, ref = [q * np.float16(0.125), k, v], _reference(q, k, v, None)
+    else:
+        mod, inputs = _padded_attention(tokens=200), _inputs(200, 4, rng)
+        keep = np.tri(200, 200, dtype=bool)
+        keep[:, :3] = False
+        inputs.append(keep.reshape(1, 1, 200, 200))
+        ref = _kept_reference(*inputs, rows=slice(3, None))
     vm = relax.VirtualMachine(tvm.compile(mod, target=TARGET, relax_pipeline="tvm_dsm"), dev)
     got = vm["main"](*(tvm.runtime.tensor(a, dev) for a in inputs)).numpy().astype(np.float64)
+    if form == "padded":
+        assert np.isfinite(got).all()
+        got = got[:, :, 3:]
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
 
 
@@ -350,3 +359,56 @@ def test_a_clamp_is_kept_where_the_mask_empties_a_row():
     them alike), which the attention kernel's -inf would not; the softmax stays spelled out."""
     ops = _ops(AttentionMasksFromConstants(RewriteToRelaxOps(_opt_attention(empty_row=True))))
     assert "relax.clip" in ops and "relax.nn.softmax" in ops and "relax.nn.attention" not in ops
+
+
+def _padded_attention(tokens: int = 16) -> tvm.IRModule:
+    """Eager attention over fp16 ``[1, 4, tokens, 64]`` masked by an input ``keep`` ``[1, 1,
+    tokens, tokens]`` (a padding mask: not computed from constants) as Hugging Face fills it,
+    ``where(keep, scores, finfo(float16).min)``, the softmax in fp32 rounded back."""
+    bb = relax.BlockBuilder()
+    shape = (1, 4, tokens, 64)
+    q, k, v = (relax.Var(n, relax.TensorType(shape, "float16")) for n in "qkv")
+    keep = relax.Var("keep", relax.TensorType((1, 1, tokens, tokens), "bool"))
+    with bb.function("main", [q, k, v, keep]):
+        with bb.dataflow():
+            def batched(t, batched_shape):
+                return bb.emit(relax.op.reshape(bb.emit(relax.op.broadcast_to(t, t.ty.shape)), batched_shape))
+
+            kt = bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))
+            s = bb.emit(relax.op.matmul(batched(q, (4, tokens, 64)), batched(kt, (4, 64, tokens)), out_dtype="float32"))
+            s = bb.emit(relax.op.reshape(bb.emit(relax.op.astype(s, "float16")), (1, 4, tokens, tokens)))
+            s = bb.emit(relax.op.multiply(s, relax.const(0.125, "float16")))
+            s = bb.emit(relax.op.where(keep, s, bb.emit(relax.const(-65504.0, "float16"))))
+            p = bb.emit(relax.op.astype(bb.emit(relax.op.nn.softmax(bb.emit(relax.op.astype(s, "float32")), axis=-1)),
+                                        "float16"))
+            out = bb.emit(relax.op.matmul(batched(p, (4, tokens, tokens)), batched(v, (4, tokens, 64)), out_dtype="float32"))
+            out = bb.emit_output(bb.emit(relax.op.reshape(bb.emit(relax.op.astype(out, "float16")), shape)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_a_padding_mask_that_empties_a_row_keeps_the_row_finite():
+    """A query whose every key a padding mask hides (Hugging Face's left padding under a causal
+    mask): the function weighs its keys by a finite fill, so its output is finite; read as
+    ``R.nn.attention`` with the fill as the bias (not -inf, whose empty row is 0 / 0), the other
+    rows as float64 computes them."""
+    rewritten = AttentionMasksFromConstants(RewriteToRelaxOps(_padded_attention()))
+    assert "relax.nn.attention_bias" in _ops(rewritten), rewritten.script()
+    q, k, v = _inputs(16, 4, np.random.default_rng(17))
+    keep = np.tri(16, 16, dtype=bool)
+    keep[:3, :] = False  # three padded queries see no key
+    keep[:, :3] = False
+    vm = relax.VirtualMachine(tvm.compile(rewritten, target="llvm"), tvm.cpu())
+    got = vm["main"](*(tvm.runtime.tensor(a) for a in (q, k, v, keep.reshape(1, 1, 16, 16)))).numpy().astype(np.float64)
+    assert np.isfinite(got).all()
+    ref = _kept_reference(q, k, v, keep, rows=slice(3, None))
+    assert np.linalg.norm(got[:, :, 3:] - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def _kept_reference(q, k, v, keep, rows: slice) -> np.ndarray:
+    """Attention of the queries ``rows`` over the keys ``keep`` keeps (each row keeps one), in
+    float64."""
+    q64, k64, v64 = (t.astype(np.float64) for t in (q, k, v))
+    s = np.where(keep, q64 @ k64.transpose(0, 1, 3, 2) / 8.0, -np.inf)[:, :, rows]
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ v64

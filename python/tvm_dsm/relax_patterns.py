@@ -445,7 +445,7 @@ def _attention_replacement(orig: relax.Expr, m: dict, parts: dict, values: dict)
             return orig
         # which form matched, not which argument is the fill's node: an imported fill is a
         # variable bound to the constant the match names
-        where = attention_bias(keep, q_ty.dtype, keep_when=parts["kept"] in m)
+        where = attention_bias(keep, q_ty.dtype, keep_when=parts["kept"] in m, fill=fill)
         bias = where if bias is None else relax.op.add(bias, where)
     bshd = [0, 2, 1, 3]
     if k_heads_first is not None:
@@ -492,15 +492,21 @@ def _unbatched(mask: relax.Expr, q_ty: relax.TensorType) -> relax.Expr | None:
     return None
 
 
-def attention_bias(mask: relax.Expr, dtype: str, keep_when: bool = True) -> relax.Expr:
+#: The lowest finite value of each 16- and 32-bit float type.
+_LOWEST = {"float16": -65504.0, "bfloat16": -3.3895313892515355e38, "float32": -3.4028234663852886e38}
+
+
+def attention_bias(mask: relax.Expr, dtype: str, keep_when: bool = True, fill: float = -math.inf) -> relax.Expr:
     """A mask over attention scores (up to four dimensions, broadcast over them) as
     ``R.nn.attention``'s bias: four dimensions (leading ones added), in the scores' ``dtype``;
-    a bool mask as 0 where it is ``keep_when`` (the key takes part), else -inf."""
+    a bool mask as 0 where it is ``keep_when`` (the key takes part), else ``fill`` raised to
+    ``dtype``'s lowest finite value (a query whose every key it masks then weighs its keys by
+    finite scores, as a model's finite fill does, instead of dividing 0 by 0)."""
     ty = mask.ty
     if ty.ndim < 4:
         mask = relax.op.reshape(mask, [1] * (4 - ty.ndim) + list(ty.shape.values))
     if ty.dtype == "bool":
-        kept, masked = relax.const(0.0, dtype), relax.const(-math.inf, dtype)
+        kept, masked = relax.const(0.0, dtype), relax.const(max(fill, _LOWEST.get(dtype, -math.inf)), dtype)
         return relax.op.where(mask, *((kept, masked) if keep_when else (masked, kept)))
     return mask if ty.dtype == dtype else relax.op.astype(mask, dtype)
 
