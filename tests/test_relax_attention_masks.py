@@ -11,7 +11,7 @@ import tvm
 from tvm import relax
 from conftest import TARGET
 from tvm_dsm.model_report import relax_report
-from tvm_dsm.relax_attention_masks import AttentionMasksFromConstants, causal_band
+from tvm_dsm.relax_attention_masks import AttentionMasksFromConstants, alibi_slopes, causal_band
 from tvm_dsm.relax_patterns import RewriteToRelaxOps
 
 
@@ -253,12 +253,16 @@ def _bloom_attention(tokens: int = 16, heads: int = 4) -> tuple[tvm.IRModule, np
 
 def test_bloom_attention_with_alibi_reaches_the_attention_family_with_its_values():
     """BLOOM's form (k transposed before its view, the ALiBi bias added over the batched product,
-    ``masked_fill``): ``R.nn.attention`` with the ALiBi as its bias, taken by the attention
-    family; the same values on llvm as float64."""
+    ``masked_fill``): its bias, computed from constants, read as causal attention with ALiBi's
+    slopes (a function the attention family computes per key, no bias tensor), the slopes
+    exact; the same values on llvm as float64."""
     mod, slopes = _bloom_attention()
     rewritten = AttentionMasksFromConstants(RewriteToRelaxOps(mod))
     ops = _ops(rewritten)
-    assert "relax.nn.attention_bias" in ops and not {"relax.nn.softmax", "relax.matmul"} & set(ops), rewritten.script()
+    assert not {"relax.nn.attention_bias", "relax.nn.softmax", "relax.matmul"} & set(ops), rewritten.script()
+    (read,) = [c.args[1].fields[3].value.numpy() for c in _calls(rewritten) if c.op.name == "relax.call_tir"
+               and c.args[0].name_hint.startswith("alibi_attention")]
+    np.testing.assert_array_equal(read, slopes)
     assert relax_report(rewritten).counts().get("attention", 0) == 1, relax_report(rewritten).format()
     rng = np.random.default_rng(11)
     q, k, v = (rng.standard_normal((1, 16, 4, 64)).astype("float16") for _ in range(3))
@@ -412,3 +416,27 @@ def _kept_reference(q, k, v, keep, rows: slice) -> np.ndarray:
     s = np.where(keep, q64 @ k64.transpose(0, 1, 3, 2) / 8.0, -np.inf)[:, :, rows]
     p = np.exp(s - s.max(-1, keepdims=True))
     return (p / p.sum(-1, keepdims=True)) @ v64
+
+
+@pytest.mark.parametrize("form", ["keys_fp16", "distance_fp32", "keys_over_batch"])
+def test_alibi_reads_as_slopes_from_the_smallest_keys(form):
+    """``slope[h] * j`` built in fp16 over 2048 keys (rounded as BLOOM rounds it) or ``-slope[h]
+    * (i - j)`` in fp32, under a causal mask of fp16's minimum, repeated over a batch: the
+    slopes exactly."""
+    slopes = 2.0 ** -np.arange(1, 5, dtype=np.float32)
+    keys = 2048 if form == "keys_fp16" else 64
+    i, j = np.arange(keys)[:, None], np.arange(keys)[None, :]
+    dtype = np.float16 if form == "keys_fp16" else np.float32
+    values = slopes[:, None, None] * (j - i if form == "distance_fp32" else j + 0 * i)
+    bias = np.where(j <= i, values.astype(dtype), dtype(-65504))[None]
+    if form == "keys_over_batch":
+        bias = np.repeat(bias, 3, axis=0)
+    np.testing.assert_array_equal(alibi_slopes(bias, 4), slopes)
+
+
+def test_a_bias_that_is_not_alibi_has_no_slopes():
+    i, j = np.arange(32)[:, None], np.arange(32)[None, :]
+    square = np.where(j <= i, 0.01 * (j ** 2), -np.inf).astype(np.float32)[None, None]
+    assert alibi_slopes(np.repeat(square, 2, axis=1), 2) is None
+    per_batch = np.stack([np.where(j <= i, s * j, -np.inf) for s in (0.5, 0.25)]).astype(np.float32)[:, None]
+    assert alibi_slopes(per_batch, 1) is None

@@ -11,7 +11,10 @@ of the ``window`` newest keys (a sliding window shorter than the sequence), the 
 becomes a TIR function that writes the band as an index condition, which the attention family
 reads as a mask of the scores (:class:`tvm_dsm.kernels.attention_pattern.ScoreTerms`: the tiles
 past the diagonal skipped, the window computed per key); TVM cannot legalize
-``R.nn.attention(window_size=)``. Any other mask stays the bias it was. Each mask is evaluated
+``R.nn.attention(window_size=)``. A bias that is ALiBi (``slope[h] * key`` plus a constant per
+query, as BLOOM adds it) over a causal band becomes such a function too, with the slopes its
+input and ALiBi computed per key, instead of a ``[heads, tokens, tokens]`` tensor written once
+and read for every score. Any other mask stays the bias it was. Each mask is evaluated
 once a function (the layers of a model share it): a Mistral-7B layer of 8192 tokens, its [8192,
 8192] mask evaluated, exported and planned in 14 s with 2.3 GB at most on a 2-core host; larger
 masks (:data:`MAX_MASK_ELEMENTS`) and masks of symbolic extents stay biases.
@@ -110,12 +113,42 @@ def causal_band(mask: np.ndarray) -> tuple[str, int | None] | None:
     return None
 
 
-def windowed_attention(q_ty: relax.TensorType, k_ty: relax.TensorType, v_ty: relax.TensorType, scale: float,
-                       shift: int, window: int) -> tirx.PrimFunc:
+def alibi_slopes(bias: np.ndarray, heads: int) -> np.ndarray | None:
+    """Per-head slopes ``s`` where ``bias`` (``[batch or 1, heads or 1, queries, keys]``, the
+    same in every batch slice) is ``s[h] * j`` plus a constant per query row (the softmax
+    ignores it: ``-s[h] * (i - j)`` is ALiBi too) on the keys it keeps (above
+    :data:`MASKED_FILL`), within the rounding of its own type (a model that builds ALiBi in fp16
+    rounds ``s[h] * j``; the slopes, read from the smallest keys, are exact); else None."""
+    if bias.ndim != 4 or bias.shape[1] not in (1, heads) or not np.issubdtype(bias.dtype, np.floating):
+        return None
+    if not all(np.array_equal(bias[0], b) for b in bias[1:]):
+        return None
+    values = bias[0].astype(np.float64)
+    kept = values > MASKED_FILL
+    keys = np.arange(values.shape[-1])
+    slopes = []
+    for head, kept_head in zip(values, kept):
+        last = np.flatnonzero(kept_head[-1])
+        if len(last) < 2:
+            return None
+        slope = (head[-1, last[1]] - head[-1, last[0]]) / (last[1] - last[0])
+        rows = np.where(kept_head, head - slope * keys, np.nan)
+        first = rows[np.arange(len(rows)), kept_head.argmax(axis=1)][:, None]
+        tolerance = np.finfo(bias.dtype).eps * np.abs(np.where(kept_head, head, 0)).max()
+        if not np.all(np.where(kept_head, np.abs(rows - first) <= tolerance, True)):
+            return None
+        slopes.append(slope)
+    return np.broadcast_to(np.array(slopes, "float32"), (heads,)).copy()
+
+
+def band_attention(q_ty: relax.TensorType, k_ty: relax.TensorType, v_ty: relax.TensorType, scale: float,
+                   shift: int, window: int | None, alibi: bool) -> tirx.PrimFunc:
     """Attention over ``[batch, tokens, heads, dim]`` operands (``R.nn.attention``'s layout; k
     and v may have fewer heads, each shared by a group of q's) in which query ``i`` sees the keys
-    ``i + shift - window < j <= i + shift``, the scores scaled by ``scale`` and the softmax in
-    fp32, as a TIR function (q, k, v, out)."""
+    ``i + shift - window < j <= i + shift`` (``window`` None: every key up to ``i + shift``),
+    the scores scaled by ``scale``, with ``alibi`` ALiBi's ``slopes[h] * (j - i)`` added (the
+    function's fourth parameter, fp32 ``[heads]``), and the softmax in fp32, as a TIR function
+    (q, k, v[, slopes], out)."""
     batch, queries, heads, dim = (int(x) for x in q_ty.shape.values)
     _, keys, kv_heads, _ = (int(x) for x in k_ty.shape.values)
     dim_v = int(v_ty.shape.values[-1])
@@ -123,12 +156,19 @@ def windowed_attention(q_ty: relax.TensorType, k_ty: relax.TensorType, v_ty: rel
     q = te.placeholder(q_ty.shape.values, q_ty.dtype, name="q")
     k = te.placeholder(k_ty.shape.values, k_ty.dtype, name="k")
     v = te.placeholder(v_ty.shape.values, v_ty.dtype, name="v")
+    slopes = te.placeholder((heads,), "float32", name="slopes") if alibi else None
     d = te.reduce_axis((0, dim), "d")
     raw = te.compute((batch, heads, queries, keys), lambda b, h, i, j: te.sum(
         q[b, i, h, d].astype("float32") * k[b, j, h // group, d].astype("float32"), axis=d), name="scores")
-    logits = te.compute(raw.shape, lambda b, h, i, j: te.if_then_else(
-        tirx.all(j <= i + shift, j > i + shift - window), raw[b, h, i, j] * tirx.const(scale, "float32"),
-        tirx.const(_LOWEST, "float32")), name="logits")
+
+    def logit(b, h, i, j):
+        value = raw[b, h, i, j] * tirx.const(scale, "float32")
+        if alibi:
+            value = value + slopes[h] * (j - i).astype("float32")
+        inside = j <= i + shift if window is None else tirx.all(j <= i + shift, j > i + shift - window)
+        return te.if_then_else(inside, value, tirx.const(_LOWEST, "float32"))
+
+    logits = te.compute(raw.shape, logit, name="logits")
     t1, t2, t3 = (te.reduce_axis((0, keys), n) for n in ("t1", "t2", "t3"))
     top = te.compute(raw.shape[:3], lambda b, h, i: te.max(logits[b, h, i, t1], axis=t1), name="row_max")
     weights = te.compute(raw.shape, lambda b, h, i, j: te.exp(logits[b, h, i, j] - top[b, h, i]), name="weights")
@@ -137,7 +177,7 @@ def windowed_attention(q_ty: relax.TensorType, k_ty: relax.TensorType, v_ty: rel
         weights[b, h, i, t3] * v[b, t3, h // group, c].astype("float32"), axis=t3), name="weighted")
     out = te.compute((batch, queries, heads, dim_v), lambda b, i, h, c: (
         summed[b, h, i, c] / total[b, h, i]).astype(q_ty.dtype), name="out")
-    return te.create_prim_func([q, k, v, out]).without_attr("global_symbol")
+    return te.create_prim_func([q, k, v, *([slopes] if alibi else []), out]).without_attr("global_symbol")
 
 
 def _static(ty) -> bool:
@@ -169,32 +209,43 @@ def _rewrite_masks(func: relax.Function, builder: relax.BlockBuilder) -> relax.F
     bands: dict = {}
     changed = []
 
-    def band_of(bias) -> tuple[str, int | None] | None:
+    def band_of(bias, heads: int) -> tuple[str, int | None, np.ndarray | None] | None:
+        """(alignment, window, ALiBi's slopes or None) of a bias computed from constants."""
         if bias not in bands:
-            mask = constant_mask(bias, values)
-            bands[bias] = None if mask is None else causal_band(mask)
+            mask, band = constant_mask(bias, values), None
+            if mask is not None:
+                band = causal_band(mask)
+                if band is not None:
+                    band = (*band, None)
+                elif (kept := causal_band(np.where(mask > MASKED_FILL, 0.0, -math.inf))) is not None:
+                    slopes = alibi_slopes(mask, heads)
+                    band = None if slopes is None else (*kept, slopes if np.any(slopes) else None)
+            bands[bias] = band
         return bands[bias]
 
     def replacement(orig: relax.Call, _matches) -> relax.Expr:
         q, k, v, bias = orig.args
         if orig.attrs.causal_mask is not None or orig.attrs.window_size is not None:
             return orig
-        band = band_of(bias)
+        q_ty, k_ty, v_ty = q.ty, k.ty, v.ty
+        heads = int(q_ty.shape.values[2]) if _static(q_ty) else 0
+        band = band_of(bias, heads)
         if band is None:
             return orig
-        alignment, window = band
-        changed.append(orig)
-        if window is None:
+        alignment, window, slopes = band
+        if window is None and slopes is None:
+            changed.append(orig)
             return relax.op.nn.attention(q, k, v, scale=orig.attrs.scale, causal_mask=alignment)
-        q_ty, k_ty, v_ty = q.ty, k.ty, v.ty
-        if not all(_static(t) for t in (q_ty, k_ty, v_ty)) or int(q_ty.shape.values[2]) % int(k_ty.shape.values[2]):
-            changed.pop()
+        if not all(_static(t) for t in (q_ty, k_ty, v_ty)) or heads % int(k_ty.shape.values[2]):
             return orig
+        changed.append(orig)
         scale = float(orig.attrs.scale) if orig.attrs.scale is not None else 1.0 / math.sqrt(int(q_ty.shape.values[3]))
         shift = 0 if alignment == "TopLeft" else int(k_ty.shape.values[1]) - int(q_ty.shape.values[1])
-        gv = builder.add_func(windowed_attention(q_ty, k_ty, v_ty, scale, shift, window), "windowed_attention")
+        name = "alibi_attention" if slopes is not None else "windowed_attention"
+        gv = builder.add_func(band_attention(q_ty, k_ty, v_ty, scale, shift, window, slopes is not None), name)
         out_shape = [*q_ty.shape.values[:3], v_ty.shape.values[3]]
-        return relax.call_tir(gv, [q, k, v], relax.TensorType(out_shape, q_ty.dtype))
+        args = [q, k, v] + ([relax.const(slopes)] if slopes is not None else [])
+        return relax.call_tir(gv, args, relax.TensorType(out_shape, q_ty.dtype))
 
     new = rewrite_call(is_op(_ATTENTION_BIAS)(wildcard(), wildcard(), wildcard(), wildcard()), replacement, func)
     return new if changed else func
