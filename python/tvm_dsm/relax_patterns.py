@@ -447,6 +447,8 @@ def _attention_replacement(orig: relax.Expr, m: dict, parts: dict, values: dict)
         # variable bound to the constant the match names
         where = attention_bias(keep, q_ty.dtype, keep_when=parts["kept"] in m, fill=fill)
         bias = where if bias is None else relax.op.add(bias, where)
+    if not _same_batch_and_heads(q_ty, _tensor(k), k_heads_first) or not _same_batch_and_heads(q_ty, v_ty, None):
+        return orig  # k or v broadcast over q's batch or heads by the product: the operator does not
     bshd = [0, 2, 1, 3]
     if k_heads_first is not None:
         k = relax.op.permute_dims(k, k_heads_first)
@@ -458,6 +460,18 @@ def _attention_replacement(orig: relax.Expr, m: dict, parts: dict, values: dict)
 #: for any score a 16-bit model's product yields (the fills models use: -inf, the 16- and 32-bit
 #: types' minimum).
 _MASKED_FILL = -3.0e4
+
+
+def _same_batch_and_heads(q_ty: relax.TensorType, ty: relax.TensorType, heads_first: list | None) -> bool:
+    """Whether ``ty`` (k or v; ``heads_first`` the permutation taking it to ``[batch, heads,
+    tokens, dim]``, None where it is already) has q's batch and heads: a product that
+    broadcasts one KV head or batch over q's reads them in place, which ``R.nn.attention`` does
+    not."""
+    dims = list(ty.shape.values)
+    if heads_first is not None:
+        dims = [dims[a] for a in heads_first]
+    analyzer = Analyzer()
+    return all(analyzer.can_prove_equal(a, b) for a, b in zip(q_ty.shape.values[:2], dims[:2]))
 
 
 def _clamps_masked_keys_alone(clip: relax.Call, mask: relax.Expr | None, values: dict) -> bool:
@@ -492,23 +506,30 @@ def _unbatched(mask: relax.Expr, q_ty: relax.TensorType) -> relax.Expr | None:
     return None
 
 
-#: The lowest finite value of each 16- and 32-bit float type.
-_LOWEST = {"float16": -65504.0, "bfloat16": -3.3895313892515355e38, "float32": -3.4028234663852886e38}
+#: The most negative value a bias of each type holds where it masks a key: in 16 bits half of
+#: fp16's range, so a 16-bit score added to it stays finite (fp16's lowest, -65504, plus -20
+#: rounds to -inf) while its exponent still underflows (below :data:`_MASKED_FILL`).
+_MASK_FLOOR = {"float16": -32768.0, "bfloat16": -32768.0, "float32": -3.4028234663852886e38}
 
 
 def attention_bias(mask: relax.Expr, dtype: str, keep_when: bool = True, fill: float = -math.inf) -> relax.Expr:
     """A mask over attention scores (up to four dimensions, broadcast over them) as
     ``R.nn.attention``'s bias: four dimensions (leading ones added), in the scores' ``dtype``;
     a bool mask as 0 where it is ``keep_when`` (the key takes part), else ``fill`` raised to
-    ``dtype``'s lowest finite value (a query whose every key it masks then weighs its keys by
-    finite scores, as a model's finite fill does, instead of dividing 0 by 0)."""
-    ty = mask.ty
+    :data:`_MASK_FLOOR`, and a wider float mask raised to it too (a query whose every key it
+    masks then weighs its keys by finite scores, as a model's finite fill does, instead of
+    dividing 0 by 0)."""
+    ty, dtype = mask.ty, str(dtype)
     if ty.ndim < 4:
         mask = relax.op.reshape(mask, [1] * (4 - ty.ndim) + list(ty.shape.values))
     if ty.dtype == "bool":
-        kept, masked = relax.const(0.0, dtype), relax.const(max(fill, _LOWEST.get(dtype, -math.inf)), dtype)
+        kept, masked = relax.const(0.0, dtype), relax.const(max(fill, _MASK_FLOOR.get(dtype, -math.inf)), dtype)
         return relax.op.where(mask, *((kept, masked) if keep_when else (masked, kept)))
-    return mask if ty.dtype == dtype else relax.op.astype(mask, dtype)
+    if ty.dtype == dtype:
+        return mask
+    if dtype in _MASK_FLOOR:  # fp32's minimum would round to -inf
+        mask = relax.op.clip(mask, _MASK_FLOOR[dtype], math.inf)
+    return relax.op.astype(mask, dtype)
 
 
 def rewrite_attentions(func: relax.Function) -> relax.Function:
