@@ -72,10 +72,12 @@ def _tensor(expr) -> relax.TensorType | None:
 
 
 def _scalar(expr) -> float | None:
-    """The value of a one-element float constant or a float immediate (``R.clip``'s bounds), or
-    None."""
+    """The value of a one-element float constant, a float immediate (``R.clip``'s bounds) or a
+    scalar ``R.full`` of a constant, or None."""
     if isinstance(expr, tvm.tirx.FloatImm):
         return float(expr.value)
+    if is_op_call(expr, "relax.full") and _tensor(expr) is not None and _tensor(expr).ndim == 0:
+        return _scalar(expr.args[1])
     if not isinstance(expr, tvm.ir.Constant):
         return None
     value = expr.value.numpy()
@@ -323,7 +325,10 @@ def attention_pattern():
     3)``, ``softmax(.., dtype=float32).to(v.dtype)``). Returns the root and its named parts
     (``q``, ``k``, ``kt``, ``v``, ``scale``, ``scaling``, ``mask``, ``softmax``, and the casts
     ``q_wide``, ``k_wide``, ``kt_wide``, ``rounded``)."""
-    q, k, v, scale, mask = wildcard(), wildcard(), wildcard(), is_const(), wildcard()
+    def scalar():  # a constant, or ``torch.full([], c)`` (GPT-2's divisor and fill)
+        return is_const() | is_op("relax.full")(wildcard(), is_const())
+
+    q, k, v, scale, mask = wildcard(), wildcard(), wildcard(), scalar(), wildcard()
     q_wide, k_wide = is_op("relax.astype")(q), is_op("relax.astype")(k)
     kt = is_op("relax.permute_dims")(k_wide | k)
     kt_wide = is_op("relax.astype")(kt)
@@ -348,7 +353,7 @@ def attention_pattern():
     masked = is_op("relax.add")(scaling | scores, mask)
     # baddbmm's addend (a zero tensor, ALiBi's bias) added over the batched product, viewed after
     biased = viewed(masked) | masked
-    keep, fill = wildcard(), is_const()
+    keep, fill = wildcard(), scalar()
     kept = is_op("relax.where")(keep, biased | scaling | scores, fill)
     selected = kept | is_op("relax.where")(keep, fill, biased | scaling | scores)  # masked_fill
     # OPT's clamp of the masked scores at the type's minimum (the sum overflows to -inf in fp16)
