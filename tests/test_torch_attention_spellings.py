@@ -474,10 +474,15 @@ def _padding_keep(tq: int = T, tk: int = T) -> np.ndarray:
     return keep
 
 
+def _self_attention(rng):
+    """q, k and v of one shape ``[B, H, T, D]``, without a mask."""
+    return _qkv(rng, (B, H, T, D))
+
+
 @dataclass
 class Case:
     make: Callable[[], torch.nn.Module]
-    inputs: Callable[[np.random.Generator], list]
+    inputs: Callable[[np.random.Generator], list] = _self_attention
     rows: Callable[[list], np.ndarray] | None = None  # output rows that keep a key, as out[..., 0]
 
 
@@ -523,20 +528,20 @@ def _bert_padding(rng):
 
 CASES = {
     # masks built from constants: the causal flag, a window, ALiBi's slopes
-    "masked_fill_triu_finfo_min": Case(MaskedFillTriuFinfoMin, lambda r: _qkv(r, (B, H, T, D))),
-    "masked_fill_neg_inf_fp16_softmax": Case(MaskedFillNegInf, lambda r: _qkv(r, (B, H, T, D))),
-    "gpt2_where_keep_full_scale": Case(GPT2WhereKeep, lambda r: _qkv(r, (B, H, T, D))),
-    "where_keep_scores_fill": Case(WhereKeepScoresFill, lambda r: _qkv(r, (B, H, T, D))),
-    "where_masked_fill_scores": Case(WhereMaskedFillScores, lambda r: _qkv(r, (B, H, T, D))),
-    "additive_full_min_triu": Case(AdditiveFullMinTriu, lambda r: _qkv(r, (B, H, T, D))),
-    "opt_clamp": Case(OPTClamp, lambda r: _qkv(r, (B, H, T, D))),
-    "opt_max_tensor": Case(lambda: OPTClamp(max_tensor=True), lambda r: _qkv(r, (B, H, T, D))),
-    "neox_baddbmm_where": Case(NeoXBaddbmm, lambda r: _qkv(r, (B, H, T, D))),
-    "megatron_baddbmm_beta0_empty": Case(MegatronBaddbmmBetaZero, lambda r: _qkv(r, (B, H, T, D))),
+    "masked_fill_triu_finfo_min": Case(MaskedFillTriuFinfoMin),
+    "masked_fill_neg_inf_fp16_softmax": Case(MaskedFillNegInf),
+    "gpt2_where_keep_full_scale": Case(GPT2WhereKeep),
+    "where_keep_scores_fill": Case(WhereKeepScoresFill),
+    "where_masked_fill_scores": Case(WhereMaskedFillScores),
+    "additive_full_min_triu": Case(AdditiveFullMinTriu),
+    "opt_clamp": Case(OPTClamp),
+    "opt_max_tensor": Case(lambda: OPTClamp(max_tensor=True)),
+    "neox_baddbmm_where": Case(NeoXBaddbmm),
+    "megatron_baddbmm_beta0_empty": Case(MegatronBaddbmmBetaZero),
     "bloom_baddbmm_alibi": Case(BloomAlibi, lambda r: _qkv(r, (B, T, H, D))),
-    "scale_folded_into_q_and_k": Case(ScaleFoldedIntoQK, lambda r: _qkv(r, (B, H, T, D))),
-    "manual_softmax_fp16": Case(ManualSoftmax, lambda r: _qkv(r, (B, H, T, D))),
-    "phi2_widened_qk": Case(Phi2Widened, lambda r: _qkv(r, (B, H, T, D))),
+    "scale_folded_into_q_and_k": Case(ScaleFoldedIntoQK),
+    "manual_softmax_fp16": Case(ManualSoftmax),
+    "phi2_widened_qk": Case(Phi2Widened),
     "gqa_repeat_interleave": Case(GQARepeatInterleave, lambda r: _qkv(r, (B, H, T, D), (B, KVH, T, D))),
     "llama_gqa_expand_reshape": Case(LlamaGQAExpand, lambda r: _qkv(r, (B, H, T, D), (B, KVH, T, D))),
     "mla_value_dim_differs": Case(DifferentValueDim,
@@ -547,8 +552,8 @@ CASES = {
     "causal_first_query_scores_minus_24": Case(MaskedFillTriuFinfoMin, _negative_first_score),
     # A constant mask of one query row broadcast over all queries: causal_band reads its [.., 1, keys]
     # shape as one query, BottomRight (every key), and the attention (16 queries) becomes causal.
-    "bert_no_mask_given_constant_ones": Case(BertNoMaskGiven, lambda r: _qkv(r, (B, H, T, D))),
-    "alibi_query_broadcast_no_causal": Case(AlibiNoCausal, lambda r: _qkv(r, (B, H, T, D))),
+    "bert_no_mask_given_constant_ones": Case(BertNoMaskGiven),
+    "alibi_query_broadcast_no_causal": Case(AlibiNoCausal),
     # masks passed in (padding; a query with no key)
     "additive_mask_input_empty_row": Case(AdditiveMaskInput, _additive_padding, _keep_rows_of(3)),
     "bool_mask_input_finfo_min_empty_row": Case(BoolMaskInputFinfoMin, _bool_padding, _keep_rows_of(3)),
@@ -558,7 +563,7 @@ CASES = {
     "widened_fp32_mask_input_empty_row": Case(WidenedFp32MaskInput, _fp32_padding, _keep_rows_of(3)),
     # no mask
     "bart_scaled_query_cross": Case(BartScaledQuery, lambda r: _qkv(r, (B, H, T, D), (B, H, 24, D))),
-    "einsum_attention": Case(EinsumAttention, lambda r: _qkv(r, (B, H, T, D))),
+    "einsum_attention": Case(EinsumAttention),
     # k and v broadcast by matmul itself (one head for all, one batch for all): the rewrite drops the
     # broadcast_to of its batched views and passes the unbroadcast k and v to R.nn.attention
     "mqa_matmul_broadcast": Case(MQABroadcast, lambda r: _qkv(r, (B, H, T, D), (B, 1, T, D))),

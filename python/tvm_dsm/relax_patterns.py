@@ -56,7 +56,7 @@ from tvm import relax
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 from tvm.sym import Analyzer
 
-from .relax_attention_masks import constant_mask
+from .relax_attention_masks import MASKED_FILL, constant_mask
 from .relax_matmuls import SIXTEEN_BIT, is_op_call
 
 #: The type the statistics are computed in, by TOPI's ``rms_norm`` and by the matched graphs.
@@ -437,7 +437,7 @@ def _attention_replacement(orig: relax.Expr, m: dict, parts: dict, values: dict)
             bias = _unbatched(mask, q_ty)
             if bias is None or mask_ty.dtype == "bool":
                 return orig
-            bias = bias if mask_ty.dtype == q_ty.dtype else relax.op.astype(bias, q_ty.dtype)
+            bias = _floored(bias, str(mask_ty.dtype), str(q_ty.dtype))
         else:
             bias = attention_bias(mask, q_ty.dtype)
     if parts["clamped"] in m and not _clamps_masked_keys_alone(m[parts["clamped"]], m.get(parts["mask"]), values):
@@ -445,7 +445,7 @@ def _attention_replacement(orig: relax.Expr, m: dict, parts: dict, values: dict)
     if parts["selected"] in m:  # where(keep, scores, fill) or where(masked, fill, scores)
         keep = m[parts["keep"]]
         fill = _scalar(m[parts["fill"]])
-        if fill is None or fill > _MASKED_FILL or _tensor(keep) is None or _tensor(keep).dtype != "bool" \
+        if fill is None or fill > MASKED_FILL or _tensor(keep) is None or _tensor(keep).dtype != "bool" \
                 or _tensor(keep).ndim > 4:
             return orig
         # which form matched, not which argument is the fill's node: an imported fill is a
@@ -459,12 +459,6 @@ def _attention_replacement(orig: relax.Expr, m: dict, parts: dict, values: dict)
         k = relax.op.permute_dims(k, k_heads_first)
     out = relax.op.nn.attention(*(relax.op.permute_dims(t, bshd) for t in (q, k, v)), bias=bias, scale=scale)
     return relax.op.permute_dims(out, bshd)
-
-
-#: A fill at or below this masks its key: exp of a score shifted by it underflows to 0 in fp32
-#: for any score a 16-bit model's product yields (the fills models use: -inf, the 16- and 32-bit
-#: types' minimum).
-_MASKED_FILL = -3.0e4
 
 
 def _same_batch_and_heads(q_ty: relax.TensorType, ty: relax.TensorType, heads_first: list | None) -> bool:
@@ -482,16 +476,16 @@ def _same_batch_and_heads(q_ty: relax.TensorType, ty: relax.TensorType, heads_fi
 def _clamps_masked_keys_alone(clip: relax.Call, mask: relax.Expr | None, values: dict) -> bool:
     """Whether ``clip`` (of the scores plus ``mask``) raises nothing but masked scores and leaves
     no row without a kept key, so the softmax after it is the softmax without it: its lower
-    bound masks (at most :data:`_MASKED_FILL`, and no upper bound below fp16's largest value),
-    and ``mask`` is computed from constants alone and keeps a key (0) in every query's row. The
+    bound masks (at most :data:`~tvm_dsm.relax_attention_masks.MASKED_FILL`, and no upper bound
+    below fp16's largest value), and ``mask`` is computed from constants alone and keeps a key (0) in every query's row. The
     attention kernel computes the scores in fp32, where the sum the clamp guards does not
     overflow."""
     low, high = (_scalar(a) for a in clip.args[1:])
-    if mask is None or low is None or high is None or low > _MASKED_FILL or high < 65504.0:
+    if mask is None or low is None or high is None or low > MASKED_FILL or high < 65504.0:
         return False
     value = constant_mask(mask, values)
     return value is not None and value.ndim >= 2 and bool(np.all(np.any(value == 0, axis=-1))) \
-        and bool(np.all((value == 0) | (value <= _MASKED_FILL)))
+        and bool(np.all((value == 0) | (value <= MASKED_FILL)))
 
 
 def _unbatched(mask: relax.Expr, q_ty: relax.TensorType) -> relax.Expr | None:
@@ -513,7 +507,8 @@ def _unbatched(mask: relax.Expr, q_ty: relax.TensorType) -> relax.Expr | None:
 
 #: The most negative value a bias of each type holds where it masks a key: in 16 bits half of
 #: fp16's range, so a 16-bit score added to it stays finite (fp16's lowest, -65504, plus -20
-#: rounds to -inf) while its exponent still underflows (below :data:`_MASKED_FILL`).
+#: rounds to -inf) while its exponent still underflows (below
+#: :data:`~tvm_dsm.relax_attention_masks.MASKED_FILL`).
 _MASK_FLOOR = {"float16": -32768.0, "bfloat16": -32768.0, "float32": -3.4028234663852886e38}
 
 
@@ -530,9 +525,15 @@ def attention_bias(mask: relax.Expr, dtype: str, keep_when: bool = True, fill: f
     if ty.dtype == "bool":
         kept, masked = relax.const(0.0, dtype), relax.const(max(fill, _MASK_FLOOR.get(dtype, -math.inf)), dtype)
         return relax.op.where(mask, *((kept, masked) if keep_when else (masked, kept)))
-    if ty.dtype == dtype:
+    return _floored(mask, str(ty.dtype), dtype)
+
+
+def _floored(mask: relax.Expr, from_dtype: str, dtype: str) -> relax.Expr:
+    """A float ``mask`` of ``from_dtype`` in ``dtype``, raised to :data:`_MASK_FLOOR` where it
+    changes type (fp32's minimum would round to -inf in 16 bits)."""
+    if from_dtype == dtype:
         return mask
-    if dtype in _MASK_FLOOR:  # fp32's minimum would round to -inf
+    if dtype in _MASK_FLOOR:
         mask = relax.op.clip(mask, _MASK_FLOOR[dtype], math.inf)
     return relax.op.astype(mask, dtype)
 
