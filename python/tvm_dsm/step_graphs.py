@@ -99,7 +99,7 @@ class CudaGraphs:
             raise ValueError(f"a copy between contiguous tensors of one shape and dtype, not {tuple(src.shape)} {src.dtype} "
                              f"into {tuple(dst.shape)} {dst.dtype}")
         nbytes = dst.numel() * tvm.runtime.DataType(str(dst.dtype)).itemsize
-        self._check(self.lib.cudaMemcpyAsync(ctypes.c_void_p(dst.data_ptr()), ctypes.c_void_p(src.data_ptr()),
+        self._check(self.lib.cudaMemcpyAsync(ctypes.c_void_p(dst.data_ptr), ctypes.c_void_p(src.data_ptr),
                                              ctypes.c_size_t(nbytes), _COPY_ANY_WAY, ctypes.c_void_p(stream)),
                     "cudaMemcpyAsync")
 
