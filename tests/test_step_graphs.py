@@ -36,9 +36,6 @@ class _Recorder:
     def destroy(self, executable):
         self.calls.append(("destroy", executable))
 
-    def copy(self, dst, src, stream):
-        dst.copyfrom(src)
-
 
 def test_a_key_runs_eagerly_then_is_captured_once_and_replayed():
     recorder, ran = _Recorder(), []

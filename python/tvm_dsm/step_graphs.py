@@ -29,8 +29,6 @@ import tvm
 #: memory pool allocating while the step is captured.
 _CAPTURE_RELAXED = 2
 _CUDART = ("libcudart.so.13", "libcudart.so.12", "libcudart.so")
-#: cudaMemcpyDefault: the direction read from the pointers (unified addressing).
-_COPY_ANY_WAY = 4
 
 
 class _UpdateResult(ctypes.Structure):
@@ -91,18 +89,6 @@ class CudaGraphs:
     def launch(self, executable: ctypes.c_void_p, stream: int) -> None:
         self._check(self.lib.cudaGraphLaunch(executable, ctypes.c_void_p(stream)), "cudaGraphLaunch")
 
-    def copy(self, dst: tvm.runtime.Tensor, src: tvm.runtime.Tensor, stream: int) -> None:
-        """Copy ``src`` into ``dst`` (one shape and dtype, contiguous; either on the host or the
-        device) in ``stream``'s order, without waiting for it."""
-        if (tuple(dst.shape) != tuple(src.shape) or dst.dtype != src.dtype
-                or not (dst.is_contiguous() and src.is_contiguous())):
-            raise ValueError(f"a copy between contiguous tensors of one shape and dtype, not {tuple(src.shape)} {src.dtype} "
-                             f"into {tuple(dst.shape)} {dst.dtype}")
-        nbytes = dst.numel() * tvm.runtime.DataType(str(dst.dtype)).itemsize
-        self._check(self.lib.cudaMemcpyAsync(ctypes.c_void_p(dst.data_ptr), ctypes.c_void_p(src.data_ptr),
-                                             ctypes.c_size_t(nbytes), _COPY_ANY_WAY, ctypes.c_void_p(stream)),
-                    "cudaMemcpyAsync")
-
     def destroy(self, executable: ctypes.c_void_p) -> None:
         self._check(self.lib.cudaGraphExecDestroy(executable), "cudaGraphExecDestroy")
 
@@ -161,7 +147,7 @@ class PagedDecodeGraphs:
     ``stream`` was the thread's current stream, the model compiled without Relax's CUDA-graph
     rewrite, whose own captures cannot nest in these). Call it between the cache's
     ``begin_forward`` and ``end_forward``, as the function itself; synchronize ``stream``
-    before reading the result or rewriting the tokens (copied in the stream's order). The key (the tokens' shape and the pages in use) fixes the layout
+    before reading the result. The key (the tokens' shape and the pages in use) fixes the layout
     of the cache's per-step arrays only where every sequence of the cache takes part in every
     step and none is forked, as in a batch decoding together."""
 
@@ -174,8 +160,8 @@ class PagedDecodeGraphs:
         self._pages = tvm.get_global_func("vm.builtin.attention_kv_cache_get_num_available_pages")
 
     def __call__(self, tokens, cache, params):
-        # the previous step's graph reads the cache's per-step arrays, which this step rewrites
-        # from the cache's copy stream
+        # the previous step's graph reads the held tokens and the cache's per-step arrays, which
+        # this step rewrites from other streams
         self.device.sync(self.graphs.stream)
         # the cache copies this step's page tables and positions to the device now, on its copy
         # stream, so that no graph holds the copy
@@ -184,8 +170,8 @@ class PagedDecodeGraphs:
         if shape not in self._inputs:
             self._inputs[shape] = tvm.runtime.empty(shape, tokens.dtype, self.device)
         held = self._inputs[shape]
-        # in the stream's order, so the host goes on to the launch without waiting for it
-        self.graphs.graphs.copy(held, tokens, self.graphs.stream)
+        held.copyfrom(tokens)
+        self.device.sync()  # the copy ran on the legacy stream, which ``stream`` does not wait on
         key = (shape, int(self._pages(cache)))  # fixes the extents and offsets of the per-step arrays
         return self.graphs.step(key, lambda: self.function(held, cache, params))
 
