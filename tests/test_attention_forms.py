@@ -96,13 +96,14 @@ def test_forms_build_one_kernel_that_assembles(assemble, name, extra):
     assert assemble(source, f"attention_form_{name}_{extra.get('dim', 64)}")
 
 
-def _variant(condition=None, head_dim_outer=False):
+def _variant(condition=None, head_dim_outer=False, v_dim=64):
     """[2, 4, 128, 64] attention written by hand with the causal mask's ``condition(i, t)``
-    replaced, or q and k stored [B, H, D, S] (the head dim not innermost)."""
+    replaced, q and k stored [B, H, D, S] (the head dim not innermost), or v and the output of
+    ``v_dim`` columns (multi-head latent attention's values)."""
     qk_shape = (2, 4, 64, 128) if head_dim_outer else (2, 4, 128, 64)
     q = te.placeholder(qk_shape, "float16", name="q")
     k = te.placeholder(qk_shape, "float16", name="k")
-    v = te.placeholder((2, 4, 128, 64), "float16", name="v")
+    v = te.placeholder((2, 4, 128, v_dim), "float16", name="v")
     d = te.reduce_axis((0, 64), "d")
 
     def at(x, b, h, s):
@@ -117,7 +118,7 @@ def _variant(condition=None, head_dim_outer=False):
     t1, t2, t3 = (te.reduce_axis((0, 128), n) for n in ("t1", "t2", "t3"))
     m = te.compute((2, 4, 128), lambda b, h, i: te.max(s[b, h, i, t1], axis=t1), name="m")
     l = te.compute((2, 4, 128), lambda b, h, i: te.sum(te.exp(s[b, h, i, t2] - m[b, h, i]), axis=t2), name="l")
-    o = te.compute((2, 4, 128, 64), lambda b, h, i, e: te.sum(
+    o = te.compute((2, 4, 128, v_dim), lambda b, h, i, e: te.sum(
         te.exp(s[b, h, i, t3] - m[b, h, i]) * v[b, h, t3, e].astype("float32"), axis=t3), name="o")
     out = te.compute(o.shape, lambda b, h, i, e: (o[b, h, i, e] / l[b, h, i]).astype("float16"), name="out")
     return te.create_prim_func([q, k, v, out])
@@ -125,6 +126,7 @@ def _variant(condition=None, head_dim_outer=False):
 
 @pytest.mark.parametrize(("func", "message"), [
     (_variant(head_dim_outer=True), "head dim must be the innermost axis"),
+    (_variant(v_dim=32), "v and the output have 32 columns, q and k 64"),
     (te_attention(1, 2, 128, 128, 264), "head dim 264"),
     (te_attention(1, 2, 128, 128, 60), "head dim 60"),
     (te_attention(1, 2, 128, 128, 64, dtype="float32"), "float16 or bfloat16"),

@@ -372,6 +372,9 @@ class _Match:
         cond = self._max_form()
         scale, normalized, exponent = self._sum_forms(cond)
         c, v_load = self._output_level()
+        if self.ranges[c] != scores.extent:
+            raise ClusterError(f"attention: v and the output have {self.ranges[c]} columns, q and k "
+                               f"{scores.extent} (the kernels take one head dim)")
         out_block, row_blocks = self._output_block(normalized)
         operands = [q_load.source, k_load.source, v_load.source, out_block.body.buffer]
         dtypes = {str(b.ty.dtype) for b in operands}
@@ -482,9 +485,6 @@ class _Match:
         terms = self._decode_terms(f, t, heads) if f.cond is not None or not f.exponent.plain else None
         if f.row_blocks:
             raise ClusterError("decode attention writes one output")
-        if self.ranges[f.column_var] != f.dim:
-            raise ClusterError(f"decode attention: v and the output have {self.ranges[f.column_var]} columns, "
-                               f"q and k {f.dim}")
         self._check_inits()
         for name, idx, keyed in (("q", q_idx, False), ("k", k_idx, True), ("v", v_idx, True), ("out", out_idx, False)):
             inner = idx[-1]
