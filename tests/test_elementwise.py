@@ -53,6 +53,14 @@ def _repeated_heads(rows: int = 64, kv_heads: int = 2, group: int = 7, dim: int 
     return te.create_prim_func([k, out])
 
 
+def _positions_compared(rows: int = 128):
+    """Gemma-2's sliding-window mask: ``keys[j] <= queries[i]`` over int64 positions, a bool
+    ``[rows, rows]`` result."""
+    q = te.placeholder((rows,), "int64", name="q")
+    k = te.placeholder((rows,), "int64", name="k")
+    return te.create_prim_func([q, k, te.compute((rows, rows), lambda i, j: k[j] <= q[i], name="keep")])
+
+
 def _lanes(func) -> int:
     sch = s_tir.Schedule(func)
     return min(vector_lanes(sch.get(b)) for b in output_blocks(sch))
@@ -67,6 +75,7 @@ def _lanes(func) -> int:
     (_packed_split(), 8),  # the reshape's row and column, simplified within the ranges, move along j
     (_repeated_heads(), 8),  # a column offset h // g * D, a multiple of the lanes
     (_repeated_heads(dim=36), 1),  # h // g * 36 is not
+    (_positions_compared(), 1),  # TVM stores two bools as a ushort2 (misaligned on the GPU)
 ])
 def test_vector_lanes(func, lanes):
     assert _lanes(func) == lanes

@@ -240,3 +240,34 @@ def test_gpu_an_nn_mlp_over_a_batch_and_a_sequence_matches_float64():
         out = vm["forward"](tvm.runtime.tensor(x, tvm.cuda()), *(tvm.runtime.tensor(weights[n], tvm.cuda()) for n, _ in spec))
         got = out.numpy().astype(np.float64)
         assert got.shape == (b, s, 512) and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3, (b, s)
+
+
+@I.ir_module
+class _SharedTranspose:
+    """One transposed weight read by two matmuls (DeBERTa projects its tokens and its relative
+    positions by the same query weight)."""
+
+    @R.function
+    def main(x: R.Tensor((128, 768), "float16"), p: R.Tensor((512, 768), "float16"),
+             w: R.Tensor((768, 768), "float16")):
+        with R.dataflow():
+            wt = R.permute_dims(w, axes=[1, 0])
+            a = R.matmul(x, wt, out_dtype="float32")
+            b = R.matmul(p, wt, out_dtype="float32")
+            R.output(a, b)
+        return (a, b)
+
+
+def test_a_transpose_two_matmuls_read_is_folded_into_each():
+    """TVM's FuseTransposeMatmul fails on the shared transpose ('TupleType' has no dtype); each
+    matmul gets its own, folded into it: no transpose kernel left, the values on llvm kept."""
+    lowered = lower_to_tir(_SharedTranspose)
+    kernels = [gv.name_hint for gv, f in lowered.functions.items() if isinstance(f, tirx.PrimFunc)]
+    assert not [k for k in kernels if "transpose" in k] and len([k for k in kernels if "matmul" in k]) == 2, kernels
+    rng = np.random.default_rng()
+    x, p, w = (rng.standard_normal(s).astype("float16") for s in ((128, 768), (512, 768), (768, 768)))
+    executable = tvm.compile(lower_to_tir(_SharedTranspose), tvm.target.Target("llvm"), tir_pipeline="s_tir_stock")
+    a, b = relax.VirtualMachine(executable, tvm.cpu())["main"](*(tvm.runtime.tensor(t) for t in (x, p, w)))
+    for got, rows in ((a, x), (b, p)):
+        want = rows.astype(np.float64) @ w.astype(np.float64).T
+        assert np.linalg.norm(got.numpy() - want) / np.linalg.norm(want) < 1e-5

@@ -243,3 +243,37 @@ def test_attention_of_a_symbolic_length_imports_where_tvms_importer_does():
     (attention,) = calls
     q_shape = attention.args[0].ty.shape
     assert q_shape is not None and isinstance(q_shape.values[1], tvm.tirx.Var), mod.script()
+
+
+class _PositionArithmetic(torch.nn.Module):
+    """``x`` plus a float computed from integer positions, as position and bucket code writes it."""
+
+    def __init__(self, spell):
+        super().__init__()
+        self.spell = spell
+
+    def forward(self, x):
+        return x + self.spell(torch.arange(x.shape[-1]))
+
+
+@pytest.mark.parametrize("spell", [
+    lambda i: i / 3,  # true division of an int64 tensor
+    lambda i: i / (i + 1),
+    lambda i: i * 0.5 + 0.25,  # float scalars: truncated to the integer type by TVM's converters
+    lambda i: 0.25 - i,
+    lambda i: torch.reciprocal(i + 1),
+    lambda i: torch.log(i + 1) + torch.exp(-i) + torch.sigmoid(i),  # refused by TVM's converters
+    lambda i: i ** 0.5,
+    lambda i: (i > 3) + 0.5,  # bool
+], ids=["div", "div_tensor", "scalars", "rsub", "reciprocal", "transcendental", "pow", "bool"])
+def test_integer_operands_are_promoted_to_the_float_result_as_torch_does(spell):
+    """Each spelling gives torch's values (fp32, llvm); TVM's importer computes the first five in
+    the integer type (``arange(8) / 3`` as ``[0, 0, 0, 1, ...]``) and refuses the rest."""
+    import tvm
+    from tvm import relax
+
+    module, x = _PositionArithmetic(spell), torch.randn(2, 8)
+    mod = from_exported_program(torch.export.export(module, (x,)))
+    executable = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"}), tir_pipeline="s_tir_stock")
+    got = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()))
+    np.testing.assert_allclose(got[0].numpy(), module(x).numpy(), rtol=1e-6, atol=1e-6)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections import OrderedDict
 from collections.abc import Callable
 
 import tvm
@@ -11,6 +13,33 @@ from tvm.s_tir import SBlock
 from tvm.tirx.buffer import BufferType
 
 from .errors import ClusterError
+
+
+def per_function(transform: Callable[[tirx.PrimFunc], tirx.PrimFunc]) -> Callable[[tirx.PrimFunc], tirx.PrimFunc]:
+    """``transform`` (a pure function of one PrimFunc to another) computed once per function
+    object: the families' recognizers each normalize the function they are offered the same way
+    (every plan of a model offers each function to every family). The last
+    :data:`PER_FUNCTION_KEPT` results are kept with their functions, so an address is not reused
+    while it is a key."""
+    kept: OrderedDict = OrderedDict()
+
+    @functools.wraps(transform)
+    def memo(func: tirx.PrimFunc) -> tirx.PrimFunc:
+        key = func.__chandle__()
+        if key in kept:
+            kept.move_to_end(key)
+            return kept[key][1]
+        result = transform(func)
+        kept[key] = (func, result)
+        if len(kept) > PER_FUNCTION_KEPT:
+            kept.popitem(last=False)
+        return result
+
+    return memo
+
+
+#: Results :func:`per_function` keeps per transform.
+PER_FUNCTION_KEPT = 256
 
 
 def find_all(root, node_type, pred: Callable = lambda _node: True) -> list:

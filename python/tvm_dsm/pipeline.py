@@ -19,6 +19,7 @@ from .ir import find_all
 from .transform.argument_checks import CheckArguments
 from .transform.generate_kernels import GenerateKernels
 from .transform.hoist_warp_buffers import HoistWarpBuffers
+from .transform.integer_powers import IntegerPowers
 from .transform.tile_reduce import FoldTileReductions
 from .transform import AttachClusterLaunch, CheckClusterSchedule, LowerCluster
 from .transform.release_slice_starts import ReleaseSliceStarts
@@ -46,6 +47,7 @@ def _passes(config, async_copy: bool, hw: Hardware) -> list:
     """The stock s_tir pass list (TVM 0.27.0) with tvm-dsm's passes marked ``# tvm-dsm``, those
     that depend on the GPU lowering for ``hw``."""
     passes = [
+        IntegerPowers,  # tvm-dsm
         GenerateKernels(hw),  # tvm-dsm
         CheckClusterSchedule,  # tvm-dsm
         s_tir.transform.CanonicalizeLoop(),

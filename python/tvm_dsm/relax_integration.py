@@ -36,7 +36,7 @@ from .relax_attention import FuseAttention
 from .relax_packed_attention import PackedAttentionOperands
 from .relax_chains import FuseGemmChains, merge_elementwise
 from .relax_gated import FuseGatedProjections
-from .relax_matmuls import MatmulsAsMatrices
+from .relax_matmuls import MatmulsAsMatrices, TransposePerMatmul
 from .relax_siblings import FuseSiblingProjections
 from .relax_patches import PatchesAsMatrices
 from .relax_attention_masks import AttentionMasksFromConstants
@@ -176,7 +176,8 @@ def lower_to_tir(mod: tvm.IRModule, gated_projections: bool = True) -> tvm.IRMod
     (:mod:`tvm_dsm.relax_packed_attention`), patch embeddings
     as GEMMs (:mod:`tvm_dsm.relax_patches`), 16-bit matmuls as fp32-accumulated matrix products
     (:mod:`tvm_dsm.relax_matmuls`), fused gate/up
-    projections as gated GEMMs (:mod:`tvm_dsm.relax_gated`), transposes folded into matmuls,
+    projections as gated GEMMs (:mod:`tvm_dsm.relax_gated`), transposes folded into matmuls (one
+    each: :func:`tvm_dsm.relax_matmuls.TransposePerMatmul`),
     operators legalized to TIR, GEMM chains and spelled-out attention grouped
     (:mod:`tvm_dsm.relax_chains`, :mod:`tvm_dsm.relax_attention`), the rest fused by Relax's
     passes. ``gated_projections=False`` leaves gate/up projections a GEMM and
@@ -192,6 +193,7 @@ def lower_to_tir(mod: tvm.IRModule, gated_projections: bool = True) -> tvm.IRMod
         PatchesAsMatrices,
         MatmulsAsMatrices,
         *gated,  # the projections' split halves dead before FuseOps
+        TransposePerMatmul,
         relax.transform.FuseTransposeMatmul(),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),

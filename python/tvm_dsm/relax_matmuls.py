@@ -291,3 +291,26 @@ def MatmulsAsMatrices(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - 
     # after the cleanup, whose canonicalization would put the products back for the variables
     rows = _RowVariables(mod)
     return rewrite_functions(mod, rows, before_each=lambda: setattr(rows, "variables", []))
+
+
+@mutator
+class _OwnTransposes(PyExprMutator):
+    """Every matmul whose right operand is a transpose reading its own transpose of it."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - TVM visitor name
+        call = super().visit_call_(call)
+        right = call.args[1] if is_op_call(call, "relax.matmul") else None
+        bound = self.lookup_binding(right) if isinstance(right, relax.Var) else None
+        if bound is None or not is_op_call(bound, "relax.permute_dims"):
+            return call
+        own = self.builder_.emit(relax.op.permute_dims(bound.args[0], bound.attrs.axes))
+        return relax.Call(call.op, [call.args[0], own], call.attrs)
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvm_dsm.TransposePerMatmul")
+def TransposePerMatmul(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass style
+    """Each matmul of a transposed operand given a transpose of its own, the shared one left to
+    dead-code elimination: TVM's ``FuseTransposeMatmul`` fails on a transpose two matmuls read
+    (its fused function returns both products; DeBERTa projects its tokens and its relative
+    positions by one transposed weight), and fuses each pair once they are apart."""
+    return relax.transform.DeadCodeElimination()(rewrite_functions(mod, _OwnTransposes(mod)))

@@ -20,11 +20,18 @@ type torch gives it (the sum still accumulated in fp32, as cuBLAS does for torch
 kept whole and converted into ``R.nn.attention`` with its scale, its mask (a bool mask as an
 additive one) and grouped-query heads, which the attention family takes. Dropout is refused by
 name: this is inference.
+
+One more it fixes on the way, which gives wrong values, not only other types: an arithmetic or
+transcendental operator whose torch result is floating over an integer or bool tensor
+(``arange(n) / 3``, ``positions * 0.5``, ``torch.log(buckets)``) is computed by TVM's converters
+in the integer type (integer division, the float scalar truncated) or refused. Those operands
+are cast to torch's result type first (:data:`PROMOTING`), as torch promotes them.
 """
 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Hashable
 
 import tvm
 from tvm import relax
@@ -38,6 +45,14 @@ PRODUCTS = {"linear.default": 2, "mm.default": None, "bmm.default": None, "matmu
             "addmm.default": 0, "conv1d.default": 2, "conv2d.default": 2, "conv3d.default": 2,
             "convolution.default": 2}
 ATTENTION = "scaled_dot_product_attention.default"
+#: Elementwise torch operators whose integer or bool tensor operands torch promotes to a floating
+#: result type (true division; a float scalar or tensor operand; the transcendental functions).
+PROMOTING = ("add.Tensor", "add.Scalar", "sub.Tensor", "sub.Scalar", "rsub.Tensor", "rsub.Scalar", "mul.Tensor",
+             "mul.Scalar", "div.Tensor", "div.Scalar", "reciprocal.default", "pow.Tensor_Scalar",
+             "pow.Tensor_Tensor", "pow.Scalar", "exp.default", "expm1.default", "log.default", "log2.default",
+             "log10.default", "log1p.default", "sqrt.default", "rsqrt.default", "sigmoid.default", "erf.default",
+             "sin.default", "cos.default", "tanh.default", "sinh.default", "cosh.default", "asin.default",
+             "acos.default", "asinh.default", "acosh.default", "atanh.default")
 
 _stock_converters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -61,7 +76,8 @@ def from_exported_program(program, **kwargs) -> "relax.IRModule":
 def torch_converters() -> dict:
     """The converters :func:`from_exported_program` adds to TVM's importer, by torch operator:
     products in torch's result type, attention as ``R.nn.attention``."""
-    return {**{name: _in_torch_type(name) for name in PRODUCTS}, ATTENTION: _attention}
+    return {**{name: _in_torch_type(name) for name in PRODUCTS}, ATTENTION: _attention,
+            **{name: _promoted(name) for name in PROMOTING}}
 
 
 def _stock(importer, name: str):
@@ -92,6 +108,26 @@ def _in_torch_type(name: str):
         if dtype in SIXTEEN_BIT and result.ty.dtype == "float32":
             result = importer.block_builder.emit(relax.op.astype(result, dtype))
         return result
+    return convert
+
+
+def _promoted(name: str):
+    """TVM's converter of ``name`` with each integer or bool tensor operand cast to torch's
+    result type first, where that type is floating (see the module docstring)."""
+    def convert(node, importer) -> relax.Var:
+        dtype = str(_torch_dtype(importer, node))
+        narrow = {}
+        if dtype.startswith(("float", "bfloat")):
+            for arg in node.args:
+                value = importer.env.get(arg) if isinstance(arg, Hashable) else None
+                if isinstance(getattr(value, "ty", None), relax.TensorType) and not str(value.ty.dtype).startswith(
+                        ("float", "bfloat")):
+                    narrow[arg] = value
+                    importer.env[arg] = importer.block_builder.emit(relax.op.astype(value, dtype))
+        try:
+            return _stock(importer, name)(node)
+        finally:
+            importer.env.update(narrow)
     return convert
 
 

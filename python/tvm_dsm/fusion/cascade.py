@@ -38,7 +38,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule.schedule import ScheduleError
 
 from ..errors import ClusterError
-from ..ir import loads, uses
+from ..ir import loads, per_function, uses
 from .symbolic import ToSympy, Unsupported, has_rounding, simplify
 from .top_k import TopK, parse_top_k
 
@@ -474,6 +474,7 @@ def indexed_by(load, *variables) -> bool:
     return all(isinstance(i, tirx.Var) and i.same_as(v) for i, v in zip(load.indices, variables))
 
 
+@per_function
 def rows_in_level_order(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` with each reduction block that reads an earlier reduction's result at its own
     variables iterating those first, in the order the result is indexed: an output written
@@ -502,6 +503,7 @@ def rows_in_level_order(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return sch.mod["main"]
 
 
+@per_function
 def inline_elementwise(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """Inline every element-wise block that writes an intermediate buffer (not a parameter)."""
     sch = s_tir.Schedule(func)

@@ -266,8 +266,7 @@ MIN_SHORT_TILE_BYTES_AHEAD = 24 * 1024
 def _check_rows_past_m_config(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> None:
     """:func:`check_padded_config` for tiles that run past M only (whole tiles included), each
     CTA of a tile past M at least :data:`MIN_SHORT_TILE_BYTES_AHEAD` ahead."""
-    tiles = tiled_shape(shape, config)
-    if (tiles.n, tiles.k) != (shape.n, shape.k):
+    if shape.n % config.block_n or shape.k % (config.cluster_size * config.block_k):
         raise ClusterError(f"{shape.n}x{shape.k} is not a multiple of the tile's {config.block_n} columns "
                            f"and the cluster's {config.cluster_size * config.block_k}-deep K steps")
     c = config
@@ -288,7 +287,28 @@ MMA_SYNC_BLOCK_N = (64, 128, 256)
 WGMMA_ONLY_BLOCK_N = tuple(n for n in BLOCK_N if n not in MMA_SYNC_BLOCK_N)
 
 
+#: ``_candidates``' results by (shape of constant rows, check, depths): a model plans the same
+#: shape for many functions and row ranges, each enumeration thousands of configurations.
+_KNOWN_CANDIDATES: dict = {}
+#: Entries kept before the table is cleared.
+KNOWN_CANDIDATES_KEPT = 4096
+
+
 def _candidates(shape: GemmShape, check, pipelines: tuple[int, ...], hw: Hardware) -> list[SplitKGemmConfig]:
+    key = (shape, check, pipelines) if isinstance(shape.m, int) else None
+    known = _KNOWN_CANDIDATES.get(key, ()) if key is not None else ()
+    for known_hw, configs in known:
+        if known_hw == hw:
+            return list(configs)
+    configs = _enumerated(shape, check, pipelines, hw)
+    if key is not None:
+        if len(_KNOWN_CANDIDATES) >= KNOWN_CANDIDATES_KEPT:
+            _KNOWN_CANDIDATES.clear()
+        _KNOWN_CANDIDATES.setdefault(key, []).append((hw, tuple(configs)))
+    return configs
+
+
+def _enumerated(shape: GemmShape, check, pipelines: tuple[int, ...], hw: Hardware) -> list[SplitKGemmConfig]:
     configs = []
     # K steps: TMA's 128-byte rows (fp8: 128 deep, 16-bit: 64); 16-bit also 32 by cp.async, for
     # K that 64 does not divide (G3's 416)

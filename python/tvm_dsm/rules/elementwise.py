@@ -90,6 +90,8 @@ def vector_lanes(block: tirx.SBlock, uniform_conditions: bool = False) -> int:
     if not all(uses(indices[-1], x) for _, indices in accesses[:len(stores)]):
         return 1
     moving = [(a, indices) for a, indices in accesses if uses(indices[-1], x)]  # the rest: one element for all lanes
+    if any(str(_buffer(a).ty.dtype) == "bool" for a, _ in moving):
+        return 1  # TVM's CUDA codegen stores two bools as a ushort2: 4 bytes, 2-byte aligned (misaligned address)
     lanes = VECTOR_BYTES // max(element_bytes(_buffer(a)) for a, _ in moving)
     if not isinstance(extent, tirx.IntImm) or int(extent) % lanes:
         return 1
