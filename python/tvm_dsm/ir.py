@@ -42,6 +42,33 @@ def per_function(transform: Callable[[tirx.PrimFunc], tirx.PrimFunc]) -> Callabl
 PER_FUNCTION_KEPT = 256
 
 
+def root_blocks(func: tirx.PrimFunc) -> list[SBlock]:
+    """The blocks right under ``func``'s root block, in program order: what
+    ``Schedule(func).get_child_blocks(root)`` lists, without building a schedule's state."""
+    from tvm.s_tir import SBlockRealize
+
+    found: list = []
+
+    def visit(stmt) -> None:
+        if isinstance(stmt, SBlockRealize):
+            found.append(stmt.block)
+        elif isinstance(stmt, tirx.SeqStmt):
+            for item in stmt.seq:
+                visit(item)
+        elif isinstance(stmt, tirx.IfThenElse):
+            visit(stmt.then_case)
+            if stmt.else_case is not None:
+                visit(stmt.else_case)
+        elif isinstance(stmt, (tirx.For, tirx.While, tirx.LetStmt, tirx.AttrStmt, tirx.AssertStmt)):
+            visit(stmt.body)
+
+    root = func.body.block if isinstance(func.body, SBlockRealize) else None
+    if root is None:
+        raise ClusterError("the function has no root block")
+    visit(root.body)
+    return found
+
+
 def find_all(root, node_type, pred: Callable = lambda _node: True) -> list:
     """Every node of ``node_type`` under ``root`` for which ``pred`` holds, in walk order."""
     found: list = []

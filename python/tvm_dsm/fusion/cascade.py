@@ -38,7 +38,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule.schedule import ScheduleError
 
 from ..errors import ClusterError
-from ..ir import loads, per_function, uses
+from ..ir import loads, per_function, root_blocks, uses
 from .symbolic import ToSympy, Unsupported, has_rounding, simplify
 from .top_k import TopK, parse_top_k
 
@@ -182,9 +182,7 @@ def find_cascades(func: tirx.PrimFunc) -> list[list[Level]]:
     already reads. A level that reduces over an earlier level's output along its own reduction
     variable (the max over keys of per-key dot products) starts a group: the earlier level is
     its producer, whatever their extents (a head dim as long as the keys)."""
-    sch = s_tir.Schedule(func)
-    blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
-    levels = [lvl for lvl in map(parse_reduction, blocks) if lvl is not None]
+    levels = [lvl for lvl in map(parse_reduction, root_blocks(func)) if lvl is not None]
     groups: list[list[Level]] = []
     for level in levels:
         group = groups[-1] if groups else None

@@ -48,7 +48,7 @@ from ..fusion.cascade import (Level, indexed_by, inline_elementwise, only_load, 
 from ..fusion.epilogue import bind_stage, find_epilogue
 from ..fusion.top_k import identity
 from ..hardware import MAX_CTA_THREADS, Hardware
-from ..ir import fast_exp, largest_power_of_two, loads, narrow_indices, shuffle_xor, substitute, tree_reduce
+from ..ir import fast_exp, largest_power_of_two, loads, narrow_indices, root_blocks, shuffle_xor, substitute, tree_reduce
 from .template import KernelTemplate
 
 _LOAD_BYTES, _MIN_COPY_BYTES = 16, 4  # the widest and narrowest cp.async copies
@@ -151,9 +151,7 @@ def find_top_k_rows(func: tirx.PrimFunc) -> TopKRows:
 def _top_k_alone(func: tirx.PrimFunc) -> list[Level]:
     """``[the top-k]`` where it is the function's only reduction (a cascade of one level, which
     the cascade analysis does not list), else []."""
-    sch = s_tir.Schedule(func)
-    levels = [parse_reduction(sch.get(b)) for b in sch.get_child_blocks(sch.get_sblock("root"))]
-    levels = [lvl for lvl in levels if lvl is not None]
+    levels = [lvl for lvl in map(parse_reduction, root_blocks(func)) if lvl is not None]
     return levels if len(levels) == 1 and levels[0].op == "top_k" else []
 
 
