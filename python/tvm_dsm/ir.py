@@ -59,7 +59,7 @@ def root_blocks(func: tirx.PrimFunc) -> list[SBlock]:
             visit(stmt.then_case)
             if stmt.else_case is not None:
                 visit(stmt.else_case)
-        elif isinstance(stmt, (tirx.For, tirx.While, tirx.LetStmt, tirx.AttrStmt, tirx.AssertStmt)):
+        elif isinstance(stmt, (tirx.For, tirx.While, tirx.AttrStmt)):  # statements with a body in TVM 0.27
             visit(stmt.body)
 
     root = func.body.block if isinstance(func.body, SBlockRealize) else None

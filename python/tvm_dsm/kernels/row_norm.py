@@ -41,8 +41,8 @@ from ..annotations import CLUSTER_LAUNCH_KEY
 from ..errors import ClusterError, passes
 from ..fusion.cascade import Level, indexed_by, inline_elementwise, parse_reduction
 from ..hardware import MAX_CTA_THREADS, Hardware
-from ..ir import (fast_exp, in_fp32, is_reduction, largest_power_of_two, loads, narrow_indices, shuffle_xor, substitute,
-                  tree_reduce, uses, without_unit_iter_vars)
+from ..ir import (fast_exp, in_fp32, is_reduction, largest_power_of_two, loads, narrow_indices, root_blocks, shuffle_xor,
+                  substitute, tree_reduce, uses, without_unit_iter_vars)
 from ..schedule.cluster import MAX_CLUSTER_SIZE
 from .template import KernelTemplate
 
@@ -159,8 +159,7 @@ def find_row_norm(func: tirx.PrimFunc) -> RowNorm:
     match (a reduction over another axis, a stage reading a row the statistics do not, ...)."""
     func = without_unit_iter_vars(narrow_indices(func))
     func = inline_elementwise(_outputs_recomputed(func))
-    sch = s_tir.Schedule(func)
-    blocks = [sch.get(rv) for rv in sch.get_child_blocks(sch.get_sblock("root"))]
+    blocks = root_blocks(func)
     params = list(func.params)
     levels: list[Level] = []
     stages = []
@@ -227,8 +226,7 @@ def _outputs_recomputed(func: tirx.PrimFunc) -> tirx.PrimFunc:
     block's value at the load's indices: a residual sum the norm then reduces (``h = x + r``,
     returned and normalized, as fused add-RMSNorm is) is computed from the rows the kernel holds,
     where reading the output back would wait for the whole row to be written."""
-    sch = s_tir.Schedule(func)
-    blocks = [sch.get(rv) for rv in sch.get_child_blocks(sch.get_sblock("root"))]
+    blocks = root_blocks(func)
     writers = []
     for block in blocks:
         store = block.body
