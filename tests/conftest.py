@@ -55,6 +55,9 @@ def pytest_unconfigure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    # the long tests first: pytest-xdist hands out tests in this order, so the workers' last
+    # tests are short ones and neither waits long for the other
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     if _has_gpu():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU")

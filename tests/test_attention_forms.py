@@ -367,6 +367,7 @@ def _two_lengths(layout: str, causal: bool, dim: int):
     return te_attention(2, 8, te.var("Q"), te.var("K"), dim, kv_heads=2, layout=layout, causal=causal)
 
 
+@pytest.mark.slow
 def test_a_query_length_and_a_key_length_build_the_attention_kernel(assemble):
     """Two length variables: matched at two lengths, the kernel takes both (its grid follows the
     queries, its last key tile's mask the keys), one dispatch over ranges of query lengths, one

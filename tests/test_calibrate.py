@@ -39,6 +39,7 @@ def test_a_fit_recovers_the_constant_that_ordered_the_measurements():
     assert all(calibrate.pick_share(p, fitted) == pytest.approx(1.0) for p in pools)
 
 
+@pytest.mark.slow
 def test_the_committed_h200_fit_is_what_this_code_computes():
     """``python -m tvm_dsm.bench.calibrate --write`` fitted the committed H200 constants and
     wrote these shares: a model changed since plans by constants fitted to another (refit it)."""

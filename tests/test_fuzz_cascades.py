@@ -33,6 +33,7 @@ import cascade_fuzz as fuzz
 from tvm_dsm.transform import fuse_cascaded_reductions
 
 CI_CASES, CI_SEED = 100, 0
+pytestmark = pytest.mark.slow  # the 100 cases run in the first tests' module fixture
 
 
 @pytest.fixture(scope="module")

@@ -116,6 +116,7 @@ class _NoBuild(ms.builder.PyBuilder):
         return [ms.builder.BuilderResult(tempfile.mkdtemp() + "/unbuilt.so", None) for _ in build_inputs]
 
 
+@pytest.mark.slow
 def test_a_symbolic_row_count_is_tuned_per_range_and_compiled_from_those_records(tmp_path):
     """A matmul over a symbolic batch: one task per range of rows, at the range's row count;
     the pipeline then schedules each range in its record's configuration (the scripted runner

@@ -58,6 +58,7 @@ def test_a_model_of_constant_shapes_reports_one_prediction_per_kernel():
     assert chain.format().endswith(f"{chain.where}  {chain.ranges[0].predicted_us:.1f} us")
 
 
+@pytest.mark.slow
 def test_compile_model_compiles_the_tiny_llama_reports_and_exports(tmp_path, capsys):
     lib = tmp_path / "llama.so"
     main(["compile-model", "llama", "--model-config", "tiny", "--out", str(lib)])

@@ -40,6 +40,7 @@ def _decided_tokens(config, weights, tokens: int, rng) -> np.ndarray:
     return x
 
 
+@pytest.mark.slow
 def test_the_pipeline_takes_every_expert_gemm_and_the_router():
     report = relax_report(export_moe(MOE_64X8)[0])
     where = {row.name: row.where for row in report.rows}

@@ -155,6 +155,7 @@ def test_clusters_stay_within_a_ctas_static_shared_memory(assemble):
     assert default_ranks(find_paged_decode(nn_llm_decode(32, 4, 128)), load_hardware()) == 4
 
 
+@pytest.mark.slow
 def test_the_relax_pipeline_replaces_the_attention_kernels_of_an_llm():
     from tvm_dsm.workloads.llama import LLAMA_TINY, export_llama
 
