@@ -39,9 +39,9 @@ def _pows(func) -> list:
 def test_integer_exponents_become_products_and_others_stay():
     x = te.placeholder((8,), "float32", name="x")
     out = te.compute((8,), lambda i: tirx.power(x[i], 2.0) + tirx.power(x[i], -3.0) + tirx.power(x[i], 2.5)
-                     + tirx.power(x[i], 9.0), name="out")
+                     + tirx.power(x[i], 9.0) + tirx.power(x[i], math.inf), name="out")
     func = integer_powers(te.create_prim_func([x, out]))
-    assert [float(c.args[1].value) for c in _pows(func)] == [2.5, 9.0]  # not integers, or past MOST
+    assert [float(c.args[1].value) for c in _pows(func)] == [2.5, 9.0, math.inf]  # not integers, or past MOST
     assert not _pows(integer_powers(_gelu_tanh()))
 
 

@@ -91,20 +91,26 @@ def _torch_dtype(importer, node) -> str:
     return importer._convert_data_type(node.meta["val"].dtype)  # noqa: SLF001 - the importer's own mapping
 
 
+def _stock_with_operands_cast(importer, name: str, node, casts: dict):
+    """TVM's converter of ``name`` on ``node`` with each operand of ``casts`` (an fx node: the
+    dtype to read it in) cast first; the importer's own values of them are restored after."""
+    originals = {arg: importer.env[arg] for arg in casts}
+    for arg, dtype in casts.items():
+        importer.env[arg] = importer.block_builder.emit(relax.op.astype(originals[arg], dtype))
+    try:
+        return _stock(importer, name)(node)
+    finally:
+        importer.env.update(originals)
+
+
 def _in_torch_type(name: str):
     def convert(node, importer) -> relax.Var:
         dtype = _torch_dtype(importer, node)
         addend = PRODUCTS[name]
         addend = node.args[addend] if addend is not None and len(node.args) > addend else None
+        # TVM adds a 16-bit addend, as it is, to the fp32 product (and fails on the mismatch)
         widened = addend in importer.env and str(getattr(importer.env[addend].ty, "dtype", "")) in SIXTEEN_BIT
-        if widened:  # TVM adds it, as it is, to the fp32 product (and fails on the mismatch)
-            narrow = importer.env[addend]
-            importer.env[addend] = importer.block_builder.emit(relax.op.astype(narrow, "float32"))
-        try:
-            result = _stock(importer, name)(node)
-        finally:
-            if widened:
-                importer.env[addend] = narrow
+        result = _stock_with_operands_cast(importer, name, node, {addend: "float32"} if widened else {})
         if dtype in SIXTEEN_BIT and result.ty.dtype == "float32":
             result = importer.block_builder.emit(relax.op.astype(result, dtype))
         return result
@@ -116,18 +122,14 @@ def _promoted(name: str):
     result type first, where that type is floating (see the module docstring)."""
     def convert(node, importer) -> relax.Var:
         dtype = str(_torch_dtype(importer, node))
-        narrow = {}
+        casts = {}
         if dtype.startswith(("float", "bfloat")):
             for arg in node.args:
                 value = importer.env.get(arg) if isinstance(arg, Hashable) else None
                 if isinstance(getattr(value, "ty", None), relax.TensorType) and not str(value.ty.dtype).startswith(
                         ("float", "bfloat")):
-                    narrow[arg] = value
-                    importer.env[arg] = importer.block_builder.emit(relax.op.astype(value, dtype))
-        try:
-            return _stock(importer, name)(node)
-        finally:
-            importer.env.update(narrow)
+                    casts[arg] = dtype
+        return _stock_with_operands_cast(importer, name, node, casts)
     return convert
 
 

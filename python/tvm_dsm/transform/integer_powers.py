@@ -11,6 +11,7 @@ in fp32 and rounded once, as ``powf`` on their fp32 values would be).
 from __future__ import annotations
 
 import functools
+import math
 
 import tvm
 import tvm_ffi
@@ -23,7 +24,7 @@ _POW = tvm.ir.Op.get("tirx.pow")
 
 def _integer_exponent(expr) -> int | None:
     value = expr.value if isinstance(expr, (tirx.IntImm, tirx.FloatImm)) else None
-    if value is None or value != int(value) or not 0 < abs(int(value)) <= MOST:
+    if value is None or not math.isfinite(value) or value != int(value) or not 0 < abs(int(value)) <= MOST:
         return None
     return int(value)
 
@@ -32,9 +33,9 @@ def _as_product(call):
     if not call.op.same_as(_POW):
         return call
     n = _integer_exponent(call.args[1])
-    if n is None:
-        return call
     dtype = str(call.args[0].ty.dtype)
+    if n is None or not dtype.startswith(("float", "bfloat")):  # pow of floats only (an integer's 1 / x^n is not)
+        return call
     wide = "float32" if dtype in ("float16", "bfloat16") else dtype
     base = call.args[0] if wide == dtype else tirx.Cast(wide, call.args[0])
     product = functools.reduce(lambda a, b: a * b, [base] * abs(n))
