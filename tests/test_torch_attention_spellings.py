@@ -407,6 +407,65 @@ class AlibiNoCausal(torch.nn.Module):
         return torch.matmul(s.softmax(dim=-1), v)
 
 
+class GPTJWhereThenScale(torch.nn.Module):
+    """GPT-J's eager attention: q and k widened to fp32, ``where(causal, scores, finfo(fp32).min)``
+    before the scores are divided by ``sqrt(d)``, softmax in fp32 rounded to v's type."""
+
+    def __init__(self, positions: int = 32):
+        super().__init__()
+        self.register_buffer("bias", torch.tril(torch.ones(positions, positions, dtype=torch.bool))
+                             .view(1, 1, positions, positions), persistent=False)
+
+    def forward(self, q, k, v):
+        ql, kl = q.size(-2), k.size(-2)
+        causal = self.bias[:, :, kl - ql:kl, :kl]
+        s = torch.matmul(q.to(_wide(q)), k.to(_wide(k)).transpose(-1, -2))
+        s = torch.where(causal, s, torch.tensor(torch.finfo(s.dtype).min, dtype=s.dtype))
+        s = s / math.sqrt(q.shape[-1])
+        return torch.matmul(F.softmax(s, dim=-1).to(v.dtype), v)
+
+
+class MPTAlibiWidened(torch.nn.Module):
+    """MPT's eager attention: the scores scaled in the model's type, an fp32 ALiBi bias
+    ``[heads, 1, positions]`` (``slope[h] * arange(1 - positions, 1)``) sliced to the keys and
+    added (widening the scores), ``masked_fill(triu, finfo(fp16).min)``, softmax in fp32 rounded
+    back."""
+
+    def __init__(self, heads: int = H, positions: int = 32):
+        super().__init__()
+        slopes = 1.0 / torch.pow(2, torch.arange(1, heads + 1, dtype=torch.float32) * (8 / heads))
+        alibi = torch.arange(1 - positions, 1, dtype=torch.int32).view(1, 1, positions) * slopes.view(heads, 1, 1)
+        self.register_buffer("alibi", alibi, persistent=False)
+
+    def forward(self, q, k, v):
+        tq, tk = q.size(-2), k.size(-2)
+        s = torch.matmul(q, k.transpose(-1, -2)) * SCALE
+        s = s + self.alibi[:, max(0, self.alibi.size(1) - tq):, self.alibi.size(2) - tk:].to(_wide(s))
+        causal = torch.triu(torch.ones(tq, tk, dtype=torch.bool), diagonal=1)[None, None]
+        s = s.masked_fill(causal, torch.finfo(q.dtype).min)
+        return torch.matmul(F.softmax(s.to(_wide(s)), dim=-1).to(v.dtype), v)
+
+
+class Gemma2SoftCap(torch.nn.Module):
+    """Gemma-2's eager attention: scores times ``query_pre_attn_scalar ** -0.5``, capped by
+    ``tanh(s / cap) * cap``, a causal additive mask sliced from a longer one, softmax in fp32
+    rounded back (the cap keeps the kernel from reading the problem as R.nn.attention). A cap of
+    5, not Gemma-2's 50: TVM's llvm fp16 ``tanh`` of the small arguments ``s / 50`` misses by
+    5x torch's error (the per-operator CPU build this file checks; the GPU's is fp32)."""
+
+    def __init__(self, cap: float = 5.0, positions: int = 32):
+        super().__init__()
+        self.cap = cap
+        self.register_buffer("mask", torch.full((positions, positions), -1e4).triu(1)[None, None], persistent=False)
+
+    def forward(self, q, k, v):
+        tq, tk = q.size(-2), k.size(-2)
+        s = torch.matmul(q, k.transpose(2, 3)) * SCALE
+        s = torch.tanh(s / self.cap) * self.cap
+        s = s + self.mask[:, :, :tq, :tk].to(s.dtype)
+        return torch.matmul(F.softmax(s, dim=-1, dtype=_wide(s)).to(q.dtype), v)
+
+
 class WidenedFp32MaskInput(torch.nn.Module):
     """Phi-2's widened scores with an fp32 additive mask passed in (finfo(float32).min where
     masked, a query with no key), softmax in fp32 rounded back."""
@@ -554,6 +613,9 @@ CASES = {
     # shape as one query, BottomRight (every key), and the attention (16 queries) becomes causal.
     "bert_no_mask_given_constant_ones": Case(BertNoMaskGiven),
     "alibi_query_broadcast_no_causal": Case(AlibiNoCausal),
+    "gptj_where_then_scale": Case(GPTJWhereThenScale),
+    "gemma2_soft_cap": Case(Gemma2SoftCap),
+    "mpt_alibi_widened": Case(MPTAlibiWidened),
     # masks passed in (padding; a query with no key)
     "additive_mask_input_empty_row": Case(AdditiveMaskInput, _additive_padding, _keep_rows_of(3)),
     "bool_mask_input_finfo_min_empty_row": Case(BoolMaskInputFinfoMin, _bool_padding, _keep_rows_of(3)),
@@ -620,6 +682,8 @@ READS = {
     "causal_first_query_scores_minus_24": ['relax.nn.attention(causal=TopLeft)'],
     "einsum_attention": [],
     "gpt2_where_keep_full_scale": ['relax.nn.attention(causal=TopLeft)'],
+    "gemma2_soft_cap": [],  # one TIR function the attention family takes: test_a_soft_cap_is_one_attention_kernel
+    "gptj_where_then_scale": ['relax.nn.attention(causal=TopLeft)'],
     "gqa_repeat_interleave": ['relax.nn.attention(causal=TopLeft)'],
     "kv_batch_broadcast": [],
     "llama_gqa_expand_reshape": ['relax.nn.attention(causal=TopLeft)'],
@@ -629,6 +693,7 @@ READS = {
     "megatron_baddbmm_beta0_empty": [],
     "mistral_sliding_window_arange": ['windowed_attention'],
     "mla_value_dim_differs": ['relax.nn.attention(causal=TopLeft)'],
+    "mpt_alibi_widened": ['alibi_attention'],
     "mqa_matmul_broadcast": [],
     "neox_baddbmm_where": ['relax.nn.attention(causal=TopLeft)'],
     "opt_clamp": ['relax.nn.attention(causal=TopLeft)'],
@@ -657,6 +722,20 @@ def test_hand_written_attention_keeps_its_values(name, record_property):
     error = _checked(name, tvm.compile(mod, target=LLVM), tvm.cpu(), inputs, torch_fp16)
     record_property("relative_error", float(error))
     assert error < 2e-3, f"relative error {error:.3e}; reached {reached}"
+
+
+def test_a_soft_cap_is_one_attention_kernel():
+    """Gemma-2's capped scores (its batched views of the products put back as 4-D matmuls) are
+    grouped into one function, which the attention family reads with the cap as a score term."""
+    from tvm_dsm.kernels.attention_pattern import find_attention
+    from tvm_dsm.relax_integration import lower_to_tir
+
+    inputs = CASES["gemma2_soft_cap"].inputs(np.random.default_rng(0))
+    program = torch.export.export(Gemma2SoftCap().half().eval(), tuple(inputs))
+    mod = lower_to_tir(from_exported_program(program))
+    (func,) = [f for gv, f in mod.functions.items() if "softmax" in gv.name_hint]
+    terms = find_attention(func).terms
+    assert "tanh" in str(terms.value) and terms.score is not None
 
 
 def _checked(name: str, executable, dev, inputs, torch_fp16) -> float:

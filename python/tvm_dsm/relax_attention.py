@@ -17,7 +17,8 @@ family takes is scheduled operator by operator (:class:`tvm_dsm.relax_integratio
 
 from __future__ import annotations
 
-import itertools
+import functools
+import operator
 
 import tvm
 from tvm import s_tir, tirx
@@ -28,7 +29,8 @@ from .relax_grouping import call_tir, group_calls
 
 #: Name of the composite functions the pattern fusion makes.
 COMPOSITE = "tvm_dsm.attention"
-_MAX_ELEMENTWISE = 2  # operators between the scores and the softmax
+_MAX_ELEMENTWISE = 8  # operators between the scores and the softmax
+_MAX_AFTER = 3  # operators of the probabilities alone between the softmax and the second product
 
 
 def attention_patterns() -> list:
@@ -37,19 +39,22 @@ def attention_patterns() -> list:
     fill)``), the softmax, at most one operator of the probabilities alone (a cast back to the
     16-bit type, where the model upcasts the softmax: ``softmax(s.float()).to(dtype)``), the
     product with v; most operators first (pattern fusion takes the first match)."""
-    steps = [lambda s, arity=arity, at=at: call_tir(*(s if n == at else wildcard() for n in range(arity)))
-             for arity in (1, 2, 3) for at in range(arity)]
+    def step(s):  # one operator of the scores, at any of its (up to three) operands
+        forms = [call_tir(*(s if n == at else wildcard() for n in range(arity))) for arity in (1, 2, 3)
+                 for at in range(arity)]
+        return functools.reduce(operator.or_, forms)
+
     patterns = []
-    for cast_back in (True, False):
+    for after in range(_MAX_AFTER, -1, -1):
         for between in range(_MAX_ELEMENTWISE, -1, -1):
-            for chosen in itertools.product(steps, repeat=between):
-                scores = call_tir(wildcard(), wildcard())
-                for step in chosen:
-                    scores = step(scores)
-                probabilities = call_tir(scores)
-                if cast_back:
-                    probabilities = call_tir(probabilities)
-                patterns.append(call_tir(probabilities, wildcard()))
+            scores = call_tir(wildcard(), wildcard())
+            for _ in range(between):
+                scores = step(scores)
+            probabilities = call_tir(scores)
+            for _ in range(after):
+                probabilities = call_tir(probabilities)
+            output = call_tir(probabilities, wildcard())
+            patterns += [call_tir(output), output]  # the output cast to the operands' type, or as it is
     return patterns
 
 
@@ -94,4 +99,4 @@ def _accept(kinds: list[str | None]) -> bool:
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.FuseAttention")
 def FuseAttention(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass style
     """Group each spelled-out attention of ``mod`` into one function (see the module docstring)."""
-    return group_calls(mod, COMPOSITE, attention_patterns(), _kind, _accept)
+    return group_calls(mod, COMPOSITE, attention_patterns(), _kind, _accept, "product")

@@ -315,11 +315,48 @@ def rewrite_slices_before_permutes(func: relax.Function) -> relax.Function:
     return _rewrite(squeezed, squeeze_first, _rewrite(sliced, slice_first, func))
 
 
+def rewrite_batched_views(func: relax.Function) -> relax.Function:
+    """``func`` with every product of 4-D tensors through ``[batch * heads, ..]`` views (torch's
+    ``bmm`` of ``matmul`` over ``[batch, heads, m, k]``: ``reshape(broadcast_to(a))`` of each
+    operand, the product (cast perhaps) viewed back to ``[batch, heads, m, n]``) as Relax's 4-D
+    ``matmul``, which broadcasts the batch axes itself: the views' copies are gone, and
+    attention spelled out with operators between its scores and softmax that
+    :func:`attention_pattern` does not name (Gemma-2's tanh soft cap) reaches
+    :class:`tvm_dsm.relax_attention.FuseAttention` as one index space; ``func`` itself where
+    none matches."""
+    a, b = wildcard(), wildcard()
+
+    def view(x):
+        return is_op("relax.reshape")(is_op("relax.broadcast_to")(x, wildcard()), wildcard())
+
+    product = is_op("relax.matmul")(view(a), view(b))
+    cast = is_op("relax.astype")(product)
+    root = is_op("relax.reshape")(cast | product, wildcard())
+
+    def replacement(orig, m):
+        tys = [_tensor(e) for e in (m[a], m[b], orig, m[product])]
+        if any(t is None for t in tys) or [t.ndim for t in tys] != [4, 4, 4, 3]:
+            return orig
+        (a_ty, b_ty, out_ty, _), analyzer = tys, Analyzer()
+        lead = out_ty.shape.values[:2]
+        for ty in (a_ty, b_ty):  # each operand's batch axes equal the output's, or 1
+            if not all(analyzer.can_prove_equal(d, o) or analyzer.can_prove_equal(d, 1)
+                       for d, o in zip(ty.shape.values[:2], lead)):
+                return orig
+        if not all(analyzer.can_prove_equal(x, y) for x, y in zip(
+                out_ty.shape.values[2:], (a_ty.shape.values[2], b_ty.shape.values[3]))):
+            return orig
+        out = relax.op.matmul(m[a], m[b], out_dtype=m[product].attrs.out_dtype)
+        return relax.op.astype(out, m[cast].attrs.dtype) if cast in m else out
+    return _rewrite(root, replacement, func)
+
+
 def attention_pattern():
     """Attention spelled out over ``[batch, heads, tokens, dim]`` tensors as torch exports
     ``softmax(q @ k.transpose(-1, -2) / c + mask) @ v``: each product over batched views
     (``reshape(broadcast_to(..))``, torch's ``bmm`` of 4-D tensors), its result perhaps cast and viewed back, the scores scaled
-    by a constant (divided or multiplied) and a mask added, either optional. q and k may be
+    by a constant (divided or multiplied; before a ``where`` mask or after it) and a mask added,
+    either optional. q and k may be
     widened to fp32 before the scores and the probabilities rounded back before the second
     product, as Hugging Face's eager attention writes it (``q.float() @ k.float().transpose(2,
     3)``, ``softmax(.., dtype=float32).to(v.dtype)``). Returns the root and its named parts
@@ -350,22 +387,27 @@ def attention_pattern():
     scores = viewed(is_op("relax.matmul")(batched(q_wide | q) | q_view_wide | q_view,
                                           batched(kt_wide | kt) | kt_view_wide | kt_view))
     scaling = is_op("relax.divide")(scores, scale) | is_op("relax.multiply")(scores, scale)
-    masked = is_op("relax.add")(scaling | scores, mask)
+    # MPT's: the scores scaled in 16 bits, widened to fp32 before its ALiBi bias is added
+    scaled_wide = is_op("relax.astype")(scaling)
+    masked = is_op("relax.add")(scaled_wide | scaling | scores, mask)
     # baddbmm's addend (a zero tensor, ALiBi's bias) added over the batched product, viewed after
     biased = viewed(masked) | masked
     keep, fill = wildcard(), scalar()
     kept = is_op("relax.where")(keep, biased | scaling | scores, fill)
     selected = kept | is_op("relax.where")(keep, fill, biased | scaling | scores)  # masked_fill
+    # GPT-J's: the mask selected before the scale, the fill scaled with the scores
+    rescaled = is_op("relax.divide")(selected, scale) | is_op("relax.multiply")(selected, scale)
     # OPT's clamp of the masked scores at the type's minimum (the sum overflows to -inf in fp16)
     clamped = is_op("relax.clip")(masked, wildcard(), wildcard())
-    logits = selected | viewed(clamped) | biased | scaling | scores
+    logits = rescaled | selected | viewed(clamped) | biased | scaling | scores
     softmax = is_op("relax.nn.softmax")(is_op("relax.astype")(logits) | logits)
     rounded = is_op("relax.astype")(softmax)
     v_view = is_op("relax.reshape")(v, wildcard())
     root = viewed(is_op("relax.matmul")(batched(rounded | softmax) | is_op("relax.reshape")(rounded | softmax, wildcard())
                                         | rounded | softmax,  # the softmax over [batch * heads] views
                                         batched(v) | v_view))
-    return root, {"q": q, "k": k, "kt": kt, "v": v, "scale": scale, "scaling": scaling, "mask": mask,
+    return root, {"q": q, "k": k, "kt": kt, "v": v, "scale": scale, "scaling": scaling, "rescaled": rescaled,
+                  "scaled_wide": scaled_wide, "mask": mask,
                   "masked": masked, "clamped": clamped, "selected": selected, "kept": kept, "keep": keep, "fill": fill,
                   "softmax": softmax, "q_wide": q_wide, "k_wide": k_wide, "kt_wide": kt_wide, "rounded": rounded,
                   "q_view": q_view, "k_view": k_view, "kt_view": kt_view, "q_view_wide": q_view_wide,
@@ -387,7 +429,8 @@ def _exact_casts(m: dict, parts: dict, dtype: str) -> bool:
     """Whether the matched casts of q and k widen them to fp32 (exact) and the probabilities'
     cast rounds them to the operands' ``dtype`` (the attention kernel's own rounding)."""
     widened = all(m[parts[name]].attrs.dtype == "float32" for name in ("q_wide", "k_wide", "kt_wide", "q_view_wide",
-                                                                          "kt_view_wide") if parts[name] in m)
+                                                                          "kt_view_wide", "scaled_wide")
+                  if parts[name] in m)
     return widened and (parts["rounded"] not in m or m[parts["rounded"]].attrs.dtype == dtype)
 
 
@@ -423,11 +466,12 @@ def _attention_replacement(orig: relax.Expr, m: dict, parts: dict, values: dict)
             and _exact_casts(m, parts, q_ty.dtype)):
         return orig
     scale = 1.0
-    if parts["scaling"] in m:
+    scaling = next((m[parts[name]] for name in ("scaling", "rescaled") if parts[name] in m), None)
+    if scaling is not None:
         factor = _scalar(m[parts["scale"]])
-        if factor is None or factor == 0.0:
-            return orig
-        scale = 1.0 / factor if is_op_call(m[parts["scaling"]], "relax.divide") else factor
+        if factor is None or factor == 0.0 or (parts["rescaled"] in m and (parts["masked"] in m or parts["scaling"] in m)):
+            return orig  # an added mask (or the scores twice) scaled: not R.nn.attention's bias and scale
+        scale = 1.0 / factor if is_op_call(scaling, "relax.divide") else factor
     bias = None
     if parts["mask"] in m:
         mask, mask_ty = m[parts["mask"]], _tensor(m[parts["mask"]])
@@ -445,6 +489,8 @@ def _attention_replacement(orig: relax.Expr, m: dict, parts: dict, values: dict)
     if parts["selected"] in m:  # where(keep, scores, fill) or where(masked, fill, scores)
         keep = m[parts["keep"]]
         fill = _scalar(m[parts["fill"]])
+        if fill is not None and parts["rescaled"] in m:  # selected, then scaled with the scores
+            fill *= scale
         if fill is None or fill > MASKED_FILL or _tensor(keep) is None or _tensor(keep).dtype != "bool" \
                 or _tensor(keep).ndim > 4:
             return orig
@@ -550,7 +596,7 @@ def rewrite_attentions(func: relax.Function) -> relax.Function:
 
 
 #: The rewrites :data:`RewriteToRelaxOps` applies, in order.
-REWRITES = (rewrite_rms_norms, rewrite_softmaxes, rewrite_silus, rewrite_attentions,
+REWRITES = (rewrite_rms_norms, rewrite_softmaxes, rewrite_silus, rewrite_attentions, rewrite_batched_views,
             rewrite_slices_before_permutes,
             rewrite_permutes)  # attention matches k's transpose alone; its own layout cancels torch's
 
