@@ -3,6 +3,8 @@ copies, predicated stores), the limits it refuses, and the driver's use of it.""
 
 from __future__ import annotations
 
+import itertools
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -37,14 +39,24 @@ MN_MAJOR = [SplitKGemmConfig(1, 128, 64, 64, 8, 1, 4, tma=True, wgmma=True),
             SplitKGemmConfig(2, 64, 256, 64, 4, 1, 4, tma=True, wgmma=True)]
 MN_MAJOR_SHAPES = [(128, 1024, 2048), (100, 3000, 1000), (37, 264, 4104)]
 PTX_TYPES = {"float16": "f16", "bfloat16": "bf16"}
+DTYPES = tuple(PTX_TYPES)
 
 
-@pytest.mark.parametrize(("m", "n", "k"), KN_EDGES)
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_weights_stored_k_by_n_off_the_tiles_copy_their_edges_predicated(m, n, k, dtype, assemble):
+def _pairwise(*axes: list) -> list[tuple]:
+    """Every combination of ``axes`` but the last, each with one of the last axis's values in
+    turn: every value of the last axis meets every value of each other axis (pairwise, not the
+    whole product: each case assembles a kernel with nvcc, a second of CI)."""
+    combos = itertools.product(*axes[:-1])
+    last = axes[-1]
+    return [(*combo, last[(sum(a.index(v) for a, v in zip(axes, combo))) % len(last)]) for combo in combos]
+
+
+@pytest.mark.parametrize(("shape", "dtype"), _pairwise(KN_EDGES, DTYPES))
+def test_weights_stored_k_by_n_off_the_tiles_copy_their_edges_predicated(shape, dtype, assemble):
     """Off the tiles in N or K, W stored [K, N] reaches shared memory, in the configurations
     without TMA, by cp.async copies of 16-byte pieces (N a multiple of 8), those past N or K
     predicated off and zero-filled."""
+    m, n, k = shape
     ranking = tvm_dsm.plan(dense(m, n, k, dtype, weight_layout="kn"))
     assert ranking.family.name == "split_k_gemm"
     rank = next(r for r, plan in enumerate(ranking.plans) if not plan.config.tma)
@@ -55,12 +67,12 @@ def test_weights_stored_k_by_n_off_the_tiles_copy_their_edges_predicated(m, n, k
     assemble(source, f"kn_edges_{m}x{n}x{k}_{dtype}")
 
 
-@pytest.mark.parametrize(("m", "n", "k"), KN_ROW_TAILS)
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_weights_stored_k_by_n_take_rows_off_the_tiles_transposed_by_ldmatrix(m, n, k, dtype, assemble):
+@pytest.mark.parametrize(("shape", "dtype"), _pairwise(KN_ROW_TAILS, DTYPES))
+def test_weights_stored_k_by_n_take_rows_off_the_tiles_transposed_by_ldmatrix(shape, dtype, assemble):
     """Rows past M are x's alone (zero-filled copies of x); in the configurations on mma.sync,
     W's tiles are whole and reach the fragments through ldmatrix.trans, in bf16 too (not TVM's
     8-bit gather loop, which an untyped ldmatrix call took, reading outside shared memory)."""
+    m, n, k = shape
     ranking = tvm_dsm.plan(dense(m, n, k, dtype, weight_layout="kn"))
     assert ranking.family.name == "split_k_gemm"
     rank = next(r for r, plan in enumerate(ranking.plans) if not plan.config.wgmma)
@@ -70,13 +82,12 @@ def test_weights_stored_k_by_n_take_rows_off_the_tiles_transposed_by_ldmatrix(m,
     assemble(source, f"kn_rows_{m}x{n}x{k}_{dtype}")
 
 
-@pytest.mark.parametrize(("m", "n", "k"), MN_MAJOR_SHAPES)
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("config", MN_MAJOR)
-def test_weights_stored_k_by_n_take_tma_tiles_of_rows_of_n_that_wgmma_reads_mn_major(m, n, k, dtype, config, assemble):
+@pytest.mark.parametrize(("config", "shape", "dtype"), _pairwise(MN_MAJOR, MN_MAJOR_SHAPES, DTYPES))
+def test_weights_stored_k_by_n_take_tma_tiles_of_rows_of_n_that_wgmma_reads_mn_major(config, shape, dtype, assemble):
     """W stored [K, N] reaches shared memory as TMA tiles of 64 N-contiguous elements a K row,
     one box a 64-column panel (zero-filled past N and K), which the warpgroup MMA reads MN-major:
     no transposing copy."""
+    m, n, k = shape
     source = cuda_source(_kn_schedule(m, n, k, dtype, config).mod)
     assert f"m64n{config.block_n}k16.f32.{PTX_TYPES[dtype]}" in source
     assert ", p, 1, 1, 0, 1;" in source  # B transposed (MN-major), A not
