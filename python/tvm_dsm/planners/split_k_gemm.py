@@ -309,10 +309,16 @@ def _candidates(shape: GemmShape, check, pipelines: tuple[int, ...], hw: Hardwar
 
 
 def _enumerated(shape: GemmShape, check, pipelines: tuple[int, ...], hw: Hardware) -> list[SplitKGemmConfig]:
-    configs = []
+    return [config for config in _shape_free(shape.dtype, shape.products, pipelines, hw)
+            if passes(check, shape, config, hw)]
+
+
+def _space(dtype: str, pipelines: tuple[int, ...]):
+    """Every configuration of the family's space at the ``pipelines`` depths, in the order the
+    planner ranks ties."""
     # K steps: TMA's 128-byte rows (fp8: 128 deep, 16-bit: 64); 16-bit also 32 by cp.async, for
     # K that 64 does not divide (G3's 416)
-    depths = (64, 128) if element_bytes(shape.dtype) == 1 else (32, 64)
+    depths = (64, 128) if element_bytes(dtype) == 1 else (32, 64)
     for s, bm, bn, bk, stages, tma, wgmma in itertools.product(
         (1, 2, 4, 8, 16), (16, 32, 64, 128, 256), BLOCK_N, depths, pipelines,
         (True, False), (False, True),
@@ -326,11 +332,34 @@ def _enumerated(shape: GemmShape, check, pipelines: tuple[int, ...], hw: Hardwar
         else:
             warps_m = 2 if bm >= 64 else 1
             warps_n = 4 if bn >= 128 else 2
-        config = SplitKGemmConfig(s, bm, bn, bk, warps_m, warps_n, stages, tma, wgmma)
-        if not passes(check, shape, config, hw):
-            continue
-        configs.append(config)
+        yield SplitKGemmConfig(s, bm, bn, bk, warps_m, warps_n, stages, tma, wgmma)
+
+
+#: :func:`_shape_free`'s results by (dtype, products, depths), each a list of (hw, configurations).
+_SHAPE_FREE: dict = {}
+
+
+def _shape_free(dtype: str, products: int, pipelines: tuple[int, ...], hw: Hardware) -> tuple:
+    """The configurations of :func:`_space` that :func:`check_config` passes for the most
+    permissive shape of ``dtype`` and ``products``: M, N and K multiples of the configuration's
+    tiles and K steps (one K step a rank where it is unpipelined), W stored ``[n, k]``, operands not
+    copied. Every check the planner applies runs ``check_config`` with the configuration (on the
+    shape or its tiled extents), and each of its limits that depends on the shape only narrows
+    with it, so a configuration refused here is refused for every shape: enumerations skip
+    those checks."""
+    key = (dtype, products, pipelines)
+    for known_hw, configs in _SHAPE_FREE.get(key, ()):
+        if known_hw == hw:
+            return configs
+    configs = tuple(c for c in _space(dtype, pipelines) if passes(check_config, _most_permissive(c, dtype, products), c, hw))
+    _SHAPE_FREE.setdefault(key, []).append((hw, configs))
     return configs
+
+
+def _most_permissive(config: SplitKGemmConfig, dtype: str, products: int) -> GemmShape:
+    steps = 1 if config.stages == 1 else 64
+    return GemmShape(config.block_m * 64, config.block_n * 64, config.cluster_size * config.block_k * steps, True,
+                     dtype, products)
 
 
 def plan_split_k_gemm(shape: GemmShape, hw: Hardware, quantized: bool = False,
