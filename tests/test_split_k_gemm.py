@@ -360,3 +360,30 @@ def test_equal_predictions_go_to_the_plan_furthest_from_its_bandwidth_limits():
     assert plans[index[small]].predicted_us == plans[index[large]].predicted_us
     assert plans[index[small]].seconds["l2"] < plans[index[large]].seconds["l2"]
     assert index[small] < index[large] and plans[0].config == small
+
+
+def test_the_enumeration_skips_only_configurations_no_shape_takes():
+    """The planner checks a shape only against the configurations check_config passes for the
+    most permissive shape of its type and products: the same candidates as checking every
+    configuration of the space, over shapes on and off the tiles, symbolic rows, both weight
+    layouts, fp8, several products and every check and pipeline depth the planner uses."""
+    import random
+
+    from tvm import tirx
+
+    from tvm_dsm.errors import passes
+    from tvm_dsm.planners import split_k_gemm as planner
+    from tvm_dsm.rules.quantized_gemm import check_quantized_config
+    from tvm_dsm.rules.split_k_gemm import check_padded_config
+
+    hw, rng = load_hardware(), random.Random(0)
+    for _ in range(40):
+        dtype = rng.choice(["float16", "bfloat16", "float8_e4m3fn"])
+        shape = GemmShape(rng.choice([1, 37, 100, 128, 1024, tirx.Var("m", "int64")]), rng.choice([264, 1000, 3000, 4096]),
+                          rng.choice([32, 416, 1000, 2048, 4104]), dtype == "float8_e4m3fn" or rng.random() < 0.6, dtype,
+                          rng.choice([1, 2, 3]), rng.random() < 0.1)
+        checks = [check_config, check_padded_config, planner._check_rows_past_m_config]
+        check = rng.choice(checks + ([check_quantized_config] if dtype != "float8_e4m3fn" else []))
+        depths = rng.choice([planner.PIPELINE_DEPTHS, planner.SHALLOW_PIPELINES, (1,)])
+        every = [c for c in planner._space(dtype, depths) if passes(check, shape, c, hw)]
+        assert planner._enumerated(shape, check, depths, hw) == every, (shape, check.__name__, depths)
