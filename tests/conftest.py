@@ -18,6 +18,9 @@ import tvm_dsm  # noqa: F401  (registers the pipeline)
 from tvm_dsm.script_parsing import pseudo_files_skipped
 
 TARGET = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}, host="llvm")
+#: llvm without LLVM's own optimizations, for tests that run functions on the CPU: the JIT of a
+#: module took tens of milliseconds a function at the default level.
+LLVM = tvm.target.Target({"kind": "llvm", "opt-level": 0})
 
 
 def _has_gpu() -> bool:

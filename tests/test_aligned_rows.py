@@ -13,7 +13,7 @@ import tvm
 from tvm import te
 
 import tvm_dsm
-from conftest import TARGET
+from conftest import LLVM, TARGET
 from conftest import kernels as cuda_kernels
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.rules.aligned_rows import pad_rows_to_vectors
@@ -58,7 +58,7 @@ def test_the_padded_function_computes_the_same_values(func):
     shape = [int(d) for d in func.params[-1].ty.shape]
     for f in (func, padded):
         out = tvm.runtime.tensor(np.full(shape, np.nan, "float16"))
-        tvm.compile(tvm.IRModule({"main": f}), target="llvm")["main"](*(tvm.runtime.tensor(a) for a in inputs), out)
+        tvm.compile(tvm.IRModule({"main": f}), target=LLVM)["main"](*(tvm.runtime.tensor(a) for a in inputs), out)
         outputs.append(out.numpy())
     np.testing.assert_array_equal(outputs[1], outputs[0])
 

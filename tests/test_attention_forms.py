@@ -13,7 +13,7 @@ import tvm
 import tvm_ffi
 from tvm import te, tirx
 
-from conftest import TARGET, cuda_source, host_launch
+from conftest import LLVM, TARGET, cuda_source, host_launch
 from conftest import kernels as cuda_kernels
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.ir import extent_variables, specialized
@@ -649,7 +649,7 @@ def test_the_float64_reference_of_each_form_is_what_llvm_computes(terms):
     inputs = [rng.random(shape) < 0.7 if dtype == "bool" else rng.standard_normal(shape).astype(dtype)
               for shape, dtype in zip(shapes[:-1], dtypes)]
     out = tvm.runtime.tensor(np.zeros(shapes[-1], "float32"))
-    tvm.compile(func, target="llvm")(*(tvm.runtime.tensor(x) for x in inputs), out)
+    tvm.compile(func, target=LLVM)(*(tvm.runtime.tensor(x) for x in inputs), out)
     ref = REFERENCES["attention_terms"](*(x.astype(np.float64) for x in inputs), terms=terms)
     got = out.numpy().astype(np.float64)
     empty = np.isnan(ref)

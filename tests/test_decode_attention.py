@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-from conftest import TARGET, cuda_source
+from conftest import LLVM, TARGET, cuda_source
 
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.planners.cascade_split import plan_cascade_split, schedule_cascade
@@ -26,7 +26,7 @@ def _reference(q, k, v):
     return np.einsum("rt,rtd->rd", p, v) / p.sum(1)[:, None]
 
 
-def _run(func, inputs, target="llvm", dev=None):
+def _run(func, inputs, target=LLVM, dev=None):
     dev = dev or tvm.cpu()
     lib = tvm.compile(tvm.IRModule({"main": func}) if isinstance(func, tvm.tirx.PrimFunc) else func, target=target)
     rows, dim = inputs[0].shape

@@ -19,6 +19,7 @@ import tvm_dsm
 from tvm_dsm.transform import fuse_cascaded_reductions
 from tvm_dsm.workloads.cascades import attention, rmsnorm_gemv, softmax_stats, softmax_v
 from tvm_dsm.workloads.chains import gemm_chain
+from conftest import LLVM
 
 LOWEST = float(np.finfo(np.float32).min)
 
@@ -41,7 +42,7 @@ def edge_rows(rows: int, k: int, seed: int = 0, masked_prefix: bool = True) -> n
 
 def run_llvm(func, inputs: list[np.ndarray]) -> list[np.ndarray]:
     """``func`` built for llvm, called on ``inputs``; its outputs (the other parameters)."""
-    ex = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
+    ex = tvm.compile(tvm.IRModule({"main": func}), target=LLVM)
     outputs = [tvm.runtime.tensor(np.full([int(d) for d in p.ty.shape], np.nan, str(p.ty.dtype)))
                for p in func.params[len(inputs):]]
     ex(*[tvm.runtime.tensor(a) for a in inputs], *outputs)

@@ -15,6 +15,7 @@ import tvm_dsm
 from tvm_dsm.families import match_family
 from tvm_dsm.rules.elementwise import output_blocks, vector_lanes
 from tvm_dsm.workloads.elementwise import cast, split_silu_mul
+from conftest import LLVM
 
 
 def _rotate_half(m: int, d: int = 64):
@@ -124,7 +125,7 @@ def test_on_the_gpu_against_numpy(make, rows):
         args = [rng.standard_normal([int(d) for d in b.shape]).astype(str(b.dtype)) for b in params]
         args[-1][...] = np.nan
         cpu = [tvm.runtime.tensor(a) for a in args]
-        tvm.compile(func, target="llvm", tir_pipeline="s_tir_stock")(*cpu)
+        tvm.compile(func, target=LLVM, tir_pipeline="s_tir_stock")(*cpu)
         want = cpu[-1].numpy().astype(np.float64)
         gpu = [tvm.runtime.tensor(a, tvm.cuda()) for a in args]
         symbolic(*gpu)

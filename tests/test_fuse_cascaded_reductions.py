@@ -13,7 +13,7 @@ from tvm import te, topi
 
 import tvm_dsm
 from tvm_dsm.errors import ClusterError
-from conftest import TARGET
+from conftest import LLVM, TARGET
 from tvm_dsm.fusion.cascade import find_cascades
 from tvm_dsm.transform import FuseCascadedReductions, fuse_cascaded_reductions
 from tvm_dsm.workloads.cascades import decode_attention
@@ -284,7 +284,7 @@ NOT_FUSIBLE = [
 
 
 def _build(f):
-    return tvm.compile(tvm.IRModule({"main": f}), target="llvm")
+    return tvm.compile(tvm.IRModule({"main": f}), target=LLVM)
 
 
 @pytest.fixture(scope="module")
@@ -433,7 +433,7 @@ def test_part_starting_at_zero_stays_finite():
     w = rng.standard_normal(64).astype("float32")
     results = []
     for g in (fused, f):
-        ex = tvm.compile(tvm.IRModule({"main": g}), target="llvm")
+        ex = tvm.compile(tvm.IRModule({"main": g}), target=LLVM)
         ss, y = (tvm.runtime.tensor(np.full(4, np.nan, "float32")) for _ in range(2))
         ex["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w), ss, y)
         results.append(y.numpy())
@@ -493,7 +493,7 @@ def test_a_statistic_of_the_rows_joins_only_with_its_rows_leading(shape, fused):
     for f in (func, rewritten):
         args = [tvm.runtime.tensor(data), tvm.runtime.tensor(np.full(64, np.nan, "float32")),
                 tvm.runtime.tensor(np.full(shape, np.nan, "float32"))]
-        tvm.compile(f, target="llvm")(*args)
+        tvm.compile(f, target=LLVM)(*args)
         outs.append([a.numpy() for a in args[1:]])
     for got, want in zip(outs[1], outs[0]):
         np.testing.assert_allclose(got, want, rtol=1e-5)
@@ -529,7 +529,7 @@ def test_a_cross_entropy_against_labels_is_one_fused_kernel(assemble):
     outs = []
     for f in (func, fused):
         out = tvm.runtime.tensor(np.zeros(M, "float32"))
-        tvm.compile(f, target="llvm")(tvm.runtime.tensor(x), tvm.runtime.tensor(labels), out)
+        tvm.compile(f, target=LLVM)(tvm.runtime.tensor(x), tvm.runtime.tensor(labels), out)
         outs.append(out.numpy().astype(np.float64))
     want = np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1)) + x.max(-1) - x[np.arange(M), labels]
     for got in outs:

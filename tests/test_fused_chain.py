@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from tvm import s_tir
 
-from conftest import TARGET, chain_error_on_gpu, cuda_source
+from conftest import LLVM, TARGET, chain_error_on_gpu, cuda_source
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.hardware import load_hardware
 from tvm_dsm.planners.fused_chain import candidate_configs, plan_chain, schedule_chain
@@ -240,7 +240,7 @@ def test_conv_chain_workload_matches_numpy():
     w1 = (rng.standard_normal((oc1, 3, 3, ic)) / np.sqrt(9 * ic)).astype(np.float16)
     w2 = (rng.standard_normal((oc2, 1, 1, oc1)) / np.sqrt(oc1)).astype(np.float16)
     out = tvm.runtime.tensor(np.full((batch, hw, hw, oc2), np.nan, np.float16))
-    tvm.compile(func, target="llvm")(*(tvm.runtime.tensor(a) for a in (x, w1, w2)), out)
+    tvm.compile(func, target=LLVM)(*(tvm.runtime.tensor(a) for a in (x, w1, w2)), out)
     padded = np.pad(x.astype(np.float64), ((0, 0), (1, 1), (1, 1), (0, 0)))
     c1 = sum(np.einsum("nhwc,oc->nhwo", padded[:, r:r + hw, s:s + hw], w1[:, r, s].astype(np.float64))
              for r in range(3) for s in range(3))

@@ -31,6 +31,7 @@ from tvm import te
 
 import cascade_fuzz as fuzz
 from tvm_dsm.transform import fuse_cascaded_reductions
+from conftest import LLVM
 
 CI_CASES, CI_SEED = 100, 0
 pytestmark = pytest.mark.slow  # the 100 cases run in the first tests' module fixture
@@ -127,7 +128,7 @@ def _red(op, f, name, rows=M):
 
 
 def _outputs(func, x):
-    ex = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
+    ex = tvm.compile(tvm.IRModule({"main": func}), target=LLVM)
     outs = [tvm.runtime.tensor(np.full((M,), np.nan, "float32")) for _ in func.params[1:]]
     ex["main"](tvm.runtime.tensor(x), *outs)
     return [o.numpy() for o in outs]

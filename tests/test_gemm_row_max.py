@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 import tvm
-from conftest import TARGET, cuda_source
+from conftest import LLVM, TARGET, cuda_source
 
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.hardware import load_hardware
@@ -26,7 +26,7 @@ def _reference(h, w, b, seq):
 
 def test_workload_matches_numpy_on_cpu():
     batch, seq, hidden, vocab = 2, 8, 32, 64
-    func = tvm.compile(lm_head_max(batch, seq, hidden, vocab), target="llvm")
+    func = tvm.compile(lm_head_max(batch, seq, hidden, vocab), target=LLVM)
     rng = np.random.default_rng(0)
     h = rng.standard_normal((batch * seq, hidden)).astype(np.float16)
     w = (rng.standard_normal((vocab, hidden)) / np.sqrt(hidden)).astype(np.float16)

@@ -19,7 +19,7 @@ from tvm_dsm.bench.tolerance import tolerance
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.workloads.generated import CLASSES, DTYPES, generate
 
-from conftest import TARGET
+from conftest import LLVM, TARGET
 
 #: What a refusal must name: a resource of the GPU.
 HARDWARE_LIMIT = re.compile(r"shared memory|register|threads|cluster size|bytes", re.IGNORECASE)
@@ -62,7 +62,7 @@ def test_reference_matches_llvm(case):
     inputs = [(rng.standard_normal(a["shape"]) * a.get("scale", 1.0)).astype(_numpy_dtype(a["dtype"]))
               for a in case.inputs]
     outputs = [tvm.runtime.tensor(np.full(a["shape"], 0, _numpy_dtype(a["dtype"]))) for a in case.outputs]
-    tvm.compile(case.func, target="llvm")(*[tvm.runtime.tensor(x) for x in inputs], *outputs)
+    tvm.compile(case.func, target=LLVM)(*[tvm.runtime.tensor(x) for x in inputs], *outputs)
     errors = [_relative_error(out.numpy(), want) for out, want in zip(outputs, case.reference(*inputs))]
     # a function that rounds its scores to 16 bits stays within a few times its tolerance
     bound = tolerance(a["dtype"] for a in case.args) * (1 if case.within_tolerance else 4)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-from conftest import TARGET
+from conftest import LLVM, TARGET
 from tvm import te, topi
 
 import tvm_dsm
@@ -39,7 +39,7 @@ def test_a_router_written_with_topis_topk_is_the_fused_router_computing_what_top
     for f in (func, router_top_k(func)):  # TOPI's (the CPU sort) and the router's, on llvm
         args = [tvm.runtime.tensor(logits), tvm.runtime.tensor(np.zeros((13, 2), "float32")),
                 tvm.runtime.tensor(np.zeros((13, 2), "int32"))]
-        tvm.compile(f, target="llvm")(*args)
+        tvm.compile(f, target=LLVM)(*args)
         outputs.append([a.numpy() for a in args[1:]])
     (values, indices), (router_values, router_indices) = outputs
     np.testing.assert_array_equal(router_indices, indices)

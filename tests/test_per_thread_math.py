@@ -8,7 +8,7 @@ from tvm.relax.frontend.nn.llm import position_embedding
 from tvm import te, tirx
 
 import tvm_dsm
-from conftest import kernels
+from conftest import LLVM, kernels
 from tvm_dsm.driver import plan
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.families.row_ranges import ROW_RANGES, ROWS_BEYOND
@@ -37,7 +37,7 @@ def test_the_rewrite_computes_what_the_function_does_on_llvm():
     args = [rng.standard_normal((rows, 48, 64)).astype("float16"), rng.integers(0, 4096, rows).astype("int32")]
     outputs = []
     for func in (_rope(), per_thread_math(_rope())):
-        lib = tvm.compile(tvm.IRModule({"main": func}), target="llvm", tir_pipeline="s_tir_stock")
+        lib = tvm.compile(tvm.IRModule({"main": func}), target=LLVM, tir_pipeline="s_tir_stock")
         out = [tvm.runtime.tensor(np.full(s, np.nan, "float16")) for s in ((rows, 32, 64), (rows, 8, 64), (rows, 8, 64))]
         lib(*(tvm.runtime.tensor(a) for a in args), *out, 1)
         outputs.append([o.numpy() for o in out])

@@ -14,7 +14,7 @@ from tvm.script import tirx as T
 import tvm_dsm
 from tvm_dsm.transform.product_order import products_in_gemm_order
 
-from conftest import TARGET
+from conftest import LLVM, TARGET
 
 
 def reduction_first(size: int):
@@ -46,7 +46,7 @@ def transposed_output(m: int, n: int, k: int):
 
 def _on_llvm(func, inputs, out_shape, out_dtype):
     out = tvm.runtime.tensor(np.zeros(out_shape, out_dtype))
-    tvm.compile(func, target="llvm")(*(tvm.runtime.tensor(a) for a in inputs), out)
+    tvm.compile(func, target=LLVM)(*(tvm.runtime.tensor(a) for a in inputs), out)
     return out.numpy()
 
 

@@ -13,6 +13,7 @@ from tvm_dsm import driver
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.families import match_family
 from tvm_dsm.transform.reductions_first import reductions_first
+from conftest import LLVM
 
 
 def _blocks(func) -> list[str]:
@@ -58,7 +59,7 @@ def test_the_reordered_function_computes_the_same_values():
     outputs = []
     for f in (func, reductions_first(func)):
         out = tvm.runtime.tensor(np.full((6, 40), np.nan, "float32"))
-        tvm.compile(tvm.IRModule({"main": f}), target="llvm")["main"](
+        tvm.compile(tvm.IRModule({"main": f}), target=LLVM)["main"](
             *(tvm.runtime.tensor(a) for a in (x, wg, wu)), out)
         outputs.append(out.numpy())
     gate = x @ wg.T

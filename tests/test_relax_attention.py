@@ -14,7 +14,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
 import tvm_dsm
-from conftest import TARGET, cuda_source, relax_cuda_source
+from conftest import LLVM, TARGET, cuda_source, relax_cuda_source
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.model_report import relax_report
 from tvm_dsm.relax_attention import FuseAttention
@@ -95,8 +95,8 @@ def test_the_grouped_attention_computes_what_the_operators_do_on_llvm():
         vm = relax.VirtualMachine(executable, tvm.cpu())
         return vm["forward"](*(tvm.runtime.tensor(a) for a in (q, k, v))).numpy().astype(np.float64)
 
-    got = run(tvm.compile(grouped, target="llvm", tir_pipeline="s_tir_stock"))
-    operators = run(tvm.compile(mod, target="llvm", tir_pipeline="s_tir_stock"))
+    got = run(tvm.compile(grouped, target=LLVM, tir_pipeline="s_tir_stock"))
+    operators = run(tvm.compile(mod, target=LLVM, tir_pipeline="s_tir_stock"))
     np.testing.assert_array_equal(got, operators)  # the same arithmetic, in one function
     s = q.astype(np.float64) @ k.astype(np.float64).transpose(0, 1, 3, 2) / np.sqrt(8)
     p = np.exp(s - s.max(-1, keepdims=True))
@@ -127,8 +127,8 @@ def test_the_grouped_masked_attention_computes_what_the_operators_do_on_llvm(for
         vm = relax.VirtualMachine(executable, tvm.cpu())
         return vm["forward"](*(tvm.runtime.tensor(a) for a in (q, k, v, mask))).numpy()
 
-    np.testing.assert_array_equal(run(tvm.compile(grouped, target="llvm", tir_pipeline="s_tir_stock")),
-                                  run(tvm.compile(mod, target="llvm", tir_pipeline="s_tir_stock")))
+    np.testing.assert_array_equal(run(tvm.compile(grouped, target=LLVM, tir_pipeline="s_tir_stock")),
+                                  run(tvm.compile(mod, target=LLVM, tir_pipeline="s_tir_stock")))
 
 
 def test_a_softmax_between_two_weight_products_is_not_attention():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tvm
 from tvm import relax
-from conftest import TARGET
+from conftest import LLVM, TARGET
 from tvm_dsm.model_report import relax_report
 from tvm_dsm.relax_attention_masks import AttentionMasksFromConstants, alibi_slopes, causal_band
 from tvm_dsm.relax_patterns import RewriteToRelaxOps
@@ -112,7 +112,7 @@ def test_an_index_built_mask_becomes_the_causal_flag_or_a_windowed_attention(win
         assert any(gv.name_hint.startswith("windowed_attention") for gv in rewritten.functions), rewritten.script()
     assert relax_report(rewritten).counts().get("attention", 0) == 1, relax_report(rewritten).format()
     q, k, v = _inputs(16, kv_heads, np.random.default_rng(7))
-    vm = relax.VirtualMachine(tvm.compile(rewritten, target="llvm"), tvm.cpu())
+    vm = relax.VirtualMachine(tvm.compile(rewritten, target=LLVM), tvm.cpu())
     got = vm["main"](*(tvm.runtime.tensor(a) for a in (q, k, v))).numpy().astype(np.float64)
     ref = _reference(q, k, v, window)
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
@@ -210,7 +210,7 @@ def test_baddbmm_attention_with_a_where_mask_becomes_causal_attention():
     (call,) = [c for c in _calls(rewritten) if isinstance(c.op, tvm.ir.Op) and c.op.name == "relax.nn.attention"]
     assert call.attrs.causal_mask == "TopLeft"
     q, k, v = _inputs(16, 4, np.random.default_rng(9))
-    vm = relax.VirtualMachine(tvm.compile(rewritten, target="llvm"), tvm.cpu())
+    vm = relax.VirtualMachine(tvm.compile(rewritten, target=LLVM), tvm.cpu())
     got = vm["main"](*(tvm.runtime.tensor(a) for a in (q, k, v))).numpy().astype(np.float64)
     ref = _reference(q, k, v, None)
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
@@ -266,7 +266,7 @@ def test_bloom_attention_with_alibi_reaches_the_attention_family_with_its_values
     assert relax_report(rewritten).counts().get("attention", 0) == 1, relax_report(rewritten).format()
     rng = np.random.default_rng(11)
     q, k, v = (rng.standard_normal((1, 16, 4, 64)).astype("float16") for _ in range(3))
-    vm = relax.VirtualMachine(tvm.compile(rewritten, target="llvm"), tvm.cpu())
+    vm = relax.VirtualMachine(tvm.compile(rewritten, target=LLVM), tvm.cpu())
     got = vm["main"](*(tvm.runtime.tensor(a) for a in (q, k, v))).numpy().astype(np.float64)
     ref = _bloom_reference(q, k, v, slopes)
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
@@ -352,7 +352,7 @@ def test_opts_clamped_scores_become_causal_attention_with_their_values():
     (call,) = [c for c in _calls(rewritten) if isinstance(c.op, tvm.ir.Op) and c.op.name == "relax.nn.attention"]
     assert call.attrs.causal_mask == "TopLeft" and float(call.attrs.scale) == 1.0
     q, k, v = _inputs(16, 4, np.random.default_rng(13))
-    vm = relax.VirtualMachine(tvm.compile(rewritten, target="llvm"), tvm.cpu())
+    vm = relax.VirtualMachine(tvm.compile(rewritten, target=LLVM), tvm.cpu())
     got = vm["main"](*(tvm.runtime.tensor(a) for a in (q * np.float16(0.125), k, v))).numpy().astype(np.float64)
     ref = _reference(q, k, v, None)
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
@@ -402,7 +402,7 @@ def test_a_padding_mask_that_empties_a_row_keeps_the_row_finite():
     keep = np.tri(16, 16, dtype=bool)
     keep[:3, :] = False  # three padded queries see no key
     keep[:, :3] = False
-    vm = relax.VirtualMachine(tvm.compile(rewritten, target="llvm"), tvm.cpu())
+    vm = relax.VirtualMachine(tvm.compile(rewritten, target=LLVM), tvm.cpu())
     got = vm["main"](*(tvm.runtime.tensor(a) for a in (q, k, v, keep.reshape(1, 1, 16, 16)))).numpy().astype(np.float64)
     assert np.isfinite(got).all()
     ref = _kept_reference(q, k, v, keep, rows=slice(3, None))

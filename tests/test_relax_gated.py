@@ -13,6 +13,7 @@ from tvm import relax
 from tvm_dsm.relax_gated import FuseGatedProjections
 from tvm_dsm.relax_integration import lower_to_tir
 from tvm_dsm.relax_matmuls import MatmulsAsMatrices
+from conftest import LLVM
 
 
 def _nn_swiglu(hidden: int, inner: int, sections: int = 2, axis: int = -1, silu_of: int = 0,
@@ -63,7 +64,7 @@ def test_the_rewrite_keeps_the_values_on_llvm():
     ref = (gate / (1 + np.exp(-gate)) * up) @ weights[1].astype(np.float64).T
     rewritten = FuseGatedProjections(MatmulsAsMatrices(mod))
     assert any(gv.name_hint.startswith("gated_projection") for gv in rewritten.functions)
-    vm = relax.VirtualMachine(tvm.compile(rewritten, target="llvm"), tvm.cpu())
+    vm = relax.VirtualMachine(tvm.compile(rewritten, target=LLVM), tvm.cpu())
     got = vm["forward"](tvm.runtime.tensor(x), *(tvm.runtime.tensor(w) for w in weights)).numpy()
     assert got.shape == (2, 5, 64) and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
 
@@ -103,7 +104,7 @@ def test_a_gate_and_an_up_projection_of_one_input_become_one_gated_gemm_with_the
     act = (gate / (1 + np.exp(-gate)) if activation == "silu"
            else 0.5 * gate * (1 + np.tanh(np.sqrt(2 / np.pi) * (gate + 0.044715 * gate ** 3))))
     ref = (act * up) @ weights[2].astype(np.float64).T
-    vm = relax.VirtualMachine(tvm.compile(FuseGatedProjections(MatmulsAsMatrices(mod)), target="llvm"), tvm.cpu())
+    vm = relax.VirtualMachine(tvm.compile(FuseGatedProjections(MatmulsAsMatrices(mod)), target=LLVM), tvm.cpu())
     got = vm["forward"](*(tvm.runtime.tensor(a) for a in (x, other, *weights))).numpy()
     assert got.shape == (2, 5, 64) and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
 
@@ -211,6 +212,6 @@ def test_a_torch_imported_swiglu_is_one_gated_gemm_and_its_residual_in_the_down_
     gate, up = (x.astype(np.float64) @ w.astype(np.float64).T for w in weights[:2])
     ref = x + (gate / (1 + np.exp(-gate)) * up) @ weights[2].astype(np.float64).T
     rewritten = FuseGatedProjections(MatmulsAsMatrices(RewriteToRelaxOps(mod)))
-    vm = relax.VirtualMachine(tvm.compile(rewritten, target="llvm"), tvm.cpu())
+    vm = relax.VirtualMachine(tvm.compile(rewritten, target=LLVM), tvm.cpu())
     got = vm["main"](*(tvm.runtime.tensor(a) for a in (x, *weights))).numpy()
     assert got.shape == (2, 5, 64) and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3

@@ -11,6 +11,7 @@ from tvm.script import tirx as T
 
 from tvm_dsm.relax_integration import lower_to_tir
 from tvm_dsm.relax_matmuls import MatmulsAsMatrices
+from conftest import LLVM
 
 
 @I.ir_module
@@ -32,7 +33,7 @@ class _Block:
 
 
 def _run_llvm(mod: tvm.IRModule, args: list[np.ndarray]) -> list[np.ndarray]:
-    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    vm = relax.VirtualMachine(tvm.compile(mod, target=LLVM), tvm.cpu())
     return [o.numpy() for o in vm["main"](*(tvm.runtime.tensor(a) for a in args))]
 
 

@@ -11,7 +11,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from conftest import TARGET, relax_cuda_source
+from conftest import LLVM, TARGET, relax_cuda_source
 from tvm_dsm.kernels.attention_pattern import find_attention
 from tvm_dsm.relax_packed_attention import PackedAttentionOperands
 from tvm_dsm.relax_pipeline import schedule_kernels
@@ -81,7 +81,7 @@ def _attention_calls(mod: tvm.IRModule) -> list[relax.Call]:
 
 def _on_llvm(mods, *inputs: np.ndarray) -> list[np.ndarray]:
     """Each of ``mods``' ``main`` run on the CPU on ``inputs``."""
-    return [relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())["main"](
+    return [relax.VirtualMachine(tvm.compile(m, target=LLVM), tvm.cpu())["main"](
         *(tvm.runtime.tensor(a) for a in inputs)).numpy() for m in mods]
 
 

@@ -12,6 +12,7 @@ from tvm.relax.frontend import nn
 
 from tvm_dsm.model_report import relax_report
 from tvm_dsm.relax_patches import PatchesAsMatrices
+from conftest import LLVM
 
 
 def _conv(channels: int, dim: int, kernel: int, stride: int, padding: int = 0, groups: int = 1,
@@ -42,7 +43,7 @@ def test_a_patch_embedding_is_a_gemm_with_the_same_values_on_llvm():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 3, 32, 32)).astype("float16")
     weights = [(rng.standard_normal([int(d) for d in p.shape]) / 8).astype("float16") for _, p in spec]
-    vm = relax.VirtualMachine(tvm.compile(rewritten, target="llvm"), tvm.cpu())
+    vm = relax.VirtualMachine(tvm.compile(rewritten, target=LLVM), tvm.cpu())
     got = vm["forward"](*(tvm.runtime.tensor(a) for a in (x, *weights))).numpy().astype(np.float64)
     ref = _patches(*(a.astype(np.float64) for a in (x, *weights)), 8)
     assert got.shape == ref.shape and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
@@ -89,7 +90,7 @@ def test_a_patch_embedding_with_an_fp32_result_is_a_gemm_too():
     assert "R.nn.conv2d" not in rewritten.script()
     rng = np.random.default_rng(1)
     x, w = rng.standard_normal((2, 3, 32, 32)).astype("float16"), (rng.standard_normal((64, 3, 8, 8)) / 8).astype("float16")
-    got = relax.VirtualMachine(tvm.compile(rewritten, target="llvm"), tvm.cpu())["main"](
+    got = relax.VirtualMachine(tvm.compile(rewritten, target=LLVM), tvm.cpu())["main"](
         tvm.runtime.tensor(x), tvm.runtime.tensor(w)).numpy()
     ref = _patches(x.astype(np.float64), w.astype(np.float64), np.zeros(64), 8)
     assert got.dtype == np.float32 and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-5

@@ -14,6 +14,7 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm_dsm.model_report import relax_report
 from tvm_dsm.relax_patterns import RewriteToRelaxOps, rewrite_rms_norms
+from conftest import LLVM
 
 WIDTH = 64
 
@@ -318,7 +319,7 @@ def test_transposes_that_undo_each_other_are_removed_and_others_composed():
     rewritten = RewriteToRelaxOps(mod)
     assert _ops(rewritten).count("relax.permute_dims") == 1, rewritten.script()
     x = np.random.default_rng(0).standard_normal((2, 3, 4, 5)).astype("float32")
-    vm = relax.VirtualMachine(tvm.compile(rewritten, target="llvm"), tvm.cpu())
+    vm = relax.VirtualMachine(tvm.compile(rewritten, target=LLVM), tvm.cpu())
     doubled, composed = vm["main"](tvm.runtime.tensor(x))
     np.testing.assert_array_equal(doubled.numpy(), 2 * x)
     np.testing.assert_array_equal(composed.numpy(), x.transpose(0, 2, 1, 3).transpose(3, 0, 2, 1))
@@ -349,7 +350,7 @@ def test_a_packed_projection_unbound_after_its_transpose_is_sliced_where_it_lies
     assert tvm_ffi.structural_equal(rewritten["main"].ty, mod["main"].ty)
     rng = np.random.default_rng(3)
     args = [rng.standard_normal((2, 5, 96)).astype("float32"), rng.standard_normal((4, 1, 6)).astype("float32")]
-    vms = [relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu()) for m in (mod, rewritten)]
+    vms = [relax.VirtualMachine(tvm.compile(m, target=LLVM), tvm.cpu()) for m in (mod, rewritten)]
     (want_a, want_k, want_m), (got_a, got_k, got_m) = (vm["main"](*(tvm.runtime.tensor(a) for a in args))
                                                        for vm in vms)
     np.testing.assert_allclose(got_a.numpy(), want_a.numpy(), rtol=1e-6, atol=1e-6)
@@ -404,7 +405,7 @@ def test_spelled_out_16_bit_attention_becomes_r_nn_attention_the_family_takes(sc
     s = s + (m.astype(np.float64) if mask else 0)
     p = np.exp(s - s.max(-1, keepdims=True))
     ref = (p / p.sum(-1, keepdims=True)) @ v.astype(np.float64)
-    vm = relax.VirtualMachine(tvm.compile(rewritten, target="llvm"), tvm.cpu())
+    vm = relax.VirtualMachine(tvm.compile(rewritten, target=LLVM), tvm.cpu())
     got = vm["main"](*(tvm.runtime.tensor(a) for a in (q, k, v, m))).numpy().astype(np.float64)
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 5e-3
 

@@ -12,6 +12,7 @@ from tvm.relax.frontend import nn
 
 from tvm_dsm.model_report import relax_report
 from tvm_dsm.relax_precision import AttentionScaleOnQuery, NormsInFp32
+from conftest import LLVM
 
 
 class _Norm(nn.Module):
@@ -81,7 +82,7 @@ def test_an_explicit_attention_scale_on_16_bit_tensors_builds_and_keeps_the_valu
     with pytest.raises(Exception, match="same datatype|float32"):  # TVM's own pipeline
         tvm.compile(mod, target=gpu)
     tvm.compile(mod, target=gpu, relax_pipeline="tvm_dsm")
-    vm = relax.VirtualMachine(tvm.compile(AttentionScaleOnQuery(mod), target="llvm"), tvm.cpu())
+    vm = relax.VirtualMachine(tvm.compile(AttentionScaleOnQuery(mod), target=LLVM), tvm.cpu())
     rng = np.random.default_rng(3)
     q, k, v = (rng.standard_normal((1, 16, 2, 8)).astype("float16") for _ in range(3))
     w = (rng.standard_normal((16, 16)) / 4).astype("float16")
@@ -112,7 +113,7 @@ def test_an_explicit_scale_with_a_bias_moves_onto_the_query_too():
     rng = np.random.default_rng(4)
     q, k, v = (rng.standard_normal((1, 16, 2, 8)).astype("float16") for _ in range(3))
     bias = rng.standard_normal((1, 1, 16, 16)).astype("float16")
-    got = relax.VirtualMachine(tvm.compile(rewritten, target="llvm"), tvm.cpu())["main"](
+    got = relax.VirtualMachine(tvm.compile(rewritten, target=LLVM), tvm.cpu())["main"](
         *(tvm.runtime.tensor(a) for a in (q, k, v, bias))).numpy().astype(np.float64)
     q64, k64, v64 = (a.astype(np.float64).transpose(0, 2, 1, 3) for a in (q, k, v))
     s = q64 @ k64.transpose(0, 1, 3, 2) * 0.3 + bias.astype(np.float64)

@@ -12,7 +12,7 @@ from tvm_dsm.errors import ClusterError
 from tvm_dsm.relax_integration import lower_to_tir
 from tvm_dsm.rules.split_k_gemm import find_gemm
 
-from conftest import TARGET, kernels
+from conftest import LLVM, TARGET, kernels
 
 
 def _projections(m: int, n: int, k: int, count: int, dtype: str = "float16", bias: bool = True,
@@ -114,7 +114,7 @@ def test_relax_projections_of_one_input_become_one_call(later_weight):
     x = rng.standard_normal((rows, width)).astype("float16")
     ws = [(rng.standard_normal((width, width)) / 16).astype("float16") for _ in range(3)]
     bs = [rng.standard_normal(width).astype("float16") for _ in range(3)]
-    vm = relax.VirtualMachine(tvm.compile(lowered, target="llvm"), tvm.cpu())
+    vm = relax.VirtualMachine(tvm.compile(lowered, target=LLVM), tvm.cpu())
     got = vm["main"](*(tvm.runtime.tensor(a) for a in (x, *ws, *bs)))
     for y, scale, w, b in zip(got, [1, 1, 2 if later_weight else 1], ws, bs):
         ref = x.astype(np.float64) @ (scale * w.astype(np.float64)).T + b

@@ -13,7 +13,7 @@ import tvm
 from tvm import te, topi, tirx
 
 import tvm_dsm
-from conftest import TARGET, cuda_source
+from conftest import LLVM, TARGET, cuda_source
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.transform.rows_as_matrix import over_original_tensors, rows_as_matrix
 
@@ -47,7 +47,7 @@ def linear(batch, seq, k, n, dtype="float16", bias=False, position=False):
 
 
 def _run_on_llvm(func, arrays: list, out_shape) -> np.ndarray:
-    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target="llvm")
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=LLVM)
     out = tvm.runtime.tensor(np.full(out_shape, np.nan, "float32"))
     lib["main"](*(tvm.runtime.tensor(a) for a in arrays), out)
     return out.numpy()

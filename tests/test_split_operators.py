@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-from conftest import TARGET, relative_error_on_gpu
+from conftest import LLVM, TARGET, relative_error_on_gpu
 from tvm import te, topi
 
 import tvm_dsm
@@ -28,7 +28,7 @@ def test_split_then_merge_computes_the_same_on_llvm(rows):
     outs = []
     for f in (func, merged):
         tensors = [tvm.runtime.tensor(a) for a in args[:-1]] + [tvm.runtime.tensor(np.full_like(args[-1], np.nan))]
-        tvm.compile(tvm.IRModule({"main": f}), target="llvm")(*tensors)
+        tvm.compile(tvm.IRModule({"main": f}), target=LLVM)(*tensors)
         outs.append(tensors[-1].numpy())
     np.testing.assert_allclose(outs[1], outs[0], rtol=1e-6)
     a, w1, w2 = (x.astype(np.float64) for x in args[:3])
@@ -98,7 +98,7 @@ def test_a_gated_layers_products_are_one_operator_and_compute_the_same_on_llvm(r
     shapes = [[4 if isinstance(d, tvm.tirx.Var) else int(d) for d in p.ty.shape] for p in func.params]
     args = [rng.standard_normal(shape).astype("float32") for shape in shapes]
     tensors = [tvm.runtime.tensor(a) for a in args[:-1]] + [tvm.runtime.tensor(np.full_like(args[-1], np.nan))]
-    tvm.compile(tvm.IRModule({"main": merged}), target="llvm")(*tensors)
+    tvm.compile(tvm.IRModule({"main": merged}), target=LLVM)(*tensors)
     ref = _swiglu_reference(*(x.astype(np.float64) for x in args[:4]))
     out = tensors[-1].numpy()
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-5
@@ -206,7 +206,7 @@ def test_random_products_split_together_and_merged_compute_the_same_on_llvm(seed
     for f in (func, merged):
         tensors = [tvm.runtime.tensor(a) for a in args[:-outputs]] + [
             tvm.runtime.tensor(np.full_like(a, np.nan)) for a in args[-outputs:]]
-        tvm.compile(tvm.IRModule({"main": f}), target="llvm")(*tensors)
+        tvm.compile(tvm.IRModule({"main": f}), target=LLVM)(*tensors)
         results.append([t.numpy() for t in tensors[-outputs:]])
     for got, want in zip(*results[::-1]):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

@@ -14,6 +14,7 @@ from tvm_dsm.annotations import TOP_K_KEY
 from tvm_dsm.planners.cascade_split import plan_cascade_split
 from tvm_dsm.transform import fuse_cascaded_reductions
 from tvm_dsm.workloads.cascades import moe_routing
+from conftest import LLVM
 
 T, E, K = 24, 96, 8
 K_UNFUSED = 3  # compiling the unfused top-k takes minutes at k = 8 (see tvm_dsm.fusion.top_k)
@@ -27,7 +28,7 @@ def _logits(seed: int) -> np.ndarray:
 
 
 def _build(func):
-    return tvm.compile(tvm.IRModule({"main": func}), target="llvm")
+    return tvm.compile(tvm.IRModule({"main": func}), target=LLVM)
 
 
 def _route(ex, x: np.ndarray, k: int = K) -> tuple[np.ndarray, np.ndarray]:
@@ -209,7 +210,7 @@ def test_packed_keys_of_a_16_bit_level_keep_its_own_initial_value():
     values[1, 7] = -65000.0
 
     def run(f):
-        ex = tvm.compile(tvm.IRModule({"main": f}), target="llvm")
+        ex = tvm.compile(tvm.IRModule({"main": f}), target=LLVM)
         out = tvm.runtime.tensor(np.full((rows,), np.nan, "float16"))
         got = tvm.runtime.tensor(np.full((rows, k), np.iinfo("int32").min, "int32"))
         ex["main"](tvm.runtime.tensor(values), out, got)

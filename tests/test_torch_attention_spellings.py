@@ -25,13 +25,11 @@ from tvm import relax  # noqa: E402
 from tvm_dsm.relax_attention_masks import AttentionMasksFromConstants  # noqa: E402
 from tvm_dsm.relax_patterns import RewriteToRelaxOps  # noqa: E402
 from tvm_dsm.relax_torch import from_exported_program  # noqa: E402
+from conftest import LLVM  # noqa: E402  (llvm unoptimized: the same values bit for bit here, checked)
 
 B, H, KVH, T, D = 2, 4, 2, 16, 64
 SCALE = D ** -0.5  # 0.125: exact in fp16
 WINDOW = 5
-#: llvm without LLVM's own optimizations: the same results bit for bit as ``target="llvm"`` on every
-#: case here (checked), and seconds less per case to build.
-LLVM = tvm.target.Target({"kind": "llvm", "opt-level": 0})
 MASKED = -3.0e4  # a mask value at or below this hides its key (tvm_dsm.relax_attention_masks.MASKED_FILL)
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
-from conftest import TARGET
+from conftest import LLVM, TARGET
 from tvm import te, topi
 
 import tvm_dsm
@@ -30,7 +30,7 @@ def te_matmul_kn(m: int, n: int, k: int, dtype: str = "float16") -> tvm.tirx.Pri
 
 def _error_on_llvm(func, x, w, ref) -> float:
     out = tvm.runtime.tensor(np.full(ref.shape, np.nan, x.dtype))
-    tvm.compile(tvm.IRModule({"main": func}), target="llvm")(tvm.runtime.tensor(x), tvm.runtime.tensor(w), out)
+    tvm.compile(tvm.IRModule({"main": func}), target=LLVM)(tvm.runtime.tensor(x), tvm.runtime.tensor(w), out)
     got = out.numpy().astype(np.float64)
     return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
 
