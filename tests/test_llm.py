@@ -13,7 +13,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from conftest import TARGET, kernels, relax_cuda_source
+from conftest import LLVM, TARGET, kernels, relax_cuda_source
 from tvm_dsm.stock import stock_target
 from tvm_dsm.relax_pipeline import DLIGHT, KV_APPEND, PAGED_DECODE, PRESCHEDULED, RAGGED_PREFILL
 from tvm_dsm.relax_gated import FuseGatedProjections
@@ -172,7 +172,7 @@ def tiny_llvm():
 @pytest.fixture(scope="module")
 def tiny_llvm_executable(tiny_llvm):
     """The tiny model as exported, compiled for the CPU by TVM's stock pipelines."""
-    return tvm.compile(tiny_llvm[0], tvm.target.Target({"kind": "llvm"}), tir_pipeline="s_tir_stock")
+    return tvm.compile(tiny_llvm[0], LLVM, tir_pipeline="s_tir_stock")
 
 
 @pytest.mark.parametrize("as_matrices", [False, True])
@@ -185,7 +185,7 @@ def test_tiny_prefill_and_decode_logits_match_float64_on_cpu(as_matrices, tiny_l
     if as_matrices:
         mod = FuseGatedProjections(MatmulsAsMatrices(mod))
         assert any(gv.name_hint.startswith("gated_projection") for gv in mod.functions)
-    executable = (tvm.compile(mod, tvm.target.Target({"kind": "llvm"}), tir_pipeline="s_tir_stock") if as_matrices
+    executable = (tvm.compile(mod, LLVM, tir_pipeline="s_tir_stock") if as_matrices
                   else tiny_llvm_executable)
     weights = random_weights(config)
     session = LlamaSession(executable, tvm.cpu(), weights, names, config, max_batch_size=2,
