@@ -124,6 +124,21 @@ def test_fused_rows_take_sums_along_rows_not_across_them(layout):
             FusedCascade().recognize(func)
 
 
+def test_fused_rows_read_a_scalar_tensor_in_a_reduction():
+    """A 0-d tensor read in a reduced level (a fill held as ``torch.full([], c)``, as GPT-BigCode
+    masks its scores) has no index to walk: the fused rows take the function."""
+    from tvm import te
+
+    from tvm_dsm.families.fused_cascade import FusedCascade
+
+    x, fill = te.placeholder((64, 256), "float32", name="x"), te.placeholder((), "float32", name="fill")
+    r, t = te.reduce_axis((0, 256), "r"), te.reduce_axis((0, 256), "t")
+    row_max = te.compute((64,), lambda i: te.max(te.max(x[i, r], fill[()]), axis=r), name="row_max")
+    total = te.compute((64,), lambda i: te.sum(te.exp(te.max(x[i, t], fill[()]) - row_max[i]), axis=t), name="total")
+    func = te.create_prim_func([x, fill, total])
+    assert FusedCascade().recognize(func) is func
+
+
 def test_fused_rows_take_attention_over_heads_stored_after_the_keys():
     """Decode attention over K/V stored [B, S, H, D] reads V[b, t, h, e]: a row index (h) after
     the key, but each key's values a contiguous row of D."""

@@ -325,6 +325,36 @@ def test_transposes_that_undo_each_other_are_removed_and_others_composed():
     np.testing.assert_array_equal(composed.numpy(), x.transpose(0, 2, 1, 3).transpose(3, 0, 2, 1))
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_product_of_operands_widened_to_fp32_is_their_16_bit_product_accumulated_in_fp32(dtype):
+    """``a.float() @ b.float()`` (GPT-BigCode's and GPT-J's scores): one matmul of the 16-bit
+    operands with an fp32 result, bit for bit the same values; a product of operands of two
+    types, or narrowed, is left alone."""
+    a, b = relax.Var("a", relax.TensorType((2, 8, 16), dtype)), relax.Var("b", relax.TensorType((2, 16, 4), dtype))
+    c = relax.Var("c", relax.TensorType((2, 16, 4), "float32"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [a, b, c]):
+        with builder.dataflow():
+            wide_a = builder.emit(relax.op.astype(a, "float32"))
+            wide = builder.emit(relax.op.matmul(wide_a, builder.emit(relax.op.astype(b, "float32"))))
+            mixed = builder.emit(relax.op.matmul(wide_a, c))
+            out = builder.emit_output(relax.Tuple([wide, mixed]))
+        builder.emit_func_output(out)
+    mod = builder.get()
+    rewritten = RewriteToRelaxOps(mod)
+    assert _ops(rewritten).count("relax.astype") == 1, rewritten.script()  # the mixed product's
+    rng = np.random.default_rng(0)
+    dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16
+    inputs = [rng.standard_normal((2, 8, 16)).astype(dt), rng.standard_normal((2, 16, 4)).astype(dt),
+              rng.standard_normal((2, 16, 4)).astype("float32")]
+    runs = []
+    for m in (mod, rewritten):
+        vm = relax.VirtualMachine(tvm.compile(m, target=LLVM), tvm.cpu())
+        runs.append([o.numpy() for o in vm["main"](*(tvm.runtime.tensor(x) for x in inputs))])
+    for got, want in zip(*runs):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_a_packed_projection_unbound_after_its_transpose_is_sliced_where_it_lies():
     """timm's ViT: ``qkv.reshape(B, N, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)``, then the
     attention operator's layout: each part a slice of the reshaped projection, no transpose left

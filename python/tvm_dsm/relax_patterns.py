@@ -351,6 +351,25 @@ def rewrite_batched_views(func: relax.Function) -> relax.Function:
     return _rewrite(root, replacement, func)
 
 
+def rewrite_widened_products(func: relax.Function) -> relax.Function:
+    """``func`` with every product of two 16-bit tensors of one type widened to fp32 first
+    (``q.float() @ k.float()``, as GPT-BigCode and GPT-J write their scores) as the product of
+    the 16-bit tensors accumulated in fp32: the same values (a product of two 16-bit values is
+    exact in fp32, the sum is fp32 in both), without the widened copies, and in the form the
+    families take (16-bit operands); ``func`` itself where none matches."""
+    a, b = wildcard(), wildcard()
+    wide_a, wide_b = is_op("relax.astype")(a), is_op("relax.astype")(b)
+    root = is_op("relax.matmul")(wide_a, wide_b)
+
+    def replacement(orig, m):
+        tys = [_tensor(m[x]) for x in (a, b)]
+        if any(t is None or t.dtype not in SIXTEEN_BIT for t in tys) or tys[0].dtype != tys[1].dtype \
+                or any(m[w].attrs.dtype != "float32" for w in (wide_a, wide_b)) or _tensor(orig).dtype != "float32":
+            return orig
+        return relax.op.matmul(m[a], m[b], out_dtype="float32")
+    return _rewrite(root, replacement, func)
+
+
 def attention_pattern():
     """Attention spelled out over ``[batch, heads, tokens, dim]`` tensors as torch exports
     ``softmax(q @ k.transpose(-1, -2) / c + mask) @ v``: each product over batched views
@@ -597,7 +616,7 @@ def rewrite_attentions(func: relax.Function) -> relax.Function:
 
 #: The rewrites :data:`RewriteToRelaxOps` applies, in order.
 REWRITES = (rewrite_rms_norms, rewrite_softmaxes, rewrite_silus, rewrite_attentions, rewrite_batched_views,
-            rewrite_slices_before_permutes,
+            rewrite_widened_products, rewrite_slices_before_permutes,
             rewrite_permutes)  # attention matches k's transpose alone; its own layout cancels torch's
 
 

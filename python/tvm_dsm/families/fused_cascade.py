@@ -56,6 +56,8 @@ def _read_across_rows(level, rows: list) -> str | None:
     row apart. (``V[b, t, h, e]``, rows ``b, h`` and the level's own axis ``e`` innermost, reads
     contiguous rows of ``e``.)"""
     for load in loads(level.value):
+        if not load.indices:  # a scalar (a fill of 0-d buffer)
+            continue
         *_, innermost = load.indices
         if (any(uses(i, level.reduce_var) for i in load.indices) and not uses(innermost, level.reduce_var)
                 and any(uses(innermost, v) for v in rows)):
