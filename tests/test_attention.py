@@ -122,12 +122,14 @@ def test_unsupported_inputs_get_clear_errors(func, config, message):
 
 def test_wider_heads_are_planned_in_the_configurations_that_fit():
     """Head dims 192 and 256 (three and four panels, wgmma N up to 256): the planner offers the
-    configurations within the accumulator and shared-memory limits, the default among them."""
+    configurations within the accumulator and shared-memory limits, the default among them: one
+    warpgroup a CTA where the CTAs of 64 query rows are one wave, two beyond it."""
     from tvm_dsm.kernels.attention import TEMPLATE
 
-    wide = find_attention(attention(4, 256, 512, 256, True))
-    assert default_config(wide) == AttentionConfig(64, 1, 2)
-    assert default_config(wide) in TEMPLATE.configs(wide) and len(TEMPLATE.configs(wide)) < len(CONFIGS)
+    wide, many = (find_attention(attention(heads, 256, 512, 256, True)) for heads in (4, 64))
+    assert (default_config(wide), default_config(many)) == (AttentionConfig(64), AttentionConfig(64, 1, 2))
+    for shape in (wide, many):
+        assert default_config(shape) in TEMPLATE.configs(shape) and len(TEMPLATE.configs(shape)) < len(CONFIGS)
     source = cuda_source(fuse_attention(attention(4, 256, 512, 256, True)))
     assert "wgmma.mma_async.sync.aligned.m64n256k16" in source  # O += P V over the whole head
     assert TEMPLATE.configs(find_attention(attention(4, 256, 512, 128))) == list(CONFIGS)

@@ -178,7 +178,9 @@ def default_config(shape: AttentionShape, hw: Hardware | None = None) -> Attenti
     (a CTA an SM: two warpgroups give it 8 warps where one warpgroup of two row blocks gives it
     4) and, with the mask, from 2048 keys (half the steps of the long rows). Wider heads: two
     warpgroups of one row block each share the 64-key tiles (two row blocks a warpgroup would
-    spill). Measured through the compile path a user's ``tvm.compile`` takes (docs/attention.md);
+    spill), but one warpgroup a CTA where the CTAs of 64 query rows are one wave (head dim 256
+    on the H200, with and without score terms: 1.08-1.43x faster at 64-128 CTAs, 1.0-1.43x
+    slower at 512; bench/results/archive/attention_d256_warpgroups_s81.json). Measured through the compile path a user's ``tvm.compile`` takes (docs/attention.md);
     the head-dim 80-128 choice on the H200, every candidate beside SDPA at the 32 real-model
     shapes of those head dims (bench/results/archive/attention_configs_real_shapes_s58.json).
     Score terms reading a tensor at each key (a bias) keep 64-key tiles at head dim 64: their
@@ -186,7 +188,10 @@ def default_config(shape: AttentionShape, hw: Hardware | None = None) -> Attenti
     with a bias [S, S] 51.4 us against 79.1 on 128-key tiles, H200,
     bench/results/archive/attention_terms_prefetch_s68.json)."""
     if padded_dim(shape.dim) > 128:
-        return AttentionConfig(64, warpgroups=2)
+        sms = (hw or load_hardware()).sm_count
+        one_wave = (isinstance(shape.q_len, int) and isinstance(shape.heads, int)
+                    and shape.heads * -(-shape.q_len // 64) <= sms)
+        return AttentionConfig(64) if one_wave else AttentionConfig(64, warpgroups=2)
     if padded_dim(shape.dim) == 128:
         sms = (hw or load_hardware()).sm_count
         one_wave = (isinstance(shape.q_len, int) and isinstance(shape.heads, int)
