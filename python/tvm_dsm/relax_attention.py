@@ -21,10 +21,10 @@ import functools
 import operator
 
 import tvm
-from tvm import s_tir, tirx
+from tvm import tirx
 from tvm.relax.dpl import wildcard
 
-from .ir import find_all, is_reduction
+from .ir import find_all, is_reduction, root_blocks
 from .relax_grouping import call_tir, group_calls
 
 #: Name of the composite functions the pattern fusion makes.
@@ -34,11 +34,13 @@ _MAX_AFTER = 3  # operators of the probabilities alone between the softmax and t
 
 
 def attention_patterns() -> list:
-    """The scores' product, ``between`` element-wise operators (each of the scores alone, a
-    scale, a cast, or of the scores and other inputs: an additive mask, ``where(mask, scores,
-    fill)``), the softmax, at most one operator of the probabilities alone (a cast back to the
-    16-bit type, where the model upcasts the softmax: ``softmax(s.float()).to(dtype)``), the
-    product with v; most operators first (pattern fusion takes the first match)."""
+    """The scores' product, up to :data:`_MAX_ELEMENTWISE` element-wise operators (each of the
+    scores alone, a scale, a cast, a soft cap's tanh, or of the scores and other inputs: an
+    additive mask, ``where(mask, scores, fill)``), the softmax, up to :data:`_MAX_AFTER`
+    operators of the probabilities alone (a cast back to the 16-bit type, where the model
+    upcasts the softmax: ``softmax(s.float()).to(dtype)``; a view), the product with v, and
+    perhaps its cast to the operands' type; most operators first (pattern fusion takes the
+    first match)."""
     def step(s):  # one operator of the scores, at any of its (up to three) operands
         forms = [call_tir(*(s if n == at else wildcard() for n in range(arity))) for arity in (1, 2, 3)
                  for at in range(arity)]
@@ -72,8 +74,7 @@ def _kind(func: tirx.PrimFunc) -> str | None:
     type and one rank, 3 or 4: activations, not a weight; the second in the attention family's
     form, :func:`_attention_operand`), ``"softmax"`` (a row max and a row sum, then element-wise blocks),
     ``"elementwise"`` (no reduction) or None."""
-    sch = s_tir.Schedule(func)
-    blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    blocks = root_blocks(func)
     reductions = [b for b in blocks if is_reduction(b)]
     if not reductions:
         return "elementwise"

@@ -21,7 +21,7 @@ from tvm import s_tir, tirx
 from tvm.relax.dpl import wildcard
 
 from .errors import ClusterError
-from .ir import is_reduction
+from .ir import is_reduction, root_blocks
 from .relax_grouping import call_tir, group_calls
 from .rules.fused_chain import merge_elementwise_blocks
 from .rules.split_k_gemm import find_gemm_operands
@@ -57,8 +57,7 @@ def chain_patterns() -> list:
 def _kind(func: tirx.PrimFunc) -> str | None:
     """``"matmul"`` (one matmul block, weights ``[out, in]``, a constant row count: the chain
     family plans constant extents), ``"elementwise"`` (no reduction) or None."""
-    sch = s_tir.Schedule(func)
-    blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    blocks = root_blocks(func)
     if not any(is_reduction(b) for b in blocks):
         return "elementwise"
     if len(blocks) != 1:

@@ -417,8 +417,7 @@ def element_producers(func: tirx.PrimFunc, group: list[Level]) -> dict:
     fused loop computes each such element when it reaches it instead of reading it from
     memory. Returns {output buffer: the producer as a Level}; only producers of intermediates
     (not parameters) indexed exactly by the group's rows and reduction variable qualify."""
-    sch = s_tir.Schedule(func)
-    blocks = [sch.get(rv) for rv in sch.get_child_blocks(sch.get_sblock("root"))]
+    blocks = root_blocks(func)
     names = {lvl.block for lvl in group}
     kept = list(func.params) + [  # parameters, and what blocks outside the group read, stay
         region.source for block in blocks if str(block.name_hint) not in names for region in block.reads]

@@ -169,6 +169,13 @@ def check_config(shape: AttentionShape, c: AttentionConfig) -> None:
                            f"the {_MAX_SHARED_BYTES} B of a Hopper CTA")
 
 
+def _one_wave(shape: AttentionShape, rows: int, hw: Hardware | None) -> bool:
+    """Whether CTAs of ``rows`` query rows each, one per head and row block, fit one wave on
+    ``hw``'s SMs (constant heads and query length only)."""
+    return (isinstance(shape.q_len, int) and isinstance(shape.heads, int)
+            and shape.heads * -(-shape.q_len // rows) <= (hw or load_hardware()).sm_count)
+
+
 def default_config(shape: AttentionShape, hw: Hardware | None = None) -> AttentionConfig:
     """At head dim 64, one warpgroup of 64 query rows per CTA, with 128-key tiles from 1024
     keys (half the steps) and 64-key tiles below (and for a symbolic length). At head dims 80-128
@@ -180,7 +187,8 @@ def default_config(shape: AttentionShape, hw: Hardware | None = None) -> Attenti
     warpgroups of one row block each share the 64-key tiles (two row blocks a warpgroup would
     spill), but one warpgroup a CTA where the CTAs of 64 query rows are one wave (head dim 256
     on the H200, with and without score terms: 1.08-1.43x faster at 64-128 CTAs, 1.0-1.43x
-    slower at 512; bench/results/archive/attention_d256_warpgroups_s81.json). Measured through the compile path a user's ``tvm.compile`` takes (docs/attention.md);
+    slower at 512; bench/results/archive/attention_d256_warpgroups_s81.json). Measured through
+    the compile path a user's ``tvm.compile`` takes (docs/attention.md);
     the head-dim 80-128 choice on the H200, every candidate beside SDPA at the 32 real-model
     shapes of those head dims (bench/results/archive/attention_configs_real_shapes_s58.json).
     Score terms reading a tensor at each key (a bias) keep 64-key tiles at head dim 64: their
@@ -188,14 +196,9 @@ def default_config(shape: AttentionShape, hw: Hardware | None = None) -> Attenti
     with a bias [S, S] 51.4 us against 79.1 on 128-key tiles, H200,
     bench/results/archive/attention_terms_prefetch_s68.json)."""
     if padded_dim(shape.dim) > 128:
-        sms = (hw or load_hardware()).sm_count
-        one_wave = (isinstance(shape.q_len, int) and isinstance(shape.heads, int)
-                    and shape.heads * -(-shape.q_len // 64) <= sms)
-        return AttentionConfig(64) if one_wave else AttentionConfig(64, warpgroups=2)
+        return AttentionConfig(64) if _one_wave(shape, 64, hw) else AttentionConfig(64, warpgroups=2)
     if padded_dim(shape.dim) == 128:
-        sms = (hw or load_hardware()).sm_count
-        one_wave = (isinstance(shape.q_len, int) and isinstance(shape.heads, int)
-                    and shape.heads * -(-shape.q_len // 128) <= sms)
+        one_wave = _one_wave(shape, 128, hw)
         long_causal = shape.causal and isinstance(shape.kv_len, int) and shape.kv_len >= _LONG_CAUSAL_KEYS
         if one_wave or long_causal:
             return AttentionConfig(128, warpgroups=2)

@@ -37,13 +37,13 @@ from dataclasses import dataclass, field
 import sympy
 import tvm
 import tvm_ffi
-from tvm import s_tir, tirx
+from tvm import tirx
 from tvm.sym import Analyzer, detect_iter_map, inverse_affine_iter_map
 
 from ..errors import ClusterError
 from ..fusion.cascade import Level, find_cascades, inline_elementwise, parse_reduction, rows_in_level_order
 from ..fusion.symbolic import ToSympy, ToTIR, Unsupported, simplify
-from ..ir import loads, substitute, uses
+from ..ir import loads, root_blocks, substitute, uses
 
 #: A mask's fill below this is -inf for the softmax: exp of it underflows to 0 in fp32 for any
 #: score of smaller magnitude, and a causal row always keeps its diagonal key.
@@ -321,8 +321,7 @@ class _Match:
         self.analyzer.bind(var, tvm.ir.Range(tirx.const(0, var.ty), tirx.const(int(extent), var.ty)))
 
     def _root_blocks(self) -> list:
-        sch = s_tir.Schedule(self.inlined)
-        return [sch.get(rv) for rv in sch.get_child_blocks(sch.get_sblock("root"))]
+        return root_blocks(self.inlined)
 
     # --- the scores and the canonical variables -------------------------------------------
 

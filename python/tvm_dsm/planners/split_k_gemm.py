@@ -294,18 +294,24 @@ _KNOWN_CANDIDATES: dict = {}
 KNOWN_CANDIDATES_KEPT = 4096
 
 
-def _candidates(shape: GemmShape, check, pipelines: tuple[int, ...], hw: Hardware) -> list[SplitKGemmConfig]:
-    key = (shape, check, pipelines) if isinstance(shape.m, int) else None
-    known = _KNOWN_CANDIDATES.get(key, ()) if key is not None else ()
-    for known_hw, configs in known:
+def _per_gpu(table: dict, key, hw: Hardware, compute):
+    """``compute()`` kept in ``table`` under ``key`` for ``hw`` (descriptions compared by value:
+    a refitted one is another GPU)."""
+    for known_hw, value in table.get(key, ()):
         if known_hw == hw:
-            return list(configs)
-    configs = _enumerated(shape, check, pipelines, hw)
-    if key is not None:
-        if len(_KNOWN_CANDIDATES) >= KNOWN_CANDIDATES_KEPT:
-            _KNOWN_CANDIDATES.clear()
-        _KNOWN_CANDIDATES.setdefault(key, []).append((hw, tuple(configs)))
-    return configs
+            return value
+    value = compute()
+    table.setdefault(key, []).append((hw, value))
+    return value
+
+
+def _candidates(shape: GemmShape, check, pipelines: tuple[int, ...], hw: Hardware) -> list[SplitKGemmConfig]:
+    if not isinstance(shape.m, int):
+        return _enumerated(shape, check, pipelines, hw)
+    if len(_KNOWN_CANDIDATES) >= KNOWN_CANDIDATES_KEPT:
+        _KNOWN_CANDIDATES.clear()
+    return list(_per_gpu(_KNOWN_CANDIDATES, (shape, check, pipelines), hw,
+                         lambda: tuple(_enumerated(shape, check, pipelines, hw))))
 
 
 def _enumerated(shape: GemmShape, check, pipelines: tuple[int, ...], hw: Hardware) -> list[SplitKGemmConfig]:
@@ -347,16 +353,13 @@ def _shape_free(dtype: str, products: int, pipelines: tuple[int, ...], hw: Hardw
     shape or its tiled extents), and each of its limits that depends on the shape only narrows
     with it, so a configuration refused here is refused for every shape: enumerations skip
     those checks."""
-    key = (dtype, products, pipelines)
-    for known_hw, configs in _SHAPE_FREE.get(key, ()):
-        if known_hw == hw:
-            return configs
-    configs = tuple(c for c in _space(dtype, pipelines) if passes(check_config, _most_permissive(c, dtype, products), c, hw))
-    _SHAPE_FREE.setdefault(key, []).append((hw, configs))
-    return configs
+    return _per_gpu(_SHAPE_FREE, (dtype, products, pipelines), hw, lambda: tuple(
+        c for c in _space(dtype, pipelines) if passes(check_config, _most_permissive(c, dtype, products), c, hw)))
 
 
 def _most_permissive(config: SplitKGemmConfig, dtype: str, products: int) -> GemmShape:
+    """:func:`_shape_free`'s shape for ``config``: 64 of its tiles each way, 64 K steps a rank
+    (one where it is unpipelined)."""
     steps = 1 if config.stages == 1 else 64
     return GemmShape(config.block_m * 64, config.block_n * 64, config.cluster_size * config.block_k * steps, True,
                      dtype, products)

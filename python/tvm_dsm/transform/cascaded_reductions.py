@@ -12,12 +12,13 @@ from __future__ import annotations
 import logging
 
 import tvm
-from tvm import s_tir, tirx
+from tvm import tirx
 
 from ..fusion.cascade import GroupReport, element_producers, find_cascades, inline_elementwise, prove
 from ..fusion.rewrite import splice
 from ..fusion.symbolic import Unsupported
 from ..hardware import MAX_CTA_THREADS
+from ..ir import root_blocks
 
 LOG = logging.getLogger("tvm_dsm.fusion")
 
@@ -105,8 +106,7 @@ def _reader_between_levels(func: tirx.PrimFunc, group) -> str | None:
     """The first block other than a level that sits between the cascade's first and last levels
     and reads a level's result (the fused block replaces the last level, so it would read the
     result before the fused loop writes it), if any."""
-    sch = s_tir.Schedule(func)
-    blocks = [sch.get(rv) for rv in sch.get_child_blocks(sch.get_sblock("root"))]
+    blocks = root_blocks(func)
     names = [b.name_hint for b in blocks]
     levels = {lvl.block for lvl in group}
     positions = [names.index(n) for n in levels if n in names]
