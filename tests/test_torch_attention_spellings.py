@@ -722,18 +722,29 @@ def test_hand_written_attention_keeps_its_values(name, record_property):
     assert error < 2e-3, f"relative error {error:.3e}; reached {reached}"
 
 
-def test_a_soft_cap_is_one_attention_kernel():
-    """Gemma-2's capped scores (its batched views of the products put back as 4-D matmuls) are
-    grouped into one function, which the attention family reads with the cap as a score term."""
+#: Spellings Relax keeps spelled out (:data:`READS` empty) that are grouped into one TIR function
+#: the attention family reads, and what its score terms hold: Gemma-2's cap (its batched views put
+#: back as 4-D matmuls), the mask ``masked_fill`` selects by where a KV head or batch is
+#: broadcast by ``matmul`` (Falcon's multi-query attention), which ``R.nn.attention`` cannot take.
+GROUPED = {
+    "gemma2_soft_cap": "tanh",
+    "mqa_matmul_broadcast": "not ",
+    "kv_batch_broadcast": "not ",
+}
+
+
+@pytest.mark.parametrize("name", list(GROUPED))
+def test_spelled_out_attention_is_one_attention_kernel(name):
     from tvm_dsm.kernels.attention_pattern import find_attention
     from tvm_dsm.relax_integration import lower_to_tir
 
-    inputs = CASES["gemma2_soft_cap"].inputs(np.random.default_rng(0))
-    program = torch.export.export(Gemma2SoftCap().half().eval(), tuple(inputs))
+    case = CASES[name]
+    inputs = case.inputs(np.random.default_rng(0))
+    program = torch.export.export(case.make().half().eval(), tuple(inputs))
     mod = lower_to_tir(from_exported_program(program))
     (func,) = [f for gv, f in mod.functions.items() if "softmax" in gv.name_hint]
     terms = find_attention(func).terms
-    assert "tanh" in str(terms.value) and terms.score is not None
+    assert terms.score is not None and GROUPED[name] in str(terms.mask if GROUPED[name] == "not " else terms.value)
 
 
 def _checked(name: str, executable, dev, inputs, torch_fp16) -> float:

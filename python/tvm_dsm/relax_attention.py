@@ -22,7 +22,7 @@ import operator
 
 import tvm
 from tvm import tirx
-from tvm.relax.dpl import wildcard
+from tvm.relax.dpl import DFPattern, wildcard
 
 from .ir import find_all, is_reduction, root_blocks
 from .relax_grouping import call_tir, group_calls
@@ -33,8 +33,8 @@ _MAX_ELEMENTWISE = 8  # operators between the scores and the softmax
 _MAX_AFTER = 3  # operators of the probabilities alone between the softmax and the second product
 
 
-def attention_patterns() -> list:
-    """The scores' product, up to :data:`_MAX_ELEMENTWISE` element-wise operators (each of the
+def attention_patterns(products: DFPattern) -> list:
+    """The scores' product (a call of a function ``products`` matches), up to :data:`_MAX_ELEMENTWISE` element-wise operators (each of the
     scores alone, a scale, a cast, a soft cap's tanh, or of the scores and other inputs: an
     additive mask, ``where(mask, scores, fill)``), the softmax, up to :data:`_MAX_AFTER`
     operators of the probabilities alone (a cast back to the 16-bit type, where the model
@@ -49,7 +49,7 @@ def attention_patterns() -> list:
     patterns = []
     for after in range(_MAX_AFTER, -1, -1):
         for between in range(_MAX_ELEMENTWISE, -1, -1):
-            scores = call_tir(wildcard(), wildcard())
+            scores = call_tir(wildcard(), wildcard(), func=products)
             for _ in range(between):
                 scores = step(scores)
             probabilities = call_tir(scores)
@@ -100,4 +100,4 @@ def _accept(kinds: list[str | None]) -> bool:
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.FuseAttention")
 def FuseAttention(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass style
     """Group each spelled-out attention of ``mod`` into one function (see the module docstring)."""
-    return group_calls(mod, COMPOSITE, attention_patterns(), _kind, _accept, "product")
+    return group_calls(mod, COMPOSITE, attention_patterns, _kind, _accept, "product")

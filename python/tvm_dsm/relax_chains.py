@@ -18,7 +18,7 @@ import itertools
 
 import tvm
 from tvm import s_tir, tirx
-from tvm.relax.dpl import wildcard
+from tvm.relax.dpl import DFPattern, wildcard
 
 from .errors import ClusterError
 from .ir import is_reduction, root_blocks
@@ -31,8 +31,9 @@ COMPOSITE = "tvm_dsm.gemm_chain"
 _MAX_ELEMENTWISE = 3  # operators between the matmuls, and after the second
 
 
-def chain_patterns() -> list:
-    """The chains' dataflow patterns, most operators first (pattern fusion takes the first
+def chain_patterns(matmuls: DFPattern) -> list:
+    """The chains' dataflow patterns (each first matmul a call of a function ``matmuls``
+    matches), most operators first (pattern fusion takes the first
     match): ``between`` elementwise operators from the first matmul (or, gated, from the gate's
     activation times the up product) to the second matmul, ``after`` (at least one: the chain
     family writes its output from an elementwise block) behind it."""
@@ -40,11 +41,11 @@ def chain_patterns() -> list:
     for between, after, gated in itertools.product(range(_MAX_ELEMENTWISE, 0, -1),
                                                    range(_MAX_ELEMENTWISE, 0, -1), (True, False)):
         x = wildcard()
-        h = call_tir(x, wildcard())
+        h = call_tir(x, wildcard(), func=matmuls)
         if gated:
             if between < 2:
                 continue
-            h = call_tir(call_tir(h), call_tir(x, wildcard()))
+            h = call_tir(call_tir(h), call_tir(x, wildcard(), func=matmuls))
         for _ in range(between - (2 if gated else 0)):
             h = call_tir(h)
         out = call_tir(h, wildcard())
@@ -78,7 +79,7 @@ def _accept(kinds: list[str | None]) -> bool:
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.FuseGemmChains")
 def FuseGemmChains(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass style
     """Group each GEMM chain of ``mod`` into one function (see the module docstring)."""
-    return group_calls(mod, COMPOSITE, chain_patterns(), _kind, _accept, "matmul")
+    return group_calls(mod, COMPOSITE, chain_patterns, _kind, _accept, "matmul")
 
 
 def merge_elementwise(func: tirx.PrimFunc) -> tirx.PrimFunc:

@@ -4,33 +4,35 @@ the whole computation it fuses, which ``FuseOps`` would cut at each reduction.""
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Callable
 
 import tvm
 from tvm import relax, tirx
-from tvm.relax.dpl import TuplePattern, is_op, wildcard
+from tvm.relax.dpl import DFPattern, TuplePattern, is_gv, is_op, wildcard
 
 
-def call_tir(*args):
-    """The pattern of a ``call_tir`` of any function on ``args``."""
-    return is_op("relax.call_tir")(wildcard(), TuplePattern(list(args)))
+def call_tir(*args, func: DFPattern | None = None):
+    """The pattern of a ``call_tir`` on ``args`` of any function, or of one ``func`` matches."""
+    return is_op("relax.call_tir")(func or wildcard(), TuplePattern(list(args)))
 
 
-def group_calls(mod: tvm.IRModule, composite: str, patterns: list,
+def group_calls(mod: tvm.IRModule, composite: str, patterns: Callable[[DFPattern], list],
                 classify: Callable[[tirx.PrimFunc], str | None],
                 accept: Callable[[list[str | None]], bool], source: str) -> tvm.IRModule:
-    """``mod`` with each match of ``patterns`` (first first) grouped into one function named
-    ``composite`` (``FuseTIR`` later makes one PrimFunc of it) where ``accept`` takes the kinds
-    of its calls (``classify`` of each called PrimFunc, worked out once a PrimFunc: the
-    patterns try the same calls many times over) and each call that reads nothing the group
-    computes is of kind ``source`` (the patterns' first operators: an operator of another kind
-    before one is not taken in its place)."""
-    known: dict[str, str | None] = {}
-
-    def kind(gv) -> str | None:
-        if gv.name_hint not in known:
-            known[gv.name_hint] = classify(mod[gv])
-        return known[gv.name_hint]
+    """``mod`` with each match of ``patterns(sources)`` (first first) grouped into one function
+    named ``composite`` (``FuseTIR`` later makes one PrimFunc of it) where ``accept`` takes the
+    kinds of its calls (``classify`` of each called PrimFunc) and each call that reads nothing
+    the group computes is of kind ``source``. ``sources`` matches the functions of kind
+    ``source``, for the patterns' first calls: matched structurally, a call of another kind in
+    that place (an operator of an attention mask's computation, which a ``where`` also reads)
+    would be taken first and the group refused, where the right operand leads to a match.
+    ``mod`` itself where no function is of kind ``source``."""
+    kinds = {gv.name_hint: classify(f) for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
+    names = [name for name, kind in kinds.items() if kind == source]
+    if not names:
+        return mod
 
     def check(context) -> bool:
         calls = []  # the root call is also among the bindings
@@ -40,8 +42,9 @@ def group_calls(mod: tvm.IRModule, composite: str, patterns: list,
                 calls.append(e)
         computed = [var for var, e in context.matched_bindings.items() if any(e.same_as(c) for c in calls)]
         sources = [c for c in calls if not any(arg.same_as(var) for arg in c.args[1].fields for var in computed)]
-        return (all(kind(c.args[0]) == source for c in sources)
-                and accept([kind(c.args[0]) for c in calls]))
+        return (all(kinds[c.args[0].name_hint] == source for c in sources)
+                and accept([kinds[c.args[0].name_hint] for c in calls]))
 
-    checked = [(composite, pattern, {}, check) for pattern in patterns]
+    sources = functools.reduce(operator.or_, (is_gv(name) for name in names))
+    checked = [(composite, pattern, {}, check) for pattern in patterns(sources)]
     return relax.transform.FuseOpsByPattern(checked, bind_constants=False, annotate_codegen=False)(mod)

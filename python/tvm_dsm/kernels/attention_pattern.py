@@ -305,6 +305,8 @@ class _Match:
         if set(by_rank) != {rows, rows + 1}:
             raise ClusterError("attention's sums are one per row and one per row and head-dim column")
         self.l, self.o = by_rank[rows], by_rank[rows + 1]
+        self.m, self.l, self.o = (dataclasses.replace(lvl, value=_scores_kept_first(lvl.value, func.params))
+                                  for lvl in (self.m, self.l, self.o))
         self.blocks = self._root_blocks()
         self.analyzer = Analyzer()
         self.ranges = {}
@@ -929,6 +931,28 @@ def _parts(node) -> tuple:
     if isinstance(node, tirx.Select):
         return node.condition, node.true_value, node.false_value
     return tuple(node.args)
+
+
+def _scores_kept_first(expr, params):
+    """``expr`` with each mask written masked-first (``where(masked, fill, scores)``, torch's
+    ``masked_fill``) turned kept-first, its condition negated and its branches swapped: the true
+    branch is the one that reads more than the function's inputs ``params`` (the scores), as
+    :func:`_with_branch` reads it."""
+
+    def inputs_only(e) -> bool:
+        return all(any(ld.source.same_as(p) for p in params) for ld in loads(e))
+
+    def flip(node):
+        if not isinstance(node, tirx.Select) and not (isinstance(node, tvm.ir.Call)
+                                                       and node.op.name.endswith("if_then_else")):
+            return node
+        cond, yes, no = _parts(node)
+        if not inputs_only(yes) or inputs_only(no):
+            return node
+        return tirx.Select(tirx.Not(cond), no, yes) if isinstance(node, tirx.Select) \
+            else tirx.if_then_else(tirx.Not(cond), no, yes)
+
+    return tvm_ffi.structural_map(expr, [(tirx.Select, flip), (tvm.ir.Call, flip)])
 
 
 def _select_condition(expr, params):
