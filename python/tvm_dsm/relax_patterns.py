@@ -53,7 +53,7 @@ import numpy as np
 import tvm
 import tvm_ffi
 from tvm import relax
-from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
+from tvm.relax.dpl import is_const, is_op, is_tuple_get_item, rewrite_call, wildcard
 from tvm.sym import Analyzer
 
 from .relax_attention_masks import MASKED_FILL, constant_mask
@@ -245,6 +245,23 @@ def rewrite_softmaxes(func: relax.Function) -> relax.Function:
     return func
 
 
+def rewrite_row_max_values(func: relax.Function) -> relax.Function:
+    """``func`` with the values of every largest-1 ``topk`` as a ``max`` over that axis kept
+    (torch's ``x.max(dim, keepdim=True).values`` imports as ``topk``: a softmax written with it
+    is then :func:`softmax_patterns`' form); ``func`` itself where none matches. The indices,
+    where something reads them, still come from the ``topk``."""
+    x = wildcard()
+    top = is_op("relax.topk")(x)
+    root = is_tuple_get_item(top, 0)
+
+    def replacement(orig, m):
+        attrs = m[top].attrs
+        if int(attrs.k) != 1 or not bool(attrs.largest):
+            return orig
+        return relax.op.max(m[x], axis=[int(attrs.axis)], keepdims=True)
+    return _rewrite(root, replacement, func)
+
+
 def rewrite_silus(func: relax.Function) -> relax.Function:
     """``func`` with every ``x * sigmoid(x)`` (torch's decomposition of ``silu``) as
     ``R.nn.silu(x)``, which TOPI legalizes to that product in ``x``'s type (so the gated GEMM
@@ -278,6 +295,77 @@ def rewrite_permutes(func: relax.Function) -> relax.Function:
         first, second = (_permutation(c, ndim) for c in (m[inner], orig))
         return _permuted(m[x], [first[a] for a in second])
     return _rewrite(root, replacement, func)
+
+
+def _non_unit(shape) -> list:
+    """The extents of ``shape`` other than constant ones."""
+    return [d for d in shape.values if not (isinstance(d, tvm.tirx.IntImm) and int(d) == 1)]
+
+
+def _same_extents(a, b) -> bool:
+    analyzer = Analyzer()
+    return len(a) == len(b) and all(analyzer.can_prove_equal(x, y) for x, y in zip(a, b))
+
+
+def _keeps_order(permute: relax.Call) -> bool:
+    """Whether ``permute`` moves only axes of extent 1: the elements stay in their order (a view)."""
+    ty = _tensor(permute.args[0])
+    if ty is None:
+        return False
+    moved = [a for a in _permutation(permute, ty.ndim) if not _same_extents([ty.shape.values[a]], [1])]
+    return moved == sorted(moved)
+
+
+def _reshaped(x: relax.Expr, extents: list, shape) -> relax.Expr:
+    """``reshape(x, shape)``, or ``x`` where its ``extents`` are that shape already."""
+    return x if _same_extents(extents, list(shape)) else relax.op.reshape(x, list(shape))
+
+
+def rewrite_unit_axis_views(func: relax.Function) -> relax.Function:
+    """``func`` with the views torch's ``einsum`` decomposition writes around its products
+    (``expand_dims`` of a unit axis, transposes that move it, reshapes back) as the views they
+    are: a reshape of a view (a reshape, ``expand_dims``, ``squeeze``, or a transpose of unit axes
+    alone) as one reshape of its source, none where the shapes match; transposes of transposes
+    as one (:func:`rewrite_permutes`); a transpose of a tensor
+    with unit axes inserted as the transpose of the tensor itself, then its reshape
+    (Stable Diffusion's ``einsum('b i d, b j d -> b i j', q, k)``: ``k``'s transpose). The
+    elements and their order are the same; :func:`attention_pattern` then reads the products;
+    ``func`` itself where none matches."""
+    y = wildcard()
+    view = (is_op("relax.reshape")(y, wildcard()) | is_op("relax.expand_dims")(y) | is_op("relax.squeeze")(y)
+            | is_op("relax.permute_dims")(y))
+    of_view = is_op("relax.reshape")(view, wildcard())
+
+    def one_reshape(orig, m):
+        if is_op_call(m[view], "relax.permute_dims") and not _keeps_order(m[view]):
+            return orig
+        source = _tensor(m[y])
+        return orig if source is None else _reshaped(m[y], list(source.shape.values), orig.args[1].values)
+
+    unit_view = is_op("relax.reshape")(y, wildcard()) | is_op("relax.expand_dims")(y)
+    permuted = is_op("relax.permute_dims")(unit_view)
+
+    def permute_first(orig, m):
+        source, inner, out = _tensor(m[y]), _tensor(m[unit_view]), _tensor(orig)
+        if None in (source, inner, out) or _keeps_order(orig) or inner.ndim <= source.ndim \
+                or not _same_extents(_non_unit(source.shape), _non_unit(inner.shape)):
+            return orig
+        # the source's axes of extent other than 1, in the order the transpose puts the view's
+        kept = [n for n, d in enumerate(source.shape.values) if not _same_extents([d], [1])]
+        inner_kept = [n for n, d in enumerate(inner.shape.values) if not _same_extents([d], [1])]
+        order = [kept[inner_kept.index(a)] for a in _permutation(orig, inner.ndim) if a in inner_kept]
+        units = [n for n, d in enumerate(source.shape.values) if _same_extents([d], [1])]
+        perm = order[:]
+        for n in units:  # the source's own unit axes stay where they are
+            perm.insert(n, n)
+        return _reshaped(_permuted(m[y], perm), [source.shape.values[a] for a in perm], out.shape.values)
+
+    for _ in range(8):  # each pass shortens every chain of views by one
+        new = _rewrite(of_view, one_reshape, _rewrite(permuted, permute_first, rewrite_permutes(func)))
+        if new.same_as(func):
+            break
+        func = new
+    return func
 
 
 def rewrite_slices_before_permutes(func: relax.Function) -> relax.Function:
@@ -351,6 +439,29 @@ def rewrite_batched_views(func: relax.Function) -> relax.Function:
     return _rewrite(root, replacement, func)
 
 
+def rewrite_scaled_views(func: relax.Function) -> relax.Function:
+    """``func`` with every view of scaled scores (``reshape(cast(x * c))``, ``x`` a product perhaps
+    cast, torch's ``baddbmm``
+    with ``alpha = c`` over ``[batch * heads]`` views, then viewed back: Megatron's and
+    ChatGLM's attention) as the scale and cast of the view (``cast(reshape(x) * c)``, the same
+    values: a scalar factor and a cast commute with a view), the form in which
+    :func:`attention_pattern` reads a viewed product then its scale; ``func`` itself where
+    none matches."""
+    product = is_op("relax.matmul")(wildcard(), wildcard())
+    x = is_op("relax.astype")(product) | product
+    scaled = is_op("relax.multiply")(x, is_const()) | is_op("relax.divide")(x, is_const())
+    cast = is_op("relax.astype")(scaled)
+    root = is_op("relax.reshape")(cast | scaled, wildcard())
+
+    def replacement(orig, m):
+        scale = m[scaled]
+        if _scalar(scale.args[1]) is None:
+            return orig
+        out = relax.Call(scale.op, [relax.op.reshape(m[x], orig.args[1]), scale.args[1]])
+        return relax.op.astype(out, m[cast].attrs.dtype) if cast in m else out
+    return _rewrite(root, replacement, func)
+
+
 def rewrite_widened_products(func: relax.Function) -> relax.Function:
     """``func`` with every product of two 16-bit tensors of one type widened to fp32 first
     (``q.float() @ k.float()``, as GPT-BigCode and GPT-J write their scores) as the product of
@@ -412,8 +523,10 @@ def attention_pattern():
     # baddbmm's addend (a zero tensor, ALiBi's bias) added over the batched product, viewed after
     biased = viewed(masked) | masked
     keep, fill = wildcard(), scalar()
-    kept = is_op("relax.where")(keep, biased | scaling | scores, fill)
-    selected = kept | is_op("relax.where")(keep, fill, biased | scaling | scores)  # masked_fill
+    # Megatron's: the scaled scores rounded to the 16-bit type before the mask (kept in fp32 here)
+    scaled_rounded = is_op("relax.astype")(scaling)
+    kept = is_op("relax.where")(keep, biased | scaled_rounded | scaling | scores, fill)
+    selected = kept | is_op("relax.where")(keep, fill, biased | scaled_rounded | scaling | scores)  # masked_fill
     # GPT-J's: the mask selected before the scale, the fill scaled with the scores
     rescaled = is_op("relax.divide")(selected, scale) | is_op("relax.multiply")(selected, scale)
     # OPT's clamp of the masked scores at the type's minimum (the sum overflows to -inf in fp16)
@@ -426,7 +539,7 @@ def attention_pattern():
                                         | rounded | softmax,  # the softmax over [batch * heads] views
                                         batched(v) | v_view))
     return root, {"q": q, "k": k, "kt": kt, "v": v, "scale": scale, "scaling": scaling, "rescaled": rescaled,
-                  "scaled_wide": scaled_wide, "mask": mask,
+                  "scaled_wide": scaled_wide, "scaled_rounded": scaled_rounded, "mask": mask,
                   "masked": masked, "clamped": clamped, "selected": selected, "kept": kept, "keep": keep, "fill": fill,
                   "softmax": softmax, "q_wide": q_wide, "k_wide": k_wide, "kt_wide": kt_wide, "rounded": rounded,
                   "q_view": q_view, "k_view": k_view, "kt_view": kt_view, "q_view_wide": q_view_wide,
@@ -445,12 +558,15 @@ def _merges_heads(view: relax.Expr, tensor: relax.Expr, first: int = 0) -> bool:
 
 
 def _exact_casts(m: dict, parts: dict, dtype: str) -> bool:
-    """Whether the matched casts of q and k widen them to fp32 (exact) and the probabilities'
-    cast rounds them to the operands' ``dtype`` (the attention kernel's own rounding)."""
+    """Whether the matched casts of q and k widen them to fp32 (exact), the scaled scores' cast
+    rounds them to ``dtype`` (the kernel keeps them in fp32: no less accurate) and the
+    probabilities' cast rounds them to the operands' ``dtype`` (the attention kernel's own
+    rounding)."""
     widened = all(m[parts[name]].attrs.dtype == "float32" for name in ("q_wide", "k_wide", "kt_wide", "q_view_wide",
                                                                           "kt_view_wide", "scaled_wide")
                   if parts[name] in m)
-    return widened and (parts["rounded"] not in m or m[parts["rounded"]].attrs.dtype == dtype)
+    return widened and all(parts[name] not in m or m[parts[name]].attrs.dtype == dtype
+                           for name in ("rounded", "scaled_rounded"))
 
 
 def _attention_replacement(orig: relax.Expr, m: dict, parts: dict, values: dict) -> relax.Expr:
@@ -615,9 +731,9 @@ def rewrite_attentions(func: relax.Function) -> relax.Function:
 
 
 #: The rewrites :data:`RewriteToRelaxOps` applies, in order.
-REWRITES = (rewrite_rms_norms, rewrite_softmaxes, rewrite_silus, rewrite_attentions, rewrite_batched_views,
-            rewrite_widened_products, rewrite_slices_before_permutes,
-            rewrite_permutes)  # attention matches k's transpose alone; its own layout cancels torch's
+REWRITES = (rewrite_rms_norms, rewrite_row_max_values, rewrite_softmaxes, rewrite_silus, rewrite_unit_axis_views,
+            rewrite_scaled_views, rewrite_attentions, rewrite_batched_views, rewrite_widened_products,
+            rewrite_slices_before_permutes, rewrite_permutes)  # attention matches k's transpose alone; its own layout cancels torch's
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.RewriteToRelaxOps")
