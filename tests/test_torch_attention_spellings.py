@@ -464,6 +464,23 @@ class Gemma2SoftCap(torch.nn.Module):
         return torch.matmul(F.softmax(s, dim=-1, dtype=_wide(s)).to(q.dtype), v)
 
 
+class MQASoftCapMaskedFill(torch.nn.Module):
+    """Multi-query attention (one k and v head broadcast by ``matmul``) with a tanh soft cap and a
+    causal ``masked_fill(finfo.min)``, softmax in fp32 rounded back: the cap keeps it from
+    ``R.nn.attention``."""
+
+    def __init__(self, cap: float = 5.0):
+        super().__init__()
+        self.cap = cap
+
+    def forward(self, q, k, v):
+        t = q.shape[-2]
+        s = torch.matmul(q, k.transpose(-1, -2)) * SCALE
+        s = torch.tanh(s / self.cap) * self.cap
+        s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), torch.finfo(s.dtype).min)
+        return torch.matmul(F.softmax(s, dim=-1, dtype=_wide(s)).to(q.dtype), v)
+
+
 class WidenedFp32MaskInput(torch.nn.Module):
     """Phi-2's widened scores with an fp32 additive mask passed in (finfo(float32).min where
     masked, a query with no key), softmax in fp32 rounded back."""
@@ -624,9 +641,11 @@ CASES = {
     # no mask
     "bart_scaled_query_cross": Case(BartScaledQuery, lambda r: _qkv(r, (B, H, T, D), (B, H, 24, D))),
     "einsum_attention": Case(EinsumAttention),
-    # k and v broadcast by matmul itself (one head for all, one batch for all): the rewrite drops the
-    # broadcast_to of its batched views and passes the unbroadcast k and v to R.nn.attention
+    # k and v broadcast by matmul itself (one head for all, one batch for all): R.nn.attention takes
+    # them broadcast to q's heads and batch (a copy relax_packed_attention reads in place); with a
+    # soft cap, one grouped TIR function reads the single head
     "mqa_matmul_broadcast": Case(MQABroadcast, lambda r: _qkv(r, (B, H, T, D), (B, 1, T, D))),
+    "mqa_soft_cap_masked_fill": Case(MQASoftCapMaskedFill, lambda r: _qkv(r, (B, H, T, D), (B, 1, T, D))),
     "kv_batch_broadcast": Case(MQABroadcast, lambda r: _qkv(r, (B, H, T, D), (1, H, T, D))),
 }
 
@@ -683,7 +702,7 @@ READS = {
     "gemma2_soft_cap": [],  # one TIR function the attention family takes: test_a_soft_cap_is_one_attention_kernel
     "gptj_where_then_scale": ['relax.nn.attention(causal=TopLeft)'],
     "gqa_repeat_interleave": ['relax.nn.attention(causal=TopLeft)'],
-    "kv_batch_broadcast": [],
+    "kv_batch_broadcast": ['relax.nn.attention(causal=TopLeft)'],
     "llama_gqa_expand_reshape": ['relax.nn.attention(causal=TopLeft)'],
     "manual_softmax_fp16": ['relax.nn.attention(causal=TopLeft)'],
     "masked_fill_neg_inf_fp16_softmax": ['relax.nn.attention(causal=TopLeft)'],
@@ -692,7 +711,8 @@ READS = {
     "mistral_sliding_window_arange": ['windowed_attention'],
     "mla_value_dim_differs": ['relax.nn.attention(causal=TopLeft)'],
     "mpt_alibi_widened": ['alibi_attention'],
-    "mqa_matmul_broadcast": [],
+    "mqa_matmul_broadcast": ['relax.nn.attention(causal=TopLeft)'],
+    "mqa_soft_cap_masked_fill": [],
     "neox_baddbmm_where": ['relax.nn.attention(causal=TopLeft)'],
     "opt_clamp": ['relax.nn.attention(causal=TopLeft)'],
     "opt_max_tensor": [],
@@ -724,12 +744,12 @@ def test_hand_written_attention_keeps_its_values(name, record_property):
 
 #: Spellings Relax keeps spelled out (:data:`READS` empty) that are grouped into one TIR function
 #: the attention family reads, and what its score terms hold: Gemma-2's cap (its batched views put
-#: back as 4-D matmuls), the mask ``masked_fill`` selects by where a KV head or batch is
-#: broadcast by ``matmul`` (Falcon's multi-query attention), which ``R.nn.attention`` cannot take.
+#: back as 4-D matmuls); with one KV head broadcast by ``matmul`` and the mask a ``masked_fill``
+#: (``where(masked, fill, scores)``: the grouping takes the scores' operand of the ``where``, the
+#: family reads the mask negated).
 GROUPED = {
     "gemma2_soft_cap": "tanh",
-    "mqa_matmul_broadcast": "not ",
-    "kv_batch_broadcast": "not ",
+    "mqa_soft_cap_masked_fill": "tanh",
 }
 
 

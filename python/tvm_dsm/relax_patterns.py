@@ -633,25 +633,34 @@ def _attention_replacement(orig: relax.Expr, m: dict, parts: dict, values: dict)
         # variable bound to the constant the match names
         where = attention_bias(keep, q_ty.dtype, keep_when=parts["kept"] in m, fill=fill)
         bias = where if bias is None else relax.op.add(bias, where)
-    if not _same_batch_and_heads(q_ty, _tensor(k), k_heads_first) or not _same_batch_and_heads(q_ty, v_ty, None):
-        return orig  # k or v broadcast over q's batch or heads by the product: the operator does not
-    bshd = [0, 2, 1, 3]
     if k_heads_first is not None:
         k = relax.op.permute_dims(k, k_heads_first)
+    k, v = (_with_heads_of(q_ty, t, _tensor(m[parts[name]]), heads_first)
+            for t, name, heads_first in ((k, "k", k_heads_first), (v, "v", None)))
+    if k is None or v is None:
+        return orig
+    bshd = [0, 2, 1, 3]
     out = relax.op.nn.attention(*(relax.op.permute_dims(t, bshd) for t in (q, k, v)), bias=bias, scale=scale)
     return relax.op.permute_dims(out, bshd)
 
 
-def _same_batch_and_heads(q_ty: relax.TensorType, ty: relax.TensorType, heads_first: list | None) -> bool:
-    """Whether ``ty`` (k or v; ``heads_first`` the permutation taking it to ``[batch, heads,
-    tokens, dim]``, None where it is already) has q's batch and heads: a product that
-    broadcasts one KV head or batch over q's reads them in place, which ``R.nn.attention`` does
-    not."""
+def _with_heads_of(q_ty: relax.TensorType, x: relax.Expr, ty: relax.TensorType, heads_first: list | None):
+    """``x`` (k or v as ``[batch, heads, tokens, dim]``; ``ty`` its type before ``heads_first``,
+    the permutation that took it there, where one did) with q's batch and heads: as it is, or
+    broadcast where the product broadcasts one KV head or batch over q's (multi-query attention
+    written as ``matmul(q, k.transpose(-1, -2))`` with ``k [batch, 1, tokens, dim]``, Falcon's),
+    a copy ``R.nn.attention`` needs and :mod:`tvm_dsm.relax_packed_attention` reads in place;
+    None where an extent is neither q's nor 1."""
     dims = list(ty.shape.values)
     if heads_first is not None:
         dims = [dims[a] for a in heads_first]
     analyzer = Analyzer()
-    return all(analyzer.can_prove_equal(a, b) for a, b in zip(q_ty.shape.values[:2], dims[:2]))
+    lead = list(q_ty.shape.values[:2])
+    if all(analyzer.can_prove_equal(a, b) for a, b in zip(lead, dims[:2])):
+        return x
+    if not all(analyzer.can_prove_equal(a, b) or analyzer.can_prove_equal(b, 1) for a, b in zip(lead, dims[:2])):
+        return None
+    return relax.op.broadcast_to(x, relax.ShapeExpr(lead + dims[2:]))
 
 
 def _clamps_masked_keys_alone(clip: relax.Call, mask: relax.Expr | None, values: dict) -> bool:
