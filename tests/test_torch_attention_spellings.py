@@ -767,6 +767,25 @@ def test_spelled_out_attention_is_one_attention_kernel(name):
     assert terms.score is not None and GROUPED[name] in str(terms.mask if GROUPED[name] == "not " else terms.value)
 
 
+#: Spellings the attention family does not schedule through the pipeline, and why.
+NOT_ATTENTION = {
+    "mla_value_dim_differs": "v and the output have 64 columns, q and k 96 (the kernels take one head dim)",
+}
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if n not in NOT_ATTENTION])
+def test_the_pipeline_schedules_each_spelling_on_the_attention_kernel(name):
+    """What ``relax.get_pipeline("tvm_dsm")`` makes of each spelling (its report: the pipeline up
+    to dlight, with the library dispatch of ``R.topk`` a softmax's row max may come as): one
+    kernel of the attention family."""
+    from tvm_dsm.model_report import relax_report
+
+    case = CASES[name]
+    program = torch.export.export(case.make().half().eval(), tuple(case.inputs(np.random.default_rng(0))))
+    report = relax_report(from_exported_program(program))
+    assert report.counts().get("attention") == 1, report.format()
+
+
 def _checked(name: str, executable, dev, inputs, torch_fp16) -> float:
     """``executable``'s relative error from float64 on ``inputs``, over the queries that keep a
     key; asserts it is finite wherever torch's own fp16 output is."""

@@ -17,6 +17,7 @@ from tvm.tirx import compilation_pipeline
 from .hardware import Hardware, load_hardware
 from .ir import find_all
 from .transform.argument_checks import CheckArguments
+from .transform.bool_vectors import BoolVectors
 from .transform.generate_kernels import GenerateKernels
 from .transform.hoist_warp_buffers import HoistWarpBuffers
 from .transform.integer_powers import IntegerPowers
@@ -76,6 +77,7 @@ def _passes(config, async_copy: bool, hw: Hardware) -> list:
         tirx.transform.BF16ComputeLegalize(),
         tirx.transform.NarrowDataType(32),
         s_tir.transform.LoopPartition(),
+        BoolVectors,  # tvm-dsm: TVM's CUDA code writes a bool vector two bytes a lane
         tirx.transform.VectorizeLoop(not bool(config.get("tirx.disable_vectorize", False))),
         s_tir.transform.InjectVirtualThread(),
         s_tir.transform.InjectDoubleBuffer(),

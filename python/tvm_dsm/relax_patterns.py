@@ -327,7 +327,7 @@ def rewrite_unit_axis_views(func: relax.Function) -> relax.Function:
     are: a reshape of a view (a reshape, ``expand_dims``, ``squeeze``, or a transpose of unit axes
     alone) as one reshape of its source, none where the shapes match; transposes of transposes
     as one (:func:`rewrite_permutes`); a transpose of a tensor
-    with unit axes inserted as the transpose of the tensor itself, then its reshape
+    with unit axes inserted by ``expand_dims`` as the transpose of the tensor itself, then its reshape
     (Stable Diffusion's ``einsum('b i d, b j d -> b i j', q, k)``: ``k``'s transpose). The
     elements and their order are the same; :func:`attention_pattern` then reads the products;
     ``func`` itself where none matches."""
@@ -342,12 +342,14 @@ def rewrite_unit_axis_views(func: relax.Function) -> relax.Function:
         source = _tensor(m[y])
         return orig if source is None else _reshaped(m[y], list(source.shape.values), orig.args[1].values)
 
-    unit_view = is_op("relax.reshape")(y, wildcard()) | is_op("relax.expand_dims")(y)
+    # expand_dims alone: a reshape that inserts a unit axis is also torch's view of a batch of one
+    # (``[B * H, ..]`` back to ``[1, H, ..]``), which the viewed products' patterns read
+    unit_view = is_op("relax.expand_dims")(y)
     permuted = is_op("relax.permute_dims")(unit_view)
 
     def permute_first(orig, m):
         source, inner, out = _tensor(m[y]), _tensor(m[unit_view]), _tensor(orig)
-        if None in (source, inner, out) or _keeps_order(orig) or inner.ndim <= source.ndim \
+        if None in (source, inner, out) or _keeps_order(orig) \
                 or not _same_extents(_non_unit(source.shape), _non_unit(inner.shape)):
             return orig
         # the source's axes of extent other than 1, in the order the transpose puts the view's
@@ -745,16 +747,15 @@ REWRITES = (rewrite_rms_norms, rewrite_row_max_values, rewrite_softmaxes, rewrit
             rewrite_slices_before_permutes, rewrite_permutes)  # attention matches k's transpose alone; its own layout cancels torch's
 
 
-@tvm.transform.module_pass(opt_level=0, name="tvm_dsm.RewriteToRelaxOps")
-def RewriteToRelaxOps(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-    """Every Relax function of ``mod`` with :data:`REWRITES` applied; ``mod`` itself where
+def _rewritten(mod: tvm.IRModule, rewrites) -> tvm.IRModule:
+    """Every Relax function of ``mod`` with ``rewrites`` applied in order; ``mod`` itself where
     nothing matched."""
     updates = {}
     for gv, func in mod.functions.items():
         if not isinstance(func, relax.Function):
             continue
         new = func
-        for rewrite in REWRITES:
+        for rewrite in rewrites:
             new = rewrite(new)
         if not new.same_as(func):
             updates[gv] = new
@@ -764,3 +765,17 @@ def RewriteToRelaxOps(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     for gv, func in updates.items():
         mod.update_func(gv, func)
     return mod
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvm_dsm.RewriteToRelaxOps")
+def RewriteToRelaxOps(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """Every Relax function of ``mod`` with :data:`REWRITES` applied; ``mod`` itself where
+    nothing matched."""
+    return _rewritten(mod, REWRITES)
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvm_dsm.RowMaxValues")
+def RowMaxValues(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """:func:`rewrite_row_max_values` alone, for pipelines that dispatch ``R.topk`` to a library
+    before :data:`RewriteToRelaxOps` runs (TVM's CUDA pipeline: its sort kernels)."""
+    return _rewritten(mod, (rewrite_row_max_values,))

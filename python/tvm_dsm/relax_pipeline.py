@@ -41,6 +41,7 @@ from .hardware import Hardware, load_hardware
 from .kernels import kv_append, paged_decode, ragged_prefill
 from .relax_weights import MarkReadOnlyParams
 from .annotations import LAUNCH_EARLY_KEY
+from .relax_patterns import RowMaxValues
 from .relax_top_k import TopKAsRows
 from .relax_integration import CRASH_ATTR, FAMILY_ATTR, Choice, ScheduleTIR, lower_to_tir
 
@@ -183,7 +184,8 @@ def lower_for_scheduling(mod: tvm.IRModule, target: tvm.target.Target, hw: Hardw
     waits for the previous one). Tuning
     extracts its tasks from this module, so that the records match the functions compiled."""
     with target:
-        mod = TopKAsRows(mod)  # before library dispatch, which would give R.topk to TVM's sort
+        # before library dispatch, which would give R.topk to TVM's sort
+        mod = TopKAsRows(RowMaxValues(mod))
         mod = tvm.transform.Sequential(cuda_pipeline.library_dispatch_passes(target))(mod)
         return MarkReadOnlyParams(use_kv_cache_kernels(lower_to_tir(mod, gated_projections), hw, kv_cache_kernels))
 
