@@ -33,6 +33,7 @@ from .families.row_ranges import range_variable
 from .ir import binds_threads, narrow_indices
 from .hardware import Hardware
 from .relax_attention import FuseAttention
+from .relax_attention_padding import PadAttentionHeadDims
 from .relax_packed_attention import PackedAttentionOperands
 from .relax_chains import FuseGemmChains, merge_elementwise
 from .relax_gated import FuseGatedProjections
@@ -172,7 +173,8 @@ def lower_to_tir(mod: tvm.IRModule, gated_projections: bool = True) -> tvm.IRMod
     RMSNorm is one cast), decomposed operators put back as Relax's (:mod:`tvm_dsm.relax_patterns`),
     attention masks computed from constants read as causal or windowed (:mod:`tvm_dsm.relax_attention_masks`), bf16 layer
     norms in fp32 and 16-bit attention's explicit scale on its query (:mod:`tvm_dsm.relax_precision`:
-    TVM cannot legalize them), attention reading q, k and v in place from a packed projection
+    TVM cannot legalize them), attention at head dims off 32-byte rows on padded copies
+    (:mod:`tvm_dsm.relax_attention_padding`), attention reading q, k and v in place from a packed projection
     (:mod:`tvm_dsm.relax_packed_attention`), patch embeddings
     as GEMMs (:mod:`tvm_dsm.relax_patches`), 16-bit matmuls as fp32-accumulated matrix products
     (:mod:`tvm_dsm.relax_matmuls`), fused gate/up
@@ -188,6 +190,7 @@ def lower_to_tir(mod: tvm.IRModule, gated_projections: bool = True) -> tvm.IRMod
         RewriteToRelaxOps,
         AttentionMasksFromConstants,
         NormsInFp32,
+        PadAttentionHeadDims,  # with an explicit scale, which the next pass moves onto the query
         AttentionScaleOnQuery,
         PackedAttentionOperands,
         PatchesAsMatrices,
