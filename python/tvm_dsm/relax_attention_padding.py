@@ -61,6 +61,21 @@ class _Padder(PyExprMutator):
             self.slices[key] = add_opaque_function(self.builder_, _columns(shape, dim, dtype), "attention_columns")
         return relax.call_tir(self.slices[key], [out], relax.TensorType([*shape[:-1], dim], dtype))
 
+    def _padded(self, operand: relax.Expr, columns: int) -> relax.Expr:
+        """``operand`` with ``columns`` zero columns more; where it is a transpose that keeps
+        the last axis (torch's ``[B, H, S, D]`` tensor as the operator's ``[B, S, H, D]``), the
+        transpose of its source padded, which the attention then reads in place, its rows
+        copied whole rather than gathered across heads."""
+        bound = self.lookup_binding(operand) if isinstance(operand, relax.Var) else None
+        axes = None
+        if is_op_call(bound, "relax.permute_dims") and bound.attrs.axes is not None:
+            axes = [int(a) for a in bound.attrs.axes]
+        if axes is not None and axes[-1] == len(axes) - 1:
+            source = bound.args[0]
+            return self.builder_.emit(relax.op.permute_dims(
+                self.builder_.emit(relax.op.nn.pad(source, [0, 0] * (len(axes) - 1) + [0, columns])), axes))
+        return self.builder_.emit(relax.op.nn.pad(operand, [0, 0] * 3 + [0, columns]))
+
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - TVM visitor name
         call = super().visit_call_(call)
         if not any(is_op_call(call, op) for op in _ATTENTIONS) or call.ty.dtype not in SIXTEEN_BIT:
@@ -74,8 +89,7 @@ class _Padder(PyExprMutator):
         if (dim * 2) % SECTOR == 0 or key_dim != dim or value_dim != dim or padded > 256 \
                 or queries < MIN_QUERIES or keys < MIN_KEYS:
             return call
-        widths = [0, 0] * 3 + [0, padded - dim]
-        q, k, v = (self.builder_.emit(relax.op.nn.pad(t, widths)) for t in (q, k, v))
+        q, k, v = (self._padded(t, padded - dim) for t in (q, k, v))
         attrs = call.attrs
         scale = float(attrs.scale) if attrs.scale is not None else 1.0 / math.sqrt(dim)
         out = self.builder_.emit(relax.op.nn.attention(q, k, v, *bias, scale=scale, causal_mask=attrs.causal_mask,
