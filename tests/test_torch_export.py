@@ -277,3 +277,31 @@ def test_integer_operands_are_promoted_to_the_float_result_as_torch_does(spell):
     executable = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"}), tir_pipeline="s_tir_stock")
     got = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()))
     np.testing.assert_allclose(got[0].numpy(), module(x).numpy(), rtol=1e-6, atol=1e-6)
+
+
+class _T5Guard(torch.nn.Module):
+    """T5's fp16 guard (Hugging Face's T5 block): where any element overflowed, clamp to a bound
+    held as an fp32 0-d tensor; then a reduction to bools along an axis, kept."""
+
+    def forward(self, x):
+        bound = torch.where(torch.isinf(x).any(), torch.finfo(x.dtype).max - 1000, torch.finfo(x.dtype).max)
+        clamped = torch.clamp(x, min=-bound, max=bound)
+        rows = (x > 1).all(dim=-1, keepdim=True) | (x < -2).any(dim=-1, keepdim=True)
+        return torch.where(rows, clamped, clamped * 2)
+
+
+@pytest.mark.parametrize("overflowed", [False, True])
+def test_t5s_overflow_guard_imports_and_computes_what_torch_does(overflowed):
+    """TVM's importer stops on ``any`` / ``all`` and on a clamp whose bounds are tensors of
+    another type; these compute torch's values (fp16, llvm), the clamp active where an element
+    is infinite."""
+    import tvm
+    from tvm import relax
+
+    x = torch.randn(4, 16).half() * 3
+    if overflowed:
+        x[1, 3] = float("inf")
+    mod = from_exported_program(torch.export.export(_T5Guard(), (x,)))
+    executable = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"}), tir_pipeline="s_tir_stock")
+    got = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()))
+    np.testing.assert_array_equal(got[0].numpy(), _T5Guard()(x).numpy())

@@ -325,8 +325,8 @@ def rewrite_unit_axis_views(func: relax.Function) -> relax.Function:
     """``func`` with the views torch's ``einsum`` decomposition writes around its products
     (``expand_dims`` of a unit axis, transposes that move it, reshapes back) as the views they
     are: a reshape of a view (a reshape, ``expand_dims``, ``squeeze``, or a transpose of unit axes
-    alone) as one reshape of its source, none where the shapes match; transposes of transposes
-    as one (:func:`rewrite_permutes`); a transpose of a tensor
+    alone) as one reshape of its source, none where the shapes match; two transposes that undo
+    each other as none, of an ``expand_dims`` as one; a transpose of a tensor
     with unit axes inserted by ``expand_dims`` as the transpose of the tensor itself, then its reshape
     (Stable Diffusion's ``einsum('b i d, b j d -> b i j', q, k)``: ``k``'s transpose). The
     elements and their order are the same; :func:`attention_pattern` then reads the products;
@@ -362,8 +362,24 @@ def rewrite_unit_axis_views(func: relax.Function) -> relax.Function:
             perm.insert(n, n)
         return _reshaped(_permuted(m[y], perm), [source.shape.values[a] for a in perm], out.shape.values)
 
+    # two transposes as one where they undo each other or transpose an expand_dims (the attention
+    # pattern reads other chains of transposes as they are: BERT's k, transposed into heads,
+    # then its last two axes swapped)
+    once = is_op("relax.permute_dims")(y)
+    twice = is_op("relax.permute_dims")(once)
+
+    def one_transpose(orig, m):
+        ty = _tensor(m[y])
+        if ty is None:
+            return orig
+        first, second = (_permutation(c, ty.ndim) for c in (m[once], orig))
+        composed = [first[a] for a in second]
+        if composed != sorted(composed) and not is_op_call(m[y], "relax.expand_dims"):
+            return orig
+        return _permuted(m[y], composed)
+
     for _ in range(8):  # each pass shortens every chain of views by one
-        new = _rewrite(of_view, one_reshape, _rewrite(permuted, permute_first, rewrite_permutes(func)))
+        new = _rewrite(of_view, one_reshape, _rewrite(permuted, permute_first, _rewrite(twice, one_transpose, func)))
         if new.same_as(func):
             break
         func = new

@@ -75,9 +75,52 @@ def from_exported_program(program, **kwargs) -> "relax.IRModule":
 
 def torch_converters() -> dict:
     """The converters :func:`from_exported_program` adds to TVM's importer, by torch operator:
-    products in torch's result type, attention as ``R.nn.attention``."""
+    products in torch's result type, attention as ``R.nn.attention``, the reductions to a bool
+    TVM has no converter for (:data:`ANY_ALL`), clamps by bounds of another type (:data:`BOUNDED`)."""
     return {**{name: _in_torch_type(name) for name in PRODUCTS}, ATTENTION: _attention,
-            **{name: _promoted(name) for name in PROMOTING}}
+            **{name: _promoted(name) for name in PROMOTING},
+            **{name: _any_all(name) for name in ANY_ALL},
+            **{name: _operands_in_result_type(name) for name in BOUNDED}}
+
+
+#: Clamps whose bounds may be tensors of another type than the clamped one, which torch
+#: reads in the clamped one's (T5's fp16 ``clamp(x, -c, c)`` with ``c`` an fp32 0-d tensor):
+#: TVM's converter compares across the types and fails ("must have the same datatype").
+BOUNDED = ("clamp.Tensor", "clamp_min.Tensor", "clamp_max.Tensor")
+
+#: ``torch.any`` / ``torch.all`` (T5's fp16 guard ``where(isinf(x).any(), clamp(x), x)``), all
+#: elements or along dims: TVM 0.27's importer stops on them ("Unsupported function types").
+ANY_ALL = ("any.default", "any.dim", "any.dims", "all.default", "all.dim", "all.dims")
+
+
+def _operands_in_result_type(name: str):
+    """TVM's converter of ``name`` with each tensor operand of another type cast to torch's
+    result type first."""
+    def convert(node, importer) -> relax.Var:
+        dtype = str(_torch_dtype(importer, node))
+        casts = {}
+        for arg in node.args:
+            value = importer.env.get(arg) if isinstance(arg, Hashable) else None
+            if isinstance(getattr(value, "ty", None), relax.TensorType) and str(value.ty.dtype) != dtype:
+                casts[arg] = dtype
+        return _stock_with_operands_cast(importer, name, node, casts)
+    return convert
+
+
+def _any_all(name: str):
+    """Whether any (all) element is nonzero: the max (min) of the operand as 0 / 1, over every
+    axis or the named ones (``keepdim``), compared with 0."""
+    def convert(node, importer) -> relax.Var:
+        bb = importer.block_builder
+        x = importer.env[node.args[0]]
+        dims = _argument(node, 1, "dim")
+        axes = None if dims is None else ([dims] if isinstance(dims, int) else list(dims))
+        keep = bool(_argument(node, 2, "keepdim", False))
+        nonzero = x if x.ty.dtype == "bool" else relax.op.not_equal(x, relax.const(0, x.ty.dtype))
+        flags = bb.emit(relax.op.astype(nonzero, "int8"))
+        reduce = relax.op.max if name.startswith("any") else relax.op.min
+        return bb.emit(relax.op.greater(reduce(flags, axis=axes, keepdims=keep), relax.const(0, "int8")))
+    return convert
 
 
 def _stock(importer, name: str):
