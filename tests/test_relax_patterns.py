@@ -446,3 +446,29 @@ def test_spelled_out_fp32_attention_is_left_alone():
     from tvm_dsm.relax_patterns import RewriteToRelaxOps
 
     assert "relax.nn.softmax" in _ops(RewriteToRelaxOps(_spelled_attention(dtype="float32")))
+
+
+def test_k_transposed_into_heads_then_its_last_axes_is_attention():
+    """Hugging Face's eager attention (BERT, Llama): q, k and v ``[B, S, H, D]`` transposed into
+    heads, k's last two axes then swapped for the scores, the products over torch's batched
+    views: ``R.nn.attention`` (the view rewrites merge only transposes that undo each other or
+    transpose an ``expand_dims``; merged, k's two read as one the pattern does not name)."""
+    bb = relax.BlockBuilder()
+    q, k, v = (relax.Var(n, relax.TensorType((2, 16, 4, 64), "float16")) for n in "qkv")
+    with bb.function("main", [q, k, v]):
+        with bb.dataflow():
+            def batched(t, shape):
+                return bb.emit(relax.op.reshape(bb.emit(relax.op.broadcast_to(t, t.ty.shape)), shape))
+
+            def product(a, b, shape):
+                wide = bb.emit(relax.op.matmul(a, b, out_dtype="float32"))
+                return bb.emit(relax.op.reshape(bb.emit(relax.op.astype(wide, "float16")), shape))
+
+            qh, kh, vh = (bb.emit(relax.op.permute_dims(t, [0, 2, 1, 3])) for t in (q, k, v))
+            kt = bb.emit(relax.op.permute_dims(kh, [0, 1, 3, 2]))
+            s = product(batched(qh, (8, 16, 64)), batched(kt, (8, 64, 16)), (2, 4, 16, 16))
+            p = bb.emit(relax.op.nn.softmax(bb.emit(relax.op.multiply(s, relax.const(0.125, "float16"))), axis=-1))
+            out = bb.emit_output(product(batched(p, (8, 16, 16)), batched(vh, (8, 16, 64)), (2, 4, 16, 64)))
+        bb.emit_func_output(out)
+    ops = _ops(RewriteToRelaxOps(bb.get()))
+    assert "relax.nn.attention" in ops and "relax.nn.softmax" not in ops, ops
