@@ -298,7 +298,7 @@ def rewrite_permutes(func: relax.Function) -> relax.Function:
 
 
 def _non_unit(shape) -> list:
-    """The extents of ``shape`` other than constant ones."""
+    """The extents of ``shape`` other than the constant 1s."""
     return [d for d in shape.values if not (isinstance(d, tvm.tirx.IntImm) and int(d) == 1)]
 
 
@@ -326,9 +326,9 @@ def rewrite_unit_axis_views(func: relax.Function) -> relax.Function:
     (``expand_dims`` of a unit axis, transposes that move it, reshapes back) as the views they
     are: a reshape of a view (a reshape, ``expand_dims``, ``squeeze``, or a transpose of unit axes
     alone) as one reshape of its source, none where the shapes match; two transposes that undo
-    each other as none, of an ``expand_dims`` as one; a transpose of a tensor
-    with unit axes inserted by ``expand_dims`` as the transpose of the tensor itself, then its reshape
-    (Stable Diffusion's ``einsum('b i d, b j d -> b i j', q, k)``: ``k``'s transpose). The
+    each other as none, of an ``expand_dims`` as one; a transpose of a tensor with unit axes
+    inserted by ``expand_dims`` as the transpose of the tensor itself, then its reshape (Stable
+    Diffusion's ``einsum('b i d, b j d -> b i j', q, k)``: ``k``'s transpose). The
     elements and their order are the same; :func:`attention_pattern` then reads the products;
     ``func`` itself where none matches."""
     y = wildcard()
@@ -459,12 +459,11 @@ def rewrite_batched_views(func: relax.Function) -> relax.Function:
 
 def rewrite_scaled_views(func: relax.Function) -> relax.Function:
     """``func`` with every view of scaled scores (``reshape(cast(x * c))``, ``x`` a product perhaps
-    cast, torch's ``baddbmm``
-    with ``alpha = c`` over ``[batch * heads]`` views, then viewed back: Megatron's and
-    ChatGLM's attention) as the scale and cast of the view (``cast(reshape(x) * c)``, the same
-    values: a scalar factor and a cast commute with a view), the form in which
-    :func:`attention_pattern` reads a viewed product then its scale; ``func`` itself where
-    none matches."""
+    cast: torch's ``baddbmm`` with ``alpha = c`` over ``[batch * heads]`` views, then viewed back,
+    as Megatron's and ChatGLM's attention writes it) as the scale and cast of the view
+    (``cast(reshape(x) * c)``, the same values: a scalar factor and a cast commute with a view),
+    the form in which :func:`attention_pattern` reads a viewed product then its scale; ``func``
+    itself where none matches."""
     product = is_op("relax.matmul")(wildcard(), wildcard())
     x = is_op("relax.astype")(product) | product
     scaled = is_op("relax.multiply")(x, is_const()) | is_op("relax.divide")(x, is_const())
