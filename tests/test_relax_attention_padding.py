@@ -61,3 +61,22 @@ def test_head_dim_40_runs_padded_to_64_with_the_same_values():
 def test_aligned_rows_and_few_queries_or_keys_stay_unpadded(queries, keys, dim):
     mod = _attention(queries, keys, dim)
     assert PadAttentionHeadDims(mod).same_as(mod) or "relax.nn.pad" not in _ops(PadAttentionHeadDims(mod))
+
+
+@pytest.mark.gpu
+def test_gpu_head_dim_40_through_the_pipeline_matches_float64():
+    """The padded attention compiled by ``relax.get_pipeline("tvm_dsm")``: the attention kernel
+    at 64 columns on the padded copies, within 2e-3 of float64."""
+    from conftest import TARGET
+
+    mod = _attention(MIN_QUERIES, MIN_QUERIES, 40, causal=True)
+    vm = relax.VirtualMachine(tvm.compile(mod, target=TARGET, relax_pipeline="tvm_dsm"), tvm.cuda(0))
+    rng = np.random.default_rng()
+    q, k, v = (rng.standard_normal((1, MIN_QUERIES, 2, 40)).astype("float16") for _ in range(3))
+    got = vm["main"](*(tvm.runtime.tensor(a, tvm.cuda(0)) for a in (q, k, v))).numpy().astype(np.float64)
+    q64, k64, v64 = (a.astype(np.float64).transpose(0, 2, 1, 3) for a in (q, k, v))
+    s = np.where(np.tril(np.ones((MIN_QUERIES, MIN_QUERIES), bool)), q64 @ k64.transpose(0, 1, 3, 2) / np.sqrt(40),
+                 -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    ref = ((p / p.sum(-1, keepdims=True)) @ v64).transpose(0, 2, 1, 3)
+    assert np.isfinite(got).all() and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
