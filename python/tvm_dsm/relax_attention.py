@@ -34,9 +34,10 @@ _MAX_AFTER = 3  # operators of the probabilities alone between the softmax and t
 
 
 def attention_patterns(products: DFPattern) -> list:
-    """The scores' product (a call of a function ``products`` matches), up to :data:`_MAX_ELEMENTWISE` element-wise operators (each of the
-    scores alone, a scale, a cast, a soft cap's tanh, or of the scores and other inputs: an
-    additive mask, ``where(mask, scores, fill)``), the softmax, up to :data:`_MAX_AFTER`
+    """The scores' product (a call of a function ``products`` matches), up to
+    :data:`_MAX_ELEMENTWISE` element-wise operators (each of the scores alone, a scale, a cast,
+    a soft cap's tanh, or of the scores and other inputs: an additive mask, ``where(mask,
+    scores, fill)``), the softmax, up to :data:`_MAX_AFTER`
     operators of the probabilities alone (a cast back to the 16-bit type, where the model
     upcasts the softmax: ``softmax(s.float()).to(dtype)``; a view), the product with v, and
     perhaps its cast to the operands' type; most operators first (pattern fusion takes the

@@ -29,19 +29,15 @@ from tvm import relax, te, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .kernels.attention import padded_dim
-from .relax_matmuls import SIXTEEN_BIT, add_opaque_function, is_op_call, rewrite_functions
+from .relax_matmuls import SIXTEEN_BIT, add_opaque_function, constant_ints, is_op_call, rewrite_functions
+from .relax_precision import ATTENTIONS
 
-_ATTENTIONS = ("relax.nn.attention", "relax.nn.attention_bias")
 #: Bytes a row of a K/V tile must be a multiple of to start on a sector.
 SECTOR = 32
 #: Queries and keys from which the copies pay for themselves (Stable Diffusion 1.5's 64 x 64
 #: latents: 4096 each; its cross-attention's 77 keys stay unpadded).
 MIN_QUERIES = 1024
 MIN_KEYS = 512
-
-
-def _static(dims) -> list[int] | None:
-    return [int(d) for d in dims] if all(isinstance(d, tirx.IntImm) for d in dims) else None
 
 
 def _columns(shape: list[int], dim: int, dtype: str) -> tirx.PrimFunc:
@@ -69,22 +65,21 @@ class _Padder(PyExprMutator):
         the last axis (torch's ``[B, H, S, D]`` tensor as the operator's ``[B, S, H, D]``), the
         transpose of its source padded, which the attention then reads in place, its rows
         copied whole rather than gathered across heads."""
+        widths = [0, 0] * 3 + [0, columns]  # the operator's operands are 4-D
         bound = self.lookup_binding(operand) if isinstance(operand, relax.Var) else None
-        axes = None
-        if is_op_call(bound, "relax.permute_dims") and bound.attrs.axes is not None:
-            axes = [int(a) for a in bound.attrs.axes]
+        axes = [int(a) for a in bound.attrs.axes] if is_op_call(bound, "relax.permute_dims") \
+            and bound.attrs.axes is not None else None
         if axes is not None and axes[-1] == len(axes) - 1:
-            source = bound.args[0]
-            return self.builder_.emit(relax.op.permute_dims(
-                self.builder_.emit(relax.op.nn.pad(source, [0, 0] * (len(axes) - 1) + [0, columns])), axes))
-        return self.builder_.emit(relax.op.nn.pad(operand, [0, 0] * 3 + [0, columns]))
+            padded = self.builder_.emit(relax.op.nn.pad(bound.args[0], widths))
+            return self.builder_.emit(relax.op.permute_dims(padded, axes))
+        return self.builder_.emit(relax.op.nn.pad(operand, widths))
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - TVM visitor name
         call = super().visit_call_(call)
-        if not any(is_op_call(call, op) for op in _ATTENTIONS) or call.ty.dtype not in SIXTEEN_BIT:
+        if not any(is_op_call(call, op) for op in ATTENTIONS) or call.ty.dtype not in SIXTEEN_BIT:
             return call
         q, k, v, *bias = call.args
-        shapes = [_static(t.ty.shape.values) if t.ty.shape is not None else None for t in (q, k, v)]
+        shapes = [constant_ints(t.ty.shape.values) if t.ty.shape is not None else None for t in (q, k, v)]
         if None in shapes:
             return call
         (_, queries, _, dim), (_, keys, _, key_dim), (*_, value_dim) = shapes

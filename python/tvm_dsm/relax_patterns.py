@@ -281,11 +281,12 @@ def _permuted(x: relax.Expr, perm: list[int]) -> relax.Expr:
     return x if perm == sorted(perm) else relax.op.permute_dims(x, perm)
 
 
-def rewrite_permutes(func: relax.Function) -> relax.Function:
+def rewrite_permutes(func: relax.Function, where=None) -> relax.Function:
     """``func`` with every transpose of a transpose as one transpose, or none where they undo
     each other (torch's ``transpose(1, 2)`` into ``[batch, heads, tokens, dim]`` and the
     attention operator's own layout back, :mod:`tvm_dsm.relax_torch`): a copy kernel fewer each;
-    ``func`` itself where none matches."""
+    only those for which ``where(source, composed permutation)`` holds, where given; ``func``
+    itself where none matches."""
     x = wildcard()
     inner = is_op("relax.permute_dims")(x)
     root = is_op("relax.permute_dims")(inner)
@@ -293,13 +294,18 @@ def rewrite_permutes(func: relax.Function) -> relax.Function:
     def replacement(orig, m):
         ndim = _tensor(m[x]).ndim if _tensor(m[x]) is not None else -1
         first, second = (_permutation(c, ndim) for c in (m[inner], orig))
-        return _permuted(m[x], [first[a] for a in second])
+        composed = [first[a] for a in second]
+        return orig if where is not None and not where(m[x], composed) else _permuted(m[x], composed)
     return _rewrite(root, replacement, func)
+
+
+def _is_unit(extent) -> bool:
+    return isinstance(extent, tvm.tirx.IntImm) and int(extent) == 1
 
 
 def _non_unit(shape) -> list:
     """The extents of ``shape`` other than the constant 1s."""
-    return [d for d in shape.values if not (isinstance(d, tvm.tirx.IntImm) and int(d) == 1)]
+    return [d for d in shape.values if not _is_unit(d)]
 
 
 def _same_extents(a, b) -> bool:
@@ -312,7 +318,7 @@ def _keeps_order(permute: relax.Call) -> bool:
     ty = _tensor(permute.args[0])
     if ty is None:
         return False
-    moved = [a for a in _permutation(permute, ty.ndim) if not _same_extents([ty.shape.values[a]], [1])]
+    moved = [a for a in _permutation(permute, ty.ndim) if not _is_unit(ty.shape.values[a])]
     return moved == sorted(moved)
 
 
@@ -353,33 +359,23 @@ def rewrite_unit_axis_views(func: relax.Function) -> relax.Function:
                 or not _same_extents(_non_unit(source.shape), _non_unit(inner.shape)):
             return orig
         # the source's axes of extent other than 1, in the order the transpose puts the view's
-        kept = [n for n, d in enumerate(source.shape.values) if not _same_extents([d], [1])]
-        inner_kept = [n for n, d in enumerate(inner.shape.values) if not _same_extents([d], [1])]
+        kept = [n for n, d in enumerate(source.shape.values) if not _is_unit(d)]
+        inner_kept = [n for n, d in enumerate(inner.shape.values) if not _is_unit(d)]
         order = [kept[inner_kept.index(a)] for a in _permutation(orig, inner.ndim) if a in inner_kept]
-        units = [n for n, d in enumerate(source.shape.values) if _same_extents([d], [1])]
+        units = [n for n, d in enumerate(source.shape.values) if _is_unit(d)]
         perm = order[:]
         for n in units:  # the source's own unit axes stay where they are
             perm.insert(n, n)
         return _reshaped(_permuted(m[y], perm), [source.shape.values[a] for a in perm], out.shape.values)
 
-    # two transposes as one where they undo each other or transpose an expand_dims (the attention
-    # pattern reads other chains of transposes as they are: BERT's k, transposed into heads,
-    # then its last two axes swapped)
-    once = is_op("relax.permute_dims")(y)
-    twice = is_op("relax.permute_dims")(once)
-
-    def one_transpose(orig, m):
-        ty = _tensor(m[y])
-        if ty is None:
-            return orig
-        first, second = (_permutation(c, ty.ndim) for c in (m[once], orig))
-        composed = [first[a] for a in second]
-        if composed != sorted(composed) and not is_op_call(m[y], "relax.expand_dims"):
-            return orig
-        return _permuted(m[y], composed)
+    def undone_or_expanded(source, composed) -> bool:
+        # the attention pattern reads other chains of transposes as they are: BERT's k,
+        # transposed into heads, then its last two axes swapped
+        return composed == sorted(composed) or is_op_call(source, "relax.expand_dims")
 
     for _ in range(8):  # each pass shortens every chain of views by one
-        new = _rewrite(of_view, one_reshape, _rewrite(permuted, permute_first, _rewrite(twice, one_transpose, func)))
+        new = _rewrite(of_view, one_reshape, _rewrite(permuted, permute_first,
+                                                      rewrite_permutes(func, undone_or_expanded)))
         if new.same_as(func):
             break
         func = new

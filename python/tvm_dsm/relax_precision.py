@@ -27,7 +27,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from .relax_matmuls import SIXTEEN_BIT, is_op_call, rewrite_functions
 
 #: Relax's attention operators (``R.nn.attention`` is ``relax.nn.attention_bias`` with a bias).
-_ATTENTIONS = ("relax.nn.attention", "relax.nn.attention_bias")
+ATTENTIONS = ("relax.nn.attention", "relax.nn.attention_bias")
 #: The type whose layer norms are computed in fp32.
 _NARROW = "bfloat16"
 
@@ -55,7 +55,7 @@ def NormsInFp32(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pa
 class _ScaleRewriter(PyExprMutator):
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - TVM visitor name
         call = super().visit_call_(call)
-        if not (any(is_op_call(call, op) for op in _ATTENTIONS) and call.ty.dtype in SIXTEEN_BIT
+        if not (any(is_op_call(call, op) for op in ATTENTIONS) and call.ty.dtype in SIXTEEN_BIT
                 and call.attrs.scale is not None):
             return call
         q, *rest = call.args

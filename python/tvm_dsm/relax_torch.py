@@ -31,7 +31,7 @@ are cast to torch's result type first (:data:`PROMOTING`), as torch promotes the
 from __future__ import annotations
 
 import weakref
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 import tvm
 from tvm import relax
@@ -96,15 +96,7 @@ ANY_ALL = ("any.default", "any.dim", "any.dims", "all.default", "all.dim", "all.
 def _operands_in_result_type(name: str):
     """TVM's converter of ``name`` with each tensor operand of another type cast to torch's
     result type first."""
-    def convert(node, importer) -> relax.Var:
-        dtype = str(_torch_dtype(importer, node))
-        casts = {}
-        for arg in node.args:
-            value = importer.env.get(arg) if isinstance(arg, Hashable) else None
-            if isinstance(getattr(value, "ty", None), relax.TensorType) and str(value.ty.dtype) != dtype:
-                casts[arg] = dtype
-        return _stock_with_operands_cast(importer, name, node, casts)
-    return convert
+    return _with_operands_cast(name, lambda operand, result: operand != result)
 
 
 def _any_all(name: str):
@@ -167,15 +159,22 @@ def _in_torch_type(name: str):
 def _promoted(name: str):
     """TVM's converter of ``name`` with each integer or bool tensor operand cast to torch's
     result type first, where that type is floating (see the module docstring)."""
+    def floating(dtype: str) -> bool:
+        return dtype.startswith(("float", "bfloat"))
+
+    return _with_operands_cast(name, lambda operand, result: floating(result) and not floating(operand))
+
+
+def _with_operands_cast(name: str, cast) -> Callable:
+    """TVM's converter of ``name`` with each tensor operand whose type ``cast(its type, torch's
+    result type)`` picks cast to the result type first."""
     def convert(node, importer) -> relax.Var:
         dtype = str(_torch_dtype(importer, node))
         casts = {}
-        if dtype.startswith(("float", "bfloat")):
-            for arg in node.args:
-                value = importer.env.get(arg) if isinstance(arg, Hashable) else None
-                if isinstance(getattr(value, "ty", None), relax.TensorType) and not str(value.ty.dtype).startswith(
-                        ("float", "bfloat")):
-                    casts[arg] = dtype
+        for arg in node.args:
+            value = importer.env.get(arg) if isinstance(arg, Hashable) else None
+            if isinstance(getattr(value, "ty", None), relax.TensorType) and cast(str(value.ty.dtype), dtype):
+                casts[arg] = dtype
         return _stock_with_operands_cast(importer, name, node, casts)
     return convert
 

@@ -915,11 +915,21 @@ def _head_axis(axis: int, index, heads: list) -> HeadAxis | None:
     return None if pos is None else HeadAxis(axis, pos, divisor or 1, modulus or 0)
 
 
+def _is_mask(node) -> bool:
+    """Whether ``node`` selects between two values (``Select`` or ``if_then_else``)."""
+    return isinstance(node, tirx.Select) or (isinstance(node, tvm.ir.Call) and node.op.name.endswith("if_then_else"))
+
+
+def _reads_only(expr, params) -> bool:
+    """Whether every load in ``expr`` reads one of ``params``."""
+    return all(any(ld.source.same_as(p) for p in params) for ld in loads(expr))
+
+
 def _selects(expr) -> list:
     found = []
 
     def visit(node):
-        if isinstance(node, tirx.Select) or (isinstance(node, tvm.ir.Call) and node.op.name.endswith("if_then_else")):
+        if _is_mask(node):
             found.append(node)
         return node
 
@@ -939,15 +949,11 @@ def _scores_kept_first(expr, params):
     branch is the one that reads more than the function's inputs ``params`` (the scores), as
     :func:`_with_branch` reads it."""
 
-    def inputs_only(e) -> bool:
-        return all(any(ld.source.same_as(p) for p in params) for ld in loads(e))
-
     def flip(node):
-        if not isinstance(node, tirx.Select) and not (isinstance(node, tvm.ir.Call)
-                                                       and node.op.name.endswith("if_then_else")):
+        if not _is_mask(node):
             return node
         cond, yes, no = _parts(node)
-        if not inputs_only(yes) or inputs_only(no):
+        if not _reads_only(yes, params) or _reads_only(no, params):
             return node
         return tirx.Select(tirx.Not(cond), no, yes) if isinstance(node, tirx.Select) \
             else tirx.if_then_else(tirx.Not(cond), no, yes)
@@ -962,8 +968,7 @@ def _select_condition(expr, params):
     conds = [_parts(node)[0] for node in _selects(expr)]
     if not conds:
         return None
-    reads_inputs_only = all(any(ld.source.same_as(p) for p in params) for c in conds for ld in loads(c))
-    if not reads_inputs_only or not all(tvm_ffi.structural_equal(c, conds[0]) for c in conds):
+    if not all(_reads_only(c, params) for c in conds) or not all(tvm_ffi.structural_equal(c, conds[0]) for c in conds):
         raise ClusterError(f"attention takes one mask computed from the positions and its inputs; got "
                            f"{[str(c) for c in conds]}")
     return conds[0]
@@ -977,7 +982,7 @@ def _with_branch(expr, kept: bool):
     """``expr`` with every mask replaced by its kept (or masked) branch."""
 
     def choose(node):
-        if isinstance(node, tirx.Select) or (isinstance(node, tvm.ir.Call) and node.op.name.endswith("if_then_else")):
+        if _is_mask(node):
             _, yes, no = _parts(node)
             return yes if kept else no
         return node
