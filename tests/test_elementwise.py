@@ -13,7 +13,7 @@ from tvm import s_tir, te, tirx, topi
 
 import tvm_dsm
 from tvm_dsm.families import match_family
-from tvm_dsm.rules.elementwise import output_blocks, vector_lanes
+from tvm_dsm.rules.elementwise import block_lanes, output_blocks
 from tvm_dsm.workloads.elementwise import cast, split_silu_mul
 from conftest import LLVM
 
@@ -23,6 +23,22 @@ def _rotate_half(m: int, d: int = 64):
     half = d // 2
     return te.create_prim_func([x, te.compute((m, d), lambda i, j: te.if_then_else(
         j < half, -x[i, j + half], x[i, j - half]), name="r")])
+
+
+def _padded(m: int, d: int, kept: int, out: int = 64):
+    """``x[:, :kept]`` of a ``[m, d]`` input zero-filled to ``out`` columns (``nn.pad``'s form)."""
+    x = te.placeholder((m, d), "float16", name="x")
+    return te.create_prim_func([x, te.compute((m, out), lambda i, j: te.if_then_else(
+        j < kept, x[i, j], tirx.const(0, "float16")), name="padded")])
+
+
+def _rotated_by_angles(m: int, d: int = 64):
+    """Rotate-half times a cosine of the column: a condition uniform over vectors, and math
+    per-thread math computes once per thread."""
+    x = te.placeholder((m, d), "float16", name="x")
+    half = d // 2
+    return te.create_prim_func([x, te.compute((m, d), lambda i, j: te.if_then_else(
+        j < half, -x[i, j + half], x[i, j - half]) * te.cos(j.astype("float16")), name="r")])
 
 
 def _offset_rows(m: int):
@@ -64,13 +80,16 @@ def _positions_compared(rows: int = 128):
 
 def _lanes(func) -> int:
     sch = s_tir.Schedule(func)
-    return min(vector_lanes(sch.get(b)) for b in output_blocks(sch))
+    return min(block_lanes(sch.get(b)) for b in output_blocks(sch))
 
 
 @pytest.mark.parametrize("func, lanes", [
     (split_silu_mul(64, 1024), 8),  # both halves move along j
     (cast(64, 1000), 4),  # the widest element (fp32) sets the lanes
-    (_rotate_half(64), 1),  # a condition on j
+    (_rotate_half(64), 8),  # a condition on j alike for every vector of 8 columns
+    (_padded(64, 40, 40), 8),  # a pad of rows of 40 to 64: j < 40 at 8 lanes
+    (_padded(64, 40, 36), 1),  # j < 36 splits a vector
+    (_rotated_by_angles(64), 1),  # a cosine: per-thread math's, which computes it once a thread
     (_transpose(64, 128), 1),  # j indexes the input's rows
     (_offset_rows(64), 1),  # vectors of odd rows would start off 16-byte alignment
     (_packed_split(), 8),  # the reshape's row and column, simplified within the ranges, move along j
@@ -105,14 +124,16 @@ def test_a_symbolic_row_count_builds_a_vectorized_kernel_per_range():
 
 
 def test_what_cannot_move_in_vectors_is_left_to_dlight():
-    for func in (_rotate_half(64), _transpose(64, 128), _offset_rows(64)):
+    for func in (_padded(64, 40, 36), _transpose(64, 128), _offset_rows(64)):
         with pytest.raises(tvm_dsm.ClusterError, match="elementwise: an access does not move contiguously"):
             match_family(func)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("make, rows", [(lambda m: split_silu_mul(m, 1024), (1, 100, 4096)),
-                                        (lambda m: cast(m, 1000), (7, 2048))])
+                                        (lambda m: cast(m, 1000), (7, 2048)),
+                                        (lambda m: _padded(m, 40, 40), (1, 100, 4096)),
+                                        (_rotate_half, (3, 2048))])
 def test_on_the_gpu_against_numpy(make, rows):
     """Built once over a symbolic row count, run at each count with fresh inputs and the output
     poisoned with NaN, against TVM's stock llvm build of the same function (its own types:

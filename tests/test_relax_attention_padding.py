@@ -80,3 +80,13 @@ def test_gpu_head_dim_40_through_the_pipeline_matches_float64():
     p = np.exp(s - s.max(-1, keepdims=True))
     ref = ((p / p.sum(-1, keepdims=True)) @ v64).transpose(0, 2, 1, 3)
     assert np.isfinite(got).all() and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def test_the_copies_are_vectorized_kernels():
+    """The pads and the output's columns are elementwise kernels (16-byte accesses), not
+    dlight's one element a thread: each is a pass over an operand the attention reads."""
+    from tvm_dsm.model_report import relax_report
+
+    report = relax_report(_attention(MIN_QUERIES, MIN_QUERIES, 40))
+    copies = [row for row in report.rows if "pad" in row.name or "attention_columns" in row.name]
+    assert len(copies) >= 2 and {row.where for row in copies} == {"elementwise"}, report.format()

@@ -7,11 +7,14 @@ holds too few bytes in flight to stream from HBM (the 1B Llama's ``split``/``sil
 ran at 3.4x its floor in prefill). Here the innermost loop is split into vectors of
 ``16 / element bytes`` lanes where every access moves along it contiguously: an index ``x + c``
 on the last axis (``c`` a multiple of the lanes, a constant or an expression of the other
-iterators such as a head's columns ``h // g * D``), ``x`` on no other axis, no condition on
-``x``, and every accessed buffer contiguous with rows a multiple of the lanes. Each thread
-takes ``vectors_per_thread`` vectors a CTA's width apart, so a warp's accesses stay coalesced.
-A block whose accesses do not move that way (a transpose, rotary embedding's rotate-half)
-keeps one element per vector.
+iterators such as a head's columns ``h // g * D``), ``x`` on no other axis, every accessed buffer contiguous with rows a multiple of the lanes,
+and every condition on ``x`` alike for the lanes of a vector (a pad's ``x < 40`` at 8 lanes,
+rotate-half's ``x < D / 2``: the vector is loaded or filled whole). Each thread takes
+``vectors_per_thread`` vectors a CTA's width apart, so a warp's accesses stay coalesced. A block
+whose accesses do not move that way (a transpose, a condition that splits a vector) keeps one
+element per vector; one whose vectors need such a condition and that computes transcendental
+functions is left to :mod:`tvm_dsm.rules.per_thread_math` (rotary embedding: its angles computed
+once per thread rather than once per head).
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ from ..transform.buffers import element_bytes
 
 #: Bytes a thread moves per access.
 VECTOR_BYTES = 16
+#: Functions whose evaluation costs tens of instructions.
+TRANSCENDENTAL = frozenset(f"tirx.{name}" for name in (
+    "sin", "cos", "tan", "pow", "exp", "exp2", "log", "log2", "tanh", "erf", "sigmoid"))
 
 
 @dataclass(frozen=True)
@@ -127,12 +133,27 @@ def _uniform(condition, x: tirx.Var, lanes: int, analyzer: Analyzer) -> bool:
     return any(not uses(within.simplify(c), lane) for c in (split, tirx.Not(split)))
 
 
+def transcendental_calls(expr) -> list:
+    """The calls of :data:`TRANSCENDENTAL` functions in ``expr``."""
+    return [c for c in find_all(expr, tvm.ir.Call) if getattr(c.op, "name", None) in TRANSCENDENTAL]
+
+
+def block_lanes(block: tirx.SBlock) -> int:
+    """The lanes the elementwise rule moves ``block``'s accesses in (see the module docstring):
+    a single store, conditions uniform over a vector unless the block computes transcendental
+    functions."""
+    lanes = vector_lanes(block)
+    if lanes > 1 or not isinstance(block.body, tirx.BufferStore) or transcendental_calls(block.body):
+        return lanes
+    return vector_lanes(block, uniform_conditions=True)
+
+
 def find_elementwise(func: tirx.PrimFunc) -> tuple[int, list]:
     """The fewest vector lanes among an elementwise function's output blocks and the buffers
     they write; ClusterError where it is not one."""
     sch = s_tir.Schedule(func)
     blocks = [sch.get(b) for b in output_blocks(sch)]
-    return min(vector_lanes(b) for b in blocks), [w.source for b in blocks for w in b.writes]
+    return min(block_lanes(b) for b in blocks), [w.source for b in blocks for w in b.writes]
 
 
 def schedule_elementwise(func: tirx.PrimFunc, config: ElementwiseConfig) -> s_tir.Schedule:
@@ -140,7 +161,7 @@ def schedule_elementwise(func: tirx.PrimFunc, config: ElementwiseConfig) -> s_ti
     ``config.vectors_per_thread`` vectors (see the module docstring)."""
     sch = s_tir.Schedule(func)
     for rv in output_blocks(sch):
-        lanes = vector_lanes(sch.get(rv))
+        lanes = block_lanes(sch.get(rv))
         loops = sch.get_loops(rv)
         if not loops:
             raise ClusterError(f"{sch.get(rv).name_hint} writes a scalar: nothing to spread over threads")

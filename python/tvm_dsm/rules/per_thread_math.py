@@ -38,11 +38,8 @@ from tvm.sym import Analyzer
 
 from ..errors import ClusterError
 from ..ir import find_all, seq, substitute, uses
-from .elementwise import output_blocks, vector_lanes
+from .elementwise import TRANSCENDENTAL, output_blocks, transcendental_calls, vector_lanes
 
-#: Functions whose evaluation costs tens of instructions.
-TRANSCENDENTAL = frozenset(f"tirx.{name}" for name in (
-    "sin", "cos", "tan", "pow", "exp", "exp2", "log", "log2", "tanh", "erf", "sigmoid"))
 #: The longest axis looped over inside a thread (unrolled).
 MAX_IN_THREAD = 64
 #: The block the rewrite adds, and its buffers' prefix (one buffer a distinct call).
@@ -84,7 +81,7 @@ class PerThreadMath:
 
 def _transcendental(expr) -> list:
     """The outermost transcendental calls in ``expr`` (a call inside another is computed with it)."""
-    calls = [c for c in find_all(expr, tvm.ir.Call) if getattr(c.op, "name", None) in TRANSCENDENTAL]
+    calls = transcendental_calls(expr)
     return [c for c in calls if not any(d is not c and find_all(d, tvm.ir.Call, lambda n: n.same_as(c))
                                         for d in calls)]
 
