@@ -472,3 +472,47 @@ def test_k_transposed_into_heads_then_its_last_axes_is_attention():
         bb.emit_func_output(out)
     ops = _ops(RewriteToRelaxOps(bb.get()))
     assert "relax.nn.attention" in ops and "relax.nn.softmax" not in ops, ops
+
+
+def _head_rows_attention(scale_twice: bool) -> tvm.IRModule:
+    """GPT-BigCode's multi-query attention as torch exports it: q ``[2, 16, 4 * 64]`` viewed as
+    rows ``[2, 64, 64]`` (token-major, heads inside), scores against one KV head ``k^T [2, 64,
+    16]`` in fp32 viewed as ``[2, 16, 4, 16]``, scaled (``scale_twice``: by 1/16, rounded to
+    fp16, widened, by 2, as its fp32-softmax layers do), a causal ``where`` over ``[1, 16, 1,
+    16]``, softmax rounded back, viewed as rows for the product with ``v [2, 16, 64]``."""
+    bb = relax.BlockBuilder()
+    q = relax.Var("q", relax.TensorType((2, 16, 256), "float16"))
+    k, v = (relax.Var(n, relax.TensorType((2, 16, 64), "float16")) for n in "kv")
+    with bb.function("main", [q, k, v]):
+        with bb.dataflow():
+            rows = bb.emit(relax.op.reshape(q, (2, 64, 64)))
+            s = bb.emit(relax.op.matmul(rows, bb.emit(relax.op.permute_dims(k, [0, 2, 1])), out_dtype="float32"))
+            s = bb.emit(relax.op.reshape(s, (2, 16, 4, 16)))
+            if scale_twice:
+                s = bb.emit(relax.op.astype(bb.emit(relax.op.multiply(s, relax.const(1 / 16, "float32"))), "float16"))
+                s = bb.emit(relax.op.multiply(bb.emit(relax.op.astype(s, "float32")), relax.const(2.0, "float32")))
+            else:
+                s = bb.emit(relax.op.multiply(s, relax.const(0.125, "float32")))
+            keep = relax.const(np.tril(np.ones((16, 16), bool))[None, :, None, :])
+            s = bb.emit(relax.op.where(keep, s, relax.const(np.finfo(np.float32).min, "float32")))
+            p = bb.emit(relax.op.astype(bb.emit(relax.op.nn.softmax(s, axis=-1)), "float16"))
+            out = bb.emit(relax.op.matmul(bb.emit(relax.op.reshape(p, (2, 64, 16))), v, out_dtype="float32"))
+            out = bb.emit_output(relax.op.reshape(bb.emit(relax.op.astype(out, "float16")), (2, 16, 256)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("scale_twice", [False, True])
+def test_query_rows_holding_the_heads_are_multi_query_attention(scale_twice):
+    """The scores are transposed to heads first, the mask with them, the two scalings folded:
+    ``R.nn.attention`` (the mask then a bias the pipeline reads as causal), within fp16's
+    rounding of the spelled-out graph's values on llvm."""
+    mod = _head_rows_attention(scale_twice)
+    rewritten = RewriteToRelaxOps(mod)
+    ops = _ops(rewritten)
+    assert "relax.nn.attention_bias" in ops and "relax.nn.softmax" not in ops, ops
+    rng = np.random.default_rng(3)
+    args = [rng.standard_normal(s).astype("float16") for s in ((2, 16, 256), (2, 16, 64), (2, 16, 64))]
+    got, want = (relax.VirtualMachine(tvm.compile(m, target=LLVM), tvm.cpu())["main"](
+        *(tvm.runtime.tensor(a) for a in args)).numpy().astype(np.float64) for m in (rewritten, mod))
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-3

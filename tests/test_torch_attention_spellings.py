@@ -518,6 +518,27 @@ class MegatronBaddbmmBetaZero(torch.nn.Module):
         return torch.bmm(p, v.reshape(b * h, t, d)).view(b, h, t, d)
 
 
+class GPTBigCodeHeadRows(torch.nn.Module):
+    """GPT-BigCode's (StarCoder's) eager multi-query attention: q ``[batch, tokens, heads * dim]``
+    folded into rows of ``[batch, tokens * heads, dim]``, ``baddbmm`` against the one KV head's
+    ``k^T`` with ``alpha = 1 / (sqrt(d) * unscale)``, the scores viewed as ``[batch, tokens, heads,
+    keys]``, widened and multiplied by ``unscale`` (the layer's index plus one), a causal
+    ``where`` over ``[1, tokens, 1, keys]`` with fp32's minimum, softmax rounded back, ``bmm`` with
+    v ``[batch, keys, dim]``, viewed back."""
+
+    def forward(self, q, k, v):
+        b, t, width = q.shape
+        dim, unscale = k.shape[-1], 2
+        heads = width // dim
+        s = torch.baddbmm(torch.empty(b, t * heads, t, dtype=q.dtype, device=q.device), q.reshape(b, t * heads, dim),
+                          k.transpose(-1, -2), beta=0, alpha=dim ** -0.5 / unscale).view(b, t, heads, t)
+        x = s.to(_wide(q)) * unscale
+        keep = torch.tril(torch.ones(t, t, dtype=torch.bool, device=q.device))[None, :, None, :]
+        x = torch.where(keep, x, torch.full([], torch.finfo(x.dtype).min, dtype=x.dtype))
+        p = F.softmax(x, dim=-1).to(q.dtype)
+        return torch.bmm(p.view(b, t * heads, t), v).view(b, t, width)
+
+
 class DifferentValueDim(torch.nn.Module):
     """DeepSeek's multi-head latent attention, eager: q and k of head dim 96 (64 + 32 rotary),
     v of 64, scaled by ``96 ** -0.5``, an additive ``full(finfo.min).triu(1)`` mask, softmax in
@@ -647,6 +668,8 @@ CASES = {
     "mqa_matmul_broadcast": Case(MQABroadcast, lambda r: _qkv(r, (B, H, T, D), (B, 1, T, D))),
     "mqa_soft_cap_masked_fill": Case(MQASoftCapMaskedFill, lambda r: _qkv(r, (B, H, T, D), (B, 1, T, D))),
     "kv_batch_broadcast": Case(MQABroadcast, lambda r: _qkv(r, (B, H, T, D), (1, H, T, D))),
+    # q's heads in its rows against one KV head: the scores transposed to heads first
+    "gpt_bigcode_head_rows": Case(GPTBigCodeHeadRows, lambda r: _qkv(r, (B, T, H * D), (B, T, D))),
 }
 
 
@@ -699,6 +722,7 @@ READS = {
     "causal_first_query_scores_minus_24": ['relax.nn.attention(causal=TopLeft)'],
     "einsum_attention": ['relax.nn.attention(causal=None)'],
     "gpt2_where_keep_full_scale": ['relax.nn.attention(causal=TopLeft)'],
+    "gpt_bigcode_head_rows": ['relax.nn.attention(causal=TopLeft)'],
     "gemma2_soft_cap": [],  # one TIR function the attention family takes: test_a_soft_cap_is_one_attention_kernel
     "gptj_where_then_scale": ['relax.nn.attention(causal=TopLeft)'],
     "gqa_repeat_interleave": ['relax.nn.attention(causal=TopLeft)'],

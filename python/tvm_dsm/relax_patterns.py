@@ -494,6 +494,136 @@ def rewrite_widened_products(func: relax.Function) -> relax.Function:
     return _rewrite(root, replacement, func)
 
 
+#: The operators :func:`rewrite_head_rows` takes over transposed scores.
+_HEAD_ROWS_THROUGH = ("relax.astype", "relax.multiply", "relax.divide", "relax.add", "relax.where", "relax.nn.softmax")
+
+
+def _through(call: relax.Call, bound) -> relax.Expr | None:
+    """The scores' operand of an operator between an attention's two products: the operand of a
+    cast or softmax, the first of a sum or a scaling by a scalar, the tensor a ``where`` selects
+    against a scalar fill (``bound``: a variable's value); None for anything else."""
+    name = call.op.name if isinstance(call.op, tvm.ir.Op) else ""
+    if name in ("relax.astype", "relax.nn.softmax", "relax.add"):
+        return call.args[0]
+    if name in ("relax.multiply", "relax.divide"):
+        return call.args[0] if _scalar(bound(call.args[1])) is not None else None
+    if name == "relax.where":
+        return call.args[1] if _scalar(bound(call.args[2])) is not None else \
+            call.args[2] if _scalar(bound(call.args[1])) is not None else None
+    return None
+
+
+def _folded_scales(ops: list) -> list:
+    """``ops`` (the operators between the products, in order) with a scaling by a scalar whose
+    result is rounded to 16 bits, widened back to fp32 and scaled again as one scaling: ``(op,
+    factor)`` pairs, the factor that of the scalings folded into ``op`` (None for other
+    operators). The rounding between them is dropped: no less accurate, and the attention
+    kernel keeps its scores in fp32."""
+    steps: list = []
+    for op in ops:
+        factor = _scalar(op.args[1]) if is_op_call(op, "relax.multiply") else None
+        casts = [s for s, _ in steps[-2:]]
+        if factor is not None and len(steps) >= 3 and steps[-3][1] is not None \
+                and all(is_op_call(c, "relax.astype") for c in casts) \
+                and casts[0].attrs.dtype in SIXTEEN_BIT and casts[1].attrs.dtype == "float32" \
+                and _tensor(steps[-3][0].args[0]).dtype == "float32":
+            first, folded = steps[-3]
+            steps[-3:] = [(first, folded * factor)]
+            continue
+        steps.append((op, factor))
+    return steps
+
+
+def _narrowed(x: relax.Expr, bound) -> relax.Expr:
+    """``x``'s 16-bit source where ``x`` widens it to fp32 (a product of the widened values is
+    the 16-bit product accumulated in fp32: :func:`rewrite_widened_products`), else ``x``."""
+    if is_op_call(x, "relax.astype") and x.attrs.dtype == "float32" and _tensor(x.args[0]) is not None \
+            and _tensor(x.args[0]).dtype in SIXTEEN_BIT:
+        return bound(x.args[0])
+    return x
+
+
+def rewrite_head_rows(func: relax.Function) -> relax.Function:
+    """``func`` with attention whose query rows hold the heads over one KV head (GPT-BigCode's
+    multi-query attention: ``q.reshape(b, t * h, d)`` against ``k^T [b, d, keys]``, the scores
+    viewed as ``[b, t, h, keys]`` for their scaling, mask and softmax, viewed back for the product
+    with ``v [b, keys, d]``) as the same over ``[b, h, t, ..]`` tensors: q viewed as its heads and
+    transposed, k and v of one head (a unit axis), each operator between the products taken over
+    the transposed scores (a mask transposed with them; a scaling, rounded to 16 bits and widened,
+    then scaled again, as one scaling: :func:`_folded_scale`), the output transposed back. The
+    values are the same up to that one rounding; :func:`attention_pattern` then reads it as
+    multi-query attention (its transposes cancel: q and the output are read in place); ``func``
+    itself where none matches."""
+    values = relax.analysis.get_var2val(func)
+
+    def bound(e):
+        return values.get(e, e) if isinstance(e, relax.Var) else e
+
+    probs, v = wildcard(), wildcard()
+    product = is_op("relax.matmul")(is_op("relax.reshape")(probs, wildcard()), v)
+    cast = is_op("relax.astype")(product)
+    bshd = [0, 2, 1, 3]
+
+    def replacement(orig, m):
+        chain, x = [], bound(m[probs])
+        while isinstance(x, relax.Call) and not is_op_call(x, "relax.reshape") and _through(x, bound) is not None:
+            chain.append(x)
+            x = bound(_through(x, bound))
+        scores_ty, v_ty = _tensor(x) if is_op_call(x, "relax.reshape") else None, _tensor(m[v])
+        scores = bound(x.args[0]) if scores_ty is not None else None
+        if not chain or scores_ty is None or scores_ty.ndim != 4 or v_ty is None or v_ty.ndim != 3 \
+                or not is_op_call(scores, "relax.matmul"):
+            return orig
+        b, t, h, keys = scores_ty.shape.values
+        q_rows, kt = (_narrowed(bound(a), bound) for a in scores.args)
+        q_ty, kt_ty, rows_ty = (_tensor(e) for e in (q_rows.args[0] if is_op_call(q_rows, "relax.reshape") else q_rows,
+                                                      kt, q_rows))
+        analyzer = Analyzer()
+        if not is_op_call(q_rows, "relax.reshape") or None in (q_ty, kt_ty, rows_ty) or kt_ty.ndim != 3 \
+                or rows_ty.ndim != 3 or q_ty.dtype not in SIXTEEN_BIT or kt_ty.dtype != q_ty.dtype or not all(
+                analyzer.can_prove_equal(a, c) for a, c in zip(rows_ty.shape.values[:2], (b, t * h))):
+            return orig
+        dim, v_dim = rows_ty.shape.values[2], v_ty.shape.values[2]
+
+        def batched(x, rows, columns):  # torch's bmm of [b, h, ..] tensors, as attention_pattern reads it
+            return relax.op.reshape(relax.op.broadcast_to(x, relax.ShapeExpr([b, h, rows, columns])),
+                                    [b * h, rows, columns])
+
+        def over_heads(x):  # a mask over [b, t, h, keys] scores (broadcast to them) as one over [b, h, t, keys]
+            ty = _tensor(x)
+            return relax.op.permute_dims(relax.op.reshape(x, [1] * (4 - ty.ndim) + list(ty.shape.values)), bshd)
+
+        k = kt.args[0] if is_op_call(kt, "relax.permute_dims") and _permutation(kt, 3) == [0, 2, 1] \
+            else relax.op.permute_dims(kt, [0, 2, 1])
+        q = relax.op.permute_dims(relax.op.reshape(q_rows.args[0], [b, t, h, dim]), bshd)
+        kt = relax.op.permute_dims(relax.op.expand_dims(k, 1), [0, 1, 3, 2])
+        y = relax.op.reshape(relax.op.matmul(batched(q, t, dim), batched(kt, dim, keys),
+                                             out_dtype=str(_tensor(scores).dtype)), [b, h, t, keys])
+        chain = [relax.Call(op.op, [bound(a) if _scalar(bound(a)) is not None else a for a in op.args], op.attrs)
+                 for op in chain[::-1]]  # in order, scalars in place of their variables
+        for op, factor in _folded_scales(chain):
+            through = _through(op, bound)
+            masks = [a for a in op.args if not a.same_as(through) and _scalar(a) is None]
+            if any(_tensor(a) is None or _tensor(a).ndim > 4 for a in masks):
+                return orig
+            if factor is not None:
+                y = relax.op.multiply(y, relax.const(factor, str(_tensor(op.args[0]).dtype)))
+            elif is_op_call(op, "relax.nn.softmax"):
+                if int(op.attrs.axis) not in (-1, 3):
+                    return orig
+                y = relax.op.nn.softmax(y, axis=-1)
+            else:
+                y = relax.Call(op.op, [y if a.same_as(through) else over_heads(a) if any(a.same_as(x) for x in masks)
+                                       else a for a in op.args], op.attrs)
+        out = relax.op.matmul(batched(y, t, keys), batched(relax.op.expand_dims(m[v], 1), keys, v_dim),
+                              out_dtype=m[product].attrs.out_dtype)
+        if cast in m:
+            out = relax.op.astype(out, m[cast].attrs.dtype)
+        out = relax.op.reshape(out, [b, h, t, v_dim])
+        return relax.op.reshape(relax.op.permute_dims(out, bshd), _tensor(orig).shape)
+    return _rewrite(cast | product, replacement, func)
+
+
 def attention_pattern():
     """Attention spelled out over ``[batch, heads, tokens, dim]`` tensors as torch exports
     ``softmax(q @ k.transpose(-1, -2) / c + mask) @ v``: each product over batched views
@@ -754,7 +884,7 @@ def rewrite_attentions(func: relax.Function) -> relax.Function:
 
 #: The rewrites :data:`RewriteToRelaxOps` applies, in order.
 REWRITES = (rewrite_rms_norms, rewrite_row_max_values, rewrite_softmaxes, rewrite_silus, rewrite_unit_axis_views,
-            rewrite_scaled_views, rewrite_attentions, rewrite_batched_views, rewrite_widened_products,
+            rewrite_scaled_views, rewrite_head_rows, rewrite_attentions, rewrite_batched_views, rewrite_widened_products,
             rewrite_slices_before_permutes, rewrite_permutes)  # attention matches k's transpose alone; its own layout cancels torch's
 
 
