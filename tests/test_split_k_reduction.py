@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tvm
 from conftest import TARGET, cuda_source, kernels
+from tvm import relax, te, topi
 
 from tvm_dsm import ClusterError
+from tvm_dsm.families.split_k_reduction import SplitKReduction
 from tvm_dsm.rules import SplitKReductionConfig, schedule_split_k_reduction
 from tvm_dsm.workloads import gemv, row_sum
 
@@ -97,3 +100,24 @@ def test_gpu_a_sum_of_squares_matches_float64():
     lib(tvm.runtime.tensor(x, dev), y)
     ref = (x.astype(np.float64) ** 2).sum(-1)
     assert np.linalg.norm(y.numpy() - ref) / np.linalg.norm(ref) < 1e-5
+
+
+
+@pytest.mark.parametrize("dtype", ["int8", "bool"])
+def test_partial_results_dsm_cannot_move_are_refused(dtype):
+    """A row max of int8 flags or an ``any`` of bools has no PTX type for the exchange of its
+    partial results through DSM: the family says so (it failed in lowering)."""
+    x = te.placeholder((64, 4096), dtype, name="x")
+    func = te.create_prim_func([x, topi.max(x, axis=1) if dtype == "int8" else topi.any(x, axis=1)])
+    with pytest.raises(ClusterError, match="through DSM, which moves no such elements"):
+        SplitKReduction().recognize(func)
+
+
+def test_a_row_max_of_flags_compiles_through_the_relax_pipeline():
+    """torch's ``any`` as tvm-dsm's importer writes it (T5's overflow guard): a row max of int8
+    flags, compiled by ``relax.get_pipeline("tvm_dsm")`` (it failed in LowerCluster)."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((64, 4096), "int8"))
+    with bb.function("main", [x]):
+        bb.emit_func_output(bb.emit(relax.op.max(x, axis=[1])))
+    assert tvm.compile(bb.get(), target=TARGET, relax_pipeline="tvm_dsm") is not None

@@ -13,6 +13,7 @@ from ..hardware import Hardware
 from ..planners import split_k as model
 from ..rules.split_k_reduction import SplitKReductionConfig, reduction_block, schedule_split_k_reduction
 from ..transform.buffers import buffer_bytes
+from ..transform.dsm_buffer import moves_through_dsm
 from .base import ScheduleFamily
 
 
@@ -33,6 +34,10 @@ class SplitKReduction(ScheduleFamily):
     def recognize(self, func: tirx.PrimFunc) -> ReductionShape:
         sch = s_tir.Schedule(func)
         block, rows, depth = reduction_block(sch)
+        accumulator = sch.get(block).writes[0].source.ty.dtype
+        if not moves_through_dsm(accumulator):
+            raise ClusterError(f"a split-K row reduction exchanges its {accumulator} partial results through DSM, "
+                               "which moves no such elements")
         reads = [r.source for r in sch.get(block).reads]
         matrix = next((b for b in reads if len(b.ty.shape) == 2), None)
         if matrix is None:

@@ -33,6 +33,12 @@ _PTX_TYPES = {
 _BITS16 = {"float16", "bfloat16"}
 
 
+def moves_through_dsm(dtype: str) -> bool:
+    """Whether a DSM buffer holds elements of ``dtype`` (a remote load and store has a PTX type
+    for it: not 8-bit integers or bools)."""
+    return str(dtype) in _PTX_TYPES
+
+
 class DSMBuffer:
     """One DSM buffer of a kernel: the per-CTA slice and how to reach a peer's copy of it.
 
@@ -49,7 +55,7 @@ class DSMBuffer:
                 f"CTA, so its extent must be at most {cluster_size} (the cluster size)"
             )
         self.dtype = str(buffer.ty.dtype)
-        if self.dtype not in _PTX_TYPES:
+        if not moves_through_dsm(self.dtype):
             raise ClusterError(f"DSM buffer {buffer.name}: dtype {self.dtype} is not supported")
         self.buffer = buffer
         # a padded layout (storage_align: rows apart by more than their length, so a warp's
