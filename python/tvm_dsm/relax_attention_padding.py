@@ -15,9 +15,9 @@ dim's own; the output's columns are cut by a function of their own (a slice Rela
 put into the attention's function, which the family would then not take). The copies cost one
 pass over q, k and v and the output; they are made only where every key is read
 by many query tiles (:data:`MIN_QUERIES` queries and :data:`MIN_KEYS` keys or more, static).
-Through the pipeline, Stable Diffusion 1.5's self-attention at 64 x 64 latents went from 299.5
-to 196.9 us (SDPA 171.4), of which the pads, dlight's one element a thread, take about 40
-(``bench/results/archive/attention_spellings_padded_s82.json``).
+Through the pipeline, Stable Diffusion 1.5's self-attention at 64 x 64 latents went from 197.8
+to 167.4 us (SDPA 170.1; the copies are element-wise kernels in 16-byte vectors), 299.5 before
+the padding (``bench/results/archive/attention_spellings_vector_pads_*_s83.json``).
 """
 
 from __future__ import annotations
