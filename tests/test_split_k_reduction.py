@@ -121,3 +121,19 @@ def test_a_row_max_of_flags_compiles_through_the_relax_pipeline():
     with bb.function("main", [x]):
         bb.emit_func_output(bb.emit(relax.op.max(x, axis=[1])))
     assert tvm.compile(bb.get(), target=TARGET, relax_pipeline="tvm_dsm") is not None
+
+
+def test_a_schedule_that_does_not_lower_is_left_to_dlight(monkeypatch, caplog):
+    """The Relax pipeline lowers each tvm-dsm schedule before taking it: one that fails (here
+    the family made to take int8 partial results, which the DSM lowering refuses) is left to
+    dlight with a warning naming why, and the model compiles."""
+    import tvm_dsm.families.split_k_reduction as family
+
+    monkeypatch.setattr(family, "moves_through_dsm", lambda dtype: True)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((64, 4096), "int8"))
+    with bb.function("main", [x]):
+        bb.emit_func_output(bb.emit(relax.op.max(x, axis=[1])))
+    with caplog.at_level("WARNING", logger="tvm_dsm"):
+        assert tvm.compile(bb.get(), target=TARGET, relax_pipeline="tvm_dsm") is not None
+    assert "split_k_reduction schedule does not lower (DSM buffer" in caplog.text

@@ -21,7 +21,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.schedule.schedule import ScheduleError
 
 from .device import gpu_or_reason
-from .errors import ClusterError
+from .errors import ClusterError, last_line
 from .families import ScheduleFamily, fastest_family, matching_families
 from .families.row_ranges import RangeKernel, dispatch, range_kernels, range_specializations
 from .hardware import H100, Hardware, load_hardware
@@ -283,27 +283,21 @@ def _compiled_fallback(func: tirx.PrimFunc, target, reason: ClusterError, hw: Ha
     try:
         return tvm.compile(_fallback_schedule(func, target, reason, hw).mod, target=target)
     except (ClusterError, *FAMILY_FAILURES) as lowering:  # a tvm-dsm kernel of an operator does not lower
-        LOG.warning("the fallback with tvm-dsm's families does not lower (%s); dlight's alone", _last_line(lowering))
+        LOG.warning("the fallback with tvm-dsm's families does not lower (%s); dlight's alone", last_line(lowering))
     try:
         return tvm.compile(_fallback_schedule(func, target, reason, hw, families=False).mod, target=target)
     except FAMILY_FAILURES as lowering:
-        LOG.warning("dlight's tensor-core schedule does not lower (%s); its CUDA-core one", _last_line(lowering))
+        LOG.warning("dlight's tensor-core schedule does not lower (%s); its CUDA-core one", last_line(lowering))
     try:
         return tvm.compile(stock_schedule(func, target, tensor_cores=False).mod, target=target)
     except FAMILY_FAILURES as err:
-        raise _unschedulable(reason, _last_line(err)) from None
+        raise _unschedulable(reason, last_line(err)) from None
 
 
 def _unschedulable(reason: ClusterError, dlight: str) -> ClusterError:
     """The refusal of a function neither tvm-dsm nor dlight schedules, with both reasons."""
     return ClusterError(f"neither tvm-dsm nor TVM's stock schedules (dlight) can schedule this function. "
                         f"tvm-dsm: {reason}\ndlight: {dlight}")
-
-
-def _last_line(err: BaseException) -> str:
-    """The last line of ``err``'s message (where TVM puts the reason), or its type's name."""
-    text = str(err).strip()
-    return text.splitlines()[-1] if text else type(err).__name__
 
 
 def refuse_empty_tensors(func: tirx.PrimFunc) -> None:
@@ -337,7 +331,7 @@ def schedule(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None =
     except FAMILY_FAILURES as err:  # a family's schedule failed on it (a tvm-dsm bug), as in build
         if not stock_fallback:
             raise
-        LOG.warning("a tvm-dsm family failed to schedule the function (%s); the fallback instead", _last_line(err))
+        LOG.warning("a tvm-dsm family failed to schedule the function (%s); the fallback instead", last_line(err))
         return _fallback_schedule(func, target, ClusterError(f"{type(err).__name__}: {err}"), hw)
 
 
@@ -432,11 +426,11 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
             return _per_operator(func, operators, target, hw, families)
         except Exception as err:  # noqa: BLE001  (dlight's rules assert on forms they misjudge)
             per_operator_error = err
-            LOG.info("its operators one by one do not schedule (%s); dlight's schedule whole", _last_line(err))
+            LOG.info("its operators one by one do not schedule (%s); dlight's schedule whole", last_line(err))
     try:
         return stock_schedule(func, target)
     except (ScheduleError, AssertionError) as err:  # raised inside a dlight rule
-        whole = _last_line(err)
+        whole = last_line(err)
     matrices = _as_matrices(func, target, hw, families=False)  # dlight may take the matrices
     if matrices is not None:
         return matrices
@@ -586,6 +580,6 @@ def _stock_fallback_rule(func: tirx.PrimFunc, target, reason: ClusterError, whol
         with stock_target(target):
             scheduled = s_tir.Schedule(dl.ApplyDefaultSchedule(dl.gpu.Fallback())(_module(func)))
     except (ScheduleError, AssertionError, RuntimeError) as err:
-        raise _unschedulable(reason, f"{whole}; its fallback rule alone: {_last_line(err)}") from None
+        raise _unschedulable(reason, f"{whole}; its fallback rule alone: {last_line(err)}") from None
     LOG.info("dlight's rules fail on it (%s): its fallback rule alone", whole)
     return scheduled

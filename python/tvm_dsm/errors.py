@@ -1,5 +1,5 @@
-"""The one error type tvm-dsm raises for schedules it cannot lower correctly, and a check of a
-configuration asked as a yes or no."""
+"""The one error type tvm-dsm raises for schedules it cannot lower correctly, a check of a
+configuration asked as a yes or no, and the line of an error that says why."""
 
 from collections.abc import Callable
 
@@ -22,3 +22,10 @@ def passes(check: Callable[..., object], *args) -> bool:
     except ClusterError:
         return False
     return True
+
+
+def last_line(err: BaseException | str) -> str:
+    """The last non-empty line of an error's message (where TVM puts the reason), or the
+    error's type's name where it has none."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    return lines[-1] if lines else type(err).__name__ if isinstance(err, BaseException) else "(no message)"

@@ -148,6 +148,15 @@ def dsm_pipeline(hw: Hardware | None = None):
     return _pipeline, stock.finalize_host_passes, finalize_device_passes
 
 
+def lower(mod: tvm.IRModule, target, hw: Hardware | None = None) -> tvm.IRModule:
+    """``mod`` (scheduled functions) through the tvm-dsm TIR pipeline for ``target``, without
+    code generation: what raises here (a refusal in the cluster lowering, a TVM check) would
+    stop ``tvm.compile`` of a model holding it, in a few milliseconds a function."""
+    passes, _, _ = dsm_pipeline(hw)
+    with tvm.transform.PassContext(opt_level=3):
+        return passes(tirx.transform.BindTarget(tvm.target.Target(target))(mod))
+
+
 #: Warp-scope buffers (mma fragments) one kernel may hold.
 _MAX_WARP_BUFFERS = 32
 

@@ -26,12 +26,14 @@ import tvm
 from tvm import relax, tirx
 from tvm.s_tir import meta_schedule as ms
 
-from .driver import H100, operator_families, plan, replay, schedule_operators, schedule_row_ranges, tuning_record
+from .driver import (FAMILY_FAILURES, H100, operator_families, plan, replay, schedule_operators, schedule_row_ranges,
+                     tuning_record)
 from .stock import stock_rules, stock_target
-from .errors import ClusterError
+from .errors import ClusterError, last_line
 from .families.row_ranges import range_variable
 from .ir import binds_threads, narrow_indices
 from .hardware import Hardware
+from .pipeline import lower
 from .relax_attention import FuseAttention
 from .relax_attention_padding import PadAttentionHeadDims
 from .relax_packed_attention import PackedAttentionOperands
@@ -126,9 +128,10 @@ class ScheduleTIR:
                     sch = schedule_operators(form, self.target, self.hw)
                 except ClusterError:
                     continue  # dlight's
-                families = ", ".join(operator_families(form, self.target, self.hw))
-                self.choices[gv.name_hint] = Choice(reason=f"its operators: {families}")
-                updates[gv] = sch.mod["main"].with_attrs({"tirx.is_scheduled": True, FAMILY_ATTR: PER_OPERATOR})
+                if self._lowers(gv, sch, "its operators' schedules"):
+                    families = ", ".join(operator_families(form, self.target, self.hw))
+                    self.choices[gv.name_hint] = Choice(reason=f"its operators: {families}")
+                    updates[gv] = sch.mod["main"].with_attrs({"tirx.is_scheduled": True, FAMILY_ATTR: PER_OPERATOR})
                 continue
             except Exception as err:  # noqa: BLE001  (a family's bug, re-raised unless told)
                 if not self.survive_crashes:
@@ -139,11 +142,25 @@ class ScheduleTIR:
                 self.choices[gv.name_hint] = Choice(reason=f"tvm-dsm crashed: {crash}")
                 updates[gv] = mod[gv].with_attr(CRASH_ATTR, crash)
                 continue
-            self.choices[gv.name_hint] = choice
-            updates[gv] = sch.mod["main"].with_attrs({"tirx.is_scheduled": True, FAMILY_ATTR: choice.families})
+            if self._lowers(gv, sch, f"the {choice.families} schedule"):
+                self.choices[gv.name_hint] = choice
+                updates[gv] = sch.mod["main"].with_attrs({"tirx.is_scheduled": True, FAMILY_ATTR: choice.families})
         for gv, func in updates.items():
             mod[gv] = func
         return mod
+
+    def _lowers(self, gv: tvm.ir.GlobalVar, sch, what: str) -> bool:
+        """Whether ``sch`` goes through the TIR pipeline; where it does not (a family that should
+        have refused the function), the function is left to dlight, as ``build`` leaves it, with
+        a warning and the reason recorded: a model then compiles wherever TVM compiles it."""
+        try:
+            lower(sch.mod, self.target, self.hw)
+            return True
+        except (ClusterError, *FAMILY_FAILURES) as err:
+            reason = last_line(err)
+            LOG.warning("%s: %s does not lower (%s); left to dlight", gv.name_hint, what, reason)
+            self.choices[gv.name_hint] = Choice(reason=f"{what} does not lower: {reason}")
+            return False
 
     def _schedule(self, func: tirx.PrimFunc):
         """``func``'s :class:`Choice` and schedule: one kernel per range of rows for a symbolic

@@ -14,12 +14,9 @@ from tqdm import tqdm
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
+from ..errors import last_line
+
 logger = logging.getLogger(__name__)
-
-
-def _last_line(message: str) -> str:
-    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else "(no message)"
 
 
 @derived_object
@@ -42,7 +39,7 @@ class TuningProgress(ms.measure_callback.PyMeasureCallback):
             self.failed += 1
             if task_id not in self._reported:
                 self._reported.add(task_id)
-                logger.warning("task %d: a candidate failed to %s: %s", task_id, stage, _last_line(error))
+                logger.warning("task %d: a candidate failed to %s: %s", task_id, stage, last_line(error))
         self.trials += len(measure_candidates)
         self.bar.set_postfix(task=task_id, failed=self.failed, refresh=False)
         self.bar.update(len(measure_candidates))
