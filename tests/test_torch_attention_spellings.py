@@ -791,13 +791,7 @@ def test_spelled_out_attention_is_one_attention_kernel(name):
     assert terms.score is not None and GROUPED[name] in str(terms.mask if GROUPED[name] == "not " else terms.value)
 
 
-#: Spellings the attention family does not schedule through the pipeline, and why.
-NOT_ATTENTION = {
-    "mla_value_dim_differs": "v and the output have 64 columns, q and k 96 (the kernels take one head dim)",
-}
-
-
-@pytest.mark.parametrize("name", [n for n in CASES if n not in NOT_ATTENTION])
+@pytest.mark.parametrize("name", list(CASES))
 def test_the_pipeline_schedules_each_spelling_on_the_attention_kernel(name):
     """What ``relax.get_pipeline("tvm_dsm")`` makes of each spelling (its report: the pipeline up
     to dlight, with the library dispatch of ``R.topk`` a softmax's row max may come as): one

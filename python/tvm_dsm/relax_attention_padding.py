@@ -1,5 +1,5 @@
-"""Attention whose head dim leaves its rows off 32-byte sectors computed on copies padded to the
-kernel's columns.
+"""Attention computed on zero-padded copies where the kernel cannot take its head dims as they are:
+rows off 32-byte sectors, or a value head dim other than the query's and key's.
 
 The attention kernel computes a head dim in whole 64-column panels (:data:`~tvm_dsm.kernels.attention.PADDED_DIMS`),
 its TMA loads filling the columns past the head dim with zeros. Where a row of 16-bit elements
@@ -18,6 +18,12 @@ by many query tiles (:data:`MIN_QUERIES` queries and :data:`MIN_KEYS` keys or mo
 Through the pipeline, Stable Diffusion 1.5's self-attention at 64 x 64 latents went from 197.8
 to 167.4 us (SDPA 170.1; the copies are element-wise kernels in 16-byte vectors), 299.5 before
 the padding (``bench/results/archive/attention_spellings_vector_pads_*_s83.json``).
+
+The kernel computes one head dim for q, k, v and the output. DeepSeek's multi-head latent
+attention in prefill scores with 192 columns (128 plus a 64-column rotary part) and weighs
+values of 128: there v is padded to q's columns (and the output cut back), or q and k to v's
+where v is the wider, at any size (without the copies the attention runs on per-operator
+kernels); the scale stays the query's head dim's.
 """
 
 from __future__ import annotations
@@ -28,12 +34,14 @@ import tvm
 from tvm import relax, te, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .kernels.attention import padded_dim
+from .kernels.attention import PADDED_DIMS, padded_dim
 from .relax_matmuls import SIXTEEN_BIT, add_opaque_function, constant_ints, is_op_call, rewrite_functions
 from .relax_precision import ATTENTIONS
 
 #: Bytes a row of a K/V tile must be a multiple of to start on a sector.
 SECTOR = 32
+#: 16-bit elements of a 16-byte TMA stride: what a padded head dim is a multiple of.
+VECTOR_ELEMENTS = 8
 #: Queries and keys from which the copies pay for themselves (Stable Diffusion 1.5's 64 x 64
 #: latents: 4096 each; its cross-attention's 77 keys stay unpadded).
 MIN_QUERIES = 1024
@@ -83,16 +91,29 @@ class _Padder(PyExprMutator):
         if None in shapes:
             return call
         (_, queries, _, dim), (_, keys, _, key_dim), (*_, value_dim) = shapes
+        if key_dim != dim:
+            return call
+        if value_dim != dim:  # one head dim for all: the narrower operands get zero columns
+            width = max(dim, value_dim)
+            if width % VECTOR_ELEMENTS or padded_dim(width) > max(PADDED_DIMS):
+                return call  # the kernel's own limits: it refuses them by name
+            q, k, v = (self._padded(t, width - d) if d < width else t for t, d in ((q, dim), (k, dim), (v, value_dim)))
+            out = self._attention(call, q, k, v, bias, dim)
+            return out if value_dim == width else self._first_columns(out, [*shapes[0][:-1], width], value_dim,
+                                                                       str(call.ty.dtype))
         padded = padded_dim(dim)
-        if (dim * 2) % SECTOR == 0 or key_dim != dim or value_dim != dim or padded > 256 \
-                or queries < MIN_QUERIES or keys < MIN_KEYS:
+        if (dim * 2) % SECTOR == 0 or padded > max(PADDED_DIMS) or queries < MIN_QUERIES or keys < MIN_KEYS:
             return call
         q, k, v = (self._padded(t, padded - dim) for t in (q, k, v))
+        out = self._attention(call, q, k, v, bias, dim)
+        return self._first_columns(out, [*shapes[0][:-1], padded], dim, str(call.ty.dtype))
+
+    def _attention(self, call: relax.Call, q, k, v, bias: list, dim: int) -> relax.Expr:
+        """``call``'s attention of ``q``, ``k`` and ``v``, its scale that of the head dim ``dim``."""
         attrs = call.attrs
         scale = float(attrs.scale) if attrs.scale is not None else 1.0 / math.sqrt(dim)
-        out = self.builder_.emit(relax.op.nn.attention(q, k, v, *bias, scale=scale, causal_mask=attrs.causal_mask,
-                                                       window_size=attrs.window_size))
-        return self._first_columns(out, [*shapes[0][:-1], padded], dim, str(call.ty.dtype))
+        return self.builder_.emit(relax.op.nn.attention(q, k, v, *bias, scale=scale, causal_mask=attrs.causal_mask,
+                                                        window_size=attrs.window_size))
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.PadAttentionHeadDims")
