@@ -30,6 +30,8 @@ import tvm
 from tvm import relax, te, tirx
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
+from .relax_constants import closed, evaluate, static
+
 #: A mask's value at or below this masks its key: the fills models use (-inf, the 16- and 32-bit
 #: types' minimum) lie below it, and exp of a score shifted by it underflows to 0 in fp32 for
 #: any score a 16-bit model's product yields.
@@ -42,50 +44,16 @@ _LOWEST = -3.4028234663852886e38
 _ATTENTION_BIAS = "relax.nn.attention_bias"
 
 
-def _closed(expr: relax.Expr, values: dict) -> list | None:
-    """The bindings (var, value) ``expr`` is computed from, in order, where it depends on
-    nothing but constants (no parameter of the function); else None."""
-    order, seen = [], set()
-
-    def visit(e) -> bool:
-        if isinstance(e, relax.Var):
-            if e in seen:
-                return True
-            if e not in values:
-                return False  # a parameter: known only when the function runs
-            seen.add(e)
-            if not visit(values[e]):
-                return False
-            order.append((e, values[e]))
-            return True
-        if isinstance(e, relax.Call):
-            return isinstance(e.op, tvm.ir.Op) and all(visit(a) for a in e.args)
-        if isinstance(e, relax.Tuple):
-            return all(visit(f) for f in e.fields)
-        return isinstance(e, (tvm.ir.Constant, relax.ShapeExpr, tvm.ir.StringImm))  # prim values are constants
-
-    return order if visit(expr) else None
-
-
-def _evaluate(expr: relax.Expr, bindings: list) -> np.ndarray:
-    """The value of ``expr``, bound by ``bindings`` to constants alone, computed on the host."""
-    out = relax.Var("mask", expr.ty)
-    block = relax.DataflowBlock([*(relax.VarBinding(v, value) for v, value in bindings), relax.VarBinding(out, expr)])
-    mod = tvm.IRModule({"main": relax.Function([], relax.SeqExpr([block], out), expr.ty)})
-    executable = tvm.compile(relax.transform.LegalizeOps()(mod), "llvm")
-    return relax.VirtualMachine(executable, tvm.cpu())["main"]().numpy()
-
-
 def constant_mask(expr: relax.Expr, values: dict) -> np.ndarray | None:
     """The value of ``expr`` (a constant, or a variable or call over ``values``, a function's
     bindings) where it is computed from constants alone, of static shape and at most
     :data:`MAX_MASK_ELEMENTS` elements, evaluated on the host; else None."""
     if isinstance(expr, tvm.ir.Constant) and hasattr(expr.value, "numpy"):
         return expr.value.numpy()
-    bindings = _closed(expr, values) if isinstance(expr, (relax.Var, relax.Call)) else None
+    bindings = closed(expr, values) if isinstance(expr, (relax.Var, relax.Call)) else None
     ty = expr.ty
-    small = _static(ty) and math.prod(int(x) for x in ty.shape.values) <= MAX_MASK_ELEMENTS
-    return _evaluate(expr, bindings) if bindings is not None and small else None
+    small = static(ty) and math.prod(int(x) for x in ty.shape.values) <= MAX_MASK_ELEMENTS
+    return evaluate([expr], bindings)[0] if bindings is not None and small else None
 
 
 def causal_band(mask: np.ndarray) -> tuple[str, int | None] | None:
@@ -181,11 +149,6 @@ def band_attention(q_ty: relax.TensorType, k_ty: relax.TensorType, v_ty: relax.T
     return te.create_prim_func([q, k, v, *([slopes] if alibi else []), out]).without_attr("global_symbol")
 
 
-def _static(ty) -> bool:
-    return isinstance(ty, relax.TensorType) and ty.shape is not None and all(
-        isinstance(x, tirx.IntImm) for x in ty.shape.values)
-
-
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.AttentionMasksFromConstants")
 def AttentionMasksFromConstants(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass style
     """Every ``R.nn.attention`` of ``mod``'s Relax functions whose bias is computed from
@@ -232,7 +195,7 @@ def _rewrite_masks(func: relax.Function, builder: relax.BlockBuilder) -> relax.F
         if orig.attrs.causal_mask is not None or orig.attrs.window_size is not None:
             return orig
         q_ty, k_ty, v_ty = q.ty, k.ty, v.ty
-        if not (_static(q_ty) and _static(k_ty)):
+        if not (static(q_ty) and static(k_ty)):
             return orig
         band = band_of(bias, int(q_ty.shape.values[2]), int(q_ty.shape.values[1]), int(k_ty.shape.values[1]))
         if band is None:
@@ -241,7 +204,7 @@ def _rewrite_masks(func: relax.Function, builder: relax.BlockBuilder) -> relax.F
         if window is None and slopes is None:
             changed.append(orig)
             return relax.op.nn.attention(q, k, v, scale=orig.attrs.scale, causal_mask=alignment)
-        if not _static(v_ty) or int(q_ty.shape.values[2]) % int(k_ty.shape.values[2]):
+        if not static(v_ty) or int(q_ty.shape.values[2]) % int(k_ty.shape.values[2]):
             return orig
         changed.append(orig)
         scale = float(orig.attrs.scale) if orig.attrs.scale is not None else 1.0 / math.sqrt(int(q_ty.shape.values[3]))
