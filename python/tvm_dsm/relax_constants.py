@@ -24,6 +24,8 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from .relax_matmuls import map_functions
+
 #: Elements of the largest tensor folded (a 2048 x 2048 mask).
 MAX_FOLDED_ELEMENTS = 1 << 22
 #: Elements of the largest constant a folded tensor is computed from (Swin's bias table, an
@@ -136,15 +138,4 @@ def fold_constant_tensors(func: relax.Function) -> relax.Function:
 def FoldConstantTensors(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass style
     """Every Relax function of ``mod`` with its tensors computed from constants alone folded
     (:func:`fold_constant_tensors`); ``mod`` itself where none is."""
-    updates = {}
-    for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            new = fold_constant_tensors(func)
-            if not new.same_as(func):
-                updates[gv] = new
-    if not updates:
-        return mod
-    mod = mod.clone()
-    for gv, func in updates.items():
-        mod.update_func(gv, func)
-    return mod
+    return map_functions(mod, fold_constant_tensors)

@@ -63,6 +63,23 @@ def rewrite_functions(mod: tvm.IRModule, rewriter: PyExprMutator,
     return rewriter.builder_.get()
 
 
+def map_functions(mod: tvm.IRModule, rewrite: Callable[[relax.Function], relax.Function]) -> tvm.IRModule:
+    """``mod`` with each Relax function ``f`` replaced by ``rewrite(f)``; ``mod`` itself where
+    every ``rewrite`` returned its function unchanged."""
+    updates = {}
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            new = rewrite(func)
+            if not new.same_as(func):
+                updates[gv] = new
+    if not updates:
+        return mod
+    mod = mod.clone()
+    for gv, func in updates.items():
+        mod.update_func(gv, func)
+    return mod
+
+
 #: Relax's operator-pattern attribute value for a function ``FuseOps`` leaves alone.
 _OPAQUE = 8
 

@@ -57,7 +57,7 @@ from tvm.relax.dpl import is_const, is_op, is_tuple_get_item, rewrite_call, wild
 from tvm.sym import Analyzer
 
 from .relax_attention_masks import MASKED_FILL, constant_mask
-from .relax_matmuls import SIXTEEN_BIT, is_op_call
+from .relax_matmuls import SIXTEEN_BIT, is_op_call, map_functions
 
 #: The type the statistics are computed in, by TOPI's ``rms_norm`` and by the matched graphs.
 _STATS = "float32"
@@ -891,21 +891,11 @@ REWRITES = (rewrite_rms_norms, rewrite_row_max_values, rewrite_softmaxes, rewrit
 def _rewritten(mod: tvm.IRModule, rewrites) -> tvm.IRModule:
     """Every Relax function of ``mod`` with ``rewrites`` applied in order; ``mod`` itself where
     nothing matched."""
-    updates = {}
-    for gv, func in mod.functions.items():
-        if not isinstance(func, relax.Function):
-            continue
-        new = func
-        for rewrite in rewrites:
-            new = rewrite(new)
-        if not new.same_as(func):
-            updates[gv] = new
-    if not updates:
-        return mod
-    mod = mod.clone()
-    for gv, func in updates.items():
-        mod.update_func(gv, func)
-    return mod
+    def rewrite(func: relax.Function) -> relax.Function:
+        for each in rewrites:
+            func = each(func)
+        return func
+    return map_functions(mod, rewrite)
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.RewriteToRelaxOps")
