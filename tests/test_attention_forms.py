@@ -740,3 +740,19 @@ def test_gpu_the_output_and_its_log_sum_exp_match_float64(causal):
     got = out.numpy().astype(np.float64)
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-3
     assert np.abs(lse.numpy() - want_lse).max() < 1e-3 * np.abs(want_lse).max()
+
+
+def test_inputs_of_one_name_are_told_apart():
+    """Relax names two variables alike (both "x"): the legalized attention's v and bias buffers
+    share a name; v is still the one the weighted sum reads (told apart by identity, not name)."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    q, k = (relax.Var(n, relax.TensorType((2, 16, 4, 64), "float16")) for n in "qk")
+    v = relax.Var("x", relax.TensorType((2, 16, 4, 64), "float16"))
+    bias = relax.Var("x", relax.TensorType((2, 4, 16, 16), "float16"))
+    with bb.function("main", [q, k, v, bias]):
+        bb.emit_func_output(bb.emit(relax.op.nn.attention(q, k, v, bias)))
+    func = next(f for f in relax.transform.LegalizeOps()(bb.get()).functions.values() if isinstance(f, tirx.PrimFunc))
+    shape = find_attention(func)
+    assert (shape.heads, shape.q_len, shape.kv_len) == (8, 16, 16)

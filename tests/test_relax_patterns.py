@@ -448,6 +448,16 @@ def test_spelled_out_fp32_attention_is_left_alone():
     assert "relax.nn.softmax" in _ops(RewriteToRelaxOps(_spelled_attention(dtype="float32")))
 
 
+def _bmm(bb: relax.BlockBuilder, a, b, shape) -> relax.Var:
+    """torch's ``matmul`` of two 4-D 16-bit tensors as its exporter writes it: each broadcast and
+    viewed ``[batch * heads, ..]``, the product in fp32 rounded back and viewed as ``shape``."""
+    def batched(t):
+        lead = int(t.ty.shape.values[0]) * int(t.ty.shape.values[1])
+        return bb.emit(relax.op.reshape(bb.emit(relax.op.broadcast_to(t, t.ty.shape)), (lead, *t.ty.shape.values[2:])))
+    wide = bb.emit(relax.op.matmul(batched(a), batched(b), out_dtype="float32"))
+    return bb.emit(relax.op.reshape(bb.emit(relax.op.astype(wide, "float16")), shape))
+
+
 def test_k_transposed_into_heads_then_its_last_axes_is_attention():
     """Hugging Face's eager attention (BERT, Llama): q, k and v ``[B, S, H, D]`` transposed into
     heads, k's last two axes then swapped for the scores, the products over torch's batched
@@ -457,18 +467,11 @@ def test_k_transposed_into_heads_then_its_last_axes_is_attention():
     q, k, v = (relax.Var(n, relax.TensorType((2, 16, 4, 64), "float16")) for n in "qkv")
     with bb.function("main", [q, k, v]):
         with bb.dataflow():
-            def batched(t, shape):
-                return bb.emit(relax.op.reshape(bb.emit(relax.op.broadcast_to(t, t.ty.shape)), shape))
-
-            def product(a, b, shape):
-                wide = bb.emit(relax.op.matmul(a, b, out_dtype="float32"))
-                return bb.emit(relax.op.reshape(bb.emit(relax.op.astype(wide, "float16")), shape))
-
             qh, kh, vh = (bb.emit(relax.op.permute_dims(t, [0, 2, 1, 3])) for t in (q, k, v))
             kt = bb.emit(relax.op.permute_dims(kh, [0, 1, 3, 2]))
-            s = product(batched(qh, (8, 16, 64)), batched(kt, (8, 64, 16)), (2, 4, 16, 16))
+            s = _bmm(bb, qh, kt, (2, 4, 16, 16))
             p = bb.emit(relax.op.nn.softmax(bb.emit(relax.op.multiply(s, relax.const(0.125, "float16"))), axis=-1))
-            out = bb.emit_output(product(batched(p, (8, 16, 16)), batched(vh, (8, 16, 64)), (2, 4, 16, 64)))
+            out = bb.emit_output(_bmm(bb, p, vh, (2, 4, 16, 64)))
         bb.emit_func_output(out)
     ops = _ops(RewriteToRelaxOps(bb.get()))
     assert "relax.nn.attention" in ops and "relax.nn.softmax" not in ops, ops
@@ -513,6 +516,32 @@ def test_query_rows_holding_the_heads_are_multi_query_attention(scale_twice):
     assert "relax.nn.attention_bias" in ops and "relax.nn.softmax" not in ops, ops
     rng = np.random.default_rng(3)
     args = [rng.standard_normal(s).astype("float16") for s in ((2, 16, 256), (2, 16, 64), (2, 16, 64))]
+    got, want = (relax.VirtualMachine(tvm.compile(m, target=LLVM), tvm.cpu())["main"](
+        *(tvm.runtime.tensor(a) for a in args)).numpy().astype(np.float64) for m in (rewritten, mod))
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-3
+
+
+def test_a_bias_over_the_batch_viewed_by_windows_and_a_second_bias_are_one_mask():
+    """Swin's attention: the scores plus a relative position bias ``[1, H, N, N]`` (a constant),
+    then viewed ``[B / W, W, H, N, N]`` plus a shifted-window mask ``[1, W, 1, N, N]`` (a
+    constant), viewed back: ``R.nn.attention_bias`` with the two summed, the same values on llvm."""
+    rng = np.random.default_rng(2)
+    bb = relax.BlockBuilder()
+    q, k, v = (relax.Var(n, relax.TensorType((8, 2, 16, 32), "float16")) for n in "qkv")
+    with bb.function("main", [q, k, v]):
+        with bb.dataflow():
+            s = _bmm(bb, q, bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2])), (8, 2, 16, 16))
+            s = bb.emit(relax.op.divide(s, relax.const(5.65625, "float16")))
+            s = bb.emit(relax.op.add(s, relax.const(rng.standard_normal((1, 2, 16, 16)).astype("float16"))))
+            mask = np.where(rng.random((1, 4, 1, 16, 16)) < 0.3, -100.0, 0.0).astype("float16")
+            s = bb.emit(relax.op.add(bb.emit(relax.op.reshape(s, (2, 4, 2, 16, 16))), relax.const(mask)))
+            p = bb.emit(relax.op.nn.softmax(bb.emit(relax.op.reshape(s, (8, 2, 16, 16))), axis=-1))
+            out = bb.emit_output(_bmm(bb, p, v, (8, 2, 16, 32)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    rewritten = RewriteToRelaxOps(mod)
+    assert "relax.nn.attention_bias" in _ops(rewritten) and "relax.nn.softmax" not in _ops(rewritten)
+    args = [rng.standard_normal((8, 2, 16, 32)).astype("float16") for _ in range(3)]
     got, want = (relax.VirtualMachine(tvm.compile(m, target=LLVM), tvm.cpu())["main"](
         *(tvm.runtime.tensor(a) for a in args)).numpy().astype(np.float64) for m in (rewritten, mod))
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-3

@@ -539,6 +539,45 @@ class GPTBigCodeHeadRows(torch.nn.Module):
         return torch.bmm(p.view(b, t * heads, t), v).view(b, t, width)
 
 
+class SwinShiftedWindows(torch.nn.Module):
+    """Swin's window attention over 4 x 4 windows of an 8 x 8 image shifted by 2 (four windows a
+    batch, q ``[batch * windows, heads, 16, dim]``): the scores scaled, plus a relative position
+    bias gathered from a per-head table by a constant index, plus the shifted-window mask built
+    as Swin builds it (a zero image assigned region by region, its windows compared: 0 or -100)
+    added over the scores viewed ``[batch, windows, heads, 16, 16]``, softmax in the model's type."""
+
+    def __init__(self, window: int = 4, shift: int = 2, side: int = 8):
+        super().__init__()
+        self.window, self.shift, self.side = window, shift, side
+        self.table = torch.nn.Parameter(torch.randn((2 * window - 1) ** 2, H, generator=torch.Generator().manual_seed(1)))
+        coords = torch.stack(torch.meshgrid(torch.arange(window), torch.arange(window), indexing="ij")).flatten(1)
+        relative = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0) + (window - 1)
+        self.register_buffer("index", relative[:, :, 0] * (2 * window - 1) + relative[:, :, 1], persistent=False)
+
+    def _mask(self, dtype: torch.dtype) -> torch.Tensor:
+        w, s, n = self.window, self.shift, self.side
+        image = torch.zeros((1, n, n, 1), dtype=dtype)
+        count = 0
+        for rows in (slice(0, -w), slice(-w, -s), slice(-s, None)):
+            for cols in (slice(0, -w), slice(-w, -s), slice(-s, None)):
+                image[:, rows, cols, :] = count
+                count += 1
+        windows = image.view(1, n // w, w, n // w, w, 1).permute(0, 1, 3, 2, 4, 5).reshape(-1, w * w)
+        mask = windows.unsqueeze(1) - windows.unsqueeze(2)
+        return mask.masked_fill(mask != 0, -100.0).masked_fill(mask == 0, 0.0)
+
+    def forward(self, q, k, v):
+        batch_windows, heads, tokens, dim = q.shape
+        s = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(dim)
+        bias = self.table[self.index.view(-1)].view(tokens, tokens, -1).permute(2, 0, 1).contiguous()
+        s = s + bias.to(s.dtype).unsqueeze(0)
+        mask = self._mask(s.dtype)
+        windows = mask.shape[0]
+        s = s.view(batch_windows // windows, windows, heads, tokens, tokens) + mask.unsqueeze(1).unsqueeze(0)
+        p = F.softmax(s.view(-1, heads, tokens, tokens), dim=-1)
+        return torch.matmul(p, v)
+
+
 class DifferentValueDim(torch.nn.Module):
     """DeepSeek's multi-head latent attention, eager: q and k of head dim 96 (64 + 32 rotary),
     v of 64, scaled by ``96 ** -0.5``, an additive ``full(finfo.min).triu(1)`` mask, softmax in
@@ -670,6 +709,8 @@ CASES = {
     "kv_batch_broadcast": Case(MQABroadcast, lambda r: _qkv(r, (B, H, T, D), (1, H, T, D))),
     # q's heads in its rows against one KV head: the scores transposed to heads first
     "gpt_bigcode_head_rows": Case(GPTBigCodeHeadRows, lambda r: _qkv(r, (B, T, H * D), (B, T, D))),
+    # a bias from constants over the batch viewed as [batch, windows, ..], plus another
+    "swin_shifted_windows": Case(SwinShiftedWindows, lambda r: _qkv(r, (4 * B, H, T, D))),
 }
 
 
@@ -742,6 +783,7 @@ READS = {
     "opt_max_tensor": [],
     "phi2_widened_qk": ['relax.nn.attention(causal=TopLeft)'],
     "scale_folded_into_q_and_k": ['relax.nn.attention(causal=TopLeft)'],
+    "swin_shifted_windows": ['relax.nn.attention_bias(causal=None)'],
     "where_keep_scores_fill": ['relax.nn.attention(causal=TopLeft)'],
     "where_masked_fill_scores": ['relax.nn.attention(causal=TopLeft)'],
     "widened_fp32_mask_input_empty_row": ['relax.nn.attention_bias(causal=None)'],

@@ -95,6 +95,8 @@ def _foldable(var: relax.Var, value, constant: set) -> bool:
             return all(known(f) for f in arg.fields)
         return isinstance(arg, relax.ShapeExpr) and all(isinstance(x, tirx.IntImm) for x in arg.values)
 
+    if isinstance(value, (relax.Var, tvm.ir.Constant)):  # an alias, or a constant bound to a variable
+        return known(value)
     return isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and all(known(a) for a in value.args) \
         and static(var.ty) and _elements(var.ty) <= MAX_FOLDED_ELEMENTS
 
@@ -125,7 +127,7 @@ def fold_constant_tensors(func: relax.Function) -> relax.Function:
         if var not in constant:
             relax.analysis.post_order_visit(value, lambda e: read_by_others.add(e) if e in constant else None)
     relax.analysis.post_order_visit(func.body.body, lambda e: read_by_others.add(e) if e in constant else None)
-    frontier = [v for v in values if v in read_by_others]
+    frontier = [v for v in values if v in read_by_others and isinstance(values[v], relax.Call)]
     if not frontier:
         return func
     bindings = closed(relax.Tuple(frontier), values)

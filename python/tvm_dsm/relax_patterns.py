@@ -57,6 +57,7 @@ from tvm.relax.dpl import is_const, is_op, is_tuple_get_item, rewrite_call, wild
 from tvm.sym import Analyzer
 
 from .relax_attention_masks import MASKED_FILL, constant_mask
+from .relax_constants import closed
 from .relax_matmuls import SIXTEEN_BIT, is_op_call, map_functions
 
 #: The type the statistics are computed in, by TOPI's ``rms_norm`` and by the matched graphs.
@@ -494,6 +495,49 @@ def rewrite_widened_products(func: relax.Function) -> relax.Function:
     return _rewrite(root, replacement, func)
 
 
+def rewrite_window_biases(func: relax.Function) -> relax.Function:
+    """``func`` with a bias added over the scores' batch viewed as ``[batch / windows, windows,
+    ..]`` (Swin's shifted-window mask: ``scores.view(b // w, w, heads, n, n) +
+    mask.unsqueeze(1).unsqueeze(0)``, viewed back) as the bias over the scores' own batch (the
+    mask repeated for each group of windows), and two biases computed from constants alone added
+    one after the other (Swin's relative position bias, then its mask) as their sum added once:
+    the form in which :func:`attention_pattern` reads a mask; ``func`` itself where none
+    matches."""
+    values = relax.analysis.get_var2val(func)
+    x, bias = wildcard(), wildcard()
+    view = is_op("relax.reshape")(x, wildcard())
+    grouped = is_op("relax.reshape")(is_op("relax.add")(view, bias), wildcard())
+
+    def ungrouped(orig, m):
+        x_ty, view_ty, bias_ty, out_ty = (_tensor(e) for e in (m[x], m[view], m[bias], orig))
+        if None in (x_ty, view_ty, bias_ty, out_ty) or x_ty.ndim != 4 or view_ty.ndim != 5 or bias_ty.ndim != 5 \
+                or not _same_type(x_ty, out_ty):
+            return orig
+        (batch, heads, *rows), (groups, windows, *rest) = x_ty.shape.values, view_ty.shape.values
+        analyzer = Analyzer()
+        if not (analyzer.can_prove_equal(groups * windows, batch) and _same_extents(rest, [heads, *rows])):
+            return orig
+        lead, heads_of_bias = list(bias_ty.shape.values[:2]), bias_ty.shape.values[2]
+        if not all(analyzer.can_prove_equal(b, o) or _is_unit(b) for b, o in zip(lead, (groups, windows))) \
+                or not (_is_unit(heads_of_bias) or analyzer.can_prove_equal(heads_of_bias, heads)):
+            return orig
+        repeated = relax.op.broadcast_to(m[bias], relax.ShapeExpr([groups, windows, heads_of_bias, *rows]))
+        return relax.op.add(m[x], relax.op.reshape(repeated, [batch, heads_of_bias, *rows]))
+
+    first, second = wildcard(), wildcard()
+    twice = is_op("relax.add")(is_op("relax.add")(x, first), second)
+
+    def summed(orig, m):
+        if any(closed(m[b], values) is None for b in (first, second)) or any(
+                _tensor(m[b]) is None or _tensor(m[b]).ndim > 4 for b in (first, second)):
+            return orig
+        return relax.op.add(m[x], relax.op.add(m[first], m[second]))
+
+    func = _rewrite(grouped, ungrouped, func)
+    values = relax.analysis.get_var2val(func)
+    return _rewrite(twice, summed, func)
+
+
 #: The operators :func:`rewrite_head_rows` takes over transposed scores.
 _HEAD_ROWS_THROUGH = ("relax.astype", "relax.multiply", "relax.divide", "relax.add", "relax.where", "relax.nn.softmax")
 
@@ -884,7 +928,7 @@ def rewrite_attentions(func: relax.Function) -> relax.Function:
 
 #: The rewrites :data:`RewriteToRelaxOps` applies, in order.
 REWRITES = (rewrite_rms_norms, rewrite_row_max_values, rewrite_softmaxes, rewrite_silus, rewrite_unit_axis_views,
-            rewrite_scaled_views, rewrite_head_rows, rewrite_attentions, rewrite_batched_views, rewrite_widened_products,
+            rewrite_scaled_views, rewrite_head_rows, rewrite_window_biases, rewrite_attentions, rewrite_batched_views, rewrite_widened_products,
             rewrite_slices_before_permutes, rewrite_permutes)  # attention matches k's transpose alone; its own layout cancels torch's
 
 
