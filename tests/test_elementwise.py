@@ -32,6 +32,22 @@ def _padded(m: int, d: int, kept: int, out: int = 64):
         j < kept, x[i, j], tirx.const(0, "float16")), name="padded")])
 
 
+def _slice_assigned(m: int):
+    """``torch.slice_scatter`` of 64 columns into 96 (DeepSeek-V2's rotary half written into q)
+    as Relax legalizes it: a select whose condition is a cast comparison of the column (uniform
+    over 8 columns, yet TVM's vectorizer keeps it a vector of bools, which its CUDA code cannot
+    declare)."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType((m, 96), "float16"))
+    b = relax.Var("b", relax.TensorType((m, 64), "float16"))
+    with bb.function("main", [a, b]):
+        bb.emit_func_output(bb.emit(relax.op.slice_scatter(a, b, 0, 64, 1, axis=1)))
+    mod = relax.transform.LegalizeOps()(bb.get())
+    return next(f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)).with_attr("global_symbol", "main")
+
+
 def _rotated_by_angles(m: int, d: int = 64):
     """Rotate-half times a cosine of the column: a condition uniform over vectors, and math
     per-thread math computes once per thread."""
@@ -89,6 +105,7 @@ def _lanes(func) -> int:
     (_rotate_half(64), 8),  # a condition on j alike for every vector of 8 columns
     (_padded(64, 40, 40), 8),  # a pad of rows of 40 to 64: j < 40 at 8 lanes
     (_padded(64, 40, 36), 1),  # j < 36 splits a vector
+    (_slice_assigned(64), 1),  # a select's condition: a vector of bools in TVM's CUDA code
     (_rotated_by_angles(64), 1),  # a cosine: per-thread math's, which computes it once a thread
     (_transpose(64, 128), 1),  # j indexes the input's rows
     (_offset_rows(64), 1),  # vectors of odd rows would start off 16-byte alignment
@@ -121,6 +138,22 @@ def test_a_symbolic_row_count_builds_a_vectorized_kernel_per_range():
     source = tvm_dsm.build(func).mod.imports[0].inspect_source()
     names = set(re.findall(r"__global__ void __launch_bounds__\(\d+\) (\w+)\(", source))
     assert len(names) == len(kernels) and "uint4" in source
+
+
+def test_a_slice_assignment_compiles_through_the_relax_pipeline():
+    """A slice assignment (DeepSeek-V2's rotary half written into q) compiles for CUDA through
+    ``relax.get_pipeline("tvm_dsm")``: vectorized, it stopped in TVM's codegen ("Cannot convert
+    type T.boolx8 to CUDA type")."""
+    from tvm import relax
+
+    from conftest import TARGET
+
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType((128, 96), "float16"))
+    b = relax.Var("b", relax.TensorType((128, 64), "float16"))
+    with bb.function("main", [a, b]):
+        bb.emit_func_output(bb.emit(relax.op.slice_scatter(a, b, 0, 64, 1, axis=1)))
+    assert tvm.compile(bb.get(), target=TARGET, relax_pipeline="tvm_dsm") is not None
 
 
 def test_what_cannot_move_in_vectors_is_left_to_dlight():

@@ -145,7 +145,24 @@ def block_lanes(block: tirx.SBlock) -> int:
     lanes = vector_lanes(block)
     if lanes > 1 or not isinstance(block.body, tirx.BufferStore) or transcendental_calls(block.body):
         return lanes
-    return vector_lanes(block, uniform_conditions=True)
+    lanes = vector_lanes(block, uniform_conditions=True)
+    x = block.iter_vars[-1].var
+    selects = find_all(block.body, tirx.Select)
+    calls = [c for c in find_all(block.body, tvm.ir.Call) if c.op.same_as(tvm.ir.Op.get("prim.if_then_else"))]
+    if selects and any(uses(s.condition, x) for s in selects):
+        return 1  # a select's condition stays a vector of bools, which TVM's CUDA code cannot declare
+    return lanes if all(_bounds(c.args[0], x) for c in calls if uses(c.args[0], x)) else 1
+
+
+def _bounds(condition, x: tirx.Var) -> bool:
+    """Whether ``condition`` compares ``x`` alone with constants, joined by ``and`` (``0 <= x and
+    x < 40``: a pad): the forms TVM's vectorizer reads as one condition a vector (others stay a
+    vector of bools, ``boolx8``, which its CUDA code cannot declare: a slice assignment's
+    clamped, cast comparison)."""
+    if isinstance(condition, tirx.And):
+        return _bounds(condition.a, x) and _bounds(condition.b, x)
+    return isinstance(condition, (tirx.LT, tirx.LE, tirx.GT, tirx.GE)) and any(
+        a.same_as(x) and isinstance(b, tirx.IntImm) for a, b in ((condition.a, condition.b), (condition.b, condition.a)))
 
 
 def find_elementwise(func: tirx.PrimFunc) -> tuple[int, list]:
