@@ -756,3 +756,36 @@ def test_inputs_of_one_name_are_told_apart():
     func = next(f for f in relax.transform.LegalizeOps()(bb.get()).functions.values() if isinstance(f, tirx.PrimFunc))
     shape = find_attention(func)
     assert (shape.heads, shape.q_len, shape.kv_len) == (8, 16, 16)
+
+
+def test_two_masks_of_one_name_are_both_read():
+    """Two bias inputs that share a name are two inputs of the scores' terms (keyed by name,
+    they were one, read twice: ``2 * a`` where the function adds ``a + b``), and the kernel
+    reads both."""
+    import re
+
+    import tvm_dsm
+
+    func = attention_with_terms("two_masks", heads=2, length=128)
+    loads = find_attention(func).terms.tensor_loads()
+    assert len(loads) == 2 and not loads[0].source.same_as(loads[1].source)
+    source = tvm_dsm.build(func).mod.imports[0].inspect_source()
+    assert len(set(re.findall(r"(mask\w*)\[", source))) == 2
+
+
+@pytest.mark.gpu
+def test_gpu_two_masks_of_one_name_match_float64():
+    import tvm_dsm
+
+    rng = np.random.default_rng()
+    q, k, v = (rng.standard_normal((1, 2, 128, 64)).astype("float16") for _ in range(3))
+    a, b = (rng.standard_normal((128, 128)).astype("float16") for _ in range(2))
+    dev = tvm.cuda(0)
+    out = tvm.runtime.tensor(np.full((1, 2, 128, 64), np.nan, "float16"), dev)
+    tvm_dsm.build(attention_with_terms("two_masks", heads=2, length=128))(
+        *(tvm.runtime.tensor(x, dev) for x in (q, k, v, a, b)), out)
+    s = q.astype(np.float64) @ k.astype(np.float64).transpose(0, 1, 3, 2) * 0.125 + a + b.astype(np.float64)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    ref = (p / p.sum(-1, keepdims=True)) @ v.astype(np.float64)
+    got = out.numpy().astype(np.float64)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3

@@ -618,8 +618,9 @@ class _Match:
             if any(load.source.same_as(p) for p in self.func.params) and not any(
                     load.source.same_as(b) for b in named.values()):
                 at = substitute(load, mapping) if mapping else load
-                key = str(at)
-                name = next((n for n, seen in self.inputs.items() if str(seen) == key), None)
+                key = str(at)  # the buffer by identity: two inputs may share a name (two Relax vars "lv2")
+                name = next((n for n, seen in self.inputs.items()
+                             if seen.source.same_as(at.source) and str(seen) == key), None)
                 if name is None:
                     name = f"input{len(self.inputs)}"
                     self.inputs[name] = at

@@ -142,12 +142,16 @@ def attention_with_terms(terms: str, heads: int = 4, length: int = 200, dim: int
     30; ``window`` causal within the last 64 keys, filled with fp32's lowest value;
     ``fp16_fill`` causal filled with -65504 (whose weight need not underflow); ``strict`` the
     keys before the query only (row 0 sees none); ``after`` the keys from the query on;
-    ``padding`` a bool tensor ``[S]`` of the keys kept (q, k, v, keep, out)."""
+    ``padding`` a bool tensor ``[S]`` of the keys kept (q, k, v, keep, out); ``two_masks`` two
+    additive fp16 masks ``[S, S]`` both named "mask" (q, k, v, mask, mask, out: Relax names two
+    variables alike)."""
     q, k, v = (te.placeholder((1, heads, length, dim), dtype, name=n) for n in "qkv")
     inputs = {"bias": te.placeholder((length, length), "float16", name="mask"),
               "alibi": te.placeholder((heads,), "float32", name="slopes"),
-              "padding": te.placeholder((length,), "bool", name="keep")}
+              "padding": te.placeholder((length,), "bool", name="keep"),
+              "two_masks": te.placeholder((length, length), "float16", name="mask")}
     extra = inputs.get(terms)
+    second = te.placeholder((length, length), "float16", name="mask") if terms == "two_masks" else None
     d = te.reduce_axis((0, dim), "d")
     raw = te.compute((1, heads, length, length), lambda b, h, i, t: te.sum(
         q[b, h, i, d].astype("float32") * k[b, h, t, d].astype("float32"), axis=d), name="raw")
@@ -164,6 +168,7 @@ def attention_with_terms(terms: str, heads: int = 4, length: int = 200, dim: int
             "strict": lambda: tirx.Select(t < i, x, tirx.const(float("-inf"), "float32")),
             "after": lambda: tirx.Select(t >= i, x, tirx.const(float("-inf"), "float32")),
             "padding": lambda: te.if_then_else(extra[t], x, lowest),
+            "two_masks": lambda: x + extra[i, t].astype("float32") + second[i, t].astype("float32"),
         }[terms]()
 
     s = te.compute(raw.shape, logit, name="logits")
@@ -174,7 +179,7 @@ def attention_with_terms(terms: str, heads: int = 4, length: int = 200, dim: int
     o = te.compute((1, heads, length, dim), lambda b, h, i, c: te.sum(
         e[b, h, i, t3] * v[b, h, t3, c].astype("float32"), axis=t3), name="o")
     out = te.compute(o.shape, lambda b, h, i, c: (o[b, h, i, c] / l[b, h, i]).astype(dtype), name="out")
-    return te.create_prim_func([q, k, v, *([extra] if extra is not None else []), out])
+    return te.create_prim_func([q, k, v, *(x for x in (extra, second) if x is not None), out])
 
 
 def decode_attention_with_terms(terms: str, batch: int = 2, heads: int = 8, kv_heads: int = 2, keys: int = 300,
