@@ -151,7 +151,8 @@ def dsm_pipeline(hw: Hardware | None = None):
 def lower(mod: tvm.IRModule, target, hw: Hardware | None = None) -> tvm.IRModule:
     """``mod`` (scheduled functions) through the tvm-dsm TIR pipeline for ``target``, without
     code generation: what raises here (a refusal in the cluster lowering, a TVM check) would
-    stop ``tvm.compile`` of a model holding it, in a few milliseconds a function."""
+    stop ``tvm.compile`` of a model holding it. Milliseconds for a kernel, about a second for a
+    function of many row ranges."""
     passes, _, _ = dsm_pipeline(hw)
     with tvm.transform.PassContext(opt_level=3):
         return passes(tirx.transform.BindTarget(tvm.target.Target(target))(mod))

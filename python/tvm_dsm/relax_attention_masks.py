@@ -30,7 +30,7 @@ import tvm
 from tvm import relax, te, tirx
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
-from .relax_constants import closed, evaluate, static
+from .relax_constants import closed, elements, evaluate, static
 
 #: A mask's value at or below this masks its key: the fills models use (-inf, the 16- and 32-bit
 #: types' minimum) lie below it, and exp of a score shifted by it underflows to 0 in fp32 for
@@ -52,7 +52,7 @@ def constant_mask(expr: relax.Expr, values: dict) -> np.ndarray | None:
         return expr.value.numpy()
     bindings = closed(expr, values) if isinstance(expr, (relax.Var, relax.Call)) else None
     ty = expr.ty
-    small = static(ty) and math.prod(int(x) for x in ty.shape.values) <= MAX_MASK_ELEMENTS
+    small = static(ty) and elements(ty) <= MAX_MASK_ELEMENTS
     return evaluate([expr], bindings)[0] if bindings is not None and small else None
 
 

@@ -34,14 +34,12 @@ import tvm
 from tvm import relax, te, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .kernels.attention import PADDED_DIMS, padded_dim
+from .kernels.attention import padded_dim, takes_head_dim
 from .relax_matmuls import SIXTEEN_BIT, add_opaque_function, constant_ints, is_op_call, rewrite_functions
 from .relax_precision import ATTENTIONS
 
 #: Bytes a row of a K/V tile must be a multiple of to start on a sector.
 SECTOR = 32
-#: 16-bit elements of a 16-byte TMA stride: what a padded head dim is a multiple of.
-VECTOR_ELEMENTS = 8
 #: Queries and keys from which the copies pay for themselves (Stable Diffusion 1.5's 64 x 64
 #: latents: 4096 each; its cross-attention's 77 keys stay unpadded).
 MIN_QUERIES = 1024
@@ -95,18 +93,16 @@ class _Padder(PyExprMutator):
             return call
         if value_dim != dim:  # one head dim for all: the narrower operands get zero columns
             width = max(dim, value_dim)
-            if width % VECTOR_ELEMENTS or padded_dim(width) > max(PADDED_DIMS):
-                return call  # the kernel's own limits: it refuses them by name
-            q, k, v = (self._padded(t, width - d) if d < width else t for t, d in ((q, dim), (k, dim), (v, value_dim)))
-            out = self._attention(call, q, k, v, bias, dim)
-            return out if value_dim == width else self._first_columns(out, [*shapes[0][:-1], width], value_dim,
-                                                                       str(call.ty.dtype))
-        padded = padded_dim(dim)
-        if (dim * 2) % SECTOR == 0 or padded > max(PADDED_DIMS) or queries < MIN_QUERIES or keys < MIN_KEYS:
+        elif (dim * 2) % SECTOR == 0 or queries < MIN_QUERIES or keys < MIN_KEYS:
             return call
-        q, k, v = (self._padded(t, padded - dim) for t in (q, k, v))
+        else:
+            width = padded_dim(dim)
+        if not takes_head_dim(width):
+            return call  # the kernel's own limits: it refuses them by name
+        q, k, v = (self._padded(t, width - d) if d < width else t for t, d in ((q, dim), (k, dim), (v, value_dim)))
         out = self._attention(call, q, k, v, bias, dim)
-        return self._first_columns(out, [*shapes[0][:-1], padded], dim, str(call.ty.dtype))
+        return out if value_dim == width else self._first_columns(out, [*shapes[0][:-1], width], value_dim,
+                                                                   str(call.ty.dtype))
 
     def _attention(self, call: relax.Call, q, k, v, bias: list, dim: int) -> relax.Expr:
         """``call``'s attention of ``q``, ``k`` and ``v``, its scale that of the head dim ``dim``."""

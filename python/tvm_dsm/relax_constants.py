@@ -77,7 +77,8 @@ def evaluate(exprs: list, bindings: list) -> list[np.ndarray]:
     return [values[n].numpy() for n in range(len(exprs))]
 
 
-def _elements(ty) -> int:
+def elements(ty) -> int:
+    """The element count of a static tensor type."""
     return math.prod(int(x) for x in ty.shape.values)
 
 
@@ -90,7 +91,7 @@ def _foldable(var: relax.Var, value, constant: set) -> bool:
         if isinstance(arg, relax.Var):
             return arg in constant
         if isinstance(arg, tvm.ir.Constant):
-            return static(arg.ty) and _elements(arg.ty) <= MAX_SOURCE_ELEMENTS
+            return static(arg.ty) and elements(arg.ty) <= MAX_SOURCE_ELEMENTS
         if isinstance(arg, relax.Tuple):
             return all(known(f) for f in arg.fields)
         return isinstance(arg, relax.ShapeExpr) and all(isinstance(x, tirx.IntImm) for x in arg.values)
@@ -98,7 +99,7 @@ def _foldable(var: relax.Var, value, constant: set) -> bool:
     if isinstance(value, (relax.Var, tvm.ir.Constant)):  # an alias, or a constant bound to a variable
         return known(value)
     return isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and all(known(a) for a in value.args) \
-        and static(var.ty) and _elements(var.ty) <= MAX_FOLDED_ELEMENTS
+        and static(var.ty) and elements(var.ty) <= MAX_FOLDED_ELEMENTS
 
 
 @mutator

@@ -503,7 +503,6 @@ def rewrite_window_biases(func: relax.Function) -> relax.Function:
     one after the other (Swin's relative position bias, then its mask) as their sum added once:
     the form in which :func:`attention_pattern` reads a mask; ``func`` itself where none
     matches."""
-    values = relax.analysis.get_var2val(func)
     x, bias = wildcard(), wildcard()
     view = is_op("relax.reshape")(x, wildcard())
     grouped = is_op("relax.reshape")(is_op("relax.add")(view, bias), wildcard())
@@ -534,12 +533,8 @@ def rewrite_window_biases(func: relax.Function) -> relax.Function:
         return relax.op.add(m[x], relax.op.add(m[first], m[second]))
 
     func = _rewrite(grouped, ungrouped, func)
-    values = relax.analysis.get_var2val(func)
+    values = relax.analysis.get_var2val(func)  # of the function with the window biases ungrouped
     return _rewrite(twice, summed, func)
-
-
-#: The operators :func:`rewrite_head_rows` takes over transposed scores.
-_HEAD_ROWS_THROUGH = ("relax.astype", "relax.multiply", "relax.divide", "relax.add", "relax.where", "relax.nn.softmax")
 
 
 def _through(call: relax.Call, bound) -> relax.Expr | None:
@@ -594,7 +589,7 @@ def rewrite_head_rows(func: relax.Function) -> relax.Function:
     with ``v [b, keys, d]``) as the same over ``[b, h, t, ..]`` tensors: q viewed as its heads and
     transposed, k and v of one head (a unit axis), each operator between the products taken over
     the transposed scores (a mask transposed with them; a scaling, rounded to 16 bits and widened,
-    then scaled again, as one scaling: :func:`_folded_scale`), the output transposed back. The
+    then scaled again, as one scaling: :func:`_folded_scales`), the output transposed back. The
     values are the same up to that one rounding; :func:`attention_pattern` then reads it as
     multi-query attention (its transposes cancel: q and the output are read in place); ``func``
     itself where none matches."""
@@ -928,8 +923,9 @@ def rewrite_attentions(func: relax.Function) -> relax.Function:
 
 #: The rewrites :data:`RewriteToRelaxOps` applies, in order.
 REWRITES = (rewrite_rms_norms, rewrite_row_max_values, rewrite_softmaxes, rewrite_silus, rewrite_unit_axis_views,
-            rewrite_scaled_views, rewrite_head_rows, rewrite_window_biases, rewrite_attentions, rewrite_batched_views, rewrite_widened_products,
-            rewrite_slices_before_permutes, rewrite_permutes)  # attention matches k's transpose alone; its own layout cancels torch's
+            rewrite_scaled_views, rewrite_head_rows, rewrite_window_biases, rewrite_attentions, rewrite_batched_views,
+            rewrite_widened_products, rewrite_slices_before_permutes,
+            rewrite_permutes)  # attention matches k's transpose alone; its own layout cancels torch's
 
 
 def _rewritten(mod: tvm.IRModule, rewrites) -> tvm.IRModule:

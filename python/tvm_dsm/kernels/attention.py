@@ -153,8 +153,14 @@ def _shared_elements(D: int, c: AttentionConfig) -> int:
     return c.block_m * D + 4 * c.block_n * D + _ATOM_BYTES // 2
 
 
+def takes_head_dim(dim: int) -> bool:
+    """Whether the kernel computes head dim ``dim``: a multiple of 8 (TMA strides are 16-byte
+    multiples) whose padded width is one of :data:`PADDED_DIMS`."""
+    return dim % _DIM_MULTIPLE == 0 and padded_dim(dim) in PADDED_DIMS
+
+
 def check_config(shape: AttentionShape, c: AttentionConfig) -> None:
-    if shape.dim % _DIM_MULTIPLE or padded_dim(shape.dim) not in PADDED_DIMS:
+    if not takes_head_dim(shape.dim):
         raise ClusterError(f"head dim {shape.dim}: the kernel takes multiples of {_DIM_MULTIPLE} (TMA strides are "
                            f"16-byte multiples) up to {max(PADDED_DIMS)} (wgmma's widest N)")
     if dataclasses.replace(c, prefetch_terms=True) not in CONFIGS:

@@ -698,7 +698,7 @@ class _Match:
         exponent = [ld.source for ld in loads(self.l.value) if any(ld.source.same_as(p) for p in params)]
         found = [ld for ld in loads(self.o.value)  # by identity: two inputs may share a name (two Relax vars "lv2")
                  if any(ld.source.same_as(p) for p in params) and not any(ld.source.same_as(e) for e in exponent)]
-        if any(not ld.source.same_as(found[0].source) for ld in found[1:]) or not found:
+        if not found or any(not ld.source.same_as(found[0].source) for ld in found[1:]):
             raise ClusterError(f"the weighted sum must read one input besides the exponent's, v; reads "
                                f"{sorted({ld.source.name for ld in found})}")
         return found[0]

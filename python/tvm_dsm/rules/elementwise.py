@@ -7,14 +7,16 @@ holds too few bytes in flight to stream from HBM (the 1B Llama's ``split``/``sil
 ran at 3.4x its floor in prefill). Here the innermost loop is split into vectors of
 ``16 / element bytes`` lanes where every access moves along it contiguously: an index ``x + c``
 on the last axis (``c`` a multiple of the lanes, a constant or an expression of the other
-iterators such as a head's columns ``h // g * D``), ``x`` on no other axis, every accessed buffer contiguous with rows a multiple of the lanes,
-and every condition on ``x`` alike for the lanes of a vector (a pad's ``x < 40`` at 8 lanes,
-rotate-half's ``x < D / 2``: the vector is loaded or filled whole). Each thread takes
-``vectors_per_thread`` vectors a CTA's width apart, so a warp's accesses stay coalesced. A block
-whose accesses do not move that way (a transpose, a condition that splits a vector) keeps one
-element per vector; one whose vectors need such a condition and that computes transcendental
-functions is left to :mod:`tvm_dsm.rules.per_thread_math` (rotary embedding: its angles computed
-once per thread rather than once per head).
+iterators such as a head's columns ``h // g * D``), ``x`` on no other axis, every accessed
+buffer contiguous with rows a multiple of the lanes, and every condition on ``x`` alike for the
+lanes of a vector (a pad's ``x < 40`` at 8 lanes, rotate-half's ``x < D / 2``: the vector is
+loaded or filled whole) and written as an ``if_then_else`` of ``x`` compared with constants (the
+form TVM's vectorizer keeps one condition a vector). Each thread takes ``vectors_per_thread``
+vectors a CTA's width apart, so a warp's accesses stay coalesced. A block whose accesses do not
+move that way (a transpose, a condition that splits a vector) keeps one element per vector; one
+whose vectors need such a condition and that computes transcendental functions is left to
+:mod:`tvm_dsm.rules.per_thread_math` (rotary embedding: its angles computed once per thread
+rather than once per head).
 """
 
 from __future__ import annotations
@@ -140,8 +142,8 @@ def transcendental_calls(expr) -> list:
 
 def block_lanes(block: tirx.SBlock) -> int:
     """The lanes the elementwise rule moves ``block``'s accesses in (see the module docstring):
-    a single store, conditions uniform over a vector unless the block computes transcendental
-    functions."""
+    a single store, its conditions on ``x`` uniform over a vector and bounds of ``x``
+    (:func:`_bounds`), unless the block computes transcendental functions."""
     lanes = vector_lanes(block)
     if lanes > 1 or not isinstance(block.body, tirx.BufferStore) or transcendental_calls(block.body):
         return lanes
@@ -149,7 +151,7 @@ def block_lanes(block: tirx.SBlock) -> int:
     x = block.iter_vars[-1].var
     selects = find_all(block.body, tirx.Select)
     calls = [c for c in find_all(block.body, tvm.ir.Call) if c.op.same_as(tvm.ir.Op.get("prim.if_then_else"))]
-    if selects and any(uses(s.condition, x) for s in selects):
+    if any(uses(s.condition, x) for s in selects):
         return 1  # a select's condition stays a vector of bools, which TVM's CUDA code cannot declare
     return lanes if all(_bounds(c.args[0], x) for c in calls if uses(c.args[0], x)) else 1
 
