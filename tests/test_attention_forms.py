@@ -126,7 +126,7 @@ def _variant(condition=None, head_dim_outer=False, v_dim=64):
 
 @pytest.mark.parametrize(("func", "message"), [
     (_variant(head_dim_outer=True), "head dim must be the innermost axis"),
-    (_variant(v_dim=32), "v and the output have 32 columns, q and k 64"),
+    (_variant(v_dim=36), "head dim 36"),
     (te_attention(1, 2, 128, 128, 264), "head dim 264"),
     (te_attention(1, 2, 128, 128, 60), "head dim 60"),
     (te_attention(1, 2, 128, 128, 64, dtype="float32"), "float16 or bfloat16"),
@@ -134,6 +134,25 @@ def _variant(condition=None, head_dim_outer=False, v_dim=64):
 def test_what_the_kernel_cannot_take_is_refused_by_name(func, message):
     with pytest.raises(ClusterError, match=message):
         fuse_attention(func)
+
+
+@pytest.mark.parametrize(("dim", "value_dim", "causal"), [(192, 128, True), (192, 128, False), (64, 32, False),
+                                                         (128, 192, True)])
+def test_a_value_head_dim_other_than_qs_is_computed_at_its_own_width(ptxas_report, dim, value_dim, causal):
+    """DeepSeek's latent attention scores 192 columns and weighs 128: S = Q K^T steps over q's
+    head dim, O += P V is one wgmma of v's width (no zero columns computed), its K/V slots and
+    output panels v's, registers without spills."""
+    func = te_attention(1, 4, 256, 256, dim, value_dim=value_dim, causal=causal)
+    shape = find_attention(func)
+    assert (shape.dim, shape.v_dim) == (dim, value_dim)
+    config = TEMPLATE.default_config(shape)
+    source = cuda_source(fuse_attention(func))
+    width = -(-value_dim // 64) * 64
+    assert f"tvm_dsm_attention_values_n{config.block_n}d{width}(" in source
+    assert f"tvm_dsm_attention_scores_m{config.block_m}n{config.block_n}d{-(-dim // 64) * 64}(" in source
+    assert f"wgmma.mma_async.sync.aligned.m64n{width}k16" in source
+    report = ptxas_report(source, f"attention_value_dim_{dim}_{value_dim}_{causal}")
+    assert "0 bytes spill stores" in report and "0 bytes stack frame" in report
 
 
 def _reference(layout: str, q, k, v, heads, kv_heads, causal):
@@ -160,12 +179,18 @@ def _reference(layout: str, q, k, v, heads, kv_heads, causal):
     ("bhsd", (1, 2, 130, 333, 128)),
     ("causal_added", (3, 2, 257, 257, 80)),
     ("bf16", (2, 2, 192, 320, 128)),
+    ("causal_select", (1, 4, 300, 300, 192, 128)),
+    ("gqa_bshd_causal_probabilities", (2, 8, 200, 200, 192, 128)),
+    ("bshd", (2, 4, 256, 333, 64, 32)),
+    ("bf16", (1, 4, 256, 256, 128, 192)),
 ])
 def test_gpu_every_te_form_matches_float64(name, sizes):
-    """Through ``tvm_dsm.build`` (the planner's pick), NaN-poisoned output, fresh inputs."""
-    batch, heads, q_len, kv_len, dim = sizes
+    """Through ``tvm_dsm.build`` (the planner's pick), NaN-poisoned output, fresh inputs; a
+    sixth size is v's head dim, where it is not q's."""
+    batch, heads, q_len, kv_len, dim, *value_dim = sizes
+    extra = {"value_dim": value_dim[0]} if value_dim else {}
     dtype = ml_dtypes.bfloat16 if FORMS[name].get("dtype") == "bfloat16" else np.float16
-    error = _built_error(_form(name, batch, heads, q_len, kv_len, dim), FORMS[name].get("layout", "bhsd"), heads,
+    error = _built_error(_form(name, batch, heads, q_len, kv_len, dim, **extra), FORMS[name].get("layout", "bhsd"), heads,
                          FORMS[name].get("kv_heads", heads), FORMS[name].get("causal", False), dtype)
     assert error < (1e-2 if dtype is not np.float16 else 2e-3)
 

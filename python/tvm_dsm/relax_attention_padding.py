@@ -1,5 +1,4 @@
-"""Attention computed on zero-padded copies where the kernel cannot take its head dims as they are:
-rows off 32-byte sectors, or a value head dim other than the query's and key's.
+"""Attention computed on zero-padded copies where its head dims' rows are off 32-byte sectors.
 
 The attention kernel computes a head dim in whole 64-column panels (:data:`~tvm_dsm.kernels.attention.PADDED_DIMS`),
 its TMA loads filling the columns past the head dim with zeros. Where a row of 16-bit elements
@@ -17,13 +16,8 @@ pass over q, k and v and the output; they are made only where every key is read
 by many query tiles (:data:`MIN_QUERIES` queries and :data:`MIN_KEYS` keys or more, static).
 Through the pipeline, Stable Diffusion 1.5's self-attention at 64 x 64 latents went from 197.8
 to 167.4 us (SDPA 170.1; the copies are element-wise kernels in 16-byte vectors), 299.5 before
-the padding (``bench/results/archive/attention_spellings_vector_pads_*_s83.json``).
-
-The kernel computes one head dim for q, k, v and the output. DeepSeek's multi-head latent
-attention in prefill scores with 192 columns (128 plus a 64-column rotary part) and weighs
-values of 128: there v is padded to q's columns (and the output cut back), or q and k to v's
-where v is the wider, at any size (without the copies the attention runs on per-operator
-kernels); the scale stays the query's head dim's.
+the padding (``bench/results/archive/attention_spellings_vector_pads_*_s83.json``). q and k
+are padded to their head dim's panels, v (and the output) to theirs where it differs.
 """
 
 from __future__ import annotations
@@ -89,20 +83,16 @@ class _Padder(PyExprMutator):
         if None in shapes:
             return call
         (_, queries, _, dim), (_, keys, _, key_dim), (*_, value_dim) = shapes
-        if key_dim != dim:
+        if key_dim != dim or queries < MIN_QUERIES or keys < MIN_KEYS:
             return call
-        if value_dim != dim:  # one head dim for all: the narrower operands get zero columns
-            width = max(dim, value_dim)
-        elif (dim * 2) % SECTOR == 0 or queries < MIN_QUERIES or keys < MIN_KEYS:
-            return call
-        else:
-            width = padded_dim(dim)
-        if not takes_head_dim(width):
-            return call  # the kernel's own limits: it refuses them by name
-        q, k, v = (self._padded(t, width - d) if d < width else t for t, d in ((q, dim), (k, dim), (v, value_dim)))
+        width = {d: d if (d * 2) % SECTOR == 0 else padded_dim(d) for d in (dim, value_dim)}
+        if all(w == d for d, w in width.items()) or not all(takes_head_dim(w) for w in width.values()):
+            return call  # aligned, or past the kernel's own limits (it refuses them by name)
+        q, k, v = (self._padded(t, width[d] - d) if d < width[d] else t
+                   for t, d in ((q, dim), (k, dim), (v, value_dim)))
         out = self._attention(call, q, k, v, bias, dim)
-        return out if value_dim == width else self._first_columns(out, [*shapes[0][:-1], width], value_dim,
-                                                                   str(call.ty.dtype))
+        return out if value_dim == width[value_dim] else self._first_columns(
+            out, [*shapes[0][:-1], width[value_dim]], value_dim, str(call.ty.dtype))
 
     def _attention(self, call: relax.Call, q, k, v, bias: list, dim: int) -> relax.Expr:
         """``call``'s attention of ``q``, ``k`` and ``v``, its scale that of the head dim ``dim``."""

@@ -42,11 +42,13 @@ class Attention(TemplateFamily):
     symbolic_extents = True  # the query and key lengths two variables
 
     def predict(self, shape, config: rule.AttentionConfig, hw: Hardware) -> KernelPlan:
-        row = shape.heads * shape.dim * _ELEMENT_BYTES  # bytes of one position's row, all heads
+        # bytes of one position's row of q or k and of v or the output, all heads
+        row, value_row = (shape.heads * dim * _ELEMENT_BYTES for dim in (shape.dim, shape.v_dim))
         traffic = {
-            "hbm": 2 * (shape.q_len + shape.kv_len) * row,
-            "l2": (shape.q_len + 2 * _keys_read(shape, config.block_m, config.block_n)) * row,
+            "hbm": (shape.q_len + shape.kv_len) * (row + value_row),
+            "l2": shape.q_len * row + _keys_read(shape, config.block_m, config.block_n) * (row + value_row),
         }
-        flops = 4 * shape.heads * shape.q_len * shape.kv_len * shape.dim // (2 if shape.causal else 1)
+        flops = (2 * shape.heads * shape.q_len * shape.kv_len * (shape.dim + shape.v_dim)
+                 // (2 if shape.causal else 1))
         ctas = shape.heads * -(-shape.q_len // config.block_m)
         return roofline(config, traffic, {"mma": flops}, hw, busy=ctas / hw.sm_count)

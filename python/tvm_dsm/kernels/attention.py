@@ -147,10 +147,11 @@ def padded_dim(dim: int) -> int:
     return -(-dim // _PANEL) * _PANEL
 
 
-def _shared_elements(D: int, c: AttentionConfig) -> int:
-    """The CTA's shared buffer in elements: Q's tile, two slots each of K and V tiles, and room
-    to align the tiles to 1024 bytes."""
-    return c.block_m * D + 4 * c.block_n * D + _ATOM_BYTES // 2
+def _shared_elements(D: int, DV: int, c: AttentionConfig) -> int:
+    """The CTA's shared buffer in elements at (padded) head dims ``D`` of q and k and ``DV`` of
+    v: Q's tile, two slots each of K and V tiles, and room to align the tiles to 1024 bytes (the
+    output leaves through Q's slot and, where it is wider, the K slots after it)."""
+    return c.block_m * D + 2 * c.block_n * (D + DV) + _ATOM_BYTES // 2
 
 
 def takes_head_dim(dim: int) -> bool:
@@ -160,19 +161,20 @@ def takes_head_dim(dim: int) -> bool:
 
 
 def check_config(shape: AttentionShape, c: AttentionConfig) -> None:
-    if not takes_head_dim(shape.dim):
-        raise ClusterError(f"head dim {shape.dim}: the kernel takes multiples of {_DIM_MULTIPLE} (TMA strides are "
-                           f"16-byte multiples) up to {max(PADDED_DIMS)} (wgmma's widest N)")
+    for dim in {shape.dim, shape.v_dim}:
+        if not takes_head_dim(dim):
+            raise ClusterError(f"head dim {dim}: the kernel takes multiples of {_DIM_MULTIPLE} (TMA strides are "
+                               f"16-byte multiples) up to {max(PADDED_DIMS)} (wgmma's widest N)")
     if dataclasses.replace(c, prefetch_terms=True) not in CONFIGS:
         raise ClusterError(f"{c}: registers are checked to fit without spills only for {CONFIGS}")
-    D = padded_dim(shape.dim)
-    accumulators = c.row_blocks * (D + c.block_n) // 2  # S and O of a thread's rows
+    D, DV = padded_dim(shape.dim), padded_dim(shape.v_dim)
+    accumulators = c.row_blocks * (DV + c.block_n) // 2  # S and O of a thread's rows
     if accumulators > _MAX_ACCUMULATORS:
-        raise ClusterError(f"{c} at head dim {D}: {accumulators} fp32 accumulators a thread, "
+        raise ClusterError(f"{c} at head dim {DV}: {accumulators} fp32 accumulators a thread, "
                            f"more than the {_MAX_ACCUMULATORS} that fit without spills")
-    if _shared_elements(D, c) * 2 > _MAX_SHARED_BYTES:
-        raise ClusterError(f"{c} at head dim {D}: {_shared_elements(D, c) * 2} B of shared memory a CTA, more than "
-                           f"the {_MAX_SHARED_BYTES} B of a Hopper CTA")
+    if _shared_elements(D, DV, c) * 2 > _MAX_SHARED_BYTES:
+        raise ClusterError(f"{c} at head dim {D}: {_shared_elements(D, DV, c) * 2} B of shared memory a CTA, more "
+                           f"than the {_MAX_SHARED_BYTES} B of a Hopper CTA")
 
 
 def _one_wave(shape: AttentionShape, rows: int, hw: Hardware | None) -> bool:
@@ -200,10 +202,12 @@ def default_config(shape: AttentionShape, hw: Hardware | None = None) -> Attenti
     Score terms reading a tensor at each key (a bias) keep 64-key tiles at head dim 64: their
     elements, loaded while the scores' MMA runs, then take half the registers (H32 S1024 D64
     with a bias [S, S] 51.4 us against 79.1 on 128-key tiles, H200,
-    bench/results/archive/attention_terms_prefetch_s68.json)."""
-    if padded_dim(shape.dim) > 128:
+    bench/results/archive/attention_terms_prefetch_s68.json). Where v's head dim differs from
+    q's, the wider one decides."""
+    width = padded_dim(max(shape.dim, shape.v_dim))
+    if width > 128:
         return AttentionConfig(64) if _one_wave(shape, 64, hw) else AttentionConfig(64, warpgroups=2)
-    if padded_dim(shape.dim) == 128:
+    if width == 128:
         one_wave = _one_wave(shape, 128, hw)
         long_causal = shape.causal and isinstance(shape.kv_len, int) and shape.kv_len >= _LONG_CAUSAL_KEYS
         if one_wave or long_causal:
@@ -332,7 +336,7 @@ def prefetches_terms(shape: AttentionShape, c: AttentionConfig) -> bool:
     if not c.prefetch_terms or shape.terms is None or not shape.terms.tensor_loads():
         return False
     scores = c.row_blocks * c.block_n // 16 * 8
-    values = c.row_blocks * padded_dim(shape.dim) // 16 * 8
+    values = c.row_blocks * padded_dim(shape.v_dim) // 16 * 8
     return scores * (1 + len(shape.terms.tensor_loads())) + values <= _MAX_ACCUMULATORS
 
 
@@ -352,17 +356,17 @@ def _helpers(shape: AttentionShape, c: AttentionConfig) -> dict[str, tuple[str, 
     S = Q K^T (A and B K-major, 16 columns a step, the first step overwriting S), ``values``
     issues O += P V (P from registers, V MN-major, 16 keys a step), ``wait_scores`` and
     ``wait_output`` wait for them."""
-    D, BN, BM, dtype = padded_dim(shape.dim), c.block_n, c.block_m, shape.dtype
+    D, DV, BN, BM, dtype = padded_dim(shape.dim), padded_dim(shape.v_dim), c.block_n, c.block_m, shape.dtype
     steps = _PANEL // 16
     kind = "" if dtype == "float16" else "_bf16"
-    scores, values = f"tvm_dsm_attention_scores_m{BM}n{BN}d{D}{kind}", f"tvm_dsm_attention_values_n{BN}d{D}{kind}"
+    scores, values = f"tvm_dsm_attention_scores_m{BM}n{BN}d{D}{kind}", f"tvm_dsm_attention_values_n{BN}d{DV}{kind}"
     # Descriptors are formed once per call; a K step adds its byte offset / 16 to the start
     # address field (shared addresses stay below 2^18 bytes, so the field cannot carry over).
     k_step = f"((k / {steps}) * {{panel}} + (k % {steps}) * 32) / 16"
     scores_step = mma_async_source(BN, dtype, accumulate="k",
                                    a=f"a_desc + {k_step.format(panel=BM * _ROW_BYTES)}",
                                    b=f"b_desc + {k_step.format(panel=BN * _ROW_BYTES)}")
-    values_step = mma_async_source(D, dtype, b_transposed=True,
+    values_step = mma_async_source(DV, dtype, b_transposed=True,
                                    b=f"b_desc + k * {16 * _ROW_BYTES // 16}")
 
     def issue(name, step, steps, a_setup, b_lead):
@@ -371,7 +375,7 @@ def _helpers(shape: AttentionShape, c: AttentionConfig) -> dict[str, tuple[str, 
         return call_source(name, _PAIRS[dtype][0], f"  {a_setup}\n{b_setup}", steps, step)
 
     waits = {role: (f"tvm_dsm_attention_wait{regs}", wait_source(f"tvm_dsm_attention_wait{regs}", regs, 0))
-             for role, regs in (("wait_scores", BN // 2), ("wait_output", D // 2))}
+             for role, regs in (("wait_scores", BN // 2), ("wait_output", DV // 2))}
     return {
         "pack": _pack(dtype),
         "scores": (scores, issue(scores, scores_step, D // 16, f"uint64_t a_desc = {scores}_desc("
@@ -382,10 +386,10 @@ def _helpers(shape: AttentionShape, c: AttentionConfig) -> dict[str, tuple[str, 
     }
 
 
-def operand_shape(shape: AttentionShape, layout: OperandLayout, length: int) -> list[int]:
-    """The buffer shape of an operand with ``layout`` and ``length`` positions."""
+def operand_shape(shape: AttentionShape, layout: OperandLayout, length: int, dim: int) -> list[int]:
+    """The buffer shape of an operand with ``layout``, ``length`` positions and head dim ``dim``."""
     dims = [0] * (len(layout.heads) + 2)
-    dims[layout.dim], dims[layout.seq] = shape.dim, length
+    dims[layout.dim], dims[layout.seq] = dim, length
     for axis in layout.heads:
         dims[axis.axis] = axis.extent or axis.reached(shape.head_extents)
     return dims
@@ -442,16 +446,16 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
     and stores its rows and their log-sum-exp directly, only those of its own sequence."""
     if ragged is not None:
         shape = ragged.shape()
-    D, dtype = padded_dim(shape.dim), shape.dtype
+    D, DV, dtype = padded_dim(shape.dim), padded_dim(shape.v_dim), shape.dtype
     symbolic = not isinstance(shape.q_len, int)  # the query length a variable (AttentionTemplate.find)
     # a batch, query and key length that are variables (AttentionTemplate.find), indexed in int32
     H, N, KV = (n if isinstance(n, int) else T.Cast("int32", n) for n in (shape.heads, shape.q_len, shape.kv_len))
     BM, BN, RB, WG = c.block_m, c.block_n, c.row_blocks, c.warpgroups
     QT, NT = -(-N // BM), -(-KV // BN)  # a tail tile's rows past the end: TMA zero-fills and clips them
-    NF, DF = BN // 16, D // 16  # 16-column fragments of a row block's S and O
+    NF, DF = BN // 16, DV // 16  # 16-column fragments of a row block's S and O
     SN, ON = RB * NF * 8, RB * DF * 8  # per-thread fp32 registers of S and O
     K_AT, V_AT = BM * D, BM * D + 2 * BN * D  # element offsets of the K and V slots
-    SMEM = _shared_elements(D, c)
+    SMEM = _shared_elements(D, DV, c)
     log2e = 1.0 / math.log(2.0)
     # key_tail: the last key tile may run past the keys
     is_ragged, is_causal = ragged is not None, shape.causal
@@ -488,9 +492,10 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
     names = ("q", "k", "v", "out")
     layouts = dict(zip(names, shape.layouts))
     lengths = {"q": shape.q_len, "k": shape.kv_len, "v": shape.kv_len, "out": shape.q_len}
-    shapes = {name: operand_shape(shape, layouts[name], lengths[name]) for name in names}
+    dims = {"q": shape.dim, "k": shape.dim, "v": shape.v_dim, "out": shape.v_dim}
+    shapes = {name: operand_shape(shape, layouts[name], lengths[name], dims[name]) for name in names}
     maps = {name: tirx.Var(f"{name}_tensormap", T.handle("tensormap").ty) for name in names}
-    tile_bytes = {"q": BM * D * 2, "kv": 2 * BN * D * 2}  # whole boxes: TMA counts zero-filled bytes too
+    tile_bytes = {"q": BM * D * 2, "kv": BN * (D + DV) * 2}  # whole boxes: TMA counts zero-filled bytes too
 
     def coordinates(name, panel, row, heads):
         """A TMA copy's coordinates in the tensor map's order: column, position, head axes."""
@@ -570,6 +575,18 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
                                  qt * BM + (block0 + r) * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8, heads)
 
     @T.macro
+    def load_keys(smem, bars, base, kv_row0, heads, tile, slot):
+        """Key tile ``tile``'s K and V panels into slot ``slot`` (one thread issues the copies;
+        they complete on the slot's barrier)."""
+        T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(barrier(bars, slot), T.uint32(tile_bytes["kv"]))
+        for panel in T.unroll(D // _PANEL):
+            T.evaluate(copy("k", panel, smem_at(smem, base + K_AT + slot * BN * D), kv_row0 + tile * BN, heads,
+                            barrier(bars, slot)))
+        for panel in T.unroll(DV // _PANEL):
+            T.evaluate(copy("v", panel, smem_at(smem, base + V_AT + slot * BN * DV), kv_row0 + tile * BN, heads,
+                            barrier(bars, slot)))
+
+    @T.macro
     def key_mask(s, r, half, lane, t, keep):
         """Scores of keys ``keep`` rejects set to -inf, in row block ``r``'s half ``half``."""
         for nf in T.unroll(NF):
@@ -614,9 +631,9 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
                     fixed[0] = T.if_then_else(fixed[0] > T.float32(0), T.float32(1) / fixed[0], T.float32(0))
                     for df in T.unroll(DF):
                         for e in T.unroll(0, 4, step=2):  # columns e and e + 1 are adjacent
-                            if _column(df, e, lane) < shape.dim:
+                            if _column(df, e, lane) < shape.v_dim:
                                 T.evaluate(call("pack", P.output.access_ptr(
-                                    "w", offset=((seq[_Q_START] + row) * H + heads[0]) * shape.dim
+                                    "w", offset=((seq[_Q_START] + row) * H + heads[0]) * shape.v_dim
                                     + _column(df, e, lane), extent=2),
                                     o[_reg(r, DF, df, half, e)] * fixed[0], o[_reg(r, DF, df, half, e + 1)] * fixed[0]))
 
@@ -669,10 +686,7 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
                 T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(barrier(bars, 2), T.uint32(tile_bytes["q"]))
                 for panel in T.unroll(D // _PANEL):
                     T.evaluate(copy("q", panel, smem_at(smem, base), q_row0 + qt * BM, heads, barrier(bars, 2)))
-                T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(barrier(bars, 0), T.uint32(tile_bytes["kv"]))
-                for panel in T.unroll(D // _PANEL):
-                    T.evaluate(copy("k", panel, smem_at(smem, base + K_AT), kv_row0, heads, barrier(bars, 0)))
-                    T.evaluate(copy("v", panel, smem_at(smem, base + V_AT), kv_row0, heads, barrier(bars, 0)))
+                load_keys(smem, bars, base, kv_row0, heads, 0, 0)
             for i in T.unroll(ON):
                 o[i] = T.float32(0)
             for i in T.unroll(RB * 2):
@@ -683,13 +697,7 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
                 T.tvm_storage_sync("shared")  # every warp is done with tile t - 1's slot
                 if tx == 0:
                     if t + 1 < tiles:
-                        T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(
-                            barrier(bars, (t + 1) % 2), T.uint32(tile_bytes["kv"]))
-                        for panel in T.unroll(D // _PANEL):
-                            T.evaluate(copy("k", panel, smem_at(smem, base + K_AT + (t + 1) % 2 * BN * D),
-                                            kv_row0 + (t + 1) * BN, heads, barrier(bars, (t + 1) % 2)))
-                            T.evaluate(copy("v", panel, smem_at(smem, base + V_AT + (t + 1) % 2 * BN * D),
-                                            kv_row0 + (t + 1) * BN, heads, barrier(bars, (t + 1) % 2)))
+                        load_keys(smem, bars, base, kv_row0, heads, t + 1, (t + 1) % 2)
                 T.evaluate(T.cuda.mbarrier_wait(barrier(bars, t % 2), t // 2 % 2))
                 if t < own_tiles:  # causal: this warpgroup's rows see no key of a later tile
                     for r in T.unroll(RB):
@@ -738,7 +746,7 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
                             l[r * 2 + half] = l[r * 2 + half] * fixed[0] + tree_reduce(operator.add, row_values(s, r, half))
                     for r in T.unroll(RB):
                         T.evaluate(call("values", T.address_of(o[r * DF * 8]), T.address_of(p[r * NF * 8]),
-                                        T.address_of(smem[base + V_AT + t % 2 * BN * D])))
+                                        T.address_of(smem[base + V_AT + t % 2 * BN * DV])))
                     T.evaluate(call("wait_output", T.address_of(o[0])))
             if is_ragged:
                 store_rows(o, l, m, fixed, block0, warp, lane, seq, qt, heads, P)
@@ -771,7 +779,7 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
                 T.ptx.fence.proxy.async_.shared__cta()  # the stores above, before the copy engine reads
                 T.tvm_storage_sync("shared")
                 if tx == 0:
-                    for panel in T.unroll(D // _PANEL):
+                    for panel in T.unroll(DV // _PANEL):
                         T.ptx[f"cp.async.bulk.tensor.{len(shapes['out'])}d.global.shared::cta.bulk_group"](
                             T.address_of(maps["out"]), *coordinates("out", panel, qt * BM, heads),
                             smem_at(smem, base + panel * BM * _PANEL))

@@ -180,7 +180,8 @@ class RowOutput:
 class AttentionShape:
     """An attention's sizes and operand layouts. ``heads``: all query heads, the product of
     ``head_extents`` (the extents of the head variables: batch, heads, ... in the rows' order);
-    ``layouts``: q, k, v and out."""
+    ``layouts``: q, k, v and out; ``dim``: the head dim of q and k, ``value_dim`` that of v and
+    the output where it differs (DeepSeek's latent attention scores 192 columns and weighs 128)."""
 
     heads: int
     q_len: int
@@ -201,6 +202,12 @@ class AttentionShape:
     terms: ScoreTerms | None = field(default=None, compare=False)
     #: Outputs of one value a row besides ``out`` (a log-sum-exp).
     row_outputs: tuple = field(default=(), compare=False)
+    value_dim: int | None = None
+
+    @property
+    def v_dim(self) -> int:
+        """The head dim of v and the output."""
+        return self.dim if self.value_dim is None else self.value_dim
 
 
 @dataclass(frozen=True)
@@ -245,6 +252,7 @@ class _Forms:
     dtype: str
     exponent: "_Exponent"
     row_blocks: tuple = ()  # blocks writing an output of one value a row (a log-sum-exp)
+    value_dim: int = 0  # v's and the output's head dim
 
 
 @dataclass(frozen=True)
@@ -373,9 +381,6 @@ class _Match:
         cond = self._max_form()
         scale, normalized, exponent = self._sum_forms(cond)
         c, v_load = self._output_level()
-        if self.ranges[c] != scores.extent:
-            raise ClusterError(f"attention: v and the output have {self.ranges[c]} columns, q and k "
-                               f"{scores.extent} (the kernels take one head dim)")
         out_block, row_blocks = self._output_block(normalized)
         operands = [q_load.source, k_load.source, v_load.source, out_block.body.buffer]
         dtypes = {str(b.ty.dtype) for b in operands}
@@ -387,7 +392,7 @@ class _Match:
         # in the kernel's units: S the product q . k, which the scores are a constant times
         exponent = dataclasses.replace(exponent, of_key=exponent.of_key.subs(_SCORE, score_scale * _SCORE))
         return _Forms(tuple(operands), indices, d, c, cond, score_scale * scale, scores.extent, dtypes.pop(),
-                      exponent, tuple(row_blocks))
+                      exponent, tuple(row_blocks), self.ranges[c])
 
     def shape(self) -> AttentionShape:
         f = self._forms()
@@ -419,7 +424,8 @@ class _Match:
         params = tuple(self.func.params) if terms is not None or row_outputs or order != [0, 1, 2, 3] else ()
         scale = f.scale if terms is None else 1.0  # the terms' exponent holds it
         return AttentionShape(math.prod(extents), self.ranges[i], self.m.extent, f.dim, scale, causal, f.dtype,
-                              extents, layouts, params, tuple(order), terms, row_outputs)
+                              extents, layouts, params, tuple(order), terms, row_outputs,
+                              None if f.value_dim == f.dim else f.value_dim)
 
     def _row_output(self, block, exponent: _Exponent, i, heads: list) -> RowOutput:
         """A block writing one value a row from the row max M and sum L, read as a function of
@@ -477,6 +483,8 @@ class _Match:
         (one the keys do not index, multi-query attention's heads or a query position, reads
         the same K and V rows along it)."""
         f = self._forms()
+        if f.value_dim != f.dim:
+            raise ClusterError(f"decode attention takes one head dim; v has {f.value_dim} columns, q and k {f.dim}")
         t = self.m.reduce_var
         heads = [var for var in self.m.spatial if self.ranges[var] > 1]
         d = f.dim_var

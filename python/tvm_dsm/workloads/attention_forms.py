@@ -29,13 +29,13 @@ _NEG_INF = float("-inf")
 
 
 def _inputs(batch: int, heads: int, kv_heads: int, q_len: int, kv_len: int, dim: int, dtype: str,
-            layout: str) -> tuple:
-    def shape(h, s):
-        return {"bhsd": (batch, h, s, dim), "bshd": (batch, s, h, dim), "hsd": (h, s, dim)}[layout]
+            layout: str, value_dim: int | None = None) -> tuple:
+    def shape(h, s, d=dim):
+        return {"bhsd": (batch, h, s, d), "bshd": (batch, s, h, d), "hsd": (h, s, d)}[layout]
 
     return (te.placeholder(shape(heads, q_len), dtype, name="q"),
             te.placeholder(shape(kv_heads, kv_len), dtype, name="k"),
-            te.placeholder(shape(kv_heads, kv_len), dtype, name="v"))
+            te.placeholder(shape(kv_heads, kv_len, value_dim or dim), dtype, name="v"))
 
 
 def _at(tensor, layout: str, b, h, s, d):
@@ -46,13 +46,16 @@ def _at(tensor, layout: str, b, h, s, d):
 
 def te_attention(batch: int, heads: int, q_len: int, kv_len: int, dim: int, *, kv_heads: int | None = None,
                  layout: str = "bhsd", causal: bool = False, scale_on: str = "scores", mask: str = "select",
-                 normalize: str = "output", dtype: str = "float16"):
+                 normalize: str = "output", dtype: str = "float16", value_dim: int | None = None):
     """Attention as a PrimFunc (q, k, v, out); see the module docstring for the options.
     ``scale_on``: "q", "scores" or "softmax"; ``mask``: "select", "if_then_else" or "add";
-    ``normalize``: "output" (divide at the end) or "probabilities" (before the product)."""
+    ``normalize``: "output" (divide at the end) or "probabilities" (before the product);
+    ``value_dim``: v's and the output's head dim where it is not q's (DeepSeek's latent
+    attention: 192 and 128)."""
     kv_heads = kv_heads or heads
     group = heads // kv_heads
-    q, k, v = _inputs(batch, heads, kv_heads, q_len, kv_len, dim, dtype, layout)
+    q, k, v = _inputs(batch, heads, kv_heads, q_len, kv_len, dim, dtype, layout, value_dim)
+    dv = value_dim or dim
     scale = 1.0 / math.sqrt(dim)
     f32 = "float32"
     rows = (batch, heads, q_len)
@@ -87,15 +90,15 @@ def te_attention(batch: int, heads: int, q_len: int, kv_len: int, dim: int, *, k
     if normalize == "probabilities":
         p = te.compute(scores.shape, lambda b, h, i, t: te.exp(scores[b, h, i, t] * c - row_max[b, h, i])
                        / row_sum[b, h, i], name="probabilities")
-        weighted = te.compute((*rows, dim), lambda b, h, i, e: te.sum(
+        weighted = te.compute((*rows, dv), lambda b, h, i, e: te.sum(
             p[b, h, i, t3] * _at(v, layout, b, h // group, t3, e).astype(f32), axis=t3), name="weighted")
         result = lambda b, h, i, e: weighted[b, h, i, e]  # noqa: E731
     else:
-        weighted = te.compute((*rows, dim), lambda b, h, i, e: te.sum(
+        weighted = te.compute((*rows, dv), lambda b, h, i, e: te.sum(
             te.exp(scores[b, h, i, t3] * c - row_max[b, h, i]) * _at(v, layout, b, h // group, t3, e).astype(f32),
             axis=t3), name="weighted")
         result = lambda b, h, i, e: weighted[b, h, i, e] / row_sum[b, h, i]  # noqa: E731
-    out_shape = {"bhsd": (batch, heads, q_len, dim), "bshd": (batch, q_len, heads, dim), "hsd": (heads, q_len, dim)}
+    out_shape = {"bhsd": (batch, heads, q_len, dv), "bshd": (batch, q_len, heads, dv), "hsd": (heads, q_len, dv)}
     index = {"bhsd": lambda b, h, i, e: (b, h, i, e), "bshd": lambda b, i, h, e: (b, h, i, e),
              "hsd": lambda h, i, e: (0, h, i, e)}[layout]
     out = te.compute(out_shape[layout], lambda *a: result(*index(*a)).astype(dtype), name="out")
