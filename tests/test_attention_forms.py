@@ -146,6 +146,7 @@ def test_a_value_head_dim_other_than_qs_is_computed_at_its_own_width(ptxas_repor
     shape = find_attention(func)
     assert (shape.dim, shape.v_dim) == (dim, value_dim)
     config = TEMPLATE.default_config(shape)
+    assert (config == AttentionConfig(128, warpgroups=2)) == (value_dim < dim)  # measured fastest there
     source = cuda_source(fuse_attention(func))
     width = -(-value_dim // 64) * 64
     assert f"tvm_dsm_attention_values_n{config.block_n}d{width}(" in source
