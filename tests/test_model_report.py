@@ -11,7 +11,7 @@ import pytest
 import tvm_dsm
 from conftest import TARGET
 from tvm_dsm.cli import main
-from tvm_dsm.relax_pipeline import DLIGHT, PAGED_DECODE, PRESCHEDULED, RAGGED_PREFILL
+from tvm_dsm.relax_pipeline import DLIGHT, PAGED_DECODE, PRESCHEDULED, RAGGED_PREFILL, VIEW
 from tvm_dsm.workloads.llama import LLAMA_TINY, export_llama
 from tvm_dsm.workloads.relax_models import swiglu_mlp
 
@@ -46,9 +46,35 @@ def test_nn_llm_paged_prefill_is_prescheduled_its_ragged_prefill_and_decode_ours
     assert dlight and all(row.reason for row in dlight)
     assert all("\n" not in row.format() for row in dlight)  # the reason's first line only
     text = tiny_report.format()
-    assert text.splitlines()[-1] == (f"{len(tiny_report.rows)} kernels: "
-                                     + ", ".join(f"{w} {n}" for w, n in tiny_report.counts().items()))
-    assert sum(tiny_report.counts().values()) == len(tiny_report.rows)
+    views = len(tiny_report.rows) - len(tiny_report.kernels)
+    assert text.splitlines()[-1] == (f"{len(tiny_report.kernels)} kernels: "
+                                     + ", ".join(f"{w} {n}" for w, n in tiny_report.counts().items())
+                                     + (f"; {views} reshapes read in place" if views else ""))
+    assert sum(tiny_report.counts().values()) == len(tiny_report.kernels)
+
+
+def test_a_reshape_read_in_place_is_reported_as_a_view_and_builds_no_kernel():
+    """A torch model's ``view`` before a matmul lowers to a copy Relax's build then replaces by
+    a view of its input (the VM calls a builtin, not the kernel): the report says so rather than
+    counting a dlight kernel that never runs."""
+    from tvm import relax
+
+    from tvm_dsm.model_report import compile_with_report
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 64, 512), "float16"))
+    w = relax.Var("w", relax.TensorType((512, 256), "float16"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            rows = bb.emit(relax.op.reshape(x, (256, 512)))
+            out = bb.emit_output(bb.emit(relax.op.matmul(rows, w, out_dtype="float16")))
+        bb.emit_func_output(out)
+    executable, report = compile_with_report(bb.get(), TARGET)
+    views = [row for row in report.rows if row.where == VIEW]
+    assert [row.name for row in views] == ["reshape"], report.format()
+    calls = [line.split()[1] for line in executable.as_text().splitlines() if line.strip().startswith("call ")]
+    assert "vm.builtin.reshape" in calls and "reshape" not in calls and "fused_matmul_cast" in calls
+    assert len(report.kernels) == len(report.rows) - 1 and report.format().endswith("; 1 reshapes read in place")
 
 
 def test_a_model_of_constant_shapes_reports_one_prediction_per_kernel():

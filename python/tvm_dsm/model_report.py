@@ -24,14 +24,14 @@ from .driver import H100
 from .families.row_ranges import ROWS_BEYOND
 from .hardware import Hardware
 from .relax_integration import Choice, RangeChoice
-from .relax_pipeline import DLIGHT, schedule_kernels, tvm_dsm_pipeline
+from .relax_pipeline import DLIGHT, VIEW, schedule_kernels, tvm_dsm_pipeline
 
 
 @dataclass(frozen=True)
 class KernelRow:
     """One PrimFunc: ``where`` it is scheduled (a family's name, ``"dlight"``,
-    ``"prescheduled"``, ``"per_operator"``, or a kernel tvm-dsm put in whole such as
-    ``"paged_decode"``), the family and prediction of each range of its rows (one range, bound
+    ``"prescheduled"``, ``"per_operator"``, a kernel tvm-dsm put in whole such as
+    ``"paged_decode"``, or ``"view"``: a reshape read in place, no kernel), the family and prediction of each range of its rows (one range, bound
     None, for constant extents), for dlight why no family takes it (its first line printed), per
     operator what took each, and after a run its measured device time per model step with its
     launches."""
@@ -71,9 +71,14 @@ class ModelReport:
 
     rows: tuple[KernelRow, ...]
 
+    @property
+    def kernels(self) -> tuple[KernelRow, ...]:
+        """The rows of functions that run as kernels (not views)."""
+        return tuple(row for row in self.rows if row.where != VIEW)
+
     def counts(self) -> dict[str, int]:
         """Kernels per ``where``: each family, dlight, prescheduled; most first."""
-        return dict(Counter(row.where for row in self.rows).most_common())
+        return dict(Counter(row.where for row in self.kernels).most_common())
 
     def with_measured(self, kernels: list[dict]) -> ModelReport:
         """The report with each kernel's measured time from a run's per-kernel breakdown
@@ -89,8 +94,10 @@ class ModelReport:
         """One line per kernel, then the kernels per family."""
         width = max((len(row.name) for row in self.rows), default=0)
         summary = ", ".join(f"{where} {n}" for where, n in self.counts().items())
+        in_place = len(self.rows) - len(self.kernels)
         return "\n".join([*(row.format(width) for row in self.rows),
-                          f"{len(self.rows)} kernels: {summary}"])
+                          f"{len(self.kernels)} kernels: {summary}"
+                          + (f"; {in_place} reshapes read in place" if in_place else "")])
 
 
 def model_report(coverage: dict[str, str], choices: dict[str, Choice]) -> ModelReport:
@@ -104,6 +111,8 @@ def model_report(coverage: dict[str, str], choices: dict[str, Choice]) -> ModelR
             rows.append(KernelRow(name, choice.families + tuned, choice.ranges, choice.row_variable))
         elif where.startswith(DLIGHT):
             rows.append(KernelRow(name, DLIGHT, reason=choice.reason))
+        elif where == VIEW:
+            rows.append(KernelRow(name, VIEW, reason="a reshape Relax reads in place: no kernel"))
         else:  # prescheduled, per operator, or a kernel tvm-dsm put in the module whole (paged decode)
             rows.append(KernelRow(name, where, reason=choice.reason))
     return ModelReport(tuple(rows))

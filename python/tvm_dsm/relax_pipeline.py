@@ -49,6 +49,8 @@ LOG = logging.getLogger("tvm_dsm.relax")
 
 #: Coverage labels of the functions no tvm-dsm family scheduled.
 DLIGHT, PRESCHEDULED = "dlight", "prescheduled"
+#: Coverage label of a reshape Relax reads in place: no kernel runs for it.
+VIEW = "view"
 
 
 #: Row counts up to which a symbolic-batch matmul takes dlight's low-batch GEMV, each with that
@@ -157,16 +159,40 @@ def _scheduled(mod: tvm.IRModule) -> set[str]:
             if isinstance(f, tirx.PrimFunc) and (f.attrs.get("tirx.is_scheduled", False) or binds_threads(f))}
 
 
+def _called(mod: tvm.IRModule) -> set[str]:
+    """The PrimFuncs the Relax functions of ``mod`` call, by name."""
+    names: set[str] = set()
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.call_tir":
+            names.add(expr.args[0].name_hint)
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return names
+
+
+def views(mod: tvm.IRModule) -> set[str]:
+    """The PrimFuncs of ``mod`` that are reshapes Relax reads in place: the build's
+    ``RewriteDataflowReshape`` replaces every call of them by a view of the input, so no kernel
+    of theirs runs (a torch model's ``view`` and ``split`` lowered to copies, then undone)."""
+    return _called(mod) - _called(relax.transform.RewriteDataflowReshape()(mod))
+
+
 def kernel_coverage(mod: tvm.IRModule, prescheduled: set[str]) -> dict[str, str]:
     """Every PrimFunc of ``mod`` (after :class:`ScheduleTIR`) by name: the tvm-dsm family that
-    scheduled it, ``PRESCHEDULED`` if its name is in ``prescheduled``, else ``DLIGHT`` (with
-    the error, where a family crashed on it)."""
+    scheduled it, ``PRESCHEDULED`` if its name is in ``prescheduled``, ``VIEW`` for a reshape
+    read in place (:func:`views`), else ``DLIGHT`` (with the error, where a family crashed on it)."""
     coverage = {}
+    in_place = views(mod)
     for gv, func in mod.functions.items():
         if not isinstance(func, tirx.PrimFunc):
             continue
         attrs = func.attrs or {}
-        if FAMILY_ATTR in attrs:
+        if gv.name_hint in in_place and FAMILY_ATTR not in attrs:
+            coverage[gv.name_hint] = VIEW
+        elif FAMILY_ATTR in attrs:
             coverage[gv.name_hint] = str(attrs[FAMILY_ATTR])
         elif CRASH_ATTR in attrs:
             coverage[gv.name_hint] = f"{DLIGHT} (tvm-dsm crashed: {attrs[CRASH_ATTR]})"
@@ -205,7 +231,8 @@ def schedule_kernels(mod: tvm.IRModule, target: tvm.target.Target,
     for name, where in taken.items():
         LOG.info("%s: %s", name, where)
     LOG.info("tvm-dsm families scheduled %d of %d kernels",
-             sum(not w.startswith((DLIGHT, PRESCHEDULED)) for w in taken.values()), len(taken))
+             sum(not w.startswith((DLIGHT, PRESCHEDULED, VIEW)) for w in taken.values()),
+             sum(w != VIEW for w in taken.values()))
     return mod, taken
 
 

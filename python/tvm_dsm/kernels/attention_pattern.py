@@ -565,13 +565,11 @@ class _Match:
         params = [ld for ld in loads(scores.value)]
         if len(params) != 2 or not all(any(ld.source.same_as(p) for p in self.func.params) for ld in params):
             raise ClusterError(f"the scores must be a product of two inputs, q and k; got {scores.value}")
-        symbols = {}
+        def symbol(buffer):  # by identity: two inputs may share a name
+            return sympy.Symbol(f"x{next(n for n, ld in enumerate(params) if ld.source.same_as(buffer))}", real=True)
 
-        def leaf(load):
-            return symbols.setdefault(load.source.name, sympy.Symbol(load.source.name, real=True))
-
-        f = _sympy(scores.value, leaf)
-        a, b = (symbols[ld.source.name] for ld in params)
+        f = _sympy(scores.value, lambda load: symbol(load.source))
+        a, b = (symbol(ld.source) for ld in params)
         constant = _float_constant(f / (a * b))
         if constant is None:
             raise ClusterError(f"the scores must be q . k times a constant; got {f}")
