@@ -284,7 +284,7 @@ def _variant(v_cols=64, k_cols=64, start=0, sum_init=0.0, out=None):
 
 
 @pytest.mark.parametrize(("make", "message"), [
-    (lambda: _variant(v_cols=128), "v and the output have 128 columns"),
+    (lambda: _variant(v_cols=128), "decode attention takes one head dim; v has 128 columns"),
     (lambda: _variant(k_cols=100), "rows must be the 64 columns"),
     (lambda: _variant(start=16), "not decode attention|cascade"),
     (lambda: _variant(sum_init=1.0), "must start at 0"),
