@@ -191,8 +191,9 @@ def test_gpu_every_te_form_matches_float64(name, sizes):
     batch, heads, q_len, kv_len, dim, *value_dim = sizes
     extra = {"value_dim": value_dim[0]} if value_dim else {}
     dtype = ml_dtypes.bfloat16 if FORMS[name].get("dtype") == "bfloat16" else np.float16
-    error = _built_error(_form(name, batch, heads, q_len, kv_len, dim, **extra), FORMS[name].get("layout", "bhsd"), heads,
-                         FORMS[name].get("kv_heads", heads), FORMS[name].get("causal", False), dtype)
+    func = _form(name, batch, heads, q_len, kv_len, dim, **extra)
+    error = _built_error(func, FORMS[name].get("layout", "bhsd"), heads, FORMS[name].get("kv_heads", heads),
+                         FORMS[name].get("causal", False), dtype)
     assert error < (1e-2 if dtype is not np.float16 else 2e-3)
 
 

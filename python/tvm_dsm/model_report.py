@@ -31,10 +31,10 @@ from .relax_pipeline import DLIGHT, VIEW, schedule_kernels, tvm_dsm_pipeline
 class KernelRow:
     """One PrimFunc: ``where`` it is scheduled (a family's name, ``"dlight"``,
     ``"prescheduled"``, ``"per_operator"``, a kernel tvm-dsm put in whole such as
-    ``"paged_decode"``, or ``"view"``: a reshape read in place, no kernel), the family and prediction of each range of its rows (one range, bound
-    None, for constant extents), for dlight why no family takes it (its first line printed), per
-    operator what took each, and after a run its measured device time per model step with its
-    launches."""
+    ``"paged_decode"``, or ``"view"``: a reshape read in place, no kernel), the family and
+    prediction of each range of its rows (one range, bound None, for constant extents), for
+    dlight why no family takes it (its first line printed), per operator what took each, and
+    after a run its measured device time per model step with its launches."""
 
     name: str
     where: str

@@ -36,7 +36,7 @@ from tvm.s_tir import meta_schedule as ms
 from .stock import stock_rules, stock_target
 from .errors import ClusterError
 from .families.row_ranges import dispatch
-from .ir import binds_threads, row_variable
+from .ir import binds_threads, find_all, row_variable
 from .hardware import Hardware, load_hardware
 from .kernels import kv_append, paged_decode, ragged_prefill
 from .relax_weights import MarkReadOnlyParams
@@ -161,16 +161,9 @@ def _scheduled(mod: tvm.IRModule) -> set[str]:
 
 def _called(mod: tvm.IRModule) -> set[str]:
     """The PrimFuncs the Relax functions of ``mod`` call, by name."""
-    names: set[str] = set()
-
-    def visit(expr):
-        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.call_tir":
-            names.add(expr.args[0].name_hint)
-
-    for func in mod.functions.values():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, visit)
-    return names
+    prim_funcs = {gv.name_hint for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
+    return {v.name_hint for f in mod.functions.values() if isinstance(f, relax.Function)
+            for v in find_all(f.body, tvm.ir.GlobalVar) if v.name_hint in prim_funcs}
 
 
 def views(mod: tvm.IRModule) -> set[str]:
