@@ -54,3 +54,17 @@ def test_the_gpu_topk_with_outputs_named_apart_builds_cuda_kernels():
     indices = te.compute(indices.shape, lambda i, j: indices[i, j], name="indices")
     source = tvm_dsm.build(te.create_prim_func([x, values, indices]), TARGET).mod.imports[0].inspect_source()
     assert "__global__" in source
+
+
+@pytest.mark.parametrize("scan", ["cumsum", "cumprod"])
+def test_topis_generic_scans_are_refused_naming_the_gpu_form_which_builds(scan):
+    """TOPI's generic scan is a parallel loop, the host's: refused by build and plan (a module
+    without a kernel would run it on device memory); topi.gpu's builds a kernel."""
+    x = te.placeholder((4, 4100), "float32", name="x")
+    func = te.create_prim_func([x, getattr(topi, scan)(x, axis=1)])
+    for call in (lambda: tvm_dsm.build(func, TARGET), lambda: tvm_dsm.plan(func)):
+        with pytest.raises(tvm_dsm.ClusterError, match=rf"parallel loop.*topi\.gpu\.{scan}"):
+            call()
+    with TARGET:
+        gpu = te.create_prim_func([x, getattr(topi.gpu, scan)(x, axis=1)])
+    assert "__global__" in tvm_dsm.build(gpu, TARGET).mod.imports[0].inspect_source()

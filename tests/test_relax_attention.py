@@ -55,6 +55,42 @@ class MaskedSelfAttention(nn.Module):
         return op.matmul(op.softmax(scores, axis=-1), v)
 
 
+class TokensFirstAttention(nn.Module):
+    """Attention over q, k and v held ``[batch, seq, heads, head_dim]`` (a model's projections
+    reshaped), moved to heads first inside: k's transpose as two permutes (BERT's
+    ``permute(0, 2, 1, 3)`` then ``transpose(-1, -2)``) or one (GPT-2's ``permute(0, 2, 3,
+    1)``)."""
+
+    def __init__(self, head_dim: int, k_form: str, upcast: bool = False):
+        self.scale, self.k_form, self.upcast = 1.0 / head_dim ** 0.5, k_form, upcast
+
+    def forward(self, q, k, v):
+        q, v = (op.permute_dims(x, (0, 2, 1, 3)) for x in (q, v))
+        kt = (op.permute_dims(op.permute_dims(k, (0, 2, 1, 3)), (0, 1, 3, 2)) if self.k_form == "two_permutes"
+              else op.permute_dims(k, (0, 2, 3, 1)))
+        scores = op.matmul(q, kt) * self.scale
+        if self.upcast:
+            p = op.astype(op.softmax(op.astype(scores, "float32"), axis=-1), q.dtype)
+        else:
+            p = op.softmax(scores, axis=-1)
+        return op.matmul(p, v)
+
+
+def _exported_tokens_first(batch, heads, seq, head_dim, k_form, upcast=False):
+    spec = {name: nn.spec.Tensor([batch, seq, heads, head_dim], "float16") for name in "qkv"}
+    mod, _ = TokensFirstAttention(head_dim, k_form, upcast).export_tvm({"forward": spec})
+    return mod
+
+
+@pytest.mark.parametrize("k_form, upcast", [("two_permutes", False), ("one_permute", False), ("one_permute", True)])
+def test_attention_over_tokens_first_tensors_is_one_function_the_attention_family_takes(k_form, upcast):
+    """k's transpose stays (or becomes) a swap of its last two axes after a layout change, which
+    the scores' product reads in place: not one ``[0, 2, 3, 1]`` copy and a plain product."""
+    report = relax_report(_exported_tokens_first(2, 4, 200, 64, k_form, upcast))
+    assert [row.where for row in report.rows if "softmax" in row.name] == ["attention"], report.format()
+    assert not [row for row in report.rows if "matmul" in row.name and row.where != "attention"], report.format()
+
+
 def _exported_masked(batch, heads, seq, head_dim, form="add", dtype="float16"):
     mask = nn.spec.Tensor([batch, 1, 1, seq], dtype) if form == "add" else nn.spec.Tensor([1, 1, seq, seq], "bool")
     spec = {**{name: nn.spec.Tensor([batch, heads, seq, head_dim], dtype) for name in "qkv"}, "mask": mask}
@@ -196,6 +232,22 @@ def test_spelled_out_attention_is_correct_on_the_gpu(seq, upcast):
     vm = relax.VirtualMachine(executable, dev)
     got = vm["forward"](*(tvm.runtime.tensor(a, dev) for a in (q, k, v))).numpy().astype(np.float64)
     q64, k64, v64 = (a.astype(np.float64) for a in (q, k, v))
+    s = q64 @ k64.transpose(0, 1, 3, 2) / 8
+    p = np.exp(s - s.max(-1, keepdims=True))
+    ref = (p / p.sum(-1, keepdims=True)) @ v64
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k_form, upcast", [("two_permutes", False), ("one_permute", True)])
+def test_attention_over_tokens_first_tensors_is_correct_on_the_gpu(k_form, upcast):
+    mod = _exported_tokens_first(2, 4, 200, 64, k_form, upcast)
+    rng = np.random.default_rng()
+    q, k, v = (rng.standard_normal((2, 200, 4, 64)).astype("float16") for _ in range(3))
+    dev = tvm.cuda(0)
+    vm = relax.VirtualMachine(tvm.compile(mod, target=TARGET, relax_pipeline="tvm_dsm"), dev)
+    got = vm["forward"](*(tvm.runtime.tensor(a, dev) for a in (q, k, v))).numpy().astype(np.float64)
+    q64, k64, v64 = (a.astype(np.float64).transpose(0, 2, 1, 3) for a in (q, k, v))
     s = q64 @ k64.transpose(0, 1, 3, 2) / 8
     p = np.exp(s - s.max(-1, keepdims=True))
     ref = (p / p.sum(-1, keepdims=True)) @ v64

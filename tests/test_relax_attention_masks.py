@@ -138,19 +138,22 @@ def test_attention_whose_probabilities_stay_fp32_is_left_alone():
     assert "relax.nn.softmax" in _ops(RewriteToRelaxOps(_eager_attention(round_probabilities=False)))
 
 
-@pytest.mark.parametrize("queries, keys, fill, window, want", [
-    (6, 6, -np.inf, None, ("TopLeft", None)),
-    (6, 6, np.finfo(np.float16).min, 3, ("TopLeft", 3)),
-    (4, 9, np.finfo(np.float32).min, None, ("BottomRight", None)),
-    (4, 9, -np.inf, 2, ("BottomRight", 2)),
-    (6, 6, -1e4, None, None),  # a fill a large score could outweigh
+@pytest.mark.parametrize("queries, keys, fill, window, want, dtype", [
+    (6, 6, -np.inf, None, ("TopLeft", None), "float64"),
+    (6, 6, np.finfo(np.float16).min, 3, ("TopLeft", 3), "float16"),
+    (4, 9, np.finfo(np.float32).min, None, ("BottomRight", None), "float32"),
+    (4, 9, -np.inf, 2, ("BottomRight", 2), "bfloat16"),  # ml_dtypes' type, not numpy's floating
+    (6, 6, -1e4, None, None, "float64"),  # a fill a large score could outweigh
 ])
-def test_a_constant_mask_reads_as_a_causal_band_only_where_it_is_one(queries, keys, fill, window, want):
+def test_a_constant_mask_reads_as_a_causal_band_only_where_it_is_one(queries, keys, fill, window, want, dtype):
+    import ml_dtypes
+
     shift = keys - queries if want and want[0] == "BottomRight" else 0
     keep = np.tri(queries, keys, shift, dtype=bool)
     if window is not None:
         keep &= ~np.tri(queries, keys, shift - window, dtype=bool)
     mask = np.where(keep, 0.0, fill)[None, None].repeat(2, axis=1)
+    mask = mask.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
     assert causal_band(mask) == want
     off = mask.copy()
     off[0, 1, -1, queries - 1 + shift] = fill  # the last query's own key masked in one head

@@ -8,6 +8,8 @@ machine has it)."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -305,3 +307,60 @@ def test_t5s_overflow_guard_imports_and_computes_what_torch_does(overflowed):
     executable = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"}), tir_pipeline="s_tir_stock")
     got = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()))
     np.testing.assert_array_equal(got[0].numpy(), _T5Guard()(x).numpy())
+
+
+class _Powers(torch.nn.Module):
+    def forward(self, x):
+        return x.pow(2).mean(-1, keepdim=True), x.pow(3), x.pow(0.5)
+
+
+def test_a_bfloat16_power_imports_and_computes_what_torch_does():
+    """TVM's legalization of ``R.power`` stops on bfloat16: a square is imported as ``x * x``,
+    another power computed in fp32 and rounded back, torch's values either way (llvm)."""
+    import tvm
+    from tvm import relax
+
+    x = torch.rand(2, 7, 64).to(torch.bfloat16) + 0.5
+    mod = from_exported_program(torch.export.export(_Powers(), (x,)))
+    executable = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"}), tir_pipeline="s_tir_stock")
+    got = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(_bf16(x)))
+    for ours, theirs in zip(got, _Powers()(x)):
+        np.testing.assert_allclose(ours.numpy().astype(np.float32), theirs.float().numpy(), rtol=1e-2)
+
+
+def _bf16(x):
+    import ml_dtypes
+
+    return x.float().numpy().astype(ml_dtypes.bfloat16)
+
+
+class _RoutedMlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.router, self.up, self.down = (torch.nn.Linear(64, 8), torch.nn.Linear(64, 256), torch.nn.Linear(256, 64))
+
+    def forward(self, x):
+        chosen = torch.nn.functional.one_hot(self.router(x).argmax(-1), 8).to(x.dtype)
+        return self.down(torch.nn.functional.gelu(self.up(x))), chosen
+
+
+def test_one_hot_keeps_the_model_pure_and_fused():
+    """Decomposed, ``one_hot`` checks its indices with assertions, which make the whole function
+    impure: nothing fuses (every cast, add and activation its own kernel). Kept whole, the
+    GEMMs take their epilogues, and the values are torch's (llvm)."""
+    import tvm
+    from tvm import relax
+
+    from tvm_dsm.model_report import relax_report
+
+    model, x = _RoutedMlp().eval(), torch.randn(10, 64)
+    mod = from_exported_program(torch.export.export(model, (x,)))
+    assert "assert_op" not in mod["main"].script()
+    half = copy.deepcopy(model).half()
+    report = relax_report(from_exported_program(torch.export.export(half, (x.half(),))))
+    assert report.counts().get("split_k_gemm", 0) >= 2 and len(report.kernels) <= 6, report.format()
+    executable = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"}), tir_pipeline="s_tir_stock")
+    got = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()))
+    out, chosen = model(x)
+    np.testing.assert_allclose(got[0].numpy(), out.detach().numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(got[1].numpy(), chosen.numpy())

@@ -34,7 +34,7 @@ from .stock import stock_rules, stock_target
 from .families.simt_gemm import SimtGemm, pads_faster
 from .rules.aligned_rows import misaligned_products, pad_rows_to_vectors
 from .transform.generate_kernels import mark_generated, recorded_config
-from .transform.host_sorts import refuse_host_sorts, router_top_k
+from .transform.host_sorts import refuse_host_loops, refuse_host_sorts, router_top_k
 from .transform.rows_as_matrix import has_row_axes, over_original_tensors, rows_as_matrix
 from .transform.split_operators import merge_operators, split_operators
 from .transform.product_order import products_in_gemm_order
@@ -144,6 +144,7 @@ def plan(func: tirx.PrimFunc, hw: Hardware | None = None, target=None) -> Rankin
     leading axes are rows, the error says so: ``build`` takes it as matrices, which
     ``plan(rows_as_matrix(func).func)`` ranks."""
     refuse_empty_tensors(func)
+    refuse_host_loops(func)
     func = block_allocations(router_top_k(func) or func)
     try:
         func, matches = _first_form_taken(func, lambda f: matching_families(f, target))
@@ -234,10 +235,11 @@ def build(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None = No
     """A runnable module for ``func``: the fastest schedule ``database`` recorded for it, else
     the planner's best that lowers (of its BUILD_ATTEMPTS best, each refusal logged), else (no
     family applies, or none of those plans lowers) TVM's stock GPU schedule; ClusterError for a function that sorts on the host
-    (:mod:`tvm_dsm.transform.host_sorts`)."""
+    or loops on the host (:mod:`tvm_dsm.transform.host_sorts`)."""
     target = tvm.target.Target(target)
     func = router_top_k(func) or func
     refuse_host_sorts(func)
+    refuse_host_loops(func)
     refuse_empty_tensors(func)
     func = _public(func)
     recorded = _recorded(database, func, target)

@@ -30,7 +30,7 @@ import tvm
 from tvm import relax, te, tirx
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
-from .relax_constants import closed, elements, evaluate, static
+from .relax_constants import closed, elements, evaluate, floating, static
 
 #: A mask's value at or below this masks its key: the fills models use (-inf, the 16- and 32-bit
 #: types' minimum) lie below it, and exp of a score shifted by it underflows to 0 in fp32 for
@@ -62,7 +62,7 @@ def causal_band(mask: np.ndarray) -> tuple[str, int | None] | None:
     alignment (``"TopLeft"``: key ``j`` of query ``i`` where ``j <= i``; ``"BottomRight"``:
     ``j <= i + keys - queries``) within the ``window`` newest of them (None: all of them) and
     masks the others (at most :data:`MASKED_FILL`); else None."""
-    if mask.ndim < 2 or not np.issubdtype(mask.dtype, np.floating):
+    if mask.ndim < 2 or not floating(mask):
         return None
     kept, masked = mask == 0, mask <= MASKED_FILL
     if not np.all(kept | masked):
@@ -88,7 +88,7 @@ def alibi_slopes(bias: np.ndarray, heads: int) -> np.ndarray | None:
     ignores it: ``-s[h] * (i - j)`` is ALiBi too) on the keys it keeps (above
     :data:`MASKED_FILL`), within the rounding of its own type (a model that builds ALiBi in fp16
     rounds ``s[h] * j``; the slopes, read from the smallest keys, are exact); else None."""
-    if bias.ndim != 4 or bias.shape[1] not in (1, heads) or not np.issubdtype(bias.dtype, np.floating):
+    if bias.ndim != 4 or bias.shape[1] not in (1, heads) or not floating(bias):
         return None
     if not all(np.array_equal(bias[0], b) for b in bias[1:]):
         return None

@@ -77,6 +77,12 @@ def evaluate(exprs: list, bindings: list) -> list[np.ndarray]:
     return [values[n].numpy() for n in range(len(exprs))]
 
 
+def floating(value: np.ndarray) -> bool:
+    """Whether ``value`` holds floating-point numbers: numpy's types and ml_dtypes' (bfloat16,
+    fp8), which numpy does not count as floating."""
+    return np.issubdtype(value.dtype, np.floating) or value.dtype.name.startswith(("bfloat16", "float8"))
+
+
 def elements(ty) -> int:
     """The element count of a static tensor type."""
     return math.prod(int(x) for x in ty.shape.values)

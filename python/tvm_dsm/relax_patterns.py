@@ -57,7 +57,7 @@ from tvm.relax.dpl import is_const, is_op, is_tuple_get_item, rewrite_call, wild
 from tvm.sym import Analyzer
 
 from .relax_attention_masks import MASKED_FILL, constant_mask
-from .relax_constants import closed
+from .relax_constants import closed, floating
 from .relax_matmuls import SIXTEEN_BIT, is_op_call, map_functions
 
 #: The type the statistics are computed in, by TOPI's ``rms_norm`` and by the matched graphs.
@@ -82,7 +82,7 @@ def _scalar(expr) -> float | None:
     if not isinstance(expr, tvm.ir.Constant):
         return None
     value = expr.value.numpy()
-    if value.size != 1 or not np.issubdtype(value.dtype, np.floating):
+    if value.size != 1 or not floating(value):
         return None
     return float(value.reshape(()))
 
@@ -296,7 +296,42 @@ def rewrite_permutes(func: relax.Function, where=None) -> relax.Function:
         ndim = _tensor(m[x]).ndim if _tensor(m[x]) is not None else -1
         first, second = (_permutation(c, ndim) for c in (m[inner], orig))
         composed = [first[a] for a in second]
+        if composed != sorted(composed) and _swaps_last_two(second):
+            return orig  # a matrix product reads that swap in place (FuseTransposeMatmul)
         return orig if where is not None and not where(m[x], composed) else _permuted(m[x], composed)
+    return _rewrite(root, replacement, func)
+
+
+def _swaps_last_two(perm: list[int]) -> bool:
+    """Whether ``perm`` swaps the last two axes and keeps the others: the transpose of a matrix
+    product's operand (``k.transpose(-1, -2)``)."""
+    return len(perm) >= 2 and perm == [*range(len(perm) - 2), len(perm) - 1, len(perm) - 2]
+
+
+def rewrite_transposed_operands(func: relax.Function) -> relax.Function:
+    """``func`` with each matrix product's operand permuted so that its last two axes swap
+    (``k.permute(0, 2, 3, 1)``, as GPT-2's attention writes ``k^T`` of ``[batch, tokens, heads,
+    dim]``) as that swap of a permutation keeping them in order: the product reads the swap in
+    place (``FuseTransposeMatmul``), the rest is the layout change q and v get, and attention is
+    the ``q @ k^T`` the attention family takes, not a product of a transposed copy; ``func``
+    itself where none matches."""
+    operands = [is_op("relax.permute_dims")(wildcard()) for _ in range(2)]
+    root = is_op("relax.matmul")(*(operand | wildcard() for operand in operands))
+
+    def split(permute: relax.Call) -> relax.Expr | None:
+        ty = _tensor(permute.args[0])
+        perm = _permutation(permute, ty.ndim) if ty is not None else []
+        if len(perm) < 2 or perm[-1] > perm[-2] or _swaps_last_two(perm):
+            return None
+        swap = [*range(len(perm) - 2), len(perm) - 1, len(perm) - 2]
+        return relax.op.permute_dims(_permuted(permute.args[0], [*perm[:-2], perm[-1], perm[-2]]), swap)
+
+    def replacement(orig, m):
+        split_args = [split(m[operand]) if operand in m else None for operand in operands]
+        if split_args == [None, None]:
+            return orig
+        return relax.Call(orig.op, [new if new is not None else arg for new, arg in zip(split_args, orig.args)],
+                          orig.attrs)
     return _rewrite(root, replacement, func)
 
 
@@ -925,7 +960,8 @@ def rewrite_attentions(func: relax.Function) -> relax.Function:
 REWRITES = (rewrite_rms_norms, rewrite_row_max_values, rewrite_softmaxes, rewrite_silus, rewrite_unit_axis_views,
             rewrite_scaled_views, rewrite_head_rows, rewrite_window_biases, rewrite_attentions, rewrite_batched_views,
             rewrite_widened_products, rewrite_slices_before_permutes,
-            rewrite_permutes)  # attention matches k's transpose alone; its own layout cancels torch's
+            rewrite_permutes,  # attention matches k's transpose alone; its own layout cancels torch's
+            rewrite_transposed_operands)
 
 
 def _rewritten(mod: tvm.IRModule, rewrites) -> tvm.IRModule:

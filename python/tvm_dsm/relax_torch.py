@@ -67,6 +67,8 @@ def from_exported_program(program, **kwargs) -> "relax.IRModule":
 
     table = torch.export.default_decompositions()
     table.pop(torch.ops.aten.scaled_dot_product_attention.default, None)
+    # decomposed, one_hot's range checks become assertions: an impure function that nothing fuses
+    table.pop(torch.ops.aten.one_hot.default, None)
     converters = {**torch_converters(), **(kwargs.pop("custom_convert_map", None) or {})}
     kwargs.pop("run_ep_decomposition", None)
     return tvm_import(program.run_decompositions(table), custom_convert_map=converters,
@@ -78,7 +80,7 @@ def torch_converters() -> dict:
     products in torch's result type, attention as ``R.nn.attention``, the reductions to a bool
     TVM has no converter for (:data:`ANY_ALL`), clamps by bounds of another type (:data:`BOUNDED`)."""
     return {**{name: _in_torch_type(name) for name in PRODUCTS}, ATTENTION: _attention,
-            **{name: _promoted(name) for name in PROMOTING},
+            **{name: _promoted(name) for name in PROMOTING}, POWER: _power,
             **{name: _any_all(name) for name in ANY_ALL},
             **{name: _operands_in_result_type(name) for name in BOUNDED}}
 
@@ -154,6 +156,26 @@ def _in_torch_type(name: str):
             result = importer.block_builder.emit(relax.op.astype(result, dtype))
         return result
     return convert
+
+
+#: ``x ** c`` of a tensor and a number: TVM's converter gives ``R.power``, whose legalization
+#: (TOPI's ``power``) stops on bfloat16 ("power only applies to float").
+POWER = "pow.Tensor_Scalar"
+
+
+def _power(node, importer) -> relax.Var:
+    """``x ** c``: a bfloat16 ``x`` squared as ``x * x`` (the RMSNorm and LayerNorm patterns read
+    it; the same rounding as torch's, which squares in fp32 and rounds once), raised to another
+    power in fp32 and rounded back, as torch computes it; others through :func:`_promoted`."""
+    x, exponent = importer.env.get(node.args[0]), _argument(node, 1, "exponent")
+    if not (isinstance(getattr(x, "ty", None), relax.TensorType) and x.ty.dtype == "bfloat16"
+            and isinstance(exponent, (int, float))):
+        return _promoted(POWER)(node, importer)
+    bb = importer.block_builder
+    if exponent == 2:
+        return bb.emit(relax.op.multiply(x, x))
+    wide = relax.op.power(relax.op.astype(x, "float32"), relax.const(float(exponent), "float32"))
+    return bb.emit(relax.op.astype(wide, "bfloat16"))
 
 
 def _promoted(name: str):

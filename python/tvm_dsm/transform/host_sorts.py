@@ -1,10 +1,11 @@
-"""Functions that sort on the host: TOPI's generic sorts (``topi.topk``, ``topi.sort``,
+"""Functions that compute on the host: TOPI's generic sorts (``topi.topk``, ``topi.sort``,
 ``topi.argsort``) are extern calls of TVM's CPU sorts (``tvm.contrib.sort.*``), packed functions
 the host calls on the arguments' data. Built for a GPU, that data lives in device memory and no
 kernel computes the sort (TVM's own build makes no CUDA kernel for it either), so the module
 would fail only when it runs. :func:`refuse_host_sorts` refuses such a function at build time,
 naming TVM's GPU form of the operator (``topi.gpu.*``, which Relax's DispatchSortScan picks for
-GPU targets).
+GPU targets). TOPI's generic scans (``topi.cumsum``, ``topi.cumprod``) are a host loop of the same
+kind (``T.parallel``, no thread bound): :func:`refuse_host_loops` refuses them likewise.
 
 One such function has a kernel of its own: a MoE router written with TOPI, the k best of
 ``topi.topk(topi.nn.softmax(logits [cast to fp32]), k, ret_type="both", dtype="int32")``.
@@ -58,6 +59,17 @@ def refuse_host_sorts(func: tirx.PrimFunc) -> None:
         f"with {gpu}, TVM's GPU sort (the one Relax's DispatchSortScan picks for GPU targets), "
         "and give its outputs distinct names: TVM 0.27 cannot bind two parameters of one name "
         "for a GPU (topk's two slices are both T_strided_slice)")
+
+
+def refuse_host_loops(func: tirx.PrimFunc) -> None:
+    """ClusterError if ``func`` holds a parallel loop (TOPI's generic scans write one): a GPU
+    build runs it on the host over device memory, and no kernel computes it."""
+    if any(loop.kind == tirx.ForKind.PARALLEL for loop in find_all(func.body, tirx.For)):
+        raise ClusterError(
+            "the function holds a parallel loop, the host's (TOPI's generic scans write one: topi.cumsum, "
+            "topi.cumprod): built for a GPU, the host would run it on device memory and no kernel computes it. "
+            "Write the operator with its GPU form (topi.gpu.cumsum, topi.gpu.cumprod: the one Relax's "
+            "DispatchSortScan picks for GPU targets)")
 
 
 def router_top_k(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
