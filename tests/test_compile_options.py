@@ -94,6 +94,21 @@ def test_arch_from_environment_then_target(monkeypatch):
         assert co.cuda_arch() == "sm_89"
 
 
+@pytest.mark.skipif(co.find_nvcc() is None, reason="needs nvcc")
+def test_a_target_of_arch_sm_90_gets_kernels_that_compile():
+    """Built for arch ``sm_90`` (not ``sm_90a``), the GEMM family's wgmma kernel compiles: its
+    code is compiled for the arch-specific variant, which only it needs."""
+    from tvm_dsm.workloads.dense import dense
+
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    source = tvm_dsm.build(dense(128, 1024, 1024), target).mod.imports[0].inspect_source()
+    assert "wgmma." in source and co.arch_for(source, "sm_90") == "sm_90a"
+    with target:
+        assert co.compile_cuda(source, compiler="nvcc")
+    assert co.arch_for("__global__ void k() {}", "sm_90") == "sm_90"
+    assert co.arch_for(source, "sm_100a") == "sm_100a"
+
+
 def test_backend_prefers_nvcc(monkeypatch):
     monkeypatch.delenv("TVM_DSM_CUDA_COMPILER", raising=False)
     assert co.backend() == ("nvcc" if co.find_nvcc() else "nvrtc")

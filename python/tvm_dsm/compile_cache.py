@@ -19,7 +19,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from .compile_options import DEFAULT, CudaCompileOptions, backend, compile_cuda, cuda_arch, find_nvcc
+from .compile_options import DEFAULT, CudaCompileOptions, arch_for, backend, compile_cuda, cuda_arch, find_nvcc
 
 CACHE_ENV = "TVM_DSM_CUBIN_CACHE"
 
@@ -59,7 +59,7 @@ def compiled(code: str, arch: str | None = None, options: CudaCompileOptions = D
              compiler: str | None = None) -> bytes:
     """The cubin of ``code`` (as :func:`~tvm_dsm.compile_options.compile_cuda` makes it), from
     the cache where an earlier compile left it."""
-    arch = arch or cuda_arch()
+    arch = arch_for(code, arch or cuda_arch())
     compiler = compiler or backend()
     folder = cache_dir()
     if folder is None:

@@ -121,6 +121,18 @@ def cuda_arch() -> str:
     return "sm_90a"
 
 
+#: PTX instructions only an arch-specific target (``sm_90a``) has, not its family's (``sm_90``).
+ARCH_SPECIFIC = ("wgmma.", "setmaxnreg.")
+
+
+def arch_for(code: str, arch: str) -> str:
+    """``arch``, or its arch-specific variant (``sm_90`` -> ``sm_90a``) where ``code`` uses
+    instructions only that one has (:data:`ARCH_SPECIFIC`; a target of arch ``sm_90`` gets
+    tvm-dsm's wgmma kernels): such code runs on that GPU generation alone either way."""
+    plain = arch.startswith("sm_9") and arch[3:].isdigit()
+    return arch + "a" if plain and any(instruction in code for instruction in ARCH_SPECIFIC) else arch
+
+
 def compile_with_nvcc(code: str, arch: str, options: CudaCompileOptions = DEFAULT, nvcc: str | None = None) -> bytes:
     """A cubin of ``code`` from nvcc."""
     nvcc = nvcc or find_nvcc()
@@ -208,8 +220,9 @@ def backend() -> str:
 
 def compile_cuda(code: str, arch: str | None = None, options: CudaCompileOptions = DEFAULT,
                  compiler: str | None = None) -> bytes:
-    """A cubin of ``code`` with ``options``, by ``compiler`` (default :func:`backend`)."""
-    arch = arch or cuda_arch()
+    """A cubin of ``code`` with ``options``, by ``compiler`` (default :func:`backend`), for
+    ``arch`` (default :func:`cuda_arch`; :func:`arch_for` the code)."""
+    arch = arch_for(code, arch or cuda_arch())
     compiler = compiler or backend()
     if compiler == "nvcc":
         return compile_with_nvcc(code, arch, options)
