@@ -140,6 +140,22 @@ def test_a_symbolic_row_count_builds_a_vectorized_kernel_per_range():
     assert len(names) == len(kernels) and "uint4" in source
 
 
+def _residual(batch, seq):
+    """A residual add over ``[batch, seq, 512]`` (a model's of a symbolic batch and length)."""
+    a, b = (te.placeholder((batch, seq, 512), "float16", name=n) for n in "ab")
+    return te.create_prim_func([a, b, te.compute(a.shape, lambda i, j, k: a[i, j, k] + b[i, j, k], name="out")])
+
+
+def test_two_symbolic_extents_build_one_vectorized_kernel():
+    """A batch and a sequence length both symbolic: one kernel over any element count (the grid
+    and its tail follow both), not dlight's."""
+    func = _residual(tirx.Var("batch", "int32"), tirx.Var("seq", "int32"))
+    kernels, _ = tvm_dsm.driver.schedule_row_ranges(func)
+    assert {k.family.name for k in kernels} == {"elementwise"}
+    source = tvm_dsm.build(func).mod.imports[0].inspect_source()
+    assert "uint4" in source
+
+
 def test_a_slice_assignment_compiles_through_the_relax_pipeline():
     """A slice assignment (DeepSeek-V2's rotary half written into q) compiles for CUDA through
     ``relax.get_pipeline("tvm_dsm")``: vectorized, it stopped in TVM's codegen ("Cannot convert
@@ -166,7 +182,9 @@ def test_what_cannot_move_in_vectors_is_left_to_dlight():
 @pytest.mark.parametrize("make, rows", [(lambda m: split_silu_mul(m, 1024), (1, 100, 4096)),
                                         (lambda m: cast(m, 1000), (7, 2048)),
                                         (lambda m: _padded(m, 40, 40), (1, 100, 4096)),
-                                        (_rotate_half, (3, 2048))])
+                                        (_rotate_half, (3, 2048)),
+                                        (lambda m: _residual(m, tirx.Var("seq", "int32") if isinstance(m, tirx.Var)
+                                                             else 77), (1, 5))])
 def test_on_the_gpu_against_numpy(make, rows):
     """Built once over a symbolic row count, run at each count with fresh inputs and the output
     poisoned with NaN, against TVM's stock llvm build of the same function (its own types:

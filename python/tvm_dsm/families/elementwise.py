@@ -47,6 +47,7 @@ class Elementwise(ScheduleFamily):
     name = "elementwise"
     generic = True
     symbolic_rows = True  # the grid covers any element count, the tail predicated
+    symbolic_extents = True  # so it does over several variables (a batch and a sequence length)
 
     def recognize(self, func: tirx.PrimFunc) -> ElementwiseShape:
         if relax.analysis.has_reshape_pattern(func):  # Relax's lowering finds the pattern in dlight's schedule
