@@ -387,3 +387,18 @@ def test_the_enumeration_skips_only_configurations_no_shape_takes():
         depths = rng.choice([planner.PIPELINE_DEPTHS, planner.SHALLOW_PIPELINES, (1,)])
         every = [c for c in planner._space(dtype, depths) if passes(check, shape, c, hw)]
         assert planner._enumerated(shape, check, depths, hw) == every, (shape, check.__name__, depths)
+
+
+def test_a_product_written_to_two_outputs_is_refused_naming_them():
+    """One product cast to an output and, through an activation, to another: the rule's epilogue
+    ends in one output, so planning it would promise a schedule that cannot be applied."""
+    from tvm import te, topi
+
+    import tvm_dsm
+
+    x, w = te.placeholder((100, 1536), "float16", name="x"), te.placeholder((1536, 1536), "float16", name="w")
+    y = topi.nn.dense(x, w, out_dtype="float32")
+    act = te.compute(y.shape, lambda i, j: te.max(y[i, j], 0.0), name="act")
+    func = te.create_prim_func([x, w, topi.cast(y, "float16"), topi.cast(act, "float16")])
+    with pytest.raises(ClusterError, match=r"split_k_gemm: .*this product reaches 2"):
+        tvm_dsm.plan(func)

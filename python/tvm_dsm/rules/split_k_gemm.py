@@ -202,6 +202,10 @@ def find_gemm(sch: s_tir.Schedule, operand_types: Collection[str] = OPERAND_TYPE
             "with an epilogue and output of its own) first, then elementwise epilogue blocks; got "
             f"{[sch.get(b).name_hint for b in blocks]}"
         )
+    outputs = [b for b in epilogue if not sch.get_consumers(b)]
+    if len(reductions) == 1 and len(outputs) > 1:
+        raise ClusterError(f"split-K GEMM writes one output from its product's epilogue; this product reaches "
+                           f"{len(outputs)} ({[sch.get(b).name_hint for b in outputs]})")
     _check_epilogue_reads_its_element(sch, reductions, epilogue)
     shape = gemm_products(sch, reductions, operand_types)
     return reductions, epilogue, dataclasses.replace(shape, outputs=1 if combined else shape.products)
