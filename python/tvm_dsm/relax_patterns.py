@@ -296,22 +296,21 @@ def rewrite_permutes(func: relax.Function, where=None) -> relax.Function:
         ndim = _tensor(m[x]).ndim if _tensor(m[x]) is not None else -1
         first, second = (_permutation(c, ndim) for c in (m[inner], orig))
         composed = [first[a] for a in second]
-        if composed != sorted(composed) and _swaps_last_two(second):
-            return orig  # a matrix product reads that swap in place (FuseTransposeMatmul)
         return orig if where is not None and not where(m[x], composed) else _permuted(m[x], composed)
     return _rewrite(root, replacement, func)
 
 
-def _swaps_last_two(perm: list[int]) -> bool:
-    """Whether ``perm`` swaps the last two axes and keeps the others: the transpose of a matrix
+def _last_two_swapped(ndim: int) -> list[int]:
+    """The permutation of ``ndim`` axes that swaps the last two: the transpose of a matrix
     product's operand (``k.transpose(-1, -2)``)."""
-    return len(perm) >= 2 and perm == [*range(len(perm) - 2), len(perm) - 1, len(perm) - 2]
+    return [*range(ndim - 2), ndim - 1, ndim - 2]
 
 
 def rewrite_transposed_operands(func: relax.Function) -> relax.Function:
     """``func`` with each matrix product's operand permuted so that its last two axes swap
     (``k.permute(0, 2, 3, 1)``, as GPT-2's attention writes ``k^T`` of ``[batch, tokens, heads,
-    dim]``) as that swap of a permutation keeping them in order: the product reads the swap in
+    dim]``, or BERT's two permutes once :func:`rewrite_permutes` composed them) as that swap of a
+    permutation keeping them in order: the product reads the swap in
     place (``FuseTransposeMatmul``), the rest is the layout change q and v get, and attention is
     the ``q @ k^T`` the attention family takes, not a product of a transposed copy; ``func``
     itself where none matches."""
@@ -321,10 +320,10 @@ def rewrite_transposed_operands(func: relax.Function) -> relax.Function:
     def split(permute: relax.Call) -> relax.Expr | None:
         ty = _tensor(permute.args[0])
         perm = _permutation(permute, ty.ndim) if ty is not None else []
-        if len(perm) < 2 or perm[-1] > perm[-2] or _swaps_last_two(perm):
+        if len(perm) < 2 or perm[-1] > perm[-2] or perm == _last_two_swapped(len(perm)):
             return None
-        swap = [*range(len(perm) - 2), len(perm) - 1, len(perm) - 2]
-        return relax.op.permute_dims(_permuted(permute.args[0], [*perm[:-2], perm[-1], perm[-2]]), swap)
+        inner = [*perm[:-2], perm[-1], perm[-2]]
+        return relax.op.permute_dims(_permuted(permute.args[0], inner), _last_two_swapped(len(perm)))
 
     def replacement(orig, m):
         split_args = [split(m[operand]) if operand in m else None for operand in operands]
