@@ -15,6 +15,15 @@ Which element an operand's ``[b, s, h, d]`` is of the tensor is composed symboli
 the cuts and proved equal to such a head of such a view by TVM's arithmetic analyzer (over the
 operand's index ranges); an operand is rewritten only where that proof holds, and left as it is
 otherwise (other cuts, symbolic shapes).
+
+Grouped-query attention written as the operator documents it, k and v of fewer heads than q
+(``nn.op.scaled_dot_product_attention`` with ``num_heads_kv``, torch's importer of
+``enable_gqa``): query head ``h`` reads K/V head ``h // (H / H_kv)``. TVM's legalization
+reshapes k and v as if they held ``H`` heads, reading past each batch's heads into the next
+batch's (wrong values at every batch size, and with a symbolic batch an index the attention
+family cannot read), so such an attention (with or without a bias, any shapes) is rewritten here
+too, k and v read per query head through that division: one function the attention family takes,
+each K/V head's tiles read for its group.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from tvm.relax.transform.legalize_ops.nn import _te_attention
 
 from .ir import substitute
 from .relax_matmuls import constant_ints, is_op_call, rewrite_functions
+from .relax_precision import ATTENTIONS
 
 #: ``R.nn.attention``'s operator name.
 _ATTENTION = "relax.nn.attention"
@@ -222,23 +232,43 @@ def _packed(binding_of, operand: relax.Expr, in_dataflow: bool) -> _Operand | No
                  if (found := _as_heads(source, at, shape, indices, analyzer)) is not None), None)
 
 
+def query_heads_per_kv_head(call: relax.Call) -> int:
+    """How many query heads read each K/V head of the attention ``call`` (q, k, v ``[B, S, H,
+    D]``): ``H / H_kv`` where k and v hold fewer heads that divide the query's, else 1."""
+    heads = [constant_ints([t.ty.shape.values[2]]) if t.ty.shape is not None else None for t in call.args[:3]]
+    if None in heads:
+        return 1
+    (query,), (key,), (value,) = heads
+    return query // key if key == value and key < query and query % key == 0 else 1
+
+
+def _per_query_head(tensor: te.Tensor, group: int) -> te.Tensor:
+    """``tensor`` (``[B, S, H_kv, D]``) read as ``[B, S, H_kv * group, D]``, head ``h`` its head
+    ``h // group``."""
+    b, s, heads, d = tensor.shape
+    return te.compute((b, s, heads * group, d), lambda i, t, h, c: tensor[i, t, h // group, c], name="grouped_heads")
+
+
 @mutator
 class _PackedRewriter(PyExprMutator):
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - TVM visitor name
         call = super().visit_call_(call)
-        if not is_op_call(call, _ATTENTION) or call.attrs.window_size is not None:
+        if not any(is_op_call(call, op) for op in ATTENTIONS) or call.attrs.window_size is not None:
             return call
+        group = query_heads_per_kv_head(call)
         in_dataflow = any(isinstance(arg, relax.DataflowVar) for arg in call.args)
-        found = [_packed(self.lookup_binding, arg, in_dataflow) for arg in call.args]
-        if not any(found):
+        operands, bias = call.args[:3], call.args[3:]
+        found = [_packed(self.lookup_binding, arg, in_dataflow) if is_op_call(call, _ATTENTION) else None
+                 for arg in operands]
+        if not any(found) and group == 1:
             return call
         # q, k and v stay three arguments even where one view serves them all: TVM's
         # RewriteDataflowReshape takes any call of one argument for a reshape, and would fail on
         # the scheduled attention kernel.
         views: list[tuple[relax.Expr, tuple, relax.Expr]] = []  # (source, view shape, view)
         args = []
-        shapes = [_static(arg.ty.shape) for arg in call.args]
-        for arg, packed, operand_shape in zip(call.args, found, shapes):
+        shapes = [_static(arg.ty.shape) for arg in operands]
+        for arg, packed, operand_shape in zip(operands, found, shapes):
             if packed is None:  # its shape may be symbolic
                 args.append(arg)
                 continue
@@ -253,14 +283,18 @@ class _PackedRewriter(PyExprMutator):
         scale, causal = call.attrs.scale, call.attrs.causal_mask
 
         def attention(*tensors):
-            q, k, v = (t if packed is None else packed.read(t, shape) for t, packed, shape in zip(tensors, found, shapes))
-            return _te_attention(q, k, v, None, scale, causal)
+            q, k, v = (t if packed is None else packed.read(t, shape)
+                       for t, packed, shape in zip(tensors, found, shapes))
+            if group > 1:
+                k, v = _per_query_head(k, group), _per_query_head(v, group)
+            return _te_attention(q, k, v, tensors[3] if bias else None, scale, causal)
 
-        return self.builder_.call_te(attention, *args, primfunc_name_hint="attention")
+        return self.builder_.call_te(attention, *args, *bias, primfunc_name_hint="attention")
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.PackedAttentionOperands")
 def PackedAttentionOperands(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass style
     """Every Relax function's attentions read their operands in place from the packed projection
-    they were cut from (see the module docstring)."""
+    they were cut from, and grouped-query attentions their K/V heads per query head (see the
+    module docstring)."""
     return rewrite_functions(mod, _PackedRewriter(mod))
