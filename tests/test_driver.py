@@ -305,6 +305,25 @@ def test_plan_takes_the_family_predicted_fastest_of_those_that_take_the_function
     assert tvm_dsm.plan(_decode_attention_te(1, 32, 4, 128, 64, "float16")).family.name == "decode_attention"
 
 
+def test_where_the_families_that_take_it_cannot_plan_it_the_error_names_why_the_others_do_not():
+    """Attention at head dim 100 over 77 keys: only the generic cascade family takes it, and it
+    cannot split 77 keys; the error also names the attention families' own limit (the head dim)."""
+    b, h, s, d = 1, 4, 77, 100
+    q, k, v = (te.placeholder((b, h, s, d), "float16", name=n) for n in "qkv")
+    r = te.reduce_axis((0, d), "r")
+    scores = te.compute((b, h, s, s), lambda i, j, m, n: te.sum(
+        q[i, j, m, r].astype("float32") * k[i, j, n, r].astype("float32") * 0.1, axis=r), name="scores")
+    p = topi.cast(topi.nn.softmax(scores, axis=-1), "float16")
+    t = te.reduce_axis((0, s), "t")
+    o = te.compute((b, h, s, d), lambda i, j, m, c: te.sum(
+        p[i, j, m, t].astype("float32") * v[i, j, t, c].astype("float32"), axis=t), name="o")
+    with pytest.raises(ClusterError) as refusal:
+        tvm_dsm.plan(te.create_prim_func([q, k, v, topi.cast(o, "float16")]))
+    text = str(refusal.value)
+    assert text.startswith("fused_cascade cannot plan it: reduction extent 77"), text
+    assert "attention: head dim 100" in text and "decode_attention:" in text, text
+
+
 def test_another_family_displaces_the_most_specific_only_by_the_margin():
     """The families' models are fitted each on its own kernels: a later family is taken only
     where predicted faster by FAMILY_MARGIN; a generic one only alone."""

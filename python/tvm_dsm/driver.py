@@ -146,8 +146,14 @@ def plan(func: tirx.PrimFunc, hw: Hardware | None = None, target=None) -> Rankin
     refuse_empty_tensors(func)
     refuse_host_loops(func)
     func = block_allocations(router_top_k(func) or func)
+    refused: list[str] = []  # why the other families do not take the form taken
+
+    def matches_of(form: tirx.PrimFunc) -> list:
+        refused.clear()
+        return matching_families(form, target, refused=refused)
+
     try:
-        func, matches = _first_form_taken(func, lambda f: matching_families(f, target))
+        func, matches = _first_form_taken(func, matches_of)
     except ClusterError as err:
         if not has_row_axes(func):
             raise
@@ -155,8 +161,15 @@ def plan(func: tirx.PrimFunc, hw: Hardware | None = None, target=None) -> Rankin
                            "(tvm_dsm.transform.rows_as_matrix), which plan(rows_as_matrix(func).func) "
                            "ranks") from None
     hw = hw or load_hardware()
-    family, shape, plans = fastest_family(
-        matches, hw, lambda family, shape: rerank(family.name, shape, family.rank(shape, hw), hw))
+    try:
+        family, shape, plans = fastest_family(
+            matches, hw, lambda family, shape: rerank(family.name, shape, family.rank(shape, hw), hw))
+    except ClusterError as err:
+        if not refused:
+            raise
+        taking = ", ".join(family.name for family, _ in matches)
+        raise ClusterError(f"{taking} cannot plan it: {err}\nthe other families do not take it:\n  "
+                           + "\n  ".join(refused)) from None
     if family.name == SimtGemm.name and pads_faster(shape, hw):
         # (a function of a symbolic row count keeps the CUDA cores: its ranges are planned
         # without this check, and the padded copies are built for constant row counts only)

@@ -122,9 +122,10 @@ def fastest_family(matches: Sequence[tuple[ScheduleFamily, Any]], hw: Hardware,
 
 
 def matching_families(func: tirx.PrimFunc, target: Any = None, families: Sequence[ScheduleFamily] | None = None,
-                      first: bool = False) -> list[tuple[ScheduleFamily, Any]]:
+                      first: bool = False, refused: list[str] | None = None) -> list[tuple[ScheduleFamily, Any]]:
     """Every family of ``families`` (default :data:`FAMILIES`) whose pattern ``func`` holds, in
-    that order, with its shape (``first``: the first alone); ClusterError as :func:`match_family`."""
+    that order, with its shape (``first``: the first alone); ClusterError as :func:`match_family`.
+    ``refused``: a list to append why each other family does not take it (``"name: reason"``)."""
     if target is not None and not hopper_target(target):
         target = tvm.target.Target(target)
         raise ClusterError(f"tvm-dsm schedules for Hopper GPUs (CUDA sm_90a); the target is "
@@ -150,4 +151,6 @@ def matching_families(func: tirx.PrimFunc, target: Any = None, families: Sequenc
             break
     if not found:
         raise ClusterError("no tvm-dsm schedule family applies:\n  " + "\n  ".join(reasons))
+    if refused is not None:
+        refused.extend(reasons)
     return found
