@@ -305,20 +305,38 @@ def test_plan_takes_the_family_predicted_fastest_of_those_that_take_the_function
     assert tvm_dsm.plan(_decode_attention_te(1, 32, 4, 128, 64, "float16")).family.name == "decode_attention"
 
 
-def test_where_the_families_that_take_it_cannot_plan_it_the_error_names_why_the_others_do_not():
-    """Attention at head dim 100 over 77 keys: only the generic cascade family takes it, and it
-    cannot split 77 keys; the error also names the attention families' own limit (the head dim)."""
-    b, h, s, d = 1, 4, 77, 100
+def _prefill_attention(b: int, h: int, s: int, d: int):
+    """Self-attention over ``s`` tokens as a user writes it in TE: scores scaled in the sum,
+    TOPI's softmax, its probabilities rounded to fp16, then V."""
     q, k, v = (te.placeholder((b, h, s, d), "float16", name=n) for n in "qkv")
     r = te.reduce_axis((0, d), "r")
     scores = te.compute((b, h, s, s), lambda i, j, m, n: te.sum(
-        q[i, j, m, r].astype("float32") * k[i, j, n, r].astype("float32") * 0.1, axis=r), name="scores")
+        q[i, j, m, r].astype("float32") * k[i, j, n, r].astype("float32") * (1 / d ** 0.5), axis=r), name="scores")
     p = topi.cast(topi.nn.softmax(scores, axis=-1), "float16")
     t = te.reduce_axis((0, s), "t")
     o = te.compute((b, h, s, d), lambda i, j, m, c: te.sum(
         p[i, j, m, t].astype("float32") * v[i, j, t, c].astype("float32"), axis=t), name="o")
+    return te.create_prim_func([q, k, v, topi.cast(o, "float16")])
+
+
+@pytest.mark.parametrize("dim", [80, 128])
+def test_a_short_prefill_goes_to_the_attention_kernel_not_the_decode_kernel(dim):
+    """77 tokens of 12 heads (a CLIP text encoder's): the decode family takes the queries as rows
+    of one K/V group, and its model without a compute term predicted it faster; on the H200 the
+    decode kernel ran 2-3x slower than the attention kernel at 77 tokens
+    (bench/results/archive/short_attention_families_s86.json)."""
+    from tvm_dsm.families import matching_families
+
+    func = _prefill_attention(1, 12, 77, dim)
+    assert "decode_attention" in [f.name for f, _ in matching_families(func)]
+    assert tvm_dsm.plan(func).family.name == "attention"
+
+
+def test_where_the_families_that_take_it_cannot_plan_it_the_error_names_why_the_others_do_not():
+    """Attention at head dim 100 over 77 keys: only the generic cascade family takes it, and it
+    cannot split 77 keys; the error also names the attention families' own limit (the head dim)."""
     with pytest.raises(ClusterError) as refusal:
-        tvm_dsm.plan(te.create_prim_func([q, k, v, topi.cast(o, "float16")]))
+        tvm_dsm.plan(_prefill_attention(1, 4, 77, 100))
     text = str(refusal.value)
     assert text.startswith("fused_cascade cannot plan it: reduction extent 77"), text
     assert "attention: head dim 100" in text and "decode_attention:" in text, text
