@@ -545,3 +545,47 @@ def test_a_bias_over_the_batch_viewed_by_windows_and_a_second_bias_are_one_mask(
     got, want = (relax.VirtualMachine(tvm.compile(m, target=LLVM), tvm.cpu())["main"](
         *(tvm.runtime.tensor(a) for a in args)).numpy().astype(np.float64) for m in (rewritten, mod))
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-3
+
+
+@I.ir_module
+class TokenMixing:
+    """MLP-Mixer's token mixing as torch's importer writes a Linear over a transposed 3-D input:
+    ``bmm`` of both operands expanded to the batch (the weight's transpose copied per sample)."""
+
+    @R.function
+    def main(x: R.Tensor((3, 20, 8), "float32"), w: R.Tensor((12, 20), "float32"), b: R.Tensor((12,), "float32")):
+        with R.dataflow():
+            xt = R.permute_dims(x, axes=[0, 2, 1])
+            wt = R.permute_dims(w, axes=[1, 0])
+            xb = R.broadcast_to(xt, R.shape([3, 8, 20]))
+            wb = R.broadcast_to(wt, R.shape([3, 20, 12]))
+            y = R.add(R.matmul(xb, wb, out_dtype="float32"), b)
+            out = R.permute_dims(y, axes=[0, 2, 1])
+            R.output(out)
+        return out
+
+
+@I.ir_module
+class OuterBroadcasts:
+    """Both operands of a product broadcast from matrices: dropping both would change its shape,
+    the weight's alone does not."""
+
+    @R.function
+    def main(x: R.Tensor((8, 20), "float32"), w: R.Tensor((20, 12), "float32")):
+        with R.dataflow():
+            out = R.matmul(R.broadcast_to(x, R.shape([3, 8, 20])), R.broadcast_to(w, R.shape([3, 20, 12])))
+            R.output(out)
+        return out
+
+
+def test_a_product_of_operands_broadcast_along_the_batch_reads_them_unbroadcast():
+    rewritten = RewriteToRelaxOps(TokenMixing)
+    assert "broadcast_to" not in rewritten.script()
+    assert RewriteToRelaxOps(OuterBroadcasts).script().count("R.broadcast_to") == 1
+    rng = np.random.default_rng()
+    inputs = [rng.standard_normal(s).astype("float32") for s in ((3, 20, 8), (12, 20), (12,))]
+    outs = [relax.VirtualMachine(tvm.compile(m, LLVM), tvm.cpu())["main"](*map(tvm.runtime.tensor, inputs)).numpy()
+            for m in (TokenMixing, rewritten)]
+    ref = (inputs[0].transpose(0, 2, 1).astype(np.float64) @ inputs[1].T + inputs[2]).transpose(0, 2, 1)
+    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-6, atol=1e-6)
+    assert np.linalg.norm(outs[1] - ref) / np.linalg.norm(ref) < 1e-5

@@ -112,6 +112,33 @@ def test_a_norm_over_a_symbolic_batch_and_sequence_builds_the_row_norm(caplog):
     assert "row_norm" in caplog.text and "scheduled as matrices" in caplog.text
 
 
+def _broadcast_weight_batch_matmul(batch: int, m: int, n: int, k: int, dtype: str = "float16"):
+    """TOPI's ``batch_matmul`` of activations ``[batch, m, k]`` by one ``[1, n, k]`` weight (what a
+    Linear over a transposed 3-D input imports as), fp32 accumulation cast to ``dtype``."""
+    x = te.placeholder((batch, m, k), dtype, "x")
+    w = te.placeholder((1, n, k), dtype, "w")
+    return te.create_prim_func([x, w, topi.cast(topi.nn.batch_matmul(x, w, out_dtype="float32"), dtype)])
+
+
+def test_a_weight_of_a_batch_of_one_is_the_matrix_it_holds():
+    rng = np.random.default_rng()
+    func = _broadcast_weight_batch_matmul(3, 5, 24, 16, "float32")
+    matrices = rows_as_matrix(func)
+    assert [[int(d) for d in p.ty.shape] for p in matrices.func.params] == [[15, 16], [24, 16], [15, 24]]
+    x, w = rng.standard_normal((3, 5, 16)).astype("float32"), rng.standard_normal((1, 24, 16)).astype("float32")
+    got = _run_on_llvm(over_original_tensors(func, matrices, matrices.func), [x, w], (3, 5, 24))
+    ref = x.astype(np.float64) @ w[0].astype(np.float64).T
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-5
+
+
+def test_a_batch_matmul_of_a_broadcast_weight_builds_as_a_split_k_gemm(caplog):
+    with caplog.at_level(logging.INFO, logger="tvm_dsm.driver"):
+        sch = tvm_dsm.driver.schedule(_broadcast_weight_batch_matmul(8, 197, 768, 768), TARGET)
+    assert "scheduled as matrices" in caplog.text
+    assert [len(p.ty.shape) for p in sch.mod["main"].params] == [3, 3, 3]  # called as written
+    assert "tensormap" in cuda_source(sch.mod).lower()
+
+
 def _batched_weights():
     a = te.placeholder((4, 32, 64), "float16", "a")
     b = te.placeholder((4, 48, 64), "float16", "b")
@@ -233,6 +260,21 @@ def test_a_rank_3_linear_is_correct_on_the_gpu(batch, seq, dtype):
     assert not np.isnan(got).any()
     ref = np.maximum(x.astype(np.float64) @ w.astype(np.float64).T + b, 0)
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("batch", "m", "n", "k"), [(8, 197, 768, 768), (3, 50, 96, 200)])
+def test_a_batch_matmul_of_a_broadcast_weight_is_correct_on_the_gpu(batch, m, n, k):
+    rng = np.random.default_rng()
+    x = rng.standard_normal((batch, m, k)).astype("float16")
+    w = (rng.standard_normal((1, n, k)) / np.sqrt(k)).astype("float16")
+    lib = tvm_dsm.build(_broadcast_weight_batch_matmul(batch, m, n, k), TARGET)
+    dev = tvm.cuda(0)
+    out = tvm.runtime.tensor(np.full((batch, m, n), np.nan, "float16"), dev)
+    lib(tvm.runtime.tensor(x, dev), tvm.runtime.tensor(w, dev), out)
+    got = out.numpy().astype(np.float64)
+    ref = x.astype(np.float64) @ w[0].astype(np.float64).T
+    assert not np.isnan(got).any() and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
 
 
 @pytest.mark.gpu

@@ -488,6 +488,51 @@ def rewrite_batched_views(func: relax.Function) -> relax.Function:
     return _rewrite(root, replacement, func)
 
 
+def rewrite_broadcast_operands(func: relax.Function) -> relax.Function:
+    """``func`` with every ``broadcast_to`` of a product's operand along its batch axes (torch's
+    ``matmul`` of a 3-D input by a Linear's weight, which the importer writes as ``bmm`` of both
+    operands expanded to the batch: MLP-Mixer's token mixing over a transposed input) dropped
+    where Relax's ``matmul``, which broadcasts batch axes itself, gives the same shape without
+    it: no copy of the weight for every batch element, and a product of a matrix that the GEMM
+    families take with its rows merged; ``func`` itself where none matches."""
+    a, b = wildcard(), wildcard()
+    root = is_op("relax.matmul")(a, b)
+
+    def unbroadcast(x):
+        if not is_op_call(x, "relax.broadcast_to") or _tensor(x.args[0]) is None or _tensor(x) is None:
+            return x
+        inner, outer = _tensor(x.args[0]).shape.values, _tensor(x).shape.values
+        analyzer = Analyzer()  # the matrix axes kept, only batch axes broadcast
+        same = len(inner) >= 2 and all(analyzer.can_prove_equal(d, o) for d, o in zip(inner[-2:], outer[-2:]))
+        return x.args[0] if same else x
+
+    def same_shape(operands, orig) -> bool:
+        """Whether the product of ``operands`` (each of rank 2 or more) has ``orig``'s shape:
+        their batch axes broadcast (right-aligned, an axis of 1 taking the other's), then the
+        rows of the first and the columns of the second."""
+        shapes = [_tensor(o).shape.values if _tensor(o) is not None else None for o in operands]
+        if any(s is None or len(s) < 2 for s in shapes):
+            return False
+        (x, w), out, analyzer = shapes, _tensor(orig).shape.values, Analyzer()
+        lead = max(len(x), len(w)) - 2
+        batch = []
+        for n in range(lead):
+            dims = [s[len(s) - 2 - lead + n] for s in (x, w) if len(s) - 2 - lead + n >= 0]
+            batch.append(next((d for d in dims if not analyzer.can_prove_equal(d, 1)), dims[0]))
+        shape = [*batch, x[-2], w[-1]]
+        return len(shape) == len(out) and all(analyzer.can_prove_equal(p, q) for p, q in zip(shape, out))
+
+    def replacement(orig, m):
+        if _tensor(orig) is None:
+            return orig
+        x, w = m[a], m[b]  # both unbroadcast, else the weight's side, else the input's
+        for operands in ((unbroadcast(x), unbroadcast(w)), (x, unbroadcast(w)), (unbroadcast(x), w)):
+            if not (operands[0].same_as(x) and operands[1].same_as(w)) and same_shape(operands, orig):
+                return relax.op.matmul(*operands, out_dtype=orig.attrs.out_dtype)
+        return orig
+    return _rewrite(root, replacement, func)
+
+
 def rewrite_scaled_views(func: relax.Function) -> relax.Function:
     """``func`` with every view of scaled scores (``reshape(cast(x * c))``, ``x`` a product perhaps
     cast: torch's ``baddbmm`` with ``alpha = c`` over ``[batch * heads]`` views, then viewed back,
@@ -958,7 +1003,7 @@ def rewrite_attentions(func: relax.Function) -> relax.Function:
 #: The rewrites :data:`RewriteToRelaxOps` applies, in order.
 REWRITES = (rewrite_rms_norms, rewrite_row_max_values, rewrite_softmaxes, rewrite_silus, rewrite_unit_axis_views,
             rewrite_scaled_views, rewrite_head_rows, rewrite_window_biases, rewrite_attentions, rewrite_batched_views,
-            rewrite_widened_products, rewrite_slices_before_permutes,
+            rewrite_broadcast_operands, rewrite_widened_products, rewrite_slices_before_permutes,
             rewrite_permutes,  # attention matches k's transpose alone; its own layout cancels torch's
             rewrite_transposed_operands)
 

@@ -1,6 +1,9 @@
 """Tensors whose leading axes are rows, as matrices: ``x[b, s, k] @ W`` as a GEMM of ``b * s`` rows.
 
-(Likewise a norm over ``x[b, s, h]``: rows of ``h``, its statistics one value a row.)
+(Likewise a norm over ``x[b, s, h]``: rows of ``h``, its statistics one value a row. A weight
+with leading axes of one element, read at 0 along them, is taken as the matrix it holds: TOPI's
+``batch_matmul`` of activations by a broadcast ``[1, N, K]`` weight, as a Linear over a
+transposed 3-D input imports, is a GEMM of ``batch * M`` rows.)
 
 A linear layer written over activations of rank 3 (``x[batch, seq, in]``: hand-written TE, or a
 Relax ``matmul`` legalized outside tvm-dsm's pipeline) is a GEMM whose rows are the leading
@@ -144,6 +147,26 @@ class Matrices:
     rows: tuple[tirx.Var, tirx.PrimExpr] | None = None
 
 
+def _unit_axes_read_at_zero(region, params) -> int:
+    """How many leading axes of one element the parameter read in ``region`` has, each read at 0
+    (a weight of a batch of one: ``w[0, j, k]``), short of the last two; 0 for any other read."""
+    buf, units = region.source, 0
+    if not any(buf.same_as(p) for p in params):
+        return 0
+    for extent, r in zip(buf.shape[:-2], region.region):
+        if not (isinstance(extent, tirx.IntImm) and int(extent) == 1 and isinstance(r.min, tirx.IntImm)
+                and int(r.min) == 0):
+            break
+        units += 1
+    return units
+
+
+def _dropping(units: int, buf: tirx.Buffer) -> tirx.IndexMap:
+    """The index map of ``buf``'s axes without its first ``units`` (of one element each)."""
+    return tirx.IndexMap.from_func(lambda *axes: list(axes[units:]), ndim=len(buf.shape),
+                                   index_dtype=str(buf.shape[0].ty))
+
+
 def has_row_axes(func: tirx.PrimFunc) -> bool:
     """Whether ``func``'s tensors have leading row axes to merge (the analysis alone, without
     the schedule :func:`rows_as_matrix` runs)."""
@@ -170,6 +193,11 @@ def rows_as_matrix(func: tirx.PrimFunc) -> Matrices | None:
                 if any(buf.same_as(b) for b in indexed) and not any(buf.same_as(d) for d in done):
                     sch.transform_layout(block_rv, (kind, index), _merging(len(buf.shape), extents, rows))
                     done.append(buf)
+        for index, region in enumerate(block.reads):
+            units = _unit_axes_read_at_zero(region, func.params)
+            if units and not any(region.source.same_as(d) for d in done):
+                sch.transform_layout(block_rv, ("read", index), _dropping(units, region.source))
+                done.append(region.source)
         sch.transform_block_layout(block_rv, _merging(len(block.iter_vars), extents, rows))
     merged = sch.mod["main"]
     count = Analyzer().simplify(functools.reduce(lambda a, b: a * b, extents))
