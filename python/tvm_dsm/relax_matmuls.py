@@ -115,7 +115,7 @@ ELEMENTWISE_BINARY = ("relax.add", "relax.subtract", "relax.multiply", "relax.di
 ROW_WISE = ("relax.nn.layer_norm", "relax.nn.rms_norm")
 
 
-def _rows_of_several_variables(call: relax.Call) -> bool:
+def rows_of_several_variables(call: relax.Call) -> bool:
     """Whether ``call`` (of :data:`ROW_WISE`) reduces over the last axis alone of a tensor whose
     leading axes hold two extent variables or more (``[batch, seq, hidden]``): a row count no
     family takes unless it is one variable. (With one, the families take the tensor as it is,
@@ -145,7 +145,7 @@ class _Rewriter(PyExprMutator):
         if isinstance(call.op, tvm.ir.Op) and call.op.name in (*ELEMENTWISE_UNARY, *ELEMENTWISE_BINARY):
             mapped = self._matrix_elementwise(call)
             return call if mapped is None else mapped
-        if isinstance(call.op, tvm.ir.Op) and call.op.name in ROW_WISE and _rows_of_several_variables(call):
+        if isinstance(call.op, tvm.ir.Op) and call.op.name in ROW_WISE and rows_of_several_variables(call):
             return self._matrix_row_wise(call)
         if is_op_call(call, "relax.reshape"):  # a view of a product reshaped back to its matrix: the matrix
             matrix = self._matrix_viewed(call.args[0])

@@ -4,8 +4,11 @@ TOPI's ``layer_norm`` takes fp32 and fp16 only: a bf16 model with ``nn.LayerNorm
 GPT-2, a ViT in bf16) fails to compile on TVM's own pipeline ("layer_norm: only support float32
 and float16"). :data:`NormsInFp32` computes each such norm in fp32, its input, weight and bias
 cast up, and rounds the result to bf16 once: what mixed-precision frameworks compute, never less
-accurate than the bf16 arithmetic asked for. Relax fuses the casts into the norm's function,
-which the row norm family takes.
+accurate than the bf16 arithmetic asked for. The casts are written into the norm's own function
+(Relax would not fuse a cast into a norm's input: the activation's cast would be a kernel of
+its own, and the weight's and bias's a kernel every call), which the row norm family takes;
+except where the rows are of several extent variables (``[batch, seq, width]``, both symbolic),
+which :mod:`tvm_dsm.relax_matmuls` first merges into one row variable from the operator.
 
 ``R.nn.attention`` (``nn.op.scaled_dot_product_attention``) of 16-bit tensors with an explicit
 ``scale`` (with or without a bias) legalizes to a multiplication by an fp32 constant whose result the function declares
@@ -21,15 +24,22 @@ from __future__ import annotations
 import math
 
 import tvm
-from tvm import relax
+from tvm import relax, te, topi
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .relax_matmuls import SIXTEEN_BIT, is_op_call, rewrite_functions
+from .relax_matmuls import SIXTEEN_BIT, is_op_call, rewrite_functions, rows_of_several_variables
 
 #: Relax's attention operators (``R.nn.attention`` is ``relax.nn.attention_bias`` with a bias).
 ATTENTIONS = ("relax.nn.attention", "relax.nn.attention_bias")
 #: The type whose layer norms are computed in fp32.
 _NARROW = "bfloat16"
+
+
+def _layer_norm_in_fp32(x: te.Tensor, weight: te.Tensor, bias: te.Tensor, axes: list, epsilon: float) -> te.Tensor:
+    """TOPI's ``layer_norm`` of ``x``, ``weight`` and ``bias`` cast to fp32, rounded back to
+    ``x``'s type: one function, the casts read where the norm reads its operands."""
+    wide = [topi.cast(t, "float32") for t in (x, weight, bias)]
+    return topi.cast(topi.nn.layer_norm(*wide, axis=axes, epsilon=epsilon), x.dtype)
 
 
 @mutator
@@ -38,8 +48,14 @@ class _NormRewriter(PyExprMutator):
         call = super().visit_call_(call)
         if not (is_op_call(call, "relax.nn.layer_norm") and call.ty.dtype == _NARROW):
             return call
-        wide = [self.builder_.emit(relax.op.astype(arg, "float32")) for arg in call.args]
         attrs = call.attrs
+        if attrs.center and attrs.scale and not rows_of_several_variables(call):
+            # the casts inside the norm's own function (Relax would not fuse a cast into a
+            # norm's input); rows of several variables are first merged into one by
+            # MatmulsAsMatrices, which reads the operator, and keep their casts apart
+            return self.builder_.call_te(_layer_norm_in_fp32, *call.args, axes=[int(a) for a in attrs.axes],
+                                         epsilon=float(attrs.epsilon), primfunc_name_hint="layer_norm")
+        wide = [self.builder_.emit(relax.op.astype(arg, "float32")) for arg in call.args]
         norm = relax.op.nn.layer_norm(*wide, axes=list(attrs.axes), epsilon=attrs.epsilon, center=attrs.center,
                                       scale=attrs.scale)
         return relax.op.astype(self.builder_.emit(norm), _NARROW)
