@@ -390,6 +390,16 @@ def _gate_and_up_columns_of_one_product():
     return te.create_prim_func([x, w, h])
 
 
+def _product_to_two_outputs(m: int = 128):
+    """``y = x @ w^T`` written out twice, as ``cast(y)`` and ``cast(relu(y))`` (a layer keeping
+    its pre-activation): dlight's whole schedule of it is ill-formed."""
+    x, w = te.placeholder((m, 1024), "float16", name="x"), te.placeholder((4096, 1024), "float16", name="w")
+    k = te.reduce_axis((0, 1024), name="k")
+    y = te.compute((m, 4096), lambda i, j: te.sum(x[i, k].astype("float32") * w[j, k].astype("float32"), axis=k),
+                   name="y")
+    return te.create_prim_func([x, w, topi.cast(y, "float16"), topi.cast(topi.nn.relu(y), "float16")])
+
+
 @T.prim_func(s_tir=True)
 def _gemv_into_a_plain_allocation(a: T.Buffer((2, 4096), "float16"), w: T.Buffer((1000, 4096), "float16"),
                                   o: T.Buffer((2, 1000), "float16")):
@@ -419,12 +429,14 @@ def _update_without_init(a: T.Buffer((128, 128), "float16"), b: T.Buffer((128, 1
             c[vi, vj] = c[vi, vj] + T.Cast("float32", a[vi, vk]) * T.Cast("float32", b[vk, vj])
 
 
-@pytest.mark.parametrize("make", [_int8_products, _gate_and_up_columns_of_one_product])
+@pytest.mark.parametrize("make", [_int8_products, _gate_and_up_columns_of_one_product, _product_to_two_outputs])
 def test_functions_the_families_refuse_and_dlight_fails_on_still_build(make):
     """Written by users (a sweep of 64 independently written GEMMs): dlight's tensor-core
     schedule of an int8 GEMM for "sm_90" does not lower, so its CUDA-core one builds it; an
     epilogue over two columns of one product, which the GEMM families refuse and dlight's
-    matmul rule asserts on, gets dlight's fallback rule."""
+    matmul rule asserts on, gets dlight's fallback rule; a product written to two outputs, whose
+    whole schedule by dlight does not lower, one schedule per operator (the product, then each
+    output's epilogue)."""
     lib = tvm_dsm.build(make())
     assert "__global__" in lib.mod.imports[0].inspect_source()
 
@@ -464,3 +476,18 @@ def test_a_family_schedule_that_fails_is_a_warning_and_a_stock_build(monkeypatch
         lib = tvm_dsm.build(func)
     assert "failed (a tvm-dsm bug)" in caplog.text
     assert "__global__" in lib.mod.imports[0].inspect_source()
+
+
+@pytest.mark.gpu
+def test_a_product_written_to_two_outputs_is_correct_on_the_gpu():
+    rng = np.random.default_rng()
+    x = rng.standard_normal((128, 1024)).astype("float16")
+    w = (rng.standard_normal((4096, 1024)) / 32).astype("float16")
+    lib = tvm_dsm.build(_product_to_two_outputs())
+    dev = tvm.cuda(0)
+    outs = [tvm.runtime.tensor(np.full((128, 4096), np.nan, "float16"), dev) for _ in range(2)]
+    lib(tvm.runtime.tensor(x, dev), tvm.runtime.tensor(w, dev), *outs)
+    y = x.astype(np.float64) @ w.astype(np.float64).T
+    for out, ref in zip(outs, (y, np.maximum(y, 0))):
+        got = out.numpy().astype(np.float64)
+        assert not np.isnan(got).any() and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3

@@ -294,11 +294,22 @@ def _compiled_fallback(func: tirx.PrimFunc, target, reason: ClusterError, hw: Ha
     """``func`` compiled from :func:`_fallback_schedule`; where that does not lower, from its
     schedule without tvm-dsm's families; where dlight's tensor-core schedule for "sm_90" does not
     lower either (its int8 WMMA products), from dlight's schedule for ``target`` itself, which
-    keeps to the CUDA cores. ClusterError where nothing schedules the function."""
+    keeps to the CUDA cores. Where a schedule of the function whole does not lower (dlight's of a
+    product written to two outputs is ill-formed), one schedule per operator first.
+    ClusterError where nothing schedules the function."""
     try:
         return tvm.compile(_fallback_schedule(func, target, reason, hw).mod, target=target)
     except (ClusterError, *FAMILY_FAILURES) as lowering:  # a tvm-dsm kernel of an operator does not lower
-        LOG.warning("the fallback with tvm-dsm's families does not lower (%s); dlight's alone", last_line(lowering))
+        LOG.warning("the fallback with tvm-dsm's families does not lower (%s)", last_line(lowering))
+    operators = _operators(narrow_indices(func) if extent_variables(func) else func)
+    if len(operators) >= 2:
+        try:
+            scheduled = _per_operator(narrow_indices(func) if extent_variables(func) else func, operators,
+                                      target, hw, True)
+            LOG.warning("scheduled one operator at a time instead")
+            return tvm.compile(scheduled.mod, target=target)
+        except (ClusterError, ScheduleError, *FAMILY_FAILURES) as lowering:
+            LOG.warning("one operator at a time does not lower either (%s); dlight's alone", last_line(lowering))
     try:
         return tvm.compile(_fallback_schedule(func, target, reason, hw, families=False).mod, target=target)
     except FAMILY_FAILURES as lowering:

@@ -3,8 +3,8 @@
 TVM's stock GPU schedules (dlight) and tvm-dsm's families each take one operator: a matmul with
 its epilogue, a reduction, an elementwise map. A function holding two GEMMs (an FFN that no
 family fuses: weights ``[K, N]``, fp32, sizes off the tiles) is split into one function per
-operator: a reduction with the elementwise blocks after it, or a run of elementwise blocks
-(``products_together``: a gated layer's two products, ``silu(X @ Wg^T) * (X @ Wu^T)``, are one
+operator: a reduction with the elementwise blocks after it (those leading to each output apart,
+where it reaches several), or a run of elementwise blocks (``products_together``: a gated layer's two products, ``silu(X @ Wg^T) * (X @ Wu^T)``, are one
 operator, which the gated split-K GEMM and the row GEMV compute in one kernel reading X once). A
 buffer passed between operators becomes a parameter of each function that touches it.
 :func:`merge_operators` puts the scheduled functions back into one, those buffers allocated in
@@ -106,6 +106,33 @@ def _groups(nests: list[tirx.Stmt], products_together: bool) -> list[list[tirx.S
     return groups
 
 
+def _one_output_each(group: list[tirx.Stmt], params: list) -> list[list[tirx.Stmt]]:
+    """``group`` (a reduction and its epilogue) as the reduction alone, then its epilogue's runs
+    each ending at an output, where its epilogue writes more than one of the function's outputs
+    (``cast(y)`` and ``cast(gelu(y))``: no schedule takes a product to two outputs); else
+    ``group`` itself."""
+    def writes_output(nest) -> bool:
+        return any(w.source.same_as(p) for w in _block(nest).writes for p in params)
+
+    if not _is_reduction(_block(group[0])):
+        return [group]
+    derived, reached = [w.source for w in _block(group[0]).writes], 0  # what the product reaches
+    for nest in group[1:]:
+        block = _block(nest)
+        if any(r.source.same_as(d) for r in block.reads for d in derived):
+            derived += [w.source for w in block.writes]
+            reached += writes_output(nest)
+    if reached < 2:
+        return [group]
+    parts, run = [group[:1]], []
+    for nest in group[1:]:
+        run.append(nest)
+        if writes_output(nest):
+            parts.append(run)
+            run = []
+    return parts + ([run] if run else [])
+
+
 def _outputs(used: list[tuple[list, list]], i: int, params: list) -> list[tirx.Buffer]:
     """What group ``i`` writes (``used``: each group's :func:`_buffers`) that a parameter holds
     or a later group reads or writes."""
@@ -159,7 +186,7 @@ def split_operators(func: tirx.PrimFunc, products_together: bool = False) -> lis
     root = func.body.block
     nests = items(root.body)
     params = list(func.params)
-    groups = _groups(nests, products_together)
+    groups = [part for group in _groups(nests, products_together) for part in _one_output_each(group, params)]
     if products_together:
         groups = _combined_products(groups, params)
     used = [_buffers(g) for g in groups]
