@@ -13,7 +13,7 @@ import tvm
 from tvm import te
 
 import tvm_dsm
-from conftest import LLVM, TARGET, relax_cuda_source
+from conftest import LLVM, TARGET
 from conftest import kernels as cuda_kernels
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.rules.aligned_rows import pad_rows_to_vectors
@@ -155,43 +155,3 @@ def test_gpu_a_gated_layer_of_an_int64_row_count_matches_float64():
         g, u = (x.astype(np.float64) @ w.astype(np.float64).T for w in (wg, wu))
         ref = _silu(g) * u
         assert np.linalg.norm(out.numpy() - ref) / np.linalg.norm(ref) < 2e-3, m
-
-
-def _relax_linear(rows: int, k: int, n: int):
-    """A Relax model's fp16 linear layer over ``k`` inputs (MLP-Mixer's 196 tokens), with a bias."""
-    from tvm.relax.frontend import nn
-
-    class Linear(nn.Module):
-        def __init__(self):
-            self.fc = nn.Linear(k, n, dtype="float16")
-
-        def forward(self, x):
-            return self.fc(x)
-
-    return Linear().export_tvm({"forward": {"x": nn.spec.Tensor([rows, k], "float16")}})[0]
-
-
-def test_a_relax_linear_of_rows_off_16_bytes_takes_the_padded_copies():
-    """The Relax pipeline schedules it as build does: padded copies, then the tensor-core GEMM."""
-    from tvm_dsm.model_report import relax_report
-
-    report = relax_report(_relax_linear(4096, 196, 384))
-    assert [row.where for row in report.rows] == ["padded_rows"], report.format()
-    executable = tvm.compile(_relax_linear(4096, 196, 384), target=TARGET, relax_pipeline="tvm_dsm")
-    found = cuda_kernels(relax_cuda_source(executable.mod))
-    assert sum("CUtensorMap" in k for k in found.values()) == 1, list(found)
-
-
-@pytest.mark.gpu
-def test_gpu_a_relax_linear_of_rows_off_16_bytes_matches_float64():
-    from tvm import relax
-
-    rng = np.random.default_rng()
-    x = rng.standard_normal((4096, 196)).astype(np.float16)
-    w = (rng.standard_normal((384, 196)) / 14).astype(np.float16)
-    b = rng.standard_normal(384).astype(np.float16)
-    dev = tvm.cuda(0)
-    vm = relax.VirtualMachine(tvm.compile(_relax_linear(4096, 196, 384), target=TARGET, relax_pipeline="tvm_dsm"), dev)
-    got = vm["forward"](*(tvm.runtime.tensor(a, dev) for a in (x, w, b))).numpy().astype(np.float64)
-    ref = x.astype(np.float64) @ w.astype(np.float64).T + b
-    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3

@@ -429,9 +429,16 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
         return matrices
     LOG.info("tvm-dsm falls back from its families: %s", reason)
     func = widen_accumulation(func) or func
-    padded = schedule_padded_rows(func, target, hw) if families else None
-    if padded is not None:
-        return padded
+    misaligned = misaligned_products(func) if families else None
+    if misaligned is not None and pads_faster(misaligned, hw or load_hardware()):
+        try:
+            aligned = pad_rows_to_vectors(func)
+            if aligned is not None:
+                scheduled = _per_operator(aligned, _operators(aligned), target, hw, families)
+                LOG.info("its 16-bit rows are off 16 bytes: copied to whole rows, a kernel per operator")
+                return scheduled
+        except Exception as err:  # noqa: BLE001  (the unpadded paths below still apply)
+            LOG.info("its 16-bit rows padded to whole rows do not schedule (%s)", str(err).strip().splitlines()[-1])
     # indexed in int32 as every range's kernel is (tvm_dsm.ir.narrow_indices): the operators'
     # schedules then share the merged function's row-count variable
     func = narrow_indices(func) if extent_variables(func) else func
@@ -459,26 +466,6 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
         raise per_operator_error
     LOG.info("scheduling its %d operators one by one (dlight: %s)", len(operators), whole)
     return _per_operator(func, operators, target, hw, families)
-
-
-def schedule_padded_rows(func: tirx.PrimFunc, target=H100, hw: Hardware | None = None) -> s_tir.Schedule | None:
-    """``func``, a 16-bit product whose operand rows are off 16 bytes (K = 196, say), scheduled
-    over zero-filled copies padded to whole rows, a kernel per operator (the tensor-core GEMM
-    between the copies: :mod:`tvm_dsm.rules.aligned_rows`), where that is predicted faster than
-    the CUDA cores; None otherwise, or where the padded form does not schedule."""
-    misaligned = misaligned_products(func)
-    if misaligned is None or not pads_faster(misaligned, hw or load_hardware()):
-        return None
-    try:
-        aligned = pad_rows_to_vectors(func)
-        if aligned is None:
-            return None
-        scheduled = _per_operator(aligned, _operators(aligned), target, hw, True)
-    except Exception as err:  # noqa: BLE001  (the unpadded paths still apply)
-        LOG.info("its 16-bit rows padded to whole rows do not schedule (%s)", str(err).strip().splitlines()[-1])
-        return None
-    LOG.info("its 16-bit rows are off 16 bytes: copied to whole rows, a kernel per operator")
-    return scheduled
 
 
 def _as_matrices(func: tirx.PrimFunc, target, hw: Hardware | None, families: bool = True) -> s_tir.Schedule | None:

@@ -26,8 +26,8 @@ import tvm
 from tvm import relax, tirx
 from tvm.s_tir import meta_schedule as ms
 
-from .driver import (FAMILY_FAILURES, H100, operator_families, plan, replay, schedule_operators, schedule_padded_rows,
-                     schedule_row_ranges, tuning_record)
+from .driver import (FAMILY_FAILURES, H100, operator_families, plan, replay, schedule_operators, schedule_row_ranges,
+                     tuning_record)
 from .stock import stock_rules, stock_target
 from .errors import ClusterError, last_line
 from .families.row_ranges import range_variable
@@ -57,9 +57,6 @@ TUNED_IN_TVM_SPACE = "meta_schedule"
 #: ``FAMILY_ATTR`` of a function of two or more matmuls no family takes whole, scheduled one
 #: operator at a time (:func:`tvm_dsm.driver.schedule_operators`).
 PER_OPERATOR = "per_operator"
-#: ``FAMILY_ATTR`` of a 16-bit product whose operand rows are off 16 bytes, scheduled over
-#: copies padded to whole rows (:func:`tvm_dsm.driver.schedule_padded_rows`).
-PADDED_ROWS = "padded_rows"
 #: The PrimFunc attribute holding the error of a family that crashed on the function.
 CRASH_ATTR = "tvm_dsm.crash"
 
@@ -128,13 +125,6 @@ class ScheduleTIR:
                     continue
                 if form is None:
                     continue  # dlight's
-                padded = schedule_padded_rows(form, self.target, self.hw)
-                if padded is not None and self._lowers(gv, padded, "its padded rows' schedule"):
-                    self.choices[gv.name_hint] = Choice(reason="its rows padded to 16 bytes, then its operators: "
-                                                        + ", ".join(operator_families(padded.mod["main"], self.target,
-                                                                                      self.hw)))
-                    updates[gv] = padded.mod["main"].with_attrs({"tirx.is_scheduled": True, FAMILY_ATTR: PADDED_ROWS})
-                    continue
                 try:  # two matmuls no family takes together (a grouped chain or attention)
                     sch = schedule_operators(form, self.target, self.hw)
                 except ClusterError:
