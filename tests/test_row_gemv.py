@@ -187,6 +187,20 @@ def test_lanes_split_k_and_rows_split_the_ctas(config):
                         (str(config.threads_per_row), "threadIdx.x"), (str(config.threads_per_row), "threadIdx.x")]
 
 
+def test_a_short_k_takes_two_lanes_a_row_and_one_lane_is_refused():
+    """K = 32 (a small MoE expert's down projection): one lane a row bound the rows to threadIdx.x
+    beside it, and each CTA computed its first row alone; its default takes two lanes, the rows
+    threadIdx.y, and a one-lane configuration is refused by name."""
+    found = find_row_gemv(scheduling_form(_residual_dense(64, 32)))
+    config = default_config(found)
+    assert config.threads_per_row == 2
+    script = schedule_row_gemv(found, config).mod["main"].script()
+    bindings = re.findall(r'T.thread_binding\((\d+), thread="(\w+\.\w)"\)', script)
+    assert (str(config.rows_per_cta), "threadIdx.y") in bindings, bindings
+    with pytest.raises(ClusterError, match="1 lane a row"):
+        check_config(found, RowGemvConfig(8, 1, 2))
+
+
 def test_a_row_gemv_compiles_for_hopper(assemble):
     lib = tvm_dsm.build(_residual_dense(2048, 8192), H100)
     assemble(lib.mod.imports[0].inspect_source(), "row_gemv")

@@ -145,6 +145,10 @@ def find_gemv(func: tirx.PrimFunc, weight_nk: bool) -> Gemv:
 #: ``bench/results/archive/batched_row_gemv_s58.json``). fp32 has no tensor-core GEMM to lose to
 #: and half the multiply-adds per byte of W: up to 8 rows. fp8 as 16-bit.
 MAX_ROWS = {1: 2, 2: 2, 4: 8}
+#: The fewest lanes any row takes: with one, s_tir binds the rows' loop to threadIdx.x beside the
+#: lane's (the rows' threadIdx.y dropped), and each CTA computed its first row alone (a MoE
+#: block's 64 x 32 expert GEMV at one token: 7 of 8 outputs zero on the H200).
+MIN_LANES = 2
 #: The fewest lanes a row of several rows' schedule takes (more lanes than rows: each row's lane
 #: sum is told from the rows by its extent).
 MIN_LANES_FOR_ROWS = 4
@@ -273,7 +277,7 @@ def _default_lanes(found: Gemv) -> int:
     on 75 lanes 2.2 us (dlight's GEMV 20.9, torch 6.1), fp32 2 x 14336 x 3000 45.3 (the CUDA-core
     GEMM 130.6, torch 69.5), an fp32 FFN of one row over K = 1000 on 25 lanes 6.6 (19.3, torch
     14.3); 16-bit rows over K = 1000 on 25 lanes ran 10-16% slower than the split-K GEMM."""
-    vectors, most = found.k // found.vector, min(128, max(1, found.k // 32))
+    vectors, most = found.k // found.vector, min(128, max(MIN_LANES, found.k // 32))
     lanes = largest_power_of_two(vectors, most)
     if vectors // lanes > MAX_LONG_VECTORS_PER_LANE:
         divisor = max(d for d in range(1, most + 1) if vectors % d == 0)
@@ -305,6 +309,9 @@ def candidate_configs(found: Gemv, default: RowGemvConfig | None = None) -> list
 
 def check_config(found: Gemv, config: RowGemvConfig) -> None:
     """ClusterError naming the first limit ``config`` breaks for ``found``."""
+    if config.threads_per_row < MIN_LANES:
+        raise ClusterError(f"{config.threads_per_row} lane a row: at least {MIN_LANES} (s_tir binds one lane's rows "
+                           "to threadIdx.x, and the kernel computes each CTA's first row alone)")
     if config.threads > MAX_CTA_THREADS:
         raise ClusterError(f"{config.threads} threads a CTA > {MAX_CTA_THREADS}")
     if found.rows > 1 and config.threads_per_row < min_lanes(found.rows):
