@@ -69,6 +69,42 @@ def test_reference_matches_llvm(case):
     assert max(errors) < bound, errors
 
 
+def _thread_axes_bound_twice(stmt, bound: dict, found: list) -> None:
+    """Append to ``found`` each loop bound to a thread axis inside a loop bound to the same axis
+    with another extent (one of them then covers the other's threads with the wrong count)."""
+    if isinstance(stmt, tvm.tirx.For) and stmt.kind == tvm.tirx.ForKind.THREAD_BINDING:
+        tag, extent = stmt.thread_binding.thread_tag, str(stmt.extent)
+        if tag.startswith("threadIdx") and bound.get(tag, extent) != extent:
+            found.append((tag, bound[tag], extent))
+        bound = {**bound, tag: extent}
+    if isinstance(stmt, tvm.tirx.SeqStmt):
+        inner = list(stmt.seq)
+    elif isinstance(stmt, tvm.tirx.IfThenElse):
+        inner = [stmt.then_case, stmt.else_case]
+    else:
+        inner = [getattr(stmt, name, None) for name in ("block", "body", "init")]
+    for child in inner:
+        if isinstance(child, tvm.tirx.Stmt):
+            _thread_axes_bound_twice(child, bound, found)
+
+
+def test_no_schedule_binds_a_thread_axis_inside_itself_with_another_extent():
+    """A row GEMV of one lane a row (K = 16 at one row) bound its rows to threadIdx.x inside the
+    lane's threadIdx.x of extent 1, and each CTA computed its first row alone: every small case's
+    schedule is checked for such nested bindings."""
+    found = {}
+    for case in generate(1, 80, small=True):
+        try:
+            sch = tvm_dsm.driver.schedule(case.func, TARGET)
+        except ClusterError:
+            continue
+        nested: list = []
+        _thread_axes_bound_twice(sch.mod["main"].body, {}, nested)
+        if nested:
+            found[case.name] = nested
+    assert not found, found
+
+
 def test_generator_is_seeded_and_covers_the_space():
     cases = generate(0, 300)
     assert [c.name for c in cases[:40]] == [c.name for c in generate(0, 40)]
