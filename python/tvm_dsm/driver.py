@@ -301,11 +301,11 @@ def _compiled_fallback(func: tirx.PrimFunc, target, reason: ClusterError, hw: Ha
         return tvm.compile(_fallback_schedule(func, target, reason, hw).mod, target=target)
     except (ClusterError, *FAMILY_FAILURES) as lowering:  # a tvm-dsm kernel of an operator does not lower
         LOG.warning("the fallback with tvm-dsm's families does not lower (%s)", last_line(lowering))
-    operators = _operators(narrow_indices(func) if extent_variables(func) else func)
+    narrowed = narrow_indices(func) if extent_variables(func) else func
+    operators = _operators(narrowed)
     if len(operators) >= 2:
         try:
-            scheduled = _per_operator(narrow_indices(func) if extent_variables(func) else func, operators,
-                                      target, hw, True)
+            scheduled = _per_operator(narrowed, operators, target, hw, True)
             LOG.warning("scheduled one operator at a time instead")
             return tvm.compile(scheduled.mod, target=target)
         except (ClusterError, ScheduleError, *FAMILY_FAILURES) as lowering:
