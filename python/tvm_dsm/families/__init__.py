@@ -92,8 +92,9 @@ def match_family(func: tirx.PrimFunc, target: Any = None,
 #: How much faster another family's best plan must be predicted than the most specific one's to
 #: be taken: the families' models are fitted each on its own kernels, not against each other.
 #: The decode kernel over one query was predicted 6x faster than the prefill kernel's padded
-#: query tiles (measured 2x); on a self-attention of 16-64 tokens the two were within 20% of each
-#: other, where the most specific keeps it.
+#: query tiles (measured 2x); over 16-32 tokens the attention kernel ran 1.3x faster than the
+#: decode kernel, which the decode family's compute term predicts within the margin, so the most
+#: specific keeps it (``bench/results/archive/short_attention_families_s86.json``).
 FAMILY_MARGIN = 1.25
 
 
