@@ -232,7 +232,7 @@ def _packed(binding_of, operand: relax.Expr, in_dataflow: bool) -> _Operand | No
                  if (found := _as_heads(source, at, shape, indices, analyzer)) is not None), None)
 
 
-def query_heads_per_kv_head(call: relax.Call) -> int:
+def _query_heads_per_kv_head(call: relax.Call) -> int:
     """How many query heads read each K/V head of the attention ``call`` (q, k, v ``[B, S, H,
     D]``): ``H / H_kv`` where k and v hold fewer heads that divide the query's, else 1."""
     heads = [constant_ints([t.ty.shape.values[2]]) if t.ty.shape is not None else None for t in call.args[:3]]
@@ -255,7 +255,7 @@ class _PackedRewriter(PyExprMutator):
         call = super().visit_call_(call)
         if not any(is_op_call(call, op) for op in ATTENTIONS) or call.attrs.window_size is not None:
             return call
-        group = query_heads_per_kv_head(call)
+        group = _query_heads_per_kv_head(call)
         in_dataflow = any(isinstance(arg, relax.DataflowVar) for arg in call.args)
         operands, bias = call.args[:3], call.args[3:]
         found = [_packed(self.lookup_binding, arg, in_dataflow) if is_op_call(call, _ATTENTION) else None

@@ -507,20 +507,13 @@ def rewrite_broadcast_operands(func: relax.Function) -> relax.Function:
         return x.args[0] if same else x
 
     def same_shape(operands, orig) -> bool:
-        """Whether the product of ``operands`` (each of rank 2 or more) has ``orig``'s shape:
-        their batch axes broadcast (right-aligned, an axis of 1 taking the other's), then the
-        rows of the first and the columns of the second."""
-        shapes = [_tensor(o).shape.values if _tensor(o) is not None else None for o in operands]
-        if any(s is None or len(s) < 2 for s in shapes):
-            return False
-        (x, w), out, analyzer = shapes, _tensor(orig).shape.values, Analyzer()
-        lead = max(len(x), len(w)) - 2
-        batch = []
-        for n in range(lead):
-            dims = [s[len(s) - 2 - lead + n] for s in (x, w) if len(s) - 2 - lead + n >= 0]
-            batch.append(next((d for d in dims if not analyzer.can_prove_equal(d, 1)), dims[0]))
-        shape = [*batch, x[-2], w[-1]]
-        return len(shape) == len(out) and all(analyzer.can_prove_equal(p, q) for p, q in zip(shape, out))
+        """Whether Relax's product of ``operands`` has ``orig``'s shape (its own shape
+        inference, on variables of the operands' types)."""
+        leaves = [relax.Var("operand", o.ty) for o in operands]
+        ty = relax.BlockBuilder().normalize(relax.op.matmul(*leaves)).ty
+        out, analyzer = _tensor(orig).shape.values, Analyzer()
+        return (ty.shape is not None and len(ty.shape.values) == len(out)
+                and all(analyzer.can_prove_equal(p, q) for p, q in zip(ty.shape.values, out)))
 
     def replacement(orig, m):
         if _tensor(orig) is None:

@@ -4,8 +4,9 @@ TVM's stock GPU schedules (dlight) and tvm-dsm's families each take one operator
 its epilogue, a reduction, an elementwise map. A function holding two GEMMs (an FFN that no
 family fuses: weights ``[K, N]``, fp32, sizes off the tiles) is split into one function per
 operator: a reduction with the elementwise blocks after it (those leading to each output apart,
-where it reaches several), or a run of elementwise blocks (``products_together``: a gated layer's two products, ``silu(X @ Wg^T) * (X @ Wu^T)``, are one
-operator, which the gated split-K GEMM and the row GEMV compute in one kernel reading X once). A
+where it reaches several), or a run of elementwise blocks (``products_together``: a gated
+layer's two products, ``silu(X @ Wg^T) * (X @ Wu^T)``, are one operator, which the gated
+split-K GEMM and the row GEMV compute in one kernel reading X once). A
 buffer passed between operators becomes a parameter of each function that touches it.
 :func:`merge_operators` puts the scheduled functions back into one, those buffers allocated in
 global memory, so the result is called like the original and runs one kernel (or more) per
@@ -116,13 +117,9 @@ def _one_output_each(group: list[tirx.Stmt], params: list) -> list[list[tirx.Stm
 
     if not _is_reduction(_block(group[0])):
         return [group]
-    derived, reached = [w.source for w in _block(group[0]).writes], 0  # what the product reaches
-    for nest in group[1:]:
-        block = _block(nest)
-        if any(r.source.same_as(d) for r in block.reads for d in derived):
-            derived += [w.source for w in block.writes]
-            reached += writes_output(nest)
-    if reached < 2:
+    # what each epilogue block writes (one buffer each), with whether it is computed from the product
+    written = computed_from([_block(group[0]).writes[0].source], [_block(n) for n in group[1:]])[1:]
+    if sum(bool(of) and writes_output(nest) for (_, of), nest in zip(written, group[1:])) < 2:
         return [group]
     parts, run = [group[:1]], []
     for nest in group[1:]:
