@@ -1,4 +1,4 @@
-"""A GEMM (``x @ w^T`` or ``x @ w`` with an elementwise epilogue) whose K is split over the CTAs
+"""A GEMM (``x @ w^T`` or ``x @ w`` with an elementwise epilogue, or a batch of them) whose K is split over the CTAs
 of a cluster, partial sums reduced through DSM (:mod:`tvm_dsm.rules.split_k_gemm`); M, N and K
 need not be multiples of the tiles (``apply_padded_split_k_gemm``)."""
 
@@ -18,7 +18,7 @@ class SplitKGemm(ScheduleFamily):
     symbolic_rows = True
 
     def recognize(self, func: tirx.PrimFunc) -> GemmShape:
-        shape = find_gemm(s_tir.Schedule(func))[2]
+        shape = find_gemm(s_tir.Schedule(func), batched=True)[2]
         check_rows_aligned(shape)  # else the CUDA-core GEMM's (no configuration copies its rows)
         return shape
 

@@ -248,8 +248,8 @@ def _split_sum(a: torch.Tensor, clusters_per_group: int) -> torch.Tensor:
 
 
 def _weight(w, layout: str):
-    """``w`` as [K, N] (it is [N, K], torch.nn.Linear's, when ``layout`` is "nk")."""
-    return w.T if layout == "nk" else w
+    """``w`` as [..., K, N] (it is [..., N, K], torch.nn.Linear's, when ``layout`` is "nk")."""
+    return w.mT if layout == "nk" else w
 
 
 def _any_attention(q, k, v, layout: str = "bhsd", causal: bool = False):
@@ -346,6 +346,10 @@ REFERENCES: dict[str, Reference] = {
         float64=lambda *t, terms: _attention_with_terms(*(a.double() for a in t), terms=terms),
         torch_eager=_attention_with_terms,
         torch_sdpa=_sdpa_with_terms,
+    ),
+    "batched_matmul": Reference(
+        float64=lambda x, w, layout: x.double() @ _weight(w.double(), layout),
+        torch_eager=lambda x, w, layout: x @ _weight(w, layout),
     ),
     "dense": Reference(
         float64=lambda x, w: x.double() @ w.double().T,

@@ -116,7 +116,7 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
     # Bytes per element of X from HBM, and through L2 per column of tiles.
     x_hbm, x_l2 = (2, 4) if quantized else (elem, elem)
     tiles_m, tiles_n = tiles.m // c.block_m, tiles.n // c.block_n
-    ctas = tiles_m * tiles_n * s
+    ctas = shape.batch * tiles_m * tiles_n * s
     smem = quantized_shared_bytes(c) if quantized else c.shared_bytes(shape.dtype, g)
     resident = max(1, min(
         hw.smem_per_sm // smem,
@@ -143,12 +143,15 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
     # stays in L2.
     groups = tiles_m // raster_group(tiles_m)
     w_reads = groups if ctas > slots and g * shape.n * shape.k * elem > hw.l2_bytes else 1
+    # A batch's products each read their own X and W, except an X they share.
+    x_copies, w_copies = 1 if shape.shared_operand == "x" else shape.batch, shape.batch
     traffic = {
-        "hbm": shape.m * shape.k * x_hbm + w_reads * g * shape.n * shape.k * elem + shape.m * shape.n * 2,
-        "l2": loops * tiles_n * shape.m * shape.k * x_l2 + g * tiles_m * shape.n * shape.k * elem,
+        "hbm": (x_copies * shape.m * shape.k * x_hbm + w_copies * w_reads * g * shape.n * shape.k * elem
+                + shape.batch * shape.m * shape.n * 2),
+        "l2": shape.batch * (loops * tiles_n * shape.m * shape.k * x_l2 + g * tiles_m * shape.n * shape.k * elem),
         "dsm": g * ctas * c.block_m * c.block_n * 4 * (s - 1) // s if s > 1 else 0,
     }
-    flops = 2 * tiles.m * tiles.n * tiles.k * g
+    flops = 2 * shape.batch * tiles.m * tiles.n * tiles.k * g
     k_steps = loops * tiles.k // s // c.block_k
     seconds = {
         "hbm": traffic["hbm"] / (hw.hbm_bw * stream * min(1.0, pull)) * tail,
@@ -455,6 +458,6 @@ def schedule_dense(func: tirx.PrimFunc, hw: Hardware | None = None,
     schedule and the plan; ``plan.explain()`` says why (tiles, cluster, bytes and time per
     level). ClusterError names what the function or the configuration does not support."""
     hw = hw or load_hardware()
-    _, _, shape = find_gemm(s_tir.Schedule(func))
+    _, _, shape = find_gemm(s_tir.Schedule(func), batched=True)
     plan = plan_split_k_gemm(shape, hw, padded=True)[0] if config is None else predict(shape, config, hw)
     return schedule_split_k_gemm(func, plan.config, hw), plan

@@ -20,6 +20,7 @@ tiles stay on chip.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
@@ -143,7 +144,9 @@ class GemmShape:
     (2 products: a gated layer, ``silu(X @ Wg^T) * (X @ Wu^T)``), else ``products``: sibling
     projections, each product's epilogue writing an output of its own (a layer's q, k and v);
     ``operands_copied``: the operands are zero-filled copies the function makes
-    (:mod:`tvm_dsm.rules.aligned_rows`)."""
+    (:mod:`tvm_dsm.rules.aligned_rows`); ``batch``: independent products of that shape, one per
+    index of leading batch axes (``torch.bmm``); ``shared_operand``: "x" where X has no batch
+    axes, read by every product (an expert einsum's tokens)."""
 
     m: int | tirx.PrimExpr  # symbolic: rows known when the kernel runs (symbolic_rows)
     n: int
@@ -153,6 +156,8 @@ class GemmShape:
     products: int = 1
     operands_copied: bool = False
     outputs: int = 1
+    batch: int = 1
+    shared_operand: str | None = None
 
     @property
     def symbolic_rows(self) -> bool:
@@ -180,7 +185,7 @@ MAX_SIBLINGS = 3
 
 
 def find_gemm(sch: s_tir.Schedule, operand_types: Collection[str] = OPERAND_TYPES.keys(),
-              ) -> tuple[list[SBlockRV], list[SBlockRV], GemmShape]:
+              batched: bool = False) -> tuple[list[SBlockRV], list[SBlockRV], GemmShape]:
     """The function's matmul block(s), their elementwise consumers (epilogue) and the shape
     (operands of one of ``operand_types``: by default the tensor cores').
 
@@ -207,7 +212,7 @@ def find_gemm(sch: s_tir.Schedule, operand_types: Collection[str] = OPERAND_TYPE
         raise ClusterError(f"split-K GEMM writes one output from its product's epilogue; this product reaches "
                            f"{len(outputs)} ({[sch.get(b).name_hint for b in outputs]})")
     _check_epilogue_reads_its_element(sch, reductions, epilogue)
-    shape = gemm_products(sch, reductions, operand_types)
+    shape = gemm_products(sch, reductions, operand_types, batched and len(reductions) == 1)
     return reductions, epilogue, dataclasses.replace(shape, outputs=1 if combined else shape.products)
 
 
@@ -254,10 +259,10 @@ def _combines(sch: s_tir.Schedule, products: list[SBlockRV], epilogue: list[SBlo
 
 
 def gemm_products(sch: s_tir.Schedule, blocks: list[SBlockRV],
-                  operand_types: Collection[str] = OPERAND_TYPES.keys()) -> GemmShape:
+                  operand_types: Collection[str] = OPERAND_TYPES.keys(), batched: bool = False) -> GemmShape:
     """The shape of matmul ``blocks`` computed side by side on one output tile: one, or a gated
     layer's gate and up products, which must read the same ``X`` and have one shape."""
-    found = [find_gemm_operands(sch.get(b), len(blocks) > 1, operand_types) for b in blocks]
+    found = [find_gemm_operands(sch.get(b), len(blocks) > 1, operand_types, batched) for b in blocks]
     shapes = {shape for shape, _ in found}
     if len(shapes) != 1 or any(not x.same_as(found[0][1][0]) for _, (x, _) in found):
         raise ClusterError(f"the gated products {[sch.get(b).name_hint for b in blocks]} must "
@@ -266,17 +271,25 @@ def gemm_products(sch: s_tir.Schedule, blocks: list[SBlockRV],
 
 
 def find_gemm_operands(block: tirx.SBlock, fused_weight: bool = False,
-                       operand_types: Collection[str] = OPERAND_TYPES.keys()) -> tuple[GemmShape, tuple]:
+                       operand_types: Collection[str] = OPERAND_TYPES.keys(),
+                       batched: bool = False) -> tuple[GemmShape, tuple]:
     """Shape and operand buffers ``(X, W)`` of a matmul block ``Y[i, j] += X[i, k] * W[j|k, k|j]``
     with float32 accumulation, operands of one of ``operand_types`` (by default the tensor
     cores': float16, bfloat16, float8_e4m3fn); ClusterError names what
     differs. ``fused_weight``: W stored ``[n, k]`` may be read from a row on, ``W[c + j, k]``
-    (a gated layer's gate and up products of one fused weight)."""
+    (a gated layer's gate and up products of one fused weight). ``batched``: the block may
+    also be ``Y[b..., i, j] += X[b..., i, k] * W[b..., j|k, k|j]`` over batch axes ``b...``, or X
+    without them (shared by every product)."""
     kinds = [int(iv.iter_type) for iv in block.iter_vars]
-    if kinds != [tirx.IterVar.DataPar, tirx.IterVar.DataPar, tirx.IterVar.CommReduce]:
-        raise ClusterError(f"split-K GEMM expects iterators (i, j, k), got {kinds} in {block.name_hint}")
-    i, j, k = (iv.var for iv in block.iter_vars)
-    m, n, depth = (iv.dom.extent for iv in block.iter_vars)
+    spatial = len(kinds) - 1 if batched else 2
+    if kinds != [tirx.IterVar.DataPar] * spatial + [tirx.IterVar.CommReduce] or spatial < 2:
+        expected = " or (b..., i, j, k)" if batched else ""
+        raise ClusterError(f"split-K GEMM expects iterators (i, j, k){expected}, got {kinds} in {block.name_hint}")
+    *batch_vars, i, j, k = (iv.var for iv in block.iter_vars)
+    *batch, m, n, depth = (iv.dom.extent for iv in block.iter_vars)
+    if not all(isinstance(b, tirx.IntImm) for b in batch):
+        raise ClusterError(f"{block.name_hint}: split-K GEMM takes a symbolic M only; the batch {batch} must be constant")
+    batch = math.prod(int(b) for b in batch)
     if not isinstance(n, tirx.IntImm) or not isinstance(depth, tirx.IntImm):
         raise ClusterError(f"{block.name_hint}: split-K GEMM takes a symbolic M only; N={n} and "
                            f"K={depth} must be constants")
@@ -286,11 +299,23 @@ def find_gemm_operands(block: tirx.SBlock, fused_weight: bool = False,
     if len(operands) != 2 or str(block.writes[0].source.ty.dtype) != "float32":
         raise ClusterError(f"{block.name_hint} is not an fp32-accumulated product of two operands")
     x, w = operands
-    if [v.same_as(e) if v is not None else False for v, e in zip(_index_vars(x), (i, k))] != [True, True]:
+    x_vars, w_vars = _index_vars(x), _index_vars(w, offset_rows=fused_weight)
+    shared = None
+    if batch_vars:  # each operand indexed [b..., ...] by the batch axes, or one by none (shared)
+        axes = len(batch_vars)
+        by_batch = [len(v) == axes + 2 and all(a is not None and a.same_as(b) for a, b in zip(v, batch_vars))
+                    for v in (x_vars, w_vars)]
+        if not any(by_batch):
+            raise ClusterError(f"{block.name_hint}: neither operand is indexed [b..., ...] by the batch axes")
+        if by_batch == [True, False]:
+            raise ClusterError(f"{block.name_hint}: the batch axes index X and the output alone: they are rows of "
+                               "one GEMM (tvm_dsm.transform.rows_as_matrix), not a batch")
+        x_vars, w_vars = x_vars[axes * by_batch[0]:], w_vars[axes * by_batch[1]:]
+        shared = None if all(by_batch) else "x"
+    if [v.same_as(e) if v is not None else False for v, e in zip(x_vars, (i, k))] != [True, True] or len(x_vars) != 2:
         raise ClusterError(f"{block.name_hint}: the first operand must be indexed [i, k]")
-    w_vars = _index_vars(w, offset_rows=fused_weight)
-    weight_nk = all(a is not None and a.same_as(b) for a, b in zip(w_vars, (j, k)))
-    if not weight_nk and not all(a is not None and a.same_as(b) for a, b in zip(_index_vars(w), (k, j))):
+    weight_nk = len(w_vars) == 2 and all(a is not None and a.same_as(b) for a, b in zip(w_vars, (j, k)))
+    if not weight_nk and not (len(w_vars) == 2 and all(a is not None and a.same_as(b) for a, b in zip(w_vars, (k, j)))):
         raise ClusterError(f"{block.name_hint}: the second operand must be indexed [j, k] or [k, j]")
     dtypes = {str(x.source.ty.dtype), str(w.source.ty.dtype)}
     if len(dtypes) != 1 or not dtypes <= set(operand_types):
@@ -301,7 +326,13 @@ def find_gemm_operands(block: tirx.SBlock, fused_weight: bool = False,
         raise ClusterError(f"{block.name_hint}: fp8 GEMMs need the weight stored [n, k] (ldmatrix "
                            "cannot transpose 8-bit elements); got [k, n]")
     copied = bool(block.annotations.get(COPIED_OPERANDS_KEY, False))
-    return GemmShape(m, n, depth, weight_nk, dtype, operands_copied=copied), (x.source, w.source)
+    return GemmShape(m, n, depth, weight_nk, dtype, operands_copied=copied, batch=batch,
+                     shared_operand=shared), (x.source, w.source)
+
+
+def batch_axes(block: tirx.SBlock) -> int:
+    """The batch axes of a matmul block (:func:`find_gemm_operands`): those before (i, j, k)."""
+    return len(block.iter_vars) - 3
 
 
 def check_config(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> None:
@@ -495,7 +526,7 @@ def schedule_split_k_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig, hw: Har
     layer whose M, N or K overrun the tiles is scheduled as its rewrite to whole tiles
     (:mod:`tvm_dsm.rules.padded_gated_tiles`)."""
     sch = s_tir.Schedule(func)
-    blocks, epilogue, shape = find_gemm(sch)
+    blocks, epilogue, shape = find_gemm(sch, batched=True)
     check_padded_config(shape, config, hw)
     tiles = tiled_shape(shape, config)
     if shape.products > 1 and (shape.symbolic_rows or tiles != shape):
@@ -534,7 +565,8 @@ def apply_padded_split_k_gemm(sch: s_tir.Schedule, blocks: list[SBlockRV], epilo
         apply_split_k_gemm(sch, blocks, epilogue, shape, c)
         return
     (matmul,) = blocks  # check_padded_config: one product
-    zero_fills, stages = pad_product(sch, matmul, epilogue, [c.block_m, c.block_n, c.cluster_size * c.block_k])
+    zero_fills, stages = pad_product(sch, matmul, epilogue,
+                                     [1] * batch_axes(sch.get(matmul)) + [c.block_m, c.block_n, c.cluster_size * c.block_k])
     output = None  # where the output tile overruns Y: the block moved into its store
     if len(stages) > len(epilogue):
         # The padded product's copy into the real output, then the function's epilogue: one
@@ -605,12 +637,11 @@ def apply_split_k_gemm(
     # Split K over the cluster: each rfactor block computes one partial tile per rank.
     partials = []
     for block in blocks:
-        _, _, k = sch.get_loops(block)
-        k_rank, _ = sch.split(k, [s, None])
+        k_rank, _ = sch.split(sch.get_loops(block)[-1], [s, None])
         partials.append(sch.rfactor(k_rank, factor_axis=0))
 
     # The final stage: CTA r of a tile's cluster reduces rows r*block_m/S.. of the tile.
-    i, j = sch.get_loops(output)
+    *batch, i, j = sch.get_loops(output)
     i_tile, i_in = sch.split(i, [None, c.block_m])
     j_tile, j_in = sch.split(j, [None, c.block_n])
     i_rank, i_row = sch.split(i_in, [s, None])
@@ -619,12 +650,12 @@ def apply_split_k_gemm(
     group = 1 if shape.symbolic_rows else raster_group(shape.m // c.block_m)
     if group > 1:  # consecutive clusters walk `group` rows of tiles per column of tiles
         i_group, i_tile = sch.split(i_tile, [None, group])
-        sch.reorder(i_group, j_tile, i_tile, i_rank, i_row, j_in)
-        cluster = sch.fuse(i_group, j_tile, i_tile)
+        sch.reorder(*batch, i_group, j_tile, i_tile, i_rank, i_row, j_in)
+        cluster = sch.fuse(*batch, i_group, j_tile, i_tile)
     else:
-        sch.reorder(i_tile, j_tile, i_rank, i_row, j_in)
-        cluster = sch.fuse(i_tile, j_tile)
-        if shape.symbolic_rows and shape.n > c.block_n:
+        sch.reorder(*batch, i_tile, j_tile, i_rank, i_row, j_in)
+        cluster = sch.fuse(*batch, i_tile, j_tile)
+        if shape.symbolic_rows and shape.n > c.block_n and not batch:  # renumbered as (row, column) tiles
             sch.annotate(cluster, RASTER_GROUP_KEY, [RASTER_GROUP, -(-shape.n // c.block_n)])
     bind_cluster_nest(sch, cluster, i_rank)
     for block in blocks:
@@ -636,14 +667,17 @@ def apply_split_k_gemm(
         # Placed before blockizing: a blockized M of one fragment leaves a unit block variable
         # that compute_at's region solver cannot match (M = 16).
         sch.compute_at(partial, cluster, preserve_unit_loops=True)
-        p_rank, p_i, p_j, p_k = sch.get_loops(partial)[-4:]
+        # (rank, [batch,] i, j, k): the batch's a unit loop
+        p_rank, *_, p_i, p_j, p_k = sch.get_loops(partial)[-4 - len(batch):]
         partial, fragment = blockize_fragments(sch, partial, [p_rank], p_i, p_j, p_k,
                                                c.warpgroup)
-        main_loops.append((partial, fragment, *sch.get_loops(partial)[-4:]))
+        p_rank, *_, p_i, p_j, p_k = sch.get_loops(partial)[-4 - len(batch):]
+        main_loops.append((partial, fragment, p_rank, p_i, p_j, p_k))
     split_k_main_loops(sch, main_loops, shape, c)
-    # compute_at regenerated the sums' loops in block-variable order: (peers, rows, cols)
-    sums = [sch.get_loops(b)[-3:] for b in blocks]
-    sum_partials(sch, blocks, outputs, [(rows, cols, peers) for peers, rows, cols in sums], c.warps,
+    # compute_at regenerated the sums' loops in block-variable order: (peers, [batch,] rows, cols),
+    # the batch's a unit loop
+    sums = [sch.get_loops(b)[-3 - len(batch):] for b in blocks]
+    sum_partials(sch, blocks, outputs, [(rows, cols, peers) for peers, *_, rows, cols in sums], c.warps,
                  in_registers)
     if c.programmatic_launch:
         launch_programmatically(sch)

@@ -81,6 +81,27 @@ def matmul(x: te.Tensor, w: te.Tensor, weight_layout: str = "nk", rows: tuple | 
     )
 
 
+def batched_matmul(batch: tuple[int, ...], m, n: int, k: int, dtype: str = "float16", weight_layout: str = "nk",
+                   shared_x: bool = False) -> tirx.PrimFunc:
+    """``Y[b..., i, j] = X[b..., i, :] . W[b..., j, :]`` (``W[b..., :, j]`` for ``"kn"``) in float32,
+    cast to ``dtype``, over the batch axes ``batch`` (``torch.bmm``; two axes: ``q @ k^T`` over
+    batch and heads); ``shared_x``: X is ``[m, k]``, read by every product (an expert einsum's
+    tokens, ``nd,edf->enf``)."""
+    x = te.placeholder((m, k) if shared_x else (*batch, m, k), dtype, name="x")
+    w = te.placeholder((*batch, n, k) if weight_layout == "nk" else (*batch, k, n), dtype, name="w")
+    r = te.reduce_axis((0, k), name="k")
+
+    def product(*index):
+        *b, i, j = index
+        xs = x[i, r] if shared_x else x[(*b, i, r)]
+        ws = w[(*b, j, r)] if weight_layout == "nk" else w[(*b, r, j)]
+        return te.sum(xs.astype("float32") * ws.astype("float32"), axis=r)
+
+    acc = te.compute((*batch, m, n), product, name="acc")
+    y = te.compute(acc.shape, lambda *i: acc(*i).astype(dtype), name="Y")
+    return te.create_prim_func([x, w, y])
+
+
 def scaled_dense(m: int, n: int, k: int, dtype: str = "float8_e4m3fn",
                  out_dtype: str = "float16") -> tirx.PrimFunc:
     """``Y = (Xq @ Wq^T) * sx[i] * sw[j]``: a GEMM on quantized operands (fp8 e4m3 by default)

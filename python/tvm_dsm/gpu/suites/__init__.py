@@ -17,7 +17,7 @@ from .elementwise import elementwise, elementwise_configs
 from .generality import generality, symbolic_rows
 from .norms import norms
 from .real_shapes import real_shapes
-from .gemm import GEMM_SHAPES, fp8, gated, gemm, gemm_large_m, gemm_m, layer_shapes, lm_head
+from .gemm import GEMM_SHAPES, batched_gemm, fp8, gated, gemm, gemm_large_m, gemm_m, layer_shapes, lm_head
 from .reductions import collectives, split_k
 
 EXPERIMENTS = {
@@ -56,7 +56,7 @@ EXPERIMENTS = {
 SUITES = {
     "split_k": split_k, "collectives": collectives, "cascades": cascades, "softmax": softmax,
     "softmax_gemm": softmax_gemm, "top_k_rows": top_k_rows, "decode": decode, "decode_picks": decode_picks,
-    "gemm": gemm, "gemm_m": gemm_m, "gated": gated, "gemm_large_m": gemm_large_m, "fp8": fp8,
+    "gemm": gemm, "gemm_m": gemm_m, "batched_gemm": batched_gemm, "gated": gated, "gemm_large_m": gemm_large_m, "fp8": fp8,
     "lm_head": lm_head, "chains": chains, "chains_m": chains_m, "conv_chains": conv_chains,
     "attention": attention, "attention_forms": attention_forms, "attention_terms": attention_terms,
     "decode_forms": decode_forms,

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Callable
 from ...driver import stock_schedule
 from ...hardware import load_hardware
 from ...planners.split_k_gemm import plan_split_k_gemm, predict
 from ...rules.split_k_gemm import GemmShape, SplitKGemmConfig, check_config, schedule_split_k_gemm
-from ...workloads.dense import dense, gated_dense, quantized_dense, scaled_dense
+from ...workloads.dense import batched_matmul, dense, gated_dense, quantized_dense, scaled_dense
 from ...rules.quantized_gemm import schedule_quantize_then_gemm, schedule_quantized_gemm
 from ...errors import ClusterError, passes
 from ...planners.gemm_row_max import plan_gemm_row_max, row_max_shape
 from ...rules.gemm_row_max import schedule_gemm_row_max
 from ...workloads.lm_head import lm_head_max
-from .base import CHAINS, SWIGLUS, Variant, args_of, fitting, nbytes_of
+from .base import CHAINS, SWIGLUS, Variant, args_of, fitting, nbytes_of, ours_and_dlight
 
 
 #: Weight shapes (N, K) of the GEMM chains' and SwiGLU FFNs' layers (FlashFuser's G/S workloads).
@@ -289,3 +290,29 @@ def fp8_variant(func, mnk: tuple, quantized: bool, form: str, schedule, plan, ra
               "form": form.rstrip("_") or "one_kernel"},
         extra={"m": m, "n": n, "k": k, "quantized": quantized},
     )
+
+
+#: Batched products users write: (batch axes, M, N, K, W layout, X shared by the batch). torch.bmm
+#: shapes, attention scores written by hand ([B, H, S, D] @ [B, H, D, T]), a ViT's per-head
+#: products at 197 tokens, and expert einsums (``nd,edf->enf``: 8 experts of Mixtral-like widths).
+BATCHED_SHAPES = [
+    ((8,), 512, 512, 512, "nk", False), ((64,), 128, 128, 64, "nk", False), ((16,), 1024, 1024, 128, "nk", False),
+    ((4,), 2048, 2048, 2048, "nk", False), ((12,), 197, 197, 64, "nk", False), ((8, 16), 512, 512, 64, "nk", False),
+    ((1, 32), 2048, 2048, 128, "nk", False), ((8,), 512, 1408, 2048, "kn", True), ((8,), 64, 14336, 4096, "kn", True),
+    ((8,), 300, 768, 768, "kn", False),
+]
+
+
+def batched_gemm() -> list[Variant]:
+    """Batches of products (tvm_dsm.rules.split_k_gemm over batch axes) through
+    ``tvm_dsm.build``'s pick beside dlight's schedule, torch's matmul and torch.compile."""
+    variants = []
+    for batch, m, n, k, layout, shared_x in BATCHED_SHAPES:
+        func = batched_matmul(batch, m, n, k, weight_layout=layout, shared_x=shared_x)
+        name = f"batched_{'x'.join(map(str, batch))}x{m}x{n}x{k}_{layout}{'_shared_x' if shared_x else ''}"
+        for variant in ours_and_dlight(name, "batched_matmul", func, ("torch_eager", "torch_compile"),
+                                       {"class": "batched_gemm"}):
+            variant.args[1]["scale"] = k ** -0.5
+            variants.append(dataclasses.replace(variant, flops=2 * math.prod(batch) * m * n * k,
+                                                reference_kwargs={"layout": layout}))
+    return variants

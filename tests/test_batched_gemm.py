@@ -1,0 +1,163 @@
+"""Batches of products (``torch.bmm``, ``q @ k^T`` over batch and head axes, an expert einsum
+with its tokens shared, TOPI's ``batch_matmul``, Relax's legalized ``matmul``) as the split-K
+GEMM family's kernels: one grid over every product's tiles, each operand read through its own
+batch index, or shared by all."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tvm import relax, s_tir, te, tirx, topi
+
+import tvm_dsm
+from conftest import TARGET, cuda_source, relative_error_on_gpu
+from tvm_dsm.driver import plan
+from tvm_dsm.errors import ClusterError
+from tvm_dsm.hardware import load_hardware
+from tvm_dsm.planners.split_k_gemm import predict
+from tvm_dsm.rules.split_k_gemm import SplitKGemmConfig, find_gemm, schedule_split_k_gemm
+from tvm_dsm.workloads.dense import batched_matmul
+
+
+def topi_batch_matmul(b: int, m: int, n: int, k: int):
+    x = te.placeholder((b, m, k), "float16", name="x")
+    w = te.placeholder((b, n, k), "float16", name="w")
+    return te.create_prim_func([x, w, topi.cast(topi.nn.batch_matmul(x, w, out_dtype="float32"), "float16")])
+
+
+def relax_matmul(b: int, m: int, n: int, k: int):
+    """``R.matmul`` of ``[B, M, K]`` by ``[B, K, N]`` accumulated in fp32, legalized and fused as
+    Relax compiles it (int64 indices)."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((b, m, k), "float16"))
+    w = relax.Var("w", relax.TensorType((b, k, n), "float16"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.astype(relax.op.matmul(x, w, out_dtype="float32"), "float16"))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    mod = relax.transform.LegalizeOps()(bb.get())
+    mod = relax.transform.FuseTIR()(relax.transform.FuseOps()(relax.transform.AnnotateTIROpPattern()(mod)))
+    (func,) = [f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)]
+    return func
+
+
+#: name: (builder, batch, the operand without a batch axis, W stored [n, k])
+FORMS = {
+    "bmm": (lambda: batched_matmul((4,), 256, 512, 256), 4, None, True),
+    "bmm_edges": (lambda: batched_matmul((3,), 197, 300, 200), 3, None, True),
+    "bmm_kn_bf16": (lambda: batched_matmul((8,), 128, 192, 256, "bfloat16", "kn"), 8, None, False),
+    "experts": (lambda: batched_matmul((8,), 96, 1408, 512, weight_layout="kn", shared_x=True), 8, "x", False),
+    "scores_4d": (lambda: batched_matmul((2, 4), 128, 192, 64), 8, None, True),
+    "topi": (lambda: topi_batch_matmul(5, 128, 128, 64), 5, None, True),
+    "relax": (lambda: relax_matmul(4, 64, 256, 128), 4, None, False),
+}
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_batched_products_are_one_split_k_gemm_over_the_batch(form):
+    builder, batch, shared, weight_nk = FORMS[form]
+    func = builder()
+    ranking = plan(func)
+    assert ranking.family.name == "split_k_gemm"
+    shape = find_gemm(s_tir.Schedule(func), batched=True)[2]
+    assert (shape.batch, shape.shared_operand, shape.weight_nk) == (batch, shared, weight_nk)
+    source = tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source()
+    assert source.count("__global__") == 2  # one kernel, declared and defined
+
+
+def test_batch_axes_are_grid_axes_of_the_operand_copies(assemble):
+    """Each product's tiles come from its own batch index: the operands' TMA copies are 3-D
+    (column, row, batch), the batch coordinate derived from the CTA's index."""
+    func = batched_matmul((4,), 256, 512, 512)
+    config = SplitKGemmConfig(cluster_size=2, block_m=128, block_n=128, block_k=64, warps_m=8, warps_n=1,
+                              stages=3, tma=True, wgmma=True)
+    source = cuda_source(schedule_split_k_gemm(func, config, load_hardware()).mod)
+    assert source.count("bulk_tensor_3d") >= 2
+    assemble(source, "batched_gemm")
+
+
+def test_other_families_and_unbatched_callers_still_refuse_batch_axes():
+    func = batched_matmul((4,), 256, 512, 256)
+    with pytest.raises(ClusterError, match=r"iterators \(i, j, k\), got"):
+        find_gemm(s_tir.Schedule(func))
+
+
+def test_an_operand_indexed_off_the_batch_axis_is_refused():
+    """``X[i, b, k]``: the batch is not the operand's leading axis, so its rows are not [b, i]."""
+    x = te.placeholder((64, 4, 128), "float16", name="x")
+    w = te.placeholder((4, 128, 128), "float16", name="w")
+    r = te.reduce_axis((0, 128), "r")
+    y = te.compute((4, 64, 128), lambda b, i, j: te.sum(x[i, b, r].astype("float32") * w[b, j, r].astype("float32"),
+                                                        axis=r), name="y")
+    with pytest.raises(ClusterError, match="first operand must be indexed"):
+        find_gemm(s_tir.Schedule(te.create_prim_func([x, w, y])), batched=True)
+
+
+def test_a_weight_shared_by_the_batch_leaves_it_to_the_rows_of_one_gemm():
+    """``x[b, s, k] @ W^T``: the batch axes are rows of one GEMM (tiles spanning them, W streamed
+    once), which build takes through rows_as_matrix; not a batch of products."""
+    x = te.placeholder((6, 64, 512), "float16", name="x")
+    w = te.placeholder((256, 512), "float16", name="w")
+    r = te.reduce_axis((0, 512), "r")
+    y = te.compute((6, 64, 256), lambda b, i, j: te.sum(x[b, i, r].astype("float32") * w[j, r].astype("float32"),
+                                                        axis=r), name="y")
+    func = te.create_prim_func([x, w, topi.cast(y, "float16")])
+    with pytest.raises(ClusterError, match="rows of one GEMM"):
+        find_gemm(s_tir.Schedule(func), batched=True)
+    source = tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source()
+    assert "wgmma" in source or "mma.sync" in source
+
+
+def test_the_model_counts_every_product_and_shared_tokens_once():
+    hw = load_hardware()
+    config = SplitKGemmConfig(cluster_size=1, block_m=128, block_n=128, block_k=64, warps_m=8, warps_n=1,
+                              stages=4, tma=True, wgmma=True)
+    one, four, shared = (find_gemm(s_tir.Schedule(f), batched=True)[2] for f in (
+        batched_matmul((1,), 512, 1024, 512), batched_matmul((4,), 512, 1024, 512),
+        batched_matmul((4,), 512, 1024, 512, shared_x=True)))
+    p1, p4, ps = (predict(s, config, hw) for s in (one, four, shared))
+    assert p4.ctas == 4 * p1.ctas
+    assert p4.bytes["hbm"] == 4 * p1.bytes["hbm"]
+    tokens = 512 * 512 * 2
+    assert p4.bytes["hbm"] - ps.bytes["hbm"] == 3 * tokens
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", FORMS)
+def test_gpu_batched_products_match_float64(form):
+    builder, _, _, weight_nk = FORMS[form]
+    func = builder()
+    rng = np.random.default_rng(0)
+    x_shape, w_shape, out_shape = ([int(d) for d in p.ty.shape] for p in func.params)
+    inputs = [rng.standard_normal(x_shape), rng.standard_normal(w_shape)]
+
+    def reference(x, w):
+        return x @ (np.swapaxes(w, -1, -2) if weight_nk else w)
+
+    dtype = str(func.params[0].ty.dtype)
+    assert relative_error_on_gpu(func, inputs, reference, tuple(out_shape), dtype) < 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cluster", [1, 2])
+def test_gpu_every_cluster_size_reduces_each_product_alone(cluster):
+    func = batched_matmul((3,), 256, 256, 512)
+    config = SplitKGemmConfig(cluster_size=cluster, block_m=128, block_n=128, block_k=64, warps_m=8, warps_n=1,
+                              stages=3, tma=True, wgmma=True)
+    rng = np.random.default_rng(1)
+    inputs = [rng.standard_normal((3, 256, 512)) for _ in range(2)]
+    sch = schedule_split_k_gemm(func, config, load_hardware())
+    error = relative_error_on_gpu(sch, inputs, lambda x, w: x @ np.swapaxes(w, -1, -2), (3, 256, 256), "float16")
+    assert error < 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 5, 64, 300])
+def test_gpu_a_symbolic_row_count_is_correct_at_every_row_count(rows):
+    m = tirx.Var("m", "int32")
+    func = batched_matmul((4,), m, 512, 256)
+    rng = np.random.default_rng(rows)
+    inputs = [rng.standard_normal((4, rows, 256)), rng.standard_normal((4, 512, 256))]
+    error = relative_error_on_gpu(func, inputs, lambda x, w: x @ np.swapaxes(w, -1, -2), (4, rows, 512), "float16")
+    assert error < 2e-3
