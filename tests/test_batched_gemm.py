@@ -16,7 +16,7 @@ from tvm_dsm.errors import ClusterError
 from tvm_dsm.hardware import load_hardware
 from tvm_dsm.planners.split_k_gemm import predict
 from tvm_dsm.rules.split_k_gemm import SplitKGemmConfig, find_gemm, schedule_split_k_gemm
-from tvm_dsm.workloads.dense import batched_matmul
+from tvm_dsm.workloads.dense import batched_matmul, dense
 
 
 def topi_batch_matmul(b: int, m: int, n: int, k: int):
@@ -160,4 +160,27 @@ def test_gpu_a_symbolic_row_count_is_correct_at_every_row_count(rows):
     rng = np.random.default_rng(rows)
     inputs = [rng.standard_normal((4, rows, 256)), rng.standard_normal((4, 512, 256))]
     error = relative_error_on_gpu(func, inputs, lambda x, w: x @ np.swapaxes(w, -1, -2), (4, rows, 512), "float16")
+    assert error < 2e-3
+
+
+def test_two_k_steps_take_a_three_stage_tma_pipeline_of_warpgroup_mmas():
+    """K = 128 (attention scores, head dim 128): two 64-deep steps, one copied ahead of the other
+    by TMA, rather than the cp.async pipeline of 32-deep mma.sync steps alone."""
+    func = batched_matmul((16,), 1024, 1024, 128)
+    best = plan(func).best.config
+    assert (best.tma, best.wgmma, best.stages, best.block_k) == (True, True, 3, 64)
+    source = cuda_source(schedule_split_k_gemm(func, best, load_hardware()).mod)
+    assert "wgmma.mma_async" in source and "bulk_tensor_3d" in source
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [(), (6,)])
+def test_gpu_two_k_steps_on_a_three_stage_tma_pipeline_match_float64(batch):
+    func = batched_matmul(batch, 320, 384, 128) if batch else dense(320, 384, 128)
+    config = SplitKGemmConfig(cluster_size=1, block_m=128, block_n=128, block_k=64, warps_m=8, warps_n=1,
+                              stages=3, tma=True, wgmma=True)
+    rng = np.random.default_rng(2)
+    inputs = [rng.standard_normal((*batch, 320, 128)), rng.standard_normal((*batch, 384, 128))]
+    sch = schedule_split_k_gemm(func, config, load_hardware())
+    error = relative_error_on_gpu(sch, inputs, lambda x, w: x @ np.swapaxes(w, -1, -2), (*batch, 320, 384), "float16")
     assert error < 2e-3
