@@ -184,3 +184,27 @@ def test_gpu_two_k_steps_on_a_three_stage_tma_pipeline_match_float64(batch):
     sch = schedule_split_k_gemm(func, config, load_hardware())
     error = relative_error_on_gpu(sch, inputs, lambda x, w: x @ np.swapaxes(w, -1, -2), (*batch, 320, 384), "float16")
     assert error < 2e-3
+
+
+def test_torch_bmm_and_an_expert_einsum_exported_from_torch_reach_the_family():
+    """``torch.bmm`` of a weight per batch element and ``einsum("nd,edf->enf")`` over experts, as a
+    torch user writes them, through ``torch.export`` and tvm-dsm's importer: the pipeline's report
+    names the split-K GEMM for each product."""
+    torch = pytest.importorskip("torch")
+    from tvm_dsm.model_report import relax_report
+    from tvm_dsm.relax_torch import from_exported_program
+
+    class Products(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.experts = torch.nn.Parameter(torch.randn(8, 256, 384, dtype=torch.float16))
+
+        def forward(self, a, b, tokens):
+            return torch.bmm(a, b.transpose(1, 2)), torch.einsum("nd,edf->enf", tokens, self.experts)
+
+    inputs = (torch.randn(4, 128, 64, dtype=torch.float16), torch.randn(4, 192, 64, dtype=torch.float16),
+              torch.randn(96, 256, dtype=torch.float16))
+    mod = from_exported_program(torch.export.export(Products().eval(), inputs))
+    report = relax_report(mod)
+    products = [row for row in report.rows if "matmul" in row.name]
+    assert len(products) == 2 and all(row.where == "split_k_gemm" for row in products), report.format()
