@@ -31,7 +31,7 @@ from tvm_dsm.workloads.dense import dense
 #: One function per kind of kernel and the type of the configuration the planner must pick.
 KINDS = {
     "split_k_gemm": (lambda: dense(128, 256, 512), "SplitKGemmConfig"),
-    "fused_ffn": (lambda: gemm_chain(64, 512, 256, 128, "relu"), "FusedChainConfig"),
+    "fused_ffn": (lambda: gemm_chain(16, 256, 128, 128, "relu"), "FusedChainConfig"),
     "softmax_stats": (lambda: softmax_stats(64, 8192), "CascadeSplit"),
     "decode_attention": (lambda: decode_attention(8, 2048, 64), "CascadeSplit"),
     "attention": (lambda: attention(8, 256, 512, 64), "AttentionConfig"),
