@@ -208,3 +208,25 @@ def test_torch_bmm_and_an_expert_einsum_exported_from_torch_reach_the_family():
     report = relax_report(mod)
     products = [row for row in report.rows if "matmul" in row.name]
     assert len(products) == 2 and all(row.where == "split_k_gemm" for row in products), report.format()
+
+
+def test_a_symbolic_batch_is_a_kernel_per_range_of_batches():
+    """``torch.bmm`` exported with a dynamic batch: one module, a split-K GEMM kernel per range of
+    the batch's values (chosen on the host each call), its grid the batch's products' tiles."""
+    b = tirx.Var("b", "int32")
+    func = batched_matmul((b,), 256, 512, 256)
+    shape = find_gemm(s_tir.Schedule(func), batched=True)[2]
+    assert shape.batch.same_as(b) and shape.m == 256
+    source = tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source()
+    assert source.count("__global__") >= 2 and "wgmma.mma_async" in source and "bulk_tensor_3d" in source
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 3, 40])
+def test_gpu_a_symbolic_batch_is_correct_at_every_batch(batch):
+    b = tirx.Var("b", "int32")
+    func = batched_matmul((b,), 128, 384, 256)
+    rng = np.random.default_rng(batch)
+    inputs = [rng.standard_normal((batch, 128, 256)), rng.standard_normal((batch, 384, 256))]
+    error = relative_error_on_gpu(func, inputs, lambda x, w: x @ np.swapaxes(w, -1, -2), (batch, 128, 384), "float16")
+    assert error < 2e-3

@@ -156,7 +156,7 @@ class GemmShape:
     products: int = 1
     operands_copied: bool = False
     outputs: int = 1
-    batch: int = 1
+    batch: int | tirx.PrimExpr = 1  # symbolic: the batch known when the kernel runs
     shared_operand: str | None = None
 
     @property
@@ -287,11 +287,10 @@ def find_gemm_operands(block: tirx.SBlock, fused_weight: bool = False,
         raise ClusterError(f"split-K GEMM expects iterators (i, j, k){expected}, got {kinds} in {block.name_hint}")
     *batch_vars, i, j, k = (iv.var for iv in block.iter_vars)
     *batch, m, n, depth = (iv.dom.extent for iv in block.iter_vars)
-    if not all(isinstance(b, tirx.IntImm) for b in batch):
-        raise ClusterError(f"{block.name_hint}: split-K GEMM takes a symbolic M only; the batch {batch} must be constant")
-    batch = math.prod(int(b) for b in batch)
+    # a symbolic batch (a model's batch size) is planned per range of its values, as a symbolic M
+    batch = math.prod(int(b) if isinstance(b, tirx.IntImm) else b for b in batch)
     if not isinstance(n, tirx.IntImm) or not isinstance(depth, tirx.IntImm):
-        raise ClusterError(f"{block.name_hint}: split-K GEMM takes a symbolic M only; N={n} and "
+        raise ClusterError(f"{block.name_hint}: split-K GEMM takes a symbolic M or batch only; N={n} and "
                            f"K={depth} must be constants")
     m = int(m) if isinstance(m, tirx.IntImm) else m
     n, depth = int(n), int(depth)
