@@ -671,15 +671,15 @@ def apply_split_k_gemm(
         # Placed before blockizing: a blockized M of one fragment leaves a unit block variable
         # that compute_at's region solver cannot match (M = 16).
         sch.compute_at(partial, cluster, preserve_unit_loops=True)
-        # (rank, [batch,] i, j, k): the batch's a unit loop
+        # (rank, batch axes, i, j, k), the batch axes unit loops here
         p_rank, *_, p_i, p_j, p_k = sch.get_loops(partial)[-4 - len(batch):]
         partial, fragment = blockize_fragments(sch, partial, [p_rank], p_i, p_j, p_k,
                                                c.warpgroup)
         p_rank, *_, p_i, p_j, p_k = sch.get_loops(partial)[-4 - len(batch):]
         main_loops.append((partial, fragment, p_rank, p_i, p_j, p_k))
     split_k_main_loops(sch, main_loops, shape, c)
-    # compute_at regenerated the sums' loops in block-variable order: (peers, [batch,] rows, cols),
-    # the batch's a unit loop
+    # compute_at regenerated the sums' loops in block-variable order: (peers, batch axes, rows,
+    # cols), the batch axes unit loops here
     sums = [sch.get_loops(b)[-3 - len(batch):] for b in blocks]
     sum_partials(sch, blocks, outputs, [(rows, cols, peers) for peers, *_, rows, cols in sums], c.warps,
                  in_registers)
