@@ -230,3 +230,10 @@ def test_gpu_a_symbolic_batch_is_correct_at_every_batch(batch):
     inputs = [rng.standard_normal((batch, 128, 256)), rng.standard_normal((batch, 384, 256))]
     error = relative_error_on_gpu(func, inputs, lambda x, w: x @ np.swapaxes(w, -1, -2), (batch, 128, 384), "float16")
     assert error < 2e-3
+
+
+def test_a_batch_of_gemvs_is_refused_by_name():
+    """One row in each product (a decode step's per-head scores as ``torch.bmm``): no family takes
+    a batch of GEMVs, and the refusal says so rather than naming the row GEMV."""
+    with pytest.raises(ClusterError, match="batch of GEMVs"):
+        plan(batched_matmul((32,), 1, 512, 128))

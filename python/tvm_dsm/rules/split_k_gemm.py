@@ -398,7 +398,10 @@ def check_edges(shape: GemmShape) -> None:
     """What tiles running past M, N or K (:func:`apply_padded_split_k_gemm`) need of ``shape``
     under any configuration; ClusterError names the limit it breaks."""
     if not shape.symbolic_rows and shape.m == 1 and shape.weight_nk:
-        raise ClusterError("M=1 is a GEMV: the row GEMV streams W [N, K] at the HBM floor, a "
+        if isinstance(shape.batch, int) and shape.batch == 1:
+            raise ClusterError("M=1 is a GEMV: the row GEMV streams W [N, K] at the HBM floor, a "
+                               "16-row tensor-core tile would compute 15 rows for nothing")
+        raise ClusterError("M=1 in each product is a batch of GEMVs, which no tvm-dsm family takes: a "
                            "16-row tensor-core tile would compute 15 rows for nothing")
     check_rows_aligned(shape)
 
