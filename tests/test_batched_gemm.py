@@ -62,6 +62,7 @@ def test_batched_products_are_one_split_k_gemm_over_the_batch(form):
     assert ranking.family.name == "split_k_gemm"
     shape = find_gemm(s_tir.Schedule(func), batched=True)[2]
     assert (shape.batch, shape.shared_operand, shape.weight_nk) == (batch, shared, weight_nk)
+    assert f"over a batch of {batch} products" in ranking.explain()
     source = tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source()
     assert source.count("__global__") == 2  # one kernel, declared and defined
 

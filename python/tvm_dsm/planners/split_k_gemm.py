@@ -83,12 +83,14 @@ class GemmPlan(Plan):
     products: int = 1  # products of one input computed side by side (GemmShape.products)
     outputs: int = 1  # 1: the epilogue combines them (a gated layer); else one output each
     busy_sms: int = 0  # SMs a wave of the grid occupies
+    batch: int = 1  # independent products of the shape, one grid over all (GemmShape.batch)
 
     def summary(self) -> str:
         c = self.config
         order = "in one K loop" if shared_k_loop(c, self.products) else "one main loop after the other"
         kind = "gated products" if self.outputs == 1 else "sibling products (an output each)"
         gated = f" of {self.products} {kind}, {order}" if self.products > 1 else ""
+        gated += f" over a batch of {self.batch} products" if self.batch > 1 else ""
         split = (f"K split over clusters of {c.cluster_size} CTAs, partials reduce-scattered "
                  "through DSM" if c.cluster_size > 1 else "K whole in each CTA (no cluster)")
         return (
@@ -175,7 +177,8 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
     # (tvm_dsm.transform.programmatic_launch).
     config = dataclasses.replace(config, programmatic_launch=waves == 1)
     return GemmPlan(bytes=traffic, seconds=seconds, predicted_us=total * 1e6, config=config,
-                    ctas=ctas, resident=resident, smem=smem, products=g, outputs=shape.outputs, busy_sms=busy_sms)
+                    ctas=ctas, resident=resident, smem=smem, products=g, outputs=shape.outputs, busy_sms=busy_sms,
+                    batch=shape.batch)
 
 
 def steps_ahead(config: SplitKGemmConfig, products: int) -> int:
