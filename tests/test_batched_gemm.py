@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tvm
 from tvm import relax, s_tir, te, tirx, topi
 
 import tvm_dsm
@@ -238,3 +239,35 @@ def test_a_batch_of_gemvs_is_refused_by_name():
     a batch of GEMVs, and the refusal says so rather than naming the row GEMV."""
     with pytest.raises(ClusterError, match="batch of GEMVs"):
         plan(batched_matmul((32,), 1, 512, 128))
+
+
+def test_a_batched_product_is_tuned_in_the_familys_space_and_compiled_from_its_record(tmp_path):
+    """``tune_relax`` over a model holding a ``torch.bmm``-style product: its task searches the
+    split-K GEMM's planned configurations, and the pipeline schedules it from the tuned record."""
+    from conftest import without_unnamed_meta_schedule_handlers
+    from test_driver import InProcessBuilder, _ScriptedRunner
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_dsm.meta_schedule import tune_relax
+    from tvm_dsm.meta_schedule.planned_space import PlannedSpace
+    from tvm_dsm.meta_schedule.relax_tuning import task_space, tuning_tasks
+    from tvm_dsm.relax_pipeline import schedule_kernels
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 256, 128), "float16"))
+    w = relax.Var("w", relax.TensorType((4, 128, 192), "float16"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.matmul(x, w)))
+        bb.emit_func_output(out)
+    mod, target = bb.get(), tvm.target.Target("nvidia/nvidia-h100")
+    (task,) = [t for t in tuning_tasks(mod, target, load_hardware()) if "matmul" in t.task_name]
+    assert isinstance(task_space(task.task_name, task.dispatched[0]["main"], target, 8, load_hardware()), PlannedSpace)
+    without_unnamed_meta_schedule_handlers()
+    database = tune_relax(mod, str(tmp_path), max_trials_global=8, num_trials_per_iter=4, top=8,
+                          builder=InProcessBuilder(), runner=_ScriptedRunner())
+    assert database.has_workload(task.dispatched[0])
+    choices = {}
+    schedule_kernels(mod, target, database=database, choices=choices)
+    assert choices[task.task_name].tuned and choices[task.task_name].families == "split_k_gemm"
+    assert isinstance(database, ms.Database)

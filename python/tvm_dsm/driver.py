@@ -22,7 +22,7 @@ from tvm.s_tir.schedule.schedule import ScheduleError
 
 from .device import gpu_or_reason
 from .errors import ClusterError, last_line
-from .families import ScheduleFamily, fastest_family, matching_families
+from .families import ScheduleFamily, fastest_family, match_family, matching_families
 from .families.row_ranges import RangeKernel, dispatch, range_kernels, range_specializations
 from .hardware import H100, Hardware, load_hardware
 from .intrin import register_all
@@ -132,6 +132,12 @@ def _first_form_taken(func: tirx.PrimFunc, attempt: Callable[[tirx.PrimFunc], An
             LOG.info(how)
         return form, result
     raise first
+
+
+def family_form(func: tirx.PrimFunc, target=None) -> tirx.PrimFunc:
+    """The first of ``func``'s forms (:func:`_forms`) a family takes: the function :func:`plan`
+    ranks and a tuning record of ``func`` is kept for; ClusterError where no family takes any."""
+    return _first_form_taken(func, lambda form: match_family(form, target))[0]
 
 
 def plan(func: tirx.PrimFunc, hw: Hardware | None = None, target=None) -> Ranking:

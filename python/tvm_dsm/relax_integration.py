@@ -173,8 +173,8 @@ class ScheduleTIR:
             ranges = (RangeChoice(k.bound, k.family.name, k.predicted_us) for k in kernels)
             return Choice(tuple(ranges), variable.name, tuned=any(k.tuned for k in kernels)), sch
         ranking = plan(func, self.hw, self.target)
-        record = tuning_record(self.database, func, self.target)
-        sch = ranking.schedule() if record is None else replay(record.trace, func)
+        record = tuning_record(self.database, ranking.func, self.target)  # kept for the form planned
+        sch = ranking.schedule() if record is None else replay(record.trace, ranking.func)
         return Choice((RangeChoice(None, ranking.family.name, ranking.best.predicted_us),),
                       tuned=record is not None), sch
 

@@ -15,7 +15,7 @@ from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 
 from ..device import gpu_or_reason
-from ..driver import BUILD_TIMEOUT_S, load_tvm_dsm, row_range_tasks
+from ..driver import BUILD_TIMEOUT_S, family_form, load_tvm_dsm, row_range_tasks
 from ..errors import ClusterError
 from ..families import match_family
 from ..ir import row_variable
@@ -57,7 +57,9 @@ def tuning_tasks(mod: tvm.IRModule, target: tvm.target.Target, hw: Hardware, par
                  rows: tuple[int, ...] | None = None) -> list[ms.ExtractedTask]:
     """The tasks of ``mod`` as the "tvm_dsm" pipeline compiles it (:func:`lower_for_scheduling`),
     each function in the form :class:`~tvm_dsm.relax_integration.ScheduleTIR` looks its record
-    up by (:func:`scheduling_form` where a family takes it); a function of a symbolic row count
+    up by (where a family takes it, the form of :func:`scheduling_form` it takes:
+    :func:`~tvm_dsm.driver.family_form`, matmuls accumulating in fp32 where written in 16 bits); a
+    function of a symbolic row count
     as one task per range of rows, at the range's row count (:func:`row_range_tasks`, named
     ``NAME_rowsR``; ``rows``: only the ranges planned for those row counts, e.g. ``(16,)`` for
     decode batches); not the functions that arrive scheduled, reshapes (Relax makes them views:
@@ -81,10 +83,9 @@ def tuning_tasks(mod: tvm.IRModule, target: tvm.target.Target, hw: Hardware, par
             symbolic.add(gv.name_hint)
             continue
         try:
-            match_family(form, target)
+            mod[gv] = family_form(form, target)
         except ClusterError:
             continue
-        mod[gv] = form
     tasks = []
     for task in ms.relax_integration.extract_tasks(mod, target):
         func = task.dispatched[0]["main"]
@@ -106,6 +107,7 @@ def _range_tasks(name: str, func: tvm.tirx.PrimFunc, target: tvm.target.Target,
         if only is not None and rows not in only:
             continue
         try:
+            fixed = family_form(fixed, target)
             family, _ = match_family(fixed, target)
         except ClusterError as err:
             logger.info("task %s at %d rows: no tvm-dsm family (%s); not tuned", name, rows, err)
