@@ -271,3 +271,20 @@ def test_a_batched_product_is_tuned_in_the_familys_space_and_compiled_from_its_r
     schedule_kernels(mod, target, database=database, choices=choices)
     assert choices[task.task_name].tuned and choices[task.task_name].families == "split_k_gemm"
     assert isinstance(database, ms.Database)
+
+
+def test_a_relax_bmm_of_a_symbolic_batch_reaches_the_family():
+    """``x @ w^T`` over ``[b, M, K]`` tensors with ``b`` symbolic (a model exported with a dynamic
+    batch), through the "tvm_dsm" pipeline: the split-K GEMM schedules it."""
+    b = tirx.Var("b", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((b, 256, 128), "float16"))
+    w = relax.Var("w", relax.TensorType((b, 192, 128), "float16"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.matmul(x, relax.op.permute_dims(w, [0, 2, 1]))))
+        bb.emit_func_output(out)
+    coverage = {}
+    with TARGET:
+        relax.get_pipeline("tvm_dsm", coverage=coverage)(bb.get())
+    assert list(coverage.values()) == ["split_k_gemm"], coverage
