@@ -134,10 +134,18 @@ def _first_form_taken(func: tirx.PrimFunc, attempt: Callable[[tirx.PrimFunc], An
     raise first
 
 
-def family_form(func: tirx.PrimFunc, target=None) -> tirx.PrimFunc:
-    """The first of ``func``'s forms (:func:`_forms`) a family takes: the function :func:`plan`
-    ranks and a tuning record of ``func`` is kept for; ClusterError where no family takes any."""
-    return _first_form_taken(func, lambda form: match_family(form, target))[0]
+def _as_planned(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` as :func:`plan` takes its forms from: a softmax's top-k as the fused router
+    (:func:`~tvm_dsm.transform.host_sorts.router_top_k`), allocations in the root block."""
+    return block_allocations(router_top_k(func) or func)
+
+
+def family_form(func: tirx.PrimFunc, target=None) -> tuple[tirx.PrimFunc, ScheduleFamily]:
+    """The first of ``func``'s forms (:func:`_forms`) a family takes, with that family: the
+    function :func:`plan` ranks and a tuning record of ``func`` is kept for; ClusterError where
+    no family takes any."""
+    form, (family, _) = _first_form_taken(_as_planned(func), lambda f: match_family(f, target))
+    return form, family
 
 
 def plan(func: tirx.PrimFunc, hw: Hardware | None = None, target=None) -> Ranking:
@@ -151,7 +159,7 @@ def plan(func: tirx.PrimFunc, hw: Hardware | None = None, target=None) -> Rankin
     ``plan(rows_as_matrix(func).func)`` ranks."""
     refuse_empty_tensors(func)
     refuse_host_loops(func)
-    func = block_allocations(router_top_k(func) or func)
+    func = _as_planned(func)
     refused: list[str] = []  # why the other families do not take the form taken
 
     def matches_of(form: tirx.PrimFunc) -> list:

@@ -83,7 +83,7 @@ def tuning_tasks(mod: tvm.IRModule, target: tvm.target.Target, hw: Hardware, par
             symbolic.add(gv.name_hint)
             continue
         try:
-            mod[gv] = family_form(form, target)
+            mod[gv], _ = family_form(form, target)
         except ClusterError:
             continue
     tasks = []
@@ -107,8 +107,7 @@ def _range_tasks(name: str, func: tvm.tirx.PrimFunc, target: tvm.target.Target,
         if only is not None and rows not in only:
             continue
         try:
-            fixed = family_form(fixed, target)
-            family, _ = match_family(fixed, target)
+            fixed, family = family_form(fixed, target)
         except ClusterError as err:
             logger.info("task %s at %d rows: no tvm-dsm family (%s); not tuned", name, rows, err)
             continue

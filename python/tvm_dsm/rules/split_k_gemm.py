@@ -179,6 +179,11 @@ def _index_vars(region, offset_rows: bool = False) -> list:
     return found
 
 
+def _indexed_by(found: list, expected) -> bool:
+    """Whether the block variables ``found`` (:func:`_index_vars`) are ``expected``, in order."""
+    return len(found) == len(expected) and all(a is not None and a.same_as(b) for a, b in zip(found, expected))
+
+
 #: The most sibling products (:class:`GemmShape`) one kernel computes side by side: a layer's
 #: q, k and v.
 MAX_SIBLINGS = 3
@@ -298,23 +303,23 @@ def find_gemm_operands(block: tirx.SBlock, fused_weight: bool = False,
     if len(operands) != 2 or str(block.writes[0].source.ty.dtype) != "float32":
         raise ClusterError(f"{block.name_hint} is not an fp32-accumulated product of two operands")
     x, w = operands
-    x_vars, w_vars = _index_vars(x), _index_vars(w, offset_rows=fused_weight)
+    x_vars, w_nk_vars, w_vars = _index_vars(x), _index_vars(w, offset_rows=fused_weight), _index_vars(w)
     shared = None
     if batch_vars:  # each operand indexed [b..., ...] by the batch axes, or one by none (shared)
         axes = len(batch_vars)
-        by_batch = [len(v) == axes + 2 and all(a is not None and a.same_as(b) for a, b in zip(v, batch_vars))
-                    for v in (x_vars, w_vars)]
+        by_batch = [len(v) == axes + 2 and _indexed_by(v[:axes], batch_vars) for v in (x_vars, w_vars)]
         if not any(by_batch):
             raise ClusterError(f"{block.name_hint}: neither operand is indexed [b..., ...] by the batch axes")
         if by_batch == [True, False]:
             raise ClusterError(f"{block.name_hint}: the batch axes index X and the output alone: they are rows of "
                                "one GEMM (tvm_dsm.transform.rows_as_matrix), not a batch")
-        x_vars, w_vars = x_vars[axes * by_batch[0]:], w_vars[axes * by_batch[1]:]
+        x_vars = x_vars[axes * by_batch[0]:]
+        w_nk_vars, w_vars = w_nk_vars[axes * by_batch[1]:], w_vars[axes * by_batch[1]:]
         shared = None if all(by_batch) else "x"
-    if [v.same_as(e) if v is not None else False for v, e in zip(x_vars, (i, k))] != [True, True] or len(x_vars) != 2:
+    if not _indexed_by(x_vars, (i, k)):
         raise ClusterError(f"{block.name_hint}: the first operand must be indexed [i, k]")
-    weight_nk = len(w_vars) == 2 and all(a is not None and a.same_as(b) for a, b in zip(w_vars, (j, k)))
-    if not weight_nk and not (len(w_vars) == 2 and all(a is not None and a.same_as(b) for a, b in zip(w_vars, (k, j)))):
+    weight_nk = _indexed_by(w_nk_vars, (j, k))
+    if not weight_nk and not _indexed_by(w_vars, (k, j)):
         raise ClusterError(f"{block.name_hint}: the second operand must be indexed [j, k] or [k, j]")
     dtypes = {str(x.source.ty.dtype), str(w.source.ty.dtype)}
     if len(dtypes) != 1 or not dtypes <= set(operand_types):
