@@ -232,13 +232,54 @@ def test_k_by_n_weights_beyond_what_was_measured_keep_the_short_tile_rule():
     assert plan_split_k_gemm(GemmShape(1, 5120, 1000, False), hw, padded=True)[0].config.block_m == 16
 
 
-def test_short_rows_are_padded_in_m_only():
-    """The padded tiles short rows add run past M, never past N or K where whole ones fit
-    (those were not measured against the whole ones)."""
+def test_where_whole_tiles_fit_k_stays_whole():
+    """Where whole tiles fit, padded tiles run past M or N, never past K (steps past K in a
+    cluster were not measured against whole ones, and some do not lower: below)."""
     shape = GemmShape(16, 896, 896, True)
     configs = candidate_configs(shape, padded=True, hw=load_hardware("h200_sxm"))
-    assert any(c.block_m > 16 for c in configs)
-    assert all((tiled_shape(shape, c).n, tiled_shape(shape, c).k) == (896, 896) for c in configs)
+    assert any(c.block_m > 16 for c in configs) and any(896 % c.block_n for c in configs)
+    assert all(tiled_shape(shape, c).k == 896 for c in configs)
+
+
+@pytest.mark.parametrize("m, n, k, products", [(512, 4544, 4544, 1), (2048, 4544, 18176, 1), (2048, 4672, 4544, 1),
+                                               (256, 4544, 4544, 2)])
+def test_tiles_run_past_n_where_only_narrow_ones_divide_it(m, n, k, products):
+    """Falcon-7B's 4544 columns (71 x 64) divide into 64-wide tiles only: tiles past N are
+    predicted at least PAST_N_GAIN faster and ranked first (measured 1.3-2.1x faster on the H200,
+    bench/results/archive/padded_picks_s89.json)."""
+    from tvm_dsm.planners.split_k_gemm import PAST_N_GAIN
+
+    plans = plan_split_k_gemm(GemmShape(m, n, k, True, products=products), load_hardware("h200_sxm"), padded=True)
+    whole = [p.predicted_us for p in plans if not n % p.config.block_n]
+    assert n % plans[0].config.block_n and plans[0].predicted_us * PAST_N_GAIN <= min(whole)
+
+
+@pytest.mark.parametrize("m, n, k, products", [(512, 2048, 2048, 1), (512, 2560, 2560, 1), (8192, 3072, 768, 2),
+                                               (1024, 8960, 1536, 1)])
+def test_tiles_past_n_need_the_gain(m, n, k, products):
+    """Tiles past N predicted a little faster than whole ones ran slower (0.86-0.97x, the same
+    archive): whole columns of tiles are kept there."""
+    plans = plan_split_k_gemm(GemmShape(m, n, k, True, products=products), load_hardware("h200_sxm"), padded=True)
+    assert all(not n % p.config.block_n for p in plans)
+
+
+def test_tma_tiles_take_no_whole_step_past_k():
+    """A K whole in 64-deep steps but not in a cluster's (896 over 4 CTAs) would leave whole
+    steps past K: TVM simplifies their zero fill to a condition on the step, which the TMA pass
+    cannot prove says "inside the tensor", so every such plan of 37 x 896 x 4864 (clusters of 8)
+    failed to lower and the function fell back to TVM's stock schedule. They are refused; the
+    planner's first plan lowers (a K that straddles its last step keeps its copies' element
+    predicates, and lowers)."""
+    from tvm_dsm.rules.split_k_gemm import check_padded_config
+
+    hw = load_hardware("h200_sxm")
+    c4 = SplitKGemmConfig(4, 64, 64, 64, 4, 1, 4, True, True)
+    with pytest.raises(ClusterError, match="whole in 64-deep steps but not in a cluster of 4"):
+        check_padded_config(GemmShape(37, 896, 896, True), c4, hw)
+    check_padded_config(GemmShape(37, 896, 4512, True), c4, hw)
+    func = dense(37, 896, 4864)
+    best = plan_split_k_gemm(GemmShape(37, 896, 4864, True), hw, padded=True)[0].config
+    cuda_source(schedule_split_k_gemm(func, best, hw).mod)
 
 
 @pytest.mark.parametrize("products", [1, 2])
@@ -261,6 +302,31 @@ def test_gpu_short_rows_on_padded_tiles_match_float64(m):
     """The tile heights above, on the GPU: rows past M zero-filled by TMA, never stored."""
     config = plan_split_k_gemm(GemmShape(m, 2048, 2048, True), load_hardware(), padded=True)[0].config
     assert dense_relu_error_on_gpu(m, 2048, 2048, config) < 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, fused", [(512, False), (256, True)])
+def test_gpu_tiles_past_n_match_float64(m, fused):
+    """The tiles past N above on the GPU, a dense layer and a gated one over one fused gate/up
+    weight (the gate's columns past N read the up rows; those columns are not stored)."""
+    import numpy as np
+
+    from conftest import relative_error_on_gpu
+
+    n, k = 4544, 4544
+    if not fused:
+        config = plan_split_k_gemm(GemmShape(m, n, k, True), load_hardware(), padded=True)[0].config
+        assert n % config.block_n
+        assert dense_relu_error_on_gpu(m, n, k, config) < 2e-3
+        return
+    rng = np.random.default_rng()
+    x, w = rng.standard_normal((m, k)), rng.standard_normal((2 * n, k)) / np.sqrt(k)
+
+    def swiglu(x, w):
+        g, u = x @ w[:n].T, x @ w[n:].T
+        return g / (1 + np.exp(-g)) * u
+
+    assert relative_error_on_gpu(gated_dense(m, n, k, fused_weight=True), [x, w], swiglu, (m, n), "float16") < 2e-3
 
 
 def test_a_matmul_that_writes_the_output_itself_gets_a_copy_stage(assemble):
@@ -382,7 +448,7 @@ def test_the_enumeration_skips_only_configurations_no_shape_takes():
         shape = GemmShape(rng.choice([1, 37, 100, 128, 1024, tirx.Var("m", "int64")]), rng.choice([264, 1000, 3000, 4096]),
                           rng.choice([32, 416, 1000, 2048, 4104]), dtype == "float8_e4m3fn" or rng.random() < 0.6, dtype,
                           rng.choice([1, 2, 3]), rng.random() < 0.1)
-        checks = [check_config, check_padded_config, planner._check_rows_past_m_config]
+        checks = [check_config, check_padded_config, planner._check_tiles_past_m_or_n]
         check = rng.choice(checks + ([check_quantized_config] if dtype != "float8_e4m3fn" else []))
         depths = rng.choice([planner.PIPELINE_DEPTHS, planner.SHALLOW_PIPELINES, (1,)])
         every = [c for c in planner._space(dtype, depths) if passes(check, shape, c, hw)]

@@ -226,9 +226,11 @@ def candidate_configs(shape: GemmShape, quantized: bool = False,
     (``stages=1``); only there, as the model was not fitted on them. ``padded``: tiles may also
     run past M, N or K, as :func:`~tvm_dsm.rules.split_k_gemm.apply_padded_split_k_gemm`
     schedules them (TMA fills what lies past the edges with zeros, the model counts their
-    work). Where whole tiles fit, taller ones may run past M but N and K stay whole: 6304 rows
-    (ViT-B/16 at batch 32, a multiple of 32 only) run on 128-row warpgroup tiles, not on the
-    32-row mma.sync ones that divide them (2.4x slower predicted, 2x measured). Where M fits
+    work). Where whole tiles fit, taller ones may run past M, and wider ones past N, K staying
+    whole where it can: 6304 rows (ViT-B/16 at batch 32, a multiple of 32 only) run on 128-row warpgroup
+    tiles, not on the 32-row mma.sync ones that divide them (2.4x slower predicted, 2x
+    measured); :func:`plan_split_k_gemm` ranks the tiles past N only where they pay
+    (:data:`PAST_N_GAIN`). Where M fits
     one short row of tiles, tiles of the height that holds it come first
     (:func:`short_tile_height`: 48 rows run on one padded 64-row tile, not three 16-row ones)."""
     hw = hw or load_hardware()
@@ -238,8 +240,8 @@ def candidate_configs(shape: GemmShape, quantized: bool = False,
         checks = [check_quantized_config]
     elif not padded:
         checks = [check_config]
-    elif _fitting(shape, check_config, pipelines, hw) or short_tile_height(shape.m) is not None:
-        checks = [_check_rows_past_m_config, check_padded_config]
+    elif _whole_tiles_fit(shape, pipelines, hw):
+        checks = [_check_tiles_past_m_or_n, check_padded_config]
     else:  # no whole tile fits: any tiles past M, N or K
         checks = [check_padded_config]
     for check in checks:
@@ -269,18 +271,44 @@ def _fitting(shape: GemmShape, check, pipelines: tuple[int, ...], hw: Hardware) 
 MIN_SHORT_TILE_BYTES_AHEAD = 24 * 1024
 
 
-def _check_rows_past_m_config(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> None:
-    """:func:`check_padded_config` for tiles that run past M only (whole tiles included), each
-    CTA of a tile past M at least :data:`MIN_SHORT_TILE_BYTES_AHEAD` ahead."""
-    if shape.n % config.block_n or shape.k % (config.cluster_size * config.block_k):
-        raise ClusterError(f"{shape.n}x{shape.k} is not a multiple of the tile's {config.block_n} columns "
-                           f"and the cluster's {config.cluster_size * config.block_k}-deep K steps")
+def _whole_tiles_fit(shape: GemmShape, pipelines: tuple[int, ...], hw: Hardware) -> bool:
+    """Whether some configuration's tiles divide ``shape``, or M fits one short row of tiles."""
+    return bool(_fitting(shape, check_config, pipelines, hw)) or short_tile_height(shape.m) is not None
+
+
+def _check_tiles_past_m_or_n(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> None:
+    """:func:`check_padded_config` for tiles that run past M or N only (whole tiles included),
+    each CTA of a tile past M at least :data:`MIN_SHORT_TILE_BYTES_AHEAD` ahead."""
+    if shape.k % (config.cluster_size * config.block_k):
+        raise ClusterError(f"K={shape.k} is not a multiple of the cluster's {config.cluster_size * config.block_k}-deep K steps")
     c = config
     ahead = steps_ahead(c, shape.products) * (c.block_m + c.block_n) * c.block_k * element_bytes(shape.dtype)
     if c.stages > 1 and not shape.symbolic_rows and shape.m < c.block_m and ahead < MIN_SHORT_TILE_BYTES_AHEAD:
         raise ClusterError(f"{c.block_m}x{c.block_n} tiles {c.stages} stages deep keep {ahead} B of each "
                            f"product's tiles in flight per CTA, fewer than {MIN_SHORT_TILE_BYTES_AHEAD}")
     check_padded_config(shape, config, hw)
+
+
+#: How much faster than the best plan over whole columns of tiles a plan whose tiles run past N
+#: must be predicted before it is ranked, where whole tiles fit. On the H200
+#: (bench/results/archive/padded_picks_s89.json), of the 40 shapes whose pick changed when
+#: tiles could run past N or K: the 14 predicted at least 1.25x faster ran 0.98-2.09x faster
+#: (Falcon-7B's 4544-wide layers at 512-4096 rows 1.25-2.09x, whose only whole tiles are 64
+#: columns wide; 18944 x 3584 at 256 rows 1.13x), the 26 predicted 1.04-1.22x faster
+#: 0.86-1.35x (geomean below 1).
+PAST_N_GAIN = 1.25
+
+
+def _past_n_where_it_pays(shape: GemmShape, plans: list[GemmPlan]) -> list[GemmPlan]:
+    """``plans`` without those whose tiles run past N unless the fastest of them is predicted
+    :data:`PAST_N_GAIN` times faster than the fastest over whole columns of tiles."""
+    whole = [p for p in plans if not shape.n % p.config.block_n]
+    past = [p for p in plans if shape.n % p.config.block_n]
+    if not whole or not past:
+        return plans
+    if min(p.predicted_us for p in past) * PAST_N_GAIN <= min(p.predicted_us for p in whole):
+        return plans
+    return whole
 
 
 #: Output tile widths of the space. All but the powers of two are for warpgroup MMAs only (any
@@ -387,6 +415,8 @@ def plan_split_k_gemm(shape: GemmShape, hw: Hardware, quantized: bool = False,
         check_edges(shape)  # refused whatever the configuration: say which limit
     plans = [predict(shape, c, hw, quantized)
              for c in candidate_configs(shape, quantized, pipelines, padded, hw)]
+    if padded and not quantized and _whole_tiles_fit(shape, pipelines or PIPELINE_DEPTHS, hw):
+        plans = _past_n_where_it_pays(shape, plans)
     if padded and not plans:
         raise ClusterError(f"no cluster split-K GEMM configuration fits {shape.m}x{shape.n}x"
                            f"{shape.k}" + (" (products of one input run over whole tiles of N and K: "

@@ -428,6 +428,12 @@ def check_padded_config(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware
     the first limit ``shape`` or ``config`` breaks."""
     check_edges(shape)
     tiles = tiled_shape(shape, config)
+    if config.tma and tiles.k != shape.k and isinstance(shape.k, int) and shape.k % config.block_k == 0:
+        # The zero fill of X's steps past K is then a condition on whole steps, which TVM
+        # simplifies out of the copy's element indices: the TMA pass cannot prove it says only
+        # "inside the tensor" (37 x 896 x 4864 in clusters of 8 did not lower).
+        raise ClusterError(f"K={shape.k} is whole in {config.block_k}-deep steps but not in a cluster of "
+                           f"{config.cluster_size}'s: TMA copies take no whole step past K")
     # A weight stored [K, N] takes TMA boxes, which land zeros past N and K, or predicated
     # cp.async copies of its edges (16-byte pieces: N a multiple of 8, check_edges), which
     # zero-fill there; gated products are rewritten to whole tiles first (padded_gated_tiles),
