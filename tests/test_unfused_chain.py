@@ -283,3 +283,51 @@ def test_gpu_a_fused_gate_up_weight_matches_float64(m):
 def test_gpu_topi_ffn_matches_float64():
     func = _topi_ffn(128, 1024, 768, 256)
     assert chain_error_on_gpu(func, tvm_dsm.plan(func).schedule().mod) < 2e-3
+
+
+@pytest.mark.parametrize("func", [gemm_chain(2048, 18176, 4544, 4544, activation="gelu"), swiglu_ffn(512, 4864, 896, 896)],
+                         ids=["falcon_mlp_2048", "qwen2_0.5b_mlp_512"])
+def test_a_chain_whose_gemms_run_faster_apart_is_declined(func):
+    """Falcon-7B's MLP (4544 = 71 x 64 columns) and Qwen2-0.5B's at 512 rows: each GEMM alone,
+    on tiles past N, is predicted at least PAST_N_GAIN faster than the chain's kernels on whole
+    tiles; the chain family declines, and build schedules a kernel per operator, each the
+    split-K GEMM's (H200: 1325 -> 1105 us and 36.9 -> 29.0 us, torch eager 1084 and 42.8,
+    bench/results/archive/chain_apart_s89.json)."""
+    from tvm_dsm.driver import operator_families
+
+    hw = load_hardware("h200_sxm")
+    with pytest.raises(ClusterError, match="a kernel per operator is faster"):
+        tvm_dsm.plan(func, hw)
+    assert operator_families(func, hw=hw) == ["split_k_gemm", "split_k_gemm"]
+
+
+def test_the_seed_chains_stay_chains_at_128_rows():
+    """G1-G10 and S1-S8 at M = 128: their GEMMs apart are not predicted PAST_N_GAIN faster, so
+    the chain family keeps them (fused or unfused, as measured in bench/results/chains)."""
+    from tvm_dsm.gpu.suites.base import CHAINS, SWIGLUS
+
+    hw = load_hardware("h200_sxm")
+    for n, k, l in CHAINS.values():
+        assert tvm_dsm.plan(gemm_chain(128, n, k, l), hw).family.name == "gemm_chain", (n, k, l)
+    for n, k, l in SWIGLUS.values():
+        assert tvm_dsm.plan(swiglu_ffn(128, n, k, l), hw).family.name == "gemm_chain", (n, k, l)
+
+
+@pytest.mark.gpu
+def test_gpu_a_declined_chain_matches_float64():
+    """The Falcon MLP at 256 rows built a kernel per operator, against float64 (H rounded to
+    fp16 as the function computes it)."""
+    import numpy as np
+
+    from conftest import relative_error_on_gpu
+    from scipy.special import erf
+
+    m, n, k, l = 256, 18176, 4544, 4544
+    rng = np.random.default_rng()
+    x, w1, w2 = rng.standard_normal((m, k)), rng.standard_normal((n, k)) / np.sqrt(k), rng.standard_normal((l, n)) / np.sqrt(n)
+
+    def ffn(x, w1, w2):
+        c = x @ w1.T
+        return (c * 0.5 * (1 + erf(c / np.sqrt(2)))).astype(np.float16).astype(np.float64) @ w2.T
+
+    assert relative_error_on_gpu(gemm_chain(m, n, k, l, activation="gelu"), [x, w1, w2], ffn, (m, l), "float16") < 2e-3

@@ -12,6 +12,7 @@ from ..errors import ClusterError
 from ..hardware import Hardware
 from ..planners.fused_chain import ChainPlan, plan_chain
 from ..planners.report import Plan
+from ..planners.split_k_gemm import PAST_N_GAIN, plan_split_k_gemm
 from ..planners.split_k_gemm import predict as predict_gemm
 from ..planners.unfused_chain import combine, plan_unfused_chain
 from ..rules.fused_chain import ChainShape, FusedChainConfig, find_chain, schedule_fused_chain
@@ -23,6 +24,15 @@ def chain_rank_key(plan: Plan, hw: Hardware) -> float:
     """What a chain plan is ranked by among fused and unfused plans on ``hw``: its prediction, a
     fused one's weighted by ``chains.fused_pick_bias`` (the fused model's measured optimism)."""
     return plan.predicted_us * (hw.fitted("chains.fused_pick_bias") if isinstance(plan, ChainPlan) else 1.0)
+
+
+def apart_us(shape: ChainShape, hw: Hardware) -> float:
+    """The predicted time of the chain's GEMMs scheduled apart, each by the split-K GEMM
+    family, whose tiles may run past N where those pay (:data:`PAST_N_GAIN`), as the chain's
+    cannot: Falcon-7B's MLP (18176 / 4544 columns, 4544 = 71 x 64) takes 64-wide tiles in the
+    chain, and its second GEMM alone ran 757 us on them against 537 past N (H200,
+    bench/results/archive/padded_picks_s89.json)."""
+    return sum(plan_split_k_gemm(s, hw, padded=True)[0].predicted_us for s in gemm_shapes(shape))
 
 
 class GemmChain(ScheduleFamily):
@@ -45,7 +55,13 @@ class GemmChain(ScheduleFamily):
                 reasons.append(f"{kind}: {err}")
         if not plans:
             raise ClusterError("no GEMM chain schedule fits: " + "; ".join(reasons))
-        return sorted(plans, key=functools.partial(chain_rank_key, hw=hw))
+        plans = sorted(plans, key=functools.partial(chain_rank_key, hw=hw))
+        apart = apart_us(shape, hw)
+        if apart * PAST_N_GAIN <= plans[0].predicted_us:
+            raise ClusterError(f"its GEMMs apart, where tiles may run past N, are predicted {apart:.1f} us against the "
+                               f"chain's {plans[0].predicted_us:.1f} (whose kernels take whole tiles only): a kernel "
+                               "per operator is faster")
+        return plans
 
     def predict(self, shape: ChainShape, config: FusedChainConfig | UnfusedChainConfig, hw: Hardware) -> Plan:
         """An unfused configuration's plan from its two kernels' (valid on ``hw``, whether or
