@@ -285,14 +285,16 @@ def test_gpu_topi_ffn_matches_float64():
     assert chain_error_on_gpu(func, tvm_dsm.plan(func).schedule().mod) < 2e-3
 
 
-@pytest.mark.parametrize("func", [gemm_chain(2048, 18176, 4544, 4544, activation="gelu"), swiglu_ffn(512, 4864, 896, 896)],
-                         ids=["falcon_mlp_2048", "qwen2_0.5b_mlp_512"])
+@pytest.mark.parametrize("func", [gemm_chain(2048, 18176, 4544, 4544, activation="gelu"), swiglu_ffn(512, 4864, 896, 896),
+                                  swiglu_ffn(128, 18944, 3584, 3584)],
+                         ids=["falcon_mlp_2048", "qwen2_0.5b_mlp_512", "qwen2_7b_mlp_128"])
 def test_a_chain_whose_gemms_run_faster_apart_is_declined(func):
-    """Falcon-7B's MLP (4544 = 71 x 64 columns) and Qwen2-0.5B's at 512 rows: each GEMM alone,
-    on tiles past N, is predicted at least PAST_N_GAIN faster than the chain's kernels on whole
-    tiles; the chain family declines, and build schedules a kernel per operator, each the
-    split-K GEMM's (H200: 1325 -> 1105 us and 36.9 -> 29.0 us, torch eager 1084 and 42.8,
-    bench/results/archive/chain_apart_s89.json)."""
+    """Falcon-7B's MLP (4544 = 71 x 64 columns), Qwen2-0.5B's at 512 rows and Qwen2-7B's at 128:
+    the GEMMs alone, each on tiles past N where those pay, are predicted at least APART_GAIN
+    faster than the chain's kernels on whole tiles; the chain family declines, and build
+    schedules a kernel per operator, each the split-K GEMM's (H200: 1325 -> 1105, 36.9 -> 29.0
+    and 149.8 -> 127.0 us, torch eager 1084, 42.8 and 131.0; bench/results/archive/chain_apart_s89.json,
+    chain_apart_sweep_s89.json)."""
     from tvm_dsm.driver import operator_families
 
     hw = load_hardware("h200_sxm")
@@ -302,7 +304,7 @@ def test_a_chain_whose_gemms_run_faster_apart_is_declined(func):
 
 
 def test_the_seed_chains_stay_chains_at_128_rows():
-    """G1-G10 and S1-S8 at M = 128: their GEMMs apart are not predicted PAST_N_GAIN faster, so
+    """G1-G10 and S1-S8 at M = 128: their GEMMs apart are not predicted APART_GAIN faster, so
     the chain family keeps them (fused or unfused, as measured in bench/results/chains)."""
     from tvm_dsm.gpu.suites.base import CHAINS, SWIGLUS
 

@@ -12,7 +12,7 @@ from ..errors import ClusterError
 from ..hardware import Hardware
 from ..planners.fused_chain import ChainPlan, plan_chain
 from ..planners.report import Plan
-from ..planners.split_k_gemm import PAST_N_GAIN, plan_split_k_gemm
+from ..planners.split_k_gemm import plan_split_k_gemm
 from ..planners.split_k_gemm import predict as predict_gemm
 from ..planners.unfused_chain import combine, plan_unfused_chain
 from ..rules.fused_chain import ChainShape, FusedChainConfig, find_chain, schedule_fused_chain
@@ -26,11 +26,20 @@ def chain_rank_key(plan: Plan, hw: Hardware) -> float:
     return plan.predicted_us * (hw.fitted("chains.fused_pick_bias") if isinstance(plan, ChainPlan) else 1.0)
 
 
+#: How much faster than the chain's best plan its GEMMs apart must be predicted before the family
+#: declines the chain. On the H200 (bench/results/archive/chain_apart_s89.json,
+#: chain_apart_sweep_s89.json), chain against apart: the 9 chains predicted 1.10-1.31x faster
+#: apart ran 1.02-1.44x faster (Qwen2-7B's MLP at 128 rows 149.8 -> 127.0 us, torch 131.0), the
+#: 12 predicted 0.89-0.99x ran 0.87-1.00x.
+APART_GAIN = 1.1
+
+
 def apart_us(shape: ChainShape, hw: Hardware) -> float:
     """The predicted time of the chain's GEMMs scheduled apart, each by the split-K GEMM
-    family, whose tiles may run past N where those pay (:data:`PAST_N_GAIN`), as the chain's
-    cannot: Falcon-7B's MLP (18176 / 4544 columns, 4544 = 71 x 64) takes 64-wide tiles in the
-    chain, and its second GEMM alone ran 757 us on them against 537 past N (H200,
+    family, whose tiles may run past N where those pay
+    (:data:`~tvm_dsm.planners.split_k_gemm.PAST_N_GAIN`), as the chain's cannot: Falcon-7B's
+    MLP (18176 / 4544 columns, 4544 = 71 x 64) takes 64-wide tiles in the chain, and its second
+    GEMM alone ran 757 us on them against 537 past N (H200,
     bench/results/archive/padded_picks_s89.json)."""
     return sum(plan_split_k_gemm(s, hw, padded=True)[0].predicted_us for s in gemm_shapes(shape))
 
@@ -57,7 +66,7 @@ class GemmChain(ScheduleFamily):
             raise ClusterError("no GEMM chain schedule fits: " + "; ".join(reasons))
         plans = sorted(plans, key=functools.partial(chain_rank_key, hw=hw))
         apart = apart_us(shape, hw)
-        if apart * PAST_N_GAIN <= plans[0].predicted_us:
+        if apart * APART_GAIN <= plans[0].predicted_us:
             raise ClusterError(f"its GEMMs apart, where tiles may run past N, are predicted {apart:.1f} us against the "
                                f"chain's {plans[0].predicted_us:.1f} (whose kernels take whole tiles only): a kernel "
                                "per operator is faster")
