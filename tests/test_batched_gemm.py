@@ -223,6 +223,32 @@ def test_a_symbolic_batch_is_a_kernel_per_range_of_batches():
     assert source.count("__global__") >= 2 and "wgmma.mma_async" in source and "bulk_tensor_3d" in source
 
 
+def test_one_product_of_a_symbolic_batch_gets_tiles_of_its_own():
+    """At one product the first range's tiles (128x128 for up to 16 products of 512 x 512) leave
+    all but 16 SMs idle: one product gets the split-K GEMM's own plan (64x64 tiles, 64 CTAs) as a
+    kernel of its own; where the range's tiles already fill the machine or are the same, none."""
+    from tvm_dsm.families.row_ranges import range_kernels
+
+    hw = load_hardware("h200_sxm")
+    b = tirx.Var("b", "int32")
+    one, *ranges = range_kernels(batched_matmul((b,), 512, 512, 256), TARGET, hw)
+    assert one.bound == 1 and (one.config.block_m, one.config.block_n) == (64, 64)
+    assert all((r.config.block_m, r.config.block_n) == (128, 128) for r in ranges)
+    for m, n, k in ((2048, 2048, 128), (128, 384, 256)):
+        assert range_kernels(batched_matmul((b,), m, n, k), TARGET, hw)[0].bound != 1, (m, n, k)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 2])
+def test_gpu_one_product_of_a_symbolic_batch_is_correct(batch):
+    b = tirx.Var("b", "int32")
+    func = batched_matmul((b,), 512, 512, 256)
+    rng = np.random.default_rng(batch)
+    inputs = [rng.standard_normal((batch, 512, 256)), rng.standard_normal((batch, 512, 256))]
+    error = relative_error_on_gpu(func, inputs, lambda x, w: x @ np.swapaxes(w, -1, -2), (batch, 512, 512), "float16")
+    assert error < 2e-3
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch", [1, 3, 40])
 def test_gpu_a_symbolic_batch_is_correct_at_every_batch(batch):

@@ -106,15 +106,22 @@ def fastest_family(matches: Sequence[tuple[ScheduleFamily, Any]], hw: Hardware,
     the plans of a family and shape, by default its own ``rank``): a decode attention written as
     attention over one query reaches the decode kernel. A generic family
     (``ScheduleFamily.generic``: its model sees bytes, not compute) only where no other takes
-    the function. ClusterError, the first family's, where none has a valid plan."""
+    the function. A family that declines the function (``ScheduleFamily.declines``) is left out.
+    ClusterError, the first family's, where none has a valid plan."""
     ranking = ranking or (lambda family, shape: family.rank(shape, hw))
     ranked, refusals = [], []
     specific = [(family, shape) for family, shape in matches if not family.generic]
     for family, shape in specific or matches[:1]:
         try:
-            ranked.append((family, shape, ranking(family, shape)))
+            plans = ranking(family, shape)
         except ClusterError as err:
             refusals.append(err)
+            continue
+        declined = family.declines(shape, plans, hw)
+        if declined is None:
+            ranked.append((family, shape, plans))
+        else:
+            refusals.append(ClusterError(declined))
     if not ranked:
         raise refusals[0]
     first = ranked[0][2][0].predicted_us

@@ -71,6 +71,12 @@ class ScheduleFamily(ABC):
                 return plan
         raise ClusterError(f"{config} is not a valid {self.name} configuration here")
 
+    def declines(self, shape: Any, plans: list[Plan], hw: Hardware) -> str | None:
+        """Why a function this family takes, and has ``plans`` for, is better scheduled another
+        way (its operators apart), or None: the planner then leaves it, while the family's space
+        (``rank``, ``space``: tuning, search-quality pools) keeps every plan."""
+        return None
+
     def leaves_symbolic_rows(self, func: tirx.PrimFunc) -> str | None:
         """Why a function of a symbolic row count (``func``, of a family with ``symbolic_rows``)
         is better left to TVM's stock schedules, or None where this family takes it."""

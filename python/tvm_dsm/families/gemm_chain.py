@@ -64,13 +64,16 @@ class GemmChain(ScheduleFamily):
                 reasons.append(f"{kind}: {err}")
         if not plans:
             raise ClusterError("no GEMM chain schedule fits: " + "; ".join(reasons))
-        plans = sorted(plans, key=functools.partial(chain_rank_key, hw=hw))
+        return sorted(plans, key=functools.partial(chain_rank_key, hw=hw))
+
+    def declines(self, shape: ChainShape, plans: list[Plan], hw: Hardware) -> str | None:
+        """A chain whose GEMMs apart are predicted :data:`APART_GAIN` faster than its best plan."""
         apart = apart_us(shape, hw)
-        if apart * APART_GAIN <= plans[0].predicted_us:
-            raise ClusterError(f"its GEMMs apart, where tiles may run past N, are predicted {apart:.1f} us against the "
-                               f"chain's {plans[0].predicted_us:.1f} (whose kernels take whole tiles only): a kernel "
-                               "per operator is faster")
-        return plans
+        if apart * APART_GAIN > plans[0].predicted_us:
+            return None
+        return (f"its GEMMs apart, where tiles may run past N, are predicted {apart:.1f} us against the chain's"
+                f" {plans[0].predicted_us:.1f} (whose kernels take whole tiles only): a kernel per "
+                "operator is faster")
 
     def predict(self, shape: ChainShape, config: FusedChainConfig | UnfusedChainConfig, hw: Hardware) -> Plan:
         """An unfused configuration's plan from its two kernels' (valid on ``hw``, whether or

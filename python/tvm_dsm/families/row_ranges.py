@@ -45,6 +45,7 @@ from ..planners.report import Plan
 from . import FAMILIES, INT32_ELEMENTS, fastest_family, int32_overflows, match_family, matching_families
 from .base import ScheduleFamily
 from .configs import config_from, examples
+from .split_k_gemm import SplitKGemm
 
 #: The largest row count of each range but the last: decode batches, small and large prefill
 #: chunks. A range's kernel is planned at its largest row count, so a range's bottom may leave
@@ -148,13 +149,24 @@ def range_kernels(func: tirx.PrimFunc, target: Any, hw: Hardware,
                                       tuned or previous.tuned)
         else:
             kernels.append(RangeKernel(bound, family, plan.config, scheduled, plan.predicted_us, tuned))
-    return _few_row_kernels(func, target, hw, kernels[0].family) + kernels
+    return _few_row_kernels(func, target, hw, kernels[0]) + kernels
 
 
-def _few_row_kernels(func: tirx.PrimFunc, target: Any, hw: Hardware, first: ScheduleFamily) -> list[RangeKernel]:
+#: A split-K GEMM over a symbolic batch gets a kernel of its own for one product where the first
+#: range's tiles, sized for up to 16 products, leave at least this share of the SMs idle at one
+#: product and its own plan has more CTAs: b x 512 x 512 x 256 at one product ran 4.31 us on 16
+#: CTAs of the range's 128x128 tiles against 2.60 static, on 64 of 64x64 (H200,
+#: bench/results/archive/symbolic_batch_s88.json). The model predicted those two 5.2 and 4.7 us,
+#: so the grid decides, not the predicted gain.
+IDLE_SM_SHARE = 0.5
+
+
+def _few_row_kernels(func: tirx.PrimFunc, target: Any, hw: Hardware, first: RangeKernel) -> list[RangeKernel]:
     """The kernels of ``func`` at exactly 1, 2, ... rows, in order, as long as a family other than
-    ``first`` (the first range's) takes that row count: a row GEMV's up to 2 rows of 16-bit
-    elements, 8 of fp32, as a constant row count gets them (see the module docstring)."""
+    the first range's takes that row count (a row GEMV's up to 2 rows of 16-bit elements, 8 of
+    fp32, as a constant row count gets them; see the module docstring), and at one row where the
+    first range's family is the split-K GEMM and its tiles leave the SMs idle there
+    (:data:`IDLE_SM_SHARE`)."""
     kernels = []
     for rows in range(1, ROW_RANGES[0]):
         kernel = _exact_rows_kernel(func, target, hw, first, rows)
@@ -165,9 +177,10 @@ def _few_row_kernels(func: tirx.PrimFunc, target: Any, hw: Hardware, first: Sche
 
 
 def _exact_rows_kernel(func: tirx.PrimFunc, target: Any, hw: Hardware,
-                       first: ScheduleFamily, rows: int) -> RangeKernel | None:
+                       first: RangeKernel, rows: int) -> RangeKernel | None:
     """The kernel of ``func`` at exactly ``rows`` rows where the family a constant row count
-    gets (:func:`~tvm_dsm.families.fastest_family`) is not ``first``, else None."""
+    gets (:func:`~tvm_dsm.families.fastest_family`) is not ``first``'s, or is the split-K GEMM
+    at one row where ``first``'s configuration leaves SMs idle (:func:`_one_row_pays`); else None."""
     fixed = specialized(func, range_variable(func), rows)
     try:
         if extent_variables(fixed):
@@ -176,15 +189,29 @@ def _exact_rows_kernel(func: tirx.PrimFunc, target: Any, hw: Hardware,
             scheduled = dispatch(fixed, [(k.bound, k.func) for k in kernels])
             predicted = kernels[-1].predicted_us
         else:
-            family, _, plans = fastest_family(matching_families(fixed, target), hw)
+            family, shape, plans = fastest_family(matching_families(fixed, target), hw)
             config, predicted = plans[0].config, plans[0].predicted_us
+            if family is first.family and not _one_row_pays(family, shape, first.config, plans[0], rows, hw):
+                return None
             scheduled = family.apply(fixed, config, hw).mod["main"]
     except (ClusterError, ScheduleError, tvm.error.InternalError):  # the ranges' kernel takes these rows too
         return None
-    if family is first:
+    if family is first.family and extent_variables(fixed):
         return None
     params = list(zip(scheduled.params, func.params))
     return RangeKernel(rows, family, config, func.with_body(substitute(scheduled.body, params)), predicted)
+
+
+def _one_row_pays(family: ScheduleFamily, shape: Any, range_config: Any, own: Plan, rows: int, hw: Hardware) -> bool:
+    """Whether at one row the split-K GEMM's ``own`` plan has more CTAs than the first range's
+    ``range_config`` there, which leaves :data:`IDLE_SM_SHARE` of the SMs idle or more."""
+    if rows != 1 or family.name != SplitKGemm.name or own.config == range_config:
+        return False
+    try:
+        ranged = family.predict(shape, range_config, hw)
+    except ClusterError:
+        return False
+    return ranged.ctas <= (1 - IDLE_SM_SHARE) * hw.sm_count and own.ctas > ranged.ctas
 
 
 def _first_that_applies(family: ScheduleFamily, func: tirx.PrimFunc, plans: list[Plan],
