@@ -239,24 +239,15 @@ def test_one_product_of_a_symbolic_batch_gets_tiles_of_its_own():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("batch", [1, 2])
-def test_gpu_one_product_of_a_symbolic_batch_is_correct(batch):
+@pytest.mark.parametrize("m, n, k, batch", [(128, 384, 256, 1), (128, 384, 256, 3), (128, 384, 256, 40),
+                                            (512, 512, 256, 1), (512, 512, 256, 2)])
+def test_gpu_a_symbolic_batch_is_correct_at_every_batch(m, n, k, batch):
+    """Every range's kernel, and one product's of its own (512 x 512, above), against float64."""
     b = tirx.Var("b", "int32")
-    func = batched_matmul((b,), 512, 512, 256)
+    func = batched_matmul((b,), m, n, k)
     rng = np.random.default_rng(batch)
-    inputs = [rng.standard_normal((batch, 512, 256)), rng.standard_normal((batch, 512, 256))]
-    error = relative_error_on_gpu(func, inputs, lambda x, w: x @ np.swapaxes(w, -1, -2), (batch, 512, 512), "float16")
-    assert error < 2e-3
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("batch", [1, 3, 40])
-def test_gpu_a_symbolic_batch_is_correct_at_every_batch(batch):
-    b = tirx.Var("b", "int32")
-    func = batched_matmul((b,), 128, 384, 256)
-    rng = np.random.default_rng(batch)
-    inputs = [rng.standard_normal((batch, 128, 256)), rng.standard_normal((batch, 384, 256))]
-    error = relative_error_on_gpu(func, inputs, lambda x, w: x @ np.swapaxes(w, -1, -2), (batch, 128, 384), "float16")
+    inputs = [rng.standard_normal((batch, m, k)), rng.standard_normal((batch, n, k))]
+    error = relative_error_on_gpu(func, inputs, lambda x, w: x @ np.swapaxes(w, -1, -2), (batch, m, n), "float16")
     assert error < 2e-3
 
 
