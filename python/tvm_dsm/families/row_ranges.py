@@ -22,7 +22,8 @@ one, where the first range takes the split-K GEMM; decode attention, one query a
 queries' range takes attention), that row count gets a kernel of its own: the function at one
 row, other variables dispatched in their turn, the branch's parameters the function's own (in
 the branch they hold one row); so do 2, 3, ... rows while that family takes them (the row
-GEMV's 2 rows, 8 in fp32), as a constant row count gets them.
+GEMV's 2 rows, 8 in fp32), as a constant row count gets them; and one product of a symbolic
+batch, where the first range's split-K tiles would leave most SMs idle (:data:`IDLE_SM_SHARE`).
 """
 
 from __future__ import annotations
