@@ -344,13 +344,15 @@ def test_where_the_families_that_take_it_cannot_plan_it_the_error_names_why_the_
 
 def test_another_family_displaces_the_most_specific_only_by_the_margin():
     """The families' models are fitted each on its own kernels: a later family is taken only
-    where predicted faster by FAMILY_MARGIN; a generic one only alone."""
+    where predicted faster by FAMILY_MARGIN; a generic one only alone; one that declines the
+    function (ScheduleFamily.declines) not at all."""
     from types import SimpleNamespace
 
     from tvm_dsm.families import FAMILY_MARGIN, fastest_family
 
-    def family(name, us, generic=False):
-        return SimpleNamespace(name=name, generic=generic, rank=lambda shape, hw: [SimpleNamespace(predicted_us=us)])
+    def family(name, us, generic=False, declines=None):
+        return SimpleNamespace(name=name, generic=generic, rank=lambda shape, hw: [SimpleNamespace(predicted_us=us)],
+                               declines=lambda shape, plans, hw: declines)
 
     def pick(*families):
         return fastest_family([(f, None) for f in families], hw=None)[0].name
@@ -359,6 +361,9 @@ def test_another_family_displaces_the_most_specific_only_by_the_margin():
     assert pick(family("first", 10.0), family("later", 10.0 / FAMILY_MARGIN * 0.99), family("last", 5.0)) == "last"
     assert pick(family("first", 10.0), family("generic", 1.0, generic=True)) == "first"
     assert pick(family("generic", 1.0, generic=True), family("other generic", 0.5, generic=True)) == "generic"
+    assert pick(family("first", 10.0, declines="apart is faster"), family("later", 20.0)) == "later"
+    with pytest.raises(ClusterError, match="apart is faster"):
+        pick(family("first", 10.0, declines="apart is faster"))
 
 
 @pytest.mark.parametrize("shape", [(0, 64, 64), (4, 64, 0)], ids=["no_rows", "no_depth"])
