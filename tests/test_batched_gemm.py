@@ -223,17 +223,19 @@ def test_a_symbolic_batch_is_a_kernel_per_range_of_batches():
     assert source.count("__global__") >= 2 and "wgmma.mma_async" in source and "bulk_tensor_3d" in source
 
 
-def test_one_product_of_a_symbolic_batch_gets_tiles_of_its_own():
-    """At one product the first range's tiles (128x128 for up to 16 products of 512 x 512) leave
-    all but 16 SMs idle: one product gets the split-K GEMM's own plan (64x64 tiles, 64 CTAs) as a
-    kernel of its own; where the range's tiles already fill the machine or are the same, none."""
+def test_the_first_products_of_a_symbolic_batch_get_tiles_of_their_own():
+    """At 1-4 products the first range's tiles (128x128 for up to 16 products of 512 x 512) leave
+    at least half the SMs idle: each of those product counts gets the split-K GEMM's own plan
+    (64x64 tiles) as a kernel of its own; where the range's tiles already fill the machine or
+    are the same, none."""
     from tvm_dsm.families.row_ranges import range_kernels
 
     hw = load_hardware("h200_sxm")
     b = tirx.Var("b", "int32")
-    one, *ranges = range_kernels(batched_matmul((b,), 512, 512, 256), TARGET, hw)
-    assert one.bound == 1 and (one.config.block_m, one.config.block_n) == (64, 64)
-    assert all((r.config.block_m, r.config.block_n) == (128, 128) for r in ranges)
+    kernels = range_kernels(batched_matmul((b,), 512, 512, 256), TARGET, hw)
+    assert [k.bound for k in kernels] == [1, 2, 3, 4, None]
+    assert all((k.config.block_m, k.config.block_n) == (64, 64) for k in kernels[:4])
+    assert (kernels[-1].config.block_m, kernels[-1].config.block_n) == (128, 128)
     for m, n, k in ((2048, 2048, 128), (128, 384, 256)):
         assert range_kernels(batched_matmul((b,), m, n, k), TARGET, hw)[0].bound != 1, (m, n, k)
 
@@ -242,7 +244,7 @@ def test_one_product_of_a_symbolic_batch_gets_tiles_of_its_own():
 @pytest.mark.parametrize("m, n, k, batch", [(128, 384, 256, 1), (128, 384, 256, 3), (128, 384, 256, 40),
                                             (512, 512, 256, 1), (512, 512, 256, 2)])
 def test_gpu_a_symbolic_batch_is_correct_at_every_batch(m, n, k, batch):
-    """Every range's kernel, and one product's of its own (512 x 512, above), against float64."""
+    """Every range's kernel, and the first products' of their own (512 x 512, above), against float64."""
     b = tirx.Var("b", "int32")
     func = batched_matmul((b,), m, n, k)
     rng = np.random.default_rng(batch)

@@ -22,8 +22,9 @@ one, where the first range takes the split-K GEMM; decode attention, one query a
 queries' range takes attention), that row count gets a kernel of its own: the function at one
 row, other variables dispatched in their turn, the branch's parameters the function's own (in
 the branch they hold one row); so do 2, 3, ... rows while that family takes them (the row
-GEMV's 2 rows, 8 in fp32), as a constant row count gets them; and one product of a symbolic
-batch, where the first range's split-K tiles would leave most SMs idle (:data:`IDLE_SM_SHARE`).
+GEMV's 2 rows, 8 in fp32), as a constant row count gets them; and a symbolic batch's first few
+product counts, where the first range's split-K tiles would leave most SMs idle
+(:data:`IDLE_SM_SHARE`).
 """
 
 from __future__ import annotations
@@ -153,60 +154,68 @@ def range_kernels(func: tirx.PrimFunc, target: Any, hw: Hardware,
     return _few_row_kernels(func, target, hw, kernels[0]) + kernels
 
 
-#: A split-K GEMM over a symbolic batch gets a kernel of its own for one product where the first
-#: range's tiles, sized for up to 16 products, leave at least this share of the SMs idle at one
-#: product and its own plan has more CTAs: b x 512 x 512 x 256 at one product ran 4.31 us on 16
-#: CTAs of the range's 128x128 tiles against 2.60 static, on 64 of 64x64 (H200,
-#: bench/results/archive/symbolic_batch_s88.json). The model predicted those two 5.2 and 4.7 us,
-#: so the grid decides, not the predicted gain.
+#: A split-K GEMM over a symbolic batch gets a kernel of its own for each of its first few
+#: product counts where the first range's tiles, sized for up to 16 products, leave at least this
+#: share of the SMs idle and its own plan has more CTAs. b x 512 x 512 x 256 on 16 CTAs of the
+#: range's 128x128 tiles a product: 4.31 us at one product against 2.60 static (64 CTAs of
+#: 64x64), 4.59 against 2.97 at two (H200, bench/results/archive/symbolic_batch_s88.json,
+#: symbolic_batch_one_product_s89.json). The model predicted 5.2 and 4.7 us at one product, so
+#: the grid decides, not the predicted gain.
 IDLE_SM_SHARE = 0.5
 
 
 def _few_row_kernels(func: tirx.PrimFunc, target: Any, hw: Hardware, first: RangeKernel) -> list[RangeKernel]:
     """The kernels of ``func`` at exactly 1, 2, ... rows, in order, as long as a family other than
     the first range's takes that row count (a row GEMV's up to 2 rows of 16-bit elements, 8 of
-    fp32, as a constant row count gets them; see the module docstring), and at one row where the
-    first range's family is the split-K GEMM and its tiles leave the SMs idle there
-    (:data:`IDLE_SM_SHARE`)."""
-    kernels = []
+    fp32, as a constant row count gets them; see the module docstring), or, over a symbolic batch
+    of products, the first range's split-K GEMM tiles leave the SMs idle there
+    (:func:`_own_plan_pays`)."""
+    kernels, batch = [], _is_product_batch(func)
     for rows in range(1, ROW_RANGES[0]):
-        kernel = _exact_rows_kernel(func, target, hw, first, rows)
+        kernel = _exact_rows_kernel(func, target, hw, first, rows, batch)
         if kernel is None:
             break
         kernels.append(kernel)
     return kernels
 
 
+def _is_product_batch(func: tirx.PrimFunc) -> bool:
+    """Whether ``func``'s range variable is the batch of a batched split-K GEMM (the products'
+    count, not their rows)."""
+    shape = SplitKGemm().match(func)
+    return shape is not None and isinstance(shape.batch, tirx.Var) and shape.batch.same_as(range_variable(func))
+
+
 def _exact_rows_kernel(func: tirx.PrimFunc, target: Any, hw: Hardware,
-                       first: RangeKernel, rows: int) -> RangeKernel | None:
+                       first: RangeKernel, rows: int, batch: bool) -> RangeKernel | None:
     """The kernel of ``func`` at exactly ``rows`` rows where the family a constant row count
-    gets (:func:`~tvm_dsm.families.fastest_family`) is not ``first``'s, or is the split-K GEMM
-    at one row where ``first``'s configuration leaves SMs idle (:func:`_one_row_pays`); else None."""
+    gets (:func:`~tvm_dsm.families.fastest_family`) is not ``first``'s, or, ``rows`` counting a
+    ``batch`` of products, is the split-K GEMM whose own plan pays there
+    (:func:`_own_plan_pays`); else None."""
     fixed = specialized(func, range_variable(func), rows)
     try:
         if extent_variables(fixed):
             kernels = range_kernels(fixed, target, hw)
-            family, config = kernels[-1].family, kernels[-1].config
+            family, config, predicted = kernels[-1].family, kernels[-1].config, kernels[-1].predicted_us
+            if family is first.family:
+                return None
             scheduled = dispatch(fixed, [(k.bound, k.func) for k in kernels])
-            predicted = kernels[-1].predicted_us
         else:
             family, shape, plans = fastest_family(matching_families(fixed, target), hw)
             config, predicted = plans[0].config, plans[0].predicted_us
-            if family is first.family and not _one_row_pays(family, shape, first.config, plans[0], rows, hw):
+            if family is first.family and not (batch and _own_plan_pays(family, shape, first.config, plans[0], hw)):
                 return None
             scheduled = family.apply(fixed, config, hw).mod["main"]
     except (ClusterError, ScheduleError, tvm.error.InternalError):  # the ranges' kernel takes these rows too
-        return None
-    if family is first.family and extent_variables(fixed):
         return None
     params = list(zip(scheduled.params, func.params))
     return RangeKernel(rows, family, config, func.with_body(substitute(scheduled.body, params)), predicted)
 
 
-def _one_row_pays(family: ScheduleFamily, shape: Any, range_config: Any, own: Plan, rows: int, hw: Hardware) -> bool:
-    """Whether at one row the split-K GEMM's ``own`` plan has more CTAs than the first range's
-    ``range_config`` there, which leaves :data:`IDLE_SM_SHARE` of the SMs idle or more."""
-    if rows != 1 or family.name != SplitKGemm.name or own.config == range_config:
+def _own_plan_pays(family: ScheduleFamily, shape: Any, range_config: Any, own: Plan, hw: Hardware) -> bool:
+    """Whether the split-K GEMM's ``own`` plan has more CTAs than the first range's
+    ``range_config`` at ``shape``, where that leaves :data:`IDLE_SM_SHARE` of the SMs idle or more."""
+    if family.name != SplitKGemm.name or own.config == range_config:
         return False
     try:
         ranged = family.predict(shape, range_config, hw)
