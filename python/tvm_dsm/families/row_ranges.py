@@ -170,9 +170,9 @@ def _few_row_kernels(func: tirx.PrimFunc, target: Any, hw: Hardware, first: Rang
     fp32, as a constant row count gets them; see the module docstring), or, over a symbolic batch
     of products, the first range's split-K GEMM tiles leave the SMs idle there
     (:func:`_own_plan_pays`)."""
-    kernels, batch = [], _is_product_batch(func)
+    kernels = []
     for rows in range(1, ROW_RANGES[0]):
-        kernel = _exact_rows_kernel(func, target, hw, first, rows, batch)
+        kernel = _exact_rows_kernel(func, target, hw, first, rows)
         if kernel is None:
             break
         kernels.append(kernel)
@@ -187,11 +187,11 @@ def _is_product_batch(func: tirx.PrimFunc) -> bool:
 
 
 def _exact_rows_kernel(func: tirx.PrimFunc, target: Any, hw: Hardware,
-                       first: RangeKernel, rows: int, batch: bool) -> RangeKernel | None:
+                       first: RangeKernel, rows: int) -> RangeKernel | None:
     """The kernel of ``func`` at exactly ``rows`` rows where the family a constant row count
     gets (:func:`~tvm_dsm.families.fastest_family`) is not ``first``'s, or, ``rows`` counting a
-    ``batch`` of products, is the split-K GEMM whose own plan pays there
-    (:func:`_own_plan_pays`); else None."""
+    batch of products, is the split-K GEMM whose own plan pays there (:func:`_own_plan_pays`);
+    else None."""
     fixed = specialized(func, range_variable(func), rows)
     try:
         if extent_variables(fixed):
@@ -203,7 +203,7 @@ def _exact_rows_kernel(func: tirx.PrimFunc, target: Any, hw: Hardware,
         else:
             family, shape, plans = fastest_family(matching_families(fixed, target), hw)
             config, predicted = plans[0].config, plans[0].predicted_us
-            if family is first.family and not (batch and _own_plan_pays(family, shape, first.config, plans[0], hw)):
+            if family is first.family and not _own_plan_pays(func, family, shape, first.config, plans[0], hw):
                 return None
             scheduled = family.apply(fixed, config, hw).mod["main"]
     except (ClusterError, ScheduleError, tvm.error.InternalError):  # the ranges' kernel takes these rows too
@@ -212,16 +212,19 @@ def _exact_rows_kernel(func: tirx.PrimFunc, target: Any, hw: Hardware,
     return RangeKernel(rows, family, config, func.with_body(substitute(scheduled.body, params)), predicted)
 
 
-def _own_plan_pays(family: ScheduleFamily, shape: Any, range_config: Any, own: Plan, hw: Hardware) -> bool:
-    """Whether the split-K GEMM's ``own`` plan has more CTAs than the first range's
-    ``range_config`` at ``shape``, where that leaves :data:`IDLE_SM_SHARE` of the SMs idle or more."""
+def _own_plan_pays(func: tirx.PrimFunc, family: ScheduleFamily, shape: Any, range_config: Any, own: Plan,
+                   hw: Hardware) -> bool:
+    """Whether ``func`` is a split-K GEMM over a symbolic batch of products whose ``own`` plan
+    at ``shape`` has more CTAs than the first range's ``range_config`` there, where that leaves
+    :data:`IDLE_SM_SHARE` of the SMs idle or more. (Whether the batch is the range variable is
+    asked last: only functions that reach here pay for recognizing it.)"""
     if family.name != SplitKGemm.name or own.config == range_config:
         return False
     try:
         ranged = family.predict(shape, range_config, hw)
     except ClusterError:
         return False
-    return ranged.ctas <= (1 - IDLE_SM_SHARE) * hw.sm_count and own.ctas > ranged.ctas
+    return ranged.ctas <= (1 - IDLE_SM_SHARE) * hw.sm_count and own.ctas > ranged.ctas and _is_product_batch(func)
 
 
 def _first_that_applies(family: ScheduleFamily, func: tirx.PrimFunc, plans: list[Plan],
