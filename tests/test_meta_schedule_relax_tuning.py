@@ -152,3 +152,30 @@ def test_a_symbolic_row_count_is_tuned_per_range_and_compiled_from_those_records
     schedule_kernels(mod, target, database=database, choices=tuned_choices)
     [name] = [name for name, choice in tuned_choices.items() if choice.ranges]
     assert tuned_choices[name].tuned and not choices[name].tuned
+
+
+def test_a_declined_chain_is_not_a_task(caplog):
+    """Falcon-7B's MLP at 2048 rows, which the chain family declines (its GEMMs apart are
+    predicted faster): no task, so no record of the chain's kernel replaces build's kernel per
+    operator; the model's other function (a transpose) stays a task."""
+    import tvm
+
+    from tvm_dsm.hardware import load_hardware
+    from tvm_dsm.meta_schedule.relax_tuning import tuning_tasks
+    from tvm_dsm.workloads.chains import gemm_chain
+
+    chain = gemm_chain(2048, 18176, 4544, 4544, activation="gelu")
+    bb = relax.BlockBuilder()
+    params = [relax.Var(p.name, R.Tensor([int(d) for d in p.ty.shape], "float16"))
+              for p in chain.params[:-1]]
+    with bb.function("main", params):
+        with bb.dataflow():
+            mlp = bb.add_func(chain.with_attr("global_symbol", "mlp"), "mlp")
+            y = bb.emit(relax.call_tir(mlp, params, R.Tensor((2048, 4544), "float16")))
+            out = bb.emit_output(relax.op.permute_dims(y))
+        bb.emit_func_output(out)
+    caplog.set_level("INFO", logger="tvm_dsm.meta_schedule.relax_tuning")
+    names = [t.task_name for t in tuning_tasks(bb.get(), tvm.target.Target("nvidia/nvidia-h100"),
+                                               load_hardware("h200_sxm"))]
+    assert "mlp" not in names and names
+    assert any("task mlp: not tuned" in r.message and "per operator" in r.message for r in caplog.records)

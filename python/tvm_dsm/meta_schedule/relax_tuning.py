@@ -15,7 +15,7 @@ from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 
 from ..device import gpu_or_reason
-from ..driver import BUILD_TIMEOUT_S, family_form, load_tvm_dsm, row_range_tasks
+from ..driver import BUILD_TIMEOUT_S, family_form, load_tvm_dsm, plan, row_range_tasks
 from ..errors import ClusterError
 from ..families import match_family
 from ..ir import row_variable
@@ -63,11 +63,13 @@ def tuning_tasks(mod: tvm.IRModule, target: tvm.target.Target, hw: Hardware, par
     as one task per range of rows, at the range's row count (:func:`row_range_tasks`, named
     ``NAME_rowsR``; ``rows``: only the ranges planned for those row counts, e.g. ``(16,)`` for
     decode batches); not the functions that arrive scheduled, reshapes (Relax makes them views:
-    no kernel runs) nor functions of other symbolic extents, each left out with a log line."""
+    no kernel runs), functions of other symbolic extents, nor those a family takes and then
+    declines (a chain whose GEMMs run faster apart, which build schedules a kernel per operator:
+    a record of the chain would bring it back), each left out with a log line."""
     if params:
         mod = relax.transform.BindParams("main", params)(mod)
     mod = lower_for_scheduling(mod, target, hw, kv_cache_kernels)
-    ranges, symbolic = [], set()  # symbolic: the functions MetaSchedule cannot measure as they are
+    ranges, untuned = [], set()  # the functions MetaSchedule does not measure as they are
     for gv, func in list(mod.functions.items()):
         if not isinstance(func, tvm.tirx.PrimFunc) or func.attrs.get("tirx.is_scheduled", False):
             continue
@@ -76,16 +78,23 @@ def tuning_tasks(mod: tvm.IRModule, target: tvm.target.Target, hw: Hardware, par
             var = row_variable(func)
         except ClusterError as err:
             logger.info("task %s: not tuned (%s)", gv.name_hint, err)
-            symbolic.add(gv.name_hint)
+            untuned.add(gv.name_hint)
             continue
         if var is not None:  # a task needs constant extents: the ranges of rows are the tasks
             ranges += _range_tasks(gv.name_hint, form, target, rows)
-            symbolic.add(gv.name_hint)
+            untuned.add(gv.name_hint)
             continue
         try:
-            mod[gv], _ = family_form(form, target)
+            form, _ = family_form(form, target)
         except ClusterError:
             continue
+        mod[gv] = form
+        try:
+            plan(form, hw, target)
+        except ClusterError as err:  # taken, then declined (a chain built as its GEMMs apart)
+            logger.info("task %s: not tuned; build schedules it without its family (%s)",
+                        gv.name_hint, str(err).strip().splitlines()[0])
+            untuned.add(gv.name_hint)
     tasks = []
     for task in ms.relax_integration.extract_tasks(mod, target):
         func = task.dispatched[0]["main"]
@@ -93,7 +102,7 @@ def tuning_tasks(mod: tvm.IRModule, target: tvm.target.Target, hw: Hardware, par
             logger.info("task %s: arrives scheduled; not tuned", task.task_name)
         elif relax.analysis.has_reshape_pattern(func):
             logger.info("task %s: a reshape, which Relax makes a view (no kernel); not tuned", task.task_name)
-        elif task.task_name not in symbolic:
+        elif task.task_name not in untuned:
             tasks.append(task)
     return tasks + ranges
 
