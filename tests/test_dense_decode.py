@@ -406,3 +406,66 @@ def test_a_grid_that_runs_at_once_two_ctas_an_sm_takes_the_larger_cluster():
     assert (pick.ranks, pick.warps, pick.files, pick.tensor_cores) == (8, 8, 2, True)
     wide = decode_pick((3, 32, 8, 8192, 128, "bhsd", "float16"))
     assert 3 * 8 * wide.ranks <= load_hardware().sm_count
+
+
+def _masked_decode(mask: str, batch: int = 1, heads: int = 16, keys: int = 1000, dim: int = 80):
+    """One query a head at the end of ``keys`` keys, masked as users write it: ``causal``
+    (``t <= i + keys - 1``, the query last) or an additive ``[1, keys]`` tensor; a batch of one
+    leaves two unit axes, the batch's and the query's."""
+    import math
+
+    from tvm import tirx
+
+    f32 = "float32"
+    q = te.placeholder((batch, heads, 1, dim), "float16", name="q")
+    k = te.placeholder((batch, heads, keys, dim), "float16", name="k")
+    v = te.placeholder((batch, heads, keys, dim), "float16", name="v")
+    d = te.reduce_axis((0, dim), name="d")
+    s = te.compute((batch, heads, 1, keys), lambda b, h, i, j: te.sum(
+        q[b, h, i, d].astype(f32) * k[b, h, j, d].astype(f32) * tirx.const(1 / math.sqrt(dim), f32), axis=d), name="s")
+    extra = []
+    if mask == "causal":
+        m = te.compute(s.shape, lambda b, h, i, j: te.if_then_else(j <= i + keys - 1, s[b, h, i, j],
+                                                                   tirx.const(-1e30, f32)), name="masked")
+    else:
+        bias = te.placeholder((1, keys), "float16", name="mask")
+        extra = [bias]
+        m = te.compute(s.shape, lambda b, h, i, j: s[b, h, i, j] + bias[i, j].astype(f32), name="masked")
+    r, r2, t = (te.reduce_axis((0, keys), name=n) for n in ("r", "r2", "t"))
+    mx = te.compute((batch, heads, 1), lambda b, h, i: te.max(m[b, h, i, r], axis=r), name="mx")
+    e = te.compute(s.shape, lambda b, h, i, j: te.exp(m[b, h, i, j] - mx[b, h, i]), name="e")
+    sm = te.compute((batch, heads, 1), lambda b, h, i: te.sum(e[b, h, i, r2], axis=r2), name="sm")
+    o = te.compute((batch, heads, 1, dim), lambda b, h, i, c: te.sum(
+        e[b, h, i, t] * v[b, h, t, c].astype(f32), axis=t), name="o")
+    out = te.compute(o.shape, lambda b, h, i, c: (o[b, h, i, c] / sm[b, h, i]).astype("float16"), name="out")
+    return te.create_prim_func([q, k, v, *extra, out])
+
+
+@pytest.mark.parametrize("mask", ["causal", "additive"])
+def test_a_mask_over_the_query_position_is_read_at_the_one_query(mask):
+    """The mask's query position (and a batch of one's axis) is 0 in the kernel: its plans lower
+    (the unit axes had been left unbound in the kernel, so every plan failed and dlight ran it)."""
+    ranking = plan(_masked_decode(mask))
+    assert ranking.family.name == "decode_attention"
+    tvm.compile(ranking.schedule(0).mod, target=TARGET)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask", ["causal", "additive"])
+def test_gpu_a_masked_decode_matches_float64(mask):
+    import tvm_dsm
+
+    func = _masked_decode(mask)
+    assert tvm_dsm.plan(func).family.name == "decode_attention"
+    module = tvm_dsm.build(func, TARGET)
+    shapes = [[int(x) for x in p.ty.shape] for p in func.params]
+    rng, dev = np.random.default_rng(), tvm.cuda(0)
+    inputs = [(rng.standard_normal(s) * 2).astype(np.float16) for s in shapes[:3]]
+    bias = [] if mask == "causal" else [np.where(rng.random(shapes[3]) < 0.3, -1e4, 0).astype(np.float16)]
+    out = tvm.runtime.tensor(np.full(shapes[-1], np.nan, np.float16), dev)
+    module(*(tvm.runtime.tensor(x, dev) for x in inputs + bias), out)
+    q, k, v = (x.astype(np.float64) for x in inputs)
+    s = np.einsum("bhid,bhtd->bhit", q, k) / np.sqrt(q.shape[-1]) + (bias[0].astype(np.float64) if bias else 0)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    ref = (p @ v) / p.sum(-1, keepdims=True)
+    assert np.linalg.norm(out.numpy() - ref) / np.linalg.norm(ref) < 2e-3

@@ -434,14 +434,23 @@ def _update_without_init(a: T.Buffer((128, 128), "float16"), b: T.Buffer((128, 1
             c[vi, vj] = c[vi, vj] + T.Cast("float32", a[vi, vk]) * T.Cast("float32", b[vk, vj])
 
 
-@pytest.mark.parametrize("make", [_int8_products, _gate_and_up_columns_of_one_product, _product_to_two_outputs])
+def _batch_of_one_row_products():
+    """Decode's ``q @ k^T`` as TOPI's batch_matmul: one row a product, 32 products."""
+    a = te.placeholder((32, 1, 128), "float16", name="a")
+    b = te.placeholder((32, 1000, 128), "float16", name="b")
+    return te.create_prim_func([a, b, topi.nn.batch_matmul(a, b)])
+
+
+@pytest.mark.parametrize("make", [_int8_products, _gate_and_up_columns_of_one_product, _product_to_two_outputs,
+                                  _batch_of_one_row_products])
 def test_functions_the_families_refuse_and_dlight_fails_on_still_build(make):
-    """Written by users (a sweep of 64 independently written GEMMs): dlight's tensor-core
+    """Written by users (sweeps of independently written functions): dlight's tensor-core
     schedule of an int8 GEMM for "sm_90" does not lower, so its CUDA-core one builds it; an
     epilogue over two columns of one product, which the GEMM families refuse and dlight's
     matmul rule asserts on, gets dlight's fallback rule; a product written to two outputs, whose
     whole schedule by dlight does not lower, one schedule per operator (the product, then each
-    output's epilogue)."""
+    output's epilogue); a batch of one-row products, on which dlight's GEMV rule raises an
+    AttributeError, dlight's fallback rule."""
     lib = tvm_dsm.build(make())
     assert "__global__" in lib.mod.imports[0].inspect_source()
 

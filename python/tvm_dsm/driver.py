@@ -304,6 +304,12 @@ def build(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None = No
 FAMILY_FAILURES = (ScheduleError, RuntimeError, ValueError, AssertionError)
 
 
+#: What dlight's rules raise on forms they misjudge: a refused primitive, an assertion, or an
+#: error of their own analysis (its GEMV rule reads a batch of one-row products' index ``b + 0``
+#: as a constant: AttributeError). Its fallback rule alone is tried next.
+DLIGHT_RULE_FAILURES = (ScheduleError, AssertionError, AttributeError, TypeError, IndexError, KeyError)
+
+
 def _compiled_fallback(func: tirx.PrimFunc, target, reason: ClusterError, hw: Hardware | None):
     """``func`` compiled from :func:`_fallback_schedule`; where that does not lower, from its
     schedule without tvm-dsm's families; where dlight's tensor-core schedule for "sm_90" does not
@@ -469,7 +475,7 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
             LOG.info("its operators one by one do not schedule (%s); dlight's schedule whole", last_line(err))
     try:
         return stock_schedule(func, target)
-    except (ScheduleError, AssertionError) as err:  # raised inside a dlight rule
+    except DLIGHT_RULE_FAILURES as err:
         whole = last_line(err)
     matrices = _as_matrices(func, target, hw, families=False)  # dlight may take the matrices
     if matrices is not None:
@@ -619,7 +625,7 @@ def _stock_fallback_rule(func: tirx.PrimFunc, target, reason: ClusterError, whol
     try:
         with stock_target(target):
             scheduled = s_tir.Schedule(dl.ApplyDefaultSchedule(dl.gpu.Fallback())(_module(func)))
-    except (ScheduleError, AssertionError, RuntimeError) as err:
+    except (*DLIGHT_RULE_FAILURES, RuntimeError) as err:
         raise _unschedulable(reason, f"{whole}; its fallback rule alone: {last_line(err)}") from None
     LOG.info("dlight's rules fail on it (%s): its fallback rule alone", whole)
     return scheduled

@@ -524,9 +524,13 @@ class _Match:
         units = [var for var in self.m.spatial if self.ranges[var] == 1]
         query = units[0] if units else tirx.Var("query", "int32")
         terms = self._terms(f, query, t, heads, skipping=False)
+        # every unit axis (the query position, a batch of one) at 0: the kernel binds no other
+        zeros = [(v, tirx.const(0, v.ty.dtype)) for v in units]
+        at_zero = lambda e: e if e is None or isinstance(e, float) else substitute(e, zeros)  # noqa: E731
+        terms = dataclasses.replace(terms, value=at_zero(terms.value), mask=at_zero(terms.mask),
+                                    fill=at_zero(terms.fill))
         if terms.mask is not None:
-            last = substitute(terms.mask, [(t, tirx.const(self.m.extent - 1, t.ty.dtype)),
-                                           *((v, tirx.const(0, v.ty.dtype)) for v in units)])
+            last = substitute(terms.mask, [(t, tirx.const(self.m.extent - 1, t.ty.dtype))])
             if not self.analyzer.can_prove(last):
                 raise ClusterError(f"decode attention: a mask must provably keep the last key; got {terms.mask}")
         return dataclasses.replace(terms, fill=float("-inf") if _underflows(terms.fill) else terms.fill)
