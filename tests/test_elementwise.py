@@ -18,10 +18,10 @@ from tvm_dsm.workloads.elementwise import cast, split_silu_mul
 from conftest import LLVM
 
 
-def _rotate_half(m: int, d: int = 64):
+def _rotate_half(m: int, d: int = 64, choose=te.if_then_else):
     x = te.placeholder((m, d), "float16", name="x")
     half = d // 2
-    return te.create_prim_func([x, te.compute((m, d), lambda i, j: te.if_then_else(
+    return te.create_prim_func([x, te.compute((m, d), lambda i, j: choose(
         j < half, -x[i, j + half], x[i, j - half]), name="r")])
 
 
@@ -103,6 +103,7 @@ def _lanes(func) -> int:
     (split_silu_mul(64, 1024), 8),  # both halves move along j
     (cast(64, 1000), 4),  # the widest element (fp32) sets the lanes
     (_rotate_half(64), 8),  # a condition on j alike for every vector of 8 columns
+    (_rotate_half(64, choose=tirx.Select), 8),  # the same as a Select (scheduled as a branch)
     (_padded(64, 40, 40), 8),  # a pad of rows of 40 to 64: j < 40 at 8 lanes
     (_padded(64, 40, 36), 1),  # j < 36 splits a vector
     (_slice_assigned(64), 1),  # a select's condition: a vector of bools in TVM's CUDA code
@@ -116,6 +117,14 @@ def _lanes(func) -> int:
 ])
 def test_vector_lanes(func, lanes):
     assert _lanes(func) == lanes
+
+
+def test_a_select_on_bounds_of_the_vector_axis_builds_in_vectors():
+    """Rotate-half written with a Select: vectorized as written, its condition would be a vector
+    of bools, which TVM's CUDA code cannot declare; scheduled as a branch it is one condition a
+    vector, and the kernel moves 16 bytes an access."""
+    source = tvm_dsm.build(_rotate_half(64, choose=tirx.Select)).mod.imports[0].inspect_source()
+    assert "uint4" in source
 
 
 def test_reductions_are_not_elementwise():

@@ -105,6 +105,28 @@ def test_gpu_rotary_embedding_matches_float64(rows):
         assert np.linalg.norm(got.numpy().astype(np.float64) - ref) / np.linalg.norm(ref) < 2e-3
 
 
+def test_rotate_half_written_as_a_select_moves_vectors(assemble):
+    """Rotary embedding over ``[B, S, H, D]`` with rotate-half as a Select on ``d < D / 2`` of
+    fp32 values: scheduled as a branch, one condition a vector (vectorized as a Select, its
+    condition is a bool vector TVM's CUDA code cannot declare: every plan failed to lower); its
+    ``-1.0`` in fp32, alike for every lane, bounds the vector at 4 lanes (a broadcast of 8 fp32
+    values is an invalid ``make_ulonglong4`` in TVM's CUDA), so 8-byte accesses; valid CUDA."""
+    import math
+
+    f32 = "float32"
+    x = te.placeholder((1, 77, 8, 128), "float16", name="x")
+    angle = lambda s, d: tirx.Cast(f32, s) * te.exp(tirx.Cast(f32, d % 64 * 2) * tirx.const(-math.log(1e4) / 128, f32))  # noqa: E731
+    y = te.compute(x.shape, lambda b, s, h, d: (
+        x[b, s, h, d].astype(f32) * te.cos(angle(s, d)) + tirx.Select(
+            d < 64, -x[b, s, h, d + 64].astype(f32), x[b, s, h, d - 64].astype(f32)) * te.sin(angle(s, d))
+    ).astype("float16"), name="rope")
+    func = te.create_prim_func([x, y])
+    assert find_per_thread_math(func).lanes == 4 and plan(func).family.name == "per_thread_math"
+    source = tvm_dsm.build(func).mod.imports[0].inspect_source()
+    assert "*(half4*)(x_ptr" in source and source.count("sinf(") == 1
+    assemble(source, "per_thread_math_select")
+
+
 def _scaled(factor, width: int):
     """``y[s, h, j] = x[s, h, j] * factor(p, s, j)`` over 16 x 8 x 63 (63 columns: no 16-byte
     vectors), ``p`` of 16 rows of ``width``."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.sym import Analyzer
 from tvm.s_tir.schedule.schedule import ScheduleError
@@ -37,6 +38,7 @@ VECTOR_BYTES = 16
 #: Functions whose evaluation costs tens of instructions.
 TRANSCENDENTAL = frozenset(f"tirx.{name}" for name in (
     "sin", "cos", "tan", "pow", "exp", "exp2", "log", "log2", "tanh", "erf", "sigmoid"))
+IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,8 @@ def vector_lanes(block: tirx.SBlock, uniform_conditions: bool = False) -> int:
     moving = [(a, indices) for a, indices in accesses if uses(indices[-1], x)]  # the rest: one element for all lanes
     if any(str(_buffer(a).ty.dtype) == "bool" for a, _ in moving):
         return 1  # TVM's CUDA codegen stores two bools as a ushort2: 4 bytes, 2-byte aligned (misaligned address)
-    lanes = VECTOR_BYTES // max(element_bytes(_buffer(a)) for a, _ in moving)
+    lanes = VECTOR_BYTES // max([element_bytes(_buffer(a)) for a, _ in moving]
+                                + [element_bytes(v) for v in broadcast_values(block.body, x)])
     if not isinstance(extent, tirx.IntImm) or int(extent) % lanes:
         return 1
     for access, indices in moving:
@@ -112,7 +115,7 @@ def vector_lanes(block: tirx.SBlock, uniform_conditions: bool = False) -> int:
         if uses(offset, x) or not analyzer.can_prove(tirx.floormod(offset, lanes) == 0):
             return 1
     conditions = [c.args[0] for c in find_all(block.body, tvm.ir.Call)
-                  if c.op.same_as(tvm.ir.Op.get("prim.if_then_else"))]
+                  if c.op.same_as(IF_THEN_ELSE)]
     conditions += [s.condition for s in find_all(block.body, tirx.Select)]
     conditions += [s.condition for s in find_all(block.body, tirx.IfThenElse)]
     varying = [c for c in conditions if uses(c, x)]
@@ -121,6 +124,40 @@ def vector_lanes(block: tirx.SBlock, uniform_conditions: bool = False) -> int:
     if not uniform_conditions:
         return 1
     return lanes if all(_uniform(c, x, lanes, analyzer) for c in varying) else 1
+
+
+def broadcast_values(body, x: tirx.Var) -> list:
+    """The floating-point values a store in ``body`` computes with that are alike for every lane
+    of ``x`` (the largest parts of its value without ``x``, outside loads' indices and math
+    calls' arguments, which each lane computes apart), whose vector TVM writes as a broadcast. A broadcast of more than
+    16 bytes (fp32 by 8 lanes: rotate-half's ``-1.0`` times an fp32 cast) comes out of TVM's CUDA
+    code as an invalid ``make_ulonglong4`` of 8 values, so they bound the lanes as what the block
+    moves does."""
+    found: list = []
+
+    def visit(expr) -> None:
+        if isinstance(expr, tirx.Let):  # its variable read as its value
+            visit(substitute(expr.body, [(expr.var, expr.value)]))
+        elif isinstance(expr, tvm.ir.Call) and expr.op.same_as(IF_THEN_ELSE):
+            for arg in expr.args:
+                visit(arg)
+        elif isinstance(expr, (tvm.ir.TensorLoad, tvm.ir.Call)) or not uses(expr, x):
+            if not uses(expr, x) and str(expr.ty.dtype).startswith(("float", "bfloat")):
+                found.append(expr)
+        else:
+            for field in _OPERANDS.get(type(expr), ()):
+                visit(getattr(expr, field))
+
+    for store in find_all(body, tirx.BufferStore):
+        visit(store.value)
+    return found
+
+
+#: The operand fields of the expressions a store's value is made of.
+_OPERANDS = {**{op: ("a", "b") for op in (tirx.Add, tirx.Sub, tirx.Mul, tirx.Div, tirx.Mod, tirx.FloorDiv,
+                                          tirx.FloorMod, tirx.Min, tirx.Max, tirx.EQ, tirx.NE, tirx.LT, tirx.LE,
+                                          tirx.GT, tirx.GE, tirx.And, tirx.Or)},
+             tirx.Not: ("a",), tirx.Cast: ("value",), tirx.Select: ("condition", "true_value", "false_value")}
 
 
 def _uniform(condition, x: tirx.Var, lanes: int, analyzer: Analyzer) -> bool:
@@ -148,21 +185,39 @@ def block_lanes(block: tirx.SBlock) -> int:
     if lanes > 1 or not isinstance(block.body, tirx.BufferStore) or transcendental_calls(block.body):
         return lanes
     lanes = vector_lanes(block, uniform_conditions=True)
+    return lanes if conditions_vectorize(block) else 1
+
+
+def conditions_vectorize(block: tirx.SBlock) -> bool:
+    """Whether every condition on ``block``'s innermost iterator ``x`` (an ``if_then_else``'s,
+    a ``Select``'s) compares ``x`` alone with constants (:func:`_bounds`): with Selects written
+    as branches (:func:`selects_as_branches`), TVM's vectorizer keeps those one condition a
+    vector."""
     x = block.iter_vars[-1].var
-    selects = find_all(block.body, tirx.Select)
-    calls = [c for c in find_all(block.body, tvm.ir.Call) if c.op.same_as(tvm.ir.Op.get("prim.if_then_else"))]
-    if any(uses(s.condition, x) for s in selects):
-        return 1  # a select's condition stays a vector of bools, which TVM's CUDA code cannot declare
-    return lanes if all(_bounds(c.args[0], x) for c in calls if uses(c.args[0], x)) else 1
+    conditions = [c.args[0] for c in find_all(block.body, tvm.ir.Call) if c.op.same_as(IF_THEN_ELSE)]
+    conditions += [s.condition for s in find_all(block.body, tirx.Select)]
+    return all(_bounds(c, x) for c in conditions if uses(c, x))
+
+
+def selects_as_branches(body: tirx.Stmt) -> tirx.Stmt:
+    """``body`` with each Select an ``if_then_else`` of the same operands (neither side has an
+    effect, so the value is the same): vectorized, a Select's condition stays a vector of bools
+    (``boolx8``), which TVM's CUDA code cannot declare, where an ``if_then_else`` of bounds on
+    the vector's axis is one condition a vector."""
+    return tvm_ffi.structural_map(body, [(tirx.Select, lambda s: tirx.if_then_else(s.condition, s.true_value,
+                                                                                      s.false_value))])
 
 
 def _bounds(condition, x: tirx.Var) -> bool:
     """Whether ``condition`` compares ``x`` alone with constants, joined by ``and`` (``0 <= x and
-    x < 40``: a pad): the forms TVM's vectorizer reads as one condition a vector (others stay a
-    vector of bools, ``boolx8``, which its CUDA code cannot declare: a slice assignment's
-    clamped, cast comparison)."""
+    x < 40``: a pad) with each other and with conditions without ``x`` (``nn.llm``'s rotary
+    ``apply_rope > 0 and d < 64``): the forms TVM's vectorizer reads as one condition a vector
+    (others stay a vector of bools, ``boolx8``, which its CUDA code cannot declare: a slice
+    assignment's clamped, cast comparison)."""
     if isinstance(condition, tirx.And):
         return _bounds(condition.a, x) and _bounds(condition.b, x)
+    if not uses(condition, x):
+        return True
     return isinstance(condition, (tirx.LT, tirx.LE, tirx.GT, tirx.GE)) and any(
         a.same_as(x) and isinstance(b, tirx.IntImm) for a, b in ((condition.a, condition.b), (condition.b, condition.a)))
 
@@ -179,6 +234,8 @@ def schedule_elementwise(func: tirx.PrimFunc, config: ElementwiseConfig) -> s_ti
     """``func`` with each output block a grid of ``config.threads``-thread CTAs, each thread
     ``config.vectors_per_thread`` vectors (see the module docstring)."""
     sch = s_tir.Schedule(func)
+    if any(block_lanes(sch.get(rv)) > 1 and find_all(sch.get(rv).body, tirx.Select) for rv in output_blocks(sch)):
+        sch = s_tir.Schedule(func.with_body(selects_as_branches(func.body)))
     for rv in output_blocks(sch):
         lanes = block_lanes(sch.get(rv))
         loops = sch.get_loops(rv)

@@ -38,7 +38,8 @@ from tvm.sym import Analyzer
 
 from ..errors import ClusterError
 from ..ir import find_all, seq, substitute, uses
-from .elementwise import TRANSCENDENTAL, output_blocks, transcendental_calls, vector_lanes
+from .elementwise import (TRANSCENDENTAL, conditions_vectorize, output_blocks, selects_as_branches,
+                          transcendental_calls, vector_lanes)
 
 #: The longest axis looped over inside a thread (unrolled).
 MAX_IN_THREAD = 64
@@ -175,8 +176,8 @@ def _found(block: SBlock, axis: int, calls: list) -> PerThreadMath:
     for n, iv in enumerate(block.iter_vars):
         if n != axis:
             points = points * (int(iv.dom.extent) if isinstance(iv.dom.extent, tirx.IntImm) else iv.dom.extent)
-    return PerThreadMath(block.name_hint, axis, int(block.iter_vars[axis].dom.extent), len(calls), points,
-                         vector_lanes(block, uniform_conditions=True))
+    lanes = vector_lanes(block, uniform_conditions=True) if conditions_vectorize(block) else 1
+    return PerThreadMath(block.name_hint, axis, int(block.iter_vars[axis].dom.extent), len(calls), points, lanes)
 
 
 def _with_regions(block: SBlock, buffers: list) -> SBlock:
@@ -220,6 +221,9 @@ def _rewritten(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, PerThreadMath]:
         return let if uses(let.body, let.var) else let.body
 
     body = tvm_ffi.structural_map(block.body, [(tvm.ir.Call, replace)], order="pre")
+    found = _found(block, axis, calls)
+    if found.lanes > 1:  # vectorized: each Select a branch (one condition a vector)
+        body = selects_as_branches(body)
     consumer = SBlock(block.iter_vars, [], [], block.name_hint, tvm_ffi.structural_map(body, [(tirx.Let, drop_unused)]),
                       block.init, block.alloc_buffers, block.match_buffers, block.annotations)
     consumer = _with_regions(consumer, buffers)
@@ -233,8 +237,7 @@ def _rewritten(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, PerThreadMath]:
                                                                     else b)], order="pre")])
     new_root = SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, body, root.init,
                       [*root.alloc_buffers, *hoisted], root.match_buffers, root.annotations)
-    return (func.with_body(SBlockRealize(func.body.iter_values, func.body.predicate, new_root)),
-            _found(block, axis, calls))
+    return func.with_body(SBlockRealize(func.body.iter_values, func.body.predicate, new_root)), found
 
 
 def schedule_per_thread_math(func: tirx.PrimFunc, config: PerThreadMathConfig) -> s_tir.Schedule:
