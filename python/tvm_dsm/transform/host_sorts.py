@@ -8,7 +8,8 @@ GPU targets). TOPI's generic scans (``topi.cumsum``, ``topi.cumprod``) are a hos
 kind (``T.parallel``, no thread bound): :func:`refuse_host_loops` refuses them likewise.
 
 One such function has a kernel of its own: a MoE router written with TOPI, the k best of
-``topi.topk(topi.nn.softmax(logits [cast to fp32]), k, ret_type="both", dtype="int32")``.
+``topi.topk(topi.nn.softmax(logits [cast to fp32]), k, ret_type="both", dtype=...)`` with int32
+or int64 indices (``topi.topk``'s default).
 :func:`router_top_k` recognizes it by rebuilding that composition at the function's shape and
 comparing, and gives the fused router's form (:func:`tvm_dsm.workloads.cascades.moe_routing`:
 the experts ranked by their logits, which the softmax keeps in order, ties to the lower index as
@@ -80,7 +81,7 @@ def router_top_k(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
             isinstance(p.ty, tvm.tirx.buffer.BufferType) for p in params):
         return None
     logits, values, indices = (p.ty for p in params)
-    if len(logits.shape) != 2 or len(values.shape) != 2 or str(indices.dtype) != "int32":
+    if len(logits.shape) != 2 or len(values.shape) != 2 or str(indices.dtype) not in ("int32", "int64"):
         return None
     try:
         tokens, experts, k = (int(d) for d in (*logits.shape, values.shape[1]))
@@ -88,9 +89,10 @@ def router_top_k(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
         return None
     x = te.placeholder((tokens, experts), str(logits.dtype), name="logits")
     wide = x if x.dtype == "float32" else topi.cast(x, "float32")
-    written = te.create_prim_func([x, *topi.topk(topi.nn.softmax(wide), k=k, ret_type="both", dtype="int32")])
+    written = te.create_prim_func([x, *topi.topk(topi.nn.softmax(wide), k=k, ret_type="both",
+                                                 dtype=str(indices.dtype))])
     if not tvm_ffi.structural_equal(written.body, func.body, map_free_vars=True) or \
             not tvm_ffi.structural_equal(written.params, func.params, map_free_vars=True):
         return None
-    return moe_routing(tokens, experts, k, str(logits.dtype)).with_attr(
+    return moe_routing(tokens, experts, k, str(logits.dtype), str(indices.dtype)).with_attr(
         "global_symbol", (func.attrs or {}).get("global_symbol", "main"))

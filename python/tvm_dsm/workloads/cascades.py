@@ -106,10 +106,11 @@ def decode_attention(rows: int, keys: int, dim: int) -> tirx.PrimFunc:
     return te.create_prim_func([q, k, v, out])
 
 
-def moe_routing(tokens: int, experts: int, k: int, dtype: str = "float16") -> tirx.PrimFunc:
+def moe_routing(tokens: int, experts: int, k: int, dtype: str = "float16", index_dtype: str = "int32") -> tirx.PrimFunc:
     """MoE router: the k best experts per token and their softmax probabilities (over all
     experts, best first; ties go to the lower expert index), from logits of ``dtype``. Outputs
-    weights [tokens, k] fp32 and indices [tokens, k] int32."""
+    weights [tokens, k] fp32 and indices [tokens, k] of ``index_dtype`` (TOPI's and torch's
+    topk: int64)."""
     x = te.placeholder((tokens, experts), dtype, name="x")
 
     def logit(i, r):
@@ -123,7 +124,7 @@ def moe_routing(tokens: int, experts: int, k: int, dtype: str = "float16") -> ti
 
     weights = te.compute((tokens, k), lambda i, c: te.exp(column(best[:k], i, c) - mx[i]) / l[i],
                          name="weights")
-    indices = te.compute((tokens, k), lambda i, c: column(best[k:], i, c), name="indices")
+    indices = te.compute((tokens, k), lambda i, c: column(best[k:], i, c).astype(index_dtype), name="indices")
     return te.create_prim_func([x, weights, indices])
 
 
