@@ -505,3 +505,24 @@ def test_a_product_written_to_two_outputs_is_correct_on_the_gpu():
     for out, ref in zip(outs, (y, np.maximum(y, 0))):
         got = out.numpy().astype(np.float64)
         assert not np.isnan(got).any() and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def test_dlight_runs_on_a_shallow_stack_under_the_callers_target(monkeypatch):
+    """stock_rules applies dlight from a fresh thread (the tensor intrinsics its matmul rule
+    imports parse ~40x faster there than from a Relax pass's stack with torch imported), under
+    the target current in the caller's thread: a 16-bit matmul gets its tensor-core schedule."""
+    import threading
+
+    from tvm.s_tir import dlight as dl
+
+    from tvm_dsm.stock import stock_rules, stock_target
+    from tvm_dsm.workloads.dense import dense
+
+    threads = []
+    apply = dl.gpu.Matmul.apply
+    monkeypatch.setattr(dl.gpu.Matmul, "apply", lambda self, *a, **k: threads.append(threading.current_thread())
+                        or apply(self, *a, **k))
+    with stock_target():
+        scheduled = stock_rules()(tvm.IRModule({"main": dense(128, 256, 256)}))
+    assert threads and threading.main_thread() not in threads
+    assert "mma" in scheduled.script()

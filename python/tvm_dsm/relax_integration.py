@@ -123,32 +123,41 @@ class ScheduleTIR:
                     updates[gv] = replay(record.trace, func).mod["main"].with_attrs(
                         {"tirx.is_scheduled": True, FAMILY_ATTR: TUNED_IN_TVM_SPACE})
                     continue
-                if form is None:
-                    continue  # dlight's
-                try:  # two matmuls no family takes together (a grouped chain or attention)
-                    sch = schedule_operators(form, self.target, self.hw)
-                except ClusterError:
-                    continue  # dlight's
-                if self._lowers(gv, sch, "its operators' schedules"):
-                    families = ", ".join(operator_families(form, self.target, self.hw))
-                    self.choices[gv.name_hint] = Choice(reason=f"its operators: {families}")
-                    updates[gv] = sch.mod["main"].with_attrs({"tirx.is_scheduled": True, FAMILY_ATTR: PER_OPERATOR})
-                continue
+                if form is not None:  # two matmuls no family takes together (a grouped chain or attention)
+                    self._per_operator(gv, form, updates)
+                continue  # else dlight's
             except Exception as err:  # noqa: BLE001  (a family's bug, re-raised unless told)
                 if not self.survive_crashes:
                     raise
-                LOG.warning("%s: a tvm-dsm family crashed on it; left to dlight", gv.name_hint,
-                            exc_info=True)
+                LOG.warning("%s: a tvm-dsm family crashed on it", gv.name_hint, exc_info=True)
                 crash = f"{type(err).__name__}: {err}"
                 self.choices[gv.name_hint] = Choice(reason=f"tvm-dsm crashed: {crash}")
-                updates[gv] = mod[gv].with_attr(CRASH_ATTR, crash)
+                if form is None or not self._per_operator(gv, form, updates):
+                    updates[gv] = mod[gv].with_attr(CRASH_ATTR, crash)  # dlight's
                 continue
             if self._lowers(gv, sch, f"the {choice.families} schedule"):
                 self.choices[gv.name_hint] = choice
                 updates[gv] = sch.mod["main"].with_attrs({"tirx.is_scheduled": True, FAMILY_ATTR: choice.families})
+            else:
+                self._per_operator(gv, form, updates)
         for gv, func in updates.items():
             mod[gv] = func
         return mod
+
+    def _per_operator(self, gv: tvm.ir.GlobalVar, form: tirx.PrimFunc, updates: dict) -> bool:
+        """Whether ``form``, holding two or more matmuls whose family refused, crashed on or did
+        not lower the function whole, is scheduled an operator at a time (into ``updates``): dlight
+        has no rule for two matmuls in one kernel (a chain as one dlight function: a few CTAs)."""
+        try:
+            sch = schedule_operators(form, self.target, self.hw)
+        except (ClusterError, *FAMILY_FAILURES):
+            return False  # dlight's
+        if not self._lowers(gv, sch, "its operators' schedules"):
+            return False
+        families = ", ".join(operator_families(form, self.target, self.hw))
+        self.choices[gv.name_hint] = Choice(reason=f"its operators: {families}")
+        updates[gv] = sch.mod["main"].with_attrs({"tirx.is_scheduled": True, FAMILY_ATTR: PER_OPERATOR})
+        return True
 
     def _lowers(self, gv: tvm.ir.GlobalVar, sch, what: str) -> bool:
         """Whether ``sch`` goes through the TIR pipeline; where it does not (a family that should

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import threading
 from types import ModuleType
 
 import tvm
@@ -19,7 +18,7 @@ from tvm.s_tir import TensorIntrin
 
 from ..errors import ClusterError
 from ..schedule.dsm import DSM_SCOPE
-from ..script_parsing import pseudo_files_skipped
+from ..script_parsing import on_a_shallow_stack
 from .registry import register_once
 
 #: Operand types mma.sync multiplies into fp32, and PTX's name for each.
@@ -54,16 +53,9 @@ LDMATRIX_FP8_B_TRANS_DYN = "tvm_dsm.mma_ldmatrix_e4m3_b_trans_dyn"
 
 
 def _import_shallow(name: str) -> ModuleType:
-    """Import ``name`` from a fresh thread with pseudo-files' frames skipped
-    (:func:`~tvm_dsm.script_parsing.pseudo_files_skipped`). TVMScript parsing calls
-    ``inspect.stack()``, whose cost grows with the caller's stack: from a deep one (a test
-    runner, a lazy attribute) the import took 150 s instead of 48, and 10 s with frozen frames
-    skipped."""
-    with pseudo_files_skipped():
-        thread = threading.Thread(target=importlib.import_module, args=(name,))
-        thread.start()
-        thread.join()
-    return importlib.import_module(name)
+    """Import ``name`` on a shallow stack (:func:`~tvm_dsm.script_parsing.on_a_shallow_stack`):
+    its TVMScript parses faster there."""
+    return on_a_shallow_stack(lambda: importlib.import_module(name))
 
 
 @functools.cache
