@@ -160,7 +160,8 @@ def range_kernels(func: tirx.PrimFunc, target: Any, hw: Hardware,
 #: range's 128x128 tiles a product: 4.31 us at one product against 2.60 static (64 CTAs of
 #: 64x64), 4.59 against 2.97 at two (H200, bench/results/archive/symbolic_batch_s88.json,
 #: symbolic_batch_one_product_s89.json). The model predicted 5.2 and 4.7 us at one product, so
-#: the grid decides, not the predicted gain.
+#: the grid decides, not the predicted gain. With those kernels, 2.59 / 2.89 / 3.43 / 4.26 us at
+#: 1-4 products against 2.55 / 2.86 / 3.33 / 4.20 static (symbolic_batch_two_to_five_s90.json).
 IDLE_SM_SHARE = 0.5
 
 
