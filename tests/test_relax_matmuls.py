@@ -272,3 +272,29 @@ def test_a_transpose_two_matmuls_read_is_folded_into_each():
     for got, rows in ((a, x), (b, p)):
         want = rows.astype(np.float64) @ w.astype(np.float64).T
         assert np.linalg.norm(got.numpy() - want) / np.linalg.norm(want) < 1e-5
+
+
+def test_tensors_of_the_product_rows_made_elsewhere_meet_the_products_rows():
+    """A MoE block over flattened ``batch * seq_len`` rows: the down projection's rows become the
+    row variable, and the routing weight from a sorted top-k (a call whose shape keeps the
+    product) is cast to it too, so their product has a shape and the model compiles (it had
+    none, and the VM could not emit the unlegalized multiply)."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend import nn
+    from tvm.relax.frontend.nn import op
+
+    class Routed(nn.Module):
+        def __init__(self):
+            self.router = nn.Linear(256, 4, bias=False, dtype="float16")
+            self.down_proj = nn.Linear(256, 256, bias=False, dtype="float16")
+
+        def forward(self, x):
+            b, s, h = x.shape
+            flat = op.reshape(x, (b * s, h))
+            top, _ = op.topk(op.softmax(self.router(flat), axis=-1), 2, axis=-1)
+            return op.reshape(self.down_proj(flat) * op.sum(top, axis=-1, keepdims=True), (b, s, h))
+
+    mod, _ = Routed().export_tvm(spec={"forward": {"x": nn.spec.Tensor(["batch", "seq_len", 256], "float16")}})
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}, host="llvm")
+    tvm.compile(mod, target, relax_pipeline=relax.get_pipeline("tvm_dsm"))

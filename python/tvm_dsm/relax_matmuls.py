@@ -276,7 +276,8 @@ class _Rewriter(PyExprMutator):
 @mutator
 class _RowVariables(PyExprMutator):
     """Every reshape to a matrix whose row count is a product of extent variables, cast to a
-    matrix of one variable row count (the same for the same product in a function)."""
+    matrix of one variable row count (the same for the same product in a function), and every
+    later tensor with an axis of that product cast to the variable there."""
 
     def __init__(self, mod: tvm.IRModule):
         super().__init__(mod)
@@ -284,16 +285,26 @@ class _RowVariables(PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - TVM visitor name
         call = super().visit_call_(call)
-        shape = call.ty.shape if is_op_call(call, "relax.reshape") else None
-        if shape is None or len(shape.values) != 2 or isinstance(shape.values[0], (tirx.IntImm, tirx.Var)):
+        shape = call.ty.shape if isinstance(call.ty, relax.TensorType) else None
+        if not isinstance(shape, relax.ShapeExpr):
             return call
-        rows, depth = shape.values
-        var = next((v for e, v in self.variables if tvm_ffi.structural_equal(e, rows)), None)
-        if var is None:
-            var = tirx.Var("rows", rows.ty)
-            self.variables.append((rows, var))
+        dims = list(shape.values)
+        if (is_op_call(call, "relax.reshape") and len(dims) == 2
+                and not isinstance(dims[0], (tirx.IntImm, tirx.Var))):
+            if self._variable(dims[0]) is None:
+                self.variables.append((dims[0], tirx.Var("rows", dims[0].ty)))
+        # every tensor with those rows (also one no reshape made: a sorted router's weights), so
+        # that the products' rows and theirs are one variable where they meet
+        variables = [self._variable(d) for d in dims]
+        if all(v is None for v in variables):
+            return call
+        cast = [d if v is None else v for v, d in zip(variables, dims)]
         return self.builder_.match_cast(self.builder_.emit(call),
-                                        relax.TensorType(relax.ShapeExpr([var, depth]), call.ty.dtype))
+                                        relax.TensorType(relax.ShapeExpr(cast), call.ty.dtype))
+
+    def _variable(self, rows) -> tirx.Var | None:
+        """The row variable of the product of extent variables ``rows``, if one was made."""
+        return next((v for e, v in self.variables if tvm_ffi.structural_equal(e, rows)), None)
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.MatmulsAsMatrices")
