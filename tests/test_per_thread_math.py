@@ -67,13 +67,13 @@ def test_a_thread_moving_elements_fills_the_gpu_with_parts():
     the fewest parts whose threads fill the GPU: a decode step's token, a head a thread; 4096
     tokens, two parts."""
     rope = _rope()
-    lanes = rule.vector_lanes
+    lanes = rule.branch_lanes
     try:
-        rule.vector_lanes = lambda block, uniform_conditions=False: lanes(block)
+        rule.branch_lanes = rule.vector_lanes  # without uniform conditions
         parts = {rows: plan(specialized(rope, row_variable(rope), rows)).best.config.parts
                  for rows in (16, 256, 1024, 4096)}
     finally:
-        rule.vector_lanes = lanes
+        rule.branch_lanes = lanes
     assert parts == {16: 48, 256: 24, 1024: 6, 4096: 2}
 
 

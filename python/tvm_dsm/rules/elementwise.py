@@ -114,10 +114,7 @@ def vector_lanes(block: tirx.SBlock, uniform_conditions: bool = False) -> int:
         offset = analyzer.simplify(indices[-1] - x)  # a constant, or a head's columns (h // g * D)
         if uses(offset, x) or not analyzer.can_prove(tirx.floormod(offset, lanes) == 0):
             return 1
-    conditions = [c.args[0] for c in find_all(block.body, tvm.ir.Call)
-                  if c.op.same_as(IF_THEN_ELSE)]
-    conditions += [s.condition for s in find_all(block.body, tirx.Select)]
-    conditions += [s.condition for s in find_all(block.body, tirx.IfThenElse)]
+    conditions = _value_conditions(block.body) + [s.condition for s in find_all(block.body, tirx.IfThenElse)]
     varying = [c for c in conditions if uses(c, x)]
     if not varying:
         return lanes
@@ -184,19 +181,24 @@ def block_lanes(block: tirx.SBlock) -> int:
     lanes = vector_lanes(block)
     if lanes > 1 or not isinstance(block.body, tirx.BufferStore) or transcendental_calls(block.body):
         return lanes
-    lanes = vector_lanes(block, uniform_conditions=True)
-    return lanes if conditions_vectorize(block) else 1
+    return branch_lanes(block)
 
 
-def conditions_vectorize(block: tirx.SBlock) -> bool:
-    """Whether every condition on ``block``'s innermost iterator ``x`` (an ``if_then_else``'s,
-    a ``Select``'s) compares ``x`` alone with constants (:func:`_bounds`): with Selects written
-    as branches (:func:`selects_as_branches`), TVM's vectorizer keeps those one condition a
-    vector."""
+def branch_lanes(block: tirx.SBlock) -> int:
+    """:func:`vector_lanes` with ``uniform_conditions``, where every condition on ``block``'s
+    innermost iterator ``x`` (an ``if_then_else``'s, a ``Select``'s) compares ``x`` alone with
+    constants (:func:`_bounds`): with Selects written as branches (:func:`selects_as_branches`),
+    TVM's vectorizer keeps those one condition a vector; else 1."""
     x = block.iter_vars[-1].var
-    conditions = [c.args[0] for c in find_all(block.body, tvm.ir.Call) if c.op.same_as(IF_THEN_ELSE)]
-    conditions += [s.condition for s in find_all(block.body, tirx.Select)]
-    return all(_bounds(c, x) for c in conditions if uses(c, x))
+    if not all(_bounds(c, x) for c in _value_conditions(block.body) if uses(c, x)):
+        return 1
+    return vector_lanes(block, uniform_conditions=True)
+
+
+def _value_conditions(body) -> list:
+    """The conditions of ``body``'s ``if_then_else`` calls and Selects."""
+    conditions = [c.args[0] for c in find_all(body, tvm.ir.Call) if c.op.same_as(IF_THEN_ELSE)]
+    return conditions + [s.condition for s in find_all(body, tirx.Select)]
 
 
 def selects_as_branches(body: tirx.Stmt) -> tirx.Stmt:

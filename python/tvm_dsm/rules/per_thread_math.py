@@ -14,7 +14,7 @@ axis inside the thread, unrolled.
 
 Where every access moves contiguously along the innermost axis and each condition on it holds
 alike for a 16-byte vector's elements (rotate-half's ``d < D / 2``:
-:func:`~tvm_dsm.rules.elementwise.vector_lanes` with ``uniform_conditions``), a thread takes a
+:func:`~tvm_dsm.rules.elementwise.branch_lanes`), a thread takes a
 vector of that axis: its loads and stores move 16 bytes, its math computed for the vector's
 elements (the 1B Llama's at 16384 tokens: 62.2 us against 101.4 with 2-byte accesses, 47.4 at
 HBM speed; H200, bench/results/archive/rope_parts_s73.json).
@@ -38,8 +38,8 @@ from tvm.sym import Analyzer
 
 from ..errors import ClusterError
 from ..ir import find_all, seq, substitute, uses
-from .elementwise import (TRANSCENDENTAL, conditions_vectorize, output_blocks, selects_as_branches,
-                          transcendental_calls, vector_lanes)
+from .elementwise import (TRANSCENDENTAL, branch_lanes, output_blocks, selects_as_branches, transcendental_calls,
+                          vector_lanes)
 
 #: The longest axis looped over inside a thread (unrolled).
 MAX_IN_THREAD = 64
@@ -176,8 +176,8 @@ def _found(block: SBlock, axis: int, calls: list) -> PerThreadMath:
     for n, iv in enumerate(block.iter_vars):
         if n != axis:
             points = points * (int(iv.dom.extent) if isinstance(iv.dom.extent, tirx.IntImm) else iv.dom.extent)
-    lanes = vector_lanes(block, uniform_conditions=True) if conditions_vectorize(block) else 1
-    return PerThreadMath(block.name_hint, axis, int(block.iter_vars[axis].dom.extent), len(calls), points, lanes)
+    return PerThreadMath(block.name_hint, axis, int(block.iter_vars[axis].dom.extent), len(calls), points,
+                         branch_lanes(block))
 
 
 def _with_regions(block: SBlock, buffers: list) -> SBlock:
