@@ -9,6 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 import tvm
@@ -135,15 +136,16 @@ def dense_relu_error_on_gpu(m: int, n: int, k: int, config) -> float:
 
 def chain_error_on_gpu(func, mod: tvm.IRModule) -> float:
     """Relative error vs float64 of ``mod``, a schedule of the GEMM chain ``func`` (FFN with
-    ReLU, or SwiGLU: gate and up weights first), run on the GPU with fresh random inputs
-    (weights scaled like torch.nn.Linear's) and a NaN-poisoned output."""
+    ReLU, or SwiGLU: gate and up weights first; fp16 or bf16), run on the GPU with fresh random
+    inputs (weights scaled like torch.nn.Linear's) and a NaN-poisoned output."""
     lib = tvm.compile(mod, target=TARGET)
     dev = tvm.cuda(0)
     rng = np.random.default_rng()
+    host = ml_dtypes.bfloat16 if str(func.params[0].ty.dtype) == "bfloat16" else np.float16
     (m, k), *shapes, out_shape = [tuple(int(d) for d in p.ty.shape) for p in func.params]
-    a = rng.standard_normal((m, k)).astype(np.float16)
-    weights = [(rng.standard_normal(s) / np.sqrt(s[1])).astype(np.float16) for s in shapes]
-    out = tvm.runtime.tensor(np.full(out_shape, np.nan, np.float16), dev)
+    a = rng.standard_normal((m, k)).astype(host)
+    weights = [(rng.standard_normal(s) / np.sqrt(s[1])).astype(host) for s in shapes]
+    out = tvm.runtime.tensor(np.full(out_shape, np.nan).astype(host), dev)
     lib(*(tvm.runtime.tensor(x, dev) for x in (a, *weights)), out)
     x = a.astype(np.float64)
     if len(weights) == 3:
@@ -151,8 +153,8 @@ def chain_error_on_gpu(func, mod: tvm.IRModule) -> float:
         h = g / (1 + np.exp(-g)) * u
     else:
         h = np.maximum(x @ weights[0].astype(np.float64).T, 0)
-    ref = h @ weights[-1].astype(np.float64).T
-    return float(np.linalg.norm(out.numpy() - ref) / np.linalg.norm(ref))
+    ref = h.astype(host).astype(np.float64) @ weights[-1].astype(np.float64).T  # H as the function rounds it
+    return float(np.linalg.norm(out.numpy().astype(np.float64) - ref) / np.linalg.norm(ref))
 
 
 def relative_error_on_gpu(func, inputs: list, reference, out_shape: tuple, dtype) -> float:

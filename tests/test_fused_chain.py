@@ -6,6 +6,7 @@ import dataclasses
 import re
 import time
 
+import ml_dtypes
 import numpy as np
 import pytest
 from tvm import s_tir
@@ -49,11 +50,14 @@ def test_fused_chain_cuda_has_both_gemms_the_all_exchange_and_the_reduce(assembl
     assemble(source, "fused_chain")
 
 
-def test_swiglu_runs_gate_and_up_and_combines_them(assemble):
-    source = cuda_source(schedule_fused_chain(swiglu_ffn(128, 512, 256, 256), SMALL, load_hardware()).mod)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_swiglu_runs_gate_and_up_and_combines_them(assemble, dtype):
+    source = cuda_source(schedule_fused_chain(swiglu_ffn(128, 512, 256, 256, dtype), SMALL, load_hardware()).mod)
     assert "Wg_ptr, " in source and "Wu_ptr, " in source  # both cp.async main loops
     assert "expf" in source  # silu(gate)
-    assemble(source, "fused_swiglu")
+    # GEMM0's and GEMM1's products both on operands of the function's type
+    assert source.count(f"mma.sync.aligned.m16n8k16.row.col.f32.{'bf16' if dtype == 'bfloat16' else 'f16'}") >= 2
+    assemble(source, f"fused_swiglu_{dtype}")
 
 
 def test_tma_chain_streams_gemm0_by_tensor_copies_and_keeps_w2_staged(assemble):
@@ -117,7 +121,8 @@ def test_pattern_is_found_in_any_function_of_the_chain_shape():
         (gemm_chain(128, 512, 128, 256), FusedChainConfig(2, 128, 64, 2, 32, stages=1),
          "stages=1 .no pipeline. is for a single cp.async K step per CTA; got 2"),
         (gemm_chain(128, 512, 4096, 4096), FusedChainConfig(2), "registers per thread"),
-        (gemm_chain(128, 512, 256, 256, dtype="float32"), SMALL, "float16"),
+        (gemm_chain(128, 512, 256, 256, dtype="float32"), SMALL, r"one type among .*, got \[.float32.\]"),
+        (gemm_chain(128, 512, 256, 256, dtype="float8_e4m3fn"), SMALL, "takes float16 or bfloat16 operands, got float8_e4m3fn"),
     ],
 )
 def test_unsupported_inputs_get_clear_errors(func, config, message):
@@ -185,10 +190,11 @@ def test_planner_prunes_and_ranks_fast_and_explains():
                                                      programmatic_launch=True),
                                     LAST_CTA, GATHERED,
                                     FusedChainConfig(2, 32, 32, 1, 16, 1, 2, 1, reduce="gathered")])
-def test_gpu_matches_float64(gated, config):
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_gpu_matches_float64(gated, config, dtype):
     m, n, l = 128, 512, 256
     k = 32 if config.stages == 1 else 512  # one K step per CTA: G1's K
-    func = swiglu_ffn(m, n, k, l) if gated else gemm_chain(m, n, k, l, "relu")
+    func = swiglu_ffn(m, n, k, l, dtype) if gated else gemm_chain(m, n, k, l, "relu", dtype)
     assert chain_error_on_gpu(func, schedule_fused_chain(func, config, load_hardware()).mod) < 2e-3
 
 
@@ -262,8 +268,54 @@ def test_the_family_ranks_smem_only_fusion_with_the_rest():
     assert len(fused) < len(plans)
 
 
-@pytest.mark.parametrize("gated", [False, True])
-def test_the_planned_shared_memory_is_what_the_lowered_kernel_allocates(gated):
+def x_times_w_ffn(m: int, n: int, k: int, l: int, dtype: str = "bfloat16"):
+    """An FFN written as ``gelu(x @ W1) @ W2`` with weights stored ``[in, out]`` (as a user of
+    ``torch.matmul`` stores them), bias on the first product, the cast a block of its own."""
+    from tvm import te
+
+    x = te.placeholder((m, k), dtype, name="x")
+    w1, b1 = te.placeholder((k, n), dtype, name="w1"), te.placeholder((n,), dtype, name="b1")
+    w2 = te.placeholder((n, l), dtype, name="w2")
+    r1, r2 = te.reduce_axis((0, k), "r1"), te.reduce_axis((0, n), "r2")
+    h = te.compute((m, n), lambda i, j: te.sum(x[i, r1].astype("float32") * w1[r1, j].astype("float32"), axis=r1))
+    biased = te.compute((m, n), lambda i, j: h[i, j] + b1[j].astype("float32"))
+    act = te.compute((m, n), lambda i, j: (0.5 * biased[i, j] * (1 + te.erf(biased[i, j] * 0.7071067811865476))).astype(dtype))
+    out = te.compute((m, l), lambda i, j: te.sum(act[i, r2].astype("float32") * w2[r2, j].astype("float32"), axis=r2))
+    return te.create_prim_func([x, w1, b1, w2, te.compute((m, l), lambda i, j: out[i, j].astype(dtype))])
+
+
+def test_weights_stored_in_by_out_are_fused_with_transposing_loads(assemble):
+    _, shape = find_chain(s_tir.Schedule(x_times_w_ffn(128, 512, 256, 256)))
+    assert (shape.w1_nk, shape.w2_nk, shape.dtype) == (False, False, "bfloat16")
+    source = cuda_source(schedule_fused_chain(x_times_w_ffn(128, 512, 256, 256), SMALL, load_hardware()).mod)
+    assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in source  # W tiles read [k, n]
+    assemble(source, "fused_chain_kn")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [SMALL, FusedChainConfig(4, 64, 64, 1, 32, 2, 4, 3)])
+def test_gpu_in_by_out_weights_match_float64(config):
+    import math
+
+    from conftest import relative_error_on_gpu
+
+    erf = np.vectorize(math.erf)
+
+    m, n, k, l = 128, 512, 256, 256
+    rng = np.random.default_rng()
+    x, w1, b1, w2 = (rng.standard_normal(s) / np.sqrt(d) for s, d in
+                     (((m, k), 1), ((k, n), k), ((n,), 1), ((n, l), n)))
+
+    def reference(x, w1, b1, w2):
+        h = x @ w1 + b1
+        return (0.5 * h * (1 + erf(h / np.sqrt(2)))).astype(ml_dtypes.bfloat16).astype(np.float64) @ w2
+
+    sch = schedule_fused_chain(x_times_w_ffn(m, n, k, l), config, load_hardware())
+    assert relative_error_on_gpu(sch, [x, w1, b1, w2], reference, (m, l), ml_dtypes.bfloat16) < 2e-3
+
+
+@pytest.mark.parametrize("form", ["ffn", "swiglu", "x_times_w"])
+def test_the_planned_shared_memory_is_what_the_lowered_kernel_allocates(form):
     """The planner's shared-memory count of a fused chain against its lowered kernel: never
     below (a plan the lowering would refuse), and exact for TMA pipelines of several tile
     steps (a gated chain's stage streams both W tiles)."""
@@ -273,11 +325,13 @@ def test_the_planned_shared_memory_is_what_the_lowered_kernel_allocates(gated):
     from tvm_dsm.transform.buffers import shared_bytes
 
     hw = load_hardware()
-    func = swiglu_ffn(128, 4096, 1024, 1024) if gated else gemm_chain(128, 4096, 1024, 1024, "relu")
+    func = {"ffn": lambda: gemm_chain(128, 4096, 1024, 1024, "relu"), "swiglu": lambda: swiglu_ffn(128, 4096, 1024, 1024),
+            "x_times_w": lambda: x_times_w_ffn(128, 4096, 1024, 1024)}[form]()
     _, shape = find_chain(s_tir.Schedule(func))
     configs = [c for c in candidate_configs(shape, hw=hw)[0] if c.cluster_size == 2 and c.block_m == 32]
     picked = {(c.tma, c.n_steps > 1, c.stages, c.block_n): c for c in configs}
-    assert len({(tma, steps) for tma, steps, *_ in picked}) == 4
+    # TMA main loops, with one tile step and several, but for [K, N] weights (no TMA copy of those)
+    assert len({(tma, steps) for tma, steps, *_ in picked}) == (2 if form == "x_times_w" else 4)
     for (tma, steps, *_), config in sorted(picked.items()):
         (kernel, *_) = lowered_kernels(schedule_fused_chain(func, config, hw).mod,
                                        tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}), hw)

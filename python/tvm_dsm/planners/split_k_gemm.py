@@ -119,7 +119,7 @@ def predict(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware,
     x_hbm, x_l2 = (2, 4) if quantized else (elem, elem)
     tiles_m, tiles_n = tiles.m // c.block_m, tiles.n // c.block_n
     ctas = shape.batch * tiles_m * tiles_n * s
-    smem = quantized_shared_bytes(c) if quantized else c.shared_bytes(shape.dtype, g)
+    smem = quantized_shared_bytes(c) if quantized else c.shared_bytes(shape.dtype, g, shape.weight_nk)
     resident = max(1, min(
         hw.smem_per_sm // smem,
         hw.regs_per_sm // (c.threads * _REGISTERS_PER_THREAD),
@@ -350,7 +350,7 @@ def _candidates(shape: GemmShape, check, pipelines: tuple[int, ...], hw: Hardwar
 
 
 def _enumerated(shape: GemmShape, check, pipelines: tuple[int, ...], hw: Hardware) -> list[SplitKGemmConfig]:
-    return [config for config in _shape_free(shape.dtype, shape.products, pipelines, hw)
+    return [config for config in _shape_free(shape.dtype, shape.products, shape.weight_nk, pipelines, hw)
             if passes(check, shape, config, hw)]
 
 
@@ -376,28 +376,30 @@ def _space(dtype: str, pipelines: tuple[int, ...]):
         yield SplitKGemmConfig(s, bm, bn, bk, warps_m, warps_n, stages, tma, wgmma)
 
 
-#: :func:`_shape_free`'s results by (dtype, products, depths), each a list of (hw, configurations).
+#: :func:`_shape_free`'s results by (dtype, products, weight layout, depths), each a list of (hw,
+#: configurations).
 _SHAPE_FREE: dict = {}
 
 
-def _shape_free(dtype: str, products: int, pipelines: tuple[int, ...], hw: Hardware) -> tuple:
+def _shape_free(dtype: str, products: int, weight_nk: bool, pipelines: tuple[int, ...], hw: Hardware) -> tuple:
     """The configurations of :func:`_space` that :func:`check_config` passes for the most
-    permissive shape of ``dtype`` and ``products``: M, N and K multiples of the configuration's
-    tiles and K steps (one K step a rank where it is unpipelined), W stored ``[n, k]``, operands not
+    permissive shape of ``dtype``, ``products`` and W's layout: M, N and K multiples of the
+    configuration's tiles and K steps (one K step a rank where it is unpipelined), operands not
     copied. Every check the planner applies runs ``check_config`` with the configuration (on the
     shape or its tiled extents), and each of its limits that depends on the shape only narrows
     with it, so a configuration refused here is refused for every shape: enumerations skip
     those checks."""
-    return _per_gpu(_SHAPE_FREE, (dtype, products, pipelines), hw, lambda: tuple(
-        c for c in _space(dtype, pipelines) if passes(check_config, _most_permissive(c, dtype, products), c, hw)))
+    return _per_gpu(_SHAPE_FREE, (dtype, products, weight_nk, pipelines), hw, lambda: tuple(
+        c for c in _space(dtype, pipelines)
+        if passes(check_config, _most_permissive(c, dtype, products, weight_nk), c, hw)))
 
 
-def _most_permissive(config: SplitKGemmConfig, dtype: str, products: int) -> GemmShape:
+def _most_permissive(config: SplitKGemmConfig, dtype: str, products: int, weight_nk: bool) -> GemmShape:
     """:func:`_shape_free`'s shape for ``config``: 64 of its tiles each way, 64 K steps a rank
     (one where it is unpipelined)."""
     steps = 1 if config.stages == 1 else 64
-    return GemmShape(config.block_m * 64, config.block_n * 64, config.cluster_size * config.block_k * steps, True,
-                     dtype, products)
+    return GemmShape(config.block_m * 64, config.block_n * 64, config.cluster_size * config.block_k * steps,
+                     weight_nk, dtype, products)
 
 
 def plan_split_k_gemm(shape: GemmShape, hw: Hardware, quantized: bool = False,

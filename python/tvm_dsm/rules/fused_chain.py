@@ -117,12 +117,13 @@ class FusedChainConfig:
         loop = self.main_loop()
         products = len(shape.gemm0)
         partials = products * accumulator_tile_bytes(self.block_m, self.block_n)
-        w2 = shape.l // self.cluster_size * (self.block_n + PAD) * 2
-        operands = loop.pipeline_bytes(products=products) + loop.barrier_bytes + w2
+        columns = shape.l // self.cluster_size
+        w2 = (columns * (self.block_n + PAD) if shape.w2_nk else self.block_n * (columns + PAD)) * 2
+        operands = loop.pipeline_bytes(shape.dtype, products, shape.w1_nk) + loop.barrier_bytes + w2
         if self.n_steps > 1:
             return operands + partials
         if self.tma:
-            largest = max(loop.slots("float16", self.block_m), loop.slots("float16", self.block_n))
+            largest = max(loop.slots(shape.dtype, self.block_m), loop.slots(shape.dtype, self.block_n, shape.w1_nk))
             return operands + max(0, partials - largest)
         return operands + partials + self.block_m * (self.block_n + PAD) * 2
 
@@ -136,6 +137,9 @@ class ChainShape:
     k: int
     l: int
     gemm0: tuple[str, ...]
+    dtype: str = "float16"  # every operand's and H's: float16 or bfloat16
+    w1_nk: bool = True  # W1 (and a gated chain's both weights) stored [N, K]; else [K, N]
+    w2_nk: bool = True  # W2 stored [L, N]; else [N, L]
 
     @property
     def gated(self) -> bool:
@@ -145,7 +149,7 @@ class ChainShape:
 @dataclass
 class ChainBlocks:
     gemm0: list[SBlockRV]  # the first GEMM(s): A @ W^T
-    combine: SBlockRV  # H = act(C) or silu(G) * U, rounded to fp16
+    combine: SBlockRV  # H = act(C) or silu(G) * U, rounded to the operands' type
     gemm1: SBlockRV  # E = H @ W2^T
     epilogue: list[SBlockRV]  # elementwise blocks after E; the last writes the output
 
@@ -173,8 +177,8 @@ def find_chain(sch: s_tir.Schedule) -> tuple[ChainBlocks, ChainShape]:
     :func:`merge_elementwise_blocks`); ClusterError says which part of the pattern is missing.
 
     Expected: one or two matmul blocks ``A[i, k] * W[j, k]`` over the same ``A``, one elementwise
-    block combining them into fp16 ``H``, a matmul ``H[i, j] * W2[l, j]``, then elementwise
-    blocks. All operands float16, accumulation float32.
+    block combining them into ``H``, a matmul ``H[i, j] * W2[l, j]``, then elementwise
+    blocks. All operands and ``H`` of one type, float16 or bfloat16; accumulation float32.
     """
     merge_elementwise_blocks(sch)
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
@@ -199,23 +203,33 @@ def find_chain(sch: s_tir.Schedule) -> tuple[ChainBlocks, ChainShape]:
     if len({(s.m, s.n, s.k) for s in shapes}) != 1 or len({x for _, (x, _) in found}) != 1:
         raise ClusterError("the gate and up GEMMs of a gated chain must read the same input and "
                            "have one shape")
-    if not all(s.weight_nk for s in shapes):
-        raise ClusterError("fused chains take weights stored [out_features, in_features]")
+    if len({s.weight_nk for s in shapes}) != 1:
+        raise ClusterError("the gate and up weights of a gated chain must be stored alike")
     second, (h_read, _) = find_gemm_operands(sch.get(gemm1))
     h = sch.get(combine).writes[0].source
     if not h_read.same_as(h):
         raise ClusterError("the second GEMM must read the elementwise block's output as its input")
-    if str(h.ty.dtype) != "float16" or not second.weight_nk or second.k != shapes[0].n:
-        raise ClusterError("the intermediate must be float16 [M, N] and W2 stored [L, N]")
+    dtype = shapes[0].dtype
+    if dtype not in CHAIN_TYPES:
+        raise ClusterError(f"a fused GEMM chain takes {' or '.join(CHAIN_TYPES)} operands, got {dtype}")
+    if {str(h.ty.dtype), second.dtype} != {dtype} or second.k != shapes[0].n:
+        raise ClusterError(f"the intermediate must be {dtype} [M, N], as the operands")
     if len(blocks) == len(gemm0) + 2:
         raise ClusterError("a GEMM chain ends in an elementwise block writing the output (a cast, "
                            "say); here the second matmul writes it")
     shape = ChainShape(shapes[0].m, shapes[0].n, shapes[0].k, second.n,
-                       tuple(sch.get(b).name_hint for b in gemm0))
+                       tuple(sch.get(b).name_hint for b in gemm0), dtype, shapes[0].weight_nk, second.weight_nk)
     return ChainBlocks(gemm0, combine, gemm1, blocks[len(gemm0) + 2:]), shape
 
 
+def first_gemm(shape: ChainShape) -> GemmShape:
+    """GEMM0 (``M x N x K``; gated: two products over the same input) as a dense layer."""
+    return GemmShape(shape.m, shape.n, shape.k, shape.w1_nk, shape.dtype, products=len(shape.gemm0))
+
+
 REDUCES = ("kernel", "last_cta", "gathered")
+#: The operand types of a fused chain: those of 16-bit tensor-core products with fp32 accumulation.
+CHAIN_TYPES = ("float16", "bfloat16")
 
 
 def _check_cluster(shape: ChainShape, c: FusedChainConfig, hw: Hardware) -> None:
@@ -276,7 +290,7 @@ def _check_pipeline(shape: ChainShape, c: FusedChainConfig, hw: Hardware) -> Non
 
 def _check_copy(shape: ChainShape, c: FusedChainConfig, hw: Hardware) -> None:
     if c.tma:
-        check_tma(GemmShape(shape.m, shape.n, shape.k, True), c.main_loop())
+        check_tma(first_gemm(shape), c.main_loop())
 
 
 def _check_capacity(shape: ChainShape, c: FusedChainConfig, hw: Hardware) -> None:
@@ -344,7 +358,7 @@ def apply_fused_chain(sch: s_tir.Schedule, blocks: ChainBlocks, shape: ChainShap
     warp_tile(sch, i, p, [j], c.warps_m, c.warps_n)  # j: GEMM1's 16-wide K steps in a step
     # W2's tile before the rank is bound: s_tir relaxes rank-bound loops like threadIdx and
     # would size (and copy) the tile for every rank's columns.
-    stage_in_shared(sch, gemm1, 1, step, c.main_loop().warps, 1, c.block_n, rows=shape.l // s)
+    stage_in_shared(sch, gemm1, 1, step, c.main_loop().warps, int(shape.w2_nk), c.block_n, rows=shape.l // s)
     bind_cluster_nest(sch, cluster, p_rank)
 
     # Per step: GEMM0's partials, the all-exchange into H, then GEMM1 on the H tile.
@@ -358,13 +372,13 @@ def apply_fused_chain(sch: s_tir.Schedule, blocks: ChainBlocks, shape: ChainShap
         rank, pi, pj, pk = sch.get_loops(partial)[-4:]
         partial, fragment0 = blockize_fragments(sch, partial, [rank], pi, pj, pk)
         main_loops.append((partial, fragment0, *sch.get_loops(partial)[-4:]))
-    split_k_main_loops(sch, main_loops, GemmShape(shape.m, shape.n, shape.k, True), c.main_loop())
+    split_k_main_loops(sch, main_loops, first_gemm(shape), c.main_loop())
     _schedule_all_exchange(sch, blocks, c)
 
     caches = fragment_caches(sch, gemm1, j, sch.get_loops(gemm1)[1])
     rows, cols = sch.get_loops(caches[2])[-2:]
     warp_tile(sch, rows, cols, [], c.warps_m, c.warps_n)
-    tensorize_fragments(sch, gemm1, fragment1, caches, step, True,
+    tensorize_fragments(sch, gemm1, fragment1, caches, step, shape.w2_nk,
                         mma.MMA_store_16x16_f32_global_INTRIN)
     _schedule_inter_cluster_reduce(sch, blocks, shape, c)
     if c.programmatic_launch:
@@ -372,7 +386,7 @@ def apply_fused_chain(sch: s_tir.Schedule, blocks: ChainBlocks, shape: ChainShap
 
 
 def _schedule_all_exchange(sch: s_tir.Schedule, blocks: ChainBlocks, c: FusedChainConfig) -> None:
-    """Every CTA sums the cluster's partial tiles of GEMM0 and writes act(...) as fp16 H into
+    """Every CTA sums the cluster's partial tiles of GEMM0 and writes act(...) as 16-bit H into
     its own padded shared memory, where GEMM1's ldmatrix reads it."""
     loops = []
     for block in blocks.gemm0:

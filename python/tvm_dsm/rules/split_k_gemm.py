@@ -80,7 +80,7 @@ class SplitKGemmConfig:
     def threads(self) -> int:
         return 32 * self.warps
 
-    def shared_bytes(self, dtype: str = "float16", products: int = 1) -> int:
+    def shared_bytes(self, dtype: str = "float16", products: int = 1, weight_nk: bool = True) -> int:
         """Dynamic shared memory per CTA: the operand pipeline, whose bytes the fp32 partial
         tiles take once the main loop is done (release_slice_starts). Gated products in one K
         loop (:func:`shared_k_loop`) stream every W tile beside X's, and their partial tiles are
@@ -88,27 +88,31 @@ class SplitKGemmConfig:
         the other, each earlier partial tile is held next to the later pipelines."""
         tile = accumulator_tile_bytes(self.block_m, self.block_n)
         if shared_k_loop(self, products):
-            freed = [self.slots(dtype, self.block_m)] + [self.slots(dtype, self.block_n)] * products
+            freed = [self.slots(dtype, self.block_m)] + [self.slots(dtype, self.block_n, weight_nk)] * products
             return reused_shared_bytes([*freed, self.barrier_bytes], [tile] * products)
-        later = self.pipeline_bytes(dtype) + (products - 1) * tile
+        later = self.pipeline_bytes(dtype, weight_nk=weight_nk) + (products - 1) * tile
         return max(later + (products - 1) * self.barrier_bytes, products * tile)
 
-    def pipeline_bytes(self, dtype: str = "float16", products: int = 1) -> int:
+    def pipeline_bytes(self, dtype: str = "float16", products: int = 1, weight_nk: bool = True) -> int:
         """The operand tiles of every stage (X's, and W's of each of ``products`` streamed in one
         K loop, :func:`shared_k_loop`) and, for TMA, the stages' mbarriers."""
         streamed = products if shared_k_loop(self, products) else 1
-        return self.slots(dtype, self.block_m) + streamed * self.slots(dtype, self.block_n) + self.barrier_bytes
+        return (self.slots(dtype, self.block_m) + streamed * self.slots(dtype, self.block_n, weight_nk)
+                + self.barrier_bytes)
 
     @property
     def barrier_bytes(self) -> int:
         """A TMA main loop's mbarriers: 8 bytes per stage, in 16-byte units."""
         return -(-8 * self.stages // 16) * 16 if self.tma else 0
 
-    def slots(self, dtype: str, rows: int) -> int:
-        """One operand's tiles of every stage: padded rows for cp.async; unpadded (swizzled)
-        for TMA, after up to 1024 bytes that align its first slot."""
-        row = self.block_k if self.tma else self.block_k + pad(dtype)
-        return self.stages * rows * row * element_bytes(dtype) + (TMA_SLOT_ALIGN if self.tma else 0)
+    def slots(self, dtype: str, rows: int, k_last: bool = True) -> int:
+        """One operand's ``rows x block_k`` tiles of every stage: for cp.async with the last
+        axis (K, or ``rows`` for a ``[k, n]`` weight: ``k_last`` False) padded; unpadded
+        (swizzled) for TMA, after up to 1024 bytes that align its first slot."""
+        if self.tma:
+            return self.stages * rows * self.block_k * element_bytes(dtype) + TMA_SLOT_ALIGN
+        padded = rows * (self.block_k + pad(dtype)) if k_last else self.block_k * (rows + pad(dtype))
+        return self.stages * padded * element_bytes(dtype)
 
 
 def reused_shared_bytes(freed: list[int], allocated: list[int]) -> int:
@@ -379,7 +383,7 @@ def check_config(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> No
         check_tma(shape, c)
     if c.wgmma:
         check_wgmma(shape, c, hw)
-    needed = c.shared_bytes(shape.dtype, shape.products)
+    needed = c.shared_bytes(shape.dtype, shape.products, shape.weight_nk)
     if needed > hw.smem_per_cta:
         raise ClusterError(f"{needed} B of shared memory per CTA exceeds the {hw.smem_per_cta} B "
                            "a CTA of the GPU may use")
@@ -481,7 +485,7 @@ def check_epilogue_in_shared(shape: GemmShape, config: SplitKGemmConfig, kernel:
     """An epilogue with thread loops of its own (``apply_split_k_gemm(..., in_registers=False)``,
     for one that reads what another kernel computes) reads the fp32 sums from shared memory
     beside the pipeline; ClusterError if ``kernel`` would need more than a CTA has."""
-    needed = config.shared_bytes(shape.dtype, shape.products) + config.block_m * config.block_n * 4
+    needed = config.shared_bytes(shape.dtype, shape.products, shape.weight_nk) + config.block_m * config.block_n * 4
     if needed > hw.smem_per_cta:
         raise ClusterError(f"{kernel} needs {needed} B of shared memory per CTA (pipeline and the "
                            f"sums its epilogue reads), more than {hw.smem_per_cta} B")

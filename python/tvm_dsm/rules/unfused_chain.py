@@ -39,7 +39,7 @@ from tvm.s_tir.schedule.schedule import ScheduleError
 
 from ..hardware import Hardware
 from ..transform.programmatic_launch import launch_programmatically
-from .fused_chain import ChainShape, find_chain
+from .fused_chain import ChainShape, find_chain, first_gemm
 from .split_k_gemm import GemmShape, SplitKGemmConfig, apply_split_k_gemm, check_config
 
 
@@ -57,8 +57,7 @@ class UnfusedChainConfig:
 
 def gemm_shapes(shape: ChainShape) -> tuple[GemmShape, GemmShape]:
     """GEMM0 (``M x N x K``; gated: two products) and GEMM1 (``M x L x N``) as dense layers."""
-    return (GemmShape(shape.m, shape.n, shape.k, True, products=len(shape.gemm0)),
-            GemmShape(shape.m, shape.l, shape.n, True))
+    return first_gemm(shape), GemmShape(shape.m, shape.l, shape.n, shape.w2_nk, shape.dtype)
 
 
 def check_unfused_config(shape: ChainShape, config: UnfusedChainConfig, hw: Hardware) -> None:
