@@ -4,6 +4,8 @@ test_llm_tutorial.py, a module of its own so that its compile runs beside these)
 
 from __future__ import annotations
 
+import sys
+
 from pathlib import Path
 
 import pytest
@@ -93,6 +95,52 @@ def test_compile_model_compiles_the_tiny_llama_reports_and_exports(tmp_path, cap
     assert "split_k_gemm" in out and "prescheduled" in out and "compiled in" in out
     with pytest.raises(SystemExit, match="no configuration"):
         main(["compile-model", "llama", "--model-config", "70b"])
+
+
+def test_compile_model_takes_a_users_relax_model_from_a_file(tmp_path, capsys, monkeypatch):
+    """A model of the user's own (a ``relax.frontend.nn`` SwiGLU MLP in a file of theirs, the
+    callable taking its sizes): compiled with a progress bar over the kernels on a terminal's
+    stderr, each named in the report; a file giving something else is refused naming what it
+    gave."""
+    source = tmp_path / "my_model.py"
+    source.write_text(
+        "from tvm.relax.frontend import nn\n"
+        "class MLP(nn.Module):\n"
+        "    def __init__(self, width, hidden):\n"
+        "        self.gate = nn.Linear(width, hidden, bias=False, dtype='float16')\n"
+        "        self.up = nn.Linear(width, hidden, bias=False, dtype='float16')\n"
+        "        self.down = nn.Linear(hidden, width, bias=False, dtype='float16')\n"
+        "    def forward(self, x):\n"
+        "        return self.down(nn.op.silu(self.gate(x)) * self.up(x))\n"
+        "def model(width, hidden):\n"
+        "    spec = {'forward': {'x': nn.spec.Tensor([128, width], 'float16')}}\n"
+        "    return MLP(width, hidden).export_tvm(spec)[0]\n"
+        "def weights():\n"
+        "    return 3\n")
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    main(["compile-model", f"{source}:model", "512", "1024"])
+    captured = capsys.readouterr()
+    assert "gated_projection      split_k_gemm" in captured.out and "compiled in" in captured.out
+    assert "scheduling: 100%" in captured.err and "2/2" in captured.err  # the bar
+    with pytest.raises(SystemExit, match="gave a int, not a Relax IRModule"):
+        main(["compile-model", f"{source}:weights"])
+    with pytest.raises(SystemExit, match="no model 'gpt9'; one of llama"):
+        main(["compile-model", "gpt9"])
+
+
+def test_compile_model_imports_a_torch_export_program(tmp_path, capsys):
+    """A torch user's model: a module exporting a ``torch.export`` program, imported by tvm-dsm's
+    importer (its products kept in fp16), its linear layer on a tvm-dsm family."""
+    pytest.importorskip("torch")
+    source = tmp_path / "torch_model.py"
+    source.write_text(
+        "import torch\n"
+        "def program():\n"
+        "    layer = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.GELU()).half()\n"
+        "    return torch.export.export(layer, (torch.randn(64, 512, dtype=torch.float16),))\n")
+    main(["compile-model", f"{source}:program"])
+    out = capsys.readouterr().out
+    assert "1 kernels: split_k_gemm 1" in out, out
 
 
 def test_a_runs_per_kernel_times_join_the_report(tiny_report):

@@ -4,6 +4,8 @@ A function is named as ``FILE.py:NAME`` or ``package.module:NAME`` (a PrimFunc, 
 with one function, or a callable returning either; arguments after the name are passed to the
 callable as integers where they parse as integers), or as one of tvm-dsm's workload builders,
 ``WORKLOAD ARG...`` (``tvm-dsm plan dense 128 4096 4096``; ``tvm-dsm workloads`` lists them).
+A model for ``compile-model`` is named the same way (a Relax IRModule, a ``torch.export``
+program, or a callable returning either), or as one of tvm-dsm's models (``llama``).
 """
 
 from __future__ import annotations
@@ -211,29 +213,62 @@ def _llama(config: str, target):
 RELAX_MODELS = {"llama": _llama}
 
 
+def load_model(spec: list[str], config: str, target):
+    """The Relax IRModule ``spec`` names: one of :data:`RELAX_MODELS` (of configuration
+    ``config``), or an IRModule, a ``torch.export`` program (imported by
+    :func:`tvm_dsm.relax_torch.from_exported_program`), or a callable returning either."""
+    import tvm
+    from tvm import relax
+
+    if spec[0] in RELAX_MODELS:
+        return RELAX_MODELS[spec[0]](config, target)
+    if ":" not in spec[0]:
+        raise SystemExit(f"tvm-dsm compile-model: no model {spec[0]!r}; one of {', '.join(RELAX_MODELS)}, "
+                         "or FILE.py:NAME / module:NAME")
+    obj = _builder(spec[0])
+    if callable(obj) and not isinstance(obj, tvm.IRModule):
+        obj = obj(*(_value(a) for a in spec[1:]))
+    if type(obj).__name__ == "ExportedProgram":
+        from tvm_dsm.relax_torch import from_exported_program
+
+        obj = from_exported_program(obj)
+    if not isinstance(obj, tvm.IRModule) or not any(isinstance(f, relax.Function) for f in obj.functions.values()):
+        raise SystemExit(f"tvm-dsm compile-model: {spec[0]} gave a {type(obj).__name__}, not a Relax IRModule "
+                         "or a torch.export program")
+    return obj
+
+
 def cmd_compile_model(args) -> None:
+    from tqdm import tqdm
+
     from tvm_dsm.model_report import compile_with_report, measured_kernels
 
-    if args.model not in RELAX_MODELS:
-        raise SystemExit(f"tvm-dsm compile-model: no model {args.model!r}; one of {', '.join(RELAX_MODELS)}")
     target = _target(args)
     start = time.perf_counter()
 
-    def progress(stage: str) -> None:
-        print(f"[{time.perf_counter() - start:6.1f} s] {stage}", flush=True)
+    def stage(text: str) -> None:
+        print(f"[{time.perf_counter() - start:6.1f} s] {text}", flush=True)
 
-    progress(f"exporting {args.model} ({args.model_config}) from relax.frontend.nn")
-    mod = RELAX_MODELS[args.model](args.model_config, target)
-    progress('compiling through the "tvm_dsm" Relax pipeline')
+    stage(f"loading {' '.join(args.model)}")
+    mod = load_model(args.model, args.model_config, target)
+    stage('compiling through the "tvm_dsm" Relax pipeline')
     compiling = time.perf_counter()
-    executable, report = compile_with_report(mod, target, database=_database(args))
+    with tqdm(unit="kernel", desc="scheduling", file=sys.stderr, disable=None) as bar:
+
+        def progress(done: int, total: int, name: str) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+            bar.set_postfix_str(name, refresh=True)
+
+        executable, report = compile_with_report(mod, target, database=_database(args), progress=progress)
+        bar.update(bar.total - bar.n if bar.total else 0)
     seconds = time.perf_counter() - compiling
     if args.measured:
         report = report.with_measured(measured_kernels(args.measured, batch=args.measured_batch))
     print(report.format())
     print(f"compiled in {seconds:.1f} s")
     if args.out:
-        progress(f"exporting the library to {args.out}")
+        stage(f"exporting the library to {args.out}")
         executable.export_library(args.out)
         print(f"wrote {args.out}")
 
@@ -289,8 +324,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="bench/RESULTS.md", help="generated summary (default bench/RESULTS.md)")
     p = command("compile-model", cmd_compile_model, "compile a Relax model through the tvm_dsm "
                 "pipeline and report each kernel's family and predicted time", function=False)
-    p.add_argument("model", help=f"the model ({', '.join(RELAX_MODELS)})")
-    p.add_argument("--model-config", default="1b", help="its configuration: 1b or tiny (default 1b)")
+    p.add_argument("model", nargs="+", help=f"one of tvm-dsm's models ({', '.join(RELAX_MODELS)}), or "
+                   "FILE.py:NAME / module:NAME [ARG...]: a Relax IRModule, a torch.export program, or a "
+                   "callable returning either")
+    p.add_argument("--model-config", default="1b", help="llama's configuration: 1b or tiny (default 1b)")
     p.add_argument("--out", help="export the compiled library (a .so holding CUDA source) to this path")
     p.add_argument("--arch", default="sm_90a", help="CUDA architecture (default sm_90a)")
     p.add_argument("--measured", metavar="RESULTS", help="an LLM run's results (python -m "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,12 +128,15 @@ def relax_report(mod: tvm.IRModule, target=H100, hw: Hardware | None = None) -> 
 
 
 def compile_with_report(mod: tvm.IRModule, target=H100, hw: Hardware | None = None,
-                        database: ms.Database | None = None) -> tuple[relax.VMExecutable, ModelReport]:
+                        database: ms.Database | None = None,
+                        progress: Callable[[int, int, str], None] | None = None,
+                        ) -> tuple[relax.VMExecutable, ModelReport]:
     """``mod`` compiled for ``target`` through the "tvm_dsm" pipeline (each function from its
-    tuning record in ``database``, where it has one), and that compile's report."""
+    tuning record in ``database``, where it has one; ``progress(done, total, name)`` called
+    before each is scheduled), and that compile's report."""
     coverage: dict[str, str] = {}
     choices: dict[str, Choice] = {}
-    pipeline = tvm_dsm_pipeline(database=database, hw=hw, coverage=coverage, choices=choices)
+    pipeline = tvm_dsm_pipeline(database=database, hw=hw, coverage=coverage, choices=choices, progress=progress)
     executable = tvm.compile(mod, tvm.target.Target(target), relax_pipeline=pipeline)
     return executable, model_report(coverage, choices)
 

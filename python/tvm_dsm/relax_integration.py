@@ -20,6 +20,7 @@ MMAs read from TMA (fp8 ones not at all).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import tvm
@@ -97,20 +98,26 @@ class ScheduleTIR:
     with the reason logged at debug level. An exception other than a family's refusal
     (ClusterError) is a tvm-dsm bug: raised, or with ``survive_crashes`` logged as a warning
     with its traceback and recorded on the function (``CRASH_ATTR``), which stays unscheduled.
-    ``choices``: a dict to fill with each visited function's :class:`Choice`, by name."""
+    ``choices``: a dict to fill with each visited function's :class:`Choice`, by name;
+    ``progress``: called as ``progress(done, total, name)`` before each function is visited."""
 
     def __init__(self, target=H100, database: ms.Database | None = None,
                  hw: Hardware | None = None, survive_crashes: bool = False,
-                 choices: dict[str, Choice] | None = None):
+                 choices: dict[str, Choice] | None = None,
+                 progress: Callable[[int, int, str], None] | None = None):
         self.target, self.database, self.hw = target, database, hw
         self.survive_crashes = survive_crashes
         self.choices = {} if choices is None else choices
+        self.progress = progress
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         updates = {}
-        for gv, func in mod.functions.items():
-            if not isinstance(func, tirx.PrimFunc) or func.attrs.get("tirx.is_scheduled", False) or binds_threads(func):
-                continue
+        visited = [(gv, func) for gv, func in mod.functions.items()
+                   if isinstance(func, tirx.PrimFunc) and not func.attrs.get("tirx.is_scheduled", False)
+                   and not binds_threads(func)]
+        for done, (gv, func) in enumerate(visited):
+            if self.progress is not None:
+                self.progress(done, len(visited), gv.name_hint)
             form = None
             try:  # a matched family may still refuse (no valid configuration)
                 form = scheduling_form(func)

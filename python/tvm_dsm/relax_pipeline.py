@@ -27,6 +27,7 @@ name, ``"dlight"`` or ``"prescheduled"``; ``choices={}`` is filled with
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import tvm
 from tvm import relax, tirx
@@ -213,13 +214,14 @@ def schedule_kernels(mod: tvm.IRModule, target: tvm.target.Target,
                      database: ms.Database | None = None, hw: Hardware | None = None,
                      choices: dict[str, Choice] | None = None,
                      kv_cache_kernels: tuple[str, ...] = DEFAULT_KV_CACHE_KERNELS,
-                     gated_projections: bool = True) -> tuple[tvm.IRModule, dict[str, str]]:
+                     gated_projections: bool = True,
+                     progress: Callable[[int, int, str], None] | None = None) -> tuple[tvm.IRModule, dict[str, str]]:
     """The pipeline up to dlight: :func:`lower_for_scheduling`, :class:`ScheduleTIR` (filling
-    ``choices``); the module and its :func:`kernel_coverage`, logged."""
+    ``choices``, calling ``progress``); the module and its :func:`kernel_coverage`, logged."""
     mod = lower_for_scheduling(mod, target, hw, kv_cache_kernels, gated_projections)
     prescheduled = _scheduled(mod)
     with target:
-        mod = ScheduleTIR(target, database, hw, survive_crashes=True, choices=choices)(mod)
+        mod = ScheduleTIR(target, database, hw, survive_crashes=True, choices=choices, progress=progress)(mod)
     taken = kernel_coverage(mod, prescheduled)
     for name, where in taken.items():
         LOG.info("%s: %s", name, where)
@@ -233,7 +235,8 @@ def tvm_dsm_pipeline(database: ms.Database | None = None, hw: Hardware | None = 
                      coverage: dict[str, str] | None = None,
                      choices: dict[str, Choice] | None = None,
                      kv_cache_kernels: tuple[str, ...] = DEFAULT_KV_CACHE_KERNELS,
-                     launch_early: bool = True, gated_projections: bool = True) -> tvm.transform.Pass:
+                     launch_early: bool = True, gated_projections: bool = True,
+                     progress: Callable[[int, int, str], None] | None = None) -> tvm.transform.Pass:
     """The pipeline of the module docstring, for the target ``tvm.compile`` enters
     (``tvm.target.Target.current()``); ``database``: tuning records :class:`ScheduleTIR` prefers
     to the planner's choice; ``coverage``: a dict to fill with :func:`kernel_coverage`;
@@ -244,12 +247,14 @@ def tvm_dsm_pipeline(database: ms.Database | None = None, hw: Hardware | None = 
     loading their weights' first tiles before they wait (1B Llama decode on an H200: 0.871 ->
     0.827 ms a step at batch 1, 1.014 -> 0.966 at 8, 1.217 -> 1.136 at 32; ``False``: only the
     kernels whose schedules ask for it); ``gated_projections``: fused gate/up
-    projections as one gated GEMM each (:mod:`tvm_dsm.relax_gated`)."""
+    projections as one gated GEMM each (:mod:`tvm_dsm.relax_gated`); ``progress``: called as
+    ``progress(done, total, name)`` before each function is scheduled."""
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.RelaxPipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         target = tvm.target.Target.current(allow_none=False)
-        mod, taken = schedule_kernels(mod, target, database, hw, choices, kv_cache_kernels, gated_projections)
+        mod, taken = schedule_kernels(mod, target, database, hw, choices, kv_cache_kernels, gated_projections,
+                                      progress)
         if coverage is not None:
             coverage.update(taken)
         with stock_target(target):
