@@ -284,6 +284,26 @@ def x_times_w_ffn(m: int, n: int, k: int, l: int, dtype: str = "bfloat16"):
     return te.create_prim_func([x, w1, b1, w2, te.compute((m, l), lambda i, j: out[i, j].astype(dtype))])
 
 
+def test_a_chain_whose_epilogue_reshapes_its_output_is_refused_naming_it():
+    """A Relax model's last MLP fused with the reshape back to ``[batch, seq, width]`` (the
+    model's output, which Relax copies rather than views): the chain's reduce writes ``[M, L]``
+    tiles, so the family refuses it (a kernel per operator follows), rather than failing inside
+    the schedule."""
+    from tvm import te
+
+    m, n, k, l = 128, 512, 256, 256
+    x = te.placeholder((m, k), "float16", name="x")
+    w1, w2 = te.placeholder((n, k), "float16", name="w1"), te.placeholder((l, n), "float16", name="w2")
+    r1, r2 = te.reduce_axis((0, k), "r1"), te.reduce_axis((0, n), "r2")
+    h = te.compute((m, n), lambda i, j: te.sum(x[i, r1].astype("float32") * w1[j, r1].astype("float32"), axis=r1))
+    act = te.compute((m, n), lambda i, j: te.max(h[i, j], 0.0).astype("float16"))
+    e = te.compute((m, l), lambda i, j: te.sum(act[i, r2].astype("float32") * w2[j, r2].astype("float32"), axis=r2),
+                   name="E")
+    out = te.compute((1, m, l), lambda b, i, j: e[(j // l + i) % m, j % l].astype("float16"), name="T_reshape")
+    with pytest.raises(ClusterError, match=r"the epilogue T_reshape reads E\[.*not the element it writes"):
+        find_chain(s_tir.Schedule(te.create_prim_func([x, w1, w2, out])))
+
+
 def test_weights_stored_in_by_out_are_fused_with_transposing_loads(assemble):
     _, shape = find_chain(s_tir.Schedule(x_times_w_ffn(128, 512, 256, 256)))
     assert (shape.w1_nk, shape.w2_nk, shape.dtype) == (False, False, "bfloat16")

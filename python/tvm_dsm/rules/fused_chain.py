@@ -44,6 +44,7 @@ from ..transform.programmatic_launch import launch_programmatically
 from .split_k_gemm import (
     GemmShape,
     SplitKGemmConfig,
+    check_epilogue_reads_its_element,
     check_pipeline,
     check_tma,
     find_gemm_operands,
@@ -217,6 +218,7 @@ def find_chain(sch: s_tir.Schedule) -> tuple[ChainBlocks, ChainShape]:
     if len(blocks) == len(gemm0) + 2:
         raise ClusterError("a GEMM chain ends in an elementwise block writing the output (a cast, "
                            "say); here the second matmul writes it")
+    check_epilogue_reads_its_element(sch, [gemm1], blocks[len(gemm0) + 2:])  # not a reshape of E
     shape = ChainShape(shapes[0].m, shapes[0].n, shapes[0].k, second.n,
                        tuple(sch.get(b).name_hint for b in gemm0), dtype, shapes[0].weight_nk, second.weight_nk)
     return ChainBlocks(gemm0, combine, gemm1, blocks[len(gemm0) + 2:]), shape

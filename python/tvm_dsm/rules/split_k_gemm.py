@@ -220,7 +220,7 @@ def find_gemm(sch: s_tir.Schedule, operand_types: Collection[str] = OPERAND_TYPE
     if len(reductions) == 1 and len(outputs) > 1:
         raise ClusterError(f"split-K GEMM writes one output from its product's epilogue; this product reaches "
                            f"{len(outputs)} ({[sch.get(b).name_hint for b in outputs]})")
-    _check_epilogue_reads_its_element(sch, reductions, epilogue)
+    check_epilogue_reads_its_element(sch, reductions, epilogue)
     shape = gemm_products(sch, reductions, operand_types, batched and len(reductions) == 1)
     return reductions, epilogue, dataclasses.replace(shape, outputs=1 if combined else shape.products)
 
@@ -238,7 +238,7 @@ def _separate_outputs(sch: s_tir.Schedule, products: list[SBlockRV], epilogue: l
     return sorted(i for of in reached for i in of) == list(range(len(products)))
 
 
-def _check_epilogue_reads_its_element(sch: s_tir.Schedule, products: list[SBlockRV], epilogue: list[SBlockRV]) -> None:
+def check_epilogue_reads_its_element(sch: s_tir.Schedule, products: list[SBlockRV], epilogue: list[SBlockRV]) -> None:
     """ClusterError where an epilogue block reads a product (or an earlier epilogue block's
     result) other than at the element it writes (``silu(c[i, j]) * c[i, j + n]``, gate and up
     columns of one product): a CTA's tile holds its own outputs only. A block that reads no
