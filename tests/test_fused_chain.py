@@ -321,7 +321,7 @@ def test_gpu_in_by_out_weights_match_float64(config):
 
     erf = np.vectorize(math.erf)
 
-    m, n, k, l = 128, 512, 256, 256
+    m, n, k, l = 128, 512, 512, 256
     rng = np.random.default_rng()
     x, w1, b1, w2 = (rng.standard_normal(s) / np.sqrt(d) for s, d in
                      (((m, k), 1), ((k, n), k), ((n,), 1), ((n, l), n)))
