@@ -13,9 +13,9 @@ from tvm import s_tir, te, tirx, topi
 
 import tvm_dsm
 from tvm_dsm.families import match_family
-from tvm_dsm.rules.elementwise import block_lanes, output_blocks
+from tvm_dsm.rules.elementwise import block_lanes, output_blocks, staged_lanes, staged_loads
 from tvm_dsm.workloads.elementwise import cast, split_silu_mul
-from conftest import LLVM
+from conftest import LLVM, TARGET
 
 
 def _rotate_half(m: int, d: int = 64, choose=te.if_then_else):
@@ -181,8 +181,60 @@ def test_a_slice_assignment_compiles_through_the_relax_pipeline():
     assert tvm.compile(bb.get(), target=TARGET, relax_pipeline="tvm_dsm") is not None
 
 
+def _leaky_relu(m: int, width: int = 4096):
+    """``Select(x > 0, x, 0.01 x)``: a condition on the values, different for each lane."""
+    x = te.placeholder((m, width), "float16", name="x")
+    return te.create_prim_func([x, te.compute(x.shape, lambda i, j: tirx.Select(
+        x[i, j] > tirx.const(0, "float16"), x[i, j], x[i, j] * tirx.const(0.01, "float16")), name="y")])
+
+
+def _masked_fill(m: int, width: int = 4096):
+    """``torch.masked_fill(x, mask, 0)`` with a bool mask tensor."""
+    x = te.placeholder((m, width), "float16", name="x")
+    mask = te.placeholder((m, width), "bool", name="mask")
+    return te.create_prim_func([x, mask, te.compute(x.shape, lambda i, j: te.if_then_else(
+        mask[i, j], tirx.const(0, "float16"), x[i, j]), name="y")])
+
+
+@pytest.mark.parametrize("func, staged", [
+    (_leaky_relu(64), ["x"]),
+    (_masked_fill(64), ["x"]),  # the bool mask read an element at a time
+    (_padded(64, 40, 36), []),  # rows of 40 under 64 columns: a vector of x could run past its row
+    (_slice_assigned(64), ["a"]),  # b has 64 columns of the 96
+])
+def test_lanes_that_differ_in_a_condition_move_vectors_through_registers(assemble, func, staged):
+    """Conditions that differ between the lanes of a vector: the store, and the loads of
+    operands whose rows the vectors cannot overrun, move 16 bytes through registers; each lane's
+    value computed alone between them (no vector of bools for TVM's CUDA code to declare)."""
+    sch = s_tir.Schedule(func)
+    (block,) = [sch.get(b) for b in output_blocks(sch)]
+    assert block_lanes(block) == 1 and staged_lanes(block) == 8 and staged_loads(block) == staged
+    family, _ = match_family(func)
+    assert family.name == "elementwise"
+    source = tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source()
+    stores = re.findall(r"\*\(uint4\*\)\(\w+_ptr \+ [^=]*\) = \*\(uint4\*\)\(\w+_local_ptr", source)
+    loads = re.findall(r"\*\(uint4\*\)\(\w+_local_ptr[^=]*\) = \*\(uint4\*\)\((\w+)_ptr", source)
+    assert stores and sorted(set(loads)) == staged
+    assemble(source, "staged_elementwise")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("make", [_leaky_relu, _masked_fill, lambda m: _padded(m, 40, 36)])
+def test_staged_lanes_on_the_gpu(make):
+    rng = np.random.default_rng()
+    func = make(100)
+    args = [rng.standard_normal([int(d) for d in p.ty.shape]) > 0 if p.ty.dtype == "bool"
+            else rng.standard_normal([int(d) for d in p.ty.shape]).astype(str(p.ty.dtype)) for p in func.params]
+    args[-1][...] = np.nan
+    cpu = [tvm.runtime.tensor(a) for a in args]
+    tvm.compile(func, target=LLVM, tir_pipeline="s_tir_stock")(*cpu)
+    gpu = [tvm.runtime.tensor(a, tvm.cuda()) for a in args]
+    tvm_dsm.build(func)(*gpu)
+    np.testing.assert_array_equal(gpu[-1].numpy(), cpu[-1].numpy())
+
+
 def test_what_cannot_move_in_vectors_is_left_to_dlight():
-    for func in (_padded(64, 40, 36), _transpose(64, 128), _offset_rows(64)):
+    for func in (_transpose(64, 128), _offset_rows(64)):
         with pytest.raises(tvm_dsm.ClusterError, match="elementwise: an access does not move contiguously"):
             match_family(func)
 

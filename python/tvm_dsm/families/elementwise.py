@@ -1,6 +1,7 @@
 """Elementwise and injective functions streamed at HBM speed, 16 bytes per thread access
-(:mod:`tvm_dsm.rules.elementwise`); one whose accesses cannot move in vectors is left to dlight
-(its fallback is the same kernel one element a thread; its transpose rule tiles).
+(:mod:`tvm_dsm.rules.elementwise`; through registers where a condition differs between lanes);
+one whose accesses cannot move in vectors is left to dlight (its fallback is the same kernel one
+element a thread; its transpose rule tiles).
 
 The model is a roofline: every operand read and every output written once at HBM bandwidth, at
 the share of the SMs the grid fills, plus a launch. It cannot tell the configurations of a

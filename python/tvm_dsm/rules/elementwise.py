@@ -13,10 +13,17 @@ lanes of a vector (a pad's ``x < 40`` at 8 lanes, rotate-half's ``x < D / 2``: t
 loaded or filled whole) and written as an ``if_then_else`` of ``x`` compared with constants (the
 form TVM's vectorizer keeps one condition a vector). Each thread takes ``vectors_per_thread``
 vectors a CTA's width apart, so a warp's accesses stay coalesced. A block whose accesses do not
-move that way (a transpose, a condition that splits a vector) keeps one element per vector; one
-whose vectors need such a condition and that computes transcendental functions is left to
+move that way (a transpose) keeps one element per vector; one whose vectors need such a
+condition and that computes transcendental functions is left to
 :mod:`tvm_dsm.rules.per_thread_math` (rotary embedding: its angles computed once per thread
 rather than once per head).
+
+A condition that differs between the lanes of a vector (``leaky_relu``'s ``x > 0`` as a Select,
+``masked_fill``'s bool mask, a pad that ends inside a vector) would be a vector of bools, which
+TVM's CUDA code cannot declare: such a block is staged (:func:`staged_lanes`). Its store, and
+each operand read at the element it writes with rows of the block's width, move in 16-byte
+vectors through registers, and each lane's value is computed alone between them; bool
+operands are read an element at a time.
 """
 
 from __future__ import annotations
@@ -77,12 +84,14 @@ def output_blocks(sch: s_tir.Schedule) -> list:
     return blocks
 
 
-def vector_lanes(block: tirx.SBlock, uniform_conditions: bool = False) -> int:
+def vector_lanes(block: tirx.SBlock, uniform_conditions: bool = False, staged: bool = False) -> int:
     """The elements a thread moves per access of ``block``: ``VECTOR_BYTES`` of its widest
     element where every access moves contiguously along its innermost iterator (see the module
     docstring), else 1. ``uniform_conditions``: a condition on that iterator is allowed where it
     holds alike for every lane of a vector (rotate-half's ``d < D / 2``), and so are stores in
-    branches (rotary embedding's query, key and value heads)."""
+    branches (rotary embedding's query, key and value heads). ``staged``: the lanes of
+    :func:`staged_lanes`, whose values are computed a lane at a time (any condition allowed, bool
+    operands read an element at a time)."""
     if not block.iter_vars:
         return 1
     stores = find_all(block.body, tirx.BufferStore)
@@ -100,10 +109,11 @@ def vector_lanes(block: tirx.SBlock, uniform_conditions: bool = False) -> int:
     if not all(uses(indices[-1], x) for _, indices in accesses[:len(stores)]):
         return 1
     moving = [(a, indices) for a, indices in accesses if uses(indices[-1], x)]  # the rest: one element for all lanes
-    if any(str(_buffer(a).ty.dtype) == "bool" for a, _ in moving):
+    if any(_is_bool(a) for a, _ in moving if not staged or isinstance(a, tirx.BufferStore)):
         return 1  # TVM's CUDA codegen stores two bools as a ushort2: 4 bytes, 2-byte aligned (misaligned address)
+    moving = [(a, indices) for a, indices in moving if not _is_bool(a)]  # staged: a bool an element at a time
     lanes = VECTOR_BYTES // max([element_bytes(_buffer(a)) for a, _ in moving]
-                                + [element_bytes(v) for v in broadcast_values(block.body, x)])
+                                + ([] if staged else [element_bytes(v) for v in broadcast_values(block.body, x)]))
     if not isinstance(extent, tirx.IntImm) or int(extent) % lanes:
         return 1
     for access, indices in moving:
@@ -114,6 +124,8 @@ def vector_lanes(block: tirx.SBlock, uniform_conditions: bool = False) -> int:
         offset = analyzer.simplify(indices[-1] - x)  # a constant, or a head's columns (h // g * D)
         if uses(offset, x) or not analyzer.can_prove(tirx.floormod(offset, lanes) == 0):
             return 1
+    if staged:
+        return lanes
     conditions = _value_conditions(block.body) + [s.condition for s in find_all(block.body, tirx.IfThenElse)]
     varying = [c for c in conditions if uses(c, x)]
     if not varying:
@@ -184,6 +196,37 @@ def block_lanes(block: tirx.SBlock) -> int:
     return branch_lanes(block)
 
 
+def staged_lanes(block: tirx.SBlock) -> int:
+    """The lanes of a block with one store whose conditions differ between the lanes of a vector
+    (a Select on the values, ``leaky_relu``'s ``x > 0``; a mask's ``if_then_else``), which TVM's
+    vectorizer would compute as a vector of bools that its CUDA code cannot declare: its store,
+    and each load of :func:`staged_loads`, move 16-byte vectors through registers, and each lane
+    is computed alone between them; 1 where the accesses do not move along the innermost
+    iterator, or the block stores bools."""
+    if not isinstance(block.body, tirx.BufferStore) or str(block.body.buffer.ty.dtype) == "bool":
+        return 1
+    return vector_lanes(block, staged=True)
+
+
+def staged_loads(block: tirx.SBlock) -> list[str]:
+    """The buffers a staged block (:func:`staged_lanes`) loads in vectors: read at one element,
+    at its innermost iterator ``x`` itself on its last axis, with rows of ``x``'s extent (a
+    vector never runs past a row, whatever the conditions that guard the load), and not bool."""
+    x, extent = block.iter_vars[-1].var, block.iter_vars[-1].dom.extent
+    by_buffer: dict[str, list] = {}
+    for load in find_all(block.body, tvm.ir.TensorLoad):
+        by_buffer.setdefault(load.source.name, []).append(load)
+    return [name for name, loads in by_buffer.items()
+            if all(tvm_ffi.structural_equal(load.indices, loads[0].indices) for load in loads)
+            and not _is_bool(loads[0]) and loads[0].indices[-1].same_as(x)
+            and not any(uses(i, x) for i in loads[0].indices[:-1])
+            and tvm_ffi.structural_equal(loads[0].source.ty.shape[-1], extent)]
+
+
+def _is_bool(access) -> bool:
+    return str(_buffer(access).ty.dtype) == "bool"
+
+
 def branch_lanes(block: tirx.SBlock) -> int:
     """:func:`vector_lanes` with ``uniform_conditions``, where every condition on ``block``'s
     innermost iterator ``x`` (an ``if_then_else``'s, a ``Select``'s) compares ``x`` alone with
@@ -224,12 +267,22 @@ def _bounds(condition, x: tirx.Var) -> bool:
         a.same_as(x) and isinstance(b, tirx.IntImm) for a, b in ((condition.a, condition.b), (condition.b, condition.a)))
 
 
+def lanes_and_staging(block: tirx.SBlock) -> tuple[int, bool]:
+    """The lanes the elementwise rule moves ``block`` in: its :func:`block_lanes`, else its
+    :func:`staged_lanes` (staged: True)."""
+    lanes = block_lanes(block)
+    if lanes > 1:
+        return lanes, False
+    lanes = staged_lanes(block)
+    return lanes, lanes > 1
+
+
 def find_elementwise(func: tirx.PrimFunc) -> tuple[int, list]:
     """The fewest vector lanes among an elementwise function's output blocks and the buffers
     they write; ClusterError where it is not one."""
     sch = s_tir.Schedule(func)
     blocks = [sch.get(b) for b in output_blocks(sch)]
-    return min(block_lanes(b) for b in blocks), [w.source for b in blocks for w in b.writes]
+    return min(lanes_and_staging(b)[0] for b in blocks), [w.source for b in blocks for w in b.writes]
 
 
 def schedule_elementwise(func: tirx.PrimFunc, config: ElementwiseConfig) -> s_tir.Schedule:
@@ -239,7 +292,7 @@ def schedule_elementwise(func: tirx.PrimFunc, config: ElementwiseConfig) -> s_ti
     if any(block_lanes(sch.get(rv)) > 1 and find_all(sch.get(rv).body, tirx.Select) for rv in output_blocks(sch)):
         sch = s_tir.Schedule(func.with_body(selects_as_branches(func.body)))
     for rv in output_blocks(sch):
-        lanes = block_lanes(sch.get(rv))
+        lanes, staged = lanes_and_staging(sch.get(rv))
         loops = sch.get_loops(rv)
         if not loops:
             raise ClusterError(f"{sch.get(rv).name_hint} writes a scalar: nothing to spread over threads")
@@ -252,6 +305,23 @@ def schedule_elementwise(func: tirx.PrimFunc, config: ElementwiseConfig) -> s_ti
         sch.bind(bx, "blockIdx.x")
         sch.bind(tx, "threadIdx.x")
         sch.unroll(k)
-        if vector is not None:
+        if staged:
+            _stage_in_registers(sch, rv, tx, vector)
+        elif vector is not None:
             sch.vectorize(vector)
     return sch
+
+
+def _stage_in_registers(sch: s_tir.Schedule, rv, at, lanes) -> None:
+    """``rv``'s :func:`staged_loads` and its store moved as vectors through registers under the
+    thread's loop ``at`` (one vector each), its value computed a lane at a time (``lanes``
+    unrolled)."""
+    for name in staged_loads(sch.get(rv)):
+        index = next(i for i, region in enumerate(sch.get(rv).reads) if region.source.name == name)
+        cache = sch.cache_read(rv, index, "local")
+        sch.compute_at(cache, at)
+        sch.vectorize(sch.get_loops(cache)[-1])
+    store = sch.cache_write(rv, 0, "local")
+    sch.reverse_compute_at(store, at)
+    sch.vectorize(sch.get_loops(store)[-1])
+    sch.unroll(lanes)
