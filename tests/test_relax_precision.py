@@ -144,3 +144,32 @@ def test_an_explicit_scale_with_a_bias_moves_onto_the_query_too():
     p = np.exp(s - s.max(-1, keepdims=True))
     ref = ((p / p.sum(-1, keepdims=True)) @ v64).transpose(0, 2, 1, 3)
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 5e-3
+
+
+def _linear(compute_dtype: str):
+    """A fp16 model's linear layer computing in ``compute_dtype``: in fp32 as TVM's torch
+    importer writes it (input and weight widened, the product's fp32 result kept)."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((128, 512), "float16"))
+    w = relax.Var("w", relax.TensorType((512, 1024), "float16"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            a, b = (bb.emit(relax.op.astype(t, compute_dtype)) for t in (x, w))
+            out = bb.emit_output(relax.op.matmul(a, b, out_dtype="float32"))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_a_16_bit_model_computing_its_products_in_fp32_is_named_in_a_warning(caplog):
+    """A product TVM's torch importer widens to fp32 runs on CUDA cores: the pipeline says so
+    and names the importer that keeps torch's types; a product in 16 bits draws no warning."""
+    from conftest import TARGET
+
+    with caplog.at_level("WARNING", logger="tvm_dsm.relax"):
+        relax_report(_linear("float32"), TARGET)
+    (warning,) = [r.getMessage() for r in caplog.records if "compute in fp32" in r.getMessage()]
+    assert warning.startswith("main: 1 matrix products") and "tvm_dsm.relax_torch.from_exported_program" in warning
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tvm_dsm.relax"):
+        relax_report(_linear("float16"), TARGET)
+    assert not [r for r in caplog.records if "compute in fp32" in r.getMessage()]

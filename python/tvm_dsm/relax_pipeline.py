@@ -40,6 +40,7 @@ from .families.row_ranges import dispatch
 from .ir import binds_threads, find_all, row_variable
 from .hardware import Hardware, load_hardware
 from .kernels import kv_append, paged_decode, ragged_prefill
+from .relax_matmuls import is_op_call
 from .relax_weights import MarkReadOnlyParams
 from .annotations import LAUNCH_EARLY_KEY
 from .relax_patterns import RowMaxValues
@@ -210,6 +211,35 @@ def lower_for_scheduling(mod: tvm.IRModule, target: tvm.target.Target, hw: Hardw
         return MarkReadOnlyParams(use_kv_cache_kernels(lower_to_tir(mod, gated_projections), hw, kv_cache_kernels))
 
 
+_SIXTEEN_BIT = ("float16", "bfloat16")
+
+
+def widened_products(mod: tvm.IRModule) -> dict[str, int]:
+    """The fp32 matrix products (``R.matmul`` of fp32 operands) of each Relax function of
+    ``mod`` whose parameters hold 16-bit tensors, by function: a 16-bit model computing in fp32,
+    as TVM's torch importer makes it (each product of 16-bit operands returns fp32, never
+    rounded back), on CUDA cores where no tensor-core family takes fp32."""
+    found = {}
+    for gv, func in mod.functions.items():
+        if not isinstance(func, relax.Function):
+            continue
+        types = [p.ty for p in func.params]
+        if not any(getattr(t, "dtype", None) in _SIXTEEN_BIT for t in types):
+            continue
+        products = [call for call in find_all_calls(func, "relax.matmul")
+                    if all(getattr(a.ty, "dtype", None) == "float32" for a in call.args)]
+        if products:
+            found[gv.name_hint] = len(products)
+    return found
+
+
+def find_all_calls(func: relax.Function, op: str) -> list[relax.Call]:
+    """The calls of the Relax operator ``op`` in ``func``."""
+    calls = []
+    relax.analysis.post_order_visit(func, lambda e: calls.append(e) if is_op_call(e, op) else None)
+    return calls
+
+
 def schedule_kernels(mod: tvm.IRModule, target: tvm.target.Target,
                      database: ms.Database | None = None, hw: Hardware | None = None,
                      choices: dict[str, Choice] | None = None,
@@ -217,7 +247,12 @@ def schedule_kernels(mod: tvm.IRModule, target: tvm.target.Target,
                      gated_projections: bool = True,
                      progress: Callable[[int, int, str], None] | None = None) -> tuple[tvm.IRModule, dict[str, str]]:
     """The pipeline up to dlight: :func:`lower_for_scheduling`, :class:`ScheduleTIR` (filling
-    ``choices``, calling ``progress``); the module and its :func:`kernel_coverage`, logged."""
+    ``choices``, calling ``progress``); the module and its :func:`kernel_coverage`, logged
+    (with a warning where a 16-bit model computes its products in fp32: :func:`widened_products`)."""
+    for name, count in widened_products(mod).items():
+        LOG.warning("%s: %d matrix products compute in fp32 though the model holds 16-bit tensors (TVM's "
+                    "torch importer returns fp32 from 16-bit products): CUDA cores, no tensor-core family. "
+                    "tvm_dsm.relax_torch.from_exported_program imports the program in torch's types", name, count)
     mod = lower_for_scheduling(mod, target, hw, kv_cache_kernels, gated_projections)
     prescheduled = _scheduled(mod)
     with target:
