@@ -365,3 +365,15 @@ def test_a_returned_residual_sum_and_its_norm_match_float64_on_the_gpu(rows, wid
     assert np.array_equal(h.numpy().astype(np.float64), want_h)
     got = out.numpy().astype(np.float64)
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-3
+
+
+def test_the_softmax_suite_times_what_build_picks_beside_the_other_schedules():
+    """The softmax suite's pick (its ``planner`` row, what its summary reports) is the schedule
+    ``tvm_dsm.build`` gives TOPI's softmax, the row norm family's; the generic fused rows and
+    dlight's are timed beside it."""
+    from tvm_dsm.gpu.suites.cascades import softmax
+
+    variants = softmax()
+    picks = [v.name for v in variants if v.plan["planner"]]
+    assert picks == ["softmax_4096x4096_row_norm", "softmax_16384x1024_row_norm", "softmax_1024x32000_row_norm"]
+    assert {v.extra["schedule"] for v in variants} == {"row_norm", "fused_rows", "dlight"}

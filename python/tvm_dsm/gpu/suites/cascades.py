@@ -141,17 +141,18 @@ SOFTMAX_SHAPES = [(4096, 4096), (16384, 1024), (1024, 32000)]
 
 def softmax() -> list[Variant]:
     """TOPI's softmax (what Relax legalizes ``R.nn.softmax`` to: max, exp, exp-sum, normalize)
-    as the fused rows schedule it (``schedule_cascade``) beside TVM's stock dlight schedule, which
-    ``tvm_dsm.build`` keeps for it (the fused-cascade family refuses a stage that reads the data
-    again)."""
+    as ``tvm_dsm.build`` schedules it (the planner's family: the row norm family's one-read
+    rows), beside the generic fused rows (``schedule_cascade``) and TVM's stock dlight schedule."""
     variants = []
     for rows, cols in SOFTMAX_SHAPES:
         x = te.placeholder((rows, cols), "float32", name="x")
         func = te.create_prim_func([x, topi.nn.softmax(x)])
         args = args_of(func)
-        for label, mod in (("fused_rows", schedule_cascade(func)[0].mod), ("dlight", stock_schedule(func).mod)):
+        ranking = plan(func)
+        for label, mod in ((ranking.family.name, ranking.schedule().mod), ("fused_rows", schedule_cascade(func)[0].mod),
+                           ("dlight", stock_schedule(func).mod)):
             variants.append(Variant(name=f"softmax_{rows}x{cols}_{label}", workload="softmax", mod=mod, args=args,
-                                    bytes=nbytes_of(args), flops=0, plan={"planner": label == "dlight"},
+                                    bytes=nbytes_of(args), flops=0, plan={"planner": label == ranking.family.name},
                                     extra={"schedule": label}))
     return variants
 
