@@ -253,11 +253,27 @@ def test_gpu_a_symbolic_batch_is_correct_at_every_batch(m, n, k, batch):
     assert error < 2e-3
 
 
-def test_a_batch_of_gemvs_is_refused_by_name():
-    """One row in each product (a decode step's per-head scores as ``torch.bmm``): no family takes
-    a batch of GEMVs, and the refusal says so rather than naming the row GEMV."""
-    with pytest.raises(ClusterError, match="batch of GEMVs"):
-        plan(batched_matmul((32,), 1, 512, 128))
+def test_a_batch_of_gemvs_is_planned_as_tensor_core_tiles_past_their_row():
+    """One row in each product (a decode step's per-head scores as ``torch.bmm``): split-K GEMM
+    tiles whose rows past the first are zero-filled, the products' weights streamed once (the
+    padded rows cost tensor-core time, which such a product has to spare); the lone GEMV stays
+    the row GEMV's."""
+    ranking = plan(topi_batch_matmul(32, 1, 1000, 128))
+    assert ranking.family.name == "split_k_gemm"
+    assert ranking.plans[0].bytes["hbm"] < 1.1 * 32 * (1000 * 128 + 128 + 1000 * 2) * 2
+    from tvm_dsm.rules.split_k_gemm import GemmShape, check_edges
+
+    with pytest.raises(ClusterError, match="M=1 is a GEMV"):
+        check_edges(GemmShape(1, 512, 128, True))
+
+
+@pytest.mark.gpu
+def test_gpu_a_batch_of_gemvs_matches_float64():
+    rng = np.random.default_rng()
+    inputs = [rng.standard_normal((32, 1, 128)), rng.standard_normal((32, 1000, 128))]
+    error = relative_error_on_gpu(topi_batch_matmul(32, 1, 1000, 128), inputs,
+                                  lambda x, w: x @ np.swapaxes(w, -1, -2), (32, 1, 1000), "float16")
+    assert error < 2e-3
 
 
 def test_a_batched_product_is_tuned_in_the_familys_space_and_compiled_from_its_record(tmp_path):

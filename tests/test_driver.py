@@ -435,9 +435,10 @@ def _update_without_init(a: T.Buffer((128, 128), "float16"), b: T.Buffer((128, 1
 
 
 def _batch_of_one_row_products():
-    """Decode's ``q @ k^T`` as TOPI's batch_matmul: one row a product, 32 products."""
-    a = te.placeholder((32, 1, 128), "float16", name="a")
-    b = te.placeholder((32, 1000, 128), "float16", name="b")
+    """Decode's ``q @ k^T`` in fp32 as TOPI's batch_matmul: one row a product, 32 products (no
+    family takes fp32 products in a batch)."""
+    a = te.placeholder((32, 1, 128), "float32", name="a")
+    b = te.placeholder((32, 1000, 128), "float32", name="b")
     return te.create_prim_func([a, b, topi.nn.batch_matmul(a, b)])
 
 
@@ -449,7 +450,7 @@ def test_functions_the_families_refuse_and_dlight_fails_on_still_build(make):
     epilogue over two columns of one product, which the GEMM families refuse and dlight's
     matmul rule asserts on, gets dlight's fallback rule; a product written to two outputs, whose
     whole schedule by dlight does not lower, one schedule per operator (the product, then each
-    output's epilogue); a batch of one-row products, on which dlight's GEMV rule raises an
+    output's epilogue); a batch of fp32 one-row products, on which dlight's GEMV rule raises an
     AttributeError, dlight's fallback rule."""
     lib = tvm_dsm.build(make())
     assert "__global__" in lib.mod.imports[0].inspect_source()

@@ -405,12 +405,11 @@ def tiled_shape(shape: GemmShape, config: SplitKGemmConfig) -> GemmShape:
 
 def check_edges(shape: GemmShape) -> None:
     """What tiles running past M, N or K (:func:`apply_padded_split_k_gemm`) need of ``shape``
-    under any configuration; ClusterError names the limit it breaks."""
-    if not shape.symbolic_rows and shape.m == 1 and shape.weight_nk:
-        if isinstance(shape.batch, int) and shape.batch == 1:
-            raise ClusterError("M=1 is a GEMV: the row GEMV streams W [N, K] at the HBM floor, a "
-                               "16-row tensor-core tile would compute 15 rows for nothing")
-        raise ClusterError("M=1 in each product is a batch of GEMVs, which no tvm-dsm family takes: a "
+    under any configuration; ClusterError names the limit it breaks. A batch of one-row
+    products (decode's per-head ``q @ k^T`` as ``torch.bmm``) is taken: its tiles' rows past the
+    first are zero-filled in shared memory, and each product's weight is still read once."""
+    if not shape.symbolic_rows and shape.m == 1 and shape.weight_nk and isinstance(shape.batch, int) and shape.batch == 1:
+        raise ClusterError("M=1 is a GEMV: the row GEMV streams W [N, K] at the HBM floor, a "
                            "16-row tensor-core tile would compute 15 rows for nothing")
     check_rows_aligned(shape)
 
