@@ -481,10 +481,14 @@ def ranked(shape: GemmShape, plans: list[GemmPlan]) -> list[GemmPlan]:
     # at M = 17 took 28.7 us, 32-row ones 19.2. Over the 1B Llama's five GEMMs at M = 17, 24,
     # 33, 48 and 64 this height was the fastest measured, or within 2% of it
     # (bench/results/archive/tile_heights_s59.json, H200).
+    # Where no plan has that height (a batch of one-row products over a K of two steps), equal
+    # predictions go to the shorter tiles, not the taller: 64-row warpgroup tiles ran a batch of
+    # 32 one-row products over 1000 x 128 in 4.96 us against 5.92 on 128-row ones, over 4096 x
+    # 128 in 16.6 against 18.7 (bench/results/archive/batched_gemv_s91.json, H200).
     return sorted(plans, key=lambda p: (height is not None and not short(p.config),
                                         p.predicted_us, p.config.cluster_size, -p.config.stages,
                                         -p.busy_sms, max(p.seconds["hbm"], p.seconds["l2"]),
-                                        -min(p.config.block_m, 128)))
+                                        p.config.block_m if height is not None else -min(p.config.block_m, 128)))
 
 
 def schedule_dense(func: tirx.PrimFunc, hw: Hardware | None = None,
