@@ -45,6 +45,7 @@ from .relax_siblings import FuseSiblingProjections
 from .relax_patches import PatchesAsMatrices
 from .relax_attention_masks import AttentionMasksFromConstants
 from .relax_constants import FoldConstantTensors
+from .relax_fills import NonFiniteFills
 from .relax_patterns import RewriteToRelaxOps
 from .relax_precision import AttentionScaleOnQuery, NormsInFp32
 
@@ -204,7 +205,8 @@ def scheduling_form(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
 def lower_to_tir(mod: tvm.IRModule, gated_projections: bool = True) -> tvm.IRModule:
     """Common subexpressions computed once (a torch model's ``x.float()`` written twice in its
-    RMSNorm is one cast), tensors computed from constants alone evaluated
+    RMSNorm is one cast), fills of infinity or NaN as broadcasts (:mod:`tvm_dsm.relax_fills`: TVM
+    cannot legalize them), tensors computed from constants alone evaluated
     (:mod:`tvm_dsm.relax_constants`), decomposed operators put back as Relax's (:mod:`tvm_dsm.relax_patterns`),
     attention masks computed from constants read as causal or windowed (:mod:`tvm_dsm.relax_attention_masks`), bf16 layer
     norms in fp32 and 16-bit attention's explicit scale on its query (:mod:`tvm_dsm.relax_precision`:
@@ -222,6 +224,7 @@ def lower_to_tir(mod: tvm.IRModule, gated_projections: bool = True) -> tvm.IRMod
     gated = [FuseGatedProjections, relax.transform.DeadCodeElimination()] if gated_projections else []
     return tvm.transform.Sequential([
         relax.transform.EliminateCommonSubexpr(),  # one node for the same value, which the rewrites match as one
+        NonFiniteFills,  # before anything legalizes them
         FoldConstantTensors,
         RewriteToRelaxOps,
         AttentionMasksFromConstants,

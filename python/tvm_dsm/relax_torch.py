@@ -36,6 +36,7 @@ from collections.abc import Callable, Hashable
 import tvm
 from tvm import relax
 
+from .relax_fills import NonFiniteFills
 from .relax_matmuls import SIXTEEN_BIT
 from .relax_patterns import attention_bias
 
@@ -60,8 +61,9 @@ _stock_converters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def from_exported_program(program, **kwargs) -> "relax.IRModule":
     """``program`` (a ``torch.export.ExportedProgram``) as a Relax module, as TVM's
     ``from_exported_program`` makes it (its keyword arguments too) but with torch's types kept
-    and its attention whole (see the module docstring). A ``custom_convert_map`` given is
-    applied over this one's."""
+    and its attention whole (see the module docstring), and its fills of infinity or NaN as
+    broadcasts, which any pipeline legalizes (:mod:`tvm_dsm.relax_fills`). A
+    ``custom_convert_map`` given is applied over this one's."""
     import torch
     from tvm.relax.frontend.torch import from_exported_program as tvm_import
 
@@ -71,8 +73,8 @@ def from_exported_program(program, **kwargs) -> "relax.IRModule":
     table.pop(torch.ops.aten.one_hot.default, None)
     converters = {**torch_converters(), **(kwargs.pop("custom_convert_map", None) or {})}
     kwargs.pop("run_ep_decomposition", None)
-    return tvm_import(program.run_decompositions(table), custom_convert_map=converters,
-                      run_ep_decomposition=False, **kwargs)
+    return NonFiniteFills(tvm_import(program.run_decompositions(table), custom_convert_map=converters,
+                                     run_ep_decomposition=False, **kwargs))
 
 
 def torch_converters() -> dict:
