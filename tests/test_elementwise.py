@@ -119,6 +119,19 @@ def test_vector_lanes(func, lanes):
     assert _lanes(func) == lanes
 
 
+@pytest.mark.parametrize("condition", [lambda j: j >= 32, lambda j: tirx.LE(tirx.const(32, "int32"), j),
+                                       lambda j: j < 32, lambda j: j > 31])
+def test_a_branch_on_a_bound_of_the_vector_axis_builds_in_vectors_in_any_spelling(condition):
+    """``j >= 32`` (TVM's canonical ``32 <= j``) is a vector of bools to TVM's vectorizer, which
+    leaves the loop scalar; written as ``j < 32`` with the branches swapped it is one condition a
+    vector, as the other spellings are."""
+    x = te.placeholder((64, 64), "float16", name="x")
+    func = te.create_prim_func([x, te.compute((64, 64), lambda i, j: te.if_then_else(
+        condition(j), x[i, j - 32], -x[i, j + 32]), name="r")])
+    source = tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source()
+    assert "*(uint4*)(r_ptr + " in source
+
+
 def test_a_select_on_bounds_of_the_vector_axis_builds_in_vectors():
     """Rotate-half written with a Select: vectorized as written, its condition would be a vector
     of bools, which TVM's CUDA code cannot declare; scheduled as a branch it is one condition a
@@ -314,3 +327,52 @@ def test_a_reshape_is_left_to_relax():
     func = te.create_prim_func([x, te.compute((512, 2048), lambda i, j: x[0, i, j], name="squeeze")])
     with pytest.raises(tvm_dsm.ClusterError, match="elementwise: a reshape"):
         match_family(func)
+
+
+def _hf_rotary(batch: int = 2, seq: int = 128, heads: int = 16, dim: int = 64):
+    """Rotary embedding as a torch Llama writes it (Hugging Face's ``apply_rotary_pos_emb``):
+    the projection ``[b, s, h * d]`` viewed ``[b, s, h, d]`` and transposed to ``[b, h, s, d]``,
+    ``rotate_half`` by two slices, a negation and a concatenation, then ``q * cos + rot * sin``;
+    legalized and fused as Relax compiles it (int64 indices)."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((batch, seq, heads * dim), "float16"))
+    cos, sin = (relax.Var(n, relax.TensorType((1, 1, seq, dim), "float16")) for n in ("cos", "sin"))
+    with bb.function("main", [x, cos, sin]):
+        with bb.dataflow():
+            q = bb.emit(relax.op.permute_dims(relax.op.reshape(x, (batch, seq, heads, dim)), [0, 2, 1, 3]))
+            first = bb.emit(relax.op.strided_slice(q, axes=[3], begin=[0], end=[dim // 2]))
+            second = bb.emit(relax.op.strided_slice(q, axes=[3], begin=[dim // 2], end=[dim]))
+            rotated = bb.emit(relax.op.concat([relax.op.negative(second), first], axis=3))
+            out = bb.emit_output(relax.op.add(relax.op.multiply(q, cos), relax.op.multiply(rotated, sin)))
+        bb.emit_func_output(out)
+    mod = relax.transform.FuseTIR()(relax.transform.FuseOps()(relax.transform.AnnotateTIROpPattern()(
+        relax.transform.LegalizeOps()(bb.get()))))
+    (func,) = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    return func
+
+
+def test_a_rotary_embedding_written_as_torch_does_moves_in_vectors():
+    """Its loads index the projection through a reshape's and a transpose's modular arithmetic,
+    and ``rotate_half``'s halves through the concatenation's branch: simplified within the
+    ranges and the branch conditions, they read ``q[b * s + t, h * d + j +- d / 2]``, which move
+    along ``j`` in 16-byte vectors under a branch alike for each vector (dlight's one element a
+    thread before)."""
+    func = _hf_rotary()
+    assert match_family(func)[0].name == "elementwise"
+    source = tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source()
+    assert "*(uint4*)(x_ptr + " in source and "*(uint4*)(T_add_intermediate_ptr + " in source
+
+
+@pytest.mark.gpu
+def test_gpu_a_rotary_embedding_written_as_torch_does():
+    rng = np.random.default_rng()
+    func = _hf_rotary()
+    args = [rng.standard_normal([int(d) for d in p.ty.shape]).astype("float16") for p in func.params]
+    args[-1][...] = np.nan
+    cpu = [tvm.runtime.tensor(a) for a in args]
+    tvm.compile(func, target=LLVM, tir_pipeline="s_tir_stock")(*cpu)
+    gpu = [tvm.runtime.tensor(a, tvm.cuda()) for a in args]
+    tvm_dsm.build(func)(*gpu)
+    np.testing.assert_allclose(gpu[-1].numpy().astype(np.float64), cpu[-1].numpy().astype(np.float64), rtol=0, atol=2e-3)

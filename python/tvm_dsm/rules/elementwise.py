@@ -18,6 +18,10 @@ condition and that computes transcendental functions is left to
 :mod:`tvm_dsm.rules.per_thread_math` (rotary embedding: its angles computed once per thread
 rather than once per head).
 
+The function is first simplified within its iterators' ranges and its branches' conditions
+(:func:`simplified`): a reshape's and a transpose's modular indices reduce to ``x + c``, which
+is how a rotary embedding written as torch writes it moves in vectors.
+
 A condition that differs between the lanes of a vector (``leaky_relu``'s ``x > 0`` as a Select,
 ``masked_fill``'s bool mask, a pad that ends inside a vector) would be a vector of bools, which
 TVM's CUDA code cannot declare: such a block is staged (:func:`staged_lanes`). Its store, and
@@ -253,6 +257,24 @@ def selects_as_branches(body: tirx.Stmt) -> tirx.Stmt:
                                                                                       s.false_value))])
 
 
+def upper_bound_branches(body: tirx.Stmt) -> tirx.Stmt:
+    """``body`` with each ``if_then_else(c <= x, a, b)`` of an integer at least a constant (the
+    canonical form of ``x >= c``: a concatenation's second half, ``rotate_half``'s
+    ``d >= D / 2``) written ``if_then_else(x < c, b, a)``: TVM's vectorizer keeps ``x < c`` one
+    condition a vector, but ``c <= x`` a vector of bools, and the loop is left scalar."""
+
+    def swapped(call):
+        if call.op.same_as(IF_THEN_ELSE):
+            cond, a, b = call.args
+            if isinstance(cond, tirx.LE) and isinstance(cond.a, tirx.IntImm):
+                return tirx.if_then_else(tirx.LT(cond.b, cond.a), b, a)
+            if isinstance(cond, tirx.GE) and isinstance(cond.b, tirx.IntImm):
+                return tirx.if_then_else(tirx.LT(cond.a, cond.b), b, a)
+        return call
+
+    return tvm_ffi.structural_map(body, [(tvm.ir.Call, swapped)])
+
+
 def _bounds(condition, x: tirx.Var) -> bool:
     """Whether ``condition`` compares ``x`` alone with constants, joined by ``and`` (``0 <= x and
     x < 40``: a pad) with each other and with conditions without ``x`` (``nn.llm``'s rotary
@@ -277,20 +299,31 @@ def lanes_and_staging(block: tirx.SBlock) -> tuple[int, bool]:
     return lanes, lanes > 1
 
 
+def simplified(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with its expressions simplified within their iterators' ranges and the
+    conditions of the branches they sit in (s_tir's ``StmtSimplify``): a rotary embedding
+    written as torch does (a reshape, a transpose, ``rotate_half``'s slices and concatenation)
+    reads ``q[(b * 128 + ((d // 64 + s) // 128 + h) // 16 ...) % 256, (... + d % 64 + 32) % 1024]``
+    until then, and ``q[b * 128 + s, h * 64 + d + 32]`` under its ``d < 32`` branch after: its
+    accesses move along ``d`` in vectors."""
+    return s_tir.transform.StmtSimplify()(tvm.IRModule({"main": func}))["main"]
+
+
 def find_elementwise(func: tirx.PrimFunc) -> tuple[int, list]:
-    """The fewest vector lanes among an elementwise function's output blocks and the buffers
-    they write; ClusterError where it is not one."""
-    sch = s_tir.Schedule(func)
+    """The fewest vector lanes among an elementwise function's output blocks (the function
+    :func:`simplified`) and the buffers they write; ClusterError where it is not one."""
+    sch = s_tir.Schedule(simplified(func))
     blocks = [sch.get(b) for b in output_blocks(sch)]
     return min(lanes_and_staging(b)[0] for b in blocks), [w.source for b in blocks for w in b.writes]
 
 
 def schedule_elementwise(func: tirx.PrimFunc, config: ElementwiseConfig) -> s_tir.Schedule:
-    """``func`` with each output block a grid of ``config.threads``-thread CTAs, each thread
-    ``config.vectors_per_thread`` vectors (see the module docstring)."""
+    """``func`` (:func:`simplified`) with each output block a grid of ``config.threads``-thread
+    CTAs, each thread ``config.vectors_per_thread`` vectors (see the module docstring)."""
+    func = simplified(func)
     sch = s_tir.Schedule(func)
-    if any(block_lanes(sch.get(rv)) > 1 and find_all(sch.get(rv).body, tirx.Select) for rv in output_blocks(sch)):
-        sch = s_tir.Schedule(func.with_body(selects_as_branches(func.body)))
+    if any(block_lanes(sch.get(rv)) > 1 and _value_conditions(sch.get(rv).body) for rv in output_blocks(sch)):
+        sch = s_tir.Schedule(func.with_body(upper_bound_branches(selects_as_branches(func.body))))
     for rv in output_blocks(sch):
         lanes, staged = lanes_and_staging(sch.get(rv))
         loops = sch.get_loops(rv)
