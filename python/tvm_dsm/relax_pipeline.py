@@ -40,7 +40,7 @@ from .families.row_ranges import dispatch
 from .ir import binds_threads, find_all, row_variable
 from .hardware import Hardware, load_hardware
 from .kernels import kv_append, paged_decode, ragged_prefill
-from .relax_matmuls import is_op_call
+from .relax_matmuls import SIXTEEN_BIT, is_op_call
 from .relax_weights import MarkReadOnlyParams
 from .annotations import LAUNCH_EARLY_KEY
 from .relax_patterns import RowMaxValues
@@ -211,9 +211,6 @@ def lower_for_scheduling(mod: tvm.IRModule, target: tvm.target.Target, hw: Hardw
         return MarkReadOnlyParams(use_kv_cache_kernels(lower_to_tir(mod, gated_projections), hw, kv_cache_kernels))
 
 
-_SIXTEEN_BIT = ("float16", "bfloat16")
-
-
 def widened_products(mod: tvm.IRModule) -> dict[str, int]:
     """The fp32 matrix products (``R.matmul`` of fp32 operands) of each Relax function of
     ``mod`` whose parameters hold 16-bit tensors, by function: a 16-bit model computing in fp32,
@@ -224,7 +221,7 @@ def widened_products(mod: tvm.IRModule) -> dict[str, int]:
         if not isinstance(func, relax.Function):
             continue
         types = [p.ty for p in func.params]
-        if not any(getattr(t, "dtype", None) in _SIXTEEN_BIT for t in types):
+        if not any(getattr(t, "dtype", None) in SIXTEEN_BIT for t in types):
             continue
         products = [call for call in find_all_calls(func, "relax.matmul")
                     if all(getattr(a.ty, "dtype", None) == "float32" for a in call.args)]
