@@ -109,6 +109,21 @@ def test_pattern_is_found_in_any_function_of_the_chain_shape():
     assert shape.gated and shape.gemm0 == ("G", "U")
 
 
+def swiglu_ffn_x_times_w(m: int, n: int, k: int, l: int):
+    """``(silu(x @ Wg) * (x @ Wu)) @ W2`` with weights stored ``[in, out]``."""
+    from tvm import te
+
+    x = te.placeholder((m, k), "float16", name="x")
+    wg, wu = (te.placeholder((k, n), "float16", name=name) for name in ("wg", "wu"))
+    w2 = te.placeholder((n, l), "float16", name="w2")
+    r1, r2, r3 = (te.reduce_axis((0, e), name) for e, name in ((k, "r1"), (k, "r2"), (n, "r3")))
+    g = te.compute((m, n), lambda i, j: te.sum(x[i, r1].astype("float32") * wg[r1, j].astype("float32"), axis=r1))
+    u = te.compute((m, n), lambda i, j: te.sum(x[i, r2].astype("float32") * wu[r2, j].astype("float32"), axis=r2))
+    h = te.compute((m, n), lambda i, j: (g[i, j] * te.sigmoid(g[i, j]) * u[i, j]).astype("float16"))
+    e = te.compute((m, l), lambda i, j: te.sum(h[i, r3].astype("float32") * w2[r3, j].astype("float32"), axis=r3))
+    return te.create_prim_func([x, wg, wu, w2, te.compute((m, l), lambda i, j: e[i, j].astype("float16"))])
+
+
 @pytest.mark.parametrize(
     ("func", "config", "message"),
     [
@@ -123,6 +138,7 @@ def test_pattern_is_found_in_any_function_of_the_chain_shape():
         (gemm_chain(128, 512, 4096, 4096), FusedChainConfig(2), "registers per thread"),
         (gemm_chain(128, 512, 256, 256, dtype="float32"), SMALL, r"one type among .*, got \[.float32.\]"),
         (gemm_chain(128, 512, 256, 256, dtype="float8_e4m3fn"), SMALL, "takes float16 or bfloat16 operands, got float8_e4m3fn"),
+        (swiglu_ffn_x_times_w(128, 512, 512, 256), SMALL, r"gated chain over weights stored \[K, N\] is not fused"),
     ],
 )
 def test_unsupported_inputs_get_clear_errors(func, config, message):

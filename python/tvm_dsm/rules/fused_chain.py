@@ -291,6 +291,9 @@ def _check_pipeline(shape: ChainShape, c: FusedChainConfig, hw: Hardware) -> Non
 
 
 def _check_copy(shape: ChainShape, c: FusedChainConfig, hw: Hardware) -> None:
+    if shape.gated and not shape.w1_nk:
+        # compiled, not yet run against a reference on a GPU: its chain runs as two GEMMs
+        raise ClusterError("a gated chain over weights stored [K, N] is not fused; its GEMMs run apart")
     if c.tma:
         check_tma(first_gemm(shape), c.main_loop())
 
