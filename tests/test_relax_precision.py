@@ -146,30 +146,38 @@ def test_an_explicit_scale_with_a_bias_moves_onto_the_query_too():
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 5e-3
 
 
-def _linear(compute_dtype: str):
+def _linear(compute_dtype: str, scaled: bool = False):
     """A fp16 model's linear layer computing in ``compute_dtype``: in fp32 as TVM's torch
-    importer writes it (input and weight widened, the product's fp32 result kept)."""
+    importer writes it (input and weight widened, the product's fp32 result kept); ``scaled``:
+    the widened input scaled in fp32 before the product (as its attention's query is)."""
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((128, 512), "float16"))
     w = relax.Var("w", relax.TensorType((512, 1024), "float16"))
     with bb.function("main", [x, w]):
         with bb.dataflow():
             a, b = (bb.emit(relax.op.astype(t, compute_dtype)) for t in (x, w))
+            if scaled:
+                a = bb.emit(relax.op.multiply(a, relax.const(0.125, compute_dtype)))
             out = bb.emit_output(relax.op.matmul(a, b, out_dtype="float32"))
         bb.emit_func_output(out)
     return bb.get()
 
 
-def test_a_16_bit_model_computing_its_products_in_fp32_is_named_in_a_warning(caplog):
-    """A product TVM's torch importer widens to fp32 runs on CUDA cores: the pipeline says so
-    and names the importer that keeps torch's types; a product in 16 bits draws no warning."""
+def _widened_warnings(mod, caplog) -> list[str]:
     from conftest import TARGET
 
-    with caplog.at_level("WARNING", logger="tvm_dsm.relax"):
-        relax_report(_linear("float32"), TARGET)
-    (warning,) = [r.getMessage() for r in caplog.records if "compute in fp32" in r.getMessage()]
-    assert warning.startswith("main: 1 matrix products") and "tvm_dsm.relax_torch.from_exported_program" in warning
     caplog.clear()
     with caplog.at_level("WARNING", logger="tvm_dsm.relax"):
-        relax_report(_linear("float16"), TARGET)
-    assert not [r for r in caplog.records if "compute in fp32" in r.getMessage()]
+        relax_report(mod, TARGET)
+    return [r.getMessage() for r in caplog.records if "compute in fp32" in r.getMessage()]
+
+
+def test_a_16_bit_model_computing_its_products_in_fp32_is_named_in_a_warning(caplog):
+    """A product TVM's torch importer widens to fp32 and computes on (the operand scaled in fp32
+    first) runs on CUDA cores: the pipeline says so and names the importer that keeps torch's
+    types. A product of two widened 16-bit tensors, which the pipeline computes from the 16-bit
+    ones, and a product in 16 bits draw no warning."""
+    (warning,) = _widened_warnings(_linear("float32", scaled=True), caplog)
+    assert warning.startswith("main: 1 matrix products") and "tvm_dsm.relax_torch.from_exported_program" in warning
+    assert not _widened_warnings(_linear("float32"), caplog)
+    assert not _widened_warnings(_linear("float16"), caplog)

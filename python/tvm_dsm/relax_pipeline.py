@@ -43,7 +43,7 @@ from .kernels import kv_append, paged_decode, ragged_prefill
 from .relax_matmuls import SIXTEEN_BIT, is_op_call
 from .relax_weights import MarkReadOnlyParams
 from .annotations import LAUNCH_EARLY_KEY
-from .relax_patterns import RowMaxValues
+from .relax_patterns import RowMaxValues, rewrite_widened_products
 from .relax_top_k import TopKAsRows
 from .relax_integration import CRASH_ATTR, FAMILY_ATTR, Choice, ScheduleTIR, lower_to_tir
 
@@ -215,7 +215,9 @@ def widened_products(mod: tvm.IRModule) -> dict[str, int]:
     """The fp32 matrix products (``R.matmul`` of fp32 operands) of each Relax function of
     ``mod`` whose parameters hold 16-bit tensors, by function: a 16-bit model computing in fp32,
     as TVM's torch importer makes it (each product of 16-bit operands returns fp32, never
-    rounded back), on CUDA cores where no tensor-core family takes fp32."""
+    rounded back), on CUDA cores where no tensor-core family takes fp32. A product of two
+    widened 16-bit tensors is not one: the pipeline computes it from the 16-bit tensors
+    (:func:`~tvm_dsm.relax_patterns.rewrite_widened_products`)."""
     found = {}
     for gv, func in mod.functions.items():
         if not isinstance(func, relax.Function):
@@ -223,7 +225,7 @@ def widened_products(mod: tvm.IRModule) -> dict[str, int]:
         types = [p.ty for p in func.params]
         if not any(getattr(t, "dtype", None) in SIXTEEN_BIT for t in types):
             continue
-        products = [call for call in find_all_calls(func, "relax.matmul")
+        products = [call for call in find_all_calls(rewrite_widened_products(func), "relax.matmul")
                     if all(getattr(a.ty, "dtype", None) == "float32" for a in call.args)]
         if products:
             found[gv.name_hint] = len(products)
