@@ -234,8 +234,8 @@ def _is_bool(access) -> bool:
 def branch_lanes(block: tirx.SBlock) -> int:
     """:func:`vector_lanes` with ``uniform_conditions``, where every condition on ``block``'s
     innermost iterator ``x`` (an ``if_then_else``'s, a ``Select``'s) compares ``x`` alone with
-    constants (:func:`_bounds`): with Selects written as branches (:func:`selects_as_branches`),
-    TVM's vectorizer keeps those one condition a vector; else 1."""
+    constants (:func:`_bounds`): written as :func:`vectorized_branches`, TVM's vectorizer keeps
+    those one condition a vector; else 1."""
     x = block.iter_vars[-1].var
     if not all(_bounds(c, x) for c in _value_conditions(block.body) if uses(c, x)):
         return 1
@@ -248,20 +248,15 @@ def _value_conditions(body) -> list:
     return conditions + [s.condition for s in find_all(body, tirx.Select)]
 
 
-def selects_as_branches(body: tirx.Stmt) -> tirx.Stmt:
-    """``body`` with each Select an ``if_then_else`` of the same operands (neither side has an
-    effect, so the value is the same): vectorized, a Select's condition stays a vector of bools
-    (``boolx8``), which TVM's CUDA code cannot declare, where an ``if_then_else`` of bounds on
-    the vector's axis is one condition a vector."""
-    return tvm_ffi.structural_map(body, [(tirx.Select, lambda s: tirx.if_then_else(s.condition, s.true_value,
-                                                                                      s.false_value))])
-
-
-def upper_bound_branches(body: tirx.Stmt) -> tirx.Stmt:
-    """``body`` with each ``if_then_else(c <= x, a, b)`` of an integer at least a constant (the
+def vectorized_branches(body: tirx.Stmt) -> tirx.Stmt:
+    """``body`` with its conditions in the forms TVM's vectorizer keeps one condition a vector
+    where they bound the vector's axis (:func:`branch_lanes`): each Select an ``if_then_else`` of
+    the same operands (neither side has an effect, so the value is the same; vectorized, a
+    Select's condition stays a vector of bools, ``boolx8``, which TVM's CUDA code cannot
+    declare), and each ``if_then_else(c <= x, a, b)`` of an integer at least a constant (the
     canonical form of ``x >= c``: a concatenation's second half, ``rotate_half``'s
-    ``d >= D / 2``) written ``if_then_else(x < c, b, a)``: TVM's vectorizer keeps ``x < c`` one
-    condition a vector, but ``c <= x`` a vector of bools, and the loop is left scalar."""
+    ``d >= D / 2``) written ``if_then_else(x < c, b, a)`` (``c <= x`` stays a vector of bools,
+    and the loop is left scalar)."""
 
     def swapped(call):
         if call.op.same_as(IF_THEN_ELSE):
@@ -272,7 +267,9 @@ def upper_bound_branches(body: tirx.Stmt) -> tirx.Stmt:
                 return tirx.if_then_else(tirx.LT(cond.a, cond.b), b, a)
         return call
 
-    return tvm_ffi.structural_map(body, [(tvm.ir.Call, swapped)])
+    branches = tvm_ffi.structural_map(body, [(tirx.Select, lambda s: tirx.if_then_else(s.condition, s.true_value,
+                                                                                          s.false_value))])
+    return tvm_ffi.structural_map(branches, [(tvm.ir.Call, swapped)])
 
 
 def _bounds(condition, x: tirx.Var) -> bool:
@@ -323,7 +320,7 @@ def schedule_elementwise(func: tirx.PrimFunc, config: ElementwiseConfig) -> s_ti
     func = simplified(func)
     sch = s_tir.Schedule(func)
     if any(block_lanes(sch.get(rv)) > 1 and _value_conditions(sch.get(rv).body) for rv in output_blocks(sch)):
-        sch = s_tir.Schedule(func.with_body(upper_bound_branches(selects_as_branches(func.body))))
+        sch = s_tir.Schedule(func.with_body(vectorized_branches(func.body)))
     for rv in output_blocks(sch):
         lanes, staged = lanes_and_staging(sch.get(rv))
         loops = sch.get_loops(rv)

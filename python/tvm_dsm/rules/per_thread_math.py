@@ -38,8 +38,8 @@ from tvm.sym import Analyzer
 
 from ..errors import ClusterError
 from ..ir import find_all, seq, substitute, uses
-from .elementwise import (TRANSCENDENTAL, branch_lanes, output_blocks, selects_as_branches, transcendental_calls,
-                          vector_lanes)
+from .elementwise import (TRANSCENDENTAL, branch_lanes, output_blocks, transcendental_calls, vector_lanes,
+                          vectorized_branches)
 
 #: The longest axis looped over inside a thread (unrolled).
 MAX_IN_THREAD = 64
@@ -222,8 +222,8 @@ def _rewritten(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, PerThreadMath]:
 
     body = tvm_ffi.structural_map(block.body, [(tvm.ir.Call, replace)], order="pre")
     found = _found(block, axis, calls)
-    if found.lanes > 1:  # vectorized: each Select a branch (one condition a vector)
-        body = selects_as_branches(body)
+    if found.lanes > 1:  # vectorized: its conditions in the forms kept one condition a vector
+        body = vectorized_branches(body)
     consumer = SBlock(block.iter_vars, [], [], block.name_hint, tvm_ffi.structural_map(body, [(tirx.Let, drop_unused)]),
                       block.init, block.alloc_buffers, block.match_buffers, block.annotations)
     consumer = _with_regions(consumer, buffers)
