@@ -18,6 +18,7 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .relax_matmuls import is_op_call, rewrite_functions
+from .relax_patterns import scalar_value
 
 #: The fill operators and whether their first argument is a tensor whose shape they take (then
 #: written as a broadcast to the result's shape, where it is known before the call runs).
@@ -28,9 +29,8 @@ def non_finite_fill(call: relax.Expr) -> bool:
     """Whether ``call`` fills a tensor with a scalar constant that is infinite or NaN."""
     if not any(is_op_call(call, op) for op in FILLS):
         return False
-    value = call.args[1]
-    return (isinstance(value, tvm.ir.Constant) and hasattr(value.value, "numpy") and value.value.numpy().ndim == 0
-            and not math.isfinite(float(value.value.numpy())))
+    value = scalar_value(call.args[1])
+    return value is not None and not math.isfinite(value)
 
 
 @mutator
@@ -42,7 +42,7 @@ class _FillRewriter(PyExprMutator):
         shape = call.ty.shape if FILLS[call.op.name] else call.args[0]  # full_like's: the result's
         if not isinstance(shape, relax.ShapeExpr):
             return call  # a shape unknown until it runs: left as it is
-        return relax.op.broadcast_to(relax.const(float(call.args[1].value.numpy()), call.ty.dtype), shape)
+        return relax.op.broadcast_to(relax.const(scalar_value(call.args[1]), call.ty.dtype), shape)
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.NonFiniteFills")

@@ -72,13 +72,13 @@ def _tensor(expr) -> relax.TensorType | None:
     return ty if isinstance(ty, relax.TensorType) and ty.shape is not None else None
 
 
-def _scalar(expr) -> float | None:
+def scalar_value(expr) -> float | None:
     """The value of a one-element float constant, a float immediate (``R.clip``'s bounds) or a
     scalar ``R.full`` of a constant, or None."""
     if isinstance(expr, tvm.tirx.FloatImm):
         return float(expr.value)
     if is_op_call(expr, "relax.full") and _tensor(expr) is not None and _tensor(expr).ndim == 0:
-        return _scalar(expr.args[1])
+        return scalar_value(expr.args[1])
     if not isinstance(expr, tvm.ir.Constant):
         return None
     value = expr.value.numpy()
@@ -128,11 +128,11 @@ def _rms_norm_replacement(orig: relax.Call, m: dict, parts: dict) -> relax.Expr:
     if not Analyzer().can_prove_equal(w_ty.shape.values[0], width):
         return orig
     square = m[parts["square"]]
-    if is_op_call(square, "relax.power") and _scalar(square.args[1]) != 2.0:
+    if is_op_call(square, "relax.power") and scalar_value(square.args[1]) != 2.0:
         return orig
     if not _mean_over_last_axis(m[parts["mean"]], m.get(parts["total"]), x_ty.ndim, width):
         return orig
-    eps = _scalar(m[parts["eps"]])
+    eps = scalar_value(m[parts["eps"]])
     if eps is None or not math.isfinite(eps) or _tensor(m[parts["eps"]]).dtype != x_ty.dtype:
         return orig
     cast = m.get(parts["cast"])
@@ -180,7 +180,7 @@ def _mean_over_last_axis(mean: relax.Call, total: relax.Call | None, ndim: int, 
     (or its reciprocal, to fp32's precision) where it is a sum."""
     if is_op_call(mean, "relax.mean"):
         return _over_last_axis(mean, ndim)
-    c = _scalar(mean.args[1])
+    c = scalar_value(mean.args[1])
     if total is None or c is None or not isinstance(width, tvm.tirx.IntImm):
         return False
     want = int(width) if is_op_call(mean, "relax.divide") else 1.0 / int(width)
@@ -541,7 +541,7 @@ def rewrite_scaled_views(func: relax.Function) -> relax.Function:
 
     def replacement(orig, m):
         scale = m[scaled]
-        if _scalar(scale.args[1]) is None:
+        if scalar_value(scale.args[1]) is None:
             return orig
         out = relax.Call(scale.op, [relax.op.reshape(m[x], orig.args[1]), scale.args[1]])
         return relax.op.astype(out, m[cast].attrs.dtype) if cast in m else out
@@ -617,10 +617,10 @@ def _through(call: relax.Call, bound) -> relax.Expr | None:
     if name in ("relax.astype", "relax.nn.softmax", "relax.add"):
         return call.args[0]
     if name in ("relax.multiply", "relax.divide"):
-        return call.args[0] if _scalar(bound(call.args[1])) is not None else None
+        return call.args[0] if scalar_value(bound(call.args[1])) is not None else None
     if name == "relax.where":
-        return call.args[1] if _scalar(bound(call.args[2])) is not None else \
-            call.args[2] if _scalar(bound(call.args[1])) is not None else None
+        return call.args[1] if scalar_value(bound(call.args[2])) is not None else \
+            call.args[2] if scalar_value(bound(call.args[1])) is not None else None
     return None
 
 
@@ -632,7 +632,7 @@ def _folded_scales(ops: list) -> list:
     kernel keeps its scores in fp32."""
     steps: list = []
     for op in ops:
-        factor = _scalar(op.args[1]) if is_op_call(op, "relax.multiply") else None
+        factor = scalar_value(op.args[1]) if is_op_call(op, "relax.multiply") else None
         casts = [s for s, _ in steps[-2:]]
         if factor is not None and len(steps) >= 3 and steps[-3][1] is not None \
                 and all(is_op_call(c, "relax.astype") for c in casts) \
@@ -710,11 +710,11 @@ def rewrite_head_rows(func: relax.Function) -> relax.Function:
         kt = relax.op.permute_dims(relax.op.expand_dims(k, 1), [0, 1, 3, 2])
         y = relax.op.reshape(relax.op.matmul(batched(q, t, dim), batched(kt, dim, keys),
                                              out_dtype=str(_tensor(scores).dtype)), [b, h, t, keys])
-        chain = [relax.Call(op.op, [bound(a) if _scalar(bound(a)) is not None else a for a in op.args], op.attrs)
+        chain = [relax.Call(op.op, [bound(a) if scalar_value(bound(a)) is not None else a for a in op.args], op.attrs)
                  for op in chain[::-1]]  # in order, scalars in place of their variables
         for op, factor in _folded_scales(chain):
             through = _through(op, bound)
-            masks = [a for a in op.args if not a.same_as(through) and _scalar(a) is None]
+            masks = [a for a in op.args if not a.same_as(through) and scalar_value(a) is None]
             if any(_tensor(a) is None or _tensor(a).ndim > 4 for a in masks):
                 return orig
             if factor is not None:
@@ -857,7 +857,7 @@ def _attention_replacement(orig: relax.Expr, m: dict, parts: dict, values: dict)
     scale = 1.0
     scaling = next((m[parts[name]] for name in ("scaling", "rescaled") if parts[name] in m), None)
     if scaling is not None:
-        factor = _scalar(m[parts["scale"]])
+        factor = scalar_value(m[parts["scale"]])
         if factor is None or factor == 0.0 or (parts["rescaled"] in m and (parts["masked"] in m or parts["scaling"] in m)):
             return orig  # an added mask (or the scores twice) scaled: not R.nn.attention's bias and scale
         scale = 1.0 / factor if is_op_call(scaling, "relax.divide") else factor
@@ -877,7 +877,7 @@ def _attention_replacement(orig: relax.Expr, m: dict, parts: dict, values: dict)
         return orig
     if parts["selected"] in m:  # where(keep, scores, fill) or where(masked, fill, scores)
         keep = m[parts["keep"]]
-        fill = _scalar(m[parts["fill"]])
+        fill = scalar_value(m[parts["fill"]])
         if fill is not None and parts["rescaled"] in m:  # selected, then scaled with the scores
             fill *= scale
         if fill is None or fill > MASKED_FILL or _tensor(keep) is None or _tensor(keep).dtype != "bool" \
@@ -924,7 +924,7 @@ def _clamps_masked_keys_alone(clip: relax.Call, mask: relax.Expr | None, values:
     below fp16's largest value), and ``mask`` is computed from constants alone and keeps a key (0) in every query's row. The
     attention kernel computes the scores in fp32, where the sum the clamp guards does not
     overflow."""
-    low, high = (_scalar(a) for a in clip.args[1:])
+    low, high = (scalar_value(a) for a in clip.args[1:])
     if mask is None or low is None or high is None or low > MASKED_FILL or high < 65504.0:
         return False
     value = constant_mask(mask, values)
