@@ -253,27 +253,41 @@ def test_gpu_a_symbolic_batch_is_correct_at_every_batch(m, n, k, batch):
     assert error < 2e-3
 
 
-def test_a_batch_of_gemvs_is_planned_as_tensor_core_tiles_past_their_row():
-    """One row in each product (a decode step's per-head scores as ``torch.bmm``): split-K GEMM
-    tiles whose rows past the first are zero-filled, the products' weights streamed once (the
-    padded rows cost tensor-core time, which such a product has to spare); the lone GEMV stays
-    the row GEMV's."""
-    ranking = plan(topi_batch_matmul(32, 1, 1000, 128))
-    assert ranking.family.name == "split_k_gemm"
-    assert ranking.plans[0].bytes["hbm"] < 1.1 * 32 * (1000 * 128 + 128 + 1000 * 2) * 2
+@pytest.mark.parametrize("b, n, k, rows, lanes", [(32, 4096, 128, 32, 8), (256, 2048, 64, 64, 4), (32, 1000, 128, 8, 8)])
+def test_a_batch_of_gemvs_is_a_row_gemv_over_the_batch(b, n, k, rows, lanes):
+    """One row in each product (a decode step's per-head scores as ``torch.bmm``): the row GEMV
+    with the batch axes leading its grid, two vectors of K a lane and CTAs of 256 threads (fewer
+    where N's rows do not divide into them); the split-K GEMM family takes it too, on tiles whose
+    rows past the first are zero-filled, each weight streamed once, and predicts it slower."""
+    from tvm_dsm.families.split_k_gemm import SplitKGemm
     from tvm_dsm.rules.split_k_gemm import GemmShape, check_edges
 
+    func = topi_batch_matmul(b, 1, n, k)
+    ranking = plan(func)
+    assert ranking.family.name == "row_gemv"
+    assert (ranking.best.config.rows_per_cta, ranking.best.config.threads_per_row) == (rows, lanes)
+    family, hw = SplitKGemm(), load_hardware()
+    tiles = family.rank(family.recognize(func), hw)[0]
+    assert tiles.bytes["hbm"] < 1.1 * b * (n * k + k + n * 2) * 2
+    assert tiles.predicted_us > ranking.best.predicted_us
     with pytest.raises(ClusterError, match="M=1 is a GEMV"):
         check_edges(GemmShape(1, 512, 128, True))
 
 
 @pytest.mark.gpu
-def test_gpu_a_batch_of_gemvs_matches_float64():
+@pytest.mark.parametrize("b, n, k", [(32, 1000, 128), (256, 2048, 64), (8, 4096, 128)])
+def test_gpu_a_batch_of_gemvs_matches_float64(b, n, k):
+    """The row GEMV over the batch (tvm_dsm.build's pick) and the split-K family's tiles."""
+    from tvm_dsm.families.split_k_gemm import SplitKGemm
+
+    func = topi_batch_matmul(b, 1, n, k)
+    family, hw = SplitKGemm(), load_hardware()
+    tiles = family.apply(func, family.rank(family.recognize(func), hw)[0].config, hw)
     rng = np.random.default_rng()
-    inputs = [rng.standard_normal((32, 1, 128)), rng.standard_normal((32, 1000, 128))]
-    error = relative_error_on_gpu(topi_batch_matmul(32, 1, 1000, 128), inputs,
-                                  lambda x, w: x @ np.swapaxes(w, -1, -2), (32, 1, 1000), "float16")
-    assert error < 2e-3
+    inputs = [rng.standard_normal((b, 1, k)), rng.standard_normal((b, n, k))]
+    for form in (func, tiles):
+        error = relative_error_on_gpu(form, inputs, lambda x, w: x @ np.swapaxes(w, -1, -2), (b, 1, n), "float16")
+        assert error < 2e-3
 
 
 def test_a_batched_product_is_tuned_in_the_familys_space_and_compiled_from_its_record(tmp_path):

@@ -206,6 +206,43 @@ def test_a_row_gemv_compiles_for_hopper(assemble):
     assemble(lib.mod.imports[0].inspect_source(), "row_gemv")
 
 
+def _batched(batch: tuple, rows: int, n: int, k: int, shared_x: bool = False):
+    """``torch.bmm``-style products over ``batch`` axes, each its own W; ``shared_x``: one x."""
+    from tvm_dsm.workloads.dense import batched_matmul
+
+    return batched_matmul(batch, rows, n, k, shared_x=shared_x)
+
+
+def test_a_batch_of_one_row_products_leads_the_grid_with_its_axes(assemble):
+    """Two batch axes (batch, heads) of one-row products: each CTA's rows within one product, the
+    grid over every product's rows; the kernel assembles for Hopper."""
+    found = find_row_gemv(scheduling_form(_batched((2, 16), 1, 1024, 128)))
+    assert (found.batch, found.rows, found.n, found.k) == (32, 1, 1024, 128)
+    config = default_config(found)
+    assert config == RowGemvConfig(32, 8, 1)
+    source = tvm.compile(schedule_row_gemv(found, config).mod, target=tvm.target.Target(H100)).mod.imports[0].inspect_source()
+    assert f"__launch_bounds__({config.threads})" in source
+    assert "blockIdx.x" in source
+    assemble(source, "batched_row_gemv")
+
+
+@pytest.mark.parametrize("func, reason", [
+    (lambda: _batched((8,), 2, 1024, 128), "one row of each"),
+    (lambda: _batched((8,), 1, 1024, 128, shared_x=True), "reads the row x of each product"),
+])
+def test_a_batch_is_refused_where_its_products_are_not_one_row_each_over_its_own_x(func, reason):
+    with pytest.raises(ClusterError, match=reason):
+        find_row_gemv(scheduling_form(func()))
+
+
+def test_the_column_gemv_refuses_a_batch():
+    from tvm_dsm.rules.column_gemv import find_column_gemv
+    from tvm_dsm.workloads.dense import batched_matmul
+
+    with pytest.raises(ClusterError, match="not a batch"):
+        find_column_gemv(scheduling_form(batched_matmul((8,), 1, 1024, 256, weight_layout="kn")))
+
+
 WAIT = "tvm_builtin_ptx_griddepcontrol_wait();"
 PREFETCH = re.compile(r"prefetch_L2_global\(\(&\((\w+)_ptr\[(.*?)\]\)\), \(uint\)(\d+)\)")
 

@@ -1,4 +1,5 @@
-"""One or two rows of a matmul (a decode batch of one or two) as a GEMV streaming W at HBM speed
+"""One or two rows of a matmul (a decode batch of one or two), or one row of each of a batch of
+products, as a GEMV streaming W at HBM speed
 (:mod:`tvm_dsm.rules.row_gemv`), where the split-K GEMM family's 16-row tensor-core tile would
 compute 15 or 14 rows for nothing (it refuses M = 1), and its clusters' reduction costs a GEMV
 more than the product.
@@ -28,7 +29,7 @@ class RowGemvFamily(ScheduleFamily):
 
     def predict(self, found: Gemv, config: RowGemvConfig, hw: Hardware) -> KernelPlan:
         return roofline(config, {"hbm": sum(buffer_bytes(p) for p in found.func.params)}, {}, hw,
-                        busy=found.n // config.rows_per_cta / hw.sm_count)
+                        busy=found.batch * found.n // config.rows_per_cta / hw.sm_count)
 
     def rank(self, found: Gemv, hw: Hardware) -> list[KernelPlan]:
         default = default_config(found)

@@ -115,6 +115,8 @@ def find_column_gemv(func: tirx.PrimFunc) -> Gemv:
     ``W[k, j]`` and at most one elementwise block (:func:`~.row_gemv.find_gemv`); ClusterError
     naming what differs."""
     found = find_gemv(func, weight_nk=False)
+    if found.batch > 1:
+        raise ClusterError("a column GEMV computes one product, not a batch of them")
     if found.elem_bytes not in MAX_ROWS:
         raise ClusterError(f"a column GEMV takes fp32 and 16-bit operands, not {found.elem_bytes}-byte ones")
     most = MAX_ROWS[found.elem_bytes]

@@ -2,7 +2,9 @@
 one) with its elementwise epilogue, streaming W from HBM with enough loads in flight; or two
 such products over the same row (a SwiGLU's gate and up halves of one fused weight) meeting in
 one epilogue (``silu(gate[j]) * up[j]``). Two rows (a decode batch of two) take the same
-schedule with each lane's vector of W, loaded once, multiplied into both rows' sums.
+schedule with each lane's vector of W, loaded once, multiplied into both rows' sums. A batch of
+one-row products, each over its own W (``torch.bmm`` of a decode step's per-head ``q @ k^T``),
+takes it with the batch axes leading the grid.
 
 Each CTA owns ``rows_per_cta`` rows of W (``threadIdx.y``), of each product; ``threads_per_row``
 lanes (``threadIdx.x``) split each row's K, every lane loading 16-byte vectors of W and x,
@@ -70,6 +72,9 @@ class Gemv:
     epilogue: str | None
     rows: int = 1
     row_alignment: int = 1
+    #: Products of the batch (``torch.bmm`` of one-row products, decode's per-head ``q @ k^T``):
+    #: each its own W, the leading axes of x, W and the output
+    batch: int = 1
 
     @property
     def vector(self) -> int:
@@ -105,7 +110,8 @@ def find_row_gemv(func: tirx.PrimFunc) -> Gemv:
 
 def find_gemv(func: tirx.PrimFunc, weight_nk: bool) -> Gemv:
     """``func`` as one or two reduction blocks, each a product of a few rows of x and a matrix W
-    stored ``[N, K]`` (``weight_nk``) or ``[K, N]`` (:func:`_product_shape`), all of one shape,
+    stored ``[N, K]`` (``weight_nk``) or ``[K, N]`` (:func:`_product_shape`), or of one row of
+    each of a batch of x and W, all of one shape,
     then at most one elementwise block over the rows and columns reading every product where it
     writes (a residual, a bias, a cast; a gated layer's ``silu(gate) * up``), the products its
     own buffers; ClusterError naming what differs. Elementwise blocks feeding only elementwise
@@ -126,16 +132,18 @@ def find_gemv(func: tirx.PrimFunc, weight_nk: bool) -> Gemv:
     shapes = {shape for shape, _ in found}
     if len(shapes) != 1:
         raise ClusterError(f"the products of a GEMV have one shape, got {sorted(shapes)}")
-    ((rows, n, k, elem_bytes),) = shapes
+    ((batch, rows, n, k, elem_bytes),) = shapes
+    if batch > 1 and rows > 1:
+        raise ClusterError("a GEMV over a batch of products computes one row of each")
     products = [block.writes[0].source for block in reductions]
     if any(str(p.dtype) != "float32" for p in products):
         raise ClusterError("a GEMV accumulates in fp32 (sums written in 16 bits are widened first)")
     if any(r.source.same_as(p) for block in reductions for r in block.reads for p in products):
         raise ClusterError("a GEMV's product reads the other's")
     if epilogue is not None:
-        _check_epilogue(func, epilogue, products, rows, n)
+        _check_epilogue(func, epilogue, products, rows, n, batch)
     return Gemv(func, n, k, elem_bytes, tuple(b.name_hint for b in reductions),
-                None if epilogue is None else epilogue.name_hint, rows, math.gcd(*(a for _, a in found)))
+                None if epilogue is None else epilogue.name_hint, rows, math.gcd(*(a for _, a in found)), batch)
 
 
 #: The most rows of x the rule takes, by element bytes: each lane multiplies its vector of W into
@@ -180,22 +188,25 @@ def _dlight_grid_leaves_sms_short(found: Gemv, lanes: int) -> bool:
             and found.n < DLIGHT_GEMV_ROWS * 2 * load_hardware().sm_count)
 
 
-def _product_shape(block, weight_nk: bool) -> tuple[tuple[int, int, int, int], int]:
-    """(rows, columns, K, element bytes) of one reduction block of a GEMV, and the alignment of
-    the elements it reads of each row of W (the elements a row of W holds, and the offset of its
-    first column read, if any: the largest number dividing both). It reads exactly a matrix W
-    (no row index: ``W[j, k]``, K its innermost index, where ``weight_nk``, else ``W[k, j + c]``,
-    the column innermost) and rows ``x[.., k]`` (no column index, K innermost), of one element
-    size; ClusterError naming what differs."""
+def _product_shape(block, weight_nk: bool) -> tuple[tuple[int, int, int, int, int], int]:
+    """(batch, rows, columns, K, element bytes) of one reduction block of a GEMV, and the
+    alignment of the elements it reads of each row of W (the elements a row of W holds, and the
+    offset of its first column read, if any: the largest number dividing both). It reads exactly
+    a matrix W of each product of the batch (no row index: ``W[b.., j, k]``, K its innermost
+    index, where ``weight_nk``, else ``W[b.., k, j + c]``, the column innermost) and rows
+    ``x[b.., .., k]`` (no column index, K innermost), of one element size: the batch axes are
+    the leading axes of W, each indexed by an axis of the block that x's index names too;
+    ClusterError naming what differs."""
     spatial = [v for v in block.iter_vars if v.iter_type == tirx.IterVar.DataPar]
     reduce = [v for v in block.iter_vars if v.iter_type == tirx.IterVar.CommReduce]
     if not all(isinstance(v.dom.extent, tirx.IntImm) for v in (*spatial, *reduce)) or len(reduce) != 1:
         raise ClusterError("a GEMV has constant extents and one reduced axis")
-    outer = [v for v in spatial[:-1] if int(v.dom.extent) != 1]
+    column, depth = spatial[-1].var, reduce[0].var
+    batch = _batch_axes(block, spatial[:-1], column)
+    outer = [v for v in spatial[:-1] if int(v.dom.extent) != 1 and not any(v.same_as(b) for b in batch)]
     rows = int(outer[0].dom.extent) if outer else 1
     if len(spatial) < 2 or len(outer) > 1:
         raise ClusterError("a GEMV computes rows of a matmul (rows, then the columns)")
-    column, depth = spatial[-1].var, reduce[0].var
     n, k = int(spatial[-1].dom.extent), int(reduce[0].dom.extent)
     matrix, row = [], []
     for read in block.reads:
@@ -206,9 +217,13 @@ def _product_shape(block, weight_nk: bool) -> tuple[tuple[int, int, int, int], i
             matrix.append((read.source, indices))
         else:
             row.append((read.source, indices))
-    if len(matrix) != 1 or len(row) != 1 or len(matrix[0][0].ty.shape) != 2:
-        raise ClusterError(f"a GEMV reads one matrix W and one row x[.., k]; got {len(matrix)} and {len(row)}")
+    if len(matrix) != 1 or len(row) != 1 or len(matrix[0][0].ty.shape) != 2 + len(batch):
+        raise ClusterError(f"a GEMV reads one matrix W (of each product of its batch) and one row x[.., k]; "
+                           f"got {len(matrix)} and {len(row)}")
     (w, w_indices), (x, x_indices) = matrix[0], row[0]
+    if not all(any(tvm_ffi.structural_equal(i, b.var) for i in x_indices) for b in batch):
+        raise ClusterError("a GEMV over a batch of products reads the row x of each product")
+    w_indices = w_indices[len(batch):]
     if any(uses(i, v.var) for i in w_indices for v in spatial[:-1]):
         raise ClusterError("a GEMV's W is the same for every row")
     # the row of W a column reads may sit at an offset (a gated layer's halves of one weight)
@@ -223,7 +238,23 @@ def _product_shape(block, weight_nk: bool) -> tuple[tuple[int, int, int, int], i
         raise ClusterError("a GEMV's x and W have one element size (vector loads of both)")
     row_length = int(w.ty.shape[-1])
     offset = int(w_indices[1].b) if not weight_nk and isinstance(w_indices[1], tirx.Add) else 0
-    return (rows, n, k, element_bytes(w)), math.gcd(row_length, offset)
+    return (math.prod(int(b.dom.extent) for b in batch), rows, n, k, element_bytes(w)), math.gcd(row_length, offset)
+
+
+def _batch_axes(block, outer: list, column: tirx.Var) -> list:
+    """The axes of ``outer`` (a reduction block's spatial axes before its column) that are the
+    leading indices of the matrix it reads (the buffer read with the column), beyond its last two:
+    the products of a batch, each over its own W."""
+    matrices = [r for r in block.reads if any(uses(i.min, column) for i in r.region)]
+    if len(matrices) != 1:
+        return []
+    batch = []
+    for index in [i.min for i in matrices[0].region][:-2]:
+        axis = next((v for v in outer if tvm_ffi.structural_equal(index, v.var)), None)
+        if axis is None:
+            break
+        batch.append(axis)
+    return batch
 
 
 def _column_at_offset(index: tirx.PrimExpr, column: tirx.Var) -> bool:
@@ -233,16 +264,19 @@ def _column_at_offset(index: tirx.PrimExpr, column: tirx.Var) -> bool:
     return tvm_ffi.structural_equal(index, column)
 
 
-def _check_epilogue(func: tirx.PrimFunc, epilogue, products: list, rows: int, n: int) -> None:
-    """ClusterError unless ``epilogue`` covers the ``rows`` x ``n`` outputs, reads every product,
-    each exactly at the element it writes, and the products are the function's own buffers."""
+def _check_epilogue(func: tirx.PrimFunc, epilogue, products: list, rows: int, n: int, batch: int = 1) -> None:
+    """ClusterError unless ``epilogue`` covers the ``rows`` x ``n`` outputs (of each product of
+    the ``batch``), reads every product, each exactly at the element it writes, and the products
+    are the function's own buffers."""
     params = list(func.params)
     if any(p.same_as(q) for p in products for q in params):
         raise ClusterError("a GEMV with an epilogue keeps its products in buffers of its own")
     columns = [v for v in epilogue.iter_vars if v.iter_type == tirx.IterVar.DataPar]
     outer = [int(v.dom.extent) for v in columns[:-1] if int(v.dom.extent) != 1]
-    if int(columns[-1].dom.extent) != n or outer not in ([], [rows]) or (rows > 1 and not outer):
-        raise ClusterError(f"a GEMV's epilogue covers its {n} columns of its {rows} row(s)")
+    covered = outer in ([], [rows]) if batch == 1 else math.prod(outer) == batch
+    if int(columns[-1].dom.extent) != n or not covered or (rows > 1 and not outer):
+        raise ClusterError(f"a GEMV's epilogue covers its {n} columns of its {rows} row(s)"
+                           + (f" of each of its {batch} products" if batch > 1 else ""))
     written = epilogue.writes[0].region
     for product in products:
         reads = [r for r in epilogue.reads if r.source.same_as(product)]
@@ -260,12 +294,33 @@ def default_config(found: Gemv) -> RowGemvConfig:
     of at most 4 unrolled loads; each a power of two that divides the extents. QKV 4.9 us
     (dlight's GEMV 5.4), o_proj 4.1 (4.2), the gate/up projection 17.2 (18.3), the down
     projection (K = 8192) 9.8 (11.5); each within 0.1 us of the best configuration."""
-    lanes = _default_lanes(found)
+    if found.batch > 1:
+        lanes = _batch_lanes(found)
+        rows = BATCH_CTA_THREADS // lanes
+    else:
+        lanes = _default_lanes(found)
+        rows = min(8, 512 // lanes)
     per_lane = found.k // found.vector // lanes
     unroll = largest_power_of_two(per_lane, max(1, min(4, per_lane // 2)))
-    config = RowGemvConfig(largest_power_of_two(found.n, max(1, min(8, 512 // lanes))), lanes, unroll)
+    config = RowGemvConfig(largest_power_of_two(found.n, max(1, rows)), lanes, unroll)
     check_config(found, config)
     return config
+
+
+#: Threads of a CTA of a batch of one-row products, two 16-byte vectors of K a lane: their rows
+#: are short (decode's per-head ``q @ k^T``, K the head dimension), and the one-row default's 8
+#: rows of 4 lanes made CTAs of one warp, of which an SM holds 32: on the H200, 32 x 4096 x 128
+#: 20.7 us against 9.3, 64 x 8192 x 128 79.9 against 32.6, 256 x 2048 x 64 80.1 against 17.5
+#: (torch.bmm 10.8, 36.9, 22.0; 32-128 rows of 4-16 lanes measured,
+#: ``bench/results/archive/batched_row_gemv_s92.json``).
+BATCH_CTA_THREADS = 256
+
+
+def _batch_lanes(found: Gemv) -> int:
+    """Lanes of a row of a batch of products: two vectors of K each (the largest power of two
+    dividing K's vectors, at most 128; see :data:`BATCH_CTA_THREADS`)."""
+    vectors = found.k // found.vector
+    return largest_power_of_two(vectors, min(128, max(MIN_LANES, vectors // 2)))
 
 
 def _default_lanes(found: Gemv) -> int:
