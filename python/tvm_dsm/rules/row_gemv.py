@@ -151,7 +151,8 @@ def find_gemv(func: tirx.PrimFunc, weight_nk: bool) -> Gemv:
 #: against the split-K GEMM's 6.0 and 15.3 (torch 6.1, 13.8); at 8 rows it lost on every shape,
 #: the lanes' conversions and multiply-adds bound (H200,
 #: ``bench/results/archive/batched_row_gemv_s58.json``). fp32 has no tensor-core GEMM to lose to
-#: and half the multiply-adds per byte of W: up to 8 rows. fp8 as 16-bit.
+#: and half the multiply-adds per byte of W: up to 8 rows. fp8 as 16-bit. 16-bit at 3 and 4 rows
+#: lost to the split-K GEMM on 6 of 7 layers of 2048-28672 x 2048-8192 (``row_gemv_rows_s92.json``).
 MAX_ROWS = {1: 2, 2: 2, 4: 8}
 #: The fewest lanes any row takes: with one, s_tir binds the rows' loop to threadIdx.x beside the
 #: lane's (the rows' threadIdx.y dropped), and each CTA computed its first row alone (a MoE
