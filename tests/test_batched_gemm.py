@@ -212,6 +212,28 @@ def test_torch_bmm_and_an_expert_einsum_exported_from_torch_reach_the_family():
     assert len(products) == 2 and all(row.where == "split_k_gemm" for row in products), report.format()
 
 
+def test_decode_scores_exported_from_torch_are_row_gemvs_over_the_batch():
+    """A decode step's attention scores as a torch user writes them, one query row a head over
+    the cached keys (``torch.bmm`` over batch x heads, and ``q @ k.transpose(-1, -2)`` over both
+    axes), through ``torch.export`` and tvm-dsm's importer: the report names the row GEMV, and
+    the module builds for Hopper."""
+    torch = pytest.importorskip("torch")
+    from tvm_dsm.model_report import relax_report
+    from tvm_dsm.relax_torch import from_exported_program
+
+    class Scores(torch.nn.Module):
+        def forward(self, q, k, q4, k4):
+            return torch.bmm(q, k.transpose(1, 2)), q4 @ k4.transpose(-1, -2)
+
+    inputs = (torch.randn(32, 1, 128, dtype=torch.float16), torch.randn(32, 1024, 128, dtype=torch.float16),
+              torch.randn(2, 16, 1, 64, dtype=torch.float16), torch.randn(2, 16, 512, 64, dtype=torch.float16))
+    mod = from_exported_program(torch.export.export(Scores().eval(), inputs))
+    report = relax_report(mod)
+    products = [row for row in report.rows if "matmul" in row.name]
+    assert len(products) == 2 and all(row.where == "row_gemv" for row in products), report.format()
+    tvm.compile(mod, target=TARGET, relax_pipeline=relax.get_pipeline("tvm_dsm"))
+
+
 def test_a_symbolic_batch_is_a_kernel_per_range_of_batches():
     """``torch.bmm`` exported with a dynamic batch: one module, a split-K GEMM kernel per range of
     the batch's values (chosen on the host each call), its grid the batch's products' tiles."""
