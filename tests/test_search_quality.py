@@ -127,3 +127,22 @@ def test_merged_search_runs_keep_the_later_row_of_a_workload_and_summarize_them(
     summary = sq.search_summary(merged["rows"])
     assert summary["within_2pct"] == 2 and summary["workloads"] == 2
     assert summary["geomean_gain_over_untuned"] == pytest.approx(3 ** 0.5)
+
+
+def test_a_measured_configuration_the_family_no_longer_plans_has_no_features():
+    """A pool's configuration that today's family refuses (here: an unfused chain's first
+    kernel with more pipeline stages than shared memory holds) cannot be planned, so
+    ``with_features`` leaves it out; the others keep their measurements with this commit's
+    features."""
+    import dataclasses
+
+    from tvm_dsm.driver import plan
+    from tvm_dsm.hardware import load_hardware
+
+    name = "ffn_relu_4096x1024_m128"
+    best = plan(sq.WORKLOADS[name](), load_hardware("h200_sxm")).best.config
+    too_deep = dataclasses.replace(best, gemm0=dataclasses.replace(best.gemm0, stages=64))
+    rows = [{"workload": name, "ok": True, "config": dataclasses.asdict(c), "ours_us": us}
+            for c, us in ((best, 6.0), (too_deep, 5.0))]
+    kept = sq.with_features(rows, "NVIDIA H200")
+    assert [r["ours_us"] for r in kept] == [6.0] and len(kept[0]["features"]) == len(FEATURE_NAMES)

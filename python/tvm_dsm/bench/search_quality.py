@@ -180,7 +180,9 @@ def search(name: str, pool: list[dict], trials: int, top: int = 64, builder=None
 def with_features(rows: list[dict], device: str) -> list[dict]:
     """The measured ``rows`` with the features of their configurations as planned by this
     commit for ``device``, the GPU they were measured on (a pool keeps its configurations and
-    times; the feature vector follows the code)."""
+    times; the feature vector follows the code). A configuration the family no longer plans (a
+    limit added since it was measured) has no features and is left out."""
+    from ..errors import ClusterError
     from ..families import match_family
     from ..hardware import description_for, load_hardware
     from ..families.configs import config_from, examples
@@ -196,7 +198,11 @@ def with_features(rows: list[dict], device: str) -> list[dict]:
         for r in rows:
             if r["workload"] == name and r["ok"]:
                 config = config_from(r["config"], typed)
-                features = plan_features(family.name, config, family.predict(shape, config, hw), hw)
+                try:
+                    planned = family.predict(shape, config, hw)
+                except ClusterError:
+                    continue
+                features = plan_features(family.name, config, planned, hw)
                 out.append({**r, "features": features.tolist(), "m": row_count(shape)})
     return out
 
