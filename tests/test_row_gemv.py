@@ -31,6 +31,15 @@ def _residual_dense(n: int, k: int, rows: int = 1):
     return te.create_prim_func([x, w, r, out])
 
 
+def _dot_product(k: int):
+    """``sum_k x[k] w[k]`` into a scalar: a reduction with no output axis."""
+    x = te.placeholder((k,), "float16", name="x")
+    w = te.placeholder((k,), "float16", name="w")
+    red = te.reduce_axis((0, k), "k")
+    y = te.compute((), lambda: te.sum(x[red].astype("float32") * w[red].astype("float32"), axis=red), name="y")
+    return te.create_prim_func([x, w, y])
+
+
 def _gated_halves(n: int, k: int):
     """One product over a fused [2N, K] gate/up weight, then ``silu(g) * u`` of its halves: the
     epilogue reads the product N columns off the element it writes."""
@@ -130,6 +139,7 @@ def _reversed_epilogue():
     (lambda: dense(8, 2048, 64, "float32"), "8 rows take at least 16 lanes a row"),  # K = 64: 2 lanes
     (lambda: dense(2, 64, 64), "2 rows take at least 4 lanes a row"),  # K = 64: 2 lanes
     (lambda: gemv(2048, 2048), "rows of a matmul"),  # the split-K reduction's
+    (lambda: _dot_product(1024), "rows of a matmul"),  # no spatial axis at all
     (lambda: _gated_halves(1024, 512), "covers its 2048 columns"),  # halves of one product
     (lambda: dense(1, 2048, 2048, weight_layout="kn"), r"as W\[j, k\], K innermost"),
     (_weight_only_int8, "one element size"),

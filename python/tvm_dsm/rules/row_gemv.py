@@ -202,22 +202,21 @@ def _product_shape(block, weight_nk: bool) -> tuple[tuple[int, int, int, int, in
     reduce = [v for v in block.iter_vars if v.iter_type == tirx.IterVar.CommReduce]
     if not all(isinstance(v.dom.extent, tirx.IntImm) for v in (*spatial, *reduce)) or len(reduce) != 1:
         raise ClusterError("a GEMV has constant extents and one reduced axis")
+    if len(spatial) < 2:
+        raise ClusterError("a GEMV computes rows of a matmul (rows, then the columns)")
     column, depth = spatial[-1].var, reduce[0].var
-    batch = _batch_axes(block, spatial[:-1], column)
+    reads = [(read.source, [r.min for r in read.region]) for read in block.reads]
+    matrix = [(source, indices) for source, indices in reads if any(uses(i, column) for i in indices)]
+    row = [(source, indices) for source, indices in reads if not any(uses(i, column) for i in indices)]
+    batch = _batch_axes(matrix[0][1], spatial[:-1]) if len(matrix) == 1 else []
     outer = [v for v in spatial[:-1] if int(v.dom.extent) != 1 and not any(v.same_as(b) for b in batch)]
     rows = int(outer[0].dom.extent) if outer else 1
-    if len(spatial) < 2 or len(outer) > 1:
+    if len(outer) > 1:
         raise ClusterError("a GEMV computes rows of a matmul (rows, then the columns)")
     n, k = int(spatial[-1].dom.extent), int(reduce[0].dom.extent)
-    matrix, row = [], []
-    for read in block.reads:
-        indices = [r.min for r in read.region]
+    for source, indices in reads:
         if not any(uses(i, depth) for i in indices):
-            raise ClusterError(f"a GEMV reads {read.source.name} along K (a factor outside the sum)")
-        if any(uses(i, column) for i in indices):
-            matrix.append((read.source, indices))
-        else:
-            row.append((read.source, indices))
+            raise ClusterError(f"a GEMV reads {source.name} along K (a factor outside the sum)")
     if len(matrix) != 1 or len(row) != 1 or len(matrix[0][0].ty.shape) != 2 + len(batch):
         raise ClusterError(f"a GEMV reads one matrix W (of each product of its batch) and one row x[.., k]; "
                            f"got {len(matrix)} and {len(row)}")
@@ -242,15 +241,12 @@ def _product_shape(block, weight_nk: bool) -> tuple[tuple[int, int, int, int, in
     return (math.prod(int(b.dom.extent) for b in batch), rows, n, k, element_bytes(w)), math.gcd(row_length, offset)
 
 
-def _batch_axes(block, outer: list, column: tirx.Var) -> list:
+def _batch_axes(w_indices: list, outer: list) -> list:
     """The axes of ``outer`` (a reduction block's spatial axes before its column) that are the
-    leading indices of the matrix it reads (the buffer read with the column), beyond its last two:
-    the products of a batch, each over its own W."""
-    matrices = [r for r in block.reads if any(uses(i.min, column) for i in r.region)]
-    if len(matrices) != 1:
-        return []
+    leading indices ``w_indices`` of the matrix it reads, beyond its last two: the products of a
+    batch, each over its own W."""
     batch = []
-    for index in [i.min for i in matrices[0].region][:-2]:
+    for index in w_indices[:-2]:
         axis = next((v for v in outer if tvm_ffi.structural_equal(index, v.var)), None)
         if axis is None:
             break
