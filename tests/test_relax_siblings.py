@@ -71,10 +71,13 @@ def test_sibling_products_off_the_tiles_are_padded(m, n, k):
     assert all(f"y{i}_ptr + " in kernel for i in range(3))
 
 
-def _linear_layer(rows: int, width: int, heads_width: int, later_weight: bool = False) -> tvm.IRModule:
+def _linear_layer(rows: int, width: int, heads_width: int, later_weight: bool = False,
+                  widened_bias: bool = False) -> tvm.IRModule:
     """``q, k, v`` projections (``nn.Linear`` with bias, fp16) of one ``x``, as Relax writes a
     model's layer; ``later_weight``: v's weight is computed (doubled) after q's
-    projection, so its call cannot join the others."""
+    projection, so its call cannot join the others; ``widened_bias``: as torch's importer writes
+    a 16-bit ``Linear`` whose weights stay parameters (the product in fp32, the bias widened to
+    fp32 and added, the sum rounded back), which Relax fuses with the bias's cast first."""
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((rows, width), "float16"))
     ws = [relax.Var(f"w{i}", relax.TensorType((heads_width, width), "float16")) for i in range(3)]
@@ -85,7 +88,12 @@ def _linear_layer(rows: int, width: int, heads_width: int, later_weight: bool = 
             for i, (w, b) in enumerate(zip(ws, bs)):
                 if later_weight and i == 2:
                     w = bb.emit(relax.op.multiply(w, relax.const(2.0, "float16")))
-                outs.append(bb.emit(relax.op.add(relax.op.matmul(x, relax.op.permute_dims(w)), b)))
+                if widened_bias:
+                    product = relax.op.matmul(x, relax.op.permute_dims(w), out_dtype="float32")
+                    y = relax.op.astype(relax.op.add(relax.op.astype(b, "float32"), product), "float16")
+                else:
+                    y = relax.op.add(relax.op.matmul(x, relax.op.permute_dims(w)), b)
+                outs.append(bb.emit(y))
             qkv = bb.emit_output(relax.Tuple(outs))
         bb.emit_func_output(qkv)
     return bb.get()
@@ -98,12 +106,13 @@ def _calls(mod: tvm.IRModule) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("later_weight", [False, True])
-def test_relax_projections_of_one_input_become_one_call(later_weight):
-    """Three projections of one input are one call (computing what they computed, on the CPU);
-    a weight computed after the first projection keeps its projection apart."""
+@pytest.mark.parametrize("later_weight, widened_bias", [(False, False), (True, False), (False, True)])
+def test_relax_projections_of_one_input_become_one_call(later_weight, widened_bias):
+    """Three projections of one input are one call (computing what they computed, on the CPU),
+    also where each function widens its bias before its product; a weight computed after the
+    first projection keeps its projection apart."""
     rows, width = 128, 256
-    mod = _linear_layer(rows, width, width, later_weight)
+    mod = _linear_layer(rows, width, width, later_weight, widened_bias)
     with tvm.target.Target(TARGET):
         lowered = lower_to_tir(mod)
     siblings = [c for c in _calls(lowered) if c.startswith("siblings_")]
@@ -155,10 +164,10 @@ def test_gpu_sibling_products_match_float64(m, n, k, count, dtype, bias, layout)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows", [1024, 1000])
-def test_gpu_relax_projections_of_one_input_match_float64(rows):
+@pytest.mark.parametrize("rows, widened_bias", [(1024, False), (1000, False), (1024, True)])
+def test_gpu_relax_projections_of_one_input_match_float64(rows, widened_bias):
     width = 768
-    mod = _linear_layer(rows, width, width)
+    mod = _linear_layer(rows, width, width, widened_bias=widened_bias)
     coverage = {}
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
     vm = relax.VirtualMachine(tvm.compile(mod, target=target, relax_pipeline=relax.get_pipeline(

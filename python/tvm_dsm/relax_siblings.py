@@ -32,6 +32,7 @@ from .driver import plan
 from .errors import ClusterError
 from .ir import items, substitute, with_block_fields, writes_parameter
 from .rules.split_k_gemm import MAX_SIBLINGS, find_gemm, find_gemm_operands
+from .transform.reductions_first import reductions_first
 
 LOG = logging.getLogger("tvm_dsm.relax")
 
@@ -75,9 +76,17 @@ def _own_definitions(func: tirx.PrimFunc, input_position: int, x: tirx.Buffer, n
     return tirx.PrimFunc(renamed, body, func.ret_type, func.attrs)
 
 
+def _in_dataflow_order(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with its product first (:func:`reductions_first`): Relax fuses a bias widened to
+    fp32 as a block ahead of the product, where :func:`merge_siblings` reads the product first."""
+    return reductions_first(func) or func
+
+
 def _one_product(func: tirx.PrimFunc) -> tuple[int, tuple] | None:
     """(the position of its input X among ``func``'s parameters, the product's shape key) where
-    ``func`` is one GEMM with an epilogue and one output, the form :func:`merge_siblings` takes."""
+    ``func`` (in dataflow order) is one GEMM with an epilogue and one output, the form
+    :func:`merge_siblings` takes."""
+    func = _in_dataflow_order(func)
     if not isinstance(func.body, SBlockRealize):
         return None
     try:
@@ -168,7 +177,7 @@ class _Merger:
         key = tuple(callee.name_hint for callee, _, _ in calls)
         if key in self.merged:
             return self.merged[key]
-        funcs = [self.mod[callee] for callee, _, _ in calls]
+        funcs = [_in_dataflow_order(self.mod[callee]) for callee, _, _ in calls]
         merged = merge_siblings(funcs, [position for _, _, (position, _) in calls])
         name = "siblings_" + "_".join(dict.fromkeys(key))
         alone = [self._predicted(callee.name_hint, f) for (callee, _, _), f in zip(calls, funcs)]
