@@ -105,6 +105,7 @@ class RowNorm:
     stages: tuple  # SBlocks writing out[*rows, k]
     vector: int
     row_stages: tuple = ()  # SBlocks writing out[*rows] from the levels' results (a quantization scale)
+    stage_rows: tuple = ()  # parameters [*rows_shape, width] only the stages read (a residual added after)
 
     @property
     def rows(self):
@@ -212,13 +213,15 @@ def find_row_norm(func: tirx.PrimFunc) -> RowNorm:
     stages = [b for b in stages if len(b.iter_vars) != len(rows_shape)]
     for block in row_stages:
         _check_row_stage(block, params, results, rows_shape)
+    stage_rows: list = []
     for block in stages:
-        _check_stage(block, params, results, held, rows_shape, width)
+        _check_stage(block, params, results, held, stage_rows, rows_shape, width)
     if not any(_reads_held(block, held) for block in stages):
         raise ClusterError("no element-wise stage reads the row again: not a normalization")
-    widest = max(_bytes(b) for b in [*held, *(s.body.buffer for s in stages)])
+    widest = max(_bytes(b) for b in [*held, *stage_rows, *(s.body.buffer for s in stages)])
     vector = largest_power_of_two(width, _LOAD_BYTES // widest)
-    return RowNorm(func, rows_shape, width, tuple(levels), tuple(held), tuple(stages), vector, tuple(row_stages))
+    return RowNorm(func, rows_shape, width, tuple(levels), tuple(held), tuple(stages), vector, tuple(row_stages),
+                   tuple(stage_rows))
 
 
 def _outputs_recomputed(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -258,9 +261,11 @@ def _reads_held(block, held) -> bool:
     return any(ld.source.same_as(h) for ld in loads(block.body.value) for h in held)
 
 
-def _check_stage(block, params, results, held, rows_shape, width) -> None:
+def _check_stage(block, params, results, held, stage_rows, rows_shape, width) -> None:
     """ClusterError unless ``block`` writes a parameter ``out[*rows, k]`` from the held rows, the
-    levels' results of its row and tensors indexed by ``k`` alone (a weight, a bias)."""
+    levels' results of its row, tensors indexed by ``k`` alone (a weight, a bias) and other
+    parameters' rows at its element (a residual added to the normalized row: appended to
+    ``stage_rows``)."""
     store = block.body
     variables = [iv.var for iv in block.iter_vars]
     extents = _extents(iv.dom.extent for iv in block.iter_vars)
@@ -275,9 +280,11 @@ def _check_stage(block, params, results, held, rows_shape, width) -> None:
             if not _reads_row_result(load, row_vars):
                 raise ClusterError(f"{block.name_hint} reads {load}: a level's result of another row")
         elif _is_row_load(load, row_vars, last, rows_shape, width):
-            if not any(load.source.same_as(h) for h in held):
-                raise ClusterError(f"{block.name_hint} reads {load.source.name}'s row, which the statistics do "
-                                   "not: only the held rows are read again")
+            if any(load.source.same_as(h) for h in held + stage_rows):
+                continue
+            if not any(load.source.same_as(p) for p in params):
+                raise ClusterError(f"{block.name_hint} reads {load.source.name}, a row the function computes")
+            stage_rows.append(load.source)
         elif any(uses(i, v) for i in load.indices for v in row_vars):
             raise ClusterError(f"{block.name_hint} reads {load}: only the held rows, the levels' results and "
                                "tensors indexed by the last axis alone")
@@ -490,6 +497,9 @@ class _KernelBody:
                     self.columns[load.source] = B.sblock_alloc_buffer(
                         ((self.q_count if self.hold_columns else 1) * self.vec,), str(load.source.ty.dtype),
                         scope="local")
+        # Rows only the stages read (a residual added after the norm): a piece where it is used.
+        self.stage_rows = {buf: B.sblock_alloc_buffer((self.vec,), str(buf.ty.dtype), scope="local")
+                           for buf in found.stage_rows}
         self.outs = [B.sblock_alloc_buffer((self.vec,), str(b.body.buffer.ty.dtype), scope="local")
                      for b in found.stages]
         self.tx = tx
@@ -590,6 +600,9 @@ class _KernelBody:
 
     def _emit_stages(self, q: int) -> None:
         self._load_columns(q, [block.body.value for block in self.found.stages])
+        for buf, reg in self.stage_rows.items():
+            with B.vectorized(0, self.vec) as e:
+                B.buffer_store(reg, buf[(*self.row, self._column(q) + e)], [e])
         for block, out in zip(self.found.stages, self.outs):
             store = block.body
             *row_vars, last = [iv.var for iv in block.iter_vars]
@@ -646,6 +659,9 @@ class _KernelBody:
             for buf, reg in self.columns.items():
                 if load.source.same_as(buf) and _column_load(load, last_var):
                     return reg[q * self.vec + e if self.hold_columns else e]
+            for buf, reg in self.stage_rows.items():
+                if load.source.same_as(buf) and _is_row_load(load, row_vars, last_var, found.rows_shape, found.width):
+                    return reg[e]
             return load
 
         value = tvm_ffi.structural_map(expr, [(tvm.ir.TensorLoad, bind), (tvm.ir.Call, fast_exp)])
