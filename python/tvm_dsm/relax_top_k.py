@@ -8,7 +8,7 @@ known only when called too (a kernel per range of tokens, :mod:`tvm_dsm.families
 
 :data:`TopKAsRows` replaces an ``R.topk`` of a router's probabilities (the input an
 ``R.nn.softmax`` of a 2-D tensor whose row count is a constant or a variable; the last axis,
-largest first, int32 indices) by a call of a TE function computing the same k values and
+largest first, int32 or int64 indices, as TVM's and torch's importers write them) by a call of a TE function computing the same k values and
 indices (ties to the lower index, as TVM's ``topk`` orders them), where that family takes the
 function; any other ``R.topk`` is left to TVM. Probabilities are never -inf, which the kernel's
 empty slot (the lowest finite value, index -1) ranks above; a NaN, which never enters the
@@ -33,11 +33,13 @@ from .relax_matmuls import add_opaque_function, is_op_call, rewrite_functions
 #: number of CTAs' rows).
 _PROBE_ROWS = 128
 _RANKED = ("float16", "bfloat16", "float32")
+#: Index types of the rewritten calls: the kernel ranks with int32 indices, widened where stored.
+_INDEX_TYPES = ("int32", "int64")
 
 
-def top_k_te(x: te.Tensor, k: int) -> list[te.Tensor]:
+def top_k_te(x: te.Tensor, k: int, index_dtype: str = "int32") -> list[te.Tensor]:
     """The k largest elements of each row of the 2-D ``x`` (in ``x``'s type, best first) and
-    their int32 indices: [values, indices], each [rows, k]."""
+    their indices (computed in int32, stored as ``index_dtype``): [values, indices], each [rows, k]."""
     rows, width = x.shape
     wide = x.dtype != "float32"  # 16-bit values ranked as fp32, which is exact
 
@@ -46,15 +48,15 @@ def top_k_te(x: te.Tensor, k: int) -> list[te.Tensor]:
 
     best = top_k(value, (rows,), int(width), k)  # int32 indices, whatever the shapes' type
     values = te.compute((rows, k), lambda i, c: column(best[:k], i, c).astype(x.dtype), name="values")
-    indices = te.compute((rows, k), lambda i, c: column(best[k:], i, c), name="indices")
+    indices = te.compute((rows, k), lambda i, c: column(best[k:], i, c).astype(index_dtype), name="indices")
     return [values, indices]
 
 
-def family_takes(dtype: str, width: int, k: int) -> bool:
+def family_takes(dtype: str, width: int, k: int, index_dtype: str = "int32") -> bool:
     """Whether the top-k rows family takes the top-k of rows of ``width`` elements of
     ``dtype`` (checked on :func:`top_k_te`'s function at :data:`_PROBE_ROWS` rows)."""
     x = te.placeholder((_PROBE_ROWS, width), dtype, name="x")
-    func = te.create_prim_func([x, *top_k_te(x, k)])
+    func = te.create_prim_func([x, *top_k_te(x, k, index_dtype)])
     try:
         TEMPLATE.configs(find_top_k_rows(func))
     except ClusterError:
@@ -71,9 +73,9 @@ def _rewritable(call: relax.Call, producer) -> bool:
         return False
     rows, width = ty.shape.values
     return (isinstance(rows, (tirx.IntImm, tirx.Var)) and isinstance(width, tirx.IntImm)
-            and int(attrs.axis) in (-1, 1) and bool(attrs.largest) and str(attrs.dtype) == "int32"
+            and int(attrs.axis) in (-1, 1) and bool(attrs.largest) and str(attrs.dtype) in _INDEX_TYPES
             and ty.dtype in _RANKED and 1 <= int(attrs.k) <= int(width)
-            and family_takes(ty.dtype, int(width), int(attrs.k)))
+            and family_takes(ty.dtype, int(width), int(attrs.k), str(attrs.dtype)))
 
 
 @mutator
@@ -87,11 +89,12 @@ class _TopKRewriter(PyExprMutator):
             return call
         rows, width = x.ty.shape.values
         placeholder = te.placeholder((rows, width), x.ty.dtype, name="x")
-        outputs = top_k_te(placeholder, k)
+        index_dtype = str(call.attrs.dtype)
+        outputs = top_k_te(placeholder, k, index_dtype)
         # The function as TE writes it (BlockBuilder.call_te's rewriting of it hides the top-k
         # reduction from the family's recognition), under its own symbol.
         callee = add_opaque_function(self.builder_, te.create_prim_func([placeholder, *outputs]), "top_k")
-        out = [relax.TensorType([rows, k], x.ty.dtype), relax.TensorType([rows, k], "int32")]
+        out = [relax.TensorType([rows, k], x.ty.dtype), relax.TensorType([rows, k], index_dtype)]
         both = self.builder_.emit(relax.call_tir(callee, [x], out))
         ret = str(call.attrs.ret_type)
         if ret == "both":
