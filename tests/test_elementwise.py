@@ -329,15 +329,16 @@ def test_a_reshape_is_left_to_relax():
         match_family(func)
 
 
-def _hf_rotary(batch: int = 2, seq: int = 128, heads: int = 16, dim: int = 64):
+def _hf_rotary(batch: int = 2, seq: int = 128, heads: int = 16, dim: int = 64, tokens: bool = False):
     """Rotary embedding as a torch Llama writes it (Hugging Face's ``apply_rotary_pos_emb``):
     the projection ``[b, s, h * d]`` viewed ``[b, s, h, d]`` and transposed to ``[b, h, s, d]``,
     ``rotate_half`` by two slices, a negation and a concatenation, then ``q * cos + rot * sin``;
-    legalized and fused as Relax compiles it (int64 indices)."""
+    legalized and fused as Relax compiles it (int64 indices). ``tokens``: the projection
+    ``[b * s, h * d]``, as tvm-dsm's pipeline leaves a model's projections (matrices)."""
     from tvm import relax
 
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((batch, seq, heads * dim), "float16"))
+    x = relax.Var("x", relax.TensorType((batch * seq, heads * dim) if tokens else (batch, seq, heads * dim), "float16"))
     cos, sin = (relax.Var(n, relax.TensorType((1, 1, seq, dim), "float16")) for n in ("cos", "sin"))
     with bb.function("main", [x, cos, sin]):
         with bb.dataflow():
@@ -363,6 +364,18 @@ def test_a_rotary_embedding_written_as_torch_does_moves_in_vectors():
     assert match_family(func)[0].name == "elementwise"
     source = tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source()
     assert "*(uint4*)(x_ptr + " in source and "*(uint4*)(T_add_intermediate_ptr + " in source
+
+
+@pytest.mark.parametrize("tokens", [False, True])
+def test_a_rotary_embedding_merged_as_the_relax_pipeline_does_moves_in_vectors(tokens):
+    """The pipeline merges the blocks before the families see them (``scheduling_form``): the
+    second half's index, read under the concatenation's ``d < D / 2`` branch, still carries the
+    reshape's ``(h * 64 + d + 32) % 1024``, which reduces only under the branch's condition."""
+    from tvm_dsm.relax_integration import scheduling_form
+
+    form = scheduling_form(_hf_rotary(tokens=tokens))
+    family, shape = match_family(form)
+    assert family.name == "elementwise" and shape.lanes == 8
 
 
 @pytest.mark.gpu

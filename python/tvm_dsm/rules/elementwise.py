@@ -37,11 +37,12 @@ from dataclasses import dataclass
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
+from tvm.s_tir import SBlock
 from tvm.sym import Analyzer
 from tvm.s_tir.schedule.schedule import ScheduleError
 
 from ..errors import ClusterError
-from ..ir import find_all, is_reduction, substitute, uses
+from ..ir import find_all, is_reduction, substitute, uses, with_block_body
 from ..transform.buffers import element_bytes
 
 #: Bytes a thread moves per access.
@@ -298,12 +299,37 @@ def lanes_and_staging(block: tirx.SBlock) -> tuple[int, bool]:
 
 def simplified(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` with its expressions simplified within their iterators' ranges and the
-    conditions of the branches they sit in (s_tir's ``StmtSimplify``): a rotary embedding
+    conditions of the branches they sit in (s_tir's ``StmtSimplify``, then each
+    ``if_then_else``'s operands under its condition and its negation: StmtSimplify keeps neither
+    where the blocks were merged first, as the Relax pipeline does): a rotary embedding
     written as torch does (a reshape, a transpose, ``rotate_half``'s slices and concatenation)
     reads ``q[(b * 128 + ((d // 64 + s) // 128 + h) // 16 ...) % 256, (... + d % 64 + 32) % 1024]``
     until then, and ``q[b * 128 + s, h * 64 + d + 32]`` under its ``d < 32`` branch after: its
     accesses move along ``d`` in vectors."""
-    return s_tir.transform.StmtSimplify()(tvm.IRModule({"main": func}))["main"]
+    func = s_tir.transform.StmtSimplify()(tvm.IRModule({"main": func}))["main"]
+    return func.with_body(tvm_ffi.structural_map(func.body, [(SBlock, _branches_simplified)]))
+
+
+def _branches_simplified(block: SBlock) -> SBlock:
+    """``block`` with each ``if_then_else``'s operands simplified within the block's iterator
+    ranges under its condition (the first) and the condition's negation (the second)."""
+    if not block.iter_vars:
+        return block
+    analyzer = Analyzer()
+    for iv in block.iter_vars:
+        analyzer.bind(iv.var, iv.dom)
+
+    def branch(call):
+        if not call.op.same_as(IF_THEN_ELSE):
+            return call
+        condition, then, otherwise = call.args
+        with analyzer.constraint_scope(analyzer.simplify(condition)):
+            then = analyzer.simplify(then)
+        with analyzer.constraint_scope(analyzer.simplify(tirx.Not(condition))):
+            otherwise = analyzer.simplify(otherwise)
+        return tirx.if_then_else(condition, then, otherwise)
+
+    return with_block_body(block, tvm_ffi.structural_map(block.body, [(tvm.ir.Call, branch)]))
 
 
 def find_elementwise(func: tirx.PrimFunc) -> tuple[int, list]:
