@@ -527,3 +527,15 @@ def test_dlight_runs_on_a_shallow_stack_under_the_callers_target(monkeypatch):
         scheduled = stock_rules()(tvm.IRModule({"main": dense(128, 256, 256)}))
     assert threads and threading.main_thread() not in threads
     assert "mma" in scheduled.script()
+
+
+def test_the_line_logged_for_a_lowering_error_says_why_not_where():
+    """TVM prints the IR after its reason, a line of carets under the offending statement last."""
+    from tvm_dsm.errors import last_line
+
+    printed = ("ScheduleError: An error occurred in the schedule primitive 'compute_inline'.\n"
+               "Error message: The block violates condition #3\nThe IR with diagnostic is:\n"
+               "    with T.sblock(\"ln\"):\n        ^^^^^^^^^^^^^^^^^^^^^\n")
+    assert last_line(printed) == "Error message: The block violates condition #3"
+    assert last_line("first\n  second  \n^^^^\n") == "second"
+    assert last_line(ValueError()) == "ValueError"

@@ -24,8 +24,17 @@ def passes(check: Callable[..., object], *args) -> bool:
     return True
 
 
+#: How TVM starts the line of an error that says why, where it prints the IR after it.
+_REASON_STARTS = ("Error message:", "error:", "Check failed")
+
+
 def last_line(err: BaseException | str) -> str:
-    """The last non-empty line of an error's message (where TVM puts the reason), or the
-    error's type's name where it has none."""
-    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
-    return lines[-1] if lines else type(err).__name__ if isinstance(err, BaseException) else "(no message)"
+    """The line of an error's message that says why: the last that starts like TVM's reasons
+    (``Error message:``, ``error:``, ``Check failed``), else the last one (where TVM puts the
+    reason), never the carets under a line of the IR TVM prints with it; the error's type's
+    name where it has none."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip().strip("^~ ")]
+    reasons = [line for line in lines if line.startswith(_REASON_STARTS)]
+    if reasons or lines:
+        return (reasons or lines)[-1]
+    return type(err).__name__ if isinstance(err, BaseException) else "(no message)"

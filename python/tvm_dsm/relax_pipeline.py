@@ -45,6 +45,7 @@ from .relax_weights import MarkReadOnlyParams
 from .annotations import LAUNCH_EARLY_KEY
 from .relax_patterns import RowMaxValues, rewrite_widened_products
 from .relax_top_k import TopKAsRows
+from .relax_reshapes import ReshapesAsViews
 from .relax_integration import CRASH_ATTR, FAMILY_ATTR, Choice, ScheduleTIR, lower_to_tir
 
 LOG = logging.getLogger("tvm_dsm.relax")
@@ -201,14 +202,15 @@ def lower_for_scheduling(mod: tvm.IRModule, target: tvm.target.Target, hw: Hardw
                          gated_projections: bool = True) -> tvm.IRModule:
     """``mod`` as the pipeline schedules it: :data:`~tvm_dsm.relax_top_k.TopKAsRows`, library
     dispatch, :func:`lower_to_tir` (``gated_projections``), :func:`use_kv_cache_kernels` (``kv_cache_kernels``),
-    :func:`~tvm_dsm.relax_weights.MarkReadOnlyParams` (weights a kernel may load before it
+    :data:`~tvm_dsm.relax_reshapes.ReshapesAsViews`, :func:`~tvm_dsm.relax_weights.MarkReadOnlyParams` (weights a kernel may load before it
     waits for the previous one). Tuning
     extracts its tasks from this module, so that the records match the functions compiled."""
     with target:
         # before library dispatch, which would give R.topk to TVM's sort
         mod = TopKAsRows(RowMaxValues(mod))
         mod = tvm.transform.Sequential(cuda_pipeline.library_dispatch_passes(target))(mod)
-        return MarkReadOnlyParams(use_kv_cache_kernels(lower_to_tir(mod, gated_projections), hw, kv_cache_kernels))
+        return MarkReadOnlyParams(use_kv_cache_kernels(ReshapesAsViews(lower_to_tir(mod, gated_projections)), hw,
+                                                       kv_cache_kernels))
 
 
 def widened_products(mod: tvm.IRModule) -> dict[str, int]:

@@ -1,0 +1,99 @@
+"""Reshapes over symbolic extents read in place.
+
+Relax lowers ``R.reshape`` to a copy (TOPI's ``reshape``), and its ``RewriteDataflowReshape``
+turns a call of that copy back into a view where ``has_reshape_pattern`` proves the indices a
+reshape's. tvm-dsm's pipeline computes a symbolic model's products over a token matrix whose
+rows are one variable (:mod:`tvm_dsm.relax_matmuls`: ``rows``, cast from ``b * s``), and the
+reshape back to ``[b, s, h]`` reads ``x[(i * s + j) % rows, k]``: no analysis can drop that
+modulus, so a ``relax.frontend.nn`` model copied the output of every such product.
+:data:`ReshapesAsViews` calls ``R.reshape`` instead (a view, which the VM makes) where the
+callee is TOPI's reshape of its input to its output's shape (rebuilt at the function's own
+extents and compared) and the call's input and output hold the same number of elements, the
+row variables read as what the function cast them from; Relax's own rewrite keeps the rest.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import tvm
+import tvm_ffi
+from tvm import relax, te, tirx, topi
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+
+
+def is_topi_reshape(func: tirx.PrimFunc) -> bool:
+    """Whether ``func`` (one input, one output of its type) is TOPI's reshape of its input to
+    its output's shape."""
+    if len(func.params) != 2 or not all(isinstance(p.ty, tirx.buffer.BufferType) for p in func.params):
+        return False
+    source, target = (p.ty for p in func.params)
+    if source.dtype != target.dtype or len(target.shape) == 0:
+        return False
+    x = te.placeholder(list(source.shape), str(source.dtype), name="x")
+    written = te.create_prim_func([x, topi.reshape(x, list(target.shape))])
+    return tvm_ffi.structural_equal(written.body, func.body, map_free_vars=True)
+
+
+def _count(shape, defined: dict) -> tirx.PrimExpr:
+    """The elements of ``shape``, its variables read as the extents they were cast from."""
+    dims = [tirx.Cast("int64", defined.get(d, d) if isinstance(d, tirx.Var) else d) for d in shape]
+    return functools.reduce(lambda a, b: a * b, dims, tirx.const(1, "int64"))
+
+
+def _cast_extents(func: relax.Function) -> dict:
+    """Each extent variable a ``match_cast`` of ``func`` defines where its value's extent was an
+    expression (``rows`` from ``b * s``), by that expression."""
+    defined = {}
+
+    def visit(binding):
+        if isinstance(binding, relax.MatchCast) and isinstance(binding.value.ty, relax.TensorType):
+            cast, value = binding.struct_info.shape, binding.value.ty.shape
+            if isinstance(cast, relax.ShapeExpr) and isinstance(value, relax.ShapeExpr):
+                for new, old in zip(cast.values, value.values):
+                    if isinstance(new, tirx.Var) and not new.same_as(old):
+                        defined[new] = old
+
+    for block in func.body.blocks if isinstance(func.body, relax.SeqExpr) else []:
+        for binding in block.bindings:
+            visit(binding)
+    return defined
+
+
+@mutator
+class _Views(PyExprMutator):
+    def __init__(self, mod: tvm.IRModule):
+        super().__init__(mod)
+        self.mod = mod
+        self.defined: dict = {}
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - TVM visitor name
+        call = super().visit_call_(call)
+        if not (call.op.same_as(_CALL_TIR) and isinstance(call.args[0], tvm.ir.GlobalVar)
+                and isinstance(call.args[1], relax.Tuple) and len(call.args[1].fields) == 1
+                and isinstance(call.ty, relax.TensorType) and isinstance(call.ty.shape, relax.ShapeExpr)):
+            return call
+        data = call.args[1].fields[0]
+        callee = self.mod[call.args[0]]
+        if (not isinstance(callee, tirx.PrimFunc) or not isinstance(data.ty, relax.TensorType)
+                or not isinstance(data.ty.shape, relax.ShapeExpr) or relax.analysis.has_reshape_pattern(callee)
+                or not is_topi_reshape(callee)):
+            return call
+        if not tvm.sym.Analyzer().can_prove_equal(_count(data.ty.shape.values, self.defined),
+                                                  _count(call.ty.shape.values, self.defined)):
+            return call
+        return relax.op.reshape(data, call.ty.shape)
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvm_dsm.ReshapesAsViews")
+def ReshapesAsViews(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass style
+    """``mod`` with the calls of TOPI reshapes that Relax cannot read in place made views (see
+    the module docstring), the functions no longer called removed."""
+    views = _Views(mod)
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            views.defined = _cast_extents(func)
+            views.builder_.update_func(gv, views.visit_expr(func))
+    return relax.transform.DeadCodeElimination()(views.builder_.get())
