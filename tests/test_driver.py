@@ -384,13 +384,14 @@ def _int8_products():
     return te.create_prim_func([x, w, y])
 
 
-def _gate_and_up_columns_of_one_product():
-    """``silu(c[:, j]) * c[:, j + 1024]`` of one product: an epilogue reading two columns."""
+def _two_columns_of_one_product():
+    """``silu(c[:, j]) * c[:, j + 1]`` of one product: an epilogue reading two columns (not a
+    fused gate/up weight's halves, which the GEMM family takes as two products)."""
     x, w = te.placeholder((128, 512), "float16", name="x"), te.placeholder((2048, 512), "float16", name="w")
     k = te.reduce_axis((0, 512), name="k")
     c = te.compute((128, 2048), lambda i, j: te.sum(x[i, k].astype("float32") * w[j, k].astype("float32"), axis=k),
                    name="c")
-    h = te.compute((128, 1024), lambda i, j: (c[i, j] * te.sigmoid(c[i, j]) * c[i, j + 1024]).astype("float16"),
+    h = te.compute((128, 1024), lambda i, j: (c[i, j] * te.sigmoid(c[i, j]) * c[i, j + 1]).astype("float16"),
                    name="h")
     return te.create_prim_func([x, w, h])
 
@@ -442,7 +443,7 @@ def _batch_of_one_row_products():
     return te.create_prim_func([a, b, topi.nn.batch_matmul(a, b)])
 
 
-@pytest.mark.parametrize("make", [_int8_products, _gate_and_up_columns_of_one_product, _product_to_two_outputs,
+@pytest.mark.parametrize("make", [_int8_products, _two_columns_of_one_product, _product_to_two_outputs,
                                   _batch_of_one_row_products])
 def test_functions_the_families_refuse_and_dlight_fails_on_still_build(make):
     """Written by users (sweeps of independently written functions): dlight's tensor-core
@@ -471,8 +472,8 @@ def test_a_function_nothing_schedules_is_refused_with_both_reasons():
 
 
 def test_an_epilogue_reading_another_column_of_its_product_is_refused_by_the_gemm_families():
-    with pytest.raises(ClusterError, match=r"split_k_gemm: the epilogue h reads c\[v_i, v_j \+ 1024\], not the element"):
-        tvm_dsm.plan(_gate_and_up_columns_of_one_product())
+    with pytest.raises(ClusterError, match=r"split_k_gemm: the epilogue h reads c\[v_i, v_j \+ 1\], not the element"):
+        tvm_dsm.plan(_two_columns_of_one_product())
 
 
 def test_a_family_schedule_that_fails_is_a_warning_and_a_stock_build(monkeypatch, caplog):

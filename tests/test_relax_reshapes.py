@@ -8,7 +8,7 @@ import tvm
 from tvm import relax, te, tirx, topi
 
 from tvm_dsm.relax_integration import lower_to_tir
-from tvm_dsm.relax_reshapes import ReshapesAsViews, is_topi_reshape
+from tvm_dsm.relax_reshapes import ReshapesAsViews, is_layout_copy, is_topi_reshape
 
 from conftest import LLVM, TARGET
 
@@ -25,6 +25,20 @@ def test_a_reshape_is_recognized_and_nothing_else():
     x = te.placeholder((rows, 64), "float16", name="x")
     assert not is_topi_reshape(te.create_prim_func([x, topi.transpose(x)]))
     assert not is_topi_reshape(te.create_prim_func([x, topi.negative(x)]))
+
+
+def test_a_transpose_of_a_unit_axis_is_a_layout_copy_and_a_real_transpose_is_not():
+    """``[B, H, 1, D]`` to ``[B, 1, H, D]`` (a decode query put in ``[B, S, H, D]`` order),
+    fused with a multiply by one as Relax leaves it after moving attention's scale, moves no
+    element; a multiply by two computes, and swapping two axes of more than one element moves."""
+    q = te.placeholder((4, 32, 1, 128), "float16", name="q")
+    moved = topi.transpose(q, (0, 2, 1, 3))
+    def times(c):
+        return te.create_prim_func([q, te.compute(moved.shape, lambda *i: moved(*i) * tirx.const(c, "float16"))])
+
+    assert is_layout_copy(times(1.0)) and not is_layout_copy(times(2.0))
+    x = te.placeholder((4, 32, 2, 128), "float16", name="x")
+    assert not is_layout_copy(te.create_prim_func([x, topi.transpose(x, (0, 2, 1, 3))]))
 
 
 def _mlp():

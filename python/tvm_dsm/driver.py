@@ -37,6 +37,7 @@ from .transform.generate_kernels import mark_generated, recorded_config
 from .transform.host_sorts import refuse_host_loops, refuse_host_sorts, router_top_k
 from .transform.rows_as_matrix import has_row_axes, over_original_tensors, rows_as_matrix
 from .transform.split_operators import merge_operators, split_operators
+from .transform.product_halves import products_of_halves
 from .transform.product_order import products_in_gemm_order
 from .transform.reductions_first import reductions_first
 from .transform.widen_accumulation import widen_accumulation
@@ -92,12 +93,16 @@ def _forms(func: tirx.PrimFunc) -> Iterator[tuple[tirx.PrimFunc, str | None]]:
     accumulate in 16 bits (:mod:`tvm_dsm.transform.widen_accumulation`); its blocks with
     reductions first where they are written in another order
     (:mod:`tvm_dsm.transform.reductions_first`); both; then the same of its products in the
-    GEMM families' order (:mod:`tvm_dsm.transform.product_order`). Each is made when it is
-    asked for."""
+    GEMM families' order (:mod:`tvm_dsm.transform.product_order`), and of a product over a fused
+    gate/up weight as the gated layer's two products (:mod:`tvm_dsm.transform.product_halves`).
+    Each is made when it is asked for."""
     yield from _rewritten_forms(func, None)
     ordered = products_in_gemm_order(func)
     if ordered is not None:
         yield from _rewritten_forms(ordered, "its products' iterators and operands in the GEMM order")
+    halves = products_of_halves(ordered or func)
+    if halves is not None:
+        yield from _rewritten_forms(halves, "its product over a fused gate/up weight as the gated layer's two products")
 
 
 def _rewritten_forms(base: tirx.PrimFunc, how: str | None) -> Iterator[tuple[tirx.PrimFunc, str | None]]:

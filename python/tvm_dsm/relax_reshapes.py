@@ -9,7 +9,9 @@ modulus, so a ``relax.frontend.nn`` model copied the output of every such produc
 :data:`ReshapesAsViews` calls ``R.reshape`` instead (a view, which the VM makes) where the
 callee is TOPI's reshape of its input to its output's shape (rebuilt at the function's own
 extents and compared) and the call's input and output hold the same number of elements, the
-row variables read as what the function cast them from; Relax's own rewrite keeps the rest.
+row variables read as what the function cast them from, or where the callee's blocks merged
+into one copy the input in memory order (:func:`is_layout_copy`); Relax's own rewrite keeps the
+rest.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ import tvm
 import tvm_ffi
 from tvm import relax, te, tirx, topi
 from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from .ir import root_blocks
+from .relax_chains import merge_elementwise
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
@@ -35,6 +40,34 @@ def is_topi_reshape(func: tirx.PrimFunc) -> bool:
     x = te.placeholder(list(source.shape), str(source.dtype), name="x")
     written = te.create_prim_func([x, topi.reshape(x, list(target.shape))])
     return tvm_ffi.structural_equal(written.body, func.body, map_free_vars=True)
+
+
+def is_layout_copy(func: tirx.PrimFunc) -> bool:
+    """Whether ``func``, its blocks merged into one, copies its one input's elements to its
+    output in memory order (each element's offset in the input is its offset in the output): a
+    transpose of unit axes (``[B, H, 1, D]`` to ``[B, 1, H, D]``), perhaps fused with a multiply
+    by a scale an earlier rewrite made 1, which Relax's own analysis does not read as a view."""
+    if len(func.params) != 2 or not all(isinstance(p.ty, tirx.buffer.BufferType) for p in func.params):
+        return False
+    blocks = root_blocks(merge_elementwise(func))
+    store = blocks[0].body if len(blocks) == 1 else None
+    source, target = func.params
+    if not (isinstance(store, tirx.BufferStore) and store.buffer.same_as(target)
+            and isinstance(store.value, tvm.ir.TensorLoad) and store.value.source.same_as(source)
+            and source.ty.dtype == target.ty.dtype):
+        return False
+    analyzer = tvm.sym.Analyzer()
+    for iv in blocks[0].iter_vars:
+        analyzer.bind(iv.var, iv.dom)
+    return (analyzer.can_prove_equal(_count(source.ty.shape, {}), _count(target.ty.shape, {}))
+            and analyzer.can_prove_equal(_offset(store.value.indices, source.ty.shape),
+                                         _offset(store.indices, target.ty.shape)))
+
+
+def _offset(indices, shape) -> tirx.PrimExpr:
+    """The row-major offset of ``indices`` in a tensor of ``shape``."""
+    return functools.reduce(lambda offset, pair: offset * tirx.Cast("int64", pair[1]) + tirx.Cast("int64", pair[0]),
+                            zip(indices, shape), tirx.const(0, "int64"))
 
 
 def _count(shape, defined: dict) -> tirx.PrimExpr:
@@ -78,13 +111,12 @@ class _Views(PyExprMutator):
         data = call.args[1].fields[0]
         callee = self.mod[call.args[0]]
         if (not isinstance(callee, tirx.PrimFunc) or not isinstance(data.ty, relax.TensorType)
-                or not isinstance(data.ty.shape, relax.ShapeExpr) or relax.analysis.has_reshape_pattern(callee)
-                or not is_topi_reshape(callee)):
+                or not isinstance(data.ty.shape, relax.ShapeExpr) or relax.analysis.has_reshape_pattern(callee)):
             return call
-        if not tvm.sym.Analyzer().can_prove_equal(_count(data.ty.shape.values, self.defined),
-                                                  _count(call.ty.shape.values, self.defined)):
-            return call
-        return relax.op.reshape(data, call.ty.shape)
+        if is_layout_copy(callee) or (is_topi_reshape(callee) and tvm.sym.Analyzer().can_prove_equal(
+                _count(data.ty.shape.values, self.defined), _count(call.ty.shape.values, self.defined))):
+            return relax.op.reshape(data, call.ty.shape)
+        return call
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.ReshapesAsViews")
