@@ -5,6 +5,8 @@ batch index, or shared by all."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import tvm
@@ -154,14 +156,44 @@ def test_gpu_every_cluster_size_reduces_each_product_alone(cluster):
     assert error < 2e-3
 
 
+def _experts_over_shared_tokens(rows):
+    """A mixture of experts' up projection as Relax legalizes a Mixtral block's prefill: the
+    sequence's tokens ``x[1, S, K]`` (a unit batch axis in front) by each expert's weight
+    ``w[E, N, K]``, accumulated in fp16 as written (the pipeline widens it)."""
+    x = te.placeholder((1, rows, 256), "float16", name="x")
+    w = te.placeholder((8, 384, 256), "float16", name="w")
+    r = te.reduce_axis((0, 256), "r")
+    y = te.compute((8, rows, 384), lambda e, i, j: te.sum(x[0, i, r] * w[e, j, r], axis=r), name="y")
+    return te.create_prim_func([x, w, y])
+
+
+SYMBOLIC_BATCHES = {
+    "bmm": (lambda m: batched_matmul((4,), m, 512, 256), lambda rows: [(4, rows, 256), (4, 512, 256)], (4, 512)),
+    "experts": (_experts_over_shared_tokens, lambda rows: [(1, rows, 256), (8, 384, 256)], (8, 384)),
+}
+
+
+@pytest.mark.parametrize("form", SYMBOLIC_BATCHES)
+def test_a_batch_over_a_symbolic_row_count_is_a_tma_kernel_a_range(form, caplog):
+    """Each range's kernel copies its tiles by TMA: the batch index of a CTA, ``bx // (ceil(S /
+    16) * n)``, and the padded rows' bound are proven inside the tensors where the grid runs
+    (it is empty at S = 0, so the divisor is positive); before, the copies did not lower and
+    the function went to dlight."""
+    builder = SYMBOLIC_BATCHES[form][0]
+    with caplog.at_level(logging.INFO, logger="tvm_dsm"):
+        source = tvm_dsm.build(builder(tirx.Var("m", "int32"))).mod.imports[0].inspect_source()
+    assert "falls back" not in caplog.text and "bulk_tensor_3d" in source
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("form", SYMBOLIC_BATCHES)
 @pytest.mark.parametrize("rows", [1, 5, 64, 300])
-def test_gpu_a_symbolic_row_count_is_correct_at_every_row_count(rows):
-    m = tirx.Var("m", "int32")
-    func = batched_matmul((4,), m, 512, 256)
+def test_gpu_a_symbolic_row_count_is_correct_at_every_row_count(form, rows):
+    builder, shapes, (batch, n) = SYMBOLIC_BATCHES[form]
+    func = builder(tirx.Var("m", "int32"))
     rng = np.random.default_rng(rows)
-    inputs = [rng.standard_normal((4, rows, 256)), rng.standard_normal((4, 512, 256))]
-    error = relative_error_on_gpu(func, inputs, lambda x, w: x @ np.swapaxes(w, -1, -2), (4, rows, 512), "float16")
+    inputs = [rng.standard_normal(s) for s in shapes(rows)]
+    error = relative_error_on_gpu(func, inputs, lambda x, w: x @ np.swapaxes(w, -1, -2), (batch, rows, n), "float16")
     assert error < 2e-3
 
 

@@ -320,6 +320,8 @@ def find_gemm_operands(block: tirx.SBlock, fused_weight: bool = False,
         x_vars = x_vars[axes * by_batch[0]:]
         w_nk_vars, w_vars = w_nk_vars[axes * by_batch[1]:], w_vars[axes * by_batch[1]:]
         shared = None if all(by_batch) else "x"
+        if shared:  # the shared tokens may keep unit axes in front ([1, S, K] read at [0, s, k])
+            x_vars = x_vars[_leading_unit_axes(x):]
     if not _indexed_by(x_vars, (i, k)):
         raise ClusterError(f"{block.name_hint}: the first operand must be indexed [i, k]")
     weight_nk = _indexed_by(w_nk_vars, (j, k))
@@ -336,6 +338,16 @@ def find_gemm_operands(block: tirx.SBlock, fused_weight: bool = False,
     copied = bool(block.annotations.get(COPIED_OPERANDS_KEY, False))
     return GemmShape(m, n, depth, weight_nk, dtype, operands_copied=copied, batch=batch,
                      shared_operand=shared), (x.source, w.source)
+
+
+def _leading_unit_axes(region) -> int:
+    """How many leading axes of ``region``'s tensor have extent 1 and are read at 0."""
+    count = 0
+    for dim, r in zip(region.source.ty.shape[:-2], region.region[:-2]):
+        if not (isinstance(dim, tirx.IntImm) and int(dim) == 1 and isinstance(r.min, tirx.IntImm) and int(r.min) == 0):
+            break
+        count += 1
+    return count
 
 
 def batch_axes(block: tirx.SBlock) -> int:

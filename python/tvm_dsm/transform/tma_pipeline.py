@@ -53,6 +53,7 @@ past the edge; the mbarrier still counts the whole box's bytes (:func:`zero_fill
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import tvm
@@ -111,7 +112,8 @@ class TileCopy:
         load = store.value if isinstance(store, tirx.BufferStore) else None
         if load is not None and not isinstance(load, tvm.ir.TensorLoad):
             load = zero_filled_load(load, [*outer, *loops], lets)
-        if not isinstance(load, tvm.ir.TensorLoad) or not analyzer.can_prove(realize.predicate):
+        if not isinstance(load, tvm.ir.TensorLoad) or not (
+                analyzer.can_prove(realize.predicate) or _holds_where_run(realize, sources, [*outer, *loops], lets)):
             raise ClusterError(f"TMA copy {realize.block.name_hint}: not a plain, unpredicated copy, "
                                "nor one whose predicate says only that it reads inside the tensor")
         self.name = realize.block.name_hint
@@ -188,11 +190,58 @@ def zero_filled_load(value, loops: list, lets: list = ()):
     in_tensor = tirx.const(True, "bool")
     for index, extent in zip(load.indices, load.source.shape):
         in_tensor = tirx.And(in_tensor, tirx.And(index >= 0, index < _tightest(extent, analyzer)))
-    with analyzer.constraint_scope(in_tensor):
-        sufficient = analyzer.can_prove(inside)
-    with analyzer.constraint_scope(inside):
-        necessary = analyzer.can_prove(in_tensor)
+    with contextlib.ExitStack() as known:
+        known.enter_context(analyzer.constraint_scope(running_extents([load.source], loops)))
+        with analyzer.constraint_scope(in_tensor):
+            sufficient = analyzer.can_prove(inside)
+        with analyzer.constraint_scope(inside):
+            necessary = analyzer.can_prove(_quotients_as_products(in_tensor, analyzer))
     return load if sufficient and necessary else None
+
+
+def _holds_where_run(realize, sources: list, loops: list, lets: list) -> bool:
+    """Whether ``realize``'s predicate holds wherever it runs: over the ranges of ``loops`` (the
+    loops around it, thread bindings included) and what they imply of the tensors' extents
+    (:func:`running_extents`), quotients bounded as products (:func:`_quotients_as_products`)."""
+    analyzer = Analyzer()
+    for let in lets:
+        analyzer.bind(let.var, let.value)
+    for loop in loops:
+        analyzer.bind(loop.loop_var, Range.from_min_extent(loop.min, loop.extent))
+    with analyzer.constraint_scope(running_extents([*sources, *_loads_of(realize.block.body)], loops)):
+        return analyzer.can_prove(_quotients_as_products(realize.predicate, analyzer))
+
+
+def _quotients_as_products(condition, analyzer: Analyzer):
+    """``condition`` with each ``a // d < c`` written ``a < c * d`` where ``d`` is provably
+    positive (the same then): a batch index of a symbolic grid, ``bx // (ceil(S / 16) * 56) < 8``,
+    which the analyzer does not bound through the division."""
+    def rewrite(lt):
+        if isinstance(lt.a, tirx.FloorDiv) and analyzer.can_prove(lt.a.b > 0):
+            return tirx.LT(lt.a.a, lt.b * lt.a.b)
+        return lt
+
+    return tvm_ffi.structural_map(condition, [(tirx.LT, rewrite)])
+
+
+def _loads_of(stmt) -> list:
+    """The tensors ``stmt`` reads."""
+    return [ld.source for ld in find_all(stmt, tvm.ir.TensorLoad)]
+
+
+def running_extents(tensors: list, loops: list):
+    """What a statement's running implies of the variables in ``tensors``' shapes: each is an
+    extent, at least 0, and at least 1 where at 0 it empties one of ``loops``, the loops around
+    the statement (a grid over a batch of products' symbolic rows, ``bx % (ceil(S / 16) * 56)``,
+    is empty at S = 0, so a CTA runs only where that divisor is positive)."""
+    holds = tirx.const(True, "bool")
+    variables = {v.name: v for t in tensors for d in getattr(t.ty, "shape", None) or ()
+                 for v in tirx.analysis.undefined_vars(d)}
+    for var in variables.values():
+        at_zero = [Analyzer().simplify(substitute(loop.extent, [(var, tirx.const(0, var.ty))])) for loop in loops]
+        empties = any(isinstance(e, tirx.IntImm) and int(e) <= 0 for e in at_zero)
+        holds = tirx.And(holds, var >= (1 if empties else 0))
+    return holds
 
 
 def _tightest(extent, analyzer: Analyzer):
