@@ -9,7 +9,7 @@ import tempfile
 import numpy as np
 import pytest
 import tvm
-from tvm import te, topi
+from tvm import te, tirx, topi
 from tvm.ir.utils import derived_object
 from tvm.script import tirx as T
 from tvm.s_tir import meta_schedule as ms
@@ -369,7 +369,7 @@ def test_another_family_displaces_the_most_specific_only_by_the_margin():
 @pytest.mark.parametrize("shape", [(0, 64, 64), (4, 64, 0)], ids=["no_rows", "no_depth"])
 def test_a_tensor_of_no_elements_is_refused_by_name(shape):
     """Stock TVM fails on these too (a schedule error, an internal check): the error names the
-    tensor and its zero extent instead."""
+    tensor and its zero extent besides."""
     for make in (lambda: tvm_dsm.build(dense(*shape), {"kind": "cuda", "arch": "sm_90a"}),
                  lambda: tvm_dsm.plan(dense(*shape))):
         with pytest.raises(ClusterError, match=r"an extent of 0 \(no elements\)"):
@@ -540,3 +540,52 @@ def test_the_line_logged_for_a_lowering_error_says_why_not_where():
     assert last_line(printed) == "Error message: The block violates condition #3"
     assert last_line("first\n  second  \n^^^^\n") == "second"
     assert last_line(ValueError()) == "ValueError"
+
+
+@T.prim_func(s_tir=True)
+def _weight_at_an_offset(a: T.Buffer((128, 512), "float16"), wh: T.handle, c: T.Buffer((128, 256), "float32")):
+    w = T.match_buffer(wh, (256, 512), "float16", elem_offset=64)
+    for i, j, k in T.grid(128, 256, 512):
+        with T.sblock("mm"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                c[vi, vj] = T.float32(0)
+            c[vi, vj] = c[vi, vj] + T.Cast("float32", a[vi, vk]) * T.Cast("float32", w[vj, vk])
+
+
+def test_a_parameter_at_an_element_offset_goes_to_the_stock_schedule():
+    """A TMA tensor map (and a template kernel's pointer) starts at the parameter's data pointer,
+    which an element offset moves: a weight declared 64 elements in was read 64 early. The
+    families refuse such a parameter by name, and the build is TVM's stock schedule, which
+    indexes past the offset."""
+    with pytest.raises(ClusterError, match=r"w \(elem_offset 64\): tvm-dsm's kernels address a parameter"):
+        tvm_dsm.plan(_weight_at_an_offset)
+    source = tvm_dsm.build(_weight_at_an_offset).mod.imports[0].inspect_source()
+    assert "__global__" in source and "bulk_tensor" not in source
+
+
+def test_an_extent_that_is_an_expression_of_variables_builds_with_the_stock_schedule():
+    """``a[n * m]``: the families take symbolic extents that are variables; TVM's stock schedule
+    takes this one, and the build falls back to it rather than refusing."""
+    n, m = tirx.Var("n", "int32"), tirx.Var("m", "int32")
+    a = te.placeholder((n * m,), "float32", name="a")
+    func = te.create_prim_func([a, te.compute((n * m,), lambda i: te.exp(a[i]), name="c"), n, m])
+    assert "__global__" in tvm_dsm.build(func).mod.imports[0].inspect_source()
+
+
+def test_a_sum_over_an_empty_axis_builds_with_the_stock_schedule():
+    """``c[i] = sum over a[i, 0:0]`` is zeros, which TVM's stock schedule computes: no family
+    plans it, the build falls back rather than refusing."""
+    a = te.placeholder((64, 0), "float32", name="a")
+    k = te.reduce_axis((0, 0), "k")
+    func = te.create_prim_func([a, te.compute((64,), lambda i: te.sum(a[i, k], axis=k), name="c")])
+    with pytest.raises(ClusterError, match=r"an extent of 0"):
+        tvm_dsm.plan(func)
+    assert "__global__" in tvm_dsm.build(func).mod.imports[0].inspect_source()
+
+
+def test_a_reduction_without_an_init_is_refused_by_name():
+    """``c += a @ b`` adds to what c held: a family's kernel, which starts each sum from zero,
+    would drop it (the GEMM families' rfactor refused it only later, as a schedule error)."""
+    with pytest.raises(ClusterError, match="update: a reduction without an init adds to what its output held"):
+        tvm_dsm.plan(_update_without_init)

@@ -26,7 +26,7 @@ from .families import ScheduleFamily, fastest_family, match_family, matching_fam
 from .families.row_ranges import RangeKernel, dispatch, range_kernels, range_specializations
 from .hardware import H100, Hardware, load_hardware
 from .intrin import register_all
-from .ir import block_allocations, extent_variables, narrow_indices
+from .ir import block_allocations, extent_variables, find_all, narrow_indices
 from .learned_ranking import rerank
 from .local_measure import local_builder, local_runner
 from .planners.report import Plan
@@ -272,12 +272,13 @@ def build(func: tirx.PrimFunc, target=H100, *, database: ms.Database | None = No
     func = router_top_k(func) or func
     refuse_host_sorts(func)
     refuse_host_loops(func)
-    refuse_empty_tensors(func)
+    refuse_empty_tensors(func, outputs_only=True)
     func = _public(func)
     recorded = _recorded(database, func, target)
     if recorded is not None:
         return tvm.compile(replay(recorded[1].trace, recorded[0]).mod, target=target)
     try:
+        refuse_empty_tensors(func)
         if extent_variables(func):
             return tvm.compile(schedule_row_ranges(func, target, hw, database)[1].mod, target=target)
         ranking = plan(func, hw, target)
@@ -326,8 +327,11 @@ def _compiled_fallback(func: tirx.PrimFunc, target, reason: ClusterError, hw: Ha
         return tvm.compile(_fallback_schedule(func, target, reason, hw).mod, target=target)
     except (ClusterError, *FAMILY_FAILURES) as lowering:  # a tvm-dsm kernel of an operator does not lower
         LOG.warning("the fallback with tvm-dsm's families does not lower (%s)", last_line(lowering))
-    narrowed = narrow_indices(func) if extent_variables(func) else func
-    operators = _operators(narrowed)
+    try:
+        narrowed = narrow_indices(func) if extent_variables(func) else func
+    except ClusterError:  # an extent that is an expression of variables: dlight's whole
+        narrowed = None
+    operators = _operators(narrowed) if narrowed is not None else []
     if len(operators) >= 2:
         try:
             scheduled = _per_operator(narrowed, operators, target, hw, True)
@@ -351,12 +355,15 @@ def _unschedulable(reason: ClusterError, dlight: str) -> ClusterError:
                         f"tvm-dsm: {reason}\ndlight: {dlight}")
 
 
-def refuse_empty_tensors(func: tirx.PrimFunc) -> None:
-    """ClusterError naming the parameters of ``func`` with a constant extent of 0: no elements,
-    nothing for a kernel to compute (TVM's stock schedules refuse such a function too, with an
-    error of their own)."""
+def refuse_empty_tensors(func: tirx.PrimFunc, outputs_only: bool = False) -> None:
+    """ClusterError naming the parameters of ``func`` (``outputs_only``: those it writes) with a
+    constant extent of 0: no elements, nothing for a family's kernel to compute. :func:`build`
+    refuses an empty output (its kernel would launch no CTA, which CUDA refuses when it runs)
+    and leaves an empty input to TVM's stock schedule (a sum over an empty axis is zeros)."""
+    written = [s.buffer for s in find_all(func.body, tirx.BufferStore)]
     empty = [f"{p.name}{[int(d) if isinstance(d, tirx.IntImm) else str(d) for d in p.ty.shape]}"
-             for p in func.params if any(isinstance(d, tirx.IntImm) and int(d) == 0 for d in getattr(p.ty, "shape", ()))]
+             for p in func.params if any(isinstance(d, tirx.IntImm) and int(d) == 0 for d in getattr(p.ty, "shape", ()))
+             and (not outputs_only or any(p.same_as(w) for w in written))]
     if empty:
         raise ClusterError(f"{', '.join(empty)}: an extent of 0 (no elements); a kernel needs at least one")
 

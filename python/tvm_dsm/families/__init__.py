@@ -12,10 +12,12 @@ from typing import Any
 import tvm
 from tvm import tirx
 
+from tvm.s_tir import SBlock
 from tvm.s_tir.schedule.schedule import ScheduleError
 
 from ..errors import ClusterError
 from ..hardware import Hardware
+from ..ir import find_all
 from ..transform.generate_kernels import register_generator
 from .attention import Attention
 from .base import ScheduleFamily
@@ -129,6 +131,10 @@ def fastest_family(matches: Sequence[tuple[ScheduleFamily, Any]], hw: Hardware,
     return min(faster, key=lambda r: r[2][0].predicted_us) if faster else ranked[0]
 
 
+def _at_zero_offset(offset) -> bool:
+    return offset is None or (isinstance(offset, tirx.IntImm) and int(offset) == 0)
+
+
 def matching_families(func: tirx.PrimFunc, target: Any = None, families: Sequence[ScheduleFamily] | None = None,
                       first: bool = False, refused: list[str] | None = None) -> list[tuple[ScheduleFamily, Any]]:
     """Every family of ``families`` (default :data:`FAMILIES`) whose pattern ``func`` holds, in
@@ -148,6 +154,16 @@ def matching_families(func: tirx.PrimFunc, target: Any = None, families: Sequenc
     large = int32_overflows(func)
     if large:
         raise ClusterError(f"tvm-dsm's kernels index in int32; {', '.join(large)} hold 2^31 elements or more")
+    accumulating = [b.name_hint for b in find_all(func.body, SBlock)
+                    if b.init is None and any(iv.iter_type == tirx.IterVar.CommReduce for iv in b.iter_vars)]
+    if accumulating:
+        raise ClusterError(f"{', '.join(accumulating)}: a reduction without an init adds to what its output "
+                           "held before the call; the families compute it from its identity")
+    offset = [f"{p.name} (elem_offset {p.ty.elem_offset})" for p in func.params
+              if not _at_zero_offset(getattr(p.ty, "elem_offset", None))]
+    if offset:
+        raise ClusterError(f"{', '.join(offset)}: tvm-dsm's kernels address a parameter from its first element "
+                           "(TMA tensor maps, the template kernels' pointers); TVM's stock schedules take an offset")
     reasons, found = [], []
     for family in FAMILIES if families is None else families:
         try:

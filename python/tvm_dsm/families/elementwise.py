@@ -14,10 +14,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import tvm
 from tvm import relax, s_tir, tirx
 
 from ..errors import ClusterError
 from ..hardware import Hardware
+from ..ir import loads, root_blocks
 from ..rules.elementwise import ElementwiseConfig, find_elementwise, schedule_elementwise
 from ..transform.buffers import buffer_bytes
 from .base import ScheduleFamily
@@ -40,6 +42,21 @@ class ElementwiseShape:
     lanes: int
 
 
+def _loads_per_element(func: tirx.PrimFunc) -> dict:
+    """How many loads of each parameter one element of the function's blocks makes (the most
+    over its blocks; every block's elements are at most the outputs')."""
+    found: dict = {}
+    for block in root_blocks(func):
+        counts: dict = {}
+        for load in loads(block.body):
+            param = next((p for p in func.params if load.source.same_as(p)), None)
+            if param is not None:
+                counts[param] = counts.get(param, 0) + 1
+        for param, n in counts.items():
+            found[param] = max(found.get(param, 0), n)
+    return found
+
+
 def _constant(buffer) -> bool:
     return all(isinstance(d, tirx.IntImm) for d in buffer.ty.shape)
 
@@ -59,8 +76,13 @@ class Elementwise(ScheduleFamily):
                                "(rules.elementwise.vector_lanes): left to dlight")
         params = [p for p in func.params if hasattr(p.ty, "shape") and _constant(p)]
         outputs = [p for p in params if any(w.same_as(p) for w in written)]
-        return ElementwiseShape(sum(buffer_bytes(p) for p in params),
-                                sum(math.prod(int(d) for d in p.ty.shape) for p in outputs), lanes)
+        elements = sum(math.prod(int(d) for d in p.ty.shape) for p in outputs)
+        read = _loads_per_element(func)
+        # an input is read whole at most, and at most its loads a written element (a gather
+        # reads the rows it takes, not the table)
+        return ElementwiseShape(sum(buffer_bytes(p) if p in outputs else min(
+            buffer_bytes(p), elements * read.get(p, 0) * tvm.DataType(str(p.ty.dtype)).bits // 8) for p in params),
+            elements, lanes)
 
     def predict(self, shape: ElementwiseShape, config: ElementwiseConfig, hw: Hardware) -> KernelPlan:
         ctas = math.ceil(shape.elements / shape.lanes / (config.threads * config.vectors_per_thread))

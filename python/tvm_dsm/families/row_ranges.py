@@ -130,8 +130,9 @@ def range_kernels(func: tirx.PrimFunc, target: Any, hw: Hardware,
         except ClusterError as err:
             if families is None:
                 raise
-            raise ClusterError(f"{sorted(v.name for v in variables)} are symbolic, which only "
-                               f"{[f.name for f in families]} take: {err}") from None
+            raise ClusterError(f"{len(variables)} extents are symbolic ({sorted(v.name for v in variables)}): "
+                               f"of the families that take one symbolic row count, only "
+                               f"{[f.name for f in families]} take several: {err}") from None
         if not family.symbolic_rows:
             raise ClusterError(f"{family.name} (the family of {var.name} = {rows}) schedules constant "
                                f"extents only; {var.name} is symbolic")
