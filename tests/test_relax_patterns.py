@@ -477,6 +477,33 @@ def test_k_transposed_into_heads_then_its_last_axes_is_attention():
     assert "relax.nn.attention" in ops and "relax.nn.softmax" not in ops, ops
 
 
+def test_a_batched_product_viewed_straight_to_the_tokens_is_a_four_d_matmul():
+    """Hugging Face's eager decode: the weighted sum over ``[batch * heads]`` views, viewed back
+    to ``[B, H, 1, D]``, transposed to ``[B, 1, H, D]`` (a unit axis moved) and viewed as the
+    tokens ``[B, 1, H * D]``: the view rewrites fold the back-view and the transpose into one
+    reshape, so the product is viewed straight to the tokens; it is still Relax's 4-D ``matmul``
+    (no batched views copied), then that reshape, the same values on llvm."""
+    from tvm_dsm.relax_patterns import RewriteToRelaxOps
+
+    bb = relax.BlockBuilder()
+    p = relax.Var("p", relax.TensorType((2, 4, 1, 16), "float16"))
+    v = relax.Var("v", relax.TensorType((2, 4, 16, 8), "float16"))
+    with bb.function("main", [p, v]):
+        with bb.dataflow():
+            out = _bmm(bb, p, v, (2, 4, 1, 8))
+            out = bb.emit(relax.op.permute_dims(out, [0, 2, 1, 3]))
+            out = bb.emit_output(relax.op.reshape(out, (2, 1, 32)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    rewritten = RewriteToRelaxOps(mod)
+    assert "relax.broadcast_to" not in _ops(rewritten) and "relax.matmul" in _ops(rewritten)
+    rng = np.random.default_rng(4)
+    args = [rng.standard_normal(s).astype("float16") for s in ((2, 4, 1, 16), (2, 4, 16, 8))]
+    got, want = (relax.VirtualMachine(tvm.compile(m, target=LLVM), tvm.cpu())["main"](
+        *(tvm.runtime.tensor(a) for a in args)).numpy().astype(np.float64) for m in (rewritten, mod))
+    assert np.array_equal(got, want)
+
+
 def _head_rows_attention(scale_twice: bool) -> tvm.IRModule:
     """GPT-BigCode's multi-query attention as torch exports it: q ``[2, 16, 4 * 64]`` viewed as
     rows ``[2, 64, 64]`` (token-major, heads inside), scores against one KV head ``k^T [2, 64,

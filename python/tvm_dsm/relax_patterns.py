@@ -472,19 +472,28 @@ def rewrite_batched_views(func: relax.Function) -> relax.Function:
 
     def replacement(orig, m):
         tys = [_tensor(e) for e in (m[a], m[b], orig, m[product])]
-        if any(t is None for t in tys) or [t.ndim for t in tys] != [4, 4, 4, 3]:
+        if any(t is None for t in tys) or [t.ndim for t in (tys[0], tys[1], tys[3])] != [4, 4, 3]:
             return orig
-        (a_ty, b_ty, out_ty, _), analyzer = tys, Analyzer()
-        lead = out_ty.shape.values[:2]
-        for ty in (a_ty, b_ty):  # each operand's batch axes equal the output's, or 1
+        (a_ty, b_ty, out_ty, product_ty), analyzer = tys, Analyzer()
+        # the batch axes: each operand's, or 1 where the other's is broadcast to it
+        lead = [d if not analyzer.can_prove_equal(d, 1) else e for d, e in zip(a_ty.shape.values[:2],
+                                                                              b_ty.shape.values[:2])]
+        for ty in (a_ty, b_ty):
             if not all(analyzer.can_prove_equal(d, o) or analyzer.can_prove_equal(d, 1)
                        for d, o in zip(ty.shape.values[:2], lead)):
                 return orig
-        if not all(analyzer.can_prove_equal(x, y) for x, y in zip(
-                out_ty.shape.values[2:], (a_ty.shape.values[2], b_ty.shape.values[3]))):
+        rows, columns = a_ty.shape.values[2], b_ty.shape.values[3]
+        if not (analyzer.can_prove_equal(product_ty.shape.values[0], lead[0] * lead[1])
+                and analyzer.can_prove_equal(product_ty.shape.values[1], rows)
+                and analyzer.can_prove_equal(product_ty.shape.values[2], columns)):
             return orig
         out = relax.op.matmul(m[a], m[b], out_dtype=m[product].attrs.out_dtype)
-        return relax.op.astype(out, m[cast].attrs.dtype) if cast in m else out
+        out = relax.op.astype(out, m[cast].attrs.dtype) if cast in m else out
+        shape = out_ty.shape.values
+        if len(shape) == 4 and all(analyzer.can_prove_equal(x, y) for x, y in zip(shape, (*lead, rows, columns))):
+            return out
+        # viewed back to another shape of its elements (a later view folded into this one)
+        return relax.op.reshape(out, out_ty.shape)
     return _rewrite(root, replacement, func)
 
 
