@@ -9,7 +9,7 @@ import tempfile
 import numpy as np
 import pytest
 import tvm
-from tvm import te, tirx, topi
+from tvm import s_tir, te, tirx, topi
 from tvm.ir.utils import derived_object
 from tvm.script import tirx as T
 from tvm.s_tir import meta_schedule as ms
@@ -542,15 +542,19 @@ def test_the_line_logged_for_a_lowering_error_says_why_not_where():
     assert last_line(ValueError()) == "ValueError"
 
 
-@T.prim_func(s_tir=True)
-def _weight_at_an_offset(a: T.Buffer((128, 512), "float16"), wh: T.handle, c: T.Buffer((128, 256), "float32")):
-    w = T.match_buffer(wh, (256, 512), "float16", elem_offset=64)
-    for i, j, k in T.grid(128, 256, 512):
-        with T.sblock("mm"):
-            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-            with T.init():
-                c[vi, vj] = T.float32(0)
-            c[vi, vj] = c[vi, vj] + T.Cast("float32", a[vi, vk]) * T.Cast("float32", w[vj, vk])
+def _gemm_with_weight(offset: int, row_stride: int):
+    """``c = a @ w^T`` with ``w`` [256, 512] declared ``offset`` elements into its data, rows
+    ``row_stride`` elements apart."""
+    @T.prim_func(s_tir=True)
+    def gemm(a: T.Buffer((128, 512), "float16"), wh: T.handle, c: T.Buffer((128, 256), "float32")):
+        w = T.match_buffer(wh, (256, 512), "float16", elem_offset=offset, strides=(row_stride, 1))
+        for i, j, k in T.grid(128, 256, 512):
+            with T.sblock("mm"):
+                vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                with T.init():
+                    c[vi, vj] = T.float32(0)
+                c[vi, vj] = c[vi, vj] + T.Cast("float32", a[vi, vk]) * T.Cast("float32", w[vj, vk])
+    return gemm
 
 
 def test_a_parameter_at_an_element_offset_goes_to_the_stock_schedule():
@@ -559,8 +563,8 @@ def test_a_parameter_at_an_element_offset_goes_to_the_stock_schedule():
     families refuse such a parameter by name, and the build is TVM's stock schedule, which
     indexes past the offset."""
     with pytest.raises(ClusterError, match=r"w \(elem_offset 64\): tvm-dsm's kernels address a parameter"):
-        tvm_dsm.plan(_weight_at_an_offset)
-    source = tvm_dsm.build(_weight_at_an_offset).mod.imports[0].inspect_source()
+        tvm_dsm.plan(_gemm_with_weight(64, 512))
+    source = tvm_dsm.build(_gemm_with_weight(64, 512)).mod.imports[0].inspect_source()
     assert "__global__" in source and "bulk_tensor" not in source
 
 
@@ -589,3 +593,14 @@ def test_a_reduction_without_an_init_is_refused_by_name():
     would drop it (the GEMM families' rfactor refused it only later, as a schedule error)."""
     with pytest.raises(ClusterError, match="update: a reduction without an init adds to what its output held"):
         tvm_dsm.plan(_update_without_init)
+
+
+def test_a_strided_weight_is_refused_by_the_gemm_family_and_built_by_the_stock_schedule():
+    """Rows 1024 elements apart in a [256, 512] weight: the split-K GEMM's copies read contiguous
+    rows, so it refuses the function by name (it ranked configurations none of which lowered)."""
+    from tvm_dsm.rules.split_k_gemm import find_gemm
+
+    assert find_gemm(s_tir.Schedule(_gemm_with_weight(0, 512)))  # the row-major strides declared
+    with pytest.raises(ClusterError, match="w is strided"):
+        find_gemm(s_tir.Schedule(_gemm_with_weight(0, 1024)))
+    assert "__global__" in tvm_dsm.build(_gemm_with_weight(0, 1024)).mod.imports[0].inspect_source()

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import LoopRV, SBlockRV
+from tvm.sym import Analyzer
 
 from ..errors import ClusterError
 from ..hardware import Hardware
@@ -327,6 +328,10 @@ def find_gemm_operands(block: tirx.SBlock, fused_weight: bool = False,
     weight_nk = _indexed_by(w_nk_vars, (j, k))
     if not weight_nk and not _indexed_by(w_vars, (k, j)):
         raise ClusterError(f"{block.name_hint}: the second operand must be indexed [j, k] or [k, j]")
+    strided = [r.source.name for r in (x, w) if not _contiguous(r.source)]
+    if strided:
+        raise ClusterError(f"{block.name_hint}: {', '.join(strided)} is strided; the split-K GEMM's tiles "
+                           "are copied from contiguous rows (TMA tensor maps, 16-byte cp.async)")
     dtypes = {str(x.source.ty.dtype), str(w.source.ty.dtype)}
     if len(dtypes) != 1 or not dtypes <= set(operand_types):
         raise ClusterError(f"the GEMM multiplies two operands of one type among "
@@ -338,6 +343,19 @@ def find_gemm_operands(block: tirx.SBlock, fused_weight: bool = False,
     copied = bool(block.annotations.get(COPIED_OPERANDS_KEY, False))
     return GemmShape(m, n, depth, weight_nk, dtype, operands_copied=copied, batch=batch,
                      shared_operand=shared), (x.source, w.source)
+
+
+def _contiguous(buffer) -> bool:
+    """Whether ``buffer`` declares no strides, or the row-major ones of its shape."""
+    strides = list(getattr(buffer.ty, "strides", None) or ())
+    if not strides:
+        return True
+    expected, analyzer = [], Analyzer()
+    running = tirx.const(1, strides[-1].ty.dtype)
+    for extent in reversed(buffer.ty.shape):
+        expected.insert(0, running)
+        running = running * extent
+    return all(analyzer.can_prove_equal(s, e) for s, e in zip(strides, expected))
 
 
 def _leading_unit_axes(region) -> int:
