@@ -558,11 +558,11 @@ def _gemm_with_weight(offset: int, row_stride: int):
 
 
 def test_a_parameter_at_an_element_offset_goes_to_the_stock_schedule():
-    """A TMA tensor map (and a template kernel's pointer) starts at the parameter's data pointer,
-    which an element offset moves: a weight declared 64 elements in was read 64 early. The
-    families refuse such a parameter by name, and the build is TVM's stock schedule, which
-    indexes past the offset."""
-    with pytest.raises(ClusterError, match=r"w \(elem_offset 64\): tvm-dsm's kernels address a parameter"):
+    """The split-K GEMM addressed its operands' shared-memory tiles with the tensor's element
+    offset added (and its TMA maps started at the data pointer): a weight declared 64 elements
+    in was read wrong. The family refuses such an operand by name, and the build is TVM's stock
+    schedule, which indexes past the offset."""
+    with pytest.raises(ClusterError, match=r"w \(elem_offset 64\): the split-K GEMM's tensor-core operands"):
         tvm_dsm.plan(_gemm_with_weight(64, 512))
     source = tvm_dsm.build(_gemm_with_weight(64, 512)).mod.imports[0].inspect_source()
     assert "__global__" in source and "bulk_tensor" not in source
@@ -604,3 +604,17 @@ def test_a_strided_weight_is_refused_by_the_gemm_family_and_built_by_the_stock_s
     with pytest.raises(ClusterError, match="w is strided"):
         find_gemm(s_tir.Schedule(_gemm_with_weight(0, 1024)))
     assert "__global__" in tvm_dsm.build(_gemm_with_weight(0, 1024)).mod.imports[0].inspect_source()
+
+
+def test_a_tensor_map_starts_at_the_tensors_first_element():
+    """A source declared at an element offset (``nn.llm``'s kernels declare every parameter so,
+    its value bound when called) is mapped from its data pointer plus that offset's bytes; one at
+    offset 0 from the pointer itself."""
+    from tvm_dsm.transform.tma_pipeline import encode_tensor_map
+
+    offset = tirx.Var("q_elem_offset", "int32")
+    shifted = tirx.decl_buffer((4096, 128), "float16", name="q", elem_offset=offset)
+    plain = tirx.decl_buffer((4096, 128), "float16", name="k")
+    tensor_map = tirx.Var("q_tensormap", "handle")
+    assert "handle_add_byte_offset(q.data, q.elem_offset * 2)" in str(encode_tensor_map(tensor_map, shifted, 64, 64, 0))
+    assert "handle_add_byte_offset" not in str(encode_tensor_map(tensor_map, plain, 64, 64, 0))

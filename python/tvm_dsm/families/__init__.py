@@ -131,10 +131,6 @@ def fastest_family(matches: Sequence[tuple[ScheduleFamily, Any]], hw: Hardware,
     return min(faster, key=lambda r: r[2][0].predicted_us) if faster else ranked[0]
 
 
-def _at_zero_offset(offset) -> bool:
-    return offset is None or (isinstance(offset, tirx.IntImm) and int(offset) == 0)
-
-
 def matching_families(func: tirx.PrimFunc, target: Any = None, families: Sequence[ScheduleFamily] | None = None,
                       first: bool = False, refused: list[str] | None = None) -> list[tuple[ScheduleFamily, Any]]:
     """Every family of ``families`` (default :data:`FAMILIES`) whose pattern ``func`` holds, in
@@ -159,11 +155,6 @@ def matching_families(func: tirx.PrimFunc, target: Any = None, families: Sequenc
     if accumulating:
         raise ClusterError(f"{', '.join(accumulating)}: a reduction without an init adds to what its output "
                            "held before the call; the families compute it from its identity")
-    offset = [f"{p.name} (elem_offset {p.ty.elem_offset})" for p in func.params
-              if not _at_zero_offset(getattr(p.ty, "elem_offset", None))]
-    if offset:
-        raise ClusterError(f"{', '.join(offset)}: tvm-dsm's kernels address a parameter from its first element "
-                           "(TMA tensor maps, the template kernels' pointers); TVM's stock schedules take an offset")
     reasons, found = [], []
     for family in FAMILIES if families is None else families:
         try:

@@ -328,6 +328,11 @@ def find_gemm_operands(block: tirx.SBlock, fused_weight: bool = False,
     weight_nk = _indexed_by(w_nk_vars, (j, k))
     if not weight_nk and not _indexed_by(w_vars, (k, j)):
         raise ClusterError(f"{block.name_hint}: the second operand must be indexed [j, k] or [k, j]")
+    offset = [f"{r.source.name} (elem_offset {r.source.ty.elem_offset})" for r in (x, w)
+              if not _at_zero_offset(getattr(r.source.ty, "elem_offset", None))]
+    if offset:
+        raise ClusterError(f"{block.name_hint}: {', '.join(offset)}: the split-K GEMM's tensor-core operands are "
+                           "addressed in shared memory as if their tensor started at its first element")
     strided = [r.source.name for r in (x, w) if not _contiguous(r.source)]
     if strided:
         raise ClusterError(f"{block.name_hint}: {', '.join(strided)} is strided; the split-K GEMM's tiles "
@@ -343,6 +348,10 @@ def find_gemm_operands(block: tirx.SBlock, fused_weight: bool = False,
     copied = bool(block.annotations.get(COPIED_OPERANDS_KEY, False))
     return GemmShape(m, n, depth, weight_nk, dtype, operands_copied=copied, batch=batch,
                      shared_operand=shared), (x.source, w.source)
+
+
+def _at_zero_offset(offset) -> bool:
+    return offset is None or (isinstance(offset, tirx.IntImm) and int(offset) == 0)
 
 
 def _contiguous(buffer) -> bool:

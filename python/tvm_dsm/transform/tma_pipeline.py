@@ -297,9 +297,13 @@ def encode_tensor_map(tensor_map: tirx.Var, source: tirx.Buffer, rows: int, cols
     dims = [shape[a] for a in axes]
     strides = [element_strides[a] * elem_bytes for a in axes[1:]]
     box = [cols if a == rank - 1 else rows if a == row_axis else 1 for a in axes]
+    # the map starts at the tensor's first element: past the data pointer by its element offset
+    offset = getattr(source.ty, "elem_offset", None)
+    start = source.data if offset is None or (isinstance(offset, tirx.IntImm) and int(offset) == 0) else \
+        tirx.call_intrin("handle", "tirx.handle_add_byte_offset", source.data, offset * elem_bytes)
     encode = tirx.Evaluate(tirx.call_packed(
         "runtime.cuTensorMapEncodeTiled", tensor_map, str(source.ty.dtype), rank,
-        source.data, *dims, *strides, *box, *([1] * rank),
+        start, *dims, *strides, *box, *([1] * rank),
         0, _SWIZZLE_128B, _L2_PROMOTION_256B, 0))
     symbolic = [d for d in dims if not isinstance(d, int)]
     if not symbolic:
