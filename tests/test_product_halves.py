@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tvm
 from tvm import te
+from tvm.script import tirx as T
 
 import tvm_dsm
 from tvm_dsm.ir import root_blocks
@@ -63,3 +64,55 @@ def test_the_user_form_is_planned_as_a_gated_gemm():
     ranking = tvm_dsm.plan(_fused_gate_up(256, 8192, 2048))
     assert ranking.family.name == "split_k_gemm"
     assert (ranking.shape.products, ranking.shape.outputs) == (2, 1)
+
+
+@T.prim_func(s_tir=True)
+def _product_updated_in_place(x: T.Buffer((4, 16), "float32"), w: T.Buffer((32, 16), "float32"),
+                              out: T.Buffer((4, 16), "float32")):
+    y = T.sblock_alloc_buffer((4, 32))
+    for i, j, k in T.grid(4, 32, 16):
+        with T.sblock("y"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                y[vi, vj] = T.float32(0)
+            y[vi, vj] = y[vi, vj] + x[vi, vk] * w[vj, vk]
+    for i, j in T.grid(4, 32):
+        with T.sblock("scale"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            y[vi, vj] = y[vi, vj] * T.float32(2)
+    for i, j in T.grid(4, 16):
+        with T.sblock("out"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            out[vi, vj] = y[vi, vj] * y[vi, vj + 16]
+
+
+@T.prim_func(s_tir=True)
+def _columns_on_a_split_loop(x: T.Buffer((4, 16), "float32"), w: T.Buffer((32, 16), "float32"),
+                             out: T.Buffer((4, 16), "float32")):
+    y = T.sblock_alloc_buffer((4, 32))
+    for i, j0, j1, k in T.grid(4, 4, 8, 16):
+        with T.sblock("y"):
+            vi = T.axis.spatial(4, i)
+            vj = T.axis.spatial(32, j0 * 8 + j1)
+            vk = T.axis.reduce(16, k)
+            with T.init():
+                y[vi, vj] = T.float32(0)
+            y[vi, vj] = y[vi, vj] + x[vi, vk] * w[vj, vk]
+    for i, j in T.grid(4, 16):
+        with T.sblock("out"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            out[vi, vj] = y[vi, vj] * y[vi, vj + 16]
+
+
+def test_products_it_cannot_split_in_halves_are_left_as_written():
+    """W times itself (its rows are read at the row index too: shifting W's loads would shift
+    both), a later update of Y in place (it reads both halves' columns as one tensor), and
+    columns bound to a split loop (no one loop to narrow)."""
+    n, k = 8, 16
+    w = te.placeholder((2 * n, k), "float32", name="w")
+    r = te.reduce_axis((0, k), name="r")
+    y = te.compute((2 * n, 2 * n), lambda i, j: te.sum(w[i, r] * w[j, r], axis=r), name="y")
+    gram = te.create_prim_func([w, te.compute((2 * n, n), lambda i, j: y[i, j] * y[i, j + n], name="out")])
+    assert products_of_halves(gram) is None
+    assert products_of_halves(_columns_on_a_split_loop) is None
+    assert products_of_halves(_product_updated_in_place) is None

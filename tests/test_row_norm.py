@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tvm
 from tvm import relax, te, topi
+from tvm.script import tirx as T
 
 import tvm_dsm
 from tvm_dsm.errors import ClusterError
@@ -408,3 +409,31 @@ def test_the_softmax_suite_times_what_build_picks_beside_the_other_schedules():
     picks = [v.name for v in variants if v.plan["planner"]]
     assert picks == ["softmax_4096x4096_row_norm", "softmax_16384x1024_row_norm", "softmax_1024x32000_row_norm"]
     assert {v.extra["schedule"] for v in variants} == {"row_norm", "fused_rows", "dlight"}
+
+
+@T.prim_func(s_tir=True)
+def _norm_then_residual_in_place(x: T.Buffer((64, 4096), "float32"), w: T.Buffer((4096,), "float32"),
+                                 r: T.Buffer((64, 4096), "float32"), o: T.Buffer((64, 4096), "float32")):
+    ss = T.sblock_alloc_buffer((64,))
+    for i, k in T.grid(64, 4096):
+        with T.sblock("ss"):
+            vi, vk = T.axis.remap("SR", [i, k])
+            with T.init():
+                ss[vi] = T.float32(0)
+            ss[vi] = ss[vi] + x[vi, vk] * x[vi, vk]
+    for i, k in T.grid(64, 4096):
+        with T.sblock("norm"):
+            vi, vk = T.axis.remap("SS", [i, k])
+            o[vi, vk] = x[vi, vk] * T.rsqrt(ss[vi] / T.float32(4096) + T.float32(1e-5)) * w[vk]
+    for i, k in T.grid(64, 4096):
+        with T.sblock("add_residual"):
+            vi, vk = T.axis.remap("SS", [i, k])
+            o[vi, vk] = o[vi, vk] + r[vi, vk]
+
+
+def test_a_row_a_stage_writes_is_not_read_at_the_element():
+    """``o = norm(x); o += r`` as two blocks: the second stage's ``o`` is the first stage's
+    result, but a row read at the element is loaded before the stages run (it would add r to
+    o's prior contents): refused by name."""
+    with pytest.raises(ClusterError, match="reads o's row, which a stage writes"):
+        find_row_norm(_norm_then_residual_in_place)

@@ -201,10 +201,11 @@ def lower_for_scheduling(mod: tvm.IRModule, target: tvm.target.Target, hw: Hardw
                          kv_cache_kernels: tuple[str, ...] = DEFAULT_KV_CACHE_KERNELS,
                          gated_projections: bool = True) -> tvm.IRModule:
     """``mod`` as the pipeline schedules it: :data:`~tvm_dsm.relax_top_k.TopKAsRows`, library
-    dispatch, :func:`lower_to_tir` (``gated_projections``), :func:`use_kv_cache_kernels` (``kv_cache_kernels``),
-    :data:`~tvm_dsm.relax_reshapes.ReshapesAsViews`, :func:`~tvm_dsm.relax_weights.MarkReadOnlyParams` (weights a kernel may load before it
-    waits for the previous one). Tuning
-    extracts its tasks from this module, so that the records match the functions compiled."""
+    dispatch, :func:`lower_to_tir` (``gated_projections``), the reshapes Relax cannot read in
+    place as views (:data:`~tvm_dsm.relax_reshapes.ReshapesAsViews`), :func:`use_kv_cache_kernels`
+    (``kv_cache_kernels``), :func:`~tvm_dsm.relax_weights.MarkReadOnlyParams` (weights a kernel may
+    load before it waits for the previous one). Tuning extracts its tasks from this module, so
+    that the records match the functions compiled."""
     with target:
         # before library dispatch, which would give R.topk to TVM's sort
         mod = TopKAsRows(RowMaxValues(mod))

@@ -215,7 +215,12 @@ def find_row_norm(func: tirx.PrimFunc) -> RowNorm:
         _check_row_stage(block, params, results, rows_shape)
     stage_rows: list = []
     for block in stages:
-        _check_stage(block, params, results, held, stage_rows, rows_shape, width)
+        stage_rows += [r for r in _check_stage(block, params, results, held, rows_shape, width)
+                       if not any(r.same_as(s) for s in stage_rows)]
+    rewritten = [r.name for r in stage_rows if any(r.same_as(b.body.buffer) for b in stages)]
+    if rewritten:  # each piece of a stage row is loaded before the stages run
+        raise ClusterError(f"a stage reads {', '.join(rewritten)}'s row, which a stage writes: only rows no stage "
+                           "writes are read at the element")
     if not any(_reads_held(block, held) for block in stages):
         raise ClusterError("no element-wise stage reads the row again: not a normalization")
     widest = max(_bytes(b) for b in [*held, *stage_rows, *(s.body.buffer for s in stages)])
@@ -261,11 +266,11 @@ def _reads_held(block, held) -> bool:
     return any(ld.source.same_as(h) for ld in loads(block.body.value) for h in held)
 
 
-def _check_stage(block, params, results, held, stage_rows, rows_shape, width) -> None:
-    """ClusterError unless ``block`` writes a parameter ``out[*rows, k]`` from the held rows, the
-    levels' results of its row, tensors indexed by ``k`` alone (a weight, a bias) and other
-    parameters' rows at its element (a residual added to the normalized row: appended to
-    ``stage_rows``)."""
+def _check_stage(block, params, results, held, rows_shape, width) -> list:
+    """The parameters whose rows ``block`` reads at its element besides the held ones (a
+    residual added to the normalized row); ClusterError unless ``block`` writes a parameter
+    ``out[*rows, k]`` from those, the held rows, the levels' results of its row and tensors
+    indexed by ``k`` alone (a weight, a bias)."""
     store = block.body
     variables = [iv.var for iv in block.iter_vars]
     extents = _extents(iv.dom.extent for iv in block.iter_vars)
@@ -275,19 +280,21 @@ def _check_stage(block, params, results, held, stage_rows, rows_shape, width) ->
         raise ClusterError(f"{block.name_hint}: after the statistics only element-wise stages writing "
                            f"out[*rows, k] of the rows' shape {(*rows_shape, width)} are taken")
     *row_vars, last = variables
+    rows = []
     for load in loads(store.value):
         if any(load.source.same_as(r) for r in results):
             if not _reads_row_result(load, row_vars):
                 raise ClusterError(f"{block.name_hint} reads {load}: a level's result of another row")
         elif _is_row_load(load, row_vars, last, rows_shape, width):
-            if any(load.source.same_as(h) for h in held + stage_rows):
+            if any(load.source.same_as(h) for h in held + rows):
                 continue
             if not any(load.source.same_as(p) for p in params):
                 raise ClusterError(f"{block.name_hint} reads {load.source.name}, a row the function computes")
-            stage_rows.append(load.source)
+            rows.append(load.source)
         elif any(uses(i, v) for i in load.indices for v in row_vars):
             raise ClusterError(f"{block.name_hint} reads {load}: only the held rows, the levels' results and "
                                "tensors indexed by the last axis alone")
+    return rows
 
 
 def _check_row_stage(block, params, results, rows_shape) -> None:

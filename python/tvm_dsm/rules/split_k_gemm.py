@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import LoopRV, SBlockRV
-from tvm.sym import Analyzer
 
 from ..errors import ClusterError
 from ..hardware import Hardware
 from ..ir import computed_from, is_reduction, largest_power_of_two, loads, product_outputs, writes_parameter
 from ..annotations import ASYNC_STAGES_KEY, COPIED_OPERANDS_KEY, RASTER_GROUP_KEY
+from ..transform.buffers import element_offset
 from ..transform.programmatic_launch import launch_programmatically
 from ..transform.tma_pipeline import MAX_BOX as TMA_MAX_BOX
 from ..transform.tma_pipeline import ROW_BYTES as TMA_ROW_BYTES
@@ -328,15 +328,15 @@ def find_gemm_operands(block: tirx.SBlock, fused_weight: bool = False,
     weight_nk = _indexed_by(w_nk_vars, (j, k))
     if not weight_nk and not _indexed_by(w_vars, (k, j)):
         raise ClusterError(f"{block.name_hint}: the second operand must be indexed [j, k] or [k, j]")
-    offset = [f"{r.source.name} (elem_offset {r.source.ty.elem_offset})" for r in (x, w)
-              if not _at_zero_offset(getattr(r.source.ty, "elem_offset", None))]
+    offset = [f"{r.source.name} (elem_offset {element_offset(r.source)})" for r in (x, w)
+              if element_offset(r.source) is not None]
     if offset:
-        raise ClusterError(f"{block.name_hint}: {', '.join(offset)}: the split-K GEMM's tensor-core operands are "
+        raise ClusterError(f"{block.name_hint}: {', '.join(offset)}: the GEMM families' tensor-core operands are "
                            "addressed in shared memory as if their tensor started at its first element")
-    strided = [r.source.name for r in (x, w) if not _contiguous(r.source)]
+    strided = [r.source.name for r in (x, w) if list(getattr(r.source.ty, "strides", None) or ())]
     if strided:
-        raise ClusterError(f"{block.name_hint}: {', '.join(strided)} is strided; the split-K GEMM's tiles "
-                           "are copied from contiguous rows (TMA tensor maps, 16-byte cp.async)")
+        raise ClusterError(f"{block.name_hint}: {', '.join(strided)} declares strides; the GEMM families' tiles "
+                           "are copied from tensors laid out by their shape (TMA tensor maps, 16-byte cp.async)")
     dtypes = {str(x.source.ty.dtype), str(w.source.ty.dtype)}
     if len(dtypes) != 1 or not dtypes <= set(operand_types):
         raise ClusterError(f"the GEMM multiplies two operands of one type among "
@@ -348,23 +348,6 @@ def find_gemm_operands(block: tirx.SBlock, fused_weight: bool = False,
     copied = bool(block.annotations.get(COPIED_OPERANDS_KEY, False))
     return GemmShape(m, n, depth, weight_nk, dtype, operands_copied=copied, batch=batch,
                      shared_operand=shared), (x.source, w.source)
-
-
-def _at_zero_offset(offset) -> bool:
-    return offset is None or (isinstance(offset, tirx.IntImm) and int(offset) == 0)
-
-
-def _contiguous(buffer) -> bool:
-    """Whether ``buffer`` declares no strides, or the row-major ones of its shape."""
-    strides = list(getattr(buffer.ty, "strides", None) or ())
-    if not strides:
-        return True
-    expected, analyzer = [], Analyzer()
-    running = tirx.const(1, strides[-1].ty.dtype)
-    for extent in reversed(buffer.ty.shape):
-        expected.insert(0, running)
-        running = running * extent
-    return all(analyzer.can_prove_equal(s, e) for s, e in zip(strides, expected))
 
 
 def _leading_unit_axes(region) -> int:

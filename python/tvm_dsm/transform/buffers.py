@@ -22,6 +22,12 @@ def element_bytes(buffer) -> int:
     return -(-tvm.DataType(str(buffer.ty.dtype)).bits // 8)
 
 
+def element_offset(buffer):
+    """``buffer``'s element offset from its data pointer, None where it is provably 0."""
+    offset = getattr(buffer.ty, "elem_offset", None)
+    return None if offset is None or (isinstance(offset, tirx.IntImm) and int(offset) == 0) else offset
+
+
 def buffer_bytes(buffer) -> int:
     """Bytes of ``buffer``'s elements, with the padding of a strided layout."""
     shape, strides = buffer.ty.shape, buffer.ty.strides

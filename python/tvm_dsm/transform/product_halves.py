@@ -57,11 +57,20 @@ def products_of_halves(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
     i, j, k = (iv.var for iv in product.iter_vars)
     half = int(y.ty.shape[1]) // 2
     operands = [ld for ld in loads(store.value) if not ld.source.same_as(y)]
-    weights = [ld for ld in operands if len(ld.indices) == 2 and ld.indices[0].same_as(j) and ld.indices[1].same_as(k)]
-    if (not (len(store.indices) == 2 and store.indices[0].same_as(i) and store.indices[1].same_as(j))
-            or len(operands) != 2 or len(weights) != 1 or not any(weights[0].source.same_as(p) for p in func.params)):
+    if not (len(store.indices) == 2 and store.indices[0].same_as(i) and store.indices[1].same_as(j)
+            and len(operands) == 2 and all(len(ld.indices) == 2 for ld in operands)):
         return None
-    w = weights[0].source
+    x, w = sorted(operands, key=lambda ld: not ld.indices[0].same_as(i))
+    # X[i, k] by W[j, k], two tensors: j indexes W alone, so shifting it shifts W's rows
+    if not (x.indices[0].same_as(i) and x.indices[1].same_as(k) and w.indices[0].same_as(j)
+            and w.indices[1].same_as(k) and not x.source.same_as(w.source)
+            and any(w.source.same_as(p) for p in func.params)):
+        return None
+    w = w.source
+    if any(wr.source.same_as(y) for block in blocks[1:] for wr in block.writes):
+        return None  # a later update of Y in place reads what both halves hold
+    if not _narrowable(nests[0], int(y.ty.shape[1])):
+        return None
     # every later read of Y is Y[., j'] or Y[., j' + N] for a variable j' of extent N
     reads = []
     for block in blocks[1:]:
@@ -97,6 +106,16 @@ def products_of_halves(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
     allocated = [b for b in root.alloc_buffers if not b.same_as(y)] + [gate, up]
     body = with_block_body(root, tirx.SeqStmt([*products, *rest]), alloc_buffers=allocated)
     return func.with_body(SBlockRealize(func.body.iter_values, func.body.predicate, body))
+
+
+def _narrowable(nest, extent: int) -> bool:
+    """Whether ``nest`` binds its block's second variable (the column) to a loop of its own of
+    ``extent`` iterations, which the halves narrow."""
+    realize = find_all(nest, SBlockRealize)[0]
+    column = realize.iter_values[1]
+    return isinstance(column, tirx.Var) and any(
+        f.loop_var.same_as(column) and isinstance(f.extent, tirx.IntImm) and int(f.extent) == extent
+        for f in find_all(nest, tirx.For))
 
 
 def _half_product(nest, product: SBlock, y, out, w, j, half: int, shift: int):

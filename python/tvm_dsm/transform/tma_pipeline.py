@@ -53,7 +53,6 @@ past the edge; the mbarrier still counts the whole box's bytes (:func:`zero_fill
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import tvm
@@ -67,7 +66,7 @@ from tvm.script import tirx as T
 from ..errors import ClusterError
 from ..hardware import Hardware
 from ..ir import find_all, items, replace_node, seq, substitute, tree_reduce, with_block_body
-from .buffers import element_bytes
+from .buffers import element_bytes, element_offset
 from .programmatic_launch import L2_PREFETCH_KEY, launched_programmatically, read_only_params
 from ..annotations import EARLY_COPY_KEY
 from ..annotations import TMA_COPY_KEY, TMA_STAGES_KEY, WGMMA_HELPER_PREFIX
@@ -190,8 +189,7 @@ def zero_filled_load(value, loops: list, lets: list = ()):
     in_tensor = tirx.const(True, "bool")
     for index, extent in zip(load.indices, load.source.shape):
         in_tensor = tirx.And(in_tensor, tirx.And(index >= 0, index < _tightest(extent, analyzer)))
-    with contextlib.ExitStack() as known:
-        known.enter_context(analyzer.constraint_scope(running_extents([load.source], loops)))
+    with analyzer.constraint_scope(running_extents([load.source], loops)):
         with analyzer.constraint_scope(in_tensor):
             sufficient = analyzer.can_prove(inside)
         with analyzer.constraint_scope(inside):
@@ -298,9 +296,9 @@ def encode_tensor_map(tensor_map: tirx.Var, source: tirx.Buffer, rows: int, cols
     strides = [element_strides[a] * elem_bytes for a in axes[1:]]
     box = [cols if a == rank - 1 else rows if a == row_axis else 1 for a in axes]
     # the map starts at the tensor's first element: past the data pointer by its element offset
-    offset = getattr(source.ty, "elem_offset", None)
-    start = source.data if offset is None or (isinstance(offset, tirx.IntImm) and int(offset) == 0) else \
-        tirx.call_intrin("handle", "tirx.handle_add_byte_offset", source.data, offset * elem_bytes)
+    offset = element_offset(source)
+    start = source.data if offset is None else tirx.call_intrin(
+        "handle", "tirx.handle_add_byte_offset", source.data, tirx.Cast("int64", offset) * elem_bytes)
     encode = tirx.Evaluate(tirx.call_packed(
         "runtime.cuTensorMapEncodeTiled", tensor_map, str(source.ty.dtype), rank,
         start, *dims, *strides, *box, *([1] * rank),
