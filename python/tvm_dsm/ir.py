@@ -42,6 +42,14 @@ def per_function(transform: Callable[[tirx.PrimFunc], tirx.PrimFunc]) -> Callabl
 PER_FUNCTION_KEPT = 256
 
 
+def nest_block(stmt) -> SBlock | None:
+    """The one block ``stmt`` (a top-level loop nest) computes, else None."""
+    from tvm.s_tir import SBlockRealize
+
+    realizes = find_all(stmt, SBlockRealize)
+    return realizes[0].block if len(realizes) == 1 else None
+
+
 def root_blocks(func: tirx.PrimFunc) -> list[SBlock]:
     """The blocks right under ``func``'s root block, in program order: what
     ``Schedule(func).get_child_blocks(root)`` lists, without building a schedule's state."""

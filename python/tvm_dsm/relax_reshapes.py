@@ -29,14 +29,18 @@ from .relax_chains import merge_elementwise
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 
+def _one_to_one(func: tirx.PrimFunc) -> bool:
+    """Whether ``func`` takes one tensor and writes one of its type."""
+    return (len(func.params) == 2 and all(isinstance(p.ty, tirx.buffer.BufferType) for p in func.params)
+            and func.params[0].ty.dtype == func.params[1].ty.dtype)
+
+
 def is_topi_reshape(func: tirx.PrimFunc) -> bool:
     """Whether ``func`` (one input, one output of its type) is TOPI's reshape of its input to
     its output's shape."""
-    if len(func.params) != 2 or not all(isinstance(p.ty, tirx.buffer.BufferType) for p in func.params):
+    if not _one_to_one(func) or len(func.params[1].ty.shape) == 0:
         return False
     source, target = (p.ty for p in func.params)
-    if source.dtype != target.dtype or len(target.shape) == 0:
-        return False
     x = te.placeholder(list(source.shape), str(source.dtype), name="x")
     written = te.create_prim_func([x, topi.reshape(x, list(target.shape))])
     return tvm_ffi.structural_equal(written.body, func.body, map_free_vars=True)
@@ -47,14 +51,13 @@ def is_layout_copy(func: tirx.PrimFunc) -> bool:
     output in memory order (each element's offset in the input is its offset in the output): a
     transpose of unit axes (``[B, H, 1, D]`` to ``[B, 1, H, D]``), perhaps fused with a multiply
     by a scale an earlier rewrite made 1, which Relax's own analysis does not read as a view."""
-    if len(func.params) != 2 or not all(isinstance(p.ty, tirx.buffer.BufferType) for p in func.params):
+    if not _one_to_one(func):
         return False
     blocks = root_blocks(merge_elementwise(func))
     store = blocks[0].body if len(blocks) == 1 else None
     source, target = func.params
     if not (isinstance(store, tirx.BufferStore) and store.buffer.same_as(target)
-            and isinstance(store.value, tvm.ir.TensorLoad) and store.value.source.same_as(source)
-            and source.ty.dtype == target.ty.dtype):
+            and isinstance(store.value, tvm.ir.TensorLoad) and store.value.source.same_as(source)):
         return False
     analyzer = tvm.sym.Analyzer()
     for iv in blocks[0].iter_vars:
@@ -101,6 +104,17 @@ class _Views(PyExprMutator):
         super().__init__(mod)
         self.mod = mod
         self.defined: dict = {}
+        self.kinds: dict[str, tuple[bool, bool] | None] = {}  # by callee: (a layout copy, TOPI's reshape)
+
+    def _kind(self, gv: tvm.ir.GlobalVar) -> tuple[bool, bool] | None:
+        """(whether ``gv``'s function is a layout copy, TOPI's reshape), None where Relax's own
+        rewrite reads it in place or it is no PrimFunc; worked out once a callee."""
+        if gv.name_hint not in self.kinds:
+            callee = self.mod[gv]
+            self.kinds[gv.name_hint] = None if (
+                not isinstance(callee, tirx.PrimFunc) or relax.analysis.has_reshape_pattern(callee)) else (
+                is_layout_copy(callee), is_topi_reshape(callee))
+        return self.kinds[gv.name_hint]
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - TVM visitor name
         call = super().visit_call_(call)
@@ -109,11 +123,11 @@ class _Views(PyExprMutator):
                 and isinstance(call.ty, relax.TensorType) and isinstance(call.ty.shape, relax.ShapeExpr)):
             return call
         data = call.args[1].fields[0]
-        callee = self.mod[call.args[0]]
-        if (not isinstance(callee, tirx.PrimFunc) or not isinstance(data.ty, relax.TensorType)
-                or not isinstance(data.ty.shape, relax.ShapeExpr) or relax.analysis.has_reshape_pattern(callee)):
+        kind = self._kind(call.args[0])
+        if kind is None or not isinstance(data.ty, relax.TensorType) or not isinstance(data.ty.shape, relax.ShapeExpr):
             return call
-        if is_layout_copy(callee) or (is_topi_reshape(callee) and tvm.sym.Analyzer().can_prove_equal(
+        layout_copy, topi_reshape = kind
+        if layout_copy or (topi_reshape and tvm.sym.Analyzer().can_prove_equal(
                 _count(data.ty.shape.values, self.defined), _count(call.ty.shape.values, self.defined))):
             return relax.op.reshape(data, call.ty.shape)
         return call

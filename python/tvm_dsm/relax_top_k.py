@@ -8,14 +8,15 @@ known only when called too (a kernel per range of tokens, :mod:`tvm_dsm.families
 
 :data:`TopKAsRows` replaces an ``R.topk`` of a router's probabilities (the input an
 ``R.nn.softmax`` of a 2-D tensor whose row count is a constant or a variable; the last axis,
-largest first, int32 or int64 indices, as TVM's and torch's importers write them) by a
-call of a TE function computing the same k values and indices (ties to the lower index, as
-TVM's ``topk`` orders them), where that family takes the function; any other ``R.topk`` is left to TVM. Probabilities are never -inf, which the kernel's
-empty slot (the lowest finite value, index -1) ranks above; a NaN, which never enters the
-kernel's k best, comes only from a NaN logit, whose row TVM's sort leaves unordered too. The
-function is marked opaque to Relax's operator fusion: a following element-wise operation fused
-into it (a renormalization of the weights) would leave a function the family does not take,
-and the unfused top-k reduction compiles slowly (:mod:`tvm_dsm.fusion.top_k`).
+largest first, int32 or int64 indices, as TVM's and torch's importers write them) by a call of a
+TE function computing the same k values and indices (ties to the lower index, as TVM's ``topk``
+orders them), where that family takes the function; any other ``R.topk`` is left to TVM.
+Probabilities are never -inf, which the kernel's empty slot (the lowest finite value, index -1)
+ranks above; a NaN, which never enters the kernel's k best, comes only from a NaN logit, whose
+row TVM's sort leaves unordered too. The function is marked opaque to Relax's operator fusion: a
+following element-wise operation fused into it (a renormalization of the weights) would leave a
+function the family does not take, and the unfused top-k reduction compiles slowly
+(:mod:`tvm_dsm.fusion.top_k`).
 """
 
 from __future__ import annotations

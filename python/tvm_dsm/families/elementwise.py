@@ -14,14 +14,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import tvm
 from tvm import relax, s_tir, tirx
 
 from ..errors import ClusterError
 from ..hardware import Hardware
 from ..ir import loads, root_blocks
 from ..rules.elementwise import ElementwiseConfig, find_elementwise, schedule_elementwise
-from ..transform.buffers import buffer_bytes
+from ..transform.buffers import buffer_bytes, element_bytes
 from .base import ScheduleFamily
 from .kernel_plan import KernelPlan, default_first, roofline
 
@@ -81,7 +80,7 @@ class Elementwise(ScheduleFamily):
         # an input is read whole at most, and at most its loads a written element (a gather
         # reads the rows it takes, not the table)
         return ElementwiseShape(sum(buffer_bytes(p) if p in outputs else min(
-            buffer_bytes(p), elements * read.get(p, 0) * tvm.DataType(str(p.ty.dtype)).bits // 8) for p in params),
+            buffer_bytes(p), elements * read.get(p, 0) * element_bytes(p)) for p in params),
             elements, lanes)
 
     def predict(self, shape: ElementwiseShape, config: ElementwiseConfig, hw: Hardware) -> KernelPlan:

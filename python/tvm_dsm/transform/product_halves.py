@@ -18,12 +18,8 @@ import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import SBlock, SBlockRealize
 
-from ..ir import find_all, fresh_definitions, is_reduction, items, loads, substitute, with_block_body, with_block_fields
-
-
-def _nest_block(stmt) -> SBlock | None:
-    realizes = find_all(stmt, SBlockRealize)
-    return realizes[0].block if len(realizes) == 1 else None
+from ..ir import (find_all, fresh_definitions, is_reduction, items, loads, nest_block, substitute, with_block_body,
+                  with_block_fields)
 
 
 def _half_of(index, var_extents: dict, half: int):
@@ -44,7 +40,7 @@ def products_of_halves(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
         return None
     root = func.body.block
     nests = items(root.body)
-    blocks = [_nest_block(s) for s in nests]
+    blocks = [nest_block(s) for s in nests]
     if any(b is None for b in blocks) or not blocks or not is_reduction(blocks[0]):
         return None
     product = blocks[0]

@@ -16,13 +16,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.s_tir import SBlockRealize
 
-from ..ir import find_all, is_reduction, with_block_body
-
-
-def _block(stmt: tirx.Stmt):
-    """The one block ``stmt`` (a top-level loop nest) computes, else None."""
-    realizes = find_all(stmt, SBlockRealize)
-    return realizes[0].block if len(realizes) == 1 else None
+from ..ir import is_reduction, nest_block, with_block_body
 
 
 def _depends(later, earlier) -> bool:
@@ -44,7 +38,7 @@ def reductions_first(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
     if root is None or not isinstance(root.body, tirx.SeqStmt):
         return None
     stmts = list(root.body.seq)
-    blocks = [_block(s) for s in stmts]
+    blocks = [nest_block(s) for s in stmts]
     if any(b is None for b in blocks):
         return None
     after = [{j for j in range(i) if _depends(blocks[i], blocks[j])} for i in range(len(blocks))]

@@ -181,15 +181,11 @@ def zero_filled_load(value, loops: list, lets: list = ()):
     inside, load, otherwise = value.args
     if not isinstance(load, tvm.ir.TensorLoad) or not is_zero(otherwise):
         return None
-    analyzer = Analyzer()
-    for let in lets:
-        analyzer.bind(let.var, let.value)
-    for loop in loops:
-        analyzer.bind(loop.loop_var, Range.from_min_extent(loop.min, loop.extent))
+    analyzer = _analyzer_over(loops, lets)
     in_tensor = tirx.const(True, "bool")
     for index, extent in zip(load.indices, load.source.shape):
         in_tensor = tirx.And(in_tensor, tirx.And(index >= 0, index < _tightest(extent, analyzer)))
-    with analyzer.constraint_scope(running_extents([load.source], loops)):
+    with analyzer.constraint_scope(_running_extents([load.source], loops)):
         with analyzer.constraint_scope(in_tensor):
             sufficient = analyzer.can_prove(inside)
         with analyzer.constraint_scope(inside):
@@ -197,16 +193,22 @@ def zero_filled_load(value, loops: list, lets: list = ()):
     return load if sufficient and necessary else None
 
 
-def _holds_where_run(realize, sources: list, loops: list, lets: list) -> bool:
-    """Whether ``realize``'s predicate holds wherever it runs: over the ranges of ``loops`` (the
-    loops around it, thread bindings included) and what they imply of the tensors' extents
-    (:func:`running_extents`), quotients bounded as products (:func:`_quotients_as_products`)."""
+def _analyzer_over(loops: list, lets: list) -> Analyzer:
+    """An analyzer of the variables ``lets`` binds and of ``loops``' ranges."""
     analyzer = Analyzer()
     for let in lets:
         analyzer.bind(let.var, let.value)
     for loop in loops:
         analyzer.bind(loop.loop_var, Range.from_min_extent(loop.min, loop.extent))
-    with analyzer.constraint_scope(running_extents([*sources, *_loads_of(realize.block.body)], loops)):
+    return analyzer
+
+
+def _holds_where_run(realize, sources: list, loops: list, lets: list) -> bool:
+    """Whether ``realize``'s predicate holds wherever it runs: over the ranges of ``loops`` (the
+    loops around it, thread bindings included) and what they imply of the tensors' extents
+    (:func:`_running_extents`), quotients bounded as products (:func:`_quotients_as_products`)."""
+    analyzer = _analyzer_over(loops, lets)
+    with analyzer.constraint_scope(_running_extents([*sources, *_loads_of(realize.block.body)], loops)):
         return analyzer.can_prove(_quotients_as_products(realize.predicate, analyzer))
 
 
@@ -227,7 +229,7 @@ def _loads_of(stmt) -> list:
     return [ld.source for ld in find_all(stmt, tvm.ir.TensorLoad)]
 
 
-def running_extents(tensors: list, loops: list):
+def _running_extents(tensors: list, loops: list):
     """What a statement's running implies of the variables in ``tensors``' shapes: each is an
     extent, at least 0, and at least 1 where at 0 it empties one of ``loops``, the loops around
     the statement (a grid over a batch of products' symbolic rows, ``bx % (ceil(S / 16) * 56)``,
