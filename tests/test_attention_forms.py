@@ -18,7 +18,7 @@ from conftest import kernels as cuda_kernels
 from tvm_dsm.errors import ClusterError
 from tvm_dsm.ir import extent_variables, specialized
 from tvm_dsm.kernels.attention import TEMPLATE, AttentionConfig, fuse_attention, prefetches_terms
-from tvm_dsm.kernels.attention_pattern import HeadAxis, find_attention
+from tvm_dsm.kernels.attention_pattern import HeadAxis, find_attention, find_decode_attention
 from tvm_dsm.workloads.attention_forms import (attention_with_terms, decode_attention_with_terms, relax_attention,
                                               te_attention, topi_attention)
 from tvm_dsm.workloads.generated import REFERENCES
@@ -493,6 +493,36 @@ def _decode_bshd(batch=4, keys=1000, heads=16, dim=80):
     return te.create_prim_func([q, k, v, out])
 
 
+def _decode_bshd_grouped(batch=2, keys=1000, heads=28, kv_heads=4, dim=128):
+    """Grouped decode attention over a ``[B, S, Hkv, D]`` cache (Qwen2-7B's 7 query heads a KV
+    head), bf16, its statistics ``[B, H]`` without the query axis, which only the weighted sum
+    and the output ``[B, 1, H, D]`` keep (an axis of extent 1 the sum does not read)."""
+    group = heads // kv_heads
+    q = te.placeholder((batch, 1, heads, dim), "bfloat16", name="q")
+    k, v = (te.placeholder((batch, keys, kv_heads, dim), "bfloat16", name=n) for n in "kv")
+    d, t1, t2, t3 = te.reduce_axis((0, dim), "d"), *(te.reduce_axis((0, keys), f"t{n}") for n in range(3))
+    s = te.compute((batch, heads, keys), lambda b, h, j: te.sum(
+        q[b, 0, h, d].astype("float32") * k[b, j, h // group, d].astype("float32"), axis=d), name="s")
+    m = te.compute((batch, heads), lambda b, h: te.max(s[b, h, t1], axis=t1), name="m")
+    e = te.compute(s.shape, lambda b, h, j: te.exp((s[b, h, j] - m[b, h]) * dim ** -0.5), name="e")
+    l = te.compute((batch, heads), lambda b, h: te.sum(e[b, h, t2], axis=t2), name="l")
+    o = te.compute((batch, 1, heads, dim), lambda b, i, h, c: te.sum(
+        e[b, h, t3] * v[b, t3, h // group, c].astype("float32"), axis=t3), name="o")
+    out = te.compute(o.shape, lambda b, i, h, c: (o[b, i, h, c] / l[b, h]).astype("bfloat16"), name="out")
+    return te.create_prim_func([q, k, v, out])
+
+
+def test_a_grouped_decode_whose_query_axis_only_the_output_keeps_reads_each_kv_head_once():
+    """The weighted sum's axis of extent 1 is not a second head dim: the decode kernel takes
+    the function, each KV head read once for its group of 7 query heads."""
+    import tvm_dsm
+
+    shape = find_decode_attention(_decode_bshd_grouped())
+    assert (shape.head_extents, shape.group, shape.dim) == ((2, 28), 7, 128)
+    assert [str(i) for i in shape.indices[3]][1] == "0"
+    assert tvm_dsm.plan(_decode_bshd_grouped()).family.name == "decode_attention"
+
+
 def test_a_weighted_sum_written_in_another_order_than_the_statistics_is_attention(assemble):
     """The weighted sum iterates ``[B, S, H, D]`` while the statistics' rows are ``[B, H, S]``
     (its variables are put in the statistics' order), the mask a bool tensor compared with 0."""
@@ -517,17 +547,19 @@ def test_decode_attention_over_bshd_tensors_takes_the_decode_kernel():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("form", ["bshd_where", "scale_in_exp", "scale_in_exp_causal", "decode_bshd"])
+@pytest.mark.parametrize("form", ["bshd_where", "scale_in_exp", "scale_in_exp_causal", "decode_bshd",
+                                  "decode_bshd_grouped"])
 def test_gpu_attention_forms_read_by_their_variables_match_float64(form):
     func, layout, causal, dtype = {
         "bshd_where": (_bshd_causal_by_where(), "bshd", True, ml_dtypes.bfloat16),
         "scale_in_exp": (_scale_in_the_exponent(), "hsd", False, np.float16),
         "scale_in_exp_causal": (_scale_in_the_exponent(causal=True), "hsd", True, np.float16),
         "decode_bshd": (_decode_bshd(), "bshd", False, np.float16),
+        "decode_bshd_grouped": (_decode_bshd_grouped(), "bshd", False, ml_dtypes.bfloat16),
     }[form]
-    shape = [int(x) for x in func.params[0].ty.shape]
-    heads = shape[0] if layout == "hsd" else shape[2]
-    assert _built_error(func, layout, heads, heads, causal, dtype) < (1e-2 if dtype is not np.float16 else 2e-3)
+    shape, kv_shape = ([int(x) for x in p.ty.shape] for p in func.params[:2])
+    heads, kv_heads = (shape[0], kv_shape[0]) if layout == "hsd" else (shape[2], kv_shape[2])
+    assert _built_error(func, layout, heads, kv_heads, causal, dtype) < (1e-2 if dtype is not np.float16 else 2e-3)
 
 
 #: What each form of :func:`attention_with_terms` reads: (masked, causal tiles skipped, inputs besides q, k, v).

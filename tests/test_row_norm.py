@@ -89,6 +89,22 @@ def hand_layer_norm(rows: int, width: int, dtype: str = "float32") -> tvm.tirx.P
     return te.create_prim_func([x, out])
 
 
+def one_pass_layer_norm(rows: int, width: int, dtype: str = "float32") -> tvm.tirx.PrimFunc:
+    """LayerNorm from one pass over the row: the sum and the sum of squares in one block (a TE
+    tuple reducer), the variance their difference."""
+    x, w, b = (te.placeholder(shape, dtype, name=n) for shape, n in (((rows, width), "x"), ((width,), "w"),
+                                                                     ((width,), "b")))
+    moments = te.comm_reducer(lambda p, q: (p[0] + q[0], p[1] + q[1]),
+                              lambda t0, t1: (tvm.tirx.const(0, t0), tvm.tirx.const(0, t1)), name="moments")
+    k = te.reduce_axis((0, width), "k")
+    xf = lambda i, j: x[i, j].astype("float32")  # noqa: E731
+    total, squares = te.compute((rows,), lambda i: moments((xf(i, k), xf(i, k) * xf(i, k)), axis=k), name="stats")
+    out = te.compute((rows, width), lambda i, j: (
+        (xf(i, j) - total[i] / width) * te.rsqrt(squares[i] / width - (total[i] / width) * (total[i] / width) + EPS)
+        * w[j].astype("float32") + b[j].astype("float32")).astype(dtype), name="out")
+    return te.create_prim_func([x, w, b, out])
+
+
 FORMS = {
     **{f"topi_{f}": (lambda f: lambda *a: topi_norm(f, *a))(f)
        for f in ("softmax", "log_softmax", "rms_norm", "layer_norm")},
@@ -97,6 +113,7 @@ FORMS = {
     "te_residual_rms_norm": residual_rms_norm,
     "te_rms_norm_then_residual": rms_norm_then_residual,
     "te_layer_norm": hand_layer_norm,
+    "te_one_pass_layer_norm": one_pass_layer_norm,
 }
 
 

@@ -40,6 +40,7 @@ from .transform.split_operators import merge_operators, split_operators
 from .transform.product_halves import products_of_halves
 from .transform.product_order import products_in_gemm_order
 from .transform.reductions_first import reductions_first
+from .transform.separate_reductions import reductions_apart
 from .transform.widen_accumulation import widen_accumulation
 from .tuning_database import open_database
 
@@ -141,8 +142,11 @@ def _first_form_taken(func: tirx.PrimFunc, attempt: Callable[[tirx.PrimFunc], An
 
 def _as_planned(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` as :func:`plan` takes its forms from: a softmax's top-k as the fused router
-    (:func:`~tvm_dsm.transform.host_sorts.router_top_k`), allocations in the root block."""
-    return block_allocations(router_top_k(func) or func)
+    (:func:`~tvm_dsm.transform.host_sorts.router_top_k`), allocations in the root block,
+    independent reductions accumulated in one block apart
+    (:func:`~tvm_dsm.transform.separate_reductions.reductions_apart`)."""
+    func = block_allocations(router_top_k(func) or func)
+    return reductions_apart(func) or func
 
 
 def family_form(func: tirx.PrimFunc, target=None) -> tuple[tirx.PrimFunc, ScheduleFamily]:

@@ -322,8 +322,8 @@ class _Match:
         #: name: the load in the row max's variables, or the variable (see :meth:`_reader`)
         self.inputs: dict[str, tvm.ir.PrimExpr] = {}
         self.places: dict[str, tirx.Var] = {}
-        for n, var in enumerate(self.m.spatial):
-            self._bind(var, self.m.output.ty.shape[n])
+        for var, extent in zip(self.m.spatial, self.m.rows):
+            self._bind(var, extent)
         self._bind(self.m.reduce_var, self.m.extent)
 
     def _bind(self, var, extent) -> None:
@@ -347,7 +347,9 @@ class _Match:
         return found[0]
 
     def _canonical(self, level: Level) -> list[tuple]:
-        """``level``'s variables as the row max's: matched through their loads of the scores."""
+        """``level``'s variables as the row max's: matched through their loads of the scores;
+        an axis of extent 1 the scores are not read along (the query axis of a decode's
+        ``[B, 1, H, D]`` weighted sum) is 0."""
         own = self._scores_load(self.m).indices
         other = _within_level(level, self._scores_load(level).indices)
         mapping = []
@@ -355,7 +357,8 @@ class _Match:
             if not isinstance(theirs, tirx.Var):
                 raise ClusterError(f"{level.block} reads the scores at {list(other)}, not at its own variables")
             mapping.append((theirs, mine))
-        return mapping
+        return mapping + [(var, tirx.const(0, var.ty)) for var, extent in zip(level.spatial, level.rows)
+                          if int(extent) == 1 and not any(var.same_as(theirs) for theirs, _ in mapping)]
 
     def _scores(self) -> tuple[Level, list]:
         """The scores' reduction and its variables as the row max's."""
@@ -719,7 +722,7 @@ class _Match:
         c = [var for var in self.o.spatial if not any(var.same_as(x) for x in seen)]
         if len(c) != 1:
             raise ClusterError(f"{self.o.block} must have one axis more than the rows: the head dim")
-        self._bind(c[0], self.o.output.ty.shape[list(self.o.spatial).index(c[0])])
+        self._bind(c[0], self.o.rows[list(self.o.spatial).index(c[0])])
         return c[0], self._v_load()
 
     def _output_block(self, normalized: bool):
@@ -883,7 +886,7 @@ def _without_bool_casts(cond):
 
 def _rank(level: Level) -> int:
     """A level's spatial axes, those of extent 1 left out (a kept dimension of a reduction)."""
-    return sum(int(level.output.ty.shape[n]) > 1 for n in range(len(level.spatial)))
+    return sum(int(extent) > 1 for extent in level.rows)
 
 
 def _sympy(expr, leaf, variable=None) -> sympy.Expr:
