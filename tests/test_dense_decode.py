@@ -335,9 +335,35 @@ def test_relax_legalized_attention_over_an_int64_past_is_read_at_run_time():
     assert {k.family.name for k in range_kernels(func, TARGET, load_hardware())} == {"decode_attention"}
 
 
-def test_a_symbolic_length_other_than_the_past_is_refused_by_name():
+def _any_batch(layout: str = "bhsd", batch=None):
+    """Grouped decode attention (32 query heads, 8 KV heads, 1000 keys, head dim 128) over a
+    batch of any size ``B``, as continuous batching calls it."""
+    return te_attention(te.var("B") if batch is None else batch, 32, 1, 1000, 128, kv_heads=8, layout=layout)
+
+
+def test_a_symbolic_batch_is_a_symbolic_grid_of_the_decode_kernel(assemble):
+    """The batch a variable: the kernel's pairs of sequence and KV head group are counted when
+    called, one kernel per range of batch sizes, each group's K/V rows read once."""
+    import tvm_dsm
+    from tvm_dsm.families.row_ranges import range_kernels
+
+    func = _any_batch("bshd")
+    found = find_dense_decode(func)
+    batch = func.params[0].ty.shape[0]
+    assert found.shape.head_extents[0].same_as(batch) and found.shape.kv_len == 1000 and found.group == 4
+    kernels = range_kernels(func, TARGET, load_hardware())
+    assert {k.family.name for k in kernels} == {"decode_attention"}
+    source = tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source()
+    assert len(cuda_kernels(source)) == len(kernels)
+    assert "% B)" not in source  # a CTA's sequence is its pair over the KV head groups, no runtime modulo
+    assemble(source, "decode_any_batch")
+
+
+def test_a_symbolic_extent_of_two_roles_is_refused_by_name():
+    """One variable as both the batch and the key length."""
+    length = te.var("B")
     with pytest.raises(ClusterError, match="must be the key length of k and v alone"):
-        find_dense_decode(te_attention(te.var("B"), 8, 1, 128, 64))
+        find_dense_decode(te_attention(length, 8, 1, length, 64))
 
 
 @pytest.mark.gpu
@@ -357,6 +383,25 @@ def test_gpu_a_symbolic_past_matches_float64_at_every_length(layout):
         ref = _reference(layout, *inputs)
         error = np.linalg.norm(out.numpy().astype(np.float64) - ref) / np.linalg.norm(ref)
         assert error < 2e-3, (keys, error)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_gpu_a_symbolic_batch_matches_float64_at_every_size(layout):
+    """One module for a batch of one, a few, the first range's last and next, and many; fresh
+    inputs, NaN-poisoned outputs."""
+    import tvm_dsm
+
+    module = tvm_dsm.build(_any_batch(layout), TARGET)
+    dev, rng = tvm.cuda(0), np.random.default_rng()
+    for batch in (1, 3, 16, 17, 40):
+        shapes = [[int(x) for x in p.ty.shape] for p in _any_batch(layout, batch).params]
+        inputs = [(rng.standard_normal(s) * 2).astype(np.float16) for s in shapes[:3]]
+        out = tvm.runtime.tensor(np.full(shapes[3], np.nan, np.float16), dev)
+        module(*(tvm.runtime.tensor(x, dev) for x in inputs), out)
+        ref = _reference(layout, *inputs)
+        error = np.linalg.norm(out.numpy().astype(np.float64) - ref) / np.linalg.norm(ref)
+        assert error < 2e-3, (batch, error)
 
 
 def test_the_decode_forms_suite_times_each_pick_beside_the_other_body():

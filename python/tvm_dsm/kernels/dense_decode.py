@@ -55,10 +55,10 @@ class DenseOperands(DecodeOperands):
 
     def begin(self, pair) -> None:
         values, rest = [], pair
-        for extent in reversed(self.pair_extents):
+        for extent in reversed(self.pair_extents[1:]):
             values.append(rest % extent)
             rest = rest // extent
-        self.values = values[::-1]
+        self.values = [rest, *values[::-1]]  # the outermost needs no modulo: pairs() bounds the pair
 
     def _heads(self, h) -> list:
         """(head variable, value) of the group's ``h``-th head."""
@@ -119,30 +119,44 @@ def find_dense_decode(func: tirx.PrimFunc) -> DenseOperands:
 
 
 def _decode_shape(func: tirx.PrimFunc) -> DecodeShape:
-    """:func:`find_decode_attention`'s shape, over a symbolic key length where the function has
-    one (see the module docstring): K and V indexed by the key alone along their axis of that
-    length, so that no index depends on it."""
+    """:func:`find_decode_attention`'s shape, over a symbolic key length or a symbolic head axis
+    (a batch of sequences) where the function has one (see the module docstring): K and V
+    indexed by the key alone along their axis of that length, or every operand by one head
+    variable alone along its axis of that extent, so that no other index depends on it."""
     lengths = extent_variables(func)
     if not lengths:
         return find_decode_attention(func)
     if len(lengths) > 1:
-        raise ClusterError(f"decode attention takes one symbolic length, the keys'; got {[v.name for v in lengths]}")
-    (kv_len,) = lengths
-    shape = find_decode_attention(specialized(func, kv_len, MATCHED_KEYS))
+        raise ClusterError(f"decode attention takes one symbolic extent, the keys' or the batch's; got "
+                           f"{[v.name for v in lengths]}")
+    (extent,) = lengths
+    shape = find_decode_attention(specialized(func, extent, MATCHED_KEYS))
     positions = [next(n for n, p in enumerate(shape.func.params) if p.same_as(op)) for op in shape.operands]
     operands = tuple(func.params[n] for n in positions)
-    for n, (param, indices) in enumerate(zip(operands, shape.indices)):
-        axes = [a for a, extent in enumerate(param.ty.shape) if isinstance(extent, tirx.Var)]
-        keyed = [a for a, i in enumerate(indices) if uses(i, shape.key)]
-        expected = [a for a in keyed if isinstance(indices[a], tirx.Var)]
-        if axes != (expected if n in (1, 2) else []) or keyed != axes:
-            raise ClusterError(f"decode attention over a symbolic {kv_len.name}: it must be the key length of k and v "
-                               f"alone, each indexed by the key alone along it; {param.name} has it at axes {axes}, "
-                               f"indexed {[str(i) for i in indices]}")
+    axes = [[a for a, size in enumerate(param.ty.shape) if isinstance(size, tirx.Var)] for param in operands]
     if shape.terms is not None:
-        raise ClusterError(f"decode attention over a symbolic {kv_len.name} takes the scaled score alone (score terms "
-                           "are read at one length)")
-    return dataclasses.replace(shape, func=func, operands=operands, kv_len=kv_len)
+        raise ClusterError(f"decode attention over a symbolic {extent.name} takes the scaled score alone (score terms "
+                           "are read at one extent)")
+    heads = [n for n, var in enumerate(shape.heads) if axes == _axes_indexed_by(shape.indices, var)]
+    if heads and shape.head_extents[heads[0]] == MATCHED_KEYS and heads[0] != shape.group_var:
+        extents = tuple(extent if n == heads[0] else e for n, e in enumerate(shape.head_extents))
+        return dataclasses.replace(shape, func=func, operands=operands, head_extents=extents)
+    if axes != [[], *_axes_indexed_by(shape.indices[1:3], shape.key), []]:
+        raise ClusterError(f"decode attention over a symbolic {extent.name}: it must be the key length of k and v "
+                           f"alone, each indexed by the key alone along it, or one head axis of every operand, "
+                           f"indexed by its head variable alone; the operands have it at axes {axes}, indexed "
+                           f"{[[str(i) for i in indices] for indices in shape.indices]}")
+    return dataclasses.replace(shape, func=func, operands=operands, kv_len=extent)
+
+
+def _axes_indexed_by(operand_indices, var) -> list[list[int]]:
+    """For each operand's indices, the axes that ``var`` indexes, each where it is ``var`` alone
+    (else the operand's list also names an axis that mentions it otherwise, as -1)."""
+    found = []
+    for indices in operand_indices:
+        axes = [a if isinstance(i, tirx.Var) and i.same_as(var) else -1 for a, i in enumerate(indices) if uses(i, var)]
+        found.append(axes)
+    return found
 
 
 def check_config(found: DenseOperands, config: DecodeConfig) -> None:
