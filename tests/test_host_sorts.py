@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from conftest import LLVM, TARGET
 from tvm import te, topi
 
@@ -44,6 +45,23 @@ def test_a_router_written_with_topis_topk_is_the_fused_router_computing_what_top
     (values, indices), (router_values, router_indices) = outputs
     np.testing.assert_array_equal(router_indices, indices)
     np.testing.assert_allclose(router_values, values, rtol=1e-6)
+
+
+@pytest.mark.parametrize("index_dtype", ["int32", "int64"])
+def test_a_router_written_with_the_gpu_topk_is_the_fused_router(index_dtype):
+    """The form the refusal above names, built under a CUDA target as TOPI's GPU strategy builds
+    it: the same router as the generic topk's."""
+    x = te.placeholder((13, 64), "float16", name="logits")
+    probabilities = topi.nn.softmax(topi.cast(x, "float32"))
+    with TARGET:
+        func = te.create_prim_func([x, *topi.gpu.topk(probabilities, k=2, ret_type="both", dtype=index_dtype)])
+    generic = te.create_prim_func([x, *topi.topk(probabilities, k=2, ret_type="both", dtype=index_dtype)])
+    assert tvm_ffi.structural_equal(router_top_k(func), router_top_k(generic))
+    assert tvm_dsm.plan(func).family.name == "top_k_rows"
+    # a top-k of the logits themselves is not the router
+    with TARGET:
+        logits_top = te.create_prim_func([x, *topi.gpu.topk(x, k=2, ret_type="both", dtype=index_dtype)])
+    assert router_top_k(logits_top) is None
 
 
 def test_the_gpu_topk_with_outputs_named_apart_builds_cuda_kernels():

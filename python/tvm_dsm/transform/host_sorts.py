@@ -9,7 +9,8 @@ kind (``T.parallel``, no thread bound): :func:`refuse_host_loops` refuses them l
 
 One such function has a kernel of its own: a MoE router written with TOPI, the k best of
 ``topi.topk(topi.nn.softmax(logits [cast to fp32]), k, ret_type="both", dtype=...)`` with int32
-or int64 indices (``topi.topk``'s default).
+or int64 indices (``topi.topk``'s default), or the same with ``topi.gpu.topk``, the form the
+refusal above names.
 :func:`router_top_k` recognizes it by rebuilding that composition at the function's shape and
 comparing, and gives the fused router's form (:func:`tvm_dsm.workloads.cascades.moe_routing`:
 the experts ranked by their logits, which the softmax keeps in order, ties to the lower index as
@@ -23,7 +24,7 @@ import tvm_ffi
 from tvm import te, tirx, topi
 
 from ..errors import ClusterError
-from ..ir import find_all
+from ..ir import binds_threads, find_all
 from ..workloads.cascades import moe_routing
 
 #: TVM's CPU sorts, by packed-function name: the TOPI operator whose generic form calls it, and
@@ -74,10 +75,12 @@ def refuse_host_loops(func: tirx.PrimFunc) -> None:
 
 
 def router_top_k(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
-    """``func`` as the fused router where it is TOPI's generic topk of a softmax of 2-D logits
-    (see the module docstring), else None."""
+    """``func`` as the fused router where it is TOPI's topk (the generic one, the host's sort, or
+    ``topi.gpu.topk``, a CUDA target's) of a softmax of 2-D logits (see the module docstring),
+    else None."""
     params = list(func.params)
-    if _host_sort(func) != "tvm.contrib.sort.topk" or len(params) != 3 or not all(
+    sorts_on_host = _host_sort(func) == "tvm.contrib.sort.topk"
+    if not (sorts_on_host or binds_threads(func)) or len(params) != 3 or not all(
             isinstance(p.ty, tvm.tirx.buffer.BufferType) for p in params):
         return None
     logits, values, indices = (p.ty for p in params)
@@ -89,8 +92,13 @@ def router_top_k(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
         return None
     x = te.placeholder((tokens, experts), str(logits.dtype), name="logits")
     wide = x if x.dtype == "float32" else topi.cast(x, "float32")
-    written = te.create_prim_func([x, *topi.topk(topi.nn.softmax(wide), k=k, ret_type="both",
-                                                 dtype=str(indices.dtype))])
+    probabilities = topi.nn.softmax(wide)
+    if sorts_on_host:
+        top = topi.topk(probabilities, k=k, ret_type="both", dtype=str(indices.dtype))
+    else:
+        with tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}):  # (its threads a CTA: every CUDA target's 1024)
+            top = topi.gpu.topk(probabilities, k=k, ret_type="both", dtype=str(indices.dtype))
+    written = te.create_prim_func([x, *top])
     if not tvm_ffi.structural_equal(written.body, func.body, map_free_vars=True) or \
             not tvm_ffi.structural_equal(written.params, func.params, map_free_vars=True):
         return None
