@@ -16,14 +16,16 @@ from tvm_dsm.relax_matmuls import MatmulsAsMatrices
 from conftest import LLVM
 
 
-def _nn_swiglu(hidden: int, inner: int, sections: int = 2, axis: int = -1, silu_of: int = 0,
+def _nn_swiglu(hidden: int, inner: int, sections: int | list = 2, axis: int = -1, silu_of: int = 0,
                shape: tuple = ("batch", "seq")):
     """A ``relax.frontend.nn`` SwiGLU MLP (fp16, no bias) over ``[*shape, hidden]``: the gate/up
-    projection split into ``sections`` along ``axis``, SiLU of piece ``silu_of`` times the next;
-    the module and its parameter spec."""
+    projection split into ``sections`` along ``axis`` (a count, or the indices it is cut at:
+    torch's ``chunk(2)`` as imported), SiLU of piece ``silu_of`` times the next; the module and
+    its parameter spec."""
     from tvm.relax.frontend import nn
 
-    width = 2 * inner // sections if axis == -1 else 2 * inner  # of a piece
+    cuts = sections if isinstance(sections, list) else [2 * inner // sections * n for n in range(1, sections)]
+    width = cuts[0] if axis == -1 else 2 * inner  # of the first piece
 
     class MLP(nn.Module):
         def __init__(self):
@@ -54,8 +56,9 @@ def test_a_fused_gate_up_projection_becomes_one_gated_gemm():
     assert len(rows) == 1 and "split_k_gemm" in rows[0], rows
 
 
-def test_the_rewrite_keeps_the_values_on_llvm():
-    mod, spec = _nn_swiglu(64, 128)
+@pytest.mark.parametrize("sections", [2, [128]])
+def test_the_rewrite_keeps_the_values_on_llvm(sections):
+    mod, spec = _nn_swiglu(64, 128, sections)
     rng = np.random.default_rng(0)
     weights = [(rng.standard_normal([int(d) for d in p.shape]) / 8).astype("float16") for _, p in spec]
     x = rng.standard_normal((2, 5, 64)).astype("float16")
@@ -115,11 +118,12 @@ def test_projections_of_two_inputs_are_not_a_gated_layer():
     assert not any(gv.name_hint.startswith("gated_projection") for gv in rewritten.functions)
 
 
-@pytest.mark.parametrize("form", [dict(sections=4), dict(axis=1, shape=(2, 4)), dict(silu_of=1), dict(hidden=60)])
+@pytest.mark.parametrize("form", [dict(sections=4), dict(sections=[64, 128]), dict(axis=1, shape=(2, 4)),
+                                  dict(silu_of=1), dict(hidden=60)])
 def test_other_splits_are_left_alone(form):
-    """Quarters, halves of the sequence, the SiLU of the second half (not SwiGLU's halves), or
-    halves of a product over a 60-wide input, which the gated GEMM does not take (rows of 120
-    bytes: its copies move 16-byte pieces): left as Relax writes them."""
+    """Quarters, two cuts (quarters and a half), halves of the sequence, the SiLU of the second
+    half (not SwiGLU's halves), or halves of a product over a 60-wide input, which the gated GEMM
+    does not take (rows of 120 bytes: its copies move 16-byte pieces): left as Relax writes them."""
     mod, _ = _nn_swiglu(form.get("hidden", 64), 128,
                         **{key: value for key, value in form.items() if key != "hidden"})
     rewritten = FuseGatedProjections(MatmulsAsMatrices(mod))

@@ -193,9 +193,17 @@ class _GatedProjectionRewriter(PyExprMutator):
 
     @staticmethod
     def _halves_of_last_axis(split: relax.Call) -> bool:
+        """Whether ``split`` cuts the last axis into two halves: two sections, or one index at
+        the middle (torch's ``chunk(2)`` as the importer writes it)."""
         sections, axis = split.attrs.indices_or_sections, int(split.attrs.axis)
         ndim = split.args[0].ty.ndim
-        return isinstance(sections, tirx.IntImm) and int(sections) == 2 and axis in (-1, ndim - 1)
+        if axis not in (-1, ndim - 1):
+            return False
+        if isinstance(sections, tirx.IntImm):
+            return int(sections) == 2
+        width = split.args[0].ty.shape.values[-1] if split.args[0].ty.shape is not None else None
+        return (len(sections) == 1 and isinstance(width, tirx.IntImm) and isinstance(sections[0], tirx.IntImm)
+                and 2 * int(sections[0]) == int(width))
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.FuseGatedProjections")

@@ -1,8 +1,8 @@
 """A block that accumulates several independent reductions, one block per reduction.
 
 A hand-written LayerNorm often sums ``x`` and ``x * x`` in one block (two stores in its init and
-two in its body, as TVMScript writes them, or a TE tuple reducer with each new value bound first): one loop over the row, two
-buffers. The families read a reduction as one block writing one buffer (a row norm's levels, a
+two in its body, as TVMScript writes them, or a TE tuple reducer with each new value bound
+first): one loop over the row, two buffers. The families read a reduction as one block writing one buffer (a row norm's levels, a
 cascade's), so :func:`reductions_apart` gives each reduction a loop nest and block of its own.
 The split computes the same values only where the reductions are independent: each store reads,
 of the buffers the block writes, only its own element (``sum += f(x)``, not an arg-max's pair
