@@ -364,3 +364,59 @@ def test_one_hot_keeps_the_model_pure_and_fused():
     out, chosen = model(x)
     np.testing.assert_allclose(got[0].numpy(), out.detach().numpy(), rtol=1e-4, atol=1e-5)
     np.testing.assert_array_equal(got[1].numpy(), chosen.numpy())
+
+
+class _CacheWrite(torch.nn.Module):
+    """A static KV cache ``[B, H, S, D]`` written at the step's positions along the sequence."""
+
+    def __init__(self, spell: str):
+        super().__init__()
+        self.spell = spell
+
+    def forward(self, cache, k, positions):
+        cache = cache.clone()
+        if self.spell == "index_copy_":
+            cache.index_copy_(2, positions, k)
+        elif self.spell == "setitem":
+            cache[:, :, positions] = k
+        else:  # accumulated, along the heads (an axis between whole ones)
+            cache = torch.ops.aten.index_put(cache, [None, positions], k.transpose(1, 2), True)
+        return cache * 2
+
+
+@pytest.mark.parametrize("spell", ["index_copy_", "setitem", "accumulate"])
+def test_a_write_along_one_indexed_axis_imports_and_computes_what_torch_does(spell):
+    """TVM's converter of ``index_put`` wants an index tensor per axis (the export gives None for
+    the whole ones, the trailing ones left out): a scatter along the indexed axis (llvm)."""
+    import tvm
+    from tvm import relax
+
+    cache, k = torch.randn(2, 4, 16, 8), torch.randn(2, 4, 3, 8)
+    positions = torch.tensor([5, 0, 11]) if spell != "accumulate" else torch.tensor([1, 3, 1])
+    if spell == "accumulate":
+        k = torch.randn(2, 16, 3, 8)  # written at heads 1, 3, 1 of each position
+    args = (cache, k, positions)
+    mod = from_exported_program(torch.export.export(_CacheWrite(spell), args))
+    executable = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"}), tir_pipeline="s_tir_stock")
+    got = relax.VirtualMachine(executable, tvm.cpu())["main"](*(tvm.runtime.tensor(a.numpy()) for a in args))
+    np.testing.assert_allclose(got[0].numpy(), _CacheWrite(spell)(*args).numpy(), rtol=1e-6)
+
+
+class _UnsortedTopK(torch.nn.Module):
+    def forward(self, scores):
+        return torch.topk(scores, 6, dim=-1, sorted=False)
+
+
+def test_an_unsorted_top_k_imports_as_the_sorted_one():
+    """TVM's converter refuses ``sorted=False`` (DeepSeek's router); torch leaves that order
+    unspecified, and the sorted one is what its CPU kernel gives (llvm)."""
+    import tvm
+    from tvm import relax
+
+    scores = torch.randn(5, 64).softmax(-1)
+    mod = from_exported_program(torch.export.export(_UnsortedTopK(), (scores,)))
+    executable = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"}), tir_pipeline="s_tir_stock")
+    values, indices = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(scores.numpy()))
+    want_values, want_indices = torch.topk(scores, 6, dim=-1)
+    np.testing.assert_array_equal(indices.numpy(), want_indices.numpy())
+    np.testing.assert_array_equal(values.numpy(), want_values.numpy())

@@ -80,11 +80,22 @@ def from_exported_program(program, **kwargs) -> "relax.IRModule":
 def torch_converters() -> dict:
     """The converters :func:`from_exported_program` adds to TVM's importer, by torch operator:
     products in torch's result type, attention as ``R.nn.attention``, the reductions to a bool
-    TVM has no converter for (:data:`ANY_ALL`), clamps by bounds of another type (:data:`BOUNDED`)."""
+    TVM has no converter for (:data:`ANY_ALL`), clamps by bounds of another type (:data:`BOUNDED`),
+    writes along one indexed axis (:data:`INDEX_PUT`), unsorted top-k (:data:`TOP_K`)."""
     return {**{name: _in_torch_type(name) for name in PRODUCTS}, ATTENTION: _attention,
             **{name: _promoted(name) for name in PROMOTING}, POWER: _power,
             **{name: _any_all(name) for name in ANY_ALL},
-            **{name: _operands_in_result_type(name) for name in BOUNDED}}
+            **{name: _operands_in_result_type(name) for name in BOUNDED},
+            **{name: _index_put(name) for name in INDEX_PUT}, TOP_K: _top_k}
+
+
+#: ``x[:, :, positions] = values`` (a static KV cache's update: ``index_copy_`` and the
+#: assignment both export as ``index_put`` with ``None`` for the whole axes, the trailing ones
+#: left out): TVM 0.27's converter wants an index tensor per axis and fails.
+INDEX_PUT = ("index_put.default", "index_put_.default")
+#: ``torch.topk``; TVM's converter refuses ``sorted=False`` (DeepSeek's router), whose order
+#: torch leaves unspecified: the sorted order is one.
+TOP_K = "topk.default"
 
 
 #: Clamps whose bounds may be tensors of another type than the clamped one, which torch
@@ -121,6 +132,42 @@ def _any_all(name: str):
             flags = bb.emit(reduce(relax.op.reshape(flags, [-1, x.ty.shape.values[-1]]), axis=[1]))
         return bb.emit(relax.op.greater(reduce(flags, axis=axes, keepdims=keep), relax.const(0, "int8")))
     return convert
+
+
+def _index_put(name: str):
+    """``data`` with ``values`` written (or added, ``accumulate``) at the positions of one
+    1-D index tensor along one axis, every other axis whole: a scatter along that axis, the
+    index broadcast over the written block; any other ``index_put`` TVM's converter's."""
+    def convert(node, importer) -> relax.Var:
+        indices = _argument(node, 1, "indices")
+        given = [(axis, i) for axis, i in enumerate(indices) if i is not None]
+        data = importer.env[node.args[0]]
+        if len(given) != 1 or len(given) == data.ty.ndim or data.ty.shape is None:
+            return _stock(importer, name)(node)
+        (axis, index), = given
+        index = importer.env[index]
+        if index.ty.ndim != 1 or index.ty.shape is None:
+            return _stock(importer, name)(node)
+        bb = importer.block_builder
+        dims = list(data.ty.shape.values)
+        block = dims[:axis] + [index.ty.shape.values[0]] + dims[axis + 1:]
+        values = importer.env[_argument(node, 2, "values")]
+        values = bb.emit(relax.op.broadcast_to(relax.op.astype(values, data.ty.dtype), block))
+        at = relax.op.reshape(index, [1] * axis + [-1] + [1] * (len(dims) - axis - 1))
+        at = bb.emit(relax.op.broadcast_to(relax.op.astype(at, "int64"), block))
+        reduction = "add" if _argument(node, 3, "accumulate", False) else "update"
+        return bb.emit(relax.op.scatter_elements(data, at, values, axis=axis, reduction=reduction))
+    return convert
+
+
+def _top_k(node, importer) -> relax.Var:
+    """``torch.topk(x, k, dim, largest, sorted)``: values and int64 indices, best first whether
+    or not ``sorted`` asks for an order."""
+    x = importer.env[node.args[0]]
+    k, dim = _argument(node, 1, "k", 1), _argument(node, 2, "dim", -1)
+    largest = _argument(node, 3, "largest", True)
+    return importer.block_builder.emit(relax.op.topk(x, k=k, axis=dim, largest=largest, ret_type="both",
+                                                     dtype="int64"))
 
 
 def _stock(importer, name: str):
