@@ -277,3 +277,14 @@ def test_shuffles_of_a_cta_smaller_than_a_warp_name_only_its_lanes():
     source = cuda_source(schedule_fused_rows(fused).mod)
     shuffles = [line for line in source.splitlines() if "__shfl_xor_sync(" in line and "#define" not in line]
     assert shuffles and all("__shfl_xor_sync((uint)15," in line for line in shuffles)
+
+
+def test_a_cluster_split_of_a_relax_legalized_cascade_plans_over_int64_indices():
+    """Relax's int64 indices beside the cluster split's int32 rank arithmetic (the partial
+    states' layout) raised TypeError out of ``plan``; the split is planned on the function
+    indexed in int32."""
+    from tvm_dsm.workloads.attention_forms import relax_attention
+
+    func = relax_attention(1, 32, 1, 1024, 64, dtype="bfloat16", bias_shape=(1, 1, 1, 1024))
+    split = plan_cascade_split(func)
+    assert split.ranks > 1 and schedule_cascade(func, split=split)[0] is not None

@@ -335,6 +335,19 @@ def test_relax_legalized_attention_over_an_int64_past_is_read_at_run_time():
     assert {k.family.name for k in range_kernels(func, TARGET, load_hardware())} == {"decode_attention"}
 
 
+def test_a_relax_decode_with_a_static_caches_mask_is_the_decode_kernel():
+    """What a torch model's decode over a static KV cache imports as: ``R.nn.attention`` of one
+    query over the whole cache with an additive bf16 mask ``[1, 1, 1, S]`` (the positions past
+    the step's masked). Legalized with int64 indices, its softmax's unit query axis reads the
+    scores at 0 (a reshape's index simplified): still the statistics' own row."""
+    import tvm_dsm
+
+    func = relax_attention(1, 32, 1, 1024, 64, dtype="bfloat16", bias_shape=(1, 1, 1, 1024))
+    found = find_dense_decode(func)
+    assert found.shape.terms is not None and len(found.shape.terms.tensor_loads()) == 1
+    assert tvm_dsm.plan(func).family.name == "decode_attention"
+
+
 def _any_batch(layout: str = "bhsd", batch=None):
     """Grouped decode attention (32 query heads, 8 KV heads, 1000 keys, head dim 128) over a
     batch of any size ``B``, as continuous batching calls it."""

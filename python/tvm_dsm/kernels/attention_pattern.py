@@ -354,6 +354,8 @@ class _Match:
         other = _within_level(level, self._scores_load(level).indices)
         mapping = []
         for mine, theirs in zip(own, other):
+            if _is_zero(theirs) and (_is_zero(mine) or self.ranges.get(mine) == 1):
+                continue  # an axis of extent 1, which a reshape's indices simplified to 0
             if not isinstance(theirs, tirx.Var):
                 raise ClusterError(f"{level.block} reads the scores at {list(other)}, not at its own variables")
             mapping.append((theirs, mine))
@@ -823,6 +825,10 @@ class _Match:
         cond = _without_bool_casts(cond)
         analyzer = self.analyzer
         return analyzer.can_prove(tirx.Or(tirx.Not(cond), t <= i)) and analyzer.can_prove(tirx.Or(cond, i < t))
+
+
+def _is_zero(index) -> bool:
+    return isinstance(index, tirx.IntImm) and int(index) == 0
 
 
 def _underflows(fill) -> bool:

@@ -37,7 +37,7 @@ from tvm.s_tir.schedule.schedule import ScheduleError
 from ..errors import ClusterError
 from ..fusion.cascade import element_producers, find_cascades, inline_elementwise
 from ..hardware import Hardware, load_hardware
-from ..ir import largest_power_of_two, loads
+from ..ir import largest_power_of_two, loads, narrow_indices
 from ..rules.fused_rows import schedule_fused_rows
 from ..stock import stock_target
 from ..transform.cascaded_reductions import fuse_cascaded_reductions
@@ -199,7 +199,9 @@ def _plan(func: tirx.PrimFunc, hw: Hardware | None) -> tuple[CascadeSplit, s_tir
 
 
 def _schedule(func: tirx.PrimFunc, split: CascadeSplit) -> s_tir.Schedule:
-    fused, reports = fuse_cascaded_reductions(func, **split.kwargs())
+    """The fused rows' schedule of ``func`` in ``split``, indexed in int32 (a cluster split's
+    layout of the partial states mixes its rank's int32 arithmetic into Relax's int64 indices)."""
+    fused, reports = fuse_cascaded_reductions(narrow_indices(func), **split.kwargs())
     if not reports or not all(r.fusible for r in reports):
         raise ClusterError("; ".join(str(r) for r in reports) or "no cascaded reduction")
     return schedule_fused_rows(fused)

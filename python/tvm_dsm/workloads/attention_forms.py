@@ -124,15 +124,18 @@ def topi_attention(batch: int, heads: int, q_len: int, kv_len: int, dim: int, dt
 
 
 def relax_attention(batch: int, heads: int, q_len: int, kv_len: int, dim: int, causal: bool = False,
-                    dtype: str = "float16"):
-    """``R.nn.attention`` over ``[B, S, H, D]`` (``causal``: its "TopLeft" mask), legalized by
-    ``relax.transform.LegalizeOps`` into one PrimFunc."""
+                    dtype: str = "float16", bias_shape: tuple | None = None):
+    """``R.nn.attention`` over ``[B, S, H, D]`` (``causal``: its "TopLeft" mask; ``bias_shape``:
+    an additive bias of that shape, broadcast over ``[B, H, q_len, kv_len]``, in ``dtype``: a
+    model's mask as tvm-dsm's torch importer adds it), legalized by ``relax.transform.LegalizeOps``
+    into one PrimFunc."""
     bb = relax.BlockBuilder()
     q = relax.Var("q", relax.TensorType((batch, q_len, heads, dim), dtype))
     k = relax.Var("k", relax.TensorType((batch, kv_len, heads, dim), dtype))
     v = relax.Var("v", relax.TensorType((batch, kv_len, heads, dim), dtype))
-    with bb.function("main", [q, k, v]):
-        out = bb.emit(relax.op.nn.attention(q, k, v, causal_mask="TopLeft" if causal else None))
+    bias = None if bias_shape is None else relax.Var("bias", relax.TensorType(bias_shape, dtype))
+    with bb.function("main", [q, k, v] + ([] if bias is None else [bias])):
+        out = bb.emit(relax.op.nn.attention(q, k, v, bias=bias, causal_mask="TopLeft" if causal else None))
         bb.emit_func_output(out)
     mod = relax.transform.LegalizeOps()(bb.get())
     return next(f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
