@@ -12,6 +12,7 @@ import pytest
 import tvm
 import tvm_ffi
 from tvm import te, tirx
+from tvm.script import tirx as T
 
 from conftest import LLVM, TARGET, cuda_source, host_launch
 from conftest import kernels as cuda_kernels
@@ -493,10 +494,13 @@ def _decode_bshd(batch=4, keys=1000, heads=16, dim=80):
     return te.create_prim_func([q, k, v, out])
 
 
-def _decode_bshd_grouped(batch=2, keys=1000, heads=28, kv_heads=4, dim=128):
+def _decode_bshd_grouped(batch=2, keys=1000, heads=28, kv_heads=4, dim=128, max_row=None, sum_row=None):
     """Grouped decode attention over a ``[B, S, Hkv, D]`` cache (Qwen2-7B's 7 query heads a KV
     head), bf16, its statistics ``[B, H]`` without the query axis, which only the weighted sum
-    and the output ``[B, 1, H, D]`` keep (an axis of extent 1 the sum does not read)."""
+    and the output ``[B, 1, H, D]`` keep (an axis of extent 1 the sum does not read).
+    ``max_row``, ``sum_row``: the row ``(b, h)`` of the max the row sum shifts by, and of the sum
+    the output divides by (each the row's own by default)."""
+    max_row, sum_row = (rows or (lambda b, h: (b, h)) for rows in (max_row, sum_row))
     group = heads // kv_heads
     q = te.placeholder((batch, 1, heads, dim), "bfloat16", name="q")
     k, v = (te.placeholder((batch, keys, kv_heads, dim), "bfloat16", name=n) for n in "kv")
@@ -505,11 +509,72 @@ def _decode_bshd_grouped(batch=2, keys=1000, heads=28, kv_heads=4, dim=128):
         q[b, 0, h, d].astype("float32") * k[b, j, h // group, d].astype("float32"), axis=d), name="s")
     m = te.compute((batch, heads), lambda b, h: te.max(s[b, h, t1], axis=t1), name="m")
     e = te.compute(s.shape, lambda b, h, j: te.exp((s[b, h, j] - m[b, h]) * dim ** -0.5), name="e")
-    l = te.compute((batch, heads), lambda b, h: te.sum(e[b, h, t2], axis=t2), name="l")
+    l = te.compute((batch, heads), lambda b, h: te.sum(
+        te.exp((s[b, h, t2] - m[max_row(b, h)]) * dim ** -0.5), axis=t2), name="l")
     o = te.compute((batch, 1, heads, dim), lambda b, i, h, c: te.sum(
         e[b, h, t3] * v[b, t3, h // group, c].astype("float32"), axis=t3), name="o")
-    out = te.compute(o.shape, lambda b, i, h, c: (o[b, i, h, c] / l[b, h]).astype("bfloat16"), name="out")
+    out = te.compute(o.shape, lambda b, i, h, c: (o[b, i, h, c] / l[sum_row(b, h)]).astype("bfloat16"), name="out")
     return te.create_prim_func([q, k, v, out])
+
+
+@pytest.mark.parametrize("rows", [dict(max_row=lambda b, h: (b, (h + 1) % 28)),
+                                  dict(sum_row=lambda b, h: (b, (h + 1) % 28))], ids=["max", "sum"])
+def test_statistics_read_at_another_row_are_not_attention(rows):
+    """The row sum shifted by another head's max, or the output divided by another head's sum:
+    read as symbols of the row, they would have passed as attention (and computed each head's
+    own statistics)."""
+    with pytest.raises(ClusterError, match="not at its own row"):
+        find_decode_attention(_decode_bshd_grouped(**rows))
+
+
+@T.prim_func(s_tir=True)
+def _weighted_sum_over_a_unit_axis_from_one(q: T.Buffer((2, 1, 4, 8), "float16"), k: T.Buffer((2, 8, 2, 8), "float16"),
+                                            v: T.Buffer((2, 8, 2, 8), "float16"),
+                                            out: T.Buffer((2, 1, 4, 8), "float16")):
+    """Its weighted sum's unit axis ranges over [1, 2): v is read at head ``(h // 2 + 1) % 2``."""
+    s = T.sblock_alloc_buffer((2, 4, 8))
+    m = T.sblock_alloc_buffer((2, 4))
+    o = T.sblock_alloc_buffer((2, 2, 4, 8))
+    l = T.sblock_alloc_buffer((2, 4))
+    for b, h, j, d in T.grid(2, 4, 8, 8):
+        with T.sblock("s"):
+            v_b, v_h, v_j, v_d = T.axis.remap("SSSR", [b, h, j, d])
+            with T.init():
+                s[v_b, v_h, v_j] = T.float32(0.0)
+            s[v_b, v_h, v_j] = s[v_b, v_h, v_j] + T.Cast("float32", q[v_b, 0, v_h, v_d]) * T.Cast(
+                "float32", k[v_b, v_j, v_h // 2, v_d])
+    for b, h, t in T.grid(2, 4, 8):
+        with T.sblock("m"):
+            v_b, v_h, v_t = T.axis.remap("SSR", [b, h, t])
+            with T.init():
+                m[v_b, v_h] = T.float32(-3.4028234663852886e38)
+            m[v_b, v_h] = T.max(m[v_b, v_h], s[v_b, v_h, v_t])
+    for b, i, h, c, t in T.grid(2, 1, 4, 8, 8):
+        with T.sblock("o"):
+            v_b, v_i, v_h, v_c = T.axis.spatial(2, b), T.axis.spatial((1, 2), i + 1), T.axis.spatial(4, h), \
+                T.axis.spatial(8, c)
+            v_t = T.axis.reduce(8, t)
+            with T.init():
+                o[v_b, v_i, v_h, v_c] = T.float32(0.0)
+            o[v_b, v_i, v_h, v_c] = o[v_b, v_i, v_h, v_c] + T.exp((s[v_b, v_h, v_t] - m[v_b, v_h]) * T.float32(0.35)) \
+                * T.Cast("float32", v[v_b, v_t, (v_h // 2 + v_i) % 2, v_c])
+    for b, h, t in T.grid(2, 4, 8):
+        with T.sblock("l"):
+            v_b, v_h, v_t = T.axis.remap("SSR", [b, h, t])
+            with T.init():
+                l[v_b, v_h] = T.float32(0.0)
+            l[v_b, v_h] = l[v_b, v_h] + T.exp((s[v_b, v_h, v_t] - m[v_b, v_h]) * T.float32(0.35))
+    for b, i, h, c in T.grid(2, 1, 4, 8):
+        with T.sblock("out"):
+            v_b, v_i, v_h, v_c = T.axis.remap("SSSS", [b, i, h, c])
+            out[v_b, v_i, v_h, v_c] = T.Cast("float16", o[v_b, v_i + 1, v_h, v_c] / l[v_b, v_h])
+
+
+def test_a_reduction_over_an_axis_not_from_zero_is_not_a_level():
+    """The kernels index every level from 0: an axis of extent 1 ranging over [1, 2) read as 0
+    would read the other KV head."""
+    with pytest.raises(ClusterError):
+        find_decode_attention(_weighted_sum_over_a_unit_axis_from_one)
 
 
 def test_a_grouped_decode_whose_query_axis_only_the_output_keeps_reads_each_kv_head_once():

@@ -288,3 +288,17 @@ def test_a_cluster_split_of_a_relax_legalized_cascade_plans_over_int64_indices()
     func = relax_attention(1, 32, 1, 1024, 64, dtype="bfloat16", bias_shape=(1, 1, 1, 1024))
     split = plan_cascade_split(func)
     assert split.ranks > 1 and schedule_cascade(func, split=split)[0] is not None
+
+
+def test_a_cascade_that_keeps_int64_indices_plans_without_a_cluster_split_it_cannot_index():
+    """An int64 parameter (a position a mask reads) keeps the function's int64 indices
+    (tvm_dsm.ir.narrow_indices): the cluster splits fail to index their partial states, and
+    the split of one CTA a row is planned instead of raising TypeError."""
+    from tvm import te, tirx, topi
+
+    rows, width = tirx.IntImm("int64", 2), tirx.IntImm("int64", 65536)
+    x = te.placeholder((rows, width), "float32", name="x")
+    position = te.placeholder((tirx.IntImm("int64", 1),), "int64", name="position")
+    masked = te.compute((rows, width), lambda i, j: tirx.Select(j <= position[0], x[i, j], tirx.const(-1e30, "float32")),
+                        name="masked")
+    assert plan_cascade_split(te.create_prim_func([x, position, topi.nn.softmax(masked)])).ranks == 1

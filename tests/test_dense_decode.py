@@ -288,7 +288,7 @@ def _variant(v_cols=64, k_cols=64, start=0, sum_init=0.0, out=None):
     (lambda: _variant(k_cols=100), "rows must be the 64 columns"),
     (lambda: _variant(start=16), "not decode attention|cascade"),
     (lambda: _variant(sum_init=1.0), "must start at 0"),
-    (lambda: _variant(out=((1, 1, 64), lambda b, x, e: (b, 0, 0, e))), "each head's row once|cannot be inverted"),
+    (lambda: _variant(out=((1, 1, 64), lambda b, x, e: (b, 0, 0, e))), "each head's row once|cannot be inverted|not at its own row"),
 ])
 def test_functions_computing_something_else_are_refused(make, message):
     """Read-through cases a matcher that only checked the softmax's form let through: each
@@ -370,6 +370,11 @@ def test_a_symbolic_batch_is_a_symbolic_grid_of_the_decode_kernel(assemble):
     assert len(cuda_kernels(source)) == len(kernels)
     assert "% B)" not in source  # a CTA's sequence is its pair over the KV head groups, no runtime modulo
     assemble(source, "decode_any_batch")
+    # a symbolic count of ungrouped heads too: the last head variable, which the pattern names the
+    # group's (of one)
+    heads = te.var("H")
+    found = find_dense_decode(te_attention(2, heads, 1, 256, 64, layout="bshd"))
+    assert found.shape.group == 1 and found.shape.head_extents[1].same_as(heads)
 
 
 def test_a_symbolic_extent_of_two_roles_is_refused_by_name():

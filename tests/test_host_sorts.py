@@ -62,6 +62,13 @@ def test_a_router_written_with_the_gpu_topk_is_the_fused_router(index_dtype):
     with TARGET:
         logits_top = te.create_prim_func([x, *topi.gpu.topk(x, k=2, ret_type="both", dtype=index_dtype)])
     assert router_top_k(logits_top) is None
+    # nor the router with its parameters in another order (fp32 logits, every expert kept: the
+    # values' shape and type are the logits')
+    logits = te.placeholder((13, 64), "float32", name="logits")
+    with TARGET:
+        values, indices = topi.gpu.topk(topi.nn.softmax(logits), k=64, ret_type="both", dtype=index_dtype)
+    assert router_top_k(te.create_prim_func([logits, values, indices])) is not None
+    assert router_top_k(te.create_prim_func([values, logits, indices])) is None
 
 
 def test_the_gpu_topk_with_outputs_named_apart_builds_cuda_kernels():

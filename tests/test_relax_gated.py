@@ -219,3 +219,22 @@ def test_a_torch_imported_swiglu_is_one_gated_gemm_and_its_residual_in_the_down_
     vm = relax.VirtualMachine(tvm.compile(rewritten, target=LLVM), tvm.cpu())
     got = vm["main"](*(tvm.runtime.tensor(a) for a in (x, *weights))).numpy()
     assert got.shape == (2, 5, 64) and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+
+
+@pytest.mark.parametrize("cut", [2, [64]])
+def test_halves_of_a_view_that_regroups_the_products_rows_are_left_alone(cut):
+    """The product ``[4, 256]`` viewed as ``[8, 128]`` and cut in two: each piece is a quarter of
+    a product row, not the gate or the up half."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 64), "float16"))
+    w = relax.Var("w", relax.TensorType((256, 64), "float16"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            product = bb.emit(relax.op.matmul(x, bb.emit(relax.op.permute_dims(w, [1, 0])), out_dtype="float32"))
+            rows = bb.emit(relax.op.reshape(bb.emit(relax.op.astype(product, "float16")), [8, 128]))
+            pieces = bb.emit(relax.op.split(rows, cut, axis=-1))
+            gate, up = (bb.emit(relax.TupleGetItem(pieces, n)) for n in range(2))
+            out = bb.emit_output(relax.op.multiply(bb.emit(relax.op.nn.silu(gate)), up))
+        bb.emit_func_output(out)
+    rewritten = FuseGatedProjections(bb.get())
+    assert not any(gv.name_hint.startswith("gated_projection") for gv in rewritten.functions)

@@ -16,10 +16,10 @@ from tvm_dsm.ir import root_blocks
 from tvm_dsm.transform.separate_reductions import reductions_apart
 
 
-def _moments_layer_norm(rows: int = 100, width: int = 1024):
+def _moments_layer_norm(rows: int | None = 100, width: int = 1024):
     """LayerNorm as Relax's legalization once wrote it, in TVMScript with int64 indices: the sum
-    and the sum of squares in one block, fp16 in and out."""
-    s, h = T.int64(rows), T.int64(width)
+    and the sum of squares in one block, fp16 in and out (``rows`` None: a symbolic count)."""
+    s, h = (T.int64(rows) if rows is not None else tirx.Var("s", "int64")), T.int64(width)
     inv = 1.0 / width
 
     @T.prim_func(s_tir=True)
@@ -58,6 +58,55 @@ def _arg_max(rows: int = 8, width: int = 64):
     return te.create_prim_func([x, index, value])
 
 
+@T.prim_func(s_tir=True)
+def _init_reads_the_other(x: T.Buffer((4, 8), "float32"), a: T.Buffer((4,), "float32"),
+                          b: T.Buffer((4,), "float32")):
+    for i, k in T.grid(4, 8):
+        with T.sblock("r"):
+            vi, vk = T.axis.remap("SR", [i, k])
+            with T.init():
+                a[vi] = T.float32(0)
+                b[vi] = a[vi]
+            a[vi] = a[vi] + x[vi, vk]
+            b[vi] = b[vi] + x[vi, vk] * x[vi, vk]
+
+
+@T.prim_func(s_tir=True)
+def _predicate_reads_the_other(x: T.Buffer((4, 8), "float32"), a: T.Buffer((4,), "float32"),
+                               b: T.Buffer((4,), "float32")):
+    for i, k in T.grid(4, 8):
+        with T.sblock("r"):
+            vi, vk = T.axis.remap("SR", [i, k])
+            T.where(a[i] < T.float32(2))
+            with T.init():
+                a[vi] = T.float32(0)
+                b[vi] = T.float32(0)
+            a[vi] = a[vi] + x[vi, vk]
+            b[vi] = b[vi] + x[vi, vk]
+
+
+@T.prim_func(s_tir=True)
+def _one_buffer_initialized_twice(x: T.Buffer((4, 8), "float32"), a: T.Buffer((4,), "float32"),
+                                  b: T.Buffer((4,), "float32")):
+    for i, k in T.grid(4, 8):
+        with T.sblock("r"):
+            vi, vk = T.axis.remap("SR", [i, k])
+            with T.init():
+                a[vi] = T.float32(1)
+                a[vi] = T.float32(0)
+            a[vi] = a[vi] + x[vi, vk]
+            b[vi] = b[vi] + x[vi, vk]
+
+
+@pytest.mark.parametrize("func", [_init_reads_the_other, _predicate_reads_the_other, _one_buffer_initialized_twice],
+                         ids=["init", "predicate", "inits"])
+def test_reductions_that_read_each_other_outside_their_updates_are_left_as_written(func):
+    """An init that starts one sum at the other's start, a predicate over the other's running
+    sum (apart, each would read the other's finished value), or two inits of one sum and none
+    of the other."""
+    assert reductions_apart(func) is None
+
+
 def _run_llvm(func, args):
     lib = tvm.compile(tvm.IRModule({"main": func}), "llvm")
     arrays = [tvm.runtime.tensor(a) for a in args]
@@ -90,3 +139,10 @@ def test_a_function_without_such_a_block_is_left_as_written():
 @pytest.mark.parametrize("rows", [1, 100])
 def test_a_layer_norm_summing_x_and_its_square_in_one_block_is_a_row_norm(rows):
     assert tvm_dsm.plan(_moments_layer_norm(rows)).family.name == "row_norm"
+
+
+def test_over_a_symbolic_row_count_too():
+    from tvm_dsm.driver import schedule_row_ranges
+
+    kernels, _ = schedule_row_ranges(_moments_layer_norm(None))
+    assert {kernel.family.name for kernel in kernels} == {"row_norm"}

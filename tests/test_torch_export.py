@@ -420,3 +420,18 @@ def test_an_unsorted_top_k_imports_as_the_sorted_one():
     want_values, want_indices = torch.topk(scores, 6, dim=-1)
     np.testing.assert_array_equal(indices.numpy(), want_indices.numpy())
     np.testing.assert_array_equal(values.numpy(), want_values.numpy())
+
+
+class _MaskedWrite(torch.nn.Module):
+    def forward(self, x, keep):
+        x = x.clone()
+        x[:, keep] = 0.0
+        return x
+
+
+def test_a_write_through_a_bool_mask_is_not_read_as_positions():
+    """``x[:, mask] = v`` exports as ``index_put`` with a bool index: it is TVM's converter's to
+    take (which refuses it), never a scatter at positions 0 and 1."""
+    args = (torch.randn(3, 6), torch.tensor([False, False, True, False, True, True]))
+    with pytest.raises(TypeError, match="integer dtype"):
+        from_exported_program(torch.export.export(_MaskedWrite(), args))

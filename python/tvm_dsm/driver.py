@@ -403,7 +403,7 @@ def schedule_row_ranges(func: tirx.PrimFunc, target=H100, hw: Hardware | None = 
     (:mod:`tvm_dsm.families.row_ranges`), with those ranges' kernels; ClusterError where a
     range has no family that takes a symbolic row count. A range whose specialization
     (:func:`row_range_tasks`) has a record in ``database`` takes the record's configuration."""
-    func = narrow_indices(func)
+    func = _as_planned(narrow_indices(func))
 
     def recorded(fixed: tirx.PrimFunc) -> dict | None:
         record = tuning_record(database, fixed, target)
@@ -422,7 +422,7 @@ def row_range_tasks(func: tirx.PrimFunc) -> list[tuple[int, tirx.PrimFunc]]:
     :func:`schedule_row_ranges` looks their tuning records up: what tuning measures of it."""
     # the families' kernels index in int32 (a template's kernel is built on the narrowed
     # function, whose variables the branches must share)
-    return range_specializations(narrow_indices(func))
+    return range_specializations(_as_planned(narrow_indices(func)))
 
 
 def _recorded(database: ms.Database | None, func: tirx.PrimFunc,

@@ -158,6 +158,8 @@ class _GatedProjectionRewriter(PyExprMutator):
             return None
         product = split.args[0]
         reshape = _binding(self, product, "relax.reshape")
+        if reshape is not None and not _same_last_extent(reshape.args[0], product):
+            return None  # a view that regroups the product's rows: its halves are not gate and up
         found = self._product(reshape.args[0] if reshape is not None else product)
         if found is None:
             return None
@@ -204,6 +206,12 @@ class _GatedProjectionRewriter(PyExprMutator):
         width = split.args[0].ty.shape.values[-1] if split.args[0].ty.shape is not None else None
         return (len(sections) == 1 and isinstance(width, tirx.IntImm) and isinstance(sections[0], tirx.IntImm)
                 and 2 * int(sections[0]) == int(width))
+
+
+def _same_last_extent(a: relax.Expr, b: relax.Expr) -> bool:
+    """Whether tensors ``a`` and ``b`` have one constant last extent."""
+    extents = [t.ty.shape.values[-1] if t.ty.shape is not None else None for t in (a, b)]
+    return all(isinstance(e, tirx.IntImm) for e in extents) and int(extents[0]) == int(extents[1])
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.FuseGatedProjections")

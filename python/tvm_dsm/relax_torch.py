@@ -146,8 +146,8 @@ def _index_put(name: str):
             return _stock(importer, name)(node)
         (axis, index), = given
         index = importer.env[index]
-        if index.ty.ndim != 1 or index.ty.shape is None:
-            return _stock(importer, name)(node)
+        if index.ty.ndim != 1 or index.ty.shape is None or str(index.ty.dtype) in ("bool", "uint8"):
+            return _stock(importer, name)(node)  # (a bool or uint8 index is a mask, not positions)
         bb = importer.block_builder
         dims = list(data.ty.shape.values)
         block = dims[:axis] + [index.ty.shape.values[0]] + dims[axis + 1:]

@@ -125,8 +125,8 @@ def parse_reduction(block) -> Level | None:
     operand = value.b if is_self(value.a) else value.a if is_self(value.b) else None
     if operand is None or not isinstance(block.init, tirx.BufferStore):
         return None
-    if not (isinstance(reduce.dom.min, tirx.IntImm) and reduce.dom.min.value == 0):
-        return None  # a level is over 0..extent-1 (the kernels index so)
+    if not all(isinstance(iv.dom.min, tirx.IntImm) and iv.dom.min.value == 0 for iv in block.iter_vars):
+        return None  # a level is over 0..extent-1 on every axis (the kernels index so)
     return Level(
         block=str(block.name_hint),
         op=op,

@@ -630,6 +630,8 @@ class _Match:
         leaf = self._leaf(s, **named)
 
         def read(load):
+            if load.source.same_as(self.m.output) or load.source.same_as(self.l.output):
+                self._check_row_read(load, mapping, level.block)
             if any(load.source.same_as(p) for p in self.func.params) and not any(
                     load.source.same_as(b) for b in named.values()):
                 at = substitute(load, mapping) if mapping else load
@@ -651,6 +653,18 @@ class _Match:
             return _symbol(f"place{n}")
 
         return read, variable
+
+    def _check_row_read(self, load, mapping: list, where: str) -> None:
+        """ClusterError unless ``load`` of a row statistic (the max or the sum) reads the row
+        being computed: at the row max's own variables once ``mapping`` (a level's canonical
+        variables, or the output block's in the rows') is applied."""
+        at = [self.analyzer.simplify(substitute(i, mapping)) for i in load.indices]
+        rows = [(var, extent) for var, extent in zip(self.m.spatial, self.m.rows)]
+        if len(at) != len(rows) or not all(
+                (isinstance(i, tirx.Var) and i.same_as(var)) or (extent == 1 and _is_zero(i))
+                for i, (var, extent) in zip(at, rows)):
+            raise ClusterError(f"{where} reads {load.source.name} at {[str(i) for i in load.indices]}, not at "
+                               "its own row")
 
     def _of_key(self) -> set:
         """The symbols that vary with the key: the score, the key variable and the inputs' loads
@@ -776,8 +790,11 @@ class _Match:
             inverse = inverse_affine_iter_map(found.indices, in_rows)
         except tvm.error.InternalError as err:
             raise ClusterError(f"the output block's indices cannot be inverted: {err}") from err
-        return [self.analyzer.simplify(substitute(substitute(i, units), list(inverse.items())))
-                for i in store.indices]
+        in_row_variables = [*units, *inverse.items()]
+        for load in loads(store.value):
+            if load.source.same_as(self.m.output) or load.source.same_as(self.l.output):
+                self._check_row_read(load, in_row_variables, block.name_hint)
+        return [self.analyzer.simplify(substitute(i, in_row_variables)) for i in store.indices]
 
     # --- indices and layouts -----------------------------------------------------------
 

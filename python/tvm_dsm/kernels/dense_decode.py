@@ -138,7 +138,7 @@ def _decode_shape(func: tirx.PrimFunc) -> DecodeShape:
         raise ClusterError(f"decode attention over a symbolic {extent.name} takes the scaled score alone (score terms "
                            "are read at one extent)")
     heads = [n for n, var in enumerate(shape.heads) if axes == _axes_indexed_by(shape.indices, var)]
-    if heads and shape.head_extents[heads[0]] == MATCHED_KEYS and heads[0] != shape.group_var:
+    if heads and shape.head_extents[heads[0]] == MATCHED_KEYS and (heads[0] != shape.group_var or shape.group == 1):
         extents = tuple(extent if n == heads[0] else e for n, e in enumerate(shape.head_extents))
         return dataclasses.replace(shape, func=func, operands=operands, head_extents=extents)
     if axes != [[], *_axes_indexed_by(shape.indices[1:3], shape.key), []]:

@@ -193,7 +193,7 @@ def _plan(func: tirx.PrimFunc, hw: Hardware | None) -> tuple[CascadeSplit, s_tir
             return split(c), None
         try:
             return split(c), _schedule(func, split(c))
-        except ClusterError:
+        except (ClusterError, TypeError):  # TypeError: int64 indices kept beside the rank's int32 arithmetic
             continue
     raise ClusterError("no split of this cascade builds")  # ranks 1 always does: unreachable
 

@@ -99,8 +99,8 @@ def router_top_k(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
         with tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}):  # (its threads a CTA: every CUDA target's 1024)
             top = topi.gpu.topk(probabilities, k=k, ret_type="both", dtype=str(indices.dtype))
     written = te.create_prim_func([x, *top])
-    if not tvm_ffi.structural_equal(written.body, func.body, map_free_vars=True) or \
-            not tvm_ffi.structural_equal(written.params, func.params, map_free_vars=True):
+    # parameters and body in one comparison: one mapping of the variables for both
+    if not tvm_ffi.structural_equal([written.params, written.body], [func.params, func.body], map_free_vars=True):
         return None
     return moe_routing(tokens, experts, k, str(logits.dtype), str(indices.dtype)).with_attr(
         "global_symbol", (func.attrs or {}).get("global_symbol", "main"))

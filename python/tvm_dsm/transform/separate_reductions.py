@@ -14,7 +14,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.s_tir import SBlockRealize
 
-from ..ir import (fresh_definitions, items, loads, nest_block, replace_node, substitute, with_block_body,
+from ..ir import (find_all, fresh_definitions, items, loads, replace_node, substitute, with_block_body,
                   with_block_fields)
 
 
@@ -31,19 +31,30 @@ def _bound(stmts: list) -> list:
     return kept
 
 
-def _own_stores(block) -> list[tirx.BufferStore] | None:
-    """The block's body as one store per buffer it writes, each reading of those buffers only
-    its own element at the indices it writes; else None."""
+def _own_stores(realize) -> list[tirx.BufferStore] | None:
+    """The body of ``realize``'s block as one store per buffer it writes, each with one init,
+    each store reading of those buffers only its own element at the indices it writes; its
+    inits, its stores' indices and the block's predicate reading none of them (each would read
+    another reduction's finished value once apart); else None."""
+    block = realize.block
     stores = _bound(items(block.body))
     inits = items(block.init) if block.init is not None else []
     written = [w.source for w in block.writes]
-    if (len(stores) < 2 or len(inits) != len(stores) or len(written) != len(stores)
+    if (len(stores) < 2 or len(inits) != len(stores) or len(written) != len(stores) or block.match_buffers
+            or block.alloc_buffers
             or not all(isinstance(s, tirx.BufferStore) for s in [*stores, *inits])):
         return None
-    targets = [s.buffer for s in stores]
-    if (any(not any(t.same_as(w) for w in written) for t in targets)
-            or any(targets[i].same_as(targets[j]) for i in range(len(targets)) for j in range(i))
-            or {id(s.buffer) for s in inits} != {id(s.buffer) for s in stores}):
+
+    def one_each(buffers) -> bool:  # each written buffer exactly once
+        return all(sum(b.same_as(w) for b in buffers) == 1 for w in written)
+
+    def reads_written(expr) -> bool:
+        return any(load.source.same_as(w) for load in loads(expr) for w in written)
+
+    if not one_each([s.buffer for s in stores]) or not one_each([s.buffer for s in inits]):
+        return None
+    if (reads_written(realize.predicate) or any(reads_written(s.value) for s in inits)
+            or any(reads_written(i) for s in [*stores, *inits] for i in s.indices)):
         return None
     for store in stores:
         for load in loads(store.value):
@@ -72,8 +83,9 @@ def reductions_apart(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
         return None
     stmts, changed = [], False
     for stmt in items(root.body):
-        block = nest_block(stmt)
-        stores = _own_stores(block) if block is not None and block.init is not None else None
+        realizes = find_all(stmt, SBlockRealize)
+        block = realizes[0].block if len(realizes) == 1 else None
+        stores = _own_stores(realizes[0]) if block is not None and block.init is not None else None
         if stores is None:
             stmts.append(stmt)
             continue
