@@ -13,6 +13,7 @@ from tvm import relax
 
 from conftest import LLVM, TARGET, relax_cuda_source
 from tvm_dsm.kernels.attention_pattern import find_attention
+from tvm_dsm.kernels.dense_decode import find_dense_decode
 from tvm_dsm.relax_packed_attention import PackedAttentionOperands
 from tvm_dsm.relax_pipeline import schedule_kernels
 
@@ -45,20 +46,24 @@ def _packed_attention(form: str, b: int, s: int, h: int, d: int, causal: bool = 
     return bb.get()
 
 
-def _repeated_kv(b: int, s: int, h: int, kv: int, d: int, dtype: str = "float16") -> tvm.IRModule:
-    """``main(q, k, v)``: grouped-query attention as Hugging Face's models write it, k and v
+def _repeated_kv(b: int, s: int, h: int, kv: int, d: int, dtype: str = "float16", bias: bool = False,
+                 queries: int | None = None) -> tvm.IRModule:
+    """``main(q, k, v[, bias])``: grouped-query attention as Hugging Face's models write it, k and v
     (``[B, KV, S, D]``) repeated for each query head (``repeat_kv``: expand, reshape) and
-    transposed to the attention's ``[B, S, H, D]``."""
+    transposed to the attention's ``[B, S, H, D]``; causal, or with an additive mask ``[1, 1, 1,
+    S]`` (``bias``: the keys a static cache holds, as tvm-dsm's torch importer adds its mask);
+    ``queries`` query positions (``s`` by default; 1: a decode step)."""
     bb = relax.BlockBuilder()
-    q = relax.Var("q", relax.TensorType((b, s, h, d), dtype))
+    q = relax.Var("q", relax.TensorType((b, queries or s, h, d), dtype))
     k, v = (relax.Var(n, relax.TensorType((b, kv, s, d), dtype)) for n in "kv")
-    with bb.function("main", [q, k, v]):
+    mask = [relax.Var("mask", relax.TensorType((1, 1, 1, s), dtype))] if bias else []
+    with bb.function("main", [q, k, v, *mask]):
         with bb.dataflow():
             repeated = []
             for t in (k, v):
                 t = bb.emit(relax.op.broadcast_to(bb.emit(relax.op.expand_dims(t, 2)), (b, kv, h // kv, s, d)))
                 repeated.append(bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(t, (b, h, s, d))), [0, 2, 1, 3])))
-            out = bb.emit_output(relax.op.nn.attention(q, *repeated, causal_mask="TopLeft"))
+            out = bb.emit_output(relax.op.nn.attention(q, *repeated, *mask, causal_mask=None if bias else "TopLeft"))
         bb.emit_func_output(out)
     return bb.get()
 
@@ -123,6 +128,24 @@ def test_repeated_kv_heads_are_read_once_a_group():
     # k and v as they are, [B, KV, S, D]: the head axis (1) reads h // 7, the batch (0) the row's // 14
     assert [(layout.seq, layout.heads[-1].axis, layout.heads[-1].divisor) for layout in layouts] == \
         [(1, 2, 1), (2, 1, 7), (2, 1, 7), (1, 2, 1)], layouts
+
+
+def test_repeated_kv_heads_under_a_mask_are_read_once_a_group():
+    """The same with an additive mask (``R.nn.attention_bias``, a static cache's decode as the
+    torch importer writes it): no copies, the values exactly the repeated heads' (CPU)."""
+    b, s, h, kv, d = 2, 40, 8, 2, 16
+    mod = _repeated_kv(b, s, h, kv, d, "float32", bias=True)
+    packed = relax.transform.DeadCodeElimination()(PackedAttentionOperands(mod))
+    ops = {c.op.name for c in _attention_calls(packed) if isinstance(c.op, tvm.ir.Op)}
+    assert not ops & {"relax.broadcast_to", "relax.expand_dims", "relax.permute_dims"}, ops
+    rng = np.random.default_rng(0)
+    mask = np.where(rng.random((1, 1, 1, s)) < 0.3, -1e4, 0.0).astype("float32")
+    inputs = [rng.standard_normal(shape).astype("float32") for shape in ((b, s, h, d), (b, kv, s, d), (b, kv, s, d))]
+    outs = _on_llvm((mod, packed), *inputs, mask)
+    np.testing.assert_array_equal(outs[0], outs[1])
+    decode = relax.transform.LegalizeOps()(relax.transform.DeadCodeElimination()(PackedAttentionOperands(
+        _repeated_kv(1, 1024, 32, 8, 64, "bfloat16", bias=True, queries=1))))
+    assert find_dense_decode(decode["attention"]).group == 4  # each cached KV head read once for its 4 heads
 
 
 def _grouped_query(b, s: int, h: int, kv: int, d: int, causal: bool, bias: bool = False,

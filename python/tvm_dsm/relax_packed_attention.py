@@ -5,9 +5,9 @@ GPT-2, ViT, Falcon, Phi and many others project q, k and v in one GEMM and cut i
 grouped-query models repeat each K/V head for its query heads (``repeat_kv``: ``expand`` then
 ``reshape``); Relax runs each cut (``split``, ``strided_slice``, ``squeeze``, ``permute_dims``,
 ``reshape``, ``broadcast_to``, ``repeat``) as a copy kernel before the attention.
-:data:`PackedAttentionOperands` rewrites ``R.nn.attention`` whose operands are such cuts of a
-tensor: the tensor is reshaped (a view, no copy) to ``[B, S, heads, D]`` or ``[B, heads, S, D]``
-and the attention reads operand head ``h`` as head ``offset + h // group`` of it, so the attention
+:data:`PackedAttentionOperands` rewrites ``R.nn.attention`` (with or without a bias) whose
+operands are such cuts of a tensor: the tensor is reshaped (a view, no copy) to ``[B, S, heads,
+D]`` or ``[B, heads, S, D]`` and the attention reads operand head ``h`` as head ``offset + h // group`` of it, so the attention
 kernel's tensor maps copy the tiles straight from the projection's output, each K/V head once
 for its group (:class:`tvm_dsm.kernels.attention_pattern.HeadAxis` ``offset`` and ``divisor``).
 
@@ -42,10 +42,6 @@ from tvm.relax.transform.legalize_ops.nn import _te_attention
 from .ir import substitute
 from .relax_matmuls import constant_ints, is_op_call, rewrite_functions
 from .relax_precision import ATTENTIONS
-
-#: ``R.nn.attention``'s operator name.
-_ATTENTION = "relax.nn.attention"
-
 
 def _static(shape) -> tuple[int, ...] | None:
     """A shape's constant extents, or None."""
@@ -258,8 +254,7 @@ class _PackedRewriter(PyExprMutator):
         group = _query_heads_per_kv_head(call)
         in_dataflow = any(isinstance(arg, relax.DataflowVar) for arg in call.args)
         operands, bias = call.args[:3], call.args[3:]
-        found = [_packed(self.lookup_binding, arg, in_dataflow) if is_op_call(call, _ATTENTION) else None
-                 for arg in operands]
+        found = [_packed(self.lookup_binding, arg, in_dataflow) for arg in operands]
         if not any(found) and group == 1:
             return call
         # q, k and v stay three arguments even where one view serves them all: TVM's
