@@ -42,12 +42,18 @@ def per_function(transform: Callable[[tirx.PrimFunc], tirx.PrimFunc]) -> Callabl
 PER_FUNCTION_KEPT = 256
 
 
-def nest_block(stmt) -> SBlock | None:
-    """The one block ``stmt`` (a top-level loop nest) computes, else None."""
+def nest_realize(stmt):
+    """The realize of the one block ``stmt`` (a top-level loop nest) computes, else None."""
     from tvm.s_tir import SBlockRealize
 
     realizes = find_all(stmt, SBlockRealize)
-    return realizes[0].block if len(realizes) == 1 else None
+    return realizes[0] if len(realizes) == 1 else None
+
+
+def nest_block(stmt) -> SBlock | None:
+    """The one block ``stmt`` (a top-level loop nest) computes, else None."""
+    realize = nest_realize(stmt)
+    return None if realize is None else realize.block
 
 
 def root_blocks(func: tirx.PrimFunc) -> list[SBlock]:

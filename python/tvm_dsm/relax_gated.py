@@ -203,15 +203,20 @@ class _GatedProjectionRewriter(PyExprMutator):
             return False
         if isinstance(sections, tirx.IntImm):
             return int(sections) == 2
-        width = split.args[0].ty.shape.values[-1] if split.args[0].ty.shape is not None else None
-        return (len(sections) == 1 and isinstance(width, tirx.IntImm) and isinstance(sections[0], tirx.IntImm)
-                and 2 * int(sections[0]) == int(width))
+        width = _last_extent(split.args[0])
+        return (len(sections) == 1 and width is not None and isinstance(sections[0], tirx.IntImm)
+                and 2 * int(sections[0]) == width)
+
+
+def _last_extent(tensor: relax.Expr) -> int | None:
+    """The last extent of ``tensor`` where it is a constant, else None."""
+    extent = tensor.ty.shape.values[-1] if tensor.ty.shape is not None else None
+    return int(extent) if isinstance(extent, tirx.IntImm) else None
 
 
 def _same_last_extent(a: relax.Expr, b: relax.Expr) -> bool:
     """Whether tensors ``a`` and ``b`` have one constant last extent."""
-    extents = [t.ty.shape.values[-1] if t.ty.shape is not None else None for t in (a, b)]
-    return all(isinstance(e, tirx.IntImm) for e in extents) and int(extents[0]) == int(extents[1])
+    return _last_extent(a) is not None and _last_extent(a) == _last_extent(b)
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.FuseGatedProjections")

@@ -9,7 +9,8 @@ grouped-query models repeat each K/V head for its query heads (``repeat_kv``: ``
 operands are such cuts of a tensor: the tensor is reshaped (a view, no copy) to ``[B, S, heads,
 D]`` or ``[B, heads, S, D]`` and the attention reads operand head ``h`` as head ``offset + h //
 group`` of it, so the attention kernel's tensor maps copy the tiles straight from the
-projection's output, each K/V head once for its group (:class:`tvm_dsm.kernels.attention_pattern.HeadAxis` ``offset`` and ``divisor``).
+projection's output, each K/V head once for its group
+(:class:`tvm_dsm.kernels.attention_pattern.HeadAxis` ``offset`` and ``divisor``).
 
 Which element an operand's ``[b, s, h, d]`` is of the tensor is composed symbolically through
 the cuts and proved equal to such a head of such a view by TVM's arithmetic analyzer (over the

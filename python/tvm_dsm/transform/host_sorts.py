@@ -24,6 +24,7 @@ import tvm_ffi
 from tvm import te, tirx, topi
 
 from ..errors import ClusterError
+from ..hardware import H100
 from ..ir import binds_threads, find_all
 from ..workloads.cascades import moe_routing
 
@@ -96,7 +97,7 @@ def router_top_k(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
     if sorts_on_host:
         top = topi.topk(probabilities, k=k, ret_type="both", dtype=str(indices.dtype))
     else:
-        with tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}):  # (its threads a CTA: every CUDA target's 1024)
+        with tvm.target.Target(H100):  # (its threads a CTA: every CUDA target's 1024)
             top = topi.gpu.topk(probabilities, k=k, ret_type="both", dtype=str(indices.dtype))
     written = te.create_prim_func([x, *top])
     # parameters and body in one comparison: one mapping of the variables for both

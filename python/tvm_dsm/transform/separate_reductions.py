@@ -2,8 +2,9 @@
 
 A hand-written LayerNorm often sums ``x`` and ``x * x`` in one block (two stores in its init and
 two in its body, as TVMScript writes them, or a TE tuple reducer with each new value bound
-first): one loop over the row, two buffers. The families read a reduction as one block writing one buffer (a row norm's levels, a
-cascade's), so :func:`reductions_apart` gives each reduction a loop nest and block of its own.
+first): one loop over the row, two buffers. The families read a reduction as one block writing
+one buffer (a row norm's levels, a cascade's), so :func:`reductions_apart` gives each reduction
+a loop nest and block of its own.
 The split computes the same values only where the reductions are independent: each store reads,
 of the buffers the block writes, only its own element (``sum += f(x)``, not an arg-max's pair
 of stores that read each other).
@@ -14,7 +15,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.s_tir import SBlockRealize
 
-from ..ir import (find_all, fresh_definitions, items, loads, replace_node, substitute, with_block_body,
+from ..ir import (fresh_definitions, items, loads, nest_realize, replace_node, substitute, with_block_body,
                   with_block_fields)
 
 
@@ -83,13 +84,13 @@ def reductions_apart(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
         return None
     stmts, changed = [], False
     for stmt in items(root.body):
-        realizes = find_all(stmt, SBlockRealize)
-        block = realizes[0].block if len(realizes) == 1 else None
-        stores = _own_stores(realizes[0]) if block is not None and block.init is not None else None
+        nest = nest_realize(stmt)
+        stores = None if nest is None else _own_stores(nest)
         if stores is None:
             stmts.append(stmt)
             continue
         changed = True
+        block = nest.block
         for n, store in enumerate(stores):
             stmts.append(fresh_definitions(replace_node(stmt, block, _one_reduction(block, store, n))))
     if not changed:
