@@ -40,6 +40,8 @@ from .transform.split_operators import merge_operators, split_operators
 from .transform.product_halves import products_of_halves
 from .transform.product_order import products_in_gemm_order
 from .transform.reductions_first import reductions_first
+from .transform.computed_operands import operands_apart
+from .transform.reduction_inits import inits_apart
 from .transform.separate_reductions import reductions_apart
 from .transform.widen_accumulation import widen_accumulation
 from .tuning_database import open_database
@@ -144,9 +146,12 @@ def _as_planned(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` as :func:`plan` takes its forms from: a softmax's top-k as the fused router
     (:func:`~tvm_dsm.transform.host_sorts.router_top_k`), allocations in the root block,
     independent reductions accumulated in one block apart
-    (:func:`~tvm_dsm.transform.separate_reductions.reductions_apart`)."""
+    (:func:`~tvm_dsm.transform.separate_reductions.reductions_apart`), reductions started from
+    another value than their identity started from it and combined with that value after
+    (:func:`~tvm_dsm.transform.reduction_inits.inits_apart`)."""
     func = block_allocations(router_top_k(func) or func)
-    return reductions_apart(func) or func
+    func = reductions_apart(func) or func
+    return inits_apart(func) or func
 
 
 def family_form(func: tirx.PrimFunc, target=None) -> tuple[tirx.PrimFunc, ScheduleFamily]:
@@ -454,10 +459,13 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
     at INFO) TVM's stock schedule (dlight), of the matrices where dlight fails on the tensors;
     16-bit products over ``[N, K]`` weights whose rows are off 16 bytes, where predicted faster,
     over copies padded to whole rows (:mod:`tvm_dsm.rules.aligned_rows`), a schedule per operator;
-    where dlight cannot schedule it whole (two GEMMs in one function), one schedule per operator
+    where it holds a matmul and other operators (two GEMMs, a GEMM and a reduction of its rows),
+    or dlight cannot schedule it whole, one schedule per operator
     (:mod:`tvm_dsm.transform.split_operators`: a family's, such as the split-K GEMM's at any M,
     N and K, else dlight's; dlight's only without
-    ``families``); else ClusterError with the reasons. Matmuls written to accumulate in 16 bits
+    ``families``); else ClusterError with the reasons. A product operand computed inside the
+    product (a weight dequantized in it) is computed into a tensor first, an operator of its own
+    (:mod:`tvm_dsm.transform.computed_operands`). Matmuls written to accumulate in 16 bits
     accumulate in fp32 here too (:mod:`tvm_dsm.transform.widen_accumulation`): never less
     accurate than asked, and the same numbers whichever path schedules the function."""
     matrices = _as_matrices(func, target, hw) if families else None
@@ -465,6 +473,8 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
         return matrices
     LOG.info("tvm-dsm falls back from its families: %s", reason)
     func = widen_accumulation(func) or func
+    if families:
+        func = operands_apart(func) or func
     misaligned = misaligned_products(func) if families else None
     if misaligned is not None and pads_faster(misaligned, hw or load_hardware()):
         try:
@@ -480,10 +490,12 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
     func = narrow_indices(func) if extent_variables(func) else func
     operators = _operators(func)
     per_operator_error = None
-    if families and sum(op.matmul for op in operators) >= 2:
-        # dlight has no rule for two matmuls in one kernel: what it makes of one is a few CTAs
-        # (an M = 1 SwiGLU chain: 26 ms where its operators take 40 us; at N = 28672 more shared
-        # memory than a CTA has). Operator by operator first.
+    if families and len(operators) >= 2 and any(op.matmul for op in operators):
+        # dlight has no rule for a matmul followed by more than element-wise work: what it makes
+        # of two matmuls, or of a matmul and a reduction of its rows, is a few CTAs (an M = 1
+        # SwiGLU chain: 26 ms where its operators take 40 us; at N = 28672 more shared memory
+        # than a CTA has; an LM head's row max: 10.4 ms where torch takes 71 us). Operator by
+        # operator first.
         try:
             return _per_operator(func, operators, target, hw, families)
         except Exception as err:  # noqa: BLE001  (dlight's rules assert on forms they misjudge)

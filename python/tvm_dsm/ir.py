@@ -150,6 +150,57 @@ def replace_node(root, old, new):
     return tvm_ffi.structural_map(root, [(type(old), lambda n: new if n.same_as(old) else n)], order="pre")
 
 
+def spatial_nest(block: SBlock, name: str, out: tirx.Buffer,
+                 value: Callable[[list, list], tvm.ir.PrimExpr]) -> tirx.Stmt:
+    """A loop nest over ``block``'s spatial axes whose one block, ``name``, writes ``out`` where
+    ``block`` writes its output, the value ``value(mapping, indices)``: ``mapping`` takes
+    ``block``'s spatial variables to the new block's, ``indices`` are where it stores. The new
+    block reads each element its value loads."""
+    from tvm.s_tir import SBlockRealize
+
+    spatial = [iv for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+    loops = [tirx.Var(f"{iv.var.name}_e", str(iv.var.ty)) for iv in spatial]
+    block_vars = [tirx.IterVar(iv.dom, tirx.Var(f"v_{iv.var.name}", str(iv.var.ty)), tirx.IterVar.DataPar)
+                  for iv in spatial]
+    mapping = [(iv.var, bv.var) for iv, bv in zip(spatial, block_vars)]
+    region = [tvm.ir.Range.from_min_extent(substitute(r.min, mapping), substitute(r.extent, mapping))
+              for r in block.writes[0].region]
+    indices = [r.min for r in region]
+    stored = value(mapping, indices)
+    reads = [tirx.BufferRegion(ld.source, [tvm.ir.Range.from_min_extent(i, 1) for i in ld.indices])
+             for ld in loads(stored)]
+    new = SBlock(block_vars, reads, [tirx.BufferRegion(out, region)], name, tirx.BufferStore(out, stored, indices))
+    stmt: tirx.Stmt = SBlockRealize(loops, True, new)
+    for loop, iv in reversed(list(zip(loops, spatial))):
+        stmt = tirx.For(loop, iv.dom.min, iv.dom.extent, tirx.ForKind.SERIAL, stmt)
+    return stmt
+
+
+def rewrite_nests(func: tirx.PrimFunc, rewrite: Callable) -> tirx.PrimFunc | None:
+    """``func`` (one root block over loop nests) with each nest of one block for which
+    ``rewrite(nest, block)`` answers ``(nests, buffers)`` replaced by those nests, the buffers
+    allocated in the root block; None where it answers None for every nest."""
+    from tvm.s_tir import SBlockRealize
+
+    if not isinstance(func.body, SBlockRealize):
+        return None
+    root = func.body.block
+    out_nests, added = [], []
+    for nest in items(root.body):
+        blocks = [r.block for r in find_all(nest, SBlockRealize)]
+        rewritten = rewrite(nest, blocks[0]) if len(blocks) == 1 else None
+        if rewritten is None:
+            out_nests.append(nest)
+            continue
+        out_nests += rewritten[0]
+        added += rewritten[1]
+    if not added:
+        return None
+    body = SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, tirx.SeqStmt(out_nests), root.init,
+                  list(root.alloc_buffers) + added, root.match_buffers, root.annotations)
+    return tirx.PrimFunc(func.params, SBlockRealize([], True, body), func.ret_type, func.attrs)
+
+
 def with_block_fields(block: SBlock, **fields) -> SBlock:
     """``block`` with the named fields (``iter_vars``, ``reads``, ``body``, ...) in place of its
     own."""

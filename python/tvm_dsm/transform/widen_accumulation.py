@@ -13,10 +13,10 @@ epilogue is the rounding).
 from __future__ import annotations
 
 from tvm import tirx
-from tvm.ir import Range, TensorLoad
-from tvm.s_tir import SBlock, SBlockRealize
+from tvm.ir import TensorLoad
+from tvm.s_tir import SBlock
 
-from ..ir import find_all, items, loads, replace_node, substitute
+from ..ir import loads, replace_node, rewrite_nests, spatial_nest
 
 NARROW = ("float16", "bfloat16")
 
@@ -50,48 +50,18 @@ def _widened_block(block: SBlock, store: tirx.BufferStore, product: tirx.Mul,
                   block.match_buffers, block.annotations)
 
 
-def _rounding_nest(block: SBlock, out: tirx.Buffer, acc: tirx.Buffer) -> tirx.Stmt:
-    """A loop nest over the reduction's spatial axes writing ``out[...] = round(acc[...])``."""
-    spatial = [iv for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
-    loops = [tirx.Var(f"{iv.var.name}_r", str(iv.var.ty)) for iv in spatial]
-    block_vars = [tirx.IterVar(iv.dom, tirx.Var(f"v_{iv.var.name}", str(iv.var.ty)), tirx.IterVar.DataPar)
-                  for iv in spatial]
-    # the output is indexed as the reduction wrote it, by the spatial variables
-    written = block.writes[0]
-    mapping = [(iv.var, bv.var) for iv, bv in zip(spatial, block_vars)]
-    region = [Range.from_min_extent(substitute(r.min, mapping), substitute(r.extent, mapping)) for r in written.region]
-    indices = [r.min for r in region]
-    rounding = SBlock(block_vars, [tirx.BufferRegion(acc, region)], [tirx.BufferRegion(out, region)],
-                      f"{block.name_hint}_round",
-                      tirx.BufferStore(out, tirx.Cast(str(out.dtype), tirx.BufferLoad(acc, indices)), indices))
-    stmt: tirx.Stmt = SBlockRealize(loops, True, rounding)
-    for loop, iv in reversed(list(zip(loops, spatial))):
-        stmt = tirx.For(loop, iv.dom.min, iv.dom.extent, tirx.ForKind.SERIAL, stmt)
-    return stmt
-
-
 def widen_accumulation(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
     """``func`` with every 16-bit product reduction accumulated in fp32 (see the module), None
     where it has none (or is not one root block over loop nests of one block each)."""
-    if not isinstance(func.body, SBlockRealize):
-        return None
-    root = func.body.block
-    nests = items(root.body)
-    out_nests, added = [], []
-    for nest in nests:
-        blocks = [r.block for r in find_all(nest, SBlockRealize)]
-        found = _narrow_product(blocks[0]) if len(blocks) == 1 else None
+    def widened(nest, block):
+        found = _narrow_product(block)
         if found is None:
-            out_nests.append(nest)
-            continue
-        block, (store, product) = blocks[0], found
+            return None
+        store, product = found
         out = store.buffer
         acc = tirx.decl_buffer(out.shape, "float32", f"{out.name}_fp32")
-        out_nests += [replace_node(nest, block, _widened_block(block, store, product, acc)),
-                      _rounding_nest(block, out, acc)]
-        added.append(acc)
-    if not added:
-        return None
-    body = SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, tirx.SeqStmt(out_nests), root.init,
-                  list(root.alloc_buffers) + added, root.match_buffers, root.annotations)
-    return tirx.PrimFunc(func.params, SBlockRealize([], True, body), func.ret_type, func.attrs)
+        return [replace_node(nest, block, _widened_block(block, store, product, acc)),
+                spatial_nest(block, f"{block.name_hint}_round", out,
+                             lambda _, at: tirx.Cast(str(out.dtype), tirx.BufferLoad(acc, at)))], [acc]
+
+    return rewrite_nests(func, widened)

@@ -1,0 +1,103 @@
+"""Reductions that start from a value other than their identity, started from the identity
+and the value combined after.
+
+A user's TVMScript often starts a sum from a tensor: a T5-style attention starts the scores
+``q . k`` from a position bias (``with T.init(): sc[b, h, i, j] = bias[h, i, j]``), a GEMM from
+its bias. The families compute a reduction from its identity (0 for a sum, the lowest value
+for a max), so :func:`inits_apart` rewrites each such reduction into one from its identity into
+a new buffer, followed by an element-wise block combining it with the start value into the
+original output (``sc = sc_from_0 + bias``), which the families read as an epilogue or a score
+term. A sum that adds its start last rounds differently only in the last fp32 bits.
+"""
+
+from __future__ import annotations
+
+import tvm_ffi
+from tvm import te, tirx
+from tvm.ir import TensorLoad
+from tvm.s_tir import SBlock
+
+from ..ir import loads, replace_node, rewrite_nests, spatial_nest, substitute
+
+#: The kernels' own identity of a max (and, negated, of a min): a start at or beyond it, or at
+#: its type's lowest (highest) value, is one.
+_BEYOND = 3.0e38
+
+_COMBINE = {tirx.Add: tirx.Add, tirx.Max: tirx.Max, tirx.Min: tirx.Min}
+
+
+def _is_identity(op, init, dtype: str) -> bool:
+    if not isinstance(init, (tirx.FloatImm, tirx.IntImm)):
+        return False
+    value = init.value
+    if op is tirx.Add:
+        return value == 0
+    if op is tirx.Max:
+        return value <= max(-_BEYOND, te.min_value(dtype).value)
+    return value >= min(_BEYOND, te.max_value(dtype).value)
+
+
+def _identity(op, dtype: str):
+    """0, or the type's lowest (highest) value for a max (min): the families' own starts."""
+    if op is tirx.Add:
+        return tirx.const(0, dtype)
+    return te.min_value(dtype) if op is tirx.Max else te.max_value(dtype)
+
+
+def started_reduction(block: SBlock) -> tuple[type, tirx.BufferStore] | None:
+    """(the combining op, the update) of ``block`` where it is ``Y[...] = op(Y[...], x)`` (a sum,
+    max or min; the accumulator on either side) started from something other than the op's
+    identity; else None."""
+    init, store = block.init, block.body
+    if not (isinstance(init, tirx.BufferStore) and isinstance(store, tirx.BufferStore)
+            and init.buffer.same_as(store.buffer) and len(block.writes) == 1
+            and type(store.value) in _COMBINE and len(init.indices) == len(store.indices)
+            and all(a.same_as(b) for a, b in zip(init.indices, store.indices))):
+        return None
+    op = type(store.value)
+    own = [x for x in (store.value.a, store.value.b)
+           if any(ld.source.same_as(store.buffer) for ld in loads(x))]
+    if len(own) != 1 or not (isinstance(own[0], TensorLoad) and all(
+            a.same_as(b) for a, b in zip(own[0].indices, store.indices))):
+        return None
+    reads_own = any(ld.source.same_as(store.buffer) for ld in loads(init.value))
+    if reads_own or _is_identity(op, init.value, str(store.buffer.dtype)):
+        return None
+    return op, store
+
+
+def _from_identity(block: SBlock, op, store: tirx.BufferStore, acc: tirx.Buffer) -> SBlock:
+    """``block`` reducing into ``acc`` from the identity."""
+    body = tirx.BufferStore(acc, reading(store.value, store.buffer, acc), store.indices)
+    init = tirx.BufferStore(acc, _identity(op, str(acc.dtype)), store.indices)
+    writes = [tirx.BufferRegion(acc, block.writes[0].region)]
+    loaded = loads(body.value)
+    reads = [tirx.BufferRegion(acc if r.source.same_as(store.buffer) else r.source, r.region) for r in block.reads
+             if any(ld.source.same_as(r.source) for ld in loaded) or r.source.same_as(store.buffer)]
+    return SBlock(block.iter_vars, reads, writes, block.name_hint, body, init, list(block.alloc_buffers),
+                  block.match_buffers, block.annotations)
+
+
+def reading(expr, old: tirx.Buffer, new: tirx.Buffer):
+    """``expr`` with its loads of ``old`` reading ``new`` at the same indices."""
+    return tvm_ffi.structural_map(expr, [(TensorLoad, lambda ld: tirx.BufferLoad(new, ld.indices)
+                                          if ld.source.same_as(old) else ld)])
+
+
+def inits_apart(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
+    """``func`` with every reduction started from a value other than its identity reduced from
+    the identity and combined with that value after (see the module); None where none is."""
+    def apart(nest, block):
+        found = started_reduction(block)
+        if found is None:
+            return None
+        op, store = found
+        out = store.buffer
+        acc = tirx.decl_buffer(out.shape, out.dtype, f"{out.name}_from_identity")
+        start = block.init.value
+        return [replace_node(nest, block, _from_identity(block, op, store, acc)),
+                spatial_nest(block, f"{block.name_hint}_start", out,
+                             lambda mapping, at: _COMBINE[op](tirx.BufferLoad(acc, at), substitute(start, mapping)))
+                ], [acc]
+
+    return rewrite_nests(func, apart)
