@@ -27,7 +27,10 @@ row's ``ours`` call is profiled kernel by kernel (``kernels``:
 from __future__ import annotations
 
 import argparse
+import copy
+import importlib.util
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -141,15 +144,52 @@ def run_shape(model: str, batch: int, tokens: int, configs: list[str], keep: dic
     """The row of ``model`` at ``batch`` x ``tokens``; ``keep[row name]``: its ``ours`` call
     (a closure holding the VM and its tensors), for a profile after the run's timings."""
     torch.manual_seed(batch * 10_000 + tokens)
-    layer = _layer(model)
     sets = input_sets_for(batch * tokens * MODELS[model][1] * 2, cap=8)
-    inputs = [_inputs(model, batch, tokens) for _ in range(sets)]
-    with torch.no_grad():
-        ref = layer.cuda().double()(*(t.cuda().double() for t in inputs[0])).cpu().numpy()
-    layer = layer.half().cpu()
     name = "decoder_layer" if model == "llama" else f"{model}_layer"
-    row = {"name": f"{name}_b{batch}_t{tokens}", "model": model, "shape": [batch, tokens], "dtype": "float16",
-           "peers": {}, "errors": {}, "timing": {}, "compile_s": {}}
+    row = {"name": f"{name}_b{batch}_t{tokens}", "model": model, "shape": [batch, tokens], "dtype": "float16"}
+    return run_layer(row, _layer(model), [_inputs(model, batch, tokens) for _ in range(sets)], configs, keep)
+
+
+def run_script(path: Path, configs: list[str], keep: dict | None = None) -> dict:
+    """The row of a model a user wrote: ``path`` defines ``make()``, returning the module and
+    one call's inputs, and ``WRITTEN_AS``, saying how it is written."""
+    spec = importlib.util.spec_from_file_location(f"user_model_{path.stem}", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    torch.manual_seed(0)
+    layer, example = script.make()
+    floats = [t for t in example if t.is_floating_point()]
+    row = {"name": path.stem, "model": path.stem, "written_as": script.WRITTEN_AS,
+           "shape": list(example[0].shape), "dtype": str(floats[0].dtype if floats else layer_dtype(layer))[6:]}
+    sets = input_sets_for(sum(t.numel() * t.element_size() for t in example), cap=8)
+    inputs = [example] + [tuple(_like(t) for t in example) for _ in range(sets - 1)]
+    return run_layer(row, layer.eval(), inputs, configs, keep)
+
+
+def layer_dtype(layer: torch.nn.Module) -> torch.dtype:
+    return next(p.dtype for p in layer.parameters())
+
+
+def _like(t: torch.Tensor) -> torch.Tensor:
+    """Another input like ``t``: fresh values for floating-point data, the same indices."""
+    return torch.randn_like(t) if t.is_floating_point() else t.clone()
+
+
+def _first_output(out) -> torch.Tensor:
+    return out if isinstance(out, torch.Tensor) else out[0]
+
+
+def run_layer(row: dict, layer: torch.nn.Module, inputs: list[tuple], configs: list[str],
+              keep: dict | None = None) -> dict:
+    """``row`` with ``layer``'s result per configuration: its error on ``inputs[0]`` against the
+    layer evaluated in float64 on the GPU, and its time over the input sets ``inputs``."""
+    with torch.no_grad():
+        reference = copy.deepcopy(layer).cuda().double()
+        ref = _first_output(reference(*(t.cuda().double() if t.is_floating_point() else t.cuda()
+                                        for t in inputs[0]))).cpu().numpy()
+    del reference
+    sets = len(inputs)
+    row.update({"peers": {}, "errors": {}, "timing": {}, "compile_s": {}})
     for config in configs:
         start = time.time()
         try:
@@ -158,7 +198,7 @@ def run_shape(model: str, batch: int, tokens: int, configs: list[str], keep: dic
                 module = torch.compile(module) if config == "torch_compile" else module
                 on_gpu = [tuple(t.cuda() for t in one) for one in inputs]
                 with torch.no_grad():
-                    out = module(*on_gpu[0]).float().cpu().numpy()
+                    out = _first_output(module(*on_gpu[0])).float().cpu().numpy()
                     us = graph_time_us(lambda i: module(*on_gpu[i]), sets)
                 how = "graph"
                 layer = layer.cpu()
@@ -175,7 +215,7 @@ def run_shape(model: str, batch: int, tokens: int, configs: list[str], keep: dic
             row["errors"][config] = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
             print(f"  {config}: {row['errors'][config]}")
             continue
-        err = res.relative_error(torch.from_numpy(out.astype(np.float64)), torch.from_numpy(ref))
+        err = res.relative_error(torch.from_numpy(out.astype(np.float64)), torch.from_numpy(ref.astype(np.float64)))
         row["errors"][config] = err
         row["timing"][config] = how
         if config == "ours":
@@ -202,15 +242,22 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default="torch_layer.json")
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--scripts", type=Path, help="a folder of models users wrote (run_script), instead")
     args = parser.parse_args(argv)
     results = res.new_suite("torch_layer", torch.cuda.get_device_name(0),
                             {"tvm": tvm.__version__, "torch": torch.__version__, "tvm_dsm": res.git_sha()},
                             "CUDA events over CUDA-graph replays (inputs rotated past L2), median")
     results["command"] = f"python -m tvm_dsm.gpu.torch_layer --configs {args.configs} --models {args.models}"
     calls: dict = {}
-    for model in args.models.split(","):
+    configs = args.configs.split(",")
+    if args.scripts:
+        results["command"] = f"python -m tvm_dsm.gpu.torch_layer --configs {args.configs} --scripts {args.scripts}"
+        for path in sorted(args.scripts.glob("*.py")):
+            results["rows"].append(run_script(path, configs, calls))
+            res.write(results, args.out)
+    for model in [] if args.scripts else args.models.split(","):
         for batch, tokens in MODELS[model][2]:
-            results["rows"].append(run_shape(model, batch, tokens, args.configs.split(","), calls))
+            results["rows"].append(run_shape(model, batch, tokens, configs, calls))
             res.write(results, args.out)
     for row in results["rows"]:
         if row["name"] in calls:

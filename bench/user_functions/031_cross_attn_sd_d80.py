@@ -1,0 +1,32 @@
+"""Cross-attention Sq != Skv (Stable-Diffusion UNet: 1024 latents attend 77 text tokens), head dim 80, TE, fp16, B=2 H=8 Sq=1024 Skv=77 D=80."""
+import numpy as np
+from tvm import te
+B, H, SQ, SK, D = 2, 8, 1024, 77, 80
+SMALL = dict(B=1, H=2, SQ=16, SK=7, D=16)
+def make():
+    q = te.placeholder((B, H, SQ, D), "float16", name="q")
+    k = te.placeholder((B, H, SK, D), "float16", name="k")
+    v = te.placeholder((B, H, SK, D), "float16", name="v")
+    d = te.reduce_axis((0, D), name="d")
+    s0 = te.compute((B, H, SQ, SK), lambda b, h, i, j: te.sum(q[b, h, i, d].astype("float32") * k[b, h, j, d].astype("float32"), axis=d), name="qk")
+    s = te.compute((B, H, SQ, SK), lambda b, h, i, j: s0[b, h, i, j] * float(D ** -0.5), name="s")
+    j1 = te.reduce_axis((0, SK), name="j1")
+    mx = te.compute((B, H, SQ), lambda b, h, i: te.max(s[b, h, i, j1], axis=j1), name="mx")
+    e = te.compute((B, H, SQ, SK), lambda b, h, i, j: te.exp(s[b, h, i, j] - mx[b, h, i]), name="e")
+    j2 = te.reduce_axis((0, SK), name="j2")
+    den = te.compute((B, H, SQ), lambda b, h, i: te.sum(e[b, h, i, j2], axis=j2), name="den")
+    p = te.compute((B, H, SQ, SK), lambda b, h, i, j: (e[b, h, i, j] / den[b, h, i]).astype("float16"), name="p")
+    j3 = te.reduce_axis((0, SK), name="j3")
+    o = te.compute((B, H, SQ, D), lambda b, h, i, c: te.sum(p[b, h, i, j3].astype("float32") * v[b, h, j3, c].astype("float32"), axis=j3), name="pv")
+    out = te.compute((B, H, SQ, D), lambda b, h, i, c: o[b, h, i, c].astype("float16"), name="out")
+    return te.create_prim_func([q, k, v, out])
+def inputs(rng):
+    return [rng.standard_normal((B, H, SQ, D)).astype(np.float32), rng.standard_normal((B, H, SK, D)).astype(np.float32),
+            rng.standard_normal((B, H, SK, D)).astype(np.float32)]
+def reference(q, k, v):
+    s = q @ k.swapaxes(-1, -2) / np.sqrt(D)
+    p = np.exp(s - s.max(-1, keepdims=True)); p /= p.sum(-1, keepdims=True)
+    return [p @ v]
+def torch_impl(q, k, v):
+    import torch
+    return [torch.nn.functional.scaled_dot_product_attention(q, k, v)]

@@ -1,0 +1,64 @@
+"""The functions users wrote (bench/user_functions) hold what the GPU runner reads: at their
+small sizes each builds its PrimFunc, its inputs fit its parameters, and its reference gives one
+array per output parameter of that parameter's shape, symbolic extents read off the inputs."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tvm_dsm.workloads.user_functions import extents, load_case, param_types, shape_of
+
+FOLDER = Path(__file__).resolve().parents[1] / "bench" / "user_functions"
+CASES = sorted(FOLDER.glob("*.py"))
+
+
+def test_the_folder_holds_the_sweeps_functions():
+    assert len(CASES) >= 100
+
+
+@pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
+def test_a_function_at_its_small_size_fits_its_inputs_and_reference(path):
+    case = load_case(path)
+    for name, value in case.SMALL.items():
+        setattr(case, name, value)
+    func = case.make()
+    extra = tuple(values[0] for values in getattr(case, "SYMBOLIC", {}).values())
+    arrays = case.inputs(np.random.default_rng(0), *extra)
+    types = param_types(func)
+    assert len(arrays) < len(types)
+    values = extents(types, arrays)
+    for a, ty in zip(arrays, types):
+        assert list(np.shape(a)) == shape_of(ty, values)
+    expected = case.reference(*[np.asarray(a, dtype=np.float64) if np.asarray(a).dtype.kind == "f" else a
+                                for a in arrays], *extra)
+    outputs = [shape_of(ty, values) for ty in types[len(arrays):]]
+    assert len(expected) == len(outputs)
+    for want, shape in zip(expected, outputs):
+        assert np.size(want) == int(np.prod(shape))
+
+
+def test_an_output_of_other_shape_or_unwritten_is_an_error():
+    torch = pytest.importorskip("torch")
+    from tvm_dsm.gpu.user_functions import error_of
+
+    want = [np.ones((2, 3))]
+    assert error_of([torch.ones(2, 3)], want) == 0.0
+    assert error_of([torch.ones(3, 3)], want) == float("inf")
+    assert error_of([torch.full((2, 3), float("nan"))], want) == float("inf")
+    assert error_of([torch.tensor([1, 2])], [np.array([1, 3])]) == float("inf")
+
+
+MODELS = sorted((FOLDER.parent / "user_models").glob("*.py"))
+
+
+@pytest.mark.parametrize("path", MODELS, ids=[p.stem for p in MODELS])
+def test_a_model_script_defines_its_model_and_says_how_it_is_written(path):
+    """What ``python -m tvm_dsm.gpu.torch_layer --scripts bench/user_models`` reads."""
+    tree = ast.parse(path.read_text())
+    assert any(isinstance(n, ast.FunctionDef) and n.name == "make" for n in tree.body)
+    assert any(isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "WRITTEN_AS" for t in n.targets)
+               for n in tree.body)
