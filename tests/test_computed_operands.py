@@ -72,3 +72,28 @@ def test_gpu_a_w8a16_layer_matches_float64():
     tvm_dsm.build(_w8a16(100, 512, 384), TARGET)(*(tvm.runtime.tensor(a, dev) for a in arrays), out)
     ref = _reference(*arrays)
     assert np.linalg.norm(out.numpy() - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def _masked_operand(m: int, k: int, n: int):
+    """The operand reads the row variable too (a mask): no [N, K] tensor holds it."""
+    x = te.placeholder((m, k), "float16", name="x")
+    w = te.placeholder((n, k), "int8", name="w")
+    r = te.reduce_axis((0, k), name="r")
+    y = te.compute((m, n), lambda i, j: te.sum(x[i, r].astype("float32") * te.if_then_else(
+        r <= i, w[j, r].astype("float16"), te.const(0, "float16")).astype("float32"), axis=r), name="y")
+    return te.create_prim_func([x, w, y])
+
+
+def _from_four(m: int, k: int, n: int):
+    x, w = te.placeholder((m, k), "float16", name="x"), te.placeholder((n, k), "int8", name="w")
+    r = te.reduce_axis((4, k), name="r")
+    y = te.compute((m, n), lambda i, j: te.sum(x[i, r].astype("float32") * (
+        w[j, r].astype("float16") * te.const(2, "float16")).astype("float32"), axis=r), name="y")
+    return te.create_prim_func([x, w, y])
+
+
+@pytest.mark.parametrize("func", [_masked_operand(9, 12, 8), _from_four(16, 16, 12), _w8a16(1, 4096, 4096)],
+                         ids=["reads_the_row", "axis_from_4", "one_row"])
+def test_operands_it_cannot_hold_or_should_not_write_out_are_left_as_written(func):
+    assert operands_apart(func) is None
+    tvm_dsm.driver.schedule(func)  # and the function still schedules

@@ -185,3 +185,91 @@ def test_gpu_reductions_started_from_a_value_match_float64():
     err = _error_on_gpu(_gemm_from_bias(), [a.astype(np.float16) for a in (x, w, b)], lambda x, w, b: x @ w.T + b,
                         (64, 128))
     assert err < 2e-3
+
+
+@T.prim_func(s_tir=True)
+def _batched_fp16_sum_from_bias(x: T.Buffer((3, 33, 70), "float16"), w: T.Buffer((3, 50, 70), "float16"),
+                                bias: T.Buffer((50,), "float16"), y: T.Buffer((3, 33, 50), "float16")):
+    for bb, i, j, r in T.grid(3, 33, 50, 70):
+        with T.sblock("gemm"):
+            vb, vi, vj, vr = T.axis.remap("SSSR", [bb, i, j, r])
+            with T.init():
+                y[vb, vi, vj] = bias[vj]
+            y[vb, vi, vj] = y[vb, vi, vj] + x[vb, vi, vr] * w[vb, vj, vr]
+
+
+def test_a_16_bit_sum_from_a_bias_keeps_the_bias_on_every_path():
+    """The fallback widens 16-bit sums to fp32; it starts them from 0 only once the start is apart."""
+    from tvm_dsm.transform.widen_accumulation import widen_accumulation
+
+    assert widen_accumulation(_batched_fp16_sum_from_bias) is None
+    assert "bias" in tvm_dsm.build(_batched_fp16_sum_from_bias, TARGET).mod.imports[0].inspect_source()
+
+
+@T.prim_func(s_tir=True)
+def _max_from_the_first_element(x: T.Buffer((8, 64), "float32"), m: T.Buffer((8,), "float32")):
+    for i, j in T.grid(8, 64):
+        with T.sblock("row_max"):
+            vi, vj = T.axis.remap("SR", [i, j])
+            with T.init():
+                m[vi] = x[vi, vj]
+            m[vi] = T.max(m[vi], x[vi, vj])
+
+
+@T.prim_func(s_tir=True)
+def _bool_any(x: T.Buffer((8, 64), "float32"), y: T.Buffer((8,), "bool")):
+    for i, j in T.grid(8, 64):
+        with T.sblock("any"):
+            vi, vj = T.axis.remap("SR", [i, j])
+            with T.init():
+                y[vi] = False
+            y[vi] = T.max(y[vi], x[vi, vj] > T.float32(0))
+
+
+@T.prim_func(s_tir=True)
+def _masked_sum_from_bias(x: T.Buffer((16, 16), "float32"), b: T.Buffer((16,), "float32"),
+                          y: T.Buffer((16, 16), "float32")):
+    for i, j, r in T.grid(16, 16, 8):
+        with T.sblock("sum"):
+            T.where(j <= i)
+            vi, vj, vr = T.axis.remap("SSR", [i, j, r])
+            with T.init():
+                y[vi, vj] = b[vj]
+            y[vi, vj] = y[vi, vj] + x[vi, vr]
+
+
+@pytest.mark.parametrize("func", [_max_from_the_first_element, _masked_sum_from_bias],
+                         ids=["start_reads_the_reduction_variable", "predicated"])
+def test_starts_it_cannot_move_are_left_and_refused_by_name(func):
+    assert inits_apart(func) is None
+    with pytest.raises(ClusterError, match="started from another value than its identity"):
+        match_family(func)
+
+
+def test_a_boolean_reduction_is_no_started_sum():
+    assert inits_apart(_bool_any) is None
+    with pytest.raises(ClusterError):
+        driver.plan(_bool_any)
+
+
+@T.prim_func(s_tir=True)
+def _scaled_accumulate(x: T.Buffer((8, 32), "float32"), w: T.Buffer((16, 32), "float32"),
+                       y: T.Buffer((8, 16), "float32")):
+    for i, j, r in T.grid(8, 16, 32):
+        with T.sblock("gemm"):
+            vi, vj, vr = T.axis.remap("SSR", [i, j, r])
+            with T.init():
+                y[vi, vj] = y[vi, vj] * T.float32(0.5)
+            y[vi, vj] = y[vi, vj] + x[vi, vr] * w[vj, vr]
+
+
+def test_a_start_reading_the_outputs_own_element_is_combined_after():
+    """BLAS's ``y = 0.5 y + x w^T``: the combining block reads the element it then writes."""
+    rng = np.random.default_rng(4)
+    x, w, y0 = (rng.standard_normal(s).astype(np.float32) for s in ((8, 32), (16, 32), (8, 16)))
+    apart = inits_apart(_scaled_accumulate)
+    assert apart is not None
+    dev = tvm.cpu()
+    y = tvm.runtime.tensor(y0, dev)
+    tvm.compile(apart, target="llvm")["main"](tvm.runtime.tensor(x, dev), tvm.runtime.tensor(w, dev), y)
+    np.testing.assert_allclose(y.numpy(), 0.5 * y0 + x @ w.T, rtol=1e-5, atol=1e-5)

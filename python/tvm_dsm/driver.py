@@ -468,6 +468,7 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
     (:mod:`tvm_dsm.transform.computed_operands`). Matmuls written to accumulate in 16 bits
     accumulate in fp32 here too (:mod:`tvm_dsm.transform.widen_accumulation`): never less
     accurate than asked, and the same numbers whichever path schedules the function."""
+    func = inits_apart(func) or func  # as the families see it: a widened sum keeps its start
     matrices = _as_matrices(func, target, hw) if families else None
     if matrices is not None:
         return matrices

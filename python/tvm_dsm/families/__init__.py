@@ -19,7 +19,7 @@ from ..errors import ClusterError
 from ..hardware import Hardware
 from ..ir import find_all
 from ..transform.generate_kernels import register_generator
-from ..transform.reduction_inits import started_reduction
+from ..transform.reduction_inits import starts_elsewhere
 from .attention import Attention
 from .base import ScheduleFamily
 from .column_gemv import ColumnGemvFamily
@@ -156,10 +156,11 @@ def matching_families(func: tirx.PrimFunc, target: Any = None, families: Sequenc
     if accumulating:
         raise ClusterError(f"{', '.join(accumulating)}: a reduction without an init adds to what its output "
                            "held before the call; the families compute it from its identity")
-    started = [b.name_hint for b in find_all(func.body, SBlock) if started_reduction(b) is not None]
+    started = [b.name_hint for b in find_all(func.body, SBlock) if starts_elsewhere(b)]
     if started:
         raise ClusterError(f"{', '.join(started)}: a reduction started from another value than its identity; the "
-                           "families compute it from its identity (plan and build start it there and combine "
+                           "families compute it from its identity (where the start reads no reduction variable "
+                           "and of the output only its own element, plan and build start it there and combine "
                            "the value after: tvm_dsm.transform.reduction_inits)")
     reasons, found = [], []
     for family in FAMILIES if families is None else families:

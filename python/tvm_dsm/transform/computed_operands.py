@@ -6,23 +6,28 @@ family takes and whose only stock schedule is dlight's fallback (10 ms on the H2
 256 x 18944 x 3584 layer, where torch takes 0.1 ms). :func:`operands_apart` computes such an
 operand into a tensor first (``W[j, k] = w[j, k] * scale[j]`` in the operand's own type), and
 the product reads that tensor: two operators, an element-wise kernel and a GEMM, the same
-numbers (the operand is rounded where the function rounds it).
+numbers (the operand is rounded where the function rounds it). A product of one row is left as
+written: dlight's GEMV reads the quantized weight once, which writing it out would multiply.
 """
 
 from __future__ import annotations
+
+import math
 
 import tvm
 from tvm import tirx
 from tvm.ir import TensorLoad
 from tvm.s_tir import SBlock, SBlockRealize
+from tvm.tirx.analysis import undefined_vars
 
 from ..ir import loads, replace_node, rewrite_nests, substitute
 
 
 def _computed(factor, block: SBlock):
     """(the operand below its outer casts, its two variables: a spatial one, then the
-    reduction's) where ``factor`` is computed from more than a cast of one load and indexed by
-    one spatial variable and the reduction's; else None."""
+    reduction's) where ``factor`` is computed from more than a cast of one load, of those two
+    variables alone (each from 0), and the product has more than one row of a constant count;
+    else None."""
     operand = factor
     while isinstance(operand, tirx.Cast):
         operand = operand.value
@@ -31,14 +36,22 @@ def _computed(factor, block: SBlock):
         return None
     if any(ld.source.same_as(w.source) for ld in found for w in block.writes):
         return None
-    used = [iv for iv in block.iter_vars if any(
-        isinstance(i, tirx.Var) and i.same_as(iv.var) or iv.var in tvm.tirx.analysis.undefined_vars(i)
-        for ld in found for i in ld.indices)]
+    used = [iv for iv in block.iter_vars if any(v.same_as(iv.var) for ld in found for i in ld.indices
+                                                 for v in undefined_vars(i))]
     spatial = [iv for iv in used if iv.iter_type == tirx.IterVar.DataPar]
     reduced = [iv for iv in used if iv.iter_type == tirx.IterVar.CommReduce]
     if len(spatial) != 1 or len(reduced) != 1:
         return None
-    return operand, [spatial[0], reduced[0]]
+    axes = [spatial[0], reduced[0]]
+    free = [v for v in undefined_vars(operand) if str(v.ty).startswith(("int", "uint"))]  # not the buffers
+    if (not all(any(v.same_as(iv.var) for iv in axes) for v in free)
+            or not all(isinstance(iv.dom.min, tirx.IntImm) and iv.dom.min.value == 0 for iv in axes)):
+        return None  # it reads another variable (a mask on the row), or its axes do not start at 0
+    rows = [iv.dom.extent for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar
+            and not iv.same_as(spatial[0])]
+    if not all(isinstance(e, tirx.IntImm) for e in rows) or math.prod(e.value for e in rows) < 2:
+        return None  # one row (or a symbolic count, one at decode): dlight's GEMV reads the weight once as it is
+    return operand, axes
 
 
 def _operand_nest(name: str, operand, axes: list, out: tirx.Buffer) -> tirx.Stmt:

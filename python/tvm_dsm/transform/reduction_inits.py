@@ -7,7 +7,9 @@ its bias. The families compute a reduction from its identity (0 for a sum, the l
 for a max), so :func:`inits_apart` rewrites each such reduction into one from its identity into
 a new buffer, followed by an element-wise block combining it with the start value into the
 original output (``sc = sc_from_0 + bias``), which the families read as an epilogue or a score
-term. A sum that adds its start last rounds differently only in the last fp32 bits.
+term. A sum that adds its start last rounds differently only in the last fp32 bits. A start may
+read the output's own element (``y = 0.5 * y + x @ w``: the combining block reads it before
+writing it).
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from __future__ import annotations
 import tvm_ffi
 from tvm import te, tirx
 from tvm.ir import TensorLoad
-from tvm.s_tir import SBlock
+from tvm.s_tir import SBlock, SBlockRealize
+from tvm.tirx.analysis import undefined_vars
 
-from ..ir import loads, replace_node, rewrite_nests, spatial_nest, substitute
+from ..ir import find_all, loads, replace_node, rewrite_nests, spatial_nest, substitute
 
 #: The kernels' own identity of a max (and, negated, of a min): a start at or beyond it, or at
 #: its type's lowest (highest) value, is one.
@@ -44,26 +47,42 @@ def _identity(op, dtype: str):
     return te.min_value(dtype) if op is tirx.Max else te.max_value(dtype)
 
 
+def _at(load, indices) -> bool:
+    return len(load.indices) == len(indices) and all(
+        tvm_ffi.structural_equal(a, b) for a, b in zip(load.indices, indices))
+
+
 def started_reduction(block: SBlock) -> tuple[type, tirx.BufferStore] | None:
     """(the combining op, the update) of ``block`` where it is ``Y[...] = op(Y[...], x)`` (a sum,
-    max or min; the accumulator on either side) started from something other than the op's
-    identity; else None."""
+    max or min of numbers; the accumulator on either side) started from something other than
+    the op's identity, a start reading no reduction variable and of ``Y`` only the element it
+    starts; else None."""
     init, store = block.init, block.body
     if not (isinstance(init, tirx.BufferStore) and isinstance(store, tirx.BufferStore)
             and init.buffer.same_as(store.buffer) and len(block.writes) == 1
-            and type(store.value) in _COMBINE and len(init.indices) == len(store.indices)
-            and all(a.same_as(b) for a, b in zip(init.indices, store.indices))):
+            and type(store.value) in _COMBINE and _at(init, store.indices)
+            and str(store.buffer.dtype) != "bool"):
         return None
     op = type(store.value)
     own = [x for x in (store.value.a, store.value.b)
            if any(ld.source.same_as(store.buffer) for ld in loads(x))]
-    if len(own) != 1 or not (isinstance(own[0], TensorLoad) and all(
-            a.same_as(b) for a, b in zip(own[0].indices, store.indices))):
+    if len(own) != 1 or not (isinstance(own[0], TensorLoad) and _at(own[0], store.indices)):
         return None
-    reads_own = any(ld.source.same_as(store.buffer) for ld in loads(init.value))
-    if reads_own or _is_identity(op, init.value, str(store.buffer.dtype)):
+    reduced = [iv.var for iv in block.iter_vars if iv.iter_type != tirx.IterVar.DataPar]
+    if (any(v.same_as(r) for v in undefined_vars(init.value) for r in reduced)
+            or any(ld.source.same_as(store.buffer) and not _at(ld, store.indices) for ld in loads(init.value))
+            or _is_identity(op, init.value, str(store.buffer.dtype))):
         return None
     return op, store
+
+
+def starts_elsewhere(block: SBlock) -> bool:
+    """Whether ``block`` is a sum, max or min of numbers started from something other than its
+    identity, whether or not :func:`inits_apart` can rewrite it (what the families refuse)."""
+    init, store = block.init, block.body
+    return (isinstance(init, tirx.BufferStore) and isinstance(store, tirx.BufferStore)
+            and type(store.value) in _COMBINE and str(store.buffer.dtype) != "bool"
+            and not _is_identity(type(store.value), init.value, str(store.buffer.dtype)))
 
 
 def _from_identity(block: SBlock, op, store: tirx.BufferStore, acc: tirx.Buffer) -> SBlock:
@@ -84,12 +103,18 @@ def reading(expr, old: tirx.Buffer, new: tirx.Buffer):
                                           if ld.source.same_as(old) else ld)])
 
 
+def _unpredicated(realize) -> bool:
+    """Whether the block is run at every point of its iteration space (a ``T.where`` would leave
+    elements unstarted that the combining nest writes)."""
+    return isinstance(realize.predicate, tirx.IntImm) and bool(realize.predicate.value)
+
+
 def inits_apart(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
     """``func`` with every reduction started from a value other than its identity reduced from
     the identity and combined with that value after (see the module); None where none is."""
     def apart(nest, block):
         found = started_reduction(block)
-        if found is None:
+        if found is None or not all(_unpredicated(r) for r in find_all(nest, SBlockRealize)):
             return None
         op, store = found
         out = store.buffer

@@ -23,9 +23,11 @@ NARROW = ("float16", "bfloat16")
 
 def _narrow_product(block: SBlock) -> tuple[tirx.BufferStore, tirx.PrimExpr] | None:
     """(the update, its product term) of ``block`` where it is ``Y[...] = Y[...] + a * b`` with
-    Y 16-bit and an initialization, else None."""
-    if block.init is None or len(block.writes) != 1 or str(block.writes[0].source.dtype) not in NARROW:
-        return None
+    Y 16-bit, started from 0, else None."""
+    if (block.init is None or len(block.writes) != 1 or str(block.writes[0].source.dtype) not in NARROW
+            or not (isinstance(block.init, tirx.BufferStore) and isinstance(block.init.value, tirx.FloatImm)
+                    and block.init.value.value == 0)):
+        return None  # a sum started elsewhere keeps its start (tvm_dsm.transform.reduction_inits)
     store = block.body
     if not isinstance(store, tirx.BufferStore) or not isinstance(store.value, tirx.Add):
         return None
