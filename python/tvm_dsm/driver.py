@@ -35,6 +35,7 @@ from .families.simt_gemm import SimtGemm, pads_faster
 from .rules.aligned_rows import misaligned_products, pad_rows_to_vectors
 from .transform.generate_kernels import mark_generated, recorded_config
 from .transform.host_sorts import refuse_host_loops, refuse_host_sorts, router_top_k
+from .transform.columns_as_one import columns_as_one
 from .transform.rows_as_matrix import has_row_axes, over_original_tensors, rows_as_matrix
 from .transform.split_operators import merge_operators, split_operators
 from .transform.product_halves import products_of_halves
@@ -520,9 +521,12 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
 def _as_matrices(func: tirx.PrimFunc, target, hw: Hardware | None, families: bool = True) -> s_tir.Schedule | None:
     """``func`` scheduled by a family (without ``families``: by dlight, which may take the
     matrices where it fails on the tensors) over matrices, its tensors' leading row axes merged
-    (:mod:`tvm_dsm.transform.rows_as_matrix`), called with its own tensors; None where it has
+    (:mod:`tvm_dsm.transform.rows_as_matrix`) or, for a family, its reductions' trailing axes
+    (:mod:`tvm_dsm.transform.columns_as_one`), called with its own tensors; None where it has
     no such axes or nothing takes the matrices."""
-    matrices = rows_as_matrix(func)
+    matrices, how = rows_as_matrix(func), "its tensors' leading axes merged into rows"
+    if matrices is None and families:
+        matrices, how = columns_as_one(func), "its reductions' trailing axes merged into one"
     if matrices is None:
         return None
     try:
@@ -530,11 +534,10 @@ def _as_matrices(func: tirx.PrimFunc, target, hw: Hardware | None, families: boo
                      else stock_schedule(matrices.func, target))
         wrapped = over_original_tensors(func, matrices, scheduled.mod["main"])
     except (ClusterError, ScheduleError) as err:
-        LOG.info("as matrices (its leading axes merged into rows) %s takes it either: %s",
-                 "no family" if families else "dlight", str(err).strip().splitlines()[-1])
+        LOG.info("as matrices (%s) %s takes it either: %s", how, "no family" if families else "dlight",
+                 str(err).strip().splitlines()[-1])
         return None
-    LOG.info("scheduled as matrices (its tensors' leading axes merged into rows) by %s",
-             "a family" if families else "dlight")
+    LOG.info("scheduled as matrices (%s) by %s", how, "a family" if families else "dlight")
     return s_tir.Schedule(wrapped, enable_check=False)
 
 

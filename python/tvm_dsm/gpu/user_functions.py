@@ -168,7 +168,8 @@ def run_point(case: ModuleType, func, extra: tuple, folder: Path, info: dict, hb
     point = Point(case, func, extra, rng)
     name = info["name"] + "".join(f"_{k}{v}" for k, v in zip(getattr(case, "SYMBOLIC", {}), extra))
     row = {"name": name, "class": info["name"], "desc": info["desc"], "taken_by": info["taken_by"],
-           "dtype": point.dtypes[0], "errors": dict(info["errors"]), "peers": {}, "rel_errs": {}}
+           "dtype": point.dtypes[0], "errors": dict(info["errors"]), "peers": {}, "rel_errs": {},
+           "build_s": {label: info[f"{label}_build_s"] for label in BUILDS}}
     expected = point.reference()
     bytes_ = point.nbytes()
     n_sets = input_sets_for(bytes_, cap=16)

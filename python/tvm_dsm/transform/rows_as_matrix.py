@@ -50,7 +50,7 @@ def _nest_block(nest: tirx.Stmt) -> SBlock:
     return nest.block
 
 
-def _accesses(block: SBlock) -> list[tuple[tirx.Var, list]]:
+def accesses(block: SBlock) -> list[tuple[tirx.Var, list]]:
     """(buffer, indices) of every load and store in ``block``'s body and initialization."""
     stmts = [block.body] + ([block.init] if block.init is not None else [])
     found = []
@@ -74,7 +74,7 @@ def _row_axes(func: tirx.PrimFunc) -> tuple[int, list, list, list] | None:
     # output (a norm: its statistics hold one value a row, indexed by the rows alone)
     params = list(func.params)
     products = [b for b in blocks if b.init is not None and any(
-        len(buf.shape) >= 3 for buf, _ in _accesses(b) if any(w.source.same_as(buf) for w in b.writes))]
+        len(buf.shape) >= 3 for buf, _ in accesses(b) if any(w.source.same_as(buf) for w in b.writes))]
     outputs = [b for b in blocks if len(b.writes) == 1 and len(b.writes[0].source.shape) >= 3
                and any(b.writes[0].source.same_as(p) for p in params)]
     defining = (products or outputs or [None])[0]
@@ -94,7 +94,7 @@ def _row_axes(func: tirx.PrimFunc) -> tuple[int, list, list, list] | None:
             rowless.append(block)
             continue
         row_blocks.append(str(block.name_hint))
-        for buf, indices in _accesses(block):
+        for buf, indices in accesses(block):
             if not any(uses(i, v) for i in indices for v in row_vars):
                 continue  # a weight or a bias: indexed by none of the rows
             leading, rest = indices[:rows], indices[rows:]
@@ -109,15 +109,15 @@ def _row_axes(func: tirx.PrimFunc) -> tuple[int, list, list, list] | None:
                     return None
                 indexed.append(buf)
         # a row variable read other than as a row index (a position, a mask) keeps its axes
-        values = [_without_loads(s.value) for s in find_all(block.body, tirx.BufferStore)]
+        values = [without_loads(s.value) for s in find_all(block.body, tirx.BufferStore)]
         if any(uses(value, v) for value in values for v in row_vars):
             return None
-    if any(buf.same_as(b) for block in rowless for buf, _ in _accesses(block) for b in indexed):
+    if any(buf.same_as(b) for block in rowless for buf, _ in accesses(block) for b in indexed):
         return None
     return rows, extents, indexed, row_blocks
 
 
-def _without_loads(value):
+def without_loads(value):
     """``value`` with each load replaced by zero: what it computes from its indices' variables
     other than through the tensors it reads."""
     return tvm_ffi.structural_map(value, [(TensorLoad, lambda load: tirx.const(0, str(load.ty)))])
@@ -174,6 +174,19 @@ def has_row_axes(func: tirx.PrimFunc) -> bool:
     return found is not None and found[0] >= 2  # else no row axes, or already a matrix
 
 
+def relayout(sch: s_tir.Schedule, block_rv, buffers: list, done: list, index_map) -> None:
+    """Each of ``buffers`` that the block reads or writes and is not in ``done`` laid out by
+    ``index_map(buffer)`` (``transform_layout``, which rewrites every block's accesses), then
+    added to ``done``."""
+    block = sch.get(block_rv)
+    for kind, regions in (("read", block.reads), ("write", block.writes)):
+        for index, region in enumerate(regions):
+            buf = region.source
+            if any(buf.same_as(b) for b in buffers) and not any(buf.same_as(d) for d in done):
+                sch.transform_layout(block_rv, (kind, index), index_map(buf))
+                done.append(buf)
+
+
 def rows_as_matrix(func: tirx.PrimFunc) -> Matrices | None:
     """``func`` over matrices (see the module docstring), or None where its tensors have no
     leading row axes to merge."""
@@ -187,12 +200,7 @@ def rows_as_matrix(func: tirx.PrimFunc) -> Matrices | None:
         block = sch.get(block_rv)
         if str(block.name_hint) not in row_blocks:
             continue
-        for kind, regions in (("read", block.reads), ("write", block.writes)):
-            for index, region in enumerate(regions):
-                buf = region.source
-                if any(buf.same_as(b) for b in indexed) and not any(buf.same_as(d) for d in done):
-                    sch.transform_layout(block_rv, (kind, index), _merging(len(buf.shape), extents, rows))
-                    done.append(buf)
+        relayout(sch, block_rv, indexed, done, lambda buf: _merging(len(buf.shape), extents, rows))
         for index, region in enumerate(block.reads):
             units = _unit_axes_read_at_zero(region, func.params)
             if units and not any(region.source.same_as(d) for d in done):
