@@ -263,13 +263,21 @@ def _scaled_accumulate(x: T.Buffer((8, 32), "float32"), w: T.Buffer((16, 32), "f
             y[vi, vj] = y[vi, vj] + x[vi, vr] * w[vj, vr]
 
 
-def test_a_start_reading_the_outputs_own_element_is_combined_after():
-    """BLAS's ``y = 0.5 y + x w^T``: the combining block reads the element it then writes."""
-    rng = np.random.default_rng(4)
-    x, w, y0 = (rng.standard_normal(s).astype(np.float32) for s in ((8, 32), (16, 32), (8, 16)))
-    apart = inits_apart(_scaled_accumulate)
-    assert apart is not None
-    dev = tvm.cpu()
-    y = tvm.runtime.tensor(y0, dev)
-    tvm.compile(apart, target="llvm")["main"](tvm.runtime.tensor(x, dev), tvm.runtime.tensor(w, dev), y)
-    np.testing.assert_allclose(y.numpy(), 0.5 * y0 + x @ w.T, rtol=1e-5, atol=1e-5)
+def test_a_start_reading_the_output_is_left_to_the_schedules_that_read_it_first():
+    """BLAS's ``y = 0.5 y + x w^T``: a block combining it after would read and write ``y``, which
+    s_tir's schedules refuse; dlight's schedule of the function as written applies it first."""
+    assert inits_apart(_scaled_accumulate) is None
+    with pytest.raises(ClusterError, match="started from another value than its identity"):
+        match_family(_scaled_accumulate)
+    assert "__global__" in tvm_dsm.build(_scaled_accumulate, TARGET).mod.imports[0].inspect_source()
+
+
+def test_a_function_no_schedule_puts_on_the_gpu_is_refused_by_name():
+    """dlight leaves a reduction over an axis from 1 unscheduled; TVM compiles it for the host."""
+    from tvm import te
+
+    x = te.placeholder((256, 1024), "float32", name="x")
+    r = te.reduce_axis((1, 1024), name="r")
+    func = te.create_prim_func([x, te.compute((256,), lambda i: te.sum(x[i, r], axis=r), name="s")])
+    with pytest.raises(ClusterError, match="put this function on the GPU"):
+        tvm_dsm.build(func, TARGET)

@@ -8,7 +8,7 @@ import pytest
 import tvm
 import tvm_ffi
 from conftest import LLVM, TARGET
-from tvm import te, topi
+from tvm import te, tirx, topi
 
 import tvm_dsm
 from tvm_dsm.transform.widen_accumulation import widen_accumulation
@@ -108,3 +108,12 @@ def test_a_16_bit_accumulated_matmul_is_correct_on_the_gpu(make):
 def test_a_symbolic_batch_16_bit_dense_takes_the_gemm_family_per_row_range():
     kernels, _ = tvm_dsm.driver.schedule_row_ranges(topi_dense(te.var("m"), 1024, 512))
     assert [k.family.name for k in kernels] == ["row_gemv"] * 2 + ["split_k_gemm"] * (len(kernels) - 2)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_one_row_product_over_int64_extents_keeps_its_gemv_family(dtype):
+    """The rounding block reads its element with extents of the index's type: a GEMV family
+    compares that region with the product's (Relax-legalized int64)."""
+    i64 = lambda v: tirx.IntImm("int64", v)  # noqa: E731
+    a, w = te.placeholder((i64(1), i64(4096)), dtype, name="a"), te.placeholder((i64(4096), i64(4096)), dtype, name="w")
+    assert tvm_dsm.driver.plan(te.create_prim_func([a, w, topi.nn.dense(a, w)])).family.name == "row_gemv"

@@ -327,6 +327,18 @@ DLIGHT_RULE_FAILURES = (ScheduleError, AssertionError, AttributeError, TypeError
 
 
 def _compiled_fallback(func: tirx.PrimFunc, target, reason: ClusterError, hw: Hardware | None):
+    """:func:`_compiled_stock`, refused where a function storing tensor elements holds no GPU kernel: TVM
+    compiles a function its schedules leave unscheduled (dlight's, of a reduction over an axis not
+    starting at 0) into host code, which would read the device's tensors from the CPU."""
+    lib = _compiled_stock(func, target, reason, hw)
+    computes = bool(find_all(func.body, tirx.BufferStore))  # not an extern call (it stores through its callee)
+    if target.kind.name == "cuda" and computes and not list(lib.mod.imports):
+        raise ClusterError(f"neither tvm-dsm nor TVM's stock schedules (dlight) put this function on the GPU "
+                           f"(TVM would run it on the host); tvm-dsm's families: {reason}")
+    return lib
+
+
+def _compiled_stock(func: tirx.PrimFunc, target, reason: ClusterError, hw: Hardware | None):
     """``func`` compiled from :func:`_fallback_schedule`; where that does not lower, from its
     schedule without tvm-dsm's families; where dlight's tensor-core schedule for "sm_90" does not
     lower either (its int8 WMMA products), from dlight's schedule for ``target`` itself, which

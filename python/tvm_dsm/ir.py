@@ -150,6 +150,12 @@ def replace_node(root, old, new):
     return tvm_ffi.structural_map(root, [(type(old), lambda n: new if n.same_as(old) else n)], order="pre")
 
 
+def point_region(buffer, indices: list) -> tirx.BufferRegion:
+    """The one element of ``buffer`` at ``indices``, each extent 1 in its index's type (an int64
+    index with an int32 extent compares unequal to the same region written by legalization)."""
+    return tirx.BufferRegion(buffer, [tvm.ir.Range.from_min_extent(i, tirx.const(1, str(i.ty))) for i in indices])
+
+
 def spatial_nest(block: SBlock, name: str, out: tirx.Buffer,
                  value: Callable[[list, list], tvm.ir.PrimExpr]) -> tirx.Stmt:
     """A loop nest over ``block``'s spatial axes whose one block, ``name``, writes ``out`` where
@@ -167,8 +173,7 @@ def spatial_nest(block: SBlock, name: str, out: tirx.Buffer,
               for r in block.writes[0].region]
     indices = [r.min for r in region]
     stored = value(mapping, indices)
-    reads = [tirx.BufferRegion(ld.source, [tvm.ir.Range.from_min_extent(i, 1) for i in ld.indices])
-             for ld in loads(stored)]
+    reads = [point_region(ld.source, ld.indices) for ld in loads(stored)]
     new = SBlock(block_vars, reads, [tirx.BufferRegion(out, region)], name, tirx.BufferStore(out, stored, indices))
     stmt: tirx.Stmt = SBlockRealize(loops, True, new)
     for loop, iv in reversed(list(zip(loops, spatial))):

@@ -159,9 +159,9 @@ def matching_families(func: tirx.PrimFunc, target: Any = None, families: Sequenc
     started = [b.name_hint for b in find_all(func.body, SBlock) if starts_elsewhere(b)]
     if started:
         raise ClusterError(f"{', '.join(started)}: a reduction started from another value than its identity; the "
-                           "families compute it from its identity (where the start reads no reduction variable "
-                           "and of the output only its own element, plan and build start it there and combine "
-                           "the value after: tvm_dsm.transform.reduction_inits)")
+                           "families compute it from its identity (where the start reads neither a reduction "
+                           "variable nor the output, plan and build start it there and combine the value after: "
+                           "tvm_dsm.transform.reduction_inits)")
     reasons, found = [], []
     for family in FAMILIES if families is None else families:
         try:

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import math
 
-import tvm
 from tvm import tirx
 from tvm.ir import TensorLoad
 from tvm.s_tir import SBlock, SBlockRealize
 from tvm.tirx.analysis import undefined_vars
 
-from ..ir import loads, replace_node, rewrite_nests, substitute
+from ..ir import loads, point_region, replace_node, rewrite_nests, substitute
 
 
 def _computed(factor, block: SBlock):
@@ -61,9 +60,8 @@ def _operand_nest(name: str, operand, axes: list, out: tirx.Buffer) -> tirx.Stmt
                   for iv in axes]
     value = substitute(operand, [(iv.var, bv.var) for iv, bv in zip(axes, block_vars)])
     indices = [bv.var for bv in block_vars]
-    reads = [tirx.BufferRegion(ld.source, [tvm.ir.Range.from_min_extent(i, 1) for i in ld.indices])
-             for ld in loads(value)]
-    writes = [tirx.BufferRegion(out, [tvm.ir.Range.from_min_extent(v, 1) for v in indices])]
+    reads = [point_region(ld.source, ld.indices) for ld in loads(value)]
+    writes = [point_region(out, indices)]
     stmt: tirx.Stmt = SBlockRealize(loops, True, SBlock(block_vars, reads, writes, name,
                                                         tirx.BufferStore(out, value, indices)))
     for loop, iv in reversed(list(zip(loops, axes))):
@@ -90,7 +88,7 @@ def operands_apart(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
             read = tirx.BufferLoad(out, [iv.var for iv in axes])
             new_block = replace_node(block, operand, read)
             reads = [r for r in new_block.reads if any(ld.source.same_as(r.source) for ld in loads(new_block.body))]
-            reads.append(tirx.BufferRegion(out, [tvm.ir.Range.from_min_extent(iv.var, 1) for iv in axes]))
+            reads.append(point_region(out, [iv.var for iv in axes]))
             new_block = SBlock(new_block.iter_vars, reads, new_block.writes, new_block.name_hint, new_block.body,
                                new_block.init, list(new_block.alloc_buffers), new_block.match_buffers,
                                new_block.annotations)

@@ -7,9 +7,7 @@ its bias. The families compute a reduction from its identity (0 for a sum, the l
 for a max), so :func:`inits_apart` rewrites each such reduction into one from its identity into
 a new buffer, followed by an element-wise block combining it with the start value into the
 original output (``sc = sc_from_0 + bias``), which the families read as an epilogue or a score
-term. A sum that adds its start last rounds differently only in the last fp32 bits. A start may
-read the output's own element (``y = 0.5 * y + x @ w``: the combining block reads it before
-writing it).
+term. A sum that adds its start last rounds differently only in the last fp32 bits.
 """
 
 from __future__ import annotations
@@ -55,8 +53,8 @@ def _at(load, indices) -> bool:
 def started_reduction(block: SBlock) -> tuple[type, tirx.BufferStore] | None:
     """(the combining op, the update) of ``block`` where it is ``Y[...] = op(Y[...], x)`` (a sum,
     max or min of numbers; the accumulator on either side) started from something other than
-    the op's identity, a start reading no reduction variable and of ``Y`` only the element it
-    starts; else None."""
+    the op's identity, a start reading no reduction variable and not ``Y`` (a block combining it
+    after would read and write ``Y``, which s_tir's schedules refuse); else None."""
     init, store = block.init, block.body
     if not (isinstance(init, tirx.BufferStore) and isinstance(store, tirx.BufferStore)
             and init.buffer.same_as(store.buffer) and len(block.writes) == 1
@@ -70,7 +68,7 @@ def started_reduction(block: SBlock) -> tuple[type, tirx.BufferStore] | None:
         return None
     reduced = [iv.var for iv in block.iter_vars if iv.iter_type != tirx.IterVar.DataPar]
     if (any(v.same_as(r) for v in undefined_vars(init.value) for r in reduced)
-            or any(ld.source.same_as(store.buffer) and not _at(ld, store.indices) for ld in loads(init.value))
+            or any(ld.source.same_as(store.buffer) for ld in loads(init.value))
             or _is_identity(op, init.value, str(store.buffer.dtype))):
         return None
     return op, store
