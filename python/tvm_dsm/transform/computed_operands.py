@@ -83,8 +83,7 @@ def operands_apart(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
             if found is None:
                 continue
             operand, axes = found
-            out = tirx.decl_buffer([iv.dom.extent for iv in axes], str(operand.ty.dtype) if hasattr(
-                operand.ty, "dtype") else str(operand.dtype), f"{block.name_hint}_operand")
+            out = tirx.decl_buffer([iv.dom.extent for iv in axes], str(operand.ty), f"{block.name_hint}_operand")
             read = tirx.BufferLoad(out, [iv.var for iv in axes])
             new_block = replace_node(block, operand, read)
             reads = [r for r in new_block.reads if any(ld.source.same_as(r.source) for ld in loads(new_block.body))]
