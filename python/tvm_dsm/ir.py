@@ -156,29 +156,35 @@ def point_region(buffer, indices: list) -> tirx.BufferRegion:
     return tirx.BufferRegion(buffer, [tvm.ir.Range.from_min_extent(i, tirx.const(1, str(i.ty))) for i in indices])
 
 
-def spatial_nest(block: SBlock, name: str, out: tirx.Buffer,
-                 value: Callable[[list, list], tvm.ir.PrimExpr]) -> tirx.Stmt:
-    """A loop nest over ``block``'s spatial axes whose one block, ``name``, writes ``out`` where
-    ``block`` writes its output, the value ``value(mapping, indices)``: ``mapping`` takes
-    ``block``'s spatial variables to the new block's, ``indices`` are where it stores. The new
-    block reads each element its value loads."""
+def element_nest(axes: list, name: str, out: tirx.Buffer, store: Callable[[list], tuple[list, tvm.ir.PrimExpr]]
+                 ) -> tirx.Stmt:
+    """A loop nest over ``axes`` (a block's iterators) whose one block, ``name``, iterates them
+    as spatial axes and stores into ``out`` what ``store(mapping)`` answers, ``(indices, value)``:
+    ``mapping`` takes the axes' variables to the new block's. The new block reads each element
+    its value loads and writes the one it stores."""
     from tvm.s_tir import SBlockRealize
 
-    spatial = [iv for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
-    loops = [tirx.Var(f"{iv.var.name}_e", str(iv.var.ty)) for iv in spatial]
+    loops = [tirx.Var(f"{iv.var.name}_e", str(iv.var.ty)) for iv in axes]
     block_vars = [tirx.IterVar(iv.dom, tirx.Var(f"v_{iv.var.name}", str(iv.var.ty)), tirx.IterVar.DataPar)
-                  for iv in spatial]
-    mapping = [(iv.var, bv.var) for iv, bv in zip(spatial, block_vars)]
-    region = [tvm.ir.Range.from_min_extent(substitute(r.min, mapping), substitute(r.extent, mapping))
-              for r in block.writes[0].region]
-    indices = [r.min for r in region]
-    stored = value(mapping, indices)
-    reads = [point_region(ld.source, ld.indices) for ld in loads(stored)]
-    new = SBlock(block_vars, reads, [tirx.BufferRegion(out, region)], name, tirx.BufferStore(out, stored, indices))
+                  for iv in axes]
+    indices, value = store([(iv.var, bv.var) for iv, bv in zip(axes, block_vars)])
+    reads = [point_region(ld.source, ld.indices) for ld in loads(value)]
+    new = SBlock(block_vars, reads, [point_region(out, indices)], name, tirx.BufferStore(out, value, indices))
     stmt: tirx.Stmt = SBlockRealize(loops, True, new)
-    for loop, iv in reversed(list(zip(loops, spatial))):
+    for loop, iv in reversed(list(zip(loops, axes))):
         stmt = tirx.For(loop, iv.dom.min, iv.dom.extent, tirx.ForKind.SERIAL, stmt)
     return stmt
+
+
+def spatial_nest(block: SBlock, name: str, out: tirx.Buffer,
+                 value: Callable[[list, list], tvm.ir.PrimExpr]) -> tirx.Stmt:
+    """An :func:`element_nest` over ``block``'s spatial axes writing ``out`` where ``block``
+    writes its output, the value ``value(mapping, indices)``."""
+    def store(mapping):
+        indices = [substitute(r.min, mapping) for r in block.writes[0].region]
+        return indices, value(mapping, indices)
+
+    return element_nest([iv for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar], name, out, store)
 
 
 def rewrite_nests(func: tirx.PrimFunc, rewrite: Callable) -> tirx.PrimFunc | None:

@@ -14,14 +14,12 @@ the original signature.
 
 from __future__ import annotations
 
-import functools
-
 from tvm import s_tir, tirx
 from tvm.s_tir import SBlockRealize
 from tvm.sym import Analyzer
 
 from ..ir import find_all, items, nest_block, uses
-from .rows_as_matrix import Matrices, accesses, relayout, without_loads
+from .rows_as_matrix import Matrices, accesses, relayout, row_major, without_loads
 
 
 def _trailing(func: tirx.PrimFunc) -> tuple[list, list, list] | None:
@@ -80,10 +78,8 @@ def _trailing(func: tirx.PrimFunc) -> tuple[list, list, list] | None:
 def _merging(ndim: int, extents: list) -> tirx.IndexMap:
     """The index map of ``ndim`` axes merging the last ``len(extents)`` (row-major)."""
     k = len(extents)
-    return tirx.IndexMap.from_func(
-        lambda *axes: [*axes[:ndim - k], functools.reduce(lambda acc, pair: acc * pair[1] + pair[0],
-                                                          zip(axes[ndim - k + 1:], extents[1:]), axes[ndim - k])],
-        ndim=ndim, index_dtype=str(extents[0].ty))
+    return tirx.IndexMap.from_func(lambda *axes: [*axes[:ndim - k], row_major(list(axes[ndim - k:]), extents)],
+                                   ndim=ndim, index_dtype=str(extents[0].ty))
 
 
 def columns_as_one(func: tirx.PrimFunc) -> Matrices | None:

@@ -16,10 +16,10 @@ import math
 
 from tvm import tirx
 from tvm.ir import TensorLoad
-from tvm.s_tir import SBlock, SBlockRealize
+from tvm.s_tir import SBlock
 from tvm.tirx.analysis import undefined_vars
 
-from ..ir import loads, point_region, replace_node, rewrite_nests, substitute
+from ..ir import element_nest, loads, point_region, replace_node, rewrite_nests, substitute
 
 
 def _computed(factor, block: SBlock):
@@ -53,22 +53,6 @@ def _computed(factor, block: SBlock):
     return operand, axes
 
 
-def _operand_nest(name: str, operand, axes: list, out: tirx.Buffer) -> tirx.Stmt:
-    """A loop nest over ``axes`` writing ``out[axes] = operand``."""
-    loops = [tirx.Var(f"{iv.var.name}_o", str(iv.var.ty)) for iv in axes]
-    block_vars = [tirx.IterVar(iv.dom, tirx.Var(f"v_{iv.var.name}", str(iv.var.ty)), tirx.IterVar.DataPar)
-                  for iv in axes]
-    value = substitute(operand, [(iv.var, bv.var) for iv, bv in zip(axes, block_vars)])
-    indices = [bv.var for bv in block_vars]
-    reads = [point_region(ld.source, ld.indices) for ld in loads(value)]
-    writes = [point_region(out, indices)]
-    stmt: tirx.Stmt = SBlockRealize(loops, True, SBlock(block_vars, reads, writes, name,
-                                                        tirx.BufferStore(out, value, indices)))
-    for loop, iv in reversed(list(zip(loops, axes))):
-        stmt = tirx.For(loop, iv.dom.min, iv.dom.extent, tirx.ForKind.SERIAL, stmt)
-    return stmt
-
-
 def operands_apart(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
     """``func`` with each product operand computed inside a sum reduction (see the module)
     computed into a tensor before it; None where no reduction has one."""
@@ -91,8 +75,9 @@ def operands_apart(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
             new_block = SBlock(new_block.iter_vars, reads, new_block.writes, new_block.name_hint, new_block.body,
                                new_block.init, list(new_block.alloc_buffers), new_block.match_buffers,
                                new_block.annotations)
-            return [_operand_nest(f"{block.name_hint}_operand", operand, axes, out),
-                    replace_node(nest, block, new_block)], [out]
+            computed = element_nest(axes, f"{block.name_hint}_operand", out, lambda mapping: (
+                [new for _, new in mapping], substitute(operand, mapping)))
+            return [computed, replace_node(nest, block, new_block)], [out]
         return None
 
     return rewrite_nests(func, apart)

@@ -15,16 +15,17 @@ from __future__ import annotations
 import tvm_ffi
 from tvm import te, tirx
 from tvm.ir import TensorLoad
-from tvm.s_tir import SBlock, SBlockRealize
+from tvm.s_tir import SBlock
 from tvm.tirx.analysis import undefined_vars
 
-from ..ir import find_all, loads, replace_node, rewrite_nests, spatial_nest, substitute
+from ..ir import loads, nest_realize, replace_node, rewrite_nests, spatial_nest, substitute
 
 #: The kernels' own identity of a max (and, negated, of a min): a start at or beyond it, or at
 #: its type's lowest (highest) value, is one.
 _BEYOND = 3.0e38
 
-_COMBINE = {tirx.Add: tirx.Add, tirx.Max: tirx.Max, tirx.Min: tirx.Min}
+#: The combining ops of the reductions rewritten: each type is also its constructor.
+_COMBINING = (tirx.Add, tirx.Max, tirx.Min)
 
 
 def _is_identity(op, init, dtype: str) -> bool:
@@ -50,37 +51,34 @@ def _at(load, indices) -> bool:
         tvm_ffi.structural_equal(a, b) for a, b in zip(load.indices, indices))
 
 
-def started_reduction(block: SBlock) -> tuple[type, tirx.BufferStore] | None:
-    """(the combining op, the update) of ``block`` where it is ``Y[...] = op(Y[...], x)`` (a sum,
-    max or min of numbers; the accumulator on either side) started from something other than
-    the op's identity, a start reading no reduction variable and not ``Y`` (a block combining it
-    after would read and write ``Y``, which s_tir's schedules refuse); else None."""
+def starts_elsewhere(block: SBlock) -> bool:
+    """Whether ``block`` is a sum, max or min of numbers started from something other than its
+    identity, whether or not :func:`inits_apart` can rewrite it (what the families refuse)."""
     init, store = block.init, block.body
-    if not (isinstance(init, tirx.BufferStore) and isinstance(store, tirx.BufferStore)
-            and init.buffer.same_as(store.buffer) and len(block.writes) == 1
-            and type(store.value) in _COMBINE and _at(init, store.indices)
-            and str(store.buffer.dtype) != "bool"):
+    return (isinstance(init, tirx.BufferStore) and isinstance(store, tirx.BufferStore)
+            and type(store.value) in _COMBINING and str(store.buffer.dtype) != "bool"
+            and not _is_identity(type(store.value), init.value, str(store.buffer.dtype)))
+
+
+def started_reduction(block: SBlock) -> tuple[type, tirx.BufferStore] | None:
+    """(the combining op, the update) of ``block`` where it :func:`starts_elsewhere` as
+    ``Y[...] = op(Y[...], x)`` (the accumulator on either side), its start written where it
+    updates and reading no reduction variable and not ``Y`` (a block combining it after would
+    read and write ``Y``, which s_tir's schedules refuse); else None."""
+    if not starts_elsewhere(block):
         return None
-    op = type(store.value)
+    init, store = block.init, block.body
+    if not (init.buffer.same_as(store.buffer) and len(block.writes) == 1 and _at(init, store.indices)):
+        return None
     own = [x for x in (store.value.a, store.value.b)
            if any(ld.source.same_as(store.buffer) for ld in loads(x))]
     if len(own) != 1 or not (isinstance(own[0], TensorLoad) and _at(own[0], store.indices)):
         return None
     reduced = [iv.var for iv in block.iter_vars if iv.iter_type != tirx.IterVar.DataPar]
     if (any(v.same_as(r) for v in undefined_vars(init.value) for r in reduced)
-            or any(ld.source.same_as(store.buffer) for ld in loads(init.value))
-            or _is_identity(op, init.value, str(store.buffer.dtype))):
+            or any(ld.source.same_as(store.buffer) for ld in loads(init.value))):
         return None
-    return op, store
-
-
-def starts_elsewhere(block: SBlock) -> bool:
-    """Whether ``block`` is a sum, max or min of numbers started from something other than its
-    identity, whether or not :func:`inits_apart` can rewrite it (what the families refuse)."""
-    init, store = block.init, block.body
-    return (isinstance(init, tirx.BufferStore) and isinstance(store, tirx.BufferStore)
-            and type(store.value) in _COMBINE and str(store.buffer.dtype) != "bool"
-            and not _is_identity(type(store.value), init.value, str(store.buffer.dtype)))
+    return type(store.value), store
 
 
 def _from_identity(block: SBlock, op, store: tirx.BufferStore, acc: tirx.Buffer) -> SBlock:
@@ -112,7 +110,7 @@ def inits_apart(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
     the identity and combined with that value after (see the module); None where none is."""
     def apart(nest, block):
         found = started_reduction(block)
-        if found is None or not all(_unpredicated(r) for r in find_all(nest, SBlockRealize)):
+        if found is None or not _unpredicated(nest_realize(nest)):
             return None
         op, store = found
         out = store.buffer
@@ -120,7 +118,7 @@ def inits_apart(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
         start = block.init.value
         return [replace_node(nest, block, _from_identity(block, op, store, acc)),
                 spatial_nest(block, f"{block.name_hint}_start", out,
-                             lambda mapping, at: _COMBINE[op](tirx.BufferLoad(acc, at), substitute(start, mapping)))
+                             lambda mapping, at: op(tirx.BufferLoad(acc, at), substitute(start, mapping)))
                 ], [acc]
 
     return rewrite_nests(func, apart)

@@ -123,10 +123,14 @@ def without_loads(value):
     return tvm_ffi.structural_map(value, [(TensorLoad, lambda load: tirx.const(0, str(load.ty)))])
 
 
+def row_major(axes: list, extents: list):
+    """``axes`` (of ``extents``) as one index, row-major."""
+    return functools.reduce(lambda acc, pair: acc * pair[1] + pair[0], zip(axes[1:], extents[1:]), axes[0])
+
+
 def _merged(axes: list, extents: list, rows: int):
     """The first ``rows`` of ``axes`` as one row index (row-major), then the rest."""
-    return [functools.reduce(lambda acc, pair: acc * pair[1] + pair[0], zip(axes[1:rows], extents[1:rows]),
-                             axes[0]), *axes[rows:]]
+    return [row_major(axes[:rows], extents[:rows]), *axes[rows:]]
 
 
 def _merging(ndim: int, extents: list, rows: int) -> tirx.IndexMap:
