@@ -207,10 +207,13 @@ def merge_operators(func: tirx.PrimFunc, scheduled: list[tirx.PrimFunc]) -> tirx
     root = func.body.block
     parts = []
     for i, sub in enumerate(scheduled):
-        inner = sub.body.block
-        parts.append(SBlockRealize([], True, SBlock([], [], [], f"operator_{i}", inner.body,
-                                                     alloc_buffers=list(inner.alloc_buffers),
-                                                     annotations=inner.annotations)))
+        # a schedule may declare views of its buffers ahead of its root block (a norm over
+        # several axes reads its input as rows): they go with the operator's part
+        *declared, realize = items(sub.body)
+        inner = realize.block
+        parts.append(seq([*declared, SBlockRealize([], True, SBlock([], [], [], f"operator_{i}", inner.body,
+                                                                    alloc_buffers=list(inner.alloc_buffers),
+                                                                    annotations=inner.annotations))]))
     passed = [b for b in root.alloc_buffers if any(b.same_as(p) for sub in scheduled for p in sub.params)]
     body = SBlockRealize([], True, SBlock([], [], [], "root", seq(parts), alloc_buffers=passed))
     return tirx.PrimFunc(func.params, body, func.ret_type, func.attrs)
