@@ -36,6 +36,7 @@ from .rules.aligned_rows import misaligned_products, pad_rows_to_vectors
 from .transform.generate_kernels import mark_generated, recorded_config
 from .transform.host_sorts import refuse_host_loops, refuse_host_sorts, router_top_k
 from .transform.columns_as_one import columns_as_one
+from .transform.merged_heads import heads_apart
 from .transform.rows_as_matrix import has_row_axes, over_original_tensors, rows_as_matrix
 from .transform.split_operators import merge_operators, split_operators
 from .transform.product_halves import products_of_halves
@@ -534,23 +535,28 @@ def _as_matrices(func: tirx.PrimFunc, target, hw: Hardware | None, families: boo
     """``func`` scheduled by a family (without ``families``: by dlight, which may take the
     matrices where it fails on the tensors) over matrices, its tensors' leading row axes merged
     (:mod:`tvm_dsm.transform.rows_as_matrix`) or, for a family, its reductions' trailing axes
-    (:mod:`tvm_dsm.transform.columns_as_one`), called with its own tensors; None where it has
-    no such axes or nothing takes the matrices."""
-    matrices, how = rows_as_matrix(func), "its tensors' leading axes merged into rows"
-    if matrices is None and families:
-        matrices, how = columns_as_one(func), "its reductions' trailing axes merged into one"
-    if matrices is None:
-        return None
-    try:
-        scheduled = (schedule(matrices.func, target, hw=hw, stock_fallback=False) if families
-                     else stock_schedule(matrices.func, target))
-        wrapped = over_original_tensors(func, matrices, scheduled.mod["main"])
-    except (ClusterError, ScheduleError) as err:
-        LOG.info("as matrices (%s) %s takes it either: %s", how, "no family" if families else "dlight",
-                 str(err).strip().splitlines()[-1])
-        return None
-    LOG.info("scheduled as matrices (%s) by %s", how, "a family" if families else "dlight")
-    return s_tir.Schedule(wrapped, enable_check=False)
+    (:mod:`tvm_dsm.transform.columns_as_one`) or its merged head axes split
+    (:mod:`tvm_dsm.transform.merged_heads`), called with its own tensors: the first of these
+    forms that is taken; None where it has none or nothing takes them."""
+    forms = [(rows_as_matrix, "its tensors' leading axes merged into rows")]
+    if families:
+        forms += [(columns_as_one, "its reductions' trailing axes merged into one"),
+                  (heads_apart, "its merged head axes split into heads and the head dim")]
+    for transform, how in forms:
+        matrices = transform(func)
+        if matrices is None:
+            continue
+        try:
+            scheduled = (schedule(matrices.func, target, hw=hw, stock_fallback=False) if families
+                         else stock_schedule(matrices.func, target))
+            wrapped = over_original_tensors(func, matrices, scheduled.mod["main"])
+        except (ClusterError, ScheduleError) as err:
+            LOG.info("as matrices (%s) %s takes it either: %s", how, "no family" if families else "dlight",
+                     str(err).strip().splitlines()[-1])
+            continue
+        LOG.info("scheduled as matrices (%s) by %s", how, "a family" if families else "dlight")
+        return s_tir.Schedule(wrapped, enable_check=False)
+    return None
 
 
 def schedule_operators(func: tirx.PrimFunc, target=H100, hw: Hardware | None = None) -> s_tir.Schedule:

@@ -1,0 +1,136 @@
+"""Attention over merged head axes, as attention over heads: GPT-2's ``qkv [B, S, 3 * H * D]``
+sliced by index arithmetic (``qkv[b, i, C + h * D + d]``), its output written with the heads
+merged (``o[b, i, c]`` reading the probabilities at head ``c // D``).
+
+The attention pattern (:mod:`tvm_dsm.kernels.attention_pattern`) reads each operand as a head
+axis and a head dim innermost. Here one axis holds both. For ``D``, the extent of a reduction
+(the scores' sum over the head dim), :func:`heads_apart` splits that axis into ``[..., n / D,
+D]``: in the blocks, each spatial iterator read as ``v // D`` (and, from there, each iterator
+that indexes the last axis of a tensor so split) becomes two (``transform_block_layout``); in
+the tensors, each whose last axis every access reads as a whole multiple of ``D`` plus an index
+below ``D`` (``transform_layout``; the same memory). The heads of a packed projection are then
+an offset on the head axis, which the pattern takes.
+:func:`~tvm_dsm.transform.rows_as_matrix.over_original_tensors` puts a schedule of it back behind
+the original signature.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.s_tir import SBlockRealize
+from tvm.s_tir.transform import StmtSimplify
+from tvm.sym import Analyzer
+
+from ..ir import find_all, items, nest_block
+from .rows_as_matrix import Matrices, accesses
+
+
+def _head_dims(blocks: list) -> list[int]:
+    """The constant extents of the blocks' reduction iterators, largest first: the head dims a
+    merged axis may hold."""
+    dims = {int(iv.dom.extent) for b in blocks for iv in b.iter_vars
+            if iv.iter_type != tirx.IterVar.DataPar and isinstance(iv.dom.extent, tirx.IntImm)}
+    return sorted((d for d in dims if d > 1), reverse=True)
+
+
+def _divided(block, var: tirx.Var, dim: int) -> bool:
+    """Whether ``block`` reads ``var // dim`` anywhere."""
+    return any(d.a.same_as(var) and isinstance(d.b, tirx.IntImm) and int(d.b) == dim
+               for d in find_all(block.body, tirx.FloorDiv))
+
+
+def _merged_iterators(blocks: list, dim: int) -> dict[str, int]:
+    """Block name -> position of its iterator that holds heads and the head dim: read as
+    ``v // dim``, or indexing alone the last axis of a tensor a merged iterator writes or
+    reads; each a spatial one of a multiple of ``dim`` above it."""
+    def candidates(block):
+        return [(i, iv.var) for i, iv in enumerate(block.iter_vars) if iv.iter_type == tirx.IterVar.DataPar
+                and isinstance(iv.dom.extent, tirx.IntImm) and int(iv.dom.extent) % dim == 0
+                and int(iv.dom.extent) > dim]
+
+    merged = {str(b.name_hint): i for b in blocks for i, v in candidates(b) if _divided(b, v, dim)}
+    changed = True
+    while changed:
+        changed = False
+        tensors = [buf for b in blocks if str(b.name_hint) in merged
+                   for buf, idx in accesses(b) if idx and idx[-1].same_as(b.iter_vars[merged[str(b.name_hint)]].var)]
+        for block in blocks:
+            if str(block.name_hint) in merged:
+                continue
+            for i, var in candidates(block):
+                if any(idx and idx[-1].same_as(var) and any(buf.same_as(t) for t in tensors)
+                       for buf, idx in accesses(block)):
+                    merged[str(block.name_hint)] = i
+                    changed = True
+                    break
+    return merged
+
+
+def _split_at(ndim: int, position: int, dim: int, dtype: str) -> tirx.IndexMap:
+    """The index map of ``ndim`` axes splitting the one at ``position`` into ``(// dim, % dim)``."""
+    return tirx.IndexMap.from_func(
+        lambda *a: [*a[:position], tirx.floordiv(a[position], dim), tirx.floormod(a[position], dim),
+                    *a[position + 1:]], ndim=ndim, index_dtype=dtype)
+
+
+def _splits_cleanly(func: tirx.PrimFunc, buf, dim: int) -> bool:
+    """Whether every access of ``buf``'s last axis in ``func`` reads a whole multiple of ``dim``
+    plus an index below ``dim``, and one at least reads more than a plain iterator."""
+    shape = buf.ty.shape
+    if not shape or not isinstance(shape[-1], tirx.IntImm) or int(shape[-1]) % dim or int(shape[-1]) <= dim:
+        return False
+    blocks = [nest_block(n) for n in items(func.body.block.body)]
+    merged = False
+    for block in blocks:
+        analyzer = Analyzer()
+        for iv in block.iter_vars:
+            analyzer.bind(iv.var, iv.dom)
+        for source, idx in accesses(block):
+            if not source.same_as(buf):
+                continue
+            last = idx[-1]
+            parts = [analyzer.simplify(tirx.floordiv(last, dim)), analyzer.simplify(tirx.floormod(last, dim))]
+            if any(find_all(p, (tirx.FloorDiv, tirx.FloorMod)) for p in parts):
+                return False
+            merged = merged or not isinstance(last, tirx.Var)
+    return merged
+
+
+def heads_apart(func: tirx.PrimFunc) -> Matrices | None:
+    """``func`` with its merged head axes split (see the module), or None where it has none."""
+    if not isinstance(func.body, SBlockRealize):
+        return None
+    blocks = [nest_block(n) for n in items(func.body.block.body)]
+    if not blocks or any(b is None for b in blocks):
+        return None
+    for dim in _head_dims(blocks):
+        merged = _merged_iterators(blocks, dim)
+        if not merged:
+            continue
+        try:
+            sch = s_tir.Schedule(func)
+            for name, position in merged.items():
+                block_rv = sch.get_sblock(name)
+                dtype = str(sch.get(block_rv).iter_vars[position].var.ty)
+                sch.transform_block_layout(block_rv, _split_at(len(sch.get(block_rv).iter_vars), position, dim, dtype))
+            split = _simplified(sch.mod["main"])
+            sch = s_tir.Schedule(split)
+            for block_rv in sch.get_child_blocks(sch.get_sblock("root")):
+                block = sch.get(block_rv)
+                for kind, regions in (("read", block.reads), ("write", block.writes)):
+                    for index, region in enumerate(regions):
+                        buf = region.source
+                        if _splits_cleanly(sch.mod["main"], buf, dim):
+                            sch.transform_layout(block_rv, (kind, index),
+                                                 _split_at(len(buf.ty.shape), len(buf.ty.shape) - 1, dim,
+                                                           str(buf.ty.shape[-1].ty)))
+            return Matrices(_simplified(sch.mod["main"]))
+        except s_tir.ScheduleError:
+            continue
+    return None
+
+
+def _simplified(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with its index expressions simplified within the blocks' iterator ranges."""
+    return StmtSimplify()(tvm.IRModule({"main": func}))["main"]
