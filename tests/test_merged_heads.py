@@ -81,9 +81,12 @@ def test_split_heads_compute_the_same_on_llvm(packed, causal):
 
 
 def test_split_heads_read_the_packed_projection_at_head_offsets():
-    split = heads_apart(_merged_attention(2, 64, 12, 64, packed=True, causal=True)).func
+    func = _merged_attention(2, 64, 12, 64, packed=True, causal=True)
+    split = heads_apart(func).func
     assert [tuple(int(x) for x in p.ty.shape) for p in split.params] == [(2, 64, 36, 64), (2, 64, 12, 64)]
     assert tvm_dsm.plan(split).family.name == "attention"
+    with pytest.raises(tvm_dsm.ClusterError, match=r"plan\(heads_apart\(func\).func\) ranks"):
+        tvm_dsm.plan(func)  # as written: no family; the error says which form build takes
 
 
 @pytest.mark.parametrize("packed", [True, False], ids=["packed_qkv", "three_projections"])

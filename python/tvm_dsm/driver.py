@@ -185,11 +185,15 @@ def plan(func: tirx.PrimFunc, hw: Hardware | None = None, target=None) -> Rankin
     try:
         func, matches = _first_form_taken(func, matches_of)
     except ClusterError as err:
-        if not has_row_axes(func):
-            raise
-        raise ClusterError(f"{err}\nIts tensors' leading axes are rows: build and schedule take it as matrices "
-                           "(tvm_dsm.transform.rows_as_matrix), which plan(rows_as_matrix(func).func) "
-                           "ranks") from None
+        if has_row_axes(func):
+            raise ClusterError(f"{err}\nIts tensors' leading axes are rows: build and schedule take it as matrices "
+                               "(tvm_dsm.transform.rows_as_matrix), which plan(rows_as_matrix(func).func) "
+                               "ranks") from None
+        if heads_apart(func) is not None:
+            raise ClusterError(f"{err}\nIt holds heads and the head dim on one axis: build and schedule split "
+                               "them (tvm_dsm.transform.merged_heads), which plan(heads_apart(func).func) "
+                               "ranks") from None
+        raise
     hw = hw or load_hardware()
     try:
         family, shape, plans = fastest_family(
