@@ -156,6 +156,15 @@ def _as_planned(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return inits_apart(func) or func
 
 
+def _taken(func: tirx.PrimFunc, target) -> bool:
+    """Whether a family takes one of ``func``'s forms."""
+    try:
+        family_form(func, target)
+    except ClusterError:
+        return False
+    return True
+
+
 def family_form(func: tirx.PrimFunc, target=None) -> tuple[tirx.PrimFunc, ScheduleFamily]:
     """The first of ``func``'s forms (:func:`_forms`) a family takes, with that family: the
     function :func:`plan` ranks and a tuning record of ``func`` is kept for; ClusterError where
@@ -189,7 +198,8 @@ def plan(func: tirx.PrimFunc, hw: Hardware | None = None, target=None) -> Rankin
             raise ClusterError(f"{err}\nIts tensors' leading axes are rows: build and schedule take it as matrices "
                                "(tvm_dsm.transform.rows_as_matrix), which plan(rows_as_matrix(func).func) "
                                "ranks") from None
-        if heads_apart(func) is not None:
+        split = heads_apart(func)
+        if split is not None and _taken(split.func, target):
             raise ClusterError(f"{err}\nIt holds heads and the head dim on one axis: build and schedule split "
                                "them (tvm_dsm.transform.merged_heads), which plan(heads_apart(func).func) "
                                "ranks") from None

@@ -16,22 +16,28 @@ the original signature.
 
 from __future__ import annotations
 
-import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
-from tvm.s_tir import SBlockRealize
-from tvm.s_tir.transform import StmtSimplify
+from tvm.s_tir import SBlock, SBlockRealize
 from tvm.sym import Analyzer
 
-from ..ir import find_all, items, nest_block
+from ..ir import find_all, items, nest_block, uses
 from .rows_as_matrix import Matrices, accesses
 
 
 def _head_dims(blocks: list) -> list[int]:
-    """The constant extents of the blocks' reduction iterators, largest first: the head dims a
-    merged axis may hold."""
-    dims = {int(iv.dom.extent) for b in blocks for iv in b.iter_vars
-            if iv.iter_type != tirx.IterVar.DataPar and isinstance(iv.dom.extent, tirx.IntImm)}
-    return sorted((d for d in dims if d > 1), reverse=True)
+    """The constant extents of the reductions that index every tensor they read by their
+    iterator last (a score's sum over the head dim, not the weighted sum over keys, which reads
+    v by the key first): the head dims a merged axis may hold."""
+    dims = []
+    for block in blocks:
+        for iv in block.iter_vars:
+            if iv.iter_type == tirx.IterVar.DataPar or not isinstance(iv.dom.extent, tirx.IntImm):
+                continue
+            reading = [idx for _, idx in accesses(block) if any(uses(i, iv.var) for i in idx)]
+            if len(reading) >= 2 and all(not any(uses(i, iv.var) for i in idx[:-1]) for idx in reading):
+                dims.append(int(iv.dom.extent))
+    return [d for d in dict.fromkeys(dims) if d > 1]
 
 
 def _divided(block, var: tirx.Var, dim: int) -> bool:
@@ -40,21 +46,41 @@ def _divided(block, var: tirx.Var, dim: int) -> bool:
                for d in find_all(block.body, tirx.FloorDiv))
 
 
+def _analyzer(block) -> Analyzer:
+    """An analyzer that knows ``block``'s iterator ranges."""
+    analyzer = Analyzer()
+    for iv in block.iter_vars:
+        analyzer.bind(iv.var, iv.dom)
+    return analyzer
+
+
+def _splits(index, analyzer: Analyzer, dim: int) -> bool:
+    """Whether ``index`` is a whole multiple of ``dim`` plus an index below ``dim``: its quotient
+    and remainder by ``dim`` divide by no multiple of ``dim`` (a head of a group, ``h // g``, may
+    stay)."""
+    parts = [analyzer.simplify(tirx.floordiv(index, dim)), analyzer.simplify(tirx.floormod(index, dim))]
+    return not any(find_all(p, (tirx.FloorDiv, tirx.FloorMod),
+                            lambda e: isinstance(e.b, tirx.IntImm) and int(e.b) % dim == 0) for p in parts)
+
+
 def _merged_iterators(blocks: list, dim: int) -> dict[str, int]:
     """Block name -> position of its iterator that holds heads and the head dim: read as
-    ``v // dim``, or indexing alone the last axis of a tensor a merged iterator writes or
-    reads; each a spatial one of a multiple of ``dim`` above it."""
+    ``v // dim``, or indexing alone the last axis of a tensor that a merged iterator indexes or
+    that is read at a head's element (``h * dim + d``); each a spatial iterator of a multiple of
+    ``dim`` above it."""
     def candidates(block):
         return [(i, iv.var) for i, iv in enumerate(block.iter_vars) if iv.iter_type == tirx.IterVar.DataPar
                 and isinstance(iv.dom.extent, tirx.IntImm) and int(iv.dom.extent) % dim == 0
                 and int(iv.dom.extent) > dim]
 
+    headed = [buf for b in blocks for buf, idx in accesses(b)
+              if idx and not isinstance(idx[-1], (tirx.Var, tirx.IntImm)) and _splits(idx[-1], _analyzer(b), dim)]
     merged = {str(b.name_hint): i for b in blocks for i, v in candidates(b) if _divided(b, v, dim)}
     changed = True
     while changed:
         changed = False
-        tensors = [buf for b in blocks if str(b.name_hint) in merged
-                   for buf, idx in accesses(b) if idx and idx[-1].same_as(b.iter_vars[merged[str(b.name_hint)]].var)]
+        tensors = headed + [buf for b in blocks if str(b.name_hint) in merged for buf, idx in accesses(b)
+                            if idx and idx[-1].same_as(b.iter_vars[merged[str(b.name_hint)]].var)]
         for block in blocks:
             if str(block.name_hint) in merged:
                 continue
@@ -83,17 +109,12 @@ def _splits_cleanly(func: tirx.PrimFunc, buf, dim: int) -> bool:
     blocks = [nest_block(n) for n in items(func.body.block.body)]
     merged = False
     for block in blocks:
-        analyzer = Analyzer()
-        for iv in block.iter_vars:
-            analyzer.bind(iv.var, iv.dom)
+        analyzer = _analyzer(block)
         for source, idx in accesses(block):
-            if not source.same_as(buf):
-                continue
-            last = idx[-1]
-            parts = [analyzer.simplify(tirx.floordiv(last, dim)), analyzer.simplify(tirx.floormod(last, dim))]
-            if any(find_all(p, (tirx.FloorDiv, tirx.FloorMod)) for p in parts):
-                return False
-            merged = merged or not isinstance(last, tirx.Var)
+            if source.same_as(buf):
+                if not _splits(idx[-1], analyzer, dim):
+                    return False
+                merged = merged or not isinstance(idx[-1], tirx.Var)
     return merged
 
 
@@ -132,5 +153,13 @@ def heads_apart(func: tirx.PrimFunc) -> Matrices | None:
 
 
 def _simplified(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """``func`` with its index expressions simplified within the blocks' iterator ranges."""
-    return StmtSimplify()(tvm.IRModule({"main": func}))["main"]
+    """``func`` with the divisions and remainders in its blocks simplified within each block's
+    iterator ranges (only those: an iterator bound to a loop of one keeps its binding, which
+    the attention pattern reads)."""
+    def simplified(block: SBlock) -> SBlock:
+        analyzer = Analyzer()
+        for iv in block.iter_vars:
+            analyzer.bind(iv.var, iv.dom)
+        return tvm_ffi.structural_map(block, [(tirx.FloorDiv, analyzer.simplify), (tirx.FloorMod, analyzer.simplify)])
+
+    return func.with_body(tvm_ffi.structural_map(func.body, [(SBlock, simplified)]))
