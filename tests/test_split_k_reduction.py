@@ -8,6 +8,7 @@ import tvm
 from conftest import TARGET, cuda_source, kernels
 from tvm import relax, te, topi
 
+import tvm_dsm
 from tvm_dsm import ClusterError
 from tvm_dsm.families.split_k_reduction import SplitKReduction
 from tvm_dsm.rules import SplitKReductionConfig, schedule_split_k_reduction
@@ -101,6 +102,37 @@ def test_gpu_a_sum_of_squares_matches_float64():
     ref = (x.astype(np.float64) ** 2).sum(-1)
     assert np.linalg.norm(y.numpy() - ref) / np.linalg.norm(ref) < 1e-5
 
+
+
+def _variance(m: int, k: int):
+    """A variance from a mean computed elsewhere: the sum reads a per-row operand."""
+    x = te.placeholder((m, k), "float16", name="x")
+    mean = te.placeholder((m,), "float32", name="mean")
+    r = te.reduce_axis((0, k), name="r")
+    centred = te.compute((m, k), lambda i, j: x[i, j].astype("float32") - mean[i], name="centred")
+    var = te.compute((m,), lambda i: te.sum(centred[i, r] * centred[i, r], axis=r), name="var")
+    return te.create_prim_func([x, mean, var])
+
+
+def test_a_per_row_operand_is_read_where_used_not_staged_with_the_row(assemble):
+    """Staging each read of the row in registers, 16 bytes a lane, once vectorized a per-row
+    operand's copy (it has no K axis to vectorize): no plan of a variance lowered."""
+    func = _variance(2048, 768)
+    assert tvm_dsm.plan(func).family.name == "split_k_reduction"
+    source = cuda_source(schedule_split_k_reduction(func, SplitKReductionConfig(2, 16)).mod)
+    assert len(kernels(source)) == 1 and assemble(source, "variance")
+
+
+@pytest.mark.gpu
+def test_gpu_a_variance_from_a_mean_matches_float64():
+    lib, dev = tvm_dsm.build(_variance(512, 768), TARGET), tvm.cuda(0)
+    rng = np.random.default_rng()
+    x = rng.standard_normal((512, 768)).astype(np.float16)
+    mean = x.astype(np.float32).mean(-1)
+    y = tvm.runtime.tensor(np.full(512, np.nan, np.float32), dev)
+    lib(tvm.runtime.tensor(x, dev), tvm.runtime.tensor(mean, dev), y)
+    ref = ((x.astype(np.float64) - mean.astype(np.float64)[:, None]) ** 2).sum(-1)
+    assert np.linalg.norm(y.numpy() - ref) / np.linalg.norm(ref) < 1e-5
 
 
 @pytest.mark.parametrize("dtype", ["int8", "bool"])

@@ -15,6 +15,7 @@ import tvm
 from tvm import s_tir, tirx
 
 from ..errors import ClusterError
+from ..ir import uses
 from tvm.s_tir.schedule import ExprRV
 
 from ..schedule import bind_cluster, bind_rank, check_cluster_size, place_in_dsm
@@ -111,6 +112,13 @@ def schedule_split_k_reduction(
     return sch
 
 
+def _reads_along_reduction(block) -> list[int]:
+    """The positions of ``block``'s reads whose region moves with its reduction iterators."""
+    reduced = [iv.var for iv in block.iter_vars if iv.iter_type != tirx.IterVar.DataPar]
+    return [i for i, region in enumerate(block.reads)
+            if any(uses(r.min, v) for r in region.region for v in reduced)]
+
+
 def apply_split_k_reduction(
     sch: s_tir.Schedule, block, cluster_size, rows_per_cta, warps: int = 4
 ) -> None:
@@ -139,12 +147,14 @@ def apply_split_k_reduction(
     # Each lane loads 16 contiguous bytes of every operand (staged in registers), a few such
     # vectors unrolled so that they are in flight ahead of the dependent adds (a non-dividing
     # factor under another decision only adds a predicate).
-    lanes = 16 // max(tvm.DataType(str(r.source.ty.dtype)).bits // 8 for r in sch.get(partial).reads)
+    # A per-row operand (a variance's mean) is read where it is used, not staged with the row.
+    along_k = _reads_along_reduction(sch.get(partial))
+    lanes = 16 // max(tvm.DataType(str(sch.get(partial).reads[i].source.ty.dtype)).bits // 8 for i in along_k)
     unroll = max(1, min(4, depth // s // (32 * lanes)))
     _, k_unrolled, k_lane, _ = sch.split(k_in_cta, [None, unroll, 32, lanes])
     sch.bind(k_lane, "threadIdx.x")
     sch.unroll(k_unrolled)
-    for index in range(len(sch.get(partial).reads)):
+    for index in along_k:
         staged = sch.cache_read(partial, index, "local")
         sch.compute_at(staged, k_lane)
         sch.vectorize(sch.get_loops(staged)[-1])
