@@ -295,3 +295,17 @@ def test_gpu_topi_group_norm_matches_float64():
     ref = ((xr - xr.mean(-1, keepdims=True)) / np.sqrt(xr.var(-1, keepdims=True) + 1e-5)).reshape(x.shape)
     ref = ref * g.astype(np.float64)[None, :, None, None] + b.astype(np.float64)[None, :, None, None]
     assert np.linalg.norm(out.numpy().astype(np.float64) - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def test_a_function_declaring_buffers_outside_its_nests_is_not_split():
+    """TOPI's GPU scan declares its buffers around its kernels: an operator cut from it would read
+    a buffer it does not declare (TVM refuses such a function as ill-formed)."""
+    p = te.placeholder((8, 1000), "float32", name="probs")
+    with tvm.target.Target("cuda"):
+        c = topi.gpu.cumsum(p, axis=1)
+    keep = te.compute((8, 1000), lambda b, v: te.if_then_else(c[b, v] - p[b, v] < 0.9, p[b, v], 0.0), name="keep")
+    func = te.create_prim_func([p, keep])
+    with pytest.raises(tvm_dsm.ClusterError, match="declares outside its loop nests"):
+        split_operators(func)
+    assert tvm_dsm.driver.operator_families(func) == []
+    assert "__global__" in tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source()
