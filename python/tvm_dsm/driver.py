@@ -37,6 +37,7 @@ from .transform.generate_kernels import mark_generated, recorded_config
 from .transform.host_sorts import refuse_host_loops, refuse_host_sorts, router_top_k
 from .transform.columns_as_one import columns_as_one
 from .transform.merged_heads import heads_apart
+from .transform.operand_copies import copies_inlined
 from .transform.rows_as_matrix import has_row_axes, over_original_tensors, rows_as_matrix
 from .transform.split_operators import merge_operators, split_operators
 from .transform.product_halves import products_of_halves
@@ -99,8 +100,9 @@ def _forms(func: tirx.PrimFunc) -> Iterator[tuple[tirx.PrimFunc, str | None]]:
     reductions first where they are written in another order
     (:mod:`tvm_dsm.transform.reductions_first`); both; then the same of its products in the
     GEMM families' order (:mod:`tvm_dsm.transform.product_order`), and of a product over a fused
-    gate/up weight as the gated layer's two products (:mod:`tvm_dsm.transform.product_halves`).
-    Each is made when it is asked for."""
+    gate/up weight as the gated layer's two products (:mod:`tvm_dsm.transform.product_halves`);
+    last, those of its products reading in place the parameters it copies for them
+    (:mod:`tvm_dsm.transform.operand_copies`). Each is made when it is asked for."""
     yield from _rewritten_forms(func, None)
     ordered = products_in_gemm_order(func)
     if ordered is not None:
@@ -108,6 +110,10 @@ def _forms(func: tirx.PrimFunc) -> Iterator[tuple[tirx.PrimFunc, str | None]]:
     halves = products_of_halves(ordered or func)
     if halves is not None:
         yield from _rewritten_forms(halves, "its product over a fused gate/up weight as the gated layer's two products")
+    inlined = copies_inlined(func)
+    if inlined is not None:
+        how = "its products reading in place the parameters it copies for them (split, slice, transpose)"
+        yield from _rewritten_forms(products_in_gemm_order(inlined) or inlined, how)
 
 
 def _rewritten_forms(base: tirx.PrimFunc, how: str | None) -> Iterator[tuple[tirx.PrimFunc, str | None]]:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tvm import tirx
-from tvm.tirx.analysis import verify_well_formed
+import tvm
+from tvm import s_tir, tirx
 from tvm.s_tir import SBlock, SBlockRealize
 from tvm.sym import Analyzer
 
@@ -196,8 +196,10 @@ def split_operators(func: tirx.PrimFunc, products_together: bool = False) -> lis
         body = SBlockRealize([], True, SBlock([], [], [], "root", seq(nests_i), alloc_buffers=local))
         sub = tirx.PrimFunc(inputs + outputs, body)
         sub = sub.with_attr({"global_symbol": "main", "tirx.noalias": True, "s_tir": True})
-        if not verify_well_formed(sub, assert_mode=False):  # a buffer declared outside its nests
-            raise ClusterError(f"operator {i} reads a buffer the function declares outside its loop nests")
+        try:
+            s_tir.Schedule(sub)  # checks it is well formed: no buffer declared outside its nests
+        except tvm.error.InternalError as err:
+            raise ClusterError(f"operator {i} reads a buffer the function declares outside its loop nests") from err
         first = _block(nests_i[0])
         operators.append(Operator(sub, inputs, outputs, _is_reduction(first), _is_matmul(first),
                                   sum(_is_matmul(_block(n)) for n in nests_i)))
