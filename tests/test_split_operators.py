@@ -309,3 +309,65 @@ def test_a_function_declaring_buffers_outside_its_nests_is_not_split():
         split_operators(func)
     assert tvm_dsm.driver.operator_families(func) == []
     assert "__global__" in tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source()
+
+
+def _layer_norm_then_dense(m: int, k: int, n: int, dtype: str = "float16"):
+    """A pre-LN projection: TOPI's layer norm (two row statistics, then the normalization) and
+    a dense layer reading it."""
+    x = te.placeholder((m, k), dtype, name="x")
+    g, b = (te.placeholder((k,), dtype, name=name) for name in ("gamma", "beta"))
+    w = te.placeholder((n, k), dtype, name="w")
+    y = topi.nn.layer_norm(x, g, b, axis=[1], epsilon=1e-5)
+    return te.create_prim_func([x, g, b, w, topi.cast(topi.nn.dense(y, w, out_dtype="float32"), dtype)])
+
+
+def test_a_norms_statistics_and_normalization_are_one_operator_and_compute_the_same_on_llvm():
+    func = _layer_norm_then_dense(6, 32, 8, "float32")
+    operators = split_operators(func, norms_together=True)
+    assert [op.norm for op in operators] == [True, False]
+    assert len(split_operators(func)) == 4  # apart: each statistic, the normalization, the product
+    merged = merge_operators(func, [op.func for op in operators])
+    rng = np.random.default_rng()
+    args = [rng.standard_normal(s).astype("float32") for s in ((6, 32), (32,), (32,), (8, 32))]
+    outs = []
+    for f in (func, merged):
+        out = tvm.runtime.tensor(np.full((6, 8), np.nan, "float32"))
+        tvm.compile(tvm.IRModule({"main": f}), target=LLVM)(*(tvm.runtime.tensor(a) for a in args), out)
+        outs.append(out.numpy())
+    np.testing.assert_array_equal(outs[1], outs[0])
+
+
+def test_a_layer_norm_then_a_dense_layer_is_the_row_norm_and_the_gemm():
+    func = _layer_norm_then_dense(512, 768, 2304)
+    assert tvm_dsm.driver.operator_families(func) == ["row_norm", "split_k_gemm"]
+    assert tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source().count("__global__") == 4  # 2 kernels
+
+
+def test_a_norm_no_family_takes_whole_is_scheduled_statistic_by_statistic(monkeypatch, caplog):
+    schedule = tvm_dsm.driver.schedule
+
+    def no_norms(func, *args, **kwargs):
+        if len([b for b in tvm_dsm.ir.root_blocks(func) if b.init is not None]) > 1:
+            raise tvm_dsm.ClusterError("no norms here")
+        return schedule(func, *args, **kwargs)
+
+    monkeypatch.setattr(tvm_dsm.driver, "schedule", no_norms)
+    with caplog.at_level("INFO", logger="tvm_dsm.driver"):
+        source = tvm_dsm.build(_layer_norm_then_dense(512, 768, 2304), TARGET).mod.imports[0].inspect_source()
+    assert "its statistics apart" in caplog.text
+    assert source.count("__global__") > 4
+
+
+@pytest.mark.gpu
+def test_gpu_a_layer_norm_then_a_dense_layer_matches_float64():
+    rng = np.random.default_rng(13)
+    x, g, b = rng.standard_normal((300, 768)), rng.uniform(0.5, 1.5, 768), rng.uniform(-0.5, 0.5, 768)
+    w = rng.uniform(-1, 1, (1024, 768)) / np.sqrt(768)
+
+    def reference(x, g, b, w):
+        y = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * g + b
+        return y @ w.T
+
+    err = relative_error_on_gpu(_layer_norm_then_dense(300, 768, 1024), [x, g, b, w], reference, (300, 1024),
+                                "float16")
+    assert err < 2e-3

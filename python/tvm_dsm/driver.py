@@ -601,8 +601,12 @@ def operator_families(func: tirx.PrimFunc, target=H100, hw: Hardware | None = No
         except ClusterError:
             return None
 
-    operators, together = _operators(func), _operators(func, products_together=True)
-    names = [family(op) for op in together]
+    for norms in (True, False):
+        together = _operators(func, products_together=True, norms_together=norms)
+        names = [family(op) for op in together]
+        if not any(n is None for n, op in zip(names, together) if op.norm):
+            break
+    operators = _operators(func)
     if len(together) < len(operators) and any(n is None for n, op in zip(names, together) if op.products > 1):
         names = [family(op) for op in operators]
     return [n or "dlight" for n in names]
@@ -615,26 +619,37 @@ def _per_operator(func: tirx.PrimFunc, operators: list, target, hw: Hardware | N
     gated layer's two products are first one operator where a family takes them together (the
     gated split-K GEMM or row GEMV: one kernel, X read once, no product through global memory;
     a SwiGLU chain of 4 rows over 28672 x 8192 ran 479 us a product at a time against torch's
-    338, bench/results/real_shapes)."""
+    338, bench/results/real_shapes), and a norm's statistics and normalization one operator
+    where a family takes them together (the row norm's one kernel, where apart each statistic
+    and the normalization is a kernel reading the rows again)."""
     if not families:
         return _merged(func, [stock_schedule(op.func, target) for op in operators])
-    together = _operators(func, products_together=True)
-    scheduled = {}
-    for op in together:
-        if op.products > 1:
-            try:
-                scheduled[id(op)] = schedule(op.func, target, hw=hw, stock_fallback=False)
-            except (ClusterError, ScheduleError, tvm.error.InternalError) as err:
-                LOG.info("no family takes its gated products together (%s): each product alone",
-                         str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)
-                return _merged(func, [schedule(o.func, target, hw=hw) for o in operators])
-    return _merged(func, [scheduled.get(id(op)) or schedule(op.func, target, hw=hw) for op in together])
+    for norms in (True, False):
+        together = _operators(func, products_together=True, norms_together=norms)
+        if norms and not any(op.norm for op in together):
+            continue
+        scheduled, refused = {}, None
+        for op in together:
+            if op.products > 1 or op.norm:
+                try:
+                    scheduled[id(op)] = schedule(op.func, target, hw=hw, stock_fallback=False)
+                except (ClusterError, ScheduleError, tvm.error.InternalError) as err:
+                    refused = op, str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                    break
+        if refused is None:
+            return _merged(func, [scheduled.get(id(op)) or schedule(op.func, target, hw=hw) for op in together])
+        if refused[0].norm:
+            LOG.info("no family takes its norm whole (%s): its statistics apart", refused[1])
+            continue
+        LOG.info("no family takes its gated products together (%s): each product alone", refused[1])
+        break
+    return _merged(func, [schedule(o.func, target, hw=hw) for o in operators])
 
 
-def _operators(func: tirx.PrimFunc, products_together: bool = False) -> list:
+def _operators(func: tirx.PrimFunc, products_together: bool = False, norms_together: bool = False) -> list:
     """``func``'s operators (:func:`split_operators`), none where it is not in that form."""
     try:
-        return split_operators(func, products_together)
+        return split_operators(func, products_together, norms_together)
     except ClusterError:
         return []
 

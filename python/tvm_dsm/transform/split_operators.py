@@ -36,6 +36,7 @@ class Operator:
     reduces: bool  # it holds a reduction, not only elementwise maps
     matmul: bool  # that reduction multiplies two tensors over its reduced axis (a GEMM, a BMM)
     products: int = 1  # the matmuls it holds: two for a gated layer's products together
+    norm: bool = False  # row statistics and the element-wise map over the rows that reads them
 
 
 def _block(nest: tirx.Stmt) -> SBlock:
@@ -92,10 +93,11 @@ def _same_extents(a: list, b: list) -> bool:
     return len(a) == len(b) and all(analyzer.can_prove_equal(x, y) for x, y in zip(a, b))
 
 
-def _groups(nests: list[tirx.Stmt], products_together: bool) -> list[list[tirx.Stmt]]:
+def _groups(nests: list[tirx.Stmt], products_together: bool, norms_together: bool = False) -> list[list[tirx.Stmt]]:
     """Each reduction with the elementwise nests after it over the same spatial extents (an
     epilogue); other elementwise nests (padding, slicing) in groups of their own;
-    ``products_together``: a gated layer's second product in its first one's group."""
+    ``products_together``: a gated layer's second product in its first one's group;
+    ``norms_together``: a norm in one group (:func:`_joins_norm`)."""
     groups: list[list[tirx.Stmt]] = []
     for nest in nests:
         block = _block(nest)
@@ -103,9 +105,36 @@ def _groups(nests: list[tirx.Stmt], products_together: bool) -> list[list[tirx.S
             groups[-1].append(nest)
         elif groups and products_together and _second_product(groups[-1], nest):
             groups[-1].append(nest)
+        elif groups and norms_together and _joins_norm(groups[-1], block):
+            groups[-1].append(nest)
         else:
             groups.append([nest])
     return groups
+
+
+def _is_norm(nests: list[tirx.Stmt]) -> bool:
+    """Whether ``nests`` are statistics of rows (no matmul) and a map over those rows and more."""
+    first = _block(nests[0])
+    return (_is_reduction(first) and not _is_matmul(first)
+            and any(len(_spatial(_block(n))) > len(_spatial(first)) for n in nests))
+
+
+def _joins_norm(group: list[tirx.Stmt], block: SBlock) -> bool:
+    """Whether ``block`` continues a norm that ``group`` began: after statistics (reductions of
+    one tensor, no matmul, over the rows of the group's first), another statistic of those rows
+    or an element-wise map over those rows and one more axis (the normalization), and after
+    that map, element-wise maps over the same axes (a cast)."""
+    first = _block(group[0])
+    rows = _spatial(first)
+    if not _is_reduction(first) or _is_matmul(first):
+        return False
+    mapped = [b for b in map(_block, group) if not _is_reduction(b) and len(_spatial(b)) == len(rows) + 1]
+    if _is_reduction(block):
+        return not mapped and not _is_matmul(block) and _same_extents(_spatial(block), rows)
+    spatial = _spatial(block)
+    if mapped:
+        return _same_extents(spatial, _spatial(mapped[0]))
+    return len(spatial) == len(rows) + 1 and _same_extents(spatial[:-1], rows)
 
 
 def _one_output_each(group: list[tirx.Stmt], params: list) -> list[list[tirx.Stmt]]:
@@ -175,16 +204,19 @@ def _buffers(nests: list[tirx.Stmt]) -> tuple[list[tirx.Var], list[tirx.Var]]:
     return read, written
 
 
-def split_operators(func: tirx.PrimFunc, products_together: bool = False) -> list[Operator]:
+def split_operators(func: tirx.PrimFunc, products_together: bool = False, norms_together: bool = False
+                    ) -> list[Operator]:
     """``func`` as one function per operator (ClusterError if it is not a sequence of loop nests
     of one block each under its root block, the form TE and Relax legalization produce);
-    ``products_together``: a gated layer's two products one operator."""
+    ``products_together``: a gated layer's two products one operator; ``norms_together``: a
+    norm's statistics and normalization one operator."""
     if not isinstance(func.body, SBlockRealize):
         raise ClusterError("splitting into operators needs an s_tir function (one root block)")
     root = func.body.block
     nests = items(root.body)
     params = list(func.params)
-    groups = [part for group in _groups(nests, products_together) for part in _one_output_each(group, params)]
+    groups = [part for group in _groups(nests, products_together, norms_together)
+              for part in ([group] if _is_norm(group) else _one_output_each(group, params))]
     if products_together:
         groups = _combined_products(groups, params)
     used = [_buffers(g) for g in groups]
@@ -202,7 +234,7 @@ def split_operators(func: tirx.PrimFunc, products_together: bool = False) -> lis
             raise ClusterError(f"operator {i} reads a buffer the function declares outside its loop nests") from err
         first = _block(nests_i[0])
         operators.append(Operator(sub, inputs, outputs, _is_reduction(first), _is_matmul(first),
-                                  sum(_is_matmul(_block(n)) for n in nests_i)))
+                                  sum(_is_matmul(_block(n)) for n in nests_i), _is_norm(nests_i)))
     return operators
 
 
