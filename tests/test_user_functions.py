@@ -62,3 +62,14 @@ def test_a_model_script_defines_its_model_and_says_how_it_is_written(path):
     assert any(isinstance(n, ast.FunctionDef) and n.name == "make" for n in tree.body)
     assert any(isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "WRITTEN_AS" for t in n.targets)
                for n in tree.body)
+
+
+def test_a_build_records_the_forms_and_fallbacks_the_driver_took(tmp_path):
+    """The runner's row says how tvm-dsm built a function no family takes as written (its plan
+    says "fallback"): here GPT-2's attention over packed qkv, split into heads."""
+    pytest.importorskip("torch")
+    from tvm_dsm.gpu.user_functions import build_case
+
+    info = build_case(str(FOLDER / "128_attn_packed_qkv_gpt2.py"), str(tmp_path))
+    assert info["taken_by"].startswith("fallback")
+    assert any("merged head axes split" in line for line in info["how"]), info["how"]

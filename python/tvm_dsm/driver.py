@@ -532,7 +532,9 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
         # than a CTA has; an LM head's row max: 10.4 ms where torch takes 71 us). Operator by
         # operator first.
         try:
-            return _per_operator(func, operators, target, hw, families)
+            scheduled = _per_operator(func, operators, target, hw, families)
+            LOG.info("scheduled one operator at a time")
+            return scheduled
         except Exception as err:  # noqa: BLE001  (dlight's rules assert on forms they misjudge)
             per_operator_error = err
             LOG.info("its operators one by one do not schedule (%s); dlight's schedule whole", last_line(err))

@@ -23,6 +23,7 @@ with the floor (bytes over the bandwidth measured in the same run).
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import multiprocessing
 import os
@@ -30,6 +31,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from types import ModuleType
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -66,6 +68,25 @@ def _taken_by(func) -> str:
         return f"fallback ({str(err).splitlines()[0][:200]})"
 
 
+def _logged(build: Callable[[], Any], info: dict):
+    """``build()``, with what tvm-dsm's driver logged at INFO on the way (the forms and
+    fallbacks it took: "scheduled as matrices ... by a family", "its statistics apart") in
+    ``info["how"]``, one line each."""
+    lines: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage().strip().splitlines()[0][:200])
+    logger = logging.getLogger("tvm_dsm.driver")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        return build()
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        info["how"] = lines
+
+
 def build_case(path: str, folder: str) -> dict:
     """Worker: ``path``'s function built both ways into ``folder``, with who took it and any
     build's error."""
@@ -83,7 +104,7 @@ def build_case(path: str, folder: str) -> dict:
     except Exception as err:  # noqa: BLE001 - the planner failing is a finding, the build decides
         info["taken_by"] = f"plan raised {_first_line(err)}"
     builds = {
-        "tvm_dsm": lambda: driver.build(func, target),
+        "tvm_dsm": lambda: _logged(lambda: driver.build(func, target), info),
         "dlight": lambda: tvm.compile(driver.stock_schedule(func).mod, stock_target(target),
                                       tir_pipeline="s_tir_stock"),
     }
@@ -168,6 +189,7 @@ def run_point(case: ModuleType, func, extra: tuple, folder: Path, info: dict, hb
     point = Point(case, func, extra, rng)
     name = info["name"] + "".join(f"_{k}{v}" for k, v in zip(getattr(case, "SYMBOLIC", {}), extra))
     row = {"name": name, "class": info["name"], "desc": info["desc"], "taken_by": info["taken_by"],
+           "how": info.get("how", []),
            "dtype": point.dtypes[0], "errors": dict(info["errors"]), "peers": {}, "rel_errs": {},
            "build_s": {label: info[f"{label}_build_s"] for label in BUILDS}}
     expected = point.reference()
