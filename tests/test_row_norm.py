@@ -191,6 +191,45 @@ def test_a_residual_added_after_the_norm_is_read_a_piece_at_a_time(assemble):
     assert "*(uint4*)(r_ptr + " in source  # the residual's piece in one vector load
 
 
+def _temperature_softmax(rows: int, width: int):
+    """A sampler's softmax of fp16 logits over a temperature per row, as TE and TOPI write it."""
+    logits = te.placeholder((rows, width), "float16", name="logits")
+    temperature = te.placeholder((rows,), "float32", name="temperature")
+    scaled = te.compute((rows, width), lambda i, j: logits[i, j].astype("float32") / temperature[i], name="scaled")
+    return te.create_prim_func([logits, temperature, topi.nn.softmax(scaled, axis=-1)])
+
+
+def _scaled_rms_norm(rows: int, width: int):
+    """An RMSNorm whose output is scaled per row (a token's quantization scale) after the weight."""
+    x = te.placeholder((rows, width), "float16", name="x")
+    w = te.placeholder((width,), "float16", name="w")
+    scale = te.placeholder((rows, 1), "float32", name="scale")
+    y = topi.nn.rms_norm(x, w, axis=[1], epsilon=EPS)
+    out = te.compute((rows, width), lambda i, j: (y[i, j].astype("float32") * scale[i, 0]).astype("float16"),
+                     name="scaled")
+    return te.create_prim_func([x, w, scale, out])
+
+
+@pytest.mark.parametrize("make", [_temperature_softmax, _scaled_rms_norm], ids=["temperature", "row_scale"])
+def test_a_parameter_of_one_element_a_row_is_read_at_the_row(make, assemble):
+    """A temperature inside the statistics and the normalization, a scale in the stage: one
+    kernel, the parameter read at the row's index (a row's element of it, once a row in L1)."""
+    func = make(8, 4096)
+    found = find_row_norm(func)
+    assert [h.name for h in found.held] == [func.params[0].name]
+    source = tvm_dsm.build(func).mod.imports[0].inspect_source()
+    assert len(kernels(source)) == 1 and assemble(source, make.__name__.strip("_"))
+    assert f"{func.params[-2].name}_ptr[" in source
+
+
+def test_a_parameter_read_at_another_rows_element_is_refused():
+    x = te.placeholder((8, 4096), "float16", name="x")
+    t = te.placeholder((8,), "float32", name="t")
+    scaled = te.compute((8, 4096), lambda i, j: x[i, j].astype("float32") / t[7 - i], name="scaled")
+    with pytest.raises(ClusterError, match="reduces over the last axis"):
+        find_row_norm(te.create_prim_func([x, t, topi.nn.softmax(scaled, axis=-1)]))
+
+
 def test_a_stage_reading_only_another_tensors_row_is_refused():
     x = te.placeholder((64, 4096), "float32", name="x")
     y = te.placeholder((64, 4096), "float32", name="y")
@@ -454,3 +493,19 @@ def test_a_row_a_stage_writes_is_not_read_at_the_element():
     o's prior contents): refused by name."""
     with pytest.raises(ClusterError, match="reads o's row, which a stage writes"):
         find_row_norm(_norm_then_residual_in_place)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows, width", [(8, 151936), (33, 4096)])
+def test_gpu_a_softmax_over_a_temperature_per_row_matches_float64(rows, width):
+    rng = np.random.default_rng(17)
+    logits = (rng.standard_normal((rows, width)) * 4).astype(np.float16)
+    temperature = rng.uniform(0.3, 1.5, rows).astype(np.float32)
+    dev = tvm.cuda(0)
+    out = tvm.runtime.tensor(np.full((rows, width), np.nan, np.float32), dev)
+    tvm_dsm.build(_temperature_softmax(rows, width))(tvm.runtime.tensor(logits, dev),
+                                                      tvm.runtime.tensor(temperature, dev), out)
+    s = logits.astype(np.float64) / temperature.astype(np.float64)[:, None]
+    ref = np.exp(s - s.max(-1, keepdims=True))
+    ref /= ref.sum(-1, keepdims=True)
+    assert np.linalg.norm(out.numpy() - ref) / np.linalg.norm(ref) < 1e-5

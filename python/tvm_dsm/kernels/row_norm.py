@@ -205,6 +205,8 @@ def find_row_norm(func: tirx.PrimFunc) -> RowNorm:
             elif _column_load(load, level.reduce_var):  # a weight inside the statistic (absmax of x * w)
                 if not any(load.source.same_as(p) for p in params):
                     raise ClusterError(f"{level.block} reads {load.source.name}, a column the function computes")
+            elif _row_operand(load, level.spatial, rows_shape, params):
+                continue  # a temperature: read at the row where used
             elif any(uses(i, v) for i in load.indices for v in level.spatial) or uses(load, level.reduce_var):
                 raise ClusterError(f"{level.block} reads {load}: a row norm reduces over the last axis of "
                                    f"[*rows, {width}] tensors")
@@ -291,9 +293,10 @@ def _check_stage(block, params, results, held, rows_shape, width) -> list:
             if not any(load.source.same_as(p) for p in params):
                 raise ClusterError(f"{block.name_hint} reads {load.source.name}, a row the function computes")
             rows.append(load.source)
-        elif any(uses(i, v) for i in load.indices for v in row_vars):
-            raise ClusterError(f"{block.name_hint} reads {load}: only the held rows, the levels' results and "
-                               "tensors indexed by the last axis alone")
+        elif any(uses(i, v) for i in load.indices for v in row_vars) and not _row_operand(
+                load, row_vars, rows_shape, params):
+            raise ClusterError(f"{block.name_hint} reads {load}: only the held rows, the levels' results, "
+                               "tensors indexed by the last axis alone and parameters of one element a row")
     return rows
 
 
@@ -321,6 +324,14 @@ def _reads_row_result(load, row_vars) -> bool:
     return (len(load.indices) >= len(row_vars) and indexed_by(load, *row_vars)
             and all(isinstance(e, tirx.IntImm) and e.value == 1 or isinstance(i, tirx.IntImm) and i.value == 0
                     for i, e in zip(kept, extents)))
+
+
+def _row_operand(load, row_vars, rows_shape, params) -> bool:
+    """Whether ``load`` reads a parameter of one element a row at the row (a sampler's
+    temperature, a per-token scale): the kernel reads it where the expression uses it."""
+    extents = load.source.ty.shape
+    return (any(load.source.same_as(p) for p in params) and len(extents) >= len(rows_shape)
+            and _same(_extents(extents[:len(rows_shape)]), rows_shape) and _reads_row_result(load, row_vars))
 
 
 def _column_load(load, last) -> bool:
