@@ -230,6 +230,43 @@ def test_a_parameter_read_at_another_rows_element_is_refused():
         find_row_norm(te.create_prim_func([x, t, topi.nn.softmax(scaled, axis=-1)]))
 
 
+@T.prim_func(s_tir=True)
+def _softmax_times_a_row_value_then_updated(x: T.Buffer((8, 256), "float32"), m: T.Buffer((8,), "float32"),
+                                            o: T.Buffer((8, 256), "float32")):
+    """A softmax scaled by ``m[i]``, then ``m[i]`` replaced by the row's max (an online update):
+    the stage reads the value ``m`` had, not the max the kernel computes."""
+    T.func_attr({"tirx.noalias": True})
+    mx = T.sblock_alloc_buffer((8,))
+    s = T.sblock_alloc_buffer((8,))
+    for i, k in T.grid(8, 256):
+        with T.sblock("mx"):
+            vi, vk = T.axis.remap("SR", [i, k])
+            with T.init():
+                mx[vi] = T.float32(-3.0e38)
+            mx[vi] = T.max(mx[vi], x[vi, vk])
+    for i, k in T.grid(8, 256):
+        with T.sblock("s"):
+            vi, vk = T.axis.remap("SR", [i, k])
+            with T.init():
+                s[vi] = T.float32(0)
+            s[vi] = s[vi] + T.exp(x[vi, vk] - mx[vi])
+    for i, k in T.grid(8, 256):
+        with T.sblock("o"):
+            vi, vk = T.axis.remap("SS", [i, k])
+            o[vi, vk] = T.exp(x[vi, vk] - mx[vi]) / s[vi] * m[vi]
+    for i in range(8):
+        with T.sblock("update"):
+            vi = T.axis.remap("S", [i])
+            m[vi] = mx[vi]
+
+
+def test_a_parameter_read_before_a_stage_writes_it_is_refused():
+    """Neither recomputed from the row stage that writes it later (the kernel would multiply by
+    the new max) nor read at the row (the kernel writes it while other threads read it)."""
+    with pytest.raises(ClusterError, match="m\\[vi\\]"):
+        find_row_norm(_softmax_times_a_row_value_then_updated)
+
+
 def test_a_stage_reading_only_another_tensors_row_is_refused():
     x = te.placeholder((64, 4096), "float32", name="x")
     y = te.placeholder((64, 4096), "float32", name="y")

@@ -371,3 +371,19 @@ def test_gpu_a_layer_norm_then_a_dense_layer_matches_float64():
     err = relative_error_on_gpu(_layer_norm_then_dense(300, 768, 1024), [x, g, b, w], reference, (300, 1024),
                                 "float16")
     assert err < 2e-3
+
+
+def test_an_int64_indexed_norm_then_a_dense_layer_keeps_its_operators_apart(caplog):
+    """Relax's legalization indexes in int64; the row norm's kernel is written over the operator
+    narrowed to int32, whose tensors the function does not declare: the norm's statistics go
+    apart again, the GEMM still the family's (not dlight's schedule of the whole function)."""
+    wide = lambda v: tvm.tirx.IntImm("int64", v)  # noqa: E731
+    x = te.placeholder((wide(256), wide(1024)), "float16", name="x")
+    g, b = (te.placeholder((wide(1024),), "float16", name=name) for name in ("gamma", "beta"))
+    w = te.placeholder((wide(2048), wide(1024)), "float16", name="w")
+    y = topi.nn.layer_norm(x, g, b, axis=[1], epsilon=1e-5)
+    func = te.create_prim_func([x, g, b, w, topi.nn.dense(y, w, out_dtype="float32")])
+    with caplog.at_level("INFO", logger="tvm_dsm.driver"):
+        source = tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source()
+    assert "dlight's schedule whole" not in caplog.text
+    assert "wgmma" in source

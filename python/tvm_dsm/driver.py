@@ -639,7 +639,16 @@ def _per_operator(func: tirx.PrimFunc, operators: list, target, hw: Hardware | N
                     refused = op, str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
                     break
         if refused is None:
-            return _merged(func, [scheduled.get(id(op)) or schedule(op.func, target, hw=hw) for op in together])
+            try:
+                return _merged(func, [scheduled.get(id(op)) or schedule(op.func, target, hw=hw) for op in together])
+            except tvm.error.InternalError as err:
+                if not norms:
+                    raise
+                # the row norm's kernel is written over the operator narrowed to int32 indices:
+                # its tensors are not the int64-indexed function's
+                LOG.info("its norm's kernel does not merge into the function (%s): its statistics apart",
+                         last_line(err))
+                continue
         if refused[0].norm:
             LOG.info("no family takes its norm whole (%s): its statistics apart", refused[1])
             continue

@@ -162,6 +162,8 @@ def find_row_norm(func: tirx.PrimFunc) -> RowNorm:
     func = inline_elementwise(_outputs_recomputed(func))
     blocks = root_blocks(func)
     params = list(func.params)
+    # parameters of one element a row that no block writes (read where used: none is written first)
+    inputs = [p for p in params if not any(w.source.same_as(p) for b in root_blocks(func) for w in b.writes)]
     levels: list[Level] = []
     stages = []
     for block in blocks:
@@ -205,7 +207,7 @@ def find_row_norm(func: tirx.PrimFunc) -> RowNorm:
             elif _column_load(load, level.reduce_var):  # a weight inside the statistic (absmax of x * w)
                 if not any(load.source.same_as(p) for p in params):
                     raise ClusterError(f"{level.block} reads {load.source.name}, a column the function computes")
-            elif _row_operand(load, level.spatial, rows_shape, params):
+            elif _row_operand(load, level.spatial, rows_shape, inputs):
                 continue  # a temperature: read at the row where used
             elif any(uses(i, v) for i in load.indices for v in level.spatial) or uses(load, level.reduce_var):
                 raise ClusterError(f"{level.block} reads {load}: a row norm reduces over the last axis of "
@@ -217,7 +219,7 @@ def find_row_norm(func: tirx.PrimFunc) -> RowNorm:
         _check_row_stage(block, params, results, rows_shape)
     stage_rows: list = []
     for block in stages:
-        stage_rows += [r for r in _check_stage(block, params, results, held, rows_shape, width)
+        stage_rows += [r for r in _check_stage(block, params, inputs, results, held, rows_shape, width)
                        if not any(r.same_as(s) for s in stage_rows)]
     rewritten = [r.name for r in stage_rows if any(r.same_as(b.body.buffer) for b in stages)]
     if rewritten:  # each piece of a stage row is loaded before the stages run
@@ -238,15 +240,16 @@ def _outputs_recomputed(func: tirx.PrimFunc) -> tirx.PrimFunc:
     where reading the output back would wait for the whole row to be written."""
     blocks = root_blocks(func)
     writers = []
-    for block in blocks:
+    for n, block in enumerate(blocks):
         store = block.body
         variables = [iv.var for iv in block.iter_vars]
         if (not is_reduction(block) and isinstance(store, tirx.BufferStore)
                 and any(store.buffer.same_as(p) for p in func.params)
                 and len(store.indices) == len(variables) and indexed_by(store, *variables)
-                # written once, from other tensors (an update in place reads what it replaces)
+                # written once, from other tensors (an update in place reads what it replaces),
+                # and read by no block before (which reads the value it had)
                 and sum(w.source.same_as(store.buffer) for b in blocks for w in b.writes) == 1
-                and not any(ld.source.same_as(store.buffer) for ld in loads(store.value))):
+                and not any(r.source.same_as(store.buffer) for b in blocks[:n + 1] for r in b.reads)):
             writers.append((store.buffer, variables, store.value))
     if not writers:
         return func
@@ -268,7 +271,7 @@ def _reads_held(block, held) -> bool:
     return any(ld.source.same_as(h) for ld in loads(block.body.value) for h in held)
 
 
-def _check_stage(block, params, results, held, rows_shape, width) -> list:
+def _check_stage(block, params, inputs, results, held, rows_shape, width) -> list:
     """The parameters whose rows ``block`` reads at its element besides the held ones (a
     residual added to the normalized row); ClusterError unless ``block`` writes a parameter
     ``out[*rows, k]`` from those, the held rows, the levels' results of its row and tensors
@@ -294,7 +297,7 @@ def _check_stage(block, params, results, held, rows_shape, width) -> list:
                 raise ClusterError(f"{block.name_hint} reads {load.source.name}, a row the function computes")
             rows.append(load.source)
         elif any(uses(i, v) for i in load.indices for v in row_vars) and not _row_operand(
-                load, row_vars, rows_shape, params):
+                load, row_vars, rows_shape, inputs):
             raise ClusterError(f"{block.name_hint} reads {load}: only the held rows, the levels' results, "
                                "tensors indexed by the last axis alone and parameters of one element a row")
     return rows
@@ -326,11 +329,12 @@ def _reads_row_result(load, row_vars) -> bool:
                     for i, e in zip(kept, extents)))
 
 
-def _row_operand(load, row_vars, rows_shape, params) -> bool:
-    """Whether ``load`` reads a parameter of one element a row at the row (a sampler's
-    temperature, a per-token scale): the kernel reads it where the expression uses it."""
+def _row_operand(load, row_vars, rows_shape, inputs) -> bool:
+    """Whether ``load`` reads one of ``inputs`` (parameters no block writes) of one element a row
+    at the row (a sampler's temperature, a per-token scale): the kernel reads it where the
+    expression uses it."""
     extents = load.source.ty.shape
-    return (any(load.source.same_as(p) for p in params) and len(extents) >= len(rows_shape)
+    return (any(load.source.same_as(p) for p in inputs) and len(extents) >= len(rows_shape)
             and _same(_extents(extents[:len(rows_shape)]), rows_shape) and _reads_row_result(load, row_vars))
 
 
