@@ -4,12 +4,13 @@ merged (``o[b, i, c]`` reading the probabilities at head ``c // D``).
 
 The attention pattern (:mod:`tvm_dsm.kernels.attention_pattern`) reads each operand as a head
 axis and a head dim innermost. Here one axis holds both. For ``D``, the extent of a reduction
-(the scores' sum over the head dim), :func:`heads_apart` splits that axis into ``[..., n / D,
-D]``: in the blocks, each spatial iterator read as ``v // D`` (and, from there, each iterator
-that indexes the last axis of a tensor so split) becomes two (``transform_block_layout``); in
-the tensors, each whose last axis every access reads as a whole multiple of ``D`` plus an index
-below ``D`` (``transform_layout``; the same memory). The heads of a packed projection are then
-an offset on the head axis, which the pattern takes.
+that indexes every tensor it reads by its iterator last (the scores' sum over the head dim),
+:func:`heads_apart` splits that axis into ``[..., n / D, D]``: in the blocks, each spatial
+iterator read as ``v // D`` (and, from there, each iterator that alone indexes the last axis
+of a tensor so split or read at a head's element ``h * D + d``) becomes two
+(``transform_block_layout``); in the tensors, each whose last axis every access reads as a
+whole multiple of ``D`` plus an index below ``D`` (``transform_layout``; the same memory). The
+heads of a packed projection are then an offset on the head axis, which the pattern takes.
 :func:`~tvm_dsm.transform.rows_as_matrix.over_original_tensors` puts a schedule of it back behind
 the original signature.
 """
@@ -157,9 +158,7 @@ def _simplified(func: tirx.PrimFunc) -> tirx.PrimFunc:
     iterator ranges (only those: an iterator bound to a loop of one keeps its binding, which
     the attention pattern reads)."""
     def simplified(block: SBlock) -> SBlock:
-        analyzer = Analyzer()
-        for iv in block.iter_vars:
-            analyzer.bind(iv.var, iv.dom)
-        return tvm_ffi.structural_map(block, [(tirx.FloorDiv, analyzer.simplify), (tirx.FloorMod, analyzer.simplify)])
+        simplify = _analyzer(block).simplify
+        return tvm_ffi.structural_map(block, [(tirx.FloorDiv, simplify), (tirx.FloorMod, simplify)])
 
     return func.with_body(tvm_ffi.structural_map(func.body, [(SBlock, simplified)]))
