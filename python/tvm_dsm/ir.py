@@ -309,6 +309,14 @@ def product_outputs(products: list, blocks: list[SBlock]) -> list[int]:
     return [max(n for n, (_, of) in enumerate(found) if of == {i}) for i in range(len(products))]
 
 
+def block_analyzer(block: SBlock) -> tvm.sym.Analyzer:
+    """An analyzer that knows ``block``'s iterator ranges (simplifies and proves within them)."""
+    analyzer = tvm.sym.Analyzer()
+    for iv in block.iter_vars:
+        analyzer.bind(iv.var, iv.dom)
+    return analyzer
+
+
 def is_reduction(block: tirx.SBlock) -> bool:
     """Whether ``block`` reduces over one of its iterators."""
     return any(int(iv.iter_type) == tirx.IterVar.CommReduce for iv in block.iter_vars)

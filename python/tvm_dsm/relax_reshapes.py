@@ -23,7 +23,7 @@ import tvm_ffi
 from tvm import relax, te, tirx, topi
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .ir import root_blocks
+from .ir import block_analyzer, root_blocks
 from .relax_chains import merge_elementwise
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
@@ -59,9 +59,7 @@ def is_layout_copy(func: tirx.PrimFunc) -> bool:
     if not (isinstance(store, tirx.BufferStore) and store.buffer.same_as(target)
             and isinstance(store.value, tvm.ir.TensorLoad) and store.value.source.same_as(source)):
         return False
-    analyzer = tvm.sym.Analyzer()
-    for iv in blocks[0].iter_vars:
-        analyzer.bind(iv.var, iv.dom)
+    analyzer = block_analyzer(blocks[0])
     return (analyzer.can_prove_equal(_count(source.ty.shape, {}), _count(target.ty.shape, {}))
             and analyzer.can_prove_equal(_offset(store.value.indices, source.ty.shape),
                                          _offset(store.indices, target.ty.shape)))

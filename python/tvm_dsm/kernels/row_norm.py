@@ -163,7 +163,7 @@ def find_row_norm(func: tirx.PrimFunc) -> RowNorm:
     blocks = root_blocks(func)
     params = list(func.params)
     # parameters of one element a row that no block writes (read where used: none is written first)
-    inputs = [p for p in params if not any(w.source.same_as(p) for b in root_blocks(func) for w in b.writes)]
+    inputs = [p for p in params if not any(w.source.same_as(p) for b in blocks for w in b.writes)]
     levels: list[Level] = []
     stages = []
     for block in blocks:

@@ -31,7 +31,7 @@ from tvm.s_tir import SBlock
 from tvm.sym import Analyzer
 
 from ..errors import ClusterError
-from ..ir import find_all, loads, substitute
+from ..ir import block_analyzer, find_all, loads, substitute
 from ..workloads.dense import ACTIVATIONS
 
 
@@ -269,9 +269,7 @@ class _Reader:
         where = f"convolution {name} reads {d_load.source.name}{index}"
         if not index[0].same_as(n):
             raise ClusterError(f"{where}: the batch index is not the result's")
-        analyzer = Analyzer()
-        for iv in block.iter_vars:
-            analyzer.bind(iv.var, iv.dom)
+        analyzer = block_analyzer(block)
         for axis, out_var, tap in ((1, y, window[0]), (2, x, window[1])):
             stride = analyzer.simplify(substitute(index[axis], [(out_var, out_var + 1)]) - index[axis])
             if not analyzer.can_prove_equal(stride, 1):
@@ -296,9 +294,7 @@ class _Reader:
         if len(spatial) != 4 or len(inner.indices) != 4 or not all(
                 i.same_as(v) for i, v in zip(store.indices, spatial)):
             raise ClusterError(f"padding block {block.name_hint} is not a 4-D elementwise copy")
-        analyzer = Analyzer()
-        for iv in block.iter_vars:
-            analyzer.bind(iv.var, iv.dom)
+        analyzer = block_analyzer(block)
         offsets = [analyzer.simplify(v - i) for v, i in zip(spatial, inner.indices)]
         if not all(isinstance(off, tirx.IntImm) for off in offsets) or int(offsets[0]) or int(offsets[3]) \
                 or int(offsets[1]) != int(offsets[2]):

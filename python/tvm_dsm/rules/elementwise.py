@@ -42,7 +42,7 @@ from tvm.sym import Analyzer
 from tvm.s_tir.schedule.schedule import ScheduleError
 
 from ..errors import ClusterError
-from ..ir import find_all, is_reduction, substitute, uses, with_block_body
+from ..ir import block_analyzer, find_all, is_reduction, substitute, uses, with_block_body
 from ..transform.buffers import element_bytes
 
 #: Bytes a thread moves per access.
@@ -103,9 +103,7 @@ def vector_lanes(block: tirx.SBlock, uniform_conditions: bool = False, staged: b
     if not stores or (not uniform_conditions and not isinstance(block.body, tirx.BufferStore)):
         return 1
     x, extent = block.iter_vars[-1].var, block.iter_vars[-1].dom.extent
-    analyzer = Analyzer()
-    for iv in block.iter_vars:  # a reshape's `(i * n + x // n) % m` reads `i * n` within the ranges
-        analyzer.bind(iv.var, iv.dom)
+    analyzer = block_analyzer(block)  # a reshape's `(i * n + x // n) % m` reads `i * n` within the ranges
     accesses = [(a, [analyzer.simplify(i) for i in a.indices])
                 for a in [*stores, *find_all(block.body, tvm.ir.TensorLoad)]]
     if not all(len(indices) for _, indices in accesses) or any(
@@ -315,9 +313,7 @@ def _branches_simplified(block: SBlock) -> SBlock:
     ranges under its condition (the first) and the condition's negation (the second)."""
     if not block.iter_vars:
         return block
-    analyzer = Analyzer()
-    for iv in block.iter_vars:
-        analyzer.bind(iv.var, iv.dom)
+    analyzer = block_analyzer(block)
 
     def branch(call):
         if not call.op.same_as(IF_THEN_ELSE):

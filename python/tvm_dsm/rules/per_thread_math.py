@@ -34,10 +34,9 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import SBlock, SBlockRealize
 from tvm.s_tir.analysis import get_sblock_read_write_region
-from tvm.sym import Analyzer
 
 from ..errors import ClusterError
-from ..ir import find_all, seq, substitute, uses
+from ..ir import block_analyzer, find_all, seq, substitute, uses
 from .elementwise import (TRANSCENDENTAL, branch_lanes, output_blocks, transcendental_calls, vector_lanes,
                           vectorized_branches)
 
@@ -154,9 +153,7 @@ def _check_in_bounds(loads: list, block: SBlock) -> None:
     """ClusterError unless every index of ``loads`` is provably inside its buffer over the
     block's whole domain: computed first, the calls run outside the conditions that guarded
     them."""
-    analyzer = Analyzer()
-    for iv in block.iter_vars:
-        analyzer.bind(iv.var, iv.dom)
+    analyzer = block_analyzer(block)
     for load in loads:
         for index, extent in zip(load.indices, load.source.ty.shape):
             if not (analyzer.can_prove(index >= 0) and analyzer.can_prove(index < extent)):

@@ -20,9 +20,8 @@ from __future__ import annotations
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import SBlock, SBlockRealize
-from tvm.sym import Analyzer
 
-from ..ir import find_all, items, nest_block, uses
+from ..ir import block_analyzer, find_all, items, nest_block, uses
 from .rows_as_matrix import Matrices, accesses
 
 
@@ -47,15 +46,7 @@ def _divided(block, var: tirx.Var, dim: int) -> bool:
                for d in find_all(block.body, tirx.FloorDiv))
 
 
-def _analyzer(block) -> Analyzer:
-    """An analyzer that knows ``block``'s iterator ranges."""
-    analyzer = Analyzer()
-    for iv in block.iter_vars:
-        analyzer.bind(iv.var, iv.dom)
-    return analyzer
-
-
-def _splits(index, analyzer: Analyzer, dim: int) -> bool:
+def _splits(index, analyzer, dim: int) -> bool:
     """Whether ``index`` is a whole multiple of ``dim`` plus an index below ``dim``: its quotient
     and remainder by ``dim`` divide by no multiple of ``dim`` (a head of a group, ``h // g``, may
     stay)."""
@@ -75,7 +66,7 @@ def _merged_iterators(blocks: list, dim: int) -> dict[str, int]:
                 and int(iv.dom.extent) > dim]
 
     headed = [buf for b in blocks for buf, idx in accesses(b)
-              if idx and not isinstance(idx[-1], (tirx.Var, tirx.IntImm)) and _splits(idx[-1], _analyzer(b), dim)]
+              if idx and not isinstance(idx[-1], (tirx.Var, tirx.IntImm)) and _splits(idx[-1], block_analyzer(b), dim)]
     merged = {str(b.name_hint): i for b in blocks for i, v in candidates(b) if _divided(b, v, dim)}
     changed = True
     while changed:
@@ -101,22 +92,23 @@ def _split_at(ndim: int, position: int, dim: int, dtype: str) -> tirx.IndexMap:
                     *a[position + 1:]], ndim=ndim, index_dtype=dtype)
 
 
-def _splits_cleanly(func: tirx.PrimFunc, buf, dim: int) -> bool:
-    """Whether every access of ``buf``'s last axis in ``func`` reads a whole multiple of ``dim``
-    plus an index below ``dim``, and one at least reads more than a plain iterator."""
-    shape = buf.ty.shape
-    if not shape or not isinstance(shape[-1], tirx.IntImm) or int(shape[-1]) % dim or int(shape[-1]) <= dim:
-        return False
-    blocks = [nest_block(n) for n in items(func.body.block.body)]
-    merged = False
+def _split_tensors(blocks: list, dim: int) -> list:
+    """The tensors whose last axis every access in ``blocks`` reads as a whole multiple of ``dim``
+    plus an index below ``dim``, one access at least more than a plain iterator."""
+    reads: dict = {}  # tensor -> (every access splits, one reads more than an iterator)
     for block in blocks:
-        analyzer = _analyzer(block)
-        for source, idx in accesses(block):
-            if source.same_as(buf):
-                if not _splits(idx[-1], analyzer, dim):
-                    return False
-                merged = merged or not isinstance(idx[-1], tirx.Var)
-    return merged
+        analyzer = block_analyzer(block)
+        for buf, idx in (a for a in accesses(block) if a[1]):
+            key = next((k for k in reads if k.same_as(buf)), buf)
+            splits, merged = reads.get(key, (True, False))
+            reads[key] = (splits and _splits(idx[-1], analyzer, dim), merged or not isinstance(idx[-1], tirx.Var))
+    return [buf for buf, (splits, merged) in reads.items() if splits and merged and _divisible(buf, dim)]
+
+
+def _divisible(buf, dim: int) -> bool:
+    """Whether ``buf``'s last axis is a constant multiple of ``dim`` above it."""
+    last = buf.ty.shape[-1] if buf.ty.shape else None
+    return isinstance(last, tirx.IntImm) and int(last) % dim == 0 and int(last) > dim
 
 
 def heads_apart(func: tirx.PrimFunc) -> Matrices | None:
@@ -137,16 +129,18 @@ def heads_apart(func: tirx.PrimFunc) -> Matrices | None:
                 dtype = str(sch.get(block_rv).iter_vars[position].var.ty)
                 sch.transform_block_layout(block_rv, _split_at(len(sch.get(block_rv).iter_vars), position, dim, dtype))
             split = _simplified(sch.mod["main"])
-            sch = s_tir.Schedule(split)
+            tensors = _split_tensors([nest_block(n) for n in items(split.body.block.body)], dim)
+            sch, done = s_tir.Schedule(split), []
             for block_rv in sch.get_child_blocks(sch.get_sblock("root")):
                 block = sch.get(block_rv)
                 for kind, regions in (("read", block.reads), ("write", block.writes)):
                     for index, region in enumerate(regions):
                         buf = region.source
-                        if _splits_cleanly(sch.mod["main"], buf, dim):
+                        if any(buf.same_as(t) for t in tensors) and not any(buf.same_as(d) for d in done):
                             sch.transform_layout(block_rv, (kind, index),
                                                  _split_at(len(buf.ty.shape), len(buf.ty.shape) - 1, dim,
                                                            str(buf.ty.shape[-1].ty)))
+                            done.append(buf)
             return Matrices(_simplified(sch.mod["main"]))
         except s_tir.ScheduleError:
             continue
@@ -158,7 +152,7 @@ def _simplified(func: tirx.PrimFunc) -> tirx.PrimFunc:
     iterator ranges (only those: an iterator bound to a loop of one keeps its binding, which
     the attention pattern reads)."""
     def simplified(block: SBlock) -> SBlock:
-        simplify = _analyzer(block).simplify
+        simplify = block_analyzer(block).simplify
         return tvm_ffi.structural_map(block, [(tirx.FloorDiv, simplify), (tirx.FloorMod, simplify)])
 
     return func.with_body(tvm_ffi.structural_map(func.body, [(SBlock, simplified)]))
