@@ -19,7 +19,7 @@ from tvm.ir import TensorLoad
 from tvm.s_tir import SBlock
 from tvm.tirx.analysis import undefined_vars
 
-from ..ir import element_nest, loads, point_region, replace_node, rewrite_nests, substitute
+from ..ir import element_nest, loads, point_region, replace_node, rewrite_nests, substitute, with_block_fields
 
 
 def _computed(factor, block: SBlock):
@@ -72,9 +72,7 @@ def operands_apart(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
             new_block = replace_node(block, operand, read)
             reads = [r for r in new_block.reads if any(ld.source.same_as(r.source) for ld in loads(new_block.body))]
             reads.append(point_region(out, [iv.var for iv in axes]))
-            new_block = SBlock(new_block.iter_vars, reads, new_block.writes, new_block.name_hint, new_block.body,
-                               new_block.init, list(new_block.alloc_buffers), new_block.match_buffers,
-                               new_block.annotations)
+            new_block = with_block_fields(new_block, reads=reads)
             computed = element_nest(axes, f"{block.name_hint}_operand", out, lambda mapping: (
                 [new for _, new in mapping], substitute(operand, mapping)))
             return [computed, replace_node(nest, block, new_block)], [out]

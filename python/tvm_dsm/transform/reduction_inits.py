@@ -18,7 +18,7 @@ from tvm.ir import TensorLoad
 from tvm.s_tir import SBlock
 from tvm.tirx.analysis import undefined_vars
 
-from ..ir import loads, nest_realize, replace_node, rewrite_nests, spatial_nest, substitute
+from ..ir import loads, nest_realize, replace_node, rewrite_nests, spatial_nest, substitute, with_block_fields
 
 #: The kernels' own identity of a max (and, negated, of a min): a start at or beyond it, or at
 #: its type's lowest (highest) value, is one.
@@ -89,8 +89,7 @@ def _from_identity(block: SBlock, op, store: tirx.BufferStore, acc: tirx.Buffer)
     loaded = loads(body.value)
     reads = [tirx.BufferRegion(acc if r.source.same_as(store.buffer) else r.source, r.region) for r in block.reads
              if any(ld.source.same_as(r.source) for ld in loaded) or r.source.same_as(store.buffer)]
-    return SBlock(block.iter_vars, reads, writes, block.name_hint, body, init, list(block.alloc_buffers),
-                  block.match_buffers, block.annotations)
+    return with_block_fields(block, reads=reads, writes=writes, body=body, init=init)
 
 
 def reading(expr, old: tirx.Buffer, new: tirx.Buffer):

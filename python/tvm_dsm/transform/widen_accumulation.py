@@ -16,7 +16,7 @@ from tvm import tirx
 from tvm.ir import TensorLoad
 from tvm.s_tir import SBlock
 
-from ..ir import loads, replace_node, rewrite_nests, spatial_nest
+from ..ir import loads, replace_node, rewrite_nests, spatial_nest, with_block_fields
 
 NARROW = ("float16", "bfloat16")
 
@@ -48,8 +48,7 @@ def _widened_block(block: SBlock, store: tirx.BufferStore, product: tirx.Mul,
     written = block.writes[0]
     writes = [tirx.BufferRegion(acc, written.region)]
     reads = [tirx.BufferRegion(acc, r.region) if r.source.same_as(store.buffer) else r for r in block.reads]
-    return SBlock(block.iter_vars, reads, writes, block.name_hint, body, init, list(block.alloc_buffers),
-                  block.match_buffers, block.annotations)
+    return with_block_fields(block, reads=reads, writes=writes, body=body, init=init)
 
 
 def widen_accumulation(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
