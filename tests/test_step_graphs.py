@@ -36,6 +36,9 @@ class _Recorder:
     def destroy(self, executable):
         self.calls.append(("destroy", executable))
 
+    def copy(self, target, source, stream):
+        target.copyfrom(source)
+
 
 def test_a_key_runs_eagerly_then_is_captured_once_and_replayed():
     recorder, ran = _Recorder(), []

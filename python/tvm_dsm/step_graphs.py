@@ -29,6 +29,12 @@ import tvm
 #: memory pool allocating while the step is captured.
 _CAPTURE_RELAXED = 2
 _CUDART = ("libcudart.so.13", "libcudart.so.12", "libcudart.so")
+#: cudaMemcpyDefault: the copy's direction inferred from the addresses (unified addressing).
+_COPY_INFERRED = 4
+
+
+def _nbytes(tensor: tvm.runtime.Tensor) -> int:
+    return tensor.numel() * tvm.runtime.DataType(str(tensor.dtype)).itemsize
 
 
 class _UpdateResult(ctypes.Structure):
@@ -88,6 +94,14 @@ class CudaGraphs:
 
     def launch(self, executable: ctypes.c_void_p, stream: int) -> None:
         self._check(self.lib.cudaGraphLaunch(executable, ctypes.c_void_p(stream)), "cudaGraphLaunch")
+
+    def copy(self, target: tvm.runtime.Tensor, source: tvm.runtime.Tensor, stream: int) -> None:
+        """``source``'s elements into ``target`` (same type and size, each on the device or the
+        host) in ``stream``'s order: the host does not wait for it, and work launched on
+        ``stream`` after it reads the copy."""
+        self._check(self.lib.cudaMemcpyAsync(ctypes.c_void_p(target.data_ptr()), ctypes.c_void_p(source.data_ptr()),
+                                             ctypes.c_size_t(_nbytes(source)), _COPY_INFERRED,
+                                             ctypes.c_void_p(stream)), "cudaMemcpyAsync")
 
     def destroy(self, executable: ctypes.c_void_p) -> None:
         self._check(self.lib.cudaGraphExecDestroy(executable), "cudaGraphExecDestroy")
@@ -149,7 +163,9 @@ class PagedDecodeGraphs:
     ``begin_forward`` and ``end_forward``, as the function itself; synchronize ``stream``
     before reading the result. The key (the tokens' shape and the pages in use) fixes the layout
     of the cache's per-step arrays only where every sequence of the cache takes part in every
-    step and none is forked, as in a batch decoding together."""
+    step and none is forked, as in a batch decoding together. ``tokens`` are copied in
+    ``stream``'s order, so they must be complete there: written before the call (a copy from
+    the host) or by work on ``stream`` (a sampler of the last step's logits)."""
 
     def __init__(self, function, device, stream: int, **settings):
         self.function, self.device = function, device
@@ -170,8 +186,7 @@ class PagedDecodeGraphs:
         if shape not in self._inputs:
             self._inputs[shape] = tvm.runtime.empty(shape, tokens.dtype, self.device)
         held = self._inputs[shape]
-        held.copyfrom(tokens)
-        self.device.sync()  # the copy ran on the legacy stream, which ``stream`` does not wait on
+        self.graphs.graphs.copy(held, tokens, self.graphs.stream)  # ahead of the step's kernels
         key = (shape, int(self._pages(cache)))  # fixes the extents and offsets of the per-step arrays
         return self.graphs.step(key, lambda: self.function(held, cache, params))
 
