@@ -160,19 +160,21 @@ def lower(mod: tvm.IRModule, target, hw: Hardware | None = None) -> tvm.IRModule
 
 #: Warp-scope buffers (mma fragments) one kernel may hold.
 _MAX_WARP_BUFFERS = 32
+#: The types of mma.sync accumulators (fp16/bf16/fp8 products sum in fp32, int8 in int32).
+_ACCUMULATOR_TYPES = ("float32", "int32")
 
 
 def _warp_accumulators(mod: tvm.IRModule) -> int:
     return sum(
         len(find_all(f.body, tirx.AllocBuffer, lambda a: str(a.buffer.ty.storage_scope) == "warp"
-                     and str(a.buffer.ty.dtype) == "float32"))
+                     and str(a.buffer.ty.dtype) in _ACCUMULATOR_TYPES))
         for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)
     )
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.LowerWarpAccumulators")
 def LowerWarpAccumulators(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-    """TVM's LowerWarpMemory until no fp32 (accumulator) warp buffer is left. One run lowers
+    """TVM's LowerWarpMemory until no fp32 or int32 (accumulator) warp buffer is left. One run lowers
     only the first warp-scope allocation of a scope (TVM 0.27); an accumulator left behind
     keeps its mma.sync and store at 32 lanes' worth of per-thread memory while its fill is
     lowered, and reads uninitialized registers (a fused kernel's second accumulator). fp16

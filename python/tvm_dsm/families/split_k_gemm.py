@@ -8,7 +8,7 @@ from tvm import s_tir, tirx
 
 from ..hardware import Hardware
 from ..planners import split_k_gemm as model
-from ..rules.split_k_gemm import (GemmShape, SplitKGemmConfig, check_rows_aligned, find_gemm,
+from ..rules.split_k_gemm import (SPLIT_K_TYPES, GemmShape, SplitKGemmConfig, check_rows_aligned, find_gemm,
                                   schedule_split_k_gemm)
 from .base import ScheduleFamily
 
@@ -18,7 +18,7 @@ class SplitKGemm(ScheduleFamily):
     symbolic_rows = True
 
     def recognize(self, func: tirx.PrimFunc) -> GemmShape:
-        shape = find_gemm(s_tir.Schedule(func), batched=True)[2]
+        shape = find_gemm(s_tir.Schedule(func), SPLIT_K_TYPES, batched=True)[2]
         check_rows_aligned(shape)  # else the CUDA-core GEMM's (no configuration copies its rows)
         return shape
 

@@ -28,6 +28,7 @@ from ..rules.quantized_gemm import check_quantized_config
 from ..rules.quantized_gemm import shared_bytes as quantized_shared_bytes
 from ..intrin.mma import TILE, element_bytes
 from ..rules.split_k_gemm import (
+    SPLIT_K_TYPES,
     GemmShape,
     SplitKGemmConfig,
     schedule_split_k_gemm,
@@ -498,6 +499,6 @@ def schedule_dense(func: tirx.PrimFunc, hw: Hardware | None = None,
     schedule and the plan; ``plan.explain()`` says why (tiles, cluster, bytes and time per
     level). ClusterError names what the function or the configuration does not support."""
     hw = hw or load_hardware()
-    _, _, shape = find_gemm(s_tir.Schedule(func), batched=True)
+    _, _, shape = find_gemm(s_tir.Schedule(func), SPLIT_K_TYPES, batched=True)
     plan = plan_split_k_gemm(shape, hw, padded=True)[0] if config is None else predict(shape, config, hw)
     return schedule_split_k_gemm(func, plan.config, hw), plan

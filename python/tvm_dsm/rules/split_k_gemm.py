@@ -1,6 +1,6 @@
 """Cluster split-K GEMM on tensor cores: the main loop of every fused kernel.
 
-``Y = epilogue(X @ W)``, fp16 inputs, fp32 accumulation. Each cluster owns a ``block_m x block_n``
+``Y = epilogue(X @ W)``, fp16 inputs, fp32 accumulation (int8 inputs: int32). Each cluster owns a ``block_m x block_n``
 tile of ``Y``; its ``S`` CTAs split K in S contiguous slices. A CTA streams its slices of ``X``
 and ``W`` through a ``stages``-deep ``cp.async`` pipeline into swizzle-free padded shared memory,
 loads fragments with ``ldmatrix`` and multiplies with ``mma.sync.m16n8k16`` (TVM's own tensor
@@ -40,8 +40,8 @@ from ..transform.tma_pipeline import SLOT_ALIGN as TMA_SLOT_ALIGN
 from ..annotations import TMA_STAGES_KEY
 from ..schedule import bind_cluster_nest, bind_rank, check_cluster_size
 from ..annotations import ROTATE_PEERS_KEY
-from ..intrin.mma import (FP8, MMA_STORE_F32_DSM, OPERAND_TYPES, TILE, VECTOR, accumulator_tile_bytes, element_bytes,
-                          k_tile, pad)
+from ..intrin.mma import (ACCUMULATOR_TYPES, FP8, INT8, OPERAND_TYPES, TILE, VECTOR, accumulator_tile_bytes,
+                          dsm_store_intrinsic, element_bytes, k_tile, pad)
 from ..intrin.wgmma import MAX_N as WGMMA_MAX_N
 from ..intrin.wgmma import WARPGROUP_ROWS, wgmma_intrin
 from .padded_gated_tiles import outputs_through_copies, pad_gated_to_tiles
@@ -189,6 +189,10 @@ def _indexed_by(found: list, expected) -> bool:
     return len(found) == len(expected) and all(a is not None and a.same_as(b) for a, b in zip(found, expected))
 
 
+#: The operand types the split-K GEMM multiplies: the tensor cores' floating types (fp32 sums)
+#: and int8 (exact int32 sums; mma.sync on cp.async tiles).
+SPLIT_K_TYPES = (*OPERAND_TYPES, INT8)
+
 #: The most sibling products (:class:`GemmShape`) one kernel computes side by side: a layer's
 #: q, k and v.
 MAX_SIBLINGS = 3
@@ -305,9 +309,14 @@ def find_gemm_operands(block: tirx.SBlock, fused_weight: bool = False,
     m = int(m) if isinstance(m, tirx.IntImm) else m
     n, depth = int(n), int(depth)
     operands = [r for r in block.reads if not r.source.same_as(block.writes[0].source)]
-    if len(operands) != 2 or str(block.writes[0].source.ty.dtype) != "float32":
-        raise ClusterError(f"{block.name_hint} is not an fp32-accumulated product of two operands")
+    if len(operands) != 2:
+        raise ClusterError(f"{block.name_hint} is not a product of two operands")
     x, w = operands
+    dtypes = {str(x.source.ty.dtype), str(w.source.ty.dtype)}
+    accumulator = str(block.writes[0].source.ty.dtype)
+    if len(dtypes) == 1 and accumulator != ACCUMULATOR_TYPES.get(next(iter(dtypes)), "float32"):
+        raise ClusterError(f"{block.name_hint} is not an {ACCUMULATOR_TYPES.get(next(iter(dtypes)), 'float32')}-"
+                           f"accumulated product of two {next(iter(dtypes))} operands (it sums in {accumulator})")
     x_vars, w_nk_vars, w_vars = _index_vars(x), _index_vars(w, offset_rows=fused_weight), _index_vars(w)
     shared = None
     if batch_vars:  # each operand indexed [b..., ...] by the batch axes, or one by none (shared)
@@ -337,13 +346,12 @@ def find_gemm_operands(block: tirx.SBlock, fused_weight: bool = False,
     if strided:
         raise ClusterError(f"{block.name_hint}: {', '.join(strided)} declares strides; the GEMM families' tiles "
                            "are copied from tensors laid out by their shape (TMA tensor maps, 16-byte cp.async)")
-    dtypes = {str(x.source.ty.dtype), str(w.source.ty.dtype)}
     if len(dtypes) != 1 or not dtypes <= set(operand_types):
         raise ClusterError(f"the GEMM multiplies two operands of one type among "
                            f"{sorted(operand_types)}, got {sorted(dtypes)}")
     dtype = dtypes.pop()
-    if dtype == FP8 and not weight_nk:
-        raise ClusterError(f"{block.name_hint}: fp8 GEMMs need the weight stored [n, k] (ldmatrix "
+    if element_bytes(dtype) == 1 and not weight_nk:
+        raise ClusterError(f"{block.name_hint}: {dtype} GEMMs need the weight stored [n, k] (ldmatrix "
                            "cannot transpose 8-bit elements); got [k, n]")
     copied = bool(block.annotations.get(COPIED_OPERANDS_KEY, False))
     return GemmShape(m, n, depth, weight_nk, dtype, operands_copied=copied, batch=batch,
@@ -370,6 +378,8 @@ def check_config(shape: GemmShape, config: SplitKGemmConfig, hw: Hardware) -> No
     the GPU ``hw`` describes."""
     c, s = config, config.cluster_size
     check_cluster_size(s)
+    if shape.dtype == INT8 and c.tma:
+        raise ClusterError("int8 GEMMs copy their tiles by cp.async for mma.sync (they have no TMA or wgmma form)")
     if not shape.symbolic_rows and shape.m % TILE:  # symbolic: whole tiles (tiled_shape)
         raise ClusterError(f"M={shape.m}: the tensor-core GEMM needs a multiple of {TILE} rows; "
                            "pad the batch, or use the split-K GEMV "
@@ -569,7 +579,7 @@ def schedule_split_k_gemm(func: tirx.PrimFunc, config: SplitKGemmConfig, hw: Har
     layer whose M, N or K overrun the tiles is scheduled as its rewrite to whole tiles
     (:mod:`tvm_dsm.rules.padded_gated_tiles`)."""
     sch = s_tir.Schedule(func)
-    blocks, epilogue, shape = find_gemm(sch, batched=True)
+    blocks, epilogue, shape = find_gemm(sch, SPLIT_K_TYPES, batched=True)
     check_padded_config(shape, config, hw)
     tiles = tiled_shape(shape, config)
     if shape.products > 1 and (shape.symbolic_rows or tiles != shape):
@@ -783,7 +793,7 @@ def split_k_main_loops(sch: s_tir.Schedule, partials: list[tuple], shape: GemmSh
         if first:
             bind_rank(sch, rank)  # after the operand caches: their region is one CTA's K slice
         tensorize_fragments(sch, partial, fragment, caches, k_step, shape.weight_nk,
-                            MMA_STORE_F32_DSM,
+                            dsm_store_intrinsic(shape.dtype),
                             wgmma_intrin(*c.warpgroup, shape.dtype, len(partials) if one_loop else 1,
                                          b_mn_major=not shape.weight_nk)
                             if c.wgmma else None)

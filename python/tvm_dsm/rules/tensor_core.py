@@ -12,8 +12,8 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 
-from ..intrin.mma import (ACCUMULATOR_PAD, FP8, MMA_STORE_F32_DSM, TILE, VECTOR, element_bytes, fp8_fragment_map,
-                          fragment_map, k_tile, library, mma, operand_intrinsics, pad)
+from ..intrin.mma import (ACCUMULATOR_PAD, MMA_STORE_F32_DSM, MMA_STORE_I32_DSM, TILE, VECTOR, element_bytes,
+                          fill_intrinsic, fragment_map, k_tile, library, operand_intrinsics, operand_map, pad)
 from ..schedule import place_in_dsm
 from ..annotations import TMA_COPY_KEY
 
@@ -134,9 +134,8 @@ def tensorize_fragments(sch: s_tir.Schedule, block: SBlockRV, fragment_name: str
     if wgmma is None:
         x_loop = fragment_tile(sch, x_frag, k_tile(dtype))
         w_loop = fragment_tile(sch, w_frag, k_tile(dtype) if weight_nk else TILE)
-        operand_map = fp8_fragment_map if dtype == FP8 else fragment_map
-        sch.transform_layout(x_frag, ("write", 0), operand_map)
-        sch.transform_layout(w_frag, ("write", 0), operand_map)
+        sch.transform_layout(x_frag, ("write", 0), operand_map(dtype))
+        sch.transform_layout(w_frag, ("write", 0), operand_map(dtype))
     sch.transform_layout(accumulator, ("read", 0), lambda *idx: (*idx[:-2], *fragment_map(*idx[-2:])))
     if wgmma is None:
         load_x, load_w, multiply = operand_intrinsics(dtype, weight_nk)
@@ -146,8 +145,8 @@ def tensorize_fragments(sch: s_tir.Schedule, block: SBlockRV, fragment_name: str
         multiply = wgmma
         fragment_tile(sch, init)  # the fill goes 16x16 fragment by fragment
     sch.tensorize(sch.get_loops(sch.get_sblock(fragment_name))[-3], multiply)
-    sch.tensorize(sch.get_loops(init)[-2], mma.MMA_fill_16x16_f32_INTRIN)
-    if store_intrin != MMA_STORE_F32_DSM:
+    sch.tensorize(sch.get_loops(init)[-2], fill_intrinsic(dtype))
+    if store_intrin not in (MMA_STORE_F32_DSM, MMA_STORE_I32_DSM):
         sch.tensorize(accumulator_loop, store_intrin)
         return
     place_in_dsm(sch, accumulator, 0)
