@@ -343,6 +343,53 @@ def test_a_layer_norm_then_a_dense_layer_is_the_row_norm_and_the_gemm():
     assert tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source().count("__global__") == 4  # 2 kernels
 
 
+def _rms_norm_then_dense(m: int, k: int, n: int, dtype: str = "float16"):
+    """A pre-norm projection as TOPI writes it: ``rms_norm`` casts its input and weight to fp32
+    and squares the input in blocks of their own, the weight's cast between the statistic and
+    the normalization."""
+    x = te.placeholder((m, k), dtype, name="x")
+    g = te.placeholder((k,), dtype, name="gamma")
+    w = te.placeholder((n, k), dtype, name="w")
+    y = topi.cast(topi.nn.rms_norm(x, g, axis=[1], epsilon=1e-5), dtype)
+    return te.create_prim_func([x, g, w, topi.cast(topi.nn.dense(y, w, out_dtype="float32"), dtype)])
+
+
+def test_topis_rms_norm_maps_of_its_inputs_join_the_norm_and_compute_the_same_on_llvm():
+    func = _rms_norm_then_dense(6, 32, 8, "float32")
+    operators = split_operators(func, norms_together=True)
+    assert [(op.norm, op.matmul) for op in operators] == [(True, False), (False, True)]
+    assert len(split_operators(func)) > 2  # apart: the casts, the statistic, the normalization, the product
+    merged = merge_operators(func, [op.func for op in operators])
+    rng = np.random.default_rng()
+    args = [rng.standard_normal(s).astype("float32") for s in ((6, 32), (32,), (8, 32))]
+    outs = []
+    for f in (func, merged):
+        out = tvm.runtime.tensor(np.full((6, 8), np.nan, "float32"))
+        tvm.compile(tvm.IRModule({"main": f}), target=LLVM)(*(tvm.runtime.tensor(a) for a in args), out)
+        outs.append(out.numpy())
+    np.testing.assert_array_equal(outs[1], outs[0])
+
+
+def test_topis_rms_norm_then_a_dense_layer_is_the_row_norm_and_the_gemm():
+    func = _rms_norm_then_dense(128, 4096, 4096)
+    assert tvm_dsm.driver.operator_families(func) == ["row_norm", "split_k_gemm"]
+    assert tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source().count("__global__") == 4  # 2 kernels
+
+
+@pytest.mark.gpu
+def test_gpu_topis_rms_norm_then_a_dense_layer_matches_float64():
+    rng = np.random.default_rng()
+    x, g = rng.standard_normal((300, 2048)), rng.uniform(0.5, 1.5, 2048)
+    w = rng.uniform(-1, 1, (1024, 2048)) / np.sqrt(2048)
+
+    def reference(x, g, w):
+        y = (x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * g).astype(np.float16).astype(np.float64)
+        return y @ w.T
+
+    err = relative_error_on_gpu(_rms_norm_then_dense(300, 2048, 1024), [x, g, w], reference, (300, 1024), "float16")
+    assert err < 2e-3
+
+
 def test_a_norm_no_family_takes_whole_is_scheduled_statistic_by_statistic(monkeypatch, caplog):
     schedule = tvm_dsm.driver.schedule
 

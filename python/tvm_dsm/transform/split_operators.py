@@ -204,14 +204,41 @@ def _buffers(nests: list[tirx.Stmt]) -> tuple[list[tirx.Var], list[tirx.Var]]:
     return read, written
 
 
+def _input_maps_inlined(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with each element-wise map of its parameters alone (TOPI's ``rms_norm`` casts
+    its input and weight to fp32 and squares the input in blocks of their own) inlined into
+    the blocks reading it, where none of those is a matmul: a norm's statistics and its
+    normalization then follow one another, and a map of the weight over the normalized axis
+    no longer stands between them as an operator of its own. The values are the same (each
+    reader computes the map itself); a map a matmul reads stays for the GEMM families."""
+    sch = s_tir.Schedule(func)
+    params = list(func.params)
+    changed = False
+    for rv in sch.get_child_blocks(sch.get_sblock("root")):
+        block = sch.get(rv)
+        readers = sch.get_consumers(rv)
+        if (_is_reduction(block) or not readers or any(_is_matmul(sch.get(r)) for r in readers)
+                or not all(any(r.source.same_as(p) for p in params) for r in block.reads)):
+            continue
+        try:
+            sch.compute_inline(rv)
+            changed = True
+        except s_tir.ScheduleError:
+            continue
+    return sch.mod["main"] if changed else func
+
+
 def split_operators(func: tirx.PrimFunc, products_together: bool = False, norms_together: bool = False
                     ) -> list[Operator]:
     """``func`` as one function per operator (ClusterError if it is not a sequence of loop nests
     of one block each under its root block, the form TE and Relax legalization produce);
     ``products_together``: a gated layer's two products one operator; ``norms_together``: a
-    norm's statistics and normalization one operator."""
+    norm's statistics and normalization one operator, the element-wise maps of its inputs
+    computed where they are read (:func:`_input_maps_inlined`)."""
     if not isinstance(func.body, SBlockRealize):
         raise ClusterError("splitting into operators needs an s_tir function (one root block)")
+    if norms_together:
+        func = _input_maps_inlined(func)
     root = func.body.block
     nests = items(root.body)
     params = list(func.params)
