@@ -321,20 +321,25 @@ def _layer_norm_then_dense(m: int, k: int, n: int, dtype: str = "float16"):
     return te.create_prim_func([x, g, b, w, topi.cast(topi.nn.dense(y, w, out_dtype="float32"), dtype)])
 
 
+def _merged_computes_the_same_on_llvm(func, operators, shapes: list[tuple], out_shape: tuple) -> None:
+    """``func`` and its ``operators`` merged back give bit-identical fp32 outputs on llvm."""
+    merged = merge_operators(func, [op.func for op in operators])
+    rng = np.random.default_rng()
+    args = [rng.standard_normal(s).astype("float32") for s in shapes]
+    outs = []
+    for f in (func, merged):
+        out = tvm.runtime.tensor(np.full(out_shape, np.nan, "float32"))
+        tvm.compile(tvm.IRModule({"main": f}), target=LLVM)(*(tvm.runtime.tensor(a) for a in args), out)
+        outs.append(out.numpy())
+    np.testing.assert_array_equal(outs[1], outs[0])
+
+
 def test_a_norms_statistics_and_normalization_are_one_operator_and_compute_the_same_on_llvm():
     func = _layer_norm_then_dense(6, 32, 8, "float32")
     operators = split_operators(func, norms_together=True)
     assert [op.norm for op in operators] == [True, False]
     assert len(split_operators(func)) == 4  # apart: each statistic, the normalization, the product
-    merged = merge_operators(func, [op.func for op in operators])
-    rng = np.random.default_rng()
-    args = [rng.standard_normal(s).astype("float32") for s in ((6, 32), (32,), (32,), (8, 32))]
-    outs = []
-    for f in (func, merged):
-        out = tvm.runtime.tensor(np.full((6, 8), np.nan, "float32"))
-        tvm.compile(tvm.IRModule({"main": f}), target=LLVM)(*(tvm.runtime.tensor(a) for a in args), out)
-        outs.append(out.numpy())
-    np.testing.assert_array_equal(outs[1], outs[0])
+    _merged_computes_the_same_on_llvm(func, operators, [(6, 32), (32,), (32,), (8, 32)], (6, 8))
 
 
 def test_a_layer_norm_then_a_dense_layer_is_the_row_norm_and_the_gemm():
@@ -359,15 +364,7 @@ def test_topis_rms_norm_maps_of_its_inputs_join_the_norm_and_compute_the_same_on
     operators = split_operators(func, norms_together=True)
     assert [(op.norm, op.matmul) for op in operators] == [(True, False), (False, True)]
     assert len(split_operators(func)) > 2  # apart: the casts, the statistic, the normalization, the product
-    merged = merge_operators(func, [op.func for op in operators])
-    rng = np.random.default_rng()
-    args = [rng.standard_normal(s).astype("float32") for s in ((6, 32), (32,), (8, 32))]
-    outs = []
-    for f in (func, merged):
-        out = tvm.runtime.tensor(np.full((6, 8), np.nan, "float32"))
-        tvm.compile(tvm.IRModule({"main": f}), target=LLVM)(*(tvm.runtime.tensor(a) for a in args), out)
-        outs.append(out.numpy())
-    np.testing.assert_array_equal(outs[1], outs[0])
+    _merged_computes_the_same_on_llvm(func, operators, [(6, 32), (32,), (8, 32)], (6, 8))
 
 
 def test_topis_rms_norm_then_a_dense_layer_is_the_row_norm_and_the_gemm():
