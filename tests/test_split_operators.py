@@ -373,17 +373,20 @@ def test_topis_rms_norm_then_a_dense_layer_is_the_row_norm_and_the_gemm():
     assert tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source().count("__global__") == 4  # 2 kernels
 
 
+def _rms_norm_dense(x, g, w):
+    """float64 RMSNorm (eps 1e-5) rounded to fp16, then ``@ w.T``."""
+    y = (x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * g).astype(np.float16).astype(np.float64)
+    return y @ w.T
+
+
 @pytest.mark.gpu
 def test_gpu_topis_rms_norm_then_a_dense_layer_matches_float64():
     rng = np.random.default_rng()
     x, g = rng.standard_normal((300, 2048)), rng.uniform(0.5, 1.5, 2048)
     w = rng.uniform(-1, 1, (1024, 2048)) / np.sqrt(2048)
 
-    def reference(x, g, w):
-        y = (x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * g).astype(np.float16).astype(np.float64)
-        return y @ w.T
-
-    err = relative_error_on_gpu(_rms_norm_then_dense(300, 2048, 1024), [x, g, w], reference, (300, 1024), "float16")
+    err = relative_error_on_gpu(_rms_norm_then_dense(300, 2048, 1024), [x, g, w], _rms_norm_dense, (300, 1024),
+                                "float16")
     assert err < 2e-3
 
 
@@ -417,17 +420,37 @@ def test_gpu_a_layer_norm_then_a_dense_layer_matches_float64():
     assert err < 2e-3
 
 
-def test_an_int64_indexed_norm_then_a_dense_layer_keeps_its_operators_apart(caplog):
-    """Relax's legalization indexes in int64; the row norm's kernel is written over the operator
-    narrowed to int32, whose tensors the function does not declare: the norm's statistics go
-    apart again, the GEMM still the family's (not dlight's schedule of the whole function)."""
+def _int64_indexed_norm_then_dense(norm: str, m: int = 256, k: int = 1024, n: int = 2048):
+    """A norm then a dense layer indexed in int64, as Relax legalizes: TOPI's layer norm or
+    rms norm (its output cast to fp16) over ``[m, k]``."""
     wide = lambda v: tvm.tirx.IntImm("int64", v)  # noqa: E731
-    x = te.placeholder((wide(256), wide(1024)), "float16", name="x")
-    g, b = (te.placeholder((wide(1024),), "float16", name=name) for name in ("gamma", "beta"))
-    w = te.placeholder((wide(2048), wide(1024)), "float16", name="w")
-    y = topi.nn.layer_norm(x, g, b, axis=[1], epsilon=1e-5)
-    func = te.create_prim_func([x, g, b, w, topi.nn.dense(y, w, out_dtype="float32")])
+    x = te.placeholder((wide(m), wide(k)), "float16", name="x")
+    g, b = (te.placeholder((wide(k),), "float16", name=name) for name in ("gamma", "beta"))
+    w = te.placeholder((wide(n), wide(k)), "float16", name="w")
+    if norm == "layer_norm":
+        y, params = topi.nn.layer_norm(x, g, b, axis=[1], epsilon=1e-5), [x, g, b, w]
+    else:
+        y, params = topi.cast(topi.nn.rms_norm(x, g, axis=[1], epsilon=1e-5), "float16"), [x, g, w]
+    return te.create_prim_func([*params, topi.cast(topi.nn.dense(y, w, out_dtype="float32"), "float16")])
+
+
+@pytest.mark.parametrize("norm", ["layer_norm", "rms_norm"])
+def test_an_int64_indexed_norm_then_a_dense_layer_is_the_row_norm_and_the_gemm(norm, caplog):
+    """Relax's legalization indexes in int64; the row norm's kernel is written over the operator
+    narrowed to int32: the function is narrowed before it is cut into operators, so the kernel's
+    tensors are the merged function's."""
     with caplog.at_level("INFO", logger="tvm_dsm.driver"):
-        source = tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source()
-    assert "dlight's schedule whole" not in caplog.text
+        source = tvm_dsm.build(_int64_indexed_norm_then_dense(norm), TARGET).mod.imports[0].inspect_source()
+    assert "statistics apart" not in caplog.text and "dlight's schedule whole" not in caplog.text
+    assert source.count("__global__") == 4  # 2 kernels
     assert "wgmma" in source
+
+
+@pytest.mark.gpu
+def test_gpu_an_int64_indexed_rms_norm_then_a_dense_layer_matches_float64():
+    rng = np.random.default_rng()
+    x, g = rng.standard_normal((300, 1024)), rng.uniform(0.5, 1.5, 1024)
+    w = rng.uniform(-1, 1, (512, 1024)) / np.sqrt(1024)
+
+    func = _int64_indexed_norm_then_dense("rms_norm", 300, 1024, 512)
+    assert relative_error_on_gpu(func, [x, g, w], _rms_norm_dense, (300, 512), "float16") < 2e-3

@@ -11,6 +11,7 @@ says why not.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -19,6 +20,7 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.schedule.schedule import ScheduleError
+from tvm.tirx.buffer import BufferType
 
 from .device import gpu_or_reason
 from .errors import ClusterError, last_line
@@ -520,9 +522,9 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
                 return scheduled
         except Exception as err:  # noqa: BLE001  (the unpadded paths below still apply)
             LOG.info("its 16-bit rows padded to whole rows do not schedule (%s)", str(err).strip().splitlines()[-1])
-    # indexed in int32 as every range's kernel is (tvm_dsm.ir.narrow_indices): the operators'
-    # schedules then share the merged function's row-count variable
-    func = narrow_indices(func) if extent_variables(func) else func
+    # indexed in int32 as every range's kernel and the row norm's are (tvm_dsm.ir.narrow_indices):
+    # the operators' schedules then share the merged function's tensors and row-count variable
+    func = narrow_indices(func) if extent_variables(func) or _indexes_in_int64(func) else func
     operators = _operators(func)
     per_operator_error = None
     if families and len(operators) >= 2 and any(op.matmul for op in operators):
@@ -551,6 +553,15 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
         raise per_operator_error
     LOG.info("scheduling its %d operators one by one (dlight: %s)", len(operators), whole)
     return _per_operator(func, operators, target, hw, families)
+
+
+def _indexes_in_int64(func: tirx.PrimFunc) -> bool:
+    """Whether ``func`` (static extents) indexes in int64, as Relax legalizes, with every tensor
+    small enough for int32 indices."""
+    shapes = [list(p.ty.shape) for p in func.params if isinstance(p.ty, BufferType)]
+    return (any(str(d.ty) == "int64" for shape in shapes for d in shape)
+            and all(isinstance(d, tirx.IntImm) for shape in shapes for d in shape)
+            and all(math.prod(int(d) for d in shape) < 2 ** 31 for shape in shapes))
 
 
 def _as_matrices(func: tirx.PrimFunc, target, hw: Hardware | None, families: bool = True) -> s_tir.Schedule | None:
