@@ -54,6 +54,16 @@ def test_an_int8_gemm_multiplies_on_int8_mma_and_sums_its_int32_partials_through
     assemble(source, "int8_gemm")
 
 
+@pytest.mark.parametrize(("m", "n", "k"), [(37, 96, 160), (2, 8, 64), (1000, 1024, 4096)])
+def test_int8_tiles_past_the_edges_copy_by_predicated_cp_async_and_assemble(m, n, k, assemble):
+    """Tiles past M, N or K are zero-filled copies; TVM 0.27 injects cp.async only for a float
+    zero, and prints the plain copy's 16 int8 zeros as a make_int4 nvcc rejects
+    (tvm_dsm.transform.integer_tile_copies)."""
+    source = tvm_dsm.build(topi_dense(m, n, k), TARGET).mod.imports[0].inspect_source()
+    assert "cp_async" in source and "make_int4((signed char)" not in source
+    assemble(source, f"int8_gemm_{m}x{n}x{k}")
+
+
 def test_the_planner_takes_int8_products_written_in_te_and_topi():
     for func in (topi_dense(1000, 14336, 4096), dequantized_dense(128, 4096, 4096), dequantized_dense(37, 96, 160)):
         ranking = driver.plan(func)

@@ -313,10 +313,12 @@ def find_gemm_operands(block: tirx.SBlock, fused_weight: bool = False,
         raise ClusterError(f"{block.name_hint} is not a product of two operands")
     x, w = operands
     dtypes = {str(x.source.ty.dtype), str(w.source.ty.dtype)}
+    operand = next(iter(dtypes))
     accumulator = str(block.writes[0].source.ty.dtype)
-    if len(dtypes) == 1 and accumulator != ACCUMULATOR_TYPES.get(next(iter(dtypes)), "float32"):
-        raise ClusterError(f"{block.name_hint} is not an {ACCUMULATOR_TYPES.get(next(iter(dtypes)), 'float32')}-"
-                           f"accumulated product of two {next(iter(dtypes))} operands (it sums in {accumulator})")
+    wanted = ACCUMULATOR_TYPES.get(operand, "float32" if "float" in operand else None)  # fp32: the CUDA cores'
+    if len(dtypes) == 1 and wanted is not None and accumulator != wanted:
+        raise ClusterError(f"{block.name_hint} sums its {operand} products in {accumulator}; "
+                           f"the GEMM families sum them in {wanted}")
     x_vars, w_nk_vars, w_vars = _index_vars(x), _index_vars(w, offset_rows=fused_weight), _index_vars(w)
     shared = None
     if batch_vars:  # each operand indexed [b..., ...] by the batch axes, or one by none (shared)
