@@ -367,6 +367,19 @@ def test_topis_rms_norm_maps_of_its_inputs_join_the_norm_and_compute_the_same_on
     _merged_computes_the_same_on_llvm(func, operators, [(6, 32), (32,), (8, 32)], (6, 8))
 
 
+def test_a_residual_sum_before_a_norm_stays_an_operator_of_its_own():
+    """Inlined, ``x + r`` would make the norm's statistic read two tensors along its axis, as a
+    matmul does: the sum, the norm and the product stay three operators."""
+    x, r = (te.placeholder((256, 2048), "float16", name=name) for name in ("x", "r"))
+    g, b = (te.placeholder((2048,), "float16", name=name) for name in ("gamma", "beta"))
+    w = te.placeholder((1024, 2048), "float16", name="w")
+    h = te.compute(x.shape, lambda i, j: x[i, j] + r[i, j], name="h")
+    func = te.create_prim_func([x, r, g, b, w, topi.nn.dense(topi.nn.layer_norm(h, g, b, axis=[1]), w,
+                                                                      out_dtype="float32")])
+    assert [(op.norm, op.matmul) for op in split_operators(func, norms_together=True)] == [
+        (False, False), (True, False), (False, True)]
+
+
 def test_topis_rms_norm_then_a_dense_layer_is_the_row_norm_and_the_gemm():
     func = _rms_norm_then_dense(128, 4096, 4096)
     assert tvm_dsm.driver.operator_families(func) == ["row_norm", "split_k_gemm"]

@@ -41,6 +41,7 @@ from .transform.columns_as_one import columns_as_one
 from .transform.merged_heads import heads_apart
 from .transform.operand_copies import copies_inlined
 from .transform.rows_as_matrix import has_row_axes, over_original_tensors, rows_as_matrix
+from .transform.unit_axes import unit_axes_dropped
 from .transform.split_operators import merge_operators, split_operators
 from .transform.product_halves import products_of_halves
 from .transform.product_order import products_in_gemm_order
@@ -155,11 +156,14 @@ def _first_form_taken(func: tirx.PrimFunc, attempt: Callable[[tirx.PrimFunc], An
 def _as_planned(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` as :func:`plan` takes its forms from: a softmax's top-k as the fused router
     (:func:`~tvm_dsm.transform.host_sorts.router_top_k`), allocations in the root block,
+    intermediate tensors without their unit axes (a keepdims reduction's ``[rows, 1]`` results:
+    :func:`~tvm_dsm.transform.unit_axes.unit_axes_dropped`),
     independent reductions accumulated in one block apart
     (:func:`~tvm_dsm.transform.separate_reductions.reductions_apart`), reductions started from
     another value than their identity started from it and combined with that value after
     (:func:`~tvm_dsm.transform.reduction_inits.inits_apart`)."""
     func = block_allocations(router_top_k(func) or func)
+    func = unit_axes_dropped(func) or func
     func = reductions_apart(func) or func
     return inits_apart(func) or func
 
@@ -522,9 +526,9 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
                 return scheduled
         except Exception as err:  # noqa: BLE001  (the unpadded paths below still apply)
             LOG.info("its 16-bit rows padded to whole rows do not schedule (%s)", str(err).strip().splitlines()[-1])
-    # indexed in int32 as every range's kernel and the row norm's are (tvm_dsm.ir.narrow_indices):
-    # the operators' schedules then share the merged function's tensors and row-count variable
-    func = narrow_indices(func) if extent_variables(func) or _indexes_in_int64(func) else func
+    # indexed in int32 as every range's kernel is (tvm_dsm.ir.narrow_indices): the operators'
+    # schedules then share the merged function's row-count variable
+    func = narrow_indices(func) if extent_variables(func) else func
     operators = _operators(func)
     per_operator_error = None
     if families and len(operators) >= 2 and any(op.matmul for op in operators):
@@ -555,13 +559,21 @@ def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
     return _per_operator(func, operators, target, hw, families)
 
 
-def _indexes_in_int64(func: tirx.PrimFunc) -> bool:
-    """Whether ``func`` (static extents) indexes in int64, as Relax legalizes, with every tensor
-    small enough for int32 indices."""
-    shapes = [list(p.ty.shape) for p in func.params if isinstance(p.ty, BufferType)]
-    return (any(str(d.ty) == "int64" for shape in shapes for d in shape)
+def _narrowed_from_int64(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` indexed in int32 where it indexes in int64 over static extents (Relax's
+    legalization) and every tensor it holds, parameter or not, fits int32 indices; else as it
+    is (also where TVM's narrowing refuses it: an int64 value past 2^31 in its arithmetic)."""
+    tensors = [p.ty for p in func.params if isinstance(p.ty, BufferType)]
+    tensors += [b.ty for b in find_all(func.body, tirx.Buffer)]
+    shapes = [list(t.shape) for t in tensors if hasattr(t, "shape")]
+    if not (any(str(d.ty) == "int64" for shape in shapes for d in shape)
             and all(isinstance(d, tirx.IntImm) for shape in shapes for d in shape)
-            and all(math.prod(int(d) for d in shape) < 2 ** 31 for shape in shapes))
+            and all(math.prod(int(d) for d in shape) < 2 ** 31 for shape in shapes)):
+        return func
+    try:
+        return narrow_indices(func)
+    except tvm.error.InternalError:
+        return func
 
 
 def _as_matrices(func: tirx.PrimFunc, target, hw: Hardware | None, families: bool = True) -> s_tir.Schedule | None:
@@ -637,6 +649,11 @@ def _per_operator(func: tirx.PrimFunc, operators: list, target, hw: Hardware | N
     and the normalization is a kernel reading the rows again)."""
     if not families:
         return _merged(func, [stock_schedule(op.func, target) for op in operators])
+    # the row norm's kernel is written over its operator narrowed to int32: narrowed first, an
+    # int64-indexed function's operators share its tensors
+    narrowed = _narrowed_from_int64(func)
+    if narrowed is not func:
+        func, operators = narrowed, _operators(narrowed)
     for norms in (True, False):
         together = _operators(func, products_together=True, norms_together=norms)
         if norms and not any(op.norm for op in together):

@@ -205,12 +205,14 @@ def _buffers(nests: list[tirx.Stmt]) -> tuple[list[tirx.Var], list[tirx.Var]]:
 
 
 def _input_maps_inlined(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """``func`` with each element-wise map of its parameters alone (TOPI's ``rms_norm`` casts
-    its input and weight to fp32 and squares the input in blocks of their own) inlined into
-    the blocks reading it, where none of those is a matmul: a norm's statistics and its
-    normalization then follow one another, and a map of the weight over the normalized axis
-    no longer stands between them as an operator of its own. The values are the same (each
-    reader computes the map itself); a map a matmul reads stays for the GEMM families."""
+    """``func`` with each element-wise map of one parameter (TOPI's ``rms_norm`` casts its input
+    and weight to fp32 and squares the input in blocks of their own) inlined into the blocks
+    reading it, where none of those is a matmul: a norm's statistics and its normalization
+    then follow one another, and a map of the weight over the normalized axis no longer stands
+    between them as an operator of its own. The values are the same (each reader computes the
+    map itself); a map a matmul reads stays for the GEMM families, and a map of two tensors (a
+    residual sum) stays an operator: inlined, a statistic would read two tensors along its
+    axis, as a matmul does."""
     sch = s_tir.Schedule(func)
     params = list(func.params)
     changed = False
@@ -218,7 +220,7 @@ def _input_maps_inlined(func: tirx.PrimFunc) -> tirx.PrimFunc:
         block = sch.get(rv)
         readers = sch.get_consumers(rv)
         if (_is_reduction(block) or not readers or any(_is_matmul(sch.get(r)) for r in readers)
-                or not all(any(r.source.same_as(p) for p in params) for r in block.reads)):
+                or len(block.reads) != 1 or not any(block.reads[0].source.same_as(p) for p in params)):
             continue
         try:
             sch.compute_inline(rv)
