@@ -10,7 +10,7 @@ import logging
 import numpy as np
 import pytest
 import tvm
-from tvm import te, topi, tirx
+from tvm import relax, te, topi, tirx
 
 import tvm_dsm
 from conftest import LLVM, TARGET, cuda_source
@@ -137,6 +137,50 @@ def test_a_batch_matmul_of_a_broadcast_weight_builds_as_a_split_k_gemm(caplog):
     assert "scheduled as matrices" in caplog.text
     assert [len(p.ty.shape) for p in sch.mod["main"].params] == [3, 3, 3]  # called as written
     assert "tensormap" in cuda_source(sch.mod).lower()
+
+
+def _mqa_scores(heads: int, seq: int, dim: int, dtype: str = "float16"):
+    """Relax's ``matmul`` of ``q [1, H, S, D]`` by one broadcast KV head ``k_t [1, 1, D, S]``
+    (MQA), legalized: the batch of one indexes the weight too (``k_t[b, 0, d, s]``)."""
+    bb = relax.BlockBuilder()
+    q = relax.Var("q", relax.TensorType((1, heads, seq, dim), dtype))
+    kt = relax.Var("k_t", relax.TensorType((1, 1, dim, seq), dtype))
+    with bb.function("main", [q, kt]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(q, kt, out_dtype="float32"))
+        bb.emit_func_output(out)
+    mod = relax.transform.LegalizeOps()(bb.get())
+    return next(f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+
+
+def test_a_weight_read_at_a_batch_of_one_is_the_matrix_it_holds():
+    rng = np.random.default_rng()
+    func = _mqa_scores(3, 9, 16, "float32")
+    matrices = rows_as_matrix(func)
+    assert [[int(d) for d in p.ty.shape] for p in matrices.func.params] == [[27, 16], [16, 9], [27, 9]]
+    q, kt = rng.standard_normal((1, 3, 9, 16)).astype("float32"), rng.standard_normal((1, 1, 16, 9)).astype("float32")
+    got = _run_on_llvm(over_original_tensors(func, matrices, matrices.func), [q, kt], (1, 3, 9, 9))
+    ref = q.astype(np.float64) @ kt.astype(np.float64)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-5
+
+
+def test_mqa_scores_over_one_broadcast_kv_head_build_as_a_gemm(caplog):
+    with caplog.at_level(logging.INFO, logger="tvm_dsm.driver"):
+        source = tvm_dsm.build(_mqa_scores(71, 2048, 64), TARGET).mod.imports[0].inspect_source()
+    assert "scheduled as matrices" in caplog.text and "mma" in source
+
+
+@pytest.mark.gpu
+def test_mqa_scores_over_one_broadcast_kv_head_are_correct_on_the_gpu():
+    rng = np.random.default_rng()
+    q = rng.standard_normal((1, 7, 300, 64)).astype("float16")
+    kt = (rng.standard_normal((1, 1, 64, 300)) / 8).astype("float16")
+    lib = tvm_dsm.build(_mqa_scores(7, 300, 64), TARGET)
+    dev = tvm.cuda(0)
+    out = tvm.runtime.tensor(np.full((1, 7, 300, 300), np.nan, "float32"), dev)
+    lib(tvm.runtime.tensor(q, dev), tvm.runtime.tensor(kt, dev), out)
+    got, ref = out.numpy().astype(np.float64), q.astype(np.float64) @ kt.astype(np.float64)
+    assert not np.isnan(got).any() and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
 
 
 def _batched_weights():

@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.ir import TensorLoad
@@ -34,7 +35,7 @@ from tvm.s_tir import SBlock, SBlockRealize
 from tvm.sym import Analyzer
 
 from ..errors import ClusterError
-from ..ir import find_all, items, uses
+from ..ir import find_all, items, substitute, uses, with_block_fields
 
 
 def _nest_block(nest: tirx.Stmt) -> SBlock:
@@ -60,10 +61,11 @@ def accesses(block: SBlock) -> list[tuple[tirx.Var, list]]:
     return found
 
 
-def _row_axes(func: tirx.PrimFunc) -> tuple[int, list, list, list] | None:
+def _row_axes(func: tirx.PrimFunc) -> tuple[int, list, list, list, list] | None:
     """(how many leading axes are rows, their extents, the buffers indexed by them, the names of
-    the blocks iterating them) where ``func`` has that form (see the module docstring), else
-    None. A block of no row (a weight's cast) touches none of those buffers."""
+    the blocks iterating them, the (block name, buffer) reads of a weight at rows of one
+    element: :func:`_unit_rows_read_as_zero`) where ``func`` has that form (see the module
+    docstring), else None. A block of no row (a weight's cast) touches none of those buffers."""
     if not isinstance(func.body, SBlockRealize):
         return None
     try:
@@ -84,7 +86,7 @@ def _row_axes(func: tirx.PrimFunc) -> tuple[int, list, list, list] | None:
     extents = [iv.dom.extent for iv in defining.iter_vars[:rows]]
     analyzer = Analyzer()
     indexed: list = []
-    row_blocks, rowless = [], []
+    row_blocks, rowless, at_unit_rows = [], [], []
     for block in blocks:
         row_vars = [iv.var for iv in block.iter_vars[:rows]]
         if (len(block.iter_vars) < rows
@@ -94,12 +96,19 @@ def _row_axes(func: tirx.PrimFunc) -> tuple[int, list, list, list] | None:
             rowless.append(block)
             continue
         row_blocks.append(str(block.name_hint))
+        units = [iv.var for iv in block.iter_vars[:rows] if analyzer.can_prove_equal(iv.dom.extent, 1)]
+        written = [w.source for w in block.writes]
         for buf, indices in accesses(block):
             if not any(uses(i, v) for i in indices for v in row_vars):
                 continue  # a weight or a bias: indexed by none of the rows
             leading, rest = indices[:rows], indices[rows:]
             if (len(indices) < rows or not all(i.same_as(v) for i, v in zip(leading, row_vars))
                     or any(uses(i, v) for i in rest for v in row_vars)):
+                if (any(buf.same_as(p) for p in params) and not any(buf.same_as(w) for w in written)
+                        and not any(uses(i, v) for i in indices for v in row_vars if not any(
+                            v.same_as(u) for u in units))):
+                    at_unit_rows.append((str(block.name_hint), buf))  # a weight (MQA's one KV head)
+                    continue
                 return None
             if not any(buf.same_as(b) for b in indexed):
                 # merged in memory as the rows are merged in the loops: the same leading extents
@@ -114,7 +123,42 @@ def _row_axes(func: tirx.PrimFunc) -> tuple[int, list, list, list] | None:
             return None
     if any(buf.same_as(b) for block in rowless for buf, _ in accesses(block) for b in indexed):
         return None
-    return rows, extents, indexed, row_blocks
+    return rows, extents, indexed, row_blocks, at_unit_rows
+
+
+def _unit_rows_read_as_zero(func: tirx.PrimFunc, reads: list) -> tirx.PrimFunc:
+    """``func`` with each of ``reads`` (block name, parameter) taken at its block's row iterators
+    of one element as their one value: Relax's matmul of ``q [1, H, S, D]`` by a broadcast
+    ``k [1, 1, D, S]`` reads ``k[b, 0, d, s]`` with ``b`` the batch of one, which makes the
+    weight look indexed by a row; read at ``k[0, 0, d, s]`` it is a weight of leading unit
+    axes, read at 0."""
+    if not reads:
+        return func
+
+    def rewrite(realize):
+        block = realize.block
+        targets = [buf for name, buf in reads if name == str(block.name_hint)]
+        if not targets:
+            return realize
+        units = [(iv.var, iv.dom.min) for iv in block.iter_vars
+                 if isinstance(iv.dom.extent, tirx.IntImm) and iv.dom.extent.value == 1]
+
+        def load(node):
+            if not any(node.source.same_as(t) for t in targets):
+                return node
+            return tirx.BufferLoad(node.source, [substitute(i, units) for i in node.indices])
+
+        def region(r):
+            if not any(r.source.same_as(t) for t in targets):
+                return r
+            return tirx.BufferRegion(r.source, [tvm.ir.Range.from_min_extent(substitute(x.min, units), x.extent)
+                                                for x in r.region])
+
+        body = tvm_ffi.structural_map(block.body, [(TensorLoad, load)])
+        return SBlockRealize(realize.iter_values, realize.predicate, with_block_fields(
+            block, body=body, reads=[region(r) for r in block.reads]))
+
+    return func.with_body(tvm_ffi.structural_map(func.body, [(SBlockRealize, rewrite)]))
 
 
 def without_loads(value):
@@ -197,8 +241,8 @@ def rows_as_matrix(func: tirx.PrimFunc) -> Matrices | None:
     found = _row_axes(func)
     if found is None or found[0] < 2:
         return None  # no row axes, or already a matrix
-    rows, extents, indexed, row_blocks = found
-    sch = s_tir.Schedule(func)
+    rows, extents, indexed, row_blocks, at_unit_rows = found
+    sch = s_tir.Schedule(_unit_rows_read_as_zero(func, at_unit_rows))
     done = []
     for block_rv in sch.get_child_blocks(sch.get_sblock("root")):
         block = sch.get(block_rv)
