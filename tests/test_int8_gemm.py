@@ -58,7 +58,7 @@ def test_an_int8_gemm_multiplies_on_int8_mma_and_sums_its_int32_partials_through
 def test_int8_tiles_past_the_edges_copy_by_predicated_cp_async_and_assemble(m, n, k, assemble):
     """Tiles past M, N or K are zero-filled copies; TVM 0.27 injects cp.async only for a float
     zero, and prints the plain copy's 16 int8 zeros as a make_int4 nvcc rejects
-    (tvm_dsm.transform.integer_tile_copies)."""
+    (tvm_dsm.transform.zero_filled_copies)."""
     source = tvm_dsm.build(topi_dense(m, n, k), TARGET).mod.imports[0].inspect_source()
     assert "cp_async" in source and "make_int4((signed char)" not in source
     assemble(source, f"int8_gemm_{m}x{n}x{k}")

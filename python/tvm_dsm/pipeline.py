@@ -21,7 +21,7 @@ from .transform.bool_vectors import BoolVectors
 from .transform.generate_kernels import GenerateKernels
 from .transform.hoist_warp_buffers import HoistWarpBuffers
 from .transform.integer_powers import IntegerPowers
-from .transform.integer_tile_copies import IntegerTileCopies
+from .transform.zero_filled_copies import ZeroFilledCopies
 from .transform.tile_reduce import FoldTileReductions
 from .transform import AttachClusterLaunch, CheckClusterSchedule, LowerCluster
 from .transform.release_slice_starts import ReleaseSliceStarts
@@ -117,7 +117,7 @@ def _passes(config, async_copy: bool, hw: Hardware) -> list:
         s_tir.transform.InferFragment(),
         s_tir.transform.LowerThreadAllreduce(),
     ]
-    passes.append(IntegerTileCopies)  # tvm-dsm
+    passes.append(ZeroFilledCopies)  # tvm-dsm
     if async_copy:
         passes.append(s_tir.transform.InjectPTXAsyncCopy())
     if bool(config.get("tirx.s_tir.ldg32", False)):
