@@ -119,6 +119,25 @@ def test_vector_lanes(func, lanes):
     assert _lanes(func) == lanes
 
 
+def _swiglu_by_sigmoid(rows, width: int = 14336):
+    """``g * sigmoid(g) * u`` of bf16 halves computed in fp32, as a user writes SwiGLU with
+    ``te.sigmoid`` (user function 149)."""
+    g, u = (te.placeholder((rows, width), "bfloat16", name=name) for name in ("gate", "up"))
+    y = te.compute((rows, width), lambda i, j: (g[i, j].astype("float32") * te.sigmoid(g[i, j].astype("float32"))
+                                                * u[i, j].astype("float32")).astype("bfloat16"), name="swiglu")
+    return te.create_prim_func([g, u, y])
+
+
+@pytest.mark.parametrize("symbolic", [False, True])
+def test_a_sigmoid_in_fp32_bounds_the_lanes_as_its_constants_do(symbolic, assemble):
+    """TVM writes sigmoid as 1 / (1 + exp(-x)) after vectorizing: its fp32 ones, 8 lanes wide,
+    would be an invalid make_ulonglong4 of 8 floats."""
+    func = _swiglu_by_sigmoid(te.var("n") if symbolic else 64)
+    source = tvm_dsm.build(func, TARGET).mod.imports[0].inspect_source()
+    assert "make_ulonglong4" not in source
+    assemble(source, "swiglu_by_sigmoid")
+
+
 @pytest.mark.parametrize("condition", [lambda j: j >= 32, lambda j: tirx.LE(tirx.const(32, "int32"), j),
                                        lambda j: j < 32, lambda j: j > 31])
 def test_a_branch_on_a_bound_of_the_vector_axis_builds_in_vectors_in_any_spelling(condition):

@@ -138,6 +138,9 @@ def vector_lanes(block: tirx.SBlock, uniform_conditions: bool = False, staged: b
     return lanes if all(_uniform(c, x, lanes, analyzer) for c in varying) else 1
 
 
+_SIGMOID = tvm.ir.Op.get("tirx.sigmoid")
+
+
 def broadcast_values(body, x: tirx.Var) -> list:
     """The floating-point values a store in ``body`` computes with that are alike for every lane
     of ``x`` (the largest parts of its value without ``x``, outside loads' indices and math
@@ -153,6 +156,10 @@ def broadcast_values(body, x: tirx.Var) -> list:
         elif isinstance(expr, tvm.ir.Call) and expr.op.same_as(IF_THEN_ELSE):
             for arg in expr.args:
                 visit(arg)
+        elif isinstance(expr, tvm.ir.Call) and expr.op.same_as(_SIGMOID):
+            # CUDA has no sigmoid: TVM writes it 1 / (1 + exp(-x)) after vectorizing, its ones a
+            # broadcast of the call's type
+            found.append(tirx.const(1, str(expr.ty.dtype)))
         elif isinstance(expr, (tvm.ir.TensorLoad, tvm.ir.Call)) or not uses(expr, x):
             if not uses(expr, x) and str(expr.ty.dtype).startswith(("float", "bfloat")):
                 found.append(expr)
