@@ -24,7 +24,7 @@ from tvm.tirx.buffer import BufferType
 
 from .device import gpu_or_reason
 from .errors import ClusterError, last_line
-from .families import ScheduleFamily, fastest_family, match_family, matching_families
+from .families import INT32_ELEMENTS, ScheduleFamily, fastest_family, match_family, matching_families
 from .families.row_ranges import RangeKernel, dispatch, range_kernels, range_specializations
 from .hardware import H100, Hardware, load_hardware
 from .intrin import register_all
@@ -563,12 +563,11 @@ def _narrowed_from_int64(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` indexed in int32 where it indexes in int64 over static extents (Relax's
     legalization) and every tensor it holds, parameter or not, fits int32 indices; else as it
     is (also where TVM's narrowing refuses it: an int64 value past 2^31 in its arithmetic)."""
-    tensors = [p.ty for p in func.params if isinstance(p.ty, BufferType)]
-    tensors += [b.ty for b in find_all(func.body, tirx.Buffer)]
-    shapes = [list(t.shape) for t in tensors if hasattr(t, "shape")]
+    held = [*func.params, *find_all(func.body, tirx.Var, lambda v: isinstance(v.ty, BufferType))]
+    shapes = [list(b.ty.shape) for b in held if isinstance(b.ty, BufferType)]
     if not (any(str(d.ty) == "int64" for shape in shapes for d in shape)
             and all(isinstance(d, tirx.IntImm) for shape in shapes for d in shape)
-            and all(math.prod(int(d) for d in shape) < 2 ** 31 for shape in shapes)):
+            and all(math.prod(int(d) for d in shape) < INT32_ELEMENTS for shape in shapes)):
         return func
     try:
         return narrow_indices(func)

@@ -309,6 +309,15 @@ def product_outputs(products: list, blocks: list[SBlock]) -> list[int]:
     return [max(n for n, (_, of) in enumerate(found) if of == {i}) for i in range(len(products))]
 
 
+#: TVM 0.27's ``if_then_else`` call, which evaluates only the branch its condition chooses.
+IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
+
+
+def is_zero(expr) -> bool:
+    """Whether ``expr`` is the constant zero, integer or floating."""
+    return isinstance(expr, (tirx.IntImm, tirx.FloatImm)) and expr.value == 0
+
+
 def block_analyzer(block: SBlock) -> tvm.sym.Analyzer:
     """An analyzer that knows ``block``'s iterator ranges (simplifies and proves within them)."""
     analyzer = tvm.sym.Analyzer()

@@ -15,6 +15,7 @@ from tvm.s_tir import pipeline as stock
 from tvm.tirx import compilation_pipeline
 
 from .hardware import Hardware, load_hardware
+from .intrin.mma import ACCUMULATOR_TYPES
 from .ir import find_all
 from .transform.argument_checks import CheckArguments
 from .transform.bool_vectors import BoolVectors
@@ -162,14 +163,12 @@ def lower(mod: tvm.IRModule, target, hw: Hardware | None = None) -> tvm.IRModule
 
 #: Warp-scope buffers (mma fragments) one kernel may hold.
 _MAX_WARP_BUFFERS = 32
-#: The types of mma.sync accumulators (fp16/bf16/fp8 products sum in fp32, int8 in int32).
-_ACCUMULATOR_TYPES = ("float32", "int32")
 
 
 def _warp_accumulators(mod: tvm.IRModule) -> int:
     return sum(
         len(find_all(f.body, tirx.AllocBuffer, lambda a: str(a.buffer.ty.storage_scope) == "warp"
-                     and str(a.buffer.ty.dtype) in _ACCUMULATOR_TYPES))
+                     and str(a.buffer.ty.dtype) in ACCUMULATOR_TYPES.values()))
         for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)
     )
 

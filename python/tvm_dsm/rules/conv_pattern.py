@@ -31,7 +31,7 @@ from tvm.s_tir import SBlock
 from tvm.sym import Analyzer
 
 from ..errors import ClusterError
-from ..ir import block_analyzer, find_all, loads, substitute
+from ..ir import block_analyzer, find_all, is_zero, loads, substitute
 from ..workloads.dense import ACTIVATIONS
 
 
@@ -70,10 +70,6 @@ def _strip_cast(expr, dtype: str):
     return expr.value if isinstance(expr, tirx.Cast) and str(expr.ty.dtype) == dtype else expr
 
 
-def _is_zero(expr) -> bool:
-    return isinstance(expr, (tirx.IntImm, tirx.FloatImm)) and float(expr.value) == 0
-
-
 def _rounded(expr, dtype: str):
     return expr if str(expr.ty.dtype) == dtype else tirx.Cast(dtype, expr)
 
@@ -81,7 +77,7 @@ def _rounded(expr, dtype: str):
 def _rounding_last(expr):
     """``expr`` with a relu of a rounded value written as the rounded relu (max with 0 commutes
     with rounding)."""
-    if isinstance(expr, tirx.Max) and isinstance(expr.a, tirx.Cast) and _is_zero(expr.b):
+    if isinstance(expr, tirx.Max) and isinstance(expr.a, tirx.Cast) and is_zero(expr.b):
         inner = expr.a.value
         return tirx.Cast(str(expr.a.ty.dtype), tirx.Max(inner, tirx.const(0, str(inner.ty.dtype))))
     return expr
@@ -208,7 +204,7 @@ class _Reader:
         if str(store.buffer.ty.dtype) != "float32":
             raise ClusterError(f"convolution {name} accumulates in {store.buffer.ty.dtype}: the chain's "
                                "kernels accumulate in float32")
-        if not (isinstance(init, tirx.BufferStore) and _is_zero(init.value)):
+        if not (isinstance(init, tirx.BufferStore) and is_zero(init.value)):
             raise ClusterError(f"reduction {name} does not start from 0")
         terms = [store.value.a, store.value.b] if isinstance(store.value, tirx.Add) else []
         own = [t for t in terms if isinstance(t, tvm.ir.TensorLoad) and t.source.same_as(store.buffer)]
@@ -249,7 +245,7 @@ class _Reader:
                                "kernels take OHWI weights, read at [o, r, s, c]")
         window = [index[1], index[2]]
         for axis, tap in zip((1, 2), window):
-            if not (any(tap.same_as(v) for v in reduce) or (_is_zero(tap) and shape[axis] == 1)):
+            if not (any(tap.same_as(v) for v in reduce) or (is_zero(tap) and shape[axis] == 1)):
                 raise ClusterError(f"convolution {name} reads {w_load.source.name}{index}: axis {axis} "
                                    "is not a window iterator")
         taps = [channel, *window]
@@ -310,7 +306,7 @@ class _Reader:
                 raise ClusterError(f"padding block {block.name_hint} shifts {src.name} by {pad} without "
                                    "zero outside the image")
             return src, 0
-        if not _is_zero(other):
+        if not is_zero(other):
             raise ClusterError(f"padding block {block.name_hint} pads {src.name} with {other}, not 0")
         h, w = spatial[1], spatial[2]
         image = [pad <= h, h < s_shape[1] + pad, pad <= w, w < s_shape[2] + pad]

@@ -42,7 +42,7 @@ from tvm.sym import Analyzer
 from tvm.s_tir.schedule.schedule import ScheduleError
 
 from ..errors import ClusterError
-from ..ir import block_analyzer, find_all, is_reduction, substitute, uses, with_block_body
+from ..ir import IF_THEN_ELSE, block_analyzer, find_all, is_reduction, substitute, uses, with_block_body
 from ..transform.buffers import element_bytes
 
 #: Bytes a thread moves per access.
@@ -50,7 +50,6 @@ VECTOR_BYTES = 16
 #: Functions whose evaluation costs tens of instructions.
 TRANSCENDENTAL = frozenset(f"tirx.{name}" for name in (
     "sin", "cos", "tan", "pow", "exp", "exp2", "log", "log2", "tanh", "erf", "sigmoid"))
-IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ from tvm.script import tirx as T
 
 from ..errors import ClusterError
 from ..hardware import Hardware
-from ..ir import find_all, items, replace_node, seq, substitute, tree_reduce, with_block_body
+from ..ir import IF_THEN_ELSE, find_all, is_zero, items, replace_node, seq, substitute, tree_reduce, with_block_body
 from .buffers import element_bytes, element_offset
 from .programmatic_launch import L2_PREFETCH_KEY, launched_programmatically, read_only_params
 from ..annotations import EARLY_COPY_KEY
@@ -176,7 +176,7 @@ def zero_filled_load(value, loops: list, lets: list = ()):
     box leaves the tensor its map describes, the copy lands zeros (and still counts the whole
     box's bytes on its mbarrier). ``lets``: the function's variables bound before its kernels
     (a view's extent, :mod:`tvm_dsm.transform.rows_as_matrix`), as ``tirx.Bind`` statements."""
-    if not (isinstance(value, tvm.ir.Call) and value.op.same_as(tvm.ir.Op.get("prim.if_then_else"))):
+    if not (isinstance(value, tvm.ir.Call) and value.op.same_as(IF_THEN_ELSE)):
         return None
     inside, load, otherwise = value.args
     if not isinstance(load, tvm.ir.TensorLoad) or not is_zero(otherwise):
@@ -274,10 +274,6 @@ def _below(x) -> list:
     if isinstance(x, tirx.Add):
         return [x, *(tirx.Add(a, b) for a in _below(x.a) for b in _below(x.b))]
     return [x]
-
-
-def is_zero(value) -> bool:
-    return isinstance(value, (tirx.IntImm, tirx.FloatImm)) and value.value == 0
 
 
 def encode_tensor_map(tensor_map: tirx.Var, source: tirx.Buffer, rows: int, cols: int,

@@ -19,10 +19,11 @@ import tvm_ffi
 from tvm import tirx
 from tvm.script import tirx as T
 
+from ..ir import IF_THEN_ELSE, is_zero
+
 _CP_ASYNC = "tirx.s_tir.cp_async_raw"
 _BUFFER_DATA = "tirx.buffer_data"
 _COPY_BYTES = (4, 8, 16)  # what one cp.async moves
-_IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
 _INTEGERS = (tvm.runtime.DataTypeCode.INT, tvm.runtime.DataTypeCode.UINT)
 
 
@@ -39,10 +40,9 @@ def _first_lane(index) -> tvm.ir.PrimExpr | None:
     return None
 
 
-def _is_zero(value) -> bool:
-    if isinstance(value, tirx.Broadcast):
-        value = value.value
-    return isinstance(value, (tirx.IntImm, tirx.FloatImm)) and value.value == 0
+def _scalar(value):
+    """``value``'s one lane where it is a broadcast."""
+    return value.value if isinstance(value, tirx.Broadcast) else value
 
 
 def _pointer(buffer):
@@ -57,8 +57,8 @@ def _as_cp_async(store, awaited: bool):
     TVM's pass leaves (an integer; outside the asynchronous stages, ``awaited``, any of one
     byte): committed and waited for at once where ``awaited``; else ``store``."""
     value = store.value
-    if not (isinstance(value, tvm.ir.Call) and value.op.same_as(_IF_THEN_ELSE)
-            and isinstance(value.args[1], tvm.ir.TensorLoad) and _is_zero(value.args[2])):
+    if not (isinstance(value, tvm.ir.Call) and value.op.same_as(IF_THEN_ELSE)
+            and isinstance(value.args[1], tvm.ir.TensorLoad) and is_zero(_scalar(value.args[2]))):
         return store
     load, predicate = value.args[1], value.args[0]
     vector = tvm.runtime.DataType(str(value.ty))
