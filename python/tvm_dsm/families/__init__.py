@@ -30,6 +30,7 @@ from .elementwise import Elementwise
 from .fused_cascade import FusedCascade
 from .gemm_chain import GemmChain
 from .gemm_row_max import GemmRowMax
+from .packed_gemv import PackedGemvFamily
 from .per_thread_math import PerThreadMath
 from .row_gemv import RowGemvFamily
 from .row_norm import RowNorm
@@ -48,7 +49,8 @@ INT32_ELEMENTS = 2 ** 31
 #: decode attention, softmax·V, top-k rows, row norms) before the fused rows that take any
 #: cascade; elementwise functions last (those whose math is computed once per thread before
 #: those that stream in vectors).
-FAMILIES: tuple[ScheduleFamily, ...] = (ConvChain(), GemmChain(), GemmRowMax(), RowGemvFamily(), ColumnGemvFamily(),
+FAMILIES: tuple[ScheduleFamily, ...] = (ConvChain(), GemmChain(), GemmRowMax(), RowGemvFamily(), PackedGemvFamily(),
+                                        ColumnGemvFamily(),
                                         SplitKGemm(),
                                         SimtGemm(), Attention(), DecodeAttention(), SoftmaxGemm(), TopKRows(),
                                         RowNorm(), FusedCascade(), SplitKReduction(), PerThreadMath(), Elementwise())
