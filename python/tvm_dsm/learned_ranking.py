@@ -33,6 +33,7 @@ import numpy as np
 from .families import FAMILIES
 from .families.column_gemv import ColumnGemvFamily
 from .families.elementwise import Elementwise
+from .families.packed_gemv import PackedGemvFamily
 from .families.per_thread_math import PerThreadMath
 from .families.row_gemv import RowGemvFamily
 from .families.simt_gemm import SimtGemm
@@ -45,7 +46,8 @@ from .planners.report import Plan
 #: theirs are committed (a column for them would shift the others' positions, and with them the
 #: model fitted on the committed measurements).
 FAMILY_NAMES = tuple(f.name for f in FAMILIES if f.name not in (
-    Elementwise.name, PerThreadMath.name, RowGemvFamily.name, ColumnGemvFamily.name, SimtGemm.name))
+    Elementwise.name, PerThreadMath.name, RowGemvFamily.name, PackedGemvFamily.name, ColumnGemvFamily.name,
+    SimtGemm.name))
 #: Configuration knobs, by the names the families' configurations use (attributes or properties).
 KNOBS = ("cluster_size", "ranks", "block_m", "block_n", "block_k", "block_j", "warps", "warps_m", "warps_n",
          "warpgroups", "row_blocks", "rows_per_cluster", "rows_per_cta", "rows_per_thread",
