@@ -75,6 +75,33 @@ def _int8_per_channel(n: int, k: int):
     return te.create_prim_func([x, w, scale, topi.cast(topi.nn.dense(x, deq, out_dtype="float32"), "float16")])
 
 
+def _packed_zero_points(n: int, k: int, group: int = 128):
+    """AWQ's zero points in GPTQ's ``[N, K / d]`` orientation: 8 codes and 8 zero points a
+    uint32, the zero points' word read at ``k // group // 8``."""
+    x = te.placeholder((1, k), "float16", name="x")
+    wq = te.placeholder((n, k // 8), "uint32", name="qweight")
+    zq = te.placeholder((n, k // group // 8), "uint32", name="qzeros")
+    sc = te.placeholder((n, k // group), "float16", name="scales")
+    r = te.reduce_axis((0, k), name="k")
+
+    def weight(j, c):
+        q = (wq[j, c // 8] >> (c % 8 * 4).astype("uint32")) & te.const(15, "uint32")
+        z = (zq[j, c // group // 8] >> (c // group % 8 * 4).astype("uint32")) & te.const(15, "uint32")
+        return (q.astype("float32") - z.astype("float32")) * sc[j, c // group].astype("float32")
+    acc = te.compute((1, n), lambda i, j: te.sum(x[i, r].astype("float32") * weight(j, r), axis=r), name="acc")
+    return te.create_prim_func([x, wq, zq, sc, te.compute((1, n), lambda i, j: acc[i, j].astype("float16"), name="y")])
+
+
+def _sub_byte(n: int, k: int):
+    """An int4 tensor (TVM's sub-byte type) with a scale per column."""
+    x = te.placeholder((1, k), "float16", name="x")
+    w = te.placeholder((n, k), "int4", name="w_int4")
+    s = te.placeholder((n, 1), "float16", name="w_scale")
+    r = te.reduce_axis((0, k), name="k")
+    return te.create_prim_func([x, w, s, te.compute((1, n), lambda i, j: te.sum(
+        x[i, r].astype("float32") * w[j, r].astype("float32") * s[j, 0].astype("float32"), axis=r), name="y")])
+
+
 def _transposed(n: int, k: int):
     """GPTQ's layout: 8 codes a uint32 packed along K, ``[K / 8, N]``."""
     x = te.placeholder((1, k), "float16", name="x")
@@ -111,6 +138,8 @@ def test_the_forms_users_write_are_packed_gemvs_and_planned_so(form):
     (lambda: _transposed(1024, 1024), r"reads its weights as W\[j, k // d\] or W\[j\]"),
     (lambda: _mlc(256, 1040, group=16), "K=1040 is not a multiple of the 32 values"),
     (lambda: _nibbles(64, 256, group=48), "neither divide nor are divided"),
+    (lambda: _sub_byte(256, 1024), "not sub-byte tensors"),
+    (lambda: _mlc(256, 32), "two of them at the least"),
 ])
 def test_what_it_refuses_is_named(func, reason):
     with pytest.raises(ClusterError, match=reason):
@@ -126,6 +155,27 @@ def test_configurations_are_checked_against_the_extents():
         check_config(_found(_mlc(80, 1024)), PackedGemvConfig(8, 4, 32, 1))
     configs = candidate_configs(found)
     assert configs[0] == default_config(found) and len(set(configs)) == len(configs) > 10
+
+
+def test_every_candidate_configuration_schedules():
+    found = _found(_packed_zero_points(512, 2048))
+    for config in candidate_configs(found):
+        schedule_packed_gemv(found, config)
+
+
+def test_a_sum_started_elsewhere_is_refused():
+    @T.prim_func(s_tir=True)
+    def biased(x: T.Buffer((1, 256), "float16"), w: T.Buffer((64, 128), "uint8"), b: T.Buffer((64,), "float32"),
+               y: T.Buffer((1, 64), "float32")):
+        for i, j, c in T.grid(1, 64, 256):
+            with T.sblock("y"):
+                vi, vj, vc = T.axis.remap("SSR", [i, j, c])
+                with T.init():
+                    y[vi, vj] = b[vj]
+                y[vi, vj] = y[vi, vj] + T.Cast("float32", x[vi, vc]) * T.Cast(
+                    "float32", T.bitwise_and(T.shift_right(w[vj, vc // 2], T.Cast("uint8", vc % 2 * 4)), T.uint8(15)))
+    with pytest.raises(ClusterError, match="starts from 0"):
+        find_packed_gemv(biased)
 
 
 def _run_llvm(func, inputs):
@@ -154,13 +204,16 @@ def test_conversions_by_bits_are_exact():
     np.testing.assert_array_equal(_run_llvm(rewritten, inputs), _run_llvm(convert, inputs))
 
 
-def test_a_signed_or_unbounded_conversion_stays():
+def test_an_unbounded_or_wrapping_conversion_stays():
     @T.prim_func(s_tir=True)
-    def convert(w: T.Buffer((64,), "int32"), y: T.Buffer((64,), "float32")):
+    def convert(w: T.Buffer((64,), "int32"), u: T.Buffer((64,), "uint32"), b: T.Buffer((64,), "int8"),
+                y: T.Buffer((64,), "float32")):
         for i in range(64):
             with T.sblock("y"):
                 vi = T.axis.spatial(64, i)
-                y[vi] = T.Cast("float32", w[vi]) + T.Cast("float32", T.bitwise_and(w[vi], 15))
+                y[vi] = (T.Cast("float32", w[vi]) + T.Cast("float32", T.bitwise_and(w[vi], 15))
+                         + T.Cast("float32", T.bitwise_and(u[vi], T.uint32(15)) - T.uint32(1))
+                         + T.Cast("float32", T.bitwise_and(b[vi], T.int8(127)) + T.int8(10)))
     script = int_casts_by_bits(convert).script()
     assert script.count("reinterpret") == 1 and 'T.Cast("float32", w[vi])' in script
 
@@ -171,6 +224,7 @@ def test_its_kernels_load_16_byte_vectors_and_assemble(form, assemble):
     sch = schedule_packed_gemv(found, default_config(found))
     source = tvm.compile(sch.mod, target=TARGET).mod.imports[0].inspect_source()
     assert re.search(r"\*\(u?int4\*\)\((w_packed|qw|w_int8)_ptr", source)  # 16-byte vectors
+    assert "= *(uint4*)(x_ptr" in source
     assert "(float)((" not in source  # no unpacked code converted by the conversion instruction
     assemble(source, f"packed_{form}")
 

@@ -28,13 +28,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import SBlock
 
 from ..errors import ClusterError, passes
 from ..hardware import MAX_CTA_THREADS
-from ..ir import block_allocations, in_fp32, is_reduction, largest_power_of_two, uses
+from ..ir import block_allocations, in_fp32, is_reduction, is_zero, largest_power_of_two, uses
 from ..transform.buffers import element_bytes
 from ..transform.exact_int_casts import int_casts_by_bits
 from ..transform.programmatic_launch import launch_programmatically
@@ -66,7 +67,9 @@ class PackedGemvConfig:
 class PackedGemv:
     """A one-row product over a packed weight as the rule sees it: ``func`` with the unpacking
     blocks inlined and the weight's arithmetic in fp32, ``n`` columns over ``k``, ``span`` values
-    of K in a 16-byte vector of the packed weight, the product's and the epilogue's block names."""
+    of K in a 16-byte vector of the codes, the product's and the epilogue's block names, and the
+    elements along K of each tensor it reads that a lane's ``span`` values take (x's ``span``,
+    a code tensor's ``span / d``, a group scale's one)."""
 
     func: tirx.PrimFunc
     n: int
@@ -74,6 +77,7 @@ class PackedGemv:
     span: int
     reduction: str
     epilogue: str | None
+    k_elements: tuple[tuple[str, int], ...] = ()
 
 
 def _packing(index, depth: tirx.Var) -> int | None:
@@ -126,6 +130,8 @@ def find_packed_gemv(func: tirx.PrimFunc) -> PackedGemv:
         raise ClusterError("a packed GEMV computes one row: unit axes, then the columns, over one reduced axis")
     if str(block.writes[0].source.ty.dtype) != "float32":
         raise ClusterError("a packed GEMV accumulates in fp32 (sums written in 16 bits are widened first)")
+    if not (isinstance(block.init, tirx.BufferStore) and is_zero(block.init.value)):
+        raise ClusterError("a packed GEMV's sum starts from 0")
     column, depth = spatial[-1].var, reduce[0].var
     n, k = int(spatial[-1].dom.extent), int(reduce[0].dom.extent)
     written = block.writes[0].source
@@ -138,12 +144,14 @@ def find_packed_gemv(func: tirx.PrimFunc) -> PackedGemv:
     packing = {}
     for read in weights:
         indices = [x.min for x in read.region]
-        if len(indices) == 1 and tvm_ffi.structural_equal(indices[0], column):
-            continue  # a scale per column: one element a thread's column
+        if tvm_ffi.structural_equal(indices[0], column) and all(isinstance(i, tirx.IntImm) for i in indices[1:]):
+            continue  # a scale per column (``s[j]``, ``s[j, 0]``): one element a thread's column
         d = _packing(indices[1], depth) if len(indices) == 2 else None
         if d is None or not tvm_ffi.structural_equal(indices[0], column):
             raise ClusterError(f"a packed GEMV reads its weights as W[j, k // d] or W[j]: {read.source.name} is not")
         packing[read.source] = d
+    if any(tvm.DataType(str(w.ty.dtype)).bits < 8 for w in packing):
+        raise ClusterError("a packed GEMV reads codes packed in bytes or words, not sub-byte tensors (int4)")
     codes = [(element_bytes(w) / d, w) for w, d in packing.items()
              if str(w.ty.dtype).startswith(("int", "uint")) and element_bytes(w) <= d]
     if not codes:
@@ -154,14 +162,17 @@ def find_packed_gemv(func: tirx.PrimFunc) -> PackedGemv:
         if span % d and d % span:
             raise ClusterError(f"{w.name}'s groups of {d} values of K neither divide nor are divided by the "
                                f"{span} values a 16-byte load of {weight.name} holds")
-    if k % span:
-        raise ClusterError(f"K={k} is not a multiple of the {span} values a 16-byte load of {weight.name} holds")
+    if k % span or k < 2 * span:
+        raise ClusterError(f"K={k} is not a multiple of the {span} values a 16-byte load of {weight.name} holds, "
+                           "two of them at the least (a lane each)")
     epilogue = None
     if len(blocks) == 2:
         epilogue = sch.get(blocks[1])
         _check_epilogue(sch.mod["main"], epilogue, [written], 1, n)
     func = int_casts_by_bits(_widened_weight(sch.mod["main"], block.name_hint))
-    return PackedGemv(func, n, k, span, block.name_hint, None if epilogue is None else epilogue.name_hint)
+    k_elements = ((rows[0].source.name, span), *((w.name, max(1, span // d)) for w, d in packing.items()))
+    return PackedGemv(func, n, k, span, block.name_hint, None if epilogue is None else epilogue.name_hint,
+                      k_elements)
 
 
 def default_config(found: PackedGemv) -> PackedGemvConfig:
@@ -228,11 +239,13 @@ def schedule_packed_gemv(found: PackedGemv, config: PackedGemvConfig) -> s_tir.S
     own = [loop for loop in loops[3:-3] if int(sch.get(loop).extent) == config.columns]
     if own:
         sch.reorder(steps, unrolled, own[-1], values)  # x's vector, loaded once, under every column
-    depth = [sch.get(loop).same_as(sch.get(unrolled)) for loop in loops].index(True) + 1
-    for index in range(len(sch.get(partial).reads)):
+    depth = [sch.get(loop).same_as(sch.get(unrolled)) for loop in sch.get_loops(partial)].index(True) + 1
+    k_elements = dict(found.k_elements)
+    for index, read in enumerate(sch.get(partial).reads):
         staged = sch.cache_read(partial, index, "local", consumer_blocks=[partial])
         sch.compute_at(staged, unrolled)  # every load of a step issued before its arithmetic
-        _vectorize(sch, staged, depth)
+        if k_elements.get(read.source.name, 1) > 1:  # else its loop (if any) runs over columns
+            _vectorize(sch, staged, depth)
     sch.unroll(unrolled)
     sch.unroll(values)
     if own:
@@ -245,10 +258,10 @@ def schedule_packed_gemv(found: PackedGemv, config: PackedGemvConfig) -> s_tir.S
 
 
 def _vectorize(sch: s_tir.Schedule, staged, depth: int) -> None:
-    """The innermost loop of a staged copy (below its ``depth`` enclosing loops) in 16-byte
-    vectors; a copy of one element has no loop of its own and stays scalar."""
+    """The innermost loop of a staged copy (below its ``depth`` enclosing loops), which runs
+    along K, in 16-byte vectors."""
     loops = sch.get_loops(staged)
-    if len(loops) <= depth:
+    if len(loops) <= depth or not isinstance(sch.get(loops[-1]).extent, tirx.IntImm):
         return
     extent = int(sch.get(loops[-1]).extent)
     per_vector = VECTOR_BYTES // element_bytes(sch.get(staged).writes[0].source)

@@ -13,11 +13,13 @@ code) joins that subtraction where the sum subtracted stays an integer below ``2
 value involved is then an integer fp32 holds exactly). The difference of two converted values
 of one shift (a code less its zero point) is the difference of their bits as floats, exact
 since both lie in ``[2^23, 2^24)``. :func:`int_casts_by_bits` rewrites each conversion whose
-operand's range the analyzer bounds so.
+operand's range the analyzer bounds so, within its type's range (an expression that may wrap
+around, ``(w & 15) - 1`` in uint32, is left as written).
 """
 
 from __future__ import annotations
 
+import tvm
 import tvm_ffi
 from tvm import tirx
 from tvm.sym import Analyzer
@@ -36,6 +38,10 @@ def _converted_bits(cast, analyzer: Analyzer):
             and str(cast.value.ty).startswith(("int", "uint"))):
         return None
     bound = analyzer.const_int_bound(cast.value)
+    dtype = tvm.DataType(str(cast.value.ty))
+    lowest = -(1 << (dtype.bits - 1)) if str(cast.value.ty).startswith("int") else 0
+    if bound.min_value < lowest or bound.max_value >= lowest + (1 << dtype.bits):
+        return None  # the analyzer's bound is of unbounded arithmetic: the type's own may wrap
     if bound.max_value - min(bound.min_value, 0) >= MANTISSA or bound.min_value <= -MANTISSA:
         return None
     shift = max(0, -bound.min_value)
