@@ -148,7 +148,7 @@ def test_what_it_refuses_is_named(func, reason):
 
 def test_configurations_are_checked_against_the_extents():
     found = _found(_mlc(2048, 1024))
-    assert default_config(found) == PackedGemvConfig(4, 4, 32, 1)  # 1024 / 32 = 32 vectors: one a lane
+    assert default_config(found) == PackedGemvConfig(2, 4, 32, 1)  # 1024 / 32 = 32 vectors: one a lane
     with pytest.raises(ClusterError, match="K=1024 is not a multiple of a step's 2048"):
         check_config(found, PackedGemvConfig(4, 4, 32, 2))
     with pytest.raises(ClusterError, match="N=80 is not a multiple of 8 x 4 columns a CTA"):

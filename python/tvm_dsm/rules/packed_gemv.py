@@ -176,14 +176,17 @@ def find_packed_gemv(func: tirx.PrimFunc) -> PackedGemv:
 
 
 def default_config(found: PackedGemv) -> PackedGemvConfig:
-    """32 lanes a row (a warp), 4 columns a thread, 4 threads along the columns, 2 unrolled
-    loads; each reduced to a power of two the extents take."""
+    """64 lanes a row, 4 columns a thread, 2 threads along the columns, one load a step; each
+    reduced to a power of two the extents take. H200
+    (``bench/results/archive/packed_gemv_configs_s98.json``): 18.0 us on MLC's q4f16 1 x 14336
+    x 4096 (dlight's GEMV 18.5, the best configuration 17.0), 19.3 on 1 x 4096 x 14336 nibbles
+    with zero points (dlight 34.9, the best 18.1); 32 lanes of 4 columns, 4 rows a CTA, took
+    29.7 on the second, whose 4096 columns then fill the SMs with few warps."""
     columns = largest_power_of_two(found.n, 4)
-    rows = largest_power_of_two(found.n // columns, 4)
+    rows = largest_power_of_two(found.n // columns, 2)
     vectors = found.k // found.span
-    lanes = largest_power_of_two(vectors, 32)
-    unroll = largest_power_of_two(vectors // lanes, 2)
-    config = PackedGemvConfig(rows, columns, lanes, unroll)
+    lanes = largest_power_of_two(vectors, 64)
+    config = PackedGemvConfig(rows, columns, lanes, 1)
     check_config(found, config)
     return config
 
