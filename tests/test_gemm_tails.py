@@ -310,6 +310,16 @@ def test_the_gemm_family_leaves_one_row_of_weights_stored_n_by_k_to_the_row_gemv
         family.rank(family.recognize(dense(1, 4096, 4096)), load_hardware())
 
 
+def test_the_gemm_family_leaves_one_column_to_tvms_gemv():
+    """A value head (``dense`` to one output): the tensor-core tile's other columns are waste."""
+    from tvm_dsm.families.split_k_gemm import SplitKGemm
+
+    family = SplitKGemm()
+    with pytest.raises(ClusterError, match="N=1 is a matrix-vector product"):
+        family.rank(family.recognize(dense(8192, 1, 4096)), load_hardware())
+    assert family.rank(family.recognize(dense(8192, 8, 4096)), load_hardware())
+
+
 def test_one_row_of_weights_stored_k_by_n_streams_w_on_a_tvm_dsm_family():
     """x @ W with W [K, N] at one row: the row GEMV reads rows of W [N, K], and TVM's GEMV of
     the columns ran 1x3000x2048 fp16 in 11.9 us against torch's 7.0 (H200, generality run); the
