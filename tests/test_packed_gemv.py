@@ -22,9 +22,9 @@ from tvm_dsm.transform.exact_int_casts import int_casts_by_bits
 from tvm_dsm.transform.widen_accumulation import widen_accumulation
 
 
-def _mlc(n: int, k: int, rows: int = 1, group: int = 32, accumulate: str = "float16"):
+def _mlc(n: int, k: int, rows: int = 1, group: int = 32, accumulate: str = "float16", bias: bool = False):
     """MLC-LLM's q4f16 form: 8 codes a uint32 ``[N, K / 8]``, an fp16 scale per ``group``,
-    unpacked in two TE stages before the product, ``(q - 7) * s``."""
+    unpacked in two TE stages before the product, ``(q - 7) * s``; a bias added after it."""
     x = te.placeholder((1, rows, k), "float16", name="x")
     wq = te.placeholder((n, k // 8), "uint32", name="w_packed")
     sc = te.placeholder((n, k // group), "float16", name="w_scale")
@@ -38,6 +38,9 @@ def _mlc(n: int, k: int, rows: int = 1, group: int = 32, accumulate: str = "floa
         acc = te.compute((1, rows, n), lambda b, s, j: te.sum(x[b, s, r].astype("float32") * w[j, r].astype("float32"),
                                                                axis=r), name="acc")
         y = te.compute((1, rows, n), lambda b, s, j: acc[b, s, j].astype("float16"), name="y")
+    if bias:
+        b = te.placeholder((n,), "float16", name="bias")
+        return te.create_prim_func([x, wq, sc, b, te.compute((1, rows, n), lambda i, s, j: y[i, s, j] + b[j], name="add")])
     return te.create_prim_func([x, wq, sc, y])
 
 
@@ -116,6 +119,7 @@ def _transposed(n: int, k: int):
 FORMS = {
     "mlc_fp16_sum": lambda: _mlc(2048, 1024),
     "mlc_fp32_sum": lambda: _mlc(4096, 4096, accumulate="float32"),
+    "mlc_fp16_sum_bias": lambda: _mlc(2048, 1024, bias=True),
     "nibbles_zero_points": lambda: _nibbles(512, 2048),
     "int8_per_channel": lambda: _int8_per_channel(1024, 2048),
 }
@@ -242,6 +246,8 @@ def _inputs(func, rng):
             arrays.append(rng.integers(6, 10, shape).astype(dtype))
         elif dtype == "int8":
             arrays.append(rng.integers(-128, 128, shape).astype(dtype))
+        elif param.name == "bias":
+            arrays.append(rng.uniform(-1, 1, shape).astype(dtype))
         elif "scale" in param.name:
             arrays.append((rng.uniform(0.5, 1.5, shape) / 64).astype(dtype))
         else:
@@ -263,8 +269,9 @@ def _reference(form: str, inputs: list) -> np.ndarray:
         x, w, scale = inputs
         w = w.astype(np.float64) * scale.astype(np.float64)[:, None]
     elif form.startswith("mlc"):
-        x, wq, sc = inputs
+        x, wq, sc, *bias = inputs
         w = (_codes(wq, 8) - 7) * np.repeat(sc.astype(np.float64), wq.shape[1] * 8 // sc.shape[1], axis=1)
+        return x.astype(np.float64).reshape(1, -1) @ w.T + sum(b.astype(np.float64) for b in bias)
     else:
         x, qw, sc, z = inputs
         group = qw.shape[1] * 2 // sc.shape[1]

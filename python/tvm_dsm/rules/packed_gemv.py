@@ -19,7 +19,7 @@ kernel therefore keeps that arithmetic short:
 
 The elementwise blocks that unpack the weight before the product (TE's ``decode`` stages) are
 inlined into it. The output, or an elementwise epilogue reading it at its element (the cast of
-an fp32 sum to fp16), takes the columns. A product of several rows keeps the packed weight out
+an fp32 sum to fp16, a bias; several elementwise blocks merged into one), takes the columns. A product of several rows keeps the packed weight out
 of this rule (each row would unpack it again): the operands are computed apart
 (:mod:`tvm_dsm.transform.computed_operands`) for the GEMM families.
 """
@@ -40,6 +40,7 @@ from ..transform.buffers import element_bytes
 from ..transform.exact_int_casts import int_casts_by_bits
 from ..transform.programmatic_launch import launch_programmatically
 from .elementwise import VECTOR_BYTES
+from .fused_chain import merge_elementwise_blocks
 from .row_gemv import _check_epilogue
 
 
@@ -109,6 +110,7 @@ def find_packed_gemv(func: tirx.PrimFunc) -> PackedGemv:
     integer tensor of codes of 8 bits or fewer: int8, or several codes an element), then at most
     one elementwise block reading the sum where it writes; ClusterError naming what differs."""
     sch = s_tir.Schedule(block_allocations(func))
+    merge_elementwise_blocks(sch)  # an epilogue written as several blocks (a rounding, then a bias)
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     sums = [b for b in blocks if is_reduction(sch.get(b))]
     if len(sums) != 1:
