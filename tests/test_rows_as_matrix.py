@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tvm
 from tvm import relax, te, topi, tirx
+from tvm.script import tirx as T
 
 import tvm_dsm
 from conftest import LLVM, TARGET, cuda_source
@@ -221,6 +222,34 @@ def test_plan_says_a_rank_3_linear_is_planned_as_matrices():
     with pytest.raises(ClusterError, match="take it as matrices"):
         tvm_dsm.plan(func)
     assert tvm_dsm.plan(rows_as_matrix(func).func).family.name == "split_k_gemm"
+
+
+def test_plan_gives_the_advice_only_where_it_holds_for_the_function_given():
+    """A symbolic batch over a weight decoded in the function (MLC's batched decode GEMV): the
+    function as written, its decode stage's buffer allocated by a statement, is no matrix form."""
+    @T.prim_func(s_tir=True)
+    def decode_gemv(packed: T.Buffer((40, 16), "uint32"), scale: T.Buffer((40, 4), "float16"), p_x: T.handle,
+                    p_y: T.handle):
+        b = T.int32()
+        x = T.match_buffer(p_x, (b, 1, 128), "float16")
+        y = T.match_buffer(p_y, (b, 1, 40), "float16")
+        w = T.alloc_buffer((40, 128), "float16")
+        for i, j in T.grid(40, 128):
+            with T.sblock("decode"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                w[vi, vj] = (T.Cast("float16", T.bitwise_and(T.shift_right(packed[vi, vj // 8], T.Cast(
+                    "uint32", vj % 8) * T.uint32(4)), T.uint32(15))) - T.float16(7)) * scale[vi, vj // 32]
+        for i0, i1, i2, k in T.grid(b, 1, 40, 128):
+            with T.sblock("NT_matmul"):
+                v0, v1, v2, vk = T.axis.remap("SSSR", [i0, i1, i2, k])
+                with T.init():
+                    y[v0, v1, v2] = T.float16(0)
+                y[v0, v1, v2] = y[v0, v1, v2] + x[v0, v1, vk] * w[v2, vk]
+
+    assert rows_as_matrix(decode_gemv) is None
+    with pytest.raises(ClusterError) as refused:
+        tvm_dsm.plan(decode_gemv)
+    assert "take it as matrices" not in str(refused.value)
 
 
 def test_a_rank_3_linear_builds_as_a_split_k_gemm(caplog):

@@ -196,7 +196,7 @@ def plan(func: tirx.PrimFunc, hw: Hardware | None = None, target=None) -> Rankin
     ``plan(rows_as_matrix(func).func)`` ranks."""
     refuse_empty_tensors(func)
     refuse_host_loops(func)
-    func = _as_planned(func)
+    written, func = func, _as_planned(func)
     refused: list[str] = []  # why the other families do not take the form taken
 
     def matches_of(form: tirx.PrimFunc) -> list:
@@ -206,7 +206,7 @@ def plan(func: tirx.PrimFunc, hw: Hardware | None = None, target=None) -> Rankin
     try:
         func, matches = _first_form_taken(func, matches_of)
     except ClusterError as err:
-        if has_row_axes(func):
+        if has_row_axes(func) and rows_as_matrix(written) is not None:  # the advice holds for the function given
             raise ClusterError(f"{err}\nIts tensors' leading axes are rows: build and schedule take it as matrices "
                                "(tvm_dsm.transform.rows_as_matrix), which plan(rows_as_matrix(func).func) "
                                "ranks") from None
