@@ -150,6 +150,16 @@ def test_what_it_refuses_is_named(func, reason):
         _found(func())
 
 
+def test_plan_names_the_limit_the_widened_form_meets():
+    """MLC's sum is written in fp16: as written, the packed GEMV refuses it for that; widened,
+    for K. The error says both."""
+    with pytest.raises(ClusterError) as refused:
+        plan(_mlc(256, 1040))
+    message = str(refused.value)
+    assert "packed_gemv: a packed GEMV accumulates in fp32" in message
+    assert "accumulating in fp32, rounded once:\n" in message and "packed_gemv: K=1040 is not a multiple" in message
+
+
 def test_configurations_are_checked_against_the_extents():
     found = _found(_mlc(2048, 1024))
     assert default_config(found) == PackedGemvConfig(2, 4, 32, 1)  # 1024 / 32 = 32 vectors: one a lane

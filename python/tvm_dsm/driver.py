@@ -139,17 +139,27 @@ def _rewritten_forms(base: tirx.PrimFunc, how: str | None) -> Iterator[tuple[tir
 
 def _first_form_taken(func: tirx.PrimFunc, attempt: Callable[[tirx.PrimFunc], Any]) -> tuple[tirx.PrimFunc, Any]:
     """``(form, attempt(form))`` for the first of ``func``'s forms (:func:`_forms`) that
-    ``attempt`` takes without a ClusterError; else the error of ``func`` as written."""
-    first = None
+    ``attempt`` takes without a ClusterError; else the error of ``func`` as written, followed by
+    the reasons each other form was refused for where they differ (a 16-bit sum widened, a
+    family then names the limit it meets next)."""
+    first, others = None, []
     for form, how in _forms(func):
         try:
             result = attempt(form)
         except ClusterError as err:
-            first = first or err
+            if first is None:
+                first = err
+            else:
+                seen = set(str(first).splitlines())
+                changed = [line for line in str(err).splitlines() if line.startswith("  ") and line not in seen]
+                if changed:
+                    others.append(f"{how}:\n" + "\n".join(changed))
             continue
         if how is not None:
             LOG.info(how)
         return form, result
+    if others:
+        raise ClusterError("\n".join([str(first), *others])) from None
     raise first
 
 
