@@ -224,9 +224,9 @@ def test_plan_says_a_rank_3_linear_is_planned_as_matrices():
     assert tvm_dsm.plan(rows_as_matrix(func).func).family.name == "split_k_gemm"
 
 
-def test_plan_gives_the_advice_only_where_it_holds_for_the_function_given():
-    """A symbolic batch over a weight decoded in the function (MLC's batched decode GEMV): the
-    function as written, its decode stage's buffer allocated by a statement, is no matrix form."""
+def _decode_gemv():
+    """A symbolic batch over a weight decoded in the function (MLC's batched decode GEMV over
+    4-bit codes), the decode stage's buffer allocated by a statement."""
     @T.prim_func(s_tir=True)
     def decode_gemv(packed: T.Buffer((40, 16), "uint32"), scale: T.Buffer((40, 4), "float16"), p_x: T.handle,
                     p_y: T.handle):
@@ -245,11 +245,24 @@ def test_plan_gives_the_advice_only_where_it_holds_for_the_function_given():
                 with T.init():
                     y[v0, v1, v2] = T.float16(0)
                 y[v0, v1, v2] = y[v0, v1, v2] + x[v0, v1, vk] * w[v2, vk]
+    return decode_gemv
 
-    assert rows_as_matrix(decode_gemv) is None
+
+def test_plan_gives_the_advice_only_where_it_holds_for_the_function_given():
+    """The function as written is no matrix form: the advice would raise."""
+    assert rows_as_matrix(_decode_gemv()) is None
     with pytest.raises(ClusterError) as refused:
-        tvm_dsm.plan(decode_gemv)
+        tvm_dsm.plan(_decode_gemv())
     assert "take it as matrices" not in str(refused.value)
+
+
+def test_a_symbolic_batch_over_a_decode_stage_builds_its_ranges_on_tma(caplog):
+    """One operator at a time, the product's rows are a view of x declared after the decode
+    kernel: its TMA copies read that view (the tensor maps encoded after it)."""
+    with caplog.at_level(logging.WARNING, logger="tvm_dsm.driver"):
+        lib = tvm_dsm.build(_decode_gemv(), TARGET)
+    assert not [r for r in caplog.records if "does not lower" in r.getMessage()]
+    assert "cp.async.bulk.tensor" in lib.mod.imports[0].inspect_source()
 
 
 def test_a_rank_3_linear_builds_as_a_split_k_gemm(caplog):

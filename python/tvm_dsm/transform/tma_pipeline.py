@@ -628,6 +628,22 @@ def _threads(body, loop: tirx.For) -> list:
     return [b.loop_var for b in _enclosing(body, loop, "threadIdx")]
 
 
+def _views_before_kernels(stmts: list, loops: list) -> int:
+    """How many of the root block's statements ``stmts`` lead up to its last global buffer
+    declaration (a view of a parameter a kernel written one operator at a time reads, declared
+    after the kernels before it), where every TMA loop of ``loops`` lies in a statement after
+    it; 0 otherwise. Host statements of the TMA kernels go after those views: the tensor maps
+    are encoded from them."""
+    declared = [n for n, stmt in enumerate(stmts)
+                if isinstance(stmt, tirx.DeclBuffer) and str(stmt.buffer.ty.storage_scope) == "global"]
+    if not declared:
+        return 0
+    after = declared[-1] + 1
+    within = [n for n, stmt in enumerate(stmts) for loop in loops
+              if find_all(stmt, tirx.For, lambda lp, loop=loop: lp.same_as(loop))]
+    return after if all(n >= after for n in within) else 0
+
+
 def lower_tma_pipeline(func: tirx.PrimFunc, hw: Hardware) -> tirx.PrimFunc:
     """Rewrite every loop marked ``TMA_STAGES_KEY`` (see the module docstring); ``hw``'s HBM
     bandwidth sizes the L2 prefetch of a dependent kernel (``PREFETCH_WINDOW_S``)."""
@@ -644,8 +660,11 @@ def lower_tma_pipeline(func: tirx.PrimFunc, hw: Hardware) -> tirx.PrimFunc:
         decls, body = [], func.body
     sources = list(func.params) + [d.buffer for d in decls
                                    if not isinstance(d, tirx.Bind) and str(d.buffer.ty.storage_scope) == "global"]
+    views = 0  # the root block's leading statements up to its last view of a parameter
     if isinstance(body, SBlockRealize):
         sources += [b for b in body.block.alloc_buffers if b.scope() == "global"]
+        views = _views_before_kernels(items(body.block.body), loops)
+        sources += [d.buffer for d in items(body.block.body)[:views] if isinstance(d, tirx.DeclBuffer)]
     analyzer = Analyzer()
     host = []
     programmatic = launched_programmatically(func)
@@ -663,8 +682,9 @@ def lower_tma_pipeline(func: tirx.PrimFunc, hw: Hardware) -> tirx.PrimFunc:
         host += lowering.host()
     if isinstance(body, SBlockRealize):  # the root block: host statements go before the launch
         root = body.block
+        leading = items(root.body)[:views]
         body = SBlockRealize(body.iter_values, body.predicate,
-                             with_block_body(root, seq([*host, root.body])))
+                             with_block_body(root, seq([*leading, *host, *items(root.body)[views:]])))
     else:
         body = seq([*host, body])
     body = seq([*decls, body])
