@@ -311,6 +311,29 @@ def test_a_relax_legalized_linear_of_rank_3_builds_as_matrices(caplog, seq, layo
     assert lib.mod.imports[0].inspect_source().count("__global__") >= (2 if by == "a family" and seq == "seq" else 1)
 
 
+def _decoded_product(packed: np.ndarray, scale: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """:func:`_decode_gemv` in float64: 8 codes a word, low bits first, ``(q - 7) * s``."""
+    codes = (packed[:, :, None].astype(np.uint64) >> (4 * np.arange(8, dtype=np.uint64))) & 15
+    w = (codes.reshape(packed.shape[0], -1).astype(np.float64) - 7) * np.repeat(scale.astype(np.float64), 32, axis=1)
+    return x.astype(np.float64) @ w.T
+
+
+@pytest.mark.gpu
+def test_a_symbolic_batch_over_a_decode_stage_is_correct_on_the_gpu():
+    rng = np.random.default_rng(5)
+    packed = rng.integers(0, 2 ** 32, (40, 16), dtype=np.uint64).astype(np.uint32)
+    scale = rng.uniform(0.02, 0.05, (40, 4)).astype("float16")
+    lib = tvm_dsm.build(_decode_gemv(), TARGET)
+    dev = tvm.cuda(0)
+    for batch in (1, 3, 70):
+        x = rng.uniform(-1, 1, (batch, 1, 128)).astype("float16")
+        out = tvm.runtime.tensor(np.full((batch, 1, 40), np.nan, "float16"), dev)
+        lib(*(tvm.runtime.tensor(a, dev) for a in (packed, scale, x)), out)
+        got = out.numpy().astype(np.float64)
+        ref = _decoded_product(packed, scale, x)
+        assert not np.isnan(got).any() and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3, batch
+
+
 @pytest.mark.gpu
 def test_a_linear_of_a_symbolic_batch_and_sequence_is_correct_on_the_gpu():
     rng = np.random.default_rng(3)
