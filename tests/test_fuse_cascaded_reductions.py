@@ -396,6 +396,15 @@ def test_approximate_rewrite_on_request():
     assert reports[0].fusible and reports[0].approximate and "fused_" in fused.script()
 
 
+def test_the_family_refuses_what_its_rewrite_refuses():
+    """A rounding cast inside a level: the rewrite refuses it without allow_approximate, so the
+    fused-cascade family does not take it either (a plan it cannot schedule)."""
+    from tvm_dsm.families.fused_cascade import FusedCascade
+
+    with pytest.raises(ClusterError, match="a rounding cast inside it"):
+        FusedCascade().recognize(rounding_cast_in_level())
+
+
 def test_pass_form_on_a_module():
     mod = tvm.IRModule({"main": softmax_pv()})
     out = FuseCascadedReductions()(mod)

@@ -95,14 +95,18 @@ class FusedCascade(ScheduleFamily):
         return None
 
     def recognize(self, func: tirx.PrimFunc) -> tirx.PrimFunc:
-        """``func`` itself if it holds cascaded reductions that all fuse and whose elementwise
-        stages read only their results. A stage that reads the data again (softmax's normalize,
+        """``func`` itself if it holds cascaded reductions that all fuse exactly (no rounding cast
+        inside a level, which :meth:`apply`'s rewrite refuses) and whose elementwise stages read
+        only their results. A stage that reads the data again (softmax's normalize,
         one output per element) is refused: the fused rows ran TOPI's softmax 1.4-25x slower
         than dlight's schedule."""
         groups = analyze(func)
         if not groups:
             raise ClusterError("no cascaded reductions (reductions over one axis reading earlier ones)")
         refused = [str(report) for _, report in groups if not report.fusible]
+        refused += [f"cascade {' -> '.join(report.levels)}: a rounding cast inside it (the fused loop would compute "
+                    "other values; the pass rewrites it only when allowed to approximate)"
+                    for _, report in groups if report.fusible and report.approximate]
         if refused:
             raise ClusterError("; ".join(refused))
         levels = [lvl for group, _ in groups for lvl in group]
