@@ -305,14 +305,15 @@ def test_plan_takes_the_family_predicted_fastest_of_those_that_take_the_function
     assert tvm_dsm.plan(_decode_attention_te(1, 32, 4, 128, 64, "float16")).family.name == "decode_attention"
 
 
-def _prefill_attention(b: int, h: int, s: int, d: int):
+def _prefill_attention(b: int, h: int, s: int, d: int, rounded: bool = True):
     """Self-attention over ``s`` tokens as a user writes it in TE: scores scaled in the sum,
-    TOPI's softmax, its probabilities rounded to fp16, then V."""
+    TOPI's softmax, its probabilities rounded to fp16 (unless not ``rounded``), then V."""
     q, k, v = (te.placeholder((b, h, s, d), "float16", name=n) for n in "qkv")
     r = te.reduce_axis((0, d), "r")
     scores = te.compute((b, h, s, s), lambda i, j, m, n: te.sum(
         q[i, j, m, r].astype("float32") * k[i, j, n, r].astype("float32") * (1 / d ** 0.5), axis=r), name="scores")
-    p = topi.cast(topi.nn.softmax(scores, axis=-1), "float16")
+    p = topi.nn.softmax(scores, axis=-1)
+    p = topi.cast(p, "float16") if rounded else p
     t = te.reduce_axis((0, s), "t")
     o = te.compute((b, h, s, d), lambda i, j, m, c: te.sum(
         p[i, j, m, t].astype("float32") * v[i, j, t, c].astype("float32"), axis=t), name="o")
@@ -333,13 +334,17 @@ def test_a_short_prefill_goes_to_the_attention_kernel_not_the_decode_kernel(dim)
 
 
 def test_where_the_families_that_take_it_cannot_plan_it_the_error_names_why_the_others_do_not():
-    """Attention at head dim 100 over 77 keys: only the generic cascade family takes it, and it
-    cannot split 77 keys; the error also names the attention families' own limit (the head dim)."""
+    """Attention at head dim 100 over 77 keys, its probabilities kept in fp32: only the generic
+    cascade family takes it, and it cannot split 77 keys; the error also names the attention
+    families' own limit (the head dim). (Rounded to fp16, the cascade family refuses it too: a
+    rounding cast inside the cascade.)"""
     with pytest.raises(ClusterError) as refusal:
-        tvm_dsm.plan(_prefill_attention(1, 4, 77, 100))
+        tvm_dsm.plan(_prefill_attention(1, 4, 77, 100, rounded=False))
     text = str(refusal.value)
     assert text.startswith("fused_cascade cannot plan it: reduction extent 77"), text
     assert "attention: head dim 100" in text and "decode_attention:" in text, text
+    with pytest.raises(ClusterError, match="fused_cascade: cascade .* a rounding cast inside it"):
+        tvm_dsm.plan(_prefill_attention(1, 4, 77, 100))
 
 
 def test_another_family_displaces_the_most_specific_only_by_the_margin():
