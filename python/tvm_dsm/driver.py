@@ -148,9 +148,8 @@ def _first_form_taken(func: tirx.PrimFunc, attempt: Callable[[tirx.PrimFunc], An
             result = attempt(form)
         except ClusterError as err:
             if first is None:
-                first = err
+                first, seen = err, set(str(err).splitlines())
             else:
-                seen = set(str(first).splitlines())
                 changed = [line for line in str(err).splitlines() if line.startswith("  ") and line not in seen]
                 if changed:
                     others.append(f"{how}:\n" + "\n".join(changed))

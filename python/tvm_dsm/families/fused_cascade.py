@@ -12,7 +12,7 @@ from tvm import s_tir, tirx
 from tvm.tirx.buffer import BufferType
 
 from ..errors import ClusterError
-from ..fusion.cascade import analyze, element_producers, find_cascades, inline_elementwise
+from ..fusion.cascade import analyze, element_producers, find_cascades, inline_elementwise, refuse_approximate
 from ..hardware import Hardware
 from ..ir import find_all, loads, uses
 from ..planners.cascade_split import CascadeSplit, plan_cascade_split, schedule_cascade, stock_reduction_takes
@@ -103,10 +103,7 @@ class FusedCascade(ScheduleFamily):
         groups = analyze(func)
         if not groups:
             raise ClusterError("no cascaded reductions (reductions over one axis reading earlier ones)")
-        refused = [str(report) for _, report in groups if not report.fusible]
-        refused += [f"cascade {' -> '.join(report.levels)}: a rounding cast inside it (the fused loop would compute "
-                    "other values; the pass rewrites it only when allowed to approximate)"
-                    for _, report in groups if report.fusible and report.approximate]
+        refused = [str(report) for report in (refuse_approximate(r) for _, r in groups) if not report.fusible]
         if refused:
             raise ClusterError("; ".join(refused))
         levels = [lvl for group, _ in groups for lvl in group]

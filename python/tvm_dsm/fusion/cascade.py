@@ -441,6 +441,17 @@ def element_producers(func: tirx.PrimFunc, group: list[Level]) -> dict:
     return found
 
 
+def refuse_approximate(report: GroupReport) -> GroupReport:
+    """``report`` refused where its fusion is approximate: a rounding cast inside a level makes
+    the fused loop compute other values than the cascade as written, which the rewrite only does
+    when allowed to approximate."""
+    if report.fusible and report.approximate:
+        report.fusible = False
+        report.reason = (f"approximate: a rounding cast inside it, in level(s) {', '.join(report.levels)} "
+                         "(pass allow_approximate=True)")
+    return report
+
+
 def analyze(func: tirx.PrimFunc) -> list[tuple[list[Level], GroupReport]]:
     """Every cascade of ``func`` (after inlining element-wise producers) with its report."""
     return [(group, prove(group)) for group in find_cascades(inline_elementwise(func))]

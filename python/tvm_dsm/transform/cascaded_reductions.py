@@ -14,7 +14,8 @@ import logging
 import tvm
 from tvm import tirx
 
-from ..fusion.cascade import GroupReport, element_producers, find_cascades, inline_elementwise, prove
+from ..fusion.cascade import (GroupReport, element_producers, find_cascades, inline_elementwise, prove,
+                              refuse_approximate)
 from ..fusion.rewrite import splice
 from ..fusion.symbolic import Unsupported
 from ..hardware import MAX_CTA_THREADS
@@ -58,11 +59,7 @@ def fuse_cascaded_reductions(
     inlined = inline_elementwise(func)
     fused, reports = inlined, []
     for group in find_cascades(inlined):
-        report = prove(group)
-        if report.fusible and report.approximate and not allow_approximate:
-            report.fusible = False
-            report.reason = (f"approximate: a rounding cast inside level(s) {', '.join(report.levels)} "
-                             "(pass allow_approximate=True)")
+        report = prove(group) if allow_approximate else refuse_approximate(prove(group))
         if report.fusible and parts & (parts - 1):
             report.fusible = False
             report.reason = f"parts={parts}: the parts merge in a tree, so a power of two"

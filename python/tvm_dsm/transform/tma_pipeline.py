@@ -628,14 +628,18 @@ def _threads(body, loop: tirx.For) -> list:
     return [b.loop_var for b in _enclosing(body, loop, "threadIdx")]
 
 
+def _global_declaration(stmt) -> bool:
+    """Whether ``stmt`` allocates or declares a global buffer (a workspace, a view of a parameter)."""
+    return isinstance(stmt, (tirx.AllocBuffer, tirx.DeclBuffer)) and str(stmt.buffer.ty.storage_scope) == "global"
+
+
 def _views_before_kernels(stmts: list, loops: list) -> int:
     """How many of the root block's statements ``stmts`` lead up to its last global buffer
     declaration (a view of a parameter a kernel written one operator at a time reads, declared
     after the kernels before it), where every TMA loop of ``loops`` lies in a statement after
     it; 0 otherwise. Host statements of the TMA kernels go after those views: the tensor maps
     are encoded from them."""
-    declared = [n for n, stmt in enumerate(stmts)
-                if isinstance(stmt, tirx.DeclBuffer) and str(stmt.buffer.ty.storage_scope) == "global"]
+    declared = [n for n, stmt in enumerate(stmts) if _global_declaration(stmt)]
     if not declared:
         return 0
     after = declared[-1] + 1
@@ -658,13 +662,12 @@ def lower_tma_pipeline(func: tirx.PrimFunc, hw: Hardware) -> tirx.PrimFunc:
     decls, body = stmts[:-1], stmts[-1]
     if not all(isinstance(d, (tirx.AllocBuffer, tirx.DeclBuffer, tirx.Bind)) for d in decls):
         decls, body = [], func.body
-    sources = list(func.params) + [d.buffer for d in decls
-                                   if not isinstance(d, tirx.Bind) and str(d.buffer.ty.storage_scope) == "global"]
+    sources = list(func.params) + [d.buffer for d in decls if _global_declaration(d)]
     views = 0  # the root block's leading statements up to its last view of a parameter
     if isinstance(body, SBlockRealize):
         sources += [b for b in body.block.alloc_buffers if b.scope() == "global"]
         views = _views_before_kernels(items(body.block.body), loops)
-        sources += [d.buffer for d in items(body.block.body)[:views] if isinstance(d, tirx.DeclBuffer)]
+        sources += [d.buffer for d in items(body.block.body)[:views] if _global_declaration(d)]
     analyzer = Analyzer()
     host = []
     programmatic = launched_programmatically(func)
