@@ -122,6 +122,8 @@ FORMS = {
     "mlc_fp16_sum_bias": lambda: _mlc(2048, 1024, bias=True),
     "nibbles_zero_points": lambda: _nibbles(512, 2048),
     "int8_per_channel": lambda: _int8_per_channel(1024, 2048),
+    "mlc_fp16_sum_56_lanes": lambda: _mlc(512, 3584),  # Qwen2-7B's K: 112 vectors
+    "nibbles_37_lanes": lambda: _nibbles(256, 1184, group=32),  # 37 vectors, a prime
 }
 
 
@@ -169,6 +171,18 @@ def test_configurations_are_checked_against_the_extents():
         check_config(_found(_mlc(80, 1024)), PackedGemvConfig(8, 4, 32, 1))
     configs = candidate_configs(found)
     assert configs[0] == default_config(found) and len(set(configs)) == len(configs) > 10
+
+
+@pytest.mark.parametrize(("k", "lanes"), [(3584, 56), (18944, 37), (11008, 43), (14336, 64), (96, 3)])
+def test_lanes_split_the_rows_loads_evenly_as_many_as_64(k, lanes):
+    """Not a power of two where K's count of 16-byte loads has none above a few (Qwen2's 3584
+    and 18944, Llama-2's 11008): every lane takes the same loads, no predicate."""
+    assert default_config(_found(_mlc(256, k, accumulate="float32"))).lanes == lanes
+
+
+def test_a_prime_count_of_loads_over_64_is_refused_by_name():
+    with pytest.raises(ClusterError, match="splits K's 67 16-byte loads evenly over 2 to 64 lanes"):
+        default_config(_found(_mlc(256, 67 * 32, group=67 * 32, accumulate="float32")))
 
 
 def test_every_candidate_configuration_schedules():

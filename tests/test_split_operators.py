@@ -467,3 +467,71 @@ def test_gpu_an_int64_indexed_rms_norm_then_a_dense_layer_matches_float64():
 
     func = _int64_indexed_norm_then_dense("rms_norm", 300, 1024, 512)
     assert relative_error_on_gpu(func, [x, g, w], _rms_norm_dense, (300, 512), "float16") < 2e-3
+
+
+def _decoded_gemvs(rows: int, shared: bool = False, k: int = 64, n: int = 24):
+    """``x[rows, K]`` times weights decoded in TE stages of their own (3-bit codes, 10 to a
+    word, a scale per column), two products (the second over its own weight, or ``shared``
+    over the first's), summed."""
+    x = te.placeholder((rows, k), "float32", name="x")
+    words = (k + 9) // 10
+
+    def decoded(name):
+        packed = te.placeholder((n, words), "uint32", name=f"{name}_packed")
+        scale = te.placeholder((n,), "float32", name=f"{name}_scale")
+        w = te.compute((n, k), lambda j, c: ((packed[j, c // 10] >> (c % 10 * 3).astype("uint32"))
+                                             & te.const(7, "uint32")).astype("float32") * scale[j],
+                       name=f"decode_{name}")
+        return packed, scale, w
+
+    first = decoded("a")
+    second = first if shared else decoded("b")
+    products = []
+    for name, (_, _, w) in (("p", first), ("q", second)):
+        r = te.reduce_axis((0, k), name=f"r_{name}")
+        products.append(te.compute((rows, n), lambda i, j: te.sum(x[i, r] * w[j, r], axis=r), name=name))
+    y = te.compute((rows, n), lambda i, j: products[0][i, j] + products[1][i, j], name="y")
+    weights = list(first[:2]) + ([] if shared else list(second[:2]))
+    return te.create_prim_func([x, *weights, y])
+
+
+def _blocks(op) -> list[str]:
+    return [r.block.name_hint for r in tvm_dsm.ir.find_all(op.func.body, tvm.s_tir.SBlockRealize)
+            if r.block.name_hint != "root"]
+
+
+def test_a_one_row_products_unpacked_weight_is_in_its_operator():
+    """At one row the unpacking stays with its GEMV (dlight's and the packed GEMV read the
+    codes once); at several rows, or where two products read the unpacked weight, it is an
+    operator of its own (the GEMM families read a plain operand)."""
+    assert [_blocks(op) for op in split_operators(_decoded_gemvs(1))] == [["decode_a", "p"], ["decode_b", "q", "y"]]
+    assert all(op.matmul for op in split_operators(_decoded_gemvs(1)))
+    assert [_blocks(op) for op in split_operators(_decoded_gemvs(4))] == [
+        ["decode_a"], ["p"], ["decode_b"], ["q", "y"]]
+    assert [_blocks(op) for op in split_operators(_decoded_gemvs(1, shared=True))] == [
+        ["decode_a"], ["p"], ["q", "y"]]
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_operators_with_their_unpacking_merge_and_compute_the_same_on_llvm(rows):
+    func = _decoded_gemvs(rows)
+    merged = merge_operators(func, [op.func for op in split_operators(func)])
+    rng = np.random.default_rng()
+    args = []
+    for p in func.params[:-1]:
+        shape, dtype = [int(d) for d in p.ty.shape], str(p.ty.dtype)
+        args.append(rng.integers(0, 2 ** 30, shape).astype(dtype) if dtype == "uint32"
+                    else rng.standard_normal(shape).astype(dtype))
+    outs = []
+    for f in (func, merged):
+        out = tvm.runtime.tensor(np.full((rows, 24), np.nan, "float32"))
+        tvm.compile(tvm.IRModule({"main": f}), target=LLVM)(*[tvm.runtime.tensor(a) for a in args], out)
+        outs.append(out.numpy())
+    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-6)
+
+
+def test_one_row_gemvs_over_stages_unpacking_their_weights_are_a_kernel_each():
+    """3-bit GEMVs as MLC writes them (no family takes ten codes a word): a kernel a product
+    over the codes, not each unpacked weight written out and read again (four kernels)."""
+    lib = tvm_dsm.build(_decoded_gemvs(1, k=4096, n=256), TARGET)
+    assert lib.mod.imports[0].inspect_source().count("__global__") == 2 * 2  # declaration and definition

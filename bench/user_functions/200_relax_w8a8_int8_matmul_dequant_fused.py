@@ -26,7 +26,7 @@ def inputs(rng):
     return [rng.integers(-127, 128, (1, S, K)).astype(np.int8), rng.integers(-127, 128, (K, N)).astype(np.int8),
             rng.uniform(0.5, 1.5, (1, S, 1)).astype(np.float32) / 127, rng.uniform(0.5, 1.5, (N,)).astype(np.float32) / (127 * np.sqrt(K))]
 def reference(x, w, sx, sw):
-    return [(x.astype(np.int64) @ w.astype(np.int64)).astype(np.float64) * sx * sw]
+    return [x.astype(np.float64) @ w.astype(np.float64) * sx * sw]
 def torch_impl(x, w, sx, sw):
     import torch
     acc = torch._int_mm(x[0], w)

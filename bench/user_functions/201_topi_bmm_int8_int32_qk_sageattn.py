@@ -10,7 +10,7 @@ def make():
 def inputs(rng):
     return [rng.integers(-128, 128, (B, M, K)).astype(np.int8), rng.integers(-128, 128, (B, N, K)).astype(np.int8)]
 def reference(q, k):
-    return [q.astype(np.int64) @ k.astype(np.int64).swapaxes(-1, -2)]
+    return [(q.astype(np.float64) @ k.astype(np.float64).swapaxes(-1, -2)).astype(np.int64)]
 def torch_impl(q, k):
     import torch
     return [torch.stack([torch._int_mm(q[b], k[b].t().contiguous()) for b in range(B)])]

@@ -178,31 +178,44 @@ def find_packed_gemv(func: tirx.PrimFunc) -> PackedGemv:
 
 
 def default_config(found: PackedGemv) -> PackedGemvConfig:
-    """64 lanes a row, 4 columns a thread, 2 threads along the columns, one load a step; each
-    reduced to a power of two the extents take. H200
+    """The most lanes up to 64 that split K's vectors evenly (no lane idles a step, none waits
+    on a predicate), 4 columns a thread, 2 threads along the columns, one load a step; the
+    columns reduced to powers of two the extents take. H200
     (``bench/results/archive/packed_gemv_configs_s98.json``): 18.0 us on MLC's q4f16 1 x 14336
     x 4096 (dlight's GEMV 18.5, the best configuration 17.0), 19.3 on 1 x 4096 x 14336 nibbles
     with zero points (dlight 34.9, the best 18.1); 32 lanes of 4 columns, 4 rows a CTA, took
-    29.7 on the second, whose 4096 columns then fill the SMs with few warps."""
+    29.7 on the second, whose 4096 columns then fill the SMs with few warps. Lanes are not held to
+    powers of two: at K = 3584 (112 vectors) 16 lanes of 7 steps took 14.7 us where dlight took
+    7.2, and at K = 18944 (592 vectors) 70.0 where dlight took 25.8 (H100, 303c3e1), each too
+    few loads in flight."""
     columns = largest_power_of_two(found.n, 4)
     rows = largest_power_of_two(found.n // columns, 2)
     vectors = found.k // found.span
-    lanes = largest_power_of_two(vectors, 64)
-    config = PackedGemvConfig(rows, columns, lanes, 1)
+    if not lane_counts(vectors):
+        raise ClusterError(f"a packed GEMV splits K's {vectors} 16-byte loads evenly over 2 to {MOST_LANES} lanes")
+    config = PackedGemvConfig(rows, columns, lane_counts(vectors)[-1], 1)
     check_config(found, config)
     return config
 
 
 ROWS_PER_CTA = (1, 2, 4, 8)
 COLUMNS = (1, 2, 4)
-LANES = (8, 16, 32, 64)
 UNROLLS = (1, 2, 4)
+MOST_LANES = 64
+
+
+def lane_counts(vectors: int) -> list[int]:
+    """The lane counts from 2 to :data:`MOST_LANES` that divide ``vectors`` 16-byte loads of a
+    row's codes, ascending."""
+    return [lanes for lanes in range(2, MOST_LANES + 1) if vectors % lanes == 0]
 
 
 def candidate_configs(found: PackedGemv) -> list[PackedGemvConfig]:
-    """The default, then every configuration of the tuples above valid for ``found``."""
+    """The default, then every configuration of the tuples above, at lane counts of 8 or more
+    (:func:`lane_counts`), valid for ``found``."""
     default = default_config(found)
-    configs = [PackedGemvConfig(r, c, lanes, u) for r in ROWS_PER_CTA for c in COLUMNS for lanes in LANES
+    lanes = [count for count in lane_counts(found.k // found.span) if count >= 8]
+    configs = [PackedGemvConfig(r, c, count, u) for r in ROWS_PER_CTA for c in COLUMNS for count in lanes
                for u in UNROLLS]
     return [default, *(c for c in configs if c != default and passes(check_config, found, c))]
 

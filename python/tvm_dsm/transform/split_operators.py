@@ -190,6 +190,41 @@ def _computed_from_both(group: list[tirx.Stmt], second: int, output: tirx.Buffer
     return any(buffer.same_as(output) and of == {0, 1} for buffer, of in computed_from(products, elementwise))
 
 
+def _one_row_product(block: SBlock, operands: list[tirx.Buffer]) -> bool:
+    """Whether ``block`` is a matmul computing one row: reading each of ``operands`` along its
+    reduced axis, every spatial axis that indexes none of them of extent 1 (a GEMV)."""
+    if not _is_matmul(block) or not all(any(o.same_as(r) for r in _reduced_operands(block)) for o in operands):
+        return False
+    indices = [i for store in find_all(block.body, tirx.BufferStore) for load in loads(store.value)
+               if any(load.source.same_as(o) for o in operands) for i in load.indices]
+    rows = [iv.dom.extent for iv in block.iter_vars
+            if iv.iter_type == tirx.IterVar.DataPar and not any(uses(i, iv.var) for i in indices)]
+    return all(isinstance(e, tirx.IntImm) and int(e) == 1 for e in rows)
+
+
+def _operand_stages_joined(groups: list[list[tirx.Stmt]], params: list) -> list[list[tirx.Stmt]]:
+    """``groups`` with each run of elementwise nests whose results only the next group reads,
+    where that group opens with a one-row product reading them along its reduced axis (a
+    weight unpacked before a decode step's GEMV), joined to that group: written out, the
+    unpacked weight costs its bytes twice more than the codes it came from (a 3-bit GEMV of
+    4096 x 4096 took 67 us as two kernels, dlight's one kernel over the codes 7.6, H100)."""
+    used = [_buffers(g) for g in groups]
+    joined: list[list[tirx.Stmt]] = []
+    for i, group in enumerate(groups):
+        if i + 1 < len(groups) and not any(_is_reduction(_block(n)) for n in group):
+            written = used[i][1]
+            elsewhere = [b for j, (r, w) in enumerate(used) if j not in (i, i + 1) for b in r + w]
+            stage = (written and not any(b.same_as(p) for b in written for p in params)
+                     and not any(b.same_as(x) for b in written for x in elsewhere)
+                     and _one_row_product(_block(groups[i + 1][0]), written))
+            if stage:
+                groups[i + 1] = group + groups[i + 1]
+                used[i + 1] = _buffers(groups[i + 1])
+                continue
+        joined.append(group)
+    return joined
+
+
 def _buffers(nests: list[tirx.Stmt]) -> tuple[list[tirx.Var], list[tirx.Var]]:
     """(read before written, written) by ``nests``, each in order of first appearance."""
     read, written = [], []
@@ -230,13 +265,15 @@ def _input_maps_inlined(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return sch.mod["main"] if changed else func
 
 
-def split_operators(func: tirx.PrimFunc, products_together: bool = False, norms_together: bool = False
-                    ) -> list[Operator]:
+def split_operators(func: tirx.PrimFunc, products_together: bool = False, norms_together: bool = False,
+                    operand_stages_joined: bool = True) -> list[Operator]:
     """``func`` as one function per operator (ClusterError if it is not a sequence of loop nests
     of one block each under its root block, the form TE and Relax legalization produce);
     ``products_together``: a gated layer's two products one operator; ``norms_together``: a
     norm's statistics and normalization one operator, the element-wise maps of its inputs
-    computed where they are read (:func:`_input_maps_inlined`)."""
+    computed where they are read (:func:`_input_maps_inlined`); ``operand_stages_joined``: the
+    unpacking of a one-row product's operand in the product's operator
+    (:func:`_operand_stages_joined`)."""
     if not isinstance(func.body, SBlockRealize):
         raise ClusterError("splitting into operators needs an s_tir function (one root block)")
     if norms_together:
@@ -248,6 +285,8 @@ def split_operators(func: tirx.PrimFunc, products_together: bool = False, norms_
               for part in ([group] if _is_norm(group) else _one_output_each(group, params))]
     if products_together:
         groups = _combined_products(groups, params)
+    if operand_stages_joined:
+        groups = _operand_stages_joined(groups, params)
     used = [_buffers(g) for g in groups]
     operators = []
     for i, (nests_i, (read, written)) in enumerate(zip(groups, used)):
@@ -261,7 +300,7 @@ def split_operators(func: tirx.PrimFunc, products_together: bool = False, norms_
             s_tir.Schedule(sub)  # checks it is well formed: no buffer declared outside its nests
         except tvm.error.InternalError as err:
             raise ClusterError(f"operator {i} reads a buffer the function declares outside its loop nests") from err
-        first = _block(nests_i[0])
+        first = next((b for b in map(_block, nests_i) if _is_reduction(b)), _block(nests_i[0]))
         operators.append(Operator(sub, inputs, outputs, _is_reduction(first), _is_matmul(first),
                                   sum(_is_matmul(_block(n)) for n in nests_i), _is_norm(nests_i)))
     return operators
