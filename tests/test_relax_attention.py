@@ -294,3 +294,99 @@ def test_masked_attention_is_correct_on_the_gpu(form, seq):
     p = np.exp(s - s.max(-1, keepdims=True))
     ref = (p / p.sum(-1, keepdims=True)) @ v64
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+
+
+class RepeatedKVDecode(nn.Module):
+    """One query token of grouped-query attention as Hugging Face's eager Llama and Qwen2
+    write it: K and V ``[b, kv_heads, seq, d]`` repeated for the query heads (``repeat_kv``:
+    ``expand_dims``, ``broadcast_to``, ``reshape``), the fp32 softmax cast back, the heads
+    merged into ``[b, 1, heads * d]`` (``merge``)."""
+
+    def __init__(self, heads: int, kv_heads: int, head_dim: int, upcast: bool = True, merge: bool = True):
+        self.heads, self.kv_heads, self.head_dim, self.upcast, self.merge = heads, kv_heads, head_dim, upcast, merge
+
+    def forward(self, q, k, v):
+        batch, seq, group = k.shape[0], k.shape[2], self.heads // self.kv_heads
+
+        def repeated(x):
+            x = op.broadcast_to(op.unsqueeze(x, 2), (batch, self.kv_heads, group, seq, self.head_dim))
+            return op.reshape(x, (batch, self.heads, seq, self.head_dim))
+
+        scores = op.matmul(q, op.permute_dims(repeated(k), (0, 1, 3, 2))) * (1.0 / self.head_dim ** 0.5)
+        if self.upcast:
+            p = op.astype(op.softmax(op.astype(scores, "float32"), axis=-1), q.dtype)
+        else:
+            p = op.softmax(scores, axis=-1)
+        out = op.matmul(p, repeated(v))
+        if self.merge:
+            out = op.reshape(op.permute_dims(out, (0, 2, 1, 3)), (batch, 1, self.heads * self.head_dim))
+        return out
+
+
+def _exported_repeated_kv(heads, kv_heads, seq, head_dim, upcast=True, merge=True):
+    spec = {"q": nn.spec.Tensor([1, heads, 1, head_dim], "float16"),
+            **{name: nn.spec.Tensor([1, kv_heads, seq, head_dim], "float16") for name in "kv"}}
+    mod, _ = RepeatedKVDecode(heads, kv_heads, head_dim, upcast, merge).export_tvm({"forward": spec})
+    return mod
+
+
+@pytest.mark.parametrize(("upcast", "merge"), [(True, True), (False, True), (True, False), (False, False)])
+def test_grouped_query_decode_with_its_kv_repeated_is_one_decode_kernel_reading_each_kv_head_once(upcast, merge):
+    """Qwen2-7B's 28 query heads over 4 KV heads: the copies repeating K and V join the
+    attention, which the decode kernel takes (heads merged in its output or not), reading
+    each KV head's rows once for its 7 query heads; no kernel writes the 7 copies."""
+    from tvm_dsm.kernels.dense_decode import find_dense_decode
+
+    mod = _exported_repeated_kv(28, 4, 1000, 128, upcast, merge)
+    report = relax_report(mod)
+    assert [row.where for row in report.rows] == ["decode_attention"], report.format()
+    (func,) = [f for f in lower_to_tir(mod).functions.values() if isinstance(f, tirx.PrimFunc)]
+    form, _ = tvm_dsm.driver.family_form(func.with_attr("global_symbol", "main"))
+    assert find_dense_decode(form).group == 7
+    assert sorted([int(e) for e in p.ty.shape] for p in func.params[:3]) == [[1, 4, 1000, 128]] * 2 + [[1, 28, 1, 128]]
+
+
+def test_copies_before_the_products_join_them_only_where_they_repeat_kv_heads():
+    """Copies that repeat nothing (a reshape, a transpose of k) are sources the group refuses:
+    the pattern without them then takes the attention, over the copied tensors."""
+    from tvm_dsm.relax_attention import _accept
+
+    middle = ["product", "elementwise", "softmax", "product"]
+    assert _accept(["copy", "repeat", "copy", "copy", "repeat", "copy", *middle], ["copy", "copy", "product"])
+    assert not _accept(["copy", "copy", *middle], ["copy", "copy", "product"])
+    assert not _accept(["elementwise", "repeat", "repeat", *middle], ["elementwise", "repeat", "product"])
+    assert _accept(middle, ["product"])
+
+
+def test_the_grouped_repeated_kv_decode_computes_what_the_operators_do_on_llvm():
+    mod = _exported_repeated_kv(8, 2, 16, 8)
+    grouped = lower_to_tir(mod)
+    assert sum(isinstance(f, tirx.PrimFunc) for f in grouped.functions.values()) == 1
+    rng = np.random.default_rng()
+    q = rng.standard_normal((1, 8, 1, 8)).astype("float16")
+    k, v = (rng.standard_normal((1, 2, 16, 8)).astype("float16") for _ in range(2))
+
+    def run(executable):
+        vm = relax.VirtualMachine(executable, tvm.cpu())
+        return vm["forward"](*(tvm.runtime.tensor(a) for a in (q, k, v))).numpy()
+
+    np.testing.assert_array_equal(run(tvm.compile(grouped, target=LLVM, tir_pipeline="s_tir_stock")),
+                                  run(tvm.compile(mod, target=LLVM, tir_pipeline="s_tir_stock")))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("seq", "upcast", "merge"), [(1000, True, True), (4096, False, True), (333, True, False)])
+def test_grouped_query_decode_with_its_kv_repeated_is_correct_on_the_gpu(seq, upcast, merge):
+    mod = _exported_repeated_kv(28, 4, seq, 128, upcast, merge)
+    rng = np.random.default_rng(2)
+    q = rng.standard_normal((1, 28, 1, 128)).astype("float16")
+    k, v = (rng.standard_normal((1, 4, seq, 128)).astype("float16") for _ in range(2))
+    dev = tvm.cuda(0)
+    vm = relax.VirtualMachine(tvm.compile(mod, target=TARGET, relax_pipeline="tvm_dsm"), dev)
+    out = vm["forward"](*(tvm.runtime.tensor(a, dev) for a in (q, k, v))).numpy().astype(np.float64)
+    k64, v64 = (np.repeat(a.astype(np.float64), 7, axis=1) for a in (k, v))
+    s = q.astype(np.float64) @ k64.transpose(0, 1, 3, 2) / np.sqrt(128)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    ref = (p / p.sum(-1, keepdims=True)) @ v64
+    ref = ref.transpose(0, 2, 1, 3).reshape(1, 1, 28 * 128) if merge else ref
+    assert out.shape == ref.shape and np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-3

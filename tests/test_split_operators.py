@@ -535,3 +535,22 @@ def test_one_row_gemvs_over_stages_unpacking_their_weights_are_a_kernel_each():
     over the codes, not each unpacked weight written out and read again (four kernels)."""
     lib = tvm_dsm.build(_decoded_gemvs(1, k=4096, n=256), TARGET)
     assert lib.mod.imports[0].inspect_source().count("__global__") == 2 * 2  # declaration and definition
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 4])
+def test_gpu_gemvs_over_weights_unpacked_in_stages_match_float64(rows):
+    func = _decoded_gemvs(rows, k=4000, n=256)
+    rng = np.random.default_rng(4)
+    args = [rng.standard_normal((rows, 4000)).astype("float32")]
+    for _ in range(2):
+        args += [rng.integers(0, 2 ** 30, (256, 400)).astype("uint32"), rng.uniform(0.5, 1.5, 256).astype("float32")]
+    ref = 0
+    for packed, scale in (args[1:3], args[3:5]):
+        codes = (packed[:, :, None].astype(np.int64) >> (3 * np.arange(10))) & 7
+        ref = ref + args[0].astype(np.float64) @ (codes.reshape(256, 4000) * scale[:, None].astype(np.float64)).T
+    dev = tvm.cuda(0)
+    out = tvm.runtime.tensor(np.full((rows, 256), np.nan, "float32"), dev)
+    tvm_dsm.build(func, TARGET)(*(tvm.runtime.tensor(a, dev) for a in args), out)
+    got = out.numpy().astype(np.float64)
+    assert not np.isnan(got).any() and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-5

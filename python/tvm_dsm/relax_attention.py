@@ -10,6 +10,11 @@ product of two activations, at most :data:`_MAX_ELEMENTWISE` element-wise operat
 softmax (a row max and a row sum), and a product of the probabilities with a third activation;
 an element-wise operator may take other inputs (BERT's additive mask, a ``where`` over a bool
 mask), which the attention kernel computes per key (:class:`tvm_dsm.kernels.attention_pattern.ScoreTerms`).
+Where k and v reach the products through copies that repeat their heads for the query heads
+(grouped-query attention as Hugging Face's ``repeat_kv`` writes it: ``expand_dims``,
+``broadcast_to``, ``reshape``), those copies join the group: inlined, the products read
+``k[b, h // g, t, d]``, each KV head's rows once for its ``g`` query heads, where apart they
+are a kernel writing ``g`` copies of the cache that attention then reads.
 ``FuseTIR`` then makes one PrimFunc of each group. Only attention of the attention family's
 form is grouped (constant heads and batch, head dims a multiple of 8 up to 256); a group no
 family takes is scheduled operator by operator (:class:`tvm_dsm.relax_integration.ScheduleTIR`).
@@ -22,6 +27,7 @@ import operator
 
 import tvm
 from tvm import tirx
+from tvm.ir import TensorLoad
 from tvm.relax.dpl import DFPattern, wildcard
 
 from .ir import find_all, is_reduction, root_blocks
@@ -31,6 +37,18 @@ from .relax_grouping import call_tir, group_calls
 COMPOSITE = "tvm_dsm.attention"
 _MAX_ELEMENTWISE = 8  # operators between the scores and the softmax
 _MAX_AFTER = 3  # operators of the probabilities alone between the softmax and the second product
+_MAX_REPEAT = 3  # copies between a cache tensor and a product (expand_dims, broadcast_to, reshape)
+
+
+def _repeated(operand: DFPattern) -> DFPattern:
+    """``operand`` through 1 to :data:`_MAX_REPEAT` one-input calls, the most first."""
+    chains = []
+    for length in range(_MAX_REPEAT, 0, -1):
+        chain = operand
+        for _ in range(length):
+            chain = call_tir(chain)
+        chains.append(chain)
+    return functools.reduce(operator.or_, chains)
 
 
 def attention_patterns(products: DFPattern) -> list:
@@ -48,16 +66,18 @@ def attention_patterns(products: DFPattern) -> list:
         return functools.reduce(operator.or_, forms)
 
     patterns = []
-    for after in range(_MAX_AFTER, -1, -1):
-        for between in range(_MAX_ELEMENTWISE, -1, -1):
-            scores = call_tir(wildcard(), wildcard(), func=products)
-            for _ in range(between):
-                scores = step(scores)
-            probabilities = call_tir(scores)
-            for _ in range(after):
-                probabilities = call_tir(probabilities)
-            output = call_tir(probabilities, wildcard())
-            patterns += [call_tir(output), output]  # the output cast to the operands' type, or as it is
+    # a pattern object matches one expression wherever it stands: one for k, another for v
+    for kv in (lambda: _repeated(wildcard()), wildcard):
+        for after in range(_MAX_AFTER, -1, -1):
+            for between in range(_MAX_ELEMENTWISE, -1, -1):
+                scores = call_tir(wildcard(), kv(), func=products)
+                for _ in range(between):
+                    scores = step(scores)
+                probabilities = call_tir(scores)
+                for _ in range(after):
+                    probabilities = call_tir(probabilities)
+                output = call_tir(probabilities, kv())
+                patterns += [call_tir(output), output]  # the output cast to the operands' type, or as it is
     return patterns
 
 
@@ -74,11 +94,11 @@ def _kind(func: tirx.PrimFunc) -> str | None:
     """``"product"`` (one reduction block, a sum of products of two tensors of one 16-bit
     type and one rank, 3 or 4: activations, not a weight; the second in the attention family's
     form, :func:`_attention_operand`), ``"softmax"`` (a row max and a row sum, then element-wise blocks),
-    ``"elementwise"`` (no reduction) or None."""
+    ``"repeat"`` or ``"copy"`` (:func:`_copied_elements`), ``"elementwise"`` (no reduction) or None."""
     blocks = root_blocks(func)
     reductions = [b for b in blocks if is_reduction(b)]
     if not reductions:
-        return "elementwise"
+        return _copied_elements(func, blocks) or "elementwise"
     if len(blocks) == 1:
         block = blocks[0]
         operands = [r.source for r in block.reads if not r.source.same_as(block.writes[0].source)]
@@ -92,10 +112,29 @@ def _kind(func: tirx.PrimFunc) -> str | None:
     return None
 
 
-def _accept(kinds: list[str | None]) -> bool:
+def _copied_elements(func: tirx.PrimFunc, blocks: list) -> str | None:
+    """``"repeat"`` where ``func`` copies the elements of its one input into an output of more
+    (``broadcast_to``), ``"copy"`` into one of as many (a reshape, ``expand_dims``): each block
+    stores a load, nothing computed; else None."""
+    if len(func.params) != 2 or not all(hasattr(p.ty, "shape") for p in func.params):  # a scalar parameter
+        return None
+    numel = [functools.reduce(operator.mul, p.ty.shape, 1) for p in func.params]
+    if (len(func.params) != 2 or not all(isinstance(n, tirx.IntImm) for n in numel) or int(numel[1]) < int(numel[0])
+            or not all(isinstance(s.value, TensorLoad) for b in blocks for s in find_all(b.body, tirx.BufferStore))):
+        return None
+    return "repeat" if int(numel[1]) > int(numel[0]) else "copy"
+
+
+def _accept(kinds: list[str | None], sources: list[str | None]) -> bool:
     """The calls' PrimFuncs are two products, a softmax and element-wise operators (the
-    patterns order them)."""
-    return kinds.count("product") == 2 and kinds.count("softmax") == 1 and kinds.count("elementwise") == len(kinds) - 3
+    patterns order them); the calls reading only what the group does not compute are the
+    products, or the copies before them where those repeat the KV heads (a broadcast for k
+    and one for v)."""
+    copies = kinds.count("repeat") + kinds.count("copy")
+    heads_repeated = kinds.count("repeat") == 2 and set(sources) <= {"repeat", "copy", "product"}
+    return (kinds.count("product") == 2 and kinds.count("softmax") == 1
+            and kinds.count("elementwise") + copies == len(kinds) - 3
+            and (heads_repeated or set(sources) == {"product"}))
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.FuseAttention")

@@ -70,10 +70,10 @@ def _kind(func: tirx.PrimFunc) -> str | None:
         return None
 
 
-def _accept(kinds: list[str | None]) -> bool:
+def _accept(kinds: list[str | None], sources: list[str | None]) -> bool:
     """Each call's PrimFunc is a matmul where the chain has one, else elementwise (exactly two or
-    three matmuls in all)."""
-    return kinds.count("matmul") in (2, 3) and None not in kinds
+    three matmuls in all); the calls reading only what the chain does not compute are matmuls."""
+    return kinds.count("matmul") in (2, 3) and None not in kinds and all(k == "matmul" for k in sources)
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.FuseGemmChains")

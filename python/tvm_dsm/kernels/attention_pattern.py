@@ -48,6 +48,9 @@ from ..ir import loads, root_blocks, substitute, uses
 #: A mask's fill below this is -inf for the softmax: exp of it underflows to 0 in fp32 for any
 #: score of smaller magnitude, and a causal row always keeps its diagonal key.
 _MASKED = -1.0e9
+#: Elements of a 16-byte vector of a 16-bit type, a multiple of any type's count: where a row of
+#: the output may start
+_VECTOR_ELEMENTS = 8
 #: The score q . k in the symbolic forms.
 _SCORE = sympy.Symbol("S", real=True)
 
@@ -502,15 +505,18 @@ class _Match:
         self._check_inits()
         for name, idx, keyed in (("q", q_idx, False), ("k", k_idx, True), ("v", v_idx, True), ("out", out_idx, False)):
             inner = idx[-1]
-            if not (isinstance(inner, tirx.Var) and inner.same_as(d)) or _uses(idx[:-1], d):
+            if not (isinstance(inner, tirx.Var) and inner.same_as(d) or name == "out" and self._merged_heads(inner, d)
+                    ) or _uses(idx[:-1], d):
                 raise ClusterError(f"decode attention: {name} must be indexed by the head dim in its innermost "
-                                   f"axis alone (16-byte loads of a row); got {[str(i) for i in idx]}")
+                                   f"axis alone (16-byte loads of a row; the output also at a multiple of "
+                                   f"{_VECTOR_ELEMENTS} plus it, its heads merged); got {[str(i) for i in idx]}")
             if _uses(idx, t) != keyed:
                 raise ClusterError(f"decode attention: {name} must {'' if keyed else 'not '}be indexed by the key")
-        for buf, idx in zip(f.operands, indices):
-            if int(buf.ty.shape[-1]) != f.dim:
+        for n, buf in enumerate(f.operands):
+            columns = int(buf.ty.shape[-1])
+            if columns != f.dim and not (n == 3 and columns % f.dim == 0):  # the output's heads may be merged
                 raise ClusterError(f"decode attention: {buf.name}'s rows must be the {f.dim} columns of the head dim "
-                                   f"(16-byte loads of whole rows); they have {int(buf.ty.shape[-1])}")
+                                   f"(16-byte loads of whole rows); they have {columns}")
         ranges = {var: tvm.ir.Range(0, self.ranges[var]) for var in [*heads, d]}
         out = f.operands[3]
         if (math.prod(int(x) for x in out.ty.shape) != math.prod(self.ranges[v] for v in heads) * f.dim
@@ -521,6 +527,14 @@ class _Match:
         return DecodeShape(self.func, f.operands, tuple(heads), tuple(self.ranges[v] for v in heads), t, d,
                            tuple(indices), self.m.extent, f.dim, 1.0 if terms else f.scale, f.dtype, group_var, group,
                            terms)
+
+    def _merged_heads(self, inner, d) -> bool:
+        """Whether ``inner`` is ``row + d``, ``row`` a multiple of :data:`_VECTOR_ELEMENTS` that
+        ``d`` does not index: the output's heads merged into its innermost axis (``[B, 1, H *
+        D]``, a model's attention output before its projection), each row stored in whole
+        vectors."""
+        row = self.analyzer.simplify(inner - d)
+        return not _uses([row], d) and self.analyzer.can_prove(tirx.floormod(row, _VECTOR_ELEMENTS) == 0)
 
     def _decode_terms(self, f: _Forms, t, heads: list) -> ScoreTerms:
         """The exponent of one query's keys (:class:`ScoreTerms`, its query position 0). A mask
