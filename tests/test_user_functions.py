@@ -5,6 +5,7 @@ array per output parameter of that parameter's shape, symbolic extents read off 
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 
 import numpy as np
@@ -73,3 +74,33 @@ def test_a_build_records_the_forms_and_fallbacks_the_driver_took(tmp_path):
     info = build_case(str(FOLDER / "128_attn_packed_qkv_gpt2.py"), str(tmp_path))
     assert info["taken_by"].startswith("fallback")
     assert any("merged head axes split" in line for line in info["how"]), info["how"]
+
+
+def _rows_crashing_on(cases, libs, out, progress):
+    """A stand-in for the timing child: a row a case, the process killed at the case named
+    "crashes" (as a segfault in a module's host code kills it)."""
+    import json
+    import signal
+
+    results = json.loads(out.read_text()) if out.exists() else {"rows": []}
+    for path, info in cases:
+        progress.write_text(path)
+        if info["name"] == "crashes":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        results["rows"].append({"name": info["name"], "ok": True})
+        out.write_text(json.dumps(results))
+
+
+def test_a_function_that_kills_the_timing_process_costs_its_own_row_only(tmp_path):
+    pytest.importorskip("torch")
+    import json
+
+    from tvm_dsm.gpu.user_functions import time_in_children
+
+    cases = [(f"/f/{name}.py", {"name": name, "taken_by": "x", "errors": {}}) for name in ("a", "crashes", "b")]
+    out = tmp_path / "out.json"
+    time_in_children(cases, tmp_path, out, _rows_crashing_on)
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["name"] for r in rows] == ["a", "crashes", "b"]
+    assert [r["ok"] for r in rows] == [True, False, True]
+    assert "the timing process died (exit code -11)" in rows[1]["errors"]["harness"]

@@ -23,6 +23,7 @@ with the floor (bytes over the bandwidth measured in the same run).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import multiprocessing
@@ -238,6 +239,41 @@ def run_point(case: ModuleType, func, extra: tuple, folder: Path, info: dict, hb
     return row
 
 
+def _time_cases(cases: list[tuple[str, dict]], libs: Path, out: Path, progress: Path) -> None:
+    """Child process: each of ``cases`` (path, build info) timed at each of its points, every row
+    added to ``out`` (read first where a crashed child left rows there) as it is done, and the
+    function about to run written to ``progress`` first."""
+    hbm_bw = measure_hbm_bandwidth()
+    if out.exists():
+        results = json.loads(out.read_text())
+    else:
+        results = res.new_suite("user_functions", torch.cuda.get_device_name(0),
+                                {"tvm": tvm.__version__, "torch": torch.__version__, "tvm_dsm": res.git_sha(),
+                                 "hbm_copy_bytes_per_s": hbm_bw}, res.GRAPH_TIMING)
+        results["command"] = f"python -m tvm_dsm.gpu.user_functions {Path(cases[0][0]).parent}"
+        res.write(results, out)  # the header, for the parent should this process die
+    import tvm_dsm  # noqa: F401  (its CUDA compile path, as a user's process has it)
+    for path, info in cases:
+        progress.write_text(path)
+        case = load_case(Path(path))
+        func = case.make()
+        for extra in list(zip(*case.SYMBOLIC.values())) if hasattr(case, "SYMBOLIC") else [()]:
+            try:
+                row = run_point(case, func, extra, libs, info, hbm_bw)
+            except Exception as err:  # noqa: BLE001 - the harness failing on a case is reported, not fatal
+                row = _failed_row(info, "harness", _first_line(err))
+            results["rows"].append(row)
+            res.write(results, out)
+            peers = " ".join(f"{k} {v:.1f}" for k, v in row.get("peers", {}).items())
+            print(f"{row['name']}: ok={row['ok']} err={row['rel_err']:.1e} by={row['taken_by'][:40]} "
+                  f"ours={row.get('ours_us', math.nan):.1f} {peers} {row['errors'] or ''}", flush=True)
+
+
+def _failed_row(info: dict, where: str, error: str) -> dict:
+    return {"name": info["name"], "ok": False, "rel_err": math.inf, "taken_by": info["taken_by"],
+            "errors": {**info["errors"], where: error}}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path)
@@ -252,27 +288,32 @@ def main(argv=None) -> None:
     with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         infos = list(pool.map(build_case, [str(p) for p in paths], [str(args.libs)] * len(paths)))
     print(f"built {len(infos)} functions", flush=True)
-    hbm_bw = measure_hbm_bandwidth()
-    results = res.new_suite("user_functions", torch.cuda.get_device_name(0),
-                            {"tvm": tvm.__version__, "torch": torch.__version__, "tvm_dsm": res.git_sha(),
-                             "hbm_copy_bytes_per_s": hbm_bw}, res.GRAPH_TIMING)
-    results["command"] = f"python -m tvm_dsm.gpu.user_functions {args.folder}"
-    import tvm_dsm  # noqa: F401  (its CUDA compile path, as a user's process has it)
-    for path, info in zip(paths, infos):
-        case = load_case(path)
-        func = case.make()
-        for extra in list(zip(*case.SYMBOLIC.values())) if hasattr(case, "SYMBOLIC") else [()]:
-            try:
-                row = run_point(case, func, extra, args.libs, info, hbm_bw)
-            except Exception as err:  # noqa: BLE001 - the harness failing on a case is reported, not fatal
-                row = {"name": info["name"], "ok": False, "rel_err": math.inf, "taken_by": info["taken_by"],
-                       "errors": {**info["errors"], "harness": _first_line(err)}}
-            results["rows"].append(row)
-            res.write(results, args.out)
-            peers = " ".join(f"{k} {v:.1f}" for k, v in row.get("peers", {}).items())
-            print(f"{row['name']}: ok={row['ok']} err={row['rel_err']:.1e} by={row['taken_by'][:40]} "
-                  f"ours={row.get('ours_us', math.nan):.1f} {peers} {row['errors'] or ''}", flush=True)
+    time_in_children([(str(p), info) for p, info in zip(paths, infos)], args.libs, args.out)
 
+
+def time_in_children(cases: list[tuple[str, dict]], libs: Path, out: Path,
+                     time_cases: Callable[[list, Path, Path, Path], None] = _time_cases) -> None:
+    """``time_cases`` of ``cases`` in a child process; where a module crashes it (a segfault in
+    TVM's host code) that function's row says so and a new child times the functions after it."""
+    spawn = multiprocessing.get_context("spawn")
+    progress = libs / "timing_progress"
+    out.unlink(missing_ok=True)
+    progress.unlink(missing_ok=True)
+    while cases:
+        child = spawn.Process(target=time_cases, args=(cases, libs, out, progress))
+        child.start()
+        child.join()
+        if child.exitcode == 0:
+            return
+        if not progress.exists():
+            raise RuntimeError(f"the timing process died (exit code {child.exitcode}) before its first function")
+        crashed = next(n for n, (path, _) in enumerate(cases) if path == progress.read_text())
+        info = cases[crashed][1]
+        results = json.loads(out.read_text())
+        results["rows"].append(_failed_row(info, "harness", f"the timing process died (exit code {child.exitcode})"))
+        res.write(results, out)
+        print(f"{info['name']}: the timing process died (exit code {child.exitcode})", flush=True)
+        cases = cases[crashed + 1:]
 
 if __name__ == "__main__":
     main()
