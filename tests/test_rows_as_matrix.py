@@ -259,10 +259,12 @@ def test_plan_gives_the_advice_only_where_it_holds_for_the_function_given():
 def test_a_symbolic_batch_over_a_decode_stage_builds_its_ranges_on_tma(caplog):
     """One operator at a time, the product's rows are a view of x declared after the decode
     kernel: its TMA copies read that view (the tensor maps encoded after it)."""
-    with caplog.at_level(logging.WARNING, logger="tvm_dsm.driver"):
+    with caplog.at_level(logging.INFO, logger="tvm_dsm.driver"):
         lib = tvm_dsm.build(_decode_gemv(), TARGET)
     assert not [r for r in caplog.records if "does not lower" in r.getMessage()]
     assert "cp.async.bulk.tensor" in lib.mod.imports[0].inspect_source()
+    # at one row the packed GEMV over the codes, not the decoded weight written out first
+    assert "at one row, packed_gemv takes it whole" in caplog.text
 
 
 def test_a_rank_3_linear_builds_as_a_split_k_gemm(caplog):

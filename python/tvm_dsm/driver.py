@@ -19,6 +19,7 @@ from typing import Any
 import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir import SBlockRealize
 from tvm.s_tir.schedule.schedule import ScheduleError
 from tvm.tirx.buffer import BufferType
 
@@ -28,7 +29,8 @@ from .families import INT32_ELEMENTS, ScheduleFamily, fastest_family, match_fami
 from .families.row_ranges import RangeKernel, dispatch, range_kernels, range_specializations
 from .hardware import H100, Hardware, load_hardware
 from .intrin import register_all
-from .ir import block_allocations, extent_variables, find_all, narrow_indices
+from .ir import (block_allocations, extent_variables, find_all, items, narrow_indices, seq, specialized,
+                 substitute, with_block_body)
 from .learned_ranking import rerank
 from .local_measure import local_builder, local_runner
 from .planners.report import Plan
@@ -503,6 +505,52 @@ def tuning_record(database: ms.Database | None, func: tirx.PrimFunc,
 
 def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
                        hw: Hardware | None, families: bool = True) -> s_tir.Schedule:
+    """:func:`_fallback_apart`; with ``families``, preceded at one row by a family's kernel of
+    the whole function where one takes it there (:func:`_one_row_first`)."""
+    scheduled = _fallback_apart(func, target, reason, hw, families)
+    return _one_row_first(func, scheduled, target, hw) if families else scheduled
+
+
+def _one_row_first(func: tirx.PrimFunc, scheduled: s_tir.Schedule, target, hw: Hardware | None) -> s_tir.Schedule:
+    """``scheduled`` (``func`` of a variable row count, scheduled apart), branching at one row to
+    the kernel a family makes of ``func`` whole at one row, where there a stage unpacking a
+    product's operand joins the product (:func:`~tvm_dsm.transform.split_operators.split_operators`):
+    MLC's batched decode GEMV over 4-bit codes, whose operators apart unpack the weight into a
+    tensor and read it back (4 times the codes' bytes, twice), is at one row the packed GEMV
+    reading the codes once. ``scheduled`` itself otherwise."""
+    variables = extent_variables(func)
+    if len(variables) != 1:
+        return scheduled
+    one_row = specialized(func, variables[0], 1)
+    if not 0 < len(_operators(one_row)) < len(_operators(func)):
+        return scheduled
+    try:
+        ranking = plan(one_row, hw, target)
+        kernel = ranking.schedule().mod["main"]
+    except (ClusterError, *FAMILY_FAILURES):
+        return scheduled
+    rest = scheduled.mod["main"]
+    if [str(p.ty.dtype) for p in kernel.params] != [str(p.ty.dtype) for p in rest.params]:
+        return scheduled
+    LOG.info("at one row, %s takes it whole", ranking.family.name)
+    # the kernels apart behind "more than one row", the root block's declarations (the views of
+    # parameters their tensor maps are encoded from) kept where they are; the one-row kernel last
+    row_count = extent_variables(rest)[0]
+
+    def on_host(test):
+        return tirx.call_intrin("bool", "tirx.tvm_thread_invariant", test)
+
+    root = rest.body.block
+    apart = [stmt if isinstance(stmt, (tirx.AllocBuffer, tirx.DeclBuffer, tirx.Bind))
+             else tirx.IfThenElse(on_host(row_count > 1), stmt, None) for stmt in items(root.body)]
+    at_one = tirx.IfThenElse(on_host(row_count == 1), substitute(kernel.body, list(zip(kernel.params, rest.params))),
+                             None)
+    body = SBlockRealize(rest.body.iter_values, rest.body.predicate, with_block_body(root, seq([*apart, at_one])))
+    return s_tir.Schedule(rest.with_body(body), enable_check=False)
+
+
+def _fallback_apart(func: tirx.PrimFunc, target, reason: ClusterError,
+                    hw: Hardware | None, families: bool = True) -> s_tir.Schedule:
     """The schedule of a function no tvm-dsm family takes whole: a family's over matrices
     where its tensors' leading axes are rows (:func:`_as_matrices`); else (``reason`` logged
     at INFO) TVM's stock schedule (dlight), of the matrices where dlight fails on the tensors;
