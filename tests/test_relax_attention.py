@@ -390,3 +390,26 @@ def test_grouped_query_decode_with_its_kv_repeated_is_correct_on_the_gpu(seq, up
     ref = (p / p.sum(-1, keepdims=True)) @ v64
     ref = ref.transpose(0, 2, 1, 3).reshape(1, 1, 28 * 128) if merge else ref
     assert out.shape == ref.shape and np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def test_torch_exported_eager_grouped_query_decode_is_one_decode_kernel():
+    """Hugging Face's eager attention (``repeat_kv`` by ``x[:, :, None].expand().reshape()``,
+    ``softmax(dtype=float32).to(q.dtype)``, heads merged by ``transpose(1, 2).reshape``),
+    exported by torch at one query token."""
+    torch = pytest.importorskip("torch")
+    from tvm_dsm.relax_torch import from_exported_program
+
+    class EagerDecode(torch.nn.Module):
+        def repeated(self, x):
+            b, kv, t, d = x.shape
+            return x[:, :, None, :, :].expand(b, kv, 7, t, d).reshape(b, kv * 7, t, d)
+
+        def forward(self, q, k, v):
+            w = torch.matmul(q, self.repeated(k).transpose(2, 3)) * 128 ** -0.5
+            w = torch.nn.functional.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+            return torch.matmul(w, self.repeated(v)).transpose(1, 2).contiguous().reshape(q.shape[0], 1, -1)
+
+    q = torch.randn(1, 28, 1, 128, dtype=torch.float16)
+    k = torch.randn(1, 4, 1000, 128, dtype=torch.float16)
+    report = relax_report(from_exported_program(torch.export.export(EagerDecode(), (q, k, torch.randn_like(k)))))
+    assert [row.where for row in report.rows if "matmul" in row.name] == ["decode_attention"], report.format()

@@ -313,3 +313,52 @@ def test_packed_attention_is_correct_on_the_gpu(form, causal):
     got = vm["main"](tvm.runtime.tensor(qkv, dev)).numpy().astype(np.float64)
     ref = _reference(qkv, h, d, causal)
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def _heads_first_query(b: int, s: int, h: int, d: int, dtype: str, scale: float | None) -> tvm.IRModule:
+    """``main(q, k, v)``: q held ``[B, H, S, D]`` (a model's ``transpose(1, 2)``), moved to the
+    attention's ``[B, S, H, D]``, with an explicit ``scale`` (``scores * d ** -0.5`` rounded to
+    fp16, as torch's importer passes it)."""
+    bb = relax.BlockBuilder()
+    q = relax.Var("q", relax.TensorType((b, h, s, d), dtype))
+    k, v = (relax.Var(n, relax.TensorType((b, s, h, d), dtype)) for n in "kv")
+    with bb.function("main", [q, k, v]):
+        with bb.dataflow():
+            moved = bb.emit(relax.op.permute_dims(q, [0, 2, 1, 3]))
+            out = bb.emit_output(relax.op.nn.attention(moved, k, v, scale=scale, causal_mask="TopLeft"))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_a_scaled_query_is_read_in_place_its_scale_inside_the_attention():
+    """The scale AttentionScaleOnQuery moves onto the query (``q * c``) is computed inside the
+    attention, which reads q where it is: no kernel transposing and scaling q; exact on the CPU."""
+    from tvm_dsm.relax_precision import AttentionScaleOnQuery
+
+    b, s, h, d = 2, 24, 4, 16
+    mod = AttentionScaleOnQuery(_heads_first_query(b, s, h, d, "float16", 0.2))
+    assert "relax.multiply" in {c.op.name for c in _attention_calls(mod) if isinstance(c.op, tvm.ir.Op)}
+    packed = relax.transform.DeadCodeElimination()(PackedAttentionOperands(mod))
+    ops = {c.op.name for c in _attention_calls(packed) if isinstance(c.op, tvm.ir.Op)}
+    assert not ops & {"relax.multiply", "relax.permute_dims"}, ops
+    rng = np.random.default_rng()
+    inputs = [rng.standard_normal(shape).astype("float16") for shape in ((b, h, s, d), (b, s, h, d), (b, s, h, d))]
+    outs = _on_llvm((mod, packed), *inputs)
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@pytest.mark.gpu
+def test_a_scaled_heads_first_query_is_correct_on_the_gpu():
+    b, s, h, d, scale = 2, 333, 8, 128, 0.08837890625
+    rng = np.random.default_rng()
+    q = rng.standard_normal((b, h, s, d)).astype("float16")
+    k, v = (rng.standard_normal((b, s, h, d)).astype("float16") for _ in range(2))
+    dev = tvm.cuda(0)
+    mod = _heads_first_query(b, s, h, d, "float16", scale)
+    vm = relax.VirtualMachine(tvm.compile(mod, target=TARGET, relax_pipeline="tvm_dsm"), dev)
+    got = vm["main"](*(tvm.runtime.tensor(a, dev) for a in (q, k, v))).numpy().astype(np.float64)
+    q64, k64, v64 = q.astype(np.float64), *(a.astype(np.float64).transpose(0, 2, 1, 3) for a in (k, v))
+    scores = np.where(np.tril(np.ones((s, s), bool)), q64 @ k64.transpose(0, 1, 3, 2) * scale, -np.inf)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    ref = ((p / p.sum(-1, keepdims=True)) @ v64).transpose(0, 2, 1, 3)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3

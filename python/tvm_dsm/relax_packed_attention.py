@@ -229,6 +229,18 @@ def _packed(binding_of, operand: relax.Expr, in_dataflow: bool) -> _Operand | No
                  if (found := _as_heads(source, at, shape, indices, analyzer)) is not None), None)
 
 
+def _scaled(binding_of, operand: relax.Expr) -> tuple[relax.Expr, float] | None:
+    """(``x``, ``c``) where ``operand`` is bound to ``x * c``, ``c`` a scalar constant (the
+    query :data:`~tvm_dsm.relax_precision.AttentionScaleOnQuery` scales); else None."""
+    bound = binding_of(operand) if isinstance(operand, relax.Var) else None
+    if bound is None or not is_op_call(bound, "relax.multiply"):
+        return None
+    x, c = bound.args
+    if not isinstance(c, tvm.ir.Constant) or c.value.numpy().size != 1:
+        return None
+    return x, float(c.value.numpy().reshape(()))
+
+
 def _query_heads_per_kv_head(call: relax.Call) -> int:
     """How many query heads read each K/V head of the attention ``call`` (q, k, v ``[B, S, H,
     D]``): ``H / H_kv`` where k and v hold fewer heads that divide the query's, else 1."""
@@ -256,6 +268,10 @@ class _PackedRewriter(PyExprMutator):
         in_dataflow = any(isinstance(arg, relax.DataflowVar) for arg in call.args)
         operands, bias = call.args[:3], call.args[3:]
         found = [_packed(self.lookup_binding, arg, in_dataflow) for arg in operands]
+        factor = None
+        scaled = _scaled(self.lookup_binding, operands[0]) if found[0] is None else None
+        if scaled is not None and (query := _packed(self.lookup_binding, scaled[0], in_dataflow)) is not None:
+            found[0], factor = query, scaled[1]
         if not any(found) and group == 1:
             return call
         # q, k and v stay three arguments even where one view serves them all: TVM's
@@ -281,6 +297,8 @@ class _PackedRewriter(PyExprMutator):
         def attention(*tensors):
             q, k, v = (t if packed is None else packed.read(t, shape)
                        for t, packed, shape in zip(tensors, found, shapes))
+            if factor is not None:
+                q = te.compute(q.shape, lambda *i: q(*i) * tvm.tirx.const(factor, q.dtype), name="scaled_query")
             if group > 1:
                 k, v = _per_query_head(k, group), _per_query_head(v, group)
             return _te_attention(q, k, v, tensors[3] if bias else None, scale, causal)
