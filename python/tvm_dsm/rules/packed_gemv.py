@@ -178,22 +178,15 @@ def find_packed_gemv(func: tirx.PrimFunc) -> PackedGemv:
 
 
 def default_config(found: PackedGemv) -> PackedGemvConfig:
-    """The most lanes up to 64 that split K's vectors evenly (no lane idles a step, none waits
-    on a predicate), 4 columns a thread, 2 threads along the columns, one load a step; the
-    columns reduced to powers of two the extents take. H200
+    """The lanes of :func:`default_lanes`, 4 columns a thread, 2 threads along the columns, one
+    load a step; the columns reduced to powers of two the extents take. H200
     (``bench/results/archive/packed_gemv_configs_s98.json``): 18.0 us on MLC's q4f16 1 x 14336
     x 4096 (dlight's GEMV 18.5, the best configuration 17.0), 19.3 on 1 x 4096 x 14336 nibbles
     with zero points (dlight 34.9, the best 18.1); 32 lanes of 4 columns, 4 rows a CTA, took
-    29.7 on the second, whose 4096 columns then fill the SMs with few warps. Lanes are not held to
-    powers of two: at K = 3584 (112 vectors) 16 lanes of 7 steps took 14.7 us where dlight took
-    7.2, and at K = 18944 (592 vectors) 70.0 where dlight took 25.8 (H100, 303c3e1), each too
-    few loads in flight."""
+    29.7 on the second, whose 4096 columns then fill the SMs with few warps."""
     columns = largest_power_of_two(found.n, 4)
     rows = largest_power_of_two(found.n // columns, 2)
-    vectors = found.k // found.span
-    if not lane_counts(vectors):
-        raise ClusterError(f"a packed GEMV splits K's {vectors} 16-byte loads evenly over 2 to {MOST_LANES} lanes")
-    config = PackedGemvConfig(rows, columns, lane_counts(vectors)[-1], 1)
+    config = PackedGemvConfig(rows, columns, default_lanes(found.k // found.span), 1)
     check_config(found, config)
     return config
 
@@ -201,13 +194,35 @@ def default_config(found: PackedGemv) -> PackedGemvConfig:
 ROWS_PER_CTA = (1, 2, 4, 8)
 COLUMNS = (1, 2, 4)
 UNROLLS = (1, 2, 4)
-MOST_LANES = 64
+#: Lanes a row at the most.
+MOST_LANES = 128
+#: The lane counts the default takes first (the most of them up to the first), and the count
+#: below which it takes the fewest above instead.
+PREFERRED_LANES = (64, 48)
 
 
 def lane_counts(vectors: int) -> list[int]:
     """The lane counts from 2 to :data:`MOST_LANES` that divide ``vectors`` 16-byte loads of a
-    row's codes, ascending."""
+    row's codes, ascending: each lane takes the same loads, none waits on a predicate."""
     return [lanes for lanes in range(2, MOST_LANES + 1) if vectors % lanes == 0]
+
+
+def default_lanes(vectors: int) -> int:
+    """The most lanes up to 64 that split ``vectors`` evenly, not held to powers of two; where
+    those are fewer than 48, the fewest above 64 that do. The H100 (303c3e1 -> 4132e0a,
+    ``bench/results/archive/user_functions_h100_s99*.json``): at K = 3584 (112 vectors) 16 lanes
+    took 14.7 us and 56 lanes 8.2 (dlight 7.3); at K = 18944 (592 vectors) 16 lanes took 70.0 and
+    37 lanes 37.2 (dlight 25.6), still too few loads in flight over its 3584 columns, which 74
+    lanes double (not yet measured). On the H200, 16 and 32 lanes trailed 64 at every shape."""
+    counts = lane_counts(vectors)
+    most, fewest = PREFERRED_LANES
+    below = [n for n in counts if n <= most]
+    above = [n for n in counts if n > most]
+    if below and (below[-1] >= fewest or not above):
+        return below[-1]
+    if above:
+        return above[0]
+    raise ClusterError(f"a packed GEMV splits K's {vectors} 16-byte loads evenly over 2 to {MOST_LANES} lanes")
 
 
 def candidate_configs(found: PackedGemv) -> list[PackedGemvConfig]:
