@@ -174,11 +174,12 @@ def test_configurations_are_checked_against_the_extents():
     assert configs[0] == default_config(found) and len(set(configs)) == len(configs) > 10
 
 
-@pytest.mark.parametrize(("k", "lanes"), [(3584, 56), (18944, 74), (11008, 86), (14336, 64), (4096, 64), (96, 3)])
+@pytest.mark.parametrize(("k", "lanes"), [(3584, 56), (18944, 74), (11008, 86), (14336, 64), (4096, 64), (3072, 32),
+                                          (5120, 32), (96, 3)])
 def test_lanes_split_the_rows_loads_evenly(k, lanes):
-    """Not a power of two where K's count of 16-byte loads has none above a few (Qwen2's 3584
-    and 18944, Llama-2's 11008): every lane takes the same loads, no predicate; above 64 where
-    the most up to 64 are fewer than 48."""
+    """Powers of two from 32 up where they divide K's count of 16-byte loads; otherwise (Qwen2's
+    3584 and 18944, Llama-2's 11008) other counts: every lane takes the same loads, no
+    predicate; above 64 where the most up to 64 are fewer than 48."""
     assert default_config(_found(_mlc(256, k, accumulate="float32"))).lanes == lanes
 
 

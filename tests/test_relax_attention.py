@@ -346,16 +346,31 @@ def test_grouped_query_decode_with_its_kv_repeated_is_one_decode_kernel_reading_
     assert sorted([int(e) for e in p.ty.shape] for p in func.params[:3]) == [[1, 4, 1000, 128]] * 2 + [[1, 28, 1, 128]]
 
 
-def test_copies_before_the_products_join_them_only_where_they_repeat_kv_heads():
-    """Copies that repeat nothing (a reshape, a transpose of k) are sources the group refuses:
-    the pattern without them then takes the attention, over the copied tensors."""
+def test_copies_before_the_products_join_them_only_where_they_repeat_kv_heads_at_a_decode_step():
+    """Copies that repeat nothing (a reshape, a transpose of k) are sources the group refuses,
+    and so are a prefill's repeats (its kernel takes q before k and v): the pattern without
+    them then takes the attention, over the copied tensors."""
     from tvm_dsm.relax_attention import _accept
 
-    middle = ["product", "elementwise", "softmax", "product"]
-    assert _accept(["copy", "repeat", "copy", "copy", "repeat", "copy", *middle], ["copy", "copy", "product"])
-    assert not _accept(["copy", "copy", *middle], ["copy", "copy", "product"])
-    assert not _accept(["elementwise", "repeat", "repeat", *middle], ["elementwise", "repeat", "product"])
-    assert _accept(middle, ["product"])
+    decode = ["one_row_product", "elementwise", "softmax", "one_row_product"]
+    repeats = ["copy", "repeat", "copy", "copy", "repeat", "copy"]
+    assert _accept([*repeats, *decode], ["copy", "copy", "one_row_product"])
+    assert not _accept(["copy", "copy", *decode], ["copy", "copy", "one_row_product"])
+    assert not _accept(["elementwise", "repeat", "repeat", *decode], ["elementwise", "repeat", "one_row_product"])
+    prefill = ["product", "elementwise", "softmax", "product"]
+    assert not _accept([*repeats, *prefill], ["copy", "copy", "product"])
+    assert _accept(prefill, ["product"]) and _accept(decode, ["one_row_product"])
+
+
+@pytest.mark.parametrize("upcast", [True, False])
+def test_a_grouped_query_prefill_with_its_kv_repeated_keeps_the_attention_kernel(upcast):
+    """At 128 queries the copies repeating K and V stay a kernel of their own before the
+    attention family's kernel (grouped with it, k and v would come before q)."""
+    spec = {"q": nn.spec.Tensor([1, 8, 128, 64], "float16"),
+            **{name: nn.spec.Tensor([1, 2, 128, 64], "float16") for name in "kv"}}
+    mod, _ = RepeatedKVDecode(8, 2, 64, upcast, merge=False).export_tvm({"forward": spec})
+    report = relax_report(mod)
+    assert [row.where for row in report.rows if "softmax" in row.name] == ["attention"], report.format()
 
 
 def test_the_grouped_repeated_kv_decode_computes_what_the_operators_do_on_llvm():

@@ -267,6 +267,26 @@ def test_a_symbolic_batch_over_a_decode_stage_builds_its_ranges_on_tma(caplog):
     assert "at one row, packed_gemv takes it whole" in caplog.text
 
 
+def _decode_gemv_2d():
+    """The same in TE over ``x[b, K]``: its product's blocks are not rewritten as matrices, so
+    the packed GEMV at one row keeps the function's own block variables."""
+    b = tirx.Var("b", "int32")
+    x = te.placeholder((b, 1024), "float16", name="x")
+    packed = te.placeholder((512, 128), "uint32", name="w_packed")
+    scale = te.placeholder((512, 32), "float16", name="w_scale")
+    w = te.compute((512, 1024), lambda j, c: (((packed[j, c // 8] >> (c % 8 * 4).astype("uint32")) & te.const(
+        15, "uint32")).astype("float16") - te.const(7, "float16")) * scale[j, c // 32], name="decode")
+    r = te.reduce_axis((0, 1024), name="k")
+    return te.create_prim_func([x, packed, scale, te.compute((b, 512), lambda i, j: te.sum(x[i, r] * w[j, r], axis=r))])
+
+
+def test_a_two_dimensional_symbolic_batch_over_a_decode_stage_takes_the_packed_gemv_at_one_row(caplog):
+    with caplog.at_level(logging.INFO, logger="tvm_dsm.driver"):
+        sch = tvm_dsm.driver.schedule(_decode_gemv_2d(), TARGET)
+        tvm.compile(sch.mod, target=TARGET)
+    assert "at one row, packed_gemv takes it whole" in caplog.text
+
+
 def test_a_rank_3_linear_builds_as_a_split_k_gemm(caplog):
     func = linear(4, 128, 1024, 4096)
     with caplog.at_level(logging.INFO, logger="tvm_dsm.driver"):

@@ -78,29 +78,55 @@ def test_a_build_records_the_forms_and_fallbacks_the_driver_took(tmp_path):
 
 def _rows_crashing_on(cases, libs, out, progress):
     """A stand-in for the timing child: a row a case, the process killed at the case named
-    "crashes" (as a segfault in a module's host code kills it)."""
+    "crashes" (as a segfault in a module's host code kills it), and on exit after the case named
+    "crashes_on_exit"."""
     import json
     import signal
 
+    from tvm_dsm.gpu.user_functions import DONE, RUNNING
+
     results = json.loads(out.read_text()) if out.exists() else {"rows": []}
     for path, info in cases:
-        progress.write_text(path)
+        progress.write_text(RUNNING + path)
         if info["name"] == "crashes":
             os.kill(os.getpid(), signal.SIGSEGV)
         results["rows"].append({"name": info["name"], "ok": True})
         out.write_text(json.dumps(results))
+        progress.write_text(DONE + path)
+        if info["name"] == "crashes_on_exit":
+            os.kill(os.getpid(), signal.SIGSEGV)
 
 
-def test_a_function_that_kills_the_timing_process_costs_its_own_row_only(tmp_path):
+@pytest.mark.parametrize(("names", "rows"), [
+    (["a", "crashes", "b"], [("a", True), ("crashes", False), ("b", True)]),
+    (["a", "crashes_on_exit"], [("a", True), ("crashes_on_exit", True)]),
+    (["crashes_on_exit", "b"], [("crashes_on_exit", True), ("b", True)]),
+])
+def test_a_function_that_kills_the_timing_process_costs_its_own_row_only(tmp_path, names, rows):
     pytest.importorskip("torch")
     import json
 
     from tvm_dsm.gpu.user_functions import time_in_children
 
-    cases = [(f"/f/{name}.py", {"name": name, "taken_by": "x", "errors": {}}) for name in ("a", "crashes", "b")]
+    cases = [(f"/f/{name}.py", {"name": name, "taken_by": "x", "errors": {}}) for name in names]
     out = tmp_path / "out.json"
     time_in_children(cases, tmp_path, out, _rows_crashing_on)
-    rows = json.loads(out.read_text())["rows"]
-    assert [r["name"] for r in rows] == ["a", "crashes", "b"]
-    assert [r["ok"] for r in rows] == [True, False, True]
-    assert "the timing process died (exit code -11)" in rows[1]["errors"]["harness"]
+    got = json.loads(out.read_text())["rows"]
+    assert [(r["name"], r["ok"]) for r in got] == rows
+    assert all("the timing process died (exit code -11)" in r["errors"]["harness"] for r in got if not r["ok"])
+
+
+def _dies_at_start(cases, libs, out, progress):
+    import signal
+
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def test_a_timing_process_that_dies_before_its_first_function_is_an_error(tmp_path):
+    pytest.importorskip("torch")
+    from tvm_dsm.gpu.user_functions import RUNNING, time_in_children
+
+    (tmp_path / "timing_progress").write_text(RUNNING + "/f/stale.py")  # a previous run's
+    with pytest.raises(RuntimeError, match="before its first function"):
+        time_in_children([("/f/a.py", {"name": "a", "taken_by": "x", "errors": {}})], tmp_path,
+                         tmp_path / "out.json", _dies_at_start)

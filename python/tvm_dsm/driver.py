@@ -29,8 +29,8 @@ from .families import INT32_ELEMENTS, ScheduleFamily, fastest_family, match_fami
 from .families.row_ranges import RangeKernel, dispatch, range_kernels, range_specializations
 from .hardware import H100, Hardware, load_hardware
 from .intrin import register_all
-from .ir import (block_allocations, extent_variables, find_all, items, narrow_indices, seq, specialized,
-                 substitute, with_block_body)
+from .ir import (block_allocations, extent_variables, find_all, fresh_definitions, items, narrow_indices, seq,
+                 specialized, substitute, with_block_body)
 from .learned_ranking import rerank
 from .local_measure import local_builder, local_runner
 from .planners.report import Plan
@@ -543,8 +543,10 @@ def _one_row_first(func: tirx.PrimFunc, scheduled: s_tir.Schedule, target, hw: H
     root = rest.body.block
     apart = [stmt if isinstance(stmt, (tirx.AllocBuffer, tirx.DeclBuffer, tirx.Bind))
              else tirx.IfThenElse(on_host(row_count > 1), stmt, None) for stmt in items(root.body)]
-    at_one = tirx.IfThenElse(on_host(row_count == 1), substitute(kernel.body, list(zip(kernel.params, rest.params))),
-                             None)
+    # the kernel's blocks and loops defined afresh: a traced family's keep the function's own
+    # variables, which a kernel apart defines too
+    at_one = tirx.IfThenElse(on_host(row_count == 1),
+                             fresh_definitions(substitute(kernel.body, list(zip(kernel.params, rest.params)))), None)
     body = SBlockRealize(rest.body.iter_values, rest.body.predicate, with_block_body(root, seq([*apart, at_one])))
     return s_tir.Schedule(rest.with_body(body), enable_check=False)
 

@@ -10,11 +10,11 @@ product of two activations, at most :data:`_MAX_ELEMENTWISE` element-wise operat
 softmax (a row max and a row sum), and a product of the probabilities with a third activation;
 an element-wise operator may take other inputs (BERT's additive mask, a ``where`` over a bool
 mask), which the attention kernel computes per key (:class:`tvm_dsm.kernels.attention_pattern.ScoreTerms`).
-Where k and v reach the products through copies that repeat their heads for the query heads
-(grouped-query attention as Hugging Face's ``repeat_kv`` writes it: ``expand_dims``,
-``broadcast_to``, ``reshape``), those copies join the group: inlined, the products read
-``k[b, h // g, t, d]``, each KV head's rows once for its ``g`` query heads, where apart they
-are a kernel writing ``g`` copies of the cache that attention then reads.
+At a decode step (one query row), where k and v reach the products through copies that repeat
+their heads for the query heads (grouped-query attention as Hugging Face's ``repeat_kv`` writes
+it: ``expand_dims``, ``broadcast_to``, ``reshape``), those copies join the group: inlined, the
+products read ``k[b, h // g, t, d]``, each KV head's rows once for its ``g`` query heads, where
+apart they are a kernel writing ``g`` copies of the cache that attention then reads.
 ``FuseTIR`` then makes one PrimFunc of each group. Only attention of the attention family's
 form is grouped (constant heads and batch, head dims a multiple of 8 up to 256); a group no
 family takes is scheduled operator by operator (:class:`tvm_dsm.relax_integration.ScheduleTIR`).
@@ -93,7 +93,8 @@ def _attention_operand(buf) -> bool:
 def _kind(func: tirx.PrimFunc) -> str | None:
     """``"product"`` (one reduction block, a sum of products of two tensors of one 16-bit
     type and one rank, 3 or 4: activations, not a weight; the second in the attention family's
-    form, :func:`_attention_operand`), ``"softmax"`` (a row max and a row sum, then element-wise blocks),
+    form, :func:`_attention_operand`; ``"one_row_product"`` where its rows are one query, a
+    decode step's), ``"softmax"`` (a row max and a row sum, then element-wise blocks),
     ``"repeat"`` or ``"copy"`` (:func:`_copied_elements`), ``"elementwise"`` (no reduction) or None."""
     blocks = root_blocks(func)
     reductions = [b for b in blocks if is_reduction(b)]
@@ -105,7 +106,10 @@ def _kind(func: tirx.PrimFunc) -> str | None:
         types = {str(o.ty.dtype) for o in operands}
         ranks = {len(o.ty.shape) for o in operands}
         if len(operands) == 2 and len(types) == 1 and types <= {"float16", "bfloat16"} and ranks in ({3}, {4}):
-            return "product" if _attention_operand(operands[1]) else None  # activations, not a weight
+            if not _attention_operand(operands[1]):  # activations, not a weight
+                return None
+            rows = block.writes[0].source.ty.shape[-2]
+            return "one_row_product" if isinstance(rows, tirx.IntImm) and int(rows) == 1 else "product"
         return None
     if len(reductions) == 2 and find_all(reductions[0].body, tirx.Max) and not find_all(reductions[1].body, tirx.Max):
         return "softmax"
@@ -125,19 +129,26 @@ def _copied_elements(func: tirx.PrimFunc, blocks: list) -> str | None:
     return "repeat" if int(numel[1]) > int(numel[0]) else "copy"
 
 
+#: The kinds of the attention's two products.
+PRODUCTS = ("product", "one_row_product")
+
+
 def _accept(kinds: list[str | None], sources: list[str | None]) -> bool:
     """The calls' PrimFuncs are two products, a softmax and element-wise operators (the
     patterns order them); the calls reading only what the group does not compute are the
-    products, or the copies before them where those repeat the KV heads (a broadcast for k
-    and one for v)."""
+    products, or, at a decode step (products of one query row), the copies before them where
+    those repeat the KV heads (a broadcast for k and one for v). A prefill's repeats stay apart:
+    its kernel takes q before k and v, which the copies' grouping would put first."""
+    products = [k for k in kinds if k in PRODUCTS]
     copies = kinds.count("repeat") + kinds.count("copy")
-    heads_repeated = kinds.count("repeat") == 2 and set(sources) <= {"repeat", "copy", "product"}
-    return (kinds.count("product") == 2 and kinds.count("softmax") == 1
+    heads_repeated = (kinds.count("repeat") == 2 and products == ["one_row_product"] * 2
+                      and set(sources) <= {"repeat", "copy", *PRODUCTS})
+    return (len(products) == 2 and kinds.count("softmax") == 1
             and kinds.count("elementwise") + copies == len(kinds) - 3
-            and (heads_repeated or set(sources) == {"product"}))
+            and (heads_repeated or set(sources) <= set(PRODUCTS)))
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.FuseAttention")
 def FuseAttention(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass style
     """Group each spelled-out attention of ``mod`` into one function (see the module docstring)."""
-    return group_calls(mod, COMPOSITE, attention_patterns, _kind, _accept, "product")
+    return group_calls(mod, COMPOSITE, attention_patterns, _kind, _accept, PRODUCTS)

@@ -79,7 +79,7 @@ def _accept(kinds: list[str | None], sources: list[str | None]) -> bool:
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.FuseGemmChains")
 def FuseGemmChains(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass style
     """Group each GEMM chain of ``mod`` into one function (see the module docstring)."""
-    return group_calls(mod, COMPOSITE, chain_patterns, _kind, _accept, "matmul")
+    return group_calls(mod, COMPOSITE, chain_patterns, _kind, _accept, ("matmul",))
 
 
 def merge_elementwise(func: tirx.PrimFunc) -> tirx.PrimFunc:

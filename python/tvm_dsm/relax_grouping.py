@@ -20,19 +20,19 @@ def call_tir(*args, func: DFPattern | None = None):
 
 def group_calls(mod: tvm.IRModule, composite: str, patterns: Callable[[DFPattern], list],
                 classify: Callable[[tirx.PrimFunc], str | None],
-                accept: Callable[[list[str | None], list[str | None]], bool], source: str) -> tvm.IRModule:
-    """``mod`` with each match of ``patterns(sources)`` (first first) grouped into one function
+                accept: Callable[[list[str | None], list[str | None]], bool], sources: tuple[str, ...]) -> tvm.IRModule:
+    """``mod`` with each match of ``patterns(first)`` (first first) grouped into one function
     named ``composite`` (``FuseTIR`` later makes one PrimFunc of it) where ``accept`` takes the
     kinds of its calls (``classify`` of each called PrimFunc), then those of the calls that
-    read nothing the group computes (its sources: a caller takes only calls of kind ``source``
-    there, or those its patterns place, such as the copies repeating an attention's KV heads).
-    ``sources`` matches the functions of kind ``source``, for the patterns' first calls:
+    read nothing the group computes (a caller takes calls of ``sources``' kinds there, or the
+    ones its patterns place before them, such as the copies repeating an attention's KV heads).
+    ``first`` matches the functions of ``sources``' kinds, for the patterns' first calls:
     matched structurally, a call of another kind in that place (an operator of an attention
     mask's computation, which a ``where`` also reads) would be taken first and the group
     refused, where the right operand leads to a match. ``mod`` itself where no function is of
-    kind ``source``."""
+    those kinds."""
     kinds = {gv.name_hint: classify(f) for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
-    names = [name for name, kind in kinds.items() if kind == source]
+    names = [name for name, kind in kinds.items() if kind in sources]
     if not names:
         return mod
 
@@ -43,9 +43,9 @@ def group_calls(mod: tvm.IRModule, composite: str, patterns: Callable[[DFPattern
             if is_call and not any(e.same_as(c) for c in calls):
                 calls.append(e)
         computed = [var for var, e in context.matched_bindings.items() if any(e.same_as(c) for c in calls)]
-        sources = [c for c in calls if not any(arg.same_as(var) for arg in c.args[1].fields for var in computed)]
-        return accept([kinds[c.args[0].name_hint] for c in calls], [kinds[c.args[0].name_hint] for c in sources])
+        origins = [c for c in calls if not any(arg.same_as(var) for arg in c.args[1].fields for var in computed)]
+        return accept([kinds[c.args[0].name_hint] for c in calls], [kinds[c.args[0].name_hint] for c in origins])
 
-    sources = functools.reduce(operator.or_, (is_gv(name) for name in names))
-    checked = [(composite, pattern, {}, check) for pattern in patterns(sources)]
+    first = functools.reduce(operator.or_, (is_gv(name) for name in names))
+    checked = [(composite, pattern, {}, check) for pattern in patterns(first)]
     return relax.transform.FuseOpsByPattern(checked, bind_constants=False, annotate_codegen=False)(mod)

@@ -254,7 +254,7 @@ def _time_cases(cases: list[tuple[str, dict]], libs: Path, out: Path, progress: 
         res.write(results, out)  # the header, for the parent should this process die
     import tvm_dsm  # noqa: F401  (its CUDA compile path, as a user's process has it)
     for path, info in cases:
-        progress.write_text(path)
+        progress.write_text(RUNNING + path)
         case = load_case(Path(path))
         func = case.make()
         for extra in list(zip(*case.SYMBOLIC.values())) if hasattr(case, "SYMBOLIC") else [()]:
@@ -267,6 +267,11 @@ def _time_cases(cases: list[tuple[str, dict]], libs: Path, out: Path, progress: 
             peers = " ".join(f"{k} {v:.1f}" for k, v in row.get("peers", {}).items())
             print(f"{row['name']}: ok={row['ok']} err={row['rel_err']:.1e} by={row['taken_by'][:40]} "
                   f"ours={row.get('ours_us', math.nan):.1f} {peers} {row['errors'] or ''}", flush=True)
+        progress.write_text(DONE + path)
+
+
+#: What the timing child's progress file says: the function it runs, or the last it finished.
+RUNNING, DONE = "running ", "done "
 
 
 def _failed_row(info: dict, where: str, error: str) -> dict:
@@ -294,12 +299,14 @@ def main(argv=None) -> None:
 def time_in_children(cases: list[tuple[str, dict]], libs: Path, out: Path,
                      time_cases: Callable[[list, Path, Path, Path], None] = _time_cases) -> None:
     """``time_cases`` of ``cases`` in a child process; where a module crashes it (a segfault in
-    TVM's host code) that function's row says so and a new child times the functions after it."""
+    TVM's host code) that function's row says so and a new child times the functions after it.
+    The child's progress file names the function it is timing (:data:`RUNNING`) or the last it
+    finished (:data:`DONE`: a crash between functions, or on exit, costs no row)."""
     spawn = multiprocessing.get_context("spawn")
     progress = libs / "timing_progress"
     out.unlink(missing_ok=True)
-    progress.unlink(missing_ok=True)
     while cases:
+        progress.unlink(missing_ok=True)
         child = spawn.Process(target=time_cases, args=(cases, libs, out, progress))
         child.start()
         child.join()
@@ -307,13 +314,16 @@ def time_in_children(cases: list[tuple[str, dict]], libs: Path, out: Path,
             return
         if not progress.exists():
             raise RuntimeError(f"the timing process died (exit code {child.exitcode}) before its first function")
-        crashed = next(n for n, (path, _) in enumerate(cases) if path == progress.read_text())
-        info = cases[crashed][1]
-        results = json.loads(out.read_text())
-        results["rows"].append(_failed_row(info, "harness", f"the timing process died (exit code {child.exitcode})"))
-        res.write(results, out)
-        print(f"{info['name']}: the timing process died (exit code {child.exitcode})", flush=True)
-        cases = cases[crashed + 1:]
+        state = progress.read_text()
+        last = next(n for n, (path, _) in enumerate(cases) if state in (RUNNING + path, DONE + path))
+        if state.startswith(RUNNING):  # it died timing this function: its row says so
+            info = cases[last][1]
+            results = json.loads(out.read_text())
+            results["rows"].append(_failed_row(info, "harness", f"the timing process died (exit code {child.exitcode})"))
+            res.write(results, out)
+            print(f"{info['name']}: the timing process died (exit code {child.exitcode})", flush=True)
+        cases = cases[last + 1:]
+
 
 if __name__ == "__main__":
     main()

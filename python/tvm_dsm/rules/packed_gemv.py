@@ -196,9 +196,10 @@ COLUMNS = (1, 2, 4)
 UNROLLS = (1, 2, 4)
 #: Lanes a row at the most.
 MOST_LANES = 128
-#: The lane counts the default takes first (the most of them up to the first), and the count
-#: below which it takes the fewest above instead.
-PREFERRED_LANES = (64, 48)
+#: The most lanes the default takes first, and the fewest it keeps: the most powers of two up to
+#: 64 (warp shuffles sum them) where 32 or more divide K's loads, else the most other counts up
+#: to 64 where 48 or more do, else the fewest counts above 64.
+PREFERRED_LANES = (64, 32, 48)
 
 
 def lane_counts(vectors: int) -> list[int]:
@@ -208,21 +209,24 @@ def lane_counts(vectors: int) -> list[int]:
 
 
 def default_lanes(vectors: int) -> int:
-    """The most lanes up to 64 that split ``vectors`` evenly, not held to powers of two; where
-    those are fewer than 48, the fewest above 64 that do. The H100 (303c3e1 -> 4132e0a,
-    ``bench/results/archive/user_functions_h100_s99*.json``): at K = 3584 (112 vectors) 16 lanes
-    took 14.7 us and 56 lanes 8.2 (dlight 7.3); at K = 18944 (592 vectors) 16 lanes took 70.0 and
-    37 lanes 37.2 (dlight 25.6), still too few loads in flight over its 3584 columns, which 74
-    lanes double (not yet measured). On the H200, 16 and 32 lanes trailed 64 at every shape."""
+    """:data:`PREFERRED_LANES`' choice of the lane counts that split ``vectors`` evenly. The
+    H100 (303c3e1 -> 4132e0a, ``bench/results/archive/user_functions_h100_s99*.json``): at K =
+    3584 (112 vectors) 16 lanes took 14.7 us and 56 lanes 8.2 (dlight 7.3); at K = 18944 (592
+    vectors) 16 lanes took 70.0 and 37 lanes 37.2 (dlight 25.6), still too few loads in flight
+    over its 3584 columns, which 74 lanes double (not yet measured). On the H200, 16 and 32 lanes
+    trailed 64 at every shape (``archive/packed_gemv_configs_s98.json``)."""
     counts = lane_counts(vectors)
-    most, fewest = PREFERRED_LANES
+    if not counts:
+        raise ClusterError(f"a packed GEMV splits K's {vectors} 16-byte loads evenly over 2 to {MOST_LANES} lanes")
+    most, powers, others = PREFERRED_LANES
     below = [n for n in counts if n <= most]
     above = [n for n in counts if n > most]
-    if below and (below[-1] >= fewest or not above):
+    power = largest_power_of_two(vectors, most)
+    if power >= powers:
+        return power
+    if below and below[-1] >= others or not above:
         return below[-1]
-    if above:
-        return above[0]
-    raise ClusterError(f"a packed GEMV splits K's {vectors} 16-byte loads evenly over 2 to {MOST_LANES} lanes")
+    return above[0]
 
 
 def candidate_configs(found: PackedGemv) -> list[PackedGemvConfig]:
