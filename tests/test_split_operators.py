@@ -554,3 +554,18 @@ def test_gpu_gemvs_over_weights_unpacked_in_stages_match_float64(rows):
     tvm_dsm.build(func, TARGET)(*(tvm.runtime.tensor(a, dev) for a in args), out)
     got = out.numpy().astype(np.float64)
     assert not np.isnan(got).any() and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-5
+
+
+def test_a_weight_unpacked_in_two_stages_joins_its_one_row_product():
+    """The codes converted in one nest, scaled in the next (MLC's two-stage form): both stay
+    with the GEMV; the first's result, read only inside the run, is no operand of it."""
+    x = te.placeholder((1, 256), "float16", name="x")
+    packed = te.placeholder((64, 32), "uint32", name="packed")
+    scale = te.placeholder((64, 8), "float16", name="scale")
+    codes = te.compute((64, 256), lambda j, c: ((packed[j, c // 8] >> (c % 8 * 4).astype("uint32"))
+                                                & te.const(15, "uint32")).astype("float16"), name="codes")
+    w = te.compute((64, 256), lambda j, c: (codes[j, c] - te.const(7, "float16")) * scale[j, c // 32], name="scaled")
+    r = te.reduce_axis((0, 256), name="k")
+    y = te.compute((1, 64), lambda i, j: te.sum(x[i, r] * w[j, r], axis=r), name="y")
+    func = te.create_prim_func([x, packed, scale, y])
+    assert [_blocks(op) for op in split_operators(func)] == [["codes", "scaled", "y"]]

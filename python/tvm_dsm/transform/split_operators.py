@@ -205,7 +205,7 @@ def _one_row_product(block: SBlock, operands: list[tirx.Buffer]) -> bool:
 def _operand_stages_joined(groups: list[list[tirx.Stmt]], params: list) -> list[list[tirx.Stmt]]:
     """``groups`` with each run of elementwise nests whose results only the next group reads,
     where that group opens with a one-row product reading them along its reduced axis (a
-    weight unpacked before a decode step's GEMV), joined to that group: written out, the
+    weight unpacked before a decode step's GEMV, in one nest or several), joined to that group: written out, the
     unpacked weight costs its bytes twice more than the codes it came from (a 3-bit GEMV of
     4096 x 4096 took 67 us as two kernels, dlight's one kernel over the codes 7.6, H100)."""
     used = [_buffers(g) for g in groups]
@@ -214,9 +214,10 @@ def _operand_stages_joined(groups: list[list[tirx.Stmt]], params: list) -> list[
         if i + 1 < len(groups) and not any(_is_reduction(_block(n)) for n in group):
             written = used[i][1]
             elsewhere = [b for j, (r, w) in enumerate(used) if j not in (i, i + 1) for b in r + w]
-            stage = (written and not any(b.same_as(p) for b in written for p in params)
+            results = [b for b in written if any(b.same_as(r) for r in used[i + 1][0])]  # the next reads
+            stage = (results and not any(b.same_as(p) for b in written for p in params)
                      and not any(b.same_as(x) for b in written for x in elsewhere)
-                     and _one_row_product(_block(groups[i + 1][0]), written))
+                     and _one_row_product(_block(groups[i + 1][0]), results))
             if stage:
                 groups[i + 1] = group + groups[i + 1]
                 used[i + 1] = _buffers(groups[i + 1])
