@@ -29,8 +29,8 @@ from .families import INT32_ELEMENTS, ScheduleFamily, fastest_family, match_fami
 from .families.row_ranges import RangeKernel, dispatch, range_kernels, range_specializations
 from .hardware import H100, Hardware, load_hardware
 from .intrin import register_all
-from .ir import (block_allocations, extent_variables, find_all, fresh_definitions, items, narrow_indices, seq,
-                 specialized, substitute, with_block_body)
+from .ir import (block_allocations, extent_variables, find_all, fresh_definitions, items, narrow_indices, on_host,
+                 seq, specialized, substitute, with_block_body)
 from .learned_ranking import rerank
 from .local_measure import local_builder, local_runner
 from .planners.report import Plan
@@ -536,10 +536,6 @@ def _one_row_first(func: tirx.PrimFunc, scheduled: s_tir.Schedule, target, hw: H
     # the kernels apart behind "more than one row", the root block's declarations (the views of
     # parameters their tensor maps are encoded from) kept where they are; the one-row kernel last
     row_count = extent_variables(rest)[0]
-
-    def on_host(test):
-        return tirx.call_intrin("bool", "tirx.tvm_thread_invariant", test)
-
     root = rest.body.block
     apart = [stmt if isinstance(stmt, (tirx.AllocBuffer, tirx.DeclBuffer, tirx.Bind))
              else tirx.IfThenElse(on_host(row_count > 1), stmt, None) for stmt in items(root.body)]

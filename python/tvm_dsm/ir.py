@@ -350,13 +350,15 @@ def branch_on(var: tirx.Var, kernels: list[tuple[int | None, tirx.PrimFunc]]) ->
     the last, None, takes the rest) behind ``if var <= bound`` tests in that order, tested on
     the host before the launch (the tests are thread-invariant); nothing where ``var`` is 0 (an
     empty batch: a grid of no CTAs is a launch error)."""
-    def on_host(test):
-        return tirx.call_intrin("bool", "tirx.tvm_thread_invariant", test)
-
     body = kernels[-1][1].body
     for bound, kernel in reversed(kernels[:-1]):
         body = tirx.IfThenElse(on_host(var <= bound), kernel.body, body)
     return tirx.IfThenElse(on_host(var > 0), body, None)
+
+
+def on_host(test):
+    """``test`` marked thread-invariant: TVM keeps a branch on it on the host, before launches."""
+    return tirx.call_intrin("bool", "tirx.tvm_thread_invariant", test)
 
 
 def shuffle_xor(value, mask: int):

@@ -123,14 +123,14 @@ def _copied_elements(func: tirx.PrimFunc, blocks: list) -> str | None:
     if len(func.params) != 2 or not all(hasattr(p.ty, "shape") for p in func.params):  # a scalar parameter
         return None
     numel = [functools.reduce(operator.mul, p.ty.shape, 1) for p in func.params]
-    if (len(func.params) != 2 or not all(isinstance(n, tirx.IntImm) for n in numel) or int(numel[1]) < int(numel[0])
+    if (not all(isinstance(n, tirx.IntImm) for n in numel) or int(numel[1]) < int(numel[0])
             or not all(isinstance(s.value, TensorLoad) for b in blocks for s in find_all(b.body, tirx.BufferStore))):
         return None
     return "repeat" if int(numel[1]) > int(numel[0]) else "copy"
 
 
 #: The kinds of the attention's two products.
-PRODUCTS = ("product", "one_row_product")
+_PRODUCTS = ("product", "one_row_product")
 
 
 def _accept(kinds: list[str | None], sources: list[str | None]) -> bool:
@@ -139,16 +139,16 @@ def _accept(kinds: list[str | None], sources: list[str | None]) -> bool:
     products, or, at a decode step (products of one query row), the copies before them where
     those repeat the KV heads (a broadcast for k and one for v). A prefill's repeats stay apart:
     its kernel takes q before k and v, which the copies' grouping would put first."""
-    products = [k for k in kinds if k in PRODUCTS]
+    products = [k for k in kinds if k in _PRODUCTS]
     copies = kinds.count("repeat") + kinds.count("copy")
     heads_repeated = (kinds.count("repeat") == 2 and products == ["one_row_product"] * 2
-                      and set(sources) <= {"repeat", "copy", *PRODUCTS})
+                      and set(sources) <= {"repeat", "copy", *_PRODUCTS})
     return (len(products) == 2 and kinds.count("softmax") == 1
             and kinds.count("elementwise") + copies == len(kinds) - 3
-            and (heads_repeated or set(sources) <= set(PRODUCTS)))
+            and (heads_repeated or set(sources) <= set(_PRODUCTS)))
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.FuseAttention")
 def FuseAttention(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass style
     """Group each spelled-out attention of ``mod`` into one function (see the module docstring)."""
-    return group_calls(mod, COMPOSITE, attention_patterns, _kind, _accept, PRODUCTS)
+    return group_calls(mod, COMPOSITE, attention_patterns, _kind, _accept, _PRODUCTS)

@@ -241,8 +241,8 @@ def run_point(case: ModuleType, func, extra: tuple, folder: Path, info: dict, hb
 
 def _time_cases(cases: list[tuple[str, dict]], libs: Path, out: Path, progress: Path) -> None:
     """Child process: each of ``cases`` (path, build info) timed at each of its points, every row
-    added to ``out`` (read first where a crashed child left rows there) as it is done, and the
-    function about to run written to ``progress`` first."""
+    added to ``out`` (read first where a crashed child left rows there) as it is done; ``progress``
+    names the function running (:data:`RUNNING`), then the one finished (:data:`DONE`)."""
     hbm_bw = measure_hbm_bandwidth()
     if out.exists():
         results = json.loads(out.read_text())
