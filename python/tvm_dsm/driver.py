@@ -518,7 +518,10 @@ def _one_row_first(func: tirx.PrimFunc, scheduled: s_tir.Schedule, target, hw: H
     MLC's batched decode GEMV over 4-bit codes, whose operators apart unpack the weight into a
     tensor and read it back (4 times the codes' bytes, twice), is at one row the packed GEMV
     reading the codes once. ``scheduled`` itself otherwise."""
-    variables = extent_variables(func)
+    try:
+        variables = extent_variables(func)
+    except ClusterError:  # an extent that is an expression of a variable: no row count to branch on
+        return scheduled
     if len(variables) != 1:
         return scheduled
     one_row = specialized(func, variables[0], 1)
