@@ -67,3 +67,31 @@ def test_symbolic_shapes_and_a_models_weights_stay():
         bb.emit_func_output(bb.emit(relax.op.matmul(x, bb.emit(relax.op.permute_dims(w, [1, 0])))))
     mod = bb.get()
     assert "relax.permute_dims" in _ops(FoldConstantTensors(mod))
+
+
+def _rotated(tokens: int, table_rows: int) -> tvm.IRModule:
+    """``x * cos[:tokens][None, None]`` over a RoPE table of ``table_rows`` positions bound as a
+    constant, as torch's importer binds a traced model's non-persistent buffer."""
+    table = np.cos(np.arange(table_rows * 64, dtype=np.float64).reshape(table_rows, 64) / 997).astype("float16")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 4, tokens, 64), "float16"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            part = bb.emit(relax.op.strided_slice(relax.const(table), [0], [0], [tokens]))
+            out = bb.emit_output(relax.op.multiply(x, relax.op.expand_dims(part, [0, 1])))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_a_small_part_of_a_large_table_is_folded_a_large_part_is_not():
+    """RoPE's ``cos[:t]`` of a table past MAX_SOURCE_ELEMENTS is one constant of its t rows (a
+    kernel a call before); a part as large as that is copied where it runs, as a weight is."""
+    table_rows = MAX_SOURCE_ELEMENTS // 64 * 4
+    mod = _rotated(96, table_rows)
+    folded = FoldConstantTensors(mod)
+    assert "relax.strided_slice" not in _ops(folded), _ops(folded)
+    x = np.random.default_rng(0).standard_normal((2, 4, 96, 64)).astype("float16")
+    got, want = (relax.VirtualMachine(tvm.compile(m, target=LLVM), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+                 for m in (folded, mod))
+    np.testing.assert_array_equal(got, want)
+    assert "relax.strided_slice" in _ops(FoldConstantTensors(_rotated(table_rows // 2, table_rows)))

@@ -31,6 +31,10 @@ MAX_FOLDED_ELEMENTS = 1 << 22
 #: Elements of the largest constant a folded tensor is computed from (Swin's bias table, an
 #: index of 49 x 49 positions; not a model's weight matrices).
 MAX_SOURCE_ELEMENTS = 1 << 16
+#: Operators that read a part of a tensor: one of a constant of any size is folded where the part
+#: is no larger than :data:`MAX_SOURCE_ELEMENTS` (a traced model's RoPE table sliced to its
+#: tokens, ``cos[:t]``: a copy kernel a call, of a table the rest of the model never reads).
+_PARTS = ("relax.strided_slice",)
 
 
 def static(ty) -> bool:
@@ -90,14 +94,18 @@ def elements(ty) -> int:
 
 def _foldable(var: relax.Var, value, constant: set) -> bool:
     """Whether ``var`` (bound to ``value``) is a small static tensor computed by an operator
-    from constants alone (``constant``: the variables already known to be)."""
+    from constants alone (``constant``: the variables already known to be): small ones, or a
+    small part of one of any size (:data:`_PARTS`)."""
+    small_part = (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in _PARTS
+                  and static(var.ty) and elements(var.ty) <= MAX_SOURCE_ELEMENTS)
+
     def known(arg) -> bool:
         if isinstance(arg, (tirx.IntImm, tirx.FloatImm, tvm.ir.StringImm)):  # (IntImm is a Constant too)
             return True
         if isinstance(arg, relax.Var):
             return arg in constant
         if isinstance(arg, tvm.ir.Constant):
-            return static(arg.ty) and elements(arg.ty) <= MAX_SOURCE_ELEMENTS
+            return static(arg.ty) and (small_part or elements(arg.ty) <= MAX_SOURCE_ELEMENTS)
         if isinstance(arg, relax.Tuple):
             return all(known(f) for f in arg.fields)
         return isinstance(arg, relax.ShapeExpr) and all(isinstance(x, tirx.IntImm) for x in arg.values)
