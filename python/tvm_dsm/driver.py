@@ -29,8 +29,8 @@ from .families import INT32_ELEMENTS, ScheduleFamily, fastest_family, match_fami
 from .families.row_ranges import RangeKernel, dispatch, range_kernels, range_specializations
 from .hardware import H100, Hardware, load_hardware
 from .intrin import register_all
-from .ir import (block_allocations, extent_variables, find_all, fresh_definitions, items, narrow_indices, on_host,
-                 seq, specialized, substitute, with_block_body)
+from .ir import (block_allocations, declares, extent_variables, find_all, fresh_definitions, items, narrow_indices,
+                 on_host, seq, specialized, substitute, with_block_body)
 from .learned_ranking import rerank
 from .local_measure import local_builder, local_runner
 from .planners.report import Plan
@@ -540,8 +540,8 @@ def _one_row_first(func: tirx.PrimFunc, scheduled: s_tir.Schedule, target, hw: H
     # parameters their tensor maps are encoded from) kept where they are; the one-row kernel last
     row_count = extent_variables(rest)[0]
     root = rest.body.block
-    apart = [stmt if isinstance(stmt, (tirx.AllocBuffer, tirx.DeclBuffer, tirx.Bind))
-             else tirx.IfThenElse(on_host(row_count > 1), stmt, None) for stmt in items(root.body)]
+    apart = [stmt if declares(stmt) else tirx.IfThenElse(on_host(row_count > 1), stmt, None)
+             for stmt in items(root.body)]
     # the kernel's blocks and loops defined afresh: a traced family's keep the function's own
     # variables, which a kernel apart defines too
     at_one = tirx.IfThenElse(on_host(row_count == 1),

@@ -356,6 +356,11 @@ def branch_on(var: tirx.Var, kernels: list[tuple[int | None, tirx.PrimFunc]]) ->
     return tirx.IfThenElse(on_host(var > 0), body, None)
 
 
+def declares(stmt) -> bool:
+    """Whether ``stmt`` only declares (a buffer allocated or viewed, a variable bound): no kernel."""
+    return isinstance(stmt, (tirx.AllocBuffer, tirx.DeclBuffer, tirx.Bind))
+
+
 def on_host(test):
     """``test`` marked thread-invariant: TVM keeps a branch on it on the host, before launches."""
     return tirx.call_intrin("bool", "tirx.tvm_thread_invariant", test)

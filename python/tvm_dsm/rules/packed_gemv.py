@@ -19,9 +19,10 @@ kernel therefore keeps that arithmetic short:
 
 The elementwise blocks that unpack the weight before the product (TE's ``decode`` stages) are
 inlined into it. The output, or an elementwise epilogue reading it at its element (the cast of
-an fp32 sum to fp16, a bias; several elementwise blocks merged into one), takes the columns. A product of several rows keeps the packed weight out
-of this rule (each row would unpack it again): the operands are computed apart
-(:mod:`tvm_dsm.transform.computed_operands`) for the GEMM families.
+an fp32 sum to fp16, a bias; several elementwise blocks merged into one), takes the columns. A
+product of several rows keeps the packed weight out of this rule (each row would unpack it
+again): the operands are computed apart (:mod:`tvm_dsm.transform.computed_operands`) for the
+GEMM families.
 """
 
 from __future__ import annotations
@@ -196,10 +197,12 @@ COLUMNS = (1, 2, 4)
 UNROLLS = (1, 2, 4)
 #: Lanes a row at the most.
 MOST_LANES = 128
-#: The most lanes the default takes first, and the fewest it keeps: the most powers of two up to
-#: 64 (warp shuffles sum them) where 32 or more divide K's loads, else the most other counts up
-#: to 64 where 48 or more do, else the fewest counts above 64.
-PREFERRED_LANES = (64, 32, 48)
+#: The default's lanes: the most powers of two up to PREFERRED_LANES (warp shuffles sum them)
+#: where FEWEST_POWER_LANES or more divide K's loads, else the most other counts up to
+#: PREFERRED_LANES where FEWEST_OTHER_LANES or more do, else the fewest counts above it.
+PREFERRED_LANES = 64
+FEWEST_POWER_LANES = 32
+FEWEST_OTHER_LANES = 48
 
 
 def lane_counts(vectors: int) -> list[int]:
@@ -209,7 +212,8 @@ def lane_counts(vectors: int) -> list[int]:
 
 
 def default_lanes(vectors: int) -> int:
-    """:data:`PREFERRED_LANES`' choice of the lane counts that split ``vectors`` evenly. The
+    """The default's choice (:data:`PREFERRED_LANES`) of the lane counts that split ``vectors``
+    evenly. The
     H100 (303c3e1 -> 4132e0a, ``bench/results/archive/user_functions_h100_s99*.json``): at K =
     3584 (112 vectors) 16 lanes took 14.7 us and 56 lanes 8.2 (dlight 7.3); at K = 18944 (592
     vectors) 16 lanes took 70.0 and 37 lanes 37.2 (dlight 25.6), still too few loads in flight
@@ -218,13 +222,12 @@ def default_lanes(vectors: int) -> int:
     counts = lane_counts(vectors)
     if not counts:
         raise ClusterError(f"a packed GEMV splits K's {vectors} 16-byte loads evenly over 2 to {MOST_LANES} lanes")
-    most, powers, others = PREFERRED_LANES
-    below = [n for n in counts if n <= most]
-    above = [n for n in counts if n > most]
-    power = largest_power_of_two(vectors, most)
-    if power >= powers:
+    below = [n for n in counts if n <= PREFERRED_LANES]
+    above = [n for n in counts if n > PREFERRED_LANES]
+    power = largest_power_of_two(vectors, PREFERRED_LANES)
+    if power >= FEWEST_POWER_LANES:
         return power
-    if below and below[-1] >= others or not above:
+    if below and below[-1] >= FEWEST_OTHER_LANES or not above:
         return below[-1]
     return above[0]
 

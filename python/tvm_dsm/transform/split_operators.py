@@ -205,9 +205,11 @@ def _one_row_product(block: SBlock, operands: list[tirx.Buffer]) -> bool:
 def _operand_stages_joined(groups: list[list[tirx.Stmt]], params: list) -> list[list[tirx.Stmt]]:
     """``groups`` with each run of elementwise nests whose results only the next group reads,
     where that group opens with a one-row product reading them along its reduced axis (a
-    weight unpacked before a decode step's GEMV, in one nest or several), joined to that group: written out, the
-    unpacked weight costs its bytes twice more than the codes it came from (a 3-bit GEMV of
-    4096 x 4096 took 67 us as two kernels, dlight's one kernel over the codes 7.6, H100)."""
+    weight unpacked before a decode step's GEMV, in one nest or several), joined to that group:
+    written out, the unpacked weight costs its bytes twice more than the codes it came from (a
+    3-bit GEMV of 4096 x 4096 took 67 us as two kernels, dlight's one kernel over the codes 7.6,
+    H100)."""
+    groups = list(groups)
     used = [_buffers(g) for g in groups]
     joined: list[list[tirx.Stmt]] = []
     for i, group in enumerate(groups):
@@ -266,15 +268,14 @@ def _input_maps_inlined(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return sch.mod["main"] if changed else func
 
 
-def split_operators(func: tirx.PrimFunc, products_together: bool = False, norms_together: bool = False,
-                    operand_stages_joined: bool = True) -> list[Operator]:
+def split_operators(func: tirx.PrimFunc, products_together: bool = False, norms_together: bool = False
+                    ) -> list[Operator]:
     """``func`` as one function per operator (ClusterError if it is not a sequence of loop nests
     of one block each under its root block, the form TE and Relax legalization produce);
     ``products_together``: a gated layer's two products one operator; ``norms_together``: a
     norm's statistics and normalization one operator, the element-wise maps of its inputs
-    computed where they are read (:func:`_input_maps_inlined`); ``operand_stages_joined``: the
-    unpacking of a one-row product's operand in the product's operator
-    (:func:`_operand_stages_joined`)."""
+    computed where they are read (:func:`_input_maps_inlined`). The unpacking of a one-row
+    product's operand is in the product's operator (:func:`_operand_stages_joined`)."""
     if not isinstance(func.body, SBlockRealize):
         raise ClusterError("splitting into operators needs an s_tir function (one root block)")
     if norms_together:
@@ -286,8 +287,7 @@ def split_operators(func: tirx.PrimFunc, products_together: bool = False, norms_
               for part in ([group] if _is_norm(group) else _one_output_each(group, params))]
     if products_together:
         groups = _combined_products(groups, params)
-    if operand_stages_joined:
-        groups = _operand_stages_joined(groups, params)
+    groups = _operand_stages_joined(groups, params)
     used = [_buffers(g) for g in groups]
     operators = []
     for i, (nests_i, (read, written)) in enumerate(zip(groups, used)):

@@ -65,7 +65,8 @@ from tvm.script import tirx as T
 
 from ..errors import ClusterError
 from ..hardware import Hardware
-from ..ir import IF_THEN_ELSE, find_all, is_zero, items, replace_node, seq, substitute, tree_reduce, with_block_body
+from ..ir import (IF_THEN_ELSE, declares, find_all, is_zero, items, replace_node, seq, substitute, tree_reduce,
+                  with_block_body)
 from .buffers import element_bytes, element_offset
 from .programmatic_launch import L2_PREFETCH_KEY, launched_programmatically, read_only_params
 from ..annotations import EARLY_COPY_KEY
@@ -630,7 +631,7 @@ def _threads(body, loop: tirx.For) -> list:
 
 def _global_declaration(stmt) -> bool:
     """Whether ``stmt`` allocates or declares a global buffer (a workspace, a view of a parameter)."""
-    return isinstance(stmt, (tirx.AllocBuffer, tirx.DeclBuffer)) and str(stmt.buffer.ty.storage_scope) == "global"
+    return declares(stmt) and not isinstance(stmt, tirx.Bind) and str(stmt.buffer.ty.storage_scope) == "global"
 
 
 def _views_before_kernels(stmts: list, loops: list) -> int:
@@ -660,7 +661,7 @@ def lower_tma_pipeline(func: tirx.PrimFunc, hw: Hardware) -> tirx.PrimFunc:
     # shapes use) and then hold its root block.
     stmts = items(func.body)
     decls, body = stmts[:-1], stmts[-1]
-    if not all(isinstance(d, (tirx.AllocBuffer, tirx.DeclBuffer, tirx.Bind)) for d in decls):
+    if not all(declares(d) for d in decls):
         decls, body = [], func.body
     sources = list(func.params) + [d.buffer for d in decls if _global_declaration(d)]
     views = 0  # the root block's leading statements up to its last view of a parameter
