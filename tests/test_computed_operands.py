@@ -4,6 +4,7 @@ fallback for the whole function (10 ms on the H200 where torch takes 0.1 ms)."""
 
 from __future__ import annotations
 
+import re
 import numpy as np
 import pytest
 import tvm
@@ -64,14 +65,61 @@ def test_a_w8a16_layer_builds_a_dequantization_and_a_tensor_core_gemm():
     assert "wgmma" in source
 
 
+def _gpu_error(func, arrays, reference) -> float:
+    """``func`` built by tvm-dsm and run on the GPU over ``arrays``: its fp16 output's relative
+    error from ``reference`` (float64)."""
+    dev = tvm.cuda(0)
+    out = tvm.runtime.tensor(np.full(reference.shape, np.nan, np.float16), dev)
+    tvm_dsm.build(func, TARGET)(*(tvm.runtime.tensor(a, dev) for a in arrays), out)
+    return np.linalg.norm(out.numpy() - reference) / np.linalg.norm(reference)
+
+
 @pytest.mark.gpu
 def test_gpu_a_w8a16_layer_matches_float64():
     arrays = _inputs(np.random.default_rng(1), 100, 512, 384)
-    dev = tvm.cuda(0)
-    out = tvm.runtime.tensor(np.full((100, 384), np.nan, np.float16), dev)
-    tvm_dsm.build(_w8a16(100, 512, 384), TARGET)(*(tvm.runtime.tensor(a, dev) for a in arrays), out)
-    ref = _reference(*arrays)
-    assert np.linalg.norm(out.numpy() - ref) / np.linalg.norm(ref) < 2e-3
+    assert _gpu_error(_w8a16(100, 512, 384), arrays, _reference(*arrays)) < 2e-3
+
+
+def _w8a8_kn(m: int, k: int, n: int):
+    """SmoothQuant's W8A8 layer with its weight stored ``[K, N]`` (``x @ W``): an int32 product
+    of int8 operands, scaled per token and per channel into fp16."""
+    x, w = te.placeholder((m, k), "int8", name="x"), te.placeholder((k, n), "int8", name="w")
+    sx, sw = te.placeholder((m, 1), "float32", name="sx"), te.placeholder((n,), "float32", name="sw")
+    r = te.reduce_axis((0, k), name="r")
+    acc = te.compute((m, n), lambda i, j: te.sum(x[i, r].astype("int32") * w[r, j].astype("int32"), axis=r), name="acc")
+    return te.create_prim_func([x, w, sx, sw, te.compute(
+        (m, n), lambda i, j: (acc[i, j].astype("float32") * sx[i, 0] * sw[j]).astype("float16"), name="o")])
+
+
+def _w8a8_inputs(rng, m, k, n):
+    return [rng.integers(-127, 128, (m, k)).astype(np.int8), rng.integers(-127, 128, (k, n)).astype(np.int8),
+            rng.uniform(0.5, 1.5, (m, 1)).astype(np.float32) / 127, rng.uniform(0.5, 1.5, n).astype(np.float32) / 127]
+
+
+def _w8a8_reference(x, w, sx, sw):
+    return (x.astype(np.float64) @ w.astype(np.float64)) * sx * sw
+
+
+def test_an_int8_weight_stored_k_by_n_is_copied_transposed_with_the_same_numbers():
+    func = _w8a8_kn(9, 64, 24)
+    apart = operands_apart(func)
+    assert apart is not None
+    arrays = _w8a8_inputs(np.random.default_rng(2), 9, 64, 24)
+    np.testing.assert_array_equal(_run_llvm(apart, arrays, (9, 24)), _run_llvm(func, arrays, (9, 24)))
+    copy = [b for b in tvm_dsm.ir.find_all(apart.body, tvm.s_tir.SBlock) if b.name_hint.endswith("_operand")]
+    assert [list(b.writes[0].source.ty.shape) for b in copy] == [[24, 64]]  # [N, K]
+
+
+def test_an_int8_layer_over_a_k_by_n_weight_builds_a_transpose_and_a_tensor_core_gemm():
+    source = tvm_dsm.build(_w8a8_kn(256, 1024, 512), TARGET).mod.imports[0].inspect_source()
+    kernels = set(re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)", source))
+    assert len(kernels) == 2 and "mma" in source and "w_shared" in source  # the copy tiled through shared memory
+
+
+@pytest.mark.gpu
+def test_gpu_an_int8_layer_over_a_k_by_n_weight_matches_float64():
+    arrays = _w8a8_inputs(np.random.default_rng(3), 100, 512, 384)
+    assert _gpu_error(_w8a8_kn(100, 512, 384), arrays, _w8a8_reference(*arrays)) < 2e-3
 
 
 def _masked_operand(m: int, k: int, n: int):

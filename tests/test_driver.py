@@ -462,6 +462,28 @@ def test_functions_the_families_refuse_and_dlight_fails_on_still_build(make):
     assert "__global__" in lib.mod.imports[0].inspect_source()
 
 
+def _patch_embedding():
+    """ViT's patch embedding as TOPI writes it: a convolution whose stride is its kernel, its
+    bias, a cast, then the image's pixels flattened into tokens (reshape, transpose)."""
+    x = te.placeholder((2, 3, 64, 64), "float16", name="img")
+    w = te.placeholder((96, 3, 16, 16), "float16", name="w")
+    b = te.placeholder((96,), "float16", name="b")
+    y = topi.nn.conv2d_nchw(x, w, stride=16, padding=0, dilation=1, out_dtype="float32")
+    y = topi.cast(topi.add(y, topi.reshape(topi.cast(b, "float32"), (1, 96, 1, 1))), "float16")
+    return te.create_prim_func([x, w, b, topi.transpose(topi.reshape(y, (2, 96, 16)), (0, 2, 1))])
+
+
+def test_a_product_no_family_takes_keeps_dlights_whole_schedule_and_its_fused_operators(caplog):
+    """Its one product taken by no family, the function is dlight's whole: apart, its
+    operators would only be more kernels (the padding copy, the bias, the transpose)."""
+    func = _patch_embedding()
+    with caplog.at_level(logging.INFO, logger="tvm_dsm.driver"):
+        ours = tvm_dsm.build(func).mod.imports[0].inspect_source()
+    stock = tvm.compile(tvm_dsm.driver.stock_schedule(func).mod, target=tvm_dsm.driver.H100)
+    assert "one operator at a time" not in caplog.text
+    assert ours.count("__global__") == stock.mod.imports[0].inspect_source().count("__global__")
+
+
 def test_an_intermediate_allocated_outside_the_blocks_is_the_root_blocks():
     """``T.alloc_buffer`` outside a block (a statement, which s_tir's primitives take for an
     output) is allocated by the root block, as ``T.sblock_alloc_buffer`` writes it: the row GEMV

@@ -78,19 +78,19 @@ def test_a_build_records_the_forms_and_fallbacks_the_driver_took(tmp_path):
 
 def _rows_crashing_on(cases, libs, out, progress):
     """A stand-in for the timing child: a row a case, the process killed at the case named
-    "crashes" (as a segfault in a module's host code kills it), and on exit after the case named
-    "crashes_on_exit"."""
+    "crashes" (as a segfault in a module's host code kills it), at "peer_crashes" unless it times
+    tvm-dsm's module alone, and on exit after the case named "crashes_on_exit"."""
     import json
     import signal
 
-    from tvm_dsm.gpu.user_functions import DONE, RUNNING
+    from tvm_dsm.gpu.user_functions import DONE, OURS_ALONE, RUNNING
 
     results = json.loads(out.read_text()) if out.exists() else {"rows": []}
     for path, info in cases:
         progress.write_text(RUNNING + path)
-        if info["name"] == "crashes":
+        if info["name"] == "crashes" or (info["name"] == "peer_crashes" and not info.get(OURS_ALONE)):
             os.kill(os.getpid(), signal.SIGSEGV)
-        results["rows"].append({"name": info["name"], "ok": True})
+        results["rows"].append({"name": info["name"], "ok": True, "alone": bool(info.get(OURS_ALONE))})
         out.write_text(json.dumps(results))
         progress.write_text(DONE + path)
         if info["name"] == "crashes_on_exit":
@@ -101,6 +101,7 @@ def _rows_crashing_on(cases, libs, out, progress):
     (["a", "crashes", "b"], [("a", True), ("crashes", False), ("b", True)]),
     (["a", "crashes_on_exit"], [("a", True), ("crashes_on_exit", True)]),
     (["crashes_on_exit", "b"], [("crashes_on_exit", True), ("b", True)]),
+    (["a", "peer_crashes", "b"], [("a", True), ("peer_crashes", True), ("b", True)]),
 ])
 def test_a_function_that_kills_the_timing_process_costs_its_own_row_only(tmp_path, names, rows):
     pytest.importorskip("torch")
@@ -114,6 +115,7 @@ def test_a_function_that_kills_the_timing_process_costs_its_own_row_only(tmp_pat
     got = json.loads(out.read_text())["rows"]
     assert [(r["name"], r["ok"]) for r in got] == rows
     assert all("the timing process died (exit code -11)" in r["errors"]["harness"] for r in got if not r["ok"])
+    assert [r["name"] for r in got if r.get("alone")] == [n for n in names if n == "peer_crashes"]
 
 
 def _dies_at_start(cases, libs, out, progress):

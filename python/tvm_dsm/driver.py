@@ -589,7 +589,8 @@ def _fallback_apart(func: tirx.PrimFunc, target, reason: ClusterError,
     func = narrow_indices(func) if extent_variables(func) else func
     operators = _operators(func)
     per_operator_error = None
-    if families and len(operators) >= 2 and any(op.matmul for op in operators):
+    if families and len(operators) >= 2 and any(op.matmul for op in operators) \
+            and not _stock_whole_first(operators, target, hw):
         # dlight has no rule for a matmul followed by more than element-wise work: what it makes
         # of two matmuls, or of a matmul and a reduction of its rows, is a few CTAs (an M = 1
         # SwiGLU chain: 26 ms where its operators take 40 us; at N = 28672 more shared memory
@@ -617,6 +618,27 @@ def _fallback_apart(func: tirx.PrimFunc, target, reason: ClusterError,
     return _per_operator(func, operators, target, hw, families)
 
 
+def _stock_whole_first(operators: list, target, hw: Hardware | None) -> bool:
+    """Whether dlight's schedule of the whole function comes before one schedule per operator:
+    where its one reduction is a product no family takes alone, scheduling it apart only adds
+    the kernels dlight would have fused into the product's (ViT's patch embedding, a strided
+    convolution with its bias, cast and transpose: 155 us operator by operator, 48 whole; H100,
+    ``bench/user_functions`` 203)."""
+    reducing = [op for op in operators if op.reduces]
+    if len(reducing) != 1 or not reducing[0].matmul or extent_variables(reducing[0].func):
+        return False
+    product = reducing[0].func
+    for form in (product, *(t(product) for t in _MATRIX_FORMS)):
+        if form is None:
+            continue
+        try:
+            plan(form if form is product else form.func, hw, target)
+            return False
+        except ClusterError:
+            continue
+    return True
+
+
 def _narrowed_from_int64(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` indexed in int32 where it indexes in int64 over static extents (Relax's
     legalization) and every tensor it holds, parameter or not, fits int32 indices; else as it
@@ -633,6 +655,12 @@ def _narrowed_from_int64(func: tirx.PrimFunc) -> tirx.PrimFunc:
         return func
 
 
+#: The forms :func:`_as_matrices` tries a function in, and what each does to it.
+_MATRIX_FORMS = {rows_as_matrix: "its tensors' leading axes merged into rows",
+                 columns_as_one: "its reductions' trailing axes merged into one",
+                 heads_apart: "its merged head axes split into heads and the head dim"}
+
+
 def _as_matrices(func: tirx.PrimFunc, target, hw: Hardware | None, families: bool = True) -> s_tir.Schedule | None:
     """``func`` scheduled by a family (without ``families``: by dlight, which may take the
     matrices where it fails on the tensors) over matrices, its tensors' leading row axes merged
@@ -640,10 +668,7 @@ def _as_matrices(func: tirx.PrimFunc, target, hw: Hardware | None, families: boo
     (:mod:`tvm_dsm.transform.columns_as_one`) or its merged head axes split
     (:mod:`tvm_dsm.transform.merged_heads`), called with its own tensors: the first of these
     forms that is taken; None where it has none or nothing takes them."""
-    forms = [(rows_as_matrix, "its tensors' leading axes merged into rows")]
-    if families:
-        forms += [(columns_as_one, "its reductions' trailing axes merged into one"),
-                  (heads_apart, "its merged head axes split into heads and the head dim")]
+    forms = list(_MATRIX_FORMS.items()) if families else [(rows_as_matrix, _MATRIX_FORMS[rows_as_matrix])]
     for transform, how in forms:
         matrices = transform(func)
         if matrices is None:

@@ -37,6 +37,7 @@ from .families.packed_gemv import PackedGemvFamily
 from .families.per_thread_math import PerThreadMath
 from .families.row_gemv import RowGemvFamily
 from .families.simt_gemm import SimtGemm
+from .families.strided_rows import StridedRows
 from .hardware import DATA, Hardware
 from .planners.report import Plan
 
@@ -47,7 +48,7 @@ from .planners.report import Plan
 #: model fitted on the committed measurements).
 FAMILY_NAMES = tuple(f.name for f in FAMILIES if f.name not in (
     Elementwise.name, PerThreadMath.name, RowGemvFamily.name, PackedGemvFamily.name, ColumnGemvFamily.name,
-    SimtGemm.name))
+    SimtGemm.name, StridedRows.name))
 #: Configuration knobs, by the names the families' configurations use (attributes or properties).
 KNOBS = ("cluster_size", "ranks", "block_m", "block_n", "block_k", "block_j", "warps", "warps_m", "warps_n",
          "warpgroups", "row_blocks", "rows_per_cluster", "rows_per_cta", "rows_per_thread",

@@ -38,6 +38,7 @@ from .simt_gemm import SimtGemm
 from .softmax_gemm import SoftmaxGemm
 from .split_k_gemm import SplitKGemm
 from .split_k_reduction import SplitKReduction
+from .strided_rows import StridedRows
 from .top_k_rows import TopKRows
 
 #: Elements a tensor of a tvm-dsm kernel holds fewer of: the kernels index in int32, so a
@@ -46,14 +47,15 @@ from .top_k_rows import TopKRows
 #: (:func:`row_ranges.int32_extent_check`).
 INT32_ELEMENTS = 2 ** 31
 #: Most specific first: one row of a matmul before the GEMMs; a cascade's own kernel (attention,
-#: decode attention, softmax·V, top-k rows, row norms) before the fused rows that take any
-#: cascade; elementwise functions last (those whose math is computed once per thread before
-#: those that stream in vectors).
+#: decode attention, softmax·V, top-k rows, row norms, strided rows) before the fused rows that
+#: take any cascade; elementwise functions last (those whose math is computed once per thread
+#: before those that stream in vectors).
 FAMILIES: tuple[ScheduleFamily, ...] = (ConvChain(), GemmChain(), GemmRowMax(), RowGemvFamily(), PackedGemvFamily(),
                                         ColumnGemvFamily(),
                                         SplitKGemm(),
                                         SimtGemm(), Attention(), DecodeAttention(), SoftmaxGemm(), TopKRows(),
-                                        RowNorm(), FusedCascade(), SplitKReduction(), PerThreadMath(), Elementwise())
+                                        RowNorm(), StridedRows(), FusedCascade(), SplitKReduction(), PerThreadMath(),
+                                        Elementwise())
 
 
 

@@ -6,20 +6,24 @@ family takes and whose only stock schedule is dlight's fallback (10 ms on the H2
 256 x 18944 x 3584 layer, where torch takes 0.1 ms). :func:`operands_apart` computes such an
 operand into a tensor first (``W[j, k] = w[j, k] * scale[j]`` in the operand's own type), and
 the product reads that tensor: two operators, an element-wise kernel and a GEMM, the same
-numbers (the operand is rounded where the function rounds it). A product of one row is left as
-written: dlight's GEMV reads the quantized weight once, which writing it out would multiply.
+numbers (the operand is rounded where the function rounds it). An 8-bit operand read along
+the reduced axis on its rows (an int8 weight stored ``[K, N]``, ``x @ W``) is copied transposed
+the same way: the 8-bit tensor-core products read both operands K-major. A product of one row
+is left as written: dlight's GEMV reads the quantized weight once, which writing it out would
+multiply.
 """
 
 from __future__ import annotations
 
 import math
 
+import tvm
 from tvm import tirx
 from tvm.ir import TensorLoad
 from tvm.s_tir import SBlock
 from tvm.tirx.analysis import undefined_vars
 
-from ..ir import element_nest, loads, point_region, replace_node, rewrite_nests, substitute, with_block_fields
+from ..ir import element_nest, loads, point_region, replace_node, rewrite_nests, substitute, uses, with_block_fields
 
 
 def _computed(factor, block: SBlock):
@@ -31,7 +35,7 @@ def _computed(factor, block: SBlock):
     while isinstance(operand, tirx.Cast):
         operand = operand.value
     found = loads(operand)
-    if not found or (len(found) == 1 and isinstance(operand, TensorLoad)):
+    if not found or (len(found) == 1 and isinstance(operand, TensorLoad) and not _transposed_bytes(operand, block)):
         return None
     if any(ld.source.same_as(w.source) for ld in found for w in block.writes):
         return None
@@ -51,6 +55,16 @@ def _computed(factor, block: SBlock):
     if not all(isinstance(e, tirx.IntImm) for e in rows) or math.prod(e.value for e in rows) < 2:
         return None  # one row (or a symbolic count, one at decode): dlight's GEMV reads the weight once as it is
     return operand, axes
+
+
+def _transposed_bytes(load: TensorLoad, block: SBlock) -> bool:
+    """Whether ``load`` reads a matrix of 1-byte elements along the reduced axis on its rows
+    (an int8 or fp8 weight stored ``[K, N]``), which the tensor cores' 8-bit products cannot
+    take: they read both operands K-major (no transposing ``ldmatrix``, no MN-major 8-bit
+    ``wgmma``)."""
+    reduced = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+    return (tvm.DataType(str(load.ty)).bits == 8 and len(load.indices) == 2
+            and any(load.indices[0].same_as(v) for v in reduced) and not any(uses(load.indices[1], v) for v in reduced))
 
 
 def operands_apart(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
