@@ -13,6 +13,7 @@ from tvm import te, topi
 
 import tvm_dsm
 from tvm_dsm.errors import ClusterError
+from tvm_dsm.families.fused_cascade import FusedCascade
 from conftest import LLVM, TARGET
 from tvm_dsm.fusion.cascade import find_cascades
 from tvm_dsm.transform import FuseCascadedReductions, fuse_cascaded_reductions
@@ -604,3 +605,27 @@ def test_gpu_a_soft_cross_entropy_of_a_symbolic_row_count_matches_float64(rows):
     lse = np.log(np.exp(x64 - x64.max(-1, keepdims=True)).sum(-1)) + x64.max(-1)
     want = (t64 * (lse[:, None] - x64)).sum(-1)
     assert np.linalg.norm(out.numpy() - want) / np.linalg.norm(want) < 1e-5
+
+
+def _latent_decode(b=2, h=4, keys=40, latent=24, rope=8):
+    """MLA's decode with absorbed weights: the scores over the cache's ``latent + rope`` columns,
+    the values its first ``latent`` columns (one tensor read two ways)."""
+    q = te.placeholder((b, h, latent + rope), "float16", name="q")
+    cache = te.placeholder((b, keys, latent + rope), "float16", name="cache")
+    d, j = te.reduce_axis((0, latent + rope), name="d"), te.reduce_axis((0, keys), name="j")
+    scores = te.compute((b, h, keys), lambda n, i, t: te.sum(
+        q[n, i, d].astype("float32") * cache[n, t, d].astype("float32"), axis=d), name="scores")
+    p = topi.nn.softmax(scores, axis=-1)
+    out = te.compute((b, h, latent), lambda n, i, c: te.sum(p[n, i, j] * cache[n, j, c].astype("float32"), axis=j),
+                     name="out")
+    return te.create_prim_func([q, cache, out])
+
+
+def test_a_tensor_read_as_a_lanes_slice_and_another_way_is_refused_by_name():
+    """The slice's registers would stand for the values' loads too (a wrong result, found on
+    DeepSeek's absorbed MLA decode): the rewrite and the family refuse it, naming the tensor."""
+    func = _latent_decode()
+    fused, reports = fuse_cascaded_reductions(func)
+    assert fused.same_as(func) and "cache is read as a lane's slice and another way" in reports[0].reason
+    with pytest.raises(ClusterError, match="cache is read as a lane's slice and another way"):
+        FusedCascade().recognize(func)

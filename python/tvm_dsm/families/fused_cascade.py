@@ -13,6 +13,7 @@ from tvm.tirx.buffer import BufferType
 
 from ..errors import ClusterError
 from ..fusion.cascade import analyze, element_producers, find_cascades, inline_elementwise, refuse_approximate
+from ..fusion.fused_block import producer_slices, read_another_way
 from ..hardware import Hardware
 from ..ir import find_all, loads, uses
 from ..planners.cascade_split import CascadeSplit, plan_cascade_split, schedule_cascade, stock_reduction_takes
@@ -107,7 +108,13 @@ class FusedCascade(ScheduleFamily):
         if refused:
             raise ClusterError("; ".join(refused))
         levels = [lvl for group, _ in groups for lvl in group]
+        inlined = inline_elementwise(func)
         for group, _ in groups:
+            producers = element_producers(inlined, group)
+            problem = read_another_way(producer_slices(producers),
+                                       [lvl.value for lvl in group] + [p.value for p in producers.values()])
+            if problem:
+                raise ClusterError(f"the fused rows do not take it: {problem}")
             rows = len(group[0].spatial)  # a level's axes past the rows are its own output's
             strided = next((found for lvl in group if (found := _read_across_rows(lvl, lvl.spatial[:rows]))), None)
             if strided:
@@ -115,7 +122,7 @@ class FusedCascade(ScheduleFamily):
                                    "elements lie a row apart (a GEMV over W [K, N]), which the fused rows read "
                                    "a sector per element")
         results = [buf for lvl in levels for buf in lvl.results]
-        sch = s_tir.Schedule(inline_elementwise(func))
+        sch = s_tir.Schedule(inlined)
         for rv in sch.get_child_blocks(sch.get_sblock("root")):
             block = sch.get(rv)
             if block.name_hint in {lvl.block for lvl in levels}:

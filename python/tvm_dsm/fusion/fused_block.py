@@ -32,9 +32,28 @@ from ..ir import loads, substitute, uses
 from .cascade import Level, LoadSymbols
 from .level_rules import dep_symbols, level_rule, state_index
 from .slice_ring import SliceRing, slice_piece
-from .symbolic import ToSympy
+from .symbolic import ToSympy, Unsupported
 from . import top_k_keys
 from ..annotations import RANKS_ATTR, ROWS_PER_CTA_ATTR
+
+
+def read_another_way(sliced: list, values: list) -> str | None:
+    """Which buffer a lane's slice reads (``sliced``: those loads) ``values`` also read another
+    way, if any: the slice's registers stand for every load of the buffer (an MLA cache whose
+    first columns are also the values; the query and key rows of one tensor)."""
+    for load in sliced:
+        for other in (ld for value in values for ld in loads(value) if ld.source.same_as(load.source)):
+            if len(other.indices) != len(load.indices) or not all(
+                    a.same_as(b) for a, b in zip(other.indices, load.indices)):
+                return (f"{load.source.name} is read as a lane's slice and another way "
+                        f"({list(load.indices)} and {list(other.indices)})")
+    return None
+
+
+def producer_slices(producers: dict) -> list:
+    """The loads of the element producers along their inner axis (the query and key rows of a
+    dot product): what a lane's slice reads of them."""
+    return [load for prod in producers.values() for load in loads(prod.value) if load.indices[-1].same_as(prod.reduce_var)]
 
 
 class FusedBlock:
@@ -71,6 +90,15 @@ class FusedBlock:
         self.read_by_others = {d for lvl in group for d in lvl.deps}
         self.name = "fused_" + "_".join(lvl.block for lvl in group)
         self.keys: dict = {}  # during a scan: top-k level -> (its packed keys, the 16-bit value)
+        self._check_slices()
+
+    def _check_slices(self) -> None:
+        """Unsupported where a buffer a lane's slice reads is also read another way
+        (:func:`read_another_way`)."""
+        values = [lvl.value for lvl in self.group] + [p.value for p in self.producers.values()]
+        problem = read_another_way([load for load, *_ in self._sliced_loads()], values)
+        if problem:
+            raise Unsupported(problem)
 
     def build(self) -> tirx.Stmt:
         with IRBuilder() as ib:
