@@ -53,7 +53,8 @@ def read_another_way(sliced: list, values: list) -> str | None:
 def producer_slices(producers: dict) -> list:
     """The loads of the element producers along their inner axis (the query and key rows of a
     dot product): what a lane's slice reads of them."""
-    return [load for prod in producers.values() for load in loads(prod.value) if load.indices[-1].same_as(prod.reduce_var)]
+    return [load for prod in producers.values() for load in loads(prod.value)
+            if load.indices[-1].same_as(prod.reduce_var)]
 
 
 class FusedBlock:

@@ -150,7 +150,8 @@ def find_strided_rows(func: tirx.PrimFunc) -> StridedRows:
     for b in blocks:
         spatial = [iv.var for iv in b.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
         store = _store(b)
-        for indices, name in [(store.indices, store.buffer.name), *((ld.indices, ld.source.name) for ld in loads(store.value))]:
+        accesses = [(store.indices, store.buffer.name), *((ld.indices, ld.source.name) for ld in loads(store.value))]
+        for indices, name in accesses:
             last = indices[-1] if len(indices) >= 2 else None
             if last is not None and (_index_of(spatial, last) is None or (axis is not None and last.same_as(axis))):
                 raise ClusterError(f"strided rows: {b.name_hint} accesses {name} along an innermost axis the points "
