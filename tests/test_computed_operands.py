@@ -43,14 +43,20 @@ def _run_llvm(func, arrays, out_shape):
     return out.numpy()
 
 
-def test_the_operand_computed_first_gives_the_same_numbers():
-    func = _w8a16(33, 64, 48)
+def _apart_with_the_same_numbers(func, arrays, out_shape):
+    """``operands_apart(func)``, checked to exist and to compute ``func``'s output bit for bit
+    on llvm over ``arrays``; with that output."""
     apart = operands_apart(func)
     assert apart is not None
+    out = _run_llvm(apart, arrays, out_shape)
+    np.testing.assert_array_equal(out, _run_llvm(func, arrays, out_shape))
+    return apart, out
+
+
+def test_the_operand_computed_first_gives_the_same_numbers():
     arrays = _inputs(np.random.default_rng(0), 33, 64, 48)
-    np.testing.assert_array_equal(_run_llvm(apart, arrays, (33, 48)), _run_llvm(func, arrays, (33, 48)))
-    err = np.linalg.norm(_run_llvm(apart, arrays, (33, 48)) - _reference(*arrays)) / np.linalg.norm(_reference(*arrays))
-    assert err < 2e-3
+    _, out = _apart_with_the_same_numbers(_w8a16(33, 64, 48), arrays, (33, 48))
+    assert np.linalg.norm(out - _reference(*arrays)) / np.linalg.norm(_reference(*arrays)) < 2e-3
 
 
 def test_products_of_plain_loads_are_left_as_written():
@@ -101,11 +107,8 @@ def _w8a8_reference(x, w, sx, sw):
 
 
 def test_an_int8_weight_stored_k_by_n_is_copied_transposed_with_the_same_numbers():
-    func = _w8a8_kn(9, 64, 24)
-    apart = operands_apart(func)
-    assert apart is not None
     arrays = _w8a8_inputs(np.random.default_rng(2), 9, 64, 24)
-    np.testing.assert_array_equal(_run_llvm(apart, arrays, (9, 24)), _run_llvm(func, arrays, (9, 24)))
+    apart, _ = _apart_with_the_same_numbers(_w8a8_kn(9, 64, 24), arrays, (9, 24))
     copy = [b for b in tvm_dsm.ir.find_all(apart.body, tvm.s_tir.SBlock) if b.name_hint.endswith("_operand")]
     assert [list(b.writes[0].source.ty.shape) for b in copy] == [[24, 64]]  # [N, K]
 

@@ -628,11 +628,9 @@ def _stock_whole_first(operators: list, target, hw: Hardware | None) -> bool:
     if len(reducing) != 1 or not reducing[0].matmul or extent_variables(reducing[0].func):
         return False
     product = reducing[0].func
-    for form in (product, *(t(product) for t in _MATRIX_FORMS)):
-        if form is None:
-            continue
+    for form in [product, *(m.func for t in _MATRIX_FORMS if (m := t(product)) is not None)]:
         try:
-            plan(form if form is product else form.func, hw, target)
+            plan(form, hw, target)
             return False
         except ClusterError:
             continue

@@ -111,8 +111,7 @@ class FusedCascade(ScheduleFamily):
         inlined = inline_elementwise(func)
         for group, _ in groups:
             producers = element_producers(inlined, group)
-            problem = read_another_way(producer_slices(producers),
-                                       [lvl.value for lvl in group] + [p.value for p in producers.values()])
+            problem = read_another_way(producer_slices(producers), group, producers)
             if problem:
                 raise ClusterError(f"the fused rows do not take it: {problem}")
             rows = len(group[0].spatial)  # a level's axes past the rows are its own output's

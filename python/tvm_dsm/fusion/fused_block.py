@@ -37,10 +37,12 @@ from . import top_k_keys
 from ..annotations import RANKS_ATTR, ROWS_PER_CTA_ATTR
 
 
-def read_another_way(sliced: list, values: list) -> str | None:
-    """Which buffer a lane's slice reads (``sliced``: those loads) ``values`` also read another
-    way, if any: the slice's registers stand for every load of the buffer (an MLA cache whose
-    first columns are also the values; the query and key rows of one tensor)."""
+def read_another_way(sliced: list, group: list[Level], producers: dict) -> str | None:
+    """Which buffer a lane's slice reads (``sliced``: those loads) the cascade's levels
+    (``group``) or element ``producers`` also read another way, if any: the slice's registers
+    stand for every load of the buffer (an MLA cache whose first columns are also the values;
+    the query and key rows of one tensor)."""
+    values = [lvl.value for lvl in group] + [p.value for p in producers.values()]
     for load in sliced:
         for other in (ld for value in values for ld in loads(value) if ld.source.same_as(load.source)):
             if len(other.indices) != len(load.indices) or not all(
@@ -96,8 +98,7 @@ class FusedBlock:
     def _check_slices(self) -> None:
         """Unsupported where a buffer a lane's slice reads is also read another way
         (:func:`read_another_way`)."""
-        values = [lvl.value for lvl in self.group] + [p.value for p in self.producers.values()]
-        problem = read_another_way([load for load, *_ in self._sliced_loads()], values)
+        problem = read_another_way([load for load, *_ in self._sliced_loads()], self.group, self.producers)
         if problem:
             raise Unsupported(problem)
 

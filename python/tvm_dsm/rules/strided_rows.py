@@ -160,8 +160,9 @@ def find_strided_rows(func: tirx.PrimFunc) -> StridedRows:
     readers = {}  # a parameter read along the reduced axis: the blocks reading it
     for b in blocks:
         for ld in loads(_store(b).value):
-            if any(ld.source.same_as(source) for source, _ in along) and _index_of(params, ld.source) is not None:
-                readers.setdefault(_index_of(params, ld.source), set()).add(b.name_hint)
+            n = _index_of(params, ld.source)
+            if n is not None and any(ld.source.same_as(source) for source, _ in along):
+                readers.setdefault(n, set()).add(b.name_hint)
     held = tuple(params[n] for n, names in readers.items() if len(names) > 1)
     return StridedRows(func, output.name_hint, axis, row, out_elements // (row if axis is not None else 1), held)
 
@@ -191,15 +192,12 @@ def schedule_strided_rows(found: StridedRows, config: StridedRowsConfig) -> s_ti
         sch.compute_at(b, tx)
         sch.set_scope(b, 0, "local")
     inside = [*others, output]
-    if config.held and found.held:
-        readers = [b for b in inside if any(ld.source.same_as(t) for t in found.held for ld in loads(sch.get(b).body))]
-        for tensor in found.held:
-            reader = next(b for b in readers if any(ld.source.same_as(tensor) for ld in loads(sch.get(b).body)))
-            index = next(n for n, r in enumerate(sch.get(reader).reads) if r.source.same_as(tensor))
-            users = [b for b in readers if any(ld.source.same_as(tensor) for ld in loads(sch.get(b).body))]
-            cache = sch.cache_read(reader, index, "local", consumer_blocks=users)
-            sch.compute_at(cache, tx)
-            inside.append(cache)
+    for tensor in found.held if config.held else ():
+        users = [b for b in inside if any(ld.source.same_as(tensor) for ld in loads(sch.get(b).body))]
+        index = next(n for n, r in enumerate(sch.get(users[0]).reads) if r.source.same_as(tensor))
+        cache = sch.cache_read(users[0], index, "local", consumer_blocks=users)
+        sch.compute_at(cache, tx)
+        inside.append(cache)
     for b in inside:
         for lp in sch.get_loops(b)[2:]:
             sch.unroll(lp)
