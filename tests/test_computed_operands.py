@@ -125,6 +125,40 @@ def test_gpu_an_int8_layer_over_a_k_by_n_weight_matches_float64():
     assert _gpu_error(_w8a8_kn(100, 512, 384), arrays, _w8a8_reference(*arrays)) < 2e-3
 
 
+def _weight_gradient(m: int, n: int, k: int):
+    """A linear layer's weight gradient ``dW = dy^T @ x``: both operands read along the tokens
+    on their rows, the first one ``[M, N]`` where the tensor cores need it ``[N, M]``."""
+    dy, x = te.placeholder((m, n), "float16", name="dy"), te.placeholder((m, k), "float16", name="x")
+    t = te.reduce_axis((0, m), name="t")
+    dw = te.compute((n, k), lambda i, j: te.sum(dy[t, i].astype("float32") * x[t, j].astype("float32"), axis=t),
+                    name="dw")
+    return te.create_prim_func([dy, x, te.compute((n, k), lambda i, j: dw[i, j].astype("float16"), name="o")])
+
+
+def _gradient_inputs(rng, m, n, k):
+    return [rng.uniform(-1, 1, (m, n)).astype(np.float16), rng.uniform(-1, 1, (m, k)).astype(np.float16)]
+
+
+def test_the_output_rows_operand_read_k_by_m_is_copied_transposed_with_the_same_numbers():
+    arrays = _gradient_inputs(np.random.default_rng(4), 40, 24, 32)
+    apart, _ = _apart_with_the_same_numbers(_weight_gradient(40, 24, 32), arrays, (24, 32))
+    copy = [b for b in tvm_dsm.ir.find_all(apart.body, tvm.s_tir.SBlock) if b.name_hint.endswith("_operand")]
+    assert [list(b.writes[0].source.ty.shape) for b in copy] == [[24, 40]]  # dy^T, [N, M]: x stays [M, K]
+
+
+def test_a_weight_gradient_builds_a_transpose_and_a_warpgroup_gemm():
+    source = tvm_dsm.build(_weight_gradient(2048, 512, 1024), TARGET).mod.imports[0].inspect_source()
+    kernels = set(re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)", source))
+    assert len(kernels) == 2 and "wgmma" in source
+
+
+@pytest.mark.gpu
+def test_gpu_a_weight_gradient_matches_float64():
+    arrays = _gradient_inputs(np.random.default_rng(5), 1000, 384, 512)
+    reference = arrays[0].astype(np.float64).T @ arrays[1].astype(np.float64)
+    assert _gpu_error(_weight_gradient(1000, 384, 512), arrays, reference) < 2e-3
+
+
 def _masked_operand(m: int, k: int, n: int):
     """The operand reads the row variable too (a mask): no [N, K] tensor holds it."""
     x = te.placeholder((m, k), "float16", name="x")

@@ -26,6 +26,8 @@ L2_BYTES = 50 * 1024 * 1024
 #: calls of a kernel reading hundreds of MB that would add several percent to each
 #: (bench/results/archive/graph_calls.json).
 MIN_CALLS_PER_GRAPH = 20
+#: Seconds of replays a contender may take, and the fewest replays whose median is reported.
+BUDGET_S, MIN_REPLAYS = 5.0, 5
 
 
 def input_sets_for(bytes_per_call: int, *, cap: int = 64) -> int:
@@ -42,17 +44,25 @@ def _on_torch_stream(step: Callable[[int], None], i: int) -> None:
 
 
 def graph_time_us(step: Callable[[int], None], n_sets: int, *, replays: int = 50,
-                  calls: int | None = None) -> float:
+                  calls: int | None = None, budget_s: float = BUDGET_S) -> float:
     """Median GPU time of ``step(i)`` (one call on input set i) under CUDA-graph replay, in us:
     ``calls`` calls per graph (default: ``n_sets``, at least ``MIN_CALLS_PER_GRAPH``), set i
-    for call i mod ``n_sets``."""
+    for call i mod ``n_sets``. A call slow enough that the replays would take over ``budget_s``
+    gets fewer replays (at least ``MIN_REPLAYS``), then fewer calls a graph: a millisecond
+    call's time no longer depends on L2 or on the graph's launch."""
     calls = calls or max(n_sets, MIN_CALLS_PER_GRAPH)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for i in range(n_sets):  # warm-up: module load, JIT, allocator, torch.compile
             _on_torch_stream(step, i)
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        began = time.perf_counter()
+        _on_torch_stream(step, 0)
+        torch.cuda.synchronize()
+    call_s = time.perf_counter() - began
+    replays = max(MIN_REPLAYS, min(replays, int(budget_s / (call_s * calls))))
+    calls = max(1, min(calls, int(budget_s / (call_s * (replays + 3)))))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         for i in range(calls):

@@ -225,7 +225,7 @@ def default_config(shape: AttentionShape, hw: Hardware | None = None) -> Attenti
 
 def _check_terms_free_of_lengths(func: tirx.PrimFunc, variables: list, matched: tirx.PrimFunc,
                                  shape: AttentionShape) -> None:
-    """ClusterError unless ``shape``'s score terms and row outputs (read from ``matched``, the
+    """ClusterError unless ``shape``'s score terms, row outputs and sink (read from ``matched``, the
     function at :data:`_MATCHED_LENGTHS`) are the same at other lengths: a mask written with the
     lengths (``t <= i + (Sk - Sq)``) would be read as its value at the matched ones."""
     other = func
@@ -238,6 +238,7 @@ def _check_terms_free_of_lengths(func: tirx.PrimFunc, variables: list, matched: 
         terms = found.terms
         parts = [] if terms is None else [terms.value, terms.mask, terms.fill]
         parts += [x for r in found.row_outputs for x in (r.indices, r.value)]
+        parts += [] if found.sink is None else [found.sink.value]
         return [substitute(x, own) if x is not None and not isinstance(x, float) else x for x in parts]
 
     first, second = read(shape, matched), read(again, other)
@@ -267,7 +268,7 @@ class AttentionTemplate(KernelTemplate):
             matched = specialized(matched, var, value)
             matched_at[var.name] = value
         shape = find_attention(matched)
-        if shape.terms is not None or shape.row_outputs:
+        if shape.terms is not None or shape.row_outputs or shape.sink is not None:
             _check_terms_free_of_lengths(func, variables, matched, shape)
         seq = {"q_len": [], "kv_len": []}
         heads: dict[int, tirx.PrimExpr] = {}  # a head variable's extent, where it is symbolic
@@ -301,9 +302,10 @@ class AttentionTemplate(KernelTemplate):
             mask=None if shape.terms.mask is None else substitute(shape.terms.mask, own),
             fill=shape.terms.fill if isinstance(shape.terms.fill, float) else substitute(shape.terms.fill, own))
         row_outputs = tuple(dataclasses.replace(r, buffer=substitute(r.buffer, own)) for r in shape.row_outputs)
+        sink = shape.sink and dataclasses.replace(shape.sink, value=substitute(shape.sink.value, own))
         return dataclasses.replace(shape, heads=math.prod(head_extents) if heads else shape.heads, q_len=q_len,
                                    kv_len=kv_len, head_extents=head_extents, params=tuple(func.params), terms=terms,
-                                   row_outputs=row_outputs)
+                                   row_outputs=row_outputs, sink=sink)
 
     def configs(self, shape: AttentionShape) -> list[AttentionConfig]:
         """:data:`CONFIGS` that fit the head dim."""
@@ -552,6 +554,7 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
     start = min(_NEG, terms.fill) if finite_fill else _NEG
 
     row_output = shape.row_outputs[0] if shape.row_outputs else None
+    sink = shape.sink
 
     def power(score, row_max, scale_log2e):
         """The base-2 exponent of a key's weight: one multiply-add of the scaled score; with
@@ -695,8 +698,12 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
             for i in T.unroll(ON):
                 o[i] = T.float32(0)
             for i in T.unroll(RB * 2):
-                m[i] = T.float32(start)
-                l[i] = T.float32(0)
+                if sink is None:
+                    m[i] = T.float32(start)
+                    l[i] = T.float32(0)
+                else:  # the sink joins each row as a key of weight exp(logit - max): one quad lane holds it
+                    m[i] = sink.at(heads)
+                    l[i] = T.if_then_else(lane % 4 == 0, T.float32(1), T.float32(0))
             T.evaluate(T.cuda.mbarrier_wait(barrier(bars, 2), 0))
             for t in range(tiles):
                 T.tvm_storage_sync("shared")  # every warp is done with tile t - 1's slot

@@ -39,6 +39,7 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 from tvm.sym import Analyzer, detect_iter_map, inverse_affine_iter_map
+from tvm.tirx.analysis import undefined_vars
 
 from ..errors import ClusterError
 from ..fusion.cascade import Level, find_cascades, inline_elementwise, parse_reduction, rows_in_level_order
@@ -180,6 +181,22 @@ class RowOutput:
 
 
 @dataclass(frozen=True)
+class SinkLogit:
+    """A logit of one value a row that joins the row's softmax without a value of its own
+    (gpt-oss's learned attention sink, one a head): the output is ``sum exp(e_t) v_t / (sum
+    exp(e_t) + exp(value))`` over the keys' exponents ``e_t``. ``value`` (fp32) reads the
+    function's other inputs over the head variables ``heads`` alone; the kernel starts each
+    row's running max at it and its sum at 1."""
+
+    value: tirx.PrimExpr
+    heads: tuple
+
+    def at(self, heads) -> tirx.PrimExpr:
+        """The row's sink logit in heads ``heads``."""
+        return substitute(self.value, _positions(list(self.heads), list(heads)))
+
+
+@dataclass(frozen=True)
 class AttentionShape:
     """An attention's sizes and operand layouts. ``heads``: all query heads, the product of
     ``head_extents`` (the extents of the head variables: batch, heads, ... in the rows' order);
@@ -206,6 +223,7 @@ class AttentionShape:
     #: Outputs of one value a row besides ``out`` (a log-sum-exp).
     row_outputs: tuple = field(default=(), compare=False)
     value_dim: int | None = None
+    sink: SinkLogit | None = field(default=None, compare=False)
 
     @property
     def v_dim(self) -> int:
@@ -268,6 +286,7 @@ class _Exponent:
     fill: object  # a float, a SymPy expression of the inputs' loads (a fill tensor), or None
     plain: bool
     shift: sympy.Expr = sympy.Integer(0)  # of the row: the sums' exponent less ``of_key``
+    sink: sympy.Expr | None = None  # a sink logit's exponent (:class:`SinkLogit`), of the row alone
 
 
 def _within_level(level: Level, indices) -> list:
@@ -429,11 +448,32 @@ class _Match:
             raise ClusterError(f"attention writes at most one output of the row statistics; writes "
                                f"{[str(b.name_hint) for b in f.row_blocks]}")
         row_outputs = tuple(self._row_output(block, f.exponent, i, heads) for block in f.row_blocks)
-        params = tuple(self.func.params) if terms is not None or row_outputs or order != [0, 1, 2, 3] else ()
+        sink = self._sink_logit(f.exponent, heads) if f.exponent.sink is not None else None
+        if sink is not None and row_outputs:
+            raise ClusterError("attention with a sink logit writes no output of the row statistics (its log-sum-exp "
+                               "would count the sink)")
+        params = (tuple(self.func.params) if terms is not None or row_outputs or sink is not None
+                  or order != [0, 1, 2, 3] else ())
         scale = f.scale if terms is None else 1.0  # the terms' exponent holds it
         return AttentionShape(math.prod(extents), self.ranges[i], self.m.extent, f.dim, scale, causal, f.dtype,
                               extents, layouts, params, tuple(order), terms, row_outputs,
-                              None if f.value_dim == f.dim else f.value_dim)
+                              None if f.value_dim == f.dim else f.value_dim, sink)
+
+    def _sink_logit(self, exponent: _Exponent, heads: list) -> SinkLogit:
+        """The sink's exponent as TIR over the head variables; ClusterError where it reads
+        anything else (the query position): the kernel reads it once a row, before the keys."""
+        if any(sym.name.startswith("place") for sym in exponent.sink.free_symbols):
+            raise ClusterError(f"a sink logit must be of the heads alone (read once a row); got {exponent.sink}")
+        symbols = {name: load if load.ty.dtype == "float32" else tirx.Cast("float32", load)
+                   for name, load in self.inputs.items()}
+        try:
+            value = ToTIR(symbols, "float32")(exponent.sink)
+        except Unsupported as err:
+            raise ClusterError(f"attention's sink logit {exponent.sink}: {err}") from err
+        free = [v for ld in loads(value) for i in ld.indices for v in undefined_vars(i)]
+        if not all(any(v.same_as(h) for h in heads) for v in free):
+            raise ClusterError(f"a sink logit must be of the heads alone (read once a row); got {exponent.sink}")
+        return SinkLogit(value, tuple(heads))
 
     def _row_output(self, block, exponent: _Exponent, i, heads: list) -> RowOutput:
         """A block writing one value a row from the row max M and sum L, read as a function of
@@ -493,6 +533,8 @@ class _Match:
         f = self._forms()
         if f.value_dim != f.dim:
             raise ClusterError(f"decode attention takes one head dim; v has {f.value_dim} columns, q and k {f.dim}")
+        if f.exponent.sink is not None:
+            raise ClusterError("decode attention's kernel has no sink logit (a term of the row joining the softmax)")
         t = self.m.reduce_var
         heads = [var for var in self.m.spatial if self.ranges[var] > 1]
         d = f.dim_var
@@ -715,15 +757,20 @@ class _Match:
         plain = scale is not None and scale > 0
         o_kept = _sympy(_with_branch(self.o.value, True), *self._reader(self.o, s, V=v))
         normalized = _zero(o_kept - l_kept * V / L)
+        sink = None
         if not normalized and not _zero(o_kept - l_kept * V):
-            raise ClusterError(f"the weighted sum must be of exp(f(scores) - max) * v (or / the row sum); "
-                               f"got {o_kept}")
+            sink = _sink_exponent(l_kept * V / o_kept - L, shift, keyed | {M, L, s})
+            if sink is None:
+                raise ClusterError(f"the weighted sum must be of exp(f(scores) - max) * v (or / the row sum, or / "
+                                   f"the row sum and a sink's exp(logit - max)); got {o_kept}")
+            normalized = True
+        denominator = L if sink is None else L + sympy.exp(sink + shift)
         fill = None
         if cond is not None:
             # A masked key's term in either sum is 0, or the row's shift times exp(F) for one
             # constant F: the exponent the kernel gives it.
             fills = set()
-            for level, weight in ((self.l, 1), (self.o, V / L if normalized else V)):
+            for level, weight in ((self.l, 1), (self.o, V / denominator if normalized else V)):
                 masked = _sympy(_with_branch(level.value, False), *self._reader(level, s, V=v))
                 fills.add(_masked_exponent(masked, sympy.exp(shift) * weight, set(map(_symbol, self.inputs))))
             if None in fills or len(fills) != 1:
@@ -732,7 +779,7 @@ class _Match:
                                    f"{_sympy(_with_branch(self.l.value, False), *self._reader(self.l, s))} and "
                                    f"{_sympy(_with_branch(self.o.value, False), *self._reader(self.o, s, V=v))}")
             fill = fills.pop()
-        return (scale if plain else 1.0), normalized, _Exponent(of_key, fill, plain, shift)
+        return (scale if plain else 1.0), normalized, _Exponent(of_key, fill, plain, shift, sink)
 
     def _v_load(self):
         """The weighted sum's load of v: the one input it reads that the row sum does not (that
@@ -856,6 +903,16 @@ class _Match:
         cond = _without_bool_casts(cond)
         analyzer = self.analyzer
         return analyzer.can_prove(tirx.Or(tirx.Not(cond), t <= i)) and analyzer.can_prove(tirx.Or(cond, i < t))
+
+
+def _sink_exponent(extra, shift, of_key: set):
+    """σ where ``extra`` (the weighted sum's denominator less the row sum) is ``exp(σ + shift)``,
+    σ free of ``of_key`` (the score, the key, the row statistics): a sink logit; else None."""
+    extra = simplify(extra)
+    if extra.func != sympy.exp:
+        return None
+    sigma = simplify(sympy.expand(sympy.log(extra), force=True) - shift)
+    return None if sigma.free_symbols & of_key else sigma
 
 
 def _is_zero(index) -> bool:

@@ -8,7 +8,9 @@ operand into a tensor first (``W[j, k] = w[j, k] * scale[j]`` in the operand's o
 the product reads that tensor: two operators, an element-wise kernel and a GEMM, the same
 numbers (the operand is rounded where the function rounds it). An 8-bit operand read along
 the reduced axis on its rows (an int8 weight stored ``[K, N]``, ``x @ W``) is copied transposed
-the same way: the 8-bit tensor-core products read both operands K-major. A product of one row
+the same way: the 8-bit tensor-core products read both operands K-major; so is the operand of
+the output's rows read ``[K, M]`` in any type (a weight gradient's ``dy^T @ x``): the warpgroup
+MMAs read only the second operand MN-major. A product of one row
 is left as written: dlight's GEMV reads the quantized weight once, which writing it out would
 multiply.
 """
@@ -35,7 +37,7 @@ def _computed(factor, block: SBlock):
     while isinstance(operand, tirx.Cast):
         operand = operand.value
     found = loads(operand)
-    if not found or (len(found) == 1 and isinstance(operand, TensorLoad) and not _transposed_bytes(operand, block)):
+    if not found or (len(found) == 1 and isinstance(operand, TensorLoad) and not _transposed(operand, block)):
         return None
     if any(ld.source.same_as(w.source) for ld in found for w in block.writes):
         return None
@@ -57,14 +59,18 @@ def _computed(factor, block: SBlock):
     return operand, axes
 
 
-def _transposed_bytes(load: TensorLoad, block: SBlock) -> bool:
-    """Whether ``load`` reads a matrix of 1-byte elements along the reduced axis on its rows
-    (an int8 or fp8 weight stored ``[K, N]``), which the tensor cores' 8-bit products cannot
-    take: they read both operands K-major (no transposing ``ldmatrix``, no MN-major 8-bit
-    ``wgmma``)."""
+def _transposed(load: TensorLoad, block: SBlock) -> bool:
+    """Whether ``load`` reads a matrix along the reduced axis on its rows (``[K, *]``) where the
+    GEMM families need it K-major: 1-byte elements either way (an int8 or fp8 weight stored
+    ``[K, N]``: the 8-bit tensor-core products read both operands K-major, no transposing
+    ``ldmatrix``, no MN-major 8-bit ``wgmma``), and the operand of the output's rows (``dy^T``
+    of a weight gradient; the warpgroup MMAs read only the second operand MN-major)."""
     reduced = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
-    return (tvm.DataType(str(load.ty)).bits == 8 and len(load.indices) == 2
-            and any(load.indices[0].same_as(v) for v in reduced) and not any(uses(load.indices[1], v) for v in reduced))
+    if not (len(load.indices) == 2 and any(load.indices[0].same_as(v) for v in reduced)
+            and not any(uses(load.indices[1], v) for v in reduced)):
+        return False
+    out_index = block.writes[0].region[-2].min if len(block.writes[0].region) >= 2 else None
+    return tvm.DataType(str(load.ty)).bits == 8 or (out_index is not None and load.indices[1].same_as(out_index))
 
 
 def operands_apart(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
