@@ -1,7 +1,8 @@
-"""Reductions over an axis that is not the innermost (tvm_dsm.rules.strided_rows): the forms
-users write (ConvNeXt's channels-first LayerNorm, TOPI's softmax and sum over ``axis=1``, a 1-D
-conv net's norm over its channels), one kernel a thread per point; what it refuses, by name;
-on the GPU against float64."""
+"""Reductions over an axis that is not the innermost, or over a window the points slide along
+(tvm_dsm.rules.strided_rows): the forms users write (ConvNeXt's channels-first LayerNorm,
+TOPI's softmax and sum over ``axis=1``, a 1-D conv net's norm over its channels, TOPI's
+depthwise convolution and average pooling), one kernel a thread per point; what it refuses, by
+name; on the GPU against float64."""
 
 from __future__ import annotations
 
@@ -96,6 +97,79 @@ def test_it_refuses_with_the_limit_named(make, limit):
 def test_too_few_points_to_fill_the_sms_are_left_to_the_other_families():
     with pytest.raises(ClusterError, match="fewer than 64 an SM"):
         StridedRows().rank(find_strided_rows(channel_sum(2, 48, 8, 8)), load_hardware())
+
+
+def depthwise_conv(b=8, c=64, h=56, w=56, k=7):
+    """TOPI's depthwise 7 x 7 convolution (ConvNeXt's), padded by 3, fp32 sums, a bias, fp16 out."""
+    x = te.placeholder((b, c, h, w), "float16", name="x")
+    kernel = te.placeholder((c, 1, k, k), "float16", name="kernel")
+    bias = te.placeholder((c,), "float16", name="bias")
+    y = topi.nn.depthwise_conv2d_nchw(x, kernel, 1, k // 2, 1, out_dtype="float32")
+    return te.create_prim_func([x, kernel, bias, te.compute(
+        y.shape, lambda n, o, i, j: (y[n, o, i, j] + bias[o].astype("float32")).astype("float16"), name="out")])
+
+
+def average_pool(b=8, c=64, h=56, w=56):
+    """TOPI's 3 x 3 average pooling, stride 1, padded by 1 (the padding counted)."""
+    x = te.placeholder((b, c, h, w), "float32", name="x")
+    return te.create_prim_func([x, topi.nn.pool2d(x, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), "avg", layout="NCHW")])
+
+
+WINDOWS = [depthwise_conv, average_pool]
+
+
+@pytest.mark.parametrize("make", WINDOWS, ids=lambda m: m.__name__)
+def test_windows_the_points_slide_along_are_one_kernel_a_thread_per_point(make, ptxas_report):
+    func = make()
+    assert tvm_dsm.plan(func).family.name == "strided_rows"
+    report = ptxas_report(tvm_dsm.build(func).mod.imports[0].inspect_source(), make.__name__)
+    assert report.count("Compiling entry function") == 1 and "0 bytes spill stores" in report
+
+
+def test_a_product_over_a_short_k_is_left_to_the_gemm_families():
+    a, b = te.placeholder((4096, 64), "float16", name="a"), te.placeholder((64, 4096), "float16", name="b")
+    r = te.reduce_axis((0, 64), name="r")
+    func = te.create_prim_func([a, b, te.compute((4096, 4096), lambda i, j: te.sum(
+        a[i, r].astype("float32") * b[r, j].astype("float32"), axis=r))])
+    with pytest.raises(ClusterError, match="a matmul"):
+        find_strided_rows(func)
+
+
+def test_a_window_read_two_points_apart_is_refused():
+    x = te.placeholder((8, 64, 112, 112), "float32", name="x")
+    with pytest.raises(ClusterError, match="innermost axis"):
+        find_strided_rows(te.create_prim_func([x, topi.nn.pool2d(x, (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), "avg",
+                                                                 layout="NCHW")]))
+
+
+def _window_reference(make, x, extra):
+    x = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (3, 3), (3, 3)) if make is depthwise_conv else
+               ((0, 0), (0, 0), (1, 1), (1, 1)))
+    size = 7 if make is depthwise_conv else 3
+    h, w = x.shape[2] - size + 1, x.shape[3] - size + 1
+    out = np.zeros(x.shape[:2] + (h, w))
+    for i in range(size):
+        for j in range(size):
+            weight = extra[0][None, :, 0, i, j, None, None].astype(np.float64) if extra else 1 / 9
+            out += x[:, :, i:i + h, j:j + w] * weight
+    return out + extra[1].astype(np.float64)[None, :, None, None] if extra else out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("make", WINDOWS, ids=lambda m: m.__name__)
+def test_gpu_windows_match_float64(make):
+    func = make()
+    rng = np.random.default_rng()
+    shapes = [[int(d) for d in p.ty.shape] for p in func.params]
+    dtypes = [str(p.ty.dtype) for p in func.params]
+    x = rng.standard_normal(shapes[0]).astype(dtypes[0])
+    extra = [(rng.standard_normal(s) / 7).astype(t) for s, t in zip(shapes[1:-1], dtypes[1:-1])]
+    dev = tvm.cuda(0)
+    out = tvm.runtime.tensor(np.full(shapes[-1], np.nan, dtypes[-1]), dev)
+    tvm_dsm.build(func, TARGET)(*(tvm.runtime.tensor(a, dev) for a in [x, *extra]), out)
+    ref = _window_reference(make, x, extra)
+    bound = 1e-5 if dtypes[-1] == "float32" else 2e-3
+    assert np.linalg.norm(out.numpy() - ref) / np.linalg.norm(ref) < bound
 
 
 def _reference(make, x):

@@ -1,5 +1,7 @@
 """Reductions over an axis that is not the innermost (a norm over the channels of an NCHW
-tensor, a sum over ``dim=1``), a thread per point of the other axes, its row in registers.
+tensor, a sum over ``dim=1``), or over a window the points slide along (a depthwise
+convolution's kernel, a pooling window), a thread per point of the other axes, its row in
+registers.
 
 ConvNeXt's ``LayerNorm(data_format="channels_first")`` takes the mean and variance of
 ``x[n, :, i, j]``, 96 channels a ``H * W`` stride apart. The row norm kernel needs the row
@@ -10,11 +12,17 @@ neighbouring points, so each step along the reduced axis is a coalesced load acr
 thread loads its row once into registers (where it fits, :data:`MAX_HELD_BYTES`), computes the
 statistics in order and writes its outputs along the row, every loop over the row unrolled.
 
-Taken where the function's blocks are its statistics (reductions over one axis, of one extent,
-up to :data:`MAX_ROW`) and element-wise blocks, one of which writes the output, and every
-multi-dimensional access moves along its innermost axis with the points (not along the reduced
-axis): the function is scheduled as written, so any statistic and any expression of them is
-computed as the user wrote it.
+A depthwise 7 x 7 convolution is the same loop over 49 terms: Relax's legalization of
+ConvNeXt's (32 x 96 x 56 x 56, fp16) took 9.5 ms under dlight, where torch.compile takes 96 us
+(H100, ``bench/user_functions`` 214); its window's innermost index is ``w + rx``, so
+neighbouring threads still read neighbouring addresses.
+
+Taken where the function's blocks are its statistics (reductions of one length, the product of
+their reduced axes' extents, up to :data:`MAX_ROW`) and element-wise blocks (a padding), one of
+which writes the output, and every multi-dimensional access moves along its innermost axis
+with the points (its innermost index is a point's variable plus an offset or a window's): the
+function is scheduled as written, so any statistic and any expression of them is computed as
+the user wrote it.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir import SBlock
+from tvm.sym import Analyzer
 
 from ..errors import ClusterError
 from ..ir import is_reduction, loads, root_blocks, uses
@@ -69,11 +78,31 @@ class StridedRows:
         return sum(self.row * tvm.DataType(str(b.ty.dtype)).bits // 8 for b in self.held)
 
 
-def _reduced_var(block: SBlock) -> tirx.IterVar:
+def _reduced_vars(block: SBlock) -> list[tirx.IterVar]:
     reduced = [iv for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
-    if len(reduced) != 1:
-        raise ClusterError(f"strided rows: {block.name_hint} reduces over {len(reduced)} axes (one)")
-    return reduced[0]
+    if not all(isinstance(iv.dom.extent, tirx.IntImm) for iv in reduced):
+        raise ClusterError(f"strided rows: {block.name_hint} reduces over axes of constant extents only")
+    return reduced
+
+
+def _row_length(block: SBlock) -> int:
+    return math.prod(int(iv.dom.extent) for iv in _reduced_vars(block))
+
+
+def _innermost_point(block: SBlock) -> tirx.Var | None:
+    """The block's last spatial variable: neighbouring threads' points differ along it."""
+    spatial = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+    return spatial[-1] if spatial else None
+
+
+def _coalesced(indices, inner) -> bool:
+    """Whether neighbouring points access one address (``inner``, the points' innermost
+    variable, indexes nothing: a broadcast) or neighbouring ones (only the innermost index uses
+    it, as ``inner`` plus terms free of it: an offset, a window's variable)."""
+    if inner is None or not any(uses(i, inner) for i in indices):
+        return True
+    return (not any(uses(i, inner) for i in indices[:-1])
+            and not uses(Analyzer().simplify(indices[-1] - inner), inner))
 
 
 def _store(block: SBlock) -> tirx.BufferStore:
@@ -115,6 +144,19 @@ def _row_axis(blocks: list, along: list, output: SBlock) -> tirx.Var | None:
     return None if at is None or is_reduction(output) else _store(output).indices[at]
 
 
+def _check_not_a_matmul(block: SBlock, reduced: list) -> None:
+    """ClusterError where ``block`` multiplies tensors along its reduced axes without a window
+    (no index of a point's variable plus a reduced one): a matmul, the GEMM families' work, which
+    a thread per point would do on CUDA cores."""
+    along = {ld.source.name for ld in loads(_store(block).value) if any(uses(i, r) for i in ld.indices for r in reduced)}
+    spatial = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+    window = any(any(uses(i, v) for v in spatial) and any(uses(i, r) for r in reduced)
+                 for ld in loads(_store(block).value) for i in ld.indices)
+    if len(along) >= 2 and not window:
+        raise ClusterError(f"strided rows: {block.name_hint} multiplies {sorted(along)} along its reduced axes "
+                           "without a window: a matmul (the GEMM families')")
+
+
 def find_strided_rows(func: tirx.PrimFunc) -> StridedRows:
     """What :func:`schedule_strided_rows` needs of ``func``; ClusterError naming what does not
     hold."""
@@ -128,32 +170,32 @@ def find_strided_rows(func: tirx.PrimFunc) -> StridedRows:
     outputs = [b for b in blocks if any(_index_of(params, w.source) is not None for w in b.writes)]
     if len(outputs) != 1 or not outputs[0].same_as(blocks[-1]):
         raise ClusterError("strided rows: one block, the last, writes the output")
-    extents = {int(_reduced_var(b).dom.extent) for b in reductions}
+    extents = {_row_length(b) for b in reductions}
     if len(extents) != 1:
-        raise ClusterError(f"strided rows: the reductions are over one extent (not {sorted(extents)})")
+        raise ClusterError(f"strided rows: the reductions are over one length (not {sorted(extents)})")
     (row,) = extents
     if row > MAX_ROW:
         raise ClusterError(f"strided rows: a row of at most {MAX_ROW} elements a thread loops over (not {row})")
     along = []  # (tensor, position of the reduced axis) the reductions read along it
     for b in reductions:
-        r = _reduced_var(b).var
+        reduced = [iv.var for iv in _reduced_vars(b)]
+        _check_not_a_matmul(b, reduced)
         for ld in loads(_store(b).value):
-            positions = [n for n, i in enumerate(ld.indices) if uses(i, r)]
+            positions = [n for n, i in enumerate(ld.indices) if any(uses(i, r) for r in reduced)]
             if not positions:
                 continue
-            if positions[-1] == len(ld.indices) - 1:
+            if positions[-1] == len(ld.indices) - 1 and not _coalesced(ld.indices, _innermost_point(b)):
                 raise ClusterError(f"strided rows: {b.name_hint} reduces {ld.source.name} over its innermost axis "
                                    "(the row norm's form)")
             along.append((ld.source, positions[0]))
     output = outputs[0]
     axis = _row_axis(blocks, along, output)
     for b in blocks:
-        spatial = [iv.var for iv in b.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
         store = _store(b)
         accesses = [(store.indices, store.buffer.name), *((ld.indices, ld.source.name) for ld in loads(store.value))]
         for indices, name in accesses:
-            last = indices[-1] if len(indices) >= 2 else None
-            if last is not None and (_index_of(spatial, last) is None or (axis is not None and last.same_as(axis))):
+            if len(indices) >= 2 and (not _coalesced(indices, _innermost_point(b))
+                                      or (axis is not None and uses(indices[-1], axis))):
                 raise ClusterError(f"strided rows: {b.name_hint} accesses {name} along an innermost axis the points "
                                    "do not move along")
     out_elements = math.prod(int(d) for d in output.writes[0].source.ty.shape)
