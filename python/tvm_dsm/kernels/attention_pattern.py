@@ -759,7 +759,7 @@ class _Match:
         normalized = _zero(o_kept - l_kept * V / L)
         sink = None
         if not normalized and not _zero(o_kept - l_kept * V):
-            sink = _sink_exponent(l_kept * V / o_kept - L, shift, keyed | {M, L, s})
+            sink = _sink_exponent(l_kept * V / o_kept - L, shift, keyed | {M, L, s, V})
             if sink is None:
                 raise ClusterError(f"the weighted sum must be of exp(f(scores) - max) * v (or / the row sum, or / "
                                    f"the row sum and a sink's exp(logit - max)); got {o_kept}")
@@ -907,7 +907,7 @@ class _Match:
 
 def _sink_exponent(extra, shift, of_key: set):
     """σ where ``extra`` (the weighted sum's denominator less the row sum) is ``exp(σ + shift)``,
-    σ free of ``of_key`` (the score, the key, the row statistics): a sink logit; else None."""
+    σ free of ``of_key`` (the score, the key, v, the row statistics): a sink logit; else None."""
     extra = simplify(extra)
     if extra.func != sympy.exp:
         return None
