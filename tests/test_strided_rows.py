@@ -126,6 +126,24 @@ def test_windows_the_points_slide_along_are_one_kernel_a_thread_per_point(make, 
     assert report.count("Compiling entry function") == 1 and "0 bytes spill stores" in report
 
 
+def test_a_windows_padding_is_read_without_branches_and_gives_the_same_numbers():
+    """Each padded read becomes a select of a load at clamped indices: the same values on llvm,
+    and no ``if_then_else`` left for the kernel to branch on per term."""
+    from tvm_dsm.ir import IF_THEN_ELSE, find_all
+
+    func = depthwise_conv(2, 8, 9, 10)
+    found = find_strided_rows(func)
+    assert not find_all(found.func.body, tvm.ir.Call, lambda c: c.op.same_as(IF_THEN_ELSE))
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal([int(d) for d in p.ty.shape]).astype(str(p.ty.dtype)) for p in func.params[:-1]]
+    outs = []
+    for f in (func, found.func):
+        out = tvm.runtime.tensor(np.full([int(d) for d in func.params[-1].ty.shape], np.nan, "float16"))
+        tvm.compile(f, target="llvm")(*(tvm.runtime.tensor(a) for a in arrays), out)
+        outs.append(out.numpy())
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
 def test_a_product_over_a_short_k_is_left_to_the_gemm_families():
     a, b = te.placeholder((4096, 64), "float16", name="a"), te.placeholder((64, 4096), "float16", name="b")
     r = te.reduce_axis((0, 64), name="r")
