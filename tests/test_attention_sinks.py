@@ -17,9 +17,11 @@ from tvm_dsm.kernels.attention_pattern import find_attention, find_decode_attent
 from conftest import TARGET
 
 
-def _gpt_oss(batch=1, heads=8, kv_heads=2, length=200, dim=64, causal=True, dtype="bfloat16", sink_shape=None):
+def _gpt_oss(batch=1, heads=8, kv_heads=2, length=200, dim=64, causal=True, dtype="bfloat16", sink_shape=None,
+             first_key=None):
     """gpt-oss's form, [B, H, S, D]: the row max joined by the sink, the probabilities divided by
-    the row sum plus the sink's term and rounded to ``dtype`` before the product with v."""
+    the row sum plus the sink's term and rounded to ``dtype`` before the product with v; with
+    ``first_key``, the keys before it masked to -inf (left padding) instead of the causal mask."""
     group = heads // kv_heads
     q = te.placeholder((batch, heads, length, dim), dtype, name="q")
     k = te.placeholder((batch, kv_heads, length, dim), dtype, name="k")
@@ -30,8 +32,13 @@ def _gpt_oss(batch=1, heads=8, kv_heads=2, length=200, dim=64, causal=True, dtyp
     d = te.reduce_axis((0, dim), name="d")
     scores = te.compute((batch, heads, length, length), lambda b, h, i, j: te.sum(
         q[b, h, i, d].astype("float32") * k[b, h // group, j, d].astype("float32"), axis=d), name="scores")
-    masked = te.compute(scores.shape, lambda b, h, i, j: te.if_then_else(
-        j <= i, scores[b, h, i, j] * dim ** -0.5, -1e30) if causal else scores[b, h, i, j] * dim ** -0.5, name="masked")
+    def mask(b, h, i, j):
+        if first_key is not None:
+            return te.if_then_else(j >= first_key, scores[b, h, i, j] * dim ** -0.5, -float("inf"))
+        return te.if_then_else(j <= i, scores[b, h, i, j] * dim ** -0.5, -1e30) if causal else \
+            scores[b, h, i, j] * dim ** -0.5
+
+    masked = te.compute(scores.shape, mask, name="masked")
     j1 = te.reduce_axis((0, length), name="j1")
     row_max = te.compute(scores.shape[:3], lambda b, h, i: te.max(masked[b, h, i, j1], axis=j1), name="row_max")
     top = te.compute(scores.shape[:3], lambda b, h, i: te.max(row_max[b, h, i], sink(h, i)), name="top")
@@ -67,13 +74,15 @@ def _inline(heads=4, length=130, dim=128, dtype="float16"):
     return te.create_prim_func([q, k, v, sinks, te.compute(out.shape, lambda *x: out(*x).astype(dtype), name="out")])
 
 
-def _reference(q, k, v, sinks, causal):
+def _reference(q, k, v, sinks, causal, first_key=None):
     """float64, the sink a column of the scores dropped after the softmax; q, k, v as [B, H, S, D]."""
     group = q.shape[1] // k.shape[1]
     k, v = np.repeat(k, group, 1), np.repeat(v, group, 1)
     s = q @ k.swapaxes(-1, -2) / np.sqrt(q.shape[-1])
     if causal:
         s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    if first_key is not None:
+        s[..., :first_key] = -np.inf
     column = np.broadcast_to(sinks.reshape(1, -1, 1, 1), s.shape[:-1] + (1,))
     full = np.concatenate([s, column], -1)
     p = np.exp(full - full.max(-1, keepdims=True))
@@ -128,6 +137,21 @@ def test_gpu_gpt_oss_sinks_match_float64(causal, dtype, length):
     got = _run(_gpt_oss(length=length, causal=causal, dtype=dtype), [q, k, v, sinks], q.shape, dtype)
     ref = _reference(*(a.astype(np.float64) for a in (q, k, v, sinks)), causal)
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+
+
+@pytest.mark.gpu
+def test_gpu_a_sink_of_minus_infinity_over_a_masked_first_tile_is_plain_attention():
+    """A head whose sink is -inf weighs its keys alone, also where a row's first key tiles are all
+    masked (left padding past a tile): the running max starts at the kernel's own start there."""
+    rng = np.random.default_rng()
+    q, k, v = (rng.standard_normal(shape).astype(np.float16) for shape in
+               [(1, 8, 300, 64), (1, 2, 300, 64), (1, 2, 300, 64)])
+    sinks = rng.uniform(-1, 3, 8).astype(np.float16)
+    sinks[[0, 5]] = -np.inf
+    func = _gpt_oss(length=300, causal=False, dtype="float16", first_key=150)
+    got = _run(func, [q, k, v, sinks], q.shape, "float16")
+    ref = _reference(*(a.astype(np.float64) for a in (q, k, v, sinks)), False, first_key=150)
+    assert np.isfinite(got).all() and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
 
 
 @pytest.mark.gpu

@@ -146,6 +146,14 @@ def test_the_output_rows_operand_read_k_by_m_is_copied_transposed_with_the_same_
     assert [list(b.writes[0].source.ty.shape) for b in copy] == [[24, 40]]  # dy^T, [N, M]: x stays [M, K]
 
 
+def test_an_fp32_weight_gradient_is_left_as_written():
+    """The copy is for the 16-bit warpgroup MMAs, which read only the second operand MN-major."""
+    dy, x = te.placeholder((64, 32), "float32", name="dy"), te.placeholder((64, 48), "float32", name="x")
+    t = te.reduce_axis((0, 64), name="t")
+    assert operands_apart(te.create_prim_func([dy, x, te.compute(
+        (32, 48), lambda i, j: te.sum(dy[t, i] * x[t, j], axis=t))])) is None
+
+
 def test_a_weight_gradient_builds_a_transpose_and_a_warpgroup_gemm():
     source = tvm_dsm.build(_weight_gradient(2048, 512, 1024), TARGET).mod.imports[0].inspect_source()
     kernels = set(re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)", source))

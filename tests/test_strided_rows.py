@@ -153,6 +153,27 @@ def test_a_product_over_a_short_k_is_left_to_the_gemm_families():
         find_strided_rows(func)
 
 
+def test_a_product_of_two_tensors_at_one_point_is_a_row_and_a_convolution_over_channels_a_matmul():
+    """``sum_c x * y`` over the channels (a cosine similarity's numerator) is the family's; a
+    3 x 3 convolution over 16 input channels (144 terms) multiplies tensors over points each
+    varies with alone: the GEMM families' form, refused."""
+    x, y = te.placeholder((8, 96, 32, 32), "float16", name="x"), te.placeholder((8, 96, 32, 32), "float16", name="y")
+    c = te.reduce_axis((0, 96), name="c")
+    dot = te.compute((8, 32, 32), lambda n, i, j: te.sum(
+        x[n, c, i, j].astype("float32") * y[n, c, i, j].astype("float32"), axis=c), name="dot")
+    assert find_strided_rows(te.create_prim_func([x, y, dot])).row == 96
+    image, kernel = te.placeholder((8, 16, 56, 56), "float16", name="image"), te.placeholder((32, 16, 3, 3), "float16")
+    conv = topi.nn.conv2d_nchw(image, kernel, 1, 1, 1, out_dtype="float32")
+    with pytest.raises(ClusterError, match="a matmul"):
+        find_strided_rows(te.create_prim_func([image, kernel, conv]))
+
+
+def test_a_sum_over_the_last_axis_kept_as_a_unit_axis_is_the_row_norms_form():
+    x = te.placeholder((4096, 128), "float32", name="x")
+    with pytest.raises(ClusterError, match="the row norm's form"):
+        find_strided_rows(te.create_prim_func([x, topi.sum(x, axis=-1, keepdims=True)]))
+
+
 def test_a_window_read_two_points_apart_is_refused():
     x = te.placeholder((8, 64, 112, 112), "float32", name="x")
     with pytest.raises(ClusterError, match="innermost axis"):

@@ -702,8 +702,8 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
                     m[i] = T.float32(start)
                     l[i] = T.float32(0)
                 else:  # the sink joins each row as a key of weight exp(logit - max): one quad lane holds it
-                    m[i] = sink.at(heads)
-                    l[i] = T.if_then_else(lane % 4 == 0, T.float32(1), T.float32(0))
+                    m[i] = T.max(sink.at(heads), T.float32(start))  # a sink of -inf: the plain start
+                    l[i] = T.if_then_else(lane % 4 == 0, T.exp(sink.at(heads) - m[i]), T.float32(0))
             T.evaluate(T.cuda.mbarrier_wait(barrier(bars, 2), 0))
             for t in range(tiles):
                 T.tvm_storage_sync("shared")  # every warp is done with tile t - 1's slot

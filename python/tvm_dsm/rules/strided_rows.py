@@ -91,8 +91,11 @@ def _row_length(block: SBlock) -> int:
 
 
 def _innermost_point(block: SBlock) -> tirx.Var | None:
-    """The block's last spatial variable: neighbouring threads' points differ along it."""
-    spatial = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+    """The block's last spatial variable of more than one value: neighbouring threads' points
+    differ along it."""
+    spatial = [iv.var for iv in block.iter_vars
+               if iv.iter_type == tirx.IterVar.DataPar and not (isinstance(iv.dom.extent, tirx.IntImm)
+                                                                and int(iv.dom.extent) == 1)]
     return spatial[-1] if spatial else None
 
 
@@ -146,16 +149,22 @@ def _row_axis(blocks: list, along: list, output: SBlock) -> tirx.Var | None:
 
 
 def _check_not_a_matmul(block: SBlock, reduced: list) -> None:
-    """ClusterError where ``block`` multiplies tensors along its reduced axes without a window
-    (no index of a point's variable plus a reduced one): a matmul, the GEMM families' work, which
-    a thread per point would do on CUDA cores."""
-    along = {ld.source.name for ld in loads(_store(block).value) if any(uses(i, r) for i in ld.indices for r in reduced)}
+    """ClusterError where ``block`` multiplies two tensors read along its reduced axes that
+    each vary with a point variable the other does not (``a[i, k] * b[k, j]``; a convolution
+    over input channels, ``x[n, c, h + ry, w + rx] * w[o, c, ry, rx]``): a matmul, the GEMM
+    families' work, which a thread per point would do on CUDA cores. A depthwise kernel
+    (``w[c, 0, ry, rx]``: of no variable ``x`` lacks) or a product of two tensors at one point
+    (``x[n, c, i, j] * y[n, c, i, j]`` over ``c``) is not one."""
     spatial = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
-    window = any(any(uses(i, v) for v in spatial) and any(uses(i, r) for r in reduced)
-                 for ld in loads(_store(block).value) for i in ld.indices)
-    if len(along) >= 2 and not window:
-        raise ClusterError(f"strided rows: {block.name_hint} multiplies {sorted(along)} along its reduced axes "
-                           "without a window: a matmul (the GEMM families')")
+    operands = []  # (tensor, the point variables it varies with)
+    for ld in loads(_store(block).value):
+        if any(uses(i, r) for i in ld.indices for r in reduced):
+            operands.append((ld.source, {n for n, v in enumerate(spatial) if any(uses(i, v) for i in ld.indices)}))
+    for n, (a, of_a) in enumerate(operands):
+        for b, of_b in operands[n + 1:]:
+            if not a.same_as(b) and of_a - of_b and of_b - of_a:
+                raise ClusterError(f"strided rows: {block.name_hint} multiplies {a.name} and {b.name} along its "
+                                   "reduced axes, each over points the other is not: a matmul (the GEMM families')")
 
 
 def find_strided_rows(func: tirx.PrimFunc) -> StridedRows:
@@ -188,7 +197,9 @@ def find_strided_rows(func: tirx.PrimFunc) -> StridedRows:
             if positions[-1] == len(ld.indices) - 1 and not _coalesced(ld.indices, _innermost_point(b)):
                 raise ClusterError(f"strided rows: {b.name_hint} reduces {ld.source.name} over its innermost axis "
                                    "(the row norm's form)")
-            along.append((ld.source, positions[0]))
+            spatial = [iv.var for iv in b.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+            if not any(uses(ld.indices[n], v) for n in positions for v in spatial):
+                along.append((ld.source, positions[0]))  # a row along an axis (a window's read slides: none)
     output = outputs[0]
     axis = _row_axis(blocks, along, output)
     for b in blocks:

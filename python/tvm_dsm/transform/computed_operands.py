@@ -63,14 +63,15 @@ def _transposed(load: TensorLoad, block: SBlock) -> bool:
     """Whether ``load`` reads a matrix along the reduced axis on its rows (``[K, *]``) where the
     GEMM families need it K-major: 1-byte elements either way (an int8 or fp8 weight stored
     ``[K, N]``: the 8-bit tensor-core products read both operands K-major, no transposing
-    ``ldmatrix``, no MN-major 8-bit ``wgmma``), and the operand of the output's rows (``dy^T``
-    of a weight gradient; the warpgroup MMAs read only the second operand MN-major)."""
+    ``ldmatrix``, no MN-major 8-bit ``wgmma``), and a 16-bit operand of the output's rows
+    (``dy^T`` of a weight gradient; the warpgroup MMAs read only the second operand MN-major)."""
     reduced = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
     if not (len(load.indices) == 2 and any(load.indices[0].same_as(v) for v in reduced)
             and not any(uses(load.indices[1], v) for v in reduced)):
         return False
-    out_index = block.writes[0].region[-2].min if len(block.writes[0].region) >= 2 else None
-    return tvm.DataType(str(load.ty)).bits == 8 or (out_index is not None and load.indices[1].same_as(out_index))
+    bits = tvm.DataType(str(load.ty)).bits
+    written = [r.min for r in block.writes[0].region if isinstance(r.min, tirx.Var)]  # the output's row, column
+    return bits == 8 or (bits == 16 and len(written) >= 2 and load.indices[1].same_as(written[-2]))
 
 
 def operands_apart(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
