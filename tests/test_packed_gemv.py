@@ -125,6 +125,8 @@ FORMS = {
     "mlc_fp16_sum_56_lanes": lambda: _mlc(512, 3584),  # Qwen2-7B's K: 112 vectors
     "nibbles_37_lanes": lambda: _nibbles(256, 1184, group=32),  # 37 vectors, a prime
     "mlc_fp16_sum_74_lanes": lambda: _mlc(256, 18944),  # Qwen2-7B's intermediate K: 592 vectors
+    "mlc_fp16_sum_4_rows": lambda: _mlc(2048, 1024, rows=4),  # a decode step of 4 sequences
+    "mlc_fp16_sum_bias_8_rows": lambda: _mlc(1024, 2048, rows=8, bias=True),
 }
 
 
@@ -141,7 +143,7 @@ def test_the_forms_users_write_are_packed_gemvs_and_planned_so(form):
 
 
 @pytest.mark.parametrize("func, reason", [
-    (lambda: _mlc(2048, 1024, rows=2), "computes one row"),
+    (lambda: _mlc(2048, 1024, rows=9), "at most 8 rows"),
     (lambda: _transposed(1024, 1024), r"reads its weights as W\[j, k // d\] or W\[j\]"),
     (lambda: _mlc(256, 1040, group=16), "K=1040 is not a multiple of the 32 values"),
     (lambda: _nibbles(64, 256, group=48), "neither divide nor are divided"),
@@ -298,12 +300,12 @@ def _reference(form: str, inputs: list) -> np.ndarray:
     elif form.startswith("mlc"):
         x, wq, sc, *bias = inputs
         w = (_codes(wq, 8) - 7) * np.repeat(sc.astype(np.float64), wq.shape[1] * 8 // sc.shape[1], axis=1)
-        return x.astype(np.float64).reshape(1, -1) @ w.T + sum(b.astype(np.float64) for b in bias)
+        return x.astype(np.float64).reshape(-1, x.shape[-1]) @ w.T + sum(b.astype(np.float64) for b in bias)
     else:
         x, qw, sc, z = inputs
         group = qw.shape[1] * 2 // sc.shape[1]
         w = (_codes(qw, 2) - np.repeat(z.astype(np.float64), group, 1)) * np.repeat(sc.astype(np.float64), group, 1)
-    return x.astype(np.float64).reshape(1, -1) @ w.T
+    return x.astype(np.float64).reshape(-1, x.shape[-1]) @ w.T
 
 
 @pytest.mark.gpu

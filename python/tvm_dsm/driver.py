@@ -35,8 +35,10 @@ from .learned_ranking import rerank
 from .local_measure import local_builder, local_runner
 from .planners.report import Plan
 from .stock import stock_rules, stock_target
+from .families.packed_gemv import PackedGemvFamily
 from .families.simt_gemm import SimtGemm, pads_faster
 from .rules.aligned_rows import misaligned_products, pad_rows_to_vectors
+from .rules.packed_gemv import MAX_ROWS as MAX_PACKED_ROWS
 from .transform.generate_kernels import mark_generated, recorded_config
 from .transform.host_sorts import refuse_host_loops, refuse_host_sorts, router_top_k
 from .transform.columns_as_one import columns_as_one
@@ -505,19 +507,21 @@ def tuning_record(database: ms.Database | None, func: tirx.PrimFunc,
 
 def _fallback_schedule(func: tirx.PrimFunc, target, reason: ClusterError,
                        hw: Hardware | None, families: bool = True) -> s_tir.Schedule:
-    """:func:`_fallback_apart`; with ``families``, preceded at one row by a family's kernel of
-    the whole function where one takes it there (:func:`_one_row_first`)."""
+    """:func:`_fallback_apart`; with ``families``, preceded at a few rows by a family's kernel of
+    the whole function where one takes it there (:func:`_few_rows_first`)."""
     scheduled = _fallback_apart(func, target, reason, hw, families)
-    return _one_row_first(func, scheduled, target, hw) if families else scheduled
+    return _few_rows_first(func, scheduled, target, hw) if families else scheduled
 
 
-def _one_row_first(func: tirx.PrimFunc, scheduled: s_tir.Schedule, target, hw: Hardware | None) -> s_tir.Schedule:
+def _few_rows_first(func: tirx.PrimFunc, scheduled: s_tir.Schedule, target, hw: Hardware | None) -> s_tir.Schedule:
     """``scheduled`` (``func`` of a variable row count, scheduled apart), branching at one row to
     the kernel a family makes of ``func`` whole at one row, where there a stage unpacking a
-    product's operand joins the product (:func:`~tvm_dsm.transform.split_operators.split_operators`):
-    MLC's batched decode GEMV over 4-bit codes, whose operators apart unpack the weight into a
-    tensor and read it back (4 times the codes' bytes, twice), is at one row the packed GEMV
-    reading the codes once. ``scheduled`` itself otherwise."""
+    product's operand joins the product (:func:`~tvm_dsm.transform.split_operators.split_operators`),
+    and, where that family is the packed GEMV, at each row count up to its
+    :data:`~tvm_dsm.rules.packed_gemv.MAX_ROWS` it takes: MLC's batched decode GEMV over 4-bit
+    codes, whose operators apart unpack the weight into a tensor and read it back (4 times the
+    codes' bytes, twice), is at a few rows the packed GEMV reading the codes once. ``scheduled``
+    itself otherwise."""
     try:
         variables = extent_variables(func)
     except ClusterError:  # an extent that is an expression of a variable: no row count to branch on
@@ -527,26 +531,36 @@ def _one_row_first(func: tirx.PrimFunc, scheduled: s_tir.Schedule, target, hw: H
     one_row = specialized(func, variables[0], 1)
     if not 0 < len(_operators(one_row)) < len(_operators(func)):
         return scheduled
-    try:
-        ranking = plan(one_row, hw, target)
-        kernel = ranking.schedule().mod["main"]
-    except (ClusterError, *FAMILY_FAILURES):
-        return scheduled
     rest = scheduled.mod["main"]
-    if [str(p.ty.dtype) for p in kernel.params] != [str(p.ty.dtype) for p in rest.params]:
+    kernels = []  # (rows, the whole function's kernel there)
+    for rows in range(1, MAX_PACKED_ROWS + 1):
+        try:
+            ranking = plan(specialized(func, variables[0], rows), hw, target)
+            if rows > 1 and ranking.family.name != PackedGemvFamily.name:
+                break
+            kernel = ranking.schedule().mod["main"]
+        except (ClusterError, *FAMILY_FAILURES):
+            break
+        if [str(p.ty.dtype) for p in kernel.params] != [str(p.ty.dtype) for p in rest.params]:
+            break
+        kernels.append(kernel)
+        LOG.info("at %d row(s), %s takes it whole", rows, ranking.family.name)
+        if ranking.family.name != PackedGemvFamily.name:
+            break
+    if not kernels:
         return scheduled
-    LOG.info("at one row, %s takes it whole", ranking.family.name)
-    # the kernels apart behind "more than one row", the root block's declarations (the views of
-    # parameters their tensor maps are encoded from) kept where they are; the one-row kernel last
+    # the kernels apart behind "more rows", the root block's declarations (the views of
+    # parameters their tensor maps are encoded from) kept where they are; the whole kernels last
     row_count = extent_variables(rest)[0]
     root = rest.body.block
-    apart = [stmt if declares(stmt) else tirx.IfThenElse(on_host(row_count > 1), stmt, None)
+    apart = [stmt if declares(stmt) else tirx.IfThenElse(on_host(row_count > len(kernels)), stmt, None)
              for stmt in items(root.body)]
-    # the kernel's blocks and loops defined afresh: a traced family's keep the function's own
+    # each kernel's blocks and loops defined afresh: a traced family's keep the function's own
     # variables, which a kernel apart defines too
-    at_one = tirx.IfThenElse(on_host(row_count == 1),
-                             fresh_definitions(substitute(kernel.body, list(zip(kernel.params, rest.params)))), None)
-    body = SBlockRealize(rest.body.iter_values, rest.body.predicate, with_block_body(root, seq([*apart, at_one])))
+    whole = [tirx.IfThenElse(on_host(row_count == rows), fresh_definitions(
+        substitute(kernel.body, list(zip(kernel.params, rest.params)))), None)
+        for rows, kernel in enumerate(kernels, start=1)]
+    body = SBlockRealize(rest.body.iter_values, rest.body.predicate, with_block_body(root, seq([*apart, *whole])))
     return s_tir.Schedule(rest.with_body(body), enable_check=False)
 
 

@@ -1,9 +1,10 @@
-"""One row times a packed (weight-quantized) matrix, dequantized inside the product
+"""A few rows times a packed (weight-quantized) matrix, dequantized inside the product
 (:mod:`tvm_dsm.rules.packed_gemv`): a decode step of a 4-bit model.
 
 The model is a roofline: every tensor read once at HBM bandwidth, at the share of the SMs the
 grid fills, against the dequantizing arithmetic (:data:`OPERATIONS_PER_VALUE` fp32 operations a
-weight) on the CUDA cores, plus a launch. The rule's default comes first.
+weight, once for all rows) and each row's multiply-add on the CUDA cores, plus a launch. The
+rule's default comes first.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ class PackedGemvFamily(ScheduleFamily):
 
     def predict(self, found: PackedGemv, config: PackedGemvConfig, hw: Hardware) -> KernelPlan:
         ctas = found.n // (config.rows_per_cta * config.columns)
+        operations = (OPERATIONS_PER_VALUE + 2 * (found.rows - 1)) * found.n * found.k
         return roofline(config, {"hbm": sum(buffer_bytes(p) for p in found.func.params)},
-                        {"fp32": OPERATIONS_PER_VALUE * found.n * found.k}, hw, busy=ctas / hw.sm_count)
+                        {"fp32": operations}, hw, busy=ctas / hw.sm_count)
 
     def rank(self, found: PackedGemv, hw: Hardware) -> list[KernelPlan]:
         configs = candidate_configs(found)

@@ -1,7 +1,8 @@
-"""One row times a matrix stored as integer codes, several to a byte or word or one int8 each,
-dequantized inside the product (``y[j] = sum_k x[k] * (q(P[j, k // d]) - z[j, k // g]) *
+"""A few rows times a matrix stored as integer codes, several to a byte or word or one int8 each,
+dequantized inside the product (``y[i, j] = sum_k x[i, k] * (q(P[j, k // d]) - z[j, k // g]) *
 s[j, k // g]``): MLC-LLM's q4f16 and 4-bit codes with zero points in the ``[N, K / d]``
-layout, or an int8 weight with a scale per column, at a decode step of one token.
+layout, or an int8 weight with a scale per column, at a decode step of up to :data:`MAX_ROWS`
+tokens.
 
 Such a product is bound by the arithmetic of the dequantization long before HBM: a 16-byte load
 of 4-bit codes holds 32 weights, each unpacked, converted, offset, scaled and multiplied. The
@@ -11,7 +12,8 @@ kernel therefore keeps that arithmetic short:
   matching elements of x, of the scales and zero points, ``unroll`` such steps unrolled so that
   their loads issue together, ``lanes`` lanes splitting a row's K (a cross-thread sum after);
 * each thread computes ``columns`` output columns, whose weights share its vector of x: x is
-  loaded and converted once for all of them;
+  loaded and converted once for all of them; and each of x's rows, which share the weight: each
+  value is unpacked once for all rows (the rows' loop innermost, unrolled);
 * the dequantized weight is computed in fp32 (its 16-bit arithmetic widened: closer to the exact
   values than the function's roundings, never further) and the unpacked codes are converted by
   their bits (:mod:`tvm_dsm.transform.exact_int_casts`), not by the quarter-rate conversion
@@ -20,23 +22,24 @@ kernel therefore keeps that arithmetic short:
 The elementwise blocks that unpack the weight before the product (TE's ``decode`` stages) are
 inlined into it. The output, or an elementwise epilogue reading it at its element (the cast of
 an fp32 sum to fp16, a bias; several elementwise blocks merged into one), takes the columns. A
-product of several rows keeps the packed weight out of this rule (each row would unpack it
-again): the operands are computed apart (:mod:`tvm_dsm.transform.computed_operands`) for the
-GEMM families.
+product of more rows keeps the packed weight out of this rule: the operands are computed apart
+(:mod:`tvm_dsm.transform.computed_operands`) for the GEMM families, whose tensor cores then do
+the rows' arithmetic.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
-from tvm.s_tir import SBlock
+from tvm.s_tir import SBlock, SBlockRealize
 
 from ..errors import ClusterError, passes
 from ..hardware import MAX_CTA_THREADS
-from ..ir import block_allocations, in_fp32, is_reduction, is_zero, largest_power_of_two, uses
+from ..ir import block_allocations, find_all, in_fp32, is_reduction, is_zero, largest_power_of_two, uses
 from ..transform.buffers import element_bytes
 from ..transform.exact_int_casts import int_casts_by_bits
 from ..transform.programmatic_launch import launch_programmatically
@@ -80,6 +83,8 @@ class PackedGemv:
     reduction: str
     epilogue: str | None
     k_elements: tuple[tuple[str, int], ...] = ()
+    #: rows of x, each thread's: the weight a thread unpacks is multiplied by each of them
+    rows: int = 1
 
 
 def _packing(index, depth: tirx.Var) -> int | None:
@@ -129,8 +134,12 @@ def find_packed_gemv(func: tirx.PrimFunc) -> PackedGemv:
     reduce = [v for v in block.iter_vars if v.iter_type == tirx.IterVar.CommReduce]
     if (len(reduce) != 1 or not spatial
             or not all(isinstance(v.dom.extent, tirx.IntImm) for v in (*spatial, *reduce))
-            or any(int(v.dom.extent) != 1 for v in spatial[:-1])):
-        raise ClusterError("a packed GEMV computes one row: unit axes, then the columns, over one reduced axis")
+            or len([v for v in spatial[:-1] if int(v.dom.extent) != 1]) > 1):
+        raise ClusterError("a packed GEMV computes rows: unit axes and at most one of rows, then the columns, over "
+                           "one reduced axis")
+    rows_count = math.prod(int(v.dom.extent) for v in spatial[:-1])
+    if rows_count > MAX_ROWS:
+        raise ClusterError(f"a packed GEMV takes at most {MAX_ROWS} rows (each thread's), not {rows_count}")
     if str(block.writes[0].source.ty.dtype) != "float32":
         raise ClusterError("a packed GEMV accumulates in fp32 (sums written in 16 bits are widened first)")
     if not (isinstance(block.init, tirx.BufferStore) and is_zero(block.init.value)):
@@ -171,11 +180,11 @@ def find_packed_gemv(func: tirx.PrimFunc) -> PackedGemv:
     epilogue = None
     if len(blocks) == 2:
         epilogue = sch.get(blocks[1])
-        _check_epilogue(sch.mod["main"], epilogue, [written], 1, n)
+        _check_epilogue(sch.mod["main"], epilogue, [written], rows_count, n)
     func = int_casts_by_bits(_widened_weight(sch.mod["main"], block.name_hint))
     k_elements = ((rows[0].source.name, span), *((w.name, max(1, span // d)) for w, d in packing.items()))
     return PackedGemv(func, n, k, span, block.name_hint, None if epilogue is None else epilogue.name_hint,
-                      k_elements)
+                      k_elements, rows_count)
 
 
 def default_config(found: PackedGemv) -> PackedGemvConfig:
@@ -192,6 +201,9 @@ def default_config(found: PackedGemv) -> PackedGemvConfig:
     return config
 
 
+#: Rows of x a packed GEMV takes (a decode step's batch); more go to the GEMM families over the
+#: unpacked weight.
+MAX_ROWS = 8
 ROWS_PER_CTA = (1, 2, 4, 8)
 COLUMNS = (1, 2, 4)
 UNROLLS = (1, 2, 4)
@@ -265,8 +277,9 @@ def schedule_packed_gemv(found: PackedGemv, config: PackedGemvConfig) -> s_tir.S
     _, _, lane, _ = sch.split(k, [None, config.unroll, config.lanes, found.span])
     partial = sch.rfactor(lane, factor_axis=0)
     owner = sch.get_sblock(found.epilogue) if found.epilogue else product
-    columns = sch.get_loops(owner)[:len(sch.get_loops(owner)) - (0 if found.epilogue else 1)]
-    cta, row, column = sch.split(sch.fuse(*columns), [None, config.rows_per_cta, config.columns])
+    spatial = sch.get_loops(owner)[:len(sch.get_loops(owner)) - (0 if found.epilogue else 1)]
+    cta, row, column = sch.split(spatial[-1], [None, config.rows_per_cta, config.columns])
+    sch.reorder(cta, row, column, *spatial[:-1])  # x's rows inside the thread, under its columns
     if found.epilogue:
         sch.compute_at(product, column)
     sch.bind(cta, "blockIdx.x")
@@ -276,9 +289,10 @@ def schedule_packed_gemv(found: PackedGemv, config: PackedGemvConfig) -> s_tir.S
     loops = sch.get_loops(partial)
     sch.bind(loops[2], "threadIdx.x")
     steps, unrolled, values = loops[-3:]
-    own = [loop for loop in loops[3:-3] if int(sch.get(loop).extent) == config.columns]
-    if own:
-        sch.reorder(steps, unrolled, own[-1], values)  # x's vector, loaded once, under every column
+    *x_rows, own = loops[3:-3]  # the partial sums' rows and columns
+    x_rows = [loop for loop in x_rows if int(sch.get(loop).extent) > 1]
+    # x's vector, loaded once, under every column; each unpacked weight value under every row
+    sch.reorder(steps, unrolled, own, values, *x_rows)
     depth = [sch.get(loop).same_as(sch.get(unrolled)) for loop in sch.get_loops(partial)].index(True) + 1
     k_elements = dict(found.k_elements)
     for index, read in enumerate(sch.get(partial).reads):
@@ -288,13 +302,23 @@ def schedule_packed_gemv(found: PackedGemv, config: PackedGemvConfig) -> s_tir.S
             _vectorize(sch, staged, depth)
     sch.unroll(unrolled)
     sch.unroll(values)
-    if own:
-        sch.unroll(own[-1])
-    sch.bind(sch.get_loops(product)[-1], "threadIdx.x")
+    for loop in (own, *x_rows):
+        sch.unroll(loop)
+    lanes = _reduced_loop(sch, product)  # the sum over the lanes, x's rows outside it
+    sch.reorder(*[loop for loop in sch.get_loops(product)[3:] if not sch.get(loop).same_as(sch.get(lanes))], lanes)
+    sch.bind(lanes, "threadIdx.x")
     sch.set_scope(partial, 0, "local")
     if found.epilogue:
         sch.set_scope(product, 0, "local")
     return sch
+
+
+def _reduced_loop(sch: s_tir.Schedule, block):
+    """The loop binding ``block``'s reduced variable."""
+    realize = find_all(sch.mod["main"].body, SBlockRealize, lambda r: r.block.same_as(sch.get(block)))[0]
+    value = next(v for v, iv in zip(realize.iter_values, realize.block.iter_vars)
+                 if iv.iter_type == tirx.IterVar.CommReduce)
+    return next(loop for loop in sch.get_loops(block) if uses(value, sch.get(loop).loop_var))
 
 
 def _vectorize(sch: s_tir.Schedule, staged, depth: int) -> None:
