@@ -70,7 +70,7 @@ class PackedGemvConfig:
 
 @dataclass(frozen=True)
 class PackedGemv:
-    """A one-row product over a packed weight as the rule sees it: ``func`` with the unpacking
+    """A product of up to :data:`MAX_ROWS` rows over a packed weight as the rule sees it: ``func`` with the unpacking
     blocks inlined and the weight's arithmetic in fp32, ``n`` columns over ``k``, ``span`` values
     of K in a 16-byte vector of the codes, the product's and the epilogue's block names, and the
     elements along K of each tensor it reads that a lane's ``span`` values take (x's ``span``,
@@ -110,8 +110,8 @@ def _widened_weight(func: tirx.PrimFunc, name: str) -> tirx.PrimFunc:
 
 
 def find_packed_gemv(func: tirx.PrimFunc) -> PackedGemv:
-    """``func`` as a one-row product over a packed weight (see the module): elementwise blocks
-    that only unpack inputs, then one fp32 sum over ``k`` of a row ``x[.., k]`` times an
+    """``func`` as a product of up to :data:`MAX_ROWS` rows over a packed weight (see the module):
+    elementwise blocks that only unpack inputs, then one fp32 sum over ``k`` of rows ``x[.., k]`` times an
     expression of reads ``W[j, k // d]`` and ``s[j]`` (the column ``j`` first; at least one an
     integer tensor of codes of 8 bits or fewer: int8, or several codes an element), then at most
     one elementwise block reading the sum where it writes; ClusterError naming what differs."""
@@ -152,7 +152,7 @@ def find_packed_gemv(func: tirx.PrimFunc) -> PackedGemv:
     weights = [r for r in reads if any(uses(x.min, column) for x in r.region)]
     if len(rows) != 1 or not tvm_ffi.structural_equal(rows[0].region[-1].min, depth) or any(
             uses(x.min, depth) for x in rows[0].region[:-1]):
-        raise ClusterError("a packed GEMV reads one row x along K, K its innermost index")
+        raise ClusterError("a packed GEMV reads one tensor of rows x along K, K its innermost index")
     packing = {}
     for read in weights:
         indices = [x.min for x in read.region]
