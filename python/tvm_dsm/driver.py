@@ -532,10 +532,10 @@ def _few_rows_first(func: tirx.PrimFunc, scheduled: s_tir.Schedule, target, hw: 
     if not 0 < len(_operators(one_row)) < len(_operators(func)):
         return scheduled
     rest = scheduled.mod["main"]
-    kernels = []  # (rows, the whole function's kernel there)
+    kernels = []  # the whole function's kernel at 1, 2, ... rows
     for rows in range(1, MAX_PACKED_ROWS + 1):
         try:
-            ranking = plan(specialized(func, variables[0], rows), hw, target)
+            ranking = plan(one_row if rows == 1 else specialized(func, variables[0], rows), hw, target)
             if rows > 1 and ranking.family.name != PackedGemvFamily.name:
                 break
             kernel = ranking.schedule().mod["main"]

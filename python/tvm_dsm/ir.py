@@ -356,6 +356,14 @@ def branch_on(var: tirx.Var, kernels: list[tuple[int | None, tirx.PrimFunc]]) ->
     return tirx.IfThenElse(on_host(var > 0), body, None)
 
 
+def reduced_values(sch, block) -> list:
+    """The values ``block``'s reduced iterators are bound to in schedule ``sch``: expressions of
+    the loops around it (its innermost loop holds it)."""
+    realize = sch.get(sch.get_loops(block)[-1]).body
+    return [value for iv, value in zip(realize.block.iter_vars, realize.iter_values)
+            if int(iv.iter_type) == tirx.IterVar.CommReduce]
+
+
 def declares(stmt) -> bool:
     """Whether ``stmt`` only declares (a buffer allocated or viewed, a variable bound): no kernel."""
     return isinstance(stmt, (tirx.AllocBuffer, tirx.DeclBuffer, tirx.Bind))

@@ -459,15 +459,18 @@ class _Match:
                               extents, layouts, params, tuple(order), terms, row_outputs,
                               None if f.value_dim == f.dim else f.value_dim, sink)
 
+    def _input_symbols(self) -> dict:
+        """The other inputs' loads the exponent reads, by their symbols' names, in fp32."""
+        return {name: load if load.ty.dtype == "float32" else tirx.Cast("float32", load)
+                for name, load in self.inputs.items()}
+
     def _sink_logit(self, exponent: _Exponent, heads: list) -> SinkLogit:
         """The sink's exponent as TIR over the head variables; ClusterError where it reads
         anything else (the query position): the kernel reads it once a row, before the keys."""
         if any(sym.name.startswith("place") for sym in exponent.sink.free_symbols):
             raise ClusterError(f"a sink logit must be of the heads alone (read once a row); got {exponent.sink}")
-        symbols = {name: load if load.ty.dtype == "float32" else tirx.Cast("float32", load)
-                   for name, load in self.inputs.items()}
         try:
-            value = ToTIR(symbols, "float32")(exponent.sink)
+            value = ToTIR(self._input_symbols(), "float32")(exponent.sink)
         except Unsupported as err:
             raise ClusterError(f"attention's sink logit {exponent.sink}: {err}") from err
         free = [v for ld in loads(value) for i in ld.indices for v in undefined_vars(i)]
@@ -511,8 +514,7 @@ class _Match:
         score = tirx.Var("score", "float32")
         symbols = {_SCORE.name: score}
         symbols.update((name, tirx.Cast("float32", var)) for name, var in self.places.items())
-        symbols.update((name, load if load.ty.dtype == "float32" else tirx.Cast("float32", load))
-                       for name, load in self.inputs.items())
+        symbols.update(self._input_symbols())
         try:
             value = ToTIR(symbols, "float32")(f.exponent.of_key)
         except Unsupported as err:

@@ -16,7 +16,7 @@ from tvm.s_tir.schedule import SBlockRV
 
 from ..errors import ClusterError
 from ..hardware import Hardware
-from ..ir import uses
+from ..ir import reduced_values, uses
 from .split_k_gemm import GemmShape, SplitKGemmConfig, apply_split_k_gemm, check_config, find_gemm_operands
 
 
@@ -96,9 +96,7 @@ def _spatial_loops(sch: s_tir.Schedule, block: SBlockRV) -> list:
     """The loops inside the tile that the block's reduction iterator does not use (loop order
     after reverse_compute_at follows the consumed region, not the block's iterators)."""
     loops = sch.get_loops(block)[1:]
-    realize = sch.get(loops[-1]).body
-    reduced = [value for iv, value in zip(realize.block.iter_vars, realize.iter_values)
-               if int(iv.iter_type) == tirx.IterVar.CommReduce]
+    reduced = reduced_values(sch, block)
     return [loop for loop in loops if not any(uses(v, sch.get(loop).loop_var) for v in reduced)]
 
 

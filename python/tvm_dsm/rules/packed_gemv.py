@@ -35,11 +35,11 @@ from dataclasses import dataclass
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
-from tvm.s_tir import SBlock, SBlockRealize
+from tvm.s_tir import SBlock
 
 from ..errors import ClusterError, passes
 from ..hardware import MAX_CTA_THREADS
-from ..ir import block_allocations, find_all, in_fp32, is_reduction, is_zero, largest_power_of_two, uses
+from ..ir import block_allocations, in_fp32, is_reduction, is_zero, largest_power_of_two, reduced_values, uses
 from ..transform.buffers import element_bytes
 from ..transform.exact_int_casts import int_casts_by_bits
 from ..transform.programmatic_launch import launch_programmatically
@@ -304,21 +304,14 @@ def schedule_packed_gemv(found: PackedGemv, config: PackedGemvConfig) -> s_tir.S
     sch.unroll(values)
     for loop in (own, *x_rows):
         sch.unroll(loop)
-    lanes = _reduced_loop(sch, product)  # the sum over the lanes, x's rows outside it
+    (lane_sum,) = reduced_values(sch, product)  # the sum over the lanes, x's rows outside it
+    lanes = next(loop for loop in sch.get_loops(product) if uses(lane_sum, sch.get(loop).loop_var))
     sch.reorder(*[loop for loop in sch.get_loops(product)[3:] if not sch.get(loop).same_as(sch.get(lanes))], lanes)
     sch.bind(lanes, "threadIdx.x")
     sch.set_scope(partial, 0, "local")
     if found.epilogue:
         sch.set_scope(product, 0, "local")
     return sch
-
-
-def _reduced_loop(sch: s_tir.Schedule, block):
-    """The loop binding ``block``'s reduced variable."""
-    realize = find_all(sch.mod["main"].body, SBlockRealize, lambda r: r.block.same_as(sch.get(block)))[0]
-    value = next(v for v, iv in zip(realize.iter_values, realize.block.iter_vars)
-                 if iv.iter_type == tirx.IterVar.CommReduce)
-    return next(loop for loop in sch.get_loops(block) if uses(value, sch.get(loop).loop_var))
 
 
 def _vectorize(sch: s_tir.Schedule, staged, depth: int) -> None:

@@ -63,9 +63,9 @@ class StridedRowsConfig:
 @dataclass(frozen=True)
 class StridedRows:
     """The function, its output block, the output block's variable along the reduced axis (None
-    where the output is the reduction itself), the reduced axis' extent, the points (the other
-    axes' elements), and the tensors read along the reduced axis by more than one block (held
-    in registers)."""
+    where the output is the reduction itself), the row's length (the product of the reduced
+    axes' extents), the points (the other axes' elements), and the tensors read along the
+    reduced axis by more than one block (held in registers)."""
 
     func: tirx.PrimFunc
     output: str
@@ -88,6 +88,10 @@ def _reduced_vars(block: SBlock) -> list[tirx.IterVar]:
 
 def _row_length(block: SBlock) -> int:
     return math.prod(int(iv.dom.extent) for iv in _reduced_vars(block))
+
+
+def _spatial_vars(block: SBlock) -> list[tirx.Var]:
+    return [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
 
 
 def _innermost_point(block: SBlock) -> tirx.Var | None:
@@ -148,14 +152,14 @@ def _row_axis(blocks: list, along: list, output: SBlock) -> tirx.Var | None:
     return None if at is None or is_reduction(output) else _store(output).indices[at]
 
 
-def _check_not_a_matmul(block: SBlock, reduced: list) -> None:
+def _check_not_a_matmul(block: SBlock, reduced: list, spatial: list) -> None:
     """ClusterError where ``block`` multiplies two tensors read along its reduced axes that
     each vary with a point variable the other does not (``a[i, k] * b[k, j]``; a convolution
     over input channels, ``x[n, c, h + ry, w + rx] * w[o, c, ry, rx]``): a matmul, the GEMM
     families' work, which a thread per point would do on CUDA cores. A depthwise kernel
     (``w[c, 0, ry, rx]``: of no variable ``x`` lacks) or a product of two tensors at one point
-    (``x[n, c, i, j] * y[n, c, i, j]`` over ``c``) is not one."""
-    spatial = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+    (``x[n, c, i, j] * y[n, c, i, j]`` over ``c``) is not one. ``reduced`` and ``spatial``: the
+    block's reduced and spatial variables."""
     operands = []  # (tensor, the point variables it varies with)
     for ld in loads(_store(block).value):
         if any(uses(i, r) for i in ld.indices for r in reduced):
@@ -188,26 +192,24 @@ def find_strided_rows(func: tirx.PrimFunc) -> StridedRows:
         raise ClusterError(f"strided rows: a row of at most {MAX_ROW} elements a thread loops over (not {row})")
     along = []  # (tensor, position of the reduced axis) the reductions read along it
     for b in reductions:
-        reduced = [iv.var for iv in _reduced_vars(b)]
-        _check_not_a_matmul(b, reduced)
+        reduced, spatial, inner = [iv.var for iv in _reduced_vars(b)], _spatial_vars(b), _innermost_point(b)
+        _check_not_a_matmul(b, reduced, spatial)
         for ld in loads(_store(b).value):
             positions = [n for n, i in enumerate(ld.indices) if any(uses(i, r) for r in reduced)]
             if not positions:
                 continue
-            if positions[-1] == len(ld.indices) - 1 and not _coalesced(ld.indices, _innermost_point(b)):
+            if positions[-1] == len(ld.indices) - 1 and not _coalesced(ld.indices, inner):
                 raise ClusterError(f"strided rows: {b.name_hint} reduces {ld.source.name} over its innermost axis "
                                    "(the row norm's form)")
-            spatial = [iv.var for iv in b.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
             if not any(uses(ld.indices[n], v) for n in positions for v in spatial):
                 along.append((ld.source, positions[0]))  # a row along an axis (a window's read slides: none)
     output = outputs[0]
     axis = _row_axis(blocks, along, output)
     for b in blocks:
-        store = _store(b)
+        store, inner = _store(b), _innermost_point(b)
         accesses = [(store.indices, store.buffer.name), *((ld.indices, ld.source.name) for ld in loads(store.value))]
         for indices, name in accesses:
-            if len(indices) >= 2 and (not _coalesced(indices, _innermost_point(b))
-                                      or (axis is not None and uses(indices[-1], axis))):
+            if len(indices) >= 2 and (not _coalesced(indices, inner) or (axis is not None and uses(indices[-1], axis))):
                 raise ClusterError(f"strided rows: {b.name_hint} accesses {name} along an innermost axis the points "
                                    "do not move along")
     out_elements = math.prod(int(d) for d in output.writes[0].source.ty.shape)

@@ -631,7 +631,7 @@ def _threads(body, loop: tirx.For) -> list:
 
 def _global_declaration(stmt) -> bool:
     """Whether ``stmt`` allocates or declares a global buffer (a workspace, a view of a parameter)."""
-    return declares(stmt) and not isinstance(stmt, tirx.Bind) and str(stmt.buffer.ty.storage_scope) == "global"
+    return isinstance(stmt, (tirx.AllocBuffer, tirx.DeclBuffer)) and str(stmt.buffer.ty.storage_scope) == "global"
 
 
 def _views_before_kernels(stmts: list, loops: list) -> int:
