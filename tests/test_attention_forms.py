@@ -6,6 +6,8 @@ llvm build, and (GPU) every form through ``tvm_dsm.build`` against float64."""
 
 from __future__ import annotations
 
+import re
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -662,9 +664,12 @@ def test_a_bias_is_loaded_while_the_scores_mma_runs_where_its_registers_fit():
     assert not prefetches_terms(find_attention(attention_with_terms("bias", 16, 2048, 128)), AttentionConfig(64, 2))
     assert not prefetches_terms(find_attention(attention_with_terms("softcap", 32, 1024, 64)), AttentionConfig(128, 1))
     source = cuda_source(fuse_attention(func, AttentionConfig(128, 1)))
-    loop = source[source.index('extern "C" __global__'):]
-    wait = loop.index("tvm_dsm_attention_wait64(")
-    assert loop.count("mask_ptr[", 0, wait) == 64 and "mask_ptr[" not in loop[wait:]
+    kernel = source[source.index('extern "C" __global__'):]
+    loads = [m.start() for m in re.finditer(r"mask_ptr\[", kernel)]
+    issues = [m.start() for m in re.finditer(r"tvm_dsm_attention_scores_\w+\(", kernel)]
+    waits = [m.start() for m in re.finditer(r"tvm_dsm_attention_wait64_\d\(", kernel)]
+    assert len(loads) == 64 * len(issues)  # each step's elements, after its MMA is issued, before its wait
+    assert all(max(i for i in issues if i < at) > max((w for w in waits if w < at), default=-1) for at in loads)
 
 
 @pytest.mark.parametrize("config", [AttentionConfig(128, 1), AttentionConfig(128, 1, 2)])

@@ -53,6 +53,7 @@ import functools
 import math
 import operator
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import sympy
 import tvm_ffi
@@ -74,6 +75,7 @@ _NEG = -3.0e38  # the max's identity: finite, so fix(identity, m) is 0 or 1, nev
 _PANEL = 64  # fp16 columns of one 128-byte swizzle panel
 _ROW_BYTES = 128
 _ATOM_BYTES = 8 * _ROW_BYTES  # one 8-row swizzle atom
+_V_BARRIERS = 3  # the kernel's mbarriers: K's two slots, Q's, then V's two slots
 _WARPGROUP_THREADS = 128
 #: Two fp32 values rounded into one 16-bit pair with one ``cvt.rn.{f16,bf16}x2.f32``, stored at
 #: ``dst`` (why pairs: the module docstring): {dtype: (C element, C pair, conversion)}. Callers
@@ -105,6 +107,7 @@ class AttentionConfig:
     row_blocks: int = 1
     warpgroups: int = 1
     prefetch_terms: bool = True
+    overlap_softmax: bool | None = None  # None: where it fits (overlaps_softmax)
 
     @property
     def block_m(self) -> int:
@@ -128,6 +131,9 @@ _DIM_MULTIPLE = 8
 #: fp32 accumulator registers a thread may hold (S and O of its row blocks): the most that
 #: ptxas fits without spills next to the rest (head dim 128, two row blocks of 64-key tiles).
 _MAX_ACCUMULATORS = 192
+#: fp32 registers of S and O and fp16 pairs of P a thread may hold at once with the softmax
+#: overlapped (:func:`overlaps_softmax`): two row blocks at head dim 128 (224) spill.
+_OVERLAPPED_ACCUMULATORS = 160
 #: Dynamic shared memory a CTA may opt into on Hopper.
 _MAX_SHARED_BYTES = 227 * 1024
 #: The extents a function of symbolic ones is matched at (:meth:`AttentionTemplate.find`), the
@@ -140,6 +146,11 @@ _OTHER_LENGTHS = (280, 344, 408)
 #: Keys from which causal attention at head dims 80-128 shares 128-key tiles between two
 #: warpgroups (:func:`default_config`).
 _LONG_CAUSAL_KEYS = 2048
+
+
+def _step_scope(scope: SimpleNamespace) -> tuple:
+    """The kernel's buffers and values a key step reads (``key_step`` in :func:`attention_kernel`)."""
+    return (scope.smem, scope.bars, scope.s, scope.p, scope.o, scope.m, scope.l, scope.new_max, scope.fixed, scope.pre, scope.base, scope.tx, scope.heads, scope.seq, scope.P, scope.qt, scope.kv_row0, scope.scale, scope.scale_log2e, scope.block0, scope.warp, scope.lane, scope.tiles, scope.own_tiles)
 
 
 def padded_dim(dim: int) -> int:
@@ -165,7 +176,7 @@ def check_config(shape: AttentionShape, c: AttentionConfig) -> None:
         if not takes_head_dim(dim):
             raise ClusterError(f"head dim {dim}: the kernel takes multiples of {_DIM_MULTIPLE} (TMA strides are "
                                f"16-byte multiples) up to {max(PADDED_DIMS)} (wgmma's widest N)")
-    if dataclasses.replace(c, prefetch_terms=True) not in CONFIGS:
+    if dataclasses.replace(c, prefetch_terms=True, overlap_softmax=None) not in CONFIGS:
         raise ClusterError(f"{c}: registers are checked to fit without spills only for {CONFIGS}")
     D, DV = padded_dim(shape.dim), padded_dim(shape.v_dim)
     accumulators = c.row_blocks * (DV + c.block_n) // 2  # S and O of a thread's rows
@@ -347,6 +358,18 @@ def prefetches_terms(shape: AttentionShape, c: AttentionConfig) -> bool:
     return scores * (1 + len(shape.terms.tensor_loads())) + values <= _MAX_ACCUMULATORS
 
 
+def overlaps_softmax(shape: AttentionShape, c: AttentionConfig) -> bool:
+    """Whether a key tile's softmax runs while the previous tile's P V does (both MMAs in flight
+    at once, so a thread holds S, P and O together): ``c.overlap_softmax``, or by default with one
+    warpgroup a CTA where those registers stay within :data:`_OVERLAPPED_ACCUMULATORS`. Two
+    warpgroups already overlap each other's softmax, and keep to 128 registers a thread so that
+    two CTAs share an SM."""
+    if c.overlap_softmax is not None:
+        return c.overlap_softmax
+    scores, outputs = c.row_blocks * c.block_n // 2, c.row_blocks * padded_dim(shape.v_dim) // 2
+    return c.warpgroups == 1 and scores + scores // 2 + outputs <= _OVERLAPPED_ACCUMULATORS
+
+
 def _reg(block: int, frags: int, fragment, half, e):
     """A thread's register of accumulator fragment ``fragment`` (16 columns) of 64-row block
     ``block``: row half ``half`` (rows lane/4 and lane/4 + 8 of the warp's 16), element ``e`` of
@@ -362,7 +385,8 @@ def _helpers(shape: AttentionShape, c: AttentionConfig) -> dict[str, tuple[str, 
     """The warpgroup-MMA helpers the kernel calls, {role: (name, CUDA)}: ``scores`` issues
     S = Q K^T (A and B K-major, 16 columns a step, the first step overwriting S), ``values``
     issues O += P V (P from registers, V MN-major, 16 keys a step), ``wait_scores`` and
-    ``wait_output`` wait for them."""
+    ``wait_output`` wait for them (``wait_scores_behind``: for the scores, while the P V issued
+    after them runs on)."""
     D, DV, BN, BM, dtype = padded_dim(shape.dim), padded_dim(shape.v_dim), c.block_n, c.block_m, shape.dtype
     steps = _PANEL // 16
     kind = "" if dtype == "float16" else "_bf16"
@@ -381,8 +405,10 @@ def _helpers(shape: AttentionShape, c: AttentionConfig) -> dict[str, tuple[str, 
                    f"{b_lead}, {_ATOM_BYTES});")
         return call_source(name, _PAIRS[dtype][0], f"  {a_setup}\n{b_setup}", steps, step)
 
-    waits = {role: (f"tvm_dsm_attention_wait{regs}", wait_source(f"tvm_dsm_attention_wait{regs}", regs, 0))
-             for role, regs in (("wait_scores", BN // 2), ("wait_output", DV // 2))}
+    waits = {role: (f"tvm_dsm_attention_wait{regs}_{pending}",
+                    wait_source(f"tvm_dsm_attention_wait{regs}_{pending}", regs, pending))
+             for role, regs, pending in (("wait_scores", BN // 2, 0), ("wait_scores_behind", BN // 2, 1),
+                                         ("wait_output", DV // 2, 0))}
     return {
         "pack": _pack(dtype),
         "scores": (scores, issue(scores, scores_step, D // 16, f"uint64_t a_desc = {scores}_desc("
@@ -467,6 +493,7 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
     # key_tail: the last key tile may run past the keys
     is_ragged, is_causal = ragged is not None, shape.causal
     key_tail = not isinstance(KV, int) or KV % BN != 0
+    overlapped = overlaps_softmax(shape, c)  # tile t's softmax runs while tile t - 1's P V does
     h = _helpers(shape, c)
 
     def fix(old, new):
@@ -493,6 +520,15 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
     def barrier(bars, i):
         return T.cuda.cvta_generic_to_shared(bars.access_ptr("r")) + T.uint32(8) * T.Cast("uint32", i)
 
+    def copied_bytes(names):
+        return sum(tile_bytes[name] for name in names)  # "kv": both tiles
+
+    def tile_barrier(bars, name, tile):  # barriers: K's two slots, Q, V's two slots
+        return barrier(bars, tile % 2 + (0 if name == "k" else _V_BARRIERS))
+
+    def wait_tile(bars, name, tile):  # the copy into a slot completes phase 0, the next one phase 1, ...
+        return T.evaluate(T.cuda.mbarrier_wait(tile_barrier(bars, name, tile), tile // 2 % 2))
+
     def smem_at(smem, elem):  # shared address of element ``elem``
         return T.cuda.cvta_generic_to_shared(smem.access_ptr("r")) + T.Cast("uint32", elem * 2)
 
@@ -502,7 +538,7 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
     dims = {"q": shape.dim, "k": shape.dim, "v": shape.v_dim, "out": shape.v_dim}
     shapes = {name: operand_shape(shape, layouts[name], lengths[name], dims[name]) for name in names}
     maps = {name: tirx.Var(f"{name}_tensormap", T.handle("tensormap").ty) for name in names}
-    tile_bytes = {"q": BM * D * 2, "kv": BN * (D + DV) * 2}  # whole boxes: TMA counts zero-filled bytes too
+    tile_bytes = {"q": BM * D * 2, "k": BN * D * 2, "v": BN * DV * 2}  # whole boxes: TMA counts zero-filled bytes too
 
     def coordinates(name, panel, row, heads):
         """A TMA copy's coordinates in the tensor map's order: column, position, head axes."""
@@ -583,16 +619,48 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
                                  qt * BM + (block0 + r) * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8, heads)
 
     @T.macro
-    def load_keys(smem, bars, base, kv_row0, heads, tile, slot):
-        """Key tile ``tile``'s K and V panels into slot ``slot`` (one thread issues the copies;
-        they complete on the slot's barrier)."""
-        T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(barrier(bars, slot), T.uint32(tile_bytes["kv"]))
-        for panel in T.unroll(D // _PANEL):
-            T.evaluate(copy("k", panel, smem_at(smem, base + K_AT + slot * BN * D), kv_row0 + tile * BN, heads,
-                            barrier(bars, slot)))
-        for panel in T.unroll(DV // _PANEL):
-            T.evaluate(copy("v", panel, smem_at(smem, base + V_AT + slot * BN * DV), kv_row0 + tile * BN, heads,
-                            barrier(bars, slot)))
+    def copy_panels(smem, base, kv_row0, heads, tile, name, bar):
+        at = T.meta_var(K_AT if name == "k" else V_AT)
+        dim = T.meta_var(D if name == "k" else DV)
+        for panel in T.unroll(dim // _PANEL):
+            T.evaluate(copy(name, panel, smem_at(smem, base + at + tile % 2 * BN * dim), kv_row0 + tile * BN,
+                            heads, bar))
+
+    @T.macro
+    def load_tile(smem, bars, base, kv_row0, heads, tile, names):
+        """Key tile ``tile``'s panels of ``names`` ("k", "v" or "kv") into their slots (``tile % 2``):
+        one thread issues the copies; they complete on the first one's slot barrier
+        (:func:`tile_barrier`)."""
+        T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(tile_barrier(bars, names[0], tile),
+                                                         T.uint32(copied_bytes(names)))
+        if "k" in names:
+            copy_panels(smem, base, kv_row0, heads, tile, "k", tile_barrier(bars, names[0], tile))
+        if "v" in names:
+            copy_panels(smem, base, kv_row0, heads, tile, "v", tile_barrier(bars, names[0], tile))
+
+    @T.macro
+    def values(smem, bars, base, o, p, t):
+        """O += P V of key tile ``t``, issued once its V tile has arrived (with its K tile, unless
+        overlapped)."""
+        if overlapped:
+            wait_tile(bars, "v", t)
+        for r in T.unroll(RB):
+            T.evaluate(call("values", T.address_of(o[r * DF * 8]), T.address_of(p[r * NF * 8]),
+                            T.address_of(smem[base + V_AT + t % 2 * BN * DV])))
+
+    @T.macro
+    def rescale(o, fixed, r, half):
+        """Row block ``r``'s half ``half`` of O rescaled to the new row maxima."""
+        for df in T.unroll(DF):
+            for e in T.unroll(4):
+                o[_reg(r, DF, df, half, e)] = o[_reg(r, DF, df, half, e)] * fixed[r * 2 + half]
+
+    @T.macro
+    def pack(s, p, r, half, nf):
+        """Fragment ``nf`` of row block ``r``'s half ``half`` of P, rounded in pairs from S."""
+        for e in T.unroll(0, 4, step=2):  # registers e and e + 1 are adjacent
+            T.evaluate(call("pack", p.access_ptr("w", offset=_reg(r, NF, nf, half, e), extent=2),
+                            s[_reg(r, NF, nf, half, e)], s[_reg(r, NF, nf, half, e + 1)]))
 
     @T.macro
     def key_mask(s, r, half, lane, t, keep):
@@ -646,6 +714,84 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
                                     o[_reg(r, DF, df, half, e)] * fixed[0], o[_reg(r, DF, df, half, e + 1)] * fixed[0]))
 
     @T.macro
+    def key_step(scope, t, first):
+        """Key tile ``t`` of the CTA's (``first``: tile 0, with no P V before it); ``scope``: the
+        buffers and values of :meth:`kernel` it reads, by name."""
+        smem, bars, s, p, o, m, l, new_max, fixed, pre, base, tx, heads, seq, P, qt, kv_row0, scale, scale_log2e, block0, warp, lane, tiles, own_tiles = T.meta_var(
+            _step_scope(scope))
+        T.tvm_storage_sync("shared")  # every warp is done with K of tile t - 1 and V of t - 2
+        if tx == 0:
+            if overlapped:  # V of tile t, K of the next
+                load_tile(smem, bars, base, kv_row0, heads, t, "v")
+                if t + 1 < tiles:
+                    load_tile(smem, bars, base, kv_row0, heads, t + 1, "k")
+            elif t + 1 < tiles:
+                load_tile(smem, bars, base, kv_row0, heads, t + 1, "kv")
+        if t < own_tiles:  # causal: this warpgroup's rows see no key of a later tile
+            wait_tile(bars, "k", t)  # (and V's, unless overlapped)
+            for r in T.unroll(RB):
+                T.evaluate(call("scores", T.address_of(s[r * NF * 8]),
+                                T.address_of(smem[base + (block0 + r) * WARPGROUP_ROWS * _PANEL]),
+                                T.address_of(smem[base + K_AT + t % 2 * BN * D])))
+            if prefetching:
+                prefetch_terms(pre, lane, t, qt, block0, warp, heads)
+            if overlapped and not first:  # the previous tile's P V runs beside this tile's softmax
+                values(smem, bars, base, o, p, t - 1)
+                T.evaluate(call("wait_scores_behind", T.address_of(s[0])))
+            else:
+                T.evaluate(call("wait_scores", T.address_of(s[0])))
+            for r in T.unroll(RB):
+                for half in T.unroll(2):
+                    row = T.meta_var(qt * BM + (block0 + r) * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8)
+                    if is_ragged:
+                        # the sequence's keys, up to the row's own position when causal
+                        last = T.meta_var(T.if_then_else(
+                            P.causal != 0, row + seq[_KV_LEN] - seq[_Q_LEN],
+                            seq[_KV_LEN] - 1))
+                        keys = T.meta_var(seq[_KV_LEN])
+                        if (t + 1) * BN > T.if_then_else(  # a diagonal tile, or one past the keys
+                                P.causal != 0, T.min(qt * BM + keys - seq[_Q_LEN], keys), keys):
+                            key_mask(s, r, half, lane, t, lambda key: tirx.And(key <= last, key < keys))
+                    else:
+                        if terms is not None:  # the mask, if any, is the terms' (causal: implied)
+                            score_terms(s, pre, r, half, lane, t, row, heads)
+                        elif is_causal:
+                            if (t + 1) * BN > qt * BM:  # a diagonal tile
+                                key_mask(s, r, half, lane, t, lambda key: key <= row)
+                        if key_tail:
+                            if t == NT - 1:  # the keys past the end, zero-filled
+                                key_mask(s, r, half, lane, t, lambda key: key < KV)
+                    new_max[0] = T.max(m[r * 2 + half], scale * quad(
+                        tirx.max, tree_reduce(tirx.max, row_values(s, r, half))))
+                    fixed[r * 2 + half] = fix(m[r * 2 + half], new_max[0])
+                    m[r * 2 + half] = new_max[0]
+                    if not overlapped:
+                        rescale(o, fixed, r, half)
+                    for nf in T.unroll(NF):
+                        for e in T.unroll(4):
+                            T.ptx["ex2.approx.ftz.f32"](
+                                s[_reg(r, NF, nf, half, e)],
+                                power(s[_reg(r, NF, nf, half, e)], new_max[0], scale_log2e))
+                        if not overlapped:
+                            pack(s, p, r, half, nf)
+                    l[r * 2 + half] = (l[r * 2 + half] * fixed[r * 2 + half]
+                                       + tree_reduce(operator.add, row_values(s, r, half)))
+            if overlapped:  # O and P wait for the previous tile's P V
+                if not first:
+                    T.evaluate(call("wait_output", T.address_of(o[0])))
+                for r in T.unroll(RB):
+                    for half in T.unroll(2):
+                        rescale(o, fixed, r, half)
+                        for nf in T.unroll(NF):
+                            pack(s, p, r, half, nf)
+            if not overlapped:
+                values(smem, bars, base, o, p, t)
+                T.evaluate(call("wait_output", T.address_of(o[0])))
+        elif overlapped and not first and t == own_tiles:  # causal: the warpgroup's last P V, on its last tile
+            values(smem, bars, base, o, p, t - 1)
+            T.evaluate(call("wait_output", T.address_of(o[0])))
+
+    @T.macro
     def kernel(bx, tx, heads, seq, P):
         """One CTA's attention (``seq`` and ``P``: its packed sequence and the ragged function's
         parameters, or None)."""
@@ -653,14 +799,14 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
             T.reads()
             T.writes()
             smem = T.sblock_alloc_buffer((SMEM,), dtype, scope="shared.dyn")
-            bars = T.sblock_alloc_buffer((3,), "uint64", scope="shared.dyn")
+            bars = T.sblock_alloc_buffer((_V_BARRIERS + 2,), "uint64", scope="shared.dyn")
             s = T.sblock_alloc_buffer((SN,), "float32", scope="local")
             p = T.sblock_alloc_buffer((SN,), dtype, scope="local")
             o = T.sblock_alloc_buffer((ON,), "float32", scope="local")
             m = T.sblock_alloc_buffer((RB * 2,), "float32", scope="local")
             l = T.sblock_alloc_buffer((RB * 2,), "float32", scope="local")
             new_max = T.sblock_alloc_buffer((1,), "float32", scope="local")
-            fixed = T.sblock_alloc_buffer((1,), "float32", scope="local")
+            fixed = T.sblock_alloc_buffer((RB * 2,), "float32", scope="local")
             pre = T.sblock_alloc_buffer((max(1, SN * len(prefetched)),), "float32", scope="local")
             if is_ragged:
                 qt = T.meta_var(seq[_Q_TILE])
@@ -686,7 +832,7 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
                 tiles = T.meta_var(tiles_before(qt * BM + BM))  # the CTA's
                 own_tiles = T.meta_var(tiles_before(qt * BM + (block0 + RB) * WARPGROUP_ROWS))
             if tx == 0:
-                for i in T.unroll(3):
+                for i in T.unroll(_V_BARRIERS + 2):
                     T.ptx.mbarrier.init.shared__cta.b64(barrier(bars, i), 1)
                 T.ptx.fence.mbarrier_init.release.cluster()
             T.tvm_storage_sync("shared")
@@ -694,7 +840,7 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
                 T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(barrier(bars, 2), T.uint32(tile_bytes["q"]))
                 for panel in T.unroll(D // _PANEL):
                     T.evaluate(copy("q", panel, smem_at(smem, base), q_row0 + qt * BM, heads, barrier(bars, 2)))
-                load_keys(smem, bars, base, kv_row0, heads, 0, 0)
+                load_tile(smem, bars, base, kv_row0, heads, 0, "k" if overlapped else "kv")
             for i in T.unroll(ON):
                 o[i] = T.float32(0)
             for i in T.unroll(RB * 2):
@@ -705,61 +851,18 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
                     m[i] = T.max(sink.at(heads), T.float32(start))  # a sink of -inf: the plain start
                     l[i] = T.if_then_else(lane % 4 == 0, T.exp(sink.at(heads) - m[i]), T.float32(0))
             T.evaluate(T.cuda.mbarrier_wait(barrier(bars, 2), 0))
-            for t in range(tiles):
-                T.tvm_storage_sync("shared")  # every warp is done with tile t - 1's slot
-                if tx == 0:
-                    if t + 1 < tiles:
-                        load_keys(smem, bars, base, kv_row0, heads, t + 1, (t + 1) % 2)
-                T.evaluate(T.cuda.mbarrier_wait(barrier(bars, t % 2), t // 2 % 2))
-                if t < own_tiles:  # causal: this warpgroup's rows see no key of a later tile
-                    for r in T.unroll(RB):
-                        T.evaluate(call("scores", T.address_of(s[r * NF * 8]),
-                                        T.address_of(smem[base + (block0 + r) * WARPGROUP_ROWS * _PANEL]),
-                                        T.address_of(smem[base + K_AT + t % 2 * BN * D])))
-                    if prefetching:
-                        prefetch_terms(pre, lane, t, qt, block0, warp, heads)
-                    T.evaluate(call("wait_scores", T.address_of(s[0])))
-                    for r in T.unroll(RB):
-                        for half in T.unroll(2):
-                            row = T.meta_var(qt * BM + (block0 + r) * WARPGROUP_ROWS + warp * 16 + lane // 4 + half * 8)
-                            if is_ragged:
-                                # the sequence's keys, up to the row's own position when causal
-                                last = T.meta_var(T.if_then_else(
-                                    P.causal != 0, row + seq[_KV_LEN] - seq[_Q_LEN],
-                                    seq[_KV_LEN] - 1))
-                                keys = T.meta_var(seq[_KV_LEN])
-                                if (t + 1) * BN > T.if_then_else(  # a diagonal tile, or one past the keys
-                                        P.causal != 0, T.min(qt * BM + keys - seq[_Q_LEN], keys), keys):
-                                    key_mask(s, r, half, lane, t, lambda key: tirx.And(key <= last, key < keys))
-                            else:
-                                if terms is not None:  # the mask, if any, is the terms' (causal: implied)
-                                    score_terms(s, pre, r, half, lane, t, row, heads)
-                                elif is_causal:
-                                    if (t + 1) * BN > qt * BM:  # a diagonal tile
-                                        key_mask(s, r, half, lane, t, lambda key: key <= row)
-                                if key_tail:
-                                    if t == NT - 1:  # the keys past the end, zero-filled
-                                        key_mask(s, r, half, lane, t, lambda key: key < KV)
-                            new_max[0] = T.max(m[r * 2 + half], scale * quad(
-                                tirx.max, tree_reduce(tirx.max, row_values(s, r, half))))
-                            fixed[0] = fix(m[r * 2 + half], new_max[0])
-                            m[r * 2 + half] = new_max[0]
-                            for df in T.unroll(DF):
-                                for e in T.unroll(4):
-                                    o[_reg(r, DF, df, half, e)] = o[_reg(r, DF, df, half, e)] * fixed[0]
-                            for nf in T.unroll(NF):
-                                for e in T.unroll(4):
-                                    T.ptx["ex2.approx.ftz.f32"](
-                                        s[_reg(r, NF, nf, half, e)],
-                                        power(s[_reg(r, NF, nf, half, e)], new_max[0], scale_log2e))
-                                for e in T.unroll(0, 4, step=2):  # registers e and e + 1 are adjacent
-                                    T.evaluate(call("pack", p.access_ptr("w", offset=_reg(r, NF, nf, half, e), extent=2),
-                                                    s[_reg(r, NF, nf, half, e)], s[_reg(r, NF, nf, half, e + 1)]))
-                            l[r * 2 + half] = l[r * 2 + half] * fixed[0] + tree_reduce(operator.add, row_values(s, r, half))
-                    for r in T.unroll(RB):
-                        T.evaluate(call("values", T.address_of(o[r * DF * 8]), T.address_of(p[r * NF * 8]),
-                                        T.address_of(smem[base + V_AT + t % 2 * BN * DV])))
-                    T.evaluate(call("wait_output", T.address_of(o[0])))
+            scope = T.meta_var(SimpleNamespace(smem=smem, bars=bars, s=s, p=p, o=o, m=m, l=l, new_max=new_max, fixed=fixed, pre=pre, base=base, tx=tx, heads=heads, seq=seq, P=P, qt=qt, kv_row0=kv_row0, scale=scale, scale_log2e=scale_log2e, block0=block0, warp=warp, lane=lane, tiles=tiles, own_tiles=own_tiles))
+            if overlapped:  # tile 0 apart: the steps after it always have a P V in flight
+                if 0 < tiles:
+                    key_step(scope, 0, True)
+                for t in range(1, tiles):
+                    key_step(scope, t, False)
+            else:
+                for t in range(tiles):
+                    key_step(scope, t, False)
+            if overlapped and 0 < own_tiles and own_tiles == tiles:
+                values(smem, bars, base, o, p, tiles - 1)
+                T.evaluate(call("wait_output", T.address_of(o[0])))
             if is_ragged:
                 store_rows(o, l, m, fixed, block0, warp, lane, seq, qt, heads, P)
             else:

@@ -29,6 +29,7 @@ EXPERIMENTS = {
     "decode_staged": experiments.decode_staged, "decode_form_clusters": experiments.decode_form_clusters,
     "elementwise_configs": elementwise_configs, "wide_head_attention": experiments.wide_head_attention,
     "symbolic_attention": experiments.symbolic_attention, "attention_configs": experiments.attention_configs,
+    "attention_overlap": experiments.attention_overlap,
     "attention_terms_prefetch": experiments.attention_terms_prefetch, "kn_tile_heights": experiments.kn_tile_heights,
     "past_tile_rows": experiments.past_tile_rows,
     "fp8_depths": experiments.fp8_depths, "decode_gemm_configs": experiments.decode_gemm_configs,

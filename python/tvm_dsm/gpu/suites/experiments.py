@@ -127,16 +127,19 @@ WIDE_HEAD_FORMS = [
 ]
 
 
-def _attention_configs(forms: list[tuple]) -> list[Variant]:
+def _attention_configs(forms: list[tuple], overlaps: tuple = (None,)) -> list[Variant]:
     """Each attention form (batch, heads, kv heads, length, head dim, layout, causal, dtype) in
-    every configuration of the tensor-core kernel that fits, beside the planner's pick."""
+    every configuration of the tensor-core kernel that fits, with each of ``overlaps`` (the
+    softmax overlapped with the previous tile's P V or not; None: by default), beside the
+    planner's pick."""
     variants = []
     for b, h, kv, s, d, layout, causal, dtype in forms:
         func = te_attention(b, h, s, s, d, kv_heads=kv, layout=layout, causal=causal, dtype=dtype)
         name = f"te_{layout}_b{b}h{h}kv{kv}s{s}d{d}{'_causal' if causal else ''}_{dtype}"
         variants.append(form_variant(f"{name}_tvm_dsm", func, schedule(func).mod, b * h * s * s * d, layout, causal))
-        for c in ATTENTION.configs(ATTENTION.find(func)):
-            label = f"n{c.block_n}r{c.row_blocks}w{c.warpgroups}"
+        for c, overlap in itertools.product(ATTENTION.configs(ATTENTION.find(func)), overlaps):
+            label = f"n{c.block_n}r{c.row_blocks}w{c.warpgroups}" + ("" if overlap is None else f"o{int(overlap)}")
+            c = dataclasses.replace(c, overlap_softmax=overlap)
             variants.append(form_variant(f"{name}_{label}", func, fuse_attention(func, c), b * h * s * s * d,
                                          layout, causal))
     return variants
@@ -189,6 +192,22 @@ def attention_configs() -> list[Variant]:
     """The attention kernel's configurations on the real-shape cases furthest behind SDPA
     (:data:`BEHIND_SDPA_FORMS`): whether the pick or the kernel holds them back."""
     return _attention_configs(BEHIND_SDPA_FORMS)
+
+
+#: Real-model attention shapes (bench/results/real_shapes) at head dims 64, 96 and 128, causal
+#: and not: attention_overlap.
+OVERLAP_FORMS = [(b, h, kv, s, d, "bhsd", causal, "float16")
+                 for b, h, kv, s, d in ((1, 32, 8, 4096, 128), (1, 28, 4, 4096, 128), (1, 32, 8, 1024, 128),
+                                        (1, 64, 8, 2048, 128), (1, 16, 16, 4096, 128), (1, 32, 8, 512, 128),
+                                        (1, 32, 8, 4096, 64), (2, 32, 8, 512, 64), (1, 14, 2, 4096, 64),
+                                        (1, 32, 32, 4096, 96))
+                 for causal in (False, True)]
+
+
+def attention_overlap() -> list[Variant]:
+    """Every configuration with the softmax overlapped with the previous tile's P V and not
+    (:func:`tvm_dsm.kernels.attention.overlaps_softmax`) on :data:`OVERLAP_FORMS`."""
+    return _attention_configs(OVERLAP_FORMS, overlaps=(True, False))
 
 
 #: Sequence lengths a symbolic-length attention is called at (symbolic_attention).
