@@ -190,6 +190,8 @@ def test_two_warpgroups_share_each_key_tile():
 @pytest.mark.parametrize("heads, q_len, kv_len, causal, expected", [
     (16, 1024, 1024, False, AttentionConfig(128, 1, 2)),  # 128 CTAs of 128 rows: one wave
     (32, 1024, 1024, False, AttentionConfig(64, 2)),  # 256: two row blocks, two CTAs an SM
+    (28, 4096, 4096, False, AttentionConfig(128, 1, 2)),  # 896: 6.8 waves of one an SM, 3.4 of two
+    (32, 4096, 4096, False, AttentionConfig(64, 2)),  # 1024: 7.8 waves against 3.9
     (32, 2048, 2048, True, AttentionConfig(128, 1, 2)),  # masked, 2048 keys
     (32, 1024, 1024, True, AttentionConfig(64, 1, 2)),
 ])

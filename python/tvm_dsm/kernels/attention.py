@@ -143,6 +143,9 @@ _MATCHED_LENGTHS = (264, 328, 392)
 #: Other extents the score terms of a function of symbolic ones are read at, to check that they
 #: do not depend on them.
 _OTHER_LENGTHS = (280, 344, 408)
+#: How much fuller the waves of CTAs one an SM must be to take them at head dims 80-128
+#: (:func:`_fills_fewer_waves`).
+_WAVE_FILL_MARGIN = 0.05
 #: Keys from which causal attention at head dims 80-128 shares 128-key tiles between two
 #: warpgroups (:func:`default_config`).
 _LONG_CAUSAL_KEYS = 2048
@@ -188,11 +191,32 @@ def check_config(shape: AttentionShape, c: AttentionConfig) -> None:
                            f"than the {_MAX_SHARED_BYTES} B of a Hopper CTA")
 
 
+def _ctas(shape: AttentionShape, rows: int) -> int | None:
+    """The kernel's CTAs at ``rows`` query rows each, one per head and row block (None where the
+    heads or the query length are variables)."""
+    if isinstance(shape.q_len, int) and isinstance(shape.heads, int):
+        return shape.heads * -(-shape.q_len // rows)
+    return None
+
+
 def _one_wave(shape: AttentionShape, rows: int, hw: Hardware | None) -> bool:
-    """Whether CTAs of ``rows`` query rows each, one per head and row block, fit one wave on
-    ``hw``'s SMs (constant heads and query length only)."""
-    return (isinstance(shape.q_len, int) and isinstance(shape.heads, int)
-            and shape.heads * -(-shape.q_len // rows) <= (hw or load_hardware()).sm_count)
+    """Whether CTAs of ``rows`` query rows each fit one wave on ``hw``'s SMs."""
+    ctas = _ctas(shape, rows)
+    return ctas is not None and ctas <= (hw or load_hardware()).sm_count
+
+
+def _last_wave_fill(ctas: int, slots: int) -> float:
+    """How full the waves of ``ctas`` CTAs over ``slots`` resident at once are, on average."""
+    return ctas / slots / -(-ctas // slots)
+
+
+def _fills_fewer_waves(shape: AttentionShape, hw: Hardware | None) -> bool:
+    """Whether CTAs of 128 query rows one an SM (two warpgroups) fill their waves better, by
+    :data:`_WAVE_FILL_MARGIN`, than two an SM (one warpgroup of two row blocks): 28 heads of 4096
+    queries are 896 CTAs, 3.4 waves of two an SM against 6.8 of one (H100: 462 against 501 us,
+    bench/results/archive/attention_overlap_h100_s102.json)."""
+    ctas, sms = _ctas(shape, 128), (hw or load_hardware()).sm_count
+    return ctas is not None and _last_wave_fill(ctas, sms) > _last_wave_fill(ctas, 2 * sms) + _WAVE_FILL_MARGIN
 
 
 def default_config(shape: AttentionShape, hw: Hardware | None = None) -> AttentionConfig:
@@ -202,7 +226,8 @@ def default_config(shape: AttentionShape, hw: Hardware | None = None) -> Attenti
     warpgroup without the mask, in two with it (the first stops at its own diagonal); but two
     warpgroups share 128-key tiles where the CTAs of 128 query rows are one wave on ``hw``'s SMs
     (a CTA an SM: two warpgroups give it 8 warps where one warpgroup of two row blocks gives it
-    4) and, with the mask, from 2048 keys (half the steps of the long rows). Wider heads: two
+    4) and, with the mask, from 2048 keys (half the steps of the long rows); without it, also
+    where those CTAs fill their waves better (:func:`_fills_fewer_waves`). Wider heads: two
     warpgroups of one row block each share the 64-key tiles (two row blocks a warpgroup would
     spill), but one warpgroup a CTA where the CTAs of 64 query rows are one wave (head dim 256
     on the H200, with and without score terms: 1.08-1.43x faster at 64-128 CTAs, 1.0-1.43x
@@ -226,7 +251,7 @@ def default_config(shape: AttentionShape, hw: Hardware | None = None) -> Attenti
     if width == 128:
         one_wave = _one_wave(shape, 128, hw)
         long_causal = shape.causal and isinstance(shape.kv_len, int) and shape.kv_len >= _LONG_CAUSAL_KEYS
-        if one_wave or long_causal:
+        if one_wave or long_causal or (not shape.causal and _fills_fewer_waves(shape, hw)):
             return AttentionConfig(128, warpgroups=2)
         return AttentionConfig(64, warpgroups=2) if shape.causal else AttentionConfig(64, row_blocks=2)
     reads_tensors = shape.terms is not None and bool(shape.terms.tensor_loads())
