@@ -664,7 +664,9 @@ def row_gemv_configs() -> list[Variant]:
 #: (width, rows) of RMSNorm: where the row norm's default trailed torch.compile (real_shapes:
 #: 8192 wide at 32 and 64 rows, 0.60-0.64x), the rows beside them, and the other hidden sizes.
 ROW_NORM_SWEEP = ([(8192, m) for m in (1, 16, 32, 64, 128)] + [(4096, m) for m in (32, 64, 128)]
-                  + [(width, m) for width in (2048, 3072, 3584) for m in (1, 16, 64, 128)])
+                  + [(width, m) for width in (2048, 3072, 3584) for m in (1, 16, 64, 128)]
+                  # where the H100's real shapes trail torch.compile at 512-1024 rows (0.83-0.90x)
+                  + [(width, m) for width in (896, 2048, 4096, 8192) for m in (512, 1024)])
 
 
 def row_norm_configs() -> list[Variant]:
