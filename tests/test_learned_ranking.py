@@ -13,7 +13,7 @@ import pytest
 from tvm_dsm.families import match_family
 from tvm_dsm.hardware import load_hardware
 from tvm_dsm.learned_ranking import (CALIBRATED_FAMILIES, FEATURE_NAMES, MEASURED_PLANS, MIN_WORKLOADS, RERANKED,
-                                     PlanResidual, plan_features, rerank)
+                                     PlanResidual, measured_plans_files, plan_features, rerank)
 from tvm_dsm.families.configs import config_from, examples
 from tvm_dsm.workloads.chains import swiglu_ffn
 from tvm_dsm.workloads.dense import dense
@@ -36,7 +36,7 @@ def test_only_the_first_plans_of_a_covered_shape_are_reordered():
 
 
 def test_plans_for_another_gpu_keep_the_analytical_order():
-    """The measurements were taken on the H200: an H100's plans have other features."""
+    """The chains' measurements were taken on the H200: an H100's plans have other features."""
     family, shape, plans = _ranked(swiglu_ffn(128, 8192, 2048, 2048), load_hardware("h100_sxm"))
     assert rerank(family.name, shape, plans, load_hardware("h100_sxm")) == plans
 
@@ -45,7 +45,20 @@ def test_families_fitted_into_the_constants_keep_the_analytical_order():
     data = json.loads(MEASURED_PLANS.read_text())
     assert len({r["workload"] for r in data["rows"] if r["family"] == "split_k_gemm"}) >= MIN_WORKLOADS
     family, shape, plans = _ranked(dense(8, 6144, 4096))
-    assert family.name in CALIBRATED_FAMILIES and rerank(family.name, shape, plans, HW) == plans
+    assert family.name in CALIBRATED_FAMILIES[HW.device] and rerank(family.name, shape, plans, HW) == plans
+
+
+def test_each_gpu_reranks_by_its_own_measurements():
+    """The H100's split-K GEMM plans are re-ranked by the H100's pools (where it measured a
+    4-row layer fastest on 16 x 64 tiles, the analytical model ranks 16 x 256 first); the
+    committed files name one GPU each."""
+    h100 = load_hardware("h100_sxm")
+    devices = [json.loads(path.read_text())["device"] for path in measured_plans_files()]
+    assert len(devices) == len(set(devices)) and {HW.device, h100.device} <= set(devices)
+    family, shape, plans = _ranked(dense(4, 2048, 2048), h100)
+    reranked = rerank(family.name, shape, plans, h100)
+    assert family.name not in CALIBRATED_FAMILIES.get(h100.device, ())
+    assert (plans[0].config.block_n, reranked[0].config.block_n) == (256, 64)
 
 
 @pytest.mark.parametrize("m", [4096, 8192])
@@ -114,3 +127,17 @@ def test_row_wise_operators_are_reranked_within_the_measured_row_counts():
         reranked = rerank(family.name, shape, plans, HW)
         assert reranked[RERANKED:] == plans[RERANKED:] and sorted(map(id, reranked)) == sorted(map(id, plans))
         assert (reranked != plans) == covered
+
+
+def test_the_h100_measurements_are_what_this_code_computes():
+    """Its rows (dense layers measured on the H100, ``python -m tvm_dsm.bench.calibrate
+    --measured-plans``) hold the features this code gives their configurations."""
+    h100 = load_hardware("h100_sxm")
+    data = next(d for path in measured_plans_files() if (d := json.loads(path.read_text()))["device"] == h100.device)
+    assert tuple(data["feature_names"]) == FEATURE_NAMES
+    for row in random.Random(0).sample(data["rows"], 8):
+        n, k = (int(x) for x in row["workload"].split("_")[1].split("x"))
+        family, shape = match_family(dense(row["m"], n, k))
+        config = config_from(row["config"], examples(family.space(shape, h100)))
+        features = plan_features(family.name, config, family.predict(shape, config, h100), h100)
+        np.testing.assert_allclose(features, row["features"], atol=1e-4)

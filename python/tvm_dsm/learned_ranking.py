@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -146,7 +147,7 @@ class PlanResidual:
         return np.exp2(log2_us)
 
 
-#: The committed measurements :func:`rerank` learns from.
+#: The committed measurements :func:`rerank` learns from: one file a GPU, named in its "device".
 MEASURED_PLANS = DATA / "measured_plans.json"
 #: Plans :func:`rerank` re-orders: the analytical model's first ones, where the fastest measured
 #: were found (bench/results/search_quality).
@@ -155,25 +156,32 @@ RERANKED = 16
 #: correction learned from one or two shapes carries their quirks (held out on the H200 pools,
 #: one attention workload re-ranked by the other measured 0.68x of the analytical pick).
 MIN_WORKLOADS = 3
-#: Families whose measurements are fitted into the GPU's constants instead
-#: (:mod:`tvm_dsm.bench.calibrate`): their analytical order is kept. Over the 60 H200 pools read
-#: from HBM (bench/results/calibration/h200_sxm.json) the refit split-K GEMM model's pick came
-#: 1.028x the fastest measured, re-ranked by the committed measurements 1.033x (in sample, both).
-CALIBRATED_FAMILIES = ("split_k_gemm",)
+#: Families whose measurements on a GPU are fitted into its constants instead
+#: (:mod:`tvm_dsm.bench.calibrate`): their analytical order is kept there. Over the 60 H200 pools
+#: read from HBM (bench/results/calibration/h200_sxm.json) the refit split-K GEMM model's pick
+#: came 1.028x the fastest measured, re-ranked by the committed measurements 1.033x (in sample,
+#: both). On the H100 the constants fitted to its 28 pools of trailing dense layers moved to
+#: the ends of their search range and changed the picks of large GEMMs the pools do not hold;
+#: re-ranked instead, each pool's pick held out came 1.045x its fastest against the analytical
+#: 1.095x (bench/results/calibration/trailing_dense_configs_h100.json).
+CALIBRATED_FAMILIES = {"NVIDIA H200": ("split_k_gemm",)}
+
+
+def measured_plans_files() -> list[Path]:
+    """The committed measurements, a file a GPU (``data/measured_plans*.json``)."""
+    return sorted(DATA.glob("measured_plans*.json"))
 
 
 @functools.cache
 def _measured(family: str, device: str) -> tuple[PlanResidual, int] | None:
     """The correction learned from the committed measurements of ``family``'s plans on
-    ``device``, with the largest row count they cover; None where they were taken on another
-    GPU (its plans have other features, its kernels other times) or hold fewer than
+    ``device``, with the largest row count they cover; None where none were taken on that GPU
+    (another's plans have other features, its kernels other times) or they hold fewer than
     :data:`MIN_WORKLOADS` workloads."""
-    data = json.loads(MEASURED_PLANS.read_text()) if MEASURED_PLANS.exists() else {}
-    if tuple(data.get("feature_names", ())) != FEATURE_NAMES:
-        return None  # written by other code: its columns mean other things (regenerate it)
-    if data.get("device") != device:
-        return None
-    rows = [r for r in data["rows"] if r["family"] == family]
+    found = [data for path in measured_plans_files() if (data := json.loads(path.read_text())).get("device") == device]
+    if not found or tuple(found[0].get("feature_names", ())) != FEATURE_NAMES:
+        return None  # none, or written by other code: its columns mean other things (regenerate it)
+    rows = [r for r in found[0]["rows"] if r["family"] == family]
     if len({r["workload"] for r in rows}) < MIN_WORKLOADS:
         return None
     residual = PlanResidual()
@@ -195,7 +203,7 @@ def rerank(family: str, shape: Any, plans: list[Plan], hw: Hardware) -> list[Pla
     re-ordered by the correction learned from the committed measurements of ``family`` on
     ``hw``'s GPU, where those cover ``shape``'s row count (``shape.m`` up to the largest
     measured) and hold enough workloads; unchanged elsewhere."""
-    measured = None if family in CALIBRATED_FAMILIES else _measured(family, hw.device)
+    measured = None if family in CALIBRATED_FAMILIES.get(hw.device, ()) else _measured(family, hw.device)
     m = row_count(shape)
     if measured is None or m is None or m > measured[1] or len(plans) < 2:
         return plans

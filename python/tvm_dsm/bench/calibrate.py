@@ -21,6 +21,11 @@ out (each workload's pick by the constants fitted on the others), into ``FILE``;
 ``--write``, the fitted constants into ``data/<gpu>_calibration.json`` (each changed one's
 source saying so) -- where the held-out share says the fit carries to other shapes.
 
+With ``--measured-plans`` it fits nothing and writes the pools instead as the measurements
+:func:`~tvm_dsm.learned_ranking.rerank` re-orders that GPU's first plans by
+(``data/measured_plans_<gpu>.json``): where the constants fitted to few pools would move the
+picks of shapes they do not hold.
+
 What it cannot see: a pool holds the configurations the model of its day ranked first (its top
 100 or fewer), so a refit model is judged on its order among them; a configuration it now ranks
 first outside the pool was not measured (the GPU suites measure the picks themselves).
@@ -41,6 +46,7 @@ from ..calibration import DATA
 from ..families.split_k_gemm import SplitKGemm
 from ..families.configs import config_from, examples
 from ..hardware import Hardware, load_hardware, refitted
+from ..learned_ranking import FEATURE_NAMES, plan_features
 from ..planners.split_k_gemm import plan_split_k_gemm, predict, ranked
 from ..rules.split_k_gemm import SplitKGemmConfig
 from ..workloads.dense import dense
@@ -192,20 +198,45 @@ def write_calibration(gpu: str, fitted_hw: Hardware, before: Hardware, note: str
     return path
 
 
+def write_measured_plans(gpu: str, found: list[Pool], hw: Hardware, source: str) -> Path:
+    """``data/measured_plans_<gpu>.json``: every plan of ``found`` as the features
+    :func:`~tvm_dsm.learned_ranking.rerank` learns from, with its measured time (for GPUs whose
+    split-K GEMM plans are re-ranked rather than fitted into the constants)."""
+    family = SplitKGemm()
+    rows = [{"workload": pool.workload, "family": family.name, "m": pool.shape.m,
+             "config": {f: getattr(config, f) for f in _CONFIG_FIELDS}, "measured_us": us,
+             "features": [round(float(x), 5) for x in
+                          plan_features(family.name, config, predict(pool.shape, config, hw), hw)]}
+            for pool in found for config, us in pool.measured]
+    path = DATA / f"measured_plans_{gpu}.json"
+    path.write_text(json.dumps({"source": source, "device": hw.device, "feature_names": list(FEATURE_NAMES),
+                                "rows": rows}) + "\n")
+    return path
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("pools", nargs="+", type=Path, help="search_quality measure outputs")
     parser.add_argument("--across", nargs="*", type=Path, default=[],
                         help="runs of one suite whose plans of each layer are pooled over the runs")
     parser.add_argument("--gpu", required=True, help="the description fitted (data/<gpu>.json)")
-    parser.add_argument("--out", type=Path, required=True, help="the per-workload shares (results JSON)")
+    parser.add_argument("--out", type=Path, help="the per-workload shares (results JSON; required to fit)")
     parser.add_argument("--no-held-out", action="store_true", help="skip the held-out shares (minutes)")
     parser.add_argument("--write", action="store_true", help="write the fitted constants into data/<gpu>_calibration.json")
+    parser.add_argument("--measured-plans", action="store_true",
+                        help="write the pools as the GPU's re-ranking measurements (data/measured_plans_<gpu>.json)")
     args = parser.parse_args(argv)
     hw = load_hardware(args.gpu)
     found = pools(args.pools, hw, args.across)
     if len(found) < 3:
         raise SystemExit(f"{len(found)} split-K GEMM pools measured on {hw.device}: too few to fit")
+    if args.measured_plans:
+        command = f"python -m tvm_dsm.bench.calibrate --gpu {args.gpu} --measured-plans " + " ".join(map(str, args.pools))
+        path = write_measured_plans(args.gpu, found, hw, command)
+        print(f"{sum(len(p.measured) for p in found)} measured plans of {len(found)} workloads -> {path}")
+        return
+    if args.out is None:
+        parser.error("--out is required to fit")
     fitted_hw = fit(found, hw, log=print)
     shares_before = [pick_share(p, hw) for p in found]
     shares_after = [pick_share(p, fitted_hw) for p in found]
