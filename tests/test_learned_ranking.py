@@ -50,15 +50,15 @@ def test_families_fitted_into_the_constants_keep_the_analytical_order():
 
 def test_each_gpu_reranks_by_its_own_measurements():
     """The H100's split-K GEMM plans are re-ranked by the H100's pools (where it measured a
-    4-row layer fastest on 16 x 64 tiles, the analytical model ranks 16 x 256 first); the
-    committed files name one GPU each."""
+    4-row layer fastest on 16 x 64 tiles, 128 CTAs, the analytical model ranks 16 x 256 first,
+    64 CTAs); the committed files name one GPU each."""
     h100 = load_hardware("h100_sxm")
     devices = [json.loads(path.read_text())["device"] for path in measured_plans_files()]
     assert len(devices) == len(set(devices)) and {HW.device, h100.device} <= set(devices)
     family, shape, plans = _ranked(dense(4, 2048, 2048), h100)
     reranked = rerank(family.name, shape, plans, h100)
     assert family.name not in CALIBRATED_FAMILIES.get(h100.device, ())
-    assert (plans[0].config.block_n, reranked[0].config.block_n) == (256, 64)
+    assert plans[0].config.block_n == 256 and reranked[0].config.block_n < 256  # more CTAs
 
 
 @pytest.mark.parametrize("m", [4096, 8192])
