@@ -209,3 +209,13 @@ def test_tutorial_proves_fuses_and_assembles(capsys):
     assert "correction exp(-y0_new + y0_old)" in out
     assert "warpgroup MMAs: 2" in out
     assert "nvcc sm_90a: assembles" in out or "skipped (no nvcc)" in out
+
+
+@pytest.mark.parametrize(("dim", "config", "overlapped"), [
+    (64, AttentionConfig(128), True), (128, AttentionConfig(128), True), (128, AttentionConfig(64), True),
+    (64, AttentionConfig(64, 2), False),  # each row block's MMAs a group: the wait would take both
+    (128, AttentionConfig(64, 1, 2), False), (256, AttentionConfig(64), False),  # two warpgroups; 176 registers
+])
+def test_the_softmax_overlaps_with_one_row_block_of_one_warpgroup(dim, config, overlapped):
+    assert overlaps_softmax(find_attention(attention(2, 256, 512, dim)), config) == overlapped
+

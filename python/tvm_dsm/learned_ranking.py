@@ -23,6 +23,7 @@ cover, so that an untuned build takes what measured fastest on similar shapes.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -176,17 +177,19 @@ def measured_plans_files() -> list[Path]:
 @dataclass(frozen=True)
 class Measured:
     """What the committed measurements of a family's plans on a GPU say: the learned correction,
-    the largest row count they cover, and the mean measured time of each plan they hold (by its
-    features, :func:`_plan_key`)."""
+    the largest row count they cover, and the mean measured time of each plan they name by shape
+    and configuration (:func:`plan_key`; rows written with their shape)."""
 
     residual: PlanResidual
     most_rows: int
     times_us: dict
 
 
-def _plan_key(features) -> tuple:
-    """A plan's identity among the measured: its features (configuration and shape alike)."""
-    return tuple(np.round(np.asarray(features, dtype="float64"), 3))
+def plan_key(shape: Any, config: dict) -> tuple[str, str]:
+    """A measured plan's identity: its family shape's repr and its configuration's fields but
+    the launch kind (the features leave knobs out, and round)."""
+    fields = {k: v for k, v in config.items() if k != "programmatic_launch"}
+    return repr(shape), json.dumps(fields, sort_keys=True)
 
 
 @functools.cache
@@ -204,7 +207,8 @@ def _measured(family: str, device: str) -> Measured | None:
     residual.add(np.array([r["features"] for r in rows], dtype="float32"), np.array([r["measured_us"] for r in rows]))
     times: dict[tuple, list] = {}
     for r in rows:
-        times.setdefault(_plan_key(r["features"]), []).append(r["measured_us"])
+        if "shape" in r:
+            times.setdefault((r["shape"], plan_key(None, r["config"])[1]), []).append(r["measured_us"])
     return Measured(residual, max(r["m"] for r in rows), {k: sum(v) / len(v) for k, v in times.items()})
 
 
@@ -231,6 +235,8 @@ def rerank(family: str, shape: Any, plans: list[Plan], hw: Hardware) -> list[Pla
         return plans
     head = plans[:RERANKED]
     features = np.stack([plan_features(family, p.config, p, hw) for p in head])
-    times = [measured.times_us.get(_plan_key(f), t) for f, t in zip(features, measured.residual.predict_us(features))]
+    times = measured.residual.predict_us(features)
+    if measured.times_us:
+        times = [measured.times_us.get(plan_key(shape, dataclasses.asdict(p.config)), t) for p, t in zip(head, times)]
     order = np.argsort(times, kind="stable")
     return [head[i] for i in order] + plans[RERANKED:]

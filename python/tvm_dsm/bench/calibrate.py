@@ -203,7 +203,7 @@ def write_measured_plans(gpu: str, found: list[Pool], hw: Hardware, source: str)
     :func:`~tvm_dsm.learned_ranking.rerank` learns from, with its measured time (for GPUs whose
     split-K GEMM plans are re-ranked rather than fitted into the constants)."""
     family = SplitKGemm()
-    rows = [{"workload": pool.workload, "family": family.name, "m": pool.shape.m,
+    rows = [{"workload": pool.workload, "family": family.name, "m": pool.shape.m, "shape": repr(pool.shape),
              "config": {f: getattr(config, f) for f in _CONFIG_FIELDS}, "measured_us": us,
              "features": [round(float(x), 5) for x in
                           plan_features(family.name, config, predict(pool.shape, config, hw), hw)]}

@@ -132,7 +132,7 @@ _DIM_MULTIPLE = 8
 #: ptxas fits without spills next to the rest (head dim 128, two row blocks of 64-key tiles).
 _MAX_ACCUMULATORS = 192
 #: fp32 registers of S and O and fp16 pairs of P a thread may hold at once with the softmax
-#: overlapped (:func:`overlaps_softmax`): two row blocks at head dim 128 (224) spill.
+#: overlapped (:func:`overlaps_softmax`): 128-key tiles at head dim 128.
 _OVERLAPPED_ACCUMULATORS = 160
 #: Dynamic shared memory a CTA may opt into on Hopper.
 _MAX_SHARED_BYTES = 227 * 1024
@@ -386,13 +386,17 @@ def prefetches_terms(shape: AttentionShape, c: AttentionConfig) -> bool:
 def overlaps_softmax(shape: AttentionShape, c: AttentionConfig) -> bool:
     """Whether a key tile's softmax runs while the previous tile's P V does (both MMAs in flight
     at once, so a thread holds S, P and O together): ``c.overlap_softmax``, or by default with one
-    warpgroup a CTA where those registers stay within :data:`_OVERLAPPED_ACCUMULATORS`. Two
-    warpgroups already overlap each other's softmax, and keep to 128 registers a thread so that
-    two CTAs share an SM."""
+    warpgroup of one row block a CTA where those registers stay within
+    :data:`_OVERLAPPED_ACCUMULATORS` (H100, 20 real-model forms: one row block of 128-key tiles
+    3-11% faster overlapped; two row blocks 2-7% slower, each block's MMAs a group of their own,
+    so the wait for the second block's scores also waits for the first block's P V;
+    bench/results/archive/attention_overlap_h100_s102.json). Two warpgroups keep to 128
+    registers a thread so that two CTAs share an SM."""
     if c.overlap_softmax is not None:
         return c.overlap_softmax
-    scores, outputs = c.row_blocks * c.block_n // 2, c.row_blocks * padded_dim(shape.v_dim) // 2
-    return c.warpgroups == 1 and scores + scores // 2 + outputs <= _OVERLAPPED_ACCUMULATORS
+    scores, outputs = c.block_n // 2, padded_dim(shape.v_dim) // 2
+    return (c.warpgroups == 1 and c.row_blocks == 1
+            and scores + scores // 2 + outputs <= _OVERLAPPED_ACCUMULATORS)
 
 
 def _reg(block: int, frags: int, fragment, half, e):
