@@ -216,7 +216,7 @@ def _fills_fewer_waves(shape: AttentionShape, hw: Hardware | None) -> bool:
     queries are 896 CTAs, 3.4 waves of two an SM against 6.8 of one (H100: 462 against 501 us,
     bench/results/archive/attention_overlap_h100_s102.json)."""
     ctas, sms = _ctas(shape, 128), (hw or load_hardware()).sm_count
-    return ctas is not None and _last_wave_fill(ctas, sms) > _last_wave_fill(ctas, 2 * sms) + _WAVE_FILL_MARGIN
+    return bool(ctas) and _last_wave_fill(ctas, sms) > _last_wave_fill(ctas, 2 * sms) + _WAVE_FILL_MARGIN
 
 
 def default_config(shape: AttentionShape, hw: Hardware | None = None) -> AttentionConfig:
@@ -869,7 +869,8 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
                 T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(barrier(bars, 2), T.uint32(tile_bytes["q"]))
                 for panel in T.unroll(D // _PANEL):
                     T.evaluate(copy("q", panel, smem_at(smem, base), q_row0 + qt * BM, heads, barrier(bars, 2)))
-                load_tile(smem, bars, base, kv_row0, heads, 0, "k" if overlapped else "kv")
+                if 0 < tiles:  # (a packed sequence may have no keys: no copy left in flight at exit)
+                    load_tile(smem, bars, base, kv_row0, heads, 0, "k" if overlapped else "kv")
             for i in T.unroll(ON):
                 o[i] = T.float32(0)
             for i in T.unroll(RB * 2):
