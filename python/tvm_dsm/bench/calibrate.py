@@ -231,7 +231,8 @@ def main(argv: list[str] | None = None) -> None:
     if len(found) < 3:
         raise SystemExit(f"{len(found)} split-K GEMM pools measured on {hw.device}: too few to fit")
     if args.measured_plans:
-        command = (f"python -m tvm_dsm.bench.calibrate --gpu {args.gpu} --measured-plans " + " ".join(map(str, args.pools))
+        command = (f"python -m tvm_dsm.bench.calibrate --gpu {args.gpu} --measured-plans "
+                   + " ".join(map(str, args.pools))
                    + (" --across " + " ".join(map(str, args.across)) if args.across else ""))
         path = write_measured_plans(args.gpu, found, hw, command)
         print(f"{sum(len(p.measured) for p in found)} measured plans of {len(found)} workloads -> {path}")

@@ -26,8 +26,11 @@ Q in, then one TMA tensor store per 64-column panel. Scalar casts (32 2-byte out
 thread) and 4-byte stores straight from registers both measured slower (docs/attention.md).
 
 Q, then key and value tiles, arrive by TMA tensor copies (one thread issues them; they complete
-on an mbarrier per slot) through two shared-memory slots: tile t + 1 loads while tile t
-computes, and the CTA barrier at the top of each step frees the slot the step refills. TMA lands
+on an mbarrier per slot, K's and V's apart) through two shared-memory slots: tile t + 1 loads
+while tile t computes, and the CTA barrier at the top of each step frees the slot the step
+refills. With one warpgroup of one row block a CTA (:func:`overlaps_softmax`) tile t's
+``S = Q K^T`` and tile t - 1's ``O += P V`` are in flight together, the softmax of tile t
+computed while the second runs (``wgmma.wait_group 1``); V of tile t then loads at step t. TMA lands
 every tile 128-byte swizzled in 64-column panels (16-byte chunk c of row r at chunk
 ``c ^ (r % 8)``), the layout the wgmma descriptors name (:mod:`tvm_dsm.intrin.wgmma`); that
 swizzle is applied to absolute addresses, so the kernel aligns its dynamic shared buffer to
@@ -151,9 +154,14 @@ _WAVE_FILL_MARGIN = 0.05
 _LONG_CAUSAL_KEYS = 2048
 
 
+#: The kernel's buffers and values a key step reads (``key_step`` in :func:`attention_kernel`).
+_STEP_SCOPE = ("smem", "bars", "s", "p", "o", "m", "l", "new_max", "fixed", "pre", "base", "tx", "heads", "seq", "P",
+               "qt", "kv_row0", "scale", "scale_log2e", "block0", "warp", "lane", "tiles", "own_tiles")
+
+
 def _step_scope(scope: SimpleNamespace) -> tuple:
-    """The kernel's buffers and values a key step reads (``key_step`` in :func:`attention_kernel`)."""
-    return (scope.smem, scope.bars, scope.s, scope.p, scope.o, scope.m, scope.l, scope.new_max, scope.fixed, scope.pre, scope.base, scope.tx, scope.heads, scope.seq, scope.P, scope.qt, scope.kv_row0, scope.scale, scope.scale_log2e, scope.block0, scope.warp, scope.lane, scope.tiles, scope.own_tiles)
+    """``scope``'s values of :data:`_STEP_SCOPE`, in order."""
+    return tuple(getattr(scope, name) for name in _STEP_SCOPE)
 
 
 def padded_dim(dim: int) -> int:
@@ -746,8 +754,8 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
     def key_step(scope, t, first):
         """Key tile ``t`` of the CTA's (``first``: tile 0, with no P V before it); ``scope``: the
         buffers and values of :meth:`kernel` it reads, by name."""
-        smem, bars, s, p, o, m, l, new_max, fixed, pre, base, tx, heads, seq, P, qt, kv_row0, scale, scale_log2e, block0, warp, lane, tiles, own_tiles = T.meta_var(
-            _step_scope(scope))
+        (smem, bars, s, p, o, m, l, new_max, fixed, pre, base, tx, heads, seq, P, qt, kv_row0, scale, scale_log2e,
+         block0, warp, lane, tiles, own_tiles) = T.meta_var(_step_scope(scope))
         T.tvm_storage_sync("shared")  # every warp is done with K of tile t - 1 and V of t - 2
         if tx == 0:
             if overlapped:  # V of tile t, K of the next
@@ -881,7 +889,10 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
                     m[i] = T.max(sink.at(heads), T.float32(start))  # a sink of -inf: the plain start
                     l[i] = T.if_then_else(lane % 4 == 0, T.exp(sink.at(heads) - m[i]), T.float32(0))
             T.evaluate(T.cuda.mbarrier_wait(barrier(bars, 2), 0))
-            scope = T.meta_var(SimpleNamespace(smem=smem, bars=bars, s=s, p=p, o=o, m=m, l=l, new_max=new_max, fixed=fixed, pre=pre, base=base, tx=tx, heads=heads, seq=seq, P=P, qt=qt, kv_row0=kv_row0, scale=scale, scale_log2e=scale_log2e, block0=block0, warp=warp, lane=lane, tiles=tiles, own_tiles=own_tiles))
+            scope = T.meta_var(SimpleNamespace(smem=smem, bars=bars, s=s, p=p, o=o, m=m, l=l, new_max=new_max,
+                                               fixed=fixed, pre=pre, base=base, tx=tx, heads=heads, seq=seq, P=P,
+                                               qt=qt, kv_row0=kv_row0, scale=scale, scale_log2e=scale_log2e,
+                                               block0=block0, warp=warp, lane=lane, tiles=tiles, own_tiles=own_tiles))
             if overlapped:  # tile 0 apart: the steps after it always have a P V in flight
                 if 0 < tiles:
                     key_step(scope, 0, True)
