@@ -14,7 +14,7 @@ import pytest
 from tvm_dsm.families import match_family
 from tvm_dsm.hardware import load_hardware
 from tvm_dsm.learned_ranking import (CALIBRATED_FAMILIES, FEATURE_NAMES, MEASURED_PLANS, MIN_WORKLOADS, RERANKED,
-                                     PlanResidual, measured_plans_files, plan_features, plan_key, rerank)
+                                     PlanResidual, config_key, measured_plans_files, plan_features, rerank)
 from tvm_dsm.families.configs import config_from, examples
 from tvm_dsm.workloads.chains import swiglu_ffn
 from tvm_dsm.workloads.dense import dense
@@ -152,11 +152,11 @@ def test_a_measured_plan_ranks_by_its_own_measured_time():
     data = next(d for path in measured_plans_files() if (d := json.loads(path.read_text()))["device"] == h100.device)
     rows = [r for r in data["rows"] if r["workload"] == "dense_896x896_m1024"]
     family, shape, plans = _ranked(dense(1024, 896, 896), h100)
-    measured = {plan_key(None, r["config"])[1]: r["measured_us"] for r in rows if r["shape"] == repr(shape)}
-    head = {plan_key(shape, dataclasses.asdict(p.config))[1]: p for p in plans[:RERANKED]}
+    measured = {config_key(r["config"]): r["measured_us"] for r in rows if r["shape"] == repr(shape)}
+    head = {config_key(dataclasses.asdict(p.config)): p for p in plans[:RERANKED]}
     in_head = {k: t for k, t in measured.items() if k in head}
     assert len(in_head) >= 2
     first = rerank(family.name, shape, plans, h100)[0]
-    assert plan_key(shape, dataclasses.asdict(first.config))[1] == min(in_head, key=in_head.get)
+    assert config_key(dataclasses.asdict(first.config)) == min(in_head, key=in_head.get)
     h200 = json.loads(MEASURED_PLANS.read_text())
     assert not any("shape" in r for r in h200["rows"])

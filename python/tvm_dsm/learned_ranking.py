@@ -149,7 +149,8 @@ class PlanResidual:
         return np.exp2(log2_us)
 
 
-#: The committed measurements :func:`rerank` learns from: one file a GPU, named in its "device".
+#: The H200's committed measurements (``python -m tvm_dsm.bench.search_quality prior``); another
+#: GPU's are ``measured_plans_<gpu>.json`` (:func:`measured_plans_files`), each naming its device.
 MEASURED_PLANS = DATA / "measured_plans.json"
 #: Plans :func:`rerank` re-orders: the analytical model's first ones, where the fastest measured
 #: were found (bench/results/search_quality).
@@ -178,18 +179,17 @@ def measured_plans_files() -> list[Path]:
 class Measured:
     """What the committed measurements of a family's plans on a GPU say: the learned correction,
     the largest row count they cover, and the mean measured time of each plan they name by shape
-    and configuration (:func:`plan_key`; rows written with their shape)."""
+    and configuration (:func:`config_key`; rows written with their shape)."""
 
     residual: PlanResidual
     most_rows: int
     times_us: dict
 
 
-def plan_key(shape: Any, config: dict) -> tuple[str, str]:
-    """A measured plan's identity: its family shape's repr and its configuration's fields but
-    the launch kind (the features leave knobs out, and round)."""
-    fields = {k: v for k, v in config.items() if k != "programmatic_launch"}
-    return repr(shape), json.dumps(fields, sort_keys=True)
+def config_key(config: dict) -> str:
+    """A configuration's fields but the launch kind, as a measured plan's identity names them
+    (with its shape's repr: the features leave knobs out, and round)."""
+    return json.dumps({k: v for k, v in config.items() if k != "programmatic_launch"}, sort_keys=True)
 
 
 @functools.cache
@@ -208,7 +208,7 @@ def _measured(family: str, device: str) -> Measured | None:
     times: dict[tuple, list] = {}
     for r in rows:
         if "shape" in r:
-            times.setdefault((r["shape"], plan_key(None, r["config"])[1]), []).append(r["measured_us"])
+            times.setdefault((r["shape"], config_key(r["config"])), []).append(r["measured_us"])
     return Measured(residual, max(r["m"] for r in rows), {k: sum(v) / len(v) for k, v in times.items()})
 
 
@@ -237,6 +237,7 @@ def rerank(family: str, shape: Any, plans: list[Plan], hw: Hardware) -> list[Pla
     features = np.stack([plan_features(family, p.config, p, hw) for p in head])
     times = measured.residual.predict_us(features)
     if measured.times_us:
-        times = [measured.times_us.get(plan_key(shape, dataclasses.asdict(p.config)), t) for p, t in zip(head, times)]
+        times = [measured.times_us.get((repr(shape), config_key(dataclasses.asdict(p.config))), t)
+                 for p, t in zip(head, times)]
     order = np.argsort(times, kind="stable")
     return [head[i] for i in order] + plans[RERANKED:]
