@@ -78,7 +78,8 @@ _NEG = -3.0e38  # the max's identity: finite, so fix(identity, m) is 0 or 1, nev
 _PANEL = 64  # fp16 columns of one 128-byte swizzle panel
 _ROW_BYTES = 128
 _ATOM_BYTES = 8 * _ROW_BYTES  # one 8-row swizzle atom
-_V_BARRIERS = 3  # the kernel's mbarriers: K's two slots, Q's, then V's two slots
+#: The kernel's mbarriers: K's two slots (0, 1), Q's, then V's two slots.
+_Q_BARRIER, _V_BARRIER, _BARRIERS = 2, 3, 5
 _WARPGROUP_THREADS = 128
 #: Two fp32 values rounded into one 16-bit pair with one ``cvt.rn.{f16,bf16}x2.f32``, stored at
 #: ``dst`` (why pairs: the module docstring): {dtype: (C element, C pair, conversion)}. Callers
@@ -561,7 +562,7 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
         return sum(tile_bytes[name] for name in names)  # "kv": both tiles
 
     def tile_barrier(bars, name, tile):  # barriers: K's two slots, Q, V's two slots
-        return barrier(bars, tile % 2 + (0 if name == "k" else _V_BARRIERS))
+        return barrier(bars, tile % 2 + (0 if name == "k" else _V_BARRIER))
 
     def wait_tile(bars, name, tile):  # the copy into a slot completes phase 0, the next one phase 1, ...
         return T.evaluate(T.cuda.mbarrier_wait(tile_barrier(bars, name, tile), tile // 2 % 2))
@@ -836,7 +837,7 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
             T.reads()
             T.writes()
             smem = T.sblock_alloc_buffer((SMEM,), dtype, scope="shared.dyn")
-            bars = T.sblock_alloc_buffer((_V_BARRIERS + 2,), "uint64", scope="shared.dyn")
+            bars = T.sblock_alloc_buffer((_BARRIERS,), "uint64", scope="shared.dyn")
             s = T.sblock_alloc_buffer((SN,), "float32", scope="local")
             p = T.sblock_alloc_buffer((SN,), dtype, scope="local")
             o = T.sblock_alloc_buffer((ON,), "float32", scope="local")
@@ -869,14 +870,15 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
                 tiles = T.meta_var(tiles_before(qt * BM + BM))  # the CTA's
                 own_tiles = T.meta_var(tiles_before(qt * BM + (block0 + RB) * WARPGROUP_ROWS))
             if tx == 0:
-                for i in T.unroll(_V_BARRIERS + 2):
+                for i in T.unroll(_BARRIERS):
                     T.ptx.mbarrier.init.shared__cta.b64(barrier(bars, i), 1)
                 T.ptx.fence.mbarrier_init.release.cluster()
             T.tvm_storage_sync("shared")
             if tx == 0:
-                T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(barrier(bars, 2), T.uint32(tile_bytes["q"]))
+                T.ptx.mbarrier.arrive.expect_tx.shared__cta.b64(barrier(bars, _Q_BARRIER), T.uint32(tile_bytes["q"]))
                 for panel in T.unroll(D // _PANEL):
-                    T.evaluate(copy("q", panel, smem_at(smem, base), q_row0 + qt * BM, heads, barrier(bars, 2)))
+                    T.evaluate(copy("q", panel, smem_at(smem, base), q_row0 + qt * BM, heads,
+                                    barrier(bars, _Q_BARRIER)))
                 if 0 < tiles:  # (a packed sequence may have no keys: no copy left in flight at exit)
                     load_tile(smem, bars, base, kv_row0, heads, 0, "k" if overlapped else "kv")
             for i in T.unroll(ON):
@@ -888,7 +890,7 @@ def attention_kernel(shape: AttentionShape, c: AttentionConfig, ragged: RaggedSe
                 else:  # the sink joins each row as a key of weight exp(logit - max): one quad lane holds it
                     m[i] = T.max(sink.at(heads), T.float32(start))  # a sink of -inf: the plain start
                     l[i] = T.if_then_else(lane % 4 == 0, T.exp(sink.at(heads) - m[i]), T.float32(0))
-            T.evaluate(T.cuda.mbarrier_wait(barrier(bars, 2), 0))
+            T.evaluate(T.cuda.mbarrier_wait(barrier(bars, _Q_BARRIER), 0))
             scope = T.meta_var(SimpleNamespace(smem=smem, bars=bars, s=s, p=p, o=o, m=m, l=l, new_max=new_max,
                                                fixed=fixed, pre=pre, base=base, tx=tx, heads=heads, seq=seq, P=P,
                                                qt=qt, kv_row0=kv_row0, scale=scale, scale_log2e=scale_log2e,
