@@ -57,6 +57,10 @@ LAUNCH_EARLY_KEY = "tvm_dsm.launch_early"
 #: weights, from tvm_dsm.relax_pipeline). Even a function's first kernel, launched
 #: programmatically, may read them before it waits for the previous grid.
 READ_ONLY_PARAMS_KEY = "tvm_dsm.read_only_params"
+#: PrimFunc attribute: {parameter name: bytes} of weights the function's last kernel prefetches
+#: into L2 from their start as its CTAs finish, for kernels that run later in the program
+#: (tvm_dsm.relax_prefetch_ahead, tvm_dsm.transform.prefetch_ahead).
+PREFETCH_AHEAD_KEY = "tvm_dsm.prefetch_ahead"
 #: Statement attribute (node: a parameter) around one thread's TMA copies of the first pipeline
 #: steps' tiles from that parameter into shared memory (tvm_dsm.transform.tma_pipeline):
 #: issued before the kernel waits for the previous grid when that is safe, else after it.

@@ -64,17 +64,22 @@ def _weights(func: relax.Function, bindings: list) -> list[relax.Var]:
             if not any(v.same_as(e) for e in escaped)]
 
 
+def module_weights(mod: tvm.IRModule) -> dict[str, list[relax.Var]]:
+    """Each Relax function of ``mod`` by name: its weights (see the module docstring), none for
+    a function another one calls."""
+    called = _called_functions(mod)
+    return {gv.name_hint: [] if gv.name_hint in called else _weights(
+        func, find_all(func.body, relax.VarBinding) + find_all(func.body, relax.MatchCast))
+        for gv, func in mod.functions.items() if isinstance(func, relax.Function)}
+
+
 def read_only_params(mod: tvm.IRModule) -> dict[str, list[str]]:
     """For each PrimFunc of ``mod``, the names of its parameters that every call passes a weight
     or a constant (see the module docstring)."""
-    called = _called_functions(mod)
     flags: dict[str, list[bool]] = {}
     unsafe: set[str] = set()
-    for gv, func in mod.functions.items():
-        if not isinstance(func, relax.Function):
-            continue
-        bindings = find_all(func.body, relax.VarBinding) + find_all(func.body, relax.MatchCast)
-        weights = [] if gv.name_hint in called else _weights(func, bindings)
+    for name, weights in module_weights(mod).items():
+        func = mod[name]
         for call in find_all(func.body, relax.Call):
             if not (call.op.same_as(_CALL_TIR) and isinstance(call.args[1], relax.Tuple)):
                 unsafe.update(v.name_hint for v in find_all(call, tvm.ir.GlobalVar))

@@ -93,7 +93,7 @@ def programmatic_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
     wait."""
     if not launched_programmatically(func):
         return func  # (the TMA pipeline prefetches only in functions launched programmatically)
-    kernels = _kernels(func.body)
+    kernels = kernel_launches(func.body)
     wait = [tirx.Evaluate(T.ptx.griddepcontrol.wait()),
             tirx.Evaluate(T.ptx.griddepcontrol.launch_dependents())]
     buffers = _Buffers(func.body)
@@ -106,7 +106,7 @@ def programmatic_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
         body = _wait_after_early(kernel.body, early, wait) if early else None
         bodies.append(body if body is not None else tirx.SeqStmt([*wait, _unmark(kernel.body)]))
         named += buffers.named_in(kernel)
-    body = _replace_kernels(func.body, kernels, bodies)
+    body = replace_kernel_bodies(func.body, kernels, bodies)
     body = tvm_ffi.structural_map(body, [(tirx.AttrStmt, lambda s: s.body if _is_marker(s) else s)])
     params = list(func.attrs.get(_LAUNCH_PARAMS_KEY, [])) if func.attrs is not None else []
     return func.with_body(body).with_attr(_LAUNCH_PARAMS_KEY, [*params, PDL_LAUNCH_TAG])
@@ -116,14 +116,16 @@ def _is_kernel_launch(stmt) -> bool:
     return is_thread_extent(stmt, "blockIdx")
 
 
-def _kernels(body) -> list:
+def kernel_launches(body) -> list:
     """The kernel launches of ``body``: its outermost ``blockIdx`` attributes."""
     launches = find_all(body, tirx.AttrStmt, _is_kernel_launch)
     inner = [n for launch in launches for n in find_all(launch.body, tirx.AttrStmt, _is_kernel_launch)]
     return [launch for launch in launches if not any(launch.same_as(n) for n in inner)]
 
 
-def _replace_kernels(body, kernels: list, bodies: list):
+def replace_kernel_bodies(body, kernels: list, bodies: list):
+    """``body`` with the body of each of ``kernels`` (launches of it) replaced by the one at its
+    position in ``bodies``."""
     def swap(stmt):
         index = next((i for i, k in enumerate(kernels) if stmt.same_as(k)), None)
         if index is None:

@@ -1,0 +1,207 @@
+"""Weights fetched into L2 ahead of the kernels that read them, while the KV cache's attention
+leaves HBM idle.
+
+A decode step alternates kernels that stream weights from HBM (the projections) with kernels
+that barely touch it: between a layer's QKV projection and its output projection, ``nn.llm``'s
+KV cache applies RoPE, appends the new keys and values and runs decode attention, which at small
+batches reads kilobytes to a few megabytes in several microseconds. A kernel launched
+programmatically prefetches its own weight while the kernel before it runs
+(:mod:`tvm_dsm.transform.weight_prefetch`), one kernel ahead only: the gate/up projection, the
+layer's largest weight, starts streaming after the output projection.
+
+:func:`prefetch_ahead` gives the last kernel that reads a weight before each of the KV cache's
+attention calls the weights of the kernels after that call, in the order they read them up to
+the next such call, as extra parameters: their first bytes, up to a budget in all, named in its
+``PREFETCH_AHEAD_KEY`` attribute ({parameter: bytes}). :mod:`tvm_dsm.transform.prefetch_ahead`
+has that function's last kernel issue the L2 prefetches as its CTAs finish. A prefetch changes
+no result, and no kernel writes a weight (:mod:`tvm_dsm.relax_weights`).
+
+One PrimFunc called before several attention calls (every layer's QKV projection) takes the
+weights of the same shapes at each; where calls would give it different ones, or some of its
+calls fetch nothing, the other kinds of call get copies of the function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+from tvm import relax, tirx
+
+from .annotations import PREFETCH_AHEAD_KEY
+from .relax_weights import module_weights
+
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+#: The KV cache's attention calls (``nn.llm.kv_cache``): RoPE, the append and attention, in the
+#: runtime, between the kernels of a Relax function.
+ATTENTION_CALLS = ("vm.builtin.attention_kv_cache_attention_with_fused_qkv",
+                   "vm.builtin.attention_kv_cache_self_attention",
+                   "vm.builtin.attention_kv_cache_cross_attention",
+                   "vm.builtin.attention_kv_cache_attention_with_shared_kv")
+#: A bulk prefetch moves whole 16-byte pieces.
+_PIECE = 16
+#: The share of L2 :func:`default_budget` fills: the prefetched weights must stay there through
+#: the kernels before their readers and the readers' own streaming.
+L2_SHARE = 0.5
+
+
+def default_budget(l2_bytes: int) -> int:
+    """The bytes prefetched ahead of each attention call by default: :data:`L2_SHARE` of L2."""
+    return int(l2_bytes * L2_SHARE) // _PIECE * _PIECE
+
+
+def _is_attention_call(value) -> bool:
+    return (isinstance(value, relax.Call) and len(value.args) > 0 and isinstance(value.args[0], relax.ExternFunc)
+            and str(value.args[0].global_symbol) in ATTENTION_CALLS)
+
+
+def _nbytes(ty) -> int | None:
+    """Bytes of a tensor of static type ``ty`` (None where its shape is not static)."""
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    try:
+        dims = [int(d) for d in ty.shape.values]
+    except (TypeError, AttributeError):
+        return None
+    count = 1
+    for d in dims:
+        count *= d
+    return count * tvm.runtime.DataType(ty.dtype).bits // 8
+
+
+@dataclass(frozen=True)
+class _Fetch:
+    """A weight an earlier kernel prefetches: its argument, and the bytes from its start."""
+
+    weight: relax.Expr
+    nbytes: int
+
+    def kind(self) -> tuple:
+        ty = self.weight.ty
+        return tuple(int(d) for d in ty.shape.values), ty.dtype, self.nbytes
+
+
+def _weights_read(value, weights: list) -> list:
+    """The weights (``weights``' variables, or constants) a ``call_tir`` passes, in order."""
+    if not (isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR) and isinstance(value.args[1], relax.Tuple)):
+        return []
+    return [a for a in value.args[1].fields
+            if isinstance(a, tvm.ir.Constant) or any(a.same_as(w) for w in weights)]
+
+
+def _planned(bindings: list, weights: list, budget: int) -> list[tuple[relax.VarBinding, list[_Fetch]]]:
+    """(the binding of the last weight-reading kernel before an attention call, what it fetches)
+    for each attention call of ``bindings``."""
+    plans = []
+    last = None
+    for i, binding in enumerate(bindings):
+        if _weights_read(binding.value, weights):
+            last = binding
+        if not (_is_attention_call(binding.value) and last is not None):
+            continue
+        own = _weights_read(last.value, weights)
+        fetches, left = [], budget
+        for later in bindings[i + 1:]:
+            if _is_attention_call(later.value) or left < _PIECE:
+                break
+            for weight in _weights_read(later.value, weights):
+                size = _nbytes(weight.ty)
+                taken = [*own, *(f.weight for f in fetches)]
+                if size is None or any(weight.same_as(t) for t in taken):
+                    continue
+                nbytes = min(size, left) // _PIECE * _PIECE
+                if nbytes:
+                    fetches.append(_Fetch(weight, nbytes))
+                    left -= nbytes
+        if fetches:
+            plans.append((last, fetches))
+        last = None
+    return plans
+
+
+def _with_params(func: tirx.PrimFunc, inputs: int, fetches: list[_Fetch]) -> tirx.PrimFunc:
+    """``func`` taking a buffer for each of ``fetches`` after its ``inputs`` inputs (before its
+    outputs), named in its ``PREFETCH_AHEAD_KEY`` attribute."""
+    shapes = [f.kind() for f in fetches]
+    added = [tirx.decl_buffer(shape, dtype, f"prefetch_ahead_{n}") for n, (shape, dtype, _) in enumerate(shapes)]
+    params = list(func.params)
+    new = tirx.PrimFunc([*params[:inputs], *added, *params[inputs:]], func.body, attrs=func.attrs)
+    return new.with_attr(PREFETCH_AHEAD_KEY, {b.name: nbytes for b, (_, _, nbytes) in zip(added, shapes)})
+
+
+def _call_sites(mod: tvm.IRModule) -> dict[str, int]:
+    """How many ``call_tir`` calls of each PrimFunc the Relax functions of ``mod`` make."""
+    sites: dict[str, int] = {}
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, lambda e: sites.__setitem__(
+                e.args[0].name_hint, sites.get(e.args[0].name_hint, 0) + 1)
+                if isinstance(e, relax.Call) and e.op.same_as(_CALL_TIR) else None)
+    return sites
+
+
+def prefetch_ahead(mod: tvm.IRModule, budget: int) -> tvm.IRModule:
+    """``mod`` (scheduled, its Relax functions still calling PrimFuncs by ``call_tir``) with
+    weights prefetched ahead of each attention call, up to ``budget`` bytes a call (module
+    docstring). A PrimFunc all of whose calls fetch takes the first kind of weights itself, under
+    its name; each other kind, and each where some call fetches nothing, gets a copy
+    (``<name>_prefetch<n>``)."""
+    if budget < _PIECE:
+        return mod
+    plans = []  # (Relax function, binding, fetches)
+    for name, weights in module_weights(mod).items():
+        if weights:
+            bindings = [b for block in mod[name].body.blocks for b in block.bindings if isinstance(b, relax.VarBinding)]
+            plans += [(name, binding, fetches) for binding, fetches in _planned(bindings, weights, budget)]
+    if not plans:
+        return mod
+    kinds: dict[str, list[tuple]] = {}
+    for _, binding, fetches in plans:
+        kind = tuple(f.kind() for f in fetches)
+        callee = binding.value.args[0].name_hint
+        if kind not in kinds.setdefault(callee, []):
+            kinds[callee].append(kind)
+    sites = _call_sites(mod)
+    fetching = [b.value.args[0].name_hint for _, b, _ in plans]
+    in_place = {callee for callee in kinds if sites[callee] == fetching.count(callee)}
+    # the PrimFuncs taking new parameters under new GlobalVars (a GlobalVar's type holds its parameters)
+    kept = {gv: f for gv, f in mod.functions.items() if gv.name_hint not in in_place}
+    builder = relax.BlockBuilder(tvm.IRModule(kept, attrs=mod.attrs, global_infos=mod.global_infos))
+    callees: dict[tuple, tvm.ir.GlobalVar] = {}  # (callee, kind) -> the function fetching that kind
+    rewritten: dict[str, list] = {}  # Relax function -> [(binding, its replacement)]
+    for name, binding, fetches in plans:
+        call = binding.value
+        callee, inputs = call.args[0], list(call.args[1].fields)
+        kind = tuple(f.kind() for f in fetches)
+        if (callee.name_hint, kind) not in callees:
+            index = kinds[callee.name_hint].index(kind)
+            own_name = callee.name_hint in in_place and not index
+            symbol = callee.name_hint if own_name else f"{callee.name_hint}_prefetch{index}"
+            gv = builder.add_func(_with_params(mod[callee], len(inputs), fetches), symbol)
+            builder.update_func(gv, builder.get()[gv].with_attr("global_symbol", gv.name_hint))
+            callees[(callee.name_hint, kind)] = gv
+        args = relax.Tuple([*inputs, *(f.weight for f in fetches)])
+        new_call = relax.Call(call.op, [callees[(callee.name_hint, kind)], args, *call.args[2:]], call.attrs,
+                              call.ty_args)
+        rewritten.setdefault(name, []).append((binding, relax.VarBinding(binding.var, new_call)))
+    for name, swaps in rewritten.items():
+        gv = mod.get_global_var(name)
+        builder.update_func(gv, _rebound(mod[gv], swaps))
+    return builder.get()
+
+
+def _rebound(func: relax.Function, swaps: list) -> relax.Function:
+    """``func`` with each binding of ``swaps`` ((binding, replacement)) replaced."""
+    blocks = []
+    for block in func.body.blocks:
+        bindings = [next((new for old, new in swaps if old.same_as(b)), b) for b in block.bindings]
+        blocks.append(relax.DataflowBlock(bindings) if isinstance(block, relax.DataflowBlock)
+                      else relax.BindingBlock(bindings))
+    return relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure,
+                          func.attrs)
+
+
+def PrefetchAhead(budget: int) -> tvm.transform.Pass:  # noqa: N802 - TVM pass style
+    """:func:`prefetch_ahead` with ``budget`` bytes a call, as a module pass."""
+    return tvm.transform.module_pass(lambda mod, _ctx: prefetch_ahead(mod, budget), opt_level=0,
+                                     name="tvm_dsm.PrefetchAhead")

@@ -1,0 +1,105 @@
+"""L2 prefetches of weights that later kernels read, issued by a function's last kernel as its
+CTAs finish (the function's ``PREFETCH_AHEAD_KEY`` attribute, written by
+:mod:`tvm_dsm.relax_prefetch_ahead`: {parameter name: bytes from its start}).
+
+Each kernel that ends a path through the function (the last of a sequence of kernels, in each
+branch of a dispatch over row counts) gets, after everything its threads do, one thread of each
+CTA issuing ``cp.async.bulk.prefetch.L2`` of the CTA's share of every named weight: CTA ``b`` of
+``G`` (its linear index over the ``blockIdx`` axes) takes elements ``[b * c, (b + 1) * c)`` of the
+first ``bytes`` of each, ``c`` the 16-byte multiple that splits them over ``G``. The copies only
+warm L2: HBM streams them while the kernels after this one run.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import tvm
+from tvm import tirx
+from tvm.script import tirx as T
+
+from ..annotations import PREFETCH_AHEAD_KEY
+from ..ir import find_all, is_thread_extent, replace_node
+from .buffers import element_bytes
+from .programmatic_launch import kernel_launches, replace_kernel_bodies
+
+#: A bulk prefetch's size and address are multiples of 16 bytes.
+_BULK_BYTES = 16
+
+
+def tail_kernels(stmt, kernels: list) -> list:
+    """Those of ``kernels`` (kernel launches of ``stmt``) that run last on some path through
+    ``stmt``: the last launch of a sequence, the last of each branch."""
+    if any(stmt.same_as(k) for k in kernels):
+        return [stmt]
+    if isinstance(stmt, tirx.SeqStmt):
+        for child in reversed(list(stmt.seq)):
+            tails = tail_kernels(child, kernels)
+            if tails:
+                return tails
+        return []
+    if isinstance(stmt, tirx.IfThenElse):
+        return tail_kernels(stmt.then_case, kernels) + (
+            tail_kernels(stmt.else_case, kernels) if stmt.else_case is not None else [])
+    body = getattr(stmt, "body", None)
+    return tail_kernels(body, kernels) if isinstance(body, tirx.Stmt) else []
+
+
+def _share(weight, nbytes: int, cta, ctas):
+    """The statement prefetching CTA ``cta``'s share (of ``ctas``) of ``weight``'s first
+    ``nbytes`` bytes (a multiple of 16)."""
+    size = element_bytes(weight)
+    total = nbytes // size
+    vector = _BULK_BYTES // size
+    ty = cta.ty
+    chunk = tirx.truncdiv(total + ctas * vector - 1, ctas * vector) * vector  # elements a CTA, whole vectors
+    start = cta * chunk
+    count = tirx.min(chunk, tirx.const(total, ty) - start)
+    issue = tirx.Evaluate(T.ptx["cp.async.bulk.prefetch.L2.global"](
+        weight.access_ptr("r", offset=start), tirx.Cast("uint32", count * size)))
+    return tirx.IfThenElse(start < tirx.const(total, ty), issue, None)
+
+
+def _ending_with_prefetches(kernel: tirx.AttrStmt, weights: list[tuple]):
+    """``kernel``'s body, its innermost thread binding ending with one thread of each CTA
+    prefetching its share of each of ``weights`` ((parameter, bytes))."""
+    blocks = [kernel, *find_all(kernel.body, tirx.AttrStmt, lambda s: is_thread_extent(s, "blockIdx"))]
+    threads = find_all(kernel, tirx.AttrStmt, lambda s: is_thread_extent(s, "threadIdx"))
+    if not threads:
+        return kernel.body
+    ty = blocks[0].node.var.ty
+    cta, ctas = tirx.const(0, ty), tirx.const(1, ty)
+    for block in blocks:  # a linear index over the blockIdx axes
+        cta = cta + tirx.Cast(ty, block.node.var) * ctas
+        ctas = ctas * tirx.Cast(ty, block.value)
+    leader = functools.reduce(tirx.And, [tirx.EQ(t.node.var, tirx.const(0, t.node.var.ty)) for t in threads])
+    shares = [_share(w, n, cta, ctas) for w, n in weights]
+    issue = tirx.IfThenElse(leader, shares[0] if len(shares) == 1 else tirx.SeqStmt(shares), None)
+    innermost = next(t for t in threads
+                     if not find_all(t.body, tirx.AttrStmt, lambda s: is_thread_extent(s, "threadIdx")))
+    ended = tirx.AttrStmt(innermost.node, innermost.attr_key, innermost.value, tirx.SeqStmt([innermost.body, issue]))
+    return replace_node(kernel.body, innermost, ended)
+
+
+def prefetch_ahead(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with the prefetches its ``PREFETCH_AHEAD_KEY`` attribute names (module
+    docstring) at the end of its tail kernels; ``func`` itself without the attribute."""
+    wanted = func.attrs.get(PREFETCH_AHEAD_KEY) if func.attrs is not None else None
+    if not wanted:
+        return func
+    by_name = {p.name: p for p in func.params}
+    weights = [(by_name[str(name)], int(nbytes)) for name, nbytes in wanted.items()]
+    for weight, nbytes in weights:
+        if nbytes % _BULK_BYTES:
+            raise ValueError(f"prefetch ahead of {weight.name}: {nbytes} bytes, not a multiple of {_BULK_BYTES}")
+    tails = tail_kernels(func.body, kernel_launches(func.body))
+    return func.with_body(replace_kernel_bodies(func.body, tails, [_ending_with_prefetches(k, weights) for k in tails]))
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvm_dsm.PrefetchAhead")
+def PrefetchAhead(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass style
+    """:func:`prefetch_ahead` on every PrimFunc of ``mod``."""
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, tirx.PrimFunc):
+            mod[gv] = prefetch_ahead(func)
+    return mod
