@@ -122,9 +122,9 @@ def test_the_planner_takes_grouped_decode_and_reads_each_row_once(assemble):
     (launch,) = host_launch(mod, "tvm_dsm")
     assert "512, 128, 8" in launch and '"clusterCtaIdx.x"' in launch
     source = cuda_source(mod, "tvm_dsm")
-    # K and V of 2 tokens a step (4 heads a group): the first step's, then two steps' a loop
+    # K and V of 2 tokens a step (4 heads a group), loaded evict-first: the first step's, then two steps' a loop
     # pass; + the definition
-    assert source.count("ld_vec_global_nc_v4_b32(") == 3 * 2 * 2 + 1
+    assert source.count("ld_vec_global_cs_nc_v4_b32(") == 3 * 2 * 2 + 1
     assemble(source, "dense_decode")
 
 
@@ -146,7 +146,7 @@ def test_grouped_heads_take_tensor_cores_reading_each_byte_once_without_spills(n
     kernel = source[source.index("__global__ void"):]
     steps = found.head_dim // 16
     assert kernel.count("mma_sync_aligned_m16n8k16_row_col_f32") == 2 * (2 * steps + found.head_dim // 8)
-    assert source.count("ld_vec_global_nc_v4_b32(") == loads
+    assert source.count("ld_vec_global_cs_nc_v4_b32(") == loads
     report = ptxas_report(source, f"dense_decode_mma_{name}")
     assert "0 bytes spill stores" in report, report
 

@@ -287,6 +287,13 @@ def check_config(operands: DecodeOperands, config: DecodeConfig) -> None:
                                "(2 files, or head dims up to 64)")
 
 
+def _load_streamed(words: list, pointer) -> None:
+    """Emit the 16-byte load at ``pointer`` into the four 32-bit ``words``, evict-first (``.cs``):
+    a call reads each K and V row once, so its rows should leave L2 before what later kernels
+    will read there (weights prefetched ahead, :mod:`tvm_dsm.relax_prefetch_ahead`)."""
+    B.evaluate(T.ptx.ld.global_.cs.nc.v4.b32(*words, pointer))
+
+
 def decode_kernel(operands: DecodeOperands, config: DecodeConfig, name: str, asserts=()) -> tirx.PrimFunc:
     """The kernel of the module docstring over ``operands`` in ``config``, a function named
     ``name`` whose body reads the operands' buffers (the caller gives it their parameters;
@@ -535,9 +542,8 @@ class _LaneBody(_Body):
         ops = self.operands
         for u, token in enumerate(self._step_tokens(step)):
             for kv, words in ((0, self.k_words[file]), (1, self.v_words[file])):
-                B.evaluate(T.ptx.ld.global_.nc.v4.b32(
-                    *(words[u * _WORDS + w] for w in range(_WORDS)),
-                    ops.row_pointer(file * ROW_SLOTS + u, kv, token, self.piece_column)))
+                _load_streamed([words[u * _WORDS + w] for w in range(_WORDS)],
+                               ops.row_pointer(file * ROW_SLOTS + u, kv, token, self.piece_column))
 
     def _update(self, file: int, step) -> None:
         """The online softmax of every query head of the group by one step's tokens (their K
@@ -682,9 +688,8 @@ class _MmaBody(_Body):
             r = u if kv == 0 else u - 2
             for piece in range(cols // ops.vector):
                 at = (r * cols // ops.vector + piece) * _WORDS
-                B.evaluate(T.ptx.ld.global_.nc.v4.b32(
-                    *(words[at + w] for w in range(_WORDS)),
-                    ops.row_pointer(file * ROW_SLOTS + u, kv, token, first + piece * ops.vector)))
+                _load_streamed([words[at + w] for w in range(_WORDS)],
+                               ops.row_pointer(file * ROW_SLOTS + u, kv, token, first + piece * ops.vector))
 
     def _mma(self, d: list, a: list, b: list, c: list) -> None:
         """``d = a b + c`` (fragments of registers; ``c`` may be values)."""
