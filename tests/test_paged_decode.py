@@ -64,6 +64,27 @@ def test_the_kernel_launches_a_cluster_per_sequence_and_kv_head_and_assembles(as
         paged_decode_kernel(found, DecodeConfig(3, True))
 
 
+@pytest.mark.parametrize("config", [DecodeConfig(8, True), DecodeConfig(1, False)])
+def test_the_page_tables_are_read_and_the_first_rows_prefetched_before_the_kernel_waits(config, assemble):
+    """Launched programmatically, the kernel looks up its first steps' pages (the host copied the
+    tables before the step) and prefetches those pages' K and V rows of its head into L2, then
+    waits for the kernel before it (which appends this step's rows) before it reads the query or
+    a row; launched plainly, it waits for nothing. Its K and V rows are loaded evict-first."""
+    found = find_paged_decode(nn_llm_decode(32, 8, 64))
+    kernel = paged_decode_kernel(found, config)
+    early = cuda_source(tvm.IRModule({"main": kernel.with_attr(LAUNCH_EARLY_KEY, True)}), "tvm_dsm")
+    body = early[early.index("__global__ void"):]
+    body = body[body.index("{"):]
+    wait = body.index("griddepcontrol_wait()")
+    assert body.count("griddepcontrol_wait()") == 1
+    assert "page_table_values_ptr[" in body[:wait] and "prefetch_L2_global(" in body[:wait]
+    assert "Q_ptr[" not in body[:wait] and "ld_vec_global_cs_nc_v4_b32(" not in body[:wait]
+    assert "ld_vec_global_cs_nc_v4_b32(" in body[wait:] and "ld_vec_global_nc_v4_b32(" not in body
+    assemble(early, "paged_decode_early")
+    plain = cuda_source(tvm.IRModule({"main": kernel}), "tvm_dsm")
+    assert "griddepcontrol" not in plain[plain.index("__global__ void"):]
+
+
 @pytest.mark.parametrize("head_dim, tensor_cores", [(64, True), (128, False)])
 def test_three_register_files_issue_each_steps_loads_two_steps_ahead_without_spilling(head_dim, tensor_cores,
                                                                                        ptxas_report):

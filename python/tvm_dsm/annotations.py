@@ -57,6 +57,11 @@ LAUNCH_EARLY_KEY = "tvm_dsm.launch_early"
 #: weights, from tvm_dsm.relax_pipeline). Even a function's first kernel, launched
 #: programmatically, may read them before it waits for the previous grid.
 READ_ONLY_PARAMS_KEY = "tvm_dsm.read_only_params"
+#: Statement attribute: where a kernel launched programmatically waits for the previous grid,
+#: put there by a kernel whose statements before it read only what no earlier kernel writes (a
+#: paged KV cache's page tables, which the host copies before the step); without it the wait
+#: leads the kernel (tvm_dsm.transform.programmatic_launch).
+PROGRAMMATIC_WAIT_KEY = "tvm_dsm.programmatic_wait"
 #: PrimFunc attribute: {parameter name: bytes} of weights the function's last kernel prefetches
 #: into L2 from their start as its CTAs finish, for kernels that run later in the program
 #: (tvm_dsm.relax_prefetch_ahead, tvm_dsm.transform.prefetch_ahead).

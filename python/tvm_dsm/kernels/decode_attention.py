@@ -33,7 +33,7 @@ from tvm.script import tirx as T
 from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script.builder import ir as B
 
-from ..annotations import CLUSTER_LAUNCH_KEY
+from ..annotations import CLUSTER_LAUNCH_KEY, PROGRAMMATIC_WAIT_KEY
 from ..errors import ClusterError, passes
 from ..ir import shuffle_xor, tree_reduce
 from ..schedule.cluster import MAX_PORTABLE_CLUSTER_SIZE
@@ -148,6 +148,17 @@ class DecodeOperands(ABC):
     def before_loads(self, slot: int, token) -> None:
         """Emit what the loads of ``token``'s rows need (a page lookup) into ``slot`` of
         ``files * ROW_SLOTS`` (a register file's rows of one step); nothing by default."""
+
+    #: Whether what :meth:`begin`, :meth:`length` and :meth:`before_loads` read is written before
+    #: the program runs, by no kernel (a paged cache's page tables, copied by the host before the
+    #: step): a kernel launched programmatically then reads it, and prefetches its first rows
+    #: into L2 (:meth:`prefetch_rows`), before it waits for the kernel before it.
+    tables_ready = False
+
+    def prefetch_rows(self, tx, begin, end) -> None:
+        """Emit thread ``tx``'s part of the L2 prefetches of the K and V rows of tokens ``begin``
+        to ``end`` (where :attr:`tables_ready`)."""
+        raise NotImplementedError(f"{type(self).__name__} has no tables to read early")
 
     @abstractmethod
     def row_pointer(self, slot: int, kv: int, token, column):
@@ -398,6 +409,23 @@ class _Body(ABC):
         first, stop = self.span[0], self.span[1]
         B.buffer_store(self.span, self.rank * share, [0])
         B.buffer_store(self.span, T.min(length, self.rank * share + share), [1])
+        if not ops.tables_ready:
+            self._emit_steps(looked_up=False)
+            return
+        # the first steps' pages looked up and their rows on their way to L2 while the kernel
+        # before this one runs (launched programmatically, this one waits for it only then)
+        with B.If(first < stop):
+            with B.Then():
+                for s in range(self.files):
+                    self._look_up(s, s)
+                ops.prefetch_rows(self.tx, first, T.min(stop, first + self.files * self.warps * self.warp_tokens))
+        with B.attr(tvm.ir.StringImm("decode_attention"), PROGRAMMATIC_WAIT_KEY, 0):
+            self._emit_steps(looked_up=True)
+
+    def _emit_steps(self, looked_up: bool) -> None:
+        """Emit the CTA's steps over its share and the merges after them (``looked_up``: the
+        first steps' pages already looked up)."""
+        first, stop = self.span[0], self.span[1]
         self._start()
         with B.If(first < stop):  # the same for every thread of the CTA
             with B.Then():
@@ -405,9 +433,11 @@ class _Body(ABC):
                 # computes, what they need (their pages) looked up a step before that
                 F, group_tokens = self.files, self.files * self.warps * self.warp_tokens
                 for s in range(F - 1):
-                    self._look_up(s, s)
+                    if not looked_up:
+                        self._look_up(s, s)
                     self._load(s, s)
-                self._look_up(F - 1, F - 1)
+                if not looked_up:
+                    self._look_up(F - 1, F - 1)
                 with B.serial(0, (stop - first + group_tokens - 1) // group_tokens) as group:
                     for j in range(F):
                         step = F * group + j

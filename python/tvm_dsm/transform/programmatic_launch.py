@@ -25,6 +25,11 @@ safe). So the second GEMM of an unfused chain, or the fp8 GEMM behind its quanti
 fetches its weight during the previous kernel's tail. A prefetch of a tensor map's descriptor
 (``prefetch.tensormap``) reads only the kernel's parameters and may precede them.
 
+A kernel may also say where it waits, marking the statements from there with
+``PROGRAMMATIC_WAIT_KEY``: those before read nothing an earlier kernel writes (the decode
+attention over a paged KV cache looks up its pages, which the host copies before the step, and
+prefetches its first rows into L2, which any write of them reaches).
+
 Measured on the H100 (bench/results/programmatic_launch/latest.json, numbers in
 docs/lowering.md): unfused chains and single GEMMs whose grid runs in one wave gain, grids of
 several waves lose, also with the trigger at the kernel's end. So the unfused chain asks for it, and a GEMM where its planner expects one wave
@@ -46,7 +51,7 @@ from tvm.script import tirx as T
 
 from ..ir import find_all, is_thread_extent, replace_node
 from ..annotations import (EARLY_COPY_KEY, LAUNCH_EARLY_KEY, PDL_LAUNCH_TAG, PROGRAMMATIC_LAUNCH_KEY,
-                           READ_ONLY_PARAMS_KEY)
+                           PROGRAMMATIC_WAIT_KEY, READ_ONLY_PARAMS_KEY)
 
 #: Statement attribute (node: a parameter) around one thread's L2 prefetch of the tiles
 #: a kernel's CTA will copy from that parameter (tvm_dsm.transform.tma_pipeline): issued
@@ -91,8 +96,8 @@ def programmatic_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
     (:func:`read_only_params`) or, in a kernel after the first, one no earlier kernel of
     ``func`` mentions; every other prefetch is dropped, every other early copy issued after the
     wait."""
-    if not launched_programmatically(func):
-        return func  # (the TMA pipeline prefetches only in functions launched programmatically)
+    if not launched_programmatically(func):  # (the TMA pipeline prefetches only in functions launched so)
+        return func.with_body(_without_waits(func.body, []))
     kernels = kernel_launches(func.body)
     wait = [tirx.Evaluate(T.ptx.griddepcontrol.wait()),
             tirx.Evaluate(T.ptx.griddepcontrol.launch_dependents())]
@@ -100,6 +105,10 @@ def programmatic_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
     read_only = read_only_params(func)
     bodies, named = [], []
     for kernel in kernels:
+        if find_all(kernel.body, tirx.AttrStmt, _is_wait):  # the kernel says where it waits
+            bodies.append(_without_waits(kernel.body, wait))
+            named += buffers.named_in(kernel)
+            continue
         early = [m for m in find_all(kernel.body, tirx.AttrStmt, _is_early)
                  if any(buffers.root(m.node).same_as(b) for b in read_only)
                  or (named and not any(buffers.root(m.node).same_as(b) for b in named))]
@@ -110,6 +119,21 @@ def programmatic_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
     body = tvm_ffi.structural_map(body, [(tirx.AttrStmt, lambda s: s.body if _is_marker(s) else s)])
     params = list(func.attrs.get(_LAUNCH_PARAMS_KEY, [])) if func.attrs is not None else []
     return func.with_body(body).with_attr(_LAUNCH_PARAMS_KEY, [*params, PDL_LAUNCH_TAG])
+
+
+def _is_wait(stmt) -> bool:
+    return isinstance(stmt, tirx.AttrStmt) and stmt.attr_key == PROGRAMMATIC_WAIT_KEY
+
+
+def _without_waits(body, wait: list):
+    """``body`` with each ``PROGRAMMATIC_WAIT_KEY`` mark replaced by ``wait`` (statements, none
+    where the kernel does not wait) before the statements it marks."""
+    def unmark(stmt):
+        if not _is_wait(stmt):
+            return stmt
+        return tirx.SeqStmt([*wait, stmt.body]) if wait else stmt.body
+
+    return tvm_ffi.structural_map(body, [(tirx.AttrStmt, unmark)])
 
 
 def _is_kernel_launch(stmt) -> bool:
