@@ -86,9 +86,11 @@ def test_calls_that_would_fetch_other_weights_get_copies():
         assert int(dict(func.attrs[PREFETCH_AHEAD_KEY])[func.params[2].name]) == int(np.prod(shape)) * 2
 
 
-@pytest.mark.parametrize(("nbytes", "ctas"), [(131072, 64), (84208 * 2, 7), (16, 5), (4096, 1), (512, 33)])
+@pytest.mark.parametrize(("nbytes", "ctas"), [(131072, 64), (84208 * 2, 7), (16, 5), (4096, 1), (512, 33),
+                                             (25 << 20, 96)])
 def test_the_ctas_shares_cover_the_bytes_once_in_whole_pieces(nbytes, ctas):
-    weight = tirx.decl_buffer((1 << 20,), "float16", "w")
+    """Each CTA's requests (at most 64 KB each) tile its share; the shares tile the bytes."""
+    weight = tirx.decl_buffer((1 << 25,), "float16", "w")
     cta = tirx.Var("cta", "int32")
     stmt = _share(weight, nbytes, cta, tirx.const(ctas, "int32"))
     analyzer = tvm.sym.Analyzer()
@@ -97,10 +99,12 @@ def test_the_ctas_shares_cover_the_bytes_once_in_whole_pieces(nbytes, ctas):
         at = substitute(stmt, [(cta, tirx.const(b, "int32"))])
         if not bool(analyzer.simplify(at.condition)):
             continue
-        ptr, size = at.then_case.value.args[:2]
-        start, count = int(analyzer.simplify(ptr.args[2])), int(analyzer.simplify(size)) // 2
-        assert start * 2 % 16 == 0 and count * 2 % 16 == 0 and count > 0
-        covered.append((start, start + count))
+        loop = at.then_case
+        for i in range(int(analyzer.simplify(loop.extent))):
+            ptr, size = substitute(loop.body, [(loop.loop_var, tirx.const(i, "int32"))]).value.args[:2]
+            start, count = int(analyzer.simplify(ptr.args[2])), int(analyzer.simplify(size)) // 2
+            assert start * 2 % 16 == 0 and count * 2 % 16 == 0 and 0 < count * 2 <= 64 * 1024
+            covered.append((start, start + count))
     assert sorted(covered) == covered and covered[0][0] == 0 and covered[-1][1] * 2 == nbytes
     assert all(a[1] == b[0] for a, b in zip(covered, covered[1:]))
 

@@ -25,6 +25,8 @@ from .programmatic_launch import kernel_launches, replace_kernel_bodies
 
 #: A bulk prefetch's size and address are multiples of 16 bytes.
 _BULK_BYTES = 16
+#: The most bytes one prefetch request names (the ISA sets no limit; CUTLASS's are a tile's).
+_REQUEST_BYTES = 64 * 1024
 
 
 def tail_kernels(stmt, kernels: list) -> list:
@@ -47,17 +49,19 @@ def tail_kernels(stmt, kernels: list) -> list:
 
 def _share(weight, nbytes: int, cta, ctas):
     """The statement prefetching CTA ``cta``'s share (of ``ctas``) of ``weight``'s first
-    ``nbytes`` bytes (a multiple of 16)."""
+    ``nbytes`` bytes (a multiple of 16), in requests of at most :data:`_REQUEST_BYTES`."""
     size = element_bytes(weight)
-    total = nbytes // size
-    vector = _BULK_BYTES // size
+    total, vector, request = nbytes // size, _BULK_BYTES // size, _REQUEST_BYTES // size
     ty = cta.ty
     chunk = tirx.truncdiv(total + ctas * vector - 1, ctas * vector) * vector  # elements a CTA, whole vectors
     start = cta * chunk
     count = tirx.min(chunk, tirx.const(total, ty) - start)
+    i = tirx.Var("request", ty)
     issue = tirx.Evaluate(T.ptx["cp.async.bulk.prefetch.L2.global"](
-        weight.access_ptr("r", offset=start), tirx.Cast("uint32", count * size)))
-    return tirx.IfThenElse(start < tirx.const(total, ty), issue, None)
+        weight.access_ptr("r", offset=start + i * request),
+        tirx.Cast("uint32", tirx.min(count - i * request, request) * size)))
+    requests = tirx.For(i, tirx.const(0, ty), tirx.truncdiv(count + request - 1, request), tirx.ForKind.SERIAL, issue)
+    return tirx.IfThenElse(start < tirx.const(total, ty), requests, None)
 
 
 def _ending_with_prefetches(kernel: tirx.AttrStmt, weights: list[tuple]):
