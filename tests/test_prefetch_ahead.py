@@ -13,7 +13,7 @@ from tvm.script import relax as R
 from tvm.script import tirx as T
 
 from conftest import LLVM, TARGET, cuda_source, kernels
-from tvm_dsm.annotations import PREFETCH_AHEAD_KEY
+from tvm_dsm.annotations import PREFETCH_AHEAD_KEPT_KEY, PREFETCH_AHEAD_KEY
 from tvm_dsm.ir import substitute
 from tvm_dsm.relax_pipeline import lower_for_scheduling
 from tvm_dsm.relax_prefetch_ahead import default_budget, prefetch_ahead
@@ -109,16 +109,20 @@ def test_the_ctas_shares_cover_the_bytes_once_in_whole_pieces(nbytes, ctas):
     assert all(a[1] == b[0] for a, b in zip(covered, covered[1:]))
 
 
-def test_the_last_kernel_of_each_path_prefetches_as_its_ctas_finish(assemble):
+@pytest.mark.parametrize("kept", [False, True])
+def test_the_last_kernel_of_each_path_prefetches_as_its_ctas_finish(assemble, kept):
     """A function of two kernels in sequence: the second prefetches (after its own work, one
-    thread a CTA), the first does not."""
+    thread a CTA), the first does not; kept, with the evict-last cache policy."""
     func = TwoKernels.with_attr(PREFETCH_AHEAD_KEY, {"w": 4096})
+    if kept:
+        func = func.with_attr(PREFETCH_AHEAD_KEPT_KEY, True)
     source = cuda_source(tvm.IRModule({"main": func}))
     first, second = kernels(source).values()
     assert "prefetch_L2_global" not in first
     body = second[second.index("{"):]
-    assert body.index("out_ptr[") < body.index("prefetch_L2_global(")
-    assemble(source, "prefetch_ahead")
+    assert body.index("out_ptr[") < body.index("prefetch_L2_global")
+    assert ("L2::cache_hint" in source) == kept and (str(0x14F0000000000000) in source) == kept  # evict_last
+    assemble(source, f"prefetch_ahead_kept{kept}")
 
 
 def test_the_default_budget_is_half_of_l2():

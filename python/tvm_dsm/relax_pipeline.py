@@ -275,7 +275,7 @@ def tvm_dsm_pipeline(database: ms.Database | None = None, hw: Hardware | None = 
                      kv_cache_kernels: tuple[str, ...] = DEFAULT_KV_CACHE_KERNELS,
                      launch_early: bool = True, gated_projections: bool = True,
                      progress: Callable[[int, int, str], None] | None = None,
-                     prefetch_ahead: int = 0) -> tvm.transform.Pass:
+                     prefetch_ahead: int = 0, prefetch_ahead_kept: bool = False) -> tvm.transform.Pass:
     """The pipeline of the module docstring, for the target ``tvm.compile`` enters
     (``tvm.target.Target.current()``); ``database``: tuning records :class:`ScheduleTIR` prefers
     to the planner's choice; ``coverage``: a dict to fill with :func:`kernel_coverage`;
@@ -289,7 +289,8 @@ def tvm_dsm_pipeline(database: ms.Database | None = None, hw: Hardware | None = 
     projections as one gated GEMM each (:mod:`tvm_dsm.relax_gated`); ``progress``: called as
     ``progress(done, total, name)`` before each function is scheduled; ``prefetch_ahead``: bytes
     of the weights read after each of the KV cache's attention calls that the kernel before it
-    prefetches into L2 (:mod:`tvm_dsm.relax_prefetch_ahead`; 0: none)."""
+    prefetches into L2 (:mod:`tvm_dsm.relax_prefetch_ahead`; 0: none), ``prefetch_ahead_kept``:
+    those lines marked evict-last."""
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.RelaxPipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -301,7 +302,7 @@ def tvm_dsm_pipeline(database: ms.Database | None = None, hw: Hardware | None = 
         with stock_target(target):
             mod = LowBatchDispatch(mod)
             mod = stock_rules()(mod)
-        mod = PrefetchAhead(prefetch_ahead)(mod)
+        mod = PrefetchAhead(prefetch_ahead, prefetch_ahead_kept)(mod)
         if launch_early:
             mod = tvm.IRModule({gv: f.with_attr(LAUNCH_EARLY_KEY, True) if isinstance(f, tirx.PrimFunc) else f
                                 for gv, f in mod.functions.items()}, attrs=mod.attrs, global_infos=mod.global_infos)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import relax, tirx
 
-from .annotations import PREFETCH_AHEAD_KEY
+from .annotations import PREFETCH_AHEAD_KEPT_KEY, PREFETCH_AHEAD_KEY
 from .relax_weights import module_weights
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
@@ -119,14 +119,15 @@ def _planned(bindings: list, weights: list, budget: int) -> list[tuple[relax.Var
     return plans
 
 
-def _with_params(func: tirx.PrimFunc, inputs: int, fetches: list[_Fetch]) -> tirx.PrimFunc:
+def _with_params(func: tirx.PrimFunc, inputs: int, fetches: list[_Fetch], kept: bool) -> tirx.PrimFunc:
     """``func`` taking a buffer for each of ``fetches`` after its ``inputs`` inputs (before its
-    outputs), named in its ``PREFETCH_AHEAD_KEY`` attribute."""
+    outputs), named in its ``PREFETCH_AHEAD_KEY`` attribute (``kept``: ``PREFETCH_AHEAD_KEPT_KEY``)."""
     shapes = [f.kind() for f in fetches]
     added = [tirx.decl_buffer(shape, dtype, f"prefetch_ahead_{n}") for n, (shape, dtype, _) in enumerate(shapes)]
     params = list(func.params)
     new = tirx.PrimFunc([*params[:inputs], *added, *params[inputs:]], func.body, attrs=func.attrs)
-    return new.with_attr(PREFETCH_AHEAD_KEY, {b.name: nbytes for b, (_, _, nbytes) in zip(added, shapes)})
+    new = new.with_attr(PREFETCH_AHEAD_KEY, {b.name: nbytes for b, (_, _, nbytes) in zip(added, shapes)})
+    return new.with_attr(PREFETCH_AHEAD_KEPT_KEY, True) if kept else new
 
 
 def _call_sites(mod: tvm.IRModule) -> dict[str, int]:
@@ -140,10 +141,10 @@ def _call_sites(mod: tvm.IRModule) -> dict[str, int]:
     return sites
 
 
-def prefetch_ahead(mod: tvm.IRModule, budget: int) -> tvm.IRModule:
+def prefetch_ahead(mod: tvm.IRModule, budget: int, kept: bool = False) -> tvm.IRModule:
     """``mod`` (scheduled, its Relax functions still calling PrimFuncs by ``call_tir``) with
     weights prefetched ahead of each attention call, up to ``budget`` bytes a call (module
-    docstring). A PrimFunc all of whose calls fetch takes the first kind of weights itself, under
+    docstring; ``kept``: the prefetched lines marked evict-last, kept in L2 before others). A PrimFunc all of whose calls fetch takes the first kind of weights itself, under
     its name; each other kind, and each where some call fetches nothing, gets a copy
     (``<name>_prefetch<n>``)."""
     if budget < _PIECE:
@@ -177,7 +178,7 @@ def prefetch_ahead(mod: tvm.IRModule, budget: int) -> tvm.IRModule:
             index = kinds[callee.name_hint].index(kind)
             own_name = callee.name_hint in in_place and not index
             symbol = callee.name_hint if own_name else f"{callee.name_hint}_prefetch{index}"
-            gv = builder.add_func(_with_params(mod[callee], len(inputs), fetches), symbol)
+            gv = builder.add_func(_with_params(mod[callee], len(inputs), fetches, kept), symbol)
             builder.update_func(gv, builder.get()[gv].with_attr("global_symbol", gv.name_hint))
             callees[(callee.name_hint, kind)] = gv
         args = relax.Tuple([*inputs, *(f.weight for f in fetches)])
@@ -201,7 +202,7 @@ def _rebound(func: relax.Function, swaps: list) -> relax.Function:
                           func.attrs)
 
 
-def PrefetchAhead(budget: int) -> tvm.transform.Pass:  # noqa: N802 - TVM pass style
-    """:func:`prefetch_ahead` with ``budget`` bytes a call, as a module pass."""
-    return tvm.transform.module_pass(lambda mod, _ctx: prefetch_ahead(mod, budget), opt_level=0,
+def PrefetchAhead(budget: int, kept: bool = False) -> tvm.transform.Pass:  # noqa: N802 - TVM pass style
+    """:func:`prefetch_ahead` with ``budget`` bytes a call (``kept``: evict-last), as a module pass."""
+    return tvm.transform.module_pass(lambda mod, _ctx: prefetch_ahead(mod, budget, kept), opt_level=0,
                                      name="tvm_dsm.PrefetchAhead")

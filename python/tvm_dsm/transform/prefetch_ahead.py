@@ -6,8 +6,9 @@ Each kernel that ends a path through the function (the last of a sequence of ker
 branch of a dispatch over row counts) gets, after everything its threads do, one thread of each
 CTA issuing ``cp.async.bulk.prefetch.L2`` of the CTA's share of every named weight: CTA ``b`` of
 ``G`` (its linear index over the ``blockIdx`` axes) takes elements ``[b * c, (b + 1) * c)`` of the
-first ``bytes`` of each, ``c`` the 16-byte multiple that splits them over ``G``. The copies only
-warm L2: HBM streams them while the kernels after this one run.
+first ``bytes`` of each, ``c`` the 16-byte multiple that splits them over ``G``; with the
+``PREFETCH_AHEAD_KEPT_KEY`` attribute the lines are marked evict-last. The copies only warm L2:
+HBM streams them while the kernels after this one run.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
-from ..annotations import PREFETCH_AHEAD_KEY
+from ..annotations import PREFETCH_AHEAD_KEPT_KEY, PREFETCH_AHEAD_KEY
 from ..ir import find_all, is_thread_extent, replace_node
 from .buffers import element_bytes
 from .programmatic_launch import kernel_launches, replace_kernel_bodies
@@ -27,6 +28,9 @@ from .programmatic_launch import kernel_launches, replace_kernel_bodies
 _BULK_BYTES = 16
 #: The most bytes one prefetch request names (the ISA sets no limit; CUTLASS's are a tile's).
 _REQUEST_BYTES = 64 * 1024
+#: The L2 cache policy of an evict-last access (the encoding CUDA's own libraries pass as a
+#: ``.L2::cache_hint`` operand).
+_EVICT_LAST_POLICY = 0x14F0000000000000
 
 
 def tail_kernels(stmt, kernels: list) -> list:
@@ -47,9 +51,10 @@ def tail_kernels(stmt, kernels: list) -> list:
     return tail_kernels(body, kernels) if isinstance(body, tirx.Stmt) else []
 
 
-def _share(weight, nbytes: int, cta, ctas):
+def _share(weight, nbytes: int, cta, ctas, kept: bool = False):
     """The statement prefetching CTA ``cta``'s share (of ``ctas``) of ``weight``'s first
-    ``nbytes`` bytes (a multiple of 16), in requests of at most :data:`_REQUEST_BYTES`."""
+    ``nbytes`` bytes (a multiple of 16), in requests of at most :data:`_REQUEST_BYTES`
+    (``kept``: evict-last)."""
     size = element_bytes(weight)
     total, vector, request = nbytes // size, _BULK_BYTES // size, _REQUEST_BYTES // size
     ty = cta.ty
@@ -57,16 +62,20 @@ def _share(weight, nbytes: int, cta, ctas):
     start = cta * chunk
     count = tirx.min(chunk, tirx.const(total, ty) - start)
     i = tirx.Var("request", ty)
-    issue = tirx.Evaluate(T.ptx["cp.async.bulk.prefetch.L2.global"](
-        weight.access_ptr("r", offset=start + i * request),
-        tirx.Cast("uint32", tirx.min(count - i * request, request) * size)))
+    args = [weight.access_ptr("r", offset=start + i * request),
+            tirx.Cast("uint32", tirx.min(count - i * request, request) * size)]
+    if kept:
+        issue = tirx.Evaluate(T.ptx["cp.async.bulk.prefetch.L2.global.L2::cache_hint"](
+            *args, tirx.const(_EVICT_LAST_POLICY, "uint64")))
+    else:
+        issue = tirx.Evaluate(T.ptx["cp.async.bulk.prefetch.L2.global"](*args))
     requests = tirx.For(i, tirx.const(0, ty), tirx.truncdiv(count + request - 1, request), tirx.ForKind.SERIAL, issue)
     return tirx.IfThenElse(start < tirx.const(total, ty), requests, None)
 
 
-def _ending_with_prefetches(kernel: tirx.AttrStmt, weights: list[tuple]):
+def _ending_with_prefetches(kernel: tirx.AttrStmt, weights: list[tuple], kept: bool):
     """``kernel``'s body, its innermost thread binding ending with one thread of each CTA
-    prefetching its share of each of ``weights`` ((parameter, bytes))."""
+    prefetching its share of each of ``weights`` ((parameter, bytes); ``kept``: evict-last)."""
     blocks = [kernel, *find_all(kernel.body, tirx.AttrStmt, lambda s: is_thread_extent(s, "blockIdx"))]
     threads = find_all(kernel, tirx.AttrStmt, lambda s: is_thread_extent(s, "threadIdx"))
     if not threads:
@@ -77,7 +86,7 @@ def _ending_with_prefetches(kernel: tirx.AttrStmt, weights: list[tuple]):
         cta = cta + tirx.Cast(ty, block.node.var) * ctas
         ctas = ctas * tirx.Cast(ty, block.value)
     leader = functools.reduce(tirx.And, [tirx.EQ(t.node.var, tirx.const(0, t.node.var.ty)) for t in threads])
-    shares = [_share(w, n, cta, ctas) for w, n in weights]
+    shares = [_share(w, n, cta, ctas, kept) for w, n in weights]
     issue = tirx.IfThenElse(leader, shares[0] if len(shares) == 1 else tirx.SeqStmt(shares), None)
     innermost = next(t for t in threads
                      if not find_all(t.body, tirx.AttrStmt, lambda s: is_thread_extent(s, "threadIdx")))
@@ -96,8 +105,10 @@ def prefetch_ahead(func: tirx.PrimFunc) -> tirx.PrimFunc:
     for weight, nbytes in weights:
         if nbytes % _BULK_BYTES:
             raise ValueError(f"prefetch ahead of {weight.name}: {nbytes} bytes, not a multiple of {_BULK_BYTES}")
+    kept = bool(func.attrs.get(PREFETCH_AHEAD_KEPT_KEY, False))
     tails = tail_kernels(func.body, kernel_launches(func.body))
-    return func.with_body(replace_kernel_bodies(func.body, tails, [_ending_with_prefetches(k, weights) for k in tails]))
+    return func.with_body(replace_kernel_bodies(func.body, tails,
+                                                [_ending_with_prefetches(k, weights, kept) for k in tails]))
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.PrefetchAhead")
