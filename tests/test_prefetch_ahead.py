@@ -17,7 +17,7 @@ from tvm_dsm.annotations import PREFETCH_AHEAD_KEPT_KEY, PREFETCH_AHEAD_KEY
 from tvm_dsm.ir import substitute
 from tvm_dsm.relax_pipeline import lower_for_scheduling
 from tvm_dsm.relax_prefetch_ahead import default_budget, prefetch_ahead
-from tvm_dsm.transform.prefetch_ahead import _share
+from tvm_dsm.transform.prefetch_ahead import _share, tail_kernels
 from tvm_dsm.workloads.llama import LLAMA_TINY, LlamaSession, export_llama, random_weights
 
 #: The tiny Llama's weights read after a layer's attention call, in order, and their bytes.
@@ -46,6 +46,7 @@ def test_the_projection_before_attention_takes_the_weights_read_after_it(tiny_lo
     then the down projection where the budget reaches it (the weights of the next layer's norm
     and QKV projection after it)."""
     fetched = prefetch_ahead(tiny_lowered, budget)
+    assert relax.analysis.check_well_formed(fetched)
     func = fetched["fused_NT_matmul_cast"]
     wanted = dict(func.attrs[PREFETCH_AHEAD_KEY])
     left, expected = budget, []
@@ -68,22 +69,47 @@ def test_the_projection_before_attention_takes_the_weights_read_after_it(tiny_lo
 def test_no_budget_or_no_attention_call_leaves_the_module_alone(tiny_lowered):
     assert prefetch_ahead(tiny_lowered, 0).same_as(tiny_lowered)
     assert prefetch_ahead(tiny_lowered, 15).same_as(tiny_lowered)
-    assert prefetch_ahead(Chained, 1 << 20).same_as(Chained)
+    chained = _program("chained")
+    assert prefetch_ahead(chained, 1 << 20).same_as(chained)
 
 
 def test_calls_that_would_fetch_other_weights_get_copies():
     """``proj`` is called before two attention calls, the weights after them of two kinds (one
     64 x 64; a 32 x 64 and a 64 x 64), and once where no attention call follows: each kind gets
     its own copy, the last call keeps ``proj`` as it was."""
-    fetched = prefetch_ahead(TwoKinds, 1 << 20)
-    assert _calls(fetched["main"], "proj_prefetch0") == [["x", "w0", "w1"]]
-    assert _calls(fetched["main"], "proj_prefetch1") == [["b", "w1", "w2", "w3"]]
-    assert _calls(fetched["main"], "proj") == [["d", "w3"]]
+    fetched = prefetch_ahead(_program("two_kinds"), 1 << 20)
+    assert relax.analysis.check_well_formed(fetched)
+    assert _calls(fetched["two_kinds"], "proj_prefetch0") == [["x", "w0", "w1"]]
+    assert _calls(fetched["two_kinds"], "proj_prefetch1") == [["b", "w1", "w2", "w3"]]
+    assert _calls(fetched["two_kinds"], "proj") == [["d", "w3"]]
     assert len(fetched["proj"].params) == 3
     for name, shape in (("proj_prefetch0", [64, 64]), ("proj_prefetch1", [32, 64])):
         func = fetched[name]
         assert [int(d) for d in func.params[2].ty.shape] == shape and func.attrs["global_symbol"] == name
         assert int(dict(func.attrs[PREFETCH_AHEAD_KEY])[func.params[2].name]) == int(np.prod(shape)) * 2
+
+
+def test_a_weight_bound_after_the_call_or_named_otherwise_is_handled():
+    """A weight bound only after the fetching call is not passed to it (it would be read before
+    it is defined); a PrimFunc also named outside ``call_tir`` (an argument of a packed call)
+    keeps its name and parameters for that use, the fetching call gets a copy."""
+    fetched = prefetch_ahead(_program("late", "named"), 1 << 20)
+    assert relax.analysis.check_well_formed(fetched)
+    assert _calls(fetched["late"], "proj_prefetch0") == [["x", "w0", "w2"]]
+    assert len(fetched["proj"].params) == 3 and "proj" in [gv.name_hint for gv in fetched.functions]
+
+
+def test_tail_kernels_are_the_last_on_every_path():
+    """In ``k1; if c: k2``, both end a path; in ``k1; if c: k2 else: k3``, k2 and k3; in
+    ``k1; for: k2``, both (the loop may not run); in ``k1; k2``, k2."""
+    k1, k2, k3 = (tirx.Evaluate(i) for i in range(3))
+    c = tirx.Var("c", "bool")
+    cases = [(tirx.SeqStmt([k1, tirx.IfThenElse(c, k2, None)]), [k2, k1]),
+             (tirx.SeqStmt([k1, tirx.IfThenElse(c, k2, k3)]), [k2, k3]),
+             (tirx.SeqStmt([k1, tirx.For(tirx.Var("i", "int32"), 0, 4, tirx.ForKind.SERIAL, k2)]), [k2, k1]),
+             (tirx.SeqStmt([k1, k2]), [k2])]
+    for stmt, expected in cases:
+        assert [int(k.value) for k in tail_kernels(stmt, [k1, k2, k3])] == [int(k.value) for k in expected]
 
 
 @pytest.mark.parametrize(("nbytes", "ctas"), [(131072, 64), (84208 * 2, 7), (16, 5), (4096, 1), (512, 33),
@@ -155,7 +181,13 @@ def test_the_tiny_llama_decodes_the_same_with_its_weights_prefetched_ahead_on_cp
 
 
 @I.ir_module
-class TwoKinds:
+class Programs:
+    """Relax functions over 64-wide projections, tested one (with the PrimFuncs) at a time
+    (:func:`_program`): ``two_kinds`` calls ``proj`` before two attention calls, the weights after
+    them of two kinds (one 64 x 64; a 32 x 64 and a 64 x 64), and once where none follows;
+    ``late`` binds ``w1`` after its attention call, and ``named`` passes ``proj`` to a packed
+    call; ``chained`` has no attention call."""
+
     @T.prim_func(private=True, s_tir=True)
     def proj(x: T.Buffer((1, 64), "float16"), w: T.Buffer((64, 64), "float16"), y: T.Buffer((1, 64), "float16")):
         for i, j, k in T.grid(1, 64, 64):
@@ -175,11 +207,11 @@ class TwoKinds:
                 y[vi, vj] = y[vi, vj] + x[vi, vk] * w[vj, vk]
 
     @R.function
-    def main(x: R.Tensor((1, 64), "float16"),
-             params: R.Tuple(R.Tensor((64, 64), "float16"), R.Tensor((64, 64), "float16"),
-                             R.Tensor((32, 64), "float16"), R.Tensor((64, 64), "float16"))):
+    def two_kinds(x: R.Tensor((1, 64), "float16"),
+                  params: R.Tuple(R.Tensor((64, 64), "float16"), R.Tensor((64, 64), "float16"),
+                                  R.Tensor((32, 64), "float16"), R.Tensor((64, 64), "float16"))):
         R.func_attr({"num_input": 1})
-        cls = TwoKinds
+        cls = Programs
         with R.dataflow():
             w0 = params[0]
             w1 = params[1]
@@ -196,25 +228,35 @@ class TwoKinds:
             R.output(e, f)
         return e, f
 
-
-@I.ir_module
-class Chained:
-    """Two projections, no attention call between."""
-
-    @T.prim_func(private=True, s_tir=True)
-    def proj(x: T.Buffer((1, 64), "float16"), w: T.Buffer((64, 64), "float16"), y: T.Buffer((1, 64), "float16")):
-        for i, j, k in T.grid(1, 64, 64):
-            with T.sblock("y"):
-                vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-                with T.init():
-                    y[vi, vj] = T.float16(0)
-                y[vi, vj] = y[vi, vj] + x[vi, vk] * w[vj, vk]
+    @R.function
+    def late(x: R.Tensor((1, 64), "float16"),
+             params: R.Tuple(R.Tensor((64, 64), "float16"), R.Tensor((64, 64), "float16"),
+                             R.Tensor((64, 64), "float16"))):
+        R.func_attr({"num_input": 1})
+        cls = Programs
+        with R.dataflow():
+            w0 = params[0]
+            w2 = params[2]
+            a = R.call_tir(cls.proj, (x, w0), out_ty=R.Tensor((1, 64), "float16"))
+            b = R.call_dps_packed("vm.builtin.attention_kv_cache_attention_with_fused_qkv", (a,),
+                                  out_ty=R.Tensor((1, 64), "float16"))
+            w1 = params[1]
+            c = R.call_tir(cls.proj, (b, w1), out_ty=R.Tensor((1, 64), "float16"))
+            d = R.call_tir(cls.proj, (c, w2), out_ty=R.Tensor((1, 64), "float16"))
+            R.output(d)
+        return d
 
     @R.function
-    def main(x: R.Tensor((1, 64), "float16"),
-             params: R.Tuple(R.Tensor((64, 64), "float16"), R.Tensor((64, 64), "float16"))):
+    def named(x: R.Tensor((1, 64), "float16")):
+        cls = Programs
+        out = R.call_pure_packed("tvm_dsm.test.apply", cls.proj, x, ty_args=R.Tensor((1, 64), "float16"))
+        return out
+
+    @R.function
+    def chained(x: R.Tensor((1, 64), "float16"),
+                params: R.Tuple(R.Tensor((64, 64), "float16"), R.Tensor((64, 64), "float16"))):
         R.func_attr({"num_input": 1})
-        cls = Chained
+        cls = Programs
         with R.dataflow():
             w0 = params[0]
             w1 = params[1]
@@ -222,6 +264,12 @@ class Chained:
             b = R.call_tir(cls.proj, (a, w1), out_ty=R.Tensor((1, 64), "float16"))
             R.output(b)
         return b
+
+
+def _program(*names: str) -> tvm.IRModule:
+    """The Relax functions ``names`` of :class:`Programs` with its PrimFuncs."""
+    return tvm.IRModule({gv: f for gv, f in Programs.functions.items()
+                         if gv.name_hint in (*names, "proj", "narrow")})
 
 
 @T.prim_func(s_tir=True)

@@ -16,20 +16,25 @@ the next such call, as extra parameters: their first bytes, up to a budget in al
 has that function's last kernel issue the L2 prefetches as its CTAs finish. A prefetch changes
 no result, and no kernel writes a weight (:mod:`tvm_dsm.relax_weights`).
 
-One PrimFunc called before several attention calls (every layer's QKV projection) takes the
-weights of the same shapes at each; where calls would give it different ones, or some of its
-calls fetch nothing, the other kinds of call get copies of the function.
+A weight is fetched by a call only where it is bound before that call, and only where its
+elements are whole bytes. One PrimFunc called before several attention calls (every layer's
+QKV projection) takes the weights of the same shapes at each; where calls would give it
+different ones, or the module names it otherwise too (a call that fetches nothing, an argument
+of a packed call), the other kinds of call get copies of the function.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import tvm
 from tvm import relax, tirx
 
 from .annotations import PREFETCH_AHEAD_KEPT_KEY, PREFETCH_AHEAD_KEY
-from .relax_weights import module_weights
+from .ir import find_all
+from .relax_weights import is_weight, module_weights
+from .transform.prefetch_ahead import BULK_BYTES
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 #: The KV cache's attention calls (``nn.llm.kv_cache``): RoPE, the append and attention, in the
@@ -38,8 +43,6 @@ ATTENTION_CALLS = ("vm.builtin.attention_kv_cache_attention_with_fused_qkv",
                    "vm.builtin.attention_kv_cache_self_attention",
                    "vm.builtin.attention_kv_cache_cross_attention",
                    "vm.builtin.attention_kv_cache_attention_with_shared_kv")
-#: A bulk prefetch moves whole 16-byte pieces.
-_PIECE = 16
 #: The share of L2 :func:`default_budget` fills: the prefetched weights must stay there through
 #: the kernels before their readers and the readers' own streaming.
 L2_SHARE = 0.5
@@ -47,7 +50,7 @@ L2_SHARE = 0.5
 
 def default_budget(l2_bytes: int) -> int:
     """The bytes prefetched ahead of each attention call by default: :data:`L2_SHARE` of L2."""
-    return int(l2_bytes * L2_SHARE) // _PIECE * _PIECE
+    return int(l2_bytes * L2_SHARE) // BULK_BYTES * BULK_BYTES
 
 
 def _is_attention_call(value) -> bool:
@@ -56,17 +59,16 @@ def _is_attention_call(value) -> bool:
 
 
 def _nbytes(ty) -> int | None:
-    """Bytes of a tensor of static type ``ty`` (None where its shape is not static)."""
+    """Bytes of a tensor of static type ``ty``; None where its shape is not static or its
+    elements are not whole bytes (a prefetch's share is counted in elements)."""
     if not isinstance(ty, relax.TensorType) or ty.shape is None:
         return None
+    bits = tvm.runtime.DataType(ty.dtype).bits
     try:
         dims = [int(d) for d in ty.shape.values]
     except (TypeError, AttributeError):
         return None
-    count = 1
-    for d in dims:
-        count *= d
-    return count * tvm.runtime.DataType(ty.dtype).bits // 8
+    return math.prod(dims) * bits // 8 if bits % 8 == 0 else None
 
 
 @dataclass(frozen=True)
@@ -85,36 +87,50 @@ def _weights_read(value, weights: list) -> list:
     """The weights (``weights``' variables, or constants) a ``call_tir`` passes, in order."""
     if not (isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR) and isinstance(value.args[1], relax.Tuple)):
         return []
-    return [a for a in value.args[1].fields
-            if isinstance(a, tvm.ir.Constant) or any(a.same_as(w) for w in weights)]
+    return [a for a in value.args[1].fields if is_weight(a, weights)]
 
 
-def _planned(bindings: list, weights: list, budget: int) -> list[tuple[relax.VarBinding, list[_Fetch]]]:
+def _visible(func: relax.Function, blocks: list[int], bindings: list, at: int) -> list:
+    """The variables the binding at position ``at`` of ``bindings`` (in block ``blocks[at]``) may
+    read: ``func``'s parameters, and those bound before it (a dataflow variable in its block only)."""
+    return [*func.params, *(b.var for n, b in enumerate(bindings[:at])
+                            if blocks[n] == blocks[at] or not isinstance(b.var, relax.DataflowVar))]
+
+
+def _planned(func: relax.Function, weights: list, budget: int) -> list[tuple[relax.VarBinding, list[_Fetch]]]:
     """(the binding of the last weight-reading kernel before an attention call, what it fetches)
-    for each attention call of ``bindings``."""
+    for each attention call of ``func``."""
+    blocks, bindings = [], []
+    for n, block in enumerate(func.body.blocks):
+        for b in block.bindings:
+            if isinstance(b, relax.VarBinding):
+                blocks.append(n)
+                bindings.append(b)
     plans = []
     last = None
     for i, binding in enumerate(bindings):
         if _weights_read(binding.value, weights):
-            last = binding
+            last = i
         if not (_is_attention_call(binding.value) and last is not None):
             continue
-        own = _weights_read(last.value, weights)
+        bound = _visible(func, blocks, bindings, last)
+        taken = list(_weights_read(bindings[last].value, weights))
         fetches, left = [], budget
         for later in bindings[i + 1:]:
-            if _is_attention_call(later.value) or left < _PIECE:
+            if _is_attention_call(later.value) or left < BULK_BYTES:
                 break
             for weight in _weights_read(later.value, weights):
                 size = _nbytes(weight.ty)
-                taken = [*own, *(f.weight for f in fetches)]
-                if size is None or any(weight.same_as(t) for t in taken):
+                if (size is None or any(weight.same_as(t) for t in taken)
+                        or not (isinstance(weight, tvm.ir.Constant) or any(weight.same_as(v) for v in bound))):
                     continue
-                nbytes = min(size, left) // _PIECE * _PIECE
+                nbytes = min(size, left) // BULK_BYTES * BULK_BYTES
                 if nbytes:
                     fetches.append(_Fetch(weight, nbytes))
+                    taken.append(weight)
                     left -= nbytes
         if fetches:
-            plans.append((last, fetches))
+            plans.append((bindings[last], fetches))
         last = None
     return plans
 
@@ -130,30 +146,34 @@ def _with_params(func: tirx.PrimFunc, inputs: int, fetches: list[_Fetch], kept: 
     return new.with_attr(PREFETCH_AHEAD_KEPT_KEY, True) if kept else new
 
 
-def _call_sites(mod: tvm.IRModule) -> dict[str, int]:
-    """How many ``call_tir`` calls of each PrimFunc the Relax functions of ``mod`` make."""
-    sites: dict[str, int] = {}
+def _references(mod: tvm.IRModule) -> tuple[dict[str, int], dict[str, int]]:
+    """How often the Relax functions of ``mod`` name each GlobalVar, and how often as the
+    callee of a ``call_tir``."""
+    named: dict[str, int] = {}
+    called: dict[str, int] = {}
     for func in mod.functions.values():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, lambda e: sites.__setitem__(
-                e.args[0].name_hint, sites.get(e.args[0].name_hint, 0) + 1)
-                if isinstance(e, relax.Call) and e.op.same_as(_CALL_TIR) else None)
-    return sites
+        if not isinstance(func, relax.Function):
+            continue
+        for gv in find_all(func.body, tvm.ir.GlobalVar):
+            named[gv.name_hint] = named.get(gv.name_hint, 0) + 1
+        for call in find_all(func.body, relax.Call):
+            if call.op.same_as(_CALL_TIR):
+                called[call.args[0].name_hint] = called.get(call.args[0].name_hint, 0) + 1
+    return named, called
 
 
 def prefetch_ahead(mod: tvm.IRModule, budget: int, kept: bool = False) -> tvm.IRModule:
     """``mod`` (scheduled, its Relax functions still calling PrimFuncs by ``call_tir``) with
     weights prefetched ahead of each attention call, up to ``budget`` bytes a call (module
-    docstring; ``kept``: the prefetched lines marked evict-last, kept in L2 before others). A PrimFunc all of whose calls fetch takes the first kind of weights itself, under
-    its name; each other kind, and each where some call fetches nothing, gets a copy
-    (``<name>_prefetch<n>``)."""
-    if budget < _PIECE:
+    docstring; ``kept``: the prefetched lines marked evict-last, kept in L2 before others). A
+    PrimFunc the module names only as the callee of calls that all fetch takes the first kind of
+    weights itself, under its name; each other kind gets a copy (``<name>_prefetch<n>``)."""
+    if budget < BULK_BYTES:
         return mod
     plans = []  # (Relax function, binding, fetches)
     for name, weights in module_weights(mod).items():
         if weights:
-            bindings = [b for block in mod[name].body.blocks for b in block.bindings if isinstance(b, relax.VarBinding)]
-            plans += [(name, binding, fetches) for binding, fetches in _planned(bindings, weights, budget)]
+            plans += [(name, binding, fetches) for binding, fetches in _planned(mod[name], weights, budget)]
     if not plans:
         return mod
     kinds: dict[str, list[tuple]] = {}
@@ -162,12 +182,12 @@ def prefetch_ahead(mod: tvm.IRModule, budget: int, kept: bool = False) -> tvm.IR
         callee = binding.value.args[0].name_hint
         if kind not in kinds.setdefault(callee, []):
             kinds[callee].append(kind)
-    sites = _call_sites(mod)
+    named, called = _references(mod)
     fetching = [b.value.args[0].name_hint for _, b, _ in plans]
-    in_place = {callee for callee in kinds if sites[callee] == fetching.count(callee)}
+    in_place = {callee for callee in kinds if named[callee] == called[callee] == fetching.count(callee)}
     # the PrimFuncs taking new parameters under new GlobalVars (a GlobalVar's type holds its parameters)
-    kept = {gv: f for gv, f in mod.functions.items() if gv.name_hint not in in_place}
-    builder = relax.BlockBuilder(tvm.IRModule(kept, attrs=mod.attrs, global_infos=mod.global_infos))
+    kept_functions = {gv: f for gv, f in mod.functions.items() if gv.name_hint not in in_place}
+    builder = relax.BlockBuilder(tvm.IRModule(kept_functions, attrs=mod.attrs, global_infos=mod.global_infos))
     callees: dict[tuple, tvm.ir.GlobalVar] = {}  # (callee, kind) -> the function fetching that kind
     rewritten: dict[str, list] = {}  # Relax function -> [(binding, its replacement)]
     for name, binding, fetches in plans:
@@ -182,12 +202,12 @@ def prefetch_ahead(mod: tvm.IRModule, budget: int, kept: bool = False) -> tvm.IR
             builder.update_func(gv, builder.get()[gv].with_attr("global_symbol", gv.name_hint))
             callees[(callee.name_hint, kind)] = gv
         args = relax.Tuple([*inputs, *(f.weight for f in fetches)])
-        new_call = relax.Call(call.op, [callees[(callee.name_hint, kind)], args, *call.args[2:]], call.attrs,
-                              call.ty_args)
+        new_call = builder.normalize(relax.Call(call.op, [callees[(callee.name_hint, kind)], args, *call.args[2:]],
+                                                call.attrs, call.ty_args))
         rewritten.setdefault(name, []).append((binding, relax.VarBinding(binding.var, new_call)))
     for name, swaps in rewritten.items():
         gv = mod.get_global_var(name)
-        builder.update_func(gv, _rebound(mod[gv], swaps))
+        builder.update_func(gv, builder.normalize(_rebound(mod[gv], swaps)))
     return builder.get()
 
 

@@ -30,6 +30,12 @@ from .ir import find_all
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 
+def is_weight(arg, weights: list) -> bool:
+    """Whether a call's argument ``arg`` is a weight: one of ``weights`` (a function's, from
+    :func:`module_weights`) or a constant."""
+    return isinstance(arg, tvm.ir.Constant) or any(arg.same_as(w) for w in weights)
+
+
 def _called_functions(mod: tvm.IRModule) -> set[str]:
     """The Relax functions of ``mod`` some function of it calls."""
     relax_functions = {gv.name_hint for gv, f in mod.functions.items() if isinstance(f, relax.Function)}
@@ -85,7 +91,7 @@ def read_only_params(mod: tvm.IRModule) -> dict[str, list[str]]:
                 unsafe.update(v.name_hint for v in find_all(call, tvm.ir.GlobalVar))
                 continue
             callee = call.args[0].name_hint
-            passed = [isinstance(a, tvm.ir.Constant) or any(a.same_as(w) for w in weights) for a in call.args[1].fields]
+            passed = [is_weight(a, weights) for a in call.args[1].fields]
             flags[callee] = [x and y for x, y in zip(flags[callee], passed)] if callee in flags else passed
     names = {}
     for gv, func in mod.functions.items():

@@ -199,7 +199,7 @@ def _compile(name: str, mod, target, coverage: dict, database: str | None = None
     import tvm
     from tvm import relax
 
-    from ..hardware import load_hardware
+    from ..hardware import DEFAULT_GPU, load_hardware
     from ..relax_prefetch_ahead import default_budget
     from ..tuning_database import open_database
 
@@ -209,7 +209,7 @@ def _compile(name: str, mod, target, coverage: dict, database: str | None = None
         return tvm.compile(mod, target, relax_pipeline=mlc_pipeline(), tir_pipeline="s_tir_stock")
     if name == "tvm_dsm_tuned" and not database:
         raise ValueError("tvm_dsm_tuned compiles from a tuning database: pass --database WORK_DIR")
-    prefetch = default_budget(load_hardware().l2_bytes) if name in PREFETCH_AHEAD_CONFIGS else 0
+    prefetch = default_budget(load_hardware(DEFAULT_GPU).l2_bytes) if name in PREFETCH_AHEAD_CONFIGS else 0
     pipeline = relax.get_pipeline("tvm_dsm", coverage=coverage, kv_cache_kernels=KV_CACHE_KERNELS[name],
                                   database=open_database(database) if name == "tvm_dsm_tuned" else None,
                                   launch_early=name not in LAUNCH_LATE_CONFIGS,

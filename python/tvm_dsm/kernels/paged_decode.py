@@ -26,7 +26,7 @@ from tvm.tirx.script.builder import ir as B
 from ..errors import ClusterError
 from ..hardware import Hardware
 from ..ir import branch_on
-from .decode_attention import (FILES, LOAD_BYTES, ROW_SLOTS, DecodeConfig, DecodeOperands, decode_kernel, most_ranks,
+from .decode_attention import (FILES, ROW_SLOTS, DecodeConfig, DecodeOperands, decode_kernel, most_ranks,
                                prefers_tensor_cores, wave_ctas, with_depth)
 
 #: The function ``nn.llm`` builds for decode attention over its paged KV cache, and its
@@ -144,6 +144,9 @@ class _PagedOperands(DecodeOperands):
     """The rows of ``nn.llm``'s cache: a pair is (sequence, KV head); a token's page is looked
     up in the sequence's page table."""
 
+    #: The page tables are the cache's per-step arrays, which the host copies before the step.
+    tables_ready = True
+
     def __init__(self, found: PagedDecode):
         self.found = found
         self.group, self.head_dim, self.dtype = found.group, found.head_dim, found.dtype
@@ -173,9 +176,6 @@ class _PagedOperands(DecodeOperands):
     def before_loads(self, slot: int, token) -> None:
         B.buffer_store(self.page, self.values[self.first_page[0] + token // self.found.page_size], [slot])
 
-    #: The page tables are the cache's per-step arrays, which the host copies before the step.
-    tables_ready = True
-
     def prefetch_rows(self, tx, begin, end) -> None:
         """Thread ``tx`` prefetches page ``tx // 2`` of those holding tokens ``begin`` to
         ``end``: its K rows of the pair's head (``tx`` even) or its V rows, contiguous."""
@@ -186,8 +186,9 @@ class _PagedOperands(DecodeOperands):
                 page = self.values[self.first_page[0] + first + tx // 2]
                 rows = f.page_size * f.head_dim
                 start = ((page * 2 + tx % 2) * f.kv_heads + self.head) * rows
+                nbytes = rows * tvm.DataType(f.dtype).bits // 8
                 B.evaluate(T.ptx["cp.async.bulk.prefetch.L2.global"](
-                    self.pages.access_ptr("r", offset=start), tirx.const(rows * LOAD_BYTES // self.vector, "uint32")))
+                    self.pages.access_ptr("r", offset=start), tirx.const(nbytes, "uint32")))
 
     def row_pointer(self, slot: int, kv: int, token, column):
         f = self.found

@@ -2,8 +2,8 @@
 CTAs finish (the function's ``PREFETCH_AHEAD_KEY`` attribute, written by
 :mod:`tvm_dsm.relax_prefetch_ahead`: {parameter name: bytes from its start}).
 
-Each kernel that ends a path through the function (the last of a sequence of kernels, in each
-branch of a dispatch over row counts) gets, after everything its threads do, one thread of each
+Each kernel that ends a path through the function (:func:`tail_kernels`: the last of a sequence
+of kernels, in each branch of a dispatch over row counts) gets, after everything its threads do, one thread of each
 CTA issuing ``cp.async.bulk.prefetch.L2`` of the CTA's share of every named weight: CTA ``b`` of
 ``G`` (its linear index over the ``blockIdx`` axes) takes elements ``[b * c, (b + 1) * c)`` of the
 first ``bytes`` of each, ``c`` the 16-byte multiple that splits them over ``G``; with the
@@ -25,7 +25,7 @@ from .buffers import element_bytes
 from .programmatic_launch import kernel_launches, replace_kernel_bodies
 
 #: A bulk prefetch's size and address are multiples of 16 bytes.
-_BULK_BYTES = 16
+BULK_BYTES = 16
 #: The most bytes one prefetch request names (the ISA sets no limit; CUTLASS's are a tile's).
 _REQUEST_BYTES = 64 * 1024
 #: The L2 cache policy of an evict-last access (the encoding CUDA's own libraries pass as a
@@ -35,20 +35,33 @@ _EVICT_LAST_POLICY = 0x14F0000000000000
 
 def tail_kernels(stmt, kernels: list) -> list:
     """Those of ``kernels`` (kernel launches of ``stmt``) that run last on some path through
-    ``stmt``: the last launch of a sequence, the last of each branch."""
+    ``stmt``: the last launch of a sequence, and the one before where the last may not run (in
+    a branch without an else, in a loop); the last of each branch. A kernel in a loop is one
+    that runs last on every iteration."""
+    return _tails(stmt, kernels)[0]
+
+
+def _tails(stmt, kernels: list) -> tuple[list, bool]:
+    """(:func:`tail_kernels` of ``stmt``, whether every path through it launches one)."""
     if any(stmt.same_as(k) for k in kernels):
-        return [stmt]
+        return [stmt], True
     if isinstance(stmt, tirx.SeqStmt):
+        tails = []
         for child in reversed(list(stmt.seq)):
-            tails = tail_kernels(child, kernels)
-            if tails:
-                return tails
-        return []
+            found, certain = _tails(child, kernels)
+            tails += found
+            if certain:
+                return tails, True
+        return tails, False
     if isinstance(stmt, tirx.IfThenElse):
-        return tail_kernels(stmt.then_case, kernels) + (
-            tail_kernels(stmt.else_case, kernels) if stmt.else_case is not None else [])
+        then, then_certain = _tails(stmt.then_case, kernels)
+        other, other_certain = _tails(stmt.else_case, kernels) if stmt.else_case is not None else ([], False)
+        return then + other, then_certain and other_certain
     body = getattr(stmt, "body", None)
-    return tail_kernels(body, kernels) if isinstance(body, tirx.Stmt) else []
+    if not isinstance(body, tirx.Stmt):
+        return [], False
+    tails, certain = _tails(body, kernels)
+    return tails, certain and not isinstance(stmt, (tirx.For, tirx.While))
 
 
 def _share(weight, nbytes: int, cta, ctas, kept: bool = False):
@@ -56,7 +69,7 @@ def _share(weight, nbytes: int, cta, ctas, kept: bool = False):
     ``nbytes`` bytes (a multiple of 16), in requests of at most :data:`_REQUEST_BYTES`
     (``kept``: evict-last)."""
     size = element_bytes(weight)
-    total, vector, request = nbytes // size, _BULK_BYTES // size, _REQUEST_BYTES // size
+    total, vector, request = nbytes // size, BULK_BYTES // size, _REQUEST_BYTES // size
     ty = cta.ty
     chunk = tirx.truncdiv(total + ctas * vector - 1, ctas * vector) * vector  # elements a CTA, whole vectors
     start = cta * chunk
@@ -96,23 +109,25 @@ def _ending_with_prefetches(kernel: tirx.AttrStmt, weights: list[tuple], kept: b
 
 def prefetch_ahead(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` with the prefetches its ``PREFETCH_AHEAD_KEY`` attribute names (module
-    docstring) at the end of its tail kernels; ``func`` itself without the attribute."""
+    docstring) at the end of its tail kernels; a function without the attribute is returned as
+    it is."""
     wanted = func.attrs.get(PREFETCH_AHEAD_KEY) if func.attrs is not None else None
     if not wanted:
         return func
     by_name = {p.name: p for p in func.params}
     weights = [(by_name[str(name)], int(nbytes)) for name, nbytes in wanted.items()]
     for weight, nbytes in weights:
-        if nbytes % _BULK_BYTES:
-            raise ValueError(f"prefetch ahead of {weight.name}: {nbytes} bytes, not a multiple of {_BULK_BYTES}")
+        if nbytes % BULK_BYTES or tvm.DataType(str(weight.ty.dtype)).bits % 8:
+            raise ValueError(f"prefetch ahead of {weight.name}: {nbytes} bytes of {weight.ty.dtype}, not whole "
+                             f"{BULK_BYTES}-byte pieces of whole-byte elements")
     kept = bool(func.attrs.get(PREFETCH_AHEAD_KEPT_KEY, False))
     tails = tail_kernels(func.body, kernel_launches(func.body))
     return func.with_body(replace_kernel_bodies(func.body, tails,
                                                 [_ending_with_prefetches(k, weights, kept) for k in tails]))
 
 
-@tvm.transform.module_pass(opt_level=0, name="tvm_dsm.PrefetchAhead")
-def PrefetchAhead(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass style
+@tvm.transform.module_pass(opt_level=0, name="tvm_dsm.IssuePrefetchesAhead")
+def IssuePrefetchesAhead(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pass style
     """:func:`prefetch_ahead` on every PrimFunc of ``mod``."""
     for gv, func in list(mod.functions.items()):
         if isinstance(func, tirx.PrimFunc):

@@ -96,7 +96,7 @@ def programmatic_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
     (:func:`read_only_params`) or, in a kernel after the first, one no earlier kernel of
     ``func`` mentions; every other prefetch is dropped, every other early copy issued after the
     wait."""
-    if not launched_programmatically(func):  # (the TMA pipeline prefetches only in functions launched so)
+    if not launched_programmatically(func):  # a kernel's own wait marks go: it waits for nothing
         return func.with_body(_without_waits(func.body, []))
     kernels = kernel_launches(func.body)
     wait = [tirx.Evaluate(T.ptx.griddepcontrol.wait()),
@@ -105,8 +105,8 @@ def programmatic_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
     read_only = read_only_params(func)
     bodies, named = [], []
     for kernel in kernels:
-        if find_all(kernel.body, tirx.AttrStmt, _is_wait):  # the kernel says where it waits
-            bodies.append(_without_waits(kernel.body, wait))
+        if find_all(kernel.body, tirx.AttrStmt, _is_wait):  # the kernel says where it waits (early copies after)
+            bodies.append(_unmark(_without_waits(kernel.body, wait)))
             named += buffers.named_in(kernel)
             continue
         early = [m for m in find_all(kernel.body, tirx.AttrStmt, _is_early)
