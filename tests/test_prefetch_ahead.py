@@ -16,8 +16,9 @@ from conftest import LLVM, TARGET, cuda_source, kernels
 from tvm_dsm.annotations import PREFETCH_AHEAD_KEPT_KEY, PREFETCH_AHEAD_KEY
 from tvm_dsm.ir import substitute
 from tvm_dsm.relax_pipeline import lower_for_scheduling
-from tvm_dsm.relax_prefetch_ahead import default_budget, prefetch_ahead
+from tvm_dsm.relax_prefetch_ahead import _nbytes, default_budget, prefetch_ahead
 from tvm_dsm.transform.prefetch_ahead import _share, tail_kernels
+from tvm_dsm.transform.prefetch_ahead import prefetch_ahead as issue_prefetches_ahead
 from tvm_dsm.workloads.llama import LLAMA_TINY, LlamaSession, export_llama, random_weights
 
 #: The tiny Llama's weights read after a layer's attention call, in order, and their bytes.
@@ -89,24 +90,46 @@ def test_calls_that_would_fetch_other_weights_get_copies():
         assert int(dict(func.attrs[PREFETCH_AHEAD_KEY])[func.params[2].name]) == int(np.prod(shape)) * 2
 
 
-def test_a_weight_bound_after_the_call_or_named_otherwise_is_handled():
-    """A weight bound only after the fetching call is not passed to it (it would be read before
-    it is defined); a PrimFunc also named outside ``call_tir`` (an argument of a packed call)
-    keeps its name and parameters for that use, the fetching call gets a copy."""
-    fetched = prefetch_ahead(_program("late", "named"), 1 << 20)
+def test_a_weight_bound_after_the_call_is_not_passed_to_it():
+    """(It would be read before it is defined.)"""
+    fetched = prefetch_ahead(_program("late"), 1 << 20)
     assert relax.analysis.check_well_formed(fetched)
     assert _calls(fetched["late"], "proj_prefetch0") == [["x", "w0", "w2"]]
-    assert len(fetched["proj"].params) == 3 and "proj" in [gv.name_hint for gv in fetched.functions]
+
+
+def test_a_primfunc_named_outside_its_fetching_calls_keeps_its_parameters():
+    """Alone, ``single``'s one call of ``proj`` makes ``proj`` itself take the weight (once,
+    though bound twice); where ``proj`` is also a packed call's argument, that use keeps it as
+    it was and the fetching call gets a copy."""
+    alone = prefetch_ahead(_program("single"), 1 << 20)
+    assert relax.analysis.check_well_formed(alone)
+    assert _calls(alone["single"], "proj") == [["x", "w0", "w1"]] and len(alone["proj"].params) == 4
+    named = prefetch_ahead(_program("single", "named"), 1 << 20)
+    assert relax.analysis.check_well_formed(named)
+    assert _calls(named["single"], "proj_prefetch0") == [["x", "w0", "w1"]] and len(named["proj"].params) == 3
+
+
+def test_sub_byte_weights_are_not_prefetched():
+    """A share is counted in elements: 4-bit weights would split into misaligned shares."""
+    assert _nbytes(relax.TensorType([64, 64], "int4")) is None
+    assert _nbytes(relax.TensorType([64, 64], "float16")) == 8192
+    weight = tirx.decl_buffer((64, 64), "int4", "w")
+    func = tirx.PrimFunc([weight], tirx.Evaluate(0)).with_attr(PREFETCH_AHEAD_KEY, {"w": 2048})
+    with pytest.raises(ValueError, match="whole-byte elements"):
+        issue_prefetches_ahead(func)
 
 
 def test_tail_kernels_are_the_last_on_every_path():
     """In ``k1; if c: k2``, both end a path; in ``k1; if c: k2 else: k3``, k2 and k3; in
-    ``k1; for: k2``, both (the loop may not run); in ``k1; k2``, k2."""
+    ``k1; for i < 4: k2``, k2; in ``k1; for i < n: k2``, both (the loop may not run); in
+    ``k1; k2``, k2."""
     k1, k2, k3 = (tirx.Evaluate(i) for i in range(3))
     c = tirx.Var("c", "bool")
     cases = [(tirx.SeqStmt([k1, tirx.IfThenElse(c, k2, None)]), [k2, k1]),
              (tirx.SeqStmt([k1, tirx.IfThenElse(c, k2, k3)]), [k2, k3]),
-             (tirx.SeqStmt([k1, tirx.For(tirx.Var("i", "int32"), 0, 4, tirx.ForKind.SERIAL, k2)]), [k2, k1]),
+             (tirx.SeqStmt([k1, tirx.For(tirx.Var("i", "int32"), 0, 4, tirx.ForKind.SERIAL, k2)]), [k2]),
+             (tirx.SeqStmt([k1, tirx.For(tirx.Var("i", "int32"), 0, tirx.Var("n", "int32"), tirx.ForKind.SERIAL, k2)]),
+              [k2, k1]),
              (tirx.SeqStmt([k1, k2]), [k2])]
     for stmt, expected in cases:
         assert [int(k.value) for k in tail_kernels(stmt, [k1, k2, k3])] == [int(k.value) for k in expected]
@@ -185,8 +208,9 @@ class Programs:
     """Relax functions over 64-wide projections, tested one (with the PrimFuncs) at a time
     (:func:`_program`): ``two_kinds`` calls ``proj`` before two attention calls, the weights after
     them of two kinds (one 64 x 64; a 32 x 64 and a 64 x 64), and once where none follows;
-    ``late`` binds ``w1`` after its attention call, and ``named`` passes ``proj`` to a packed
-    call; ``chained`` has no attention call."""
+    ``late`` binds ``w1`` after its attention call; ``single`` calls ``proj`` once, before one,
+    and binds ``w1`` twice; ``named`` passes ``proj`` to a packed call; ``chained`` has no
+    attention call."""
 
     @T.prim_func(private=True, s_tir=True)
     def proj(x: T.Buffer((1, 64), "float16"), w: T.Buffer((64, 64), "float16"), y: T.Buffer((1, 64), "float16")):
@@ -245,6 +269,23 @@ class Programs:
             d = R.call_tir(cls.proj, (c, w2), out_ty=R.Tensor((1, 64), "float16"))
             R.output(d)
         return d
+
+    @R.function
+    def single(x: R.Tensor((1, 64), "float16"),
+               params: R.Tuple(R.Tensor((64, 64), "float16"), R.Tensor((32, 64), "float16"))):
+        R.func_attr({"num_input": 1})
+        cls = Programs
+        with R.dataflow():
+            w0 = params[0]
+            w1 = params[1]
+            w1b = params[1]
+            a = R.call_tir(cls.proj, (x, w0), out_ty=R.Tensor((1, 64), "float16"))
+            b = R.call_dps_packed("vm.builtin.attention_kv_cache_attention_with_fused_qkv", (a,),
+                                  out_ty=R.Tensor((1, 64), "float16"))
+            c = R.call_tir(cls.narrow, (b, w1), out_ty=R.Tensor((1, 32), "float16"))
+            d = R.call_tir(cls.narrow, (b, w1b), out_ty=R.Tensor((1, 32), "float16"))
+            R.output(c, d)
+        return c, d
 
     @R.function
     def named(x: R.Tensor((1, 64), "float16")):

@@ -9,14 +9,15 @@ import re
 import pytest
 import tvm
 from tvm import s_tir
+from tvm.script import tirx as T
 
 from conftest import TARGET, cuda_source, kernels
 from tvm_dsm import pipeline
 from tvm_dsm.hardware import load_hardware
 from tvm_dsm.rules.split_k_gemm import GemmShape, SplitKGemmConfig, schedule_split_k_gemm
 from tvm_dsm.rules.unfused_chain import UnfusedChainConfig, schedule_unfused_chain
-from tvm_dsm.transform.programmatic_launch import launch_programmatically
-from tvm_dsm.annotations import PDL_LAUNCH_TAG, PROGRAMMATIC_LAUNCH_KEY
+from tvm_dsm.transform.programmatic_launch import L2_PREFETCH_KEY, launch_programmatically, programmatic_launch
+from tvm_dsm.annotations import LAUNCH_EARLY_KEY, PDL_LAUNCH_TAG, PROGRAMMATIC_LAUNCH_KEY, PROGRAMMATIC_WAIT_KEY
 from tvm_dsm.workloads.chains import gemm_chain
 from tvm_dsm.workloads.dense import dense
 
@@ -267,3 +268,26 @@ def test_an_epilogue_reading_a_bias_is_unrolled():
     (gemm,) = kernels(_biased_layer_source(6304, 2304, 768)).values()
     epilogue = gemm.split("griddepcontrol_wait")[-1]
     assert epilogue.count("bias_ptr +") >= 8
+
+
+@T.prim_func
+def _marked_wait(w: T.Buffer((1024,), "float16"), out: T.Buffer((1024,), "float16")):
+    bx = T.launch_thread("blockIdx.x", 8)
+    tx = T.launch_thread("threadIdx.x", 128)
+    with T.attr(w, L2_PREFETCH_KEY, 0):
+        T.evaluate(T.ptx["cp.async.bulk.prefetch.L2.global"](w.access_ptr("r"), T.uint32(2048)))
+    with T.attr("k", PROGRAMMATIC_WAIT_KEY, 0):
+        out[bx * 128 + tx] = w[bx * 128 + tx]
+
+
+def test_a_kernel_that_marks_its_wait_waits_there_once_and_keeps_no_framework_prefetch():
+    """Launched early, the wait (and the trigger) replace the mark, once; an L2 prefetch the
+    framework marked is dropped (the kernel's own statements before its wait are its own
+    guarantee); launched plainly, the mark goes and nothing waits."""
+    early = programmatic_launch(_marked_wait.with_attr(LAUNCH_EARLY_KEY, True))
+    script = early.script()
+    assert script.count('griddepcontrol("wait"') == 1 and script.count('griddepcontrol("launch_dependents"') == 1
+    assert "prefetch" not in script and PROGRAMMATIC_WAIT_KEY not in script and L2_PREFETCH_KEY not in script
+    assert script.index('griddepcontrol("wait"') < script.index("out[")
+    plain = programmatic_launch(_marked_wait).script()
+    assert "griddepcontrol" not in plain and PROGRAMMATIC_WAIT_KEY not in plain

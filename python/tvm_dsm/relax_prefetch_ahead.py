@@ -106,6 +106,12 @@ def _planned(func: relax.Function, weights: list, budget: int) -> list[tuple[rel
             if isinstance(b, relax.VarBinding):
                 blocks.append(n)
                 bindings.append(b)
+    items = {b.var: (b.value.tuple_value, b.value.index) for b in bindings if isinstance(b.value, relax.TupleGetItem)}
+
+    def same(a, b) -> bool:  # the same weight: one variable, or two bound to one item of the weights
+        return a.same_as(b) or (a in items and b in items and items[a][0].same_as(items[b][0])
+                                and items[a][1] == items[b][1])
+
     plans = []
     last = None
     for i, binding in enumerate(bindings):
@@ -121,7 +127,7 @@ def _planned(func: relax.Function, weights: list, budget: int) -> list[tuple[rel
                 break
             for weight in _weights_read(later.value, weights):
                 size = _nbytes(weight.ty)
-                if (size is None or any(weight.same_as(t) for t in taken)
+                if (size is None or any(same(weight, t) for t in taken)
                         or not (isinstance(weight, tvm.ir.Constant) or any(weight.same_as(v) for v in bound))):
                     continue
                 nbytes = min(size, left) // BULK_BYTES * BULK_BYTES
@@ -147,18 +153,17 @@ def _with_params(func: tirx.PrimFunc, inputs: int, fetches: list[_Fetch], kept: 
 
 
 def _references(mod: tvm.IRModule) -> tuple[dict[str, int], dict[str, int]]:
-    """How often the Relax functions of ``mod`` name each GlobalVar, and how often as the
-    callee of a ``call_tir``."""
+    """How often the functions of ``mod`` name each GlobalVar (a PrimFunc calling another
+    included), and how often as the callee of a Relax ``call_tir``."""
     named: dict[str, int] = {}
     called: dict[str, int] = {}
     for func in mod.functions.values():
-        if not isinstance(func, relax.Function):
-            continue
         for gv in find_all(func.body, tvm.ir.GlobalVar):
             named[gv.name_hint] = named.get(gv.name_hint, 0) + 1
-        for call in find_all(func.body, relax.Call):
-            if call.op.same_as(_CALL_TIR):
-                called[call.args[0].name_hint] = called.get(call.args[0].name_hint, 0) + 1
+        if isinstance(func, relax.Function):
+            for call in find_all(func.body, relax.Call):
+                if call.op.same_as(_CALL_TIR):
+                    called[call.args[0].name_hint] = called.get(call.args[0].name_hint, 0) + 1
     return named, called
 
 

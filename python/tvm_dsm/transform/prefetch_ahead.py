@@ -36,8 +36,8 @@ _EVICT_LAST_POLICY = 0x14F0000000000000
 def tail_kernels(stmt, kernels: list) -> list:
     """Those of ``kernels`` (kernel launches of ``stmt``) that run last on some path through
     ``stmt``: the last launch of a sequence, and the one before where the last may not run (in
-    a branch without an else, in a loop); the last of each branch. A kernel in a loop is one
-    that runs last on every iteration."""
+    a branch without an else, in a loop of a variable count); the last of each branch. A kernel
+    in a loop is one that runs last on every iteration."""
     return _tails(stmt, kernels)[0]
 
 
@@ -61,7 +61,9 @@ def _tails(stmt, kernels: list) -> tuple[list, bool]:
     if not isinstance(body, tirx.Stmt):
         return [], False
     tails, certain = _tails(body, kernels)
-    return tails, certain and not isinstance(stmt, (tirx.For, tirx.While))
+    runs = not isinstance(stmt, (tirx.For, tirx.While)) or (
+        isinstance(stmt, tirx.For) and isinstance(stmt.extent, tirx.IntImm) and int(stmt.extent) > 0)
+    return tails, certain and runs
 
 
 def _share(weight, nbytes: int, cta, ctas, kept: bool = False):
