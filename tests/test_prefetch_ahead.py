@@ -90,6 +90,17 @@ def test_calls_that_would_fetch_other_weights_get_copies():
         assert int(dict(func.attrs[PREFETCH_AHEAD_KEY])[func.params[2].name]) == int(np.prod(shape)) * 2
 
 
+def test_a_kernel_of_an_attention_family_is_an_attention_call_too():
+    """(Attention as a torch model holds it: a ``call_tir`` the decode attention family took.)"""
+    fetched = prefetch_ahead(_program("kernel_window"), 1 << 20)
+    assert relax.analysis.check_well_formed(fetched)
+    assert _calls(fetched["kernel_window"], "proj_prefetch0") == [["x", "w0", "w1"]]
+    plain = _program("kernel_window")
+    unmarked = tvm.IRModule({**{gv: f for gv, f in plain.functions.items() if gv.name_hint != "attend"},
+                             plain.get_global_var("attend"): plain["attend"].without_attr("tvm_dsm.family")})
+    assert prefetch_ahead(unmarked, 1 << 20).same_as(unmarked)
+
+
 def test_a_weight_bound_after_the_call_is_not_passed_to_it():
     """(It would be read before it is defined.)"""
     fetched = prefetch_ahead(_program("late"), 1 << 20)
@@ -209,8 +220,8 @@ class Programs:
     (:func:`_program`): ``two_kinds`` calls ``proj`` before two attention calls, the weights after
     them of two kinds (one 64 x 64; a 32 x 64 and a 64 x 64), and once where none follows;
     ``late`` binds ``w1`` after its attention call; ``single`` calls ``proj`` once, before one,
-    and binds ``w1`` twice; ``named`` passes ``proj`` to a packed call; ``chained`` has no
-    attention call."""
+    and binds ``w1`` twice; ``named`` passes ``proj`` to a packed call; ``kernel_window``'s
+    attention is a kernel of the decode attention family; ``chained`` has no attention call."""
 
     @T.prim_func(private=True, s_tir=True)
     def proj(x: T.Buffer((1, 64), "float16"), w: T.Buffer((64, 64), "float16"), y: T.Buffer((1, 64), "float16")):
@@ -287,6 +298,28 @@ class Programs:
             R.output(c, d)
         return c, d
 
+    @T.prim_func(private=True, s_tir=True)
+    def attend(x: T.Buffer((1, 64), "float16"), y: T.Buffer((1, 64), "float16")):
+        T.func_attr({"tvm_dsm.family": "decode_attention"})
+        for i, j in T.grid(1, 64):
+            with T.sblock("y"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                y[vi, vj] = x[vi, vj]
+
+    @R.function
+    def kernel_window(x: R.Tensor((1, 64), "float16"),
+                      params: R.Tuple(R.Tensor((64, 64), "float16"), R.Tensor((64, 64), "float16"))):
+        R.func_attr({"num_input": 1})
+        cls = Programs
+        with R.dataflow():
+            w0 = params[0]
+            w1 = params[1]
+            a = R.call_tir(cls.proj, (x, w0), out_ty=R.Tensor((1, 64), "float16"))
+            b = R.call_tir(cls.attend, (a,), out_ty=R.Tensor((1, 64), "float16"))
+            c = R.call_tir(cls.proj, (b, w1), out_ty=R.Tensor((1, 64), "float16"))
+            R.output(c)
+        return c
+
     @R.function
     def named(x: R.Tensor((1, 64), "float16")):
         cls = Programs
@@ -310,7 +343,7 @@ class Programs:
 def _program(*names: str) -> tvm.IRModule:
     """The Relax functions ``names`` of :class:`Programs` with its PrimFuncs."""
     return tvm.IRModule({gv: f for gv, f in Programs.functions.items()
-                         if gv.name_hint in (*names, "proj", "narrow")})
+                         if gv.name_hint in (*names, "proj", "narrow", "attend")})
 
 
 @T.prim_func(s_tir=True)

@@ -10,7 +10,8 @@ programmatically prefetches its own weight while the kernel before it runs
 layer's largest weight, starts streaming after the output projection.
 
 :func:`prefetch_ahead` gives the last kernel that reads a weight before each of the KV cache's
-attention calls the weights of the kernels after that call, in the order they read them up to
+attention calls (or a kernel of an attention family, as a torch model's decode attention over
+its static cache is) the weights of the kernels after that call, in the order they read them up to
 the next such call, as extra parameters: their first bytes, up to a budget in all, named in its
 ``PREFETCH_AHEAD_KEY`` attribute ({parameter: bytes}). :mod:`tvm_dsm.transform.prefetch_ahead`
 has that function's last kernel issue the L2 prefetches as its CTAs finish. A prefetch changes
@@ -33,6 +34,7 @@ from tvm import relax, tirx
 
 from .annotations import PREFETCH_AHEAD_KEPT_KEY, PREFETCH_AHEAD_KEY
 from .ir import find_all
+from .relax_integration import FAMILY_ATTR
 from .relax_weights import is_weight, module_weights
 from .transform.prefetch_ahead import BULK_BYTES
 
@@ -43,6 +45,9 @@ ATTENTION_CALLS = ("vm.builtin.attention_kv_cache_attention_with_fused_qkv",
                    "vm.builtin.attention_kv_cache_self_attention",
                    "vm.builtin.attention_kv_cache_cross_attention",
                    "vm.builtin.attention_kv_cache_attention_with_shared_kv")
+#: The families whose kernels attend: a ``call_tir`` of one (attention as a torch model or a user's
+#: Relax function holds it) is an attention call too.
+ATTENTION_FAMILIES = ("attention", "decode_attention")
 #: The share of L2 :func:`default_budget` fills: the prefetched weights must stay there through
 #: the kernels before their readers and the readers' own streaming.
 L2_SHARE = 0.5
@@ -53,9 +58,20 @@ def default_budget(l2_bytes: int) -> int:
     return int(l2_bytes * L2_SHARE) // BULK_BYTES * BULK_BYTES
 
 
-def _is_attention_call(value) -> bool:
-    return (isinstance(value, relax.Call) and len(value.args) > 0 and isinstance(value.args[0], relax.ExternFunc)
-            and str(value.args[0].global_symbol) in ATTENTION_CALLS)
+def _attention_kernels(mod: tvm.IRModule) -> set[str]:
+    """The PrimFuncs of ``mod`` an attention family scheduled (:data:`ATTENTION_FAMILIES`)."""
+    return {gv.name_hint for gv, f in mod.functions.items()
+            if isinstance(f, tirx.PrimFunc) and str((f.attrs or {}).get(FAMILY_ATTR, "")) in ATTENTION_FAMILIES}
+
+
+def _is_attention_call(value, kernels: set[str]) -> bool:
+    """Whether ``value`` calls the KV cache's attention, or a kernel of ``kernels`` (``call_tir``)."""
+    if not (isinstance(value, relax.Call) and len(value.args) > 0):
+        return False
+    callee = value.args[0]
+    if isinstance(callee, relax.ExternFunc):
+        return str(callee.global_symbol) in ATTENTION_CALLS
+    return value.op.same_as(_CALL_TIR) and callee.name_hint in kernels
 
 
 def _nbytes(ty) -> int | None:
@@ -97,9 +113,10 @@ def _visible(func: relax.Function, blocks: list[int], bindings: list, at: int) -
                             if blocks[n] == blocks[at] or not isinstance(b.var, relax.DataflowVar))]
 
 
-def _planned(func: relax.Function, weights: list, budget: int) -> list[tuple[relax.VarBinding, list[_Fetch]]]:
+def _planned(func: relax.Function, weights: list, budget: int,
+             kernels: set[str]) -> list[tuple[relax.VarBinding, list[_Fetch]]]:
     """(the binding of the last weight-reading kernel before an attention call, what it fetches)
-    for each attention call of ``func``."""
+    for each attention call of ``func`` (``kernels``: the attention kernels, :func:`_attention_kernels`)."""
     blocks, bindings = [], []
     for n, block in enumerate(func.body.blocks):
         for b in block.bindings:
@@ -117,13 +134,13 @@ def _planned(func: relax.Function, weights: list, budget: int) -> list[tuple[rel
     for i, binding in enumerate(bindings):
         if _weights_read(binding.value, weights):
             last = i
-        if not (_is_attention_call(binding.value) and last is not None):
+        if not (_is_attention_call(binding.value, kernels) and last is not None):
             continue
         bound = _visible(func, blocks, bindings, last)
         taken = list(_weights_read(bindings[last].value, weights))
         fetches, left = [], budget
         for later in bindings[i + 1:]:
-            if _is_attention_call(later.value) or left < BULK_BYTES:
+            if _is_attention_call(later.value, kernels) or left < BULK_BYTES:
                 break
             for weight in _weights_read(later.value, weights):
                 size = _nbytes(weight.ty)
@@ -176,9 +193,10 @@ def prefetch_ahead(mod: tvm.IRModule, budget: int, kept: bool = False) -> tvm.IR
     if budget < BULK_BYTES:
         return mod
     plans = []  # (Relax function, binding, fetches)
+    kernels = _attention_kernels(mod)
     for name, weights in module_weights(mod).items():
         if weights:
-            plans += [(name, binding, fetches) for binding, fetches in _planned(mod[name], weights, budget)]
+            plans += [(name, binding, fetches) for binding, fetches in _planned(mod[name], weights, budget, kernels)]
     if not plans:
         return mod
     kinds: dict[str, list[tuple]] = {}
