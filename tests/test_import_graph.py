@@ -25,7 +25,6 @@ LAYERS = (
     {"driver", "learned_ranking"},
     {"relax_grouping"},
     {"meta_schedule", "relax_attention", "relax_attention_masks", "relax_attention_padding", "relax_constants", "relax_chains", "relax_fills", "relax_gated", "relax_matmuls", "relax_packed_attention", "relax_patches", "relax_patterns", "relax_precision", "relax_reshapes", "relax_siblings", "relax_top_k", "relax_torch", "relax_integration", "relax_weights",
-     "relax_prefetch_ahead",
      "relax_pipeline", "model_report"},
     {"bench", "gpu", "cli", "__main__"},
 )

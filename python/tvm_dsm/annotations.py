@@ -62,12 +62,6 @@ READ_ONLY_PARAMS_KEY = "tvm_dsm.read_only_params"
 #: paged KV cache's page tables, which the host copies before the step); without it the wait
 #: leads the kernel (tvm_dsm.transform.programmatic_launch).
 PROGRAMMATIC_WAIT_KEY = "tvm_dsm.programmatic_wait"
-#: PrimFunc attribute: {parameter name: bytes} of weights the function's last kernel prefetches
-#: into L2 from their start as its CTAs finish, for kernels that run later in the program
-#: (tvm_dsm.relax_prefetch_ahead, tvm_dsm.transform.prefetch_ahead).
-PREFETCH_AHEAD_KEY = "tvm_dsm.prefetch_ahead"
-#: PrimFunc attribute: those prefetches mark their lines evict-last in L2 (kept before others).
-PREFETCH_AHEAD_KEPT_KEY = "tvm_dsm.prefetch_ahead_kept"
 #: Statement attribute (node: a parameter) around one thread's TMA copies of the first pipeline
 #: steps' tiles from that parameter into shared memory (tvm_dsm.transform.tma_pipeline):
 #: issued before the kernel waits for the previous grid when that is safe, else after it.

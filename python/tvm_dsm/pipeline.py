@@ -29,7 +29,6 @@ from .transform.release_slice_starts import ReleaseSliceStarts
 from .transform.merge_pipeline_barriers import MergePipelineBarriers
 from .transform.programmatic_launch import ProgrammaticLaunch
 from .transform.weight_prefetch import PrefetchWeightRows
-from .transform.prefetch_ahead import IssuePrefetchesAhead
 from .transform.raster_clusters import RasterClusters
 from .transform.storage_rewrite import StorageRewrite
 from .transform.tma_pipeline import LowerTmaPipeline
@@ -75,7 +74,6 @@ def _passes(config, async_copy: bool, hw: Hardware) -> list:
         s_tir.transform.TransformMmaBufferLayout(),
         s_tir.transform.LowerOpaqueBlock(),
         PrefetchWeightRows,  # tvm-dsm
-        IssuePrefetchesAhead,  # tvm-dsm
         LowerCluster,  # tvm-dsm
         tirx.transform.FlattenBuffer(),
         tirx.transform.BF16ComputeLegalize(),

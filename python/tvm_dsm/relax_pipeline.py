@@ -44,7 +44,6 @@ from .relax_matmuls import SIXTEEN_BIT, is_op_call
 from .relax_weights import MarkReadOnlyParams
 from .annotations import LAUNCH_EARLY_KEY
 from .relax_patterns import RowMaxValues, rewrite_widened_products
-from .relax_prefetch_ahead import PrefetchAhead
 from .relax_top_k import TopKAsRows
 from .relax_reshapes import ReshapesAsViews
 from .relax_integration import CRASH_ATTR, FAMILY_ATTR, Choice, ScheduleTIR, lower_to_tir
@@ -274,8 +273,7 @@ def tvm_dsm_pipeline(database: ms.Database | None = None, hw: Hardware | None = 
                      choices: dict[str, Choice] | None = None,
                      kv_cache_kernels: tuple[str, ...] = DEFAULT_KV_CACHE_KERNELS,
                      launch_early: bool = True, gated_projections: bool = True,
-                     progress: Callable[[int, int, str], None] | None = None,
-                     prefetch_ahead: int = 0, prefetch_ahead_kept: bool = False) -> tvm.transform.Pass:
+                     progress: Callable[[int, int, str], None] | None = None) -> tvm.transform.Pass:
     """The pipeline of the module docstring, for the target ``tvm.compile`` enters
     (``tvm.target.Target.current()``); ``database``: tuning records :class:`ScheduleTIR` prefers
     to the planner's choice; ``coverage``: a dict to fill with :func:`kernel_coverage`;
@@ -287,10 +285,7 @@ def tvm_dsm_pipeline(database: ms.Database | None = None, hw: Hardware | None = 
     0.827 ms a step at batch 1, 1.014 -> 0.966 at 8, 1.217 -> 1.136 at 32; ``False``: only the
     kernels whose schedules ask for it); ``gated_projections``: fused gate/up
     projections as one gated GEMM each (:mod:`tvm_dsm.relax_gated`); ``progress``: called as
-    ``progress(done, total, name)`` before each function is scheduled; ``prefetch_ahead``: bytes
-    of the weights read after each of the KV cache's attention calls that the kernel before it
-    prefetches into L2 (:mod:`tvm_dsm.relax_prefetch_ahead`; 0: none), ``prefetch_ahead_kept``:
-    those lines marked evict-last."""
+    ``progress(done, total, name)`` before each function is scheduled."""
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_dsm.RelaxPipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -302,7 +297,6 @@ def tvm_dsm_pipeline(database: ms.Database | None = None, hw: Hardware | None = 
         with stock_target(target):
             mod = LowBatchDispatch(mod)
             mod = stock_rules()(mod)
-        mod = PrefetchAhead(prefetch_ahead, prefetch_ahead_kept)(mod)
         if launch_early:
             mod = tvm.IRModule({gv: f.with_attr(LAUNCH_EARLY_KEY, True) if isinstance(f, tirx.PrimFunc) else f
                                 for gv, f in mod.functions.items()}, attrs=mod.attrs, global_infos=mod.global_infos)

@@ -30,11 +30,6 @@ crashes its process costs that configuration only):
 - ``tvm_dsm_step_graphs_behind``: ``tvm_dsm_step_graphs`` whose session calls each step's
   ``begin_forward`` at the step's start (``prepare_ahead=False``): the A/B of the host's
   page-table bookkeeping between steps;
-- ``tvm_dsm_step_graphs_prefetch_ahead``: ``tvm_dsm_step_graphs`` whose QKV projections prefetch
-  into L2, as they finish, the first half-L2 of the weights the layer reads after its attention
-  (``prefetch_ahead``, :mod:`tvm_dsm.relax_prefetch_ahead`): the A/B of streaming weights while
-  RoPE, the KV append and attention leave HBM idle; ``tvm_dsm_step_graphs_prefetch_kept``: the
-  same with the prefetched lines marked evict-last;
 - ``tvm_dsm_tuned``: ``tvm_dsm`` compiled from the tuning records in ``--database``, which
   ``python3 -m tvm_dsm.gpu.llm tune --work-dir DIR`` writes (:func:`tune_model`);
 
@@ -89,14 +84,10 @@ from ..workloads.llama import LLAMA_1B, LLAMA_TINY, LlamaConfig
 
 MODELS = {"1b": LLAMA_1B, "1b_bf16": dataclasses.replace(LLAMA_1B, dtype="bfloat16"), "tiny": LLAMA_TINY}
 CONFIGS = ("tvm_default", "tvm_mlc", "tvm_dsm", "tvm_dsm_nn_llm_attention", "tvm_dsm_tuned", "tvm_dsm_step_graphs",
-           "tvm_dsm_step_graphs_late", "tvm_dsm_step_graphs_ungated", "tvm_dsm_step_graphs_behind",
-           "tvm_dsm_step_graphs_prefetch_ahead", "tvm_dsm_step_graphs_prefetch_kept")
+           "tvm_dsm_step_graphs_late", "tvm_dsm_step_graphs_ungated", "tvm_dsm_step_graphs_behind")
 #: The configurations whose sessions replay decode steps from graphs of their own.
 STEP_GRAPH_CONFIGS = ("tvm_dsm_step_graphs", "tvm_dsm_step_graphs_late", "tvm_dsm_step_graphs_ungated",
-                      "tvm_dsm_step_graphs_behind", "tvm_dsm_step_graphs_prefetch_ahead",
-                      "tvm_dsm_step_graphs_prefetch_kept")
-#: The configurations whose kernels before each attention call prefetch the weights read after it.
-PREFETCH_AHEAD_CONFIGS = ("tvm_dsm_step_graphs_prefetch_ahead", "tvm_dsm_step_graphs_prefetch_kept")
+                      "tvm_dsm_step_graphs_behind")
 #: The configurations whose sessions never prepare a decode step ahead (``prepare_ahead=False``;
 #: the others take the session's default).
 PREPARE_BEHIND_CONFIGS = ("tvm_dsm_step_graphs_behind",)
@@ -110,9 +101,7 @@ KV_CACHE_KERNELS = {"tvm_dsm": DEFAULT_KV_CACHE_KERNELS, "tvm_dsm_nn_llm_attenti
                     "tvm_dsm_tuned": DEFAULT_KV_CACHE_KERNELS, "tvm_dsm_step_graphs": DEFAULT_KV_CACHE_KERNELS,
                     "tvm_dsm_step_graphs_late": DEFAULT_KV_CACHE_KERNELS,
                     "tvm_dsm_step_graphs_ungated": DEFAULT_KV_CACHE_KERNELS,
-                    "tvm_dsm_step_graphs_behind": DEFAULT_KV_CACHE_KERNELS,
-                    "tvm_dsm_step_graphs_prefetch_ahead": DEFAULT_KV_CACHE_KERNELS,
-                    "tvm_dsm_step_graphs_prefetch_kept": DEFAULT_KV_CACHE_KERNELS}
+                    "tvm_dsm_step_graphs_behind": DEFAULT_KV_CACHE_KERNELS}
 #: Untimed decode steps before the timed ones (the first steps of a batch size capture its
 #: CUDA graph; a fresh process also runs its first steps slower).
 WARMUP_STEPS = 10
@@ -199,8 +188,6 @@ def _compile(name: str, mod, target, coverage: dict, database: str | None = None
     import tvm
     from tvm import relax
 
-    from ..hardware import DEFAULT_GPU, load_hardware
-    from ..relax_prefetch_ahead import default_budget
     from ..tuning_database import open_database
 
     if name == "tvm_default":
@@ -209,12 +196,10 @@ def _compile(name: str, mod, target, coverage: dict, database: str | None = None
         return tvm.compile(mod, target, relax_pipeline=mlc_pipeline(), tir_pipeline="s_tir_stock")
     if name == "tvm_dsm_tuned" and not database:
         raise ValueError("tvm_dsm_tuned compiles from a tuning database: pass --database WORK_DIR")
-    prefetch = default_budget(load_hardware(DEFAULT_GPU).l2_bytes) if name in PREFETCH_AHEAD_CONFIGS else 0
     pipeline = relax.get_pipeline("tvm_dsm", coverage=coverage, kv_cache_kernels=KV_CACHE_KERNELS[name],
                                   database=open_database(database) if name == "tvm_dsm_tuned" else None,
                                   launch_early=name not in LAUNCH_LATE_CONFIGS,
-                                  gated_projections=name not in UNGATED_CONFIGS, prefetch_ahead=prefetch,
-                                  prefetch_ahead_kept=name == "tvm_dsm_step_graphs_prefetch_kept")
+                                  gated_projections=name not in UNGATED_CONFIGS)
     return tvm.compile(mod, target, relax_pipeline=pipeline)
 
 

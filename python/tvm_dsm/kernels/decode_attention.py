@@ -301,7 +301,7 @@ def check_config(operands: DecodeOperands, config: DecodeConfig) -> None:
 def _load_streamed(words: list, pointer) -> None:
     """Emit the 16-byte load at ``pointer`` into the four 32-bit ``words``, evict-first (``.cs``):
     a call reads each K and V row once, so its rows should leave L2 before what later kernels
-    will read there (weights prefetched ahead, :mod:`tvm_dsm.relax_prefetch_ahead`)."""
+    will read there (the next projection's weight, which it prefetches while this kernel runs)."""
     B.evaluate(T.ptx.ld.global_.cs.nc.v4.b32(*words, pointer))
 
 
