@@ -30,12 +30,6 @@ from .ir import find_all
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 
-def is_weight(arg, weights: list) -> bool:
-    """Whether a call's argument ``arg`` is a weight: one of ``weights`` (a function's, from
-    :func:`module_weights`) or a constant."""
-    return isinstance(arg, tvm.ir.Constant) or any(arg.same_as(w) for w in weights)
-
-
 def _called_functions(mod: tvm.IRModule) -> set[str]:
     """The Relax functions of ``mod`` some function of it calls."""
     relax_functions = {gv.name_hint for gv, f in mod.functions.items() if isinstance(f, relax.Function)}
@@ -70,28 +64,23 @@ def _weights(func: relax.Function, bindings: list) -> list[relax.Var]:
             if not any(v.same_as(e) for e in escaped)]
 
 
-def module_weights(mod: tvm.IRModule) -> dict[str, list[relax.Var]]:
-    """Each Relax function of ``mod`` by name: its weights (see the module docstring), none for
-    a function another one calls."""
-    called = _called_functions(mod)
-    return {gv.name_hint: [] if gv.name_hint in called else _weights(
-        func, find_all(func.body, relax.VarBinding) + find_all(func.body, relax.MatchCast))
-        for gv, func in mod.functions.items() if isinstance(func, relax.Function)}
-
-
 def read_only_params(mod: tvm.IRModule) -> dict[str, list[str]]:
     """For each PrimFunc of ``mod``, the names of its parameters that every call passes a weight
     or a constant (see the module docstring)."""
+    called = _called_functions(mod)
     flags: dict[str, list[bool]] = {}
     unsafe: set[str] = set()
-    for name, weights in module_weights(mod).items():
-        func = mod[name]
+    for gv, func in mod.functions.items():
+        if not isinstance(func, relax.Function):
+            continue
+        bindings = find_all(func.body, relax.VarBinding) + find_all(func.body, relax.MatchCast)
+        weights = [] if gv.name_hint in called else _weights(func, bindings)
         for call in find_all(func.body, relax.Call):
             if not (call.op.same_as(_CALL_TIR) and isinstance(call.args[1], relax.Tuple)):
                 unsafe.update(v.name_hint for v in find_all(call, tvm.ir.GlobalVar))
                 continue
             callee = call.args[0].name_hint
-            passed = [is_weight(a, weights) for a in call.args[1].fields]
+            passed = [isinstance(a, tvm.ir.Constant) or any(a.same_as(w) for w in weights) for a in call.args[1].fields]
             flags[callee] = [x and y for x, y in zip(flags[callee], passed)] if callee in flags else passed
     names = {}
     for gv, func in mod.functions.items():

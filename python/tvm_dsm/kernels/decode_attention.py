@@ -418,9 +418,14 @@ class _Body(ABC):
             with B.Then():
                 for s in range(self.files):
                     self._look_up(s, s)
-                ops.prefetch_rows(self.tx, first, T.min(stop, first + self.files * self.warps * self.warp_tokens))
+                ops.prefetch_rows(self.tx, first, T.min(stop, first + self._group_tokens))
         with B.attr(tvm.ir.StringImm("decode_attention"), PROGRAMMATIC_WAIT_KEY, 0):
             self._emit_steps(looked_up=True)
+
+    @property
+    def _group_tokens(self) -> int:
+        """Tokens the CTA takes in one pass of its loop: a step in each register file."""
+        return self.files * self.warps * self.warp_tokens
 
     def _emit_steps(self, looked_up: bool) -> None:
         """Emit the CTA's steps over its share and the merges after them (``looked_up``: the
@@ -431,7 +436,7 @@ class _Body(ABC):
             with B.Then():
                 # step s in register file s % F: its loads are issued F - 1 steps before it
                 # computes, what they need (their pages) looked up a step before that
-                F, group_tokens = self.files, self.files * self.warps * self.warp_tokens
+                F, group_tokens = self.files, self._group_tokens
                 for s in range(F - 1):
                     if not looked_up:
                         self._look_up(s, s)

@@ -98,14 +98,14 @@ def programmatic_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
     wait."""
     if not launched_programmatically(func):  # a kernel's own wait marks go: it waits for nothing
         return func.with_body(_without_waits(func.body, []))
-    kernels = kernel_launches(func.body)
+    kernels = _kernels(func.body)
     wait = [tirx.Evaluate(T.ptx.griddepcontrol.wait()),
             tirx.Evaluate(T.ptx.griddepcontrol.launch_dependents())]
     buffers = _Buffers(func.body)
     read_only = read_only_params(func)
     bodies, named = [], []
     for kernel in kernels:
-        if find_all(kernel.body, tirx.AttrStmt, _is_wait):  # the kernel says where it waits (early copies after)
+        if find_all(kernel.body, tirx.AttrStmt, _is_wait):  # it says where it waits; marked prefetches go
             bodies.append(_unmark(_without_waits(kernel.body, wait)))
             named += buffers.named_in(kernel)
             continue
@@ -115,7 +115,7 @@ def programmatic_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
         body = _wait_after_early(kernel.body, early, wait) if early else None
         bodies.append(body if body is not None else tirx.SeqStmt([*wait, _unmark(kernel.body)]))
         named += buffers.named_in(kernel)
-    body = replace_kernel_bodies(func.body, kernels, bodies)
+    body = _replace_kernels(func.body, kernels, bodies)
     body = tvm_ffi.structural_map(body, [(tirx.AttrStmt, lambda s: s.body if _is_marker(s) else s)])
     params = list(func.attrs.get(_LAUNCH_PARAMS_KEY, [])) if func.attrs is not None else []
     return func.with_body(body).with_attr(_LAUNCH_PARAMS_KEY, [*params, PDL_LAUNCH_TAG])
@@ -140,16 +140,14 @@ def _is_kernel_launch(stmt) -> bool:
     return is_thread_extent(stmt, "blockIdx")
 
 
-def kernel_launches(body) -> list:
+def _kernels(body) -> list:
     """The kernel launches of ``body``: its outermost ``blockIdx`` attributes."""
     launches = find_all(body, tirx.AttrStmt, _is_kernel_launch)
     inner = [n for launch in launches for n in find_all(launch.body, tirx.AttrStmt, _is_kernel_launch)]
     return [launch for launch in launches if not any(launch.same_as(n) for n in inner)]
 
 
-def replace_kernel_bodies(body, kernels: list, bodies: list):
-    """``body`` with the body of each of ``kernels`` (launches of it) replaced by the one at its
-    position in ``bodies``."""
+def _replace_kernels(body, kernels: list, bodies: list):
     def swap(stmt):
         index = next((i for i, k in enumerate(kernels) if stmt.same_as(k)), None)
         if index is None:
